@@ -68,10 +68,10 @@ func (l *Layout) validate() *FieldError {
 		}
 	}
 	if l.Order != NHD && l.Order != HND {
-		return fieldErr("kv_order", "unknown value %d", l.Order)
+		return fieldErr("kv_order", "missing or unknown value %d", l.Order)
 	}
 	if l.Arrangement != FullyContiguous && l.Arrangement != LayerSeparate {
-		return fieldErr("arrangement", "unknown value %d", l.Arrangement)
+		return fieldErr("arrangement", "missing or unknown value %d", l.Arrangement)
 	}
 	if a := l.Alignment; a == 0 || a > MaxAlignment || a&(a-1) != 0 {
 		return fieldErr("alignment", "%d is not a power of two in 1..%d", a, uint64(MaxAlignment))
@@ -89,7 +89,7 @@ func (l *Layout) validate() *FieldError {
 	for i, r := range l.Regions {
 		field := fmt.Sprintf("regions[%d]", i)
 		if r.Kind != Host && r.Kind != Pinned && r.Kind != Device {
-			return fieldErr(field+".kind", "unknown value %d", r.Kind)
+			return fieldErr(field+".kind", "missing or unknown value %d", r.Kind)
 		}
 		if r.Size < s.Region {
 			return fieldErr(field+".size", "%d bytes cannot hold %d slots of %d bytes (need %d)",
@@ -124,7 +124,7 @@ func (m *ModelConfig) validate() *FieldError {
 		return err
 	}
 	if !m.DType.Valid() {
-		return fieldErr("model.dtype", "unknown value %d", m.DType)
+		return fieldErr("model.dtype", "missing or unknown value %d", m.DType)
 	}
 	return nil
 }
