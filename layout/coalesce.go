@@ -10,30 +10,21 @@ package layout
 // layer stride further on. Segments of one destination rank never overlap,
 // so their order does not matter and any of them may grow.
 //
-// Pieces arrive in small steps (one chunk at a time), so new strides are
-// only started in a second pass over finished segments: pairing two pieces
-// early would stop one of them from growing contiguously.
+// It works in two stages. Pieces arrive in small steps (one chunk at a
+// time) and the first stage only extends: pairing two pieces into a new
+// stride early would stop one of them from growing contiguously. A segment
+// that has left the first stage's window can no longer grow there, so it
+// moves to the second stage, which also starts strides between equal
+// segments. Both stages keep little: the plan's memory is its final size.
 type coalescer struct {
-	segs []Segment
+	active []Segment // first stage: the last pieces, still growing
+	final  []Segment // second stage: the plan
 }
 
 // window is how many recent segments a new one may merge into.
 const window = 16
 
-// add merges s into an earlier segment it continues, or appends it.
-func (c *coalescer) add(s Segment) { c.merge(s, extend) }
-
-// finish returns the segments with strides started between equal ones.
-func (c *coalescer) finish() []Segment {
-	var out coalescer
-	out.segs = make([]Segment, 0, len(c.segs))
-	for _, s := range c.segs {
-		out.merge(s, extend, startStride)
-	}
-	return out.segs
-}
-
-func (c *coalescer) merge(s Segment, rules ...func(l, s *Segment) bool) {
+func (c *coalescer) add(s Segment) {
 	if s.Count > 1 && s.SrcStride == s.Length && s.DstStride == s.Length {
 		s.Length *= s.Count
 		s.Count = 1
@@ -41,17 +32,50 @@ func (c *coalescer) merge(s Segment, rules ...func(l, s *Segment) bool) {
 	if s.Count == 1 {
 		s.SrcStride, s.DstStride = 0, 0
 	}
-	lo := max(0, len(c.segs)-window)
-	// Rules in order of preference: extending what is already contiguous
-	// or strided beats starting a new stride.
-	for _, rule := range rules {
-		for i := len(c.segs) - 1; i >= lo; i-- {
-			if l := &c.segs[i]; l.SrcRank == s.SrcRank && rule(l, &s) {
-				return
-			}
+	if mergeInto(c.active, &s, false) {
+		return
+	}
+	c.active = append(c.active, s)
+	if len(c.active) >= 4*window {
+		c.settle(len(c.active) - window)
+	}
+}
+
+// settle moves the first n active segments to the second stage.
+func (c *coalescer) settle(n int) {
+	for i := range n {
+		s := c.active[i]
+		if !mergeInto(c.final, &s, true) {
+			c.final = append(c.final, s)
 		}
 	}
-	c.segs = append(c.segs, s)
+	c.active = append(c.active[:0], c.active[n:]...)
+}
+
+// finish returns the plan's segments.
+func (c *coalescer) finish() []Segment {
+	c.settle(len(c.active))
+	return c.final
+}
+
+// mergeInto merges s into one of the last window segments of segs and
+// reports whether it did. Extending is preferred to starting a stride.
+func mergeInto(segs []Segment, s *Segment, strides bool) bool {
+	lo := max(0, len(segs)-window)
+	for i := len(segs) - 1; i >= lo; i-- {
+		if l := &segs[i]; l.SrcRank == s.SrcRank && extend(l, s) {
+			return true
+		}
+	}
+	if !strides {
+		return false
+	}
+	for i := len(segs) - 1; i >= lo; i-- {
+		if l := &segs[i]; l.SrcRank == s.SrcRank && startStride(l, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // extend grows l by s when s continues it exactly: the bytes right after a

@@ -82,14 +82,35 @@ func checkRank(segs []Segment, src [][]byte, dst []byte) error {
 }
 
 func copyRank(segs []Segment, src [][]byte, dst []byte) {
-	for i := range segs {
-		s := &segs[i]
-		from := src[s.SrcRank]
-		so, do, n := s.SrcOffset, s.DstOffset, s.Length
-		for range s.Count {
-			copy(dst[do:do+n], from[so:so+n])
-			so += s.SrcStride
-			do += s.DstStride
+	// Segments of equal count that follow each other (the interleaved reads
+	// of a gather) are copied in lock step, piece i of each in turn, so that
+	// the destination is written front to back rather than in one pass per
+	// source rank.
+	for i := 0; i < len(segs); {
+		j := i + 1
+		for j < len(segs) && segs[j].Count == segs[i].Count && segs[j].Count > 1 {
+			j++
 		}
+		if group := segs[i:j]; len(group) == 1 {
+			copySegment(&group[0], src[group[0].SrcRank], dst)
+		} else {
+			for k := range group[0].Count {
+				for g := range group {
+					s := &group[g]
+					so, do := s.SrcOffset+k*s.SrcStride, s.DstOffset+k*s.DstStride
+					copy(dst[do:do+s.Length], src[s.SrcRank][so:so+s.Length])
+				}
+			}
+		}
+		i = j
+	}
+}
+
+func copySegment(s *Segment, src, dst []byte) {
+	so, do, n := s.SrcOffset, s.DstOffset, s.Length
+	for range s.Count {
+		copy(dst[do:do+n], src[so:so+n])
+		so += s.SrcStride
+		do += s.DstStride
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
 )
@@ -69,6 +70,15 @@ func (h Hasher) LocalHash(tokens []uint32) (uint64, error) {
 }
 
 func (h Hasher) localHash(tokens []uint32) uint64 {
+	if littleEndian && len(tokens) > 0 {
+		// The recipe hashes the ids as u32 little-endian, which is how
+		// they already sit in memory here: hash them in place.
+		return xxh3.HashSeed(unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)), h.seed)
+	}
+	return h.localHashPortable(tokens)
+}
+
+func (h Hasher) localHashPortable(tokens []uint32) uint64 {
 	// 16 tokens is the common block; keep it on the stack.
 	var stack [64]byte
 	var buf []byte
@@ -82,6 +92,8 @@ func (h Hasher) localHash(tokens []uint32) uint64 {
 	}
 	return xxh3.HashSeed(buf, h.seed)
 }
+
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // ChainHash returns the sequence hash of a block whose parent has sequence
 // hash parent and whose own local hash is local. It does not apply to the

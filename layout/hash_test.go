@@ -101,3 +101,17 @@ func TestHashBadInput(t *testing.T) {
 		t.Errorf("Sequence of a partial block = %v, want none", got)
 	}
 }
+
+// The in-place path for little-endian machines and the portable one agree.
+func TestHashPortablePath(t *testing.T) {
+	h, _ := NewHasher(16, HashOptions{Salt: "s"})
+	for n := range 40 {
+		tokens := make([]uint32, n)
+		for i := range tokens {
+			tokens[i] = uint32(i*2654435761) ^ uint32(n)
+		}
+		if a, b := h.localHash(tokens), h.localHashPortable(tokens); a != b {
+			t.Fatalf("%d tokens: %d in place, %d portable", n, a, b)
+		}
+	}
+}
