@@ -1,0 +1,125 @@
+// Command kvfabric is the kvfabric node agent and the tools that operators
+// and engine integrators use beside it.
+//
+//	kvfabric hash  --block-size N [--salt S] [--lora L] [TOKEN ...]
+//	kvfabric plan  --src FILE --dst FILE [--blocks N]
+//	kvfabric version
+//
+// Usage errors exit with status 2 and a one-line message; other failures
+// exit with status 1.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+)
+
+// command is one subcommand.
+type command struct {
+	summary string
+	run     func(env *env, args []string) error
+}
+
+// env is what a subcommand may touch, so that tests can run it in process.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+// usageError is a mistake in how the command was called: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+var commands = map[string]command{
+	"hash":    {"print the block hashes of a token sequence", runHash},
+	"plan":    {"summarise the copy plan between two layouts", runPlan},
+	"version": {"print the version", runVersion},
+}
+
+func main() {
+	os.Exit(run(&env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:]))
+}
+
+// run executes a command line and returns the exit status.
+func run(e *env, args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(e.stderr)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(e.stderr, "kvfabric: unknown command %q (run 'kvfabric -h' for the list)\n", args[0])
+		return 2
+	}
+	err := cmd.run(e, args[1:])
+	var ue *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(e.stderr, "kvfabric %s: %s\n", args[0], ue.msg)
+		return 2
+	default:
+		fmt.Fprintf(e.stderr, "kvfabric %s: %v\n", args[0], err)
+		return 1
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "kvfabric: a cross-node KV-cache fabric for LLM serving clusters")
+	fmt.Fprintln(w, "\nUsage: kvfabric COMMAND [flags]; kvfabric COMMAND -h for a command's flags\n\nCommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
+	}
+}
+
+// newFlags returns a flag set that reports errors instead of exiting, with
+// a help text of synopsis and description.
+func newFlags(e *env, name, synopsis, description string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(e.stderr, "Usage: kvfabric %s %s\n\n%s\n\nFlags:\n", name, synopsis, strings.TrimSpace(description))
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses flags. -h prints the help; any other mistake is a one-line
+// usage error, not the whole help.
+func parse(fs *flag.FlagSet, args []string) error {
+	help := fs.Usage
+	fs.Usage = func() {}
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	if errors.Is(err, flag.ErrHelp) {
+		help()
+		return err
+	}
+	if err != nil {
+		return usagef("%v (see -h)", err)
+	}
+	return nil
+}

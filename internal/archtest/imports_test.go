@@ -1,0 +1,100 @@
+package archtest
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/kvfabric/kvfabric"
+
+// rules says, per top-level folder, which of our folders and which outside
+// modules its packages may import directly. "*" allows everything; the
+// standard library is always allowed.
+var rules = map[string]struct{ ours, theirs []string }{
+	"layout":     {[]string{"layout"}, []string{"github.com/zeebo/xxh3", "google.golang.org/protobuf"}},
+	"pool":       {[]string{"pool", "layout"}, []string{"golang.org/x/sys"}},
+	"rdma":       {[]string{"rdma"}, []string{"C"}},
+	"transfer":   {[]string{"transfer", "layout", "rdma"}, []string{"github.com/quic-go/quic-go", "google.golang.org/protobuf", "golang.org/x/"}},
+	"membership": {[]string{"membership", "layout"}, []string{"github.com/hashicorp/memberlist", "google.golang.org/protobuf"}},
+	"fabric":     {[]string{"*"}, []string{"*"}},
+	"cmd":        {[]string{"*"}, []string{"*"}},
+	"internal":   {[]string{"*"}, []string{"*"}},
+	"testbed":    {[]string{"fabric"}, []string{"*"}},
+}
+
+type pkg struct {
+	ImportPath string
+	Imports    []string
+	Standard   bool
+}
+
+func TestForbiddenImports(t *testing.T) {
+	out, err := exec.Command("go", "list", "-json", module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	checked := 0
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		top, _, _ := strings.Cut(rel, "/")
+		rule, ok := rules[top]
+		if !ok {
+			t.Errorf("%s: folder %q has no import rule; add it here and to DESIGN.md's package map", p.ImportPath, top)
+			continue
+		}
+		checked++
+		for _, imp := range p.Imports {
+			if ours, ok := strings.CutPrefix(imp, module+"/"); ok {
+				to, _, _ := strings.Cut(ours, "/")
+				if !allowed(rule.ours, to) {
+					t.Errorf("%s imports %s: %s may not import %s", p.ImportPath, imp, top, to)
+				}
+				continue
+			}
+			if isStd(imp) {
+				continue
+			}
+			if !allowedPrefix(rule.theirs, imp) {
+				t.Errorf("%s imports %s: not among %s's dependencies %v", p.ImportPath, imp, top, rule.theirs)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no package checked")
+	}
+}
+
+func allowed(list []string, s string) bool {
+	for _, a := range list {
+		if a == "*" || a == s {
+			return true
+		}
+	}
+	return false
+}
+
+func allowedPrefix(list []string, s string) bool {
+	for _, a := range list {
+		if a == "*" || s == a || strings.HasPrefix(s, strings.TrimSuffix(a, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// isStd reports whether an import path is in the standard library: its
+// first element has no dot.
+func isStd(path string) bool {
+	first, _, _ := strings.Cut(path, "/")
+	return !strings.Contains(first, ".") && path != "C"
+}
