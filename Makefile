@@ -7,6 +7,7 @@ GOBIN    := $(shell $(GO) env GOPATH)/bin
 PROTOS   := $(shell git ls-files '*.proto' 2>/dev/null)
 # protoc-gen-go matches the protobuf runtime in go.mod.
 PROTOBUF_VERSION := $(shell $(GO) list -m -f '{{.Version}}' google.golang.org/protobuf)
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 APT      := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 
 .PHONY: all build test bench bench-deps proto proto-deps lint fuzz clean help
@@ -33,11 +34,13 @@ fuzz: ## fuzz the layout decoder for a minute
 	$(GO) test ./layout -run '^$$' -fuzz FuzzUnmarshal -fuzztime 60s
 
 proto: proto-deps ## regenerate *.pb.go from the .proto sources
-	PATH="$(GOBIN):$$PATH" protoc --go_out=. --go_opt=paths=source_relative $(PROTOS)
+	PATH="$(GOBIN):$$PATH" protoc -I . --go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative $(PROTOS)
 
 proto-deps:
 	@command -v protoc >/dev/null 2>&1 || { apt-get update -q && $(APT) protobuf-compiler; }
 	@test -x $(GOBIN)/protoc-gen-go || $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOBUF_VERSION)
+	@test -x $(GOBIN)/protoc-gen-go-grpc || $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
 lint: ## gofmt and vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
