@@ -1,0 +1,342 @@
+package fabric
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrConfig is matched by every configuration error.
+var ErrConfig = errors.New("fabric: invalid configuration")
+
+// Config configures an Agent. Every field says what its zero value means;
+// DefaultConfig spells the defaults out for a cluster node and
+// DefaultLocalConfig for agents sharing one machine on loopback. The same
+// fields are read from a JSON config file (LoadConfigFile) and set by the
+// flags of `kvfabric agent`.
+type Config struct {
+	// NodeName is this node's name in the cluster, and the name its TLS
+	// certificate must carry. If empty, the host name.
+	NodeName string `json:"node_name,omitempty"`
+	// DataDir holds the engine socket, the development CA and the pool's
+	// memory files when they are files. If empty, /var/lib/kvfabric.
+	DataDir string `json:"data_dir,omitempty"`
+
+	// GossipAddr is the host:port gossip binds (UDP and TCP). If empty,
+	// 0.0.0.0:7946.
+	GossipAddr string `json:"gossip_addr,omitempty"`
+	// GossipAdvertise is the host:port other nodes reach gossip at. If
+	// empty, GossipAddr, or the first private address when that is a
+	// wildcard.
+	GossipAdvertise string `json:"gossip_advertise,omitempty"`
+	// Join lists gossip addresses of nodes to join; they are retried
+	// periodically, so a healed partition heals by itself. If empty, this
+	// node starts a cluster and waits for others.
+	Join []string `json:"join,omitempty"`
+	// ClusterName labels every gossip packet; nodes of other clusters are
+	// ignored. If empty, "kvfabric".
+	ClusterName string `json:"cluster_name,omitempty"`
+	// GossipKeyFile holds the gossip encryption keys, one base64 key (16, 24
+	// or 32 bytes) per line, the first one used to encrypt. If empty, gossip
+	// is not encrypted, which is logged as a warning.
+	GossipKeyFile string `json:"gossip_key_file,omitempty"`
+
+	// PeerAddr is the host:port the QUIC peer transport listens on (UDP).
+	// If empty, 0.0.0.0:7947.
+	PeerAddr string `json:"peer_addr,omitempty"`
+	// PeerAdvertise is the host:port peers dial. If empty, derived like
+	// GossipAdvertise.
+	PeerAdvertise string `json:"peer_advertise,omitempty"`
+	// CAFile, CertFile and KeyFile are the cluster CA and this node's
+	// certificate and key (PEM), from `kvfabric certs`. Required unless Dev.
+	CAFile   string `json:"ca_file,omitempty"`
+	CertFile string `json:"cert_file,omitempty"`
+	KeyFile  string `json:"key_file,omitempty"`
+	// Dev makes or reuses a CA in DataDir/dev-ca and certifies this node with
+	// it: for a local development cluster only. Every agent of the cluster
+	// must share the DataDir's dev-ca (same machine). Ignored when the TLS
+	// files are given.
+	Dev bool `json:"dev,omitempty"`
+
+	// EngineSocket is the unix socket of the engine API (mode 0600). If
+	// empty, DataDir/engine.sock.
+	EngineSocket string `json:"engine_socket,omitempty"`
+	// MetricsAddr is the host:port of the HTTP /metrics and /healthz
+	// endpoints. If empty, 127.0.0.1:7948; "off" disables them.
+	MetricsAddr string `json:"metrics_addr,omitempty"`
+
+	// Pools sizes the memory the agent owns, per tier: "host=4GiB",
+	// "pinned=16GiB". If empty, one host pool of 1 GiB.
+	Pools []string `json:"pools,omitempty"`
+	// BlockSetSlots is the slots of a block set made for an engine that
+	// asks for none. If zero, as many as a quarter of the pool holds.
+	BlockSetSlots int `json:"block_set_slots,omitempty"`
+
+	// LeaseDuration is how long a holder keeps blocks for an importer. If
+	// zero, 30 s.
+	LeaseDuration time.Duration `json:"lease_duration,omitempty"`
+	// ImportTimeout bounds one import, all holders tried. If zero, 30 s.
+	ImportTimeout time.Duration `json:"import_timeout,omitempty"`
+	// PeerTimeout bounds how long a silent peer can stall a call before it
+	// fails. If zero, 2 s.
+	PeerTimeout time.Duration `json:"peer_timeout,omitempty"`
+
+	// LogLevel is debug, info, warn or error. If empty, info.
+	LogLevel string `json:"log_level,omitempty"`
+	// Logger receives the agent's logs. If nil, a text logger on standard
+	// error at LogLevel. Not read from files.
+	Logger *slog.Logger `json:"-"`
+	// Local selects loopback timings for gossip (DefaultLocalConfig).
+	Local bool `json:"local,omitempty"`
+}
+
+// DefaultConfig returns the defaults for an agent on a cluster node.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeName:      host,
+		DataDir:       "/var/lib/kvfabric",
+		GossipAddr:    "0.0.0.0:7946",
+		ClusterName:   "kvfabric",
+		PeerAddr:      "0.0.0.0:7947",
+		MetricsAddr:   "127.0.0.1:7948",
+		Pools:         []string{"host=1GiB"},
+		LeaseDuration: 30 * time.Second,
+		ImportTimeout: 30 * time.Second,
+		PeerTimeout:   2 * time.Second,
+		LogLevel:      "info",
+	}
+}
+
+// DefaultLocalConfig returns the defaults for agents sharing one machine:
+// loopback addresses, loopback gossip timings and a development CA.
+func DefaultLocalConfig() Config {
+	c := DefaultConfig()
+	c.DataDir = filepath.Join(os.TempDir(), "kvfabric")
+	c.GossipAddr = "127.0.0.1:7946"
+	c.PeerAddr = "127.0.0.1:7947"
+	c.Dev = true
+	c.Local = true
+	return c
+}
+
+// LoadConfigFile reads a JSON config file over base: fields the file sets
+// replace base's. Unknown fields are errors (a typo in a file is a bug).
+// Durations are strings such as "30s".
+func LoadConfigFile(path string, base Config) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return base, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	// Durations are strings in the file; take them out, then decode the
+	// rest strictly into base.
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return base, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
+	}
+	for _, f := range []struct {
+		name string
+		dst  *time.Duration
+	}{{"lease_duration", &base.LeaseDuration}, {"import_timeout", &base.ImportTimeout}, {"peer_timeout", &base.PeerTimeout}} {
+		raw, ok := fields[f.name]
+		if !ok {
+			continue
+		}
+		delete(fields, f.name)
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return base, fmt.Errorf("%w: %s: %s: want a duration string such as \"30s\"", ErrConfig, path, f.name)
+		}
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return base, fmt.Errorf("%w: %s: %s: %v", ErrConfig, path, f.name, err)
+		}
+		*f.dst = v
+	}
+	rest, _ := json.Marshal(fields)
+	dec := json.NewDecoder(strings.NewReader(string(rest)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&base); err != nil {
+		return base, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
+	}
+	return base, nil
+}
+
+// PoolSpec is one parsed entry of Config.Pools.
+type PoolSpec struct {
+	Kind string // "host" or "pinned"
+	Size uint64
+}
+
+// populate fills the zero fields with defaults.
+func (c *Config) populate() {
+	d := DefaultConfig()
+	if c.NodeName == "" {
+		c.NodeName = d.NodeName
+	}
+	if c.DataDir == "" {
+		c.DataDir = d.DataDir
+	}
+	if c.GossipAddr == "" {
+		c.GossipAddr = d.GossipAddr
+	}
+	if c.ClusterName == "" {
+		c.ClusterName = d.ClusterName
+	}
+	if c.PeerAddr == "" {
+		c.PeerAddr = d.PeerAddr
+	}
+	if c.EngineSocket == "" {
+		c.EngineSocket = filepath.Join(c.DataDir, "engine.sock")
+	}
+	if c.MetricsAddr == "" {
+		c.MetricsAddr = d.MetricsAddr
+	}
+	if len(c.Pools) == 0 {
+		c.Pools = d.Pools
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = d.LeaseDuration
+	}
+	if c.ImportTimeout == 0 {
+		c.ImportTimeout = d.ImportTimeout
+	}
+	if c.PeerTimeout == 0 {
+		c.PeerTimeout = d.PeerTimeout
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = d.LogLevel
+	}
+}
+
+// validate checks a populated config and returns the pools it asks for.
+func (c *Config) validate() ([]PoolSpec, error) {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
+	}
+	if strings.ContainsAny(c.NodeName, " \t\n/") || len(c.NodeName) > 128 || c.NodeName == "" {
+		return nil, bad("node_name", "%q must be 1 to 128 characters without spaces or slashes", c.NodeName)
+	}
+	for _, a := range []struct{ field, addr string }{
+		{"gossip_addr", c.GossipAddr}, {"gossip_advertise", c.GossipAdvertise},
+		{"peer_addr", c.PeerAddr}, {"peer_advertise", c.PeerAdvertise},
+	} {
+		if a.addr == "" {
+			continue
+		}
+		if _, err := splitHostPort(a.addr); err != nil {
+			return nil, bad(a.field, "%v", err)
+		}
+	}
+	for i, j := range c.Join {
+		if _, err := splitHostPort(j); err != nil {
+			return nil, bad(fmt.Sprintf("join[%d]", i), "%v", err)
+		}
+	}
+	if c.MetricsAddr != "off" {
+		if _, err := splitHostPort(c.MetricsAddr); err != nil {
+			return nil, bad("metrics_addr", "%v (or \"off\")", err)
+		}
+	}
+	if !c.Dev && (c.CAFile == "" || c.CertFile == "" || c.KeyFile == "") {
+		return nil, bad("ca_file, cert_file, key_file", "all three are required for mutual TLS between peers (make them with `kvfabric certs`), or use --dev for a local development cluster")
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return nil, bad("log_level", "%v", err)
+	}
+	for _, f := range []struct {
+		field string
+		d     time.Duration
+	}{{"lease_duration", c.LeaseDuration}, {"import_timeout", c.ImportTimeout}, {"peer_timeout", c.PeerTimeout}} {
+		if f.d < 0 {
+			return nil, bad(f.field, "%v is negative", f.d)
+		}
+	}
+	if c.BlockSetSlots < 0 {
+		return nil, bad("block_set_slots", "%d is negative", c.BlockSetSlots)
+	}
+	var specs []PoolSpec
+	seen := map[string]bool{}
+	for i, p := range c.Pools {
+		s, err := ParsePoolSpec(p)
+		if err != nil {
+			return nil, bad(fmt.Sprintf("pools[%d]", i), "%v", err)
+		}
+		if seen[s.Kind] {
+			return nil, bad(fmt.Sprintf("pools[%d]", i), "a second %s pool", s.Kind)
+		}
+		seen[s.Kind] = true
+		specs = append(specs, s)
+	}
+	return specs, nil
+}
+
+// ParsePoolSpec parses "KIND=SIZE", SIZE in bytes with an optional KiB,
+// MiB, GiB or TiB suffix.
+func ParsePoolSpec(s string) (PoolSpec, error) {
+	kind, size, ok := strings.Cut(s, "=")
+	if !ok {
+		return PoolSpec{}, fmt.Errorf("%q is not KIND=SIZE (e.g. host=4GiB)", s)
+	}
+	switch kind {
+	case "host", "pinned":
+	case "gpu", "device":
+		return PoolSpec{}, fmt.Errorf("%q: GPU pools are not built yet (pool/cuda); use host or pinned", s)
+	default:
+		return PoolSpec{}, fmt.Errorf("%q: unknown pool kind %q (host or pinned)", s, kind)
+	}
+	n, err := ParseSize(size)
+	if err != nil {
+		return PoolSpec{}, fmt.Errorf("%q: %v", s, err)
+	}
+	return PoolSpec{Kind: kind, Size: n}, nil
+}
+
+// ParseSize parses a byte count with an optional binary suffix.
+func ParseSize(s string) (uint64, error) {
+	mult := uint64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   uint64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}} {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = v, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("size %q is not a positive number of bytes (e.g. 512MiB, 4GiB)", s)
+	}
+	if n > (1<<64-1)/mult {
+		return 0, fmt.Errorf("size %q overflows", s)
+	}
+	return n * mult, nil
+}
+
+func splitHostPort(addr string) (int, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not host:port", addr)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return 0, fmt.Errorf("%q: port %q is not 0..65535", addr, port)
+	}
+	return int(p), nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("%q is not debug, info, warn or error", s)
+	}
+	return l, nil
+}

@@ -1,0 +1,87 @@
+package fabric
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agent.json")
+	os.WriteFile(path, []byte(`{"node_name": "n1", "join": ["10.0.0.1:7946"], "pools": ["host=2GiB"], "lease_duration": "45s", "dev": true}`), 0o600)
+	c, err := LoadConfigFile(path, DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NodeName != "n1" || len(c.Join) != 1 || c.Pools[0] != "host=2GiB" || c.LeaseDuration != 45*time.Second || !c.Dev {
+		t.Fatalf("file not applied: %+v", c)
+	}
+	if c.PeerAddr != DefaultConfig().PeerAddr || c.ImportTimeout != 30*time.Second {
+		t.Fatalf("fields the file does not set were changed: %+v", c)
+	}
+	for _, bad := range []string{
+		`{"node_nme": "typo"}`,
+		`{"lease_duration": 30}`,
+		`{"import_timeout": "soon"}`,
+		`not json`,
+	} {
+		os.WriteFile(path, []byte(bad), 0o600)
+		if _, err := LoadConfigFile(path, DefaultConfig()); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: err = %v, want ErrConfig", bad, err)
+		}
+	}
+}
+
+func TestValidateConfig(t *testing.T) {
+	cases := []struct {
+		name  string
+		mut   func(c *Config)
+		field string
+	}{
+		{"space in name", func(c *Config) { c.NodeName = "a b" }, "node_name"},
+		{"gossip addr without port", func(c *Config) { c.GossipAddr = "127.0.0.1" }, "gossip_addr"},
+		{"bad port", func(c *Config) { c.PeerAddr = "127.0.0.1:99999" }, "peer_addr"},
+		{"bad join", func(c *Config) { c.Join = []string{"x"} }, "join[0]"},
+		{"no tls", func(c *Config) { c.Dev = false }, "ca_file"},
+		{"bad level", func(c *Config) { c.LogLevel = "loud" }, "log_level"},
+		{"negative lease", func(c *Config) { c.LeaseDuration = -time.Second }, "lease_duration"},
+		{"bad pool", func(c *Config) { c.Pools = []string{"host"} }, "pools[0]"},
+		{"gpu pool", func(c *Config) { c.Pools = []string{"gpu=1GiB"} }, "pools[0]"},
+		{"zero pool", func(c *Config) { c.Pools = []string{"host=0"} }, "pools[0]"},
+		{"two host pools", func(c *Config) { c.Pools = []string{"host=1GiB", "host=2GiB"} }, "pools[1]"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultLocalConfig()
+			tc.mut(&c)
+			c.populate()
+			_, err := c.validate()
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("err = %v, want an error naming %s", err, tc.field)
+			}
+		})
+	}
+	c := DefaultLocalConfig()
+	c.populate()
+	specs, err := c.validate()
+	if err != nil || len(specs) != 1 || specs[0] != (PoolSpec{Kind: "host", Size: 1 << 30}) {
+		t.Fatalf("defaults: %v %v", specs, err)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]uint64{"4096": 4096, "512MiB": 512 << 20, "2GiB": 2 << 30, "1TiB": 1 << 40, "64KiB": 64 << 10, "10B": 10} {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1", "1.5GiB", "GiB", "99999999999TiB"} {
+		if _, err := ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q): no error", in)
+		}
+	}
+}
