@@ -93,6 +93,7 @@ type BlockSet struct {
 	registered int
 	leased     int
 	leases     map[LeaseID]*lease
+	leaseSeq   uint64
 	expiry     leaseHeap
 	evictions  uint64
 	expired    uint64

@@ -19,16 +19,23 @@ type LeasedBlock struct {
 
 type lease struct {
 	id       LeaseID
+	seq      uint64 // creation order, to break deadline ties
 	deadline time.Time
 	slots    []int32 // sorted, unique
 	heapIdx  int
 }
 
-// leaseHeap orders a block set's live leases by deadline.
+// leaseHeap orders a block set's live leases by deadline, then creation,
+// so that expiry, and the LRU order it feeds, is deterministic.
 type leaseHeap []*lease
 
-func (h leaseHeap) Len() int           { return len(h) }
-func (h leaseHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h leaseHeap) Len() int { return len(h) }
+func (h leaseHeap) Less(i, j int) bool {
+	if !h[i].deadline.Equal(h[j].deadline) {
+		return h[i].deadline.Before(h[j].deadline)
+	}
+	return h[i].seq < h[j].seq
+}
 func (h leaseHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].heapIdx, h[j].heapIdx = i, j
@@ -93,7 +100,8 @@ func (b *BlockSet) Lease(hashes []uint64, d time.Duration) (LeaseID, []LeasedBlo
 		}
 		s.leases++
 	}
-	l := &lease{id: id, deadline: now.Add(d), slots: slots}
+	b.leaseSeq++
+	l := &lease{id: id, seq: b.leaseSeq, deadline: now.Add(d), slots: slots}
 	b.leases[id] = l
 	heap.Push(&b.expiry, l)
 	b.mu.Unlock()
