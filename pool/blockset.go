@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"sync"
-	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
 )
@@ -203,7 +202,7 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 	if b.p.closed.Load() {
 		return dst, ErrClosed
 	}
-	start := time.Now()
+	start, timed := sampleStart()
 	b.mu.Lock()
 	if free := len(b.free); free < n {
 		if free+b.inactive < n {
@@ -223,7 +222,9 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 	if len(b.free) < b.low && b.inactive > 0 {
 		b.recycle(b.high - len(b.free))
 	}
-	b.allocLat.record(time.Since(start))
+	if timed {
+		b.allocLat.record(sinceEpoch() - start)
+	}
 	b.mu.Unlock()
 	return dst, nil
 }
@@ -245,7 +246,7 @@ func (b *BlockSet) Commit(blk Block) error {
 
 // Abort gives a Partial or Complete slot back: -> Reset, generation bumped.
 func (b *BlockSet) Abort(blk Block) error {
-	start := time.Now()
+	start, timed := sampleStart()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s, err := b.check(blk)
@@ -256,7 +257,9 @@ func (b *BlockSet) Abort(blk Block) error {
 		return &TransitionError{Op: "abort", Slot: blk.Slot, State: s.state}
 	}
 	b.reset(int32(blk.Slot))
-	b.releaseLat.record(time.Since(start))
+	if timed {
+		b.releaseLat.record(sinceEpoch() - start)
+	}
 	return nil
 }
 
@@ -320,7 +323,7 @@ func (b *BlockSet) Lookup(hash uint64) (Block, bool) {
 // users and no leases becomes inactive: the most recently used of the
 // blocks allocation may recycle.
 func (b *BlockSet) Release(blk Block) error {
-	start := time.Now()
+	start, timed := sampleStart()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s, err := b.check(blk)
@@ -334,7 +337,9 @@ func (b *BlockSet) Release(blk Block) error {
 	if s.users == 0 && s.leases == 0 {
 		b.pushInactive(int32(blk.Slot))
 	}
-	b.releaseLat.record(time.Since(start))
+	if timed {
+		b.releaseLat.record(sinceEpoch() - start)
+	}
 	return nil
 }
 

@@ -87,7 +87,8 @@ func testConfig(clock Clock, sink EventSink) Config {
 // newTestPool makes a pool over heap memory with one block set.
 func newTestPool(t testing.TB, cfg Config, l *layout.Layout) (*Pool, *BlockSet) {
 	t.Helper()
-	st := newSliceStorage(1 << 20)
+	// Every test layout's block stride is at most 2 KiB per rank.
+	st := newSliceStorage(1<<20 + l.Slots*max(l.TPSize, 1)*2048)
 	p, err := New(st, cfg)
 	if err != nil {
 		t.Fatal(err)

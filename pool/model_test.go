@@ -136,7 +136,7 @@ type held struct {
 }
 
 func TestModel(t *testing.T) {
-	seeds, steps := 24, 1500
+	seeds, steps := 48, 2000
 	if *long {
 		seeds, steps = 400, 5000
 	}

@@ -70,8 +70,10 @@ func New(storage Storage, cfg Config) (*Pool, error) {
 }
 
 // Close stops the pool's goroutine after handing the sink the events still
-// queued. Operations that start after Close return ErrClosed. It is safe to
-// call twice and returns once the goroutine has exited.
+// queued. Allocate, Lease and NewBlockSet return ErrClosed afterwards; the
+// operations that let go of blocks (Release, Abort, ReleaseLease) keep
+// working so that holders can finish, but their events are not delivered.
+// It is safe to call twice and returns once the goroutine has exited.
 func (p *Pool) Close() error {
 	p.closeOnce.Do(func() {
 		p.closed.Store(true)
