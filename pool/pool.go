@@ -73,7 +73,8 @@ func New(storage Storage, cfg Config) (*Pool, error) {
 // queued. Allocate, Lease and NewBlockSet return ErrClosed afterwards; the
 // operations that let go of blocks (Release, Abort, ReleaseLease) keep
 // working so that holders can finish, but their events are not delivered.
-// It is safe to call twice and returns once the goroutine has exited.
+// It is safe to call twice and returns once the goroutine has exited,
+// which waits for a sink call in progress to return.
 func (p *Pool) Close() error {
 	p.closeOnce.Do(func() {
 		p.closed.Store(true)
