@@ -1,0 +1,453 @@
+package pool
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// State is where a slot is in its life. See the package doc for the table.
+type State uint8
+
+const (
+	// Reset: free, no sequence; allocation takes it.
+	Reset State = iota
+	// Partial: allocated, being written by its owner.
+	Partial
+	// Complete: fully written, not yet visible.
+	Complete
+	// Registered: visible by sequence hash, shared by reference.
+	Registered
+)
+
+func (s State) String() string {
+	switch s {
+	case Reset:
+		return "reset"
+	case Partial:
+		return "partial"
+	case Complete:
+		return "complete"
+	case Registered:
+		return "registered"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// Block is a handle on a slot: the slot index and the generation it had
+// when the handle was issued. Operations refuse a handle whose slot has
+// been recycled since (ErrStaleBlock).
+type Block struct {
+	Slot       int
+	Generation uint64
+}
+
+// SlotInfo is a snapshot of one slot, for introspection and tests.
+type SlotInfo struct {
+	State      State
+	Generation uint64
+	// Hash and Parent are set while Registered.
+	Hash   uint64
+	Parent uint64
+	// Users is the engine references of a Registered block.
+	Users int
+	// Leases is the live leases holding the slot.
+	Leases int
+	// Inactive is true for a Registered block with no users and no leases.
+	Inactive bool
+}
+
+const none = -1
+
+type slot struct {
+	hash, parent uint64
+	gen          uint64
+	users        int32
+	leases       int32
+	prev, next   int32 // LRU links while inactive
+	state        State
+	inactive     bool
+}
+
+// BlockSet is slots sharing one layout, one region per TP rank. All
+// methods are safe for concurrent use.
+type BlockSet struct {
+	p       *Pool
+	id      SetID
+	lay     *layout.Layout
+	strides layout.Strides
+	offsets []uint64
+	low     int // recycle when free falls below this...
+	high    int // ...until this many are free
+
+	mu         sync.Mutex
+	slots      []slot
+	free       []int32 // stack of Reset slots
+	registry   map[uint64]int32
+	lruHead    int32 // least recently used inactive block
+	lruTail    int32
+	inactive   int
+	registered int
+	leased     int
+	leases     map[LeaseID]*lease
+	leaseSeq   uint64
+	expiry     leaseHeap
+	evictions  uint64
+	expired    uint64
+	allocLat   Histogram
+	releaseLat Histogram
+}
+
+func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64) *BlockSet {
+	n := l.Slots
+	b := &BlockSet{
+		p: p, id: id, lay: l, strides: st, offsets: offsets,
+		slots:    make([]slot, n),
+		free:     make([]int32, n),
+		registry: make(map[uint64]int32),
+		lruHead:  none,
+		lruTail:  none,
+		leases:   make(map[LeaseID]*lease),
+	}
+	for i := range b.slots {
+		b.slots[i].prev, b.slots[i].next = none, none
+		// Slot 0 on top of the stack: allocation starts at the front.
+		b.free[i] = int32(n - 1 - i)
+	}
+	if lw := p.cfg.LowWatermark; lw > 0 {
+		b.low = int(math.Ceil(lw * float64(n)))
+		b.high = max(b.low, int(math.Ceil(p.cfg.HighWatermark*float64(n))))
+	}
+	return b
+}
+
+// ID returns the block set's id in its pool.
+func (b *BlockSet) ID() SetID { return b.id }
+
+// Layout returns the block set's layout with its regions filled in. It is
+// shared: do not modify it.
+func (b *BlockSet) Layout() *layout.Layout { return b.lay }
+
+// Slots returns the number of slots.
+func (b *BlockSet) Slots() int { return len(b.slots) }
+
+// RegionOffset returns where rank's region starts in the pool's storage:
+// what an engine that mapped the storage adds to find its shards.
+func (b *BlockSet) RegionOffset(rank int) (uint64, error) {
+	if rank < 0 || rank >= len(b.offsets) {
+		return 0, fmt.Errorf("%w: rank %d of %d", ErrInvalidArgument, rank, len(b.offsets))
+	}
+	return b.offsets[rank], nil
+}
+
+// RankBytes returns rank's region as a slice of host memory, valid until
+// the storage is closed. Device memory returns ErrNotHostMemory.
+func (b *BlockSet) RankBytes(rank int) ([]byte, error) {
+	off, err := b.RegionOffset(rank)
+	if err != nil {
+		return nil, err
+	}
+	mem := b.p.storage.Bytes()
+	if mem == nil {
+		return nil, fmt.Errorf("%w: %s storage", ErrNotHostMemory, b.p.storage.Kind())
+	}
+	end := off + b.strides.Region
+	return mem[off:end:end], nil
+}
+
+// RegionBytes returns every rank's region, in rank order, as RankBytes does:
+// the form layout.Execute and the transport take.
+func (b *BlockSet) RegionBytes() ([][]byte, error) {
+	out := make([][]byte, len(b.offsets))
+	for r := range out {
+		m, err := b.RankBytes(r)
+		if err != nil {
+			return nil, err
+		}
+		out[r] = m
+	}
+	return out, nil
+}
+
+// check validates a handle; the lock is held.
+func (b *BlockSet) check(blk Block) (*slot, error) {
+	if blk.Slot < 0 || blk.Slot >= len(b.slots) {
+		return nil, fmt.Errorf("%w: slot %d of %d", ErrBadSlot, blk.Slot, len(b.slots))
+	}
+	s := &b.slots[blk.Slot]
+	if s.gen != blk.Generation {
+		return nil, fmt.Errorf("%w: slot %d generation %d, now %d", ErrStaleBlock, blk.Slot, blk.Generation, s.gen)
+	}
+	return s, nil
+}
+
+// Allocate takes n free slots, moving them Reset -> Partial, and returns
+// them owned by the caller. If fewer than n are free, inactive blocks are
+// recycled, least recently used first; if that cannot make n, nothing is
+// changed and an *AllocError says how many were asked and free. An
+// allocation that leaves fewer free slots than the low watermark recycles
+// inactive blocks up to the high watermark.
+func (b *BlockSet) Allocate(n int) ([]Block, error) {
+	return b.AppendAllocate(nil, n)
+}
+
+// AppendAllocate is Allocate appending to dst, for callers that reuse a
+// slice.
+func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
+	if n <= 0 {
+		return dst, fmt.Errorf("%w: allocate %d slots", ErrInvalidArgument, n)
+	}
+	if b.p.closed.Load() {
+		return dst, ErrClosed
+	}
+	start, timed := sampleStart()
+	b.mu.Lock()
+	if free := len(b.free); free < n {
+		if free+b.inactive < n {
+			err := &AllocError{Asked: n, Free: free, Inactive: b.inactive}
+			b.mu.Unlock()
+			return dst, err
+		}
+		b.recycle(n - free)
+	}
+	for range n {
+		i := b.free[len(b.free)-1]
+		b.free = b.free[:len(b.free)-1]
+		s := &b.slots[i]
+		s.state = Partial
+		dst = append(dst, Block{Slot: int(i), Generation: s.gen})
+	}
+	if len(b.free) < b.low && b.inactive > 0 {
+		b.recycle(b.high - len(b.free))
+	}
+	if timed {
+		b.allocLat.record(sinceEpoch() - start)
+	}
+	b.mu.Unlock()
+	return dst, nil
+}
+
+// Commit marks a Partial slot fully written: Partial -> Complete.
+func (b *BlockSet) Commit(blk Block) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	if err != nil {
+		return err
+	}
+	if s.state != Partial {
+		return &TransitionError{Op: "commit", Slot: blk.Slot, State: s.state}
+	}
+	s.state = Complete
+	return nil
+}
+
+// Abort gives a Partial or Complete slot back: -> Reset, generation bumped.
+func (b *BlockSet) Abort(blk Block) error {
+	start, timed := sampleStart()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	if err != nil {
+		return err
+	}
+	if s.state != Partial && s.state != Complete {
+		return &TransitionError{Op: "abort", Slot: blk.Slot, State: s.state}
+	}
+	b.reset(int32(blk.Slot))
+	if timed {
+		b.releaseLat.record(sinceEpoch() - start)
+	}
+	return nil
+}
+
+// Register makes a Complete slot visible under its sequence hash:
+// Complete -> Registered, with the caller holding one reference, and a
+// store event. If the hash is already Registered in the set, the caller's
+// slot is freed instead (Reset) and the existing block is returned with a
+// reference for the caller. Use the returned Block from then on. parent is
+// the previous block's sequence hash, 0 for the first block; it is carried
+// in the event.
+func (b *BlockSet) Register(blk Block, hash, parent uint64) (Block, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	if err != nil {
+		return Block{}, err
+	}
+	if s.state != Complete {
+		return Block{}, &TransitionError{Op: "register", Slot: blk.Slot, State: s.state}
+	}
+	if e, ok := b.registry[hash]; ok {
+		b.ref(e)
+		b.reset(int32(blk.Slot))
+		return Block{Slot: int(e), Generation: b.slots[e].gen}, nil
+	}
+	s.state = Registered
+	s.hash, s.parent = hash, parent
+	s.users = 1
+	b.registry[hash] = int32(blk.Slot)
+	b.registered++
+	b.p.events.push(Event{Kind: EventStore, Set: b.id, Slot: blk.Slot, Hash: hash, Parent: parent})
+	return blk, nil
+}
+
+// Acquire takes a reference on the Registered block with the sequence
+// hash, which stops it being recycled until Release.
+func (b *BlockSet) Acquire(hash uint64) (Block, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i, ok := b.registry[hash]
+	if !ok {
+		return Block{}, false
+	}
+	b.ref(i)
+	return Block{Slot: int(i), Generation: b.slots[i].gen}, true
+}
+
+// Lookup finds the Registered block with the sequence hash without taking
+// a reference: the answer may be stale by the time it is used.
+func (b *BlockSet) Lookup(hash uint64) (Block, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i, ok := b.registry[hash]
+	if !ok {
+		return Block{}, false
+	}
+	return Block{Slot: int(i), Generation: b.slots[i].gen}, true
+}
+
+// Release drops a reference from Register or Acquire. A block left with no
+// users and no leases becomes inactive: the most recently used of the
+// blocks allocation may recycle.
+func (b *BlockSet) Release(blk Block) error {
+	start, timed := sampleStart()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	if err != nil {
+		return err
+	}
+	if s.state != Registered || s.users == 0 {
+		return &TransitionError{Op: "release", Slot: blk.Slot, State: s.state, Reason: "no references held"}
+	}
+	s.users--
+	if s.users == 0 && s.leases == 0 {
+		b.pushInactive(int32(blk.Slot))
+	}
+	if timed {
+		b.releaseLat.record(sinceEpoch() - start)
+	}
+	return nil
+}
+
+// Evict recycles up to n inactive blocks, least recently used first, and
+// returns how many it recycled.
+func (b *BlockSet) Evict(n int) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.recycle(n)
+}
+
+// Slot returns a snapshot of slot i.
+func (b *BlockSet) Slot(i int) (SlotInfo, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if i < 0 || i >= len(b.slots) {
+		return SlotInfo{}, fmt.Errorf("%w: slot %d of %d", ErrBadSlot, i, len(b.slots))
+	}
+	s := &b.slots[i]
+	return SlotInfo{State: s.state, Generation: s.gen, Hash: s.hash, Parent: s.parent,
+		Users: int(s.users), Leases: int(s.leases), Inactive: s.inactive}, nil
+}
+
+// Metrics returns a snapshot of the block set.
+func (b *BlockSet) Metrics() Metrics {
+	b.mu.Lock()
+	m := Metrics{
+		Slots:          len(b.slots),
+		Free:           len(b.free),
+		Inactive:       b.inactive,
+		Registered:     b.registered,
+		Leased:         b.leased,
+		Leases:         len(b.leases),
+		LeasesExpired:  b.expired,
+		Evictions:      b.evictions,
+		AllocLatency:   b.allocLat,
+		ReleaseLatency: b.releaseLat,
+	}
+	b.mu.Unlock()
+	m.Active = m.Slots - m.Free - m.Inactive
+	m.finish()
+	return m
+}
+
+// ref takes a user reference on a Registered slot.
+func (b *BlockSet) ref(i int32) {
+	s := &b.slots[i]
+	if s.inactive {
+		b.unlinkInactive(i)
+	}
+	s.users++
+}
+
+// reset returns a slot to the free stack with a new generation, so that
+// every handle on its old contents goes stale.
+func (b *BlockSet) reset(i int32) {
+	s := &b.slots[i]
+	s.state = Reset
+	s.hash, s.parent = 0, 0
+	s.users = 0
+	s.gen++
+	b.free = append(b.free, i)
+}
+
+// recycle evicts up to n inactive blocks, least recently used first.
+func (b *BlockSet) recycle(n int) int {
+	done := 0
+	for done < n && b.lruHead != none {
+		i := b.lruHead
+		b.unlinkInactive(i)
+		s := &b.slots[i]
+		hash, parent := s.hash, s.parent
+		delete(b.registry, hash)
+		b.registered--
+		b.reset(i)
+		b.evictions++
+		b.p.events.push(Event{Kind: EventRemove, Set: b.id, Slot: int(i), Hash: hash, Parent: parent})
+		done++
+	}
+	return done
+}
+
+func (b *BlockSet) pushInactive(i int32) {
+	s := &b.slots[i]
+	s.inactive = true
+	s.prev, s.next = b.lruTail, none
+	if b.lruTail != none {
+		b.slots[b.lruTail].next = i
+	} else {
+		b.lruHead = i
+	}
+	b.lruTail = i
+	b.inactive++
+}
+
+func (b *BlockSet) unlinkInactive(i int32) {
+	s := &b.slots[i]
+	if s.prev != none {
+		b.slots[s.prev].next = s.next
+	} else {
+		b.lruHead = s.next
+	}
+	if s.next != none {
+		b.slots[s.next].prev = s.prev
+	} else {
+		b.lruTail = s.prev
+	}
+	s.prev, s.next = none, none
+	s.inactive = false
+	b.inactive--
+}

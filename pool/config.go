@@ -1,0 +1,144 @@
+package pool
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Clock tells the time leases expire by. Tests inject a manual clock; the
+// zero Config uses the wall clock. Now may be called concurrently.
+type Clock interface {
+	Now() time.Time
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// EventSink receives batches of store and remove events, in order, from the
+// pool's own goroutine, one batch at a time. It may block: the pool never
+// waits for it, events that find the buffer full are dropped and counted,
+// and the next batch says how many. The sink owns the batch.
+type EventSink func(EventBatch)
+
+// Config configures a Pool. The zero value is usable; DefaultConfig spells
+// the defaults out.
+type Config struct {
+	// Logger receives the few things worth logging (fallbacks, expiries in
+	// bulk). If nil, slog.Default().
+	Logger *slog.Logger
+	// Clock drives lease expiry. If nil, the wall clock.
+	Clock Clock
+	// Events receives store and remove events. If nil, events are counted
+	// and discarded.
+	Events EventSink
+	// EventBuffer is the events held for the sink before new ones are
+	// dropped. If zero, 8192.
+	EventBuffer int
+	// MaxEventBatch bounds the events handed to the sink in one call. If
+	// zero, 1024.
+	MaxEventBatch int
+	// ExpiryInterval is how often the pool's goroutine reaps expired leases.
+	// If zero, 1 s; if negative, only calls reap (ExpireLeases, and Renew,
+	// ReleaseLease and CheckRead on the lease they name).
+	ExpiryInterval time.Duration
+	// LowWatermark is the fraction of a block set's slots: when an
+	// allocation leaves fewer free slots than that, inactive blocks are
+	// recycled until HighWatermark is free. If zero, 0.05; if negative, no
+	// recycling ahead of need.
+	LowWatermark float64
+	// HighWatermark is the fraction of free slots recycling stops at. If
+	// zero, 0.10. It must not be below LowWatermark.
+	HighWatermark float64
+	// MaxLeases bounds the live leases of the pool, so that peers cannot
+	// exhaust memory with them. If zero, 65536.
+	MaxLeases int
+	// MaxLeaseBlocks bounds the hashes of one lease request. If zero, 4096.
+	MaxLeaseBlocks int
+	// MaxLeaseDuration bounds the duration a lease or renewal may ask for.
+	// If zero, 5 minutes.
+	MaxLeaseDuration time.Duration
+}
+
+// DefaultConfig returns the defaults for an agent.
+func DefaultConfig() Config {
+	return Config{
+		EventBuffer:      8192,
+		MaxEventBatch:    1024,
+		ExpiryInterval:   time.Second,
+		LowWatermark:     0.05,
+		HighWatermark:    0.10,
+		MaxLeases:        65536,
+		MaxLeaseBlocks:   4096,
+		MaxLeaseDuration: 5 * time.Minute,
+	}
+}
+
+// DefaultLocalConfig returns defaults for tests and a single machine:
+// smaller buffers and a faster expiry loop.
+func DefaultLocalConfig() Config {
+	c := DefaultConfig()
+	c.EventBuffer = 1024
+	c.MaxEventBatch = 256
+	c.ExpiryInterval = 100 * time.Millisecond
+	c.MaxLeases = 4096
+	return c
+}
+
+// populate fills defaults and validates; it is the only place that does.
+func (c Config) populate() (Config, error) {
+	d := DefaultConfig()
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = wallClock{}
+	}
+	if c.EventBuffer == 0 {
+		c.EventBuffer = d.EventBuffer
+	}
+	if c.MaxEventBatch == 0 {
+		c.MaxEventBatch = d.MaxEventBatch
+	}
+	if c.ExpiryInterval == 0 {
+		c.ExpiryInterval = d.ExpiryInterval
+	}
+	if c.LowWatermark == 0 {
+		c.LowWatermark = d.LowWatermark
+	}
+	if c.HighWatermark == 0 {
+		c.HighWatermark = d.HighWatermark
+	}
+	if c.MaxLeases == 0 {
+		c.MaxLeases = d.MaxLeases
+	}
+	if c.MaxLeaseBlocks == 0 {
+		c.MaxLeaseBlocks = d.MaxLeaseBlocks
+	}
+	if c.MaxLeaseDuration == 0 {
+		c.MaxLeaseDuration = d.MaxLeaseDuration
+	}
+	bad := func(field, format string, args ...any) (Config, error) {
+		return Config{}, fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.EventBuffer < 0:
+		return bad("EventBuffer", "%d is negative", c.EventBuffer)
+	case c.MaxEventBatch < 0:
+		return bad("MaxEventBatch", "%d is negative", c.MaxEventBatch)
+	case c.LowWatermark > 1:
+		return bad("LowWatermark", "%g is above 1", c.LowWatermark)
+	case c.HighWatermark < 0 || c.HighWatermark > 1:
+		return bad("HighWatermark", "%g is not in (0, 1]", c.HighWatermark)
+	case c.LowWatermark > c.HighWatermark:
+		return bad("HighWatermark", "%g is below LowWatermark %g", c.HighWatermark, c.LowWatermark)
+	case c.MaxLeases < 0:
+		return bad("MaxLeases", "%d is negative", c.MaxLeases)
+	case c.MaxLeaseBlocks < 0:
+		return bad("MaxLeaseBlocks", "%d is negative", c.MaxLeaseBlocks)
+	case c.MaxLeaseDuration < 0:
+		return bad("MaxLeaseDuration", "%v is negative", c.MaxLeaseDuration)
+	}
+	return c, nil
+}

@@ -1,0 +1,83 @@
+// Package pool is where KV blocks live on a node: the memory an agent owns
+// in one tier, cut into block sets of slots, and the life of every block in
+// them. Engines write into it, peers read out of it while it keeps
+// serving, and it never hands out a block that is half written or recycled
+// under a reader.
+//
+// # Memory
+//
+// A [Storage] is one piece of memory: [HostStorage] is host memory in a
+// memory file (memfd, or a mode 0600 file under /dev/shm) mapped shared, so
+// that an engine on the node maps the same bytes through [HostStorage.FD]
+// or [HostStorage.Path]; it is page-locked (Pinned) and on huge pages where
+// the system allows, and falls back with a log line where it does not.
+// Device memory implements the same interface in pool/cuda.
+//
+// A [Pool] carves [BlockSet]s from one Storage: one region per TP rank,
+// page aligned, at [BlockSet.RegionOffset], so that slot s of rank r sits
+// where the block set's [layout.Layout] says.
+//
+// # Lifecycle
+//
+// Every slot is in one of four states:
+//
+//	state       owner                     ops that leave it
+//	----------  ------------------------  -------------------------------------
+//	Reset       the pool (free stack)     Allocate            -> Partial
+//	Partial     the allocator             Commit              -> Complete
+//	                                      Abort               -> Reset
+//	Complete    the allocator             Register            -> Registered
+//	                                      Register, duplicate -> Reset
+//	                                      Abort               -> Reset
+//	Registered  shared: users and leases  recycle when inactive -> Reset
+//
+//	from        to          trigger                 check
+//	----------  ----------  ----------------------  ---------------------------
+//	Reset       Partial     Allocate                free, or recyclable
+//	Partial     Complete    Commit                  caller says it is full
+//	Complete    Registered  Register(hash)          hash not in the set yet
+//	Complete    Reset       Register(existing hash) the existing block is used
+//	Registered  Reset       recycle (Evict, watermarks, Allocate)
+//	                                                no users and no leases
+//	Partial     Reset       Abort                   aborted sequence
+//	Complete    Reset       Abort                   invalidated
+//
+// Anything else is a [TransitionError]. Every return to Reset bumps the
+// slot's generation, so a [Block] handle (slot, generation) issued before
+// goes stale ([ErrStaleBlock]) instead of touching the new contents.
+//
+// A Registered block counts references (Register gives one, Acquire takes
+// one, Release drops one) and leases. With neither it is inactive and
+// joins an LRU list; allocation recycles from its front when free slots
+// run out, or fall below the low watermark (then up to the high one).
+// Each recycle emits a remove event; each new registration a store event.
+//
+// # Leases
+//
+// A peer that reads our memory first leases the blocks by sequence hash
+// ([BlockSet.Lease]): it gets each block's slot and generation and a random
+// [LeaseID], and the blocks cannot be recycled until [Pool.ReleaseLease] or
+// the deadline. Release reports whether the lease was still valid: a
+// reader trusts the bytes only then. [Pool.CheckRead] is the transport's
+// gate: it serves a range of a region only when the range lies entirely in
+// the leased slots' shards.
+//
+// Expiry follows [Config.Clock]. Leases past their deadline are reaped by
+// the pool's goroutine every [Config.ExpiryInterval], by [Pool.ExpireLeases],
+// and by Renew, ReleaseLease and CheckRead on the lease they name; a lease
+// past its deadline is never honoured even before it is reaped.
+//
+// # Events
+//
+// Store and remove events are numbered per pool in the order they happen
+// and handed to [Config.Events] in batches from the pool's goroutine, out
+// of a bounded buffer: a slow sink loses events (counted, and visible as
+// gaps in Event.Seq), never stalls the pool, and resynchronises from
+// [Pool.Snapshot].
+//
+// # Concurrency
+//
+// Each block set has one mutex; the operations under it are O(1) except
+// recycling, leases (O(hashes)) and snapshots. Locks are never held while
+// calling out.
+package pool

@@ -1,0 +1,47 @@
+//go:build !linux
+
+package pool
+
+import (
+	"fmt"
+
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// HostStorage is shareable host memory; it needs Linux.
+type HostStorage struct{}
+
+// NewHostStorage returns an error wrapping ErrNotSupported off Linux.
+func NewHostStorage(cfg HostConfig) (*HostStorage, error) {
+	return nil, fmt.Errorf("pool: shareable host memory needs memfd or /dev/shm: %w", ErrNotSupported)
+}
+
+// Addr returns 0.
+func (h *HostStorage) Addr() uint64 { return 0 }
+
+// Size returns 0.
+func (h *HostStorage) Size() uint64 { return 0 }
+
+// Kind returns Host.
+func (h *HostStorage) Kind() layout.MemoryKind { return layout.Host }
+
+// Device returns -1.
+func (h *HostStorage) Device() int32 { return -1 }
+
+// Bytes returns nil.
+func (h *HostStorage) Bytes() []byte { return nil }
+
+// FD returns -1.
+func (h *HostStorage) FD() int { return -1 }
+
+// Path returns "".
+func (h *HostStorage) Path() string { return "" }
+
+// Locked returns false.
+func (h *HostStorage) Locked() bool { return false }
+
+// HugePages returns false.
+func (h *HostStorage) HugePages() bool { return false }
+
+// Close does nothing.
+func (h *HostStorage) Close() error { return nil }
