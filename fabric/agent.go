@@ -1,0 +1,305 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// Agent is the kvfabric node agent. Start makes one; Close stops it.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	started time.Time
+
+	storage *pool.HostStorage
+	pool    *pool.Pool
+
+	mu   sync.Mutex
+	sets map[pool.SetID]*engineSet
+
+	engineLn  net.Listener
+	engineSrv *grpc.Server
+	httpLn    net.Listener
+	httpSrv   *http.Server
+
+	stats stats
+
+	closeOnce sync.Once
+	closeErr  error
+	wg        sync.WaitGroup
+}
+
+// Start makes an agent from cfg and starts serving. The context bounds the
+// start only; Close stops the agent.
+func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
+	cfg.populate()
+	specs, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{}}
+	if a.log == nil {
+		lvl, _ := parseLevel(cfg.LogLevel)
+		a.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	}
+	a.log = a.log.With("node", cfg.NodeName)
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("fabric: data dir: %w", err)
+	}
+	if err := a.startPools(specs); err != nil {
+		return nil, err
+	}
+	if err := a.startEngineAPI(); err != nil {
+		return nil, err
+	}
+	if err := a.startHTTP(); err != nil {
+		return nil, err
+	}
+	a.log.Info("agent started", "engine_socket", cfg.EngineSocket, "metrics", a.MetricsAddr())
+	return a, nil
+}
+
+func (a *Agent) startPools(specs []PoolSpec) error {
+	// Engines' block sets come from the first pool. More tiers (several
+	// pools, GPU memory) arrive with the GPU backend.
+	spec := specs[0]
+	st, err := pool.NewHostStorage(pool.HostConfig{
+		Size:   spec.Size,
+		Name:   "kvfabric-" + a.cfg.NodeName,
+		Lock:   spec.Kind == "pinned",
+		Logger: a.log,
+	})
+	if err != nil {
+		return fmt.Errorf("fabric: %s pool of %d bytes: %w", spec.Kind, spec.Size, err)
+	}
+	a.storage = st
+	pcfg := pool.DefaultConfig()
+	pcfg.Logger = a.log
+	pcfg.Events = a.onPoolEvents
+	p, err := pool.New(st, pcfg)
+	if err != nil {
+		return fmt.Errorf("fabric: pool: %w", err)
+	}
+	a.pool = p
+	return nil
+}
+
+// onPoolEvents receives the pool's store and remove events. It must not
+// block (the pool's contract).
+func (a *Agent) onPoolEvents(b pool.EventBatch) {
+	a.stats.events.Add(uint64(len(b.Events)))
+}
+
+func (a *Agent) startEngineAPI() error {
+	path := a.cfg.EngineSocket
+	if err := removeStaleSocket(path); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("fabric: engine socket dir: %w", err)
+	}
+	// Bind under a umask-independent mode: make the socket, then restrict
+	// it before anyone is told where it is.
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("fabric: engine socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("fabric: engine socket: %w", err)
+	}
+	a.engineLn = ln
+	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20))
+	fabricpb.RegisterEngineServer(a.engineSrv, &engineServer{a: a})
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.engineSrv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			a.log.Error("engine API stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// removeStaleSocket removes a socket left by an agent that died, and
+// refuses to start beside one that is alive.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("fabric: engine socket: %w", err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("fabric: engine socket %s exists and is not a socket", path)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("fabric: engine socket %s: another agent is serving it", path)
+	}
+	return os.Remove(path)
+}
+
+func (a *Agent) startHTTP() error {
+	if a.cfg.MetricsAddr == "off" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", a.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("fabric: metrics address: %w", err)
+	}
+	a.httpLn = ln
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", a.serveMetrics)
+	mux.HandleFunc("/healthz", a.serveHealth)
+	a.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// MetricsAddr returns the address /metrics is served on, or "" when off.
+func (a *Agent) MetricsAddr() string {
+	if a.httpLn == nil {
+		return ""
+	}
+	return a.httpLn.Addr().String()
+}
+
+// EngineSocket returns the path of the engine API socket.
+func (a *Agent) EngineSocket() string { return a.cfg.EngineSocket }
+
+// NodeName returns the agent's node name.
+func (a *Agent) NodeName() string { return a.cfg.NodeName }
+
+// Close leaves the cluster and releases everything. It is safe to call
+// more than once and returns when every goroutine has stopped.
+func (a *Agent) Close() error {
+	a.closeOnce.Do(func() {
+		var errs []error
+		if a.engineSrv != nil {
+			stopped := make(chan struct{})
+			go func() { a.engineSrv.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-time.After(2 * time.Second):
+				a.engineSrv.Stop()
+			}
+		}
+		if a.httpSrv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			errs = append(errs, a.httpSrv.Shutdown(ctx))
+			cancel()
+		}
+		if a.pool != nil {
+			errs = append(errs, a.pool.Close())
+		}
+		if a.storage != nil {
+			errs = append(errs, a.storage.Close())
+		}
+		if a.engineLn != nil {
+			os.Remove(a.cfg.EngineSocket)
+		}
+		a.wg.Wait()
+		a.closeErr = errors.Join(errs...)
+		a.log.Info("agent stopped")
+	})
+	return a.closeErr
+}
+
+// blockSetFor returns the block set an engine with this layout uses: an
+// existing one of the same shape, or a new one.
+func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range a.sets {
+		l := s.set.Layout()
+		if l.Model == tmpl.Model && l.PageSize == tmpl.PageSize && l.TPSize == tmpl.TPSize &&
+			l.Order == tmpl.Order && l.Arrangement == tmpl.Arrangement && (tmpl.Slots == 0 || tmpl.Slots == l.Slots) {
+			return s, nil
+		}
+	}
+	if tmpl.Slots == 0 {
+		tmpl.Slots = a.defaultSlots(tmpl)
+	}
+	// Fill regions only so that the template validates; the pool places them.
+	tmpl.Regions = make([]layout.Region, max(tmpl.TPSize, 0))
+	for r := range tmpl.Regions {
+		tmpl.Regions[r] = layout.Region{Size: 1 << 63, Kind: layout.Host}
+	}
+	set, err := a.pool.NewBlockSet(tmpl)
+	if err != nil {
+		return nil, err
+	}
+	s := &engineSet{set: set, engine: engine, refs: map[int]slotRef{}}
+	a.sets[set.ID()] = s
+	a.log.Info("block set made", "engine", engine, "set", set.ID(), "slots", set.Slots(), "tp", tmpl.TPSize,
+		"page", tmpl.PageSize, "digest", set.Layout().Digest().Short())
+	return s, nil
+}
+
+// defaultSlots is the configured slot count, else what a quarter of the
+// pool holds.
+func (a *Agent) defaultSlots(tmpl *layout.Layout) int {
+	if a.cfg.BlockSetSlots > 0 {
+		return a.cfg.BlockSetSlots
+	}
+	if tmpl.Validate() != nil {
+		return 1 // let NewBlockSet report what is wrong
+	}
+	probe := *tmpl
+	probe.Slots = 1
+	per := probe.Strides().Block * uint64(tmpl.TPSize)
+	return max(1, int(a.storage.Size()/4/max(per, 1)))
+}
+
+func (a *Agent) engineSet(id uint64) (*engineSet, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, ok := a.sets[pool.SetID(id)]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "block set %d: not registered on this agent", id)
+	}
+	return s, nil
+}
+
+// describe returns what an engine needs to use a block set.
+func (a *Agent) describe(s *engineSet) (*fabricpb.RegisterResponse, error) {
+	l := s.set.Layout()
+	out := &fabricpb.RegisterResponse{BlockSet: uint64(s.set.ID()), Layout: l.Proto()}
+	for r := range l.TPSize {
+		off, err := s.set.RegionOffset(r)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		out.Memory = append(out.Memory, &fabricpb.Memory{Path: a.storage.Path(), Offset: off, Size: l.Regions[r].Size})
+	}
+	return out, nil
+}

@@ -1,0 +1,200 @@
+// Package client is the Go client of the kvfabric engine API: an inference
+// engine (or a tool) talks to the agent on its node through a unix socket
+// and reads and writes blocks in the pool memory it maps.
+//
+//	c, _ := client.Dial(ctx, "/var/lib/kvfabric/engine.sock")
+//	set, _ := c.Register(ctx, client.Engine{Name: "vllm-0", Model: m, TPSize: 2, PageSize: 16, Order: layout.HND})
+//	slots, _ := c.Allocate(ctx, set.ID, 4)
+//	copy(set.Block(rank, slots[0]), kv) // write each rank's shard
+//	c.RegisterBlocks(ctx, set.ID, slots, hashes)
+//
+// Other languages use the protobuf sources in fabric/fabricpb.
+package client
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// Client is a connection to the local agent. It is safe for concurrent use.
+type Client struct {
+	conn *grpc.ClientConn
+	api  fabricpb.EngineClient
+
+	mu   sync.Mutex
+	maps map[string][]byte // memory files mapped, by path
+}
+
+// Dial connects to the agent's engine socket.
+func Dial(ctx context.Context, socket string) (*Client, error) {
+	if _, err := os.Stat(socket); err != nil {
+		return nil, fmt.Errorf("client: engine socket: %w (is the agent running?)", err)
+	}
+	conn, err := grpc.NewClient("unix://"+socket,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	return &Client{conn: conn, api: fabricpb.NewEngineClient(conn), maps: map[string][]byte{}}, nil
+}
+
+// API returns the raw gRPC client, for calls this package does not wrap.
+func (c *Client) API() fabricpb.EngineClient { return c.api }
+
+// Close closes the connection and unmaps the pool memory. Byte slices from
+// BlockSet must not be used after it.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	for p, b := range c.maps {
+		syscall.Munmap(b)
+		delete(c.maps, p)
+	}
+	c.mu.Unlock()
+	return c.conn.Close()
+}
+
+// Engine describes an engine's KV cache to the agent.
+type Engine struct {
+	Name        string
+	Model       layout.ModelConfig
+	TPSize      int
+	PageSize    int
+	Order       layout.KVOrder
+	Arrangement layout.Arrangement // zero: fully contiguous
+	Slots       int                // zero: the agent's default
+}
+
+// BlockSet is an engine's block set with its memory mapped.
+type BlockSet struct {
+	ID     uint64
+	Layout *layout.Layout
+	// Ranks holds each TP rank's region.
+	Ranks [][]byte
+}
+
+// Block returns the bytes of slot's shard on rank in a fully contiguous
+// layout: layers, K and V, in the layout's order. For layer-separate
+// layouts use Layout.ChunkOffset on Ranks[rank].
+func (s *BlockSet) Block(rank, slot int) []byte {
+	st := s.Layout.Strides()
+	off := uint64(slot) * st.Block
+	return s.Ranks[rank][off : off+st.Shard]
+}
+
+// Register registers the engine and maps its block set's memory.
+func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
+	resp, err := c.api.Register(ctx, &fabricpb.RegisterRequest{
+		Engine:      e.Name,
+		Model:       e.Model.Proto(),
+		TpSize:      uint32(e.TPSize),
+		PageSize:    uint32(e.PageSize),
+		KvOrder:     layoutKVOrder(e.Order),
+		Arrangement: layoutArrangement(e.Arrangement),
+		Slots:       uint32(e.Slots),
+	})
+	if err != nil {
+		return nil, err
+	}
+	l, err := layout.FromProto(resp.GetLayout())
+	if err != nil {
+		return nil, fmt.Errorf("client: agent sent a bad layout: %w", err)
+	}
+	if len(resp.GetMemory()) != l.TPSize {
+		return nil, fmt.Errorf("client: agent sent %d memory regions for %d ranks", len(resp.GetMemory()), l.TPSize)
+	}
+	set := &BlockSet{ID: resp.GetBlockSet(), Layout: l, Ranks: make([][]byte, l.TPSize)}
+	for r, m := range resp.GetMemory() {
+		whole, err := c.mapFile(m.GetPath())
+		if err != nil {
+			return nil, err
+		}
+		end := m.GetOffset() + m.GetSize()
+		if end < m.GetOffset() || end > uint64(len(whole)) {
+			return nil, fmt.Errorf("client: rank %d region [%d, %d) outside %s (%d bytes)", r, m.GetOffset(), end, m.GetPath(), len(whole))
+		}
+		set.Ranks[r] = whole[m.GetOffset():end:end]
+	}
+	return set, nil
+}
+
+func (c *Client) mapFile(path string) ([]byte, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if b, ok := c.maps[path]; ok {
+		return b, nil
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("client: pool memory: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("client: pool memory: %w", err)
+	}
+	b, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("client: map %s: %w", path, err)
+	}
+	c.maps[path] = b
+	return b, nil
+}
+
+// Allocate takes n free slots for the engine to write.
+func (c *Client) Allocate(ctx context.Context, set uint64, n int) ([]uint32, error) {
+	resp, err := c.api.Allocate(ctx, &fabricpb.AllocateRequest{BlockSet: set, Count: uint32(n)})
+	return resp.GetSlots(), err
+}
+
+// Free gives back allocated slots that were never registered.
+func (c *Client) Free(ctx context.Context, set uint64, slots []uint32) error {
+	_, err := c.api.Free(ctx, &fabricpb.FreeRequest{BlockSet: set, Slots: slots})
+	return err
+}
+
+// RegisterBlocks registers written slots under their sequence hashes, the
+// first block being the first of its sequence. The engine keeps a reference
+// on each returned block until Release.
+func (c *Client) RegisterBlocks(ctx context.Context, set uint64, slots []uint32, hashes []uint64) ([]*fabricpb.BlockRef, error) {
+	resp, err := c.api.RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set, Slots: slots, Hashes: hashes})
+	return resp.GetBlocks(), err
+}
+
+// Acquire references the leading blocks held locally.
+func (c *Client) Acquire(ctx context.Context, set uint64, hashes []uint64) ([]*fabricpb.BlockRef, error) {
+	resp, err := c.api.Acquire(ctx, &fabricpb.AcquireRequest{BlockSet: set, Hashes: hashes})
+	return resp.GetBlocks(), err
+}
+
+// Release drops the engine's references on slots.
+func (c *Client) Release(ctx context.Context, set uint64, slots []uint32) error {
+	_, err := c.api.Release(ctx, &fabricpb.ReleaseRequest{BlockSet: set, Slots: slots})
+	return err
+}
+
+// Lookup returns per node how many leading blocks of hashes it holds.
+func (c *Client) Lookup(ctx context.Context, hashes []uint64) ([]*fabricpb.Overlap, error) {
+	resp, err := c.api.Lookup(ctx, &fabricpb.LookupRequest{Hashes: hashes})
+	return resp.GetOverlaps(), err
+}
+
+// Import brings blocks from the cluster into local slots and references
+// them for the engine; it returns the longest prefix it could bring.
+func (c *Client) Import(ctx context.Context, set uint64, hashes []uint64) (*fabricpb.ImportResponse, error) {
+	return c.api.Import(ctx, &fabricpb.ImportRequest{BlockSet: set, Hashes: hashes})
+}
+
+// Status returns the agent's view of the cluster.
+func (c *Client) Status(ctx context.Context) (*fabricpb.StatusResponse, error) {
+	return c.api.Status(ctx, &fabricpb.StatusRequest{})
+}

@@ -1,0 +1,269 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// Limits on engine requests, so that one bad request cannot make the agent
+// allocate without bound.
+const (
+	maxRequestBlocks = 1 << 16
+	maxRequestTokens = 1 << 22
+)
+
+// engineSet is a block set made for engines, with the references the
+// engine API handed out on its slots, so that an engine can release only
+// what it holds.
+type engineSet struct {
+	set    *pool.BlockSet
+	engine string
+
+	mu   sync.Mutex
+	refs map[int]slotRef // by slot: references held through the engine API
+}
+
+type slotRef struct {
+	gen  uint64
+	refs int
+}
+
+// hold records a reference handed to the engine.
+func (s *engineSet) hold(b pool.Block) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.refs[b.Slot]
+	if r.gen != b.Generation {
+		r = slotRef{gen: b.Generation}
+	}
+	r.refs++
+	s.refs[b.Slot] = r
+}
+
+// drop returns a reference held by the engine on slot.
+func (s *engineSet) drop(slot int) (pool.Block, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.refs[slot]
+	if !ok || r.refs == 0 {
+		return pool.Block{}, status.Errorf(codes.FailedPrecondition, "slot %d: the engine holds no reference on it", slot)
+	}
+	r.refs--
+	if r.refs == 0 {
+		delete(s.refs, slot)
+	} else {
+		s.refs[slot] = r
+	}
+	return pool.Block{Slot: slot, Generation: r.gen}, nil
+}
+
+// engineServer implements the engine API over the agent.
+type engineServer struct {
+	fabricpb.UnimplementedEngineServer
+	a *Agent
+}
+
+func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterRequest) (*fabricpb.RegisterResponse, error) {
+	m, err := layout.ModelConfigFromProto(req.GetModel())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	arr := layout.Arrangement(req.GetArrangement())
+	if arr == 0 {
+		arr = layout.FullyContiguous
+	}
+	tmpl := &layout.Layout{
+		Model:       m,
+		PageSize:    int(req.GetPageSize()),
+		TPSize:      int(req.GetTpSize()),
+		Order:       layout.KVOrder(req.GetKvOrder()),
+		Arrangement: arr,
+		Alignment:   4096,
+		Slots:       int(req.GetSlots()),
+	}
+	set, err := e.a.blockSetFor(req.GetEngine(), tmpl)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return e.a.describe(set)
+}
+
+func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateRequest) (*fabricpb.AllocateResponse, error) {
+	s, err := e.a.engineSet(req.GetBlockSet())
+	if err != nil {
+		return nil, err
+	}
+	n := int(req.GetCount())
+	if n == 0 || n > maxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "count: %d is not in 1..%d", n, maxRequestBlocks)
+	}
+	blocks, err := s.set.Allocate(n)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &fabricpb.AllocateResponse{Slots: make([]uint32, len(blocks))}
+	for i, b := range blocks {
+		s.hold(b)
+		out.Slots[i] = uint32(b.Slot)
+	}
+	return out, nil
+}
+
+func (e *engineServer) Free(ctx context.Context, req *fabricpb.FreeRequest) (*fabricpb.FreeResponse, error) {
+	s, err := e.a.engineSet(req.GetBlockSet())
+	if err != nil {
+		return nil, err
+	}
+	for _, slot := range req.GetSlots() {
+		b, err := s.drop(int(slot))
+		if err != nil {
+			return nil, err
+		}
+		if err := s.set.Abort(b); err != nil {
+			s.hold(b)
+			return nil, toStatus(err)
+		}
+	}
+	return &fabricpb.FreeResponse{}, nil
+}
+
+func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.RegisterBlocksRequest) (*fabricpb.RegisterBlocksResponse, error) {
+	s, err := e.a.engineSet(req.GetBlockSet())
+	if err != nil {
+		return nil, err
+	}
+	slots := req.GetSlots()
+	if len(slots) == 0 || len(slots) > maxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "slots: %d slots (want 1..%d)", len(slots), maxRequestBlocks)
+	}
+	hashes, err := requestHashes(req.GetHashes(), req.GetTokens(), s.set.Layout().PageSize, len(slots))
+	if err != nil {
+		return nil, err
+	}
+	parent := uint64(0)
+	if req.GetParentSet() {
+		parent = req.GetParent()
+	}
+	out := &fabricpb.RegisterBlocksResponse{}
+	for i, slot := range slots {
+		b, err := s.drop(int(slot))
+		if err != nil {
+			return out, err
+		}
+		if err := s.set.Commit(b); err != nil {
+			s.hold(b)
+			return out, toStatus(fmt.Errorf("slot %d: %w", slot, err))
+		}
+		reg, err := s.set.Register(b, hashes[i], parent)
+		if err != nil {
+			return out, toStatus(fmt.Errorf("slot %d: %w", slot, err))
+		}
+		s.hold(reg)
+		out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(reg.Slot), Duplicate: reg.Slot != b.Slot})
+		parent = hashes[i]
+	}
+	return out, nil
+}
+
+func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest) (*fabricpb.AcquireResponse, error) {
+	s, err := e.a.engineSet(req.GetBlockSet())
+	if err != nil {
+		return nil, err
+	}
+	if n := len(req.GetHashes()); n > maxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d (at most %d)", n, maxRequestBlocks)
+	}
+	out := &fabricpb.AcquireResponse{}
+	for _, h := range req.GetHashes() {
+		b, ok := s.set.Acquire(h)
+		if !ok {
+			break
+		}
+		s.hold(b)
+		out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
+	}
+	return out, nil
+}
+
+func (e *engineServer) Release(ctx context.Context, req *fabricpb.ReleaseRequest) (*fabricpb.ReleaseResponse, error) {
+	s, err := e.a.engineSet(req.GetBlockSet())
+	if err != nil {
+		return nil, err
+	}
+	for _, slot := range req.GetSlots() {
+		b, err := s.drop(int(slot))
+		if err != nil {
+			return nil, err
+		}
+		if err := s.set.Release(b); err != nil {
+			return nil, toStatus(fmt.Errorf("slot %d: %w", slot, err))
+		}
+	}
+	return &fabricpb.ReleaseResponse{}, nil
+}
+
+// requestHashes returns the n sequence hashes a request names, given as
+// hashes or as token ids to hash with the block set's page size.
+func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([]uint64, error) {
+	if len(hashes) > 0 && tokens != nil {
+		return nil, status.Error(codes.InvalidArgument, "hashes and tokens: give one, not both")
+	}
+	if tokens == nil {
+		if n >= 0 && len(hashes) != n {
+			return nil, status.Errorf(codes.InvalidArgument, "hashes: %d hashes for %d slots", len(hashes), n)
+		}
+		return hashes, nil
+	}
+	if len(tokens.GetIds()) > maxRequestTokens {
+		return nil, status.Errorf(codes.InvalidArgument, "tokens: %d ids (at most %d)", len(tokens.GetIds()), maxRequestTokens)
+	}
+	h, err := layout.NewHasher(pageSize, layout.HashOptions{Salt: tokens.GetSalt(), LoRA: tokens.GetLora()})
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "block size: %v", err)
+	}
+	blocks := h.Sequence(tokens.GetIds())
+	if n >= 0 && len(blocks) != n {
+		return nil, status.Errorf(codes.InvalidArgument, "tokens: %d ids make %d full blocks of %d for %d slots", len(tokens.GetIds()), len(blocks), pageSize, n)
+	}
+	out := make([]uint64, len(blocks))
+	for i, b := range blocks {
+		out[i] = b.Sequence
+	}
+	return out, nil
+}
+
+// toStatus maps errors of our packages to gRPC codes, never Unknown.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	var alloc *pool.AllocError
+	code := codes.Internal
+	switch {
+	case errors.As(err, &alloc), errors.Is(err, pool.ErrExhausted), errors.Is(err, pool.ErrOutOfMemory),
+		errors.Is(err, pool.ErrTooManyLeases):
+		code = codes.ResourceExhausted
+	case errors.Is(err, layout.ErrInvalid), errors.Is(err, layout.ErrBlockSize), errors.Is(err, pool.ErrBadSlot),
+		errors.Is(err, pool.ErrInvalidArgument), errors.Is(err, ErrConfig):
+		code = codes.InvalidArgument
+	case errors.Is(err, pool.ErrInvalidTransition), errors.Is(err, pool.ErrStaleBlock):
+		code = codes.FailedPrecondition
+	case errors.Is(err, pool.ErrUnknownBlockSet):
+		code = codes.NotFound
+	case errors.Is(err, pool.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		code = codes.Unavailable
+	}
+	return status.Error(code, err.Error())
+}

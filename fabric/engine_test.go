@@ -1,0 +1,224 @@
+package fabric_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+var smallModel = layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 8, DType: layout.DTypeF16}
+
+func testConfig(t *testing.T, name string) fabric.Config {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kvf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	c := fabric.DefaultLocalConfig()
+	c.NodeName = name
+	c.DataDir = dir
+	c.MetricsAddr = "127.0.0.1:0"
+	c.Pools = []string{"host=16MiB"}
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return c
+}
+
+func startAgent(t *testing.T, c fabric.Config) *fabric.Agent {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := fabric.Start(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+func code(err error) codes.Code { return status.Code(err) }
+
+func TestEngineAPI(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	fi, err := os.Stat(a.EngineSocket())
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("engine socket mode: %v %v", fi.Mode(), err)
+	}
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	set, err := c.Register(ctx, client.Engine{Name: "e1", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.Layout.Slots != 32 || len(set.Ranks) != 2 {
+		t.Fatalf("block set: %d slots, %d ranks", set.Layout.Slots, len(set.Ranks))
+	}
+	again, err := c.Register(ctx, client.Engine{Name: "e1-rank1", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND})
+	if err != nil || again.ID != set.ID {
+		t.Fatalf("same shape did not reuse the block set: %v %v", again, err)
+	}
+
+	slots, err := c.Allocate(ctx, set.ID, 3)
+	if err != nil || len(slots) != 3 {
+		t.Fatalf("allocate: %v %v", slots, err)
+	}
+	h, _ := layout.NewHasher(4, layout.HashOptions{})
+	blocks := h.Sequence([]uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})
+	hashes := []uint64{blocks[0].Sequence, blocks[1].Sequence, blocks[2].Sequence}
+	for i, s := range slots {
+		for r := range 2 {
+			b := set.Block(r, int(s))
+			for j := range b {
+				b[j] = byte(i*31 + r*7 + j)
+			}
+		}
+	}
+	refs, err := c.RegisterBlocks(ctx, set.ID, slots, hashes)
+	if err != nil || len(refs) != 3 {
+		t.Fatalf("register: %v %v", refs, err)
+	}
+
+	// A second engine registering the same prefix gets the existing block.
+	dup, _ := c.Allocate(ctx, set.ID, 1)
+	refs2, err := c.RegisterBlocks(ctx, set.ID, dup, hashes[:1])
+	if err != nil || !refs2[0].Duplicate || refs2[0].Slot != slots[0] {
+		t.Fatalf("duplicate register: %v %v", refs2, err)
+	}
+
+	got, err := c.Acquire(ctx, set.ID, append(hashes, 12345))
+	if err != nil || len(got) != 3 {
+		t.Fatalf("acquire: %v %v (want the 3 leading blocks)", got, err)
+	}
+	// Memory written through the engine's mapping is the agent's.
+	if b := set.Block(1, int(got[2].Slot)); b[5] != byte(2*31+7+5) {
+		t.Fatalf("block bytes not shared: %d", b[5])
+	}
+
+	// Release what we hold: 3 from register, 1 from the duplicate, 3 acquired.
+	for _, rel := range [][]uint32{slots, {slots[0]}, slots} {
+		if err := c.Release(ctx, set.ID, rel); err != nil {
+			t.Fatalf("release %v: %v", rel, err)
+		}
+	}
+	if err := c.Release(ctx, set.ID, slots[:1]); code(err) != codes.FailedPrecondition {
+		t.Fatalf("release of a slot not held: %v", err)
+	}
+
+	// Errors map to codes that say what is wrong.
+	api := c.API()
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want codes.Code
+		msg  string
+	}{
+		{"unknown block set", func() error { _, err := c.Allocate(ctx, 999, 1); return err }, codes.NotFound, "block set 999"},
+		{"zero count", func() error { _, err := c.Allocate(ctx, set.ID, 0); return err }, codes.InvalidArgument, "count"},
+		{"too many slots", func() error { _, err := c.Allocate(ctx, set.ID, 1000); return err }, codes.ResourceExhausted, "1000"},
+		{"no model", func() error {
+			_, err := api.Register(ctx, &fabricpb.RegisterRequest{TpSize: 1, PageSize: 4})
+			return err
+		}, codes.InvalidArgument, "model"},
+		{"heads not divisible", func() error {
+			_, err := c.Register(ctx, client.Engine{Model: smallModel, TPSize: 3, PageSize: 4, Order: layout.HND})
+			return err
+		}, codes.InvalidArgument, "tp_size"},
+		{"hash count mismatch", func() error {
+			s, _ := c.Allocate(ctx, set.ID, 2)
+			_, err := c.RegisterBlocks(ctx, set.ID, s, hashes[:1])
+			return err
+		}, codes.InvalidArgument, "1 hashes for 2 slots"},
+		{"register a free slot", func() error {
+			_, err := c.RegisterBlocks(ctx, set.ID, []uint32{31}, hashes[:1])
+			return err
+		}, codes.FailedPrecondition, "slot 31"},
+		{"hashes and tokens", func() error {
+			_, err := api.RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: []uint32{0}, Hashes: hashes[:1], Tokens: &fabricpb.Tokens{Ids: []uint32{1, 2, 3, 4}}})
+			return err
+		}, codes.InvalidArgument, "not both"},
+	} {
+		err := tc.call()
+		if code(err) != tc.want || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want %v naming %q", tc.name, err, tc.want, tc.msg)
+		}
+	}
+
+	// Token ids hash with the block set's page size.
+	s, _ := c.Allocate(ctx, set.ID, 2)
+	resp, err := api.RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: s, Tokens: &fabricpb.Tokens{Ids: []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}}})
+	if err != nil || resp.Blocks[1].Hash != hashes[1] || !resp.Blocks[0].Duplicate {
+		t.Fatalf("register by tokens: %v %v", resp, err)
+	}
+
+	// Metrics and health are served.
+	body := httpGet(t, "http://"+a.MetricsAddr()+"/metrics")
+	for _, want := range []string{"kvfabric_pool_registered_blocks 3", "kvfabric_pool_slots 32"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if body := httpGet(t, "http://"+a.MetricsAddr()+"/healthz"); !strings.HasPrefix(body, "ok n1") {
+		t.Errorf("/healthz: %q", body)
+	}
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func TestAgentCloseReleasesEverything(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	a := startAgent(t, cfg)
+	socket := a.EngineSocket()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := os.Stat(socket); !os.IsNotExist(err) {
+		t.Fatalf("engine socket left behind: %v", err)
+	}
+	// A new agent can take the same socket and data dir.
+	b := startAgent(t, cfg)
+	b.Close()
+	// A live agent's socket is not stolen.
+	c := startAgent(t, cfg)
+	cfg2 := cfg
+	cfg2.NodeName = "n2"
+	if _, err := fabric.Start(context.Background(), cfg2); err == nil || !strings.Contains(err.Error(), "another agent") {
+		t.Fatalf("second agent on a live socket: %v", err)
+	}
+	c.Close()
+	if _, err := os.Stat(socket); !os.IsNotExist(err) {
+		t.Fatalf("engine socket left behind: %v", err)
+	}
+}
