@@ -130,7 +130,7 @@ func (a *Agent) startEngineAPI() error {
 		return fmt.Errorf("fabric: engine socket: %w", err)
 	}
 	a.engineLn = ln
-	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20))
+	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
 	fabricpb.RegisterEngineServer(a.engineSrv, &engineServer{a: a})
 	a.wg.Add(1)
 	go func() {
