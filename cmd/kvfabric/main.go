@@ -1,6 +1,7 @@
 // Command kvfabric is the kvfabric node agent and the tools that operators
 // and engine integrators use beside it.
 //
+//	kvfabric agent [flags]
 //	kvfabric hash  --block-size N [--salt S] [--lora L] [TOKEN ...]
 //	kvfabric plan  --src FILE --dst FILE [--blocks N]
 //	kvfabric version
@@ -41,6 +42,7 @@ func usagef(format string, args ...any) error {
 }
 
 var commands = map[string]command{
+	"agent":   {"run the node agent", runAgent},
 	"hash":    {"print the block hashes of a token sequence", runHash},
 	"plan":    {"summarise the copy plan between two layouts", runPlan},
 	"version": {"print the version", runVersion},

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+)
+
+// listFlag is a flag that may be repeated or given comma-separated.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+func runAgent(e *env, args []string) error {
+	fs := newFlags(e, "agent", "[flags]", `
+Runs the kvfabric agent of this node: it joins the cluster by gossip, owns
+the node's KV block pools, serves the engine API on a unix socket, and
+imports blocks from other nodes. Settings come from the defaults, then the
+--config file (JSON, the field names of fabric.Config), then the flags
+given. SIGINT or SIGTERM leave the cluster gracefully and release
+everything.`)
+	var (
+		configFile  = fs.String("config", "", "JSON config file (flags given override it)")
+		local       = fs.Bool("local", false, "loopback defaults: addresses on 127.0.0.1, fast gossip timings, --dev")
+		node        = fs.String("node", "", "node name, also the name in its TLS certificate (default: host name)")
+		dataDir     = fs.String("data-dir", "", "directory for the engine socket and the development CA (default /var/lib/kvfabric)")
+		gossipAddr  = fs.String("gossip-addr", "", "host:port gossip binds, UDP and TCP (default 0.0.0.0:7946)")
+		gossipAdv   = fs.String("gossip-advertise", "", "host:port other nodes reach gossip at (default: derived)")
+		cluster     = fs.String("cluster", "", "cluster name; gossip from other clusters is ignored (default kvfabric)")
+		keyFile     = fs.String("gossip-key-file", "", "gossip encryption keys, one base64 key per line, first used (default: unencrypted, with a warning)")
+		peerAddr    = fs.String("peer-addr", "", "host:port of the QUIC peer transport, UDP (default 0.0.0.0:7947)")
+		peerAdv     = fs.String("peer-advertise", "", "host:port peers dial (default: derived)")
+		caFile      = fs.String("ca", "", "cluster CA certificate, PEM (from kvfabric certs ca)")
+		certFile    = fs.String("cert", "", "this node's certificate, PEM (from kvfabric certs node)")
+		keyPEM      = fs.String("key", "", "this node's private key, PEM")
+		dev         = fs.Bool("dev", false, "make or reuse a development CA in the data dir: for a local cluster only")
+		socket      = fs.String("engine-socket", "", "engine API unix socket, mode 0600 (default DATA_DIR/engine.sock)")
+		metricsAddr = fs.String("metrics-addr", "", `host:port of /metrics and /healthz, or "off" (default 127.0.0.1:7948)`)
+		slots       = fs.Int("block-set-slots", 0, "slots of a block set an engine asks none for (default: a quarter of the pool)")
+		logLevel    = fs.String("log-level", "", "debug, info, warn or error (default info)")
+		leaseDur    = fs.Duration("lease-duration", 0, "how long this node keeps blocks for an importer (default 30s)")
+		importTO    = fs.Duration("import-timeout", 0, "bound on one import, all holders tried (default 30s)")
+		peerTO      = fs.Duration("peer-timeout", 0, "how long a silent peer may stall a call (default 2s)")
+		join, pools listFlag
+	)
+	fs.Var(&join, "join", "gossip host:port of a node to join; repeat or comma-separate (retried until joined)")
+	fs.Var(&pools, "pool", "memory pool KIND=SIZE, kind host or pinned, e.g. host=4GiB (default host=1GiB)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	cfg := fabric.DefaultConfig()
+	if *local {
+		cfg = fabric.DefaultLocalConfig()
+	}
+	if *configFile != "" {
+		var err error
+		if cfg, err = fabric.LoadConfigFile(*configFile, cfg); err != nil {
+			return err
+		}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	str := func(name string, dst *string, v string) {
+		if set[name] {
+			*dst = v
+		}
+	}
+	str("node", &cfg.NodeName, *node)
+	str("data-dir", &cfg.DataDir, *dataDir)
+	str("gossip-addr", &cfg.GossipAddr, *gossipAddr)
+	str("gossip-advertise", &cfg.GossipAdvertise, *gossipAdv)
+	str("cluster", &cfg.ClusterName, *cluster)
+	str("gossip-key-file", &cfg.GossipKeyFile, *keyFile)
+	str("peer-addr", &cfg.PeerAddr, *peerAddr)
+	str("peer-advertise", &cfg.PeerAdvertise, *peerAdv)
+	str("ca", &cfg.CAFile, *caFile)
+	str("cert", &cfg.CertFile, *certFile)
+	str("key", &cfg.KeyFile, *keyPEM)
+	str("engine-socket", &cfg.EngineSocket, *socket)
+	str("metrics-addr", &cfg.MetricsAddr, *metricsAddr)
+	str("log-level", &cfg.LogLevel, *logLevel)
+	if set["dev"] {
+		cfg.Dev = *dev
+	}
+	if set["join"] {
+		cfg.Join = join
+	}
+	if set["pool"] {
+		cfg.Pools = pools
+	}
+	if set["block-set-slots"] {
+		cfg.BlockSetSlots = *slots
+	}
+	for name, d := range map[string]struct {
+		v   time.Duration
+		dst *time.Duration
+	}{"lease-duration": {*leaseDur, &cfg.LeaseDuration}, "import-timeout": {*importTO, &cfg.ImportTimeout}, "peer-timeout": {*peerTO, &cfg.PeerTimeout}} {
+		if set[name] {
+			*d.dst = d.v
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	a, err := fabric.Start(startCtx, cfg)
+	cancel()
+	if errors.Is(err, fabric.ErrConfig) {
+		return usagef("%v", err)
+	}
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	fmt.Fprintln(e.stderr, "kvfabric agent: stopping")
+	return a.Close()
+}
