@@ -1,0 +1,45 @@
+package transfer
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// wantUDPBuffer is what quic-go asks the kernel for (7 MiB on Linux);
+// below it, bursts of packets are dropped at high rates.
+const wantUDPBuffer = 7 << 20
+
+var udpWarnOnce sync.Once
+
+// tuneUDPBuffers raises the socket's buffers and warns once, with the
+// command that fixes it, when the kernel caps them lower. quic-go prints a
+// similar line through the log package; this one goes to the node's slog
+// logger with the fix spelled out.
+func tuneUDPBuffers(c *net.UDPConn, log *slog.Logger) {
+	_ = c.SetReadBuffer(wantUDPBuffer)
+	_ = c.SetWriteBuffer(wantUDPBuffer)
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	var rcv, snd int
+	var rerr, serr error
+	if err := rc.Control(func(fd uintptr) {
+		rcv, rerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+		snd, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+	}); err != nil || rerr != nil || serr != nil {
+		return
+	}
+	if rcv >= wantUDPBuffer && snd >= wantUDPBuffer {
+		return
+	}
+	udpWarnOnce.Do(func() {
+		log.Warn("transfer: kernel UDP buffers are too small for fast QUIC transfers",
+			"receive_bytes", rcv, "send_bytes", snd, "want_bytes", wantUDPBuffer,
+			"fix", fmt.Sprintf("sysctl -w net.core.rmem_max=%d net.core.wmem_max=%d", wantUDPBuffer, wantUDPBuffer))
+	})
+}
