@@ -54,8 +54,9 @@ const (
 	maxRank          = 1 << 12
 )
 
-// ErrFrame is matched by errors about a frame that cannot be read.
-var ErrFrame = errors.New("transfer: malformed frame")
+// ErrFrame is matched by errors about a frame that cannot be read; it
+// also matches ErrInvalidRequest.
+var ErrFrame = fmt.Errorf("%w: malformed frame", ErrInvalidRequest)
 
 // writeFrame writes one frame in a single Write, so that a small call
 // fits one packet.
@@ -79,8 +80,8 @@ func writeFrame(w io.Writer, kind byte, m proto.Message, limit uint32) error {
 func readFrame(r io.Reader, limit uint32) (kind byte, payload []byte, err error) {
 	var h [headerLen]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return 0, nil, fmt.Errorf("%w: truncated header", ErrFrame)
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return 0, nil, fmt.Errorf("%w: missing or truncated header", ErrFrame)
 		}
 		return 0, nil, err
 	}

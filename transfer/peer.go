@@ -105,6 +105,8 @@ func wrapNetErr(ctx context.Context, err error) error {
 	var idle *quic.IdleTimeoutError
 	var hs *quic.HandshakeTimeoutError
 	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("%w: %w (%w)", ErrTimeout, ctx.Err(), err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
 		errors.As(err, &idle), errors.As(err, &hs):
 		return fmt.Errorf("%w: %w", ErrTimeout, err)
