@@ -153,6 +153,10 @@ func splitPlan(segs []layout.Segment, total uint64, parallel int, minBytes uint6
 	return parts
 }
 
+// bufReaders holds the readers that gather small pieces off a stream; a
+// read of large pieces bypasses the buffer.
+var bufReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+
 // progressReader pushes a stream's read deadline forward while bytes
 // arrive, so that a read of any size fails only when the holder goes
 // quiet for ProgressTimeout.
@@ -198,7 +202,12 @@ func (p *Peer) readPart(ctx context.Context, slot int, leaseID, blockSet uint64,
 		s.CancelRead(streamErrProtocol)
 		return fmt.Errorf("%w: read from %s announces %d bytes, asked %d", ErrFrame, p.name, resp.TotalBytes, want)
 	}
-	br := bufio.NewReaderSize(pr, 64<<10)
+	br := bufReaders.Get().(*bufio.Reader)
+	br.Reset(pr)
+	defer func() {
+		br.Reset(nil)
+		bufReaders.Put(br)
+	}()
 	for _, sg := range segs {
 		d := dst[sg.DstRank]
 		if sg.Count == 1 || sg.DstStride == sg.Length {

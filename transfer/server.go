@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -180,6 +181,7 @@ func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
 		}
 	}
 	w := dataWriter{s: s, n: n}
+	defer w.release()
 	if err := writeFrame(s, statusOK, &transferpb.ReadResponse{TotalBytes: r.totalBytes}, n.cfg.MaxMessageSize); err != nil {
 		s.CancelWrite(streamErrCancelled)
 		return err
@@ -238,7 +240,7 @@ func (w *dataWriter) write(p []byte) error {
 		return w.send(p)
 	}
 	if w.buf == nil {
-		w.buf = make([]byte, 0, 4*smallPiece)
+		w.buf = (*writeBufs.Get().(*[]byte))[:0]
 	}
 	if len(w.buf)+len(p) > cap(w.buf) {
 		if err := w.flush(); err != nil {
@@ -261,6 +263,17 @@ func (w *dataWriter) send(p []byte) error {
 		p = p[k:]
 	}
 	return nil
+}
+
+// writeBufs holds the buffers that gather small pieces.
+var writeBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4*smallPiece); return &b }}
+
+func (w *dataWriter) release() {
+	if w.buf != nil {
+		b := w.buf[:0]
+		writeBufs.Put(&b)
+		w.buf = nil
+	}
 }
 
 func (w *dataWriter) flush() error {
