@@ -82,9 +82,11 @@ func NewNode(cfg Config) (*Node, error) {
 	// Dial sockets bind the listener's IP, so that peers see connections
 	// come from the address this node is known by (loopback tests give
 	// each node its own 127.0.0.x).
-	bindIP := net.IPv4zero
+	var bindIP net.IP // unspecified: dual-stack, any address
 	if n.listener != nil {
-		bindIP = n.listener.Addr().(*net.UDPAddr).IP
+		if ip := n.listener.Addr().(*net.UDPAddr).IP; !ip.IsUnspecified() {
+			bindIP = ip
+		}
 	}
 	for i := 0; i < cfg.ConnsPerPeer; i++ {
 		uc, err := net.ListenUDP("udp", &net.UDPAddr{IP: bindIP})
@@ -145,6 +147,8 @@ func (n *Node) track(c *quic.Conn) bool {
 		return false
 	}
 	n.conns[c] = struct{}{}
+	// Forget a connection once it is gone, whoever closed it.
+	context.AfterFunc(c.Context(), func() { n.untrack(c) })
 	return true
 }
 

@@ -25,10 +25,16 @@ type Peer struct {
 	name string
 	addr *net.UDPAddr
 
-	mu     sync.Mutex
-	conns  []*quic.Conn
-	closed bool
+	slots  []connSlot
+	closed atomic.Bool
 	next   atomic.Uint32
+}
+
+// connSlot is one connection of a peer. Each has its own lock, so that
+// redialing one does not hold up calls on the others.
+type connSlot struct {
+	mu sync.Mutex
+	c  *quic.Conn
 }
 
 // Peer dials the node called name at addr ("host:port") and returns a
@@ -40,7 +46,7 @@ func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transfer: peer %s address %q: %w", name, addr, err)
 	}
-	p := &Peer{n: n, name: name, addr: ua, conns: make([]*quic.Conn, n.cfg.ConnsPerPeer)}
+	p := &Peer{n: n, name: name, addr: ua, slots: make([]connSlot, n.cfg.ConnsPerPeer)}
 	if _, err := p.conn(ctx, 0); err != nil {
 		return nil, err
 	}
@@ -53,15 +59,15 @@ func (p *Peer) Name() string { return p.name }
 // Close closes the peer's connections. It is safe to call twice; calls in
 // flight fail.
 func (p *Peer) Close() error {
-	p.mu.Lock()
-	conns := p.conns
-	p.conns, p.closed = nil, true
-	p.mu.Unlock()
-	for _, c := range conns {
-		if c != nil {
-			c.CloseWithError(connErrClosing, "peer handle closed")
-			p.n.untrack(c)
+	p.closed.Store(true)
+	for i := range p.slots {
+		sl := &p.slots[i]
+		sl.mu.Lock()
+		if sl.c != nil {
+			sl.c.CloseWithError(connErrClosing, "peer handle closed")
+			sl.c = nil
 		}
+		sl.mu.Unlock()
 	}
 	return nil
 }
@@ -70,17 +76,17 @@ func (p *Peer) Close() error {
 // Dials of one slot are serialized; a dial is bounded by the handshake
 // timeout and ctx.
 func (p *Peer) conn(ctx context.Context, i int) (*quic.Conn, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	if p.closed.Load() {
 		return nil, fmt.Errorf("transfer: peer %s: %w", p.name, ErrClosed)
 	}
-	if c := p.conns[i]; c != nil {
-		if c.Context().Err() == nil {
-			return c, nil
+	sl := &p.slots[i]
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	if sl.c != nil {
+		if sl.c.Context().Err() == nil {
+			return sl.c, nil
 		}
-		p.n.untrack(c)
-		p.conns[i] = nil
+		sl.c = nil
 	}
 	if p.n.ctx.Err() != nil {
 		return nil, ErrClosed
@@ -91,11 +97,11 @@ func (p *Peer) conn(ctx context.Context, i int) (*quic.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transfer: dial %s at %s: %w", p.name, p.addr, wrapNetErr(ctx, err))
 	}
-	if !p.n.track(c) {
-		c.CloseWithError(connErrClosing, "node closing")
+	if p.closed.Load() || !p.n.track(c) {
+		c.CloseWithError(connErrClosing, "closing")
 		return nil, ErrClosed
 	}
-	p.conns[i] = c
+	sl.c = c
 	return c, nil
 }
 
@@ -270,7 +276,14 @@ func (p *Peer) EventRange(ctx context.Context, origin string, from, to uint64) (
 		return EventRange{}, err
 	}
 	er := EventRange{SnapshotNeeded: resp.SnapshotNeeded, Events: make([]Event, len(resp.Events))}
+	prev := from
 	for i, e := range resp.Events {
+		// The index applies these in order: refuse what it would
+		// misapply rather than trust the holder's arithmetic.
+		if e.Seq < from || e.Seq >= to || (i > 0 && e.Seq <= prev) {
+			return EventRange{}, fmt.Errorf("%w: event range from %s: event %d has sequence %d, outside [%d, %d) or out of order", ErrFrame, p.name, i, e.Seq, from, to)
+		}
+		prev = e.Seq
 		er.Events[i] = Event{Seq: e.Seq, Payload: e.Payload}
 	}
 	return er, nil

@@ -37,7 +37,10 @@ func (p *Peer) Read(ctx context.Context, leaseID, blockSet uint64, segs []layout
 	}
 	cfg := &p.n.cfg
 	parallel := cfg.ConnsPerPeer * cfg.StreamsPerConn
-	parts := splitPlan(segs, total, parallel, cfg.MinStreamBytes, cfg.MaxSegments)
+	// A segment costs at most maxSegmentWire bytes in a request frame;
+	// keep every part's frame under the cap.
+	maxSegs := min(cfg.MaxSegments, max(1, int(cfg.MaxMessageSize/maxSegmentWire)-1))
+	parts := splitPlan(segs, total, parallel, cfg.MinStreamBytes, maxSegs)
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -74,6 +77,10 @@ feed:
 	p.n.stats.bytesRead.Add(total)
 	return nil
 }
+
+// maxSegmentWire bounds a ReadSegment's encoding: a tag, a length and
+// five varints of at most 10 bytes.
+const maxSegmentWire = 64
 
 // validateReadPlan checks every segment's arithmetic and destination
 // bounds and returns the bytes the plan moves.

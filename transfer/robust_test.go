@@ -54,6 +54,7 @@ func TestMalformedFramesKeepServing(t *testing.T) {
 		{"nothing", nil, CodeInvalidRequest},
 		{"half a header", []byte{1, 0}, CodeInvalidRequest},
 		{"unknown method", frameBytes(99, &transferpb.HelloRequest{}), CodeInvalidRequest},
+		{"hello under another name", frameBytes(byte(methodHello), &transferpb.HelloRequest{Node: "holder"}), CodeInvalidRequest},
 		{"method zero", frameBytes(0, &transferpb.HelloRequest{}), CodeInvalidRequest},
 		{"over the size cap", oversize, CodeTooLarge},
 		{"truncated payload", truncated, CodeInvalidRequest},

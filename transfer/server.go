@@ -86,6 +86,9 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 	h := n.cfg.Handler
 	switch r.method {
 	case methodHello:
+		if r.hello.Node != peer {
+			return nil, fmt.Errorf("%w: hello from %q, certificate names %q", ErrInvalidRequest, r.hello.Node, peer)
+		}
 		info, err := h.Hello(ctx, peer, r.hello)
 		if err != nil {
 			return nil, err

@@ -76,6 +76,10 @@ func TestControlRoundTrips(t *testing.T) {
 		t.Errorf("old event range = %+v, %v; want snapshot needed", er, err)
 	}
 
+	if _, err := p.EventRange(ctx, "liar", 100, 103); !errors.Is(err, ErrFrame) {
+		t.Errorf("event range with an event outside it: err = %v, want ErrFrame", err)
+	}
+
 	h.mu.Lock()
 	for _, peer := range h.peers {
 		if peer != "b" {
@@ -332,6 +336,18 @@ func expand(segs []layout.Segment) [][5]uint64 {
 		}
 	}
 	return out
+}
+
+func TestUDPBufferFix(t *testing.T) {
+	if _, ok := udpBufferFix(wantUDPBuffer, wantUDPBuffer); !ok {
+		t.Error("buffers of the wanted size reported too small")
+	}
+	for _, c := range [][2]int{{wantUDPBuffer - 1, wantUDPBuffer}, {wantUDPBuffer, 212992}} {
+		fix, ok := udpBufferFix(c[0], c[1])
+		if ok || fix != "sysctl -w net.core.rmem_max=7340032 net.core.wmem_max=7340032" {
+			t.Errorf("udpBufferFix(%d, %d) = %q, %v", c[0], c[1], fix, ok)
+		}
+	}
 }
 
 func TestConfigValidation(t *testing.T) {

@@ -34,12 +34,22 @@ func tuneUDPBuffers(c *net.UDPConn, log *slog.Logger) {
 	}); err != nil || rerr != nil || serr != nil {
 		return
 	}
-	if rcv >= wantUDPBuffer && snd >= wantUDPBuffer {
+	fix, ok := udpBufferFix(rcv, snd)
+	if ok {
 		return
 	}
 	udpWarnOnce.Do(func() {
 		log.Warn("transfer: kernel UDP buffers are too small for fast QUIC transfers",
-			"receive_bytes", rcv, "send_bytes", snd, "want_bytes", wantUDPBuffer,
-			"fix", fmt.Sprintf("sysctl -w net.core.rmem_max=%d net.core.wmem_max=%d", wantUDPBuffer, wantUDPBuffer))
+			"receive_bytes", rcv, "send_bytes", snd, "want_bytes", wantUDPBuffer, "fix", fix)
 	})
+}
+
+// udpBufferFix says whether buffers of rcv and snd bytes (as getsockopt
+// reports them) are enough, and if not, the command that raises the
+// kernel's caps.
+func udpBufferFix(rcv, snd int) (string, bool) {
+	if rcv >= wantUDPBuffer && snd >= wantUDPBuffer {
+		return "", true
+	}
+	return fmt.Sprintf("sysctl -w net.core.rmem_max=%d net.core.wmem_max=%d", wantUDPBuffer, wantUDPBuffer), false
 }
