@@ -22,6 +22,7 @@ var (
 	benchConns   = flag.Int("kvfabric.bench.conns", 0, "connections per peer in BenchmarkTransfer (0: Config default)")
 	benchStreams = flag.Int("kvfabric.bench.streams", 0, "streams per connection in BenchmarkTransfer (0: Config default)")
 	benchWindow  = flag.Uint64("kvfabric.bench.window", 0, "stream receive window in BenchmarkTransfer (0: Config default)")
+	benchMinPart = flag.Uint64("kvfabric.bench.minpart", 0, "Config.MinStreamBytes in BenchmarkTransfer (0: default)")
 	benchChunk   = flag.Int64("kvfabric.bench.chunk", 32<<10, "bytes per (layer, K/V) chunk of a benchmark block; a block is 64 chunks")
 )
 
@@ -44,12 +45,20 @@ type benchTransport struct {
 	name     string
 	parallel int
 	fetch    func(ctx context.Context, worker int, block uint64) error
-	close    func()
+	// whole, when set, moves every block in one call instead; latency per
+	// block is then not measured.
+	whole func(ctx context.Context) error
+	close func()
 }
 
 // run moves every block with parallel workers and returns the elapsed
 // time and per-block latencies.
 func (tr *benchTransport) run(ctx context.Context, nblocks uint64) (time.Duration, []time.Duration, error) {
+	if tr.whole != nil {
+		start := time.Now()
+		err := tr.whole(ctx)
+		return time.Since(start), nil, err
+	}
 	lat := make([]time.Duration, nblocks)
 	next := make(chan uint64)
 	var wg sync.WaitGroup
@@ -106,6 +115,7 @@ func BenchmarkTransfer(b *testing.B) {
 	leaseAll(h, 1, 1, size)
 	opt := func(c *Config) {
 		c.ConnsPerPeer, c.StreamsPerConn, c.StreamReceiveWindow = *benchConns, *benchStreams, *benchWindow
+		c.MinStreamBytes = *benchMinPart
 	}
 	holder := newTestNode(b, ca, "holder", members, h, opt)
 	reader := newTestNode(b, ca, "reader", members, nil, opt)
@@ -123,6 +133,13 @@ func BenchmarkTransfer(b *testing.B) {
 	transports := []*benchTransport{
 		{name: "kvfabric", parallel: parallel, fetch: func(ctx context.Context, _ int, blk uint64) error {
 			return p.Read(ctx, 1, 1, []layout.Segment{bb.segment(blk)}, [][]byte{dst})
+		}},
+		{name: "kvfabric-plan", whole: func(ctx context.Context) error {
+			segs := make([]layout.Segment, bb.nblocks)
+			for i := range segs {
+				segs[i] = bb.segment(uint64(i))
+			}
+			return p.Read(ctx, 1, 1, segs, [][]byte{dst})
 		}},
 		benchQUIC(b, holder, reader, src, dst, bb, cfg.ConnsPerPeer, parallel),
 		benchTCP(b, "tls", holder, reader, src, dst, bb, parallel),
@@ -145,7 +162,7 @@ func BenchmarkTransfer(b *testing.B) {
 			}
 			elapsed[tr.name] += d
 			lats[tr.name] = append(lats[tr.name], lat...)
-			if tr.name == "kvfabric" {
+			if tr.name == "kvfabric" || tr.name == "kvfabric-plan" {
 				// Our reads are strided: check them against the source.
 				for i := uint64(0); i < bb.nblocks; i += max(1, bb.nblocks/16) {
 					s := bb.segment(i)
@@ -165,12 +182,16 @@ func BenchmarkTransfer(b *testing.B) {
 		l := lats[tr.name]
 		slices.Sort(l)
 		b.ReportMetric(gbps[tr.name], tr.name+"-GB/s")
+		if len(l) == 0 {
+			continue
+		}
 		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1e3, tr.name+"-p50-ms")
 		b.ReportMetric(float64(l[len(l)*99/100].Microseconds())/1e3, tr.name+"-p99-ms")
 	}
 	for _, base := range []string{"quic", "tls", "tcp"} {
 		b.ReportMetric(gbps["kvfabric"]/gbps[base], "kvfabric/"+base)
 	}
+	b.ReportMetric(gbps["kvfabric-plan"]/gbps["quic"], "kvfabric-plan/quic")
 	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, %d conns × %d streams, %d iterations",
 		bb.nblocks, bb.blockBytes()>>10, size>>20, cfg.ConnsPerPeer, cfg.StreamsPerConn, b.N)
 }

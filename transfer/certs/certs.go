@@ -330,3 +330,36 @@ func NodeName(c *x509.Certificate) (string, error) {
 	}
 	return "", fmt.Errorf("%w: certificate common name %q is not among its DNS names %q", ErrInvalid, name, c.DNSNames)
 }
+
+// Development file names, inside an agent's data directory.
+const (
+	DevCACertFile = "dev-ca.crt"
+	DevCAKeyFile  = "dev-ca.key"
+)
+
+// EnsureDevCA loads the development CA from dir, or makes and saves one
+// there if dir has none; created says which. Every agent of a local
+// development cluster pointed at the same dir shares it.
+func EnsureDevCA(dir string) (ca *CA, created bool, err error) {
+	certPath, keyPath := filepath.Join(dir, DevCACertFile), filepath.Join(dir, DevCAKeyFile)
+	_, certErr := os.Stat(certPath)
+	_, keyErr := os.Stat(keyPath)
+	if certErr == nil && keyErr == nil {
+		ca, err := LoadCA(certPath, keyPath)
+		return ca, false, err
+	}
+	if !errors.Is(certErr, os.ErrNotExist) || !errors.Is(keyErr, os.ErrNotExist) {
+		return nil, false, fmt.Errorf("%w: %s and %s must both exist or both be absent", ErrInvalid, certPath, keyPath)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, false, fmt.Errorf("certs: %w", err)
+	}
+	ca, err = NewDevCA()
+	if err != nil {
+		return nil, false, err
+	}
+	if err := ca.Save(certPath, keyPath); err != nil {
+		return nil, false, err
+	}
+	return ca, true, nil
+}

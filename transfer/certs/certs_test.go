@@ -108,3 +108,25 @@ func TestRefusals(t *testing.T) {
 		t.Errorf("dev CA %q until %v", dev.Cert.Subject.CommonName, dev.Cert.NotAfter)
 	}
 }
+
+func TestEnsureDevCA(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	a, created, err := EnsureDevCA(dir)
+	if err != nil || !created {
+		t.Fatalf("first EnsureDevCA: created %v, err %v", created, err)
+	}
+	b, created, err := EnsureDevCA(dir)
+	if err != nil || created {
+		t.Fatalf("second EnsureDevCA: created %v, err %v", created, err)
+	}
+	if !a.Cert.Equal(b.Cert) {
+		t.Error("second call made a different CA")
+	}
+	if a.Cert.Subject.CommonName != DevCAName {
+		t.Errorf("dev CA named %q", a.Cert.Subject.CommonName)
+	}
+	os.Remove(filepath.Join(dir, DevCAKeyFile))
+	if _, _, err := EnsureDevCA(dir); !errors.Is(err, ErrInvalid) {
+		t.Errorf("half a CA: err = %v, want ErrInvalid", err)
+	}
+}
