@@ -2,13 +2,15 @@ module github.com/kvfabric/kvfabric
 
 go 1.26.0
 
-require github.com/zeebo/xxh3 v1.1.0
+require (
+	github.com/quic-go/quic-go v0.65.0
+	github.com/zeebo/xxh3 v1.1.0
+	golang.org/x/sys v0.47.0
+	google.golang.org/protobuf v1.36.12
+)
 
 require (
 	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
-	github.com/quic-go/quic-go v0.65.0 // indirect
 	golang.org/x/crypto v0.54.0 // indirect
 	golang.org/x/net v0.56.0 // indirect
-	golang.org/x/sys v0.47.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )
