@@ -48,7 +48,9 @@ type Config struct {
 	// each connection. If zero, 2.
 	StreamsPerConn int
 	// MinStreamBytes is the smallest part a read is split into: a read of
-	// fewer bytes uses one stream. If zero, 1 MiB.
+	// fewer bytes uses one stream. A stream costs a round trip and a
+	// flow-control ramp, so parts much smaller than a few MiB gain nothing
+	// from their own. If zero, 4 MiB.
 	MinStreamBytes uint64
 
 	// StreamReceiveWindow is the largest per-stream flow-control window
@@ -87,7 +89,7 @@ func DefaultConfig() Config {
 	return Config{
 		ConnsPerPeer:        4,
 		StreamsPerConn:      2,
-		MinStreamBytes:      1 << 20,
+		MinStreamBytes:      4 << 20,
 		StreamReceiveWindow: 16 << 20,
 		ConnReceiveWindow:   64 << 20,
 		HandshakeTimeout:    5 * time.Second,

@@ -42,6 +42,16 @@ func (p *Peer) Read(ctx context.Context, leaseID, blockSet uint64, segs []layout
 	maxSegs := min(cfg.MaxSegments, max(1, int(cfg.MaxMessageSize/maxSegmentWire)-1))
 	parts := splitPlan(segs, total, parallel, cfg.MinStreamBytes, maxSegs)
 
+	if len(parts) == 1 {
+		// The common case of a small read: no workers to start.
+		if err := p.readPart(ctx, int(p.next.Add(1))%cfg.ConnsPerPeer, leaseID, blockSet, parts[0], dst); err != nil {
+			p.n.stats.readsFailed.Add(1)
+			return err
+		}
+		p.n.stats.reads.Add(1)
+		p.n.stats.bytesRead.Add(total)
+		return nil
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup

@@ -17,8 +17,10 @@ var udpWarnOnce sync.Once
 
 // tuneUDPBuffers raises the socket's buffers and warns once, with the
 // command that fixes it, when the kernel caps them lower. quic-go prints a
-// similar line through the log package; this one goes to the node's slog
-// logger with the fix spelled out.
+// similar line through the log package when it wraps the socket; this one
+// goes to the node's slog logger with the fix spelled out. A binary that
+// wants only ours sets QUIC_GO_DISABLE_RECEIVE_BUFFER_WARNING=true (a
+// process-wide switch, so a library does not set it).
 func tuneUDPBuffers(c *net.UDPConn, log *slog.Logger) {
 	_ = c.SetReadBuffer(wantUDPBuffer)
 	_ = c.SetWriteBuffer(wantUDPBuffer)
