@@ -49,17 +49,24 @@
 //	7       ReadRequest             ReadResponse, then total_bytes of data
 //
 // A read's data is the concatenation of every piece of every segment in
-// request order. The holder checks every segment against the lease (through
-// [Handler.CheckRead]) and against the region's bounds before it sends the
-// response frame, so a refused read moves no byte.
+// request order. The holder checks every segment of the request against the
+// region's bounds and the lease (through [Handler.CheckRead]) before it
+// sends the response frame, so a refused request moves no byte.
 //
 // # Reads
 //
 // [Peer.Read] splits a plan into up to ConnsPerPeer × StreamsPerConn parts
-// of about equal size (splitting strided segments by pieces and long
-// pieces by bytes) and runs them as concurrent streams over the peer's
-// connections. The reader reads each piece straight into the destination
-// slice of its rank.
+// of about equal size, none under MinStreamBytes (splitting strided
+// segments between pieces and long pieces by bytes), and runs them as
+// concurrent streams spread over the peer's connections. The reader reads
+// each piece straight into the destination slice of its rank; only small
+// pieces pass through a 64 KiB buffer (and the holder gathers pieces under
+// 16 KiB before writing them). A read of several parts that fails
+// may have filled some of its destination ranges, never anything outside
+// them.
+//
+// The kernel's UDP buffers limit QUIC at high rates; a node that cannot get
+// 7 MiB buffers logs a warning with the sysctl command that raises the cap.
 //
 // # Deadlines
 //

@@ -33,8 +33,9 @@ type Peer struct {
 // connSlot is one connection of a peer. Each has its own lock, so that
 // redialing one does not hold up calls on the others.
 type connSlot struct {
-	mu sync.Mutex
-	c  *quic.Conn
+	mu     sync.Mutex
+	c      *quic.Conn
+	active atomic.Int32 // calls in flight
 }
 
 // Peer dials the node called name at addr ("host:port") and returns a
@@ -130,30 +131,51 @@ func (n *Node) callCtx(ctx context.Context) (context.Context, context.CancelFunc
 	return context.WithTimeout(ctx, n.cfg.CallTimeout)
 }
 
-// openStream opens a stream on connection slot i whose reads and writes
-// abort when ctx ends. The returned stop must be called when done.
-func (p *Peer) openStream(ctx context.Context, i int) (*quic.Stream, func() bool, error) {
+// pickSlot returns the connection slot with the fewest calls in flight,
+// starting the scan at a rotating slot so that ties spread out. Balancing
+// by load rather than by turn keeps one connection from carrying most of
+// the streams while another idles, which shows in the tail latency.
+func (p *Peer) pickSlot() int {
+	n := len(p.slots)
+	start := int(p.next.Add(1) % uint32(n))
+	best, bestLoad := start, p.slots[start].active.Load()
+	for k := 1; k < n && bestLoad > 0; k++ {
+		i := (start + k) % n
+		if l := p.slots[i].active.Load(); l < bestLoad {
+			best, bestLoad = i, l
+		}
+	}
+	return best
+}
+
+// openStream opens a stream on the least busy connection; its reads and
+// writes abort when ctx ends. done must be called when the call is over.
+func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(), err error) {
+	i := p.pickSlot()
+	sl := &p.slots[i]
+	sl.active.Add(1)
 	c, err := p.conn(ctx, i)
 	if err != nil {
+		sl.active.Add(-1)
 		return nil, nil, err
 	}
-	s, err := c.OpenStreamSync(ctx)
+	s, err = c.OpenStreamSync(ctx)
 	if err != nil {
+		sl.active.Add(-1)
 		return nil, nil, fmt.Errorf("transfer: open stream to %s: %w", p.name, wrapNetErr(ctx, err))
 	}
 	stop := context.AfterFunc(ctx, func() {
 		s.CancelRead(streamErrCancelled)
 		s.CancelWrite(streamErrCancelled)
 	})
-	return s, stop, nil
+	return s, func() { stop(); sl.active.Add(-1) }, nil
 }
 
 // call runs one control call: a request frame out, a response frame back.
 func (p *Peer) call(ctx context.Context, m method, req, resp proto.Message) error {
 	ctx, cancel := p.n.callCtx(ctx)
 	defer cancel()
-	slot := int(p.next.Add(1)) % len(p.n.dialTrs)
-	s, stop, err := p.openStream(ctx, slot)
+	s, stop, err := p.openStream(ctx)
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,7 @@ func (p *Peer) Read(ctx context.Context, leaseID, blockSet uint64, segs []layout
 
 	if len(parts) == 1 {
 		// The common case of a small read: no workers to start.
-		if err := p.readPart(ctx, int(p.next.Add(1))%cfg.ConnsPerPeer, leaseID, blockSet, parts[0], dst); err != nil {
+		if err := p.readPart(ctx, leaseID, blockSet, parts[0], dst); err != nil {
 			p.n.stats.readsFailed.Add(1)
 			return err
 		}
@@ -59,15 +59,14 @@ func (p *Peer) Read(ctx context.Context, leaseID, blockSet uint64, segs []layout
 	workers := min(parallel, len(parts))
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
-		go func(w int) {
+		go func() {
 			defer wg.Done()
 			for i := range work {
-				// Spread parts over connections first, then streams.
-				if err := p.readPart(ctx, w%cfg.ConnsPerPeer, leaseID, blockSet, parts[i], dst); err != nil {
+				if err := p.readPart(ctx, leaseID, blockSet, parts[i], dst); err != nil {
 					cancel(err)
 				}
 			}
-		}(w)
+		}()
 	}
 feed:
 	for i := range parts {
@@ -192,8 +191,8 @@ func (r *progressReader) Read(p []byte) (int, error) {
 }
 
 // readPart runs one stream of a read.
-func (p *Peer) readPart(ctx context.Context, slot int, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) error {
-	s, stop, err := p.openStream(ctx, slot)
+func (p *Peer) readPart(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) error {
+	s, stop, err := p.openStream(ctx)
 	if err != nil {
 		return err
 	}
