@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/kvfabric/kvfabric/transfer/certs"
 )
 
 // ALPN is the application protocol every kvfabric peer connection speaks.
@@ -177,10 +179,27 @@ func (c Config) populate() (Config, error) {
 		return c, configErr("MaxSegments %d is negative", c.MaxSegments)
 	case c.MaxStreamsPerConn < 0:
 		return c, configErr("MaxStreamsPerConn %d is negative", c.MaxStreamsPerConn)
-	case c.MaxMessageSize > 1<<30:
-		return c, configErr("MaxMessageSize %d over 1 GiB", c.MaxMessageSize)
+	case c.MaxMessageSize < 1<<10 || c.MaxMessageSize > 1<<30:
+		return c, configErr("MaxMessageSize %d not in [1 KiB, 1 GiB]", c.MaxMessageSize)
 	case c.HandshakeTimeout < 0 || c.IdleTimeout < 0 || c.CallTimeout < 0 || c.ProgressTimeout < 0:
 		return c, configErr("negative timeout")
+	}
+	// Peers check that our certificate names the node they dialed and
+	// that hellos come from the name on it: a certificate for another name
+	// would fail every call, so refuse it here, where the cause is plain.
+	leaf := c.Certificate.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(c.Certificate.Certificate[0]); err != nil {
+			return c, configErr("Certificate: %v", err)
+		}
+	}
+	name, err := certs.NodeName(leaf)
+	if err != nil {
+		return c, configErr("Certificate: %v", err)
+	}
+	if name != c.NodeName {
+		return c, configErr("Certificate names %q, NodeName is %q", name, c.NodeName)
 	}
 	return c, nil
 }

@@ -366,6 +366,8 @@ func TestConfigValidation(t *testing.T) {
 	}{
 		{"no name", func(c *Config) { c.NodeName = "" }},
 		{"no certificate", func(c *Config) { c.Certificate.Certificate = nil }},
+		{"certificate for another node", func(c *Config) { c.Certificate = ca.cert(t, "m") }},
+		{"tiny message cap", func(c *Config) { c.MaxMessageSize = 100 }},
 		{"no CAs", func(c *Config) { c.CAs = nil }},
 		{"no members", func(c *Config) { c.Members = nil }},
 		{"too many connections", func(c *Config) { c.ConnsPerPeer = 65 }},
