@@ -52,9 +52,16 @@ func (p *Peer) Read(ctx context.Context, leaseID, blockSet uint64, segs []layout
 		p.n.stats.bytesRead.Add(total)
 		return nil
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var wg sync.WaitGroup
+	// The first part to fail cancels the others; its error is the one
+	// returned, not the cancellations it caused.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+		done     = make([]bool, len(parts))
+	)
 	work := make(chan int)
 	workers := min(parallel, len(parts))
 	for w := 0; w < workers; w++ {
@@ -63,8 +70,11 @@ func (p *Peer) Read(ctx context.Context, leaseID, blockSet uint64, segs []layout
 			defer wg.Done()
 			for i := range work {
 				if err := p.readPart(ctx, leaseID, blockSet, parts[i], dst); err != nil {
-					cancel(err)
+					errOnce.Do(func() { firstErr = err })
+					cancel()
+					continue
 				}
+				done[i] = true
 			}
 		}()
 	}
@@ -78,9 +88,17 @@ feed:
 	}
 	close(work)
 	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
+	if firstErr == nil {
+		for _, ok := range done {
+			if !ok { // parts never started: the caller's context ended
+				firstErr = fmt.Errorf("transfer: read from %s: %w", p.name, wrapNetErr(ctx, ctx.Err()))
+				break
+			}
+		}
+	}
+	if firstErr != nil {
 		p.n.stats.readsFailed.Add(1)
-		return err
+		return firstErr
 	}
 	p.n.stats.reads.Add(1)
 	p.n.stats.bytesRead.Add(total)

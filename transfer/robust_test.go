@@ -108,8 +108,9 @@ func TestStalledHandlerFailsCallInTime(t *testing.T) {
 	members := newMembers("holder", "reader")
 	h := newMemHandler()
 	h.stall = make(chan struct{})
-	h.regions[1] = [][]byte{make([]byte, 1<<20)}
-	leaseAll(h, 1, 1, 1<<20)
+	const size = 16 << 20 // several parts, so several stalled streams
+	h.regions[1] = [][]byte{make([]byte, size)}
+	leaseAll(h, 1, 1, size)
 	holder := newTestNode(t, ca, "holder", members, h)
 	t.Cleanup(func() { close(h.stall) }) // runs before the nodes close
 	reader := newTestNode(t, ca, "reader", members, nil, func(c *Config) {
@@ -134,13 +135,19 @@ func TestStalledHandlerFailsCallInTime(t *testing.T) {
 		t.Errorf("lease with a context deadline: err = %v, want ErrTimeout", err)
 	}
 
+	plan := []layout.Segment{{Length: size, Count: 1}}
 	start = time.Now()
-	err = p.Read(context.Background(), 1, 1, []layout.Segment{{Length: 1 << 20, Count: 1}}, [][]byte{make([]byte, 1<<20)})
+	err = p.Read(context.Background(), 1, 1, plan, [][]byte{make([]byte, size)})
 	if !errors.Is(err, ErrTimeout) {
 		t.Errorf("read: err = %v, want ErrTimeout", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("read failed after %v, bound is 5 s", d)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := p.Read(ctx, 1, 1, plan, [][]byte{make([]byte, size)}); !errors.Is(err, ErrTimeout) {
+		t.Errorf("read with a context deadline: err = %v, want ErrTimeout", err)
 	}
 }
 
