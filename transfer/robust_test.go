@@ -54,7 +54,8 @@ func TestMalformedFramesKeepServing(t *testing.T) {
 		{"nothing", nil, CodeInvalidRequest},
 		{"half a header", []byte{1, 0}, CodeInvalidRequest},
 		{"unknown method", frameBytes(99, &transferpb.HelloRequest{}), CodeInvalidRequest},
-		{"hello under another name", frameBytes(byte(methodHello), &transferpb.HelloRequest{Node: "holder"}), CodeInvalidRequest},
+		{"hello under another name", frameBytes(byte(methodHello), &transferpb.HelloRequest{Node: "holder", Versions: []uint32{ProtocolVersion}}), CodeInvalidRequest},
+		{"hello without a common version", frameBytes(byte(methodHello), &transferpb.HelloRequest{Node: "reader", Versions: []uint32{ProtocolVersion + 1}}), CodeInvalidRequest},
 		{"method zero", frameBytes(0, &transferpb.HelloRequest{}), CodeInvalidRequest},
 		{"over the size cap", oversize, CodeTooLarge},
 		{"truncated payload", truncated, CodeInvalidRequest},
@@ -90,6 +91,9 @@ func TestMalformedFramesKeepServing(t *testing.T) {
 				t.Errorf("stream not closed cleanly after the error: %v", err)
 			}
 		})
+	}
+	if st := holder.Stats(); st.CallsFailed != 13 || st.CallsServed != 0 {
+		t.Errorf("holder stats = %+v, want 13 failed calls and none served", st)
 	}
 	// Same connection, still serving.
 	if conn.Context().Err() != nil {
@@ -291,5 +295,44 @@ func TestClosedHolderFailsFast(t *testing.T) {
 	reader.Close()
 	if _, err := p.Hello(context.Background(), nil); !errors.Is(err, ErrClosed) {
 		t.Errorf("hello from a closed node: err = %v, want ErrClosed", err)
+	}
+}
+
+func TestIPv6Loopback(t *testing.T) {
+	probe, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Skipf("no IPv6 loopback on this machine: %v", err)
+	}
+	probe.Close()
+	ca := newTestCA(t)
+	members := newMembers("holder", "reader")
+	h := newMemHandler()
+	h.regions[1] = [][]byte{make([]byte, 1<<20)}
+	fill(h.regions[1][0], 5)
+	leaseAll(h, 1, 1, 1<<20)
+	v6 := func(c *Config) { c.ListenAddr = "[::1]:0" }
+	holder := newTestNode(t, ca, "holder", members, h, v6)
+	reader := newTestNode(t, ca, "reader", members, nil, v6)
+	p := dialPeer(t, reader, holder)
+	dst := [][]byte{make([]byte, 1<<20)}
+	if err := p.Read(context.Background(), 1, 1, []layout.Segment{{Length: 1 << 20, Count: 1}}, dst); err != nil {
+		t.Fatal(err)
+	}
+	if firstDiff(dst[0], h.regions[1][0]) >= 0 {
+		t.Error("IPv6 read returned wrong bytes")
+	}
+}
+
+func TestDialOnlyNode(t *testing.T) {
+	ca := newTestCA(t)
+	members := newMembers("holder", "client")
+	holder := newTestNode(t, ca, "holder", members, newMemHandler())
+	client := newTestNode(t, ca, "client", members, nil, func(c *Config) { c.ListenAddr = "" })
+	if client.Addr() != nil {
+		t.Fatal("dial-only node listens")
+	}
+	p := dialPeer(t, client, holder)
+	if info, err := p.Hello(context.Background(), nil); err != nil || info.Node != "holder" {
+		t.Fatalf("hello from a dial-only node = %+v, %v", info, err)
 	}
 }

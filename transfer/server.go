@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -88,6 +89,9 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 	case methodHello:
 		if r.hello.Node != peer {
 			return nil, fmt.Errorf("%w: hello from %q, certificate names %q", ErrInvalidRequest, r.hello.Node, peer)
+		}
+		if !slices.Contains(r.hello.Versions, ProtocolVersion) {
+			return nil, fmt.Errorf("%w: hello offers versions %v, this node speaks %d", ErrInvalidRequest, r.hello.Versions, ProtocolVersion)
 		}
 		info, err := h.Hello(ctx, peer, r.hello)
 		if err != nil {
