@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,26 +20,30 @@ import (
 // stream (or the stream is reset); the connection is never closed here.
 func (n *Node) serveStream(connCtx context.Context, s *quic.Stream, peer string, log *slog.Logger) {
 	n.stats.streams.Add(1)
-	// The request must arrive promptly: a peer that opens a stream and
+	// The request must arrive promptly, and an early refusal must not
+	// wait on a reader that never reads: a peer that opens a stream and
 	// sends nothing does not hold a goroutine for longer than this.
-	_ = s.SetReadDeadline(n.progressDeadline())
+	_ = s.SetDeadline(n.progressDeadline())
+	var m method
+	fail := func(err error) {
+		n.stats.callsFailed.Add(1)
+		log.Debug("transfer: call refused", "method", m, "err", err)
+		n.refuse(s, err)
+	}
 	kind, payload, err := readFrame(s, n.cfg.MaxMessageSize)
 	s.CancelRead(0) // one frame per call; anything after it is not ours
 	if err != nil {
-		n.stats.callsFailed.Add(1)
-		n.refuse(s, fmt.Errorf("read request: %w", err))
+		fail(fmt.Errorf("read request: %w", err))
 		return
 	}
-	m := method(kind)
+	m = method(kind)
 	req, err := decodeRequest(m, payload, n.cfg.MaxSegments)
 	if err != nil {
-		n.stats.callsFailed.Add(1)
-		n.refuse(s, err)
+		fail(err)
 		return
 	}
 	if n.cfg.Handler == nil {
-		n.stats.callsFailed.Add(1)
-		n.refuse(s, fmt.Errorf("%w: node %s serves no calls", ErrUnavailable, n.cfg.NodeName))
+		fail(fmt.Errorf("%w: node %s serves no calls", ErrUnavailable, n.cfg.NodeName))
 		return
 	}
 	ctx, cancel := context.WithTimeout(connCtx, n.cfg.CallTimeout)
@@ -53,8 +58,7 @@ func (n *Node) serveStream(connCtx context.Context, s *quic.Stream, peer string,
 	}
 	resp, err := n.dispatch(ctx, peer, req)
 	if err != nil {
-		n.stats.callsFailed.Add(1)
-		n.refuse(s, err)
+		fail(err)
 		return
 	}
 	if err := writeFrame(s, statusOK, resp, n.cfg.MaxMessageSize); err != nil {
@@ -76,6 +80,9 @@ func (n *Node) refuse(s *quic.Stream, err error) {
 	if len(msg) > 1024 {
 		msg = msg[:1024]
 	}
+	// proto3 strings must be UTF-8: a cut rune or a handler's raw bytes
+	// would otherwise turn the answer into a reset.
+	msg = strings.ToValidUTF8(msg, "?")
 	if werr := writeFrame(s, statusError, &transferpb.Error{Code: uint32(codeOf(err)), Message: msg}, n.cfg.MaxMessageSize); werr != nil {
 		s.CancelWrite(streamErrProtocol)
 		return
