@@ -207,8 +207,12 @@ func (p *Peer) readResponse(ctx context.Context, s *quic.Stream, r io.Reader, m 
 			s.CancelRead(streamErrProtocol)
 			return fmt.Errorf("%w: %s response from %s: %v", ErrFrame, m, p.name, err)
 		}
-		return nil
+		if m == methodRead {
+			return nil // the data follows
+		}
+		return p.expectEnd(ctx, s, r, m)
 	case statusError:
+		s.CancelRead(0) // the answer is complete; retire the stream
 		var e transferpb.Error
 		if err := proto.Unmarshal(payload, &e); err != nil {
 			return fmt.Errorf("%w: %s error from %s: %v", ErrFrame, m, p.name, err)
@@ -217,6 +221,27 @@ func (p *Peer) readResponse(ctx context.Context, s *quic.Stream, r io.Reader, m 
 	}
 	s.CancelRead(streamErrProtocol)
 	return fmt.Errorf("%w: %s from %s: status %d", ErrFrame, m, p.name, kind)
+}
+
+// expectEnd reads the end of a stream after the last byte we expect.
+// Reading the FIN is what lets quic-go retire the stream (an unread one
+// would hold its state and its slot in the holder's stream limit); a
+// byte instead of the end is a holder that does not follow the protocol.
+func (p *Peer) expectEnd(ctx context.Context, s *quic.Stream, r io.Reader, m method) error {
+	var b [1]byte
+	n, err := r.Read(b[:])
+	if n == 0 && err == nil {
+		n, err = io.ReadFull(r, b[:]) // a reader may return (0, nil)
+	}
+	switch {
+	case errors.Is(err, io.EOF) && n == 0:
+		return nil
+	case n > 0:
+		s.CancelRead(streamErrProtocol)
+		return fmt.Errorf("%w: %s from %s: bytes after the end of the answer", ErrFrame, m, p.name)
+	}
+	s.CancelRead(streamErrProtocol)
+	return fmt.Errorf("transfer: %s from %s: %w", m, p.name, wrapNetErr(ctx, err))
 }
 
 // Hello exchanges versions and features. The answer's Versions are the

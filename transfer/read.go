@@ -257,7 +257,7 @@ func (p *Peer) readPart(ctx context.Context, leaseID, blockSet uint64, segs []la
 			}
 		}
 	}
-	return nil
+	return p.expectEnd(ctx, s, br, methodRead)
 }
 
 func (p *Peer) dataErr(ctx context.Context, s *quic.Stream, err error) error {

@@ -336,3 +336,36 @@ func TestDialOnlyNode(t *testing.T) {
 		t.Fatalf("hello from a dial-only node = %+v, %v", info, err)
 	}
 }
+
+// TestStreamsRetire makes many more calls than the holder allows streams
+// at once, successes and failures of every kind: the holder must finish
+// each call's stream on every path (a refusal that forgot to close it
+// fails this test), or later calls wait for stream credit and time out.
+func TestStreamsRetire(t *testing.T) {
+	ca := newTestCA(t)
+	members := newMembers("holder", "reader")
+	h := newMemHandler()
+	h.regions[1] = [][]byte{make([]byte, 1<<20)}
+	leaseAll(h, 1, 1, 64<<10)
+	holder := newTestNode(t, ca, "holder", members, h, func(c *Config) { c.MaxStreamsPerConn = 4 })
+	reader := newTestNode(t, ca, "reader", members, nil, func(c *Config) {
+		c.ConnsPerPeer, c.StreamsPerConn, c.CallTimeout = 1, 1, 2*time.Second
+	})
+	p := dialPeer(t, reader, holder)
+	ctx := context.Background()
+	dst := [][]byte{make([]byte, 1<<20)}
+	for i := range 40 {
+		if _, err := p.Hello(ctx, nil); err != nil {
+			t.Fatalf("call %d: hello: %v", i, err)
+		}
+		if _, err := p.Release(ctx, 0); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("call %d: release: %v", i, err)
+		}
+		if err := p.Read(ctx, 1, 1, []layout.Segment{{Length: 64 << 10, Count: 1}}, dst); err != nil {
+			t.Fatalf("call %d: read: %v", i, err)
+		}
+		if err := p.Read(ctx, 1, 1, []layout.Segment{{Length: 1 << 20, Count: 1}}, dst); !errors.Is(err, ErrLeaseRefused) {
+			t.Fatalf("call %d: refused read: %v", i, err)
+		}
+	}
+}
