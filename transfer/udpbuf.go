@@ -4,9 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
-
-	"golang.org/x/sys/unix"
 )
 
 // wantUDPBuffer is what quic-go asks the kernel for (7 MiB on Linux);
@@ -24,17 +23,9 @@ var udpWarnOnce sync.Once
 func tuneUDPBuffers(c *net.UDPConn, log *slog.Logger) {
 	_ = c.SetReadBuffer(wantUDPBuffer)
 	_ = c.SetWriteBuffer(wantUDPBuffer)
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return
-	}
-	var rcv, snd int
-	var rerr, serr error
-	if err := rc.Control(func(fd uintptr) {
-		rcv, rerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
-		snd, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
-	}); err != nil || rerr != nil || serr != nil {
-		return
+	rcv, snd, ok := socketBuffers(c)
+	if !ok {
+		return // cannot tell; quic-go's own check still runs
 	}
 	fix, ok := udpBufferFix(rcv, snd)
 	if ok {
@@ -52,6 +43,9 @@ func tuneUDPBuffers(c *net.UDPConn, log *slog.Logger) {
 func udpBufferFix(rcv, snd int) (string, bool) {
 	if rcv >= wantUDPBuffer && snd >= wantUDPBuffer {
 		return "", true
+	}
+	if runtime.GOOS != "linux" {
+		return fmt.Sprintf("raise the kernel's socket buffer limit to at least %d bytes (kern.ipc.maxsockbuf on BSD and macOS)", wantUDPBuffer), false
 	}
 	return fmt.Sprintf("sysctl -w net.core.rmem_max=%d net.core.wmem_max=%d", wantUDPBuffer, wantUDPBuffer), false
 }
