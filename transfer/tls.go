@@ -45,7 +45,13 @@ func (n *Node) serverTLS() *tls.Config {
 		NextProtos:   []string{ALPN},
 		ClientAuth:   tls.RequireAnyClientCert,
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			return verifyPeer(cs, n.cfg.CAs, x509.ExtKeyUsageClientAuth, "", n.cfg.Members)
+			err := verifyPeer(cs, n.cfg.CAs, x509.ExtKeyUsageClientAuth, "", n.cfg.Members)
+			if err != nil {
+				// The peer only learns "bad certificate"; the reason is
+				// for our operator.
+				n.log.Info("transfer: refused a connection", "err", err)
+			}
+			return err
 		},
 	}
 }
