@@ -49,7 +49,11 @@ func (n *Node) serverTLS() *tls.Config {
 			if err != nil {
 				// The peer only learns "bad certificate"; the reason is
 				// for our operator.
-				n.log.Info("transfer: refused a connection", "err", err)
+				claimed := ""
+				if len(cs.PeerCertificates) > 0 {
+					claimed = cs.PeerCertificates[0].Subject.CommonName
+				}
+				n.log.Info("transfer: refused a connection", "claimed_peer", claimed, "err", err)
 			}
 			return err
 		},
