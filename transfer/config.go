@@ -1,0 +1,205 @@
+package transfer
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/kvfabric/kvfabric/transfer/certs"
+)
+
+// ALPN is the application protocol every kvfabric peer connection speaks.
+const ALPN = "kvfabric/1"
+
+// ProtocolVersion is the version of the call set this package speaks.
+const ProtocolVersion = 1
+
+// Config configures a [Node]. The zero value of every field but NodeName,
+// TLS and Members (and Handler, for a node that serves) means the default
+// that its comment names.
+type Config struct {
+	// NodeName is this node's name; its certificate must name it.
+	NodeName string
+	// ListenAddr is the UDP address to listen on ("127.0.0.1:0" picks a
+	// port). If empty, the node only dials.
+	ListenAddr string
+
+	// Certificate is this node's certificate and key, signed by the CA.
+	Certificate tls.Certificate
+	// CAs verifies peers' certificates; usually the one cluster CA.
+	CAs *x509.CertPool
+	// Members says which node names are current members. Required: a node
+	// that trusts every holder of a CA-signed certificate would keep
+	// serving nodes that left the cluster.
+	Members Members
+	// Handler serves calls from peers. If nil, the node refuses every
+	// call with CodeUnavailable (a dial-only node).
+	Handler Handler
+	// Logger receives warnings (UDP buffers) and per-connection errors.
+	// If nil, slog.Default().
+	Logger *slog.Logger
+
+	// ConnsPerPeer is the number of QUIC connections opened to each peer;
+	// reads spread their streams over them. If zero, 4: on loopback one
+	// connection is bound by one core's packet processing.
+	ConnsPerPeer int
+	// StreamsPerConn is the number of concurrent streams a read uses on
+	// each connection. If zero, 2.
+	StreamsPerConn int
+	// MinStreamBytes is the smallest part a read is split into: a read of
+	// fewer bytes uses one stream. A stream costs a round trip and a
+	// flow-control ramp, so parts much smaller than a few MiB gain nothing
+	// from their own. If zero, 4 MiB.
+	MinStreamBytes uint64
+
+	// StreamReceiveWindow is the largest per-stream flow-control window
+	// (quic-go starts at a quarter of it and grows it). If zero, 16 MiB.
+	StreamReceiveWindow uint64
+	// ConnReceiveWindow is the largest per-connection flow-control window.
+	// If zero, 4 × StreamReceiveWindow.
+	ConnReceiveWindow uint64
+
+	// HandshakeTimeout bounds connection setup. If zero, 5 s.
+	HandshakeTimeout time.Duration
+	// IdleTimeout closes a connection that received nothing for this long.
+	// Keep-alives go out every IdleTimeout/3. If zero, 15 s.
+	IdleTimeout time.Duration
+	// CallTimeout bounds a control call whose context has no deadline. If
+	// zero, 10 s.
+	CallTimeout time.Duration
+	// ProgressTimeout fails a read stream on which no byte moved for this
+	// long, and a holder's write to a reader that stopped reading. If
+	// zero, 5 s.
+	ProgressTimeout time.Duration
+
+	// MaxMessageSize caps a request or response frame's payload. If zero,
+	// 4 MiB.
+	MaxMessageSize uint32
+	// MaxSegments caps the segments in one read request. If zero, 65536.
+	MaxSegments int
+	// MaxStreamsPerConn is how many concurrent calls a peer may run on one
+	// connection to this node. If zero, 256.
+	MaxStreamsPerConn int64
+}
+
+// DefaultConfig returns the defaults for a node on a real network. The
+// caller fills NodeName, ListenAddr, Certificate, CAs, Members and Handler.
+func DefaultConfig() Config {
+	return Config{
+		ConnsPerPeer:        4,
+		StreamsPerConn:      2,
+		MinStreamBytes:      4 << 20,
+		StreamReceiveWindow: 16 << 20,
+		ConnReceiveWindow:   64 << 20,
+		HandshakeTimeout:    5 * time.Second,
+		IdleTimeout:         15 * time.Second,
+		CallTimeout:         10 * time.Second,
+		ProgressTimeout:     5 * time.Second,
+		MaxMessageSize:      4 << 20,
+		MaxSegments:         1 << 16,
+		MaxStreamsPerConn:   256,
+	}
+}
+
+// DefaultLocalConfig returns defaults for nodes on one machine (tests,
+// development clusters): shorter timeouts, so that failures show quickly.
+func DefaultLocalConfig() Config {
+	c := DefaultConfig()
+	c.ListenAddr = "127.0.0.1:0"
+	c.HandshakeTimeout = 2 * time.Second
+	c.IdleTimeout = 5 * time.Second
+	c.CallTimeout = 5 * time.Second
+	c.ProgressTimeout = 2 * time.Second
+	return c
+}
+
+// ErrConfig is matched by errors about an unusable Config.
+var ErrConfig = errors.New("transfer: invalid config")
+
+func configErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
+}
+
+// populate fills defaults and validates; it returns a copy.
+func (c Config) populate() (Config, error) {
+	d := DefaultConfig()
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	setInt := func(v *int, def int) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	setInt(&c.ConnsPerPeer, d.ConnsPerPeer)
+	setInt(&c.StreamsPerConn, d.StreamsPerConn)
+	setInt(&c.MaxSegments, d.MaxSegments)
+	if c.MinStreamBytes == 0 {
+		c.MinStreamBytes = d.MinStreamBytes
+	}
+	if c.StreamReceiveWindow == 0 {
+		c.StreamReceiveWindow = d.StreamReceiveWindow
+	}
+	if c.ConnReceiveWindow == 0 {
+		c.ConnReceiveWindow = 4 * c.StreamReceiveWindow
+	}
+	setDur := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	setDur(&c.HandshakeTimeout, d.HandshakeTimeout)
+	setDur(&c.IdleTimeout, d.IdleTimeout)
+	setDur(&c.CallTimeout, d.CallTimeout)
+	setDur(&c.ProgressTimeout, d.ProgressTimeout)
+	if c.MaxMessageSize == 0 {
+		c.MaxMessageSize = d.MaxMessageSize
+	}
+	if c.MaxStreamsPerConn == 0 {
+		c.MaxStreamsPerConn = d.MaxStreamsPerConn
+	}
+
+	switch {
+	case c.NodeName == "":
+		return c, configErr("NodeName is empty")
+	case c.Certificate.Certificate == nil:
+		return c, configErr("Certificate is empty")
+	case c.CAs == nil:
+		return c, configErr("CAs is nil")
+	case c.Members == nil:
+		return c, configErr("Members is nil")
+	case c.ConnsPerPeer < 0 || c.ConnsPerPeer > 64:
+		return c, configErr("ConnsPerPeer %d not in [1, 64]", c.ConnsPerPeer)
+	case c.StreamsPerConn < 0 || int64(c.StreamsPerConn) > c.MaxStreamsPerConn:
+		return c, configErr("StreamsPerConn %d not in [1, MaxStreamsPerConn]", c.StreamsPerConn)
+	case c.MaxSegments < 0:
+		return c, configErr("MaxSegments %d is negative", c.MaxSegments)
+	case c.MaxStreamsPerConn < 0:
+		return c, configErr("MaxStreamsPerConn %d is negative", c.MaxStreamsPerConn)
+	case c.MaxMessageSize < 1<<10 || c.MaxMessageSize > 1<<30:
+		return c, configErr("MaxMessageSize %d not in [1 KiB, 1 GiB]", c.MaxMessageSize)
+	case c.HandshakeTimeout < 0 || c.IdleTimeout < 0 || c.CallTimeout < 0 || c.ProgressTimeout < 0:
+		return c, configErr("negative timeout")
+	}
+	// Peers check that our certificate names the node they dialed and
+	// that hellos come from the name on it: a certificate for another name
+	// would fail every call, so refuse it here, where the cause is plain.
+	leaf := c.Certificate.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(c.Certificate.Certificate[0]); err != nil {
+			return c, configErr("Certificate: %v", err)
+		}
+	}
+	name, err := certs.NodeName(leaf)
+	if err != nil {
+		return c, configErr("Certificate: %v", err)
+	}
+	if name != c.NodeName {
+		return c, configErr("Certificate names %q, NodeName is %q", name, c.NodeName)
+	}
+	return c, nil
+}

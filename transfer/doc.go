@@ -1,0 +1,79 @@
+// Package transfer is the kvfabric peer protocol over QUIC: mutual TLS
+// against the cluster CA, control calls (hello, layouts, lease, renew,
+// release, event-log range) and data reads that execute a plan's segments
+// straight from the holder's region memory into the reader's.
+//
+// A [Node] owns one UDP socket that it listens on, and a few more that it
+// dials from (one per connection slot, so that the several connections to a
+// peer are received on several sockets). [Node.Peer] returns a [Peer] whose
+// methods are the calls. The holder side calls a [Handler] that the agent
+// implements; transfer never sees the pool.
+//
+// # Security
+//
+// Both ends present a certificate signed by the cluster CA whose common
+// name is the node's name (see package certs), and the ALPN is
+// "kvfabric/1". A connecting node is refused during the handshake unless
+// [Members] says its name is a current member; the same check runs again on
+// every stream, so a node that leaves the cluster loses its connections at
+// its next call. A dialer checks that the holder's certificate names the
+// node it meant to reach.
+//
+// # Wire
+//
+// Every call is one bidirectional QUIC stream. The caller writes one
+// request frame and closes its side; the holder answers with one response
+// frame and, for a read, the data:
+//
+//	request frame                    response frame
+//	+--------+----------+---------+  +--------+----------+---------+
+//	| method | length   | payload |  | status | length   | payload |
+//	| 1 byte | u32 BE   | protobuf|  | 1 byte | u32 BE   | protobuf|
+//	+--------+----------+---------+  +--------+----------+---------+
+//
+// method is one of the call numbers below; the payload is the matching
+// transferpb request. status 0 is success with the matching transferpb
+// response; status 1 is failure with a transferpb.Error (a code and a
+// message). length is capped (Config.MaxMessageSize); a frame that is too
+// long, truncated, of an unknown method or that does not decode and
+// validate is answered with an Error and the stream is closed; the
+// connection and the other calls carry on.
+//
+//	method  request                 response
+//	1       HelloRequest            HelloResponse
+//	2       LayoutsRequest          LayoutsResponse
+//	3       LeaseRequest            LeaseResponse
+//	4       RenewRequest            RenewResponse
+//	5       ReleaseRequest          ReleaseResponse
+//	6       EventRangeRequest       EventRangeResponse
+//	7       ReadRequest             ReadResponse, then total_bytes of data
+//
+// A read's data is the concatenation of every piece of every segment in
+// request order. The holder checks every segment of the request against the
+// region's bounds and the lease (through [Handler.CheckRead]) before it
+// sends the response frame, so a refused request moves no byte.
+//
+// # Reads
+//
+// [Peer.Read] splits a plan into up to ConnsPerPeer × StreamsPerConn parts
+// of about equal size, none under MinStreamBytes (splitting strided
+// segments between pieces and long pieces by bytes), and runs them as
+// concurrent streams spread over the peer's connections. The reader reads
+// each piece straight into the destination slice of its rank; only small
+// pieces pass through a 64 KiB buffer (and the holder gathers pieces under
+// 16 KiB before writing them). A read of several parts that fails
+// may have filled some of its destination ranges, never anything outside
+// them.
+//
+// The kernel's UDP buffers limit QUIC at high rates; a node that cannot get
+// 7 MiB buffers logs a warning with the sysctl command that raises the cap.
+//
+// # Deadlines
+//
+// Connections send keep-alives and close after IdleTimeout without a
+// packet, so a vanished peer fails every call on that connection. A control
+// call without a context deadline gets CallTimeout. A read fails when no
+// byte has moved on one of its streams for ProgressTimeout, so a holder
+// that stops answering (stalled handler, dead process, closed listener)
+// fails the read within that bound however large the read is.
+package transfer

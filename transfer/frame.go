@@ -1,0 +1,286 @@
+package transfer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
+)
+
+// method numbers the calls on the wire (see the package documentation).
+type method uint8
+
+const (
+	methodHello method = iota + 1
+	methodLayouts
+	methodLease
+	methodRenew
+	methodRelease
+	methodEventRange
+	methodRead
+	methodMax = methodRead
+)
+
+var methodNames = [...]string{"", "hello", "layouts", "lease", "renew", "release", "event-range", "read"}
+
+func (m method) String() string {
+	if m >= 1 && m <= methodMax {
+		return methodNames[m]
+	}
+	return fmt.Sprintf("method(%d)", uint8(m))
+}
+
+const (
+	statusOK    = 0
+	statusError = 1
+	headerLen   = 5
+)
+
+// Caps on what one request may ask for, beyond the byte cap of a frame.
+const (
+	maxDigests       = 4096
+	maxDigestLen     = 64
+	maxLeaseHashes   = 1 << 16
+	maxLeaseDuration = 10 * time.Minute
+	maxOriginLen     = 253
+	maxEventRange    = 1 << 16
+	maxRank          = 1 << 12
+)
+
+// ErrFrame is matched by errors about a frame that cannot be read; it
+// also matches ErrInvalidRequest.
+var ErrFrame = fmt.Errorf("%w: malformed frame", ErrInvalidRequest)
+
+// writeFrame writes one frame in a single Write, so that a small call
+// fits one packet.
+func writeFrame(w io.Writer, kind byte, m proto.Message, limit uint32) error {
+	payload, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, headerLen, headerLen+proto.Size(m)), m)
+	if err != nil {
+		return fmt.Errorf("transfer: marshal %T: %w", m, err)
+	}
+	n := len(payload) - headerLen
+	if uint64(n) > uint64(limit) {
+		return fmt.Errorf("%w: %T is %d bytes, over the %d-byte cap", ErrTooLarge, m, n, limit)
+	}
+	payload[0] = kind
+	binary.BigEndian.PutUint32(payload[1:headerLen], uint32(n))
+	_, err = w.Write(payload)
+	return err
+}
+
+// readFrame reads one frame, refusing a payload over limit before reading
+// it, so that a peer cannot make us allocate more than the cap.
+func readFrame(r io.Reader, limit uint32) (kind byte, payload []byte, err error) {
+	var h [headerLen]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return 0, nil, fmt.Errorf("%w: missing or truncated header", ErrFrame)
+		}
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(h[1:])
+	if n > limit {
+		return 0, nil, fmt.Errorf("%w: frame of %d bytes, over the %d-byte cap", ErrTooLarge, n, limit)
+	}
+	payload = make([]byte, n)
+	if _, err := io.ReadFull(r, payload); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return 0, nil, fmt.Errorf("%w: truncated payload (%d bytes announced)", ErrFrame, n)
+		}
+		return 0, nil, err
+	}
+	return h[0], payload, nil
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidRequest, fmt.Sprintf(format, args...))
+}
+
+func unmarshal(payload []byte, m proto.Message) error {
+	if err := proto.Unmarshal(payload, m); err != nil {
+		return invalid("decode %T: %v", m, err)
+	}
+	return nil
+}
+
+// request is a decoded and validated request: exactly one field is set.
+type request struct {
+	method     method
+	hello      HelloInfo
+	digests    [][]byte
+	hashes     []uint64
+	duration   time.Duration
+	leaseID    uint64
+	origin     string
+	from, to   uint64
+	blockSet   uint64
+	segments   []layout.Segment
+	totalBytes uint64
+}
+
+func durationMS(ms uint64) (time.Duration, error) {
+	if ms == 0 || ms > uint64(maxLeaseDuration/time.Millisecond) {
+		return 0, invalid("duration %d ms not in [1, %d]", ms, maxLeaseDuration/time.Millisecond)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+func validStrings(field string, ss []string, maxN, maxLen int) error {
+	if len(ss) > maxN {
+		return invalid("%s: %d entries, over %d", field, len(ss), maxN)
+	}
+	for i, s := range ss {
+		if len(s) > maxLen {
+			return invalid("%s[%d]: %d bytes, over %d", field, i, len(s), maxLen)
+		}
+	}
+	return nil
+}
+
+// decodeRequest decodes and validates one request payload. Nothing in it
+// is trusted: every count, length and offset is bounded here, so that the
+// handler sees only sane values. maxSegments caps a read's segments.
+func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) {
+	r := &request{method: m}
+	switch m {
+	case methodHello:
+		var pb transferpb.HelloRequest
+		if err := unmarshal(payload, &pb); err != nil {
+			return nil, err
+		}
+		if err := validStrings("features", pb.Features, 64, 64); err != nil {
+			return nil, err
+		}
+		if len(pb.Versions) > 64 || len(pb.Node) > 253 {
+			return nil, invalid("hello: %d versions, node name of %d bytes", len(pb.Versions), len(pb.Node))
+		}
+		r.hello = HelloInfo{Node: pb.Node, Versions: pb.Versions, Features: pb.Features}
+	case methodLayouts:
+		var pb transferpb.LayoutsRequest
+		if err := unmarshal(payload, &pb); err != nil {
+			return nil, err
+		}
+		if len(pb.Digests) == 0 || len(pb.Digests) > maxDigests {
+			return nil, invalid("layouts: %d digests not in [1, %d]", len(pb.Digests), maxDigests)
+		}
+		for i, d := range pb.Digests {
+			if len(d) == 0 || len(d) > maxDigestLen {
+				return nil, invalid("layouts: digest %d is %d bytes, not in [1, %d]", i, len(d), maxDigestLen)
+			}
+		}
+		r.digests = pb.Digests
+	case methodLease:
+		var pb transferpb.LeaseRequest
+		if err := unmarshal(payload, &pb); err != nil {
+			return nil, err
+		}
+		if len(pb.Hashes) == 0 || len(pb.Hashes) > maxLeaseHashes {
+			return nil, invalid("lease: %d hashes not in [1, %d]", len(pb.Hashes), maxLeaseHashes)
+		}
+		d, err := durationMS(pb.DurationMs)
+		if err != nil {
+			return nil, err
+		}
+		r.hashes, r.duration = pb.Hashes, d
+	case methodRenew:
+		var pb transferpb.RenewRequest
+		if err := unmarshal(payload, &pb); err != nil {
+			return nil, err
+		}
+		d, err := durationMS(pb.DurationMs)
+		if err != nil {
+			return nil, err
+		}
+		r.leaseID, r.duration = pb.LeaseId, d
+	case methodRelease:
+		var pb transferpb.ReleaseRequest
+		if err := unmarshal(payload, &pb); err != nil {
+			return nil, err
+		}
+		r.leaseID = pb.LeaseId
+	case methodEventRange:
+		var pb transferpb.EventRangeRequest
+		if err := unmarshal(payload, &pb); err != nil {
+			return nil, err
+		}
+		if pb.Origin == "" || len(pb.Origin) > maxOriginLen {
+			return nil, invalid("event range: origin of %d bytes not in [1, %d]", len(pb.Origin), maxOriginLen)
+		}
+		if pb.From >= pb.To || pb.To-pb.From > maxEventRange {
+			return nil, invalid("event range: [%d, %d) is empty or longer than %d", pb.From, pb.To, maxEventRange)
+		}
+		r.origin, r.from, r.to = pb.Origin, pb.From, pb.To
+	case methodRead:
+		var pb transferpb.ReadRequest
+		if err := unmarshal(payload, &pb); err != nil {
+			return nil, err
+		}
+		if len(pb.Segments) == 0 || len(pb.Segments) > maxSegments {
+			return nil, invalid("read: %d segments not in [1, %d]", len(pb.Segments), maxSegments)
+		}
+		r.leaseID, r.blockSet = pb.LeaseId, pb.BlockSet
+		r.segments = make([]layout.Segment, len(pb.Segments))
+		for i, s := range pb.Segments {
+			seg := layout.Segment{
+				SrcRank: int(s.SrcRank), SrcOffset: s.SrcOffset, Length: s.Length,
+				Count: s.Count, SrcStride: s.SrcStride,
+			}
+			if s.SrcRank >= maxRank {
+				return nil, invalid("read: segment %d: rank %d over %d", i, s.SrcRank, maxRank)
+			}
+			end, err := segmentEnd(seg)
+			if err != nil {
+				return nil, invalid("read: segment %d: %v", i, err)
+			}
+			_ = end
+			n := seg.Bytes()
+			if r.totalBytes+n < r.totalBytes {
+				return nil, invalid("read: total bytes overflow at segment %d", i)
+			}
+			r.totalBytes += n
+			r.segments[i] = seg
+		}
+	default:
+		return nil, invalid("unknown method %d", uint8(m))
+	}
+	return r, nil
+}
+
+// segmentEnd validates the source side of a segment and returns one past
+// its last byte: Count and Length at least 1, pieces that do not overlap
+// each other when strided, and no arithmetic overflow.
+func segmentEnd(s layout.Segment) (uint64, error) {
+	if s.Length == 0 || s.Count == 0 {
+		return 0, fmt.Errorf("empty segment (length %d, count %d)", s.Length, s.Count)
+	}
+	if s.Count > 1 && s.SrcStride < s.Length {
+		return 0, fmt.Errorf("source stride %d under length %d", s.SrcStride, s.Length)
+	}
+	if s.Length > math.MaxUint64/s.Count {
+		return 0, fmt.Errorf("length %d × count %d overflows", s.Length, s.Count)
+	}
+	span := uint64(0)
+	if s.Count > 1 {
+		if s.SrcStride > (math.MaxUint64-s.Length)/(s.Count-1) {
+			return 0, fmt.Errorf("stride %d × count %d overflows", s.SrcStride, s.Count)
+		}
+		span = (s.Count - 1) * s.SrcStride
+	}
+	span += s.Length
+	if s.SrcOffset > math.MaxUint64-span {
+		return 0, fmt.Errorf("offset %d + span %d overflows", s.SrcOffset, span)
+	}
+	return s.SrcOffset + span, nil
+}
+
+// dstEnd is segmentEnd for the destination side.
+func dstEnd(s layout.Segment) (uint64, error) {
+	return segmentEnd(layout.Segment{SrcOffset: s.DstOffset, SrcStride: s.DstStride, Length: s.Length, Count: s.Count})
+}

@@ -1,0 +1,130 @@
+package transfer
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// Members says which node names are current cluster members. The agent
+// implements it over its membership view. IsMember is called on every
+// handshake and every incoming stream, concurrently, and must not block.
+type Members interface {
+	IsMember(name string) bool
+}
+
+// MemberFunc adapts a function to [Members].
+type MemberFunc func(name string) bool
+
+// IsMember calls f.
+func (f MemberFunc) IsMember(name string) bool { return f(name) }
+
+// HelloInfo is what each side says about itself in a hello.
+type HelloInfo struct {
+	// Node is the speaker's name; transfer fills it.
+	Node string
+	// Versions lists the protocol versions the speaker understands;
+	// transfer fills it.
+	Versions []uint32
+	// Features names optional capabilities (for example "rdma").
+	Features []string
+	// LayoutSetDigest identifies the holder's current set of layouts.
+	LayoutSetDigest []byte
+}
+
+// LayoutEntry is one serialized layout; Layout holds layoutpb bytes that
+// the agent decodes and validates with the layout package.
+type LayoutEntry struct {
+	Digest   []byte
+	BlockSet uint64
+	Layout   []byte
+}
+
+// LeasedBlock is a lease's answer for one sequence hash.
+type LeasedBlock struct {
+	Hash uint64
+	// Present is false when the holder does not have the block; the
+	// other fields are then zero.
+	Present    bool
+	BlockSet   uint64
+	Slot       uint64
+	Generation uint64
+}
+
+// Lease is a holder's promise to keep the present blocks in their slots
+// until the lease is released or Duration passes.
+type Lease struct {
+	ID       uint64
+	Duration time.Duration
+	// Blocks has one entry per requested hash, in request order.
+	Blocks []LeasedBlock
+}
+
+// Event is one entry of an origin's event log; Payload is opaque here.
+type Event struct {
+	Seq     uint64
+	Payload []byte
+}
+
+// EventRange is an answer to an event-log range request.
+type EventRange struct {
+	Events []Event
+	// SnapshotNeeded says the range is no longer in the log and the caller
+	// must resynchronize from a snapshot.
+	SnapshotNeeded bool
+}
+
+// Handler serves the calls that peers make to this node. The agent
+// implements it over its pools, leases, layouts and event logs. Methods are
+// called concurrently from many streams; peer is the caller's verified node
+// name. Returned slices are owned by transfer until the response is
+// written; errors should wrap a sentinel of this package (ErrNotFound,
+// ErrInvalidRequest, ErrLeaseRefused, ErrUnavailable) so that the caller
+// sees the right code, and their text is sent to the peer.
+type Handler interface {
+	// Hello returns this node's features and layout-set digest.
+	Hello(ctx context.Context, peer string, req HelloInfo) (HelloInfo, error)
+	// Layouts returns the serialized layouts named by digests; unknown
+	// digests are left out.
+	Layouts(ctx context.Context, peer string, digests [][]byte) ([]LayoutEntry, error)
+	// Lease pins the blocks named by hashes for duration.
+	Lease(ctx context.Context, peer string, hashes []uint64, duration time.Duration) (Lease, error)
+	// Renew extends a lease; false means it had already expired or been
+	// released.
+	Renew(ctx context.Context, peer string, leaseID uint64, duration time.Duration) (bool, error)
+	// Release ends a lease; false means it had expired before the release,
+	// and the bytes read under it must not be trusted.
+	Release(ctx context.Context, peer string, leaseID uint64) (bool, error)
+	// EventRange returns origin's events with sequence numbers in
+	// [from, to).
+	EventRange(ctx context.Context, peer, origin string, from, to uint64) (EventRange, error)
+	// CheckRead returns nil only if every piece of seg (Count pieces of
+	// Length bytes at SrcOffset + i×SrcStride in rank SrcRank's region of
+	// blockSet) lies in slots that leaseID holds a live lease on. seg is
+	// validated (no overflow, inside the region) before the call; the
+	// handler may check it slot by slot rather than piece by piece. Use
+	// [ForEachPiece] for the simple form. It must not block.
+	CheckRead(peer string, leaseID, blockSet uint64, seg layout.Segment) error
+	// Region returns the memory of rank's region of blockSet. The slice
+	// must stay valid while leases on it are live; transfer reads it, never
+	// writes it.
+	Region(blockSet uint64, rank int) ([]byte, error)
+}
+
+// ForEachPiece calls fn for each piece of seg in order, merging pieces that
+// touch (SrcStride == Length) into one call, and stops at the first error.
+func ForEachPiece(seg layout.Segment, fn func(offset, length uint64) error) error {
+	if seg.Count == 0 {
+		return nil
+	}
+	if seg.SrcStride == seg.Length || seg.Count == 1 {
+		return fn(seg.SrcOffset, seg.Length*seg.Count)
+	}
+	for i := uint64(0); i < seg.Count; i++ {
+		if err := fn(seg.SrcOffset+i*seg.SrcStride, seg.Length); err != nil {
+			return err
+		}
+	}
+	return nil
+}

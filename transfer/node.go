@@ -1,0 +1,219 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+)
+
+// Node is one kvfabric peer endpoint: a QUIC listener that serves the
+// Handler to other members, and a dialer that makes [Peer]s. It is safe for
+// concurrent use.
+type Node struct {
+	cfg  Config
+	log  *slog.Logger
+	qcfg *quic.Config
+
+	listenTr *quic.Transport // nil for a dial-only node
+	listener *quic.Listener
+	dialTrs  []*quic.Transport // one per connection slot
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool
+	conns   map[*quic.Conn]struct{} // accepted and dialed, to close on Close
+	stats   statsCounters
+	closeMu sync.Once
+}
+
+// NewNode validates cfg, opens its sockets and starts serving.
+func NewNode(cfg Config) (*Node, error) {
+	cfg, err := cfg.populate()
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{}}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.qcfg = &quic.Config{
+		HandshakeIdleTimeout:           cfg.HandshakeTimeout,
+		MaxIdleTimeout:                 cfg.IdleTimeout,
+		KeepAlivePeriod:                cfg.IdleTimeout / 3,
+		InitialStreamReceiveWindow:     cfg.StreamReceiveWindow / 4,
+		MaxStreamReceiveWindow:         cfg.StreamReceiveWindow,
+		InitialConnectionReceiveWindow: cfg.ConnReceiveWindow / 4,
+		MaxConnectionReceiveWindow:     cfg.ConnReceiveWindow,
+		MaxIncomingStreams:             cfg.MaxStreamsPerConn,
+		MaxIncomingUniStreams:          -1,
+	}
+	fail := func(err error) (*Node, error) {
+		n.Close()
+		return nil, err
+	}
+	if cfg.ListenAddr != "" {
+		ua, err := net.ResolveUDPAddr("udp", cfg.ListenAddr)
+		if err != nil {
+			return fail(fmt.Errorf("transfer: listen address %q: %w", cfg.ListenAddr, err))
+		}
+		uc, err := net.ListenUDP("udp", ua)
+		if err != nil {
+			return fail(fmt.Errorf("transfer: listen on %s: %w", cfg.ListenAddr, err))
+		}
+		tuneUDPBuffers(uc, n.log)
+		n.listenTr = &quic.Transport{Conn: uc}
+		ln, err := n.listenTr.Listen(n.serverTLS(), n.qcfg)
+		if err != nil {
+			uc.Close()
+			n.listenTr = nil
+			return fail(fmt.Errorf("transfer: listen on %s: %w", cfg.ListenAddr, err))
+		}
+		n.listener = ln
+		n.wg.Add(1)
+		go n.acceptLoop()
+	}
+	// Dial sockets bind the listener's IP, so that peers see connections
+	// come from the address this node is known by (loopback tests give
+	// each node its own 127.0.0.x).
+	var bindIP net.IP // unspecified: dual-stack, any address
+	if n.listener != nil {
+		if ip := n.listener.Addr().(*net.UDPAddr).IP; !ip.IsUnspecified() {
+			bindIP = ip
+		}
+	}
+	for i := 0; i < cfg.ConnsPerPeer; i++ {
+		uc, err := net.ListenUDP("udp", &net.UDPAddr{IP: bindIP})
+		if err != nil {
+			return fail(fmt.Errorf("transfer: open dial socket: %w", err))
+		}
+		tuneUDPBuffers(uc, n.log)
+		n.dialTrs = append(n.dialTrs, &quic.Transport{Conn: uc})
+	}
+	return n, nil
+}
+
+// Addr returns the address the node listens on, or nil for a dial-only
+// node.
+func (n *Node) Addr() net.Addr {
+	if n.listener == nil {
+		return nil
+	}
+	return n.listener.Addr()
+}
+
+// Name returns the node's name.
+func (n *Node) Name() string { return n.cfg.NodeName }
+
+// Close stops serving, closes every connection and socket, and returns
+// after the node's goroutines have exited. It is safe to call twice.
+func (n *Node) Close() error {
+	n.closeMu.Do(func() {
+		n.mu.Lock()
+		n.closed = true
+		conns := n.conns
+		n.conns = nil
+		n.mu.Unlock()
+		n.cancel()
+		if n.listener != nil {
+			n.listener.Close()
+		}
+		for c := range conns {
+			c.CloseWithError(connErrClosing, "node closing")
+		}
+		if n.listenTr != nil {
+			n.listenTr.Close()
+		}
+		for _, t := range n.dialTrs {
+			t.Close()
+		}
+		n.wg.Wait()
+	})
+	return nil
+}
+
+// track registers a connection to close on Close; false means the node
+// is already closed and the caller must close c.
+func (n *Node) track(c *quic.Conn) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return false
+	}
+	n.conns[c] = struct{}{}
+	// Forget a connection once it is gone, whoever closed it.
+	context.AfterFunc(c.Context(), func() { n.untrack(c) })
+	return true
+}
+
+func (n *Node) untrack(c *quic.Conn) {
+	n.mu.Lock()
+	if n.conns != nil {
+		delete(n.conns, c)
+	}
+	n.mu.Unlock()
+}
+
+func (n *Node) acceptLoop() {
+	defer n.wg.Done()
+	for {
+		c, err := n.listener.Accept(n.ctx)
+		if err != nil {
+			if n.ctx.Err() == nil && !errors.Is(err, quic.ErrServerClosed) {
+				n.log.Warn("transfer: accept", "err", err)
+			}
+			return
+		}
+		if !n.track(c) {
+			c.CloseWithError(connErrClosing, "node closing")
+			return
+		}
+		n.wg.Add(1)
+		go n.serveConn(c)
+	}
+}
+
+// peerName is the verified node name of a connection's peer.
+func peerName(c *quic.Conn) string {
+	cs := c.ConnectionState().TLS
+	if len(cs.PeerCertificates) == 0 {
+		return ""
+	}
+	return cs.PeerCertificates[0].Subject.CommonName
+}
+
+func (n *Node) serveConn(c *quic.Conn) {
+	defer n.wg.Done()
+	defer n.untrack(c)
+	peer := peerName(c)
+	log := n.log.With("peer", peer, "addr", c.RemoteAddr().String())
+	for {
+		s, err := c.AcceptStream(n.ctx)
+		if err != nil {
+			return
+		}
+		// Membership can end while a connection lives: check on every
+		// call, and drop the connection of a node that left.
+		if !n.cfg.Members.IsMember(peer) {
+			log.Info("transfer: closing connection of a node that is no longer a member")
+			s.CancelRead(streamErrCancelled)
+			s.CancelWrite(streamErrCancelled)
+			c.CloseWithError(connErrNotMember, "not a current member")
+			return
+		}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			n.serveStream(c.Context(), s, peer, log)
+		}()
+	}
+}
+
+// progressDeadline returns a deadline ProgressTimeout from now.
+func (n *Node) progressDeadline() time.Time { return time.Now().Add(n.cfg.ProgressTimeout) }

@@ -1,0 +1,337 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
+)
+
+// Peer is this node's handle on one other node: up to ConnsPerPeer QUIC
+// connections, dialed on first use and redialed when they die. Its methods
+// are the calls of the protocol; they are safe for concurrent use.
+type Peer struct {
+	n    *Node
+	name string
+	addr *net.UDPAddr
+
+	slots  []connSlot
+	closed atomic.Bool
+	next   atomic.Uint32
+}
+
+// connSlot is one connection of a peer. Each has its own lock, so that
+// redialing one does not hold up calls on the others.
+type connSlot struct {
+	mu     sync.Mutex
+	c      *quic.Conn
+	active atomic.Int32 // calls in flight
+}
+
+// Peer dials the node called name at addr ("host:port") and returns a
+// handle on it. It returns once one connection is up; the holder's
+// certificate must name name and name must be a current member. The
+// holder checks us the same way; if it refuses, the first call fails.
+func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: peer %s address %q: %w", name, addr, err)
+	}
+	p := &Peer{n: n, name: name, addr: ua, slots: make([]connSlot, n.cfg.ConnsPerPeer)}
+	if _, err := p.conn(ctx, 0); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Name returns the peer's node name.
+func (p *Peer) Name() string { return p.name }
+
+// Close closes the peer's connections. It is safe to call twice; calls in
+// flight fail.
+func (p *Peer) Close() error {
+	p.closed.Store(true)
+	for i := range p.slots {
+		sl := &p.slots[i]
+		sl.mu.Lock()
+		if sl.c != nil {
+			sl.c.CloseWithError(connErrClosing, "peer handle closed")
+			sl.c = nil
+		}
+		sl.mu.Unlock()
+	}
+	return nil
+}
+
+// conn returns connection slot i, dialing it if it is missing or dead.
+// Dials of one slot are serialized; a dial is bounded by the handshake
+// timeout and ctx.
+func (p *Peer) conn(ctx context.Context, i int) (*quic.Conn, error) {
+	if p.closed.Load() {
+		return nil, fmt.Errorf("transfer: peer %s: %w", p.name, ErrClosed)
+	}
+	sl := &p.slots[i]
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	if sl.c != nil {
+		if sl.c.Context().Err() == nil {
+			return sl.c, nil
+		}
+		sl.c = nil
+	}
+	if p.n.ctx.Err() != nil {
+		return nil, ErrClosed
+	}
+	dctx, cancel := context.WithTimeout(ctx, 2*p.n.cfg.HandshakeTimeout)
+	defer cancel()
+	c, err := p.n.dialTrs[i].Dial(dctx, p.addr, p.n.clientTLS(p.name), p.n.qcfg)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: dial %s at %s: %w", p.name, p.addr, wrapNetErr(ctx, err))
+	}
+	if p.closed.Load() || !p.n.track(c) {
+		c.CloseWithError(connErrClosing, "closing")
+		return nil, ErrClosed
+	}
+	sl.c = c
+	return c, nil
+}
+
+// wrapNetErr makes timeouts match ErrTimeout and a refused handshake match
+// ErrNotMember where the text says so, keeping the cause.
+func wrapNetErr(ctx context.Context, err error) error {
+	var idle *quic.IdleTimeoutError
+	var hs *quic.HandshakeTimeoutError
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("%w: %w (%w)", ErrTimeout, ctx.Err(), err)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
+		errors.As(err, &idle), errors.As(err, &hs):
+		return fmt.Errorf("%w: %w", ErrTimeout, err)
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w (%w)", ctx.Err(), err)
+	}
+	return err
+}
+
+// callCtx applies CallTimeout to a context without a deadline.
+func (n *Node) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, n.cfg.CallTimeout)
+}
+
+// pickSlot returns the connection slot with the fewest calls in flight,
+// starting the scan at a rotating slot so that ties spread out. Balancing
+// by load rather than by turn keeps one connection from carrying most of
+// the streams while another idles, which shows in the tail latency.
+func (p *Peer) pickSlot() int {
+	n := len(p.slots)
+	start := int(p.next.Add(1) % uint32(n))
+	best, bestLoad := start, p.slots[start].active.Load()
+	for k := 1; k < n && bestLoad > 0; k++ {
+		i := (start + k) % n
+		if l := p.slots[i].active.Load(); l < bestLoad {
+			best, bestLoad = i, l
+		}
+	}
+	return best
+}
+
+// openStream opens a stream on the least busy connection; its reads and
+// writes abort when ctx ends. done must be called when the call is over.
+func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(), err error) {
+	i := p.pickSlot()
+	sl := &p.slots[i]
+	sl.active.Add(1)
+	c, err := p.conn(ctx, i)
+	if err != nil {
+		sl.active.Add(-1)
+		return nil, nil, err
+	}
+	s, err = c.OpenStreamSync(ctx)
+	if err != nil {
+		sl.active.Add(-1)
+		return nil, nil, fmt.Errorf("transfer: open stream to %s: %w", p.name, wrapNetErr(ctx, err))
+	}
+	stop := context.AfterFunc(ctx, func() {
+		s.CancelRead(streamErrCancelled)
+		s.CancelWrite(streamErrCancelled)
+	})
+	return s, func() { stop(); sl.active.Add(-1) }, nil
+}
+
+// call runs one control call: a request frame out, a response frame back.
+func (p *Peer) call(ctx context.Context, m method, req, resp proto.Message) error {
+	ctx, cancel := p.n.callCtx(ctx)
+	defer cancel()
+	s, stop, err := p.openStream(ctx)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = s.SetDeadline(dl)
+	}
+	if err := writeFrame(s, byte(m), req, p.n.cfg.MaxMessageSize); err != nil {
+		s.CancelWrite(streamErrCancelled)
+		return fmt.Errorf("transfer: %s to %s: %w", m, p.name, wrapNetErr(ctx, err))
+	}
+	s.Close()
+	if err := p.readResponse(ctx, s, s, m, resp); err != nil {
+		return err
+	}
+	return nil
+}
+
+// readResponse reads a response frame into resp, or the peer's error.
+func (p *Peer) readResponse(ctx context.Context, s *quic.Stream, r io.Reader, m method, resp proto.Message) error {
+	kind, payload, err := readFrame(r, p.n.cfg.MaxMessageSize)
+	if err != nil {
+		s.CancelRead(streamErrProtocol)
+		return fmt.Errorf("transfer: %s from %s: %w", m, p.name, wrapNetErr(ctx, err))
+	}
+	switch kind {
+	case statusOK:
+		if err := proto.Unmarshal(payload, resp); err != nil {
+			s.CancelRead(streamErrProtocol)
+			return fmt.Errorf("%w: %s response from %s: %v", ErrFrame, m, p.name, err)
+		}
+		if m == methodRead {
+			return nil // the data follows
+		}
+		return p.expectEnd(ctx, s, r, m)
+	case statusError:
+		s.CancelRead(0) // the answer is complete; retire the stream
+		var e transferpb.Error
+		if err := proto.Unmarshal(payload, &e); err != nil {
+			return fmt.Errorf("%w: %s error from %s: %v", ErrFrame, m, p.name, err)
+		}
+		return &RemoteError{Peer: p.name, Method: m.String(), Code: Code(e.Code), Message: e.Message}
+	}
+	s.CancelRead(streamErrProtocol)
+	return fmt.Errorf("%w: %s from %s: status %d", ErrFrame, m, p.name, kind)
+}
+
+// expectEnd reads the end of a stream after the last byte we expect.
+// Reading the FIN is what lets quic-go retire the stream (an unread one
+// would hold its state and its slot in the holder's stream limit); a
+// byte instead of the end is a holder that does not follow the protocol.
+func (p *Peer) expectEnd(ctx context.Context, s *quic.Stream, r io.Reader, m method) error {
+	var b [1]byte
+	n, err := r.Read(b[:])
+	if n == 0 && err == nil {
+		n, err = io.ReadFull(r, b[:]) // a reader may return (0, nil)
+	}
+	switch {
+	case errors.Is(err, io.EOF) && n == 0:
+		return nil
+	case n > 0:
+		s.CancelRead(streamErrProtocol)
+		return fmt.Errorf("%w: %s from %s: bytes after the end of the answer", ErrFrame, m, p.name)
+	}
+	s.CancelRead(streamErrProtocol)
+	return fmt.Errorf("transfer: %s from %s: %w", m, p.name, wrapNetErr(ctx, err))
+}
+
+// Hello exchanges versions and features. The answer's Versions are the
+// holder's; the call fails unless they include ProtocolVersion.
+func (p *Peer) Hello(ctx context.Context, features []string) (HelloInfo, error) {
+	var resp transferpb.HelloResponse
+	req := &transferpb.HelloRequest{Node: p.n.cfg.NodeName, Versions: []uint32{ProtocolVersion}, Features: features}
+	if err := p.call(ctx, methodHello, req, &resp); err != nil {
+		return HelloInfo{}, err
+	}
+	info := HelloInfo{Node: resp.Node, Versions: resp.Versions, Features: resp.Features, LayoutSetDigest: resp.LayoutSetDigest}
+	for _, v := range resp.Versions {
+		if v == ProtocolVersion {
+			return info, nil
+		}
+	}
+	return info, fmt.Errorf("%w: %s speaks versions %v, not %d", ErrInvalidRequest, p.name, resp.Versions, ProtocolVersion)
+}
+
+// Layouts fetches serialized layouts by digest; digests the holder does
+// not know are absent from the answer. The bytes are untrusted: decode
+// and validate them with the layout package.
+func (p *Peer) Layouts(ctx context.Context, digests [][]byte) ([]LayoutEntry, error) {
+	var resp transferpb.LayoutsResponse
+	if err := p.call(ctx, methodLayouts, &transferpb.LayoutsRequest{Digests: digests}, &resp); err != nil {
+		return nil, err
+	}
+	out := make([]LayoutEntry, len(resp.Layouts))
+	for i, l := range resp.Layouts {
+		out[i] = LayoutEntry{Digest: l.Digest, BlockSet: l.BlockSet, Layout: l.Layout}
+	}
+	return out, nil
+}
+
+// Lease asks the holder to pin blocks for d (rounded to milliseconds).
+// The answer has one entry per hash, in order.
+func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lease, error) {
+	var resp transferpb.LeaseResponse
+	req := &transferpb.LeaseRequest{Hashes: hashes, DurationMs: uint64(d / time.Millisecond)}
+	if err := p.call(ctx, methodLease, req, &resp); err != nil {
+		return Lease{}, err
+	}
+	if len(resp.Blocks) != len(hashes) {
+		return Lease{}, fmt.Errorf("%w: lease from %s has %d entries for %d hashes", ErrFrame, p.name, len(resp.Blocks), len(hashes))
+	}
+	l := Lease{ID: resp.LeaseId, Duration: time.Duration(resp.DurationMs) * time.Millisecond, Blocks: make([]LeasedBlock, len(resp.Blocks))}
+	for i, b := range resp.Blocks {
+		if b.Hash != hashes[i] {
+			return Lease{}, fmt.Errorf("%w: lease from %s: entry %d is for hash %d, asked %d", ErrFrame, p.name, i, b.Hash, hashes[i])
+		}
+		l.Blocks[i] = LeasedBlock{Hash: b.Hash, Present: b.Present, BlockSet: b.BlockSet, Slot: b.Slot, Generation: b.Generation}
+	}
+	return l, nil
+}
+
+// Renew extends a lease by d; false means it was no longer live.
+func (p *Peer) Renew(ctx context.Context, leaseID uint64, d time.Duration) (bool, error) {
+	var resp transferpb.RenewResponse
+	if err := p.call(ctx, methodRenew, &transferpb.RenewRequest{LeaseId: leaseID, DurationMs: uint64(d / time.Millisecond)}, &resp); err != nil {
+		return false, err
+	}
+	return resp.Valid, nil
+}
+
+// Release ends a lease; false means it expired before the release and
+// what was read under it must be thrown away.
+func (p *Peer) Release(ctx context.Context, leaseID uint64) (bool, error) {
+	var resp transferpb.ReleaseResponse
+	if err := p.call(ctx, methodRelease, &transferpb.ReleaseRequest{LeaseId: leaseID}, &resp); err != nil {
+		return false, err
+	}
+	return resp.Valid, nil
+}
+
+// EventRange fetches origin's events with sequence numbers in [from, to).
+func (p *Peer) EventRange(ctx context.Context, origin string, from, to uint64) (EventRange, error) {
+	var resp transferpb.EventRangeResponse
+	if err := p.call(ctx, methodEventRange, &transferpb.EventRangeRequest{Origin: origin, From: from, To: to}, &resp); err != nil {
+		return EventRange{}, err
+	}
+	er := EventRange{SnapshotNeeded: resp.SnapshotNeeded, Events: make([]Event, len(resp.Events))}
+	prev := from
+	for i, e := range resp.Events {
+		// The index applies these in order: refuse what it would
+		// misapply rather than trust the holder's arithmetic.
+		if e.Seq < from || e.Seq >= to || (i > 0 && e.Seq <= prev) {
+			return EventRange{}, fmt.Errorf("%w: event range from %s: event %d has sequence %d, outside [%d, %d) or out of order", ErrFrame, p.name, i, e.Seq, from, to)
+		}
+		prev = e.Seq
+		er.Events[i] = Event{Seq: e.Seq, Payload: e.Payload}
+	}
+	return er, nil
+}

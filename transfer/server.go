@@ -1,0 +1,300 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
+)
+
+// serveStream runs one call. Whatever goes wrong is answered on this
+// stream (or the stream is reset); the connection is never closed here.
+func (n *Node) serveStream(connCtx context.Context, s *quic.Stream, peer string, log *slog.Logger) {
+	n.stats.streams.Add(1)
+	// The request must arrive promptly, and an early refusal must not
+	// wait on a reader that never reads: a peer that opens a stream and
+	// sends nothing does not hold a goroutine for longer than this.
+	_ = s.SetDeadline(n.progressDeadline())
+	var m method
+	fail := func(err error) {
+		n.stats.callsFailed.Add(1)
+		log.Debug("transfer: call refused", "method", m, "err", err)
+		n.refuse(s, err)
+	}
+	kind, payload, err := readFrame(s, n.cfg.MaxMessageSize)
+	s.CancelRead(0) // one frame per call; anything after it is not ours
+	if err != nil {
+		fail(fmt.Errorf("read request: %w", err))
+		return
+	}
+	m = method(kind)
+	req, err := decodeRequest(m, payload, n.cfg.MaxSegments)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if n.cfg.Handler == nil {
+		fail(fmt.Errorf("%w: node %s serves no calls", ErrUnavailable, n.cfg.NodeName))
+		return
+	}
+	ctx, cancel := context.WithTimeout(connCtx, n.cfg.CallTimeout)
+	defer cancel()
+	_ = s.SetWriteDeadline(time.Now().Add(n.cfg.CallTimeout))
+	if m == methodRead {
+		if err := n.serveRead(s, peer, req); err != nil {
+			n.stats.callsFailed.Add(1)
+			log.Debug("transfer: read failed", "lease", req.leaseID, "err", err)
+		}
+		return
+	}
+	resp, err := n.dispatch(ctx, peer, req)
+	if err != nil {
+		fail(err)
+		return
+	}
+	if err := writeFrame(s, statusOK, resp, n.cfg.MaxMessageSize); err != nil {
+		n.stats.callsFailed.Add(1)
+		if errors.Is(err, ErrTooLarge) {
+			n.refuse(s, err)
+			return
+		}
+		s.CancelWrite(streamErrCancelled)
+		return
+	}
+	n.stats.callsServed.Add(1)
+	s.Close()
+}
+
+// refuse answers a call with an Error frame and closes the stream.
+func (n *Node) refuse(s *quic.Stream, err error) {
+	msg := err.Error()
+	if len(msg) > 1024 {
+		msg = msg[:1024]
+	}
+	// proto3 strings must be UTF-8: a cut rune or a handler's raw bytes
+	// would otherwise turn the answer into a reset.
+	msg = strings.ToValidUTF8(msg, "?")
+	if werr := writeFrame(s, statusError, &transferpb.Error{Code: uint32(codeOf(err)), Message: msg}, n.cfg.MaxMessageSize); werr != nil {
+		s.CancelWrite(streamErrProtocol)
+		return
+	}
+	s.Close()
+}
+
+func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Message, error) {
+	h := n.cfg.Handler
+	switch r.method {
+	case methodHello:
+		if r.hello.Node != peer {
+			return nil, fmt.Errorf("%w: hello from %q, certificate names %q", ErrInvalidRequest, r.hello.Node, peer)
+		}
+		if !slices.Contains(r.hello.Versions, ProtocolVersion) {
+			return nil, fmt.Errorf("%w: hello offers versions %v, this node speaks %d", ErrInvalidRequest, r.hello.Versions, ProtocolVersion)
+		}
+		info, err := h.Hello(ctx, peer, r.hello)
+		if err != nil {
+			return nil, err
+		}
+		return &transferpb.HelloResponse{
+			Node: n.cfg.NodeName, Versions: []uint32{ProtocolVersion},
+			Features: info.Features, LayoutSetDigest: info.LayoutSetDigest,
+		}, nil
+	case methodLayouts:
+		ls, err := h.Layouts(ctx, peer, r.digests)
+		if err != nil {
+			return nil, err
+		}
+		resp := &transferpb.LayoutsResponse{Layouts: make([]*transferpb.LayoutEntry, len(ls))}
+		for i, l := range ls {
+			resp.Layouts[i] = &transferpb.LayoutEntry{Digest: l.Digest, BlockSet: l.BlockSet, Layout: l.Layout}
+		}
+		return resp, nil
+	case methodLease:
+		l, err := h.Lease(ctx, peer, r.hashes, r.duration)
+		if err != nil {
+			return nil, err
+		}
+		if len(l.Blocks) != len(r.hashes) {
+			return nil, fmt.Errorf("%w: handler leased %d entries for %d hashes", ErrInternal, len(l.Blocks), len(r.hashes))
+		}
+		resp := &transferpb.LeaseResponse{LeaseId: l.ID, DurationMs: uint64(l.Duration / time.Millisecond), Blocks: make([]*transferpb.LeasedBlock, len(l.Blocks))}
+		for i, b := range l.Blocks {
+			resp.Blocks[i] = &transferpb.LeasedBlock{Hash: b.Hash, Present: b.Present, BlockSet: b.BlockSet, Slot: b.Slot, Generation: b.Generation}
+		}
+		return resp, nil
+	case methodRenew:
+		ok, err := h.Renew(ctx, peer, r.leaseID, r.duration)
+		if err != nil {
+			return nil, err
+		}
+		return &transferpb.RenewResponse{Valid: ok}, nil
+	case methodRelease:
+		ok, err := h.Release(ctx, peer, r.leaseID)
+		if err != nil {
+			return nil, err
+		}
+		return &transferpb.ReleaseResponse{Valid: ok}, nil
+	case methodEventRange:
+		er, err := h.EventRange(ctx, peer, r.origin, r.from, r.to)
+		if err != nil {
+			return nil, err
+		}
+		resp := &transferpb.EventRangeResponse{SnapshotNeeded: er.SnapshotNeeded, Events: make([]*transferpb.Event, len(er.Events))}
+		for i, e := range er.Events {
+			resp.Events[i] = &transferpb.Event{Seq: e.Seq, Payload: e.Payload}
+		}
+		return resp, nil
+	}
+	return nil, fmt.Errorf("%w: method %s", ErrInvalidRequest, r.method)
+}
+
+// smallPiece is the size under which pieces are gathered into one buffer
+// before they go to the stream: a Write per 128-byte NHD row would cost
+// more in locking than the copy does.
+const smallPiece = 16 << 10
+
+// serveRead checks the whole request before it sends a byte, then streams
+// every piece straight from region memory.
+func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
+	h := n.cfg.Handler
+	regions := map[int][]byte{}
+	for i, seg := range r.segments {
+		reg, ok := regions[seg.SrcRank]
+		if !ok {
+			var err error
+			reg, err = h.Region(r.blockSet, seg.SrcRank)
+			if err != nil {
+				err = fmt.Errorf("segment %d: region of block set %d rank %d: %w", i, r.blockSet, seg.SrcRank, err)
+				n.refuse(s, err)
+				return err
+			}
+			regions[seg.SrcRank] = reg
+		}
+		end, _ := segmentEnd(seg) // validated by decodeRequest
+		if end > uint64(len(reg)) {
+			err := fmt.Errorf("%w: segment %d ends at %d, past rank %d's region of %d bytes", ErrInvalidRequest, i, end, seg.SrcRank, len(reg))
+			n.refuse(s, err)
+			return err
+		}
+		if err := h.CheckRead(peer, r.leaseID, r.blockSet, seg); err != nil {
+			if !errors.Is(err, ErrLeaseRefused) && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrInvalidRequest) {
+				err = fmt.Errorf("%w: %w", ErrLeaseRefused, err)
+			}
+			err = fmt.Errorf("segment %d (rank %d, offset %d, %d×%d bytes) under lease %d: %w", i, seg.SrcRank, seg.SrcOffset, seg.Count, seg.Length, r.leaseID, err)
+			n.refuse(s, err)
+			return err
+		}
+	}
+	w := dataWriter{s: s, n: n}
+	defer w.release()
+	if err := writeFrame(s, statusOK, &transferpb.ReadResponse{TotalBytes: r.totalBytes}, n.cfg.MaxMessageSize); err != nil {
+		s.CancelWrite(streamErrCancelled)
+		return err
+	}
+	w.refresh()
+	for _, seg := range r.segments {
+		reg := regions[seg.SrcRank]
+		if seg.Count == 1 || seg.SrcStride == seg.Length {
+			if err := w.write(reg[seg.SrcOffset : seg.SrcOffset+seg.Bytes()]); err != nil {
+				s.CancelWrite(streamErrCancelled)
+				return err
+			}
+			continue
+		}
+		for i := uint64(0); i < seg.Count; i++ {
+			off := seg.SrcOffset + i*seg.SrcStride
+			if err := w.write(reg[off : off+seg.Length]); err != nil {
+				s.CancelWrite(streamErrCancelled)
+				return err
+			}
+		}
+	}
+	if err := w.flush(); err != nil {
+		s.CancelWrite(streamErrCancelled)
+		return err
+	}
+	n.stats.readsServed.Add(1)
+	n.stats.bytesServed.Add(r.totalBytes)
+	return s.Close()
+}
+
+// dataWriter sends region bytes: large pieces straight from the region
+// (quic-go packs them into packets without an extra copy), small ones
+// gathered first. It keeps pushing the write deadline forward while bytes
+// move, so that only a reader that stops reading trips it.
+type dataWriter struct {
+	s    *quic.Stream
+	n    *Node
+	buf  []byte
+	last time.Time
+}
+
+func (w *dataWriter) refresh() {
+	now := time.Now()
+	if now.Sub(w.last) > w.n.cfg.ProgressTimeout/4 {
+		w.last = now
+		_ = w.s.SetWriteDeadline(now.Add(w.n.cfg.ProgressTimeout))
+	}
+}
+
+func (w *dataWriter) write(p []byte) error {
+	if len(p) >= smallPiece {
+		if err := w.flush(); err != nil {
+			return err
+		}
+		return w.send(p)
+	}
+	if w.buf == nil {
+		w.buf = (*writeBufs.Get().(*[]byte))[:0]
+	}
+	if len(w.buf)+len(p) > cap(w.buf) {
+		if err := w.flush(); err != nil {
+			return err
+		}
+	}
+	w.buf = append(w.buf, p...)
+	return nil
+}
+
+// send writes p in chunks so that the deadline moves with progress.
+func (w *dataWriter) send(p []byte) error {
+	const chunk = 4 << 20
+	for len(p) > 0 {
+		k := min(len(p), chunk)
+		w.refresh()
+		if _, err := w.s.Write(p[:k]); err != nil {
+			return err
+		}
+		p = p[k:]
+	}
+	return nil
+}
+
+// writeBufs holds the buffers that gather small pieces.
+var writeBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4*smallPiece); return &b }}
+
+func (w *dataWriter) release() {
+	if w.buf != nil {
+		b := w.buf[:0]
+		writeBufs.Put(&b)
+		w.buf = nil
+	}
+}
+
+func (w *dataWriter) flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	err := w.send(w.buf)
+	w.buf = w.buf[:0]
+	return err
+}

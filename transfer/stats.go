@@ -1,0 +1,36 @@
+package transfer
+
+import "sync/atomic"
+
+// Stats is a snapshot of a node's counters since it started.
+type Stats struct {
+	// StreamsAccepted counts calls peers opened to this node.
+	StreamsAccepted uint64
+	// CallsServed counts control calls answered with success.
+	CallsServed uint64
+	// CallsFailed counts incoming calls answered with an error or reset.
+	CallsFailed uint64
+	// ReadsServed and BytesServed count reads served in full.
+	ReadsServed uint64
+	BytesServed uint64
+	// Reads and BytesRead count this node's own reads completed in full.
+	Reads     uint64
+	BytesRead uint64
+	// ReadsFailed counts this node's own reads that returned an error.
+	ReadsFailed uint64
+}
+
+type statsCounters struct {
+	streams, callsServed, callsFailed, readsServed, bytesServed atomic.Uint64
+	reads, bytesRead, readsFailed                               atomic.Uint64
+}
+
+// Stats returns a snapshot of the node's counters.
+func (n *Node) Stats() Stats {
+	s := &n.stats
+	return Stats{
+		StreamsAccepted: s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
+		ReadsServed: s.readsServed.Load(), BytesServed: s.bytesServed.Load(),
+		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), ReadsFailed: s.readsFailed.Load(),
+	}
+}
