@@ -167,8 +167,10 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 		if err := unmarshal(payload, &pb); err != nil {
 			return nil, err
 		}
-		if len(pb.Digests) == 0 || len(pb.Digests) > maxDigests {
-			return nil, invalid("layouts: %d digests not in [1, %d]", len(pb.Digests), maxDigests)
+		// No digest asks for every layout: an importer that sees a
+		// holder's layout-set digest change refetches them all.
+		if len(pb.Digests) > maxDigests {
+			return nil, invalid("layouts: %d digests (at most %d)", len(pb.Digests), maxDigests)
 		}
 		for i, d := range pb.Digests {
 			if len(d) == 0 || len(d) > maxDigestLen {

@@ -86,7 +86,7 @@ type Handler interface {
 	// Hello returns this node's features and layout-set digest.
 	Hello(ctx context.Context, peer string, req HelloInfo) (HelloInfo, error)
 	// Layouts returns the serialized layouts named by digests; unknown
-	// digests are left out.
+	// digests are left out. No digests asks for every layout served.
 	Layouts(ctx context.Context, peer string, digests [][]byte) ([]LayoutEntry, error)
 	// Lease pins the blocks named by hashes for duration.
 	Lease(ctx context.Context, peer string, hashes []uint64, duration time.Duration) (Lease, error)

@@ -261,7 +261,8 @@ func (p *Peer) Hello(ctx context.Context, features []string) (HelloInfo, error) 
 	return info, fmt.Errorf("%w: %s speaks versions %v, not %d", ErrInvalidRequest, p.name, resp.Versions, ProtocolVersion)
 }
 
-// Layouts fetches serialized layouts by digest; digests the holder does
+// Layouts fetches serialized layouts by digest, or every layout the holder
+// serves when digests is empty; digests the holder does
 // not know are absent from the answer. The bytes are untrusted: decode
 // and validate them with the layout package.
 func (p *Peer) Layouts(ctx context.Context, digests [][]byte) ([]LayoutEntry, error) {

@@ -163,7 +163,8 @@ func (x *HelloResponse) GetLayoutSetDigest() []byte {
 	return nil
 }
 
-// LayoutsRequest asks for serialized layouts by digest.
+// LayoutsRequest asks for serialized layouts by digest; no digest asks for
+// every layout the holder serves.
 type LayoutsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Digests       [][]byte               `protobuf:"bytes,1,rep,name=digests,proto3" json:"digests,omitempty"`
