@@ -294,10 +294,10 @@ func TestClusterOfSixteen(t *testing.T) {
 
 	t.Run("dropped broadcast is repaired by range", func(t *testing.T) {
 		o := c.nodes[5]
-		o.m.dropBatch = func(uint64) bool { return true }
+		o.m.setDrop(true)
 		o.m.Publish(EventStore, 2, 201)
 		o.m.flush()
-		o.m.dropBatch = nil
+		o.m.setDrop(false)
 		o.m.Publish(EventStore, 2, 202) // its batch reveals the gap
 		waitFor(t, 10*time.Second, "every node has node-05's dropped and later events", func() bool {
 			return c.everyoneHas("node-05", 201) && c.everyoneHas("node-05", 202)
@@ -313,10 +313,10 @@ func TestClusterOfSixteen(t *testing.T) {
 
 	t.Run("dropped last broadcast is repaired through push/pull", func(t *testing.T) {
 		o := c.nodes[6]
-		o.m.dropBatch = func(uint64) bool { return true }
+		o.m.setDrop(true)
 		o.m.Publish(EventStore, 2, 301)
 		o.m.flush()
-		o.m.dropBatch = nil
+		o.m.setDrop(false)
 		// No further events: only push/pull's marks tell the others.
 		waitFor(t, 20*time.Second, "every node has node-06's dropped event", func() bool { return c.everyoneHas("node-06", 301) })
 	})
@@ -376,13 +376,13 @@ func TestSnapshotRepair(t *testing.T) {
 	c := newCluster(t, 3, func(cfg *Config) { cfg.LogSize = 4 })
 	waitFor(t, 20*time.Second, "3 nodes see each other", func() bool { return c.allSee(3) })
 	o := c.nodes[0]
-	o.m.dropBatch = func(uint64) bool { return true }
+	o.m.setDrop(true)
 	for h := uint64(1); h <= 10; h++ { // more than the log keeps
 		o.m.Publish(EventStore, 7, h)
 	}
 	o.m.Publish(EventRemove, 7, 3)
 	o.m.flush()
-	o.m.dropBatch = nil
+	o.m.setDrop(false)
 	if _, err := o.m.EventRange(o.m.Incarnation(), 1, 11); !errors.Is(err, ErrRangeGone) {
 		t.Fatalf("EventRange past the log = %v, want ErrRangeGone", err)
 	}
@@ -446,4 +446,14 @@ func TestWrongKeyOrLabelNeverJoins(t *testing.T) {
 	if n := seed.logs.matching("ERROR", "label"); n != 1 {
 		t.Errorf("the seed logged the wrong label %d times, want once:\n%s", n, strings.Join(seed.logs.records, "\n"))
 	}
+}
+
+// setDrop makes the node drop (or stop dropping) its own batches.
+func (m *Membership) setDrop(drop bool) {
+	if !drop {
+		m.dropBatch.Store(nil)
+		return
+	}
+	f := func(uint64) bool { return true }
+	m.dropBatch.Store(&f)
 }

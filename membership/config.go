@@ -65,10 +65,14 @@ type Config struct {
 	SuspicionMult    int
 	PushPullInterval time.Duration
 	RetransmitMult   int
-	RejoinInterval   time.Duration
-	FlushInterval    time.Duration
-	RepairInterval   time.Duration
-	RepairDelay      time.Duration
+	// EventRetransmitMult is RetransmitMult for event batches, which every
+	// receiver relays once and which repair makes good when lost, so they
+	// need fewer copies than membership news. If zero, 3.
+	EventRetransmitMult int
+	RejoinInterval      time.Duration
+	FlushInterval       time.Duration
+	RepairInterval      time.Duration
+	RepairDelay         time.Duration
 	// RepairTimeout bounds one repair call. If zero, 5 s.
 	RepairTimeout time.Duration
 
@@ -110,25 +114,26 @@ type Config struct {
 // minute.
 func DefaultConfig() Config {
 	return Config{
-		BindAddr:         "0.0.0.0",
-		GossipInterval:   50 * time.Millisecond,
-		GossipNodes:      4,
-		ProbeInterval:    time.Second,
-		ProbeTimeout:     500 * time.Millisecond,
-		SuspicionMult:    4,
-		PushPullInterval: 10 * time.Second,
-		RetransmitMult:   4,
-		RejoinInterval:   10 * time.Second,
-		FlushInterval:    10 * time.Millisecond,
-		RepairInterval:   100 * time.Millisecond,
-		RepairDelay:      200 * time.Millisecond,
-		RepairTimeout:    5 * time.Second,
-		MaxBatchBytes:    1000,
-		LogSize:          1 << 16,
-		MaxPending:       1 << 16,
-		MaxQueuedBatches: 4096,
-		MemberEvents:     1024,
-		LogRepeatWindow:  10 * time.Minute,
+		BindAddr:            "0.0.0.0",
+		GossipInterval:      50 * time.Millisecond,
+		GossipNodes:         4,
+		ProbeInterval:       700 * time.Millisecond,
+		ProbeTimeout:        350 * time.Millisecond,
+		SuspicionMult:       4,
+		PushPullInterval:    10 * time.Second,
+		RetransmitMult:      8,
+		EventRetransmitMult: 3,
+		RejoinInterval:      10 * time.Second,
+		FlushInterval:       10 * time.Millisecond,
+		RepairInterval:      100 * time.Millisecond,
+		RepairDelay:         200 * time.Millisecond,
+		RepairTimeout:       5 * time.Second,
+		MaxBatchBytes:       1000,
+		LogSize:             1 << 16,
+		MaxPending:          1 << 16,
+		MaxQueuedBatches:    4096,
+		MemberEvents:        1024,
+		LogRepeatWindow:     10 * time.Minute,
 	}
 }
 
@@ -139,7 +144,7 @@ func DefaultConfig() Config {
 func DefaultLocalConfig() Config {
 	c := DefaultConfig()
 	c.BindAddr = "127.0.0.1"
-	c.PushPullInterval = 2 * time.Second
+	c.PushPullInterval = time.Second
 	c.RejoinInterval = time.Second
 	return c
 }
@@ -167,6 +172,7 @@ func (c Config) withDefaults() (Config, error) {
 	setInt(&c.SuspicionMult, d.SuspicionMult)
 	setDur(&c.PushPullInterval, d.PushPullInterval)
 	setInt(&c.RetransmitMult, d.RetransmitMult)
+	setInt(&c.EventRetransmitMult, d.EventRetransmitMult)
 	setDur(&c.RejoinInterval, d.RejoinInterval)
 	setDur(&c.FlushInterval, d.FlushInterval)
 	setDur(&c.RepairInterval, d.RepairInterval)
@@ -227,7 +233,7 @@ func (c *Config) validate() error {
 		return bad("ProbeTimeout", "%v must be shorter than ProbeInterval %v", c.ProbeTimeout, c.ProbeInterval)
 	}
 	for name, v := range map[string]int{
-		"GossipNodes": c.GossipNodes, "SuspicionMult": c.SuspicionMult, "RetransmitMult": c.RetransmitMult,
+		"GossipNodes": c.GossipNodes, "SuspicionMult": c.SuspicionMult, "RetransmitMult": c.RetransmitMult, "EventRetransmitMult": c.EventRetransmitMult,
 		"LogSize": c.LogSize, "MaxPending": c.MaxPending, "MaxQueuedBatches": c.MaxQueuedBatches, "MemberEvents": c.MemberEvents,
 	} {
 		if v < 0 {

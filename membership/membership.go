@@ -50,7 +50,7 @@ type Membership struct {
 	metrics counters
 	// dropBatch, if set (by tests), drops own batches before they are
 	// queued, to exercise repair.
-	dropBatch func(firstSeq uint64) bool
+	dropBatch atomic.Pointer[func(firstSeq uint64) bool]
 }
 
 type counters struct {
@@ -157,7 +157,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	mc.Logger = log.New(newLogWriter(m.log, cfg.LogRepeatWindow), "", 0)
 	mc.Delegate = (*delegate)(m)
 	mc.Events = (*eventDelegate)(m)
-	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: m.numMembers, RetransmitMult: cfg.RetransmitMult}
+	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: m.numMembers, RetransmitMult: cfg.EventRetransmitMult}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("membership: node %s: start memberlist on %s:%d: %w", cfg.Name, cfg.BindAddr, cfg.BindPort, err)
@@ -185,6 +185,10 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	m.every(loopCtx, cfg.FlushInterval, func(context.Context) { m.flush() })
 	m.every(loopCtx, cfg.RepairInterval, m.repairGaps)
 	m.every(loopCtx, cfg.RejoinInterval, func(context.Context) { m.rejoin() })
+	if len(cfg.Seeds) > 0 {
+		m.wg.Add(1)
+		go m.settle(loopCtx)
+	}
 	return m, nil
 }
 
@@ -214,6 +218,34 @@ func (m *Membership) every(ctx context.Context, d time.Duration, f func(context.
 		}
 	}()
 }
+
+// settle repeats the full state exchange with the seeds a few times in the
+// first seconds after start. When many nodes start at once, each learns from
+// its join only the nodes that joined before it, and news of later ones
+// travels by gossip, which reaches a given node with high probability but
+// not always; the seeds, which every joiner contacted, know them all, so a
+// few more exchanges with them close what gossip missed without waiting for
+// the periodic push/pull.
+func (m *Membership) settle(ctx context.Context) {
+	defer m.wg.Done()
+	for d := settleFirst; d <= settleLast; d *= 2 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
+		if _, err := m.ml.Join(m.cfg.Seeds); err != nil {
+			m.log.Debug("membership: settling with seeds", "err", err)
+		}
+	}
+}
+
+// The settle exchanges run at 250 ms, then 500 ms, 1 s and 2 s after the
+// previous one.
+const (
+	settleFirst = 250 * time.Millisecond
+	settleLast  = 2 * time.Second
+)
 
 // rejoin joins the seeds that are not alive members. memberlist forgets a
 // dead node's address after a while and never calls it again, so without

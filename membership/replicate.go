@@ -163,13 +163,15 @@ func (m *Membership) flush() {
 			m.log.Error("membership: encoding own batch", "err", err)
 			return
 		}
-		if drop := m.dropBatch; drop == nil || !drop(events[0].Seq) {
+		if drop := m.dropBatch.Load(); drop == nil || !(*drop)(events[0].Seq) {
 			m.queue.QueueBroadcast(batchBroadcast(b))
 			m.metrics.batchesSent.Add(1)
 		}
 		events = events[n:]
 	}
-	m.queue.Prune(m.cfg.MaxQueuedBatches)
+	if m.queue.NumQueued() > m.cfg.MaxQueuedBatches {
+		m.queue.Prune(m.cfg.MaxQueuedBatches)
+	}
 }
 
 // receiveBatch handles a batch gossiped by a peer.
