@@ -457,3 +457,7 @@ func (m *Membership) setDrop(drop bool) {
 	f := func(uint64) bool { return true }
 	m.dropBatch.Store(&f)
 }
+
+func slogNew(h slog.Handler) *slog.Logger { return slog.New(h) }
+
+func itoa(i int) string { return fmt.Sprint(i) }

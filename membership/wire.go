@@ -60,8 +60,12 @@ func (r *reader) uvarint(field string) uint64 {
 		return 0
 	}
 	v, n := binary.Uvarint(r.b)
-	if n <= 0 {
-		r.fail("%s: bad varint", field)
+	if n == 0 {
+		r.fail("%s: truncated", field)
+		return 0
+	}
+	if n < 0 {
+		r.fail("%s: varint overflows 64 bits", field)
 		return 0
 	}
 	r.b = r.b[n:]
