@@ -67,7 +67,7 @@ type Config struct {
 	RetransmitMult   int
 	// EventRetransmitMult is RetransmitMult for event batches, which every
 	// receiver relays once and which repair makes good when lost, so they
-	// need fewer copies than membership news. If zero, 3.
+	// need fewer copies than membership news. If zero, 4.
 	EventRetransmitMult int
 	RejoinInterval      time.Duration
 	FlushInterval       time.Duration
@@ -122,7 +122,7 @@ func DefaultConfig() Config {
 		SuspicionMult:       4,
 		PushPullInterval:    10 * time.Second,
 		RetransmitMult:      8,
-		EventRetransmitMult: 3,
+		EventRetransmitMult: 4,
 		RejoinInterval:      10 * time.Second,
 		FlushInterval:       10 * time.Millisecond,
 		RepairInterval:      100 * time.Millisecond,
