@@ -251,4 +251,3 @@ func BenchmarkPropagation(b *testing.B) {
 		}
 	})
 }
-
