@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/bits"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -79,7 +80,11 @@ type holderKey struct {
 
 type shard struct {
 	mu sync.RWMutex
-	m  map[uint64]holders
+	// t holds each hash's holders among ids 0..63; hi, the other words of
+	// the hashes that have holders past 63 (absent in clusters of up to 64
+	// nodes). A hash is present iff it is in t.
+	t  table
+	hi map[uint64][]uint64
 	// multi counts copies beyond the first of a (hash, node) pair; most pairs
 	// have one copy and no entry here.
 	multi map[holderKey]uint32
@@ -154,13 +159,37 @@ func (h *holders) word(i int) uint64 {
 	return 0
 }
 
+// get returns the holders of h; ok is false if no node holds it.
+func (s *shard) get(h uint64) (hs holders, ok bool) {
+	hs.lo, ok = s.t.get(h)
+	if ok && len(s.hi) > 0 {
+		hs.hi = s.hi[h]
+	}
+	return hs, ok
+}
+
+// put stores the holders of h, removing h when there are none.
+func (s *shard) put(h uint64, hs holders) {
+	if hs.empty() {
+		s.t.del(h)
+		delete(s.hi, h)
+		return
+	}
+	s.t.set(h, hs.lo)
+	if len(hs.hi) > 0 {
+		s.hi[h] = hs.hi
+	} else if len(s.hi) > 0 {
+		delete(s.hi, h)
+	}
+}
+
 // New returns an empty index.
 func New(cfg Config) (*Index, error) {
 	if cfg.Shards == 0 {
 		cfg.Shards = 64
 	}
-	if cfg.Shards < 0 || cfg.Shards&(cfg.Shards-1) != 0 || cfg.Shards > 1<<16 {
-		return nil, fmt.Errorf("%w: Shards %d is not a power of two in [1, 65536]", ErrInvalidConfig, cfg.Shards)
+	if cfg.Shards < 0 || cfg.Shards&(cfg.Shards-1) != 0 || cfg.Shards > maxShards {
+		return nil, fmt.Errorf("%w: Shards %d is not a power of two in [1, %d]", ErrInvalidConfig, cfg.Shards, maxShards)
 	}
 	if cfg.Expiry < 0 {
 		return nil, fmt.Errorf("%w: Expiry %v is negative", ErrInvalidConfig, cfg.Expiry)
@@ -176,9 +205,11 @@ func New(cfg Config) (*Index, error) {
 		ids:    make(map[string]NodeID),
 		counts: make([]atomic.Int64, MaxNodes),
 	}
+	seed := rand.Uint64()
 	for i := range ix.shards {
 		s := &ix.shards[i]
-		s.m = make(map[uint64]holders)
+		s.t = newTable(seed + uint64(i)*0x9e3779b97f4a7c15)
+		s.hi = make(map[uint64][]uint64)
 		s.multi = make(map[holderKey]uint32)
 		if cfg.Expiry > 0 {
 			s.stamps = make(map[holderKey]int64)
@@ -227,19 +258,14 @@ func (ix *Index) Name(id NodeID) string {
 	return ""
 }
 
-func (ix *Index) nameHashOf(id NodeID) uint64 {
+// nameHashOf returns the digest hash of id's name, and whether id is named.
+func (ix *Index) nameHashOf(id NodeID) (uint64, bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	if int(id) < len(ix.nameHash) {
-		return ix.nameHash[id]
+		return ix.nameHash[id], true
 	}
-	return 0
-}
-
-func (ix *Index) known(id NodeID) bool {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	return int(id) < len(ix.names)
+	return 0, false
 }
 
 // ErrUnknownNode is returned for a NodeID that [Index.ID] never handed out.
@@ -264,10 +290,10 @@ func mix(hash, node uint64) uint64 {
 
 // Store records that node id holds one more copy of each hash.
 func (ix *Index) Store(id NodeID, hashes ...uint64) error {
-	if !ix.known(id) {
+	nh, ok := ix.nameHashOf(id)
+	if !ok {
 		return fmt.Errorf("%w: %d", ErrUnknownNode, id)
 	}
-	nh := ix.nameHashOf(id)
 	var stamp int64
 	if ix.expiry > 0 {
 		stamp = ix.now().UnixNano()
@@ -276,13 +302,13 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 	for _, h := range hashes {
 		s := ix.shardOf(h)
 		s.mu.Lock()
-		hs := s.m[h]
+		hs, _ := s.get(h)
 		k := holderKey{h, id}
 		if hs.has(id) {
 			s.multi[k]++
 		} else {
 			hs.set(id)
-			s.m[h] = hs
+			s.put(h, hs)
 			s.digest += mix(h, nh)
 			added++
 		}
@@ -299,10 +325,10 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 // stops being a holder when its last copy goes. Removing a hash the node does
 // not hold is not an error: a remove may race an expiry.
 func (ix *Index) Remove(id NodeID, hashes ...uint64) error {
-	if !ix.known(id) {
+	nh, ok := ix.nameHashOf(id)
+	if !ok {
 		return fmt.Errorf("%w: %d", ErrUnknownNode, id)
 	}
-	nh := ix.nameHashOf(id)
 	removed := int64(0)
 	for _, h := range hashes {
 		s := ix.shardOf(h)
@@ -319,7 +345,7 @@ func (ix *Index) Remove(id NodeID, hashes ...uint64) error {
 // removeLocked drops one copy (or every copy, if all) of (h, id) and reports
 // whether the node stopped being a holder.
 func (s *shard) removeLocked(h uint64, id NodeID, nameHash uint64, all bool) bool {
-	hs, ok := s.m[h]
+	hs, ok := s.get(h)
 	if !ok || !hs.has(id) {
 		return false
 	}
@@ -337,11 +363,7 @@ func (s *shard) removeLocked(h uint64, id NodeID, nameHash uint64, all bool) boo
 		delete(s.stamps, k)
 	}
 	hs.clear(id)
-	if hs.empty() {
-		delete(s.m, h)
-	} else {
-		s.m[h] = hs
-	}
+	s.put(h, hs)
 	s.digest -= mix(h, nameHash)
 	return true
 }
@@ -350,16 +372,24 @@ func (s *shard) removeLocked(h uint64, id NodeID, nameHash uint64, all bool) boo
 // restarts. It scans the whole index, one shard at a time; nodes come and go
 // rarely enough that a per-node reverse index is not worth its memory.
 func (ix *Index) DropNode(id NodeID) {
-	if !ix.known(id) {
+	nh, ok := ix.nameHashOf(id)
+	if !ok {
 		return
 	}
-	nh := ix.nameHashOf(id)
 	removed := int64(0)
 	for i := range ix.shards {
 		s := &ix.shards[i]
 		s.mu.Lock()
-		for h, hs := range s.m {
-			if hs.has(id) && s.removeLocked(h, id, nh, true) {
+		// Collect first: removing shifts slots under the iteration.
+		var mine []uint64
+		s.t.each(func(h, lo uint64) {
+			hs := holders{lo: lo, hi: s.hi[h]}
+			if hs.has(id) {
+				mine = append(mine, h)
+			}
+		})
+		for _, h := range mine {
+			if s.removeLocked(h, id, nh, true) {
 				removed++
 			}
 		}
@@ -381,7 +411,8 @@ func (ix *Index) Expire(now time.Time) int {
 		s := &ix.shards[i]
 		s.mu.Lock()
 		for k, st := range s.stamps {
-			if st < cutoff && s.removeLocked(k.hash, k.node, ix.nameHashOf(k.node), true) {
+			nh, _ := ix.nameHashOf(k.node)
+			if st < cutoff && s.removeLocked(k.hash, k.node, nh, true) {
 				ix.counts[k.node].Add(-1)
 				dropped++
 			}
@@ -396,7 +427,7 @@ func (ix *Index) Holders(hash uint64) []NodeID {
 	s := ix.shardOf(hash)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	hs, ok := s.m[hash]
+	hs, ok := s.get(hash)
 	if !ok {
 		return nil
 	}
@@ -433,25 +464,31 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 	// the first word, so the scratch lives on the stack.
 	var buf [MaxNodes / 64]uint64
 	active := buf[:0]
-	// Lookups go in small groups, fetched before they are intersected, so
-	// that the cache misses of a group overlap instead of queueing; at most a
-	// group's worth of lookups is wasted past the first miss.
+	// Lookups go in groups: first the group's shards are read-locked (each
+	// once, and held to the end of the query), then the group's hashes are
+	// looked up with no atomic operation in between, so that their cache
+	// misses overlap instead of queueing behind each lock's barrier. At most
+	// a group's worth of lookups is wasted past the first miss.
+	var locked [maxShards / 64]uint64
 	var group [lookupGroup]holders
 	for base := 0; base < len(hashes); base += lookupGroup {
 		chunk := hashes[base:min(base+lookupGroup, len(hashes))]
+		for _, h := range chunk {
+			si := h & ix.mask
+			if locked[si/64]&(1<<(si%64)) == 0 {
+				ix.shards[si].mu.RLock()
+				locked[si/64] |= 1 << (si % 64)
+			}
+		}
 		for j, h := range chunk {
-			s := ix.shardOf(h)
-			s.mu.RLock()
-			// hi is copy-on-write (see holders.set), so the copy stays valid
-			// after the lock is released.
-			group[j] = s.m[h]
-			s.mu.RUnlock()
+			group[j], _ = ix.shards[h&ix.mask].get(h)
 		}
 		for j := range chunk {
 			hs := &group[j]
 			i := base + j
 			if i == 0 {
 				if hs.lo == 0 && len(hs.hi) == 0 {
+					ix.unlockAll(&locked)
 					return dst
 				}
 				active = buf[:1+len(hs.hi)]
@@ -469,10 +506,12 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 				any |= next
 			}
 			if any == 0 {
+				ix.unlockAll(&locked)
 				return sortMatches(dst, start)
 			}
 		}
 	}
+	ix.unlockAll(&locked)
 	for w := range active {
 		for x := active[w]; x != 0; x &= x - 1 {
 			dst = append(dst, Match{Node: NodeID(w*64 + bits.TrailingZeros64(x)), Blocks: len(hashes)})
@@ -482,7 +521,19 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 }
 
 // lookupGroup is how many hashes FindMatches looks up before intersecting.
-const lookupGroup = 4
+const lookupGroup = 32
+
+func (ix *Index) unlockAll(locked *[maxShards / 64]uint64) {
+	for w, bits64 := range locked {
+		for x := bits64; x != 0; x &= x - 1 {
+			ix.shards[w*64+bits.TrailingZeros64(x)].mu.RUnlock()
+		}
+	}
+}
+
+// maxShards bounds Config.Shards, so that FindMatches can track the shards
+// it holds in a small bitset.
+const maxShards = 256
 
 func sortMatches(dst []Match, start int) []Match {
 	out := dst[start:]
@@ -508,7 +559,7 @@ func (ix *Index) Stats() Stats {
 	for i := range ix.shards {
 		s := &ix.shards[i]
 		s.mu.RLock()
-		st.Hashes += len(s.m)
+		st.Hashes += s.t.len()
 		s.mu.RUnlock()
 	}
 	ix.mu.RLock()
