@@ -9,7 +9,9 @@
 // that are not members every RejoinInterval, so that a node started before
 // its seeds, or one side of a healed partition, finds the others without an
 // operator. Joins, updates, graceful leaves and failures arrive on
-// [Membership.Events]. Each node's [Meta] (peer and API addresses,
+// [Membership.Events]. memberlist reports leaves and failures through one
+// callback without saying which, so a leaving node first sends every member
+// a best-effort "bye"; a departure without one is reported as a failure. Each node's [Meta] (peer and API addresses,
 // transports, layout-set digest, load, event incarnation) is encoded in a
 // few dozen bytes and checked against memberlist's 512-byte limit at start
 // and in SetMeta, never at gossip time.

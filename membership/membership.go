@@ -46,6 +46,9 @@ type Membership struct {
 	unflushed []Event
 	origins   map[string]*originState
 	alive     map[string]bool
+	// leaving holds the nodes that said bye: memberlist reports a leave and
+	// a failure through the same callback, without saying which.
+	leaving map[string]bool
 
 	metrics counters
 	// dropBatch, if set (by tests), drops own batches before they are
@@ -125,6 +128,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		own:     make(map[Entry]uint32),
 		origins: make(map[string]*originState),
 		alive:   make(map[string]bool),
+		leaving: make(map[string]bool),
 	}
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.Name
@@ -375,7 +379,19 @@ func (m *Membership) Leave(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
+	m.sayBye()
 	return m.ml.Leave(timeout)
+}
+
+// sayBye tells every member, best effort, that this node is leaving, so that
+// they report a leave rather than a failure.
+func (m *Membership) sayBye() {
+	bye := appendBye(nil, m.cfg.Name, m.cfg.Incarnation)
+	for _, n := range m.ml.Members() {
+		if n.Name != m.cfg.Name {
+			m.ml.SendBestEffort(n, bye)
+		}
+	}
 }
 
 // Close leaves the cluster gracefully (bounded to one second) and stops
@@ -390,6 +406,7 @@ func (m *Membership) shutdown(leave bool) error {
 	var err error
 	m.once.Do(func() {
 		if leave {
+			m.sayBye()
 			if lerr := m.ml.Leave(time.Second); lerr != nil {
 				m.log.Warn("membership: leave", "err", lerr)
 			}
@@ -467,11 +484,23 @@ func (d *delegate) NodeMeta(limit int) []byte {
 
 func (d *delegate) NotifyMsg(b []byte) {
 	m := (*Membership)(d)
-	if len(b) < 2 || b[0] != wireVersion || b[1] != msgBatch {
+	switch {
+	case len(b) >= 2 && b[0] == wireVersion && b[1] == msgBatch:
+		m.receiveBatch(b)
+	case len(b) >= 2 && b[0] == wireVersion && b[1] == msgBye:
+		name, _, err := decodeBye(b)
+		if err != nil {
+			m.metrics.badMessages.Add(1)
+			return
+		}
+		m.mu.Lock()
+		if name != m.cfg.Name && m.alive[name] {
+			m.leaving[name] = true
+		}
+		m.mu.Unlock()
+	default:
 		m.metrics.badMessages.Add(1)
-		return
 	}
-	m.receiveBatch(b)
 }
 
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
@@ -501,12 +530,10 @@ func (d *eventDelegate) NotifyUpdate(n *memberlist.Node) {
 	(*Membership)(d).memberChanged(n, MemberUpdate)
 }
 
+// NotifyLeave is called for leaves and failures alike (memberlist does not
+// set n.State here); memberChanged tells them apart by the bye.
 func (d *eventDelegate) NotifyLeave(n *memberlist.Node) {
-	kind := MemberFail
-	if n.State == memberlist.StateLeft {
-		kind = MemberLeave
-	}
-	(*Membership)(d).memberChanged(n, kind)
+	(*Membership)(d).memberChanged(n, MemberFail)
 }
 
 func (m *Membership) memberChanged(n *memberlist.Node, kind MemberEventKind) {
@@ -521,6 +548,7 @@ func (m *Membership) memberChanged(n *memberlist.Node, kind MemberEventKind) {
 	switch kind {
 	case MemberJoin, MemberUpdate:
 		m.alive[n.Name] = true
+		delete(m.leaving, n.Name)
 		if mb.MetaErr == nil {
 			// A new incarnation in the metadata means the node restarted:
 			// drop its old entries now rather than at its first event.
@@ -529,6 +557,10 @@ func (m *Membership) memberChanged(n *memberlist.Node, kind MemberEventKind) {
 			}
 		}
 	case MemberLeave, MemberFail:
+		if m.leaving[n.Name] {
+			kind = MemberLeave
+		}
+		delete(m.leaving, n.Name)
 		delete(m.alive, n.Name)
 		delete(m.origins, n.Name)
 		if m.cfg.Sink != nil {

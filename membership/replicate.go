@@ -327,6 +327,17 @@ func (m *Membership) localMarks() []originMark {
 	return marks
 }
 
+// clampKnown lowers the highest known number of j's origin to last, unless
+// news arrived since the repair started.
+func (m *Membership) clampKnown(j repairJob, last uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if st := m.origins[j.origin]; st != nil && st.inc == j.inc && st.known == j.to {
+		st.known = max(last, st.applied)
+		m.noteGapLocked(st)
+	}
+}
+
 type repairJob struct {
 	origin   string
 	inc      uint64
@@ -393,6 +404,11 @@ func (m *Membership) repairRange(ctx context.Context, j repairJob) error {
 	}
 	m.apply(events, false)
 	m.metrics.rangeRepairs.Add(1)
+	if last := events[len(events)-1].Seq; last < j.to {
+		// The origin has published less than we were told (by a peer's
+		// push/pull state): it is the authority on its own numbers.
+		m.clampKnown(j, last)
+	}
 	return nil
 }
 
@@ -412,6 +428,9 @@ func (m *Membership) repairSnapshot(ctx context.Context, j repairJob, cause erro
 	st := m.originLocked(j.origin, snap.Incarnation)
 	if st == nil || snap.Seq < st.applied {
 		return nil // stale: we already know more
+	}
+	if st.inc == j.inc && st.known == j.to && snap.Seq < j.to {
+		st.known = snap.Seq // the origin is the authority on its numbers
 	}
 	if m.cfg.Sink != nil {
 		m.cfg.Sink.Drop(j.origin)

@@ -20,6 +20,7 @@ const (
 	msgBatch byte = 1 // event batch, gossiped
 	msgState byte = 2 // push/pull state: each origin's latest number
 	msgMeta  byte = 3 // node metadata
+	msgBye   byte = 4 // a node leaving gracefully, sent just before memberlist's leave
 )
 
 // MaxNameLen bounds node names, addresses and other strings on the wire.
@@ -148,4 +149,29 @@ func (r *reader) end(what string) {
 func appendStr(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
 	return append(b, s...)
+}
+
+// A bye names the node that is leaving:
+//
+//	+---------+------+-------------+-------------+
+//	| version | type |    name     | incarnation |
+//	|   u8=1  | u8=4 | uvarint+str |   uvarint   |
+//	+---------+------+-------------+-------------+
+
+func appendBye(dst []byte, name string, inc uint64) []byte {
+	dst = append(dst, wireVersion, msgBye)
+	dst = appendStr(dst, name)
+	return binary.AppendUvarint(dst, inc)
+}
+
+func decodeBye(b []byte) (name string, inc uint64, err error) {
+	r := reader{b: b}
+	r.header(msgBye, "bye")
+	name = r.str("bye name")
+	inc = r.uvarint("bye incarnation")
+	r.end("bye")
+	if r.err == nil && name == "" {
+		r.fail("bye: empty name")
+	}
+	return name, inc, r.err
 }

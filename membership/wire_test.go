@@ -228,3 +228,20 @@ func TestLogDedupe(t *testing.T) {
 		t.Fatalf("after the window the error is logged again: got %d, want 2", n)
 	}
 }
+
+func FuzzDecodeBye(f *testing.F) {
+	f.Add(appendBye(nil, "node-1", 1<<40))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		name, inc, err := decodeBye(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not match ErrMalformed", err)
+			}
+			return
+		}
+		n2, i2, err := decodeBye(appendBye(nil, name, inc))
+		if err != nil || n2 != name || i2 != inc {
+			t.Fatalf("decode→encode→decode: %v, %q %d vs %q %d", err, name, inc, n2, i2)
+		}
+	})
+}
