@@ -2,7 +2,10 @@ module github.com/kvfabric/kvfabric
 
 go 1.26
 
-require github.com/zeebo/xxh3 v1.1.0
+require (
+	github.com/hashicorp/memberlist v0.7.0
+	github.com/zeebo/xxh3 v1.1.0
+)
 
 require (
 	github.com/google/btree v1.1.3 // indirect
@@ -13,7 +16,6 @@ require (
 	github.com/hashicorp/go-multierror v1.1.1 // indirect
 	github.com/hashicorp/go-sockaddr v1.0.7 // indirect
 	github.com/hashicorp/golang-lru v1.0.2 // indirect
-	github.com/hashicorp/memberlist v0.7.0 // indirect
 	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
 	github.com/miekg/dns v1.1.73 // indirect
 	github.com/sean-/seed v0.0.0-20170313163322-e2103e2c3529 // indirect

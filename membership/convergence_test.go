@@ -2,10 +2,13 @@ package membership
 
 import (
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 // startConcurrently starts nodes first..first+n-1 at once, as a cluster
@@ -80,4 +83,56 @@ func TestConvergenceSixtyFour(t *testing.T) {
 	slices.Sort(detects)
 	t.Logf("64 nodes, %d rounds: all see each other in %v..%v; killed node detected in %v..%v",
 		len(joins), joins[0], joins[len(joins)-1], detects[0], detects[len(detects)-1])
+}
+
+// TestConvergenceStockMemberlist is the baseline for the figures above:
+// 64 plain memberlist nodes with memberlist's own loopback defaults, started
+// the same way. It records how long they take to all see each other, which
+// is what the tuned timings and the settle exchanges improve on.
+func TestConvergenceStockMemberlist(t *testing.T) {
+	if !*long {
+		t.Skip("64-agent convergence runs with -kvfabric.long")
+	}
+	const n = 64
+	var took []time.Duration
+	for round := range 3 {
+		nodes := make([]*memberlist.Memberlist, n)
+		mk := func(i int) *memberlist.Memberlist {
+			c := memberlist.DefaultLocalConfig()
+			c.Name = fmt.Sprintf("stock-%02d", i)
+			c.BindAddr = fmt.Sprintf("127.0.0.%d", 10+i)
+			c.BindPort = 0
+			c.LogOutput = io.Discard
+			ml, err := memberlist.Create(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ml.Shutdown() })
+			return ml
+		}
+		nodes[0] = mk(0)
+		seed := nodes[0].LocalNode().Address()
+		start := time.Now()
+		var wg sync.WaitGroup
+		for i := 1; i < n; i++ {
+			wg.Go(func() {
+				nodes[i] = mk(i)
+				nodes[i].Join([]string{seed})
+			})
+		}
+		wg.Wait()
+		d := waitFor(t, 90*time.Second, "stock memberlist nodes see each other", func() bool {
+			for _, ml := range nodes {
+				if ml.NumMembers() != n {
+					return false
+				}
+			}
+			return true
+		})
+		took = append(took, d)
+		t.Logf("round %d: stock memberlist, %d nodes: starts took %v, all saw each other %v later", round, n, time.Since(start)-d, d)
+		for _, ml := range nodes {
+			ml.Shutdown()
+		}
+	}
 }
