@@ -212,21 +212,29 @@ func (m *Membership) apply(events []Event, fromGossip bool) (advanced bool) {
 		st.known = last
 		advanced = true
 	}
+	// events are consecutive (DecodeBatch and repairRange check it): skip
+	// what was applied, then either they continue the stream or they wait
+	// behind a gap.
 	var ready []Event
-	for _, e := range events {
-		switch {
-		case e.Seq <= st.applied:
-		case e.Seq == st.applied+1 && len(ready) == 0 || len(ready) > 0 && e.Seq == ready[len(ready)-1].Seq+1:
-			ready = append(ready, e)
-		case len(st.pending) < m.cfg.MaxPending:
-			if st.pending == nil {
-				st.pending = make(map[uint64]Event)
-			}
-			st.pending[e.Seq] = e
+	if last > st.applied {
+		rest := events
+		if first := events[0].Seq; st.applied >= first {
+			rest = events[st.applied-first+1:]
 		}
-	}
-	if len(ready) > 0 {
-		st.applied = ready[len(ready)-1].Seq
+		if rest[0].Seq == st.applied+1 {
+			ready = rest
+			st.applied = last
+		} else {
+			for _, e := range rest {
+				if len(st.pending) >= m.cfg.MaxPending {
+					break // dropped; repair fetches them
+				}
+				if st.pending == nil {
+					st.pending = make(map[uint64]Event)
+				}
+				st.pending[e.Seq] = e
+			}
+		}
 	}
 	ready = m.drainLocked(st, ready)
 	m.applyLocked(ready)
