@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strconv"
@@ -233,10 +234,13 @@ func (m *Membership) every(ctx context.Context, d time.Duration, f func(context.
 func (m *Membership) settle(ctx context.Context) {
 	defer m.wg.Done()
 	for d := settleFirst; d <= settleLast; d *= 2 {
+		// Jitter: nodes started together must not all call the seeds at
+		// the same instant.
+		wait := d/2 + rand.N(d)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(d):
+		case <-time.After(wait):
 		}
 		if _, err := m.ml.Join(m.cfg.Seeds); err != nil {
 			m.log.Debug("membership: settling with seeds", "err", err)
@@ -244,8 +248,8 @@ func (m *Membership) settle(ctx context.Context) {
 	}
 }
 
-// The settle exchanges run at 250 ms, then 500 ms, 1 s and 2 s after the
-// previous one.
+// The settle exchanges run about 250 ms, then 500 ms, 1 s and 2 s after the
+// previous one, each jittered by ±50 %.
 const (
 	settleFirst = 250 * time.Millisecond
 	settleLast  = 2 * time.Second
