@@ -3,11 +3,18 @@
 //
 // An entry is a sequence hash and the set of its holders, kept as a bitset
 // over small node ids that the index hands out for node names. Because a
-// sequence hash names a whole prefix, a flat hash map answers prefix queries
-// as well as a radix tree would: FindMatches walks the request's hashes in
-// order, intersecting the holder sets, and stops at the first block that no
-// remaining node holds. The map is split into shards, each behind its own
-// lock, so that lookups and event application run concurrently.
+// sequence hash names a whole prefix, a flat hash table answers prefix
+// queries as well as a radix tree would: FindMatches walks the request's
+// hashes in order, intersecting the holder sets, and stops at the first
+// block that no remaining node holds. The table is split into shards, each
+// behind its own lock, so that lookups and event application run
+// concurrently. Each shard is an open-addressing table whose 16-byte slots
+// hold a hash and the holder bits of nodes 0..63 (larger ids spill into a
+// side map), because a lookup is one cache miss that way: FindMatches is
+// bound by memory latency, not by computation.
+//
+// Routers rank nodes with [Rank], the overlap-minus-load score of Dynamo's
+// KV router.
 //
 // A node may hold the same hash more than once (in several block sets, or
 // pools of several tiers); the index counts the copies and keeps the node as
