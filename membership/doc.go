@@ -1,0 +1,49 @@
+// Package membership is kvfabric's gossip layer over hashicorp/memberlist:
+// who is in the cluster, what each node says about itself, and the
+// replication of block store and remove events to every node.
+//
+// # Membership
+//
+// [Start] creates a memberlist node with the cluster's keyring (AES-GCM)
+// and label (the cluster name), joins the seeds and keeps rejoining those
+// that are not members every RejoinInterval, so that a node started before
+// its seeds, or one side of a healed partition, finds the others without an
+// operator. Joins, updates, graceful leaves and failures arrive on
+// [Membership.Events]. memberlist reports leaves and failures through one
+// callback without saying which, so a leaving node first sends every member
+// a best-effort "bye"; a departure without one is reported as a failure. Each node's [Meta] (peer and API addresses,
+// transports, layout-set digest, load, event incarnation) is encoded in a
+// few dozen bytes and checked against memberlist's 512-byte limit at start
+// and in SetMeta, never at gossip time.
+//
+// memberlist logs per packet; its log goes through a writer that turns it
+// into slog records and logs each distinct warning once per LogRepeatWindow,
+// so a node knocking with the wrong key or label is reported once.
+//
+// # Event replication
+//
+// A node numbers its own store and remove events from 1 within its
+// incarnation (its start time, so a restart starts a new stream) with
+// [Membership.Publish]. Every FlushInterval the new events are encoded into
+// batches that fit a gossip packet and queued in memberlist's broadcast
+// queue; a node that receives a batch with news relays it once, so batches
+// spread epidemically and not only to the few nodes the origin gossips to.
+// A receiver applies each origin's events in order to its [Sink] (the
+// global block index), buffering events that arrive past a gap.
+//
+// Gaps close by repair: memberlist's push/pull exchange carries each
+// origin's latest number, so a node that missed the last batch of an origin
+// that has gone quiet, or a late joiner, learns what it lacks. After
+// RepairDelay the node asks the origin, through a [Repairer] (the peer
+// transport), for the missing range; if the origin no longer keeps it
+// ([ErrRangeGone]), for a [Snapshot] of its holdings, which replaces what the
+// node had. A node declared dead or that left is dropped from the Sink; an
+// origin seen with a new incarnation is dropped and rebuilt, never merged.
+//
+// # Wire
+//
+// Every message starts with a version byte (1) and a type byte; see
+// [AppendBatch] for event batches, [Meta.MarshalBinary] for metadata, and
+// appendState for push/pull state. Decoders validate everything: a peer's
+// bytes never panic a node.
+package membership

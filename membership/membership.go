@@ -1,0 +1,580 @@
+package membership
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// ErrClosed is returned by calls on a closed Membership.
+var ErrClosed = errors.New("membership: closed")
+
+// ErrNoKeyring is returned by key rotation calls when gossip is not
+// encrypted.
+var ErrNoKeyring = errors.New("membership: gossip is not encrypted")
+
+// Membership is one node's view of the cluster and its end of event
+// replication. All methods are safe for concurrent use.
+type Membership struct {
+	cfg   Config
+	log   *slog.Logger
+	ml    *memberlist.Memberlist
+	queue *memberlist.TransmitLimitedQueue
+	keys  *memberlist.Keyring
+
+	events chan MemberEvent
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+	once   sync.Once
+
+	mu        sync.Mutex
+	meta      []byte
+	seq       uint64
+	ownLog    []Event // ring: event s at (s-1) % len
+	own       map[Entry]uint32
+	unflushed []Event
+	origins   map[string]*originState
+	alive     map[string]bool
+	// leaving holds the nodes that said bye: memberlist reports a leave and
+	// a failure through the same callback, without saying which.
+	leaving map[string]bool
+
+	metrics counters
+	// dropBatch, if set (by tests), drops own batches before they are
+	// queued, to exercise repair.
+	dropBatch atomic.Pointer[func(firstSeq uint64) bool]
+}
+
+type counters struct {
+	published, applied                            atomic.Uint64
+	batchesSent, batchesReceived, batchesRelayed  atomic.Uint64
+	badMessages, rangeRepairs, snapshotRepairs    atomic.Uint64
+	repairFailures, restarts, memberEventsDropped atomic.Uint64
+	joinAttempts, joinFailures                    atomic.Uint64
+}
+
+// MemberEventKind says what happened to a member.
+type MemberEventKind uint8
+
+// Member event kinds.
+const (
+	MemberJoin   MemberEventKind = iota + 1 // joined, or came back
+	MemberUpdate                            // changed its metadata
+	MemberLeave                             // left gracefully
+	MemberFail                              // declared dead
+)
+
+func (k MemberEventKind) String() string {
+	switch k {
+	case MemberJoin:
+		return "join"
+	case MemberUpdate:
+		return "update"
+	case MemberLeave:
+		return "leave"
+	case MemberFail:
+		return "fail"
+	}
+	return fmt.Sprintf("MemberEventKind(%d)", uint8(k))
+}
+
+// Member is a node of the cluster.
+type Member struct {
+	Name string
+	// Addr is the node's memberlist address.
+	Addr netip.AddrPort
+	// Meta is the node's metadata; zero if it could not be decoded (MetaErr
+	// says why).
+	Meta    Meta
+	MetaErr error
+}
+
+// MemberEvent is a change of membership, delivered on [Membership.Events].
+type MemberEvent struct {
+	Kind   MemberEventKind
+	Member Member
+}
+
+// Start creates the node's memberlist, joins the configured seeds (a failed
+// join is logged and retried every RejoinInterval, not returned) and starts
+// gossiping. ctx bounds the initial join.
+func Start(ctx context.Context, cfg Config) (*Membership, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Meta.Incarnation = cfg.Incarnation
+	meta, err := cfg.Meta.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("membership: node %s: %w", cfg.Name, err)
+	}
+	m := &Membership{
+		cfg:     cfg,
+		log:     cfg.Logger.With("node", cfg.Name),
+		events:  make(chan MemberEvent, cfg.MemberEvents),
+		meta:    meta,
+		ownLog:  make([]Event, cfg.LogSize),
+		own:     make(map[Entry]uint32),
+		origins: make(map[string]*originState),
+		alive:   make(map[string]bool),
+		leaving: make(map[string]bool),
+	}
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.Name
+	mc.BindAddr = cfg.BindAddr
+	mc.BindPort = cfg.BindPort
+	mc.AdvertiseAddr = cfg.AdvertiseAddr
+	mc.AdvertisePort = cfg.AdvertisePort
+	mc.Label = cfg.ClusterName
+	mc.GossipInterval = cfg.GossipInterval
+	mc.GossipNodes = cfg.GossipNodes
+	mc.ProbeInterval = cfg.ProbeInterval
+	mc.ProbeTimeout = cfg.ProbeTimeout
+	mc.SuspicionMult = cfg.SuspicionMult
+	mc.PushPullInterval = cfg.PushPullInterval
+	mc.RetransmitMult = cfg.RetransmitMult
+	mc.TCPTimeout = max(time.Second, 2*cfg.ProbeTimeout)
+	mc.DelegateProtocolVersion = wireVersion
+	mc.DelegateProtocolMin = wireVersion
+	mc.DelegateProtocolMax = wireVersion
+	if len(cfg.Keys) > 0 {
+		kr, err := memberlist.NewKeyring(cfg.Keys[1:], cfg.Keys[0])
+		if err != nil {
+			return nil, fmt.Errorf("%w: Keys: %v", ErrInvalidConfig, err)
+		}
+		mc.Keyring = kr
+		m.keys = kr
+		mc.GossipVerifyIncoming = true
+		mc.GossipVerifyOutgoing = true
+	}
+	mc.Logger = log.New(newLogWriter(m.log, cfg.LogRepeatWindow), "", 0)
+	mc.Delegate = (*delegate)(m)
+	mc.Events = (*eventDelegate)(m)
+	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: m.numMembers, RetransmitMult: cfg.EventRetransmitMult}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("membership: node %s: start memberlist on %s:%d: %w", cfg.Name, cfg.BindAddr, cfg.BindPort, err)
+	}
+	m.mu.Lock()
+	m.ml = ml
+	m.mu.Unlock()
+
+	if len(cfg.Seeds) > 0 {
+		joined := make(chan struct{})
+		go func() {
+			defer close(joined)
+			m.rejoin()
+		}()
+		select {
+		case <-joined:
+		case <-ctx.Done():
+			ml.Shutdown()
+			<-joined
+			return nil, fmt.Errorf("membership: node %s: join: %w", cfg.Name, ctx.Err())
+		}
+	}
+	loopCtx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	m.every(loopCtx, cfg.FlushInterval, func(context.Context) { m.flush() })
+	m.every(loopCtx, cfg.RepairInterval, m.repairGaps)
+	m.every(loopCtx, cfg.RejoinInterval, func(context.Context) { m.rejoin() })
+	if len(cfg.Seeds) > 0 {
+		m.wg.Add(1)
+		go m.settle(loopCtx)
+	}
+	return m, nil
+}
+
+func (m *Membership) numMembers() int {
+	m.mu.Lock()
+	ml := m.ml
+	m.mu.Unlock()
+	if ml == nil {
+		return 1
+	}
+	return ml.NumMembers()
+}
+
+func (m *Membership) every(ctx context.Context, d time.Duration, f func(context.Context)) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				f(ctx)
+			}
+		}
+	}()
+}
+
+// settle repeats the full state exchange with the seeds a few times in the
+// first seconds after start. When many nodes start at once, each learns from
+// its join only the nodes that joined before it, and news of later ones
+// travels by gossip, which reaches a given node with high probability but
+// not always; the seeds, which every joiner contacted, know them all, so a
+// few more exchanges with them close what gossip missed without waiting for
+// the periodic push/pull.
+func (m *Membership) settle(ctx context.Context) {
+	defer m.wg.Done()
+	for d := settleFirst; d <= settleLast; d *= 2 {
+		// Jitter: nodes started together must not all call the seeds at
+		// the same instant.
+		wait := d/2 + rand.N(d)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if _, err := m.ml.Join(m.cfg.Seeds); err != nil {
+			m.log.Debug("membership: settling with seeds", "err", err)
+		}
+	}
+}
+
+// The settle exchanges run about 250 ms, then 500 ms, 1 s and 2 s after the
+// previous one, each jittered by ±50 %.
+const (
+	settleFirst = 250 * time.Millisecond
+	settleLast  = 2 * time.Second
+)
+
+// rejoin joins the seeds that are not alive members. memberlist forgets a
+// dead node's address after a while and never calls it again, so without
+// this the two sides of a healed partition would stay apart.
+func (m *Membership) rejoin() {
+	self := m.ml.LocalNode()
+	selfAddr := net.JoinHostPort(self.Addr.String(), strconv.Itoa(int(self.Port)))
+	present := map[string]bool{selfAddr: true}
+	for _, n := range m.ml.Members() {
+		if n.State == memberlist.StateAlive || n.State == memberlist.StateSuspect {
+			present[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
+		}
+	}
+	var missing []string
+	for _, s := range m.cfg.Seeds {
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			s = ap.String()
+		}
+		if !present[s] {
+			missing = append(missing, s)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	m.metrics.joinAttempts.Add(1)
+	if n, err := m.ml.Join(missing); err != nil && n == 0 {
+		m.metrics.joinFailures.Add(1)
+		m.log.Debug("membership: joining seeds failed; will retry", "seeds", missing, "err", err)
+	}
+}
+
+// Events returns the channel of membership changes. It is never closed;
+// when full, events are dropped and counted in Metrics.
+func (m *Membership) Events() <-chan MemberEvent { return m.events }
+
+// Name returns the node's name.
+func (m *Membership) Name() string { return m.cfg.Name }
+
+// Incarnation returns this run's event incarnation.
+func (m *Membership) Incarnation() uint64 { return m.cfg.Incarnation }
+
+// Addr returns the address memberlist listens on (useful with port 0).
+func (m *Membership) Addr() netip.AddrPort {
+	n := m.ml.LocalNode()
+	a, _ := netip.AddrFromSlice(n.Addr)
+	return netip.AddrPortFrom(a.Unmap(), n.Port)
+}
+
+// Members returns the members that are alive or suspected, this node
+// included, in no particular order.
+func (m *Membership) Members() []Member {
+	nodes := m.ml.Members()
+	out := make([]Member, 0, len(nodes))
+	for _, n := range nodes {
+		out = append(out, toMember(n))
+	}
+	return out
+}
+
+// NumMembers returns the number of alive members, this node included.
+func (m *Membership) NumMembers() int { return m.ml.NumMembers() }
+
+func toMember(n *memberlist.Node) Member {
+	a, _ := netip.AddrFromSlice(n.Addr)
+	mb := Member{Name: n.Name, Addr: netip.AddrPortFrom(a.Unmap(), n.Port)}
+	mb.MetaErr = mb.Meta.UnmarshalBinary(n.Meta)
+	return mb
+}
+
+// SetMeta replaces the node's metadata and gossips it; ctx bounds the wait
+// for the update to be sent (one second if ctx has no deadline). The
+// incarnation is this run's whatever meta says.
+func (m *Membership) SetMeta(ctx context.Context, meta Meta) error {
+	if m.closed.Load() {
+		return ErrClosed
+	}
+	meta.Incarnation = m.cfg.Incarnation
+	b, err := meta.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.meta = b
+	m.mu.Unlock()
+	timeout := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	return m.ml.UpdateNode(timeout)
+}
+
+// InstallKey adds a gossip key without using it to encrypt yet. Rotation:
+// install the new key on every node, then UseKey on every node, then
+// RemoveKey the old one.
+func (m *Membership) InstallKey(key []byte) error {
+	if m.keys == nil {
+		return ErrNoKeyring
+	}
+	return m.keys.AddKey(key)
+}
+
+// UseKey makes an installed key the one used to encrypt.
+func (m *Membership) UseKey(key []byte) error {
+	if m.keys == nil {
+		return ErrNoKeyring
+	}
+	return m.keys.UseKey(key)
+}
+
+// RemoveKey removes a key that is not the primary.
+func (m *Membership) RemoveKey(key []byte) error {
+	if m.keys == nil {
+		return ErrNoKeyring
+	}
+	return m.keys.RemoveKey(key)
+}
+
+// Leave announces a graceful departure and waits, within ctx (one second
+// without a deadline), for the announcement to go out. Other nodes drop this
+// node's entries at once rather than after failure detection.
+func (m *Membership) Leave(ctx context.Context) error {
+	if m.closed.Load() {
+		return ErrClosed
+	}
+	timeout := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	m.sayBye()
+	return m.ml.Leave(timeout)
+}
+
+// sayBye tells every member, best effort, that this node is leaving, so that
+// they report a leave rather than a failure.
+func (m *Membership) sayBye() {
+	bye := appendBye(nil, m.cfg.Name, m.cfg.Incarnation)
+	for _, n := range m.ml.Members() {
+		if n.Name != m.cfg.Name {
+			m.ml.SendBestEffort(n, bye)
+		}
+	}
+}
+
+// Close leaves the cluster gracefully (bounded to one second) and stops
+// everything. It is safe to call more than once.
+func (m *Membership) Close() error {
+	return m.shutdown(true)
+}
+
+// shutdown stops the node, announcing the departure if leave; without it,
+// the others find the node dead as if it had crashed.
+func (m *Membership) shutdown(leave bool) error {
+	var err error
+	m.once.Do(func() {
+		if leave {
+			m.sayBye()
+			if lerr := m.ml.Leave(time.Second); lerr != nil {
+				m.log.Warn("membership: leave", "err", lerr)
+			}
+		}
+		m.closed.Store(true)
+		if m.cancel != nil {
+			m.cancel()
+		}
+		m.wg.Wait()
+		err = m.ml.Shutdown()
+	})
+	return err
+}
+
+// Metrics is a snapshot of a node's membership and replication counters.
+type Metrics struct {
+	Members             int
+	EventsPublished     uint64
+	EventsApplied       uint64 // others' events applied to the Sink
+	BatchesSent         uint64
+	BatchesReceived     uint64
+	BatchesRelayed      uint64
+	BadMessages         uint64 // undecodable batches or state from peers
+	RangeRepairs        uint64
+	SnapshotRepairs     uint64
+	RepairFailures      uint64
+	Restarts            uint64 // origins seen with a new incarnation
+	Gaps                int    // origins with events known but not applied
+	MemberEventsDropped uint64
+	JoinAttempts        uint64
+	JoinFailures        uint64
+	QueuedBroadcasts    int
+}
+
+// Metrics returns a snapshot of the counters.
+func (m *Membership) Metrics() Metrics {
+	c := &m.metrics
+	mt := Metrics{
+		Members:             m.ml.NumMembers(),
+		EventsPublished:     c.published.Load(),
+		EventsApplied:       c.applied.Load(),
+		BatchesSent:         c.batchesSent.Load(),
+		BatchesReceived:     c.batchesReceived.Load(),
+		BatchesRelayed:      c.batchesRelayed.Load(),
+		BadMessages:         c.badMessages.Load(),
+		RangeRepairs:        c.rangeRepairs.Load(),
+		SnapshotRepairs:     c.snapshotRepairs.Load(),
+		RepairFailures:      c.repairFailures.Load(),
+		Restarts:            c.restarts.Load(),
+		MemberEventsDropped: c.memberEventsDropped.Load(),
+		JoinAttempts:        c.joinAttempts.Load(),
+		JoinFailures:        c.joinFailures.Load(),
+		QueuedBroadcasts:    m.queue.NumQueued(),
+	}
+	m.mu.Lock()
+	for _, st := range m.origins {
+		if !st.gapSince.IsZero() {
+			mt.Gaps++
+		}
+	}
+	m.mu.Unlock()
+	return mt
+}
+
+// delegate is memberlist's Delegate; its methods are called from
+// memberlist's goroutines and must not block.
+type delegate Membership
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	m := (*Membership)(d)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.meta // checked against the limit when set
+}
+
+func (d *delegate) NotifyMsg(b []byte) {
+	m := (*Membership)(d)
+	switch {
+	case len(b) >= 2 && b[0] == wireVersion && b[1] == msgBatch:
+		m.receiveBatch(b)
+	case len(b) >= 2 && b[0] == wireVersion && b[1] == msgBye:
+		name, _, err := decodeBye(b)
+		if err != nil {
+			m.metrics.badMessages.Add(1)
+			return
+		}
+		m.mu.Lock()
+		if name != m.cfg.Name && m.alive[name] {
+			m.leaving[name] = true
+		}
+		m.mu.Unlock()
+	default:
+		m.metrics.badMessages.Add(1)
+	}
+}
+
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	return d.queue.GetBroadcasts(overhead, limit)
+}
+
+func (d *delegate) LocalState(join bool) []byte {
+	return appendState(nil, (*Membership)(d).localMarks())
+}
+
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	m := (*Membership)(d)
+	marks, err := decodeState(buf)
+	if err != nil {
+		m.metrics.badMessages.Add(1)
+		m.log.Debug("membership: dropping bad push/pull state", "err", err)
+		return
+	}
+	m.mergeMarks(marks)
+}
+
+// eventDelegate is memberlist's EventDelegate.
+type eventDelegate Membership
+
+func (d *eventDelegate) NotifyJoin(n *memberlist.Node) { (*Membership)(d).memberChanged(n, MemberJoin) }
+func (d *eventDelegate) NotifyUpdate(n *memberlist.Node) {
+	(*Membership)(d).memberChanged(n, MemberUpdate)
+}
+
+// NotifyLeave is called for leaves and failures alike (memberlist does not
+// set n.State here); memberChanged tells them apart by the bye.
+func (d *eventDelegate) NotifyLeave(n *memberlist.Node) {
+	(*Membership)(d).memberChanged(n, MemberFail)
+}
+
+func (m *Membership) memberChanged(n *memberlist.Node, kind MemberEventKind) {
+	if n.Name == m.cfg.Name {
+		return
+	}
+	mb := toMember(n)
+	if mb.MetaErr != nil {
+		m.log.Warn("membership: bad metadata from peer", "peer", n.Name, "err", mb.MetaErr)
+	}
+	m.mu.Lock()
+	switch kind {
+	case MemberJoin, MemberUpdate:
+		m.alive[n.Name] = true
+		delete(m.leaving, n.Name)
+		if mb.MetaErr == nil {
+			// A new incarnation in the metadata means the node restarted:
+			// drop its old entries now rather than at its first event.
+			if st := m.origins[n.Name]; st != nil && mb.Meta.Incarnation > st.inc {
+				m.originLocked(n.Name, mb.Meta.Incarnation)
+			}
+		}
+	case MemberLeave, MemberFail:
+		if m.leaving[n.Name] {
+			kind = MemberLeave
+		}
+		delete(m.leaving, n.Name)
+		delete(m.alive, n.Name)
+		delete(m.origins, n.Name)
+		if m.cfg.Sink != nil {
+			m.cfg.Sink.Drop(n.Name)
+		}
+	}
+	m.mu.Unlock()
+	select {
+	case m.events <- MemberEvent{Kind: kind, Member: mb}:
+	default:
+		m.metrics.memberEventsDropped.Add(1)
+	}
+}

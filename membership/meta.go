@@ -1,0 +1,141 @@
+package membership
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+)
+
+// MetaMaxSize is memberlist's limit on node metadata.
+const MetaMaxSize = 512
+
+// ErrMetaTooLarge is returned, at start or by SetMeta, when the encoded
+// metadata does not fit memberlist's 512 bytes.
+var ErrMetaTooLarge = errors.New("membership: node metadata too large")
+
+// Transports is a set of peer transports a node offers.
+type Transports uint8
+
+// The transports a node may offer.
+const (
+	TransportQUIC Transports = 1 << iota
+	TransportRDMA
+)
+
+const allTransports = TransportQUIC | TransportRDMA
+
+// Load is the load a node reports, for routers weighing overlap against load.
+type Load struct {
+	// KVUsage is the fraction of the node's KV pools in use, in [0, 1]. It
+	// travels with a resolution of 1/65535.
+	KVUsage float64
+	// Waiting is the number of requests queued at the node's engines.
+	Waiting uint32
+	// Imports is the number of imports in flight.
+	Imports uint32
+}
+
+// Meta is what a node tells every other node about itself through
+// memberlist. Layouts never travel here, only their digest; peers fetch the
+// layouts over the peer transport when the digest changes.
+type Meta struct {
+	// PeerAddr is the address of the node's peer transport (QUIC), host:port.
+	PeerAddr string
+	// APIAddr is the address of the node's engine API, if it serves one
+	// beyond its unix socket; empty otherwise.
+	APIAddr string
+	// Transports are the peer transports the node offers.
+	Transports Transports
+	// LayoutDigest identifies the node's set of block-set layouts.
+	LayoutDigest uint64
+	// Load is the node's load when the metadata was last updated.
+	Load Load
+	// Incarnation is the node's event incarnation: it changes when the
+	// node restarts, and peers then replace its entries. Membership sets it.
+	Incarnation uint64
+}
+
+// Encoding of Meta (all varints unsigned):
+//
+//	+---------+------+-----------+----------+------------+---------------+
+//	| version | type | peer addr | api addr | transports | layout digest |
+//	|   u8=1  | u8=3 | len + str | len+str  |     u8     |    u64 LE     |
+//	+---------+------+-----------+----------+------------+---------------+
+//	| kv usage u16 LE (÷65535) | waiting uvarint | imports uvarint | incarnation uvarint |
+//	+--------------------------+-----------------+-----------------+---------------------+
+//
+// The node name is memberlist's own and is not repeated.
+
+// MarshalBinary encodes m; it fails if a field is out of range or the result
+// exceeds MetaMaxSize.
+func (m *Meta) MarshalBinary() ([]byte, error) {
+	if err := m.validate(); err != nil {
+		return nil, err
+	}
+	b := make([]byte, 0, 64)
+	b = append(b, wireVersion, msgMeta)
+	b = appendStr(b, m.PeerAddr)
+	b = appendStr(b, m.APIAddr)
+	b = append(b, byte(m.Transports))
+	b = binary.LittleEndian.AppendUint64(b, m.LayoutDigest)
+	b = binary.LittleEndian.AppendUint16(b, uint16(math.Round(m.Load.KVUsage*65535)))
+	b = binary.AppendUvarint(b, uint64(m.Load.Waiting))
+	b = binary.AppendUvarint(b, uint64(m.Load.Imports))
+	b = binary.AppendUvarint(b, m.Incarnation)
+	if len(b) > MetaMaxSize {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMetaTooLarge, len(b), MetaMaxSize)
+	}
+	return b, nil
+}
+
+func (m *Meta) validate() error {
+	for _, f := range []struct{ name, v string }{{"PeerAddr", m.PeerAddr}, {"APIAddr", m.APIAddr}} {
+		if len(f.v) > MaxNameLen {
+			return fmt.Errorf("%w: %s is %d bytes, limit %d", ErrInvalidMeta, f.name, len(f.v), MaxNameLen)
+		}
+		if f.v != "" {
+			if _, err := netip.ParseAddrPort(f.v); err != nil {
+				return fmt.Errorf("%w: %s %q: %v", ErrInvalidMeta, f.name, f.v, err)
+			}
+		}
+	}
+	if m.Transports&^allTransports != 0 {
+		return fmt.Errorf("%w: unknown transports %#x", ErrInvalidMeta, uint8(m.Transports&^allTransports))
+	}
+	if !(m.Load.KVUsage >= 0 && m.Load.KVUsage <= 1) { // also refuses NaN
+		return fmt.Errorf("%w: Load.KVUsage %v outside [0, 1]", ErrInvalidMeta, m.Load.KVUsage)
+	}
+	return nil
+}
+
+// ErrInvalidMeta is matched by errors about a field of Meta.
+var ErrInvalidMeta = errors.New("membership: invalid node metadata")
+
+// UnmarshalBinary decodes metadata received from a peer and validates it.
+func (m *Meta) UnmarshalBinary(b []byte) error {
+	if len(b) > MetaMaxSize {
+		return malformed("metadata: %d bytes, limit %d", len(b), MetaMaxSize)
+	}
+	r := reader{b: b}
+	r.header(msgMeta, "metadata")
+	var out Meta
+	out.PeerAddr = r.str("metadata peer addr")
+	out.APIAddr = r.str("metadata api addr")
+	out.Transports = Transports(r.byte("metadata transports"))
+	out.LayoutDigest = r.u64le("metadata layout digest")
+	out.Load.KVUsage = float64(r.u16le("metadata kv usage")) / 65535
+	out.Load.Waiting = r.u32("metadata waiting")
+	out.Load.Imports = r.u32("metadata imports")
+	out.Incarnation = r.uvarint("metadata incarnation")
+	r.end("metadata")
+	if r.err != nil {
+		return r.err
+	}
+	if err := out.validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	*m = out
+	return nil
+}

@@ -1,0 +1,456 @@
+package membership
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Sink consumes the replicated block events of every origin, this node's own
+// included. Membership makes one call at a time, in each origin's order, and
+// never while another call is running; a Sink must not block and must not
+// call back into Membership. The events slice is the Sink's to keep.
+type Sink interface {
+	// Apply delivers consecutive events of one origin and incarnation.
+	// Events rebuilt from a snapshot all carry the snapshot's Seq.
+	Apply(events []Event)
+	// Drop forgets every entry of origin: it died, left, or restarted with a
+	// new incarnation (whose events or snapshot follow).
+	Drop(origin string)
+}
+
+// Repairer fetches what a node missed from the origin itself; the peer
+// transport implements it by calling [Membership.EventRange] and
+// [Membership.Snapshot] on the origin. Calls come from one goroutine at a
+// time and must honour ctx. Everything returned is validated before use.
+type Repairer interface {
+	// Events returns origin's events from..to (inclusive) of incarnation,
+	// or fewer if the origin has published fewer; an error matching
+	// ErrRangeGone if the origin no longer keeps them or runs another
+	// incarnation.
+	Events(ctx context.Context, origin string, incarnation, from, to uint64) ([]Event, error)
+	// Snapshot returns origin's current holdings.
+	Snapshot(ctx context.Context, origin string) (Snapshot, error)
+}
+
+// ErrRangeGone is returned by [Membership.EventRange] (and a Repairer) when
+// the requested events are no longer kept; the caller asks for a snapshot.
+var ErrRangeGone = errors.New("membership: event range no longer kept")
+
+// originState is what a node knows of another origin's event stream.
+type originState struct {
+	inc     uint64
+	applied uint64 // every event up to here has been applied
+	known   uint64 // the highest number heard of, by batch or push/pull
+	pending map[uint64]Event
+	// gapSince is when applied < known was first seen; zero without a gap.
+	gapSince  time.Time
+	repairing bool
+}
+
+// batchBroadcast is one encoded batch in memberlist's broadcast queue.
+type batchBroadcast []byte
+
+func (b batchBroadcast) Invalidates(memberlist.Broadcast) bool { return false }
+func (b batchBroadcast) Message() []byte                       { return b }
+func (b batchBroadcast) Finished()                             {}
+
+// Publish numbers events for this node's blocks of block set blockSet, one
+// per hash, applies them to the Sink and queues them for gossip. It returns
+// the number of the last one.
+func (m *Membership) Publish(kind EventKind, blockSet uint32, hashes ...uint64) (uint64, error) {
+	if !kind.valid() {
+		return 0, fmt.Errorf("membership: publish: invalid event kind %d", kind)
+	}
+	if m.closed.Load() {
+		return 0, ErrClosed
+	}
+	if len(hashes) == 0 {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.seq, nil
+	}
+	events := make([]Event, len(hashes))
+	m.mu.Lock()
+	for i, h := range hashes {
+		m.seq++
+		e := Event{Origin: m.cfg.Name, Incarnation: m.cfg.Incarnation, Seq: m.seq, Kind: kind, Hash: h, BlockSet: blockSet}
+		events[i] = e
+		m.ownLog[(e.Seq-1)%uint64(len(m.ownLog))] = e
+		k := Entry{Hash: h, BlockSet: blockSet}
+		switch {
+		case kind == EventStore:
+			m.own[k]++
+		case m.own[k] > 1:
+			m.own[k]--
+		default:
+			delete(m.own, k)
+		}
+	}
+	m.unflushed = append(m.unflushed, events...)
+	if m.cfg.Sink != nil {
+		m.cfg.Sink.Apply(events)
+	}
+	last := m.seq
+	m.mu.Unlock()
+	m.metrics.published.Add(uint64(len(hashes)))
+	return last, nil
+}
+
+// EventRange returns this node's events from..to (inclusive) of incarnation
+// inc, clamped to the last published; it serves a peer's range repair. It
+// fails with ErrRangeGone when the events have left the log or inc is not
+// this run's.
+func (m *Membership) EventRange(inc, from, to uint64) ([]Event, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if inc != m.cfg.Incarnation {
+		return nil, fmt.Errorf("%w: incarnation %d, this node runs %d", ErrRangeGone, inc, m.cfg.Incarnation)
+	}
+	if from == 0 || from > to {
+		return nil, fmt.Errorf("membership: event range %d..%d is empty or starts at 0", from, to)
+	}
+	to = min(to, m.seq)
+	oldest := uint64(1)
+	if m.seq > uint64(len(m.ownLog)) {
+		oldest = m.seq - uint64(len(m.ownLog)) + 1
+	}
+	if from < oldest {
+		return nil, fmt.Errorf("%w: asked from %d, oldest kept is %d", ErrRangeGone, from, oldest)
+	}
+	if from > to {
+		return nil, nil
+	}
+	out := make([]Event, 0, to-from+1)
+	for s := from; s <= to; s++ {
+		out = append(out, m.ownLog[(s-1)%uint64(len(m.ownLog))])
+	}
+	return out, nil
+}
+
+// Snapshot returns this node's current holdings; it serves a peer's repair
+// when a range is gone.
+func (m *Membership) Snapshot() Snapshot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := Snapshot{Origin: m.cfg.Name, Incarnation: m.cfg.Incarnation, Seq: m.seq, Entries: make([]Entry, 0, len(m.own))}
+	for k, n := range m.own {
+		for range n {
+			s.Entries = append(s.Entries, k)
+		}
+	}
+	return s
+}
+
+// flush batches the unflushed events and queues them for gossip.
+func (m *Membership) flush() {
+	m.mu.Lock()
+	events := m.unflushed
+	m.unflushed = nil
+	m.mu.Unlock()
+	if len(events) == 0 {
+		return
+	}
+	header := 2 + 3*10 + 2 + len(m.cfg.Name) // generous: varints of 10 bytes
+	per := max(1, (m.cfg.MaxBatchBytes-header)/eventMax)
+	for len(events) > 0 {
+		n := min(per, len(events))
+		b, err := AppendBatch(nil, events[:n])
+		if err != nil { // our own events: a bug, not bad input
+			m.log.Error("membership: encoding own batch", "err", err)
+			return
+		}
+		if drop := m.dropBatch.Load(); drop == nil || !(*drop)(events[0].Seq) {
+			m.queue.QueueBroadcast(batchBroadcast(b))
+			m.metrics.batchesSent.Add(1)
+		}
+		events = events[n:]
+	}
+	if m.queue.NumQueued() > m.cfg.MaxQueuedBatches {
+		m.queue.Prune(m.cfg.MaxQueuedBatches)
+	}
+}
+
+// receiveBatch handles a batch gossiped by a peer.
+func (m *Membership) receiveBatch(raw []byte) {
+	events, err := DecodeBatch(raw)
+	if err != nil {
+		m.metrics.badMessages.Add(1)
+		m.log.Debug("membership: dropping bad batch", "err", err)
+		return
+	}
+	m.metrics.batchesReceived.Add(1)
+	if m.apply(events, true) {
+		// Relay what was news to us, once: memberlist does not forward user
+		// broadcasts, and an origin's own retransmits reach only a few nodes.
+		m.queue.QueueBroadcast(batchBroadcast(append([]byte(nil), raw...)))
+		m.metrics.batchesRelayed.Add(1)
+	}
+}
+
+// apply applies consecutive events of one origin, buffering those past a
+// gap, and reports whether they raised the highest number known.
+func (m *Membership) apply(events []Event, fromGossip bool) (advanced bool) {
+	origin := events[0].Origin
+	if origin == m.cfg.Name {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.alive[origin] {
+		return false // not (or no longer) a member; push/pull catches up later
+	}
+	st := m.originLocked(origin, events[0].Incarnation)
+	if st == nil {
+		return false
+	}
+	last := events[len(events)-1].Seq
+	if last > st.known {
+		st.known = last
+		advanced = true
+	}
+	// events are consecutive (DecodeBatch and repairRange check it): skip
+	// what was applied, then either they continue the stream or they wait
+	// behind a gap.
+	var ready []Event
+	if last > st.applied {
+		rest := events
+		if first := events[0].Seq; st.applied >= first {
+			rest = events[st.applied-first+1:]
+		}
+		if rest[0].Seq == st.applied+1 {
+			ready = rest
+			st.applied = last
+		} else {
+			for _, e := range rest {
+				if len(st.pending) >= m.cfg.MaxPending {
+					break // dropped; repair fetches them
+				}
+				if st.pending == nil {
+					st.pending = make(map[uint64]Event)
+				}
+				st.pending[e.Seq] = e
+			}
+		}
+	}
+	ready = m.drainLocked(st, ready)
+	m.applyLocked(ready)
+	m.noteGapLocked(st)
+	return advanced && fromGossip
+}
+
+// originLocked returns the state of origin, replacing it when inc is a new
+// incarnation; nil if inc is older than the one known.
+func (m *Membership) originLocked(origin string, inc uint64) *originState {
+	st := m.origins[origin]
+	switch {
+	case st == nil:
+		st = &originState{inc: inc}
+		m.origins[origin] = st
+	case inc < st.inc:
+		return nil
+	case inc > st.inc:
+		// A restart: the old run's blocks are gone with its memory.
+		if m.cfg.Sink != nil {
+			m.cfg.Sink.Drop(origin)
+		}
+		*st = originState{inc: inc}
+		m.metrics.restarts.Add(1)
+	}
+	return st
+}
+
+func (m *Membership) drainLocked(st *originState, ready []Event) []Event {
+	for {
+		e, ok := st.pending[st.applied+1]
+		if !ok {
+			break
+		}
+		delete(st.pending, e.Seq)
+		ready = append(ready, e)
+		st.applied = e.Seq
+	}
+	for s := range st.pending {
+		if s <= st.applied {
+			delete(st.pending, s)
+		}
+	}
+	return ready
+}
+
+func (m *Membership) applyLocked(events []Event) {
+	if len(events) == 0 {
+		return
+	}
+	if m.cfg.Sink != nil {
+		m.cfg.Sink.Apply(events)
+	}
+	m.metrics.applied.Add(uint64(len(events)))
+}
+
+func (m *Membership) noteGapLocked(st *originState) {
+	if st.known < st.applied {
+		st.known = st.applied
+	}
+	if st.applied == st.known {
+		st.gapSince = time.Time{}
+	} else if st.gapSince.IsZero() {
+		st.gapSince = time.Now()
+	}
+}
+
+// mergeMarks takes push/pull state: the latest number of each origin a peer
+// knows. A number past ours opens a gap that the repair loop closes.
+func (m *Membership) mergeMarks(marks []originMark) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, mk := range marks {
+		if mk.Origin == m.cfg.Name || !m.alive[mk.Origin] {
+			continue
+		}
+		st := m.originLocked(mk.Origin, mk.Incarnation)
+		if st == nil || st.inc != mk.Incarnation {
+			continue
+		}
+		if mk.Seq > st.known {
+			st.known = mk.Seq
+		}
+		m.noteGapLocked(st)
+	}
+}
+
+func (m *Membership) localMarks() []originMark {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	marks := make([]originMark, 0, 1+len(m.origins))
+	marks = append(marks, originMark{m.cfg.Name, m.cfg.Incarnation, m.seq})
+	for name, st := range m.origins {
+		if st.applied > 0 {
+			marks = append(marks, originMark{name, st.inc, st.applied})
+		}
+	}
+	return marks
+}
+
+// clampKnown lowers the highest known number of j's origin to last, unless
+// news arrived since the repair started.
+func (m *Membership) clampKnown(j repairJob, last uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if st := m.origins[j.origin]; st != nil && st.inc == j.inc && st.known == j.to {
+		st.known = max(last, st.applied)
+		m.noteGapLocked(st)
+	}
+}
+
+type repairJob struct {
+	origin   string
+	inc      uint64
+	from, to uint64
+}
+
+// repairGaps repairs every gap older than RepairDelay, one origin at a time.
+func (m *Membership) repairGaps(ctx context.Context) {
+	if m.cfg.Repairer == nil {
+		return
+	}
+	now := time.Now()
+	var jobs []repairJob
+	m.mu.Lock()
+	for name, st := range m.origins {
+		if !st.gapSince.IsZero() && !st.repairing && now.Sub(st.gapSince) >= m.cfg.RepairDelay {
+			st.repairing = true
+			jobs = append(jobs, repairJob{name, st.inc, st.applied + 1, st.known})
+		}
+	}
+	m.mu.Unlock()
+	for _, j := range jobs {
+		if ctx.Err() != nil {
+			return
+		}
+		m.repair(ctx, j)
+	}
+}
+
+func (m *Membership) repair(ctx context.Context, j repairJob) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.RepairTimeout)
+	defer cancel()
+	err := m.repairRange(ctx, j)
+	if err != nil {
+		err = m.repairSnapshot(ctx, j, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if st := m.origins[j.origin]; st != nil {
+		st.repairing = false
+		if err != nil && !st.gapSince.IsZero() {
+			st.gapSince = time.Now() // wait RepairDelay before trying again
+		}
+	}
+	if err != nil {
+		m.metrics.repairFailures.Add(1)
+		m.log.Warn("membership: repair failed", "peer", j.origin, "from", j.from, "to", j.to, "err", err)
+	}
+}
+
+func (m *Membership) repairRange(ctx context.Context, j repairJob) error {
+	events, err := m.cfg.Repairer.Events(ctx, j.origin, j.inc, j.from, j.to)
+	if err != nil {
+		return err
+	}
+	if len(events) == 0 {
+		return fmt.Errorf("%w: origin returned no events for %d..%d", ErrRangeGone, j.from, j.to)
+	}
+	for i, e := range events {
+		if e.Origin != j.origin || e.Incarnation != j.inc || e.Seq != j.from+uint64(i) || !e.Kind.valid() {
+			return fmt.Errorf("%w: repair event %d is %s/%d #%d kind %d, want %s/%d #%d",
+				ErrMalformed, i, e.Origin, e.Incarnation, e.Seq, e.Kind, j.origin, j.inc, j.from+uint64(i))
+		}
+	}
+	m.apply(events, false)
+	m.metrics.rangeRepairs.Add(1)
+	if last := events[len(events)-1].Seq; last < j.to {
+		// The origin has published less than we were told (by a peer's
+		// push/pull state): it is the authority on its own numbers.
+		m.clampKnown(j, last)
+	}
+	return nil
+}
+
+func (m *Membership) repairSnapshot(ctx context.Context, j repairJob, cause error) error {
+	snap, err := m.cfg.Repairer.Snapshot(ctx, j.origin)
+	if err != nil {
+		return fmt.Errorf("range: %v; snapshot: %w", cause, err)
+	}
+	if snap.Origin != j.origin {
+		return fmt.Errorf("%w: snapshot of %q, asked for %q", ErrMalformed, snap.Origin, j.origin)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.alive[j.origin] {
+		return nil
+	}
+	st := m.originLocked(j.origin, snap.Incarnation)
+	if st == nil || snap.Seq < st.applied {
+		return nil // stale: we already know more
+	}
+	if st.inc == j.inc && st.known == j.to && snap.Seq < j.to {
+		st.known = snap.Seq // the origin is the authority on its numbers
+	}
+	if m.cfg.Sink != nil {
+		m.cfg.Sink.Drop(j.origin)
+	}
+	events := make([]Event, len(snap.Entries))
+	for i, e := range snap.Entries {
+		events[i] = Event{Origin: snap.Origin, Incarnation: snap.Incarnation, Seq: snap.Seq, Kind: EventStore, Hash: e.Hash, BlockSet: e.BlockSet}
+	}
+	m.applyLocked(events)
+	st.applied = snap.Seq
+	m.applyLocked(m.drainLocked(st, nil))
+	m.noteGapLocked(st)
+	m.metrics.snapshotRepairs.Add(1)
+	return nil
+}

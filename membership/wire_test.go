@@ -1,0 +1,247 @@
+package membership
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestBatchRoundTrip(t *testing.T) {
+	events := []Event{
+		{Origin: "a", Incarnation: 9, Seq: 5, Kind: EventStore, Hash: 1<<63 + 7, BlockSet: 3},
+		{Origin: "a", Incarnation: 9, Seq: 6, Kind: EventRemove, Hash: 0, BlockSet: 1 << 31},
+	}
+	b, err := AppendBatch(nil, events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeBatch(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, events) {
+		t.Fatalf("round trip: got %+v, want %+v", got, events)
+	}
+}
+
+func TestAppendBatchRefuses(t *testing.T) {
+	ok := Event{Origin: "a", Incarnation: 1, Seq: 1, Kind: EventStore}
+	for _, tc := range []struct {
+		desc   string
+		events []Event
+		want   string
+	}{
+		{"empty", nil, "empty"},
+		{"no origin", []Event{{Seq: 1, Kind: EventStore}}, "origin"},
+		{"gap", []Event{ok, {Origin: "a", Incarnation: 1, Seq: 3, Kind: EventStore}}, "does not follow"},
+		{"two origins", []Event{ok, {Origin: "b", Incarnation: 1, Seq: 2, Kind: EventStore}}, "does not follow"},
+		{"bad kind", []Event{{Origin: "a", Seq: 1, Kind: 9}}, "kind"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			if _, err := AppendBatch(nil, tc.events); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("AppendBatch = %v, want error about %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestDecodeBatchRefuses(t *testing.T) {
+	good, _ := AppendBatch(nil, []Event{{Origin: "a", Incarnation: 1, Seq: 1, Kind: EventStore, Hash: 5}})
+	for _, tc := range []struct {
+		desc string
+		b    []byte
+		want string
+	}{
+		{"empty", nil, "truncated"},
+		{"wrong version", append([]byte{2}, good[1:]...), "version"},
+		{"wrong type", append([]byte{1, msgState}, good[2:]...), "type"},
+		{"truncated", good[:len(good)-3], "cannot fit"},
+		{"truncated header", good[:4], "truncated"},
+		{"trailing", append(append([]byte(nil), good...), 0), "trailing"},
+		{"bad kind", append(append([]byte(nil), good[:len(good)-10]...), append([]byte{7}, good[len(good)-9:]...)...), "kind"},
+		{"huge count", []byte{1, 1, 1, 'a', 1, 1, 0xff, 0xff, 0xff, 0x7f}, "events"},
+		{"seq zero", []byte{1, 1, 1, 'a', 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}, "seq is 0"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, err := DecodeBatch(tc.b)
+			if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("DecodeBatch = %v, want ErrMalformed about %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzDecodeBatch(f *testing.F) {
+	for _, evs := range [][]Event{
+		{{Origin: "a", Incarnation: 1, Seq: 1, Kind: EventStore, Hash: 5}},
+		{{Origin: "node-1", Incarnation: 1 << 60, Seq: 99, Kind: EventRemove, Hash: 1 << 63, BlockSet: 7},
+			{Origin: "node-1", Incarnation: 1 << 60, Seq: 100, Kind: EventStore, Hash: 3, BlockSet: 1 << 30}},
+	} {
+		b, _ := AppendBatch(nil, evs)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		events, err := DecodeBatch(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not match ErrMalformed", err)
+			}
+			return
+		}
+		enc, err := AppendBatch(nil, events)
+		if err != nil {
+			t.Fatalf("re-encoding decoded events: %v", err)
+		}
+		again, err := DecodeBatch(enc)
+		if err != nil {
+			t.Fatalf("decoding re-encoded batch: %v", err)
+		}
+		if !reflect.DeepEqual(events, again) {
+			t.Fatalf("decode→encode→decode changed events: %+v vs %+v", events, again)
+		}
+	})
+}
+
+func FuzzDecodeState(f *testing.F) {
+	f.Add(appendState(nil, []originMark{{"a", 1, 2}, {"node-7", 1 << 62, 0}}))
+	f.Add(appendState(nil, nil))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		marks, err := decodeState(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not match ErrMalformed", err)
+			}
+			return
+		}
+		again, err := decodeState(appendState(nil, marks))
+		if err != nil || !reflect.DeepEqual(marks, again) {
+			t.Fatalf("decode→encode→decode: %v, %+v vs %+v", err, marks, again)
+		}
+	})
+}
+
+func FuzzMeta(f *testing.F) {
+	for _, m := range []Meta{
+		{},
+		{PeerAddr: "10.0.0.1:7000", APIAddr: "[::1]:9000", Transports: TransportQUIC | TransportRDMA, LayoutDigest: 77,
+			Load: Load{KVUsage: 0.5, Waiting: 3, Imports: 1 << 20}, Incarnation: 1 << 62},
+	} {
+		b, err := m.MarshalBinary()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var m Meta
+		if err := m.UnmarshalBinary(b); err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not match ErrMalformed", err)
+			}
+			return
+		}
+		enc, err := m.MarshalBinary()
+		if err != nil {
+			t.Fatalf("re-encoding decoded meta %+v: %v", m, err)
+		}
+		var again Meta
+		if err := again.UnmarshalBinary(enc); err != nil || again != m {
+			t.Fatalf("decode→encode→decode: %v, %+v vs %+v", err, m, again)
+		}
+	})
+}
+
+func TestMetaValidation(t *testing.T) {
+	long := "[fe80::1%" + strings.Repeat("z", 240) + "]:1"
+	for _, tc := range []struct {
+		desc string
+		m    Meta
+		want error
+	}{
+		{"bad peer addr", Meta{PeerAddr: "nowhere"}, ErrInvalidMeta},
+		{"unknown transport", Meta{Transports: 1 << 5}, ErrInvalidMeta},
+		{"usage above 1", Meta{Load: Load{KVUsage: 1.5}}, ErrInvalidMeta},
+		{"too large", Meta{PeerAddr: long, APIAddr: long}, ErrMetaTooLarge},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			if _, err := tc.m.MarshalBinary(); !errors.Is(err, tc.want) {
+				t.Fatalf("MarshalBinary = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestStartChecksConfigAndMeta(t *testing.T) {
+	long := "[fe80::1%" + strings.Repeat("z", 240) + "]:1"
+	for _, tc := range []struct {
+		desc  string
+		tweak func(*Config)
+		want  error
+	}{
+		{"no name", func(c *Config) { c.Name = "" }, ErrInvalidConfig},
+		{"bad bind addr", func(c *Config) { c.BindAddr = "localhost" }, ErrInvalidConfig},
+		{"bad key length", func(c *Config) { c.Keys = [][]byte{[]byte("short")} }, ErrInvalidConfig},
+		{"probe timeout not below interval", func(c *Config) { c.ProbeTimeout = 2 * c.ProbeInterval }, ErrInvalidConfig},
+		{"tiny batches", func(c *Config) { c.MaxBatchBytes = 10 }, ErrInvalidConfig},
+		{"metadata over 512 bytes", func(c *Config) { c.Meta = Meta{PeerAddr: long, APIAddr: long} }, ErrMetaTooLarge},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg := testConfig("x", 9)
+			tc.tweak(&cfg)
+			m, err := Start(context.Background(), cfg)
+			if err == nil {
+				m.Close()
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Start = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestLogDedupe(t *testing.T) {
+	logs := &logCapture{}
+	w := newLogWriter(slogNew(logs), time.Minute)
+	now := time.Unix(0, 0)
+	w.now = func() time.Time { return now }
+	for port := range 50 {
+		w.Write([]byte("2026/01/01 00:00:00 [ERR] memberlist: failed to receive: No installed keys could decrypt the message from=127.0.0.5:" + itoa(4000+port) + "\n"))
+	}
+	w.Write([]byte("[WARN] memberlist: Got ping for unexpected node x from=127.0.0.5:1\n"))
+	w.Write([]byte("[DEBUG] memberlist: Stream connection from=127.0.0.5:1\n"))
+	w.Write([]byte("[DEBUG] memberlist: Stream connection from=127.0.0.5:1\n"))
+	if n := logs.matching("ERROR", "decrypt"); n != 1 {
+		t.Fatalf("50 identical errors from different ports logged %d times, want once", n)
+	}
+	if n := logs.matching("WARN", "unexpected node"); n != 1 {
+		t.Fatalf("distinct warning logged %d times, want once", n)
+	}
+	if n := logs.matching("DEBUG", "Stream connection"); n != 2 {
+		t.Fatalf("debug lines are not deduplicated: got %d, want 2", n)
+	}
+	now = now.Add(2 * time.Minute)
+	w.Write([]byte("[ERR] memberlist: failed to receive: No installed keys could decrypt the message from=127.0.0.5:1\n"))
+	if n := logs.matching("ERROR", "decrypt"); n != 2 {
+		t.Fatalf("after the window the error is logged again: got %d, want 2", n)
+	}
+}
+
+func FuzzDecodeBye(f *testing.F) {
+	f.Add(appendBye(nil, "node-1", 1<<40))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		name, inc, err := decodeBye(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not match ErrMalformed", err)
+			}
+			return
+		}
+		n2, i2, err := decodeBye(appendBye(nil, name, inc))
+		if err != nil || n2 != name || i2 != inc {
+			t.Fatalf("decode→encode→decode: %v, %q %d vs %q %d", err, name, inc, n2, i2)
+		}
+	})
+}
