@@ -34,7 +34,7 @@ func (h *holder) Renew(ctx context.Context, peer string, id uint64, d time.Durat
 func (h *holder) Release(ctx context.Context, peer string, id uint64) (bool, error) {
 	return id == 1, nil
 }
-func (h *holder) EventRange(ctx context.Context, peer, origin string, from, to uint64) (transfer.EventRange, error) {
+func (h *holder) EventRange(ctx context.Context, peer string, q transfer.EventQuery) (transfer.EventRange, error) {
 	return transfer.EventRange{SnapshotNeeded: true}, nil
 }
 func (h *holder) CheckRead(peer string, lease, blockSet uint64, seg layout.Segment) error {

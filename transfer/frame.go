@@ -118,8 +118,7 @@ type request struct {
 	hashes     []uint64
 	duration   time.Duration
 	leaseID    uint64
-	origin     string
-	from, to   uint64
+	events     EventQuery
 	blockSet   uint64
 	segments   []layout.Segment
 	totalBytes uint64
@@ -215,10 +214,13 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 		if pb.Origin == "" || len(pb.Origin) > maxOriginLen {
 			return nil, invalid("event range: origin of %d bytes not in [1, %d]", len(pb.Origin), maxOriginLen)
 		}
-		if pb.From >= pb.To || pb.To-pb.From > maxEventRange {
+		switch {
+		case pb.Snapshot && (pb.From != 0 || pb.To != 0):
+			return nil, invalid("event range: a snapshot request with a range [%d, %d)", pb.From, pb.To)
+		case !pb.Snapshot && (pb.From >= pb.To || pb.To-pb.From > maxEventRange):
 			return nil, invalid("event range: [%d, %d) is empty or longer than %d", pb.From, pb.To, maxEventRange)
 		}
-		r.origin, r.from, r.to = pb.Origin, pb.From, pb.To
+		r.events = EventQuery{Origin: pb.Origin, Incarnation: pb.Incarnation, From: pb.From, To: pb.To, Snapshot: pb.Snapshot}
 	case methodRead:
 		var pb transferpb.ReadRequest
 		if err := unmarshal(payload, &pb); err != nil {

@@ -49,8 +49,9 @@ func FuzzDecodeRequest(f *testing.F) {
 				t.Fatalf("accepted duration %v", r.duration)
 			}
 		case methodEventRange:
-			if r.from >= r.to || r.origin == "" {
-				t.Fatalf("accepted range %q [%d, %d)", r.origin, r.from, r.to)
+			q := r.events
+			if q.Origin == "" || (!q.Snapshot && q.From >= q.To) || (q.Snapshot && q.To != 0) {
+				t.Fatalf("accepted event query %+v", q)
 			}
 		case methodRead:
 			if len(r.segments) == 0 || len(r.segments) > 1024 {

@@ -67,6 +67,15 @@ type Event struct {
 	Payload []byte
 }
 
+// EventQuery asks a node for part of its own event log: the events of
+// incarnation numbered [From, To), or with Snapshot its whole holdings.
+type EventQuery struct {
+	Origin      string
+	Incarnation uint64
+	From, To    uint64
+	Snapshot    bool
+}
+
 // EventRange is an answer to an event-log range request.
 type EventRange struct {
 	Events []Event
@@ -96,9 +105,11 @@ type Handler interface {
 	// Release ends a lease; false means it had expired before the release,
 	// and the bytes read under it must not be trusted.
 	Release(ctx context.Context, peer string, leaseID uint64) (bool, error)
-	// EventRange returns origin's events with sequence numbers in
-	// [from, to).
-	EventRange(ctx context.Context, peer, origin string, from, to uint64) (EventRange, error)
+	// EventRange returns the events q asks for: origin's events of
+	// incarnation with sequence numbers in [From, To), or, with Snapshot,
+	// its holdings (payloads and sequence numbers are the handler's to
+	// define).
+	EventRange(ctx context.Context, peer string, q EventQuery) (EventRange, error)
 	// CheckRead returns nil only if every piece of seg (Count pieces of
 	// Length bytes at SrcOffset + i×SrcStride in rank SrcRank's region of
 	// blockSet) lies in slots that leaseID holds a live lease on. seg is

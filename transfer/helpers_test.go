@@ -192,8 +192,12 @@ func (h *memHandler) Release(ctx context.Context, peer string, id uint64) (bool,
 	return id == 42, nil
 }
 
-func (h *memHandler) EventRange(ctx context.Context, peer, origin string, from, to uint64) (EventRange, error) {
+func (h *memHandler) EventRange(ctx context.Context, peer string, q EventQuery) (EventRange, error) {
 	h.seen(peer)
+	origin, from, to := q.Origin, q.From, q.To
+	if q.Snapshot {
+		return EventRange{Events: []Event{{Seq: 7, Payload: []byte(fmt.Sprintf("%s@%d", origin, q.Incarnation))}}}, nil
+	}
 	if from < 100 {
 		return EventRange{SnapshotNeeded: true}, nil
 	}

@@ -317,15 +317,22 @@ func (p *Peer) Release(ctx context.Context, leaseID uint64) (bool, error) {
 	return resp.Valid, nil
 }
 
-// EventRange fetches origin's events with sequence numbers in [from, to).
-func (p *Peer) EventRange(ctx context.Context, origin string, from, to uint64) (EventRange, error) {
+// EventRange fetches part of a node's own event log: q.Origin's events of
+// q.Incarnation numbered [q.From, q.To), or with q.Snapshot its holdings.
+func (p *Peer) EventRange(ctx context.Context, q EventQuery) (EventRange, error) {
 	var resp transferpb.EventRangeResponse
-	if err := p.call(ctx, methodEventRange, &transferpb.EventRangeRequest{Origin: origin, From: from, To: to}, &resp); err != nil {
+	req := &transferpb.EventRangeRequest{Origin: q.Origin, Incarnation: q.Incarnation, From: q.From, To: q.To, Snapshot: q.Snapshot}
+	if err := p.call(ctx, methodEventRange, req, &resp); err != nil {
 		return EventRange{}, err
 	}
 	er := EventRange{SnapshotNeeded: resp.SnapshotNeeded, Events: make([]Event, len(resp.Events))}
+	from, to := q.From, q.To
 	prev := from
 	for i, e := range resp.Events {
+		if q.Snapshot {
+			er.Events[i] = Event{Seq: e.Seq, Payload: e.Payload}
+			continue
+		}
 		// The index applies these in order: refuse what it would
 		// misapply rather than trust the holder's arithmetic.
 		if e.Seq < from || e.Seq >= to || (i > 0 && e.Seq <= prev) {

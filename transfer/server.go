@@ -144,7 +144,7 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		}
 		return &transferpb.ReleaseResponse{Valid: ok}, nil
 	case methodEventRange:
-		er, err := h.EventRange(ctx, peer, r.origin, r.from, r.to)
+		er, err := h.EventRange(ctx, peer, r.events)
 		if err != nil {
 			return nil, err
 		}

@@ -71,18 +71,21 @@ func TestControlRoundTrips(t *testing.T) {
 		t.Errorf("release of lease 0: err = %v, want a RemoteError matching ErrNotFound", err)
 	}
 
-	er, err := p.EventRange(ctx, "c", 100, 103)
+	er, err := p.EventRange(ctx, EventQuery{Origin: "c", From: 100, To: 103})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if er.SnapshotNeeded || len(er.Events) != 3 || er.Events[2].Seq != 102 || string(er.Events[2].Payload) != "c/102" {
 		t.Errorf("event range = %+v", er)
 	}
-	if er, err := p.EventRange(ctx, "c", 1, 5); err != nil || !er.SnapshotNeeded {
+	if er, err := p.EventRange(ctx, EventQuery{Origin: "c", From: 1, To: 5}); err != nil || !er.SnapshotNeeded {
 		t.Errorf("old event range = %+v, %v; want snapshot needed", er, err)
 	}
 
-	if _, err := p.EventRange(ctx, "liar", 100, 103); !errors.Is(err, ErrFrame) {
+	if er, err := p.EventRange(ctx, EventQuery{Origin: "c", Incarnation: 9, Snapshot: true}); err != nil || string(er.Events[0].Payload) != "c@9" {
+		t.Errorf("snapshot = %+v, %v", er, err)
+	}
+	if _, err := p.EventRange(ctx, EventQuery{Origin: "liar", From: 100, To: 103}); !errors.Is(err, ErrFrame) {
 		t.Errorf("event range with an event outside it: err = %v, want ErrFrame", err)
 	}
 
@@ -102,8 +105,12 @@ func TestControlRoundTrips(t *testing.T) {
 		{"lease without hashes", func() error { _, err := p.Lease(ctx, nil, time.Second); return err }},
 		{"lease of zero duration", func() error { _, err := p.Lease(ctx, []uint64{1}, 0); return err }},
 		{"lease too long", func() error { _, err := p.Lease(ctx, []uint64{1}, time.Hour); return err }},
-		{"empty event range", func() error { _, err := p.EventRange(ctx, "c", 5, 5); return err }},
-		{"event range without origin", func() error { _, err := p.EventRange(ctx, "", 5, 6); return err }},
+		{"empty event range", func() error { _, err := p.EventRange(ctx, EventQuery{Origin: "c", From: 5, To: 5}); return err }},
+		{"snapshot with a range", func() error {
+			_, err := p.EventRange(ctx, EventQuery{Origin: "c", From: 1, To: 2, Snapshot: true})
+			return err
+		}},
+		{"event range without origin", func() error { _, err := p.EventRange(ctx, EventQuery{From: 5, To: 6}); return err }},
 	} {
 		if err := tc.call(); !errors.Is(err, ErrInvalidRequest) {
 			t.Errorf("%s: err = %v, want ErrInvalidRequest", tc.name, err)

@@ -698,10 +698,15 @@ func (x *ReleaseResponse) GetValid() bool {
 // EventRangeRequest asks an origin's event log for sequence numbers
 // [from, to).
 type EventRangeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Origin        string                 `protobuf:"bytes,1,opt,name=origin,proto3" json:"origin,omitempty"`
-	From          uint64                 `protobuf:"varint,2,opt,name=from,proto3" json:"from,omitempty"`
-	To            uint64                 `protobuf:"varint,3,opt,name=to,proto3" json:"to,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Origin string                 `protobuf:"bytes,1,opt,name=origin,proto3" json:"origin,omitempty"`
+	From   uint64                 `protobuf:"varint,2,opt,name=from,proto3" json:"from,omitempty"`
+	To     uint64                 `protobuf:"varint,3,opt,name=to,proto3" json:"to,omitempty"`
+	// The run of the origin whose events are asked for.
+	Incarnation uint64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// Ask for the origin's whole holdings instead of a range; from and to
+	// are then zero.
+	Snapshot      bool `protobuf:"varint,5,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -755,6 +760,20 @@ func (x *EventRangeRequest) GetTo() uint64 {
 		return x.To
 	}
 	return 0
+}
+
+func (x *EventRangeRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *EventRangeRequest) GetSnapshot() bool {
+	if x != nil {
+		return x.Snapshot
+	}
+	return false
 }
 
 // Event is one entry of an origin's event log; its payload is opaque here.
@@ -1150,11 +1169,13 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\"'\n" +
 	"\x0fReleaseResponse\x12\x14\n" +
-	"\x05valid\x18\x01 \x01(\bR\x05valid\"O\n" +
+	"\x05valid\x18\x01 \x01(\bR\x05valid\"\x8d\x01\n" +
 	"\x11EventRangeRequest\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\x04R\x04from\x12\x0e\n" +
-	"\x02to\x18\x03 \x01(\x04R\x02to\"3\n" +
+	"\x02to\x18\x03 \x01(\x04R\x02to\x12 \n" +
+	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\x12\x1a\n" +
+	"\bsnapshot\x18\x05 \x01(\bR\bsnapshot\"3\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
 	"\apayload\x18\x02 \x01(\fR\apayload\"r\n" +

@@ -1,0 +1,228 @@
+package fabric
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/transfer"
+)
+
+// holder serves the calls peers make to read this node's blocks: it is the
+// agent's transfer.Handler.
+type holder struct {
+	a *Agent
+
+	mu     sync.Mutex
+	owners map[pool.LeaseID]owner
+}
+
+// owner is the peer that took a lease, and when the lease ends unless
+// renewed: records of leases peers never released are pruned after it.
+type owner struct {
+	peer     string
+	deadline time.Time
+}
+
+func newHolder(a *Agent) *holder {
+	return &holder{a: a, owners: map[pool.LeaseID]owner{}}
+}
+
+// setOwner records or extends a lease's owner, pruning records whose
+// leases have ended.
+func (h *holder) setOwner(id pool.LeaseID, peer string, d time.Duration) {
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.owners[id] = owner{peer: peer, deadline: now.Add(d)}
+	if len(h.owners)%256 == 0 {
+		for id, o := range h.owners {
+			if now.After(o.deadline.Add(time.Minute)) {
+				delete(h.owners, id)
+			}
+		}
+	}
+}
+
+var _ transfer.Handler = (*holder)(nil)
+
+func (h *holder) Hello(ctx context.Context, peer string, req transfer.HelloInfo) (transfer.HelloInfo, error) {
+	return transfer.HelloInfo{Features: []string{"quic"}, LayoutSetDigest: h.a.layoutSetDigest()}, nil
+}
+
+func (h *holder) Layouts(ctx context.Context, peer string, digests [][]byte) ([]transfer.LayoutEntry, error) {
+	var out []transfer.LayoutEntry
+	for _, s := range h.a.engineSets() {
+		l := s.set.Layout()
+		d := l.Digest()
+		if len(digests) > 0 && !containsDigest(digests, d[:]) {
+			continue
+		}
+		out = append(out, transfer.LayoutEntry{Digest: d[:], BlockSet: uint64(s.set.ID()), Layout: l.Marshal()})
+	}
+	return out, nil
+}
+
+func containsDigest(list [][]byte, d []byte) bool {
+	for _, x := range list {
+		if bytes.Equal(x, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// Lease pins the leading blocks of hashes in the block set that holds the
+// longest prefix of them.
+func (h *holder) Lease(ctx context.Context, peer string, hashes []uint64, d time.Duration) (transfer.Lease, error) {
+	out := transfer.Lease{Duration: d, Blocks: make([]transfer.LeasedBlock, len(hashes))}
+	for i, x := range hashes {
+		out.Blocks[i].Hash = x
+	}
+	var best *pool.BlockSet
+	bestN := 0
+	for _, s := range h.a.engineSets() {
+		n := 0
+		for _, x := range hashes {
+			if _, ok := s.set.Lookup(x); !ok {
+				break
+			}
+			n++
+		}
+		if n > bestN {
+			best, bestN = s.set, n
+		}
+	}
+	if best == nil {
+		return out, nil
+	}
+	id, blocks, err := best.Lease(hashes[:bestN], d)
+	if err != nil {
+		return out, leaseError(err)
+	}
+	if id == 0 {
+		return out, nil // recycled between the look-up and the lease
+	}
+	h.setOwner(id, peer, d)
+	out.ID = uint64(id)
+	for i, b := range blocks {
+		if !b.Found {
+			break
+		}
+		out.Blocks[i] = transfer.LeasedBlock{Hash: b.Hash, Present: true, BlockSet: uint64(best.ID()), Slot: uint64(b.Slot), Generation: b.Generation}
+	}
+	h.a.stats.leasesServed.Add(1)
+	return out, nil
+}
+
+func leaseError(err error) error {
+	switch {
+	case errors.Is(err, pool.ErrTooManyLeases):
+		return fmt.Errorf("%w: %v", transfer.ErrUnavailable, err)
+	case errors.Is(err, pool.ErrInvalidArgument), errors.Is(err, pool.ErrBadLease):
+		return fmt.Errorf("%w: %v", transfer.ErrInvalidRequest, err)
+	case errors.Is(err, pool.ErrClosed):
+		return fmt.Errorf("%w: %v", transfer.ErrUnavailable, err)
+	}
+	return err
+}
+
+// owned checks that peer took the lease: lease ids are unguessable, but a
+// member must not ride on another member's lease either.
+func (h *holder) owned(peer string, id uint64) error {
+	h.mu.Lock()
+	o, ok := h.owners[pool.LeaseID(id)]
+	h.mu.Unlock()
+	if !ok || o.peer != peer {
+		return fmt.Errorf("%w: lease %d is not %s's", transfer.ErrLeaseRefused, id, peer)
+	}
+	return nil
+}
+
+func (h *holder) Renew(ctx context.Context, peer string, id uint64, d time.Duration) (bool, error) {
+	if err := h.owned(peer, id); err != nil {
+		return false, nil
+	}
+	if err := h.a.pool.Renew(pool.LeaseID(id), d); err != nil {
+		if errors.Is(err, pool.ErrLeaseExpired) || errors.Is(err, pool.ErrUnknownLease) {
+			return false, nil
+		}
+		return false, leaseError(err)
+	}
+	h.setOwner(pool.LeaseID(id), peer, d)
+	return true, nil
+}
+
+func (h *holder) Release(ctx context.Context, peer string, id uint64) (bool, error) {
+	if err := h.owned(peer, id); err != nil {
+		return false, nil
+	}
+	h.mu.Lock()
+	delete(h.owners, pool.LeaseID(id))
+	h.mu.Unlock()
+	valid, err := h.a.pool.ReleaseLease(pool.LeaseID(id))
+	if errors.Is(err, pool.ErrUnknownLease) || errors.Is(err, pool.ErrLeaseExpired) {
+		return false, nil
+	}
+	return valid, leaseError(err)
+}
+
+func (h *holder) EventRange(ctx context.Context, peer, origin string, from, to uint64) (transfer.EventRange, error) {
+	return h.a.eventRange(origin, from, to)
+}
+
+// CheckRead lets a read through only inside slots the peer's lease holds.
+func (h *holder) CheckRead(peer string, id, blockSet uint64, seg layout.Segment) error {
+	if err := h.owned(peer, id); err != nil {
+		return err
+	}
+	return transfer.ForEachPiece(seg, func(off, n uint64) error {
+		if err := h.a.pool.CheckRead(pool.LeaseID(id), pool.SetID(blockSet), seg.SrcRank, off, n); err != nil {
+			return fmt.Errorf("%w: %v", transfer.ErrLeaseRefused, err)
+		}
+		return nil
+	})
+}
+
+func (h *holder) Region(blockSet uint64, rank int) ([]byte, error) {
+	set, err := h.a.pool.BlockSet(pool.SetID(blockSet))
+	if err != nil {
+		return nil, fmt.Errorf("%w: block set %d", transfer.ErrNotFound, blockSet)
+	}
+	b, err := set.RankBytes(rank)
+	if err != nil {
+		return nil, fmt.Errorf("%w: block set %d rank %d: %v", transfer.ErrNotFound, blockSet, rank, err)
+	}
+	return b, nil
+}
+
+// engineSets returns the block sets in id order.
+func (a *Agent) engineSets() []*engineSet {
+	a.mu.Lock()
+	out := make([]*engineSet, 0, len(a.sets))
+	for _, s := range a.sets {
+		out = append(out, s)
+	}
+	a.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].set.ID() < out[j].set.ID() })
+	return out
+}
+
+// layoutSetDigest identifies the set of layouts this node serves; peers
+// refetch layouts when it changes.
+func (a *Agent) layoutSetDigest() []byte {
+	h := sha256.New()
+	for _, s := range a.engineSets() {
+		d := s.set.Layout().Digest()
+		fmt.Fprintf(h, "%d:", s.set.ID())
+		h.Write(d[:])
+	}
+	return h.Sum(nil)[:16]
+}
