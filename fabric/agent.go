@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -17,18 +18,34 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/fabric/index"
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/transfer"
 )
 
 // Agent is the kvfabric node agent. Start makes one; Close stops it.
 type Agent struct {
 	cfg     Config
 	log     *slog.Logger
+	baseLog *slog.Logger
 	started time.Time
 
 	storage *pool.HostStorage
 	pool    *pool.Pool
+
+	index     *index.Index
+	holder    *holder
+	transport *transfer.Node
+	members   *membership.Membership
+	// publisher is members once it has started: pool events before that
+	// have no one to go to.
+	publisher atomic.Pointer[membership.Membership]
+	layouts   layoutCache
+	flights   flights
+	metaPoke  chan struct{}
+	done      chan struct{}
 
 	mu   sync.Mutex
 	sets map[pool.SetID]*engineSet
@@ -53,11 +70,15 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{}}
+	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{},
+		metaPoke: make(chan struct{}, 1), done: make(chan struct{})}
 	if a.log == nil {
 		lvl, _ := parseLevel(cfg.LogLevel)
 		a.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
+	// Membership names the node in its own records; the rest of the
+	// agent's get the attribute here.
+	a.baseLog = a.log
 	a.log = a.log.With("node", cfg.NodeName)
 	defer func() {
 		if err != nil {
@@ -70,13 +91,27 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err := a.startPools(specs); err != nil {
 		return nil, err
 	}
+	if a.index, err = index.New(index.DefaultConfig()); err != nil {
+		return nil, fmt.Errorf("fabric: index: %w", err)
+	}
+	a.holder = newHolder(a)
+	if err := a.startTransport(); err != nil {
+		return nil, err
+	}
+	if err := a.startMembership(ctx); err != nil {
+		return nil, err
+	}
+	a.publisher.Store(a.members)
+	a.wg.Add(1)
+	go a.metaLoop()
 	if err := a.startEngineAPI(); err != nil {
 		return nil, err
 	}
 	if err := a.startHTTP(); err != nil {
 		return nil, err
 	}
-	a.log.Info("agent started", "engine_socket", cfg.EngineSocket, "metrics", a.MetricsAddr())
+	a.log.Info("agent started", "gossip", a.members.Addr(), "peer", a.peerAdvertise(),
+		"engine_socket", cfg.EngineSocket, "metrics", a.MetricsAddr(), "join", cfg.Join)
 	return a, nil
 }
 
@@ -103,12 +138,6 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	}
 	a.pool = p
 	return nil
-}
-
-// onPoolEvents receives the pool's store and remove events. It must not
-// block (the pool's contract).
-func (a *Agent) onPoolEvents(b pool.EventBatch) {
-	a.stats.events.Add(uint64(len(b.Events)))
 }
 
 func (a *Agent) startEngineAPI() error {
@@ -193,6 +222,9 @@ func (a *Agent) MetricsAddr() string {
 	return a.httpLn.Addr().String()
 }
 
+// GossipAddr returns the address other nodes join this one at.
+func (a *Agent) GossipAddr() string { return a.members.Addr().String() }
+
 // EngineSocket returns the path of the engine API socket.
 func (a *Agent) EngineSocket() string { return a.cfg.EngineSocket }
 
@@ -204,6 +236,7 @@ func (a *Agent) NodeName() string { return a.cfg.NodeName }
 func (a *Agent) Close() error {
 	a.closeOnce.Do(func() {
 		var errs []error
+		close(a.done)
 		if a.engineSrv != nil {
 			stopped := make(chan struct{})
 			go func() { a.engineSrv.GracefulStop(); close(stopped) }()
@@ -217,6 +250,15 @@ func (a *Agent) Close() error {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			errs = append(errs, a.httpSrv.Shutdown(ctx))
 			cancel()
+		}
+		a.publisher.Store(nil)
+		if a.members != nil {
+			// Leave gracefully: others drop our blocks at once instead
+			// of after failure detection.
+			errs = append(errs, a.members.Close())
+		}
+		if a.transport != nil {
+			errs = append(errs, a.transport.Close())
 		}
 		if a.pool != nil {
 			errs = append(errs, a.pool.Close())
@@ -260,6 +302,7 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 	}
 	s := &engineSet{set: set, engine: engine, refs: map[int]slotRef{}}
 	a.sets[set.ID()] = s
+	a.pokeMeta()
 	a.log.Info("block set made", "engine", engine, "set", set.ID(), "slots", set.Slots(), "tp", tmpl.TPSize,
 		"page", tmpl.PageSize, "digest", set.Layout().Digest().Short())
 	return s, nil

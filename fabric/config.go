@@ -60,10 +60,13 @@ type Config struct {
 	CertFile string `json:"cert_file,omitempty"`
 	KeyFile  string `json:"key_file,omitempty"`
 	// Dev makes or reuses a CA in DataDir/dev-ca and certifies this node with
-	// it: for a local development cluster only. Every agent of the cluster
-	// must share the DataDir's dev-ca (same machine). Ignored when the TLS
-	// files are given.
+	// it: for a local development cluster only. Ignored when the TLS files
+	// are given.
 	Dev bool `json:"dev,omitempty"`
+	// DevCADir is where Dev keeps the development CA; the agents of one
+	// local cluster share it. If empty, a kvfabric-dev-ca folder beside
+	// DataDir.
+	DevCADir string `json:"dev_ca_dir,omitempty"`
 
 	// EngineSocket is the unix socket of the engine API (mode 0600). If
 	// empty, DataDir/engine.sock.
@@ -192,6 +195,9 @@ func (c *Config) populate() {
 	}
 	if c.PeerAddr == "" {
 		c.PeerAddr = d.PeerAddr
+	}
+	if c.DevCADir == "" {
+		c.DevCADir = devCADir(c.DataDir)
 	}
 	if c.EngineSocket == "" {
 		c.EngineSocket = filepath.Join(c.DataDir, "engine.sock")

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"sort"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/fabric/index"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
 )
@@ -266,4 +270,103 @@ func toStatus(err error) error {
 		code = codes.Unavailable
 	}
 	return status.Error(code, err.Error())
+}
+
+// loadWeight weighs a node's KV usage against its overlap when ranking
+// holders for routers: score = overlap/query - loadWeight × usage.
+const loadWeight = 1.0
+
+func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) (*fabricpb.LookupResponse, error) {
+	bs := int(req.GetBlockSize())
+	if bs == 0 {
+		bs = 16
+	}
+	if len(req.GetHashes()) > maxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d (at most %d)", len(req.GetHashes()), maxRequestBlocks)
+	}
+	hashes, err := requestHashes(req.GetHashes(), req.GetTokens(), bs, -1)
+	if err != nil {
+		return nil, err
+	}
+	a := e.a
+	matches := a.index.FindMatches(hashes)
+	loads := map[index.NodeID]float64{}
+	for _, m := range a.members.Members() {
+		if id, err := a.index.ID(m.Name); err == nil {
+			loads[id] = m.Meta.Load.KVUsage
+		}
+	}
+	out := &fabricpb.LookupResponse{Hashes: hashes}
+	for _, r := range index.Rank(matches, loads, len(hashes), loadWeight) {
+		out.Overlaps = append(out.Overlaps, &fabricpb.Overlap{Node: a.index.Name(r.Node), Blocks: uint32(r.Blocks), Score: r.Score})
+	}
+	return out, nil
+}
+
+func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) (*fabricpb.ImportResponse, error) {
+	s, err := e.a.engineSet(req.GetBlockSet())
+	if err != nil {
+		return nil, err
+	}
+	hashes := req.GetHashes()
+	if len(hashes) == 0 || len(hashes) > maxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d (want 1..%d)", len(hashes), maxRequestBlocks)
+	}
+	timeout := e.a.cfg.ImportTimeout
+	if ms := req.GetTimeoutMs(); ms > 0 {
+		timeout = time.Duration(ms) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	res := e.a.importBlocks(ctx, s, hashes)
+	out := &fabricpb.ImportResponse{Blocks: res.refs, Fetches: res.fetches}
+	if res.err != nil {
+		out.Error = res.err.Error()
+		if len(res.refs) == 0 {
+			// Nothing brought: a call error, so that callers that only
+			// check the status see it.
+			return nil, status.Error(codes.Unavailable, res.err.Error())
+		}
+	}
+	return out, nil
+}
+
+func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) (*fabricpb.StatusResponse, error) {
+	a := e.a
+	out := &fabricpb.StatusResponse{
+		Node:         a.cfg.NodeName,
+		Version:      version(),
+		IndexEntries: uint64(a.index.Stats().Pairs),
+		Imports:      a.stats.imports.Load(),
+		ImportBytes:  a.stats.importBytes.Load(),
+	}
+	for _, m := range a.members.Members() {
+		mb := &fabricpb.Member{Node: m.Name, GossipAddr: m.Addr.String(), PeerAddr: m.Meta.PeerAddr, State: "alive"}
+		if m.MetaErr != nil {
+			mb.State = "alive (bad metadata: " + m.MetaErr.Error() + ")"
+		}
+		if id, err := a.index.ID(m.Name); err == nil {
+			mb.Blocks = uint64(a.index.NodeBlocks(id))
+		}
+		out.Members = append(out.Members, mb)
+	}
+	sort.Slice(out.Members, func(i, j int) bool { return out.Members[i].Node < out.Members[j].Node })
+	for _, s := range a.engineSets() {
+		l := s.set.Layout()
+		m := s.set.Metrics()
+		out.BlockSets = append(out.BlockSets, &fabricpb.BlockSet{
+			Id: uint64(s.set.ID()), Engine: s.engine, LayoutDigest: l.Digest().Short(),
+			TpSize: uint32(l.TPSize), PageSize: uint32(l.PageSize), Slots: uint32(m.Slots),
+			Free: uint32(m.Free), Registered: uint32(m.Registered), Leased: uint32(m.Leased),
+		})
+	}
+	return out, nil
+}
+
+// version is the module version the binary was built from.
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
 }

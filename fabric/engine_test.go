@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,9 @@ func testConfig(t *testing.T, name string) fabric.Config {
 	c := fabric.DefaultLocalConfig()
 	c.NodeName = name
 	c.DataDir = dir
+	c.DevCADir = filepath.Join(dir, "ca")
+	c.GossipAddr = "127.0.0.1:0"
+	c.PeerAddr = "127.0.0.1:0"
 	c.MetricsAddr = "127.0.0.1:0"
 	c.Pools = []string{"host=16MiB"}
 	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -174,8 +174,8 @@ func (h *holder) Release(ctx context.Context, peer string, id uint64) (bool, err
 	return valid, leaseError(err)
 }
 
-func (h *holder) EventRange(ctx context.Context, peer, origin string, from, to uint64) (transfer.EventRange, error) {
-	return h.a.eventRange(origin, from, to)
+func (h *holder) EventRange(ctx context.Context, peer string, q transfer.EventQuery) (transfer.EventRange, error) {
+	return h.a.eventRange(q.Origin, q)
 }
 
 // CheckRead lets a read through only inside slots the peer's lease holds.

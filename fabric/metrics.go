@@ -11,10 +11,14 @@ import (
 
 // stats are the agent's own counters; the pool keeps its own.
 type stats struct {
-	events      atomic.Uint64 // pool events seen
-	imports     atomic.Uint64
-	importFails atomic.Uint64
-	importBytes atomic.Uint64
+	events       atomic.Uint64 // pool events seen
+	eventsLost   atomic.Uint64 // pool events dropped before publishing
+	imports      atomic.Uint64
+	importFails  atomic.Uint64
+	importBytes  atomic.Uint64
+	importBlocks atomic.Uint64
+	inflight     atomic.Int64 // imports in progress
+	leasesServed atomic.Uint64
 }
 
 func (a *Agent) serveHealth(w http.ResponseWriter, r *http.Request) {

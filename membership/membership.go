@@ -47,6 +47,11 @@ type Membership struct {
 	unflushed []Event
 	origins   map[string]*originState
 	alive     map[string]bool
+	// members are copies of the other members, taken in memberlist's
+	// callbacks: memberlist's own Node values change under its lock, so
+	// they are never read outside it.
+	members map[string]Member
+	self    netip.AddrPort
 	// leaving holds the nodes that said bye: memberlist reports a leave and
 	// a failure through the same callback, without saying which.
 	leaving map[string]bool
@@ -129,6 +134,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		own:     make(map[Entry]uint32),
 		origins: make(map[string]*originState),
 		alive:   make(map[string]bool),
+		members: make(map[string]Member),
 		leaving: make(map[string]bool),
 	}
 	mc := memberlist.DefaultLANConfig()
@@ -167,8 +173,11 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	if err != nil {
 		return nil, fmt.Errorf("membership: node %s: start memberlist on %s:%d: %w", cfg.Name, cfg.BindAddr, cfg.BindPort, err)
 	}
+	local := ml.LocalNode()
+	a, _ := netip.AddrFromSlice(local.Addr)
 	m.mu.Lock()
 	m.ml = ml
+	m.self = netip.AddrPortFrom(a.Unmap(), local.Port)
 	m.mu.Unlock()
 
 	if len(cfg.Seeds) > 0 {
@@ -298,18 +307,22 @@ func (m *Membership) Incarnation() uint64 { return m.cfg.Incarnation }
 
 // Addr returns the address memberlist listens on (useful with port 0).
 func (m *Membership) Addr() netip.AddrPort {
-	n := m.ml.LocalNode()
-	a, _ := netip.AddrFromSlice(n.Addr)
-	return netip.AddrPortFrom(a.Unmap(), n.Port)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.self
 }
 
 // Members returns the members that are alive or suspected, this node
 // included, in no particular order.
 func (m *Membership) Members() []Member {
-	nodes := m.ml.Members()
-	out := make([]Member, 0, len(nodes))
-	for _, n := range nodes {
-		out = append(out, toMember(n))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Member, 0, len(m.members)+1)
+	self := Member{Name: m.cfg.Name, Addr: m.self}
+	self.MetaErr = self.Meta.UnmarshalBinary(m.meta)
+	out = append(out, self)
+	for _, mb := range m.members {
+		out = append(out, mb)
 	}
 	return out
 }
@@ -552,6 +565,7 @@ func (m *Membership) memberChanged(n *memberlist.Node, kind MemberEventKind) {
 	switch kind {
 	case MemberJoin, MemberUpdate:
 		m.alive[n.Name] = true
+		m.members[n.Name] = mb
 		delete(m.leaving, n.Name)
 		if mb.MetaErr == nil {
 			// A new incarnation in the metadata means the node restarted:
@@ -566,6 +580,7 @@ func (m *Membership) memberChanged(n *memberlist.Node, kind MemberEventKind) {
 		}
 		delete(m.leaving, n.Name)
 		delete(m.alive, n.Name)
+		delete(m.members, n.Name)
 		delete(m.origins, n.Name)
 		if m.cfg.Sink != nil {
 			m.cfg.Sink.Drop(n.Name)

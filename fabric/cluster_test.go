@@ -1,0 +1,210 @@
+package fabric_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// cluster starts n agents on 127.0.0.(i+1), sharing one development CA.
+func cluster(t *testing.T, n int) []*fabric.Agent {
+	t.Helper()
+	root, err := os.MkdirTemp("", "kvfc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	var agents []*fabric.Agent
+	for i := range n {
+		c := fabric.DefaultLocalConfig()
+		c.NodeName = fmt.Sprintf("n%d", i+1)
+		c.DataDir = filepath.Join(root, c.NodeName)
+		c.DevCADir = filepath.Join(root, "ca")
+		ip := fmt.Sprintf("127.0.0.%d", i+1)
+		c.GossipAddr, c.PeerAddr, c.MetricsAddr = ip+":0", ip+":0", "off"
+		c.Pools = []string{"host=64MiB"}
+		c.PeerTimeout = time.Second
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		if testing.Verbose() {
+			c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		}
+		if i > 0 {
+			c.Join = []string{agents[0].GossipAddr()}
+		}
+		agents = append(agents, startAgent(t, c))
+	}
+	waitFor(t, 10*time.Second, "every agent sees every other", func() error {
+		for _, a := range agents {
+			if got := len(agentStatus(t, a).Members); got != n {
+				return fmt.Errorf("%s sees %d members", a.NodeName(), got)
+			}
+		}
+		return nil
+	})
+	return agents
+}
+
+func agentStatus(t *testing.T, a *fabric.Agent) *statusView {
+	c := dial(t, a)
+	s, err := c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &statusView{Members: map[string]uint64{}}
+	for _, m := range s.Members {
+		v.Members[m.Node] = m.Blocks
+	}
+	return v
+}
+
+type statusView struct{ Members map[string]uint64 }
+
+var clients = map[*fabric.Agent]*client.Client{}
+
+func dial(t *testing.T, a *fabric.Agent) *client.Client {
+	if c, ok := clients[a]; ok {
+		return c
+	}
+	c, err := client.Dial(context.Background(), a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clients[a] = c
+	t.Cleanup(func() { c.Close(); delete(clients, a) })
+	return c
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v: %v", what, d, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var testModel = layout.ModelConfig{Layers: 4, KVHeads: 8, HeadDim: 16, DType: layout.DTypeBF16}
+
+// produce registers blocks with content ids 1..n on a under TP tp, and
+// returns their sequence hashes.
+func produce(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, n int) []uint64 {
+	ctx := context.Background()
+	c := dial(t, a)
+	set, err := c.Register(ctx, client.Engine{Name: "producer", Model: testModel, TPSize: tp, PageSize: 16, Order: order, Slots: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := c.Allocate(ctx, set.ID, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]uint32, 16*n)
+	for i := range tokens {
+		tokens[i] = uint32(i*7 + 3)
+	}
+	h, _ := layout.NewHasher(16, layout.HashOptions{})
+	var hashes []uint64
+	for i, b := range h.Sequence(tokens) {
+		kvtest.Fill(set.Layout, set.Ranks, int(slots[i]), uint64(i+1))
+		hashes = append(hashes, b.Sequence)
+	}
+	if _, err := c.RegisterBlocks(ctx, set.ID, slots, hashes); err != nil {
+		t.Fatal(err)
+	}
+	return hashes
+}
+
+// consume imports hashes on a under TP tp and checks every byte.
+func consume(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, hashes []uint64) []string {
+	ctx := context.Background()
+	c := dial(t, a)
+	set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: tp, PageSize: 16, Order: order, Slots: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil {
+		t.Fatalf("import on %s: %v", a.NodeName(), err)
+	}
+	if len(resp.Blocks) != len(hashes) {
+		t.Fatalf("import on %s brought %d of %d blocks: %s", a.NodeName(), len(resp.Blocks), len(hashes), resp.Error)
+	}
+	for i, b := range resp.Blocks {
+		if err := kvtest.Check(set.Layout, set.Ranks, int(b.Slot), uint64(i+1)); err != nil {
+			t.Fatalf("import on %s, block %d: %v", a.NodeName(), i, err)
+		}
+	}
+	var from []string
+	for _, f := range resp.Fetches {
+		from = append(from, f.Node)
+	}
+	slots := make([]uint32, len(resp.Blocks))
+	for i, b := range resp.Blocks {
+		slots[i] = b.Slot
+	}
+	if err := c.Release(ctx, set.ID, slots); err != nil {
+		t.Fatal(err)
+	}
+	return from
+}
+
+func TestClusterImport(t *testing.T) {
+	agents := cluster(t, 3)
+	n1, n2, n3 := agents[0], agents[1], agents[2]
+	hashes := produce(t, n1, 4, layout.HND, 20)
+	waitFor(t, 5*time.Second, "n2 and n3 index n1's blocks", func() error {
+		for _, a := range []*fabric.Agent{n2, n3} {
+			if got := agentStatus(t, a).Members["n1"]; got != 20 {
+				return fmt.Errorf("%s indexes %d blocks of n1", a.NodeName(), got)
+			}
+		}
+		return nil
+	})
+	ov, err := dial(t, n3).Lookup(context.Background(), hashes)
+	// Every member is ranked (a router weighs load for all); the holder
+	// of the whole prefix comes first.
+	if err != nil || len(ov) != 3 || ov[0].Node != "n1" || ov[0].Blocks != 20 || ov[1].Blocks != 0 || ov[0].Score <= ov[1].Score {
+		t.Fatalf("lookup: %v %v", ov, err)
+	}
+
+	// TP 4 HND -> TP 2 NHD, byte for byte.
+	if from := consume(t, n2, 2, layout.NHD, hashes); len(from) != 1 || from[0] != "n1" {
+		t.Fatalf("n2 imported from %v, want n1", from)
+	}
+	// n2 holds them now too.
+	waitFor(t, 5*time.Second, "n3 indexes n2's imported blocks", func() error {
+		if got := agentStatus(t, n3).Members["n2"]; got != 20 {
+			return fmt.Errorf("n3 indexes %d blocks of n2", got)
+		}
+		return nil
+	})
+	// n1 leaves: n3 imports from n2 instead, under TP 8.
+	if err := n1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "n3 drops n1", func() error {
+		if _, ok := agentStatus(t, n3).Members["n1"]; ok {
+			return fmt.Errorf("n1 still a member")
+		}
+		return nil
+	})
+	if from := consume(t, n3, 8, layout.HND, hashes); len(from) != 1 || from[0] != "n2" {
+		t.Fatalf("n3 imported from %v, want n2", from)
+	}
+}

@@ -1,0 +1,357 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/membership"
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/transfer"
+)
+
+// maxHoldersTried bounds the holders one import asks, so that a cluster
+// that keeps failing cannot keep an import busy past its deadline anyway.
+const maxHoldersTried = 8
+
+// importResult is what an import brought.
+type importResult struct {
+	refs    []*fabricpb.BlockRef
+	fetches []*fabricpb.Fetch
+	err     error // why the rest is missing
+}
+
+// importBlocks brings the blocks of hashes into s, the longest prefix it
+// can, and references them for the engine: first what is here already,
+// then from holders, longest prefix first, then least load.
+func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64) importResult {
+	a.stats.imports.Add(1)
+	a.stats.inflight.Add(1)
+	defer a.stats.inflight.Add(-1)
+	var res importResult
+	var failures []string
+	tried := 0
+	for len(res.refs) < len(hashes) {
+		// What is here (imported by us or by a concurrent import).
+		for _, h := range hashes[len(res.refs):] {
+			b, ok := s.set.Acquire(h)
+			if !ok {
+				break
+			}
+			s.hold(b)
+			res.refs = append(res.refs, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
+		}
+		rest := hashes[len(res.refs):]
+		if len(rest) == 0 {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			failures = append(failures, err.Error())
+			break
+		}
+		// Another import of this node is bringing the next block: wait
+		// for it and take what it brought, rather than move it twice.
+		if f, mine := a.flights.claim(s.set.ID(), rest[0]); !mine {
+			select {
+			case <-f.done:
+				continue
+			case <-ctx.Done():
+				failures = append(failures, ctx.Err().Error())
+			}
+			break
+		} else {
+			refs, fetch, err := a.importFromHolders(ctx, s, rest, parentOf(hashes, len(res.refs)), &tried, &failures)
+			a.flights.finish(s.set.ID(), rest[0], f)
+			res.refs = append(res.refs, refs...)
+			res.fetches = append(res.fetches, fetch...)
+			if err != nil || len(refs) == 0 {
+				if err != nil {
+					failures = append(failures, err.Error())
+				}
+				break
+			}
+		}
+	}
+	if len(res.refs) < len(hashes) {
+		a.stats.importFails.Add(1)
+		reason := "no node holds them"
+		if len(failures) > 0 {
+			reason = strings.Join(failures, "; ")
+		}
+		res.err = fmt.Errorf("blocks %d..%d of %d (from hash %d) not imported: %s", len(res.refs), len(hashes)-1, len(hashes), hashes[len(res.refs)], reason)
+	}
+	return res
+}
+
+// parentOf returns the sequence hash before block i, 0 for the first.
+func parentOf(hashes []uint64, i int) uint64 {
+	if i == 0 {
+		return 0
+	}
+	return hashes[i-1]
+}
+
+// importFromHolders fetches the leading blocks of rest from the best
+// holder that serves them, trying the next on failure.
+func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint64, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, []*fabricpb.Fetch, error) {
+	for _, c := range a.candidates(rest) {
+		if *tried >= maxHoldersTried {
+			return nil, nil, fmt.Errorf("%d holders tried", *tried)
+		}
+		*tried++
+		start := time.Now()
+		refs, bytes, err := a.fetch(ctx, c.member, s, rest[:c.blocks], parent)
+		if err != nil {
+			a.log.Warn("import from holder failed", "peer", c.member.Name, "blocks", c.blocks, "err", err)
+			*failures = append(*failures, fmt.Sprintf("%s: %v", c.member.Name, err))
+			if ctx.Err() != nil {
+				return nil, nil, nil
+			}
+			continue
+		}
+		f := &fabricpb.Fetch{Node: c.member.Name, Transport: "quic", Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
+		return refs, []*fabricpb.Fetch{f}, nil
+	}
+	return nil, nil, nil
+}
+
+type candidate struct {
+	member membership.Member
+	blocks int
+	load   float64
+}
+
+// candidates are the members holding a prefix of hashes: longest prefix
+// first, then least loaded (every holder is reached over QUIC today, so
+// transport cost does not separate them yet).
+func (a *Agent) candidates(hashes []uint64) []candidate {
+	matches := a.index.FindMatches(hashes)
+	var out []candidate
+	for _, m := range matches {
+		name := a.index.Name(m.Node)
+		if name == a.cfg.NodeName {
+			continue
+		}
+		mem, ok := a.member(name)
+		if !ok || mem.Meta.PeerAddr == "" {
+			continue
+		}
+		out = append(out, candidate{member: mem, blocks: m.Blocks, load: mem.Meta.Load.KVUsage + float64(mem.Meta.Load.Imports)})
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].blocks != out[j].blocks {
+			return out[i].blocks > out[j].blocks
+		}
+		return out[i].load < out[j].load
+	})
+	return out
+}
+
+// fetch imports the leading blocks of hashes that holder still has into
+// new slots of s. A slot is registered only when every byte of the plan
+// arrived and the holder confirmed that the lease never expired; on any
+// failure the slots are freed and nothing is registered.
+func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+	peer, err := a.transport.Peer(ctx, holder.Meta.PeerAddr, holder.Name)
+	if err != nil {
+		return nil, 0, err
+	}
+	lease, err := peer.Lease(ctx, hashes, a.cfg.LeaseDuration)
+	if err != nil {
+		return nil, 0, fmt.Errorf("lease: %w", err)
+	}
+	released := false
+	defer func() {
+		if !released && lease.ID != 0 {
+			rctx, cancel := context.WithTimeout(context.Background(), a.cfg.PeerTimeout)
+			peer.Release(rctx, lease.ID)
+			cancel()
+		}
+	}()
+	if len(lease.Blocks) != len(hashes) {
+		return nil, 0, fmt.Errorf("lease answered %d blocks for %d hashes", len(lease.Blocks), len(hashes))
+	}
+	// The leading blocks present, in one block set.
+	k := 0
+	for k < len(hashes) && lease.Blocks[k].Present && lease.Blocks[k].Hash == hashes[k] &&
+		lease.Blocks[k].BlockSet == lease.Blocks[0].BlockSet {
+		k++
+	}
+	if k == 0 || lease.ID == 0 {
+		return nil, 0, errors.New("holder no longer has the blocks")
+	}
+	src, err := a.layouts.get(ctx, peer, holder, lease.Blocks[0].BlockSet)
+	if err != nil {
+		return nil, 0, err
+	}
+	dst := s.set.Layout()
+	if src.PageSize != dst.PageSize {
+		return nil, 0, fmt.Errorf("holder's page size %d differs from ours (%d): its blocks are named by other hashes", src.PageSize, dst.PageSize)
+	}
+	blocks, err := s.set.Allocate(k)
+	if err != nil {
+		return nil, 0, fmt.Errorf("local slots: %w", err)
+	}
+	registered := false
+	defer func() {
+		if !registered {
+			for _, b := range blocks {
+				s.set.Abort(b)
+			}
+		}
+	}()
+	pairs := make([]layout.SlotPair, k)
+	for i := range k {
+		slot := lease.Blocks[i].Slot
+		if slot >= uint64(src.Slots) {
+			return nil, 0, fmt.Errorf("lease names slot %d of a block set of %d", slot, src.Slots)
+		}
+		pairs[i] = layout.SlotPair{Src: int(slot), Dst: blocks[i].Slot}
+	}
+	plan, err := layout.NewPlan(src, dst, pairs)
+	if err != nil {
+		return nil, 0, err
+	}
+	regions, err := s.set.RegionBytes()
+	if err != nil {
+		return nil, 0, err
+	}
+	var segs []layout.Segment
+	for _, r := range plan.Ranks {
+		segs = append(segs, r...)
+	}
+	if err := peer.Read(ctx, lease.ID, lease.Blocks[0].BlockSet, segs, regions); err != nil {
+		return nil, 0, fmt.Errorf("read: %w", err)
+	}
+	valid, err := peer.Release(ctx, lease.ID)
+	released = true
+	if err != nil {
+		return nil, 0, fmt.Errorf("release: %w", err)
+	}
+	if !valid {
+		return nil, 0, errors.New("lease expired before release: the bytes are not trusted")
+	}
+	refs := make([]*fabricpb.BlockRef, 0, k)
+	for i, b := range blocks {
+		if err := s.set.Commit(b); err != nil {
+			return nil, 0, err
+		}
+		reg, err := s.set.Register(b, hashes[i], parent)
+		if err != nil {
+			// Earlier blocks are registered and referenced: keep them,
+			// free the rest.
+			for _, rest := range blocks[i+1:] {
+				s.set.Abort(rest)
+			}
+			registered = true
+			return refs, plan.Bytes(), err
+		}
+		s.hold(reg)
+		refs = append(refs, &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(reg.Slot), Duplicate: reg.Slot != b.Slot})
+		parent = hashes[i]
+	}
+	registered = true
+	a.stats.importBytes.Add(plan.Bytes())
+	a.stats.importBlocks.Add(uint64(k))
+	return refs, plan.Bytes(), nil
+}
+
+// flights makes concurrent imports of the same block on one node share
+// one transfer: the first claims it, the others wait for it to finish.
+type flights struct {
+	mu sync.Mutex
+	m  map[flightKey]*flight
+}
+
+type flightKey struct {
+	set  pool.SetID
+	hash uint64
+}
+
+type flight struct{ done chan struct{} }
+
+func (f *flights) claim(set pool.SetID, hash uint64) (*flight, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := flightKey{set, hash}
+	if fl, ok := f.m[k]; ok {
+		return fl, false
+	}
+	if f.m == nil {
+		f.m = map[flightKey]*flight{}
+	}
+	fl := &flight{done: make(chan struct{})}
+	f.m[k] = fl
+	return fl, true
+}
+
+func (f *flights) finish(set pool.SetID, hash uint64, fl *flight) {
+	f.mu.Lock()
+	delete(f.m, flightKey{set, hash})
+	f.mu.Unlock()
+	close(fl.done)
+}
+
+// layoutCache keeps peers' layouts, per block set, until the peer's
+// layout-set digest changes.
+type layoutCache struct {
+	mu    sync.Mutex
+	peers map[string]peerLayouts
+}
+
+type peerLayouts struct {
+	digest uint64 // the member's layout-set digest these came with
+	sets   map[uint64]*layout.Layout
+}
+
+func (c *layoutCache) forget(peer string) {
+	c.mu.Lock()
+	delete(c.peers, peer)
+	c.mu.Unlock()
+}
+
+// get returns a peer's layout of blockSet, fetching the peer's layouts
+// when they are not cached for its current digest. Every layout is
+// validated by decoding; its digest must match the one sent.
+func (c *layoutCache) get(ctx context.Context, peer *transfer.Peer, m membership.Member, blockSet uint64) (*layout.Layout, error) {
+	c.mu.Lock()
+	pl, ok := c.peers[m.Name]
+	c.mu.Unlock()
+	if ok && pl.digest == m.Meta.LayoutDigest {
+		if l := pl.sets[blockSet]; l != nil {
+			return l, nil
+		}
+	}
+	entries, err := peer.Layouts(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("layouts: %w", err)
+	}
+	pl = peerLayouts{digest: m.Meta.LayoutDigest, sets: map[uint64]*layout.Layout{}}
+	for _, e := range entries {
+		l, err := layout.Unmarshal(e.Layout)
+		if err != nil {
+			return nil, fmt.Errorf("layout of block set %d: %w", e.BlockSet, err)
+		}
+		if d := l.Digest(); string(d[:]) != string(e.Digest) {
+			return nil, fmt.Errorf("layout of block set %d does not match its digest", e.BlockSet)
+		}
+		pl.sets[e.BlockSet] = l
+	}
+	c.mu.Lock()
+	if c.peers == nil {
+		c.peers = map[string]peerLayouts{}
+	}
+	c.peers[m.Name] = pl
+	c.mu.Unlock()
+	l := pl.sets[blockSet]
+	if l == nil {
+		return nil, fmt.Errorf("holder has no layout for its block set %d", blockSet)
+	}
+	return l, nil
+}
