@@ -288,13 +288,18 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 			return s, nil
 		}
 	}
-	if tmpl.Slots == 0 {
-		tmpl.Slots = a.defaultSlots(tmpl)
-	}
 	// Fill regions only so that the template validates; the pool places them.
 	tmpl.Regions = make([]layout.Region, max(tmpl.TPSize, 0))
 	for r := range tmpl.Regions {
-		tmpl.Regions[r] = layout.Region{Size: 1 << 63, Kind: layout.Host}
+		tmpl.Regions[r] = layout.Region{Size: 1 << 62, Kind: layout.Host}
+	}
+	if tmpl.Slots == 0 {
+		probe := *tmpl
+		probe.Slots = 1
+		if err := probe.Validate(); err != nil {
+			return nil, err
+		}
+		tmpl.Slots = a.defaultSlots(&probe)
 	}
 	set, err := a.pool.NewBlockSet(tmpl)
 	if err != nil {
@@ -309,18 +314,13 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 }
 
 // defaultSlots is the configured slot count, else what a quarter of the
-// pool holds.
-func (a *Agent) defaultSlots(tmpl *layout.Layout) int {
+// pool holds. probe is a valid layout.
+func (a *Agent) defaultSlots(probe *layout.Layout) int {
 	if a.cfg.BlockSetSlots > 0 {
 		return a.cfg.BlockSetSlots
 	}
-	if tmpl.Validate() != nil {
-		return 1 // let NewBlockSet report what is wrong
-	}
-	probe := *tmpl
-	probe.Slots = 1
-	per := probe.Strides().Block * uint64(tmpl.TPSize)
-	return max(1, int(a.storage.Size()/4/max(per, 1)))
+	per := probe.Strides().Block * uint64(probe.TPSize)
+	return max(1, min(layout.MaxSlots, int(a.storage.Size()/4/max(per, 1))))
 }
 
 func (a *Agent) engineSet(id uint64) (*engineSet, error) {

@@ -1,9 +1,12 @@
 // Command kvfabric is the kvfabric node agent and the tools that operators
 // and engine integrators use beside it.
 //
-//	kvfabric agent [flags]
-//	kvfabric hash  --block-size N [--salt S] [--lora L] [TOKEN ...]
-//	kvfabric plan  --src FILE --dst FILE [--blocks N]
+//	kvfabric agent [flags]                    run the node agent
+//	kvfabric certs ca | node NAME             make the cluster's certificates
+//	kvfabric members | status                 what the local agent sees
+//	kvfabric lookup | import | get | put      blocks, through the local agent
+//	kvfabric hash --block-size N [TOKEN ...]  block hashes of a token sequence
+//	kvfabric plan --src FILE --dst FILE       the copy plan between two layouts
 //	kvfabric version
 //
 // Usage errors exit with status 2 and a one-line message; other failures
@@ -43,8 +46,15 @@ func usagef(format string, args ...any) error {
 
 var commands = map[string]command{
 	"agent":   {"run the node agent", runAgent},
+	"certs":   {"make the cluster CA and node certificates", runCerts},
+	"get":     {"import blocks and write their bytes to a file", runGet},
 	"hash":    {"print the block hashes of a token sequence", runHash},
+	"import":  {"import blocks from the cluster into the local agent", runImport},
+	"lookup":  {"show which nodes hold a sequence's blocks", runLookup},
+	"members": {"list the cluster's members", runMembers},
 	"plan":    {"summarise the copy plan between two layouts", runPlan},
+	"put":     {"store test blocks on the local agent", runPut},
+	"status":  {"show the local agent's members, block sets and transfers", runStatus},
 	"version": {"print the version", runVersion},
 }
 

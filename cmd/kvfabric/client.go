@@ -1,0 +1,516 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// defaultSocket is the agent's socket unless --socket or KVFABRIC_SOCKET
+// say otherwise.
+func defaultSocket() string {
+	if s := os.Getenv("KVFABRIC_SOCKET"); s != "" {
+		return s
+	}
+	return "/var/lib/kvfabric/engine.sock"
+}
+
+// clientFlags are the flags of every command that talks to the agent.
+type clientFlags struct {
+	socket  *string
+	json    *bool
+	timeout *time.Duration
+}
+
+func addClientFlags(fs *flag.FlagSet) clientFlags {
+	return clientFlags{
+		socket:  fs.String("socket", defaultSocket(), "the agent's engine socket (env KVFABRIC_SOCKET)"),
+		json:    fs.Bool("json", false, "print JSON for scripts instead of a table"),
+		timeout: fs.Duration("timeout", time.Minute, "bound on the whole command"),
+	}
+}
+
+func (f clientFlags) dial() (*client.Client, context.Context, context.CancelFunc, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), *f.timeout)
+	c, err := client.Dial(ctx, *f.socket)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return c, ctx, cancel, nil
+}
+
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
+
+func runMembers(e *env, args []string) error {
+	fs := newFlags(e, "members", "[--socket PATH] [--json]", "Lists the cluster's members as the local agent sees them, with the blocks each holds.")
+	cf := addClientFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	c, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer c.Close()
+	s, err := c.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if *cf.json {
+		return printJSON(e.stdout, &fabricpb.StatusResponse{Members: s.Members})
+	}
+	tw := table(e.stdout)
+	fmt.Fprintln(tw, "NODE\tGOSSIP\tPEER\tSTATE\tBLOCKS")
+	for _, m := range s.Members {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", m.Node, m.GossipAddr, m.PeerAddr, m.State, m.Blocks)
+	}
+	return tw.Flush()
+}
+
+func runStatus(e *env, args []string) error {
+	fs := newFlags(e, "status", "[--socket PATH] [--json]", "Shows the local agent: members, block sets and transfers.")
+	cf := addClientFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	c, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer c.Close()
+	s, err := c.Status(ctx)
+	if err != nil {
+		return err
+	}
+	if *cf.json {
+		return printJSON(e.stdout, s)
+	}
+	fmt.Fprintf(e.stdout, "node %s (%s): %d members, %d index entries, %d imports, %s imported\n\n",
+		s.Node, s.Version, len(s.Members), s.IndexEntries, s.Imports, bytesString(s.ImportBytes))
+	tw := table(e.stdout)
+	fmt.Fprintln(tw, "NODE\tGOSSIP\tPEER\tSTATE\tBLOCKS")
+	for _, m := range s.Members {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", m.Node, m.GossipAddr, m.PeerAddr, m.State, m.Blocks)
+	}
+	tw.Flush()
+	fmt.Fprintln(e.stdout)
+	tw = table(e.stdout)
+	fmt.Fprintln(tw, "BLOCK SET\tENGINE\tLAYOUT\tTP\tPAGE\tSLOTS\tFREE\tREGISTERED\tLEASED")
+	for _, b := range s.BlockSets {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", b.Id, b.Engine, b.LayoutDigest, b.TpSize, b.PageSize, b.Slots, b.Free, b.Registered, b.Leased)
+	}
+	return tw.Flush()
+}
+
+// hashFlags name blocks by sequence hash or by tokens to hash.
+type hashFlags struct {
+	hashes    *string
+	blockSize *int
+	salt      *string
+	lora      *string
+}
+
+func addHashFlags(fs *flag.FlagSet) hashFlags {
+	return hashFlags{
+		hashes:    fs.String("hashes", "", "comma-separated sequence hashes (decimal), instead of token ids"),
+		blockSize: fs.Int("block-size", 16, "tokens per block, to hash token ids"),
+		salt:      fs.String("salt", "", "hash namespace, as for kvfabric hash"),
+		lora:      fs.String("lora", "", "LoRA adapter name, as for kvfabric hash"),
+	}
+}
+
+// resolve returns the sequence hashes named by --hashes, or by the token
+// ids in args (or on stdin when there are none).
+func (h hashFlags) resolve(e *env, args []string) ([]uint64, error) {
+	if *h.hashes != "" {
+		if len(args) > 0 {
+			return nil, usagef("give --hashes or token ids, not both")
+		}
+		var out []uint64
+		for i, f := range strings.FieldsFunc(*h.hashes, splitToken) {
+			v, err := strconv.ParseUint(f, 10, 64)
+			if err != nil {
+				return nil, usagef("--hashes: hash %d: %q is not a u64", i, f)
+			}
+			out = append(out, v)
+		}
+		return out, nil
+	}
+	hasher, err := layout.NewHasher(*h.blockSize, layout.HashOptions{Salt: *h.salt, LoRA: *h.lora})
+	if err != nil {
+		return nil, usagef("--block-size %d: must be 1..%d", *h.blockSize, layout.MaxBlockSize)
+	}
+	var tokens []uint32
+	if len(args) > 0 {
+		tokens, err = parseTokens(args)
+	} else {
+		tokens, err = readTokens(e.stdin)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []uint64
+	for _, b := range hasher.Sequence(tokens) {
+		out = append(out, b.Sequence)
+	}
+	if len(out) == 0 {
+		return nil, usagef("no full block of %d tokens given", *h.blockSize)
+	}
+	return out, nil
+}
+
+func runLookup(e *env, args []string) error {
+	fs := newFlags(e, "lookup", "[--hashes H,H,...] [--block-size N] [TOKEN ...]",
+		"Shows, per node, how many leading blocks of a sequence it holds, and its routing score (overlap minus load).")
+	cf := addClientFlags(fs)
+	hf := addHashFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	hashes, err := hf.resolve(e, fs.Args())
+	if err != nil {
+		return err
+	}
+	c, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer c.Close()
+	resp, err := c.API().Lookup(ctx, &fabricpb.LookupRequest{Hashes: hashes})
+	if err != nil {
+		return err
+	}
+	if *cf.json {
+		return printJSON(e.stdout, resp)
+	}
+	fmt.Fprintf(e.stdout, "%d blocks asked\n", len(hashes))
+	tw := table(e.stdout)
+	fmt.Fprintln(tw, "NODE\tBLOCKS\tSCORE")
+	for _, o := range resp.Overlaps {
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\n", o.Node, o.Blocks, o.Score)
+	}
+	return tw.Flush()
+}
+
+// engineFlags describe the engine a command registers as.
+type engineFlags struct {
+	name                             *string
+	layers, heads, headDim, tp, page *int
+	dtype, order                     *string
+	slots                            *int
+}
+
+func addEngineFlags(fs *flag.FlagSet, name string) engineFlags {
+	return engineFlags{
+		name:    fs.String("engine", name, "engine name the agent shows in status"),
+		layers:  fs.Int("layers", 4, "model layers"),
+		heads:   fs.Int("kv-heads", 8, "KV heads"),
+		headDim: fs.Int("head-dim", 128, "head dimension"),
+		dtype:   fs.String("dtype", "bf16", "element type: f32, f16, bf16, fp8_e4m3, fp8_e5m2, u8"),
+		tp:      fs.Int("tp", 1, "tensor-parallel size"),
+		page:    fs.Int("page-size", 16, "tokens per block"),
+		order:   fs.String("order", "HND", "KV order inside a chunk: HND or NHD"),
+		slots:   fs.Int("slots", 0, "slots of the block set (0: the agent's default)"),
+	}
+}
+
+func (f engineFlags) engine() (client.Engine, error) {
+	dt, err := layout.ParseDType(*f.dtype)
+	if err != nil {
+		return client.Engine{}, usagef("--dtype: %v", err)
+	}
+	var order layout.KVOrder
+	switch strings.ToUpper(*f.order) {
+	case "HND":
+		order = layout.HND
+	case "NHD":
+		order = layout.NHD
+	default:
+		return client.Engine{}, usagef("--order %q: want HND or NHD", *f.order)
+	}
+	return client.Engine{Name: *f.name, Model: layout.ModelConfig{Layers: *f.layers, KVHeads: *f.heads, HeadDim: *f.headDim, DType: dt},
+		TPSize: *f.tp, PageSize: *f.page, Order: order, Slots: *f.slots}, nil
+}
+
+func runPut(e *env, args []string) error {
+	fs := newFlags(e, "put", "[engine flags] (--generate N [--seed S] | [TOKEN ...])", `
+Stores test blocks on the local agent: registers as an engine, writes each
+block with a pattern that encodes (block, layer, K/V, token, head, dim), so
+that an importer anywhere can check every byte (kvfabric get --verify), and
+registers the blocks. Token ids come from the arguments or standard input,
+or --generate makes N blocks of random tokens. Prints the sequence hashes.`)
+	cf := addClientFlags(fs)
+	ef := addEngineFlags(fs, "kvfabric-put")
+	generate := fs.Int("generate", 0, "generate N blocks of random tokens instead of reading token ids")
+	seed := fs.Uint64("seed", 1, "seed of the generated tokens")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	eng, err := ef.engine()
+	if err != nil {
+		return err
+	}
+	var tokens []uint32
+	switch {
+	case *generate < 0 || *generate > 1<<20:
+		return usagef("--generate %d: want 1..%d", *generate, 1<<20)
+	case *generate > 0:
+		if fs.NArg() > 0 {
+			return usagef("give --generate or token ids, not both")
+		}
+		rng := rand.New(rand.NewPCG(*seed, 0))
+		tokens = make([]uint32, *generate*eng.PageSize)
+		for i := range tokens {
+			tokens[i] = rng.Uint32N(128000)
+		}
+	case fs.NArg() > 0:
+		tokens, err = parseTokens(fs.Args())
+	default:
+		tokens, err = readTokens(e.stdin)
+	}
+	if err != nil {
+		return err
+	}
+	hasher, err := layout.NewHasher(eng.PageSize, layout.HashOptions{})
+	if err != nil {
+		return usagef("--page-size %d: %v", eng.PageSize, err)
+	}
+	blocks := hasher.Sequence(tokens)
+	if len(blocks) == 0 {
+		return usagef("no full block of %d tokens given", eng.PageSize)
+	}
+	c, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer c.Close()
+	set, err := c.Register(ctx, eng)
+	if err != nil {
+		return err
+	}
+	var hashes []uint64
+	const batch = 64
+	for i := 0; i < len(blocks); i += batch {
+		n := min(batch, len(blocks)-i)
+		slots, err := c.Allocate(ctx, set.ID, n)
+		if err != nil {
+			return fmt.Errorf("blocks %d..%d: %w", i, i+n-1, err)
+		}
+		hs := make([]uint64, n)
+		for j := range n {
+			hs[j] = blocks[i+j].Sequence
+			kvtest.Fill(set.Layout, set.Ranks, int(slots[j]), hs[j])
+		}
+		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hs}
+		if i > 0 {
+			req.Parent, req.ParentSet = blocks[i-1].Sequence, true
+		}
+		resp, err := c.API().RegisterBlocks(ctx, req)
+		if err != nil {
+			return fmt.Errorf("blocks %d..%d: %w", i, i+n-1, err)
+		}
+		// The blocks stay registered after this command exits: drop our
+		// references so that the pool may recycle them when it must.
+		rel := make([]uint32, len(resp.Blocks))
+		for j, b := range resp.Blocks {
+			rel[j] = b.Slot
+		}
+		if err := c.Release(ctx, set.ID, rel); err != nil {
+			return err
+		}
+		hashes = append(hashes, hs...)
+		if len(blocks) > batch {
+			fmt.Fprintf(e.stderr, "\rstored %d/%d blocks", len(hashes), len(blocks))
+		}
+	}
+	if len(blocks) > batch {
+		fmt.Fprintln(e.stderr)
+	}
+	if *cf.json {
+		return json.NewEncoder(e.stdout).Encode(map[string]any{"block_set": set.ID, "hashes": hashes})
+	}
+	strs := make([]string, len(hashes))
+	for i, h := range hashes {
+		strs[i] = strconv.FormatUint(h, 10)
+	}
+	fmt.Fprintln(e.stdout, strings.Join(strs, ","))
+	return nil
+}
+
+// importHashes registers as an engine and imports hashes, printing what
+// came from where.
+func importHashes(e *env, cf clientFlags, ef engineFlags, hashes []uint64) (*client.Client, *client.BlockSet, *fabricpb.ImportResponse, context.Context, func(), error) {
+	eng, err := ef.engine()
+	if err != nil {
+		return nil, nil, nil, nil, nil, err
+	}
+	c, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return nil, nil, nil, nil, nil, err
+	}
+	done := func() { c.Close(); cancel() }
+	set, err := c.Register(ctx, eng)
+	if err != nil {
+		done()
+		return nil, nil, nil, nil, nil, err
+	}
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil {
+		done()
+		return nil, nil, nil, nil, nil, err
+	}
+	return c, set, resp, ctx, done, nil
+}
+
+func printFetches(w io.Writer, resp *fabricpb.ImportResponse, asked int) {
+	fmt.Fprintf(w, "%d of %d blocks here\n", len(resp.Blocks), asked)
+	if resp.Error != "" {
+		fmt.Fprintf(w, "missing: %s\n", resp.Error)
+	}
+	if len(resp.Fetches) == 0 {
+		return
+	}
+	tw := table(w)
+	fmt.Fprintln(tw, "FROM\tTRANSPORT\tBLOCKS\tBYTES\tTIME\tGB/s")
+	fs := append([]*fabricpb.Fetch(nil), resp.Fetches...)
+	sort.SliceStable(fs, func(i, j int) bool { return fs[i].Node < fs[j].Node })
+	for _, f := range fs {
+		d := time.Duration(f.Micros) * time.Microsecond
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%v\t%.2f\n", f.Node, f.Transport, f.Blocks, bytesString(f.Bytes), d.Round(time.Microsecond),
+			float64(f.Bytes)/max(float64(d.Nanoseconds()), 1))
+	}
+	tw.Flush()
+}
+
+func runImport(e *env, args []string) error {
+	fs := newFlags(e, "import", "[engine flags] (--hashes H,H,... | TOKEN ...)",
+		"Imports blocks from the cluster into the local agent's pool and shows what came from where, over which transport, how fast.")
+	cf := addClientFlags(fs)
+	ef := addEngineFlags(fs, "kvfabric-import")
+	hf := addHashFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	hashes, err := hf.resolve(e, fs.Args())
+	if err != nil {
+		return err
+	}
+	c, set, resp, ctx, done, err := importHashes(e, cf, ef, hashes)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := releaseAll(ctx, c, set, resp); err != nil {
+		return err
+	}
+	if *cf.json {
+		return printJSON(e.stdout, resp)
+	}
+	printFetches(e.stdout, resp, len(hashes))
+	return nil
+}
+
+func releaseAll(ctx context.Context, c *client.Client, set *client.BlockSet, resp *fabricpb.ImportResponse) error {
+	slots := make([]uint32, len(resp.Blocks))
+	for i, b := range resp.Blocks {
+		slots[i] = b.Slot
+	}
+	if len(slots) == 0 {
+		return nil
+	}
+	return c.Release(ctx, set.ID, slots)
+}
+
+func runGet(e *env, args []string) error {
+	fs := newFlags(e, "get", "[engine flags] --out FILE (--hashes H,H,... | TOKEN ...)", `
+Imports blocks into the local agent and writes their bytes to FILE: for each
+block in order, each TP rank's shard in rank order, in the layout the engine
+flags describe. --verify checks every element against the pattern kvfabric
+put writes.`)
+	cf := addClientFlags(fs)
+	ef := addEngineFlags(fs, "kvfabric-get")
+	hf := addHashFlags(fs)
+	out := fs.String("out", "", "file to write the blocks' bytes to (- for standard output)")
+	verify := fs.Bool("verify", false, "check every element against kvfabric put's pattern")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *out == "" {
+		return usagef("--out is required")
+	}
+	hashes, err := hf.resolve(e, fs.Args())
+	if err != nil {
+		return err
+	}
+	c, set, resp, ctx, done, err := importHashes(e, cf, ef, hashes)
+	if err != nil {
+		return err
+	}
+	defer done()
+	defer releaseAll(ctx, c, set, resp)
+	if len(resp.Blocks) < len(hashes) {
+		return fmt.Errorf("%d of %d blocks imported: %s", len(resp.Blocks), len(hashes), resp.Error)
+	}
+	if set.Layout.Arrangement != layout.FullyContiguous {
+		return fmt.Errorf("get writes fully contiguous layouts only")
+	}
+	w := e.stdout
+	if *out != "-" {
+		f, err := os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w = f
+	}
+	for i, b := range resp.Blocks {
+		if *verify {
+			if err := kvtest.Check(set.Layout, set.Ranks, int(b.Slot), hashes[i]); err != nil {
+				return fmt.Errorf("block %d (hash %d): %w", i, hashes[i], err)
+			}
+		}
+		for r := range set.Layout.TPSize {
+			if _, err := w.Write(set.Block(r, int(b.Slot))); err != nil {
+				return err
+			}
+		}
+	}
+	if *out != "-" {
+		printFetches(e.stderr, resp, len(hashes))
+		if *verify {
+			fmt.Fprintf(e.stderr, "verified %d blocks element by element\n", len(resp.Blocks))
+		}
+	}
+	return nil
+}
