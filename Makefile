@@ -10,7 +10,7 @@ PROTOBUF_VERSION := $(shell $(GO) list -m -f '{{.Version}}' google.golang.org/pr
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 APT      := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 
-.PHONY: all build test bench bench-deps proto proto-deps lint fuzz clean help
+.PHONY: all build demo test bench bench-deps proto proto-deps lint fuzz clean help
 
 all: build
 
@@ -19,6 +19,9 @@ help: ## list the targets
 
 build: ## compile bin/kvfabric
 	$(GO) build -o $(BIN) ./cmd/kvfabric
+
+demo: build ## run a 3-node cluster on loopback and move blocks across TP sizes, every byte checked
+	$(GO) run ./testbed/demo --bin $(BIN)
 
 test: ## vet, then every test with the race detector in random order
 	$(GO) vet ./...

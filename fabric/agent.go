@@ -44,6 +44,7 @@ type Agent struct {
 	publisher atomic.Pointer[membership.Membership]
 	layouts   layoutCache
 	flights   flights
+	turn      atomic.Uint64 // rotates imports over equally good holders
 	metaPoke  chan struct{}
 	done      chan struct{}
 

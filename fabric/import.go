@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -150,6 +151,18 @@ func (a *Agent) candidates(hashes []uint64) []candidate {
 		}
 		return out[i].load < out[j].load
 	})
+	// Holders equally good take turns, so that imports spread over them
+	// between two load reports.
+	tied := 0
+	for tied < len(out) && out[tied].blocks == out[0].blocks && out[tied].load == out[0].load {
+		tied++
+	}
+	if tied > 1 {
+		k := int(a.turn.Add(1) % uint64(tied))
+		slices.Reverse(out[:k])
+		slices.Reverse(out[k:tied])
+		slices.Reverse(out[:tied])
+	}
 	return out
 }
 

@@ -22,7 +22,9 @@ var rules = map[string]struct{ ours, theirs []string }{
 	"fabric":     {[]string{"*"}, []string{"*"}},
 	"cmd":        {[]string{"*"}, []string{"*"}},
 	"internal":   {[]string{"*"}, []string{"*"}},
-	"testbed":    {[]string{"fabric"}, []string{"*"}},
+	// The testbed drives agents through the engine client (fabric/client,
+	// whose types are layout's) and checks blocks with internal/kvtest.
+	"testbed": {[]string{"fabric", "layout", "internal"}, []string{"*"}},
 }
 
 type pkg struct {
