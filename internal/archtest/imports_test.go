@@ -24,7 +24,7 @@ var rules = map[string]struct{ ours, theirs []string }{
 	"internal":   {[]string{"*"}, []string{"*"}},
 	// The testbed drives agents through the engine client (fabric/client,
 	// whose types are layout's) and checks blocks with internal/kvtest.
-	"testbed": {[]string{"fabric", "layout", "internal"}, []string{"*"}},
+	"testbed": {[]string{"testbed", "fabric", "layout", "internal"}, []string{"*"}},
 }
 
 type pkg struct {
