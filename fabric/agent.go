@@ -45,6 +45,7 @@ type Agent struct {
 	layouts   layoutCache
 	flights   flights
 	turn      atomic.Uint64 // rotates imports over equally good holders
+	suspects  suspects
 	metaPoke  chan struct{}
 	done      chan struct{}
 
@@ -223,6 +224,15 @@ func (a *Agent) MetricsAddr() string {
 	return a.httpLn.Addr().String()
 }
 
+// background runs f on a goroutine that Close waits for.
+func (a *Agent) background(f func()) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		f()
+	}()
+}
+
 // GossipAddr returns the address other nodes join this one at.
 func (a *Agent) GossipAddr() string { return a.members.Addr().String() }
 
@@ -289,8 +299,12 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 			return s, nil
 		}
 	}
+	// Nothing may be sized by a request before it is checked.
+	if tmpl.TPSize < 1 || tmpl.TPSize > layout.MaxTPSize {
+		return nil, &layout.FieldError{Field: "tp_size", Reason: fmt.Sprintf("%d is not in 1..%d", tmpl.TPSize, layout.MaxTPSize)}
+	}
 	// Fill regions only so that the template validates; the pool places them.
-	tmpl.Regions = make([]layout.Region, max(tmpl.TPSize, 0))
+	tmpl.Regions = make([]layout.Region, tmpl.TPSize)
 	for r := range tmpl.Regions {
 		tmpl.Regions[r] = layout.Region{Size: 1 << 62, Kind: layout.Host}
 	}

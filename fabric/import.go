@@ -109,6 +109,9 @@ func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint
 		start := time.Now()
 		refs, bytes, err := a.fetch(ctx, c.member, s, rest[:c.blocks], parent)
 		if err != nil {
+			if ctx.Err() == nil {
+				a.suspects.add(c.member.Name, 2*a.cfg.PeerTimeout+suspectFor)
+			}
 			a.log.Warn("import from holder failed", "peer", c.member.Name, "blocks", c.blocks, "err", err)
 			*failures = append(*failures, fmt.Sprintf("%s: %v", c.member.Name, err))
 			if ctx.Err() != nil {
@@ -123,9 +126,10 @@ func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint
 }
 
 type candidate struct {
-	member membership.Member
-	blocks int
-	load   float64
+	member  membership.Member
+	blocks  int
+	load    float64
+	suspect bool
 }
 
 // candidates are the members holding a prefix of hashes: longest prefix
@@ -145,16 +149,26 @@ func (a *Agent) candidates(hashes []uint64) []candidate {
 		}
 		out = append(out, candidate{member: mem, blocks: m.Blocks, load: mem.Meta.Load.KVUsage + float64(mem.Meta.Load.Imports)})
 	}
+	// Holders that just failed an import go last, until failure detection
+	// has had time to decide about them; then the longest prefix, then
+	// the least load.
+	for i := range out {
+		out[i].suspect = a.suspects.has(out[i].member.Name)
+	}
 	sort.SliceStable(out, func(i, j int) bool {
-		if out[i].blocks != out[j].blocks {
-			return out[i].blocks > out[j].blocks
+		x, y := out[i], out[j]
+		if x.suspect != y.suspect {
+			return y.suspect
 		}
-		return out[i].load < out[j].load
+		if x.blocks != y.blocks {
+			return x.blocks > y.blocks
+		}
+		return x.load < y.load
 	})
 	// Holders equally good take turns, so that imports spread over them
 	// between two load reports.
 	tied := 0
-	for tied < len(out) && out[tied].blocks == out[0].blocks && out[tied].load == out[0].load {
+	for tied < len(out) && out[tied].suspect == out[0].suspect && out[tied].blocks == out[0].blocks && out[tied].load == out[0].load {
 		tied++
 	}
 	if tied > 1 {
@@ -182,9 +196,14 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 	released := false
 	defer func() {
 		if !released && lease.ID != 0 {
-			rctx, cancel := context.WithTimeout(context.Background(), a.cfg.PeerTimeout)
-			peer.Release(rctx, lease.ID)
-			cancel()
+			// Give the lease back without making the import wait: the
+			// holder may be the reason we are failing, and its lease
+			// expires by itself anyway.
+			a.background(func() {
+				rctx, cancel := context.WithTimeout(context.Background(), a.cfg.PeerTimeout)
+				peer.Release(rctx, lease.ID)
+				cancel()
+			})
 		}
 	}()
 	if len(lease.Blocks) != len(hashes) {
@@ -273,6 +292,37 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 	a.stats.importBytes.Add(plan.Bytes())
 	a.stats.importBlocks.Add(uint64(k))
 	return refs, plan.Bytes(), nil
+}
+
+// suspectFor is how long, beyond twice the peer timeout, a holder that
+// failed an import is tried after the others: about memberlist's failure
+// detection time, after which a dead holder has left the index anyway.
+const suspectFor = 8 * time.Second
+
+// suspects are holders that recently failed an import.
+type suspects struct {
+	mu    sync.Mutex
+	until map[string]time.Time
+}
+
+func (s *suspects) add(name string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.until == nil {
+		s.until = map[string]time.Time{}
+	}
+	s.until[name] = time.Now().Add(d)
+}
+
+func (s *suspects) has(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.until[name]
+	if ok && time.Now().After(t) {
+		delete(s.until, name)
+		return false
+	}
+	return ok
 }
 
 // flights makes concurrent imports of the same block on one node share

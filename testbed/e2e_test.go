@@ -1,0 +1,373 @@
+package testbed
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+var bin string
+
+// TestMain builds the binary the tests run as agent processes.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "kvfabric-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "kvfabric")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/kvfabric").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build kvfabric: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var model = layout.ModelConfig{Layers: 8, KVHeads: 8, HeadDim: 64, DType: layout.DTypeBF16}
+
+func eng(name string, tp int, order layout.KVOrder) client.Engine {
+	return client.Engine{Name: name, Model: model, TPSize: tp, PageSize: 16, Order: order, Slots: 512}
+}
+
+func start(t *testing.T, n int) *Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Start(ctx, Options{Bin: bin, Nodes: n, Pool: "host=256MiB"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				t.Logf("%s log:\n%s", n.Name, n.Log())
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return c
+}
+
+func waitIndexed(t *testing.T, n *Node, holder string, want int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		cl, err := n.Client(ctx)
+		if err == nil {
+			s, err := cl.Status(ctx)
+			cl.Close()
+			if err == nil {
+				for _, m := range s.Members {
+					if m.Node == holder && int(m.Blocks) == want {
+						return
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s does not index %d blocks of %s", n.Name, want, holder)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// TP 4 -> TP 2 across processes, every byte checked.
+func TestImportAcrossProcesses(t *testing.T) {
+	c := start(t, 3)
+	ctx := context.Background()
+	w := Workload{Sequences: 4, Blocks: 12, SharedPrefix: 4, PageSize: 16, Seed: 1}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, c.Nodes[0], eng("producer", 4, layout.HND), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, c.Nodes[1], "node1", w.Unique())
+	r, err := Consume(ctx, c.Nodes[1], eng("consumer", 2, layout.NHD), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Blocks != w.Unique() || r.Verified != w.Sequences*w.Blocks || r.From["node1"] != w.Unique() {
+		t.Fatalf("report %+v: want %d blocks from node1, %d verified", r, w.Unique(), w.Sequences*w.Blocks)
+	}
+}
+
+// A holder killed with SIGKILL in the middle of an import: the import
+// fails over to the other holder or errors within 2 s, and no block that
+// did not arrive whole is ever registered.
+func TestHolderKilledMidImport(t *testing.T) {
+	c := start(t, 3)
+	ctx := context.Background()
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	w := Workload{Sequences: 1, Blocks: 400, PageSize: 16, Seed: 2}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, n1, eng("producer", 2, layout.HND), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, n2, "node1", w.Unique())
+	if _, err := Consume(ctx, n2, eng("copy", 1, layout.HND), seqs); err != nil {
+		t.Fatal(err)
+	}
+	waitIndexed(t, n3, "node2", w.Unique())
+
+	cl, err := n3.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	set, err := cl.Register(ctx, eng("importer", 4, layout.NHD))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		resp *fabricpb.ImportResponse
+		err  error
+		at   time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := cl.Import(ctx, set.ID, seqs[0])
+		done <- result{resp, err, time.Now()}
+	}()
+	// Kill whichever holder is serving, once bytes are flowing.
+	victim := waitServing(t, []*Node{n1, n2})
+	killed := time.Now()
+	if err := victim.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("import did not return")
+	}
+	if took := r.at.Sub(killed); took > 2*time.Second {
+		t.Errorf("import returned %v after the holder was killed (want within 2 s)", took)
+	}
+	brought := 0
+	if r.err == nil {
+		brought = len(r.resp.Blocks)
+		t.Logf("import after %s was killed: %d of %d blocks; fetches %v; %s", victim.Name, brought, len(seqs[0]), r.resp.Fetches, r.resp.Error)
+	} else {
+		t.Logf("import after %s was killed: %v", victim.Name, r.err)
+	}
+	// Every block the importer registered, returned or not, is whole.
+	for i, h := range seqs[0] {
+		refs, err := cl.Acquire(ctx, set.ID, []uint64{h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(refs) == 0 {
+			if i < brought {
+				t.Fatalf("block %d was returned but is not registered", i)
+			}
+			continue
+		}
+		if err := kvtest.Check(set.Layout, set.Ranks, int(refs[0].Slot), h); err != nil {
+			t.Fatalf("registered block %d is not whole: %v", i, err)
+		}
+	}
+}
+
+// waitServing returns the first of nodes whose metrics show a lease
+// served with bytes on the way.
+func waitServing(t *testing.T, nodes []*Node) *Node {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, n := range nodes {
+			if metric(n, "kvfabric_leases") > 0 {
+				return n
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("no holder started serving")
+	return nil
+}
+
+func metric(n *Node, name string) float64 {
+	out, err := exec.Command("curl", "-s", "http://"+n.Metrics+"/metrics").Output()
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	return 0
+}
+
+// An agent whose certificate comes from another CA gets nothing from the
+// cluster's agents, and they keep serving.
+func TestPeerFromAnotherCARefused(t *testing.T) {
+	c := start(t, 2)
+	ctx := context.Background()
+	w := Workload{Sequences: 1, Blocks: 8, PageSize: 16, Seed: 3}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, c.Nodes[0], eng("producer", 1, layout.HND), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+
+	// A third agent joins the gossip (which is not encrypted here) with
+	// its own development CA.
+	rogue := &Cluster{opts: c.opts, Root: c.Root, net: c.net, Nodes: []*Node{{Name: "rogue"}}}
+	rn := rogue.Nodes[0]
+	ip := c.net + "9"
+	rn.Gossip, rn.Peer, rn.Metrics = ip+":7946", ip+":7947", ip+":7948"
+	rn.DataDir = filepath.Join(c.Root, "rogue")
+	rn.Socket = filepath.Join(rn.DataDir, "engine.sock")
+	rn.LogFile = filepath.Join(c.Root, "rogue.log")
+	rogue.opts.ExtraArgs = []string{"--join", c.Nodes[0].Gossip, "--dev-ca-dir", filepath.Join(c.Root, "rogue-ca")}
+	startCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := rogue.StartNode(startCtx, 0); err != nil {
+		t.Fatal(err)
+	}
+	defer rn.Stop(syscall.SIGTERM, 5*time.Second)
+	waitIndexed(t, rn, "node1", w.Unique())
+
+	_, err = Consume(ctx, rn, eng("thief", 1, layout.HND), seqs)
+	if err == nil {
+		t.Fatal("an agent with another CA's certificate imported blocks")
+	}
+	t.Logf("refused as expected: %v", err)
+	if s := status.Code(err); s != codes.Unavailable {
+		t.Errorf("code %v, want Unavailable", s)
+	}
+	if !strings.Contains(rn.Log(), "certificate") && !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("neither the error nor the log names the certificate: %v", err)
+	}
+	// The cluster's own node still imports.
+	if _, err := Consume(ctx, c.Nodes[1], eng("friend", 1, layout.NHD), seqs); err != nil {
+		t.Fatalf("the legitimate node could not import: %v", err)
+	}
+}
+
+// Malformed requests on the engine API and garbage on the peer and gossip
+// ports get errors, and the agent keeps serving.
+func TestMalformedInputKeepsServing(t *testing.T) {
+	c := start(t, 1)
+	n := c.Nodes[0]
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(4, 4))
+
+	// Raw garbage on the engine socket.
+	for range 20 {
+		conn, err := net.Dial("unix", n.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 1+rng.IntN(4096))
+		for i := range buf {
+			buf[i] = byte(rng.Uint32())
+		}
+		conn.Write(buf)
+		conn.Close()
+	}
+	// Well-formed gRPC with bad contents.
+	gc, err := grpc.NewClient("unix://"+n.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Close()
+	api := fabricpb.NewEngineClient(gc)
+	bad := []func() error{
+		func() error { _, err := api.Register(ctx, &fabricpb.RegisterRequest{}); return err },
+		func() error {
+			_, err := api.Register(ctx, &fabricpb.RegisterRequest{Model: model.Proto(), TpSize: 1 << 30, PageSize: 16})
+			return err
+		},
+		func() error {
+			_, err := api.Allocate(ctx, &fabricpb.AllocateRequest{BlockSet: 77, Count: 1})
+			return err
+		},
+		func() error { _, err := api.Import(ctx, &fabricpb.ImportRequest{BlockSet: 1}); return err },
+		func() error {
+			_, err := api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: []uint32{1}}, BlockSize: 1 << 20})
+			return err
+		},
+		func() error {
+			_, err := api.RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: 1, Slots: []uint32{1 << 31}})
+			return err
+		},
+	}
+	for i, call := range bad {
+		err := call()
+		if !n.Running() {
+			b, _ := os.ReadFile(n.LogFile)
+			t.Fatalf("agent exited after bad request %d (%v):\n%s", i, err, b)
+		}
+		if code := status.Code(err); code == codes.OK || code == codes.Unknown || code == codes.Internal {
+			t.Errorf("bad request %d: %v (want a precise error code)", i, err)
+		}
+	}
+	// Garbage datagrams on the QUIC and gossip ports.
+	for _, addr := range []string{n.Peer, n.Gossip} {
+		conn, err := net.Dial("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 200 {
+			buf := make([]byte, 1+rng.IntN(1400))
+			for i := range buf {
+				buf[i] = byte(rng.Uint32())
+			}
+			conn.Write(buf)
+		}
+		conn.Close()
+	}
+	// Still serving, and the process never died.
+	cl, err := n.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.Status(ctx); err != nil {
+		t.Fatalf("agent stopped serving: %v", err)
+	}
+	if !n.Running() {
+		t.Fatal("agent exited")
+	}
+	w := Workload{Sequences: 1, Blocks: 4, PageSize: 16, Seed: 5}
+	if p, err := Produce(ctx, n, eng("after", 1, layout.HND), w.Hashes()); err != nil {
+		t.Fatalf("agent cannot store after bad input: %v", err)
+	} else {
+		p.Close()
+	}
+}
