@@ -186,6 +186,30 @@ func TestEngineAPI(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
+	// Every family's samples sit under its own header, once.
+	seen := map[string]bool{}
+	family := ""
+	for _, line := range strings.Split(strings.TrimSpace(body), "\n") {
+		if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			family = strings.Fields(name)[0]
+			if seen[family] {
+				t.Errorf("/metrics: family %s twice", family)
+			}
+			seen[family] = true
+			continue
+		}
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		if name := strings.FieldsFunc(line, func(r rune) bool { return r == ' ' || r == '{' })[0]; name != family {
+			t.Errorf("/metrics: sample %q under family %s", line, family)
+		}
+	}
+	for _, want := range []string{"kvfabric_members", "kvfabric_index_entries", "kvfabric_transfer_bytes_total", "kvfabric_gossip_event_gaps"} {
+		if !seen[want] {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 	if body := httpGet(t, "http://"+a.MetricsAddr()+"/healthz"); !strings.HasPrefix(body, "ok n1") {
 		t.Errorf("/healthz: %q", body)
 	}

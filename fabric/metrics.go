@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sort"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvfabric/kvfabric/pool"
 )
 
 // stats are the agent's own counters; the pool keeps its own.
@@ -44,33 +45,57 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	c("kvfabric_leases_expired_total", "Leases that passed their deadline.", float64(m.LeasesExpired))
 	c("kvfabric_evictions_total", "Registered blocks recycled.", float64(m.Evictions))
 	c("kvfabric_pool_events_dropped_total", "Pool events the agent could not take in time.", float64(m.EventsDropped))
-	for _, q := range []float64{0.5, 0.99} {
-		writeSample(w, "kvfabric_pool_alloc_latency_seconds", fmt.Sprintf(`{quantile="%g"}`, q), m.AllocLatency.Quantile(q).Seconds())
-		writeSample(w, "kvfabric_pool_release_latency_seconds", fmt.Sprintf(`{quantile="%g"}`, q), m.ReleaseLatency.Quantile(q).Seconds())
+	for _, h := range []struct {
+		name, help string
+		hist       pool.Histogram
+	}{
+		{"kvfabric_pool_alloc_latency_seconds", "Slot allocation latency (sampled).", m.AllocLatency},
+		{"kvfabric_pool_release_latency_seconds", "Slot release latency (sampled).", m.ReleaseLatency},
+	} {
+		writeHeader(w, h.name, "summary", h.help)
+		for _, q := range []float64{0.5, 0.99} {
+			writeSample(w, h.name, fmt.Sprintf(`{quantile="%g"}`, q), h.hist.Quantile(q).Seconds())
+		}
 	}
 	c("kvfabric_pool_events_total", "Store and remove events of the local pool.", float64(a.stats.events.Load()))
 	c("kvfabric_imports_total", "Imports served to engines.", float64(a.stats.imports.Load()))
 	c("kvfabric_import_failures_total", "Imports that brought less than asked.", float64(a.stats.importFails.Load()))
 	c("kvfabric_import_bytes_total", "Bytes imported from peers.", float64(a.stats.importBytes.Load()))
-	for _, extra := range a.extraMetrics() {
-		writeMetric(w, extra.name, extra.kind, extra.help, extra.value)
-	}
-}
+	c("kvfabric_import_blocks_total", "Blocks imported from peers.", float64(a.stats.importBlocks.Load()))
+	g("kvfabric_imports_in_flight", "Imports in progress.", float64(a.stats.inflight.Load()))
+	c("kvfabric_leases_served_total", "Leases granted to peers.", float64(a.stats.leasesServed.Load()))
+	c("kvfabric_pool_events_lost_total", "Pool events dropped before they could be published.", float64(a.stats.eventsLost.Load()))
 
-type metric struct {
-	name, kind, help string
-	value            float64
-}
+	is := a.index.Stats()
+	g("kvfabric_index_hashes", "Distinct block hashes in the cluster index.", float64(is.Hashes))
+	g("kvfabric_index_entries", "(hash, holder) pairs in the cluster index.", float64(is.Pairs))
 
-// extraMetrics are the figures of the parts wired in after the pool.
-func (a *Agent) extraMetrics() []metric {
-	var out []metric
-	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
-	return out
+	ms := a.members.Metrics()
+	g("kvfabric_members", "Cluster members this node sees, itself included.", float64(ms.Members))
+	c("kvfabric_gossip_events_published_total", "Block events this node published.", float64(ms.EventsPublished))
+	c("kvfabric_gossip_events_applied_total", "Other nodes' block events applied to the index.", float64(ms.EventsApplied))
+	g("kvfabric_gossip_event_gaps", "Origins whose events are known but not yet applied (event lag).", float64(ms.Gaps))
+	c("kvfabric_gossip_range_repairs_total", "Event gaps repaired from the origin's log.", float64(ms.RangeRepairs))
+	c("kvfabric_gossip_snapshot_repairs_total", "Event gaps repaired from the origin's snapshot.", float64(ms.SnapshotRepairs))
+	c("kvfabric_gossip_repair_failures_total", "Repairs that failed.", float64(ms.RepairFailures))
+	c("kvfabric_gossip_bad_messages_total", "Undecodable gossip messages dropped.", float64(ms.BadMessages))
+
+	ts := a.transport.Stats()
+	c("kvfabric_peer_calls_served_total", "Control calls from peers answered.", float64(ts.CallsServed))
+	c("kvfabric_peer_calls_failed_total", "Calls from peers answered with an error.", float64(ts.CallsFailed))
+	writeHeader(w, "kvfabric_transfer_bytes_total", "counter", "Bytes moved by the peer transport, by transport and direction.")
+	writeSample(w, "kvfabric_transfer_bytes_total", `{transport="quic",direction="served"}`, float64(ts.BytesServed))
+	writeSample(w, "kvfabric_transfer_bytes_total", `{transport="quic",direction="read"}`, float64(ts.BytesRead))
+	c("kvfabric_peer_reads_failed_total", "Reads from peers that failed.", float64(ts.ReadsFailed))
 }
 
 func writeMetric(w io.Writer, name, kind, help string, v float64) {
-	fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n%s %g\n", name, help, name, kind, name, v)
+	writeHeader(w, name, kind, help)
+	fmt.Fprintf(w, "%s %g\n", name, v)
+}
+
+func writeHeader(w io.Writer, name, kind, help string) {
+	fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind)
 }
 
 func writeSample(w io.Writer, name, labels string, v float64) {
