@@ -53,8 +53,12 @@ func Execute(p *Plan, src, dst [][]byte) error {
 			return fmt.Errorf("destination rank %d: %w", r, err)
 		}
 	}
+	stream := p.Bytes() >= streamMin
 	for r, segs := range p.Ranks {
-		copyRank(segs, src, dst[r])
+		copyRank(segs, src, dst[r], stream)
+	}
+	if stream {
+		sfence()
 	}
 	return nil
 }
@@ -64,7 +68,14 @@ func ExecuteRank(segs []Segment, src [][]byte, dst []byte) error {
 	if err := checkRank(segs, src, dst); err != nil {
 		return err
 	}
-	copyRank(segs, src, dst)
+	var total uint64
+	for i := range segs {
+		total += segs[i].Bytes()
+	}
+	copyRank(segs, src, dst, total >= streamMin)
+	if total >= streamMin {
+		sfence()
+	}
 	return nil
 }
 
@@ -81,36 +92,41 @@ func checkRank(segs []Segment, src [][]byte, dst []byte) error {
 	return nil
 }
 
-func copyRank(segs []Segment, src [][]byte, dst []byte) {
-	// Segments of equal count that follow each other (the interleaved reads
-	// of a gather) are copied in lock step, piece i of each in turn, so that
-	// the destination is written front to back rather than in one pass per
-	// source rank.
+// streamMin is the plan size from which large pieces bypass the cache: a
+// plan this large does not fit in it anyway, and what a plan writes is read
+// later by someone else (an engine, a peer), not by the copying core.
+const streamMin = 16 << 20
+
+// streamPiece is the piece size from which streaming pays: smaller pieces
+// gain little and pay the alignment of their ends.
+const streamPiece = 1 << 10
+
+// copyRank copies the segments; with stream, large pieces use
+// non-temporal stores and the caller must sfence before the data is used.
+func copyRank(segs []Segment, src [][]byte, dst []byte, stream bool) {
+	// Segments of equal count that follow each other (the interleaved
+	// reads of a gather) are copied in lock step, piece i of each in turn,
+	// so that the destination is written front to back rather than in one
+	// pass per source rank.
 	for i := 0; i < len(segs); {
 		j := i + 1
 		for j < len(segs) && segs[j].Count == segs[i].Count && segs[j].Count > 1 {
 			j++
 		}
-		if group := segs[i:j]; len(group) == 1 {
-			copySegment(&group[0], src[group[0].SrcRank], dst)
-		} else {
-			for k := range group[0].Count {
-				for g := range group {
-					s := &group[g]
-					so, do := s.SrcOffset+k*s.SrcStride, s.DstOffset+k*s.DstStride
-					copy(dst[do:do+s.Length], src[s.SrcRank][so:so+s.Length])
+		group := segs[i:j]
+		streamGroup := stream && haveStream && group[0].Length >= streamPiece
+		for k := range group[0].Count {
+			for g := range group {
+				s := &group[g]
+				so, do := s.SrcOffset+k*s.SrcStride, s.DstOffset+k*s.DstStride
+				d, from := dst[do:do+s.Length], src[s.SrcRank][so:so+s.Length]
+				if streamGroup && s.Length >= streamPiece {
+					copyStream(d, from)
+				} else {
+					copy(d, from)
 				}
 			}
 		}
 		i = j
-	}
-}
-
-func copySegment(s *Segment, src, dst []byte) {
-	so, do, n := s.SrcOffset, s.DstOffset, s.Length
-	for range s.Count {
-		copy(dst[do:do+n], src[so:so+n])
-		so += s.SrcStride
-		do += s.DstStride
 	}
 }
