@@ -123,21 +123,7 @@ func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateReque
 }
 
 func (e *engineServer) Free(ctx context.Context, req *fabricpb.FreeRequest) (*fabricpb.FreeResponse, error) {
-	s, err := e.a.engineSet(req.GetBlockSet())
-	if err != nil {
-		return nil, err
-	}
-	for _, slot := range req.GetSlots() {
-		b, err := s.drop(int(slot))
-		if err != nil {
-			return nil, err
-		}
-		if err := s.set.Abort(b); err != nil {
-			s.hold(b)
-			return nil, toStatus(err)
-		}
-	}
-	return &fabricpb.FreeResponse{}, nil
+	return &fabricpb.FreeResponse{}, e.giveBack(req.GetBlockSet(), req.GetSlots(), (*pool.BlockSet).Abort)
 }
 
 func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.RegisterBlocksRequest) (*fabricpb.RegisterBlocksResponse, error) {
@@ -199,20 +185,31 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 }
 
 func (e *engineServer) Release(ctx context.Context, req *fabricpb.ReleaseRequest) (*fabricpb.ReleaseResponse, error) {
-	s, err := e.a.engineSet(req.GetBlockSet())
+	return &fabricpb.ReleaseResponse{}, e.giveBack(req.GetBlockSet(), req.GetSlots(), (*pool.BlockSet).Release)
+}
+
+// giveBack returns the engine's references on slots to the pool with op
+// (Abort for slots never registered, Release for blocks), slot by slot; a
+// slot the pool refuses keeps its reference, and the error names it.
+func (e *engineServer) giveBack(set uint64, slots []uint32, op func(*pool.BlockSet, pool.Block) error) error {
+	s, err := e.a.engineSet(set)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	for _, slot := range req.GetSlots() {
+	if len(slots) > maxRequestBlocks {
+		return status.Errorf(codes.InvalidArgument, "slots: %d (at most %d)", len(slots), maxRequestBlocks)
+	}
+	for _, slot := range slots {
 		b, err := s.drop(int(slot))
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if err := s.set.Release(b); err != nil {
-			return nil, toStatus(fmt.Errorf("slot %d: %w", slot, err))
+		if err := op(s.set, b); err != nil {
+			s.hold(b)
+			return toStatus(fmt.Errorf("slot %d: %w", slot, err))
 		}
 	}
-	return &fabricpb.ReleaseResponse{}, nil
+	return nil
 }
 
 // requestHashes returns the n sequence hashes a request names, given as

@@ -87,9 +87,13 @@ func runMembers(e *env, args []string) error {
 	if *cf.json {
 		return printJSON(e.stdout, &fabricpb.StatusResponse{Members: s.Members})
 	}
-	tw := table(e.stdout)
+	return printMembers(e.stdout, s.Members)
+}
+
+func printMembers(w io.Writer, members []*fabricpb.Member) error {
+	tw := table(w)
 	fmt.Fprintln(tw, "NODE\tGOSSIP\tPEER\tSTATE\tBLOCKS")
-	for _, m := range s.Members {
+	for _, m := range members {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", m.Node, m.GossipAddr, m.PeerAddr, m.State, m.Blocks)
 	}
 	return tw.Flush()
@@ -116,14 +120,9 @@ func runStatus(e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "node %s (%s): %d members, %d index entries, %d imports, %s imported\n\n",
 		s.Node, s.Version, len(s.Members), s.IndexEntries, s.Imports, bytesString(s.ImportBytes))
-	tw := table(e.stdout)
-	fmt.Fprintln(tw, "NODE\tGOSSIP\tPEER\tSTATE\tBLOCKS")
-	for _, m := range s.Members {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", m.Node, m.GossipAddr, m.PeerAddr, m.State, m.Blocks)
-	}
-	tw.Flush()
+	printMembers(e.stdout, s.Members)
 	fmt.Fprintln(e.stdout)
-	tw = table(e.stdout)
+	tw := table(e.stdout)
 	fmt.Fprintln(tw, "BLOCK SET\tENGINE\tLAYOUT\tTP\tPAGE\tSLOTS\tFREE\tREGISTERED\tLEASED")
 	for _, b := range s.BlockSets {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", b.Id, b.Engine, b.LayoutDigest, b.TpSize, b.PageSize, b.Slots, b.Free, b.Registered, b.Leased)
