@@ -208,3 +208,53 @@ func TestClusterImport(t *testing.T) {
 		t.Fatalf("n3 imported from %v, want n2", from)
 	}
 }
+
+// Concurrent imports of the same blocks on one node move them once.
+func TestConcurrentImportsShareTransfers(t *testing.T) {
+	agents := cluster(t, 2)
+	n1, n2 := agents[0], agents[1]
+	hashes := produce(t, n1, 2, layout.HND, 24)
+	waitFor(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
+		if got := agentStatus(t, n2).Members["n1"]; got != 24 {
+			return fmt.Errorf("n2 indexes %d blocks of n1", got)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	c := dial(t, n2)
+	set, err := c.Register(ctx, client.Engine{Name: "many", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const importers = 6
+	errs := make(chan error, importers)
+	for range importers {
+		go func() {
+			resp, err := c.Import(ctx, set.ID, hashes)
+			if err == nil && len(resp.Blocks) != len(hashes) {
+				err = fmt.Errorf("%d of %d blocks: %s", len(resp.Blocks), len(hashes), resp.Error)
+			}
+			if err == nil {
+				for i, b := range resp.Blocks {
+					if err = kvtest.Check(set.Layout, set.Ranks, int(b.Slot), uint64(i+1)); err != nil {
+						break
+					}
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range importers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blockBytes := uint64(testModel.Layers * 2 * testModel.KVHeads * testModel.HeadDim * 2 * 16)
+	if want := uint64(len(hashes)) * blockBytes; s.ImportBytes != want {
+		t.Fatalf("%d importers moved %d bytes; the blocks are %d bytes once", importers, s.ImportBytes, want)
+	}
+}
