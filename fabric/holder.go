@@ -179,13 +179,28 @@ func (h *holder) EventRange(ctx context.Context, peer string, q transfer.EventQu
 }
 
 // CheckRead lets a read through only inside slots the peer's lease holds.
+// Pieces of a segment mostly fall one after another in one contiguous
+// extent of one slot's shard (per token rows of an NHD head slice), so a
+// piece inside the extent of a piece already checked is not checked again.
 func (h *holder) CheckRead(peer string, id, blockSet uint64, seg layout.Segment) error {
 	if err := h.owned(peer, id); err != nil {
 		return err
 	}
+	set, err := h.a.pool.BlockSet(pool.SetID(blockSet))
+	if err != nil {
+		return fmt.Errorf("%w: block set %d", transfer.ErrNotFound, blockSet)
+	}
+	l := set.Layout()
+	var from, to uint64 // [from, to) lies in one leased slot's extent
 	return transfer.ForEachPiece(seg, func(off, n uint64) error {
+		if off >= from && off+n <= to && off+n > off {
+			return nil
+		}
 		if err := h.a.pool.CheckRead(pool.LeaseID(id), pool.SetID(blockSet), seg.SrcRank, off, n); err != nil {
 			return fmt.Errorf("%w: %v", transfer.ErrLeaseRefused, err)
+		}
+		if _, end, ok := l.Locate(off); ok {
+			from, to = off, end
 		}
 		return nil
 	})

@@ -1,0 +1,87 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/transfer"
+)
+
+// The holder serves reads only inside the slots a peer's own lease holds,
+// whichever way a segment walks.
+func TestHolderCheckRead(t *testing.T) {
+	dir := t.TempDir()
+	c := DefaultLocalConfig()
+	c.NodeName, c.DataDir, c.DevCADir = "h1", dir, filepath.Join(dir, "ca")
+	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
+	c.Pools = []string{"host=16MiB"}
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := Start(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	m := layout.ModelConfig{Layers: 2, KVHeads: 2, HeadDim: 8, DType: layout.DTypeF16}
+	s, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.NHD, Arrangement: layout.LayerSeparate, Alignment: 64, Slots: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := s.set.Allocate(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range blocks {
+		s.set.Commit(b)
+		if _, err := s.set.Register(b, uint64(100+i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := a.holder
+	lease, err := h.Lease(context.Background(), "peer", []uint64{101}, time.Minute)
+	if err != nil || lease.ID == 0 || !lease.Blocks[0].Present {
+		t.Fatalf("lease: %+v %v", lease, err)
+	}
+	l := s.set.Layout()
+	st := l.Strides()
+	slot := int(lease.Blocks[0].Slot)
+	row := uint64(m.KVHeads*m.HeadDim) * 2
+	set := uint64(s.set.ID())
+	// Per-token rows of both layers' K and V of the leased slot.
+	ok := []layout.Segment{
+		{SrcOffset: l.ChunkOffset(slot, 0, 0), Length: row, Count: 8, SrcStride: row, DstStride: row},
+		{SrcOffset: l.ChunkOffset(slot, 0, 0), Length: row, Count: 2, SrcStride: st.Layer, DstStride: row},
+	}
+	for _, seg := range ok {
+		if err := h.CheckRead("peer", lease.ID, set, seg); err != nil {
+			t.Errorf("%+v: %v", seg, err)
+		}
+	}
+	bad := []layout.Segment{
+		// Rows that run on into the next slot.
+		{SrcOffset: l.ChunkOffset(slot, 0, 0), Length: row, Count: 9, SrcStride: row, DstStride: row},
+		// The same chunk of the next slot, a block stride on.
+		{SrcOffset: l.ChunkOffset(slot, 1, 0), Length: row, Count: 2, SrcStride: st.Block, DstStride: row},
+		// Another slot altogether.
+		{SrcOffset: l.ChunkOffset(slot+1, 0, 0), Length: row, Count: 1},
+	}
+	for _, seg := range bad {
+		if err := h.CheckRead("peer", lease.ID, set, seg); !errors.Is(err, transfer.ErrLeaseRefused) {
+			t.Errorf("%+v: err = %v, want refused", seg, err)
+		}
+	}
+	if err := h.CheckRead("other-peer", lease.ID, set, ok[0]); !errors.Is(err, transfer.ErrLeaseRefused) {
+		t.Errorf("another peer's read under this lease: err = %v, want refused", err)
+	}
+	if valid, err := h.Release(context.Background(), "peer", lease.ID); err != nil || !valid {
+		t.Errorf("release: %v %v", valid, err)
+	}
+	if err := h.CheckRead("peer", lease.ID, set, ok[0]); !errors.Is(err, transfer.ErrLeaseRefused) {
+		t.Errorf("read after release: err = %v, want refused", err)
+	}
+}
