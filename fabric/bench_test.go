@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +34,20 @@ var (
 		"blocks per Import call in BenchmarkImport (lowered so that -kvfabric.bench.import.inflight calls fill the set)")
 	benchImportInflight = flag.Int("kvfabric.bench.import.inflight", 4,
 		"Import calls in flight at once in BenchmarkImport")
+	benchImportOrders = flag.String("kvfabric.bench.import.orders", "HND>HND",
+		"KV orders of A's and B's block sets in BenchmarkImport: HND>HND, NHD>NHD, HND>NHD or NHD>HND")
 )
+
+// benchOrders parses -kvfabric.bench.import.orders.
+func benchOrders(s string) (src, dst layout.KVOrder, err error) {
+	orders := map[string]layout.KVOrder{"HND": layout.HND, "NHD": layout.NHD}
+	a, b, ok := strings.Cut(strings.ToUpper(s), ">")
+	src, dst = orders[a], orders[b]
+	if !ok || src == 0 || dst == 0 {
+		return 0, 0, fmt.Errorf("-kvfabric.bench.import.orders %q: want two of HND and NHD joined by >, e.g. HND>NHD", s)
+	}
+	return src, dst, nil
+}
 
 // benchModel is shaped like Llama 3 8B's KV cache: 2 MiB per block of 16
 // tokens in bf16 (32 layers × K/V × 8 heads × 128 × 16 tokens × 2 bytes).
@@ -53,7 +67,9 @@ const (
 // through the whole import path: an engine on agent B imports blocks that
 // an engine on agent A produced, and B's agent finds A in its index,
 // leases the blocks, fetches A's layout (first time), plans the re-shard
-// from A's TP 4 HND layout to B's TP 2 NHD one, reads the plan over QUIC,
+// from A's TP 4 layout to B's TP 2 one (both HND by default, so that a
+// plan piece is the two heads of one A rank: 8 KiB; NHD>NHD makes pieces
+// of 512 bytes, HND>NHD of 256), reads the plan over QUIC,
 // releases the lease and registers the blocks. Calls are of
 // -kvfabric.bench.import.batch blocks, -kvfabric.bench.import.inflight at
 // once, as an engine importing the prefixes of several requests would.
@@ -82,6 +98,10 @@ func BenchmarkImport(b *testing.B) {
 	inflight := max(1, *benchImportInflight)
 	batch := max(1, min(*benchImportBatch, (nblocks+inflight-1)/inflight))
 	size := uint64(nblocks) * blockBytes
+	orderA, orderB, err := benchOrders(*benchImportOrders)
+	if err != nil {
+		b.Fatal(err)
+	}
 
 	root, err := os.MkdirTemp("", "kvfb")
 	if err != nil {
@@ -94,11 +114,11 @@ func BenchmarkImport(b *testing.B) {
 	agentB := startBenchAgent(b, root, caDir, "b", benchIPB, poolSpec, agentA.GossipAddr())
 	ca := context.Background()
 	cA, cB := benchDial(b, agentA), benchDial(b, agentB)
-	setA, err := cA.Register(ca, client.Engine{Name: "producer", Model: benchModel, TPSize: benchTPA, PageSize: benchPage, Order: layout.HND, Slots: nblocks})
+	setA, err := cA.Register(ca, client.Engine{Name: "producer", Model: benchModel, TPSize: benchTPA, PageSize: benchPage, Order: orderA, Slots: nblocks})
 	if err != nil {
 		b.Fatal(err)
 	}
-	setB, err := cB.Register(ca, client.Engine{Name: "consumer", Model: benchModel, TPSize: benchTPB, PageSize: benchPage, Order: layout.NHD, Slots: nblocks})
+	setB, err := cB.Register(ca, client.Engine{Name: "consumer", Model: benchModel, TPSize: benchTPB, PageSize: benchPage, Order: orderB, Slots: nblocks})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -195,8 +215,8 @@ func BenchmarkImport(b *testing.B) {
 		}
 		b.ReportMetric(x, "x-"+base)
 	}
-	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d HND -> TP %d NHD, %d blocks per Import, %d in flight; baselines %d conns, %d blocks in flight; %d iterations",
-		nblocks, blockBytes>>10, size>>20, benchTPA, benchTPB, batch, inflight, base.Conns, base.Parallel, iter)
+	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; baselines %d conns, %d blocks in flight; %d iterations",
+		nblocks, blockBytes>>10, size>>20, benchTPA, orderA, benchTPB, orderB, batch, inflight, base.Conns, base.Parallel, iter)
 }
 
 // benchContent is the kvtest id of block i of iteration iter: different
