@@ -1,0 +1,395 @@
+package fabric_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/netbench"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/transfer"
+	"github.com/kvfabric/kvfabric/transfer/certs"
+)
+
+var (
+	benchImportSize = flag.Int64("kvfabric.bench.import", 64<<20,
+		"bytes of KV blocks BenchmarkImport moves per iteration (1 GiB: 1073741824)")
+	benchImportBatch = flag.Int("kvfabric.bench.import.batch", 16,
+		"blocks per Import call in BenchmarkImport (lowered so that -kvfabric.bench.import.inflight calls fill the set)")
+	benchImportInflight = flag.Int("kvfabric.bench.import.inflight", 4,
+		"Import calls in flight at once in BenchmarkImport")
+	benchImportOrders = flag.String("kvfabric.bench.import.orders", "HND>HND",
+		"KV orders of A's and B's block sets in BenchmarkImport: HND>HND, NHD>NHD, HND>NHD or NHD>HND")
+)
+
+// benchOrders parses -kvfabric.bench.import.orders.
+func benchOrders(s string) (src, dst layout.KVOrder, err error) {
+	orders := map[string]layout.KVOrder{"HND": layout.HND, "NHD": layout.NHD}
+	a, b, ok := strings.Cut(strings.ToUpper(s), ">")
+	src, dst = orders[a], orders[b]
+	if !ok || src == 0 || dst == 0 {
+		return 0, 0, fmt.Errorf("-kvfabric.bench.import.orders %q: want two of HND and NHD joined by >, e.g. HND>NHD", s)
+	}
+	return src, dst, nil
+}
+
+// benchModel is shaped like Llama 3 8B's KV cache: 2 MiB per block of 16
+// tokens in bf16 (32 layers × K/V × 8 heads × 128 × 16 tokens × 2 bytes).
+var benchModel = layout.ModelConfig{Layers: 32, KVHeads: 8, HeadDim: 128, DType: layout.DTypeBF16}
+
+const (
+	benchPage           = 16
+	benchTPA, benchTPB  = 4, 2 // a real re-shard: each of B's ranks gathers two of A's
+	benchIPA, benchIPB  = "127.0.0.61", "127.0.0.62"
+	benchQUICServer     = "127.0.0.63"
+	benchQUICClient     = "127.0.0.64"
+	benchIndexDeadline  = 30 * time.Second
+	benchImportDeadline = 2 * time.Minute
+)
+
+// BenchmarkImport moves KV blocks between two agents in this process
+// through the whole import path: an engine on agent B imports blocks that
+// an engine on agent A produced, and B's agent finds A in its index,
+// leases the blocks, fetches A's layout (first time), plans the re-shard
+// from A's TP 4 layout to B's TP 2 one (both HND by default, so that a
+// plan piece is the two heads of one A rank: 8 KiB; NHD>NHD makes pieces
+// of 512 bytes, HND>NHD of 256), reads the plan over QUIC,
+// releases the lease and registers the blocks. Calls are of
+// -kvfabric.bench.import.batch blocks, -kvfabric.bench.import.inflight at
+// once, as an engine importing the prefixes of several requests would.
+//
+// In the same iteration, the same bytes move over netbench's baselines
+// with the agent's transport settings: bare quic-go (as many connections
+// as the agent opens to a peer, as many streams in flight as one read of
+// the agent uses, the agent's windows, mutual TLS with the same CA and
+// ALPN), TLS 1.3 over TCP and raw TCP, one contiguous block per request.
+// It reports each one's GB/s and per-block p50/p99 (an imported block's
+// latency is its Import call's), and import's throughput over each
+// baseline as x-quic, x-tls and x-tcp (the goal is x-quic ≥ 0.8), and
+// fetch/call: the share of the Import calls' time that the agent spent
+// fetching (lease, layouts, plan, read, release), as it reports in the
+// response.
+//
+// Every iteration imports blocks B has never seen: A registers a fresh
+// set of sequences (new hashes, new contents) before the timed part, and
+// B's engine releases what it imported after it, so that B's next
+// allocation recycles those slots as a full cache would. Otherwise B's
+// second import would find the blocks at home and move nothing. Every
+// imported byte is checked against what A wrote (kvtest), untimed.
+//
+//	go test ./fabric -run '^$' -bench Import -benchtime 3x -count 3
+//	go test ./fabric -run '^$' -bench Import -benchtime 3x -count 3 -kvfabric.bench.import=1073741824
+func BenchmarkImport(b *testing.B) {
+	blockBytes := uint64(benchModel.Layers) * 2 * uint64(benchModel.KVHeads*benchModel.HeadDim*benchPage) * benchModel.DType.Size()
+	nblocks := max(1, int(uint64(*benchImportSize)/blockBytes))
+	inflight := max(1, *benchImportInflight)
+	batch := max(1, min(*benchImportBatch, (nblocks+inflight-1)/inflight))
+	size := uint64(nblocks) * blockBytes
+	orderA, orderB, err := benchOrders(*benchImportOrders)
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	root, err := os.MkdirTemp("", "kvfb")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(root) })
+	caDir := filepath.Join(root, "ca")
+	poolSpec := fmt.Sprintf("host=%d", size+size/8+64<<20)
+	agentA := startBenchAgent(b, root, caDir, "a", benchIPA, poolSpec, "")
+	agentB := startBenchAgent(b, root, caDir, "b", benchIPB, poolSpec, agentA.GossipAddr())
+	ca := context.Background()
+	cA, cB := benchDial(b, agentA), benchDial(b, agentB)
+	setA, err := cA.Register(ca, client.Engine{Name: "producer", Model: benchModel, TPSize: benchTPA, PageSize: benchPage, Order: orderA, Slots: nblocks})
+	if err != nil {
+		b.Fatal(err)
+	}
+	setB, err := cB.Register(ca, client.Engine{Name: "consumer", Model: benchModel, TPSize: benchTPB, PageSize: benchPage, Order: orderB, Slots: nblocks})
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	// The import path as a netbench transport: one Import call per
+	// batch. hashes and got are this iteration's.
+	var hashes []uint64
+	got := make([]uint32, nblocks) // B's slot of each block
+	// The agent's own account of its fetches (lease to release), against
+	// the Import calls' latency: the rest is the engine API, the index
+	// lookup and registering.
+	var fetchMicros, callMicros atomic.Int64
+	imp := &netbench.Transport{
+		Name: "import", Parallel: inflight, Batch: batch,
+		Fetch: func(ctx context.Context, _ int, first, n uint64) error {
+			t0 := time.Now()
+			resp, err := cB.Import(ctx, setB.ID, hashes[first:first+n])
+			if err != nil {
+				return err
+			}
+			callMicros.Add(time.Since(t0).Microseconds())
+			for _, f := range resp.Fetches {
+				fetchMicros.Add(int64(f.Micros))
+			}
+			if len(resp.Blocks) != int(n) {
+				return fmt.Errorf("imported %d of %d blocks: %s", len(resp.Blocks), n, resp.Error)
+			}
+			for i, ref := range resp.Blocks {
+				got[first+uint64(i)] = ref.Slot
+			}
+			return nil
+		},
+	}
+
+	src := make([]byte, size)
+	for i := 0; i < len(src); i += 8 {
+		src[i] = byte(i >> 3)
+	}
+	dst := make([]byte, size)
+	tcfg := transfer.DefaultLocalConfig()
+	serverTLS, clientTLS := benchTLS(b, caDir)
+	base := netbench.Config{
+		Src: src, Dst: dst, BlockBytes: blockBytes,
+		Conns:     tcfg.ConnsPerPeer,
+		Parallel:  tcfg.ConnsPerPeer * tcfg.StreamsPerConn,
+		ServerTLS: serverTLS, ClientTLS: clientTLS,
+		QUIC:     benchQUICConfig(tcfg),
+		ServerIP: net.ParseIP(benchQUICServer), ClientIP: net.ParseIP(benchQUICClient),
+		UDPBuffer: 7 << 20, // what the agent's transport asks for
+	}
+	runner := &netbench.Runner{Transports: []*netbench.Transport{imp}, BlockBytes: blockBytes}
+	b.Cleanup(func() { runner.Close() })
+	for _, mk := range []func(netbench.Config) (*netbench.Transport, error){netbench.NewQUIC, netbench.NewTLS, netbench.NewTCP} {
+		tr, err := mk(base)
+		if err != nil {
+			b.Fatal(err)
+		}
+		runner.Transports = append(runner.Transports, tr)
+	}
+
+	iter := 0
+	var slotsA []uint32
+	runner.After = func(tr *netbench.Transport) error {
+		if tr != imp {
+			return nil
+		}
+		for i, slot := range got {
+			if err := kvtest.Check(setB.Layout, setB.Ranks, int(slot), benchContent(iter, i)); err != nil {
+				return fmt.Errorf("iteration %d, block %d: %w", iter, i, err)
+			}
+		}
+		// Done with them: B's next allocation recycles these slots.
+		return cB.Release(ca, setB.ID, got)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		iter++
+		if slotsA != nil {
+			if err := cA.Release(ca, setA.ID, slotsA); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if hashes, slotsA, err = benchProduce(cA, setA, iter, nblocks, batch); err != nil {
+			b.Fatal(err)
+		}
+		if err := benchAwaitIndex(cB, hashes, batch); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		ctx, cancel := context.WithTimeout(ca, benchImportDeadline)
+		err := runner.Round(ctx, uint64(nblocks))
+		cancel()
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	runner.Report(b)
+	for _, base := range []string{"quic", "tls", "tcp"} {
+		x, err := runner.Ratio("import", base)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(x, "x-"+base)
+	}
+	if c := callMicros.Load(); c > 0 {
+		b.ReportMetric(float64(fetchMicros.Load())/float64(c), "fetch/call")
+	}
+	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; baselines %d conns, %d blocks in flight; %d iterations",
+		nblocks, blockBytes>>10, size>>20, benchTPA, orderA, benchTPB, orderB, batch, inflight, base.Conns, base.Parallel, iter)
+}
+
+// benchContent is the kvtest id of block i of iteration iter: different
+// in every iteration, so that a block left over from an earlier one fails
+// the check.
+func benchContent(iter, i int) uint64 { return uint64(iter)<<32 | uint64(i+1) }
+
+// benchProduce registers nblocks fresh blocks on A's engine as
+// nblocks/batch independent sequences (one per request an engine would
+// import) and returns their hashes and A's slots.
+func benchProduce(c *client.Client, set *client.BlockSet, iter, nblocks, batch int) ([]uint64, []uint32, error) {
+	ctx := context.Background()
+	slots, err := c.Allocate(ctx, set.ID, nblocks)
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := layout.NewHasher(benchPage, layout.HashOptions{Salt: fmt.Sprintf("bench-%d", iter)})
+	if err != nil {
+		return nil, nil, err
+	}
+	var hashes []uint64
+	for first := 0; first < nblocks; first += batch {
+		n := min(batch, nblocks-first)
+		tokens := make([]uint32, benchPage*n)
+		for i := range tokens {
+			tokens[i] = uint32(first*benchPage + i)
+		}
+		var seq []uint64
+		for j, blk := range h.Sequence(tokens) {
+			kvtest.Fill(set.Layout, set.Ranks, int(slots[first+j]), benchContent(iter, first+j))
+			seq = append(seq, blk.Sequence)
+		}
+		refs, err := c.RegisterBlocks(ctx, set.ID, slots[first:first+n], seq)
+		if err != nil {
+			return nil, nil, err
+		}
+		for j, r := range refs {
+			if r.Duplicate {
+				return nil, nil, fmt.Errorf("block %d registered as a duplicate", first+j)
+			}
+		}
+		hashes = append(hashes, seq...)
+	}
+	return hashes, slots, nil
+}
+
+// benchAwaitIndex waits until B's index has A holding every sequence.
+func benchAwaitIndex(c *client.Client, hashes []uint64, batch int) error {
+	deadline := time.Now().Add(benchIndexDeadline)
+	for first := 0; first < len(hashes); {
+		n := min(batch, len(hashes)-first)
+		ov, err := c.Lookup(context.Background(), hashes[first:first+n])
+		if err != nil {
+			return err
+		}
+		if len(ov) > 0 && ov[0].Node == "a" && int(ov[0].Blocks) == n {
+			first += n
+			continue
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("b's index does not show a holding blocks %d..%d within %v: %v", first, first+n-1, benchIndexDeadline, ov)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+func startBenchAgent(b *testing.B, root, caDir, name, ip, pools, join string) *fabric.Agent {
+	c := fabric.DefaultLocalConfig()
+	c.NodeName = name
+	c.DataDir = filepath.Join(root, name)
+	c.DevCADir = caDir
+	c.GossipAddr, c.PeerAddr, c.MetricsAddr = ip+":0", ip+":0", "off"
+	c.Pools = []string{pools}
+	// A shared 2-core machine moving a GiB can stall a stream for a
+	// while; that is measured, not failed.
+	c.PeerTimeout = 10 * time.Second
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	if join != "" {
+		c.Join = []string{join}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := fabric.Start(ctx, c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close() })
+	return a
+}
+
+func benchDial(b *testing.B, a *fabric.Agent) *client.Client {
+	c, err := client.Dial(context.Background(), a.EngineSocket())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+// benchQUICConfig is the quic-go configuration transfer derives from cfg
+// (transfer/node.go), for the bare quic-go baseline.
+func benchQUICConfig(cfg transfer.Config) *quic.Config {
+	return &quic.Config{
+		HandshakeIdleTimeout:           cfg.HandshakeTimeout,
+		MaxIdleTimeout:                 cfg.IdleTimeout,
+		KeepAlivePeriod:                cfg.IdleTimeout / 3,
+		InitialStreamReceiveWindow:     cfg.StreamReceiveWindow / 4,
+		MaxStreamReceiveWindow:         cfg.StreamReceiveWindow,
+		InitialConnectionReceiveWindow: cfg.ConnReceiveWindow / 4,
+		MaxConnectionReceiveWindow:     cfg.ConnReceiveWindow,
+		MaxIncomingStreams:             cfg.MaxStreamsPerConn,
+		MaxIncomingUniStreams:          -1,
+	}
+}
+
+// benchTLS certifies the baselines' two ends with the agents' development
+// CA and verifies them as transfer does (mutual, chain to the CA, key
+// usage), so that the baselines pay the agents' handshake and ciphers.
+func benchTLS(b *testing.B, caDir string) (srv, cli *tls.Config) {
+	ca, _, err := certs.EnsureDevCA(caDir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cert := func(name string) tls.Certificate {
+		p, err := ca.IssueNode(name, time.Hour)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := p.TLSCertificate()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return c
+	}
+	pool := ca.Pool()
+	verify := func(usage x509.ExtKeyUsage) func(tls.ConnectionState) error {
+		return func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("no peer certificate")
+			}
+			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{usage}})
+			return err
+		}
+	}
+	srv = &tls.Config{
+		MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert("bench-server")},
+		NextProtos: []string{transfer.ALPN}, ClientAuth: tls.RequireAnyClientCert,
+		VerifyConnection: verify(x509.ExtKeyUsageClientAuth),
+	}
+	cli = &tls.Config{
+		MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert("bench-client")},
+		NextProtos: []string{transfer.ALPN}, ServerName: "bench-server", InsecureSkipVerify: true,
+		VerifyConnection: verify(x509.ExtKeyUsageServerAuth),
+	}
+	return srv, cli
+}
