@@ -7,9 +7,7 @@ import (
 	"log"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/netip"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -268,13 +266,11 @@ const (
 // dead node's address after a while and never calls it again, so without
 // this the two sides of a healed partition would stay apart.
 func (m *Membership) rejoin() {
-	self := m.ml.LocalNode()
-	selfAddr := net.JoinHostPort(self.Addr.String(), strconv.Itoa(int(self.Port)))
-	present := map[string]bool{selfAddr: true}
-	for _, n := range m.ml.Members() {
-		if n.State == memberlist.StateAlive || n.State == memberlist.StateSuspect {
-			present[net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))] = true
-		}
+	// Our own copies (Members): memberlist's records change under its
+	// lock while we read.
+	present := map[string]bool{}
+	for _, mb := range m.Members() {
+		present[mb.Addr.String()] = true
 	}
 	var missing []string
 	for _, s := range m.cfg.Seeds {
