@@ -43,6 +43,7 @@ type Agent struct {
 	// have no one to go to.
 	publisher atomic.Pointer[membership.Membership]
 	layouts   layoutCache
+	peers     peers
 	flights   flights
 	turn      atomic.Uint64 // rotates imports over equally good holders
 	suspects  suspects
@@ -268,6 +269,7 @@ func (a *Agent) Close() error {
 			// of after failure detection.
 			errs = append(errs, a.members.Close())
 		}
+		a.peers.closeAll()
 		if a.transport != nil {
 			errs = append(errs, a.transport.Close())
 		}

@@ -322,6 +322,7 @@ func (s indexSink) Drop(origin string) {
 		s.a.index.DropNode(id)
 	}
 	s.a.layouts.forget(origin)
+	s.a.peers.forget(origin)
 }
 
 // repairer fetches what membership missed from the origin over QUIC.
@@ -332,7 +333,7 @@ func (r repairer) peer(ctx context.Context, origin string) (*transfer.Peer, erro
 	if !ok || m.Meta.PeerAddr == "" {
 		return nil, fmt.Errorf("fabric: %s is not a member with a peer address", origin)
 	}
-	return r.a.transport.Peer(ctx, m.Meta.PeerAddr, origin)
+	return r.a.peers.get(ctx, r.a.transport, origin, m.Meta.PeerAddr)
 }
 
 func (r repairer) Events(ctx context.Context, origin string, inc, from, to uint64) ([]membership.Event, error) {

@@ -185,7 +185,7 @@ func (a *Agent) candidates(hashes []uint64) []candidate {
 // arrived and the holder confirmed that the lease never expired; on any
 // failure the slots are freed and nothing is registered.
 func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
-	peer, err := a.transport.Peer(ctx, holder.Meta.PeerAddr, holder.Name)
+	peer, err := a.peers.get(ctx, a.transport, holder.Name, holder.Meta.PeerAddr)
 	if err != nil {
 		return nil, 0, err
 	}

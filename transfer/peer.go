@@ -28,6 +28,11 @@ type Peer struct {
 	slots  []connSlot
 	closed atomic.Bool
 	next   atomic.Uint32
+	// streams caps the read streams in flight to this peer across all
+	// concurrent reads at ConnsPerPeer × StreamsPerConn: more streams than
+	// that only share the same connections' bandwidth and make every read
+	// end with its slowest part.
+	streams chan struct{}
 }
 
 // connSlot is one connection of a peer. Each has its own lock, so that
@@ -47,7 +52,8 @@ func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transfer: peer %s address %q: %w", name, addr, err)
 	}
-	p := &Peer{n: n, name: name, addr: ua, slots: make([]connSlot, n.cfg.ConnsPerPeer)}
+	p := &Peer{n: n, name: name, addr: ua, slots: make([]connSlot, n.cfg.ConnsPerPeer),
+		streams: make(chan struct{}, n.cfg.ConnsPerPeer*n.cfg.StreamsPerConn)}
 	if _, err := p.conn(ctx, 0); err != nil {
 		return nil, err
 	}

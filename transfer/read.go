@@ -40,11 +40,11 @@ func (p *Peer) Read(ctx context.Context, leaseID, blockSet uint64, segs []layout
 	// A segment costs at most maxSegmentWire bytes in a request frame;
 	// keep every part's frame under the cap.
 	maxSegs := min(cfg.MaxSegments, max(1, int(cfg.MaxMessageSize/maxSegmentWire)-1))
-	parts := splitPlan(segs, total, parallel, cfg.MinStreamBytes, maxSegs)
+	parts := splitPlan(segs, total, parallel*partsPerWorker, cfg.MinStreamBytes, maxSegs)
 
 	if len(parts) == 1 {
 		// The common case of a small read: no workers to start.
-		if err := p.readPart(ctx, leaseID, blockSet, parts[0], dst); err != nil {
+		if err := p.readLimited(ctx, leaseID, blockSet, parts[0], dst); err != nil {
 			p.n.stats.readsFailed.Add(1)
 			return err
 		}
@@ -69,7 +69,7 @@ func (p *Peer) Read(ctx context.Context, leaseID, blockSet uint64, segs []layout
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				if err := p.readPart(ctx, leaseID, blockSet, parts[i], dst); err != nil {
+				if err := p.readLimited(ctx, leaseID, blockSet, parts[i], dst); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					cancel()
 					continue
@@ -104,6 +104,22 @@ feed:
 	p.n.stats.bytesRead.Add(total)
 	return nil
 }
+
+// readLimited reads one part once the peer has a stream to spare.
+func (p *Peer) readLimited(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) error {
+	select {
+	case p.streams <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("transfer: read from %s: %w", p.name, wrapNetErr(ctx, ctx.Err()))
+	}
+	defer func() { <-p.streams }()
+	return p.readPart(ctx, leaseID, blockSet, segs, dst)
+}
+
+// partsPerWorker is how many parts a read is cut into per worker: with
+// more parts than workers, a worker whose stream is slow takes fewer, so
+// that the read does not end with one stream still carrying a large part.
+const partsPerWorker = 2
 
 // maxSegmentWire bounds a ReadSegment's encoding: a tag, a length and
 // five varints of at most 10 bytes.
