@@ -155,6 +155,8 @@ func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.Registe
 		}
 		reg, err := s.set.Register(b, hashes[i], parent)
 		if err != nil {
+			// Still the engine's, to free.
+			s.hold(b)
 			return out, toStatus(fmt.Errorf("slot %d: %w", slot, err))
 		}
 		s.hold(reg)

@@ -271,14 +271,15 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 	}
 	refs := make([]*fabricpb.BlockRef, 0, k)
 	for i, b := range blocks {
-		if err := s.set.Commit(b); err != nil {
-			return nil, 0, err
+		err := s.set.Commit(b)
+		var reg pool.Block
+		if err == nil {
+			reg, err = s.set.Register(b, hashes[i], parent)
 		}
-		reg, err := s.set.Register(b, hashes[i], parent)
 		if err != nil {
 			// Earlier blocks are registered and referenced: keep them,
-			// free the rest.
-			for _, rest := range blocks[i+1:] {
+			// free this one and the rest.
+			for _, rest := range blocks[i:] {
 				s.set.Abort(rest)
 			}
 			registered = true
