@@ -55,10 +55,13 @@
 //
 // # Reads
 //
-// [Peer.Read] splits a plan into up to ConnsPerPeer × StreamsPerConn parts
-// of about equal size, none under MinStreamBytes (splitting strided
-// segments between pieces and long pieces by bytes), and runs them as
-// concurrent streams spread over the peer's connections. The reader reads
+// [Peer.Read] splits a plan into up to two parts per stream it may use
+// (ConnsPerPeer × StreamsPerConn), of about equal size, none under
+// MinStreamBytes (splitting strided segments between pieces and long pieces
+// by bytes), and runs them as concurrent streams spread over the peer's
+// connections, workers taking the next part as they finish one. The streams
+// in flight to one peer, across all concurrent reads of a Peer, are capped
+// at ConnsPerPeer × StreamsPerConn. The reader reads
 // each piece straight into the destination slice of its rank; only small
 // pieces pass through a 64 KiB buffer (and the holder gathers pieces under
 // 16 KiB before writing them). A read of several parts that fails
