@@ -4,8 +4,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -217,7 +219,13 @@ func waitServing(t *testing.T, nodes []*Node) *Node {
 }
 
 func metric(n *Node, name string) float64 {
-	out, err := exec.Command("curl", "-s", "http://"+n.Metrics+"/metrics").Output()
+	hc := http.Client{Timeout: time.Second}
+	resp, err := hc.Get("http://" + n.Metrics + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return 0
 	}
