@@ -41,11 +41,13 @@ func (a *Agent) startTransport() error {
 	tcfg.Members = transfer.MemberFunc(a.isMember)
 	tcfg.Handler = a.holder
 	tcfg.Logger = a.log
-	// A silent peer fails a call within PeerTimeout: reads notice a stall
-	// after half of it, leaving the other half to fail over.
-	tcfg.HandshakeTimeout = a.cfg.PeerTimeout
-	tcfg.CallTimeout = a.cfg.PeerTimeout
-	tcfg.ProgressTimeout = a.cfg.PeerTimeout / 2
+	// An import fails over from a silent holder within PeerTimeout: any
+	// call to it (dial, control call, read) gives up after half of it,
+	// leaving the other half to start on the next holder.
+	half := a.cfg.PeerTimeout / 2
+	tcfg.HandshakeTimeout = half
+	tcfg.CallTimeout = half
+	tcfg.ProgressTimeout = half
 	tcfg.IdleTimeout = 3 * a.cfg.PeerTimeout
 	n, err := transfer.NewNode(tcfg)
 	if err != nil {

@@ -87,8 +87,9 @@ type Config struct {
 	LeaseDuration time.Duration `json:"lease_duration,omitempty"`
 	// ImportTimeout bounds one import, all holders tried. If zero, 30 s.
 	ImportTimeout time.Duration `json:"import_timeout,omitempty"`
-	// PeerTimeout bounds how long a silent peer can stall a call before it
-	// fails. If zero, 2 s.
+	// PeerTimeout bounds how long a silent peer can hold up an import
+	// before it fails over to another holder or fails: each dial, control
+	// call and read to a peer gives up after half of it. If zero, 2 s.
 	PeerTimeout time.Duration `json:"peer_timeout,omitempty"`
 
 	// LogLevel is debug, info, warn or error. If empty, info.

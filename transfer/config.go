@@ -67,8 +67,8 @@ type Config struct {
 	// IdleTimeout closes a connection that received nothing for this long.
 	// Keep-alives go out every IdleTimeout/3. If zero, 15 s.
 	IdleTimeout time.Duration
-	// CallTimeout bounds a control call whose context has no deadline. If
-	// zero, 10 s.
+	// CallTimeout bounds every control call; the caller's context may end
+	// it sooner. If zero, 10 s.
 	CallTimeout time.Duration
 	// ProgressTimeout fails a read stream on which no byte moved for this
 	// long, and a holder's write to a reader that stopped reading. If

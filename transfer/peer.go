@@ -129,11 +129,10 @@ func wrapNetErr(ctx context.Context, err error) error {
 	return err
 }
 
-// callCtx applies CallTimeout to a context without a deadline.
+// callCtx bounds a control call by CallTimeout, or by the caller's
+// deadline when that comes first. A caller's long deadline (an import's,
+// covering several holders) must not let one silent peer hold the call.
 func (n *Node) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
-	}
 	return context.WithTimeout(ctx, n.cfg.CallTimeout)
 }
 
