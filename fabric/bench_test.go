@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/quic-go/quic-go"
-
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
@@ -169,7 +167,7 @@ func BenchmarkImport(b *testing.B) {
 		Conns:     tcfg.ConnsPerPeer,
 		Parallel:  tcfg.ConnsPerPeer * tcfg.StreamsPerConn,
 		ServerTLS: serverTLS, ClientTLS: clientTLS,
-		QUIC:     benchQUICConfig(tcfg),
+		QUIC:     tcfg.QUICConfig(),
 		ServerIP: net.ParseIP(benchQUICServer), ClientIP: net.ParseIP(benchQUICClient),
 		UDPBuffer: 7 << 20, // what the agent's transport asks for
 	}
@@ -334,22 +332,6 @@ func benchDial(b *testing.B, a *fabric.Agent) *client.Client {
 	}
 	b.Cleanup(func() { c.Close() })
 	return c
-}
-
-// benchQUICConfig is the quic-go configuration transfer derives from cfg
-// (transfer/node.go), for the bare quic-go baseline.
-func benchQUICConfig(cfg transfer.Config) *quic.Config {
-	return &quic.Config{
-		HandshakeIdleTimeout:           cfg.HandshakeTimeout,
-		MaxIdleTimeout:                 cfg.IdleTimeout,
-		KeepAlivePeriod:                cfg.IdleTimeout / 3,
-		InitialStreamReceiveWindow:     cfg.StreamReceiveWindow / 4,
-		MaxStreamReceiveWindow:         cfg.StreamReceiveWindow,
-		InitialConnectionReceiveWindow: cfg.ConnReceiveWindow / 4,
-		MaxConnectionReceiveWindow:     cfg.ConnReceiveWindow,
-		MaxIncomingStreams:             cfg.MaxStreamsPerConn,
-		MaxIncomingUniStreams:          -1,
-	}
 }
 
 // benchTLS certifies the baselines' two ends with the agents' development

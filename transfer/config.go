@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/kvfabric/kvfabric/transfer/certs"
 )
 
@@ -124,7 +126,35 @@ func configErr(format string, args ...any) error {
 }
 
 // populate fills defaults and validates; it returns a copy.
+// QUICConfig returns the quic-go configuration a Node made from c uses:
+// windows, timeouts, keep-alives and stream limits, zero fields taking
+// their defaults. Benchmarks give it to bare quic-go baselines so that
+// they run with the same settings.
+func (c Config) QUICConfig() *quic.Config { return c.withDefaults().quicConfig() }
+
+// quicConfig derives the quic-go configuration from a populated Config.
+func (c Config) quicConfig() *quic.Config {
+	return &quic.Config{
+		HandshakeIdleTimeout:           c.HandshakeTimeout,
+		MaxIdleTimeout:                 c.IdleTimeout,
+		KeepAlivePeriod:                c.IdleTimeout / 3,
+		InitialStreamReceiveWindow:     c.StreamReceiveWindow / 4,
+		MaxStreamReceiveWindow:         c.StreamReceiveWindow,
+		InitialConnectionReceiveWindow: c.ConnReceiveWindow / 4,
+		MaxConnectionReceiveWindow:     c.ConnReceiveWindow,
+		MaxIncomingStreams:             c.MaxStreamsPerConn,
+		MaxIncomingUniStreams:          -1,
+	}
+}
+
+// populate fills zero fields with defaults and validates.
 func (c Config) populate() (Config, error) {
+	c = c.withDefaults()
+	return c, c.validate()
+}
+
+// withDefaults fills the zero fields.
+func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -161,28 +191,31 @@ func (c Config) populate() (Config, error) {
 	if c.MaxStreamsPerConn == 0 {
 		c.MaxStreamsPerConn = d.MaxStreamsPerConn
 	}
+	return c
+}
 
+func (c Config) validate() error {
 	switch {
 	case c.NodeName == "":
-		return c, configErr("NodeName is empty")
+		return configErr("NodeName is empty")
 	case c.Certificate.Certificate == nil:
-		return c, configErr("Certificate is empty")
+		return configErr("Certificate is empty")
 	case c.CAs == nil:
-		return c, configErr("CAs is nil")
+		return configErr("CAs is nil")
 	case c.Members == nil:
-		return c, configErr("Members is nil")
+		return configErr("Members is nil")
 	case c.ConnsPerPeer < 0 || c.ConnsPerPeer > 64:
-		return c, configErr("ConnsPerPeer %d not in [1, 64]", c.ConnsPerPeer)
+		return configErr("ConnsPerPeer %d not in [1, 64]", c.ConnsPerPeer)
 	case c.StreamsPerConn < 0 || int64(c.StreamsPerConn) > c.MaxStreamsPerConn:
-		return c, configErr("StreamsPerConn %d not in [1, MaxStreamsPerConn]", c.StreamsPerConn)
+		return configErr("StreamsPerConn %d not in [1, MaxStreamsPerConn]", c.StreamsPerConn)
 	case c.MaxSegments < 0:
-		return c, configErr("MaxSegments %d is negative", c.MaxSegments)
+		return configErr("MaxSegments %d is negative", c.MaxSegments)
 	case c.MaxStreamsPerConn < 0:
-		return c, configErr("MaxStreamsPerConn %d is negative", c.MaxStreamsPerConn)
+		return configErr("MaxStreamsPerConn %d is negative", c.MaxStreamsPerConn)
 	case c.MaxMessageSize < 1<<10 || c.MaxMessageSize > 1<<30:
-		return c, configErr("MaxMessageSize %d not in [1 KiB, 1 GiB]", c.MaxMessageSize)
+		return configErr("MaxMessageSize %d not in [1 KiB, 1 GiB]", c.MaxMessageSize)
 	case c.HandshakeTimeout < 0 || c.IdleTimeout < 0 || c.CallTimeout < 0 || c.ProgressTimeout < 0:
-		return c, configErr("negative timeout")
+		return configErr("negative timeout")
 	}
 	// Peers check that our certificate names the node they dialed and
 	// that hellos come from the name on it: a certificate for another name
@@ -191,15 +224,15 @@ func (c Config) populate() (Config, error) {
 	if leaf == nil {
 		var err error
 		if leaf, err = x509.ParseCertificate(c.Certificate.Certificate[0]); err != nil {
-			return c, configErr("Certificate: %v", err)
+			return configErr("Certificate: %v", err)
 		}
 	}
 	name, err := certs.NodeName(leaf)
 	if err != nil {
-		return c, configErr("Certificate: %v", err)
+		return configErr("Certificate: %v", err)
 	}
 	if name != c.NodeName {
-		return c, configErr("Certificate names %q, NodeName is %q", name, c.NodeName)
+		return configErr("Certificate names %q, NodeName is %q", name, c.NodeName)
 	}
-	return c, nil
+	return nil
 }

@@ -43,17 +43,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.qcfg = &quic.Config{
-		HandshakeIdleTimeout:           cfg.HandshakeTimeout,
-		MaxIdleTimeout:                 cfg.IdleTimeout,
-		KeepAlivePeriod:                cfg.IdleTimeout / 3,
-		InitialStreamReceiveWindow:     cfg.StreamReceiveWindow / 4,
-		MaxStreamReceiveWindow:         cfg.StreamReceiveWindow,
-		InitialConnectionReceiveWindow: cfg.ConnReceiveWindow / 4,
-		MaxConnectionReceiveWindow:     cfg.ConnReceiveWindow,
-		MaxIncomingStreams:             cfg.MaxStreamsPerConn,
-		MaxIncomingUniStreams:          -1,
-	}
+	n.qcfg = cfg.quicConfig()
 	fail := func(err error) (*Node, error) {
 		n.Close()
 		return nil, err
