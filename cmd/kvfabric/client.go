@@ -57,6 +57,17 @@ func (f clientFlags) dial() (*client.Client, context.Context, context.CancelFunc
 	return c, ctx, cancel, nil
 }
 
+// status asks the agent for its status.
+func (f clientFlags) status() (*fabricpb.StatusResponse, error) {
+	c, ctx, cancel, err := f.dial()
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	defer c.Close()
+	return c.Status(ctx)
+}
+
 func printJSON(w io.Writer, m proto.Message) error {
 	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: true}.Marshal(m)
 	if err != nil {
@@ -74,13 +85,7 @@ func runMembers(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	c, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	defer c.Close()
-	s, err := c.Status(ctx)
+	s, err := cf.status()
 	if err != nil {
 		return err
 	}
@@ -105,13 +110,7 @@ func runStatus(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	c, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	defer c.Close()
-	s, err := c.Status(ctx)
+	s, err := cf.status()
 	if err != nil {
 		return err
 	}
