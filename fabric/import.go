@@ -67,7 +67,16 @@ func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64)
 			}
 			break
 		} else {
-			refs, fetch, err := a.importFromHolders(ctx, s, rest, parentOf(hashes, len(res.refs)), &tried, &failures)
+			// Another engine's block set on this node, then the cluster.
+			parent := parentOf(hashes, len(res.refs))
+			refs, local, err := a.fromLocal(s, rest, parent)
+			fetch := []*fabricpb.Fetch{local}
+			if len(refs) == 0 {
+				if err != nil {
+					failures = append(failures, fmt.Sprintf("local copy: %v", err))
+				}
+				refs, fetch, err = a.importFromHolders(ctx, s, rest, parent, &tried, &failures)
+			}
 			a.flights.finish(s.set.ID(), rest[0], f)
 			res.refs = append(res.refs, refs...)
 			res.fetches = append(res.fetches, fetch...)
@@ -269,7 +278,19 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 	if !valid {
 		return nil, 0, errors.New("lease expired before release: the bytes are not trusted")
 	}
-	refs := make([]*fabricpb.BlockRef, 0, k)
+	refs, err := s.registerFilled(blocks, hashes, parent)
+	registered = true
+	a.stats.importBytes.Add(plan.Bytes())
+	a.stats.importBlocks.Add(uint64(len(refs)))
+	return refs, plan.Bytes(), err
+}
+
+// registerFilled commits and registers blocks, whose bytes are in place,
+// under hashes (in order, after parent), referencing each for the engine.
+// On an error the blocks already registered are kept and returned, and
+// the rest are freed.
+func (s *engineSet) registerFilled(blocks []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, error) {
+	refs := make([]*fabricpb.BlockRef, 0, len(blocks))
 	for i, b := range blocks {
 		err := s.set.Commit(b)
 		var reg pool.Block
@@ -277,22 +298,79 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 			reg, err = s.set.Register(b, hashes[i], parent)
 		}
 		if err != nil {
-			// Earlier blocks are registered and referenced: keep them,
-			// free this one and the rest.
 			for _, rest := range blocks[i:] {
 				s.set.Abort(rest)
 			}
-			registered = true
-			return refs, plan.Bytes(), err
+			return refs, err
 		}
 		s.hold(reg)
 		refs = append(refs, &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(reg.Slot), Duplicate: reg.Slot != b.Slot})
 		parent = hashes[i]
 	}
-	registered = true
-	a.stats.importBytes.Add(plan.Bytes())
-	a.stats.importBlocks.Add(uint64(k))
-	return refs, plan.Bytes(), nil
+	return refs, nil
+}
+
+// fromLocal copies the leading blocks of hashes that another of this
+// node's block sets holds (an engine with another layout of the same
+// model) into s. It returns no blocks, and no error, when none holds them.
+func (a *Agent) fromLocal(s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+	dst := s.set.Layout()
+	for _, o := range a.engineSets() {
+		src := o.set.Layout()
+		if o == s || src.Model != dst.Model || src.PageSize != dst.PageSize {
+			continue
+		}
+		// References keep the source blocks from being recycled while
+		// they are copied.
+		var held []pool.Block
+		for _, h := range hashes {
+			b, ok := o.set.Acquire(h)
+			if !ok {
+				break
+			}
+			held = append(held, b)
+		}
+		if len(held) == 0 {
+			continue
+		}
+		start := time.Now()
+		refs, bytes, err := copyBlocks(o.set, s, held, hashes[:len(held)], parent)
+		for _, b := range held {
+			o.set.Release(b)
+		}
+		f := &fabricpb.Fetch{Node: a.cfg.NodeName, Transport: "local", Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
+		return refs, f, err
+	}
+	return nil, nil, nil
+}
+
+// copyBlocks copies src's blocks into new slots of s and registers them.
+func copyBlocks(src *pool.BlockSet, s *engineSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+	blocks, err := s.set.Allocate(len(from))
+	if err != nil {
+		return nil, 0, fmt.Errorf("local slots: %w", err)
+	}
+	pairs := make([]layout.SlotPair, len(from))
+	for i := range from {
+		pairs[i] = layout.SlotPair{Src: from[i].Slot, Dst: blocks[i].Slot}
+	}
+	plan, err := layout.NewPlan(src.Layout(), s.set.Layout(), pairs)
+	if err == nil {
+		var srcMem, dstMem [][]byte
+		if srcMem, err = src.RegionBytes(); err == nil {
+			if dstMem, err = s.set.RegionBytes(); err == nil {
+				err = layout.Execute(plan, srcMem, dstMem)
+			}
+		}
+	}
+	if err != nil {
+		for _, b := range blocks {
+			s.set.Abort(b)
+		}
+		return nil, 0, err
+	}
+	refs, err := s.registerFilled(blocks, hashes, parent)
+	return refs, plan.Bytes(), err
 }
 
 // suspectFor is how long, beyond twice the peer timeout, a holder that

@@ -90,7 +90,14 @@ func runMembers(e *env, args []string) error {
 		return err
 	}
 	if *cf.json {
-		return printJSON(e.stdout, &fabricpb.StatusResponse{Members: s.Members})
+		// A list of members, each in protobuf JSON form.
+		out := make([]json.RawMessage, len(s.Members))
+		for i, m := range s.Members {
+			if out[i], err = protojson.Marshal(m); err != nil {
+				return err
+			}
+		}
+		return json.NewEncoder(e.stdout).Encode(out)
 	}
 	return printMembers(e.stdout, s.Members)
 }

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/fabric"
+)
+
+// The client commands against a real agent: put stores blocks, lookup and
+// status see them, get verifies every element, and bad input is a usage
+// error.
+func TestClientCommands(t *testing.T) {
+	dir, err := os.MkdirTemp("", "kvfcli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	c := fabric.DefaultLocalConfig()
+	c.NodeName, c.DataDir, c.DevCADir = "cli1", filepath.Join(dir, "d"), filepath.Join(dir, "ca")
+	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
+	c.Pools = []string{"host=64MiB"}
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := fabric.Start(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	sock := []string{"--socket", a.EngineSocket()}
+	model := []string{"--tp", "2", "--layers", "2", "--head-dim", "16"}
+
+	code, out, errs := runCmd(t, "", append(append([]string{"put", "--generate", "5", "--json"}, sock...), model...)...)
+	if code != 0 {
+		t.Fatalf("put: exit %d: %s", code, errs)
+	}
+	var put struct{ Hashes []uint64 }
+	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 5 {
+		t.Fatalf("put --json: %q (%v)", out, err)
+	}
+	var list []string
+	for _, h := range put.Hashes {
+		list = append(list, strconv.FormatUint(h, 10))
+	}
+	hashes := strings.Join(list, ",")
+
+	code, out, errs = runCmd(t, "", append([]string{"lookup", "--hashes", hashes}, sock...)...)
+	if code != 0 || !strings.Contains(out, "cli1") || !strings.Contains(out, " 5 ") {
+		t.Fatalf("lookup: exit %d: %q %s", code, out, errs)
+	}
+	code, out, errs = runCmd(t, "", append([]string{"status"}, sock...)...)
+	if code != 0 || !strings.Contains(out, "node cli1") || !strings.Contains(out, "kvfabric-put") {
+		t.Fatalf("status: exit %d: %q %s", code, out, errs)
+	}
+	code, out, errs = runCmd(t, "", append([]string{"members", "--json"}, sock...)...)
+	var members []struct {
+		Node   string
+		Blocks string // uint64 in protobuf JSON
+	}
+	if err := json.Unmarshal([]byte(out), &members); code != 0 || err != nil || len(members) != 1 || members[0].Node != "cli1" || members[0].Blocks != "5" {
+		t.Fatalf("members --json: exit %d: %q %s (%v)", code, out, errs, err)
+	}
+	// The blocks are local: get finds them here, under another TP and
+	// order, and checks every element.
+	file := filepath.Join(dir, "blocks.bin")
+	args := append([]string{"get", "--hashes", hashes, "--out", file, "--verify", "--tp", "1", "--order", "NHD", "--layers", "2", "--head-dim", "16"}, sock...)
+	code, _, errs = runCmd(t, "", args...)
+	if code != 0 || !strings.Contains(errs, "verified 5 blocks") {
+		t.Fatalf("get --verify: exit %d: %s", code, errs)
+	}
+	if fi, err := os.Stat(file); err != nil || fi.Size() != 5*2*2*8*16*2*16 {
+		t.Fatalf("get wrote %v bytes (%v), want 5 blocks of %d", fi.Size(), err, 2*2*8*16*2*16)
+	}
+	// A hash nobody holds: import says so and fails.
+	code, _, errs = runCmd(t, "", append([]string{"import", "--hashes", "12345"}, sock...)...)
+	if code != 1 || !strings.Contains(errs, "not imported") {
+		t.Fatalf("import of a missing hash: exit %d: %s", code, errs)
+	}
+	for _, bad := range [][]string{
+		{"lookup", "--hashes", "1,x"},
+		{"put", "--generate", "2", "--order", "XYZ"},
+		{"put", "--generate", "2", "--dtype", "f64"},
+		{"get", "--hashes", "1"},
+	} {
+		if code, _, errs := runCmd(t, "", append(bad, sock...)...); code != 2 {
+			t.Errorf("%v: exit %d (%s), want 2", bad, code, errs)
+		}
+	}
+	if code, _, errs := runCmd(t, "", "status", "--socket", filepath.Join(dir, "none.sock")); code != 1 || !strings.Contains(errs, "is the agent running") {
+		t.Errorf("status without an agent: exit %d: %s", code, errs)
+	}
+}
