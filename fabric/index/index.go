@@ -472,21 +472,22 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 	var buf [MaxNodes / 64]uint64
 	active := buf[:0]
 	// Lookups go in groups: first the group's shards are read-locked (each
-	// once, and held to the end of the query), then the group's hashes are
-	// looked up with no atomic operation in between, so that their cache
-	// misses overlap instead of queueing behind each lock's barrier. At most
-	// a group's worth of lookups is wasted past the first miss.
+	// once, in ascending order, released at the end of the group), then the
+	// group's hashes are looked up with no atomic operation in between, so
+	// that their cache misses overlap instead of queueing behind each lock's
+	// barrier. At most a group's worth of lookups is wasted past the first
+	// miss. Locks are never held from one group to the next: two queries
+	// holding shards in opposite orders, each waiting behind a writer on the
+	// other's shard, would deadlock.
 	var locked [maxShards / 64]uint64
 	var group [lookupGroup]holders
 	for base := 0; base < len(hashes); base += lookupGroup {
 		chunk := hashes[base:min(base+lookupGroup, len(hashes))]
 		for _, h := range chunk {
 			si := h & ix.mask
-			if locked[si/64]&(1<<(si%64)) == 0 {
-				ix.shards[si].mu.RLock()
-				locked[si/64] |= 1 << (si % 64)
-			}
+			locked[si/64] |= 1 << (si % 64)
 		}
+		ix.lockAll(&locked)
 		for j, h := range chunk {
 			group[j], _ = ix.shards[h&ix.mask].get(h)
 		}
@@ -517,8 +518,8 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 				return sortMatches(dst, start)
 			}
 		}
+		ix.unlockAll(&locked)
 	}
-	ix.unlockAll(&locked)
 	for w := range active {
 		for x := active[w]; x != 0; x &= x - 1 {
 			dst = append(dst, Match{Node: NodeID(w*64 + bits.TrailingZeros64(x)), Blocks: len(hashes)})
@@ -530,11 +531,22 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 // lookupGroup is how many hashes FindMatches looks up before intersecting.
 const lookupGroup = 32
 
+// lockAll read-locks the shards marked in locked, in ascending order.
+func (ix *Index) lockAll(locked *[maxShards / 64]uint64) {
+	for w, bits64 := range locked {
+		for x := bits64; x != 0; x &= x - 1 {
+			ix.shards[w*64+bits.TrailingZeros64(x)].mu.RLock()
+		}
+	}
+}
+
+// unlockAll releases the shards marked in locked and clears the marks.
 func (ix *Index) unlockAll(locked *[maxShards / 64]uint64) {
 	for w, bits64 := range locked {
 		for x := bits64; x != 0; x &= x - 1 {
 			ix.shards[w*64+bits.TrailingZeros64(x)].mu.RUnlock()
 		}
+		locked[w] = 0
 	}
 }
 
