@@ -82,6 +82,11 @@ const MaxBatchEvents = 1 << 20
 // batchHeaderMax is the most bytes a batch header takes.
 const batchHeaderMax = 2 + binary.MaxVarintLen64 + MaxNameLen + 3*binary.MaxVarintLen64
 
+// batchHeaderLen is the most bytes the header of a batch of origin's takes.
+func batchHeaderLen(origin string) int {
+	return batchHeaderMax - MaxNameLen + len(origin)
+}
+
 // eventMax is the most bytes one event takes in a batch.
 const eventMax = 1 + 8 + binary.MaxVarintLen32
 

@@ -154,7 +154,7 @@ func (m *Membership) flush() {
 	if len(events) == 0 {
 		return
 	}
-	header := 2 + 3*10 + 2 + len(m.cfg.Name) // generous: varints of 10 bytes
+	header := batchHeaderLen(m.cfg.Name)
 	per := max(1, (m.cfg.MaxBatchBytes-header)/eventMax)
 	for len(events) > 0 {
 		n := min(per, len(events))
@@ -192,8 +192,9 @@ func (m *Membership) receiveBatch(raw []byte) {
 }
 
 // apply applies consecutive events of one origin, buffering those past a
-// gap, and reports whether they raised the highest number known.
-func (m *Membership) apply(events []Event, fromGossip bool) (advanced bool) {
+// gap, and reports whether any of them was news here (neither applied nor
+// already waiting), which is what a receiver relays.
+func (m *Membership) apply(events []Event, fromGossip bool) (news bool) {
 	origin := events[0].Origin
 	if origin == m.cfg.Name {
 		return false
@@ -208,10 +209,7 @@ func (m *Membership) apply(events []Event, fromGossip bool) (advanced bool) {
 		return false
 	}
 	last := events[len(events)-1].Seq
-	if last > st.known {
-		st.known = last
-		advanced = true
-	}
+	st.known = max(st.known, last)
 	// events are consecutive (DecodeBatch and repairRange check it): skip
 	// what was applied, then either they continue the stream or they wait
 	// behind a gap.
@@ -224,8 +222,12 @@ func (m *Membership) apply(events []Event, fromGossip bool) (advanced bool) {
 		if rest[0].Seq == st.applied+1 {
 			ready = rest
 			st.applied = last
+			news = true
 		} else {
 			for _, e := range rest {
+				if _, held := st.pending[e.Seq]; held {
+					continue
+				}
 				if len(st.pending) >= m.cfg.MaxPending {
 					break // dropped; repair fetches them
 				}
@@ -233,13 +235,17 @@ func (m *Membership) apply(events []Event, fromGossip bool) (advanced bool) {
 					st.pending = make(map[uint64]Event)
 				}
 				st.pending[e.Seq] = e
+				news = true
 			}
 		}
 	}
 	ready = m.drainLocked(st, ready)
 	m.applyLocked(ready)
 	m.noteGapLocked(st)
-	return advanced && fromGossip
+	// Relay what was news here, whatever order batches arrive in:
+	// memberlist sends equal batches newest first, so an older batch often
+	// comes after a newer one has raised known.
+	return news && fromGossip
 }
 
 // originLocked returns the state of origin, replacing it when inc is a new
@@ -378,8 +384,10 @@ func (m *Membership) repairGaps(ctx context.Context) {
 func (m *Membership) repair(ctx context.Context, j repairJob) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.RepairTimeout)
 	defer cancel()
+	// Only a range the origin no longer keeps calls for its whole
+	// holdings; a timeout or an unreachable origin is tried again later.
 	err := m.repairRange(ctx, j)
-	if err != nil {
+	if errors.Is(err, ErrRangeGone) {
 		err = m.repairSnapshot(ctx, j, err)
 	}
 	m.mu.Lock()
