@@ -39,16 +39,17 @@ type Agent struct {
 	holder    *holder
 	transport *transfer.Node
 	members   *membership.Membership
-	// publisher is members once it has started: pool events before that
-	// have no one to go to.
-	publisher atomic.Pointer[membership.Membership]
-	layouts   layoutCache
-	peers     peers
-	flights   flights
-	turn      atomic.Uint64 // rotates imports over equally good holders
-	suspects  suspects
-	metaPoke  chan struct{}
-	done      chan struct{}
+	// joined is members from the moment it has started until Close: the
+	// transport serves (and asks who is a member) before that, and pool
+	// events before that have no one to go to.
+	joined   atomic.Pointer[membership.Membership]
+	layouts  layoutCache
+	peers    peers
+	flights  flights
+	turn     atomic.Uint64 // rotates imports over equally good holders
+	suspects suspects
+	metaPoke chan struct{}
+	done     chan struct{}
 
 	mu   sync.Mutex
 	sets map[pool.SetID]*engineSet
@@ -104,9 +105,10 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err := a.startMembership(ctx); err != nil {
 		return nil, err
 	}
-	a.publisher.Store(a.members)
-	a.wg.Add(1)
+	a.joined.Store(a.members)
+	a.wg.Add(2)
 	go a.metaLoop()
+	go a.memberLoop()
 	if err := a.startEngineAPI(); err != nil {
 		return nil, err
 	}
@@ -263,7 +265,7 @@ func (a *Agent) Close() error {
 			errs = append(errs, a.httpSrv.Shutdown(ctx))
 			cancel()
 		}
-		a.publisher.Store(nil)
+		a.joined.Store(nil)
 		if a.members != nil {
 			// Leave gracefully: others drop our blocks at once instead
 			// of after failure detection.

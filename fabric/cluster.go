@@ -235,28 +235,36 @@ func (a *Agent) pokeMeta() {
 	}
 }
 
-// isMember says whether a peer may talk to us: a current member, or
-// ourselves.
+// isMember says whether a peer may talk to us: a current member.
 func (a *Agent) isMember(name string) bool {
-	if a.members == nil {
-		return false
-	}
-	for _, m := range a.members.Members() {
-		if m.Name == name {
-			return true
-		}
-	}
-	return false
+	_, ok := a.member(name)
+	return ok
 }
 
 // member returns a current member by name.
 func (a *Agent) member(name string) (membership.Member, bool) {
-	for _, m := range a.members.Members() {
-		if m.Name == name {
-			return m, true
+	m := a.joined.Load()
+	if m == nil {
+		return membership.Member{}, false
+	}
+	return m.Member(name)
+}
+
+// memberLoop closes the connections and forgets the layouts of members
+// that leave or fail.
+func (a *Agent) memberLoop() {
+	defer a.wg.Done()
+	for {
+		select {
+		case <-a.done:
+			return
+		case ev := <-a.members.Events():
+			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
+				a.peers.forget(ev.Member.Name)
+				a.layouts.forget(ev.Member.Name)
+			}
 		}
 	}
-	return membership.Member{}, false
 }
 
 // onPoolEvents publishes the local pool's store and remove events to the
@@ -268,7 +276,7 @@ func (a *Agent) onPoolEvents(b pool.EventBatch) {
 		a.stats.eventsLost.Add(b.Dropped)
 		a.log.Warn("pool events lost: the cluster's index misses some of this node's blocks until they are stored again", "lost", b.Dropped)
 	}
-	m := a.publisher.Load()
+	m := a.joined.Load()
 	if m == nil {
 		return
 	}
@@ -320,11 +328,11 @@ func (s indexSink) Apply(events []membership.Event) {
 }
 
 func (s indexSink) Drop(origin string) {
+	// Drop also precedes a snapshot repair of a live origin: only its
+	// index entries go (memberLoop handles members that leave).
 	if id, err := s.a.index.ID(origin); err == nil {
 		s.a.index.DropNode(id)
 	}
-	s.a.layouts.forget(origin)
-	s.a.peers.forget(origin)
 }
 
 // repairer fetches what membership missed from the origin over QUIC.
@@ -400,10 +408,14 @@ func (a *Agent) eventRange(origin string, q transfer.EventQuery) (transfer.Event
 	if origin != a.cfg.NodeName {
 		return transfer.EventRange{}, fmt.Errorf("%w: this node serves only its own events, not %s's", transfer.ErrNotFound, origin)
 	}
+	m := a.joined.Load()
+	if m == nil {
+		return transfer.EventRange{}, fmt.Errorf("%w: not in the cluster", transfer.ErrUnavailable)
+	}
 	var evs []membership.Event
 	var seq uint64
 	if q.Snapshot {
-		s := a.members.Snapshot()
+		s := m.Snapshot()
 		seq = s.Seq
 		for _, e := range s.Entries {
 			evs = append(evs, membership.Event{Origin: s.Origin, Incarnation: s.Incarnation, Seq: s.Seq,
@@ -411,7 +423,7 @@ func (a *Agent) eventRange(origin string, q transfer.EventQuery) (transfer.Event
 		}
 	} else {
 		var err error
-		evs, err = a.members.EventRange(q.Incarnation, q.From, q.To-1)
+		evs, err = m.EventRange(q.Incarnation, q.From, q.To-1)
 		if errors.Is(err, membership.ErrRangeGone) {
 			return transfer.EventRange{SnapshotNeeded: true}, nil
 		}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
@@ -256,5 +258,40 @@ func TestConcurrentImportsShareTransfers(t *testing.T) {
 	blockBytes := uint64(testModel.Layers * 2 * testModel.KVHeads * testModel.HeadDim * 2 * 16)
 	if want := uint64(len(hashes)) * blockBytes; s.ImportBytes != want {
 		t.Fatalf("%d importers moved %d bytes; the blocks are %d bytes once", importers, s.ImportBytes, want)
+	}
+}
+
+// An import that brings nothing says why in its code: nobody holds the
+// blocks, or this node has no room for them (which is not the holder's
+// fault: it is not tried less after).
+func TestImportErrorCodes(t *testing.T) {
+	agents := cluster(t, 2)
+	n1, n2 := agents[0], agents[1]
+	hashes := produce(t, n1, 1, layout.HND, 8)
+	waitFor(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
+		if got := agentStatus(t, n2).Members["n1"]; got != 8 {
+			return fmt.Errorf("n2 indexes %d blocks of n1", got)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	c := dial(t, n2)
+	small, err := c.Register(ctx, client.Engine{Name: "small", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Import(ctx, small.ID, []uint64{42, 43}); code(err) != codes.NotFound {
+		t.Errorf("import of blocks nobody holds: %v, want NotFound", err)
+	}
+	if _, err := c.Import(ctx, small.ID, hashes); code(err) != codes.ResourceExhausted {
+		t.Errorf("import of 8 blocks into 4 slots: %v, want ResourceExhausted", err)
+	}
+	big, err := c.Register(ctx, client.Engine{Name: "big", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.NHD, Slots: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Import(ctx, big.ID, hashes)
+	if err != nil || len(resp.Blocks) != 8 || len(resp.Fetches) != 1 || resp.Fetches[0].Node != "n1" {
+		t.Fatalf("import after a local failure: %v %v", resp, err)
 	}
 }

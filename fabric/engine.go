@@ -244,6 +244,22 @@ func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([
 	return out, nil
 }
 
+// importCode is the gRPC code of an import that brought nothing.
+func importCode(err error) codes.Code {
+	var local localError
+	switch {
+	case errors.Is(err, errNoHolder):
+		return codes.NotFound
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	case errors.As(err, &local):
+		return status.Code(toStatus(local.err))
+	}
+	return codes.Unavailable
+}
+
 // toStatus maps errors of our packages to gRPC codes, never Unknown.
 func toStatus(err error) error {
 	if err == nil {
@@ -324,7 +340,7 @@ func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) 
 		if len(res.refs) == 0 {
 			// Nothing brought: a call error, so that callers that only
 			// check the status see it.
-			return nil, status.Error(codes.Unavailable, res.err.Error())
+			return nil, status.Error(importCode(res.err), res.err.Error())
 		}
 	}
 	return out, nil

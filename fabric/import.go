@@ -25,18 +25,45 @@ const maxHoldersTried = 8
 type importResult struct {
 	refs    []*fabricpb.BlockRef
 	fetches []*fabricpb.Fetch
-	err     error // why the rest is missing
+	err     error // why the rest is missing: an *importError
 }
+
+// errNoHolder says that no node holds the blocks.
+var errNoHolder = errors.New("no node holds them")
+
+// errHoldersFailed says that holders were tried and each failed.
+var errHoldersFailed = errors.New("every holder tried failed")
+
+// localError marks a failure of this node's own part of an import (its
+// slots, its memory, registration): another holder would fail the same
+// way, and the holder is not to blame.
+type localError struct{ err error }
+
+func (e localError) Error() string { return e.err.Error() }
+func (e localError) Unwrap() error { return e.err }
+
+// importError says which blocks an import did not bring and why; it
+// unwraps to what decided the failure (errNoHolder, errHoldersFailed, a
+// localError, the context's error).
+type importError struct {
+	msg   string
+	cause error
+}
+
+func (e *importError) Error() string { return e.msg }
+func (e *importError) Unwrap() error { return e.cause }
 
 // importBlocks brings the blocks of hashes into s, the longest prefix it
 // can, and references them for the engine: first what is here already,
-// then from holders, longest prefix first, then least load.
+// then from another engine's block set on this node, then from holders,
+// longest prefix first, then least load.
 func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64) importResult {
 	a.stats.imports.Add(1)
 	a.stats.inflight.Add(1)
 	defer a.stats.inflight.Add(-1)
 	var res importResult
 	var failures []string
+	var cause error
 	tried := 0
 	for len(res.refs) < len(hashes) {
 		// What is here (imported by us or by a concurrent import).
@@ -52,49 +79,49 @@ func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64)
 		if len(rest) == 0 {
 			break
 		}
-		if err := ctx.Err(); err != nil {
-			failures = append(failures, err.Error())
+		if cause = ctx.Err(); cause != nil {
 			break
 		}
 		// Another import of this node is bringing the next block: wait
 		// for it and take what it brought, rather than move it twice.
-		if f, mine := a.flights.claim(s.set.ID(), rest[0]); !mine {
+		f, mine := a.flights.claim(s.set.ID(), rest[0])
+		if !mine {
 			select {
 			case <-f.done:
 				continue
 			case <-ctx.Done():
-				failures = append(failures, ctx.Err().Error())
+				cause = ctx.Err()
 			}
 			break
-		} else {
-			// Another engine's block set on this node, then the cluster.
-			parent := parentOf(hashes, len(res.refs))
-			refs, local, err := a.fromLocal(s, rest, parent)
-			fetch := []*fabricpb.Fetch{local}
-			if len(refs) == 0 {
-				if err != nil {
-					failures = append(failures, fmt.Sprintf("local copy: %v", err))
-				}
-				refs, fetch, err = a.importFromHolders(ctx, s, rest, parent, &tried, &failures)
-			}
-			a.flights.finish(s.set.ID(), rest[0], f)
-			res.refs = append(res.refs, refs...)
-			res.fetches = append(res.fetches, fetch...)
-			if err != nil || len(refs) == 0 {
-				if err != nil {
-					failures = append(failures, err.Error())
-				}
-				break
-			}
+		}
+		parent := parentOf(hashes, len(res.refs))
+		refs, fetch, err := a.fromLocal(s, rest, parent)
+		if len(refs) == 0 && err == nil {
+			refs, fetch, err = a.importFromHolders(ctx, s, rest, parent, &tried, &failures)
+		}
+		a.flights.finish(s.set.ID(), rest[0], f)
+		res.refs = append(res.refs, refs...)
+		if fetch != nil {
+			res.fetches = append(res.fetches, fetch)
+		}
+		if err != nil || len(refs) == 0 {
+			cause = err
+			break
 		}
 	}
 	if len(res.refs) < len(hashes) {
 		a.stats.importFails.Add(1)
-		reason := "no node holds them"
-		if len(failures) > 0 {
-			reason = strings.Join(failures, "; ")
+		if cause == nil {
+			cause = errHoldersFailed
 		}
-		res.err = fmt.Errorf("blocks %d..%d of %d (from hash %d) not imported: %s", len(res.refs), len(hashes)-1, len(hashes), hashes[len(res.refs)], reason)
+		if !errors.Is(cause, errHoldersFailed) {
+			failures = append(failures, cause.Error())
+		}
+		res.err = &importError{
+			msg: fmt.Sprintf("blocks %d..%d of %d (from hash %d) not imported: %s", len(res.refs), len(hashes)-1, len(hashes),
+				hashes[len(res.refs)], strings.Join(failures, "; ")),
+			cause: cause,
+		}
 	}
 	return res
 }
@@ -108,30 +135,34 @@ func parentOf(hashes []uint64, i int) uint64 {
 }
 
 // importFromHolders fetches the leading blocks of rest from the best
-// holder that serves them, trying the next on failure.
-func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint64, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, []*fabricpb.Fetch, error) {
-	for _, c := range a.candidates(rest) {
+// holder that serves them, trying the next when a holder fails. Blocks
+// registered before a failure are returned with it: they are the
+// engine's. A local failure or the end of ctx stops the search.
+func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint64, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+	cands := a.candidates(rest)
+	if len(cands) == 0 {
+		return nil, nil, errNoHolder
+	}
+	for _, c := range cands {
 		if *tried >= maxHoldersTried {
-			return nil, nil, fmt.Errorf("%d holders tried", *tried)
+			return nil, nil, fmt.Errorf("%w (%d tried)", errHoldersFailed, *tried)
 		}
 		*tried++
 		start := time.Now()
 		refs, bytes, err := a.fetch(ctx, c.member, s, rest[:c.blocks], parent)
-		if err != nil {
-			if ctx.Err() == nil {
-				a.suspects.add(c.member.Name, 2*a.cfg.PeerTimeout+suspectFor)
-			}
-			a.log.Warn("import from holder failed", "peer", c.member.Name, "blocks", c.blocks, "err", err)
-			*failures = append(*failures, fmt.Sprintf("%s: %v", c.member.Name, err))
-			if ctx.Err() != nil {
-				return nil, nil, nil
-			}
-			continue
+		var fetch *fabricpb.Fetch
+		if len(refs) > 0 {
+			fetch = &fabricpb.Fetch{Node: c.member.Name, Transport: "quic", Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
 		}
-		f := &fabricpb.Fetch{Node: c.member.Name, Transport: "quic", Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
-		return refs, []*fabricpb.Fetch{f}, nil
+		var local localError
+		if err == nil || len(refs) > 0 || errors.As(err, &local) || ctx.Err() != nil {
+			return refs, fetch, err
+		}
+		a.suspects.add(c.member.Name, 2*a.cfg.PeerTimeout+suspectFor)
+		a.log.Warn("import from holder failed", "peer", c.member.Name, "blocks", c.blocks, "err", err)
+		*failures = append(*failures, fmt.Sprintf("%s: %v", c.member.Name, err))
 	}
-	return nil, nil, nil
+	return nil, nil, errHoldersFailed
 }
 
 type candidate struct {
@@ -237,7 +268,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 	}
 	blocks, err := s.set.Allocate(k)
 	if err != nil {
-		return nil, 0, fmt.Errorf("local slots: %w", err)
+		return nil, 0, localError{fmt.Errorf("local slots: %w", err)}
 	}
 	registered := false
 	defer func() {
@@ -261,7 +292,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 	}
 	regions, err := s.set.RegionBytes()
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, localError{err}
 	}
 	var segs []layout.Segment
 	for _, r := range plan.Ranks {
@@ -282,7 +313,10 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 	registered = true
 	a.stats.importBytes.Add(plan.Bytes())
 	a.stats.importBlocks.Add(uint64(len(refs)))
-	return refs, plan.Bytes(), err
+	if err != nil {
+		return refs, plan.Bytes(), localError{err}
+	}
+	return refs, plan.Bytes(), nil
 }
 
 // registerFilled commits and registers blocks, whose bytes are in place,
@@ -339,6 +373,9 @@ func (a *Agent) fromLocal(s *engineSet, hashes []uint64, parent uint64) ([]*fabr
 			o.set.Release(b)
 		}
 		f := &fabricpb.Fetch{Node: a.cfg.NodeName, Transport: "local", Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
+		if err != nil {
+			err = localError{fmt.Errorf("copy from block set %d: %w", o.set.ID(), err)}
+		}
 		return refs, f, err
 	}
 	return nil, nil, nil

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/kvfabric/kvfabric/transfer"
@@ -19,6 +20,7 @@ type peerEntry struct {
 	addr string
 	mu   sync.Mutex // serializes the dial
 	p    *transfer.Peer
+	gone bool // closed: forgotten or replaced, never to be dialed again
 }
 
 // get returns the peer called name at addr, dialing it on first use or
@@ -40,6 +42,10 @@ func (ps *peers) get(ctx context.Context, n *transfer.Node, name, addr string) (
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.gone {
+		// Forgotten between the look-up and now: a dial would leak.
+		return nil, fmt.Errorf("fabric: peer %s left the cluster", name)
+	}
 	if e.p != nil {
 		return e.p, nil
 	}
@@ -77,6 +83,7 @@ func (ps *peers) closeAll() {
 func closePeer(e *peerEntry) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.gone = true
 	if e.p != nil {
 		e.p.Close()
 		e.p = nil

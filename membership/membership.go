@@ -323,6 +323,20 @@ func (m *Membership) Members() []Member {
 	return out
 }
 
+// Member returns the member called name, this node included, and whether
+// it is a current member.
+func (m *Membership) Member(name string) (Member, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if name == m.cfg.Name {
+		self := Member{Name: m.cfg.Name, Addr: m.self}
+		self.MetaErr = self.Meta.UnmarshalBinary(m.meta)
+		return self, true
+	}
+	mb, ok := m.members[name]
+	return mb, ok
+}
+
 // NumMembers returns the number of alive members, this node included.
 func (m *Membership) NumMembers() int { return m.ml.NumMembers() }
 
