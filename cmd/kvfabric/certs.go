@@ -39,6 +39,9 @@ naming it. Agents authenticate each other with mutual TLS against the CA
 			return err
 		}
 		crt, key := filepath.Join(*out, "ca.crt"), filepath.Join(*out, "ca.key")
+		if err := os.MkdirAll(*out, 0o700); err != nil {
+			return err
+		}
 		if err := refuseOverwrite(crt, key); err != nil {
 			return err
 		}
@@ -79,6 +82,9 @@ naming it. Agents authenticate each other with mutual TLS against the CA
 		return err
 	}
 	crt, key := filepath.Join(*out, name+".crt"), filepath.Join(*out, name+".key")
+	if err := os.MkdirAll(*out, 0o700); err != nil {
+		return err
+	}
 	if err := refuseOverwrite(crt, key); err != nil {
 		return err
 	}

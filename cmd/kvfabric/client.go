@@ -144,18 +144,27 @@ type hashFlags struct {
 	lora      *string
 }
 
-func addHashFlags(fs *flag.FlagSet) hashFlags {
-	return hashFlags{
-		hashes:    fs.String("hashes", "", "comma-separated sequence hashes (decimal), instead of token ids"),
-		blockSize: fs.Int("block-size", 16, "tokens per block, to hash token ids"),
-		salt:      fs.String("salt", "", "hash namespace, as for kvfabric hash"),
-		lora:      fs.String("lora", "", "LoRA adapter name, as for kvfabric hash"),
+// addHashFlags adds the flags naming blocks. Commands that register as an
+// engine hash token ids with the engine's page size; the others get
+// --block-size.
+func addHashFlags(fs *flag.FlagSet, engine bool) hashFlags {
+	h := hashFlags{
+		hashes: fs.String("hashes", "", "comma-separated sequence hashes (decimal), instead of token ids"),
+		salt:   fs.String("salt", "", "hash namespace, as for kvfabric hash"),
+		lora:   fs.String("lora", "", "LoRA adapter name, as for kvfabric hash"),
 	}
+	if !engine {
+		h.blockSize = fs.Int("block-size", 16, "tokens per block, to hash token ids")
+	}
+	return h
 }
 
 // resolve returns the sequence hashes named by --hashes, or by the token
 // ids in args (or on stdin when there are none).
-func (h hashFlags) resolve(e *env, args []string) ([]uint64, error) {
+func (h hashFlags) resolve(e *env, args []string, pageSize int) ([]uint64, error) {
+	if h.blockSize != nil {
+		pageSize = *h.blockSize
+	}
 	if *h.hashes != "" {
 		if len(args) > 0 {
 			return nil, usagef("give --hashes or token ids, not both")
@@ -170,9 +179,9 @@ func (h hashFlags) resolve(e *env, args []string) ([]uint64, error) {
 		}
 		return out, nil
 	}
-	hasher, err := layout.NewHasher(*h.blockSize, layout.HashOptions{Salt: *h.salt, LoRA: *h.lora})
+	hasher, err := layout.NewHasher(pageSize, layout.HashOptions{Salt: *h.salt, LoRA: *h.lora})
 	if err != nil {
-		return nil, usagef("--block-size %d: must be 1..%d", *h.blockSize, layout.MaxBlockSize)
+		return nil, usagef("block size %d: must be 1..%d", pageSize, layout.MaxBlockSize)
 	}
 	var tokens []uint32
 	if len(args) > 0 {
@@ -188,7 +197,7 @@ func (h hashFlags) resolve(e *env, args []string) ([]uint64, error) {
 		out = append(out, b.Sequence)
 	}
 	if len(out) == 0 {
-		return nil, usagef("no full block of %d tokens given", *h.blockSize)
+		return nil, usagef("no full block of %d tokens given", pageSize)
 	}
 	return out, nil
 }
@@ -197,11 +206,11 @@ func runLookup(e *env, args []string) error {
 	fs := newFlags(e, "lookup", "[--hashes H,H,...] [--block-size N] [TOKEN ...]",
 		"Shows, per node, how many leading blocks of a sequence it holds, and its routing score (overlap minus load).")
 	cf := addClientFlags(fs)
-	hf := addHashFlags(fs)
+	hf := addHashFlags(fs, false)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	hashes, err := hf.resolve(e, fs.Args())
+	hashes, err := hf.resolve(e, fs.Args(), 0)
 	if err != nil {
 		return err
 	}
@@ -373,29 +382,48 @@ or --generate makes N blocks of random tokens. Prints the sequence hashes.`)
 	return nil
 }
 
-// importHashes registers as an engine and imports hashes, printing what
-// came from where.
-func importHashes(e *env, cf clientFlags, ef engineFlags, hashes []uint64) (*client.Client, *client.BlockSet, *fabricpb.ImportResponse, context.Context, func(), error) {
-	eng, err := ef.engine()
-	if err != nil {
-		return nil, nil, nil, nil, nil, err
+// imported is an import made by a command, with what it needs to use the
+// blocks and to release them.
+type imported struct {
+	c      *client.Client
+	ctx    context.Context
+	set    *client.BlockSet
+	resp   *fabricpb.ImportResponse
+	cancel context.CancelFunc
+}
+
+func (im *imported) close() {
+	im.c.Close()
+	im.cancel()
+}
+
+// releaseAll drops the references the import took.
+func (im *imported) releaseAll() error {
+	slots := make([]uint32, len(im.resp.Blocks))
+	for i, b := range im.resp.Blocks {
+		slots[i] = b.Slot
 	}
+	if len(slots) == 0 {
+		return nil
+	}
+	return im.c.Release(im.ctx, im.set.ID, slots)
+}
+
+// importHashes registers as engine eng and imports hashes.
+func importHashes(cf clientFlags, eng client.Engine, hashes []uint64) (*imported, error) {
 	c, ctx, cancel, err := cf.dial()
 	if err != nil {
-		return nil, nil, nil, nil, nil, err
+		return nil, err
 	}
-	done := func() { c.Close(); cancel() }
-	set, err := c.Register(ctx, eng)
+	im := &imported{c: c, ctx: ctx, cancel: cancel}
+	if im.set, err = c.Register(ctx, eng); err == nil {
+		im.resp, err = c.Import(ctx, im.set.ID, hashes)
+	}
 	if err != nil {
-		done()
-		return nil, nil, nil, nil, nil, err
+		im.close()
+		return nil, err
 	}
-	resp, err := c.Import(ctx, set.ID, hashes)
-	if err != nil {
-		done()
-		return nil, nil, nil, nil, nil, err
-	}
-	return c, set, resp, ctx, done, nil
+	return im, nil
 }
 
 func printFetches(w io.Writer, resp *fabricpb.ImportResponse, asked int) {
@@ -423,38 +451,31 @@ func runImport(e *env, args []string) error {
 		"Imports blocks from the cluster into the local agent's pool and shows what came from where, over which transport, how fast.")
 	cf := addClientFlags(fs)
 	ef := addEngineFlags(fs, "kvfabric-import")
-	hf := addHashFlags(fs)
+	hf := addHashFlags(fs, true)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	hashes, err := hf.resolve(e, fs.Args())
+	eng, err := ef.engine()
 	if err != nil {
 		return err
 	}
-	c, set, resp, ctx, done, err := importHashes(e, cf, ef, hashes)
+	hashes, err := hf.resolve(e, fs.Args(), eng.PageSize)
 	if err != nil {
 		return err
 	}
-	defer done()
-	if err := releaseAll(ctx, c, set, resp); err != nil {
+	im, err := importHashes(cf, eng, hashes)
+	if err != nil {
+		return err
+	}
+	defer im.close()
+	if err := im.releaseAll(); err != nil {
 		return err
 	}
 	if *cf.json {
-		return printJSON(e.stdout, resp)
+		return printJSON(e.stdout, im.resp)
 	}
-	printFetches(e.stdout, resp, len(hashes))
+	printFetches(e.stdout, im.resp, len(hashes))
 	return nil
-}
-
-func releaseAll(ctx context.Context, c *client.Client, set *client.BlockSet, resp *fabricpb.ImportResponse) error {
-	slots := make([]uint32, len(resp.Blocks))
-	for i, b := range resp.Blocks {
-		slots[i] = b.Slot
-	}
-	if len(slots) == 0 {
-		return nil
-	}
-	return c.Release(ctx, set.ID, slots)
 }
 
 func runGet(e *env, args []string) error {
@@ -465,7 +486,7 @@ flags describe. --verify checks every element against the pattern kvfabric
 put writes.`)
 	cf := addClientFlags(fs)
 	ef := addEngineFlags(fs, "kvfabric-get")
-	hf := addHashFlags(fs)
+	hf := addHashFlags(fs, true)
 	out := fs.String("out", "", "file to write the blocks' bytes to (- for standard output)")
 	verify := fs.Bool("verify", false, "check every element against kvfabric put's pattern")
 	if err := parse(fs, args); err != nil {
@@ -474,47 +495,57 @@ put writes.`)
 	if *out == "" {
 		return usagef("--out is required")
 	}
-	hashes, err := hf.resolve(e, fs.Args())
+	eng, err := ef.engine()
 	if err != nil {
 		return err
 	}
-	c, set, resp, ctx, done, err := importHashes(e, cf, ef, hashes)
+	hashes, err := hf.resolve(e, fs.Args(), eng.PageSize)
 	if err != nil {
 		return err
 	}
-	defer done()
-	defer releaseAll(ctx, c, set, resp)
-	if len(resp.Blocks) < len(hashes) {
-		return fmt.Errorf("%d of %d blocks imported: %s", len(resp.Blocks), len(hashes), resp.Error)
+	im, err := importHashes(cf, eng, hashes)
+	if err != nil {
+		return err
 	}
-	if set.Layout.Arrangement != layout.FullyContiguous {
-		return fmt.Errorf("get writes fully contiguous layouts only")
+	defer im.close()
+	defer im.releaseAll()
+	if len(im.resp.Blocks) < len(hashes) {
+		return fmt.Errorf("%d of %d blocks imported: %s", len(im.resp.Blocks), len(hashes), im.resp.Error)
 	}
-	w := e.stdout
-	if *out != "-" {
-		f, err := os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		w = f
+	if *out == "-" {
+		return writeBlocks(e.stdout, im, hashes, *verify)
 	}
-	for i, b := range resp.Blocks {
-		if *verify {
-			if err := kvtest.Check(set.Layout, set.Ranks, int(b.Slot), hashes[i]); err != nil {
+	f, err := os.OpenFile(*out, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	err = writeBlocks(f, im, hashes, *verify)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	printFetches(e.stderr, im.resp, len(hashes))
+	if *verify {
+		fmt.Fprintf(e.stderr, "verified %d blocks element by element\n", len(im.resp.Blocks))
+	}
+	return nil
+}
+
+// writeBlocks writes each block's shards in rank order (engine flags make
+// fully contiguous layouts), checking them first with verify.
+func writeBlocks(w io.Writer, im *imported, hashes []uint64, verify bool) error {
+	for i, b := range im.resp.Blocks {
+		if verify {
+			if err := kvtest.Check(im.set.Layout, im.set.Ranks, int(b.Slot), hashes[i]); err != nil {
 				return fmt.Errorf("block %d (hash %d): %w", i, hashes[i], err)
 			}
 		}
-		for r := range set.Layout.TPSize {
-			if _, err := w.Write(set.Block(r, int(b.Slot))); err != nil {
+		for r := range im.set.Layout.TPSize {
+			if _, err := w.Write(im.set.Block(r, int(b.Slot))); err != nil {
 				return err
 			}
-		}
-	}
-	if *out != "-" {
-		printFetches(e.stderr, resp, len(hashes))
-		if *verify {
-			fmt.Fprintf(e.stderr, "verified %d blocks element by element\n", len(resp.Blocks))
 		}
 	}
 	return nil

@@ -77,6 +77,25 @@ func TestClientCommands(t *testing.T) {
 	if fi, err := os.Stat(file); err != nil || fi.Size() != 5*2*2*8*16*2*16 {
 		t.Fatalf("get wrote %v bytes (%v), want 5 blocks of %d", fi.Size(), err, 2*2*8*16*2*16)
 	}
+	// Token ids are hashed with the engine's page size; a relative socket
+	// path works.
+	tokens := make([]string, 64)
+	for i := range tokens {
+		tokens[i] = strconv.Itoa(1000 + i)
+	}
+	code, _, errs = runCmd(t, "", append(append([]string{"put", "--page-size", "32"}, model...), append(sock, tokens...)...)...)
+	if code != 0 {
+		t.Fatalf("put --page-size 32: exit %d: %s", code, errs)
+	}
+	wd, _ := os.Getwd()
+	rel, err := filepath.Rel(wd, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = runCmd(t, "", append(append([]string{"import", "--page-size", "32", "--socket", rel}, model...), tokens...)...)
+	if code != 0 || !strings.Contains(out, "2 of 2 blocks here") {
+		t.Fatalf("import of tokens, page 32, relative socket: exit %d: %q %s", code, out, errs)
+	}
 	// A hash nobody holds: import says so and fails.
 	code, _, errs = runCmd(t, "", append([]string{"import", "--hashes", "12345"}, sock...)...)
 	if code != 1 || !strings.Contains(errs, "not imported") {
@@ -94,5 +113,27 @@ func TestClientCommands(t *testing.T) {
 	}
 	if code, _, errs := runCmd(t, "", "status", "--socket", filepath.Join(dir, "none.sock")); code != 1 || !strings.Contains(errs, "is the agent running") {
 		t.Errorf("status without an agent: exit %d: %s", code, errs)
+	}
+}
+
+// certs makes a CA and a node certificate into folders that do not exist
+// yet, and never overwrites a key.
+func TestCertsCommand(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "etc", "kvfabric")
+	if code, _, errs := runCmd(t, "", "certs", "ca", "--out", dir); code != 0 {
+		t.Fatalf("certs ca: exit %d: %s", code, errs)
+	}
+	if code, _, errs := runCmd(t, "", "certs", "node", "gpu-7", "--ca-cert", filepath.Join(dir, "ca.crt"), "--ca-key", filepath.Join(dir, "ca.key"), "--out", filepath.Join(dir, "nodes")); code != 0 {
+		t.Fatalf("certs node: exit %d: %s", code, errs)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "nodes", "gpu-7.key"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("node key: %v %v", fi, err)
+	}
+	if code, _, errs := runCmd(t, "", "certs", "ca", "--out", dir); code != 1 || !strings.Contains(errs, "exists") {
+		t.Fatalf("certs ca over an existing CA: exit %d: %s", code, errs)
+	}
+	if code, _, _ := runCmd(t, "", "certs", "node", "bad name", "--out", dir); code != 2 {
+		t.Fatalf("certs node with a bad name: exit %d, want 2", code)
 	}
 }

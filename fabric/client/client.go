@@ -15,6 +15,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 
@@ -39,7 +40,13 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 	if _, err := os.Stat(socket); err != nil {
 		return nil, fmt.Errorf("client: engine socket: %w (is the agent running?)", err)
 	}
-	conn, err := grpc.NewClient("unix://"+socket,
+	// unix:PATH, not unix://PATH: the latter reads a relative path's first
+	// element as an authority.
+	abs, err := filepath.Abs(socket)
+	if err != nil {
+		return nil, fmt.Errorf("client: engine socket: %w", err)
+	}
+	conn, err := grpc.NewClient("unix:"+abs,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
