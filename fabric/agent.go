@@ -164,7 +164,9 @@ func (a *Agent) startEngineAPI() error {
 		return fmt.Errorf("fabric: engine socket: %w", err)
 	}
 	a.engineLn = ln
-	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
+	// WaitForHandlers: Close must not unmap the pool under a call still
+	// writing into it.
+	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.WaitForHandlers(true))
 	fabricpb.RegisterEngineServer(a.engineSrv, &engineServer{a: a})
 	a.wg.Add(1)
 	go func() {
@@ -257,7 +259,10 @@ func (a *Agent) Close() error {
 			select {
 			case <-stopped:
 			case <-time.After(2 * time.Second):
+				// Stop cancels the calls' contexts (imports end within a
+				// peer timeout) and waits for them to return.
 				a.engineSrv.Stop()
+				<-stopped
 			}
 		}
 		if a.httpSrv != nil {

@@ -12,7 +12,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -99,15 +98,15 @@ func (a *Agent) startMembership(ctx context.Context) error {
 	if a.cfg.Local {
 		mcfg = membership.DefaultLocalConfig()
 	}
-	host, port, err := hostPort(a.cfg.GossipAddr)
+	host, port, err := splitHostPort(a.cfg.GossipAddr) // validated
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: gossip_addr: %v", ErrConfig, err)
 	}
 	mcfg.Name = a.cfg.NodeName
 	mcfg.BindAddr, mcfg.BindPort = host, port
 	if a.cfg.GossipAdvertise != "" {
-		if mcfg.AdvertiseAddr, mcfg.AdvertisePort, err = hostPort(a.cfg.GossipAdvertise); err != nil {
-			return err
+		if mcfg.AdvertiseAddr, mcfg.AdvertisePort, err = splitHostPort(a.cfg.GossipAdvertise); err != nil {
+			return fmt.Errorf("%w: gossip_advertise: %v", ErrConfig, err)
 		}
 	}
 	mcfg.Seeds = a.cfg.Join
@@ -129,18 +128,6 @@ func (a *Agent) startMembership(ctx context.Context) error {
 	}
 	a.members = m
 	return nil
-}
-
-func hostPort(addr string) (string, int, error) {
-	host, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "", 0, fmt.Errorf("%w: %q is not host:port", ErrConfig, addr)
-	}
-	port, err := strconv.Atoi(p)
-	if err != nil {
-		return "", 0, fmt.Errorf("%w: %q: bad port", ErrConfig, addr)
-	}
-	return host, port, nil
 }
 
 // readKeys reads base64 gossip keys, one per line, the first the primary.

@@ -13,6 +13,10 @@ import (
 	"time"
 )
 
+// maxLeaseDuration is the longest lease a holder grants (pool's default
+// MaxLeaseDuration).
+const maxLeaseDuration = 5 * time.Minute
+
 // ErrConfig is matched by every configuration error.
 var ErrConfig = errors.New("fabric: invalid configuration")
 
@@ -59,7 +63,7 @@ type Config struct {
 	CAFile   string `json:"ca_file,omitempty"`
 	CertFile string `json:"cert_file,omitempty"`
 	KeyFile  string `json:"key_file,omitempty"`
-	// Dev makes or reuses a CA in DataDir/dev-ca and certifies this node with
+	// Dev makes or reuses a development CA in DevCADir and certifies this node with
 	// it: for a local development cluster only. Ignored when the TLS files
 	// are given.
 	Dev bool `json:"dev,omitempty"`
@@ -75,15 +79,16 @@ type Config struct {
 	// endpoints. If empty, 127.0.0.1:7948; "off" disables them.
 	MetricsAddr string `json:"metrics_addr,omitempty"`
 
-	// Pools sizes the memory the agent owns, per tier: "host=4GiB",
-	// "pinned=16GiB". If empty, one host pool of 1 GiB.
+	// Pools sizes the memory the agent owns: one entry, "host=4GiB" or
+	// "pinned=16GiB" (GPU tiers arrive with pool/cuda). If empty, a host
+	// pool of 1 GiB.
 	Pools []string `json:"pools,omitempty"`
 	// BlockSetSlots is the slots of a block set made for an engine that
 	// asks for none. If zero, as many as a quarter of the pool holds.
 	BlockSetSlots int `json:"block_set_slots,omitempty"`
 
-	// LeaseDuration is how long a holder keeps blocks for an importer. If
-	// zero, 30 s.
+	// LeaseDuration is how long a holder keeps blocks for an importer,
+	// 1 s to 5 min. If zero, 30 s.
 	LeaseDuration time.Duration `json:"lease_duration,omitempty"`
 	// ImportTimeout bounds one import, all holders tried. If zero, 30 s.
 	ImportTimeout time.Duration `json:"import_timeout,omitempty"`
@@ -238,17 +243,17 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		if a.addr == "" {
 			continue
 		}
-		if _, err := splitHostPort(a.addr); err != nil {
+		if _, _, err := splitHostPort(a.addr); err != nil {
 			return nil, bad(a.field, "%v", err)
 		}
 	}
 	for i, j := range c.Join {
-		if _, err := splitHostPort(j); err != nil {
+		if _, _, err := splitHostPort(j); err != nil {
 			return nil, bad(fmt.Sprintf("join[%d]", i), "%v", err)
 		}
 	}
 	if c.MetricsAddr != "off" {
-		if _, err := splitHostPort(c.MetricsAddr); err != nil {
+		if _, _, err := splitHostPort(c.MetricsAddr); err != nil {
 			return nil, bad("metrics_addr", "%v (or \"off\")", err)
 		}
 	}
@@ -266,23 +271,22 @@ func (c *Config) validate() ([]PoolSpec, error) {
 			return nil, bad(f.field, "%v is negative", f.d)
 		}
 	}
+	// Holders refuse leases outside these bounds (pool.MaxLeaseDuration;
+	// the wire carries milliseconds).
+	if c.LeaseDuration < time.Second || c.LeaseDuration > maxLeaseDuration {
+		return nil, bad("lease_duration", "%v is not in 1s..%v", c.LeaseDuration, maxLeaseDuration)
+	}
 	if c.BlockSetSlots < 0 {
 		return nil, bad("block_set_slots", "%d is negative", c.BlockSetSlots)
 	}
-	var specs []PoolSpec
-	seen := map[string]bool{}
-	for i, p := range c.Pools {
-		s, err := ParsePoolSpec(p)
-		if err != nil {
-			return nil, bad(fmt.Sprintf("pools[%d]", i), "%v", err)
-		}
-		if seen[s.Kind] {
-			return nil, bad(fmt.Sprintf("pools[%d]", i), "a second %s pool", s.Kind)
-		}
-		seen[s.Kind] = true
-		specs = append(specs, s)
+	if len(c.Pools) > 1 {
+		return nil, bad("pools", "%d pools: an agent has one pool until GPU pools arrive (host or pinned)", len(c.Pools))
 	}
-	return specs, nil
+	s, err := ParsePoolSpec(c.Pools[0])
+	if err != nil {
+		return nil, bad("pools[0]", "%v", err)
+	}
+	return []PoolSpec{s}, nil
 }
 
 // ParsePoolSpec parses "KIND=SIZE", SIZE in bytes with an optional KiB,
@@ -328,16 +332,16 @@ func ParseSize(s string) (uint64, error) {
 	return n * mult, nil
 }
 
-func splitHostPort(addr string) (int, error) {
-	_, port, err := net.SplitHostPort(addr)
+func splitHostPort(addr string) (string, int, error) {
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return 0, fmt.Errorf("%q is not host:port", addr)
+		return "", 0, fmt.Errorf("%q is not host:port", addr)
 	}
 	p, err := strconv.ParseUint(port, 10, 16)
 	if err != nil {
-		return 0, fmt.Errorf("%q: port %q is not 0..65535", addr, port)
+		return "", 0, fmt.Errorf("%q: port %q is not 0..65535", addr, port)
 	}
-	return int(p), nil
+	return host, int(p), nil
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -52,7 +52,9 @@ func TestValidateConfig(t *testing.T) {
 		{"bad pool", func(c *Config) { c.Pools = []string{"host"} }, "pools[0]"},
 		{"gpu pool", func(c *Config) { c.Pools = []string{"gpu=1GiB"} }, "pools[0]"},
 		{"zero pool", func(c *Config) { c.Pools = []string{"host=0"} }, "pools[0]"},
-		{"two host pools", func(c *Config) { c.Pools = []string{"host=1GiB", "host=2GiB"} }, "pools[1]"},
+		{"two pools", func(c *Config) { c.Pools = []string{"host=1GiB", "pinned=2GiB"} }, "pools"},
+		{"lease too long for holders", func(c *Config) { c.LeaseDuration = 10 * time.Minute }, "lease_duration"},
+		{"lease too short", func(c *Config) { c.LeaseDuration = time.Millisecond }, "lease_duration"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

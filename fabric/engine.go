@@ -81,15 +81,15 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	arr := layout.Arrangement(req.GetArrangement())
-	if arr == 0 {
+	arr := layout.ArrangementFromProto(req.GetArrangement())
+	if req.GetArrangement() == 0 {
 		arr = layout.FullyContiguous
 	}
 	tmpl := &layout.Layout{
 		Model:       m,
 		PageSize:    int(req.GetPageSize()),
 		TPSize:      int(req.GetTpSize()),
-		Order:       layout.KVOrder(req.GetKvOrder()),
+		Order:       layout.KVOrderFromProto(req.GetKvOrder()),
 		Arrangement: arr,
 		Alignment:   4096,
 		Slots:       int(req.GetSlots()),

@@ -148,6 +148,10 @@ func TestEngineAPI(t *testing.T) {
 			_, err := api.Register(ctx, &fabricpb.RegisterRequest{Model: smallModel.Proto(), TpSize: 1 << 30, PageSize: 4, KvOrder: 2})
 			return err
 		}, codes.InvalidArgument, "tp_size"},
+		{"kv order out of range", func() error {
+			_, err := api.Register(ctx, &fabricpb.RegisterRequest{Model: smallModel.Proto(), TpSize: 1, PageSize: 4, KvOrder: 257})
+			return err
+		}, codes.InvalidArgument, "kv_order"},
 		{"heads not divisible", func() error {
 			_, err := c.Register(ctx, client.Engine{Model: smallModel, TPSize: 3, PageSize: 4, Order: layout.HND})
 			return err

@@ -77,6 +77,13 @@ func ModelConfigFromProto(p *layoutpb.ModelConfig) (ModelConfig, error) {
 	return m, nil
 }
 
+// KVOrderFromProto converts a wire KV order; a value the package does not
+// know becomes one that validation refuses.
+func KVOrderFromProto(o layoutpb.KVOrder) KVOrder { return KVOrder(enum8(int32(o))) }
+
+// ArrangementFromProto converts a wire arrangement likewise.
+func ArrangementFromProto(a layoutpb.Arrangement) Arrangement { return Arrangement(enum8(int32(a))) }
+
 // enum8 maps a wire enum to the Go one, sending values that do not fit to
 // zero, which validation refuses.
 func enum8(v int32) uint8 {
@@ -103,8 +110,8 @@ func FromProto(p *layoutpb.Layout) (*Layout, error) {
 		Model:       m,
 		PageSize:    int(p.GetPageSize()),
 		TPSize:      int(p.GetTpSize()),
-		Order:       KVOrder(enum8(int32(p.GetKvOrder()))),
-		Arrangement: Arrangement(enum8(int32(p.GetArrangement()))),
+		Order:       KVOrderFromProto(p.GetKvOrder()),
+		Arrangement: ArrangementFromProto(p.GetArrangement()),
 		Alignment:   p.GetAlignment(),
 		Slots:       int(p.GetSlots()),
 		Regions:     make([]Region, len(p.GetRegions())),
