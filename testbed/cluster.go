@@ -140,6 +140,7 @@ func (c *Cluster) waitHealthy(ctx context.Context, n *Node) error {
 		}
 		select {
 		case err := <-n.exited:
+			n.exited <- err // for Running and Stop
 			return fmt.Errorf("%s exited at start (%v): %s", n.Name, err, tail(n.LogFile))
 		case <-ctx.Done():
 			return fmt.Errorf("%s not healthy: %w: %s", n.Name, ctx.Err(), tail(n.LogFile))

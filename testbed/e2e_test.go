@@ -184,6 +184,16 @@ func TestHolderKilledMidImport(t *testing.T) {
 			}
 		}
 	}
+	if !r.at.After(killed) {
+		t.Fatalf("the import ended before %s was killed: nothing was tested", victim.Name)
+	}
+	if r.err == nil {
+		for _, f := range r.resp.Fetches {
+			if f.Node == victim.Name {
+				t.Fatalf("blocks came from %s, which was killed during the import: %v", victim.Name, r.resp.Fetches)
+			}
+		}
+	}
 	if took := failedOver.Sub(killed); took > 2*time.Second {
 		t.Errorf("import failed over or errored %v after the holder was killed (want within 2 s)", took)
 	} else {
@@ -328,6 +338,13 @@ func TestMalformedInputKeepsServing(t *testing.T) {
 	}
 	defer gc.Close()
 	api := fabricpb.NewEngineClient(gc)
+	// A valid block set, so that requests on it reach the checks they aim
+	// at rather than failing at the block set look-up.
+	reg, err := api.Register(ctx, &fabricpb.RegisterRequest{Engine: "probe", Model: model.Proto(), TpSize: 1, PageSize: 16, KvOrder: 2, Slots: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := reg.BlockSet
 	bad := []func() error{
 		func() error { _, err := api.Register(ctx, &fabricpb.RegisterRequest{}); return err },
 		func() error {
@@ -338,13 +355,18 @@ func TestMalformedInputKeepsServing(t *testing.T) {
 			_, err := api.Allocate(ctx, &fabricpb.AllocateRequest{BlockSet: 77, Count: 1})
 			return err
 		},
-		func() error { _, err := api.Import(ctx, &fabricpb.ImportRequest{BlockSet: 1}); return err },
+		func() error { _, err := api.Import(ctx, &fabricpb.ImportRequest{BlockSet: set}); return err },
+		func() error {
+			_, err := api.Import(ctx, &fabricpb.ImportRequest{BlockSet: set, Hashes: make([]uint64, 1<<17)})
+			return err
+		},
+		func() error { _, err := api.Allocate(ctx, &fabricpb.AllocateRequest{BlockSet: set, Count: 9}); return err },
 		func() error {
 			_, err := api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: []uint32{1}}, BlockSize: 1 << 20})
 			return err
 		},
 		func() error {
-			_, err := api.RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: 1, Slots: []uint32{1 << 31}})
+			_, err := api.RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set, Slots: []uint32{1 << 31}, Hashes: []uint64{1}})
 			return err
 		},
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/netbench"
 	"github.com/kvfabric/kvfabric/layout"
 )
 
@@ -94,14 +95,10 @@ type Report struct {
 // GBps is the bytes moved over the time the imports took.
 func (r *Report) GBps() float64 { return float64(r.Bytes) / max(float64(r.Elapsed.Nanoseconds()), 1) }
 
-// Percentile returns the p-th percentile of per-block latency.
+// Percentile returns the p-th quantile (0.5, 0.99) of per-block latency.
 func (r *Report) Percentile(p float64) time.Duration {
-	if len(r.PerBlock) == 0 {
-		return 0
-	}
-	s := slices.Clone(r.PerBlock)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[min(len(s)-1, int(p*float64(len(s))))]
+	d, _ := netbench.Percentile(r.PerBlock, 100*p)
+	return d
 }
 
 // Sources lists the holders blocks came from, with counts.
