@@ -360,7 +360,10 @@ func TestMalformedInputKeepsServing(t *testing.T) {
 			_, err := api.Import(ctx, &fabricpb.ImportRequest{BlockSet: set, Hashes: make([]uint64, 1<<17)})
 			return err
 		},
-		func() error { _, err := api.Allocate(ctx, &fabricpb.AllocateRequest{BlockSet: set, Count: 9}); return err },
+		func() error {
+			_, err := api.Allocate(ctx, &fabricpb.AllocateRequest{BlockSet: set, Count: 9})
+			return err
+		},
 		func() error {
 			_, err := api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: []uint32{1}}, BlockSize: 1 << 20})
 			return err
