@@ -63,22 +63,6 @@ func Execute(p *Plan, src, dst [][]byte) error {
 	return nil
 }
 
-// ExecuteRank applies the segments of one destination rank.
-func ExecuteRank(segs []Segment, src [][]byte, dst []byte) error {
-	if err := checkRank(segs, src, dst); err != nil {
-		return err
-	}
-	var total uint64
-	for i := range segs {
-		total += segs[i].Bytes()
-	}
-	copyRank(segs, src, dst, total >= streamMin)
-	if total >= streamMin {
-		sfence()
-	}
-	return nil
-}
-
 func checkRank(segs []Segment, src [][]byte, dst []byte) error {
 	for i := range segs {
 		s := &segs[i]
@@ -114,13 +98,12 @@ func copyRank(segs []Segment, src [][]byte, dst []byte, stream bool) {
 			j++
 		}
 		group := segs[i:j]
-		streamGroup := stream && haveStream && group[0].Length >= streamPiece
 		for k := range group[0].Count {
 			for g := range group {
 				s := &group[g]
 				so, do := s.SrcOffset+k*s.SrcStride, s.DstOffset+k*s.DstStride
 				d, from := dst[do:do+s.Length], src[s.SrcRank][so:so+s.Length]
-				if streamGroup && s.Length >= streamPiece {
+				if stream && haveStream && s.Length >= streamPiece {
 					copyStream(d, from)
 				} else {
 					copy(d, from)

@@ -23,9 +23,3 @@ func (s *Segment) Bytes() uint64 { return s.Length * s.Count }
 func (s *Segment) Piece(i uint64) (src, dst uint64) {
 	return s.SrcOffset + i*s.SrcStride, s.DstOffset + i*s.DstStride
 }
-
-// SrcEnd returns one past the last source byte the segment reads.
-func (s *Segment) SrcEnd() uint64 { return s.SrcOffset + (s.Count-1)*s.SrcStride + s.Length }
-
-// DstEnd returns one past the last destination byte the segment writes.
-func (s *Segment) DstEnd() uint64 { return s.DstOffset + (s.Count-1)*s.DstStride + s.Length }

@@ -32,7 +32,9 @@ func TestCopyStream(t *testing.T) {
 	}
 }
 
-// A plan large enough to stream writes exactly what plain copies write.
+// A plan large enough to stream writes exactly what plain copies write:
+// one whose pieces stream (HND), and one whose pieces are too small to
+// (NHD rows), which must still be right.
 func TestExecuteStreamingMatchesPlain(t *testing.T) {
 	for _, tc := range tpCases {
 		src, dst := llama70B(tc.srcTP, tc.srcOrd, 4), llama70B(tc.dstTP, tc.dstOrder, 4)
@@ -42,6 +44,15 @@ func TestExecuteStreamingMatchesPlain(t *testing.T) {
 		}
 		if p.Bytes() < streamMin {
 			t.Fatalf("%s: plan of %d bytes does not reach the streaming size %d", tc.name, p.Bytes(), streamMin)
+		}
+		streams := false
+		for _, segs := range p.Ranks {
+			for _, s := range segs {
+				streams = streams || s.Length >= streamPiece
+			}
+		}
+		if want := tc.srcOrd == HND; streams != want {
+			t.Fatalf("%s: pieces large enough to stream: %v, want %v", tc.name, streams, want)
 		}
 		sMem := regions(src, 0)
 		rng := rand.New(rand.NewPCG(3, 4))
