@@ -221,7 +221,11 @@ type Snapshot struct {
 // Snapshot returns every Registered block with the event number it is
 // consistent with, for a sink that lost events to resynchronise.
 func (p *Pool) Snapshot() Snapshot {
-	sets := p.BlockSets()
+	// Holding the set list too: a set made between listing and locking
+	// could register a block numbered within the snapshot yet missing.
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	sets := p.sets
 	for _, b := range sets {
 		b.mu.Lock()
 	}

@@ -413,13 +413,20 @@ func (ix *Index) Expire(now time.Time) int {
 		return 0
 	}
 	cutoff := now.Add(-ix.expiry).UnixNano()
+	// The name hashes once, not under ix.mu per entry: names only grow,
+	// and a node named after the copy has no stamp old enough to expire.
+	ix.mu.RLock()
+	names := slices.Clone(ix.nameHash)
+	ix.mu.RUnlock()
 	dropped := 0
 	for i := range ix.shards {
 		s := &ix.shards[i]
 		s.mu.Lock()
 		for k, st := range s.stamps {
-			nh, _ := ix.nameHashOf(k.node)
-			if st < cutoff && s.removeLocked(k.hash, k.node, nh, true) {
+			if st >= cutoff || int(k.node) >= len(names) {
+				continue
+			}
+			if s.removeLocked(k.hash, k.node, names[k.node], true) {
 				ix.counts[k.node].Add(-1)
 				dropped++
 			}
