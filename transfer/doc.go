@@ -75,7 +75,8 @@
 //
 // Connections send keep-alives and close after IdleTimeout without a
 // packet, so a vanished peer fails every call on that connection. A control
-// call without a context deadline gets CallTimeout. A read fails when no
+// call fails after CallTimeout, or at the caller's deadline when that comes
+// first. A read fails when no
 // byte has moved on one of its streams for ProgressTimeout, so a holder
 // that stops answering (stalled handler, dead process, closed listener)
 // fails the read within that bound however large the read is.
