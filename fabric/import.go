@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -187,7 +188,10 @@ func (a *Agent) candidates(hashes []uint64) []candidate {
 		if !ok || mem.Meta.PeerAddr == "" {
 			continue
 		}
-		out = append(out, candidate{member: mem, blocks: m.Blocks, load: mem.Meta.Load.KVUsage + float64(mem.Meta.Load.Imports)})
+		// Load in steps of a tenth: holders whose loads differ by less
+		// are equally good, and take turns.
+		load := math.Floor(10 * (mem.Meta.Load.KVUsage + float64(mem.Meta.Load.Imports)))
+		out = append(out, candidate{member: mem, blocks: m.Blocks, load: load})
 	}
 	// Holders that just failed an import go last, until failure detection
 	// has had time to decide about them; then the longest prefix, then

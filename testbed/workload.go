@@ -84,7 +84,7 @@ func Produce(ctx context.Context, n *Node, e client.Engine, seqs [][]uint64) (*c
 type Report struct {
 	Node     string
 	Imports  int
-	Blocks   int // blocks that crossed the network
+	Blocks   int // blocks copied in: over the network, or locally from another engine's block set
 	Bytes    uint64
 	Elapsed  time.Duration   // in import calls, verification excluded
 	PerBlock []time.Duration // one per block fetched: its fetch's time / its blocks
@@ -161,7 +161,11 @@ func account(r *Report, fetches []*fabricpb.Fetch) {
 	for _, f := range fetches {
 		r.Blocks += int(f.Blocks)
 		r.Bytes += f.Bytes
-		r.From[f.Node] += int(f.Blocks)
+		from := f.Node
+		if f.Transport == "local" {
+			from += "/local"
+		}
+		r.From[from] += int(f.Blocks)
 		if f.Blocks > 0 {
 			per := time.Duration(f.Micros) * time.Microsecond / time.Duration(f.Blocks)
 			for range f.Blocks {
