@@ -36,7 +36,7 @@ type Agent struct {
 	pool    *pool.Pool
 
 	index     *index.Index
-	holder    *holder
+	service   *peerService // serves peers' calls
 	transport *transfer.Node
 	members   *membership.Membership
 	// joined is members from the moment it has started until Close: the
@@ -98,7 +98,7 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if a.index, err = index.New(index.DefaultConfig()); err != nil {
 		return nil, fmt.Errorf("fabric: index: %w", err)
 	}
-	a.holder = newHolder(a)
+	a.service = newPeerService(a)
 	if err := a.startTransport(); err != nil {
 		return nil, err
 	}

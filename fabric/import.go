@@ -8,14 +8,12 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
-	"github.com/kvfabric/kvfabric/transfer"
 )
 
 // maxHoldersTried bounds the holders one import asks, so that a cluster
@@ -412,129 +410,4 @@ func copyBlocks(src *pool.BlockSet, s *engineSet, from []pool.Block, hashes []ui
 	}
 	refs, err := s.registerFilled(blocks, hashes, parent)
 	return refs, plan.Bytes(), err
-}
-
-// suspectFor is how long, beyond twice the peer timeout, a holder that
-// failed an import is tried after the others: about memberlist's failure
-// detection time, after which a dead holder has left the index anyway.
-const suspectFor = 8 * time.Second
-
-// suspects are holders that recently failed an import.
-type suspects struct {
-	mu    sync.Mutex
-	until map[string]time.Time
-}
-
-func (s *suspects) add(name string, d time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.until == nil {
-		s.until = map[string]time.Time{}
-	}
-	s.until[name] = time.Now().Add(d)
-}
-
-func (s *suspects) has(name string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t, ok := s.until[name]
-	if ok && time.Now().After(t) {
-		delete(s.until, name)
-		return false
-	}
-	return ok
-}
-
-// flights makes concurrent imports of the same block on one node share
-// one transfer: the first claims it, the others wait for it to finish.
-type flights struct {
-	mu sync.Mutex
-	m  map[flightKey]*flight
-}
-
-type flightKey struct {
-	set  pool.SetID
-	hash uint64
-}
-
-type flight struct{ done chan struct{} }
-
-func (f *flights) claim(set pool.SetID, hash uint64) (*flight, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	k := flightKey{set, hash}
-	if fl, ok := f.m[k]; ok {
-		return fl, false
-	}
-	if f.m == nil {
-		f.m = map[flightKey]*flight{}
-	}
-	fl := &flight{done: make(chan struct{})}
-	f.m[k] = fl
-	return fl, true
-}
-
-func (f *flights) finish(set pool.SetID, hash uint64, fl *flight) {
-	f.mu.Lock()
-	delete(f.m, flightKey{set, hash})
-	f.mu.Unlock()
-	close(fl.done)
-}
-
-// layoutCache keeps peers' layouts, per block set, until the peer's
-// layout-set digest changes.
-type layoutCache struct {
-	mu    sync.Mutex
-	peers map[string]peerLayouts
-}
-
-type peerLayouts struct {
-	digest uint64 // the member's layout-set digest these came with
-	sets   map[uint64]*layout.Layout
-}
-
-func (c *layoutCache) forget(peer string) {
-	c.mu.Lock()
-	delete(c.peers, peer)
-	c.mu.Unlock()
-}
-
-// get returns a peer's layout of blockSet, fetching the peer's layouts
-// when they are not cached for its current digest. Every layout is
-// validated by decoding; its digest must match the one sent.
-func (c *layoutCache) get(ctx context.Context, peer *transfer.Peer, m membership.Member, blockSet uint64) (*layout.Layout, error) {
-	c.mu.Lock()
-	pl, ok := c.peers[m.Name]
-	c.mu.Unlock()
-	if ok && pl.digest == m.Meta.LayoutDigest {
-		if l := pl.sets[blockSet]; l != nil {
-			return l, nil
-		}
-	}
-	entries, err := peer.Layouts(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("layouts: %w", err)
-	}
-	pl = peerLayouts{digest: m.Meta.LayoutDigest, sets: map[uint64]*layout.Layout{}}
-	for _, e := range entries {
-		l, err := layout.Unmarshal(e.Layout)
-		if err != nil {
-			return nil, fmt.Errorf("layout of block set %d: %w", e.BlockSet, err)
-		}
-		if d := l.Digest(); string(d[:]) != string(e.Digest) {
-			return nil, fmt.Errorf("layout of block set %d does not match its digest", e.BlockSet)
-		}
-		pl.sets[e.BlockSet] = l
-	}
-	c.mu.Lock()
-	if c.peers == nil {
-		c.peers = map[string]peerLayouts{}
-	}
-	c.peers[m.Name] = pl
-	c.mu.Unlock()
-	l := pl.sets[blockSet]
-	if l == nil {
-		return nil, fmt.Errorf("holder has no layout for its block set %d", blockSet)
-	}
-	return l, nil
 }

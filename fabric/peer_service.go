@@ -15,9 +15,9 @@ import (
 	"github.com/kvfabric/kvfabric/transfer"
 )
 
-// holder serves the calls peers make to read this node's blocks: it is the
+// peerService serves the calls peers make to read this node's blocks: it is the
 // agent's transfer.Handler.
-type holder struct {
+type peerService struct {
 	a *Agent
 
 	mu     sync.Mutex
@@ -31,13 +31,13 @@ type owner struct {
 	deadline time.Time
 }
 
-func newHolder(a *Agent) *holder {
-	return &holder{a: a, owners: map[pool.LeaseID]owner{}}
+func newPeerService(a *Agent) *peerService {
+	return &peerService{a: a, owners: map[pool.LeaseID]owner{}}
 }
 
 // setOwner records or extends a lease's owner, pruning records whose
 // leases have ended.
-func (h *holder) setOwner(id pool.LeaseID, peer string, d time.Duration) {
+func (h *peerService) setOwner(id pool.LeaseID, peer string, d time.Duration) {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -51,13 +51,13 @@ func (h *holder) setOwner(id pool.LeaseID, peer string, d time.Duration) {
 	}
 }
 
-var _ transfer.Handler = (*holder)(nil)
+var _ transfer.Handler = (*peerService)(nil)
 
-func (h *holder) Hello(ctx context.Context, peer string, req transfer.HelloInfo) (transfer.HelloInfo, error) {
+func (h *peerService) Hello(ctx context.Context, peer string, req transfer.HelloInfo) (transfer.HelloInfo, error) {
 	return transfer.HelloInfo{Features: []string{"quic"}, LayoutSetDigest: h.a.layoutSetDigest()}, nil
 }
 
-func (h *holder) Layouts(ctx context.Context, peer string, digests [][]byte) ([]transfer.LayoutEntry, error) {
+func (h *peerService) Layouts(ctx context.Context, peer string, digests [][]byte) ([]transfer.LayoutEntry, error) {
 	var out []transfer.LayoutEntry
 	for _, s := range h.a.engineSets() {
 		l := s.set.Layout()
@@ -81,7 +81,7 @@ func containsDigest(list [][]byte, d []byte) bool {
 
 // Lease pins the leading blocks of hashes in the block set that holds the
 // longest prefix of them.
-func (h *holder) Lease(ctx context.Context, peer string, hashes []uint64, d time.Duration) (transfer.Lease, error) {
+func (h *peerService) Lease(ctx context.Context, peer string, hashes []uint64, d time.Duration) (transfer.Lease, error) {
 	out := transfer.Lease{Duration: d, Blocks: make([]transfer.LeasedBlock, len(hashes))}
 	for i, x := range hashes {
 		out.Blocks[i].Hash = x
@@ -136,7 +136,7 @@ func leaseError(err error) error {
 
 // owned checks that peer took the lease: lease ids are unguessable, but a
 // member must not ride on another member's lease either.
-func (h *holder) owned(peer string, id uint64) error {
+func (h *peerService) owned(peer string, id uint64) error {
 	h.mu.Lock()
 	o, ok := h.owners[pool.LeaseID(id)]
 	h.mu.Unlock()
@@ -146,7 +146,7 @@ func (h *holder) owned(peer string, id uint64) error {
 	return nil
 }
 
-func (h *holder) Renew(ctx context.Context, peer string, id uint64, d time.Duration) (bool, error) {
+func (h *peerService) Renew(ctx context.Context, peer string, id uint64, d time.Duration) (bool, error) {
 	if err := h.owned(peer, id); err != nil {
 		return false, nil
 	}
@@ -160,7 +160,7 @@ func (h *holder) Renew(ctx context.Context, peer string, id uint64, d time.Durat
 	return true, nil
 }
 
-func (h *holder) Release(ctx context.Context, peer string, id uint64) (bool, error) {
+func (h *peerService) Release(ctx context.Context, peer string, id uint64) (bool, error) {
 	if err := h.owned(peer, id); err != nil {
 		return false, nil
 	}
@@ -174,7 +174,7 @@ func (h *holder) Release(ctx context.Context, peer string, id uint64) (bool, err
 	return valid, leaseError(err)
 }
 
-func (h *holder) EventRange(ctx context.Context, peer string, q transfer.EventQuery) (transfer.EventRange, error) {
+func (h *peerService) EventRange(ctx context.Context, peer string, q transfer.EventQuery) (transfer.EventRange, error) {
 	return h.a.eventRange(q.Origin, q)
 }
 
@@ -182,7 +182,7 @@ func (h *holder) EventRange(ctx context.Context, peer string, q transfer.EventQu
 // Pieces of a segment mostly fall one after another in one contiguous
 // extent of one slot's shard (per token rows of an NHD head slice), so a
 // piece inside the extent of a piece already checked is not checked again.
-func (h *holder) CheckRead(peer string, id, blockSet uint64, seg layout.Segment) error {
+func (h *peerService) CheckRead(peer string, id, blockSet uint64, seg layout.Segment) error {
 	if err := h.owned(peer, id); err != nil {
 		return err
 	}
@@ -206,7 +206,7 @@ func (h *holder) CheckRead(peer string, id, blockSet uint64, seg layout.Segment)
 	})
 }
 
-func (h *holder) Region(blockSet uint64, rank int) ([]byte, error) {
+func (h *peerService) Region(blockSet uint64, rank int) ([]byte, error) {
 	set, err := h.a.pool.BlockSet(pool.SetID(blockSet))
 	if err != nil {
 		return nil, fmt.Errorf("%w: block set %d", transfer.ErrNotFound, blockSet)

@@ -42,7 +42,7 @@ func TestHolderCheckRead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h := a.holder
+	h := a.service
 	lease, err := h.Lease(context.Background(), "peer", []uint64{101}, time.Minute)
 	if err != nil || lease.ID == 0 || !lease.Blocks[0].Present {
 		t.Fatalf("lease: %+v %v", lease, err)

@@ -1,0 +1,179 @@
+package fabric
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kvfabric/kvfabric/membership"
+)
+
+// startMembership joins the cluster with the index as the sink of every
+// node's block events and the peer transport as the repairer of gaps.
+func (a *Agent) startMembership(ctx context.Context) error {
+	mcfg := membership.DefaultConfig()
+	if a.cfg.Local {
+		mcfg = membership.DefaultLocalConfig()
+	}
+	host, port, err := splitHostPort(a.cfg.GossipAddr) // validated
+	if err != nil {
+		return fmt.Errorf("%w: gossip_addr: %v", ErrConfig, err)
+	}
+	mcfg.Name = a.cfg.NodeName
+	mcfg.BindAddr, mcfg.BindPort = host, port
+	if a.cfg.GossipAdvertise != "" {
+		if mcfg.AdvertiseAddr, mcfg.AdvertisePort, err = splitHostPort(a.cfg.GossipAdvertise); err != nil {
+			return fmt.Errorf("%w: gossip_advertise: %v", ErrConfig, err)
+		}
+	}
+	mcfg.Seeds = a.cfg.Join
+	mcfg.ClusterName = a.cfg.ClusterName
+	if a.cfg.GossipKeyFile != "" {
+		if mcfg.Keys, err = readKeys(a.cfg.GossipKeyFile); err != nil {
+			return err
+		}
+	} else {
+		a.log.Warn("gossip is not encrypted: give --gossip-key-file on a shared network")
+	}
+	mcfg.Sink = indexSink{a}
+	mcfg.Repairer = repairer{a}
+	mcfg.Logger = a.baseLog
+	mcfg.Meta = a.meta()
+	m, err := membership.Start(ctx, mcfg)
+	if err != nil {
+		return fmt.Errorf("fabric: membership: %w", err)
+	}
+	a.members = m
+	return nil
+}
+
+// readKeys reads base64 gossip keys, one per line, the first the primary.
+func readKeys(path string) ([][]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: gossip key file: %v", ErrConfig, err)
+	}
+	defer f.Close()
+	var keys [][]byte
+	sc := bufio.NewScanner(f)
+	for line := 1; sc.Scan(); line++ {
+		s := strings.TrimSpace(sc.Text())
+		if s == "" || strings.HasPrefix(s, "#") {
+			continue
+		}
+		k, err := base64.StdEncoding.DecodeString(s)
+		if err != nil || (len(k) != 16 && len(k) != 24 && len(k) != 32) {
+			return nil, fmt.Errorf("%w: gossip key file %s line %d: not a base64 key of 16, 24 or 32 bytes", ErrConfig, path, line)
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("%w: gossip key file %s holds no key", ErrConfig, path)
+	}
+	return keys, sc.Err()
+}
+
+// peerAdvertise is the address peers dial: the configured one, else the
+// transport's, with a wildcard host replaced by gossip's.
+func (a *Agent) peerAdvertise() string {
+	if a.cfg.PeerAdvertise != "" {
+		return a.cfg.PeerAdvertise
+	}
+	addr := a.transport.Addr().String()
+	host, port, _ := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = a.cfg.GossipAdvertise
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		} else if a.members != nil {
+			host = a.members.Addr().Addr().String()
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// meta is what this node tells the cluster about itself.
+func (a *Agent) meta() membership.Meta {
+	m := a.pool.Metrics()
+	d := a.layoutSetDigest()
+	return membership.Meta{
+		PeerAddr:     a.peerAdvertise(),
+		Transports:   membership.TransportQUIC,
+		LayoutDigest: binary.LittleEndian.Uint64(d[:8]),
+		Load:         membership.Load{KVUsage: m.Utilization, Imports: uint32(a.stats.inflight.Load())},
+	}
+}
+
+// metaLoop gossips the node's metadata when it changes: layouts at once,
+// load at most every second.
+func (a *Agent) metaLoop() {
+	defer a.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last := a.meta()
+	for {
+		select {
+		case <-a.done:
+			return
+		case <-a.metaPoke:
+		case <-t.C:
+		}
+		m := a.meta()
+		if m == last {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if err := a.members.SetMeta(ctx, m); err != nil && !errors.Is(err, membership.ErrClosed) {
+			a.log.Debug("metadata not sent", "err", err)
+		}
+		cancel()
+		last = m
+	}
+}
+
+// pokeMeta asks metaLoop to send the metadata now.
+func (a *Agent) pokeMeta() {
+	select {
+	case a.metaPoke <- struct{}{}:
+	default:
+	}
+}
+
+// isMember says whether a peer may talk to us: a current member.
+func (a *Agent) isMember(name string) bool {
+	_, ok := a.member(name)
+	return ok
+}
+
+// member returns a current member by name.
+func (a *Agent) member(name string) (membership.Member, bool) {
+	m := a.joined.Load()
+	if m == nil {
+		return membership.Member{}, false
+	}
+	return m.Member(name)
+}
+
+// memberLoop closes the connections and forgets the layouts of members
+// that leave or fail.
+func (a *Agent) memberLoop() {
+	defer a.wg.Done()
+	for {
+		select {
+		case <-a.done:
+			return
+		case ev := <-a.members.Events():
+			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
+				a.peers.forget(ev.Member.Name)
+				a.layouts.forget(ev.Member.Name)
+			}
+		}
+	}
+}
