@@ -137,6 +137,7 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	pcfg := pool.DefaultConfig()
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents
+	pcfg.MaxLeaseBlocks = transfer.MaxLeaseBlocks
 	p, err := pool.New(st, pcfg)
 	if err != nil {
 		return fmt.Errorf("fabric: pool: %w", err)

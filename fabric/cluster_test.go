@@ -21,6 +21,13 @@ import (
 // cluster starts n agents on 127.0.0.(i+1), sharing one development CA.
 func cluster(t *testing.T, n int) []*fabric.Agent {
 	t.Helper()
+	return clusterWith(t, n, nil)
+}
+
+// clusterWith starts n agents as cluster does, letting configure change
+// node i's configuration (i from 0) before it starts.
+func clusterWith(t *testing.T, n int, configure func(i int, c *fabric.Config)) []*fabric.Agent {
+	t.Helper()
 	root, err := os.MkdirTemp("", "kvfc")
 	if err != nil {
 		t.Fatal(err)
@@ -42,6 +49,9 @@ func cluster(t *testing.T, n int) []*fabric.Agent {
 		}
 		if i > 0 {
 			c.Join = []string{agents[0].GossipAddr()}
+		}
+		if configure != nil {
+			configure(i, &c)
 		}
 		agents = append(agents, startAgent(t, c))
 	}

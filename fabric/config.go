@@ -17,6 +17,14 @@ import (
 // MaxLeaseDuration).
 const maxLeaseDuration = 5 * time.Minute
 
+// The bounds of ImportChunkBytes: below a megabyte a chunk's control
+// calls cost more than its bytes; above a few gigabytes one chunk pins a
+// holder's memory for seconds.
+const (
+	minImportChunk = 1 << 20
+	maxImportChunk = 4 << 30
+)
+
 // ErrConfig is matched by every configuration error.
 var ErrConfig = errors.New("fabric: invalid configuration")
 
@@ -92,6 +100,11 @@ type Config struct {
 	LeaseDuration time.Duration `json:"lease_duration,omitempty"`
 	// ImportTimeout bounds one import, all holders tried. If zero, 30 s.
 	ImportTimeout time.Duration `json:"import_timeout,omitempty"`
+	// ImportChunkBytes bounds the bytes of one chunk of an import: an
+	// import leases, reads, releases and registers a chunk at a time (at
+	// most transfer.MaxLeaseBlocks blocks, however small), leasing the next
+	// while it reads the current one. 1 MiB to 4 GiB. If zero, 64 MiB.
+	ImportChunkBytes int64 `json:"import_chunk_bytes,omitempty"`
 	// PeerTimeout bounds how long a silent peer can hold up an import
 	// before it fails over to another holder or fails: each dial, control
 	// call and read to a peer gives up after half of it. If zero, 2 s.
@@ -104,23 +117,28 @@ type Config struct {
 	Logger *slog.Logger `json:"-"`
 	// Local selects loopback timings for gossip (DefaultLocalConfig).
 	Local bool `json:"local,omitempty"`
+
+	// hooks are set by tests before Start, so that every goroutine of
+	// the agent sees them without further synchronisation.
+	hooks testHooks
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		NodeName:      host,
-		DataDir:       "/var/lib/kvfabric",
-		GossipAddr:    "0.0.0.0:7946",
-		ClusterName:   "kvfabric",
-		PeerAddr:      "0.0.0.0:7947",
-		MetricsAddr:   "127.0.0.1:7948",
-		Pools:         []string{"host=1GiB"},
-		LeaseDuration: 30 * time.Second,
-		ImportTimeout: 30 * time.Second,
-		PeerTimeout:   2 * time.Second,
-		LogLevel:      "info",
+		NodeName:         host,
+		DataDir:          "/var/lib/kvfabric",
+		GossipAddr:       "0.0.0.0:7946",
+		ClusterName:      "kvfabric",
+		PeerAddr:         "0.0.0.0:7947",
+		MetricsAddr:      "127.0.0.1:7948",
+		Pools:            []string{"host=1GiB"},
+		LeaseDuration:    30 * time.Second,
+		ImportTimeout:    30 * time.Second,
+		PeerTimeout:      2 * time.Second,
+		ImportChunkBytes: 64 << 20,
+		LogLevel:         "info",
 	}
 }
 
@@ -223,6 +241,9 @@ func (c *Config) populate() {
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = d.PeerTimeout
 	}
+	if c.ImportChunkBytes == 0 {
+		c.ImportChunkBytes = d.ImportChunkBytes
+	}
 	if c.LogLevel == "" {
 		c.LogLevel = d.LogLevel
 	}
@@ -275,6 +296,9 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	// the wire carries milliseconds).
 	if c.LeaseDuration < time.Second || c.LeaseDuration > maxLeaseDuration {
 		return nil, bad("lease_duration", "%v is not in 1s..%v", c.LeaseDuration, maxLeaseDuration)
+	}
+	if c.ImportChunkBytes < minImportChunk || c.ImportChunkBytes > maxImportChunk {
+		return nil, bad("import_chunk_bytes", "%d is not in %d..%d", c.ImportChunkBytes, minImportChunk, maxImportChunk)
 	}
 	if c.BlockSetSlots < 0 {
 		return nil, bad("block_set_slots", "%d is negative", c.BlockSetSlots)

@@ -172,7 +172,6 @@ func (a *Agent) memberLoop() {
 		case ev := <-a.members.Events():
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
 				a.peers.forget(ev.Member.Name)
-				a.layouts.forget(ev.Member.Name)
 			}
 		}
 	}

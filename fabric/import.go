@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
-	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 )
@@ -154,12 +153,22 @@ func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint
 			fetch = &fabricpb.Fetch{Node: c.member.Name, Transport: "quic", Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
 		}
 		var local localError
-		if err == nil || len(refs) > 0 || errors.As(err, &local) || ctx.Err() != nil {
+		if err == nil || errors.As(err, &local) || ctx.Err() != nil {
 			return refs, fetch, err
 		}
-		a.suspects.add(c.member.Name, 2*a.cfg.PeerTimeout+suspectFor)
-		a.log.Warn("import from holder failed", "peer", c.member.Name, "blocks", c.blocks, "err", err)
+		// A refusal this import caused says nothing about the holder's
+		// health; any other failure sends it to the back of the queue.
+		var req requestError
+		if !errors.As(err, &req) {
+			a.suspects.add(c.member.Name, 2*a.cfg.PeerTimeout+suspectFor)
+		}
+		a.log.Warn("import from holder failed", "peer", c.member.Name, "blocks", c.blocks, "kept", len(refs), "err", err)
 		*failures = append(*failures, fmt.Sprintf("%s: %v", c.member.Name, err))
+		if len(refs) > 0 {
+			// Keep the chunks that arrived whole; the caller looks for
+			// holders of the rest.
+			return refs, fetch, nil
+		}
 	}
 	return nil, nil, errHoldersFailed
 }
@@ -222,105 +231,6 @@ func (a *Agent) candidates(hashes []uint64) []candidate {
 	return out
 }
 
-// fetch imports the leading blocks of hashes that holder still has into
-// new slots of s. A slot is registered only when every byte of the plan
-// arrived and the holder confirmed that the lease never expired; on any
-// failure the slots are freed and nothing is registered.
-func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
-	peer, err := a.peers.get(ctx, a.transport, holder.Name, holder.Meta.PeerAddr)
-	if err != nil {
-		return nil, 0, err
-	}
-	lease, err := peer.Lease(ctx, hashes, a.cfg.LeaseDuration)
-	if err != nil {
-		return nil, 0, fmt.Errorf("lease: %w", err)
-	}
-	released := false
-	defer func() {
-		if !released && lease.ID != 0 {
-			// Give the lease back without making the import wait: the
-			// holder may be the reason we are failing, and its lease
-			// expires by itself anyway.
-			a.background(func() {
-				rctx, cancel := context.WithTimeout(context.Background(), a.cfg.PeerTimeout)
-				peer.Release(rctx, lease.ID)
-				cancel()
-			})
-		}
-	}()
-	if len(lease.Blocks) != len(hashes) {
-		return nil, 0, fmt.Errorf("lease answered %d blocks for %d hashes", len(lease.Blocks), len(hashes))
-	}
-	// The leading blocks present, in one block set.
-	k := 0
-	for k < len(hashes) && lease.Blocks[k].Present && lease.Blocks[k].Hash == hashes[k] &&
-		lease.Blocks[k].BlockSet == lease.Blocks[0].BlockSet {
-		k++
-	}
-	if k == 0 || lease.ID == 0 {
-		return nil, 0, errors.New("holder no longer has the blocks")
-	}
-	src, err := a.layouts.get(ctx, peer, holder, lease.Blocks[0].BlockSet)
-	if err != nil {
-		return nil, 0, err
-	}
-	dst := s.set.Layout()
-	if src.PageSize != dst.PageSize {
-		return nil, 0, fmt.Errorf("holder's page size %d differs from ours (%d): its blocks are named by other hashes", src.PageSize, dst.PageSize)
-	}
-	blocks, err := s.set.Allocate(k)
-	if err != nil {
-		return nil, 0, localError{fmt.Errorf("local slots: %w", err)}
-	}
-	registered := false
-	defer func() {
-		if !registered {
-			for _, b := range blocks {
-				s.set.Abort(b)
-			}
-		}
-	}()
-	pairs := make([]layout.SlotPair, k)
-	for i := range k {
-		slot := lease.Blocks[i].Slot
-		if slot >= uint64(src.Slots) {
-			return nil, 0, fmt.Errorf("lease names slot %d of a block set of %d", slot, src.Slots)
-		}
-		pairs[i] = layout.SlotPair{Src: int(slot), Dst: blocks[i].Slot}
-	}
-	plan, err := layout.NewPlan(src, dst, pairs)
-	if err != nil {
-		return nil, 0, err
-	}
-	regions, err := s.set.RegionBytes()
-	if err != nil {
-		return nil, 0, localError{err}
-	}
-	var segs []layout.Segment
-	for _, r := range plan.Ranks {
-		segs = append(segs, r...)
-	}
-	if err := peer.Read(ctx, lease.ID, lease.Blocks[0].BlockSet, segs, regions); err != nil {
-		return nil, 0, fmt.Errorf("read: %w", err)
-	}
-	valid, err := peer.Release(ctx, lease.ID)
-	released = true
-	if err != nil {
-		return nil, 0, fmt.Errorf("release: %w", err)
-	}
-	if !valid {
-		return nil, 0, errors.New("lease expired before release: the bytes are not trusted")
-	}
-	refs, err := s.registerFilled(blocks, hashes, parent)
-	registered = true
-	a.stats.importBytes.Add(plan.Bytes())
-	a.stats.importBlocks.Add(uint64(len(refs)))
-	if err != nil {
-		return refs, plan.Bytes(), localError{err}
-	}
-	return refs, plan.Bytes(), nil
-}
-
 // registerFilled commits and registers blocks, whose bytes are in place,
 // under hashes (in order, after parent), referencing each for the engine.
 // On an error the blocks already registered are kept and returned, and
@@ -344,70 +254,4 @@ func (s *engineSet) registerFilled(blocks []pool.Block, hashes []uint64, parent 
 		parent = hashes[i]
 	}
 	return refs, nil
-}
-
-// fromLocal copies the leading blocks of hashes that another of this
-// node's block sets holds (an engine with another layout of the same
-// model) into s. It returns no blocks, and no error, when none holds them.
-func (a *Agent) fromLocal(s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
-	dst := s.set.Layout()
-	for _, o := range a.engineSets() {
-		src := o.set.Layout()
-		if o == s || src.Model != dst.Model || src.PageSize != dst.PageSize {
-			continue
-		}
-		// References keep the source blocks from being recycled while
-		// they are copied.
-		var held []pool.Block
-		for _, h := range hashes {
-			b, ok := o.set.Acquire(h)
-			if !ok {
-				break
-			}
-			held = append(held, b)
-		}
-		if len(held) == 0 {
-			continue
-		}
-		start := time.Now()
-		refs, bytes, err := copyBlocks(o.set, s, held, hashes[:len(held)], parent)
-		for _, b := range held {
-			o.set.Release(b)
-		}
-		f := &fabricpb.Fetch{Node: a.cfg.NodeName, Transport: "local", Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
-		if err != nil {
-			err = localError{fmt.Errorf("copy from block set %d: %w", o.set.ID(), err)}
-		}
-		return refs, f, err
-	}
-	return nil, nil, nil
-}
-
-// copyBlocks copies src's blocks into new slots of s and registers them.
-func copyBlocks(src *pool.BlockSet, s *engineSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
-	blocks, err := s.set.Allocate(len(from))
-	if err != nil {
-		return nil, 0, fmt.Errorf("local slots: %w", err)
-	}
-	pairs := make([]layout.SlotPair, len(from))
-	for i := range from {
-		pairs[i] = layout.SlotPair{Src: from[i].Slot, Dst: blocks[i].Slot}
-	}
-	plan, err := layout.NewPlan(src.Layout(), s.set.Layout(), pairs)
-	if err == nil {
-		var srcMem, dstMem [][]byte
-		if srcMem, err = src.RegionBytes(); err == nil {
-			if dstMem, err = s.set.RegionBytes(); err == nil {
-				err = layout.Execute(plan, srcMem, dstMem)
-			}
-		}
-	}
-	if err != nil {
-		for _, b := range blocks {
-			s.set.Abort(b)
-		}
-		return nil, 0, err
-	}
-	refs, err := s.registerFilled(blocks, hashes, parent)
-	return refs, plan.Bytes(), err
 }

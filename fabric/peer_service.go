@@ -79,9 +79,17 @@ func containsDigest(list [][]byte, d []byte) bool {
 	return false
 }
 
+// grant is the term this node grants for a lease or renewal asked for d:
+// the holder decides how long its memory is pinned, and never pins it
+// longer than its own LeaseDuration whatever a peer asks.
+func (h *peerService) grant(d time.Duration) time.Duration {
+	return min(d, h.a.cfg.LeaseDuration)
+}
+
 // Lease pins the leading blocks of hashes in the block set that holds the
-// longest prefix of them.
+// longest prefix of them, for at most this node's LeaseDuration.
 func (h *peerService) Lease(ctx context.Context, peer string, hashes []uint64, d time.Duration) (transfer.Lease, error) {
+	d = h.grant(d)
 	out := transfer.Lease{Duration: d, Blocks: make([]transfer.LeasedBlock, len(hashes))}
 	for i, x := range hashes {
 		out.Blocks[i].Hash = x
@@ -112,6 +120,8 @@ func (h *peerService) Lease(ctx context.Context, peer string, hashes []uint64, d
 	}
 	h.setOwner(id, peer, d)
 	out.ID = uint64(id)
+	digest := best.Layout().Digest()
+	out.LayoutDigests = map[uint64][]byte{uint64(best.ID()): digest[:]}
 	for i, b := range blocks {
 		if !b.Found {
 			break
@@ -150,6 +160,7 @@ func (h *peerService) Renew(ctx context.Context, peer string, id uint64, d time.
 	if err := h.owned(peer, id); err != nil {
 		return false, nil
 	}
+	d = h.grant(d)
 	if err := h.a.pool.Renew(pool.LeaseID(id), d); err != nil {
 		if errors.Is(err, pool.ErrLeaseExpired) || errors.Is(err, pool.ErrUnknownLease) {
 			return false, nil
@@ -183,6 +194,9 @@ func (h *peerService) EventRange(ctx context.Context, peer string, q transfer.Ev
 // extent of one slot's shard (per token rows of an NHD head slice), so a
 // piece inside the extent of a piece already checked is not checked again.
 func (h *peerService) CheckRead(peer string, id, blockSet uint64, seg layout.Segment) error {
+	if f := h.a.cfg.hooks.beforeServeRead; f != nil {
+		f(peer, id)
+	}
 	if err := h.owned(peer, id); err != nil {
 		return err
 	}

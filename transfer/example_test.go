@@ -2,6 +2,7 @@ package transfer_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"log"
 	"time"
@@ -22,7 +23,9 @@ func (h *holder) Layouts(ctx context.Context, peer string, digests [][]byte) ([]
 	return nil, nil
 }
 func (h *holder) Lease(ctx context.Context, peer string, hashes []uint64, d time.Duration) (transfer.Lease, error) {
-	l := transfer.Lease{ID: 1, Duration: d}
+	// A real holder names the digest of its block set's layout.
+	digest := sha256.Sum256([]byte("layout of block set 0"))
+	l := transfer.Lease{ID: 1, Duration: d, LayoutDigests: map[uint64][]byte{0: digest[:]}}
 	for i, hash := range hashes {
 		l.Blocks = append(l.Blocks, transfer.LeasedBlock{Hash: hash, Present: true, Slot: uint64(i)})
 	}

@@ -47,7 +47,6 @@ const (
 const (
 	maxDigests       = 4096
 	maxDigestLen     = 64
-	maxLeaseHashes   = 1 << 16
 	maxLeaseDuration = 10 * time.Minute
 	maxOriginLen     = 253
 	maxEventRange    = 1 << 16
@@ -182,8 +181,8 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 		if err := unmarshal(payload, &pb); err != nil {
 			return nil, err
 		}
-		if len(pb.Hashes) == 0 || len(pb.Hashes) > maxLeaseHashes {
-			return nil, invalid("lease: %d hashes not in [1, %d]", len(pb.Hashes), maxLeaseHashes)
+		if len(pb.Hashes) == 0 || len(pb.Hashes) > MaxLeaseBlocks {
+			return nil, invalid("lease: %d hashes not in [1, %d]", len(pb.Hashes), MaxLeaseBlocks)
 		}
 		d, err := durationMS(pb.DurationMs)
 		if err != nil {

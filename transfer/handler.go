@@ -52,13 +52,22 @@ type LeasedBlock struct {
 	Generation uint64
 }
 
+// MaxLeaseBlocks is the most hashes one lease may ask for. It is the one
+// definition of this limit: the wire refuses more, the agent's pools are
+// configured with it, and importers split their work into chunks that fit.
+const MaxLeaseBlocks = 4096
+
 // Lease is a holder's promise to keep the present blocks in their slots
 // until the lease is released or Duration passes.
 type Lease struct {
-	ID       uint64
+	ID uint64
+	// Duration is the term granted, which may be shorter than asked.
 	Duration time.Duration
 	// Blocks has one entry per requested hash, in request order.
 	Blocks []LeasedBlock
+	// LayoutDigests holds, by block set, the digest of the layout of
+	// every block set a present block is in.
+	LayoutDigests map[uint64][]byte
 }
 
 // Event is one entry of an origin's event log; Payload is opaque here.

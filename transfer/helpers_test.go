@@ -128,6 +128,8 @@ type memHandler struct {
 	calls   atomic.Int64
 	peers   []string
 	stall   chan struct{} // when set, CheckRead and Lease block until closed or ctx ends
+	// badDigest makes leases name a layout digest of the wrong length.
+	badDigest bool
 }
 
 func newMemHandler() *memHandler {
@@ -169,7 +171,10 @@ func (h *memHandler) Lease(ctx context.Context, peer string, hashes []uint64, d 
 			return Lease{}, ctx.Err()
 		}
 	}
-	l := Lease{ID: 42, Duration: d}
+	l := Lease{ID: 42, Duration: d, LayoutDigests: map[uint64][]byte{7: testDigest[:]}}
+	if h.badDigest {
+		l.LayoutDigests[7] = testDigest[:8]
+	}
 	for i, hh := range hashes {
 		l.Blocks = append(l.Blocks, LeasedBlock{Hash: hh, Present: hh%2 == 0, BlockSet: 7, Slot: uint64(i), Generation: hh + 1})
 		if hh%2 != 0 {

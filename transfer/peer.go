@@ -14,6 +14,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
@@ -299,9 +300,21 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 			return Lease{}, fmt.Errorf("%w: lease from %s: entry %d is for hash %d, asked %d", ErrFrame, p.name, i, b.Hash, hashes[i])
 		}
 		l.Blocks[i] = LeasedBlock{Hash: b.Hash, Present: b.Present, BlockSet: b.BlockSet, Slot: b.Slot, Generation: b.Generation}
+		if b.Present {
+			if d := resp.LayoutDigests[b.BlockSet]; len(d) != layoutDigestLen {
+				return Lease{}, fmt.Errorf("%w: lease from %s: block set %d of entry %d has a layout digest of %d bytes, want %d", ErrFrame, p.name, b.BlockSet, i, len(d), layoutDigestLen)
+			}
+		}
 	}
+	if len(resp.LayoutDigests) > len(hashes) {
+		return Lease{}, fmt.Errorf("%w: lease from %s names %d layout digests for %d hashes", ErrFrame, p.name, len(resp.LayoutDigests), len(hashes))
+	}
+	l.LayoutDigests = resp.LayoutDigests
 	return l, nil
 }
+
+// layoutDigestLen is the length of a layout digest.
+const layoutDigestLen = len(layout.Digest{})
 
 // Renew extends a lease by d; false means it was no longer live.
 func (p *Peer) Renew(ctx context.Context, leaseID uint64, d time.Duration) (bool, error) {

@@ -47,7 +47,7 @@ func TestControlRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Lease{ID: 42, Duration: 2 * time.Second, Blocks: []LeasedBlock{
+	want := Lease{ID: 42, Duration: 2 * time.Second, LayoutDigests: map[uint64][]byte{7: testDigest[:]}, Blocks: []LeasedBlock{
 		{Hash: 10, Present: true, BlockSet: 7, Slot: 0, Generation: 11},
 		{Hash: 11},
 		{Hash: 12, Present: true, BlockSet: 7, Slot: 2, Generation: 13},

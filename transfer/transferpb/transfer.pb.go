@@ -315,7 +315,9 @@ func (x *LayoutsResponse) GetLayouts() []*LayoutEntry {
 	return nil
 }
 
-// LeaseRequest pins blocks, by sequence hash, for duration_ms.
+// LeaseRequest pins blocks, by sequence hash, for duration_ms: at most
+// MaxLeaseBlocks (4096) hashes, and the holder grants at most its own
+// configured term.
 type LeaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Hashes        []uint64               `protobuf:"fixed64,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
@@ -445,12 +447,20 @@ func (x *LeasedBlock) GetGeneration() uint64 {
 	return 0
 }
 
-// LeaseResponse carries the lease id and one entry per requested hash.
+// LeaseResponse carries the lease id, the term granted, and one entry per
+// requested hash.
 type LeaseResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId       uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	DurationMs    uint64                 `protobuf:"varint,2,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
-	Blocks        []*LeasedBlock         `protobuf:"bytes,3,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The term the holder granted: at most what was asked. The reader renews
+	// before it ends if its read is not done.
+	DurationMs uint64         `protobuf:"varint,2,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	Blocks     []*LeasedBlock `protobuf:"bytes,3,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	// The layout digest (SHA-256 of the canonical layoutpb encoding) of each
+	// block set a present block is in, by block set id. A reader plans only
+	// with the layout of that digest: block-set ids are reused when a holder
+	// restarts.
+	LayoutDigests map[uint64][]byte `protobuf:"bytes,4,rep,name=layout_digests,json=layoutDigests,proto3" json:"layout_digests,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -502,6 +512,13 @@ func (x *LeaseResponse) GetDurationMs() uint64 {
 func (x *LeaseResponse) GetBlocks() []*LeasedBlock {
 	if x != nil {
 		return x.Blocks
+	}
+	return nil
+}
+
+func (x *LeaseResponse) GetLayoutDigests() map[uint64][]byte {
+	if x != nil {
+		return x.LayoutDigests
 	}
 	return nil
 }
@@ -1154,12 +1171,16 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x04slot\x18\x04 \x01(\x04R\x04slot\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x05 \x01(\x04R\n" +
-	"generation\"\x86\x01\n" +
+	"generation\"\xa7\x02\n" +
 	"\rLeaseResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
 	"durationMs\x129\n" +
-	"\x06blocks\x18\x03 \x03(\v2!.kvfabric.transfer.v1.LeasedBlockR\x06blocks\"J\n" +
+	"\x06blocks\x18\x03 \x03(\v2!.kvfabric.transfer.v1.LeasedBlockR\x06blocks\x12]\n" +
+	"\x0elayout_digests\x18\x04 \x03(\v26.kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntryR\rlayoutDigests\x1a@\n" +
+	"\x12LayoutDigestsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"J\n" +
 	"\fRenewRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
@@ -1213,7 +1234,7 @@ func file_transfer_transferpb_transfer_proto_rawDescGZIP() []byte {
 	return file_transfer_transferpb_transfer_proto_rawDescData
 }
 
-var file_transfer_transferpb_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_transfer_transferpb_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_transfer_transferpb_transfer_proto_goTypes = []any{
 	(*HelloRequest)(nil),       // 0: kvfabric.transfer.v1.HelloRequest
 	(*HelloResponse)(nil),      // 1: kvfabric.transfer.v1.HelloResponse
@@ -1234,17 +1255,19 @@ var file_transfer_transferpb_transfer_proto_goTypes = []any{
 	(*ReadRequest)(nil),        // 16: kvfabric.transfer.v1.ReadRequest
 	(*ReadResponse)(nil),       // 17: kvfabric.transfer.v1.ReadResponse
 	(*Error)(nil),              // 18: kvfabric.transfer.v1.Error
+	nil,                        // 19: kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
 }
 var file_transfer_transferpb_transfer_proto_depIdxs = []int32{
 	3,  // 0: kvfabric.transfer.v1.LayoutsResponse.layouts:type_name -> kvfabric.transfer.v1.LayoutEntry
 	6,  // 1: kvfabric.transfer.v1.LeaseResponse.blocks:type_name -> kvfabric.transfer.v1.LeasedBlock
-	13, // 2: kvfabric.transfer.v1.EventRangeResponse.events:type_name -> kvfabric.transfer.v1.Event
-	15, // 3: kvfabric.transfer.v1.ReadRequest.segments:type_name -> kvfabric.transfer.v1.ReadSegment
-	4,  // [4:4] is the sub-list for method output_type
-	4,  // [4:4] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	19, // 2: kvfabric.transfer.v1.LeaseResponse.layout_digests:type_name -> kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
+	13, // 3: kvfabric.transfer.v1.EventRangeResponse.events:type_name -> kvfabric.transfer.v1.Event
+	15, // 4: kvfabric.transfer.v1.ReadRequest.segments:type_name -> kvfabric.transfer.v1.ReadSegment
+	5,  // [5:5] is the sub-list for method output_type
+	5,  // [5:5] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_transfer_transferpb_transfer_proto_init() }
@@ -1258,7 +1281,7 @@ func file_transfer_transferpb_transfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_transfer_transferpb_transfer_proto_rawDesc), len(file_transfer_transferpb_transfer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

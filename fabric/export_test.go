@@ -1,0 +1,22 @@
+package fabric
+
+// Test-only access to the agent's hooks and counters, for the tests of
+// package fabric_test.
+
+// OnChunkRegistered makes an agent started with c call f after each whole
+// chunk an import registers.
+func OnChunkRegistered(c *Config, f func(holder string, blocks int)) { c.hooks.chunkRegistered = f }
+
+// BeforeServeRead makes an agent started with c call f on the holder side
+// of every read, before the read is checked against its lease.
+func BeforeServeRead(c *Config, f func(peer string, lease uint64)) { c.hooks.beforeServeRead = f }
+
+// ImportChunks is how many chunks a imported whole.
+func ImportChunks(a *Agent) uint64 { return a.stats.importChunks.Load() }
+
+// LeaseRenewals is how many lease renewals holders granted to a's reads.
+func LeaseRenewals(a *Agent) uint64 { return a.stats.leaseRenewals.Load() }
+
+// Suspect says whether a tries holder after the others, because it just
+// failed an import.
+func Suspect(a *Agent, holder string) bool { return a.suspects.has(holder) }

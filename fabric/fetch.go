@@ -1,0 +1,240 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/membership"
+	"github.com/kvfabric/kvfabric/transfer"
+)
+
+// requestError marks a holder's refusal that the import itself caused: a
+// request the holder cannot serve (too large, another page size, another
+// model). Another holder may serve it, and this one is not to blame.
+type requestError struct{ err error }
+
+func (e requestError) Error() string { return e.err.Error() }
+func (e requestError) Unwrap() error { return e.err }
+
+// chunkBlocks is how many blocks of layout l one chunk of an import moves:
+// ImportChunkBytes worth, at least one, and never more than a lease may
+// ask for.
+func (a *Agent) chunkBlocks(l *layout.Layout) int {
+	st := l.Strides()
+	perBlock := max(st.Shard*uint64(l.TPSize), 1)
+	n := uint64(a.cfg.ImportChunkBytes) / perBlock
+	return int(min(max(n, 1), transfer.MaxLeaseBlocks))
+}
+
+// leasedChunk is one chunk of an import: the hashes asked for and the
+// holder's lease on them.
+type leasedChunk struct {
+	asked []uint64
+	lease transfer.Lease
+	kept  *keptLease // nil when no lease was granted
+	err   error
+}
+
+// present is how many leading blocks of the chunk the lease holds, all in
+// one block set.
+func (c *leasedChunk) present() int {
+	b := c.lease.Blocks
+	k := 0
+	for k < len(b) && k < len(c.asked) && b[k].Present && b[k].Hash == c.asked[k] && b[k].BlockSet == b[0].BlockSet {
+		k++
+	}
+	return k
+}
+
+// fetch imports the leading blocks of hashes that holder still has into
+// new slots of s, a chunk at a time: lease a chunk, read it, release it,
+// register it, while the next chunk's lease is already being taken. A
+// read that outlives the holder's term renews its lease.
+//
+// A chunk's slots are registered only when every byte of its plan arrived
+// and the holder confirmed that its lease never expired. When a chunk
+// fails, the chunks registered before it are returned with the error:
+// they arrived whole under confirmed leases and are the engine's.
+func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+	peer, err := a.peers.get(ctx, a.transport, holder.Name, holder.Meta.PeerAddr)
+	if err != nil {
+		return nil, 0, err
+	}
+	keeper := newLeaseKeeper(peer, &a.stats.leaseRenewals)
+	defer keeper.close()
+	per := a.chunkBlocks(s.set.Layout())
+	var (
+		refs  []*fabricpb.BlockRef
+		moved uint64
+	)
+	next := a.leaseChunk(ctx, peer, keeper, hashes[:min(per, len(hashes))])
+	for off := 0; off < len(hashes); {
+		c := <-next
+		next = nil
+		if c.err != nil {
+			return refs, moved, c.err
+		}
+		end := off + len(c.asked)
+		whole := c.present() == len(c.asked)
+		if whole && end < len(hashes) {
+			next = a.leaseChunk(ctx, peer, keeper, hashes[end:min(end+per, len(hashes))])
+		}
+		got, n, err := a.readChunk(ctx, peer, keeper, s, c, parent)
+		refs = append(refs, got...)
+		moved += n
+		if err != nil {
+			a.abandon(peer, next)
+			if len(refs) > 0 {
+				err = fmt.Errorf("after %d blocks: %w", len(refs), err)
+			}
+			return refs, moved, err
+		}
+		if !whole {
+			break // the holder's prefix ends here
+		}
+		off, parent = end, hashes[end-1]
+		if a.cfg.hooks.chunkRegistered != nil {
+			a.cfg.hooks.chunkRegistered(holder.Name, len(refs))
+		}
+	}
+	return refs, moved, nil
+}
+
+// leaseChunk asks peer for a lease on hashes without waiting for the
+// answer; a granted lease is renewed by keeper from the moment it is
+// asked for.
+func (a *Agent) leaseChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, hashes []uint64) <-chan *leasedChunk {
+	ch := make(chan *leasedChunk, 1)
+	go func() {
+		c := &leasedChunk{asked: hashes}
+		asked := time.Now()
+		c.lease, c.err = peer.Lease(ctx, hashes, a.cfg.LeaseDuration)
+		switch {
+		case errors.Is(c.err, transfer.ErrInvalidRequest), errors.Is(c.err, transfer.ErrTooLarge):
+			c.err = requestError{fmt.Errorf("lease of %d blocks: %w", len(hashes), c.err)}
+		case c.err != nil:
+			c.err = fmt.Errorf("lease: %w", c.err)
+		case c.lease.ID != 0 && c.lease.Duration <= 0:
+			c.err = fmt.Errorf("lease %d granted for %v: no time to read under it", c.lease.ID, c.lease.Duration)
+			a.releaseLater(peer, c.lease.ID)
+		case c.lease.ID != 0:
+			c.kept = keeper.keep(ctx, c.lease.ID, c.lease.Duration, asked)
+		}
+		ch <- c
+	}()
+	return ch
+}
+
+// abandon gives back a chunk leased ahead that will not be read.
+func (a *Agent) abandon(peer *transfer.Peer, next <-chan *leasedChunk) {
+	if next == nil {
+		return
+	}
+	a.background(func() {
+		if c := <-next; c.err == nil && c.lease.ID != 0 {
+			a.releaseLater(peer, c.lease.ID)
+		}
+	})
+}
+
+// releaseLater gives a lease back without making the import wait: the
+// holder may be the reason the import is failing, and the lease expires
+// by itself anyway.
+func (a *Agent) releaseLater(peer *transfer.Peer, id uint64) {
+	a.background(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.PeerTimeout)
+		peer.Release(ctx, id)
+		cancel()
+	})
+}
+
+// readChunk reads the present blocks of a leased chunk into new slots of
+// s and registers them after parent, once the holder confirms the lease.
+// On failure nothing of the chunk is registered and its slots are freed.
+func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+	id := c.lease.ID
+	released := id == 0
+	defer func() {
+		if !released {
+			keeper.drop(id)
+			a.releaseLater(peer, id)
+		}
+	}()
+	k := c.present()
+	if k == 0 || id == 0 {
+		return nil, 0, errors.New("holder no longer has the blocks")
+	}
+	hashes := c.asked[:k]
+	set := c.lease.Blocks[0].BlockSet
+	src, err := a.layouts.get(ctx, peer, c.lease.LayoutDigests[set])
+	if err != nil {
+		return nil, 0, err
+	}
+	dst := s.set.Layout()
+	if src.PageSize != dst.PageSize {
+		return nil, 0, requestError{fmt.Errorf("holder's page size %d differs from ours (%d): its blocks are named by other hashes", src.PageSize, dst.PageSize)}
+	}
+	pairs := make([]layout.SlotPair, k)
+	for i := range k {
+		slot := c.lease.Blocks[i].Slot
+		if slot >= uint64(src.Slots) {
+			return nil, 0, fmt.Errorf("lease names slot %d of a block set of %d", slot, src.Slots)
+		}
+		pairs[i].Src = int(slot)
+	}
+	blocks, err := s.set.Allocate(k)
+	if err != nil {
+		return nil, 0, localError{fmt.Errorf("local slots: %w", err)}
+	}
+	registered := false
+	defer func() {
+		if !registered {
+			for _, b := range blocks {
+				s.set.Abort(b)
+			}
+		}
+	}()
+	for i := range k {
+		pairs[i].Dst = blocks[i].Slot
+	}
+	plan, err := layout.NewPlan(src, dst, pairs)
+	if err != nil {
+		return nil, 0, requestError{err}
+	}
+	regions, err := s.set.RegionBytes()
+	if err != nil {
+		return nil, 0, localError{err}
+	}
+	var segs []layout.Segment
+	for _, r := range plan.Ranks {
+		segs = append(segs, r...)
+	}
+	if err := peer.Read(c.kept.ctx, id, set, segs, regions); err != nil {
+		if cause := context.Cause(c.kept.ctx); errors.Is(cause, errLeaseLost) {
+			err = cause
+		}
+		return nil, 0, fmt.Errorf("read: %w", err)
+	}
+	keeper.drop(id)
+	valid, err := peer.Release(ctx, id)
+	released = true
+	if err != nil {
+		return nil, 0, fmt.Errorf("release: %w", err)
+	}
+	if !valid {
+		return nil, 0, errors.New("lease expired before release: the bytes are not trusted")
+	}
+	refs, err := s.registerFilled(blocks, hashes, parent)
+	registered = true
+	a.stats.importBytes.Add(plan.Bytes())
+	a.stats.importBlocks.Add(uint64(len(refs)))
+	a.stats.importChunks.Add(1)
+	if err != nil {
+		return refs, plan.Bytes(), localError{err}
+	}
+	return refs, plan.Bytes(), nil
+}

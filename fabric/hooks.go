@@ -1,0 +1,13 @@
+package fabric
+
+// testHooks let tests observe and interrupt the agent's flows at points
+// no API reaches. Nil hooks are skipped; they run on the flow's own
+// goroutine and must not block for long.
+type testHooks struct {
+	// chunkRegistered runs after each whole chunk an import registers,
+	// with the holder and the blocks this fetch registered so far.
+	chunkRegistered func(holder string, blocks int)
+	// beforeServeRead runs on the holder before it checks a read's
+	// segment against its lease.
+	beforeServeRead func(peer string, lease uint64)
+}

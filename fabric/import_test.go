@@ -1,0 +1,227 @@
+package fabric_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/transfer"
+)
+
+// tinyModel has blocks of 512 bytes (4 KiB with the engine API's
+// alignment), so that tens of thousands of them fit a test's memory.
+var tinyModel = layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
+
+// registerBatch bounds the blocks of one RegisterBlocks call of
+// produceBlocks.
+const registerBatch = 4096
+
+// produceBlocks registers n blocks with content ids 1..n in a new block set
+// of e on a, and waits until on indexes all of them. It returns their
+// sequence hashes.
+func produceBlocks(t *testing.T, a, on *fabric.Agent, e client.Engine, n int) []uint64 {
+	t.Helper()
+	ctx := context.Background()
+	c := dial(t, a)
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]uint32, e.PageSize*n)
+	for i := range tokens {
+		tokens[i] = uint32(i*7 + 3)
+	}
+	h, _ := layout.NewHasher(e.PageSize, layout.HashOptions{})
+	var hashes []uint64
+	for _, b := range h.Sequence(tokens) {
+		hashes = append(hashes, b.Sequence)
+	}
+	for from := 0; from < n; from += registerBatch {
+		to := min(from+registerBatch, n)
+		slots, err := c.Allocate(ctx, set.ID, to-from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range slots {
+			kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(from+i+1))
+		}
+		if _, err := c.RegisterBlocks(ctx, set.ID, slots, hashes[from:to]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 60*time.Second, fmt.Sprintf("%s indexes %s's %d blocks", on.NodeName(), a.NodeName(), n), func() error {
+		if got := agentStatus(t, on).Members[a.NodeName()]; got != uint64(n) {
+			return fmt.Errorf("%d indexed", got)
+		}
+		return nil
+	})
+	return hashes
+}
+
+// checkImported checks that blocks hold content ids first, first+1, ...
+func checkImported(t *testing.T, set *client.BlockSet, blocks []*fabricpb.BlockRef, first uint64) {
+	t.Helper()
+	for i, b := range blocks {
+		if err := kvtest.Check(set.Layout, set.Ranks, int(b.Slot), first+uint64(i)); err != nil {
+			t.Fatalf("block %d (slot %d): %v", i, b.Slot, err)
+		}
+	}
+}
+
+// An import of as many blocks as the engine API allows (65,536) moves in
+// chunks that fit the lease limit, byte for byte; one block more is
+// refused before anything moves.
+func TestImportAtEngineLimit(t *testing.T) {
+	const n = 1 << 16 // the engine API's limit on one request
+	const slots = n + 1
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		c.Pools = []string{"host=300MiB"}
+	})
+	n1, n2 := agents[0], agents[1]
+	e := client.Engine{Name: "long", Model: tinyModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: slots}
+	hashes := produceBlocks(t, n1, n2, e, n)
+
+	ctx := context.Background()
+	c := dial(t, n2)
+	e.Name = "long-importer"
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Import(ctx, set.ID, append(hashes, 1)); code(err) != codes.InvalidArgument {
+		t.Fatalf("import of %d hashes: %v, want InvalidArgument", n+1, err)
+	}
+	start := time.Now()
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil {
+		t.Fatalf("import of %d blocks: %v", n, err)
+	}
+	elapsed := time.Since(start)
+	if len(resp.Blocks) != n {
+		t.Fatalf("import of %d blocks brought %d: %s", n, len(resp.Blocks), resp.Error)
+	}
+	checkImported(t, set, resp.Blocks, 1)
+	chunks := (n + transfer.MaxLeaseBlocks - 1) / transfer.MaxLeaseBlocks
+	if got := fabric.ImportChunks(n2); got != uint64(chunks) {
+		t.Errorf("import of %d blocks took %d chunks, want %d of at most %d blocks", n, got, chunks, transfer.MaxLeaseBlocks)
+	}
+	if fabric.Suspect(n2, "n1") {
+		t.Error("a healthy holder became a suspect")
+	}
+	t.Logf("%d blocks in %d chunks in %v (%.0f blocks/s)", n, chunks, elapsed, float64(n)/elapsed.Seconds())
+}
+
+// A holder that dies in the middle of an import leaves the importer with
+// every chunk that arrived whole before, verified byte for byte, and an
+// error for the rest.
+func TestImportKeepsWholeChunksWhenHolderDies(t *testing.T) {
+	const (
+		n         = 200
+		perChunk  = 32 // 1 MiB chunks of 32 KiB blocks (testModel at TP 1)
+		keepAfter = 2
+	)
+	var holder atomic.Pointer[fabric.Agent]
+	var closeOnce sync.Once
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i != 1 {
+			return
+		}
+		c.ImportChunkBytes = 1 << 20
+		fabric.OnChunkRegistered(c, func(_ string, blocks int) {
+			if blocks >= keepAfter*perChunk {
+				closeOnce.Do(func() { holder.Load().Close() })
+			}
+		})
+	})
+	n1, n2 := agents[0], agents[1]
+	holder.Store(n1)
+	e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 256}
+	hashes := produceBlocks(t, n1, n2, e, n)
+
+	ctx := context.Background()
+	c := dial(t, n2)
+	e.Name = "importer"
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil {
+		t.Fatalf("import whose holder died after %d chunks: %v (want the chunks read, and an error in the response)", keepAfter, err)
+	}
+	if len(resp.Blocks) != keepAfter*perChunk || resp.Error == "" {
+		t.Fatalf("import whose holder died after %d chunks of %d kept %d blocks (error %q), want %d and an error",
+			keepAfter, perChunk, len(resp.Blocks), resp.Error, keepAfter*perChunk)
+	}
+	checkImported(t, set, resp.Blocks, 1)
+}
+
+// A read that outlives the holder's lease term renews the lease and
+// arrives whole; the holder grants its own term, not the importer's.
+func TestImportRenewsLeaseForLongRead(t *testing.T) {
+	var stall sync.Once
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		// Silent peers are given long enough for the stalled read.
+		c.PeerTimeout = 20 * time.Second
+		if i == 0 {
+			c.LeaseDuration = time.Second
+			fabric.BeforeServeRead(c, func(string, uint64) {
+				stall.Do(func() { time.Sleep(2500 * time.Millisecond) })
+			})
+		} else {
+			c.LeaseDuration = time.Minute
+		}
+	})
+	n1, n2 := agents[0], agents[1]
+	e := client.Engine{Name: "producer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.NHD, Slots: 16}
+	hashes := produceBlocks(t, n1, n2, e, 8)
+	ctx := context.Background()
+	c := dial(t, n2)
+	e.Name, e.Order = "importer", layout.HND
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil || len(resp.Blocks) != len(hashes) {
+		t.Fatalf("import whose read outlived the 1 s lease twice over: %v %v", resp, err)
+	}
+	checkImported(t, set, resp.Blocks, 1)
+	// A 1 s term renewed at half term over a 2.5 s read: at least 3.
+	if got := fabric.LeaseRenewals(n2); got < 3 {
+		t.Errorf("%d lease renewals during a 2.5 s read under a 1 s term, want at least 3", got)
+	}
+}
+
+// A holder refusing what the import itself asked for (blocks of another
+// page size) is not blamed: it stays first in line for other imports.
+func TestImportRefusalIsNotTheHoldersFault(t *testing.T) {
+	agents := cluster(t, 2)
+	n1, n2 := agents[0], agents[1]
+	e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 16}
+	hashes := produceBlocks(t, n1, n2, e, 4)
+	ctx := context.Background()
+	c := dial(t, n2)
+	e.Name, e.PageSize = "page32", 32
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Import(ctx, set.ID, hashes)
+	if err == nil {
+		t.Fatal("import of page-16 blocks into a page-32 block set by their page-16 hashes succeeded")
+	}
+	if fabric.Suspect(n2, "n1") {
+		t.Errorf("the holder is a suspect after refusing a page mismatch the importer caused (%v)", err)
+	}
+}

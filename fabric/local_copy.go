@@ -1,0 +1,76 @@
+package fabric
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// fromLocal copies the leading blocks of hashes that another of this
+// node's block sets holds (an engine with another layout of the same
+// model) into s. It returns no blocks, and no error, when none holds them.
+func (a *Agent) fromLocal(s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+	dst := s.set.Layout()
+	for _, o := range a.engineSets() {
+		src := o.set.Layout()
+		if o == s || src.Model != dst.Model || src.PageSize != dst.PageSize {
+			continue
+		}
+		// References keep the source blocks from being recycled while
+		// they are copied.
+		var held []pool.Block
+		for _, h := range hashes {
+			b, ok := o.set.Acquire(h)
+			if !ok {
+				break
+			}
+			held = append(held, b)
+		}
+		if len(held) == 0 {
+			continue
+		}
+		start := time.Now()
+		refs, bytes, err := copyBlocks(o.set, s, held, hashes[:len(held)], parent)
+		for _, b := range held {
+			o.set.Release(b)
+		}
+		f := &fabricpb.Fetch{Node: a.cfg.NodeName, Transport: "local", Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
+		if err != nil {
+			err = localError{fmt.Errorf("copy from block set %d: %w", o.set.ID(), err)}
+		}
+		return refs, f, err
+	}
+	return nil, nil, nil
+}
+
+// copyBlocks copies src's blocks into new slots of s and registers them.
+func copyBlocks(src *pool.BlockSet, s *engineSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+	blocks, err := s.set.Allocate(len(from))
+	if err != nil {
+		return nil, 0, fmt.Errorf("local slots: %w", err)
+	}
+	pairs := make([]layout.SlotPair, len(from))
+	for i := range from {
+		pairs[i] = layout.SlotPair{Src: from[i].Slot, Dst: blocks[i].Slot}
+	}
+	plan, err := layout.NewPlan(src.Layout(), s.set.Layout(), pairs)
+	if err == nil {
+		var srcMem, dstMem [][]byte
+		if srcMem, err = src.RegionBytes(); err == nil {
+			if dstMem, err = s.set.RegionBytes(); err == nil {
+				err = layout.Execute(plan, srcMem, dstMem)
+			}
+		}
+	}
+	if err != nil {
+		for _, b := range blocks {
+			s.set.Abort(b)
+		}
+		return nil, 0, err
+	}
+	refs, err := s.registerFilled(blocks, hashes, parent)
+	return refs, plan.Bytes(), err
+}
