@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/transfer"
 )
 
@@ -83,5 +84,68 @@ func TestHolderCheckRead(t *testing.T) {
 	}
 	if err := h.CheckRead("peer", lease.ID, set, ok[0]); !errors.Is(err, transfer.ErrLeaseRefused) {
 		t.Errorf("read after release: err = %v, want refused", err)
+	}
+}
+
+// The holder decides how long its memory is pinned: a lease or renewal
+// gets at most the holder's LeaseDuration whatever the peer asks, and the
+// answer names the digest of the leased block set's layout.
+func TestHolderGrantsItsOwnTerm(t *testing.T) {
+	dir := t.TempDir()
+	c := DefaultLocalConfig()
+	c.NodeName, c.DataDir, c.DevCADir = "h1", dir, filepath.Join(dir, "ca")
+	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
+	c.Pools = []string{"host=16MiB"}
+	c.LeaseDuration = 5 * time.Second
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := Start(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	m := layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
+	s, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 64, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := s.set.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.set.Commit(blocks[0])
+	if _, err := s.set.Register(blocks[0], 7, 0); err != nil {
+		t.Fatal(err)
+	}
+	h := a.service
+	ctx := context.Background()
+	for _, tc := range []struct{ ask, want time.Duration }{
+		{time.Minute, 5 * time.Second},     // more than the holder grants
+		{5 * time.Second, 5 * time.Second}, // exactly its term
+		{2 * time.Second, 2 * time.Second}, // less: the importer may ask for less
+	} {
+		l, err := h.Lease(ctx, "peer", []uint64{7}, tc.ask)
+		if err != nil || l.ID == 0 {
+			t.Fatalf("lease for %v: %+v %v", tc.ask, l, err)
+		}
+		if l.Duration != tc.want {
+			t.Errorf("lease asked for %v granted %v, want %v", tc.ask, l.Duration, tc.want)
+		}
+		d := s.set.Layout().Digest()
+		if got := l.LayoutDigests[uint64(s.set.ID())]; string(got) != string(d[:]) {
+			t.Errorf("lease names layout digest %x for block set %d, want %x", got, s.set.ID(), d[:])
+		}
+		before := time.Now()
+		if ok, err := h.Renew(ctx, "peer", l.ID, time.Hour); !ok || err != nil {
+			t.Fatalf("renew: %v %v", ok, err)
+		}
+		h.mu.Lock()
+		deadline := h.owners[pool.LeaseID(l.ID)].deadline
+		h.mu.Unlock()
+		if got := deadline.Sub(before); got > 5*time.Second+time.Second {
+			t.Errorf("renewal asked for an hour runs %v, want at most the holder's 5s", got)
+		}
+		if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
+			t.Fatalf("release: %v %v", valid, err)
+		}
 	}
 }
