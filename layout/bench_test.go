@@ -14,9 +14,20 @@ import (
 
 var (
 	cRefOnce sync.Once
+	cRefDir  string // where the C reference is built; removed by TestMain
 	cRefBin  string
 	cRefErr  error
 )
+
+// TestMain removes what the benchmarks built once every test and
+// benchmark of the package has run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if cRefDir != "" {
+		os.RemoveAll(cRefDir)
+	}
+	os.Exit(code)
+}
 
 // cReference builds testdata/xxh3ref.c once and runs it, returning its ns
 // per block measured now.
@@ -27,6 +38,7 @@ func cReference() (float64, error) {
 			cRefErr = err
 			return
 		}
+		cRefDir = dir
 		cRefBin = filepath.Join(dir, "xxh3ref")
 		out, err := exec.Command("gcc", "-O3", "-march=native", "-o", cRefBin, "testdata/xxh3ref.c").CombinedOutput()
 		if err != nil {
