@@ -15,6 +15,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 )
 
@@ -55,7 +56,7 @@ func clusterWith(t *testing.T, n int, configure func(i int, c *fabric.Config)) [
 		}
 		agents = append(agents, startAgent(t, c))
 	}
-	waitFor(t, 10*time.Second, "every agent sees every other", func() error {
+	wait.For(t, 10*time.Second, "every agent sees every other", func() error {
 		for _, a := range agents {
 			if got := len(agentStatus(t, a).Members); got != n {
 				return fmt.Errorf("%s sees %d members", a.NodeName(), got)
@@ -94,21 +95,6 @@ func dial(t *testing.T, a *fabric.Agent) *client.Client {
 	clients[a] = c
 	t.Cleanup(func() { c.Close(); delete(clients, a) })
 	return c
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v: %v", what, d, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 var testModel = layout.ModelConfig{Layers: 4, KVHeads: 8, HeadDim: 16, DType: layout.DTypeBF16}
@@ -180,7 +166,7 @@ func TestClusterImport(t *testing.T) {
 	agents := cluster(t, 3)
 	n1, n2, n3 := agents[0], agents[1], agents[2]
 	hashes := produce(t, n1, 4, layout.HND, 20)
-	waitFor(t, 5*time.Second, "n2 and n3 index n1's blocks", func() error {
+	wait.For(t, 5*time.Second, "n2 and n3 index n1's blocks", func() error {
 		for _, a := range []*fabric.Agent{n2, n3} {
 			if got := agentStatus(t, a).Members["n1"]; got != 20 {
 				return fmt.Errorf("%s indexes %d blocks of n1", a.NodeName(), got)
@@ -200,7 +186,7 @@ func TestClusterImport(t *testing.T) {
 		t.Fatalf("n2 imported from %v, want n1", from)
 	}
 	// n2 holds them now too.
-	waitFor(t, 5*time.Second, "n3 indexes n2's imported blocks", func() error {
+	wait.For(t, 5*time.Second, "n3 indexes n2's imported blocks", func() error {
 		if got := agentStatus(t, n3).Members["n2"]; got != 20 {
 			return fmt.Errorf("n3 indexes %d blocks of n2", got)
 		}
@@ -210,7 +196,7 @@ func TestClusterImport(t *testing.T) {
 	if err := n1.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "n3 drops n1", func() error {
+	wait.For(t, 5*time.Second, "n3 drops n1", func() error {
 		if _, ok := agentStatus(t, n3).Members["n1"]; ok {
 			return fmt.Errorf("n1 still a member")
 		}
@@ -226,7 +212,7 @@ func TestConcurrentImportsShareTransfers(t *testing.T) {
 	agents := cluster(t, 2)
 	n1, n2 := agents[0], agents[1]
 	hashes := produce(t, n1, 2, layout.HND, 24)
-	waitFor(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
+	wait.For(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
 		if got := agentStatus(t, n2).Members["n1"]; got != 24 {
 			return fmt.Errorf("n2 indexes %d blocks of n1", got)
 		}
@@ -278,7 +264,7 @@ func TestImportErrorCodes(t *testing.T) {
 	agents := cluster(t, 2)
 	n1, n2 := agents[0], agents[1]
 	hashes := produce(t, n1, 1, layout.HND, 8)
-	waitFor(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
+	wait.For(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
 		if got := agentStatus(t, n2).Members["n1"]; got != 8 {
 			return fmt.Errorf("n2 indexes %d blocks of n1", got)
 		}

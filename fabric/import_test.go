@@ -14,6 +14,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/transfer"
 )
@@ -59,7 +60,7 @@ func produceBlocks(t *testing.T, a, on *fabric.Agent, e client.Engine, n int) []
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 60*time.Second, fmt.Sprintf("%s indexes %s's %d blocks", on.NodeName(), a.NodeName(), n), func() error {
+	wait.For(t, 60*time.Second, fmt.Sprintf("%s indexes %s's %d blocks", on.NodeName(), a.NodeName(), n), func() error {
 		if got := agentStatus(t, on).Members[a.NodeName()]; got != uint64(n) {
 			return fmt.Errorf("%d indexed", got)
 		}
