@@ -98,6 +98,14 @@ type Config struct {
 	// LeaseDuration is how long a holder keeps blocks for an importer,
 	// 1 s to 5 min. If zero, 30 s.
 	LeaseDuration time.Duration `json:"lease_duration,omitempty"`
+	// MaxLeasedPerPeer bounds the blocks one peer may hold leased on this
+	// node at once; a lease past it is cut to what fits, or refused as
+	// unavailable when nothing does. If zero, half of the slots of this
+	// node's block sets.
+	MaxLeasedPerPeer int `json:"max_leased_per_peer,omitempty"`
+	// MaxLeased bounds the blocks all peers together may hold leased on
+	// this node. If zero, three quarters of the slots of its block sets.
+	MaxLeased int `json:"max_leased,omitempty"`
 	// ImportTimeout bounds one import, all holders tried. If zero, 30 s.
 	ImportTimeout time.Duration `json:"import_timeout,omitempty"`
 	// ImportChunkBytes bounds the bytes of one chunk of an import: an
@@ -299,6 +307,12 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	}
 	if c.ImportChunkBytes < minImportChunk || c.ImportChunkBytes > maxImportChunk {
 		return nil, bad("import_chunk_bytes", "%d is not in %d..%d", c.ImportChunkBytes, minImportChunk, maxImportChunk)
+	}
+	if c.MaxLeasedPerPeer < 0 {
+		return nil, bad("max_leased_per_peer", "%d is negative", c.MaxLeasedPerPeer)
+	}
+	if c.MaxLeased < 0 {
+		return nil, bad("max_leased", "%d is negative", c.MaxLeased)
 	}
 	if c.BlockSetSlots < 0 {
 		return nil, bad("block_set_slots", "%d is negative", c.BlockSetSlots)

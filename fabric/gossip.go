@@ -172,6 +172,7 @@ func (a *Agent) memberLoop() {
 		case ev := <-a.members.Events():
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
 				a.peers.forget(ev.Member.Name)
+				a.service.peerGone(ev.Member.Name, "member "+ev.Kind.String())
 			}
 		}
 	}

@@ -22,8 +22,10 @@ type stats struct {
 	// renewals holders granted while a chunk was being read.
 	importChunks  atomic.Uint64
 	leaseRenewals atomic.Uint64
-	inflight      atomic.Int64 // imports in progress
-	leasesServed  atomic.Uint64
+	// leasesEndedEarly counts leases released because their peer went.
+	leasesEndedEarly atomic.Uint64
+	inflight         atomic.Int64 // imports in progress
+	leasesServed     atomic.Uint64
 }
 
 func (a *Agent) serveHealth(w http.ResponseWriter, r *http.Request) {
@@ -63,6 +65,7 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	c("kvfabric_import_chunks_total", "Import chunks read whole under a confirmed lease and registered.", float64(a.stats.importChunks.Load()))
 	c("kvfabric_import_lease_renewals_total", "Lease renewals holders granted to reads that outlived half a term.", float64(a.stats.leaseRenewals.Load()))
+	c("kvfabric_leases_ended_early_total", "Leases released before their term because the peer holding them disconnected, left or failed.", float64(a.stats.leasesEndedEarly.Load()))
 	c("kvfabric_pool_events_total", "Store and remove events of the local pool.", float64(a.stats.events.Load()))
 	c("kvfabric_imports_total", "Imports served to engines.", float64(a.stats.imports.Load()))
 	c("kvfabric_import_failures_total", "Imports that brought less than asked.", float64(a.stats.importFails.Load()))

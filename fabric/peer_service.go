@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
@@ -18,36 +17,44 @@ import (
 // peerService serves the calls peers make to read this node's blocks: it is the
 // agent's transfer.Handler.
 type peerService struct {
-	a *Agent
-
-	mu     sync.Mutex
-	owners map[pool.LeaseID]owner
-}
-
-// owner is the peer that took a lease, and when the lease ends unless
-// renewed: records of leases peers never released are pruned after it.
-type owner struct {
-	peer     string
-	deadline time.Time
+	a    *Agent
+	book *leaseBook
 }
 
 func newPeerService(a *Agent) *peerService {
-	return &peerService{a: a, owners: map[pool.LeaseID]owner{}}
+	return &peerService{a: a, book: newLeaseBook()}
 }
 
-// setOwner records or extends a lease's owner, pruning records whose
-// leases have ended.
-func (h *peerService) setOwner(id pool.LeaseID, peer string, d time.Duration) {
-	now := time.Now()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.owners[id] = owner{peer: peer, deadline: now.Add(d)}
-	if len(h.owners)%256 == 0 {
-		for id, o := range h.owners {
-			if now.After(o.deadline.Add(time.Minute)) {
-				delete(h.owners, id)
-			}
-		}
+// leaseCaps are the most blocks one peer, and all peers together, may
+// hold leased on this node: the configured caps, else half and three
+// quarters of the slots of this node's block sets.
+func (h *peerService) leaseCaps() (perPeer, total int) {
+	slots := 0
+	for _, s := range h.a.engineSets() {
+		slots += s.set.Slots()
+	}
+	perPeer, total = h.a.cfg.MaxLeasedPerPeer, h.a.cfg.MaxLeased
+	if perPeer == 0 {
+		perPeer = max(1, slots/2)
+	}
+	if total == 0 {
+		total = max(1, slots*3/4)
+	}
+	return perPeer, total
+}
+
+// peerGone ends every lease peer holds here at once, rather than at the
+// end of its term: its connections closed, or membership says it left or
+// failed. Its reads under them are refused from now on, and the pool's
+// generations keep a read already under way from being trusted.
+func (h *peerService) peerGone(peer, why string) {
+	ids := h.book.removePeer(peer)
+	for _, id := range ids {
+		h.a.pool.ReleaseLease(id)
+	}
+	if len(ids) > 0 {
+		h.a.stats.leasesEndedEarly.Add(uint64(len(ids)))
+		h.a.log.Info("leases of a departed peer released", "peer", peer, "leases", len(ids), "why", why)
 	}
 }
 
@@ -111,14 +118,29 @@ func (h *peerService) Lease(ctx context.Context, peer string, hashes []uint64, d
 	if best == nil {
 		return out, nil
 	}
-	id, blocks, err := best.Lease(hashes[:bestN], d)
-	if err != nil {
-		return out, leaseError(err)
+	perPeer, total := h.leaseCaps()
+	now := time.Now()
+	n := h.book.reserve(peer, bestN, perPeer, total, now)
+	if n == 0 {
+		mine, all := h.book.leased(peer)
+		return out, fmt.Errorf("%w: lease cap reached: %s holds %d leased blocks here (cap %d per peer), all peers %d (cap %d); retry as leases end",
+			transfer.ErrUnavailable, peer, mine, perPeer, all, total)
 	}
-	if id == 0 {
+	id, blocks, err := best.Lease(hashes[:n], d)
+	if err != nil || id == 0 {
+		h.book.unreserve(peer, n)
+		if err != nil {
+			return out, leaseError(err)
+		}
 		return out, nil // recycled between the look-up and the lease
 	}
-	h.setOwner(id, peer, d)
+	found := 0
+	for _, b := range blocks {
+		if b.Found {
+			found++
+		}
+	}
+	h.book.add(id, peer, n, found, now.Add(d))
 	out.ID = uint64(id)
 	digest := best.Layout().Digest()
 	out.LayoutDigests = map[uint64][]byte{uint64(best.ID()): digest[:]}
@@ -147,10 +169,8 @@ func leaseError(err error) error {
 // owned checks that peer took the lease: lease ids are unguessable, but a
 // member must not ride on another member's lease either.
 func (h *peerService) owned(peer string, id uint64) error {
-	h.mu.Lock()
-	o, ok := h.owners[pool.LeaseID(id)]
-	h.mu.Unlock()
-	if !ok || o.peer != peer {
+	owner, ok := h.book.owner(pool.LeaseID(id))
+	if !ok || owner != peer {
 		return fmt.Errorf("%w: lease %d is not %s's", transfer.ErrLeaseRefused, id, peer)
 	}
 	return nil
@@ -161,13 +181,14 @@ func (h *peerService) Renew(ctx context.Context, peer string, id uint64, d time.
 		return false, nil
 	}
 	d = h.grant(d)
+	now := time.Now()
 	if err := h.a.pool.Renew(pool.LeaseID(id), d); err != nil {
 		if errors.Is(err, pool.ErrLeaseExpired) || errors.Is(err, pool.ErrUnknownLease) {
 			return false, nil
 		}
 		return false, leaseError(err)
 	}
-	h.setOwner(pool.LeaseID(id), peer, d)
+	h.book.extend(pool.LeaseID(id), now.Add(d))
 	return true, nil
 }
 
@@ -175,9 +196,7 @@ func (h *peerService) Release(ctx context.Context, peer string, id uint64) (bool
 	if err := h.owned(peer, id); err != nil {
 		return false, nil
 	}
-	h.mu.Lock()
-	delete(h.owners, pool.LeaseID(id))
-	h.mu.Unlock()
+	h.book.remove(pool.LeaseID(id))
 	valid, err := h.a.pool.ReleaseLease(pool.LeaseID(id))
 	if errors.Is(err, pool.ErrUnknownLease) || errors.Is(err, pool.ErrLeaseExpired) {
 		return false, nil

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,14 +139,91 @@ func TestHolderGrantsItsOwnTerm(t *testing.T) {
 		if ok, err := h.Renew(ctx, "peer", l.ID, time.Hour); !ok || err != nil {
 			t.Fatalf("renew: %v %v", ok, err)
 		}
-		h.mu.Lock()
-		deadline := h.owners[pool.LeaseID(l.ID)].deadline
-		h.mu.Unlock()
+		h.book.mu.Lock()
+		deadline := h.book.leases[pool.LeaseID(l.ID)].deadline
+		h.book.mu.Unlock()
 		if got := deadline.Sub(before); got > 5*time.Second+time.Second {
 			t.Errorf("renewal asked for an hour runs %v, want at most the holder's 5s", got)
 		}
 		if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
 			t.Fatalf("release: %v %v", valid, err)
 		}
+	}
+}
+
+// A peer that leases the whole pool gets its share (half the slots by
+// default) and is refused past it, with an error naming the cap; all
+// peers together get three quarters. Room comes back as leases end, and
+// a departed peer's leases end at once.
+func TestHolderLeaseCaps(t *testing.T) {
+	dir := t.TempDir()
+	c := DefaultLocalConfig()
+	c.NodeName, c.DataDir, c.DevCADir = "h1", dir, filepath.Join(dir, "ca")
+	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
+	c.Pools = []string{"host=16MiB"}
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := Start(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	m := layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
+	s, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 64, Slots: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes := make([]uint64, 8)
+	blocks, err := s.set.Allocate(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range blocks {
+		hashes[i] = uint64(100 + i)
+		s.set.Commit(b)
+		if _, err := s.set.Register(b, hashes[i], 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := a.service
+	ctx := context.Background()
+	present := func(l transfer.Lease) int {
+		n := 0
+		for _, b := range l.Blocks {
+			if b.Present {
+				n++
+			}
+		}
+		return n
+	}
+	// p1 asks for the whole pool: it gets its cap of 4 (half of 8).
+	l1, err := h.Lease(ctx, "p1", hashes, time.Minute)
+	if err != nil || present(l1) != 4 {
+		t.Fatalf("p1's lease of the whole pool: %d blocks, %v; want its cap of 4", present(l1), err)
+	}
+	// At its cap, p1 gets nothing more, and is told why.
+	_, err = h.Lease(ctx, "p1", hashes[4:5], time.Minute)
+	if !errors.Is(err, transfer.ErrUnavailable) || !strings.Contains(err.Error(), "cap 4 per peer") {
+		t.Fatalf("p1 past its cap: err = %v, want unavailable naming the cap", err)
+	}
+	// p2 fits exactly its own cap's worth... but only 2 are left under
+	// the total cap of 6.
+	l2, err := h.Lease(ctx, "p2", hashes, time.Minute)
+	if err != nil || present(l2) != 2 {
+		t.Fatalf("p2's lease with 2 blocks left under the total cap: %d blocks, %v", present(l2), err)
+	}
+	if _, err = h.Lease(ctx, "p3", hashes[:1], time.Minute); !errors.Is(err, transfer.ErrUnavailable) || !strings.Contains(err.Error(), "(cap 6)") {
+		t.Fatalf("p3 past the total cap: err = %v, want unavailable naming the cap", err)
+	}
+	// p1 goes: its leases end at once and its room is free again.
+	h.peerGone("p1", "test")
+	if got := a.pool.Metrics().Leases; got != 1 {
+		t.Fatalf("%d leases live after p1 went, want p2's 1", got)
+	}
+	if valid, _ := h.Release(ctx, "p1", l1.ID); valid {
+		t.Fatal("p1's lease is still valid after p1 went")
+	}
+	l3, err := h.Lease(ctx, "p3", hashes[:4], time.Minute)
+	if err != nil || present(l3) != 4 {
+		t.Fatalf("p3 after p1 went: %d blocks, %v; want 4", present(l3), err)
 	}
 }

@@ -29,6 +29,7 @@ func (a *Agent) startTransport() error {
 	tcfg.CAs = cas
 	tcfg.Members = transfer.MemberFunc(a.isMember)
 	tcfg.Handler = a.service
+	tcfg.PeerGone = func(peer string) { a.service.peerGone(peer, "its connections closed") }
 	tcfg.Logger = a.log
 	// An import fails over from a silent holder within PeerTimeout: any
 	// call to it (dial, control call, read) gives up after half of it,

@@ -24,6 +24,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 )
 
@@ -239,6 +240,82 @@ func waitServing(t *testing.T, nodes []*Node) *Node {
 	}
 	t.Fatal("no holder started serving")
 	return nil
+}
+
+// An importer killed with SIGKILL in the middle of an import: the holder
+// ends its leases when the importer's connections go silent or membership
+// declares it dead, well before their 30 s term.
+func TestImporterKilledMidImport(t *testing.T) {
+	c := start(t, 2)
+	ctx := context.Background()
+	holder, importer := c.Nodes[0], c.Nodes[1]
+	w := Workload{Sequences: 1, Blocks: 500, PageSize: 16, Seed: 3}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, holder, eng("producer", 2, layout.HND), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, importer, holder.Name, w.Unique())
+	cl, err := importer.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	set, err := cl.Register(ctx, eng("importer", 4, layout.NHD))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go cl.Import(ctx, set.ID, seqs[0]) // cut short by the kill
+	waitServing(t, []*Node{holder})
+	killed := time.Now()
+	if err := importer.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 20*time.Second, "the holder ends the killed importer's leases", func() error {
+		v, err := metricValue(holder, "kvfabric_leases")
+		if err != nil {
+			return err
+		}
+		if v != 0 {
+			return fmt.Errorf("%v leases live", v)
+		}
+		return nil
+	})
+	early, err := metricValue(holder, "kvfabric_leases_ended_early_total")
+	if err != nil || early < 1 {
+		t.Fatalf("leases ended early: %v, %v; want at least 1 (not expiry)", early, err)
+	}
+	if took := time.Since(killed); took > 15*time.Second {
+		t.Errorf("the holder's leases ended %v after the importer was killed: not well before their 30 s term", took)
+	} else {
+		t.Logf("the holder's leases ended %v after the importer was killed (term 30 s)", took.Round(100*time.Millisecond))
+	}
+}
+
+// metricValue reads one unlabelled sample of n's metrics; a missing
+// sample or an unreachable agent is an error, never a zero.
+func metricValue(n *Node, name string) (float64, error) {
+	hc := http.Client{Timeout: time.Second}
+	resp, err := hc.Get("http://" + n.Metrics + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err != nil {
+				return 0, fmt.Errorf("%s: %q: %v", name, v, err)
+			}
+			return f, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no such sample in %s's metrics", name, n.Name)
 }
 
 func metric(n *Node, name string) float64 {

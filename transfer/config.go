@@ -40,6 +40,12 @@ type Config struct {
 	// Handler serves calls from peers. If nil, the node refuses every
 	// call with CodeUnavailable (a dial-only node).
 	Handler Handler
+	// PeerGone, if set, is called with a peer's node name when the last
+	// connection that peer opened to this node has closed (the peer
+	// closed it, went silent past IdleTimeout, or was refused as no longer
+	// a member), so that what the peer held here can end at once. Called
+	// from the connection's goroutine: it must not block.
+	PeerGone func(peer string)
 	// Logger receives warnings (UDP buffers) and per-connection errors.
 	// If nil, slog.Default().
 	Logger *slog.Logger

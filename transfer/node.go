@@ -31,6 +31,9 @@ type Node struct {
 	mu      sync.Mutex
 	closed  bool
 	conns   map[*quic.Conn]struct{} // accepted and dialed, to close on Close
+	// accepted counts each peer's open accepted connections, for
+	// Config.PeerGone.
+	accepted map[string]int
 	stats   statsCounters
 	closeMu sync.Once
 }
@@ -41,7 +44,7 @@ func NewNode(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{}}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{}, accepted: map[string]int{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.qcfg = cfg.quicConfig()
 	fail := func(err error) (*Node, error) {
@@ -182,6 +185,8 @@ func (n *Node) serveConn(c *quic.Conn) {
 	defer n.wg.Done()
 	defer n.untrack(c)
 	peer := peerName(c)
+	n.peerConnOpened(peer)
+	defer n.peerConnClosed(peer)
 	log := n.log.With("peer", peer, "addr", c.RemoteAddr().String())
 	for {
 		s, err := c.AcceptStream(n.ctx)
@@ -202,6 +207,29 @@ func (n *Node) serveConn(c *quic.Conn) {
 			defer n.wg.Done()
 			n.serveStream(c.Context(), s, peer, log)
 		}()
+	}
+}
+
+func (n *Node) peerConnOpened(peer string) {
+	n.mu.Lock()
+	n.accepted[peer]++
+	n.mu.Unlock()
+}
+
+// peerConnClosed counts an accepted connection of peer out, and tells
+// Config.PeerGone when it was the peer's last. A node that is closing
+// tells nobody: everything it served ends with it.
+func (n *Node) peerConnClosed(peer string) {
+	n.mu.Lock()
+	n.accepted[peer]--
+	last := n.accepted[peer] == 0
+	if last {
+		delete(n.accepted, peer)
+	}
+	closing := n.closed
+	n.mu.Unlock()
+	if last && !closing && n.cfg.PeerGone != nil {
+		n.cfg.PeerGone(peer)
 	}
 }
 
