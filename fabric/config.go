@@ -104,6 +104,11 @@ type Config struct {
 	Logger *slog.Logger `json:"-"`
 	// Local selects loopback timings for gossip (DefaultLocalConfig).
 	Local bool `json:"local,omitempty"`
+
+	// maxMessageSize, for tests, caps peer frames below the transport's
+	// default so that paging shows at small sizes. If zero, the
+	// transport's default.
+	maxMessageSize uint32
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
