@@ -21,6 +21,12 @@ import (
 // cluster starts n agents on 127.0.0.(i+1), sharing one development CA.
 func cluster(t *testing.T, n int) []*fabric.Agent {
 	t.Helper()
+	return clusterWith(t, n, nil)
+}
+
+// clusterWith is cluster with tweak applied to each agent's configuration.
+func clusterWith(t *testing.T, n int, tweak func(*fabric.Config)) []*fabric.Agent {
+	t.Helper()
 	root, err := os.MkdirTemp("", "kvfc")
 	if err != nil {
 		t.Fatal(err)
@@ -42,6 +48,9 @@ func cluster(t *testing.T, n int) []*fabric.Agent {
 		}
 		if i > 0 {
 			c.Join = []string{agents[0].GossipAddr()}
+		}
+		if tweak != nil {
+			tweak(&c)
 		}
 		agents = append(agents, startAgent(t, c))
 	}

@@ -73,6 +73,7 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	ms := a.members.Metrics()
 	g("kvfabric_members", "Cluster members this node sees, itself included.", float64(ms.Members))
 	c("kvfabric_gossip_events_published_total", "Block events this node published.", float64(ms.EventsPublished))
+	c("kvfabric_gossip_events_reconciled_total", "Block events this node published to make its published holdings match its pool after pool events were lost.", float64(ms.EventsReconciled))
 	c("kvfabric_gossip_events_applied_total", "Other nodes' block events applied to the index.", float64(ms.EventsApplied))
 	g("kvfabric_gossip_event_gaps", "Origins whose events are known but not yet applied (event lag).", float64(ms.Gaps))
 	c("kvfabric_gossip_range_repairs_total", "Event gaps repaired from the origin's log.", float64(ms.RangeRepairs))
