@@ -50,6 +50,11 @@ func (r repairer) Events(ctx context.Context, origin string, inc, from, to uint6
 // Snapshot fetches origin's holdings page by page, every page of the one
 // snapshot that the first answer numbered.
 func (r repairer) Snapshot(ctx context.Context, origin string) (membership.Snapshot, error) {
+	return r.snapshot(ctx, origin, membership.MaxSnapshotEntries)
+}
+
+// snapshot is Snapshot refusing more than limit entries.
+func (r repairer) snapshot(ctx context.Context, origin string, limit int) (membership.Snapshot, error) {
 	p, err := r.peer(ctx, origin)
 	if err != nil {
 		return membership.Snapshot{}, err
@@ -76,8 +81,8 @@ func (r repairer) Snapshot(ctx context.Context, origin string) (membership.Snaps
 		if err != nil {
 			return membership.Snapshot{}, err
 		}
-		if len(s.Entries)+len(evs) > membership.MaxSnapshotEntries {
-			return membership.Snapshot{}, fmt.Errorf("%w: snapshot of %s passes %d entries", membership.ErrMalformed, origin, membership.MaxSnapshotEntries)
+		if len(s.Entries)+len(evs) > limit {
+			return membership.Snapshot{}, fmt.Errorf("%w: snapshot of %s passes %d entries", membership.ErrMalformed, origin, limit)
 		}
 		for _, e := range evs {
 			// Entries are numbered by their place in the snapshot.

@@ -168,3 +168,29 @@ func TestRepairerClampsRanges(t *testing.T) {
 		t.Fatalf("snapshot: %d entries as of %d/%d, %v; want 120000 as of %d/120000", len(s.Entries), s.Incarnation, s.Seq, err, inc)
 	}
 }
+
+// A snapshot of as many entries as the reader accepts is taken, one more
+// is refused (the real limit, membership.MaxSnapshotEntries, is 64 Mi
+// entries; the check is the same).
+func TestSnapshotEntryLimit(t *testing.T) {
+	dir := t.TempDir()
+	n1 := repairAgent(t, dir, "n1", 1, "", 4<<10)
+	n2 := repairAgent(t, dir, "n2", 2, n1.GossipAddr(), 4<<10)
+	waitUntil(t, 10*time.Second, "n2 sees n1", func() error {
+		if _, ok := n2.member("n1"); !ok {
+			return errors.New("n1 is not a member yet")
+		}
+		return nil
+	})
+	publishMany(t, n1, 3000) // several pages of 4 KiB frames
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r := repairer{n2}
+	s, err := r.snapshot(ctx, "n1", 3000)
+	if err != nil || len(s.Entries) != 3000 {
+		t.Fatalf("snapshot at the limit: %d entries, %v", len(s.Entries), err)
+	}
+	if _, err := r.snapshot(ctx, "n1", 2999); !errors.Is(err, membership.ErrMalformed) {
+		t.Fatalf("snapshot one past the limit: %v, want ErrMalformed", err)
+	}
+}
