@@ -76,7 +76,7 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	c("kvfabric_gossip_events_reconciled_total", "Block events this node published to make its published holdings match its pool after pool events were lost.", float64(ms.EventsReconciled))
 	c("kvfabric_gossip_events_applied_total", "Other nodes' block events applied to the index.", float64(ms.EventsApplied))
 	g("kvfabric_gossip_event_gaps", "Origins whose events are known but not yet applied (event lag).", float64(ms.Gaps))
-	c("kvfabric_gossip_range_repairs_total", "Event gaps repaired from the origin's log.", float64(ms.RangeRepairs))
+	c("kvfabric_gossip_range_repairs_total", "Answers from an origin's log applied to close event gaps (a long gap takes several).", float64(ms.RangeRepairs))
 	c("kvfabric_gossip_snapshot_repairs_total", "Event gaps repaired from the origin's snapshot.", float64(ms.SnapshotRepairs))
 	c("kvfabric_gossip_repair_failures_total", "Repairs that failed.", float64(ms.RepairFailures))
 	c("kvfabric_gossip_bad_messages_total", "Undecodable gossip messages dropped.", float64(ms.BadMessages))

@@ -460,7 +460,7 @@ type Metrics struct {
 	BatchesReceived     uint64
 	BatchesRelayed      uint64
 	BadMessages         uint64 // undecodable batches or state from peers
-	RangeRepairs        uint64
+	RangeRepairs        uint64 // answers of the origin's log applied; a long gap takes several
 	SnapshotRepairs     uint64
 	RepairFailures      uint64
 	Restarts            uint64 // origins seen with a new incarnation

@@ -51,7 +51,8 @@ type snapshotCache struct {
 // entries. seq zero (with offset zero) starts a snapshot; the next pages
 // name the Seq of the first and the offset of the first entry wanted. It
 // fails with ErrRangeGone when that snapshot is no longer kept (the caller
-// starts again).
+// starts again). The page's Entries are shared with later callers: read
+// them, never write them.
 func (m *Membership) SnapshotPage(seq, offset uint64, limit int) (SnapshotPage, error) {
 	if limit < 1 {
 		return SnapshotPage{}, fmt.Errorf("membership: snapshot page of %d entries", limit)
