@@ -129,6 +129,11 @@ type Config struct {
 	// hooks are set by tests before Start, so that every goroutine of
 	// the agent sees them without further synchronisation.
 	hooks testHooks
+
+	// maxMessageSize, for tests, caps peer frames below the transport's
+	// default so that paging shows at small sizes. If zero, the
+	// transport's default.
+	maxMessageSize uint32
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.

@@ -7,20 +7,41 @@ import (
 	"github.com/kvfabric/kvfabric/pool"
 )
 
+// publishState is onPoolEvents' memory; only the pool's goroutine, which
+// makes every call, touches it.
+type publishState struct {
+	// through is the last pool event number that a reconciliation
+	// covered: events up to it are already in what was published.
+	through uint64
+}
+
 // onPoolEvents publishes the local pool's store and remove events to the
 // cluster. The pool calls it from its own goroutine; Publish queues and
 // does not wait for the network.
+//
+// When the pool dropped events (its buffer filled faster than this drains
+// it), the cluster would miss those blocks for good; the pool's registry
+// is the single source of truth for what this node holds, so the node
+// reconciles what it has published with a snapshot of it instead, and
+// skips the events that the snapshot already covers.
 func (a *Agent) onPoolEvents(b pool.EventBatch) {
 	a.stats.events.Add(uint64(len(b.Events)))
+	m := a.joined.Load()
 	if b.Dropped > 0 {
 		a.stats.eventsLost.Add(b.Dropped)
-		a.log.Warn("pool events lost: the cluster's index misses some of this node's blocks until they are stored again", "lost", b.Dropped)
+		if m != nil {
+			a.reconcile(m, b.Dropped)
+			return
+		}
+		a.log.Warn("pool events lost before the node joined", "lost", b.Dropped)
 	}
-	m := a.joined.Load()
 	if m == nil {
 		return
 	}
 	evs := b.Events
+	for len(evs) > 0 && evs[0].Seq <= a.publish.through {
+		evs = evs[1:]
+	}
 	for len(evs) > 0 {
 		// Publish runs of one kind and block set together.
 		n := 1
@@ -40,4 +61,25 @@ func (a *Agent) onPoolEvents(b pool.EventBatch) {
 		}
 		evs = evs[n:]
 	}
+}
+
+// reconcile republishes this node's holdings from the pool's registry.
+// Every event of the batch at hand, and any still queued up to the
+// snapshot's number, is covered by the snapshot.
+func (a *Agent) reconcile(m *membership.Membership, lost uint64) {
+	s := a.pool.Snapshot()
+	held := make([]membership.Entry, len(s.Blocks))
+	for i, b := range s.Blocks {
+		held[i] = membership.Entry{Hash: b.Hash, BlockSet: uint32(b.Set)}
+	}
+	before := m.Metrics().EventsReconciled
+	if _, err := m.Reconcile(held); err != nil {
+		if !errors.Is(err, membership.ErrClosed) {
+			a.log.Error("pool events lost and holdings not reconciled", "lost", lost, "err", err)
+		}
+		return
+	}
+	a.publish.through = s.Seq
+	a.log.Warn("pool events lost; holdings republished from the pool's registry", "lost", lost,
+		"held", len(held), "published", m.Metrics().EventsReconciled-before)
 }

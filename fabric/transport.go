@@ -39,6 +39,7 @@ func (a *Agent) startTransport() error {
 	tcfg.CallTimeout = half
 	tcfg.ProgressTimeout = half
 	tcfg.IdleTimeout = 3 * a.cfg.PeerTimeout
+	tcfg.MaxMessageSize = a.cfg.maxMessageSize
 	n, err := transfer.NewNode(tcfg)
 	if err != nil {
 		return fmt.Errorf("fabric: peer transport: %w", err)

@@ -85,6 +85,14 @@ type localRepairer struct {
 	nodes   map[string]*Membership
 	noRange bool // answer every range with ErrRangeGone, forcing snapshots
 	calls   int
+	// As a transport would: tooLarge refuses ranges of more than
+	// maxRange events with ErrRangeTooLarge, else maxRange (if not zero)
+	// cuts answers short; page (if not zero) fetches snapshots in pages
+	// of that many entries.
+	maxRange uint64
+	tooLarge bool
+	page     int
+	pages    int // snapshot pages fetched
 }
 
 func (r *localRepairer) get(origin string) (*Membership, error) {
@@ -104,10 +112,16 @@ func (r *localRepairer) Events(ctx context.Context, origin string, inc, from, to
 		return nil, err
 	}
 	r.mu.Lock()
-	noRange := r.noRange
+	noRange, maxRange, tooLarge := r.noRange, r.maxRange, r.tooLarge
 	r.mu.Unlock()
 	if noRange {
 		return nil, ErrRangeGone
+	}
+	if maxRange > 0 && to-from+1 > maxRange {
+		if tooLarge {
+			return nil, fmt.Errorf("%w: %d events", ErrRangeTooLarge, to-from+1)
+		}
+		to = from + maxRange - 1
 	}
 	return m.EventRange(inc, from, to)
 }
@@ -117,7 +131,28 @@ func (r *localRepairer) Snapshot(ctx context.Context, origin string) (Snapshot, 
 	if err != nil {
 		return Snapshot{}, err
 	}
-	return m.Snapshot(), nil
+	r.mu.Lock()
+	page := r.page
+	r.mu.Unlock()
+	if page == 0 {
+		return m.Snapshot(), nil
+	}
+	var s Snapshot
+	for seq, offset := uint64(0), uint64(0); ; {
+		p, err := m.SnapshotPage(seq, offset, page)
+		if err != nil {
+			return Snapshot{}, err
+		}
+		r.mu.Lock()
+		r.pages++
+		r.mu.Unlock()
+		s.Origin, s.Incarnation, s.Seq = p.Origin, p.Incarnation, p.Seq
+		s.Entries = append(s.Entries, p.Entries...)
+		if !p.More {
+			return s, nil
+		}
+		seq, offset = p.Seq, offset+uint64(len(p.Entries))
+	}
 }
 
 // logCapture counts slog records.

@@ -35,10 +35,20 @@
 // origin's latest number, so a node that missed the last batch of an origin
 // that has gone quiet, or a late joiner, learns what it lacks. After
 // RepairDelay the node asks the origin, through a [Repairer] (the peer
-// transport), for the missing range; if the origin no longer keeps it
-// ([ErrRangeGone]), for a [Snapshot] of its holdings, which replaces what the
-// node had. A node declared dead or that left is dropped from the Sink; an
-// origin seen with a new incarnation is dropped and rebuilt, never merged.
+// transport), for the missing range, in as many calls as the Repairer's
+// answers take (a gap of any length, page by page); if the origin no longer
+// keeps it ([ErrRangeGone]) or refuses it for its size ([ErrRangeTooLarge]),
+// for a [Snapshot] of its holdings, which replaces what the node had. The
+// origin serves a snapshot in pages ([Membership.SnapshotPage]), every page
+// from one copy frozen at the first, so that holdings of millions of
+// blocks travel in frames of bounded size and still describe one moment. A
+// node declared dead or that left is dropped from the Sink; an origin seen
+// with a new incarnation is dropped and rebuilt, never merged.
+//
+// What a node has published about itself is kept in step with its pool by
+// the caller: when the pool dropped events before they were published,
+// [Membership.Reconcile] publishes the stores and removes that make the
+// published holdings equal the pool's registry.
 //
 // # Wire
 //

@@ -90,6 +90,12 @@ func batchHeaderLen(origin string) int {
 // eventMax is the most bytes one event takes in a batch.
 const eventMax = 1 + 8 + binary.MaxVarintLen32
 
+// MaxBatchLen is the most bytes that AppendBatch takes for n events of
+// origin, so that a caller can size batches to a limit before encoding.
+func MaxBatchLen(origin string, n int) int {
+	return batchHeaderLen(origin) + n*eventMax
+}
+
 // AppendBatch appends the encoding of events, which must be consecutive
 // events of one origin and incarnation, to dst.
 func AppendBatch(dst []byte, events []Event) ([]byte, error) {

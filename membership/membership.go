@@ -55,6 +55,7 @@ type Membership struct {
 	leaving map[string]bool
 
 	metrics counters
+	snaps   snapshotCache // snapshots being paged to peers
 	// dropBatch, if set (by tests), drops own batches before they are
 	// queued, to exercise repair.
 	dropBatch atomic.Pointer[func(firstSeq uint64) bool]
@@ -66,6 +67,7 @@ type counters struct {
 	badMessages, rangeRepairs, snapshotRepairs    atomic.Uint64
 	repairFailures, restarts, memberEventsDropped atomic.Uint64
 	joinAttempts, joinFailures                    atomic.Uint64
+	reconciled                                    atomic.Uint64
 }
 
 // MemberEventKind says what happened to a member.
@@ -453,11 +455,12 @@ type Metrics struct {
 	Members             int
 	EventsPublished     uint64
 	EventsApplied       uint64 // others' events applied to the Sink
+	EventsReconciled    uint64 // own events published by Reconcile
 	BatchesSent         uint64
 	BatchesReceived     uint64
 	BatchesRelayed      uint64
 	BadMessages         uint64 // undecodable batches or state from peers
-	RangeRepairs        uint64
+	RangeRepairs        uint64 // answers of the origin's log applied; a long gap takes several
 	SnapshotRepairs     uint64
 	RepairFailures      uint64
 	Restarts            uint64 // origins seen with a new incarnation
@@ -475,6 +478,7 @@ func (m *Membership) Metrics() Metrics {
 		Members:             m.ml.NumMembers(),
 		EventsPublished:     c.published.Load(),
 		EventsApplied:       c.applied.Load(),
+		EventsReconciled:    c.reconciled.Load(),
 		BatchesSent:         c.batchesSent.Load(),
 		BatchesReceived:     c.batchesReceived.Load(),
 		BatchesRelayed:      c.batchesRelayed.Load(),

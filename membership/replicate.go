@@ -24,21 +24,37 @@ type Sink interface {
 
 // Repairer fetches what a node missed from the origin itself; the peer
 // transport implements it by calling [Membership.EventRange] and
-// [Membership.Snapshot] on the origin. Calls come from one goroutine at a
-// time and must honour ctx. Everything returned is validated before use.
+// [Membership.SnapshotPage] on the origin. Calls come from one goroutine at
+// a time and must honour ctx. Everything returned is validated before use.
 type Repairer interface {
-	// Events returns origin's events from..to (inclusive) of incarnation,
-	// or fewer if the origin has published fewer; an error matching
-	// ErrRangeGone if the origin no longer keeps them or runs another
-	// incarnation.
+	// Events returns origin's events from from..to (inclusive) of
+	// incarnation, or a prefix of them: fewer when the origin has
+	// published fewer, or when one call cannot carry them all (the
+	// caller asks again from the next). An error matching ErrRangeGone
+	// means the origin no longer keeps them or runs another incarnation;
+	// one matching ErrRangeTooLarge that the origin refused the range for
+	// its size. Either way the caller falls back to a snapshot.
 	Events(ctx context.Context, origin string, incarnation, from, to uint64) ([]Event, error)
-	// Snapshot returns origin's current holdings.
+	// Snapshot returns origin's current holdings, fetched in as many
+	// pages as they take, all of one snapshot.
 	Snapshot(ctx context.Context, origin string) (Snapshot, error)
 }
 
 // ErrRangeGone is returned by [Membership.EventRange] (and a Repairer) when
-// the requested events are no longer kept; the caller asks for a snapshot.
+// the requested events are no longer kept, and by
+// [Membership.SnapshotPage] when the snapshot being paged is no longer
+// kept; the caller asks for a new snapshot.
 var ErrRangeGone = errors.New("membership: event range no longer kept")
+
+// ErrRangeTooLarge is returned by a Repairer whose origin refused a range
+// for its size; the caller asks for a snapshot, as for ErrRangeGone.
+var ErrRangeTooLarge = errors.New("membership: event range too large for the origin")
+
+// MaxSnapshotEntries bounds the entries of one snapshot that a node
+// accepts from an origin (16 bytes each once decoded): a snapshot is
+// assembled page by page, and an origin that never stops paging must not
+// exhaust memory.
+const MaxSnapshotEntries = 1 << 26
 
 // originState is what a node knows of another origin's event stream.
 type originState struct {
@@ -68,36 +84,84 @@ func (m *Membership) Publish(kind EventKind, blockSet uint32, hashes ...uint64) 
 	if m.closed.Load() {
 		return 0, ErrClosed
 	}
-	if len(hashes) == 0 {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return m.seq, nil
-	}
 	events := make([]Event, len(hashes))
 	m.mu.Lock()
 	for i, h := range hashes {
-		m.seq++
-		e := Event{Origin: m.cfg.Name, Incarnation: m.cfg.Incarnation, Seq: m.seq, Kind: kind, Hash: h, BlockSet: blockSet}
-		events[i] = e
-		m.ownLog[(e.Seq-1)%uint64(len(m.ownLog))] = e
-		k := Entry{Hash: h, BlockSet: blockSet}
-		switch {
-		case kind == EventStore:
-			m.own[k]++
-		case m.own[k] > 1:
-			m.own[k]--
-		default:
-			delete(m.own, k)
-		}
+		events[i] = m.numberLocked(kind, Entry{Hash: h, BlockSet: blockSet})
+	}
+	m.publishLocked(events)
+	last := m.seq
+	m.mu.Unlock()
+	return last, nil
+}
+
+// numberLocked numbers one event of this node's, logs it and counts it in
+// the holdings that snapshots serve.
+func (m *Membership) numberLocked(kind EventKind, k Entry) Event {
+	m.seq++
+	e := Event{Origin: m.cfg.Name, Incarnation: m.cfg.Incarnation, Seq: m.seq, Kind: kind, Hash: k.Hash, BlockSet: k.BlockSet}
+	m.ownLog[(e.Seq-1)%uint64(len(m.ownLog))] = e
+	switch {
+	case kind == EventStore:
+		m.own[k]++
+	case m.own[k] > 1:
+		m.own[k]--
+	default:
+		delete(m.own, k)
+	}
+	return e
+}
+
+// publishLocked queues numbered events for gossip and applies them.
+func (m *Membership) publishLocked(events []Event) {
+	if len(events) == 0 {
+		return
 	}
 	m.unflushed = append(m.unflushed, events...)
 	if m.cfg.Sink != nil {
 		m.cfg.Sink.Apply(events)
 	}
-	last := m.seq
-	m.mu.Unlock()
-	m.metrics.published.Add(uint64(len(hashes)))
-	return last, nil
+	m.metrics.published.Add(uint64(len(events)))
+}
+
+// Reconcile makes this node's published holdings equal holdings, the
+// authoritative list of what it holds (the pool's registry): it publishes a
+// store for each entry the cluster has not been told of and a remove for
+// each it was told of that is no longer held, and returns the number of the
+// last event. A node calls it when events of its own were lost before they
+// were published. Each entry of holdings counts once however often it is
+// listed.
+func (m *Membership) Reconcile(holdings []Entry) (uint64, error) {
+	if m.closed.Load() {
+		return 0, ErrClosed
+	}
+	want := make(map[Entry]struct{}, len(holdings))
+	for _, k := range holdings {
+		want[k] = struct{}{}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var events []Event
+	for k, n := range m.own {
+		drop := n - 1 // extra copies: the registry holds one per entry
+		if _, ok := want[k]; !ok {
+			drop = n
+		}
+		for range drop {
+			events = append(events, Event{Kind: EventRemove, Hash: k.Hash, BlockSet: k.BlockSet})
+		}
+	}
+	for k := range want {
+		if m.own[k] == 0 {
+			events = append(events, Event{Kind: EventStore, Hash: k.Hash, BlockSet: k.BlockSet})
+		}
+	}
+	for i, e := range events {
+		events[i] = m.numberLocked(e.Kind, Entry{Hash: e.Hash, BlockSet: e.BlockSet})
+	}
+	m.publishLocked(events)
+	m.metrics.reconciled.Add(uint64(len(events)))
+	return m.seq, nil
 }
 
 // EventRange returns this node's events from..to (inclusive) of incarnation
@@ -384,10 +448,11 @@ func (m *Membership) repairGaps(ctx context.Context) {
 func (m *Membership) repair(ctx context.Context, j repairJob) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.RepairTimeout)
 	defer cancel()
-	// Only a range the origin no longer keeps calls for its whole
-	// holdings; a timeout or an unreachable origin is tried again later.
+	// Only a range the origin no longer keeps, or will not serve for its
+	// size, calls for its whole holdings; a timeout or an unreachable
+	// origin is tried again later.
 	err := m.repairRange(ctx, j)
-	if errors.Is(err, ErrRangeGone) {
+	if errors.Is(err, ErrRangeGone) || errors.Is(err, ErrRangeTooLarge) {
 		err = m.repairSnapshot(ctx, j, err)
 	}
 	m.mu.Lock()
@@ -404,23 +469,36 @@ func (m *Membership) repair(ctx context.Context, j repairJob) {
 	}
 }
 
+// repairRange fetches j's range page by page, as the Repairer's answers
+// allow, applying each page as it comes: a repair cut short keeps what it
+// applied, and the next one starts after it.
 func (m *Membership) repairRange(ctx context.Context, j repairJob) error {
-	events, err := m.cfg.Repairer.Events(ctx, j.origin, j.inc, j.from, j.to)
-	if err != nil {
-		return err
-	}
-	if len(events) == 0 {
-		return fmt.Errorf("%w: origin returned no events for %d..%d", ErrRangeGone, j.from, j.to)
-	}
-	for i, e := range events {
-		if e.Origin != j.origin || e.Incarnation != j.inc || e.Seq != j.from+uint64(i) || !e.Kind.valid() {
-			return fmt.Errorf("%w: repair event %d is %s/%d #%d kind %d, want %s/%d #%d",
-				ErrMalformed, i, e.Origin, e.Incarnation, e.Seq, e.Kind, j.origin, j.inc, j.from+uint64(i))
+	from := j.from
+	for from <= j.to {
+		events, err := m.cfg.Repairer.Events(ctx, j.origin, j.inc, from, j.to)
+		if err != nil {
+			return err
 		}
+		if len(events) == 0 {
+			if from == j.from {
+				return fmt.Errorf("%w: origin returned no events for %d..%d", ErrRangeGone, j.from, j.to)
+			}
+			break
+		}
+		if uint64(len(events)) > j.to-from+1 {
+			return fmt.Errorf("%w: repair answered %d events for %d..%d", ErrMalformed, len(events), from, j.to)
+		}
+		for i, e := range events {
+			if e.Origin != j.origin || e.Incarnation != j.inc || e.Seq != from+uint64(i) || !e.Kind.valid() {
+				return fmt.Errorf("%w: repair event %d is %s/%d #%d kind %d, want %s/%d #%d",
+					ErrMalformed, i, e.Origin, e.Incarnation, e.Seq, e.Kind, j.origin, j.inc, from+uint64(i))
+			}
+		}
+		m.apply(events, false)
+		m.metrics.rangeRepairs.Add(1)
+		from = events[len(events)-1].Seq + 1
 	}
-	m.apply(events, false)
-	m.metrics.rangeRepairs.Add(1)
-	if last := events[len(events)-1].Seq; last < j.to {
+	if last := from - 1; last < j.to {
 		// The origin has published less than we were told (by a peer's
 		// push/pull state): it is the authority on its own numbers.
 		m.clampKnown(j, last)

@@ -46,7 +46,8 @@ type EventBatch struct {
 	Events []Event
 	// Dropped counts events lost since the previous batch; the gaps in Seq
 	// say which. When it is not zero the sink should resynchronise from
-	// Pool.Snapshot.
+	// Pool.Snapshot, and skip the events of this batch and later ones that
+	// the snapshot covers (Seq up to Snapshot.Seq).
 	Dropped uint64
 }
 

@@ -48,6 +48,13 @@
 //	6       EventRangeRequest       EventRangeResponse
 //	7       ReadRequest             ReadResponse, then total_bytes of data
 //
+// An event-range request asks for at most MaxEventRange events (more is
+// refused as too large), and an answer carries what fits one frame: one
+// that stops short sets more, and the caller asks again from after it. A
+// snapshot of the origin's holdings comes in pages the same way; the
+// first answer names the snapshot (snapshot_seq) and each next request
+// names it with the offset of the first entry still wanted.
+//
 // A read's data is the concatenation of every piece of every segment in
 // request order. The holder checks every segment of the request against the
 // region's bounds and the lease (through [Handler.CheckRead]) before it

@@ -49,9 +49,27 @@ const (
 	maxDigestLen     = 64
 	maxLeaseDuration = 10 * time.Minute
 	maxOriginLen     = 253
-	maxEventRange    = 1 << 16
 	maxRank          = 1 << 12
 )
+
+// MaxEventRange is the most events one event-range request may ask for;
+// a longer gap is asked for in several requests. A request past it is
+// refused with ErrTooLarge.
+const MaxEventRange = 1 << 16
+
+// EventOverhead is what one Event of an answer costs on the wire beyond
+// its payload: the repeated field's tag and length, the seq's tag and
+// varint, the payload's tag and length.
+const EventOverhead = 1 + binary.MaxVarintLen32 + 1 + binary.MaxVarintLen64 + 1 + binary.MaxVarintLen32
+
+// eventRangeFields bounds an EventRangeResponse's fields other than its
+// events: two bools and two varints with their tags.
+const eventRangeFields = 2*2 + 2*(1+binary.MaxVarintLen64)
+
+// eventRangeBudget is EventQuery.MaxBytes for frames capped at limit.
+func eventRangeBudget(limit uint32) int {
+	return int(limit) - eventRangeFields
+}
 
 // ErrFrame is matched by errors about a frame that cannot be read; it
 // also matches ErrInvalidRequest.
@@ -216,10 +234,18 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 		switch {
 		case pb.Snapshot && (pb.From != 0 || pb.To != 0):
 			return nil, invalid("event range: a snapshot request with a range [%d, %d)", pb.From, pb.To)
-		case !pb.Snapshot && (pb.From >= pb.To || pb.To-pb.From > maxEventRange):
-			return nil, invalid("event range: [%d, %d) is empty or longer than %d", pb.From, pb.To, maxEventRange)
+		case pb.Snapshot && pb.SnapshotSeq == 0 && pb.Offset != 0:
+			return nil, invalid("event range: snapshot page at offset %d names no snapshot", pb.Offset)
+		case !pb.Snapshot && (pb.SnapshotSeq != 0 || pb.Offset != 0):
+			return nil, invalid("event range: a range request with a snapshot cursor (%d, %d)", pb.SnapshotSeq, pb.Offset)
+		case !pb.Snapshot && pb.From >= pb.To:
+			return nil, invalid("event range: [%d, %d) is empty", pb.From, pb.To)
+		case !pb.Snapshot && pb.To-pb.From > MaxEventRange:
+			return nil, fmt.Errorf("%w: event range [%d, %d) is %d events, over the %d a request may ask for",
+				ErrTooLarge, pb.From, pb.To, pb.To-pb.From, MaxEventRange)
 		}
-		r.events = EventQuery{Origin: pb.Origin, Incarnation: pb.Incarnation, From: pb.From, To: pb.To, Snapshot: pb.Snapshot}
+		r.events = EventQuery{Origin: pb.Origin, Incarnation: pb.Incarnation, From: pb.From, To: pb.To,
+			Snapshot: pb.Snapshot, SnapshotSeq: pb.SnapshotSeq, Offset: pb.Offset}
 	case methodRead:
 		var pb transferpb.ReadRequest
 		if err := unmarshal(payload, &pb); err != nil {

@@ -77,20 +77,36 @@ type Event struct {
 }
 
 // EventQuery asks a node for part of its own event log: the events of
-// incarnation numbered [From, To), or with Snapshot its whole holdings.
+// incarnation numbered [From, To), or with Snapshot its whole holdings,
+// served in pages: the first page asks with SnapshotSeq and Offset zero, the
+// next ones name the SnapshotSeq of the first answer and how many entries
+// have arrived.
 type EventQuery struct {
 	Origin      string
 	Incarnation uint64
 	From, To    uint64
 	Snapshot    bool
+	SnapshotSeq uint64
+	Offset      uint64
+	// MaxBytes, set by the holder's transport, is what the answer's
+	// events may take so that it fits one frame, counting each as
+	// len(Payload) + EventOverhead; a handler answers less than asked,
+	// with More, rather than exceed it.
+	MaxBytes int
 }
 
 // EventRange is an answer to an event-log range request.
 type EventRange struct {
 	Events []Event
-	// SnapshotNeeded says the range is no longer in the log and the caller
-	// must resynchronize from a snapshot.
+	// SnapshotNeeded says the range (or the snapshot being paged) is no
+	// longer kept and the caller must start a snapshot afresh.
 	SnapshotNeeded bool
+	// More says the answer stops short of what was asked because one frame
+	// cannot carry more; ask again from after what arrived.
+	More bool
+	// SnapshotSeq and Incarnation number a snapshot page.
+	SnapshotSeq uint64
+	Incarnation uint64
 }
 
 // Handler serves the calls that peers make to this node. The agent

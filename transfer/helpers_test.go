@@ -201,7 +201,7 @@ func (h *memHandler) EventRange(ctx context.Context, peer string, q EventQuery) 
 	h.seen(peer)
 	origin, from, to := q.Origin, q.From, q.To
 	if q.Snapshot {
-		return EventRange{Events: []Event{{Seq: 7, Payload: []byte(fmt.Sprintf("%s@%d", origin, q.Incarnation))}}}, nil
+		return EventRange{SnapshotSeq: 7, Events: []Event{{Seq: 7, Payload: []byte(fmt.Sprintf("%s@%d", origin, q.Incarnation))}}}, nil
 	}
 	if from < 100 {
 		return EventRange{SnapshotNeeded: true}, nil

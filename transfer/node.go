@@ -28,14 +28,14 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	closed  bool
-	conns   map[*quic.Conn]struct{} // accepted and dialed, to close on Close
+	mu     sync.Mutex
+	closed bool
+	conns  map[*quic.Conn]struct{} // accepted and dialed, to close on Close
 	// accepted counts each peer's open accepted connections, for
 	// Config.PeerGone.
 	accepted map[string]int
-	stats   statsCounters
-	closeMu sync.Once
+	stats    statsCounters
+	closeMu  sync.Once
 }
 
 // NewNode validates cfg, opens its sockets and starts serving.

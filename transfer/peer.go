@@ -336,18 +336,32 @@ func (p *Peer) Release(ctx context.Context, leaseID uint64) (bool, error) {
 }
 
 // EventRange fetches part of a node's own event log: q.Origin's events of
-// q.Incarnation numbered [q.From, q.To), or with q.Snapshot its holdings.
+// q.Incarnation numbered [q.From, q.To), or with q.Snapshot one page of its
+// holdings. q.To - q.From is at most MaxEventRange. An answer with More
+// stopped short for the frame's sake: ask again from after what arrived.
 func (p *Peer) EventRange(ctx context.Context, q EventQuery) (EventRange, error) {
 	var resp transferpb.EventRangeResponse
-	req := &transferpb.EventRangeRequest{Origin: q.Origin, Incarnation: q.Incarnation, From: q.From, To: q.To, Snapshot: q.Snapshot}
+	req := &transferpb.EventRangeRequest{Origin: q.Origin, Incarnation: q.Incarnation, From: q.From, To: q.To,
+		Snapshot: q.Snapshot, SnapshotSeq: q.SnapshotSeq, Offset: q.Offset}
 	if err := p.call(ctx, methodEventRange, req, &resp); err != nil {
 		return EventRange{}, err
 	}
-	er := EventRange{SnapshotNeeded: resp.SnapshotNeeded, Events: make([]Event, len(resp.Events))}
+	er := EventRange{SnapshotNeeded: resp.SnapshotNeeded, More: resp.More, SnapshotSeq: resp.SnapshotSeq,
+		Incarnation: resp.Incarnation, Events: make([]Event, len(resp.Events))}
+	if er.SnapshotNeeded && (len(resp.Events) > 0 || er.More) {
+		return EventRange{}, fmt.Errorf("%w: event range from %s says snapshot needed yet carries events", ErrFrame, p.name)
+	}
+	if er.More && len(resp.Events) == 0 {
+		// More with nothing would have the caller ask the same forever.
+		return EventRange{}, fmt.Errorf("%w: event range from %s says more but carries nothing", ErrFrame, p.name)
+	}
 	from, to := q.From, q.To
 	prev := from
 	for i, e := range resp.Events {
 		if q.Snapshot {
+			if e.Seq != resp.SnapshotSeq {
+				return EventRange{}, fmt.Errorf("%w: snapshot page from %s: event %d numbered %d, the snapshot %d", ErrFrame, p.name, i, e.Seq, resp.SnapshotSeq)
+			}
 			er.Events[i] = Event{Seq: e.Seq, Payload: e.Payload}
 			continue
 		}

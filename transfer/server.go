@@ -144,11 +144,14 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		}
 		return &transferpb.ReleaseResponse{Valid: ok}, nil
 	case methodEventRange:
-		er, err := h.EventRange(ctx, peer, r.events)
+		q := r.events
+		q.MaxBytes = eventRangeBudget(n.cfg.MaxMessageSize)
+		er, err := h.EventRange(ctx, peer, q)
 		if err != nil {
 			return nil, err
 		}
-		resp := &transferpb.EventRangeResponse{SnapshotNeeded: er.SnapshotNeeded, Events: make([]*transferpb.Event, len(er.Events))}
+		resp := &transferpb.EventRangeResponse{SnapshotNeeded: er.SnapshotNeeded, More: er.More,
+			SnapshotSeq: er.SnapshotSeq, Incarnation: er.Incarnation, Events: make([]*transferpb.Event, len(er.Events))}
 		for i, e := range er.Events {
 			resp.Events[i] = &transferpb.Event{Seq: e.Seq, Payload: e.Payload}
 		}

@@ -722,8 +722,12 @@ type EventRangeRequest struct {
 	// The run of the origin whose events are asked for.
 	Incarnation uint64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	// Ask for the origin's whole holdings instead of a range; from and to
-	// are then zero.
-	Snapshot      bool `protobuf:"varint,5,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// are then zero. A snapshot comes in pages: the first request leaves
+	// snapshot_seq and offset zero; each next one names the snapshot_seq of
+	// the first answer and the offset of the first entry not yet received.
+	Snapshot      bool   `protobuf:"varint,5,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	SnapshotSeq   uint64 `protobuf:"varint,6,opt,name=snapshot_seq,json=snapshotSeq,proto3" json:"snapshot_seq,omitempty"`
+	Offset        uint64 `protobuf:"varint,7,opt,name=offset,proto3" json:"offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -793,6 +797,20 @@ func (x *EventRangeRequest) GetSnapshot() bool {
 	return false
 }
 
+func (x *EventRangeRequest) GetSnapshotSeq() uint64 {
+	if x != nil {
+		return x.SnapshotSeq
+	}
+	return 0
+}
+
+func (x *EventRangeRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
 // Event is one entry of an origin's event log; its payload is opaque here.
 type Event struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -852,8 +870,16 @@ type EventRangeResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Events         []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
 	SnapshotNeeded bool                   `protobuf:"varint,2,opt,name=snapshot_needed,json=snapshotNeeded,proto3" json:"snapshot_needed,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The answer stops short of what was asked because one frame cannot
+	// carry more: ask again from after its last event (or entry).
+	More bool `protobuf:"varint,3,opt,name=more,proto3" json:"more,omitempty"`
+	// For a snapshot page: the number of the last event the snapshot
+	// includes and the origin's incarnation, so that an empty snapshot is
+	// still numbered.
+	SnapshotSeq   uint64 `protobuf:"varint,4,opt,name=snapshot_seq,json=snapshotSeq,proto3" json:"snapshot_seq,omitempty"`
+	Incarnation   uint64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EventRangeResponse) Reset() {
@@ -898,6 +924,27 @@ func (x *EventRangeResponse) GetSnapshotNeeded() bool {
 		return x.SnapshotNeeded
 	}
 	return false
+}
+
+func (x *EventRangeResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *EventRangeResponse) GetSnapshotSeq() uint64 {
+	if x != nil {
+		return x.SnapshotSeq
+	}
+	return 0
+}
+
+func (x *EventRangeResponse) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 // ReadSegment is the holder's half of a layout.Segment: count pieces of
@@ -1190,19 +1237,24 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\"'\n" +
 	"\x0fReleaseResponse\x12\x14\n" +
-	"\x05valid\x18\x01 \x01(\bR\x05valid\"\x8d\x01\n" +
+	"\x05valid\x18\x01 \x01(\bR\x05valid\"\xc8\x01\n" +
 	"\x11EventRangeRequest\x12\x16\n" +
 	"\x06origin\x18\x01 \x01(\tR\x06origin\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\x04R\x04from\x12\x0e\n" +
 	"\x02to\x18\x03 \x01(\x04R\x02to\x12 \n" +
 	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\x12\x1a\n" +
-	"\bsnapshot\x18\x05 \x01(\bR\bsnapshot\"3\n" +
+	"\bsnapshot\x18\x05 \x01(\bR\bsnapshot\x12!\n" +
+	"\fsnapshot_seq\x18\x06 \x01(\x04R\vsnapshotSeq\x12\x16\n" +
+	"\x06offset\x18\a \x01(\x04R\x06offset\"3\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
-	"\apayload\x18\x02 \x01(\fR\apayload\"r\n" +
+	"\apayload\x18\x02 \x01(\fR\apayload\"\xcb\x01\n" +
 	"\x12EventRangeResponse\x123\n" +
 	"\x06events\x18\x01 \x03(\v2\x1b.kvfabric.transfer.v1.EventR\x06events\x12'\n" +
-	"\x0fsnapshot_needed\x18\x02 \x01(\bR\x0esnapshotNeeded\"\x94\x01\n" +
+	"\x0fsnapshot_needed\x18\x02 \x01(\bR\x0esnapshotNeeded\x12\x12\n" +
+	"\x04more\x18\x03 \x01(\bR\x04more\x12!\n" +
+	"\fsnapshot_seq\x18\x04 \x01(\x04R\vsnapshotSeq\x12 \n" +
+	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\"\x94\x01\n" +
 	"\vReadSegment\x12\x19\n" +
 	"\bsrc_rank\x18\x01 \x01(\rR\asrcRank\x12\x1d\n" +
 	"\n" +
