@@ -31,6 +31,7 @@ type Node struct {
 	mu      sync.Mutex
 	closed  bool
 	conns   map[*quic.Conn]struct{} // accepted and dialed, to close on Close
+	budgets map[string]*requestBudget
 	stats   statsCounters
 	closeMu sync.Once
 }
@@ -41,7 +42,8 @@ func NewNode(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{}}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{},
+		budgets: map[string]*requestBudget{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.qcfg = cfg.quicConfig()
 	fail := func(err error) (*Node, error) {
