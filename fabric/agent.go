@@ -23,6 +23,7 @@ import (
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/transfer"
+	"github.com/kvfabric/kvfabric/transfer/certs"
 )
 
 // Agent is the kvfabric node agent. Start makes one; Close stops it.
@@ -60,6 +61,8 @@ type Agent struct {
 	httpSrv   *http.Server
 
 	stats stats
+	// identity is the node's checked certificate and its CA.
+	identity *certs.Checked
 
 	closeOnce sync.Once
 	closeErr  error

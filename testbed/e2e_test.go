@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -415,5 +416,62 @@ func TestMalformedInputKeepsServing(t *testing.T) {
 		t.Fatalf("agent cannot store after bad input: %v", err)
 	} else {
 		p.Close()
+	}
+}
+
+// An agent whose TLS files do not fit together refuses to start, with an
+// error that names the file and what is wrong, instead of joining and
+// failing every call.
+func TestBadCertificatesRefusedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	path := func(n string) string { return filepath.Join(dir, n) }
+	kv := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("kvfabric %v: %v\n%s", args, err, out)
+		}
+	}
+	kv("certs", "ca", "--out", path("cluster"), "--name", "prod CA")
+	kv("certs", "ca", "--out", path("other"), "--name", "staging CA")
+	kv("certs", "node", "n1", "--ca-cert", path("cluster/ca.crt"), "--ca-key", path("cluster/ca.key"), "--out", path("cluster"))
+	kv("certs", "node", "n1", "--ca-cert", path("other/ca.crt"), "--ca-key", path("other/ca.key"), "--out", path("other"))
+	for _, tc := range []struct {
+		name           string
+		node, ca, cert string
+		want           []string
+	}{
+		{"certificate from another CA", "n1", "cluster/ca.crt", "other/n1.crt",
+			[]string{path("other/n1.crt"), `issued by "CN=staging CA`, `not the cluster CA "CN=prod CA`}},
+		{"node certificate given as the CA", "n1", "cluster/n1.crt", "cluster/n1.crt",
+			[]string{path("cluster/n1.crt"), "is not a CA certificate"}},
+		{"certificate of another node", "n2", "cluster/ca.crt", "cluster/n1.crt",
+			[]string{path("cluster/n1.crt"), `names node "n1", but this node is "n2"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data := t.TempDir()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			key := strings.TrimSuffix(tc.cert, ".crt") + ".key"
+			cmd := exec.CommandContext(ctx, bin, "agent", "--local", "--node", tc.node, "--data-dir", data,
+				"--gossip-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0", "--metrics-addr", "off", "--pool", "host=16MiB",
+				"--ca", path(tc.ca), "--cert", path(tc.cert), "--key", path(key))
+			out, err := cmd.CombinedOutput()
+			if ctx.Err() != nil {
+				t.Fatalf("the agent started and ran (killed after 20 s):\n%s", out)
+			}
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+				t.Fatalf("exit %v, want a non-zero exit:\n%s", err, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output does not say %q:\n%s", w, out)
+				}
+			}
+			if strings.Contains(string(out), "agent started") {
+				t.Errorf("the agent said it started:\n%s", out)
+			}
+			t.Logf("exit %d: %s", ee.ExitCode(), strings.TrimSpace(string(out)))
+		})
 	}
 }
