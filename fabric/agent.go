@@ -118,8 +118,13 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err := a.startHTTP(); err != nil {
 		return nil, err
 	}
+	joined, _ := a.members.Joined()
 	a.log.Info("agent started", "gossip", a.members.Addr(), "peer", a.peerAdvertise(),
-		"engine_socket", cfg.EngineSocket, "metrics", a.MetricsAddr(), "join", cfg.Join)
+		"engine_socket", cfg.EngineSocket, "metrics", a.MetricsAddr(), "join", cfg.Join, "joined", joined)
+	if !joined {
+		a.log.Warn("not joined: no seed answered; retrying with backoff, and /healthz answers 503 until one does",
+			"join", cfg.Join, "allow_alone", cfg.AllowAlone)
+	}
 	return a, nil
 }
 

@@ -2,6 +2,9 @@ package fabric_test
 
 import (
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -41,5 +44,86 @@ func TestCertificateExpiryExported(t *testing.T) {
 		if at.Before(now.Add(c.want-time.Hour)) || at.After(now.Add(c.want+time.Minute)) {
 			t.Errorf("%s certificate expires at %v, want about %v from now", c.label, at, c.want)
 		}
+	}
+}
+
+func httpStatus(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func freeTCP(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// An agent given a seed that does not answer starts (it retries), but
+// /healthz says it has not joined and /metrics counts the failures, until
+// the seed comes up.
+func TestHealthzNotJoined(t *testing.T) {
+	seed := freeTCP(t)
+	cfg := testConfig(t, "n2")
+	cfg.Join = []string{seed}
+	a := startAgent(t, cfg)
+	url := "http://" + a.MetricsAddr()
+	code, body := httpStatus(t, url+"/healthz")
+	if code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "not joined n2") || !strings.Contains(body, seed) {
+		t.Fatalf("/healthz with an unreachable seed: %d %q; want 503 \"not joined\" naming the seed", code, body)
+	}
+	t.Logf("/healthz: %d %s", code, strings.TrimSpace(body))
+	waitFor(t, 10*time.Second, "two join failures counted", func() error {
+		m := httpGet(t, url+"/metrics")
+		if v, _ := metricValue(t, m, `kvfabric_gossip_join_failures_total{reason="unreachable"}`); v < 2 {
+			return fmt.Errorf("%v unreachable failures", v)
+		}
+		if v, ok := metricValue(t, m, "kvfabric_gossip_join_attempts_total"); !ok || v < 2 {
+			return fmt.Errorf("%v attempts", v)
+		}
+		if v, ok := metricValue(t, m, "kvfabric_gossip_joined"); !ok || v != 0 {
+			return fmt.Errorf("joined %v", v)
+		}
+		return nil
+	})
+
+	// The seed comes up: the agent joins, and is healthy.
+	scfg := testConfig(t, "n1")
+	scfg.GossipAddr = seed
+	startAgent(t, scfg)
+	waitFor(t, 15*time.Second, "healthy once the seed is up", func() error {
+		if code, body := httpStatus(t, url+"/healthz"); code != http.StatusOK || !strings.HasPrefix(body, "ok n2") {
+			return fmt.Errorf("%d %q", code, body)
+		}
+		return nil
+	})
+	if v, _ := metricValue(t, httpGet(t, url+"/metrics"), "kvfabric_gossip_joined"); v != 1 {
+		t.Errorf("kvfabric_gossip_joined %v after joining", v)
+	}
+}
+
+// With AllowAlone, an agent that has not joined is healthy, and says it
+// is alone.
+func TestHealthzAllowAlone(t *testing.T) {
+	cfg := testConfig(t, "n2")
+	cfg.Join = []string{freeTCP(t)}
+	cfg.AllowAlone = true
+	a := startAgent(t, cfg)
+	code, body := httpStatus(t, "http://"+a.MetricsAddr()+"/healthz")
+	if code != http.StatusOK || !strings.Contains(body, "alone") {
+		t.Fatalf("/healthz with allow_alone: %d %q", code, body)
+	}
+	// Without seeds a node starts a cluster: healthy at once.
+	b := startAgent(t, testConfig(t, "n3"))
+	if code, body := httpStatus(t, "http://"+b.MetricsAddr()+"/healthz"); code != http.StatusOK || !strings.HasPrefix(body, "ok n3") {
+		t.Fatalf("/healthz without seeds: %d %q", code, body)
 	}
 }

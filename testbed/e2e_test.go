@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -472,6 +474,106 @@ func TestBadCertificatesRefusedAtStart(t *testing.T) {
 				t.Errorf("the agent said it started:\n%s", out)
 			}
 			t.Logf("exit %d: %s", ee.ExitCode(), strings.TrimSpace(string(out)))
+		})
+	}
+}
+
+// syncBuffer collects a process's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// An agent that cannot join (unreachable seed, wrong gossip key, wrong
+// cluster name) says why at WARN, counts the tries, and is not healthy,
+// instead of running alone in silence.
+func TestJoinMistakesAreLoud(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := func(name string, b byte) string {
+		p := filepath.Join(dir, name)
+		k := make([]byte, 16)
+		for i := range k {
+			k[i] = b + byte(i)
+		}
+		if err := os.WriteFile(p, []byte(base64.StdEncoding.EncodeToString(k)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good, bad := keyFile("good.key", 1), keyFile("bad.key", 100)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Start(ctx, Options{Bin: bin, Nodes: 1, Pool: "host=16MiB", ExtraArgs: []string{"--cluster", "prod", "--gossip-key-file", good}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	seed := c.Nodes[0].Gossip
+	for i, tc := range []struct {
+		name, join, cluster, key, reason string
+	}{
+		{"unreachable seed", c.net + "99:7946", "prod", good, "unreachable"},
+		{"wrong gossip key", seed, "prod", bad, "wrong_key"},
+		{"wrong cluster name", seed, "staging", good, "no_answer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ip := c.net + fmt.Sprint(20+i)
+			data := t.TempDir()
+			var out syncBuffer
+			cmd := exec.Command(bin, "agent", "--local", "--node", fmt.Sprintf("lost%d", i), "--data-dir", data,
+				"--dev-ca-dir", filepath.Join(c.Root, "ca"), "--gossip-addr", ip+":7946", "--peer-addr", ip+":7947",
+				"--metrics-addr", ip+":7948", "--pool", "host=16MiB",
+				"--join", tc.join, "--cluster", tc.cluster, "--gossip-key-file", tc.key)
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				cmd.Process.Signal(syscall.SIGTERM)
+				cmd.Wait()
+				if t.Failed() {
+					t.Logf("agent output:\n%s", out.String())
+				}
+			}()
+			hc := http.Client{Timeout: time.Second}
+			deadline := time.Now().Add(15 * time.Second)
+			var code int
+			var body string
+			for {
+				if resp, err := hc.Get("http://" + ip + ":7948/healthz"); err == nil {
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					code, body = resp.StatusCode, string(b)
+				}
+				warned := strings.Contains(out.String(), "level=WARN msg=\"membership: cannot join seed; retrying\"") &&
+					strings.Contains(out.String(), "reason="+tc.reason)
+				if code != 0 && warned {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("within 15 s: /healthz %d %q, warned with reason %s: %v", code, body, tc.reason, warned)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if code != http.StatusServiceUnavailable || !strings.Contains(body, "not joined") || !strings.Contains(body, tc.join) {
+				t.Errorf("/healthz: %d %q; want 503 not joined, naming %s", code, body, tc.join)
+			}
+			if v := metric(&Node{Metrics: ip + ":7948"}, `kvfabric_gossip_join_failures_total{reason="`+tc.reason+`"}`); v < 1 {
+				t.Errorf("join failures with reason %s: %v", tc.reason, v)
+			}
+			t.Logf("/healthz: %s", strings.TrimSpace(body))
 		})
 	}
 }
