@@ -220,6 +220,10 @@ func TestJoinBackoff(t *testing.T) {
 			t.Errorf("gap %d is %v, want at least %v ms", i, gaps[i], lo)
 		}
 	}
+	// Capped at RejoinInterval: uncapped, the fifth would be 3.2 s ± 20 %.
+	if gaps[4] > 2400*time.Millisecond {
+		t.Errorf("fifth gap is %v: the backoff passed RejoinInterval %v", gaps[4], cfg.RejoinInterval)
+	}
 	if gaps[0] > 1200*time.Millisecond {
 		t.Errorf("first retry after %v: no backoff from a short first wait", gaps[0])
 	}
