@@ -1,13 +1,18 @@
 package fabric_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
 )
 
 // metricValue returns the value of the sample line that starts with
@@ -125,5 +130,16 @@ func TestHealthzAllowAlone(t *testing.T) {
 	b := startAgent(t, testConfig(t, "n3"))
 	if code, body := httpStatus(t, "http://"+b.MetricsAddr()+"/healthz"); code != http.StatusOK || !strings.HasPrefix(body, "ok n3") {
 		t.Fatalf("/healthz without seeds: %d %q", code, body)
+	}
+}
+
+// The TLS files go together: one of them alone is refused by name, not
+// with the error of opening an empty path.
+func TestPartialTLSFilesRefused(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.CAFile = filepath.Join(cfg.DataDir, "ca.crt")
+	_, err := fabric.Start(context.Background(), cfg)
+	if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), "cert_file (--cert) is missing") {
+		t.Fatalf("Start with only a CA file: %v", err)
 	}
 }

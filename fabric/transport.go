@@ -53,6 +53,11 @@ func (a *Agent) startTransport() error {
 func (a *Agent) tlsIdentity() (tls.Certificate, *x509.CertPool, error) {
 	c := &a.cfg
 	if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" {
+		for _, f := range []struct{ field, path string }{{"ca_file (--ca)", c.CAFile}, {"cert_file (--cert)", c.CertFile}, {"key_file (--key)", c.KeyFile}} {
+			if f.path == "" {
+				return tls.Certificate{}, nil, fmt.Errorf("%w: %s is missing: the CA, certificate and key files go together", ErrConfig, f.field)
+			}
+		}
 		cert, pool, checked, err := certs.LoadNode(c.CAFile, c.CertFile, c.KeyFile, c.NodeName, time.Now())
 		if err != nil {
 			return tls.Certificate{}, nil, fmt.Errorf("%w: TLS identity of node %s: %w", ErrConfig, c.NodeName, err)
