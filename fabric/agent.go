@@ -23,6 +23,7 @@ import (
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/transfer"
+	"github.com/kvfabric/kvfabric/transfer/certs"
 )
 
 // Agent is the kvfabric node agent. Start makes one; Close stops it.
@@ -61,6 +62,8 @@ type Agent struct {
 	httpSrv   *http.Server
 
 	stats stats
+	// identity is the node's checked certificate and its CA.
+	identity *certs.Checked
 
 	closeOnce sync.Once
 	closeErr  error
@@ -116,8 +119,13 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err := a.startHTTP(); err != nil {
 		return nil, err
 	}
+	joined, _ := a.members.Joined()
 	a.log.Info("agent started", "gossip", a.members.Addr(), "peer", a.peerAdvertise(),
-		"engine_socket", cfg.EngineSocket, "metrics", a.MetricsAddr(), "join", cfg.Join)
+		"engine_socket", cfg.EngineSocket, "metrics", a.MetricsAddr(), "join", cfg.Join, "joined", joined)
+	if !joined {
+		a.log.Warn("not joined: no seed answered; retrying with backoff, and /healthz answers 503 until one does",
+			"join", cfg.Join, "allow_alone", cfg.AllowAlone)
+	}
 	return a, nil
 }
 

@@ -52,6 +52,10 @@ type Config struct {
 	// periodically, so a healed partition heals by itself. If empty, this
 	// node starts a cluster and waits for others.
 	Join []string `json:"join,omitempty"`
+	// AllowAlone makes /healthz answer ok while no seed of Join has
+	// answered: the node serves alone until one does. If false, a node
+	// with seeds answers 503 "not joined" until it has joined once.
+	AllowAlone bool `json:"allow_alone,omitempty"`
 	// ClusterName labels every gossip packet; nodes of other clusters are
 	// ignored. If empty, "kvfabric".
 	ClusterName string `json:"cluster_name,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 )
 
@@ -28,9 +29,27 @@ type stats struct {
 	leasesServed     atomic.Uint64
 }
 
+// serveHealth answers ok while the agent runs, except that a node given
+// seeds to join answers 503 until it has joined once (unless AllowAlone):
+// a node that cannot reach its cluster would otherwise look healthy while
+// it serves alone.
 func (a *Agent) serveHealth(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	fmt.Fprintf(w, "ok %s up %s\n", a.cfg.NodeName, time.Since(a.started).Round(time.Second))
+	up := time.Since(a.started).Round(time.Second)
+	joined, lastErr := a.members.Joined()
+	switch {
+	case joined:
+		fmt.Fprintf(w, "ok %s up %s\n", a.cfg.NodeName, up)
+	case a.cfg.AllowAlone:
+		fmt.Fprintf(w, "ok %s up %s, alone: no seed of %v answered yet (allow_alone)\n", a.cfg.NodeName, up, a.cfg.Join)
+	default:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not joined %s up %s: no seed of %v answered yet", a.cfg.NodeName, up, a.cfg.Join)
+		if lastErr != nil {
+			fmt.Fprintf(w, "; last try: %v", lastErr)
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 // serveMetrics writes the Prometheus text format. The families are few and
@@ -89,6 +108,16 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	c("kvfabric_gossip_snapshot_repairs_total", "Event gaps repaired from the origin's snapshot.", float64(ms.SnapshotRepairs))
 	c("kvfabric_gossip_repair_failures_total", "Repairs that failed.", float64(ms.RepairFailures))
 	c("kvfabric_gossip_bad_messages_total", "Undecodable gossip messages dropped.", float64(ms.BadMessages))
+	joined := 0.0
+	if ms.Joined {
+		joined = 1
+	}
+	g("kvfabric_gossip_joined", "1 once the node has joined its cluster (or has no seeds to join), else 0.", joined)
+	c("kvfabric_gossip_join_attempts_total", "Joins of a seed tried (at start, on retry, and to heal partitions).", float64(ms.JoinAttempts))
+	writeHeader(w, "kvfabric_gossip_join_failures_total", "counter", "Joins of a seed that failed, by reason.")
+	for r := membership.JoinUnreachable; r <= membership.JoinOther; r++ {
+		writeSample(w, "kvfabric_gossip_join_failures_total", fmt.Sprintf(`{reason="%s"}`, r), float64(ms.JoinFailuresBy[r]))
+	}
 
 	ts := a.transport.Stats()
 	c("kvfabric_peer_calls_served_total", "Control calls from peers answered.", float64(ts.CallsServed))
@@ -97,6 +126,14 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	writeSample(w, "kvfabric_transfer_bytes_total", `{transport="quic",direction="served"}`, float64(ts.BytesServed))
 	writeSample(w, "kvfabric_transfer_bytes_total", `{transport="quic",direction="read"}`, float64(ts.BytesRead))
 	c("kvfabric_peer_reads_failed_total", "Reads from peers that failed.", float64(ts.ReadsFailed))
+	g("kvfabric_peer_request_bytes", "Request frame bytes buffered for peers (capped per peer).", float64(ts.RequestBytes))
+	c("kvfabric_peer_request_budget_waits_total", "Peer requests that waited because their peer's request bytes were at the cap.", float64(ts.RequestBudgetWaits))
+
+	if id := a.identity; id != nil {
+		writeHeader(w, "kvfabric_certificate_expiry_timestamp_seconds", "gauge", "When the node's TLS certificate and its CA expire (Unix time).")
+		writeSample(w, "kvfabric_certificate_expiry_timestamp_seconds", `{certificate="node"}`, float64(id.Leaf.NotAfter.Unix()))
+		writeSample(w, "kvfabric_certificate_expiry_timestamp_seconds", `{certificate="ca"}`, float64(id.CA.NotAfter.Unix()))
+	}
 }
 
 func writeMetric(w io.Writer, name, kind, help string, v float64) {

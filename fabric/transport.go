@@ -48,22 +48,24 @@ func (a *Agent) startTransport() error {
 	return nil
 }
 
+// tlsIdentity loads the node's certificate, key and cluster CA, and checks
+// them as peers will: a node whose certificate another CA issued, or that
+// names another node, would show as alive and fail every call, so it does
+// not start. Errors name the file, the subjects and the node.
 func (a *Agent) tlsIdentity() (tls.Certificate, *x509.CertPool, error) {
 	c := &a.cfg
 	if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" {
-		pair, err := certs.LoadPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return tls.Certificate{}, nil, fmt.Errorf("fabric: node certificate: %w", err)
+		for _, f := range []struct{ field, path string }{{"ca_file (--ca)", c.CAFile}, {"cert_file (--cert)", c.CertFile}, {"key_file (--key)", c.KeyFile}} {
+			if f.path == "" {
+				return tls.Certificate{}, nil, fmt.Errorf("%w: %s is missing: the CA, certificate and key files go together", ErrConfig, f.field)
+			}
 		}
-		cert, err := pair.TLSCertificate()
+		cert, pool, checked, err := certs.LoadNode(c.CAFile, c.CertFile, c.KeyFile, c.NodeName, time.Now())
 		if err != nil {
-			return tls.Certificate{}, nil, fmt.Errorf("fabric: node certificate: %w", err)
+			return tls.Certificate{}, nil, fmt.Errorf("%w: TLS identity of node %s: %w", ErrConfig, c.NodeName, err)
 		}
-		cas, err := certs.LoadPool(c.CAFile)
-		if err != nil {
-			return tls.Certificate{}, nil, fmt.Errorf("fabric: cluster CA: %w", err)
-		}
-		return cert, cas, nil
+		a.logIdentity(checked)
+		return cert, pool, nil
 	}
 	dir := c.DevCADir
 	ca, created, err := certs.EnsureDevCA(dir)
@@ -80,7 +82,27 @@ func (a *Agent) tlsIdentity() (tls.Certificate, *x509.CertPool, error) {
 	if err != nil {
 		return tls.Certificate{}, nil, err
 	}
+	checked, err := certs.VerifyNode(cert, []*x509.Certificate{ca.Cert}, c.NodeName, time.Now())
+	if err != nil {
+		return tls.Certificate{}, nil, fmt.Errorf("fabric: development CA in %s (remove the folder to make a new one): %w", dir, err)
+	}
+	a.logIdentity(checked)
 	return cert, ca.Pool(), nil
+}
+
+// logIdentity logs when the node's certificate and CA expire, as a warning
+// once less than a fifth of the certificate's validity (or 30 days) is
+// left, and keeps them for /metrics.
+func (a *Agent) logIdentity(c *certs.Checked) {
+	a.identity = c
+	left := time.Until(c.Leaf.NotAfter)
+	attrs := []any{"cert_expires", c.Leaf.NotAfter.UTC().Format(time.RFC3339), "cert_left", left.Round(time.Hour),
+		"ca", c.CA.Subject.String(), "ca_expires", c.CA.NotAfter.UTC().Format(time.RFC3339)}
+	if left < min(30*24*time.Hour, c.Leaf.NotAfter.Sub(c.Leaf.NotBefore)/5) {
+		a.log.Warn("node certificate expires soon: renew it with kvfabric certs node", attrs...)
+		return
+	}
+	a.log.Info("node certificate", attrs...)
 }
 
 // devCADir is where --dev keeps the CA shared by the agents of one

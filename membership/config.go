@@ -53,7 +53,8 @@ type Config struct {
 	// SuspicionMult × log10(n) × ProbeInterval. PushPullInterval: full state
 	// sync with one random node (memberlist scales it up past 32 nodes).
 	// RetransmitMult: each broadcast is sent RetransmitMult × log10(n+1)
-	// times. RejoinInterval: how often to rejoin seeds that are not members.
+	// times. RejoinInterval: how often to rejoin seeds that are not members;
+	// while none answers, retries back off from an eighth of it up to it.
 	// FlushInterval: how long published events wait to be batched.
 	// RepairInterval: how often gaps are looked for and repaired;
 	// RepairDelay: how long a gap may persist before it is repaired (lets

@@ -8,7 +8,9 @@
 // and label (the cluster name), joins the seeds and keeps rejoining those
 // that are not members every RejoinInterval, so that a node started before
 // its seeds, or one side of a healed partition, finds the others without an
-// operator. Joins, updates, graceful leaves and failures arrive on
+// operator. While no seed answers, retries back off from an eighth of
+// RejoinInterval, each failure is logged at WARN with its reason
+// ([JoinReason]) and counted, and [Membership.Joined] reports false. Joins, updates, graceful leaves and failures arrive on
 // [Membership.Events]. memberlist reports leaves and failures through one
 // callback without saying which, so a leaving node first sends every member
 // a best-effort "bye"; a departure without one is reported as a failure. Each node's [Meta] (peer and API addresses,

@@ -56,6 +56,11 @@ type Membership struct {
 
 	metrics counters
 	snaps   snapshotCache // snapshots being paged to peers
+	// joined is set once a seed answered or another node joined this one;
+	// lastJoinErr is the latest failed join (under joinMu).
+	joined      atomic.Bool
+	joinMu      sync.Mutex
+	lastJoinErr error
 	// dropBatch, if set (by tests), drops own batches before they are
 	// queued, to exercise repair.
 	dropBatch atomic.Pointer[func(firstSeq uint64) bool]
@@ -68,6 +73,7 @@ type counters struct {
 	repairFailures, restarts, memberEventsDropped atomic.Uint64
 	joinAttempts, joinFailures                    atomic.Uint64
 	reconciled                                    atomic.Uint64
+	joinFailuresBy                                [numJoinReasons]atomic.Uint64
 }
 
 // MemberEventKind says what happened to a member.
@@ -112,9 +118,11 @@ type MemberEvent struct {
 	Member Member
 }
 
-// Start creates the node's memberlist, joins the configured seeds (a failed
-// join is logged and retried every RejoinInterval, not returned) and starts
-// gossiping. ctx bounds the initial join.
+// Start creates the node's memberlist, joins the configured seeds and
+// starts gossiping. A failed join is not returned: it is logged with its
+// reason (a warning while the node is alone), counted, and retried with a
+// backoff up to RejoinInterval; [Membership.Joined] says when it worked.
+// ctx bounds the initial join.
 func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -180,11 +188,12 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	m.self = netip.AddrPortFrom(a.Unmap(), local.Port)
 	m.mu.Unlock()
 
+	failed := false
 	if len(cfg.Seeds) > 0 {
 		joined := make(chan struct{})
 		go func() {
 			defer close(joined)
-			m.rejoin()
+			failed = m.rejoin()
 		}()
 		select {
 		case <-joined:
@@ -198,7 +207,8 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	m.cancel = cancel
 	m.every(loopCtx, cfg.FlushInterval, func(context.Context) { m.flush() })
 	m.every(loopCtx, cfg.RepairInterval, m.repairGaps)
-	m.every(loopCtx, cfg.RejoinInterval, func(context.Context) { m.rejoin() })
+	m.wg.Add(1)
+	go m.joinLoop(loopCtx, failed)
 	if len(cfg.Seeds) > 0 {
 		m.wg.Add(1)
 		go m.settle(loopCtx)
@@ -263,35 +273,6 @@ const (
 	settleFirst = 250 * time.Millisecond
 	settleLast  = 2 * time.Second
 )
-
-// rejoin joins the seeds that are not alive members. memberlist forgets a
-// dead node's address after a while and never calls it again, so without
-// this the two sides of a healed partition would stay apart.
-func (m *Membership) rejoin() {
-	// Our own copies (Members): memberlist's records change under its
-	// lock while we read.
-	present := map[string]bool{}
-	for _, mb := range m.Members() {
-		present[mb.Addr.String()] = true
-	}
-	var missing []string
-	for _, s := range m.cfg.Seeds {
-		if ap, err := netip.ParseAddrPort(s); err == nil {
-			s = ap.String()
-		}
-		if !present[s] {
-			missing = append(missing, s)
-		}
-	}
-	if len(missing) == 0 {
-		return
-	}
-	m.metrics.joinAttempts.Add(1)
-	if n, err := m.ml.Join(missing); err != nil && n == 0 {
-		m.metrics.joinFailures.Add(1)
-		m.log.Debug("membership: joining seeds failed; will retry", "seeds", missing, "err", err)
-	}
-}
 
 // Events returns the channel of membership changes. It is never closed;
 // when full, events are dropped and counted in Metrics.
@@ -466,9 +447,12 @@ type Metrics struct {
 	Restarts            uint64 // origins seen with a new incarnation
 	Gaps                int    // origins with events known but not applied
 	MemberEventsDropped uint64
-	JoinAttempts        uint64
+	JoinAttempts        uint64 // joins of one seed tried
 	JoinFailures        uint64
-	QueuedBroadcasts    int
+	// JoinFailuresBy counts JoinFailures by reason.
+	JoinFailuresBy   map[JoinReason]uint64
+	Joined           bool // see Membership.Joined
+	QueuedBroadcasts int
 }
 
 // Metrics returns a snapshot of the counters.
@@ -491,7 +475,12 @@ func (m *Membership) Metrics() Metrics {
 		JoinAttempts:        c.joinAttempts.Load(),
 		JoinFailures:        c.joinFailures.Load(),
 		QueuedBroadcasts:    m.queue.NumQueued(),
+		JoinFailuresBy:      make(map[JoinReason]uint64, numJoinReasons-1),
 	}
+	for r := JoinUnreachable; r < numJoinReasons; r++ {
+		mt.JoinFailuresBy[r] = c.joinFailuresBy[r].Load()
+	}
+	mt.Joined, _ = m.Joined()
 	m.mu.Lock()
 	for _, st := range m.origins {
 		if !st.gapSince.IsZero() {
@@ -578,6 +567,7 @@ func (m *Membership) memberChanged(n *memberlist.Node, kind MemberEventKind) {
 	m.mu.Lock()
 	switch kind {
 	case MemberJoin, MemberUpdate:
+		m.joined.Store(true) // another node reached us: we are in a cluster
 		m.alive[n.Name] = true
 		m.members[n.Name] = mb
 		delete(m.leaving, n.Name)

@@ -2,6 +2,8 @@ package testbed
 
 import (
 	"context"
+	"encoding/base64"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -492,5 +495,162 @@ func TestMalformedInputKeepsServing(t *testing.T) {
 		t.Fatalf("agent cannot store after bad input: %v", err)
 	} else {
 		p.Close()
+	}
+}
+
+// An agent whose TLS files do not fit together refuses to start, with an
+// error that names the file and what is wrong, instead of joining and
+// failing every call.
+func TestBadCertificatesRefusedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	path := func(n string) string { return filepath.Join(dir, n) }
+	kv := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("kvfabric %v: %v\n%s", args, err, out)
+		}
+	}
+	kv("certs", "ca", "--out", path("cluster"), "--name", "prod CA")
+	kv("certs", "ca", "--out", path("other"), "--name", "staging CA")
+	kv("certs", "node", "n1", "--ca-cert", path("cluster/ca.crt"), "--ca-key", path("cluster/ca.key"), "--out", path("cluster"))
+	kv("certs", "node", "n1", "--ca-cert", path("other/ca.crt"), "--ca-key", path("other/ca.key"), "--out", path("other"))
+	for _, tc := range []struct {
+		name           string
+		node, ca, cert string
+		want           []string
+	}{
+		{"certificate from another CA", "n1", "cluster/ca.crt", "other/n1.crt",
+			[]string{path("other/n1.crt"), `issued by "CN=staging CA`, `not the cluster CA "CN=prod CA`}},
+		{"node certificate given as the CA", "n1", "cluster/n1.crt", "cluster/n1.crt",
+			[]string{path("cluster/n1.crt"), "is not a CA certificate"}},
+		{"certificate of another node", "n2", "cluster/ca.crt", "cluster/n1.crt",
+			[]string{path("cluster/n1.crt"), `names node "n1", but this node is "n2"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data := t.TempDir()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			key := strings.TrimSuffix(tc.cert, ".crt") + ".key"
+			cmd := exec.CommandContext(ctx, bin, "agent", "--local", "--node", tc.node, "--data-dir", data,
+				"--gossip-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0", "--metrics-addr", "off", "--pool", "host=16MiB",
+				"--ca", path(tc.ca), "--cert", path(tc.cert), "--key", path(key))
+			out, err := cmd.CombinedOutput()
+			if ctx.Err() != nil {
+				t.Fatalf("the agent started and ran (killed after 20 s):\n%s", out)
+			}
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+				t.Fatalf("exit %v, want a non-zero exit:\n%s", err, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output does not say %q:\n%s", w, out)
+				}
+			}
+			if strings.Contains(string(out), "agent started") {
+				t.Errorf("the agent said it started:\n%s", out)
+			}
+			t.Logf("exit %d: %s", ee.ExitCode(), strings.TrimSpace(string(out)))
+		})
+	}
+}
+
+// syncBuffer collects a process's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// An agent that cannot join (unreachable seed, wrong gossip key, wrong
+// cluster name) says why at WARN, counts the tries, and is not healthy,
+// instead of running alone in silence.
+func TestJoinMistakesAreLoud(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := func(name string, b byte) string {
+		p := filepath.Join(dir, name)
+		k := make([]byte, 16)
+		for i := range k {
+			k[i] = b + byte(i)
+		}
+		if err := os.WriteFile(p, []byte(base64.StdEncoding.EncodeToString(k)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good, bad := keyFile("good.key", 1), keyFile("bad.key", 100)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Start(ctx, Options{Bin: bin, Nodes: 1, Pool: "host=16MiB", ExtraArgs: []string{"--cluster", "prod", "--gossip-key-file", good}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	seed := c.Nodes[0].Gossip
+	for i, tc := range []struct {
+		name, join, cluster, key, reason string
+	}{
+		{"unreachable seed", c.net + "99:7946", "prod", good, "unreachable"},
+		{"wrong gossip key", seed, "prod", bad, "wrong_key"},
+		{"wrong cluster name", seed, "staging", good, "no_answer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ip := c.net + fmt.Sprint(20+i)
+			data := t.TempDir()
+			var out syncBuffer
+			cmd := exec.Command(bin, "agent", "--local", "--node", fmt.Sprintf("lost%d", i), "--data-dir", data,
+				"--dev-ca-dir", filepath.Join(c.Root, "ca"), "--gossip-addr", ip+":7946", "--peer-addr", ip+":7947",
+				"--metrics-addr", ip+":7948", "--pool", "host=16MiB",
+				"--join", tc.join, "--cluster", tc.cluster, "--gossip-key-file", tc.key)
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				cmd.Process.Signal(syscall.SIGTERM)
+				cmd.Wait()
+				if t.Failed() {
+					t.Logf("agent output:\n%s", out.String())
+				}
+			}()
+			hc := http.Client{Timeout: time.Second}
+			deadline := time.Now().Add(15 * time.Second)
+			var code int
+			var body string
+			for {
+				if resp, err := hc.Get("http://" + ip + ":7948/healthz"); err == nil {
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					code, body = resp.StatusCode, string(b)
+				}
+				warned := strings.Contains(out.String(), "level=WARN msg=\"membership: cannot join seed; retrying\"") &&
+					strings.Contains(out.String(), "reason="+tc.reason)
+				if code != 0 && warned {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("within 15 s: /healthz %d %q, warned with reason %s: %v", code, body, tc.reason, warned)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if code != http.StatusServiceUnavailable || !strings.Contains(body, "not joined") || !strings.Contains(body, tc.join) {
+				t.Errorf("/healthz: %d %q; want 503 not joined, naming %s", code, body, tc.join)
+			}
+			if v := metric(&Node{Metrics: ip + ":7948"}, `kvfabric_gossip_join_failures_total{reason="`+tc.reason+`"}`); v < 1 {
+				t.Errorf("join failures with reason %s: %v", tc.reason, v)
+			}
+			t.Logf("/healthz: %s", strings.TrimSpace(body))
+		})
 	}
 }

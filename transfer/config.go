@@ -86,6 +86,13 @@ type Config struct {
 	// MaxMessageSize caps a request or response frame's payload. If zero,
 	// 4 MiB.
 	MaxMessageSize uint32
+	// MaxPeerRequestBytes caps the request bytes this node buffers for one
+	// peer, across its connections and streams; frame buffers grow with the
+	// bytes that arrive and count against it. A request that would pass it
+	// waits for the peer's others to finish, and is refused with
+	// CodeUnavailable if it cannot start before ProgressTimeout. At least
+	// MaxMessageSize. If zero, 4 × MaxMessageSize.
+	MaxPeerRequestBytes uint64
 	// MaxSegments caps the segments in one read request. If zero, 65536.
 	MaxSegments int
 	// MaxStreamsPerConn is how many concurrent calls a peer may run on one
@@ -197,6 +204,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxStreamsPerConn == 0 {
 		c.MaxStreamsPerConn = d.MaxStreamsPerConn
 	}
+	if c.MaxPeerRequestBytes == 0 {
+		c.MaxPeerRequestBytes = 4 * uint64(c.MaxMessageSize)
+	}
 	return c
 }
 
@@ -220,6 +230,8 @@ func (c Config) validate() error {
 		return configErr("MaxStreamsPerConn %d is negative", c.MaxStreamsPerConn)
 	case c.MaxMessageSize < 1<<10 || c.MaxMessageSize > 1<<30:
 		return configErr("MaxMessageSize %d not in [1 KiB, 1 GiB]", c.MaxMessageSize)
+	case c.MaxPeerRequestBytes < uint64(c.MaxMessageSize) || c.MaxPeerRequestBytes > 1<<40:
+		return configErr("MaxPeerRequestBytes %d not in [MaxMessageSize %d, 1 TiB]", c.MaxPeerRequestBytes, c.MaxMessageSize)
 	case c.HandshakeTimeout < 0 || c.IdleTimeout < 0 || c.CallTimeout < 0 || c.ProgressTimeout < 0:
 		return configErr("negative timeout")
 	}

@@ -37,7 +37,11 @@
 // message). length is capped (Config.MaxMessageSize); a frame that is too
 // long, truncated, of an unknown method or that does not decode and
 // validate is answered with an Error and the stream is closed; the
-// connection and the other calls carry on.
+// connection and the other calls carry on. A frame's buffer grows with the
+// bytes that arrive, never to the length announced before they do, and the
+// request buffers of one peer, across its connections, are capped
+// (Config.MaxPeerRequestBytes): a request past the cap waits for the
+// peer's others, and is refused if it cannot start within ProgressTimeout.
 //
 //	method  request                 response
 //	1       HelloRequest            HelloResponse

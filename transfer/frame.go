@@ -92,28 +92,62 @@ func writeFrame(w io.Writer, kind byte, m proto.Message, limit uint32) error {
 	return err
 }
 
+// firstChunk is the payload buffer a frame starts with, whatever length
+// its header announces. The buffer doubles as bytes arrive, so what a peer
+// makes us allocate follows what it sent (at most twice that, plus this),
+// never what it announced: a 5-byte header announcing 4 MiB costs 64 KiB.
+const firstChunk = 64 << 10
+
 // readFrame reads one frame, refusing a payload over limit before reading
-// it, so that a peer cannot make us allocate more than the cap.
+// it. The payload buffer grows with the bytes that arrive (see firstChunk).
 func readFrame(r io.Reader, limit uint32) (kind byte, payload []byte, err error) {
+	kind, payload, _, err = readFrameCharged(r, limit, nil)
+	return kind, payload, err
+}
+
+// readFrameCharged is readFrame that calls charge with every growth of the
+// payload buffer before it allocates it, and returns the bytes charged
+// (the buffer's capacity), which the caller gives back when it is done with
+// the payload, also on error. A charge error ends the read.
+func readFrameCharged(r io.Reader, limit uint32, charge func(n int) error) (kind byte, payload []byte, charged int, err error) {
 	var h [headerLen]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return 0, nil, fmt.Errorf("%w: missing or truncated header", ErrFrame)
+			return 0, nil, 0, fmt.Errorf("%w: missing or truncated header", ErrFrame)
 		}
-		return 0, nil, err
+		return 0, nil, 0, err
 	}
-	n := binary.BigEndian.Uint32(h[1:])
-	if n > limit {
-		return 0, nil, fmt.Errorf("%w: frame of %d bytes, over the %d-byte cap", ErrTooLarge, n, limit)
+	n := int(binary.BigEndian.Uint32(h[1:]))
+	if uint64(n) > uint64(limit) {
+		return 0, nil, 0, fmt.Errorf("%w: frame of %d bytes, over the %d-byte cap", ErrTooLarge, n, limit)
 	}
-	payload = make([]byte, n)
-	if _, err := io.ReadFull(r, payload); err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return 0, nil, fmt.Errorf("%w: truncated payload (%d bytes announced)", ErrFrame, n)
+	var buf []byte
+	for len(buf) < n {
+		if len(buf) == cap(buf) {
+			grown := min(n, max(firstChunk, 2*cap(buf)))
+			if charge != nil {
+				if err := charge(grown - cap(buf)); err != nil {
+					return 0, nil, charged, err
+				}
+			}
+			charged = grown
+			nb := make([]byte, len(buf), grown)
+			copy(nb, buf)
+			buf = nb
 		}
-		return 0, nil, err
+		k, err := io.ReadFull(r, buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+k]
+		if err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+				return 0, nil, charged, fmt.Errorf("%w: truncated payload (%d of %d bytes announced)", ErrFrame, len(buf), n)
+			}
+			return 0, nil, charged, err
+		}
 	}
-	return h[0], payload, nil
+	if buf == nil {
+		buf = []byte{}
+	}
+	return h[0], buf, charged, nil
 }
 
 func invalid(format string, args ...any) error {

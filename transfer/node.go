@@ -34,6 +34,7 @@ type Node struct {
 	// accepted counts each peer's open accepted connections, for
 	// Config.PeerGone.
 	accepted map[string]int
+	budgets  map[string]*requestBudget
 	stats    statsCounters
 	closeMu  sync.Once
 }
@@ -44,7 +45,8 @@ func NewNode(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{}, accepted: map[string]int{}}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{},
+		accepted: map[string]int{}, budgets: map[string]*requestBudget{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.qcfg = cfg.quicConfig()
 	fail := func(err error) (*Node, error) {

@@ -23,21 +23,36 @@ func (n *Node) serveStream(connCtx context.Context, s *quic.Stream, peer string,
 	// The request must arrive promptly, and an early refusal must not
 	// wait on a reader that never reads: a peer that opens a stream and
 	// sends nothing does not hold a goroutine for longer than this.
-	_ = s.SetDeadline(n.progressDeadline())
+	deadline := n.progressDeadline()
+	_ = s.SetDeadline(deadline)
 	var m method
 	fail := func(err error) {
 		n.stats.callsFailed.Add(1)
 		log.Debug("transfer: call refused", "method", m, "err", err)
+		// The request's deadline may have passed (a silent or throttled
+		// peer); the refusal gets its own.
+		_ = s.SetWriteDeadline(n.progressDeadline())
 		n.refuse(s, err)
 	}
-	kind, payload, err := readFrame(s, n.cfg.MaxMessageSize)
+	// The request's buffer counts against the peer's budget until it is
+	// decoded: nothing is allocated for bytes that have not arrived, and a
+	// peer's requests in flight together stay under MaxPeerRequestBytes.
+	budget, doneBudget := n.budget(peer)
+	kind, payload, charged, err := readFrameCharged(s, n.cfg.MaxMessageSize, func(k int) error {
+		return budget.acquire(int64(k), deadline)
+	})
 	s.CancelRead(0) // one frame per call; anything after it is not ours
 	if err != nil {
+		budget.release(int64(charged))
+		doneBudget()
 		fail(fmt.Errorf("read request: %w", err))
 		return
 	}
 	m = method(kind)
 	req, err := decodeRequest(m, payload, n.cfg.MaxSegments)
+	payload = nil
+	budget.release(int64(charged))
+	doneBudget()
 	if err != nil {
 		fail(err)
 		return

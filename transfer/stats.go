@@ -18,11 +18,18 @@ type Stats struct {
 	BytesRead uint64
 	// ReadsFailed counts this node's own reads that returned an error.
 	ReadsFailed uint64
+	// RequestBytes is the request frame buffers held now, all peers
+	// together; each peer's share is capped by MaxPeerRequestBytes.
+	RequestBytes uint64
+	// RequestBudgetWaits counts requests that waited because their peer's
+	// request bytes were at the cap.
+	RequestBudgetWaits uint64
 }
 
 type statsCounters struct {
 	streams, callsServed, callsFailed, readsServed, bytesServed atomic.Uint64
-	reads, bytesRead, readsFailed                               atomic.Uint64
+	reads, bytesRead, readsFailed, budgetWaits                  atomic.Uint64
+	requestBytes                                                atomic.Int64
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -32,5 +39,6 @@ func (n *Node) Stats() Stats {
 		StreamsAccepted: s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
 		ReadsServed: s.readsServed.Load(), BytesServed: s.bytesServed.Load(),
 		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), ReadsFailed: s.readsFailed.Load(),
+		RequestBytes: uint64(max(0, s.requestBytes.Load())), RequestBudgetWaits: s.budgetWaits.Load(),
 	}
 }

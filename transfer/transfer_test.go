@@ -387,6 +387,7 @@ func TestConfigValidation(t *testing.T) {
 		{"no members", func(c *Config) { c.Members = nil }},
 		{"too many connections", func(c *Config) { c.ConnsPerPeer = 65 }},
 		{"negative timeout", func(c *Config) { c.IdleTimeout = -1 }},
+		{"peer request cap under the message cap", func(c *Config) { c.MaxMessageSize, c.MaxPeerRequestBytes = 1<<20, 1<<20-1 }},
 		{"bad listen address", func(c *Config) { c.ListenAddr = "nowhere:xyz" }},
 	} {
 		c := good()
@@ -398,9 +399,17 @@ func TestConfigValidation(t *testing.T) {
 			t.Errorf("%s: err = %v, want ErrConfig", tc.name, err)
 		}
 	}
+	// The peer request cap at the message cap is allowed.
 	c := good()
-	c.ListenAddr = ""
+	c.MaxMessageSize, c.MaxPeerRequestBytes = 1<<20, 1<<20
 	n, err := NewNode(c)
+	if err != nil {
+		t.Fatalf("MaxPeerRequestBytes = MaxMessageSize: %v", err)
+	}
+	n.Close()
+	c = good()
+	c.ListenAddr = ""
+	n, err = NewNode(c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,9 +58,10 @@ everything.`)
 		leaseDur    = fs.Duration("lease-duration", 0, "how long this node keeps blocks for an importer (default 30s)")
 		importTO    = fs.Duration("import-timeout", 0, "bound on one import, all holders tried (default 30s)")
 		peerTO      = fs.Duration("peer-timeout", 0, "how long a silent peer may stall a call (default 2s)")
+		allowAlone  = fs.Bool("allow-alone", false, "/healthz answers ok while no --join seed has answered (default: 503 \"not joined\" until joined once)")
 		join, pools listFlag
 	)
-	fs.Var(&join, "join", "gossip host:port of a node to join; repeat or comma-separate (retried until joined)")
+	fs.Var(&join, "join", "gossip host:port of a node to join; repeat or comma-separate (retried with backoff; each failure is logged with its reason)")
 	fs.Var(&pools, "pool", "memory pool KIND=SIZE, kind host or pinned, e.g. host=4GiB (default host=1GiB)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -105,6 +106,9 @@ everything.`)
 	}
 	if set["join"] {
 		cfg.Join = join
+	}
+	if set["allow-alone"] {
+		cfg.AllowAlone = *allowAlone
 	}
 	if set["pool"] {
 		cfg.Pools = pools

@@ -23,6 +23,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -206,32 +207,45 @@ func writePair(certPath, keyPath string, certPEM, keyPEM []byte) error {
 // never sees half a key, and so that the mode holds even if path existed
 // with a looser one.
 func writeFile(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	tmp, err := writeTemp(path, data, mode)
 	if err != nil {
-		return fmt.Errorf("certs: write %s: %w", path, err)
+		return err
 	}
-	tmp := f.Name()
 	defer os.Remove(tmp) // no-op after a successful rename
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return fmt.Errorf("certs: chmod %s: %w", tmp, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("certs: write %s: %w", tmp, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("certs: sync %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("certs: close %s: %w", tmp, err)
-	}
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("certs: rename to %s: %w", path, err)
 	}
 	return nil
+}
+
+// writeTemp writes data, synced, to a new temporary file beside path and
+// returns its name.
+func writeTemp(path string, data []byte, mode os.FileMode) (string, error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return "", fmt.Errorf("certs: write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	fail := func(err error) (string, error) {
+		f.Close()
+		os.Remove(tmp)
+		return "", err
+	}
+	if err := f.Chmod(mode); err != nil {
+		return fail(fmt.Errorf("certs: chmod %s: %w", tmp, err))
+	}
+	if _, err := f.Write(data); err != nil {
+		return fail(fmt.Errorf("certs: write %s: %w", tmp, err))
+	}
+	if err := f.Sync(); err != nil {
+		return fail(fmt.Errorf("certs: sync %s: %w", tmp, err))
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("certs: close %s: %w", tmp, err)
+	}
+	return tmp, nil
 }
 
 // LoadCA reads a CA certificate and key written by [CA.Save].
@@ -271,17 +285,166 @@ func LoadCA(certPath, keyPath string) (*CA, error) {
 	return &CA{Cert: cert, Key: signer, CertPEM: certPEM}, nil
 }
 
-// LoadPool reads a PEM file of one or more CA certificates into a pool.
-func LoadPool(certPath string) (*x509.CertPool, error) {
+// LoadCAs reads a PEM file of one or more cluster CA certificates (more
+// than one while a CA is being replaced). Each must be a CA certificate:
+// basic constraints CA:TRUE and, when it states key usages, allowed to sign
+// certificates. A node certificate given as the CA would make every peer's
+// handshake fail; it is refused here, where the cause is plain.
+func LoadCAs(certPath string) ([]*x509.Certificate, error) {
 	data, err := os.ReadFile(certPath)
 	if err != nil {
 		return nil, fmt.Errorf("certs: read CA certificate: %w", err)
 	}
-	p := x509.NewCertPool()
-	if !p.AppendCertsFromPEM(data) {
+	var cas []*x509.Certificate
+	for i := 1; ; i++ {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: certificate %d: %v", ErrInvalid, certPath, i, err)
+		}
+		if err := checkCA(c); err != nil {
+			return nil, fmt.Errorf("%w: %s: certificate %d %w", ErrInvalid, certPath, i, err)
+		}
+		cas = append(cas, c)
+	}
+	if len(cas) == 0 {
 		return nil, fmt.Errorf("%w: %s holds no certificate", ErrInvalid, certPath)
 	}
+	return cas, nil
+}
+
+// checkCA says why c cannot be a CA, if it cannot.
+func checkCA(c *x509.Certificate) error {
+	switch {
+	case !c.BasicConstraintsValid || !c.IsCA:
+		return fmt.Errorf("(subject %q, issued by %q) is not a CA certificate (no basic constraints CA:TRUE): "+
+			"give the cluster CA's certificate, not a node's", c.Subject.String(), c.Issuer.String())
+	case c.KeyUsage != 0 && c.KeyUsage&x509.KeyUsageCertSign == 0:
+		return fmt.Errorf("(subject %q) is a CA certificate whose key usage does not allow signing certificates", c.Subject.String())
+	}
+	return nil
+}
+
+// LoadPool reads a PEM file of one or more CA certificates (see [LoadCAs])
+// into a pool.
+func LoadPool(certPath string) (*x509.CertPool, error) {
+	cas, err := LoadCAs(certPath)
+	if err != nil {
+		return nil, err
+	}
+	p := x509.NewCertPool()
+	for _, c := range cas {
+		p.AddCert(c)
+	}
 	return p, nil
+}
+
+// Checked is a node's TLS identity after [VerifyNode]: its certificate and
+// the CA it chains to.
+type Checked struct {
+	Leaf *x509.Certificate
+	CA   *x509.Certificate
+}
+
+// VerifyNode checks, before a node uses them, what its peers will check:
+// that the certificate is valid at now, chains to one of cas for both
+// server and client authentication, and names node. Errors name the
+// subjects involved; the caller adds the files.
+func VerifyNode(cert tls.Certificate, cas []*x509.Certificate, node string, now time.Time) (*Checked, error) {
+	if len(cert.Certificate) == 0 {
+		return nil, fmt.Errorf("%w: no certificate", ErrInvalid)
+	}
+	chain := make([]*x509.Certificate, len(cert.Certificate))
+	for i, der := range cert.Certificate {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, fmt.Errorf("%w: certificate %d of the chain: %v", ErrInvalid, i+1, err)
+		}
+		chain[i] = c
+	}
+	leaf := chain[0]
+	what := fmt.Sprintf("certificate %q", leaf.Subject.CommonName)
+	if now.After(leaf.NotAfter) {
+		return nil, fmt.Errorf("%w: %s expired at %s", ErrInvalid, what, leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	if now.Before(leaf.NotBefore) {
+		return nil, fmt.Errorf("%w: %s is not valid before %s (is the clock right?)", ErrInvalid, what, leaf.NotBefore.UTC().Format(time.RFC3339))
+	}
+	name, err := NodeName(leaf)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, what, err)
+	}
+	if name != node {
+		return nil, fmt.Errorf("%w: %s names node %q, but this node is %q: peers would refuse every call", ErrInvalid, what, name, node)
+	}
+	roots := x509.NewCertPool()
+	var subjects []string
+	for _, c := range cas {
+		roots.AddCert(c)
+		subjects = append(subjects, c.Subject.String())
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	var root *x509.Certificate
+	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+		chains, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}})
+		if err != nil {
+			var ua x509.UnknownAuthorityError
+			if errors.As(err, &ua) {
+				return nil, fmt.Errorf("%w: %s was issued by %q, which is not the cluster CA %q: "+
+					"peers would refuse every connection (issue the certificate with that CA, or give its issuer as the CA)",
+					ErrInvalid, what, leaf.Issuer.String(), strings.Join(subjects, `", "`))
+			}
+			return nil, fmt.Errorf("%w: %s does not verify against the cluster CA %q for %s: %v",
+				ErrInvalid, what, strings.Join(subjects, `", "`), usageName(usage), err)
+		}
+		c := chains[0]
+		root = c[len(c)-1]
+	}
+	return &Checked{Leaf: leaf, CA: root}, nil
+}
+
+func usageName(u x509.ExtKeyUsage) string {
+	if u == x509.ExtKeyUsageServerAuth {
+		return "server authentication"
+	}
+	return "client authentication"
+}
+
+// LoadNode loads and checks a node's TLS identity from files: the cluster
+// CA (see [LoadCAs]), and the node's certificate and key, which must match
+// and pass [VerifyNode] for node. Errors name the file at fault.
+func LoadNode(caPath, certPath, keyPath, node string, now time.Time) (tls.Certificate, *x509.CertPool, *Checked, error) {
+	cas, err := LoadCAs(caPath)
+	if err != nil {
+		return tls.Certificate{}, nil, nil, err
+	}
+	pair, err := LoadPair(certPath, keyPath)
+	if err != nil {
+		return tls.Certificate{}, nil, nil, err
+	}
+	cert, err := pair.TLSCertificate()
+	if err != nil {
+		return tls.Certificate{}, nil, nil, fmt.Errorf("%s, %s: %w", certPath, keyPath, err)
+	}
+	checked, err := VerifyNode(cert, cas, node, now)
+	if err != nil {
+		return tls.Certificate{}, nil, nil, fmt.Errorf("%s (CA %s): %w", certPath, caPath, err)
+	}
+	pool := x509.NewCertPool()
+	for _, c := range cas {
+		pool.AddCert(c)
+	}
+	return cert, pool, checked, nil
 }
 
 // LoadPair reads a node certificate and key written by [Pair.Save].
@@ -296,7 +459,7 @@ func LoadPair(certPath, keyPath string) (*Pair, error) {
 	}
 	p := &Pair{CertPEM: certPEM, KeyPEM: keyPEM}
 	if _, err := p.TLSCertificate(); err != nil {
-		return nil, fmt.Errorf("load %s, %s: %w", certPath, keyPath, err)
+		return nil, fmt.Errorf("certs: load %s, %s: %w", certPath, keyPath, err)
 	}
 	return p, nil
 }
@@ -339,27 +502,88 @@ const (
 
 // EnsureDevCA loads the development CA from dir, or makes and saves one
 // there if dir has none; created says which. Every agent of a local
-// development cluster pointed at the same dir shares it.
+// development cluster pointed at the same dir shares it, also agents that
+// start at the same moment: the key is published with a hard link, which
+// only one of them can make, and the others wait for its certificate and
+// load the winner's CA.
 func EnsureDevCA(dir string) (ca *CA, created bool, err error) {
 	certPath, keyPath := filepath.Join(dir, DevCACertFile), filepath.Join(dir, DevCAKeyFile)
-	_, certErr := os.Stat(certPath)
-	_, keyErr := os.Stat(keyPath)
-	if certErr == nil && keyErr == nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, false, fmt.Errorf("certs: development CA: %w", err)
+	}
+	switch certOK, keyOK := exists(certPath), exists(keyPath); {
+	case certOK && keyOK:
 		ca, err := LoadCA(certPath, keyPath)
 		return ca, false, err
-	}
-	if !errors.Is(certErr, os.ErrNotExist) || !errors.Is(keyErr, os.ErrNotExist) {
-		return nil, false, fmt.Errorf("%w: %s and %s must both exist or both be absent", ErrInvalid, certPath, keyPath)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, false, fmt.Errorf("certs: %w", err)
+	case certOK:
+		// The key is published first, so this is not a CA being made.
+		return nil, false, fmt.Errorf("%w: %s exists without %s: remove it to make a new development CA", ErrInvalid, certPath, keyPath)
+	case keyOK:
+		ca, err := waitDevCA(certPath, keyPath)
+		return ca, false, err
 	}
 	ca, err = NewDevCA()
 	if err != nil {
 		return nil, false, err
 	}
-	if err := ca.Save(certPath, keyPath); err != nil {
+	keyDER, err := x509.MarshalPKCS8PrivateKey(ca.Key)
+	if err != nil {
+		return nil, false, fmt.Errorf("certs: marshal CA key: %w", err)
+	}
+	won, err := publish(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600)
+	if err != nil {
 		return nil, false, err
 	}
+	if !won {
+		ca, err := waitDevCA(certPath, keyPath)
+		return ca, false, err
+	}
+	if won, err = publish(certPath, ca.CertPEM, 0o644); err != nil {
+		return nil, false, err
+	}
+	if !won {
+		return nil, false, fmt.Errorf("%w: %s appeared while this agent made the development CA: remove %s and %s", ErrInvalid, certPath, certPath, keyPath)
+	}
 	return ca, true, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// devCAWait bounds how long an agent waits for another to finish writing
+// the development CA it is making (a few milliseconds when all is well).
+const devCAWait = 10 * time.Second
+
+// waitDevCA loads the development CA that another agent is writing, once
+// its certificate is there.
+func waitDevCA(certPath, keyPath string) (*CA, error) {
+	deadline := time.Now().Add(devCAWait)
+	for !exists(certPath) {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: %s has been without %s for %v: an agent died while making the development CA; remove %s",
+				ErrInvalid, keyPath, certPath, devCAWait, keyPath)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return LoadCA(certPath, keyPath)
+}
+
+// publish writes data to path whole or not at all, and only if path does
+// not exist: through a temporary file and a hard link, which fails when
+// path exists. won is false when another writer got there first.
+func publish(path string, data []byte, mode os.FileMode) (won bool, err error) {
+	tmp, err := writeTemp(path, data, mode)
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(tmp)
+	if err := os.Link(tmp, path); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("certs: publish %s: %w", path, err)
+	}
+	return true, nil
 }

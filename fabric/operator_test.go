@@ -1,0 +1,146 @@
+package fabric_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/internal/wait"
+)
+
+// metricValue returns the value of the sample line that starts with
+// name (labels included) in a /metrics body.
+func metricValue(t *testing.T, body, name string) (float64, bool) {
+	t.Helper()
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err != nil {
+				t.Fatalf("/metrics: %q: %v", line, err)
+			}
+			return f, true
+		}
+	}
+	return 0, false
+}
+
+// The node certificate's and the CA's expiry are exported, so that an
+// alert can fire before peers start refusing the node.
+func TestCertificateExpiryExported(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	body := httpGet(t, "http://"+a.MetricsAddr()+"/metrics")
+	now := time.Now()
+	for _, c := range []struct {
+		label string
+		want  time.Duration // the development CA and certificate live 7 days
+	}{{"node", 7 * 24 * time.Hour}, {"ca", 7 * 24 * time.Hour}} {
+		v, ok := metricValue(t, body, `kvfabric_certificate_expiry_timestamp_seconds{certificate="`+c.label+`"}`)
+		if !ok {
+			t.Fatalf("/metrics has no expiry for the %s certificate", c.label)
+		}
+		at := time.Unix(int64(v), 0)
+		if at.Before(now.Add(c.want-time.Hour)) || at.After(now.Add(c.want+time.Minute)) {
+			t.Errorf("%s certificate expires at %v, want about %v from now", c.label, at, c.want)
+		}
+	}
+}
+
+func httpStatus(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func freeTCP(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// An agent given a seed that does not answer starts (it retries), but
+// /healthz says it has not joined and /metrics counts the failures, until
+// the seed comes up.
+func TestHealthzNotJoined(t *testing.T) {
+	seed := freeTCP(t)
+	cfg := testConfig(t, "n2")
+	cfg.Join = []string{seed}
+	a := startAgent(t, cfg)
+	url := "http://" + a.MetricsAddr()
+	code, body := httpStatus(t, url+"/healthz")
+	if code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "not joined n2") || !strings.Contains(body, seed) {
+		t.Fatalf("/healthz with an unreachable seed: %d %q; want 503 \"not joined\" naming the seed", code, body)
+	}
+	t.Logf("/healthz: %d %s", code, strings.TrimSpace(body))
+	wait.For(t, 10*time.Second, "two join failures counted", func() error {
+		m := httpGet(t, url+"/metrics")
+		if v, _ := metricValue(t, m, `kvfabric_gossip_join_failures_total{reason="unreachable"}`); v < 2 {
+			return fmt.Errorf("%v unreachable failures", v)
+		}
+		if v, ok := metricValue(t, m, "kvfabric_gossip_join_attempts_total"); !ok || v < 2 {
+			return fmt.Errorf("%v attempts", v)
+		}
+		if v, ok := metricValue(t, m, "kvfabric_gossip_joined"); !ok || v != 0 {
+			return fmt.Errorf("joined %v", v)
+		}
+		return nil
+	})
+
+	// The seed comes up: the agent joins, and is healthy.
+	scfg := testConfig(t, "n1")
+	scfg.GossipAddr = seed
+	startAgent(t, scfg)
+	wait.For(t, 15*time.Second, "healthy once the seed is up", func() error {
+		if code, body := httpStatus(t, url+"/healthz"); code != http.StatusOK || !strings.HasPrefix(body, "ok n2") {
+			return fmt.Errorf("%d %q", code, body)
+		}
+		return nil
+	})
+	if v, _ := metricValue(t, httpGet(t, url+"/metrics"), "kvfabric_gossip_joined"); v != 1 {
+		t.Errorf("kvfabric_gossip_joined %v after joining", v)
+	}
+}
+
+// With AllowAlone, an agent that has not joined is healthy, and says it
+// is alone.
+func TestHealthzAllowAlone(t *testing.T) {
+	cfg := testConfig(t, "n2")
+	cfg.Join = []string{freeTCP(t)}
+	cfg.AllowAlone = true
+	a := startAgent(t, cfg)
+	code, body := httpStatus(t, "http://"+a.MetricsAddr()+"/healthz")
+	if code != http.StatusOK || !strings.Contains(body, "alone") {
+		t.Fatalf("/healthz with allow_alone: %d %q", code, body)
+	}
+	// Without seeds a node starts a cluster: healthy at once.
+	b := startAgent(t, testConfig(t, "n3"))
+	if code, body := httpStatus(t, "http://"+b.MetricsAddr()+"/healthz"); code != http.StatusOK || !strings.HasPrefix(body, "ok n3") {
+		t.Fatalf("/healthz without seeds: %d %q", code, body)
+	}
+}
+
+// The TLS files go together: one of them alone is refused by name, not
+// with the error of opening an empty path.
+func TestPartialTLSFilesRefused(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.CAFile = filepath.Join(cfg.DataDir, "ca.crt")
+	_, err := fabric.Start(context.Background(), cfg)
+	if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), "cert_file (--cert) is missing") {
+		t.Fatalf("Start with only a CA file: %v", err)
+	}
+}
