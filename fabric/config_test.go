@@ -55,6 +55,10 @@ func TestValidateConfig(t *testing.T) {
 		{"two pools", func(c *Config) { c.Pools = []string{"host=1GiB", "pinned=2GiB"} }, "pools"},
 		{"lease too long for holders", func(c *Config) { c.LeaseDuration = 10 * time.Minute }, "lease_duration"},
 		{"lease too short", func(c *Config) { c.LeaseDuration = time.Millisecond }, "lease_duration"},
+		{"import chunk a byte under its floor", func(c *Config) { c.ImportChunkBytes = minImportChunk - 1 }, "import_chunk_bytes"},
+		{"import chunk a byte over its ceiling", func(c *Config) { c.ImportChunkBytes = maxImportChunk + 1 }, "import_chunk_bytes"},
+		{"negative lease cap per peer", func(c *Config) { c.MaxLeasedPerPeer = -1 }, "max_leased_per_peer"},
+		{"negative lease cap", func(c *Config) { c.MaxLeased = -1 }, "max_leased"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -72,6 +76,15 @@ func TestValidateConfig(t *testing.T) {
 	specs, err := c.validate()
 	if err != nil || len(specs) != 1 || specs[0] != (PoolSpec{Kind: "host", Size: 1 << 30}) {
 		t.Fatalf("defaults: %v %v", specs, err)
+	}
+	// Each bound is itself allowed.
+	for _, n := range []int64{minImportChunk, maxImportChunk} {
+		c := DefaultLocalConfig()
+		c.ImportChunkBytes = n
+		c.populate()
+		if _, err := c.validate(); err != nil {
+			t.Errorf("import_chunk_bytes %d (a bound): %v", n, err)
+		}
 	}
 }
 

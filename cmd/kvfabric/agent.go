@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -55,9 +56,12 @@ everything.`)
 		metricsAddr = fs.String("metrics-addr", "", `host:port of /metrics and /healthz, or "off" (default 127.0.0.1:7948)`)
 		slots       = fs.Int("block-set-slots", 0, "slots of a block set an engine asks none for (default: a quarter of the pool)")
 		logLevel    = fs.String("log-level", "", "debug, info, warn or error (default info)")
-		leaseDur    = fs.Duration("lease-duration", 0, "how long this node keeps blocks for an importer (default 30s)")
+		leaseDur    = fs.Duration("lease-duration", 0, "the longest this node pins blocks for an importer per lease or renewal, whatever it asks; importers ask for as much (default 30s, 1s..5m)")
 		importTO    = fs.Duration("import-timeout", 0, "bound on one import, all holders tried (default 30s)")
 		peerTO      = fs.Duration("peer-timeout", 0, "how long a silent peer may stall a call (default 2s)")
+		chunk       = fs.String("import-chunk-bytes", "", "bytes an import leases, reads and registers at a time, e.g. 64MiB; at most 4,096 blocks whatever their size (default 64MiB, 1MiB..4GiB)")
+		leasedPeer  = fs.Int("max-leased-per-peer", 0, "blocks one peer may hold leased on this node; past it leases are cut or refused (default: half the slots of the node's block sets)")
+		leasedAll   = fs.Int("max-leased", 0, "blocks all peers together may hold leased on this node (default: three quarters of the slots of its block sets)")
 		allowAlone  = fs.Bool("allow-alone", false, "/healthz answers ok while no --join seed has answered (default: 503 \"not joined\" until joined once)")
 		join, pools listFlag
 	)
@@ -115,6 +119,19 @@ everything.`)
 	}
 	if set["block-set-slots"] {
 		cfg.BlockSetSlots = *slots
+	}
+	if set["import-chunk-bytes"] {
+		n, err := fabric.ParseSize(*chunk)
+		if err != nil || n > math.MaxInt64 {
+			return usagef("--import-chunk-bytes %q: want a size such as 64MiB", *chunk)
+		}
+		cfg.ImportChunkBytes = int64(n)
+	}
+	if set["max-leased-per-peer"] {
+		cfg.MaxLeasedPerPeer = *leasedPeer
+	}
+	if set["max-leased"] {
+		cfg.MaxLeased = *leasedAll
 	}
 	for name, d := range map[string]struct {
 		v   time.Duration
