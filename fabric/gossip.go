@@ -42,7 +42,10 @@ func (a *Agent) startMembership(ctx context.Context) error {
 	} else {
 		a.log.Warn("gossip is not encrypted: give --gossip-key-file on a shared network")
 	}
-	mcfg.Sink = indexSink{a}
+	sink := newIndexSink(a)
+	a.wg.Add(1)
+	go sink.sweepLoop()
+	mcfg.Sink = sink
 	mcfg.Repairer = repairer{a}
 	mcfg.Logger = a.baseLog
 	mcfg.Meta = a.meta()
