@@ -165,12 +165,19 @@ func (a *Agent) member(name string) (membership.Member, bool) {
 }
 
 // memberLoop closes the connections and forgets the layouts of members
-// that leave or fail.
+// that leave or fail, and stops the agent if membership stops by itself
+// (its node name turned out to be taken).
 func (a *Agent) memberLoop() {
 	defer a.wg.Done()
 	for {
 		select {
 		case <-a.done:
+			return
+		case <-a.members.Stopped():
+			err := a.members.Err()
+			a.log.Error("agent stopping: membership stopped", "err", err)
+			a.stopErr.Store(&err)
+			go a.Close() // Close waits for this goroutine
 			return
 		case ev := <-a.members.Events():
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {

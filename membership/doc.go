@@ -39,6 +39,18 @@
 // ([ErrRangeGone]), for a [Snapshot] of its holdings, which replaces what the
 // node had. A node declared dead or that left is dropped from the Sink; an
 // origin seen with a new incarnation is dropped and rebuilt, never merged.
+// Only the run memberlist accepted for a name (the incarnation in its
+// metadata) is applied, so another instance under the same name never
+// replaces the live one's entries.
+//
+// # Name conflicts
+//
+// Two nodes under one name (cloned hosts keep the host name) would take
+// each other's blocks in every index. memberlist keeps the first and calls
+// the conflict delegate; the later run (by incarnation) refuses: [Start]
+// fails with a [NameConflictError] naming the other's address, or, when the
+// conflict shows only later, the node stops by itself without a leave
+// ([Membership.Stopped], [Membership.Err]).
 //
 // # Wire
 //
