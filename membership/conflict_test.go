@@ -154,3 +154,54 @@ func TestYieldsToTheEarlierRun(t *testing.T) {
 		})
 	}
 }
+
+// A node that crashed and restarts at another address before the cluster
+// has declared its previous run dead sees its own name at the old address:
+// that run does not answer, so the new one starts and stays up. (With
+// -kvfabric.long: the cluster then takes the new run in, with its blocks.)
+func TestRestartAtNewAddressNotRefused(t *testing.T) {
+	c := newCluster(t, 2, nil)
+	waitFor(t, 20*time.Second, "2 nodes see each other", func() bool { return c.allSee(2) })
+	old, third := c.nodes[0], c.nodes[1]
+	old.m.Publish(EventStore, 1, 1000)
+	waitFor(t, 10*time.Second, "the third node indexes the old run's block", func() bool {
+		return third.sink.has("node-00", 1000)
+	})
+	oldAddr := old.m.Addr()
+	old.m.shutdown(false) // a crash: no leave
+
+	cfg := testConfig("node-00", 12)
+	cfg.Seeds = []string{third.m.Addr().String()}
+	cfg.Sink = newMapSink()
+	cfg.Repairer = c.repairer
+	logs := &logCapture{}
+	cfg.Logger = slog.New(logs)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	re, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("the new run of node-00 refused to start: %v", err)
+	}
+	t.Cleanup(func() { re.shutdown(false) })
+	c.repairer.mu.Lock()
+	c.repairer.nodes["node-00"] = re
+	c.repairer.mu.Unlock()
+	// Alive, suspect or dead, memberlist keeps the old address until it
+	// reaps the record, and reports the conflict.
+	if logs.matching("INFO", "does not answer") == 0 {
+		t.Fatalf("the new run did not meet its previous run's record at %s", oldAddr)
+	}
+	select {
+	case <-re.Stopped():
+		t.Fatalf("the new run stopped: %v", re.Err())
+	case <-time.After(3 * time.Second):
+	}
+	if !*long {
+		return
+	}
+	re.Publish(EventStore, 1, 2000)
+	waitFor(t, 90*time.Second, "the third node takes the new run in", func() bool {
+		mb, ok := third.m.Member("node-00")
+		return ok && mb.Addr == re.Addr() && third.sink.has("node-00", 2000) && !third.sink.has("node-00", 1000)
+	})
+}

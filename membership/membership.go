@@ -22,29 +22,6 @@ var ErrClosed = errors.New("membership: closed")
 // encrypted.
 var ErrNoKeyring = errors.New("membership: gossip is not encrypted")
 
-// ErrNameConflict is matched by *NameConflictError.
-var ErrNameConflict = errors.New("membership: node name taken")
-
-// NameConflictError says that another member runs under this node's name
-// and started first, so this node refuses to run: two nodes under one name
-// would take each other's blocks in every index.
-type NameConflictError struct {
-	Name string
-	// Other is the other member's gossip address.
-	Other netip.AddrPort
-	// OtherIncarnation is the other member's run, 0 if its metadata could
-	// not be read.
-	OtherIncarnation uint64
-}
-
-func (e *NameConflictError) Error() string {
-	return fmt.Sprintf("membership: node name %q is taken by the member at %s (run %d, started first): give this node another name",
-		e.Name, e.Other, e.OtherIncarnation)
-}
-
-// Is makes errors.Is(err, ErrNameConflict) true.
-func (e *NameConflictError) Is(target error) bool { return target == ErrNameConflict }
-
 // Membership is one node's view of the cluster and its end of event
 // replication. All methods are safe for concurrent use.
 type Membership struct {
@@ -78,9 +55,10 @@ type Membership struct {
 	leaving map[string]bool
 
 	metrics counters
-	// conflict is set once, by the conflict delegate, when another member
-	// runs under this node's name and this node must yield; conflicted is
-	// closed then.
+	// conflicts carries members seen under this node's name, from the
+	// conflict delegate to settleConflict; conflict is set once, when this
+	// node must yield, and conflicted closed then. See conflict.go.
+	conflicts  chan Member
 	conflictMu sync.Mutex
 	conflict   error
 	conflicted chan struct{}
@@ -164,6 +142,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		members: make(map[string]Member),
 		leaving: make(map[string]bool),
 
+		conflicts:  make(chan Member, 1),
 		conflicted: make(chan struct{}),
 	}
 	mc := memberlist.DefaultLANConfig()
@@ -226,23 +205,14 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	}
 	// The join's state exchange shows any member already running under
 	// this name. Stop without a leave: a leave names the other node too.
-	if err := m.Err(); err != nil {
-		m.closed.Store(true)
+	if err := m.refuseTakenName(); err != nil {
 		ml.Shutdown()
 		return nil, err
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
-	// A conflict found later (a seed that answers late, a healed
-	// partition) stops the node the same way. Not in wg: it waits for it.
-	go func() {
-		select {
-		case <-loopCtx.Done():
-		case <-m.conflicted:
-			m.log.Error("membership: stopping", "err", m.Err())
-			m.shutdown(false)
-		}
-	}()
+	// Not in wg: it stops the node, which waits for wg.
+	go m.watchConflicts(loopCtx)
 	m.every(loopCtx, cfg.FlushInterval, func(context.Context) { m.flush() })
 	m.every(loopCtx, cfg.RepairInterval, m.repairGaps)
 	m.every(loopCtx, cfg.RejoinInterval, func(context.Context) { m.rejoin() })
@@ -596,71 +566,6 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 		return
 	}
 	m.mergeMarks(marks)
-}
-
-// Stopped is closed when the node stops by itself, which it does when it
-// finds another member running under its name that started first; Err
-// says which. Close the Membership still, to release it.
-func (m *Membership) Stopped() <-chan struct{} { return m.conflicted }
-
-// Err returns why the node stopped by itself (a *NameConflictError), nil
-// while it has not.
-func (m *Membership) Err() error {
-	m.conflictMu.Lock()
-	defer m.conflictMu.Unlock()
-	return m.conflict
-}
-
-// conflictDelegate is memberlist's ConflictDelegate: memberlist calls it,
-// under its node lock, when an alive message names a known member at
-// another address, and ignores the message. It must not block or call
-// memberlist.
-type conflictDelegate Membership
-
-func (d *conflictDelegate) NotifyConflict(existing, other *memberlist.Node) {
-	m := (*Membership)(d)
-	ours, theirs := toMember(existing), toMember(other)
-	if existing.Name != m.cfg.Name {
-		m.log.Warn("membership: two members claim one name; keeping the first", "peer", existing.Name,
-			"addr", ours.Addr, "other_addr", theirs.Addr)
-		return
-	}
-	if !m.yields(ours.Addr, theirs) {
-		m.log.Warn("membership: a node started later under this node's name; it must stop", "peer", theirs.Addr)
-		return
-	}
-	err := &NameConflictError{Name: m.cfg.Name, Other: theirs.Addr}
-	if theirs.MetaErr == nil {
-		err.OtherIncarnation = theirs.Meta.Incarnation
-	}
-	m.conflictMu.Lock()
-	if m.conflict == nil {
-		m.conflict = err
-		close(m.conflicted)
-	}
-	m.conflictMu.Unlock()
-}
-
-// yields decides which of two nodes under one name stops: the later run,
-// by incarnation (the start time unless configured); if the runs cannot be
-// told apart, the one at the greater address, as both sides see it.
-func (m *Membership) yields(self netip.AddrPort, other Member) bool {
-	if other.MetaErr == nil && other.Meta.Incarnation != 0 && other.Meta.Incarnation != m.cfg.Incarnation {
-		return other.Meta.Incarnation < m.cfg.Incarnation
-	}
-	return self.Compare(other.Addr) > 0
-}
-
-// runAccepted says whether inc may be origin's run: the one in the
-// metadata memberlist accepted for the name, when there is one. Events,
-// marks or snapshots of another run come from an instance memberlist did
-// not accept (a duplicate of the name, which must not take the live node's
-// place in the index) or from a restart whose alive message has not
-// arrived yet (memberChanged switches to it then, and repair fetches what
-// was skipped). m.mu is held.
-func (m *Membership) runAccepted(origin string, inc uint64) bool {
-	mb, ok := m.members[origin]
-	return !ok || mb.MetaErr != nil || mb.Meta.Incarnation == 0 || mb.Meta.Incarnation == inc
 }
 
 // eventDelegate is memberlist's EventDelegate.
