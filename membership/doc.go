@@ -47,10 +47,12 @@
 //
 // Two nodes under one name (cloned hosts keep the host name) would take
 // each other's blocks in every index. memberlist keeps the first and calls
-// the conflict delegate; the later run (by incarnation) refuses: [Start]
-// fails with a [NameConflictError] naming the other's address, or, when the
-// conflict shows only later, the node stops by itself without a leave
-// ([Membership.Stopped], [Membership.Err]).
+// the conflict delegate; the later run (by incarnation) refuses if the
+// other answers a ping under the name (a silent one is most likely its own
+// previous run, not yet reaped): [Start] fails with a [NameConflictError]
+// naming the other's address, or, when the conflict shows only later, the
+// node stops by itself without a leave ([Membership.Stopped],
+// [Membership.Err]).
 //
 // # Wire
 //
