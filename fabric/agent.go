@@ -67,7 +67,9 @@ type Agent struct {
 
 	closeOnce sync.Once
 	closeErr  error
-	wg        sync.WaitGroup
+	// stopErr is why the agent stopped by itself, if it did.
+	stopErr atomic.Pointer[error]
+	wg      sync.WaitGroup
 }
 
 // Start makes an agent from cfg and starts serving. The context bounds the
@@ -256,6 +258,19 @@ func (a *Agent) EngineSocket() string { return a.cfg.EngineSocket }
 
 // NodeName returns the agent's node name.
 func (a *Agent) NodeName() string { return a.cfg.NodeName }
+
+// Done is closed when the agent stops: Close, or by itself (then Err says
+// why).
+func (a *Agent) Done() <-chan struct{} { return a.done }
+
+// Err returns why the agent stopped by itself: its node name is taken by
+// another member (matching membership.ErrNameConflict). Nil otherwise.
+func (a *Agent) Err() error {
+	if p := a.stopErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // Close leaves the cluster and releases everything. It is safe to call
 // more than once and returns when every goroutine has stopped.

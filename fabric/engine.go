@@ -306,14 +306,25 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	a := e.a
 	matches := a.index.FindMatches(hashes)
 	loads := map[index.NodeID]float64{}
+	// Members the index has no id for hold nothing: candidates with no
+	// overlap, ranked here rather than named in the index.
+	var idle []*fabricpb.Overlap
 	for _, m := range a.members.Members() {
-		if id, err := a.index.ID(m.Name); err == nil {
+		if id, ok := a.index.Lookup(m.Name); ok {
 			loads[id] = m.Meta.Load.KVUsage
+		} else {
+			idle = append(idle, &fabricpb.Overlap{Node: m.Name, Score: -loadWeight * m.Meta.Load.KVUsage})
 		}
 	}
 	out := &fabricpb.LookupResponse{Hashes: hashes}
 	for _, r := range index.Rank(matches, loads, len(hashes), loadWeight) {
-		out.Overlaps = append(out.Overlaps, &fabricpb.Overlap{Node: a.index.Name(r.Node), Blocks: uint32(r.Blocks), Score: r.Score})
+		if name := a.index.Name(r.Node); name != "" { // "" if dropped since
+			out.Overlaps = append(out.Overlaps, &fabricpb.Overlap{Node: name, Blocks: uint32(r.Blocks), Score: r.Score})
+		}
+	}
+	if len(idle) > 0 {
+		out.Overlaps = append(out.Overlaps, idle...)
+		sort.SliceStable(out.Overlaps, func(i, j int) bool { return out.Overlaps[i].Score > out.Overlaps[j].Score })
 	}
 	return out, nil
 }
@@ -360,7 +371,7 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		if m.MetaErr != nil {
 			mb.State = "alive (bad metadata: " + m.MetaErr.Error() + ")"
 		}
-		if id, err := a.index.ID(m.Name); err == nil {
+		if id, ok := a.index.Lookup(m.Name); ok {
 			mb.Blocks = uint64(a.index.NodeBlocks(id))
 		}
 		out.Members = append(out.Members, mb)

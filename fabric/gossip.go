@@ -42,7 +42,10 @@ func (a *Agent) startMembership(ctx context.Context) error {
 	} else {
 		a.log.Warn("gossip is not encrypted: give --gossip-key-file on a shared network")
 	}
-	mcfg.Sink = indexSink{a}
+	sink := newIndexSink(a)
+	a.wg.Add(1)
+	go sink.sweepLoop()
+	mcfg.Sink = sink
 	mcfg.Repairer = repairer{a}
 	mcfg.Logger = a.baseLog
 	mcfg.Meta = a.meta()
@@ -162,12 +165,19 @@ func (a *Agent) member(name string) (membership.Member, bool) {
 }
 
 // memberLoop closes the connections and forgets the layouts of members
-// that leave or fail.
+// that leave or fail, and stops the agent if membership stops by itself
+// (its node name turned out to be taken).
 func (a *Agent) memberLoop() {
 	defer a.wg.Done()
 	for {
 		select {
 		case <-a.done:
+			return
+		case <-a.members.Stopped():
+			err := a.members.Err()
+			a.log.Error("agent stopping: membership stopped", "err", err)
+			a.stopErr.Store(&err)
+			go a.Close() // Close waits for this goroutine
 			return
 		case ev := <-a.members.Events():
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {

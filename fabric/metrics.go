@@ -62,7 +62,7 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	g("kvfabric_pool_slots", "Slots in the pool.", float64(m.Slots))
 	g("kvfabric_pool_free_slots", "Slots ready to allocate.", float64(m.Free))
 	g("kvfabric_pool_active_slots", "Slots in use (writing, or registered with users or leases).", float64(m.Active))
-	g("kvfabric_pool_inactive_blocks", "Registered blocks nobody uses, recyclable.", float64(m.Inactive))
+	g("kvfabric_pool_inactive_blocks", "Registered blocks nobody uses, recyclable once nothing in use extends them.", float64(m.Inactive))
 	g("kvfabric_pool_registered_blocks", "Registered blocks.", float64(m.Registered))
 	g("kvfabric_pool_utilization", "Active slots over all slots.", m.Utilization)
 	g("kvfabric_leases", "Live leases held by peers.", float64(m.Leases))

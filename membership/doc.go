@@ -52,6 +52,21 @@
 // [Membership.Reconcile] publishes the stores and removes that make the
 // published holdings equal the pool's registry.
 //
+// Only the run memberlist accepted for a name (the incarnation in its
+// metadata) is applied, so another instance under the same name never
+// replaces the live one's entries.
+//
+// # Name conflicts
+//
+// Two nodes under one name (cloned hosts keep the host name) would take
+// each other's blocks in every index. memberlist keeps the first and calls
+// the conflict delegate; the later run (by incarnation) refuses if the
+// other answers a ping under the name (a silent one is most likely its own
+// previous run, not yet reaped): [Start] fails with a [NameConflictError]
+// naming the other's address, or, when the conflict shows only later, the
+// node stops by itself without a leave ([Membership.Stopped],
+// [Membership.Err]).
+//
 // # Wire
 //
 // Every message starts with a version byte (1) and a type byte; see

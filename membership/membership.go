@@ -61,6 +61,13 @@ type Membership struct {
 	joined      atomic.Bool
 	joinMu      sync.Mutex
 	lastJoinErr error
+	// conflicts carries members seen under this node's name, from the
+	// conflict delegate to settleConflict; conflict is set once, when this
+	// node must yield, and conflicted closed then. See conflict.go.
+	conflicts  chan Member
+	conflictMu sync.Mutex
+	conflict   error
+	conflicted chan struct{}
 	// dropBatch, if set (by tests), drops own batches before they are
 	// queued, to exercise repair.
 	dropBatch atomic.Pointer[func(firstSeq uint64) bool]
@@ -144,6 +151,9 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		alive:   make(map[string]bool),
 		members: make(map[string]Member),
 		leaving: make(map[string]bool),
+
+		conflicts:  make(chan Member, 1),
+		conflicted: make(chan struct{}),
 	}
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.Name
@@ -176,6 +186,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	mc.Logger = log.New(newLogWriter(m.log, cfg.LogRepeatWindow), "", 0)
 	mc.Delegate = (*delegate)(m)
 	mc.Events = (*eventDelegate)(m)
+	mc.Conflict = (*conflictDelegate)(m)
 	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: m.numMembers, RetransmitMult: cfg.EventRetransmitMult}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
@@ -203,8 +214,16 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 			return nil, fmt.Errorf("membership: node %s: join: %w", cfg.Name, ctx.Err())
 		}
 	}
+	// The join's state exchange shows any member already running under
+	// this name. Stop without a leave: a leave names the other node too.
+	if err := m.refuseTakenName(); err != nil {
+		ml.Shutdown()
+		return nil, err
+	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
+	// Not in wg: it stops the node, which waits for wg.
+	go m.watchConflicts(loopCtx)
 	m.every(loopCtx, cfg.FlushInterval, func(context.Context) { m.flush() })
 	m.every(loopCtx, cfg.RepairInterval, m.repairGaps)
 	m.wg.Add(1)
@@ -415,7 +434,7 @@ func (m *Membership) Close() error {
 func (m *Membership) shutdown(leave bool) error {
 	var err error
 	m.once.Do(func() {
-		if leave {
+		if leave && m.Err() == nil {
 			m.sayBye()
 			if lerr := m.ml.Leave(time.Second); lerr != nil {
 				m.log.Warn("membership: leave", "err", lerr)

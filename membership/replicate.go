@@ -313,8 +313,12 @@ func (m *Membership) apply(events []Event, fromGossip bool) (news bool) {
 }
 
 // originLocked returns the state of origin, replacing it when inc is a new
-// incarnation; nil if inc is older than the one known.
+// incarnation; nil if inc is older than the one known, or not the run
+// memberlist accepted for the name (see runAccepted).
 func (m *Membership) originLocked(origin string, inc uint64) *originState {
+	if !m.runAccepted(origin, inc) {
+		return nil
+	}
 	st := m.origins[origin]
 	switch {
 	case st == nil:

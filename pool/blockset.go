@@ -57,6 +57,9 @@ type SlotInfo struct {
 	Leases int
 	// Inactive is true for a Registered block with no users and no leases.
 	Inactive bool
+	// Children is the Registered blocks of the set that extend this one:
+	// while it is not zero the block is not recycled.
+	Children int
 }
 
 const none = -1
@@ -64,9 +67,12 @@ const none = -1
 type slot struct {
 	hash, parent uint64
 	gen          uint64
+	used         uint64 // when it last became inactive, in the set's ticks
 	users        int32
 	leases       int32
-	prev, next   int32 // LRU links while inactive
+	up           int32 // the parent's slot, when the parent was here first
+	children     int32 // Registered slots whose up is this one
+	heapIdx      int32 // place in the evictable heap while a leaf and inactive
 	state        State
 	inactive     bool
 }
@@ -86,8 +92,8 @@ type BlockSet struct {
 	slots      []slot
 	free       []int32 // stack of Reset slots
 	registry   map[uint64]int32
-	lruHead    int32 // least recently used inactive block
-	lruTail    int32
+	evictable  []int32 // inactive leaves, a min-heap by used
+	tick       uint64
 	inactive   int
 	registered int
 	leased     int
@@ -107,12 +113,10 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 		slots:    make([]slot, n),
 		free:     make([]int32, n),
 		registry: make(map[uint64]int32),
-		lruHead:  none,
-		lruTail:  none,
 		leases:   make(map[LeaseID]*lease),
 	}
 	for i := range b.slots {
-		b.slots[i].prev, b.slots[i].next = none, none
+		b.slots[i].up, b.slots[i].heapIdx = none, none
 		// Slot 0 on top of the stack: allocation starts at the front.
 		b.free[i] = int32(n - 1 - i)
 	}
@@ -185,8 +189,12 @@ func (b *BlockSet) check(blk Block) (*slot, error) {
 
 // Allocate takes n free slots, moving them Reset -> Partial, and returns
 // them owned by the caller. If fewer than n are free, inactive blocks are
-// recycled, least recently used first; if that cannot make n, nothing is
-// changed and an *AllocError says how many were asked and free. An
+// recycled, leaves first and least recently used among leaves (see
+// Evict). If free and inactive together are fewer than n, nothing is
+// changed and an *AllocError says how many were asked, free and inactive;
+// if they are enough but recycling stops short because blocks in use
+// extend the inactive ones left, the blocks recycled so far stay recycled,
+// nothing is allocated, and the *AllocError counts the pinned blocks. An
 // allocation that leaves fewer free slots than the low watermark recycles
 // inactive blocks up to the high watermark.
 func (b *BlockSet) Allocate(n int) ([]Block, error) {
@@ -211,6 +219,11 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 			return dst, err
 		}
 		b.recycle(n - free)
+		if f := len(b.free); f < n {
+			err := &AllocError{Asked: n, Free: f, Inactive: b.inactive, Pinned: b.inactive}
+			b.mu.Unlock()
+			return dst, err
+		}
 	}
 	for range n {
 		i := b.free[len(b.free)-1]
@@ -269,7 +282,11 @@ func (b *BlockSet) Abort(blk Block) error {
 // slot is freed instead (Reset) and the existing block is returned with a
 // reference for the caller. Use the returned Block from then on. parent is
 // the previous block's sequence hash, 0 for the first block; it is carried
-// in the event.
+// in the event. If parent is Registered in this set, the new block extends
+// it, and the parent is not recycled while the new block is Registered. A
+// parent that is not here (another set, not registered, or registered
+// later) is not held: links only ever point at older registrations, so a
+// parent hash that lies cannot make a cycle that pins slots for good.
 func (b *BlockSet) Register(blk Block, hash, parent uint64) (Block, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -288,6 +305,16 @@ func (b *BlockSet) Register(blk Block, hash, parent uint64) (Block, error) {
 	s.state = Registered
 	s.hash, s.parent = hash, parent
 	s.users = 1
+	if parent != 0 {
+		if pi, ok := b.registry[parent]; ok {
+			s.up = pi
+			ps := &b.slots[pi]
+			ps.children++
+			if ps.heapIdx != none {
+				b.heapRemove(pi)
+			}
+		}
+	}
 	b.registry[hash] = int32(blk.Slot)
 	b.registered++
 	b.p.events.push(Event{Kind: EventStore, Set: b.id, Slot: blk.Slot, Hash: hash, Parent: parent})
@@ -321,7 +348,7 @@ func (b *BlockSet) Lookup(hash uint64) (Block, bool) {
 
 // Release drops a reference from Register or Acquire. A block left with no
 // users and no leases becomes inactive: the most recently used of the
-// blocks allocation may recycle.
+// blocks allocation may recycle. O(log n) in the set's inactive blocks.
 func (b *BlockSet) Release(blk Block) error {
 	start, timed := sampleStart()
 	b.mu.Lock()
@@ -343,8 +370,12 @@ func (b *BlockSet) Release(blk Block) error {
 	return nil
 }
 
-// Evict recycles up to n inactive blocks, least recently used first, and
-// returns how many it recycled.
+// Evict recycles up to n inactive blocks and returns how many it recycled.
+// It takes leaves first: a block is not recycled while a Registered block
+// extends it (see Register), so a cached sequence loses its tail, never
+// its head. Among leaves the least recently used goes first; a parent
+// whose last child goes becomes a leaf with its own last use. A block
+// costs O(log n) in the set's inactive blocks.
 func (b *BlockSet) Evict(n int) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -360,7 +391,7 @@ func (b *BlockSet) Slot(i int) (SlotInfo, error) {
 	}
 	s := &b.slots[i]
 	return SlotInfo{State: s.state, Generation: s.gen, Hash: s.hash, Parent: s.parent,
-		Users: int(s.users), Leases: int(s.leases), Inactive: s.inactive}, nil
+		Users: int(s.users), Leases: int(s.leases), Inactive: s.inactive, Children: int(s.children)}, nil
 }
 
 // Metrics returns a snapshot of the block set.
@@ -400,18 +431,27 @@ func (b *BlockSet) reset(i int32) {
 	s.state = Reset
 	s.hash, s.parent = 0, 0
 	s.users = 0
+	s.up, s.children = none, 0
 	s.gen++
 	b.free = append(b.free, i)
 }
 
-// recycle evicts up to n inactive blocks, least recently used first.
+// recycle evicts up to n inactive leaves, least recently used first; a
+// parent left without children joins the leaves.
 func (b *BlockSet) recycle(n int) int {
 	done := 0
-	for done < n && b.lruHead != none {
-		i := b.lruHead
+	for done < n && len(b.evictable) > 0 {
+		i := b.evictable[0]
 		b.unlinkInactive(i)
 		s := &b.slots[i]
 		hash, parent := s.hash, s.parent
+		if up := s.up; up != none {
+			ps := &b.slots[up]
+			ps.children--
+			if ps.children == 0 && ps.inactive {
+				b.heapPush(up)
+			}
+		}
 		delete(b.registry, hash)
 		b.registered--
 		b.reset(i)
@@ -422,32 +462,91 @@ func (b *BlockSet) recycle(n int) int {
 	return done
 }
 
+// pushInactive marks a Registered slot inactive, now its last use; a leaf
+// becomes evictable.
 func (b *BlockSet) pushInactive(i int32) {
 	s := &b.slots[i]
 	s.inactive = true
-	s.prev, s.next = b.lruTail, none
-	if b.lruTail != none {
-		b.slots[b.lruTail].next = i
-	} else {
-		b.lruHead = i
-	}
-	b.lruTail = i
+	b.tick++
+	s.used = b.tick
 	b.inactive++
+	if s.children == 0 {
+		b.heapPush(i)
+	}
 }
 
+// unlinkInactive makes an inactive slot active (referenced, leased or
+// recycled).
 func (b *BlockSet) unlinkInactive(i int32) {
 	s := &b.slots[i]
-	if s.prev != none {
-		b.slots[s.prev].next = s.next
-	} else {
-		b.lruHead = s.next
+	if s.heapIdx != none {
+		b.heapRemove(i)
 	}
-	if s.next != none {
-		b.slots[s.next].prev = s.prev
-	} else {
-		b.lruTail = s.prev
-	}
-	s.prev, s.next = none, none
 	s.inactive = false
 	b.inactive--
+}
+
+// The evictable heap: slots ordered by used, each slot knowing its place,
+// so that a leaf leaves it in O(log n) when it is referenced or extended.
+// container/heap would box every slot index in an interface.
+
+func (b *BlockSet) heapLess(x, y int) bool {
+	return b.slots[b.evictable[x]].used < b.slots[b.evictable[y]].used
+}
+
+func (b *BlockSet) heapSwap(x, y int) {
+	h := b.evictable
+	h[x], h[y] = h[y], h[x]
+	b.slots[h[x]].heapIdx = int32(x)
+	b.slots[h[y]].heapIdx = int32(y)
+}
+
+func (b *BlockSet) heapUp(j int) {
+	for j > 0 {
+		p := (j - 1) / 2
+		if !b.heapLess(j, p) {
+			return
+		}
+		b.heapSwap(j, p)
+		j = p
+	}
+}
+
+func (b *BlockSet) heapDown(j int) bool {
+	start, n := j, len(b.evictable)
+	for {
+		l := 2*j + 1
+		if l >= n {
+			break
+		}
+		c := l
+		if r := l + 1; r < n && b.heapLess(r, l) {
+			c = r
+		}
+		if !b.heapLess(c, j) {
+			break
+		}
+		b.heapSwap(j, c)
+		j = c
+	}
+	return j > start
+}
+
+func (b *BlockSet) heapPush(i int32) {
+	b.slots[i].heapIdx = int32(len(b.evictable))
+	b.evictable = append(b.evictable, i)
+	b.heapUp(len(b.evictable) - 1)
+}
+
+func (b *BlockSet) heapRemove(i int32) {
+	j := int(b.slots[i].heapIdx)
+	last := len(b.evictable) - 1
+	if j != last {
+		b.heapSwap(j, last)
+	}
+	b.evictable = b.evictable[:last]
+	b.slots[i].heapIdx = none
+	if j != last && !b.heapDown(j) {
+		b.heapUp(j)
+	}
 }

@@ -47,10 +47,14 @@
 // goes stale ([ErrStaleBlock]) instead of touching the new contents.
 //
 // A Registered block counts references (Register gives one, Acquire takes
-// one, Release drops one) and leases. With neither it is inactive and
-// joins an LRU list; allocation recycles from its front when free slots
-// run out, or fall below the low watermark (then up to the high one).
-// Each recycle emits a remove event; each new registration a store event.
+// one, Release drops one) and leases. With neither it is inactive, and
+// allocation may recycle it when free slots run out, or fall below the low
+// watermark (then up to the high one). Recycling is prefix-aware: a block
+// whose parent is Registered in the same set extends it, and a block is
+// not recycled while one that extends it is Registered, so the leaves of
+// the cached prefix tree go first, least recently used among them, and a
+// sequence loses its tail before its head. Each recycle emits a remove
+// event; each new registration a store event.
 //
 // # Leases
 //
@@ -78,6 +82,7 @@
 // # Concurrency
 //
 // Each block set has one mutex; the operations under it are O(1) except
-// recycling, leases (O(hashes)) and snapshots. Locks are never held while
-// calling out.
+// those that change what is evictable (Release, Acquire, Register,
+// recycling: O(log n) per block), leases (O(hashes)) and snapshots.
+// Locks are never held while calling out.
 package pool

@@ -52,13 +52,21 @@ var (
 type AllocError struct {
 	// Asked is the slots requested.
 	Asked int
-	// Free is the slots in Reset when the request came.
+	// Free is the slots in Reset when the request failed.
 	Free int
-	// Inactive is the Registered blocks that could have been recycled.
+	// Inactive is the Registered blocks nobody uses.
 	Inactive int
+	// Pinned is zero unless recycling was tried and stopped short: then it
+	// is the inactive blocks it could not take because Registered blocks in
+	// use extend them (all of Inactive).
+	Pinned int
 }
 
 func (e *AllocError) Error() string {
+	if e.Pinned > 0 {
+		return fmt.Sprintf("pool: not enough free slots: asked for %d, %d free, and %d inactive blocks are prefixes of blocks in use",
+			e.Asked, e.Free, e.Pinned)
+	}
 	return fmt.Sprintf("pool: not enough free slots: asked for %d, %d free and %d recyclable",
 		e.Asked, e.Free, e.Inactive)
 }

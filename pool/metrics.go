@@ -94,7 +94,8 @@ type Metrics struct {
 	// users or leases.
 	Active int
 	// Inactive is the Registered blocks with no users and no leases, which
-	// allocation may recycle.
+	// allocation may recycle, leaves first: a block that a block in use
+	// extends stays until that one is released and recycled.
 	Inactive int
 	// Registered is the blocks in the registry, active or not.
 	Registered int

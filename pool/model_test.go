@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -35,26 +36,52 @@ type refModel struct {
 	slots     []mSlot
 	free      map[int]bool
 	registry  map[uint64]int
-	lru       []int // inactive blocks, least recently used first
+	lru       []int       // inactive blocks, least recently used first
+	extends   map[int]int // slot -> its parent's slot, when the parent was registered first
 	leases    map[LeaseID]*mLease
 	leaseSeq  int
 	low, high int
 	evictions uint64
 	expired   uint64
 	events    []Event
+	// What the run exercised, so that TestModel can tell that the seeds
+	// reach the prefix rule's corners.
+	cascades int // a parent became a leaf when its last child went
+	pinned   int // an allocation failed on blocks pinned by extensions
 }
 
 func (m *refModel) reset(i int) {
 	s := &m.slots[i]
 	*s = mSlot{gen: s.gen + 1}
+	delete(m.extends, i)
 	m.free[i] = true
 }
 
+// children counts the Registered blocks that extend slot i.
+func (m *refModel) children(i int) int {
+	n := 0
+	for _, p := range m.extends {
+		if p == i {
+			n++
+		}
+	}
+	return n
+}
+
+// recycle takes the least recently used inactive block that nothing
+// extends, k times or until there is none.
 func (m *refModel) recycle(k int, set SetID) int {
 	n := 0
-	for n < k && len(m.lru) > 0 {
-		i := m.lru[0]
-		m.lru = m.lru[1:]
+	for n < k {
+		j := slices.IndexFunc(m.lru, func(i int) bool { return m.children(i) == 0 })
+		if j < 0 {
+			break
+		}
+		i := m.lru[j]
+		m.lru = slices.Delete(m.lru, j, j+1)
+		if _, ok := m.extends[i]; ok && m.children(m.extends[i]) == 1 {
+			m.cascades++
+		}
 		s := m.slots[i]
 		m.events = append(m.events, Event{Kind: EventRemove, Set: set, Slot: i, Hash: s.hash, Parent: s.parent})
 		delete(m.registry, s.hash)
@@ -140,6 +167,13 @@ func TestModel(t *testing.T) {
 	if *long {
 		seeds, steps = 400, 5000
 	}
+	var cascades, pinned int
+	defer func() {
+		if *modelSeed == 0 && !t.Failed() && (cascades == 0 || pinned == 0) {
+			t.Errorf("%d seeds made %d cascades and %d pinned allocation failures: the prefix rule went untested",
+				seeds, cascades, pinned)
+		}
+	}()
 	for i := range seeds {
 		seed := uint64(i) + 1
 		if *modelSeed != 0 {
@@ -148,11 +182,15 @@ func TestModel(t *testing.T) {
 			}
 			seed = *modelSeed
 		}
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { runModel(t, seed, steps) })
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			m := runModel(t, seed, steps)
+			cascades += m.cascades
+			pinned += m.pinned
+		})
 	}
 }
 
-func runModel(t *testing.T, seed uint64, steps int) {
+func runModel(t *testing.T, seed uint64, steps int) *refModel {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	fail := func(step int, op string, format string, args ...any) {
 		t.Helper()
@@ -182,6 +220,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		slots:    make([]mSlot, nslots),
 		free:     map[int]bool{},
 		registry: map[uint64]int{},
+		extends:  map[int]int{},
 		leases:   map[LeaseID]*mLease{},
 		low:      b.low,
 		high:     b.high,
@@ -230,11 +269,20 @@ func runModel(t *testing.T, seed uint64, steps int) {
 				}
 				break
 			}
-			if err != nil {
-				fail(step, op, "%v", err)
-			}
 			if f < n {
 				m.recycle(n-f, b.ID())
+				if nf := len(m.free); nf < n {
+					var ae *AllocError
+					want := AllocError{Asked: n, Free: nf, Inactive: len(m.lru), Pinned: len(m.lru)}
+					if !errors.As(err, &ae) || *ae != want {
+						fail(step, op, "err = %v, want %+v", err, want)
+					}
+					m.pinned++
+					break
+				}
+			}
+			if err != nil {
+				fail(step, op, "%v", err)
 			}
 			for _, blk := range got {
 				if !m.free[blk.Slot] || m.slots[blk.Slot].gen != blk.Generation {
@@ -282,7 +330,14 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			}
 			j := pick(len(owned))
 			h := owned[j]
+			// Half the time extend a Registered block, so that chains
+			// and trees form; else any hash, often one not here (0 is
+			// "no parent").
 			parent := uint64(pick(nhashes))
+			if len(m.registry) > 0 && pick(2) == 0 {
+				hs := slices.Sorted(maps.Keys(m.registry))
+				parent = hs[pick(len(hs))]
+			}
 			got, err := b.Register(h.blk, h.hash, parent)
 			s := &m.slots[h.blk.Slot]
 			if s.state != Complete {
@@ -306,6 +361,9 @@ func runModel(t *testing.T, seed uint64, steps int) {
 				fail(step, op, "returned %+v, want %+v", got, h.blk)
 			}
 			s.state, s.hash, s.parent, s.users, s.pattern = Registered, h.hash, parent, 1, h.pattern
+			if e, ok := m.registry[parent]; ok && parent != 0 {
+				m.extends[h.blk.Slot] = e
+			}
 			m.registry[h.hash] = h.blk.Slot
 			m.events = append(m.events, Event{Kind: EventStore, Set: b.ID(), Slot: h.blk.Slot, Hash: h.hash, Parent: parent})
 			refs = append(refs, held{blk: got, hash: h.hash})
@@ -513,6 +571,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			fail(steps, "events", "event %d = %+v, want %+v", i, got[i], want)
 		}
 	}
+	return m
 }
 
 func compareModel(t *testing.T, fail func(int, string, string, ...any), step int, op string, b *BlockSet, m *refModel, nhashes int) {
@@ -524,7 +583,7 @@ func compareModel(t *testing.T, fail func(int, string, string, ...any), step int
 		}
 		s := m.slots[i]
 		want := SlotInfo{State: s.state, Generation: s.gen, Hash: s.hash, Parent: s.parent,
-			Users: s.users, Leases: s.leases, Inactive: slices.Contains(m.lru, i)}
+			Users: s.users, Leases: s.leases, Inactive: slices.Contains(m.lru, i), Children: m.children(i)}
 		if got != want {
 			fail(step, op, "slot %d = %+v, model %+v", i, got, want)
 		}

@@ -153,7 +153,13 @@ everything.`)
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
-	fmt.Fprintln(e.stderr, "kvfabric agent: stopping")
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(e.stderr, "kvfabric agent: stopping")
+	case <-a.Done():
+		// Stopped by itself: its name is taken.
+		a.Close()
+		return a.Err()
+	}
 	return a.Close()
 }

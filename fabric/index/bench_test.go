@@ -102,6 +102,8 @@ func BenchmarkStore(b *testing.B) {
 			ix.Store(id, h)
 			if n++; n > 1<<20 {
 				ix.DropNode(id)
+				ix.Sweep()
+				id, _ = ix.ID("a")
 				n = 0
 			}
 		}

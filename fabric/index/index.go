@@ -2,7 +2,8 @@
 // keyed by sequence hash, and how long a prefix of a request each node holds.
 //
 // An entry is a sequence hash and the set of its holders, kept as a bitset
-// over small node ids that the index hands out for node names. Because a
+// over small slots that the index hands out for node names; a [NodeID] is a
+// slot and the generation of its occupant. Because a
 // sequence hash names a whole prefix, a flat hash table answers prefix
 // queries as well as a radix tree would: FindMatches walks the request's
 // hashes in order, intersecting the holder sets, and stops at the first
@@ -22,9 +23,21 @@
 // events exactly once and in order (package membership does), so the counts
 // stay exact.
 //
+// # Node ids
+//
+// At most [MaxNodes] nodes are named at once. Dropping a node
+// ([Index.DropNode]) is O(1): its id stops answering at once, and its
+// entries stay in the table, invisible, until [Index.Sweep] removes the
+// entries of every node dropped since the last sweep in one pass and frees
+// their slots. A freed slot is handed to a new node with the next
+// generation, so a stale NodeID never reads or writes its successor's
+// holdings. Each id also carries the incarnation of the node's run
+// ([Index.Node]): events of an older run than the indexed one are refused,
+// and a newer run replaces the older one's entries.
+//
 // The index does no I/O and runs no goroutines: the agent feeds it events,
-// drops nodes that membership declares dead and, if expiry is configured,
-// calls [Index.Expire] on a ticker.
+// drops nodes that membership declares dead, sweeps from a goroutine of its
+// own and, if expiry is configured, calls [Index.Expire] on a ticker.
 package index
 
 import (
@@ -39,8 +52,15 @@ import (
 	"time"
 )
 
-// NodeID is the index's small integer name for a node; see [Index.ID].
-type NodeID uint32
+// NodeID is the index's name for one node: a slot below MaxNodes in the
+// low 32 bits and the slot's generation, from 1, in the high 32, so that
+// zero is never an id and an id is never reused. See [Index.ID].
+type NodeID uint64
+
+func newNodeID(slot int, gen uint32) NodeID { return NodeID(uint64(gen)<<32 | uint64(slot)) }
+
+// slot is where the id's node sits in the holder bitsets.
+func (id NodeID) slot() int { return int(uint32(id)) }
 
 // ErrInvalidConfig is matched by every configuration error of [New].
 var ErrInvalidConfig = errors.New("index: invalid config")
@@ -61,8 +81,9 @@ type Config struct {
 // DefaultConfig returns a Config with 64 shards and no expiry.
 func DefaultConfig() Config { return Config{Shards: 64} }
 
-// MaxNodes bounds the number of distinct node names an index will name; it
-// keeps the holder bitsets and query scratch small.
+// MaxNodes bounds the nodes an index names at once; it keeps the holder
+// bitsets and query scratch small. A dropped node's slot is reused once
+// swept, so only the live nodes count.
 const MaxNodes = 4096
 
 // Index maps sequence hashes to holder sets. All methods are safe for
@@ -73,11 +94,40 @@ type Index struct {
 	mask   uint64
 	shards []shard
 
-	mu       sync.RWMutex
-	ids      map[string]NodeID
-	names    []string
-	nameHash []uint64
-	counts   []atomic.Int64 // per node: (hash, node) pairs held; fixed capacity MaxNodes
+	mu      sync.RWMutex
+	ids     map[string]NodeID // live names
+	nodes   []nodeRec         // per slot; grows to MaxNodes
+	free    []int             // swept slots, ready for a new node
+	retired []NodeID          // dropped, entries not swept yet
+	live    int
+	pending atomic.Int64 // len(retired), read without the lock
+	sweepMu sync.Mutex   // one sweep at a time
+
+	// Per slot, fixed capacity MaxNodes, read without ix.mu: occ is the
+	// live NodeID (zero when none), checked under a shard lock before every
+	// write, which is what keeps a sweep exact; liveMask is occ != 0 as
+	// bits, for queries; counts and digests are the occupant's pairs and
+	// their digest terms, changed under the shard lock of the pair.
+	occ      []atomic.Uint64
+	liveMask [MaxNodes / 64]atomic.Uint64
+	counts   []atomic.Int64
+	digests  []atomic.Uint64
+}
+
+type nodeState uint8
+
+const (
+	slotFree nodeState = iota
+	slotLive
+	slotRetired
+)
+
+type nodeRec struct {
+	name     string
+	nameHash uint64
+	inc      uint64 // the run's incarnation; 0 until known
+	gen      uint32 // of the current or last occupant
+	state    nodeState
 }
 
 type holderKey struct {
@@ -98,8 +148,6 @@ type shard struct {
 	// stamps is the last store time (unix nanoseconds) of each pair; nil
 	// without expiry.
 	stamps map[holderKey]int64
-	// digest is the sum of mix(hash, node name) over the pairs present.
-	digest uint64
 	_      [64]byte // keep neighbouring shards' locks on separate cache lines
 }
 
@@ -109,16 +157,16 @@ type holders struct {
 	hi []uint64
 }
 
-func (h *holders) has(id NodeID) bool {
-	w := int(id / 64)
+func (h *holders) has(id int) bool {
+	w := id / 64
 	if w == 0 {
 		return h.lo&(1<<(id%64)) != 0
 	}
 	return w-1 < len(h.hi) && h.hi[w-1]&(1<<(id%64)) != 0
 }
 
-func (h *holders) set(id NodeID) {
-	w := int(id / 64)
+func (h *holders) set(id int) {
+	w := id / 64
 	if w == 0 {
 		h.lo |= 1 << (id % 64)
 		return
@@ -131,8 +179,8 @@ func (h *holders) set(id NodeID) {
 	h.hi = hi
 }
 
-func (h *holders) clear(id NodeID) {
-	w := int(id / 64)
+func (h *holders) clear(id int) {
+	w := id / 64
 	if w == 0 {
 		h.lo &^= 1 << (id % 64)
 		return
@@ -205,12 +253,14 @@ func New(cfg Config) (*Index, error) {
 		cfg.Now = time.Now
 	}
 	ix := &Index{
-		expiry: cfg.Expiry,
-		now:    cfg.Now,
-		mask:   uint64(cfg.Shards - 1),
-		shards: make([]shard, cfg.Shards),
-		ids:    make(map[string]NodeID),
-		counts: make([]atomic.Int64, MaxNodes),
+		expiry:  cfg.Expiry,
+		now:     cfg.Now,
+		mask:    uint64(cfg.Shards - 1),
+		shards:  make([]shard, cfg.Shards),
+		ids:     make(map[string]NodeID),
+		occ:     make([]atomic.Uint64, MaxNodes),
+		counts:  make([]atomic.Int64, MaxNodes),
+		digests: make([]atomic.Uint64, MaxNodes),
 	}
 	seed := rand.Uint64()
 	for i := range ix.shards {
@@ -225,58 +275,153 @@ func New(cfg Config) (*Index, error) {
 	return ix, nil
 }
 
-// ErrTooManyNodes is returned by [Index.ID] past [MaxNodes] names.
+// ErrTooManyNodes is returned by [Index.ID] past [MaxNodes] live names.
 var ErrTooManyNodes = errors.New("index: too many nodes")
 
-// ID returns the id of a node name, naming it on first use. Ids are never
-// reused, so a caller may cache them; a node that restarts under the same
-// name keeps its id.
-func (ix *Index) ID(name string) (NodeID, error) {
+// ErrStaleIncarnation is returned by [Index.Node] for a run of a node older
+// than the one indexed under its name.
+var ErrStaleIncarnation = errors.New("index: stale incarnation")
+
+// ErrUnknownNode is returned for a NodeID that is not live: never handed
+// out, or dropped.
+var ErrUnknownNode = errors.New("index: unknown node")
+
+// ID returns the live id of a node name, naming it on first use (with
+// incarnation 0, "not known yet"). A dropped name gets a new id.
+func (ix *Index) ID(name string) (NodeID, error) { return ix.Node(name, 0) }
+
+// Lookup returns the live id of name without naming it.
+func (ix *Index) Lookup(name string) (NodeID, bool) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	id, ok := ix.ids[name]
+	return id, ok
+}
+
+// Node returns the id of the run inc of node name, naming it on first use.
+// Incarnation 0 matches any run, and an id named with 0 takes the first
+// incarnation asked for. A run newer than the indexed one drops the older
+// run's id (its entries go with the next sweep) and names the new run; a
+// run older than the indexed one is refused with ErrStaleIncarnation, so
+// that a stale instance of a node never writes over the live one's
+// holdings. Past MaxNodes live names, ErrTooManyNodes. When every slot is
+// live or waiting for a sweep, Node sweeps before naming: rare, and slow.
+func (ix *Index) Node(name string, inc uint64) (NodeID, error) {
 	ix.mu.RLock()
 	id, ok := ix.ids[name]
-	ix.mu.RUnlock()
 	if ok {
-		return id, nil
+		if have := ix.nodes[id.slot()].inc; inc == 0 || have == inc {
+			ix.mu.RUnlock()
+			return id, nil
+		}
 	}
+	ix.mu.RUnlock()
+	for try := 0; ; try++ {
+		id, full, err := ix.name(name, inc)
+		if !full || try == 2 {
+			return id, err
+		}
+		ix.Sweep()
+	}
+}
+
+// name is Node under the write lock; full says that no slot was free while
+// some wait for a sweep.
+func (ix *Index) name(name string, inc uint64) (_ NodeID, full bool, _ error) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if id, ok := ix.ids[name]; ok {
-		return id, nil
+		r := &ix.nodes[id.slot()]
+		switch {
+		case inc == 0 || r.inc == inc:
+			return id, false, nil
+		case r.inc == 0:
+			r.inc = inc
+			return id, false, nil
+		case inc < r.inc:
+			return 0, false, fmt.Errorf("%w: %q run %d, the index holds run %d", ErrStaleIncarnation, name, inc, r.inc)
+		}
+		ix.retireLocked(id) // a restart: the old run's blocks went with it
 	}
-	if len(ix.names) >= MaxNodes {
-		return 0, fmt.Errorf("%w: %d names already, cannot add %q", ErrTooManyNodes, MaxNodes, name)
+	if ix.live >= MaxNodes {
+		return 0, false, fmt.Errorf("%w: %d live names already, cannot add %q", ErrTooManyNodes, MaxNodes, name)
 	}
-	id = NodeID(len(ix.names))
-	ix.ids[name] = id
-	ix.names = append(ix.names, name)
+	var slot int
+	switch {
+	case len(ix.free) > 0:
+		slot = ix.free[len(ix.free)-1]
+		ix.free = ix.free[:len(ix.free)-1]
+	case len(ix.nodes) < MaxNodes:
+		slot = len(ix.nodes)
+		ix.nodes = append(ix.nodes, nodeRec{})
+	default:
+		return 0, true, fmt.Errorf("%w: every slot is live or waiting for a sweep, cannot add %q", ErrTooManyNodes, name)
+	}
 	h := fnv.New64a()
 	h.Write([]byte(name))
-	ix.nameHash = append(ix.nameHash, h.Sum64())
-	return id, nil
+	r := &ix.nodes[slot]
+	if r.gen++; r.gen == 0 { // after 2^32 nodes in one slot: 0 is no id
+		r.gen = 1
+	}
+	*r = nodeRec{name: name, nameHash: h.Sum64(), inc: inc, gen: r.gen, state: slotLive}
+	id := newNodeID(slot, r.gen)
+	ix.ids[name] = id
+	ix.live++
+	ix.occ[slot].Store(uint64(id))
+	ix.liveMask[slot/64].Or(1 << (slot % 64))
+	return id, false, nil
 }
 
-// Name returns the name of id, or "" if the index never named it.
+// retireLocked drops a live id: it answers no more, and the next sweep
+// removes its entries. ix.mu is held.
+func (ix *Index) retireLocked(id NodeID) {
+	slot := id.slot()
+	r := &ix.nodes[slot]
+	r.state = slotRetired
+	delete(ix.ids, r.name)
+	ix.live--
+	ix.occ[slot].Store(0)
+	ix.liveMask[slot/64].And(^uint64(1 << (slot % 64)))
+	ix.retired = append(ix.retired, id)
+	ix.pending.Add(1)
+}
+
+// Name returns the name of id, or "" if id is not live.
 func (ix *Index) Name(id NodeID) string {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	if int(id) < len(ix.names) {
-		return ix.names[id]
+	if s := id.slot(); s < len(ix.nodes) && ix.occ[s].Load() == uint64(id) {
+		return ix.nodes[s].name
 	}
 	return ""
 }
 
-// nameHashOf returns the digest hash of id's name, and whether id is named.
-func (ix *Index) nameHashOf(id NodeID) (uint64, bool) {
+// Incarnation returns the run of node id that the index holds, 0 if not
+// known, and whether id is live.
+func (ix *Index) Incarnation(id NodeID) (uint64, bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	if int(id) < len(ix.nameHash) {
-		return ix.nameHash[id], true
+	if s := id.slot(); s < len(ix.nodes) && ix.occ[s].Load() == uint64(id) {
+		return ix.nodes[s].inc, true
 	}
 	return 0, false
 }
 
-// ErrUnknownNode is returned for a NodeID that [Index.ID] never handed out.
-var ErrUnknownNode = errors.New("index: unknown node")
+// isLive reports whether id is its slot's live occupant.
+func (ix *Index) isLive(id NodeID) bool {
+	s := id.slot()
+	return s < MaxNodes && id != 0 && ix.occ[s].Load() == uint64(id)
+}
+
+// nameHashOf returns the digest hash of id's name, and whether id is live.
+func (ix *Index) nameHashOf(id NodeID) (uint64, bool) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if s := id.slot(); s < len(ix.nodes) && ix.occ[s].Load() == uint64(id) {
+		return ix.nodes[s].nameHash, true
+	}
+	return 0, false
+}
 
 func (ix *Index) shardOf(hash uint64) *shard {
 	// Sequence hashes are xxh3 outputs, so their low bits are uniform; the
@@ -295,65 +440,74 @@ func mix(hash, node uint64) uint64 {
 	return x
 }
 
-// Store records that node id holds one more copy of each hash.
+// Store records that node id holds one more copy of each hash. It fails
+// with ErrUnknownNode, having stored a prefix of hashes, if id is dropped
+// meanwhile.
 func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 	nh, ok := ix.nameHashOf(id)
 	if !ok {
-		return fmt.Errorf("%w: %d", ErrUnknownNode, id)
+		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
 	}
 	var stamp int64
 	if ix.expiry > 0 {
 		stamp = ix.now().UnixNano()
 	}
-	added := int64(0)
+	slot := id.slot()
 	for _, h := range hashes {
 		s := ix.shardOf(h)
 		s.mu.Lock()
+		// Checked under the shard lock: a sweep that started after the
+		// drop takes this lock after us, and sees what we write.
+		if !ix.isLive(id) {
+			s.mu.Unlock()
+			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
+		}
 		hs, _ := s.get(h)
 		k := holderKey{h, id}
-		if hs.has(id) {
+		if hs.has(slot) {
 			s.multi[k]++
 		} else {
-			hs.set(id)
+			hs.set(slot)
 			s.put(h, hs)
-			s.digest += mix(h, nh)
-			added++
+			ix.counts[slot].Add(1)
+			ix.digests[slot].Add(mix(h, nh))
 		}
 		if s.stamps != nil {
 			s.stamps[k] = stamp
 		}
 		s.mu.Unlock()
 	}
-	ix.counts[id].Add(added)
 	return nil
 }
 
 // Remove records that node id holds one copy fewer of each hash; the node
 // stops being a holder when its last copy goes. Removing a hash the node does
-// not hold is not an error: a remove may race an expiry.
+// not hold is not an error: a remove may race an expiry. A dropped id is
+// ErrUnknownNode: the sweep removes its entries.
 func (ix *Index) Remove(id NodeID, hashes ...uint64) error {
 	nh, ok := ix.nameHashOf(id)
 	if !ok {
-		return fmt.Errorf("%w: %d", ErrUnknownNode, id)
+		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
 	}
-	removed := int64(0)
 	for _, h := range hashes {
 		s := ix.shardOf(h)
 		s.mu.Lock()
-		if s.removeLocked(h, id, nh, false) {
-			removed++
+		if !ix.isLive(id) {
+			s.mu.Unlock()
+			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
 		}
+		ix.removeLocked(s, h, id, nh, false)
 		s.mu.Unlock()
 	}
-	ix.counts[id].Add(-removed)
 	return nil
 }
 
 // removeLocked drops one copy (or every copy, if all) of (h, id) and reports
-// whether the node stopped being a holder.
-func (s *shard) removeLocked(h uint64, id NodeID, nameHash uint64, all bool) bool {
+// whether the node stopped being a holder. The shard's lock is held.
+func (ix *Index) removeLocked(s *shard, h uint64, id NodeID, nameHash uint64, all bool) bool {
+	slot := id.slot()
 	hs, ok := s.get(h)
-	if !ok || !hs.has(id) {
+	if !ok || !hs.has(slot) {
 		return false
 	}
 	k := holderKey{h, id}
@@ -369,40 +523,97 @@ func (s *shard) removeLocked(h uint64, id NodeID, nameHash uint64, all bool) boo
 	if s.stamps != nil {
 		delete(s.stamps, k)
 	}
-	hs.clear(id)
+	hs.clear(slot)
 	s.put(h, hs)
-	s.digest -= mix(h, nameHash)
+	ix.counts[slot].Add(-1)
+	ix.digests[slot].Add(-mix(h, nameHash))
 	return true
 }
 
-// DropNode removes every entry of node id, as when it dies, leaves or
-// restarts. It scans the whole index, one shard at a time; nodes come and go
-// rarely enough that a per-node reverse index is not worth its memory.
+// DropNode drops node id, as when it dies, leaves or restarts: at once it
+// holds nothing in any answer and its name is free for a new id; its
+// entries are removed by the next [Index.Sweep]. It is O(1), so that it can
+// run inside membership's callbacks. Dropping an id that is not live does
+// nothing.
 func (ix *Index) DropNode(id NodeID) {
-	nh, ok := ix.nameHashOf(id)
-	if !ok {
-		return
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if id.slot() < len(ix.nodes) && ix.occ[id.slot()].Load() == uint64(id) {
+		ix.retireLocked(id)
 	}
-	removed := int64(0)
+}
+
+// DropName drops the live id of name, if any, as DropNode does, and
+// reports whether there was one.
+func (ix *Index) DropName(name string) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	id, ok := ix.ids[name]
+	if ok {
+		ix.retireLocked(id)
+	}
+	return ok
+}
+
+// Pending returns how many dropped nodes wait for a sweep.
+func (ix *Index) Pending() int { return int(ix.pending.Load()) }
+
+// Sweep removes the entries of every node dropped since the last sweep, in
+// one pass over the index, one shard at a time, and frees their slots for
+// new nodes. It returns how many nodes it swept. Sweeps run one at a time;
+// queries and events go on meanwhile.
+func (ix *Index) Sweep() int {
+	ix.sweepMu.Lock()
+	defer ix.sweepMu.Unlock()
+	ix.mu.Lock()
+	ids := ix.retired
+	ix.retired = nil
+	names := make(map[int]uint64, len(ids))
+	for _, id := range ids {
+		names[id.slot()] = ix.nodes[id.slot()].nameHash
+	}
+	ix.mu.Unlock()
+	if len(ids) == 0 {
+		return 0
+	}
+	var mask [MaxNodes / 64]uint64
+	bySlot := make(map[int]NodeID, len(ids))
+	for _, id := range ids {
+		mask[id.slot()/64] |= 1 << (id.slot() % 64)
+		bySlot[id.slot()] = id
+	}
+	type hit struct {
+		h    uint64
+		slot int
+	}
+	var hits []hit
 	for i := range ix.shards {
 		s := &ix.shards[i]
 		s.mu.Lock()
 		// Collect first: removing shifts slots under the iteration.
-		var mine []uint64
+		hits = hits[:0]
 		s.t.each(func(h, lo uint64) {
 			hs := holders{lo: lo, hi: s.hi[h]}
-			if hs.has(id) {
-				mine = append(mine, h)
+			for w := 0; w <= len(hs.hi); w++ {
+				for x := hs.word(w) & mask[w]; x != 0; x &= x - 1 {
+					hits = append(hits, hit{h, w*64 + bits.TrailingZeros64(x)})
+				}
 			}
 		})
-		for _, h := range mine {
-			if s.removeLocked(h, id, nh, true) {
-				removed++
-			}
+		for _, e := range hits {
+			ix.removeLocked(s, e.h, bySlot[e.slot], names[e.slot], true)
 		}
 		s.mu.Unlock()
 	}
-	ix.counts[id].Add(-removed)
+	ix.mu.Lock()
+	for _, id := range ids {
+		slot := id.slot()
+		ix.nodes[slot].state = slotFree
+		ix.free = append(ix.free, slot)
+	}
+	ix.pending.Add(-int64(len(ids)))
+	ix.mu.Unlock()
+	return len(ids)
 }
 
 // Expire drops every holder whose last store is older than the configured
@@ -413,21 +624,24 @@ func (ix *Index) Expire(now time.Time) int {
 		return 0
 	}
 	cutoff := now.Add(-ix.expiry).UnixNano()
-	// The name hashes once, not under ix.mu per entry: names only grow,
-	// and a node named after the copy has no stamp old enough to expire.
+	// The live ids and name hashes once, not under ix.mu per entry; an
+	// entry of an id dropped since is the sweep's.
 	ix.mu.RLock()
-	names := slices.Clone(ix.nameHash)
+	names := make(map[NodeID]uint64, len(ix.ids))
+	for _, id := range ix.ids {
+		names[id] = ix.nodes[id.slot()].nameHash
+	}
 	ix.mu.RUnlock()
 	dropped := 0
 	for i := range ix.shards {
 		s := &ix.shards[i]
 		s.mu.Lock()
 		for k, st := range s.stamps {
-			if st >= cutoff || int(k.node) >= len(names) {
+			nh, ok := names[k.node]
+			if st >= cutoff || !ok || !ix.isLive(k.node) {
 				continue
 			}
-			if s.removeLocked(k.hash, k.node, names[k.node], true) {
-				ix.counts[k.node].Add(-1)
+			if ix.removeLocked(s, k.hash, k.node, nh, true) {
 				dropped++
 			}
 		}
@@ -436,7 +650,7 @@ func (ix *Index) Expire(now time.Time) int {
 	return dropped
 }
 
-// Holders returns the nodes holding hash, in id order.
+// Holders returns the live nodes holding hash, in slot order.
 func (ix *Index) Holders(hash uint64) []NodeID {
 	s := ix.shardOf(hash)
 	s.mu.RLock()
@@ -448,11 +662,16 @@ func (ix *Index) Holders(hash uint64) []NodeID {
 	var out []NodeID
 	for w := 0; w <= len(hs.hi); w++ {
 		for x := hs.word(w); x != 0; x &= x - 1 {
-			out = append(out, NodeID(w*64+bits.TrailingZeros64(x)))
+			if id := ix.idAt(w*64 + bits.TrailingZeros64(x)); id != 0 {
+				out = append(out, id)
+			}
 		}
 	}
 	return out
 }
+
+// idAt returns the live id in slot, zero if none.
+func (ix *Index) idAt(slot int) NodeID { return NodeID(ix.occ[slot].Load()) }
 
 // Match is one node's overlap with a query: it holds the first Blocks hashes.
 type Match struct {
@@ -460,9 +679,10 @@ type Match struct {
 	Blocks int
 }
 
-// FindMatches returns, for every node holding at least the first hash, how
-// many leading hashes of the query it holds, longest first (ties by node id).
-// It stops at the first hash that none of the remaining nodes holds.
+// FindMatches returns, for every live node holding at least the first hash,
+// how many leading hashes of the query it holds, longest first (ties in slot
+// order). It stops at the first hash that none of the remaining nodes holds.
+// A node dropped during the query may be left out of the answer.
 func (ix *Index) FindMatches(hashes []uint64) []Match {
 	return ix.AppendMatches(nil, hashes)
 }
@@ -506,16 +726,26 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 					ix.unlockAll(&locked)
 					return dst
 				}
+				// Dropped nodes' entries wait for a sweep: not holders.
 				active = buf[:1+len(hs.hi)]
-				active[0] = hs.lo
-				copy(active[1:], hs.hi)
+				any := uint64(0)
+				for w := range active {
+					active[w] = hs.word(w) & ix.liveMask[w].Load()
+					any |= active[w]
+				}
+				if any == 0 {
+					ix.unlockAll(&locked)
+					return dst
+				}
 				continue
 			}
 			any := uint64(0)
 			for w := range active {
 				next := active[w] & hs.word(w)
 				for lost := active[w] &^ next; lost != 0; lost &= lost - 1 {
-					dst = append(dst, Match{Node: NodeID(w*64 + bits.TrailingZeros64(lost)), Blocks: i})
+					if id := ix.idAt(w*64 + bits.TrailingZeros64(lost)); id != 0 {
+						dst = append(dst, Match{Node: id, Blocks: i})
+					}
 				}
 				active[w] = next
 				any |= next
@@ -529,7 +759,9 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 	}
 	for w := range active {
 		for x := active[w]; x != 0; x &= x - 1 {
-			dst = append(dst, Match{Node: NodeID(w*64 + bits.TrailingZeros64(x)), Blocks: len(hashes)})
+			if id := ix.idAt(w*64 + bits.TrailingZeros64(x)); id != 0 {
+				dst = append(dst, Match{Node: id, Blocks: len(hashes)})
+			}
 		}
 	}
 	return sortMatches(dst, start)
@@ -571,12 +803,15 @@ func sortMatches(dst []Match, start int) []Match {
 
 // Stats is a snapshot of the index's size.
 type Stats struct {
-	// Hashes is the number of distinct sequence hashes with a holder.
+	// Hashes is the number of distinct sequence hashes in the table,
+	// counting those only dropped nodes hold until they are swept.
 	Hashes int
-	// Pairs is the number of (hash, holder) pairs.
+	// Pairs is the number of (hash, holder) pairs of live nodes.
 	Pairs int64
-	// Nodes is the number of node names the index has seen.
+	// Nodes is the number of live node names.
 	Nodes int
+	// Pending is the dropped nodes whose entries wait for a sweep.
+	Pending int
 }
 
 // Stats returns the index's current size.
@@ -589,20 +824,22 @@ func (ix *Index) Stats() Stats {
 		s.mu.RUnlock()
 	}
 	ix.mu.RLock()
-	st.Nodes = len(ix.names)
-	ix.mu.RUnlock()
-	for i := 0; i < st.Nodes; i++ {
-		st.Pairs += ix.counts[i].Load()
+	st.Nodes = ix.live
+	st.Pending = len(ix.retired)
+	for _, id := range ix.ids {
+		st.Pairs += ix.counts[id.slot()].Load()
 	}
+	ix.mu.RUnlock()
 	return st
 }
 
-// NodeBlocks returns how many distinct hashes node id holds.
+// NodeBlocks returns how many distinct hashes node id holds; 0 if id is not
+// live.
 func (ix *Index) NodeBlocks(id NodeID) int64 {
-	if int(id) >= MaxNodes {
+	if !ix.isLive(id) {
 		return 0
 	}
-	return ix.counts[id].Load()
+	return ix.counts[id.slot()].Load()
 }
 
 // Digest is an order-independent checksum of the (hash, holder name) pairs
@@ -610,11 +847,10 @@ func (ix *Index) NodeBlocks(id NodeID) int64 {
 // order of events or the ids they gave the names.
 func (ix *Index) Digest() uint64 {
 	var d uint64
-	for i := range ix.shards {
-		s := &ix.shards[i]
-		s.mu.RLock()
-		d += s.digest
-		s.mu.RUnlock()
+	ix.mu.RLock()
+	for _, id := range ix.ids {
+		d += ix.digests[id.slot()].Load()
 	}
+	ix.mu.RUnlock()
 	return d
 }

@@ -144,6 +144,9 @@ func TestAgreesWithModel(t *testing.T) {
 			for _, hs := range m {
 				delete(hs, n)
 			}
+			if r.IntN(3) == 0 {
+				ix.Sweep()
+			}
 		case 1, 2, 3:
 			ix.Remove(id, h)
 			if m[h][n] > 0 {

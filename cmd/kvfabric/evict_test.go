@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/fabric"
+)
+
+// put --generate 1024 --slots 1024 fills the block set, so the watermark
+// recycles 103 blocks on the way. Eviction used to take the head of the
+// sequence, and a look-up from its first block found nothing although
+// most of it was held; leaves first, the sequence loses only its tail.
+func TestPutPastTheSlotsKeepsThePrefix(t *testing.T) {
+	dir := t.TempDir()
+	c := fabric.DefaultLocalConfig()
+	c.NodeName, c.DataDir, c.DevCADir = "ev1", filepath.Join(dir, "d"), filepath.Join(dir, "ca")
+	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
+	c.Pools = []string{"host=64MiB"}
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := fabric.Start(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	sock := []string{"--socket", a.EngineSocket()}
+	model := []string{"--tp", "1", "--layers", "2", "--head-dim", "16", "--slots", "1024"}
+	code, out, errs := runCmd(t, "", append(append([]string{"put", "--generate", "1024", "--json"}, sock...), model...)...)
+	if code != 0 {
+		t.Fatalf("put: exit %d: %s", code, errs)
+	}
+	var put struct{ Hashes []uint64 }
+	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 1024 {
+		t.Fatalf("put --json: %d hashes (%v)", len(put.Hashes), err)
+	}
+	list := make([]string, len(put.Hashes))
+	for i, h := range put.Hashes {
+		list[i] = strconv.FormatUint(h, 10)
+	}
+	code, out, errs = runCmd(t, "", append([]string{"lookup", "--json", "--hashes", strings.Join(list, ",")}, sock...)...)
+	if code != 0 {
+		t.Fatalf("lookup: exit %d: %s", code, errs)
+	}
+	var resp struct {
+		Overlaps []struct {
+			Node   string
+			Blocks uint32
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &resp); err != nil || len(resp.Overlaps) != 1 {
+		t.Fatalf("lookup --json: %q (%v)", out, err)
+	}
+	// The watermark (10 % of 1024, 103 blocks) recycles the tail stored so
+	// far while the last batch of 64 is allocated; that batch's parent is
+	// gone then, so the held prefix is at least 1024 - 103 - 64 blocks.
+	if got := resp.Overlaps[0].Blocks; got < 1024-103-64 || got == 1024 {
+		t.Fatalf("a look-up from the first block finds %d blocks, want at least %d and fewer than 1024", got, 1024-103-64)
+	}
+}
