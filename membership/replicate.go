@@ -498,8 +498,8 @@ func (m *Membership) repairRange(ctx context.Context, j repairJob) error {
 					ErrMalformed, i, e.Origin, e.Incarnation, e.Seq, e.Kind, j.origin, j.inc, from+uint64(i))
 			}
 		}
+		m.metrics.rangeRepairs.Add(1) // before the sink sees the events, as for snapshots
 		m.apply(events, false)
-		m.metrics.rangeRepairs.Add(1)
 		from = events[len(events)-1].Seq + 1
 	}
 	if last := from - 1; last < j.to {
@@ -530,6 +530,9 @@ func (m *Membership) repairSnapshot(ctx context.Context, j repairJob, cause erro
 	if st.inc == j.inc && st.known == j.to && snap.Seq < j.to {
 		st.known = snap.Seq // the origin is the authority on its numbers
 	}
+	// Counted before the sink sees it, so that whoever watches the sink
+	// for the snapshot's blocks also finds the repair counted.
+	m.metrics.snapshotRepairs.Add(1)
 	if m.cfg.Sink != nil {
 		m.cfg.Sink.Drop(j.origin)
 	}
@@ -541,6 +544,5 @@ func (m *Membership) repairSnapshot(ctx context.Context, j repairJob, cause erro
 	st.applied = snap.Seq
 	m.applyLocked(m.drainLocked(st, nil))
 	m.noteGapLocked(st)
-	m.metrics.snapshotRepairs.Add(1)
 	return nil
 }
