@@ -61,7 +61,7 @@ type Agent struct {
 	httpLn    net.Listener
 	httpSrv   *http.Server
 
-	stats stats
+	stats counters
 	// identity is the node's checked certificate and its CA.
 	identity *certs.Checked
 

@@ -362,7 +362,7 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 	out := &fabricpb.StatusResponse{
 		Node:         a.cfg.NodeName,
 		Version:      version(),
-		IndexEntries: uint64(a.index.Stats().Pairs),
+		IndexEntries: uint64(a.index.Metrics().Pairs),
 		Imports:      a.stats.imports.Load(),
 		ImportBytes:  a.stats.importBytes.Load(),
 	}

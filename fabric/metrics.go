@@ -11,8 +11,9 @@ import (
 	"github.com/kvfabric/kvfabric/pool"
 )
 
-// stats are the agent's own counters; the pool keeps its own.
-type stats struct {
+// counters are what the agent counts itself; the pool, membership and
+// transfer count their own.
+type counters struct {
 	events       atomic.Uint64 // pool events seen
 	eventsLost   atomic.Uint64 // pool events dropped before publishing
 	imports      atomic.Uint64
@@ -94,7 +95,7 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	c("kvfabric_leases_served_total", "Leases granted to peers.", float64(a.stats.leasesServed.Load()))
 	c("kvfabric_pool_events_lost_total", "Pool events dropped before they could be published.", float64(a.stats.eventsLost.Load()))
 
-	is := a.index.Stats()
+	is := a.index.Metrics()
 	g("kvfabric_index_hashes", "Distinct block hashes in the cluster index.", float64(is.Hashes))
 	g("kvfabric_index_entries", "(hash, holder) pairs in the cluster index.", float64(is.Pairs))
 
@@ -119,7 +120,7 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		writeSample(w, "kvfabric_gossip_join_failures_total", fmt.Sprintf(`{reason="%s"}`, r), float64(ms.JoinFailuresBy[r]))
 	}
 
-	ts := a.transport.Stats()
+	ts := a.transport.Metrics()
 	c("kvfabric_peer_calls_served_total", "Control calls from peers answered.", float64(ts.CallsServed))
 	c("kvfabric_peer_calls_failed_total", "Calls from peers answered with an error.", float64(ts.CallsFailed))
 	writeHeader(w, "kvfabric_transfer_bytes_total", "counter", "Bytes moved by the peer transport, by transport and direction.")

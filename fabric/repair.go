@@ -49,45 +49,45 @@ func (r repairer) Events(ctx context.Context, origin string, inc, from, to uint6
 
 // Snapshot fetches origin's holdings page by page, every page of the one
 // snapshot that the first answer numbered.
-func (r repairer) Snapshot(ctx context.Context, origin string) (membership.Snapshot, error) {
+func (r repairer) Snapshot(ctx context.Context, origin string) (membership.HoldingsSnapshot, error) {
 	return r.snapshot(ctx, origin, membership.MaxSnapshotEntries)
 }
 
 // snapshot is Snapshot refusing more than limit entries.
-func (r repairer) snapshot(ctx context.Context, origin string, limit int) (membership.Snapshot, error) {
+func (r repairer) snapshot(ctx context.Context, origin string, limit int) (membership.HoldingsSnapshot, error) {
 	p, err := r.peer(ctx, origin)
 	if err != nil {
-		return membership.Snapshot{}, err
+		return membership.HoldingsSnapshot{}, err
 	}
-	s := membership.Snapshot{Origin: origin}
+	s := membership.HoldingsSnapshot{Origin: origin}
 	q := transfer.EventQuery{Origin: origin, Snapshot: true}
 	for page := 0; ; page++ {
 		er, err := p.EventRange(ctx, q)
 		if err != nil {
-			return membership.Snapshot{}, err
+			return membership.HoldingsSnapshot{}, err
 		}
 		if er.SnapshotNeeded {
 			// The origin dropped the snapshot being paged (it sat idle
 			// too long); the next repair starts a new one.
-			return membership.Snapshot{}, fmt.Errorf("fabric: snapshot of %s as of %d: %w", origin, q.SnapshotSeq, membership.ErrRangeGone)
+			return membership.HoldingsSnapshot{}, fmt.Errorf("fabric: snapshot of %s as of %d: %w", origin, q.SnapshotSeq, membership.ErrRangeGone)
 		}
 		if page == 0 {
 			s.Seq, s.Incarnation = er.SnapshotSeq, er.Incarnation
 		} else if er.SnapshotSeq != s.Seq || er.Incarnation != s.Incarnation {
-			return membership.Snapshot{}, fmt.Errorf("%w: snapshot page of %s is of %d/%d, earlier pages of %d/%d",
+			return membership.HoldingsSnapshot{}, fmt.Errorf("%w: snapshot page of %s is of %d/%d, earlier pages of %d/%d",
 				membership.ErrMalformed, origin, er.Incarnation, er.SnapshotSeq, s.Incarnation, s.Seq)
 		}
 		evs, err := decodeEvents(er.Events)
 		if err != nil {
-			return membership.Snapshot{}, err
+			return membership.HoldingsSnapshot{}, err
 		}
 		if len(s.Entries)+len(evs) > limit {
-			return membership.Snapshot{}, fmt.Errorf("%w: snapshot of %s passes %d entries", membership.ErrMalformed, origin, limit)
+			return membership.HoldingsSnapshot{}, fmt.Errorf("%w: snapshot of %s passes %d entries", membership.ErrMalformed, origin, limit)
 		}
 		for _, e := range evs {
 			// Entries are numbered by their place in the snapshot.
 			if e.Origin != origin || e.Incarnation != s.Incarnation || e.Kind != membership.EventStore || e.Seq != uint64(len(s.Entries))+1 {
-				return membership.Snapshot{}, fmt.Errorf("%w: snapshot entry %d of %s is %s/%d #%d kind %v",
+				return membership.HoldingsSnapshot{}, fmt.Errorf("%w: snapshot entry %d of %s is %s/%d #%d kind %v",
 					membership.ErrMalformed, len(s.Entries), origin, e.Origin, e.Incarnation, e.Seq, e.Kind)
 			}
 			s.Entries = append(s.Entries, membership.Entry{Hash: e.Hash, BlockSet: e.BlockSet})
@@ -99,7 +99,7 @@ func (r repairer) snapshot(ctx context.Context, origin string, limit int) (membe
 	}
 }
 
-func decodeEvents(wire []transfer.Event) ([]membership.Event, error) {
+func decodeEvents(wire []transfer.LogEntry) ([]membership.Event, error) {
 	var out []membership.Event
 	for _, w := range wire {
 		evs, err := membership.DecodeBatch(w.Payload)
@@ -194,7 +194,7 @@ func (a *Agent) eventRange(origin string, q transfer.EventQuery) (transfer.Event
 		if q.Snapshot {
 			s = out.SnapshotSeq
 		}
-		out.Events = append(out.Events, transfer.Event{Seq: s, Payload: b})
+		out.Events = append(out.Events, transfer.LogEntry{Seq: s, Payload: b})
 		evs = evs[n:]
 	}
 	return out, nil

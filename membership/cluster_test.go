@@ -126,10 +126,10 @@ func (r *localRepairer) Events(ctx context.Context, origin string, inc, from, to
 	return m.EventRange(inc, from, to)
 }
 
-func (r *localRepairer) Snapshot(ctx context.Context, origin string) (Snapshot, error) {
+func (r *localRepairer) Snapshot(ctx context.Context, origin string) (HoldingsSnapshot, error) {
 	m, err := r.get(origin)
 	if err != nil {
-		return Snapshot{}, err
+		return HoldingsSnapshot{}, err
 	}
 	r.mu.Lock()
 	page := r.page
@@ -137,11 +137,11 @@ func (r *localRepairer) Snapshot(ctx context.Context, origin string) (Snapshot, 
 	if page == 0 {
 		return m.Snapshot(), nil
 	}
-	var s Snapshot
+	var s HoldingsSnapshot
 	for seq, offset := uint64(0), uint64(0); ; {
 		p, err := m.SnapshotPage(seq, offset, page)
 		if err != nil {
-			return Snapshot{}, err
+			return HoldingsSnapshot{}, err
 		}
 		r.mu.Lock()
 		r.pages++

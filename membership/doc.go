@@ -40,7 +40,7 @@
 // transport), for the missing range, in as many calls as the Repairer's
 // answers take (a gap of any length, page by page); if the origin no longer
 // keeps it ([ErrRangeGone]) or refuses it for its size ([ErrRangeTooLarge]),
-// for a [Snapshot] of its holdings, which replaces what the node had. The
+// for a [HoldingsSnapshot] of its holdings, which replaces what the node had. The
 // origin serves a snapshot in pages ([Membership.SnapshotPage]), every page
 // from one copy frozen at the first, so that holdings of millions of
 // blocks travel in frames of bounded size and still describe one moment. A

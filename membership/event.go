@@ -51,9 +51,9 @@ type Entry struct {
 	BlockSet uint32
 }
 
-// Snapshot is an origin's whole holdings as of event Seq, used to repair a
+// HoldingsSnapshot is an origin's whole holdings as of event Seq, used to repair a
 // node that missed events the origin no longer keeps.
-type Snapshot struct {
+type HoldingsSnapshot struct {
 	Origin      string
 	Incarnation uint64
 	// Seq is the number of the last event the snapshot includes.

@@ -37,7 +37,7 @@ type Repairer interface {
 	Events(ctx context.Context, origin string, incarnation, from, to uint64) ([]Event, error)
 	// Snapshot returns origin's current holdings, fetched in as many
 	// pages as they take, all of one snapshot.
-	Snapshot(ctx context.Context, origin string) (Snapshot, error)
+	Snapshot(ctx context.Context, origin string) (HoldingsSnapshot, error)
 }
 
 // ErrRangeGone is returned by [Membership.EventRange] (and a Repairer) when
@@ -197,10 +197,10 @@ func (m *Membership) EventRange(inc, from, to uint64) ([]Event, error) {
 
 // Snapshot returns this node's current holdings; it serves a peer's repair
 // when a range is gone.
-func (m *Membership) Snapshot() Snapshot {
+func (m *Membership) Snapshot() HoldingsSnapshot {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := Snapshot{Origin: m.cfg.Name, Incarnation: m.cfg.Incarnation, Seq: m.seq, Entries: make([]Entry, 0, len(m.own))}
+	s := HoldingsSnapshot{Origin: m.cfg.Name, Incarnation: m.cfg.Incarnation, Seq: m.seq, Entries: make([]Entry, 0, len(m.own))}
 	for k, n := range m.own {
 		for range n {
 			s.Entries = append(s.Entries, k)

@@ -209,8 +209,8 @@ func (p *Pool) Metrics() Metrics {
 	return m
 }
 
-// Snapshot is what is Registered at one point of the event sequence.
-type Snapshot struct {
+// RegistrySnapshot is what is Registered at one point of the event sequence.
+type RegistrySnapshot struct {
 	// Seq is the last event number issued when the snapshot was taken:
 	// apply events with a higher Seq on top of it.
 	Seq uint64
@@ -220,7 +220,7 @@ type Snapshot struct {
 
 // Snapshot returns every Registered block with the event number it is
 // consistent with, for a sink that lost events to resynchronise.
-func (p *Pool) Snapshot() Snapshot {
+func (p *Pool) Snapshot() RegistrySnapshot {
 	// Holding the set list too: a set made between listing and locking
 	// could register a block numbered within the snapshot yet missing.
 	p.mu.RLock()
@@ -229,7 +229,7 @@ func (p *Pool) Snapshot() Snapshot {
 	for _, b := range sets {
 		b.mu.Lock()
 	}
-	var s Snapshot
+	var s RegistrySnapshot
 	// No event can be issued while every set is locked.
 	s.Seq = p.events.lastSeq()
 	for _, b := range sets {

@@ -15,7 +15,7 @@ import (
 type requestBudget struct {
 	peer  string
 	max   int64
-	stats *statsCounters
+	stats *counters
 
 	mu   sync.Mutex
 	used int64
@@ -23,7 +23,7 @@ type requestBudget struct {
 	wake chan struct{}
 }
 
-func newRequestBudget(peer string, max int64, stats *statsCounters) *requestBudget {
+func newRequestBudget(peer string, max int64, stats *counters) *requestBudget {
 	return &requestBudget{peer: peer, max: max, stats: stats, wake: make(chan struct{})}
 }
 

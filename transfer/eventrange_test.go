@@ -92,7 +92,7 @@ func (h *fillHandler) EventRange(ctx context.Context, peer string, q EventQuery)
 		if rest := left - EventOverhead - n; rest > 0 && rest <= EventOverhead {
 			n = left - EventOverhead // no room for another: take it all
 		}
-		er.Events = append(er.Events, Event{Seq: s, Payload: make([]byte, n)})
+		er.Events = append(er.Events, LogEntry{Seq: s, Payload: make([]byte, n)})
 		left -= n + EventOverhead
 	}
 	if left != 0 {

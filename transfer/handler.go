@@ -70,8 +70,8 @@ type Lease struct {
 	LayoutDigests map[uint64][]byte
 }
 
-// Event is one entry of an origin's event log; Payload is opaque here.
-type Event struct {
+// LogEntry is one entry of an origin's event log; Payload is opaque here.
+type LogEntry struct {
 	Seq     uint64
 	Payload []byte
 }
@@ -97,7 +97,7 @@ type EventQuery struct {
 
 // EventRange is an answer to an event-log range request.
 type EventRange struct {
-	Events []Event
+	Events []LogEntry
 	// SnapshotNeeded says the range (or the snapshot being paged) is no
 	// longer kept and the caller must start a snapshot afresh.
 	SnapshotNeeded bool

@@ -201,17 +201,17 @@ func (h *memHandler) EventRange(ctx context.Context, peer string, q EventQuery) 
 	h.seen(peer)
 	origin, from, to := q.Origin, q.From, q.To
 	if q.Snapshot {
-		return EventRange{SnapshotSeq: 7, Events: []Event{{Seq: 7, Payload: []byte(fmt.Sprintf("%s@%d", origin, q.Incarnation))}}}, nil
+		return EventRange{SnapshotSeq: 7, Events: []LogEntry{{Seq: 7, Payload: []byte(fmt.Sprintf("%s@%d", origin, q.Incarnation))}}}, nil
 	}
 	if from < 100 {
 		return EventRange{SnapshotNeeded: true}, nil
 	}
 	if origin == "liar" {
-		return EventRange{Events: []Event{{Seq: to}}}, nil
+		return EventRange{Events: []LogEntry{{Seq: to}}}, nil
 	}
 	var er EventRange
 	for s := from; s < to; s++ {
-		er.Events = append(er.Events, Event{Seq: s, Payload: []byte(fmt.Sprintf("%s/%d", origin, s))})
+		er.Events = append(er.Events, LogEntry{Seq: s, Payload: []byte(fmt.Sprintf("%s/%d", origin, s))})
 	}
 	return er, nil
 }

@@ -185,7 +185,7 @@ func TestSilentFrameHeadersCostNothing(t *testing.T) {
 		t.Errorf("%d silent 4 MiB headers cost %d MiB of allocation; bound 64 MiB", streams, alloc>>20)
 	}
 	t.Logf("%d silent streams: %d MiB allocated in the process, last dropped after %v", streams, alloc>>20, longest.Round(time.Millisecond))
-	if st := holder.Stats(); st.RequestBytes != 0 {
+	if st := holder.Metrics(); st.RequestBytes != 0 {
 		t.Errorf("request bytes still held after every stream ended: %d", st.RequestBytes)
 	}
 	if _, err := good.Hello(ctx, nil); err != nil {
@@ -229,11 +229,11 @@ func TestPeerRequestBytesCapped(t *testing.T) {
 	body := make([]byte, frame-1)
 	a := open(append(header(methodLease, frame), body...))
 	b := open(append(header(methodLease, frame), body...))
-	waitStats(t, holder, "two frames fill the cap", func(st Stats) bool { return st.RequestBytes == 2*frame })
+	waitStats(t, holder, "two frames fill the cap", func(st Metrics) bool { return st.RequestBytes == 2*frame })
 	// Past the cap: a third frame waits.
 	c := open(append(header(methodLease, frame), make([]byte, 64<<10)...))
-	waitStats(t, holder, "the third frame waits", func(st Stats) bool { return st.RequestBudgetWaits == 1 })
-	if st := holder.Stats(); st.RequestBytes != 2*frame {
+	waitStats(t, holder, "the third frame waits", func(st Metrics) bool { return st.RequestBudgetWaits == 1 })
+	if st := holder.Metrics(); st.RequestBytes != 2*frame {
 		t.Fatalf("%d request bytes buffered with the cap at %d", st.RequestBytes, 2*frame)
 	}
 	// Finishing the first frame lets the third in.
@@ -266,15 +266,15 @@ func TestPeerRequestBytesCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	answer(b, "second frame")
-	waitStats(t, holder, "every byte released", func(st Stats) bool { return st.RequestBytes == 0 })
+	waitStats(t, holder, "every byte released", func(st Metrics) bool { return st.RequestBytes == 0 })
 }
 
-func waitStats(t *testing.T, n *Node, what string, cond func(Stats) bool) {
+func waitStats(t *testing.T, n *Node, what string, cond func(Metrics) bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !cond(n.Stats()) {
+	for !cond(n.Metrics()) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10 s; stats %+v", what, n.Stats())
+			t.Fatalf("%s: not within 10 s; stats %+v", what, n.Metrics())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -283,7 +283,7 @@ func waitStats(t *testing.T, n *Node, what string, cond func(Stats) bool) {
 // A frame that cannot get its bytes under the cap before its deadline is
 // refused as unavailable, naming the peer and the cap.
 func TestRequestBudget(t *testing.T) {
-	var st statsCounters
+	var st counters
 	b := newRequestBudget("p1", 100, &st)
 	if err := b.acquire(100, time.Now().Add(time.Second)); err != nil {
 		t.Fatalf("acquire at the cap: %v", err)

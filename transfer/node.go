@@ -35,7 +35,7 @@ type Node struct {
 	// Config.PeerGone.
 	accepted map[string]int
 	budgets  map[string]*requestBudget
-	stats    statsCounters
+	stats    counters
 	closeMu  sync.Once
 }
 

@@ -347,7 +347,7 @@ func (p *Peer) EventRange(ctx context.Context, q EventQuery) (EventRange, error)
 		return EventRange{}, err
 	}
 	er := EventRange{SnapshotNeeded: resp.SnapshotNeeded, More: resp.More, SnapshotSeq: resp.SnapshotSeq,
-		Incarnation: resp.Incarnation, Events: make([]Event, len(resp.Events))}
+		Incarnation: resp.Incarnation, Events: make([]LogEntry, len(resp.Events))}
 	if er.SnapshotNeeded && (len(resp.Events) > 0 || er.More) {
 		return EventRange{}, fmt.Errorf("%w: event range from %s says snapshot needed yet carries events", ErrFrame, p.name)
 	}
@@ -362,7 +362,7 @@ func (p *Peer) EventRange(ctx context.Context, q EventQuery) (EventRange, error)
 			if e.Seq != resp.SnapshotSeq {
 				return EventRange{}, fmt.Errorf("%w: snapshot page from %s: event %d numbered %d, the snapshot %d", ErrFrame, p.name, i, e.Seq, resp.SnapshotSeq)
 			}
-			er.Events[i] = Event{Seq: e.Seq, Payload: e.Payload}
+			er.Events[i] = LogEntry{Seq: e.Seq, Payload: e.Payload}
 			continue
 		}
 		// The index applies these in order: refuse what it would
@@ -371,7 +371,7 @@ func (p *Peer) EventRange(ctx context.Context, q EventQuery) (EventRange, error)
 			return EventRange{}, fmt.Errorf("%w: event range from %s: event %d has sequence %d, outside [%d, %d) or out of order", ErrFrame, p.name, i, e.Seq, from, to)
 		}
 		prev = e.Seq
-		er.Events[i] = Event{Seq: e.Seq, Payload: e.Payload}
+		er.Events[i] = LogEntry{Seq: e.Seq, Payload: e.Payload}
 	}
 	return er, nil
 }

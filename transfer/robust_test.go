@@ -92,7 +92,7 @@ func TestMalformedFramesKeepServing(t *testing.T) {
 			}
 		})
 	}
-	if st := holder.Stats(); st.CallsFailed != 13 || st.CallsServed != 0 {
+	if st := holder.Metrics(); st.CallsFailed != 13 || st.CallsServed != 0 {
 		t.Errorf("holder stats = %+v, want 13 failed calls and none served", st)
 	}
 	// Same connection, still serving.

@@ -195,7 +195,7 @@ func TestReadStridedPlan(t *testing.T) {
 					t.Fatalf("rank %d differs first at byte %d of %d", r, i, len(dst[r]))
 				}
 			}
-			st := reader.Stats()
+			st := reader.Metrics()
 			if st.Reads != 1 || st.BytesRead != sizes[0]+sizes[1] {
 				t.Errorf("reader stats = %+v, want 1 read of %d bytes", st, sizes[0]+sizes[1])
 			}
@@ -273,11 +273,11 @@ func TestReadOutsideLeaseRefused(t *testing.T) {
 		{"overlapping source pieces", layout.Segment{Length: 8, Count: 2, SrcStride: 4, DstStride: 8}},
 		{"overflowing stride", layout.Segment{Length: 8, Count: 3, SrcStride: 1 << 63, DstStride: 8}},
 	} {
-		before := holder.Stats().StreamsAccepted
+		before := holder.Metrics().StreamsAccepted
 		if err := p.Read(ctx, 8, 1, []layout.Segment{tc.seg}, [][]byte{make([]byte, 64<<10)}); !errors.Is(err, ErrInvalidRequest) {
 			t.Errorf("%s: err = %v, want ErrInvalidRequest", tc.name, err)
 		}
-		if after := holder.Stats().StreamsAccepted; after != before {
+		if after := holder.Metrics().StreamsAccepted; after != before {
 			t.Errorf("%s: the holder saw %d streams for a plan refused locally", tc.name, after-before)
 		}
 	}

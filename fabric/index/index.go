@@ -801,8 +801,8 @@ func sortMatches(dst []Match, start int) []Match {
 	return dst
 }
 
-// Stats is a snapshot of the index's size.
-type Stats struct {
+// Metrics is a snapshot of the index's size.
+type Metrics struct {
 	// Hashes is the number of distinct sequence hashes in the table,
 	// counting those only dropped nodes hold until they are swept.
 	Hashes int
@@ -814,9 +814,9 @@ type Stats struct {
 	Pending int
 }
 
-// Stats returns the index's current size.
-func (ix *Index) Stats() Stats {
-	var st Stats
+// Metrics returns the index's current size.
+func (ix *Index) Metrics() Metrics {
+	var st Metrics
 	for i := range ix.shards {
 		s := &ix.shards[i]
 		s.mu.RLock()

@@ -75,7 +75,7 @@ func TestCopiesAreCounted(t *testing.T) {
 		t.Fatalf("after removing both copies, holders = %v", got)
 	}
 	ix.Remove(a, 7) // removing what is not held is harmless
-	if st := ix.Stats(); st.Pairs != 0 || st.Hashes != 0 {
+	if st := ix.Metrics(); st.Pairs != 0 || st.Hashes != 0 {
 		t.Fatalf("stats = %+v, want empty", st)
 	}
 }
@@ -101,7 +101,7 @@ func TestExpiry(t *testing.T) {
 	if got := ix.FindMatches([]uint64{1, 2}); !slices.Equal(got, []Match{{a, 1}}) {
 		t.Fatalf("after expiry FindMatches = %v", got)
 	}
-	if st := ix.Stats(); st.Pairs != 1 {
+	if st := ix.Metrics(); st.Pairs != 1 {
 		t.Fatalf("pairs = %d, want 1", st.Pairs)
 	}
 }
@@ -189,7 +189,7 @@ func TestAgreesWithModel(t *testing.T) {
 	if ix.Digest() != fresh.Digest() {
 		t.Fatalf("seed %d: digest %x differs from a fresh index with the same pairs %x", seed, ix.Digest(), fresh.Digest())
 	}
-	if st := ix.Stats(); st.Pairs != pairs {
+	if st := ix.Metrics(); st.Pairs != pairs {
 		t.Fatalf("seed %d: pairs %d, want %d", seed, st.Pairs, pairs)
 	}
 }

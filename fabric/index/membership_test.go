@@ -66,10 +66,10 @@ func (r *repairer) Events(_ context.Context, origin string, inc, from, to uint64
 	return m.EventRange(inc, from, to)
 }
 
-func (r *repairer) Snapshot(_ context.Context, origin string) (membership.Snapshot, error) {
+func (r *repairer) Snapshot(_ context.Context, origin string) (membership.HoldingsSnapshot, error) {
 	m, err := r.node(origin)
 	if err != nil {
-		return membership.Snapshot{}, err
+		return membership.HoldingsSnapshot{}, err
 	}
 	return m.Snapshot(), nil
 }

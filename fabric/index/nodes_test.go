@@ -81,7 +81,7 @@ func TestNodeIDsRecycledThroughChurn(t *testing.T) {
 		}
 	}
 	ix.Sweep()
-	st := ix.Stats()
+	st := ix.Metrics()
 	if st.Nodes != window || st.Pairs != 2*window || st.Hashes != window+1 || st.Pending != 0 {
 		t.Fatalf("stats %+v, want %d nodes, %d pairs, %d hashes", st, window, 2*window, window+1)
 	}
@@ -105,7 +105,7 @@ func TestMaxNodesLive(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if st := ix.Stats(); st.Nodes != MaxNodes || st.Pairs != MaxNodes {
+	if st := ix.Metrics(); st.Nodes != MaxNodes || st.Pairs != MaxNodes {
 		t.Fatalf("at the limit: %+v", st)
 	}
 	_, err := ix.ID("one-past")
@@ -165,7 +165,7 @@ func TestStaleIDNeverSeesSuccessor(t *testing.T) {
 	if got := ix.Holders(20); !slices.Equal(got, []NodeID{b}) {
 		t.Fatalf("holders of b's block = %v", got)
 	}
-	if st := ix.Stats(); st.Hashes != 1 || st.Pairs != 1 || ix.NodeBlocks(b) != 1 {
+	if st := ix.Metrics(); st.Hashes != 1 || st.Pairs != 1 || ix.NodeBlocks(b) != 1 {
 		t.Fatalf("stats %+v, b holds %d", st, ix.NodeBlocks(b))
 	}
 }
@@ -193,11 +193,11 @@ func TestDropNodeTakesNoShardLock(t *testing.T) {
 	if got := ix.FindMatches([]uint64{1}); len(got) != 0 {
 		t.Fatalf("a dropped node matches: %v", got)
 	}
-	if st := ix.Stats(); st.Pending != 1 || st.Pairs != 0 || st.Hashes != 1000 {
+	if st := ix.Metrics(); st.Pending != 1 || st.Pairs != 0 || st.Hashes != 1000 {
 		t.Fatalf("before the sweep: %+v", st)
 	}
 	ix.Sweep()
-	if st := ix.Stats(); st.Pending != 0 || st.Hashes != 0 {
+	if st := ix.Metrics(); st.Pending != 0 || st.Hashes != 0 {
 		t.Fatalf("after the sweep: %+v", st)
 	}
 }
@@ -301,7 +301,7 @@ func TestChurnConcurrentWithSweeps(t *testing.T) {
 			}
 		}
 	}
-	if st := ix.Stats(); st.Nodes != live || st.Pairs != int64(40*live) || st.Hashes != 20+20*writers {
+	if st := ix.Metrics(); st.Nodes != live || st.Pairs != int64(40*live) || st.Hashes != 20+20*writers {
 		t.Fatalf("stats %+v, want %d nodes and %d pairs", st, live, 40*live)
 	}
 	if got := ix.Holders(3); len(got) != live {

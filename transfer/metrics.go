@@ -2,8 +2,8 @@ package transfer
 
 import "sync/atomic"
 
-// Stats is a snapshot of a node's counters since it started.
-type Stats struct {
+// Metrics is a snapshot of a node's counters since it started.
+type Metrics struct {
 	// StreamsAccepted counts calls peers opened to this node.
 	StreamsAccepted uint64
 	// CallsServed counts control calls answered with success.
@@ -26,16 +26,16 @@ type Stats struct {
 	RequestBudgetWaits uint64
 }
 
-type statsCounters struct {
+type counters struct {
 	streams, callsServed, callsFailed, readsServed, bytesServed atomic.Uint64
 	reads, bytesRead, readsFailed, budgetWaits                  atomic.Uint64
 	requestBytes                                                atomic.Int64
 }
 
-// Stats returns a snapshot of the node's counters.
-func (n *Node) Stats() Stats {
+// Metrics returns a snapshot of the node's counters.
+func (n *Node) Metrics() Metrics {
 	s := &n.stats
-	return Stats{
+	return Metrics{
 		StreamsAccepted: s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
 		ReadsServed: s.readsServed.Load(), BytesServed: s.bytesServed.Load(),
 		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), ReadsFailed: s.readsFailed.Load(),
