@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/transfer"
 )
@@ -55,17 +56,7 @@ func indexed(a *Agent, origin string) int {
 
 func waitUntil(t *testing.T, d time.Duration, what string, cond func() error) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for {
-		err := cond()
-		if err == nil {
-			return time.Since(start)
-		}
-		if time.Since(start) > d {
-			t.Fatalf("%s: not within %v: %v", what, d, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return wait.For(t, d, what, cond)
 }
 
 // publishMany publishes n store events of distinct hashes on a, in runs.

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvfabric/kvfabric/internal/wait"
 )
 
 var long = flag.Bool("kvfabric.long", false, "run the slow suites (64-agent convergence)")
@@ -263,15 +265,15 @@ func (c *cluster) allSee(n int) bool {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("after %v: %s", timeout, what)
+	return wait.For(t, timeout, what, func() error {
+		if !cond() {
+			return errNotYet
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return time.Since(start)
+		return nil
+	})
 }
+
+var errNotYet = errors.New("not yet")
 
 func (c *cluster) everyoneHas(origin string, hash uint64) bool {
 	for _, x := range c.live() {

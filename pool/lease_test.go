@@ -2,10 +2,12 @@ package pool
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
 
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 )
 
@@ -130,13 +132,12 @@ func TestLeaseExpiryLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.Advance(2 * time.Second)
-	deadline := time.Now().Add(10 * time.Second)
-	for p.Metrics().Leases != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the expiry loop did not reap the lease within 10 s")
+	wait.For(t, 10*time.Second, "the expiry loop reaps the lease", func() error {
+		if n := p.Metrics().Leases; n != 0 {
+			return fmt.Errorf("%d leases live", n)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 	if info, _ := b.Slot(blk.Slot); !info.Inactive {
 		t.Errorf("slot %+v, want inactive again", info)
 	}

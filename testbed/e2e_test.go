@@ -82,27 +82,28 @@ func start(t *testing.T, n int) *Cluster {
 
 func waitIndexed(t *testing.T, n *Node, holder string, want int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for {
+	wait.For(t, 10*time.Second, fmt.Sprintf("%s indexes %d blocks of %s", n.Name, want, holder), func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
 		cl, err := n.Client(ctx)
-		if err == nil {
-			s, err := cl.Status(ctx)
-			cl.Close()
-			if err == nil {
-				for _, m := range s.Members {
-					if m.Node == holder && int(m.Blocks) == want {
-						return
-					}
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		s, err := cl.Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range s.Members {
+			if m.Node == holder {
+				if int(m.Blocks) != want {
+					return fmt.Errorf("%d indexed", m.Blocks)
 				}
+				return nil
 			}
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s does not index %d blocks of %s", n.Name, want, holder)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return fmt.Errorf("%s is not a member", holder)
+	})
 }
 
 // TP 4 -> TP 2 across processes, every byte checked.
@@ -232,17 +233,17 @@ func TestHolderKilledMidImport(t *testing.T) {
 // served with bytes on the way.
 func waitServing(t *testing.T, nodes []*Node) *Node {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	var serving *Node
+	wait.For(t, 10*time.Second, "a holder serves a lease", func() error {
 		for _, n := range nodes {
 			if metric(n, "kvfabric_leases") > 0 {
-				return n
+				serving = n
+				return nil
 			}
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatal("no holder started serving")
-	return nil
+		return errors.New("no lease live")
+	})
+	return serving
 }
 
 // An importer killed with SIGKILL in the middle of an import: the holder
@@ -625,10 +626,9 @@ func TestJoinMistakesAreLoud(t *testing.T) {
 				}
 			}()
 			hc := http.Client{Timeout: time.Second}
-			deadline := time.Now().Add(15 * time.Second)
 			var code int
 			var body string
-			for {
+			wait.For(t, 15*time.Second, "/healthz answers and the agent warns with the reason", func() error {
 				if resp, err := hc.Get("http://" + ip + ":7948/healthz"); err == nil {
 					b, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
@@ -636,14 +636,11 @@ func TestJoinMistakesAreLoud(t *testing.T) {
 				}
 				warned := strings.Contains(out.String(), "level=WARN msg=\"membership: cannot join seed; retrying\"") &&
 					strings.Contains(out.String(), "reason="+tc.reason)
-				if code != 0 && warned {
-					break
+				if code == 0 || !warned {
+					return fmt.Errorf("/healthz %d %q, warned with reason %s: %v", code, body, tc.reason, warned)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("within 15 s: /healthz %d %q, warned with reason %s: %v", code, body, tc.reason, warned)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+				return nil
+			})
 			if code != http.StatusServiceUnavailable || !strings.Contains(body, "not joined") || !strings.Contains(body, tc.join) {
 				t.Errorf("/healthz: %d %q; want 503 not joined, naming %s", code, body, tc.join)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"runtime"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
@@ -271,13 +273,12 @@ func TestPeerRequestBytesCapped(t *testing.T) {
 
 func waitStats(t *testing.T, n *Node, what string, cond func(Metrics) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond(n.Metrics()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10 s; stats %+v", what, n.Metrics())
+	wait.For(t, 10*time.Second, what, func() error {
+		if m := n.Metrics(); !cond(m) {
+			return fmt.Errorf("metrics %+v", m)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // A frame that cannot get its bytes under the cap before its deadline is

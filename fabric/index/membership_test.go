@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/index"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/membership"
 )
 
@@ -108,7 +109,7 @@ func startAgents(tb testing.TB, n int) []*agent {
 		}
 		agents[i] = &agent{m, ix}
 	}
-	wait(tb, 20*time.Second, "agents see each other", func() bool {
+	waitTrue(tb, 20*time.Second, "agents see each other", func() bool {
 		for _, a := range agents {
 			if a.m.NumMembers() != n {
 				return false
@@ -119,16 +120,17 @@ func startAgents(tb testing.TB, n int) []*agent {
 	return agents
 }
 
-func wait(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+func waitTrue(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("after %v: %s", timeout, what)
+	wait.For(tb, timeout, what, func() error {
+		if !cond() {
+			return errNotYet
 		}
-		time.Sleep(200 * time.Microsecond)
-	}
+		return nil
+	})
 }
+
+var errNotYet = errors.New("not yet")
 
 func holdsEverywhere(agents []*agent, origin string, hash uint64) bool {
 	for _, a := range agents {
@@ -148,7 +150,7 @@ func TestIndexesFollowMembership(t *testing.T) {
 	chain := []uint64{11, 12, 13, 14}
 	agents[1].m.Publish(membership.EventStore, 1, chain...)
 	agents[2].m.Publish(membership.EventStore, 1, chain[:2]...)
-	wait(t, 10*time.Second, "chains in every index", func() bool {
+	waitTrue(t, 10*time.Second, "chains in every index", func() bool {
 		return holdsEverywhere(agents, "agent-01", 14) && holdsEverywhere(agents, "agent-02", 12)
 	})
 	digest := agents[0].ix.Digest()
@@ -163,7 +165,7 @@ func TestIndexesFollowMembership(t *testing.T) {
 		}
 	}
 	agents[1].m.Close()
-	wait(t, 10*time.Second, "agent-01 dropped", func() bool {
+	waitTrue(t, 10*time.Second, "agent-01 dropped", func() bool {
 		for _, a := range []*agent{agents[0], agents[2], agents[3]} {
 			if len(a.ix.FindMatches(chain)) != 1 {
 				return false
@@ -190,7 +192,12 @@ func BenchmarkPropagation(b *testing.B) {
 			hash++
 			start := time.Now()
 			publish(origin, hash)
-			wait(b, 10*time.Second, "store reaches every index", func() bool { return holdsEverywhere(agents, origin.m.Name(), hash) })
+			wait.Every(b, 200*time.Microsecond, 10*time.Second, "store reaches every index", func() error {
+				if !holdsEverywhere(agents, origin.m.Name(), hash) {
+					return errNotYet
+				}
+				return nil
+			})
 			lat = append(lat, time.Since(start))
 		}
 		slices.Sort(lat)

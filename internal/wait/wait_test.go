@@ -63,3 +63,16 @@ func TestForFailsWithTheLastError(t *testing.T) {
 		t.Fatalf("cond called %d times before failing", calls)
 	}
 }
+
+func TestEveryPollsAtItsInterval(t *testing.T) {
+	calls := 0
+	took := Every(t, 2*time.Millisecond, 10*time.Second, "fifth call", func() error {
+		if calls++; calls < 5 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if calls != 5 || took < 8*time.Millisecond {
+		t.Fatalf("%d calls in %v, want 5 calls at least 2 ms apart", calls, took)
+	}
+}
