@@ -385,7 +385,7 @@ func (a *Agent) engineSet(id uint64) (*engineSet, error) {
 // describe returns what an engine needs to use a block set.
 func (a *Agent) describe(s *engineSet) (*fabricpb.RegisterResponse, error) {
 	l := s.set.Layout()
-	out := &fabricpb.RegisterResponse{BlockSet: uint64(s.set.ID()), Layout: l.Proto()}
+	out := &fabricpb.RegisterResponse{BlockSet: uint64(s.set.ID()), Layout: l.Proto(), Retains: uint32(s.set.Retains())}
 	for r := range l.TPSize {
 		off, err := s.set.RegionOffset(r)
 		if err != nil {

@@ -127,6 +127,11 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 	return b
 }
 
+// Retains is how many registered blocks the set keeps before allocating
+// starts to recycle them: its slots less its low watermark. A sequence
+// longer than that loses its tail first (see Evict).
+func (b *BlockSet) Retains() int { return len(b.slots) - b.low }
+
 // ID returns the block set's id in its pool.
 func (b *BlockSet) ID() SetID { return b.id }
 

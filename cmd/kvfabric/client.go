@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"sort"
@@ -333,6 +334,10 @@ or --generate makes N blocks of random tokens. Prints the sequence hashes.`)
 	if err != nil {
 		return err
 	}
+	if len(blocks) > set.Retains {
+		fmt.Fprintf(e.stderr, "kvfabric put: warning: %d blocks into a block set that keeps %d before recycling: the tail of the sequence will be recycled (give --slots %d or more)\n",
+			len(blocks), set.Retains, minSlotsToRetain(len(blocks), set))
+	}
 	var hashes []uint64
 	const batch = 64
 	for i := 0; i < len(blocks); i += batch {
@@ -549,4 +554,25 @@ func writeBlocks(w io.Writer, im *imported, hashes []uint64, verify bool) error 
 		}
 	}
 	return nil
+}
+
+// minSlotsToRetain is the smallest block set, at set's watermark, that
+// keeps n registered blocks before recycling.
+func minSlotsToRetain(n int, set *client.BlockSet) int {
+	slots := set.Layout.Slots
+	if slots == 0 {
+		return n
+	}
+	// The low watermark is a fraction no larger than this (the set's
+	// spare slots were rounded up from it), so a size that keeps n under
+	// it keeps n under the real one.
+	frac := float64(slots-set.Retains) / float64(slots)
+	if frac >= 1 {
+		return n // a set that keeps nothing: no size helps
+	}
+	s := n
+	for s-int(math.Ceil(frac*float64(s))) < n {
+		s++
+	}
+	return s
 }

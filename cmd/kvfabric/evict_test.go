@@ -63,3 +63,34 @@ func TestPutPastTheSlotsKeepsThePrefix(t *testing.T) {
 		t.Fatalf("a look-up from the first block finds %d blocks, want at least %d and fewer than 1024", got, 1024-103-64)
 	}
 }
+
+// A put of as many blocks as its block set keeps says nothing; one block
+// more is told that the set will not keep them all, and what --slots
+// would.
+func TestPutWarnsPastWhatTheSetKeeps(t *testing.T) {
+	dir := t.TempDir()
+	c := fabric.DefaultLocalConfig()
+	c.NodeName, c.DataDir, c.DevCADir = "ev2", filepath.Join(dir, "d"), filepath.Join(dir, "ca")
+	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
+	c.Pools = []string{"host=64MiB"}
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := fabric.Start(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	// 1024 slots at the default 5 % low watermark keep 1024 - 52 = 972.
+	const retains = 972
+	args := func(n int, seed string) []string {
+		return []string{"put", "--socket", a.EngineSocket(), "--tp", "1", "--layers", "2", "--head-dim", "16",
+			"--slots", "1024", "--seed", seed, "--generate", strconv.Itoa(n)}
+	}
+	code, _, errs := runCmd(t, "", args(retains, "1")...)
+	if code != 0 || strings.Contains(errs, "warning") {
+		t.Fatalf("put of %d blocks into a set that keeps %d: exit %d, stderr %q; want no warning", retains, retains, code, errs)
+	}
+	code, _, errs = runCmd(t, "", args(retains+1, "2")...)
+	if code != 0 || !strings.Contains(errs, "warning: 973 blocks into a block set that keeps 972") || !strings.Contains(errs, "--slots 1026 or more") {
+		t.Fatalf("put of %d blocks into a set that keeps %d: exit %d, stderr %q; want a warning naming both and --slots 1026", retains+1, retains, code, errs)
+	}
+}

@@ -87,6 +87,9 @@ type BlockSet struct {
 	Layout *layout.Layout
 	// Ranks holds each TP rank's region.
 	Ranks [][]byte
+	// Retains is how many registered blocks the set keeps before
+	// allocating recycles them; storing more loses sequence tails.
+	Retains int
 }
 
 // Block returns the bytes of slot's shard on rank in a fully contiguous
@@ -119,7 +122,7 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 	if len(resp.GetMemory()) != l.TPSize {
 		return nil, fmt.Errorf("client: agent sent %d memory regions for %d ranks", len(resp.GetMemory()), l.TPSize)
 	}
-	set := &BlockSet{ID: resp.GetBlockSet(), Layout: l, Ranks: make([][]byte, l.TPSize)}
+	set := &BlockSet{ID: resp.GetBlockSet(), Layout: l, Ranks: make([][]byte, l.TPSize), Retains: int(resp.GetRetains())}
 	for r, m := range resp.GetMemory() {
 		whole, err := c.mapFile(m.GetPath())
 		if err != nil {

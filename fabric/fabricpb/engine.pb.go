@@ -137,7 +137,12 @@ type RegisterResponse struct {
 	// The block set's layout; region bases are offsets in the memory files.
 	Layout *layoutpb.Layout `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`
 	// One per TP rank: where that rank's region lives.
-	Memory        []*Memory `protobuf:"bytes,3,rep,name=memory,proto3" json:"memory,omitempty"`
+	Memory []*Memory `protobuf:"bytes,3,rep,name=memory,proto3" json:"memory,omitempty"`
+	// How many registered blocks the block set keeps before allocating
+	// recycles them (its slots less the pool's low watermark). An engine
+	// that stores more loses the tails of the least recently used
+	// sequences first.
+	Retains       uint32 `protobuf:"varint,4,opt,name=retains,proto3" json:"retains,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -191,6 +196,13 @@ func (x *RegisterResponse) GetMemory() []*Memory {
 		return x.Memory
 	}
 	return nil
+}
+
+func (x *RegisterResponse) GetRetains() uint32 {
+	if x != nil {
+		return x.Retains
+	}
+	return 0
 }
 
 // Host memory an engine maps: the file at path, mapped shared, bytes
@@ -1580,11 +1592,12 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\tpage_size\x18\x04 \x01(\rR\bpageSize\x126\n" +
 	"\bkv_order\x18\x05 \x01(\x0e2\x1b.kvfabric.layout.v1.KVOrderR\akvOrder\x12A\n" +
 	"\varrangement\x18\x06 \x01(\x0e2\x1f.kvfabric.layout.v1.ArrangementR\varrangement\x12\x14\n" +
-	"\x05slots\x18\a \x01(\rR\x05slots\"\x97\x01\n" +
+	"\x05slots\x18\a \x01(\rR\x05slots\"\xb1\x01\n" +
 	"\x10RegisterResponse\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x122\n" +
 	"\x06layout\x18\x02 \x01(\v2\x1a.kvfabric.layout.v1.LayoutR\x06layout\x122\n" +
-	"\x06memory\x18\x03 \x03(\v2\x1a.kvfabric.fabric.v1.MemoryR\x06memory\"H\n" +
+	"\x06memory\x18\x03 \x03(\v2\x1a.kvfabric.fabric.v1.MemoryR\x06memory\x12\x18\n" +
+	"\aretains\x18\x04 \x01(\rR\aretains\"H\n" +
 	"\x06Memory\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
