@@ -2,6 +2,7 @@ package fabric_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -256,5 +257,29 @@ func TestAgentCloseReleasesEverything(t *testing.T) {
 	c.Close()
 	if _, err := os.Stat(socket); !os.IsNotExist(err) {
 		t.Fatalf("engine socket left behind: %v", err)
+	}
+}
+
+// A block set made without a slot count holds a quarter of the pool, so
+// its size follows the pool's; the engine learns how many it keeps.
+func TestBlockSetSizeFollowsThePool(t *testing.T) {
+	e := client.Engine{Name: "e", Model: smallModel, TPSize: 1, PageSize: 16, Order: layout.HND}
+	// smallModel's block at page 16 and TP 1: 16 × 4 heads × 8 × 2 bytes
+	// per plane, × 2 planes × 2 layers = 4 KiB, the engine alignment.
+	const block = 4 << 10
+	for _, pool := range []int{16 << 20, 32 << 20} {
+		c := testConfig(t, fmt.Sprintf("pool%d", pool>>20))
+		c.Pools = []string{fmt.Sprintf("host=%d", pool)}
+		a := startAgent(t, c)
+		set, err := dial(t, a).Register(context.Background(), e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := pool / 4 / block; set.Layout.Slots != want {
+			t.Errorf("pool of %d MiB: a block set of %d slots, want a quarter of the pool, %d", pool>>20, set.Layout.Slots, want)
+		}
+		if want := set.Layout.Slots - (set.Layout.Slots+19)/20; set.Retains != want {
+			t.Errorf("pool of %d MiB: the set keeps %d, want its slots less 5 %% (%d)", pool>>20, set.Retains, want)
+		}
 	}
 }
