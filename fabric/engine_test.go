@@ -283,3 +283,34 @@ func TestBlockSetSizeFollowsThePool(t *testing.T) {
 		}
 	}
 }
+
+// The engine API takes up to 65,536 hashes and 4,194,304 token ids in one
+// request, and refuses one more of either, naming which.
+func TestEngineRequestLimits(t *testing.T) {
+	a := startAgent(t, testConfig(t, "limits"))
+	api := dial(t, a).API()
+	ctx := context.Background()
+	const maxHashes, maxTokens = 1 << 16, 1 << 22
+	hashes := make([]uint64, maxHashes+1)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	if r, err := api.Lookup(ctx, &fabricpb.LookupRequest{Hashes: hashes[:maxHashes]}); err != nil || len(r.Hashes) != maxHashes {
+		t.Fatalf("lookup of %d hashes (the limit): %v", maxHashes, err)
+	}
+	if _, err := api.Lookup(ctx, &fabricpb.LookupRequest{Hashes: hashes}); code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "hashes") {
+		t.Fatalf("lookup of %d hashes: %v, want InvalidArgument naming hashes", len(hashes), err)
+	}
+	tokens := make([]uint32, maxTokens+1)
+	for i := range tokens {
+		tokens[i] = uint32(i % 128000)
+	}
+	// At block size 64 the limit's tokens make 65,536 blocks.
+	r, err := api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: tokens[:maxTokens]}, BlockSize: 64})
+	if err != nil || len(r.Hashes) != maxTokens/64 {
+		t.Fatalf("lookup of %d tokens (the limit): %d hashes, %v", maxTokens, len(r.GetHashes()), err)
+	}
+	if _, err := api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: tokens}, BlockSize: 64}); code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tokens") {
+		t.Fatalf("lookup of %d tokens: %v, want InvalidArgument naming tokens", len(tokens), err)
+	}
+}

@@ -245,3 +245,40 @@ func FuzzDecodeBye(f *testing.F) {
 		}
 	})
 }
+
+// Metadata of exactly MetaMaxSize bytes encodes and decodes; one byte more
+// is refused on both sides.
+func TestMetaAtItsLimit(t *testing.T) {
+	addr := func(n int) string { return "[fe80::1%" + strings.Repeat("z", n-12) + "]:1" } // n bytes
+	meta := func(apiLen int) Meta {
+		return Meta{PeerAddr: addr(MaxNameLen), APIAddr: addr(apiLen), Transports: TransportQUIC, LayoutDigest: 1, Incarnation: 1 << 62}
+	}
+	// Find the API address length that brings the encoding to the limit.
+	apiLen := 0
+	for n := 12; n <= MaxNameLen; n++ {
+		m := meta(n)
+		if b, err := m.MarshalBinary(); err == nil && len(b) == MetaMaxSize {
+			apiLen = n
+			break
+		}
+	}
+	if apiLen == 0 {
+		t.Fatal("no metadata of exactly MetaMaxSize bytes could be built")
+	}
+	m := meta(apiLen)
+	b, err := m.MarshalBinary()
+	if err != nil || len(b) != MetaMaxSize {
+		t.Fatalf("metadata at the limit: %d bytes, %v", len(b), err)
+	}
+	var back Meta
+	if err := back.UnmarshalBinary(b); err != nil || back != m {
+		t.Fatalf("metadata at the limit does not round-trip: %+v, %v", back, err)
+	}
+	over := meta(apiLen + 1)
+	if _, err := over.MarshalBinary(); !errors.Is(err, ErrMetaTooLarge) {
+		t.Fatalf("metadata one byte past the limit: err = %v, want ErrMetaTooLarge", err)
+	}
+	if err := back.UnmarshalBinary(append(b, 0)); err == nil {
+		t.Fatal("a peer's metadata one byte past the limit was accepted")
+	}
+}
