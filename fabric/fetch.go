@@ -112,7 +112,7 @@ func (a *Agent) leaseChunk(ctx context.Context, peer *transfer.Peer, keeper *lea
 	go func() {
 		c := &leasedChunk{asked: hashes}
 		asked := time.Now()
-		c.lease, c.err = peer.Lease(ctx, hashes, a.cfg.LeaseDuration)
+		c.lease, c.err = a.leaseWhenRoom(ctx, peer, hashes)
 		switch {
 		case errors.Is(c.err, transfer.ErrInvalidRequest), errors.Is(c.err, transfer.ErrTooLarge):
 			c.err = requestError{fmt.Errorf("lease of %d blocks: %w", len(hashes), c.err)}
@@ -127,6 +127,31 @@ func (a *Agent) leaseChunk(ctx context.Context, peer *transfer.Peer, keeper *lea
 		ch <- c
 	}()
 	return ch
+}
+
+// leaseBusyPause bounds the pause between two asks of a holder that said
+// it is busy.
+const leaseBusyPause = 100 * time.Millisecond
+
+// leaseWhenRoom asks peer for a lease on hashes, asking again for up to
+// PeerTimeout while the holder answers that it is busy (at its cap of
+// blocks leased to this node or to all, or out of leases): leases end as
+// the reads under them finish, often this node's own concurrent imports'.
+func (a *Agent) leaseWhenRoom(ctx context.Context, peer *transfer.Peer, hashes []uint64) (transfer.Lease, error) {
+	start, pause := time.Now(), 5*time.Millisecond
+	for {
+		l, err := peer.Lease(ctx, hashes, a.cfg.LeaseDuration)
+		if !errors.Is(err, transfer.ErrUnavailable) || time.Since(start)+pause > a.cfg.PeerTimeout {
+			return l, err
+		}
+		a.stats.leaseWaits.Add(1)
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return l, err
+		}
+		pause = min(2*pause, leaseBusyPause)
+	}
 }
 
 // abandon gives back a chunk leased ahead that will not be read.

@@ -226,3 +226,55 @@ func TestImportRefusalIsNotTheHoldersFault(t *testing.T) {
 		t.Errorf("the holder is a suspect after refusing a page mismatch the importer caused (%v)", err)
 	}
 }
+
+// Concurrent imports from a holder whose lease cap for this node is below
+// what they ask for together all complete: a lease past the cap is cut to
+// what fits, a refused one is asked again as the others' leases end, and
+// the busy holder is not blamed.
+func TestImportsWaitForRoomUnderLeaseCap(t *testing.T) {
+	const (
+		importers = 4
+		each      = 16
+		capPeer   = 8
+	)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i == 0 {
+			c.MaxLeasedPerPeer = capPeer
+		}
+	})
+	n1, n2 := agents[0], agents[1]
+	e := client.Engine{Name: "producer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 128}
+	hashes := produceBlocks(t, n1, n2, e, importers*each)
+	ctx := context.Background()
+	c := dial(t, n2)
+	e.Name = "importer"
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, importers)
+	for i := range importers {
+		go func() {
+			resp, err := c.Import(ctx, set.ID, hashes[i*each:(i+1)*each])
+			if err == nil && len(resp.Blocks) != each {
+				err = fmt.Errorf("importer %d brought %d of %d blocks: %s", i, len(resp.Blocks), each, resp.Error)
+			}
+			if err == nil {
+				for j, b := range resp.Blocks {
+					if err = kvtest.Check(set.Layout, set.Ranks, int(b.Slot), uint64(i*each+j+1)); err != nil {
+						break
+					}
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range importers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fabric.Suspect(n2, "n1") {
+		t.Error("a holder at its lease cap became a suspect")
+	}
+}

@@ -24,6 +24,8 @@ type counters struct {
 	// renewals holders granted while a chunk was being read.
 	importChunks  atomic.Uint64
 	leaseRenewals atomic.Uint64
+	// leaseWaits counts the times an import asked a busy holder again.
+	leaseWaits atomic.Uint64
 	// leasesEndedEarly counts leases released because their peer went.
 	leasesEndedEarly atomic.Uint64
 	inflight         atomic.Int64 // imports in progress
@@ -85,6 +87,7 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	c("kvfabric_import_chunks_total", "Import chunks read whole under a confirmed lease and registered.", float64(a.stats.importChunks.Load()))
 	c("kvfabric_import_lease_renewals_total", "Lease renewals holders granted to reads that outlived half a term.", float64(a.stats.leaseRenewals.Load()))
+	c("kvfabric_import_lease_waits_total", "Times an import asked a holder again for a lease after it answered that it was busy (at a lease cap).", float64(a.stats.leaseWaits.Load()))
 	c("kvfabric_leases_ended_early_total", "Leases released before their term because the peer holding them disconnected, left or failed.", float64(a.stats.leasesEndedEarly.Load()))
 	c("kvfabric_pool_events_total", "Store and remove events of the local pool.", float64(a.stats.events.Load()))
 	c("kvfabric_imports_total", "Imports served to engines.", float64(a.stats.imports.Load()))
