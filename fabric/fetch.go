@@ -78,9 +78,13 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 		if c.err != nil {
 			return refs, moved, c.err
 		}
-		end := off + len(c.asked)
-		whole := c.present() == len(c.asked)
-		if whole && end < len(hashes) {
+		k := c.present()
+		end := off + k
+		// A chunk leased whole, or cut short by the holder's lease caps,
+		// may be followed by more of the holder's prefix; any other
+		// short lease ends it.
+		more := k == len(c.asked) || (k > 0 && c.lease.Capped)
+		if k == len(c.asked) && end < len(hashes) {
 			next = a.leaseChunk(ctx, peer, keeper, hashes[end:min(end+per, len(hashes))])
 		}
 		got, n, err := a.readChunk(ctx, peer, keeper, s, c, parent)
@@ -93,10 +97,15 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 			}
 			return refs, moved, err
 		}
-		if !whole {
-			break // the holder's prefix ends here
+		if !more {
+			break
 		}
 		off, parent = end, hashes[end-1]
+		if next == nil && off < len(hashes) {
+			// Cut short by a cap: ask for the rest now that this chunk's
+			// lease is released and its room free again.
+			next = a.leaseChunk(ctx, peer, keeper, hashes[off:min(off+per, len(hashes))])
+		}
 		if a.cfg.hooks.chunkRegistered != nil {
 			a.cfg.hooks.chunkRegistered(holder.Name, len(refs))
 		}
@@ -116,6 +125,10 @@ func (a *Agent) leaseChunk(ctx context.Context, peer *transfer.Peer, keeper *lea
 		switch {
 		case errors.Is(c.err, transfer.ErrInvalidRequest), errors.Is(c.err, transfer.ErrTooLarge):
 			c.err = requestError{fmt.Errorf("lease of %d blocks: %w", len(hashes), c.err)}
+		case errors.Is(c.err, transfer.ErrUnavailable):
+			// Busy past PeerTimeout: at a lease cap (often filled by this
+			// node's own imports) or out of leases; load, not ill health.
+			c.err = requestError{fmt.Errorf("lease: %w", c.err)}
 		case c.err != nil:
 			c.err = fmt.Errorf("lease: %w", c.err)
 		case c.lease.ID != 0 && c.lease.Duration <= 0:

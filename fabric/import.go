@@ -15,8 +15,10 @@ import (
 	"github.com/kvfabric/kvfabric/pool"
 )
 
-// maxHoldersTried bounds the holders one import asks, so that a cluster
-// that keeps failing cannot keep an import busy past its deadline anyway.
+// maxHoldersTried bounds the holder failures one import takes, so that a
+// cluster that keeps failing cannot keep an import busy past its deadline
+// anyway. Holders that serve part of an import count nothing: the import
+// goes on while it moves.
 const maxHoldersTried = 8
 
 // importResult is what an import brought.
@@ -112,7 +114,8 @@ func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64)
 		if cause == nil {
 			cause = errHoldersFailed
 		}
-		if !errors.Is(cause, errHoldersFailed) {
+		if !errors.Is(cause, errHoldersFailed) || len(failures) == 0 {
+			// Every failure says why, even one no holder reported.
 			failures = append(failures, cause.Error())
 		}
 		res.err = &importError{
@@ -145,7 +148,6 @@ func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint
 		if *tried >= maxHoldersTried {
 			return nil, nil, fmt.Errorf("%w (%d tried)", errHoldersFailed, *tried)
 		}
-		*tried++
 		start := time.Now()
 		refs, bytes, err := a.fetch(ctx, c.member, s, rest[:c.blocks], parent)
 		var fetch *fabricpb.Fetch
@@ -156,6 +158,7 @@ func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint
 		if err == nil || errors.As(err, &local) || ctx.Err() != nil {
 			return refs, fetch, err
 		}
+		*tried++ // a holder that failed; one that served counts nothing
 		// A refusal this import caused says nothing about the holder's
 		// health; any other failure sends it to the back of the queue.
 		var req requestError

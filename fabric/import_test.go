@@ -278,3 +278,39 @@ func TestImportsWaitForRoomUnderLeaseCap(t *testing.T) {
 		t.Error("a holder at its lease cap became a suspect")
 	}
 }
+
+// A holder whose per-peer lease cap is one chunk, or between one and two,
+// serves a long import whole: the lease taken ahead is cut to what fits
+// (or waits), and the import goes on with the same holder, which is not
+// blamed.
+func TestImportUnderAChunkSizedLeaseCap(t *testing.T) {
+	const (
+		n        = 400
+		perChunk = 32 // 1 MiB chunks of 32 KiB blocks (testModel at TP 1)
+	)
+	for _, capPeer := range []int{perChunk, perChunk + 8} {
+		t.Run(fmt.Sprintf("cap=%d", capPeer), func(t *testing.T) {
+			agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+				c.MaxLeasedPerPeer = capPeer
+				c.ImportChunkBytes = 1 << 20
+			})
+			n1, n2 := agents[0], agents[1]
+			e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 512}
+			hashes := produceBlocks(t, n1, n2, e, n)
+			c := dial(t, n2)
+			e.Name = "importer"
+			set, err := c.Register(context.Background(), e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := c.Import(context.Background(), set.ID, hashes)
+			if err != nil || len(resp.Blocks) != n {
+				t.Fatalf("import of %d blocks under a cap of %d: %d blocks, %v %s", n, capPeer, len(resp.GetBlocks()), err, resp.GetError())
+			}
+			checkImported(t, set, resp.Blocks, 1)
+			if fabric.Suspect(n2, "n1") {
+				t.Error("a holder at its lease cap became a suspect")
+			}
+		})
+	}
+}

@@ -32,6 +32,7 @@ type leaseKeeper struct {
 
 	mu     sync.Mutex
 	leases map[uint64]*keptLease
+	closed bool // keep after close hands back an ended lease
 	wake   chan struct{}
 
 	stop chan struct{}
@@ -69,6 +70,13 @@ func (k *leaseKeeper) keep(parent context.Context, id uint64, term time.Duration
 	ctx, cancel := context.WithCancelCause(parent)
 	l := &keptLease{id: id, term: term, due: asked.Add(term / 2), ctx: ctx, cancel: cancel}
 	k.mu.Lock()
+	if k.closed {
+		// A lease answered after its import gave up (leased ahead, then
+		// abandoned): nothing will read under it.
+		k.mu.Unlock()
+		cancel(nil)
+		return l
+	}
 	k.leases[id] = l
 	k.mu.Unlock()
 	select {
@@ -94,6 +102,7 @@ func (k *leaseKeeper) close() {
 	k.once.Do(func() { close(k.stop) })
 	<-k.done
 	k.mu.Lock()
+	k.closed = true
 	for id, l := range k.leases {
 		l.cancel(nil)
 		delete(k.leases, id)

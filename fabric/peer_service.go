@@ -140,8 +140,11 @@ func (h *peerService) Lease(ctx context.Context, peer string, hashes []uint64, d
 			found++
 		}
 	}
-	h.book.add(id, peer, n, found, now.Add(d))
+	// The book's deadline is taken after the pool's, so that the book never
+	// forgets a lease the pool still holds.
+	h.book.add(id, peer, n, found, time.Now().Add(d))
 	out.ID = uint64(id)
+	out.Capped = n < bestN
 	digest := best.Layout().Digest()
 	out.LayoutDigests = map[uint64][]byte{uint64(best.ID()): digest[:]}
 	for i, b := range blocks {
@@ -181,14 +184,13 @@ func (h *peerService) Renew(ctx context.Context, peer string, id uint64, d time.
 		return false, nil
 	}
 	d = h.grant(d)
-	now := time.Now()
 	if err := h.a.pool.Renew(pool.LeaseID(id), d); err != nil {
 		if errors.Is(err, pool.ErrLeaseExpired) || errors.Is(err, pool.ErrUnknownLease) {
 			return false, nil
 		}
 		return false, leaseError(err)
 	}
-	h.book.extend(pool.LeaseID(id), now.Add(d))
+	h.book.extend(pool.LeaseID(id), time.Now().Add(d)) // after the pool's, as in Lease
 	return true, nil
 }
 

@@ -197,8 +197,8 @@ func TestHolderLeaseCaps(t *testing.T) {
 	}
 	// p1 asks for the whole pool: it gets its cap of 4 (half of 8).
 	l1, err := h.Lease(ctx, "p1", hashes, time.Minute)
-	if err != nil || present(l1) != 4 {
-		t.Fatalf("p1's lease of the whole pool: %d blocks, %v; want its cap of 4", present(l1), err)
+	if err != nil || present(l1) != 4 || !l1.Capped {
+		t.Fatalf("p1's lease of the whole pool: %d blocks (capped %v), %v; want its cap of 4, marked capped", present(l1), l1.Capped, err)
 	}
 	// At its cap, p1 gets nothing more, and is told why.
 	_, err = h.Lease(ctx, "p1", hashes[4:5], time.Minute)
@@ -223,7 +223,7 @@ func TestHolderLeaseCaps(t *testing.T) {
 		t.Fatal("p1's lease is still valid after p1 went")
 	}
 	l3, err := h.Lease(ctx, "p3", hashes[:4], time.Minute)
-	if err != nil || present(l3) != 4 {
-		t.Fatalf("p3 after p1 went: %d blocks, %v; want 4", present(l3), err)
+	if err != nil || present(l3) != 4 || l3.Capped {
+		t.Fatalf("p3 after p1 went: %d blocks (capped %v), %v; want 4, not capped", present(l3), l3.Capped, err)
 	}
 }

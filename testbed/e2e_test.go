@@ -61,9 +61,15 @@ func eng(name string, tp int, order layout.KVOrder) client.Engine {
 
 func start(t *testing.T, n int) *Cluster {
 	t.Helper()
+	return startWithPool(t, n, "host=256MiB")
+}
+
+// startWithPool starts n agents with pool as each one's --pool.
+func startWithPool(t *testing.T, n int, pool string) *Cluster {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := Start(ctx, Options{Bin: bin, Nodes: n, Pool: "host=256MiB"})
+	c, err := Start(ctx, Options{Bin: bin, Nodes: n, Pool: pool})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,21 +134,28 @@ func TestImportAcrossProcesses(t *testing.T) {
 }
 
 // A holder killed with SIGKILL in the middle of an import: the import
-// fails over to the other holder or errors within 2 s, and no block that
+// fails over to the other holder or errors within 4 s, and no block that
 // did not arrive whole is ever registered.
 func TestHolderKilledMidImport(t *testing.T) {
-	c := start(t, 3)
+	// 1,200 blocks of 256 KiB (300 MB), so that the import is still
+	// moving when its holder is killed, on any machine.
+	c := startWithPool(t, 3, "host=400MiB")
 	ctx := context.Background()
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
-	w := Workload{Sequences: 1, Blocks: 400, PageSize: 16, Seed: 2}
+	w := Workload{Sequences: 1, Blocks: 1200, PageSize: 16, Seed: 2}
 	seqs := w.Hashes()
-	p, err := Produce(ctx, n1, eng("producer", 2, layout.HND), seqs)
+	big := func(name string, tp int, order layout.KVOrder) client.Engine {
+		e := eng(name, tp, order)
+		e.Slots = w.Blocks
+		return e
+	}
+	p, err := Produce(ctx, n1, big("producer", 2, layout.HND), seqs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
 	waitIndexed(t, n2, "node1", w.Unique())
-	if _, err := Consume(ctx, n2, eng("copy", 1, layout.HND), seqs); err != nil {
+	if _, err := Consume(ctx, n2, big("copy", 1, layout.HND), seqs); err != nil {
 		t.Fatal(err)
 	}
 	waitIndexed(t, n3, "node2", w.Unique())
@@ -152,7 +165,7 @@ func TestHolderKilledMidImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	set, err := cl.Register(ctx, eng("importer", 4, layout.NHD))
+	set, err := cl.Register(ctx, big("importer", 4, layout.NHD))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,15 +205,12 @@ func TestHolderKilledMidImport(t *testing.T) {
 	if !r.at.After(killed) {
 		t.Fatalf("the import ended before %s was killed: nothing was tested", victim.Name)
 	}
-	if r.err == nil {
-		for _, f := range r.resp.Fetches {
-			if f.Node == victim.Name {
-				t.Fatalf("blocks came from %s, which was killed during the import: %v", victim.Name, r.resp.Fetches)
-			}
-		}
-	}
-	if took := failedOver.Sub(killed); took > 2*time.Second {
-		t.Errorf("import failed over or errored %v after the holder was killed (want within 2 s)", took)
+	// Blocks may have come from the victim: the chunks it served whole
+	// before the kill are kept. Every registered block is checked below.
+	// Failing over takes about PeerTimeout/2 (1 s); the bound leaves room
+	// for two loaded cores.
+	if took := failedOver.Sub(killed); took > 4*time.Second {
+		t.Errorf("import failed over or errored %v after the holder was killed (want within 4 s)", took)
 	} else {
 		t.Logf("failed over or errored %v after the kill", took.Round(time.Millisecond))
 	}
@@ -250,12 +260,19 @@ func waitServing(t *testing.T, nodes []*Node) *Node {
 // ends its leases when the importer's connections go silent or membership
 // declares it dead, well before their 30 s term.
 func TestImporterKilledMidImport(t *testing.T) {
-	c := start(t, 2)
+	// 2,000 blocks of 256 KiB: half a gigabyte, so that the import is
+	// still moving when the importer is killed, on any machine.
+	c := startWithPool(t, 2, "host=640MiB")
 	ctx := context.Background()
 	holder, importer := c.Nodes[0], c.Nodes[1]
-	w := Workload{Sequences: 1, Blocks: 500, PageSize: 16, Seed: 3}
+	w := Workload{Sequences: 1, Blocks: 2000, PageSize: 16, Seed: 3}
 	seqs := w.Hashes()
-	p, err := Produce(ctx, holder, eng("producer", 2, layout.HND), seqs)
+	big := func(name string, tp int, order layout.KVOrder) client.Engine {
+		e := eng(name, tp, order)
+		e.Slots = w.Blocks
+		return e
+	}
+	p, err := Produce(ctx, holder, big("producer", 2, layout.HND), seqs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +283,7 @@ func TestImporterKilledMidImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	set, err := cl.Register(ctx, eng("importer", 4, layout.NHD))
+	set, err := cl.Register(ctx, big("importer", 4, layout.NHD))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,6 +292,9 @@ func TestImporterKilledMidImport(t *testing.T) {
 	killed := time.Now()
 	if err := importer.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
 		t.Fatal(err)
+	}
+	if v, err := metricValue(holder, "kvfabric_leases"); err != nil || v == 0 {
+		t.Fatalf("no lease live on the holder right after the kill (%v, %v): the import ended first, nothing was tested", v, err)
 	}
 	wait.For(t, 20*time.Second, "the holder ends the killed importer's leases", func() error {
 		v, err := metricValue(holder, "kvfabric_leases")

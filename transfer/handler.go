@@ -68,6 +68,10 @@ type Lease struct {
 	// LayoutDigests holds, by block set, the digest of the layout of
 	// every block set a present block is in.
 	LayoutDigests map[uint64][]byte
+	// Capped says the holder cut the lease short of the blocks it holds,
+	// for its caps on leased blocks: blocks past the last present one may
+	// still be there.
+	Capped bool
 }
 
 // LogEntry is one entry of an origin's event log; Payload is opaque here.

@@ -310,6 +310,7 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 		return Lease{}, fmt.Errorf("%w: lease from %s names %d layout digests for %d hashes", ErrFrame, p.name, len(resp.LayoutDigests), len(hashes))
 	}
 	l.LayoutDigests = resp.LayoutDigests
+	l.Capped = resp.Capped
 	return l, nil
 }
 

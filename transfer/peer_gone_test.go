@@ -14,7 +14,7 @@ import (
 // while the peer still has a connection open.
 func TestPeerGone(t *testing.T) {
 	ca := newTestCA(t)
-	members := newMembers("a", "b")
+	members := newMembers("a", "b", "c")
 	var mu sync.Mutex
 	var gone []string
 	a := newTestNode(t, ca, "a", members, newMemHandler(), func(c *Config) {
@@ -25,10 +25,12 @@ func TestPeerGone(t *testing.T) {
 		}
 	})
 	b := newTestNode(t, ca, "b", members, nil)
+	c := newTestNode(t, ca, "c", members, nil)
 	ctx := context.Background()
 	p1 := dialPeer(t, b, a)
 	p2 := dialPeer(t, b, a)
-	for _, p := range []*Peer{p1, p2} {
+	p3 := dialPeer(t, c, a)
+	for _, p := range []*Peer{p1, p2, p3} {
 		if _, err := p.Hello(ctx, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -39,18 +41,24 @@ func TestPeerGone(t *testing.T) {
 		return append([]string(nil), gone...)
 	}
 	p1.Close()
-	// p2's connections are still open: b is not gone. Give a's side time
-	// to see p1's close before checking that nothing was said.
+	// p2's connections are still open: b is not gone. c's go after p1's;
+	// once a has told of c, it has seen p1's close too.
+	p3.Close()
+	wait.For(t, 10*time.Second, "a is told that c is gone", func() error {
+		if g := goneList(); len(g) == 0 {
+			return fmt.Errorf("no PeerGone yet")
+		}
+		return nil
+	})
 	if _, err := p2.Hello(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	if g := goneList(); len(g) != 0 {
-		t.Fatalf("PeerGone(%v) while b still had a connection open", g)
+	if g := goneList(); len(g) != 1 || g[0] != "c" {
+		t.Fatalf("PeerGone calls %v after c closed and b kept one connection, want [c]", g)
 	}
 	p2.Close()
 	wait.For(t, 10*time.Second, "a is told that b is gone", func() error {
-		if g := goneList(); len(g) != 1 || g[0] != "b" {
+		if g := goneList(); len(g) != 2 || g[1] != "b" {
 			return fmt.Errorf("PeerGone calls: %v", g)
 		}
 		return nil

@@ -141,7 +141,7 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		if len(l.Blocks) != len(r.hashes) {
 			return nil, fmt.Errorf("%w: handler leased %d entries for %d hashes", ErrInternal, len(l.Blocks), len(r.hashes))
 		}
-		resp := &transferpb.LeaseResponse{LeaseId: l.ID, DurationMs: uint64(l.Duration / time.Millisecond), Blocks: make([]*transferpb.LeasedBlock, len(l.Blocks)), LayoutDigests: l.LayoutDigests}
+		resp := &transferpb.LeaseResponse{LeaseId: l.ID, DurationMs: uint64(l.Duration / time.Millisecond), Blocks: make([]*transferpb.LeasedBlock, len(l.Blocks)), LayoutDigests: l.LayoutDigests, Capped: l.Capped}
 		for i, b := range l.Blocks {
 			resp.Blocks[i] = &transferpb.LeasedBlock{Hash: b.Hash, Present: b.Present, BlockSet: b.BlockSet, Slot: b.Slot, Generation: b.Generation}
 		}

@@ -461,6 +461,10 @@ type LeaseResponse struct {
 	// with the layout of that digest: block-set ids are reused when a holder
 	// restarts.
 	LayoutDigests map[uint64][]byte `protobuf:"bytes,4,rep,name=layout_digests,json=layoutDigests,proto3" json:"layout_digests,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The holder cut the lease short of the blocks it holds, to stay within
+	// its caps on leased blocks: the blocks past the last present one may
+	// still be there, and the reader asks again once its leases end.
+	Capped        bool `protobuf:"varint,5,opt,name=capped,proto3" json:"capped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -521,6 +525,13 @@ func (x *LeaseResponse) GetLayoutDigests() map[uint64][]byte {
 		return x.LayoutDigests
 	}
 	return nil
+}
+
+func (x *LeaseResponse) GetCapped() bool {
+	if x != nil {
+		return x.Capped
+	}
+	return false
 }
 
 // RenewRequest extends a lease.
@@ -1218,13 +1229,14 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x04slot\x18\x04 \x01(\x04R\x04slot\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x05 \x01(\x04R\n" +
-	"generation\"\xa7\x02\n" +
+	"generation\"\xbf\x02\n" +
 	"\rLeaseResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
 	"durationMs\x129\n" +
 	"\x06blocks\x18\x03 \x03(\v2!.kvfabric.transfer.v1.LeasedBlockR\x06blocks\x12]\n" +
-	"\x0elayout_digests\x18\x04 \x03(\v26.kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntryR\rlayoutDigests\x1a@\n" +
+	"\x0elayout_digests\x18\x04 \x03(\v26.kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntryR\rlayoutDigests\x12\x16\n" +
+	"\x06capped\x18\x05 \x01(\bR\x06capped\x1a@\n" +
 	"\x12LayoutDigestsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"J\n" +
