@@ -6,12 +6,21 @@ import (
 	"time"
 )
 
-// requestBudget caps the request bytes buffered for one peer, across all
-// its connections and streams: each stream charges its frame buffer as it
-// grows (readFrameCharged) and gives it back once the request is decoded.
-// Streams past the cap wait for others to finish, up to their deadline.
-// Without it, a member could open MaxStreamsPerConn streams on as many
-// connections as it likes and have the holder buffer a full frame on each.
+// requestBudget caps the request bytes one peer may have in flight, across
+// all its connections and streams. A stream charges the length its frame
+// header announces, in one step, before it reads any of the payload
+// (readFrameCharged), and gives it back once the request is decoded or the
+// stream fails. A stream whose frame would pass the cap waits, before
+// reading its payload, for the peer's others to finish, up to its deadline;
+// since every stream that holds a charge holds all it needs, the others
+// finish (or reach their own deadline) without waiting on the budget, and
+// any frame that fits the cap alone is eventually let in. The charge is
+// bookkeeping: the frame's buffer still grows only as bytes arrive, so a
+// peer that announces a frame and goes silent costs the holder memory only
+// for what it sent, and stalls only its own budget until its deadline.
+// Without the cap, a member could open MaxStreamsPerConn streams on as
+// many connections as it likes and have the holder buffer a full frame on
+// each.
 type requestBudget struct {
 	peer  string
 	max   int64
@@ -28,7 +37,12 @@ func newRequestBudget(peer string, max int64, stats *counters) *requestBudget {
 }
 
 // acquire takes n bytes of the budget, waiting for them until deadline.
+// n over the whole cap can never fit and is refused at once.
 func (b *requestBudget) acquire(n int64, deadline time.Time) error {
+	if n > b.max {
+		return fmt.Errorf("%w: a request of %d bytes from peer %s is over the cap of %d (MaxPeerRequestBytes)",
+			ErrTooLarge, n, b.peer, b.max)
+	}
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
