@@ -94,7 +94,8 @@ type Config struct {
 	// read, for the peer's others to finish, and is refused with
 	// CodeUnavailable if it has not been let in and fully arrived within
 	// ProgressTimeout of its stream opening. Any request up to
-	// MaxMessageSize fits alone, so concurrent ones are let in in turn.
+	// MaxMessageSize fits alone, so concurrent ones are let in in turn,
+	// in arrival order.
 	// At least MaxMessageSize. If zero, 4 × MaxMessageSize.
 	MaxPeerRequestBytes uint64
 	// MaxSegments caps the segments in one read request. If zero, 65536.

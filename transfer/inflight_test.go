@@ -515,3 +515,72 @@ func TestReadFrameChargesAnnouncedLength(t *testing.T) {
 		t.Errorf("past the cap: %v, %d charged; want ErrTooLarge, 0", err, charged)
 	}
 }
+
+// waitWaiters waits until b has n streams waiting.
+func waitWaiters(t *testing.T, b *requestBudget, n int) {
+	t.Helper()
+	wait.For(t, 10*time.Second, fmt.Sprintf("%d waiting", n), func() error {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if len(b.waiters) != n {
+			return fmt.Errorf("%d waiting", len(b.waiters))
+		}
+		return nil
+	})
+}
+
+// Waiters are let in in arrival order: a small request does not pass a
+// full-size one that waits, even where it would fit, so the full-size one
+// gets in once those ahead of it finish; and a waiter whose deadline
+// passes lets in the ones it held back.
+func TestRequestBudgetInArrivalOrder(t *testing.T) {
+	var st counters
+	b := newRequestBudget("p1", 100, &st)
+	if err := b.acquire(60, time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	full := make(chan error, 1)
+	go func() { full <- b.acquire(100, time.Now().Add(20*time.Second)) }()
+	waitWaiters(t, b, 1)
+	// 60 + 10 fits, but the full-size request is ahead.
+	if err := b.acquire(10, time.Now().Add(100*time.Millisecond)); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a small request passed a waiting full-size one: %v", err)
+	}
+	waitWaiters(t, b, 1) // the small one left the line at its deadline
+	b.release(60)
+	select {
+	case err := <-full:
+		if err != nil {
+			t.Fatalf("full-size request once the others finished: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("full-size request not let in 10 s after the others finished")
+	}
+
+	// The cap is full; a full-size request waits, a small one behind it.
+	head := make(chan error, 1)
+	go func() { head <- b.acquire(100, time.Now().Add(300*time.Millisecond)) }()
+	waitWaiters(t, b, 1)
+	small := make(chan error, 1)
+	go func() { small <- b.acquire(1, time.Now().Add(20*time.Second)) }()
+	waitWaiters(t, b, 2)
+	b.release(50) // room for the small one, not for the head
+	if err := <-head; !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("full-size request with 50 of 100 in flight: %v, want ErrUnavailable at its deadline", err)
+	}
+	select {
+	case err := <-small:
+		if err != nil {
+			t.Fatalf("small request once the head left: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("small request not let in 10 s after the head ahead of it left")
+	}
+	waitWaiters(t, b, 0)
+	if got := st.requestBytes.Load(); got != 51 {
+		t.Errorf("request bytes %d, want 51", got)
+	}
+	if got := st.budgetWaits.Load(); got != 4 {
+		t.Errorf("budget waits %d, want 4", got)
+	}
+}
