@@ -92,11 +92,11 @@ type Config struct {
 	// is decoded (the buffer itself grows only with the bytes that
 	// arrive). A request that would pass it waits, before its payload is
 	// read, for the peer's others to finish, and is refused with
-	// CodeUnavailable if it has not been let in and fully arrived within
-	// ProgressTimeout of its stream opening. Any request up to
-	// MaxMessageSize fits alone, so concurrent ones are let in in turn,
-	// in arrival order.
-	// At least MaxMessageSize. If zero, 4 × MaxMessageSize.
+	// CodeUnavailable if it is not let in within ProgressTimeout of its
+	// stream opening (its whole frame must arrive within that time too).
+	// Any request up to MaxMessageSize fits alone, so concurrent ones are
+	// let in in turn, in arrival order. At least MaxMessageSize. If zero,
+	// 4 × MaxMessageSize.
 	MaxPeerRequestBytes uint64
 	// MaxSegments caps the segments in one read request. If zero, 65536.
 	MaxSegments int

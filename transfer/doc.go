@@ -42,8 +42,9 @@
 // announced lengths of one peer's requests in flight, across its
 // connections, are capped (Config.MaxPeerRequestBytes): a request whose
 // length would pass the cap waits, before its payload is read, for the
-// peer's others to be decoded, and is refused as unavailable if it has not
-// been let in and arrived within ProgressTimeout.
+// peer's others to be decoded, in arrival order, and is refused as
+// unavailable if it is not let in within ProgressTimeout of its stream
+// opening, within which its whole frame must also arrive.
 //
 //	method  request                 response
 //	1       HelloRequest            HelloResponse
