@@ -86,12 +86,17 @@ type Config struct {
 	// MaxMessageSize caps a request or response frame's payload. If zero,
 	// 4 MiB.
 	MaxMessageSize uint32
-	// MaxPeerRequestBytes caps the request bytes this node buffers for one
-	// peer, across its connections and streams; frame buffers grow with the
-	// bytes that arrive and count against it. A request that would pass it
-	// waits for the peer's others to finish, and is refused with
-	// CodeUnavailable if it cannot start before ProgressTimeout. At least
-	// MaxMessageSize. If zero, 4 × MaxMessageSize.
+	// MaxPeerRequestBytes caps the request bytes one peer may have in
+	// flight to this node, across its connections and streams: each
+	// request frame counts its announced length, from its header until it
+	// is decoded (the buffer itself grows only with the bytes that
+	// arrive). A request that would pass it waits, before its payload is
+	// read, for the peer's others to finish, and is refused with
+	// CodeUnavailable if it is not let in within ProgressTimeout of its
+	// stream opening (its whole frame must arrive within that time too).
+	// Any request up to MaxMessageSize fits alone, so concurrent ones are
+	// let in in turn, in arrival order. At least MaxMessageSize. If zero,
+	// 4 × MaxMessageSize.
 	MaxPeerRequestBytes uint64
 	// MaxSegments caps the segments in one read request. If zero, 65536.
 	MaxSegments int

@@ -38,10 +38,13 @@
 // long, truncated, of an unknown method or that does not decode and
 // validate is answered with an Error and the stream is closed; the
 // connection and the other calls carry on. A frame's buffer grows with the
-// bytes that arrive, never to the length announced before they do, and the
-// request buffers of one peer, across its connections, are capped
-// (Config.MaxPeerRequestBytes): a request past the cap waits for the
-// peer's others, and is refused if it cannot start within ProgressTimeout.
+// bytes that arrive, never to the length announced before they do. The
+// announced lengths of one peer's requests in flight, across its
+// connections, are capped (Config.MaxPeerRequestBytes): a request whose
+// length would pass the cap waits, before its payload is read, for the
+// peer's others to be decoded, in arrival order, and is refused as
+// unavailable if it is not let in within ProgressTimeout of its stream
+// opening, within which its whole frame must also arrive.
 //
 //	method  request                 response
 //	1       HelloRequest            HelloResponse

@@ -105,10 +105,13 @@ func readFrame(r io.Reader, limit uint32) (kind byte, payload []byte, err error)
 	return kind, payload, err
 }
 
-// readFrameCharged is readFrame that calls charge with every growth of the
-// payload buffer before it allocates it, and returns the bytes charged
-// (the buffer's capacity), which the caller gives back when it is done with
-// the payload, also on error. A charge error ends the read.
+// readFrameCharged is readFrame that, once the header has announced a
+// length within limit and before any of the payload is read, calls charge
+// once with that length, and returns the bytes charged: the announced
+// length if charge succeeded, else 0. The caller gives them back when it
+// is done with the payload, also on error. A charge error ends the read.
+// The charge is bookkeeping only: the buffer still grows with the bytes
+// that arrive (see firstChunk).
 func readFrameCharged(r io.Reader, limit uint32, charge func(n int) error) (kind byte, payload []byte, charged int, err error) {
 	var h [headerLen]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
@@ -121,16 +124,16 @@ func readFrameCharged(r io.Reader, limit uint32, charge func(n int) error) (kind
 	if uint64(n) > uint64(limit) {
 		return 0, nil, 0, fmt.Errorf("%w: frame of %d bytes, over the %d-byte cap", ErrTooLarge, n, limit)
 	}
+	if charge != nil {
+		if err := charge(n); err != nil {
+			return 0, nil, 0, err
+		}
+		charged = n
+	}
 	var buf []byte
 	for len(buf) < n {
 		if len(buf) == cap(buf) {
 			grown := min(n, max(firstChunk, 2*cap(buf)))
-			if charge != nil {
-				if err := charge(grown - cap(buf)); err != nil {
-					return 0, nil, charged, err
-				}
-			}
-			charged = grown
 			nb := make([]byte, len(buf), grown)
 			copy(nb, buf)
 			buf = nb

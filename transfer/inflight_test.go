@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvfabric/kvfabric/internal/wait"
@@ -195,9 +196,10 @@ func TestSilentFrameHeadersCostNothing(t *testing.T) {
 	}
 }
 
-// The request bytes buffered for one peer stop at MaxPeerRequestBytes:
-// frames that fill it exactly are read, the next waits until one of them
-// is done, then is served.
+// The request bytes one peer has in flight stop at MaxPeerRequestBytes:
+// frames whose announced lengths fill it exactly are read, the next waits
+// (though it sent only part of its payload) until one of them is done,
+// then is read and decoded.
 func TestPeerRequestBytesCapped(t *testing.T) {
 	ca := newTestCA(t)
 	members := newMembers("holder", "attacker")
@@ -226,8 +228,8 @@ func TestPeerRequestBytesCapped(t *testing.T) {
 		}
 		return s
 	}
-	// All but the last byte of two frames of the cap's half: the cap,
-	// exactly, is buffered.
+	// All but the last byte of two frames of the cap's half: their
+	// announced lengths take the cap, exactly.
 	body := make([]byte, frame-1)
 	a := open(append(header(methodLease, frame), body...))
 	b := open(append(header(methodLease, frame), body...))
@@ -282,14 +284,22 @@ func waitStats(t *testing.T, n *Node, what string, cond func(Metrics) bool) {
 }
 
 // A frame that cannot get its bytes under the cap before its deadline is
-// refused as unavailable, naming the peer and the cap.
+// refused as unavailable, naming the peer and the cap; one over the whole
+// cap is refused at once as too large.
 func TestRequestBudget(t *testing.T) {
 	var st counters
 	b := newRequestBudget("p1", 100, &st)
+	start := time.Now()
+	if err := b.acquire(101, time.Now().Add(10*time.Second)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("acquire past the whole cap: %v, want ErrTooLarge", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("acquire past the whole cap refused after %v; want at once", d)
+	}
 	if err := b.acquire(100, time.Now().Add(time.Second)); err != nil {
 		t.Fatalf("acquire at the cap: %v", err)
 	}
-	start := time.Now()
+	start = time.Now()
 	err := b.acquire(1, time.Now().Add(100*time.Millisecond))
 	if !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("acquire past the cap: %v, want ErrUnavailable", err)
@@ -312,5 +322,265 @@ func TestRequestBudget(t *testing.T) {
 	}
 	if got := st.requestBytes.Load(); got != 100 {
 		t.Errorf("request bytes %d, want 100", got)
+	}
+}
+
+// paddedHello returns a HelloRequest from node of exactly size bytes: an
+// unknown field, which decoding keeps and ignores, fills it out.
+func paddedHello(t *testing.T, node string, size int) []byte {
+	t.Helper()
+	b, err := proto.Marshal(&transferpb.HelloRequest{Node: node, Versions: []uint32{ProtocolVersion}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const padField = 1000
+	for pad := size - len(b); pad >= 0; pad-- {
+		if len(b)+protowire.SizeTag(padField)+protowire.SizeBytes(pad) == size {
+			out := protowire.AppendBytes(protowire.AppendTag(b, padField, protowire.BytesType), make([]byte, pad))
+			if len(out) != size {
+				t.Fatalf("padded hello of %d bytes, want %d", len(out), size)
+			}
+			return out
+		}
+	}
+	t.Fatalf("no padded hello of %d bytes", size)
+	return nil
+}
+
+// Full-size requests from one peer, twice as many as its cap holds
+// together, all in flight at once: each fits the cap alone, so every one
+// is let in in turn and served, none refused. Each sends half its payload
+// before any is finished; a budget charged piece by piece as buffers grow
+// would leave every one of them holding half the cap's share and waiting
+// for the others until the deadline.
+func TestPeerRequestsThatFitAloneAreAllServed(t *testing.T) {
+	const (
+		frame    = 1 << 20
+		progress = 10 * time.Second
+	)
+	for _, tc := range []struct {
+		name string
+		cap  uint64 // MaxPeerRequestBytes; zero for the default
+	}{
+		{"cap at MaxMessageSize", frame},
+		{"default cap", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ca := newTestCA(t)
+			members := newMembers("holder", "reader")
+			holder := newTestNode(t, ca, "holder", members, newMemHandler(), func(c *Config) {
+				c.MaxMessageSize = frame
+				c.MaxPeerRequestBytes = tc.cap
+				c.ProgressTimeout = progress
+			})
+			reader := newTestNode(t, ca, "reader", members, nil)
+			ratio := int(holder.cfg.MaxPeerRequestBytes / frame)
+			if tc.cap == 0 && ratio != 4 {
+				t.Fatalf("default MaxPeerRequestBytes is %d frames, the test wants 4", ratio)
+			}
+			streams := 2 * ratio
+			p := dialPeer(t, reader, holder)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			conn, err := p.conn(ctx, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := append(header(methodHello, frame), paddedHello(t, "reader", frame)...)
+			half := headerLen + frame/2
+			type result struct {
+				kind    byte
+				payload []byte
+				err     error
+				after   time.Duration
+			}
+			var (
+				wg      sync.WaitGroup
+				rest    = make(chan struct{})
+				results = make([]result, streams)
+				start   time.Time
+			)
+			for i := range streams {
+				s, err := conn.OpenStreamSync(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_ = s.SetDeadline(time.Now().Add(45 * time.Second))
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := &results[i]
+					// Writes block while the holder does not read, so
+					// each stream writes on its own.
+					if _, r.err = s.Write(req[:half]); r.err != nil {
+						return
+					}
+					<-rest
+					if _, r.err = s.Write(req[half:]); r.err != nil {
+						return
+					}
+					s.Close()
+					r.kind, r.payload, r.err = readFrame(s, frame)
+					r.after = time.Since(start)
+				}()
+			}
+			// Every stream is in: as many as the cap holds have their
+			// share, the others wait for it.
+			waitStats(t, holder, "streams past the cap wait", func(st Metrics) bool {
+				return st.RequestBudgetWaits >= uint64(ratio) && st.RequestBytes == uint64(ratio)*frame
+			})
+			start = time.Now()
+			close(rest)
+			wg.Wait()
+			var longest time.Duration
+			for i, r := range results {
+				if r.err != nil {
+					t.Errorf("stream %d: no answer: %v", i, r.err)
+					continue
+				}
+				if r.kind != statusOK {
+					var e transferpb.Error
+					_ = proto.Unmarshal(r.payload, &e)
+					t.Errorf("stream %d refused after %v: code %d: %s", i, r.after.Round(time.Millisecond), e.Code, e.Message)
+					continue
+				}
+				var resp transferpb.HelloResponse
+				if err := proto.Unmarshal(r.payload, &resp); err != nil || resp.Node != "holder" {
+					t.Errorf("stream %d: answer %v from %q, want a hello from holder", i, err, resp.Node)
+				}
+				longest = max(longest, r.after)
+			}
+			// Well inside the deadline a stuck request would be refused at.
+			if bound := progress / 2; longest > bound {
+				t.Errorf("last request served %v after the rest was sent; bound %v", longest, bound)
+			}
+			if !t.Failed() {
+				t.Logf("%d concurrent %d-byte requests, cap %d: all served within %v", streams, frame, holder.cfg.MaxPeerRequestBytes, longest.Round(time.Millisecond))
+			}
+			waitStats(t, holder, "every byte released", func(st Metrics) bool { return st.RequestBytes == 0 })
+		})
+	}
+}
+
+// The budget is charged the announced length once, before any of the
+// payload is read; the buffer still follows what arrives; a refused
+// charge reads nothing and leaves nothing charged.
+func TestReadFrameChargesAnnouncedLength(t *testing.T) {
+	const limit = 4 << 20
+	const send = 100 << 10
+	head := append(header(methodHello, limit), make([]byte, send)...)
+	r := &silentReader{head: head, stop: make(chan struct{})}
+	close(r.stop)
+	var charges []int
+	var charged int
+	var err error
+	got := allocated(func() {
+		_, _, charged, err = readFrameCharged(r, limit, func(n int) error {
+			if left := len(r.head); left != send {
+				t.Errorf("charged after %d payload bytes were read; want before any", send-left)
+			}
+			charges = append(charges, n)
+			return nil
+		})
+	})
+	if err == nil {
+		t.Fatal("readFrameCharged succeeded on a truncated frame")
+	}
+	if len(charges) != 1 || charges[0] != limit || charged != limit {
+		t.Errorf("charges %v, returned %d; want one charge of %d, returned as charged", charges, charged, limit)
+	}
+	if bound := uint64(2*send + 2*firstChunk + 256<<10); got > bound {
+		t.Errorf("allocated %d bytes for %d that arrived (%d charged); bound %d", got, send, limit, bound)
+	}
+
+	refused := errors.New("over budget")
+	r = &silentReader{head: append(header(methodHello, limit), make([]byte, send)...), stop: make(chan struct{})}
+	close(r.stop)
+	_, payload, charged, err := readFrameCharged(r, limit, func(int) error { return refused })
+	if !errors.Is(err, refused) || payload != nil || charged != 0 {
+		t.Errorf("refused charge: err %v, %d payload bytes, %d charged; want the charge's error, nothing", err, len(payload), charged)
+	}
+	if len(r.head) != send {
+		t.Errorf("refused charge read %d payload bytes; want none", send-len(r.head))
+	}
+
+	// Past the cap: refused before any charge.
+	r = &silentReader{head: header(methodHello, limit+1), stop: make(chan struct{})}
+	close(r.stop)
+	_, _, charged, err = readFrameCharged(r, limit, func(n int) error {
+		t.Errorf("charged %d for a frame past the cap", n)
+		return nil
+	})
+	if !errors.Is(err, ErrTooLarge) || charged != 0 {
+		t.Errorf("past the cap: %v, %d charged; want ErrTooLarge, 0", err, charged)
+	}
+}
+
+// waitWaiters waits until b has n streams waiting.
+func waitWaiters(t *testing.T, b *requestBudget, n int) {
+	t.Helper()
+	wait.For(t, 10*time.Second, fmt.Sprintf("%d waiting", n), func() error {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if len(b.waiters) != n {
+			return fmt.Errorf("%d waiting", len(b.waiters))
+		}
+		return nil
+	})
+}
+
+// Waiters are let in in arrival order: a small request does not pass a
+// full-size one that waits, even where it would fit, so the full-size one
+// gets in once those ahead of it finish; and a waiter whose deadline
+// passes lets in the ones it held back.
+func TestRequestBudgetInArrivalOrder(t *testing.T) {
+	var st counters
+	b := newRequestBudget("p1", 100, &st)
+	if err := b.acquire(60, time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	full := make(chan error, 1)
+	go func() { full <- b.acquire(100, time.Now().Add(20*time.Second)) }()
+	waitWaiters(t, b, 1)
+	// 60 + 10 fits, but the full-size request is ahead.
+	if err := b.acquire(10, time.Now().Add(100*time.Millisecond)); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a small request passed a waiting full-size one: %v", err)
+	}
+	waitWaiters(t, b, 1) // the small one left the line at its deadline
+	b.release(60)
+	select {
+	case err := <-full:
+		if err != nil {
+			t.Fatalf("full-size request once the others finished: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("full-size request not let in 10 s after the others finished")
+	}
+
+	// The cap is full; a full-size request waits, a small one behind it.
+	head := make(chan error, 1)
+	go func() { head <- b.acquire(100, time.Now().Add(300*time.Millisecond)) }()
+	waitWaiters(t, b, 1)
+	small := make(chan error, 1)
+	go func() { small <- b.acquire(1, time.Now().Add(20*time.Second)) }()
+	waitWaiters(t, b, 2)
+	b.release(50) // room for the small one, not for the head
+	if err := <-head; !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("full-size request with 50 of 100 in flight: %v, want ErrUnavailable at its deadline", err)
+	}
+	select {
+	case err := <-small:
+		if err != nil {
+			t.Fatalf("small request once the head left: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("small request not let in 10 s after the head ahead of it left")
+	}
+	waitWaiters(t, b, 0)
+	if got := st.requestBytes.Load(); got != 51 {
+		t.Errorf("request bytes %d, want 51", got)
+	}
+	if got := st.budgetWaits.Load(); got != 4 {
+		t.Errorf("budget waits %d, want 4", got)
 	}
 }

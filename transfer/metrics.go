@@ -18,8 +18,10 @@ type Metrics struct {
 	BytesRead uint64
 	// ReadsFailed counts this node's own reads that returned an error.
 	ReadsFailed uint64
-	// RequestBytes is the request frame buffers held now, all peers
-	// together; each peer's share is capped by MaxPeerRequestBytes.
+	// RequestBytes is the request bytes charged now, all peers together:
+	// the announced lengths of the request frames being read or decoded
+	// (their buffers hold at most what has arrived); each peer's share is
+	// capped by MaxPeerRequestBytes.
 	RequestBytes uint64
 	// RequestBudgetWaits counts requests that waited because their peer's
 	// request bytes were at the cap.

@@ -34,24 +34,26 @@ func (n *Node) serveStream(connCtx context.Context, s *quic.Stream, peer string,
 		_ = s.SetWriteDeadline(n.progressDeadline())
 		n.refuse(s, err)
 	}
-	// The request's buffer counts against the peer's budget until it is
-	// decoded: nothing is allocated for bytes that have not arrived, and a
-	// peer's requests in flight together stay under MaxPeerRequestBytes.
+	// The request's announced length counts against the peer's budget,
+	// taken in one step before its payload is read, until it is decoded or
+	// fails: a peer's requests in flight together stay under
+	// MaxPeerRequestBytes, and one that does not fit waits for the others,
+	// which hold all they need, to finish. The buffer itself grows only
+	// with the bytes that arrive.
 	budget, doneBudget := n.budget(peer)
 	kind, payload, charged, err := readFrameCharged(s, n.cfg.MaxMessageSize, func(k int) error {
 		return budget.acquire(int64(k), deadline)
 	})
 	s.CancelRead(0) // one frame per call; anything after it is not ours
+	var req *request
 	if err != nil {
-		budget.release(int64(charged))
-		doneBudget()
-		fail(fmt.Errorf("read request: %w", err))
-		return
+		err = fmt.Errorf("read request: %w", err)
+	} else {
+		m = method(kind)
+		req, err = decodeRequest(m, payload, n.cfg.MaxSegments)
 	}
-	m = method(kind)
-	req, err := decodeRequest(m, payload, n.cfg.MaxSegments)
 	payload = nil
-	budget.release(int64(charged))
+	budget.release(int64(charged)) // exactly once, whatever happened above
 	doneBudget()
 	if err != nil {
 		fail(err)
