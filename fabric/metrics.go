@@ -130,7 +130,7 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	writeSample(w, "kvfabric_transfer_bytes_total", `{transport="quic",direction="served"}`, float64(ts.BytesServed))
 	writeSample(w, "kvfabric_transfer_bytes_total", `{transport="quic",direction="read"}`, float64(ts.BytesRead))
 	c("kvfabric_peer_reads_failed_total", "Reads from peers that failed.", float64(ts.ReadsFailed))
-	g("kvfabric_peer_request_bytes", "Request frame bytes buffered for peers (capped per peer).", float64(ts.RequestBytes))
+	g("kvfabric_peer_request_bytes", "Request bytes announced and in flight for peers (capped per peer).", float64(ts.RequestBytes))
 	c("kvfabric_peer_request_budget_waits_total", "Peer requests that waited because their peer's request bytes were at the cap.", float64(ts.RequestBudgetWaits))
 
 	if id := a.identity; id != nil {
