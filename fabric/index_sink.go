@@ -2,43 +2,92 @@ package fabric
 
 import (
 	"errors"
+	"sync"
 
 	"github.com/kvfabric/kvfabric/fabric/index"
 	"github.com/kvfabric/kvfabric/membership"
 )
 
+// maxHeldEvents bounds the events the sink holds for origins that the
+// index had no slot for (about 60 bytes each): past it, the origin whose
+// events overflow loses what was held for it.
+const maxHeldEvents = 1 << 18
+
 // indexSink applies every node's replicated events to the index. Its Apply
 // and Drop run on membership's goroutines, some inside memberlist's
 // callbacks, and must not block: a drop only retires the node's index id,
 // and sweepLoop removes the entries afterwards, on its own goroutine.
+//
+// When the index has no free slot for an origin (every slot live, or
+// dropped and waiting for a sweep), Apply holds its events, in order, and
+// wakes the sweeper, which applies them once a slot is free. Membership
+// counts events as applied when it hands them over, so its repair never
+// fetches them again: what the sink holds is the only copy.
 type indexSink struct {
 	a     *Agent
 	sweep chan struct{} // a drop happened; capacity 1
+
+	mu      sync.Mutex
+	waiting map[string][][]membership.Event // per origin, the calls of Apply held, oldest first
+	held    int                             // events in waiting
 }
 
 func newIndexSink(a *Agent) *indexSink {
-	return &indexSink{a: a, sweep: make(chan struct{}, 1)}
+	return &indexSink{a: a, sweep: make(chan struct{}, 1), waiting: make(map[string][][]membership.Event)}
 }
 
 func (s *indexSink) Apply(events []membership.Event) {
 	if len(events) == 0 {
 		return
 	}
+	origin := events[0].Origin
+	s.mu.Lock()
+	if _, ok := s.waiting[origin]; ok {
+		// Behind the events held already: keep the order.
+		s.holdLocked(events)
+		s.mu.Unlock()
+		s.poke()
+		return
+	}
+	s.mu.Unlock()
+	if !s.apply(events) {
+		s.mu.Lock()
+		s.holdLocked(events)
+		s.mu.Unlock()
+		s.a.log.Warn("index: no free slot for a node; holding its events until the sweep frees one", "peer", origin,
+			"nodes", index.MaxNodes, "pending", s.a.index.Pending())
+		s.poke()
+	}
+}
+
+// apply applies consecutive events of one origin and incarnation, and
+// reports false, having applied none, if the index has no slot for it.
+func (s *indexSink) apply(events []membership.Event) bool {
 	// One origin and incarnation per call. The run is part of the id, so
 	// that events of a stale instance never land on the live one's.
 	origin, inc := events[0].Origin, events[0].Incarnation
 	id, err := s.a.index.Node(origin, inc)
 	if s.a.index.Pending() > 0 {
-		s.poke() // a newer run retired the old one's id
+		s.poke() // a newer run retired the old one's id, or slots wait for a sweep
 	}
 	switch {
 	case errors.Is(err, index.ErrStaleIncarnation):
 		s.a.log.Debug("index: events of an older run ignored", "peer", origin, "incarnation", inc, "err", err)
-		return
+		return true
+	case errors.Is(err, index.ErrTooManyNodes):
+		return false
 	case err != nil:
-		s.a.log.Error("index full: events of a node not indexed", "peer", origin, "err", err)
-		return
+		s.a.log.Error("index: events of a node not indexed", "peer", origin, "err", err)
+		return true
 	}
+	s.store(id, events)
+	return true
+}
+
+// store applies events to id; a Drop of the origin meanwhile retires id,
+// and the rest fail harmlessly.
+func (s *indexSink) store(id index.NodeID, events []membership.Event) {
+	var err error
 	for _, e := range events {
 		if e.Kind == membership.EventStore {
 			err = s.a.index.Store(id, e.Hash)
@@ -51,9 +100,90 @@ func (s *indexSink) Apply(events []membership.Event) {
 	}
 }
 
+// holdLocked queues events behind those held for their origin; past
+// maxHeldEvents, the origin's held events are lost. s.mu is held.
+func (s *indexSink) holdLocked(events []membership.Event) {
+	origin := events[0].Origin
+	if s.held+len(events) > maxHeldEvents {
+		lost := len(events)
+		for _, b := range s.waiting[origin] {
+			lost += len(b)
+		}
+		s.held -= lost - len(events)
+		delete(s.waiting, origin)
+		s.a.log.Error("index: too many events held for nodes without a slot; a node's blocks are missing from the index until it restarts or leaves",
+			"peer", origin, "events", lost, "held", s.held, "limit", maxHeldEvents)
+		return
+	}
+	s.waiting[origin] = append(s.waiting[origin], events)
+	s.held += len(events)
+}
+
+// flush applies the events held for origins that had no slot, for as long
+// as the index finds them one. Only sweepLoop calls it, so the held
+// events of an origin are applied by one goroutine, in order; Apply adds
+// to an origin's backlog while it is flushed, and goes to the index
+// directly only once it is empty.
+func (s *indexSink) flush() {
+	s.mu.Lock()
+	origins := make([]string, 0, len(s.waiting))
+	for o := range s.waiting {
+		origins = append(origins, o)
+	}
+	s.mu.Unlock()
+	for _, o := range origins {
+		for {
+			s.mu.Lock()
+			q, ok := s.waiting[o]
+			if ok && len(q) == 0 {
+				delete(s.waiting, o)
+				ok = false
+			}
+			if !ok {
+				s.mu.Unlock()
+				break // applied, or dropped meanwhile
+			}
+			// Named under s.mu: a Drop of the origin either comes first
+			// and takes the backlog with it, or retires the id we get, and
+			// the stores fail harmlessly; they never name the origin again.
+			events := q[0]
+			id, err := s.a.index.Node(o, events[0].Incarnation)
+			if errors.Is(err, index.ErrTooManyNodes) {
+				s.mu.Unlock()
+				break // still no slot: the next sweep tries again
+			}
+			s.waiting[o] = q[1:]
+			s.held -= len(events)
+			s.mu.Unlock()
+			switch {
+			case errors.Is(err, index.ErrStaleIncarnation):
+				s.a.log.Debug("index: events of an older run ignored", "peer", o, "incarnation", events[0].Incarnation, "err", err)
+			case err != nil:
+				s.a.log.Error("index: events of a node not indexed", "peer", o, "err", err)
+			default:
+				s.store(id, events)
+			}
+		}
+	}
+}
+
+// heldEvents returns how many events wait for a slot.
+func (s *indexSink) heldEvents() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held
+}
+
 func (s *indexSink) Drop(origin string) {
 	// Drop also precedes a snapshot repair of a live origin: only its
-	// index entries go (memberLoop handles members that leave).
+	// index entries go (memberLoop handles members that leave). Events
+	// held for it go too: they are of the holdings being forgotten.
+	s.mu.Lock()
+	for _, b := range s.waiting[origin] {
+		s.held -= len(b)
+	}
+	delete(s.waiting, origin)
+	s.mu.Unlock()
 	if s.a.index.DropName(origin) {
 		s.poke()
 	}
@@ -67,7 +197,8 @@ func (s *indexSink) poke() {
 }
 
 // sweepLoop removes dropped nodes' entries from the index, one pass for
-// every drop since the last, and frees their ids for new nodes.
+// every drop since the last, frees their ids for new nodes, and applies
+// the events held for nodes that had no slot.
 func (s *indexSink) sweepLoop() {
 	defer s.a.wg.Done()
 	for {
@@ -76,6 +207,7 @@ func (s *indexSink) sweepLoop() {
 			return
 		case <-s.sweep:
 			s.a.index.Sweep()
+			s.flush()
 		}
 	}
 }

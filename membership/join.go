@@ -96,7 +96,8 @@ func classifyJoin(seed string, err error) *JoinError {
 // Joined reports whether the node has joined the cluster: once a seed
 // answered, or another node joined it, or when it has no seeds (it starts
 // a cluster). It stays true from then on. lastErr is the latest failed
-// join, nil if none failed.
+// join since a seed last answered (or every seed was found a member), nil
+// if none failed since.
 func (m *Membership) Joined() (joined bool, lastErr error) {
 	m.joinMu.Lock()
 	defer m.joinMu.Unlock()
@@ -106,7 +107,12 @@ func (m *Membership) Joined() (joined bool, lastErr error) {
 	return m.joined.Load() || len(m.cfg.Seeds) == 0, lastErr
 }
 
+// markJoined records a join that worked: the node is joined, and earlier
+// failures are history.
 func (m *Membership) markJoined() {
+	m.joinMu.Lock()
+	m.lastJoinErr = nil
+	m.joinMu.Unlock()
 	if !m.joined.Swap(true) && len(m.cfg.Seeds) > 0 {
 		m.log.Info("membership: joined the cluster", "members", m.numMembers())
 	}
@@ -188,7 +194,9 @@ func (m *Membership) joinLoop(ctx context.Context, failed bool) {
 		} else {
 			backoff = m.joinBackoff()
 		}
+		nominal := wait
 		wait = wait*4/5 + rand.N(wait*2/5+1)
+		m.log.Debug("membership: next join round", "after_failure", failed, "nominal", nominal, "wait", wait)
 		select {
 		case <-ctx.Done():
 			return

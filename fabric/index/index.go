@@ -304,8 +304,12 @@ func (ix *Index) Lookup(name string) (NodeID, bool) {
 // run's id (its entries go with the next sweep) and names the new run; a
 // run older than the indexed one is refused with ErrStaleIncarnation, so
 // that a stale instance of a node never writes over the live one's
-// holdings. Past MaxNodes live names, ErrTooManyNodes. When every slot is
-// live or waiting for a sweep, Node sweeps before naming: rare, and slow.
+// holdings. Past MaxNodes live names, ErrTooManyNodes; also when every
+// slot is live or waiting for a sweep: Node never sweeps (it runs inside
+// membership's callbacks, and a sweep is a pass over the whole index that
+// waits behind any sweep under way), so the caller runs [Index.Sweep], or
+// wakes whoever does, and asks again. [Index.Pending] > 0 tells the two
+// cases apart.
 func (ix *Index) Node(name string, inc uint64) (NodeID, error) {
 	ix.mu.RLock()
 	id, ok := ix.ids[name]
@@ -316,35 +320,28 @@ func (ix *Index) Node(name string, inc uint64) (NodeID, error) {
 		}
 	}
 	ix.mu.RUnlock()
-	for try := 0; ; try++ {
-		id, full, err := ix.name(name, inc)
-		if !full || try == 2 {
-			return id, err
-		}
-		ix.Sweep()
-	}
+	return ix.name(name, inc)
 }
 
-// name is Node under the write lock; full says that no slot was free while
-// some wait for a sweep.
-func (ix *Index) name(name string, inc uint64) (_ NodeID, full bool, _ error) {
+// name is Node under the write lock.
+func (ix *Index) name(name string, inc uint64) (NodeID, error) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	if id, ok := ix.ids[name]; ok {
 		r := &ix.nodes[id.slot()]
 		switch {
 		case inc == 0 || r.inc == inc:
-			return id, false, nil
+			return id, nil
 		case r.inc == 0:
 			r.inc = inc
-			return id, false, nil
+			return id, nil
 		case inc < r.inc:
-			return 0, false, fmt.Errorf("%w: %q run %d, the index holds run %d", ErrStaleIncarnation, name, inc, r.inc)
+			return 0, fmt.Errorf("%w: %q run %d, the index holds run %d", ErrStaleIncarnation, name, inc, r.inc)
 		}
 		ix.retireLocked(id) // a restart: the old run's blocks went with it
 	}
 	if ix.live >= MaxNodes {
-		return 0, false, fmt.Errorf("%w: %d live names already, cannot add %q", ErrTooManyNodes, MaxNodes, name)
+		return 0, fmt.Errorf("%w: %d live names already, cannot add %q", ErrTooManyNodes, MaxNodes, name)
 	}
 	var slot int
 	switch {
@@ -355,7 +352,7 @@ func (ix *Index) name(name string, inc uint64) (_ NodeID, full bool, _ error) {
 		slot = len(ix.nodes)
 		ix.nodes = append(ix.nodes, nodeRec{})
 	default:
-		return 0, true, fmt.Errorf("%w: every slot is live or waiting for a sweep, cannot add %q", ErrTooManyNodes, name)
+		return 0, fmt.Errorf("%w: every slot is live or waiting for a sweep, cannot add %q", ErrTooManyNodes, name)
 	}
 	h := fnv.New64a()
 	h.Write([]byte(name))
@@ -369,7 +366,7 @@ func (ix *Index) name(name string, inc uint64) (_ NodeID, full bool, _ error) {
 	ix.live++
 	ix.occ[slot].Store(uint64(id))
 	ix.liveMask[slot/64].Or(1 << (slot % 64))
-	return id, false, nil
+	return id, nil
 }
 
 // retireLocked drops a live id: it answers no more, and the next sweep

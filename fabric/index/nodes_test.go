@@ -18,8 +18,16 @@ func TestNodeIDsRecycledThroughChurn(t *testing.T) {
 	ix, _ := New(Config{Shards: 8})
 	ids := make([]NodeID, names)
 	lastGen := map[int]uint32{}
+	sweeps := 0
 	for i := range names {
 		id, err := ix.ID(fmt.Sprintf("pod-%d", i))
+		if errors.Is(err, ErrTooManyNodes) && ix.Pending() > 0 {
+			// Every slot is live or dropped: the caller sweeps (the
+			// agent wakes its sweeper) and asks again.
+			sweeps++
+			ix.Sweep()
+			id, err = ix.ID(fmt.Sprintf("pod-%d", i))
+		}
 		if err != nil {
 			t.Fatalf("name %d: %v", i, err)
 		}
@@ -36,8 +44,11 @@ func TestNodeIDsRecycledThroughChurn(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i >= window {
-			ix.DropNode(ids[i-window]) // no explicit sweep: ID sweeps when it must
+			ix.DropNode(ids[i-window]) // no sweep until every slot is used
 		}
+	}
+	if sweeps == 0 {
+		t.Fatal("names past MaxNodes never needed a sweep")
 	}
 	if len(lastGen) > MaxNodes {
 		t.Fatalf("%d slots used", len(lastGen))
@@ -119,9 +130,16 @@ func TestMaxNodesLive(t *testing.T) {
 	}
 	victim := ids[MaxNodes/2]
 	ix.DropNode(victim)
+	// The dropped slot waits for a sweep: Node does not sweep.
+	if _, err := ix.ID("one-past"); !errors.Is(err, ErrTooManyNodes) || !strings.Contains(err.Error(), "waiting for a sweep") {
+		t.Fatalf("after a drop, before the sweep: %v, want ErrTooManyNodes naming the sweep", err)
+	}
+	if n := ix.Sweep(); n != 1 {
+		t.Fatalf("swept %d nodes, want 1", n)
+	}
 	id, err := ix.ID("one-past")
 	if err != nil {
-		t.Fatalf("after a drop: %v", err)
+		t.Fatalf("after a drop and a sweep: %v", err)
 	}
 	if id.slot() != victim.slot() || id == victim {
 		t.Fatalf("new id %#x, want the dropped slot %d with a new generation (old %#x)", uint64(id), victim.slot(), uint64(victim))
@@ -199,6 +217,65 @@ func TestDropNodeTakesNoShardLock(t *testing.T) {
 	ix.Sweep()
 	if st := ix.Metrics(); st.Pending != 0 || st.Hashes != 0 {
 		t.Fatalf("after the sweep: %+v", st)
+	}
+}
+
+// With MaxNodes slots live or dropped but not swept, Node for a new name
+// fails at once with ErrTooManyNodes and does not sweep (it runs inside
+// membership's callbacks): it never waits for the sweep lock. Once the
+// sweep runs, the name gets one of the freed slots.
+func TestNodeNeverSweeps(t *testing.T) {
+	const dropped = 3
+	ix, _ := New(Config{Shards: 1})
+	ids := make([]NodeID, MaxNodes)
+	for i := range ids {
+		ids[i] = mustID(t, ix, fmt.Sprintf("n%d", i))
+		if err := ix.Store(ids[i], uint64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids[:dropped] {
+		ix.DropNode(id)
+	}
+	// Held as a sweep under way would hold it: a Node that swept would
+	// block here.
+	ix.sweepMu.Lock()
+	type result struct {
+		id  NodeID
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		id, err := ix.Node("new", 7)
+		done <- result{id, err}
+	}()
+	select {
+	case r := <-done:
+		if !errors.Is(r.err, ErrTooManyNodes) || r.id != 0 {
+			t.Fatalf("Node with every slot live or unswept = %#x, %v, want ErrTooManyNodes", uint64(r.id), r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Node waited for the sweep lock")
+	}
+	ix.sweepMu.Unlock()
+	if st := ix.Metrics(); st.Pending != dropped || st.Nodes != MaxNodes-dropped || st.Hashes != MaxNodes {
+		t.Fatalf("Node swept: %+v", st)
+	}
+	if n := ix.Sweep(); n != dropped {
+		t.Fatalf("swept %d, want %d", n, dropped)
+	}
+	id, err := ix.Node("new", 7)
+	if err != nil {
+		t.Fatalf("after the sweep: %v", err)
+	}
+	if inc, ok := ix.Incarnation(id); !ok || inc != 7 {
+		t.Fatalf("new id %#x: run %d, live %v", uint64(id), inc, ok)
+	}
+	if !slices.ContainsFunc(ids[:dropped], func(old NodeID) bool { return old.slot() == id.slot() }) {
+		t.Fatalf("new id %#x is not in a swept slot", uint64(id))
+	}
+	if got := ix.Holders(uint64(id.slot())); len(got) != 0 {
+		t.Fatalf("the new node inherited a swept block: %v", got)
 	}
 }
 
