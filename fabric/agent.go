@@ -37,7 +37,8 @@ type Agent struct {
 	pool    *pool.Pool
 
 	index     *index.Index
-	service   *peerService // serves peers' calls
+	service   *peerService
+	sink      *indexSink // set before membership starts; nil until then // serves peers' calls
 	transport *transfer.Node
 	members   *membership.Membership
 	// joined is members from the moment it has started until Close: the

@@ -43,6 +43,7 @@ func (a *Agent) startMembership(ctx context.Context) error {
 		a.log.Warn("gossip is not encrypted: give --gossip-key-file on a shared network")
 	}
 	sink := newIndexSink(a)
+	a.sink = sink
 	a.wg.Add(1)
 	go sink.sweepLoop()
 	mcfg.Sink = sink

@@ -111,6 +111,7 @@ func (s *indexSink) holdLocked(events []membership.Event) {
 		}
 		s.held -= lost - len(events)
 		delete(s.waiting, origin)
+		s.a.stats.indexEventsLost.Add(uint64(lost))
 		s.a.log.Error("index: too many events held for nodes without a slot; a node's blocks are missing from the index until it restarts or leaves",
 			"peer", origin, "events", lost, "held", s.held, "limit", maxHeldEvents)
 		return

@@ -24,6 +24,9 @@ type counters struct {
 	// renewals holders granted while a chunk was being read.
 	importChunks  atomic.Uint64
 	leaseRenewals atomic.Uint64
+	// indexEventsLost counts events of nodes that the index could not
+	// give a slot and that overflowed what the sink holds for them.
+	indexEventsLost atomic.Uint64
 	// leaseWaits counts the times an import asked a busy holder again.
 	leaseWaits atomic.Uint64
 	// leasesEndedEarly counts leases released because their peer went.
@@ -101,6 +104,10 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	is := a.index.Metrics()
 	g("kvfabric_index_hashes", "Distinct block hashes in the cluster index.", float64(is.Hashes))
 	g("kvfabric_index_entries", "(hash, holder) pairs in the cluster index.", float64(is.Pairs))
+	if a.sink != nil {
+		g("kvfabric_index_events_held", "Events of nodes waiting for an index slot (every slot live or not yet swept).", float64(a.sink.heldEvents()))
+	}
+	c("kvfabric_index_events_lost_total", "Events of nodes without an index slot lost past the sink's hold limit; those nodes' blocks are missing from the index until they restart or leave.", float64(a.stats.indexEventsLost.Load()))
 
 	ms := a.members.Metrics()
 	g("kvfabric_members", "Cluster members this node sees, itself included.", float64(ms.Members))
