@@ -203,3 +203,34 @@ func TestReconcile(t *testing.T) {
 		return maps.Equal(other.sink.entries["node-00"], want)
 	})
 }
+
+// A node told the origin published more than it did (by a peer's state)
+// learns the origin's last number from an empty range, without a
+// snapshot.
+func TestRepairLearnsOriginsLastFromEmptyRange(t *testing.T) {
+	c := newCluster(t, 1, nil)
+	o := c.nodes[0]
+	for h := uint64(1); h <= 10; h++ {
+		o.m.Publish(EventStore, 1, h)
+	}
+	late := c.startNode(1, func(c *Config) { c.RepairInterval = time.Hour })
+	c.nodes = append(c.nodes, late)
+	waitFor(t, 20*time.Second, "the late joiner indexes node-00's 10 blocks", func() bool {
+		return late.sink.count("node-00") == 10
+	})
+	late.m.mu.Lock()
+	st := late.m.origins["node-00"]
+	st.known = 20
+	j := repairJob{"node-00", st.inc, st.applied + 1, st.known}
+	late.m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	late.m.repair(ctx, j)
+	late.m.mu.Lock()
+	known, gap := st.known, !st.gapSince.IsZero()
+	late.m.mu.Unlock()
+	if m := late.m.Metrics(); known != 10 || gap || m.SnapshotRepairs != 0 || m.RepairFailures != 0 {
+		t.Fatalf("after repairing 11..20 of an origin at 10: known %d, gap %v, %d snapshots, %d failures; want known 10, no gap, none",
+			known, gap, m.SnapshotRepairs, m.RepairFailures)
+	}
+}

@@ -484,10 +484,7 @@ func (m *Membership) repairRange(ctx context.Context, j repairJob) error {
 			return err
 		}
 		if len(events) == 0 {
-			if from == j.from {
-				return fmt.Errorf("%w: origin returned no events for %d..%d", ErrRangeGone, j.from, j.to)
-			}
-			break
+			break // the origin has published no more (clamped below)
 		}
 		if uint64(len(events)) > j.to-from+1 {
 			return fmt.Errorf("%w: repair answered %d events for %d..%d", ErrMalformed, len(events), from, j.to)
