@@ -67,8 +67,8 @@ func (r repairer) snapshot(ctx context.Context, origin string, limit int) (membe
 			return membership.HoldingsSnapshot{}, err
 		}
 		if er.SnapshotNeeded {
-			// The origin dropped the snapshot being paged (it sat idle
-			// too long); the next repair starts a new one.
+			// The origin dropped the snapshot being paged (it went
+			// unread too long); the next repair starts a new one.
 			return membership.HoldingsSnapshot{}, fmt.Errorf("fabric: snapshot of %s as of %d: %w", origin, q.SnapshotSeq, membership.ErrRangeGone)
 		}
 		if page == 0 {
@@ -150,6 +150,11 @@ func (a *Agent) eventRange(origin string, q transfer.EventQuery) (transfer.Event
 		page, err := m.SnapshotPage(q.SnapshotSeq, q.Offset, fit)
 		if errors.Is(err, membership.ErrRangeGone) {
 			return transfer.EventRange{SnapshotNeeded: true}, nil
+		}
+		if errors.Is(err, membership.ErrSnapshotBusy) {
+			// Other nodes are reading every snapshot kept; the
+			// reader's next repair asks again.
+			return transfer.EventRange{}, fmt.Errorf("%w: %w", transfer.ErrUnavailable, err)
 		}
 		if err != nil {
 			return transfer.EventRange{}, fmt.Errorf("%w: %w", transfer.ErrInvalidRequest, err)

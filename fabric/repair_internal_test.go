@@ -155,8 +155,18 @@ func TestRepairerClampsRanges(t *testing.T) {
 		t.Fatalf("events that left the log: %v, want ErrRangeGone", err)
 	}
 	s, err := r.Snapshot(ctx, "n1")
-	if err != nil || len(s.Entries) != 120_000 || s.Seq != 120_000 || s.Incarnation != inc {
-		t.Fatalf("snapshot: %d entries as of %d/%d, %v; want 120000 as of %d/120000", len(s.Entries), s.Incarnation, s.Seq, err, inc)
+	if err != nil || len(s.Entries) != int(s.Seq) || s.Seq > 120_000 || s.Incarnation != inc {
+		t.Fatalf("snapshot: %d entries as of %d/%d, %v; want as many as its Seq, as of %d/120000", len(s.Entries), s.Incarnation, s.Seq, err, inc)
+	}
+	// n1 shares a snapshot frozen in the last few seconds: an older one
+	// only if n2's own repair took one (counted once it has all pages).
+	if s.Seq != 120_000 {
+		waitUntil(t, 10*time.Second, fmt.Sprintf("a snapshot as of %d, not 120000, was taken by n2's repair", s.Seq), func() error {
+			if n2.members.Metrics().SnapshotRepairs == 0 {
+				return errors.New("n2 made no snapshot repair")
+			}
+			return nil
+		})
 	}
 }
 
@@ -184,4 +194,79 @@ func TestSnapshotEntryLimit(t *testing.T) {
 	if _, err := r.snapshot(ctx, "n1", 2999); !errors.Is(err, membership.ErrMalformed) {
 		t.Fatalf("snapshot one past the limit: %v, want ErrMalformed", err)
 	}
+}
+
+// While other nodes read every snapshot the origin keeps, a new one is
+// refused as unavailable (the reader's next repair asks again), and the
+// snapshots being read stay readable.
+func TestSnapshotBusyIsUnavailable(t *testing.T) {
+	dir := t.TempDir()
+	n1 := repairAgent(t, dir, "n1", 1, "", 4<<10)
+	n2 := repairAgent(t, dir, "n2", 2, n1.GossipAddr(), 4<<10)
+	waitUntil(t, 10*time.Second, "n2 sees n1", func() error {
+		if _, ok := n2.member("n1"); !ok {
+			return errors.New("n1 is not a member yet")
+		}
+		return nil
+	})
+	publishMany(t, n1, 1000) // several pages of 4 KiB frames
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p, err := repairer{n2}.peer(ctx, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := func() (transfer.EventRange, error) {
+		return p.EventRange(ctx, transfer.EventQuery{Origin: "n1", Snapshot: true})
+	}
+	// reread reads a page of the snapshot as of seq, keeping it in use.
+	reread := func(seq uint64) {
+		t.Helper()
+		er, err := p.EventRange(ctx, transfer.EventQuery{Origin: "n1", Snapshot: true, SnapshotSeq: seq, Offset: 1})
+		if err != nil || er.SnapshotNeeded || er.SnapshotSeq != seq {
+			t.Fatalf("page of the snapshot as of %d, being read: seq %d, dropped %v, %v", seq, er.SnapshotSeq, er.SnapshotNeeded, err)
+		}
+	}
+	a, err := first()
+	if err != nil || !a.More {
+		t.Fatalf("first snapshot: more %v, %v; want several pages", a.More, err)
+	}
+	hash := uint64(1 << 60)
+	publish := func() {
+		hash++
+		if _, err := n1.members.Publish(membership.EventStore, 1, hash); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish()
+	var b uint64
+	wait.Every(t, 200*time.Millisecond, 30*time.Second, "n1 freezes a second snapshot once the first is too old to share", func() error {
+		reread(a.SnapshotSeq)
+		er, err := first()
+		if err != nil {
+			return err
+		}
+		if er.SnapshotSeq == a.SnapshotSeq {
+			return fmt.Errorf("the snapshot as of %d is still shared", a.SnapshotSeq)
+		}
+		b = er.SnapshotSeq
+		return nil
+	})
+	publish()
+	var busy error
+	wait.Every(t, 200*time.Millisecond, 30*time.Second, "n1 refuses a third snapshot while both are read", func() error {
+		reread(a.SnapshotSeq)
+		reread(b)
+		er, err := first()
+		if err == nil {
+			return fmt.Errorf("a first page as of %d was served", er.SnapshotSeq)
+		}
+		busy = err
+		return nil
+	})
+	if !errors.Is(busy, transfer.ErrUnavailable) {
+		t.Fatalf("a third snapshot while both are read: %v, want ErrUnavailable", busy)
+	}
+	reread(a.SnapshotSeq)
+	reread(b)
 }

@@ -43,7 +43,10 @@
 // for a [HoldingsSnapshot] of its holdings, which replaces what the node had. The
 // origin serves a snapshot in pages ([Membership.SnapshotPage]), every page
 // from one copy frozen at the first, so that holdings of millions of
-// blocks travel in frames of bounded size and still describe one moment. A
+// blocks travel in frames of bounded size and still describe one moment;
+// nodes that ask together share a copy a few seconds old, catching up
+// from its number by range, and past two copies in use a new one is
+// refused as busy ([ErrSnapshotBusy]) rather than evicting one being read. A
 // node declared dead or that left is dropped from the Sink; an origin seen
 // with a new incarnation is dropped and rebuilt, never merged.
 //

@@ -31,6 +31,7 @@ func TestSnapshotPages(t *testing.T) {
 	for h := uint64(1); h <= 10_000; h++ {
 		m.Publish(EventStore, uint32(h%3), h)
 	}
+	clock := fakeClock(m)
 	want := holdings(m.Snapshot().Entries)
 	first, err := m.SnapshotPage(0, 0, 1000)
 	if err != nil || first.Seq != 10_000 || len(first.Entries) != 1000 || !first.More || first.Offset != 0 {
@@ -54,7 +55,9 @@ func TestSnapshotPages(t *testing.T) {
 	if !maps.Equal(holdings(got), want) {
 		t.Fatalf("paged snapshot has %d entries unlike the %d held as of %d", len(got), len(want), first.Seq)
 	}
-	// A new snapshot sees what was published since.
+	// A new snapshot sees what was published since, once the first is
+	// too old to share.
+	*clock = clock.Add(frozenShare)
 	now, err := m.SnapshotPage(0, 0, 1<<20)
 	if err != nil || now.Seq != 11_000 || len(now.Entries) != 10_000 || now.More {
 		t.Fatalf("new snapshot: seq %d, %d entries, more %v, %v", now.Seq, len(now.Entries), now.More, err)
@@ -67,16 +70,6 @@ func TestSnapshotPages(t *testing.T) {
 	}
 	if _, err := m.SnapshotPage(12_345, 0, 10); !errors.Is(err, ErrRangeGone) {
 		t.Errorf("page of a snapshot never taken: %v, want ErrRangeGone", err)
-	}
-	// Past frozenKept snapshots, the least recently read is let go.
-	for i := range frozenKept {
-		m.Publish(EventStore, 9, 2_000_000+uint64(i))
-		if _, err := m.SnapshotPage(0, 0, 10); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := m.SnapshotPage(first.Seq, 0, 10); !errors.Is(err, ErrRangeGone) {
-		t.Errorf("page of an evicted snapshot: %v, want ErrRangeGone", err)
 	}
 }
 
@@ -202,4 +195,35 @@ func TestReconcile(t *testing.T) {
 		defer other.sink.mu.Unlock()
 		return maps.Equal(other.sink.entries["node-00"], want)
 	})
+}
+
+// A node told the origin published more than it did (by a peer's state)
+// learns the origin's last number from an empty range, without a
+// snapshot.
+func TestRepairLearnsOriginsLastFromEmptyRange(t *testing.T) {
+	c := newCluster(t, 1, nil)
+	o := c.nodes[0]
+	for h := uint64(1); h <= 10; h++ {
+		o.m.Publish(EventStore, 1, h)
+	}
+	late := c.startNode(1, func(c *Config) { c.RepairInterval = time.Hour })
+	c.nodes = append(c.nodes, late)
+	waitFor(t, 20*time.Second, "the late joiner indexes node-00's 10 blocks", func() bool {
+		return late.sink.count("node-00") == 10
+	})
+	late.m.mu.Lock()
+	st := late.m.origins["node-00"]
+	st.known = 20
+	j := repairJob{"node-00", st.inc, st.applied + 1, st.known}
+	late.m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	late.m.repair(ctx, j)
+	late.m.mu.Lock()
+	known, gap := st.known, !st.gapSince.IsZero()
+	late.m.mu.Unlock()
+	if m := late.m.Metrics(); known != 10 || gap || m.SnapshotRepairs != 0 || m.RepairFailures != 0 {
+		t.Fatalf("after repairing 11..20 of an origin at 10: known %d, gap %v, %d snapshots, %d failures; want known 10, no gap, none",
+			known, gap, m.SnapshotRepairs, m.RepairFailures)
+	}
 }

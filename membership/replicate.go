@@ -35,8 +35,9 @@ type Repairer interface {
 	// one matching ErrRangeTooLarge that the origin refused the range for
 	// its size. Either way the caller falls back to a snapshot.
 	Events(ctx context.Context, origin string, incarnation, from, to uint64) ([]Event, error)
-	// Snapshot returns origin's current holdings, fetched in as many
-	// pages as they take, all of one snapshot.
+	// Snapshot returns origin's holdings as of a recent event (the
+	// snapshot's Seq; the caller fetches what follows by range), fetched
+	// in as many pages as they take, all of one snapshot.
 	Snapshot(ctx context.Context, origin string) (HoldingsSnapshot, error)
 }
 
@@ -484,10 +485,7 @@ func (m *Membership) repairRange(ctx context.Context, j repairJob) error {
 			return err
 		}
 		if len(events) == 0 {
-			if from == j.from {
-				return fmt.Errorf("%w: origin returned no events for %d..%d", ErrRangeGone, j.from, j.to)
-			}
-			break
+			break // the origin has published no more (clamped below)
 		}
 		if uint64(len(events)) > j.to-from+1 {
 			return fmt.Errorf("%w: repair answered %d events for %d..%d", ErrMalformed, len(events), from, j.to)
@@ -527,9 +525,11 @@ func (m *Membership) repairSnapshot(ctx context.Context, j repairJob, cause erro
 	if st == nil || snap.Seq < st.applied {
 		return nil // stale: we already know more
 	}
-	if st.inc == j.inc && st.known == j.to && snap.Seq < j.to {
-		st.known = snap.Seq // the origin is the authority on its numbers
-	}
+	// The snapshot may be a few seconds old (the origin shares a young
+	// one among the nodes that ask together), so its Seq does not say the
+	// origin published no more: known stays, and the range repair that
+	// follows fetches the rest or learns the origin's last number.
+
 	// Counted before the sink sees it, so that whoever watches the sink
 	// for the snapshot's blocks also finds the repair counted.
 	m.metrics.snapshotRepairs.Add(1)

@@ -1,7 +1,9 @@
 package membership
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -12,6 +14,27 @@ import (
 // moments. The origin therefore freezes a copy of its holdings when the
 // first page is asked for and serves the next pages from that copy, which
 // it keeps while it is being read.
+//
+// Many nodes may resynchronise from one busy origin at once (a rolling
+// restart). So that every one of them finishes, and memory stays bounded:
+//
+//   - A first page is served from the newest copy when nothing was
+//     published since it was frozen, or when it was frozen less than
+//     frozenShare ago: the reader catches up from the copy's Seq by range
+//     repair, as after any snapshot. So at most one copy is frozen per
+//     frozenShare, and the readers that arrive together share it.
+//   - A copy read less than frozenInUse ago is never evicted: a reader
+//     that asks for its next page within frozenInUse of the last one is
+//     never made to start again, however many others start meanwhile.
+//   - At most frozenKept copies are kept. When a new copy is needed and
+//     every kept one is in use, the first page is refused with
+//     [ErrSnapshotBusy] and the reader asks again later (its next repair).
+//     A copy gains readers only during its first frozenShare (or while
+//     nothing is published), so it falls out of use at most frozenInUse
+//     after its last reader's last page, and a slot frees.
+//
+// Memory is thus frozenKept copies of the holdings at most; a copy nobody
+// reads for frozenIdle is let go even below the cap.
 
 // SnapshotPage is part of a snapshot: Entries are entries Offset.. of the
 // snapshot of Origin's holdings as of event Seq of Incarnation.
@@ -25,12 +48,21 @@ type SnapshotPage struct {
 	More bool
 }
 
+// ErrSnapshotBusy is returned by [Membership.SnapshotPage] for a first
+// page when the origin already keeps frozenKept snapshots, each of them
+// being read; the caller asks again later.
+var ErrSnapshotBusy = errors.New("membership: snapshots busy; ask again later")
+
 const (
-	// frozenKept bounds the snapshots kept for paging at once: nodes
-	// that resynchronise together share the newest when nothing was
-	// published between their requests; a third evicts the least
-	// recently read.
+	// frozenKept bounds the snapshots kept for paging at once.
 	frozenKept = 2
+	// frozenShare is how long after it was frozen a snapshot is served
+	// to new readers although events were published since.
+	frozenShare = 3 * time.Second
+	// frozenInUse is how long after its last read a snapshot is in use:
+	// it is not evicted for a new one. A reader asks for its pages more
+	// often than that.
+	frozenInUse = 5 * time.Second
 	// frozenIdle is how long a snapshot nobody reads is kept.
 	frozenIdle = 30 * time.Second
 )
@@ -38,29 +70,37 @@ const (
 type frozenSnapshot struct {
 	seq      uint64
 	entries  []Entry
+	made     time.Time
 	lastRead time.Time
 }
 
 // snapshotCache holds the snapshots being paged. Its zero value is ready.
 type snapshotCache struct {
 	mu     sync.Mutex
-	frozen []*frozenSnapshot
+	frozen []*frozenSnapshot // oldest first
+	now    func() time.Time  // if nil, time.Now (tests set a clock)
 }
 
 // SnapshotPage serves one page of this node's holdings, at most limit
 // entries. seq zero (with offset zero) starts a snapshot; the next pages
-// name the Seq of the first and the offset of the first entry wanted. It
-// fails with ErrRangeGone when that snapshot is no longer kept (the caller
-// starts again). The page's Entries are shared with later callers: read
-// them, never write them.
+// name the Seq of the first and the offset of the first entry wanted. The
+// first page may describe holdings a few seconds old (its Seq says as of
+// when): the caller catches up from there by range. It fails with
+// ErrSnapshotBusy when no snapshot can be started now (the caller asks
+// again later), and with ErrRangeGone when the snapshot being paged is no
+// longer kept (the caller starts again). The page's Entries are shared
+// with later callers: read them, never write them.
 func (m *Membership) SnapshotPage(seq, offset uint64, limit int) (SnapshotPage, error) {
 	if limit < 1 {
 		return SnapshotPage{}, fmt.Errorf("membership: snapshot page of %d entries", limit)
 	}
 	c := &m.snaps
-	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	now := time.Now()
+	if c.now != nil {
+		now = c.now()
+	}
 	kept := c.frozen[:0]
 	for _, f := range c.frozen {
 		if now.Sub(f.lastRead) < frozenIdle {
@@ -71,7 +111,10 @@ func (m *Membership) SnapshotPage(seq, offset uint64, limit int) (SnapshotPage, 
 	c.frozen = kept
 	var f *frozenSnapshot
 	if seq == 0 && offset == 0 {
-		f = m.freeze(now)
+		var err error
+		if f, err = m.freeze(now); err != nil {
+			return SnapshotPage{}, err
+		}
 	} else {
 		for _, x := range c.frozen {
 			if x.seq == seq {
@@ -91,29 +134,36 @@ func (m *Membership) SnapshotPage(seq, offset uint64, limit int) (SnapshotPage, 
 		Entries: f.entries[offset:end], More: end < uint64(len(f.entries))}, nil
 }
 
-// freeze returns a snapshot of the current holdings: a kept one if nothing
-// was published since, else a new copy. c.mu is held.
-func (m *Membership) freeze(now time.Time) *frozenSnapshot {
+// freeze returns the snapshot a first page is served from: a kept one of
+// the current holdings, else the newest if younger than frozenShare, else
+// a new copy in a free slot or in place of one out of use. c.mu is held.
+func (m *Membership) freeze(now time.Time) (*frozenSnapshot, error) {
 	c := &m.snaps
 	m.mu.Lock()
 	seq := m.seq
 	m.mu.Unlock()
 	for _, f := range c.frozen {
 		if f.seq == seq {
-			return f
+			return f, nil
 		}
 	}
-	s := m.Snapshot()
-	f := &frozenSnapshot{seq: s.Seq, entries: s.Entries, lastRead: now}
+	if n := len(c.frozen); n > 0 && now.Sub(c.frozen[n-1].made) < frozenShare {
+		return c.frozen[n-1], nil
+	}
 	if len(c.frozen) >= frozenKept {
-		oldest := 0
+		victim := -1
 		for i, x := range c.frozen {
-			if x.lastRead.Before(c.frozen[oldest].lastRead) {
-				oldest = i
+			if now.Sub(x.lastRead) >= frozenInUse && (victim < 0 || x.lastRead.Before(c.frozen[victim].lastRead)) {
+				victim = i
 			}
 		}
-		c.frozen = append(c.frozen[:oldest], c.frozen[oldest+1:]...)
+		if victim < 0 {
+			return nil, fmt.Errorf("%w: %d snapshots are being read", ErrSnapshotBusy, len(c.frozen))
+		}
+		c.frozen = slices.Delete(c.frozen, victim, victim+1)
 	}
+	s := m.Snapshot()
+	f := &frozenSnapshot{seq: s.Seq, entries: s.Entries, made: now, lastRead: now}
 	c.frozen = append(c.frozen, f)
-	return f
+	return f, nil
 }
