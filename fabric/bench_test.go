@@ -112,7 +112,11 @@ func BenchmarkImport(b *testing.B) {
 	b.Cleanup(func() { os.RemoveAll(root) })
 	caDir := filepath.Join(root, "ca")
 	poolSpec := fmt.Sprintf("host=%d", size+size/8+64<<20)
-	agentA := startBenchAgent(b, root, caDir, "a", benchIPA, poolSpec, "")
+	// A's block set holds exactly what B imports. At the default cap (half
+	// the slots per peer) B's concurrent imports would wait for each
+	// other's leases; this measures the transfer path, and the caps have
+	// tests of their own.
+	agentA := startBenchAgentWith(b, root, caDir, "a", benchIPA, poolSpec, "", func(c *fabric.Config) { c.MaxLeasedPerPeer = nblocks })
 	agentB := startBenchAgent(b, root, caDir, "b", benchIPB, poolSpec, agentA.GossipAddr())
 	ca := context.Background()
 	cA, cB := benchDial(b, agentA), benchDial(b, agentB)
@@ -299,6 +303,11 @@ func benchAwaitIndex(c *client.Client, hashes []uint64, batch int) error {
 }
 
 func startBenchAgent(b *testing.B, root, caDir, name, ip, pools, join string) *fabric.Agent {
+	return startBenchAgentWith(b, root, caDir, name, ip, pools, join, nil)
+}
+
+// startBenchAgentWith is startBenchAgent with configure applied last.
+func startBenchAgentWith(b *testing.B, root, caDir, name, ip, pools, join string, configure func(*fabric.Config)) *fabric.Agent {
 	c := fabric.DefaultLocalConfig()
 	c.NodeName = name
 	c.DataDir = filepath.Join(root, name)
@@ -314,6 +323,9 @@ func startBenchAgent(b *testing.B, root, caDir, name, ip, pools, join string) *f
 	}
 	if join != "" {
 		c.Join = []string{join}
+	}
+	if configure != nil {
+		configure(&c)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
