@@ -18,17 +18,7 @@ import (
 // The holder serves reads only inside the slots a peer's own lease holds,
 // whichever way a segment walks.
 func TestHolderCheckRead(t *testing.T) {
-	dir := t.TempDir()
-	c := DefaultLocalConfig()
-	c.NodeName, c.DataDir, c.DevCADir = "h1", dir, filepath.Join(dir, "ca")
-	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
-	c.Pools = []string{"host=16MiB"}
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := Start(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := startHolder(t, nil)
 	m := layout.ModelConfig{Layers: 2, KVHeads: 2, HeadDim: 8, DType: layout.DTypeF16}
 	s, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.NHD, Arrangement: layout.LayerSeparate, Alignment: 64, Slots: 8})
 	if err != nil {
@@ -92,18 +82,9 @@ func TestHolderCheckRead(t *testing.T) {
 // gets at most the holder's LeaseDuration whatever the peer asks, and the
 // answer names the digest of the leased block set's layout.
 func TestHolderGrantsItsOwnTerm(t *testing.T) {
-	dir := t.TempDir()
-	c := DefaultLocalConfig()
-	c.NodeName, c.DataDir, c.DevCADir = "h1", dir, filepath.Join(dir, "ca")
-	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
-	c.Pools = []string{"host=16MiB"}
-	c.LeaseDuration = 5 * time.Second
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := Start(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := startHolder(t, func(c *Config) {
+		c.LeaseDuration = 5 * time.Second
+	})
 	m := layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
 	s, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 64, Slots: 4})
 	if err != nil {
@@ -156,17 +137,7 @@ func TestHolderGrantsItsOwnTerm(t *testing.T) {
 // peers together get three quarters. Room comes back as leases end, and
 // a departed peer's leases end at once.
 func TestHolderLeaseCaps(t *testing.T) {
-	dir := t.TempDir()
-	c := DefaultLocalConfig()
-	c.NodeName, c.DataDir, c.DevCADir = "h1", dir, filepath.Join(dir, "ca")
-	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
-	c.Pools = []string{"host=16MiB"}
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := Start(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := startHolder(t, nil)
 	m := layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
 	s, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 64, Slots: 8})
 	if err != nil {
@@ -226,4 +197,25 @@ func TestHolderLeaseCaps(t *testing.T) {
 	if err != nil || present(l3) != 4 || l3.Capped {
 		t.Fatalf("p3 after p1 went: %d blocks (capped %v), %v; want 4, not capped", present(l3), l3.Capped, err)
 	}
+}
+
+// startHolder starts a loopback agent for the holder-side tests, with
+// tweak, if set, applied to its configuration first.
+func startHolder(t *testing.T, tweak func(*Config)) *Agent {
+	t.Helper()
+	dir := t.TempDir()
+	c := DefaultLocalConfig()
+	c.NodeName, c.DataDir, c.DevCADir = "h1", dir, filepath.Join(dir, "ca")
+	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
+	c.Pools = []string{"host=16MiB"}
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if tweak != nil {
+		tweak(&c)
+	}
+	a, err := Start(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
 }

@@ -18,21 +18,7 @@ import (
 // status see them, get verifies every element, and bad input is a usage
 // error.
 func TestClientCommands(t *testing.T) {
-	dir, err := os.MkdirTemp("", "kvfcli")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	c := fabric.DefaultLocalConfig()
-	c.NodeName, c.DataDir, c.DevCADir = "cli1", filepath.Join(dir, "d"), filepath.Join(dir, "ca")
-	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
-	c.Pools = []string{"host=64MiB"}
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := fabric.Start(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := startTestAgent(t, "cli1")
 	sock := []string{"--socket", a.EngineSocket()}
 	model := []string{"--tp", "2", "--layers", "2", "--head-dim", "16"}
 
@@ -68,7 +54,7 @@ func TestClientCommands(t *testing.T) {
 	}
 	// The blocks are local: get finds them here, under another TP and
 	// order, and checks every element.
-	file := filepath.Join(dir, "blocks.bin")
+	file := filepath.Join(t.TempDir(), "blocks.bin")
 	args := append([]string{"get", "--hashes", hashes, "--out", file, "--verify", "--tp", "1", "--order", "NHD", "--layers", "2", "--head-dim", "16"}, sock...)
 	code, _, errs = runCmd(t, "", args...)
 	if code != 0 || !strings.Contains(errs, "verified 5 blocks") {
@@ -111,7 +97,7 @@ func TestClientCommands(t *testing.T) {
 			t.Errorf("%v: exit %d (%s), want 2", bad, code, errs)
 		}
 	}
-	if code, _, errs := runCmd(t, "", "status", "--socket", filepath.Join(dir, "none.sock")); code != 1 || !strings.Contains(errs, "is the agent running") {
+	if code, _, errs := runCmd(t, "", "status", "--socket", filepath.Join(t.TempDir(), "none.sock")); code != 1 || !strings.Contains(errs, "is the agent running") {
 		t.Errorf("status without an agent: exit %d: %s", code, errs)
 	}
 }
@@ -136,4 +122,27 @@ func TestCertsCommand(t *testing.T) {
 	if code, _, _ := runCmd(t, "", "certs", "node", "bad name", "--out", dir); code != 2 {
 		t.Fatalf("certs node with a bad name: exit %d, want 2", code)
 	}
+}
+
+// startTestAgent starts a loopback agent named name with a 64 MiB pool for
+// the client commands to talk to. Its directory is short (unix socket
+// paths are), and removed at the end of the test.
+func startTestAgent(t *testing.T, name string) *fabric.Agent {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kvfcli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	c := fabric.DefaultLocalConfig()
+	c.NodeName, c.DataDir, c.DevCADir = name, filepath.Join(dir, "d"), filepath.Join(dir, "ca")
+	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
+	c.Pools = []string{"host=64MiB"}
+	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := fabric.Start(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
 }

@@ -1,16 +1,10 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/kvfabric/kvfabric/fabric"
 )
 
 // put --generate 1024 --slots 1024 fills the block set, so the watermark
@@ -18,17 +12,7 @@ import (
 // sequence, and a look-up from its first block found nothing although
 // most of it was held; leaves first, the sequence loses only its tail.
 func TestPutPastTheSlotsKeepsThePrefix(t *testing.T) {
-	dir := t.TempDir()
-	c := fabric.DefaultLocalConfig()
-	c.NodeName, c.DataDir, c.DevCADir = "ev1", filepath.Join(dir, "d"), filepath.Join(dir, "ca")
-	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
-	c.Pools = []string{"host=64MiB"}
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := fabric.Start(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := startTestAgent(t, "ev1")
 	sock := []string{"--socket", a.EngineSocket()}
 	model := []string{"--tp", "1", "--layers", "2", "--head-dim", "16", "--slots", "1024"}
 	code, out, errs := runCmd(t, "", append(append([]string{"put", "--generate", "1024", "--json"}, sock...), model...)...)
@@ -68,17 +52,7 @@ func TestPutPastTheSlotsKeepsThePrefix(t *testing.T) {
 // more is told that the set will not keep them all, and what --slots
 // would.
 func TestPutWarnsPastWhatTheSetKeeps(t *testing.T) {
-	dir := t.TempDir()
-	c := fabric.DefaultLocalConfig()
-	c.NodeName, c.DataDir, c.DevCADir = "ev2", filepath.Join(dir, "d"), filepath.Join(dir, "ca")
-	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
-	c.Pools = []string{"host=64MiB"}
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := fabric.Start(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := startTestAgent(t, "ev2")
 	// 1024 slots at the default 5 % low watermark keep 1024 - 52 = 972.
 	const retains = 972
 	args := func(n int, seed string) []string {
