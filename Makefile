@@ -10,7 +10,7 @@ PROTOBUF_VERSION := $(shell $(GO) list -m -f '{{.Version}}' google.golang.org/pr
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 APT      := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 
-.PHONY: all build demo test bench bench-deps proto proto-deps lint fuzz clean help
+.PHONY: all build demo test test-long bench bench-deps proto proto-deps lint fuzz clean help
 
 all: build
 
@@ -26,6 +26,9 @@ demo: build ## run a 3-node cluster on loopback and move blocks across TP sizes,
 test: ## vet, then every test with the race detector in random order
 	$(GO) vet ./...
 	$(GO) test -race -shuffle=on -timeout 12m ./...
+
+test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 5 minutes
+	$(GO) test -count=1 -timeout 30m ./membership ./pool ./fabric -kvfabric.long
 
 bench: bench-deps ## run the benchmarks with their baselines (figures go to BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 30m ./...
