@@ -53,9 +53,14 @@ var codeSentinel = map[Code]error{
 	CodeTooLarge:       ErrTooLarge,
 }
 
+// codeOrder is the order codeOf tries the sentinels in, the most specific
+// first: an error may wrap two (a read refused by the lease wraps the
+// handler's reason too), and its code must not depend on map order.
+var codeOrder = []Code{CodeTooLarge, CodeLeaseRefused, CodeNotFound, CodeUnavailable, CodeInvalidRequest, CodeInternal}
+
 func codeOf(err error) Code {
-	for c, s := range codeSentinel {
-		if errors.Is(err, s) {
+	for _, c := range codeOrder {
+		if errors.Is(err, codeSentinel[c]) {
 			return c
 		}
 	}
