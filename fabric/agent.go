@@ -221,7 +221,9 @@ func (a *Agent) startHTTP() error {
 	}
 	a.httpLn = ln
 	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", a.serveMetrics)
+	if h := a.cfg.MetricsHandler; h != nil {
+		mux.Handle("/metrics", h)
+	}
 	mux.HandleFunc("/healthz", a.serveHealth)
 	a.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	a.wg.Add(1)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -127,6 +128,11 @@ type Config struct {
 	// Logger receives the agent's logs. If nil, a text logger on standard
 	// error at LogLevel. Not read from files.
 	Logger *slog.Logger `json:"-"`
+	// MetricsHandler serves /metrics beside /healthz on MetricsAddr. If
+	// nil, /metrics is not served: the agent counts (Agent.Metrics) and the
+	// program that runs it exports, as cmd/kvfabric does with Prometheus.
+	// Not read from files.
+	MetricsHandler http.Handler `json:"-"`
 	// Local selects loopback timings for gossip (DefaultLocalConfig).
 	Local bool `json:"local,omitempty"`
 

@@ -33,10 +33,11 @@ func (a *Agent) chunkBlocks(l *layout.Layout) int {
 // leasedChunk is one chunk of an import: the hashes asked for and the
 // holder's lease on them.
 type leasedChunk struct {
-	asked []uint64
-	lease transfer.Lease
-	kept  *keptLease // nil when no lease was granted
-	err   error
+	asked   []uint64
+	askedAt time.Time // when the lease was asked for
+	lease   transfer.Lease
+	kept    *keptLease // nil when no lease was granted
+	err     error
 }
 
 // present is how many leading blocks of the chunk the lease holds, all in
@@ -119,8 +120,8 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 func (a *Agent) leaseChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, hashes []uint64) <-chan *leasedChunk {
 	ch := make(chan *leasedChunk, 1)
 	go func() {
-		c := &leasedChunk{asked: hashes}
 		asked := time.Now()
+		c := &leasedChunk{asked: hashes, askedAt: asked}
 		c.lease, c.err = a.leaseWhenRoom(ctx, peer, hashes)
 		switch {
 		case errors.Is(c.err, transfer.ErrInvalidRequest), errors.Is(c.err, transfer.ErrTooLarge):
@@ -272,6 +273,7 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	a.stats.importBytes.Add(plan.Bytes())
 	a.stats.importBlocks.Add(uint64(len(refs)))
 	a.stats.importChunks.Add(1)
+	a.stats.chunkTime.record(time.Since(c.askedAt))
 	if err != nil {
 		return refs, plan.Bytes(), localError{err}
 	}

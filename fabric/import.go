@@ -58,6 +58,7 @@ func (e *importError) Unwrap() error { return e.cause }
 // then from another engine's block set on this node, then from holders,
 // longest prefix first, then least load.
 func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64) importResult {
+	defer func(start time.Time) { a.stats.importTime.record(time.Since(start)) }(time.Now())
 	a.stats.imports.Add(1)
 	a.stats.inflight.Add(1)
 	defer a.stats.inflight.Add(-1)

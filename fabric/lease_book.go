@@ -24,6 +24,7 @@ type leaseBook struct {
 
 type leaseEntry struct {
 	peer     string
+	granted  time.Time
 	deadline time.Time
 	blocks   int
 }
@@ -65,7 +66,7 @@ func (b *leaseBook) add(id pool.LeaseID, peer string, reserved, blocks int, dead
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.countLocked(peer, blocks-reserved)
-	b.leases[id] = leaseEntry{peer: peer, deadline: deadline, blocks: blocks}
+	b.leases[id] = leaseEntry{peer: peer, granted: time.Now(), deadline: deadline, blocks: blocks}
 	if len(b.leases)%256 == 0 {
 		b.expireLocked(time.Now())
 	}
@@ -89,29 +90,34 @@ func (b *leaseBook) extend(id pool.LeaseID, deadline time.Time) {
 	b.mu.Unlock()
 }
 
-// remove forgets lease id.
-func (b *leaseBook) remove(id pool.LeaseID) {
+// remove forgets lease id and returns when it was granted.
+func (b *leaseBook) remove(id pool.LeaseID) (granted time.Time, ok bool) {
 	b.mu.Lock()
-	if e, ok := b.leases[id]; ok {
+	defer b.mu.Unlock()
+	e, ok := b.leases[id]
+	if ok {
 		delete(b.leases, id)
 		b.countLocked(e.peer, -e.blocks)
 	}
-	b.mu.Unlock()
+	return e.granted, ok
 }
 
-// removePeer forgets every lease of peer and returns their ids.
-func (b *leaseBook) removePeer(peer string) []pool.LeaseID {
+// removePeer forgets every lease of peer and returns their ids and when
+// each was granted.
+func (b *leaseBook) removePeer(peer string) ([]pool.LeaseID, []time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var ids []pool.LeaseID
+	var granted []time.Time
 	for id, e := range b.leases {
 		if e.peer == peer {
 			ids = append(ids, id)
+			granted = append(granted, e.granted)
 			delete(b.leases, id)
 			b.countLocked(peer, -e.blocks)
 		}
 	}
-	return ids
+	return ids, granted
 }
 
 // leased returns the blocks peer holds leased or reserved, and all peers'.

@@ -14,41 +14,22 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/membership"
 )
-
-// metricValue returns the value of the sample line that starts with
-// name (labels included) in a /metrics body.
-func metricValue(t *testing.T, body, name string) (float64, bool) {
-	t.Helper()
-	for _, line := range strings.Split(body, "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			var f float64
-			if _, err := fmt.Sscan(v, &f); err != nil {
-				t.Fatalf("/metrics: %q: %v", line, err)
-			}
-			return f, true
-		}
-	}
-	return 0, false
-}
 
 // The node certificate's and the CA's expiry are exported, so that an
 // alert can fire before peers start refusing the node.
 func TestCertificateExpiryExported(t *testing.T) {
 	a := startAgent(t, testConfig(t, "n1"))
-	body := httpGet(t, "http://"+a.MetricsAddr()+"/metrics")
+	certs := a.Metrics().Certificates
 	now := time.Now()
-	for _, c := range []struct {
-		label string
-		want  time.Duration // the development CA and certificate live 7 days
-	}{{"node", 7 * 24 * time.Hour}, {"ca", 7 * 24 * time.Hour}} {
-		v, ok := metricValue(t, body, `kvfabric_certificate_expiry_timestamp_seconds{certificate="`+c.label+`"}`)
-		if !ok {
-			t.Fatalf("/metrics has no expiry for the %s certificate", c.label)
-		}
-		at := time.Unix(int64(v), 0)
-		if at.Before(now.Add(c.want-time.Hour)) || at.After(now.Add(c.want+time.Minute)) {
-			t.Errorf("%s certificate expires at %v, want about %v from now", c.label, at, c.want)
+	want := 7 * 24 * time.Hour // the development CA and certificate live 7 days
+	if len(certs) != 2 || certs[0].Name != "node" || certs[1].Name != "ca" {
+		t.Fatalf("certificates %+v, want node and ca", certs)
+	}
+	for _, c := range certs {
+		if at := c.NotAfter; at.Before(now.Add(want-time.Hour)) || at.After(now.Add(want+time.Minute)) {
+			t.Errorf("%s certificate expires at %v, want about %v from now", c.Name, at, want)
 		}
 	}
 }
@@ -88,15 +69,15 @@ func TestHealthzNotJoined(t *testing.T) {
 	}
 	t.Logf("/healthz: %d %s", code, strings.TrimSpace(body))
 	wait.For(t, 10*time.Second, "two join failures counted", func() error {
-		m := httpGet(t, url+"/metrics")
-		if v, _ := metricValue(t, m, `kvfabric_gossip_join_failures_total{reason="unreachable"}`); v < 2 {
+		m := a.Metrics()
+		if v := m.Membership.JoinFailuresBy[membership.JoinUnreachable]; v < 2 {
 			return fmt.Errorf("%v unreachable failures", v)
 		}
-		if v, ok := metricValue(t, m, "kvfabric_gossip_join_attempts_total"); !ok || v < 2 {
+		if v := m.Membership.JoinAttempts; v < 2 {
 			return fmt.Errorf("%v attempts", v)
 		}
-		if v, ok := metricValue(t, m, "kvfabric_gossip_joined"); !ok || v != 0 {
-			return fmt.Errorf("joined %v", v)
+		if m.Joined {
+			return fmt.Errorf("joined")
 		}
 		return nil
 	})
@@ -111,8 +92,8 @@ func TestHealthzNotJoined(t *testing.T) {
 		}
 		return nil
 	})
-	if v, _ := metricValue(t, httpGet(t, url+"/metrics"), "kvfabric_gossip_joined"); v != 1 {
-		t.Errorf("kvfabric_gossip_joined %v after joining", v)
+	if !a.Metrics().Joined {
+		t.Error("metrics say not joined after joining")
 	}
 }
 

@@ -48,9 +48,10 @@ func (h *peerService) leaseCaps() (perPeer, total int) {
 // failed. Its reads under them are refused from now on, and the pool's
 // generations keep a read already under way from being trusted.
 func (h *peerService) peerGone(peer, why string) {
-	ids := h.book.removePeer(peer)
-	for _, id := range ids {
+	ids, granted := h.book.removePeer(peer)
+	for i, id := range ids {
 		h.a.pool.ReleaseLease(id)
+		h.a.stats.leaseHold.record(time.Since(granted[i]))
 	}
 	if len(ids) > 0 {
 		h.a.stats.leasesEndedEarly.Add(uint64(len(ids)))
@@ -198,7 +199,9 @@ func (h *peerService) Release(ctx context.Context, peer string, id uint64) (bool
 	if err := h.owned(peer, id); err != nil {
 		return false, nil
 	}
-	h.book.remove(pool.LeaseID(id))
+	if granted, ok := h.book.remove(pool.LeaseID(id)); ok {
+		h.a.stats.leaseHold.record(time.Since(granted))
+	}
 	valid, err := h.a.pool.ReleaseLease(pool.LeaseID(id))
 	if errors.Is(err, pool.ErrUnknownLease) || errors.Is(err, pool.ErrLeaseExpired) {
 		return false, nil

@@ -31,6 +31,8 @@ func sampleStart() (time.Duration, bool) {
 // is a value; the pool hands out copies.
 type Histogram struct {
 	Counts [64]uint64
+	// Sum is the total of the durations recorded.
+	Sum time.Duration
 }
 
 func (h *Histogram) record(d time.Duration) {
@@ -38,12 +40,14 @@ func (h *Histogram) record(d time.Duration) {
 		d = 0
 	}
 	h.Counts[bits.Len64(uint64(d))]++
+	h.Sum += d
 }
 
 func (h *Histogram) merge(o *Histogram) {
 	for i, c := range o.Counts {
 		h.Counts[i] += c
 	}
+	h.Sum += o.Sum
 }
 
 // Count returns the durations recorded.

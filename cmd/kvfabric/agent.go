@@ -8,6 +8,7 @@ import (
 	"math"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -142,6 +143,10 @@ everything.`)
 		}
 	}
 
+	// The agent counts; this program exports, as Prometheus metrics.
+	var running atomic.Pointer[fabric.Agent]
+	cfg.MetricsHandler = metricsHandler(&running)
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -153,6 +158,7 @@ everything.`)
 	if err != nil {
 		return err
 	}
+	running.Store(a)
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(e.stderr, "kvfabric agent: stopping")

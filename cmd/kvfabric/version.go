@@ -10,18 +10,31 @@ func runVersion(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	version, goVersion := "(devel)", "unknown"
+	_, err := fmt.Fprintf(e.stdout, "kvfabric %s (%s)\n", version(), goVersion())
+	return err
+}
+
+// version is the module version the binary was built from, with the VCS
+// revision when the build recorded one.
+func version() string {
+	v := "(devel)"
 	if bi, ok := debug.ReadBuildInfo(); ok {
-		goVersion = bi.GoVersion
 		if bi.Main.Version != "" {
-			version = bi.Main.Version
+			v = bi.Main.Version
 		}
 		for _, s := range bi.Settings {
 			if s.Key == "vcs.revision" {
-				version += " " + s.Value
+				v += " " + s.Value
 			}
 		}
 	}
-	_, err := fmt.Fprintf(e.stdout, "kvfabric %s (%s)\n", version, goVersion)
-	return err
+	return v
+}
+
+// goVersion is the Go toolchain that built the binary.
+func goVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.GoVersion
+	}
+	return "unknown"
 }

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"math"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/membership"
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// metricsHandler serves the Prometheus metrics of the agent agent points
+// to (none until it is set: the agent serves /metrics from the moment it
+// listens, before Start returns), with Go, process and build metrics.
+func metricsHandler(agent *atomic.Pointer[fabric.Agent]) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		agentCollector{agent},
+	)
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "kvfabric_build_info",
+		Help:        "Always 1: the version of kvfabric and of Go it was built with, as labels.",
+		ConstLabels: prometheus.Labels{"version": version(), "goversion": goVersion()},
+	})
+	build.Set(1)
+	reg.MustRegister(build)
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+}
+
+// agentCollector turns the agent's Metrics snapshot into Prometheus
+// metrics, once per scrape: the agent and its libraries count, this
+// exports. It describes nothing ahead (an unchecked collector), because
+// some families have labels only the snapshot knows.
+type agentCollector struct{ agent *atomic.Pointer[fabric.Agent] }
+
+func (agentCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
+	a := c.agent.Load()
+	if a == nil {
+		return
+	}
+	m := a.Metrics()
+	e := exporter{ch}
+
+	p := m.Pool
+	e.gauge("kvfabric_pool_slots", "Slots in the pool.", float64(p.Slots))
+	e.gauge("kvfabric_pool_free_slots", "Slots ready to allocate.", float64(p.Free))
+	e.gauge("kvfabric_pool_active_slots", "Slots in use (writing, or registered with users or leases).", float64(p.Active))
+	e.gauge("kvfabric_pool_inactive_blocks", "Registered blocks nobody uses, recyclable once nothing in use extends them.", float64(p.Inactive))
+	e.gauge("kvfabric_pool_registered_blocks", "Registered blocks.", float64(p.Registered))
+	e.gauge("kvfabric_pool_utilization", "Active slots over all slots.", p.Utilization)
+	e.gauge("kvfabric_leases", "Live leases held by peers.", float64(p.Leases))
+	e.gauge("kvfabric_leased_slots", "Slots held by at least one lease.", float64(p.Leased))
+	e.counter("kvfabric_leases_expired_total", "Leases that passed their deadline.", float64(p.LeasesExpired))
+	e.counter("kvfabric_evictions_total", "Registered blocks recycled.", float64(p.Evictions))
+	e.counter("kvfabric_pool_events_dropped_total", "Pool events the agent could not take in time.", float64(p.EventsDropped))
+	e.histogram("kvfabric_pool_alloc_duration_seconds", "Slot allocation latency (one allocation in 16, sampled).", p.AllocLatency)
+	e.histogram("kvfabric_pool_release_duration_seconds", "Slot release latency (one release in 16, sampled).", p.ReleaseLatency)
+
+	e.counter("kvfabric_pool_events_total", "Store and remove events of the local pool.", float64(m.PoolEvents))
+	e.counter("kvfabric_pool_events_lost_total", "Pool events dropped before they could be published (then reconciled).", float64(m.PoolEventsLost))
+	e.counter("kvfabric_imports_total", "Imports served to engines.", float64(m.Imports))
+	e.counter("kvfabric_import_failures_total", "Imports that brought less than asked.", float64(m.ImportFailures))
+	e.gauge("kvfabric_imports_in_flight", "Imports in progress.", float64(m.ImportsInFlight))
+	e.counter("kvfabric_import_bytes_total", "Bytes imported from peers.", float64(m.ImportBytes))
+	e.counter("kvfabric_import_blocks_total", "Blocks imported from peers.", float64(m.ImportBlocks))
+	e.counter("kvfabric_import_chunks_total", "Import chunks read whole under a confirmed lease and registered.", float64(m.ImportChunks))
+	e.counter("kvfabric_import_lease_renewals_total", "Lease renewals holders granted to reads that outlived half a term.", float64(m.ImportLeaseRenewals))
+	e.counter("kvfabric_import_lease_waits_total", "Times an import asked a holder again for a lease after it answered that it was busy (at a lease cap).", float64(m.ImportLeaseWaits))
+	e.histogram("kvfabric_import_duration_seconds", "Import calls from engines, from the call to its answer.", m.ImportTime)
+	e.histogram("kvfabric_import_chunk_duration_seconds", "Import chunks, from asking for the lease to registering the blocks.", m.ImportChunkTime, "transport", "quic")
+	e.counter("kvfabric_leases_served_total", "Leases granted to peers.", float64(m.LeasesServed))
+	e.counter("kvfabric_leases_ended_early_total", "Leases released before their term because the peer holding them disconnected, left or failed.", float64(m.LeasesEndedEarly))
+	e.histogram("kvfabric_lease_hold_duration_seconds", "How long leases granted to peers lived, until released or their peer went.", m.LeaseHold)
+
+	ix := m.Index
+	e.gauge("kvfabric_index_hashes", "Distinct block hashes in the cluster index.", float64(ix.Hashes))
+	e.gauge("kvfabric_index_entries", "(hash, holder) pairs in the cluster index.", float64(ix.Pairs))
+	e.gauge("kvfabric_index_events_held", "Events of nodes waiting for an index slot (every slot live or not yet swept).", float64(m.IndexEventsHeld))
+	e.counter("kvfabric_index_events_lost_total", "Events of nodes without an index slot lost past the sink's hold limit; those nodes' blocks are missing from the index until they restart or leave.", float64(m.IndexEventsLost))
+
+	ms := m.Membership
+	e.gauge("kvfabric_members", "Cluster members this node sees, itself included.", float64(ms.Members))
+	e.counter("kvfabric_gossip_events_published_total", "Block events this node published.", float64(ms.EventsPublished))
+	e.counter("kvfabric_gossip_events_reconciled_total", "Block events this node published to make its published holdings match its pool after pool events were lost.", float64(ms.EventsReconciled))
+	e.counter("kvfabric_gossip_events_applied_total", "Other nodes' block events applied to the index.", float64(ms.EventsApplied))
+	e.gauge("kvfabric_gossip_event_gaps", "Origins whose events are known but not yet applied (event lag).", float64(ms.Gaps))
+	e.counter("kvfabric_gossip_range_repairs_total", "Answers from an origin's log applied to close event gaps (a long gap takes several).", float64(ms.RangeRepairs))
+	e.counter("kvfabric_gossip_snapshot_repairs_total", "Event gaps repaired from the origin's snapshot.", float64(ms.SnapshotRepairs))
+	e.counter("kvfabric_gossip_repair_failures_total", "Repairs that failed.", float64(ms.RepairFailures))
+	e.counter("kvfabric_gossip_bad_messages_total", "Undecodable gossip messages dropped.", float64(ms.BadMessages))
+	e.gauge("kvfabric_gossip_joined", "1 once the node has joined its cluster (or has no seeds to join), else 0.", boolFloat(m.Joined))
+	e.counter("kvfabric_gossip_join_attempts_total", "Joins of a seed tried (at start, on retry, and to heal partitions).", float64(ms.JoinAttempts))
+	for r := membership.JoinUnreachable; r <= membership.JoinOther; r++ {
+		e.counter("kvfabric_gossip_join_failures_total", "Joins of a seed that failed, by reason.", float64(ms.JoinFailuresBy[r]), "reason", r.String())
+	}
+
+	ts := m.Transport
+	e.counter("kvfabric_peer_calls_served_total", "Control calls from peers answered.", float64(ts.CallsServed))
+	e.counter("kvfabric_peer_calls_failed_total", "Calls from peers answered with an error.", float64(ts.CallsFailed))
+	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesServed), "transport", "quic", "direction", "served")
+	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesRead), "transport", "quic", "direction", "read")
+	e.counter("kvfabric_peer_reads_failed_total", "Reads from peers that failed.", float64(ts.ReadsFailed))
+	e.gauge("kvfabric_peer_request_bytes", "Request bytes announced and in flight for peers (capped per peer).", float64(ts.RequestBytes))
+	e.counter("kvfabric_peer_request_budget_waits_total", "Peer requests that waited because their peer's request bytes were at the cap.", float64(ts.RequestBudgetWaits))
+
+	for _, cert := range m.Certificates {
+		e.gauge("kvfabric_certificate_expiry_timestamp_seconds", "When the node's TLS certificate and its CA expire (Unix time).",
+			float64(cert.NotAfter.Unix()), "certificate", cert.Name)
+	}
+}
+
+// exporter sends const metrics; labels are name, value pairs.
+type exporter struct{ ch chan<- prometheus.Metric }
+
+func (e exporter) send(kind prometheus.ValueType, name, help string, v float64, labels []string) {
+	names, values := splitLabels(labels)
+	e.ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(name, help, names, nil), kind, v, values...)
+}
+
+func (e exporter) gauge(name, help string, v float64, labels ...string) {
+	e.send(prometheus.GaugeValue, name, help, v, labels)
+}
+
+func (e exporter) counter(name, help string, v float64, labels ...string) {
+	e.send(prometheus.CounterValue, name, help, v, labels)
+}
+
+// Histogram buckets: the power-of-two nanosecond buckets of pool.Histogram
+// from 2^10 ns (about 1 µs) to 2^40 ns (about 18 min); shorter durations
+// fall in the first, longer ones only in +Inf.
+const (
+	firstBucket = 10
+	lastBucket  = 40
+)
+
+// histogram exports h, whose bucket i counts durations under 2^i ns, as a
+// Prometheus histogram in seconds.
+func (e exporter) histogram(name, help string, h pool.Histogram, labels ...string) {
+	names, values := splitLabels(labels)
+	buckets := make(map[float64]uint64, lastBucket-firstBucket+1)
+	var below, count uint64
+	for i, n := range h.Counts {
+		count += n
+		if i <= firstBucket {
+			below += n
+		}
+	}
+	cum := below
+	for i := firstBucket; i <= lastBucket; i++ {
+		if i > firstBucket {
+			cum += h.Counts[i]
+		}
+		buckets[math.Ldexp(1, i)/float64(time.Second)] = cum
+	}
+	e.ch <- prometheus.MustNewConstHistogram(prometheus.NewDesc(name, help, names, nil), count, h.Sum.Seconds(), buckets, values...)
+}
+
+func splitLabels(pairs []string) (names, values []string) {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		names = append(names, pairs[i])
+		values = append(values, pairs[i+1])
+	}
+	return names, values
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
