@@ -170,6 +170,7 @@ func (a *Agent) member(name string) (membership.Member, bool) {
 // (its node name turned out to be taken).
 func (a *Agent) memberLoop() {
 	defer a.wg.Done()
+	failed := map[string]time.Time{} // members seen failing, until they come back or leave
 	for {
 		select {
 		case <-a.done:
@@ -181,10 +182,37 @@ func (a *Agent) memberLoop() {
 			go a.Close() // Close waits for this goroutine
 			return
 		case ev := <-a.members.Events():
+			a.logMember(ev, failed, time.Now())
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
 				a.peers.forget(ev.Member.Name)
 				a.service.peerGone(ev.Member.Name, "member "+ev.Kind.String())
 			}
 		}
+	}
+}
+
+// logMember logs a change of membership: a join, a leave and a recovery at
+// info, a failure at warn (an operator's alert), metadata updates at debug.
+// failed holds when each member seen failing failed, so that its return
+// is told as a recovery, with how long it was gone.
+func (a *Agent) logMember(ev membership.MemberEvent, failed map[string]time.Time, now time.Time) {
+	m := ev.Member
+	attrs := []any{"peer", m.Name, "addr", m.Addr.String(), "peer_addr", m.Meta.PeerAddr}
+	switch ev.Kind {
+	case membership.MemberJoin:
+		if at, ok := failed[m.Name]; ok {
+			delete(failed, m.Name)
+			a.log.Info("member recovered", append(attrs, "down_for", now.Sub(at).Round(time.Millisecond))...)
+			return
+		}
+		a.log.Info("member joined", attrs...)
+	case membership.MemberLeave:
+		delete(failed, m.Name)
+		a.log.Info("member left", attrs...)
+	case membership.MemberFail:
+		failed[m.Name] = now
+		a.log.Warn("member failed: its blocks leave the index and its leases here end", attrs...)
+	default:
+		a.log.Debug("member updated", attrs...)
 	}
 }

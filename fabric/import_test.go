@@ -1,8 +1,11 @@
 package fabric_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -313,4 +316,48 @@ func TestImportUnderAChunkSizedLeaseCap(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// An agent logs at info when another node joins and when it leaves.
+func TestAgentLogsMembersJoiningAndLeaving(t *testing.T) {
+	var logs lockedBuffer
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i == 0 {
+			c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		}
+	})
+	// A line with msg and the peer (the agent's node attribute between).
+	has := func(msg string) func() error {
+		return func() error {
+			for _, line := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(line, `msg="`+msg+`"`) && strings.Contains(line, " peer=n2 ") {
+					return nil
+				}
+			}
+			return fmt.Errorf("not logged yet")
+		}
+	}
+	wait.For(t, 10*time.Second, "n1 logs that n2 joined", has("member joined"))
+	if err := agents[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "n1 logs that n2 left", has("member left"))
 }
