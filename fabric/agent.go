@@ -84,8 +84,7 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{},
 		metaPoke: make(chan struct{}, 1), done: make(chan struct{})}
 	if a.log == nil {
-		lvl, _ := parseLevel(cfg.LogLevel)
-		a.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+		a.log = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel) // both validated
 	}
 	// Membership names the node in its own records; the rest of the
 	// agent's get the attribute here.

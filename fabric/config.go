@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -125,6 +126,9 @@ type Config struct {
 
 	// LogLevel is debug, info, warn or error. If empty, info.
 	LogLevel string `json:"log_level,omitempty"`
+	// LogFormat is text (key=value) or json (one object a line, for log
+	// collectors). If empty, text.
+	LogFormat string `json:"log_format,omitempty"`
 	// Logger receives the agent's logs. If nil, a text logger on standard
 	// error at LogLevel. Not read from files.
 	Logger *slog.Logger `json:"-"`
@@ -270,6 +274,9 @@ func (c *Config) populate() {
 	if c.LogLevel == "" {
 		c.LogLevel = d.LogLevel
 	}
+	if c.LogFormat == "" {
+		c.LogFormat = "text"
+	}
 }
 
 // validate checks a populated config and returns the pools it asks for.
@@ -303,6 +310,9 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	}
 	if !c.Dev && (c.CAFile == "" || c.CertFile == "" || c.KeyFile == "") {
 		return nil, bad("ca_file, cert_file, key_file", "all three are required for mutual TLS between peers (make them with `kvfabric certs`), or use --dev for a local development cluster")
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return nil, bad("log_format", "%q is not text or json", c.LogFormat)
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return nil, bad("log_level", "%v", err)
@@ -395,6 +405,17 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, fmt.Errorf("%q: port %q is not 0..65535", addr, port)
 	}
 	return host, int(p), nil
+}
+
+// newLogger is the agent's logger when Config.Logger is nil: format
+// (text or json) at level on w. Both are validated.
+func newLogger(w io.Writer, format, level string) *slog.Logger {
+	lvl, _ := parseLevel(level)
+	opts := &slog.HandlerOptions{Level: lvl}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 func parseLevel(s string) (slog.Level, error) {

@@ -1,6 +1,8 @@
 package fabric
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -48,6 +50,7 @@ func TestValidateConfig(t *testing.T) {
 		{"bad join", func(c *Config) { c.Join = []string{"x"} }, "join[0]"},
 		{"no tls", func(c *Config) { c.Dev = false }, "ca_file"},
 		{"bad level", func(c *Config) { c.LogLevel = "loud" }, "log_level"},
+		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log_format"},
 		{"negative lease", func(c *Config) { c.LeaseDuration = -time.Second }, "lease_duration"},
 		{"bad pool", func(c *Config) { c.Pools = []string{"host"} }, "pools[0]"},
 		{"gpu pool", func(c *Config) { c.Pools = []string{"gpu=1GiB"} }, "pools[0]"},
@@ -98,5 +101,22 @@ func TestParseSize(t *testing.T) {
 		if _, err := ParseSize(in); err == nil {
 			t.Errorf("ParseSize(%q): no error", in)
 		}
+	}
+}
+
+// The agent's own logger writes text or JSON lines at the level asked.
+func TestNewLogger(t *testing.T) {
+	var buf bytes.Buffer
+	newLogger(&buf, "json", "info").Info("member joined", "peer", "n2")
+	newLogger(&buf, "json", "info").Debug("not shown")
+	var line map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &line); err != nil || line["msg"] != "member joined" || line["peer"] != "n2" || line["level"] != "INFO" {
+		t.Fatalf("json line %q: %v %v", buf.String(), line, err)
+	}
+	buf.Reset()
+	newLogger(&buf, "text", "warn").Info("not shown")
+	newLogger(&buf, "text", "warn").Warn("member failed", "peer", "n2")
+	if got := buf.String(); !strings.Contains(got, `level=WARN msg="member failed" peer=n2`) || strings.Contains(got, "not shown") {
+		t.Fatalf("text at warn: %q", got)
 	}
 }

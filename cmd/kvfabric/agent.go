@@ -57,6 +57,7 @@ everything.`)
 		metricsAddr = fs.String("metrics-addr", "", `host:port of /metrics and /healthz, or "off" (default 127.0.0.1:7948)`)
 		slots       = fs.Int("block-set-slots", 0, "slots of a block set an engine asks none for (default: a quarter of the pool)")
 		logLevel    = fs.String("log-level", "", "debug, info, warn or error (default info)")
+		logFormat   = fs.String("log-format", "", "text (key=value) or json (one object a line, for log collectors) (default text)")
 		leaseDur    = fs.Duration("lease-duration", 0, "the longest this node pins blocks for an importer per lease or renewal, whatever it asks; importers ask for as much (default 30s, 1s..5m)")
 		importTO    = fs.Duration("import-timeout", 0, "bound on one import, all holders tried (default 30s)")
 		peerTO      = fs.Duration("peer-timeout", 0, "how long a silent peer may stall a call (default 2s)")
@@ -106,6 +107,7 @@ everything.`)
 	str("dev-ca-dir", &cfg.DevCADir, *devCADir)
 	str("metrics-addr", &cfg.MetricsAddr, *metricsAddr)
 	str("log-level", &cfg.LogLevel, *logLevel)
+	str("log-format", &cfg.LogFormat, *logFormat)
 	if set["dev"] {
 		cfg.Dev = *dev
 	}
