@@ -120,3 +120,18 @@ func TestNewLogger(t *testing.T) {
 		t.Fatalf("text at warn: %q", got)
 	}
 }
+
+// The example configuration operators start from loads and is valid.
+func TestExampleConfig(t *testing.T) {
+	c, err := LoadConfigFile("../deploy/agent.json", DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.populate()
+	if _, err := c.validate(); err != nil {
+		t.Fatalf("deploy/agent.json: %v", err)
+	}
+	if c.NodeName != "gpu-node-07" || len(c.Join) != 2 || c.LogFormat != "json" || c.ImportChunkBytes != 64<<20 {
+		t.Fatalf("deploy/agent.json not read as written: %+v", c)
+	}
+}
