@@ -64,7 +64,8 @@ type Agent struct {
 
 	stats counters
 	// identity is the node's checked certificate and its CA.
-	identity *certs.Checked
+	identity atomic.Pointer[certs.Checked]
+	reloadMu sync.Mutex // one Reload at a time
 
 	closeOnce sync.Once
 	closeErr  error

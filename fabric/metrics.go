@@ -168,7 +168,7 @@ func (a *Agent) Metrics() Metrics {
 	if a.sink != nil {
 		m.IndexEventsHeld = a.sink.heldEvents()
 	}
-	if id := a.identity; id != nil {
+	if id := a.identity.Load(); id != nil {
 		m.Certificates = []CertificateExpiry{{"node", id.Leaf.NotAfter}, {"ca", id.CA.NotAfter}}
 	}
 	return m

@@ -15,10 +15,11 @@ import (
 // identity: the configured files, or a development CA shared through the
 // data dir's parent with --dev.
 func (a *Agent) startTransport() error {
-	cert, cas, err := a.tlsIdentity()
+	cert, cas, checked, err := a.tlsIdentity()
 	if err != nil {
 		return err
 	}
+	a.useIdentity(checked)
 	tcfg := transfer.DefaultConfig()
 	if a.cfg.Local {
 		tcfg = transfer.DefaultLocalConfig()
@@ -52,49 +53,47 @@ func (a *Agent) startTransport() error {
 // them as peers will: a node whose certificate another CA issued, or that
 // names another node, would show as alive and fail every call, so it does
 // not start. Errors name the file, the subjects and the node.
-func (a *Agent) tlsIdentity() (tls.Certificate, *x509.CertPool, error) {
+func (a *Agent) tlsIdentity() (tls.Certificate, *x509.CertPool, *certs.Checked, error) {
 	c := &a.cfg
 	if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" {
 		for _, f := range []struct{ field, path string }{{"ca_file (--ca)", c.CAFile}, {"cert_file (--cert)", c.CertFile}, {"key_file (--key)", c.KeyFile}} {
 			if f.path == "" {
-				return tls.Certificate{}, nil, fmt.Errorf("%w: %s is missing: the CA, certificate and key files go together", ErrConfig, f.field)
+				return tls.Certificate{}, nil, nil, fmt.Errorf("%w: %s is missing: the CA, certificate and key files go together", ErrConfig, f.field)
 			}
 		}
 		cert, pool, checked, err := certs.LoadNode(c.CAFile, c.CertFile, c.KeyFile, c.NodeName, time.Now())
 		if err != nil {
-			return tls.Certificate{}, nil, fmt.Errorf("%w: TLS identity of node %s: %w", ErrConfig, c.NodeName, err)
+			return tls.Certificate{}, nil, nil, fmt.Errorf("%w: TLS identity of node %s: %w", ErrConfig, c.NodeName, err)
 		}
-		a.logIdentity(checked)
-		return cert, pool, nil
+		return cert, pool, checked, nil
 	}
 	dir := c.DevCADir
 	ca, created, err := certs.EnsureDevCA(dir)
 	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("fabric: development CA in %s: %w", dir, err)
+		return tls.Certificate{}, nil, nil, fmt.Errorf("fabric: development CA in %s: %w", dir, err)
 	}
 	a.log.Warn("DEVELOPMENT MODE: peers are authenticated by a development CA that anyone on this machine can read; "+
 		"use kvfabric certs and --ca/--cert/--key on a real cluster", "dev_ca", dir, "created", created)
 	pair, err := ca.IssueNode(c.NodeName, 7*24*time.Hour)
 	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("fabric: development certificate: %w", err)
+		return tls.Certificate{}, nil, nil, fmt.Errorf("fabric: development certificate: %w", err)
 	}
 	cert, err := pair.TLSCertificate()
 	if err != nil {
-		return tls.Certificate{}, nil, err
+		return tls.Certificate{}, nil, nil, err
 	}
 	checked, err := certs.VerifyNode(cert, []*x509.Certificate{ca.Cert}, c.NodeName, time.Now())
 	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("fabric: development CA in %s (remove the folder to make a new one): %w", dir, err)
+		return tls.Certificate{}, nil, nil, fmt.Errorf("fabric: development CA in %s (remove the folder to make a new one): %w", dir, err)
 	}
-	a.logIdentity(checked)
-	return cert, ca.Pool(), nil
+	return cert, ca.Pool(), checked, nil
 }
 
-// logIdentity logs when the node's certificate and CA expire, as a warning
-// once less than a fifth of the certificate's validity (or 30 days) is
-// left, and keeps them for /metrics.
-func (a *Agent) logIdentity(c *certs.Checked) {
-	a.identity = c
+// useIdentity keeps the node's checked certificate and CA for its metrics,
+// and logs when they expire, as a warning once less than a fifth of the
+// certificate's validity (or 30 days) is left.
+func (a *Agent) useIdentity(c *certs.Checked) {
+	a.identity.Store(c)
 	left := time.Until(c.Leaf.NotAfter)
 	attrs := []any{"cert_expires", c.Leaf.NotAfter.UTC().Format(time.RFC3339), "cert_left", left.Round(time.Hour),
 		"ca", c.CA.Subject.String(), "ca_expires", c.CA.NotAfter.UTC().Format(time.RFC3339)}

@@ -389,6 +389,14 @@ func (m *Membership) UseKey(key []byte) error {
 	return m.keys.UseKey(key)
 }
 
+// Keys returns the installed keys, the primary first.
+func (m *Membership) Keys() ([][]byte, error) {
+	if m.keys == nil {
+		return nil, ErrNoKeyring
+	}
+	return m.keys.GetKeys(), nil
+}
+
 // RemoveKey removes a key that is not the primary.
 func (m *Membership) RemoveKey(key []byte) error {
 	if m.keys == nil {

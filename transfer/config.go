@@ -240,13 +240,21 @@ func (c Config) validate() error {
 	case c.HandshakeTimeout < 0 || c.IdleTimeout < 0 || c.CallTimeout < 0 || c.ProgressTimeout < 0:
 		return configErr("negative timeout")
 	}
-	// Peers check that our certificate names the node they dialed and
-	// that hellos come from the name on it: a certificate for another name
-	// would fail every call, so refuse it here, where the cause is plain.
-	leaf := c.Certificate.Leaf
+	return checkCertificate(c.Certificate, c.NodeName)
+}
+
+// checkCertificate refuses a certificate that does not name node: peers
+// check that our certificate names the node they dialed and that hellos
+// come from the name on it, so a certificate for another name would fail
+// every call; refuse it where the cause is plain.
+func checkCertificate(cert tls.Certificate, node string) error {
+	if len(cert.Certificate) == 0 {
+		return configErr("Certificate is empty")
+	}
+	leaf := cert.Leaf
 	if leaf == nil {
 		var err error
-		if leaf, err = x509.ParseCertificate(c.Certificate.Certificate[0]); err != nil {
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
 			return configErr("Certificate: %v", err)
 		}
 	}
@@ -254,8 +262,8 @@ func (c Config) validate() error {
 	if err != nil {
 		return configErr("Certificate: %v", err)
 	}
-	if name != c.NodeName {
-		return configErr("Certificate names %q, NodeName is %q", name, c.NodeName)
+	if name != node {
+		return configErr("Certificate names %q, NodeName is %q", name, node)
 	}
 	return nil
 }

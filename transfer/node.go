@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -35,6 +36,7 @@ type Node struct {
 	// Config.PeerGone.
 	accepted map[string]int
 	budgets  map[string]*requestBudget
+	ident    atomic.Pointer[identity] // the certificate and CAs of new handshakes
 	stats    counters
 	closeMu  sync.Once
 }
@@ -47,6 +49,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{},
 		accepted: map[string]int{}, budgets: map[string]*requestBudget{}}
+	n.ident.Store(&identity{cert: cfg.Certificate, cas: cfg.CAs})
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.qcfg = cfg.quicConfig()
 	fail := func(err error) (*Node, error) {

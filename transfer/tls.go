@@ -36,16 +36,40 @@ func verifyPeer(cs tls.ConnectionState, cas *x509.CertPool, usage x509.ExtKeyUsa
 	return nil
 }
 
+// identity is the node's certificate and the CAs it trusts, as one value
+// so that a new handshake sees both of one generation.
+type identity struct {
+	cert tls.Certificate
+	cas  *x509.CertPool
+}
+
+// SetIdentity replaces the node's certificate and the CAs it verifies peers
+// against, for connections made from now on (live ones keep theirs). The
+// certificate must name the node, as at start.
+func (n *Node) SetIdentity(cert tls.Certificate, cas *x509.CertPool) error {
+	if cas == nil {
+		return configErr("CAs is nil")
+	}
+	if err := checkCertificate(cert, n.cfg.NodeName); err != nil {
+		return err
+	}
+	n.ident.Store(&identity{cert: cert, cas: cas})
+	return nil
+}
+
 // serverTLS asks every client for a certificate and verifies it ourselves
-// (the stdlib's check has no hook for membership).
+// (the stdlib's check has no hook for membership). The certificate and CAs
+// are read at each handshake, so that SetIdentity takes effect.
 func (n *Node) serverTLS() *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{n.cfg.Certificate},
-		NextProtos:   []string{ALPN},
-		ClientAuth:   tls.RequireAnyClientCert,
+		MinVersion: tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return &n.ident.Load().cert, nil
+		},
+		NextProtos: []string{ALPN},
+		ClientAuth: tls.RequireAnyClientCert,
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			err := verifyPeer(cs, n.cfg.CAs, x509.ExtKeyUsageClientAuth, "", n.cfg.Members)
+			err := verifyPeer(cs, n.ident.Load().cas, x509.ExtKeyUsageClientAuth, "", n.cfg.Members)
 			if err != nil {
 				// The peer only learns "bad certificate"; the reason is
 				// for our operator.
@@ -65,14 +89,17 @@ func (n *Node) serverTLS() *tls.Config {
 // would need node names to be resolvable; VerifyConnection does the whole
 // check instead, and runs regardless.
 func (n *Node) clientTLS(peerName string) *tls.Config {
+	id := n.ident.Load()
 	return &tls.Config{
-		MinVersion:         tls.VersionTLS13,
-		Certificates:       []tls.Certificate{n.cfg.Certificate},
+		MinVersion: tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return &id.cert, nil
+		},
 		NextProtos:         []string{ALPN},
 		ServerName:         peerName,
 		InsecureSkipVerify: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			return verifyPeer(cs, n.cfg.CAs, x509.ExtKeyUsageServerAuth, peerName, n.cfg.Members)
+			return verifyPeer(cs, id.cas, x509.ExtKeyUsageServerAuth, peerName, n.cfg.Members)
 		},
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"os"
 	"os/signal"
 	"strings"
 	"sync/atomic"
@@ -34,9 +35,11 @@ func runAgent(e *env, args []string) error {
 Runs the kvfabric agent of this node: it joins the cluster by gossip, owns
 the node's KV block pools, serves the engine API on a unix socket, and
 imports blocks from other nodes. Settings come from the defaults, then the
---config file (JSON, the field names of fabric.Config), then the flags
-given. SIGINT or SIGTERM leave the cluster gracefully and release
-everything.`)
+--config file (JSON, the flags' names in snake_case, as in
+deploy/agent.json), then the flags given. SIGINT or SIGTERM leave the
+cluster gracefully and release everything; SIGHUP reloads the TLS files
+and the gossip key file without leaving (what fails its checks is refused
+and what was in use stays).`)
 	var (
 		configFile  = fs.String("config", "", "JSON config file (flags given override it)")
 		local       = fs.Bool("local", false, "loopback defaults: addresses on 127.0.0.1, fast gossip timings, --dev")
@@ -151,6 +154,11 @@ everything.`)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP reloads the certificates and gossip keys; without a handler
+	// it would end the process without leaving the cluster.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	a, err := fabric.Start(startCtx, cfg)
 	cancel()
@@ -161,13 +169,17 @@ everything.`)
 		return err
 	}
 	running.Store(a)
-	select {
-	case <-ctx.Done():
-		fmt.Fprintln(e.stderr, "kvfabric agent: stopping")
-	case <-a.Done():
-		// Stopped by itself: its name is taken.
-		a.Close()
-		return a.Err()
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(e.stderr, "kvfabric agent: stopping")
+			return a.Close()
+		case <-a.Done():
+			// Stopped by itself: its name is taken.
+			a.Close()
+			return a.Err()
+		case <-hup:
+			a.Reload() // logs what it did, or why it kept what was in use
+		}
 	}
-	return a.Close()
 }
