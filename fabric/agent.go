@@ -87,6 +87,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if a.log == nil {
 		a.log = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel) // both validated
 	}
+	// Identical records in bursts (a peer retrying a refused handshake)
+	// are folded into one every repeatWindow, with their count.
+	a.log = slog.New(newRepeatFolder(a.log.Handler(), time.Now))
 	// Membership names the node in its own records; the rest of the
 	// agent's get the attribute here.
 	a.baseLog = a.log

@@ -129,8 +129,10 @@ type Config struct {
 	// LogFormat is text (key=value) or json (one object a line, for log
 	// collectors). If empty, text.
 	LogFormat string `json:"log_format,omitempty"`
-	// Logger receives the agent's logs. If nil, a text logger on standard
-	// error at LogLevel. Not read from files.
+	// Logger receives the agent's logs. If nil, a logger on standard error
+	// in LogFormat at LogLevel. Either way, identical records at info and
+	// above are written once per 10 s, the next one saying how many were
+	// left out (repeated=N). Not read from files.
 	Logger *slog.Logger `json:"-"`
 	// MetricsHandler serves /metrics beside /healthz on MetricsAddr. If
 	// nil, /metrics is not served: the agent counts (Agent.Metrics) and the
