@@ -33,8 +33,9 @@ type Agent struct {
 	baseLog *slog.Logger
 	started time.Time
 
-	storage *pool.HostStorage
-	pool    *pool.Pool
+	storage  *pool.HostStorage
+	poolKind string // host or pinned
+	pool     *pool.Pool
 
 	index     *index.Index
 	service   *peerService
@@ -148,7 +149,7 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	if err != nil {
 		return fmt.Errorf("fabric: %s pool of %d bytes: %w", spec.Kind, spec.Size, err)
 	}
-	a.storage = st
+	a.storage, a.poolKind = st, spec.Kind
 	pcfg := pool.DefaultConfig()
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents

@@ -15,6 +15,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/fabric/index"
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 )
 
@@ -366,6 +367,10 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		Imports:      a.stats.imports.Load(),
 		ImportBytes:  a.stats.importBytes.Load(),
 	}
+	joined, _ := a.members.Joined()
+	out.Joined = joined
+	out.ImportsInFlight = uint64(max(a.stats.inflight.Load(), 0))
+	out.Leases = uint64(a.pool.Metrics().Leases)
 	for _, m := range a.members.Members() {
 		mb := &fabricpb.Member{Node: m.Name, GossipAddr: m.Addr.String(), PeerAddr: m.Meta.PeerAddr, State: "alive"}
 		if m.MetaErr != nil {
@@ -377,6 +382,22 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		out.Members = append(out.Members, mb)
 	}
 	sort.Slice(out.Members, func(i, j int) bool { return out.Members[i].Node < out.Members[j].Node })
+	for _, d := range a.members.Departed() {
+		state := "failed"
+		if d.Kind == membership.MemberLeave {
+			state = "left"
+		}
+		out.Members = append(out.Members, &fabricpb.Member{Node: d.Name, GossipAddr: d.Addr.String(), PeerAddr: d.Meta.PeerAddr,
+			State: state, SinceUnixMs: d.Since.UnixMilli()})
+	}
+	p := &fabricpb.Pool{Kind: a.poolKind, SizeBytes: a.storage.Size()}
+	for _, s := range a.engineSets() {
+		p.BlockSets++
+		for _, r := range s.set.Layout().Regions {
+			p.CarvedBytes += r.Size
+		}
+	}
+	out.Pools = append(out.Pools, p)
 	for _, s := range a.engineSets() {
 		l := s.set.Layout()
 		m := s.set.Metrics()

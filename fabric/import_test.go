@@ -336,7 +336,8 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// An agent logs at info when another node joins and when it leaves.
+// An agent logs at info when another node joins and when it leaves, and
+// its status lists the node that left.
 func TestAgentLogsMembersJoiningAndLeaving(t *testing.T) {
 	var logs lockedBuffer
 	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
@@ -360,4 +361,18 @@ func TestAgentLogsMembersJoiningAndLeaving(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait.For(t, 10*time.Second, "n1 logs that n2 left", has("member left"))
+	// Status still lists n2, as gone and since when.
+	s, err := dial(t, agents[0]).Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gone *fabricpb.Member
+	for _, m := range s.Members {
+		if m.Node == "n2" {
+			gone = m
+		}
+	}
+	if gone == nil || gone.State != "left" || time.Since(time.UnixMilli(gone.SinceUnixMs)) > time.Minute {
+		t.Fatalf("status lists n2 as %+v, want left within the last minute", gone)
+	}
 }

@@ -102,6 +102,10 @@ type Metrics struct {
 	Membership membership.Metrics
 	Transport  transfer.Metrics
 
+	// MembersLeft and MembersFailed are the members that left or failed
+	// in the last minutes and have not come back.
+	MembersLeft, MembersFailed int
+
 	// IndexEventsHeld are events of nodes waiting for an index slot;
 	// IndexEventsLost those lost past the hold limit.
 	IndexEventsHeld int
@@ -165,6 +169,13 @@ func (a *Agent) Metrics() Metrics {
 		LeaseHold:           st.leaseHold.snapshot(),
 	}
 	m.Joined = m.Membership.Joined
+	for _, d := range a.members.Departed() {
+		if d.Kind == membership.MemberLeave {
+			m.MembersLeft++
+		} else {
+			m.MembersFailed++
+		}
+	}
 	if a.sink != nil {
 		m.IndexEventsHeld = a.sink.heldEvents()
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,7 +50,10 @@ type Membership struct {
 	// callbacks: memberlist's own Node values change under its lock, so
 	// they are never read outside it.
 	members map[string]Member
-	self    netip.AddrPort
+	// departed are members that left or failed, until they come back or
+	// departedKept passes, for operators asking who is missing.
+	departed map[string]DepartedMember
+	self     netip.AddrPort
 	// leaving holds the nodes that said bye: memberlist reports a leave and
 	// a failure through the same callback, without saying which.
 	leaving map[string]bool
@@ -141,16 +145,17 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		return nil, fmt.Errorf("membership: node %s: %w", cfg.Name, err)
 	}
 	m := &Membership{
-		cfg:     cfg,
-		log:     cfg.Logger.With("node", cfg.Name),
-		events:  make(chan MemberEvent, cfg.MemberEvents),
-		meta:    meta,
-		ownLog:  make([]Event, cfg.LogSize),
-		own:     make(map[Entry]uint32),
-		origins: make(map[string]*originState),
-		alive:   make(map[string]bool),
-		members: make(map[string]Member),
-		leaving: make(map[string]bool),
+		cfg:      cfg,
+		log:      cfg.Logger.With("node", cfg.Name),
+		events:   make(chan MemberEvent, cfg.MemberEvents),
+		meta:     meta,
+		ownLog:   make([]Event, cfg.LogSize),
+		own:      make(map[Entry]uint32),
+		origins:  make(map[string]*originState),
+		alive:    make(map[string]bool),
+		members:  make(map[string]Member),
+		departed: make(map[string]DepartedMember),
+		leaving:  make(map[string]bool),
 
 		conflicts:  make(chan Member, 1),
 		conflicted: make(chan struct{}),
@@ -323,6 +328,58 @@ func (m *Membership) Members() []Member {
 		out = append(out, mb)
 	}
 	return out
+}
+
+// DepartedMember is a member that left or failed.
+type DepartedMember struct {
+	Member
+	// Kind is MemberLeave or MemberFail.
+	Kind MemberEventKind
+	// Since is when this node saw it go.
+	Since time.Time
+}
+
+// departedKept is how long a departed member is listed; maxDeparted bounds
+// how many are (pod churn would otherwise grow the list without end).
+const (
+	departedKept = 10 * time.Minute
+	maxDeparted  = 1024
+)
+
+// Departed returns the members that left or failed within departedKept and
+// have not come back, oldest first.
+func (m *Membership) Departed() []DepartedMember {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pruneDepartedLocked(time.Now())
+	out := make([]DepartedMember, 0, len(m.departed))
+	for _, d := range m.departed {
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b DepartedMember) int { return a.Since.Compare(b.Since) })
+	return out
+}
+
+func (m *Membership) noteDepartedLocked(mb Member, kind MemberEventKind, now time.Time) {
+	m.pruneDepartedLocked(now)
+	if len(m.departed) >= maxDeparted {
+		oldest := ""
+		for name, d := range m.departed {
+			if oldest == "" || d.Since.Before(m.departed[oldest].Since) {
+				oldest = name
+			}
+		}
+		delete(m.departed, oldest)
+	}
+	m.departed[mb.Name] = DepartedMember{Member: mb, Kind: kind, Since: now}
+}
+
+func (m *Membership) pruneDepartedLocked(now time.Time) {
+	for name, d := range m.departed {
+		if now.Sub(d.Since) > departedKept {
+			delete(m.departed, name)
+		}
+	}
 }
 
 // Member returns the member called name, this node included, and whether
@@ -597,6 +654,7 @@ func (m *Membership) memberChanged(n *memberlist.Node, kind MemberEventKind) {
 		m.joined.Store(true) // another node reached us: we are in a cluster
 		m.alive[n.Name] = true
 		m.members[n.Name] = mb
+		delete(m.departed, n.Name)
 		delete(m.leaving, n.Name)
 		if mb.MetaErr == nil {
 			// A new incarnation in the metadata means the node restarted:
@@ -613,6 +671,7 @@ func (m *Membership) memberChanged(n *memberlist.Node, kind MemberEventKind) {
 		delete(m.alive, n.Name)
 		delete(m.members, n.Name)
 		delete(m.origins, n.Name)
+		m.noteDepartedLocked(mb, kind, time.Now())
 		if m.cfg.Sink != nil {
 			m.cfg.Sink.Drop(n.Name)
 		}

@@ -179,7 +179,9 @@ func (n *Node) members(ctx context.Context) ([]string, error) {
 	}
 	var out []string
 	for _, m := range s.Members {
-		out = append(out, m.Node)
+		if m.State == "alive" { // status also lists members gone lately
+			out = append(out, m.Node)
+		}
 	}
 	return out, nil
 }

@@ -101,7 +101,7 @@ func waitIndexed(t *testing.T, n *Node, holder string, want int) {
 			return err
 		}
 		for _, m := range s.Members {
-			if m.Node == holder {
+			if m.Node == holder && m.State == "alive" {
 				if int(m.Blocks) != want {
 					return fmt.Errorf("%d indexed", m.Blocks)
 				}

@@ -81,7 +81,7 @@ func printJSON(w io.Writer, m proto.Message) error {
 func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
 
 func runMembers(e *env, args []string) error {
-	fs := newFlags(e, "members", "[--socket PATH] [--json]", "Lists the cluster's members as the local agent sees them, with the blocks each holds.")
+	fs := newFlags(e, "members", "[--socket PATH] [--json]", "Lists the cluster's members as the local agent sees them, with the blocks each holds, and the members that left or failed in the last minutes.")
 	cf := addClientFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -100,20 +100,25 @@ func runMembers(e *env, args []string) error {
 		}
 		return json.NewEncoder(e.stdout).Encode(out)
 	}
-	return printMembers(e.stdout, s.Members)
+	return printMembers(e.stdout, s.Members, time.Now())
 }
 
-func printMembers(w io.Writer, members []*fabricpb.Member) error {
+func printMembers(w io.Writer, members []*fabricpb.Member, now time.Time) error {
 	tw := table(w)
-	fmt.Fprintln(tw, "NODE\tGOSSIP\tPEER\tSTATE\tBLOCKS")
+	fmt.Fprintln(tw, "NODE\tGOSSIP\tPEER\tSTATE\tSINCE\tBLOCKS")
 	for _, m := range members {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", m.Node, m.GossipAddr, m.PeerAddr, m.State, m.Blocks)
+		since, blocks := "", fmt.Sprint(m.Blocks)
+		if m.SinceUnixMs != 0 {
+			since = now.Sub(time.UnixMilli(m.SinceUnixMs)).Round(time.Second).String() + " ago"
+			blocks = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.Node, m.GossipAddr, m.PeerAddr, m.State, since, blocks)
 	}
 	return tw.Flush()
 }
 
 func runStatus(e *env, args []string) error {
-	fs := newFlags(e, "status", "[--socket PATH] [--json]", "Shows the local agent: members, block sets and transfers.")
+	fs := newFlags(e, "status", "[--socket PATH] [--json]", "Shows the local agent: whether it has joined, its members (and those gone lately), its pools and block sets, and its transfers.")
 	cf := addClientFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -125,11 +130,28 @@ func runStatus(e *env, args []string) error {
 	if *cf.json {
 		return printJSON(e.stdout, s)
 	}
-	fmt.Fprintf(e.stdout, "node %s (%s): %d members, %d index entries, %d imports, %s imported\n\n",
-		s.Node, s.Version, len(s.Members), s.IndexEntries, s.Imports, bytesString(s.ImportBytes))
-	printMembers(e.stdout, s.Members)
+	alive := 0
+	for _, m := range s.Members {
+		if m.State == "alive" {
+			alive++
+		}
+	}
+	joined := "joined"
+	if !s.Joined {
+		joined = "NOT JOINED (see /healthz and the log)"
+	}
+	fmt.Fprintf(e.stdout, "node %s (%s), %s: %d members alive, %d index entries; %d imports (%d in flight), %s imported; %d leases held by peers\n\n",
+		s.Node, s.Version, joined, alive, s.IndexEntries, s.Imports, s.ImportsInFlight, bytesString(s.ImportBytes), s.Leases)
+	printMembers(e.stdout, s.Members, time.Now())
 	fmt.Fprintln(e.stdout)
 	tw := table(e.stdout)
+	fmt.Fprintln(tw, "POOL\tSIZE\tCARVED\tBLOCK SETS")
+	for _, p := range s.Pools {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", p.Kind, bytesString(p.SizeBytes), bytesString(p.CarvedBytes), p.BlockSets)
+	}
+	tw.Flush()
+	fmt.Fprintln(e.stdout)
+	tw = table(e.stdout)
 	fmt.Fprintln(tw, "BLOCK SET\tENGINE\tLAYOUT\tTP\tPAGE\tSLOTS\tFREE\tREGISTERED\tLEASED")
 	for _, b := range s.BlockSets {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", b.Id, b.Engine, b.LayoutDigest, b.TpSize, b.PageSize, b.Slots, b.Free, b.Registered, b.Leased)

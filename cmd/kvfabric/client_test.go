@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -41,8 +42,12 @@ func TestClientCommands(t *testing.T) {
 		t.Fatalf("lookup: exit %d: %q %s", code, out, errs)
 	}
 	code, out, errs = runCmd(t, "", append([]string{"status"}, sock...)...)
-	if code != 0 || !strings.Contains(out, "node cli1") || !strings.Contains(out, "kvfabric-put") {
+	if code != 0 || !strings.Contains(out, "node cli1") || !strings.Contains(out, "kvfabric-put") || !strings.Contains(out, ", joined:") {
 		t.Fatalf("status: exit %d: %q %s", code, out, errs)
+	}
+	// The pool: its kind, its size and what block sets took of it.
+	if !regexp.MustCompile(`(?m)^host\s+64\.0 MiB\s+\S+ \S+\s+1$`).MatchString(out) {
+		t.Fatalf("status shows no host pool of 64 MiB with one block set:\n%s", out)
 	}
 	code, out, errs = runCmd(t, "", append([]string{"members", "--json"}, sock...)...)
 	var members []struct {

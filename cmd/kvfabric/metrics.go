@@ -90,6 +90,8 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 
 	ms := m.Membership
 	e.gauge("kvfabric_members", "Cluster members this node sees, itself included.", float64(ms.Members))
+	e.gauge("kvfabric_members_gone", "Members that left or failed in the last 10 minutes and have not come back, by state.", float64(m.MembersLeft), "state", "left")
+	e.gauge("kvfabric_members_gone", "Members that left or failed in the last 10 minutes and have not come back, by state.", float64(m.MembersFailed), "state", "failed")
 	e.counter("kvfabric_gossip_events_published_total", "Block events this node published.", float64(ms.EventsPublished))
 	e.counter("kvfabric_gossip_events_reconciled_total", "Block events this node published to make its published holdings match its pool after pool events were lost.", float64(ms.EventsReconciled))
 	e.counter("kvfabric_gossip_events_applied_total", "Other nodes' block events applied to the index.", float64(ms.EventsApplied))

@@ -72,6 +72,7 @@ func TestMetricsExposition(t *testing.T) {
 		"kvfabric_index_entries":                        dto.MetricType_GAUGE,
 		"kvfabric_index_events_held":                    dto.MetricType_GAUGE,
 		"kvfabric_members":                              dto.MetricType_GAUGE,
+		"kvfabric_members_gone":                         dto.MetricType_GAUGE,
 		"kvfabric_gossip_joined":                        dto.MetricType_GAUGE,
 		"kvfabric_gossip_join_failures_total":           dto.MetricType_COUNTER,
 		"kvfabric_gossip_events_published_total":        dto.MetricType_COUNTER,

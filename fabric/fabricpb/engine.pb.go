@@ -1305,14 +1305,22 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 }
 
 type StatusResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Version       string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	Members       []*Member              `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
-	BlockSets     []*BlockSet            `protobuf:"bytes,4,rep,name=block_sets,json=blockSets,proto3" json:"block_sets,omitempty"`
-	IndexEntries  uint64                 `protobuf:"varint,5,opt,name=index_entries,json=indexEntries,proto3" json:"index_entries,omitempty"`
-	Imports       uint64                 `protobuf:"varint,6,opt,name=imports,proto3" json:"imports,omitempty"`
-	ImportBytes   uint64                 `protobuf:"varint,7,opt,name=import_bytes,json=importBytes,proto3" json:"import_bytes,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Node    string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Version string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Current members first (this node included), then those that left or
+	// failed in the last minutes.
+	Members      []*Member   `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	BlockSets    []*BlockSet `protobuf:"bytes,4,rep,name=block_sets,json=blockSets,proto3" json:"block_sets,omitempty"`
+	IndexEntries uint64      `protobuf:"varint,5,opt,name=index_entries,json=indexEntries,proto3" json:"index_entries,omitempty"`
+	Imports      uint64      `protobuf:"varint,6,opt,name=imports,proto3" json:"imports,omitempty"`
+	ImportBytes  uint64      `protobuf:"varint,7,opt,name=import_bytes,json=importBytes,proto3" json:"import_bytes,omitempty"`
+	Pools        []*Pool     `protobuf:"bytes,8,rep,name=pools,proto3" json:"pools,omitempty"`
+	// Imports in progress, and leases peers hold on this node's blocks.
+	ImportsInFlight uint64 `protobuf:"varint,9,opt,name=imports_in_flight,json=importsInFlight,proto3" json:"imports_in_flight,omitempty"`
+	Leases          uint64 `protobuf:"varint,10,opt,name=leases,proto3" json:"leases,omitempty"`
+	// Whether the node has joined its cluster (or has no seeds).
+	Joined        bool `protobuf:"varint,11,opt,name=joined,proto3" json:"joined,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1396,13 +1404,45 @@ func (x *StatusResponse) GetImportBytes() uint64 {
 	return 0
 }
 
+func (x *StatusResponse) GetPools() []*Pool {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetImportsInFlight() uint64 {
+	if x != nil {
+		return x.ImportsInFlight
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLeases() uint64 {
+	if x != nil {
+		return x.Leases
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetJoined() bool {
+	if x != nil {
+		return x.Joined
+	}
+	return false
+}
+
 type Member struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	GossipAddr    string                 `protobuf:"bytes,2,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
-	PeerAddr      string                 `protobuf:"bytes,3,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`
-	State         string                 `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
-	Blocks        uint64                 `protobuf:"varint,5,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Node       string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	GossipAddr string                 `protobuf:"bytes,2,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	PeerAddr   string                 `protobuf:"bytes,3,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`
+	// alive, left or failed.
+	State  string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	Blocks uint64 `protobuf:"varint,5,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	// For a member that left or failed, when this node saw it go (Unix
+	// milliseconds); 0 for a current member.
+	SinceUnixMs   int64 `protobuf:"varint,6,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1472,6 +1512,83 @@ func (x *Member) GetBlocks() uint64 {
 	return 0
 }
 
+func (x *Member) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+// Pool is memory the agent owns in one tier.
+type Pool struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Kind      string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	SizeBytes uint64                 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// Bytes carved into block sets.
+	CarvedBytes   uint64 `protobuf:"varint,3,opt,name=carved_bytes,json=carvedBytes,proto3" json:"carved_bytes,omitempty"`
+	BlockSets     uint32 `protobuf:"varint,4,opt,name=block_sets,json=blockSets,proto3" json:"block_sets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Pool) Reset() {
+	*x = Pool{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Pool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Pool) ProtoMessage() {}
+
+func (x *Pool) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Pool.ProtoReflect.Descriptor instead.
+func (*Pool) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *Pool) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Pool) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *Pool) GetCarvedBytes() uint64 {
+	if x != nil {
+		return x.CarvedBytes
+	}
+	return 0
+}
+
+func (x *Pool) GetBlockSets() uint32 {
+	if x != nil {
+		return x.BlockSets
+	}
+	return 0
+}
+
 type BlockSet struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1489,7 +1606,7 @@ type BlockSet struct {
 
 func (x *BlockSet) Reset() {
 	*x = BlockSet{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1501,7 +1618,7 @@ func (x *BlockSet) String() string {
 func (*BlockSet) ProtoMessage() {}
 
 func (x *BlockSet) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1514,7 +1631,7 @@ func (x *BlockSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockSet.ProtoReflect.Descriptor instead.
 func (*BlockSet) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{24}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BlockSet) GetId() uint64 {
@@ -1665,7 +1782,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06blocks\x18\x03 \x01(\rR\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12\x16\n" +
 	"\x06micros\x18\x05 \x01(\x04R\x06micros\"\x0f\n" +
-	"\rStatusRequest\"\x93\x02\n" +
+	"\rStatusRequest\"\x9f\x03\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x124\n" +
@@ -1674,14 +1791,27 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"block_sets\x18\x04 \x03(\v2\x1c.kvfabric.fabric.v1.BlockSetR\tblockSets\x12#\n" +
 	"\rindex_entries\x18\x05 \x01(\x04R\findexEntries\x12\x18\n" +
 	"\aimports\x18\x06 \x01(\x04R\aimports\x12!\n" +
-	"\fimport_bytes\x18\a \x01(\x04R\vimportBytes\"\x88\x01\n" +
+	"\fimport_bytes\x18\a \x01(\x04R\vimportBytes\x12.\n" +
+	"\x05pools\x18\b \x03(\v2\x18.kvfabric.fabric.v1.PoolR\x05pools\x12*\n" +
+	"\x11imports_in_flight\x18\t \x01(\x04R\x0fimportsInFlight\x12\x16\n" +
+	"\x06leases\x18\n" +
+	" \x01(\x04R\x06leases\x12\x16\n" +
+	"\x06joined\x18\v \x01(\bR\x06joined\"\xac\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgossip_addr\x18\x02 \x01(\tR\n" +
 	"gossipAddr\x12\x1b\n" +
 	"\tpeer_addr\x18\x03 \x01(\tR\bpeerAddr\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\tR\x05state\x12\x16\n" +
-	"\x06blocks\x18\x05 \x01(\x04R\x06blocks\"\xef\x01\n" +
+	"\x06blocks\x18\x05 \x01(\x04R\x06blocks\x12\"\n" +
+	"\rsince_unix_ms\x18\x06 \x01(\x03R\vsinceUnixMs\"{\n" +
+	"\x04Pool\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12!\n" +
+	"\fcarved_bytes\x18\x03 \x01(\x04R\vcarvedBytes\x12\x1d\n" +
+	"\n" +
+	"block_sets\x18\x04 \x01(\rR\tblockSets\"\xef\x01\n" +
 	"\bBlockSet\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12#\n" +
@@ -1717,7 +1847,7 @@ func file_fabric_fabricpb_engine_proto_rawDescGZIP() []byte {
 	return file_fabric_fabricpb_engine_proto_rawDescData
 }
 
-var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_fabric_fabricpb_engine_proto_goTypes = []any{
 	(*RegisterRequest)(nil),        // 0: kvfabric.fabric.v1.RegisterRequest
 	(*RegisterResponse)(nil),       // 1: kvfabric.fabric.v1.RegisterResponse
@@ -1743,17 +1873,18 @@ var file_fabric_fabricpb_engine_proto_goTypes = []any{
 	(*StatusRequest)(nil),          // 21: kvfabric.fabric.v1.StatusRequest
 	(*StatusResponse)(nil),         // 22: kvfabric.fabric.v1.StatusResponse
 	(*Member)(nil),                 // 23: kvfabric.fabric.v1.Member
-	(*BlockSet)(nil),               // 24: kvfabric.fabric.v1.BlockSet
-	(*layoutpb.ModelConfig)(nil),   // 25: kvfabric.layout.v1.ModelConfig
-	(layoutpb.KVOrder)(0),          // 26: kvfabric.layout.v1.KVOrder
-	(layoutpb.Arrangement)(0),      // 27: kvfabric.layout.v1.Arrangement
-	(*layoutpb.Layout)(nil),        // 28: kvfabric.layout.v1.Layout
+	(*Pool)(nil),                   // 24: kvfabric.fabric.v1.Pool
+	(*BlockSet)(nil),               // 25: kvfabric.fabric.v1.BlockSet
+	(*layoutpb.ModelConfig)(nil),   // 26: kvfabric.layout.v1.ModelConfig
+	(layoutpb.KVOrder)(0),          // 27: kvfabric.layout.v1.KVOrder
+	(layoutpb.Arrangement)(0),      // 28: kvfabric.layout.v1.Arrangement
+	(*layoutpb.Layout)(nil),        // 29: kvfabric.layout.v1.Layout
 }
 var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
-	25, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
-	26, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
-	27, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
-	28, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
+	26, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
+	27, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
+	28, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
+	29, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
 	2,  // 4: kvfabric.fabric.v1.RegisterResponse.memory:type_name -> kvfabric.fabric.v1.Memory
 	7,  // 5: kvfabric.fabric.v1.RegisterBlocksRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
 	10, // 6: kvfabric.fabric.v1.RegisterBlocksResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
@@ -1763,30 +1894,31 @@ var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
 	10, // 10: kvfabric.fabric.v1.ImportResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
 	20, // 11: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
 	23, // 12: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
-	24, // 13: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
-	0,  // 14: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
-	3,  // 15: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
-	5,  // 16: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
-	8,  // 17: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
-	11, // 18: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
-	13, // 19: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
-	15, // 20: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
-	18, // 21: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
-	21, // 22: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
-	1,  // 23: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
-	4,  // 24: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
-	6,  // 25: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
-	9,  // 26: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
-	12, // 27: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
-	14, // 28: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
-	16, // 29: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
-	19, // 30: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
-	22, // 31: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
-	23, // [23:32] is the sub-list for method output_type
-	14, // [14:23] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	25, // 13: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
+	24, // 14: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
+	0,  // 15: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
+	3,  // 16: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
+	5,  // 17: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
+	8,  // 18: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
+	11, // 19: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
+	13, // 20: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
+	15, // 21: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
+	18, // 22: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
+	21, // 23: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
+	1,  // 24: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
+	4,  // 25: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
+	6,  // 26: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
+	9,  // 27: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
+	12, // 28: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
+	14, // 29: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
+	16, // 30: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
+	19, // 31: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
+	22, // 32: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
+	24, // [24:33] is the sub-list for method output_type
+	15, // [15:24] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_fabric_fabricpb_engine_proto_init() }
@@ -1800,7 +1932,7 @@ func file_fabric_fabricpb_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_fabricpb_engine_proto_rawDesc), len(file_fabric_fabricpb_engine_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

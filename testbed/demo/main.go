@@ -199,7 +199,7 @@ func indexed(ctx context.Context, n *testbed.Node, holder string) (int, error) {
 		return 0, err
 	}
 	for _, m := range s.Members {
-		if m.Node == holder {
+		if m.Node == holder && m.State == "alive" {
 			return int(m.Blocks), nil
 		}
 	}
