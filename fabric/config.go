@@ -427,3 +427,32 @@ func parseLevel(s string) (slog.Level, error) {
 	}
 	return l, nil
 }
+
+// Resolved returns c with the defaults filled in and checked, as Start
+// would run with it, without starting anything.
+func (c Config) Resolved() (Config, error) {
+	c.populate()
+	if _, err := c.validate(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// MarshalConfig writes c in the configuration file's format, the one
+// LoadConfigFile reads: JSON keys, durations as strings such as "30s".
+func MarshalConfig(c Config) ([]byte, error) {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return nil, err
+	}
+	for key, d := range map[string]time.Duration{"lease_duration": c.LeaseDuration, "import_timeout": c.ImportTimeout, "peer_timeout": c.PeerTimeout} {
+		if d != 0 {
+			fields[key] = d.String()
+		}
+	}
+	return json.MarshalIndent(fields, "", "  ")
+}

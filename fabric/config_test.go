@@ -135,3 +135,32 @@ func TestExampleConfig(t *testing.T) {
 		t.Fatalf("deploy/agent.json not read as written: %+v", c)
 	}
 }
+
+// What MarshalConfig writes, LoadConfigFile reads back to the same
+// configuration.
+func TestMarshalConfigRoundTrip(t *testing.T) {
+	c, err := LoadConfigFile("../deploy/agent.json", DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err = c.Resolved()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := MarshalConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "effective.json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	back, err := LoadConfigFile(path, Config{})
+	if err != nil {
+		t.Fatalf("%v in:\n%s", err, b)
+	}
+	if back.LeaseDuration != c.LeaseDuration || back.NodeName != c.NodeName || back.ImportChunkBytes != c.ImportChunkBytes ||
+		strings.Join(back.Join, ",") != strings.Join(c.Join, ",") || back.EngineSocket != c.EngineSocket || back.DevCADir != c.DevCADir {
+		t.Fatalf("round trip changed the configuration:\n%s\nread back %+v", b, back)
+	}
+}

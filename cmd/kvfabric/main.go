@@ -33,6 +33,24 @@ type command struct {
 type env struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	// env is the environment as KEY=value; if nil, the process's.
+	env []string
+}
+
+func (e *env) environ() []string {
+	if e.env == nil {
+		return os.Environ()
+	}
+	return e.env
+}
+
+func (e *env) getenv(name string) string {
+	for _, kv := range e.environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
 }
 
 // usageError is a mistake in how the command was called: exit status 2.

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+)
+
+// setting binds one agent setting: its flag, the fabric.Config field it
+// sets and its help. Everything else comes from the field, so that a
+// setting has one definition: the configuration file's key is the field's
+// JSON name, the environment variable is KVFABRIC_ and that name in
+// capitals, the value is parsed by the field's type, and the default is
+// fabric's.
+type setting struct {
+	flag, field, help string
+}
+
+var agentSettings = []setting{
+	{"node", "NodeName", "node name, also the name in its TLS certificate (default: host name)"},
+	{"data-dir", "DataDir", "directory for the engine socket and the development CA (default /var/lib/kvfabric)"},
+	{"gossip-addr", "GossipAddr", "host:port gossip binds, UDP and TCP (default 0.0.0.0:7946)"},
+	{"gossip-advertise", "GossipAdvertise", "host:port other nodes reach gossip at (default: derived)"},
+	{"join", "Join", "gossip host:port of a node to join; repeat or comma-separate (retried with backoff; each failure is logged with its reason)"},
+	{"allow-alone", "AllowAlone", "/healthz answers ok while no --join seed has answered (default: 503 \"not joined\" until joined once)"},
+	{"cluster", "ClusterName", "cluster name; gossip from other clusters is ignored (default kvfabric)"},
+	{"gossip-key-file", "GossipKeyFile", "gossip encryption keys, one base64 key per line, first used (default: unencrypted, with a warning)"},
+	{"peer-addr", "PeerAddr", "host:port of the QUIC peer transport, UDP (default 0.0.0.0:7947)"},
+	{"peer-advertise", "PeerAdvertise", "host:port peers dial (default: derived)"},
+	{"ca", "CAFile", "cluster CA certificate, PEM (from kvfabric certs ca)"},
+	{"cert", "CertFile", "this node's certificate, PEM (from kvfabric certs node)"},
+	{"key", "KeyFile", "this node's private key, PEM"},
+	{"dev", "Dev", "authenticate peers with a development CA made on first use: for a local cluster only"},
+	{"dev-ca-dir", "DevCADir", "where --dev keeps the development CA, shared by the agents of one machine (default: kvfabric-dev-ca beside the data dir)"},
+	{"engine-socket", "EngineSocket", "engine API unix socket, mode 0600 (default DATA_DIR/engine.sock)"},
+	{"metrics-addr", "MetricsAddr", `host:port of /metrics and /healthz, or "off" (default 127.0.0.1:7948)`},
+	{"pool", "Pools", "memory pool KIND=SIZE, kind host or pinned, e.g. host=4GiB (default host=1GiB)"},
+	{"block-set-slots", "BlockSetSlots", "slots of a block set an engine asks none for (default: a quarter of the pool)"},
+	{"lease-duration", "LeaseDuration", "the longest this node pins blocks for an importer per lease or renewal, whatever it asks; importers ask for as much (default 30s, 1s..5m)"},
+	{"max-leased-per-peer", "MaxLeasedPerPeer", "blocks one peer may hold leased on this node; past it leases are cut or refused (default: half the slots of the node's block sets)"},
+	{"max-leased", "MaxLeased", "blocks all peers together may hold leased on this node (default: three quarters of the slots of its block sets)"},
+	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried (default 30s)"},
+	{"import-chunk-bytes", "ImportChunkBytes", "bytes an import leases, reads and registers at a time, e.g. 64MiB; at most 4,096 blocks whatever their size (default 64MiB, 1MiB..4GiB)"},
+	{"peer-timeout", "PeerTimeout", "how long a silent peer may stall a call (default 2s)"},
+	{"log-level", "LogLevel", "debug, info, warn or error (default info)"},
+	{"log-format", "LogFormat", "text (key=value) or json (one object a line, for log collectors) (default text)"},
+}
+
+// clientSocketEnv is the one KVFABRIC_ variable that is not an agent
+// setting: the client commands' engine socket.
+const clientSocketEnv = "KVFABRIC_SOCKET"
+
+// configKey is the file key of a Config field: its JSON name.
+func configKey(field string) string {
+	f, ok := reflect.TypeFor[fabric.Config]().FieldByName(field)
+	if !ok {
+		panic("kvfabric: no fabric.Config field " + field) // a mistake in agentSettings, caught by its test
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	return name
+}
+
+// envName is the environment variable of a Config field.
+func envName(field string) string { return "KVFABRIC_" + strings.ToUpper(configKey(field)) }
+
+// settingValue collects a flag's values; it is applied after the file and
+// the environment, so that flags given win.
+type settingValue struct {
+	typ  reflect.Type
+	vals []string
+}
+
+func (v *settingValue) String() string { return strings.Join(v.vals, ",") }
+
+func (v *settingValue) Set(s string) error {
+	if v.typ.Kind() != reflect.Slice {
+		v.vals = v.vals[:0] // a single-valued flag given twice: the last wins
+	}
+	v.vals = append(v.vals, s)
+	return nil
+}
+
+func (v *settingValue) IsBoolFlag() bool { return v.typ.Kind() == reflect.Bool }
+
+// boundSettings are the agent's settings as flags on one flag set.
+type boundSettings map[string]*settingValue // by field
+
+// bindSettings defines a flag for every setting, its help saying where
+// else the setting can come from.
+func bindSettings(fs *flag.FlagSet) boundSettings {
+	b := boundSettings{}
+	ct := reflect.TypeFor[fabric.Config]()
+	for _, s := range agentSettings {
+		f, _ := ct.FieldByName(s.field)
+		v := &settingValue{typ: f.Type}
+		b[s.field] = v
+		fs.Var(v, s.flag, fmt.Sprintf("%s [file: %s, env: %s]", s.help, configKey(s.field), envName(s.field)))
+	}
+	return b
+}
+
+// applyEnv sets cfg's fields from KVFABRIC_ variables; a variable that
+// names no setting is refused, so that a misspelled one is not ignored.
+func applyEnv(cfg *fabric.Config, environ []string) error {
+	known := map[string]string{}
+	for _, s := range agentSettings {
+		known[envName(s.field)] = s.field
+	}
+	for _, kv := range environ {
+		name, val, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "KVFABRIC_") || name == clientSocketEnv {
+			continue
+		}
+		field, ok := known[name]
+		if !ok {
+			return usagef("environment variable %s is not a setting of kvfabric agent (see kvfabric agent -h)", name)
+		}
+		if err := setField(cfg, field, strings.Split(val, ",")); err != nil {
+			return usagef("environment variable %s=%q: %v", name, val, err)
+		}
+	}
+	return nil
+}
+
+// applyFlags sets cfg's fields from the flags given.
+func (b boundSettings) applyFlags(cfg *fabric.Config) error {
+	for _, s := range agentSettings {
+		v := b[s.field]
+		if len(v.vals) == 0 {
+			continue
+		}
+		vals := v.vals
+		if v.typ.Kind() == reflect.Slice {
+			// Repeated or comma-separated.
+			vals = nil
+			for _, x := range v.vals {
+				vals = append(vals, strings.Split(x, ",")...)
+			}
+		}
+		if err := setField(cfg, s.field, vals); err != nil {
+			return usagef("--%s %q: %v", s.flag, v.String(), err)
+		}
+	}
+	return nil
+}
+
+// setField parses vals as the type of cfg's field and sets it: strings,
+// booleans, ints, durations (30s), sizes for int64 byte counts (64MiB),
+// and lists.
+func setField(cfg *fabric.Config, field string, vals []string) error {
+	f := reflect.ValueOf(cfg).Elem().FieldByName(field)
+	one := strings.TrimSpace(vals[len(vals)-1])
+	switch {
+	case f.Kind() == reflect.Slice:
+		var list []string
+		for _, x := range vals {
+			if x = strings.TrimSpace(x); x != "" {
+				list = append(list, x)
+			}
+		}
+		f.Set(reflect.ValueOf(list))
+	case f.Kind() == reflect.String:
+		f.SetString(one)
+	case f.Kind() == reflect.Bool:
+		b, err := strconv.ParseBool(one)
+		if err != nil {
+			return fmt.Errorf("want true or false")
+		}
+		f.SetBool(b)
+	case f.Type() == reflect.TypeFor[time.Duration]():
+		d, err := time.ParseDuration(one)
+		if err != nil {
+			return fmt.Errorf("want a duration such as 30s")
+		}
+		f.SetInt(int64(d))
+	case f.Kind() == reflect.Int64:
+		n, err := fabric.ParseSize(one)
+		if err != nil || n > math.MaxInt64 {
+			return fmt.Errorf("want a size such as 64MiB")
+		}
+		f.SetInt(int64(n))
+	case f.Kind() == reflect.Int:
+		n, err := strconv.Atoi(one)
+		if err != nil {
+			return fmt.Errorf("want a whole number")
+		}
+		f.SetInt(int64(n))
+	default:
+		return fmt.Errorf("settings of type %s cannot be given here", f.Type())
+	}
+	return nil
+}

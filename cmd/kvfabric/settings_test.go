@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+)
+
+// runEnv runs a command with environ as its whole environment.
+func runEnv(t *testing.T, environ []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(&env{stdin: strings.NewReader(""), stdout: &out, stderr: &errb, env: append([]string{}, environ...)}, args)
+	return code, out.String(), errb.String()
+}
+
+// Every setting of fabric.Config that a file can hold is bound once, to
+// one flag: none can be forgotten by one of the three ways in.
+func TestEverySettingBoundOnce(t *testing.T) {
+	bound := map[string]bool{}
+	flags := map[string]bool{}
+	for _, s := range agentSettings {
+		if bound[s.field] || flags[s.flag] {
+			t.Errorf("%s (--%s) bound twice", s.field, s.flag)
+		}
+		bound[s.field], flags[s.flag] = true, true
+	}
+	ct := reflect.TypeFor[fabric.Config]()
+	for i := range ct.NumField() {
+		f := ct.Field(i)
+		key, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if !f.IsExported() || key == "-" || key == "local" { // local: the --local flag picks other defaults
+			continue
+		}
+		if !bound[f.Name] {
+			t.Errorf("fabric.Config.%s (%s) has no flag", f.Name, key)
+		}
+	}
+}
+
+// Defaults, then the file, then the environment, then flags; and what
+// --print-config prints is a configuration file that reads back the same.
+func TestSettingsPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "agent.json")
+	if err := os.WriteFile(file, []byte(`{"node_name": "from-file", "lease_duration": "10s", "join": ["10.0.0.1:7946"]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"agent", "--local", "--data-dir", dir, "--print-config", "--config", file}
+	effective := func(environ []string, args ...string) fabric.Config {
+		t.Helper()
+		code, out, errs := runEnv(t, environ, append(append([]string{}, base...), args...)...)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, errs)
+		}
+		printed := filepath.Join(t.TempDir(), "printed.json")
+		os.WriteFile(printed, []byte(out), 0o600)
+		c, err := fabric.LoadConfigFile(printed, fabric.Config{})
+		if err != nil {
+			t.Fatalf("--print-config does not read back: %v\n%s", err, out)
+		}
+		return c
+	}
+	c := effective(nil)
+	if c.NodeName != "from-file" || c.LeaseDuration != 10*time.Second || len(c.Join) != 1 || c.PeerTimeout != 2*time.Second {
+		t.Fatalf("file over defaults: %+v", c)
+	}
+	environ := []string{"KVFABRIC_NODE_NAME=from-env", "KVFABRIC_JOIN=10.0.0.2:7946,10.0.0.3:7946", "KVFABRIC_IMPORT_CHUNK_BYTES=8MiB", "KVFABRIC_SOCKET=/elsewhere.sock"}
+	c = effective(environ)
+	if c.NodeName != "from-env" || len(c.Join) != 2 || c.ImportChunkBytes != 8<<20 || c.LeaseDuration != 10*time.Second {
+		t.Fatalf("environment over the file: %+v", c)
+	}
+	c = effective(environ, "--node", "from-flag", "--join", "10.0.0.4:7946", "--join", "10.0.0.5:7946", "--lease-duration", "20s")
+	if c.NodeName != "from-flag" || strings.Join(c.Join, ",") != "10.0.0.4:7946,10.0.0.5:7946" || c.LeaseDuration != 20*time.Second || c.ImportChunkBytes != 8<<20 {
+		t.Fatalf("flags over the environment: %+v", c)
+	}
+}
+
+// A misspelled or malformed variable is a usage error naming it.
+func TestSettingsFromEnvironmentRefused(t *testing.T) {
+	for _, tc := range []struct {
+		environ []string
+		want    string
+	}{
+		{[]string{"KVFABRIC_NODENAME=x"}, "KVFABRIC_NODENAME is not a setting"},
+		{[]string{"KVFABRIC_LEASE_DURATION=soon"}, `KVFABRIC_LEASE_DURATION="soon": want a duration`},
+		{[]string{"KVFABRIC_DEV=perhaps"}, `KVFABRIC_DEV="perhaps": want true or false`},
+		{[]string{"KVFABRIC_MAX_LEASED=many"}, `KVFABRIC_MAX_LEASED="many": want a whole number`},
+	} {
+		code, _, errs := runEnv(t, tc.environ, "agent", "--local", "--print-config")
+		if code != 2 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.environ, code, errs, tc.want)
+		}
+	}
+}
