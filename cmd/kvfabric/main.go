@@ -72,8 +72,8 @@ var commands = map[string]command{
 	"members": {"list the cluster's members", runMembers},
 	"plan":    {"summarise the copy plan between two layouts", runPlan},
 	"put":     {"store test blocks on the local agent", runPut},
-	"status":  {"show the local agent's members, block sets and transfers", runStatus},
-	"version": {"print the version", runVersion},
+	"status":  {"show whether the local agent has joined, its members, pools, block sets and transfers", runStatus},
+	"version": {"print the version of kvfabric and of Go that built it (also kvfabric --version)", runVersion},
 }
 
 func main() {
@@ -88,6 +88,9 @@ func run(e *env, args []string) int {
 			return 2
 		}
 		return 0
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {

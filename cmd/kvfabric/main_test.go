@@ -116,3 +116,12 @@ func TestPlanCommand(t *testing.T) {
 		t.Errorf("missing file: exit %d, %q", code, errs)
 	}
 }
+
+// kvfabric version and kvfabric --version print the same line.
+func TestVersion(t *testing.T) {
+	code, a, _ := runCmd(t, "", "version")
+	code2, b, _ := runCmd(t, "", "--version")
+	if code != 0 || code2 != 0 || a != b || !strings.HasPrefix(a, "kvfabric ") || !strings.Contains(a, "go1.") {
+		t.Fatalf("version: %d %q; --version: %d %q", code, a, code2, b)
+	}
+}
