@@ -40,7 +40,7 @@ and what was in use stays).`)
 	}
 	file := *configFile
 	if file == "" {
-		file = e.getenv("KVFABRIC_CONFIG")
+		file = e.getenv(configFileEnv)
 	}
 	if file != "" {
 		var err error

@@ -52,9 +52,12 @@ var agentSettings = []setting{
 	{"log-format", "LogFormat", "text (key=value) or json (one object a line, for log collectors) (default text)"},
 }
 
-// clientSocketEnv is the one KVFABRIC_ variable that is not an agent
-// setting: the client commands' engine socket.
-const clientSocketEnv = "KVFABRIC_SOCKET"
+// The KVFABRIC_ variables that are not settings of fabric.Config: the
+// agent's config file, and the client commands' engine socket.
+const (
+	configFileEnv   = "KVFABRIC_CONFIG"
+	clientSocketEnv = "KVFABRIC_SOCKET"
+)
 
 // configKey is the file key of a Config field: its JSON name.
 func configKey(field string) string {
@@ -114,7 +117,7 @@ func applyEnv(cfg *fabric.Config, environ []string) error {
 	}
 	for _, kv := range environ {
 		name, val, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "KVFABRIC_") || name == clientSocketEnv {
+		if !strings.HasPrefix(name, "KVFABRIC_") || name == clientSocketEnv || name == configFileEnv {
 			continue
 		}
 		field, ok := known[name]

@@ -67,6 +67,11 @@ func TestSettingsPrecedence(t *testing.T) {
 		}
 		return c
 	}
+	// The file may be named by KVFABRIC_CONFIG instead.
+	code, out, errs := runEnv(t, []string{"KVFABRIC_CONFIG=" + file}, "agent", "--local", "--data-dir", dir, "--print-config")
+	if code != 0 || !strings.Contains(out, `"node_name": "from-file"`) {
+		t.Fatalf("KVFABRIC_CONFIG: exit %d: %s %s", code, out, errs)
+	}
 	c := effective(nil)
 	if c.NodeName != "from-file" || c.LeaseDuration != 10*time.Second || len(c.Join) != 1 || c.PeerTimeout != 2*time.Second {
 		t.Fatalf("file over defaults: %+v", c)
