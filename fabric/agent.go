@@ -31,7 +31,9 @@ type Agent struct {
 	cfg     Config
 	log     *slog.Logger
 	baseLog *slog.Logger
-	started time.Time
+	// eventLog writes every record, unfolded (see repeatFolder).
+	eventLog *slog.Logger
+	started  time.Time
 
 	storage  *pool.HostStorage
 	poolKind string // host or pinned
@@ -89,8 +91,10 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		a.log = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel) // both validated
 	}
 	// Identical records in bursts (a peer retrying a refused handshake)
-	// are folded into one every repeatWindow, with their count.
-	a.log = slog.New(newRepeatFolder(a.log.Handler(), time.Now))
+	// are folded into one every repeatWindow, with their count; changes of
+	// membership and reloads are all written, through eventLog.
+	a.eventLog = a.log.With("node", cfg.NodeName)
+	a.log = slog.New(newRepeatFolder(a.log.Handler(), time.Now, afterFunc))
 	// Membership names the node in its own records; the rest of the
 	// agent's get the attribute here.
 	a.baseLog = a.log

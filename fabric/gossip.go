@@ -202,17 +202,17 @@ func (a *Agent) logMember(ev membership.MemberEvent, failed map[string]time.Time
 	case membership.MemberJoin:
 		if at, ok := failed[m.Name]; ok {
 			delete(failed, m.Name)
-			a.log.Info("member recovered", append(attrs, "down_for", now.Sub(at).Round(time.Millisecond))...)
+			a.eventLog.Info("member recovered", append(attrs, "down_for", now.Sub(at).Round(time.Millisecond))...)
 			return
 		}
-		a.log.Info("member joined", attrs...)
+		a.eventLog.Info("member joined", attrs...)
 	case membership.MemberLeave:
 		delete(failed, m.Name)
-		a.log.Info("member left", attrs...)
+		a.eventLog.Info("member left", attrs...)
 	case membership.MemberFail:
 		failed[m.Name] = now
-		a.log.Warn("member failed: its blocks leave the index and its leases here end", attrs...)
+		a.eventLog.Warn("member failed: its blocks leave the index and its leases here end", attrs...)
 	default:
-		a.log.Debug("member updated", attrs...)
+		a.eventLog.Debug("member updated", attrs...)
 	}
 }

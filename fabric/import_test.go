@@ -3,8 +3,11 @@ package fabric_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -375,4 +378,40 @@ func TestAgentLogsMembersJoiningAndLeaving(t *testing.T) {
 	if gone == nil || gone.State != "left" || time.Since(time.UnixMilli(gone.SinceUnixMs)) > time.Minute {
 		t.Fatalf("status lists n2 as %+v, want left within the last minute", gone)
 	}
+}
+
+// A gossip key rotated node by node with reloads (add the new key
+// everywhere, make it primary, drop the old) never cuts the nodes off each
+// other: blocks stored on one reach the other's index after each step.
+func TestGossipKeyRotationByReload(t *testing.T) {
+	dir := t.TempDir()
+	k1 := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32))
+	k2 := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{2}, 32))
+	file := func(i int) string { return filepath.Join(dir, fmt.Sprintf("gossip-%d.key", i)) }
+	write := func(i int, keys ...string) {
+		t.Helper()
+		if err := os.WriteFile(file(i), []byte(strings.Join(keys, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, k1)
+	write(1, k1)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) { c.GossipKeyFile = file(i) })
+	reload := func(i int, keys ...string) {
+		t.Helper()
+		write(i, keys...)
+		if err := agents[i].Reload(); err != nil {
+			t.Fatalf("reload of n%d: %v", i+1, err)
+		}
+	}
+	e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 64}
+	reload(0, k1, k2)
+	reload(1, k1, k2)
+	reload(0, k2, k1) // n1 now encrypts with k2, which n2 has
+	produceBlocks(t, agents[0], agents[1], e, 4)
+	reload(1, k2, k1)
+	reload(0, k2)
+	reload(1, k2) // k1 is gone everywhere
+	e.Name = "producer-2"
+	produceBlocks(t, agents[1], agents[0], e, 4)
 }

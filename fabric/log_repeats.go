@@ -19,10 +19,11 @@ const maxRepeatKeys = 4096
 
 // repeatFolder is a slog.Handler that writes a record at info or above
 // once per repeatWindow: identical records (same level, message and
-// attributes) in between are counted, and the next one written says how
-// many were left out (repeated=N). A peer that retries a refused handshake
-// ten times a second then costs one line every ten seconds. Debug records
-// pass as they are.
+// attributes) in between are counted, and when the window ends the last of
+// them is written with how many were left out (repeated=N). A peer that
+// retries a refused handshake ten times a second then costs one line every
+// ten seconds. Debug records pass as they are. Records that must all be
+// seen (changes of membership, reloads) go through the handler it wraps.
 type repeatFolder struct {
 	inner  slog.Handler
 	prefix string // the attributes and groups added with WithAttrs/WithGroup
@@ -30,19 +31,28 @@ type repeatFolder struct {
 }
 
 type repeatState struct {
-	now  func() time.Time
-	mu   sync.Mutex
-	seen map[string]*repeat
+	now   func() time.Time
+	after func(time.Duration, func()) // time.AfterFunc, or a test's
+	mu    sync.Mutex
+	seen  map[string]*repeat
 }
 
 type repeat struct {
 	written time.Time
 	skipped int
+	// last is the latest record left out, and h the handler it was for:
+	// written with the count when the window ends.
+	last    slog.Record
+	h       slog.Handler
+	pending bool // a flush is scheduled
 }
 
-func newRepeatFolder(h slog.Handler, now func() time.Time) *repeatFolder {
-	return &repeatFolder{inner: h, st: &repeatState{now: now, seen: map[string]*repeat{}}}
+func newRepeatFolder(h slog.Handler, now func() time.Time, after func(time.Duration, func())) *repeatFolder {
+	return &repeatFolder{inner: h, st: &repeatState{now: now, after: after, seen: map[string]*repeat{}}}
 }
+
+// afterFunc schedules f after d on a timer of its own.
+func afterFunc(d time.Duration, f func()) { time.AfterFunc(d, f) }
 
 func (f *repeatFolder) Enabled(ctx context.Context, l slog.Level) bool {
 	return f.inner.Enabled(ctx, l)
@@ -60,10 +70,16 @@ func (f *repeatFolder) Handle(ctx context.Context, r slog.Record) error {
 	})
 	st := f.st
 	now := st.now()
+	k := key.String()
 	st.mu.Lock()
-	rep := st.seen[key.String()]
+	rep := st.seen[k]
 	if rep != nil && now.Sub(rep.written) < repeatWindow {
 		rep.skipped++
+		rep.last, rep.h = r.Clone(), f.inner
+		if !rep.pending {
+			rep.pending = true
+			st.after(repeatWindow-now.Sub(rep.written), func() { st.flush(k) })
+		}
 		st.mu.Unlock()
 		return nil
 	}
@@ -84,6 +100,25 @@ func (f *repeatFolder) Handle(ctx context.Context, r slog.Record) error {
 		r.AddAttrs(slog.Int("repeated", skipped))
 	}
 	return f.inner.Handle(ctx, r)
+}
+
+// flush writes the record left out last under key with how many were,
+// when its window has ended and no identical record has said so since.
+func (st *repeatState) flush(key string) {
+	st.mu.Lock()
+	rep := st.seen[key]
+	if rep == nil || rep.skipped == 0 {
+		if rep != nil {
+			rep.pending = false
+		}
+		st.mu.Unlock()
+		return
+	}
+	r, h, n := rep.last, rep.h, rep.skipped
+	rep.skipped, rep.pending, rep.written = 0, false, st.now()
+	st.mu.Unlock()
+	r.AddAttrs(slog.Int("repeated", n))
+	h.Handle(context.Background(), r)
 }
 
 func (f *repeatFolder) WithAttrs(attrs []slog.Attr) slog.Handler {

@@ -15,7 +15,7 @@ import (
 // info, failures at warn, updates only at debug.
 func TestMemberChangesLogged(t *testing.T) {
 	var buf bytes.Buffer
-	a := &Agent{log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	a := &Agent{eventLog: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	m := membership.Member{Name: "n2", Addr: netip.MustParseAddrPort("127.0.0.2:7946"), Meta: membership.Meta{PeerAddr: "127.0.0.2:7947"}}
 	failed := map[string]time.Time{}
 	t0 := time.Unix(1000, 0)

@@ -34,10 +34,10 @@ func (a *Agent) Reload() error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		a.log.Error("reload refused", "err", err)
+		a.eventLog.Error("reload refused", "err", err)
 		return err
 	}
-	a.log.Info("reloaded the TLS identity and gossip keys", "gossip_key_file", a.cfg.GossipKeyFile)
+	a.eventLog.Info("reloaded the TLS identity and gossip keys", "gossip_key_file", a.cfg.GossipKeyFile)
 	return nil
 }
 

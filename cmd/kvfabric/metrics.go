@@ -146,7 +146,8 @@ const (
 )
 
 // histogram exports h, whose bucket i counts durations under 2^i ns, as a
-// Prometheus histogram in seconds.
+// Prometheus histogram in seconds. A Prometheus bucket counts durations up
+// to and including its bound, so bucket i's bound is 2^i - 1 ns.
 func (e exporter) histogram(name, help string, h pool.Histogram, labels ...string) {
 	names, values := splitLabels(labels)
 	buckets := make(map[float64]uint64, lastBucket-firstBucket+1)
@@ -162,7 +163,7 @@ func (e exporter) histogram(name, help string, h pool.Histogram, labels ...strin
 		if i > firstBucket {
 			cum += h.Counts[i]
 		}
-		buckets[math.Ldexp(1, i)/float64(time.Second)] = cum
+		buckets[(math.Ldexp(1, i)-1)/float64(time.Second)] = cum
 	}
 	e.ch <- prometheus.MustNewConstHistogram(prometheus.NewDesc(name, help, names, nil), count, h.Sum.Seconds(), buckets, values...)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/pool"
 )
 
@@ -47,16 +49,25 @@ func TestMetricsExposition(t *testing.T) {
 		t.Fatalf("put: %s", errs)
 	}
 
-	resp, err := http.Get("http://" + a.MetricsAddr() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("the exposition does not parse: %v", err)
-	}
+	// Pool events reach the publisher on its own goroutine: scrape until
+	// the 8 stores are counted.
+	var fams map[string]*dto.MetricFamily
+	wait.For(t, 10*time.Second, "the 8 stores published", func() error {
+		resp, err := http.Get("http://" + a.MetricsAddr() + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		if fams, err = p.TextToMetricFamilies(resp.Body); err != nil {
+			t.Fatalf("the exposition does not parse: %v", err)
+		}
+		f := fams["kvfabric_gossip_events_published_total"]
+		if f == nil || len(f.Metric) != 1 || f.Metric[0].GetCounter().GetValue() != 8 {
+			return fmt.Errorf("published: %v", f)
+		}
+		return nil
+	})
 	want := map[string]dto.MetricType{
 		"kvfabric_build_info":                           dto.MetricType_GAUGE,
 		"kvfabric_pool_slots":                           dto.MetricType_GAUGE,
@@ -132,11 +143,19 @@ func TestMetricsExposition(t *testing.T) {
 	}
 }
 
-// Durations under 2^i ns count in the bucket of 2^i ns and every one above
-// it; the shortest bucket takes everything under it, and the sum is kept.
+// A Prometheus bucket counts durations up to and including its bound, so
+// bucket i's bound is 2^i - 1 ns: a duration of exactly 2^i ns counts in
+// the next one. The shortest bucket takes everything under it, durations
+// past the longest count only in +Inf, and the sum is kept.
 func TestHistogramBuckets(t *testing.T) {
 	var h pool.Histogram
-	for _, d := range []time.Duration{500 * time.Nanosecond, 3 * time.Microsecond, 2 * time.Second} {
+	for _, d := range []time.Duration{
+		500 * time.Nanosecond,
+		3 * time.Microsecond,
+		4096 * time.Nanosecond, // exactly 2^12 ns
+		2 * time.Second,
+		time.Duration(1) << 41, // past 2^40 ns
+	} {
 		h.Counts[bits.Len64(uint64(d))]++
 		h.Sum += d
 	}
@@ -147,24 +166,27 @@ func TestHistogramBuckets(t *testing.T) {
 		t.Fatal(err)
 	}
 	hist := m.GetHistogram()
-	if hist.GetSampleCount() != 3 || math.Abs(hist.GetSampleSum()-2.0000035) > 1e-9 {
-		t.Fatalf("count %d, sum %v; want 3 and 2.0000035", hist.GetSampleCount(), hist.GetSampleSum())
+	wantSum := (500*time.Nanosecond + 3*time.Microsecond + 4096*time.Nanosecond + 2*time.Second + time.Duration(1)<<41).Seconds()
+	if hist.GetSampleCount() != 5 || math.Abs(hist.GetSampleSum()-wantSum) > 1e-6 {
+		t.Fatalf("count %d, sum %v; want 5 and %v", hist.GetSampleCount(), hist.GetSampleSum(), wantSum)
 	}
+	le := func(i int) float64 { return (math.Ldexp(1, i) - 1) / 1e9 }
 	want := map[float64]uint64{
-		math.Ldexp(1, 10) / 1e9: 1, // 1.024 µs: the 500 ns
-		math.Ldexp(1, 11) / 1e9: 1,
-		math.Ldexp(1, 12) / 1e9: 2, // 4.096 µs: and the 3 µs
-		math.Ldexp(1, 30) / 1e9: 2, // 1.07 s
-		math.Ldexp(1, 31) / 1e9: 3, // 2.15 s: and the 2 s
-		math.Ldexp(1, 40) / 1e9: 3,
+		le(10): 1, // 1.023 µs: the 500 ns
+		le(11): 1,
+		le(12): 2, // 4.095 µs: and the 3 µs, not the 4.096 µs
+		le(13): 3, // and the 4.096 µs
+		le(30): 3,
+		le(31): 4, // and the 2 s
+		le(40): 4, // the 2^41 ns counts only in +Inf
 	}
 	got := map[float64]uint64{}
 	for _, b := range hist.GetBucket() {
 		got[b.GetUpperBound()] = b.GetCumulativeCount()
 	}
-	for le, n := range want {
-		if got[le] != n {
-			t.Errorf("bucket le=%g: %d, want %d", le, got[le], n)
+	for bound, n := range want {
+		if got[bound] != n {
+			t.Errorf("bucket le=%g: %d, want %d", bound, got[bound], n)
 		}
 	}
 	if len(got) != 31 {

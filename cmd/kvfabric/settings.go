@@ -124,7 +124,11 @@ func applyEnv(cfg *fabric.Config, environ []string) error {
 		if !ok {
 			return usagef("environment variable %s is not a setting of kvfabric agent (see kvfabric agent -h)", name)
 		}
-		if err := setField(cfg, field, strings.Split(val, ",")); err != nil {
+		vals := []string{val}
+		if reflect.ValueOf(cfg).Elem().FieldByName(field).Kind() == reflect.Slice {
+			vals = strings.Split(val, ",") // a list: comma-separated
+		}
+		if err := setField(cfg, field, vals); err != nil {
 			return usagef("environment variable %s=%q: %v", name, val, err)
 		}
 	}

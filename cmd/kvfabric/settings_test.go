@@ -76,9 +76,9 @@ func TestSettingsPrecedence(t *testing.T) {
 	if c.NodeName != "from-file" || c.LeaseDuration != 10*time.Second || len(c.Join) != 1 || c.PeerTimeout != 2*time.Second {
 		t.Fatalf("file over defaults: %+v", c)
 	}
-	environ := []string{"KVFABRIC_NODE_NAME=from-env", "KVFABRIC_JOIN=10.0.0.2:7946,10.0.0.3:7946", "KVFABRIC_IMPORT_CHUNK_BYTES=8MiB", "KVFABRIC_SOCKET=/elsewhere.sock"}
+	environ := []string{"KVFABRIC_NODE_NAME=from-env", "KVFABRIC_DEV_CA_DIR=/tmp/a,b", "KVFABRIC_JOIN=10.0.0.2:7946,10.0.0.3:7946", "KVFABRIC_IMPORT_CHUNK_BYTES=8MiB", "KVFABRIC_SOCKET=/elsewhere.sock"}
 	c = effective(environ)
-	if c.NodeName != "from-env" || len(c.Join) != 2 || c.ImportChunkBytes != 8<<20 || c.LeaseDuration != 10*time.Second {
+	if c.NodeName != "from-env" || len(c.Join) != 2 || c.ImportChunkBytes != 8<<20 || c.LeaseDuration != 10*time.Second || c.DevCADir != "/tmp/a,b" {
 		t.Fatalf("environment over the file: %+v", c)
 	}
 	c = effective(environ, "--node", "from-flag", "--join", "10.0.0.4:7946", "--join", "10.0.0.5:7946", "--lease-duration", "20s")
