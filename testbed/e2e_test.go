@@ -56,7 +56,12 @@ func TestMain(m *testing.M) {
 var model = layout.ModelConfig{Layers: 8, KVHeads: 8, HeadDim: 64, DType: layout.DTypeBF16}
 
 func eng(name string, tp int, order layout.KVOrder) client.Engine {
-	return client.Engine{Name: name, Model: model, TPSize: tp, PageSize: 16, Order: order, Slots: 512}
+	return engSlots(name, tp, order, 512)
+}
+
+// engSlots is eng with a block set of slots slots.
+func engSlots(name string, tp int, order layout.KVOrder, slots int) client.Engine {
+	return client.Engine{Name: name, Model: model, TPSize: tp, PageSize: 16, Order: order, Slots: slots}
 }
 
 func start(t *testing.T, n int) *Cluster {
@@ -144,18 +149,13 @@ func TestHolderKilledMidImport(t *testing.T) {
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	w := Workload{Sequences: 1, Blocks: 1200, PageSize: 16, Seed: 2}
 	seqs := w.Hashes()
-	big := func(name string, tp int, order layout.KVOrder) client.Engine {
-		e := eng(name, tp, order)
-		e.Slots = w.Blocks
-		return e
-	}
-	p, err := Produce(ctx, n1, big("producer", 2, layout.HND), seqs)
+	p, err := Produce(ctx, n1, engSlots("producer", 2, layout.HND, w.Blocks), seqs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
 	waitIndexed(t, n2, "node1", w.Unique())
-	if _, err := Consume(ctx, n2, big("copy", 1, layout.HND), seqs); err != nil {
+	if _, err := Consume(ctx, n2, engSlots("copy", 1, layout.HND, w.Blocks), seqs); err != nil {
 		t.Fatal(err)
 	}
 	waitIndexed(t, n3, "node2", w.Unique())
@@ -165,7 +165,7 @@ func TestHolderKilledMidImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	set, err := cl.Register(ctx, big("importer", 4, layout.NHD))
+	set, err := cl.Register(ctx, engSlots("importer", 4, layout.NHD, w.Blocks))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func waitServing(t *testing.T, nodes []*Node) *Node {
 	var serving *Node
 	wait.For(t, 10*time.Second, "a holder serves a lease", func() error {
 		for _, n := range nodes {
-			if metric(n, "kvfabric_leases") > 0 {
+			if v, err := metricValue(n, "kvfabric_leases"); err == nil && v > 0 {
 				serving = n
 				return nil
 			}
@@ -267,12 +267,7 @@ func TestImporterKilledMidImport(t *testing.T) {
 	holder, importer := c.Nodes[0], c.Nodes[1]
 	w := Workload{Sequences: 1, Blocks: 2000, PageSize: 16, Seed: 3}
 	seqs := w.Hashes()
-	big := func(name string, tp int, order layout.KVOrder) client.Engine {
-		e := eng(name, tp, order)
-		e.Slots = w.Blocks
-		return e
-	}
-	p, err := Produce(ctx, holder, big("producer", 2, layout.HND), seqs)
+	p, err := Produce(ctx, holder, engSlots("producer", 2, layout.HND, w.Blocks), seqs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +278,7 @@ func TestImporterKilledMidImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	set, err := cl.Register(ctx, big("importer", 4, layout.NHD))
+	set, err := cl.Register(ctx, engSlots("importer", 4, layout.NHD, w.Blocks))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,8 +312,9 @@ func TestImporterKilledMidImport(t *testing.T) {
 	}
 }
 
-// metricValue reads one unlabelled sample of n's metrics; a missing
-// sample or an unreachable agent is an error, never a zero.
+// metricValue reads one sample of n's metrics, named as exposed (labels
+// included, as name{k="v"}); a missing sample or an unreachable agent is
+// an error, never a zero.
 func metricValue(n *Node, name string) (float64, error) {
 	hc := http.Client{Timeout: time.Second}
 	resp, err := hc.Get("http://" + n.Metrics + "/metrics")
@@ -340,27 +336,6 @@ func metricValue(n *Node, name string) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%s: no such sample in %s's metrics", name, n.Name)
-}
-
-func metric(n *Node, name string) float64 {
-	hc := http.Client{Timeout: time.Second}
-	resp, err := hc.Get("http://" + n.Metrics + "/metrics")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			var f float64
-			fmt.Sscan(v, &f)
-			return f
-		}
-	}
-	return 0
 }
 
 // An agent whose certificate comes from another CA gets nothing from the
@@ -664,8 +639,8 @@ func TestJoinMistakesAreLoud(t *testing.T) {
 			if code != http.StatusServiceUnavailable || !strings.Contains(body, "not joined") || !strings.Contains(body, tc.join) {
 				t.Errorf("/healthz: %d %q; want 503 not joined, naming %s", code, body, tc.join)
 			}
-			if v := metric(&Node{Metrics: ip + ":7948"}, `kvfabric_gossip_join_failures_total{reason="`+tc.reason+`"}`); v < 1 {
-				t.Errorf("join failures with reason %s: %v", tc.reason, v)
+			if v, err := metricValue(&Node{Name: "agent", Metrics: ip + ":7948"}, `kvfabric_gossip_join_failures_total{reason="`+tc.reason+`"}`); err != nil || v < 1 {
+				t.Errorf("join failures with reason %s: %v, %v", tc.reason, v, err)
 			}
 			t.Logf("/healthz: %s", strings.TrimSpace(body))
 		})
