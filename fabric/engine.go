@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sort"
 	"sync"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/fabric/index"
+	"github.com/kvfabric/kvfabric/internal/buildinfo"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
@@ -362,7 +362,7 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 	a := e.a
 	out := &fabricpb.StatusResponse{
 		Node:         a.cfg.NodeName,
-		Version:      version(),
+		Version:      buildinfo.Version(),
 		IndexEntries: uint64(a.index.Metrics().Pairs),
 		Imports:      a.stats.imports.Load(),
 		ImportBytes:  a.stats.importBytes.Load(),
@@ -408,12 +408,4 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		})
 	}
 	return out, nil
-}
-
-// version is the module version the binary was built from.
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
 }

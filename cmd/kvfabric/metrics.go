@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/internal/buildinfo"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 )
@@ -28,7 +29,7 @@ func metricsHandler(agent *atomic.Pointer[fabric.Agent]) http.Handler {
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "kvfabric_build_info",
 		Help:        "Always 1: the version of kvfabric and of Go it was built with, as labels.",
-		ConstLabels: prometheus.Labels{"version": version(), "goversion": goVersion()},
+		ConstLabels: prometheus.Labels{"version": buildinfo.Version(), "goversion": buildinfo.GoVersion()},
 	})
 	build.Set(1)
 	reg.MustRegister(build)
