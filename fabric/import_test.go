@@ -1,14 +1,8 @@
 package fabric_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/base64"
 	"fmt"
-	"log/slog"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,10 +34,7 @@ func produceBlocks(t *testing.T, a, on *fabric.Agent, e client.Engine, n int) []
 	t.Helper()
 	ctx := context.Background()
 	c := dial(t, a)
-	set, err := c.Register(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := register(t, c, e)
 	tokens := make([]uint32, e.PageSize*n)
 	for i := range tokens {
 		tokens[i] = uint32(i*7 + 3)
@@ -75,6 +66,16 @@ func produceBlocks(t *testing.T, a, on *fabric.Agent, e client.Engine, n int) []
 	return hashes
 }
 
+// register makes (or finds) e's block set on the agent c talks to.
+func register(t *testing.T, c *client.Client, e client.Engine) *client.BlockSet {
+	t.Helper()
+	set, err := c.Register(context.Background(), e)
+	if err != nil {
+		t.Fatalf("register %s: %v", e.Name, err)
+	}
+	return set
+}
+
 // checkImported checks that blocks hold content ids first, first+1, ...
 func checkImported(t *testing.T, set *client.BlockSet, blocks []*fabricpb.BlockRef, first uint64) {
 	t.Helper()
@@ -101,10 +102,7 @@ func TestImportAtEngineLimit(t *testing.T) {
 	ctx := context.Background()
 	c := dial(t, n2)
 	e.Name = "long-importer"
-	set, err := c.Register(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := register(t, c, e)
 	if _, err := c.Import(ctx, set.ID, append(hashes, 1)); code(err) != codes.InvalidArgument {
 		t.Fatalf("import of %d hashes: %v, want InvalidArgument", n+1, err)
 	}
@@ -158,10 +156,7 @@ func TestImportKeepsWholeChunksWhenHolderDies(t *testing.T) {
 	ctx := context.Background()
 	c := dial(t, n2)
 	e.Name = "importer"
-	set, err := c.Register(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := register(t, c, e)
 	resp, err := c.Import(ctx, set.ID, hashes)
 	if err != nil {
 		t.Fatalf("import whose holder died after %d chunks: %v (want the chunks read, and an error in the response)", keepAfter, err)
@@ -195,10 +190,7 @@ func TestImportRenewsLeaseForLongRead(t *testing.T) {
 	ctx := context.Background()
 	c := dial(t, n2)
 	e.Name, e.Order = "importer", layout.HND
-	set, err := c.Register(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := register(t, c, e)
 	resp, err := c.Import(ctx, set.ID, hashes)
 	if err != nil || len(resp.Blocks) != len(hashes) {
 		t.Fatalf("import whose read outlived the 1 s lease twice over: %v %v", resp, err)
@@ -220,11 +212,8 @@ func TestImportRefusalIsNotTheHoldersFault(t *testing.T) {
 	ctx := context.Background()
 	c := dial(t, n2)
 	e.Name, e.PageSize = "page32", 32
-	set, err := c.Register(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = c.Import(ctx, set.ID, hashes)
+	set := register(t, c, e)
+	_, err := c.Import(ctx, set.ID, hashes)
 	if err == nil {
 		t.Fatal("import of page-16 blocks into a page-32 block set by their page-16 hashes succeeded")
 	}
@@ -254,10 +243,7 @@ func TestImportsWaitForRoomUnderLeaseCap(t *testing.T) {
 	ctx := context.Background()
 	c := dial(t, n2)
 	e.Name = "importer"
-	set, err := c.Register(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := register(t, c, e)
 	errs := make(chan error, importers)
 	for i := range importers {
 		go func() {
@@ -305,10 +291,7 @@ func TestImportUnderAChunkSizedLeaseCap(t *testing.T) {
 			hashes := produceBlocks(t, n1, n2, e, n)
 			c := dial(t, n2)
 			e.Name = "importer"
-			set, err := c.Register(context.Background(), e)
-			if err != nil {
-				t.Fatal(err)
-			}
+			set := register(t, c, e)
 			resp, err := c.Import(context.Background(), set.ID, hashes)
 			if err != nil || len(resp.Blocks) != n {
 				t.Fatalf("import of %d blocks under a cap of %d: %d blocks, %v %s", n, capPeer, len(resp.GetBlocks()), err, resp.GetError())
@@ -319,99 +302,4 @@ func TestImportUnderAChunkSizedLeaseCap(t *testing.T) {
 			}
 		})
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a reader at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// An agent logs at info when another node joins and when it leaves, and
-// its status lists the node that left.
-func TestAgentLogsMembersJoiningAndLeaving(t *testing.T) {
-	var logs lockedBuffer
-	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
-		if i == 0 {
-			c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-		}
-	})
-	// A line with msg and the peer (the agent's node attribute between).
-	has := func(msg string) func() error {
-		return func() error {
-			for _, line := range strings.Split(logs.String(), "\n") {
-				if strings.Contains(line, `msg="`+msg+`"`) && strings.Contains(line, " peer=n2 ") {
-					return nil
-				}
-			}
-			return fmt.Errorf("not logged yet")
-		}
-	}
-	wait.For(t, 10*time.Second, "n1 logs that n2 joined", has("member joined"))
-	if err := agents[1].Close(); err != nil {
-		t.Fatal(err)
-	}
-	wait.For(t, 10*time.Second, "n1 logs that n2 left", has("member left"))
-	// Status still lists n2, as gone and since when.
-	s, err := dial(t, agents[0]).Status(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var gone *fabricpb.Member
-	for _, m := range s.Members {
-		if m.Node == "n2" {
-			gone = m
-		}
-	}
-	if gone == nil || gone.State != "left" || time.Since(time.UnixMilli(gone.SinceUnixMs)) > time.Minute {
-		t.Fatalf("status lists n2 as %+v, want left within the last minute", gone)
-	}
-}
-
-// A gossip key rotated node by node with reloads (add the new key
-// everywhere, make it primary, drop the old) never cuts the nodes off each
-// other: blocks stored on one reach the other's index after each step.
-func TestGossipKeyRotationByReload(t *testing.T) {
-	dir := t.TempDir()
-	k1 := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32))
-	k2 := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{2}, 32))
-	file := func(i int) string { return filepath.Join(dir, fmt.Sprintf("gossip-%d.key", i)) }
-	write := func(i int, keys ...string) {
-		t.Helper()
-		if err := os.WriteFile(file(i), []byte(strings.Join(keys, "\n")+"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(0, k1)
-	write(1, k1)
-	agents := clusterWith(t, 2, func(i int, c *fabric.Config) { c.GossipKeyFile = file(i) })
-	reload := func(i int, keys ...string) {
-		t.Helper()
-		write(i, keys...)
-		if err := agents[i].Reload(); err != nil {
-			t.Fatalf("reload of n%d: %v", i+1, err)
-		}
-	}
-	e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 64}
-	reload(0, k1, k2)
-	reload(1, k1, k2)
-	reload(0, k2, k1) // n1 now encrypts with k2, which n2 has
-	produceBlocks(t, agents[0], agents[1], e, 4)
-	reload(1, k2, k1)
-	reload(0, k2)
-	reload(1, k2) // k1 is gone everywhere
-	e.Name = "producer-2"
-	produceBlocks(t, agents[1], agents[0], e, 4)
 }

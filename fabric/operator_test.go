@@ -1,19 +1,27 @@
 package fabric_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/membership"
 )
 
@@ -124,4 +132,99 @@ func TestPartialTLSFilesRefused(t *testing.T) {
 	if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), "cert_file (--cert) is missing") {
 		t.Fatalf("Start with only a CA file: %v", err)
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// An agent logs at info when another node joins and when it leaves, and
+// its status lists the node that left.
+func TestAgentLogsMembersJoiningAndLeaving(t *testing.T) {
+	var logs lockedBuffer
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i == 0 {
+			c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		}
+	})
+	// A line with msg and the peer (the agent's node attribute between).
+	has := func(msg string) func() error {
+		return func() error {
+			for _, line := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(line, `msg="`+msg+`"`) && strings.Contains(line, " peer=n2 ") {
+					return nil
+				}
+			}
+			return fmt.Errorf("not logged yet")
+		}
+	}
+	wait.For(t, 10*time.Second, "n1 logs that n2 joined", has("member joined"))
+	if err := agents[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "n1 logs that n2 left", has("member left"))
+	// Status still lists n2, as gone and since when.
+	s, err := dial(t, agents[0]).Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gone *fabricpb.Member
+	for _, m := range s.Members {
+		if m.Node == "n2" {
+			gone = m
+		}
+	}
+	if gone == nil || gone.State != "left" || time.Since(time.UnixMilli(gone.SinceUnixMs)) > time.Minute {
+		t.Fatalf("status lists n2 as %+v, want left within the last minute", gone)
+	}
+}
+
+// A gossip key rotated node by node with reloads (add the new key
+// everywhere, make it primary, drop the old) never cuts the nodes off each
+// other: blocks stored on one reach the other's index after each step.
+func TestGossipKeyRotationByReload(t *testing.T) {
+	dir := t.TempDir()
+	k1 := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32))
+	k2 := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{2}, 32))
+	file := func(i int) string { return filepath.Join(dir, fmt.Sprintf("gossip-%d.key", i)) }
+	write := func(i int, keys ...string) {
+		t.Helper()
+		if err := os.WriteFile(file(i), []byte(strings.Join(keys, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, k1)
+	write(1, k1)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) { c.GossipKeyFile = file(i) })
+	reload := func(i int, keys ...string) {
+		t.Helper()
+		write(i, keys...)
+		if err := agents[i].Reload(); err != nil {
+			t.Fatalf("reload of n%d: %v", i+1, err)
+		}
+	}
+	e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 64}
+	reload(0, k1, k2)
+	reload(1, k1, k2)
+	reload(0, k2, k1) // n1 now encrypts with k2, which n2 has
+	produceBlocks(t, agents[0], agents[1], e, 4)
+	reload(1, k2, k1)
+	reload(0, k2)
+	reload(1, k2) // k1 is gone everywhere
+	e.Name = "producer-2"
+	produceBlocks(t, agents[1], agents[0], e, 4)
 }

@@ -22,6 +22,22 @@ var long = flag.Bool("kvfabric.long", false, "run the slow suites (late joiners 
 // repairAgent starts an agent named name on 127.0.0.ip, under dir shared
 // with the agents it joins (join, if not empty), with peer frames capped at
 // frameCap (zero: the default).
+// repairPair starts n1 and n2, n2 joined to n1, peer frames capped at
+// frameCap, and waits until n2 sees n1.
+func repairPair(t *testing.T, frameCap uint32) (n1, n2 *Agent) {
+	t.Helper()
+	dir := t.TempDir()
+	n1 = repairAgent(t, dir, "n1", 1, "", frameCap)
+	n2 = repairAgent(t, dir, "n2", 2, n1.GossipAddr(), frameCap)
+	waitUntil(t, 10*time.Second, "n2 sees n1", func() error {
+		if _, ok := n2.member("n1"); !ok {
+			return errors.New("n1 is not a member yet")
+		}
+		return nil
+	})
+	return n1, n2
+}
+
 func repairAgent(t *testing.T, dir, name string, ip int, join string, frameCap uint32) *Agent {
 	t.Helper()
 	c := DefaultLocalConfig()
@@ -112,15 +128,7 @@ func TestLateJoinerAfterManyEvents(t *testing.T) {
 // at a time, and an answer that one frame cannot carry comes back short,
 // to be asked for again from after it.
 func TestRepairerClampsRanges(t *testing.T) {
-	dir := t.TempDir()
-	n1 := repairAgent(t, dir, "n1", 1, "", 64<<10)
-	n2 := repairAgent(t, dir, "n2", 2, n1.GossipAddr(), 64<<10)
-	waitUntil(t, 10*time.Second, "n2 sees n1", func() error {
-		if _, ok := n2.member("n1"); !ok {
-			return errors.New("n1 is not a member yet")
-		}
-		return nil
-	})
+	n1, n2 := repairPair(t, 64<<10)
 	publishMany(t, n1, 50_000)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -174,15 +182,7 @@ func TestRepairerClampsRanges(t *testing.T) {
 // is refused (the real limit, membership.MaxSnapshotEntries, is 64 Mi
 // entries; the check is the same).
 func TestSnapshotEntryLimit(t *testing.T) {
-	dir := t.TempDir()
-	n1 := repairAgent(t, dir, "n1", 1, "", 4<<10)
-	n2 := repairAgent(t, dir, "n2", 2, n1.GossipAddr(), 4<<10)
-	waitUntil(t, 10*time.Second, "n2 sees n1", func() error {
-		if _, ok := n2.member("n1"); !ok {
-			return errors.New("n1 is not a member yet")
-		}
-		return nil
-	})
+	n1, n2 := repairPair(t, 4<<10)
 	publishMany(t, n1, 3000) // several pages of 4 KiB frames
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -200,15 +200,7 @@ func TestSnapshotEntryLimit(t *testing.T) {
 // refused as unavailable (the reader's next repair asks again), and the
 // snapshots being read stay readable.
 func TestSnapshotBusyIsUnavailable(t *testing.T) {
-	dir := t.TempDir()
-	n1 := repairAgent(t, dir, "n1", 1, "", 4<<10)
-	n2 := repairAgent(t, dir, "n2", 2, n1.GossipAddr(), 4<<10)
-	waitUntil(t, 10*time.Second, "n2 sees n1", func() error {
-		if _, ok := n2.member("n1"); !ok {
-			return errors.New("n1 is not a member yet")
-		}
-		return nil
-	})
+	n1, n2 := repairPair(t, 4<<10)
 	publishMany(t, n1, 1000) // several pages of 4 KiB frames
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
