@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 )
@@ -58,19 +57,5 @@ func TestLeaseNeedsLayoutDigest(t *testing.T) {
 	_, err := p.Lease(context.Background(), []uint64{2, 4}, time.Second)
 	if !errors.Is(err, ErrFrame) {
 		t.Fatalf("lease with an 8-byte layout digest: err = %v, want ErrFrame", err)
-	}
-}
-
-// An error that wraps two sentinels always gets the same wire code, the
-// more specific one.
-func TestCodeOfTwoSentinels(t *testing.T) {
-	err := fmt.Errorf("%w: %w", ErrLeaseRefused, ErrUnavailable)
-	for range 200 {
-		if c := codeOf(err); c != CodeLeaseRefused {
-			t.Fatalf("codeOf(%v) = %d, want CodeLeaseRefused", err, c)
-		}
-	}
-	if len(codeOrder) != len(codeSentinel) {
-		t.Fatalf("codeOrder has %d codes, codeSentinel %d", len(codeOrder), len(codeSentinel))
 	}
 }
