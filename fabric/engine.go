@@ -335,9 +335,21 @@ func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) 
 	if err != nil {
 		return nil, err
 	}
-	hashes := req.GetHashes()
+	page := s.set.Layout().PageSize
+	hashes, err := requestHashes(req.GetHashes(), req.GetTokens(), page, -1)
+	if err != nil {
+		return nil, err
+	}
 	if len(hashes) == 0 || len(hashes) > maxRequestBlocks {
-		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d (want 1..%d)", len(hashes), maxRequestBlocks)
+		what := "hashes"
+		if req.GetTokens() != nil {
+			what = fmt.Sprintf("tokens: %d ids make %d full blocks of %d", len(req.GetTokens().GetIds()), len(hashes), page)
+		}
+		return nil, status.Errorf(codes.InvalidArgument, "%s: %d blocks (want 1..%d)", what, len(hashes), maxRequestBlocks)
+	}
+	var ts *tokenSource
+	if t := req.GetTokens(); t != nil {
+		ts = &tokenSource{ids: t.GetIds(), opts: layout.HashOptions{Salt: t.GetSalt(), LoRA: t.GetLora()}}
 	}
 	timeout := e.a.cfg.ImportTimeout
 	if ms := req.GetTimeoutMs(); ms > 0 {
@@ -345,7 +357,7 @@ func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	res := e.a.importBlocks(ctx, s, hashes)
+	res := e.a.importBlocks(ctx, s, hashes, ts)
 	out := &fabricpb.ImportResponse{Blocks: res.refs, Fetches: res.fetches}
 	if res.err != nil {
 		out.Error = res.err.Error()

@@ -20,14 +20,14 @@ type requestError struct{ err error }
 func (e requestError) Error() string { return e.err.Error() }
 func (e requestError) Unwrap() error { return e.err }
 
-// chunkBlocks is how many blocks of layout l one chunk of an import moves:
-// ImportChunkBytes worth, at least one, and never more than a lease may
-// ask for.
-func (a *Agent) chunkBlocks(l *layout.Layout) int {
+// chunkBlocks is how many blocks of layout l one chunk of an import moves
+// when each is made of k of the holder's pages: ImportChunkBytes worth, at
+// least one, and never more than a lease may ask for.
+func (a *Agent) chunkBlocks(l *layout.Layout, k int) int {
 	st := l.Strides()
 	perBlock := max(st.Shard*uint64(l.TPSize), 1)
 	n := uint64(a.cfg.ImportChunkBytes) / perBlock
-	return int(min(max(n, 1), transfer.MaxLeaseBlocks))
+	return int(min(max(n, 1), uint64(transfer.MaxLeaseBlocks/k)))
 }
 
 // leasedChunk is one chunk of an import: the hashes asked for and the
@@ -51,46 +51,52 @@ func (c *leasedChunk) present() int {
 	return k
 }
 
-// fetch imports the leading blocks of hashes that holder still has into
+// fetch imports the leading blocks of want that holder still has into
 // new slots of s, a chunk at a time: lease a chunk, read it, release it,
 // register it, while the next chunk's lease is already being taken. A
-// read that outlives the holder's term renews its lease.
+// read that outlives the holder's term renews its lease. The holder is
+// asked for its own pages (want.src); the engine's blocks (want.dst) are
+// made of want.k of them each.
 //
 // A chunk's slots are registered only when every byte of its plan arrived
 // and the holder confirmed that its lease never expired. When a chunk
 // fails, the chunks registered before it are returned with the error:
 // they arrived whole under confirmed leases and are the engine's.
-func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, want pages, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
 	peer, err := a.peers.get(ctx, a.transport, holder.Name, holder.Meta.PeerAddr)
 	if err != nil {
 		return nil, 0, err
 	}
 	keeper := newLeaseKeeper(peer, &a.stats.leaseRenewals)
 	defer keeper.close()
-	per := a.chunkBlocks(s.set.Layout())
+	per := a.chunkBlocks(s.set.Layout(), want.k)
+	n := want.blocks()
 	var (
 		refs  []*fabricpb.BlockRef
 		moved uint64
 	)
-	next := a.leaseChunk(ctx, peer, keeper, hashes[:min(per, len(hashes))])
-	for off := 0; off < len(hashes); {
+	next := a.leaseChunk(ctx, peer, keeper, want.slice(0, min(per, n)).src)
+	for off := 0; off < n; {
 		c := <-next
 		next = nil
 		if c.err != nil {
 			return refs, moved, c.err
 		}
-		k := c.present()
+		// Whole engine blocks only: the holder's pages of a block it
+		// holds in part are of no use.
+		k := c.present() / want.k
 		end := off + k
+		whole := k*want.k == len(c.asked)
 		// A chunk leased whole, or cut short by the holder's lease caps,
 		// may be followed by more of the holder's prefix; any other
 		// short lease ends it.
-		more := k == len(c.asked) || (k > 0 && c.lease.Capped)
-		if k == len(c.asked) && end < len(hashes) {
-			next = a.leaseChunk(ctx, peer, keeper, hashes[end:min(end+per, len(hashes))])
+		more := whole || (k > 0 && c.lease.Capped)
+		if whole && end < n {
+			next = a.leaseChunk(ctx, peer, keeper, want.slice(end, min(end+per, n)).src)
 		}
-		got, n, err := a.readChunk(ctx, peer, keeper, s, c, parent)
+		got, nb, err := a.readChunk(ctx, peer, keeper, s, c, want.slice(off, end), parent)
 		refs = append(refs, got...)
-		moved += n
+		moved += nb
 		if err != nil {
 			a.abandon(peer, next)
 			if len(refs) > 0 {
@@ -101,11 +107,11 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 		if !more {
 			break
 		}
-		off, parent = end, hashes[end-1]
-		if next == nil && off < len(hashes) {
+		off, parent = end, want.dst[end-1]
+		if next == nil && off < n {
 			// Cut short by a cap: ask for the rest now that this chunk's
 			// lease is released and its room free again.
-			next = a.leaseChunk(ctx, peer, keeper, hashes[off:min(off+per, len(hashes))])
+			next = a.leaseChunk(ctx, peer, keeper, want.slice(off, min(off+per, n)).src)
 		}
 		if a.cfg.hooks.chunkRegistered != nil {
 			a.cfg.hooks.chunkRegistered(holder.Name, len(refs))
@@ -192,10 +198,11 @@ func (a *Agent) releaseLater(peer *transfer.Peer, id uint64) {
 	})
 }
 
-// readChunk reads the present blocks of a leased chunk into new slots of
-// s and registers them after parent, once the holder confirms the lease.
-// On failure nothing of the chunk is registered and its slots are freed.
-func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+// readChunk reads part, the engine blocks of a leased chunk that the
+// lease holds whole, into new slots of s and registers them after parent,
+// once the holder confirms the lease. On failure nothing of the chunk is
+// registered and its slots are freed.
+func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, part pages, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
 	id := c.lease.ID
 	released := id == 0
 	defer func() {
@@ -204,22 +211,27 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 			a.releaseLater(peer, id)
 		}
 	}()
-	k := c.present()
+	k := part.blocks()
 	if k == 0 || id == 0 {
 		return nil, 0, errors.New("holder no longer has the blocks")
 	}
-	hashes := c.asked[:k]
+	hashes := part.dst
 	set := c.lease.Blocks[0].BlockSet
 	src, err := a.layouts.get(ctx, peer, c.lease.LayoutDigests[set])
 	if err != nil {
 		return nil, 0, err
 	}
 	dst := s.set.Layout()
-	if src.PageSize != dst.PageSize {
-		return nil, 0, requestError{fmt.Errorf("holder's page size %d differs from ours (%d): its blocks are named by other hashes", src.PageSize, dst.PageSize)}
+	if src.PageSize*part.k != dst.PageSize {
+		if part.k == 1 {
+			return nil, 0, requestError{fmt.Errorf("holder's page size %d differs from ours (%d): its blocks are named by other hashes", src.PageSize, dst.PageSize)}
+		}
+		return nil, 0, requestError{fmt.Errorf("holder's page size %d is not 1/%d of ours (%d)", src.PageSize, part.k, dst.PageSize)}
 	}
-	pairs := make([]layout.SlotPair, k)
-	for i := range k {
+	// Engine block i is filled from the holder's pages i*k..i*k+k-1, in
+	// token order.
+	pairs := make([]layout.SlotPair, len(part.src))
+	for i := range pairs {
 		slot := c.lease.Blocks[i].Slot
 		if slot >= uint64(src.Slots) {
 			return nil, 0, fmt.Errorf("lease names slot %d of a block set of %d", slot, src.Slots)
@@ -238,8 +250,8 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 			}
 		}
 	}()
-	for i := range k {
-		pairs[i].Dst = blocks[i].Slot
+	for i := range pairs {
+		pairs[i].Dst = blocks[i/part.k].Slot
 	}
 	plan, err := layout.NewPlan(src, dst, pairs)
 	if err != nil {

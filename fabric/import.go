@@ -56,8 +56,10 @@ func (e *importError) Unwrap() error { return e.cause }
 // importBlocks brings the blocks of hashes into s, the longest prefix it
 // can, and references them for the engine: first what is here already,
 // then from another engine's block set on this node, then from holders,
-// longest prefix first, then least load.
-func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64) importResult {
+// longest prefix first, then least load. An import asked for by tokens
+// (ts not nil) also looks, where no holder has the next block at the
+// engine's page size, for holders of smaller pages that divide it.
+func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64, ts *tokenSource) importResult {
 	defer func(start time.Time) { a.stats.importTime.record(time.Since(start)) }(time.Now())
 	a.stats.imports.Add(1)
 	a.stats.inflight.Add(1)
@@ -98,7 +100,10 @@ func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64)
 		parent := parentOf(hashes, len(res.refs))
 		refs, fetch, err := a.fromLocal(s, rest, parent)
 		if len(refs) == 0 && err == nil {
-			refs, fetch, err = a.importFromHolders(ctx, s, rest, parent, &tried, &failures)
+			refs, fetch, err = a.importFromHolders(ctx, s, samePages(rest), parent, &tried, &failures)
+		}
+		if len(refs) == 0 && errors.Is(err, errNoHolder) && ts != nil {
+			refs, fetch, err = a.importSmallerPages(ctx, s, ts, len(res.refs), rest, parent, &tried, &failures)
 		}
 		a.flights.finish(s.set.ID(), rest[0], f)
 		res.refs = append(res.refs, refs...)
@@ -136,12 +141,32 @@ func parentOf(hashes []uint64, i int) uint64 {
 	return hashes[i-1]
 }
 
-// importFromHolders fetches the leading blocks of rest from the best
+// importSmallerPages imports the leading blocks of rest, engine blocks
+// numbered from from in the sequence ts names, from holders whose page
+// divides the engine's, trying the largest such page that some holder
+// serves at least one whole engine block of.
+func (a *Agent) importSmallerPages(ctx context.Context, s *engineSet, ts *tokenSource, from int, rest []uint64, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+	var (
+		refs  []*fabricpb.BlockRef
+		fetch *fabricpb.Fetch
+		err   = errNoHolder
+	)
+	herr := ts.smallerPages(s.set.Layout().PageSize, from, rest, func(want pages) bool {
+		refs, fetch, err = a.importFromHolders(ctx, s, want, parent, tried, failures)
+		return errors.Is(err, errNoHolder) && len(refs) == 0
+	})
+	if herr != nil {
+		return nil, nil, localError{herr}
+	}
+	return refs, fetch, err
+}
+
+// importFromHolders fetches the leading blocks of want from the best
 // holder that serves them, trying the next when a holder fails. Blocks
 // registered before a failure are returned with it: they are the
 // engine's. A local failure or the end of ctx stops the search.
-func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint64, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
-	cands := a.candidates(rest)
+func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, want pages, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+	cands := a.candidates(want.src, want.k)
 	if len(cands) == 0 {
 		return nil, nil, errNoHolder
 	}
@@ -150,7 +175,7 @@ func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint
 			return nil, nil, fmt.Errorf("%w (%d tried)", errHoldersFailed, *tried)
 		}
 		start := time.Now()
-		refs, bytes, err := a.fetch(ctx, c.member, s, rest[:c.blocks], parent)
+		refs, bytes, err := a.fetch(ctx, c.member, s, want.slice(0, c.blocks), parent)
 		var fetch *fabricpb.Fetch
 		if len(refs) > 0 {
 			fetch = &fabricpb.Fetch{Node: c.member.Name, Transport: "quic", Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
@@ -179,18 +204,23 @@ func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint
 
 type candidate struct {
 	member  membership.Member
-	blocks  int
+	blocks  int // whole engine blocks it holds
 	load    float64
 	suspect bool
 }
 
-// candidates are the members holding a prefix of hashes: longest prefix
-// first, then least loaded (every holder is reached over QUIC today, so
-// transport cost does not separate them yet).
-func (a *Agent) candidates(hashes []uint64) []candidate {
+// candidates are the members holding a prefix of hashes, the holder's
+// pages of which k make one engine block: longest prefix first, then
+// least loaded (every holder is reached over QUIC today, so transport
+// cost does not separate them yet). Members that hold less than one whole
+// engine block are left out.
+func (a *Agent) candidates(hashes []uint64, k int) []candidate {
 	matches := a.index.FindMatches(hashes)
 	var out []candidate
 	for _, m := range matches {
+		if m.Blocks < k {
+			continue
+		}
 		name := a.index.Name(m.Node)
 		if name == a.cfg.NodeName {
 			continue
@@ -202,7 +232,7 @@ func (a *Agent) candidates(hashes []uint64) []candidate {
 		// Load in steps of a tenth: holders whose loads differ by less
 		// are equally good, and take turns.
 		load := math.Floor(10 * (mem.Meta.Load.KVUsage + float64(mem.Meta.Load.Imports)))
-		out = append(out, candidate{member: mem, blocks: m.Blocks, load: load})
+		out = append(out, candidate{member: mem, blocks: m.Blocks / k, load: load})
 	}
 	// Holders that just failed an import go last, until failure detection
 	// has had time to decide about them; then the longest prefix, then

@@ -204,6 +204,13 @@ func (c *Client) Import(ctx context.Context, set uint64, hashes []uint64) (*fabr
 	return c.api.Import(ctx, &fabricpb.ImportRequest{BlockSet: set, Hashes: hashes})
 }
 
+// ImportTokens imports the full pages of tokens (with the hash namespace
+// of salt and lora) into set, by the agent's hashes of them at the set's
+// page size; holders whose page divides the set's serve them too.
+func (c *Client) ImportTokens(ctx context.Context, set uint64, tokens []uint32, salt, lora string) (*fabricpb.ImportResponse, error) {
+	return c.api.Import(ctx, &fabricpb.ImportRequest{BlockSet: set, Tokens: &fabricpb.Tokens{Ids: tokens, Salt: salt, Lora: lora}})
+}
+
 // Status returns the agent's view of the cluster.
 func (c *Client) Status(ctx context.Context) (*fabricpb.StatusResponse, error) {
 	return c.api.Status(ctx, &fabricpb.StatusRequest{})

@@ -1071,9 +1071,19 @@ func (x *Overlap) GetScore() float64 {
 type ImportRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	BlockSet uint64                 `protobuf:"varint,1,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
-	Hashes   []uint64               `protobuf:"varint,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	// The sequence hashes of the blocks wanted, at the block set's page
+	// size; or leave them out and give tokens.
+	Hashes []uint64 `protobuf:"varint,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
 	// Bound on the whole import in milliseconds; 0: the agent's default.
-	TimeoutMs     uint32 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	TimeoutMs uint32 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// The token ids of the sequence, instead of hashes: the agent hashes
+	// every full page of the block set's page size (a trailing partial page
+	// is ignored). With tokens, the agent also finds holders whose page
+	// divides the block set's (a page-32 engine from page-16 holders): it
+	// asks them for their own pages by their own hashes, assembles k of
+	// them into each page of the engine's, and registers the result under
+	// the engine's hashes.
+	Tokens        *Tokens `protobuf:"bytes,4,opt,name=tokens,proto3" json:"tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1127,6 +1137,13 @@ func (x *ImportRequest) GetTimeoutMs() uint32 {
 		return x.TimeoutMs
 	}
 	return 0
+}
+
+func (x *ImportRequest) GetTokens() *Tokens {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
 }
 
 type ImportResponse struct {
@@ -1766,12 +1783,13 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\aOverlap\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x14\n" +
-	"\x05score\x18\x03 \x01(\x01R\x05score\"c\n" +
+	"\x05score\x18\x03 \x01(\x01R\x05score\"\x97\x01\n" +
 	"\rImportRequest\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\x04R\x06hashes\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x03 \x01(\rR\ttimeoutMs\"\x91\x01\n" +
+	"timeout_ms\x18\x03 \x01(\rR\ttimeoutMs\x122\n" +
+	"\x06tokens\x18\x04 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\"\x91\x01\n" +
 	"\x0eImportResponse\x124\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x1c.kvfabric.fabric.v1.BlockRefR\x06blocks\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x123\n" +
@@ -1891,34 +1909,35 @@ var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
 	10, // 7: kvfabric.fabric.v1.AcquireResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
 	7,  // 8: kvfabric.fabric.v1.LookupRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
 	17, // 9: kvfabric.fabric.v1.LookupResponse.overlaps:type_name -> kvfabric.fabric.v1.Overlap
-	10, // 10: kvfabric.fabric.v1.ImportResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
-	20, // 11: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
-	23, // 12: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
-	25, // 13: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
-	24, // 14: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
-	0,  // 15: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
-	3,  // 16: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
-	5,  // 17: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
-	8,  // 18: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
-	11, // 19: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
-	13, // 20: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
-	15, // 21: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
-	18, // 22: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
-	21, // 23: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
-	1,  // 24: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
-	4,  // 25: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
-	6,  // 26: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
-	9,  // 27: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
-	12, // 28: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
-	14, // 29: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
-	16, // 30: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
-	19, // 31: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
-	22, // 32: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
-	24, // [24:33] is the sub-list for method output_type
-	15, // [15:24] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	7,  // 10: kvfabric.fabric.v1.ImportRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	10, // 11: kvfabric.fabric.v1.ImportResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
+	20, // 12: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
+	23, // 13: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
+	25, // 14: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
+	24, // 15: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
+	0,  // 16: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
+	3,  // 17: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
+	5,  // 18: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
+	8,  // 19: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
+	11, // 20: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
+	13, // 21: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
+	15, // 22: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
+	18, // 23: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
+	21, // 24: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
+	1,  // 25: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
+	4,  // 26: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
+	6,  // 27: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
+	9,  // 28: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
+	12, // 29: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
+	14, // 30: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
+	16, // 31: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
+	19, // 32: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
+	22, // 33: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_fabric_fabricpb_engine_proto_init() }

@@ -79,3 +79,35 @@ func Check(l *layout.Layout, regions [][]byte, slot int, id uint64) error {
 	})
 	return err
 }
+
+// FillTokens writes into slot the tokens first..first+PageSize-1 of
+// logical sequence seq: an element's content depends on its token's place
+// in the sequence, not in the block, so that blocks of one page size can
+// be checked against blocks of another made from the same tokens.
+func FillTokens(l *layout.Layout, regions [][]byte, slot int, seq uint64, first int) {
+	es := l.Model.DType.Size()
+	var v [8]byte
+	each(l, slot, func(rank, layer, plane, tok, head, dim int, off uint64) {
+		binary.LittleEndian.PutUint64(v[:], Value(seq, layer, plane, first+tok, head, dim))
+		copy(regions[rank][off:off+es], v[:es])
+	})
+}
+
+// CheckTokens verifies that slot holds the tokens first..first+PageSize-1
+// of logical sequence seq, as FillTokens writes them, and says where not.
+func CheckTokens(l *layout.Layout, regions [][]byte, slot int, seq uint64, first int) error {
+	es := l.Model.DType.Size()
+	var v [8]byte
+	var err error
+	each(l, slot, func(rank, layer, plane, tok, head, dim int, off uint64) {
+		if err != nil {
+			return
+		}
+		binary.LittleEndian.PutUint64(v[:], Value(seq, layer, plane, first+tok, head, dim))
+		if got := regions[rank][off : off+es]; string(got) != string(v[:es]) {
+			err = fmt.Errorf("slot %d rank %d layer %d plane %d token %d (of the sequence %d) head %d dim %d: got %x, want %x",
+				slot, rank, layer, plane, tok, first+tok, head, dim, got, v[:es])
+		}
+	})
+	return err
+}
