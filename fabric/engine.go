@@ -293,7 +293,20 @@ func toStatus(err error) error {
 const loadWeight = 1.0
 
 func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) (*fabricpb.LookupResponse, error) {
+	a := e.a
+	var perBlock uint64 // bytes one block moves into the engine's set
 	bs := int(req.GetBlockSize())
+	if id := req.GetBlockSet(); id != 0 {
+		s, err := a.engineSet(id)
+		if err != nil {
+			return nil, err
+		}
+		l := s.set.Layout()
+		perBlock = l.Strides().Shard * uint64(l.TPSize)
+		if bs == 0 {
+			bs = l.PageSize
+		}
+	}
 	if bs == 0 {
 		bs = 16
 	}
@@ -304,7 +317,6 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	if err != nil {
 		return nil, err
 	}
-	a := e.a
 	matches := a.index.FindMatches(hashes)
 	loads := map[index.NodeID]float64{}
 	// Members the index has no id for hold nothing: candidates with no
@@ -326,6 +338,17 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	if len(idle) > 0 {
 		out.Overlaps = append(out.Overlaps, idle...)
 		sort.SliceStable(out.Overlaps, func(i, j int) bool { return out.Overlaps[i].Score > out.Overlaps[j].Score })
+	}
+	if perBlock > 0 {
+		for _, o := range out.Overlaps {
+			o.Estimate = estimateNone
+			if o.Blocks == 0 || o.Node == a.cfg.NodeName {
+				continue
+			}
+			o.FetchBytes = uint64(o.Blocks) * perBlock
+			d, basis, transport := a.links.estimate(o.Node, o.FetchBytes)
+			o.FetchEstimateUs, o.Estimate, o.Transport = uint64(d.Microseconds()), basis, transport
+		}
 	}
 	return out, nil
 }

@@ -265,15 +265,21 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	for _, r := range plan.Ranks {
 		segs = append(segs, r...)
 	}
+	readStart := time.Now()
 	if err := peer.Read(c.kept.ctx, id, set, segs, regions); err != nil {
 		if cause := context.Cause(c.kept.ctx); errors.Is(cause, errLeaseLost) {
 			err = cause
 		}
 		return nil, 0, fmt.Errorf("read: %w", err)
 	}
+	read := time.Since(readStart)
 	keeper.drop(id)
+	relStart := time.Now()
 	valid, err := peer.Release(ctx, id)
 	released = true
+	if err == nil {
+		a.links.observe(peer.Name(), "quic", time.Since(relStart), plan.Bytes(), read)
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("release: %w", err)
 	}

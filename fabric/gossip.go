@@ -185,6 +185,7 @@ func (a *Agent) memberLoop() {
 			a.logMember(ev, failed, time.Now())
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
 				a.peers.forget(ev.Member.Name)
+				a.links.forget(ev.Member.Name)
 				a.service.peerGone(ev.Member.Name, "member "+ev.Kind.String())
 			}
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
@@ -104,5 +105,65 @@ func TestImportAcrossPageSizesByTokens(t *testing.T) {
 	// Fewer tokens than one page, and hashes with tokens, are refused.
 	if _, err := c.ImportTokens(ctx, set.ID, tokens[:31], "m", ""); code(err) != codes.InvalidArgument {
 		t.Fatalf("import of 31 tokens into pages of 32: %v, want InvalidArgument", err)
+	}
+}
+
+// Lookup with the engine's block set estimates, per holder, how long
+// bringing its matched blocks here would take: nothing before any import
+// from it, then from what the imports measured.
+func TestLookupEstimatesFetchTime(t *testing.T) {
+	agents := cluster(t, 2)
+	n1, n2 := agents[0], agents[1]
+	hashes := produce(t, n1, 4, layout.HND, 20)
+	wait.For(t, 10*time.Second, "n2 indexes n1's blocks", func() error {
+		if got := agentStatus(t, n2).Members["n1"]; got != 20 {
+			return fmt.Errorf("%d indexed", got)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	c := dial(t, n2)
+	set := register(t, c, client.Engine{Name: "consumer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.NHD, Slots: 64})
+	perBlock := set.Layout.Strides().Shard * 2
+	lookup := func() *fabricpb.Overlap {
+		t.Helper()
+		resp, err := c.API().Lookup(ctx, &fabricpb.LookupRequest{Hashes: hashes, BlockSet: set.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range resp.Overlaps {
+			if o.Node == "n1" {
+				return o
+			}
+		}
+		t.Fatalf("no overlap for n1 in %v", resp.Overlaps)
+		return nil
+	}
+	if o := lookup(); o.Blocks != 20 || o.FetchBytes != 20*perBlock || o.Estimate != "none" || o.FetchEstimateUs != 0 {
+		t.Fatalf("before any import: %v, want 20 blocks of %d bytes and no estimate", o, perBlock)
+	}
+	resp, err := c.Import(ctx, set.ID, hashes[:10])
+	if err != nil || len(resp.Blocks) != 10 || len(resp.Fetches) != 1 {
+		t.Fatalf("import: %v %v", resp, err)
+	}
+	took := time.Duration(resp.Fetches[0].Micros) * time.Microsecond
+	o := lookup()
+	if o.Estimate != "measured" || o.Transport != "quic" || o.FetchEstimateUs == 0 {
+		t.Fatalf("after an import: %v, want an estimate measured over quic", o)
+	}
+	// The estimate is for the 20 blocks n1 holds: about twice the 10 just
+	// imported; wide margins, for loaded machines.
+	est := time.Duration(o.FetchEstimateUs) * time.Microsecond
+	if est > 40*took || est < took/20 {
+		t.Errorf("estimate %v for 20 blocks after 10 took %v", est, took)
+	}
+	// Without a block set there is no size to estimate from.
+	plain, err := c.Lookup(ctx, hashes)
+	if err != nil || plain[0].FetchEstimateUs != 0 || plain[0].Estimate != "" {
+		t.Fatalf("lookup without a block set: %v %v", plain, err)
+	}
+	// An unknown block set is an error naming it.
+	if _, err := c.API().Lookup(ctx, &fabricpb.LookupRequest{Hashes: hashes, BlockSet: 999}); code(err) != codes.NotFound {
+		t.Fatalf("lookup with block set 999: %v, want NotFound", err)
 	}
 }

@@ -897,8 +897,12 @@ type LookupRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Hashes []uint64               `protobuf:"varint,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
 	Tokens *Tokens                `protobuf:"bytes,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
-	// Block size for tokens; 0: 16.
-	BlockSize     uint32 `protobuf:"varint,3,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// Block size for tokens; 0: 16, or the page size of block_set.
+	BlockSize uint32 `protobuf:"varint,3,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// The engine's block set, when it wants fetch estimates: its layout
+	// says how many bytes each matched block would move (and, for tokens,
+	// the page size when block_size is 0).
+	BlockSet      uint64 `protobuf:"varint,4,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -950,6 +954,13 @@ func (x *LookupRequest) GetTokens() *Tokens {
 func (x *LookupRequest) GetBlockSize() uint32 {
 	if x != nil {
 		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *LookupRequest) GetBlockSet() uint64 {
+	if x != nil {
+		return x.BlockSet
 	}
 	return 0
 }
@@ -1012,7 +1023,23 @@ type Overlap struct {
 	// Leading blocks of the request the node holds.
 	Blocks uint32 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
 	// Routing score: overlap minus weighted load, higher is better.
-	Score         float64 `protobuf:"fixed64,3,opt,name=score,proto3" json:"score,omitempty"`
+	Score float64 `protobuf:"fixed64,3,opt,name=score,proto3" json:"score,omitempty"`
+	// With block_set in the request: the estimated time, in microseconds,
+	// to import the node's matched blocks here, so that an engine or router
+	// can weigh it against recomputing them. It is two control round trips
+	// plus fetch_bytes at the read throughput this node's recent imports
+	// from that node measured. 0 for this node, for nodes that match no
+	// block, and when nothing is measured yet (estimate says which).
+	FetchEstimateUs uint64 `protobuf:"varint,4,opt,name=fetch_estimate_us,json=fetchEstimateUs,proto3" json:"fetch_estimate_us,omitempty"`
+	// How fetch_estimate_us was made: "measured" (from this node's recent
+	// imports from that node), "cluster" (no import from it yet: the mean of
+	// the nodes measured), or "none" (no estimate).
+	Estimate string `protobuf:"bytes,5,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	// The bytes importing the matched blocks into block_set would move.
+	FetchBytes uint64 `protobuf:"varint,6,opt,name=fetch_bytes,json=fetchBytes,proto3" json:"fetch_bytes,omitempty"`
+	// The transport the measurement was made on ("quic", "rdma"); empty
+	// without a measurement of that node.
+	Transport     string `protobuf:"bytes,7,opt,name=transport,proto3" json:"transport,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1066,6 +1093,34 @@ func (x *Overlap) GetScore() float64 {
 		return x.Score
 	}
 	return 0
+}
+
+func (x *Overlap) GetFetchEstimateUs() uint64 {
+	if x != nil {
+		return x.FetchEstimateUs
+	}
+	return 0
+}
+
+func (x *Overlap) GetEstimate() string {
+	if x != nil {
+		return x.Estimate
+	}
+	return ""
+}
+
+func (x *Overlap) GetFetchBytes() uint64 {
+	if x != nil {
+		return x.FetchBytes
+	}
+	return 0
+}
+
+func (x *Overlap) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
 }
 
 type ImportRequest struct {
@@ -1771,19 +1826,25 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x14\n" +
 	"\x05slots\x18\x02 \x03(\rR\x05slots\"\x11\n" +
-	"\x0fReleaseResponse\"z\n" +
+	"\x0fReleaseResponse\"\x97\x01\n" +
 	"\rLookupRequest\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x04R\x06hashes\x122\n" +
 	"\x06tokens\x18\x02 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\x03 \x01(\rR\tblockSize\"a\n" +
+	"block_size\x18\x03 \x01(\rR\tblockSize\x12\x1b\n" +
+	"\tblock_set\x18\x04 \x01(\x04R\bblockSet\"a\n" +
 	"\x0eLookupResponse\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x04R\x06hashes\x127\n" +
-	"\boverlaps\x18\x02 \x03(\v2\x1b.kvfabric.fabric.v1.OverlapR\boverlaps\"K\n" +
+	"\boverlaps\x18\x02 \x03(\v2\x1b.kvfabric.fabric.v1.OverlapR\boverlaps\"\xd2\x01\n" +
 	"\aOverlap\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x14\n" +
-	"\x05score\x18\x03 \x01(\x01R\x05score\"\x97\x01\n" +
+	"\x05score\x18\x03 \x01(\x01R\x05score\x12*\n" +
+	"\x11fetch_estimate_us\x18\x04 \x01(\x04R\x0ffetchEstimateUs\x12\x1a\n" +
+	"\bestimate\x18\x05 \x01(\tR\bestimate\x12\x1f\n" +
+	"\vfetch_bytes\x18\x06 \x01(\x04R\n" +
+	"fetchBytes\x12\x1c\n" +
+	"\ttransport\x18\a \x01(\tR\ttransport\"\x97\x01\n" +
 	"\rImportRequest\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\x04R\x06hashes\x12\x1d\n" +
