@@ -53,7 +53,7 @@ type Agent struct {
 	flights  flights
 	turn     atomic.Uint64 // rotates imports over equally good holders
 	suspects suspects
-	links    links // what imports measured of each holder
+	links    links        // what imports measured of each holder
 	publish  publishState // the pool goroutine's, in onPoolEvents
 	metaPoke chan struct{}
 	done     chan struct{}
