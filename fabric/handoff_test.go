@@ -257,6 +257,45 @@ func TestDescriptorSocketProtocol(t *testing.T) {
 	if err != nil || off != 0 || size != m.GetFileSize() || uint64(fi.Size()) != size {
 		t.Fatalf("descriptor: offset %d size %d, file %v %v, want size %d", off, size, fi, err, m.GetFileSize())
 	}
+	a.Close()
+	if _, err := os.Lstat(m.GetFdSocket()); !os.IsNotExist(err) {
+		t.Fatalf("descriptor socket left after Close: %v", err)
+	}
+}
+
+// The descriptor socket serves 64 connections at once; the 65th is told
+// it is busy and closed.
+func TestDescriptorSocketConnectionLimit(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	path := a.EngineSocket() + fabric.FDSocketSuffix
+	exchange := func(c net.Conn) (string, error) {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := fmt.Fprintf(c, "wrong\n"); err != nil {
+			return "", err
+		}
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	const limit = 64
+	for i := range limit {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// Answered: connection i is being served.
+		if line, err := exchange(c); err != nil || !strings.HasPrefix(line, "error unknown memory token") {
+			t.Fatalf("connection %d of %d: %q %v", i+1, limit, line, err)
+		}
+	}
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.HasPrefix(line, "error busy") {
+		t.Fatalf("connection %d: %q %v, want busy", limit+1, line, err)
+	}
 }
 
 // The engine socket's mode and group apply to its descriptor companion
