@@ -281,7 +281,9 @@ type Memory struct {
 	// The token to send on fd_socket; empty when descriptor passing is not
 	// offered.
 	Token string `protobuf:"bytes,4,opt,name=token,proto3" json:"token,omitempty"`
-	// The companion socket that hands out descriptors.
+	// The companion socket that hands out descriptors, as the agent names
+	// it; an engine that reaches the engine socket under another path (a
+	// different mount point) appends ".fd" to its own path.
 	FdSocket string `protobuf:"bytes,5,opt,name=fd_socket,json=fdSocket,proto3" json:"fd_socket,omitempty"`
 	// The named file under the agent's memory_dir; empty when none.
 	File string `protobuf:"bytes,6,opt,name=file,proto3" json:"file,omitempty"`
