@@ -63,6 +63,8 @@ type Agent struct {
 
 	engineLn  net.Listener
 	engineSrv *grpc.Server
+	fdSrv     *fdServer
+	memToken  string // what engines send on the descriptor socket
 	httpLn    net.Listener
 	httpSrv   *http.Server
 
@@ -145,16 +147,31 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	// Engines' block sets come from the first pool. More tiers (several
 	// pools, GPU memory) arrive with the GPU backend.
 	spec := specs[0]
-	st, err := pool.NewHostStorage(pool.HostConfig{
+	hc := pool.HostConfig{
 		Size:   spec.Size,
 		Name:   "kvfabric-" + a.cfg.NodeName,
 		Lock:   spec.Kind == "pinned",
 		Logger: a.log,
-	})
+	}
+	if a.cfg.MemoryDir != "" {
+		// Engines that share the directory (a hostPath) open the file by
+		// name; it must be traversable by them, hence not 0700.
+		if err := os.MkdirAll(a.cfg.MemoryDir, 0o755); err != nil {
+			return fmt.Errorf("fabric: memory dir: %w", err)
+		}
+		hc.Backing, hc.Dir = pool.ShmFile, a.cfg.MemoryDir
+	}
+	st, err := pool.NewHostStorage(hc)
 	if err != nil {
 		return fmt.Errorf("fabric: %s pool of %d bytes: %w", spec.Kind, spec.Size, err)
 	}
 	a.storage, a.poolKind = st, spec.Kind
+	if a.cfg.MemoryDir != "" {
+		// Same access as the engine socket: whoever may register may map.
+		if err := a.applySocketAccess(st.Path(), 0o666); err != nil {
+			return fmt.Errorf("fabric: memory file: %w", err)
+		}
+	}
 	pcfg := pool.DefaultConfig()
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents
@@ -175,17 +192,20 @@ func (a *Agent) startEngineAPI() error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("fabric: engine socket dir: %w", err)
 	}
-	// Bind under a umask-independent mode: make the socket, then restrict
-	// it before anyone is told where it is.
+	// Bind under a umask-independent mode: make the socket, then set its
+	// mode and group before anyone is told where it is.
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		return fmt.Errorf("fabric: engine socket: %w", err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	if err := a.applySocketAccess(path, 0o777); err != nil {
 		ln.Close()
 		return fmt.Errorf("fabric: engine socket: %w", err)
 	}
 	a.engineLn = ln
+	if err := a.startFDSocket(); err != nil {
+		return err
+	}
 	// WaitForHandlers: Close must not unmap the pool under a call still
 	// writing into it.
 	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.WaitForHandlers(true))
@@ -198,6 +218,50 @@ func (a *Agent) startEngineAPI() error {
 		}
 	}()
 	return nil
+}
+
+// startFDSocket serves the pool memory's descriptor beside the engine
+// socket (see fd_socket.go), with the engine socket's mode and group.
+func (a *Agent) startFDSocket() error {
+	path := a.cfg.EngineSocket + FDSocketSuffix
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return fmt.Errorf("fabric: descriptor socket %s exists and is not a socket", path)
+		}
+		// The engine socket was free, so this one is stale.
+		os.Remove(path)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("fabric: descriptor socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := a.applySocketAccess(path, 0o777); err != nil {
+		ln.Close()
+		return fmt.Errorf("fabric: descriptor socket: %w", err)
+	}
+	a.memToken = newMemoryToken()
+	a.fdSrv = startFDServer(ln, a.memToken, sharedMemory{fd: a.storage.FD(), size: a.storage.Size()}, a.log)
+	return nil
+}
+
+// applySocketAccess gives path the configured mode (limited to bits in
+// allowed) and group. Both were validated.
+func (a *Agent) applySocketAccess(path string, allowed os.FileMode) error {
+	mode, err := parseSocketMode(a.cfg.EngineSocketMode)
+	if err != nil {
+		return err
+	}
+	gid, err := lookupGroup(a.cfg.EngineSocketGroup)
+	if err != nil {
+		return err
+	}
+	if gid != os.Getegid() {
+		if err := os.Chown(path, -1, gid); err != nil {
+			return fmt.Errorf("group %s: %w", a.cfg.EngineSocketGroup, err)
+		}
+	}
+	return os.Chmod(path, mode&allowed)
 }
 
 // removeStaleSocket removes a socket left by an agent that died, and
@@ -302,6 +366,10 @@ func (a *Agent) Close() error {
 				<-stopped
 			}
 		}
+		if a.fdSrv != nil {
+			// Before the memory goes: descriptors in flight stay valid.
+			a.fdSrv.close()
+		}
 		if a.httpSrv != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			errs = append(errs, a.httpSrv.Shutdown(ctx))
@@ -341,7 +409,7 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 	for _, s := range a.sets {
 		l := s.set.Layout()
 		if l.Model == tmpl.Model && l.PageSize == tmpl.PageSize && l.TPSize == tmpl.TPSize &&
-			l.Order == tmpl.Order && l.Arrangement == tmpl.Arrangement && (tmpl.Slots == 0 || tmpl.Slots == l.Slots) {
+			l.Order == tmpl.Order && l.Arrangement == tmpl.Arrangement && l.Alignment == tmpl.Alignment && (tmpl.Slots == 0 || tmpl.Slots == l.Slots) {
 			return s, nil
 		}
 	}
@@ -403,7 +471,47 @@ func (a *Agent) describe(s *engineSet) (*fabricpb.RegisterResponse, error) {
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		out.Memory = append(out.Memory, &fabricpb.Memory{Path: a.storage.Path(), Offset: off, Size: l.Regions[r].Size})
+		m := &fabricpb.Memory{Path: a.storage.Path(), Offset: off, Size: l.Regions[r].Size, FileSize: a.storage.Size()}
+		if a.fdSrv != nil {
+			m.Token, m.FdSocket = a.memToken, a.cfg.EngineSocket+FDSocketSuffix
+		}
+		if a.cfg.MemoryDir != "" {
+			m.File = a.storage.Path()
+		}
+		out.Memory = append(out.Memory, m)
+		out.Ranks = append(out.Ranks, rankLayout(l, r, off))
 	}
 	return out, nil
+}
+
+// rankLayout describes rank r of l, whose region starts at off in the
+// mapped memory: the formulas are engine.proto's RankLayout.
+func rankLayout(l *layout.Layout, r int, off uint64) *fabricpb.RankLayout {
+	st := l.Strides()
+	planes := uint32(2)
+	if l.Model.MLA {
+		planes = 1
+	}
+	rl := &fabricpb.RankLayout{
+		Offset: off, BlockStride: st.Block, LayerStride: st.Layer, KvStride: st.KV,
+		Planes: planes, ElementBytes: uint32(l.Model.DType.Size()), ChunkBytes: st.Chunk,
+		Replicas: 1,
+	}
+	heads, tokens, dim := uint32(st.HeadsPerRank), uint32(l.PageSize), uint32(l.Model.HeadDim)
+	if l.Order == layout.NHD {
+		rl.ChunkShape = []uint32{tokens, heads, dim}
+	} else {
+		rl.ChunkShape = []uint32{heads, tokens, dim}
+	}
+	first := l.FirstHead(r)
+	for h := range st.HeadsPerRank {
+		rl.HeadIds = append(rl.HeadIds, uint32(first+h))
+	}
+	switch {
+	case l.Model.MLA:
+		rl.Replicas = uint32(l.TPSize)
+	case l.TPSize > l.Model.KVHeads:
+		rl.Replicas = uint32(l.TPSize / l.Model.KVHeads)
+	}
+	return rl
 }

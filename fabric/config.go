@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -86,9 +87,26 @@ type Config struct {
 	// DataDir.
 	DevCADir string `json:"dev_ca_dir,omitempty"`
 
-	// EngineSocket is the unix socket of the engine API (mode 0600). If
-	// empty, DataDir/engine.sock.
+	// EngineSocket is the unix socket of the engine API; its companion
+	// EngineSocket+".fd" hands out pool memory descriptors. If empty,
+	// DataDir/engine.sock.
 	EngineSocket string `json:"engine_socket,omitempty"`
+	// EngineSocketMode is the octal permission of the engine socket, its
+	// companion and the named memory file: 0600, 0620, 0640 or 0660 (the
+	// owner always reads and writes; others never get access). If empty,
+	// 0600.
+	EngineSocketMode string `json:"engine_socket_mode,omitempty"`
+	// EngineSocketGroup is the group (name or numeric id) that owns the
+	// engine socket, its companion and the named memory file, so that
+	// engines running as another user in it can connect when the mode
+	// grants the group access. If empty, the agent's group.
+	EngineSocketGroup string `json:"engine_socket_group,omitempty"`
+	// MemoryDir, when set, makes the pool's memory a named file in this
+	// directory (e.g. a Kubernetes hostPath shared with engine pods), which
+	// engines may open instead of receiving the descriptor; the file is
+	// removed when the agent stops. If empty, the memory is an anonymous
+	// memory file, reachable through the descriptor socket only.
+	MemoryDir string `json:"memory_dir,omitempty"`
 	// MetricsAddr is the host:port of the HTTP /metrics and /healthz
 	// endpoints. If empty, 127.0.0.1:7948; "off" disables them.
 	MetricsAddr string `json:"metrics_addr,omitempty"`
@@ -305,6 +323,12 @@ func (c *Config) validate() ([]PoolSpec, error) {
 			return nil, bad(fmt.Sprintf("join[%d]", i), "%v", err)
 		}
 	}
+	if _, err := parseSocketMode(c.EngineSocketMode); err != nil {
+		return nil, bad("engine_socket_mode", "%v", err)
+	}
+	if _, err := lookupGroup(c.EngineSocketGroup); err != nil {
+		return nil, bad("engine_socket_group", "%v", err)
+	}
 	if c.MetricsAddr != "off" {
 		if _, _, err := splitHostPort(c.MetricsAddr); err != nil {
 			return nil, bad("metrics_addr", "%v (or \"off\")", err)
@@ -407,6 +431,48 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, fmt.Errorf("%q: port %q is not 0..65535", addr, port)
 	}
 	return host, int(p), nil
+}
+
+// parseSocketMode parses Config.EngineSocketMode ("" is 0600).
+func parseSocketMode(s string) (os.FileMode, error) {
+	if s == "" {
+		return 0o600, nil
+	}
+	v, err := strconv.ParseUint(s, 8, 32)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not an octal mode such as 0660", s)
+	}
+	m := os.FileMode(v)
+	if m&^0o660 != 0 || m&0o600 != 0o600 {
+		return 0, fmt.Errorf("%#o: want 0600, 0620, 0640 or 0660 (the owner reads and writes; no access for others, no execute bits)", v)
+	}
+	return m, nil
+}
+
+// lookupGroup returns the group id that Config.EngineSocketGroup names:
+// a group name or a numeric id of a group that exists; "" is the agent's
+// effective group.
+func lookupGroup(s string) (int, error) {
+	if s == "" {
+		return os.Getegid(), nil
+	}
+	if _, err := strconv.ParseUint(s, 10, 32); err == nil {
+		g, err := user.LookupGroupId(s)
+		if err != nil {
+			return 0, fmt.Errorf("group id %s: %v", s, err)
+		}
+		gid, _ := strconv.Atoi(g.Gid)
+		return gid, nil
+	}
+	g, err := user.LookupGroup(s)
+	if err != nil {
+		return 0, fmt.Errorf("group %q: %v", s, err)
+	}
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return 0, fmt.Errorf("group %q: id %q is not numeric", s, g.Gid)
+	}
+	return gid, nil
 }
 
 // newLogger is the agent's logger when Config.Logger is nil: format

@@ -26,6 +26,10 @@ const (
 	maxRequestTokens = 1 << 22
 )
 
+// DefaultAlignment is the alignment of a block set whose engine asks for
+// none (RegisterRequest.alignment 0): strides rounded to 4 KiB pages.
+const DefaultAlignment = 4096
+
 // engineSet is a block set made for engines, with the references the
 // engine API handed out on its slots, so that an engine can release only
 // what it holds.
@@ -82,6 +86,10 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	align := req.GetAlignment()
+	if align == 0 {
+		align = DefaultAlignment
+	}
 	arr := layout.ArrangementFromProto(req.GetArrangement())
 	if req.GetArrangement() == 0 {
 		arr = layout.FullyContiguous
@@ -92,7 +100,7 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 		TPSize:      int(req.GetTpSize()),
 		Order:       layout.KVOrderFromProto(req.GetKvOrder()),
 		Arrangement: arr,
-		Alignment:   4096,
+		Alignment:   align,
 		Slots:       int(req.GetSlots()),
 	}
 	set, err := e.a.blockSetFor(req.GetEngine(), tmpl)

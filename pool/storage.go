@@ -33,11 +33,13 @@ type Backing uint8
 
 const (
 	// MemFD backs host memory with an anonymous memory file (memfd_create);
-	// engines receive the descriptor over the engine socket or open
-	// /proc/<agent pid>/fd/<fd>. Nothing is left behind if the agent dies.
+	// engines receive the descriptor (HostStorage.FD) from the agent's
+	// descriptor socket, or open /proc/<agent pid>/fd/<fd> inside the
+	// agent's PID namespace. Nothing is left behind if the agent dies.
 	MemFD Backing = iota
-	// ShmFile backs host memory with a file under Dir (mode 0600), removed
-	// on Close; engines open it by path.
+	// ShmFile backs host memory with a file under Dir (mode 0600, which the
+	// owner may widen), removed on Close; engines open it by path or
+	// receive its descriptor as for MemFD.
 	ShmFile
 )
 

@@ -86,6 +86,9 @@ func runMembers(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
 	s, err := cf.status()
 	if err != nil {
 		return err
@@ -122,6 +125,9 @@ func runStatus(e *env, args []string) error {
 	cf := addClientFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
 	}
 	s, err := cf.status()
 	if err != nil {
@@ -248,15 +254,28 @@ func runLookup(e *env, args []string) error {
 		return err
 	}
 	if *cf.json {
-		return printJSON(e.stdout, resp)
+		err = printJSON(e.stdout, resp)
+	} else {
+		fmt.Fprintf(e.stdout, "%d blocks asked\n", len(hashes))
+		tw := table(e.stdout)
+		fmt.Fprintln(tw, "NODE\tBLOCKS\tSCORE")
+		for _, o := range resp.Overlaps {
+			fmt.Fprintf(tw, "%s\t%d\t%.3f\n", o.Node, o.Blocks, o.Score)
+		}
+		err = tw.Flush()
 	}
-	fmt.Fprintf(e.stdout, "%d blocks asked\n", len(hashes))
-	tw := table(e.stdout)
-	fmt.Fprintln(tw, "NODE\tBLOCKS\tSCORE")
+	if err != nil {
+		return err
+	}
+	best := uint32(0)
 	for _, o := range resp.Overlaps {
-		fmt.Fprintf(tw, "%s\t%d\t%.3f\n", o.Node, o.Blocks, o.Score)
+		best = max(best, o.Blocks)
 	}
-	return tw.Flush()
+	if int(best) < len(hashes) {
+		// Exit status 1: not every block is available from one node.
+		return fmt.Errorf("no node holds all %d blocks (at most %d)", len(hashes), best)
+	}
+	return nil
 }
 
 // engineFlags describe the engine a command registers as.
@@ -398,12 +417,13 @@ or --generate makes N blocks of random tokens. Prints the sequence hashes.`)
 	if len(blocks) > batch {
 		fmt.Fprintln(e.stderr)
 	}
-	if *cf.json {
-		return json.NewEncoder(e.stdout).Encode(map[string]any{"block_set": set.ID, "hashes": hashes})
-	}
 	strs := make([]string, len(hashes))
 	for i, h := range hashes {
 		strs[i] = strconv.FormatUint(h, 10)
+	}
+	if *cf.json {
+		// 64-bit integers as strings, as protobuf JSON writes them.
+		return json.NewEncoder(e.stdout).Encode(map[string]any{"block_set": strconv.FormatUint(set.ID, 10), "hashes": strs})
 	}
 	fmt.Fprintln(e.stdout, strings.Join(strs, ","))
 	return nil
@@ -436,21 +456,69 @@ func (im *imported) releaseAll() error {
 	return im.c.Release(im.ctx, im.set.ID, slots)
 }
 
-// importHashes registers as engine eng and imports hashes.
-func importHashes(cf clientFlags, eng client.Engine, hashes []uint64) (*imported, error) {
+// importHashes registers as engine eng and imports hashes, with a
+// progress line on stderr when e asks for one.
+func importHashes(e *env, cf clientFlags, eng client.Engine, hashes []uint64) (*imported, error) {
 	c, ctx, cancel, err := cf.dial()
 	if err != nil {
 		return nil, err
 	}
 	im := &imported{c: c, ctx: ctx, cancel: cancel}
 	if im.set, err = c.Register(ctx, eng); err == nil {
+		stop := startProgress(e, c, ctx, im.set, len(hashes))
 		im.resp, err = c.Import(ctx, im.set.ID, hashes)
+		stop(len(im.resp.GetBlocks()))
 	}
 	if err != nil {
 		im.close()
 		return nil, err
 	}
 	return im, nil
+}
+
+// startProgress shows, once an import has run for e.progressAfter and
+// while it runs, a line on stderr with the bytes the agent has imported
+// since it began (of those the blocks need) and the time; stop ends it
+// with the blocks brought. Nothing shows unless e.progress.
+func startProgress(e *env, c *client.Client, ctx context.Context, set *client.BlockSet, blocks int) (stop func(brought int)) {
+	if !e.progress {
+		return func(int) {}
+	}
+	start := time.Now()
+	st := set.Layout.Strides()
+	want := uint64(blocks) * st.Shard * uint64(set.Layout.TPSize)
+	base := uint64(0)
+	if s, err := c.Status(ctx); err == nil {
+		base = s.ImportBytes
+	}
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	shown := false
+	go func() {
+		defer close(exited)
+		t := time.NewTimer(e.progressAfter)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if s, err := c.Status(ctx); err == nil {
+				fmt.Fprintf(e.stderr, "\rimporting %d blocks: %s of %s, %v ", blocks, bytesString(s.ImportBytes-base), bytesString(want),
+					time.Since(start).Round(time.Second))
+				shown = true
+			}
+			t.Reset(500 * time.Millisecond)
+		}
+	}()
+	return func(brought int) {
+		close(done)
+		<-exited
+		if shown || time.Since(start) >= e.progressAfter {
+			fmt.Fprintf(e.stderr, "\rimported %d of %d blocks in %v\033[K\n", brought, blocks, time.Since(start).Round(time.Millisecond))
+		}
+	}
 }
 
 func printFetches(w io.Writer, resp *fabricpb.ImportResponse, asked int) {
@@ -490,7 +558,7 @@ func runImport(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	im, err := importHashes(cf, eng, hashes)
+	im, err := importHashes(e, cf, eng, hashes)
 	if err != nil {
 		return err
 	}
@@ -499,10 +567,15 @@ func runImport(e *env, args []string) error {
 		return err
 	}
 	if *cf.json {
-		return printJSON(e.stdout, im.resp)
+		err = printJSON(e.stdout, im.resp)
+	} else {
+		printFetches(e.stdout, im.resp, len(hashes))
 	}
-	printFetches(e.stdout, im.resp, len(hashes))
-	return nil
+	if err == nil && len(im.resp.Blocks) < len(hashes) {
+		// Exit status 1: some blocks are not available.
+		err = fmt.Errorf("%d of %d blocks imported: %s", len(im.resp.Blocks), len(hashes), im.resp.Error)
+	}
+	return err
 }
 
 func runGet(e *env, args []string) error {
@@ -530,7 +603,7 @@ put writes.`)
 	if err != nil {
 		return err
 	}
-	im, err := importHashes(cf, eng, hashes)
+	im, err := importHashes(e, cf, eng, hashes)
 	if err != nil {
 		return err
 	}

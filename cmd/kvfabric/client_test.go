@@ -27,14 +27,11 @@ func TestClientCommands(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("put: exit %d: %s", code, errs)
 	}
-	var put struct{ Hashes []uint64 }
+	var put struct{ Hashes []string } // strings, as in every --json
 	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 5 {
 		t.Fatalf("put --json: %q (%v)", out, err)
 	}
-	var list []string
-	for _, h := range put.Hashes {
-		list = append(list, strconv.FormatUint(h, 10))
-	}
+	list := put.Hashes
 	hashes := strings.Join(list, ",")
 
 	code, out, errs = runCmd(t, "", append([]string{"lookup", "--hashes", hashes}, sock...)...)

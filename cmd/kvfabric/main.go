@@ -9,8 +9,19 @@
 //	kvfabric plan --src FILE --dst FILE       the copy plan between two layouts
 //	kvfabric version
 //
-// Usage errors exit with status 2 and a one-line message; other failures
-// exit with status 1.
+// Every command exits with one of three statuses:
+//
+//	0  all done: every block asked for is here (import, get), stored (put)
+//	   or held by some node (lookup); other commands did what they were asked
+//	1  not all done: some or all blocks are not available, or the work
+//	   failed (no agent on the socket, a write failed, a key exists); the
+//	   reason is one line on standard error
+//	2  usage or configuration error, nothing done: an unknown command or
+//	   flag, a bad argument or KVFABRIC_ variable, an invalid --config file
+//	   or layout file
+//
+// Hashes are decimal strings in every --json output, as protobuf JSON
+// writes 64-bit integers, so that no JSON reader rounds them.
 package main
 
 import (
@@ -21,6 +32,9 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
 )
 
 // command is one subcommand.
@@ -33,6 +47,12 @@ type command struct {
 type env struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	// progress enables progress lines on stderr for long imports: when
+	// stderr is a terminal.
+	progress bool
+	// progressAfter is how long an import runs before its progress shows.
+	// If zero, at once (tests); main sets a second.
+	progressAfter time.Duration
 	// env is the environment as KEY=value; if nil, the process's.
 	env []string
 }
@@ -77,7 +97,14 @@ var commands = map[string]command{
 }
 
 func main() {
-	os.Exit(run(&env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:]))
+	os.Exit(run(&env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, progress: isTerminal(os.Stderr), progressAfter: time.Second}, os.Args[1:]))
+}
+
+// isTerminal reports whether f is a terminal (a character device; writing
+// progress to /dev/null, the other common one, costs nothing).
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // run executes a command line and returns the exit status.
@@ -106,6 +133,10 @@ func run(e *env, args []string) int {
 		return 0
 	case errors.As(err, &ue):
 		fmt.Fprintf(e.stderr, "kvfabric %s: %s\n", args[0], ue.msg)
+		return 2
+	case errors.Is(err, fabric.ErrConfig):
+		// A bad --config file: the caller's to fix.
+		fmt.Fprintf(e.stderr, "kvfabric %s: %v\n", args[0], err)
 		return 2
 	default:
 		fmt.Fprintf(e.stderr, "kvfabric %s: %v\n", args[0], err)

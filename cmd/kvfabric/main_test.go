@@ -100,7 +100,7 @@ func TestPlanCommand(t *testing.T) {
 	bad := filepath.Join(dir, "bad.json")
 	os.WriteFile(bad, []byte(`{"version": 1, "pageSize": 16}`), 0o600)
 	code, _, errs = runCmd(t, "", "plan", "--src", bad, "--dst", ex+"llama70b-tp2-hnd.json")
-	if code != 1 || !strings.Contains(errs, "bad.json") || !strings.Contains(errs, "model") {
+	if code != 2 || !strings.Contains(errs, "bad.json") || !strings.Contains(errs, "model") {
 		t.Errorf("invalid layout: exit %d, %q", code, errs)
 	}
 	code, _, errs = runCmd(t, "", "plan", "--src", ex+"llama70b-tp4-hnd.json", "--dst", ex+"llama70b-tp2-hnd.json", "--blocks", "2000")
@@ -112,7 +112,7 @@ func TestPlanCommand(t *testing.T) {
 		t.Errorf("odd blocks for a page ratio of 2: exit %d, %q", code, errs)
 	}
 	code, _, errs = runCmd(t, "", "plan", "--src", filepath.Join(dir, "missing.json"), "--dst", bad)
-	if code != 1 || !strings.Contains(errs, "missing.json") {
+	if code != 2 || !strings.Contains(errs, "missing.json") {
 		t.Errorf("missing file: exit %d, %q", code, errs)
 	}
 }

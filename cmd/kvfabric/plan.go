@@ -62,14 +62,16 @@ slots in order; with different page sizes, blocks are grouped by the ratio.`)
 	return tw.Flush()
 }
 
+// readLayout reads a layout file named on the command line; a file that
+// is missing or invalid is the caller's mistake (exit status 2).
 func readLayout(path string) (*layout.Layout, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, usagef("%v", err)
 	}
 	l, err := layout.ParseJSON(b)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, usagef("%s: %v", path, err)
 	}
 	return l, nil
 }

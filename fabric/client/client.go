@@ -28,11 +28,12 @@ import (
 
 // Client is a connection to the local agent. It is safe for concurrent use.
 type Client struct {
-	conn *grpc.ClientConn
-	api  fabricpb.EngineClient
+	conn   *grpc.ClientConn
+	api    fabricpb.EngineClient
+	socket string // the engine socket's absolute path
 
 	mu   sync.Mutex
-	maps map[string][]byte // memory files mapped, by path
+	maps map[string][]byte // memory mapped, by token (or path)
 }
 
 // Dial connects to the agent's engine socket.
@@ -52,7 +53,7 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	return &Client{conn: conn, api: fabricpb.NewEngineClient(conn), maps: map[string][]byte{}}, nil
+	return &Client{conn: conn, api: fabricpb.NewEngineClient(conn), socket: abs, maps: map[string][]byte{}}, nil
 }
 
 // API returns the raw gRPC client, for calls this package does not wrap.
@@ -79,6 +80,9 @@ type Engine struct {
 	Order       layout.KVOrder
 	Arrangement layout.Arrangement // zero: fully contiguous
 	Slots       int                // zero: the agent's default
+	// Alignment is the power of two strides are rounded to; zero: the
+	// agent's default (4096).
+	Alignment uint64
 }
 
 // BlockSet is an engine's block set with its memory mapped.
@@ -90,6 +94,10 @@ type BlockSet struct {
 	// Retains is how many registered blocks the set keeps before
 	// allocating recycles them; storing more loses sequence tails.
 	Retains int
+	// Description is the agent's per-rank description of where bytes go
+	// (engine.proto's RankLayout), for engines that place bytes
+	// themselves.
+	Description []*fabricpb.RankLayout
 }
 
 // Block returns the bytes of slot's shard on rank in a fully contiguous
@@ -111,6 +119,7 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 		KvOrder:     layoutKVOrder(e.Order),
 		Arrangement: layoutArrangement(e.Arrangement),
 		Slots:       uint32(e.Slots),
+		Alignment:   e.Alignment,
 	})
 	if err != nil {
 		return nil, err
@@ -122,41 +131,47 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 	if len(resp.GetMemory()) != l.TPSize {
 		return nil, fmt.Errorf("client: agent sent %d memory regions for %d ranks", len(resp.GetMemory()), l.TPSize)
 	}
-	set := &BlockSet{ID: resp.GetBlockSet(), Layout: l, Ranks: make([][]byte, l.TPSize), Retains: int(resp.GetRetains())}
+	set := &BlockSet{ID: resp.GetBlockSet(), Layout: l, Ranks: make([][]byte, l.TPSize), Retains: int(resp.GetRetains()),
+		Description: resp.GetRanks()}
 	for r, m := range resp.GetMemory() {
-		whole, err := c.mapFile(m.GetPath())
+		whole, err := c.mapMemory(m)
 		if err != nil {
 			return nil, err
 		}
 		end := m.GetOffset() + m.GetSize()
 		if end < m.GetOffset() || end > uint64(len(whole)) {
-			return nil, fmt.Errorf("client: rank %d region [%d, %d) outside %s (%d bytes)", r, m.GetOffset(), end, m.GetPath(), len(whole))
+			return nil, fmt.Errorf("client: rank %d region [%d, %d) outside the pool memory (%d bytes)", r, m.GetOffset(), end, len(whole))
 		}
 		set.Ranks[r] = whole[m.GetOffset():end:end]
 	}
 	return set, nil
 }
 
-func (c *Client) mapFile(path string) ([]byte, error) {
+// mapMemory maps the memory m names, once per token: through the
+// descriptor socket when the agent offers it, else by path.
+func (c *Client) mapMemory(m *fabricpb.Memory) ([]byte, error) {
+	key := m.GetToken()
+	if key == "" {
+		key = m.GetPath()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if b, ok := c.maps[path]; ok {
+	if b, ok := c.maps[key]; ok {
 		return b, nil
 	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return nil, fmt.Errorf("client: pool memory: %w", err)
+	var b []byte
+	var err error
+	if m.GetToken() != "" {
+		// The companion of the socket as this process reaches it: the
+		// agent's fd_socket names it in the agent's mount namespace.
+		b, err = MapDescriptor(c.socket+FDSocketSuffix, m.GetToken())
+	} else {
+		b, err = MapFile(m.GetPath())
 	}
-	defer f.Close()
-	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("client: pool memory: %w", err)
+		return nil, err
 	}
-	b, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("client: map %s: %w", path, err)
-	}
-	c.maps[path] = b
+	c.maps[key] = b
 	return b, nil
 }
 

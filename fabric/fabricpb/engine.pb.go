@@ -1,8 +1,11 @@
 // The engine API: how an inference engine talks to the kvfabric agent on its
-// node, over gRPC on a unix socket that only the agent's user can open.
+// node, over gRPC on a unix socket (mode 0600 and the agent's group unless
+// the agent is configured otherwise: engine_socket_mode,
+// engine_socket_group).
 //
-// Flow for an engine: Register once (it gets its block set and the memory to
-// map), then Allocate slots, write KV into them, RegisterBlocks with their
+// Flow for an engine: Register once (it gets its block set, the memory to
+// map and, per rank, where every byte goes), map the memory (see Memory),
+// then Allocate slots, write KV into them, RegisterBlocks with their
 // sequence hashes (or token ids), Lookup who holds a prefix, Import blocks
 // from the cluster into local slots, Acquire and Release blocks it reads.
 //
@@ -47,7 +50,11 @@ type RegisterRequest struct {
 	// Optional: defaults to fully contiguous.
 	Arrangement layoutpb.Arrangement `protobuf:"varint,6,opt,name=arrangement,proto3,enum=kvfabric.layout.v1.Arrangement" json:"arrangement,omitempty"`
 	// Slots wanted; 0 takes the agent's default for the pool.
-	Slots         uint32 `protobuf:"varint,7,opt,name=slots,proto3" json:"slots,omitempty"`
+	Slots uint32 `protobuf:"varint,7,opt,name=slots,proto3" json:"slots,omitempty"`
+	// The power of two that block strides (and, layer-separate, layer
+	// strides) are rounded up to, 1..2^30; 0: 4096. Region starts are
+	// aligned to at least this and to the host page size.
+	Alignment     uint64 `protobuf:"varint,8,opt,name=alignment,proto3" json:"alignment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -131,10 +138,19 @@ func (x *RegisterRequest) GetSlots() uint32 {
 	return 0
 }
 
+func (x *RegisterRequest) GetAlignment() uint64 {
+	if x != nil {
+		return x.Alignment
+	}
+	return 0
+}
+
 type RegisterResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	BlockSet uint64                 `protobuf:"varint,1,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
-	// The block set's layout; region bases are offsets in the memory files.
+	// The block set's layout. Its region bases are addresses in the agent's
+	// process, useless to an engine: an engine finds a rank's region at
+	// Memory.offset (equally ranks[r].offset) in the memory it maps.
 	Layout *layoutpb.Layout `protobuf:"bytes,2,opt,name=layout,proto3" json:"layout,omitempty"`
 	// One per TP rank: where that rank's region lives.
 	Memory []*Memory `protobuf:"bytes,3,rep,name=memory,proto3" json:"memory,omitempty"`
@@ -142,7 +158,10 @@ type RegisterResponse struct {
 	// recycles them (its slots less the pool's low watermark). An engine
 	// that stores more loses the tails of the least recently used
 	// sequences first.
-	Retains       uint32 `protobuf:"varint,4,opt,name=retains,proto3" json:"retains,omitempty"`
+	Retains uint32 `protobuf:"varint,4,opt,name=retains,proto3" json:"retains,omitempty"`
+	// One per TP rank, in rank order: everything an engine needs to place
+	// bytes without re-deriving the layout math (see RankLayout).
+	Ranks         []*RankLayout `protobuf:"bytes,5,rep,name=ranks,proto3" json:"ranks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -205,13 +224,71 @@ func (x *RegisterResponse) GetRetains() uint32 {
 	return 0
 }
 
-// Host memory an engine maps: the file at path, mapped shared, bytes
-// [offset, offset+size) are the rank's region.
+func (x *RegisterResponse) GetRanks() []*RankLayout {
+	if x != nil {
+		return x.Ranks
+	}
+	return nil
+}
+
+// Host memory an engine maps shared (PROT_READ|PROT_WRITE, MAP_SHARED):
+// bytes [offset, offset+size) of the memory are the rank's region. Every
+// rank of one pool names the same memory (the same token); map it once.
+//
+// There are two ways to get the memory, and the fields say which the agent
+// offers:
+//
+//  1. The descriptor (token set; always offered on Linux). Connect to the
+//     unix stream socket fd_socket (the engine socket's path + ".fd", same
+//     mode and group as the engine socket) and write one line:
+//
+//     <token>\n                         (at most 255 bytes)
+//
+//     The agent answers with one line. On success the line carries the
+//     memory file's descriptor as SCM_RIGHTS ancillary data:
+//
+//     ok <offset> <size>\n              the descriptor may be mapped
+//     over bytes [offset, offset+size)
+//     of its file; offset is 0
+//     error <reason>\n                  no descriptor (unknown token...)
+//
+//     Several lines may be sent on one connection; the agent closes it
+//     after 10 s idle. This works from any PID or mount namespace that can
+//     reach the socket file: an engine container mounts the agent's socket
+//     directory (a hostPath in Kubernetes). Python: socket.recv_fds.
+//
+//  2. The named file (file set; only when the agent runs with memory_dir,
+//     e.g. a Kubernetes hostPath). The pool's memory is that file, mode
+//     and group as the engine socket (without execute bits), removed when
+//     the agent stops. An engine that mounts the same directory opens it
+//     read-write and maps it; no socket call is needed.
+//
+// path is the older form: the named file when there is one, else
+// /proc/<agent pid>/fd/<n>, which opens only inside the agent's PID
+// namespace and as the agent's user. Prefer the two above.
+//
+// Example, an engine in another container of the same pod or node: mount
+// the agent's data directory (hostPath /var/lib/kvfabric) at the same path,
+// dial /var/lib/kvfabric/engine.sock, Register, then either send
+// memory[0].token to memory[0].fd_socket and mmap the descriptor received,
+// or open memory[0].file and mmap it; rank r's region starts at
+// memory[r].offset in that mapping.
 type Memory struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
-	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
-	Size          uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Path   string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Offset uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Size   uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// The token to send on fd_socket; empty when descriptor passing is not
+	// offered.
+	Token string `protobuf:"bytes,4,opt,name=token,proto3" json:"token,omitempty"`
+	// The companion socket that hands out descriptors, as the agent names
+	// it; an engine that reaches the engine socket under another path (a
+	// different mount point) appends ".fd" to its own path.
+	FdSocket string `protobuf:"bytes,5,opt,name=fd_socket,json=fdSocket,proto3" json:"fd_socket,omitempty"`
+	// The named file under the agent's memory_dir; empty when none.
+	File string `protobuf:"bytes,6,opt,name=file,proto3" json:"file,omitempty"`
+	// The bytes of the whole memory (what to map from offset 0).
+	FileSize      uint64 `protobuf:"varint,7,opt,name=file_size,json=fileSize,proto3" json:"file_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -267,6 +344,179 @@ func (x *Memory) GetSize() uint64 {
 	return 0
 }
 
+func (x *Memory) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *Memory) GetFdSocket() string {
+	if x != nil {
+		return x.FdSocket
+	}
+	return ""
+}
+
+func (x *Memory) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *Memory) GetFileSize() uint64 {
+	if x != nil {
+		return x.FileSize
+	}
+	return 0
+}
+
+// RankLayout is where one TP rank's bytes go. The byte of element
+// (slot s, layer l, plane p, token t, local head h, dim d) is at
+//
+//	offset + s*block_stride + l*layer_stride + p*kv_stride
+//	       + index(t, h, d)*element_bytes
+//
+// in the mapped memory, with index = (t*heads + h)*head_dim + d for NHD
+// (chunk_shape [tokens][heads][head_dim]) and (h*tokens + t)*head_dim + d
+// for HND (chunk_shape [heads][tokens][head_dim]); heads = len(head_ids).
+// Plane 0 is K (or MLA's latent), 1 is V; MLA has one plane.
+//
+// The strides, with chunk = page_size*heads*head_dim*element_bytes and A
+// the alignment (round up to a multiple of A):
+//
+//	kv_stride    = chunk
+//	fully contiguous: layer_stride = planes*chunk,
+//	                  block_stride = roundup(layers*planes*chunk, A)
+//	layer-separate:   block_stride = roundup(planes*chunk, A),
+//	                  layer_stride = roundup(slots*block_stride, A)
+//
+// Heads: with TP <= KV heads, rank r holds heads [r*H/TP, (r+1)*H/TP). With
+// TP > KV heads every head is replicated on TP/H ranks: rank r holds head
+// r/(TP/H). MLA's latent is not split: every rank holds the whole plane
+// (all KV heads). replicas says how many ranks hold the same heads.
+type RankLayout struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Offset      uint64                 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	BlockStride uint64                 `protobuf:"varint,2,opt,name=block_stride,json=blockStride,proto3" json:"block_stride,omitempty"`
+	LayerStride uint64                 `protobuf:"varint,3,opt,name=layer_stride,json=layerStride,proto3" json:"layer_stride,omitempty"`
+	KvStride    uint64                 `protobuf:"varint,4,opt,name=kv_stride,json=kvStride,proto3" json:"kv_stride,omitempty"`
+	// The chunk of one (slot, layer, plane), outermost dimension first:
+	// [tokens, heads, head_dim] for NHD, [heads, tokens, head_dim] for HND.
+	ChunkShape []uint32 `protobuf:"varint,5,rep,packed,name=chunk_shape,json=chunkShape,proto3" json:"chunk_shape,omitempty"`
+	// The global KV head indices this rank holds, in chunk order.
+	HeadIds  []uint32 `protobuf:"varint,6,rep,packed,name=head_ids,json=headIds,proto3" json:"head_ids,omitempty"`
+	Replicas uint32   `protobuf:"varint,7,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// 2 (K and V), or 1 for MLA.
+	Planes       uint32 `protobuf:"varint,8,opt,name=planes,proto3" json:"planes,omitempty"`
+	ElementBytes uint32 `protobuf:"varint,9,opt,name=element_bytes,json=elementBytes,proto3" json:"element_bytes,omitempty"`
+	// Bytes of one chunk; the shard of one block is layers*planes*chunk_bytes.
+	ChunkBytes    uint64 `protobuf:"varint,10,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankLayout) Reset() {
+	*x = RankLayout{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankLayout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankLayout) ProtoMessage() {}
+
+func (x *RankLayout) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankLayout.ProtoReflect.Descriptor instead.
+func (*RankLayout) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RankLayout) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *RankLayout) GetBlockStride() uint64 {
+	if x != nil {
+		return x.BlockStride
+	}
+	return 0
+}
+
+func (x *RankLayout) GetLayerStride() uint64 {
+	if x != nil {
+		return x.LayerStride
+	}
+	return 0
+}
+
+func (x *RankLayout) GetKvStride() uint64 {
+	if x != nil {
+		return x.KvStride
+	}
+	return 0
+}
+
+func (x *RankLayout) GetChunkShape() []uint32 {
+	if x != nil {
+		return x.ChunkShape
+	}
+	return nil
+}
+
+func (x *RankLayout) GetHeadIds() []uint32 {
+	if x != nil {
+		return x.HeadIds
+	}
+	return nil
+}
+
+func (x *RankLayout) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *RankLayout) GetPlanes() uint32 {
+	if x != nil {
+		return x.Planes
+	}
+	return 0
+}
+
+func (x *RankLayout) GetElementBytes() uint32 {
+	if x != nil {
+		return x.ElementBytes
+	}
+	return 0
+}
+
+func (x *RankLayout) GetChunkBytes() uint64 {
+	if x != nil {
+		return x.ChunkBytes
+	}
+	return 0
+}
+
 type AllocateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	BlockSet      uint64                 `protobuf:"varint,1,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
@@ -277,7 +527,7 @@ type AllocateRequest struct {
 
 func (x *AllocateRequest) Reset() {
 	*x = AllocateRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[3]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +539,7 @@ func (x *AllocateRequest) String() string {
 func (*AllocateRequest) ProtoMessage() {}
 
 func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[3]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +552,7 @@ func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateRequest.ProtoReflect.Descriptor instead.
 func (*AllocateRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{3}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AllocateRequest) GetBlockSet() uint64 {
@@ -328,7 +578,7 @@ type AllocateResponse struct {
 
 func (x *AllocateResponse) Reset() {
 	*x = AllocateResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[4]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -340,7 +590,7 @@ func (x *AllocateResponse) String() string {
 func (*AllocateResponse) ProtoMessage() {}
 
 func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[4]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -353,7 +603,7 @@ func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateResponse.ProtoReflect.Descriptor instead.
 func (*AllocateResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{4}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AllocateResponse) GetSlots() []uint32 {
@@ -373,7 +623,7 @@ type FreeRequest struct {
 
 func (x *FreeRequest) Reset() {
 	*x = FreeRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[5]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +635,7 @@ func (x *FreeRequest) String() string {
 func (*FreeRequest) ProtoMessage() {}
 
 func (x *FreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[5]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +648,7 @@ func (x *FreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeRequest.ProtoReflect.Descriptor instead.
 func (*FreeRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{5}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FreeRequest) GetBlockSet() uint64 {
@@ -423,7 +673,7 @@ type FreeResponse struct {
 
 func (x *FreeResponse) Reset() {
 	*x = FreeResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[6]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +685,7 @@ func (x *FreeResponse) String() string {
 func (*FreeResponse) ProtoMessage() {}
 
 func (x *FreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[6]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +698,7 @@ func (x *FreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeResponse.ProtoReflect.Descriptor instead.
 func (*FreeResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{6}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{7}
 }
 
 // Token ids and the hash namespace, for requests that let the agent hash.
@@ -463,7 +713,7 @@ type Tokens struct {
 
 func (x *Tokens) Reset() {
 	*x = Tokens{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[7]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +725,7 @@ func (x *Tokens) String() string {
 func (*Tokens) ProtoMessage() {}
 
 func (x *Tokens) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[7]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +738,7 @@ func (x *Tokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tokens.ProtoReflect.Descriptor instead.
 func (*Tokens) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{7}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Tokens) GetIds() []uint32 {
@@ -531,7 +781,7 @@ type RegisterBlocksRequest struct {
 
 func (x *RegisterBlocksRequest) Reset() {
 	*x = RegisterBlocksRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[8]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -543,7 +793,7 @@ func (x *RegisterBlocksRequest) String() string {
 func (*RegisterBlocksRequest) ProtoMessage() {}
 
 func (x *RegisterBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[8]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -556,7 +806,7 @@ func (x *RegisterBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterBlocksRequest.ProtoReflect.Descriptor instead.
 func (*RegisterBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{8}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RegisterBlocksRequest) GetBlockSet() uint64 {
@@ -610,7 +860,7 @@ type RegisterBlocksResponse struct {
 
 func (x *RegisterBlocksResponse) Reset() {
 	*x = RegisterBlocksResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[9]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +872,7 @@ func (x *RegisterBlocksResponse) String() string {
 func (*RegisterBlocksResponse) ProtoMessage() {}
 
 func (x *RegisterBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[9]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +885,7 @@ func (x *RegisterBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterBlocksResponse.ProtoReflect.Descriptor instead.
 func (*RegisterBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{9}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisterBlocksResponse) GetBlocks() []*BlockRef {
@@ -659,7 +909,7 @@ type BlockRef struct {
 
 func (x *BlockRef) Reset() {
 	*x = BlockRef{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[10]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +921,7 @@ func (x *BlockRef) String() string {
 func (*BlockRef) ProtoMessage() {}
 
 func (x *BlockRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[10]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +934,7 @@ func (x *BlockRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRef.ProtoReflect.Descriptor instead.
 func (*BlockRef) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{10}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BlockRef) GetHash() uint64 {
@@ -718,7 +968,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[11]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -730,7 +980,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[11]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -743,7 +993,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{11}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AcquireRequest) GetBlockSet() uint64 {
@@ -770,7 +1020,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[12]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +1032,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[12]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +1045,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{12}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AcquireResponse) GetBlocks() []*BlockRef {
@@ -815,7 +1065,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[13]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +1077,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[13]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +1090,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{13}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReleaseRequest) GetBlockSet() uint64 {
@@ -865,7 +1115,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[14]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +1127,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[14]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +1140,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{14}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{15}
 }
 
 type LookupRequest struct {
@@ -909,7 +1159,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[15]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1171,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[15]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1184,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{15}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LookupRequest) GetHashes() []uint64 {
@@ -975,7 +1225,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[16]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -987,7 +1237,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[16]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1000,7 +1250,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{16}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LookupResponse) GetHashes() []uint64 {
@@ -1046,7 +1296,7 @@ type Overlap struct {
 
 func (x *Overlap) Reset() {
 	*x = Overlap{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[17]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1308,7 @@ func (x *Overlap) String() string {
 func (*Overlap) ProtoMessage() {}
 
 func (x *Overlap) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[17]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1321,7 @@ func (x *Overlap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Overlap.ProtoReflect.Descriptor instead.
 func (*Overlap) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{17}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Overlap) GetNode() string {
@@ -1145,7 +1395,7 @@ type ImportRequest struct {
 
 func (x *ImportRequest) Reset() {
 	*x = ImportRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[18]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1407,7 @@ func (x *ImportRequest) String() string {
 func (*ImportRequest) ProtoMessage() {}
 
 func (x *ImportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[18]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1420,7 @@ func (x *ImportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportRequest.ProtoReflect.Descriptor instead.
 func (*ImportRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{18}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ImportRequest) GetBlockSet() uint64 {
@@ -1214,7 +1464,7 @@ type ImportResponse struct {
 
 func (x *ImportResponse) Reset() {
 	*x = ImportResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[19]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1226,7 +1476,7 @@ func (x *ImportResponse) String() string {
 func (*ImportResponse) ProtoMessage() {}
 
 func (x *ImportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[19]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1239,7 +1489,7 @@ func (x *ImportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportResponse.ProtoReflect.Descriptor instead.
 func (*ImportResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{19}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ImportResponse) GetBlocks() []*BlockRef {
@@ -1277,7 +1527,7 @@ type Fetch struct {
 
 func (x *Fetch) Reset() {
 	*x = Fetch{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[20]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1539,7 @@ func (x *Fetch) String() string {
 func (*Fetch) ProtoMessage() {}
 
 func (x *Fetch) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[20]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1552,7 @@ func (x *Fetch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fetch.ProtoReflect.Descriptor instead.
 func (*Fetch) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{20}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Fetch) GetNode() string {
@@ -1348,7 +1598,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[21]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1610,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[21]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1623,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{21}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{22}
 }
 
 type StatusResponse struct {
@@ -1399,7 +1649,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1661,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1674,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{22}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1521,7 +1771,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +1783,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +1796,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{23}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Member) GetNode() string {
@@ -1605,7 +1855,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1867,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1880,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{24}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Pool) GetKind() string {
@@ -1678,7 +1928,7 @@ type BlockSet struct {
 
 func (x *BlockSet) Reset() {
 	*x = BlockSet{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1940,7 @@ func (x *BlockSet) String() string {
 func (*BlockSet) ProtoMessage() {}
 
 func (x *BlockSet) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1953,7 @@ func (x *BlockSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockSet.ProtoReflect.Descriptor instead.
 func (*BlockSet) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{25}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BlockSet) GetId() uint64 {
@@ -1773,7 +2023,7 @@ var File_fabric_fabricpb_engine_proto protoreflect.FileDescriptor
 
 const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\n" +
-	"\x1cfabric/fabricpb/engine.proto\x12\x12kvfabric.fabric.v1\x1a\x1clayout/layoutpb/layout.proto\"\xa7\x02\n" +
+	"\x1cfabric/fabricpb/engine.proto\x12\x12kvfabric.fabric.v1\x1a\x1clayout/layoutpb/layout.proto\"\xc5\x02\n" +
 	"\x0fRegisterRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x125\n" +
 	"\x05model\x18\x02 \x01(\v2\x1f.kvfabric.layout.v1.ModelConfigR\x05model\x12\x17\n" +
@@ -1781,16 +2031,37 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\tpage_size\x18\x04 \x01(\rR\bpageSize\x126\n" +
 	"\bkv_order\x18\x05 \x01(\x0e2\x1b.kvfabric.layout.v1.KVOrderR\akvOrder\x12A\n" +
 	"\varrangement\x18\x06 \x01(\x0e2\x1f.kvfabric.layout.v1.ArrangementR\varrangement\x12\x14\n" +
-	"\x05slots\x18\a \x01(\rR\x05slots\"\xb1\x01\n" +
+	"\x05slots\x18\a \x01(\rR\x05slots\x12\x1c\n" +
+	"\talignment\x18\b \x01(\x04R\talignment\"\xe7\x01\n" +
 	"\x10RegisterResponse\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x122\n" +
 	"\x06layout\x18\x02 \x01(\v2\x1a.kvfabric.layout.v1.LayoutR\x06layout\x122\n" +
 	"\x06memory\x18\x03 \x03(\v2\x1a.kvfabric.fabric.v1.MemoryR\x06memory\x12\x18\n" +
-	"\aretains\x18\x04 \x01(\rR\aretains\"H\n" +
+	"\aretains\x18\x04 \x01(\rR\aretains\x124\n" +
+	"\x05ranks\x18\x05 \x03(\v2\x1e.kvfabric.fabric.v1.RankLayoutR\x05ranks\"\xac\x01\n" +
 	"\x06Memory\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
-	"\x04size\x18\x03 \x01(\x04R\x04size\"D\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\x12\x14\n" +
+	"\x05token\x18\x04 \x01(\tR\x05token\x12\x1b\n" +
+	"\tfd_socket\x18\x05 \x01(\tR\bfdSocket\x12\x12\n" +
+	"\x04file\x18\x06 \x01(\tR\x04file\x12\x1b\n" +
+	"\tfile_size\x18\a \x01(\x04R\bfileSize\"\xbd\x02\n" +
+	"\n" +
+	"RankLayout\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12!\n" +
+	"\fblock_stride\x18\x02 \x01(\x04R\vblockStride\x12!\n" +
+	"\flayer_stride\x18\x03 \x01(\x04R\vlayerStride\x12\x1b\n" +
+	"\tkv_stride\x18\x04 \x01(\x04R\bkvStride\x12\x1f\n" +
+	"\vchunk_shape\x18\x05 \x03(\rR\n" +
+	"chunkShape\x12\x19\n" +
+	"\bhead_ids\x18\x06 \x03(\rR\aheadIds\x12\x1a\n" +
+	"\breplicas\x18\a \x01(\rR\breplicas\x12\x16\n" +
+	"\x06planes\x18\b \x01(\rR\x06planes\x12#\n" +
+	"\relement_bytes\x18\t \x01(\rR\felementBytes\x12\x1f\n" +
+	"\vchunk_bytes\x18\n" +
+	" \x01(\x04R\n" +
+	"chunkBytes\"D\n" +
 	"\x0fAllocateRequest\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\"(\n" +
@@ -1926,79 +2197,81 @@ func file_fabric_fabricpb_engine_proto_rawDescGZIP() []byte {
 	return file_fabric_fabricpb_engine_proto_rawDescData
 }
 
-var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_fabric_fabricpb_engine_proto_goTypes = []any{
 	(*RegisterRequest)(nil),        // 0: kvfabric.fabric.v1.RegisterRequest
 	(*RegisterResponse)(nil),       // 1: kvfabric.fabric.v1.RegisterResponse
 	(*Memory)(nil),                 // 2: kvfabric.fabric.v1.Memory
-	(*AllocateRequest)(nil),        // 3: kvfabric.fabric.v1.AllocateRequest
-	(*AllocateResponse)(nil),       // 4: kvfabric.fabric.v1.AllocateResponse
-	(*FreeRequest)(nil),            // 5: kvfabric.fabric.v1.FreeRequest
-	(*FreeResponse)(nil),           // 6: kvfabric.fabric.v1.FreeResponse
-	(*Tokens)(nil),                 // 7: kvfabric.fabric.v1.Tokens
-	(*RegisterBlocksRequest)(nil),  // 8: kvfabric.fabric.v1.RegisterBlocksRequest
-	(*RegisterBlocksResponse)(nil), // 9: kvfabric.fabric.v1.RegisterBlocksResponse
-	(*BlockRef)(nil),               // 10: kvfabric.fabric.v1.BlockRef
-	(*AcquireRequest)(nil),         // 11: kvfabric.fabric.v1.AcquireRequest
-	(*AcquireResponse)(nil),        // 12: kvfabric.fabric.v1.AcquireResponse
-	(*ReleaseRequest)(nil),         // 13: kvfabric.fabric.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 14: kvfabric.fabric.v1.ReleaseResponse
-	(*LookupRequest)(nil),          // 15: kvfabric.fabric.v1.LookupRequest
-	(*LookupResponse)(nil),         // 16: kvfabric.fabric.v1.LookupResponse
-	(*Overlap)(nil),                // 17: kvfabric.fabric.v1.Overlap
-	(*ImportRequest)(nil),          // 18: kvfabric.fabric.v1.ImportRequest
-	(*ImportResponse)(nil),         // 19: kvfabric.fabric.v1.ImportResponse
-	(*Fetch)(nil),                  // 20: kvfabric.fabric.v1.Fetch
-	(*StatusRequest)(nil),          // 21: kvfabric.fabric.v1.StatusRequest
-	(*StatusResponse)(nil),         // 22: kvfabric.fabric.v1.StatusResponse
-	(*Member)(nil),                 // 23: kvfabric.fabric.v1.Member
-	(*Pool)(nil),                   // 24: kvfabric.fabric.v1.Pool
-	(*BlockSet)(nil),               // 25: kvfabric.fabric.v1.BlockSet
-	(*layoutpb.ModelConfig)(nil),   // 26: kvfabric.layout.v1.ModelConfig
-	(layoutpb.KVOrder)(0),          // 27: kvfabric.layout.v1.KVOrder
-	(layoutpb.Arrangement)(0),      // 28: kvfabric.layout.v1.Arrangement
-	(*layoutpb.Layout)(nil),        // 29: kvfabric.layout.v1.Layout
+	(*RankLayout)(nil),             // 3: kvfabric.fabric.v1.RankLayout
+	(*AllocateRequest)(nil),        // 4: kvfabric.fabric.v1.AllocateRequest
+	(*AllocateResponse)(nil),       // 5: kvfabric.fabric.v1.AllocateResponse
+	(*FreeRequest)(nil),            // 6: kvfabric.fabric.v1.FreeRequest
+	(*FreeResponse)(nil),           // 7: kvfabric.fabric.v1.FreeResponse
+	(*Tokens)(nil),                 // 8: kvfabric.fabric.v1.Tokens
+	(*RegisterBlocksRequest)(nil),  // 9: kvfabric.fabric.v1.RegisterBlocksRequest
+	(*RegisterBlocksResponse)(nil), // 10: kvfabric.fabric.v1.RegisterBlocksResponse
+	(*BlockRef)(nil),               // 11: kvfabric.fabric.v1.BlockRef
+	(*AcquireRequest)(nil),         // 12: kvfabric.fabric.v1.AcquireRequest
+	(*AcquireResponse)(nil),        // 13: kvfabric.fabric.v1.AcquireResponse
+	(*ReleaseRequest)(nil),         // 14: kvfabric.fabric.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 15: kvfabric.fabric.v1.ReleaseResponse
+	(*LookupRequest)(nil),          // 16: kvfabric.fabric.v1.LookupRequest
+	(*LookupResponse)(nil),         // 17: kvfabric.fabric.v1.LookupResponse
+	(*Overlap)(nil),                // 18: kvfabric.fabric.v1.Overlap
+	(*ImportRequest)(nil),          // 19: kvfabric.fabric.v1.ImportRequest
+	(*ImportResponse)(nil),         // 20: kvfabric.fabric.v1.ImportResponse
+	(*Fetch)(nil),                  // 21: kvfabric.fabric.v1.Fetch
+	(*StatusRequest)(nil),          // 22: kvfabric.fabric.v1.StatusRequest
+	(*StatusResponse)(nil),         // 23: kvfabric.fabric.v1.StatusResponse
+	(*Member)(nil),                 // 24: kvfabric.fabric.v1.Member
+	(*Pool)(nil),                   // 25: kvfabric.fabric.v1.Pool
+	(*BlockSet)(nil),               // 26: kvfabric.fabric.v1.BlockSet
+	(*layoutpb.ModelConfig)(nil),   // 27: kvfabric.layout.v1.ModelConfig
+	(layoutpb.KVOrder)(0),          // 28: kvfabric.layout.v1.KVOrder
+	(layoutpb.Arrangement)(0),      // 29: kvfabric.layout.v1.Arrangement
+	(*layoutpb.Layout)(nil),        // 30: kvfabric.layout.v1.Layout
 }
 var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
-	26, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
-	27, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
-	28, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
-	29, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
+	27, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
+	28, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
+	29, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
+	30, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
 	2,  // 4: kvfabric.fabric.v1.RegisterResponse.memory:type_name -> kvfabric.fabric.v1.Memory
-	7,  // 5: kvfabric.fabric.v1.RegisterBlocksRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
-	10, // 6: kvfabric.fabric.v1.RegisterBlocksResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
-	10, // 7: kvfabric.fabric.v1.AcquireResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
-	7,  // 8: kvfabric.fabric.v1.LookupRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
-	17, // 9: kvfabric.fabric.v1.LookupResponse.overlaps:type_name -> kvfabric.fabric.v1.Overlap
-	7,  // 10: kvfabric.fabric.v1.ImportRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
-	10, // 11: kvfabric.fabric.v1.ImportResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
-	20, // 12: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
-	23, // 13: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
-	25, // 14: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
-	24, // 15: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
-	0,  // 16: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
-	3,  // 17: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
-	5,  // 18: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
-	8,  // 19: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
-	11, // 20: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
-	13, // 21: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
-	15, // 22: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
-	18, // 23: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
-	21, // 24: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
-	1,  // 25: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
-	4,  // 26: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
-	6,  // 27: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
-	9,  // 28: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
-	12, // 29: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
-	14, // 30: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
-	16, // 31: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
-	19, // 32: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
-	22, // 33: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	3,  // 5: kvfabric.fabric.v1.RegisterResponse.ranks:type_name -> kvfabric.fabric.v1.RankLayout
+	8,  // 6: kvfabric.fabric.v1.RegisterBlocksRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	11, // 7: kvfabric.fabric.v1.RegisterBlocksResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
+	11, // 8: kvfabric.fabric.v1.AcquireResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
+	8,  // 9: kvfabric.fabric.v1.LookupRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	18, // 10: kvfabric.fabric.v1.LookupResponse.overlaps:type_name -> kvfabric.fabric.v1.Overlap
+	8,  // 11: kvfabric.fabric.v1.ImportRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	11, // 12: kvfabric.fabric.v1.ImportResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
+	21, // 13: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
+	24, // 14: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
+	26, // 15: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
+	25, // 16: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
+	0,  // 17: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
+	4,  // 18: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
+	6,  // 19: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
+	9,  // 20: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
+	12, // 21: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
+	14, // 22: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
+	16, // 23: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
+	19, // 24: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
+	22, // 25: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
+	1,  // 26: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
+	5,  // 27: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
+	7,  // 28: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
+	10, // 29: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
+	13, // 30: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
+	15, // 31: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
+	17, // 32: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
+	20, // 33: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
+	23, // 34: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_fabric_fabricpb_engine_proto_init() }
@@ -2012,7 +2285,7 @@ func file_fabric_fabricpb_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_fabricpb_engine_proto_rawDesc), len(file_fabric_fabricpb_engine_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,8 +1,11 @@
 // The engine API: how an inference engine talks to the kvfabric agent on its
-// node, over gRPC on a unix socket that only the agent's user can open.
+// node, over gRPC on a unix socket (mode 0600 and the agent's group unless
+// the agent is configured otherwise: engine_socket_mode,
+// engine_socket_group).
 //
-// Flow for an engine: Register once (it gets its block set and the memory to
-// map), then Allocate slots, write KV into them, RegisterBlocks with their
+// Flow for an engine: Register once (it gets its block set, the memory to
+// map and, per rank, where every byte goes), map the memory (see Memory),
+// then Allocate slots, write KV into them, RegisterBlocks with their
 // sequence hashes (or token ids), Lookup who holds a prefix, Import blocks
 // from the cluster into local slots, Acquire and Release blocks it reads.
 //
