@@ -60,10 +60,10 @@ func (c *leasedChunk) present() int {
 // and the holder confirmed that its lease never expired. When a chunk
 // fails, the chunks registered before it are returned with the error:
 // they arrived whole under confirmed leases and are the engine's.
-func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, string, error) {
 	peer, err := a.peers.get(ctx, a.transport, holder.Name, holder.Meta.PeerAddr)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, "", err
 	}
 	keeper := newLeaseKeeper(peer, &a.stats.leaseRenewals)
 	defer keeper.close()
@@ -71,13 +71,14 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 	var (
 		refs  []*fabricpb.BlockRef
 		moved uint64
+		via   transports
 	)
 	next := a.leaseChunk(ctx, peer, keeper, hashes[:min(per, len(hashes))])
 	for off := 0; off < len(hashes); {
 		c := <-next
 		next = nil
 		if c.err != nil {
-			return refs, moved, c.err
+			return refs, moved, via.String(), c.err
 		}
 		k := c.present()
 		end := off + k
@@ -88,7 +89,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 		if k == len(c.asked) && end < len(hashes) {
 			next = a.leaseChunk(ctx, peer, keeper, hashes[end:min(end+per, len(hashes))])
 		}
-		got, n, err := a.readChunk(ctx, peer, keeper, s, c, parent)
+		got, n, err := a.readChunk(ctx, peer, keeper, s, c, parent, &via)
 		refs = append(refs, got...)
 		moved += n
 		if err != nil {
@@ -96,7 +97,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 			if len(refs) > 0 {
 				err = fmt.Errorf("after %d blocks: %w", len(refs), err)
 			}
-			return refs, moved, err
+			return refs, moved, via.String(), err
 		}
 		if !more {
 			break
@@ -111,7 +112,30 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 			a.cfg.hooks.chunkRegistered(holder.Name, len(refs))
 		}
 	}
-	return refs, moved, nil
+	return refs, moved, via.String(), nil
+}
+
+// transports records which transports moved an import's chunks.
+type transports struct{ quic, rdma bool }
+
+func (t *transports) add(via transfer.Transport) {
+	switch via {
+	case transfer.TransportRDMA:
+		t.rdma = true
+	default:
+		t.quic = true
+	}
+}
+
+// String names them as Fetch.transport does: "rdma", "quic", or both.
+func (t transports) String() string {
+	switch {
+	case t.rdma && t.quic:
+		return "rdma+quic"
+	case t.rdma:
+		return "rdma"
+	}
+	return "quic"
 }
 
 // leaseChunk asks peer for a lease on hashes without waiting for the
@@ -195,7 +219,7 @@ func (a *Agent) releaseLater(peer *transfer.Peer, id uint64) {
 // readChunk reads the present blocks of a leased chunk into new slots of
 // s and registers them after parent, once the holder confirms the lease.
 // On failure nothing of the chunk is registered and its slots are freed.
-func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, parent uint64, moved *transports) ([]*fabricpb.BlockRef, uint64, error) {
 	id := c.lease.ID
 	released := id == 0
 	defer func() {
@@ -253,7 +277,11 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	for _, r := range plan.Ranks {
 		segs = append(segs, r...)
 	}
-	if err := peer.Read(c.kept.ctx, id, set, segs, regions); err != nil {
+	via, err := peer.ReadVia(c.kept.ctx, id, set, segs, regions)
+	if err == nil {
+		moved.add(via)
+	}
+	if err != nil {
 		if cause := context.Cause(c.kept.ctx); errors.Is(cause, errLeaseLost) {
 			err = cause
 		}
@@ -271,9 +299,16 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	refs, err := s.registerFilled(blocks, hashes, parent)
 	registered = true
 	a.stats.importBytes.Add(plan.Bytes())
+	if via == transfer.TransportRDMA {
+		a.stats.importBytesRDMA.Add(plan.Bytes())
+	}
 	a.stats.importBlocks.Add(uint64(len(refs)))
 	a.stats.importChunks.Add(1)
-	a.stats.chunkTime.record(time.Since(c.askedAt))
+	if via == transfer.TransportRDMA {
+		a.stats.chunkTimeRDMA.record(time.Since(c.askedAt))
+	} else {
+		a.stats.chunkTime.record(time.Since(c.askedAt))
+	}
 	if err != nil {
 		return refs, plan.Bytes(), localError{err}
 	}
