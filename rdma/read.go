@@ -103,6 +103,7 @@ func readAll(ctx context.Context, q sendQueue, ops []ReadOp, p readParams, seq *
 	batch := make([]sendWR, 0, min(p.depth, len(ops)))
 	wcs := make([]workCompletion, 32)
 	posted, done := 0, 0
+	var seen uint64 // the newest request a completion (of any status) was polled for
 	var idle backoff
 	var failure error
 	for done < len(ops) {
@@ -141,6 +142,7 @@ func readAll(ctx context.Context, q sendQueue, ops []ReadOp, p readParams, seq *
 			if wc.id < base || wc.id >= base+uint64(posted) {
 				continue // from an earlier call
 			}
+			seen = max(seen, wc.id)
 			i := int(wc.id - base)
 			if wc.status != 0 {
 				if failure == nil {
@@ -157,17 +159,18 @@ func readAll(ctx context.Context, q sendQueue, ops []ReadOp, p readParams, seq *
 	if failure == nil {
 		return false, nil
 	}
-	return true, abort(q, wcs, base, posted, done, p.drain, failure)
+	return true, abort(q, wcs, base, posted, seen, p.drain, failure)
 }
 
 // abort moves the queue pair to error and waits until the newest posted
-// request has completed (flushed or not).
-func abort(q sendQueue, wcs []workCompletion, base uint64, posted, done int, drain time.Duration, failure error) error {
+// request has completed (flushed or not); seen is the newest one a
+// completion was already polled for.
+func abort(q sendQueue, wcs []workCompletion, base uint64, posted int, seen uint64, drain time.Duration, failure error) error {
 	if err := q.fail(); err != nil {
 		return fmt.Errorf("%w (and moving the queue pair to error failed: %v)", failure, err)
 	}
 	last := base + uint64(posted) - 1
-	if posted == 0 || done >= posted {
+	if posted == 0 || seen >= last {
 		return failure
 	}
 	deadline := time.Now().Add(drain)
@@ -181,12 +184,15 @@ func abort(q sendQueue, wcs []workCompletion, base uint64, posted, done int, dra
 			if wc.id == last {
 				return failure
 			}
+			if wc.id >= base && wc.id < last {
+				seen = max(seen, wc.id)
+			}
 		}
 		if n == 0 {
 			idle.wait()
 		}
 	}
-	return fmt.Errorf("%w (and %d requests were still outstanding after %v in the error state: the device may still write into their buffers)", failure, posted-done, drain)
+	return fmt.Errorf("%w (and %d requests were still outstanding after %v in the error state: the device may still write into their buffers)", failure, last-max(seen, base-1), drain)
 }
 
 // backoff spins briefly, then sleeps longer and longer (up to 1 ms) while a

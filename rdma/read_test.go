@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ func (m *modelQueue) poll(out []workCompletion) (int, error) {
 			m.executed++
 			if m.failAt != 0 && int(w.id) == m.failAt {
 				m.wcs = append(m.wcs, workCompletion{id: w.id, status: m.status, vendorErr: 0x42})
-				m.queue = m.queue[1:]
+				m.queue = m.queue[slices.IndexFunc(m.queue, func(q sendWR) bool { return q.id == w.id })+1:]
 				m.flush()
 				goto deliver
 			}
@@ -166,6 +167,9 @@ func TestReadAllErrorCompletionNamesOpAndDrains(t *testing.T) {
 	}
 	if len(m.wcs) != 0 || len(m.queue) != 0 {
 		t.Fatalf("returned with %d completions and %d requests still pending", len(m.wcs), len(m.queue))
+	}
+	if strings.Contains(err.Error(), "outstanding") {
+		t.Fatalf("drain timed out although every request was flushed: %v", err)
 	}
 }
 
