@@ -10,7 +10,7 @@ PROTOBUF_VERSION := $(shell $(GO) list -m -f '{{.Version}}' google.golang.org/pr
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 APT      := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 
-.PHONY: all build demo test test-long bench bench-deps proto proto-deps lint fuzz clean help
+.PHONY: all build demo test test-deps test-long bench bench-deps proto proto-deps lint fuzz clean help
 
 all: build
 
@@ -23,9 +23,12 @@ build: ## compile bin/kvfabric
 demo: build ## run a 3-node cluster on loopback and move blocks across TP sizes, every byte checked
 	$(GO) run ./testbed/demo --bin $(BIN)
 
-test: ## vet, then every test with the race detector in random order
+test: test-deps ## vet, then every test with the race detector in random order
 	$(GO) vet ./...
 	$(GO) test -race -shuffle=on -timeout 12m ./...
+
+test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs)
+	@dpkg -s libibverbs-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libibverbs-dev gcc; }
 
 test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 5 minutes
 	$(GO) test -count=1 -timeout 30m ./membership ./pool ./fabric -kvfabric.long

@@ -22,6 +22,7 @@ import (
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/rdma"
 	"github.com/kvfabric/kvfabric/transfer"
 	"github.com/kvfabric/kvfabric/transfer/certs"
 )
@@ -53,7 +54,10 @@ type Agent struct {
 	flights  flights
 	turn     atomic.Uint64 // rotates imports over equally good holders
 	suspects suspects
-	links    links        // what imports measured of each holder
+	links    links // what imports measured of each holder
+	// rdmaLib and rdmaDev are open while RDMA is on.
+	rdmaLib  *rdma.Library
+	rdmaDev  *rdma.Device
 	publish  publishState // the pool goroutine's, in onPoolEvents
 	metaPoke chan struct{}
 	done     chan struct{}
@@ -118,6 +122,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	}
 	a.service = newPeerService(a)
 	if err := a.startTransport(); err != nil {
+		return nil, err
+	}
+	if err := a.registerPools(); err != nil {
 		return nil, err
 	}
 	if err := a.startMembership(ctx); err != nil {
@@ -385,6 +392,7 @@ func (a *Agent) Close() error {
 		if a.transport != nil {
 			errs = append(errs, a.transport.Close())
 		}
+		errs = append(errs, a.closeRDMA())
 		if a.pool != nil {
 			errs = append(errs, a.pool.Close())
 		}

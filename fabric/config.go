@@ -142,6 +142,27 @@ type Config struct {
 	// call and read to a peer gives up after half of it. If zero, 2 s.
 	PeerTimeout time.Duration `json:"peer_timeout,omitempty"`
 
+	// RDMA is auto, on or off. auto reads over RDMA from holders that
+	// offer it when this node has a usable RDMA device, over QUIC
+	// otherwise, and says once at start why RDMA is off when it is; on
+	// refuses to start without a usable device; off never uses RDMA. If
+	// empty, auto.
+	RDMA string `json:"rdma,omitempty"`
+	// RDMADevice names the RDMA device to use (e.g. mlx5_0). If empty, the
+	// first device with an active port.
+	RDMADevice string `json:"rdma_device,omitempty"`
+	// RDMAPort is the device's port, 1..255. If zero, 1.
+	RDMAPort int `json:"rdma_port,omitempty"`
+	// RDMALibrary is libibverbs' path. If empty, the environment's
+	// KVFABRIC_IBVERBS_LIB, then libibverbs.so.1.
+	RDMALibrary string `json:"rdma_library,omitempty"`
+	// RDMATimeout is the queue pairs' ACK timeout exponent, 1..31 (each
+	// try waits 4.096 µs × 2^n), and RDMARetry how many tries follow the
+	// first, 1..7: a dead holder fails a read after about (RDMARetry+1) ×
+	// 4.096 µs × 2^RDMATimeout. If zero, 14 and 7 (about 0.5 s).
+	RDMATimeout int `json:"rdma_timeout,omitempty"`
+	RDMARetry   int `json:"rdma_retry,omitempty"`
+
 	// LogLevel is debug, info, warn or error. If empty, info.
 	LogLevel string `json:"log_level,omitempty"`
 	// LogFormat is text (key=value) or json (one object a line, for log
@@ -297,6 +318,12 @@ func (c *Config) populate() {
 	if c.LogFormat == "" {
 		c.LogFormat = "text"
 	}
+	if c.RDMA == "" {
+		c.RDMA = "auto"
+	}
+	if c.RDMAPort == 0 {
+		c.RDMAPort = 1
+	}
 }
 
 // validate checks a populated config and returns the pools it asks for.
@@ -342,6 +369,16 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return nil, bad("log_level", "%v", err)
+	}
+	switch {
+	case c.RDMA != "auto" && c.RDMA != "on" && c.RDMA != "off":
+		return nil, bad("rdma", "%q is not auto, on or off", c.RDMA)
+	case c.RDMAPort < 1 || c.RDMAPort > 255:
+		return nil, bad("rdma_port", "%d not in 1..255", c.RDMAPort)
+	case c.RDMATimeout < 0 || c.RDMATimeout > 31:
+		return nil, bad("rdma_timeout", "%d not in 1..31 (0: 14)", c.RDMATimeout)
+	case c.RDMARetry < 0 || c.RDMARetry > 7:
+		return nil, bad("rdma_retry", "%d not in 1..7 (0: 7)", c.RDMARetry)
 	}
 	for _, f := range []struct {
 		field string

@@ -62,10 +62,10 @@ func (c *leasedChunk) present() int {
 // and the holder confirmed that its lease never expired. When a chunk
 // fails, the chunks registered before it are returned with the error:
 // they arrived whole under confirmed leases and are the engine's.
-func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, want pages, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, want pages, parent uint64) ([]*fabricpb.BlockRef, uint64, string, error) {
 	peer, err := a.peers.get(ctx, a.transport, holder.Name, holder.Meta.PeerAddr)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, "", err
 	}
 	keeper := newLeaseKeeper(peer, &a.stats.leaseRenewals)
 	defer keeper.close()
@@ -74,13 +74,14 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 	var (
 		refs  []*fabricpb.BlockRef
 		moved uint64
+		via   transports
 	)
 	next := a.leaseChunk(ctx, peer, keeper, want.slice(0, min(per, n)).src)
 	for off := 0; off < n; {
 		c := <-next
 		next = nil
 		if c.err != nil {
-			return refs, moved, c.err
+			return refs, moved, via.String(), c.err
 		}
 		// Whole engine blocks only: the holder's pages of a block it
 		// holds in part are of no use.
@@ -94,7 +95,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 		if whole && end < n {
 			next = a.leaseChunk(ctx, peer, keeper, want.slice(end, min(end+per, n)).src)
 		}
-		got, nb, err := a.readChunk(ctx, peer, keeper, s, c, want.slice(off, end), parent)
+		got, nb, err := a.readChunk(ctx, peer, keeper, s, c, want.slice(off, end), parent, &via)
 		refs = append(refs, got...)
 		moved += nb
 		if err != nil {
@@ -102,7 +103,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 			if len(refs) > 0 {
 				err = fmt.Errorf("after %d blocks: %w", len(refs), err)
 			}
-			return refs, moved, err
+			return refs, moved, via.String(), err
 		}
 		if !more {
 			break
@@ -117,7 +118,30 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 			a.cfg.hooks.chunkRegistered(holder.Name, len(refs))
 		}
 	}
-	return refs, moved, nil
+	return refs, moved, via.String(), nil
+}
+
+// transports records which transports moved an import's chunks.
+type transports struct{ quic, rdma bool }
+
+func (t *transports) add(via transfer.Transport) {
+	switch via {
+	case transfer.TransportRDMA:
+		t.rdma = true
+	default:
+		t.quic = true
+	}
+}
+
+// String names them as Fetch.transport does: "rdma", "quic", or both.
+func (t transports) String() string {
+	switch {
+	case t.rdma && t.quic:
+		return "rdma+quic"
+	case t.rdma:
+		return "rdma"
+	}
+	return "quic"
 }
 
 // leaseChunk asks peer for a lease on hashes without waiting for the
@@ -202,7 +226,7 @@ func (a *Agent) releaseLater(peer *transfer.Peer, id uint64) {
 // lease holds whole, into new slots of s and registers them after parent,
 // once the holder confirms the lease. On failure nothing of the chunk is
 // registered and its slots are freed.
-func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, part pages, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, part pages, parent uint64, moved *transports) ([]*fabricpb.BlockRef, uint64, error) {
 	id := c.lease.ID
 	released := id == 0
 	defer func() {
@@ -266,7 +290,11 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 		segs = append(segs, r...)
 	}
 	readStart := time.Now()
-	if err := peer.Read(c.kept.ctx, id, set, segs, regions); err != nil {
+	via, err := peer.ReadVia(c.kept.ctx, id, set, segs, regions)
+	if err == nil {
+		moved.add(via)
+	}
+	if err != nil {
 		if cause := context.Cause(c.kept.ctx); errors.Is(cause, errLeaseLost) {
 			err = cause
 		}
@@ -278,7 +306,7 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	valid, err := peer.Release(ctx, id)
 	released = true
 	if err == nil {
-		a.links.observe(peer.Name(), "quic", time.Since(relStart), plan.Bytes(), read)
+		a.links.observe(peer.Name(), string(via), time.Since(relStart), plan.Bytes(), read)
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("release: %w", err)
@@ -289,9 +317,16 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	refs, err := s.registerFilled(blocks, hashes, parent)
 	registered = true
 	a.stats.importBytes.Add(plan.Bytes())
+	if via == transfer.TransportRDMA {
+		a.stats.importBytesRDMA.Add(plan.Bytes())
+	}
 	a.stats.importBlocks.Add(uint64(len(refs)))
 	a.stats.importChunks.Add(1)
-	a.stats.chunkTime.record(time.Since(c.askedAt))
+	if via == transfer.TransportRDMA {
+		a.stats.chunkTimeRDMA.record(time.Since(c.askedAt))
+	} else {
+		a.stats.chunkTime.record(time.Since(c.askedAt))
+	}
 	if err != nil {
 		return refs, plan.Bytes(), localError{err}
 	}

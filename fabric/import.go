@@ -175,10 +175,10 @@ func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, want pages,
 			return nil, nil, fmt.Errorf("%w (%d tried)", errHoldersFailed, *tried)
 		}
 		start := time.Now()
-		refs, bytes, err := a.fetch(ctx, c.member, s, want.slice(0, c.blocks), parent)
+		refs, bytes, via, err := a.fetch(ctx, c.member, s, want.slice(0, c.blocks), parent)
 		var fetch *fabricpb.Fetch
 		if len(refs) > 0 {
-			fetch = &fabricpb.Fetch{Node: c.member.Name, Transport: "quic", Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
+			fetch = &fabricpb.Fetch{Node: c.member.Name, Transport: via, Blocks: uint32(len(refs)), Bytes: bytes, Micros: uint64(time.Since(start).Microseconds())}
 		}
 		var local localError
 		if err == nil || errors.As(err, &local) || ctx.Err() != nil {

@@ -16,12 +16,14 @@ import (
 // counters are what the agent counts itself; the pool, membership and
 // transfer count their own.
 type counters struct {
-	events       atomic.Uint64 // pool events seen
-	eventsLost   atomic.Uint64 // pool events dropped before publishing
-	imports      atomic.Uint64
-	importFails  atomic.Uint64
-	importBytes  atomic.Uint64
-	importBlocks atomic.Uint64
+	events      atomic.Uint64 // pool events seen
+	eventsLost  atomic.Uint64 // pool events dropped before publishing
+	imports     atomic.Uint64
+	importFails atomic.Uint64
+	importBytes atomic.Uint64
+	// importBytesRDMA is the part of importBytes that moved over RDMA.
+	importBytesRDMA atomic.Uint64
+	importBlocks    atomic.Uint64
 	// importChunks counts chunks imported whole; leaseRenewals the
 	// renewals holders granted while a chunk was being read.
 	importChunks  atomic.Uint64
@@ -40,6 +42,9 @@ type counters struct {
 	// from lease to registration, leaseHold how long a lease this node
 	// granted lived (until released, or its peer went).
 	importTime, chunkTime, leaseHold latency
+	// chunkTimeRDMA is chunkTime of the chunks that moved over RDMA
+	// (chunkTime holds those over QUIC).
+	chunkTimeRDMA latency
 }
 
 // serveHealth answers ok while the agent runs, except that a node given
@@ -101,6 +106,10 @@ type Metrics struct {
 	Index      index.Metrics
 	Membership membership.Metrics
 	Transport  transfer.Metrics
+	// RDMA counts reads over RDMA and fallbacks to QUIC; RDMAEnabled says
+	// whether the node has RDMA at all.
+	RDMA        transfer.RDMAMetrics
+	RDMAEnabled bool
 
 	// MembersLeft and MembersFailed are the members that left or failed
 	// in the last minutes and have not come back.
@@ -121,10 +130,14 @@ type Metrics struct {
 	Imports, ImportFailures     uint64
 	ImportsInFlight             int64
 	ImportBlocks, ImportBytes   uint64
+	ImportBytesRDMA             uint64 // the part of ImportBytes that moved over RDMA
 	ImportChunks                uint64
 	ImportLeaseRenewals         uint64 // renewals holders granted to long reads
 	ImportLeaseWaits            uint64 // leases asked again of a busy holder
 	ImportTime, ImportChunkTime pool.Histogram
+	// ImportChunkTimeRDMA is ImportChunkTime of the chunks moved over
+	// RDMA; ImportChunkTime holds those over QUIC.
+	ImportChunkTimeRDMA pool.Histogram
 
 	// LeasesServed counts leases granted to peers; LeasesEndedEarly those
 	// released because their peer went; LeaseHold how long they lived.
@@ -159,16 +172,19 @@ func (a *Agent) Metrics() Metrics {
 		ImportsInFlight:     st.inflight.Load(),
 		ImportBlocks:        st.importBlocks.Load(),
 		ImportBytes:         st.importBytes.Load(),
+		ImportBytesRDMA:     st.importBytesRDMA.Load(),
 		ImportChunks:        st.importChunks.Load(),
 		ImportLeaseRenewals: st.leaseRenewals.Load(),
 		ImportLeaseWaits:    st.leaseWaits.Load(),
 		ImportTime:          st.importTime.snapshot(),
 		ImportChunkTime:     st.chunkTime.snapshot(),
+		ImportChunkTimeRDMA: st.chunkTimeRDMA.snapshot(),
 		LeasesServed:        st.leasesServed.Load(),
 		LeasesEndedEarly:    st.leasesEndedEarly.Load(),
 		LeaseHold:           st.leaseHold.snapshot(),
 	}
 	m.Joined = m.Membership.Joined
+	m.RDMA, m.RDMAEnabled = a.transport.RDMAMetrics()
 	for _, d := range a.members.Departed() {
 		if d.Kind == membership.MemberLeave {
 			m.MembersLeft++

@@ -41,6 +41,9 @@ func (a *Agent) startTransport() error {
 	tcfg.ProgressTimeout = half
 	tcfg.IdleTimeout = 3 * a.cfg.PeerTimeout
 	tcfg.MaxMessageSize = a.cfg.maxMessageSize
+	if tcfg.RDMA, err = a.openRDMA(); err != nil {
+		return err
+	}
 	n, err := transfer.NewNode(tcfg)
 	if err != nil {
 		return fmt.Errorf("fabric: peer transport: %w", err)

@@ -46,6 +46,9 @@ type Config struct {
 	// a member), so that what the peer held here can end at once. Called
 	// from the connection's goroutine: it must not block.
 	PeerGone func(peer string)
+	// RDMA, if set, moves reads over RDMA to peers that offer it (see
+	// RDMAConfig); nil: every read goes over QUIC. The config is copied.
+	RDMA *RDMAConfig
 	// Logger receives warnings (UDP buffers) and per-connection errors.
 	// If nil, slog.Default().
 	Logger *slog.Logger
@@ -168,6 +171,13 @@ func (c Config) quicConfig() *quic.Config {
 // populate fills zero fields with defaults and validates.
 func (c Config) populate() (Config, error) {
 	c = c.withDefaults()
+	if c.RDMA != nil {
+		r := *c.RDMA
+		if err := r.populate(); err != nil {
+			return c, err
+		}
+		c.RDMA = &r
+	}
 	return c, c.validate()
 }
 

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/rdma"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
@@ -25,10 +26,11 @@ const (
 	methodRelease
 	methodEventRange
 	methodRead
-	methodMax = methodRead
+	methodRdmaConnect
+	methodMax = methodRdmaConnect
 )
 
-var methodNames = [...]string{"", "hello", "layouts", "lease", "renew", "release", "event-range", "read"}
+var methodNames = [...]string{"", "hello", "layouts", "lease", "renew", "release", "event-range", "read", "rdma-connect"}
 
 func (m method) String() string {
 	if m >= 1 && m <= methodMax {
@@ -176,6 +178,8 @@ type request struct {
 	blockSet   uint64
 	segments   []layout.Segment
 	totalBytes uint64
+	rdma       bool          // a lease's reader wants RDMA keys
+	endpoint   rdma.Endpoint // an RDMA connect's queue pair
 }
 
 func durationMS(ms uint64) (time.Duration, error) {
@@ -243,7 +247,17 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 		if err != nil {
 			return nil, err
 		}
-		r.hashes, r.duration = pb.Hashes, d
+		r.hashes, r.duration, r.rdma = pb.Hashes, d, pb.Rdma
+	case methodRdmaConnect:
+		var pb transferpb.RdmaConnectRequest
+		if err := unmarshal(payload, &pb); err != nil {
+			return nil, err
+		}
+		e, err := endpointFrom(pb.Endpoint)
+		if err != nil {
+			return nil, err
+		}
+		r.endpoint = e
 	case methodRenew:
 		var pb transferpb.RenewRequest
 		if err := unmarshal(payload, &pb); err != nil {

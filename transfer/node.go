@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+
+	"github.com/kvfabric/kvfabric/rdma"
 )
 
 // Node is one kvfabric peer endpoint: a QUIC listener that serves the
@@ -39,6 +41,8 @@ type Node struct {
 	ident    atomic.Pointer[identity] // the certificate and CAs of new handshakes
 	stats    counters
 	closeMu  sync.Once
+	// rdma is the node's RDMA side; nil when Config.RDMA is.
+	rdma *rdmaNode
 }
 
 // NewNode validates cfg, opens its sockets and starts serving.
@@ -50,6 +54,9 @@ func NewNode(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{},
 		accepted: map[string]int{}, budgets: map[string]*requestBudget{}}
 	n.ident.Store(&identity{cert: cfg.Certificate, cas: cfg.CAs})
+	if cfg.RDMA != nil {
+		n.rdma = &rdmaNode{cfg: *cfg.RDMA, served: map[string][]*rdma.QueuePair{}, fallback: map[string]uint64{}}
+	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.qcfg = cfg.quicConfig()
 	fail := func(err error) (*Node, error) {
@@ -132,6 +139,7 @@ func (n *Node) Close() error {
 			t.Close()
 		}
 		n.wg.Wait()
+		n.closeRDMA()
 	})
 	return nil
 }
@@ -233,6 +241,11 @@ func (n *Node) peerConnClosed(peer string) {
 	}
 	closing := n.closed
 	n.mu.Unlock()
+	if last && !closing {
+		// Its queue pairs serve nothing now: a reader that comes back
+		// connects new ones.
+		n.dropServed(peer)
+	}
 	if last && !closing && n.cfg.PeerGone != nil {
 		n.cfg.PeerGone(peer)
 	}

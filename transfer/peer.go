@@ -34,6 +34,8 @@ type Peer struct {
 	// that only share the same connections' bandwidth and make every read
 	// end with its slowest part.
 	streams chan struct{}
+	// rdma is the peer's RDMA state; nil when this node has no RDMA.
+	rdma *peerRDMA
 }
 
 // connSlot is one connection of a peer. Each has its own lock, so that
@@ -55,6 +57,9 @@ func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
 	}
 	p := &Peer{n: n, name: name, addr: ua, slots: make([]connSlot, n.cfg.ConnsPerPeer),
 		streams: make(chan struct{}, n.cfg.ConnsPerPeer*n.cfg.StreamsPerConn)}
+	if n.rdma != nil {
+		p.rdma = &peerRDMA{wait: make(chan struct{}), leases: map[uint64]map[uint64][]remoteRegion{}}
+	}
 	if _, err := p.conn(ctx, 0); err != nil {
 		return nil, err
 	}
@@ -68,6 +73,7 @@ func (p *Peer) Name() string { return p.name }
 // flight fail.
 func (p *Peer) Close() error {
 	p.closed.Store(true)
+	p.closeRDMA()
 	for i := range p.slots {
 		sl := &p.slots[i]
 		sl.mu.Lock()
@@ -287,7 +293,8 @@ func (p *Peer) Layouts(ctx context.Context, digests [][]byte) ([]LayoutEntry, er
 // The answer has one entry per hash, in order.
 func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lease, error) {
 	var resp transferpb.LeaseResponse
-	req := &transferpb.LeaseRequest{Hashes: hashes, DurationMs: uint64(d / time.Millisecond)}
+	asked := p.wantRDMA()
+	req := &transferpb.LeaseRequest{Hashes: hashes, DurationMs: uint64(d / time.Millisecond), Rdma: asked}
 	if err := p.call(ctx, methodLease, req, &resp); err != nil {
 		return Lease{}, err
 	}
@@ -311,6 +318,14 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 	}
 	l.LayoutDigests = resp.LayoutDigests
 	l.Capped = resp.Capped
+	if len(resp.RdmaRegions) > 0 && !asked {
+		return Lease{}, fmt.Errorf("%w: lease from %s carries RDMA regions it was not asked for", ErrFrame, p.name)
+	}
+	if asked {
+		if err := p.keepRegions(l.ID, &l, resp.RdmaRegions); err != nil {
+			return Lease{}, err
+		}
+	}
 	return l, nil
 }
 
@@ -329,6 +344,7 @@ func (p *Peer) Renew(ctx context.Context, leaseID uint64, d time.Duration) (bool
 // Release ends a lease; false means it expired before the release and
 // what was read under it must be thrown away.
 func (p *Peer) Release(ctx context.Context, leaseID uint64) (bool, error) {
+	p.forgetLease(leaseID)
 	var resp transferpb.ReleaseResponse
 	if err := p.call(ctx, methodRelease, &transferpb.ReleaseRequest{LeaseId: leaseID}, &resp); err != nil {
 		return false, err

@@ -27,14 +27,45 @@ import (
 // landed: the caller must not use them (the importer frees the slots).
 // Segments are validated first: a segment outside dst is an error before
 // anything is sent.
+//
+// With RDMA on (Config.RDMA), a read under a lease that carried the
+// holder's keys moves as RDMA READs; if RDMA fails, the same read goes
+// over QUIC (the lease is still the caller's), and the peer is read over
+// QUIC until its backoff ends.
 func (p *Peer) Read(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) error {
+	_, err := p.ReadVia(ctx, leaseID, blockSet, segs, dst)
+	return err
+}
+
+// ReadVia is Read that also says which transport moved the bytes (or was
+// moving them when it failed).
+func (p *Peer) ReadVia(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) (Transport, error) {
 	total, err := validateReadPlan(segs, dst)
 	if err != nil {
-		return err
+		return TransportQUIC, err
 	}
 	if total == 0 {
-		return nil
+		return TransportQUIC, nil
 	}
+	if p.rdma != nil {
+		done, err := p.readRDMA(ctx, leaseID, blockSet, segs, dst, total)
+		switch {
+		case done && err == nil:
+			p.n.stats.reads.Add(1)
+			p.n.stats.bytesRead.Add(total)
+			return TransportRDMA, nil
+		case done && ctx.Err() != nil:
+			p.n.stats.readsFailed.Add(1)
+			return TransportRDMA, err
+		case done:
+			p.n.log.Warn("rdma read failed; reading over QUIC", "peer", p.name, "lease", leaseID, "err", err)
+		}
+	}
+	return TransportQUIC, p.readQUIC(ctx, leaseID, blockSet, segs, dst, total)
+}
+
+// readQUIC is Read over QUIC streams.
+func (p *Peer) readQUIC(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte, total uint64) error {
 	cfg := &p.n.cfg
 	parallel := cfg.ConnsPerPeer * cfg.StreamsPerConn
 	// A segment costs at most maxSegmentWire bytes in a request frame;

@@ -147,7 +147,12 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		for i, b := range l.Blocks {
 			resp.Blocks[i] = &transferpb.LeasedBlock{Hash: b.Hash, Present: b.Present, BlockSet: b.BlockSet, Slot: b.Slot, Generation: b.Generation}
 		}
+		if r.rdma && n.rdma != nil && l.ID != 0 {
+			resp.RdmaRegions = n.rdmaRegions(l.LayoutDigests)
+		}
 		return resp, nil
+	case methodRdmaConnect:
+		return n.serveConnect(peer, r.endpoint)
 	case methodRenew:
 		ok, err := h.Renew(ctx, peer, r.leaseID, r.duration)
 		if err != nil {

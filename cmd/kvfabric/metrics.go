@@ -14,6 +14,7 @@ import (
 	"github.com/kvfabric/kvfabric/internal/buildinfo"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/transfer"
 )
 
 // metricsHandler serves the Prometheus metrics of the agent agent points
@@ -78,7 +79,8 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_import_lease_renewals_total", "Lease renewals holders granted to reads that outlived half a term.", float64(m.ImportLeaseRenewals))
 	e.counter("kvfabric_import_lease_waits_total", "Times an import asked a holder again for a lease after it answered that it was busy (at a lease cap).", float64(m.ImportLeaseWaits))
 	e.histogram("kvfabric_import_duration_seconds", "Import calls from engines, from the call to its answer.", m.ImportTime)
-	e.histogram("kvfabric_import_chunk_duration_seconds", "Import chunks, from asking for the lease to registering the blocks.", m.ImportChunkTime, "transport", "quic")
+	e.histogram("kvfabric_import_chunk_duration_seconds", "Import chunks, from asking for the lease to registering the blocks, by transport.", m.ImportChunkTime, "transport", "quic")
+	e.histogram("kvfabric_import_chunk_duration_seconds", "Import chunks, from asking for the lease to registering the blocks, by transport.", m.ImportChunkTimeRDMA, "transport", "rdma")
 	e.counter("kvfabric_leases_served_total", "Leases granted to peers.", float64(m.LeasesServed))
 	e.counter("kvfabric_leases_ended_early_total", "Leases released before their term because the peer holding them disconnected, left or failed.", float64(m.LeasesEndedEarly))
 	e.histogram("kvfabric_lease_hold_duration_seconds", "How long leases granted to peers lived, until released or their peer went.", m.LeaseHold)
@@ -111,7 +113,23 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_peer_calls_served_total", "Control calls from peers answered.", float64(ts.CallsServed))
 	e.counter("kvfabric_peer_calls_failed_total", "Calls from peers answered with an error.", float64(ts.CallsFailed))
 	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesServed), "transport", "quic", "direction", "served")
-	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesRead), "transport", "quic", "direction", "read")
+	rd := m.RDMA
+	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesRead-rd.Bytes), "transport", "quic", "direction", "read")
+	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(rd.Bytes), "transport", "rdma", "direction", "read")
+	e.gauge("kvfabric_rdma_enabled", "1 when this node reads and serves over RDMA, else 0 (the agent's log says why).", boolFloat(m.RDMAEnabled))
+	if m.RDMAEnabled {
+		e.counter("kvfabric_rdma_reads_total", "Reads from peers completed over RDMA.", float64(rd.Reads))
+		e.counter("kvfabric_rdma_read_failures_total", "RDMA reads that failed (and were read again over QUIC).", float64(rd.ReadFailures))
+		e.counter("kvfabric_rdma_work_requests_total", "RDMA READ work requests posted.", float64(rd.Ops))
+		e.counter("kvfabric_rdma_scatter_entries_total", "Scatter-list entries of the RDMA READs posted.", float64(rd.SGEs))
+		e.counter("kvfabric_rdma_connects_total", "Queue pairs connected to peers to read from.", float64(rd.Connects))
+		e.counter("kvfabric_rdma_connect_failures_total", "Queue-pair connections to peers that failed.", float64(rd.ConnectFailures))
+		e.gauge("kvfabric_rdma_queue_pairs_served", "Queue pairs peers read this node's memory on.", float64(rd.QPsServed))
+		e.gauge("kvfabric_rdma_registered_bytes", "Memory registered with the RDMA device.", float64(rd.RegisteredBytes))
+		for _, r := range transfer.FallbackReasons {
+			e.counter("kvfabric_rdma_fallbacks_total", "Reads that went over QUIC although RDMA is on, by reason.", float64(rd.Fallbacks[r]), "reason", r)
+		}
+	}
 	e.counter("kvfabric_peer_reads_failed_total", "Reads from peers that failed.", float64(ts.ReadsFailed))
 	e.gauge("kvfabric_peer_request_bytes", "Request bytes announced and in flight for peers (capped per peer).", float64(ts.RequestBytes))
 	e.counter("kvfabric_peer_request_budget_waits_total", "Peer requests that waited because their peer's request bytes were at the cap.", float64(ts.RequestBudgetWaits))

@@ -51,6 +51,12 @@ var agentSettings = []setting{
 	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried (default 30s)"},
 	{"import-chunk-bytes", "ImportChunkBytes", "bytes an import leases, reads and registers at a time, e.g. 64MiB; at most 4,096 blocks whatever their size (default 64MiB, 1MiB..4GiB)"},
 	{"peer-timeout", "PeerTimeout", "how long a silent peer may stall a call (default 2s)"},
+	{"rdma", "RDMA", "auto: read over RDMA where this node and the holder can, QUIC elsewhere; on: refuse to start without a usable RDMA device; off: QUIC only (default auto)"},
+	{"rdma-device", "RDMADevice", "RDMA device to use, e.g. mlx5_0 (default: the first with an active port; see kvfabric rdma devices)"},
+	{"rdma-port", "RDMAPort", "port of the RDMA device (default 1)"},
+	{"rdma-library", "RDMALibrary", "path of libibverbs (default: $KVFABRIC_IBVERBS_LIB, then libibverbs.so.1)"},
+	{"rdma-timeout", "RDMATimeout", "queue-pair ACK timeout exponent, 1..31: each try waits 4.096us x 2^N (default 14)"},
+	{"rdma-retry", "RDMARetry", "queue-pair retries after a timeout, 1..7; a dead holder fails a read after (N+1) tries (default 7: about 0.5s with timeout 14)"},
 	{"log-level", "LogLevel", "debug, info, warn or error (default info)"},
 	{"log-format", "LogFormat", "text (key=value) or json (one object a line, for log collectors) (default text)"},
 }

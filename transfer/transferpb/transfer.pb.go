@@ -319,9 +319,12 @@ func (x *LayoutsResponse) GetLayouts() []*LayoutEntry {
 // MaxLeaseBlocks (4096) hashes, and the holder grants at most its own
 // configured term.
 type LeaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hashes        []uint64               `protobuf:"fixed64,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
-	DurationMs    uint64                 `protobuf:"varint,2,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Hashes     []uint64               `protobuf:"fixed64,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	DurationMs uint64                 `protobuf:"varint,2,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// The reader can read over RDMA: answer with the remote keys of the
+	// leased block sets' regions (rdma_regions), where the holder has them.
+	Rdma          bool `protobuf:"varint,3,opt,name=rdma,proto3" json:"rdma,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -368,6 +371,13 @@ func (x *LeaseRequest) GetDurationMs() uint64 {
 		return x.DurationMs
 	}
 	return 0
+}
+
+func (x *LeaseRequest) GetRdma() bool {
+	if x != nil {
+		return x.Rdma
+	}
+	return false
 }
 
 // LeasedBlock is the lease's answer for one requested hash, in request order.
@@ -464,7 +474,14 @@ type LeaseResponse struct {
 	// The holder cut the lease short of the blocks it holds, to stay within
 	// its caps on leased blocks: the blocks past the last present one may
 	// still be there, and the reader asks again once its leases end.
-	Capped        bool `protobuf:"varint,5,opt,name=capped,proto3" json:"capped,omitempty"`
+	Capped bool `protobuf:"varint,5,opt,name=capped,proto3" json:"capped,omitempty"`
+	// With rdma in the request, and where the holder has RDMA: where each
+	// rank's region of each block set a present block is in lies in the
+	// holder's registered memory, for RDMA READs under this lease. A reader
+	// validates them (region length against the layout, no overflow) and
+	// reads only the pieces its plan names; the holder trusts no byte that
+	// lands anywhere, and a lease found expired at release voids the read.
+	RdmaRegions   []*RdmaRegion `protobuf:"bytes,6,rep,name=rdma_regions,json=rdmaRegions,proto3" json:"rdma_regions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -534,6 +551,92 @@ func (x *LeaseResponse) GetCapped() bool {
 	return false
 }
 
+func (x *LeaseResponse) GetRdmaRegions() []*RdmaRegion {
+	if x != nil {
+		return x.RdmaRegions
+	}
+	return nil
+}
+
+// RdmaRegion is one rank's region of a block set in the holder's memory
+// registered for remote read.
+type RdmaRegion struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	BlockSet uint64                 `protobuf:"varint,1,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
+	Rank     uint32                 `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	// The region's first byte as the NIC addresses it, and its length.
+	Addr          uint64 `protobuf:"varint,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	Length        uint64 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
+	Rkey          uint32 `protobuf:"varint,5,opt,name=rkey,proto3" json:"rkey,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RdmaRegion) Reset() {
+	*x = RdmaRegion{}
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RdmaRegion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RdmaRegion) ProtoMessage() {}
+
+func (x *RdmaRegion) ProtoReflect() protoreflect.Message {
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RdmaRegion.ProtoReflect.Descriptor instead.
+func (*RdmaRegion) Descriptor() ([]byte, []int) {
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RdmaRegion) GetBlockSet() uint64 {
+	if x != nil {
+		return x.BlockSet
+	}
+	return 0
+}
+
+func (x *RdmaRegion) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RdmaRegion) GetAddr() uint64 {
+	if x != nil {
+		return x.Addr
+	}
+	return 0
+}
+
+func (x *RdmaRegion) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *RdmaRegion) GetRkey() uint32 {
+	if x != nil {
+		return x.Rkey
+	}
+	return 0
+}
+
 // RenewRequest extends a lease.
 type RenewRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -545,7 +648,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[8]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -557,7 +660,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[8]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -570,7 +673,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{8}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RenewRequest) GetLeaseId() uint64 {
@@ -597,7 +700,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[9]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +712,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[9]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +725,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{9}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RenewResponse) GetValid() bool {
@@ -642,7 +745,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[10]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +757,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[10]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +770,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{10}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReleaseRequest) GetLeaseId() uint64 {
@@ -688,7 +791,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[11]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +803,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[11]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +816,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{11}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReleaseResponse) GetValid() bool {
@@ -745,7 +848,7 @@ type EventRangeRequest struct {
 
 func (x *EventRangeRequest) Reset() {
 	*x = EventRangeRequest{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[12]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +860,7 @@ func (x *EventRangeRequest) String() string {
 func (*EventRangeRequest) ProtoMessage() {}
 
 func (x *EventRangeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[12]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +873,7 @@ func (x *EventRangeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventRangeRequest.ProtoReflect.Descriptor instead.
 func (*EventRangeRequest) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{12}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EventRangeRequest) GetOrigin() string {
@@ -833,7 +936,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[13]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +948,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[13]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +961,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{13}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -895,7 +998,7 @@ type EventRangeResponse struct {
 
 func (x *EventRangeResponse) Reset() {
 	*x = EventRangeResponse{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[14]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +1010,7 @@ func (x *EventRangeResponse) String() string {
 func (*EventRangeResponse) ProtoMessage() {}
 
 func (x *EventRangeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[14]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1023,7 @@ func (x *EventRangeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventRangeResponse.ProtoReflect.Descriptor instead.
 func (*EventRangeResponse) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{14}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EventRangeResponse) GetEvents() []*Event {
@@ -973,7 +1076,7 @@ type ReadSegment struct {
 
 func (x *ReadSegment) Reset() {
 	*x = ReadSegment{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[15]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1088,7 @@ func (x *ReadSegment) String() string {
 func (*ReadSegment) ProtoMessage() {}
 
 func (x *ReadSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[15]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1101,7 @@ func (x *ReadSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadSegment.ProtoReflect.Descriptor instead.
 func (*ReadSegment) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{15}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadSegment) GetSrcRank() uint32 {
@@ -1048,7 +1151,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[16]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1163,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[16]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,7 +1176,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{16}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadRequest) GetLeaseId() uint64 {
@@ -1108,7 +1211,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[17]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1223,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[17]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1236,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{17}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReadResponse) GetTotalBytes() uint64 {
@@ -1154,7 +1257,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[18]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1269,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_transfer_transferpb_transfer_proto_msgTypes[18]
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1282,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{18}
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Error) GetCode() uint32 {
@@ -1194,6 +1297,197 @@ func (x *Error) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+// RdmaEndpoint is what one side of an RC queue pair tells the other to
+// connect to it.
+type RdmaEndpoint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Queue pair number and first packet sequence number (24 bits each).
+	Qpn uint32 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
+	Psn uint32 `protobuf:"varint,2,opt,name=psn,proto3" json:"psn,omitempty"`
+	// RoCE: the GID the queue pair sends from (16 bytes); InfiniBand: lid.
+	Gid []byte `protobuf:"bytes,3,opt,name=gid,proto3" json:"gid,omitempty"`
+	Lid uint32 `protobuf:"varint,4,opt,name=lid,proto3" json:"lid,omitempty"`
+	// Active path MTU in bytes (256..4096); the smaller side's wins.
+	Mtu uint32 `protobuf:"varint,5,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// 1 InfiniBand, 2 Ethernet (RoCE), as verbs numbers them.
+	LinkLayer uint32 `protobuf:"varint,6,opt,name=link_layer,json=linkLayer,proto3" json:"link_layer,omitempty"`
+	// RDMA READs this side serves at once (1..255).
+	ReadDepth     uint32 `protobuf:"varint,7,opt,name=read_depth,json=readDepth,proto3" json:"read_depth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RdmaEndpoint) Reset() {
+	*x = RdmaEndpoint{}
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RdmaEndpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RdmaEndpoint) ProtoMessage() {}
+
+func (x *RdmaEndpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RdmaEndpoint.ProtoReflect.Descriptor instead.
+func (*RdmaEndpoint) Descriptor() ([]byte, []int) {
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RdmaEndpoint) GetQpn() uint32 {
+	if x != nil {
+		return x.Qpn
+	}
+	return 0
+}
+
+func (x *RdmaEndpoint) GetPsn() uint32 {
+	if x != nil {
+		return x.Psn
+	}
+	return 0
+}
+
+func (x *RdmaEndpoint) GetGid() []byte {
+	if x != nil {
+		return x.Gid
+	}
+	return nil
+}
+
+func (x *RdmaEndpoint) GetLid() uint32 {
+	if x != nil {
+		return x.Lid
+	}
+	return 0
+}
+
+func (x *RdmaEndpoint) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *RdmaEndpoint) GetLinkLayer() uint32 {
+	if x != nil {
+		return x.LinkLayer
+	}
+	return 0
+}
+
+func (x *RdmaEndpoint) GetReadDepth() uint32 {
+	if x != nil {
+		return x.ReadDepth
+	}
+	return 0
+}
+
+// RdmaConnectRequest asks the holder to make a queue pair connected to
+// the reader's, for RDMA READs of the memory it leases to the reader.
+type RdmaConnectRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      *RdmaEndpoint          `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RdmaConnectRequest) Reset() {
+	*x = RdmaConnectRequest{}
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RdmaConnectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RdmaConnectRequest) ProtoMessage() {}
+
+func (x *RdmaConnectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RdmaConnectRequest.ProtoReflect.Descriptor instead.
+func (*RdmaConnectRequest) Descriptor() ([]byte, []int) {
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RdmaConnectRequest) GetEndpoint() *RdmaEndpoint {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
+}
+
+// RdmaConnectResponse is the holder's queue pair, connected to the
+// reader's and ready to serve its READs.
+type RdmaConnectResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      *RdmaEndpoint          `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RdmaConnectResponse) Reset() {
+	*x = RdmaConnectResponse{}
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RdmaConnectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RdmaConnectResponse) ProtoMessage() {}
+
+func (x *RdmaConnectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RdmaConnectResponse.ProtoReflect.Descriptor instead.
+func (*RdmaConnectResponse) Descriptor() ([]byte, []int) {
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RdmaConnectResponse) GetEndpoint() *RdmaEndpoint {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
 }
 
 var File_transfer_transferpb_transfer_proto protoreflect.FileDescriptor
@@ -1217,11 +1511,12 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\tblock_set\x18\x02 \x01(\x04R\bblockSet\x12\x16\n" +
 	"\x06layout\x18\x03 \x01(\fR\x06layout\"N\n" +
 	"\x0fLayoutsResponse\x12;\n" +
-	"\alayouts\x18\x01 \x03(\v2!.kvfabric.transfer.v1.LayoutEntryR\alayouts\"G\n" +
+	"\alayouts\x18\x01 \x03(\v2!.kvfabric.transfer.v1.LayoutEntryR\alayouts\"[\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x06R\x06hashes\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
-	"durationMs\"\x8c\x01\n" +
+	"durationMs\x12\x12\n" +
+	"\x04rdma\x18\x03 \x01(\bR\x04rdma\"\x8c\x01\n" +
 	"\vLeasedBlock\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\x06R\x04hash\x12\x18\n" +
 	"\apresent\x18\x02 \x01(\bR\apresent\x12\x1b\n" +
@@ -1229,17 +1524,25 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x04slot\x18\x04 \x01(\x04R\x04slot\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x05 \x01(\x04R\n" +
-	"generation\"\xbf\x02\n" +
+	"generation\"\x84\x03\n" +
 	"\rLeaseResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
 	"durationMs\x129\n" +
 	"\x06blocks\x18\x03 \x03(\v2!.kvfabric.transfer.v1.LeasedBlockR\x06blocks\x12]\n" +
 	"\x0elayout_digests\x18\x04 \x03(\v26.kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntryR\rlayoutDigests\x12\x16\n" +
-	"\x06capped\x18\x05 \x01(\bR\x06capped\x1a@\n" +
+	"\x06capped\x18\x05 \x01(\bR\x06capped\x12C\n" +
+	"\frdma_regions\x18\x06 \x03(\v2 .kvfabric.transfer.v1.RdmaRegionR\vrdmaRegions\x1a@\n" +
 	"\x12LayoutDigestsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"J\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"}\n" +
+	"\n" +
+	"RdmaRegion\x12\x1b\n" +
+	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x12\n" +
+	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
+	"\x04addr\x18\x03 \x01(\x04R\x04addr\x12\x16\n" +
+	"\x06length\x18\x04 \x01(\x04R\x06length\x12\x12\n" +
+	"\x04rkey\x18\x05 \x01(\rR\x04rkey\"J\n" +
 	"\fRenewRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
@@ -1284,7 +1587,21 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"totalBytes\"5\n" +
 	"\x05Error\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessageB2Z0github.com/kvfabric/kvfabric/transfer/transferpbb\x06proto3"
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xa6\x01\n" +
+	"\fRdmaEndpoint\x12\x10\n" +
+	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
+	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x10\n" +
+	"\x03gid\x18\x03 \x01(\fR\x03gid\x12\x10\n" +
+	"\x03lid\x18\x04 \x01(\rR\x03lid\x12\x10\n" +
+	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12\x1d\n" +
+	"\n" +
+	"link_layer\x18\x06 \x01(\rR\tlinkLayer\x12\x1d\n" +
+	"\n" +
+	"read_depth\x18\a \x01(\rR\treadDepth\"T\n" +
+	"\x12RdmaConnectRequest\x12>\n" +
+	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpoint\"U\n" +
+	"\x13RdmaConnectResponse\x12>\n" +
+	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpointB2Z0github.com/kvfabric/kvfabric/transfer/transferpbb\x06proto3"
 
 var (
 	file_transfer_transferpb_transfer_proto_rawDescOnce sync.Once
@@ -1298,40 +1615,47 @@ func file_transfer_transferpb_transfer_proto_rawDescGZIP() []byte {
 	return file_transfer_transferpb_transfer_proto_rawDescData
 }
 
-var file_transfer_transferpb_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_transfer_transferpb_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_transfer_transferpb_transfer_proto_goTypes = []any{
-	(*HelloRequest)(nil),       // 0: kvfabric.transfer.v1.HelloRequest
-	(*HelloResponse)(nil),      // 1: kvfabric.transfer.v1.HelloResponse
-	(*LayoutsRequest)(nil),     // 2: kvfabric.transfer.v1.LayoutsRequest
-	(*LayoutEntry)(nil),        // 3: kvfabric.transfer.v1.LayoutEntry
-	(*LayoutsResponse)(nil),    // 4: kvfabric.transfer.v1.LayoutsResponse
-	(*LeaseRequest)(nil),       // 5: kvfabric.transfer.v1.LeaseRequest
-	(*LeasedBlock)(nil),        // 6: kvfabric.transfer.v1.LeasedBlock
-	(*LeaseResponse)(nil),      // 7: kvfabric.transfer.v1.LeaseResponse
-	(*RenewRequest)(nil),       // 8: kvfabric.transfer.v1.RenewRequest
-	(*RenewResponse)(nil),      // 9: kvfabric.transfer.v1.RenewResponse
-	(*ReleaseRequest)(nil),     // 10: kvfabric.transfer.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),    // 11: kvfabric.transfer.v1.ReleaseResponse
-	(*EventRangeRequest)(nil),  // 12: kvfabric.transfer.v1.EventRangeRequest
-	(*Event)(nil),              // 13: kvfabric.transfer.v1.Event
-	(*EventRangeResponse)(nil), // 14: kvfabric.transfer.v1.EventRangeResponse
-	(*ReadSegment)(nil),        // 15: kvfabric.transfer.v1.ReadSegment
-	(*ReadRequest)(nil),        // 16: kvfabric.transfer.v1.ReadRequest
-	(*ReadResponse)(nil),       // 17: kvfabric.transfer.v1.ReadResponse
-	(*Error)(nil),              // 18: kvfabric.transfer.v1.Error
-	nil,                        // 19: kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
+	(*HelloRequest)(nil),        // 0: kvfabric.transfer.v1.HelloRequest
+	(*HelloResponse)(nil),       // 1: kvfabric.transfer.v1.HelloResponse
+	(*LayoutsRequest)(nil),      // 2: kvfabric.transfer.v1.LayoutsRequest
+	(*LayoutEntry)(nil),         // 3: kvfabric.transfer.v1.LayoutEntry
+	(*LayoutsResponse)(nil),     // 4: kvfabric.transfer.v1.LayoutsResponse
+	(*LeaseRequest)(nil),        // 5: kvfabric.transfer.v1.LeaseRequest
+	(*LeasedBlock)(nil),         // 6: kvfabric.transfer.v1.LeasedBlock
+	(*LeaseResponse)(nil),       // 7: kvfabric.transfer.v1.LeaseResponse
+	(*RdmaRegion)(nil),          // 8: kvfabric.transfer.v1.RdmaRegion
+	(*RenewRequest)(nil),        // 9: kvfabric.transfer.v1.RenewRequest
+	(*RenewResponse)(nil),       // 10: kvfabric.transfer.v1.RenewResponse
+	(*ReleaseRequest)(nil),      // 11: kvfabric.transfer.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 12: kvfabric.transfer.v1.ReleaseResponse
+	(*EventRangeRequest)(nil),   // 13: kvfabric.transfer.v1.EventRangeRequest
+	(*Event)(nil),               // 14: kvfabric.transfer.v1.Event
+	(*EventRangeResponse)(nil),  // 15: kvfabric.transfer.v1.EventRangeResponse
+	(*ReadSegment)(nil),         // 16: kvfabric.transfer.v1.ReadSegment
+	(*ReadRequest)(nil),         // 17: kvfabric.transfer.v1.ReadRequest
+	(*ReadResponse)(nil),        // 18: kvfabric.transfer.v1.ReadResponse
+	(*Error)(nil),               // 19: kvfabric.transfer.v1.Error
+	(*RdmaEndpoint)(nil),        // 20: kvfabric.transfer.v1.RdmaEndpoint
+	(*RdmaConnectRequest)(nil),  // 21: kvfabric.transfer.v1.RdmaConnectRequest
+	(*RdmaConnectResponse)(nil), // 22: kvfabric.transfer.v1.RdmaConnectResponse
+	nil,                         // 23: kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
 }
 var file_transfer_transferpb_transfer_proto_depIdxs = []int32{
 	3,  // 0: kvfabric.transfer.v1.LayoutsResponse.layouts:type_name -> kvfabric.transfer.v1.LayoutEntry
 	6,  // 1: kvfabric.transfer.v1.LeaseResponse.blocks:type_name -> kvfabric.transfer.v1.LeasedBlock
-	19, // 2: kvfabric.transfer.v1.LeaseResponse.layout_digests:type_name -> kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
-	13, // 3: kvfabric.transfer.v1.EventRangeResponse.events:type_name -> kvfabric.transfer.v1.Event
-	15, // 4: kvfabric.transfer.v1.ReadRequest.segments:type_name -> kvfabric.transfer.v1.ReadSegment
-	5,  // [5:5] is the sub-list for method output_type
-	5,  // [5:5] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	23, // 2: kvfabric.transfer.v1.LeaseResponse.layout_digests:type_name -> kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
+	8,  // 3: kvfabric.transfer.v1.LeaseResponse.rdma_regions:type_name -> kvfabric.transfer.v1.RdmaRegion
+	14, // 4: kvfabric.transfer.v1.EventRangeResponse.events:type_name -> kvfabric.transfer.v1.Event
+	16, // 5: kvfabric.transfer.v1.ReadRequest.segments:type_name -> kvfabric.transfer.v1.ReadSegment
+	20, // 6: kvfabric.transfer.v1.RdmaConnectRequest.endpoint:type_name -> kvfabric.transfer.v1.RdmaEndpoint
+	20, // 7: kvfabric.transfer.v1.RdmaConnectResponse.endpoint:type_name -> kvfabric.transfer.v1.RdmaEndpoint
+	8,  // [8:8] is the sub-list for method output_type
+	8,  // [8:8] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_transfer_transferpb_transfer_proto_init() }
@@ -1345,7 +1669,7 @@ func file_transfer_transferpb_transfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_transfer_transferpb_transfer_proto_rawDesc), len(file_transfer_transferpb_transfer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,110 @@
+package rdma
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// devicePCI returns the PCI function and NUMA node sysfs gives for an RDMA
+// device ("", -1 where it says nothing).
+func devicePCI(sysfsRoot, dev string) (addr string, numa int) {
+	numa = -1
+	link := filepath.Join(sysfsRoot, "class", "infiniband", dev, "device")
+	if target, err := filepath.EvalSymlinks(link); err == nil {
+		base := filepath.Base(target)
+		if looksPCI(base) {
+			addr = base
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(link, "numa_node")); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n >= 0 {
+			numa = n
+		}
+	}
+	return addr, numa
+}
+
+// looksPCI reports whether s has the form dddd:bb:dd.f.
+func looksPCI(s string) bool {
+	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' {
+		return false
+	}
+	for i, c := range s {
+		if i == 4 || i == 7 || i == 10 {
+			continue
+		}
+		if !strings.ContainsRune("0123456789abcdefABCDEF", c) {
+			return false
+		}
+	}
+	return true
+}
+
+// gidTypeFromSysfs reads ports/<p>/gid_attrs/types/<i> ("IB/RoCE v1",
+// "RoCE v2"); GIDTypeUnknown where the file is missing or unreadable.
+func gidTypeFromSysfs(sysfsRoot, dev string, port, index int, ll LinkLayer) GIDType {
+	b, err := os.ReadFile(filepath.Join(sysfsRoot, "class", "infiniband", dev, "ports", strconv.Itoa(port), "gid_attrs", "types", strconv.Itoa(index)))
+	if err != nil {
+		return GIDTypeUnknown
+	}
+	switch s := strings.TrimSpace(string(b)); {
+	case strings.EqualFold(s, "RoCE v2"):
+		return GIDTypeRoCEv2
+	case strings.EqualFold(s, "IB/RoCE v1"):
+		if ll == LinkLayerInfiniBand {
+			return GIDTypeIB
+		}
+		return GIDTypeRoCEv1
+	}
+	return GIDTypeUnknown
+}
+
+// gidTypeFromForm guesses the type from the address when neither the
+// library nor sysfs says: InfiniBand GIDs are IB; on Ethernet an
+// IPv4-mapped address is taken as RoCE v2 and a link-local one as RoCE v1
+// (the way drivers populate their tables), anything else stays unknown.
+func gidTypeFromForm(g GID, ll LinkLayer) GIDType {
+	switch {
+	case ll == LinkLayerInfiniBand:
+		return GIDTypeIB
+	case g.IPv4Mapped():
+		return GIDTypeRoCEv2
+	case g.LinkLocal():
+		return GIDTypeRoCEv1
+	}
+	return GIDTypeUnknown
+}
+
+// chooseGID picks the GID a queue pair sends from: on Ethernet a RoCE v2
+// IPv4-mapped GID, then a RoCE v2 IPv6 one (global before link-local); on
+// InfiniBand the first GID (the LID addresses the peer). ok is false when
+// nothing fits.
+func chooseGID(p PortInfo) (GID, bool) {
+	if p.LinkLayer == LinkLayerInfiniBand {
+		if len(p.GIDs) > 0 {
+			return p.GIDs[0], true
+		}
+		return GID{}, true
+	}
+	rank := func(g GID) int {
+		switch {
+		case g.Type != GIDTypeRoCEv2:
+			return 0
+		case g.IPv4Mapped():
+			return 3
+		case !g.LinkLocal():
+			return 2
+		}
+		return 1
+	}
+	var best GID
+	bestRank := 0
+	for _, g := range p.GIDs {
+		if r := rank(g); r > bestRank {
+			best, bestRank = g, r
+		}
+	}
+	return best, bestRank > 0
+}

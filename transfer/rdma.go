@@ -1,0 +1,705 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/rdma"
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
+)
+
+// RDMAConfig turns on reads over RDMA. With it, a reader asks each lease
+// for the holder's remote keys, connects RC queue pairs to the holder over
+// the control channel, and moves a read's pieces as RDMA READs straight
+// from the holder's registered memory into its own; the holder's CPU does
+// nothing. A peer without RDMA, or whose RDMA failed, is read over QUIC.
+type RDMAConfig struct {
+	// Device is the opened RDMA device that this node's memory is
+	// registered with (Node.RegisterMemory) and its queue pairs are made
+	// on. The node does not close it. Required.
+	Device *rdma.Device
+	// QP shapes each queue pair; zero fields take the rdma package's
+	// defaults (timeout 14 and retry 7: a dead peer errors in about 0.5 s).
+	QP rdma.QPOptions
+	// QPsPerPeer is how many queue pairs this node reads from one peer on,
+	// one read on each at a time. If zero, 2.
+	QPsPerPeer int
+	// Backoff is how long a peer whose RDMA failed is read over QUIC
+	// before RDMA is tried again; it doubles with each failure in a row up
+	// to MaxBackoff. If zero, 1 s.
+	Backoff time.Duration
+	// MaxBackoff bounds Backoff's doubling. If zero, 1 min.
+	MaxBackoff time.Duration
+	// MaxConnectsPerMinute bounds the queue pairs this node connects to one
+	// peer in any minute, so that a peer whose queue pairs keep failing
+	// costs a bounded amount of setup. If zero, 8.
+	MaxConnectsPerMinute int
+}
+
+func (c *RDMAConfig) populate() error {
+	if c.Device == nil {
+		return configErr("RDMA.Device is nil")
+	}
+	if c.QPsPerPeer < 0 || c.Backoff < 0 || c.MaxBackoff < 0 || c.MaxConnectsPerMinute < 0 {
+		return configErr("RDMA: negative QPsPerPeer %d, Backoff %v, MaxBackoff %v or MaxConnectsPerMinute %d",
+			c.QPsPerPeer, c.Backoff, c.MaxBackoff, c.MaxConnectsPerMinute)
+	}
+	if c.QPsPerPeer == 0 {
+		c.QPsPerPeer = 2
+	}
+	if c.Backoff == 0 {
+		c.Backoff = time.Second
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = time.Minute
+	}
+	c.MaxBackoff = max(c.MaxBackoff, c.Backoff)
+	if c.MaxConnectsPerMinute == 0 {
+		c.MaxConnectsPerMinute = 8
+	}
+	c.MaxConnectsPerMinute = max(c.MaxConnectsPerMinute, c.QPsPerPeer)
+	return nil
+}
+
+// Transport names how a read's bytes moved.
+type Transport string
+
+// Transports.
+const (
+	TransportQUIC Transport = "quic"
+	TransportRDMA Transport = "rdma"
+)
+
+// Reasons a read that could have gone over RDMA went over QUIC, as the
+// fallback counters name them.
+const (
+	FallbackPeerHasNoRDMA  = "peer-has-no-rdma"  // the holder answered without keys or refused to connect
+	FallbackNotRegistered  = "not-registered"    // our destination memory is not registered
+	FallbackConnectFailed  = "connect-failed"    // a queue pair could not be made or connected
+	FallbackReadFailed     = "read-failed"       // an RDMA READ completed with an error
+	FallbackBackoff        = "backoff"           // RDMA to the peer failed recently
+	FallbackConnectLimited = "connect-limited"   // MaxConnectsPerMinute reached
+	FallbackBadKeys        = "bad-remote-region" // the holder's region keys do not fit the plan
+)
+
+// FallbackReasons lists every reason, for metrics that show them all.
+var FallbackReasons = []string{FallbackPeerHasNoRDMA, FallbackNotRegistered, FallbackConnectFailed, FallbackReadFailed,
+	FallbackBackoff, FallbackConnectLimited, FallbackBadKeys}
+
+// localMemory is the memory this node registered for RDMA: reads land
+// only in it, and leases hand out keys only to it.
+type localMemory struct {
+	mu  sync.RWMutex
+	mrs []*rdma.MemoryRegion // sorted by Addr, not overlapping
+}
+
+// find returns the registration that holds all of b, or nil.
+func (m *localMemory) find(b []byte) *rdma.MemoryRegion {
+	if len(b) == 0 {
+		return nil
+	}
+	start := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	end := start + uint64(len(b))
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	i := sort.Search(len(m.mrs), func(i int) bool { return m.mrs[i].Addr()+m.mrs[i].Len() > start })
+	if i < len(m.mrs) && m.mrs[i].Addr() <= start && end <= m.mrs[i].Addr()+m.mrs[i].Len() {
+		return m.mrs[i]
+	}
+	return nil
+}
+
+// rdmaNode is a node's RDMA side: its registered memory, the queue pairs
+// it serves peers' reads on, and the counters.
+type rdmaNode struct {
+	cfg RDMAConfig
+	mem localMemory
+
+	mu       sync.Mutex
+	served   map[string][]*rdma.QueuePair // by peer, oldest first
+	fallback map[string]uint64            // reads over QUIC by reason
+
+	reads, bytes, ops, sges, connects, connectFails, readFails uint64
+}
+
+// RegisterMemory registers buf with the node's RDMA device for remote read,
+// so that peers may read leased blocks in it and this node's reads may
+// land in it. The agent registers each pool once, at start: registration
+// pins and maps every page, which takes seconds for hundreds of GiB on a
+// real NIC. buf must stay valid until the node is closed. Without RDMA it
+// returns an error wrapping rdma.ErrUnavailable.
+func (n *Node) RegisterMemory(buf []byte) (rdma.RegistrationStats, error) {
+	if n.rdma == nil {
+		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register memory: %w: RDMA is not configured", rdma.ErrUnavailable)
+	}
+	if n.rdma.mem.find(buf) != nil {
+		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register memory: %w: %d bytes already registered", ErrInvalidRequest, len(buf))
+	}
+	mr, err := n.rdma.cfg.Device.RegisterMemory(buf)
+	if err != nil {
+		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %d bytes: %w", len(buf), err)
+	}
+	m := &n.rdma.mem
+	m.mu.Lock()
+	m.mrs = append(m.mrs, mr)
+	sort.Slice(m.mrs, func(i, j int) bool { return m.mrs[i].Addr() < m.mrs[j].Addr() })
+	m.mu.Unlock()
+	return mr.Stats(), nil
+}
+
+// RDMAEnabled says whether the node reads and serves over RDMA.
+func (n *Node) RDMAEnabled() bool { return n.rdma != nil }
+
+// closeRDMA destroys the queue pairs served and deregisters the memory.
+func (n *Node) closeRDMA() {
+	r := n.rdma
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	for peer, qps := range r.served {
+		for _, q := range qps {
+			q.Close()
+		}
+		delete(r.served, peer)
+	}
+	r.mu.Unlock()
+	r.mem.mu.Lock()
+	for _, mr := range r.mem.mrs {
+		mr.Close()
+	}
+	r.mem.mrs = nil
+	r.mem.mu.Unlock()
+}
+
+// dropServed destroys the queue pairs served to peer (its connections
+// closed or it left).
+func (n *Node) dropServed(peer string) {
+	r := n.rdma
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	qps := r.served[peer]
+	delete(r.served, peer)
+	r.mu.Unlock()
+	for _, q := range qps {
+		q.Close()
+	}
+}
+
+func (n *Node) countFallback(reason string) {
+	r := n.rdma
+	r.mu.Lock()
+	r.fallback[reason]++
+	r.mu.Unlock()
+}
+
+// RDMAMetrics counts what moved over RDMA and why reads did not.
+type RDMAMetrics struct {
+	// Reads and Bytes count reads completed over RDMA; Ops and SGEs the
+	// work requests posted for them and their scatter entries.
+	Reads, Bytes, Ops, SGEs uint64
+	// ReadFailures counts RDMA reads that failed (and went over QUIC).
+	ReadFailures uint64
+	// Connects counts queue pairs connected to peers to read from;
+	// ConnectFailures the attempts that failed.
+	Connects, ConnectFailures uint64
+	// Fallbacks counts reads that went over QUIC although RDMA is on, by
+	// reason (the Fallback* constants).
+	Fallbacks map[string]uint64
+	// QPsServed is the queue pairs peers read from now.
+	QPsServed int
+	// RegisteredBytes is the memory registered.
+	RegisteredBytes uint64
+}
+
+// RDMAMetrics returns a snapshot of the RDMA counters; ok is false when
+// RDMA is off.
+func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
+	r := n.rdma
+	if r == nil {
+		return m, false
+	}
+	r.mu.Lock()
+	m = RDMAMetrics{Reads: r.reads, Bytes: r.bytes, Ops: r.ops, SGEs: r.sges, ReadFailures: r.readFails,
+		Connects: r.connects, ConnectFailures: r.connectFails, Fallbacks: make(map[string]uint64, len(r.fallback))}
+	for k, v := range r.fallback {
+		m.Fallbacks[k] = v
+	}
+	for _, qps := range r.served {
+		m.QPsServed += len(qps)
+	}
+	r.mu.Unlock()
+	r.mem.mu.RLock()
+	for _, mr := range r.mem.mrs {
+		m.RegisteredBytes += mr.Len()
+	}
+	r.mem.mu.RUnlock()
+	return m, true
+}
+
+// endpointProto and endpointFrom convert endpoints to and from the wire.
+func endpointProto(e rdma.Endpoint) *transferpb.RdmaEndpoint {
+	return &transferpb.RdmaEndpoint{Qpn: e.QPN, Psn: e.PSN, Gid: append([]byte(nil), e.GID[:]...), Lid: uint32(e.LID),
+		Mtu: uint32(e.MTU), LinkLayer: uint32(e.LinkLayer), ReadDepth: uint32(e.ReadDepth)}
+}
+
+func endpointFrom(pb *transferpb.RdmaEndpoint) (rdma.Endpoint, error) {
+	if pb == nil {
+		return rdma.Endpoint{}, invalid("rdma connect: no endpoint")
+	}
+	if len(pb.Gid) != 0 && len(pb.Gid) != 16 {
+		return rdma.Endpoint{}, invalid("rdma connect: gid of %d bytes, want 16", len(pb.Gid))
+	}
+	if pb.Lid > 0xffff || pb.Mtu > 4096 || pb.LinkLayer > 255 || pb.ReadDepth > 255 {
+		return rdma.Endpoint{}, invalid("rdma connect: lid %d, mtu %d, link layer %d or read depth %d out of range", pb.Lid, pb.Mtu, pb.LinkLayer, pb.ReadDepth)
+	}
+	e := rdma.Endpoint{QPN: pb.Qpn, PSN: pb.Psn, LID: uint16(pb.Lid), MTU: int(pb.Mtu),
+		LinkLayer: rdma.LinkLayer(pb.LinkLayer), ReadDepth: int(pb.ReadDepth)}
+	copy(e.GID[:], pb.Gid)
+	if err := e.Validate(); err != nil {
+		return rdma.Endpoint{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return e, nil
+}
+
+// serveConnect makes a queue pair connected to the reader's endpoint and
+// answers with its own. A peer keeps at most 2×QPsPerPeer: a new one
+// replaces its oldest (a reader reconnects after a failure, and its old
+// queue pair is dead).
+func (n *Node) serveConnect(peer string, remote rdma.Endpoint) (*transferpb.RdmaConnectResponse, error) {
+	r := n.rdma
+	if r == nil {
+		return nil, fmt.Errorf("%w: this node has no RDMA", ErrUnavailable)
+	}
+	qp, err := r.cfg.Device.NewQueuePair(r.cfg.QP)
+	if err != nil {
+		return nil, fmt.Errorf("%w: queue pair: %w", ErrUnavailable, err)
+	}
+	if err := qp.Connect(remote); err != nil {
+		qp.Close()
+		return nil, fmt.Errorf("%w: connect queue pair to %s's %d: %w", ErrUnavailable, peer, remote.QPN, err)
+	}
+	r.mu.Lock()
+	qps := append(r.served[peer], qp)
+	var old []*rdma.QueuePair
+	if k := len(qps) - 2*r.cfg.QPsPerPeer; k > 0 {
+		old, qps = qps[:k:k], qps[k:]
+	}
+	r.served[peer] = qps
+	r.mu.Unlock()
+	for _, q := range old {
+		q.Close()
+	}
+	return &transferpb.RdmaConnectResponse{Endpoint: endpointProto(qp.Endpoint())}, nil
+}
+
+// rdmaRegions returns the remote keys of every rank's region of the block
+// sets a lease names, for a reader that asked for them. A region outside
+// the registered memory is left out: that block set is read over QUIC.
+func (n *Node) rdmaRegions(sets map[uint64][]byte) []*transferpb.RdmaRegion {
+	var out []*transferpb.RdmaRegion
+	for set := range sets {
+		for rank := 0; rank < maxRank; rank++ {
+			reg, err := n.cfg.Handler.Region(set, rank)
+			if err != nil {
+				break // past the last rank
+			}
+			mr := n.rdma.mem.find(reg)
+			if mr == nil {
+				continue
+			}
+			addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(reg))))
+			out = append(out, &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Addr: addr, Length: uint64(len(reg)), Rkey: mr.RKey()})
+		}
+	}
+	return out
+}
+
+// remoteRegion is one rank's region of a holder's block set as its NIC
+// addresses it.
+type remoteRegion struct {
+	addr, length uint64
+	rkey         uint32
+}
+
+// peerRDMA is a reader's RDMA state for one peer.
+type peerRDMA struct {
+	mu     sync.Mutex
+	idle   []*rdma.QueuePair
+	open   int // connected queue pairs, idle or reading
+	wait   chan struct{}
+	leases map[uint64]map[uint64][]remoteRegion // lease -> block set -> by rank
+	// failedUntil is when RDMA to the peer may be tried again, after
+	// failures failures in a row; reason says why it stopped.
+	failedUntil time.Time
+	failures    int
+	reason      string
+	noRDMA      bool // the holder offers no RDMA; asked again after Backoff
+	connects    []time.Time
+}
+
+// maxLeasesKept bounds the leases whose keys a peer handle remembers: a
+// caller that never releases cannot make it grow without bound.
+const maxLeasesKept = 4096
+
+// wantRDMA says whether a lease should ask the holder for keys.
+func (p *Peer) wantRDMA() bool {
+	r := p.rdma
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !time.Now().Before(r.failedUntil)
+}
+
+// keepRegions validates the keys a lease carried and remembers them.
+func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaRegion) error {
+	r := p.rdma
+	if r == nil || len(regions) == 0 {
+		if r != nil && l.ID != 0 && len(l.LayoutDigests) > 0 {
+			p.rdmaUnavailable(FallbackPeerHasNoRDMA)
+		}
+		return nil
+	}
+	if len(regions) > len(l.LayoutDigests)*maxRank {
+		return fmt.Errorf("%w: lease from %s has %d RDMA regions for %d block sets", ErrFrame, p.name, len(regions), len(l.LayoutDigests))
+	}
+	sets := map[uint64][]remoteRegion{}
+	for i, g := range regions {
+		if _, ok := l.LayoutDigests[g.BlockSet]; !ok {
+			return fmt.Errorf("%w: lease from %s: RDMA region %d names block set %d, which the lease does not", ErrFrame, p.name, i, g.BlockSet)
+		}
+		if g.Rank >= maxRank || g.Length == 0 || g.Addr+g.Length < g.Addr {
+			return fmt.Errorf("%w: lease from %s: RDMA region %d (rank %d, %d bytes at %#x) out of range", ErrFrame, p.name, i, g.Rank, g.Length, g.Addr)
+		}
+		rs := sets[g.BlockSet]
+		for len(rs) <= int(g.Rank) {
+			rs = append(rs, remoteRegion{})
+		}
+		if rs[g.Rank].length != 0 {
+			return fmt.Errorf("%w: lease from %s: two RDMA regions for block set %d rank %d", ErrFrame, p.name, g.BlockSet, g.Rank)
+		}
+		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, rkey: g.Rkey}
+		sets[g.BlockSet] = rs
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.leases) >= maxLeasesKept {
+		for id := range r.leases { // any: a full map means leases never released
+			delete(r.leases, id)
+			break
+		}
+	}
+	r.leases[leaseID] = sets
+	r.noRDMA = false
+	return nil
+}
+
+// forgetLease drops a lease's keys (released or abandoned).
+func (p *Peer) forgetLease(id uint64) {
+	if r := p.rdma; r != nil {
+		r.mu.Lock()
+		delete(r.leases, id)
+		r.mu.Unlock()
+	}
+}
+
+// rdmaUnavailable records that RDMA to the peer cannot be used now, for
+// reason, and backs off: Backoff, doubling with failures in a row.
+func (p *Peer) rdmaUnavailable(reason string) {
+	r := p.rdma
+	cfg := p.n.rdma.cfg
+	r.mu.Lock()
+	d := cfg.Backoff << min(r.failures, 16)
+	d = min(d, cfg.MaxBackoff)
+	r.failures++
+	r.failedUntil = time.Now().Add(d)
+	first := r.reason != reason
+	r.reason = reason
+	r.noRDMA = reason == FallbackPeerHasNoRDMA
+	r.mu.Unlock()
+	if first {
+		p.n.log.Info("reads from peer go over QUIC", "peer", p.name, "reason", reason, "retry_in", d)
+	}
+}
+
+// readRDMA moves segs over RDMA if the lease carried keys for blockSet and
+// the peer's RDMA is healthy. done is false when RDMA was not tried (the
+// reason is counted); an error means RDMA was tried and failed, and
+// nothing of it is still writing into dst.
+func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte, total uint64) (done bool, err error) {
+	r := p.rdma
+	r.mu.Lock()
+	sets, haveLease := r.leases[leaseID]
+	regions := sets[blockSet]
+	backoff := time.Now().Before(r.failedUntil)
+	noRDMA := r.noRDMA
+	r.mu.Unlock()
+	switch {
+	case noRDMA:
+		p.n.countFallback(FallbackPeerHasNoRDMA)
+		return false, nil
+	case backoff && !haveLease:
+		p.n.countFallback(FallbackBackoff)
+		return false, nil
+	case !haveLease || len(regions) == 0:
+		p.n.countFallback(FallbackPeerHasNoRDMA)
+		return false, nil
+	}
+	lkeys := make([]uint32, len(dst))
+	for i, d := range dst {
+		if len(d) == 0 {
+			continue
+		}
+		mr := p.n.rdma.mem.find(d)
+		if mr == nil {
+			p.n.countFallback(FallbackNotRegistered)
+			return false, nil
+		}
+		lkeys[i] = mr.LKey()
+	}
+	qp, err := p.takeQP(ctx)
+	if err != nil {
+		if errors.Is(err, errConnectLimited) {
+			p.n.countFallback(FallbackConnectLimited)
+			return false, nil
+		}
+		if ctx.Err() != nil {
+			return true, err
+		}
+		p.n.countFallback(FallbackConnectFailed)
+		p.rdmaUnavailable(FallbackConnectFailed)
+		return false, nil
+	}
+	ops, sges, err := readOps(segs, regions, dst, lkeys, qp.Options().MaxSGE)
+	if err != nil {
+		p.putQP(qp, true)
+		p.n.countFallback(FallbackBadKeys)
+		p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID, "err", err)
+		return false, nil
+	}
+	err = qp.Read(ctx, ops)
+	p.putQP(qp, err != nil)
+	st := p.n.rdma
+	st.mu.Lock()
+	if err == nil {
+		st.reads++
+		st.bytes += total
+		st.ops += uint64(len(ops))
+		st.sges += uint64(sges)
+	} else {
+		st.readFails++
+	}
+	st.mu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil {
+			p.n.countFallback(FallbackReadFailed)
+			p.rdmaUnavailable(FallbackReadFailed)
+		}
+		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, err)
+	}
+	r.mu.Lock()
+	r.failures = 0
+	r.mu.Unlock()
+	return true, nil
+}
+
+var errConnectLimited = errors.New("transfer: rdma connects to the peer at their cap for this minute")
+
+// takeQP returns an idle connected queue pair to the peer, connecting a
+// new one while fewer than QPsPerPeer are open, or waits for one to be
+// given back.
+func (p *Peer) takeQP(ctx context.Context) (*rdma.QueuePair, error) {
+	r := p.rdma
+	cfg := p.n.rdma.cfg
+	for {
+		r.mu.Lock()
+		if k := len(r.idle); k > 0 {
+			q := r.idle[k-1]
+			r.idle = r.idle[:k-1]
+			r.mu.Unlock()
+			return q, nil
+		}
+		if r.open < cfg.QPsPerPeer {
+			now := time.Now()
+			for len(r.connects) > 0 && now.Sub(r.connects[0]) > time.Minute {
+				r.connects = r.connects[1:]
+			}
+			if len(r.connects) >= cfg.MaxConnectsPerMinute {
+				r.mu.Unlock()
+				return nil, errConnectLimited
+			}
+			r.connects = append(r.connects, now)
+			r.open++
+			r.mu.Unlock()
+			q, err := p.connectQP(ctx)
+			if err != nil {
+				r.mu.Lock()
+				r.open--
+				r.mu.Unlock()
+				p.signalQP()
+				return nil, err
+			}
+			return q, nil
+		}
+		wait := r.wait
+		r.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// putQP gives a queue pair back after a read; a failed one is destroyed
+// (the next read connects a fresh one, within MaxConnectsPerMinute).
+func (p *Peer) putQP(q *rdma.QueuePair, failed bool) {
+	r := p.rdma
+	r.mu.Lock()
+	if failed || p.closed.Load() {
+		r.open--
+		r.mu.Unlock()
+		q.Close()
+	} else {
+		r.idle = append(r.idle, q)
+		r.mu.Unlock()
+	}
+	p.signalQP()
+}
+
+func (p *Peer) signalQP() {
+	r := p.rdma
+	r.mu.Lock()
+	close(r.wait)
+	r.wait = make(chan struct{})
+	r.mu.Unlock()
+}
+
+// connectQP makes a queue pair, has the holder make one connected to it,
+// and connects ours to the holder's.
+func (p *Peer) connectQP(ctx context.Context) (*rdma.QueuePair, error) {
+	st := p.n.rdma
+	fail := func(err error) (*rdma.QueuePair, error) {
+		st.mu.Lock()
+		st.connectFails++
+		st.mu.Unlock()
+		p.n.log.Warn("rdma connect failed", "peer", p.name, "err", err)
+		return nil, err
+	}
+	q, err := st.cfg.Device.NewQueuePair(st.cfg.QP)
+	if err != nil {
+		return fail(fmt.Errorf("transfer: rdma queue pair: %w", err))
+	}
+	var resp transferpb.RdmaConnectResponse
+	if err := p.call(ctx, methodRdmaConnect, &transferpb.RdmaConnectRequest{Endpoint: endpointProto(q.Endpoint())}, &resp); err != nil {
+		q.Close()
+		return fail(err)
+	}
+	remote, err := endpointFrom(resp.Endpoint)
+	if err != nil {
+		q.Close()
+		return fail(fmt.Errorf("transfer: rdma connect answer from %s: %w", p.name, err))
+	}
+	if err := q.Connect(remote); err != nil {
+		q.Close()
+		return fail(fmt.Errorf("transfer: connect queue pair to %s's %d: %w", p.name, remote.QPN, err))
+	}
+	st.mu.Lock()
+	st.connects++
+	st.mu.Unlock()
+	return q, nil
+}
+
+// closeRDMA destroys the peer handle's queue pairs.
+func (p *Peer) closeRDMA() {
+	r := p.rdma
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	idle := r.idle
+	r.idle = nil
+	r.open -= len(idle)
+	r.mu.Unlock()
+	for _, q := range idle {
+		q.Close()
+	}
+}
+
+// maxReadOp bounds one work request's bytes: sge lengths are 32-bit, and
+// every device we know caps a message at 2 GiB; stay well inside.
+const maxReadOp = 1 << 30
+
+// readOps turns a plan's segments into RDMA READs: every piece of every
+// segment, merged into one work request with a scatter list where pieces
+// follow each other in the holder's memory (up to maxSGE entries), and
+// into one scatter entry where they also follow each other in ours. It
+// checks every piece against the holder's region (its announced length)
+// and ours. It returns the ops and the scatter entries they hold.
+func readOps(segs []layout.Segment, regions []remoteRegion, dst [][]byte, lkeys []uint32, maxSGE int) ([]rdma.ReadOp, int, error) {
+	var (
+		ops     []rdma.ReadOp
+		sges    int
+		opBytes uint64
+		remEnd  uint64 // one past the last op's remote range
+		rkey    uint32
+	)
+	for si, s := range segs {
+		if s.SrcRank < 0 || s.SrcRank >= len(regions) || regions[s.SrcRank].length == 0 {
+			return nil, 0, fmt.Errorf("segment %d reads rank %d, which the holder gave no RDMA region for", si, s.SrcRank)
+		}
+		reg := regions[s.SrcRank]
+		end, err := segmentEnd(s)
+		if err != nil {
+			return nil, 0, fmt.Errorf("segment %d: %w", si, err)
+		}
+		if end > reg.length {
+			return nil, 0, fmt.Errorf("segment %d ends at %d, past rank %d's region of %d bytes", si, end, s.SrcRank, reg.length)
+		}
+		local := dst[s.DstRank]
+		base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(local))))
+		for i := uint64(0); i < s.Count; i++ {
+			src, d := s.Piece(i)
+			for left := s.Length; left > 0; {
+				n := min(left, maxReadOp)
+				remote := reg.addr + src
+				laddr := base + d
+				last := len(ops) - 1
+				switch {
+				case last >= 0 && rkey == reg.rkey && remEnd == remote && opBytes+n <= maxReadOp &&
+					ops[last].Local[len(ops[last].Local)-1].Addr+uint64(ops[last].Local[len(ops[last].Local)-1].Length) == laddr &&
+					uint64(ops[last].Local[len(ops[last].Local)-1].Length)+n <= maxReadOp &&
+					ops[last].Local[len(ops[last].Local)-1].LKey == lkeys[s.DstRank]:
+					// Contiguous on both sides: a longer scatter entry.
+					ops[last].Local[len(ops[last].Local)-1].Length += uint32(n)
+				case last >= 0 && rkey == reg.rkey && remEnd == remote && opBytes+n <= maxReadOp && len(ops[last].Local) < maxSGE:
+					// Contiguous in the holder's memory only: one more entry.
+					ops[last].Local = append(ops[last].Local, rdma.SGE{Addr: laddr, Length: uint32(n), LKey: lkeys[s.DstRank]})
+					sges++
+				default:
+					ops = append(ops, rdma.ReadOp{RemoteAddr: remote, RKey: reg.rkey,
+						Local: []rdma.SGE{{Addr: laddr, Length: uint32(n), LKey: lkeys[s.DstRank]}}})
+					sges++
+					opBytes = 0
+				}
+				opBytes += n
+				remEnd = remote + n
+				rkey = reg.rkey
+				src += n
+				d += n
+				left -= n
+			}
+		}
+	}
+	return ops, sges, nil
+}

@@ -1,0 +1,364 @@
+//go:build cgo && linux
+
+package transfer
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/rdma"
+	"github.com/kvfabric/kvfabric/rdma/softverbs"
+)
+
+var (
+	softOnce sync.Once
+	softPath string
+	softErr  error
+)
+
+// softNIC points this test's RDMA at softverbs, the software NIC, with a
+// registry of its own, and returns the control file its faults are
+// written to. The library is built once per test binary.
+func softNIC(t *testing.T) (lib, control string) {
+	t.Helper()
+	softOnce.Do(func() {
+		softPath, softErr = softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+	})
+	if softErr != nil {
+		t.Fatalf("softverbs (make test installs libibverbs-dev): %v", softErr)
+	}
+	dir := t.TempDir()
+	control = filepath.Join(dir, "control")
+	if err := os.WriteFile(control, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SOFTVERBS_REGISTRY", filepath.Join(dir, "registry"))
+	t.Setenv("SOFTVERBS_CONTROL", control)
+	return softPath, control
+}
+
+// withRDMA opens a softverbs device for a node; tune adjusts its config.
+func withRDMA(t *testing.T, lib string, tune func(*RDMAConfig)) nodeOpt {
+	t.Helper()
+	l, err := rdma.Open(rdma.Config{Library: lib, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := l.OpenDevice("softverbs0", 1)
+	if err != nil {
+		l.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close(); l.Close() })
+	return func(c *Config) {
+		c.RDMA = &RDMAConfig{Device: dev, Backoff: 200 * time.Millisecond}
+		if tune != nil {
+			tune(c.RDMA)
+		}
+	}
+}
+
+// rdmaPair is a holder serving block set 7 (the test handler's lease
+// names it) from two registered 8 MiB regions, and a reader with
+// registered destinations, both with RDMA on unless told otherwise.
+type rdmaPair struct {
+	holder, reader *Node
+	peer           *Peer
+	src, dst, want [][]byte
+	segs           []layout.Segment
+}
+
+func newRDMAPair(t *testing.T, lib string, holderRDMA bool, tune func(*RDMAConfig)) *rdmaPair {
+	t.Helper()
+	ca := newTestCA(t)
+	members := newMembers("holder", "reader")
+	h := newMemHandler()
+	const srcSize = 8 << 20
+	p := &rdmaPair{src: [][]byte{make([]byte, srcSize), make([]byte, srcSize)}}
+	fill(p.src[0], 1)
+	fill(p.src[1], 2)
+	h.regions[7] = p.src
+	leaseAll(h, 42, 2, srcSize)
+	var hopts []nodeOpt
+	if holderRDMA {
+		hopts = append(hopts, withRDMA(t, lib, tune))
+	}
+	p.holder = newTestNode(t, ca, "holder", members, h, hopts...)
+	if holderRDMA {
+		for _, r := range p.src {
+			if _, err := p.holder.RegisterMemory(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	p.reader = newTestNode(t, ca, "reader", members, nil, withRDMA(t, lib, tune))
+	p.peer = dialPeer(t, p.reader, p.holder)
+	var sizes []uint64
+	p.segs, sizes = stridedPlan(rand.New(rand.NewPCG(1, 2)), srcSize)
+	// HND heads read into NHD rows: contiguous in the holder's memory,
+	// strided in ours, so that work requests gather scatter lists.
+	p.segs = append(p.segs, layout.Segment{SrcRank: 1, DstRank: 0, SrcOffset: 5 << 20, DstOffset: sizes[0],
+		Length: 256, Count: 100, SrcStride: 256, DstStride: 1024})
+	sizes[0] += 100 * 1024
+	p.dst = [][]byte{make([]byte, sizes[0]+4096), make([]byte, sizes[1]+4096)}
+	p.want = [][]byte{make([]byte, len(p.dst[0])), make([]byte, len(p.dst[1]))}
+	execLocal(p.segs, p.src, p.want)
+	for _, d := range p.dst {
+		if _, err := p.reader.RegisterMemory(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+// read leases and reads the plan, checks every byte (and that nothing
+// past the plan was written), and returns the transport that moved it.
+func (p *rdmaPair) read(t *testing.T) Transport {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := p.peer.Lease(ctx, []uint64{2}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range p.dst {
+		clear(d)
+	}
+	via, err := p.peer.ReadVia(ctx, l.ID, 7, p.segs, p.dst)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	for r := range p.dst {
+		if i := firstDiff(p.dst[r], p.want[r]); i >= 0 {
+			t.Fatalf("read over %s: rank %d differs first at byte %d of %d", via, r, i, len(p.dst[r]))
+		}
+	}
+	if _, err := p.peer.Release(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	return via
+}
+
+func (p *rdmaPair) metrics(t *testing.T) RDMAMetrics {
+	t.Helper()
+	m, ok := p.reader.RDMAMetrics()
+	if !ok {
+		t.Fatal("reader has no RDMA")
+	}
+	return m
+}
+
+// A strided plan (long runs, layer-separate chunks, NHD rows, odd sizes, a
+// single byte) moves over RDMA byte for byte, pieces contiguous in the
+// holder's memory merged into fewer work requests than pieces.
+func TestReadOverRDMA(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newRDMAPair(t, lib, true, nil)
+	if via := p.read(t); via != TransportRDMA {
+		t.Fatalf("read went over %s, want rdma", via)
+	}
+	m := p.metrics(t)
+	pieces := uint64(0)
+	for _, s := range p.segs {
+		pieces += s.Count
+	}
+	// The 100 gathered rows take 7 work requests of at most 16 entries.
+	if m.Reads != 1 || m.Connects != 1 || m.Ops != pieces-100+7 || m.SGEs != pieces {
+		t.Errorf("metrics %+v: want 1 read on 1 queue pair, %d work requests for %d pieces", m, pieces-100+7, pieces)
+	}
+	if hm, _ := p.holder.RDMAMetrics(); hm.QPsServed != 1 || hm.RegisteredBytes != 16<<20 {
+		t.Errorf("holder metrics %+v: want 1 queue pair served, 16 MiB registered", hm)
+	}
+	if st := p.holder.Metrics(); st.ReadsServed != 0 {
+		t.Errorf("holder served %d reads over QUIC", st.ReadsServed)
+	}
+	// The queue pair is kept for the next read.
+	if via := p.read(t); via != TransportRDMA || p.metrics(t).Connects != 1 {
+		t.Errorf("second read over %s with %d connects, want rdma on the same queue pair", via, p.metrics(t).Connects)
+	}
+}
+
+// A holder without RDMA is read over QUIC, with the reason counted, and
+// is not asked for keys again until the backoff ends.
+func TestRDMAFallsBackForAHolderWithout(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newRDMAPair(t, lib, false, func(c *RDMAConfig) { c.Backoff = time.Minute })
+	if via := p.read(t); via != TransportQUIC {
+		t.Fatalf("read went over %s, want quic", via)
+	}
+	if m := p.metrics(t); m.Fallbacks[FallbackPeerHasNoRDMA] != 1 || m.Reads != 0 {
+		t.Errorf("metrics %+v: want one fallback for peer-has-no-rdma", m)
+	}
+	if p.peer.wantRDMA() {
+		t.Error("a lease right after asks a holder without RDMA for keys again")
+	}
+}
+
+// An RDMA READ that completes with an error fails the read over RDMA: the
+// same read goes over QUIC under the same lease, byte for byte; the peer
+// is read over QUIC until its backoff ends, then over RDMA again on a new
+// queue pair.
+func TestRDMAReadErrorFallsBackToQUIC(t *testing.T) {
+	lib, control := softNIC(t)
+	p := newRDMAPair(t, lib, true, func(c *RDMAConfig) { c.Backoff = time.Minute })
+	if err := os.WriteFile(control, []byte("fail_read=3"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if via := p.read(t); via != TransportQUIC {
+		t.Fatalf("read with a failing READ went over %s, want quic", via)
+	}
+	os.WriteFile(control, nil, 0o644)
+	m := p.metrics(t)
+	if m.ReadFailures != 1 || m.Fallbacks[FallbackReadFailed] != 1 || m.Reads != 0 {
+		t.Fatalf("metrics %+v: want one failed RDMA read, counted as read-failed", m)
+	}
+	if via := p.read(t); via != TransportQUIC {
+		t.Fatalf("read during backoff went over %s, want quic", via)
+	}
+	if m := p.metrics(t); m.Fallbacks[FallbackBackoff] != 1 {
+		t.Errorf("metrics %+v: want one backoff fallback", m)
+	}
+	// The backoff ends.
+	p.peer.rdma.mu.Lock()
+	p.peer.rdma.failedUntil = time.Now()
+	p.peer.rdma.mu.Unlock()
+	if via := p.read(t); via != TransportRDMA {
+		t.Fatalf("read after backoff went over %s, want rdma", via)
+	}
+	if m := p.metrics(t); m.Connects != 2 {
+		t.Errorf("metrics %+v: want a second queue pair after the failed one was destroyed", m)
+	}
+}
+
+// Destination memory that is not registered is read over QUIC.
+func TestRDMAUnregisteredDestinationGoesOverQUIC(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newRDMAPair(t, lib, true, nil)
+	p.dst = [][]byte{make([]byte, len(p.dst[0])), make([]byte, len(p.dst[1]))}
+	if via := p.read(t); via != TransportQUIC {
+		t.Fatalf("read into unregistered memory went over %s, want quic", via)
+	}
+	if m := p.metrics(t); m.Fallbacks[FallbackNotRegistered] != 1 {
+		t.Errorf("metrics %+v: want one not-registered fallback", m)
+	}
+}
+
+// A reader whose connects reach MaxConnectsPerMinute reads over QUIC.
+func TestRDMAConnectsPerMinuteBound(t *testing.T) {
+	lib, control := softNIC(t)
+	p := newRDMAPair(t, lib, true, func(c *RDMAConfig) {
+		c.QPsPerPeer, c.MaxConnectsPerMinute, c.Backoff = 1, 1, time.Millisecond
+	})
+	os.WriteFile(control, []byte("fail_read=1"), 0o644)
+	if via := p.read(t); via != TransportQUIC {
+		t.Fatalf("first read went over %s, want quic after the injected failure", via)
+	}
+	os.WriteFile(control, nil, 0o644)
+	time.Sleep(10 * time.Millisecond)
+	if via := p.read(t); via != TransportQUIC {
+		t.Fatalf("read past the connect bound went over %s, want quic", via)
+	}
+	if m := p.metrics(t); m.Connects != 1 || m.Fallbacks[FallbackConnectLimited] != 1 {
+		t.Errorf("metrics %+v: want 1 connect and 1 connect-limited fallback", m)
+	}
+}
+
+// Memory registered twice is refused; a node without RDMA refuses to
+// register.
+func TestRegisterMemory(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newRDMAPair(t, lib, true, nil)
+	if _, err := p.holder.RegisterMemory(p.src[0][:4096]); err == nil {
+		t.Error("a range already registered was registered again")
+	}
+	plain := newTestNode(t, newTestCA(t), "plain", newMembers(), nil)
+	if _, err := plain.RegisterMemory(make([]byte, 4096)); err == nil || plain.RDMAEnabled() {
+		t.Errorf("register without RDMA: %v", err)
+	}
+}
+
+// readOps merges pieces contiguous in the holder's memory into one work
+// request (at most maxSGE entries), pieces contiguous on both sides into
+// one entry, splits what passes maxReadOp, and refuses pieces outside the
+// holder's announced region.
+func TestReadOps(t *testing.T) {
+	dst := [][]byte{make([]byte, 1<<20)}
+	base := uint64(uintptr(unsafePointer(dst[0])))
+	regions := []remoteRegion{{addr: 1 << 40, length: 1 << 20, rkey: 9}}
+	lkeys := []uint32{5}
+	for _, tc := range []struct {
+		name          string
+		seg           layout.Segment
+		maxSGE        int
+		ops, sges     int
+		firstEntryLen uint32
+	}{
+		{"contiguous both sides: one entry", layout.Segment{Length: 256, Count: 64, SrcStride: 256, DstStride: 256}, 4, 1, 1, 64 * 256},
+		{"gathered rows at the SGE limit", layout.Segment{Length: 256, Count: 4, SrcStride: 256, DstStride: 512}, 4, 1, 4, 256},
+		{"one row past the SGE limit", layout.Segment{Length: 256, Count: 5, SrcStride: 256, DstStride: 512}, 4, 2, 5, 256},
+		{"strided in the holder: one request a piece", layout.Segment{Length: 128, Count: 10, SrcStride: 512, DstStride: 128}, 4, 10, 10, 128},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ops, sges, err := readOps([]layout.Segment{tc.seg}, regions, dst, lkeys, tc.maxSGE)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ops) != tc.ops || sges != tc.sges || ops[0].Local[0].Length != tc.firstEntryLen {
+				t.Fatalf("%d ops, %d entries, first entry %d bytes; want %d, %d, %d", len(ops), sges, ops[0].Local[0].Length, tc.ops, tc.sges, tc.firstEntryLen)
+			}
+			if ops[0].RemoteAddr != 1<<40 || ops[0].RKey != 9 || ops[0].Local[0].Addr != base || ops[0].Local[0].LKey != 5 {
+				t.Fatalf("first op %+v", ops[0])
+			}
+			total := uint64(0)
+			for _, op := range ops {
+				for _, e := range op.Local {
+					total += uint64(e.Length)
+				}
+			}
+			if total != tc.seg.Bytes() {
+				t.Fatalf("ops move %d bytes, the segment %d", total, tc.seg.Bytes())
+			}
+		})
+	}
+	// A piece over maxReadOp is split; at the limit it is not.
+	big := []remoteRegion{{addr: 1 << 40, length: 3 << 30, rkey: 9}}
+	fake := [][]byte{reserved(t, 3<<30)}
+	if ops, _, err := readOps([]layout.Segment{{Length: maxReadOp, Count: 1}}, big, fake, lkeys, 4); err != nil || len(ops) != 1 {
+		t.Fatalf("a piece of maxReadOp: %d ops, %v", len(ops), err)
+	}
+	if ops, _, err := readOps([]layout.Segment{{Length: maxReadOp + 1, Count: 1}}, big, fake, lkeys, 4); err != nil || len(ops) != 2 {
+		t.Fatalf("a piece of maxReadOp+1: %d ops, %v", len(ops), err)
+	}
+	// At the region's end, and one byte past it.
+	if _, _, err := readOps([]layout.Segment{{SrcOffset: 1<<20 - 256, Length: 256, Count: 1}}, regions, dst, lkeys, 4); err != nil {
+		t.Fatalf("a piece ending at the region's end: %v", err)
+	}
+	if _, _, err := readOps([]layout.Segment{{SrcOffset: 1<<20 - 255, Length: 256, Count: 1}}, regions, dst, lkeys, 4); err == nil {
+		t.Fatal("a piece past the holder's region was accepted")
+	}
+	if _, _, err := readOps([]layout.Segment{{SrcRank: 1, Length: 1, Count: 1}}, regions, dst, lkeys, 4); err == nil {
+		t.Fatal("a rank the holder gave no region for was accepted")
+	}
+}
+
+func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }
+
+// reserved returns n bytes of address space that nothing may touch, for
+// readOps, which computes addresses and never touches the memory.
+func reserved(t *testing.T, n int) []byte {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANON|unix.MAP_NORESERVE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	return b
+}
