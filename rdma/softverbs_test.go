@@ -615,3 +615,39 @@ func TestDmabufLoopback(t *testing.T) {
 	err = r.qp.Read(context.Background(), r.scatteredOps(h, 1, 4096, 1))
 	wantStatus(t, err, wcRemAccess)
 }
+
+// TestConcurrentUse registers regions from several goroutines at once and
+// runs Reads on one queue pair from two goroutines (they take turns).
+func TestConcurrentUse(t *testing.T) {
+	r := newReader(t, rdma.QPOptions{SendDepth: 16})
+	errc := make(chan error, 8)
+	for range 8 {
+		go func() {
+			mr, err := r.dev.RegisterMemory(make([]byte, 1<<20))
+			if err == nil {
+				err = mr.Close()
+			}
+			errc <- err
+		}()
+	}
+	for range 8 {
+		if err := <-errc; err != nil {
+			t.Fatalf("parallel registration: %v", err)
+		}
+	}
+	h := startHolder(t)
+	h.connect(t, r.qp)
+	for g := range 2 {
+		go func() {
+			// Each goroutine reads its half of the ops' destinations.
+			ops := r.scatteredOps(h, 200, 4096, 2)
+			errc <- r.qp.Read(context.Background(), ops[g*100:(g+1)*100])
+		}()
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatalf("concurrent read: %v", err)
+		}
+	}
+	r.verify(t, 200, 4096, 2)
+}

@@ -560,10 +560,12 @@ type MemoryRegion struct {
 	closed bool
 }
 
-// RegisterMemory registers buf for local write and remote read. buf must
-// stay untouched by the garbage collector's view of liveness: the region
-// keeps a reference until Close. The time it took is returned by Stats and
-// logged.
+// RegisterMemory registers buf (usually a pool's mapped memory) for local
+// write and remote read. The region keeps buf reachable until Close; peers
+// may read it, and READ responses may land in it, until then. The time the
+// registration took is returned by Stats and logged: registering hundreds of
+// GiB takes seconds on real NICs, so do it at start, in parallel (the method
+// may be called concurrently), never on the import path.
 func (d *Device) RegisterMemory(buf []byte) (*MemoryRegion, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("rdma: register memory on %s: empty buffer: %w", d.info.Name, ErrInvalidArgument)
@@ -797,7 +799,11 @@ func (q *QueuePair) Connect(remote Endpoint) error {
 
 	a = C.struct_kvf_ibv_qp_attr{}
 	a.qp_state = C.KVF_IBV_QPS_RTR
-	a.path_mtu = C.int(mtuEnum(min(local.MTU, remote.MTU)))
+	mtu := remote.MTU
+	if local.MTU > 0 {
+		mtu = min(local.MTU, remote.MTU)
+	}
+	a.path_mtu = C.int(mtuEnum(mtu))
 	a.dest_qp_num = C.uint32_t(remote.QPN)
 	a.rq_psn = C.uint32_t(remote.PSN)
 	a.max_dest_rd_atomic = C.uint8_t(q.opts.ReadDepth)
