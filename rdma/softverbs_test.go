@@ -272,6 +272,7 @@ func wantStatus(t *testing.T, err error, status int) *rdma.CompletionError {
 const (
 	wcLocProtErr  = 4
 	wcRemAccess   = 10
+	wcRemOpErr    = 11
 	wcRetryExc    = 12
 	wcRemAccessTx = "remote access error"
 )
@@ -425,6 +426,35 @@ func TestInjectedFailureNamesTheOp(t *testing.T) {
 	if ce.Op != 4 {
 		t.Fatalf("failed op %d, want 4 (the 5th read)", ce.Op)
 	}
+
+	// A status named by fail_status.
+	reconnect := func() {
+		t.Helper()
+		if err := r.qp.Reset(); err != nil {
+			t.Fatal(err)
+		}
+		h.connect(t, r.qp)
+	}
+	reconnect()
+	setFaults(t, "fail_read=1,fail_status=REM_OP_ERR")
+	ce = wantStatus(t, r.qp.Read(context.Background(), r.scatteredOps(h, 3, 4096, 1)), wcRemOpErr)
+	if ce.Op != 0 {
+		t.Fatalf("failed op %d, want 0", ce.Op)
+	}
+
+	// The port going down: requests time out.
+	reconnect()
+	setFaults(t, "port_down=1")
+	wantStatus(t, r.qp.Read(context.Background(), r.scatteredOps(h, 3, 4096, 1)), wcRetryExc)
+
+	// Faults cleared: reads work again after a reset.
+	setFaults(t, "")
+	reconnect()
+	clear(r.buf)
+	if err := r.qp.Read(context.Background(), r.scatteredOps(h, 20, 4096, 1)); err != nil {
+		t.Fatalf("read after the faults cleared: %v", err)
+	}
+	r.verify(t, 20, 4096, 1)
 }
 
 // TestContextEndsStalledRead: with the peer stalled and a long transport
@@ -650,4 +680,46 @@ func TestConcurrentUse(t *testing.T) {
 		}
 	}
 	r.verify(t, 200, 4096, 2)
+}
+
+// TestWithoutOptionalSymbols runs on a softverbs built without
+// _ibv_query_gid_ex and ibv_reg_dmabuf_mr (an older libibverbs): GID types
+// then come from the GIDs' form, and dma-buf registration says it is not
+// supported.
+func TestWithoutOptionalSymbols(t *testing.T) {
+	needSoftverbs(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "softverbs.c")
+	if err := os.WriteFile(src, softverbs.Source(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(dir, "libsoftverbs-old.so")
+	out, err := exec.Command("gcc", "-shared", "-fPIC", "-O2", "-pthread",
+		"-D_ibv_query_gid_ex=softverbs_hidden_query_gid_ex", "-Dibv_reg_dmabuf_mr=softverbs_hidden_reg_dmabuf_mr",
+		src, "-o", lib).CombinedOutput()
+	if err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	l, err := rdma.Open(rdma.Config{Library: lib})
+	if err != nil {
+		t.Fatalf("open a library without the optional symbols: %v", err)
+	}
+	defer l.Close()
+	dev, err := l.OpenDevice("softverbs0", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := map[int]rdma.GIDType{}
+	for _, g := range dev.Port().GIDs {
+		types[g.Index] = g.Type
+	}
+	if types[0] != rdma.GIDTypeRoCEv1 || types[1] != rdma.GIDTypeRoCEv2 {
+		t.Fatalf("GID types from the form: %v, want 0: RoCE v1, 1: RoCE v2", types)
+	}
+	if g := dev.GID(); g.Index != 1 {
+		t.Fatalf("chose GID %d, want 1", g.Index)
+	}
+	if _, err := dev.RegisterDmabuf(0, 0, 4096, 0); !errors.Is(err, rdma.ErrNotSupported) || !strings.Contains(err.Error(), "ibv_reg_dmabuf_mr") {
+		t.Fatalf("dma-buf without ibv_reg_dmabuf_mr: %v, want ErrNotSupported naming it", err)
+	}
 }
