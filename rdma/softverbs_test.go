@@ -415,9 +415,10 @@ func setFaults(t *testing.T, s string) {
 	t.Cleanup(func() { os.WriteFile(control, nil, 0o644) })
 }
 
-// TestInjectedFailureNamesTheOp: fail_read=N fails the Nth READ; the error
-// names that op.
-func TestInjectedFailureNamesTheOp(t *testing.T) {
+// TestInjectedFaults: fail_read=N fails the Nth READ and the error names
+// that op; fail_status picks the status; port_down=1 times requests out;
+// cleared faults and a reset make the queue pair read again.
+func TestInjectedFaults(t *testing.T) {
 	r := newReader(t, rdma.QPOptions{SendDepth: 8})
 	h := startHolder(t)
 	h.connect(t, r.qp)

@@ -212,7 +212,9 @@ func Open(cfg Config) (*Library, error) {
 // Path is the library that was opened.
 func (l *Library) Path() string { return l.cfg.Library }
 
-// Close closes every device still open, then the library. Safe twice.
+// Close closes every device still open, then the library. Safe twice. Call
+// it once every other call on the library, its devices, regions and queue
+// pairs has returned: it unloads the code they run.
 func (l *Library) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -263,7 +265,7 @@ func (l *Library) deviceList(fn func(name string, dev *C.struct_kvf_ibv_device) 
 	var n C.int
 	list, err := C.kvf_get_device_list(l.lib, &n)
 	if list == nil {
-		return fmt.Errorf("rdma: RDMA is off: %s lists no devices (%v): %w", l.cfg.Library, err, ErrUnavailable)
+		return fmt.Errorf("rdma: RDMA is off: %s lists no devices (%v): %w", l.cfg.Library, errnoOf(-1, err), ErrUnavailable)
 	}
 	defer C.kvf_free_device_list(l.lib, list)
 	if n == 0 {
