@@ -154,9 +154,13 @@ static int kvf_destroy_qp(struct kvf_lib *l, struct kvf_ibv_qp *qp) { return l->
 static const char *kvf_wc_status_str(struct kvf_lib *l, int s) { return l->wc_status_str(s); }
 
 // The data path, as verbs.h's static inline ibv_post_send and ibv_poll_cq.
-static int kvf_post_send(struct kvf_ibv_qp *qp, struct kvf_ibv_send_wr *wr) {
+// On failure *posted says how many of the chain went in before bad_wr.
+static int kvf_post_send(struct kvf_ibv_qp *qp, struct kvf_ibv_send_wr *wr, int n, int *posted) {
 	struct kvf_ibv_send_wr *bad = NULL;
-	return qp->context->ops.post_send(qp, wr, &bad);
+	int rc = qp->context->ops.post_send(qp, wr, &bad);
+	*posted = rc == 0 ? n : (bad ? (int)(bad - wr) : 0);
+	if (*posted < 0 || *posted > n) *posted = 0;
+	return rc;
 }
 static int kvf_poll_cq(struct kvf_ibv_cq *cq, int n, struct kvf_ibv_wc *wc) {
 	return cq->context->ops.poll_cq(cq, n, wc);
@@ -886,9 +890,9 @@ func (q *QueuePair) State() (string, error) {
 // SendDepth are in flight; the ops' scatter lists must each have 1..MaxSGE
 // entries. An error completion returns an error matching ErrCompletion (a
 // *CompletionError naming the status) and leaves the queue pair in the error
-// state: Reset and Connect it before the next Read. So does ctx ending; in
-// both cases no request is still writing into ops' buffers when Read
-// returns, unless the error says so.
+// state: Reset and Connect it before the next Read. So does ctx ending while
+// requests are in flight; in both cases no request is still writing into
+// ops' buffers when Read returns, unless the error says so.
 func (q *QueuePair) Read(ctx context.Context, ops []ReadOp) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -927,7 +931,7 @@ func (q *QueuePair) retryBound() time.Duration {
 // Read (holding q.mu) uses it.
 type cQueue struct{ q *QueuePair }
 
-func (c cQueue) post(batch []sendWR) error {
+func (c cQueue) post(batch []sendWR) (int, error) {
 	q := c.q
 	for i, w := range batch {
 		wr := &q.wrs[i]
@@ -955,10 +959,11 @@ func (c cQueue) post(batch []sendWR) error {
 			wr.next = &q.wrs[i+1]
 		}
 	}
-	if rc, err := C.kvf_post_send(q.qp, &q.wrs[0]); rc != 0 {
-		return errnoOf(rc, err)
+	var posted C.int
+	if rc, err := C.kvf_post_send(q.qp, &q.wrs[0], C.int(len(batch)), &posted); rc != 0 {
+		return int(posted), errnoOf(rc, err)
 	}
-	return nil
+	return len(batch), nil
 }
 
 func (c cQueue) poll(out []workCompletion) (int, error) {
