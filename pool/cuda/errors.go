@@ -34,20 +34,20 @@ type Result int
 
 // Driver status codes this package names.
 const (
-	Success                       Result = 0
-	ErrorInvalidValue             Result = 1
-	ErrorOutOfMemory              Result = 2
-	ErrorNotInitialized           Result = 3
-	ErrorNoDevice                 Result = 100
-	ErrorInvalidDevice            Result = 101
-	ErrorInvalidContext           Result = 201
-	ErrorMapFailed                Result = 205
-	ErrorInvalidHandle            Result = 400
-	ErrorNotReady                 Result = 600
-	ErrorHostMemoryRegistered     Result = 712
-	ErrorHostMemoryNotRegistered  Result = 713
-	ErrorNotSupported             Result = 801
-	ErrorUnknown                  Result = 999
+	Success                      Result = 0
+	ErrorInvalidValue            Result = 1
+	ErrorOutOfMemory             Result = 2
+	ErrorNotInitialized          Result = 3
+	ErrorNoDevice                Result = 100
+	ErrorInvalidDevice           Result = 101
+	ErrorInvalidContext          Result = 201
+	ErrorMapFailed               Result = 205
+	ErrorInvalidHandle           Result = 400
+	ErrorNotReady                Result = 600
+	ErrorHostMemoryRegistered    Result = 712
+	ErrorHostMemoryNotRegistered Result = 713
+	ErrorNotSupported            Result = 801
+	ErrorUnknown                 Result = 999
 )
 
 // Error is a driver call that returned a status other than success.

@@ -118,11 +118,6 @@ static struct kvf_cuda *kvf_open(const char *path, char *err, size_t errlen) {
 	return l;
 }
 
-static void kvf_close(struct kvf_cuda *l) {
-	dlclose(l->h);
-	free(l);
-}
-
 // Every call that needs a context makes the device's primary context
 // current on the thread it runs on first, within the same C call, so that
 // goroutines moving between threads never see another device's context.
@@ -311,15 +306,16 @@ func openLib(path string) (*lib, error) {
 	}
 	lb := &lib{l: l}
 	if err := lb.check("cuInit", C.kvf_init(l)); err != nil {
-		C.kvf_close(l)
+		// Once cuInit ran, the library may have started threads: it stays
+		// loaded (see lib.close).
 		return nil, err
 	}
 	return lb, nil
 }
 
-func (lb *lib) close() {
-	C.kvf_close(lb.l)
-}
+// close forgets the library without unloading it: after cuInit a driver
+// has threads running its code, and dlclose would pull it from under them.
+func (lb *lib) close() {}
 
 func (lb *lib) check(call string, r C.CUresult) error {
 	if r == 0 {

@@ -35,10 +35,10 @@ func (lb *lib) memFree(dev int, p uint64) error            { return errNoCgo }
 func (lb *lib) addressRange(dev int, p uint64) (uint64, uint64, error) {
 	return 0, 0, errNoCgo
 }
-func (lb *lib) hostAlloc(dev int, n uint64) (unsafe.Pointer, error)      { return nil, errNoCgo }
-func (lb *lib) hostFree(dev int, p unsafe.Pointer) error                 { return errNoCgo }
-func (lb *lib) hostRegister(dev int, p unsafe.Pointer, n uint64) error   { return errNoCgo }
-func (lb *lib) hostUnregister(dev int, p unsafe.Pointer) error           { return errNoCgo }
+func (lb *lib) hostAlloc(dev int, n uint64) (unsafe.Pointer, error)    { return nil, errNoCgo }
+func (lb *lib) hostFree(dev int, p unsafe.Pointer) error               { return errNoCgo }
+func (lb *lib) hostRegister(dev int, p unsafe.Pointer, n uint64) error { return errNoCgo }
+func (lb *lib) hostUnregister(dev int, p unsafe.Pointer) error         { return errNoCgo }
 func (lb *lib) copyAsync(dev int, dir Direction, dst, src, n uint64, s streamHandle) error {
 	return errNoCgo
 }
