@@ -640,3 +640,60 @@ func TestStagerOverlaps(t *testing.T) {
 		t.Errorf("staging took %v, no faster than serial (%v): copies do not overlap the producer", elapsed, serial)
 	}
 }
+
+// Freeing memory with copies still queued waits for them, as the driver's
+// free does, instead of pulling the pages from under the copy.
+func TestFreeWaitsForQueuedCopies(t *testing.T) {
+	d, _ := openSoft(t, "SOFTCUDA_COPY_DELAY_US=50000")
+	pin, err := d.AllocPinned(1<<20, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, pin)
+	s, err := d.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, s)
+	e, err := d.NewEvent(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, e)
+	m, err := d.AllocDevice(0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := s.CopyAsync(cuda.HostToDevice, m.Addr(), pin.Addr(), 1<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Record(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := e.Done(); !done || err != nil {
+		t.Errorf("after free: queued copies done %v, %v; want done", done, err)
+	}
+}
+
+// SOFTCUDA_DEVICES is at most 16: 16 gives 16 GPUs, 17 is held to 16.
+func TestDeviceCountLimit(t *testing.T) {
+	for _, c := range []struct{ env, want int }{{16, 16}, {17, 16}} {
+		d, _ := openSoft(t, fmt.Sprintf("SOFTCUDA_DEVICES=%d", c.env))
+		if n := len(d.Devices()); n != c.want {
+			t.Errorf("SOFTCUDA_DEVICES=%d: %d devices, want %d", c.env, n, c.want)
+		}
+		if m, err := d.AllocDevice(c.want-1, 4096); err != nil {
+			t.Errorf("alloc on the last device: %v", err)
+		} else {
+			closeT(t, m)
+		}
+		if _, err := d.AllocDevice(c.want, 4096); !errors.Is(err, cuda.ErrUnavailable) {
+			t.Errorf("alloc past the last device: %v, want ErrUnavailable", err)
+		}
+	}
+}

@@ -416,9 +416,8 @@ CUresult cuCtxSetCurrent(CUcontext c) {
 	return CUDA_SUCCESS;
 }
 
-CUresult cuCtxSynchronize(void) {
-	ENTER("cuCtxSynchronize");
-	NEEDCTX();
+// sync_all waits for the work queued so far on every stream.
+static void sync_all(void) {
 	pthread_mutex_lock(&gmu);
 	struct stream *list[256];
 	int n = 0;
@@ -431,6 +430,12 @@ CUresult cuCtxSynchronize(void) {
 		pthread_mutex_unlock(&list[i]->mu);
 		stream_wait(list[i], t);
 	}
+}
+
+CUresult cuCtxSynchronize(void) {
+	ENTER("cuCtxSynchronize");
+	NEEDCTX();
+	sync_all();
 	return CUDA_SUCCESS;
 }
 
@@ -498,7 +503,10 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 	return r;
 }
 
+// unmap_alloc frees after the work already queued, as the driver's free
+// synchronises with the device, so no queued copy touches unmapped pages.
 static CUresult unmap_alloc(CUdeviceptr p, int ipc) {
+	sync_all();
 	pthread_mutex_lock(&gmu);
 	struct alloc **pp = &allocs, *a;
 	while ((a = *pp) && a->base != p) pp = &a->next;
