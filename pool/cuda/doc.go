@@ -23,5 +23,7 @@
 //	the NIC          Driver.DmabufFD (cuMemGetHandleForAddressRange, flags 0); ErrNotSupported
 //	                 means fall back to the peer-memory path, as NCCL does
 //	copies           Stream.CopyAsync (HtoD, DtoH, DtoD), Stream.Copy2DAsync (pitched), Event
+//	plans            Stream.ExecutePlan: a layout.Plan as one 2-D copy per segment (strides
+//	                 wider than MaxPitch piece by piece), checked before anything is queued
 //	staging          Stager: double-buffered pinned staging between host bytes and the device
 package cuda

@@ -21,7 +21,8 @@
 //     (CUDA_ERROR_NOT_READY), synchronise, and order streams
 //     (cuStreamWaitEvent).
 //   - Copies: host to device, device to host, device to device, and 2-D
-//     copies honouring pitches and x/y offsets; a range that leaves its
+//     copies honouring pitches and x/y offsets (pitches at most 2^31-1, the
+//     CU_DEVICE_ATTRIBUTE_MAX_PITCH of current GPUs); a range that leaves its
 //     allocation is CUDA_ERROR_INVALID_VALUE, an unknown stream or event
 //     CUDA_ERROR_INVALID_HANDLE.
 //   - Pinned host memory: cuMemHostAlloc (anonymous mapping) and

@@ -38,6 +38,8 @@ enum {
 #define MAXDEV 16
 #define IPC_MAGIC 0x31435049414353ULL /* "SCAIPC1" */
 #define ATTR_DMA_BUF_SUPPORTED 124
+#define ATTR_MAX_PITCH 17
+#define MAX_PITCH 2147483647ULL
 #define ATTR_PCI_BUS_ID 33
 #define ATTR_PCI_DEVICE_ID 34
 #define ATTR_PCI_DOMAIN_ID 50
@@ -379,6 +381,7 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
 	sscanf(busids[d], "%x:%x:%x", &dom, &bus, &dv);
 	switch (attr) {
 	case ATTR_DMA_BUF_SUPPORTED: *v = dmabuf; break;
+	case ATTR_MAX_PITCH: *v = (int)MAX_PITCH; break;
 	case ATTR_PCI_BUS_ID: *v = bus; break;
 	case ATTR_PCI_DEVICE_ID: *v = dv; break;
 	case ATTR_PCI_DOMAIN_ID: *v = dom; break;
@@ -681,6 +684,9 @@ CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, CUstream s) {
 	NEEDCTX();
 	if (!c) return CUDA_ERROR_INVALID_VALUE;
 	if (c->WidthInBytes == 0 || c->Height == 0) return CUDA_SUCCESS;
+	// Pitches are limited (CU_DEVICE_ATTRIBUTE_MAX_PITCH); the driver refuses
+	// wider ones, and pitches narrower than a row.
+	if (c->srcPitch > MAX_PITCH || c->dstPitch > MAX_PITCH) return CUDA_ERROR_INVALID_VALUE;
 	// The driver refuses pitches narrower than a row.
 	if (c->srcPitch < c->WidthInBytes + c->srcXInBytes && c->Height > 1) return CUDA_ERROR_INVALID_VALUE;
 	if (c->dstPitch < c->WidthInBytes + c->dstXInBytes && c->Height > 1) return CUDA_ERROR_INVALID_VALUE;
