@@ -697,3 +697,60 @@ func TestDeviceCountLimit(t *testing.T) {
 		}
 	}
 }
+
+// A handle whose descriptor now names another file (the inode softcuda
+// records does not match) is refused in the opening process, not mapped.
+func TestIPCHandleForged(t *testing.T) {
+	d, lib := openSoft(t)
+	m, err := d.AllocDevice(0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, m)
+	h, err := m.IPCHandle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h[16] ^= 0xff // softcuda's handle: magic, pid, fd, then the memfd's inode
+	out, err := runChild(t, "ipc", lib, "CHILD_HANDLE="+hex.EncodeToString(h[:]), "CHILD_N=16")
+	var ee *exitError
+	if err == nil || !asExit(err, &ee) || ee.code != 3 || !strings.Contains(out, "CUDA_ERROR_INVALID_HANDLE") {
+		t.Errorf("child opening a forged handle: %v\n%s", err, out)
+	}
+}
+
+// Whatever 64 bytes an engine sends as a handle, opening it returns an
+// error or memory that closes; it never crashes the agent.
+func FuzzOpenIPCHandle(f *testing.F) {
+	f.Add(make([]byte, 64))
+	f.Add([]byte("not a handle at all"))
+	seed := make([]byte, 64)
+	copy(seed, "SCPIAC1\x00")
+	f.Add(seed)
+	path := softLib(f)
+	d, err := cuda.Open(cuda.Config{Path: path})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer d.Close()
+	m, err := d.AllocDevice(0, 4096)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer m.Close()
+	h, err := m.IPCHandle()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(h[:])
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var h cuda.IPCHandle
+		copy(h[:], raw)
+		mem, err := d.OpenIPCHandle(0, h)
+		if err == nil {
+			if cerr := mem.Close(); cerr != nil {
+				t.Fatalf("close: %v", cerr)
+			}
+		}
+	})
+}
