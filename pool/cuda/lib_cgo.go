@@ -137,7 +137,11 @@ static CUresult kvf_retain(struct kvf_cuda *l, int dev) {
 }
 
 static CUresult kvf_release(struct kvf_cuda *l, int dev) {
-	CUresult r = l->cuDevicePrimaryCtxRelease_v2(dev);
+	// A CUdevice is a handle from cuDeviceGet, not necessarily the ordinal.
+	CUdevice d;
+	CUresult r = l->cuDeviceGet(&d, dev);
+	if (r) return r;
+	r = l->cuDevicePrimaryCtxRelease_v2(d);
 	l->ctx[dev] = NULL;
 	return r;
 }
@@ -342,7 +346,7 @@ func (lb *lib) deviceInfo(dev int) (DeviceInfo, error) {
 	var total C.size_t
 	var dmabuf C.int
 	r := C.kvf_info(lb.l, C.int(dev), &name[0], C.int(len(name)), &total, &bus[0], C.int(len(bus)), &dmabuf)
-	if err := lb.check("cuDeviceGet", r); err != nil {
+	if err := lb.check("cuDeviceGet/Name/TotalMem/PCIBusId", r); err != nil {
 		return DeviceInfo{}, err
 	}
 	return DeviceInfo{
