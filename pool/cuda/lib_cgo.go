@@ -201,6 +201,14 @@ static CUresult kvf_copy(struct kvf_cuda *l, int dev, int dir, uint64_t dst, uin
 	}
 	return 1;
 }
+// kvf_copy_sync copies between Go memory and the device and waits, all in
+// one C call: cgo keeps the Go memory in place for exactly that long.
+static CUresult kvf_copy_sync(struct kvf_cuda *l, int dev, int dir, void *host, uint64_t devptr, size_t n, CUstream s) {
+	CTX(dev);
+	CUresult r = dir == 1 ? l->cuMemcpyHtoDAsync_v2(devptr, host, n, s) : l->cuMemcpyDtoHAsync_v2(host, devptr, n, s);
+	if (r) return r;
+	return l->cuStreamSynchronize(s);
+}
 static CUresult kvf_copy2d(struct kvf_cuda *l, int dev, int dir, uint64_t dst, size_t dpitch, uint64_t src, size_t spitch, size_t width, size_t height, CUstream s) {
 	CTX(dev);
 	CUDA_MEMCPY2D c;
@@ -416,6 +424,13 @@ var copyCalls = [...]string{HostToDevice: "cuMemcpyHtoDAsync_v2", DeviceToHost: 
 func (lb *lib) copyAsync(dev int, dir Direction, dst, src, n uint64, s streamHandle) error {
 	r := C.kvf_copy(lb.l, C.int(dev), C.int(dir), C.uint64_t(dst), C.uint64_t(src), C.size_t(n), s)
 	return lb.check(copyCalls[dir], r)
+}
+
+// copySync copies between Go memory (host) and the device and returns when
+// done. dir is HostToDevice or DeviceToHost.
+func (lb *lib) copySync(dev int, dir Direction, host []byte, devptr uint64, s streamHandle) error {
+	r := C.kvf_copy_sync(lb.l, C.int(dev), C.int(dir), unsafe.Pointer(unsafe.SliceData(host)), C.uint64_t(devptr), C.size_t(len(host)), s)
+	return lb.check(copyCalls[dir]+"+cuStreamSynchronize", r)
 }
 
 func (lb *lib) copy2DAsync(dev int, c Copy2D, s streamHandle) error {

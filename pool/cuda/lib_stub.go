@@ -42,7 +42,10 @@ func (lb *lib) hostUnregister(dev int, p unsafe.Pointer) error         { return 
 func (lb *lib) copyAsync(dev int, dir Direction, dst, src, n uint64, s streamHandle) error {
 	return errNoCgo
 }
-func (lb *lib) copy2DAsync(dev int, c Copy2D, s streamHandle) error      { return errNoCgo }
+func (lb *lib) copy2DAsync(dev int, c Copy2D, s streamHandle) error { return errNoCgo }
+func (lb *lib) copySync(dev int, dir Direction, host []byte, devptr uint64, s streamHandle) error {
+	return errNoCgo
+}
 func (lb *lib) streamCreate(dev int) (streamHandle, error)               { return nil, errNoCgo }
 func (lb *lib) streamDestroy(dev int, s streamHandle) error              { return errNoCgo }
 func (lb *lib) streamSync(dev int, s streamHandle) error                 { return errNoCgo }

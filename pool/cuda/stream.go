@@ -110,31 +110,28 @@ func (s *Stream) Copy2DAsync(c Copy2D) error {
 }
 
 // CopyHtoD copies host bytes (any memory, Go's included) to dst and
-// returns when they have arrived.
+// returns when they have arrived. Work queued before it on the stream runs
+// first.
 func (s *Stream) CopyHtoD(dst uint64, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
-	if err := s.CopyAsync(HostToDevice, dst, addrOf(src), uint64(len(src))); err != nil {
-		return err
+	if err := s.d.lib.copySync(s.dev, HostToDevice, src, dst, s.h); err != nil {
+		return fmt.Errorf("cuda: device %d: HtoD copy of %d bytes to %#x: %w", s.dev, len(src), dst, err)
 	}
-	err := s.Synchronize()
-	keepAlive(src)
-	return err
+	return nil
 }
 
-// CopyDtoH copies len(dst) bytes from src into dst and returns when they
-// have arrived.
+// CopyDtoH copies len(dst) bytes from src into dst (any memory, Go's
+// included) and returns when they have arrived.
 func (s *Stream) CopyDtoH(dst []byte, src uint64) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	if err := s.CopyAsync(DeviceToHost, addrOf(dst), src, uint64(len(dst))); err != nil {
-		return err
+	if err := s.d.lib.copySync(s.dev, DeviceToHost, dst, src, s.h); err != nil {
+		return fmt.Errorf("cuda: device %d: DtoH copy of %d bytes from %#x: %w", s.dev, len(dst), src, err)
 	}
-	err := s.Synchronize()
-	keepAlive(dst)
-	return err
+	return nil
 }
 
 // Wait makes the stream's later work wait until the work before e's last
