@@ -680,21 +680,44 @@ func TestFreeWaitsForQueuedCopies(t *testing.T) {
 	}
 }
 
-// SOFTCUDA_DEVICES is at most 16: 16 gives 16 GPUs, 17 is held to 16.
+// SOFTCUDA_DEVICES is at most 16: 16 gives 16 GPUs, 17 is refused.
 func TestDeviceCountLimit(t *testing.T) {
-	for _, c := range []struct{ env, want int }{{16, 16}, {17, 16}} {
-		d, _ := openSoft(t, fmt.Sprintf("SOFTCUDA_DEVICES=%d", c.env))
-		if n := len(d.Devices()); n != c.want {
-			t.Errorf("SOFTCUDA_DEVICES=%d: %d devices, want %d", c.env, n, c.want)
-		}
-		if m, err := d.AllocDevice(c.want-1, 4096); err != nil {
-			t.Errorf("alloc on the last device: %v", err)
-		} else {
-			closeT(t, m)
-		}
-		if _, err := d.AllocDevice(c.want, 4096); !errors.Is(err, cuda.ErrUnavailable) {
-			t.Errorf("alloc past the last device: %v, want ErrUnavailable", err)
-		}
+	d, _ := openSoft(t, "SOFTCUDA_DEVICES=16")
+	if n := len(d.Devices()); n != 16 {
+		t.Errorf("SOFTCUDA_DEVICES=16: %d devices", n)
+	}
+	if m, err := d.AllocDevice(15, 4096); err != nil {
+		t.Errorf("alloc on the last device: %v", err)
+	} else {
+		closeT(t, m)
+	}
+	if _, err := d.AllocDevice(16, 4096); !errors.Is(err, cuda.ErrUnavailable) {
+		t.Errorf("alloc past the last device: %v, want ErrUnavailable", err)
+	}
+	t.Setenv("SOFTCUDA_DEVICES", "17")
+	if _, err := cuda.Open(cuda.Config{Path: softLib(t)}); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Errorf("SOFTCUDA_DEVICES=17: %v, want ErrInvalidValue", err)
+	}
+}
+
+// A malformed SOFTCUDA_* setting fails cuInit instead of running a test on
+// settings nobody asked for.
+func TestSoftcudaRefusesBadSettings(t *testing.T) {
+	for _, kv := range []string{
+		"SOFTCUDA_DEVICES=two", "SOFTCUDA_DEVICES=-1", "SOFTCUDA_MEMORY=0", "SOFTCUDA_MEMORY=1T",
+		"SOFTCUDA_PCI_BUS_IDS=0000:18:00", "SOFTCUDA_DMABUF=yes", "SOFTCUDA_COPY_DELAY_US=soon",
+		"SOFTCUDA_FAIL=cuMemAlloc_v2", "SOFTCUDA_FAIL=cuMemAlloc_v2=oom", "SOFTCUDA_FAIL=cuMemAlloc_v2=2@0",
+	} {
+		t.Run(kv, func(t *testing.T) {
+			for _, name := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_MEMORY", "SOFTCUDA_PCI_BUS_IDS", "SOFTCUDA_DMABUF", "SOFTCUDA_COPY_DELAY_US", "SOFTCUDA_FAIL"} {
+				t.Setenv(name, "")
+			}
+			k, v, _ := strings.Cut(kv, "=")
+			t.Setenv(k, v)
+			if _, err := cuda.Open(cuda.Config{Path: softLib(t)}); !errors.Is(err, cuda.ErrInvalidValue) || !strings.Contains(err.Error(), "cuInit") {
+				t.Errorf("%s: %v, want cuInit to fail with ErrInvalidValue", kv, err)
+			}
+		})
 	}
 }
 

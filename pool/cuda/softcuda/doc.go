@@ -40,7 +40,8 @@
 //     the range must start at an allocation base (a memfd's offset 0 is the
 //     allocation's first byte); address and size must be page aligned.
 //
-// Environment, read once by cuInit:
+// Environment, read once by cuInit. A malformed value is reported on stderr
+// and makes cuInit return CUDA_ERROR_INVALID_VALUE:
 //
 //	SOFTCUDA_DEVICES        number of GPUs (default 1, at most 16; 0 makes cuInit
 //	                        return CUDA_ERROR_NO_DEVICE)
@@ -54,7 +55,7 @@
 //	                        (a driver or kernel without dma-buf)
 //	SOFTCUDA_COPY_DELAY_US  microseconds each copy sleeps before moving bytes
 //	                        (to make overlap and ordering observable)
-//	SOFTCUDA_FAIL           comma-separated name=code or name=code@n: the named
+//	SOFTCUDA_FAIL           up to 32 comma-separated name=code or name=code@n: the named
 //	                        call returns the CUresult code, every time or only on
 //	                        its n-th call (1-based), e.g.
 //	                        "cuMemAlloc_v2=2,cuIpcOpenMemHandle_v2=400@1"

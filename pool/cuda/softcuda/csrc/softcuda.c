@@ -137,50 +137,96 @@ struct fail { char name[64]; int code; long nth; long calls; };
 static struct fail fails[32];
 static int nfails;
 
-static uint64_t parse_size(const char *s) {
-	char *end;
-	unsigned long long v = strtoull(s, &end, 0);
-	switch (*end) {
-	case 'K': case 'k': v <<= 10; break;
-	case 'M': case 'm': v <<= 20; break;
-	case 'G': case 'g': v <<= 30; break;
-	}
-	return v;
+// bad reports a malformed SOFTCUDA_* variable on stderr; cuInit then fails
+// with CUDA_ERROR_INVALID_VALUE rather than run a test on settings it did
+// not ask for.
+static int bad(const char *name, const char *value, const char *why) {
+	fprintf(stderr, "softcuda: %s=%s: %s\n", name, value, why);
+	return -1;
 }
 
-static void parse_env(void) {
-	const char *s;
-	if ((s = getenv("SOFTCUDA_DEVICES")) && *s) {
-		ndev = atoi(s);
-		if (ndev < 0) ndev = 0;
-		if (ndev > MAXDEV) ndev = MAXDEV;
+static int parse_num(const char *s, unsigned long long *v, int suffix) {
+	char *end;
+	errno = 0;
+	if (*s == '-') return -1;
+	*v = strtoull(s, &end, 0);
+	if (errno || end == s) return -1;
+	if (suffix && *end) {
+		int shift = 0;
+		switch (*end) {
+		case 'K': case 'k': shift = 10; break;
+		case 'M': case 'm': shift = 20; break;
+		case 'G': case 'g': shift = 30; break;
+		default: return -1;
+		}
+		if (*v > (~0ULL >> shift)) return -1;
+		*v <<= shift;
+		end++;
 	}
-	if ((s = getenv("SOFTCUDA_MEMORY")) && *s) memsize = parse_size(s);
+	return *end ? -1 : 0;
+}
+
+static int parse_env(void) {
+	const char *s;
+	unsigned long long v;
+	ndev = 1;
+	memsize = 1ULL << 30;
+	dmabuf = 1;
+	delay_us = 0;
+	nfails = 0;
+	if ((s = getenv("SOFTCUDA_DEVICES")) && *s) {
+		if (parse_num(s, &v, 0)) return bad("SOFTCUDA_DEVICES", s, "not a number");
+		if (v > MAXDEV) return bad("SOFTCUDA_DEVICES", s, "more than 16 devices");
+		ndev = (int)v;
+	}
+	if ((s = getenv("SOFTCUDA_MEMORY")) && *s) {
+		if (parse_num(s, &v, 1) || v == 0) return bad("SOFTCUDA_MEMORY", s, "not a positive size (bytes, or with K, M or G)");
+		memsize = v;
+	}
 	for (int i = 0; i < MAXDEV; i++) snprintf(busids[i], sizeof busids[i], "00000000:%02X:00.0", 0x18 + i * 0x10);
 	if ((s = getenv("SOFTCUDA_PCI_BUS_IDS")) && *s) {
 		char buf[1024];
 		snprintf(buf, sizeof buf, "%s", s);
 		char *save, *tok = strtok_r(buf, ",", &save);
-		for (int i = 0; tok && i < MAXDEV; i++, tok = strtok_r(NULL, ",", &save))
+		for (int i = 0; tok; i++, tok = strtok_r(NULL, ",", &save)) {
+			unsigned dom, bus, dv, fn;
+			char extra;
+			if (i >= MAXDEV) return bad("SOFTCUDA_PCI_BUS_IDS", s, "more than 16 ids");
+			if (strlen(tok) >= sizeof busids[i] || sscanf(tok, "%x:%x:%x.%x%c", &dom, &bus, &dv, &fn, &extra) != 4)
+				return bad("SOFTCUDA_PCI_BUS_IDS", s, "an id is not domain:bus:device.function");
 			snprintf(busids[i], sizeof busids[i], "%s", tok);
+		}
 	}
-	if ((s = getenv("SOFTCUDA_DMABUF")) && *s) dmabuf = atoi(s) != 0;
-	if ((s = getenv("SOFTCUDA_COPY_DELAY_US")) && *s) delay_us = atol(s);
+	if ((s = getenv("SOFTCUDA_DMABUF")) && *s) {
+		if (strcmp(s, "0") && strcmp(s, "1")) return bad("SOFTCUDA_DMABUF", s, "not 0 or 1");
+		dmabuf = *s == '1';
+	}
+	if ((s = getenv("SOFTCUDA_COPY_DELAY_US")) && *s) {
+		if (parse_num(s, &v, 0) || v > 60000000) return bad("SOFTCUDA_COPY_DELAY_US", s, "not a number of microseconds up to 60 s");
+		delay_us = (long)v;
+	}
 	if ((s = getenv("SOFTCUDA_FAIL")) && *s) {
 		char buf[1024];
 		snprintf(buf, sizeof buf, "%s", s);
 		char *save, *tok = strtok_r(buf, ",", &save);
-		for (; tok && nfails < 32; tok = strtok_r(NULL, ",", &save)) {
+		for (; tok; tok = strtok_r(NULL, ",", &save)) {
+			if (nfails == 32) return bad("SOFTCUDA_FAIL", s, "more than 32 entries");
 			char *eq = strchr(tok, '=');
-			if (!eq) continue;
+			if (!eq || eq == tok || eq - tok >= 64) return bad("SOFTCUDA_FAIL", s, "an entry is not name=code or name=code@n");
 			*eq = 0;
-			struct fail *f = &fails[nfails++];
-			snprintf(f->name, sizeof f->name, "%s", tok);
-			f->code = atoi(eq + 1);
 			char *at = strchr(eq + 1, '@');
-			f->nth = at ? atol(at + 1) : 0;
+			if (at) *at = 0;
+			struct fail *f = &fails[nfails];
+			if (parse_num(eq + 1, &v, 0) || v == 0 || v > 100000) return bad("SOFTCUDA_FAIL", s, "a code is not a CUresult");
+			f->code = (int)v;
+			f->nth = 0;
+			if (at && (parse_num(at + 1, &v, 0) || v == 0)) return bad("SOFTCUDA_FAIL", s, "n in name=code@n is not a positive count");
+			if (at) f->nth = (long)v;
+			snprintf(f->name, sizeof f->name, "%s", tok);
+			nfails++;
 		}
 	}
+	return 0;
 }
 
 // injected returns the error code SOFTCUDA_FAIL asks this call to fail with.
@@ -316,7 +362,10 @@ CUresult cuInit(unsigned int flags) {
 	CUresult r = CUDA_SUCCESS;
 	pthread_mutex_lock(&gmu);
 	if (!initialized) {
-		parse_env();
+		if (parse_env()) {
+			pthread_mutex_unlock(&gmu);
+			return CUDA_ERROR_INVALID_VALUE;
+		}
 		for (int i = 0; i < MAXDEV; i++) ctxs[i].dev = i;
 		defstream = stream_new();
 		if (!defstream) r = CUDA_ERROR_OUT_OF_MEMORY;
