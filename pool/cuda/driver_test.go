@@ -429,6 +429,13 @@ func TestIPCHandleAcrossProcesses(t *testing.T) {
 	if !bytes.Equal(got, pattern(n, 2)) {
 		t.Error("the exporter does not see what the other process wrote")
 	}
+	// A pointer inside the allocation names the same allocation.
+	if h2, err := d.IPCHandle(0, m.Addr()+n+5); err != nil || h2 != h {
+		t.Errorf("handle of an inner pointer: %v, same %v", err, h2 == h)
+	}
+	if _, err := d.IPCHandle(0, 0x1000); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Errorf("handle of a pointer that is no allocation: %v, want ErrInvalidValue", err)
+	}
 	// The driver refuses a handle in the process that made it.
 	if _, err := d.OpenIPCHandle(0, h); err == nil {
 		t.Error("opening our own IPC handle succeeded")

@@ -62,9 +62,18 @@ func (m *DeviceMemory) Bytes() []byte { return nil }
 
 // IPCHandle returns the handle an engine process opens with OpenIPCHandle.
 func (m *DeviceMemory) IPCHandle() (IPCHandle, error) {
-	h, err := m.d.lib.ipcGet(m.dev, m.ptr)
+	return m.d.IPCHandle(m.dev, m.ptr)
+}
+
+// IPCHandle returns the IPC handle of the allocation holding ptr on dev
+// (the driver's handles name whole allocations: the opener gets the base).
+func (d *Driver) IPCHandle(dev int, ptr uint64) (IPCHandle, error) {
+	if err := d.context(dev); err != nil {
+		return IPCHandle{}, err
+	}
+	h, err := d.lib.ipcGet(dev, ptr)
 	if err != nil {
-		return h, fmt.Errorf("cuda: device %d: IPC handle of %#x: %w", m.dev, m.ptr, err)
+		return h, fmt.Errorf("cuda: device %d: IPC handle of %#x: %w", dev, ptr, err)
 	}
 	return h, nil
 }
