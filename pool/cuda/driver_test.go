@@ -69,9 +69,17 @@ func TestOpenFromEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
 	if d.Path() != path {
 		t.Errorf("Path() = %q, want %q", d.Path(), path)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if _, err := d.AllocDevice(0, 4096); !errors.Is(err, cuda.ErrClosed) {
+		t.Errorf("alloc after Close: %v, want ErrClosed", err)
 	}
 }
 
