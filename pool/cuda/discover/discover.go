@@ -205,3 +205,17 @@ func annotate(cfg Config, gpus []GPU) {
 		g.NIC, g.NICPath = closestNIC(sysfs, g.PCIBusID, g.NUMANode, nics)
 	}
 }
+
+// ByBusID finds the GPU with the given PCI bus id, in NVML's or sysfs's
+// spelling. CUDA and NVML may number GPUs differently (CUDA orders them
+// fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID), so a CUDA device is
+// matched to its NVML entry, and so to its NIC, by bus id, never by index.
+func ByBusID(gpus []GPU, busID string) (GPU, bool) {
+	id := NormalizeBusID(busID)
+	for _, g := range gpus {
+		if g.PCIBusID == id {
+			return g, true
+		}
+	}
+	return GPU{}, false
+}

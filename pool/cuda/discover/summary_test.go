@@ -45,3 +45,17 @@ func TestSummary(t *testing.T) {
 		t.Errorf("Summary of 20 models = %q (%d bytes)", got, len(got))
 	}
 }
+
+func TestByBusID(t *testing.T) {
+	gpus := []GPU{{Index: 0, PCIBusID: "0000:9b:00.0"}, {Index: 1, PCIBusID: "0000:18:00.0"}}
+	// The CUDA driver spells it "00000000:18:00.0".
+	if g, ok := ByBusID(gpus, "00000000:18:00.0"); !ok || g.Index != 1 {
+		t.Errorf("ByBusID(CUDA spelling) = %+v, %v", g, ok)
+	}
+	if g, ok := ByBusID(gpus, "0000:9B:00.0"); !ok || g.Index != 0 {
+		t.Errorf("ByBusID(upper case) = %+v, %v", g, ok)
+	}
+	if _, ok := ByBusID(gpus, "0000:2a:00.0"); ok {
+		t.Error("ByBusID found a GPU that is not there")
+	}
+}
