@@ -99,7 +99,9 @@ func (s *Stream) Copy2DAsync(c Copy2D) error {
 	if c.Width == 0 || c.Height == 0 {
 		return nil
 	}
-	if c.Height > 1 && (c.SrcPitch < c.Width || c.DstPitch < c.Width) {
+	// Also for one row: what a driver accepts for a pitch it does not use
+	// is not documented, so no pitch narrower than a row is passed.
+	if c.SrcPitch < c.Width || c.DstPitch < c.Width {
 		return fmt.Errorf("cuda: 2-D copy: pitches %d (src) and %d (dst) must be at least the width %d: %w",
 			c.SrcPitch, c.DstPitch, c.Width, ErrInvalidValue)
 	}
