@@ -7,14 +7,20 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvfabric/kvfabric/pool/cuda"
 	"github.com/kvfabric/kvfabric/pool/cuda/discover"
 )
 
+// withDiscovery replaces NVML discovery with f and the CUDA driver with
+// one that is not there.
 func withDiscovery(t *testing.T, f func(discover.Config) ([]discover.GPU, error)) {
 	t.Helper()
-	old := discoverGPUs
+	old, oldCUDA := discoverGPUs, cudaDevices
 	discoverGPUs = f
-	t.Cleanup(func() { discoverGPUs = old })
+	cudaDevices = func() ([]cuda.DeviceInfo, error) {
+		return nil, fmt.Errorf("cuda: load libcuda.so.1: not found: %w", cuda.ErrNotSupported)
+	}
+	t.Cleanup(func() { discoverGPUs, cudaDevices = old, oldCUDA })
 }
 
 func TestGPUsWithoutNVML(t *testing.T) {
@@ -55,12 +61,15 @@ func TestGPUsTableAndJSON(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "GPU") ||
 		!strings.Contains(lines[1], "mlx5_0") || !strings.Contains(lines[1], "80.0 GiB") || !strings.Contains(lines[1], "0000:18:00.0") ||
-		!strings.HasSuffix(strings.Join(strings.Fields(lines[2]), " "), "1 - -") {
+		!strings.HasSuffix(strings.Join(strings.Fields(lines[2]), " "), "1 - - - -") {
 		t.Errorf("table:\n%s", out)
 	}
 	code, out, _ = runCmd(t, "", "gpus", "--json")
 	var got []discover.GPU
 	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("json: exit %d\n%s", code, out)
+	}
+	if strings.Contains(out, "cuda_index") {
+		t.Errorf("json without a CUDA driver names CUDA indices:\n%s", out)
 	}
 }
