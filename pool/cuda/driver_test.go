@@ -456,6 +456,47 @@ func TestIPCHandleAcrossProcesses(t *testing.T) {
 	}
 }
 
+// Both ways softcuda reaches another process's memfd work: the /proc path
+// and pidfd_getfd.
+func TestIPCHandleOpenPaths(t *testing.T) {
+	for _, how := range []string{"proc", "pidfd"} {
+		t.Run(how, func(t *testing.T) {
+			d, lib := openSoft(t, "SOFTCUDA_IPC_OPEN="+how)
+			const n = 4096
+			m, err := d.AllocDevice(0, 2*n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			closeT(t, m)
+			s, err := d.NewStream(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			closeT(t, s)
+			if err := s.CopyHtoD(m.Addr(), pattern(n, 1)); err != nil {
+				t.Fatal(err)
+			}
+			h, err := m.IPCHandle()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := runChild(t, "ipc", lib, "CHILD_HANDLE="+hex.EncodeToString(h[:]), fmt.Sprintf("CHILD_N=%d", n))
+			if err != nil && how == "pidfd" && strings.Contains(out, "CUDA_ERROR_INVALID_HANDLE") {
+				// pidfd_getfd needs Linux 5.6 and ptrace access to the
+				// exporter (Yama's ptrace_scope 1 refuses a child).
+				t.Skipf("pidfd_getfd unavailable here: %s", out)
+			}
+			if err != nil {
+				t.Fatalf("child: %v\n%s", err, out)
+			}
+			got := make([]byte, n)
+			if err := s.CopyDtoH(got, m.Addr()+n); err != nil || !bytes.Equal(got, pattern(n, 2)) {
+				t.Errorf("exporter does not see the child's bytes: %v", err)
+			}
+		})
+	}
+}
+
 // A handle whose memory was freed cannot be opened by another process.
 func TestIPCHandleAfterFree(t *testing.T) {
 	d, lib := openSoft(t)
@@ -722,9 +763,10 @@ func TestSoftcudaRefusesBadSettings(t *testing.T) {
 		"SOFTCUDA_DEVICES=two", "SOFTCUDA_DEVICES=-1", "SOFTCUDA_MEMORY=0", "SOFTCUDA_MEMORY=1T",
 		"SOFTCUDA_PCI_BUS_IDS=0000:18:00", "SOFTCUDA_DMABUF=yes", "SOFTCUDA_COPY_DELAY_US=soon",
 		"SOFTCUDA_FAIL=cuMemAlloc_v2", "SOFTCUDA_FAIL=cuMemAlloc_v2=oom", "SOFTCUDA_FAIL=cuMemAlloc_v2=2@0",
+		"SOFTCUDA_IPC_OPEN=socket",
 	} {
 		t.Run(kv, func(t *testing.T) {
-			for _, name := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_MEMORY", "SOFTCUDA_PCI_BUS_IDS", "SOFTCUDA_DMABUF", "SOFTCUDA_COPY_DELAY_US", "SOFTCUDA_FAIL"} {
+			for _, name := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_MEMORY", "SOFTCUDA_PCI_BUS_IDS", "SOFTCUDA_DMABUF", "SOFTCUDA_COPY_DELAY_US", "SOFTCUDA_FAIL", "SOFTCUDA_IPC_OPEN"} {
 				t.Setenv(name, "")
 			}
 			k, v, _ := strings.Cut(kv, "=")

@@ -71,7 +71,7 @@ func softLib(t testing.TB) string {
 // openSoft opens a fresh softcuda with the given SOFTCUDA_* settings.
 func openSoft(t *testing.T, env ...string) (*cuda.Driver, string) {
 	t.Helper()
-	for _, name := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_MEMORY", "SOFTCUDA_PCI_BUS_IDS", "SOFTCUDA_DMABUF", "SOFTCUDA_COPY_DELAY_US", "SOFTCUDA_FAIL"} {
+	for _, name := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_MEMORY", "SOFTCUDA_PCI_BUS_IDS", "SOFTCUDA_DMABUF", "SOFTCUDA_COPY_DELAY_US", "SOFTCUDA_FAIL", "SOFTCUDA_IPC_OPEN"} {
 		t.Setenv(name, "")
 	}
 	for _, kv := range env {

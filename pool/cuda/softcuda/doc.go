@@ -55,6 +55,10 @@
 //	                        (a driver or kernel without dma-buf)
 //	SOFTCUDA_COPY_DELAY_US  microseconds each copy sleeps before moving bytes
 //	                        (to make overlap and ordering observable)
+//	SOFTCUDA_IPC_OPEN       how cuIpcOpenMemHandle_v2 reaches the exporter's memfd: proc
+//	                        (/proc/<pid>/fd/<n>), pidfd (pidfd_open and pidfd_getfd,
+//	                        Linux 5.6+, needs ptrace access to the exporter), or any
+//	                        (proc, then pidfd; the default)
 //	SOFTCUDA_FAIL           up to 32 comma-separated name=code or name=code@n: the named
 //	                        call returns the CUresult code, every time or only on
 //	                        its n-th call (1-based), e.g.

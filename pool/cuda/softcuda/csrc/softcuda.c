@@ -126,6 +126,8 @@ static int initialized, ndev = 1;
 static uint64_t memsize = 1ULL << 30, used[MAXDEV];
 static char busids[MAXDEV][32];
 static int dmabuf = 1;
+enum { IPC_ANY, IPC_PROC, IPC_PIDFD };
+static int ipc_open = IPC_ANY;
 static long delay_us;
 static struct ctx_s ctxs[MAXDEV];
 static struct alloc *allocs;
@@ -174,6 +176,12 @@ static int parse_env(void) {
 	dmabuf = 1;
 	delay_us = 0;
 	nfails = 0;
+	ipc_open = IPC_ANY;
+	if ((s = getenv("SOFTCUDA_IPC_OPEN")) && *s) {
+		if (!strcmp(s, "proc")) ipc_open = IPC_PROC;
+		else if (!strcmp(s, "pidfd")) ipc_open = IPC_PIDFD;
+		else if (strcmp(s, "any")) return bad("SOFTCUDA_IPC_OPEN", s, "not proc, pidfd or any");
+	}
 	if ((s = getenv("SOFTCUDA_DEVICES")) && *s) {
 		if (parse_num(s, &v, 0)) return bad("SOFTCUDA_DEVICES", s, "not a number");
 		if (v > MAXDEV) return bad("SOFTCUDA_DEVICES", s, "more than 16 devices");
@@ -917,14 +925,18 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
 }
 
 static int open_remote_fd(int pid, int fd) {
-	char path[64];
-	snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
-	int f = open(path, O_RDWR | O_CLOEXEC);
-	if (f >= 0) return f;
+	int f;
+	if (ipc_open != IPC_PIDFD) {
+		char path[64];
+		snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+		f = open(path, O_RDWR | O_CLOEXEC);
+		if (f >= 0 || ipc_open == IPC_PROC) return f;
+	}
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
 	int pfd = syscall(SYS_pidfd_open, pid, 0);
 	if (pfd < 0) return -1;
 	f = syscall(SYS_pidfd_getfd, pfd, fd, 0);
+	if (f >= 0) fcntl(f, F_SETFD, FD_CLOEXEC);
 	close(pfd);
 	return f;
 #else
