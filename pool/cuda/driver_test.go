@@ -258,9 +258,9 @@ func TestCopy2D(t *testing.T) {
 // Work on one stream runs in order; an event orders a second stream after
 // the first; Done reports work still in flight.
 func TestStreamsAndEventsOrder(t *testing.T) {
-	// Each copy sleeps 100 ms before moving bytes, so that work is still
-	// queued when the test looks.
-	d, _ := openSoft(t, "SOFTCUDA_COPY_DELAY_US=100000")
+	// Each copy sleeps 250 ms before moving bytes, so that work is still
+	// queued when the test looks, even on a loaded machine.
+	d, _ := openSoft(t, "SOFTCUDA_COPY_DELAY_US=250000")
 	const n = 1 << 16
 	dev, err := d.AllocDevice(0, n)
 	if err != nil {
@@ -304,7 +304,7 @@ func TestStreamsAndEventsOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	if done, err := e.Done(); done || err != nil {
-		t.Errorf("event behind 200 ms of copies: done %v, %v; want not done", done, err)
+		t.Errorf("event behind 500 ms of copies: done %v, %v; want not done", done, err)
 	}
 	// s2 reads the device bytes only after the event.
 	if err := s2.Wait(e); err != nil {
