@@ -87,6 +87,7 @@ var commands = map[string]command{
 	"agent":   {"run the node agent", runAgent},
 	"certs":   {"make the cluster CA and node certificates", runCerts},
 	"get":     {"import blocks and write their bytes to a file", runGet},
+	"gpus":    {"list this node's GPUs and the RDMA device closest to each", runGPUs},
 	"hash":    {"print the block hashes of a token sequence", runHash},
 	"import":  {"import blocks from the cluster into the local agent", runImport},
 	"lookup":  {"show which nodes hold a sequence's blocks", runLookup},
