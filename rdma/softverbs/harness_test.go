@@ -189,6 +189,17 @@ func fields(ans string) map[string]string {
 	return m
 }
 
+// exit asks the driver to return from main (so exit handlers run) and waits.
+func (p *proc) exit() {
+	p.t.Helper()
+	io.WriteString(p.in, "exit\n")
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.t.Fatalf("%s: not gone 10 s after exit", p.name)
+	}
+}
+
 func (p *proc) kill() {
 	p.t.Helper()
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {

@@ -82,6 +82,8 @@ static int cmd_open(char **a, int n)
 	int dev = (int)opt(a, n, "dev", 0);
 	if (!list || num <= dev)
 		return printf("err no device (%d)\n", num), 0;
+	char name[64];
+	snprintf(name, sizeof(name), "%s", ibv_get_device_name(list[dev]));
 	ctx = ibv_open_device(list[dev]);
 	ibv_free_device_list(list);
 	if (!ctx)
@@ -109,7 +111,7 @@ static int cmd_open(char **a, int n)
 	char h[33];
 	ibv_query_gid(ctx, 1, link_ib ? 0 : 1, &g);
 	hex(h, g.raw);
-	printf("ok qpn=%u lid=%u gid=%s state=%d\n", qp->qp_num, pa.lid, h, pa.state);
+	printf("ok qpn=%u lid=%u gid=%s state=%d dev=%s ndev=%d\n", qp->qp_num, pa.lid, h, pa.state, name, num);
 	return 0;
 }
 
@@ -432,7 +434,11 @@ int main(void)
 			cmd_dereg(a, n);
 		else if (strcmp(c, "state") == 0)
 			cmd_state();
-		else if (strcmp(c, "modify") == 0)
+		else if (strcmp(c, "port") == 0) {
+			struct ibv_port_attr pa;
+			int rc = ibv_query_port(ctx, 1, &pa);
+			printf("ok rc=%d state=%d link=%d\n", rc, (int)pa.state, pa.link_layer);
+		} else if (strcmp(c, "modify") == 0)
 			cmd_modify(a, n);
 		else if (strcmp(c, "reset") == 0)
 			cmd_reset();
