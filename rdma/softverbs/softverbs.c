@@ -167,6 +167,51 @@ static int registry_ensure(void)
 	return 0;
 }
 
+// <registry>/gen is a 64-bit counter in a shared mapping, bumped by every
+// change to the registry, so a requester can keep what it looked up until
+// the counter moves (the data path then costs no file reads).
+static pthread_mutex_t g_gen_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t *g_gen;
+static char g_gen_dir[512];
+
+static uint64_t *registry_gen(void)
+{
+	pthread_mutex_lock(&g_gen_lock);
+	const char *d = registry_dir();
+	if (!g_gen || strcmp(g_gen_dir, d) != 0) {
+		char path[600];
+		snprintf(path, sizeof(path), "%s/gen", d);
+		int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+		struct stat st;
+		if (fd >= 0 && fstat(fd, &st) == 0 && (st.st_size >= 4096 || ftruncate(fd, 4096) == 0)) {
+			void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+			if (m != MAP_FAILED) {
+				g_gen = m; // an earlier mapping of another directory is kept: harmless
+				snprintf(g_gen_dir, sizeof(g_gen_dir), "%s", d);
+			}
+		}
+		if (fd >= 0)
+			close(fd);
+	}
+	uint64_t *g = g_gen;
+	pthread_mutex_unlock(&g_gen_lock);
+	return g;
+}
+
+static void registry_bump(void)
+{
+	uint64_t *g = registry_gen();
+	if (g)
+		__atomic_add_fetch(g, 1, __ATOMIC_SEQ_CST);
+}
+
+// The registry's generation; 0 when unknown (nothing may then be cached).
+static uint64_t registry_gen_now(void)
+{
+	uint64_t *g = registry_gen();
+	return g ? __atomic_load_n(g, __ATOMIC_SEQ_CST) + 1 : 0;
+}
+
 static uint32_t registry_alloc_id(void)
 {
 	char path[512];
@@ -220,6 +265,7 @@ static int registry_write(const char *kind, uint32_t id, const char *line)
 		unlink(tmp);
 		return -1;
 	}
+	registry_bump();
 	return 0;
 }
 
@@ -243,6 +289,7 @@ static void registry_remove(const char *kind, uint32_t id)
 	char path[512];
 	snprintf(path, sizeof(path), "%s/%s-%u", registry_dir(), kind, id);
 	unlink(path);
+	registry_bump();
 }
 
 // Removes the entries of processes that are gone; with mine set, also this
@@ -270,8 +317,10 @@ static void registry_sweep(int mine)
 		unsigned long long start = 0;
 		if (sscanf(buf, "pid=%d start=%llu", &pid, &start) != 2)
 			continue;
-		if (mine ? (pid == g_pid && start == g_start) : !proc_alive(pid, start))
+		if (mine ? (pid == g_pid && start == g_start) : !proc_alive(pid, start)) {
 			unlink(path);
+			registry_bump();
+		}
 	}
 	closedir(d);
 }
@@ -426,27 +475,57 @@ static void parse_faults(const char *s, struct faults *f)
 	}
 }
 
-static void read_small_file(const char *path, char *buf, size_t n)
+// A control file's identity when last read: it is re-read only when it
+// changed (a stat per check instead of open, read, close).
+struct ctl_cache {
+	char path[256];
+	dev_t dev;
+	ino_t ino;
+	off_t size;
+	struct timespec mtim;
+	int have;
+	char text[512];
+};
+
+// Brings c up to date with the file at path; returns its text.
+static const char *ctl_text(struct ctl_cache *c, const char *path)
 {
-	buf[0] = 0;
-	if (!path || !*path)
-		return;
+	struct stat st;
+	if (!path || !*path || stat(path, &st) != 0) {
+		c->have = 0;
+		c->text[0] = 0;
+		return c->text;
+	}
+	if (c->have && strcmp(c->path, path) == 0 && c->dev == st.st_dev && c->ino == st.st_ino &&
+	    c->size == st.st_size && c->mtim.tv_sec == st.st_mtim.tv_sec &&
+	    c->mtim.tv_nsec == st.st_mtim.tv_nsec)
+		return c->text;
+	snprintf(c->path, sizeof(c->path), "%s", path);
+	c->dev = st.st_dev;
+	c->ino = st.st_ino;
+	c->size = st.st_size;
+	c->mtim = st.st_mtim;
+	c->have = 1;
+	c->text[0] = 0;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return;
-	ssize_t r = read(fd, buf, n - 1);
-	close(fd);
-	buf[r > 0 ? r : 0] = 0;
+	if (fd >= 0) {
+		ssize_t r = read(fd, c->text, sizeof(c->text) - 1);
+		close(fd);
+		c->text[r > 0 ? r : 0] = 0;
+	}
+	return c->text;
 }
 
 // Re-reads SOFTVERBS_FAULTS and the control file; a changed text re-arms the
 // fail_read countdown, so "the Nth READ" counts from when it was written.
+static struct ctl_cache g_ctl;
+
 static void faults_refresh(struct faults *out)
 {
-	char ctl[512], src[1024];
-	read_small_file(getenv("SOFTVERBS_CONTROL"), ctl, sizeof(ctl));
-	snprintf(src, sizeof(src), "%s,%s", env_or("SOFTVERBS_FAULTS", ""), ctl);
+	char src[1024];
 	pthread_mutex_lock(&g_fault_lock);
+	const char *ctl = ctl_text(&g_ctl, getenv("SOFTVERBS_CONTROL"));
+	snprintf(src, sizeof(src), "%s,%s", env_or("SOFTVERBS_FAULTS", ""), ctl);
 	if (strcmp(src, g_fault_src) != 0) {
 		struct faults f = {.fail_status = IBV_WC_REM_ACCESS_ERR};
 		parse_faults(src, &f);
@@ -460,13 +539,12 @@ static void faults_refresh(struct faults *out)
 }
 
 // Stall and port-down of a peer, from the control file it registered.
-static void peer_faults(const char *control, struct faults *f)
+static void peer_faults(struct ctl_cache *c, const char *control, struct faults *f)
 {
-	char ctl[512];
 	memset(f, 0, sizeof(*f));
-	read_small_file(control, ctl, sizeof(ctl));
-	if (ctl[0])
-		parse_faults(ctl, f);
+	const char *t = ctl_text(c, control);
+	if (t[0])
+		parse_faults(t, f);
 }
 
 // ---------------------------------------------------------------- objects
@@ -551,7 +629,22 @@ struct sv_qp {
 	int busy, stop;
 	pthread_t thr;
 	int thr_started;
+	// Worker-only lookups, kept while the registry's generation holds (and
+	// at most SV_CACHE_NS, so a dead peer is noticed).
+	struct {
+		uint64_t gen, at;
+		struct qp_entry e;
+	} peer;
+	struct {
+		uint64_t gen, at;
+		uint32_t rkey;
+		struct mr_entry e;
+	} mrc[8];
+	unsigned mrc_next;
+	struct ctl_cache peer_ctl;
 };
+
+#define SV_CACHE_NS 100000000ull
 
 static int sv_post_send(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
 static int sv_post_recv(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
@@ -1142,9 +1235,13 @@ static void cq_push(struct sv_qp *s, const struct ibv_wc *wc, uint64_t seq)
 	pthread_mutex_unlock(&q->lock);
 }
 
-static void cq_purge(struct sv_cq *q, struct sv_qp *s)
+// Drops s's completions from q; with reset, also empties s's send queue
+// accounting under the same lock, so a poll cannot free slots of the past.
+static void cq_purge(struct sv_cq *q, struct sv_qp *s, int reset)
 {
 	pthread_mutex_lock(&q->lock);
+	if (reset)
+		__atomic_store_n(&s->freed, 0, __ATOMIC_RELEASE);
 	int kept = 0;
 	for (int i = 0; i < q->count; i++) {
 		struct sv_cqe e = q->ring[(q->head + i) % q->cap];
@@ -1298,9 +1395,9 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 	if (s->thr_started)
 		pthread_join(s->thr, NULL);
 	registry_remove("qp", qp->qp_num);
-	cq_purge((struct sv_cq *)qp->send_cq, s);
+	cq_purge((struct sv_cq *)qp->send_cq, s, 0);
 	if (qp->recv_cq != qp->send_cq)
-		cq_purge((struct sv_cq *)qp->recv_cq, s);
+		cq_purge((struct sv_cq *)qp->recv_cq, s, 0);
 	pthread_mutex_lock(&c->lock);
 	c->n_qp--;
 	((struct sv_pd *)qp->pd)->users--;
@@ -1377,7 +1474,6 @@ static void qp_reset_locked(struct sv_qp *s)
 {
 	s->gen++;
 	s->posted = s->executed = 0;
-	__atomic_store_n(&s->freed, 0, __ATOMIC_RELEASE);
 	memset(&s->attr, 0, sizeof(s->attr));
 }
 
@@ -1448,7 +1544,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 		while (s->busy)
 			pthread_cond_wait(&s->cv, &s->lock);
 		qp_reset_locked(s);
-		cq_purge((struct sv_cq *)qp->send_cq, s);
+		cq_purge((struct sv_cq *)qp->send_cq, s, 1);
 	}
 	// Keep the attributes that were given.
 	struct ibv_qp_attr *a = &s->attr;
@@ -1482,8 +1578,8 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 		a->rnr_retry = attr->rnr_retry;
 	qp->state = next;
 	pthread_cond_broadcast(&s->cv); // a worker waiting out a timeout sees ERR/RESET
-	pthread_mutex_unlock(&s->lock);
 	qp_publish(s);
+	pthread_mutex_unlock(&s->lock);
 	return 0;
 inval:
 	pthread_mutex_unlock(&s->lock);
@@ -1620,6 +1716,42 @@ static int qp_wait(struct sv_qp *s, uint64_t gen, uint64_t until_ns)
 
 enum reach { REACH_OK, REACH_LOST, REACH_INV_REQ };
 
+// The responder QP's entry, from the cache while the registry is unchanged.
+static int peer_entry(struct sv_qp *s, struct qp_entry *pe)
+{
+	uint64_t gen = registry_gen_now(), now = now_ns();
+	if (gen && s->peer.gen == gen && now - s->peer.at < SV_CACHE_NS &&
+	    s->peer.e.qpn == s->attr.dest_qp_num) {
+		*pe = s->peer.e;
+		return 0;
+	}
+	s->peer.gen = 0;
+	if (qp_entry_read(s->attr.dest_qp_num, pe) != 0 || !proc_alive(pe->pid, pe->start))
+		return -1;
+	s->peer.e = *pe;
+	s->peer.gen = gen;
+	s->peer.at = now;
+	return 0;
+}
+
+static int rkey_entry(struct sv_qp *s, uint32_t rkey, struct mr_entry *me)
+{
+	uint64_t gen = registry_gen_now(), now = now_ns();
+	for (unsigned i = 0; i < 8; i++)
+		if (gen && s->mrc[i].gen == gen && s->mrc[i].rkey == rkey && now - s->mrc[i].at < SV_CACHE_NS) {
+			*me = s->mrc[i].e;
+			return 0;
+		}
+	if (mr_entry_read(rkey, me) != 0)
+		return -1;
+	unsigned i = s->mrc_next++ % 8;
+	s->mrc[i].e = *me;
+	s->mrc[i].rkey = rkey;
+	s->mrc[i].gen = gen;
+	s->mrc[i].at = now;
+	return 0;
+}
+
 // Can the responder be reached now? LOST means no response would come (gone,
 // wrong address, not connected back, stalled, port down): the requester
 // retries until its timeout.
@@ -1628,9 +1760,9 @@ static enum reach peer_reach(struct sv_qp *s, struct qp_entry *pe)
 	struct sv_context *c = ctx_of(s->qp.context);
 	struct faults f;
 	faults_refresh(&f);
-	if (f.stall || f.port_down || port_is_down(c))
+	if (f.stall || f.port_down || c->port_down_env)
 		return REACH_LOST;
-	if (qp_entry_read(s->attr.dest_qp_num, pe) != 0 || !proc_alive(pe->pid, pe->start))
+	if (peer_entry(s, pe) != 0)
 		return REACH_LOST;
 	const struct ibv_ah_attr *ah = &s->attr.ah_attr;
 	if (ah->is_global) {
@@ -1643,7 +1775,7 @@ static enum reach peer_reach(struct sv_qp *s, struct qp_entry *pe)
 		return REACH_LOST;
 	if (pe->control[0]) {
 		struct faults pf;
-		peer_faults(pe->control, &pf);
+		peer_faults(&s->peer_ctl, pe->control, &pf);
 		if (pf.stall || pf.port_down)
 			return REACH_LOST;
 	}
@@ -1693,7 +1825,7 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 			return IBV_WC_REM_INV_REQ_ERR;
 		if (r == REACH_OK) {
 			struct mr_entry me;
-			if (mr_entry_read(w->rkey, &me) != 0 || me.pid != pe.pid || me.start != pe.start ||
+			if (rkey_entry(s, w->rkey, &me) != 0 || me.pid != pe.pid || me.start != pe.start ||
 			    me.pd != pe.pd || !(me.access & IBV_ACCESS_REMOTE_READ) || w->raddr < me.iova ||
 			    total > me.len || w->raddr - me.iova > me.len - total)
 				return IBV_WC_REM_ACCESS_ERR;
@@ -1746,6 +1878,7 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 				*byte_len = (uint32_t)total;
 				return IBV_WC_SUCCESS;
 			}
+			s->peer.gen = 0; // look the peer up again
 		}
 		// No response: retry until the transport timeout.
 		uint64_t now = now_ns();
@@ -1808,18 +1941,14 @@ static void *qp_worker(void *arg)
 			enum ibv_qp_state before = s->qp.state;
 			cq_push(s, &wc, w.seq); // an overrun moves the QP to ERR
 			if (before != IBV_QPS_ERR && s->qp.state == IBV_QPS_ERR) {
-				pthread_mutex_unlock(&s->lock);
 				qp_publish(s);
-				pthread_mutex_lock(&s->lock);
 				continue;
 			}
 		}
 		// An unsignalled success frees its slot when a later completion is polled.
 		if (status != IBV_WC_SUCCESS && s->qp.state != IBV_QPS_ERR) {
 			qp_set_error_locked(s);
-			pthread_mutex_unlock(&s->lock);
 			qp_publish(s);
-			pthread_mutex_lock(&s->lock);
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
