@@ -39,3 +39,12 @@ func TestInfinibandLID(t *testing.T) {
 	reader.expect(5*time.Second, completion{wrID: 1, status: wcSuccess})
 	reader.ok("check dst 0 4096 3 0")
 }
+
+// SOFTVERBS_DEVICES set and empty: a machine without RDMA devices.
+func TestNoDevices(t *testing.T) {
+	w := newWorld(t)
+	p := w.start("p", "SOFTVERBS_DEVICES=")
+	if ans := p.do("open"); ans != "err no device (0)" {
+		t.Fatalf("open with no devices: %q", ans)
+	}
+}

@@ -11,7 +11,8 @@
 // ibv_get_device_list / ibv_open_device:
 //
 //	SOFTVERBS_REGISTRY    machine-wide registry directory (default /dev/shm/softverbs)
-//	SOFTVERBS_DEVICES     comma-separated device names (default "softverbs0")
+//	SOFTVERBS_DEVICES     comma-separated device names (unset: "softverbs0";
+//	                      set and empty: no devices)
 //	SOFTVERBS_GID_ADDR    IPv4 address(es) the GIDs derive from, one per device or
 //	                      one for all (default 127.0.0.1): GID 1 is ::ffff:a.b.c.d
 //	                      (RoCE v2), GID 0 fe80::<guid> (RoCE v1)
@@ -36,9 +37,12 @@
 // (qp-<qpn>) with the owner's pid and start time; QPNs, PD ids, lkeys and
 // rkeys are allocated from one counter under flock, so they are unique
 // machine-wide and lkey != rkey (a request using one for the other fails as
-// it would on a NIC). Entries go at dereg/destroy and at process exit; those
-// of a process killed with SIGKILL are ignored (its pid is gone or names a
-// later process) and swept by the next ibv_open_device.
+// it would on a NIC). Entries go at dereg/destroy and at process exit (C's
+// exit; a Go program's os.Exit skips it, and its entries are then treated as
+// a killed process's); those of a process killed with SIGKILL are ignored
+// (its pid is gone or names a later process) and swept by the next
+// ibv_open_device. A shared counter (<registry>/gen) moves with every change,
+// so requesters keep what they looked up until it moves.
 //
 // Device limits (ibv_query_device) are enforced: max_qp_wr 4096, max_sge 30,
 // max_cqe 65536, max_qp_rd_atom and max_qp_init_rd_atom 16, max_qp 256,

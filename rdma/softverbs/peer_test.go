@@ -151,3 +151,34 @@ func TestRegistryIgnoresReusedPid(t *testing.T) {
 	reader.ok("post wrid=1 sig=1 rkey=%s raddr=%s sge=dst:0:8", src["rkey"], src["addr"])
 	reader.expect(5*time.Second, completion{wrID: 1, status: wcRetryExc})
 }
+
+// An rkey the holder deregistered no longer reads, though the reader used it
+// a moment before.
+func TestDeregisteredRkey(t *testing.T) {
+	w := newWorld(t)
+	holder, reader := w.pair(pairOpts{})
+	src := holder.ok("buf src 4096 5")
+	reader.ok("buf dst 4096 0")
+	post := "rkey=" + src["rkey"] + " raddr=" + src["addr"] + " sge=dst:0:64"
+	reader.ok("post wrid=1 sig=1 %s", post)
+	reader.expect(5*time.Second, completion{wrID: 1})
+	holder.ok("dereg src")
+	reader.ok("post wrid=2 sig=1 %s", post)
+	reader.expect(5*time.Second, completion{wrID: 2, status: wcRemAccess})
+}
+
+// A holder whose QP went to ERR no longer answers: the reader times out.
+func TestHolderQPInErrorDoesNotRespond(t *testing.T) {
+	w := newWorld(t)
+	holder, reader := w.pair(pairOpts{readerConn: "timeout=10 retry=1"})
+	src := holder.ok("buf src 4096 5")
+	reader.ok("buf dst 4096 0")
+	post := "rkey=" + src["rkey"] + " raddr=" + src["addr"] + " sge=dst:0:64"
+	reader.ok("post wrid=1 sig=1 %s", post)
+	reader.expect(5*time.Second, completion{wrID: 1})
+	if f := holder.ok("modify state=%d mask=%d", qpsErr, mState); f["rc"] != "0" {
+		t.Fatalf("holder to ERR: %v", f)
+	}
+	reader.ok("post wrid=2 sig=1 %s", post)
+	reader.expect(5*time.Second, completion{wrID: 2, status: wcRetryExc})
+}

@@ -701,7 +701,9 @@ static struct sv_device *device_get(const char *name, const char *addr)
 SV_EXPORT struct ibv_device **ibv_get_device_list(int *num)
 {
 	char names[1024], addrs[1024];
-	snprintf(names, sizeof(names), "%s", env_or("SOFTVERBS_DEVICES", "softverbs0"));
+	// Set but empty means no devices (a machine without RDMA).
+	const char *dv = getenv("SOFTVERBS_DEVICES");
+	snprintf(names, sizeof(names), "%s", dv ? dv : "softverbs0");
 	snprintf(addrs, sizeof(addrs), "%s", env_or("SOFTVERBS_GID_ADDR", "127.0.0.1"));
 	struct ibv_device **list = calloc(SV_MAX_DEVICES + 1, sizeof(*list));
 	if (!list) {
@@ -1852,6 +1854,9 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 						gone = 1;
 						break;
 					}
+					if (errno == EPERM)
+						sv_log("process_vm_readv from pid %d: %s (same user and ptrace access needed)",
+						       pe.pid, strerror(errno));
 					return IBV_WC_REM_ACCESS_ERR;
 				}
 				if (got == 0)
@@ -1895,6 +1900,10 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 static void *qp_worker(void *arg)
 {
 	struct sv_qp *s = arg;
+	// Signals are for the application's threads (a Go runtime's among them).
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	pthread_mutex_lock(&s->lock);
 	while (!s->stop) {
 		if (s->executed >= s->posted ||
