@@ -85,7 +85,15 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	needDriver(t)
-	return &world{t: t, registry: t.TempDir()}
+	// In /dev/shm, as softverbs' default: a registry on a disk file system
+	// costs milliseconds per registration (renames are journalled).
+	dir, err := os.MkdirTemp("/dev/shm", "softverbs-test-")
+	if err != nil {
+		dir = t.TempDir()
+	} else {
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	return &world{t: t, registry: dir}
 }
 
 // proc is a running svdriver.

@@ -137,3 +137,23 @@ func waitState(t *testing.T, p *endpoint, state int) {
 		return nil
 	})
 }
+
+// A context holds max_qp QPs, max_pd PDs and max_mr regions: at the limit
+// they are made, past it ENOMEM.
+func TestObjectCountLimits(t *testing.T) {
+	w := newWorld(t)
+	for _, c := range []struct {
+		kind  string
+		limit int // the device's limit less what "open" made
+	}{
+		{"qp", 256 - 1},
+		{"pd", 64 - 1},
+		{"mr", 4096},
+	} {
+		p := w.open(c.kind, "")
+		f := p.ok("many %s %d", c.kind, c.limit+1)
+		if f["made"] != itoa(c.limit) || f["errno"] != itoa(eNoMem) {
+			t.Errorf("%s: made %s then errno %s, want %d then ENOMEM", c.kind, f["made"], f["errno"], c.limit)
+		}
+	}
+}

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -353,6 +354,103 @@ static int cmd_dereg(char **a, int n)
 	return 0;
 }
 
+// many qp|mr|pd N: creates up to N more objects; answers how many were
+// created and the errno of the first refusal (0 if none).
+static int cmd_many(char **a, int n)
+{
+	if (n < 2)
+		return printf("err usage: many qp|mr|pd N\n"), 0;
+	int want = atoi(a[1]), made = 0, e = 0;
+	static char page[4096];
+	for (; made < want; made++) {
+		void *o = NULL;
+		if (strcmp(a[0], "qp") == 0) {
+			struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+						      .cap = {.max_send_wr = 1, .max_send_sge = 1}};
+			o = ibv_create_qp(pd, &ia);
+		} else if (strcmp(a[0], "mr") == 0) {
+			o = ibv_reg_mr(pd, page, sizeof(page), IBV_ACCESS_LOCAL_WRITE);
+		} else if (strcmp(a[0], "pd") == 0) {
+			o = ibv_alloc_pd(ctx);
+		}
+		if (!o) {
+			e = errno;
+			break;
+		}
+	}
+	printf("ok made=%d errno=%d\n", made, e);
+	return 0;
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+// readloop COUNT LEN RKEY RADDR DEPTH: COUNT READs of LEN bytes into dst,
+// keeping up to DEPTH outstanding, each signalled; answers the microseconds.
+static int cmd_readloop(char **a, int n)
+{
+	if (n < 5)
+		return printf("err usage\n"), 0;
+	int count = atoi(a[0]), depth = atoi(a[4]);
+	uint32_t len = (uint32_t)strtoul(a[1], NULL, 0);
+	int b = find("dst");
+	if (b < 0)
+		return printf("err no dst\n"), 0;
+	struct ibv_sge sge = {.addr = (uintptr_t)bufs[b].mr->addr, .length = len, .lkey = bufs[b].mr->lkey};
+	struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+				 .send_flags = IBV_SEND_SIGNALED};
+	wr.wr.rdma.rkey = (uint32_t)strtoul(a[2], NULL, 0);
+	wr.wr.rdma.remote_addr = strtoull(a[3], NULL, 0);
+	uint64_t start = now_us();
+	int posted = 0, done = 0, out = 0;
+	struct ibv_wc wc[64];
+	while (done < count) {
+		while (posted < count && out < depth) {
+			struct ibv_send_wr *bad;
+			wr.wr_id = (uint64_t)posted;
+			if (qp->context->ops.post_send(qp, &wr, &bad))
+				return printf("err post\n"), 0;
+			posted++;
+			out++;
+		}
+		int r = cq->context->ops.poll_cq(cq, 64, wc);
+		if (r < 0)
+			return printf("err poll %d\n", r), 0;
+		for (int i = 0; i < r; i++)
+			if (wc[i].status != IBV_WC_SUCCESS)
+				return printf("err status %d\n", wc[i].status), 0;
+		done += r;
+		out -= r;
+	}
+	printf("ok us=%llu\n", (unsigned long long)(now_us() - start));
+	return 0;
+}
+
+// rawread COUNT LEN PID ADDR: the baseline, COUNT process_vm_readv calls of
+// LEN bytes from PID at ADDR into dst; answers the microseconds.
+static int cmd_rawread(char **a, int n)
+{
+	if (n < 4)
+		return printf("err usage\n"), 0;
+	int count = atoi(a[0]);
+	size_t len = strtoull(a[1], NULL, 0);
+	pid_t pid = (pid_t)atoi(a[2]);
+	int b = find("dst");
+	if (b < 0)
+		return printf("err no dst\n"), 0;
+	struct iovec l = {bufs[b].p, len}, r = {(void *)(uintptr_t)strtoull(a[3], NULL, 0), len};
+	uint64_t start = now_us();
+	for (int i = 0; i < count; i++)
+		if (process_vm_readv(pid, &l, 1, &r, 1, 0) != (ssize_t)len)
+			return printf("err process_vm_readv errno=%d\n", errno), 0;
+	printf("ok us=%llu\n", (unsigned long long)(now_us() - start));
+	return 0;
+}
+
 static int cmd_state(void)
 {
 	struct ibv_qp_attr at;
@@ -432,6 +530,12 @@ int main(void)
 			cmd_check(a, n);
 		else if (strcmp(c, "dereg") == 0)
 			cmd_dereg(a, n);
+		else if (strcmp(c, "many") == 0)
+			cmd_many(a, n);
+		else if (strcmp(c, "readloop") == 0)
+			cmd_readloop(a, n);
+		else if (strcmp(c, "rawread") == 0)
+			cmd_rawread(a, n);
 		else if (strcmp(c, "state") == 0)
 			cmd_state();
 		else if (strcmp(c, "port") == 0) {
