@@ -66,7 +66,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func needDriver(t *testing.T) {
+func needDriver(t testing.TB) {
 	t.Helper()
 	if errors.Is(setupErr, softverbs.ErrNoHeaders) {
 		t.Skipf("needs rdma-core's headers (make test-deps installs them): %v", setupErr)
@@ -79,11 +79,11 @@ func needDriver(t *testing.T) {
 // world is one machine's softverbs: a registry directory shared by the
 // processes a test starts.
 type world struct {
-	t        *testing.T
+	t        testing.TB
 	registry string
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t testing.TB) *world {
 	needDriver(t)
 	// In /dev/shm, as softverbs' default: a registry on a disk file system
 	// costs milliseconds per registration (renames are journalled).
@@ -98,7 +98,7 @@ func newWorld(t *testing.T) *world {
 
 // proc is a running svdriver.
 type proc struct {
-	t     *testing.T
+	t     testing.TB
 	name  string
 	cmd   *exec.Cmd
 	in    io.WriteCloser
@@ -149,7 +149,7 @@ func (w *world) start(name string, env ...string) *proc {
 }
 
 type testWriter struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 }
 

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -599,6 +600,7 @@ struct sv_cq {
 	int cap, head, count;
 	int overflow;
 	int users;
+	struct sv_qp *qps; // QPs whose send queue completes here (under lock)
 };
 
 struct sv_wr {
@@ -642,9 +644,14 @@ struct sv_qp {
 	} mrc[8];
 	unsigned mrc_next;
 	struct ctl_cache peer_ctl;
+	struct sv_qp *cq_next; // in send_cq's list (under the CQ's lock)
+	int cq_refs;	       // pollers executing on this QP (under the CQ's lock)
 };
 
 #define SV_CACHE_NS 100000000ull
+
+// Not a completion status: the request is left for the QP's worker.
+#define SV_DEFER (-1)
 
 static int sv_post_send(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
 static int sv_post_recv(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
@@ -1254,12 +1261,9 @@ static void cq_purge(struct sv_cq *q, struct sv_qp *s, int reset)
 	pthread_mutex_unlock(&q->lock);
 }
 
-static int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+// Pops up to n completions; called with q->lock held.
+static int cq_pop(struct sv_cq *q, int n, struct ibv_wc *wc)
 {
-	struct sv_cq *q = (struct sv_cq *)cq;
-	if (n < 0 || (n > 0 && !wc))
-		return -EINVAL;
-	pthread_mutex_lock(&q->lock);
 	int got = 0;
 	while (got < n && q->count > 0) {
 		struct sv_cqe *e = &q->ring[q->head];
@@ -1272,6 +1276,43 @@ static int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 			;
 		q->head = (q->head + 1) % q->cap;
 		q->count--;
+	}
+	return got;
+}
+
+static int qp_step(struct sv_qp *s, int inline_);
+
+// A poller that finds the CQ empty executes queued requests of the QPs that
+// complete here on its own thread (as many as it asks completions for, at
+// most 16 a QP) before looking again. A spinning poller then moves the bytes
+// itself instead of competing for a CPU with the QPs' workers, which take
+// what pollers leave (anything that has to wait).
+static int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	struct sv_cq *q = (struct sv_cq *)cq;
+	if (n < 0 || (n > 0 && !wc))
+		return -EINVAL;
+	pthread_mutex_lock(&q->lock);
+	int got = cq_pop(q, n, wc);
+	if (got == 0 && n > 0 && !q->overflow && q->qps) {
+		struct sv_qp *qps[SV_MAX_QP];
+		int nq = 0;
+		for (struct sv_qp *s = q->qps; s && nq < SV_MAX_QP; s = s->cq_next) {
+			s->cq_refs++;
+			qps[nq++] = s;
+		}
+		pthread_mutex_unlock(&q->lock);
+		for (int i = 0; i < nq; i++) {
+			struct sv_qp *s = qps[i];
+			pthread_mutex_lock(&s->lock);
+			for (int k = 0; k < 16 && k < n && qp_step(s, 1); k++)
+				;
+			pthread_mutex_unlock(&s->lock);
+		}
+		pthread_mutex_lock(&q->lock);
+		for (int i = 0; i < nq; i++)
+			qps[i]->cq_refs--;
+		got = cq_pop(q, n, wc);
 	}
 	int overflow = q->overflow;
 	pthread_mutex_unlock(&q->lock);
@@ -1380,6 +1421,11 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 	((struct sv_cq *)ia->send_cq)->users++;
 	((struct sv_cq *)ia->recv_cq)->users++;
 	pthread_mutex_unlock(&c->lock);
+	struct sv_cq *scq = (struct sv_cq *)ia->send_cq;
+	pthread_mutex_lock(&scq->lock);
+	s->cq_next = scq->qps;
+	scq->qps = s;
+	pthread_mutex_unlock(&scq->lock);
 	qp_publish(s);
 	return &s->qp;
 }
@@ -1390,6 +1436,20 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 		return EINVAL;
 	struct sv_qp *s = (struct sv_qp *)qp;
 	struct sv_context *c = ctx_of(qp->context);
+	// Out of the CQ's list, and no poller still executing on it.
+	struct sv_cq *scq = (struct sv_cq *)qp->send_cq;
+	pthread_mutex_lock(&scq->lock);
+	struct sv_qp **pp = &scq->qps;
+	while (*pp && *pp != s)
+		pp = &(*pp)->cq_next;
+	if (*pp)
+		*pp = s->cq_next;
+	while (s->cq_refs > 0) {
+		pthread_mutex_unlock(&scq->lock);
+		sched_yield();
+		pthread_mutex_lock(&scq->lock);
+	}
+	pthread_mutex_unlock(&scq->lock);
 	pthread_mutex_lock(&s->lock);
 	s->stop = 1;
 	pthread_cond_broadcast(&s->cv);
@@ -1812,7 +1872,8 @@ static int local_sges(struct sv_qp *s, const struct sv_wr *w, struct iovec *iov,
 }
 
 // Executes one READ; returns its completion status.
-static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_t *byte_len)
+static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_t *byte_len,
+		   int inline_)
 {
 	struct iovec iov[SV_MAX_SGE];
 	uint64_t total;
@@ -1885,7 +1946,9 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 			}
 			s->peer.gen = 0; // look the peer up again
 		}
-		// No response: retry until the transport timeout.
+		// No response: retry until the transport timeout (on the worker).
+		if (inline_)
+			return SV_DEFER;
 		uint64_t now = now_ns();
 		if (now >= deadline)
 			return IBV_WC_RETRY_EXC_ERR;
@@ -1897,6 +1960,71 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 	}
 }
 
+// Executes the QP's next request, if there is one and no other thread is
+// executing one; called with s->lock held, returns with it held; 1 if it
+// took a request off the queue. inline_: the caller is a poller (see
+// sv_poll_cq), which never waits: a request that would (no response yet,
+// a delay fault) is left to the QP's worker.
+static int qp_step(struct sv_qp *s, int inline_)
+{
+	if (s->busy || s->executed >= s->posted ||
+	    (s->qp.state != IBV_QPS_RTS && s->qp.state != IBV_QPS_ERR))
+		return 0;
+	struct sv_wr w = s->ring[s->executed % s->cap.max_send_wr];
+	uint64_t gen = s->gen;
+	int status;
+	uint32_t byte_len = 0;
+	if (s->qp.state == IBV_QPS_ERR) {
+		status = IBV_WC_WR_FLUSH_ERR;
+	} else {
+		s->busy = 1;
+		pthread_mutex_unlock(&s->lock);
+		struct faults f;
+		faults_refresh(&f);
+		if (inline_ && (f.delay_us || f.stall || f.port_down))
+			status = SV_DEFER;
+		else if (w.inject)
+			status = w.inject;
+		else if (w.opcode != IBV_WR_RDMA_READ)
+			status = IBV_WC_LOC_QP_OP_ERR;
+		else
+			status = do_read(s, &w, gen, &byte_len, inline_);
+		if (f.delay_us && status != SV_DEFER)
+			usleep(f.delay_us);
+		pthread_mutex_lock(&s->lock);
+		s->busy = 0;
+		pthread_cond_broadcast(&s->cv); // RESET waits for busy; the worker for deferred work
+		if (status == SV_DEFER)
+			return 0;
+		if (s->gen != gen)
+			return 1; // reset meanwhile: discarded
+		if (status == IBV_WC_SUCCESS && s->qp.state == IBV_QPS_ERR)
+			status = IBV_WC_WR_FLUSH_ERR;
+	}
+	s->executed++;
+	if (status != IBV_WC_SUCCESS || w.signaled) {
+		struct ibv_wc wc;
+		memset(&wc, 0, sizeof(wc));
+		wc.wr_id = w.wr_id;
+		wc.status = status;
+		wc.opcode = IBV_WC_RDMA_READ;
+		wc.byte_len = status == IBV_WC_SUCCESS ? byte_len : 0;
+		wc.qp_num = s->qp.qp_num;
+		enum ibv_qp_state before = s->qp.state;
+		cq_push(s, &wc, w.seq); // an overrun moves the QP to ERR
+		if (before != IBV_QPS_ERR && s->qp.state == IBV_QPS_ERR) {
+			qp_publish(s);
+			return 1;
+		}
+	}
+	// An unsignalled success frees its slot when a later completion is polled.
+	if (status != IBV_WC_SUCCESS && s->qp.state != IBV_QPS_ERR) {
+		qp_set_error_locked(s);
+		qp_publish(s);
+	}
+	return 1;
+}
+
 static void *qp_worker(void *arg)
 {
 	struct sv_qp *s = arg;
@@ -1905,61 +2033,9 @@ static void *qp_worker(void *arg)
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	pthread_mutex_lock(&s->lock);
-	while (!s->stop) {
-		if (s->executed >= s->posted ||
-		    (s->qp.state != IBV_QPS_RTS && s->qp.state != IBV_QPS_ERR)) {
+	while (!s->stop)
+		if (!qp_step(s, 0))
 			pthread_cond_wait(&s->cv, &s->lock);
-			continue;
-		}
-		struct sv_wr w = s->ring[s->executed % s->cap.max_send_wr];
-		uint64_t gen = s->gen;
-		int status;
-		uint32_t byte_len = 0;
-		if (s->qp.state == IBV_QPS_ERR) {
-			status = IBV_WC_WR_FLUSH_ERR;
-		} else {
-			s->busy = 1;
-			pthread_mutex_unlock(&s->lock);
-			struct faults f;
-			faults_refresh(&f);
-			if (w.inject)
-				status = w.inject;
-			else if (w.opcode != IBV_WR_RDMA_READ)
-				status = IBV_WC_LOC_QP_OP_ERR;
-			else
-				status = do_read(s, &w, gen, &byte_len);
-			if (f.delay_us)
-				usleep(f.delay_us);
-			pthread_mutex_lock(&s->lock);
-			s->busy = 0;
-			pthread_cond_broadcast(&s->cv);
-			if (s->gen != gen)
-				continue; // reset meanwhile: discarded
-			if (status == IBV_WC_SUCCESS && s->qp.state == IBV_QPS_ERR)
-				status = IBV_WC_WR_FLUSH_ERR;
-		}
-		s->executed++;
-		if (status != IBV_WC_SUCCESS || w.signaled) {
-			struct ibv_wc wc;
-			memset(&wc, 0, sizeof(wc));
-			wc.wr_id = w.wr_id;
-			wc.status = status;
-			wc.opcode = IBV_WC_RDMA_READ;
-			wc.byte_len = status == IBV_WC_SUCCESS ? byte_len : 0;
-			wc.qp_num = s->qp.qp_num;
-			enum ibv_qp_state before = s->qp.state;
-			cq_push(s, &wc, w.seq); // an overrun moves the QP to ERR
-			if (before != IBV_QPS_ERR && s->qp.state == IBV_QPS_ERR) {
-				qp_publish(s);
-				continue;
-			}
-		}
-		// An unsignalled success frees its slot when a later completion is polled.
-		if (status != IBV_WC_SUCCESS && s->qp.state != IBV_QPS_ERR) {
-			qp_set_error_locked(s);
-			qp_publish(s);
-		}
-	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
 }
