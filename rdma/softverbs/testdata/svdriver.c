@@ -18,7 +18,10 @@
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
-static struct ibv_qp *qp;
+static struct ibv_qp *qp; // the QP a command acts on: qps[qp=N], default 0
+static struct ibv_qp *qps[8];
+static int nqps;
+static struct ibv_qp_init_attr qp_init;
 static int link_ib;
 
 #define MAXBUF 16
@@ -105,14 +108,30 @@ static int cmd_open(char **a, int n)
 		.cap = {.max_send_wr = (uint32_t)opt(a, n, "wr", 16), .max_recv_wr = 1,
 			.max_send_sge = (uint32_t)opt(a, n, "sge", 4), .max_recv_sge = 1},
 	};
+	qp_init = ia;
 	qp = ibv_create_qp(pd, &ia);
 	if (!qp)
 		return printf("err create_qp errno=%d\n", errno), 0;
+	qps[nqps++] = qp;
 	union ibv_gid g;
 	char h[33];
 	ibv_query_gid(ctx, 1, link_ib ? 0 : 1, &g);
 	hex(h, g.raw);
 	printf("ok qpn=%u lid=%u gid=%s state=%d dev=%s ndev=%d\n", qp->qp_num, pa.lid, h, pa.state, name, num);
+	return 0;
+}
+
+// addqp: another QP like the first, on the same PD and CQ.
+static int cmd_addqp(void)
+{
+	if (nqps == 8)
+		return printf("err too many\n"), 0;
+	struct ibv_qp_init_attr ia = qp_init;
+	struct ibv_qp *q = ibv_create_qp(pd, &ia);
+	if (!q)
+		return printf("err create_qp errno=%d\n", errno), 0;
+	qps[nqps] = q;
+	printf("ok qp=%d qpn=%u\n", nqps++, q->qp_num);
 	return 0;
 }
 
@@ -318,7 +337,7 @@ static int cmd_poll(char **a, int n)
 		}
 	}
 	printf("ok n=%d ms=%llu", got, (unsigned long long)(now_ms() - start));
-	for (int i = 0; i < got && i < 64; i++)
+	for (int i = 0; i < got; i++)
 		printf(" %llu:%d:%u", (unsigned long long)wc[i].wr_id, wc[i].status, wc[i].byte_len);
 	printf("\n");
 	return 0;
@@ -516,8 +535,13 @@ int main(void)
 		char *c = argv[0];
 		char **a = argv + 1;
 		int n = argc - 1;
+		int qi = (int)opt(a, n, "qp", 0);
+		if (qi >= 0 && qi < nqps)
+			qp = qps[qi];
 		if (strcmp(c, "open") == 0)
 			cmd_open(a, n);
+		else if (strcmp(c, "addqp") == 0)
+			cmd_addqp();
 		else if (strcmp(c, "buf") == 0)
 			cmd_buf(a, n);
 		else if (strcmp(c, "connect") == 0)
