@@ -55,10 +55,12 @@
 // has one neither required nor optional for the transition fails with
 // EINVAL, as do out-of-range values. Only IBV_WR_RDMA_READ executes; any
 // other opcode completes with IBV_WC_LOC_QP_OP_ERR. A READ runs with
-// process_vm_readv from the connected peer's process, on the QP's worker
-// thread or, when ibv_poll_cq finds the CQ empty, on the poller's thread (a
-// spinning poller on a loaded machine would otherwise starve the worker;
-// anything that has to wait is left to the worker), after a NIC's checks: each local SGE's lkey in this QP's PD with local
+// process_vm_readv from the connected peer's process, on the poller's
+// thread when ibv_poll_cq finds the CQ empty, else on the QP's worker thread
+// once the request is 100 µs old (a spinning poller on a loaded machine would
+// otherwise starve the worker, and a worker woken for every request costs two
+// thread switches each; anything that has to wait is left to the worker),
+// after a NIC's checks: each local SGE's lkey in this QP's PD with local
 // write and in range (else LOC_PROT_ERR); the responder QP reachable at the
 // RTR address, connected back and in RTR or RTS (else no response:
 // RETRY_EXC_ERR after 4.096 µs × 2^timeout × (retry_cnt+1), capped); the

@@ -54,10 +54,11 @@ func TestManyQPsShareACQ(t *testing.T) {
 	r1.ok("check dst 0 %d 21 0", 64*piece)
 	r2.ok("check dst 0 %d 21 %d", 32*piece, 64*piece)
 
-	// Queue work on both of r1's QPs, destroy QP 0 before polling: only
-	// QP 1's completions come.
+	// Queue work on both of r1's QPs (into separate memory: two QPs
+	// writing one buffer at once race, as two DMAs would), destroy QP 0
+	// before polling: only QP 1's completions come.
 	r1.ok("post wrid=500 count=8 sig=1 rkey=%s raddr=%d sge=dst:0:%d qp=0", src["rkey"], base, piece)
-	r1.ok("post wrid=600 count=8 sig=1 rkey=%s raddr=%d sge=dst:0:%d qp=1", src["rkey"], base, piece)
+	r1.ok("post wrid=600 count=8 sig=1 rkey=%s raddr=%d sge=dst:%d:%d qp=1", src["rkey"], base, 32*piece, piece)
 	r1.ok("destroy qp=0")
 	got := collect(t, r1, 8)
 	checkIDs(t, "r1 after destroy", got, []uint64{600, 601, 602, 603, 604, 605, 606, 607})

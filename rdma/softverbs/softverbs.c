@@ -177,6 +177,11 @@ static char g_gen_dir[512];
 
 static uint64_t *registry_gen(void)
 {
+	// The registry directory is the process's for its life: once mapped,
+	// the counter is read without a lock.
+	uint64_t *mapped = __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE);
+	if (mapped)
+		return mapped;
 	pthread_mutex_lock(&g_gen_lock);
 	const char *d = registry_dir();
 	if (!g_gen || strcmp(g_gen_dir, d) != 0) {
@@ -187,8 +192,8 @@ static uint64_t *registry_gen(void)
 		if (fd >= 0 && fstat(fd, &st) == 0 && (st.st_size >= 4096 || ftruncate(fd, 4096) == 0)) {
 			void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 			if (m != MAP_FAILED) {
-				g_gen = m; // an earlier mapping of another directory is kept: harmless
 				snprintf(g_gen_dir, sizeof(g_gen_dir), "%s", d);
+				__atomic_store_n(&g_gen, (uint64_t *)m, __ATOMIC_RELEASE);
 			}
 		}
 		if (fd >= 0)
@@ -484,23 +489,34 @@ struct ctl_cache {
 	ino_t ino;
 	off_t size;
 	struct timespec mtim;
-	int have;
+	int have;   // text is the file's as of the identity above
+	int absent; // the last look found no file
 	char text[512];
 };
 
-// Brings c up to date with the file at path; returns its text.
-static const char *ctl_text(struct ctl_cache *c, const char *path)
+// Brings c up to date with the file at path; returns its text. *changed
+// (if given) says whether the text may differ from the last call's.
+static const char *ctl_text_changed(struct ctl_cache *c, const char *path, int *changed)
 {
 	struct stat st;
+	if (changed)
+		*changed = 1;
 	if (!path || !*path || stat(path, &st) != 0) {
+		if (changed && c->absent)
+			*changed = 0;
+		c->absent = 1;
 		c->have = 0;
 		c->text[0] = 0;
 		return c->text;
 	}
+	c->absent = 0;
 	if (c->have && strcmp(c->path, path) == 0 && c->dev == st.st_dev && c->ino == st.st_ino &&
 	    c->size == st.st_size && c->mtim.tv_sec == st.st_mtim.tv_sec &&
-	    c->mtim.tv_nsec == st.st_mtim.tv_nsec)
+	    c->mtim.tv_nsec == st.st_mtim.tv_nsec) {
+		if (changed)
+			*changed = 0;
 		return c->text;
+	}
 	snprintf(c->path, sizeof(c->path), "%s", path);
 	c->dev = st.st_dev;
 	c->ino = st.st_ino;
@@ -521,11 +537,26 @@ static const char *ctl_text(struct ctl_cache *c, const char *path)
 // fail_read countdown, so "the Nth READ" counts from when it was written.
 static struct ctl_cache g_ctl;
 
+static const char *ctl_text(struct ctl_cache *c, const char *path)
+{
+	return ctl_text_changed(c, path, NULL);
+}
+
+static int g_faults_read;
+
 static void faults_refresh(struct faults *out)
 {
 	char src[1024];
 	pthread_mutex_lock(&g_fault_lock);
-	const char *ctl = ctl_text(&g_ctl, getenv("SOFTVERBS_CONTROL"));
+	int changed;
+	const char *ctl = ctl_text_changed(&g_ctl, getenv("SOFTVERBS_CONTROL"), &changed);
+	if (!changed && g_faults_read) {
+		if (out)
+			*out = g_faults;
+		pthread_mutex_unlock(&g_fault_lock);
+		return;
+	}
+	g_faults_read = 1;
 	snprintf(src, sizeof(src), "%s,%s", env_or("SOFTVERBS_FAULTS", ""), ctl);
 	if (strcmp(src, g_fault_src) != 0) {
 		struct faults f = {.fail_status = IBV_WC_REM_ACCESS_ERR};
@@ -606,9 +637,11 @@ struct sv_cq {
 struct sv_wr {
 	uint64_t wr_id;
 	uint64_t seq;
+	uint64_t posted_ns;
 	int opcode;
 	int signaled;
-	int inject; // status to complete with (fault), 0 none
+	int inject;   // status to complete with (fault), 0 none
+	int deferred; // a poller left it to the worker
 	uint64_t raddr;
 	uint32_t rkey;
 	int num_sge;
@@ -629,6 +662,8 @@ struct sv_qp {
 	uint64_t freed;		  // slots below this are free (atomic)
 	uint64_t gen;		  // bumped on RESET: in-flight work is discarded
 	int busy, stop;
+	int idle;	  // the worker waits for a post (without timeout)
+	int busy_waiters; // threads waiting for busy to clear
 	pthread_t thr;
 	int thr_started;
 	// Worker-only lookups, kept while the registry's generation holds (and
@@ -649,6 +684,9 @@ struct sv_qp {
 };
 
 #define SV_CACHE_NS 100000000ull
+
+// How long a new request is left to pollers before the worker takes it.
+#define SV_GRACE_NS 100000ull
 
 // Not a completion status: the request is left for the QP's worker.
 #define SV_DEFER (-1)
@@ -785,6 +823,9 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->ctx.ops.post_recv = sv_post_recv;
 	c->ctx.ops.poll_cq = sv_poll_cq;
 	c->ctx.ops.req_notify_cq = sv_req_notify_cq;
+	pthread_mutex_lock(&g_fault_lock);
+	g_faults_read = 0; // SOFTVERBS_FAULTS is read again at each open
+	pthread_mutex_unlock(&g_fault_lock);
 	faults_refresh(NULL);
 	return &c->ctx;
 }
@@ -1603,8 +1644,10 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 		// Wait out a request in flight so its completion is discarded.
 		s->gen++;
 		pthread_cond_broadcast(&s->cv);
+		s->busy_waiters++;
 		while (s->busy)
 			pthread_cond_wait(&s->cv, &s->lock);
+		s->busy_waiters--;
 		qp_reset_locked(s);
 		cq_purge((struct sv_cq *)qp->send_cq, s, 1);
 	}
@@ -1686,6 +1729,7 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 	struct sv_qp *s = (struct sv_qp *)qp;
 	struct faults f;
 	faults_refresh(&f);
+	uint64_t now = now_ns();
 	pthread_mutex_lock(&s->lock);
 	int err = 0;
 	for (; wr; wr = wr->next) {
@@ -1706,6 +1750,7 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 		memset(w, 0, sizeof(*w));
 		w->wr_id = wr->wr_id;
 		w->seq = s->posted;
+		w->posted_ns = now;
 		w->opcode = wr->opcode;
 		w->signaled = s->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
 		w->raddr = wr->wr.rdma.remote_addr;
@@ -1723,7 +1768,8 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 	}
 	if (err && bad)
 		*bad = wr;
-	pthread_cond_broadcast(&s->cv);
+	if (s->idle)
+		pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->lock);
 	return err;
 }
@@ -1993,9 +2039,13 @@ static int qp_step(struct sv_qp *s, int inline_)
 			usleep(f.delay_us);
 		pthread_mutex_lock(&s->lock);
 		s->busy = 0;
-		pthread_cond_broadcast(&s->cv); // RESET waits for busy; the worker for deferred work
-		if (status == SV_DEFER)
+		if (status == SV_DEFER || s->busy_waiters)
+			pthread_cond_broadcast(&s->cv); // the worker takes deferred work; RESET waits
+		if (status == SV_DEFER) {
+			if (s->gen == gen)
+				s->ring[s->executed % s->cap.max_send_wr].deferred = 1;
 			return 0;
+		}
 		if (s->gen != gen)
 			return 1; // reset meanwhile: discarded
 		if (status == IBV_WC_SUCCESS && s->qp.state == IBV_QPS_ERR)
@@ -2033,9 +2083,31 @@ static void *qp_worker(void *arg)
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	pthread_mutex_lock(&s->lock);
-	while (!s->stop)
-		if (!qp_step(s, 0))
+	while (!s->stop) {
+		int pending = s->executed < s->posted &&
+			      (s->qp.state == IBV_QPS_RTS || s->qp.state == IBV_QPS_ERR);
+		if (!pending) {
+			s->idle = 1;
 			pthread_cond_wait(&s->cv, &s->lock);
+			s->idle = 0;
+			continue;
+		}
+		// A request younger than SV_GRACE_NS, or one a poller is executing,
+		// is left to the pollers a while: a worker woken for every request
+		// would cost two thread switches each.
+		uint64_t now = now_ns();
+		const struct sv_wr *w = &s->ring[s->executed % s->cap.max_send_wr];
+		if (s->busy || (s->qp.state == IBV_QPS_RTS && !w->deferred && now - w->posted_ns < SV_GRACE_NS)) {
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			uint64_t t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + SV_GRACE_NS;
+			ts.tv_sec = (time_t)(t / 1000000000ull);
+			ts.tv_nsec = (long)(t % 1000000000ull);
+			pthread_cond_timedwait(&s->cv, &s->lock, &ts);
+			continue;
+		}
+		qp_step(s, 0);
+	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
 }
