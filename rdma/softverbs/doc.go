@@ -85,6 +85,11 @@
 // addresses and SGE addresses are in the region's iova space (the address
 // for ibv_reg_mr).
 //
+// Teardown is strict where a driver is: ibv_destroy_cq refuses (EBUSY) while
+// QPs use the CQ, ibv_dealloc_pd while QPs or regions use the PD, and, unlike
+// libibverbs (where the kernel cleans up), ibv_close_device while the context
+// holds anything, so that a leak shows.
+//
 // Not modelled: receives, sends, writes, atomics, completion channels,
 // SRQs, alternate paths, more than one port.
 package softverbs

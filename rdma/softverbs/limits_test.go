@@ -157,3 +157,21 @@ func TestObjectCountLimits(t *testing.T) {
 		}
 	}
 }
+
+// Teardown out of order is refused with EBUSY while objects are in use, then
+// succeeds in order; the registry is empty after it.
+func TestTeardownOrder(t *testing.T) {
+	w := newWorld(t)
+	p := w.open("p", "")
+	p.ok("buf m 4096 1")
+	f := p.ok("teardown")
+	want := map[string]string{"cq1": "16", "pd1": "16", "ctx1": "16", "pd3": "16", "qp2": "0", "mr2": "0", "cq2": "0", "pd2": "0", "ctx2": "0"}
+	for k, v := range want {
+		if f[k] != v {
+			t.Errorf("%s = %s, want %s (all: %v)", k, f[k], v, f)
+		}
+	}
+	if files := registryFiles(t, w); len(files) != 0 {
+		t.Fatalf("registry after teardown: %v", files)
+	}
+}

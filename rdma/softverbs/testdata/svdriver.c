@@ -470,6 +470,26 @@ static int cmd_rawread(char **a, int n)
 	return 0;
 }
 
+// teardown: out of order first (each refused while in use), then in order.
+static int cmd_teardown(void)
+{
+	int cq1 = ibv_destroy_cq(cq), pd1 = ibv_dealloc_pd(pd), ctx1 = ibv_close_device(ctx);
+	int qp2 = 0, mr2 = 0;
+	for (int i = 0; i < nqps; i++)
+		qp2 |= ibv_destroy_qp(qps[i]);
+	int pd3 = ibv_dealloc_pd(pd); // regions still use it
+	for (int i = 0; i < MAXBUF; i++)
+		if (bufs[i].p) {
+			mr2 |= ibv_dereg_mr(bufs[i].mr);
+			bufs[i].p = NULL;
+		}
+	int cq2 = ibv_destroy_cq(cq), pd2 = ibv_dealloc_pd(pd), ctx2 = ibv_close_device(ctx);
+	nqps = 0;
+	printf("ok cq1=%d pd1=%d ctx1=%d pd3=%d qp2=%d mr2=%d cq2=%d pd2=%d ctx2=%d\n", cq1, pd1, ctx1, pd3, qp2,
+	       mr2, cq2, pd2, ctx2);
+	return 0;
+}
+
 static int cmd_state(void)
 {
 	struct ibv_qp_attr at;
@@ -554,6 +574,8 @@ int main(void)
 			cmd_check(a, n);
 		else if (strcmp(c, "dereg") == 0)
 			cmd_dereg(a, n);
+		else if (strcmp(c, "teardown") == 0)
+			cmd_teardown();
 		else if (strcmp(c, "many") == 0)
 			cmd_many(a, n);
 		else if (strcmp(c, "readloop") == 0)
