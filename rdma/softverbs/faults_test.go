@@ -65,11 +65,13 @@ func writeFile(t *testing.T, path, s string) {
 
 // delay_us delays every completion.
 func TestFaultDelay(t *testing.T) {
-	_, reader, post := readerWith(t, pairOpts{readerEnv: []string{"SOFTVERBS_FAULTS=delay_us=200000"}})
+	_, reader, post := readerWith(t, pairOpts{readerEnv: []string{"SOFTVERBS_FAULTS=delay_us=500000"}})
 	reader.ok("post wrid=1 sig=1 %s", post)
 	got, ms, _ := reader.poll(1, 10*time.Second)
-	if len(got) != 1 || got[0].status != wcSuccess || ms < 190 {
-		t.Fatalf("with delay_us=200000: %v after %d ms", got, ms)
+	// The poll's clock starts after the post's answer came back through
+	// this test: 400 ms leaves 100 ms for that on a loaded machine.
+	if len(got) != 1 || got[0].status != wcSuccess || ms < 400 {
+		t.Fatalf("with delay_us=500000: %v after %d ms", got, ms)
 	}
 }
 
@@ -79,9 +81,10 @@ func TestFaultStall(t *testing.T) {
 	t.Run("cleared in time", func(t *testing.T) {
 		ctl := filepath.Join(t.TempDir(), "control")
 		writeFile(t, ctl, "stall=1")
-		// timeout 18, retry 7: 8.6 s, capped at the harness's 3 s.
-		_, reader, post := readerWith(t, pairOpts{readerConn: "timeout=18 retry=7",
-			readerEnv: []string{"SOFTVERBS_CONTROL=" + ctl}})
+		// timeout 20, retry 7: 34 s, capped at 20 s: far past the test's
+		// clearing of the stall, however loaded the machine.
+		_, reader, post := readerWith(t, pairOpts{readerConn: "timeout=20 retry=7",
+			readerEnv: []string{"SOFTVERBS_CONTROL=" + ctl, "SOFTVERBS_TIMEOUT_CAP_MS=20000"}})
 		reader.ok("post wrid=1 sig=1 %s", post)
 		if got, _, _ := reader.poll(1, 100*time.Millisecond); len(got) != 0 {
 			t.Fatalf("completion while stalled: %v", got)

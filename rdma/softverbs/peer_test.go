@@ -13,11 +13,12 @@ import (
 )
 
 // A holder killed with SIGKILL: the next READ gets no response and fails
-// with RETRY_EXC_ERR after the QP's timeout (4.096 us * 2^12 * 4 = 67 ms
-// here), and the request behind it flushes.
+// with RETRY_EXC_ERR after the QP's timeout (timeout 14, retry 7, as
+// Mooncake and brpc use: 4.096 us * 2^14 * 8 = 537 ms), and the request
+// behind it flushes.
 func TestPeerKilledRetryExceededThenFlush(t *testing.T) {
 	w := newWorld(t)
-	holder, reader := w.pair(pairOpts{readerConn: "timeout=12 retry=3"})
+	holder, reader := w.pair(pairOpts{readerConn: "timeout=14 retry=7"})
 	src := holder.ok("buf src 65536 5")
 	reader.ok("buf dst 65536 0")
 	post := "rkey=" + src["rkey"] + " raddr=" + src["addr"] + " sge=dst:0:4096"
@@ -31,12 +32,13 @@ func TestPeerKilledRetryExceededThenFlush(t *testing.T) {
 		got[1].wrID != 3 || got[1].status != wcFlushErr {
 		t.Fatalf("after SIGKILL: %v %s, want wr 2 RETRY_EXC_ERR then wr 3 WR_FLUSH_ERR", got, errLine)
 	}
-	// The QP's timeout is 67 ms: the failure comes no sooner (the poll's
-	// clock starts after the post), and well within the 10 s poll.
-	if ms < 60 {
-		t.Fatalf("RETRY_EXC_ERR after %d ms, before the QP's 67 ms timeout", ms)
+	// The poll's clock starts after the post's answer came back through
+	// this test, so it may undercount by a round trip: 400 ms leaves
+	// 137 ms for it on a loaded machine.
+	if ms < 400 {
+		t.Fatalf("RETRY_EXC_ERR after %d ms, before the QP's 537 ms timeout", ms)
 	}
-	t.Logf("RETRY_EXC_ERR after %d ms (QP timeout 67 ms)", ms)
+	t.Logf("RETRY_EXC_ERR after %d ms (QP timeout 537 ms)", ms)
 }
 
 // With timeout 0 (infinite on InfiniBand) a dead peer still ends, at
@@ -44,7 +46,7 @@ func TestPeerKilledRetryExceededThenFlush(t *testing.T) {
 func TestTimeoutCap(t *testing.T) {
 	w := newWorld(t)
 	holder := w.open("holder", "")
-	reader := w.open("reader", "", "SOFTVERBS_TIMEOUT_CAP_MS=150")
+	reader := w.open("reader", "", "SOFTVERBS_TIMEOUT_CAP_MS=1000")
 	connect(holder, reader, "")
 	connect(reader, holder, "timeout=0")
 	src := holder.ok("buf src 4096 5")
@@ -52,8 +54,9 @@ func TestTimeoutCap(t *testing.T) {
 	holder.kill()
 	reader.ok("post wrid=1 sig=1 rkey=%s raddr=%s sge=dst:0:8", src["rkey"], src["addr"])
 	got, ms, _ := reader.poll(1, 10*time.Second)
-	if len(got) != 1 || got[0].status != wcRetryExc || ms < 140 {
-		t.Fatalf("timeout 0 with a 150 ms cap: %v after %d ms", got, ms)
+	// At least the cap less a round trip through this test (see above).
+	if len(got) != 1 || got[0].status != wcRetryExc || ms < 800 {
+		t.Fatalf("timeout 0 with a 1 s cap: %v after %d ms", got, ms)
 	}
 }
 
