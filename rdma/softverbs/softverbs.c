@@ -1042,6 +1042,26 @@ static int range_mapped(uint64_t addr, uint64_t len)
 	return 1;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#define MADV_POPULATE_WRITE 23
+#endif
+
+// pin_range faults in every page of a registration, as a NIC driver's
+// pin_user_pages does: the pages are resident before the first READ, and
+// registration, not the data path, pays for it. Kernels without
+// MADV_POPULATE_* get a read of each page.
+static void pin_range(uint64_t host, uint64_t len, int write)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uint64_t start = host & ~(uint64_t)(page - 1);
+	uint64_t end = host + len;
+	if (madvise((void *)(uintptr_t)start, end - start, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+		return;
+	for (uint64_t a = start; a < end; a += (uint64_t)page)
+		(void)*(volatile const char *)(uintptr_t)(a < host ? host : a);
+}
+
 static struct ibv_mr *register_mr(struct ibv_pd *pd, uint64_t host, uint64_t len, uint64_t iova,
 				  int access, void *map, size_t maplen)
 {
@@ -1057,6 +1077,8 @@ static struct ibv_mr *register_mr(struct ibv_pd *pd, uint64_t host, uint64_t len
 	p->users++;
 	pthread_mutex_unlock(&c->lock);
 
+	if (len > 0)
+		pin_range(host, len, access & IBV_ACCESS_LOCAL_WRITE);
 	struct sv_mr *m = calloc(1, sizeof(*m));
 	uint32_t lkey = registry_alloc_id(), rkey = registry_alloc_id();
 	if (!m || !lkey || !rkey)
