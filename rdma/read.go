@@ -45,6 +45,10 @@ type readParams struct {
 	maxSGE      int
 	// drain bounds the wait for flushed requests after an abort.
 	drain time.Duration
+	// cpu, if not nil, is added the CPU time the posting and polling
+	// thread used in the read (a software NIC's copies done in its poll
+	// included; a real NIC's are not on any CPU).
+	cpu *time.Duration
 }
 
 // maxMessage is the largest RDMA message verbs can describe (sge lengths are
@@ -98,6 +102,10 @@ func readAll(ctx context.Context, q sendQueue, ops []ReadOp, p readParams, seq *
 	// CQ's cache lines and the driver's per-thread state on one core.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	if p.cpu != nil {
+		// Measured on the locked thread, so it is this read's alone.
+		defer func(t0 time.Duration) { *p.cpu += threadCPU() - t0 }(threadCPU())
+	}
 
 	base := *seq + 1
 	*seq += uint64(len(ops))

@@ -287,17 +287,31 @@ func TestReadAcrossProcesses(t *testing.T) {
 	if s, err := r.qp.State(); err != nil || s != "RTS" {
 		t.Fatalf("state after Connect: %s, %v", s, err)
 	}
+	if c := r.qp.ReadCPU(); c != 0 {
+		t.Fatalf("ReadCPU before any read: %v", c)
+	}
 	const n, size, sges = 1000, 4096, 4 // 1000 ops through a queue of 32
+	t0 := time.Now()
 	if err := r.qp.Read(context.Background(), r.scatteredOps(h, n, size, sges)); err != nil {
 		t.Fatalf("read: %v", err)
 	}
+	wall := time.Since(t0)
 	r.verify(t, n, size, sges)
+	// The posting and polling thread ran (and, on softverbs, copied): some
+	// CPU, and no more than one thread can use in the read's time.
+	cpu := r.qp.ReadCPU()
+	if cpu <= 0 || cpu > wall {
+		t.Fatalf("ReadCPU %v after a read of %v, want in (0, %v]", cpu, wall, wall)
+	}
 
 	// A scatter list one past the queue pair's limit is refused before
 	// anything is posted, and the queue pair stays usable.
 	ops := r.scatteredOps(h, 1, 5*512, 5)
 	if err := r.qp.Read(context.Background(), ops); !errors.Is(err, rdma.ErrInvalidArgument) {
 		t.Fatalf("5 scatter entries on a 4-entry queue pair: %v, want ErrInvalidArgument", err)
+	}
+	if c := r.qp.ReadCPU(); c != cpu {
+		t.Fatalf("ReadCPU moved from %v to %v for a read refused before posting", cpu, c)
 	}
 	clear(r.buf)
 	if err := r.qp.Read(context.Background(), r.scatteredOps(h, 10, 4096, 4)); err != nil {

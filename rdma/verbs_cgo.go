@@ -685,6 +685,7 @@ type QueuePair struct {
 	psn    uint32
 	seq    uint64
 	remote Endpoint
+	cpu    time.Duration // ReadCPU
 }
 
 // NewQueuePair creates an RC queue pair and its completion queue, its depths
@@ -912,12 +913,23 @@ func (q *QueuePair) Read(ctx context.Context, ops []ReadOp) error {
 		signalEvery: q.opts.SignalEvery,
 		maxSGE:      q.opts.MaxSGE,
 		drain:       q.retryBound() + 2*time.Second,
+		cpu:         &q.cpu,
 	}, &q.seq)
 	if aborted {
 		q.state = qpFailed
 		q.dev.lib.cfg.Logger.Warn("rdma: read failed; queue pair needs reset", "device", q.dev.info.Name, "qpn", uint32(q.qp.qp_num), "peer_qpn", q.remote.QPN, "err", err)
 	}
 	return err
+}
+
+// ReadCPU is the CPU time the threads that posted and polled this queue
+// pair's reads have used in them: the host's cost of driving the NIC. With
+// a software NIC that moves bytes in ibv_poll_cq (softverbs), its copies
+// on that thread are included.
+func (q *QueuePair) ReadCPU() time.Duration {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.cpu
 }
 
 // retryBound is how long the device tries a dead peer before retry-exceeded:

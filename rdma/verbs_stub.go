@@ -5,6 +5,7 @@ package rdma
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // errBuild says why this build has no RDMA.
@@ -95,6 +96,9 @@ func (q *QueuePair) State() (string, error) { return "", errBuild }
 
 // Read returns an error wrapping ErrNotSupported in this build.
 func (q *QueuePair) Read(ctx context.Context, ops []ReadOp) error { return errBuild }
+
+// ReadCPU is 0 in this build.
+func (q *QueuePair) ReadCPU() time.Duration { return 0 }
 
 // Close does nothing in this build.
 func (q *QueuePair) Close() error { return nil }

@@ -126,6 +126,7 @@ type rdmaNode struct {
 	fallback map[string]uint64            // reads over QUIC by reason
 
 	reads, bytes, ops, sges, connects, connectFails, readFails uint64
+	readCPU                                                    time.Duration
 }
 
 // RegisterMemory registers buf with the node's RDMA device for remote read,
@@ -206,6 +207,10 @@ type RDMAMetrics struct {
 	// Reads and Bytes count reads completed over RDMA; Ops and SGEs the
 	// work requests posted for them and their scatter entries.
 	Reads, Bytes, Ops, SGEs uint64
+	// ReadCPU is the CPU time this node's threads spent posting the READs
+	// of Reads and polling for their completions (rdma.QueuePair.ReadCPU;
+	// with softverbs, its copies made while polling are in it).
+	ReadCPU time.Duration
 	// ReadFailures counts RDMA reads that failed (and went over QUIC).
 	ReadFailures uint64
 	// Connects counts queue pairs connected to peers to read from;
@@ -228,7 +233,7 @@ func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
 		return m, false
 	}
 	r.mu.Lock()
-	m = RDMAMetrics{Reads: r.reads, Bytes: r.bytes, Ops: r.ops, SGEs: r.sges, ReadFailures: r.readFails,
+	m = RDMAMetrics{Reads: r.reads, Bytes: r.bytes, Ops: r.ops, SGEs: r.sges, ReadCPU: r.readCPU, ReadFailures: r.readFails,
 		Connects: r.connects, ConnectFailures: r.connectFails, Fallbacks: make(map[string]uint64, len(r.fallback))}
 	for k, v := range r.fallback {
 		m.Fallbacks[k] = v
@@ -487,7 +492,9 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID, "err", err)
 		return false, nil
 	}
+	cpu0 := qp.ReadCPU()
 	err = qp.Read(ctx, ops)
+	cpu := qp.ReadCPU() - cpu0
 	p.putQP(qp, err != nil)
 	st := p.n.rdma
 	st.mu.Lock()
@@ -496,6 +503,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		st.bytes += total
 		st.ops += uint64(len(ops))
 		st.sges += uint64(sges)
+		st.readCPU += cpu
 	} else {
 		st.readFails++
 	}

@@ -175,6 +175,9 @@ func TestReadOverRDMA(t *testing.T) {
 	if m.Reads != 1 || m.Connects != 1 || m.Ops != pieces-100+7 || m.SGEs != pieces {
 		t.Errorf("metrics %+v: want 1 read on 1 queue pair, %d work requests for %d pieces", m, pieces-100+7, pieces)
 	}
+	if m.ReadCPU <= 0 {
+		t.Errorf("ReadCPU %v after a read over RDMA, want the posting and polling thread's time", m.ReadCPU)
+	}
 	if hm, _ := p.holder.RDMAMetrics(); hm.QPsServed != 1 || hm.RegisteredBytes != 16<<20 {
 		t.Errorf("holder metrics %+v: want 1 queue pair served, 16 MiB registered", hm)
 	}

@@ -122,6 +122,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 		e.counter("kvfabric_rdma_read_failures_total", "RDMA reads that failed (and were read again over QUIC).", float64(rd.ReadFailures))
 		e.counter("kvfabric_rdma_work_requests_total", "RDMA READ work requests posted.", float64(rd.Ops))
 		e.counter("kvfabric_rdma_scatter_entries_total", "Scatter-list entries of the RDMA READs posted.", float64(rd.SGEs))
+		e.counter("kvfabric_rdma_read_cpu_seconds_total", "CPU time spent posting the RDMA READs of completed reads and polling their completions.", rd.ReadCPU.Seconds())
 		e.counter("kvfabric_rdma_connects_total", "Queue pairs connected to peers to read from.", float64(rd.Connects))
 		e.counter("kvfabric_rdma_connect_failures_total", "Queue-pair connections to peers that failed.", float64(rd.ConnectFailures))
 		e.gauge("kvfabric_rdma_queue_pairs_served", "Queue pairs peers read this node's memory on.", float64(rd.QPsServed))
