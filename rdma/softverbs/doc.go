@@ -42,7 +42,11 @@
 // a killed process's); those of a process killed with SIGKILL are ignored
 // (its pid is gone or names a later process) and swept by the next
 // ibv_open_device. A shared counter (<registry>/gen) moves with every change,
-// so requesters keep what they looked up until it moves.
+// so requesters keep what they looked up until it moves. Each process that
+// executes READs keeps its data-path counters in <registry>/stats-<pid>
+// (READs, bytes, and the CPU time of the copies made by pollers and by the
+// QPs' worker threads, which are named "softverbs-qp"): the work a NIC does
+// off the CPU, which [ReadStats] reads from another process.
 //
 // Device limits (ibv_query_device) are enforced: max_qp_wr 4096, max_sge 30,
 // max_cqe 65536, max_qp_rd_atom and max_qp_init_rd_atom 16, max_qp 256,

@@ -149,6 +149,7 @@ static void self_identity(void)
 //   next-id     the next id, decimal
 //   qp-<qpn>    one line: a QP's owner, address and state
 //   mr-<rkey>   one line: a memory registration
+//   stats-<pid> a process's data-path counters (see stats_add)
 // Entries are written to a temporary name and renamed, so readers never see
 // half a line; an entry whose pid is gone (or reused) is ignored and removed
 // by the next sweep.
@@ -216,6 +217,61 @@ static uint64_t registry_gen_now(void)
 {
 	uint64_t *g = registry_gen();
 	return g ? __atomic_load_n(g, __ATOMIC_SEQ_CST) + 1 : 0;
+}
+
+// <registry>/stats-<pid> holds the process's data-path counters as
+// uint64 in native byte order in a shared mapping, so that another process (a
+// benchmark) reads them while this one runs: what a NIC would do off the
+// CPU, done here on it.
+enum {
+	SV_STAT_READS,	     // READs executed successfully
+	SV_STAT_BYTES,	     // bytes they moved
+	SV_STAT_POLL_CPU_NS, // CPU time of the copies made by pollers (ibv_poll_cq)
+	SV_STAT_WORK_CPU_NS, // CPU time of the copies made by QP workers
+	SV_STAT_COUNT,
+};
+
+static pthread_mutex_t g_stats_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t *g_stats;
+
+// The counters, mapped on first use (NULL if the file cannot be made: the
+// counts are then lost, nothing else is).
+static uint64_t *stats_map(void)
+{
+	uint64_t *mapped = __atomic_load_n(&g_stats, __ATOMIC_ACQUIRE);
+	if (mapped)
+		return mapped;
+	pthread_mutex_lock(&g_stats_lock);
+	if (!g_stats) {
+		char path[600];
+		snprintf(path, sizeof(path), "%s/stats-%d", registry_dir(), (int)getpid());
+		int fd = registry_ensure() == 0 ? open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666) : -1;
+		if (fd >= 0 && ftruncate(fd, 4096) == 0) {
+			void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+			if (m != MAP_FAILED)
+				__atomic_store_n(&g_stats, (uint64_t *)m, __ATOMIC_RELEASE);
+		}
+		if (fd >= 0)
+			close(fd);
+	}
+	uint64_t *g = g_stats;
+	pthread_mutex_unlock(&g_stats_lock);
+	return g;
+}
+
+static void stats_add(int i, uint64_t v)
+{
+	uint64_t *s = stats_map();
+	if (s)
+		__atomic_add_fetch(&s[i], v, __ATOMIC_RELAXED);
+}
+
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+	if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static uint32_t registry_alloc_id(void)
@@ -307,10 +363,16 @@ static void registry_sweep(int mine)
 		return;
 	struct dirent *e;
 	while ((e = readdir(d)) != NULL) {
-		if (strncmp(e->d_name, "qp-", 3) != 0 && strncmp(e->d_name, "mr-", 3) != 0)
-			continue;
 		char path[600], buf[256];
 		snprintf(path, sizeof(path), "%s/%s", registry_dir(), e->d_name);
+		int spid;
+		if (sscanf(e->d_name, "stats-%d", &spid) == 1) {
+			if (mine ? spid == g_pid : (kill(spid, 0) != 0 && errno == ESRCH))
+				unlink(path);
+			continue;
+		}
+		if (strncmp(e->d_name, "qp-", 3) != 0 && strncmp(e->d_name, "mr-", 3) != 0)
+			continue;
 		int fd = open(path, O_RDONLY | O_CLOEXEC);
 		if (fd < 0)
 			continue;
@@ -2055,8 +2117,15 @@ static int qp_step(struct sv_qp *s, int inline_)
 			status = w.inject;
 		else if (w.opcode != IBV_WR_RDMA_READ)
 			status = IBV_WC_LOC_QP_OP_ERR;
-		else
+		else {
+			uint64_t cpu0 = thread_cpu_ns();
 			status = do_read(s, &w, gen, &byte_len, inline_);
+			stats_add(inline_ ? SV_STAT_POLL_CPU_NS : SV_STAT_WORK_CPU_NS, thread_cpu_ns() - cpu0);
+			if (status == IBV_WC_SUCCESS) {
+				stats_add(SV_STAT_READS, 1);
+				stats_add(SV_STAT_BYTES, byte_len);
+			}
+		}
 		if (f.delay_us && status != SV_DEFER)
 			usleep(f.delay_us);
 		pthread_mutex_lock(&s->lock);
@@ -2100,6 +2169,8 @@ static int qp_step(struct sv_qp *s, int inline_)
 static void *qp_worker(void *arg)
 {
 	struct sv_qp *s = arg;
+	// Named, so that its CPU time shows apart in /proc/<pid>/task/*/comm.
+	pthread_setname_np(pthread_self(), "softverbs-qp");
 	// Signals are for the application's threads (a Go runtime's among them).
 	sigset_t all;
 	sigfillset(&all);
