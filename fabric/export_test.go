@@ -11,6 +11,14 @@ func OnChunkRegistered(c *Config, f func(holder string, blocks int)) { c.hooks.c
 // of every read, before the read is checked against its lease.
 func BeforeServeRead(c *Config, f func(peer string, lease uint64)) { c.hooks.beforeServeRead = f }
 
+// BeforeServeRelease makes an agent started with c call f on the holder
+// side of every release before it releases the lease; f returning false
+// makes the holder answer that the lease had expired (and keep it until
+// its term ends).
+func BeforeServeRelease(c *Config, f func(peer string, lease uint64) bool) {
+	c.hooks.beforeServeRelease = f
+}
+
 // ImportChunks is how many chunks a imported whole.
 func ImportChunks(a *Agent) uint64 { return a.stats.importChunks.Load() }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/membership"
+	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/transfer"
 )
 
@@ -52,16 +53,18 @@ func (c *leasedChunk) present() int {
 }
 
 // fetch imports the leading blocks of want that holder still has into
-// new slots of s, a chunk at a time: lease a chunk, read it, release it,
-// register it, while the next chunk's lease is already being taken. A
-// read that outlives the holder's term renews its lease. The holder is
-// asked for its own pages (want.src); the engine's blocks (want.dst) are
-// made of want.k of them each.
+// new slots of s, a chunk at a time, pipelined: while a chunk is read, the
+// next one's lease is being taken and the previous one is being released
+// and registered. A read that outlives the holder's term renews its lease.
+// The holder is asked for its own pages (want.src); the engine's blocks
+// (want.dst) are made of want.k of them each.
 //
 // A chunk's slots are registered only when every byte of its plan arrived
-// and the holder confirmed that its lease never expired. When a chunk
-// fails, the chunks registered before it are returned with the error:
-// they arrived whole under confirmed leases and are the engine's.
+// and the holder confirmed that its lease never expired, and only after
+// the chunk before it registered (its parent): a chunk read while the one
+// before fails to release is discarded. When a chunk fails, the chunks
+// registered before it are returned with the error: they arrived whole
+// under confirmed leases and are the engine's.
 func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, want pages, parent uint64) ([]*fabricpb.BlockRef, uint64, string, error) {
 	peer, err := a.peers.get(ctx, a.transport, holder.Name, holder.Meta.PeerAddr)
 	if err != nil {
@@ -75,12 +78,39 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 		refs  []*fabricpb.BlockRef
 		moved uint64
 		via   transports
+		// finishing is the previous chunk's release and registration,
+		// under way while this one reads; nil when there is none.
+		finishing <-chan finishedChunk
 	)
+	// settle waits for the previous chunk's release and registration.
+	settle := func() error {
+		if finishing == nil {
+			return nil
+		}
+		f := <-finishing
+		finishing = nil
+		refs = append(refs, f.refs...)
+		moved += f.bytes
+		if f.err == nil && a.cfg.hooks.chunkRegistered != nil {
+			a.cfg.hooks.chunkRegistered(holder.Name, len(refs))
+		}
+		return f.err
+	}
+	fail := func(err error, next <-chan *leasedChunk) ([]*fabricpb.BlockRef, uint64, string, error) {
+		a.abandon(peer, next)
+		if len(refs) > 0 {
+			err = fmt.Errorf("after %d blocks: %w", len(refs), err)
+		}
+		return refs, moved, via.String(), err
+	}
 	next := a.leaseChunk(ctx, peer, keeper, want.slice(0, min(per, n)).src)
 	for off := 0; off < n; {
 		c := <-next
 		next = nil
 		if c.err != nil {
+			if err := settle(); err != nil {
+				return fail(err, nil)
+			}
 			return refs, moved, via.String(), c.err
 		}
 		// Whole engine blocks only: the holder's pages of a block it
@@ -95,28 +125,32 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSe
 		if whole && end < n {
 			next = a.leaseChunk(ctx, peer, keeper, want.slice(end, min(end+per, n)).src)
 		}
-		got, nb, err := a.readChunk(ctx, peer, keeper, s, c, want.slice(off, end), parent, &via)
-		refs = append(refs, got...)
-		moved += nb
-		if err != nil {
-			a.abandon(peer, next)
-			if len(refs) > 0 {
-				err = fmt.Errorf("after %d blocks: %w", len(refs), err)
+		got, err := a.readChunk(ctx, peer, keeper, s, c, want.slice(off, end), &via)
+		if serr := settle(); serr != nil {
+			if err == nil {
+				got.discard()
 			}
-			return refs, moved, via.String(), err
+			return fail(serr, next)
 		}
+		if err != nil {
+			return fail(err, next)
+		}
+		finishing = got.finish(ctx, parent)
 		if !more {
 			break
 		}
 		off, parent = end, want.dst[end-1]
 		if next == nil && off < n {
-			// Cut short by a cap: ask for the rest now that this chunk's
-			// lease is released and its room free again.
+			// Cut short by a cap: ask for the rest once this chunk's lease
+			// is released and its room free again.
+			if err := settle(); err != nil {
+				return fail(err, nil)
+			}
 			next = a.leaseChunk(ctx, peer, keeper, want.slice(off, min(off+per, n)).src)
 		}
-		if a.cfg.hooks.chunkRegistered != nil {
-			a.cfg.hooks.chunkRegistered(holder.Name, len(refs))
-		}
+	}
+	if err := settle(); err != nil {
+		return fail(err, nil)
 	}
 	return refs, moved, via.String(), nil
 }
@@ -222,35 +256,57 @@ func (a *Agent) releaseLater(peer *transfer.Peer, id uint64) {
 	})
 }
 
+// arrivedChunk is a chunk whose every byte arrived, under a lease not yet
+// released, in slots not yet registered.
+type arrivedChunk struct {
+	a       *Agent
+	peer    *transfer.Peer
+	keeper  *leaseKeeper
+	s       *engineSet
+	id      uint64 // the lease
+	askedAt time.Time
+	blocks  []pool.Block
+	hashes  []uint64 // the engine's, one per block
+	bytes   uint64
+	via     transfer.Transport
+	read    time.Duration
+}
+
+// finishedChunk is what finishing a chunk registered.
+type finishedChunk struct {
+	refs  []*fabricpb.BlockRef
+	bytes uint64
+	err   error
+}
+
 // readChunk reads part, the engine blocks of a leased chunk that the
-// lease holds whole, into new slots of s and registers them after parent,
-// once the holder confirms the lease. On failure nothing of the chunk is
-// registered and its slots are freed.
-func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, part pages, parent uint64, moved *transports) ([]*fabricpb.BlockRef, uint64, error) {
+// lease holds whole, into new slots of s. On failure the lease is given
+// back and the slots freed; on success both are the caller's, to finish
+// or discard.
+func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, part pages, moved *transports) (*arrivedChunk, error) {
 	id := c.lease.ID
-	released := id == 0
+	kept := false
 	defer func() {
-		if !released {
+		if !kept && id != 0 {
 			keeper.drop(id)
 			a.releaseLater(peer, id)
 		}
 	}()
 	k := part.blocks()
 	if k == 0 || id == 0 {
-		return nil, 0, errors.New("holder no longer has the blocks")
+		return nil, errors.New("holder no longer has the blocks")
 	}
-	hashes := part.dst
 	set := c.lease.Blocks[0].BlockSet
 	src, err := a.layouts.get(ctx, peer, c.lease.LayoutDigests[set])
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	dst := s.set.Layout()
 	if src.PageSize*part.k != dst.PageSize {
 		if part.k == 1 {
-			return nil, 0, requestError{fmt.Errorf("holder's page size %d differs from ours (%d): its blocks are named by other hashes", src.PageSize, dst.PageSize)}
+			return nil, requestError{fmt.Errorf("holder's page size %d differs from ours (%d): its blocks are named by other hashes", src.PageSize, dst.PageSize)}
 		}
-		return nil, 0, requestError{fmt.Errorf("holder's page size %d is not 1/%d of ours (%d)", src.PageSize, part.k, dst.PageSize)}
+		return nil, requestError{fmt.Errorf("holder's page size %d is not 1/%d of ours (%d)", src.PageSize, part.k, dst.PageSize)}
 	}
 	// Engine block i is filled from the holder's pages i*k..i*k+k-1, in
 	// token order.
@@ -258,17 +314,16 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	for i := range pairs {
 		slot := c.lease.Blocks[i].Slot
 		if slot >= uint64(src.Slots) {
-			return nil, 0, fmt.Errorf("lease names slot %d of a block set of %d", slot, src.Slots)
+			return nil, fmt.Errorf("lease names slot %d of a block set of %d", slot, src.Slots)
 		}
 		pairs[i].Src = int(slot)
 	}
 	blocks, err := s.set.Allocate(k)
 	if err != nil {
-		return nil, 0, localError{fmt.Errorf("local slots: %w", err)}
+		return nil, localError{fmt.Errorf("local slots: %w", err)}
 	}
-	registered := false
 	defer func() {
-		if !registered {
+		if !kept {
 			for _, b := range blocks {
 				s.set.Abort(b)
 			}
@@ -279,11 +334,11 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	}
 	plan, err := layout.NewPlan(src, dst, pairs)
 	if err != nil {
-		return nil, 0, requestError{err}
+		return nil, requestError{err}
 	}
 	regions, err := s.set.RegionBytes()
 	if err != nil {
-		return nil, 0, localError{err}
+		return nil, localError{err}
 	}
 	var segs []layout.Segment
 	for _, r := range plan.Ranks {
@@ -291,44 +346,76 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	}
 	readStart := time.Now()
 	via, err := peer.ReadVia(c.kept.ctx, id, set, segs, regions)
-	if err == nil {
-		moved.add(via)
-	}
 	if err != nil {
 		if cause := context.Cause(c.kept.ctx); errors.Is(cause, errLeaseLost) {
 			err = cause
 		}
-		return nil, 0, fmt.Errorf("read: %w", err)
+		return nil, fmt.Errorf("read: %w", err)
 	}
-	read := time.Since(readStart)
-	keeper.drop(id)
+	moved.add(via)
+	kept = true
+	return &arrivedChunk{a: a, peer: peer, keeper: keeper, s: s, id: id, askedAt: c.askedAt, blocks: blocks,
+		hashes: part.dst, bytes: plan.Bytes(), via: via, read: time.Since(readStart)}, nil
+}
+
+// finish releases the chunk's lease and, once the holder confirms that it
+// never expired, registers the blocks after parent, on a goroutine of its
+// own: the next chunk's read need not wait for the round trip. On failure
+// nothing of the chunk is registered and its slots are freed.
+func (ch *arrivedChunk) finish(ctx context.Context, parent uint64) <-chan finishedChunk {
+	out := make(chan finishedChunk, 1)
+	go func() {
+		refs, bytes, err := ch.releaseAndRegister(ctx, parent)
+		out <- finishedChunk{refs: refs, bytes: bytes, err: err}
+	}()
+	return out
+}
+
+// releaseAndRegister is finish's work; it returns what it registered and
+// the bytes of the chunk when it registered any.
+func (ch *arrivedChunk) releaseAndRegister(ctx context.Context, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+	a, s := ch.a, ch.s
+	ch.keeper.drop(ch.id)
 	relStart := time.Now()
-	valid, err := peer.Release(ctx, id)
-	released = true
+	valid, err := ch.peer.Release(ctx, ch.id)
 	if err == nil {
-		a.links.observe(peer.Name(), string(via), time.Since(relStart), plan.Bytes(), read)
+		a.links.observe(ch.peer.Name(), string(ch.via), time.Since(relStart), ch.bytes, ch.read)
+	}
+	if err == nil && !valid {
+		err = errors.New("lease expired before release: the bytes are not trusted")
+	} else if err != nil {
+		err = fmt.Errorf("release: %w", err)
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("release: %w", err)
+		for _, b := range ch.blocks {
+			s.set.Abort(b)
+		}
+		return nil, 0, err
 	}
-	if !valid {
-		return nil, 0, errors.New("lease expired before release: the bytes are not trusted")
-	}
-	refs, err := s.registerFilled(blocks, hashes, parent)
-	registered = true
-	a.stats.importBytes.Add(plan.Bytes())
-	if via == transfer.TransportRDMA {
-		a.stats.importBytesRDMA.Add(plan.Bytes())
+	refs, err := s.registerFilled(ch.blocks, ch.hashes, parent)
+	a.stats.importBytes.Add(ch.bytes)
+	if ch.via == transfer.TransportRDMA {
+		a.stats.importBytesRDMA.Add(ch.bytes)
 	}
 	a.stats.importBlocks.Add(uint64(len(refs)))
 	a.stats.importChunks.Add(1)
-	if via == transfer.TransportRDMA {
-		a.stats.chunkTimeRDMA.record(time.Since(c.askedAt))
+	if ch.via == transfer.TransportRDMA {
+		a.stats.chunkTimeRDMA.record(time.Since(ch.askedAt))
 	} else {
-		a.stats.chunkTime.record(time.Since(c.askedAt))
+		a.stats.chunkTime.record(time.Since(ch.askedAt))
 	}
 	if err != nil {
-		return refs, plan.Bytes(), localError{err}
+		return refs, ch.bytes, localError{err}
 	}
-	return refs, plan.Bytes(), nil
+	return refs, ch.bytes, nil
+}
+
+// discard gives a chunk that will not be registered back: its lease to
+// the holder, its slots to the pool.
+func (ch *arrivedChunk) discard() {
+	ch.keeper.drop(ch.id)
+	ch.a.releaseLater(ch.peer, ch.id)
+	for _, b := range ch.blocks {
+		ch.s.set.Abort(b)
+	}
 }

@@ -10,4 +10,7 @@ type testHooks struct {
 	// beforeServeRead runs on the holder before it checks a read's
 	// segment against its lease.
 	beforeServeRead func(peer string, lease uint64)
+	// beforeServeRelease runs on the holder before it releases a lease;
+	// false makes it answer that the lease had expired.
+	beforeServeRelease func(peer string, lease uint64) bool
 }

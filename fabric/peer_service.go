@@ -199,6 +199,9 @@ func (h *peerService) Release(ctx context.Context, peer string, id uint64) (bool
 	if err := h.owned(peer, id); err != nil {
 		return false, nil
 	}
+	if f := h.a.cfg.hooks.beforeServeRelease; f != nil && !f(peer, id) {
+		return false, nil
+	}
 	if granted, ok := h.book.remove(pool.LeaseID(id)); ok {
 		h.a.stats.leaseHold.record(time.Since(granted))
 	}
