@@ -266,3 +266,45 @@ func TestReadAllPartialPostDrainsWhatWentIn(t *testing.T) {
 		t.Fatalf("returned before the request that went in completed: %v (%d queued, %d completions)", err, len(m.queue), len(m.wcs))
 	}
 }
+
+// An empty completion queue is polled without sleeping for spinFor (a
+// sleep takes a millisecond, in which a fast NIC drains its send queue),
+// then with sleeps growing by 10 µs up to 1 ms; a completion starts over.
+func TestBackoffYieldsForSpinForThenSleeps(t *testing.T) {
+	clock := time.Unix(0, 0)
+	var yields int
+	var sleeps []time.Duration
+	fresh := func() backoff {
+		return backoff{
+			now:   func() time.Time { return clock },
+			yield: func() { yields++; clock = clock.Add(time.Microsecond) },
+			sleep: func(d time.Duration) { sleeps = append(sleeps, d); clock = clock.Add(d) },
+		}
+	}
+	b := fresh()
+	for yields < 10_000 && len(sleeps) == 0 {
+		b.wait()
+	}
+	// At the limit: 200 waits of 1 µs each yield; the next one sleeps.
+	if yields != int(spinFor/time.Microsecond) || len(sleeps) != 1 || sleeps[0] != 10*time.Microsecond {
+		t.Fatalf("%d yields, then sleeps %v; want %d yields, then one of 10µs", yields, sleeps, spinFor/time.Microsecond)
+	}
+	for range 200 {
+		b.wait()
+	}
+	if yields != int(spinFor/time.Microsecond) {
+		t.Fatalf("yielded again (%d) after sleeping began", yields)
+	}
+	if got := sleeps[99]; got != time.Millisecond {
+		t.Fatalf("100th sleep %v, want 1ms", got)
+	}
+	if got := sleeps[len(sleeps)-1]; got != time.Millisecond {
+		t.Fatalf("sleep past the cap %v, want 1ms", got)
+	}
+	// A completion resets it: yields first again.
+	b, yields, sleeps = fresh(), 0, nil
+	b.wait()
+	if yields != 1 || len(sleeps) != 0 {
+		t.Fatalf("after a reset: %d yields, sleeps %v; want one yield", yields, sleeps)
+	}
+}
