@@ -222,7 +222,7 @@ func HTML(r *Record) ([]byte, error) {
 // toSVG draws p and returns the svg element alone (no XML prolog), to
 // inline in HTML.
 func toSVG(p *plot.Plot) (string, error) {
-	c := vgsvg.New(16*vg.Centimeter, 9*vg.Centimeter)
+	c := vgsvg.New(18*vg.Centimeter, 11*vg.Centimeter)
 	p.Draw(draw.New(c))
 	var buf bytes.Buffer
 	if _, err := c.WriteTo(&buf); err != nil {
@@ -239,7 +239,9 @@ func toSVG(p *plot.Plot) (string, error) {
 func latencyCDF(samples map[string][]float64) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = "Latency CDF"
-	p.X.Label.Text = "milliseconds"
+	p.X.Label.Text = "milliseconds (log scale)"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Y.Label.Text = "fraction of samples at or below"
 	series := map[string][]Point{}
 	for name, s := range samples {
@@ -248,6 +250,9 @@ func latencyCDF(samples map[string][]float64) (*plot.Plot, error) {
 		}
 		v := slices.Clone(s)
 		slices.Sort(v)
+		if v[0] <= 0 {
+			return nil, fmt.Errorf("%s: latency %v ms is not positive (the axis is logarithmic)", name, v[0])
+		}
 		pts := make([]Point, len(v))
 		for i, x := range v {
 			pts[i] = Point{x, float64(i+1) / float64(len(v))}
@@ -288,7 +293,20 @@ func addLines(p *plot.Plot, series map[string][]Point) error {
 		p.Add(l)
 		p.Legend.Add(n, l)
 	}
+	// Room above the data for the legend, which gonum draws inside the
+	// plot area; and from zero, so that rates and counts read true.
+	ymax := 0.0
+	for _, pts := range series {
+		for _, pt := range pts {
+			ymax = max(ymax, pt.Y)
+		}
+	}
+	if ymax > 0 {
+		p.Y.Min = 0
+		p.Y.Max = ymax * (1.05 + 0.1*float64(len(series)))
+	}
 	p.Legend.Top = true
+	p.Legend.TextStyle.Font.Size = vg.Points(9)
 	p.Add(plotter.NewGrid())
 	return nil
 }
