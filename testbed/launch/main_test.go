@@ -15,6 +15,27 @@ import (
 	"github.com/kvfabric/kvfabric/internal/wait"
 )
 
+var bin string
+
+// TestMain builds the binary the launchers start.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "kvfabric-launch-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "kvfabric")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kvfabric").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build kvfabric: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 var long = flag.Bool("kvfabric.long", false, "run the launcher on three namespace hosts instead of two")
 
 func TestParseHosts(t *testing.T) {
@@ -125,10 +146,6 @@ func TestLaunchOverSSHInNamespaces(t *testing.T) {
 		t.Skip("SSH launcher test cannot run here: " + why)
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "kvfabric")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kvfabric").CombinedOutput(); err != nil {
-		t.Fatalf("build kvfabric: %v\n%s", err, out)
-	}
 	x := 100 + rand.IntN(150)
 	bridge := fmt.Sprintf("kvl%d", x)
 	subnet := fmt.Sprintf("10.250.%d.", x)
