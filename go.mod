@@ -9,6 +9,7 @@ require (
 	github.com/prometheus/common v0.72.0
 	github.com/quic-go/quic-go v0.65.0
 	github.com/zeebo/xxh3 v1.1.0
+	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/sys v0.48.0
 	gonum.org/v1/plot v0.17.0
 	google.golang.org/grpc v1.85.0
