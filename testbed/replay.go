@@ -10,6 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
@@ -76,6 +79,8 @@ type ReplayResult struct {
 	ClusterHitRate      float64                   `json:"cluster_hit_rate"`
 	BytesImported       uint64                    `json:"bytes_imported"`
 	Imports             int                       `json:"imports"`
+	ImportFailures      int                       `json:"import_failures"`
+	Uncached            int                       `json:"blocks_uncached"`
 	ImportP50Ms         float64                   `json:"import_p50_ms"`
 	ImportP99Ms         float64                   `json:"import_p99_ms"`
 	ByTransport         map[string]TransportBytes `json:"by_transport"`
@@ -104,6 +109,13 @@ type RequestRecord struct {
 	Local    int     `json:"local"`
 	Imported int     `json:"imported"`
 	ImportMs float64 `json:"import_ms,omitempty"`
+	// ImportFailed says an import was tried and brought nothing: the
+	// holder evicted the blocks since the lookup, or failed.
+	ImportFailed bool `json:"import_failed,omitempty"`
+	// Uncached counts blocks computed but not kept: the request's tail
+	// past half the engine's cache, or every slot pinned by requests in
+	// flight.
+	Uncached int `json:"uncached,omitempty"`
 }
 
 func (o *ReplayOptions) defaults() error {
@@ -187,7 +199,7 @@ func Replay(ctx context.Context, c *Cluster, reqs []TraceRequest, opts ReplayOpt
 	for _, n := range c.Nodes {
 		cl, err := n.Client(ctx)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("testbed: replay: %s: %w", n.Name, err)
 		}
 		e := &replayEngine{node: n, c: cl}
 		r.engines = append(r.engines, e)
@@ -336,9 +348,13 @@ func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64) er
 			e.c.Release(context.WithoutCancel(ctx), e.set.ID, held)
 		}
 	}()
-	// Requests longer than what the cache retains are cut: their tail
-	// would evict their own head.
-	hashes = hashes[:min(len(hashes), e.set.Retains/2)]
+	// A request longer than half of what the cache retains has its tail
+	// computed but not cached: it would evict its own head, and leave no
+	// room for the requests beside it.
+	if keep := e.set.Retains / 2; len(hashes) > keep {
+		rec.Uncached = len(hashes) - keep
+		hashes = hashes[:keep]
+	}
 	if len(hashes) == 0 {
 		r.account(rec, nil, 0)
 		return nil
@@ -361,7 +377,14 @@ func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64) er
 		start := time.Now()
 		resp, err := e.c.Import(ctx, e.set.ID, hashes)
 		took = time.Since(start)
-		if err == nil {
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("import: %w", err)
+			}
+			// Nothing brought (the holder evicted the blocks since the
+			// lookup, or failed): the rest is computed, as an engine would.
+			rec.ImportFailed = true
+		} else {
 			fetches = resp.Fetches
 			for _, b := range resp.Blocks {
 				held = append(held, b.Slot)
@@ -381,16 +404,18 @@ func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64) er
 			}
 			rec.ImportMs = float64(took.Microseconds()) / 1000
 		}
-		// An import that brings nothing (the holder evicted the blocks
-		// since the lookup) leaves the rest to compute, as an engine would.
 	}
 	if have < len(hashes) {
 		rest := hashes[have:]
 		slots, err := e.c.Allocate(ctx, e.set.ID, len(rest))
-		if err != nil {
+		if status.Code(err) == codes.ResourceExhausted {
 			// Every slot pinned by requests in flight: computed, not cached.
+			rec.Uncached += len(rest)
 			r.account(rec, fetches, took)
 			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("allocate %d slots: %w", len(rest), err)
 		}
 		for j, s := range slots {
 			kvtest.Fill(e.set.Layout, e.set.Ranks, int(s), rest[j])
@@ -456,6 +481,10 @@ func (r *replay) account(rec RequestRecord, fetches []*fabricpb.Fetch, took time
 	res.BlocksLocal += rec.Local
 	res.BlocksImported += rec.Imported
 	res.BlocksComputed += rec.Blocks - rec.Local - rec.Imported
+	res.Uncached += rec.Uncached
+	if rec.ImportFailed {
+		res.ImportFailures++
+	}
 	for _, f := range fetches {
 		t := res.ByTransport[f.Transport]
 		t.Blocks += int(f.Blocks)

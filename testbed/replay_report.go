@@ -29,6 +29,7 @@ func ReplayRecord(title string, results ...*ReplayResult) *report.Record {
 			"bytes_imported": res.BytesImported, "import_p50_ms": res.ImportP50Ms, "import_p99_ms": res.ImportP99Ms,
 			"by_transport": res.ByTransport, "prefill_seconds_saved": res.PrefillSecondsSaved, "elapsed_seconds": res.ElapsedSeconds,
 			"blocks_verified": res.BlocksVerified, "requests_per_node": res.RequestsPerNode,
+			"import_failures": res.ImportFailures, "blocks_uncached": res.Uncached,
 		} {
 			r.Summary[prefix+k] = v
 		}

@@ -194,3 +194,23 @@ func TestReplayHashesPerPage(t *testing.T) {
 		t.Fatalf("hashes %v and %v", a, b)
 	}
 }
+
+// A request longer than half of what its engine's cache retains has its
+// tail computed and not kept: the same request again hits exactly the kept
+// head, and the accounting still covers every block.
+func TestReplayCutsRequestsPastHalfTheCache(t *testing.T) {
+	ids := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	reqs := []TraceRequest{{HashIDs: ids}, {HashIDs: ids}}
+	res := replayOn(t, 1, reqs, ReplayOptions{Policy: PolicyRoundRobin, Model: replayTestModel, CacheBlocks: 16, Concurrency: 1, Verify: true})
+	first, second := res.Timeline[0], res.Timeline[1]
+	kept := first.Blocks - first.Uncached
+	if kept <= 0 || kept > 8 || first.Local != 0 {
+		t.Fatalf("first request: %+v (a cache of 16 keeps at most 8 of its 12 blocks)", first)
+	}
+	if second.Local != kept || second.Uncached != first.Uncached {
+		t.Fatalf("second request: %+v, want %d local hits and %d uncached", second, kept, first.Uncached)
+	}
+	if res.BlocksComputed != 24-kept || res.Uncached != 2*(12-kept) || res.BlocksVerified != kept {
+		t.Fatalf("computed %d, uncached %d, verified %d; kept %d", res.BlocksComputed, res.Uncached, res.BlocksVerified, kept)
+	}
+}

@@ -200,7 +200,8 @@ func printText(w io.Writer, res *testbed.ReplayResult) {
 	fmt.Fprintf(w, "policy %s on %d nodes: %d requests, %d blocks in %.1f s\n", res.Policy, res.Nodes, res.Requests, res.BlocksRequested, res.ElapsedSeconds)
 	fmt.Fprintf(w, "  local hit rate    %.3f  (%d blocks)\n", res.LocalHitRate, res.BlocksLocal)
 	fmt.Fprintf(w, "  cluster hit rate  %.3f  (%d imported, %d computed)\n", res.ClusterHitRate, res.BlocksImported, res.BlocksComputed)
-	fmt.Fprintf(w, "  bytes imported    %d in %d imports, p50 %.2f ms, p99 %.2f ms\n", res.BytesImported, res.Imports, res.ImportP50Ms, res.ImportP99Ms)
+	fmt.Fprintf(w, "  bytes imported    %d in %d imports, p50 %.2f ms, p99 %.2f ms; %d imports brought nothing\n", res.BytesImported, res.Imports, res.ImportP50Ms, res.ImportP99Ms, res.ImportFailures)
+	fmt.Fprintf(w, "  not cached        %d blocks (request tails past half a cache, or caches full of blocks in use)\n", res.Uncached)
 	var ts []string
 	for t := range res.ByTransport {
 		ts = append(ts, t)
