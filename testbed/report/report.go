@@ -112,6 +112,44 @@ func ReadRecord(path string) (*Record, error) {
 	return &r, nil
 }
 
+// Merge draws several records on one page: one record is returned as it
+// is; with several, every series and summary key is prefixed with its
+// record's title, throughput points and events are pooled, and the title
+// lists the records'.
+func Merge(recs ...*Record) *Record {
+	if len(recs) == 1 {
+		return recs[0]
+	}
+	m := &Record{Kind: "comparison", Summary: map[string]any{}, LatencyMs: map[string][]float64{},
+		HitRate: map[string][]Point{}, Members: map[string][]Point{}}
+	var titles []string
+	for _, r := range recs {
+		titles = append(titles, r.Title)
+		if r.Created.After(m.Created) {
+			m.Created = r.Created
+		}
+		p := r.Title + ": "
+		for k, v := range r.Summary {
+			m.Summary[p+k] = v
+		}
+		for k, v := range r.LatencyMs {
+			m.LatencyMs[p+k] = v
+		}
+		for k, v := range r.HitRate {
+			m.HitRate[p+k] = v
+		}
+		for k, v := range r.Members {
+			m.Members[p+k] = v
+		}
+		m.Throughput = append(m.Throughput, r.Throughput...)
+		for _, e := range r.Events {
+			m.Events = append(m.Events, Event{AtSeconds: e.AtSeconds, What: p + e.What})
+		}
+	}
+	m.Title = strings.Join(titles, " | ")
+	return m
+}
+
 type figure struct {
 	Title string
 	SVG   template.HTML
