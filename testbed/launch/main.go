@@ -231,8 +231,13 @@ func (l *launcher) up(ctx context.Context) error {
 		// output to a log beside it.
 		script := fmt.Sprintf("cd '%s' && if [ -f agent.pid ] && kill -0 $(cat agent.pid) 2>/dev/null; then echo running; exit 0; fi; "+
 			"setsid ./kvfabric %s > agent.log 2>&1 < /dev/null & echo $! > agent.pid", d, strings.Join(args, " "))
-		if _, err := l.ssh(ctx, h, nil, script); err != nil {
+		out, err := l.ssh(ctx, h, nil, script)
+		if err != nil {
 			return err
+		}
+		if strings.TrimSpace(out) == "running" {
+			fmt.Fprintf(l.out, "%s: already running on %s\n", h.Node, h.Dest)
+			continue
 		}
 		fmt.Fprintf(l.out, "%s: started on %s\n", h.Node, h.Dest)
 	}

@@ -242,6 +242,11 @@ func TestLaunchOverSSHInNamespaces(t *testing.T) {
 	if strings.Count(out, fmt.Sprintf("%d alive: %s", n, strings.Join(names, " "))) != n {
 		t.Fatalf("status: %s", out)
 	}
+	// A second up finds the agents running and starts none.
+	out = launch("-bin", bin, "up")
+	if strings.Count(out, "already running") != n {
+		t.Fatalf("second up: %s", out)
+	}
 	out = launch("check")
 	if strings.Count(out, "imported and verified 64 blocks") != n-1 {
 		t.Fatalf("check: %s", out)
