@@ -8,7 +8,9 @@
 //	go run ./testbed/replay -generate synth.jsonl -requests 1500   # write a synthetic trace
 //	go run ./testbed/replay -nodes 4                               # replay a synthetic trace
 //
-// With -report DIR it also writes DIR/replay.json and DIR/replay.html.
+// It writes its record and report, DIR/replay.json and DIR/replay.html, in
+// the folder -report names (by default a new one in the temporary
+// directory, named on standard error).
 package main
 
 import (
@@ -62,7 +64,7 @@ func run(args []string, stdout io.Writer) error {
 	seed := fs.Uint64("seed", 1, "seed of the synthetic trace, the random policy and token contents")
 	bin := fs.String("bin", "", "kvfabric binary (if empty, built from ./cmd/kvfabric)")
 	asJSON := fs.Bool("json", false, "print one JSON object on stdout")
-	reportDir := fs.String("report", "", "write replay.json and replay.html (with plots) in this folder")
+	reportDir := fs.String("report", "", "write replay.json and replay.html (with plots) in this folder (if empty, a new folder in the temporary directory, named on standard error; - for none)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole replay")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -157,7 +159,12 @@ func run(args []string, stdout io.Writer) error {
 		}
 		results = append(results, res)
 	}
-	if *reportDir != "" {
+	if *reportDir == "" {
+		if *reportDir, err = os.MkdirTemp("", "kvfabric-replay-"); err != nil {
+			return err
+		}
+	}
+	if *reportDir != "-" {
 		name := "synthetic"
 		if *trace != "" {
 			name = filepath.Base(*trace)
@@ -166,6 +173,7 @@ func run(args []string, stdout io.Writer) error {
 		if err := report.WriteFiles(*reportDir, "replay", rec); err != nil {
 			return err
 		}
+		fmt.Fprintf(os.Stderr, "replay: report in %s\n", filepath.Join(*reportDir, "replay.html"))
 	}
 	if *asJSON {
 		// One object: the result, or with several policies, the results
