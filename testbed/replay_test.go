@@ -214,3 +214,26 @@ func TestReplayCutsRequestsPastHalfTheCache(t *testing.T) {
 		t.Fatalf("computed %d, uncached %d, verified %d; kept %d", res.BlocksComputed, res.Uncached, res.BlocksVerified, kept)
 	}
 }
+
+// A throughput sweep: every run imports its blocks whole (Consume checks
+// every byte) and reports a rate; the record draws both throughput plots.
+func TestSweepThroughput(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	pts, err := Sweep(ctx, SweepOptions{Bin: bin, PageSizes: []int{16}, ChunkBytes: []int{1 << 20, 4 << 20}, Bytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pts) != 2 || pts[0].BlockBytes != 256<<10 || pts[1].ChunkBytes != 4<<20 {
+		t.Fatalf("points %+v", pts)
+	}
+	for _, p := range pts {
+		if p.GBps <= 0 {
+			t.Fatalf("point %+v has no rate", p)
+		}
+		t.Logf("block %d KiB, chunk %d MiB: %.3f GB/s", p.BlockBytes>>10, p.ChunkBytes>>20, p.GBps)
+	}
+	if _, err := Sweep(ctx, SweepOptions{Bin: bin}); err == nil {
+		t.Fatal("a sweep of nothing: no error")
+	}
+}

@@ -9,7 +9,7 @@
 //	field       plot
 //	latency_ms  CDF of each named latency sample
 //	hit_rate    hit rate over time, one line per series
-//	throughput  GB/s against block size, one line per chunk size
+//	throughput  GB/s against block size, one line per import chunk size
 //	            (and against chunk size when one block size was run)
 //	members     members each node sees over time, with the record's
 //	            events (a partition, a heal) listed under it
@@ -66,9 +66,9 @@ type Point struct {
 
 // Throughput is one transfer run.
 type Throughput struct {
-	BlockBytes  int     `json:"block_bytes"`
-	ChunkBlocks int     `json:"chunk_blocks"`
-	GBps        float64 `json:"gbps"`
+	BlockBytes int     `json:"block_bytes"`
+	ChunkBytes int     `json:"chunk_bytes"` // the agents' --import-chunk-bytes
+	GBps       float64 `json:"gbps"`
 }
 
 // Event is a labelled moment.
@@ -352,7 +352,7 @@ func addLines(p *plot.Plot, series map[string][]Point) error {
 func throughputByBlock(t []Throughput) (*plot.Plot, error) {
 	series := map[string][]Point{}
 	for _, r := range t {
-		k := fmt.Sprintf("chunk %d blocks", r.ChunkBlocks)
+		k := fmt.Sprintf("chunk %d MiB", r.ChunkBytes>>20)
 		series[k] = append(series[k], Point{float64(r.BlockBytes) / 1024, r.GBps})
 	}
 	for k := range series {
@@ -365,8 +365,8 @@ func throughputByBlock(t []Throughput) (*plot.Plot, error) {
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	for _, r := range t {
-		if r.BlockBytes <= 0 {
-			return nil, fmt.Errorf("block size %d is not positive", r.BlockBytes)
+		if r.BlockBytes <= 0 || r.ChunkBytes <= 0 {
+			return nil, fmt.Errorf("block size %d, chunk size %d: not positive", r.BlockBytes, r.ChunkBytes)
 		}
 	}
 	return p, addLines(p, series)
@@ -376,7 +376,7 @@ func throughputByChunk(t []Throughput) (*plot.Plot, error) {
 	series := map[string][]Point{}
 	for _, r := range t {
 		k := fmt.Sprintf("block %d KiB", r.BlockBytes/1024)
-		series[k] = append(series[k], Point{float64(r.ChunkBlocks), r.GBps})
+		series[k] = append(series[k], Point{float64(r.ChunkBytes) / (1 << 20), r.GBps})
 	}
 	multi := false
 	for k := range series {
@@ -388,7 +388,9 @@ func throughputByChunk(t []Throughput) (*plot.Plot, error) {
 	}
 	p := plot.New()
 	p.Title.Text = "Throughput by chunk size"
-	p.X.Label.Text = "chunk (blocks)"
+	p.X.Label.Text = "import chunk (MiB, log scale)"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Y.Label.Text = "GB/s"
 	return p, addLines(p, series)
 }

@@ -75,8 +75,8 @@ func fullRecord() *Record {
 		Events:    []Event{{10, "partition 4/4 <a&b>"}, {130, "heal"}},
 	}
 	for _, bs := range []int{64 << 10, 256 << 10, 1 << 20} {
-		for _, cs := range []int{8, 32, 128} {
-			r.Throughput = append(r.Throughput, Throughput{BlockBytes: bs, ChunkBlocks: cs, GBps: float64(bs>>10) / 100 * float64(cs) / 64})
+		for _, cs := range []int{1 << 20, 8 << 20, 64 << 20} {
+			r.Throughput = append(r.Throughput, Throughput{BlockBytes: bs, ChunkBytes: cs, GBps: float64(bs>>10) / 100 * float64(cs>>20) / 8})
 		}
 	}
 	return r
@@ -107,7 +107,7 @@ func TestHTMLHoldsEveryPlot(t *testing.T) {
 		}
 	}
 	// Legends name the series; events are escaped.
-	for _, w := range []string{"node5", "chunk 128 blocks", "block 256 KiB", "lease", "partition 4/4 &lt;a&amp;b&gt;", "kv-aware"} {
+	for _, w := range []string{"node5", "chunk 64 MiB", "block 256 KiB", "lease", "partition 4/4 &lt;a&amp;b&gt;", "kv-aware"} {
 		if !strings.Contains(s, w) {
 			t.Fatalf("report lacks %q", w)
 		}
@@ -118,7 +118,7 @@ func TestHTMLHoldsEveryPlot(t *testing.T) {
 // line, so only the block-size plot is drawn; a record with nothing to
 // plot is a page with its table.
 func TestHTMLOnlyWhatTheRecordHas(t *testing.T) {
-	r := &Record{Title: "blocks", Throughput: []Throughput{{4096, 16, 1}, {65536, 16, 3}}}
+	r := &Record{Title: "blocks", Throughput: []Throughput{{4096, 1 << 20, 1}, {65536, 1 << 20, 3}}}
 	page, err := HTML(r)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +136,7 @@ func TestHTMLOnlyWhatTheRecordHas(t *testing.T) {
 	if _, err := HTML(&Record{}); !errors.Is(err, ErrEmpty) {
 		t.Fatalf("untitled record: %v", err)
 	}
-	if _, err := HTML(&Record{Title: "bad", Throughput: []Throughput{{0, 1, 1}}}); err == nil || !strings.Contains(err.Error(), "block size 0") {
+	if _, err := HTML(&Record{Title: "bad", Throughput: []Throughput{{0, 1 << 20, 1}}}); err == nil || !strings.Contains(err.Error(), "block size 0") {
 		t.Fatalf("block size 0: %v", err)
 	}
 }
