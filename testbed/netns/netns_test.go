@@ -147,15 +147,28 @@ func TestShapeLink(t *testing.T) {
 	}
 }
 
-func waitBlocks(t *testing.T, c *Cluster, i int, holder string, want uint64) {
+// waitBlocks waits until node i indexes want blocks of holder, and
+// returns how long that took.
+func waitBlocks(t *testing.T, c *Cluster, i int, holder string, want uint64) time.Duration {
 	t.Helper()
-	wait.For(t, 30*time.Second, fmt.Sprintf("%s indexes %d blocks of %s", c.Nodes[i].Name, want, holder), func() error {
+	return waitIndexed(t, c, i, holder, want, false)
+}
+
+// waitBlocksAtLeast is waitBlocks for at least want blocks.
+func waitBlocksAtLeast(t *testing.T, c *Cluster, i int, holder string, want uint64) time.Duration {
+	t.Helper()
+	return waitIndexed(t, c, i, holder, want, true)
+}
+
+func waitIndexed(t *testing.T, c *Cluster, i int, holder string, want uint64, atLeast bool) time.Duration {
+	t.Helper()
+	return wait.For(t, 30*time.Second, fmt.Sprintf("%s indexes %d blocks of %s", c.Nodes[i].Name, want, holder), func() error {
 		v, err := look(c.Nodes[i])
 		if err != nil {
 			return err
 		}
-		if v.blocks[holder] != want {
-			return fmt.Errorf("%d", v.blocks[holder])
+		if got := v.blocks[holder]; got != want && !(atLeast && got > want) {
+			return fmt.Errorf("%d", got)
 		}
 		return nil
 	})
