@@ -665,6 +665,17 @@ func TestQUICBlackholeFlaps(t *testing.T) {
 			}
 		}
 	}
+	// How long after each opening the first import succeeded.
+	var recovery time.Duration
+	for _, w := range closed {
+		for _, d := range oks {
+			if d.from.After(w.to) {
+				recovery = max(recovery, d.to.Sub(w.to))
+				break
+			}
+		}
+	}
+	rec.Figure("recovery_s_max", recovery.Seconds())
 	// Gossip (7946) was left alone: the holder never left the reader's view.
 	v, err := look(c.Nodes[1])
 	if err != nil {
@@ -676,7 +687,8 @@ func TestQUICBlackholeFlaps(t *testing.T) {
 	rec.Figure("imports_ok", float64(ok))
 	rec.Figure("imports_failed", float64(failed))
 	rec.Figure("import_slowest_s", slowest.Seconds())
-	t.Logf("%d cycles: %d imports whole and checked, %d failed with an error, slowest %v", cycles, ok, failed, slowest)
+	t.Logf("%d cycles: %d imports whole and checked, %d failed with an error, slowest %v; first success at most %v after an opening",
+		cycles, ok, failed, slowest, recovery)
 	if failed == 0 && ok > 0 {
 		// Each blackhole outlasts the peer timeout: some import must have
 		// met one, or the blackhole did nothing.
