@@ -73,7 +73,7 @@ func (c *Cluster) Restart(ctx context.Context, i int) error {
 		return err
 	}
 	if c.Nodes[i].Running() {
-		return fmt.Errorf("netns: %s is running; stop it first", c.Nodes[i].Name)
+		return fmt.Errorf("netns: %s is running; stop it first", c.name(i))
 	}
 	return c.StartNode(ctx, i)
 }
@@ -173,8 +173,8 @@ func (c *Cluster) ClearShape(i int) error {
 	// Deleting the default qdisc is refused with one of these; there was
 	// nothing to clear.
 	if err != nil && !strings.Contains(string(out), "Cannot delete qdisc with handle of zero") &&
-		!strings.Contains(string(out), "No such file or directory") {
-		return fmt.Errorf("netns: tc qdisc del on %s: %w: %s", c.Nodes[i].Name, err, strings.TrimSpace(string(out)))
+		!strings.Contains(string(out), "RTNETLINK answers: No such file or directory") {
+		return fmt.Errorf("netns: tc qdisc del on %s: %w: %s", c.name(i), err, strings.TrimSpace(string(out)))
 	}
 	c.unmark(fmt.Sprintf("shape %d", i))
 	return nil
@@ -217,7 +217,7 @@ func (c *Cluster) BlackholeUDP(i, port int) error {
 		return fmt.Errorf("netns: port %d: want 0..65535", port)
 	}
 	if c.marked(fmt.Sprintf("udp %d", i)) {
-		return fmt.Errorf("netns: UDP of %s is already blackholed", c.Nodes[i].Name)
+		return fmt.Errorf("netns: UDP of %s is already blackholed", c.name(i))
 	}
 	lines := []string{
 		fmt.Sprintf("neigh replace %s lladdr %s dev eth0 nud permanent", blackholeGW, blackholeMAC),
@@ -292,4 +292,12 @@ func (c *Cluster) marked(k string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.faults[k]
+}
+
+// name is node i's name for messages.
+func (c *Cluster) name(i int) string {
+	if c.Cluster != nil && i < len(c.Nodes) {
+		return c.Nodes[i].Name
+	}
+	return c.ns[i]
 }

@@ -61,7 +61,7 @@ const (
 type Options struct {
 	// Bin is the kvfabric binary. Required.
 	Bin string
-	// Nodes is the number of nodes. If zero, 3; at most 250.
+	// Nodes is the number of nodes. If zero, 3; at most MaxNodes.
 	Nodes int
 	// Pool is each agent's --pool. If empty, host=256MiB.
 	Pool string
@@ -104,20 +104,8 @@ func Available() error {
 // the agents, each joining the first; it returns once every agent sees
 // every other alive. On error, everything made is removed.
 func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
-	if opts.Bin == "" {
-		return nil, errors.New("netns: Options.Bin is required")
-	}
-	if opts.Nodes == 0 {
-		opts.Nodes = 3
-	}
-	if opts.Nodes < 0 || opts.Nodes > 250 {
-		return nil, fmt.Errorf("netns: %d nodes: want 1..250", opts.Nodes)
-	}
-	if opts.Pool == "" {
-		opts.Pool = "host=256MiB"
-	}
-	if opts.Cluster == "" {
-		opts.Cluster = "testbed"
+	if err := opts.fill(); err != nil {
+		return nil, err
 	}
 	if err := CleanStale(); err != nil {
 		return nil, err
@@ -173,6 +161,31 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	c.Cluster = tc
 	return c, nil
+}
+
+// MaxNodes is the most nodes a cluster has: its addresses are .1 to .250
+// of one /24, and .254 is the address nothing owns that UDP blackholes
+// route to.
+const MaxNodes = 250
+
+// fill sets the defaults and checks opts.
+func (opts *Options) fill() error {
+	if opts.Bin == "" {
+		return errors.New("netns: Options.Bin is required")
+	}
+	if opts.Nodes == 0 {
+		opts.Nodes = 3
+	}
+	if opts.Nodes < 0 || opts.Nodes > MaxNodes {
+		return fmt.Errorf("netns: %d nodes: want 1..%d", opts.Nodes, MaxNodes)
+	}
+	if opts.Pool == "" {
+		opts.Pool = "host=256MiB"
+	}
+	if opts.Cluster == "" {
+		opts.Cluster = "testbed"
+	}
+	return nil
 }
 
 func addr(i int) string { return subnet + strconv.Itoa(i+1) }

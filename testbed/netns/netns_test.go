@@ -1,8 +1,11 @@
 package netns
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -172,4 +175,99 @@ func waitIndexed(t *testing.T, c *Cluster, i int, holder string, want uint64, at
 		}
 		return nil
 	})
+}
+
+// What a killed run left (its PID gone) is removed at the next start;
+// what a running process owns (this one) is not.
+func TestCleanStale(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Skipf("namespace clusters cannot run here: %v", err)
+	}
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	pid := dead.Process.Pid
+	if alive(pid) {
+		t.Skipf("pid %d was reused at once; cannot stand for a dead run", pid)
+	}
+	stale := fmt.Sprintf("%s%d-1-1", nsPrefix, pid)
+	staleBridge := fmt.Sprintf("kvb%d.1", pid)
+	mine := fmt.Sprintf("%s%d-999-1", nsPrefix, os.Getpid())
+	t.Cleanup(func() {
+		for _, ns := range []string{stale, mine} {
+			exec.Command("ip", "netns", "del", ns).Run()
+		}
+		exec.Command("ip", "link", "del", staleBridge).Run()
+	})
+	for _, argv := range [][]string{
+		{"ip", "netns", "add", stale}, {"ip", "netns", "add", mine},
+		{"ip", "link", "add", staleBridge, "type", "bridge"},
+	} {
+		if err := run(argv...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := CleanStale(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), stale) {
+		t.Errorf("stale namespace %s still there", stale)
+	}
+	if !strings.Contains(string(out), mine) {
+		t.Errorf("namespace %s of a running process removed", mine)
+	}
+	if err := exec.Command("ip", "link", "show", staleBridge).Run(); err == nil {
+		t.Errorf("stale bridge %s still there", staleBridge)
+	}
+}
+
+// Bad options and steps are refused with what is wrong, before anything
+// is made.
+func TestBadInputRefused(t *testing.T) {
+	for _, tc := range []struct {
+		desc string
+		opts Options
+		want string
+	}{
+		{"no binary", Options{Nodes: 2}, "Bin is required"},
+		{"too many nodes", Options{Bin: "x", Nodes: 251}, "251 nodes: want 1..250"},
+		{"negative nodes", Options{Bin: "x", Nodes: -1}, "-1 nodes"},
+	} {
+		_, err := Start(context.Background(), tc.opts)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error with %q", tc.desc, err, tc.want)
+		}
+	}
+	atLimit := Options{Bin: "x", Nodes: MaxNodes}
+	if err := atLimit.fill(); err != nil {
+		t.Errorf("%d nodes (the limit) refused: %v", MaxNodes, err)
+	}
+	// Steps on a cluster of two (no agents needed to check arguments).
+	c := &Cluster{ns: []string{"a", "b"}, faults: map[string]bool{}}
+	for _, tc := range []struct {
+		desc string
+		err  error
+		want string
+	}{
+		{"node past the end", c.Pause(2), "index 2: the cluster has 2 nodes"},
+		{"negative node", c.Partition([]int{-1}, []int{0}), "index -1"},
+		{"both sides", c.Partition([]int{0, 1}, []int{1}), "node 1 is on both sides"},
+		{"loss past 1", c.Shape(0, Link{Loss: 1.01}), "loss must be 0..1"},
+		{"negative delay", c.Shape(0, Link{Delay: -time.Millisecond}), "not negative"},
+		{"jitter alone", c.Shape(0, Link{Jitter: time.Millisecond}), "jitter without a delay"},
+		{"port past 65535", c.BlackholeUDP(0, 65536), "port 65536"},
+		// At the limits the arguments pass; the made-up namespace fails.
+		{"port 65535", c.BlackholeUDP(0, 65535), "ip -n a -batch"},
+		{"loss 1", c.Shape(0, Link{Loss: 1}), "tc qdisc del on"},
+		{"negative port", c.BlackholeUDP(0, -1), "port -1"},
+	} {
+		if tc.err == nil || !strings.Contains(tc.err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error with %q", tc.desc, tc.err, tc.want)
+		}
+	}
 }
