@@ -27,8 +27,8 @@ test: ## vet, then every test with the race detector in random order
 	$(GO) vet ./...
 	$(GO) test -race -shuffle=on -timeout 12m ./...
 
-test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 5 minutes
-	$(GO) test -count=1 -timeout 30m ./membership ./pool ./fabric -kvfabric.long
+test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 12 minutes
+	$(GO) test -count=1 -timeout 30m ./membership ./pool ./fabric ./testbed/netns -kvfabric.long
 
 bench: bench-deps ## run the benchmarks with their baselines (figures go to BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 30m ./...
