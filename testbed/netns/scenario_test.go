@@ -204,18 +204,19 @@ func TestPartitionHeal(t *testing.T) {
 func TestHolderKilledDuringImports(t *testing.T) {
 	seqs, rounds := 12, 1
 	if *long {
-		seqs, rounds = 48, 4
+		seqs, rounds = 32, 4
 	}
 	c := start(t, Options{Nodes: 3, Pool: "host=512MiB"})
 	rec := testbed.NewScenarioRecord("holder-killed", variant(), 3)
 	defer save(t, rec)
 	ctx := ctxFor(t, 10*time.Minute)
-	w := testbed.Workload{Sequences: seqs, Blocks: 16, PageSize: 16, Seed: 3}
-	hashes := w.Hashes()
 	rec.Param("sequences", float64(seqs))
 	rec.Param("blocks_per_import", 16)
 	var failed, served, afterKill int
 	for round := range rounds {
+		// New blocks each round: the reader holds the last round's.
+		w := testbed.Workload{Sequences: seqs, Blocks: 16, PageSize: 16, Seed: uint64(3 + round)}
+		hashes := w.Hashes()
 		// Two full holders, gpu-01 and gpu-02.
 		p, err := testbed.Produce(ctx, c.Nodes[0], eng(fmt.Sprintf("producer%d", round), seqs*16), hashes)
 		if err != nil {
@@ -594,12 +595,14 @@ func TestQUICBlackholeFlaps(t *testing.T) {
 	flapDone := make(chan error, 1)
 	go func() {
 		for range cycles {
-			from := time.Now()
-			rec.Step("blackhole-udp", []int{1}, "port 7947")
 			if err := c.BlackholeUDP(1, 7947); err != nil {
 				flapDone <- err
 				return
 			}
+			// Closed from when the rules are in (ip takes a while to
+			// start on loaded cores).
+			from := time.Now()
+			rec.Step("blackhole-udp", []int{1}, "port 7947")
 			time.Sleep(on)
 			if err := c.RestoreUDP(1); err != nil {
 				flapDone <- err
