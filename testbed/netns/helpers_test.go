@@ -45,8 +45,11 @@ func TestMain(m *testing.M) {
 var model = layout.ModelConfig{Layers: 8, KVHeads: 8, HeadDim: 64, DType: layout.DTypeBF16}
 
 // eng is an engine whose blocks are 256 KiB (16 tokens).
-func eng(name string, slots int) client.Engine {
-	return client.Engine{Name: name, Model: model, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: slots}
+func eng(name string, slots int) client.Engine { return engTP(name, 1, slots) }
+
+// engTP is eng at TP size tp.
+func engTP(name string, tp, slots int) client.Engine {
+	return client.Engine{Name: name, Model: model, TPSize: tp, PageSize: 16, Order: layout.HND, Slots: slots}
 }
 
 const blockBytes = 8 * 8 * 64 * 2 * 2 * 16
