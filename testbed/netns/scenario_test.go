@@ -433,7 +433,7 @@ func TestReaderKilledDuringImports(t *testing.T) {
 // that is up succeeds, since another holder always has every block; the
 // cluster ends whole.
 func TestRollingRestart(t *testing.T) {
-	nodes, seqs := 4, 24
+	nodes, seqs := 3, 16
 	if *long {
 		nodes, seqs = 6, 96
 	}
@@ -505,6 +505,7 @@ func TestRollingRestart(t *testing.T) {
 					if err != nil {
 						break // a new session, as an engine reconnecting would
 					}
+					time.Sleep(20 * time.Millisecond) // an engine's pace, not a wait: leaves the cores to the restarts
 				}
 				r.Close()
 			}
