@@ -84,7 +84,7 @@ func start(t *testing.T, opts Options) *Cluster {
 	return c
 }
 
-// leftovers lists this process's namespaces of clusters already closed.
+// leftovers lists the namespaces this process still has.
 func leftovers(t *testing.T) []string {
 	out, err := exec.Command("ip", "netns", "list").Output()
 	if err != nil {
@@ -94,16 +94,14 @@ func leftovers(t *testing.T) []string {
 	var ns []string
 	for _, l := range strings.Split(string(out), "\n") {
 		name, _, _ := strings.Cut(strings.TrimSpace(l), " ")
-		if strings.HasPrefix(name, fmt.Sprintf("%s%d-", nsPrefix, os.Getpid())) && !open[name] {
+		// The tests do not run in parallel: after a Close, any namespace
+		// of this process is left over.
+		if strings.HasPrefix(name, fmt.Sprintf("%s%d-", nsPrefix, os.Getpid())) {
 			ns = append(ns, name)
 		}
 	}
 	return ns
 }
-
-// open holds the namespaces of clusters still running in parallel tests;
-// the tests here do not run in parallel, so it stays empty.
-var open = map[string]bool{}
 
 // view is what node n sees: alive members and blocks indexed per member.
 type view struct {

@@ -65,7 +65,8 @@ type Options struct {
 	Nodes int
 	// Pool is each agent's --pool. If empty, host=256MiB.
 	Pool string
-	// ExtraArgs are appended to every agent's command line.
+	// ExtraArgs are appended to every agent's command line. If empty,
+	// none.
 	ExtraArgs []string
 	// Cluster is the cluster name (--cluster). If empty, testbed.
 	Cluster string
