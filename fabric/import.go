@@ -26,6 +26,9 @@ type importResult struct {
 	refs    []*fabricpb.BlockRef
 	fetches []*fabricpb.Fetch
 	err     error // why the rest is missing: an *importError
+	// here[i]: refs[i] was in the set already (or brought by another
+	// import of this node), not brought by this one.
+	here []bool
 }
 
 // errNoHolder says that no node holds the blocks.
@@ -57,7 +60,7 @@ func (e *importError) Unwrap() error { return e.cause }
 // can, and references them for the engine: first what is here already,
 // then from another engine's block set on this node, then from holders,
 // longest prefix first, then least load.
-func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64) importResult {
+func (a *Agent) importBlocks(ctx context.Context, s *sessionSet, hashes []uint64) importResult {
 	defer func(start time.Time) { a.stats.importTime.record(time.Since(start)) }(time.Now())
 	a.stats.imports.Add(1)
 	a.stats.inflight.Add(1)
@@ -75,6 +78,7 @@ func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64)
 			}
 			s.hold(b)
 			res.refs = append(res.refs, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
+			res.here = append(res.here, true)
 		}
 		rest := hashes[len(res.refs):]
 		if len(rest) == 0 {
@@ -102,6 +106,7 @@ func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64)
 		}
 		a.flights.finish(s.set.ID(), rest[0], f)
 		res.refs = append(res.refs, refs...)
+		res.here = append(res.here, make([]bool, len(refs))...)
 		if fetch != nil {
 			res.fetches = append(res.fetches, fetch)
 		}
@@ -140,7 +145,7 @@ func parentOf(hashes []uint64, i int) uint64 {
 // holder that serves them, trying the next when a holder fails. Blocks
 // registered before a failure are returned with it: they are the
 // engine's. A local failure or the end of ctx stops the search.
-func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, rest []uint64, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+func (a *Agent) importFromHolders(ctx context.Context, s *sessionSet, rest []uint64, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
 	cands := a.candidates(rest)
 	if len(cands) == 0 {
 		return nil, nil, errNoHolder
@@ -239,7 +244,7 @@ func (a *Agent) candidates(hashes []uint64) []candidate {
 // under hashes (in order, after parent), referencing each for the engine.
 // On an error the blocks already registered are kept and returned, and
 // the rest are freed.
-func (s *engineSet) registerFilled(blocks []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, error) {
+func (s *sessionSet) registerFilled(blocks []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, error) {
 	refs := make([]*fabricpb.BlockRef, 0, len(blocks))
 	for i, b := range blocks {
 		err := s.set.Commit(b)
