@@ -357,11 +357,12 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout) (*sessionSet, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	sess.mu.Lock()
-	if sess.engine == "" {
+	if engine != "" && sess.id != 0 {
+		// The engine's own name beats what it opened the session as.
+		sess.mu.Lock()
 		sess.engine = engine
+		sess.mu.Unlock()
 	}
-	sess.mu.Unlock()
 	for _, s := range a.sets {
 		l := s.set.Layout()
 		if l.Model == tmpl.Model && l.PageSize == tmpl.PageSize && l.TPSize == tmpl.TPSize &&

@@ -21,7 +21,7 @@ import (
 
 // SessionMetadata is the gRPC metadata key that names the session a call
 // works under.
-const SessionMetadata = "kvfabric-session"
+const SessionMetadata = fabricpb.SessionMetadata
 
 // session is an engine's session: what the engine allocated, referenced or
 // registered a block set for under it is given back when it ends.
