@@ -156,7 +156,7 @@ func (a *Agent) endSession(s *session, why string) {
 		return
 	}
 	s.ended = true
-	sets := s.sets
+	sets, engine := s.sets, s.engine
 	s.sets = nil
 	s.mu.Unlock()
 	a.sessMu.Lock()
@@ -168,7 +168,7 @@ func (a *Agent) endSession(s *session, why string) {
 		released += r
 		freed += f
 	}
-	a.log.Info("engine session ended", "session", s.id, "engine", s.engine, "pid", s.pid, "why", why,
+	a.log.Info("engine session ended", "session", s.id, "engine", engine, "pid", s.pid, "why", why,
 		"block_sets", len(sets), "released", released, "freed", freed)
 }
 
