@@ -9,10 +9,11 @@
 //
 // Sessions. Everything an engine allocates, references (Acquire, Import,
 // RegisterBlocks) or registers a block set for belongs to the session it
-// was done under. OpenSession's first event carries the session id; the
-// engine sends it on every other call as gRPC metadata "kvfabric-session"
-// (decimal), and keeps the stream open, sending a SessionRequest at least
-// every keepalive_ms (a third of it is a good period). The session ends
+// was done under. The engine calls OpenSession and sends a SessionRequest;
+// the first SessionEvent carries the session id, which the engine sends on
+// every other call as gRPC metadata "kvfabric-session" (decimal). It keeps
+// the stream open, sending a SessionRequest at least every keepalive_ms
+// (a third of it is a good period). A malformed id is INVALID_ARGUMENT. The session ends
 // when the engine closes the stream, the connection drops (the process
 // died) or no SessionRequest came for keepalive_ms: the agent then
 // releases its references and frees its unregistered slots; registered
