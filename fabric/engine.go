@@ -39,6 +39,7 @@ type engineSet struct {
 	// one does); freeTimer frees it after the grace period.
 	idleSince time.Time
 	freeTimer *time.Timer
+	timerGen  uint64 // which freeTimer is the live one
 	freed     bool
 }
 

@@ -216,6 +216,7 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 			es.freeTimer.Stop()
 			es.freeTimer = nil
 		}
+		es.timerGen++
 		es.idleSince = time.Time{}
 	}
 	s.sets[es.set.ID()] = es
@@ -254,6 +255,10 @@ func (a *Agent) scheduleFree(es *engineSet, d time.Duration) {
 	if es.freeTimer != nil {
 		es.freeTimer.Stop()
 	}
+	// A timer that fired while the set was being taken up again must not
+	// cut a later grace period short.
+	es.timerGen++
+	gen := es.timerGen
 	es.freeTimer = time.AfterFunc(d, func() {
 		select {
 		case <-a.done:
@@ -262,7 +267,12 @@ func (a *Agent) scheduleFree(es *engineSet, d time.Duration) {
 		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		a.freeIdleLocked(es)
+		es.mu.Lock()
+		current := es.timerGen == gen
+		es.mu.Unlock()
+		if current {
+			a.freeIdleLocked(es)
+		}
 	})
 }
 

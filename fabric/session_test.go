@@ -562,3 +562,69 @@ func TestSessionMetadataChecked(t *testing.T) {
 		t.Fatalf("the implicit session: %v", st.Sessions)
 	}
 }
+
+// A set whose sessions ended keeps its registered blocks through the grace
+// period: an engine that registers the layout again gets the same set,
+// and the blocks.
+func TestIdleBlockSetReusedWithItsBlocks(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.BlockSetGrace = time.Hour
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := first.Register(ctx, sessionEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := first.Allocate(ctx, set.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range slots {
+		kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(40+i))
+	}
+	if _, err := first.RegisterBlocks(ctx, set.ID, slots, []uint64{40, 41}); err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+
+	next, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	wait.For(t, 10*time.Second, "the first session's set to be idle", func() error {
+		st, err := next.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if len(st.BlockSets) != 1 || st.BlockSets[0].IdleSinceUnixMs == 0 {
+			return fmt.Errorf("block sets %v", st.BlockSets)
+		}
+		return nil
+	})
+	again, err := next.Register(ctx, sessionEngine)
+	if err != nil || again.ID != set.ID {
+		t.Fatalf("register the idle layout: set %v, %v; want %d", again, err, set.ID)
+	}
+	refs, err := next.Acquire(ctx, again.ID, []uint64{40, 41})
+	if err != nil || len(refs) != 2 {
+		t.Fatalf("acquire the cached blocks: %v %v", refs, err)
+	}
+	for i, r := range refs {
+		if err := kvtest.Check(again.Layout, again.Ranks, int(r.Slot), uint64(40+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := next.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := st.BlockSets[0]; b.Sessions != 1 || b.IdleSinceUnixMs != 0 {
+		t.Fatalf("a set in use again: %v", b)
+	}
+}

@@ -292,7 +292,9 @@ func (c *Client) Free(ctx context.Context, set uint64, slots []uint32) error {
 
 // RegisterBlocks registers written slots under their sequence hashes, the
 // first block being the first of its sequence. The engine keeps a reference
-// on each returned block until Release.
+// on each returned block until Release. Slots the agent refused are left
+// out (and stay the engine's, to free); API().RegisterBlocks answers each
+// slot's outcome and reason.
 func (c *Client) RegisterBlocks(ctx context.Context, set uint64, slots []uint32, hashes []uint64) ([]*fabricpb.BlockRef, error) {
 	resp, err := c.api.RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set, Slots: slots, Hashes: hashes})
 	return resp.GetBlocks(), err
