@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -98,5 +100,12 @@ func TestTenGetsTenLayoutsOnASmallPool(t *testing.T) {
 		if b.Id != set.ID && (b.Sessions != 0 || b.Free+b.Registered != b.Slots) {
 			t.Fatalf("a get's block set is still used: %v", b)
 		}
+	}
+	// status lists the producer's session (its pid is this process) and
+	// its own, and shows the gets' sets idle.
+	code, out, errs := runCmd(t, "", append([]string{"status"}, sock...)...)
+	producer := regexp.MustCompile(fmt.Sprintf(`(?m)^%d\s+producer\s+%d\s+\d+\s+\S+\s+%d\s+%d\s+0$`, prod.Session(), os.Getpid(), set.ID, n))
+	if code != 0 || !strings.Contains(out, "SESSION") || !producer.MatchString(out) || !strings.Contains(out, "0 (idle ") {
+		t.Fatalf("status: exit %d:\n%s%s", code, out, errs)
 	}
 }
