@@ -17,7 +17,9 @@
 // when the engine closes the stream, the connection drops (the process
 // died) or no SessionRequest came for keepalive_ms: the agent then
 // releases its references and frees its unregistered slots; registered
-// blocks stay cached for others. A call naming a session that is not open
+// blocks stay cached for others. An engine whose session ended must not
+// read or write the slots it held (they may be another's by then): it
+// opens a new session and starts over. A call naming a session that is not open
 // fails with FAILED_PRECONDITION and does nothing. Calls with no session
 // metadata work under one implicit session that never ends: what they
 // hold is held until released, as before sessions existed.
