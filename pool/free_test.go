@@ -175,3 +175,39 @@ func TestFreeBlockSetMergesHoles(t *testing.T) {
 		t.Fatalf("one set as large as all freed ones: %v", err)
 	}
 }
+
+// A leased block keeps its set from being freed until the lease ends:
+// a peer may be reading it.
+func TestFreeBlockSetWaitsForLeases(t *testing.T) {
+	p, b := newTestPool(t, testConfig(newManualClock(), nil), testLayout(8, 1, layout.FullyContiguous, 64))
+	blks, err := b.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(blks[0]); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := b.Register(blks[0], 5, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(reg); err != nil {
+		t.Fatal(err)
+	}
+	id, _, err := b.Lease([]uint64{5}, time.Second)
+	if err != nil || id == 0 {
+		t.Fatalf("lease: %v %v", id, err)
+	}
+	if err := p.FreeBlockSet(b.ID()); !errors.Is(err, ErrBlockSetBusy) {
+		t.Fatalf("free under a lease: %v, want ErrBlockSetBusy", err)
+	}
+	if valid, err := p.ReleaseLease(id); !valid || err != nil {
+		t.Fatalf("release lease: %v %v", valid, err)
+	}
+	if err := p.FreeBlockSet(b.ID()); err != nil {
+		t.Fatalf("free after the lease ended: %v", err)
+	}
+	if id, found, err := b.Lease([]uint64{5}, time.Second); id != 0 || found[0].Found || err != nil {
+		t.Fatalf("lease in a freed set: %v %v %v", id, found, err)
+	}
+}
