@@ -1,0 +1,236 @@
+//go:build cgo && linux
+
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/rdma/softverbs"
+)
+
+// The agents of these tests read each other over RDMA on softverbs, the
+// software NIC: every agent is started with --rdma on and --rdma-library
+// pointing at the library the test builds, all share one softverbs
+// registry (the "fabric"), and each has its own control file that faults
+// are written to while it runs (SOFTVERBS_CONTROL; a stall or a port
+// down written to a holder's file stalls the readers reading from it).
+
+var (
+	softOnce sync.Once
+	softLib  string
+	softErr  error
+)
+
+// softverbsLib builds the software NIC once per test binary.
+func softverbsLib(t *testing.T) string {
+	t.Helper()
+	softOnce.Do(func() {
+		softLib, softErr = softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+	})
+	if softErr != nil {
+		t.Fatalf("softverbs (make test installs libibverbs-dev): %v", softErr)
+	}
+	return softLib
+}
+
+// Queue-pair timeout 12 and 2 retries: a holder that does not answer
+// fails a read after 3 × 4.096 µs × 2^12 ≈ 50 ms.
+const (
+	qpTimeout = 12
+	qpRetry   = 2
+)
+
+// qpBound is how long softverbs tries an unreachable responder before it
+// completes a read with retry-exceeded.
+var qpBound = time.Duration(qpRetry+1) * time.Duration(4096<<qpTimeout) * time.Nanosecond
+
+// rdmaCluster is a process cluster on softverbs with each node's control
+// file.
+type rdmaCluster struct {
+	*Cluster
+	control []string
+}
+
+// fault writes faults ("key=value,...", or "" to clear them) to node i's
+// control file; softverbs reads it on every post and while a read waits.
+func (c *rdmaCluster) fault(t *testing.T, i int, faults string) {
+	t.Helper()
+	if err := os.WriteFile(c.control[i], []byte(faults), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startRDMA starts n agents with RDMA on over softverbs. env, if not nil,
+// adds to node i's environment; tune, if not nil, adjusts the options.
+func startRDMA(t *testing.T, n int, pool string, env func(i int) []string, tune func(*Options)) *rdmaCluster {
+	t.Helper()
+	lib := softverbsLib(t)
+	dir := t.TempDir()
+	rc := &rdmaCluster{}
+	for i := range n {
+		f := filepath.Join(dir, fmt.Sprintf("control-%d", i+1))
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rc.control = append(rc.control, f)
+	}
+	opts := Options{Bin: bin, Nodes: n, Pool: pool,
+		ExtraArgs: []string{"--rdma", "on", "--rdma-library", lib,
+			"--rdma-timeout", fmt.Sprint(qpTimeout), "--rdma-retry", fmt.Sprint(qpRetry)},
+		Env: []string{"SOFTVERBS_REGISTRY=" + filepath.Join(dir, "registry")},
+		NodeEnv: func(i int) []string {
+			e := []string{"SOFTVERBS_CONTROL=" + rc.control[i]}
+			if env != nil {
+				e = append(e, env(i)...)
+			}
+			return e
+		},
+	}
+	if tune != nil {
+		tune(&opts)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Cluster = c
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				t.Logf("%s log:\n%s", n.Name, n.Log())
+			}
+		}
+		for _, n := range c.Nodes { // a test may leave one stopped
+			if n.Running() {
+				n.cmd.Process.Signal(syscall.SIGCONT)
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return rc
+}
+
+// rdmaReadBytes is what n's metrics say it read over transport.
+func readBytes(t *testing.T, n *Node, transport string) float64 {
+	t.Helper()
+	v, err := metricValue(n, `kvfabric_transfer_bytes_total{direction="read",transport="`+transport+`"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func metric(t *testing.T, n *Node, name string) float64 {
+	t.Helper()
+	v, err := metricValue(n, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func fallbacks(t *testing.T, n *Node, reason string) float64 {
+	t.Helper()
+	return metric(t, n, `kvfabric_rdma_fallbacks_total{reason="`+reason+`"}`)
+}
+
+// TP 4 -> TP 2 between agent processes over RDMA: every byte checked,
+// the import's report and the importer's metrics say rdma, and nothing
+// moved over QUIC.
+func TestRDMAImportAcrossProcesses(t *testing.T) {
+	c := startRDMA(t, 2, "host=64MiB", nil, nil)
+	holder, importer := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	w := Workload{Sequences: 2, Blocks: 12, SharedPrefix: 4, PageSize: 16, Seed: 11}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, holder, engSlots("producer", 4, layout.HND, 64), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, importer, holder.Name, w.Unique())
+	r, err := Consume(ctx, importer, engSlots("consumer", 2, layout.NHD, 64), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Blocks != w.Unique() || r.Verified != w.Sequences*w.Blocks || r.Transports["rdma"] != w.Unique() {
+		t.Fatalf("report %+v: want %d blocks over rdma, %d verified", r, w.Unique(), w.Sequences*w.Blocks)
+	}
+	if got := readBytes(t, importer, "rdma"); got != float64(r.Bytes) || got == 0 {
+		t.Errorf("importer's metrics: %v bytes read over rdma, the imports moved %d", got, r.Bytes)
+	}
+	if got := readBytes(t, importer, "quic"); got != 0 {
+		t.Errorf("importer's metrics: %v bytes read over quic, want 0", got)
+	}
+	if v := metric(t, importer, "kvfabric_rdma_reads_total"); v < 1 {
+		t.Errorf("kvfabric_rdma_reads_total %v", v)
+	}
+	if v := metric(t, holder, "kvfabric_rdma_queue_pairs_served"); v < 1 {
+		t.Errorf("holder serves %v queue pairs", v)
+	}
+	for _, n := range c.Nodes {
+		if v := metric(t, n, "kvfabric_rdma_registered_bytes"); v != 64<<20 {
+			t.Errorf("%s registered %v bytes, want its 64 MiB pool", n.Name, v)
+		}
+		if !strings.Contains(n.Log(), `msg="RDMA on"`) || !strings.Contains(n.Log(), `msg="pool registered for RDMA"`) {
+			t.Errorf("%s did not log RDMA on and its registration:\n%s", n.Name, n.Log())
+		}
+	}
+	t.Logf("%d blocks, %d bytes over rdma in %v", r.Blocks, r.Bytes, r.Elapsed.Round(time.Millisecond))
+}
+
+// checkRegistered acquires each of hashes on set and checks every byte of
+// each block registered; it returns how many are registered.
+func checkRegistered(t *testing.T, cl *client.Client, set *client.BlockSet, hashes []uint64) int {
+	t.Helper()
+	ctx := context.Background()
+	n := 0
+	for i, h := range hashes {
+		refs, err := cl.Acquire(ctx, set.ID, []uint64{h})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(refs) == 0 {
+			continue
+		}
+		n++
+		if err := kvtest.Check(set.Layout, set.Ranks, int(refs[0].Slot), h); err != nil {
+			t.Fatalf("registered block %d is not whole: %v", i, err)
+		}
+	}
+	return n
+}
+
+// importOnce registers an engine on n and imports hashes once, returning
+// the response (or error), the client and the block set.
+func importOnce(t *testing.T, n *Node, e client.Engine, hashes []uint64) (*fabricpb.ImportResponse, error, *client.Client, *client.BlockSet) {
+	t.Helper()
+	ctx := context.Background()
+	cl, err := n.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	set, err := cl.Register(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cl.Import(ctx, set.ID, hashes)
+	return resp, err, cl, set
+}
