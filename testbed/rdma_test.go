@@ -234,3 +234,104 @@ func importOnce(t *testing.T, n *Node, e client.Engine, hashes []uint64) (*fabri
 	resp, err := cl.Import(ctx, set.ID, hashes)
 	return resp, err, cl, set
 }
+
+// Faults before the READs (the holder's port down, a queue pair the
+// holder refuses to connect) and during them (an error completion, a
+// holder that stops answering) end in a clean fallback to QUIC: the
+// import brings every block, every byte is right, the import's report
+// says QUIC moved it, and the importer counts and logs why. A stalled
+// holder fails the read within the queue pair's bound, not the import's.
+func TestRDMAFaultsFallBackToQUIC(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		env    func(i int) []string // per node, at start
+		inject func(t *testing.T, c *rdmaCluster)
+		reason string // the importer's fallback reason
+		log    string // what the importer's log says
+	}{
+		{
+			name:   "holder's port down",
+			inject: func(t *testing.T, c *rdmaCluster) { c.fault(t, 0, "port_down=1") },
+			reason: "read-failed", log: "retry",
+		},
+		{
+			// An InfiniBand importer and a RoCE holder: the holder
+			// refuses to connect a queue pair across link layers.
+			name: "connect refused",
+			env: func(i int) []string {
+				if i == 1 {
+					return []string{"SOFTVERBS_LINK_LAYER=infiniband"}
+				}
+				return nil
+			},
+			reason: "connect-failed", log: "link layer",
+		},
+		{
+			name:   "read completes with an error",
+			inject: func(t *testing.T, c *rdmaCluster) { c.fault(t, 1, "fail_read=1") },
+			reason: "read-failed", log: "remote access error",
+		},
+		{
+			name:   "holder stalls",
+			inject: func(t *testing.T, c *rdmaCluster) { c.fault(t, 0, "stall=1") },
+			reason: "read-failed", log: "retry",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startRDMA(t, 2, "host=32MiB", tc.env, nil)
+			holder, importer := c.Nodes[0], c.Nodes[1]
+			ctx := context.Background()
+			w := Workload{Sequences: 1, Blocks: 6, PageSize: 16, Seed: 12}
+			seqs := w.Hashes()
+			p, err := Produce(ctx, holder, engSlots("producer", 4, layout.HND, 32), seqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			waitIndexed(t, importer, holder.Name, w.Unique())
+			if tc.inject != nil {
+				tc.inject(t, c)
+			}
+			r, err := Consume(ctx, importer, engSlots("consumer", 2, layout.NHD, 32), seqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Verified != w.Blocks || r.Transports["quic"] != w.Blocks {
+				t.Fatalf("report %+v: want %d blocks over quic, all verified", r, w.Blocks)
+			}
+			if v := fallbacks(t, importer, tc.reason); v < 1 {
+				t.Errorf("fallbacks for %s: %v, want at least 1", tc.reason, v)
+			}
+			if got := readBytes(t, importer, "quic"); got != float64(r.Bytes) {
+				t.Errorf("importer's metrics: %v bytes read over quic, the import moved %d", got, r.Bytes)
+			}
+			if got := readBytes(t, importer, "rdma"); got != 0 {
+				t.Errorf("importer's metrics: %v bytes read over rdma, want 0", got)
+			}
+			if !strings.Contains(strings.ToLower(importer.Log()), tc.log) {
+				t.Errorf("the importer's log does not say %q", tc.log)
+			}
+			// A read that no answer comes to fails after the queue
+			// pair's bound (50 ms), then the chunk moves over QUIC.
+			if limit := 20*qpBound + 2*time.Second; r.Elapsed > limit {
+				t.Errorf("the import took %v, want within %v", r.Elapsed, limit)
+			}
+			t.Logf("import over quic in %v (queue pair bound %v); importer log:\n%s", r.Elapsed.Round(time.Millisecond), qpBound, grepLog(importer, "rdma", "RDMA"))
+		})
+	}
+}
+
+// grepLog returns the lines of n's log that contain any of words.
+func grepLog(n *Node, words ...string) string {
+	b, _ := os.ReadFile(n.LogFile)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
