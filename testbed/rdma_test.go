@@ -16,6 +16,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/rdma/softverbs"
 )
@@ -334,4 +335,213 @@ func grepLog(n *Node, words ...string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A lease that expired before it was released makes the reader discard
+// what it read: the holder's term is 1 s, every RDMA completion of the
+// importer is delayed so that the read takes longer, and the holder is
+// stopped (SIGSTOP) while the read runs, so no renewal is answered. The
+// read lands whole; the release, answered once the holder goes on, says
+// the lease had expired; nothing of the chunk is registered.
+func TestRDMALeaseExpiredBeforeReleaseDiscards(t *testing.T) {
+	c := startRDMA(t, 2, "host=32MiB", nil, func(o *Options) {
+		// The importer's calls wait up to 3 s (half its peer timeout),
+		// longer than the read and the stop last.
+		o.NodeArgs = func(i int) []string {
+			if i == 0 {
+				return []string{"--lease-duration", "1s"}
+			}
+			return []string{"--peer-timeout", "6s"}
+		}
+	})
+	holder, importer := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	w := Workload{Sequences: 2, Blocks: 1, PageSize: 16, Seed: 13}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, holder, engSlots("producer", 2, layout.HND, 8), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, importer, holder.Name, w.Unique())
+	e := engSlots("consumer", 1, layout.HND, 8)
+	// The first block comes plainly: the queue pair is connected and the
+	// holder's layout known, so that the second import needs nothing of
+	// the stopped holder but its memory and, at the end, the release.
+	resp, err, cl, set := importOnce(t, importer, e, seqs[0])
+	if err != nil || len(resp.Blocks) != 1 || resp.Fetches[0].Transport != "rdma" {
+		t.Fatalf("first import: %v, %v", resp, err)
+	}
+	ops := metric(t, importer, "kvfabric_rdma_work_requests_total")
+	if ops < 1 {
+		t.Fatalf("%v work requests for the first import", ops)
+	}
+	// 1.6 s of completions for the second block's read.
+	c.fault(t, 1, fmt.Sprintf("delay_us=%d", int(1.6e6/ops)))
+	type result struct {
+		resp *fabricpb.ImportResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := cl.Import(ctx, set.ID, seqs[1])
+		done <- result{resp, err}
+	}()
+	wait.For(t, 10*time.Second, "the holder grants the lease", func() error {
+		if v, err := metricValue(holder, "kvfabric_leases"); err != nil || v == 0 {
+			return fmt.Errorf("%v leases (%v)", v, err)
+		}
+		return nil
+	})
+	leased := time.Now()
+	if err := holder.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	cont := func() {
+		if stopped {
+			holder.cmd.Process.Signal(syscall.SIGCONT)
+			stopped = false
+		}
+	}
+	defer cont()
+	wait.For(t, 10*time.Second, "the importer's RDMA read lands", func() error {
+		if v, err := metricValue(importer, "kvfabric_rdma_reads_total"); err != nil || v < 2 {
+			return fmt.Errorf("%v reads (%v)", v, err)
+		}
+		return nil
+	})
+	if since := time.Since(leased); since < 1100*time.Millisecond {
+		t.Fatalf("the read landed %v after the lease: within its 1 s term, nothing is tested", since)
+	}
+	cont()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("import did not return")
+	}
+	why := ""
+	switch {
+	case r.err != nil:
+		why = r.err.Error()
+	case len(r.resp.Blocks) != 0:
+		t.Fatalf("the import returned %d blocks read under an expired lease", len(r.resp.Blocks))
+	default:
+		why = r.resp.Error
+	}
+	if !strings.Contains(why, "lease expired before release") {
+		t.Errorf("import: %q, want the expired lease named", why)
+	}
+	if n := checkRegistered(t, cl, set, seqs[1]); n != 0 {
+		t.Errorf("%d blocks read under an expired lease are registered", n)
+	}
+	if v := metric(t, holder, "kvfabric_leases_expired_total"); v < 1 {
+		t.Errorf("the holder counts %v expired leases", v)
+	}
+	if v := metric(t, importer, "kvfabric_import_chunks_total"); v != 1 {
+		t.Errorf("the importer registered %v chunks, want the first import's only", v)
+	}
+	t.Logf("import: %s", why)
+}
+
+// A holder killed with SIGKILL while the importer reads it over RDMA:
+// softverbs completes the outstanding READs with retry-exceeded after the
+// queue pair's bound (the holder's process is gone), and the import fails
+// over to the other holder or errors within that bound plus the time a
+// QUIC call to a silent peer takes; no block that did not arrive whole is
+// registered.
+func TestRDMAHolderKilledMidRead(t *testing.T) {
+	const peerTimeout = time.Second
+	c := startRDMA(t, 3, "host=64MiB", nil, func(o *Options) { o.PeerTimeout = peerTimeout })
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	ctx := context.Background()
+	w := Workload{Sequences: 1, Blocks: 96, PageSize: 16, Seed: 14}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, n1, engSlots("producer", 2, layout.HND, w.Blocks), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, n2, n1.Name, w.Unique())
+	if _, err := Consume(ctx, n2, engSlots("copy", 1, layout.HND, w.Blocks), seqs); err != nil {
+		t.Fatal(err)
+	}
+	waitIndexed(t, n3, n2.Name, w.Unique())
+	// Slow reads, so that the kill lands in one.
+	c.fault(t, 2, "delay_us=2000")
+	cl, err := n3.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	set, err := cl.Register(ctx, engSlots("importer", 4, layout.NHD, w.Blocks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		resp *fabricpb.ImportResponse
+		err  error
+		at   time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := cl.Import(ctx, set.ID, seqs[0])
+		done <- result{resp, err, time.Now()}
+	}()
+	victim := waitServing(t, []*Node{n1, n2})
+	// The importer connects its queue pair to the holder just before
+	// its first READ, and the delayed completions keep the read going.
+	wait.For(t, 10*time.Second, "the importer reads over RDMA", func() error {
+		if v, err := metricValue(victim, "kvfabric_rdma_queue_pairs_served"); err != nil || v < 1 {
+			return fmt.Errorf("%s serves %v queue pairs (%v)", victim.Name, v, err)
+		}
+		return nil
+	})
+	killed := time.Now()
+	if err := victim.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.fault(t, 2, "") // the rest at full speed
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("import did not return")
+	}
+	if !r.at.After(killed) {
+		t.Fatalf("the import ended before %s was killed: nothing was tested", victim.Name)
+	}
+	failedOver := r.at
+	if r.err == nil {
+		for _, f := range r.resp.Fetches {
+			if f.Node != victim.Name {
+				failedOver = r.at.Add(-time.Duration(f.Micros) * time.Microsecond)
+			}
+		}
+	}
+	// The READ in flight fails after the queue pair's bound; the same
+	// chunk is then asked over QUIC, which gives up on the silent holder
+	// after half the peer timeout.
+	if v := metric(t, n3, "kvfabric_rdma_read_failures_total"); v < 1 {
+		t.Errorf("%v RDMA reads failed: the kill did not land in a read", v)
+	}
+	bound := qpBound + peerTimeout/2
+	if took := failedOver.Sub(killed); took > bound+2*time.Second {
+		t.Errorf("failed over or errored %v after the kill, want within %v (queue pair %v, half the peer timeout %v) and 2 s of margin", took, bound, qpBound, peerTimeout/2)
+	} else {
+		t.Logf("failed over or errored %v after the kill (queue pair bound %v, half the peer timeout %v)", took.Round(time.Millisecond), qpBound, peerTimeout/2)
+	}
+	brought := 0
+	if r.err == nil {
+		brought = len(r.resp.Blocks)
+		t.Logf("import after %s was killed: %d of %d blocks; fetches %v; %s", victim.Name, brought, w.Blocks, r.resp.Fetches, r.resp.Error)
+	} else {
+		t.Logf("import after %s was killed: %v", victim.Name, r.err)
+	}
+	// Every block registered, returned or not, is whole.
+	if n := checkRegistered(t, cl, set, seqs[0]); n < brought {
+		t.Errorf("%d blocks registered, the import returned %d", n, brought)
+	}
+	t.Logf("importer: %s", grepLog(n3, "rdma", "RDMA", "fail"))
 }
