@@ -279,10 +279,14 @@ func TestRDMAFaultsFallBackToQUIC(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := startRDMA(t, 2, "host=32MiB", tc.env, nil)
+			// Chunks of 4 blocks: the import's second chunk is leased,
+			// with the holder's keys, while the first is read.
+			c := startRDMA(t, 2, "host=32MiB", tc.env, func(o *Options) {
+				o.ExtraArgs = append(o.ExtraArgs, "--import-chunk-bytes", "1MiB")
+			})
 			holder, importer := c.Nodes[0], c.Nodes[1]
 			ctx := context.Background()
-			w := Workload{Sequences: 1, Blocks: 6, PageSize: 16, Seed: 12}
+			w := Workload{Sequences: 1, Blocks: 12, PageSize: 16, Seed: 12}
 			seqs := w.Hashes()
 			p, err := Produce(ctx, holder, engSlots("producer", 4, layout.HND, 32), seqs)
 			if err != nil {
@@ -300,8 +304,17 @@ func TestRDMAFaultsFallBackToQUIC(t *testing.T) {
 			if r.Verified != w.Blocks || r.Transports["quic"] != w.Blocks {
 				t.Fatalf("report %+v: want %d blocks over quic, all verified", r, w.Blocks)
 			}
-			if v := fallbacks(t, importer, tc.reason); v < 1 {
-				t.Errorf("fallbacks for %s: %v, want at least 1", tc.reason, v)
+			if v := fallbacks(t, importer, tc.reason); v != 1 {
+				t.Errorf("fallbacks for %s: %v, want 1", tc.reason, v)
+			}
+			// After the first failure the holder is read over QUIC until
+			// the backoff (1 s) ends, the chunks leased ahead too: one
+			// failed attempt, not one per chunk.
+			if v := metric(t, importer, "kvfabric_rdma_read_failures_total") + metric(t, importer, "kvfabric_rdma_connect_failures_total"); v != 1 {
+				t.Errorf("%v RDMA reads and connects failed, want 1", v)
+			}
+			if v := fallbacks(t, importer, "backoff"); v < 1 {
+				t.Errorf("fallbacks for backoff: %v, want the later chunks", v)
 			}
 			if got := readBytes(t, importer, "quic"); got != float64(r.Bytes) {
 				t.Errorf("importer's metrics: %v bytes read over quic, the import moved %d", got, r.Bytes)
