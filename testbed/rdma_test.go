@@ -558,3 +558,57 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 	}
 	t.Logf("importer: %s", grepLog(n3, "rdma", "RDMA", "fail"))
 }
+
+// A READ that fails in the middle of an import: the chunks before it
+// stay as they came over RDMA, the failed chunk and the rest come over
+// QUIC, the import's report says rdma+quic, and every byte is right.
+func TestRDMAReadFailsMidImport(t *testing.T) {
+	c := startRDMA(t, 2, "host=32MiB", nil, func(o *Options) {
+		o.ExtraArgs = append(o.ExtraArgs, "--import-chunk-bytes", "1MiB") // 4 blocks
+	})
+	holder, importer := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	w := Workload{Sequences: 2, Blocks: 12, PageSize: 16, Seed: 15}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, holder, engSlots("producer", 4, layout.HND, 32), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, importer, holder.Name, w.Unique())
+	e := engSlots("consumer", 2, layout.NHD, 32)
+	r, err := Consume(ctx, importer, e, seqs[:1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Transports["rdma"] != w.Blocks {
+		t.Fatalf("first import: %+v, want every block over rdma", r)
+	}
+	// The work requests of one chunk (the three are alike); the second
+	// import's first request past them fails: its second chunk's first.
+	perChunk := int(metric(t, importer, "kvfabric_rdma_work_requests_total")) / 3
+	c.fault(t, 1, fmt.Sprintf("fail_read=%d", perChunk+1))
+	r, err = Consume(ctx, importer, e, seqs[1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Verified != w.Blocks || r.Transports["rdma+quic"] != w.Blocks {
+		t.Fatalf("report %+v: want %d blocks, verified, over rdma+quic", r, w.Blocks)
+	}
+	if v := fallbacks(t, importer, "read-failed"); v != 1 {
+		t.Errorf("fallbacks for read-failed: %v, want 1", v)
+	}
+	if got, want := metric(t, importer, "kvfabric_import_chunks_total"), 6.0; got != want {
+		t.Errorf("%v chunks registered, want %v", got, want)
+	}
+	rdmaBytes, quicBytes := readBytes(t, importer, "rdma"), readBytes(t, importer, "quic")
+	// 16 of the 24 blocks over RDMA (the first import, and the chunk
+	// before the failure), 8 over QUIC (the failed chunk, and the last,
+	// leased ahead with keys but read during the backoff).
+	if per := float64(r.Bytes) / float64(w.Blocks); rdmaBytes != 16*per || quicBytes != 8*per {
+		t.Errorf("importer read %v bytes over rdma and %v over quic, want %v and %v", rdmaBytes, quicBytes, 16*per, 8*per)
+	}
+	if v := fallbacks(t, importer, "backoff"); v != 1 {
+		t.Errorf("fallbacks for backoff: %v, want 1 (the last chunk)", v)
+	}
+}
