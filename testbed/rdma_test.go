@@ -4,8 +4,10 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -611,4 +613,45 @@ func TestRDMAReadFailsMidImport(t *testing.T) {
 	if v := fallbacks(t, importer, "backoff"); v != 1 {
 		t.Errorf("fallbacks for backoff: %v, want 1 (the last chunk)", v)
 	}
+}
+
+// An agent process with --rdma on and no usable device exits with status
+// 2 and one line saying why, before it joins anything.
+func TestRDMAOnWithoutDeviceExits(t *testing.T) {
+	lib := softverbsLib(t)
+	missing := filepath.Join(t.TempDir(), "libibverbs.so.1")
+	for _, tc := range []struct {
+		name, lib string
+		env       []string
+		want      string
+	}{
+		{"no library", missing, nil, missing},
+		{"port down", lib, []string{"SOFTVERBS_PORT_STATE=down"}, "none of 1 RDMA devices has port 1 active"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, "agent", "--local", "--node", "n1", "--data-dir", t.TempDir(),
+				"--gossip-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0", "--metrics-addr", "off", "--pool", "host=16MiB",
+				"--dev-ca-dir", filepath.Join(t.TempDir(), "ca"), "--rdma", "on", "--rdma-library", tc.lib)
+			cmd.Env = append(append(os.Environ(), "SOFTVERBS_REGISTRY="+filepath.Join(t.TempDir(), "registry")), tc.env...)
+			out, err := cmd.CombinedOutput()
+			if ctx.Err() != nil {
+				t.Fatalf("the agent started and ran (killed after 20 s):\n%s", out)
+			}
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+				t.Fatalf("exit %v, want status 2:\n%s", err, out)
+			}
+			if !strings.Contains(string(out), "rdma=on") || !strings.Contains(string(out), tc.want) || strings.Contains(string(out), "agent started") {
+				t.Errorf("output does not say rdma=on and %q, or says the agent started:\n%s", tc.want, out)
+			}
+			t.Logf("exit 2: %s", lastLine(string(out)))
+		})
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
