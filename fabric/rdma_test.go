@@ -42,24 +42,6 @@ func softNIC(t *testing.T) string {
 	return softLib
 }
 
-// logBuffer collects an agent's log records.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // importAll imports hashes on a under TP tp and order, checks every
 // byte, and returns the transports the import's fetches report.
 func importAll(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, hashes []uint64) []string {
