@@ -29,7 +29,7 @@ import (
 
 // engineHelperEnv makes the test binary an engine process (see
 // runEngineHelper) instead of running the tests.
-const engineHelperEnv = "KVFABRIC_TEST_ENGINE_SOCKET"
+const engineHelperEnv = "KVFABRIC_TEST_SESSION_ENGINE_SOCKET"
 
 // sessionEngine is the first layout the engine helper registers; the
 // second is the same model at TP 2.

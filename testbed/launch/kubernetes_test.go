@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -81,14 +82,17 @@ func TestKubernetesManifests(t *testing.T) {
 	if get(t, spec, "hostNetwork") != true {
 		t.Fatal("the DaemonSet does not use host networking")
 	}
-	hostPath := ""
+	// The engine socket's directory, which engine pods mount, is one of
+	// the DaemonSet's hostPaths.
+	var hostPaths []string
 	for _, v := range get(t, spec, "volumes").([]any) {
 		if p, ok := get(t, v, "hostPath").(map[string]any); ok {
-			hostPath = p["path"].(string)
+			hostPaths = append(hostPaths, p["path"].(string))
 		}
 	}
-	if hostPath != "/var/lib/kvfabric" {
-		t.Fatalf("the DaemonSet's hostPath is %q", hostPath)
+	const hostPath = "/var/lib/kvfabric"
+	if !slices.Contains(hostPaths, hostPath) {
+		t.Fatalf("the DaemonSet's hostPaths %q do not include the engine socket's /var/lib/kvfabric", hostPaths)
 	}
 
 	check := docs(t, "../../testbed/kubernetes/check.yaml")

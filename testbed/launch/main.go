@@ -334,11 +334,12 @@ func (l *launcher) check(ctx context.Context) error {
 }
 
 // putHashes reads the sequence hashes kvfabric put --json prints
-// ({"block_set": N, "hashes": [...]}), as integers: through float64 they
-// would lose their low bits.
+// ({"block_set": "N", "hashes": ["H", ...]}: strings, as every --json of
+// kvfabric writes them, so that no JSON reader rounds them through a
+// float64).
 func putHashes(out string) ([]uint64, error) {
 	var v struct {
-		Hashes []uint64 `json:"hashes"`
+		Hashes []string `json:"hashes"`
 	}
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		return nil, fmt.Errorf("%w: %q", err, out)
@@ -346,7 +347,14 @@ func putHashes(out string) ([]uint64, error) {
 	if len(v.Hashes) == 0 {
 		return nil, fmt.Errorf("no hashes in %q", out)
 	}
-	return v.Hashes, nil
+	hashes := make([]uint64, len(v.Hashes))
+	for i, h := range v.Hashes {
+		var err error
+		if hashes[i], err = strconv.ParseUint(h, 10, 64); err != nil {
+			return nil, fmt.Errorf("hash %d of put's answer: %w", i, err)
+		}
+	}
+	return hashes, nil
 }
 
 func (l *launcher) status(ctx context.Context) error {

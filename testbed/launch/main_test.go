@@ -106,12 +106,14 @@ func TestFlagsRefused(t *testing.T) {
 }
 
 func TestPutHashesKeepsEveryBit(t *testing.T) {
-	got, err := putHashes(`{"block_set":1,"hashes":[6313541203411246116,18446744073709551615]}`)
+	got, err := putHashes(`{"block_set":"1","hashes":["6313541203411246116","18446744073709551615"]}`)
 	if err != nil || len(got) != 2 || got[0] != 6313541203411246116 || got[1] != 1<<64-1 {
 		t.Fatalf("got %v, %v", got, err)
 	}
-	if _, err := putHashes(`{"hashes":[]}`); err == nil {
-		t.Fatal("no hashes: no error")
+	for _, bad := range []string{`{"hashes":[]}`, `{"hashes":["18446744073709551616"]}`, `{"hashes":[12]}`, `{"hashes":["-1"]}`} {
+		if _, err := putHashes(bad); err == nil {
+			t.Errorf("%s: no error", bad)
+		}
 	}
 }
 
