@@ -169,6 +169,8 @@ class BlockSet:
         self.retains: int = resp.retains
         self.ranks: list[engine_pb2.RankLayout] = list(resp.ranks)
         self.memory: list[engine_pb2.Memory] = list(resp.memory)
+        #: Each rank's mapping of the pool memory (ranks of one pool share one).
+        self.buffers: list[mmap.mmap] = list(memories)
         self.dtype: np.dtype = self.model.dtype.numpy  # type: ignore[union-attr]
         self.planes = 1 if self.model.mla else 2
         if len(self.ranks) != self.tp_size or len(memories) != self.tp_size:
@@ -203,9 +205,13 @@ class BlockSet:
         c0, c1, c2 = want_chunk
         shape = (self.slots, m.layers, self.planes, c0, c1, c2)
         strides = (rl.block_stride, rl.layer_stride, rl.kv_stride, c1 * c2 * eb, c2 * eb, eb)
+        # Through frombuffer, whose memoryview holds the mapping open: an
+        # mmap closes only when no view of it is left, so a view never
+        # outlives its memory (numpy given the mmap itself would not hold it).
+        flat = np.frombuffer(mem, dtype=np.uint8)
         try:
             # numpy checks that every element lies inside the mapping.
-            return np.ndarray(shape, dtype=self.dtype, buffer=mem, offset=rl.offset, strides=strides)
+            return np.ndarray(shape, dtype=self.dtype, buffer=flat, offset=rl.offset, strides=strides)
         except (ValueError, TypeError) as e:
             raise ProtocolError(f"block set {self.id} rank {r}: region outside the mapped memory ({len(mem)} bytes): {e}") from e
 

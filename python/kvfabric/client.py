@@ -105,12 +105,15 @@ class ImportResult:
         return [b.slot for b in self.blocks]
 
 
-def _ints(values: Any, what: str, limit: int, bound: int = MAX_REQUEST_BLOCKS) -> list[int]:
-    """values as a list of ints in [0, limit), naming the first bad one."""
-    if isinstance(values, (int, np.integer)) or isinstance(values, (str, bytes)):
+def _ints(values: Any, what: str, limit: int, bound: int = MAX_REQUEST_BLOCKS, refs: bool = False) -> list[int]:
+    """values as a list of ints in [0, limit), naming the first bad one;
+    with refs, BlockRefs stand for their slots."""
+    if not isinstance(values, Iterable) or isinstance(values, (str, bytes)):
         raise InvalidArgument(f"{what}: want a sequence, got {type(values).__name__}")
     out = []
     for i, v in enumerate(values):
+        if refs and isinstance(v, BlockRef):
+            v = v.slot
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise InvalidArgument(f"{what}[{i}]: {v!r} is not an integer")
         if not 0 <= v < limit:
@@ -356,8 +359,8 @@ class Client:
         self, block_set: BlockSet | int, slots: Sequence[int] | Sequence[BlockRef], *, timeout: float | None = None
     ) -> None:
         """Drop references taken by acquire, import_blocks or register_blocks."""
-        ids = [b.slot if isinstance(b, BlockRef) else b for b in slots]
-        req = engine_pb2.ReleaseRequest(block_set=_set_id(block_set), slots=_ints(ids, "slots", _U32))
+        ids = _ints(slots, "slots", _U32, refs=True)
+        req = engine_pb2.ReleaseRequest(block_set=_set_id(block_set), slots=ids)
         self._call("Release", req, timeout)
 
     def lookup(
