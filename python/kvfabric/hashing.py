@@ -22,6 +22,9 @@ import xxhash
 
 from .errors import InvalidArgument
 
+if not hasattr(xxhash, "xxh3_64_intdigest"):  # pragma: no cover
+    raise ImportError(f"kvfabric: xxhash {getattr(xxhash, 'VERSION', '?')} has no xxh3; install xxhash 2.0 or later")
+
 __all__ = ["BASE_SEED", "MAX_BLOCK_SIZE", "BlockHash", "BlockHasher", "block_hashes", "hash_seed"]
 
 #: The seed of the recipe, and of the chaining step.
