@@ -41,8 +41,8 @@ test-python: build python-deps ## the Python client's tests, against agents of b
 	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider tests
 
 python-deps: ## install the Python client's Debian packages; no interpreter is an error
-	@test -x $(PYTHON) || { command -v $(PYTHON) >/dev/null 2>&1; } || \
-		{ apt-get update -q && $(APT) python3; } || { echo "no Python interpreter $(PYTHON)"; exit 1; }
+	@command -v $(PYTHON) >/dev/null 2>&1 || \
+		{ echo "no Python interpreter $(PYTHON) (apt-get install python3, or make PYTHON=...)"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "$(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); the client needs 3.11 or later"; exit 1; }
 	@$(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest' 2>/dev/null || \

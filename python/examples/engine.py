@@ -84,7 +84,9 @@ def start_agents(binary: str, stack: ExitStack) -> tuple[str, str]:
         if i == 2:
             args += ["--join", net + "1:7946"]
         log = open(root / f"{name}.log", "wb")
-        p = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+        # The agent refuses KVFABRIC_ variables that are not its settings.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVFABRIC_")}
+        p = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True, env=env)
         stack.callback(lambda p=p: (p.send_signal(signal.SIGTERM), p.wait(10)))
         deadline = time.monotonic() + 20
         while True:

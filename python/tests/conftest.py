@@ -97,7 +97,11 @@ class Agent:
         if join:
             args += ["--join", join]
         log = open(self.log, "ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+        # The agent refuses KVFABRIC_ variables that are not its settings
+        # (KVFABRIC_BIN is ours), and a test agent takes none of the
+        # caller's anyway.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVFABRIC_")}
+        self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True, env=env)
         log.close()
 
         def healthy() -> bool:
