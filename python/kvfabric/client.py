@@ -25,7 +25,7 @@ import numpy as np
 
 from ._pb.fabric.fabricpb import engine_pb2, engine_pb2_grpc
 from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
-from .errors import InvalidArgument, KvfabricError, Unavailable, from_rpc_error
+from .errors import InvalidArgument, KvfabricError, NotFound, Unavailable, from_rpc_error
 from .hashing import MAX_BLOCK_SIZE, block_hashes, token_array
 from .memory import FD_SOCKET_SUFFIX, map_descriptor, map_file
 
@@ -436,13 +436,10 @@ class Client:
             n = len(hs)
         else:
             req.tokens.CopyFrom(_tokens(tokens, salt, lora))
-            page = block_set.page_size if isinstance(block_set, BlockSet) else None
-            n = len(req.tokens.ids) // page if page else -1
+            n = len(req.tokens.ids) // self._page_size(block_set)
         if wait > 0:
             self._wait_indexed(block_set, req, wait)
         resp = self._call("Import", req, t + 5)
-        if n < 0:
-            n = len(resp.blocks) + (1 if resp.error else 0)
         return ImportResult(
             n,
             _refs(resp.blocks),
@@ -459,7 +456,7 @@ class Client:
             asks = [engine_pb2.LookupRequest(hashes=req.hashes)]
             need = [len(req.hashes)]
         else:
-            page = block_set.page_size if isinstance(block_set, BlockSet) else self._page_size(req.block_set)
+            page = self._page_size(block_set)
             tokens = (len(req.tokens.ids) // page) * page
             if tokens == 0:
                 return
@@ -478,13 +475,15 @@ class Client:
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.2)
 
-    def _page_size(self, set_id: int) -> int:
+    def _page_size(self, block_set: BlockSet | int) -> int:
+        """The page size of a block set given as itself or by id."""
+        if isinstance(block_set, BlockSet):
+            return block_set.page_size
+        sid = _set_id(block_set)
         for s in self.status().block_sets:
-            if s.id == set_id:
+            if s.id == sid:
                 return s.page_size
-        from .errors import NotFound
-
-        raise NotFound(f"block set {set_id}: unknown to the agent", method="Import")
+        raise NotFound(f"block set {sid}: unknown to the agent", method="Import")
 
     def status(self, *, timeout: float | None = None) -> engine_pb2.StatusResponse:
         """The agent's view: node, members, pools, block sets, transfers."""

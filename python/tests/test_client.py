@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kvfabric
+import kvfabric.client
 from kvfabric.memory import receive_descriptor
 from conftest import wait_for
 
@@ -214,3 +215,52 @@ def test_views_outlive_close(node1):
     assert bs.read_block(0, rank=1)[0, 0, 0, bs.heads(1), 0].tolist() == [7.0] * 2
     with pytest.raises(kvfabric.Unavailable, match="client is closed"):
         c.status()
+
+
+def test_request_block_limit(node1):
+    with node1.client() as c:
+        bs = block_set(c, "flow")
+        limit = kvfabric.client.MAX_REQUEST_BLOCKS
+        assert limit == 1 << 16
+        # At the limit the agent answers (none of these is held)...
+        assert c.acquire(bs, list(range(1, limit + 1))) == []
+        # ...past it the client refuses before sending.
+        with pytest.raises(kvfabric.InvalidArgument, match=r"hashes: 65537 \(at most 65536\)"):
+            c.acquire(bs, list(range(1, limit + 2)))
+
+
+def test_memory_token_limit(node1):
+    # 250 bytes is a token the socket reads (and does not know); 251 is refused unsent.
+    with pytest.raises(kvfabric.Unavailable, match="agent says"):
+        receive_descriptor(node1.socket + ".fd", "t" * 250)
+    with pytest.raises(kvfabric.InvalidArgument, match="memory token"):
+        receive_descriptor(node1.socket + ".fd", "t" * 251)
+
+
+def test_as_torch(node1):
+    with node1.client() as c:
+        bs = block_set(c, "close")
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            with pytest.raises(ImportError, match="BlockSet.as_torch needs torch"):
+                bs.as_torch(0)
+            return
+        t = bs.as_torch(1)
+        assert tuple(t.shape) == bs.rank(1).shape
+        t[2, 1, 0] = 5.0  # the same memory
+        assert (bs.rank(1)[2, 1, 0] == 5.0).all()
+
+
+def test_import_by_set_id(node1):
+    with node1.client() as c:
+        bs = block_set(c, "dup")
+        tokens = list(range(7000, 7000 + 2 * bs.page_size + 1))
+        slots = c.allocate(bs, 2)
+        c.release(bs, c.register_blocks(bs, slots, tokens=tokens))
+        # By id, the client learns the set's page size from the agent.
+        got = c.import_blocks(bs.id, tokens=tokens, wait=5)
+        assert got.requested == 2 and got.complete and got.slots == slots and got.fetches == []
+        c.release(bs.id, got.blocks)
+        with pytest.raises(kvfabric.NotFound, match="block set 424242: unknown"):
+            c.import_blocks(424242, tokens=tokens)
