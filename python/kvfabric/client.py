@@ -25,7 +25,7 @@ import numpy as np
 
 from ._pb.fabric.fabricpb import engine_pb2, engine_pb2_grpc
 from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
-from .errors import InvalidArgument, KvfabricError, NotFound, Unavailable, from_rpc_error
+from .errors import InvalidArgument, NotFound, ProtocolError, Unavailable, from_rpc_error
 from .hashing import MAX_BLOCK_SIZE, block_hashes, token_array
 from .memory import FD_SOCKET_SUFFIX, map_descriptor, map_file
 
@@ -287,7 +287,7 @@ class Client:
         )
         resp = self._call("Register", req, timeout)
         if len(resp.memory) != resp.layout.tp_size or len(resp.ranks) != resp.layout.tp_size:
-            raise KvfabricError(
+            raise ProtocolError(
                 f"agent sent {len(resp.memory)} memories and {len(resp.ranks)} rank layouts for TP {resp.layout.tp_size}",
                 method="Register",
             )
@@ -295,7 +295,7 @@ class Client:
         for r, m in enumerate(resp.memory):
             mem = self._map(m)
             if m.offset + m.size > len(mem):
-                raise KvfabricError(
+                raise ProtocolError(
                     f"rank {r} region [{m.offset}, {m.offset + m.size}) outside the pool memory ({len(mem)} bytes)",
                     method="Register",
                 )
