@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"time"
@@ -25,9 +26,9 @@ type workCompletion struct {
 // queue pair implements it over libibverbs, the engine's tests over a model.
 // Only the goroutine running read calls it.
 type sendQueue interface {
-	// post posts wrs as one chain (one post_send); nothing is posted when
-	// it fails.
-	post(wrs []sendWR) error
+	// post posts wrs as one chain (one post_send) and says how many went
+	// in (all of them unless it fails; on failure, those before bad_wr).
+	post(wrs []sendWR) (int, error)
 	// poll fills wcs with up to len(wcs) completions.
 	poll(wcs []workCompletion) (int, error)
 	// statusText names a completion status (ibv_wc_status_str).
@@ -122,11 +123,12 @@ func readAll(ctx context.Context, q sendQueue, ops []ReadOp, p readParams, seq *
 					signaled: (i+1)%p.signalEvery == 0 || k == n-1,
 				})
 			}
-			if err := q.post(batch); err != nil {
-				failure = fmt.Errorf("rdma: post %d reads: %w", n, err)
+			in, err := q.post(batch)
+			posted += in
+			if err != nil {
+				failure = fmt.Errorf("rdma: post %d reads (%d went in): %w", n, in, err)
 				break
 			}
-			posted += n
 		}
 		n, err := q.poll(wcs)
 		if err != nil {
@@ -158,6 +160,10 @@ func readAll(ctx context.Context, q sendQueue, ops []ReadOp, p readParams, seq *
 	}
 	if failure == nil {
 		return false, nil
+	}
+	if posted == done && ctx.Err() != nil && errors.Is(failure, ctx.Err()) {
+		// Nothing in flight: the queue pair is as healthy as before.
+		return false, failure
 	}
 	return true, abort(q, wcs, base, posted, seen, p.drain, failure)
 }

@@ -32,15 +32,15 @@ type modelQueue struct {
 	signaled                        []bool
 }
 
-func (m *modelQueue) post(wrs []sendWR) error {
+func (m *modelQueue) post(wrs []sendWR) (int, error) {
 	if m.errState {
-		return errors.New("post in error state")
+		return 0, errors.New("post in error state")
 	}
 	// The send queue frees a slot only when a completion covering it was
 	// polled: what the device still holds plus what completed unpolled.
 	if m.outstanding+len(wrs) > m.depth {
 		m.t.Errorf("post of %d with %d outstanding overflows depth %d", len(wrs), m.outstanding, m.depth)
-		return errors.New("ENOMEM")
+		return 0, errors.New("ENOMEM")
 	}
 	if !wrs[len(wrs)-1].signaled {
 		m.t.Errorf("last request of a post (id %d) is unsignalled", wrs[len(wrs)-1].id)
@@ -49,7 +49,7 @@ func (m *modelQueue) post(wrs []sendWR) error {
 	m.queue = append(m.queue, wrs...)
 	m.outstanding += len(wrs)
 	m.maxOutstanding = max(m.maxOutstanding, m.outstanding)
-	return nil
+	return len(wrs), nil
 }
 
 func (m *modelQueue) poll(out []workCompletion) (int, error) {
@@ -225,5 +225,44 @@ func TestValidateOps(t *testing.T) {
 		if err != nil && !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("%s: %v does not match ErrInvalidArgument", tc.desc, err)
 		}
+	}
+}
+
+func TestReadAllCancelledBeforeAnythingPosted(t *testing.T) {
+	m := &modelQueue{t: t, depth: 4, rng: rand.New(rand.NewPCG(5, 5))}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var seq uint64
+	aborted, err := readAll(ctx, m, ops(10, 1), readParams{depth: 4, signalEvery: 2, maxSGE: 1, drain: time.Second}, &seq)
+	if !errors.Is(err, context.Canceled) || aborted || m.errState || m.posts != 0 {
+		t.Fatalf("aborted %v, err %v, error state %v, %d posts; want a plain cancellation that leaves the queue pair alone", aborted, err, m.errState, m.posts)
+	}
+}
+
+// partialQueue takes only the first request of every post after the first,
+// then fails, as a driver that runs out of room mid-chain does.
+type partialQueue struct{ *modelQueue }
+
+func (p partialQueue) post(wrs []sendWR) (int, error) {
+	if p.posts == 0 || len(wrs) == 1 {
+		return p.modelQueue.post(wrs)
+	}
+	first := wrs[:1]
+	first[0].signaled = true
+	if _, err := p.modelQueue.post(first); err != nil {
+		return 0, err
+	}
+	return 1, errors.New("ENOMEM")
+}
+
+func TestReadAllPartialPostDrainsWhatWentIn(t *testing.T) {
+	m := &modelQueue{t: t, depth: 4, rng: rand.New(rand.NewPCG(6, 6))}
+	var seq uint64
+	aborted, err := readAll(context.Background(), partialQueue{m}, ops(50, 1), readParams{depth: 4, signalEvery: 2, maxSGE: 1, drain: time.Second}, &seq)
+	if !aborted || err == nil || !strings.Contains(err.Error(), "1 went in") {
+		t.Fatalf("aborted %v, err %v; want a failed post saying 1 went in", aborted, err)
+	}
+	if strings.Contains(err.Error(), "outstanding") || len(m.queue) != 0 || len(m.wcs) != 0 {
+		t.Fatalf("returned before the request that went in completed: %v (%d queued, %d completions)", err, len(m.queue), len(m.wcs))
 	}
 }

@@ -272,6 +272,7 @@ func wantStatus(t *testing.T, err error, status int) *rdma.CompletionError {
 const (
 	wcLocProtErr  = 4
 	wcRemAccess   = 10
+	wcRemOpErr    = 11
 	wcRetryExc    = 12
 	wcRemAccessTx = "remote access error"
 )
@@ -414,9 +415,10 @@ func setFaults(t *testing.T, s string) {
 	t.Cleanup(func() { os.WriteFile(control, nil, 0o644) })
 }
 
-// TestInjectedFailureNamesTheOp: fail_read=N fails the Nth READ; the error
-// names that op.
-func TestInjectedFailureNamesTheOp(t *testing.T) {
+// TestInjectedFaults: fail_read=N fails the Nth READ and the error names
+// that op; fail_status picks the status; port_down=1 times requests out;
+// cleared faults and a reset make the queue pair read again.
+func TestInjectedFaults(t *testing.T) {
 	r := newReader(t, rdma.QPOptions{SendDepth: 8})
 	h := startHolder(t)
 	h.connect(t, r.qp)
@@ -425,6 +427,35 @@ func TestInjectedFailureNamesTheOp(t *testing.T) {
 	if ce.Op != 4 {
 		t.Fatalf("failed op %d, want 4 (the 5th read)", ce.Op)
 	}
+
+	// A status named by fail_status.
+	reconnect := func() {
+		t.Helper()
+		if err := r.qp.Reset(); err != nil {
+			t.Fatal(err)
+		}
+		h.connect(t, r.qp)
+	}
+	reconnect()
+	setFaults(t, "fail_read=1,fail_status=REM_OP_ERR")
+	ce = wantStatus(t, r.qp.Read(context.Background(), r.scatteredOps(h, 3, 4096, 1)), wcRemOpErr)
+	if ce.Op != 0 {
+		t.Fatalf("failed op %d, want 0", ce.Op)
+	}
+
+	// The port going down: requests time out.
+	reconnect()
+	setFaults(t, "port_down=1")
+	wantStatus(t, r.qp.Read(context.Background(), r.scatteredOps(h, 3, 4096, 1)), wcRetryExc)
+
+	// Faults cleared: reads work again after a reset.
+	setFaults(t, "")
+	reconnect()
+	clear(r.buf)
+	if err := r.qp.Read(context.Background(), r.scatteredOps(h, 20, 4096, 1)); err != nil {
+		t.Fatalf("read after the faults cleared: %v", err)
+	}
+	r.verify(t, 20, 4096, 1)
 }
 
 // TestContextEndsStalledRead: with the peer stalled and a long transport
@@ -614,4 +645,82 @@ func TestDmabufLoopback(t *testing.T) {
 	// A closed region is gone from the device: reading it is an access error.
 	err = r.qp.Read(context.Background(), r.scatteredOps(h, 1, 4096, 1))
 	wantStatus(t, err, wcRemAccess)
+}
+
+// TestConcurrentUse registers regions from several goroutines at once and
+// runs Reads on one queue pair from two goroutines (they take turns).
+func TestConcurrentUse(t *testing.T) {
+	r := newReader(t, rdma.QPOptions{SendDepth: 16})
+	errc := make(chan error, 8)
+	for range 8 {
+		go func() {
+			mr, err := r.dev.RegisterMemory(make([]byte, 1<<20))
+			if err == nil {
+				err = mr.Close()
+			}
+			errc <- err
+		}()
+	}
+	for range 8 {
+		if err := <-errc; err != nil {
+			t.Fatalf("parallel registration: %v", err)
+		}
+	}
+	h := startHolder(t)
+	h.connect(t, r.qp)
+	for g := range 2 {
+		go func() {
+			// Each goroutine reads its half of the ops' destinations.
+			ops := r.scatteredOps(h, 200, 4096, 2)
+			errc <- r.qp.Read(context.Background(), ops[g*100:(g+1)*100])
+		}()
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatalf("concurrent read: %v", err)
+		}
+	}
+	r.verify(t, 200, 4096, 2)
+}
+
+// TestWithoutOptionalSymbols runs on a softverbs built without
+// _ibv_query_gid_ex and ibv_reg_dmabuf_mr (an older libibverbs): GID types
+// then come from the GIDs' form, and dma-buf registration says it is not
+// supported.
+func TestWithoutOptionalSymbols(t *testing.T) {
+	needSoftverbs(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "softverbs.c")
+	if err := os.WriteFile(src, softverbs.Source(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(dir, "libsoftverbs-old.so")
+	out, err := exec.Command("gcc", "-shared", "-fPIC", "-O2", "-pthread",
+		"-D_ibv_query_gid_ex=softverbs_hidden_query_gid_ex", "-Dibv_reg_dmabuf_mr=softverbs_hidden_reg_dmabuf_mr",
+		src, "-o", lib).CombinedOutput()
+	if err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	l, err := rdma.Open(rdma.Config{Library: lib})
+	if err != nil {
+		t.Fatalf("open a library without the optional symbols: %v", err)
+	}
+	defer l.Close()
+	dev, err := l.OpenDevice("softverbs0", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := map[int]rdma.GIDType{}
+	for _, g := range dev.Port().GIDs {
+		types[g.Index] = g.Type
+	}
+	if types[0] != rdma.GIDTypeRoCEv1 || types[1] != rdma.GIDTypeRoCEv2 {
+		t.Fatalf("GID types from the form: %v, want 0: RoCE v1, 1: RoCE v2", types)
+	}
+	if g := dev.GID(); g.Index != 1 {
+		t.Fatalf("chose GID %d, want 1", g.Index)
+	}
+	if _, err := dev.RegisterDmabuf(0, 0, 4096, 0); !errors.Is(err, rdma.ErrNotSupported) || !strings.Contains(err.Error(), "ibv_reg_dmabuf_mr") {
+		t.Fatalf("dma-buf without ibv_reg_dmabuf_mr: %v, want ErrNotSupported naming it", err)
+	}
 }

@@ -77,6 +77,11 @@ func gidTypeFromForm(g GID, ll LinkLayer) GIDType {
 	return GIDTypeUnknown
 }
 
+// PreferredGID is the GID a queue pair on this port sends from, as
+// OpenDevice chooses it; ok is false when none fits (an Ethernet port
+// without a RoCE v2 GID).
+func (p PortInfo) PreferredGID() (GID, bool) { return chooseGID(p) }
+
 // chooseGID picks the GID a queue pair sends from: on Ethernet a RoCE v2
 // IPv4-mapped GID, then a RoCE v2 IPv6 one (global before link-local); on
 // InfiniBand the first GID (the LID addresses the peer). ok is false when

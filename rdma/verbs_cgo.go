@@ -154,9 +154,13 @@ static int kvf_destroy_qp(struct kvf_lib *l, struct kvf_ibv_qp *qp) { return l->
 static const char *kvf_wc_status_str(struct kvf_lib *l, int s) { return l->wc_status_str(s); }
 
 // The data path, as verbs.h's static inline ibv_post_send and ibv_poll_cq.
-static int kvf_post_send(struct kvf_ibv_qp *qp, struct kvf_ibv_send_wr *wr) {
+// On failure *posted says how many of the chain went in before bad_wr.
+static int kvf_post_send(struct kvf_ibv_qp *qp, struct kvf_ibv_send_wr *wr, int n, int *posted) {
 	struct kvf_ibv_send_wr *bad = NULL;
-	return qp->context->ops.post_send(qp, wr, &bad);
+	int rc = qp->context->ops.post_send(qp, wr, &bad);
+	*posted = rc == 0 ? n : (bad ? (int)(bad - wr) : 0);
+	if (*posted < 0 || *posted > n) *posted = 0;
+	return rc;
 }
 static int kvf_poll_cq(struct kvf_ibv_cq *cq, int n, struct kvf_ibv_wc *wc) {
 	return cq->context->ops.poll_cq(cq, n, wc);
@@ -212,7 +216,9 @@ func Open(cfg Config) (*Library, error) {
 // Path is the library that was opened.
 func (l *Library) Path() string { return l.cfg.Library }
 
-// Close closes every device still open, then the library. Safe twice.
+// Close closes every device still open, then the library. Safe twice. Call
+// it once every other call on the library, its devices, regions and queue
+// pairs has returned: it unloads the code they run.
 func (l *Library) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -263,7 +269,7 @@ func (l *Library) deviceList(fn func(name string, dev *C.struct_kvf_ibv_device) 
 	var n C.int
 	list, err := C.kvf_get_device_list(l.lib, &n)
 	if list == nil {
-		return fmt.Errorf("rdma: RDMA is off: %s lists no devices (%v): %w", l.cfg.Library, err, ErrUnavailable)
+		return fmt.Errorf("rdma: RDMA is off: %s lists no devices (%v): %w", l.cfg.Library, errnoOf(-1, err), ErrUnavailable)
 	}
 	defer C.kvf_free_device_list(l.lib, list)
 	if n == 0 {
@@ -560,10 +566,12 @@ type MemoryRegion struct {
 	closed bool
 }
 
-// RegisterMemory registers buf for local write and remote read. buf must
-// stay untouched by the garbage collector's view of liveness: the region
-// keeps a reference until Close. The time it took is returned by Stats and
-// logged.
+// RegisterMemory registers buf (usually a pool's mapped memory) for local
+// write and remote read. The region keeps buf reachable until Close; peers
+// may read it, and READ responses may land in it, until then. The time the
+// registration took is returned by Stats and logged: registering hundreds of
+// GiB takes seconds on real NICs, so do it at start, in parallel (the method
+// may be called concurrently), never on the import path.
 func (d *Device) RegisterMemory(buf []byte) (*MemoryRegion, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("rdma: register memory on %s: empty buffer: %w", d.info.Name, ErrInvalidArgument)
@@ -797,7 +805,11 @@ func (q *QueuePair) Connect(remote Endpoint) error {
 
 	a = C.struct_kvf_ibv_qp_attr{}
 	a.qp_state = C.KVF_IBV_QPS_RTR
-	a.path_mtu = C.int(mtuEnum(min(local.MTU, remote.MTU)))
+	mtu := remote.MTU
+	if local.MTU > 0 {
+		mtu = min(local.MTU, remote.MTU)
+	}
+	a.path_mtu = C.int(mtuEnum(mtu))
 	a.dest_qp_num = C.uint32_t(remote.QPN)
 	a.rq_psn = C.uint32_t(remote.PSN)
 	a.max_dest_rd_atomic = C.uint8_t(q.opts.ReadDepth)
@@ -878,9 +890,9 @@ func (q *QueuePair) State() (string, error) {
 // SendDepth are in flight; the ops' scatter lists must each have 1..MaxSGE
 // entries. An error completion returns an error matching ErrCompletion (a
 // *CompletionError naming the status) and leaves the queue pair in the error
-// state: Reset and Connect it before the next Read. So does ctx ending; in
-// both cases no request is still writing into ops' buffers when Read
-// returns, unless the error says so.
+// state: Reset and Connect it before the next Read. So does ctx ending while
+// requests are in flight; in both cases no request is still writing into
+// ops' buffers when Read returns, unless the error says so.
 func (q *QueuePair) Read(ctx context.Context, ops []ReadOp) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -919,7 +931,7 @@ func (q *QueuePair) retryBound() time.Duration {
 // Read (holding q.mu) uses it.
 type cQueue struct{ q *QueuePair }
 
-func (c cQueue) post(batch []sendWR) error {
+func (c cQueue) post(batch []sendWR) (int, error) {
 	q := c.q
 	for i, w := range batch {
 		wr := &q.wrs[i]
@@ -947,10 +959,11 @@ func (c cQueue) post(batch []sendWR) error {
 			wr.next = &q.wrs[i+1]
 		}
 	}
-	if rc, err := C.kvf_post_send(q.qp, &q.wrs[0]); rc != 0 {
-		return errnoOf(rc, err)
+	var posted C.int
+	if rc, err := C.kvf_post_send(q.qp, &q.wrs[0], C.int(len(batch)), &posted); rc != 0 {
+		return int(posted), errnoOf(rc, err)
 	}
-	return nil
+	return len(batch), nil
 }
 
 func (c cQueue) poll(out []workCompletion) (int, error) {

@@ -161,8 +161,10 @@ func (p *Peer) pickSlot() int {
 }
 
 // openStream opens a stream on the least busy connection; its reads and
-// writes abort when ctx ends. done must be called when the call is over.
-func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(), err error) {
+// writes abort when ctx ends. done must be called when the call is over,
+// with the call's error: a call that timed out drops its connection (see
+// dropSilent).
+func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(error), err error) {
 	i := p.pickSlot()
 	sl := &p.slots[i]
 	sl.active.Add(1)
@@ -174,36 +176,60 @@ func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(), err
 	s, err = c.OpenStreamSync(ctx)
 	if err != nil {
 		sl.active.Add(-1)
-		return nil, nil, fmt.Errorf("transfer: open stream to %s: %w", p.name, wrapNetErr(ctx, err))
+		err = wrapNetErr(ctx, err)
+		p.dropSilent(i, c, err)
+		return nil, nil, fmt.Errorf("transfer: open stream to %s: %w", p.name, err)
 	}
 	stop := context.AfterFunc(ctx, func() {
 		s.CancelRead(streamErrCancelled)
 		s.CancelWrite(streamErrCancelled)
 	})
-	return s, func() { stop(); sl.active.Add(-1) }, nil
+	return s, func(err error) {
+		stop()
+		sl.active.Add(-1)
+		p.dropSilent(i, c, err)
+	}, nil
+}
+
+// dropSilent closes connection c of slot i after a call on it timed out,
+// so that the next call dials afresh. A holder that was killed and
+// restarted at the same address never answers on its old connections
+// (the new process has other keys, so not even a stateless reset comes
+// back), and they would otherwise stall every call until the idle
+// timeout. A live but slow peer costs a handshake.
+func (p *Peer) dropSilent(i int, c *quic.Conn, err error) {
+	if err == nil || !errors.Is(err, ErrTimeout) {
+		return
+	}
+	sl := &p.slots[i]
+	sl.mu.Lock()
+	if sl.c == c {
+		sl.c = nil
+	}
+	sl.mu.Unlock()
+	c.CloseWithError(connErrClosing, "call timed out")
 }
 
 // call runs one control call: a request frame out, a response frame back.
-func (p *Peer) call(ctx context.Context, m method, req, resp proto.Message) error {
+func (p *Peer) call(ctx context.Context, m method, req, resp proto.Message) (err error) {
 	ctx, cancel := p.n.callCtx(ctx)
 	defer cancel()
 	s, stop, err := p.openStream(ctx)
 	if err != nil {
 		return err
 	}
-	defer stop()
+	defer func() { stop(err) }()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = s.SetDeadline(dl)
 	}
-	if err := writeFrame(s, byte(m), req, p.n.cfg.MaxMessageSize); err != nil {
+	if err = writeFrame(s, byte(m), req, p.n.cfg.MaxMessageSize); err != nil {
 		s.CancelWrite(streamErrCancelled)
-		return fmt.Errorf("transfer: %s to %s: %w", m, p.name, wrapNetErr(ctx, err))
-	}
-	s.Close()
-	if err := p.readResponse(ctx, s, s, m, resp); err != nil {
+		err = fmt.Errorf("transfer: %s to %s: %w", m, p.name, wrapNetErr(ctx, err))
 		return err
 	}
-	return nil
+	s.Close()
+	err = p.readResponse(ctx, s, s, m, resp)
+	return err
 }
 
 // readResponse reads a response frame into resp, or the peer's error.

@@ -636,24 +636,17 @@ func (p *Peer) closeRDMA() {
 	}
 }
 
-// maxReadOp bounds one work request's bytes: sge lengths are 32-bit, and
-// every device we know caps a message at 2 GiB; stay well inside.
-const maxReadOp = 1 << 30
-
-// readOps turns a plan's segments into RDMA READs: every piece of every
-// segment, merged into one work request with a scatter list where pieces
-// follow each other in the holder's memory (up to maxSGE entries), and
-// into one scatter entry where they also follow each other in ours. It
-// checks every piece against the holder's region (its announced length)
-// and ours. It returns the ops and the scatter entries they hold.
+// readOps turns a plan's segments into RDMA READs (rdma.Coalesce merges
+// pieces contiguous in the holder's memory into one work request with a
+// scatter list, and pieces contiguous on both sides into one entry). It
+// first checks every segment against the holder's region (its announced
+// length). It returns the ops and the scatter entries they hold.
 func readOps(segs []layout.Segment, regions []remoteRegion, dst [][]byte, lkeys []uint32, maxSGE int) ([]rdma.ReadOp, int, error) {
-	var (
-		ops     []rdma.ReadOp
-		sges    int
-		opBytes uint64
-		remEnd  uint64 // one past the last op's remote range
-		rkey    uint32
-	)
+	n := uint64(0)
+	for _, s := range segs {
+		n += s.Count
+	}
+	pieces := make([]rdma.Piece, 0, n)
 	for si, s := range segs {
 		if s.SrcRank < 0 || s.SrcRank >= len(regions) || regions[s.SrcRank].length == 0 {
 			return nil, 0, fmt.Errorf("segment %d reads rank %d, which the holder gave no RDMA region for", si, s.SrcRank)
@@ -666,40 +659,19 @@ func readOps(segs []layout.Segment, regions []remoteRegion, dst [][]byte, lkeys 
 		if end > reg.length {
 			return nil, 0, fmt.Errorf("segment %d ends at %d, past rank %d's region of %d bytes", si, end, s.SrcRank, reg.length)
 		}
-		local := dst[s.DstRank]
-		base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(local))))
+		base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(dst[s.DstRank]))))
 		for i := uint64(0); i < s.Count; i++ {
 			src, d := s.Piece(i)
-			for left := s.Length; left > 0; {
-				n := min(left, maxReadOp)
-				remote := reg.addr + src
-				laddr := base + d
-				last := len(ops) - 1
-				switch {
-				case last >= 0 && rkey == reg.rkey && remEnd == remote && opBytes+n <= maxReadOp &&
-					ops[last].Local[len(ops[last].Local)-1].Addr+uint64(ops[last].Local[len(ops[last].Local)-1].Length) == laddr &&
-					uint64(ops[last].Local[len(ops[last].Local)-1].Length)+n <= maxReadOp &&
-					ops[last].Local[len(ops[last].Local)-1].LKey == lkeys[s.DstRank]:
-					// Contiguous on both sides: a longer scatter entry.
-					ops[last].Local[len(ops[last].Local)-1].Length += uint32(n)
-				case last >= 0 && rkey == reg.rkey && remEnd == remote && opBytes+n <= maxReadOp && len(ops[last].Local) < maxSGE:
-					// Contiguous in the holder's memory only: one more entry.
-					ops[last].Local = append(ops[last].Local, rdma.SGE{Addr: laddr, Length: uint32(n), LKey: lkeys[s.DstRank]})
-					sges++
-				default:
-					ops = append(ops, rdma.ReadOp{RemoteAddr: remote, RKey: reg.rkey,
-						Local: []rdma.SGE{{Addr: laddr, Length: uint32(n), LKey: lkeys[s.DstRank]}}})
-					sges++
-					opBytes = 0
-				}
-				opBytes += n
-				remEnd = remote + n
-				rkey = reg.rkey
-				src += n
-				d += n
-				left -= n
-			}
+			pieces = append(pieces, rdma.Piece{RemoteAddr: reg.addr + src, RKey: reg.rkey, LocalAddr: base + d, LKey: lkeys[s.DstRank], Length: s.Length})
 		}
+	}
+	ops, err := rdma.Coalesce(pieces, maxSGE)
+	if err != nil {
+		return nil, 0, err
+	}
+	sges := 0
+	for _, op := range ops {
+		sges += len(op.Local)
 	}
 	return ops, sges, nil
 }

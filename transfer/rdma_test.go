@@ -329,14 +329,14 @@ func TestReadOps(t *testing.T) {
 			}
 		})
 	}
-	// A piece over maxReadOp is split; at the limit it is not.
-	big := []remoteRegion{{addr: 1 << 40, length: 3 << 30, rkey: 9}}
-	fake := [][]byte{reserved(t, 3<<30)}
-	if ops, _, err := readOps([]layout.Segment{{Length: maxReadOp, Count: 1}}, big, fake, lkeys, 4); err != nil || len(ops) != 1 {
-		t.Fatalf("a piece of maxReadOp: %d ops, %v", len(ops), err)
+	// A piece over rdma.MaxReadBytes is split; at the limit it is not.
+	big := []remoteRegion{{addr: 1 << 40, length: 5 << 30, rkey: 9}}
+	fake := [][]byte{reserved(t, 5<<30)}
+	if ops, _, err := readOps([]layout.Segment{{Length: rdma.MaxReadBytes, Count: 1}}, big, fake, lkeys, 4); err != nil || len(ops) != 1 {
+		t.Fatalf("a piece of MaxReadBytes: %d ops, %v", len(ops), err)
 	}
-	if ops, _, err := readOps([]layout.Segment{{Length: maxReadOp + 1, Count: 1}}, big, fake, lkeys, 4); err != nil || len(ops) != 2 {
-		t.Fatalf("a piece of maxReadOp+1: %d ops, %v", len(ops), err)
+	if ops, _, err := readOps([]layout.Segment{{Length: rdma.MaxReadBytes + 1, Count: 1}}, big, fake, lkeys, 4); err != nil || len(ops) != 2 {
+		t.Fatalf("a piece of MaxReadBytes+1: %d ops, %v", len(ops), err)
 	}
 	// At the region's end, and one byte past it.
 	if _, _, err := readOps([]layout.Segment{{SrcOffset: 1<<20 - 256, Length: 256, Count: 1}}, regions, dst, lkeys, 4); err != nil {

@@ -256,12 +256,12 @@ func (r *progressReader) Read(p []byte) (int, error) {
 }
 
 // readPart runs one stream of a read.
-func (p *Peer) readPart(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) error {
+func (p *Peer) readPart(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) (err error) {
 	s, stop, err := p.openStream(ctx)
 	if err != nil {
 		return err
 	}
-	defer stop()
+	defer func() { stop(err) }()
 	req := &transferpb.ReadRequest{LeaseId: leaseID, BlockSet: blockSet, Segments: make([]*transferpb.ReadSegment, len(segs))}
 	var want uint64
 	for i, sg := range segs {

@@ -290,9 +290,11 @@ func (w *dataWriter) write(p []byte) error {
 	return nil
 }
 
-// send writes p in chunks so that the deadline moves with progress.
+// send writes p in chunks so that the deadline moves with progress: small
+// enough that even a slow link (a few Mbit/s) finishes one well within
+// ProgressTimeout/4 of the last refresh.
 func (w *dataWriter) send(p []byte) error {
-	const chunk = 4 << 20
+	const chunk = 256 << 10
 	for len(p) > 0 {
 		k := min(len(p), chunk)
 		w.refresh()

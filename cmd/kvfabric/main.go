@@ -7,6 +7,7 @@
 //	kvfabric lookup | import | get | put      blocks, through the local agent
 //	kvfabric hash --block-size N [TOKEN ...]  block hashes of a token sequence
 //	kvfabric plan --src FILE --dst FILE       the copy plan between two layouts
+//	kvfabric rdma devices [--json]            RDMA devices, ports and GIDs
 //	kvfabric version
 //
 // Every command exits with one of three statuses:
@@ -86,12 +87,14 @@ var commands = map[string]command{
 	"agent":   {"run the node agent", runAgent},
 	"certs":   {"make the cluster CA and node certificates", runCerts},
 	"get":     {"import blocks and write their bytes to a file", runGet},
+	"gpus":    {"list this node's GPUs and the RDMA device closest to each", runGPUs},
 	"hash":    {"print the block hashes of a token sequence", runHash},
 	"import":  {"import blocks from the cluster into the local agent", runImport},
 	"lookup":  {"show which nodes hold a sequence's blocks", runLookup},
 	"members": {"list the cluster's members", runMembers},
 	"plan":    {"summarise the copy plan between two layouts", runPlan},
 	"put":     {"store test blocks on the local agent", runPut},
+	"rdma":    {"list the RDMA devices and ports this node would use (rdma devices)", runRDMA},
 	"status":  {"show whether the local agent has joined, its members, pools, block sets and transfers", runStatus},
 	"version": {"print the version of kvfabric and of Go that built it (also kvfabric --version)", runVersion},
 }

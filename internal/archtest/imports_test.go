@@ -15,8 +15,11 @@ const module = "github.com/kvfabric/kvfabric"
 // packages may import directly. "*" allows everything; the standard
 // library is always allowed.
 var rules = map[string]struct{ ours, theirs []string }{
-	"layout":     {[]string{"layout"}, []string{"github.com/zeebo/xxh3", "google.golang.org/protobuf"}},
-	"pool":       {[]string{"pool", "layout"}, []string{"golang.org/x/sys"}},
+	"layout": {[]string{"layout"}, []string{"github.com/zeebo/xxh3", "google.golang.org/protobuf"}},
+	"pool":   {[]string{"pool", "layout"}, []string{"golang.org/x/sys"}},
+	// pool/cuda is pool's one cgo corner (DESIGN.md): the driver binding,
+	// and GPU discovery through go-nvml.
+	"pool/cuda":  {[]string{"pool", "layout"}, []string{"C", "golang.org/x/sys", "github.com/NVIDIA/go-nvml"}},
 	"rdma":       {[]string{"rdma"}, []string{"C"}},
 	"transfer":   {[]string{"transfer", "layout", "rdma"}, []string{"github.com/quic-go/quic-go", "google.golang.org/protobuf", "golang.org/x/"}},
 	"membership": {[]string{"membership"}, []string{"github.com/hashicorp/memberlist", "google.golang.org/protobuf"}},
@@ -50,6 +53,9 @@ func TestForbiddenImports(t *testing.T) {
 		}
 		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
 		top, _, _ := strings.Cut(rel, "/")
+		if rel == "pool/cuda" || strings.HasPrefix(rel, "pool/cuda/") {
+			top = "pool/cuda"
+		}
 		rule, ok := rules[top]
 		if !ok {
 			t.Errorf("%s: folder %q has no import rule; add it here and to DESIGN.md's package map", p.ImportPath, top)

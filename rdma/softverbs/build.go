@@ -20,6 +20,9 @@ var source []byte
 // cache key.
 var cflags = []string{"-shared", "-fPIC", "-O2", "-pthread"}
 
+// sysroot, when set, is passed to gcc (tests use it to hide the headers).
+var sysroot string
+
 // ErrNoHeaders is returned by [Build] when rdma-core's <infiniband/verbs.h>
 // is missing (Debian: apt-get install libibverbs-dev).
 var ErrNoHeaders = errors.New("softverbs: <infiniband/verbs.h> not found: install libibverbs-dev")
@@ -47,6 +50,9 @@ func Build(dir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("softverbs: gcc is needed to build the library: %w", err)
 	}
+	if err := haveHeaders(gcc); err != nil {
+		return "", err
+	}
 	tmp, err := os.MkdirTemp(dir, ".build-")
 	if err != nil {
 		return "", fmt.Errorf("softverbs: build dir: %w", err)
@@ -57,7 +63,7 @@ func Build(dir string) (string, error) {
 		return "", fmt.Errorf("softverbs: %w", err)
 	}
 	out := filepath.Join(tmp, "libsoftverbs.so")
-	args := append(append([]string{}, cflags...), src, "-o", out)
+	args := append(gccArgs(), src, "-o", out)
 	if msg, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
 		if strings.Contains(string(msg), "infiniband/verbs.h") {
 			return "", fmt.Errorf("%w (gcc: %s)", ErrNoHeaders, firstLine(msg))
@@ -68,6 +74,29 @@ func Build(dir string) (string, error) {
 		return "", fmt.Errorf("softverbs: %w", err)
 	}
 	return lib, nil
+}
+
+func gccArgs() []string {
+	args := append([]string{}, cflags...)
+	if sysroot != "" {
+		args = append(args, "--sysroot="+sysroot)
+	}
+	return args
+}
+
+// haveHeaders preprocesses an include of <infiniband/verbs.h> alone, so that
+// a missing header is told apart from any other compile error.
+func haveHeaders(gcc string) error {
+	args := []string{"-E", "-x", "c", "-o", os.DevNull, "-"}
+	if sysroot != "" {
+		args = append(args, "--sysroot="+sysroot)
+	}
+	cmd := exec.Command(gcc, args...)
+	cmd.Stdin = strings.NewReader("#include <infiniband/verbs.h>\n")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%w (gcc: %s)", ErrNoHeaders, firstLine(msg))
+	}
+	return nil
 }
 
 func firstLine(b []byte) string {

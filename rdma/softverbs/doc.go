@@ -11,7 +11,8 @@
 // ibv_get_device_list / ibv_open_device:
 //
 //	SOFTVERBS_REGISTRY    machine-wide registry directory (default /dev/shm/softverbs)
-//	SOFTVERBS_DEVICES     comma-separated device names (default "softverbs0")
+//	SOFTVERBS_DEVICES     comma-separated device names (unset: "softverbs0";
+//	                      set and empty: no devices)
 //	SOFTVERBS_GID_ADDR    IPv4 address(es) the GIDs derive from, one per device or
 //	                      one for all (default 127.0.0.1): GID 1 is ::ffff:a.b.c.d
 //	                      (RoCE v2), GID 0 fe80::<guid> (RoCE v1)
@@ -36,9 +37,12 @@
 // (qp-<qpn>) with the owner's pid and start time; QPNs, PD ids, lkeys and
 // rkeys are allocated from one counter under flock, so they are unique
 // machine-wide and lkey != rkey (a request using one for the other fails as
-// it would on a NIC). Entries go at dereg/destroy and at process exit; those
-// of a process killed with SIGKILL are ignored (its pid is gone or names a
-// later process) and swept by the next ibv_open_device.
+// it would on a NIC). Entries go at dereg/destroy and at process exit (C's
+// exit; a Go program's os.Exit skips it, and its entries are then treated as
+// a killed process's); those of a process killed with SIGKILL are ignored
+// (its pid is gone or names a later process) and swept by the next
+// ibv_open_device. A shared counter (<registry>/gen) moves with every change,
+// so requesters keep what they looked up until it moves.
 //
 // Device limits (ibv_query_device) are enforced: max_qp_wr 4096, max_sge 30,
 // max_cqe 65536, max_qp_rd_atom and max_qp_init_rd_atom 16, max_qp 256,
@@ -50,8 +54,12 @@
 // any->RESET, INIT->INIT, RTS->RTS): a mask that lacks a required bit or
 // has one neither required nor optional for the transition fails with
 // EINVAL, as do out-of-range values. Only IBV_WR_RDMA_READ executes; any
-// other opcode completes with IBV_WC_LOC_QP_OP_ERR. A READ runs on the QP's
-// worker thread with process_vm_readv from the connected peer's process,
+// other opcode completes with IBV_WC_LOC_QP_OP_ERR. A READ runs with
+// process_vm_readv from the connected peer's process, on the poller's
+// thread when ibv_poll_cq finds the CQ empty, else on the QP's worker thread
+// once the request is 100 µs old (a spinning poller on a loaded machine would
+// otherwise starve the worker, and a worker woken for every request costs two
+// thread switches each; anything that has to wait is left to the worker),
 // after a NIC's checks: each local SGE's lkey in this QP's PD with local
 // write and in range (else LOC_PROT_ERR); the responder QP reachable at the
 // RTR address, connected back and in RTR or RTS (else no response:
@@ -76,6 +84,11 @@
 // mapping at the given iova; peers read it like any other region. Remote
 // addresses and SGE addresses are in the region's iova space (the address
 // for ibv_reg_mr).
+//
+// Teardown is strict where a driver is: ibv_destroy_cq refuses (EBUSY) while
+// QPs use the CQ, ibv_dealloc_pd while QPs or regions use the PD, and, unlike
+// libibverbs (where the kernel cleans up), ibv_close_device while the context
+// holds anything, so that a leak shows.
 //
 // Not modelled: receives, sends, writes, atomics, completion channels,
 // SRQs, alternate paths, more than one port.

@@ -66,7 +66,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func needDriver(t *testing.T) {
+func needDriver(t testing.TB) {
 	t.Helper()
 	if errors.Is(setupErr, softverbs.ErrNoHeaders) {
 		t.Skipf("needs rdma-core's headers (make test-deps installs them): %v", setupErr)
@@ -79,18 +79,26 @@ func needDriver(t *testing.T) {
 // world is one machine's softverbs: a registry directory shared by the
 // processes a test starts.
 type world struct {
-	t        *testing.T
+	t        testing.TB
 	registry string
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t testing.TB) *world {
 	needDriver(t)
-	return &world{t: t, registry: t.TempDir()}
+	// In /dev/shm, as softverbs' default: a registry on a disk file system
+	// costs milliseconds per registration (renames are journalled).
+	dir, err := os.MkdirTemp("/dev/shm", "softverbs-test-")
+	if err != nil {
+		dir = t.TempDir()
+	} else {
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	return &world{t: t, registry: dir}
 }
 
 // proc is a running svdriver.
 type proc struct {
-	t     *testing.T
+	t     testing.TB
 	name  string
 	cmd   *exec.Cmd
 	in    io.WriteCloser
@@ -141,7 +149,7 @@ func (w *world) start(name string, env ...string) *proc {
 }
 
 type testWriter struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 }
 
@@ -187,6 +195,17 @@ func fields(ans string) map[string]string {
 		}
 	}
 	return m
+}
+
+// exit asks the driver to return from main (so exit handlers run) and waits.
+func (p *proc) exit() {
+	p.t.Helper()
+	io.WriteString(p.in, "exit\n")
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.t.Fatalf("%s: not gone 10 s after exit", p.name)
+	}
 }
 
 func (p *proc) kill() {

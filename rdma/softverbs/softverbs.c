@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -167,6 +168,56 @@ static int registry_ensure(void)
 	return 0;
 }
 
+// <registry>/gen is a 64-bit counter in a shared mapping, bumped by every
+// change to the registry, so a requester can keep what it looked up until
+// the counter moves (the data path then costs no file reads).
+static pthread_mutex_t g_gen_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t *g_gen;
+static char g_gen_dir[512];
+
+static uint64_t *registry_gen(void)
+{
+	// The registry directory is the process's for its life: once mapped,
+	// the counter is read without a lock.
+	uint64_t *mapped = __atomic_load_n(&g_gen, __ATOMIC_ACQUIRE);
+	if (mapped)
+		return mapped;
+	pthread_mutex_lock(&g_gen_lock);
+	const char *d = registry_dir();
+	if (!g_gen || strcmp(g_gen_dir, d) != 0) {
+		char path[600];
+		snprintf(path, sizeof(path), "%s/gen", d);
+		int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+		struct stat st;
+		if (fd >= 0 && fstat(fd, &st) == 0 && (st.st_size >= 4096 || ftruncate(fd, 4096) == 0)) {
+			void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+			if (m != MAP_FAILED) {
+				snprintf(g_gen_dir, sizeof(g_gen_dir), "%s", d);
+				__atomic_store_n(&g_gen, (uint64_t *)m, __ATOMIC_RELEASE);
+			}
+		}
+		if (fd >= 0)
+			close(fd);
+	}
+	uint64_t *g = g_gen;
+	pthread_mutex_unlock(&g_gen_lock);
+	return g;
+}
+
+static void registry_bump(void)
+{
+	uint64_t *g = registry_gen();
+	if (g)
+		__atomic_add_fetch(g, 1, __ATOMIC_SEQ_CST);
+}
+
+// The registry's generation; 0 when unknown (nothing may then be cached).
+static uint64_t registry_gen_now(void)
+{
+	uint64_t *g = registry_gen();
+	return g ? __atomic_load_n(g, __ATOMIC_SEQ_CST) + 1 : 0;
+}
+
 static uint32_t registry_alloc_id(void)
 {
 	char path[512];
@@ -220,6 +271,7 @@ static int registry_write(const char *kind, uint32_t id, const char *line)
 		unlink(tmp);
 		return -1;
 	}
+	registry_bump();
 	return 0;
 }
 
@@ -243,6 +295,7 @@ static void registry_remove(const char *kind, uint32_t id)
 	char path[512];
 	snprintf(path, sizeof(path), "%s/%s-%u", registry_dir(), kind, id);
 	unlink(path);
+	registry_bump();
 }
 
 // Removes the entries of processes that are gone; with mine set, also this
@@ -270,8 +323,10 @@ static void registry_sweep(int mine)
 		unsigned long long start = 0;
 		if (sscanf(buf, "pid=%d start=%llu", &pid, &start) != 2)
 			continue;
-		if (mine ? (pid == g_pid && start == g_start) : !proc_alive(pid, start))
+		if (mine ? (pid == g_pid && start == g_start) : !proc_alive(pid, start)) {
 			unlink(path);
+			registry_bump();
+		}
 	}
 	closedir(d);
 }
@@ -426,27 +481,83 @@ static void parse_faults(const char *s, struct faults *f)
 	}
 }
 
-static void read_small_file(const char *path, char *buf, size_t n)
+// A control file's identity when last read: it is re-read only when it
+// changed (a stat per check instead of open, read, close).
+struct ctl_cache {
+	char path[256];
+	dev_t dev;
+	ino_t ino;
+	off_t size;
+	struct timespec mtim;
+	int have;   // text is the file's as of the identity above
+	int absent; // the last look found no file
+	char text[512];
+};
+
+// Brings c up to date with the file at path; returns its text. *changed
+// (if given) says whether the text may differ from the last call's.
+static const char *ctl_text_changed(struct ctl_cache *c, const char *path, int *changed)
 {
-	buf[0] = 0;
-	if (!path || !*path)
-		return;
+	struct stat st;
+	if (changed)
+		*changed = 1;
+	if (!path || !*path || stat(path, &st) != 0) {
+		if (changed && c->absent)
+			*changed = 0;
+		c->absent = 1;
+		c->have = 0;
+		c->text[0] = 0;
+		return c->text;
+	}
+	c->absent = 0;
+	if (c->have && strcmp(c->path, path) == 0 && c->dev == st.st_dev && c->ino == st.st_ino &&
+	    c->size == st.st_size && c->mtim.tv_sec == st.st_mtim.tv_sec &&
+	    c->mtim.tv_nsec == st.st_mtim.tv_nsec) {
+		if (changed)
+			*changed = 0;
+		return c->text;
+	}
+	snprintf(c->path, sizeof(c->path), "%s", path);
+	c->dev = st.st_dev;
+	c->ino = st.st_ino;
+	c->size = st.st_size;
+	c->mtim = st.st_mtim;
+	c->have = 1;
+	c->text[0] = 0;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return;
-	ssize_t r = read(fd, buf, n - 1);
-	close(fd);
-	buf[r > 0 ? r : 0] = 0;
+	if (fd >= 0) {
+		ssize_t r = read(fd, c->text, sizeof(c->text) - 1);
+		close(fd);
+		c->text[r > 0 ? r : 0] = 0;
+	}
+	return c->text;
 }
 
 // Re-reads SOFTVERBS_FAULTS and the control file; a changed text re-arms the
 // fail_read countdown, so "the Nth READ" counts from when it was written.
+static struct ctl_cache g_ctl;
+
+static const char *ctl_text(struct ctl_cache *c, const char *path)
+{
+	return ctl_text_changed(c, path, NULL);
+}
+
+static int g_faults_read;
+
 static void faults_refresh(struct faults *out)
 {
-	char ctl[512], src[1024];
-	read_small_file(getenv("SOFTVERBS_CONTROL"), ctl, sizeof(ctl));
-	snprintf(src, sizeof(src), "%s,%s", env_or("SOFTVERBS_FAULTS", ""), ctl);
+	char src[1024];
 	pthread_mutex_lock(&g_fault_lock);
+	int changed;
+	const char *ctl = ctl_text_changed(&g_ctl, getenv("SOFTVERBS_CONTROL"), &changed);
+	if (!changed && g_faults_read) {
+		if (out)
+			*out = g_faults;
+		pthread_mutex_unlock(&g_fault_lock);
+		return;
+	}
+	g_faults_read = 1;
+	snprintf(src, sizeof(src), "%s,%s", env_or("SOFTVERBS_FAULTS", ""), ctl);
 	if (strcmp(src, g_fault_src) != 0) {
 		struct faults f = {.fail_status = IBV_WC_REM_ACCESS_ERR};
 		parse_faults(src, &f);
@@ -460,13 +571,12 @@ static void faults_refresh(struct faults *out)
 }
 
 // Stall and port-down of a peer, from the control file it registered.
-static void peer_faults(const char *control, struct faults *f)
+static void peer_faults(struct ctl_cache *c, const char *control, struct faults *f)
 {
-	char ctl[512];
 	memset(f, 0, sizeof(*f));
-	read_small_file(control, ctl, sizeof(ctl));
-	if (ctl[0])
-		parse_faults(ctl, f);
+	const char *t = ctl_text(c, control);
+	if (t[0])
+		parse_faults(t, f);
 }
 
 // ---------------------------------------------------------------- objects
@@ -521,14 +631,17 @@ struct sv_cq {
 	int cap, head, count;
 	int overflow;
 	int users;
+	struct sv_qp *qps; // QPs whose send queue completes here (under lock)
 };
 
 struct sv_wr {
 	uint64_t wr_id;
 	uint64_t seq;
+	uint64_t posted_ns;
 	int opcode;
 	int signaled;
-	int inject; // status to complete with (fault), 0 none
+	int inject;   // status to complete with (fault), 0 none
+	int deferred; // a poller left it to the worker
 	uint64_t raddr;
 	uint32_t rkey;
 	int num_sge;
@@ -549,9 +662,34 @@ struct sv_qp {
 	uint64_t freed;		  // slots below this are free (atomic)
 	uint64_t gen;		  // bumped on RESET: in-flight work is discarded
 	int busy, stop;
+	int idle;	  // the worker waits for a post (without timeout)
+	int busy_waiters; // threads waiting for busy to clear
 	pthread_t thr;
 	int thr_started;
+	// Worker-only lookups, kept while the registry's generation holds (and
+	// at most SV_CACHE_NS, so a dead peer is noticed).
+	struct {
+		uint64_t gen, at;
+		struct qp_entry e;
+	} peer;
+	struct {
+		uint64_t gen, at;
+		uint32_t rkey;
+		struct mr_entry e;
+	} mrc[8];
+	unsigned mrc_next;
+	struct ctl_cache peer_ctl;
+	struct sv_qp *cq_next; // in send_cq's list (under the CQ's lock)
+	int cq_refs;	       // pollers executing on this QP (under the CQ's lock)
 };
+
+#define SV_CACHE_NS 100000000ull
+
+// How long a new request is left to pollers before the worker takes it.
+#define SV_GRACE_NS 100000ull
+
+// Not a completion status: the request is left for the QP's worker.
+#define SV_DEFER (-1)
 
 static int sv_post_send(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
 static int sv_post_recv(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
@@ -608,7 +746,9 @@ static struct sv_device *device_get(const char *name, const char *addr)
 SV_EXPORT struct ibv_device **ibv_get_device_list(int *num)
 {
 	char names[1024], addrs[1024];
-	snprintf(names, sizeof(names), "%s", env_or("SOFTVERBS_DEVICES", "softverbs0"));
+	// Set but empty means no devices (a machine without RDMA).
+	const char *dv = getenv("SOFTVERBS_DEVICES");
+	snprintf(names, sizeof(names), "%s", dv ? dv : "softverbs0");
 	snprintf(addrs, sizeof(addrs), "%s", env_or("SOFTVERBS_GID_ADDR", "127.0.0.1"));
 	struct ibv_device **list = calloc(SV_MAX_DEVICES + 1, sizeof(*list));
 	if (!list) {
@@ -683,6 +823,9 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->ctx.ops.post_recv = sv_post_recv;
 	c->ctx.ops.poll_cq = sv_poll_cq;
 	c->ctx.ops.req_notify_cq = sv_req_notify_cq;
+	pthread_mutex_lock(&g_fault_lock);
+	g_faults_read = 0; // SOFTVERBS_FAULTS is read again at each open
+	pthread_mutex_unlock(&g_fault_lock);
 	faults_refresh(NULL);
 	return &c->ctx;
 }
@@ -899,6 +1042,26 @@ static int range_mapped(uint64_t addr, uint64_t len)
 	return 1;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#define MADV_POPULATE_WRITE 23
+#endif
+
+// pin_range faults in every page of a registration, as a NIC driver's
+// pin_user_pages does: the pages are resident before the first READ, and
+// registration, not the data path, pays for it. Kernels without
+// MADV_POPULATE_* get a read of each page.
+static void pin_range(uint64_t host, uint64_t len, int write)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uint64_t start = host & ~(uint64_t)(page - 1);
+	uint64_t end = host + len;
+	if (madvise((void *)(uintptr_t)start, end - start, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+		return;
+	for (uint64_t a = start; a < end; a += (uint64_t)page)
+		(void)*(volatile const char *)(uintptr_t)(a < host ? host : a);
+}
+
 static struct ibv_mr *register_mr(struct ibv_pd *pd, uint64_t host, uint64_t len, uint64_t iova,
 				  int access, void *map, size_t maplen)
 {
@@ -914,6 +1077,8 @@ static struct ibv_mr *register_mr(struct ibv_pd *pd, uint64_t host, uint64_t len
 	p->users++;
 	pthread_mutex_unlock(&c->lock);
 
+	if (len > 0)
+		pin_range(host, len, access & IBV_ACCESS_LOCAL_WRITE);
 	struct sv_mr *m = calloc(1, sizeof(*m));
 	uint32_t lkey = registry_alloc_id(), rkey = registry_alloc_id();
 	if (!m || !lkey || !rkey)
@@ -1142,9 +1307,13 @@ static void cq_push(struct sv_qp *s, const struct ibv_wc *wc, uint64_t seq)
 	pthread_mutex_unlock(&q->lock);
 }
 
-static void cq_purge(struct sv_cq *q, struct sv_qp *s)
+// Drops s's completions from q; with reset, also empties s's send queue
+// accounting under the same lock, so a poll cannot free slots of the past.
+static void cq_purge(struct sv_cq *q, struct sv_qp *s, int reset)
 {
 	pthread_mutex_lock(&q->lock);
+	if (reset)
+		__atomic_store_n(&s->freed, 0, __ATOMIC_RELEASE);
 	int kept = 0;
 	for (int i = 0; i < q->count; i++) {
 		struct sv_cqe e = q->ring[(q->head + i) % q->cap];
@@ -1155,12 +1324,9 @@ static void cq_purge(struct sv_cq *q, struct sv_qp *s)
 	pthread_mutex_unlock(&q->lock);
 }
 
-static int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+// Pops up to n completions; called with q->lock held.
+static int cq_pop(struct sv_cq *q, int n, struct ibv_wc *wc)
 {
-	struct sv_cq *q = (struct sv_cq *)cq;
-	if (n < 0 || (n > 0 && !wc))
-		return -EINVAL;
-	pthread_mutex_lock(&q->lock);
 	int got = 0;
 	while (got < n && q->count > 0) {
 		struct sv_cqe *e = &q->ring[q->head];
@@ -1173,6 +1339,43 @@ static int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 			;
 		q->head = (q->head + 1) % q->cap;
 		q->count--;
+	}
+	return got;
+}
+
+static int qp_step(struct sv_qp *s, int inline_);
+
+// A poller that finds the CQ empty executes queued requests of the QPs that
+// complete here on its own thread (as many as it asks completions for, at
+// most 16 a QP) before looking again. A spinning poller then moves the bytes
+// itself instead of competing for a CPU with the QPs' workers, which take
+// what pollers leave (anything that has to wait).
+static int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	struct sv_cq *q = (struct sv_cq *)cq;
+	if (n < 0 || (n > 0 && !wc))
+		return -EINVAL;
+	pthread_mutex_lock(&q->lock);
+	int got = cq_pop(q, n, wc);
+	if (got == 0 && n > 0 && !q->overflow && q->qps) {
+		struct sv_qp *qps[SV_MAX_QP];
+		int nq = 0;
+		for (struct sv_qp *s = q->qps; s && nq < SV_MAX_QP; s = s->cq_next) {
+			s->cq_refs++;
+			qps[nq++] = s;
+		}
+		pthread_mutex_unlock(&q->lock);
+		for (int i = 0; i < nq; i++) {
+			struct sv_qp *s = qps[i];
+			pthread_mutex_lock(&s->lock);
+			for (int k = 0; k < 16 && k < n && qp_step(s, 1); k++)
+				;
+			pthread_mutex_unlock(&s->lock);
+		}
+		pthread_mutex_lock(&q->lock);
+		for (int i = 0; i < nq; i++)
+			qps[i]->cq_refs--;
+		got = cq_pop(q, n, wc);
 	}
 	int overflow = q->overflow;
 	pthread_mutex_unlock(&q->lock);
@@ -1281,6 +1484,11 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 	((struct sv_cq *)ia->send_cq)->users++;
 	((struct sv_cq *)ia->recv_cq)->users++;
 	pthread_mutex_unlock(&c->lock);
+	struct sv_cq *scq = (struct sv_cq *)ia->send_cq;
+	pthread_mutex_lock(&scq->lock);
+	s->cq_next = scq->qps;
+	scq->qps = s;
+	pthread_mutex_unlock(&scq->lock);
 	qp_publish(s);
 	return &s->qp;
 }
@@ -1291,6 +1499,20 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 		return EINVAL;
 	struct sv_qp *s = (struct sv_qp *)qp;
 	struct sv_context *c = ctx_of(qp->context);
+	// Out of the CQ's list, and no poller still executing on it.
+	struct sv_cq *scq = (struct sv_cq *)qp->send_cq;
+	pthread_mutex_lock(&scq->lock);
+	struct sv_qp **pp = &scq->qps;
+	while (*pp && *pp != s)
+		pp = &(*pp)->cq_next;
+	if (*pp)
+		*pp = s->cq_next;
+	while (s->cq_refs > 0) {
+		pthread_mutex_unlock(&scq->lock);
+		sched_yield();
+		pthread_mutex_lock(&scq->lock);
+	}
+	pthread_mutex_unlock(&scq->lock);
 	pthread_mutex_lock(&s->lock);
 	s->stop = 1;
 	pthread_cond_broadcast(&s->cv);
@@ -1298,9 +1520,9 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 	if (s->thr_started)
 		pthread_join(s->thr, NULL);
 	registry_remove("qp", qp->qp_num);
-	cq_purge((struct sv_cq *)qp->send_cq, s);
+	cq_purge((struct sv_cq *)qp->send_cq, s, 0);
 	if (qp->recv_cq != qp->send_cq)
-		cq_purge((struct sv_cq *)qp->recv_cq, s);
+		cq_purge((struct sv_cq *)qp->recv_cq, s, 0);
 	pthread_mutex_lock(&c->lock);
 	c->n_qp--;
 	((struct sv_pd *)qp->pd)->users--;
@@ -1377,7 +1599,6 @@ static void qp_reset_locked(struct sv_qp *s)
 {
 	s->gen++;
 	s->posted = s->executed = 0;
-	__atomic_store_n(&s->freed, 0, __ATOMIC_RELEASE);
 	memset(&s->attr, 0, sizeof(s->attr));
 }
 
@@ -1445,10 +1666,12 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 		// Wait out a request in flight so its completion is discarded.
 		s->gen++;
 		pthread_cond_broadcast(&s->cv);
+		s->busy_waiters++;
 		while (s->busy)
 			pthread_cond_wait(&s->cv, &s->lock);
+		s->busy_waiters--;
 		qp_reset_locked(s);
-		cq_purge((struct sv_cq *)qp->send_cq, s);
+		cq_purge((struct sv_cq *)qp->send_cq, s, 1);
 	}
 	// Keep the attributes that were given.
 	struct ibv_qp_attr *a = &s->attr;
@@ -1482,8 +1705,8 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 		a->rnr_retry = attr->rnr_retry;
 	qp->state = next;
 	pthread_cond_broadcast(&s->cv); // a worker waiting out a timeout sees ERR/RESET
-	pthread_mutex_unlock(&s->lock);
 	qp_publish(s);
+	pthread_mutex_unlock(&s->lock);
 	return 0;
 inval:
 	pthread_mutex_unlock(&s->lock);
@@ -1528,6 +1751,7 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 	struct sv_qp *s = (struct sv_qp *)qp;
 	struct faults f;
 	faults_refresh(&f);
+	uint64_t now = now_ns();
 	pthread_mutex_lock(&s->lock);
 	int err = 0;
 	for (; wr; wr = wr->next) {
@@ -1548,6 +1772,7 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 		memset(w, 0, sizeof(*w));
 		w->wr_id = wr->wr_id;
 		w->seq = s->posted;
+		w->posted_ns = now;
 		w->opcode = wr->opcode;
 		w->signaled = s->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
 		w->raddr = wr->wr.rdma.remote_addr;
@@ -1565,7 +1790,8 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
 	}
 	if (err && bad)
 		*bad = wr;
-	pthread_cond_broadcast(&s->cv);
+	if (s->idle)
+		pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->lock);
 	return err;
 }
@@ -1620,6 +1846,42 @@ static int qp_wait(struct sv_qp *s, uint64_t gen, uint64_t until_ns)
 
 enum reach { REACH_OK, REACH_LOST, REACH_INV_REQ };
 
+// The responder QP's entry, from the cache while the registry is unchanged.
+static int peer_entry(struct sv_qp *s, struct qp_entry *pe)
+{
+	uint64_t gen = registry_gen_now(), now = now_ns();
+	if (gen && s->peer.gen == gen && now - s->peer.at < SV_CACHE_NS &&
+	    s->peer.e.qpn == s->attr.dest_qp_num) {
+		*pe = s->peer.e;
+		return 0;
+	}
+	s->peer.gen = 0;
+	if (qp_entry_read(s->attr.dest_qp_num, pe) != 0 || !proc_alive(pe->pid, pe->start))
+		return -1;
+	s->peer.e = *pe;
+	s->peer.gen = gen;
+	s->peer.at = now;
+	return 0;
+}
+
+static int rkey_entry(struct sv_qp *s, uint32_t rkey, struct mr_entry *me)
+{
+	uint64_t gen = registry_gen_now(), now = now_ns();
+	for (unsigned i = 0; i < 8; i++)
+		if (gen && s->mrc[i].gen == gen && s->mrc[i].rkey == rkey && now - s->mrc[i].at < SV_CACHE_NS) {
+			*me = s->mrc[i].e;
+			return 0;
+		}
+	if (mr_entry_read(rkey, me) != 0)
+		return -1;
+	unsigned i = s->mrc_next++ % 8;
+	s->mrc[i].e = *me;
+	s->mrc[i].rkey = rkey;
+	s->mrc[i].gen = gen;
+	s->mrc[i].at = now;
+	return 0;
+}
+
 // Can the responder be reached now? LOST means no response would come (gone,
 // wrong address, not connected back, stalled, port down): the requester
 // retries until its timeout.
@@ -1628,9 +1890,9 @@ static enum reach peer_reach(struct sv_qp *s, struct qp_entry *pe)
 	struct sv_context *c = ctx_of(s->qp.context);
 	struct faults f;
 	faults_refresh(&f);
-	if (f.stall || f.port_down || port_is_down(c))
+	if (f.stall || f.port_down || c->port_down_env)
 		return REACH_LOST;
-	if (qp_entry_read(s->attr.dest_qp_num, pe) != 0 || !proc_alive(pe->pid, pe->start))
+	if (peer_entry(s, pe) != 0)
 		return REACH_LOST;
 	const struct ibv_ah_attr *ah = &s->attr.ah_attr;
 	if (ah->is_global) {
@@ -1643,7 +1905,7 @@ static enum reach peer_reach(struct sv_qp *s, struct qp_entry *pe)
 		return REACH_LOST;
 	if (pe->control[0]) {
 		struct faults pf;
-		peer_faults(pe->control, &pf);
+		peer_faults(&s->peer_ctl, pe->control, &pf);
 		if (pf.stall || pf.port_down)
 			return REACH_LOST;
 	}
@@ -1678,7 +1940,8 @@ static int local_sges(struct sv_qp *s, const struct sv_wr *w, struct iovec *iov,
 }
 
 // Executes one READ; returns its completion status.
-static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_t *byte_len)
+static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_t *byte_len,
+		   int inline_)
 {
 	struct iovec iov[SV_MAX_SGE];
 	uint64_t total;
@@ -1693,7 +1956,7 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 			return IBV_WC_REM_INV_REQ_ERR;
 		if (r == REACH_OK) {
 			struct mr_entry me;
-			if (mr_entry_read(w->rkey, &me) != 0 || me.pid != pe.pid || me.start != pe.start ||
+			if (rkey_entry(s, w->rkey, &me) != 0 || me.pid != pe.pid || me.start != pe.start ||
 			    me.pd != pe.pd || !(me.access & IBV_ACCESS_REMOTE_READ) || w->raddr < me.iova ||
 			    total > me.len || w->raddr - me.iova > me.len - total)
 				return IBV_WC_REM_ACCESS_ERR;
@@ -1720,6 +1983,9 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 						gone = 1;
 						break;
 					}
+					if (errno == EPERM)
+						sv_log("process_vm_readv from pid %d: %s (same user and ptrace access needed)",
+						       pe.pid, strerror(errno));
 					return IBV_WC_REM_ACCESS_ERR;
 				}
 				if (got == 0)
@@ -1746,8 +2012,11 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 				*byte_len = (uint32_t)total;
 				return IBV_WC_SUCCESS;
 			}
+			s->peer.gen = 0; // look the peer up again
 		}
-		// No response: retry until the transport timeout.
+		// No response: retry until the transport timeout (on the worker).
+		if (inline_)
+			return SV_DEFER;
 		uint64_t now = now_ns();
 		if (now >= deadline)
 			return IBV_WC_RETRY_EXC_ERR;
@@ -1759,68 +2028,107 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 	}
 }
 
+// Executes the QP's next request, if there is one and no other thread is
+// executing one; called with s->lock held, returns with it held; 1 if it
+// took a request off the queue. inline_: the caller is a poller (see
+// sv_poll_cq), which never waits: a request that would (no response yet,
+// a delay fault) is left to the QP's worker.
+static int qp_step(struct sv_qp *s, int inline_)
+{
+	if (s->busy || s->executed >= s->posted ||
+	    (s->qp.state != IBV_QPS_RTS && s->qp.state != IBV_QPS_ERR))
+		return 0;
+	struct sv_wr w = s->ring[s->executed % s->cap.max_send_wr];
+	uint64_t gen = s->gen;
+	int status;
+	uint32_t byte_len = 0;
+	if (s->qp.state == IBV_QPS_ERR) {
+		status = IBV_WC_WR_FLUSH_ERR;
+	} else {
+		s->busy = 1;
+		pthread_mutex_unlock(&s->lock);
+		struct faults f;
+		faults_refresh(&f);
+		if (inline_ && (f.delay_us || f.stall || f.port_down))
+			status = SV_DEFER;
+		else if (w.inject)
+			status = w.inject;
+		else if (w.opcode != IBV_WR_RDMA_READ)
+			status = IBV_WC_LOC_QP_OP_ERR;
+		else
+			status = do_read(s, &w, gen, &byte_len, inline_);
+		if (f.delay_us && status != SV_DEFER)
+			usleep(f.delay_us);
+		pthread_mutex_lock(&s->lock);
+		s->busy = 0;
+		if (status == SV_DEFER || s->busy_waiters)
+			pthread_cond_broadcast(&s->cv); // the worker takes deferred work; RESET waits
+		if (status == SV_DEFER) {
+			if (s->gen == gen)
+				s->ring[s->executed % s->cap.max_send_wr].deferred = 1;
+			return 0;
+		}
+		if (s->gen != gen)
+			return 1; // reset meanwhile: discarded
+		if (status == IBV_WC_SUCCESS && s->qp.state == IBV_QPS_ERR)
+			status = IBV_WC_WR_FLUSH_ERR;
+	}
+	s->executed++;
+	if (status != IBV_WC_SUCCESS || w.signaled) {
+		struct ibv_wc wc;
+		memset(&wc, 0, sizeof(wc));
+		wc.wr_id = w.wr_id;
+		wc.status = status;
+		wc.opcode = IBV_WC_RDMA_READ;
+		wc.byte_len = status == IBV_WC_SUCCESS ? byte_len : 0;
+		wc.qp_num = s->qp.qp_num;
+		enum ibv_qp_state before = s->qp.state;
+		cq_push(s, &wc, w.seq); // an overrun moves the QP to ERR
+		if (before != IBV_QPS_ERR && s->qp.state == IBV_QPS_ERR) {
+			qp_publish(s);
+			return 1;
+		}
+	}
+	// An unsignalled success frees its slot when a later completion is polled.
+	if (status != IBV_WC_SUCCESS && s->qp.state != IBV_QPS_ERR) {
+		qp_set_error_locked(s);
+		qp_publish(s);
+	}
+	return 1;
+}
+
 static void *qp_worker(void *arg)
 {
 	struct sv_qp *s = arg;
+	// Signals are for the application's threads (a Go runtime's among them).
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	pthread_mutex_lock(&s->lock);
 	while (!s->stop) {
-		if (s->executed >= s->posted ||
-		    (s->qp.state != IBV_QPS_RTS && s->qp.state != IBV_QPS_ERR)) {
+		int pending = s->executed < s->posted &&
+			      (s->qp.state == IBV_QPS_RTS || s->qp.state == IBV_QPS_ERR);
+		if (!pending) {
+			s->idle = 1;
 			pthread_cond_wait(&s->cv, &s->lock);
+			s->idle = 0;
 			continue;
 		}
-		struct sv_wr w = s->ring[s->executed % s->cap.max_send_wr];
-		uint64_t gen = s->gen;
-		int status;
-		uint32_t byte_len = 0;
-		if (s->qp.state == IBV_QPS_ERR) {
-			status = IBV_WC_WR_FLUSH_ERR;
-		} else {
-			s->busy = 1;
-			pthread_mutex_unlock(&s->lock);
-			struct faults f;
-			faults_refresh(&f);
-			if (w.inject)
-				status = w.inject;
-			else if (w.opcode != IBV_WR_RDMA_READ)
-				status = IBV_WC_LOC_QP_OP_ERR;
-			else
-				status = do_read(s, &w, gen, &byte_len);
-			if (f.delay_us)
-				usleep(f.delay_us);
-			pthread_mutex_lock(&s->lock);
-			s->busy = 0;
-			pthread_cond_broadcast(&s->cv);
-			if (s->gen != gen)
-				continue; // reset meanwhile: discarded
-			if (status == IBV_WC_SUCCESS && s->qp.state == IBV_QPS_ERR)
-				status = IBV_WC_WR_FLUSH_ERR;
+		// A request younger than SV_GRACE_NS, or one a poller is executing,
+		// is left to the pollers a while: a worker woken for every request
+		// would cost two thread switches each.
+		uint64_t now = now_ns();
+		const struct sv_wr *w = &s->ring[s->executed % s->cap.max_send_wr];
+		if (s->busy || (s->qp.state == IBV_QPS_RTS && !w->deferred && now - w->posted_ns < SV_GRACE_NS)) {
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			uint64_t t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + SV_GRACE_NS;
+			ts.tv_sec = (time_t)(t / 1000000000ull);
+			ts.tv_nsec = (long)(t % 1000000000ull);
+			pthread_cond_timedwait(&s->cv, &s->lock, &ts);
+			continue;
 		}
-		s->executed++;
-		if (status != IBV_WC_SUCCESS || w.signaled) {
-			struct ibv_wc wc;
-			memset(&wc, 0, sizeof(wc));
-			wc.wr_id = w.wr_id;
-			wc.status = status;
-			wc.opcode = IBV_WC_RDMA_READ;
-			wc.byte_len = status == IBV_WC_SUCCESS ? byte_len : 0;
-			wc.qp_num = s->qp.qp_num;
-			enum ibv_qp_state before = s->qp.state;
-			cq_push(s, &wc, w.seq); // an overrun moves the QP to ERR
-			if (before != IBV_QPS_ERR && s->qp.state == IBV_QPS_ERR) {
-				pthread_mutex_unlock(&s->lock);
-				qp_publish(s);
-				pthread_mutex_lock(&s->lock);
-				continue;
-			}
-		}
-		// An unsignalled success frees its slot when a later completion is polled.
-		if (status != IBV_WC_SUCCESS && s->qp.state != IBV_QPS_ERR) {
-			qp_set_error_locked(s);
-			pthread_mutex_unlock(&s->lock);
-			qp_publish(s);
-			pthread_mutex_lock(&s->lock);
-		}
+		qp_step(s, 0);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;

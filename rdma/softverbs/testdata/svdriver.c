@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,7 +18,10 @@
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
-static struct ibv_qp *qp;
+static struct ibv_qp *qp; // the QP a command acts on: qps[qp=N], default 0
+static struct ibv_qp *qps[8];
+static int nqps;
+static struct ibv_qp_init_attr qp_init;
 static int link_ib;
 
 #define MAXBUF 16
@@ -82,6 +86,8 @@ static int cmd_open(char **a, int n)
 	int dev = (int)opt(a, n, "dev", 0);
 	if (!list || num <= dev)
 		return printf("err no device (%d)\n", num), 0;
+	char name[64];
+	snprintf(name, sizeof(name), "%s", ibv_get_device_name(list[dev]));
 	ctx = ibv_open_device(list[dev]);
 	ibv_free_device_list(list);
 	if (!ctx)
@@ -102,14 +108,30 @@ static int cmd_open(char **a, int n)
 		.cap = {.max_send_wr = (uint32_t)opt(a, n, "wr", 16), .max_recv_wr = 1,
 			.max_send_sge = (uint32_t)opt(a, n, "sge", 4), .max_recv_sge = 1},
 	};
+	qp_init = ia;
 	qp = ibv_create_qp(pd, &ia);
 	if (!qp)
 		return printf("err create_qp errno=%d\n", errno), 0;
+	qps[nqps++] = qp;
 	union ibv_gid g;
 	char h[33];
 	ibv_query_gid(ctx, 1, link_ib ? 0 : 1, &g);
 	hex(h, g.raw);
-	printf("ok qpn=%u lid=%u gid=%s state=%d\n", qp->qp_num, pa.lid, h, pa.state);
+	printf("ok qpn=%u lid=%u gid=%s state=%d dev=%s ndev=%d\n", qp->qp_num, pa.lid, h, pa.state, name, num);
+	return 0;
+}
+
+// addqp: another QP like the first, on the same PD and CQ.
+static int cmd_addqp(void)
+{
+	if (nqps == 8)
+		return printf("err too many\n"), 0;
+	struct ibv_qp_init_attr ia = qp_init;
+	struct ibv_qp *q = ibv_create_qp(pd, &ia);
+	if (!q)
+		return printf("err create_qp errno=%d\n", errno), 0;
+	qps[nqps] = q;
+	printf("ok qp=%d qpn=%u\n", nqps++, q->qp_num);
 	return 0;
 }
 
@@ -315,7 +337,7 @@ static int cmd_poll(char **a, int n)
 		}
 	}
 	printf("ok n=%d ms=%llu", got, (unsigned long long)(now_ms() - start));
-	for (int i = 0; i < got && i < 64; i++)
+	for (int i = 0; i < got; i++)
 		printf(" %llu:%d:%u", (unsigned long long)wc[i].wr_id, wc[i].status, wc[i].byte_len);
 	printf("\n");
 	return 0;
@@ -348,6 +370,123 @@ static int cmd_dereg(char **a, int n)
 	int rc = ibv_dereg_mr(bufs[b].mr);
 	bufs[b].p = NULL;
 	printf(rc ? "err rc=%d\n" : "ok\n", rc);
+	return 0;
+}
+
+// many qp|mr|pd N: creates up to N more objects; answers how many were
+// created and the errno of the first refusal (0 if none).
+static int cmd_many(char **a, int n)
+{
+	if (n < 2)
+		return printf("err usage: many qp|mr|pd N\n"), 0;
+	int want = atoi(a[1]), made = 0, e = 0;
+	static char page[4096];
+	for (; made < want; made++) {
+		void *o = NULL;
+		if (strcmp(a[0], "qp") == 0) {
+			struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+						      .cap = {.max_send_wr = 1, .max_send_sge = 1}};
+			o = ibv_create_qp(pd, &ia);
+		} else if (strcmp(a[0], "mr") == 0) {
+			o = ibv_reg_mr(pd, page, sizeof(page), IBV_ACCESS_LOCAL_WRITE);
+		} else if (strcmp(a[0], "pd") == 0) {
+			o = ibv_alloc_pd(ctx);
+		}
+		if (!o) {
+			e = errno;
+			break;
+		}
+	}
+	printf("ok made=%d errno=%d\n", made, e);
+	return 0;
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+// readloop COUNT LEN RKEY RADDR DEPTH: COUNT READs of LEN bytes into dst,
+// keeping up to DEPTH outstanding, each signalled; answers the microseconds.
+static int cmd_readloop(char **a, int n)
+{
+	if (n < 5)
+		return printf("err usage\n"), 0;
+	int count = atoi(a[0]), depth = atoi(a[4]);
+	uint32_t len = (uint32_t)strtoul(a[1], NULL, 0);
+	int b = find("dst");
+	if (b < 0)
+		return printf("err no dst\n"), 0;
+	struct ibv_sge sge = {.addr = (uintptr_t)bufs[b].mr->addr, .length = len, .lkey = bufs[b].mr->lkey};
+	struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+				 .send_flags = IBV_SEND_SIGNALED};
+	wr.wr.rdma.rkey = (uint32_t)strtoul(a[2], NULL, 0);
+	wr.wr.rdma.remote_addr = strtoull(a[3], NULL, 0);
+	uint64_t start = now_us();
+	int posted = 0, done = 0, out = 0;
+	struct ibv_wc wc[64];
+	while (done < count) {
+		while (posted < count && out < depth) {
+			struct ibv_send_wr *bad;
+			wr.wr_id = (uint64_t)posted;
+			if (qp->context->ops.post_send(qp, &wr, &bad))
+				return printf("err post\n"), 0;
+			posted++;
+			out++;
+		}
+		int r = cq->context->ops.poll_cq(cq, 64, wc);
+		if (r < 0)
+			return printf("err poll %d\n", r), 0;
+		for (int i = 0; i < r; i++)
+			if (wc[i].status != IBV_WC_SUCCESS)
+				return printf("err status %d\n", wc[i].status), 0;
+		done += r;
+		out -= r;
+	}
+	printf("ok us=%llu\n", (unsigned long long)(now_us() - start));
+	return 0;
+}
+
+// rawread COUNT LEN PID ADDR: the baseline, COUNT process_vm_readv calls of
+// LEN bytes from PID at ADDR into dst; answers the microseconds.
+static int cmd_rawread(char **a, int n)
+{
+	if (n < 4)
+		return printf("err usage\n"), 0;
+	int count = atoi(a[0]);
+	size_t len = strtoull(a[1], NULL, 0);
+	pid_t pid = (pid_t)atoi(a[2]);
+	int b = find("dst");
+	if (b < 0)
+		return printf("err no dst\n"), 0;
+	struct iovec l = {bufs[b].p, len}, r = {(void *)(uintptr_t)strtoull(a[3], NULL, 0), len};
+	uint64_t start = now_us();
+	for (int i = 0; i < count; i++)
+		if (process_vm_readv(pid, &l, 1, &r, 1, 0) != (ssize_t)len)
+			return printf("err process_vm_readv errno=%d\n", errno), 0;
+	printf("ok us=%llu\n", (unsigned long long)(now_us() - start));
+	return 0;
+}
+
+// teardown: out of order first (each refused while in use), then in order.
+static int cmd_teardown(void)
+{
+	int cq1 = ibv_destroy_cq(cq), pd1 = ibv_dealloc_pd(pd), ctx1 = ibv_close_device(ctx);
+	int qp2 = 0, mr2 = 0;
+	for (int i = 0; i < nqps; i++)
+		qp2 |= ibv_destroy_qp(qps[i]);
+	int pd3 = ibv_dealloc_pd(pd); // regions still use it
+	for (int i = 0; i < MAXBUF; i++)
+		if (bufs[i].p) {
+			mr2 |= ibv_dereg_mr(bufs[i].mr);
+			bufs[i].p = NULL;
+		}
+	int cq2 = ibv_destroy_cq(cq), pd2 = ibv_dealloc_pd(pd), ctx2 = ibv_close_device(ctx);
+	nqps = 0;
+	printf("ok cq1=%d pd1=%d ctx1=%d pd3=%d qp2=%d mr2=%d cq2=%d pd2=%d ctx2=%d\n", cq1, pd1, ctx1, pd3, qp2,
+	       mr2, cq2, pd2, ctx2);
 	return 0;
 }
 
@@ -416,8 +555,13 @@ int main(void)
 		char *c = argv[0];
 		char **a = argv + 1;
 		int n = argc - 1;
+		int qi = (int)opt(a, n, "qp", 0);
+		if (qi >= 0 && qi < nqps)
+			qp = qps[qi];
 		if (strcmp(c, "open") == 0)
 			cmd_open(a, n);
+		else if (strcmp(c, "addqp") == 0)
+			cmd_addqp();
 		else if (strcmp(c, "buf") == 0)
 			cmd_buf(a, n);
 		else if (strcmp(c, "connect") == 0)
@@ -430,9 +574,21 @@ int main(void)
 			cmd_check(a, n);
 		else if (strcmp(c, "dereg") == 0)
 			cmd_dereg(a, n);
+		else if (strcmp(c, "teardown") == 0)
+			cmd_teardown();
+		else if (strcmp(c, "many") == 0)
+			cmd_many(a, n);
+		else if (strcmp(c, "readloop") == 0)
+			cmd_readloop(a, n);
+		else if (strcmp(c, "rawread") == 0)
+			cmd_rawread(a, n);
 		else if (strcmp(c, "state") == 0)
 			cmd_state();
-		else if (strcmp(c, "modify") == 0)
+		else if (strcmp(c, "port") == 0) {
+			struct ibv_port_attr pa;
+			int rc = ibv_query_port(ctx, 1, &pa);
+			printf("ok rc=%d state=%d link=%d\n", rc, (int)pa.state, pa.link_layer);
+		} else if (strcmp(c, "modify") == 0)
 			cmd_modify(a, n);
 		else if (strcmp(c, "reset") == 0)
 			cmd_reset();

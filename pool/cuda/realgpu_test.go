@@ -1,0 +1,76 @@
+//go:build cgo && linux
+
+package cuda_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/pool/cuda"
+)
+
+// requireGPU opens the real driver (libcuda.so.1, whatever
+// KVFABRIC_CUDA_LIB says) or skips with the reason.
+func requireGPU(t *testing.T) *cuda.Driver {
+	t.Helper()
+	d, err := cuda.Open(cuda.Config{Path: cuda.DefaultLibrary})
+	if errors.Is(err, cuda.ErrNotSupported) || errors.Is(err, cuda.ErrUnavailable) {
+		t.Skipf("no GPU to test on: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("open the real driver: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// The same calls as the softcuda tests, on a real GPU.
+func TestRealGPURoundTrip(t *testing.T) {
+	d := requireGPU(t)
+	for _, info := range d.Devices() {
+		t.Logf("device %d: %s, %d bytes, PCI %s, dma-buf %v", info.Index, info.Name, info.TotalMemory, info.PCIBusID, info.Dmabuf)
+	}
+	const n = 64 << 20
+	a, err := d.AllocDevice(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, a)
+	b, err := d.AllocDevice(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, b)
+	s, err := d.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, s)
+	want := pattern(n, 3)
+	if err := s.CopyHtoD(a.Addr(), want); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Copy2DAsync(cuda.Copy2D{Dir: cuda.DeviceToDevice, Dst: b.Addr(), DstPitch: 4096, Src: a.Addr(), SrcPitch: 4096, Width: 4096, Height: n / 4096}); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, n)
+	if err := s.CopyDtoH(got, b.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("bytes differ after HtoD, 2-D DtoD, DtoH")
+	}
+	f, err := a.Dmabuf()
+	switch {
+	case errors.Is(err, cuda.ErrNotSupported):
+		t.Logf("dma-buf not supported here (the NIC would use peer memory): %v", err)
+	case err != nil:
+		t.Errorf("dma-buf: %v", err)
+	default:
+		f.Close()
+	}
+	if _, err := d.AllocDevice(0, 1<<62); !errors.Is(err, cuda.ErrOutOfMemory) {
+		t.Errorf("allocating 4 EiB: %v, want ErrOutOfMemory", err)
+	}
+}
