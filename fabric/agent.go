@@ -62,8 +62,14 @@ type Agent struct {
 	metaPoke chan struct{}
 	done     chan struct{}
 
-	mu   sync.Mutex
+	mu   sync.Mutex // before an engineSet's, a session's and the pool's
 	sets map[pool.SetID]*engineSet
+
+	sessMu   sync.Mutex // guards sessions; taken alone
+	sessions map[uint64]*session
+	// unowned is the implicit session of engine calls that name none: it
+	// never ends.
+	unowned *session
 
 	engineLn  net.Listener
 	engineSrv *grpc.Server
@@ -93,6 +99,7 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{},
+		sessions: map[uint64]*session{}, unowned: &session{opened: time.Now(), sets: map[pool.SetID]*engineSet{}},
 		metaPoke: make(chan struct{}, 1), done: make(chan struct{})}
 	if a.log == nil {
 		a.log = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel) // both validated
@@ -215,7 +222,7 @@ func (a *Agent) startEngineAPI() error {
 	}
 	// WaitForHandlers: Close must not unmap the pool under a call still
 	// writing into it.
-	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.WaitForHandlers(true))
+	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.WaitForHandlers(true), grpc.Creds(peerCreds{}))
 	fabricpb.RegisterEngineServer(a.engineSrv, &engineServer{a: a})
 	a.wg.Add(1)
 	go func() {
@@ -409,16 +416,35 @@ func (a *Agent) Close() error {
 	return a.closeErr
 }
 
-// blockSetFor returns the block set an engine with this layout uses: an
-// existing one of the same shape, or a new one.
+// blockSetFor returns the block set an engine with this layout uses, under
+// the implicit session.
 func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, error) {
+	s, err := a.blockSetForSession(a.unowned, engine, tmpl)
+	if err != nil {
+		return nil, err
+	}
+	return s.engineSet, nil
+}
+
+// blockSetForSession returns the block set an engine with this layout
+// uses, one of sess's sets from now: an existing one of the same shape
+// (another engine's, or one no session uses any more), or a new one. When
+// the pool has no room for a new one, sets no session uses are freed,
+// longest idle first, until it has.
+func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout) (*sessionSet, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if engine != "" && sess.id != 0 {
+		// The engine's own name beats what it opened the session as.
+		sess.mu.Lock()
+		sess.engine = engine
+		sess.mu.Unlock()
+	}
 	for _, s := range a.sets {
 		l := s.set.Layout()
 		if l.Model == tmpl.Model && l.PageSize == tmpl.PageSize && l.TPSize == tmpl.TPSize &&
 			l.Order == tmpl.Order && l.Arrangement == tmpl.Arrangement && l.Alignment == tmpl.Alignment && (tmpl.Slots == 0 || tmpl.Slots == l.Slots) {
-			return s, nil
+			return a.attach(sess, s)
 		}
 	}
 	// Nothing may be sized by a request before it is checked.
@@ -438,16 +464,25 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 		}
 		tmpl.Slots = a.defaultSlots(&probe)
 	}
-	set, err := a.pool.NewBlockSet(tmpl)
+	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSet(tmpl) })
 	if err != nil {
 		return nil, err
 	}
-	s := &engineSet{set: set, engine: engine, refs: map[int]slotRef{}}
+	s := &engineSet{set: set, engine: engine, users: map[uint64]*setUse{}}
 	a.sets[set.ID()] = s
 	a.pokeMeta()
 	a.log.Info("block set made", "engine", engine, "set", set.ID(), "slots", set.Slots(), "tp", tmpl.TPSize,
 		"page", tmpl.PageSize, "digest", set.Layout().Digest().Short())
-	return s, nil
+	ss, err := a.attach(sess, s)
+	if err != nil {
+		// The session ended meanwhile: the new set is idle from now.
+		s.mu.Lock()
+		s.idleSince = time.Now()
+		a.scheduleFree(s, a.cfg.BlockSetGrace)
+		s.mu.Unlock()
+		return nil, err
+	}
+	return ss, nil
 }
 
 // defaultSlots is the configured slot count, else what a quarter of the

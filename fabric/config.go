@@ -28,6 +28,17 @@ const (
 	maxImportChunk = 4 << 30
 )
 
+// The bounds of SessionKeepalive: below 100 ms a loaded engine's keepalive
+// is late for no fault of its own; above 10 min a dead engine's slots stay
+// taken for longer than anyone would wait.
+const (
+	MinSessionKeepalive = 100 * time.Millisecond
+	MaxSessionKeepalive = 10 * time.Minute
+)
+
+// maxBlockSetGrace bounds BlockSetGrace.
+const maxBlockSetGrace = 24 * time.Hour
+
 // ErrConfig is matched by every configuration error.
 var ErrConfig = errors.New("fabric: invalid configuration")
 
@@ -118,6 +129,15 @@ type Config struct {
 	// BlockSetSlots is the slots of a block set made for an engine that
 	// asks for none. If zero, as many as a quarter of the pool holds.
 	BlockSetSlots int `json:"block_set_slots,omitempty"`
+	// BlockSetGrace is how long a block set no engine session uses keeps
+	// its cached blocks before the agent frees it; a Register that needs
+	// its memory frees it at once. At most 24 h. If zero, 30 s.
+	BlockSetGrace time.Duration `json:"block_set_grace,omitempty"`
+	// SessionKeepalive is how long an engine session may stay silent
+	// before the agent ends it and gives back what it held (an engine that
+	// exits or drops its connection ends at once). 100 ms to 10 min. If
+	// zero, 5 s.
+	SessionKeepalive time.Duration `json:"session_keepalive,omitempty"`
 
 	// LeaseDuration is how long a holder keeps blocks for an importer,
 	// 1 s to 5 min. If zero, 30 s.
@@ -205,6 +225,8 @@ func DefaultConfig() Config {
 		LeaseDuration:    30 * time.Second,
 		ImportTimeout:    30 * time.Second,
 		PeerTimeout:      2 * time.Second,
+		BlockSetGrace:    30 * time.Second,
+		SessionKeepalive: 5 * time.Second,
 		ImportChunkBytes: 64 << 20,
 		LogLevel:         "info",
 	}
@@ -239,7 +261,8 @@ func LoadConfigFile(path string, base Config) (Config, error) {
 	for _, f := range []struct {
 		name string
 		dst  *time.Duration
-	}{{"lease_duration", &base.LeaseDuration}, {"import_timeout", &base.ImportTimeout}, {"peer_timeout", &base.PeerTimeout}} {
+	}{{"lease_duration", &base.LeaseDuration}, {"import_timeout", &base.ImportTimeout}, {"peer_timeout", &base.PeerTimeout},
+		{"block_set_grace", &base.BlockSetGrace}, {"session_keepalive", &base.SessionKeepalive}} {
 		raw, ok := fields[f.name]
 		if !ok {
 			continue
@@ -308,6 +331,12 @@ func (c *Config) populate() {
 	}
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = d.PeerTimeout
+	}
+	if c.BlockSetGrace == 0 {
+		c.BlockSetGrace = d.BlockSetGrace
+	}
+	if c.SessionKeepalive == 0 {
+		c.SessionKeepalive = d.SessionKeepalive
 	}
 	if c.ImportChunkBytes == 0 {
 		c.ImportChunkBytes = d.ImportChunkBytes
@@ -383,7 +412,8 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	for _, f := range []struct {
 		field string
 		d     time.Duration
-	}{{"lease_duration", c.LeaseDuration}, {"import_timeout", c.ImportTimeout}, {"peer_timeout", c.PeerTimeout}} {
+	}{{"lease_duration", c.LeaseDuration}, {"import_timeout", c.ImportTimeout}, {"peer_timeout", c.PeerTimeout},
+		{"block_set_grace", c.BlockSetGrace}, {"session_keepalive", c.SessionKeepalive}} {
 		if f.d < 0 {
 			return nil, bad(f.field, "%v is negative", f.d)
 		}
@@ -392,6 +422,12 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	// the wire carries milliseconds).
 	if c.LeaseDuration < time.Second || c.LeaseDuration > maxLeaseDuration {
 		return nil, bad("lease_duration", "%v is not in 1s..%v", c.LeaseDuration, maxLeaseDuration)
+	}
+	if c.SessionKeepalive < MinSessionKeepalive || c.SessionKeepalive > MaxSessionKeepalive {
+		return nil, bad("session_keepalive", "%v is not in %v..%v", c.SessionKeepalive, MinSessionKeepalive, MaxSessionKeepalive)
+	}
+	if c.BlockSetGrace > maxBlockSetGrace {
+		return nil, bad("block_set_grace", "%v is more than %v", c.BlockSetGrace, maxBlockSetGrace)
 	}
 	if c.ImportChunkBytes < minImportChunk || c.ImportChunkBytes > maxImportChunk {
 		return nil, bad("import_chunk_bytes", "%d is not in %d..%d", c.ImportChunkBytes, minImportChunk, maxImportChunk)
@@ -552,7 +588,8 @@ func MarshalConfig(c Config) ([]byte, error) {
 	if err := json.Unmarshal(b, &fields); err != nil {
 		return nil, err
 	}
-	for key, d := range map[string]time.Duration{"lease_duration": c.LeaseDuration, "import_timeout": c.ImportTimeout, "peer_timeout": c.PeerTimeout} {
+	for key, d := range map[string]time.Duration{"lease_duration": c.LeaseDuration, "import_timeout": c.ImportTimeout, "peer_timeout": c.PeerTimeout,
+		"block_set_grace": c.BlockSetGrace, "session_keepalive": c.SessionKeepalive} {
 		if d != 0 {
 			fields[key] = d.String()
 		}

@@ -62,6 +62,11 @@ func TestValidateConfig(t *testing.T) {
 		{"import chunk a byte over its ceiling", func(c *Config) { c.ImportChunkBytes = maxImportChunk + 1 }, "import_chunk_bytes"},
 		{"negative lease cap per peer", func(c *Config) { c.MaxLeasedPerPeer = -1 }, "max_leased_per_peer"},
 		{"negative lease cap", func(c *Config) { c.MaxLeased = -1 }, "max_leased"},
+		{"keepalive a nanosecond under its floor", func(c *Config) { c.SessionKeepalive = MinSessionKeepalive - 1 }, "session_keepalive"},
+		{"keepalive a nanosecond over its ceiling", func(c *Config) { c.SessionKeepalive = MaxSessionKeepalive + 1 }, "session_keepalive"},
+		{"negative keepalive", func(c *Config) { c.SessionKeepalive = -time.Second }, "session_keepalive"},
+		{"grace over its ceiling", func(c *Config) { c.BlockSetGrace = maxBlockSetGrace + 1 }, "block_set_grace"},
+		{"negative grace", func(c *Config) { c.BlockSetGrace = -time.Second }, "block_set_grace"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,6 +93,26 @@ func TestValidateConfig(t *testing.T) {
 		if _, err := c.validate(); err != nil {
 			t.Errorf("import_chunk_bytes %d (a bound): %v", n, err)
 		}
+	}
+	for _, d := range []time.Duration{MinSessionKeepalive, MaxSessionKeepalive} {
+		c := DefaultLocalConfig()
+		c.SessionKeepalive = d
+		c.populate()
+		if _, err := c.validate(); err != nil {
+			t.Errorf("session_keepalive %v (a bound): %v", d, err)
+		}
+	}
+	c = DefaultLocalConfig()
+	c.BlockSetGrace = maxBlockSetGrace
+	c.populate()
+	if _, err := c.validate(); err != nil {
+		t.Errorf("block_set_grace %v (the bound): %v", maxBlockSetGrace, err)
+	}
+	// Zero takes the documented defaults.
+	c = Config{}
+	c.populate()
+	if c.SessionKeepalive != 5*time.Second || c.BlockSetGrace != 30*time.Second {
+		t.Errorf("zero keepalive and grace became %v and %v, want 5s and 30s", c.SessionKeepalive, c.BlockSetGrace)
 	}
 }
 
@@ -159,7 +184,7 @@ func TestMarshalConfigRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v in:\n%s", err, b)
 	}
-	if back.LeaseDuration != c.LeaseDuration || back.NodeName != c.NodeName || back.ImportChunkBytes != c.ImportChunkBytes ||
+	if back.LeaseDuration != c.LeaseDuration || back.SessionKeepalive != c.SessionKeepalive || back.BlockSetGrace != c.BlockSetGrace || back.NodeName != c.NodeName || back.ImportChunkBytes != c.ImportChunkBytes ||
 		strings.Join(back.Join, ",") != strings.Join(c.Join, ",") || back.EngineSocket != c.EngineSocket || back.DevCADir != c.DevCADir {
 		t.Fatalf("round trip changed the configuration:\n%s\nread back %+v", b, back)
 	}

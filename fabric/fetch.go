@@ -62,7 +62,7 @@ func (c *leasedChunk) present() int {
 // and the holder confirmed that its lease never expired. When a chunk
 // fails, the chunks registered before it are returned with the error:
 // they arrived whole under confirmed leases and are the engine's.
-func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, want pages, parent uint64) ([]*fabricpb.BlockRef, uint64, string, error) {
+func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionSet, want pages, parent uint64) ([]*fabricpb.BlockRef, uint64, string, error) {
 	peer, err := a.peers.get(ctx, a.transport, holder.Name, holder.Meta.PeerAddr)
 	if err != nil {
 		return nil, 0, "", err
@@ -226,7 +226,7 @@ func (a *Agent) releaseLater(peer *transfer.Peer, id uint64) {
 // lease holds whole, into new slots of s and registers them after parent,
 // once the holder confirms the lease. On failure nothing of the chunk is
 // registered and its slots are freed.
-func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, part pages, parent uint64, moved *transports) ([]*fabricpb.BlockRef, uint64, error) {
+func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *sessionSet, c *leasedChunk, part pages, parent uint64, moved *transports) ([]*fabricpb.BlockRef, uint64, error) {
 	id := c.lease.ID
 	released := id == 0
 	defer func() {

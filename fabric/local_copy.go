@@ -12,11 +12,11 @@ import (
 // fromLocal copies the leading blocks of hashes that another of this
 // node's block sets holds (an engine with another layout of the same
 // model) into s. It returns no blocks, and no error, when none holds them.
-func (a *Agent) fromLocal(s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+func (a *Agent) fromLocal(s *sessionSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
 	dst := s.set.Layout()
 	for _, o := range a.engineSets() {
 		src := o.set.Layout()
-		if o == s || src.Model != dst.Model || src.PageSize != dst.PageSize {
+		if o == s.engineSet || src.Model != dst.Model || src.PageSize != dst.PageSize {
 			continue
 		}
 		// References keep the source blocks from being recycled while
@@ -47,7 +47,7 @@ func (a *Agent) fromLocal(s *engineSet, hashes []uint64, parent uint64) ([]*fabr
 }
 
 // copyBlocks copies src's blocks into new slots of s and registers them.
-func copyBlocks(src *pool.BlockSet, s *engineSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+func copyBlocks(src *pool.BlockSet, s *sessionSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
 	blocks, err := s.set.Allocate(len(from))
 	if err != nil {
 		return nil, 0, fmt.Errorf("local slots: %w", err)

@@ -38,6 +38,13 @@ type Options struct {
 	PeerTimeout time.Duration
 	// ExtraArgs are appended to every agent's command line.
 	ExtraArgs []string
+	// Env is added to every agent's environment (KEY=value), after the
+	// driver's own; a node's Node.Env comes after it. If empty, agents
+	// inherit the driver's environment only.
+	Env []string
+	// NodeArgs and NodeEnv, if set, give node i (from 0) arguments and
+	// environment of its own, kept in its Node.Args and Node.Env.
+	NodeArgs, NodeEnv func(i int) []string
 
 	// The hooks below let another kind of cluster (testbed/netns: nodes in
 	// network namespaces) reuse this one's process handling.
@@ -73,8 +80,11 @@ type Node struct {
 	Name                     string
 	Gossip, Peer, Metrics    string
 	DataDir, Socket, LogFile string
-	cmd                      *exec.Cmd
-	exited                   chan error
+	// Args and Env are this node's own additions to Options.ExtraArgs and
+	// Options.Env, read at each StartNode; set them before starting it.
+	Args, Env []string
+	cmd       *exec.Cmd
+	exited    chan error
 }
 
 // Start starts the agents one after another, each joining the first, and
@@ -104,6 +114,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		n.DataDir = filepath.Join(root, n.Name)
 		n.Socket = filepath.Join(n.DataDir, "engine.sock")
 		n.LogFile = filepath.Join(root, n.Name+".log")
+		if opts.NodeArgs != nil {
+			n.Args = opts.NodeArgs(i)
+		}
+		if opts.NodeEnv != nil {
+			n.Env = opts.NodeEnv(i)
+		}
 		c.Nodes = append(c.Nodes, n)
 	}
 	for i := range c.Nodes {
@@ -138,6 +154,7 @@ func (c *Cluster) StartNode(ctx context.Context, i int) error {
 		args = append(args, "--peer-timeout", c.opts.PeerTimeout.String())
 	}
 	args = append(args, c.opts.ExtraArgs...)
+	args = append(args, n.Args...)
 	log, err := os.OpenFile(n.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -147,6 +164,9 @@ func (c *Cluster) StartNode(ctx context.Context, i int) error {
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
+	if len(c.opts.Env) > 0 || len(n.Env) > 0 {
+		cmd.Env = append(append(os.Environ(), c.opts.Env...), n.Env...)
+	}
 	// Its own process group, so that a terminal's ^C reaches the driver
 	// only, and the driver stops the agents in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

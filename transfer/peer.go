@@ -124,11 +124,15 @@ func (p *Peer) conn(ctx context.Context, i int) (*quic.Conn, error) {
 func wrapNetErr(ctx context.Context, err error) error {
 	var idle *quic.IdleTimeoutError
 	var hs *quic.HandshakeTimeoutError
+	var app *quic.ApplicationError
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return fmt.Errorf("%w: %w (%w)", ErrTimeout, ctx.Err(), err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
-		errors.As(err, &idle), errors.As(err, &hs):
+		errors.As(err, &idle), errors.As(err, &hs),
+		// Another call on the same connection timed out and dropped it
+		// (dropSilent): this one met the same silent peer.
+		errors.As(err, &app) && !app.Remote && app.ErrorCode == connErrTimedOut:
 		return fmt.Errorf("%w: %w", ErrTimeout, err)
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w (%w)", ctx.Err(), err)
@@ -207,7 +211,7 @@ func (p *Peer) dropSilent(i int, c *quic.Conn, err error) {
 		sl.c = nil
 	}
 	sl.mu.Unlock()
-	c.CloseWithError(connErrClosing, "call timed out")
+	c.CloseWithError(connErrTimedOut, "call timed out")
 }
 
 // call runs one control call: a request frame out, a response frame back.

@@ -448,7 +448,10 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	case noRDMA:
 		p.n.countFallback(FallbackPeerHasNoRDMA)
 		return false, nil
-	case backoff && !haveLease:
+	case backoff:
+		// Keys or not: a lease taken ahead, before the failure, carries
+		// them, and trying it would cost another failure (a whole
+		// queue-pair timeout against a stalled holder) per chunk.
 		p.n.countFallback(FallbackBackoff)
 		return false, nil
 	case !haveLease || len(regions) == 0:

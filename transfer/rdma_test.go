@@ -221,6 +221,14 @@ func TestRDMAReadErrorFallsBackToQUIC(t *testing.T) {
 	if m.ReadFailures != 1 || m.Fallbacks[FallbackReadFailed] != 1 || m.Reads != 0 {
 		t.Fatalf("metrics %+v: want one failed RDMA read, counted as read-failed", m)
 	}
+	// The bytes count as QUIC's, once.
+	var total uint64
+	for _, d := range p.dst {
+		total += uint64(len(d))
+	}
+	if st := p.reader.Metrics(); st.Reads != 1 || st.BytesReadQUIC != st.BytesRead || st.BytesRead == 0 || st.BytesRead > total {
+		t.Errorf("transfer metrics %+v: want one read, all of its bytes over QUIC", st)
+	}
 	if via := p.read(t); via != TransportQUIC {
 		t.Fatalf("read during backoff went over %s, want quic", via)
 	}
@@ -233,6 +241,9 @@ func TestRDMAReadErrorFallsBackToQUIC(t *testing.T) {
 	p.peer.rdma.mu.Unlock()
 	if via := p.read(t); via != TransportRDMA {
 		t.Fatalf("read after backoff went over %s, want rdma", via)
+	}
+	if st, m := p.reader.Metrics(), p.metrics(t); st.BytesRead != st.BytesReadQUIC+m.Bytes || m.Bytes == 0 {
+		t.Errorf("transfer metrics %+v, rdma %+v: want bytes read = over QUIC + over RDMA", st, m)
 	}
 	if m := p.metrics(t); m.Connects != 2 {
 		t.Errorf("metrics %+v: want a second queue pair after the failed one was destroyed", m)

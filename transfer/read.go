@@ -81,6 +81,7 @@ func (p *Peer) readQUIC(ctx context.Context, leaseID, blockSet uint64, segs []la
 		}
 		p.n.stats.reads.Add(1)
 		p.n.stats.bytesRead.Add(total)
+		p.n.stats.bytesReadQUIC.Add(total)
 		return nil
 	}
 	// The first part to fail cancels the others; its error is the one
@@ -133,6 +134,7 @@ feed:
 	}
 	p.n.stats.reads.Add(1)
 	p.n.stats.bytesRead.Add(total)
+	p.n.stats.bytesReadQUIC.Add(total)
 	return nil
 }
 

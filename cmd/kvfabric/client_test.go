@@ -131,6 +131,12 @@ func TestCertsCommand(t *testing.T) {
 // paths are), and removed at the end of the test.
 func startTestAgent(t *testing.T, name string) *fabric.Agent {
 	t.Helper()
+	return startTestAgentWith(t, name, nil)
+}
+
+// startTestAgentWith is startTestAgent with configure applied last.
+func startTestAgentWith(t *testing.T, name string, configure func(*fabric.Config)) *fabric.Agent {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "kvfcli")
 	if err != nil {
 		t.Fatal(err)
@@ -141,6 +147,9 @@ func startTestAgent(t *testing.T, name string) *fabric.Agent {
 	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
 	c.Pools = []string{"host=64MiB"}
 	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if configure != nil {
+		configure(&c)
+	}
 	a, err := fabric.Start(context.Background(), c)
 	if err != nil {
 		t.Fatal(err)

@@ -45,6 +45,8 @@ var agentSettings = []setting{
 	{"metrics-addr", "MetricsAddr", `host:port of /metrics and /healthz, or "off" (default 127.0.0.1:7948)`},
 	{"pool", "Pools", "memory pool KIND=SIZE, kind host or pinned, e.g. host=4GiB (default host=1GiB)"},
 	{"block-set-slots", "BlockSetSlots", "slots of a block set an engine asks none for (default: a quarter of the pool)"},
+	{"block-set-grace", "BlockSetGrace", "how long a block set no engine session uses keeps its cached blocks before it is freed; a Register that needs the memory frees it at once (default 30s, at most 24h)"},
+	{"session-keepalive", "SessionKeepalive", "how long an engine session may stay silent before the agent ends it and frees what it held; an engine that exits ends at once (default 5s, 100ms..10m)"},
 	{"lease-duration", "LeaseDuration", "the longest this node pins blocks for an importer per lease or renewal, whatever it asks; importers ask for as much (default 30s, 1s..5m)"},
 	{"max-leased-per-peer", "MaxLeasedPerPeer", "blocks one peer may hold leased on this node; past it leases are cut or refused (default: half the slots of the node's block sets)"},
 	{"max-leased", "MaxLeased", "blocks all peers together may hold leased on this node (default: three quarters of the slots of its block sets)"},
