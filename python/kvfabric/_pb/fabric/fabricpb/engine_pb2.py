@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from kvfabric._pb.layout.layoutpb import layout_pb2 as layout_dot_layoutpb_dot_layout__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x61\x62ric/fabricpb/engine.proto\x12\x12kvfabric.fabric.v1\x1a\x1clayout/layoutpb/layout.proto\"\xfc\x01\n\x0fRegisterRequest\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12.\n\x05model\x18\x02 \x01(\x0b\x32\x1f.kvfabric.layout.v1.ModelConfig\x12\x0f\n\x07tp_size\x18\x03 \x01(\r\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12-\n\x08kv_order\x18\x05 \x01(\x0e\x32\x1b.kvfabric.layout.v1.KVOrder\x12\x34\n\x0b\x61rrangement\x18\x06 \x01(\x0e\x32\x1f.kvfabric.layout.v1.Arrangement\x12\r\n\x05slots\x18\x07 \x01(\r\x12\x11\n\talignment\x18\x08 \x01(\x04\"\xbd\x01\n\x10RegisterResponse\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12*\n\x06layout\x18\x02 \x01(\x0b\x32\x1a.kvfabric.layout.v1.Layout\x12*\n\x06memory\x18\x03 \x03(\x0b\x32\x1a.kvfabric.fabric.v1.Memory\x12\x0f\n\x07retains\x18\x04 \x01(\r\x12-\n\x05ranks\x18\x05 \x03(\x0b\x32\x1e.kvfabric.fabric.v1.RankLayout\"w\n\x06Memory\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\t\x12\x11\n\tfd_socket\x18\x05 \x01(\t\x12\x0c\n\x04\x66ile\x18\x06 \x01(\t\x12\x11\n\tfile_size\x18\x07 \x01(\x04\"\xd0\x01\n\nRankLayout\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x14\n\x0c\x62lock_stride\x18\x02 \x01(\x04\x12\x14\n\x0clayer_stride\x18\x03 \x01(\x04\x12\x11\n\tkv_stride\x18\x04 \x01(\x04\x12\x13\n\x0b\x63hunk_shape\x18\x05 \x03(\r\x12\x10\n\x08head_ids\x18\x06 \x03(\r\x12\x10\n\x08replicas\x18\x07 \x01(\r\x12\x0e\n\x06planes\x18\x08 \x01(\r\x12\x15\n\relement_bytes\x18\t \x01(\r\x12\x13\n\x0b\x63hunk_bytes\x18\n \x01(\x04\"3\n\x0f\x41llocateRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"!\n\x10\x41llocateResponse\x12\r\n\x05slots\x18\x01 \x03(\r\"/\n\x0b\x46reeRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\r\n\x05slots\x18\x02 \x03(\r\"\x0e\n\x0c\x46reeResponse\"1\n\x06Tokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x0c\n\x04salt\x18\x02 \x01(\t\x12\x0c\n\x04lora\x18\x03 \x01(\t\"\x99\x01\n\x15RegisterBlocksRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\r\n\x05slots\x18\x02 \x03(\r\x12\x0e\n\x06hashes\x18\x03 \x03(\x04\x12*\n\x06tokens\x18\x04 \x01(\x0b\x32\x1a.kvfabric.fabric.v1.Tokens\x12\x0e\n\x06parent\x18\x05 \x01(\x04\x12\x12\n\nparent_set\x18\x06 \x01(\x08\"F\n\x16RegisterBlocksResponse\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.kvfabric.fabric.v1.BlockRef\"9\n\x08\x42lockRef\x12\x0c\n\x04hash\x18\x01 \x01(\x04\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"3\n\x0e\x41\x63quireRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\x0e\n\x06hashes\x18\x02 \x03(\x04\"?\n\x0f\x41\x63quireResponse\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.kvfabric.fabric.v1.BlockRef\"2\n\x0eReleaseRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\r\n\x05slots\x18\x02 \x03(\r\"\x11\n\x0fReleaseResponse\"r\n\rLookupRequest\x12\x0e\n\x06hashes\x18\x01 \x03(\x04\x12*\n\x06tokens\x18\x02 \x01(\x0b\x32\x1a.kvfabric.fabric.v1.Tokens\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x11\n\tblock_set\x18\x04 \x01(\x04\"O\n\x0eLookupResponse\x12\x0e\n\x06hashes\x18\x01 \x03(\x04\x12-\n\x08overlaps\x18\x02 \x03(\x0b\x32\x1b.kvfabric.fabric.v1.Overlap\"\x8b\x01\n\x07Overlap\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\r\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x19\n\x11\x66\x65tch_estimate_us\x18\x04 \x01(\x04\x12\x10\n\x08\x65stimate\x18\x05 \x01(\t\x12\x13\n\x0b\x66\x65tch_bytes\x18\x06 \x01(\x04\x12\x11\n\ttransport\x18\x07 \x01(\t\"r\n\rImportRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\x0e\n\x06hashes\x18\x02 \x03(\x04\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12*\n\x06tokens\x18\x04 \x01(\x0b\x32\x1a.kvfabric.fabric.v1.Tokens\"y\n\x0eImportResponse\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.kvfabric.fabric.v1.BlockRef\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12*\n\x07\x66\x65tches\x18\x03 \x03(\x0b\x32\x19.kvfabric.fabric.v1.Fetch\"W\n\x05\x46\x65tch\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x11\n\ttransport\x18\x02 \x01(\t\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0e\n\x06micros\x18\x05 \x01(\x04\"\x0f\n\rStatusRequest\"\xb0\x02\n\x0eStatusResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12+\n\x07members\x18\x03 \x03(\x0b\x32\x1a.kvfabric.fabric.v1.Member\x12\x30\n\nblock_sets\x18\x04 \x03(\x0b\x32\x1c.kvfabric.fabric.v1.BlockSet\x12\x15\n\rindex_entries\x18\x05 \x01(\x04\x12\x0f\n\x07imports\x18\x06 \x01(\x04\x12\x14\n\x0cimport_bytes\x18\x07 \x01(\x04\x12\'\n\x05pools\x18\x08 \x03(\x0b\x32\x18.kvfabric.fabric.v1.Pool\x12\x19\n\x11imports_in_flight\x18\t \x01(\x04\x12\x0e\n\x06leases\x18\n \x01(\x04\x12\x0e\n\x06joined\x18\x0b \x01(\x08\"t\n\x06Member\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x02 \x01(\t\x12\x11\n\tpeer_addr\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x0e\n\x06\x62locks\x18\x05 \x01(\x04\x12\x15\n\rsince_unix_ms\x18\x06 \x01(\x03\"R\n\x04Pool\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x14\n\x0c\x63\x61rved_bytes\x18\x03 \x01(\x04\x12\x12\n\nblock_sets\x18\x04 \x01(\r\"\xa2\x01\n\x08\x42lockSet\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x15\n\rlayout_digest\x18\x03 \x01(\t\x12\x0f\n\x07tp_size\x18\x04 \x01(\r\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\r\n\x05slots\x18\x06 \x01(\r\x12\x0c\n\x04\x66ree\x18\x07 \x01(\r\x12\x12\n\nregistered\x18\x08 \x01(\r\x12\x0e\n\x06leased\x18\t \x01(\r2\x85\x06\n\x06\x45ngine\x12U\n\x08Register\x12#.kvfabric.fabric.v1.RegisterRequest\x1a$.kvfabric.fabric.v1.RegisterResponse\x12U\n\x08\x41llocate\x12#.kvfabric.fabric.v1.AllocateRequest\x1a$.kvfabric.fabric.v1.AllocateResponse\x12I\n\x04\x46ree\x12\x1f.kvfabric.fabric.v1.FreeRequest\x1a .kvfabric.fabric.v1.FreeResponse\x12g\n\x0eRegisterBlocks\x12).kvfabric.fabric.v1.RegisterBlocksRequest\x1a*.kvfabric.fabric.v1.RegisterBlocksResponse\x12R\n\x07\x41\x63quire\x12\".kvfabric.fabric.v1.AcquireRequest\x1a#.kvfabric.fabric.v1.AcquireResponse\x12R\n\x07Release\x12\".kvfabric.fabric.v1.ReleaseRequest\x1a#.kvfabric.fabric.v1.ReleaseResponse\x12O\n\x06Lookup\x12!.kvfabric.fabric.v1.LookupRequest\x1a\".kvfabric.fabric.v1.LookupResponse\x12O\n\x06Import\x12!.kvfabric.fabric.v1.ImportRequest\x1a\".kvfabric.fabric.v1.ImportResponse\x12O\n\x06Status\x12!.kvfabric.fabric.v1.StatusRequest\x1a\".kvfabric.fabric.v1.StatusResponseB.Z,github.com/kvfabric/kvfabric/fabric/fabricpbb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x66\x61\x62ric/fabricpb/engine.proto\x12\x12kvfabric.fabric.v1\x1a\x1clayout/layoutpb/layout.proto\"\xfc\x01\n\x0fRegisterRequest\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12.\n\x05model\x18\x02 \x01(\x0b\x32\x1f.kvfabric.layout.v1.ModelConfig\x12\x0f\n\x07tp_size\x18\x03 \x01(\r\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12-\n\x08kv_order\x18\x05 \x01(\x0e\x32\x1b.kvfabric.layout.v1.KVOrder\x12\x34\n\x0b\x61rrangement\x18\x06 \x01(\x0e\x32\x1f.kvfabric.layout.v1.Arrangement\x12\r\n\x05slots\x18\x07 \x01(\r\x12\x11\n\talignment\x18\x08 \x01(\x04\"\xbd\x01\n\x10RegisterResponse\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12*\n\x06layout\x18\x02 \x01(\x0b\x32\x1a.kvfabric.layout.v1.Layout\x12*\n\x06memory\x18\x03 \x03(\x0b\x32\x1a.kvfabric.fabric.v1.Memory\x12\x0f\n\x07retains\x18\x04 \x01(\r\x12-\n\x05ranks\x18\x05 \x03(\x0b\x32\x1e.kvfabric.fabric.v1.RankLayout\"w\n\x06Memory\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\t\x12\x11\n\tfd_socket\x18\x05 \x01(\t\x12\x0c\n\x04\x66ile\x18\x06 \x01(\t\x12\x11\n\tfile_size\x18\x07 \x01(\x04\"\xd0\x01\n\nRankLayout\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x14\n\x0c\x62lock_stride\x18\x02 \x01(\x04\x12\x14\n\x0clayer_stride\x18\x03 \x01(\x04\x12\x11\n\tkv_stride\x18\x04 \x01(\x04\x12\x13\n\x0b\x63hunk_shape\x18\x05 \x03(\r\x12\x10\n\x08head_ids\x18\x06 \x03(\r\x12\x10\n\x08replicas\x18\x07 \x01(\r\x12\x0e\n\x06planes\x18\x08 \x01(\r\x12\x15\n\relement_bytes\x18\t \x01(\r\x12\x13\n\x0b\x63hunk_bytes\x18\n \x01(\x04\"3\n\x0f\x41llocateRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"!\n\x10\x41llocateResponse\x12\r\n\x05slots\x18\x01 \x03(\r\"/\n\x0b\x46reeRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\r\n\x05slots\x18\x02 \x03(\r\"\x0e\n\x0c\x46reeResponse\"1\n\x06Tokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x0c\n\x04salt\x18\x02 \x01(\t\x12\x0c\n\x04lora\x18\x03 \x01(\t\"\x99\x01\n\x15RegisterBlocksRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\r\n\x05slots\x18\x02 \x03(\r\x12\x0e\n\x06hashes\x18\x03 \x03(\x04\x12*\n\x06tokens\x18\x04 \x01(\x0b\x32\x1a.kvfabric.fabric.v1.Tokens\x12\x0e\n\x06parent\x18\x05 \x01(\x04\x12\x12\n\nparent_set\x18\x06 \x01(\x08\"x\n\x16RegisterBlocksResponse\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.kvfabric.fabric.v1.BlockRef\x12\x30\n\x07results\x18\x02 \x03(\x0b\x32\x1f.kvfabric.fabric.v1.BlockResult\"9\n\x08\x42lockRef\x12\x0c\n\x04hash\x18\x01 \x01(\x04\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"3\n\x0e\x41\x63quireRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\x0e\n\x06hashes\x18\x02 \x03(\x04\"q\n\x0f\x41\x63quireResponse\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.kvfabric.fabric.v1.BlockRef\x12\x30\n\x07results\x18\x02 \x03(\x0b\x32\x1f.kvfabric.fabric.v1.BlockResult\"2\n\x0eReleaseRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\r\n\x05slots\x18\x02 \x03(\r\"\x11\n\x0fReleaseResponse\"r\n\rLookupRequest\x12\x0e\n\x06hashes\x18\x01 \x03(\x04\x12*\n\x06tokens\x18\x02 \x01(\x0b\x32\x1a.kvfabric.fabric.v1.Tokens\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x11\n\tblock_set\x18\x04 \x01(\x04\"O\n\x0eLookupResponse\x12\x0e\n\x06hashes\x18\x01 \x03(\x04\x12-\n\x08overlaps\x18\x02 \x03(\x0b\x32\x1b.kvfabric.fabric.v1.Overlap\"\x8b\x01\n\x07Overlap\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\r\x12\r\n\x05score\x18\x03 \x01(\x01\x12\x19\n\x11\x66\x65tch_estimate_us\x18\x04 \x01(\x04\x12\x10\n\x08\x65stimate\x18\x05 \x01(\t\x12\x13\n\x0b\x66\x65tch_bytes\x18\x06 \x01(\x04\x12\x11\n\ttransport\x18\x07 \x01(\t\"r\n\rImportRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\x12\x0e\n\x06hashes\x18\x02 \x03(\x04\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12*\n\x06tokens\x18\x04 \x01(\x0b\x32\x1a.kvfabric.fabric.v1.Tokens\"\xab\x01\n\x0eImportResponse\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.kvfabric.fabric.v1.BlockRef\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12*\n\x07\x66\x65tches\x18\x03 \x03(\x0b\x32\x19.kvfabric.fabric.v1.Fetch\x12\x30\n\x07results\x18\x04 \x03(\x0b\x32\x1f.kvfabric.fabric.v1.BlockResult\"W\n\x05\x46\x65tch\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x11\n\ttransport\x18\x02 \x01(\t\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x0e\n\x06micros\x18\x05 \x01(\x04\"\x8b\x01\n\x0b\x42lockResult\x12\x0c\n\x04hash\x18\x01 \x01(\x04\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12,\n\x07outcome\x18\x03 \x01(\x0e\x32\x1b.kvfabric.fabric.v1.Outcome\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0c\n\x04\x63ode\x18\x05 \x01(\r\x12\x14\n\x0crequest_slot\x18\x06 \x01(\r\" \n\x0eSessionRequest\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\"5\n\x0cSessionEvent\x12\x0f\n\x07session\x18\x01 \x01(\x04\x12\x14\n\x0ckeepalive_ms\x18\x02 \x01(\r\"(\n\x13\x44ropBlockSetRequest\x12\x11\n\tblock_set\x18\x01 \x01(\x04\"7\n\x14\x44ropBlockSetResponse\x12\x10\n\x08released\x18\x01 \x01(\r\x12\r\n\x05\x66reed\x18\x02 \x01(\r\"\x0f\n\rStatusRequest\"\xdf\x02\n\x0eStatusResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12+\n\x07members\x18\x03 \x03(\x0b\x32\x1a.kvfabric.fabric.v1.Member\x12\x30\n\nblock_sets\x18\x04 \x03(\x0b\x32\x1c.kvfabric.fabric.v1.BlockSet\x12\x15\n\rindex_entries\x18\x05 \x01(\x04\x12\x0f\n\x07imports\x18\x06 \x01(\x04\x12\x14\n\x0cimport_bytes\x18\x07 \x01(\x04\x12\'\n\x05pools\x18\x08 \x03(\x0b\x32\x18.kvfabric.fabric.v1.Pool\x12\x19\n\x11imports_in_flight\x18\t \x01(\x04\x12\x0e\n\x06leases\x18\n \x01(\x04\x12\x0e\n\x06joined\x18\x0b \x01(\x08\x12-\n\x08sessions\x18\x0c \x03(\x0b\x32\x1b.kvfabric.fabric.v1.Session\"\x88\x01\n\x07Session\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x0b\n\x03uid\x18\x04 \x01(\r\x12\x16\n\x0eopened_unix_ms\x18\x05 \x01(\x03\x12\x12\n\nblock_sets\x18\x06 \x03(\x04\x12\x0c\n\x04refs\x18\x07 \x01(\r\x12\r\n\x05slots\x18\x08 \x01(\r\"t\n\x06Member\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x13\n\x0bgossip_addr\x18\x02 \x01(\t\x12\x11\n\tpeer_addr\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x0e\n\x06\x62locks\x18\x05 \x01(\x04\x12\x15\n\rsince_unix_ms\x18\x06 \x01(\x03\"R\n\x04Pool\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x14\n\x0c\x63\x61rved_bytes\x18\x03 \x01(\x04\x12\x12\n\nblock_sets\x18\x04 \x01(\r\"\xd0\x01\n\x08\x42lockSet\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x15\n\rlayout_digest\x18\x03 \x01(\t\x12\x0f\n\x07tp_size\x18\x04 \x01(\r\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\r\n\x05slots\x18\x06 \x01(\r\x12\x0c\n\x04\x66ree\x18\x07 \x01(\r\x12\x12\n\nregistered\x18\x08 \x01(\r\x12\x0e\n\x06leased\x18\t \x01(\r\x12\x10\n\x08sessions\x18\n \x01(\r\x12\x1a\n\x12idle_since_unix_ms\x18\x0b \x01(\x03*\xcf\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x16\n\x12OUTCOME_REGISTERED\x10\x01\x12\x15\n\x11OUTCOME_DUPLICATE\x10\x02\x12\x13\n\x0fOUTCOME_REFUSED\x10\x03\x12\x14\n\x10OUTCOME_ACQUIRED\x10\x04\x12\x11\n\rOUTCOME_LOCAL\x10\x05\x12\x14\n\x10OUTCOME_IMPORTED\x10\x06\x12\x13\n\x0fOUTCOME_MISSING\x10\x07\x12\x13\n\x0fOUTCOME_SKIPPED\x10\x08\x32\xc1\x07\n\x06\x45ngine\x12U\n\x08Register\x12#.kvfabric.fabric.v1.RegisterRequest\x1a$.kvfabric.fabric.v1.RegisterResponse\x12U\n\x08\x41llocate\x12#.kvfabric.fabric.v1.AllocateRequest\x1a$.kvfabric.fabric.v1.AllocateResponse\x12I\n\x04\x46ree\x12\x1f.kvfabric.fabric.v1.FreeRequest\x1a .kvfabric.fabric.v1.FreeResponse\x12g\n\x0eRegisterBlocks\x12).kvfabric.fabric.v1.RegisterBlocksRequest\x1a*.kvfabric.fabric.v1.RegisterBlocksResponse\x12R\n\x07\x41\x63quire\x12\".kvfabric.fabric.v1.AcquireRequest\x1a#.kvfabric.fabric.v1.AcquireResponse\x12R\n\x07Release\x12\".kvfabric.fabric.v1.ReleaseRequest\x1a#.kvfabric.fabric.v1.ReleaseResponse\x12O\n\x06Lookup\x12!.kvfabric.fabric.v1.LookupRequest\x1a\".kvfabric.fabric.v1.LookupResponse\x12O\n\x06Import\x12!.kvfabric.fabric.v1.ImportRequest\x1a\".kvfabric.fabric.v1.ImportResponse\x12O\n\x06Status\x12!.kvfabric.fabric.v1.StatusRequest\x1a\".kvfabric.fabric.v1.StatusResponse\x12W\n\x0bOpenSession\x12\".kvfabric.fabric.v1.SessionRequest\x1a .kvfabric.fabric.v1.SessionEvent(\x01\x30\x01\x12\x61\n\x0c\x44ropBlockSet\x12\'.kvfabric.fabric.v1.DropBlockSetRequest\x1a(.kvfabric.fabric.v1.DropBlockSetResponseB.Z,github.com/kvfabric/kvfabric/fabric/fabricpbb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fabric.fabricpb.engine_pb2', globals())
@@ -22,6 +22,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z,github.com/kvfabric/kvfabric/fabric/fabricpb'
+  _OUTCOME._serialized_start=3613
+  _OUTCOME._serialized_end=3820
   _REGISTERREQUEST._serialized_start=83
   _REGISTERREQUEST._serialized_end=335
   _REGISTERRESPONSE._serialized_start=338
@@ -43,39 +45,51 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _REGISTERBLOCKSREQUEST._serialized_start=1066
   _REGISTERBLOCKSREQUEST._serialized_end=1219
   _REGISTERBLOCKSRESPONSE._serialized_start=1221
-  _REGISTERBLOCKSRESPONSE._serialized_end=1291
-  _BLOCKREF._serialized_start=1293
-  _BLOCKREF._serialized_end=1350
-  _ACQUIREREQUEST._serialized_start=1352
-  _ACQUIREREQUEST._serialized_end=1403
-  _ACQUIRERESPONSE._serialized_start=1405
-  _ACQUIRERESPONSE._serialized_end=1468
-  _RELEASEREQUEST._serialized_start=1470
-  _RELEASEREQUEST._serialized_end=1520
-  _RELEASERESPONSE._serialized_start=1522
-  _RELEASERESPONSE._serialized_end=1539
-  _LOOKUPREQUEST._serialized_start=1541
-  _LOOKUPREQUEST._serialized_end=1655
-  _LOOKUPRESPONSE._serialized_start=1657
-  _LOOKUPRESPONSE._serialized_end=1736
-  _OVERLAP._serialized_start=1739
-  _OVERLAP._serialized_end=1878
-  _IMPORTREQUEST._serialized_start=1880
-  _IMPORTREQUEST._serialized_end=1994
-  _IMPORTRESPONSE._serialized_start=1996
-  _IMPORTRESPONSE._serialized_end=2117
-  _FETCH._serialized_start=2119
-  _FETCH._serialized_end=2206
-  _STATUSREQUEST._serialized_start=2208
-  _STATUSREQUEST._serialized_end=2223
-  _STATUSRESPONSE._serialized_start=2226
-  _STATUSRESPONSE._serialized_end=2530
-  _MEMBER._serialized_start=2532
-  _MEMBER._serialized_end=2648
-  _POOL._serialized_start=2650
-  _POOL._serialized_end=2732
-  _BLOCKSET._serialized_start=2735
-  _BLOCKSET._serialized_end=2897
-  _ENGINE._serialized_start=2900
-  _ENGINE._serialized_end=3673
+  _REGISTERBLOCKSRESPONSE._serialized_end=1341
+  _BLOCKREF._serialized_start=1343
+  _BLOCKREF._serialized_end=1400
+  _ACQUIREREQUEST._serialized_start=1402
+  _ACQUIREREQUEST._serialized_end=1453
+  _ACQUIRERESPONSE._serialized_start=1455
+  _ACQUIRERESPONSE._serialized_end=1568
+  _RELEASEREQUEST._serialized_start=1570
+  _RELEASEREQUEST._serialized_end=1620
+  _RELEASERESPONSE._serialized_start=1622
+  _RELEASERESPONSE._serialized_end=1639
+  _LOOKUPREQUEST._serialized_start=1641
+  _LOOKUPREQUEST._serialized_end=1755
+  _LOOKUPRESPONSE._serialized_start=1757
+  _LOOKUPRESPONSE._serialized_end=1836
+  _OVERLAP._serialized_start=1839
+  _OVERLAP._serialized_end=1978
+  _IMPORTREQUEST._serialized_start=1980
+  _IMPORTREQUEST._serialized_end=2094
+  _IMPORTRESPONSE._serialized_start=2097
+  _IMPORTRESPONSE._serialized_end=2268
+  _FETCH._serialized_start=2270
+  _FETCH._serialized_end=2357
+  _BLOCKRESULT._serialized_start=2360
+  _BLOCKRESULT._serialized_end=2499
+  _SESSIONREQUEST._serialized_start=2501
+  _SESSIONREQUEST._serialized_end=2533
+  _SESSIONEVENT._serialized_start=2535
+  _SESSIONEVENT._serialized_end=2588
+  _DROPBLOCKSETREQUEST._serialized_start=2590
+  _DROPBLOCKSETREQUEST._serialized_end=2630
+  _DROPBLOCKSETRESPONSE._serialized_start=2632
+  _DROPBLOCKSETRESPONSE._serialized_end=2687
+  _STATUSREQUEST._serialized_start=2689
+  _STATUSREQUEST._serialized_end=2704
+  _STATUSRESPONSE._serialized_start=2707
+  _STATUSRESPONSE._serialized_end=3058
+  _SESSION._serialized_start=3061
+  _SESSION._serialized_end=3197
+  _MEMBER._serialized_start=3199
+  _MEMBER._serialized_end=3315
+  _POOL._serialized_start=3317
+  _POOL._serialized_end=3399
+  _BLOCKSET._serialized_start=3402
+  _BLOCKSET._serialized_end=3610
+  _ENGINE._serialized_start=3823
+  _ENGINE._serialized_end=4784
 # @@protoc_insertion_point(module_scope)

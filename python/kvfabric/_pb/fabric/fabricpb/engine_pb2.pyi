@@ -1,10 +1,20 @@
 from kvfabric._pb.layout.layoutpb import layout_pb2 as _layout_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+OUTCOME_ACQUIRED: Outcome
+OUTCOME_DUPLICATE: Outcome
+OUTCOME_IMPORTED: Outcome
+OUTCOME_LOCAL: Outcome
+OUTCOME_MISSING: Outcome
+OUTCOME_REFUSED: Outcome
+OUTCOME_REGISTERED: Outcome
+OUTCOME_SKIPPED: Outcome
+OUTCOME_UNSPECIFIED: Outcome
 
 class AcquireRequest(_message.Message):
     __slots__ = ["block_set", "hashes"]
@@ -15,10 +25,12 @@ class AcquireRequest(_message.Message):
     def __init__(self, block_set: _Optional[int] = ..., hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
-    __slots__ = ["blocks"]
+    __slots__ = ["blocks", "results"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockRef]
-    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[BlockResult]
+    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[BlockResult, _Mapping]]] = ...) -> None: ...
 
 class AllocateRequest(_message.Message):
     __slots__ = ["block_set", "count"]
@@ -44,27 +56,61 @@ class BlockRef(_message.Message):
     slot: int
     def __init__(self, hash: _Optional[int] = ..., slot: _Optional[int] = ..., duplicate: bool = ...) -> None: ...
 
+class BlockResult(_message.Message):
+    __slots__ = ["code", "hash", "outcome", "reason", "request_slot", "slot"]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_SLOT_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    hash: int
+    outcome: Outcome
+    reason: str
+    request_slot: int
+    slot: int
+    def __init__(self, hash: _Optional[int] = ..., slot: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., reason: _Optional[str] = ..., code: _Optional[int] = ..., request_slot: _Optional[int] = ...) -> None: ...
+
 class BlockSet(_message.Message):
-    __slots__ = ["engine", "free", "id", "layout_digest", "leased", "page_size", "registered", "slots", "tp_size"]
+    __slots__ = ["engine", "free", "id", "idle_since_unix_ms", "layout_digest", "leased", "page_size", "registered", "sessions", "slots", "tp_size"]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     engine: str
     free: int
     id: int
+    idle_since_unix_ms: int
     layout_digest: str
     leased: int
     page_size: int
     registered: int
+    sessions: int
     slots: int
     tp_size: int
-    def __init__(self, id: _Optional[int] = ..., engine: _Optional[str] = ..., layout_digest: _Optional[str] = ..., tp_size: _Optional[int] = ..., page_size: _Optional[int] = ..., slots: _Optional[int] = ..., free: _Optional[int] = ..., registered: _Optional[int] = ..., leased: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., engine: _Optional[str] = ..., layout_digest: _Optional[str] = ..., tp_size: _Optional[int] = ..., page_size: _Optional[int] = ..., slots: _Optional[int] = ..., free: _Optional[int] = ..., registered: _Optional[int] = ..., leased: _Optional[int] = ..., sessions: _Optional[int] = ..., idle_since_unix_ms: _Optional[int] = ...) -> None: ...
+
+class DropBlockSetRequest(_message.Message):
+    __slots__ = ["block_set"]
+    BLOCK_SET_FIELD_NUMBER: _ClassVar[int]
+    block_set: int
+    def __init__(self, block_set: _Optional[int] = ...) -> None: ...
+
+class DropBlockSetResponse(_message.Message):
+    __slots__ = ["freed", "released"]
+    FREED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    freed: int
+    released: int
+    def __init__(self, released: _Optional[int] = ..., freed: _Optional[int] = ...) -> None: ...
 
 class Fetch(_message.Message):
     __slots__ = ["blocks", "bytes", "micros", "node", "transport"]
@@ -105,14 +151,16 @@ class ImportRequest(_message.Message):
     def __init__(self, block_set: _Optional[int] = ..., hashes: _Optional[_Iterable[int]] = ..., timeout_ms: _Optional[int] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ...) -> None: ...
 
 class ImportResponse(_message.Message):
-    __slots__ = ["blocks", "error", "fetches"]
+    __slots__ = ["blocks", "error", "fetches", "results"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     FETCHES_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockRef]
     error: str
     fetches: _containers.RepeatedCompositeFieldContainer[Fetch]
-    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., error: _Optional[str] = ..., fetches: _Optional[_Iterable[_Union[Fetch, _Mapping]]] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[BlockResult]
+    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., error: _Optional[str] = ..., fetches: _Optional[_Iterable[_Union[Fetch, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[BlockResult, _Mapping]]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ["block_set", "block_size", "hashes", "tokens"]
@@ -239,10 +287,12 @@ class RegisterBlocksRequest(_message.Message):
     def __init__(self, block_set: _Optional[int] = ..., slots: _Optional[_Iterable[int]] = ..., hashes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., parent: _Optional[int] = ..., parent_set: bool = ...) -> None: ...
 
 class RegisterBlocksResponse(_message.Message):
-    __slots__ = ["blocks"]
+    __slots__ = ["blocks", "results"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[BlockRef]
-    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[BlockResult]
+    def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[BlockResult, _Mapping]]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ["alignment", "arrangement", "engine", "kv_order", "model", "page_size", "slots", "tp_size"]
@@ -290,12 +340,46 @@ class ReleaseResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
+class Session(_message.Message):
+    __slots__ = ["block_sets", "engine", "id", "opened_unix_ms", "pid", "refs", "slots", "uid"]
+    BLOCK_SETS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OPENED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    block_sets: _containers.RepeatedScalarFieldContainer[int]
+    engine: str
+    id: int
+    opened_unix_ms: int
+    pid: int
+    refs: int
+    slots: int
+    uid: int
+    def __init__(self, id: _Optional[int] = ..., engine: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., opened_unix_ms: _Optional[int] = ..., block_sets: _Optional[_Iterable[int]] = ..., refs: _Optional[int] = ..., slots: _Optional[int] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ["keepalive_ms", "session"]
+    KEEPALIVE_MS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    keepalive_ms: int
+    session: int
+    def __init__(self, session: _Optional[int] = ..., keepalive_ms: _Optional[int] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ["engine"]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    def __init__(self, engine: _Optional[str] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["block_sets", "import_bytes", "imports", "imports_in_flight", "index_entries", "joined", "leases", "members", "node", "pools", "version"]
+    __slots__ = ["block_sets", "import_bytes", "imports", "imports_in_flight", "index_entries", "joined", "leases", "members", "node", "pools", "sessions", "version"]
     BLOCK_SETS_FIELD_NUMBER: _ClassVar[int]
     IMPORTS_FIELD_NUMBER: _ClassVar[int]
     IMPORTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +390,7 @@ class StatusResponse(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     block_sets: _containers.RepeatedCompositeFieldContainer[BlockSet]
     import_bytes: int
@@ -317,8 +402,9 @@ class StatusResponse(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[Member]
     node: str
     pools: _containers.RepeatedCompositeFieldContainer[Pool]
+    sessions: _containers.RepeatedCompositeFieldContainer[Session]
     version: str
-    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ...) -> None: ...
+    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ...) -> None: ...
 
 class Tokens(_message.Message):
     __slots__ = ["ids", "lora", "salt"]
@@ -329,3 +415,6 @@ class Tokens(_message.Message):
     lora: str
     salt: str
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., salt: _Optional[str] = ..., lora: _Optional[str] = ...) -> None: ...
+
+class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []

@@ -59,6 +59,16 @@ class EngineStub(object):
                 request_serializer=fabric_dot_fabricpb_dot_engine__pb2.StatusRequest.SerializeToString,
                 response_deserializer=fabric_dot_fabricpb_dot_engine__pb2.StatusResponse.FromString,
                 )
+        self.OpenSession = channel.stream_stream(
+                '/kvfabric.fabric.v1.Engine/OpenSession',
+                request_serializer=fabric_dot_fabricpb_dot_engine__pb2.SessionRequest.SerializeToString,
+                response_deserializer=fabric_dot_fabricpb_dot_engine__pb2.SessionEvent.FromString,
+                )
+        self.DropBlockSet = channel.unary_unary(
+                '/kvfabric.fabric.v1.Engine/DropBlockSet',
+                request_serializer=fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetRequest.SerializeToString,
+                response_deserializer=fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetResponse.FromString,
+                )
 
 
 class EngineServicer(object):
@@ -127,6 +137,24 @@ class EngineServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSession(self, request_iterator, context):
+        """Open a session: the engine keeps the stream open for as long as it
+        works, sending a SessionRequest at least every keepalive_ms; the first
+        SessionEvent carries the session id. Ending the stream ends the
+        session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropBlockSet(self, request, context):
+        """Stop using a block set under the calling session: its references and
+        unregistered slots there are given back, as when the session ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -174,6 +202,16 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=fabric_dot_fabricpb_dot_engine__pb2.StatusRequest.FromString,
                     response_serializer=fabric_dot_fabricpb_dot_engine__pb2.StatusResponse.SerializeToString,
+            ),
+            'OpenSession': grpc.stream_stream_rpc_method_handler(
+                    servicer.OpenSession,
+                    request_deserializer=fabric_dot_fabricpb_dot_engine__pb2.SessionRequest.FromString,
+                    response_serializer=fabric_dot_fabricpb_dot_engine__pb2.SessionEvent.SerializeToString,
+            ),
+            'DropBlockSet': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropBlockSet,
+                    request_deserializer=fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetRequest.FromString,
+                    response_serializer=fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -335,5 +373,39 @@ class Engine(object):
         return grpc.experimental.unary_unary(request, target, '/kvfabric.fabric.v1.Engine/Status',
             fabric_dot_fabricpb_dot_engine__pb2.StatusRequest.SerializeToString,
             fabric_dot_fabricpb_dot_engine__pb2.StatusResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def OpenSession(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/kvfabric.fabric.v1.Engine/OpenSession',
+            fabric_dot_fabricpb_dot_engine__pb2.SessionRequest.SerializeToString,
+            fabric_dot_fabricpb_dot_engine__pb2.SessionEvent.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DropBlockSet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvfabric.fabric.v1.Engine/DropBlockSet',
+            fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetRequest.SerializeToString,
+            fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
