@@ -42,34 +42,32 @@ def prefill(tokens: list[int], page: int) -> list[np.ndarray]:
     return out
 
 
-def store(socket: str, tokens: list[int]) -> None:
-    with kvfabric.Client(socket, engine="example-tp4") as c:
-        bs = c.register(MODEL, tp_size=4, page_size=PAGE, kv_order="hnd")
-        blocks = prefill(tokens, PAGE)
-        slots = c.allocate(bs, len(blocks))
-        for slot, kv in zip(slots, blocks):
-            bs.write_block(slot, kv)  # each of the 4 ranks takes its 2 heads
-        refs = c.register_blocks(bs, slots, tokens=tokens)
-        c.release(bs, refs)  # stays cached for the cluster
-        print(f"stored {len(refs)} blocks at TP 4 on {c.status().node}")
+def store(c: kvfabric.Client, tokens: list[int]) -> None:
+    bs = c.register(MODEL, tp_size=4, page_size=PAGE, kv_order="hnd")
+    blocks = prefill(tokens, PAGE)
+    slots = c.allocate(bs, len(blocks))
+    for slot, kv in zip(slots, blocks):
+        bs.write_block(slot, kv)  # each of the 4 ranks takes its 2 heads
+    refs = c.register_blocks(bs, slots, tokens=tokens)
+    c.release(bs, refs)  # cached for the cluster while the engine runs
+    print(f"stored {len(refs)} blocks at TP 4 on {c.status().node}")
 
 
-def load(socket: str, tokens: list[int]) -> None:
-    with kvfabric.Client(socket, engine="example-tp2") as c:
-        bs = c.register(MODEL, tp_size=2, page_size=PAGE, kv_order="nhd", arrangement="layer-separate")
-        est = c.lookup(tokens=tokens, block_set=bs)
-        for o in est.overlaps:
-            print(f"  {o.node}: {o.blocks} blocks, fetch estimate {o.estimate} {o.fetch_estimate_us} us")
-        got = c.import_blocks(bs, tokens=tokens, wait=10)
-        for f in got.fetches:
-            print(f"imported {f.blocks} blocks ({f.bytes} bytes) from {f.node} over {f.transport} in {f.micros} us")
-        want = prefill(tokens, PAGE)
-        if not got.complete:
-            raise SystemExit(f"import brought {len(got.blocks)} of {len(want)} blocks: {got.error}")
-        for ref, kv in zip(got.blocks, want):
-            np.testing.assert_array_equal(bs.read_block(ref.slot), kv)
-        c.release(bs, got.blocks)
-        print(f"TP 2 on {c.status().node}: all {len(want)} blocks equal, element by element")
+def load(c: kvfabric.Client, tokens: list[int]) -> None:
+    bs = c.register(MODEL, tp_size=2, page_size=PAGE, kv_order="nhd", arrangement="layer-separate")
+    est = c.lookup(tokens=tokens, block_set=bs)
+    for o in est.overlaps:
+        print(f"  {o.node}: {o.blocks} blocks, fetch estimate {o.estimate} {o.fetch_estimate_us} us")
+    got = c.import_blocks(bs, tokens=tokens, wait=10)
+    for f in got.fetches:
+        print(f"imported {f.blocks} blocks ({f.bytes} bytes) from {f.node} over {f.transport} in {f.micros} us")
+    want = prefill(tokens, PAGE)
+    if not got.complete:
+        raise SystemExit(f"import brought {len(got.blocks)} of {len(want)} blocks: {got.error}")
+    for ref, kv in zip(got.blocks, want):
+        np.testing.assert_array_equal(bs.read_block(ref.slot), kv)
+    c.release(bs, got.blocks)
+    print(f"TP 2 on {c.status().node}: all {len(want)} blocks equal, element by element")
 
 
 def start_agents(binary: str, stack: ExitStack) -> tuple[str, str]:
@@ -120,8 +118,11 @@ def main() -> None:
             if not os.access(args.bin, os.X_OK):
                 raise SystemExit(f"{args.bin}: not built (make build)")
             a, b = start_agents(args.bin, stack)
-        store(a, tokens)
-        load(b, tokens)
+        # Two engines, each in its session: what the first stores stays
+        # cached while it runs, and the second imports it.
+        with kvfabric.Client(a, engine="example-tp4") as ca, kvfabric.Client(b, engine="example-tp2") as cb:
+            store(ca, tokens)
+            load(cb, tokens)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,19 @@ Hashes are those of ``kvfabric hash`` (and of Dynamo's KV router):
 """
 
 from .blockset import Arrangement, BlockSet, DType, KVOrder, ModelConfig
-from .client import DEFAULT_SOCKET, BlockRef, Client, Fetch, ImportResult, LookupResult, Overlap
+from .client import (
+    DEFAULT_SOCKET,
+    BlockRef,
+    BlockResult,
+    Blocks,
+    Client,
+    DropResult,
+    Fetch,
+    ImportResult,
+    LookupResult,
+    Outcome,
+    Overlap,
+)
 from .errors import (
     Cancelled,
     DeadlineExceeded,
@@ -39,12 +51,15 @@ __all__ = [
     "BlockHash",
     "BlockHasher",
     "BlockRef",
+    "BlockResult",
+    "Blocks",
     "BlockSet",
     "Cancelled",
     "Client",
     "DEFAULT_SOCKET",
     "DType",
     "DeadlineExceeded",
+    "DropResult",
     "FailedPrecondition",
     "Fetch",
     "ImportResult",
@@ -54,6 +69,7 @@ __all__ = [
     "LookupResult",
     "ModelConfig",
     "NotFound",
+    "Outcome",
     "Overlap",
     "PermissionDenied",
     "ProtocolError",

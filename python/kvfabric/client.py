@@ -12,9 +12,12 @@ raises a :class:`~kvfabric.errors.KvfabricError` subclass per gRPC code.
 
 from __future__ import annotations
 
+import atexit
+import enum
 import mmap
 import os
 import threading
+import weakref
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,8 +31,9 @@ from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
 from .errors import InvalidArgument, NotFound, ProtocolError, Unavailable, from_rpc_error
 from .hashing import MAX_BLOCK_SIZE, block_hashes, token_array
 from .memory import FD_SOCKET_SUFFIX, map_descriptor, map_file
+from .session import Session
 
-__all__ = ["Client", "BlockRef", "Overlap", "LookupResult", "Fetch", "ImportResult", "DEFAULT_SOCKET"]
+__all__ = ["Client", "BlockRef", "BlockResult", "Blocks", "DropResult", "Outcome", "Overlap", "LookupResult", "Fetch", "ImportResult", "DEFAULT_SOCKET"]
 
 #: Where the agent serves engines unless configured otherwise.
 DEFAULT_SOCKET = "/var/lib/kvfabric/engine.sock"
@@ -48,6 +52,73 @@ class BlockRef:
     hash: int
     slot: int
     duplicate: bool = False
+
+
+class Outcome(enum.IntEnum):
+    """What happened to one block of a request (engine.proto's Outcome)."""
+
+    UNSPECIFIED = engine_pb2.OUTCOME_UNSPECIFIED
+    REGISTERED = engine_pb2.OUTCOME_REGISTERED  # RegisterBlocks: the slot holds it, referenced
+    DUPLICATE = engine_pb2.OUTCOME_DUPLICATE  # RegisterBlocks: another slot held it; that one is referenced
+    REFUSED = engine_pb2.OUTCOME_REFUSED  # RegisterBlocks: nothing done (reason); the slot stays the engine's
+    ACQUIRED = engine_pb2.OUTCOME_ACQUIRED  # Acquire: referenced
+    LOCAL = engine_pb2.OUTCOME_LOCAL  # Import: already here, referenced
+    IMPORTED = engine_pb2.OUTCOME_IMPORTED  # Import: brought from a holder, referenced
+    MISSING = engine_pb2.OUTCOME_MISSING  # Acquire, Import: not here (reason)
+    SKIPPED = engine_pb2.OUTCOME_SKIPPED  # Acquire: not tried after a missing one
+
+
+_REFERENCED = frozenset({Outcome.REGISTERED, Outcome.DUPLICATE, Outcome.ACQUIRED, Outcome.LOCAL, Outcome.IMPORTED})
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """One block of a RegisterBlocks, Acquire or Import request: its
+    outcome, the slot holding it (for outcomes that reference one), and for
+    REFUSED and MISSING why, with the gRPC code the block alone would have
+    failed with. request_slot: RegisterBlocks' slot the block was written in."""
+
+    hash: int
+    slot: int
+    outcome: Outcome
+    reason: str = ""
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    request_slot: int = 0
+
+    @property
+    def referenced(self) -> bool:
+        """Whether the engine now holds a reference on slot (release it)."""
+        return self.outcome in _REFERENCED
+
+
+def _results(results: Iterable[engine_pb2.BlockResult]) -> list[BlockResult]:
+    out = []
+    for r in results:
+        try:
+            outcome = Outcome(r.outcome)
+        except ValueError:
+            outcome = Outcome.UNSPECIFIED  # from a newer agent
+        out.append(BlockResult(r.hash, r.slot, outcome, r.reason, _CODES.get(r.code, grpc.StatusCode.UNKNOWN), r.request_slot))
+    return out
+
+
+class Blocks(list[BlockRef]):
+    """The blocks a call referenced for the engine, in order; ``results``
+    has one BlockResult per block the request named, in request order."""
+
+    def __init__(self, refs: Iterable[BlockRef] = (), results: list[BlockResult] | None = None) -> None:
+        super().__init__(refs)
+        self.results: list[BlockResult] = results or []
+
+
+@dataclass(frozen=True)
+class DropResult:
+    """What dropping a block set gave back: references released, and
+    unregistered slots freed."""
+
+    released: int
+    freed: int
 
 
 @dataclass(frozen=True)
@@ -95,6 +166,8 @@ class ImportResult:
     blocks: list[BlockRef]
     error: str
     fetches: list[Fetch] = field(default_factory=list)
+    #: One per block asked for: LOCAL, IMPORTED, or MISSING with why.
+    results: list[BlockResult] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -136,8 +209,8 @@ def _tokens(tokens: Any, salt: str | None, lora: str | None) -> engine_pb2.Token
     return engine_pb2.Tokens(ids=token_array(tokens).tolist(), salt=salt or "", lora=lora or "")
 
 
-def _refs(blocks: Iterable[engine_pb2.BlockRef]) -> list[BlockRef]:
-    return [BlockRef(b.hash, b.slot, b.duplicate) for b in blocks]
+def _refs(blocks: Iterable[engine_pb2.BlockRef], results: Iterable[engine_pb2.BlockResult] = ()) -> Blocks:
+    return Blocks((BlockRef(b.hash, b.slot, b.duplicate) for b in blocks), _results(results))
 
 
 class Client:
@@ -148,7 +221,9 @@ class Client:
     its answer unless told otherwise. import_timeout: the bound on an import
     (sent to the agent; the call waits 5 s more for its answer). memory:
     how to map pool memory: "auto" (the descriptor when offered, else the
-    named file), "descriptor" or "file".
+    named file), "descriptor" or "file". session: open a session (see
+    :mod:`kvfabric.session`); without one, calls run under the agent's
+    implicit session and what they hold is held until released.
     """
 
     def __init__(
@@ -159,6 +234,7 @@ class Client:
         timeout: float = 30.0,
         import_timeout: float = 30.0,
         memory: str = "auto",
+        session: bool = True,
     ) -> None:
         path = os.fspath(socket) if socket is not None else os.environ.get("KVFABRIC_SOCKET", DEFAULT_SOCKET)
         if memory not in ("auto", "descriptor", "file"):
@@ -183,6 +259,19 @@ class Client:
         )
         self.api = engine_pb2_grpc.EngineStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = ()
+        self._session: Session | None = None
+        if session:
+            try:
+                self._session = Session(self.api, engine, self.timeout)
+            except BaseException:
+                self._channel.close()
+                raise
+            self._metadata = self._session.metadata
+        # At interpreter exit the session ends cleanly; a weak reference, so
+        # that the hook keeps no client alive.
+        ref = weakref.ref(self)
+        self._atexit = lambda: (c := ref()) is not None and c.close()
+        atexit.register(self._atexit)
 
     # -- lifetime -------------------------------------------------------
 
@@ -192,14 +281,30 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def session(self) -> int:
+        """The session's id (0: none, the agent's implicit session)."""
+        return self._session.id if self._session else 0
+
+    @property
+    def session_alive(self) -> bool:
+        """False once the session ended: closed, or ended by the agent (then
+        the slots it held may be another's; open a new client)."""
+        return self._session is not None and self._session.alive
+
     def close(self) -> None:
-        """Close the connection. Mapped memory stays valid while numpy views
-        of it exist, and is unmapped when the last one goes. Idempotent."""
+        """End the session (the agent releases its references and frees its
+        unregistered slots; registered blocks stay cached) and close the
+        connection. Mapped memory stays valid while numpy views of it exist,
+        and is unmapped when the last one goes. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             maps, self._maps = self._maps, {}
+        atexit.unregister(self._atexit)
+        if self._session is not None:
+            self._session.close()
         for m in maps.values():
             try:
                 m.close()
@@ -325,12 +430,14 @@ class Client:
         lora: str | None = None,
         parent: int | None = None,
         timeout: float | None = None,
-    ) -> list[BlockRef]:
+    ) -> Blocks:
         """Register written slots, in sequence order, as blocks: by their
         sequence hashes, or by the token ids of the whole sequence (the agent
         hashes each full page). parent: the hash of the block before the
         first one, when that is not the sequence's first. The engine keeps a
-        reference on every returned block until release."""
+        reference on every returned block until release; ``.results`` says
+        per slot REGISTERED, DUPLICATE or REFUSED (a refused slot stays the
+        engine's, to write again or free)."""
         s = _ints(slots, "slots", _U32)
         if not s:
             raise InvalidArgument("slots: none given")
@@ -347,13 +454,16 @@ class Client:
         if parent is not None:
             req.parent = _ints([parent], "parent", _U64)[0]
             req.parent_set = True
-        return _refs(self._call("RegisterBlocks", req, timeout).blocks)
+        resp = self._call("RegisterBlocks", req, timeout)
+        return _refs(resp.blocks, resp.results)
 
-    def acquire(self, block_set: BlockSet | int, hashes: Sequence[int], *, timeout: float | None = None) -> list[BlockRef]:
+    def acquire(self, block_set: BlockSet | int, hashes: Sequence[int], *, timeout: float | None = None) -> Blocks:
         """Reference the leading blocks of hashes held in the block set; stops
-        at the first one missing."""
+        at the first one missing (``.results``: ACQUIRED, then MISSING, then
+        SKIPPED)."""
         req = engine_pb2.AcquireRequest(block_set=_set_id(block_set), hashes=_ints(hashes, "hashes", _U64))
-        return _refs(self._call("Acquire", req, timeout).blocks)
+        resp = self._call("Acquire", req, timeout)
+        return _refs(resp.blocks, resp.results)
 
     def release(
         self, block_set: BlockSet | int, slots: Sequence[int] | Sequence[BlockRef], *, timeout: float | None = None
@@ -445,6 +555,7 @@ class Client:
             _refs(resp.blocks),
             resp.error,
             [Fetch(f.node, f.transport, f.blocks, f.bytes, f.micros) for f in resp.fetches],
+            _results(resp.results),
         )
 
     def _wait_indexed(self, block_set: BlockSet | int, req: engine_pb2.ImportRequest, wait: float) -> None:
@@ -484,6 +595,14 @@ class Client:
             if s.id == sid:
                 return s.page_size
         raise NotFound(f"block set {sid}: unknown to the agent", method="Import")
+
+    def drop_block_set(self, block_set: BlockSet | int, *, timeout: float | None = None) -> DropResult:
+        """Stop using a block set under this session: the references and
+        unregistered slots the session holds there are given back, as when
+        the session ends. Its views must not be used after."""
+        req = engine_pb2.DropBlockSetRequest(block_set=_set_id(block_set))
+        resp = self._call("DropBlockSet", req, timeout)
+        return DropResult(resp.released, resp.freed)
 
     def status(self, *, timeout: float | None = None) -> engine_pb2.StatusResponse:
         """The agent's view: node, members, pools, block sets, transfers."""

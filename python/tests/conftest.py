@@ -29,6 +29,8 @@ sys.path.insert(0, str(HERE.parent))  # the package from the source tree
 import kvfabric  # noqa: E402
 
 REPO = HERE.parent.parent
+#: node2's session keepalive bound: short, so that the tests see it work.
+KEEPALIVE_MS = 300
 
 
 def wait_for(what: str, cond, timeout: float = 20.0, pause: float = 0.05):
@@ -116,7 +118,8 @@ class Agent:
             raise AssertionError(f"{e}\n{self.tail()}") from None
 
     def client(self, **kw) -> kvfabric.Client:
-        return kvfabric.Client(self.socket, engine=f"test-{self.name}", **kw)
+        kw.setdefault("engine", f"test-{self.name}")
+        return kvfabric.Client(self.socket, **kw)
 
     def tail(self, n: int = 20) -> str:
         try:
@@ -146,11 +149,14 @@ class Cluster:
 @pytest.fixture(scope="session")
 def cluster(kvfabric_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Two agents: node1 serves the descriptor only, node2 also a named
-    memory file (--memory-dir)."""
+    memory file (--memory-dir), and ends silent sessions after KEEPALIVE_MS."""
     root = tmp_path_factory.mktemp("kvfabric")
     net = f"127.{random.randint(10, 209)}.{random.randint(1, 250)}."
     a = Agent("node1", net + "1", root, kvfabric_bin)
-    b = Agent("node2", net + "2", root, kvfabric_bin, extra=["--memory-dir", str(root / "mem2")])
+    b = Agent(
+        "node2", net + "2", root, kvfabric_bin,
+        extra=["--memory-dir", str(root / "mem2"), "--session-keepalive", f"{KEEPALIVE_MS}ms"],
+    )
     c = Cluster([a, b])
     try:
         a.start()

@@ -46,7 +46,7 @@ def test_store_acquire_release_lookup(node1):
         assert [bs.read_block(r.slot)[0, 0, 0, 0, 0] for r in got] == [1, 2, 3]
         c.release(bs, got)  # BlockRefs or slots
         c.release(bs, slots)
-        with pytest.raises(kvfabric.FailedPrecondition, match=f"slot {slots[0]}: the engine holds no reference"):
+        with pytest.raises(kvfabric.FailedPrecondition, match=f"slot {slots[0]}: the session holds no reference"):
             c.release(bs, slots[:1])
 
         st = c.status()
@@ -149,7 +149,10 @@ def test_no_agent(tmp_path):
     s = socket.socket(socket.AF_UNIX)
     s.bind(path)
     s.close()
-    with kvfabric.Client(path, timeout=5) as c:
+    with pytest.raises(kvfabric.Unavailable) as e:
+        kvfabric.Client(path, timeout=5)  # opening the session fails
+    assert e.value.method == "OpenSession"
+    with kvfabric.Client(path, timeout=5, session=False) as c:
         with pytest.raises(kvfabric.Unavailable):
             c.status()
 
@@ -161,13 +164,19 @@ def test_timeout(tmp_path):
     s.bind(path)
     s.listen(8)
     try:
-        with kvfabric.Client(path, timeout=0.3) as c:
+        t0 = time.monotonic()
+        with pytest.raises(kvfabric.DeadlineExceeded) as e:
+            kvfabric.Client(path, timeout=0.3)  # no session opens
+        took = time.monotonic() - t0
+        assert 0.25 <= took < 10, took
+        assert isinstance(e.value, TimeoutError) and e.value.method == "OpenSession"
+        with kvfabric.Client(path, timeout=0.3, session=False) as c:
             t0 = time.monotonic()
             with pytest.raises(kvfabric.DeadlineExceeded) as e:
                 c.status()
             took = time.monotonic() - t0
             assert 0.25 <= took < 10, took
-            assert isinstance(e.value, TimeoutError) and e.value.method == "Status"
+            assert e.value.method == "Status"
     finally:
         s.close()
 

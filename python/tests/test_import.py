@@ -38,6 +38,8 @@ def test_tp4_to_tp2(node1, node2):
         got = dst.import_blocks(b, hashes, wait=15)
         assert got.complete and not got.error, got
         assert [r.hash for r in got.blocks] == hashes
+        assert [r.outcome for r in got.results] == [kvfabric.Outcome.IMPORTED] * 6
+        assert [r.slot for r in got.results] == got.slots
         [f] = got.fetches
         assert (f.node, f.blocks) == ("node1", 6) and f.transport in ("quic", "rdma")
         # Each block's full shard on both ranks: 6 blocks x 3 layers x K,V x 16 tokens x 8 heads x 16 dims x 4 bytes.
@@ -53,6 +55,7 @@ def test_tp4_to_tp2(node1, node2):
         # Already here: no fetch, the same slots, referenced again.
         again = dst.import_blocks(b, tokens=tokens)
         assert again.complete and again.fetches == [] and again.slots == got.slots
+        assert [r.outcome for r in again.results] == [kvfabric.Outcome.LOCAL] * 6
         dst.release(b, again.blocks)
         dst.release(b, got.blocks)
 
