@@ -16,15 +16,16 @@ PKG = Path(__file__).resolve().parent.parent
 def test_pip_install(tmp_path):
     if importlib.util.find_spec("pip") is None:
         pytest.skip(f"{sys.executable} has no pip (Debian: python3-pip)")
+    # From a copy: a build writes build/ and *.egg-info beside the sources.
+    src = tmp_path / "src"
+    shutil.copytree(PKG, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "tests"))
     # Offline: the build backend and the dependencies come from this interpreter.
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--no-deps", "--no-build-isolation", "--target", str(tmp_path / "site"), str(PKG)],
+        [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--no-deps",
+         "--no-build-isolation", "--target", str(tmp_path / "site"), str(src)],
         check=True,
         cwd=tmp_path,
     )
-    shutil.rmtree(PKG / "build", ignore_errors=True)
-    for egg in PKG.glob("*.egg-info"):
-        shutil.rmtree(egg)
     out = subprocess.run(
         [sys.executable, "-c", "import kvfabric, kvfabric._pb.fabric.fabricpb.engine_pb2_grpc as g; "
          "print(kvfabric.__file__); print(kvfabric.block_hashes([1, 2, 3, 4], 4)[0]); print(hasattr(g, 'EngineStub'))"],
