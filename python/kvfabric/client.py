@@ -12,13 +12,12 @@ raises a :class:`~kvfabric.errors.KvfabricError` subclass per gRPC code.
 
 from __future__ import annotations
 
-import atexit
 import enum
 import mmap
 import os
 import threading
-import weakref
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,7 @@ import numpy as np
 from ._pb.fabric.fabricpb import engine_pb2, engine_pb2_grpc
 from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
 from .errors import InvalidArgument, NotFound, ProtocolError, Unavailable, from_rpc_error
-from .hashing import MAX_BLOCK_SIZE, block_hashes, token_array
+from .hashing import MAX_BLOCK_SIZE, token_array
 from .memory import FD_SOCKET_SUFFIX, map_descriptor, map_file
 from .session import Session
 
@@ -213,6 +212,20 @@ def _refs(blocks: Iterable[engine_pb2.BlockRef], results: Iterable[engine_pb2.Bl
     return Blocks((BlockRef(b.hash, b.slot, b.duplicate) for b in blocks), _results(results))
 
 
+def _shut(session: Session | None, channel: grpc.Channel, maps: dict[str, mmap.mmap]) -> None:
+    """What closing a client does; it holds no reference to the client, so
+    that a client collected unclosed is shut too."""
+    if session is not None:
+        session.close()
+    for m in list(maps.values()):
+        try:
+            m.close()
+        except BufferError:
+            pass  # views still use it; unmapped when the last goes
+    maps.clear()
+    channel.close()
+
+
 class Client:
     """A connection to the agent on this node. Safe to share between threads.
 
@@ -267,11 +280,9 @@ class Client:
                 self._channel.close()
                 raise
             self._metadata = self._session.metadata
-        # At interpreter exit the session ends cleanly; a weak reference, so
-        # that the hook keeps no client alive.
-        ref = weakref.ref(self)
-        self._atexit = lambda: (c := ref()) is not None and c.close()
-        atexit.register(self._atexit)
+        # Ends the session and unmaps: on close(), when the client is
+        # collected unclosed, or at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, _shut, self._session, self._channel, self._maps)
 
     # -- lifetime -------------------------------------------------------
 
@@ -298,19 +309,8 @@ class Client:
         connection. Mapped memory stays valid while numpy views of it exist,
         and is unmapped when the last one goes. Idempotent."""
         with self._lock:
-            if self._closed:
-                return
             self._closed = True
-            maps, self._maps = self._maps, {}
-        atexit.unregister(self._atexit)
-        if self._session is not None:
-            self._session.close()
-        for m in maps.values():
-            try:
-                m.close()
-            except BufferError:
-                pass  # views still use it; unmapped when they go
-        self._channel.close()
+        self._finalizer()
 
     # -- plumbing -------------------------------------------------------
 
@@ -344,6 +344,9 @@ class Client:
             # agent's fd_socket names it in the agent's mount namespace.
             mem = map_descriptor(self.socket + FD_SOCKET_SUFFIX, m.token, self.timeout)
         with self._lock:
+            if self._closed:
+                mem.close()
+                raise Unavailable("client is closed")
             if key in self._maps:  # mapped meanwhile by another thread
                 mem.close()
                 return self._maps[key]

@@ -199,3 +199,14 @@ def test_keepalive(node2):
         assert c._session.ended
         with pytest.raises(kvfabric.FailedPrecondition):
             c.allocate(bs, 1)
+
+
+def test_collected_client_ends_its_session(node1):
+    import gc
+
+    c = node1.client(engine="forgotten")
+    sid = c.session
+    del c  # never closed
+    gc.collect()
+    with node1.client() as other:
+        wait_for("forgotten session gone", lambda: session_of(other, sid) is None)
