@@ -87,22 +87,21 @@ def test_process_end_releases(node1, how):
     with node1.client(engine="after") as c:
         bs = c.register(MODEL, 1, 14, slots=8)
         code = ENGINE.format(pkg=pkg, socket=node1.socket)
-        p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            sid = int(p.stdout.readline())
-            assert session_of(c, sid).slots == 8
-            with pytest.raises(kvfabric.ResourceExhausted):
-                c.allocate(bs, 1)
-            if how == "sigkill":
-                p.send_signal(signal.SIGKILL)
-            else:
-                p.stdin.write("exit\n")
-                p.stdin.flush()
-            assert p.wait(20) == (0 if how == "exit" else -signal.SIGKILL)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
+            try:
+                sid = int(p.stdout.readline())
+                assert session_of(c, sid).slots == 8
+                with pytest.raises(kvfabric.ResourceExhausted):
+                    c.allocate(bs, 1)
+                if how == "sigkill":
+                    p.send_signal(signal.SIGKILL)
+                else:
+                    p.stdin.write("exit\n")
+                    p.stdin.flush()
+                assert p.wait(20) == (0 if how == "exit" else -signal.SIGKILL)
+            finally:
+                if p.poll() is None:
+                    p.kill()
         wait_for(f"child's session gone after {how}", lambda: session_of(c, sid) is None)
         assert len(c.allocate(bs, 8)) == 8
 
