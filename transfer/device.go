@@ -12,10 +12,11 @@ import (
 )
 
 // ErrNeedsRDMA is matched by a read into, or a read served out of, memory
-// this process cannot address (GPU memory) when RDMA cannot move it: such
-// bytes would have to pass through pinned host staging, a path not built
-// yet, and host bytes are never written to a device pointer.
-var ErrNeedsRDMA = errors.New("transfer: device memory moves over RDMA only (the staged QUIC path through pinned host memory is not built)")
+// this process cannot address (GPU memory) when RDMA cannot move it and no
+// staged path through host memory is offered (ReadStager on the serving
+// side; the caller's own staging on the reading side): host bytes are
+// never written to, or read from, a device pointer.
+var ErrNeedsRDMA = errors.New("transfer: device memory moves over RDMA or through a staged path only")
 
 // Span is memory this node names by address and length rather than as a
 // slice: GPU memory, which the NIC reaches (after RegisterDmabuf or
@@ -113,10 +114,12 @@ func (n *Node) checkNewSpan(addr, length uint64) error {
 
 // ReadSpans is ReadVia into memory named by address (dst[r] is local rank
 // r's region), GPU memory registered with RegisterDmabuf or RegisterAddr.
-// Only RDMA can write such memory: when the holder offers no keys for the
-// block set, RDMA to it is off or backing off, or the destination is not
-// registered, the read fails with an error wrapping ErrNeedsRDMA before any
-// byte moves; an RDMA read that fails is not retried over QUIC.
+// Only RDMA can write such memory here: when the holder offers no keys for
+// the block set, RDMA to it is off or backing off, or the destination is
+// not registered, the read fails with an error wrapping ErrNeedsRDMA before
+// any byte moves, and the caller stages it (ReadVia into pinned host
+// memory, then its own copies); an RDMA read that fails is not retried
+// over QUIC here either.
 func (p *Peer) ReadSpans(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst []Span) (Transport, error) {
 	lens := make([]uint64, len(dst))
 	for i, d := range dst {
@@ -143,4 +146,34 @@ func (p *Peer) ReadSpans(ctx context.Context, leaseID, blockSet uint64, segs []l
 	p.n.stats.reads.Add(1)
 	p.n.stats.bytesRead.Add(total)
 	return TransportRDMA, nil
+}
+
+// ReadStager is implemented by a Handler that serves QUIC reads out of
+// memory this process cannot address (GPU memory), through host staging.
+// When Region returns an error wrapping ErrNeedsRDMA and the Handler is a
+// ReadStager with a RegionSpan for the rank, the read is checked against
+// RegionSpan's length and the lease as usual, and each segment's bytes come
+// from StageRead: it copies seg's pieces (in order, packed) out in batches
+// of its choosing and hands each to fn before it stages the next, stopping
+// at fn's first error. The slice given to fn is valid only during the call.
+// It may block for the copies; it is called concurrently from many streams.
+type ReadStager interface {
+	StageRead(blockSet uint64, seg layout.Segment, fn func([]byte) error) error
+}
+
+// stagedLength says whether rank's region of set, which Region could not
+// hand out as a slice (regionErr), is served through the handler's
+// ReadStager, and its length; otherwise it returns regionErr.
+func (n *Node) stagedLength(set uint64, rank int, regionErr error) (uint64, bool, error) {
+	if _, ok := n.cfg.Handler.(ReadStager); !ok {
+		return 0, false, regionErr
+	}
+	if _, ok := n.cfg.Handler.(RegionSpanner); !ok {
+		return 0, false, regionErr
+	}
+	_, length, err := n.regionSpan(set, rank)
+	if err != nil {
+		return 0, false, err
+	}
+	return length, true, nil
 }
