@@ -50,6 +50,7 @@ type Agent struct {
 	cuda    *cuda.Driver
 	gpu     int
 	rdmaReg string
+	staging stagingBuffers // pinned buffers for QUIC to and from the GPU
 
 	index     *index.Index
 	service   *peerService
@@ -442,7 +443,7 @@ func (a *Agent) Close() error {
 			errs = append(errs, a.host.Close())
 		}
 		if a.cuda != nil {
-			errs = append(errs, a.cuda.Close())
+			errs = append(errs, a.closeStaging(), a.cuda.Close())
 		}
 		if a.engineLn != nil {
 			os.Remove(a.cfg.EngineSocket)

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -107,7 +108,7 @@ func amount(s PoolSpec) string {
 
 // readInto reads segs of the holder's block set set under lease id into
 // dst: as host slices, or, for a block set in GPU memory, by address over
-// RDMA only (transfer.ErrNeedsRDMA when RDMA cannot move it).
+// RDMA, else over QUIC through pinned staging.
 func (a *Agent) readInto(ctx context.Context, peer *transfer.Peer, id, set uint64, segs []layout.Segment, dst *pool.BlockSet) (transfer.Transport, error) {
 	l := dst.Layout()
 	if l.Regions[0].Kind != layout.Device {
@@ -121,7 +122,16 @@ func (a *Agent) readInto(ctx context.Context, peer *transfer.Peer, id, set uint6
 	for r, reg := range l.Regions {
 		spans[r] = transfer.Span{Addr: reg.Base, Len: reg.Size}
 	}
-	return peer.ReadSpans(ctx, id, set, segs, spans)
+	via, err := peer.ReadSpans(ctx, id, set, segs, spans)
+	if err == nil || ctx.Err() != nil {
+		return via, err
+	}
+	// RDMA could not move it, or failed part way (the slots are not
+	// registered; the staged read overwrites every byte the plan covers).
+	if !errors.Is(err, transfer.ErrNeedsRDMA) {
+		a.log.Warn("rdma read into the device pool failed; reading over QUIC through pinned staging", "peer", peer.Name(), "lease", id, "err", err)
+	}
+	return a.readStaged(ctx, peer, id, set, segs, l)
 }
 
 // copyOnDevice executes plan between two block sets of the device pool
@@ -132,14 +142,7 @@ func (a *Agent) copyOnDevice(plan *layout.Plan, src, dst *layout.Layout) error {
 		return err
 	}
 	defer st.Close()
-	regions := func(l *layout.Layout) []cuda.Region {
-		out := make([]cuda.Region, len(l.Regions))
-		for r, reg := range l.Regions {
-			out[r] = cuda.Region{Addr: reg.Base, Size: reg.Size}
-		}
-		return out
-	}
-	if err := st.ExecutePlan(cuda.DeviceToDevice, plan, regions(src), regions(dst)); err != nil {
+	if err := st.ExecutePlan(cuda.DeviceToDevice, plan, deviceRegions(src), deviceRegions(dst)); err != nil {
 		return err
 	}
 	return st.Synchronize()

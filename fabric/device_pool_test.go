@@ -306,17 +306,18 @@ func TestDevicePoolImportOverRDMA(t *testing.T) {
 	}
 }
 
-// Without RDMA, GPU memory is neither filled nor served (the staged QUIC
-// path is not built): an import into a device pool, and one from a holder
-// whose blocks are in its device pool, fail naming the missing path, and
-// nothing is registered on the importer.
-func TestDevicePoolImportWithoutRDMAFails(t *testing.T) {
+// Without RDMA, GPU memory is filled and served over QUIC through pinned
+// staging: an import into a device pool lands TP 2 -> TP 4 byte-exact (the
+// bytes copied back from the GPU), and one out of a holder's device pool
+// (an engine process wrote it through the IPC handle) TP 4 -> TP 2.
+func TestDevicePoolImportOverStagedQUIC(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		device int // which agent has the device pool
+		tp     int // the importer's
 	}{
-		{"into GPU memory", 1},
-		{"out of GPU memory", 0},
+		{"into GPU memory", 1, 4},
+		{"out of GPU memory", 0, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lib, _ := gpuLibs(t)
@@ -332,14 +333,14 @@ func TestDevicePoolImportWithoutRDMAFails(t *testing.T) {
 			var hashes []uint64
 			if tc.device == 0 {
 				runGPUEngine(t, agents[0].EngineSocket(), lib)
-				hashes = gpuHashes()[:4]
+				hashes = gpuHashes()
 			} else {
-				hashes = produce(t, agents[0], 2, layout.HND, 4)
+				hashes = produce(t, agents[0], 2, layout.NHD, gpuBlocks)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			c := dial(t, agents[1])
-			set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 16})
+			set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: tc.tp, PageSize: 16, Order: layout.HND, Slots: 16})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -351,16 +352,19 @@ func TestDevicePoolImportWithoutRDMAFails(t *testing.T) {
 				return nil
 			})
 			resp, err := c.Import(ctx, set.ID, hashes)
-			if err == nil || len(resp.GetBlocks()) != 0 || !strings.Contains(err.Error(), "staged QUIC path") {
-				t.Fatalf("import without RDMA: %v, %d blocks; want none and the staged path named", err, len(resp.GetBlocks()))
-			}
-			s, err := c.Status(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, b := range s.BlockSets {
-				if b.Id == set.ID && (b.Registered != 0 || b.Free != b.Slots) {
-					t.Fatalf("importer's block set after the failed import: %v", b)
+			if len(resp.Blocks) != len(hashes) || len(resp.Fetches) == 0 || resp.Fetches[0].Transport != "quic" {
+				t.Fatalf("import brought %d of %d blocks, fetches %v: %s", len(resp.Blocks), len(hashes), resp.Fetches, resp.Error)
+			}
+			mem := set.Ranks
+			if tc.device == 1 {
+				mem = deviceBytes(t, lib, set.Layout)
+			}
+			for i, b := range resp.Blocks {
+				if err := kvtest.Check(set.Layout, mem, int(b.Slot), uint64(i+1)); err != nil {
+					t.Fatalf("imported block %d: %v", i, err)
 				}
 			}
 		})
