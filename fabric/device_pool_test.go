@@ -307,17 +307,25 @@ func TestDevicePoolImportOverRDMA(t *testing.T) {
 }
 
 // Without RDMA, GPU memory is filled and served over QUIC through pinned
-// staging: an import into a device pool lands TP 2 -> TP 4 byte-exact (the
-// bytes copied back from the GPU), and one out of a holder's device pool
-// (an engine process wrote it through the IPC handle) TP 4 -> TP 2.
+// staging: an import into a device pool lands TP 2 NHD -> TP 4 HND
+// byte-exact (the bytes copied back from the GPU), and one out of a
+// holder's device pool (an engine process wrote it through the IPC handle)
+// TP 4 -> TP 2, with the holder staging its default 4 MiB at a time, or
+// batches at the size of the pieces it serves (1 KiB: two heads of a TP 4
+// HND chunk), 24 bytes under it (each piece split in two) and three pieces'
+// worth.
 func TestDevicePoolImportOverStagedQUIC(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		device int // which agent has the device pool
-		tp     int // the importer's
+		device int    // which agent has the device pool
+		tp     int    // the importer's
+		stage  uint64 // the holder's staging batch; 0: the default
 	}{
-		{"into GPU memory", 1, 4},
-		{"out of GPU memory", 0, 2},
+		{"into GPU memory", 1, 4, 0},
+		{"out of GPU memory", 0, 2, 0},
+		{"out of GPU memory staged a piece at a time", 0, 2, 1024},
+		{"out of GPU memory staged in parts of pieces", 0, 2, 1000},
+		{"out of GPU memory staged three pieces at a time", 0, 2, 3072},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lib, _ := gpuLibs(t)
@@ -329,6 +337,7 @@ func TestDevicePoolImportOverStagedQUIC(t *testing.T) {
 					c.Pools = []string{"device:0=8MiB"}
 					c.CUDALibrary = lib
 				}
+				fabric.SetStageBytes(c, tc.stage)
 			})
 			var hashes []uint64
 			if tc.device == 0 {

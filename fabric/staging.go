@@ -153,7 +153,11 @@ func (h *peerService) StageRead(blockSet uint64, seg layout.Segment, fn func([]b
 		return fmt.Errorf("%w: block set %d rank %d is not in GPU memory", transfer.ErrInvalidRequest, blockSet, seg.SrcRank)
 	}
 	base := l.Regions[seg.SrcRank].Base + seg.SrcOffset
-	buf, err := a.takeStaging(stageServeBytes)
+	limit := uint64(stageServeBytes)
+	if n := a.cfg.hooks.stageBytes; n > 0 {
+		limit = n
+	}
+	buf, err := a.takeStaging(limit)
 	if err != nil {
 		return fmt.Errorf("%w: %v", transfer.ErrUnavailable, err)
 	}
@@ -163,7 +167,7 @@ func (h *peerService) StageRead(blockSet uint64, seg layout.Segment, fn func([]b
 		return fmt.Errorf("%w: %v", transfer.ErrUnavailable, err)
 	}
 	defer st.Close()
-	out := buf.Bytes()[:stageServeBytes]
+	out := buf.Bytes()[:limit]
 	stage := func(c cuda.Copy2D, n uint64) error {
 		c.Dir, c.Dst, c.DstPitch = cuda.DeviceToHost, buf.Addr(), c.Width
 		if err := st.Copy2DAsync(c); err != nil {
@@ -175,8 +179,8 @@ func (h *peerService) StageRead(blockSet uint64, seg layout.Segment, fn func([]b
 		return fn(out[:n])
 	}
 	pitch := max(seg.SrcStride, seg.Length)
-	if seg.Length <= stageServeBytes {
-		per := stageServeBytes / seg.Length
+	if seg.Length <= limit {
+		per := limit / seg.Length
 		for i := uint64(0); i < seg.Count; i += per {
 			rows := min(per, seg.Count-i)
 			if err := stage(cuda.Copy2D{Src: base + i*seg.SrcStride, SrcPitch: pitch, Width: seg.Length, Height: rows}, rows*seg.Length); err != nil {
@@ -186,8 +190,8 @@ func (h *peerService) StageRead(blockSet uint64, seg layout.Segment, fn func([]b
 		return nil
 	}
 	for i := uint64(0); i < seg.Count; i++ {
-		for off := uint64(0); off < seg.Length; off += stageServeBytes {
-			n := min(stageServeBytes, seg.Length-off)
+		for off := uint64(0); off < seg.Length; off += limit {
+			n := min(limit, seg.Length-off)
 			if err := stage(cuda.Copy2D{Src: base + i*seg.SrcStride + off, SrcPitch: n, Width: n, Height: 1}, n); err != nil {
 				return err
 			}
