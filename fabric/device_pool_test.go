@@ -484,3 +484,112 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// The device pool's RDMA registration: by dma-buf where the driver exports
+// one; else by device pointer where a peer-memory module is loaded (which
+// softverbs, like a NIC without one, cannot pin: the registration fails
+// and says so); else none, logged, and with rdma=on refused at start.
+// Either way the blocks still move, over QUIC through staging.
+func TestDevicePoolRDMARegistrationFallbacks(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		module  bool
+		rdma    string
+		reg     string // status; "!" for a refused start
+		logWant string
+	}{
+		{"no dma-buf, no peer memory", false, "auto", "", "no peer-memory module"},
+		{"no dma-buf, peer memory", true, "auto", "", "device pointer"},
+		{"no dma-buf, rdma on", false, "on", "!", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cudaLib, verbs := gpuLibs(t)
+			t.Setenv("SOFTCUDA_DEVICES", "")
+			t.Setenv("SOFTCUDA_MEMORY", "64M")
+			t.Setenv("SOFTCUDA_DMABUF", "0")
+			var paths []string
+			if tc.module {
+				p := filepath.Join(t.TempDir(), "version")
+				os.WriteFile(p, []byte("1.0\n"), 0o644)
+				paths = []string{p}
+			}
+			defer fabric.SetPeerMemoryPaths(paths)()
+			var logs bytes.Buffer
+			var mu sync.Mutex
+			cfg := testConfig(t, "n1")
+			cfg.Pools = []string{"device=8MiB"}
+			cfg.CUDALibrary = cudaLib
+			cfg.RDMA, cfg.RDMALibrary = tc.rdma, verbs
+			cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			a, err := fabric.Start(ctx, cfg)
+			if tc.reg == "!" {
+				if err == nil {
+					a.Close()
+					t.Fatal("started with rdma=on and no way to register the device pool")
+				}
+				if !strings.Contains(err.Error(), "dma-buf") || !strings.Contains(err.Error(), "rdma=on") {
+					t.Fatalf("err = %v, want rdma=on and the dma-buf failure named", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			c, err := client.Dial(ctx, a.EngineSocket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			s, err := c.Status(ctx)
+			if err != nil || len(s.Pools) != 1 || s.Pools[0].Kind != "device" || s.Pools[0].RdmaRegistration != tc.reg {
+				t.Fatalf("pools %v %v, want a device pool registered %q", s.GetPools(), err, tc.reg)
+			}
+			mu.Lock()
+			text := logs.String()
+			mu.Unlock()
+			if !strings.Contains(text, "RDMA registration of the device pool failed") || !strings.Contains(text, tc.logWant) {
+				t.Fatalf("log does not say the registration failed with %q:\n%s", tc.logWant, text)
+			}
+		})
+	}
+}
+
+// A pinned pool is host memory registered with the CUDA driver where it
+// loads (cuMemHostRegister), still shared with engines by descriptor.
+func TestPinnedPoolThroughCUDA(t *testing.T) {
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	cfg := testConfig(t, "n1")
+	cfg.Pools = []string{"pinned=8MiB"}
+	cfg.CUDALibrary = lib
+	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Status(ctx)
+	if err != nil || len(s.Pools) != 1 || s.Pools[0].Kind != "pinned" || s.Pools[0].SizeBytes != 8<<20 {
+		t.Fatalf("pools %v %v, want pinned 8 MiB", s.GetPools(), err)
+	}
+	set, err := c.Register(ctx, client.Engine{Name: "e", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 8})
+	if err != nil || len(set.Ranks) != 2 || set.Layout.Regions[0].Kind != layout.Pinned {
+		t.Fatalf("register on the pinned pool: %+v %v", set, err)
+	}
+	// The engine's mapping and the agent's memory are the same bytes.
+	kvtest.Fill(set.Layout, set.Ranks, 0, 7)
+	mu.Lock()
+	text := logs.String()
+	mu.Unlock()
+	if !strings.Contains(text, "host pool pinned through the CUDA driver") {
+		t.Fatalf("log does not say the pool was pinned by the driver:\n%s", text)
+	}
+}

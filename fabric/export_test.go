@@ -24,3 +24,12 @@ func LeaseRenewals(a *Agent) uint64 { return a.stats.leaseRenewals.Load() }
 // Suspect says whether a tries holder after the others, because it just
 // failed an import.
 func Suspect(a *Agent, holder string) bool { return a.suspects.has(holder) }
+
+// SetPeerMemoryPaths replaces the files whose presence says a peer-memory
+// client is loaded, until the returned function restores them. Tests that
+// call it must not run in parallel.
+func SetPeerMemoryPaths(paths []string) (restore func()) {
+	old := peerMemoryPaths
+	peerMemoryPaths = paths
+	return func() { peerMemoryPaths = old }
+}
