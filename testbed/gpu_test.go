@@ -190,4 +190,3 @@ func readDevice(t *testing.T, drv *cuda.Driver, set *client.BlockSet) [][]byte {
 	}
 	return out
 }
-
