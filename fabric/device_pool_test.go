@@ -313,7 +313,8 @@ func TestDevicePoolImportOverRDMA(t *testing.T) {
 // TP 4 -> TP 2, with the holder staging its default 4 MiB at a time, or
 // batches at the size of the pieces it serves (1 KiB: two heads of a TP 4
 // HND chunk), 24 bytes under it (each piece split in two) and three pieces'
-// worth.
+// worth. The importer stages in parts of the same size (many parts, two
+// buffers taking turns, where 1000 bytes cuts its pieces).
 func TestDevicePoolImportOverStagedQUIC(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -322,6 +323,7 @@ func TestDevicePoolImportOverStagedQUIC(t *testing.T) {
 		stage  uint64 // the holder's staging batch; 0: the default
 	}{
 		{"into GPU memory", 1, 4, 0},
+		{"into GPU memory in parts of 1000 bytes", 1, 4, 1000},
 		{"out of GPU memory", 0, 2, 0},
 		{"out of GPU memory staged a piece at a time", 0, 2, 1024},
 		{"out of GPU memory staged in parts of pieces", 0, 2, 1000},
