@@ -144,7 +144,17 @@ func gpuHashes(n int) []uint64 {
 
 // writeDevice writes logical block i+1 into slots[i] of set's device
 // regions.
-func writeDevice(t *testing.T, drv *cuda.Driver, set *client.BlockSet, slots []uint32) {
+func writeDevice(t testing.TB, drv *cuda.Driver, set *client.BlockSet, slots []uint32) {
+	t.Helper()
+	ids := make([]uint64, len(slots))
+	for i := range ids {
+		ids[i] = uint64(i + 1)
+	}
+	writeDeviceIDs(t, drv, set, slots, ids)
+}
+
+// writeDeviceIDs writes logical block ids[i] into slots[i].
+func writeDeviceIDs(t testing.TB, drv *cuda.Driver, set *client.BlockSet, slots []uint32, ids []uint64) {
 	t.Helper()
 	if len(set.Device) != set.Layout.TPSize {
 		t.Fatalf("block set has %d device regions for TP %d", len(set.Device), set.Layout.TPSize)
@@ -160,7 +170,7 @@ func writeDevice(t *testing.T, drv *cuda.Driver, set *client.BlockSet, slots []u
 		host[r] = make([]byte, strides.Region)
 	}
 	for i, s := range slots {
-		kvtest.Fill(set.Layout, host, int(s), uint64(i+1))
+		kvtest.Fill(set.Layout, host, int(s), ids[i])
 		off := uint64(s) * strides.Block
 		for r, d := range set.Device {
 			if err := st.CopyHtoD(d.Ptr+off, host[r][off:off+strides.Shard]); err != nil {
@@ -171,7 +181,7 @@ func writeDevice(t *testing.T, drv *cuda.Driver, set *client.BlockSet, slots []u
 }
 
 // readDevice copies set's device regions out.
-func readDevice(t *testing.T, drv *cuda.Driver, set *client.BlockSet) [][]byte {
+func readDevice(t testing.TB, drv *cuda.Driver, set *client.BlockSet) [][]byte {
 	t.Helper()
 	if len(set.Device) != set.Layout.TPSize {
 		t.Fatalf("block set has %d device regions for TP %d", len(set.Device), set.Layout.TPSize)
@@ -189,4 +199,174 @@ func readDevice(t *testing.T, drv *cuda.Driver, set *client.BlockSet) [][]byte {
 		}
 	}
 	return out
+}
+
+// BenchmarkImportGPU imports Llama-70B blocks TP 4 -> TP 2 HND between two
+// agent processes whose pools are GPU memory on softcuda: over RDMA on
+// softverbs into and out of HBM (dma-buf registrations), and with RDMA off
+// over QUIC through pinned staging on both sides; in the same iteration,
+// the same import between two agents with host pools over QUIC, the
+// baseline (x-host is each one's throughput over it). Producing and
+// checking every byte (copied back from the importer's GPU) are untimed.
+// softcuda's copies are memcpy: this measures the path's overheads, not a
+// GPU's copy engines (BENCHMARKS.md says how to measure those).
+//
+//	go test ./testbed -run '^$' -bench ImportGPU -benchtime 5x
+func BenchmarkImportGPU(b *testing.B) {
+	ctx := context.Background()
+	dir := b.TempDir()
+	cudaLib, err := softcuda.Build(filepath.Join(dir, "cuda"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	verbsLib, err := softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+	if err != nil {
+		b.Fatalf("softverbs (make test installs libibverbs-dev): %v", err)
+	}
+	b.Setenv("SOFTVERBS_REGISTRY", filepath.Join(dir, "registry"))
+	b.Setenv("SOFTCUDA_MEMORY", "1G")
+	drv, err := cuda.Open(cuda.Config{Path: cudaLib})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer drv.Close()
+
+	producer := client.Engine{Name: "producer", Model: llama70B, TPSize: 4, PageSize: 16, Order: layout.HND}
+	consumer := client.Engine{Name: "consumer", Model: llama70B, TPSize: 2, PageSize: 16, Order: layout.HND}
+	m := producer.Model
+	blockBytes := uint64(m.Layers) * 2 * uint64(m.KVHeads*m.HeadDim*producer.PageSize) * m.DType.Size()
+	nblocks := max(1, int(*benchRDMASize/int64(blockBytes)))
+	size := uint64(nblocks) * blockBytes
+	producer.Slots, consumer.Slots = 2*nblocks, 2*nblocks
+	poolSize := 5*size/2 + 64<<20
+	start := func(pool string, args ...string) *Cluster {
+		c, err := Start(ctx, Options{Bin: bin, Nodes: 2, Pool: pool, ExtraArgs: args})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close() })
+		return c
+	}
+	dev := fmt.Sprintf("device=%d", poolSize)
+	rd := start(dev, "--cuda-library", cudaLib, "--rdma", "on", "--rdma-library", verbsLib)
+	staged := start(dev, "--cuda-library", cudaLib, "--rdma", "off")
+	host := start(fmt.Sprintf("host=%d", poolSize), "--rdma", "off")
+
+	var rdmaTime, stagedTime, hostTime time.Duration
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	for i := range b.N {
+		seqs := Workload{Sequences: 1, Blocks: nblocks, PageSize: 16, Seed: uint64(i) + uint64(time.Now().UnixNano())}.Hashes()
+		hashes := seqs[0]
+		for _, tc := range []struct {
+			c       *Cluster
+			want    string
+			elapsed *time.Duration
+		}{{rd, "rdma", &rdmaTime}, {staged, "quic", &stagedTime}, {host, "quic", &hostTime}} {
+			b.StopTimer()
+			if tc.c == host {
+				if err := produceReleased(ctx, tc.c.Nodes[0], producer, hashes); err != nil {
+					b.Fatal(err)
+				}
+				benchIndexed(b, tc.c.Nodes[1], tc.c.Nodes[0].Name, hashes)
+				b.StartTimer()
+				took, _, err := importChecked(ctx, tc.c.Nodes[1], consumer, hashes, tc.want)
+				if err != nil {
+					b.Fatal(err)
+				}
+				*tc.elapsed += took
+				continue
+			}
+			produceDevice(b, drv, tc.c.Nodes[0], producer, hashes)
+			benchIndexed(b, tc.c.Nodes[1], tc.c.Nodes[0].Name, hashes)
+			b.StartTimer()
+			*tc.elapsed += importDevice(b, drv, tc.c.Nodes[1], consumer, hashes, tc.want)
+		}
+	}
+	b.StopTimer()
+	gb := float64(size) * float64(b.N) / 1e9
+	rate := func(d time.Duration) float64 { return gb / max(d.Seconds(), 1e-9) }
+	b.ReportMetric(rate(rdmaTime), "rdma-hbm-GB/s")
+	b.ReportMetric(rate(stagedTime), "staged-hbm-GB/s")
+	b.ReportMetric(rate(hostTime), "host-quic-GB/s")
+	b.ReportMetric(hostTime.Seconds()/rdmaTime.Seconds(), "rdma-x-host")
+	b.ReportMetric(hostTime.Seconds()/stagedTime.Seconds(), "staged-x-host")
+	b.ReportMetric(0, "ns/op")
+}
+
+// produceDevice stores hashes on n's device pool as engine e, writing
+// through the IPC handle, and releases the engine's references.
+func produceDevice(b *testing.B, drv *cuda.Driver, n *Node, e client.Engine, hashes []uint64) {
+	ctx := context.Background()
+	c, err := n.Client(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	e.CUDA = drv
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		b.Fatal(err)
+	}
+	slots, err := c.Allocate(ctx, set.ID, len(hashes))
+	if err != nil {
+		b.Fatal(err)
+	}
+	writeDeviceIDs(b, drv, set, slots, hashes)
+	refs, err := c.RegisterBlocks(ctx, set.ID, slots, hashes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	held := make([]uint32, len(refs))
+	for i, r := range refs {
+		held[i] = r.Slot
+	}
+	if err := c.Release(ctx, set.ID, held); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// importDevice imports hashes into n's device pool as engine e, checks
+// every block (copied back, untimed) came over want, releases them, and
+// returns the import call's time.
+func importDevice(b *testing.B, drv *cuda.Driver, n *Node, e client.Engine, hashes []uint64, want string) time.Duration {
+	ctx := context.Background()
+	c, err := n.Client(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	e.CUDA = drv
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		b.Fatal(err)
+	}
+	t0 := time.Now()
+	resp, err := c.Import(ctx, set.ID, hashes)
+	took := time.Since(t0)
+	b.StopTimer()
+	defer b.StartTimer()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if len(resp.Blocks) != len(hashes) {
+		b.Fatalf("%s: %d of %d blocks: %s", n.Name, len(resp.Blocks), len(hashes), resp.Error)
+	}
+	for _, f := range resp.Fetches {
+		if f.Transport != want {
+			b.Fatalf("%s: %d blocks came from %s over %s, want %s", n.Name, f.Blocks, f.Node, f.Transport, want)
+		}
+	}
+	mem := readDevice(b, drv, set)
+	slots := make([]uint32, len(resp.Blocks))
+	for i, blk := range resp.Blocks {
+		if err := kvtest.Check(set.Layout, mem, int(blk.Slot), hashes[i]); err != nil {
+			b.Fatalf("%s: block %d: %v", n.Name, i, err)
+		}
+		slots[i] = blk.Slot
+	}
+	if err := c.Release(ctx, set.ID, slots); err != nil {
+		b.Fatal(err)
+	}
+	return took
 }
