@@ -53,9 +53,16 @@ func TestValidateConfig(t *testing.T) {
 		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log_format"},
 		{"negative lease", func(c *Config) { c.LeaseDuration = -time.Second }, "lease_duration"},
 		{"bad pool", func(c *Config) { c.Pools = []string{"host"} }, "pools[0]"},
-		{"gpu pool", func(c *Config) { c.Pools = []string{"gpu=1GiB"} }, "pools[0]"},
+		{"unknown pool kind", func(c *Config) { c.Pools = []string{"gpu=1GiB"} }, "pools[0]"},
 		{"zero pool", func(c *Config) { c.Pools = []string{"host=0"} }, "pools[0]"},
-		{"two pools", func(c *Config) { c.Pools = []string{"host=1GiB", "pinned=2GiB"} }, "pools"},
+		{"two host pools", func(c *Config) { c.Pools = []string{"host=1GiB", "pinned=2GiB"} }, "pools[1]"},
+		{"device fraction zero", func(c *Config) { c.Pools = []string{"device=0.0"} }, "pools[0]"},
+		{"device fraction past one", func(c *Config) { c.Pools = []string{"device=1.01"} }, "pools[0]"},
+		{"device size zero", func(c *Config) { c.Pools = []string{"device=0"} }, "pools[0]"},
+		{"device index past its bound", func(c *Config) { c.Pools = []string{"device:256=1GiB"} }, "pools[0]"},
+		{"device index not a number", func(c *Config) { c.Pools = []string{"device:x=1GiB"} }, "pools[0]"},
+		{"same GPU twice", func(c *Config) { c.Pools = []string{"device:1=1GiB", "device:1=0.5"} }, "pools[1]"},
+		{"every GPU and one GPU", func(c *Config) { c.Pools = []string{"device=1GiB", "device:0=1GiB"} }, "pools[1]"},
 		{"lease too long for holders", func(c *Config) { c.LeaseDuration = 10 * time.Minute }, "lease_duration"},
 		{"lease too short", func(c *Config) { c.LeaseDuration = time.Millisecond }, "lease_duration"},
 		{"import chunk a byte under its floor", func(c *Config) { c.ImportChunkBytes = minImportChunk - 1 }, "import_chunk_bytes"},
@@ -84,6 +91,25 @@ func TestValidateConfig(t *testing.T) {
 	specs, err := c.validate()
 	if err != nil || len(specs) != 1 || specs[0] != (PoolSpec{Kind: "host", Size: 1 << 30}) {
 		t.Fatalf("defaults: %v %v", specs, err)
+	}
+	// Device pools: every GPU, one GPU, a fraction at its bound 1, the
+	// highest index, beside a host pool.
+	c = DefaultLocalConfig()
+	c.Pools = []string{"pinned=64MiB", "device:0=0.5", "device:255=1.0", "device:3=2GiB"}
+	c.populate()
+	specs, err = c.validate()
+	want := []PoolSpec{{Kind: "pinned", Size: 64 << 20}, {Kind: "device", Fraction: 0.5}, {Kind: "device", Fraction: 1, GPU: 255},
+		{Kind: "device", Size: 2 << 30, GPU: 3}}
+	if err != nil || len(specs) != len(want) {
+		t.Fatalf("device pools: %v %v", specs, err)
+	}
+	for i := range want {
+		if specs[i] != want[i] {
+			t.Errorf("pools[%d] = %+v, want %+v", i, specs[i], want[i])
+		}
+	}
+	if s, err := ParsePoolSpec("device=0.25"); err != nil || s != (PoolSpec{Kind: "device", Fraction: 0.25, GPU: -1}) {
+		t.Errorf("device=0.25: %+v %v", s, err)
 	}
 	// Each bound is itself allowed.
 	for _, n := range []int64{minImportChunk, maxImportChunk} {

@@ -475,7 +475,7 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		out.Members = append(out.Members, &fabricpb.Member{Node: d.Name, GossipAddr: d.Addr.String(), PeerAddr: d.Meta.PeerAddr,
 			State: state, SinceUnixMs: d.Since.UnixMilli()})
 	}
-	p := &fabricpb.Pool{Kind: a.poolKind, SizeBytes: a.storage.Size()}
+	p := &fabricpb.Pool{Kind: a.poolKind, SizeBytes: a.storage.Size(), Device: int32(a.gpu), RdmaRegistration: a.rdmaReg}
 	for _, s := range a.engineSets() {
 		p.BlockSets++
 		for _, r := range s.set.Layout().Regions {

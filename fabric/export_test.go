@@ -11,6 +11,10 @@ func OnChunkRegistered(c *Config, f func(holder string, blocks int)) { c.hooks.c
 // of every read, before the read is checked against its lease.
 func BeforeServeRead(c *Config, f func(peer string, lease uint64)) { c.hooks.beforeServeRead = f }
 
+// SetStageBytes makes an agent started with c stage the reads it serves out
+// of GPU memory n bytes at a time instead of stageServeBytes.
+func SetStageBytes(c *Config, n uint64) { c.hooks.stageBytes = n }
+
 // ImportChunks is how many chunks a imported whole.
 func ImportChunks(a *Agent) uint64 { return a.stats.importChunks.Load() }
 
@@ -20,3 +24,12 @@ func LeaseRenewals(a *Agent) uint64 { return a.stats.leaseRenewals.Load() }
 // Suspect says whether a tries holder after the others, because it just
 // failed an import.
 func Suspect(a *Agent, holder string) bool { return a.suspects.has(holder) }
+
+// SetPeerMemoryPaths replaces the files whose presence says a peer-memory
+// client is loaded, until the returned function restores them. Tests that
+// call it must not run in parallel.
+func SetPeerMemoryPaths(paths []string) (restore func()) {
+	old := peerMemoryPaths
+	peerMemoryPaths = paths
+	return func() { peerMemoryPaths = old }
+}

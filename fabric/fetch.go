@@ -281,16 +281,12 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	if err != nil {
 		return nil, 0, requestError{err}
 	}
-	regions, err := s.set.RegionBytes()
-	if err != nil {
-		return nil, 0, localError{err}
-	}
 	var segs []layout.Segment
 	for _, r := range plan.Ranks {
 		segs = append(segs, r...)
 	}
 	readStart := time.Now()
-	via, err := peer.ReadVia(c.kept.ctx, id, set, segs, regions)
+	via, err := a.readInto(c.kept.ctx, peer, id, set, segs, s.set)
 	if err == nil {
 		moved.add(via)
 	}

@@ -10,4 +10,7 @@ type testHooks struct {
 	// beforeServeRead runs on the holder before it checks a read's
 	// segment against its lease.
 	beforeServeRead func(peer string, lease uint64)
+	// stageBytes replaces stageServeBytes when non-zero, so that small
+	// reads show the batching of staged serving.
+	stageBytes uint64
 }

@@ -33,7 +33,7 @@ func (a *Agent) fromLocal(s *sessionSet, hashes []uint64, parent uint64) ([]*fab
 			continue
 		}
 		start := time.Now()
-		refs, bytes, err := copyBlocks(o.set, s, held, hashes[:len(held)], parent)
+		refs, bytes, err := a.copyBlocks(o.set, s, held, hashes[:len(held)], parent)
 		for _, b := range held {
 			o.set.Release(b)
 		}
@@ -47,7 +47,7 @@ func (a *Agent) fromLocal(s *sessionSet, hashes []uint64, parent uint64) ([]*fab
 }
 
 // copyBlocks copies src's blocks into new slots of s and registers them.
-func copyBlocks(src *pool.BlockSet, s *sessionSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+func (a *Agent) copyBlocks(src *pool.BlockSet, s *sessionSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
 	blocks, err := s.set.Allocate(len(from))
 	if err != nil {
 		return nil, 0, fmt.Errorf("local slots: %w", err)
@@ -57,7 +57,9 @@ func copyBlocks(src *pool.BlockSet, s *sessionSet, from []pool.Block, hashes []u
 		pairs[i] = layout.SlotPair{Src: from[i].Slot, Dst: blocks[i].Slot}
 	}
 	plan, err := layout.NewPlan(src.Layout(), s.set.Layout(), pairs)
-	if err == nil {
+	if err == nil && a.host == nil {
+		err = a.copyOnDevice(plan, src.Layout(), s.set.Layout())
+	} else if err == nil {
 		var srcMem, dstMem [][]byte
 		if srcMem, err = src.RegionBytes(); err == nil {
 			if dstMem, err = s.set.RegionBytes(); err == nil {

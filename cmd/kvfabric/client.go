@@ -151,9 +151,16 @@ func runStatus(e *env, args []string) error {
 	printMembers(e.stdout, s.Members, time.Now())
 	fmt.Fprintln(e.stdout)
 	tw := table(e.stdout)
-	fmt.Fprintln(tw, "POOL\tSIZE\tCARVED\tBLOCK SETS")
+	fmt.Fprintln(tw, "POOL\tGPU\tSIZE\tCARVED\tBLOCK SETS\tRDMA")
 	for _, p := range s.Pools {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", p.Kind, bytesString(p.SizeBytes), bytesString(p.CarvedBytes), p.BlockSets)
+		gpu, reg := "-", p.RdmaRegistration
+		if p.Kind == "device" {
+			gpu = strconv.Itoa(int(p.Device))
+		}
+		if reg == "" {
+			reg = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", p.Kind, gpu, bytesString(p.SizeBytes), bytesString(p.CarvedBytes), p.BlockSets, reg)
 	}
 	tw.Flush()
 	fmt.Fprintln(e.stdout)

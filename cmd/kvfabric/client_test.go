@@ -42,8 +42,9 @@ func TestClientCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "node cli1") || !strings.Contains(out, "kvfabric-put") || !strings.Contains(out, ", joined:") {
 		t.Fatalf("status: exit %d: %q %s", code, out, errs)
 	}
-	// The pool: its kind, its size and what block sets took of it.
-	if !regexp.MustCompile(`(?m)^host\s+64\.0 MiB\s+\S+ \S+\s+1$`).MatchString(out) {
+	// The pool: its kind, no GPU, its size, what block sets took of it,
+	// and no RDMA registration of GPU memory.
+	if !regexp.MustCompile(`(?m)^host\s+-\s+64\.0 MiB\s+\S+ \S+\s+1\s+-$`).MatchString(out) {
 		t.Fatalf("status shows no host pool of 64 MiB with one block set:\n%s", out)
 	}
 	code, out, errs = runCmd(t, "", append([]string{"members", "--json"}, sock...)...)

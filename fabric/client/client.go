@@ -13,10 +13,12 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,6 +32,7 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool/cuda"
 )
 
 // Client is a connection to the local agent, working inside one engine
@@ -49,6 +52,7 @@ type Client struct {
 
 	mu   sync.Mutex
 	maps map[string][]byte // memory mapped, by token (or path)
+	ipcs map[cuda.IPCHandle]*cuda.IPCMemory
 }
 
 // Dial connects to the agent's engine socket and opens a session, which
@@ -63,7 +67,7 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: engine socket: %w", err)
 	}
-	c := &Client{maps: map[string][]byte{}, keepDone: make(chan struct{})}
+	c := &Client{maps: map[string][]byte{}, ipcs: map[cuda.IPCHandle]*cuda.IPCMemory{}, keepDone: make(chan struct{})}
 	conn, err := grpc.NewClient("unix:"+abs,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
@@ -172,21 +176,28 @@ func (c *Client) SessionErr() error {
 // API returns the raw gRPC client, for calls this package does not wrap.
 func (c *Client) API() fabricpb.EngineClient { return c.api }
 
-// Close closes the connection and unmaps the pool memory. Byte slices from
-// BlockSet must not be used after it.
+// Close closes the connection, unmaps the pool memory and closes the
+// device memory opened from IPC handles. Byte slices and device pointers
+// from BlockSet must not be used after it.
 func (c *Client) Close() error {
 	if c.stopKeep != nil {
 		c.stopKeep()
 		<-c.keepDone
 		c.stopKeep = nil
 	}
+	var errs []error
 	c.mu.Lock()
 	for p, b := range c.maps {
 		syscall.Munmap(b)
 		delete(c.maps, p)
 	}
+	for h, m := range c.ipcs {
+		errs = append(errs, m.Close())
+		delete(c.ipcs, h)
+	}
 	c.mu.Unlock()
-	return c.conn.Close()
+	errs = append(errs, c.conn.Close())
+	return errors.Join(errs...)
 }
 
 // Engine describes an engine's KV cache to the agent.
@@ -201,6 +212,21 @@ type Engine struct {
 	// Alignment is the power of two strides are rounded to; zero: the
 	// agent's default (4096).
 	Alignment uint64
+	// CUDA, when set, opens an agent's device pool in this process: the
+	// IPC handle is opened (cuIpcOpenMemHandle) on the GPU with the PCI bus
+	// id the agent names, and BlockSet.Device holds each rank's device
+	// region. If nil, a device pool's block set comes back with
+	// BlockSet.Memory only, for engines that open the handle themselves.
+	CUDA *cuda.Driver
+}
+
+// DeviceRegion is one rank's region in device memory this process opened
+// from the agent's IPC handle.
+type DeviceRegion struct {
+	// GPU is this process's CUDA index of the GPU.
+	GPU int
+	// Ptr is the region's device pointer in this process; Size its bytes.
+	Ptr, Size uint64
 }
 
 // BlockSet is an engine's block set with its memory mapped.
@@ -216,6 +242,12 @@ type BlockSet struct {
 	// (engine.proto's RankLayout), for engines that place bytes
 	// themselves.
 	Description []*fabricpb.RankLayout
+	// Device holds each rank's region for a device pool opened through
+	// Engine.CUDA; nil for host memory (then Ranks is set).
+	Device []DeviceRegion
+	// Memory is the agent's answer of where each rank's region lives
+	// (engine.proto's Memory), IPC handle included for device pools.
+	Memory []*fabricpb.Memory
 }
 
 // Block returns the bytes of slot's shard on rank in a fully contiguous
@@ -249,8 +281,27 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 	if len(resp.GetMemory()) != l.TPSize {
 		return nil, fmt.Errorf("client: agent sent %d memory regions for %d ranks", len(resp.GetMemory()), l.TPSize)
 	}
-	set := &BlockSet{ID: resp.GetBlockSet(), Layout: l, Ranks: make([][]byte, l.TPSize), Retains: int(resp.GetRetains()),
-		Description: resp.GetRanks()}
+	set := &BlockSet{ID: resp.GetBlockSet(), Layout: l, Retains: int(resp.GetRetains()),
+		Description: resp.GetRanks(), Memory: resp.GetMemory()}
+	if len(resp.GetMemory()[0].GetCudaIpcHandle()) > 0 {
+		if e.CUDA == nil {
+			return set, nil
+		}
+		set.Device = make([]DeviceRegion, l.TPSize)
+		for r, m := range resp.GetMemory() {
+			mem, gpu, err := c.openIPC(e.CUDA, m)
+			if err != nil {
+				return nil, fmt.Errorf("client: rank %d: %w", r, err)
+			}
+			end := m.GetOffset() + m.GetSize()
+			if end < m.GetOffset() || end > mem.Size() {
+				return nil, fmt.Errorf("client: rank %d region [%d, %d) outside the device allocation (%d bytes)", r, m.GetOffset(), end, mem.Size())
+			}
+			set.Device[r] = DeviceRegion{GPU: gpu, Ptr: mem.Addr() + m.GetOffset(), Size: m.GetSize()}
+		}
+		return set, nil
+	}
+	set.Ranks = make([][]byte, l.TPSize)
 	for r, m := range resp.GetMemory() {
 		whole, err := c.mapMemory(m)
 		if err != nil {
@@ -263,6 +314,40 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 		set.Ranks[r] = whole[m.GetOffset():end:end]
 	}
 	return set, nil
+}
+
+// openIPC opens the device memory m names, once per handle, on the GPU
+// of this process with m's PCI bus id (the agent's CUDA index when the
+// agent gave none).
+func (c *Client) openIPC(d *cuda.Driver, m *fabricpb.Memory) (*cuda.IPCMemory, int, error) {
+	var h cuda.IPCHandle
+	if len(m.GetCudaIpcHandle()) != len(h) {
+		return nil, 0, fmt.Errorf("agent sent an IPC handle of %d bytes, want %d", len(m.GetCudaIpcHandle()), len(h))
+	}
+	copy(h[:], m.GetCudaIpcHandle())
+	gpu := -1
+	for _, dev := range d.Devices() {
+		if m.GetPciBusId() != "" && strings.EqualFold(dev.PCIBusID, m.GetPciBusId()) {
+			gpu = dev.Index
+		}
+	}
+	if gpu < 0 {
+		if m.GetPciBusId() != "" || int(m.GetCudaDevice()) >= len(d.Devices()) || m.GetCudaDevice() < 0 {
+			return nil, 0, fmt.Errorf("the agent's GPU %d (PCI bus id %q) is not visible to this process's CUDA driver", m.GetCudaDevice(), m.GetPciBusId())
+		}
+		gpu = int(m.GetCudaDevice())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if mem, ok := c.ipcs[h]; ok {
+		return mem, gpu, nil
+	}
+	mem, err := d.OpenIPCHandle(gpu, h)
+	if err != nil {
+		return nil, 0, err
+	}
+	c.ipcs[h] = mem
+	return mem, gpu, nil
 }
 
 // mapMemory maps the memory m names, once per token: through the

@@ -380,6 +380,18 @@ func (x *RegisterResponse) GetRanks() []*RankLayout {
 // memory[0].token to memory[0].fd_socket and mmap the descriptor received,
 // or open memory[0].file and mmap it; rank r's region starts at
 // memory[r].offset in that mapping.
+//
+// Device memory (an agent with a GPU pool; cuda_ipc_handle set): the
+// rank's region is bytes [offset, offset+size) of a GPU allocation of
+// file_size bytes on the GPU that cuda_device (the agent's CUDA index)
+// and pci_bus_id (domain:bus:device.function, which does not depend on
+// CUDA_VISIBLE_DEVICES) name. path, token, fd_socket and file are empty:
+// the engine opens the handle with cuIpcOpenMemHandle (flag
+// CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) in a context of that GPU, which maps
+// the whole allocation at a device pointer of its own, adds offset, and
+// closes it with cuIpcCloseMemHandle when it is done (before the agent
+// stops). Every rank of one pool names the same allocation (the same
+// handle); open it once per process.
 type Memory struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Path   string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -395,7 +407,15 @@ type Memory struct {
 	// The named file under the agent's memory_dir; empty when none.
 	File string `protobuf:"bytes,6,opt,name=file,proto3" json:"file,omitempty"`
 	// The bytes of the whole memory (what to map from offset 0).
-	FileSize      uint64 `protobuf:"varint,7,opt,name=file_size,json=fileSize,proto3" json:"file_size,omitempty"`
+	FileSize uint64 `protobuf:"varint,7,opt,name=file_size,json=fileSize,proto3" json:"file_size,omitempty"`
+	// The CUDA IPC memory handle (CUipcMemHandle, 64 bytes) of the device
+	// allocation; empty for host memory.
+	CudaIpcHandle []byte `protobuf:"bytes,8,opt,name=cuda_ipc_handle,json=cudaIpcHandle,proto3" json:"cuda_ipc_handle,omitempty"`
+	// The agent's CUDA index of the GPU holding the allocation; meaningful
+	// only with cuda_ipc_handle.
+	CudaDevice int32 `protobuf:"varint,9,opt,name=cuda_device,json=cudaDevice,proto3" json:"cuda_device,omitempty"`
+	// That GPU's PCI bus id, as the driver writes it; empty for host memory.
+	PciBusId      string `protobuf:"bytes,10,opt,name=pci_bus_id,json=pciBusId,proto3" json:"pci_bus_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -477,6 +497,27 @@ func (x *Memory) GetFileSize() uint64 {
 		return x.FileSize
 	}
 	return 0
+}
+
+func (x *Memory) GetCudaIpcHandle() []byte {
+	if x != nil {
+		return x.CudaIpcHandle
+	}
+	return nil
+}
+
+func (x *Memory) GetCudaDevice() int32 {
+	if x != nil {
+		return x.CudaDevice
+	}
+	return 0
+}
+
+func (x *Memory) GetPciBusId() string {
+	if x != nil {
+		return x.PciBusId
+	}
+	return ""
 }
 
 // RankLayout is where one TP rank's bytes go. The byte of element
@@ -2386,14 +2427,21 @@ func (x *Member) GetSinceUnixMs() int64 {
 
 // Pool is memory the agent owns in one tier.
 type Pool struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Kind      string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
-	SizeBytes uint64                 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// host, pinned or device.
+	Kind      string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	SizeBytes uint64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// Bytes carved into block sets.
-	CarvedBytes   uint64 `protobuf:"varint,3,opt,name=carved_bytes,json=carvedBytes,proto3" json:"carved_bytes,omitempty"`
-	BlockSets     uint32 `protobuf:"varint,4,opt,name=block_sets,json=blockSets,proto3" json:"block_sets,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CarvedBytes uint64 `protobuf:"varint,3,opt,name=carved_bytes,json=carvedBytes,proto3" json:"carved_bytes,omitempty"`
+	BlockSets   uint32 `protobuf:"varint,4,opt,name=block_sets,json=blockSets,proto3" json:"block_sets,omitempty"`
+	// For a device pool, the GPU's CUDA index on the agent; -1 for host
+	// memory.
+	Device int32 `protobuf:"varint,5,opt,name=device,proto3" json:"device,omitempty"`
+	// For a device pool, how the NIC reaches it: "dmabuf", "peer-memory"
+	// or "" (not registered for RDMA, read and served without it).
+	RdmaRegistration string `protobuf:"bytes,6,opt,name=rdma_registration,json=rdmaRegistration,proto3" json:"rdma_registration,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Pool) Reset() {
@@ -2452,6 +2500,20 @@ func (x *Pool) GetBlockSets() uint32 {
 		return x.BlockSets
 	}
 	return 0
+}
+
+func (x *Pool) GetDevice() int32 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+func (x *Pool) GetRdmaRegistration() string {
+	if x != nil {
+		return x.RdmaRegistration
+	}
+	return ""
 }
 
 type BlockSet struct {
@@ -2599,7 +2661,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06layout\x18\x02 \x01(\v2\x1a.kvfabric.layout.v1.LayoutR\x06layout\x122\n" +
 	"\x06memory\x18\x03 \x03(\v2\x1a.kvfabric.fabric.v1.MemoryR\x06memory\x12\x18\n" +
 	"\aretains\x18\x04 \x01(\rR\aretains\x124\n" +
-	"\x05ranks\x18\x05 \x03(\v2\x1e.kvfabric.fabric.v1.RankLayoutR\x05ranks\"\xac\x01\n" +
+	"\x05ranks\x18\x05 \x03(\v2\x1e.kvfabric.fabric.v1.RankLayoutR\x05ranks\"\x93\x02\n" +
 	"\x06Memory\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
@@ -2607,7 +2669,13 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x05token\x18\x04 \x01(\tR\x05token\x12\x1b\n" +
 	"\tfd_socket\x18\x05 \x01(\tR\bfdSocket\x12\x12\n" +
 	"\x04file\x18\x06 \x01(\tR\x04file\x12\x1b\n" +
-	"\tfile_size\x18\a \x01(\x04R\bfileSize\"\xbd\x02\n" +
+	"\tfile_size\x18\a \x01(\x04R\bfileSize\x12&\n" +
+	"\x0fcuda_ipc_handle\x18\b \x01(\fR\rcudaIpcHandle\x12\x1f\n" +
+	"\vcuda_device\x18\t \x01(\x05R\n" +
+	"cudaDevice\x12\x1c\n" +
+	"\n" +
+	"pci_bus_id\x18\n" +
+	" \x01(\tR\bpciBusId\"\xbd\x02\n" +
 	"\n" +
 	"RankLayout\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12!\n" +
@@ -2746,14 +2814,16 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\tpeer_addr\x18\x03 \x01(\tR\bpeerAddr\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\tR\x05state\x12\x16\n" +
 	"\x06blocks\x18\x05 \x01(\x04R\x06blocks\x12\"\n" +
-	"\rsince_unix_ms\x18\x06 \x01(\x03R\vsinceUnixMs\"{\n" +
+	"\rsince_unix_ms\x18\x06 \x01(\x03R\vsinceUnixMs\"\xc0\x01\n" +
 	"\x04Pool\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12!\n" +
 	"\fcarved_bytes\x18\x03 \x01(\x04R\vcarvedBytes\x12\x1d\n" +
 	"\n" +
-	"block_sets\x18\x04 \x01(\rR\tblockSets\"\xb8\x02\n" +
+	"block_sets\x18\x04 \x01(\rR\tblockSets\x12\x16\n" +
+	"\x06device\x18\x05 \x01(\x05R\x06device\x12+\n" +
+	"\x11rdma_registration\x18\x06 \x01(\tR\x10rdmaRegistration\"\xb8\x02\n" +
 	"\bBlockSet\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12#\n" +

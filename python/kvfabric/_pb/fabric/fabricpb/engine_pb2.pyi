@@ -199,22 +199,28 @@ class Member(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gossip_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., state: _Optional[str] = ..., blocks: _Optional[int] = ..., since_unix_ms: _Optional[int] = ...) -> None: ...
 
 class Memory(_message.Message):
-    __slots__ = ["fd_socket", "file", "file_size", "offset", "path", "size", "token"]
+    __slots__ = ["cuda_device", "cuda_ipc_handle", "fd_socket", "file", "file_size", "offset", "path", "pci_bus_id", "size", "token"]
+    CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
     FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
     FILE_FIELD_NUMBER: _ClassVar[int]
     FILE_SIZE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    cuda_device: int
+    cuda_ipc_handle: bytes
     fd_socket: str
     file: str
     file_size: int
     offset: int
     path: str
+    pci_bus_id: str
     size: int
     token: str
-    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., token: _Optional[str] = ..., fd_socket: _Optional[str] = ..., file: _Optional[str] = ..., file_size: _Optional[int] = ...) -> None: ...
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., token: _Optional[str] = ..., fd_socket: _Optional[str] = ..., file: _Optional[str] = ..., file_size: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_device: _Optional[int] = ..., pci_bus_id: _Optional[str] = ...) -> None: ...
 
 class Overlap(_message.Message):
     __slots__ = ["blocks", "estimate", "fetch_bytes", "fetch_estimate_us", "node", "score", "transport"]
@@ -235,16 +241,20 @@ class Overlap(_message.Message):
     def __init__(self, node: _Optional[str] = ..., blocks: _Optional[int] = ..., score: _Optional[float] = ..., fetch_estimate_us: _Optional[int] = ..., estimate: _Optional[str] = ..., fetch_bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class Pool(_message.Message):
-    __slots__ = ["block_sets", "carved_bytes", "kind", "size_bytes"]
+    __slots__ = ["block_sets", "carved_bytes", "device", "kind", "rdma_registration", "size_bytes"]
     BLOCK_SETS_FIELD_NUMBER: _ClassVar[int]
     CARVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    RDMA_REGISTRATION_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     block_sets: int
     carved_bytes: int
+    device: int
     kind: str
+    rdma_registration: str
     size_bytes: int
-    def __init__(self, kind: _Optional[str] = ..., size_bytes: _Optional[int] = ..., carved_bytes: _Optional[int] = ..., block_sets: _Optional[int] = ...) -> None: ...
+    def __init__(self, kind: _Optional[str] = ..., size_bytes: _Optional[int] = ..., carved_bytes: _Optional[int] = ..., block_sets: _Optional[int] = ..., device: _Optional[int] = ..., rdma_registration: _Optional[str] = ...) -> None: ...
 
 class RankLayout(_message.Message):
     __slots__ = ["block_stride", "chunk_bytes", "chunk_shape", "element_bytes", "head_ids", "kv_stride", "layer_stride", "offset", "planes", "replicas"]
