@@ -595,3 +595,49 @@ func TestPinnedPoolThroughCUDA(t *testing.T) {
 		t.Fatalf("log does not say the pool was pinned by the driver:\n%s", text)
 	}
 }
+
+// An agent with a GPU pool uses the RDMA device nearest the GPU in PCI
+// topology (behind the same PCIe switch), not the first one listed.
+func TestDevicePoolPicksTheNearestNIC(t *testing.T) {
+	cudaLib, verbs := gpuLibs(t)
+	root := t.TempDir()
+	// GPU 0000:02:00.0 and NIC sv1 (0000:03:00.0) share switch
+	// 0000:01:00.0; NIC sv0 (0000:81:00.0) is under another root complex.
+	paths := map[string]string{
+		"0000:02:00.0": "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0",
+		"0000:03:00.0": "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:03:00.0",
+		"0000:81:00.0": "devices/pci0000:80/0000:80:01.0/0000:81:00.0",
+	}
+	for addr, p := range paths {
+		if err := os.MkdirAll(filepath.Join(root, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		link := filepath.Join(root, "bus/pci/devices", addr)
+		os.MkdirAll(filepath.Dir(link), 0o755)
+		if err := os.Symlink(filepath.Join(root, p), link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for dev, addr := range map[string]string{"sv0": "0000:81:00.0", "sv1": "0000:03:00.0"} {
+		link := filepath.Join(root, "class/infiniband", dev, "device")
+		os.MkdirAll(filepath.Dir(link), 0o755)
+		if err := os.Symlink(filepath.Join(root, paths[addr]), link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	t.Setenv("SOFTCUDA_PCI_BUS_IDS", "0000:02:00.0")
+	t.Setenv("SOFTVERBS_DEVICES", "sv0,sv1")
+	agents := clusterWith(t, 1, func(i int, c *fabric.Config) {
+		c.Pools = []string{"device=16MiB"}
+		c.CUDALibrary = cudaLib
+		c.RDMA, c.RDMALibrary = "on", verbs
+		fabric.SetSysfsRoot(c, root)
+	})
+	if got := fabric.RDMADeviceName(agents[0]); got != "sv1" {
+		t.Fatalf("the GPU pool's agent uses RDMA device %q, want sv1, behind the GPU's switch", got)
+	}
+}

@@ -33,3 +33,14 @@ func SetPeerMemoryPaths(paths []string) (restore func()) {
 	peerMemoryPaths = paths
 	return func() { peerMemoryPaths = old }
 }
+
+// SetSysfsRoot makes an agent started with c read PCI topology under root.
+func SetSysfsRoot(c *Config, root string) { c.hooks.sysfsRoot = root }
+
+// RDMADeviceName is the RDMA device a uses, "" when RDMA is off.
+func RDMADeviceName(a *Agent) string {
+	if a.rdmaDev == nil {
+		return ""
+	}
+	return a.rdmaDev.Info().Name
+}

@@ -13,4 +13,7 @@ type testHooks struct {
 	// stageBytes replaces stageServeBytes when non-zero, so that small
 	// reads show the batching of staged serving.
 	stageBytes uint64
+	// sysfsRoot replaces /sys where the agent reads PCI topology, so that
+	// a fake tree decides which RDMA device is nearest the GPU.
+	sysfsRoot string
 }

@@ -36,7 +36,7 @@ func (a *Agent) openRDMA() (*transfer.RDMAConfig, error) {
 
 func (a *Agent) openRDMADevice() (*rdma.Device, error) {
 	c := &a.cfg
-	lib, err := rdma.Open(rdma.Config{Library: c.RDMALibrary, Logger: a.log})
+	lib, err := rdma.Open(rdma.Config{Library: c.RDMALibrary, Logger: a.log, SysfsRoot: c.hooks.sysfsRoot})
 	if err != nil {
 		return nil, err
 	}
@@ -47,17 +47,20 @@ func (a *Agent) openRDMADevice() (*rdma.Device, error) {
 			lib.Close()
 			return nil, err
 		}
+		var active []rdma.DeviceInfo
 		for _, d := range devs {
 			for _, p := range d.Ports {
-				if p.Active && p.Number == c.RDMAPort && name == "" {
-					name = d.Name
+				if p.Active && p.Number == c.RDMAPort {
+					active = append(active, d)
+					break
 				}
 			}
 		}
-		if name == "" {
+		if len(active) == 0 {
 			lib.Close()
 			return nil, fmt.Errorf("%w: none of %d RDMA devices has port %d active", rdma.ErrUnavailable, len(devs), c.RDMAPort)
 		}
+		name = a.pickNIC(active)
 	}
 	dev, err := lib.OpenDevice(name, c.RDMAPort)
 	if err != nil {
@@ -66,6 +69,25 @@ func (a *Agent) openRDMADevice() (*rdma.Device, error) {
 	}
 	a.rdmaLib, a.rdmaDev = lib, dev
 	return dev, nil
+}
+
+// pickNIC chooses, among the devices with an active port, the one for the
+// pool: for GPU memory, the device nearest the GPU in PCI topology (one
+// behind the same PCIe switch moves data peer to peer; one across the
+// socket halves the bandwidth, the most common mistake of every fabric);
+// for host memory, the first. --rdma-device overrides it.
+func (a *Agent) pickNIC(active []rdma.DeviceInfo) string {
+	if a.gpu < 0 || a.cuda == nil {
+		return active[0].Name
+	}
+	bus := a.cuda.Devices()[a.gpu].PCIBusID
+	d, err := rdma.ClosestDevice(bus, active, a.cfg.hooks.sysfsRoot)
+	if err != nil {
+		a.log.Warn("RDMA device nearest the GPU unknown: using the first active one", "gpu", a.gpu, "pci_bus_id", bus, "device", active[0].Name, "err", err)
+		return active[0].Name
+	}
+	a.log.Info("RDMA device for the GPU pool", "gpu", a.gpu, "pci_bus_id", bus, "device", d.Name, "device_pci", d.PCIAddress)
+	return d.Name
 }
 
 // registerPools registers the pool memory with the RDMA device, once, at
