@@ -9,8 +9,16 @@ PROTOS   := $(shell git ls-files '*.proto' 2>/dev/null)
 PROTOBUF_VERSION := $(shell $(GO) list -m -f '{{.Version}}' google.golang.org/protobuf)
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 APT      := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
+# The Python client's tests run on Debian's interpreter, where its packages
+# (python3-grpcio and the rest) install; another interpreter with grpcio,
+# protobuf, numpy, xxhash and pytest may be named instead.
+PYTHON   ?= /usr/bin/python3
+PY_DEBS  := python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest
+# Stubs of the protos the Python client speaks, in its own namespace.
+PY_PB    := python/kvfabric/_pb
+PY_PROTOS := layout/layoutpb/layout.proto fabric/fabricpb/engine.proto
 
-.PHONY: all build demo test test-deps test-long bench bench-deps proto proto-deps lint fuzz clean help
+.PHONY: all build demo test test-go test-python test-deps python-deps test-long bench bench-deps proto proto-deps lint fuzz clean help
 
 all: build
 
@@ -23,15 +31,28 @@ build: ## compile bin/kvfabric
 demo: build ## run a 3-node cluster on loopback and move blocks across TP sizes, every byte checked
 	$(GO) run ./testbed/demo --bin $(BIN)
 
-test: test-deps ## vet, then every test with the race detector in random order
+test: test-go test-python ## every Go and Python test
+
+test-go: test-deps ## vet, then every Go test with the race detector in random order
 	$(GO) vet ./...
 	$(GO) test -race -shuffle=on -timeout 12m ./...
+
+test-python: build python-deps ## the Python client's tests, against agents of bin/kvfabric
+	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider tests
+
+python-deps: ## install the Python client's Debian packages; no interpreter is an error
+	@command -v $(PYTHON) >/dev/null 2>&1 || \
+		{ echo "no Python interpreter $(PYTHON) (apt-get install python3, or make PYTHON=...)"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "$(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); the client needs 3.11 or later"; exit 1; }
+	@$(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest' 2>/dev/null || \
+		{ apt-get update -q && $(APT) $(PY_DEBS); }
 
 test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs)
 	@dpkg -s libibverbs-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libibverbs-dev gcc; }
 
-test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 5 minutes
-	$(GO) test -count=1 -timeout 30m ./membership ./pool ./fabric -kvfabric.long
+test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 15 minutes
+	$(GO) test -count=1 -timeout 40m ./membership ./pool ./fabric ./testbed/launch ./testbed/netns -kvfabric.long
 
 bench: bench-deps ## run the benchmarks with their baselines (figures go to BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 30m ./...
@@ -42,12 +63,20 @@ bench-deps: ## install what the baselines need (gcc, libxxhash-dev for the C has
 fuzz: ## fuzz the layout decoder for a minute
 	$(GO) test ./layout -run '^$$' -fuzz FuzzUnmarshal -fuzztime 60s
 
-proto: proto-deps ## regenerate *.pb.go from the .proto sources
+proto: proto-deps ## regenerate *.pb.go, and the Python client's stubs, from the .proto sources
 	PATH="$(GOBIN):$$PATH" protoc -I . --go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative $(PROTOS)
+	protoc -I . --python_out=$(PY_PB) --pyi_out=$(PY_PB) $(PY_PROTOS)
+	protoc -I . --grpc_python_out=$(PY_PB) --plugin=protoc-gen-grpc_python=$$(command -v grpc_python_plugin) \
+		fabric/fabricpb/engine.proto
+	@# The stubs import each other by proto path; in the package they live
+	@# under kvfabric._pb (a top-level "fabric" collides with Debian's).
+	sed -i -E 's/^(from|import) (layout|fabric)\.([a-z]+)( import|$$)/\1 kvfabric._pb.\2.\3\4/' \
+		$$(find $(PY_PB) -name '*_pb2*.py' -o -name '*_pb2.pyi')
 
 proto-deps:
 	@command -v protoc >/dev/null 2>&1 || { apt-get update -q && $(APT) protobuf-compiler; }
+	@command -v grpc_python_plugin >/dev/null 2>&1 || { apt-get update -q && $(APT) protobuf-compiler-grpc; }
 	@test -x $(GOBIN)/protoc-gen-go || $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOBUF_VERSION)
 	@test -x $(GOBIN)/protoc-gen-go-grpc || $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 

@@ -22,6 +22,7 @@ import (
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/pool/cuda"
 	"github.com/kvfabric/kvfabric/rdma"
 	"github.com/kvfabric/kvfabric/transfer"
 	"github.com/kvfabric/kvfabric/transfer/certs"
@@ -36,9 +37,20 @@ type Agent struct {
 	eventLog *slog.Logger
 	started  time.Time
 
-	storage  *pool.HostStorage
-	poolKind string // host or pinned
+	// storage is the engine pool's memory; host is the same memory when
+	// it is host memory (shared with engines by descriptor or file), nil
+	// for a device pool.
+	storage  pool.Storage
+	host     *pool.HostStorage
+	poolKind string // host, pinned or device
 	pool     *pool.Pool
+	// cuda is open while a device or pinned pool uses it; gpu is the
+	// device pool's GPU, -1 without one. rdmaReg says how the NIC reaches
+	// the device pool ("dmabuf", "peer-memory" or "").
+	cuda    *cuda.Driver
+	gpu     int
+	rdmaReg string
+	staging stagingBuffers // pinned buffers for QUIC to and from the GPU
 
 	index     *index.Index
 	service   *peerService
@@ -62,8 +74,14 @@ type Agent struct {
 	metaPoke chan struct{}
 	done     chan struct{}
 
-	mu   sync.Mutex
+	mu   sync.Mutex // before an engineSet's, a session's and the pool's
 	sets map[pool.SetID]*engineSet
+
+	sessMu   sync.Mutex // guards sessions; taken alone
+	sessions map[uint64]*session
+	// unowned is the implicit session of engine calls that name none: it
+	// never ends.
+	unowned *session
 
 	engineLn  net.Listener
 	engineSrv *grpc.Server
@@ -92,7 +110,8 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{},
+	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{}, gpu: -1,
+		sessions: map[uint64]*session{}, unowned: &session{opened: time.Now(), sets: map[pool.SetID]*engineSet{}},
 		metaPoke: make(chan struct{}, 1), done: make(chan struct{})}
 	if a.log == nil {
 		a.log = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel) // both validated
@@ -151,34 +170,13 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 }
 
 func (a *Agent) startPools(specs []PoolSpec) error {
-	// Engines' block sets come from the first pool. More tiers (several
-	// pools, GPU memory) arrive with the GPU backend.
-	spec := specs[0]
-	hc := pool.HostConfig{
-		Size:   spec.Size,
-		Name:   "kvfabric-" + a.cfg.NodeName,
-		Lock:   spec.Kind == "pinned",
-		Logger: a.log,
-	}
-	if a.cfg.MemoryDir != "" {
-		// Engines that share the directory (a hostPath) open the file by
-		// name; it must be traversable by them, hence not 0700.
-		if err := os.MkdirAll(a.cfg.MemoryDir, 0o755); err != nil {
-			return fmt.Errorf("fabric: memory dir: %w", err)
-		}
-		hc.Backing, hc.Dir = pool.ShmFile, a.cfg.MemoryDir
-	}
-	st, err := pool.NewHostStorage(hc)
+	// Engines' block sets come from one pool: the device pool when there
+	// is a GPU for it, else the host (or pinned) one.
+	st, err := a.makeStorage(specs)
 	if err != nil {
-		return fmt.Errorf("fabric: %s pool of %d bytes: %w", spec.Kind, spec.Size, err)
+		return err
 	}
-	a.storage, a.poolKind = st, spec.Kind
-	if a.cfg.MemoryDir != "" {
-		// Same access as the engine socket: whoever may register may map.
-		if err := a.applySocketAccess(st.Path(), 0o666); err != nil {
-			return fmt.Errorf("fabric: memory file: %w", err)
-		}
-	}
+	a.storage = st
 	pcfg := pool.DefaultConfig()
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents
@@ -189,6 +187,53 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	}
 	a.pool = p
 	return nil
+}
+
+// makeHostStorage makes the host pool spec asks for: pinned through the
+// CUDA driver when it is open (a.cuda), else locked with mlock.
+func (a *Agent) makeHostStorage(spec PoolSpec) (pool.Storage, error) {
+	hc := pool.HostConfig{
+		Size:   spec.Size,
+		Name:   "kvfabric-" + a.cfg.NodeName,
+		Lock:   spec.Kind == "pinned" && a.cuda == nil,
+		Logger: a.log,
+	}
+	if a.cfg.MemoryDir != "" {
+		// Engines that share the directory (a hostPath) open the file by
+		// name; it must be traversable by them, hence not 0700.
+		if err := os.MkdirAll(a.cfg.MemoryDir, 0o755); err != nil {
+			return nil, fmt.Errorf("fabric: memory dir: %w", err)
+		}
+		hc.Backing, hc.Dir = pool.ShmFile, a.cfg.MemoryDir
+	}
+	hs, err := pool.NewHostStorage(hc)
+	if err != nil {
+		return nil, fmt.Errorf("fabric: %s pool of %d bytes: %w", spec.Kind, spec.Size, err)
+	}
+	a.host, a.poolKind = hs, spec.Kind
+	if a.cfg.MemoryDir != "" {
+		// Same access as the engine socket: whoever may register may map.
+		if err := a.applySocketAccess(hs.Path(), 0o666); err != nil {
+			hs.Close()
+			return nil, fmt.Errorf("fabric: memory file: %w", err)
+		}
+	}
+	if spec.Kind != "pinned" || a.cuda == nil {
+		if spec.Kind == "pinned" && hs.Kind() != layout.Pinned {
+			a.poolKind = "host"
+		}
+		return hs, nil
+	}
+	ps, err := a.cuda.PinHost(hs)
+	if err != nil {
+		// The memory is still good host memory; copies to a GPU are
+		// slower from it.
+		a.log.Warn("cannot pin the host pool through the CUDA driver: it stays pageable", "bytes", hs.Size(), "err", err)
+		a.poolKind = "host"
+		return hs, nil
+	}
+	a.log.Info("host pool pinned through the CUDA driver", "bytes", hs.Size())
+	return ps, nil
 }
 
 func (a *Agent) startEngineAPI() error {
@@ -210,12 +255,15 @@ func (a *Agent) startEngineAPI() error {
 		return fmt.Errorf("fabric: engine socket: %w", err)
 	}
 	a.engineLn = ln
-	if err := a.startFDSocket(); err != nil {
-		return err
+	if a.host != nil {
+		// Device memory reaches engines as IPC handles instead.
+		if err := a.startFDSocket(); err != nil {
+			return err
+		}
 	}
 	// WaitForHandlers: Close must not unmap the pool under a call still
 	// writing into it.
-	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.WaitForHandlers(true))
+	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.WaitForHandlers(true), grpc.Creds(peerCreds{}))
 	fabricpb.RegisterEngineServer(a.engineSrv, &engineServer{a: a})
 	a.wg.Add(1)
 	go func() {
@@ -248,7 +296,7 @@ func (a *Agent) startFDSocket() error {
 		return fmt.Errorf("fabric: descriptor socket: %w", err)
 	}
 	a.memToken = newMemoryToken()
-	a.fdSrv = startFDServer(ln, a.memToken, sharedMemory{fd: a.storage.FD(), size: a.storage.Size()}, a.log)
+	a.fdSrv = startFDServer(ln, a.memToken, sharedMemory{fd: a.host.FD(), size: a.host.Size()}, a.log)
 	return nil
 }
 
@@ -398,6 +446,11 @@ func (a *Agent) Close() error {
 		}
 		if a.storage != nil {
 			errs = append(errs, a.storage.Close())
+		} else if a.host != nil {
+			errs = append(errs, a.host.Close())
+		}
+		if a.cuda != nil {
+			errs = append(errs, a.closeStaging(), a.cuda.Close())
 		}
 		if a.engineLn != nil {
 			os.Remove(a.cfg.EngineSocket)
@@ -409,16 +462,35 @@ func (a *Agent) Close() error {
 	return a.closeErr
 }
 
-// blockSetFor returns the block set an engine with this layout uses: an
-// existing one of the same shape, or a new one.
+// blockSetFor returns the block set an engine with this layout uses, under
+// the implicit session.
 func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, error) {
+	s, err := a.blockSetForSession(a.unowned, engine, tmpl)
+	if err != nil {
+		return nil, err
+	}
+	return s.engineSet, nil
+}
+
+// blockSetForSession returns the block set an engine with this layout
+// uses, one of sess's sets from now: an existing one of the same shape
+// (another engine's, or one no session uses any more), or a new one. When
+// the pool has no room for a new one, sets no session uses are freed,
+// longest idle first, until it has.
+func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout) (*sessionSet, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if engine != "" && sess.id != 0 {
+		// The engine's own name beats what it opened the session as.
+		sess.mu.Lock()
+		sess.engine = engine
+		sess.mu.Unlock()
+	}
 	for _, s := range a.sets {
 		l := s.set.Layout()
 		if l.Model == tmpl.Model && l.PageSize == tmpl.PageSize && l.TPSize == tmpl.TPSize &&
 			l.Order == tmpl.Order && l.Arrangement == tmpl.Arrangement && l.Alignment == tmpl.Alignment && (tmpl.Slots == 0 || tmpl.Slots == l.Slots) {
-			return s, nil
+			return a.attach(sess, s)
 		}
 	}
 	// Nothing may be sized by a request before it is checked.
@@ -428,7 +500,7 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 	// Fill regions only so that the template validates; the pool places them.
 	tmpl.Regions = make([]layout.Region, tmpl.TPSize)
 	for r := range tmpl.Regions {
-		tmpl.Regions[r] = layout.Region{Size: 1 << 62, Kind: layout.Host}
+		tmpl.Regions[r] = layout.Region{Size: 1 << 62, Kind: a.storage.Kind(), Device: a.storage.Device()}
 	}
 	if tmpl.Slots == 0 {
 		probe := *tmpl
@@ -438,16 +510,25 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 		}
 		tmpl.Slots = a.defaultSlots(&probe)
 	}
-	set, err := a.pool.NewBlockSet(tmpl)
+	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSet(tmpl) })
 	if err != nil {
 		return nil, err
 	}
-	s := &engineSet{set: set, engine: engine, refs: map[int]slotRef{}}
+	s := &engineSet{set: set, engine: engine, users: map[uint64]*setUse{}}
 	a.sets[set.ID()] = s
 	a.pokeMeta()
 	a.log.Info("block set made", "engine", engine, "set", set.ID(), "slots", set.Slots(), "tp", tmpl.TPSize,
 		"page", tmpl.PageSize, "digest", set.Layout().Digest().Short())
-	return s, nil
+	ss, err := a.attach(sess, s)
+	if err != nil {
+		// The session ended meanwhile: the new set is idle from now.
+		s.mu.Lock()
+		s.idleSince = time.Now()
+		a.scheduleFree(s, a.cfg.BlockSetGrace)
+		s.mu.Unlock()
+		return nil, err
+	}
+	return ss, nil
 }
 
 // defaultSlots is the configured slot count, else what a quarter of the
@@ -474,17 +555,31 @@ func (a *Agent) engineSet(id uint64) (*engineSet, error) {
 func (a *Agent) describe(s *engineSet) (*fabricpb.RegisterResponse, error) {
 	l := s.set.Layout()
 	out := &fabricpb.RegisterResponse{BlockSet: uint64(s.set.ID()), Layout: l.Proto(), Retains: uint32(s.set.Retains())}
+	var ipc []byte
+	if a.host == nil {
+		h, err := a.cuda.IPCHandle(a.gpu, a.storage.Addr())
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "fabric: IPC handle of the device pool: %v", err)
+		}
+		ipc = h[:]
+	}
 	for r := range l.TPSize {
 		off, err := s.set.RegionOffset(r)
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		m := &fabricpb.Memory{Path: a.storage.Path(), Offset: off, Size: l.Regions[r].Size, FileSize: a.storage.Size()}
+		if ipc != nil {
+			out.Memory = append(out.Memory, &fabricpb.Memory{Offset: off, Size: l.Regions[r].Size, FileSize: a.storage.Size(),
+				CudaIpcHandle: ipc, CudaDevice: int32(a.gpu), PciBusId: a.cuda.Devices()[a.gpu].PCIBusID})
+			out.Ranks = append(out.Ranks, rankLayout(l, r, off))
+			continue
+		}
+		m := &fabricpb.Memory{Path: a.host.Path(), Offset: off, Size: l.Regions[r].Size, FileSize: a.host.Size()}
 		if a.fdSrv != nil {
 			m.Token, m.FdSocket = a.memToken, a.cfg.EngineSocket+FDSocketSuffix
 		}
 		if a.cfg.MemoryDir != "" {
-			m.File = a.storage.Path()
+			m.File = a.host.Path()
 		}
 		out.Memory = append(out.Memory, m)
 		out.Ranks = append(out.Ranks, rankLayout(l, r, off))

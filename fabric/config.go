@@ -28,6 +28,17 @@ const (
 	maxImportChunk = 4 << 30
 )
 
+// The bounds of SessionKeepalive: below 100 ms a loaded engine's keepalive
+// is late for no fault of its own; above 10 min a dead engine's slots stay
+// taken for longer than anyone would wait.
+const (
+	MinSessionKeepalive = 100 * time.Millisecond
+	MaxSessionKeepalive = 10 * time.Minute
+)
+
+// maxBlockSetGrace bounds BlockSetGrace.
+const maxBlockSetGrace = 24 * time.Hour
+
 // ErrConfig is matched by every configuration error.
 var ErrConfig = errors.New("fabric: invalid configuration")
 
@@ -111,13 +122,39 @@ type Config struct {
 	// endpoints. If empty, 127.0.0.1:7948; "off" disables them.
 	MetricsAddr string `json:"metrics_addr,omitempty"`
 
-	// Pools sizes the memory the agent owns: one entry, "host=4GiB" or
-	// "pinned=16GiB" (GPU tiers arrive with pool/cuda). If empty, a host
-	// pool of 1 GiB.
+	// Pools sizes the memory the agent owns, one entry per pool:
+	//
+	//	host=SIZE        shareable host memory (SIZE such as 4GiB)
+	//	pinned=SIZE      host memory page-locked through the CUDA driver
+	//	                 (cuMemHostRegister) where it loads, else with mlock
+	//	device=AMOUNT    GPU memory on every GPU of the node
+	//	device:N=AMOUNT  GPU memory on GPU N (its CUDA index) only
+	//
+	// AMOUNT is a SIZE or a fraction of the GPU's free memory at start,
+	// written with a point (device=0.5; 0 < fraction <= 1). At most one host
+	// or pinned entry; device entries name each GPU once. Engines' block
+	// sets are carved from one pool: the device pool when the node has a
+	// GPU (one GPU's pool for now: more than one is refused at start),
+	// else the host or pinned entry (host=1GiB when there is none). Without
+	// a CUDA driver or a GPU the device entries are left out and the agent
+	// says so once. If empty, a host pool of 1 GiB.
 	Pools []string `json:"pools,omitempty"`
+	// CUDALibrary is the CUDA driver library to load for device and pinned
+	// pools. If empty, the environment's KVFABRIC_CUDA_LIB, then
+	// libcuda.so.1.
+	CUDALibrary string `json:"cuda_library,omitempty"`
 	// BlockSetSlots is the slots of a block set made for an engine that
 	// asks for none. If zero, as many as a quarter of the pool holds.
 	BlockSetSlots int `json:"block_set_slots,omitempty"`
+	// BlockSetGrace is how long a block set no engine session uses keeps
+	// its cached blocks before the agent frees it; a Register that needs
+	// its memory frees it at once. At most 24 h. If zero, 30 s.
+	BlockSetGrace time.Duration `json:"block_set_grace,omitempty"`
+	// SessionKeepalive is how long an engine session may stay silent
+	// before the agent ends it and gives back what it held (an engine that
+	// exits or drops its connection ends at once). 100 ms to 10 min. If
+	// zero, 5 s.
+	SessionKeepalive time.Duration `json:"session_keepalive,omitempty"`
 
 	// LeaseDuration is how long a holder keeps blocks for an importer,
 	// 1 s to 5 min. If zero, 30 s.
@@ -205,6 +242,8 @@ func DefaultConfig() Config {
 		LeaseDuration:    30 * time.Second,
 		ImportTimeout:    30 * time.Second,
 		PeerTimeout:      2 * time.Second,
+		BlockSetGrace:    30 * time.Second,
+		SessionKeepalive: 5 * time.Second,
 		ImportChunkBytes: 64 << 20,
 		LogLevel:         "info",
 	}
@@ -239,7 +278,8 @@ func LoadConfigFile(path string, base Config) (Config, error) {
 	for _, f := range []struct {
 		name string
 		dst  *time.Duration
-	}{{"lease_duration", &base.LeaseDuration}, {"import_timeout", &base.ImportTimeout}, {"peer_timeout", &base.PeerTimeout}} {
+	}{{"lease_duration", &base.LeaseDuration}, {"import_timeout", &base.ImportTimeout}, {"peer_timeout", &base.PeerTimeout},
+		{"block_set_grace", &base.BlockSetGrace}, {"session_keepalive", &base.SessionKeepalive}} {
 		raw, ok := fields[f.name]
 		if !ok {
 			continue
@@ -266,8 +306,16 @@ func LoadConfigFile(path string, base Config) (Config, error) {
 
 // PoolSpec is one parsed entry of Config.Pools.
 type PoolSpec struct {
-	Kind string // "host" or "pinned"
+	Kind string // "host", "pinned" or "device"
+	// Size is the bytes asked for; zero for a device pool sized by
+	// Fraction.
 	Size uint64
+	// Fraction is the share of a GPU's free memory, in (0, 1]; zero when
+	// Size is given.
+	Fraction float64
+	// GPU is the CUDA index of a device pool's GPU, or -1 for every GPU.
+	// Zero for host and pinned pools.
+	GPU int
 }
 
 // populate fills the zero fields with defaults.
@@ -308,6 +356,12 @@ func (c *Config) populate() {
 	}
 	if c.PeerTimeout == 0 {
 		c.PeerTimeout = d.PeerTimeout
+	}
+	if c.BlockSetGrace == 0 {
+		c.BlockSetGrace = d.BlockSetGrace
+	}
+	if c.SessionKeepalive == 0 {
+		c.SessionKeepalive = d.SessionKeepalive
 	}
 	if c.ImportChunkBytes == 0 {
 		c.ImportChunkBytes = d.ImportChunkBytes
@@ -383,7 +437,8 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	for _, f := range []struct {
 		field string
 		d     time.Duration
-	}{{"lease_duration", c.LeaseDuration}, {"import_timeout", c.ImportTimeout}, {"peer_timeout", c.PeerTimeout}} {
+	}{{"lease_duration", c.LeaseDuration}, {"import_timeout", c.ImportTimeout}, {"peer_timeout", c.PeerTimeout},
+		{"block_set_grace", c.BlockSetGrace}, {"session_keepalive", c.SessionKeepalive}} {
 		if f.d < 0 {
 			return nil, bad(f.field, "%v is negative", f.d)
 		}
@@ -392,6 +447,12 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	// the wire carries milliseconds).
 	if c.LeaseDuration < time.Second || c.LeaseDuration > maxLeaseDuration {
 		return nil, bad("lease_duration", "%v is not in 1s..%v", c.LeaseDuration, maxLeaseDuration)
+	}
+	if c.SessionKeepalive < MinSessionKeepalive || c.SessionKeepalive > MaxSessionKeepalive {
+		return nil, bad("session_keepalive", "%v is not in %v..%v", c.SessionKeepalive, MinSessionKeepalive, MaxSessionKeepalive)
+	}
+	if c.BlockSetGrace > maxBlockSetGrace {
+		return nil, bad("block_set_grace", "%v is more than %v", c.BlockSetGrace, maxBlockSetGrace)
 	}
 	if c.ImportChunkBytes < minImportChunk || c.ImportChunkBytes > maxImportChunk {
 		return nil, bad("import_chunk_bytes", "%d is not in %d..%d", c.ImportChunkBytes, minImportChunk, maxImportChunk)
@@ -405,35 +466,73 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	if c.BlockSetSlots < 0 {
 		return nil, bad("block_set_slots", "%d is negative", c.BlockSetSlots)
 	}
-	if len(c.Pools) > 1 {
-		return nil, bad("pools", "%d pools: an agent has one pool until GPU pools arrive (host or pinned)", len(c.Pools))
+	var specs []PoolSpec
+	hostAt, everyGPU := -1, false
+	gpus := map[int]bool{}
+	for i, p := range c.Pools {
+		s, err := ParsePoolSpec(p)
+		if err != nil {
+			return nil, bad(fmt.Sprintf("pools[%d]", i), "%v", err)
+		}
+		switch {
+		case s.Kind != "device" && hostAt >= 0:
+			return nil, bad(fmt.Sprintf("pools[%d]", i), "%q: a second host or pinned pool (pools[%d] is one); an agent has one", p, hostAt)
+		case s.Kind != "device":
+			hostAt = i
+		case s.GPU < 0 && (everyGPU || len(gpus) > 0), s.GPU >= 0 && (everyGPU || gpus[s.GPU]):
+			return nil, bad(fmt.Sprintf("pools[%d]", i), "%q names a GPU that another device entry already sizes", p)
+		case s.GPU < 0:
+			everyGPU = true
+		default:
+			gpus[s.GPU] = true
+		}
+		specs = append(specs, s)
 	}
-	s, err := ParsePoolSpec(c.Pools[0])
-	if err != nil {
-		return nil, bad("pools[0]", "%v", err)
-	}
-	return []PoolSpec{s}, nil
+	return specs, nil
 }
 
-// ParsePoolSpec parses "KIND=SIZE", SIZE in bytes with an optional KiB,
-// MiB, GiB or TiB suffix.
+// maxGPUIndex bounds the N of device:N, far above any node's GPU count.
+const maxGPUIndex = 255
+
+// ParsePoolSpec parses one entry of Config.Pools: "host=SIZE",
+// "pinned=SIZE", "device=AMOUNT" or "device:N=AMOUNT", SIZE in bytes with
+// an optional KiB, MiB, GiB or TiB suffix, AMOUNT a SIZE or a fraction of
+// free memory with a point (0.5).
 func ParsePoolSpec(s string) (PoolSpec, error) {
 	kind, size, ok := strings.Cut(s, "=")
 	if !ok {
-		return PoolSpec{}, fmt.Errorf("%q is not KIND=SIZE (e.g. host=4GiB)", s)
+		return PoolSpec{}, fmt.Errorf("%q is not KIND=SIZE (e.g. host=4GiB, device=0.5)", s)
 	}
-	switch kind {
+	spec := PoolSpec{Kind: kind}
+	if k, n, ok := strings.Cut(kind, ":"); ok && k == "device" {
+		g, err := strconv.ParseUint(n, 10, 16)
+		if err != nil || g > maxGPUIndex {
+			return PoolSpec{}, fmt.Errorf("%q: GPU %q is not a CUDA index 0..%d", s, n, maxGPUIndex)
+		}
+		spec.Kind, spec.GPU = "device", int(g)
+	} else if kind == "device" {
+		spec.GPU = -1
+	}
+	switch spec.Kind {
 	case "host", "pinned":
-	case "gpu", "device":
-		return PoolSpec{}, fmt.Errorf("%q: GPU pools are not built yet (pool/cuda); use host or pinned", s)
+	case "device":
+		if strings.Contains(size, ".") {
+			f, err := strconv.ParseFloat(size, 64)
+			if err != nil || !(f > 0 && f <= 1) {
+				return PoolSpec{}, fmt.Errorf("%q: fraction %q of free GPU memory is not in (0, 1]", s, size)
+			}
+			spec.Fraction = f
+			return spec, nil
+		}
 	default:
-		return PoolSpec{}, fmt.Errorf("%q: unknown pool kind %q (host or pinned)", s, kind)
+		return PoolSpec{}, fmt.Errorf("%q: unknown pool kind %q (host, pinned, device or device:N)", s, kind)
 	}
 	n, err := ParseSize(size)
 	if err != nil {
 		return PoolSpec{}, fmt.Errorf("%q: %v", s, err)
 	}
-	return PoolSpec{Kind: kind, Size: n}, nil
+	spec.Size = n
+	return spec, nil
 }
 
 // ParseSize parses a byte count with an optional binary suffix.
@@ -552,7 +651,8 @@ func MarshalConfig(c Config) ([]byte, error) {
 	if err := json.Unmarshal(b, &fields); err != nil {
 		return nil, err
 	}
-	for key, d := range map[string]time.Duration{"lease_duration": c.LeaseDuration, "import_timeout": c.ImportTimeout, "peer_timeout": c.PeerTimeout} {
+	for key, d := range map[string]time.Duration{"lease_duration": c.LeaseDuration, "import_timeout": c.ImportTimeout, "peer_timeout": c.PeerTimeout,
+		"block_set_grace": c.BlockSetGrace, "session_keepalive": c.SessionKeepalive} {
 		if d != 0 {
 			fields[key] = d.String()
 		}

@@ -53,15 +53,27 @@ func TestValidateConfig(t *testing.T) {
 		{"bad log format", func(c *Config) { c.LogFormat = "xml" }, "log_format"},
 		{"negative lease", func(c *Config) { c.LeaseDuration = -time.Second }, "lease_duration"},
 		{"bad pool", func(c *Config) { c.Pools = []string{"host"} }, "pools[0]"},
-		{"gpu pool", func(c *Config) { c.Pools = []string{"gpu=1GiB"} }, "pools[0]"},
+		{"unknown pool kind", func(c *Config) { c.Pools = []string{"gpu=1GiB"} }, "pools[0]"},
 		{"zero pool", func(c *Config) { c.Pools = []string{"host=0"} }, "pools[0]"},
-		{"two pools", func(c *Config) { c.Pools = []string{"host=1GiB", "pinned=2GiB"} }, "pools"},
+		{"two host pools", func(c *Config) { c.Pools = []string{"host=1GiB", "pinned=2GiB"} }, "pools[1]"},
+		{"device fraction zero", func(c *Config) { c.Pools = []string{"device=0.0"} }, "pools[0]"},
+		{"device fraction past one", func(c *Config) { c.Pools = []string{"device=1.01"} }, "pools[0]"},
+		{"device size zero", func(c *Config) { c.Pools = []string{"device=0"} }, "pools[0]"},
+		{"device index past its bound", func(c *Config) { c.Pools = []string{"device:256=1GiB"} }, "pools[0]"},
+		{"device index not a number", func(c *Config) { c.Pools = []string{"device:x=1GiB"} }, "pools[0]"},
+		{"same GPU twice", func(c *Config) { c.Pools = []string{"device:1=1GiB", "device:1=0.5"} }, "pools[1]"},
+		{"every GPU and one GPU", func(c *Config) { c.Pools = []string{"device=1GiB", "device:0=1GiB"} }, "pools[1]"},
 		{"lease too long for holders", func(c *Config) { c.LeaseDuration = 10 * time.Minute }, "lease_duration"},
 		{"lease too short", func(c *Config) { c.LeaseDuration = time.Millisecond }, "lease_duration"},
 		{"import chunk a byte under its floor", func(c *Config) { c.ImportChunkBytes = minImportChunk - 1 }, "import_chunk_bytes"},
 		{"import chunk a byte over its ceiling", func(c *Config) { c.ImportChunkBytes = maxImportChunk + 1 }, "import_chunk_bytes"},
 		{"negative lease cap per peer", func(c *Config) { c.MaxLeasedPerPeer = -1 }, "max_leased_per_peer"},
 		{"negative lease cap", func(c *Config) { c.MaxLeased = -1 }, "max_leased"},
+		{"keepalive a nanosecond under its floor", func(c *Config) { c.SessionKeepalive = MinSessionKeepalive - 1 }, "session_keepalive"},
+		{"keepalive a nanosecond over its ceiling", func(c *Config) { c.SessionKeepalive = MaxSessionKeepalive + 1 }, "session_keepalive"},
+		{"negative keepalive", func(c *Config) { c.SessionKeepalive = -time.Second }, "session_keepalive"},
+		{"grace over its ceiling", func(c *Config) { c.BlockSetGrace = maxBlockSetGrace + 1 }, "block_set_grace"},
+		{"negative grace", func(c *Config) { c.BlockSetGrace = -time.Second }, "block_set_grace"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,6 +92,25 @@ func TestValidateConfig(t *testing.T) {
 	if err != nil || len(specs) != 1 || specs[0] != (PoolSpec{Kind: "host", Size: 1 << 30}) {
 		t.Fatalf("defaults: %v %v", specs, err)
 	}
+	// Device pools: every GPU, one GPU, a fraction at its bound 1, the
+	// highest index, beside a host pool.
+	c = DefaultLocalConfig()
+	c.Pools = []string{"pinned=64MiB", "device:0=0.5", "device:255=1.0", "device:3=2GiB"}
+	c.populate()
+	specs, err = c.validate()
+	want := []PoolSpec{{Kind: "pinned", Size: 64 << 20}, {Kind: "device", Fraction: 0.5}, {Kind: "device", Fraction: 1, GPU: 255},
+		{Kind: "device", Size: 2 << 30, GPU: 3}}
+	if err != nil || len(specs) != len(want) {
+		t.Fatalf("device pools: %v %v", specs, err)
+	}
+	for i := range want {
+		if specs[i] != want[i] {
+			t.Errorf("pools[%d] = %+v, want %+v", i, specs[i], want[i])
+		}
+	}
+	if s, err := ParsePoolSpec("device=0.25"); err != nil || s != (PoolSpec{Kind: "device", Fraction: 0.25, GPU: -1}) {
+		t.Errorf("device=0.25: %+v %v", s, err)
+	}
 	// Each bound is itself allowed.
 	for _, n := range []int64{minImportChunk, maxImportChunk} {
 		c := DefaultLocalConfig()
@@ -88,6 +119,26 @@ func TestValidateConfig(t *testing.T) {
 		if _, err := c.validate(); err != nil {
 			t.Errorf("import_chunk_bytes %d (a bound): %v", n, err)
 		}
+	}
+	for _, d := range []time.Duration{MinSessionKeepalive, MaxSessionKeepalive} {
+		c := DefaultLocalConfig()
+		c.SessionKeepalive = d
+		c.populate()
+		if _, err := c.validate(); err != nil {
+			t.Errorf("session_keepalive %v (a bound): %v", d, err)
+		}
+	}
+	c = DefaultLocalConfig()
+	c.BlockSetGrace = maxBlockSetGrace
+	c.populate()
+	if _, err := c.validate(); err != nil {
+		t.Errorf("block_set_grace %v (the bound): %v", maxBlockSetGrace, err)
+	}
+	// Zero takes the documented defaults.
+	c = Config{}
+	c.populate()
+	if c.SessionKeepalive != 5*time.Second || c.BlockSetGrace != 30*time.Second {
+		t.Errorf("zero keepalive and grace became %v and %v, want 5s and 30s", c.SessionKeepalive, c.BlockSetGrace)
 	}
 }
 
@@ -159,7 +210,7 @@ func TestMarshalConfigRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v in:\n%s", err, b)
 	}
-	if back.LeaseDuration != c.LeaseDuration || back.NodeName != c.NodeName || back.ImportChunkBytes != c.ImportChunkBytes ||
+	if back.LeaseDuration != c.LeaseDuration || back.SessionKeepalive != c.SessionKeepalive || back.BlockSetGrace != c.BlockSetGrace || back.NodeName != c.NodeName || back.ImportChunkBytes != c.ImportChunkBytes ||
 		strings.Join(back.Join, ",") != strings.Join(c.Join, ",") || back.EngineSocket != c.EngineSocket || back.DevCADir != c.DevCADir {
 		t.Fatalf("round trip changed the configuration:\n%s\nread back %+v", b, back)
 	}

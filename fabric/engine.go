@@ -30,49 +30,21 @@ const (
 // none (RegisterRequest.alignment 0): strides rounded to 4 KiB pages.
 const DefaultAlignment = 4096
 
-// engineSet is a block set made for engines, with the references the
-// engine API handed out on its slots, so that an engine can release only
-// what it holds.
+// engineSet is a block set made for engines, with the sessions that use
+// it and what each holds there, so that an engine can release only what it
+// holds and a session that ends gives back what it held.
 type engineSet struct {
 	set    *pool.BlockSet
 	engine string
 
-	mu   sync.Mutex
-	refs map[int]slotRef // by slot: references held through the engine API
-}
-
-type slotRef struct {
-	gen  uint64
-	refs int
-}
-
-// hold records a reference handed to the engine.
-func (s *engineSet) hold(b pool.Block) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.refs[b.Slot]
-	if r.gen != b.Generation {
-		r = slotRef{gen: b.Generation}
-	}
-	r.refs++
-	s.refs[b.Slot] = r
-}
-
-// drop returns a reference held by the engine on slot.
-func (s *engineSet) drop(slot int) (pool.Block, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, ok := s.refs[slot]
-	if !ok || r.refs == 0 {
-		return pool.Block{}, status.Errorf(codes.FailedPrecondition, "slot %d: the engine holds no reference on it", slot)
-	}
-	r.refs--
-	if r.refs == 0 {
-		delete(s.refs, slot)
-	} else {
-		s.refs[slot] = r
-	}
-	return pool.Block{Slot: slot, Generation: r.gen}, nil
+	mu    sync.Mutex
+	users map[uint64]*setUse // by session id
+	// idleSince is when the last session stopped using the set (zero while
+	// one does); freeTimer frees it after the grace period.
+	idleSince time.Time
+	freeTimer *time.Timer
+	timerGen  uint64 // which freeTimer is the live one
+	freed     bool
 }
 
 // engineServer implements the engine API over the agent.
@@ -103,15 +75,33 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 		Alignment:   align,
 		Slots:       int(req.GetSlots()),
 	}
-	set, err := e.a.blockSetFor(req.GetEngine(), tmpl)
+	sess, err := e.a.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	set, err := e.a.blockSetForSession(sess, req.GetEngine(), tmpl)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return e.a.describe(set)
+	return e.a.describe(set.engineSet)
+}
+
+// setFor returns block set id as the calling session sees it, making it
+// one of the sets the session uses.
+func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, error) {
+	sess, err := e.a.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	es, err := e.a.engineSet(id)
+	if err != nil {
+		return nil, err
+	}
+	return e.a.attach(sess, es)
 }
 
 func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateRequest) (*fabricpb.AllocateResponse, error) {
-	s, err := e.a.engineSet(req.GetBlockSet())
+	s, err := e.setFor(ctx, req.GetBlockSet())
 	if err != nil {
 		return nil, err
 	}
@@ -132,11 +122,11 @@ func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateReque
 }
 
 func (e *engineServer) Free(ctx context.Context, req *fabricpb.FreeRequest) (*fabricpb.FreeResponse, error) {
-	return &fabricpb.FreeResponse{}, e.giveBack(req.GetBlockSet(), req.GetSlots(), (*pool.BlockSet).Abort)
+	return &fabricpb.FreeResponse{}, e.giveBack(ctx, req.GetBlockSet(), req.GetSlots(), (*pool.BlockSet).Abort)
 }
 
 func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.RegisterBlocksRequest) (*fabricpb.RegisterBlocksResponse, error) {
-	s, err := e.a.engineSet(req.GetBlockSet())
+	s, err := e.setFor(ctx, req.GetBlockSet())
 	if err != nil {
 		return nil, err
 	}
@@ -152,58 +142,95 @@ func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.Registe
 	if req.GetParentSet() {
 		parent = req.GetParent()
 	}
-	out := &fabricpb.RegisterBlocksResponse{}
+	out := &fabricpb.RegisterBlocksResponse{Results: make([]*fabricpb.BlockResult, len(slots))}
+	var first error
 	for i, slot := range slots {
-		b, err := s.drop(int(slot))
-		if err != nil {
-			return out, err
-		}
-		if err := s.set.Commit(b); err != nil {
-			s.hold(b)
-			return out, toStatus(fmt.Errorf("slot %d: %w", slot, err))
-		}
-		reg, err := s.set.Register(b, hashes[i], parent)
-		if err != nil {
-			// Still the engine's, to free.
-			s.hold(b)
-			return out, toStatus(fmt.Errorf("slot %d: %w", slot, err))
-		}
-		s.hold(reg)
-		out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(reg.Slot), Duplicate: reg.Slot != b.Slot})
+		res := &fabricpb.BlockResult{Hash: hashes[i], RequestSlot: slot}
+		out.Results[i] = res
+		reg, err := s.register(int(slot), hashes[i], parent)
+		// The next block extends this one whether or not it was refused:
+		// its hash says so.
 		parent = hashes[i]
+		if err != nil {
+			st := toStatus(fmt.Errorf("slot %d: %w", slot, err))
+			res.Outcome, res.Reason, res.Code = fabricpb.Outcome_OUTCOME_REFUSED, status.Convert(st).Message(), uint32(status.Code(st))
+			if first == nil {
+				first = st
+			}
+			continue
+		}
+		res.Slot, res.Outcome = uint32(reg.Slot), fabricpb.Outcome_OUTCOME_REGISTERED
+		if reg.Slot != int(slot) {
+			res.Outcome = fabricpb.Outcome_OUTCOME_DUPLICATE
+		}
+		out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(reg.Slot), Duplicate: reg.Slot != int(slot)})
+	}
+	if len(out.Blocks) == 0 {
+		// Nothing done: a call error, with the first refusal's code.
+		return nil, first
 	}
 	return out, nil
 }
 
+// register commits and registers one of the session's allocated slots;
+// on an error the slot stays the session's.
+func (s *sessionSet) register(slot int, hash, parent uint64) (pool.Block, error) {
+	b, err := s.drop(slot)
+	if err != nil {
+		return pool.Block{}, err
+	}
+	if err := s.set.Commit(b); err != nil {
+		s.hold(b)
+		return pool.Block{}, err
+	}
+	reg, err := s.set.Register(b, hash, parent)
+	if err != nil {
+		s.hold(b)
+		return pool.Block{}, err
+	}
+	s.hold(reg)
+	return reg, nil
+}
+
 func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest) (*fabricpb.AcquireResponse, error) {
-	s, err := e.a.engineSet(req.GetBlockSet())
+	s, err := e.setFor(ctx, req.GetBlockSet())
 	if err != nil {
 		return nil, err
 	}
 	if n := len(req.GetHashes()); n > maxRequestBlocks {
 		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d (at most %d)", n, maxRequestBlocks)
 	}
-	out := &fabricpb.AcquireResponse{}
-	for _, h := range req.GetHashes() {
+	out := &fabricpb.AcquireResponse{Results: make([]*fabricpb.BlockResult, len(req.GetHashes()))}
+	missing := false
+	for i, h := range req.GetHashes() {
+		res := &fabricpb.BlockResult{Hash: h}
+		out.Results[i] = res
+		if missing {
+			res.Outcome, res.Reason = fabricpb.Outcome_OUTCOME_SKIPPED, "an earlier block is missing"
+			continue
+		}
 		b, ok := s.set.Acquire(h)
 		if !ok {
-			break
+			missing = true
+			res.Outcome, res.Reason, res.Code = fabricpb.Outcome_OUTCOME_MISSING, "not held in this block set", uint32(codes.NotFound)
+			continue
 		}
 		s.hold(b)
+		res.Slot, res.Outcome = uint32(b.Slot), fabricpb.Outcome_OUTCOME_ACQUIRED
 		out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
 	}
 	return out, nil
 }
 
 func (e *engineServer) Release(ctx context.Context, req *fabricpb.ReleaseRequest) (*fabricpb.ReleaseResponse, error) {
-	return &fabricpb.ReleaseResponse{}, e.giveBack(req.GetBlockSet(), req.GetSlots(), (*pool.BlockSet).Release)
+	return &fabricpb.ReleaseResponse{}, e.giveBack(ctx, req.GetBlockSet(), req.GetSlots(), (*pool.BlockSet).Release)
 }
 
 // giveBack returns the engine's references on slots to the pool with op
 // (Abort for slots never registered, Release for blocks), slot by slot; a
 // slot the pool refuses keeps its reference, and the error names it.
-func (e *engineServer) giveBack(set uint64, slots []uint32, op func(*pool.BlockSet, pool.Block) error) error {
-	s, err := e.a.engineSet(set)
+func (e *engineServer) giveBack(ctx context.Context, set uint64, slots []uint32, op func(*pool.BlockSet, pool.Block) error) error {
+	s, err := e.setFor(ctx, set)
 	if err != nil {
 		return err
 	}
@@ -362,7 +389,7 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 }
 
 func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) (*fabricpb.ImportResponse, error) {
-	s, err := e.a.engineSet(req.GetBlockSet())
+	s, err := e.setFor(ctx, req.GetBlockSet())
 	if err != nil {
 		return nil, err
 	}
@@ -389,7 +416,22 @@ func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	res := e.a.importBlocks(ctx, s, hashes, ts)
-	out := &fabricpb.ImportResponse{Blocks: res.refs, Fetches: res.fetches}
+	out := &fabricpb.ImportResponse{Blocks: res.refs, Fetches: res.fetches, Results: make([]*fabricpb.BlockResult, len(hashes))}
+	for i, h := range hashes {
+		r := &fabricpb.BlockResult{Hash: h}
+		switch {
+		case i < len(res.refs) && res.here[i]:
+			r.Slot, r.Outcome = res.refs[i].GetSlot(), fabricpb.Outcome_OUTCOME_LOCAL
+		case i < len(res.refs):
+			r.Slot, r.Outcome = res.refs[i].GetSlot(), fabricpb.Outcome_OUTCOME_IMPORTED
+		default:
+			r.Outcome, r.Code = fabricpb.Outcome_OUTCOME_MISSING, uint32(importCode(res.err))
+			if res.err != nil {
+				r.Reason = res.err.Error()
+			}
+		}
+		out.Results[i] = r
+	}
 	if res.err != nil {
 		out.Error = res.err.Error()
 		if len(res.refs) == 0 {
@@ -433,7 +475,7 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		out.Members = append(out.Members, &fabricpb.Member{Node: d.Name, GossipAddr: d.Addr.String(), PeerAddr: d.Meta.PeerAddr,
 			State: state, SinceUnixMs: d.Since.UnixMilli()})
 	}
-	p := &fabricpb.Pool{Kind: a.poolKind, SizeBytes: a.storage.Size()}
+	p := &fabricpb.Pool{Kind: a.poolKind, SizeBytes: a.storage.Size(), Device: int32(a.gpu), RdmaRegistration: a.rdmaReg}
 	for _, s := range a.engineSets() {
 		p.BlockSets++
 		for _, r := range s.set.Layout().Regions {
@@ -449,6 +491,14 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 			TpSize: uint32(l.TPSize), PageSize: uint32(l.PageSize), Slots: uint32(m.Slots),
 			Free: uint32(m.Free), Registered: uint32(m.Registered), Leased: uint32(m.Leased),
 		})
+		s.mu.Lock()
+		bs := out.BlockSets[len(out.BlockSets)-1]
+		bs.Sessions = uint32(len(s.users))
+		if !s.idleSince.IsZero() {
+			bs.IdleSinceUnixMs = s.idleSince.UnixMilli()
+		}
+		s.mu.Unlock()
 	}
+	out.Sessions = a.sessionsStatus()
 	return out, nil
 }

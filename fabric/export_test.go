@@ -19,6 +19,10 @@ func BeforeServeRelease(c *Config, f func(peer string, lease uint64) bool) {
 	c.hooks.beforeServeRelease = f
 }
 
+// SetStageBytes makes an agent started with c stage the reads it serves out
+// of GPU memory n bytes at a time instead of stageServeBytes.
+func SetStageBytes(c *Config, n uint64) { c.hooks.stageBytes = n }
+
 // ImportChunks is how many chunks a imported whole.
 func ImportChunks(a *Agent) uint64 { return a.stats.importChunks.Load() }
 
@@ -28,3 +32,23 @@ func LeaseRenewals(a *Agent) uint64 { return a.stats.leaseRenewals.Load() }
 // Suspect says whether a tries holder after the others, because it just
 // failed an import.
 func Suspect(a *Agent, holder string) bool { return a.suspects.has(holder) }
+
+// SetPeerMemoryPaths replaces the files whose presence says a peer-memory
+// client is loaded, until the returned function restores them. Tests that
+// call it must not run in parallel.
+func SetPeerMemoryPaths(paths []string) (restore func()) {
+	old := peerMemoryPaths
+	peerMemoryPaths = paths
+	return func() { peerMemoryPaths = old }
+}
+
+// SetSysfsRoot makes an agent started with c read PCI topology under root.
+func SetSysfsRoot(c *Config, root string) { c.hooks.sysfsRoot = root }
+
+// RDMADeviceName is the RDMA device a uses, "" when RDMA is off.
+func RDMADeviceName(a *Agent) string {
+	if a.rdmaDev == nil {
+		return ""
+	}
+	return a.rdmaDev.Info().Name
+}

@@ -65,7 +65,7 @@ func (c *leasedChunk) present() int {
 // before fails to release is discarded. When a chunk fails, the chunks
 // registered before it are returned with the error: they arrived whole
 // under confirmed leases and are the engine's.
-func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *engineSet, want pages, parent uint64) ([]*fabricpb.BlockRef, uint64, string, error) {
+func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionSet, want pages, parent uint64) ([]*fabricpb.BlockRef, uint64, string, error) {
 	peer, err := a.peers.get(ctx, a.transport, holder.Name, holder.Meta.PeerAddr)
 	if err != nil {
 		return nil, 0, "", err
@@ -262,7 +262,7 @@ type arrivedChunk struct {
 	a       *Agent
 	peer    *transfer.Peer
 	keeper  *leaseKeeper
-	s       *engineSet
+	s       *sessionSet
 	id      uint64 // the lease
 	askedAt time.Time
 	blocks  []pool.Block
@@ -283,7 +283,7 @@ type finishedChunk struct {
 // lease holds whole, into new slots of s. On failure the lease is given
 // back and the slots freed; on success both are the caller's, to finish
 // or discard.
-func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *engineSet, c *leasedChunk, part pages, moved *transports) (*arrivedChunk, error) {
+func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *sessionSet, c *leasedChunk, part pages, moved *transports) (*arrivedChunk, error) {
 	id := c.lease.ID
 	kept := false
 	defer func() {
@@ -336,16 +336,12 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	if err != nil {
 		return nil, requestError{err}
 	}
-	regions, err := s.set.RegionBytes()
-	if err != nil {
-		return nil, localError{err}
-	}
 	var segs []layout.Segment
 	for _, r := range plan.Ranks {
 		segs = append(segs, r...)
 	}
 	readStart := time.Now()
-	via, err := peer.ReadVia(c.kept.ctx, id, set, segs, regions)
+	via, err := a.readInto(c.kept.ctx, peer, id, set, segs, s.set)
 	if err != nil {
 		if cause := context.Cause(c.kept.ctx); errors.Is(cause, errLeaseLost) {
 			err = cause

@@ -35,7 +35,17 @@ const (
 	helperNSEnv     = "KVFABRIC_TEST_PARENT_PIDNS"
 )
 
+// TestMain runs the test binary as one of the tests' engine processes when
+// asked to by the environment: the session tests' engine that is killed,
+// or the handoff tests' engine in another PID namespace.
 func TestMain(m *testing.M) {
+	if sock := os.Getenv(engineHelperEnv); sock != "" {
+		if err := runEngineHelper(sock); err != nil {
+			fmt.Fprintln(os.Stderr, "engine helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if mode := os.Getenv(helperEnv); mode != "" {
 		if err := engineHelper(mode); err != nil {
 			fmt.Fprintln(os.Stderr, "engine helper:", err)

@@ -13,4 +13,10 @@ type testHooks struct {
 	// beforeServeRelease runs on the holder before it releases a lease;
 	// false makes it answer that the lease had expired.
 	beforeServeRelease func(peer string, lease uint64) bool
+	// stageBytes replaces stageServeBytes when non-zero, so that small
+	// reads show the batching of staged serving.
+	stageBytes uint64
+	// sysfsRoot replaces /sys where the agent reads PCI topology, so that
+	// a fake tree decides which RDMA device is nearest the GPU.
+	sysfsRoot string
 }

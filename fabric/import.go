@@ -26,6 +26,9 @@ type importResult struct {
 	refs    []*fabricpb.BlockRef
 	fetches []*fabricpb.Fetch
 	err     error // why the rest is missing: an *importError
+	// here[i]: refs[i] was in the set already (or brought by another
+	// import of this node), not brought by this one.
+	here []bool
 }
 
 // errNoHolder says that no node holds the blocks.
@@ -59,7 +62,7 @@ func (e *importError) Unwrap() error { return e.cause }
 // longest prefix first, then least load. An import asked for by tokens
 // (ts not nil) also looks, where no holder has the next block at the
 // engine's page size, for holders of smaller pages that divide it.
-func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64, ts *tokenSource) importResult {
+func (a *Agent) importBlocks(ctx context.Context, s *sessionSet, hashes []uint64, ts *tokenSource) importResult {
 	defer func(start time.Time) { a.stats.importTime.record(time.Since(start)) }(time.Now())
 	a.stats.imports.Add(1)
 	a.stats.inflight.Add(1)
@@ -77,6 +80,7 @@ func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64,
 			}
 			s.hold(b)
 			res.refs = append(res.refs, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
+			res.here = append(res.here, true)
 		}
 		rest := hashes[len(res.refs):]
 		if len(rest) == 0 {
@@ -107,6 +111,7 @@ func (a *Agent) importBlocks(ctx context.Context, s *engineSet, hashes []uint64,
 		}
 		a.flights.finish(s.set.ID(), rest[0], f)
 		res.refs = append(res.refs, refs...)
+		res.here = append(res.here, make([]bool, len(refs))...)
 		if fetch != nil {
 			res.fetches = append(res.fetches, fetch)
 		}
@@ -145,7 +150,7 @@ func parentOf(hashes []uint64, i int) uint64 {
 // numbered from from in the sequence ts names, from holders whose page
 // divides the engine's, trying the largest such page that some holder
 // serves at least one whole engine block of.
-func (a *Agent) importSmallerPages(ctx context.Context, s *engineSet, ts *tokenSource, from int, rest []uint64, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+func (a *Agent) importSmallerPages(ctx context.Context, s *sessionSet, ts *tokenSource, from int, rest []uint64, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
 	var (
 		refs  []*fabricpb.BlockRef
 		fetch *fabricpb.Fetch
@@ -165,7 +170,7 @@ func (a *Agent) importSmallerPages(ctx context.Context, s *engineSet, ts *tokenS
 // holder that serves them, trying the next when a holder fails. Blocks
 // registered before a failure are returned with it: they are the
 // engine's. A local failure or the end of ctx stops the search.
-func (a *Agent) importFromHolders(ctx context.Context, s *engineSet, want pages, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+func (a *Agent) importFromHolders(ctx context.Context, s *sessionSet, want pages, parent uint64, tried *int, failures *[]string) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
 	cands := a.candidates(want.src, want.k)
 	if len(cands) == 0 {
 		return nil, nil, errNoHolder
@@ -269,7 +274,7 @@ func (a *Agent) candidates(hashes []uint64, k int) []candidate {
 // under hashes (in order, after parent), referencing each for the engine.
 // On an error the blocks already registered are kept and returned, and
 // the rest are freed.
-func (s *engineSet) registerFilled(blocks []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, error) {
+func (s *sessionSet) registerFilled(blocks []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, error) {
 	refs := make([]*fabricpb.BlockRef, 0, len(blocks))
 	for i, b := range blocks {
 		err := s.set.Commit(b)

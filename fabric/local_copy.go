@@ -12,11 +12,11 @@ import (
 // fromLocal copies the leading blocks of hashes that another of this
 // node's block sets holds (an engine with another layout of the same
 // model) into s. It returns no blocks, and no error, when none holds them.
-func (a *Agent) fromLocal(s *engineSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+func (a *Agent) fromLocal(s *sessionSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
 	dst := s.set.Layout()
 	for _, o := range a.engineSets() {
 		src := o.set.Layout()
-		if o == s || src.Model != dst.Model || src.PageSize != dst.PageSize {
+		if o == s.engineSet || src.Model != dst.Model || src.PageSize != dst.PageSize {
 			continue
 		}
 		// References keep the source blocks from being recycled while
@@ -33,7 +33,7 @@ func (a *Agent) fromLocal(s *engineSet, hashes []uint64, parent uint64) ([]*fabr
 			continue
 		}
 		start := time.Now()
-		refs, bytes, err := copyBlocks(o.set, s, held, hashes[:len(held)], parent)
+		refs, bytes, err := a.copyBlocks(o.set, s, held, hashes[:len(held)], parent)
 		for _, b := range held {
 			o.set.Release(b)
 		}
@@ -47,7 +47,7 @@ func (a *Agent) fromLocal(s *engineSet, hashes []uint64, parent uint64) ([]*fabr
 }
 
 // copyBlocks copies src's blocks into new slots of s and registers them.
-func copyBlocks(src *pool.BlockSet, s *engineSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+func (a *Agent) copyBlocks(src *pool.BlockSet, s *sessionSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
 	blocks, err := s.set.Allocate(len(from))
 	if err != nil {
 		return nil, 0, fmt.Errorf("local slots: %w", err)
@@ -57,7 +57,9 @@ func copyBlocks(src *pool.BlockSet, s *engineSet, from []pool.Block, hashes []ui
 		pairs[i] = layout.SlotPair{Src: from[i].Slot, Dst: blocks[i].Slot}
 	}
 	plan, err := layout.NewPlan(src.Layout(), s.set.Layout(), pairs)
-	if err == nil {
+	if err == nil && a.host == nil {
+		err = a.copyOnDevice(plan, src.Layout(), s.set.Layout())
+	} else if err == nil {
 		var srcMem, dstMem [][]byte
 		if srcMem, err = src.RegionBytes(); err == nil {
 			if dstMem, err = s.set.RegionBytes(); err == nil {

@@ -253,10 +253,27 @@ func (h *peerService) Region(blockSet uint64, rank int) ([]byte, error) {
 		return nil, fmt.Errorf("%w: block set %d", transfer.ErrNotFound, blockSet)
 	}
 	b, err := set.RankBytes(rank)
+	if errors.Is(err, pool.ErrNotHostMemory) {
+		return nil, fmt.Errorf("%w: block set %d is in GPU memory", transfer.ErrNeedsRDMA, blockSet)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: block set %d rank %d: %v", transfer.ErrNotFound, blockSet, rank, err)
 	}
 	return b, nil
+}
+
+// RegionSpan is where rank's region of blockSet lies, host memory or GPU
+// memory (transfer.RegionSpanner).
+func (h *peerService) RegionSpan(blockSet uint64, rank int) (transfer.Span, error) {
+	set, err := h.a.pool.BlockSet(pool.SetID(blockSet))
+	if err != nil {
+		return transfer.Span{}, fmt.Errorf("%w: block set %d", transfer.ErrNotFound, blockSet)
+	}
+	l := set.Layout()
+	if rank < 0 || rank >= len(l.Regions) {
+		return transfer.Span{}, fmt.Errorf("%w: block set %d rank %d of %d", transfer.ErrNotFound, blockSet, rank, len(l.Regions))
+	}
+	return transfer.Span{Addr: l.Regions[rank].Base, Len: l.Regions[rank].Size}, nil
 }
 
 // engineSets returns the block sets in id order.

@@ -3,8 +3,10 @@ package fabric
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
+	"github.com/kvfabric/kvfabric/pool/cuda"
 	"github.com/kvfabric/kvfabric/rdma"
 	"github.com/kvfabric/kvfabric/transfer"
 )
@@ -34,7 +36,7 @@ func (a *Agent) openRDMA() (*transfer.RDMAConfig, error) {
 
 func (a *Agent) openRDMADevice() (*rdma.Device, error) {
 	c := &a.cfg
-	lib, err := rdma.Open(rdma.Config{Library: c.RDMALibrary, Logger: a.log})
+	lib, err := rdma.Open(rdma.Config{Library: c.RDMALibrary, Logger: a.log, SysfsRoot: c.hooks.sysfsRoot})
 	if err != nil {
 		return nil, err
 	}
@@ -45,17 +47,20 @@ func (a *Agent) openRDMADevice() (*rdma.Device, error) {
 			lib.Close()
 			return nil, err
 		}
+		var active []rdma.DeviceInfo
 		for _, d := range devs {
 			for _, p := range d.Ports {
-				if p.Active && p.Number == c.RDMAPort && name == "" {
-					name = d.Name
+				if p.Active && p.Number == c.RDMAPort {
+					active = append(active, d)
+					break
 				}
 			}
 		}
-		if name == "" {
+		if len(active) == 0 {
 			lib.Close()
 			return nil, fmt.Errorf("%w: none of %d RDMA devices has port %d active", rdma.ErrUnavailable, len(devs), c.RDMAPort)
 		}
+		name = a.pickNIC(active)
 	}
 	dev, err := lib.OpenDevice(name, c.RDMAPort)
 	if err != nil {
@@ -66,6 +71,25 @@ func (a *Agent) openRDMADevice() (*rdma.Device, error) {
 	return dev, nil
 }
 
+// pickNIC chooses, among the devices with an active port, the one for the
+// pool: for GPU memory, the device nearest the GPU in PCI topology (one
+// behind the same PCIe switch moves data peer to peer; one across the
+// socket halves the bandwidth, the most common mistake of every fabric);
+// for host memory, the first. --rdma-device overrides it.
+func (a *Agent) pickNIC(active []rdma.DeviceInfo) string {
+	if a.gpu < 0 || a.cuda == nil {
+		return active[0].Name
+	}
+	bus := a.cuda.Devices()[a.gpu].PCIBusID
+	d, err := rdma.ClosestDevice(bus, active, a.cfg.hooks.sysfsRoot)
+	if err != nil {
+		a.log.Warn("RDMA device nearest the GPU unknown: using the first active one", "gpu", a.gpu, "pci_bus_id", bus, "device", active[0].Name, "err", err)
+		return active[0].Name
+	}
+	a.log.Info("RDMA device for the GPU pool", "gpu", a.gpu, "pci_bus_id", bus, "device", d.Name, "device_pci", d.PCIAddress)
+	return d.Name
+}
+
 // registerPools registers the pool memory with the RDMA device, once, at
 // start: peers read leased blocks from it and this node's reads land in
 // it. Registration pins every page; it is logged with what it cost. A
@@ -73,6 +97,9 @@ func (a *Agent) openRDMADevice() (*rdma.Device, error) {
 func (a *Agent) registerPools() error {
 	if !a.transport.RDMAEnabled() {
 		return nil
+	}
+	if dm, ok := a.storage.(*cuda.DeviceMemory); ok {
+		return a.registerDevicePool(dm)
 	}
 	buf := a.storage.Bytes()
 	if buf == nil {
@@ -89,6 +116,64 @@ func (a *Agent) registerPools() error {
 	}
 	a.log.Info("pool registered for RDMA", "bytes", st.Bytes, "took", st.Duration, "total", time.Since(start))
 	return nil
+}
+
+// registerDevicePool registers the GPU pool with the RDMA device so that
+// peers read it and imports land in it with no host copy: by dma-buf
+// (cuMemGetHandleForAddressRange on the allocation base, then
+// ibv_reg_dmabuf_mr), else by the device pointer through the kernel's
+// peer-memory client where it is loaded, as NCCL falls back. Which one is
+// logged and shown in status; with neither, the pool's blocks cannot move
+// between nodes (the staged QUIC path is not built), which is logged as a
+// warning, or refused at start with rdma=on.
+func (a *Agent) registerDevicePool(dm *cuda.DeviceMemory) error {
+	start := time.Now()
+	var dmaErr, ptrErr error
+	f, err := dm.Dmabuf()
+	if err == nil {
+		st, rerr := a.transport.RegisterDmabuf(f, dm.Addr(), dm.Size())
+		f.Close()
+		if rerr == nil {
+			a.rdmaReg = "dmabuf"
+			a.log.Info("device pool registered for RDMA by dma-buf", "gpu", a.gpu, "bytes", st.Bytes, "took", st.Duration, "total", time.Since(start))
+			return nil
+		}
+		err = rerr
+	}
+	dmaErr = err
+	if mod, ok := peerMemoryModule(); ok {
+		st, err := a.transport.RegisterAddr(dm.Addr(), dm.Size())
+		if err == nil {
+			a.rdmaReg = "peer-memory"
+			a.log.Info("device pool registered for RDMA by device pointer (peer memory)", "gpu", a.gpu, "module", mod,
+				"bytes", st.Bytes, "took", st.Duration, "dmabuf_err", dmaErr.Error())
+			return nil
+		}
+		ptrErr = err
+	} else {
+		ptrErr = errors.New("no peer-memory module (nvidia-peermem) is loaded")
+	}
+	err = fmt.Errorf("dma-buf: %w; device pointer: %w", dmaErr, ptrErr)
+	if a.cfg.RDMA == "on" {
+		return fmt.Errorf("%w: rdma=on: device pool: %w", ErrConfig, err)
+	}
+	a.log.Warn("RDMA registration of the device pool failed: its blocks cannot move between nodes (QUIC into GPU memory needs the staged path, not built)",
+		"gpu", a.gpu, "bytes", dm.Size(), "err", err)
+	return nil
+}
+
+// peerMemoryPaths are where a loaded peer-memory client shows itself, the
+// files NCCL checks for GPUDirect RDMA without dma-buf.
+var peerMemoryPaths = []string{"/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/module/nvidia_peermem/version", "/sys/module/nv_peer_mem/version"}
+
+// peerMemoryModule says whether a peer-memory client is loaded, and which.
+func peerMemoryModule() (string, bool) {
+	for _, p := range peerMemoryPaths {
+		if _, err := os.Stat(p); err == nil {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 // closeRDMA closes the device and library after the transport.

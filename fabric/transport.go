@@ -31,7 +31,8 @@ func (a *Agent) startTransport() error {
 	tcfg.Members = transfer.MemberFunc(a.isMember)
 	tcfg.Handler = a.service
 	tcfg.PeerGone = func(peer string) { a.service.peerGone(peer, "its connections closed") }
-	tcfg.Logger = a.log
+	// The transport names the node in its records itself.
+	tcfg.Logger = a.baseLog
 	// An import fails over from a silent holder within PeerTimeout: any
 	// call to it (dial, control call, read) gives up after half of it,
 	// leaving the other half to start on the next holder.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvfabric/kvfabric/layout"
 )
@@ -85,8 +86,10 @@ type BlockSet struct {
 	lay     *layout.Layout
 	strides layout.Strides
 	offsets []uint64
-	low     int // recycle when free falls below this...
-	high    int // ...until this many are free
+	low     int         // recycle when free falls below this...
+	high    int         // ...until this many are free
+	span    span        // the storage it occupies, set by NewBlockSet
+	freed   atomic.Bool // by FreeBlockSet
 
 	mu         sync.Mutex
 	slots      []slot
@@ -158,6 +161,10 @@ func (b *BlockSet) RankBytes(rank int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if b.freed.Load() {
+		// The memory may be another set's by now.
+		return nil, fmt.Errorf("%w: %d was freed", ErrUnknownBlockSet, b.id)
+	}
 	mem := b.p.storage.Bytes()
 	if mem == nil {
 		return nil, fmt.Errorf("%w: %s storage", ErrNotHostMemory, b.p.storage.Kind())
@@ -217,6 +224,10 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 	}
 	start, timed := sampleStart()
 	b.mu.Lock()
+	if b.freed.Load() {
+		b.mu.Unlock()
+		return dst, fmt.Errorf("%w: %d was freed", ErrUnknownBlockSet, b.id)
+	}
 	if free := len(b.free); free < n {
 		if free+b.inactive < n {
 			err := &AllocError{Asked: n, Free: free, Inactive: b.inactive}

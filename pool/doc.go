@@ -15,7 +15,11 @@
 //
 // A [Pool] carves [BlockSet]s from one Storage: one region per TP rank,
 // page aligned, at [BlockSet.RegionOffset], so that slot s of rank r sits
-// where the block set's [layout.Layout] says.
+// where the block set's [layout.Layout] says. [Pool.FreeBlockSet] gives a
+// set's memory back once nothing in it is allocated, referenced or leased
+// (its registered blocks leave with remove events); new sets take freed
+// memory first fit before carving past the last set, and set ids are never
+// reused.
 //
 // # Lifecycle
 //

@@ -46,6 +46,9 @@ var (
 	// ErrOutOfMemory is returned when the pool's storage cannot hold a new
 	// block set.
 	ErrOutOfMemory = errors.New("pool: storage full")
+	// ErrBlockSetBusy is returned by FreeBlockSet while a slot of the set
+	// is allocated, referenced or leased.
+	ErrBlockSetBusy = errors.New("pool: block set in use")
 )
 
 // AllocError says why an allocation failed. It matches ErrExhausted.

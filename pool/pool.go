@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,9 +23,10 @@ type Pool struct {
 	storage Storage
 	page    uint64
 
-	mu   sync.RWMutex // guards sets and next
-	sets []*BlockSet  // sets[id-1]
-	next uint64       // first uncarved byte of storage
+	mu    sync.RWMutex // guards sets, next and holes
+	sets  []*BlockSet  // sets[id-1]; nil once freed, so that ids are never reused
+	next  uint64       // first uncarved byte of storage
+	holes []span       // freed storage below next, by offset, never adjacent
 
 	leaseMu  sync.Mutex
 	leaseIdx map[LeaseID]*BlockSet
@@ -149,30 +151,153 @@ func (p *Pool) NewBlockSet(tmpl *layout.Layout) (*BlockSet, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	base := p.storage.Addr()
-	offsets := make([]uint64, l.TPSize)
-	next := p.next
-	for r := range l.TPSize {
-		abs, ok := alignUp(base+next, align)
-		if !ok {
-			return nil, fmt.Errorf("%w: region %d does not fit the address space", ErrOutOfMemory, r)
+	// First fit in the memory of freed sets, else past the last carved byte.
+	hole := -1
+	var offsets []uint64
+	for i, h := range p.holes {
+		if o, end, ok := carve(base, h.start, h.end, align, st.Region, l.TPSize); ok && end <= h.end {
+			hole, offsets = i, o
+			break
 		}
-		off := abs - base
-		end := off + st.Region
-		if end < off || end > p.storage.Size() {
-			return nil, fmt.Errorf("%w: block set needs %d regions of %d bytes, %d of %d bytes left",
-				ErrOutOfMemory, l.TPSize, st.Region, p.storage.Size()-min(p.next, p.storage.Size()), p.storage.Size())
+	}
+	if hole < 0 {
+		o, end, ok := carve(base, p.next, p.storage.Size(), align, st.Region, l.TPSize)
+		if !ok || end > p.storage.Size() {
+			return nil, fmt.Errorf("%w: block set needs %d regions of %d bytes, %d of %d bytes left (%d in %d freed holes)",
+				ErrOutOfMemory, l.TPSize, st.Region, p.storage.Size()-min(p.next, p.storage.Size()), p.storage.Size(),
+				p.holeBytes(), len(p.holes))
 		}
-		offsets[r] = off
-		l.Regions[r] = layout.Region{Base: abs, Size: st.Region, Device: p.storage.Device(), Kind: p.storage.Kind()}
-		next = end
+		offsets = o
+	}
+	for r, off := range offsets {
+		l.Regions[r] = layout.Region{Base: base + off, Size: st.Region, Device: p.storage.Device(), Kind: p.storage.Kind()}
 	}
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: carved block set layout: %w", ErrInvalidConfig, err)
 	}
-	p.next = next
+	sp := span{start: offsets[0], end: offsets[len(offsets)-1] + st.Region}
+	if hole >= 0 {
+		h := p.holes[hole]
+		var keep []span
+		if h.start < sp.start {
+			keep = append(keep, span{h.start, sp.start})
+		}
+		if sp.end < h.end {
+			keep = append(keep, span{sp.end, h.end})
+		}
+		p.holes = append(p.holes[:hole], append(keep, p.holes[hole+1:]...)...)
+	} else {
+		if p.next < sp.start {
+			p.addHole(span{p.next, sp.start})
+		}
+		p.next = sp.end
+	}
 	b := newBlockSet(p, SetID(len(p.sets)+1), l, st, offsets)
+	b.span = sp
 	p.sets = append(p.sets, b)
 	return b, nil
+}
+
+// span is a byte range [start, end) of the storage.
+type span struct{ start, end uint64 }
+
+// carve places n regions of size bytes, each aligned, from offset from of
+// the storage at base; it returns their offsets and where the last ends.
+// ok is false when the arithmetic overflows or the end passes limit.
+func carve(base, from, limit, align, size uint64, n int) (offsets []uint64, end uint64, ok bool) {
+	offsets = make([]uint64, n)
+	next := from
+	for r := range n {
+		abs, ok := alignUp(base+next, align)
+		if !ok {
+			return nil, 0, false
+		}
+		off := abs - base
+		end := off + size
+		if end < off || end > limit {
+			return nil, 0, false
+		}
+		offsets[r] = off
+		next = end
+	}
+	return offsets, next, true
+}
+
+// addHole records freed storage, merging it with its neighbours, and gives
+// a hole that reaches next back to the uncarved end. p.mu is held.
+func (p *Pool) addHole(h span) {
+	i := sort.Search(len(p.holes), func(i int) bool { return p.holes[i].start >= h.start })
+	p.holes = append(p.holes, span{})
+	copy(p.holes[i+1:], p.holes[i:])
+	p.holes[i] = h
+	if i+1 < len(p.holes) && p.holes[i].end == p.holes[i+1].start {
+		p.holes[i].end = p.holes[i+1].end
+		p.holes = append(p.holes[:i+1], p.holes[i+2:]...)
+	}
+	if i > 0 && p.holes[i-1].end == p.holes[i].start {
+		p.holes[i-1].end = p.holes[i].end
+		p.holes = append(p.holes[:i], p.holes[i+1:]...)
+	}
+	if last := len(p.holes) - 1; last >= 0 && p.holes[last].end == p.next {
+		p.next = p.holes[last].start
+		p.holes = p.holes[:last]
+	}
+}
+
+func (p *Pool) holeBytes() uint64 {
+	var n uint64
+	for _, h := range p.holes {
+		n += h.end - h.start
+	}
+	return n
+}
+
+// FreeBlockSet gives a block set's memory back to the pool for new block
+// sets. Its registered blocks are evicted first, each with a remove event.
+// It refuses, changing nothing, with an error matching ErrBlockSetBusy
+// while any slot is allocated (Partial or Complete), referenced or leased.
+// The set's id is never reused; calls on the freed set fail with
+// ErrUnknownBlockSet, and BlockSet and BlockSets no longer return it.
+func (p *Pool) FreeBlockSet(id SetID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if id == 0 || uint64(id) > uint64(len(p.sets)) || p.sets[id-1] == nil {
+		return fmt.Errorf("%w: %d", ErrUnknownBlockSet, id)
+	}
+	b := p.sets[id-1]
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var allocated, used int
+	for i := range b.slots {
+		s := &b.slots[i]
+		switch {
+		case s.state == Partial || s.state == Complete:
+			allocated++
+		case s.state == Registered && (s.users > 0 || s.leases > 0):
+			used++
+		}
+	}
+	if allocated > 0 || used > 0 || len(b.leases) > 0 {
+		return fmt.Errorf("%w: block set %d has %d slots allocated, %d blocks referenced or leased, %d leases",
+			ErrBlockSetBusy, id, allocated, used, len(b.leases))
+	}
+	for i := range b.slots {
+		s := &b.slots[i]
+		if s.state != Registered {
+			continue
+		}
+		b.evictions++
+		b.p.events.push(Event{Kind: EventRemove, Set: b.id, Slot: i, Hash: s.hash, Parent: s.parent})
+		s.state = Reset
+		s.gen++
+	}
+	b.registry = map[uint64]int32{}
+	b.evictable, b.free = nil, nil
+	b.registered, b.inactive = 0, 0
+	b.freed.Store(true)
+	p.sets[id-1] = nil
+	p.addHole(b.span)
+	return nil
 }
 
 func alignUp(v, a uint64) (uint64, bool) {
@@ -184,7 +309,7 @@ func alignUp(v, a uint64) (uint64, bool) {
 func (p *Pool) BlockSet(id SetID) (*BlockSet, error) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	if id == 0 || uint64(id) > uint64(len(p.sets)) {
+	if id == 0 || uint64(id) > uint64(len(p.sets)) || p.sets[id-1] == nil {
 		return nil, fmt.Errorf("%w: %d", ErrUnknownBlockSet, id)
 	}
 	return p.sets[id-1], nil
@@ -194,7 +319,13 @@ func (p *Pool) BlockSet(id SetID) (*BlockSet, error) {
 func (p *Pool) BlockSets() []*BlockSet {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return append([]*BlockSet(nil), p.sets...)
+	out := make([]*BlockSet, 0, len(p.sets))
+	for _, b := range p.sets {
+		if b != nil {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // Metrics returns a snapshot summed over the block sets.
@@ -225,7 +356,12 @@ func (p *Pool) Snapshot() RegistrySnapshot {
 	// could register a block numbered within the snapshot yet missing.
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	sets := p.sets
+	var sets []*BlockSet
+	for _, b := range p.sets {
+		if b != nil {
+			sets = append(sets, b)
+		}
+	}
 	for _, b := range sets {
 		b.mu.Lock()
 	}

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -736,5 +737,41 @@ func TestWithoutOptionalSymbols(t *testing.T) {
 	}
 	if _, err := dev.RegisterDmabuf(0, 0, 4096, 0); !errors.Is(err, rdma.ErrNotSupported) || !strings.Contains(err.Error(), "ibv_reg_dmabuf_mr") {
 		t.Fatalf("dma-buf without ibv_reg_dmabuf_mr: %v, want ErrNotSupported naming it", err)
+	}
+}
+
+// RegisterAddr of memory the process cannot access (a GPU pointer with no
+// peer-memory client: softcuda maps device memory PROT_NONE) fails with
+// EFAULT, as pin_user_pages does, and leaves the device as it was; the same
+// range made accessible registers, with its address as the region's.
+func TestRegisterAddrOfInaccessibleMemory(t *testing.T) {
+	r := newReader(t, rdma.QPOptions{})
+	mem, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
+	if mr, err := r.dev.RegisterAddr(addr, uint64(len(mem))); !errors.Is(err, syscall.EFAULT) {
+		if mr != nil {
+			mr.Close()
+		}
+		t.Fatalf("RegisterAddr of PROT_NONE memory: %v, want EFAULT", err)
+	}
+	if _, err := r.dev.RegisterAddr(0, 4096); !errors.Is(err, rdma.ErrInvalidArgument) {
+		t.Fatalf("RegisterAddr of address 0: %v, want ErrInvalidArgument", err)
+	}
+	if err := unix.Mprotect(mem, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+		t.Fatal(err)
+	}
+	mr, err := r.dev.RegisterAddr(addr, uint64(len(mem)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mr.Addr() != addr || mr.Len() != uint64(len(mem)) {
+		t.Fatalf("region at %#x of %d bytes, want %#x and %d", mr.Addr(), mr.Len(), addr, len(mem))
+	}
+	if err := mr.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -588,6 +588,26 @@ func (d *Device) RegisterMemory(buf []byte) (*MemoryRegion, error) {
 	return d.finishRegistration(mr, buf, time.Since(start), "memory")
 }
 
+// RegisterAddr registers length bytes at addr, memory this process may be
+// unable to dereference: a GPU's device pointer, which a NIC reaches through
+// the kernel's peer-memory client (nvidia-peermem) where dma-buf is missing,
+// as NCCL does. Host memory should use RegisterMemory, which keeps the
+// slice reachable.
+func (d *Device) RegisterAddr(addr, length uint64) (*MemoryRegion, error) {
+	if addr == 0 || length == 0 || addr+length < addr {
+		return nil, fmt.Errorf("rdma: register %d bytes at %#x on %s: %w", length, addr, d.info.Name, ErrInvalidArgument)
+	}
+	if d.info.MaxMRSize > 0 && length > d.info.MaxMRSize {
+		return nil, fmt.Errorf("rdma: register %d bytes on %s: more than its max_mr_size %d: %w", length, d.info.Name, d.info.MaxMRSize, ErrInvalidArgument)
+	}
+	start := time.Now()
+	mr, err := C.kvf_reg_mr(d.lib.lib, d.pd, C.uintptr_t(addr), C.size_t(length), accessRead)
+	if mr == nil {
+		return nil, fmt.Errorf("rdma: register %d bytes at %#x on %s: %w", length, addr, d.info.Name, errnoOf(-1, err))
+	}
+	return d.finishRegistration(mr, nil, time.Since(start), "device pointer")
+}
+
 // RegisterDmabuf registers length bytes at offset of the dma-buf fd (GPU
 // memory), addressed by peers from iova, for local write and remote read. A
 // library without ibv_reg_dmabuf_mr returns an error wrapping

@@ -47,6 +47,9 @@ func (d *Device) Close() error { return nil }
 // RegisterMemory returns an error wrapping ErrNotSupported in this build.
 func (d *Device) RegisterMemory(buf []byte) (*MemoryRegion, error) { return nil, errBuild }
 
+// RegisterAddr returns an error wrapping ErrNotSupported in this build.
+func (d *Device) RegisterAddr(addr, length uint64) (*MemoryRegion, error) { return nil, errBuild }
+
 // RegisterDmabuf returns an error wrapping ErrNotSupported in this build.
 func (d *Device) RegisterDmabuf(fd int, offset, length, iova uint64) (*MemoryRegion, error) {
 	return nil, errBuild

@@ -38,6 +38,33 @@ type Options struct {
 	PeerTimeout time.Duration
 	// ExtraArgs are appended to every agent's command line.
 	ExtraArgs []string
+	// Env is added to every agent's environment (KEY=value), after the
+	// driver's own; a node's Node.Env comes after it. If empty, agents
+	// inherit the driver's environment only.
+	Env []string
+	// NodeArgs and NodeEnv, if set, give node i (from 0) arguments and
+	// environment of its own, kept in its Node.Args and Node.Env.
+	NodeArgs, NodeEnv func(i int) []string
+
+	// The hooks below let another kind of cluster (testbed/netns: nodes in
+	// network namespaces) reuse this one's process handling.
+
+	// Name names node i. If nil, node1, node2, ...
+	Name func(i int) string
+	// Address is node i's IP address, where it binds gossip (port 7946),
+	// the peer transport (7947) and metrics (7948). If nil, 127.B.C.(i+1).
+	Address func(i int) string
+	// Identity is node i's flags that name and authenticate it. If nil,
+	// --local --node NAME --dev-ca-dir ROOT/ca: loopback timings and a
+	// development CA shared by the cluster.
+	Identity func(i int, n *Node) []string
+	// Launch wraps node i's command line (the binary first), for instance
+	// to run it inside a network namespace; it must exec the agent so that
+	// signals reach it. If nil, the binary runs as is.
+	Launch func(i int, argv []string) []string
+	// Healthy returns nil once node n serves. If nil, once its /healthz
+	// answers 200 and its engine socket exists.
+	Healthy func(ctx context.Context, n *Node) error
 }
 
 // Cluster is a set of agent processes on loopback.
@@ -53,8 +80,11 @@ type Node struct {
 	Name                     string
 	Gossip, Peer, Metrics    string
 	DataDir, Socket, LogFile string
-	cmd                      *exec.Cmd
-	exited                   chan error
+	// Args and Env are this node's own additions to Options.ExtraArgs and
+	// Options.Env, read at each StartNode; set them before starting it.
+	Args, Env []string
+	cmd       *exec.Cmd
+	exited    chan error
 }
 
 // Start starts the agents one after another, each joining the first, and
@@ -73,11 +103,23 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	c := &Cluster{opts: opts, Root: root, net: fmt.Sprintf("127.%d.%d.", 10+rand.IntN(200), 1+rand.IntN(250))}
 	for i := range opts.Nodes {
 		n := &Node{Name: fmt.Sprintf("node%d", i+1)}
+		if opts.Name != nil {
+			n.Name = opts.Name(i)
+		}
 		ip := c.net + fmt.Sprint(i+1)
+		if opts.Address != nil {
+			ip = opts.Address(i)
+		}
 		n.Gossip, n.Peer, n.Metrics = ip+":7946", ip+":7947", ip+":7948"
 		n.DataDir = filepath.Join(root, n.Name)
 		n.Socket = filepath.Join(n.DataDir, "engine.sock")
 		n.LogFile = filepath.Join(root, n.Name+".log")
+		if opts.NodeArgs != nil {
+			n.Args = opts.NodeArgs(i)
+		}
+		if opts.NodeEnv != nil {
+			n.Env = opts.NodeEnv(i)
+		}
 		c.Nodes = append(c.Nodes, n)
 	}
 	for i := range c.Nodes {
@@ -96,10 +138,15 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 // StartNode starts node i (again, after Stop) and waits for its socket.
 func (c *Cluster) StartNode(ctx context.Context, i int) error {
 	n := c.Nodes[i]
-	args := []string{"agent", "--local",
-		"--node", n.Name, "--data-dir", n.DataDir, "--dev-ca-dir", filepath.Join(c.Root, "ca"),
+	args := []string{c.opts.Bin, "agent"}
+	if c.opts.Identity != nil {
+		args = append(args, c.opts.Identity(i, n)...)
+	} else {
+		args = append(args, "--local", "--node", n.Name, "--dev-ca-dir", filepath.Join(c.Root, "ca"))
+	}
+	args = append(args, "--data-dir", n.DataDir,
 		"--gossip-addr", n.Gossip, "--peer-addr", n.Peer, "--metrics-addr", n.Metrics,
-		"--pool", c.opts.Pool}
+		"--pool", c.opts.Pool)
 	if i > 0 {
 		args = append(args, "--join", c.Nodes[0].Gossip)
 	}
@@ -107,12 +154,19 @@ func (c *Cluster) StartNode(ctx context.Context, i int) error {
 		args = append(args, "--peer-timeout", c.opts.PeerTimeout.String())
 	}
 	args = append(args, c.opts.ExtraArgs...)
+	args = append(args, n.Args...)
 	log, err := os.OpenFile(n.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(c.opts.Bin, args...)
+	if c.opts.Launch != nil {
+		args = c.opts.Launch(i, args)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
+	if len(c.opts.Env) > 0 || len(n.Env) > 0 {
+		cmd.Env = append(append(os.Environ(), c.opts.Env...), n.Env...)
+	}
 	// Its own process group, so that a terminal's ^C reaches the driver
 	// only, and the driver stops the agents in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -127,16 +181,13 @@ func (c *Cluster) StartNode(ctx context.Context, i int) error {
 }
 
 func (c *Cluster) waitHealthy(ctx context.Context, n *Node) error {
-	hc := http.Client{Timeout: time.Second}
+	healthy := c.opts.Healthy
+	if healthy == nil {
+		healthy = httpHealthy
+	}
 	for {
-		resp, err := hc.Get("http://" + n.Metrics + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				if _, err := os.Stat(n.Socket); err == nil {
-					return nil
-				}
-			}
+		if healthy(ctx, n) == nil {
+			return nil
 		}
 		select {
 		case err := <-n.exited:
@@ -147,6 +198,20 @@ func (c *Cluster) waitHealthy(ctx context.Context, n *Node) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+func httpHealthy(ctx context.Context, n *Node) error {
+	hc := http.Client{Timeout: time.Second}
+	resp, err := hc.Get("http://" + n.Metrics + "/healthz")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthz: %s", resp.Status)
+	}
+	_, err = os.Stat(n.Socket)
+	return err
 }
 
 // WaitMembers waits until each of nodes sees want members.
@@ -203,6 +268,15 @@ func (n *Node) Running() bool {
 	default:
 		return true
 	}
+}
+
+// Signal sends sig to the node's process (SIGSTOP and SIGCONT pause and
+// resume it).
+func (n *Node) Signal(sig syscall.Signal) error {
+	if !n.Running() {
+		return fmt.Errorf("%s is not running", n.Name)
+	}
+	return n.cmd.Process.Signal(sig)
 }
 
 // Stop sends sig and waits for the process to exit, at most d, then kills

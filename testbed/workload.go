@@ -89,7 +89,10 @@ type Report struct {
 	Elapsed  time.Duration   // in import calls, verification excluded
 	PerBlock []time.Duration // one per block fetched: its fetch's time / its blocks
 	From     map[string]int  // blocks per holder
-	Verified int             // blocks checked element by element
+	// Transports counts blocks by the transport their fetch reported
+	// ("rdma", "quic", "rdma+quic", "local").
+	Transports map[string]int
+	Verified   int // blocks checked element by element
 }
 
 // GBps is the bytes moved over the time the imports took.
@@ -131,7 +134,7 @@ func Consume(ctx context.Context, n *Node, e client.Engine, seqs [][]uint64) (*R
 	if err != nil {
 		return nil, fmt.Errorf("%s: register: %w", n.Name, err)
 	}
-	r := &Report{Node: n.Name, From: map[string]int{}}
+	r := &Report{Node: n.Name, From: map[string]int{}, Transports: map[string]int{}}
 	for i, hashes := range seqs {
 		start := time.Now()
 		resp, err := c.Import(ctx, set.ID, hashes)
@@ -166,6 +169,9 @@ func account(r *Report, fetches []*fabricpb.Fetch) {
 			from += "/local"
 		}
 		r.From[from] += int(f.Blocks)
+		if r.Transports != nil {
+			r.Transports[f.Transport] += int(f.Blocks)
+		}
 		if f.Blocks > 0 {
 			per := time.Duration(f.Micros) * time.Microsecond / time.Duration(f.Blocks)
 			for range f.Blocks {

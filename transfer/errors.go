@@ -94,4 +94,5 @@ const (
 	streamErrProtocol  = 0x11 // a frame did not parse
 	connErrClosing     = 0x20 // the node is closing
 	connErrNotMember   = 0x21 // the peer is no longer a member
+	connErrTimedOut    = 0x22 // a call on the connection timed out (dropSilent)
 )

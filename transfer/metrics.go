@@ -13,9 +13,14 @@ type Metrics struct {
 	// ReadsServed and BytesServed count reads served in full.
 	ReadsServed uint64
 	BytesServed uint64
-	// Reads and BytesRead count this node's own reads completed in full.
-	Reads     uint64
-	BytesRead uint64
+	// Reads and BytesRead count this node's own reads completed in full,
+	// over either transport; BytesReadQUIC is the part of BytesRead that
+	// moved over QUIC. It is counted on its own, not as BytesRead less
+	// RDMAMetrics.Bytes: the two snapshots are taken apart, and an RDMA
+	// read completing between them would make that difference wrap.
+	Reads         uint64
+	BytesRead     uint64
+	BytesReadQUIC uint64
 	// ReadsFailed counts this node's own reads that returned an error.
 	ReadsFailed uint64
 	// RequestBytes is the request bytes charged now, all peers together:
@@ -30,7 +35,7 @@ type Metrics struct {
 
 type counters struct {
 	streams, callsServed, callsFailed, readsServed, bytesServed atomic.Uint64
-	reads, bytesRead, readsFailed, budgetWaits                  atomic.Uint64
+	reads, bytesRead, bytesReadQUIC, readsFailed, budgetWaits   atomic.Uint64
 	requestBytes                                                atomic.Int64
 }
 
@@ -40,7 +45,7 @@ func (n *Node) Metrics() Metrics {
 	return Metrics{
 		StreamsAccepted: s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
 		ReadsServed: s.readsServed.Load(), BytesServed: s.bytesServed.Load(),
-		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), ReadsFailed: s.readsFailed.Load(),
+		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), BytesReadQUIC: s.bytesReadQUIC.Load(), ReadsFailed: s.readsFailed.Load(),
 		RequestBytes: uint64(max(0, s.requestBytes.Load())), RequestBudgetWaits: s.budgetWaits.Load(),
 	}
 }

@@ -124,11 +124,15 @@ func (p *Peer) conn(ctx context.Context, i int) (*quic.Conn, error) {
 func wrapNetErr(ctx context.Context, err error) error {
 	var idle *quic.IdleTimeoutError
 	var hs *quic.HandshakeTimeoutError
+	var app *quic.ApplicationError
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return fmt.Errorf("%w: %w (%w)", ErrTimeout, ctx.Err(), err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded),
-		errors.As(err, &idle), errors.As(err, &hs):
+		errors.As(err, &idle), errors.As(err, &hs),
+		// Another call on the same connection timed out and dropped it
+		// (dropSilent): this one met the same silent peer.
+		errors.As(err, &app) && !app.Remote && app.ErrorCode == connErrTimedOut:
 		return fmt.Errorf("%w: %w", ErrTimeout, err)
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w (%w)", ctx.Err(), err)
@@ -161,8 +165,10 @@ func (p *Peer) pickSlot() int {
 }
 
 // openStream opens a stream on the least busy connection; its reads and
-// writes abort when ctx ends. done must be called when the call is over.
-func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(), err error) {
+// writes abort when ctx ends. done must be called when the call is over,
+// with the call's error: a call that timed out drops its connection (see
+// dropSilent).
+func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(error), err error) {
 	i := p.pickSlot()
 	sl := &p.slots[i]
 	sl.active.Add(1)
@@ -174,36 +180,60 @@ func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(), err
 	s, err = c.OpenStreamSync(ctx)
 	if err != nil {
 		sl.active.Add(-1)
-		return nil, nil, fmt.Errorf("transfer: open stream to %s: %w", p.name, wrapNetErr(ctx, err))
+		err = wrapNetErr(ctx, err)
+		p.dropSilent(i, c, err)
+		return nil, nil, fmt.Errorf("transfer: open stream to %s: %w", p.name, err)
 	}
 	stop := context.AfterFunc(ctx, func() {
 		s.CancelRead(streamErrCancelled)
 		s.CancelWrite(streamErrCancelled)
 	})
-	return s, func() { stop(); sl.active.Add(-1) }, nil
+	return s, func(err error) {
+		stop()
+		sl.active.Add(-1)
+		p.dropSilent(i, c, err)
+	}, nil
+}
+
+// dropSilent closes connection c of slot i after a call on it timed out,
+// so that the next call dials afresh. A holder that was killed and
+// restarted at the same address never answers on its old connections
+// (the new process has other keys, so not even a stateless reset comes
+// back), and they would otherwise stall every call until the idle
+// timeout. A live but slow peer costs a handshake.
+func (p *Peer) dropSilent(i int, c *quic.Conn, err error) {
+	if err == nil || !errors.Is(err, ErrTimeout) {
+		return
+	}
+	sl := &p.slots[i]
+	sl.mu.Lock()
+	if sl.c == c {
+		sl.c = nil
+	}
+	sl.mu.Unlock()
+	c.CloseWithError(connErrTimedOut, "call timed out")
 }
 
 // call runs one control call: a request frame out, a response frame back.
-func (p *Peer) call(ctx context.Context, m method, req, resp proto.Message) error {
+func (p *Peer) call(ctx context.Context, m method, req, resp proto.Message) (err error) {
 	ctx, cancel := p.n.callCtx(ctx)
 	defer cancel()
 	s, stop, err := p.openStream(ctx)
 	if err != nil {
 		return err
 	}
-	defer stop()
+	defer func() { stop(err) }()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = s.SetDeadline(dl)
 	}
-	if err := writeFrame(s, byte(m), req, p.n.cfg.MaxMessageSize); err != nil {
+	if err = writeFrame(s, byte(m), req, p.n.cfg.MaxMessageSize); err != nil {
 		s.CancelWrite(streamErrCancelled)
-		return fmt.Errorf("transfer: %s to %s: %w", m, p.name, wrapNetErr(ctx, err))
-	}
-	s.Close()
-	if err := p.readResponse(ctx, s, s, m, resp); err != nil {
+		err = fmt.Errorf("transfer: %s to %s: %w", m, p.name, wrapNetErr(ctx, err))
 		return err
 	}
-	return nil
+	s.Close()
+	err = p.readResponse(ctx, s, s, m, resp)
+	return err
 }
 
 // readResponse reads a response frame into resp, or the peer's error.

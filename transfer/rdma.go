@@ -104,8 +104,15 @@ func (m *localMemory) find(b []byte) *rdma.MemoryRegion {
 	if len(b) == 0 {
 		return nil
 	}
-	start := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
-	end := start + uint64(len(b))
+	return m.findRange(uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), uint64(len(b)))
+}
+
+// findRange returns the registration that holds [start, start+n), or nil.
+func (m *localMemory) findRange(start, n uint64) *rdma.MemoryRegion {
+	end := start + n
+	if n == 0 || end < start {
+		return nil
+	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	i := sort.Search(len(m.mrs), func(i int) bool { return m.mrs[i].Addr()+m.mrs[i].Len() > start })
@@ -146,12 +153,16 @@ func (n *Node) RegisterMemory(buf []byte) (rdma.RegistrationStats, error) {
 	if err != nil {
 		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %d bytes: %w", len(buf), err)
 	}
-	m := &n.rdma.mem
+	n.rdma.mem.add(mr)
+	return mr.Stats(), nil
+}
+
+// add keeps a registration, in address order.
+func (m *localMemory) add(mr *rdma.MemoryRegion) {
 	m.mu.Lock()
 	m.mrs = append(m.mrs, mr)
 	sort.Slice(m.mrs, func(i, j int) bool { return m.mrs[i].Addr() < m.mrs[j].Addr() })
 	m.mu.Unlock()
-	return mr.Stats(), nil
 }
 
 // RDMAEnabled says whether the node reads and serves over RDMA.
@@ -313,16 +324,15 @@ func (n *Node) rdmaRegions(sets map[uint64][]byte) []*transferpb.RdmaRegion {
 	var out []*transferpb.RdmaRegion
 	for set := range sets {
 		for rank := 0; rank < maxRank; rank++ {
-			reg, err := n.cfg.Handler.Region(set, rank)
+			addr, length, err := n.regionSpan(set, rank)
 			if err != nil {
 				break // past the last rank
 			}
-			mr := n.rdma.mem.find(reg)
+			mr := n.rdma.mem.findRange(addr, length)
 			if mr == nil {
 				continue
 			}
-			addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(reg))))
-			out = append(out, &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Addr: addr, Length: uint64(len(reg)), Rkey: mr.RKey()})
+			out = append(out, &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Addr: addr, Length: length, Rkey: mr.RKey()})
 		}
 	}
 	return out
@@ -441,7 +451,7 @@ func (p *Peer) rdmaUnavailable(reason string) {
 // the peer's RDMA is healthy. done is false when RDMA was not tried (the
 // reason is counted); an error means RDMA was tried and failed, and
 // nothing of it is still writing into dst.
-func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte, total uint64) (done bool, err error) {
+func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst []Span, total uint64) (done bool, err error) {
 	r := p.rdma
 	r.mu.Lock()
 	sets, haveLease := r.leases[leaseID]
@@ -453,7 +463,10 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	case noRDMA:
 		p.n.countFallback(FallbackPeerHasNoRDMA)
 		return false, nil
-	case backoff && !haveLease:
+	case backoff:
+		// Keys or not: a lease taken ahead, before the failure, carries
+		// them, and trying it would cost another failure (a whole
+		// queue-pair timeout against a stalled holder) per chunk.
 		p.n.countFallback(FallbackBackoff)
 		return false, nil
 	case !haveLease || len(regions) == 0:
@@ -462,10 +475,10 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	}
 	lkeys := make([]uint32, len(dst))
 	for i, d := range dst {
-		if len(d) == 0 {
+		if d.Len == 0 {
 			continue
 		}
-		mr := p.n.rdma.mem.find(d)
+		mr := p.n.rdma.mem.findRange(d.Addr, d.Len)
 		if mr == nil {
 			p.n.countFallback(FallbackNotRegistered)
 			return false, nil
@@ -649,7 +662,7 @@ func (p *Peer) closeRDMA() {
 // scatter list, and pieces contiguous on both sides into one entry). It
 // first checks every segment against the holder's region (its announced
 // length). It returns the ops and the scatter entries they hold.
-func readOps(segs []layout.Segment, regions []remoteRegion, dst [][]byte, lkeys []uint32, maxSGE int) ([]rdma.ReadOp, int, error) {
+func readOps(segs []layout.Segment, regions []remoteRegion, dst []Span, lkeys []uint32, maxSGE int) ([]rdma.ReadOp, int, error) {
 	n := uint64(0)
 	for _, s := range segs {
 		n += s.Count
@@ -667,7 +680,7 @@ func readOps(segs []layout.Segment, regions []remoteRegion, dst [][]byte, lkeys 
 		if end > reg.length {
 			return nil, 0, fmt.Errorf("segment %d ends at %d, past rank %d's region of %d bytes", si, end, s.SrcRank, reg.length)
 		}
-		base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(dst[s.DstRank]))))
+		base := dst[s.DstRank].Addr
 		for i := uint64(0); i < s.Count; i++ {
 			src, d := s.Piece(i)
 			pieces = append(pieces, rdma.Piece{RemoteAddr: reg.addr + src, RKey: reg.rkey, LocalAddr: base + d, LKey: lkeys[s.DstRank], Length: s.Length})

@@ -224,6 +224,14 @@ func TestRDMAReadErrorFallsBackToQUIC(t *testing.T) {
 	if m.ReadFailures != 1 || m.Fallbacks[FallbackReadFailed] != 1 || m.Reads != 0 {
 		t.Fatalf("metrics %+v: want one failed RDMA read, counted as read-failed", m)
 	}
+	// The bytes count as QUIC's, once.
+	var total uint64
+	for _, d := range p.dst {
+		total += uint64(len(d))
+	}
+	if st := p.reader.Metrics(); st.Reads != 1 || st.BytesReadQUIC != st.BytesRead || st.BytesRead == 0 || st.BytesRead > total {
+		t.Errorf("transfer metrics %+v: want one read, all of its bytes over QUIC", st)
+	}
 	if via := p.read(t); via != TransportQUIC {
 		t.Fatalf("read during backoff went over %s, want quic", via)
 	}
@@ -236,6 +244,9 @@ func TestRDMAReadErrorFallsBackToQUIC(t *testing.T) {
 	p.peer.rdma.mu.Unlock()
 	if via := p.read(t); via != TransportRDMA {
 		t.Fatalf("read after backoff went over %s, want rdma", via)
+	}
+	if st, m := p.reader.Metrics(), p.metrics(t); st.BytesRead != st.BytesReadQUIC+m.Bytes || m.Bytes == 0 {
+		t.Errorf("transfer metrics %+v, rdma %+v: want bytes read = over QUIC + over RDMA", st, m)
 	}
 	if m := p.metrics(t); m.Connects != 2 {
 		t.Errorf("metrics %+v: want a second queue pair after the failed one was destroyed", m)
@@ -311,7 +322,7 @@ func TestReadOps(t *testing.T) {
 		{"strided in the holder: one request a piece", layout.Segment{Length: 128, Count: 10, SrcStride: 512, DstStride: 128}, 4, 10, 10, 128},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ops, sges, err := readOps([]layout.Segment{tc.seg}, regions, dst, lkeys, tc.maxSGE)
+			ops, sges, err := readOps([]layout.Segment{tc.seg}, regions, spansOf(dst), lkeys, tc.maxSGE)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -335,20 +346,20 @@ func TestReadOps(t *testing.T) {
 	// A piece over rdma.MaxReadBytes is split; at the limit it is not.
 	big := []remoteRegion{{addr: 1 << 40, length: 5 << 30, rkey: 9}}
 	fake := [][]byte{reserved(t, 5<<30)}
-	if ops, _, err := readOps([]layout.Segment{{Length: rdma.MaxReadBytes, Count: 1}}, big, fake, lkeys, 4); err != nil || len(ops) != 1 {
+	if ops, _, err := readOps([]layout.Segment{{Length: rdma.MaxReadBytes, Count: 1}}, big, spansOf(fake), lkeys, 4); err != nil || len(ops) != 1 {
 		t.Fatalf("a piece of MaxReadBytes: %d ops, %v", len(ops), err)
 	}
-	if ops, _, err := readOps([]layout.Segment{{Length: rdma.MaxReadBytes + 1, Count: 1}}, big, fake, lkeys, 4); err != nil || len(ops) != 2 {
+	if ops, _, err := readOps([]layout.Segment{{Length: rdma.MaxReadBytes + 1, Count: 1}}, big, spansOf(fake), lkeys, 4); err != nil || len(ops) != 2 {
 		t.Fatalf("a piece of MaxReadBytes+1: %d ops, %v", len(ops), err)
 	}
 	// At the region's end, and one byte past it.
-	if _, _, err := readOps([]layout.Segment{{SrcOffset: 1<<20 - 256, Length: 256, Count: 1}}, regions, dst, lkeys, 4); err != nil {
+	if _, _, err := readOps([]layout.Segment{{SrcOffset: 1<<20 - 256, Length: 256, Count: 1}}, regions, spansOf(dst), lkeys, 4); err != nil {
 		t.Fatalf("a piece ending at the region's end: %v", err)
 	}
-	if _, _, err := readOps([]layout.Segment{{SrcOffset: 1<<20 - 255, Length: 256, Count: 1}}, regions, dst, lkeys, 4); err == nil {
+	if _, _, err := readOps([]layout.Segment{{SrcOffset: 1<<20 - 255, Length: 256, Count: 1}}, regions, spansOf(dst), lkeys, 4); err == nil {
 		t.Fatal("a piece past the holder's region was accepted")
 	}
-	if _, _, err := readOps([]layout.Segment{{SrcRank: 1, Length: 1, Count: 1}}, regions, dst, lkeys, 4); err == nil {
+	if _, _, err := readOps([]layout.Segment{{SrcRank: 1, Length: 1, Count: 1}}, regions, spansOf(dst), lkeys, 4); err == nil {
 		t.Fatal("a rank the holder gave no region for was accepted")
 	}
 }

@@ -48,7 +48,7 @@ func (p *Peer) ReadVia(ctx context.Context, leaseID, blockSet uint64, segs []lay
 		return TransportQUIC, nil
 	}
 	if p.rdma != nil {
-		done, err := p.readRDMA(ctx, leaseID, blockSet, segs, dst, total)
+		done, err := p.readRDMA(ctx, leaseID, blockSet, segs, spansOf(dst), total)
 		switch {
 		case done && err == nil:
 			p.n.stats.reads.Add(1)
@@ -81,6 +81,7 @@ func (p *Peer) readQUIC(ctx context.Context, leaseID, blockSet uint64, segs []la
 		}
 		p.n.stats.reads.Add(1)
 		p.n.stats.bytesRead.Add(total)
+		p.n.stats.bytesReadQUIC.Add(total)
 		return nil
 	}
 	// The first part to fail cancels the others; its error is the one
@@ -133,6 +134,7 @@ feed:
 	}
 	p.n.stats.reads.Add(1)
 	p.n.stats.bytesRead.Add(total)
+	p.n.stats.bytesReadQUIC.Add(total)
 	return nil
 }
 
@@ -159,13 +161,22 @@ const maxSegmentWire = 64
 // validateReadPlan checks every segment's arithmetic and destination
 // bounds and returns the bytes the plan moves.
 func validateReadPlan(segs []layout.Segment, dst [][]byte) (uint64, error) {
+	lens := make([]uint64, len(dst))
+	for i, d := range dst {
+		lens[i] = uint64(len(d))
+	}
+	return validateReadLens(segs, lens)
+}
+
+// validateReadLens is validateReadPlan against destinations of lens bytes.
+func validateReadLens(segs []layout.Segment, lens []uint64) (uint64, error) {
 	var total uint64
 	for i, s := range segs {
 		if s.SrcRank < 0 || s.SrcRank >= maxRank {
 			return 0, invalid("read: segment %d: source rank %d not in [0, %d)", i, s.SrcRank, maxRank)
 		}
-		if s.DstRank < 0 || s.DstRank >= len(dst) {
-			return 0, invalid("read: segment %d: destination rank %d not in [0, %d)", i, s.DstRank, len(dst))
+		if s.DstRank < 0 || s.DstRank >= len(lens) {
+			return 0, invalid("read: segment %d: destination rank %d not in [0, %d)", i, s.DstRank, len(lens))
 		}
 		if _, err := segmentEnd(s); err != nil {
 			return 0, invalid("read: segment %d source: %v", i, err)
@@ -174,8 +185,8 @@ func validateReadPlan(segs []layout.Segment, dst [][]byte) (uint64, error) {
 		if err != nil {
 			return 0, invalid("read: segment %d destination: %v", i, err)
 		}
-		if end > uint64(len(dst[s.DstRank])) {
-			return 0, invalid("read: segment %d ends at %d, past rank %d's destination of %d bytes", i, end, s.DstRank, len(dst[s.DstRank]))
+		if end > lens[s.DstRank] {
+			return 0, invalid("read: segment %d ends at %d, past rank %d's destination of %d bytes", i, end, s.DstRank, lens[s.DstRank])
 		}
 		if total+s.Bytes() < total {
 			return 0, invalid("read: total bytes overflow at segment %d", i)
@@ -256,12 +267,12 @@ func (r *progressReader) Read(p []byte) (int, error) {
 }
 
 // readPart runs one stream of a read.
-func (p *Peer) readPart(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) error {
+func (p *Peer) readPart(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) (err error) {
 	s, stop, err := p.openStream(ctx)
 	if err != nil {
 		return err
 	}
-	defer stop()
+	defer func() { stop(err) }()
 	req := &transferpb.ReadRequest{LeaseId: leaseID, BlockSet: blockSet, Segments: make([]*transferpb.ReadSegment, len(segs))}
 	var want uint64
 	for i, sg := range segs {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvfabric/kvfabric/layout"
@@ -367,5 +368,41 @@ func TestStreamsRetire(t *testing.T) {
 		if err := p.Read(ctx, 1, 1, []layout.Segment{{Length: 1 << 20, Count: 1}}, dst); !errors.Is(err, ErrLeaseRefused) {
 			t.Fatalf("call %d: refused read: %v", i, err)
 		}
+	}
+}
+
+// A control call that times out drops its connection, so that the next
+// call dials afresh: a holder killed and restarted at the same address
+// never answers on the old connections, which would otherwise stall
+// every call until the idle timeout.
+func TestTimedOutCallDropsItsConnection(t *testing.T) {
+	ca := newTestCA(t)
+	members := newMembers("holder", "reader")
+	h := newMemHandler()
+	h.stall = make(chan struct{}) // leases wait until it is closed
+	holder := newTestNode(t, ca, "holder", members, h)
+	reader := newTestNode(t, ca, "reader", members, nil, func(c *Config) {
+		c.ConnsPerPeer, c.CallTimeout = 1, 300*time.Millisecond
+	})
+	p := dialPeer(t, reader, holder)
+	conn := func() *quic.Conn {
+		p.slots[0].mu.Lock()
+		defer p.slots[0].mu.Unlock()
+		return p.slots[0].c
+	}
+	first := conn()
+	ctx := context.Background()
+	if _, err := p.Lease(ctx, []uint64{2}, time.Second); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("lease from a silent holder: %v, want ErrTimeout", err)
+	}
+	close(h.stall)
+	if first.Context().Err() == nil {
+		t.Fatal("the connection of the timed-out call is still open")
+	}
+	if _, err := p.Lease(ctx, []uint64{2}, time.Second); err != nil {
+		t.Fatalf("lease after the timeout: %v", err)
+	}
+	if c := conn(); c == nil || c == first {
+		t.Fatal("the call after the timeout did not dial a new connection")
 	}
 }

@@ -192,21 +192,33 @@ const smallPiece = 16 << 10
 func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
 	h := n.cfg.Handler
 	regions := map[int][]byte{}
+	staged := map[int]uint64{} // ranks in memory served through ReadStager, by length
 	for i, seg := range r.segments {
 		reg, ok := regions[seg.SrcRank]
-		if !ok {
+		length, isStaged := staged[seg.SrcRank]
+		if !ok && !isStaged {
 			var err error
 			reg, err = h.Region(r.blockSet, seg.SrcRank)
+			if errors.Is(err, ErrNeedsRDMA) {
+				length, isStaged, err = n.stagedLength(r.blockSet, seg.SrcRank, err)
+			}
 			if err != nil {
 				err = fmt.Errorf("segment %d: region of block set %d rank %d: %w", i, r.blockSet, seg.SrcRank, err)
 				n.refuse(s, err)
 				return err
 			}
-			regions[seg.SrcRank] = reg
+			if isStaged {
+				staged[seg.SrcRank] = length
+			} else {
+				regions[seg.SrcRank] = reg
+			}
+		}
+		if !isStaged {
+			length = uint64(len(reg))
 		}
 		end, _ := segmentEnd(seg) // validated by decodeRequest
-		if end > uint64(len(reg)) {
-			err := fmt.Errorf("%w: segment %d ends at %d, past rank %d's region of %d bytes", ErrInvalidRequest, i, end, seg.SrcRank, len(reg))
+		if end > length {
+			err := fmt.Errorf("%w: segment %d ends at %d, past rank %d's region of %d bytes", ErrInvalidRequest, i, end, seg.SrcRank, length)
 			n.refuse(s, err)
 			return err
 		}
@@ -227,6 +239,13 @@ func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
 	}
 	w.refresh()
 	for _, seg := range r.segments {
+		if _, ok := staged[seg.SrcRank]; ok {
+			if err := h.(ReadStager).StageRead(r.blockSet, seg, w.write); err != nil {
+				s.CancelWrite(streamErrCancelled)
+				return err
+			}
+			continue
+		}
 		reg := regions[seg.SrcRank]
 		if seg.Count == 1 || seg.SrcStride == seg.Length {
 			if err := w.write(reg[seg.SrcOffset : seg.SrcOffset+seg.Bytes()]); err != nil {
@@ -290,9 +309,11 @@ func (w *dataWriter) write(p []byte) error {
 	return nil
 }
 
-// send writes p in chunks so that the deadline moves with progress.
+// send writes p in chunks so that the deadline moves with progress: small
+// enough that even a slow link (a few Mbit/s) finishes one well within
+// ProgressTimeout/4 of the last refresh.
 func (w *dataWriter) send(p []byte) error {
-	const chunk = 4 << 20
+	const chunk = 256 << 10
 	for len(p) > 0 {
 		k := min(len(p), chunk)
 		w.refresh()

@@ -151,16 +151,54 @@ func runStatus(e *env, args []string) error {
 	printMembers(e.stdout, s.Members, time.Now())
 	fmt.Fprintln(e.stdout)
 	tw := table(e.stdout)
-	fmt.Fprintln(tw, "POOL\tSIZE\tCARVED\tBLOCK SETS")
+	fmt.Fprintln(tw, "POOL\tGPU\tSIZE\tCARVED\tBLOCK SETS\tRDMA")
 	for _, p := range s.Pools {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", p.Kind, bytesString(p.SizeBytes), bytesString(p.CarvedBytes), p.BlockSets)
+		gpu, reg := "-", p.RdmaRegistration
+		if p.Kind == "device" {
+			gpu = strconv.Itoa(int(p.Device))
+		}
+		if reg == "" {
+			reg = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", p.Kind, gpu, bytesString(p.SizeBytes), bytesString(p.CarvedBytes), p.BlockSets, reg)
 	}
 	tw.Flush()
 	fmt.Fprintln(e.stdout)
 	tw = table(e.stdout)
-	fmt.Fprintln(tw, "BLOCK SET\tENGINE\tLAYOUT\tTP\tPAGE\tSLOTS\tFREE\tREGISTERED\tLEASED")
+	fmt.Fprintln(tw, "BLOCK SET\tENGINE\tLAYOUT\tTP\tPAGE\tSLOTS\tFREE\tREGISTERED\tLEASED\tSESSIONS")
+	now := time.Now()
 	for _, b := range s.BlockSets {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", b.Id, b.Engine, b.LayoutDigest, b.TpSize, b.PageSize, b.Slots, b.Free, b.Registered, b.Leased)
+		users := strconv.FormatUint(uint64(b.Sessions), 10)
+		if b.Sessions == 0 && b.IdleSinceUnixMs != 0 {
+			users = "0 (idle " + now.Sub(time.UnixMilli(b.IdleSinceUnixMs)).Round(time.Second).String() + ")"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", b.Id, b.Engine, b.LayoutDigest, b.TpSize, b.PageSize, b.Slots, b.Free, b.Registered, b.Leased, users)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout)
+	return printSessions(e.stdout, s.Sessions, now)
+}
+
+// printSessions lists engine sessions; session 0 is the calls that named
+// none.
+func printSessions(w io.Writer, sessions []*fabricpb.Session, now time.Time) error {
+	tw := table(w)
+	fmt.Fprintln(tw, "SESSION\tENGINE\tPID\tUID\tOPEN FOR\tBLOCK SETS\tREFS\tSLOTS")
+	for _, ss := range sessions {
+		sets := make([]string, len(ss.BlockSets))
+		for i, b := range ss.BlockSets {
+			sets[i] = strconv.FormatUint(b, 10)
+		}
+		id, pid, uid, open := strconv.FormatUint(ss.Id, 10), "-", "-", now.Sub(time.UnixMilli(ss.OpenedUnixMs)).Round(time.Second).String()
+		if ss.Id == 0 {
+			id = "0 (no session)"
+		}
+		if ss.Pid != 0 {
+			pid, uid = strconv.Itoa(int(ss.Pid)), strconv.FormatUint(uint64(ss.Uid), 10)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", id, ss.Engine, pid, uid, open, strings.Join(sets, ","), ss.Refs, ss.Slots)
 	}
 	return tw.Flush()
 }
@@ -324,7 +362,9 @@ Stores test blocks on the local agent: registers as an engine, writes each
 block with a pattern that encodes (block, layer, K/V, token, head, dim), so
 that an importer anywhere can check every byte (kvfabric get --verify), and
 registers the blocks. Token ids come from the arguments or standard input,
-or --generate makes N blocks of random tokens. Prints the sequence hashes.`)
+or --generate makes N blocks of random tokens. Prints the sequence hashes.
+The blocks stay cached after it exits for as long as an engine session
+uses the block set, and for the agent's --block-set-grace after that.`)
 	cf := addClientFlags(fs)
 	ef := addEngineFlags(fs, "kvfabric-put")
 	generate := fs.Int("generate", 0, "generate N blocks of random tokens instead of reading token ids")

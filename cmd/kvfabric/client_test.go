@@ -42,8 +42,9 @@ func TestClientCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "node cli1") || !strings.Contains(out, "kvfabric-put") || !strings.Contains(out, ", joined:") {
 		t.Fatalf("status: exit %d: %q %s", code, out, errs)
 	}
-	// The pool: its kind, its size and what block sets took of it.
-	if !regexp.MustCompile(`(?m)^host\s+64\.0 MiB\s+\S+ \S+\s+1$`).MatchString(out) {
+	// The pool: its kind, no GPU, its size, what block sets took of it,
+	// and no RDMA registration of GPU memory.
+	if !regexp.MustCompile(`(?m)^host\s+-\s+64\.0 MiB\s+\S+ \S+\s+1\s+-$`).MatchString(out) {
 		t.Fatalf("status shows no host pool of 64 MiB with one block set:\n%s", out)
 	}
 	code, out, errs = runCmd(t, "", append([]string{"members", "--json"}, sock...)...)
@@ -131,6 +132,12 @@ func TestCertsCommand(t *testing.T) {
 // paths are), and removed at the end of the test.
 func startTestAgent(t *testing.T, name string) *fabric.Agent {
 	t.Helper()
+	return startTestAgentWith(t, name, nil)
+}
+
+// startTestAgentWith is startTestAgent with configure applied last.
+func startTestAgentWith(t *testing.T, name string, configure func(*fabric.Config)) *fabric.Agent {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "kvfcli")
 	if err != nil {
 		t.Fatal(err)
@@ -141,6 +148,9 @@ func startTestAgent(t *testing.T, name string) *fabric.Agent {
 	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
 	c.Pools = []string{"host=64MiB"}
 	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if configure != nil {
+		configure(&c)
+	}
 	a, err := fabric.Start(context.Background(), c)
 	if err != nil {
 		t.Fatal(err)

@@ -114,7 +114,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_peer_calls_failed_total", "Calls from peers answered with an error.", float64(ts.CallsFailed))
 	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesServed), "transport", "quic", "direction", "served")
 	rd := m.RDMA
-	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesRead-rd.Bytes), "transport", "quic", "direction", "read")
+	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesReadQUIC), "transport", "quic", "direction", "read")
 	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(rd.Bytes), "transport", "rdma", "direction", "read")
 	e.gauge("kvfabric_rdma_enabled", "1 when this node reads and serves over RDMA, else 0 (the agent's log says why).", boolFloat(m.RDMAEnabled))
 	if m.RDMAEnabled {

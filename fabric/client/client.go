@@ -13,30 +13,50 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool/cuda"
 )
 
-// Client is a connection to the local agent. It is safe for concurrent use.
+// Client is a connection to the local agent, working inside one engine
+// session: what it allocates, references and registers block sets for is
+// given back by the agent when the client closes or its process dies. It
+// is safe for concurrent use.
 type Client struct {
 	conn   *grpc.ClientConn
 	api    fabricpb.EngineClient
 	socket string // the engine socket's absolute path
 
+	session   uint64
+	keepalive time.Duration
+	stopKeep  context.CancelFunc
+	keepDone  chan struct{}
+	sessErr   atomic.Pointer[error]
+
 	mu   sync.Mutex
 	maps map[string][]byte // memory mapped, by token (or path)
+	ipcs map[cuda.IPCHandle]*cuda.IPCMemory
 }
 
-// Dial connects to the agent's engine socket.
+// Dial connects to the agent's engine socket and opens a session, which
+// lasts until Close. ctx bounds the dial and the opening.
 func Dial(ctx context.Context, socket string) (*Client, error) {
 	if _, err := os.Stat(socket); err != nil {
 		return nil, fmt.Errorf("client: engine socket: %w (is the agent running?)", err)
@@ -47,28 +67,137 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: engine socket: %w", err)
 	}
+	c := &Client{maps: map[string][]byte{}, ipcs: map[cuda.IPCHandle]*cuda.IPCMemory{}, keepDone: make(chan struct{})}
 	conn, err := grpc.NewClient("unix:"+abs,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
+		grpc.WithUnaryInterceptor(c.withSession))
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	return &Client{conn: conn, api: fabricpb.NewEngineClient(conn), socket: abs, maps: map[string][]byte{}}, nil
+	c.conn, c.api, c.socket = conn, fabricpb.NewEngineClient(conn), abs
+	if err := c.openSession(ctx); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// withSession names the client's session on every call.
+func (c *Client) withSession(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if c.session != 0 {
+		ctx = metadata.AppendToOutgoingContext(ctx, fabricpb.SessionMetadata, strconv.FormatUint(c.session, 10))
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// openSession opens the client's session and keeps it alive until Close.
+func (c *Client) openSession(ctx context.Context) error {
+	sctx, cancel := context.WithCancel(context.Background())
+	stream, err := c.api.OpenSession(sctx)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("client: open session: %w", err)
+	}
+	if err := stream.Send(&fabricpb.SessionRequest{Engine: filepath.Base(os.Args[0])}); err != nil {
+		cancel()
+		return fmt.Errorf("client: open session: %w", err)
+	}
+	first := make(chan error, 1)
+	var ev *fabricpb.SessionEvent
+	go func() {
+		var err error
+		ev, err = stream.Recv()
+		first <- err
+	}()
+	select {
+	case err = <-first:
+	case <-ctx.Done():
+		cancel()
+		<-first
+		err = ctx.Err()
+	}
+	if err != nil {
+		cancel()
+		return fmt.Errorf("client: open session: %w (is the agent running?)", err)
+	}
+	c.session, c.keepalive, c.stopKeep = ev.GetSession(), time.Duration(ev.GetKeepaliveMs())*time.Millisecond, cancel
+	if c.keepalive <= 0 {
+		c.keepalive = time.Second
+	}
+	go c.keepAlive(stream)
+	return nil
+}
+
+// keepAlive sends a SessionRequest every third of the agent's bound until
+// Close, or until the session ends (SessionErr says why).
+func (c *Client) keepAlive(stream fabricpb.Engine_OpenSessionClient) {
+	defer close(c.keepDone)
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	t := time.NewTicker(c.keepalive / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			if err := stream.Send(&fabricpb.SessionRequest{}); err != nil {
+				// Recv reports why.
+				continue
+			}
+		case err := <-ended:
+			if status.Code(err) != codes.Canceled {
+				err = fmt.Errorf("client: session %d ended: %w", c.session, err)
+				c.sessErr.Store(&err)
+			}
+			return
+		}
+	}
+}
+
+// Session returns the id of the client's session.
+func (c *Client) Session() uint64 { return c.session }
+
+// SessionErr says why the client's session ended before Close, nil while
+// it is open. Calls fail once it has ended; Dial again for a new one.
+func (c *Client) SessionErr() error {
+	if p := c.sessErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // API returns the raw gRPC client, for calls this package does not wrap.
 func (c *Client) API() fabricpb.EngineClient { return c.api }
 
-// Close closes the connection and unmaps the pool memory. Byte slices from
-// BlockSet must not be used after it.
+// Close closes the connection, unmaps the pool memory and closes the
+// device memory opened from IPC handles. Byte slices and device pointers
+// from BlockSet must not be used after it.
 func (c *Client) Close() error {
+	if c.stopKeep != nil {
+		c.stopKeep()
+		<-c.keepDone
+		c.stopKeep = nil
+	}
+	var errs []error
 	c.mu.Lock()
 	for p, b := range c.maps {
 		syscall.Munmap(b)
 		delete(c.maps, p)
 	}
+	for h, m := range c.ipcs {
+		errs = append(errs, m.Close())
+		delete(c.ipcs, h)
+	}
 	c.mu.Unlock()
-	return c.conn.Close()
+	errs = append(errs, c.conn.Close())
+	return errors.Join(errs...)
 }
 
 // Engine describes an engine's KV cache to the agent.
@@ -83,6 +212,21 @@ type Engine struct {
 	// Alignment is the power of two strides are rounded to; zero: the
 	// agent's default (4096).
 	Alignment uint64
+	// CUDA, when set, opens an agent's device pool in this process: the
+	// IPC handle is opened (cuIpcOpenMemHandle) on the GPU with the PCI bus
+	// id the agent names, and BlockSet.Device holds each rank's device
+	// region. If nil, a device pool's block set comes back with
+	// BlockSet.Memory only, for engines that open the handle themselves.
+	CUDA *cuda.Driver
+}
+
+// DeviceRegion is one rank's region in device memory this process opened
+// from the agent's IPC handle.
+type DeviceRegion struct {
+	// GPU is this process's CUDA index of the GPU.
+	GPU int
+	// Ptr is the region's device pointer in this process; Size its bytes.
+	Ptr, Size uint64
 }
 
 // BlockSet is an engine's block set with its memory mapped.
@@ -98,6 +242,12 @@ type BlockSet struct {
 	// (engine.proto's RankLayout), for engines that place bytes
 	// themselves.
 	Description []*fabricpb.RankLayout
+	// Device holds each rank's region for a device pool opened through
+	// Engine.CUDA; nil for host memory (then Ranks is set).
+	Device []DeviceRegion
+	// Memory is the agent's answer of where each rank's region lives
+	// (engine.proto's Memory), IPC handle included for device pools.
+	Memory []*fabricpb.Memory
 }
 
 // Block returns the bytes of slot's shard on rank in a fully contiguous
@@ -131,8 +281,27 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 	if len(resp.GetMemory()) != l.TPSize {
 		return nil, fmt.Errorf("client: agent sent %d memory regions for %d ranks", len(resp.GetMemory()), l.TPSize)
 	}
-	set := &BlockSet{ID: resp.GetBlockSet(), Layout: l, Ranks: make([][]byte, l.TPSize), Retains: int(resp.GetRetains()),
-		Description: resp.GetRanks()}
+	set := &BlockSet{ID: resp.GetBlockSet(), Layout: l, Retains: int(resp.GetRetains()),
+		Description: resp.GetRanks(), Memory: resp.GetMemory()}
+	if len(resp.GetMemory()[0].GetCudaIpcHandle()) > 0 {
+		if e.CUDA == nil {
+			return set, nil
+		}
+		set.Device = make([]DeviceRegion, l.TPSize)
+		for r, m := range resp.GetMemory() {
+			mem, gpu, err := c.openIPC(e.CUDA, m)
+			if err != nil {
+				return nil, fmt.Errorf("client: rank %d: %w", r, err)
+			}
+			end := m.GetOffset() + m.GetSize()
+			if end < m.GetOffset() || end > mem.Size() {
+				return nil, fmt.Errorf("client: rank %d region [%d, %d) outside the device allocation (%d bytes)", r, m.GetOffset(), end, mem.Size())
+			}
+			set.Device[r] = DeviceRegion{GPU: gpu, Ptr: mem.Addr() + m.GetOffset(), Size: m.GetSize()}
+		}
+		return set, nil
+	}
+	set.Ranks = make([][]byte, l.TPSize)
 	for r, m := range resp.GetMemory() {
 		whole, err := c.mapMemory(m)
 		if err != nil {
@@ -145,6 +314,40 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 		set.Ranks[r] = whole[m.GetOffset():end:end]
 	}
 	return set, nil
+}
+
+// openIPC opens the device memory m names, once per handle, on the GPU
+// of this process with m's PCI bus id (the agent's CUDA index when the
+// agent gave none).
+func (c *Client) openIPC(d *cuda.Driver, m *fabricpb.Memory) (*cuda.IPCMemory, int, error) {
+	var h cuda.IPCHandle
+	if len(m.GetCudaIpcHandle()) != len(h) {
+		return nil, 0, fmt.Errorf("agent sent an IPC handle of %d bytes, want %d", len(m.GetCudaIpcHandle()), len(h))
+	}
+	copy(h[:], m.GetCudaIpcHandle())
+	gpu := -1
+	for _, dev := range d.Devices() {
+		if m.GetPciBusId() != "" && strings.EqualFold(dev.PCIBusID, m.GetPciBusId()) {
+			gpu = dev.Index
+		}
+	}
+	if gpu < 0 {
+		if m.GetPciBusId() != "" || int(m.GetCudaDevice()) >= len(d.Devices()) || m.GetCudaDevice() < 0 {
+			return nil, 0, fmt.Errorf("the agent's GPU %d (PCI bus id %q) is not visible to this process's CUDA driver", m.GetCudaDevice(), m.GetPciBusId())
+		}
+		gpu = int(m.GetCudaDevice())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if mem, ok := c.ipcs[h]; ok {
+		return mem, gpu, nil
+	}
+	mem, err := d.OpenIPCHandle(gpu, h)
+	if err != nil {
+		return nil, 0, err
+	}
+	c.ipcs[h] = mem
+	return mem, gpu, nil
 }
 
 // mapMemory maps the memory m names, once per token: through the
@@ -189,7 +392,9 @@ func (c *Client) Free(ctx context.Context, set uint64, slots []uint32) error {
 
 // RegisterBlocks registers written slots under their sequence hashes, the
 // first block being the first of its sequence. The engine keeps a reference
-// on each returned block until Release.
+// on each returned block until Release. Slots the agent refused are left
+// out (and stay the engine's, to free); API().RegisterBlocks answers each
+// slot's outcome and reason.
 func (c *Client) RegisterBlocks(ctx context.Context, set uint64, slots []uint32, hashes []uint64) ([]*fabricpb.BlockRef, error) {
 	resp, err := c.api.RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set, Slots: slots, Hashes: hashes})
 	return resp.GetBlocks(), err
@@ -224,6 +429,12 @@ func (c *Client) Import(ctx context.Context, set uint64, hashes []uint64) (*fabr
 // page size; holders whose page divides the set's serve them too.
 func (c *Client) ImportTokens(ctx context.Context, set uint64, tokens []uint32, salt, lora string) (*fabricpb.ImportResponse, error) {
 	return c.api.Import(ctx, &fabricpb.ImportRequest{BlockSet: set, Tokens: &fabricpb.Tokens{Ids: tokens, Salt: salt, Lora: lora}})
+}
+
+// DropBlockSet stops the client's use of a block set: the agent gives back
+// what the session holds there, and frees the set once no session uses it.
+func (c *Client) DropBlockSet(ctx context.Context, set uint64) (*fabricpb.DropBlockSetResponse, error) {
+	return c.api.DropBlockSet(ctx, &fabricpb.DropBlockSetRequest{BlockSet: set})
 }
 
 // Status returns the agent's view of the cluster.

@@ -3,11 +3,42 @@
 // the agent is configured otherwise: engine_socket_mode,
 // engine_socket_group).
 //
-// Flow for an engine: Register once (it gets its block set, the memory to
+// Flow for an engine: OpenSession first and keep its stream open (see
+// Sessions below), then Register once (it gets its block set, the memory to
 // map and, per rank, where every byte goes), map the memory (see Memory),
 // then Allocate slots, write KV into them, RegisterBlocks with their
 // sequence hashes (or token ids), Lookup who holds a prefix, Import blocks
 // from the cluster into local slots, Acquire and Release blocks it reads.
+//
+// Sessions. Everything an engine allocates, references (Acquire, Import,
+// RegisterBlocks) or registers a block set for belongs to the session it
+// was done under. The engine calls OpenSession and sends a SessionRequest;
+// the first SessionEvent carries the session id, which the engine sends on
+// every other call as gRPC metadata "kvfabric-session" (decimal). It keeps
+// the stream open, sending a SessionRequest at least every keepalive_ms
+// (a third of it is a good period). A malformed id is INVALID_ARGUMENT. The session ends
+// when the engine closes the stream, the connection drops (the process
+// died) or no SessionRequest came for keepalive_ms: the agent then
+// releases its references and frees its unregistered slots; registered
+// blocks stay cached for others. An engine whose session ended must not
+// read or write the slots it held (they may be another's by then): it
+// opens a new session and starts over. A call naming a session that is not open
+// fails with FAILED_PRECONDITION and does nothing. Calls with no session
+// metadata work under one implicit session that never ends: what they
+// hold is held until released, as before sessions existed.
+//
+// Block sets. Register reuses a block set of the same layout (and slot
+// count, when one is asked); engines sharing a set each hold their own
+// references and slots. A set that no session uses any more (all that
+// registered or used it dropped it or ended) is freed after the agent's
+// grace period, or at once when another Register needs its memory: its
+// registered blocks are evicted (remove events, so the cluster forgets
+// them) and its id is never reused.
+//
+// Per-block results. RegisterBlocks, Acquire and Import answer one
+// BlockResult per block asked for, in request order, saying what happened
+// to it; a request that is malformed, or that did nothing at all, fails
+// with a gRPC error instead.
 //
 // Errors use gRPC codes: INVALID_ARGUMENT for a malformed request (the
 // message names the field), NOT_FOUND for an unknown block set or slot,
@@ -38,6 +69,82 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+type Outcome int32
+
+const (
+	Outcome_OUTCOME_UNSPECIFIED Outcome = 0
+	// RegisterBlocks: the slot now holds the block, referenced for the engine.
+	Outcome_OUTCOME_REGISTERED Outcome = 1
+	// RegisterBlocks: another slot already held the hash; the engine's slot
+	// was freed and the other one is referenced for the engine.
+	Outcome_OUTCOME_DUPLICATE Outcome = 2
+	// RegisterBlocks: nothing was done with this slot (see reason).
+	Outcome_OUTCOME_REFUSED Outcome = 3
+	// Acquire: referenced for the engine.
+	Outcome_OUTCOME_ACQUIRED Outcome = 4
+	// Import: already held here, referenced for the engine.
+	Outcome_OUTCOME_LOCAL Outcome = 5
+	// Import: brought from a holder, referenced for the engine.
+	Outcome_OUTCOME_IMPORTED Outcome = 6
+	// Acquire, Import: not held here (and, for Import, not brought).
+	Outcome_OUTCOME_MISSING Outcome = 7
+	// Acquire: not tried, because an earlier block was missing.
+	Outcome_OUTCOME_SKIPPED Outcome = 8
+)
+
+// Enum value maps for Outcome.
+var (
+	Outcome_name = map[int32]string{
+		0: "OUTCOME_UNSPECIFIED",
+		1: "OUTCOME_REGISTERED",
+		2: "OUTCOME_DUPLICATE",
+		3: "OUTCOME_REFUSED",
+		4: "OUTCOME_ACQUIRED",
+		5: "OUTCOME_LOCAL",
+		6: "OUTCOME_IMPORTED",
+		7: "OUTCOME_MISSING",
+		8: "OUTCOME_SKIPPED",
+	}
+	Outcome_value = map[string]int32{
+		"OUTCOME_UNSPECIFIED": 0,
+		"OUTCOME_REGISTERED":  1,
+		"OUTCOME_DUPLICATE":   2,
+		"OUTCOME_REFUSED":     3,
+		"OUTCOME_ACQUIRED":    4,
+		"OUTCOME_LOCAL":       5,
+		"OUTCOME_IMPORTED":    6,
+		"OUTCOME_MISSING":     7,
+		"OUTCOME_SKIPPED":     8,
+	}
+)
+
+func (x Outcome) Enum() *Outcome {
+	p := new(Outcome)
+	*p = x
+	return p
+}
+
+func (x Outcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Outcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_fabric_fabricpb_engine_proto_enumTypes[0].Descriptor()
+}
+
+func (Outcome) Type() protoreflect.EnumType {
+	return &file_fabric_fabricpb_engine_proto_enumTypes[0]
+}
+
+func (x Outcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Outcome.Descriptor instead.
+func (Outcome) EnumDescriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{0}
+}
 
 type RegisterRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -273,6 +380,18 @@ func (x *RegisterResponse) GetRanks() []*RankLayout {
 // memory[0].token to memory[0].fd_socket and mmap the descriptor received,
 // or open memory[0].file and mmap it; rank r's region starts at
 // memory[r].offset in that mapping.
+//
+// Device memory (an agent with a GPU pool; cuda_ipc_handle set): the
+// rank's region is bytes [offset, offset+size) of a GPU allocation of
+// file_size bytes on the GPU that cuda_device (the agent's CUDA index)
+// and pci_bus_id (domain:bus:device.function, which does not depend on
+// CUDA_VISIBLE_DEVICES) name. path, token, fd_socket and file are empty:
+// the engine opens the handle with cuIpcOpenMemHandle (flag
+// CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) in a context of that GPU, which maps
+// the whole allocation at a device pointer of its own, adds offset, and
+// closes it with cuIpcCloseMemHandle when it is done (before the agent
+// stops). Every rank of one pool names the same allocation (the same
+// handle); open it once per process.
 type Memory struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Path   string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -288,7 +407,15 @@ type Memory struct {
 	// The named file under the agent's memory_dir; empty when none.
 	File string `protobuf:"bytes,6,opt,name=file,proto3" json:"file,omitempty"`
 	// The bytes of the whole memory (what to map from offset 0).
-	FileSize      uint64 `protobuf:"varint,7,opt,name=file_size,json=fileSize,proto3" json:"file_size,omitempty"`
+	FileSize uint64 `protobuf:"varint,7,opt,name=file_size,json=fileSize,proto3" json:"file_size,omitempty"`
+	// The CUDA IPC memory handle (CUipcMemHandle, 64 bytes) of the device
+	// allocation; empty for host memory.
+	CudaIpcHandle []byte `protobuf:"bytes,8,opt,name=cuda_ipc_handle,json=cudaIpcHandle,proto3" json:"cuda_ipc_handle,omitempty"`
+	// The agent's CUDA index of the GPU holding the allocation; meaningful
+	// only with cuda_ipc_handle.
+	CudaDevice int32 `protobuf:"varint,9,opt,name=cuda_device,json=cudaDevice,proto3" json:"cuda_device,omitempty"`
+	// That GPU's PCI bus id, as the driver writes it; empty for host memory.
+	PciBusId      string `protobuf:"bytes,10,opt,name=pci_bus_id,json=pciBusId,proto3" json:"pci_bus_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -370,6 +497,27 @@ func (x *Memory) GetFileSize() uint64 {
 		return x.FileSize
 	}
 	return 0
+}
+
+func (x *Memory) GetCudaIpcHandle() []byte {
+	if x != nil {
+		return x.CudaIpcHandle
+	}
+	return nil
+}
+
+func (x *Memory) GetCudaDevice() int32 {
+	if x != nil {
+		return x.CudaDevice
+	}
+	return 0
+}
+
+func (x *Memory) GetPciBusId() string {
+	if x != nil {
+		return x.PciBusId
+	}
+	return ""
 }
 
 // RankLayout is where one TP rank's bytes go. The byte of element
@@ -852,8 +1000,14 @@ func (x *RegisterBlocksRequest) GetParentSet() bool {
 }
 
 type RegisterBlocksResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Blocks        []*BlockRef            `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The blocks registered (or found registered), in request order; refused
+	// slots are left out.
+	Blocks []*BlockRef `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	// One per slot of the request, in order: REGISTERED, DUPLICATE (the
+	// engine's slot was freed; slot names the one holding the block) or
+	// REFUSED with the reason. A refused slot stays the engine's.
+	Results       []*BlockResult `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -891,6 +1045,13 @@ func (*RegisterBlocksResponse) Descriptor() ([]byte, []int) {
 func (x *RegisterBlocksResponse) GetBlocks() []*BlockRef {
 	if x != nil {
 		return x.Blocks
+	}
+	return nil
+}
+
+func (x *RegisterBlocksResponse) GetResults() []*BlockResult {
+	if x != nil {
+		return x.Results
 	}
 	return nil
 }
@@ -1013,7 +1174,10 @@ func (x *AcquireRequest) GetHashes() []uint64 {
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The leading blocks held locally, in order; stops at the first missing.
-	Blocks        []*BlockRef `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Blocks []*BlockRef `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	// One per hash of the request, in order: ACQUIRED for the leading blocks
+	// held, MISSING for the first one not held, SKIPPED for those after it.
+	Results       []*BlockResult `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1051,6 +1215,13 @@ func (*AcquireResponse) Descriptor() ([]byte, []int) {
 func (x *AcquireResponse) GetBlocks() []*BlockRef {
 	if x != nil {
 		return x.Blocks
+	}
+	return nil
+}
+
+func (x *AcquireResponse) GetResults() []*BlockResult {
+	if x != nil {
+		return x.Results
 	}
 	return nil
 }
@@ -1456,8 +1627,11 @@ type ImportResponse struct {
 	// The longest prefix brought (or already here), referenced for the engine.
 	Blocks []*BlockRef `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
 	// Why the rest is missing, when it is.
-	Error         string   `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
-	Fetches       []*Fetch `protobuf:"bytes,3,rep,name=fetches,proto3" json:"fetches,omitempty"`
+	Error   string   `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	Fetches []*Fetch `protobuf:"bytes,3,rep,name=fetches,proto3" json:"fetches,omitempty"`
+	// One per hash of the request, in order: LOCAL (already here), IMPORTED,
+	// or MISSING with why; the brought prefix stops at the first MISSING.
+	Results       []*BlockResult `protobuf:"bytes,4,rep,name=results,proto3" json:"results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1509,6 +1683,13 @@ func (x *ImportResponse) GetError() string {
 func (x *ImportResponse) GetFetches() []*Fetch {
 	if x != nil {
 		return x.Fetches
+	}
+	return nil
+}
+
+func (x *ImportResponse) GetResults() []*BlockResult {
+	if x != nil {
+		return x.Results
 	}
 	return nil
 }
@@ -1590,6 +1771,295 @@ func (x *Fetch) GetMicros() uint64 {
 	return 0
 }
 
+// What happened to one block of a request.
+type BlockResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Hash  uint64                 `protobuf:"varint,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	// The slot holding the block, for the outcomes that reference one.
+	Slot    uint32  `protobuf:"varint,2,opt,name=slot,proto3" json:"slot,omitempty"`
+	Outcome Outcome `protobuf:"varint,3,opt,name=outcome,proto3,enum=kvfabric.fabric.v1.Outcome" json:"outcome,omitempty"`
+	// Why, for REFUSED and MISSING.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// For REFUSED and MISSING, the gRPC code the block alone would have
+	// failed with (e.g. 9 FAILED_PRECONDITION for a slot not allocated).
+	Code uint32 `protobuf:"varint,5,opt,name=code,proto3" json:"code,omitempty"`
+	// RegisterBlocks: the engine's slot the block was written in.
+	RequestSlot   uint32 `protobuf:"varint,6,opt,name=request_slot,json=requestSlot,proto3" json:"request_slot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockResult) Reset() {
+	*x = BlockResult{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockResult) ProtoMessage() {}
+
+func (x *BlockResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockResult.ProtoReflect.Descriptor instead.
+func (*BlockResult) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *BlockResult) GetHash() uint64 {
+	if x != nil {
+		return x.Hash
+	}
+	return 0
+}
+
+func (x *BlockResult) GetSlot() uint32 {
+	if x != nil {
+		return x.Slot
+	}
+	return 0
+}
+
+func (x *BlockResult) GetOutcome() Outcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return Outcome_OUTCOME_UNSPECIFIED
+}
+
+func (x *BlockResult) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *BlockResult) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *BlockResult) GetRequestSlot() uint32 {
+	if x != nil {
+		return x.RequestSlot
+	}
+	return 0
+}
+
+type SessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// In the first request only: a name for logs and status, e.g. "vllm-0".
+	Engine        string `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRequest) Reset() {
+	*x = SessionRequest{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRequest) ProtoMessage() {}
+
+func (x *SessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
+func (*SessionRequest) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SessionRequest) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+type SessionEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// In the first event: the session's id, for the "kvfabric-session"
+	// metadata of every other call.
+	Session uint64 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
+	// In the first event: the session ends when no SessionRequest arrives
+	// for this long.
+	KeepaliveMs   uint32 `protobuf:"varint,2,opt,name=keepalive_ms,json=keepaliveMs,proto3" json:"keepalive_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionEvent) Reset() {
+	*x = SessionEvent{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionEvent) ProtoMessage() {}
+
+func (x *SessionEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionEvent.ProtoReflect.Descriptor instead.
+func (*SessionEvent) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *SessionEvent) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *SessionEvent) GetKeepaliveMs() uint32 {
+	if x != nil {
+		return x.KeepaliveMs
+	}
+	return 0
+}
+
+type DropBlockSetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BlockSet      uint64                 `protobuf:"varint,1,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropBlockSetRequest) Reset() {
+	*x = DropBlockSetRequest{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropBlockSetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropBlockSetRequest) ProtoMessage() {}
+
+func (x *DropBlockSetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropBlockSetRequest.ProtoReflect.Descriptor instead.
+func (*DropBlockSetRequest) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *DropBlockSetRequest) GetBlockSet() uint64 {
+	if x != nil {
+		return x.BlockSet
+	}
+	return 0
+}
+
+type DropBlockSetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// References the session still held there, now released.
+	Released uint32 `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	// Unregistered slots it still held there, now freed.
+	Freed         uint32 `protobuf:"varint,2,opt,name=freed,proto3" json:"freed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropBlockSetResponse) Reset() {
+	*x = DropBlockSetResponse{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropBlockSetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropBlockSetResponse) ProtoMessage() {}
+
+func (x *DropBlockSetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropBlockSetResponse.ProtoReflect.Descriptor instead.
+func (*DropBlockSetResponse) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DropBlockSetResponse) GetReleased() uint32 {
+	if x != nil {
+		return x.Released
+	}
+	return 0
+}
+
+func (x *DropBlockSetResponse) GetFreed() uint32 {
+	if x != nil {
+		return x.Freed
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1598,7 +2068,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +2080,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +2093,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{22}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{27}
 }
 
 type StatusResponse struct {
@@ -1642,14 +2112,17 @@ type StatusResponse struct {
 	ImportsInFlight uint64 `protobuf:"varint,9,opt,name=imports_in_flight,json=importsInFlight,proto3" json:"imports_in_flight,omitempty"`
 	Leases          uint64 `protobuf:"varint,10,opt,name=leases,proto3" json:"leases,omitempty"`
 	// Whether the node has joined its cluster (or has no seeds).
-	Joined        bool `protobuf:"varint,11,opt,name=joined,proto3" json:"joined,omitempty"`
+	Joined bool `protobuf:"varint,11,opt,name=joined,proto3" json:"joined,omitempty"`
+	// Engine sessions open now, the implicit one (id 0) included when it
+	// holds anything.
+	Sessions      []*Session `protobuf:"bytes,12,rep,name=sessions,proto3" json:"sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +2134,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +2147,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{23}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1754,6 +2227,117 @@ func (x *StatusResponse) GetJoined() bool {
 	return false
 }
 
+func (x *StatusResponse) GetSessions() []*Session {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+type Session struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Engine string                 `protobuf:"bytes,2,opt,name=engine,proto3" json:"engine,omitempty"`
+	// The engine process, from the socket's peer credentials where the
+	// platform gives them; 0 where it does not.
+	Pid int32  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	Uid uint32 `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	// When it was opened (Unix milliseconds).
+	OpenedUnixMs int64 `protobuf:"varint,5,opt,name=opened_unix_ms,json=openedUnixMs,proto3" json:"opened_unix_ms,omitempty"`
+	// Block sets it uses, references it holds, unregistered slots it holds.
+	BlockSets     []uint64 `protobuf:"varint,6,rep,packed,name=block_sets,json=blockSets,proto3" json:"block_sets,omitempty"`
+	Refs          uint32   `protobuf:"varint,7,opt,name=refs,proto3" json:"refs,omitempty"`
+	Slots         uint32   `protobuf:"varint,8,opt,name=slots,proto3" json:"slots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Session) Reset() {
+	*x = Session{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Session) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Session) ProtoMessage() {}
+
+func (x *Session) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Session.ProtoReflect.Descriptor instead.
+func (*Session) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Session) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *Session) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *Session) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Session) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *Session) GetOpenedUnixMs() int64 {
+	if x != nil {
+		return x.OpenedUnixMs
+	}
+	return 0
+}
+
+func (x *Session) GetBlockSets() []uint64 {
+	if x != nil {
+		return x.BlockSets
+	}
+	return nil
+}
+
+func (x *Session) GetRefs() uint32 {
+	if x != nil {
+		return x.Refs
+	}
+	return 0
+}
+
+func (x *Session) GetSlots() uint32 {
+	if x != nil {
+		return x.Slots
+	}
+	return 0
+}
+
 type Member struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Node       string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -1771,7 +2355,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +2367,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +2380,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{24}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Member) GetNode() string {
@@ -1843,19 +2427,26 @@ func (x *Member) GetSinceUnixMs() int64 {
 
 // Pool is memory the agent owns in one tier.
 type Pool struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Kind      string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
-	SizeBytes uint64                 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// host, pinned or device.
+	Kind      string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	SizeBytes uint64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// Bytes carved into block sets.
-	CarvedBytes   uint64 `protobuf:"varint,3,opt,name=carved_bytes,json=carvedBytes,proto3" json:"carved_bytes,omitempty"`
-	BlockSets     uint32 `protobuf:"varint,4,opt,name=block_sets,json=blockSets,proto3" json:"block_sets,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CarvedBytes uint64 `protobuf:"varint,3,opt,name=carved_bytes,json=carvedBytes,proto3" json:"carved_bytes,omitempty"`
+	BlockSets   uint32 `protobuf:"varint,4,opt,name=block_sets,json=blockSets,proto3" json:"block_sets,omitempty"`
+	// For a device pool, the GPU's CUDA index on the agent; -1 for host
+	// memory.
+	Device int32 `protobuf:"varint,5,opt,name=device,proto3" json:"device,omitempty"`
+	// For a device pool, how the NIC reaches it: "dmabuf", "peer-memory"
+	// or "" (not registered for RDMA, read and served without it).
+	RdmaRegistration string `protobuf:"bytes,6,opt,name=rdma_registration,json=rdmaRegistration,proto3" json:"rdma_registration,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +2458,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +2471,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{25}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Pool) GetKind() string {
@@ -1911,24 +2502,42 @@ func (x *Pool) GetBlockSets() uint32 {
 	return 0
 }
 
+func (x *Pool) GetDevice() int32 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+func (x *Pool) GetRdmaRegistration() string {
+	if x != nil {
+		return x.RdmaRegistration
+	}
+	return ""
+}
+
 type BlockSet struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Engine        string                 `protobuf:"bytes,2,opt,name=engine,proto3" json:"engine,omitempty"`
-	LayoutDigest  string                 `protobuf:"bytes,3,opt,name=layout_digest,json=layoutDigest,proto3" json:"layout_digest,omitempty"`
-	TpSize        uint32                 `protobuf:"varint,4,opt,name=tp_size,json=tpSize,proto3" json:"tp_size,omitempty"`
-	PageSize      uint32                 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	Slots         uint32                 `protobuf:"varint,6,opt,name=slots,proto3" json:"slots,omitempty"`
-	Free          uint32                 `protobuf:"varint,7,opt,name=free,proto3" json:"free,omitempty"`
-	Registered    uint32                 `protobuf:"varint,8,opt,name=registered,proto3" json:"registered,omitempty"`
-	Leased        uint32                 `protobuf:"varint,9,opt,name=leased,proto3" json:"leased,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Id           uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Engine       string                 `protobuf:"bytes,2,opt,name=engine,proto3" json:"engine,omitempty"`
+	LayoutDigest string                 `protobuf:"bytes,3,opt,name=layout_digest,json=layoutDigest,proto3" json:"layout_digest,omitempty"`
+	TpSize       uint32                 `protobuf:"varint,4,opt,name=tp_size,json=tpSize,proto3" json:"tp_size,omitempty"`
+	PageSize     uint32                 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	Slots        uint32                 `protobuf:"varint,6,opt,name=slots,proto3" json:"slots,omitempty"`
+	Free         uint32                 `protobuf:"varint,7,opt,name=free,proto3" json:"free,omitempty"`
+	Registered   uint32                 `protobuf:"varint,8,opt,name=registered,proto3" json:"registered,omitempty"`
+	Leased       uint32                 `protobuf:"varint,9,opt,name=leased,proto3" json:"leased,omitempty"`
+	// Sessions using the set; 0 with idle_since_unix_ms set: the set is
+	// freed after the grace period or when its memory is needed.
+	Sessions        uint32 `protobuf:"varint,10,opt,name=sessions,proto3" json:"sessions,omitempty"`
+	IdleSinceUnixMs int64  `protobuf:"varint,11,opt,name=idle_since_unix_ms,json=idleSinceUnixMs,proto3" json:"idle_since_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BlockSet) Reset() {
 	*x = BlockSet{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[26]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2549,7 @@ func (x *BlockSet) String() string {
 func (*BlockSet) ProtoMessage() {}
 
 func (x *BlockSet) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[26]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2562,7 @@ func (x *BlockSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockSet.ProtoReflect.Descriptor instead.
 func (*BlockSet) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{26}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *BlockSet) GetId() uint64 {
@@ -2019,6 +2628,20 @@ func (x *BlockSet) GetLeased() uint32 {
 	return 0
 }
 
+func (x *BlockSet) GetSessions() uint32 {
+	if x != nil {
+		return x.Sessions
+	}
+	return 0
+}
+
+func (x *BlockSet) GetIdleSinceUnixMs() int64 {
+	if x != nil {
+		return x.IdleSinceUnixMs
+	}
+	return 0
+}
+
 var File_fabric_fabricpb_engine_proto protoreflect.FileDescriptor
 
 const file_fabric_fabricpb_engine_proto_rawDesc = "" +
@@ -2038,7 +2661,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06layout\x18\x02 \x01(\v2\x1a.kvfabric.layout.v1.LayoutR\x06layout\x122\n" +
 	"\x06memory\x18\x03 \x03(\v2\x1a.kvfabric.fabric.v1.MemoryR\x06memory\x12\x18\n" +
 	"\aretains\x18\x04 \x01(\rR\aretains\x124\n" +
-	"\x05ranks\x18\x05 \x03(\v2\x1e.kvfabric.fabric.v1.RankLayoutR\x05ranks\"\xac\x01\n" +
+	"\x05ranks\x18\x05 \x03(\v2\x1e.kvfabric.fabric.v1.RankLayoutR\x05ranks\"\x93\x02\n" +
 	"\x06Memory\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
@@ -2046,7 +2669,13 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x05token\x18\x04 \x01(\tR\x05token\x12\x1b\n" +
 	"\tfd_socket\x18\x05 \x01(\tR\bfdSocket\x12\x12\n" +
 	"\x04file\x18\x06 \x01(\tR\x04file\x12\x1b\n" +
-	"\tfile_size\x18\a \x01(\x04R\bfileSize\"\xbd\x02\n" +
+	"\tfile_size\x18\a \x01(\x04R\bfileSize\x12&\n" +
+	"\x0fcuda_ipc_handle\x18\b \x01(\fR\rcudaIpcHandle\x12\x1f\n" +
+	"\vcuda_device\x18\t \x01(\x05R\n" +
+	"cudaDevice\x12\x1c\n" +
+	"\n" +
+	"pci_bus_id\x18\n" +
+	" \x01(\tR\bpciBusId\"\xbd\x02\n" +
 	"\n" +
 	"RankLayout\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12!\n" +
@@ -2082,18 +2711,20 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06tokens\x18\x04 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\x12\x16\n" +
 	"\x06parent\x18\x05 \x01(\x04R\x06parent\x12\x1d\n" +
 	"\n" +
-	"parent_set\x18\x06 \x01(\bR\tparentSet\"N\n" +
+	"parent_set\x18\x06 \x01(\bR\tparentSet\"\x89\x01\n" +
 	"\x16RegisterBlocksResponse\x124\n" +
-	"\x06blocks\x18\x01 \x03(\v2\x1c.kvfabric.fabric.v1.BlockRefR\x06blocks\"P\n" +
+	"\x06blocks\x18\x01 \x03(\v2\x1c.kvfabric.fabric.v1.BlockRefR\x06blocks\x129\n" +
+	"\aresults\x18\x02 \x03(\v2\x1f.kvfabric.fabric.v1.BlockResultR\aresults\"P\n" +
 	"\bBlockRef\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\x04R\x04hash\x12\x12\n" +
 	"\x04slot\x18\x02 \x01(\rR\x04slot\x12\x1c\n" +
 	"\tduplicate\x18\x03 \x01(\bR\tduplicate\"E\n" +
 	"\x0eAcquireRequest\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x16\n" +
-	"\x06hashes\x18\x02 \x03(\x04R\x06hashes\"G\n" +
+	"\x06hashes\x18\x02 \x03(\x04R\x06hashes\"\x82\x01\n" +
 	"\x0fAcquireResponse\x124\n" +
-	"\x06blocks\x18\x01 \x03(\v2\x1c.kvfabric.fabric.v1.BlockRefR\x06blocks\"C\n" +
+	"\x06blocks\x18\x01 \x03(\v2\x1c.kvfabric.fabric.v1.BlockRefR\x06blocks\x129\n" +
+	"\aresults\x18\x02 \x03(\v2\x1f.kvfabric.fabric.v1.BlockResultR\aresults\"C\n" +
 	"\x0eReleaseRequest\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x14\n" +
 	"\x05slots\x18\x02 \x03(\rR\x05slots\"\x11\n" +
@@ -2121,18 +2752,36 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06hashes\x18\x02 \x03(\x04R\x06hashes\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x03 \x01(\rR\ttimeoutMs\x122\n" +
-	"\x06tokens\x18\x04 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\"\x91\x01\n" +
+	"\x06tokens\x18\x04 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\"\xcc\x01\n" +
 	"\x0eImportResponse\x124\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x1c.kvfabric.fabric.v1.BlockRefR\x06blocks\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x123\n" +
-	"\afetches\x18\x03 \x03(\v2\x19.kvfabric.fabric.v1.FetchR\afetches\"\x7f\n" +
+	"\afetches\x18\x03 \x03(\v2\x19.kvfabric.fabric.v1.FetchR\afetches\x129\n" +
+	"\aresults\x18\x04 \x03(\v2\x1f.kvfabric.fabric.v1.BlockResultR\aresults\"\x7f\n" +
 	"\x05Fetch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1c\n" +
 	"\ttransport\x18\x02 \x01(\tR\ttransport\x12\x16\n" +
 	"\x06blocks\x18\x03 \x01(\rR\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12\x16\n" +
-	"\x06micros\x18\x05 \x01(\x04R\x06micros\"\x0f\n" +
-	"\rStatusRequest\"\x9f\x03\n" +
+	"\x06micros\x18\x05 \x01(\x04R\x06micros\"\xbb\x01\n" +
+	"\vBlockResult\x12\x12\n" +
+	"\x04hash\x18\x01 \x01(\x04R\x04hash\x12\x12\n" +
+	"\x04slot\x18\x02 \x01(\rR\x04slot\x125\n" +
+	"\aoutcome\x18\x03 \x01(\x0e2\x1b.kvfabric.fabric.v1.OutcomeR\aoutcome\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x12\n" +
+	"\x04code\x18\x05 \x01(\rR\x04code\x12!\n" +
+	"\frequest_slot\x18\x06 \x01(\rR\vrequestSlot\"(\n" +
+	"\x0eSessionRequest\x12\x16\n" +
+	"\x06engine\x18\x01 \x01(\tR\x06engine\"K\n" +
+	"\fSessionEvent\x12\x18\n" +
+	"\asession\x18\x01 \x01(\x04R\asession\x12!\n" +
+	"\fkeepalive_ms\x18\x02 \x01(\rR\vkeepaliveMs\"2\n" +
+	"\x13DropBlockSetRequest\x12\x1b\n" +
+	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\"H\n" +
+	"\x14DropBlockSetResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\rR\breleased\x12\x14\n" +
+	"\x05freed\x18\x02 \x01(\rR\x05freed\"\x0f\n" +
+	"\rStatusRequest\"\xd8\x03\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x124\n" +
@@ -2146,7 +2795,18 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x11imports_in_flight\x18\t \x01(\x04R\x0fimportsInFlight\x12\x16\n" +
 	"\x06leases\x18\n" +
 	" \x01(\x04R\x06leases\x12\x16\n" +
-	"\x06joined\x18\v \x01(\bR\x06joined\"\xac\x01\n" +
+	"\x06joined\x18\v \x01(\bR\x06joined\x127\n" +
+	"\bsessions\x18\f \x03(\v2\x1b.kvfabric.fabric.v1.SessionR\bsessions\"\xc4\x01\n" +
+	"\aSession\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x10\n" +
+	"\x03pid\x18\x03 \x01(\x05R\x03pid\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12$\n" +
+	"\x0eopened_unix_ms\x18\x05 \x01(\x03R\fopenedUnixMs\x12\x1d\n" +
+	"\n" +
+	"block_sets\x18\x06 \x03(\x04R\tblockSets\x12\x12\n" +
+	"\x04refs\x18\a \x01(\rR\x04refs\x12\x14\n" +
+	"\x05slots\x18\b \x01(\rR\x05slots\"\xac\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgossip_addr\x18\x02 \x01(\tR\n" +
@@ -2154,14 +2814,16 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\tpeer_addr\x18\x03 \x01(\tR\bpeerAddr\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\tR\x05state\x12\x16\n" +
 	"\x06blocks\x18\x05 \x01(\x04R\x06blocks\x12\"\n" +
-	"\rsince_unix_ms\x18\x06 \x01(\x03R\vsinceUnixMs\"{\n" +
+	"\rsince_unix_ms\x18\x06 \x01(\x03R\vsinceUnixMs\"\xc0\x01\n" +
 	"\x04Pool\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x02 \x01(\x04R\tsizeBytes\x12!\n" +
 	"\fcarved_bytes\x18\x03 \x01(\x04R\vcarvedBytes\x12\x1d\n" +
 	"\n" +
-	"block_sets\x18\x04 \x01(\rR\tblockSets\"\xef\x01\n" +
+	"block_sets\x18\x04 \x01(\rR\tblockSets\x12\x16\n" +
+	"\x06device\x18\x05 \x01(\x05R\x06device\x12+\n" +
+	"\x11rdma_registration\x18\x06 \x01(\tR\x10rdmaRegistration\"\xb8\x02\n" +
 	"\bBlockSet\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12#\n" +
@@ -2173,7 +2835,20 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\n" +
 	"registered\x18\b \x01(\rR\n" +
 	"registered\x12\x16\n" +
-	"\x06leased\x18\t \x01(\rR\x06leased2\x85\x06\n" +
+	"\x06leased\x18\t \x01(\rR\x06leased\x12\x1a\n" +
+	"\bsessions\x18\n" +
+	" \x01(\rR\bsessions\x12+\n" +
+	"\x12idle_since_unix_ms\x18\v \x01(\x03R\x0fidleSinceUnixMs*\xcf\x01\n" +
+	"\aOutcome\x12\x17\n" +
+	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12OUTCOME_REGISTERED\x10\x01\x12\x15\n" +
+	"\x11OUTCOME_DUPLICATE\x10\x02\x12\x13\n" +
+	"\x0fOUTCOME_REFUSED\x10\x03\x12\x14\n" +
+	"\x10OUTCOME_ACQUIRED\x10\x04\x12\x11\n" +
+	"\rOUTCOME_LOCAL\x10\x05\x12\x14\n" +
+	"\x10OUTCOME_IMPORTED\x10\x06\x12\x13\n" +
+	"\x0fOUTCOME_MISSING\x10\a\x12\x13\n" +
+	"\x0fOUTCOME_SKIPPED\x10\b2\xc1\a\n" +
 	"\x06Engine\x12U\n" +
 	"\bRegister\x12#.kvfabric.fabric.v1.RegisterRequest\x1a$.kvfabric.fabric.v1.RegisterResponse\x12U\n" +
 	"\bAllocate\x12#.kvfabric.fabric.v1.AllocateRequest\x1a$.kvfabric.fabric.v1.AllocateResponse\x12I\n" +
@@ -2183,7 +2858,9 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\aRelease\x12\".kvfabric.fabric.v1.ReleaseRequest\x1a#.kvfabric.fabric.v1.ReleaseResponse\x12O\n" +
 	"\x06Lookup\x12!.kvfabric.fabric.v1.LookupRequest\x1a\".kvfabric.fabric.v1.LookupResponse\x12O\n" +
 	"\x06Import\x12!.kvfabric.fabric.v1.ImportRequest\x1a\".kvfabric.fabric.v1.ImportResponse\x12O\n" +
-	"\x06Status\x12!.kvfabric.fabric.v1.StatusRequest\x1a\".kvfabric.fabric.v1.StatusResponseB.Z,github.com/kvfabric/kvfabric/fabric/fabricpbb\x06proto3"
+	"\x06Status\x12!.kvfabric.fabric.v1.StatusRequest\x1a\".kvfabric.fabric.v1.StatusResponse\x12W\n" +
+	"\vOpenSession\x12\".kvfabric.fabric.v1.SessionRequest\x1a .kvfabric.fabric.v1.SessionEvent(\x010\x01\x12a\n" +
+	"\fDropBlockSet\x12'.kvfabric.fabric.v1.DropBlockSetRequest\x1a(.kvfabric.fabric.v1.DropBlockSetResponseB.Z,github.com/kvfabric/kvfabric/fabric/fabricpbb\x06proto3"
 
 var (
 	file_fabric_fabricpb_engine_proto_rawDescOnce sync.Once
@@ -2197,81 +2874,98 @@ func file_fabric_fabricpb_engine_proto_rawDescGZIP() []byte {
 	return file_fabric_fabricpb_engine_proto_rawDescData
 }
 
-var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_fabric_fabricpb_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_fabric_fabricpb_engine_proto_goTypes = []any{
-	(*RegisterRequest)(nil),        // 0: kvfabric.fabric.v1.RegisterRequest
-	(*RegisterResponse)(nil),       // 1: kvfabric.fabric.v1.RegisterResponse
-	(*Memory)(nil),                 // 2: kvfabric.fabric.v1.Memory
-	(*RankLayout)(nil),             // 3: kvfabric.fabric.v1.RankLayout
-	(*AllocateRequest)(nil),        // 4: kvfabric.fabric.v1.AllocateRequest
-	(*AllocateResponse)(nil),       // 5: kvfabric.fabric.v1.AllocateResponse
-	(*FreeRequest)(nil),            // 6: kvfabric.fabric.v1.FreeRequest
-	(*FreeResponse)(nil),           // 7: kvfabric.fabric.v1.FreeResponse
-	(*Tokens)(nil),                 // 8: kvfabric.fabric.v1.Tokens
-	(*RegisterBlocksRequest)(nil),  // 9: kvfabric.fabric.v1.RegisterBlocksRequest
-	(*RegisterBlocksResponse)(nil), // 10: kvfabric.fabric.v1.RegisterBlocksResponse
-	(*BlockRef)(nil),               // 11: kvfabric.fabric.v1.BlockRef
-	(*AcquireRequest)(nil),         // 12: kvfabric.fabric.v1.AcquireRequest
-	(*AcquireResponse)(nil),        // 13: kvfabric.fabric.v1.AcquireResponse
-	(*ReleaseRequest)(nil),         // 14: kvfabric.fabric.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 15: kvfabric.fabric.v1.ReleaseResponse
-	(*LookupRequest)(nil),          // 16: kvfabric.fabric.v1.LookupRequest
-	(*LookupResponse)(nil),         // 17: kvfabric.fabric.v1.LookupResponse
-	(*Overlap)(nil),                // 18: kvfabric.fabric.v1.Overlap
-	(*ImportRequest)(nil),          // 19: kvfabric.fabric.v1.ImportRequest
-	(*ImportResponse)(nil),         // 20: kvfabric.fabric.v1.ImportResponse
-	(*Fetch)(nil),                  // 21: kvfabric.fabric.v1.Fetch
-	(*StatusRequest)(nil),          // 22: kvfabric.fabric.v1.StatusRequest
-	(*StatusResponse)(nil),         // 23: kvfabric.fabric.v1.StatusResponse
-	(*Member)(nil),                 // 24: kvfabric.fabric.v1.Member
-	(*Pool)(nil),                   // 25: kvfabric.fabric.v1.Pool
-	(*BlockSet)(nil),               // 26: kvfabric.fabric.v1.BlockSet
-	(*layoutpb.ModelConfig)(nil),   // 27: kvfabric.layout.v1.ModelConfig
-	(layoutpb.KVOrder)(0),          // 28: kvfabric.layout.v1.KVOrder
-	(layoutpb.Arrangement)(0),      // 29: kvfabric.layout.v1.Arrangement
-	(*layoutpb.Layout)(nil),        // 30: kvfabric.layout.v1.Layout
+	(Outcome)(0),                   // 0: kvfabric.fabric.v1.Outcome
+	(*RegisterRequest)(nil),        // 1: kvfabric.fabric.v1.RegisterRequest
+	(*RegisterResponse)(nil),       // 2: kvfabric.fabric.v1.RegisterResponse
+	(*Memory)(nil),                 // 3: kvfabric.fabric.v1.Memory
+	(*RankLayout)(nil),             // 4: kvfabric.fabric.v1.RankLayout
+	(*AllocateRequest)(nil),        // 5: kvfabric.fabric.v1.AllocateRequest
+	(*AllocateResponse)(nil),       // 6: kvfabric.fabric.v1.AllocateResponse
+	(*FreeRequest)(nil),            // 7: kvfabric.fabric.v1.FreeRequest
+	(*FreeResponse)(nil),           // 8: kvfabric.fabric.v1.FreeResponse
+	(*Tokens)(nil),                 // 9: kvfabric.fabric.v1.Tokens
+	(*RegisterBlocksRequest)(nil),  // 10: kvfabric.fabric.v1.RegisterBlocksRequest
+	(*RegisterBlocksResponse)(nil), // 11: kvfabric.fabric.v1.RegisterBlocksResponse
+	(*BlockRef)(nil),               // 12: kvfabric.fabric.v1.BlockRef
+	(*AcquireRequest)(nil),         // 13: kvfabric.fabric.v1.AcquireRequest
+	(*AcquireResponse)(nil),        // 14: kvfabric.fabric.v1.AcquireResponse
+	(*ReleaseRequest)(nil),         // 15: kvfabric.fabric.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 16: kvfabric.fabric.v1.ReleaseResponse
+	(*LookupRequest)(nil),          // 17: kvfabric.fabric.v1.LookupRequest
+	(*LookupResponse)(nil),         // 18: kvfabric.fabric.v1.LookupResponse
+	(*Overlap)(nil),                // 19: kvfabric.fabric.v1.Overlap
+	(*ImportRequest)(nil),          // 20: kvfabric.fabric.v1.ImportRequest
+	(*ImportResponse)(nil),         // 21: kvfabric.fabric.v1.ImportResponse
+	(*Fetch)(nil),                  // 22: kvfabric.fabric.v1.Fetch
+	(*BlockResult)(nil),            // 23: kvfabric.fabric.v1.BlockResult
+	(*SessionRequest)(nil),         // 24: kvfabric.fabric.v1.SessionRequest
+	(*SessionEvent)(nil),           // 25: kvfabric.fabric.v1.SessionEvent
+	(*DropBlockSetRequest)(nil),    // 26: kvfabric.fabric.v1.DropBlockSetRequest
+	(*DropBlockSetResponse)(nil),   // 27: kvfabric.fabric.v1.DropBlockSetResponse
+	(*StatusRequest)(nil),          // 28: kvfabric.fabric.v1.StatusRequest
+	(*StatusResponse)(nil),         // 29: kvfabric.fabric.v1.StatusResponse
+	(*Session)(nil),                // 30: kvfabric.fabric.v1.Session
+	(*Member)(nil),                 // 31: kvfabric.fabric.v1.Member
+	(*Pool)(nil),                   // 32: kvfabric.fabric.v1.Pool
+	(*BlockSet)(nil),               // 33: kvfabric.fabric.v1.BlockSet
+	(*layoutpb.ModelConfig)(nil),   // 34: kvfabric.layout.v1.ModelConfig
+	(layoutpb.KVOrder)(0),          // 35: kvfabric.layout.v1.KVOrder
+	(layoutpb.Arrangement)(0),      // 36: kvfabric.layout.v1.Arrangement
+	(*layoutpb.Layout)(nil),        // 37: kvfabric.layout.v1.Layout
 }
 var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
-	27, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
-	28, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
-	29, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
-	30, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
-	2,  // 4: kvfabric.fabric.v1.RegisterResponse.memory:type_name -> kvfabric.fabric.v1.Memory
-	3,  // 5: kvfabric.fabric.v1.RegisterResponse.ranks:type_name -> kvfabric.fabric.v1.RankLayout
-	8,  // 6: kvfabric.fabric.v1.RegisterBlocksRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
-	11, // 7: kvfabric.fabric.v1.RegisterBlocksResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
-	11, // 8: kvfabric.fabric.v1.AcquireResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
-	8,  // 9: kvfabric.fabric.v1.LookupRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
-	18, // 10: kvfabric.fabric.v1.LookupResponse.overlaps:type_name -> kvfabric.fabric.v1.Overlap
-	8,  // 11: kvfabric.fabric.v1.ImportRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
-	11, // 12: kvfabric.fabric.v1.ImportResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
-	21, // 13: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
-	24, // 14: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
-	26, // 15: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
-	25, // 16: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
-	0,  // 17: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
-	4,  // 18: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
-	6,  // 19: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
-	9,  // 20: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
-	12, // 21: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
-	14, // 22: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
-	16, // 23: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
-	19, // 24: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
-	22, // 25: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
-	1,  // 26: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
-	5,  // 27: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
-	7,  // 28: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
-	10, // 29: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
-	13, // 30: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
-	15, // 31: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
-	17, // 32: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
-	20, // 33: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
-	23, // 34: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
-	26, // [26:35] is the sub-list for method output_type
-	17, // [17:26] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	34, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
+	35, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
+	36, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
+	37, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
+	3,  // 4: kvfabric.fabric.v1.RegisterResponse.memory:type_name -> kvfabric.fabric.v1.Memory
+	4,  // 5: kvfabric.fabric.v1.RegisterResponse.ranks:type_name -> kvfabric.fabric.v1.RankLayout
+	9,  // 6: kvfabric.fabric.v1.RegisterBlocksRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	12, // 7: kvfabric.fabric.v1.RegisterBlocksResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
+	23, // 8: kvfabric.fabric.v1.RegisterBlocksResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
+	12, // 9: kvfabric.fabric.v1.AcquireResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
+	23, // 10: kvfabric.fabric.v1.AcquireResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
+	9,  // 11: kvfabric.fabric.v1.LookupRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	19, // 12: kvfabric.fabric.v1.LookupResponse.overlaps:type_name -> kvfabric.fabric.v1.Overlap
+	9,  // 13: kvfabric.fabric.v1.ImportRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	12, // 14: kvfabric.fabric.v1.ImportResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
+	22, // 15: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
+	23, // 16: kvfabric.fabric.v1.ImportResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
+	0,  // 17: kvfabric.fabric.v1.BlockResult.outcome:type_name -> kvfabric.fabric.v1.Outcome
+	31, // 18: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
+	33, // 19: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
+	32, // 20: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
+	30, // 21: kvfabric.fabric.v1.StatusResponse.sessions:type_name -> kvfabric.fabric.v1.Session
+	1,  // 22: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
+	5,  // 23: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
+	7,  // 24: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
+	10, // 25: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
+	13, // 26: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
+	15, // 27: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
+	17, // 28: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
+	20, // 29: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
+	28, // 30: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
+	24, // 31: kvfabric.fabric.v1.Engine.OpenSession:input_type -> kvfabric.fabric.v1.SessionRequest
+	26, // 32: kvfabric.fabric.v1.Engine.DropBlockSet:input_type -> kvfabric.fabric.v1.DropBlockSetRequest
+	2,  // 33: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
+	6,  // 34: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
+	8,  // 35: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
+	11, // 36: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
+	14, // 37: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
+	16, // 38: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
+	18, // 39: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
+	21, // 40: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
+	29, // 41: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
+	25, // 42: kvfabric.fabric.v1.Engine.OpenSession:output_type -> kvfabric.fabric.v1.SessionEvent
+	27, // 43: kvfabric.fabric.v1.Engine.DropBlockSet:output_type -> kvfabric.fabric.v1.DropBlockSetResponse
+	33, // [33:44] is the sub-list for method output_type
+	22, // [22:33] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_fabric_fabricpb_engine_proto_init() }
@@ -2284,13 +2978,14 @@ func file_fabric_fabricpb_engine_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_fabricpb_engine_proto_rawDesc), len(file_fabric_fabricpb_engine_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   27,
+			NumEnums:      1,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_fabric_fabricpb_engine_proto_goTypes,
 		DependencyIndexes: file_fabric_fabricpb_engine_proto_depIdxs,
+		EnumInfos:         file_fabric_fabricpb_engine_proto_enumTypes,
 		MessageInfos:      file_fabric_fabricpb_engine_proto_msgTypes,
 	}.Build()
 	File_fabric_fabricpb_engine_proto = out.File

@@ -3,11 +3,42 @@
 // the agent is configured otherwise: engine_socket_mode,
 // engine_socket_group).
 //
-// Flow for an engine: Register once (it gets its block set, the memory to
+// Flow for an engine: OpenSession first and keep its stream open (see
+// Sessions below), then Register once (it gets its block set, the memory to
 // map and, per rank, where every byte goes), map the memory (see Memory),
 // then Allocate slots, write KV into them, RegisterBlocks with their
 // sequence hashes (or token ids), Lookup who holds a prefix, Import blocks
 // from the cluster into local slots, Acquire and Release blocks it reads.
+//
+// Sessions. Everything an engine allocates, references (Acquire, Import,
+// RegisterBlocks) or registers a block set for belongs to the session it
+// was done under. The engine calls OpenSession and sends a SessionRequest;
+// the first SessionEvent carries the session id, which the engine sends on
+// every other call as gRPC metadata "kvfabric-session" (decimal). It keeps
+// the stream open, sending a SessionRequest at least every keepalive_ms
+// (a third of it is a good period). A malformed id is INVALID_ARGUMENT. The session ends
+// when the engine closes the stream, the connection drops (the process
+// died) or no SessionRequest came for keepalive_ms: the agent then
+// releases its references and frees its unregistered slots; registered
+// blocks stay cached for others. An engine whose session ended must not
+// read or write the slots it held (they may be another's by then): it
+// opens a new session and starts over. A call naming a session that is not open
+// fails with FAILED_PRECONDITION and does nothing. Calls with no session
+// metadata work under one implicit session that never ends: what they
+// hold is held until released, as before sessions existed.
+//
+// Block sets. Register reuses a block set of the same layout (and slot
+// count, when one is asked); engines sharing a set each hold their own
+// references and slots. A set that no session uses any more (all that
+// registered or used it dropped it or ended) is freed after the agent's
+// grace period, or at once when another Register needs its memory: its
+// registered blocks are evicted (remove events, so the cluster forgets
+// them) and its id is never reused.
+//
+// Per-block results. RegisterBlocks, Acquire and Import answer one
+// BlockResult per block asked for, in request order, saying what happened
+// to it; a request that is malformed, or that did nothing at all, fails
+// with a gRPC error instead.
 //
 // Errors use gRPC codes: INVALID_ARGUMENT for a malformed request (the
 // message names the field), NOT_FOUND for an unknown block set or slot,
@@ -45,6 +76,8 @@ const (
 	Engine_Lookup_FullMethodName         = "/kvfabric.fabric.v1.Engine/Lookup"
 	Engine_Import_FullMethodName         = "/kvfabric.fabric.v1.Engine/Import"
 	Engine_Status_FullMethodName         = "/kvfabric.fabric.v1.Engine/Status"
+	Engine_OpenSession_FullMethodName    = "/kvfabric.fabric.v1.Engine/OpenSession"
+	Engine_DropBlockSet_FullMethodName   = "/kvfabric.fabric.v1.Engine/DropBlockSet"
 )
 
 // EngineClient is the client API for Engine service.
@@ -69,6 +102,14 @@ type EngineClient interface {
 	Import(ctx context.Context, in *ImportRequest, opts ...grpc.CallOption) (*ImportResponse, error)
 	// The agent's view: node, members, block sets, transfers.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// Open a session: the engine keeps the stream open for as long as it
+	// works, sending a SessionRequest at least every keepalive_ms; the first
+	// SessionEvent carries the session id. Ending the stream ends the
+	// session.
+	OpenSession(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionEvent], error)
+	// Stop using a block set under the calling session: its references and
+	// unregistered slots there are given back, as when the session ends.
+	DropBlockSet(ctx context.Context, in *DropBlockSetRequest, opts ...grpc.CallOption) (*DropBlockSetResponse, error)
 }
 
 type engineClient struct {
@@ -169,6 +210,29 @@ func (c *engineClient) Status(ctx context.Context, in *StatusRequest, opts ...gr
 	return out, nil
 }
 
+func (c *engineClient) OpenSession(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Engine_ServiceDesc.Streams[0], Engine_OpenSession_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SessionRequest, SessionEvent]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Engine_OpenSessionClient = grpc.BidiStreamingClient[SessionRequest, SessionEvent]
+
+func (c *engineClient) DropBlockSet(ctx context.Context, in *DropBlockSetRequest, opts ...grpc.CallOption) (*DropBlockSetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DropBlockSetResponse)
+	err := c.cc.Invoke(ctx, Engine_DropBlockSet_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EngineServer is the server API for Engine service.
 // All implementations must embed UnimplementedEngineServer
 // for forward compatibility.
@@ -191,6 +255,14 @@ type EngineServer interface {
 	Import(context.Context, *ImportRequest) (*ImportResponse, error)
 	// The agent's view: node, members, block sets, transfers.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// Open a session: the engine keeps the stream open for as long as it
+	// works, sending a SessionRequest at least every keepalive_ms; the first
+	// SessionEvent carries the session id. Ending the stream ends the
+	// session.
+	OpenSession(grpc.BidiStreamingServer[SessionRequest, SessionEvent]) error
+	// Stop using a block set under the calling session: its references and
+	// unregistered slots there are given back, as when the session ends.
+	DropBlockSet(context.Context, *DropBlockSetRequest) (*DropBlockSetResponse, error)
 	mustEmbedUnimplementedEngineServer()
 }
 
@@ -227,6 +299,12 @@ func (UnimplementedEngineServer) Import(context.Context, *ImportRequest) (*Impor
 }
 func (UnimplementedEngineServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedEngineServer) OpenSession(grpc.BidiStreamingServer[SessionRequest, SessionEvent]) error {
+	return status.Error(codes.Unimplemented, "method OpenSession not implemented")
+}
+func (UnimplementedEngineServer) DropBlockSet(context.Context, *DropBlockSetRequest) (*DropBlockSetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DropBlockSet not implemented")
 }
 func (UnimplementedEngineServer) mustEmbedUnimplementedEngineServer() {}
 func (UnimplementedEngineServer) testEmbeddedByValue()                {}
@@ -411,6 +489,31 @@ func _Engine_Status_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_OpenSession_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(EngineServer).OpenSession(&grpc.GenericServerStream[SessionRequest, SessionEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Engine_OpenSessionServer = grpc.BidiStreamingServer[SessionRequest, SessionEvent]
+
+func _Engine_DropBlockSet_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DropBlockSetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).DropBlockSet(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_DropBlockSet_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).DropBlockSet(ctx, req.(*DropBlockSetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Engine_ServiceDesc is the grpc.ServiceDesc for Engine service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -454,7 +557,18 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Status",
 			Handler:    _Engine_Status_Handler,
 		},
+		{
+			MethodName: "DropBlockSet",
+			Handler:    _Engine_DropBlockSet_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "OpenSession",
+			Handler:       _Engine_OpenSession_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "fabric/fabricpb/engine.proto",
 }

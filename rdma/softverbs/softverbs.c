@@ -1109,19 +1109,41 @@ static int range_mapped(uint64_t addr, uint64_t len)
 #define MADV_POPULATE_WRITE 23
 #endif
 
+// populate_supported says whether the kernel knows MADV_POPULATE_WRITE.
+static int populate_supported(void)
+{
+	static int known = -1;
+	if (known < 0) {
+		long page = sysconf(_SC_PAGESIZE);
+		void *p = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		known = p != MAP_FAILED && madvise(p, (size_t)page, MADV_POPULATE_WRITE) == 0;
+		if (p != MAP_FAILED)
+			munmap(p, (size_t)page);
+	}
+	return known;
+}
+
 // pin_range faults in every page of a registration, as a NIC driver's
 // pin_user_pages does: the pages are resident before the first READ, and
-// registration, not the data path, pays for it. Kernels without
-// MADV_POPULATE_* get a read of each page.
-static void pin_range(uint64_t host, uint64_t len, int write)
+// registration, not the data path, pays for it. Memory the process cannot
+// access (a GPU's device pointer with no peer-memory client, which
+// softcuda maps PROT_NONE) fails with EFAULT as pin_user_pages does,
+// instead of faulting the process. Kernels without MADV_POPULATE_* get a
+// read of each page.
+static int pin_range(uint64_t host, uint64_t len, int write)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	uint64_t start = host & ~(uint64_t)(page - 1);
 	uint64_t end = host + len;
 	if (madvise((void *)(uintptr_t)start, end - start, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
-		return;
+		return 0;
+	// EINVAL is both "no such advice" (older kernels) and "permissions
+	// incompatible"; a page that surely allows it tells them apart.
+	if (errno != EINVAL || populate_supported())
+		return EFAULT;
 	for (uint64_t a = start; a < end; a += (uint64_t)page)
 		(void)*(volatile const char *)(uintptr_t)(a < host ? host : a);
+	return 0;
 }
 
 static struct ibv_mr *register_mr(struct ibv_pd *pd, uint64_t host, uint64_t len, uint64_t iova,
@@ -1139,8 +1161,15 @@ static struct ibv_mr *register_mr(struct ibv_pd *pd, uint64_t host, uint64_t len
 	p->users++;
 	pthread_mutex_unlock(&c->lock);
 
-	if (len > 0)
-		pin_range(host, len, access & IBV_ACCESS_LOCAL_WRITE);
+	int perr = len > 0 ? pin_range(host, len, access & IBV_ACCESS_LOCAL_WRITE) : 0;
+	if (perr) {
+		pthread_mutex_lock(&c->lock);
+		c->n_mr--;
+		p->users--;
+		pthread_mutex_unlock(&c->lock);
+		errno = perr;
+		return NULL;
+	}
 	struct sv_mr *m = calloc(1, sizeof(*m));
 	uint32_t lkey = registry_alloc_id(), rkey = registry_alloc_id();
 	if (!m || !lkey || !rkey)

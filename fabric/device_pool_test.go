@@ -1,0 +1,643 @@
+//go:build cgo && linux
+
+package fabric_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool/cuda"
+	"github.com/kvfabric/kvfabric/pool/cuda/softcuda"
+	"github.com/kvfabric/kvfabric/rdma/softverbs"
+)
+
+// The device-pool engine helper: a separate process (the driver refuses to
+// open an IPC handle in the process that made it, and softcuda with it)
+// that registers on an agent with a device pool, opens the IPC handle
+// through pool/cuda, writes gpuBlocks blocks with the driver's copies and
+// registers them.
+const (
+	gpuHelperEnv    = "KVFABRIC_TEST_GPU_ENGINE" // the engine socket
+	gpuHelperLibEnv = "KVFABRIC_TEST_GPU_ENGINE_LIB"
+	gpuBlocks       = 12
+)
+
+// gpuProducer is the engine that writes KV into the holder's device pool.
+var gpuProducer = client.Engine{Name: "gpu-producer", Model: testModel, TPSize: 4, PageSize: 16, Order: layout.HND, Slots: 32}
+
+// gpuHashes are the sequence hashes of the helper's blocks (token i*7+3,
+// as produce).
+func gpuHashes() []uint64 {
+	tokens := make([]uint32, 16*gpuBlocks)
+	for i := range tokens {
+		tokens[i] = uint32(i*7 + 3)
+	}
+	h, _ := layout.NewHasher(16, layout.HashOptions{})
+	var out []uint64
+	for _, b := range h.Sequence(tokens) {
+		out = append(out, b.Sequence)
+	}
+	return out
+}
+
+// init runs the helper instead of the tests in the helper's process.
+func init() {
+	if socket := os.Getenv(gpuHelperEnv); socket != "" {
+		if err := gpuEngineHelper(socket); err != nil {
+			fmt.Fprintln(os.Stderr, "gpu engine helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+}
+
+func gpuEngineHelper(socket string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	drv, err := cuda.Open(cuda.Config{Path: os.Getenv(gpuHelperLibEnv)})
+	if err != nil {
+		return err
+	}
+	defer drv.Close()
+	c, err := client.Dial(ctx, socket)
+	if err != nil {
+		return err
+	}
+	e := gpuProducer
+	e.CUDA = drv
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	if len(set.Device) != e.TPSize || set.Ranks != nil {
+		c.Close()
+		return fmt.Errorf("block set: %d device regions and %d host ones for TP %d", len(set.Device), len(set.Ranks), e.TPSize)
+	}
+	slots, err := c.Allocate(ctx, set.ID, gpuBlocks)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	st, err := drv.NewStream(set.Device[0].GPU)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	// Each block's shard, filled in host memory and copied to the device;
+	// then read back, to show the bytes are where the description says.
+	l := set.Layout
+	strides := l.Strides()
+	host := make([][]byte, l.TPSize)
+	for r := range host {
+		host[r] = make([]byte, strides.Region)
+	}
+	for i, s := range slots {
+		kvtest.Fill(l, host, int(s), uint64(i+1))
+		off := uint64(s) * strides.Block
+		for r, d := range set.Device {
+			if err := st.CopyHtoD(d.Ptr+off, host[r][off:off+strides.Shard]); err != nil {
+				return err
+			}
+		}
+	}
+	back := make([][]byte, l.TPSize)
+	for r, d := range set.Device {
+		back[r] = make([]byte, strides.Region)
+		if err := st.CopyDtoH(back[r], d.Ptr); err != nil {
+			return err
+		}
+	}
+	for i, s := range slots {
+		if err := kvtest.Check(l, back, int(s), uint64(i+1)); err != nil {
+			return fmt.Errorf("read back from the device: %w", err)
+		}
+	}
+	st.Close()
+	if _, err := c.RegisterBlocks(ctx, set.ID, slots, gpuHashes()); err != nil {
+		c.Close()
+		return err
+	}
+	// Close unmaps the IPC memory; the blocks stay registered.
+	return c.Close()
+}
+
+var (
+	gpuLibOnce   sync.Once
+	gpuLibDir    string
+	gpuLibPath   string
+	gpuVerbsPath string
+	gpuLibErr    error
+)
+
+// gpuLibs builds softcuda and softverbs once per test binary and returns
+// a fresh copy of softcuda per call (a GPU of its own, with its own
+// SOFTCUDA_* settings read at its cuInit) and softverbs, with a registry
+// of this test's own.
+func gpuLibs(t *testing.T) (cudaLib, verbsLib string) {
+	t.Helper()
+	gpuLibOnce.Do(func() {
+		gpuLibDir, gpuLibErr = os.MkdirTemp("", "kvfabric-gpu-")
+		if gpuLibErr == nil {
+			gpuLibPath, gpuLibErr = softcuda.Build(gpuLibDir)
+		}
+		if gpuLibErr == nil {
+			gpuVerbsPath, gpuLibErr = softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+		}
+	})
+	if gpuLibErr != nil {
+		t.Fatalf("build softcuda and softverbs (make test installs libibverbs-dev): %v", gpuLibErr)
+	}
+	src, err := os.ReadFile(gpuLibPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cudaLib = filepath.Join(dir, "libsoftcuda.so")
+	if err := os.WriteFile(cudaLib, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SOFTVERBS_REGISTRY", filepath.Join(dir, "registry"))
+	t.Setenv("SOFTVERBS_CONTROL", filepath.Join(dir, "control"))
+	return cudaLib, gpuVerbsPath
+}
+
+// runGPUEngine runs the helper against socket in another process.
+func runGPUEngine(t *testing.T, socket, lib string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), gpuHelperEnv+"="+socket, gpuHelperLibEnv+"="+lib)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("engine process: %v\n%s", err, out)
+	}
+}
+
+// deviceBytes copies a block set's regions out of an agent's device pool
+// in this process, through the same softcuda the agent loaded.
+func deviceBytes(t *testing.T, lib string, l *layout.Layout) [][]byte {
+	t.Helper()
+	drv, err := cuda.Open(cuda.Config{Path: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drv.Close()
+	st, err := drv.NewStream(int(l.Regions[0].Device))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	out := make([][]byte, len(l.Regions))
+	for r, reg := range l.Regions {
+		out[r] = make([]byte, reg.Size)
+		if err := st.CopyDtoH(out[r], reg.Base); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// An engine process opens the holder's device pool by IPC handle, writes
+// KV with the driver's copies and registers it; another agent with a
+// device pool imports it TP 4 -> TP 2 over RDMA, the holder's pool and its
+// own registered by dma-buf, and the bytes copied back from its GPU are
+// every element right.
+func TestDevicePoolImportOverRDMA(t *testing.T) {
+	libs := make([]string, 2)
+	var verbs string
+	for i := range libs {
+		libs[i], verbs = gpuLibs(t)
+	}
+	for _, k := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US", "SOFTCUDA_PCI_BUS_IDS"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		c.Pools = []string{"host=16MiB", "device=16MiB"}
+		c.CUDALibrary = libs[i]
+		c.RDMA, c.RDMALibrary = "on", verbs
+	})
+	holder, importer := agents[0], agents[1]
+	runGPUEngine(t, holder.EngineSocket(), libs[0])
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, a := range agents {
+		s, err := dial(t, a).Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Pools) != 1 || s.Pools[0].Kind != "device" || s.Pools[0].Device != 0 || s.Pools[0].SizeBytes != 16<<20 ||
+			s.Pools[0].RdmaRegistration != "dmabuf" {
+			t.Fatalf("agent %d pools: %v", i, s.Pools)
+		}
+	}
+	hashes := gpuHashes()
+	c := dial(t, importer)
+	set, err := c.Register(ctx, client.Engine{Name: "gpu-consumer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without a driver of its own the client hands the IPC handle over.
+	if set.Ranks != nil || set.Device != nil || len(set.Memory) != 2 || len(set.Memory[0].CudaIpcHandle) != 64 ||
+		set.Memory[0].Path != "" || set.Memory[0].PciBusId == "" || set.Layout.Regions[0].Kind != layout.Device {
+		t.Fatalf("device block set as the engine sees it: %+v, memory %v", set, set.Memory)
+	}
+	holderHas := func() error {
+		ov, err := c.Lookup(ctx, hashes)
+		if err != nil {
+			return err
+		}
+		for _, o := range ov {
+			if o.Node == holder.NodeName() && int(o.Blocks) == len(hashes) {
+				return nil
+			}
+		}
+		return fmt.Errorf("overlaps %v", ov)
+	}
+	wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", holderHas)
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Blocks) != len(hashes) {
+		t.Fatalf("import brought %d of %d blocks: %s", len(resp.Blocks), len(hashes), resp.Error)
+	}
+	for _, f := range resp.Fetches {
+		if f.Transport != "rdma" || f.Node != holder.NodeName() {
+			t.Fatalf("fetch %v: want rdma from %s", f, holder.NodeName())
+		}
+	}
+	mem := deviceBytes(t, libs[1], set.Layout)
+	for i, b := range resp.Blocks {
+		if err := kvtest.Check(set.Layout, mem, int(b.Slot), uint64(i+1)); err != nil {
+			t.Fatalf("imported block %d, copied back from the importer's GPU: %v", i, err)
+		}
+	}
+	// A block set of another shape on the importer is filled from the
+	// imported one by the GPU's copy engine (a local copy, TP 2 -> 1).
+	set1, err := c.Register(ctx, client.Engine{Name: "gpu-tp1", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.NHD, Slots: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp1, err := c.Import(ctx, set1.ID, hashes[:4])
+	if err != nil || len(resp1.Blocks) != 4 || len(resp1.Fetches) != 1 || resp1.Fetches[0].Transport != "local" {
+		t.Fatalf("local import: %v %v", resp1, err)
+	}
+	mem1 := deviceBytes(t, libs[1], set1.Layout)
+	for i, b := range resp1.Blocks {
+		if err := kvtest.Check(set1.Layout, mem1, int(b.Slot), uint64(i+1)); err != nil {
+			t.Fatalf("block %d copied on the device: %v", i, err)
+		}
+	}
+}
+
+// Without RDMA, GPU memory is filled and served over QUIC through pinned
+// staging: an import into a device pool lands TP 2 NHD -> TP 4 HND
+// byte-exact (the bytes copied back from the GPU), and one out of a
+// holder's device pool (an engine process wrote it through the IPC handle)
+// TP 4 -> TP 2, with the holder staging its default 4 MiB at a time, or
+// batches at the size of the pieces it serves (1 KiB: two heads of a TP 4
+// HND chunk), 24 bytes under it (each piece split in two) and three pieces'
+// worth. The importer stages in parts of the same size (many parts, two
+// buffers taking turns, where 1000 bytes cuts its pieces).
+func TestDevicePoolImportOverStagedQUIC(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		device int    // which agent has the device pool
+		tp     int    // the importer's
+		stage  uint64 // the holder's staging batch; 0: the default
+	}{
+		{"into GPU memory", 1, 4, 0},
+		{"into GPU memory in parts of 1000 bytes", 1, 4, 1000},
+		{"out of GPU memory", 0, 2, 0},
+		{"out of GPU memory staged a piece at a time", 0, 2, 1024},
+		{"out of GPU memory staged in parts of pieces", 0, 2, 1000},
+		{"out of GPU memory staged three pieces at a time", 0, 2, 3072},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lib, _ := gpuLibs(t)
+			t.Setenv("SOFTCUDA_DEVICES", "")
+			t.Setenv("SOFTCUDA_MEMORY", "64M")
+			agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+				c.RDMA = "off"
+				if i == tc.device {
+					c.Pools = []string{"device:0=8MiB"}
+					c.CUDALibrary = lib
+				}
+				fabric.SetStageBytes(c, tc.stage)
+			})
+			var hashes []uint64
+			if tc.device == 0 {
+				runGPUEngine(t, agents[0].EngineSocket(), lib)
+				hashes = gpuHashes()
+			} else {
+				hashes = produce(t, agents[0], 2, layout.NHD, gpuBlocks)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c := dial(t, agents[1])
+			set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: tc.tp, PageSize: 16, Order: layout.HND, Slots: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
+				ov, err := c.Lookup(ctx, hashes)
+				if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
+					return fmt.Errorf("overlaps %v %v", ov, err)
+				}
+				return nil
+			})
+			resp, err := c.Import(ctx, set.ID, hashes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Blocks) != len(hashes) || len(resp.Fetches) == 0 || resp.Fetches[0].Transport != "quic" {
+				t.Fatalf("import brought %d of %d blocks, fetches %v: %s", len(resp.Blocks), len(hashes), resp.Fetches, resp.Error)
+			}
+			mem := set.Ranks
+			if tc.device == 1 {
+				mem = deviceBytes(t, lib, set.Layout)
+			}
+			for i, b := range resp.Blocks {
+				if err := kvtest.Check(set.Layout, mem, int(b.Slot), uint64(i+1)); err != nil {
+					t.Fatalf("imported block %d: %v", i, err)
+				}
+			}
+		})
+	}
+}
+
+// Without a CUDA driver, or with a driver that sees no GPU, an agent asked
+// for a device pool runs on its host pool and says so in one log line.
+func TestDevicePoolFallsBackToHost(t *testing.T) {
+	lib, _ := gpuLibs(t)
+	for _, tc := range []struct {
+		name, lib, devices, reason string
+	}{
+		{"no driver", filepath.Join(t.TempDir(), "libcuda.so.1"), "", "libcuda.so.1"},
+		{"no GPU", lib, "0", "no devices"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("SOFTCUDA_DEVICES", tc.devices)
+			var logs bytes.Buffer
+			var mu sync.Mutex
+			cfg := testConfig(t, "n1")
+			cfg.Pools = []string{"host=8MiB", "device=0.5"}
+			cfg.CUDALibrary = tc.lib
+			cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+			a := startAgent(t, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := client.Dial(ctx, a.EngineSocket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			s, err := c.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(s.Pools) != 1 || s.Pools[0].Kind != "host" || s.Pools[0].SizeBytes != 8<<20 || s.Pools[0].Device != -1 {
+				t.Fatalf("pools %v, want the host pool of 8 MiB", s.Pools)
+			}
+			set, err := c.Register(ctx, client.Engine{Name: "e", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 8})
+			if err != nil || len(set.Ranks) != 2 || set.Device != nil {
+				t.Fatalf("register on the host pool: %+v %v", set, err)
+			}
+			mu.Lock()
+			text := logs.String()
+			mu.Unlock()
+			if n := strings.Count(text, "no GPU"); n != 1 || !strings.Contains(text, tc.reason) {
+				t.Fatalf("%d lines say \"no GPU\" (want 1, with %q):\n%s", n, tc.reason, text)
+			}
+		})
+	}
+}
+
+// Device pools that land on more than one GPU are refused at start with the
+// way out; a GPU index the driver does not have is named.
+func TestDevicePoolRefusals(t *testing.T) {
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "2")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	for _, tc := range []struct {
+		name  string
+		pools []string
+		want  string
+	}{
+		{"every GPU of two", []string{"device=8MiB"}, "device pools on 2 GPUs"},
+		{"GPU past the last", []string{"device:2=8MiB"}, "device:2"},
+		{"more than is free", []string{"device:1=65MiB"}, "free"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, "n1")
+			cfg.Pools = tc.pools
+			cfg.CUDALibrary = lib
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			a, err := fabric.Start(ctx, cfg)
+			if err == nil {
+				a.Close()
+				t.Fatalf("%v started", tc.pools)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to name %q", err, tc.want)
+			}
+		})
+	}
+	// The second GPU alone, at the whole of its memory, is fine.
+	cfg := testConfig(t, "n1")
+	cfg.Pools = []string{"device:1=64MiB"}
+	cfg.CUDALibrary = lib
+	a := startAgent(t, cfg)
+	c, err := client.Dial(context.Background(), a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Status(context.Background())
+	if err != nil || len(s.Pools) != 1 || s.Pools[0].Device != 1 || s.Pools[0].SizeBytes != 64<<20 {
+		t.Fatalf("pools %v %v", s.GetPools(), err)
+	}
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// The device pool's RDMA registration: by dma-buf where the driver exports
+// one; else by device pointer where a peer-memory module is loaded (which
+// softverbs, like a NIC without one, cannot pin: the registration fails
+// and says so); else none, logged, and with rdma=on refused at start.
+// Either way the blocks still move, over QUIC through staging.
+func TestDevicePoolRDMARegistrationFallbacks(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		module  bool
+		rdma    string
+		reg     string // status; "!" for a refused start
+		logWant string
+	}{
+		{"no dma-buf, no peer memory", false, "auto", "", "no peer-memory module"},
+		{"no dma-buf, peer memory", true, "auto", "", "device pointer"},
+		{"no dma-buf, rdma on", false, "on", "!", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cudaLib, verbs := gpuLibs(t)
+			t.Setenv("SOFTCUDA_DEVICES", "")
+			t.Setenv("SOFTCUDA_MEMORY", "64M")
+			t.Setenv("SOFTCUDA_DMABUF", "0")
+			var paths []string
+			if tc.module {
+				p := filepath.Join(t.TempDir(), "version")
+				os.WriteFile(p, []byte("1.0\n"), 0o644)
+				paths = []string{p}
+			}
+			defer fabric.SetPeerMemoryPaths(paths)()
+			var logs bytes.Buffer
+			var mu sync.Mutex
+			cfg := testConfig(t, "n1")
+			cfg.Pools = []string{"device=8MiB"}
+			cfg.CUDALibrary = cudaLib
+			cfg.RDMA, cfg.RDMALibrary = tc.rdma, verbs
+			cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			a, err := fabric.Start(ctx, cfg)
+			if tc.reg == "!" {
+				if err == nil {
+					a.Close()
+					t.Fatal("started with rdma=on and no way to register the device pool")
+				}
+				if !strings.Contains(err.Error(), "dma-buf") || !strings.Contains(err.Error(), "rdma=on") {
+					t.Fatalf("err = %v, want rdma=on and the dma-buf failure named", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			c, err := client.Dial(ctx, a.EngineSocket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			s, err := c.Status(ctx)
+			if err != nil || len(s.Pools) != 1 || s.Pools[0].Kind != "device" || s.Pools[0].RdmaRegistration != tc.reg {
+				t.Fatalf("pools %v %v, want a device pool registered %q", s.GetPools(), err, tc.reg)
+			}
+			mu.Lock()
+			text := logs.String()
+			mu.Unlock()
+			if !strings.Contains(text, "RDMA registration of the device pool failed") || !strings.Contains(text, tc.logWant) {
+				t.Fatalf("log does not say the registration failed with %q:\n%s", tc.logWant, text)
+			}
+		})
+	}
+}
+
+// A pinned pool is host memory registered with the CUDA driver where it
+// loads (cuMemHostRegister), still shared with engines by descriptor.
+func TestPinnedPoolThroughCUDA(t *testing.T) {
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	cfg := testConfig(t, "n1")
+	cfg.Pools = []string{"pinned=8MiB"}
+	cfg.CUDALibrary = lib
+	cfg.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Status(ctx)
+	if err != nil || len(s.Pools) != 1 || s.Pools[0].Kind != "pinned" || s.Pools[0].SizeBytes != 8<<20 {
+		t.Fatalf("pools %v %v, want pinned 8 MiB", s.GetPools(), err)
+	}
+	set, err := c.Register(ctx, client.Engine{Name: "e", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 8})
+	if err != nil || len(set.Ranks) != 2 || set.Layout.Regions[0].Kind != layout.Pinned {
+		t.Fatalf("register on the pinned pool: %+v %v", set, err)
+	}
+	// The engine's mapping and the agent's memory are the same bytes.
+	kvtest.Fill(set.Layout, set.Ranks, 0, 7)
+	mu.Lock()
+	text := logs.String()
+	mu.Unlock()
+	if !strings.Contains(text, "host pool pinned through the CUDA driver") {
+		t.Fatalf("log does not say the pool was pinned by the driver:\n%s", text)
+	}
+}
+
+// An agent with a GPU pool uses the RDMA device nearest the GPU in PCI
+// topology (behind the same PCIe switch), not the first one listed.
+func TestDevicePoolPicksTheNearestNIC(t *testing.T) {
+	cudaLib, verbs := gpuLibs(t)
+	root := t.TempDir()
+	// GPU 0000:02:00.0 and NIC sv1 (0000:03:00.0) share switch
+	// 0000:01:00.0; NIC sv0 (0000:81:00.0) is under another root complex.
+	paths := map[string]string{
+		"0000:02:00.0": "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0",
+		"0000:03:00.0": "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:03:00.0",
+		"0000:81:00.0": "devices/pci0000:80/0000:80:01.0/0000:81:00.0",
+	}
+	for addr, p := range paths {
+		if err := os.MkdirAll(filepath.Join(root, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		link := filepath.Join(root, "bus/pci/devices", addr)
+		os.MkdirAll(filepath.Dir(link), 0o755)
+		if err := os.Symlink(filepath.Join(root, p), link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for dev, addr := range map[string]string{"sv0": "0000:81:00.0", "sv1": "0000:03:00.0"} {
+		link := filepath.Join(root, "class/infiniband", dev, "device")
+		os.MkdirAll(filepath.Dir(link), 0o755)
+		if err := os.Symlink(filepath.Join(root, paths[addr]), link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	t.Setenv("SOFTCUDA_PCI_BUS_IDS", "0000:02:00.0")
+	t.Setenv("SOFTVERBS_DEVICES", "sv0,sv1")
+	agents := clusterWith(t, 1, func(i int, c *fabric.Config) {
+		c.Pools = []string{"device=16MiB"}
+		c.CUDALibrary = cudaLib
+		c.RDMA, c.RDMALibrary = "on", verbs
+		fabric.SetSysfsRoot(c, root)
+	})
+	if got := fabric.RDMADeviceName(agents[0]); got != "sv1" {
+		t.Fatalf("the GPU pool's agent uses RDMA device %q, want sv1, behind the GPU's switch", got)
+	}
+}

@@ -1,0 +1,176 @@
+//go:build cgo && linux
+
+package fabric_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/rdma/softverbs"
+)
+
+var (
+	softOnce sync.Once
+	softLib  string
+	softErr  error
+)
+
+// softNIC builds softverbs, the software NIC, once per test binary and
+// gives this test a registry of its own.
+func softNIC(t *testing.T) string {
+	t.Helper()
+	softOnce.Do(func() {
+		softLib, softErr = softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+	})
+	if softErr != nil {
+		t.Fatalf("softverbs (make test installs libibverbs-dev): %v", softErr)
+	}
+	t.Setenv("SOFTVERBS_REGISTRY", filepath.Join(t.TempDir(), "registry"))
+	return softLib
+}
+
+// importAll imports hashes on a under TP tp and order, checks every
+// byte, and returns the transports the import's fetches report.
+func importAll(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, hashes []uint64) []string {
+	t.Helper()
+	ctx := context.Background()
+	c := dial(t, a)
+	set, err := c.Register(ctx, client.Engine{Name: fmt.Sprintf("consumer-tp%d", tp), Model: testModel, TPSize: tp, PageSize: 16, Order: order, Slots: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil {
+		t.Fatalf("import on %s: %v", a.NodeName(), err)
+	}
+	if len(resp.Blocks) != len(hashes) {
+		t.Fatalf("import on %s brought %d of %d blocks: %s", a.NodeName(), len(resp.Blocks), len(hashes), resp.Error)
+	}
+	for i, b := range resp.Blocks {
+		if err := kvtest.Check(set.Layout, set.Ranks, int(b.Slot), uint64(i+1)); err != nil {
+			t.Fatalf("import on %s, block %d: %v", a.NodeName(), i, err)
+		}
+	}
+	var via []string
+	for _, f := range resp.Fetches {
+		via = append(via, f.Transport)
+	}
+	return via
+}
+
+// TP 4 -> TP 2 between in-process agents with RDMA on over softverbs:
+// byte for byte, the fetch says rdma, and the importer's metrics count
+// the bytes as RDMA's and nothing as QUIC's.
+func TestImportOverRDMA(t *testing.T) {
+	lib := softNIC(t)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		c.RDMA, c.RDMALibrary = "on", lib
+	})
+	n1, n2 := agents[0], agents[1]
+	hashes := produce(t, n1, 4, layout.HND, 20)
+	wait.For(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
+		if got := agentStatus(t, n2).Members["n1"]; got != 20 {
+			return fmt.Errorf("n2 indexes %d blocks of n1", got)
+		}
+		return nil
+	})
+	if via := importAll(t, n2, 2, layout.NHD, hashes); len(via) != 1 || via[0] != "rdma" {
+		t.Fatalf("fetches over %v, want one over rdma", via)
+	}
+	m := n2.Metrics()
+	if !m.RDMAEnabled || m.ImportBytes == 0 || m.ImportBytesRDMA != m.ImportBytes || m.RDMA.Bytes != m.ImportBytes || m.RDMA.Reads == 0 {
+		t.Errorf("importer's metrics: enabled %v, import bytes %d (rdma %d), rdma %+v; want every byte over rdma",
+			m.RDMAEnabled, m.ImportBytes, m.ImportBytesRDMA, m.RDMA)
+	}
+	if m.Transport.BytesRead != m.RDMA.Bytes {
+		t.Errorf("importer read %d bytes, %d of them over rdma: the rest went over quic", m.Transport.BytesRead, m.RDMA.Bytes)
+	}
+	if len(m.RDMA.Fallbacks) != 0 {
+		t.Errorf("fallbacks to quic: %v", m.RDMA.Fallbacks)
+	}
+	if hm := n1.Metrics(); hm.RDMA.QPsServed == 0 || hm.RDMA.RegisteredBytes != 64<<20 || hm.Transport.BytesServed != 0 {
+		t.Errorf("holder's metrics: %+v, served %d bytes over quic; want queue pairs served, its 64 MiB pool registered, nothing over quic",
+			hm.RDMA, hm.Transport.BytesServed)
+	}
+}
+
+// rdma=on refuses to start without a usable device, with an error that
+// says why; rdma=auto starts, says once why RDMA is off, and imports
+// over QUIC.
+func TestRDMAOnWithoutDeviceRefusesToStart(t *testing.T) {
+	lib := softNIC(t)
+	missing := filepath.Join(t.TempDir(), "libibverbs.so.1")
+	for _, tc := range []struct {
+		name, lib, device string
+		env               []string
+		want              string
+	}{
+		{name: "no library", lib: missing, want: missing},
+		{name: "port down", lib: lib, env: []string{"SOFTVERBS_PORT_STATE=down"}, want: "port 1 active"},
+		{name: "no such device", lib: lib, device: "mlx5_7", want: "mlx5_7"},
+		{name: "named device's port down", lib: lib, device: "softverbs0", env: []string{"SOFTVERBS_PORT_STATE=down"}, want: "softverbs0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, kv := range tc.env {
+				k, v, _ := strings.Cut(kv, "=")
+				t.Setenv(k, v)
+			}
+			c := testConfig(t, "n1")
+			c.RDMA, c.RDMALibrary, c.RDMADevice = "on", tc.lib, tc.device
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			a, err := fabric.Start(ctx, c)
+			if err == nil {
+				a.Close()
+				t.Fatal("rdma=on started without a usable device")
+			}
+			if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), "rdma=on") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q: want fabric.ErrConfig naming rdma=on and %q", err, tc.want)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+}
+
+func TestRDMAAutoWithoutLibraryUsesQUIC(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "libibverbs.so.1")
+	logs := make([]*logBuffer, 2)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		logs[i] = &logBuffer{}
+		c.RDMA, c.RDMALibrary = "auto", missing
+		c.Logger = slog.New(slog.NewTextHandler(logs[i], nil))
+	})
+	n1, n2 := agents[0], agents[1]
+	for i, l := range logs {
+		out := l.String()
+		if n := strings.Count(out, `msg="RDMA off: reads use QUIC"`); n != 1 || !strings.Contains(out, missing) {
+			t.Errorf("n%d logged RDMA off %d times (want once, naming %s):\n%s", i+1, n, missing, out)
+		}
+	}
+	hashes := produce(t, n1, 4, layout.HND, 8)
+	wait.For(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
+		if got := agentStatus(t, n2).Members["n1"]; got != 8 {
+			return fmt.Errorf("n2 indexes %d blocks of n1", got)
+		}
+		return nil
+	})
+	if via := importAll(t, n2, 2, layout.NHD, hashes); len(via) != 1 || via[0] != "quic" {
+		t.Fatalf("fetches over %v, want one over quic", via)
+	}
+	if m := n2.Metrics(); m.RDMAEnabled || m.ImportBytesRDMA != 0 || m.ImportBytes == 0 {
+		t.Errorf("importer's metrics: rdma enabled %v, %d of %d bytes over rdma", m.RDMAEnabled, m.ImportBytesRDMA, m.ImportBytes)
+	}
+}

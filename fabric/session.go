@@ -1,0 +1,472 @@
+package fabric
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// SessionMetadata is the gRPC metadata key that names the session a call
+// works under.
+const SessionMetadata = fabricpb.SessionMetadata
+
+// session is an engine's session: what the engine allocated, referenced or
+// registered a block set for under it is given back when it ends.
+type session struct {
+	id     uint64 // 0: the implicit session of calls that name none
+	pid    int32
+	uid    uint32
+	opened time.Time
+
+	mu     sync.Mutex
+	engine string
+	ended  bool
+	sets   map[pool.SetID]*engineSet // the sets it uses
+}
+
+// setUse is what one session holds in one block set: references on
+// registered blocks and allocated slots, by slot. Guarded by the set's mu.
+type setUse struct {
+	refs map[int]slotRef
+	// done: the session ended or dropped the set, and what it held was
+	// given back; a call still running gives back what it takes.
+	done bool
+}
+
+type slotRef struct {
+	gen  uint64
+	refs int
+}
+
+// sessionSet is a block set as one session sees it, for the length of one
+// call.
+type sessionSet struct {
+	*engineSet
+	sess *session
+	use  *setUse
+}
+
+// hold records a reference handed to the session.
+func (s *sessionSet) hold(b pool.Block) {
+	s.mu.Lock()
+	if !s.use.done {
+		r := s.use.refs[b.Slot]
+		if r.gen != b.Generation {
+			r = slotRef{gen: b.Generation}
+		}
+		r.refs++
+		s.use.refs[b.Slot] = r
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	// The session ended while the call ran: nobody will give it back.
+	giveBack(s.set, b.Slot, slotRef{gen: b.Generation, refs: 1})
+}
+
+// drop returns a reference held by the session on slot.
+func (s *sessionSet) drop(slot int) (pool.Block, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.use.refs[slot]
+	if !ok || r.refs == 0 {
+		return pool.Block{}, status.Errorf(codes.FailedPrecondition, "slot %d: the session holds no reference on it", slot)
+	}
+	r.refs--
+	if r.refs == 0 {
+		delete(s.use.refs, slot)
+	} else {
+		s.use.refs[slot] = r
+	}
+	return pool.Block{Slot: slot, Generation: r.gen}, nil
+}
+
+// giveBack returns what a session held on one slot to the pool: references
+// on a registered block are released, an allocated slot is freed. A slot
+// recycled since (another generation) has nothing of the session's left.
+func giveBack(set *pool.BlockSet, slot int, r slotRef) (released, freed int) {
+	info, err := set.Slot(slot)
+	if err != nil || info.Generation != r.gen {
+		return 0, 0
+	}
+	b := pool.Block{Slot: slot, Generation: r.gen}
+	switch info.State {
+	case pool.Registered:
+		for range r.refs {
+			if set.Release(b) == nil {
+				released++
+			}
+		}
+	case pool.Partial, pool.Complete:
+		if set.Abort(b) == nil {
+			freed++
+		}
+	}
+	return released, freed
+}
+
+// newSessionID returns an id no other open session has; ids are random so
+// that a stale id from an ended session is not some other engine's.
+func (a *Agent) newSessionID() uint64 {
+	var b [8]byte
+	for {
+		crand.Read(b[:])
+		id := binary.LittleEndian.Uint64(b[:]) >> 11 // exact in a JSON number
+		if _, taken := a.sessions[id]; id != 0 && !taken {
+			return id
+		}
+	}
+}
+
+// openSession starts a session for the engine process at the other end of
+// ctx's connection.
+func (a *Agent) openSession(ctx context.Context, engine string) *session {
+	s := &session{engine: engine, opened: time.Now(), sets: map[pool.SetID]*engineSet{}}
+	if p, ok := peer.FromContext(ctx); ok {
+		if c, ok := p.AuthInfo.(peerCred); ok {
+			s.pid, s.uid = c.pid, c.uid
+		}
+	}
+	a.sessMu.Lock()
+	s.id = a.newSessionID()
+	a.sessions[s.id] = s
+	a.sessMu.Unlock()
+	a.log.Info("engine session opened", "session", s.id, "engine", engine, "pid", s.pid, "uid", s.uid)
+	return s
+}
+
+// endSession gives back everything s holds; registered blocks stay cached.
+func (a *Agent) endSession(s *session, why string) {
+	s.mu.Lock()
+	if s.ended {
+		s.mu.Unlock()
+		return
+	}
+	s.ended = true
+	sets, engine := s.sets, s.engine
+	s.sets = nil
+	s.mu.Unlock()
+	a.sessMu.Lock()
+	delete(a.sessions, s.id)
+	a.sessMu.Unlock()
+	var released, freed int
+	for _, es := range sets {
+		r, f := a.detach(s, es)
+		released += r
+		freed += f
+	}
+	a.log.Info("engine session ended", "session", s.id, "engine", engine, "pid", s.pid, "why", why,
+		"block_sets", len(sets), "released", released, "freed", freed)
+}
+
+// sessionOf returns the session ctx's call works under: the one its
+// metadata names, else the implicit session.
+func (a *Agent) sessionOf(ctx context.Context) (*session, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	v := md.Get(SessionMetadata)
+	if len(v) == 0 {
+		return a.unowned, nil
+	}
+	if len(v) > 1 {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: %d values, want one", SessionMetadata, len(v))
+	}
+	id, err := strconv.ParseUint(v[0], 10, 64)
+	if err != nil || id == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: %q is not a session id", SessionMetadata, v[0])
+	}
+	a.sessMu.Lock()
+	s := a.sessions[id]
+	a.sessMu.Unlock()
+	if s == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "session %d: not open (it ended, or the agent restarted); open a new one", id)
+	}
+	return s, nil
+}
+
+// attach makes es one of the sets s uses, and returns it as s sees it.
+func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return nil, status.Errorf(codes.FailedPrecondition, "session %d: ended", s.id)
+	}
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	if es.freed {
+		return nil, status.Errorf(codes.NotFound, "block set %d: freed (no session used it); register again", es.set.ID())
+	}
+	u := es.users[s.id]
+	if u == nil {
+		u = &setUse{refs: map[int]slotRef{}}
+		es.users[s.id] = u
+		if es.freeTimer != nil {
+			es.freeTimer.Stop()
+			es.freeTimer = nil
+		}
+		es.timerGen++
+		es.idleSince = time.Time{}
+	}
+	s.sets[es.set.ID()] = es
+	return &sessionSet{engineSet: es, sess: s, use: u}, nil
+}
+
+// detach gives back what s holds in es; a set left with no session is
+// freed after the grace period.
+func (a *Agent) detach(s *session, es *engineSet) (released, freed int) {
+	es.mu.Lock()
+	u := es.users[s.id]
+	delete(es.users, s.id)
+	var refs map[int]slotRef
+	if u != nil {
+		u.done = true
+		refs, u.refs = u.refs, nil
+	}
+	es.mu.Unlock()
+	for slot, r := range refs {
+		rl, f := giveBack(es.set, slot, r)
+		released += rl
+		freed += f
+	}
+	es.mu.Lock()
+	if len(es.users) == 0 && !es.freed && es.idleSince.IsZero() {
+		es.idleSince = time.Now()
+		a.scheduleFree(es, a.cfg.BlockSetGrace)
+	}
+	es.mu.Unlock()
+	return released, freed
+}
+
+// scheduleFree frees es after d if no session uses it by then. es.mu is
+// held.
+func (a *Agent) scheduleFree(es *engineSet, d time.Duration) {
+	if es.freeTimer != nil {
+		es.freeTimer.Stop()
+	}
+	// A timer that fired while the set was being taken up again must not
+	// cut a later grace period short.
+	es.timerGen++
+	gen := es.timerGen
+	es.freeTimer = time.AfterFunc(d, func() {
+		select {
+		case <-a.done:
+			return
+		default:
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		es.mu.Lock()
+		current := es.timerGen == gen
+		es.mu.Unlock()
+		if current {
+			a.freeIdleLocked(es)
+		}
+	})
+}
+
+// blockSetRetry is how soon a set that could not be freed because peers
+// lease its blocks (or a copy reads them) is tried again.
+const blockSetRetry = time.Second
+
+// freeIdleLocked frees es if no session uses it, and reports whether it
+// did. a.mu is held.
+func (a *Agent) freeIdleLocked(es *engineSet) bool {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	if es.freed || len(es.users) > 0 {
+		return false
+	}
+	if err := a.pool.FreeBlockSet(es.set.ID()); err != nil {
+		if errors.Is(err, pool.ErrBlockSetBusy) {
+			a.log.Debug("idle block set busy; trying again", "set", es.set.ID(), "err", err)
+			a.scheduleFree(es, blockSetRetry)
+		} else {
+			a.log.Error("idle block set not freed", "set", es.set.ID(), "err", err)
+		}
+		return false
+	}
+	es.freed = true
+	if es.freeTimer != nil {
+		es.freeTimer.Stop()
+		es.freeTimer = nil
+	}
+	delete(a.sets, es.set.ID())
+	a.pokeMeta()
+	a.log.Info("block set freed", "set", es.set.ID(), "engine", es.engine, "idle", time.Since(es.idleSince).Round(time.Millisecond))
+	return true
+}
+
+// freeIdleSets frees the sets no session uses, longest idle first, until
+// made succeeds, and returns made's last answer. a.mu is held.
+func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error)) (*pool.BlockSet, error) {
+	type idleSet struct {
+		es    *engineSet
+		since time.Time
+	}
+	var idle []idleSet
+	for _, es := range a.sets {
+		es.mu.Lock()
+		if len(es.users) == 0 && !es.freed {
+			idle = append(idle, idleSet{es, es.idleSince})
+		}
+		es.mu.Unlock()
+	}
+	sort.Slice(idle, func(i, j int) bool { return idle[i].since.Before(idle[j].since) })
+	set, err := made()
+	for _, is := range idle {
+		es := is.es
+		if !errors.Is(err, pool.ErrOutOfMemory) {
+			break
+		}
+		if a.freeIdleLocked(es) {
+			set, err = made()
+		}
+	}
+	return set, err
+}
+
+// OpenSession keeps a session open for as long as its stream lives and
+// SessionRequests arrive within the keepalive bound.
+func (e *engineServer) OpenSession(stream fabricpb.Engine_OpenSessionServer) error {
+	a := e.a
+	ctx := stream.Context()
+	type recv struct {
+		req *fabricpb.SessionRequest
+		err error
+	}
+	msgs := make(chan recv, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			select {
+			case msgs <- recv{req, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	bound := a.cfg.SessionKeepalive
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	var first *fabricpb.SessionRequest
+	select {
+	case m := <-msgs:
+		if m.err != nil {
+			return m.err
+		}
+		first = m.req
+	case <-timer.C:
+		return status.Errorf(codes.DeadlineExceeded, "session: no first SessionRequest within %v", bound)
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-a.done:
+		return status.Error(codes.Unavailable, "session: the agent is stopping")
+	}
+	s := a.openSession(ctx, first.GetEngine())
+	why := "closed by the engine"
+	defer func() { a.endSession(s, why) }()
+	if err := stream.Send(&fabricpb.SessionEvent{Session: s.id, KeepaliveMs: uint32(bound / time.Millisecond)}); err != nil {
+		why = "first event not sent: " + err.Error()
+		return err
+	}
+	for {
+		timer.Reset(bound)
+		select {
+		case m := <-msgs:
+			if m.err != nil {
+				if status.Code(m.err) == codes.Canceled || ctx.Err() != nil {
+					why = "connection closed"
+				}
+				return nil
+			}
+		case <-timer.C:
+			why = "no keepalive for " + bound.String()
+			return status.Errorf(codes.DeadlineExceeded, "session %d: no SessionRequest for %v; ended", s.id, bound)
+		case <-ctx.Done():
+			why = "connection closed"
+			return ctx.Err()
+		case <-a.done:
+			why = "agent stopping"
+			return status.Error(codes.Unavailable, "session: the agent is stopping")
+		}
+	}
+}
+
+// DropBlockSet gives back what the calling session holds in a block set.
+func (e *engineServer) DropBlockSet(ctx context.Context, req *fabricpb.DropBlockSetRequest) (*fabricpb.DropBlockSetResponse, error) {
+	sess, err := e.a.sessionOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	es, err := e.a.engineSet(req.GetBlockSet())
+	if err != nil {
+		return nil, err
+	}
+	sess.mu.Lock()
+	_, used := sess.sets[es.set.ID()]
+	delete(sess.sets, es.set.ID())
+	sess.mu.Unlock()
+	if !used {
+		return nil, status.Errorf(codes.FailedPrecondition, "block set %d: session %d does not use it", req.GetBlockSet(), sess.id)
+	}
+	r, f := e.a.detach(sess, es)
+	return &fabricpb.DropBlockSetResponse{Released: uint32(r), Freed: uint32(f)}, nil
+}
+
+// sessionsStatus lists the sessions, the implicit one when it holds
+// anything.
+func (a *Agent) sessionsStatus() []*fabricpb.Session {
+	a.sessMu.Lock()
+	all := make([]*session, 0, len(a.sessions)+1)
+	for _, s := range a.sessions {
+		all = append(all, s)
+	}
+	a.sessMu.Unlock()
+	all = append(all, a.unowned)
+	var out []*fabricpb.Session
+	for _, s := range all {
+		s.mu.Lock()
+		ps := &fabricpb.Session{Id: s.id, Engine: s.engine, Pid: s.pid, Uid: s.uid, OpenedUnixMs: s.opened.UnixMilli()}
+		sets := make([]*engineSet, 0, len(s.sets))
+		for _, es := range s.sets {
+			sets = append(sets, es)
+		}
+		s.mu.Unlock()
+		sort.Slice(sets, func(i, j int) bool { return sets[i].set.ID() < sets[j].set.ID() })
+		for _, es := range sets {
+			ps.BlockSets = append(ps.BlockSets, uint64(es.set.ID()))
+			es.mu.Lock()
+			if u := es.users[s.id]; u != nil {
+				for slot, r := range u.refs {
+					if info, err := es.set.Slot(slot); err == nil && info.Generation == r.gen && info.State == pool.Registered {
+						ps.Refs += uint32(r.refs)
+					} else {
+						ps.Slots++
+					}
+				}
+			}
+			es.mu.Unlock()
+		}
+		if s.id == 0 && len(ps.BlockSets) == 0 {
+			continue
+		}
+		out = append(out, ps)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].OpenedUnixMs < out[j].OpenedUnixMs })
+	return out
+}

@@ -1,0 +1,64 @@
+package fabric
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// splitParts keeps every piece's bytes in order, each part at most the
+// limit: rows grouped while they fit, a piece at the limit whole, a piece
+// a byte past it cut in two.
+func TestSplitParts(t *testing.T) {
+	const limit = 1024
+	for _, tc := range []struct {
+		name  string
+		segs  []layout.Segment
+		parts int
+	}{
+		{"rows that fill parts exactly", []layout.Segment{{Length: 256, Count: 8, SrcStride: 512, DstStride: 256}}, 2},
+		{"a piece at the limit", []layout.Segment{{Length: limit, Count: 3, SrcStride: 2 * limit, DstStride: limit}}, 3},
+		{"a piece past the limit", []layout.Segment{{Length: limit + 1, Count: 2, SrcStride: 4 * limit, DstStride: limit + 1}}, 3},
+		{"rows that do not divide it", []layout.Segment{{Length: 300, Count: 7, SrcStride: 300, DstStride: 600}, {SrcRank: 1, DstRank: 1, Length: 1, Count: 1}}, 3},
+		{"nothing", []layout.Segment{{Length: 0, Count: 4}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parts := splitParts(tc.segs, limit)
+			if len(parts) != tc.parts {
+				t.Fatalf("%d parts, want %d: %v", len(parts), tc.parts, parts)
+			}
+			type piece struct {
+				src, dst   int
+				sOff, dOff uint64
+			}
+			bytes := func(segs []layout.Segment) []piece {
+				var out []piece
+				for _, s := range segs {
+					for i := range s.Count {
+						so, do := s.Piece(i)
+						for b := range s.Length {
+							out = append(out, piece{s.SrcRank, s.DstRank, so + b, do + b})
+						}
+					}
+				}
+				return out
+			}
+			var got []piece
+			for i, p := range parts {
+				var n uint64
+				for _, s := range p {
+					n += s.Bytes()
+				}
+				if n > limit || n == 0 {
+					t.Fatalf("part %d has %d bytes (limit %d)", i, n, limit)
+				}
+				got = append(got, bytes(p)...)
+			}
+			want := bytes(tc.segs)
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("the parts move other bytes than the plan, or in another order")
+			}
+		})
+	}
+}

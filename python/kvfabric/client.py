@@ -1,0 +1,612 @@
+"""The engine client: a gRPC connection to the local agent's unix socket.
+
+    with kvfabric.Client("/var/lib/kvfabric/engine.sock") as c:
+        bs = c.register(kvfabric.ModelConfig(32, 8, 128, "bf16"), tp_size=2, page_size=16)
+        slots = c.allocate(bs, 4)
+        bs.write_block(slots[0], kv)            # every rank's heads of one block
+        c.register_blocks(bs, slots, tokens=prompt)
+
+Every call takes ``timeout`` (seconds; the client's default when None) and
+raises a :class:`~kvfabric.errors.KvfabricError` subclass per gRPC code.
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+
+from ._pb.fabric.fabricpb import engine_pb2, engine_pb2_grpc
+from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
+from .errors import InvalidArgument, NotFound, ProtocolError, Unavailable, from_rpc_error
+from .hashing import MAX_BLOCK_SIZE, token_array
+from .memory import FD_SOCKET_SUFFIX, map_descriptor, map_file
+from .session import Session
+
+__all__ = ["Client", "BlockRef", "BlockResult", "Blocks", "DropResult", "Outcome", "Overlap", "LookupResult", "Fetch", "ImportResult", "DEFAULT_SOCKET"]
+
+#: Where the agent serves engines unless configured otherwise.
+DEFAULT_SOCKET = "/var/lib/kvfabric/engine.sock"
+#: The most blocks (hashes, slots) one request may name: the agent's limit.
+MAX_REQUEST_BLOCKS = 1 << 16
+_U32 = 1 << 32
+_U64 = 1 << 64
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """A registered block in a local slot, referenced for the engine.
+    duplicate: another slot already held the hash; the engine's slot was
+    freed and this one holds the block."""
+
+    hash: int
+    slot: int
+    duplicate: bool = False
+
+
+class Outcome(enum.IntEnum):
+    """What happened to one block of a request (engine.proto's Outcome)."""
+
+    UNSPECIFIED = engine_pb2.OUTCOME_UNSPECIFIED
+    REGISTERED = engine_pb2.OUTCOME_REGISTERED  # RegisterBlocks: the slot holds it, referenced
+    DUPLICATE = engine_pb2.OUTCOME_DUPLICATE  # RegisterBlocks: another slot held it; that one is referenced
+    REFUSED = engine_pb2.OUTCOME_REFUSED  # RegisterBlocks: nothing done (reason); the slot stays the engine's
+    ACQUIRED = engine_pb2.OUTCOME_ACQUIRED  # Acquire: referenced
+    LOCAL = engine_pb2.OUTCOME_LOCAL  # Import: already here, referenced
+    IMPORTED = engine_pb2.OUTCOME_IMPORTED  # Import: brought from a holder, referenced
+    MISSING = engine_pb2.OUTCOME_MISSING  # Acquire, Import: not here (reason)
+    SKIPPED = engine_pb2.OUTCOME_SKIPPED  # Acquire: not tried after a missing one
+
+
+_REFERENCED = frozenset({Outcome.REGISTERED, Outcome.DUPLICATE, Outcome.ACQUIRED, Outcome.LOCAL, Outcome.IMPORTED})
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """One block of a RegisterBlocks, Acquire or Import request: its
+    outcome, the slot holding it (for outcomes that reference one), and for
+    REFUSED and MISSING why, with the gRPC code the block alone would have
+    failed with. request_slot: RegisterBlocks' slot the block was written in."""
+
+    hash: int
+    slot: int
+    outcome: Outcome
+    reason: str = ""
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    request_slot: int = 0
+
+    @property
+    def referenced(self) -> bool:
+        """Whether the engine now holds a reference on slot (release it)."""
+        return self.outcome in _REFERENCED
+
+
+def _results(results: Iterable[engine_pb2.BlockResult]) -> list[BlockResult]:
+    out = []
+    for r in results:
+        try:
+            outcome = Outcome(r.outcome)
+        except ValueError:
+            outcome = Outcome.UNSPECIFIED  # from a newer agent
+        out.append(BlockResult(r.hash, r.slot, outcome, r.reason, _CODES.get(r.code, grpc.StatusCode.UNKNOWN), r.request_slot))
+    return out
+
+
+class Blocks(list[BlockRef]):
+    """The blocks a call referenced for the engine, in order; ``results``
+    has one BlockResult per block the request named, in request order."""
+
+    def __init__(self, refs: Iterable[BlockRef] = (), results: list[BlockResult] | None = None) -> None:
+        super().__init__(refs)
+        self.results: list[BlockResult] = results or []
+
+
+@dataclass(frozen=True)
+class DropResult:
+    """What dropping a block set gave back: references released, and
+    unregistered slots freed."""
+
+    released: int
+    freed: int
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """How many leading blocks of a lookup a node holds, and (with a block
+    set) what importing them would cost."""
+
+    node: str
+    blocks: int
+    score: float
+    fetch_estimate_us: int = 0
+    estimate: str = ""
+    fetch_bytes: int = 0
+    transport: str = ""
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    hashes: list[int]
+    overlaps: list[Overlap]
+
+    def best(self, exclude: str | None = None) -> Overlap | None:
+        """The node holding the most leading blocks (ties: the better score)."""
+        cands = [o for o in self.overlaps if o.node != exclude]
+        return max(cands, key=lambda o: (o.blocks, o.score)) if cands else None
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """What one holder contributed to an import."""
+
+    node: str
+    transport: str
+    blocks: int
+    bytes: int
+    micros: int
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """The longest prefix brought (or already here), referenced for the
+    engine; error says why the rest is missing, when it is."""
+
+    requested: int
+    blocks: list[BlockRef]
+    error: str
+    fetches: list[Fetch] = field(default_factory=list)
+    #: One per block asked for: LOCAL, IMPORTED, or MISSING with why.
+    results: list[BlockResult] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.blocks) == self.requested
+
+    @property
+    def slots(self) -> list[int]:
+        return [b.slot for b in self.blocks]
+
+
+def _ints(values: Any, what: str, limit: int, bound: int = MAX_REQUEST_BLOCKS, refs: bool = False) -> list[int]:
+    """values as a list of ints in [0, limit), naming the first bad one;
+    with refs, BlockRefs stand for their slots."""
+    if not isinstance(values, Iterable) or isinstance(values, (str, bytes)):
+        raise InvalidArgument(f"{what}: want a sequence, got {type(values).__name__}")
+    out = []
+    for i, v in enumerate(values):
+        if refs and isinstance(v, BlockRef):
+            v = v.slot
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise InvalidArgument(f"{what}[{i}]: {v!r} is not an integer")
+        if not 0 <= v < limit:
+            raise InvalidArgument(f"{what}[{i}]: {v} is out of range 0..{limit - 1}")
+        out.append(int(v))
+    if len(out) > bound:
+        raise InvalidArgument(f"{what}: {len(out)} (at most {bound})")
+    return out
+
+
+def _set_id(block_set: BlockSet | int) -> int:
+    if isinstance(block_set, BlockSet):
+        return block_set.id
+    if isinstance(block_set, bool) or not isinstance(block_set, (int, np.integer)) or not 0 < block_set < _U64:
+        raise InvalidArgument(f"block_set: {block_set!r} is not a block set (a BlockSet or its id)")
+    return int(block_set)
+
+
+def _tokens(tokens: Any, salt: str | None, lora: str | None) -> engine_pb2.Tokens:
+    return engine_pb2.Tokens(ids=token_array(tokens).tolist(), salt=salt or "", lora=lora or "")
+
+
+def _refs(blocks: Iterable[engine_pb2.BlockRef], results: Iterable[engine_pb2.BlockResult] = ()) -> Blocks:
+    return Blocks((BlockRef(b.hash, b.slot, b.duplicate) for b in blocks), _results(results))
+
+
+def _shut(session: Session | None, channel: grpc.Channel, maps: dict[str, mmap.mmap]) -> None:
+    """What closing a client does; it holds no reference to the client, so
+    that a client collected unclosed is shut too."""
+    if session is not None:
+        session.close()
+    for m in list(maps.values()):
+        try:
+            m.close()
+        except BufferError:
+            pass  # views still use it; unmapped when the last goes
+    maps.clear()
+    channel.close()
+
+
+class Client:
+    """A connection to the agent on this node. Safe to share between threads.
+
+    socket: the engine socket (default ``$KVFABRIC_SOCKET``, else
+    /var/lib/kvfabric/engine.sock). timeout: seconds every call waits for
+    its answer unless told otherwise. import_timeout: the bound on an import
+    (sent to the agent; the call waits 5 s more for its answer). memory:
+    how to map pool memory: "auto" (the descriptor when offered, else the
+    named file), "descriptor" or "file". session: open a session (see
+    :mod:`kvfabric.session`); without one, calls run under the agent's
+    implicit session and what they hold is held until released.
+    """
+
+    def __init__(
+        self,
+        socket: str | os.PathLike[str] | None = None,
+        *,
+        engine: str = "python",
+        timeout: float = 30.0,
+        import_timeout: float = 30.0,
+        memory: str = "auto",
+        session: bool = True,
+    ) -> None:
+        path = os.fspath(socket) if socket is not None else os.environ.get("KVFABRIC_SOCKET", DEFAULT_SOCKET)
+        if memory not in ("auto", "descriptor", "file"):
+            raise InvalidArgument(f"memory: {memory!r} is not auto, descriptor or file")
+        for name, v in (("timeout", timeout), ("import_timeout", import_timeout)):
+            if not isinstance(v, (int, float)) or not v > 0:
+                raise InvalidArgument(f"{name}: {v!r} is not a positive number of seconds")
+        if not os.path.exists(path):
+            raise Unavailable(f"engine socket {path}: no such file (is the agent running?)")
+        self.socket = os.path.abspath(path)
+        self.engine = engine
+        self.timeout = float(timeout)
+        self.import_timeout = float(import_timeout)
+        self._memory = memory
+        self._lock = threading.Lock()
+        self._maps: dict[str, mmap.mmap] = {}
+        self._closed = False
+        # unix:PATH with an absolute path (unix://PATH reads a relative
+        # path's first element as an authority).
+        self._channel = grpc.insecure_channel(
+            "unix:" + self.socket, options=[("grpc.max_receive_message_length", 64 << 20)]
+        )
+        self.api = engine_pb2_grpc.EngineStub(self._channel)
+        self._metadata: tuple[tuple[str, str], ...] = ()
+        self._session: Session | None = None
+        if session:
+            try:
+                self._session = Session(self.api, engine, self.timeout)
+            except BaseException:
+                self._channel.close()
+                raise
+            self._metadata = self._session.metadata
+        # Ends the session and unmaps: on close(), when the client is
+        # collected unclosed, or at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, _shut, self._session, self._channel, self._maps)
+
+    # -- lifetime -------------------------------------------------------
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def session(self) -> int:
+        """The session's id (0: none, the agent's implicit session)."""
+        return self._session.id if self._session else 0
+
+    @property
+    def session_alive(self) -> bool:
+        """False once the session ended: closed, or ended by the agent (then
+        the slots it held may be another's; open a new client)."""
+        return self._session is not None and self._session.alive
+
+    def close(self) -> None:
+        """End the session (the agent releases its references and frees its
+        unregistered slots; registered blocks stay cached) and close the
+        connection. Mapped memory stays valid while numpy views of it exist,
+        and is unmapped when the last one goes. Idempotent."""
+        with self._lock:
+            self._closed = True
+        self._finalizer()
+
+    # -- plumbing -------------------------------------------------------
+
+    def _call(self, method: str, req: Any, timeout: float | None) -> Any:
+        if self._closed:
+            raise Unavailable("client is closed", method=method)
+        t = self.timeout if timeout is None else timeout
+        if not isinstance(t, (int, float)) or not t > 0:
+            raise InvalidArgument(f"timeout: {t!r} is not a positive number of seconds", method=method)
+        try:
+            return getattr(self.api, method)(req, timeout=t, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, method) from None
+
+    def _map(self, m: engine_pb2.Memory) -> mmap.mmap:
+        key = m.token or m.file or m.path
+        with self._lock:
+            if key in self._maps:
+                return self._maps[key]
+        if self._memory == "file" or (self._memory == "auto" and not m.token):
+            if not m.file:
+                if self._memory == "file":
+                    raise Unavailable("pool memory: the agent offers no named file (it runs without memory_dir)")
+                mem = map_file(m.path)  # the older /proc/<pid>/fd form
+            else:
+                mem = map_file(m.file)
+        else:
+            if not m.token:
+                raise Unavailable("pool memory: the agent offers no descriptor")
+            # The companion of the socket as this process reaches it: the
+            # agent's fd_socket names it in the agent's mount namespace.
+            mem = map_descriptor(self.socket + FD_SOCKET_SUFFIX, m.token, self.timeout)
+        with self._lock:
+            if self._closed:
+                mem.close()
+                raise Unavailable("client is closed")
+            if key in self._maps:  # mapped meanwhile by another thread
+                mem.close()
+                return self._maps[key]
+            self._maps[key] = mem
+        return mem
+
+    # -- the engine API -------------------------------------------------
+
+    def register(
+        self,
+        model: ModelConfig,
+        tp_size: int,
+        page_size: int,
+        kv_order: KVOrder | str = KVOrder.HND,
+        arrangement: Arrangement | str = Arrangement.FULLY_CONTIGUOUS,
+        *,
+        slots: int = 0,
+        alignment: int = 0,
+        engine: str | None = None,
+        timeout: float | None = None,
+    ) -> BlockSet:
+        """Register the engine's layout and map its block set's memory.
+
+        slots: 0 takes the agent's default. alignment: the power of two
+        strides round up to; 0 takes the agent's (4096).
+        """
+        if not isinstance(model, ModelConfig):
+            raise InvalidArgument(f"model: want a kvfabric.ModelConfig, got {type(model).__name__}")
+        for name, v, lo, hi in (
+            ("tp_size", tp_size, 1, _U32 - 1),
+            ("page_size", page_size, 1, MAX_BLOCK_SIZE),
+            ("slots", slots, 0, _U32 - 1),
+            ("alignment", alignment, 0, _U64 - 1),
+        ):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+                raise InvalidArgument(f"{name}: {v!r} is not an integer in {lo}..{hi}")
+        req = engine_pb2.RegisterRequest(
+            engine=engine or self.engine,
+            model=model.proto(),
+            tp_size=int(tp_size),
+            page_size=int(page_size),
+            kv_order=int(KVOrder.parse(kv_order, "kv_order")),
+            arrangement=int(Arrangement.parse(arrangement, "arrangement")),
+            slots=int(slots),
+            alignment=int(alignment),
+        )
+        resp = self._call("Register", req, timeout)
+        if len(resp.memory) != resp.layout.tp_size or len(resp.ranks) != resp.layout.tp_size:
+            raise ProtocolError(
+                f"agent sent {len(resp.memory)} memories and {len(resp.ranks)} rank layouts for TP {resp.layout.tp_size}",
+                method="Register",
+            )
+        memories = []
+        for r, m in enumerate(resp.memory):
+            mem = self._map(m)
+            if m.offset + m.size > len(mem):
+                raise ProtocolError(
+                    f"rank {r} region [{m.offset}, {m.offset + m.size}) outside the pool memory ({len(mem)} bytes)",
+                    method="Register",
+                )
+            memories.append(mem)
+        return BlockSet(resp, memories)
+
+    def allocate(self, block_set: BlockSet | int, count: int, *, timeout: float | None = None) -> list[int]:
+        """Take count free slots for the engine to write."""
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or not 1 <= count <= MAX_REQUEST_BLOCKS:
+            raise InvalidArgument(f"count: {count!r} is not in 1..{MAX_REQUEST_BLOCKS}")
+        req = engine_pb2.AllocateRequest(block_set=_set_id(block_set), count=int(count))
+        return list(self._call("Allocate", req, timeout).slots)
+
+    def free(self, block_set: BlockSet | int, slots: Sequence[int], *, timeout: float | None = None) -> None:
+        """Give back allocated slots that were never registered."""
+        req = engine_pb2.FreeRequest(block_set=_set_id(block_set), slots=_ints(slots, "slots", _U32))
+        self._call("Free", req, timeout)
+
+    def register_blocks(
+        self,
+        block_set: BlockSet | int,
+        slots: Sequence[int],
+        hashes: Sequence[int] | None = None,
+        *,
+        tokens: Sequence[int] | np.ndarray | None = None,
+        salt: str | None = None,
+        lora: str | None = None,
+        parent: int | None = None,
+        timeout: float | None = None,
+    ) -> Blocks:
+        """Register written slots, in sequence order, as blocks: by their
+        sequence hashes, or by the token ids of the whole sequence (the agent
+        hashes each full page). parent: the hash of the block before the
+        first one, when that is not the sequence's first. The engine keeps a
+        reference on every returned block until release; ``.results`` says
+        per slot REGISTERED, DUPLICATE or REFUSED (a refused slot stays the
+        engine's, to write again or free)."""
+        s = _ints(slots, "slots", _U32)
+        if not s:
+            raise InvalidArgument("slots: none given")
+        if (hashes is None) == (tokens is None):
+            raise InvalidArgument("hashes and tokens: give one, not both")
+        req = engine_pb2.RegisterBlocksRequest(block_set=_set_id(block_set), slots=s)
+        if hashes is not None:
+            h = _ints(hashes, "hashes", _U64)
+            if len(h) != len(s):
+                raise InvalidArgument(f"hashes: {len(h)} hashes for {len(s)} slots")
+            req.hashes.extend(h)
+        else:
+            req.tokens.CopyFrom(_tokens(tokens, salt, lora))
+        if parent is not None:
+            req.parent = _ints([parent], "parent", _U64)[0]
+            req.parent_set = True
+        resp = self._call("RegisterBlocks", req, timeout)
+        return _refs(resp.blocks, resp.results)
+
+    def acquire(self, block_set: BlockSet | int, hashes: Sequence[int], *, timeout: float | None = None) -> Blocks:
+        """Reference the leading blocks of hashes held in the block set; stops
+        at the first one missing (``.results``: ACQUIRED, then MISSING, then
+        SKIPPED)."""
+        req = engine_pb2.AcquireRequest(block_set=_set_id(block_set), hashes=_ints(hashes, "hashes", _U64))
+        resp = self._call("Acquire", req, timeout)
+        return _refs(resp.blocks, resp.results)
+
+    def release(
+        self, block_set: BlockSet | int, slots: Sequence[int] | Sequence[BlockRef], *, timeout: float | None = None
+    ) -> None:
+        """Drop references taken by acquire, import_blocks or register_blocks."""
+        ids = _ints(slots, "slots", _U32, refs=True)
+        req = engine_pb2.ReleaseRequest(block_set=_set_id(block_set), slots=ids)
+        self._call("Release", req, timeout)
+
+    def lookup(
+        self,
+        hashes: Sequence[int] | None = None,
+        *,
+        tokens: Sequence[int] | np.ndarray | None = None,
+        salt: str | None = None,
+        lora: str | None = None,
+        block_size: int = 0,
+        block_set: BlockSet | int | None = None,
+        timeout: float | None = None,
+    ) -> LookupResult:
+        """Per node, how many leading blocks of the sequence it holds. With a
+        block set, each overlap also says what importing the matched blocks
+        would cost (fetch_estimate_us, fetch_bytes) and, for tokens,
+        block_size 0 means the set's page size (else 16)."""
+        if (hashes is None) == (tokens is None):
+            raise InvalidArgument("hashes and tokens: give one, not both")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or not 0 <= block_size <= MAX_BLOCK_SIZE:
+            raise InvalidArgument(f"block_size: {block_size!r} is not in 0..{MAX_BLOCK_SIZE}")
+        req = engine_pb2.LookupRequest(block_size=block_size)
+        if hashes is not None:
+            req.hashes.extend(_ints(hashes, "hashes", _U64))
+        else:
+            req.tokens.CopyFrom(_tokens(tokens, salt, lora))
+        if block_set is not None:
+            req.block_set = _set_id(block_set)
+        resp = self._call("Lookup", req, timeout)
+        return LookupResult(
+            list(resp.hashes),
+            [
+                Overlap(o.node, o.blocks, o.score, o.fetch_estimate_us, o.estimate, o.fetch_bytes, o.transport)
+                for o in resp.overlaps
+            ],
+        )
+
+    def import_blocks(
+        self,
+        block_set: BlockSet | int,
+        hashes: Sequence[int] | None = None,
+        *,
+        tokens: Sequence[int] | np.ndarray | None = None,
+        salt: str | None = None,
+        lora: str | None = None,
+        wait: float = 0,
+        timeout: float | None = None,
+    ) -> ImportResult:
+        """Bring blocks from the cluster into local slots, referenced for the
+        engine: by sequence hashes at the set's page size, or by token ids
+        (then holders whose page divides the set's serve too).
+
+        wait: seconds to wait first for the cluster's index to show a node
+        holding every block asked for (gossip takes a moment to spread a
+        fresh store); the import then runs whatever the index shows.
+        timeout: the bound on the import itself (default import_timeout).
+
+        Returns the longest prefix brought, with per-holder fetch reports;
+        raises NotFound or Unavailable when nothing could be brought.
+        """
+        sid = _set_id(block_set)
+        if (hashes is None) == (tokens is None):
+            raise InvalidArgument("hashes and tokens: give one, not both")
+        if not isinstance(wait, (int, float)) or wait < 0:
+            raise InvalidArgument(f"wait: {wait!r} is not a number of seconds >= 0")
+        t = self.import_timeout if timeout is None else timeout
+        if not isinstance(t, (int, float)) or not 0 < t * 1000 < _U32:
+            raise InvalidArgument(f"timeout: {t!r} is not a positive number of seconds")
+        req = engine_pb2.ImportRequest(block_set=sid, timeout_ms=max(1, int(t * 1000)))
+        if hashes is not None:
+            hs = _ints(hashes, "hashes", _U64)
+            req.hashes.extend(hs)
+            n = len(hs)
+        else:
+            req.tokens.CopyFrom(_tokens(tokens, salt, lora))
+            n = len(req.tokens.ids) // self._page_size(block_set)
+        if wait > 0:
+            self._wait_indexed(block_set, req, wait)
+        resp = self._call("Import", req, t + 5)
+        return ImportResult(
+            n,
+            _refs(resp.blocks),
+            resp.error,
+            [Fetch(f.node, f.transport, f.blocks, f.bytes, f.micros) for f in resp.fetches],
+            _results(resp.results),
+        )
+
+    def _wait_indexed(self, block_set: BlockSet | int, req: engine_pb2.ImportRequest, wait: float) -> None:
+        """Poll Lookup until some node holds every block req asks for, or
+        wait seconds pass. By tokens, a holder may hold them at any page size
+        that divides the set's, so each divisor is asked."""
+        deadline = time.monotonic() + wait
+        if req.hashes:
+            asks = [engine_pb2.LookupRequest(hashes=req.hashes)]
+            need = [len(req.hashes)]
+        else:
+            page = self._page_size(block_set)
+            tokens = (len(req.tokens.ids) // page) * page
+            if tokens == 0:
+                return
+            sizes = [d for d in range(page, 0, -1) if page % d == 0]
+            asks = [engine_pb2.LookupRequest(tokens=req.tokens, block_size=d) for d in sizes]
+            need = [tokens // d for d in sizes]
+        pause = 0.02
+        while True:
+            for ask, n in zip(asks, need):
+                resp = self._call("Lookup", ask, max(0.1, min(self.timeout, deadline - time.monotonic())))
+                if any(o.blocks >= n for o in resp.overlaps):
+                    return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.2)
+
+    def _page_size(self, block_set: BlockSet | int) -> int:
+        """The page size of a block set given as itself or by id."""
+        if isinstance(block_set, BlockSet):
+            return block_set.page_size
+        sid = _set_id(block_set)
+        for s in self.status().block_sets:
+            if s.id == sid:
+                return s.page_size
+        raise NotFound(f"block set {sid}: unknown to the agent", method="Import")
+
+    def drop_block_set(self, block_set: BlockSet | int, *, timeout: float | None = None) -> DropResult:
+        """Stop using a block set under this session: the references and
+        unregistered slots the session holds there are given back, as when
+        the session ends. Its views must not be used after."""
+        req = engine_pb2.DropBlockSetRequest(block_set=_set_id(block_set))
+        resp = self._call("DropBlockSet", req, timeout)
+        return DropResult(resp.released, resp.freed)
+
+    def status(self, *, timeout: float | None = None) -> engine_pb2.StatusResponse:
+        """The agent's view: node, members, pools, block sets, transfers."""
+        return self._call("Status", engine_pb2.StatusRequest(), timeout)

@@ -1,0 +1,223 @@
+// Command replay replays a request trace (Mooncake FAST'25 JSONL: timestamp,
+// input_length, output_length, hash_ids of 512-token blocks) on a local
+// kvfabric cluster, one engine per agent, and reports how much of the
+// prompts the cluster served: local and cluster hit rates, blocks and bytes
+// imported per transport, import latency and the prefill time saved.
+//
+//	go run ./testbed/replay -trace mooncake.jsonl -nodes 4 -requests 1500 -json
+//	go run ./testbed/replay -generate synth.jsonl -requests 1500   # write a synthetic trace
+//	go run ./testbed/replay -nodes 4                               # replay a synthetic trace
+//
+// It writes its record and report, DIR/replay.json and DIR/replay.html, in
+// the folder -report names (by default a new one in the temporary
+// directory, named on standard error).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/testbed"
+	"github.com/kvfabric/kvfabric/testbed/report"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "replay: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	trace := fs.String("trace", "", "JSONL trace to replay; if empty, a synthetic one (see -seed)")
+	generate := fs.String("generate", "", "write a synthetic trace of -requests requests to this file and exit")
+	nodes := fs.Int("nodes", 4, "agents (one engine each)")
+	requests := fs.Int("requests", 1500, "requests to replay (0: the whole trace)")
+	policy := fs.String("policy", testbed.PolicyKVAware, "router policy: random, round-robin or kv-aware; several, comma-separated, run one after another on fresh clusters")
+	page := fs.Int("page", testbed.TraceBlockTokens, "engine page size in tokens (divides 512 or a multiple of it)")
+	layers := fs.Int("layers", testbed.ReplayModel.Layers, "model layers")
+	heads := fs.Int("kv-heads", testbed.ReplayModel.KVHeads, "model KV heads")
+	headDim := fs.Int("head-dim", testbed.ReplayModel.HeadDim, "model head dim")
+	dtype := fs.String("dtype", testbed.ReplayModel.DType.String(), "model dtype")
+	cache := fs.Int("cache-blocks", 512, "each engine's local cache in blocks")
+	pool := fs.String("pool", "", "each agent's --pool (if empty, room for the cache and imports)")
+	concurrency := fs.Int("concurrency", 4, "requests in flight across the cluster")
+	loadWeight := fs.Float64("load-weight", 1, "kv-aware: blocks of overlap one request in flight costs")
+	rate := fs.Float64("prefill-rate", 10000, "prefill speed in tokens/s, for prefill_seconds_saved")
+	speedup := fs.Float64("speedup", 0, "replay arrivals at timestamp/speedup (0: as fast as possible)")
+	verify := fs.Bool("verify", true, "check every byte of every block hit or imported")
+	seed := fs.Uint64("seed", 1, "seed of the synthetic trace, the random policy and token contents")
+	bin := fs.String("bin", "", "kvfabric binary (if empty, built from ./cmd/kvfabric)")
+	asJSON := fs.Bool("json", false, "print one JSON object on stdout")
+	reportDir := fs.String("report", "", "write replay.json and replay.html (with plots) in this folder (if empty, a new folder in the temporary directory, named on standard error; - for none)")
+	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole replay")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *nodes < 1 || *requests < 0 {
+		return fmt.Errorf("-nodes %d / -requests %d: want at least 1 node and requests >= 0", *nodes, *requests)
+	}
+	for _, p := range strings.Split(*policy, ",") {
+		switch strings.TrimSpace(p) {
+		case testbed.PolicyRandom, testbed.PolicyRoundRobin, testbed.PolicyKVAware:
+		default:
+			return fmt.Errorf("-policy: %q is not random, round-robin or kv-aware", p)
+		}
+	}
+	dt, err := layout.ParseDType(*dtype)
+	if err != nil {
+		return fmt.Errorf("-dtype: %w", err)
+	}
+	model := layout.ModelConfig{Layers: *layers, KVHeads: *heads, HeadDim: *headDim, DType: dt}
+
+	if *generate != "" {
+		reqs, err := testbed.TraceGen{Requests: *requests, Seed: *seed}.Generate()
+		if err != nil {
+			return err
+		}
+		f, err := os.Create(*generate)
+		if err != nil {
+			return err
+		}
+		if err := testbed.WriteTrace(f, reqs); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+
+	var reqs []testbed.TraceRequest
+	if *trace == "" {
+		reqs, err = testbed.TraceGen{Requests: max(*requests, 1), Seed: *seed}.Generate()
+	} else {
+		var f *os.File
+		if f, err = os.Open(*trace); err != nil {
+			return err
+		}
+		reqs, err = testbed.ReadTrace(f, *requests)
+		f.Close()
+		if err != nil {
+			err = fmt.Errorf("%s: %w", *trace, err)
+		}
+	}
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+
+	if *bin == "" {
+		dir, err := os.MkdirTemp("", "kvfabric-replay-bin")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		*bin = filepath.Join(dir, "kvfabric")
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", *bin, "./cmd/kvfabric").CombinedOutput(); err != nil {
+			return fmt.Errorf("build kvfabric (run from the repository root, or give -bin): %v\n%s", err, out)
+		}
+	}
+	if *pool == "" {
+		// The engine's block set, room for a second, and the pool's own.
+		per := uint64(model.Layers) * 2 * uint64(model.KVHeads) * uint64(model.HeadDim) * uint64(dt.Size()) * uint64(*page)
+		*pool = fmt.Sprintf("host=%dMiB", (2*uint64(*cache)*per)>>20+64)
+	}
+	var results []*testbed.ReplayResult
+	for _, p := range strings.Split(*policy, ",") {
+		// A fresh cluster per policy, so that none starts with another's
+		// blocks.
+		c, err := testbed.Start(ctx, testbed.Options{Bin: *bin, Nodes: *nodes, Pool: *pool})
+		if err != nil {
+			return err
+		}
+		res, err := testbed.Replay(ctx, c, reqs, testbed.ReplayOptions{Policy: strings.TrimSpace(p), PageSize: *page, Model: model,
+			CacheBlocks: *cache, Concurrency: *concurrency, LoadWeight: *loadWeight, PrefillRate: *rate,
+			Speedup: *speedup, Verify: *verify, Seed: *seed})
+		if err := errors.Join(err, c.Close()); err != nil {
+			return err
+		}
+		results = append(results, res)
+	}
+	if *reportDir == "" {
+		if *reportDir, err = os.MkdirTemp("", "kvfabric-replay-"); err != nil {
+			return err
+		}
+	}
+	if *reportDir != "-" {
+		name := "synthetic"
+		if *trace != "" {
+			name = filepath.Base(*trace)
+		}
+		rec := testbed.ReplayRecord(fmt.Sprintf("replay of %s (%d requests) on %d nodes: %s", name, len(reqs), *nodes, *policy), results...)
+		if err := report.WriteFiles(*reportDir, "replay", rec); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "replay: report in %s\n", filepath.Join(*reportDir, "replay.html"))
+	}
+	if *asJSON {
+		// One object: the result, or with several policies, the results
+		// by policy.
+		enc := json.NewEncoder(stdout)
+		if len(results) == 1 {
+			return enc.Encode(summary(results[0]))
+		}
+		by := map[string]any{}
+		for _, r := range results {
+			by[r.Policy] = summary(r)
+		}
+		return enc.Encode(by)
+	}
+	for _, r := range results {
+		printText(stdout, r)
+	}
+	return nil
+}
+
+// summary is the result without the per-request timeline (the report
+// has it).
+func summary(res *testbed.ReplayResult) any {
+	type noTimeline struct {
+		*testbed.ReplayResult
+		Timeline []testbed.RequestRecord `json:"timeline,omitempty"`
+	}
+	return noTimeline{ReplayResult: res}
+}
+
+func printText(w io.Writer, res *testbed.ReplayResult) {
+	fmt.Fprintf(w, "policy %s on %d nodes: %d requests, %d blocks in %.1f s\n", res.Policy, res.Nodes, res.Requests, res.BlocksRequested, res.ElapsedSeconds)
+	fmt.Fprintf(w, "  local hit rate    %.3f  (%d blocks)\n", res.LocalHitRate, res.BlocksLocal)
+	fmt.Fprintf(w, "  cluster hit rate  %.3f  (%d imported, %d computed)\n", res.ClusterHitRate, res.BlocksImported, res.BlocksComputed)
+	fmt.Fprintf(w, "  bytes imported    %d in %d imports, p50 %.2f ms, p99 %.2f ms; %d imports brought nothing\n", res.BytesImported, res.Imports, res.ImportP50Ms, res.ImportP99Ms, res.ImportFailures)
+	fmt.Fprintf(w, "  not cached        %d blocks (request tails past half a cache, or caches full of blocks in use)\n", res.Uncached)
+	var ts []string
+	for t := range res.ByTransport {
+		ts = append(ts, t)
+	}
+	sort.Strings(ts)
+	for _, t := range ts {
+		fmt.Fprintf(w, "  by %-14s %d blocks, %d bytes\n", t, res.ByTransport[t].Blocks, res.ByTransport[t].Bytes)
+	}
+	fmt.Fprintf(w, "  prefill saved     %.2f s at %.0f tokens/s (net of %.2f s fetching)\n", res.PrefillSecondsSaved, res.PrefillRate, res.FetchSeconds)
+	fmt.Fprintf(w, "  blocks verified   %d\n", res.BlocksVerified)
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/testbed"
+	"github.com/kvfabric/kvfabric/testbed/report"
+)
+
+var bin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "kvfabric-replay-test-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "kvfabric")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kvfabric").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build kvfabric: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// The command generates a trace file, replays it under two policies with
+// -json (one object on stdout, keyed by policy) and writes the report.
+func TestGenerateReplayReport(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "synth.jsonl")
+	if err := run([]string{"-generate", trace, "-requests", "60", "-seed", "4"}, new(bytes.Buffer)); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := testbed.ReadTrace(f, 0)
+	f.Close()
+	if err != nil || len(reqs) != 60 {
+		t.Fatalf("generated %d requests: %v", len(reqs), err)
+	}
+	var out bytes.Buffer
+	err = run([]string{"-bin", bin, "-trace", trace, "-nodes", "2", "-requests", "50", "-policy", "random,kv-aware",
+		"-layers", "1", "-head-dim", "8", "-cache-blocks", "64", "-json", "-report", filepath.Join(dir, "report")}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var by map[string]map[string]any
+	if err := json.Unmarshal(out.Bytes(), &by); err != nil {
+		t.Fatalf("stdout is not one JSON object: %v\n%s", err, out.String())
+	}
+	keys := []string{"requests", "blocks_requested", "local_hit_rate", "cluster_hit_rate", "blocks_imported",
+		"bytes_imported", "import_p50_ms", "import_p99_ms", "by_transport", "prefill_seconds_saved"}
+	for _, p := range []string{"random", "kv-aware"} {
+		res, ok := by[p]
+		if !ok {
+			t.Fatalf("no %s result in %s", p, out.String())
+		}
+		for _, k := range keys {
+			if _, ok := res[k]; !ok {
+				t.Fatalf("%s: key %s missing", p, k)
+			}
+		}
+		if res["requests"].(float64) != 50 || res["local_hit_rate"].(float64) <= 0 {
+			t.Fatalf("%s: %v", p, res)
+		}
+		if _, ok := res["timeline"]; ok {
+			t.Fatalf("%s: the timeline belongs in the report, not on stdout", p)
+		}
+	}
+	rec, err := report.ReadRecord(filepath.Join(dir, "report", "replay.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.HitRate) != 4 || rec.Summary["random requests"] != 50.0 {
+		t.Fatalf("record: %d hit-rate series, summary %v", len(rec.HitRate), rec.Summary)
+	}
+	page, err := os.ReadFile(filepath.Join(dir, "report", "replay.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(page), "<svg"); n < 1 {
+		t.Fatalf("report has %d plots", n)
+	}
+}
+
+func TestFlagsRefused(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-nodes", "0"}, "-nodes"},
+		{[]string{"-dtype", "f13"}, "-dtype"},
+		{[]string{"-trace", "/nonexistent/trace.jsonl", "-bin", "x"}, "no such file"},
+		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"-generate", "/nonexistent/dir/t.jsonl"}, "no such file"},
+		{[]string{"-policy", "random,fastest"}, "\"fastest\" is not"},
+	} {
+		err := run(c.args, new(bytes.Buffer))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: got %v, want an error naming %q", c.args, err, c.want)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	os.WriteFile(bad, []byte("{\"hash_ids\": [1]}\n{\"hash_ids\": [-1]}\n"), 0o644)
+	if err := run([]string{"-trace", bad, "-bin", bin}, new(bytes.Buffer)); err == nil || !strings.Contains(err.Error(), "line 2: hash_ids[0]") {
+		t.Errorf("bad trace: %v", err)
+	}
+}

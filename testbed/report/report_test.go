@@ -1,0 +1,167 @@
+package report
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// figures parses page as XML (the report is written well formed, so a
+// strict parser reads it whole) and returns, per figure caption, the
+// number of SVG path and text elements its plot drew.
+func figures(t *testing.T, page []byte) map[string][2]int {
+	t.Helper()
+	dec := xml.NewDecoder(bytes.NewReader(page))
+	dec.Strict = true
+	dec.AutoClose = nil
+	dec.Entity = xml.HTMLEntity
+	out := map[string][2]int{}
+	var caption string
+	var inCaption bool
+	depth := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("report is not well formed: %v", err)
+		}
+		switch e := tok.(type) {
+		case xml.StartElement:
+			depth++
+			switch e.Name.Local {
+			case "figcaption":
+				inCaption = true
+			case "path", "text":
+				c := out[caption]
+				if e.Name.Local == "path" {
+					c[0]++
+				} else {
+					c[1]++
+				}
+				out[caption] = c
+			}
+		case xml.EndElement:
+			depth--
+			if e.Name.Local == "figcaption" {
+				inCaption = false
+			}
+		case xml.CharData:
+			if inCaption {
+				caption = strings.TrimSpace(string(e))
+			}
+		}
+	}
+	if depth != 0 {
+		t.Fatalf("unbalanced elements: depth %d at the end", depth)
+	}
+	delete(out, "")
+	return out
+}
+
+func fullRecord() *Record {
+	r := &Record{Title: "everything", Kind: "scenario", Created: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		Summary:   map[string]any{"requests": 3, "policy": "kv-aware", "by_transport": map[string]int{"quic": 4}},
+		LatencyMs: map[string][]float64{"import": {3, 1, 2, 10}, "lease": {0.5, 0.7}},
+		HitRate:   map[string][]Point{"local": {{1, 0.2}, {2, 0.5}}, "cluster": {{1, 0.3}, {2, 0.6}}},
+		Members:   map[string][]Point{"node1": {{0, 8}, {10, 4}, {130, 8}}, "node5": {{0, 8}, {10, 4}, {140, 8}}},
+		Events:    []Event{{10, "partition 4/4 <a&b>"}, {130, "heal"}},
+	}
+	for _, bs := range []int{64 << 10, 256 << 10, 1 << 20} {
+		for _, cs := range []int{1 << 20, 8 << 20, 64 << 20} {
+			r.Throughput = append(r.Throughput, Throughput{BlockBytes: bs, ChunkBytes: cs, GBps: float64(bs>>10) / 100 * float64(cs>>20) / 8})
+		}
+	}
+	return r
+}
+
+func TestHTMLHoldsEveryPlot(t *testing.T) {
+	page, err := HTML(fullRecord())
+	if err != nil {
+		t.Fatal(err)
+	}
+	figs := figures(t, page)
+	want := []string{"Latency CDF", "Hit rate over time", "Throughput by block size", "Throughput by chunk size", "Members seen per node"}
+	if len(figs) != len(want) {
+		t.Fatalf("figures %v, want %v", figs, want)
+	}
+	for _, w := range want {
+		// Axes, lines and legend are paths; titles, ticks and legend
+		// labels are text: a plot that drew nothing has neither.
+		if c := figs[w]; c[0] < 5 || c[1] < 5 {
+			t.Fatalf("figure %q drew %d paths and %d texts", w, c[0], c[1])
+		}
+	}
+	s := string(page)
+	// Self-contained: nothing fetched from elsewhere.
+	for _, ref := range []string{"<script", "<link", "src=", "@import"} {
+		if strings.Contains(s, ref) {
+			t.Fatalf("report refers to outside content (%s)", ref)
+		}
+	}
+	// Legends name the series; events are escaped.
+	for _, w := range []string{"node5", "chunk 64 MiB", "block 256 KiB", "lease", "partition 4/4 &lt;a&amp;b&gt;", "kv-aware"} {
+		if !strings.Contains(s, w) {
+			t.Fatalf("report lacks %q", w)
+		}
+	}
+}
+
+// One chunk size per block size: the chunk-size plot would be one point a
+// line, so only the block-size plot is drawn; a record with nothing to
+// plot is a page with its table.
+func TestHTMLOnlyWhatTheRecordHas(t *testing.T) {
+	r := &Record{Title: "blocks", Throughput: []Throughput{{4096, 1 << 20, 1}, {65536, 1 << 20, 3}}}
+	page, err := HTML(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if figs := figures(t, page); len(figs) != 1 || figs["Throughput by block size"][0] == 0 {
+		t.Fatalf("figures %v", figs)
+	}
+	page, err = HTML(&Record{Title: "bare", Summary: map[string]any{"x": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if figs := figures(t, page); len(figs) != 0 || bytes.Contains(page, []byte("<svg")) {
+		t.Fatalf("figures %v in a record without samples", figs)
+	}
+	if _, err := HTML(&Record{}); !errors.Is(err, ErrEmpty) {
+		t.Fatalf("untitled record: %v", err)
+	}
+	if _, err := HTML(&Record{Title: "bad", Throughput: []Throughput{{0, 1 << 20, 1}}}); err == nil || !strings.Contains(err.Error(), "block size 0") {
+		t.Fatalf("block size 0: %v", err)
+	}
+}
+
+func TestWriteFilesRoundTrip(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "out")
+	r := fullRecord()
+	if err := WriteFiles(dir, "run", r); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadRecord(filepath.Join(dir, "run.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Title != r.Title || len(back.Throughput) != 9 || back.Members["node5"][2].X != 140 || !back.Created.Equal(r.Created) {
+		t.Fatalf("read back %+v", back)
+	}
+	page, err := os.ReadFile(filepath.Join(dir, "run.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(figures(t, page)) != 5 {
+		t.Fatal("written page lacks its figures")
+	}
+	if _, err := ReadRecord(filepath.Join(dir, "run.html")); err == nil {
+		t.Fatal("an HTML file read as a record")
+	}
+}
