@@ -123,9 +123,9 @@ func (a *Agent) registerPools() error {
 // (cuMemGetHandleForAddressRange on the allocation base, then
 // ibv_reg_dmabuf_mr), else by the device pointer through the kernel's
 // peer-memory client where it is loaded, as NCCL falls back. Which one is
-// logged and shown in status; with neither, the pool's blocks cannot move
-// between nodes (the staged QUIC path is not built), which is logged as a
-// warning, or refused at start with rdma=on.
+// logged and shown in status; with neither, the pool's blocks move over
+// QUIC through pinned staging (staging.go), which is logged as a warning,
+// or refused at start with rdma=on.
 func (a *Agent) registerDevicePool(dm *cuda.DeviceMemory) error {
 	start := time.Now()
 	var dmaErr, ptrErr error
@@ -157,7 +157,7 @@ func (a *Agent) registerDevicePool(dm *cuda.DeviceMemory) error {
 	if a.cfg.RDMA == "on" {
 		return fmt.Errorf("%w: rdma=on: device pool: %w", ErrConfig, err)
 	}
-	a.log.Warn("RDMA registration of the device pool failed: its blocks cannot move between nodes (QUIC into GPU memory needs the staged path, not built)",
+	a.log.Warn("RDMA registration of the device pool failed: its blocks move over QUIC through pinned staging",
 		"gpu", a.gpu, "bytes", dm.Size(), "err", err)
 	return nil
 }

@@ -319,6 +319,13 @@ func (c *Cluster) Close() error {
 // Log returns the last lines of a node's log, for failure messages.
 func (n *Node) Log() string { return tail(n.LogFile) }
 
+// FullLog returns the node's whole log, for tests that look for a line in
+// it: what an agent logs at start scrolls out of Log as it works.
+func (n *Node) FullLog() string {
+	b, _ := os.ReadFile(n.LogFile)
+	return string(b)
+}
+
 func tail(path string) string {
 	b, _ := os.ReadFile(path)
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")

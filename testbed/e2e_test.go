@@ -345,14 +345,11 @@ func TestPeerFromAnotherCARefused(t *testing.T) {
 	ctx := context.Background()
 	w := Workload{Sequences: 1, Blocks: 8, PageSize: 16, Seed: 3}
 	seqs := w.Hashes()
-	p, err := Produce(ctx, c.Nodes[0], eng("producer", 1, layout.HND), seqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 
 	// A third agent joins the gossip (which is not encrypted here) with
-	// its own development CA.
+	// its own development CA. It joins before the blocks are stored, so
+	// that it learns of them from their gossiped events: a node that
+	// joins later catches up through the peer channel, which refuses it.
 	rogue := &Cluster{opts: c.opts, Root: c.Root, net: c.net, Nodes: []*Node{{Name: "rogue"}}}
 	rn := rogue.Nodes[0]
 	ip := c.net + "9"
@@ -367,6 +364,14 @@ func TestPeerFromAnotherCARefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rn.Stop(syscall.SIGTERM, 5*time.Second)
+	if err := c.WaitMembers(startCtx, []*Node{rn}, 3); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Produce(ctx, c.Nodes[0], eng("producer", 1, layout.HND), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
 	waitIndexed(t, rn, "node1", w.Unique())
 
 	_, err = Consume(ctx, rn, eng("thief", 1, layout.HND), seqs)

@@ -120,7 +120,7 @@ func TestGPUPoolsAcrossProcesses(t *testing.T) {
 					t.Fatalf("block %d copied back from the importer's GPU: %v", i, err)
 				}
 			}
-			if log := holder.Log(); !strings.Contains(log, "device pool made") {
+			if log := holder.FullLog(); !strings.Contains(log, "device pool made") {
 				t.Fatalf("holder's log says nothing of its device pool:\n%s", log)
 			}
 		})

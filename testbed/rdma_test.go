@@ -191,7 +191,7 @@ func TestRDMAImportAcrossProcesses(t *testing.T) {
 		if v := metric(t, n, "kvfabric_rdma_registered_bytes"); v != 64<<20 {
 			t.Errorf("%s registered %v bytes, want its 64 MiB pool", n.Name, v)
 		}
-		if !strings.Contains(n.Log(), `msg="RDMA on"`) || !strings.Contains(n.Log(), `msg="pool registered for RDMA"`) {
+		if full := n.FullLog(); !strings.Contains(full, `msg="RDMA on"`) || !strings.Contains(full, `msg="pool registered for RDMA"`) {
 			t.Errorf("%s did not log RDMA on and its registration:\n%s", n.Name, n.Log())
 		}
 	}
@@ -324,7 +324,7 @@ func TestRDMAFaultsFallBackToQUIC(t *testing.T) {
 			if got := readBytes(t, importer, "rdma"); got != 0 {
 				t.Errorf("importer's metrics: %v bytes read over rdma, want 0", got)
 			}
-			if !strings.Contains(strings.ToLower(importer.Log()), tc.log) {
+			if !strings.Contains(strings.ToLower(importer.FullLog()), tc.log) {
 				t.Errorf("the importer's log does not say %q", tc.log)
 			}
 			// A read that no answer comes to fails after the queue

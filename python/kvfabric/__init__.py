@@ -30,6 +30,7 @@ from .client import (
     Outcome,
     Overlap,
 )
+from .cuda import CudaError
 from .errors import (
     Cancelled,
     DeadlineExceeded,
@@ -56,6 +57,7 @@ __all__ = [
     "BlockSet",
     "Cancelled",
     "Client",
+    "CudaError",
     "DEFAULT_SOCKET",
     "DType",
     "DeadlineExceeded",

@@ -20,13 +20,16 @@ from __future__ import annotations
 import enum
 import mmap
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._pb.fabric.fabricpb import engine_pb2
 from ._pb.layout.layoutpb import layout_pb2
-from .errors import InvalidArgument, ProtocolError
+from .errors import FailedPrecondition, InvalidArgument, ProtocolError
+
+if TYPE_CHECKING:
+    from .cuda import DeviceMemory
 
 __all__ = ["DType", "KVOrder", "Arrangement", "ModelConfig", "BlockSet"]
 
@@ -155,7 +158,12 @@ class BlockSet:
     agent's RankLayout (offset, strides, chunk shape, head ids, replicas).
     """
 
-    def __init__(self, resp: engine_pb2.RegisterResponse, memories: list[mmap.mmap]) -> None:
+    def __init__(
+        self,
+        resp: engine_pb2.RegisterResponse,
+        memories: list[mmap.mmap] | None = None,
+        device: list[DeviceMemory] | None = None,
+    ) -> None:
         lay = resp.layout
         self.id: int = resp.block_set
         self.layout: layout_pb2.Layout = lay
@@ -169,17 +177,50 @@ class BlockSet:
         self.retains: int = resp.retains
         self.ranks: list[engine_pb2.RankLayout] = list(resp.ranks)
         self.memory: list[engine_pb2.Memory] = list(resp.memory)
-        #: Each rank's mapping of the pool memory (ranks of one pool share one).
-        self.buffers: list[mmap.mmap] = list(memories)
+        #: Each rank's mapping of the pool memory (ranks of one pool share
+        #: one); empty for a block set in GPU memory.
+        self.buffers: list[mmap.mmap] = list(memories or [])
+        #: Each rank's opened device memory (ranks of one GPU pool share
+        #: one); empty for host memory.
+        self.device: list[DeviceMemory] = list(device or [])
         self.dtype: np.dtype = self.model.dtype.numpy  # type: ignore[union-attr]
         self.planes = 1 if self.model.mla else 2
-        if len(self.ranks) != self.tp_size or len(memories) != self.tp_size:
+        have = len(self.device) if self.device else len(self.buffers)
+        if len(self.ranks) != self.tp_size or have != self.tp_size:
             raise ProtocolError(
-                f"block set {self.id}: {len(self.ranks)} rank layouts and {len(memories)} memories for TP {self.tp_size}"
+                f"block set {self.id}: {len(self.ranks)} rank layouts and {have} memories for TP {self.tp_size}"
             )
-        self.views: list[np.ndarray] = [self._view(r, memories[r]) for r in range(self.tp_size)]
+        if self.device:
+            for r in range(self.tp_size):
+                self._check_rank(r)
+                self._check_device_extent(r)
+            self.views: list[np.ndarray] = []
+        else:
+            self.views = [self._view(r, self.buffers[r]) for r in range(self.tp_size)]
 
-    def _view(self, r: int, mem: mmap.mmap) -> np.ndarray:
+    @property
+    def on_device(self) -> bool:
+        """Whether the block set is in GPU memory (no numpy views: blocks
+        move with :meth:`write_block` and :meth:`read_block`)."""
+        return bool(self.device)
+
+    def _check_device_extent(self, r: int) -> None:
+        rl, m, mem = self.ranks[r], self.memory[r], self.device[r]
+        last = (
+            rl.offset
+            + (self.slots - 1) * rl.block_stride
+            + (self.model.layers - 1) * rl.layer_stride
+            + (self.planes - 1) * rl.kv_stride
+            + rl.chunk_bytes
+        )
+        if rl.offset < m.offset or last > m.offset + m.size or last > mem.size:
+            raise ProtocolError(
+                f"block set {self.id} rank {r}: its blocks reach [{rl.offset}, {last}), outside the region "
+                f"[{m.offset}, {m.offset + m.size}) of a device allocation of {mem.size} bytes"
+            )
+
+    def _check_rank(self, r: int) -> tuple[int, int, int]:
+        """Checks rank r's layout against the model; returns its chunk shape."""
         rl = self.ranks[r]
         m = self.model
         eb = self.dtype.itemsize
@@ -202,7 +243,13 @@ class BlockSet:
             problems.append(f"head_ids {list(rl.head_ids)} not a run of heads")
         if problems:
             raise ProtocolError(f"block set {self.id} rank {r}: the agent's layout does not add up: " + "; ".join(problems))
-        c0, c1, c2 = want_chunk
+        return want_chunk[0], want_chunk[1], want_chunk[2]
+
+    def _view(self, r: int, mem: mmap.mmap) -> np.ndarray:
+        rl = self.ranks[r]
+        m = self.model
+        eb = self.dtype.itemsize
+        c0, c1, c2 = self._check_rank(r)
         shape = (self.slots, m.layers, self.planes, c0, c1, c2)
         strides = (rl.block_stride, rl.layer_stride, rl.kv_stride, c1 * c2 * eb, c2 * eb, eb)
         # Through frombuffer, whose memoryview holds the mapping open: an
@@ -223,7 +270,12 @@ class BlockSet:
 
     def rank(self, r: int) -> np.ndarray:
         """Rank r's view: (slots, layers, planes, *chunk_shape)."""
-        return self.views[_index(r, "rank", self.tp_size)]
+        r = _index(r, "rank", self.tp_size)
+        if self.device:
+            raise FailedPrecondition(
+                f"block set {self.id} is in GPU memory: no numpy views of it; use write_block and read_block"
+            )
+        return self.views[r]
 
     def block(self, r: int, slot: int) -> np.ndarray:
         """Slot's shard on rank r: (layers, planes, *chunk_shape), a view."""
@@ -264,7 +316,10 @@ class BlockSet:
         slot = _index(slot, "slot", self.slots)
         kv = self._check_array(kv, "kv")
         for r in self._ranks(rank):
-            np.copyto(self.views[r][slot], self._as_shard(r, kv))
+            if self.device:
+                self._device_copy(r, slot, np.ascontiguousarray(self._as_shard(r, kv)), write=True)
+            else:
+                np.copyto(self.views[r][slot], self._as_shard(r, kv))
 
     def read_block(self, slot: int, rank: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """Read slot into a full block array: the heads rank holds (every
@@ -276,8 +331,29 @@ class BlockSet:
         else:
             out = self._check_array(out, "out")
         for r in self._ranks(rank):
-            np.copyto(self._as_shard(r, out), self.views[r][slot])
+            if self.device:
+                shard = self._as_shard(r, out)
+                tmp = np.empty(shard.shape, dtype=self.dtype)
+                self._device_copy(r, slot, tmp, write=False)
+                np.copyto(shard, tmp)
+            else:
+                np.copyto(self._as_shard(r, out), self.views[r][slot])
         return out
+
+    def _device_copy(self, r: int, slot: int, shard: np.ndarray, write: bool) -> None:
+        """Moves slot's shard on rank r between the device and shard, a
+        C-contiguous (layers, planes, *chunk) array: in one copy where the
+        block is contiguous on the device, else one per (layer, plane)."""
+        rl, mem = self.ranks[r], self.device[r]
+        base = rl.offset + slot * rl.block_stride
+        cb = rl.chunk_bytes
+        move = mem.write if write else mem.read
+        if rl.kv_stride == cb and rl.layer_stride == self.planes * cb:
+            move(base, shard)
+            return
+        for layer in range(self.model.layers):
+            for p in range(self.planes):
+                move(base + layer * rl.layer_stride + p * rl.kv_stride, shard[layer, p])
 
     def as_torch(self, r: int) -> Any:
         """Rank r's view as a torch tensor over the same memory (torch must be

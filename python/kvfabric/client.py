@@ -27,7 +27,9 @@ import numpy as np
 
 from ._pb.fabric.fabricpb import engine_pb2, engine_pb2_grpc
 from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
-from .errors import InvalidArgument, NotFound, ProtocolError, Unavailable, from_rpc_error
+from . import cuda as cuda_driver
+from .cuda import DeviceMemory
+from .errors import InvalidArgument, KvfabricError, NotFound, ProtocolError, Unavailable, from_rpc_error
 from .hashing import MAX_BLOCK_SIZE, token_array
 from .memory import FD_SOCKET_SUFFIX, map_descriptor, map_file
 from .session import Session
@@ -212,11 +214,17 @@ def _refs(blocks: Iterable[engine_pb2.BlockRef], results: Iterable[engine_pb2.Bl
     return Blocks((BlockRef(b.hash, b.slot, b.duplicate) for b in blocks), _results(results))
 
 
-def _shut(session: Session | None, channel: grpc.Channel, maps: dict[str, mmap.mmap]) -> None:
+def _shut(session: Session | None, channel: grpc.Channel, maps: dict[str, mmap.mmap], ipcs: dict[bytes, DeviceMemory]) -> None:
     """What closing a client does; it holds no reference to the client, so
     that a client collected unclosed is shut too."""
     if session is not None:
         session.close()
+    for d in list(ipcs.values()):
+        try:
+            d.close()
+        except KvfabricError:
+            pass  # the driver refused; the mapping goes with the process
+    ipcs.clear()
     for m in list(maps.values()):
         try:
             m.close()
@@ -237,6 +245,9 @@ class Client:
     named file), "descriptor" or "file". session: open a session (see
     :mod:`kvfabric.session`); without one, calls run under the agent's
     implicit session and what they hold is held until released.
+    cuda: the CUDA driver library that opens block sets in GPU memory (an
+    agent with a device pool hands out CUDA IPC handles); None:
+    ``$KVFABRIC_CUDA_LIB``, else ``libcuda.so.1``, loaded when first needed.
     """
 
     def __init__(
@@ -248,6 +259,7 @@ class Client:
         import_timeout: float = 30.0,
         memory: str = "auto",
         session: bool = True,
+        cuda: str | None = None,
     ) -> None:
         path = os.fspath(socket) if socket is not None else os.environ.get("KVFABRIC_SOCKET", DEFAULT_SOCKET)
         if memory not in ("auto", "descriptor", "file"):
@@ -264,6 +276,8 @@ class Client:
         self._memory = memory
         self._lock = threading.Lock()
         self._maps: dict[str, mmap.mmap] = {}
+        self._cuda_path = cuda
+        self._ipcs: dict[bytes, DeviceMemory] = {}
         self._closed = False
         # unix:PATH with an absolute path (unix://PATH reads a relative
         # path's first element as an authority).
@@ -282,7 +296,7 @@ class Client:
             self._metadata = self._session.metadata
         # Ends the session and unmaps: on close(), when the client is
         # collected unclosed, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _shut, self._session, self._channel, self._maps)
+        self._finalizer = weakref.finalize(self, _shut, self._session, self._channel, self._maps, self._ipcs)
 
     # -- lifetime -------------------------------------------------------
 
@@ -353,6 +367,26 @@ class Client:
             self._maps[key] = mem
         return mem
 
+    def _open_device(self, m: engine_pb2.Memory) -> DeviceMemory:
+        """Opens the device memory m names, once per IPC handle, on the GPU
+        of this process with m's PCI bus id."""
+        key = bytes(m.cuda_ipc_handle)
+        with self._lock:
+            if key in self._ipcs:
+                return self._ipcs[key]
+        drv = cuda_driver.load(self._cuda_path)
+        gpu = drv.find(m.cuda_device, m.pci_bus_id)
+        size = m.file_size or m.offset + m.size
+        mem = drv.open_ipc(gpu, key, size)
+        with self._lock:
+            if self._closed or key in self._ipcs:
+                mem.close()
+                if self._closed:
+                    raise Unavailable("client is closed")
+                return self._ipcs[key]
+            self._ipcs[key] = mem
+        return mem
+
     # -- the engine API -------------------------------------------------
 
     def register(
@@ -368,7 +402,10 @@ class Client:
         engine: str | None = None,
         timeout: float | None = None,
     ) -> BlockSet:
-        """Register the engine's layout and map its block set's memory.
+        """Register the engine's layout and map its block set's memory; a
+        block set in an agent's GPU pool is opened through the CUDA driver
+        instead (``on_device``: no numpy views, blocks move with
+        ``write_block`` and ``read_block``).
 
         slots: 0 takes the agent's default. alignment: the power of two
         strides round up to; 0 takes the agent's (4096).
@@ -399,6 +436,10 @@ class Client:
                 f"agent sent {len(resp.memory)} memories and {len(resp.ranks)} rank layouts for TP {resp.layout.tp_size}",
                 method="Register",
             )
+        if any(m.cuda_ipc_handle for m in resp.memory):
+            if not all(m.cuda_ipc_handle for m in resp.memory):
+                raise ProtocolError("agent sent IPC handles for some ranks only", method="Register")
+            return BlockSet(resp, device=[self._open_device(m) for m in resp.memory])
         memories = []
         for r, m in enumerate(resp.memory):
             mem = self._map(m)
@@ -408,7 +449,7 @@ class Client:
                     method="Register",
                 )
             memories.append(mem)
-        return BlockSet(resp, memories)
+        return BlockSet(resp, memories=memories)
 
     def allocate(self, block_set: BlockSet | int, count: int, *, timeout: float | None = None) -> list[int]:
         """Take count free slots for the engine to write."""

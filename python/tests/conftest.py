@@ -71,6 +71,8 @@ class Agent:
     root: Path
     bin: str
     extra: list[str] = field(default_factory=list)
+    #: Variables added to the agent's environment (SOFTCUDA_* settings).
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
 
     @property
@@ -102,7 +104,7 @@ class Agent:
         # The agent refuses KVFABRIC_ variables that are not its settings
         # (KVFABRIC_BIN is ours), and a test agent takes none of the
         # caller's anyway.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KVFABRIC_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVFABRIC_")} | self.env
         self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True, env=env)
         log.close()
 

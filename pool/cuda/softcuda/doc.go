@@ -24,7 +24,8 @@
 //     copies honouring pitches and x/y offsets (pitches at most 2^31-1, the
 //     CU_DEVICE_ATTRIBUTE_MAX_PITCH of current GPUs); a range that leaves its
 //     allocation is CUDA_ERROR_INVALID_VALUE, an unknown stream or event
-//     CUDA_ERROR_INVALID_HANDLE.
+//     CUDA_ERROR_INVALID_HANDLE. cuMemcpyHtoD_v2 and cuMemcpyDtoH_v2 copy
+//     synchronously, behind all work queued so far (the Python client's).
 //   - Pinned host memory: cuMemHostAlloc (anonymous mapping) and
 //     cuMemHostRegister_v2 (bookkeeping only: overlapping registrations are
 //     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, unregistering what was not

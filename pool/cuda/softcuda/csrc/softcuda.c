@@ -724,6 +724,34 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstre
 	return copy(shadow_of(dst, n), shadow_of(src, n), n, s);
 }
 
+// The synchronous copies run behind everything queued so far (the legacy
+// NULL stream's ordering) and return once their bytes have moved.
+static CUresult copy_sync(char *dst, const char *src, size_t n) {
+	if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
+	if (n == 0) return CUDA_SUCCESS;
+	sync_all();
+	struct op *o = calloc(1, sizeof *o);
+	if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+	o->kind = OP_COPY;
+	o->dst = dst;
+	o->src = src;
+	o->n = n;
+	stream_wait(defstream, enqueue(NULL, o));
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+	ENTER("cuMemcpyHtoD_v2");
+	NEEDCTX();
+	return copy_sync(shadow_of(dst, n), src, n);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+	ENTER("cuMemcpyDtoH_v2");
+	NEEDCTX();
+	return copy_sync(dst, shadow_of(src, n), n);
+}
+
 enum { MT_HOST = 1, MT_DEVICE = 2 };
 
 // side resolves one end of a 2-D copy to the address of its first byte,
