@@ -171,6 +171,7 @@ func (a *Agent) member(name string) (membership.Member, bool) {
 func (a *Agent) memberLoop() {
 	defer a.wg.Done()
 	failed := map[string]time.Time{} // members seen failing, until they come back or leave
+	lives := map[string]uint64{}      // each member's incarnation, as last seen
 	for {
 		select {
 		case <-a.done:
@@ -183,11 +184,25 @@ func (a *Agent) memberLoop() {
 			return
 		case ev := <-a.members.Events():
 			a.logMember(ev, failed, time.Now())
+			name := ev.Member.Name
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
-				a.peers.forget(ev.Member.Name)
-				a.links.forget(ev.Member.Name)
-				a.service.peerGone(ev.Member.Name, "member "+ev.Kind.String())
+				delete(lives, name)
+				a.peers.forget(name)
+				a.links.forget(name)
+				a.service.peerGone(name, "member "+ev.Kind.String())
+				continue
 			}
+			// A member that restarted before failure detection noticed
+			// (a SIGKILL and a quick restart at the same address) has a
+			// new incarnation, and the old process never answers on this
+			// node's connections to it: dial afresh.
+			inc := ev.Member.Meta.Incarnation
+			if old, ok := lives[name]; ok && old != inc {
+				a.log.Info("member restarted: its connections are dialed afresh", "peer", name)
+				a.peers.forget(name)
+				a.links.forget(name)
+			}
+			lives[name] = inc
 		}
 	}
 }
