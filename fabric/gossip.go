@@ -171,7 +171,7 @@ func (a *Agent) member(name string) (membership.Member, bool) {
 func (a *Agent) memberLoop() {
 	defer a.wg.Done()
 	failed := map[string]time.Time{} // members seen failing, until they come back or leave
-	lives := map[string]uint64{}      // each member's incarnation, as last seen
+	lives := map[string]uint64{}     // each member's incarnation, as last seen
 	for {
 		select {
 		case <-a.done:
