@@ -51,7 +51,7 @@ python-deps: ## install the Python client's Debian packages; no interpreter is a
 test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs)
 	@dpkg -s libibverbs-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libibverbs-dev gcc; }
 
-test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 15 minutes
+test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 7 minutes
 	$(GO) test -count=1 -timeout 40m ./membership ./pool ./fabric ./testbed/launch ./testbed/netns -kvfabric.long
 
 bench: bench-deps ## run the benchmarks with their baselines (figures go to BENCHMARKS.md)
