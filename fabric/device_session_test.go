@@ -10,14 +10,12 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
-	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool/cuda"
 )
@@ -238,39 +236,7 @@ func TestDevicePoolSessionOfKilledEngine(t *testing.T) {
 	if len(st.Pools) != 1 || st.Pools[0].Kind != "device" || st.Pools[0].SizeBytes != 8<<20 {
 		t.Fatalf("pools %v, want a device pool of 8 MiB", st.Pools)
 	}
-	held := sessionByID(st, id)
-	// 4 registered blocks referenced twice (RegisterBlocks, Acquire); 8 + 3
-	// allocated slots; two sets.
-	if held == nil || held.Refs != 8 || held.Slots != 11 || len(held.BlockSets) != 2 || held.Pid != int32(cmd.Process.Pid) {
-		t.Fatalf("the engine's session before the kill: %v (pid %d)", held, cmd.Process.Pid)
-	}
-
-	killed := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	took := wait.For(t, 30*time.Second, "the killed engine's session to end and its sets to be idle", func() error {
-		st, err := watcher.Status(ctx)
-		if err != nil {
-			return err
-		}
-		if s := sessionByID(st, id); s != nil {
-			return fmt.Errorf("session still open: %v", s)
-		}
-		if len(st.BlockSets) != 2 {
-			return fmt.Errorf("%d block sets, want the engine's 2", len(st.BlockSets))
-		}
-		for _, b := range st.BlockSets {
-			if b.Sessions != 0 || b.IdleSinceUnixMs == 0 || b.Free != b.Slots-b.Registered {
-				return fmt.Errorf("block set still held: %v", b)
-			}
-		}
-		return nil
-	})
-	if bound := cfg.SessionKeepalive; took > bound {
-		t.Fatalf("everything given back %v after the kill, past the keepalive bound %v", took, bound)
-	}
-	t.Logf("everything given back %v after SIGKILL", time.Since(killed).Round(time.Millisecond))
+	killHeldEngine(t, ctx, watcher, st, id, cmd, cfg.SessionKeepalive)
 
 	// A new engine process: the whole pool in one set (both idle sets go),
 	// opened by the same IPC handle, every slot allocated and written.

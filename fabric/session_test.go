@@ -80,6 +80,47 @@ func runEngineHelper(sock string) error {
 	select {}
 }
 
+// killHeldEngine checks that the engine helper's session id (process cmd)
+// holds what the helpers take (8 references, 11 slots, 2 block sets),
+// SIGKILLs it, and waits until its session has ended and both its sets are
+// idle with every unregistered slot free, within keepalive of the kill.
+func killHeldEngine(t *testing.T, ctx context.Context, watcher *client.Client, st *fabricpb.StatusResponse, id uint64, cmd *exec.Cmd, keepalive time.Duration) {
+	t.Helper()
+	held := sessionByID(st, id)
+	// 4 registered blocks referenced twice (RegisterBlocks, Acquire); 8 + 3
+	// allocated slots; two sets.
+	if held == nil || held.Refs != 8 || held.Slots != 11 || len(held.BlockSets) != 2 || held.Pid != int32(cmd.Process.Pid) {
+		t.Fatalf("the engine's session before the kill: %v (pid %d)", held, cmd.Process.Pid)
+	}
+
+	killed := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	took := wait.For(t, 30*time.Second, "the killed engine's session to end and its sets to be idle", func() error {
+		st, err := watcher.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if s := sessionByID(st, id); s != nil {
+			return fmt.Errorf("session still open: %v", s)
+		}
+		if len(st.BlockSets) != 2 {
+			return fmt.Errorf("%d block sets, want the engine's 2", len(st.BlockSets))
+		}
+		for _, b := range st.BlockSets {
+			if b.Sessions != 0 || b.IdleSinceUnixMs == 0 || b.Free != b.Slots-b.Registered {
+				return fmt.Errorf("block set still held: %v", b)
+			}
+		}
+		return nil
+	})
+	if took > keepalive {
+		t.Fatalf("everything given back %v after the kill, past the keepalive bound %v", took, keepalive)
+	}
+	t.Logf("everything given back %v after SIGKILL", time.Since(killed).Round(time.Millisecond))
+}
+
 // sessionByID finds a session in a status answer.
 func sessionByID(s *fabricpb.StatusResponse, id uint64) *fabricpb.Session {
 	for _, ss := range s.Sessions {
@@ -131,39 +172,7 @@ func TestSessionOfKilledEngineFreesAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := sessionByID(st, id)
-	// 4 registered blocks referenced twice (RegisterBlocks, Acquire); 8 + 3
-	// allocated slots; two sets.
-	if held == nil || held.Refs != 8 || held.Slots != 11 || len(held.BlockSets) != 2 || held.Pid != int32(cmd.Process.Pid) {
-		t.Fatalf("the engine's session before the kill: %v (pid %d)", held, cmd.Process.Pid)
-	}
-
-	killed := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	took := wait.For(t, 30*time.Second, "the killed engine's session to end and its sets to be idle", func() error {
-		st, err := watcher.Status(ctx)
-		if err != nil {
-			return err
-		}
-		if s := sessionByID(st, id); s != nil {
-			return fmt.Errorf("session still open: %v", s)
-		}
-		if len(st.BlockSets) != 2 {
-			return fmt.Errorf("%d block sets, want the engine's 2", len(st.BlockSets))
-		}
-		for _, b := range st.BlockSets {
-			if b.Sessions != 0 || b.IdleSinceUnixMs == 0 || b.Free != b.Slots-b.Registered {
-				return fmt.Errorf("block set still held: %v", b)
-			}
-		}
-		return nil
-	})
-	if bound := cfg.SessionKeepalive; took > bound {
-		t.Fatalf("everything given back %v after the kill, past the keepalive bound %v", took, bound)
-	}
-	t.Logf("everything given back %v after SIGKILL", time.Since(killed).Round(time.Millisecond))
+	killHeldEngine(t, ctx, watcher, st, id, cmd, cfg.SessionKeepalive)
 
 	// The whole pool in one set: both idle sets must go, and their holes
 	// merge. Strides round to 4 KiB here: one slot per page of the pool.
