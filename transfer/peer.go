@@ -166,9 +166,12 @@ func (p *Peer) pickSlot() int {
 
 // openStream opens a stream on the least busy connection; its reads and
 // writes abort when ctx ends. done must be called when the call is over,
-// with the call's error: a call that timed out drops its connection (see
-// dropSilent).
-func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(error), err error) {
+// with the call's error: a call that timed out on one of this package's
+// own bounds drops its connection (see dropSilent). caller is the
+// caller's own context, which ctx may narrow by CallTimeout: a call that
+// ended because the caller's deadline passed says nothing about the
+// connection, which other calls share.
+func (p *Peer) openStream(ctx, caller context.Context) (s *quic.Stream, done func(error), err error) {
 	i := p.pickSlot()
 	sl := &p.slots[i]
 	sl.active.Add(1)
@@ -181,7 +184,7 @@ func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(error)
 	if err != nil {
 		sl.active.Add(-1)
 		err = wrapNetErr(ctx, err)
-		p.dropSilent(i, c, err)
+		p.dropSilent(caller, i, c, err)
 		return nil, nil, fmt.Errorf("transfer: open stream to %s: %w", p.name, err)
 	}
 	stop := context.AfterFunc(ctx, func() {
@@ -191,7 +194,7 @@ func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(error)
 	return s, func(err error) {
 		stop()
 		sl.active.Add(-1)
-		p.dropSilent(i, c, err)
+		p.dropSilent(caller, i, c, err)
 	}, nil
 }
 
@@ -200,9 +203,10 @@ func (p *Peer) openStream(ctx context.Context) (s *quic.Stream, done func(error)
 // restarted at the same address never answers on its old connections
 // (the new process has other keys, so not even a stateless reset comes
 // back), and they would otherwise stall every call until the idle
-// timeout. A live but slow peer costs a handshake.
-func (p *Peer) dropSilent(i int, c *quic.Conn, err error) {
-	if err == nil || !errors.Is(err, ErrTimeout) {
+// timeout. A live but slow peer costs a handshake. A call whose caller's
+// context ended (its own deadline, or a cancel) drops nothing.
+func (p *Peer) dropSilent(caller context.Context, i int, c *quic.Conn, err error) {
+	if err == nil || !errors.Is(err, ErrTimeout) || caller.Err() != nil {
 		return
 	}
 	sl := &p.slots[i]
@@ -215,10 +219,10 @@ func (p *Peer) dropSilent(i int, c *quic.Conn, err error) {
 }
 
 // call runs one control call: a request frame out, a response frame back.
-func (p *Peer) call(ctx context.Context, m method, req, resp proto.Message) (err error) {
-	ctx, cancel := p.n.callCtx(ctx)
+func (p *Peer) call(caller context.Context, m method, req, resp proto.Message) (err error) {
+	ctx, cancel := p.n.callCtx(caller)
 	defer cancel()
-	s, stop, err := p.openStream(ctx)
+	s, stop, err := p.openStream(ctx, caller)
 	if err != nil {
 		return err
 	}

@@ -268,7 +268,7 @@ func (r *progressReader) Read(p []byte) (int, error) {
 
 // readPart runs one stream of a read.
 func (p *Peer) readPart(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) (err error) {
-	s, stop, err := p.openStream(ctx)
+	s, stop, err := p.openStream(ctx, ctx)
 	if err != nil {
 		return err
 	}

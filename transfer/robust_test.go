@@ -371,8 +371,9 @@ func TestStreamsRetire(t *testing.T) {
 	}
 }
 
-// A control call that times out drops its connection, so that the next
-// call dials afresh: a holder killed and restarted at the same address
+// A control call that times out on CallTimeout drops its connection, so
+// that the next call dials afresh (one that runs out of its caller's
+// deadline does not): a holder killed and restarted at the same address
 // never answers on the old connections, which would otherwise stall
 // every call until the idle timeout.
 func TestTimedOutCallDropsItsConnection(t *testing.T) {
@@ -392,6 +393,16 @@ func TestTimedOutCallDropsItsConnection(t *testing.T) {
 	}
 	first := conn()
 	ctx := context.Background()
+	// A caller whose own deadline passes first drops nothing: the
+	// connection is shared, and the caller's hurry says nothing of it.
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := p.Lease(short, []uint64{2}, time.Second); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("lease under a 50 ms deadline from a silent holder: %v, want ErrTimeout", err)
+	}
+	if first.Context().Err() != nil || conn() != first {
+		t.Fatal("a call that ran out of its caller's deadline dropped the shared connection")
+	}
 	if _, err := p.Lease(ctx, []uint64{2}, time.Second); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("lease from a silent holder: %v, want ErrTimeout", err)
 	}
