@@ -53,8 +53,8 @@ type Agent struct {
 	staging stagingBuffers // pinned buffers for QUIC to and from the GPU
 
 	index     *index.Index
-	service   *peerService
-	sink      *indexSink // set before membership starts; nil until then // serves peers' calls
+	service   *peerService // serves peers' calls
+	sink      *indexSink   // set before membership starts; nil until then
 	transport *transfer.Node
 	members   *membership.Membership
 	// joined is members from the moment it has started until Close: the
@@ -238,7 +238,7 @@ func (a *Agent) makeHostStorage(spec PoolSpec) (pool.Storage, error) {
 
 func (a *Agent) startEngineAPI() error {
 	path := a.cfg.EngineSocket
-	if err := removeStaleSocket(path); err != nil {
+	if err := removeStaleSocket(path, "engine socket"); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
@@ -279,12 +279,8 @@ func (a *Agent) startEngineAPI() error {
 // socket (see fd_socket.go), with the engine socket's mode and group.
 func (a *Agent) startFDSocket() error {
 	path := a.cfg.EngineSocket + FDSocketSuffix
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return fmt.Errorf("fabric: descriptor socket %s exists and is not a socket", path)
-		}
-		// The engine socket was free, so this one is stale.
-		os.Remove(path)
+	if err := removeStaleSocket(path, "descriptor socket"); err != nil {
+		return err
 	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
@@ -320,21 +316,22 @@ func (a *Agent) applySocketAccess(path string, allowed os.FileMode) error {
 }
 
 // removeStaleSocket removes a socket left by an agent that died, and
-// refuses to start beside one that is alive.
-func removeStaleSocket(path string) error {
+// refuses to start beside one that is alive; what names the socket in
+// errors.
+func removeStaleSocket(path, what string) error {
 	fi, err := os.Lstat(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("fabric: engine socket: %w", err)
+		return fmt.Errorf("fabric: %s: %w", what, err)
 	}
 	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("fabric: engine socket %s exists and is not a socket", path)
+		return fmt.Errorf("fabric: %s %s exists and is not a socket", what, path)
 	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
-		return fmt.Errorf("fabric: engine socket %s: another agent is serving it", path)
+		return fmt.Errorf("fabric: %s %s: another agent is serving it", what, path)
 	}
 	return os.Remove(path)
 }

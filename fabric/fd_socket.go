@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -120,7 +121,9 @@ func (s *fdServer) serve(c *net.UnixConn) {
 			return // closed, idle or cut: nothing to answer
 		}
 		tok := string(bytes.TrimRight(line, "\r\n"))
-		if tok != s.token {
+		// In constant time: the token is the only secret between a caller
+		// who can reach the socket and the pool's memory.
+		if subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1 {
 			if _, err := c.Write([]byte(fmt.Sprintf("error unknown memory token %q (register again: tokens change when the agent restarts)\n", clip(tok, 64)))); err != nil {
 				return
 			}

@@ -390,12 +390,10 @@ func (ch *arrivedChunk) releaseAndRegister(ctx context.Context, parent uint64) (
 	}
 	refs, err := s.registerFilled(ch.blocks, ch.hashes, parent)
 	a.stats.importBytes.Add(ch.bytes)
-	if ch.via == transfer.TransportRDMA {
-		a.stats.importBytesRDMA.Add(ch.bytes)
-	}
 	a.stats.importBlocks.Add(uint64(len(refs)))
 	a.stats.importChunks.Add(1)
 	if ch.via == transfer.TransportRDMA {
+		a.stats.importBytesRDMA.Add(ch.bytes)
 		a.stats.chunkTimeRDMA.record(time.Since(ch.askedAt))
 	} else {
 		a.stats.chunkTime.record(time.Since(ch.askedAt))

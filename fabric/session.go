@@ -267,12 +267,7 @@ func (a *Agent) scheduleFree(es *engineSet, d time.Duration) {
 		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		es.mu.Lock()
-		current := es.timerGen == gen
-		es.mu.Unlock()
-		if current {
-			a.freeIdleLocked(es)
-		}
+		a.freeIdleLocked(es, gen)
 	})
 }
 
@@ -281,11 +276,14 @@ func (a *Agent) scheduleFree(es *engineSet, d time.Duration) {
 const blockSetRetry = time.Second
 
 // freeIdleLocked frees es if no session uses it, and reports whether it
-// did. a.mu is held.
-func (a *Agent) freeIdleLocked(es *engineSet) bool {
+// did. A grace timer passes its generation, and frees nothing unless it is
+// still the set's latest timer (checked under the same lock as the users,
+// so that a session that takes the set up and drops it again in between
+// restarts the grace period); others pass 0. a.mu is held.
+func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 	es.mu.Lock()
 	defer es.mu.Unlock()
-	if es.freed || len(es.users) > 0 {
+	if es.freed || len(es.users) > 0 || (timerGen != 0 && timerGen != es.timerGen) {
 		return false
 	}
 	if err := a.pool.FreeBlockSet(es.set.ID()); err != nil {
@@ -330,7 +328,7 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error)) (*pool.BlockSe
 		if !errors.Is(err, pool.ErrOutOfMemory) {
 			break
 		}
-		if a.freeIdleLocked(es) {
+		if a.freeIdleLocked(es, 0) {
 			set, err = made()
 		}
 	}

@@ -42,7 +42,6 @@ type sendQueue interface {
 type readParams struct {
 	depth       int // send queue depth: never more than this many outstanding
 	signalEvery int
-	maxSGE      int
 	// drain bounds the wait for flushed requests after an abort.
 	drain time.Duration
 	// cpu, if not nil, is added the CPU time the posting and polling

@@ -931,7 +931,6 @@ func (q *QueuePair) Read(ctx context.Context, ops []ReadOp) error {
 	aborted, err := readAll(ctx, cQueue{q}, ops, readParams{
 		depth:       q.opts.SendDepth,
 		signalEvery: q.opts.SignalEvery,
-		maxSGE:      q.opts.MaxSGE,
 		drain:       q.retryBound() + 2*time.Second,
 		cpu:         &q.cpu,
 	}, &q.seq)

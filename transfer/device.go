@@ -79,7 +79,9 @@ func (n *Node) RegisterDmabuf(f *os.File, addr, length uint64) (rdma.Registratio
 	if err != nil {
 		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register dma-buf of %d bytes at %#x: %w", length, addr, err)
 	}
-	n.rdma.mem.add(mr)
+	if err := n.rdma.mem.add(mr); err != nil {
+		return rdma.RegistrationStats{}, err
+	}
 	return mr.Stats(), nil
 }
 
@@ -95,7 +97,9 @@ func (n *Node) RegisterAddr(addr, length uint64) (rdma.RegistrationStats, error)
 	if err != nil {
 		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %d bytes at %#x: %w", length, addr, err)
 	}
-	n.rdma.mem.add(mr)
+	if err := n.rdma.mem.add(mr); err != nil {
+		return rdma.RegistrationStats{}, err
+	}
 	return mr.Stats(), nil
 }
 
@@ -106,8 +110,8 @@ func (n *Node) checkNewSpan(addr, length uint64) error {
 	if length == 0 || addr+length < addr {
 		return fmt.Errorf("transfer: register memory: %w: %d bytes at %#x", ErrInvalidRequest, length, addr)
 	}
-	if n.rdma.mem.findRange(addr, length) != nil {
-		return fmt.Errorf("transfer: register memory: %w: %d bytes at %#x already registered", ErrInvalidRequest, length, addr)
+	if n.rdma.mem.overlaps(addr, length) {
+		return fmt.Errorf("transfer: register memory: %w: %d bytes at %#x overlap a registration", ErrInvalidRequest, length, addr)
 	}
 	return nil
 }

@@ -143,26 +143,44 @@ type rdmaNode struct {
 // real NIC. buf must stay valid until the node is closed. Without RDMA it
 // returns an error wrapping rdma.ErrUnavailable.
 func (n *Node) RegisterMemory(buf []byte) (rdma.RegistrationStats, error) {
-	if n.rdma == nil {
-		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register memory: %w: RDMA is not configured", rdma.ErrUnavailable)
-	}
-	if n.rdma.mem.find(buf) != nil {
-		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register memory: %w: %d bytes already registered", ErrInvalidRequest, len(buf))
+	if err := n.checkNewSpan(uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), uint64(len(buf))); err != nil {
+		return rdma.RegistrationStats{}, err
 	}
 	mr, err := n.rdma.cfg.Device.RegisterMemory(buf)
 	if err != nil {
 		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %d bytes: %w", len(buf), err)
 	}
-	n.rdma.mem.add(mr)
+	if err := n.rdma.mem.add(mr); err != nil {
+		return rdma.RegistrationStats{}, err
+	}
 	return mr.Stats(), nil
 }
 
-// add keeps a registration, in address order.
-func (m *localMemory) add(mr *rdma.MemoryRegion) {
+// overlaps reports whether [start, start+n) shares a byte with a
+// registration: findRange's search needs them not to overlap.
+func (m *localMemory) overlaps(start, n uint64) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.overlapsLocked(start, n)
+}
+
+func (m *localMemory) overlapsLocked(start, n uint64) bool {
+	i := sort.Search(len(m.mrs), func(i int) bool { return m.mrs[i].Addr()+m.mrs[i].Len() > start })
+	return i < len(m.mrs) && m.mrs[i].Addr() < start+n
+}
+
+// add keeps a registration, in address order; one that overlaps another
+// is refused (and closed).
+func (m *localMemory) add(mr *rdma.MemoryRegion) error {
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.overlapsLocked(mr.Addr(), mr.Len()) {
+		mr.Close()
+		return fmt.Errorf("transfer: register memory: %w: %d bytes at %#x overlap a registration", ErrInvalidRequest, mr.Len(), mr.Addr())
+	}
 	m.mrs = append(m.mrs, mr)
 	sort.Slice(m.mrs, func(i, j int) bool { return m.mrs[i].Addr() < m.mrs[j].Addr() })
-	m.mu.Unlock()
+	return nil
 }
 
 // RDMAEnabled says whether the node reads and serves over RDMA.

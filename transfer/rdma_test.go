@@ -294,6 +294,18 @@ func TestRegisterMemory(t *testing.T) {
 	if _, err := p.holder.RegisterMemory(p.src[0][:4096]); err == nil {
 		t.Error("a range already registered was registered again")
 	}
+	// A range that only overlaps a registration is refused too; one that
+	// ends where a registration starts is not an overlap.
+	both := make([]byte, 3<<20)
+	if _, err := p.holder.RegisterMemory(both[1<<20 : 2<<20]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.holder.RegisterMemory(both[:1<<20+1]); err == nil {
+		t.Error("a range overlapping a registration by one byte was registered")
+	}
+	if _, err := p.holder.RegisterMemory(both[:1<<20]); err != nil {
+		t.Errorf("a range ending where a registration starts: %v", err)
+	}
 	plain := newTestNode(t, newTestCA(t), "plain", newMembers(), nil)
 	if _, err := plain.RegisterMemory(make([]byte, 4096)); err == nil || plain.RDMAEnabled() {
 		t.Errorf("register without RDMA: %v", err)
