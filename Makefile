@@ -54,7 +54,7 @@ test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for
 test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 7 minutes
 	$(GO) test -count=1 -timeout 40m ./membership ./pool ./fabric ./testbed/launch ./testbed/netns -kvfabric.long
 
-bench: bench-deps ## run the benchmarks with their baselines (figures go to BENCHMARKS.md)
+bench: bench-deps test-deps ## run the benchmarks with their baselines (figures go to BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 30m ./...
 
 bench-deps: ## install what the baselines need (gcc, libxxhash-dev for the C hash reference)

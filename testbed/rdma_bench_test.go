@@ -90,8 +90,8 @@ func BenchmarkImportRDMA(b *testing.B) {
 
 	var rdmaTime, quicTime, pvrTime time.Duration
 	var rdmaCPU, quicCPU time.Duration
-	wr0, sge0 := metricOrZero(rd.Nodes[1], "kvfabric_rdma_work_requests_total"), metricOrZero(rd.Nodes[1], "kvfabric_rdma_scatter_entries_total")
-	pollCPU0 := metricOrZero(rd.Nodes[1], "kvfabric_rdma_read_cpu_seconds_total")
+	wr0, sge0 := benchMetric(b, rd.Nodes[1], "kvfabric_rdma_work_requests_total"), benchMetric(b, rd.Nodes[1], "kvfabric_rdma_scatter_entries_total")
+	pollCPU0 := benchMetric(b, rd.Nodes[1], "kvfabric_rdma_read_cpu_seconds_total")
 	// The importer has read nothing yet: no counters is all zeros.
 	sv0, _ := softverbs.ReadStats(registry, rd.Nodes[1].cmd.Process.Pid)
 	b.SetBytes(int64(size))
@@ -132,8 +132,8 @@ func BenchmarkImportRDMA(b *testing.B) {
 	b.ReportMetric(rate(quicTime), "quic-GB/s")
 	b.ReportMetric(pvrTime.Seconds()/rdmaTime.Seconds(), "x-pvr")
 	b.ReportMetric(quicTime.Seconds()/rdmaTime.Seconds(), "x-quic")
-	wr := metricOrZero(rd.Nodes[1], "kvfabric_rdma_work_requests_total") - wr0
-	sge := metricOrZero(rd.Nodes[1], "kvfabric_rdma_scatter_entries_total") - sge0
+	wr := benchMetric(b, rd.Nodes[1], "kvfabric_rdma_work_requests_total") - wr0
+	sge := benchMetric(b, rd.Nodes[1], "kvfabric_rdma_scatter_entries_total") - sge0
 	b.ReportMetric(wr/float64(b.N), "wr/import")
 	b.ReportMetric(sge/max(wr, 1), "sge/wr")
 	b.ReportMetric(float64(rdmaCPU.Milliseconds())/gb, "rdma-cpu-ms/GB")
@@ -146,7 +146,7 @@ func BenchmarkImportRDMA(b *testing.B) {
 		b.Fatalf("softverbs moved %d bytes for the importer, want %d", got, size*uint64(b.N))
 	}
 	copies := sv.CopyCPU() - sv0.CopyCPU()
-	pollCPU := time.Duration((metricOrZero(rd.Nodes[1], "kvfabric_rdma_read_cpu_seconds_total") - pollCPU0) * 1e9)
+	pollCPU := time.Duration((benchMetric(b, rd.Nodes[1], "kvfabric_rdma_read_cpu_seconds_total") - pollCPU0) * 1e9)
 	msPerGB := func(d time.Duration) float64 { return float64(d) / 1e6 / gb }
 	b.ReportMetric(msPerGB(copies), "sv-copy-cpu-ms/GB")
 	b.ReportMetric(msPerGB(pollCPU-(sv.PollerCPU-sv0.PollerCPU)), "post-poll-cpu-ms/GB")
@@ -260,8 +260,13 @@ func processCPU(n *Node) time.Duration {
 	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
 }
 
-func metricOrZero(n *Node, name string) float64 {
-	v, _ := metricValue(n, name)
+// benchMetric reads one of n's metrics; a metric missing (renamed, or RDMA
+// off) fails the benchmark rather than report zero.
+func benchMetric(b *testing.B, n *Node, name string) float64 {
+	v, err := metricValue(n, name)
+	if err != nil {
+		b.Fatalf("%s: %v", name, err)
+	}
 	return v
 }
 

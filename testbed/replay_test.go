@@ -108,12 +108,10 @@ func TestReplayKVAwareBeatsRandom(t *testing.T) {
 		t.Fatal("random routing imported nothing")
 	}
 	// Measured here (an unbounded cache: 0.73): random local 0.35,
-	// cluster 0.40 to 0.48 (the more gossip keeps up, the more it
-	// imports); kv-aware local 0.52 to 0.57, cluster the same. The margins
-	// are under half of the smallest gaps seen.
-	// Random's cluster hit rate depends on how far gossip keeps up with
-	// its imports (0.40 to 0.58 here, lower on a loaded machine): only
-	// the order is asserted, not a margin.
+	// cluster 0.40 to 0.58 (the more gossip keeps up, the more it
+	// imports; lower on a loaded machine); kv-aware local 0.52 to 0.57,
+	// cluster the same. The cluster rates are asserted in order only,
+	// the local ones with a margin under half the smallest gap seen.
 	if k.ClusterHitRate <= r.ClusterHitRate {
 		t.Fatalf("kv-aware cluster hit rate %.3f, random %.3f: want kv-aware ahead", k.ClusterHitRate, r.ClusterHitRate)
 	}

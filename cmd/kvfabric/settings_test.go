@@ -103,4 +103,10 @@ func TestSettingsFromEnvironmentRefused(t *testing.T) {
 			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.environ, code, errs, tc.want)
 		}
 	}
+	// The libraries' own path variables, which the library settings' help
+	// names as their defaults, are not refused.
+	environ := []string{"KVFABRIC_IBVERBS_LIB=/opt/rdma/libibverbs.so.1", "KVFABRIC_CUDA_LIB=/opt/cuda/libcuda.so.1"}
+	if code, _, errs := runEnv(t, environ, "agent", "--local", "--print-config"); code != 0 {
+		t.Errorf("%v: exit %d, %q; want 0", environ, code, errs)
+	}
 }

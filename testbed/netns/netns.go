@@ -25,6 +25,7 @@ package netns
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -227,12 +228,7 @@ func (c *Cluster) makeSecrets(bin string, names []string) error {
 		}
 	}
 	key := make([]byte, 32)
-	f, err := os.Open("/dev/urandom")
-	if err != nil {
-		return fmt.Errorf("netns: gossip key: %w", err)
-	}
-	defer f.Close()
-	if _, err := f.Read(key); err != nil {
+	if _, err := rand.Read(key); err != nil {
 		return fmt.Errorf("netns: gossip key: %w", err)
 	}
 	return os.WriteFile(filepath.Join(c.dir, "gossip.key"), []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600)

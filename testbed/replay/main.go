@@ -106,7 +106,7 @@ func run(args []string, stdout io.Writer) error {
 
 	var reqs []testbed.TraceRequest
 	if *trace == "" {
-		reqs, err = testbed.TraceGen{Requests: max(*requests, 1), Seed: *seed}.Generate()
+		reqs, err = testbed.TraceGen{Requests: *requests, Seed: *seed}.Generate() // 0: the generator's default
 	} else {
 		var f *os.File
 		if f, err = os.Open(*trace); err != nil {
