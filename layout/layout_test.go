@@ -252,3 +252,15 @@ func FuzzUnmarshal(f *testing.F) {
 		}
 	})
 }
+
+// BlockBytes counts K and V per layer, or the one MLA latent.
+func TestBlockBytes(t *testing.T) {
+	m := ModelConfig{Layers: 80, KVHeads: 8, HeadDim: 128, DType: DTypeBF16}
+	if got := m.BlockBytes(16); got != 80*2*8*128*16*2 {
+		t.Errorf("Llama-70B block of 16: %d bytes", got)
+	}
+	m = ModelConfig{Layers: 61, KVHeads: 1, HeadDim: 576, DType: DTypeBF16, MLA: true}
+	if got := m.BlockBytes(64); got != 61*576*64*2 {
+		t.Errorf("MLA block of 64: %d bytes, want one latent plane", got)
+	}
+}

@@ -73,6 +73,13 @@ type ModelConfig struct {
 	MLA bool
 }
 
+// BlockBytes is the bytes of one block of page tokens of this model, every
+// layer and KV head once (K and V, or the MLA latent): what importing the
+// block moves into an engine's layout, padding and replicated heads aside.
+func (m ModelConfig) BlockBytes(page int) uint64 {
+	return uint64(m.Layers) * uint64(m.planes()) * uint64(m.KVHeads) * uint64(m.HeadDim) * uint64(page) * m.DType.Size()
+}
+
 // planes returns the tensors per layer: K and V, or the one MLA latent.
 func (m ModelConfig) planes() int {
 	if m.MLA {

@@ -234,7 +234,7 @@ func BenchmarkImportGPU(b *testing.B) {
 	producer := client.Engine{Name: "producer", Model: llama70B, TPSize: 4, PageSize: 16, Order: layout.HND}
 	consumer := client.Engine{Name: "consumer", Model: llama70B, TPSize: 2, PageSize: 16, Order: layout.HND}
 	m := producer.Model
-	blockBytes := uint64(m.Layers) * 2 * uint64(m.KVHeads*m.HeadDim*producer.PageSize) * m.DType.Size()
+	blockBytes := m.BlockBytes(producer.PageSize)
 	nblocks := max(1, int(*benchRDMASize/int64(blockBytes)))
 	size := uint64(nblocks) * blockBytes
 	producer.Slots, consumer.Slots = 2*nblocks, 2*nblocks

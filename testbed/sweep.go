@@ -41,10 +41,9 @@ func Sweep(ctx context.Context, o SweepOptions) ([]report.Throughput, error) {
 	if o.Bytes <= 0 {
 		o.Bytes = 64 << 20
 	}
-	perToken := o.Model.Layers * 2 * o.Model.KVHeads * o.Model.HeadDim * int(o.Model.DType.Size())
 	var out []report.Throughput
 	for _, page := range o.PageSizes {
-		blockBytes := perToken * page
+		blockBytes := int(o.Model.BlockBytes(page))
 		blocks := max(o.Bytes/blockBytes, 1)
 		pool := fmt.Sprintf("host=%dMiB", (3*blocks*blockBytes)>>20+64)
 		for _, chunk := range o.ChunkBytes {

@@ -140,7 +140,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if *pool == "" {
 		// The engine's block set, room for a second, and the pool's own.
-		per := uint64(model.Layers) * 2 * uint64(model.KVHeads) * uint64(model.HeadDim) * uint64(dt.Size()) * uint64(*page)
+		per := model.BlockBytes(*page)
 		*pool = fmt.Sprintf("host=%dMiB", (2*uint64(*cache)*per)>>20+64)
 	}
 	var results []*testbed.ReplayResult
