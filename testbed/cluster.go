@@ -281,12 +281,14 @@ func (n *Node) Signal(sig syscall.Signal) error {
 
 // Stop sends sig and waits for the process to exit, at most d, then kills
 // it. SIGTERM makes an agent leave the cluster gracefully; SIGKILL is a
-// crash.
+// crash. A paused agent (SIGSTOP) is continued after sig, so that it acts
+// on it.
 func (n *Node) Stop(sig syscall.Signal, d time.Duration) error {
 	if !n.Running() {
 		return nil
 	}
 	n.cmd.Process.Signal(sig)
+	n.cmd.Process.Signal(syscall.SIGCONT)
 	select {
 	case err := <-n.exited:
 		n.exited <- err

@@ -117,11 +117,6 @@ func startRDMA(t *testing.T, n int, pool string, env func(i int) []string, tune 
 				t.Logf("%s log:\n%s", n.Name, n.Log())
 			}
 		}
-		for _, n := range c.Nodes { // a test may leave one stopped
-			if n.Running() {
-				n.cmd.Process.Signal(syscall.SIGCONT)
-			}
-		}
 		if err := c.Close(); err != nil {
 			t.Errorf("close: %v", err)
 		}
@@ -409,13 +404,13 @@ func TestRDMALeaseExpiredBeforeReleaseDiscards(t *testing.T) {
 		return nil
 	})
 	leased := time.Now()
-	if err := holder.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := holder.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stopped := true
 	cont := func() {
 		if stopped {
-			holder.cmd.Process.Signal(syscall.SIGCONT)
+			holder.Signal(syscall.SIGCONT)
 			stopped = false
 		}
 	}

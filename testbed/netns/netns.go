@@ -261,16 +261,11 @@ func (c *Cluster) Namespace(i int) string { return c.ns[i] }
 // Addr is node i's address.
 func (c *Cluster) Addr(i int) string { return addr(i) }
 
-// Close resumes paused agents, stops every agent, and removes the
-// namespaces, the bridge and the secrets. Safe to call twice.
+// Close stops every agent (paused ones too, see testbed.Node.Stop), and
+// removes the namespaces, the bridge and the secrets. Safe to call twice.
 func (c *Cluster) Close() error {
 	var errs []error
 	if c.Cluster != nil {
-		for _, n := range c.Nodes {
-			if n.Running() {
-				n.Signal(syscall.SIGCONT)
-			}
-		}
 		// Heal first, so that the agents leave the cluster as they would.
 		errs = append(errs, c.HealAll())
 		errs = append(errs, c.Cluster.Close())
