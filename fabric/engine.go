@@ -475,16 +475,16 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		out.Members = append(out.Members, &fabricpb.Member{Node: d.Name, GossipAddr: d.Addr.String(), PeerAddr: d.Meta.PeerAddr,
 			State: state, SinceUnixMs: d.Since.UnixMilli()})
 	}
+	// One pass over the block sets, so that the pool's totals and the
+	// sets listed agree.
 	p := &fabricpb.Pool{Kind: a.poolKind, SizeBytes: a.storage.Size(), Device: int32(a.gpu), RdmaRegistration: a.rdmaReg}
-	for _, s := range a.engineSets() {
-		p.BlockSets++
-		for _, r := range s.set.Layout().Regions {
-			p.CarvedBytes += r.Size
-		}
-	}
 	out.Pools = append(out.Pools, p)
 	for _, s := range a.engineSets() {
 		l := s.set.Layout()
+		p.BlockSets++
+		for _, r := range l.Regions {
+			p.CarvedBytes += r.Size
+		}
 		m := s.set.Metrics()
 		out.BlockSets = append(out.BlockSets, &fabricpb.BlockSet{
 			Id: uint64(s.set.ID()), Engine: s.engine, LayoutDigest: l.Digest().Short(),
