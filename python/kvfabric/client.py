@@ -584,15 +584,17 @@ class Client:
         if not isinstance(t, (int, float)) or not 0 < t * 1000 < _U32:
             raise InvalidArgument(f"timeout: {t!r} is not a positive number of seconds")
         req = engine_pb2.ImportRequest(block_set=sid, timeout_ms=max(1, int(t * 1000)))
+        page = 0  # by tokens: the set's page size, asked of the agent once
         if hashes is not None:
             hs = _ints(hashes, "hashes", _U64)
             req.hashes.extend(hs)
             n = len(hs)
         else:
             req.tokens.CopyFrom(_tokens(tokens, salt, lora))
-            n = len(req.tokens.ids) // self._page_size(block_set)
+            page = self._page_size(block_set)
+            n = len(req.tokens.ids) // page
         if wait > 0:
-            self._wait_indexed(block_set, req, wait)
+            self._wait_indexed(page, req, wait)
         resp = self._call("Import", req, t + 5)
         return ImportResult(
             n,
@@ -602,16 +604,16 @@ class Client:
             _results(resp.results),
         )
 
-    def _wait_indexed(self, block_set: BlockSet | int, req: engine_pb2.ImportRequest, wait: float) -> None:
+    def _wait_indexed(self, page: int, req: engine_pb2.ImportRequest, wait: float) -> None:
         """Poll Lookup until some node holds every block req asks for, or
-        wait seconds pass. By tokens, a holder may hold them at any page size
-        that divides the set's, so each divisor is asked."""
+        wait seconds pass. By tokens (page, the set's page size, given), a
+        holder may hold them at any page size that divides the set's, so
+        each divisor is asked."""
         deadline = time.monotonic() + wait
         if req.hashes:
             asks = [engine_pb2.LookupRequest(hashes=req.hashes)]
             need = [len(req.hashes)]
         else:
-            page = self._page_size(block_set)
             tokens = (len(req.tokens.ids) // page) * page
             if tokens == 0:
                 return
