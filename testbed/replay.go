@@ -169,12 +169,11 @@ type replay struct {
 	hasher  layout.Hasher
 	start   time.Time
 
-	mu       sync.Mutex
-	rng      *rand.Rand
-	rr       int
-	res      ReplayResult
-	importLa []time.Duration
-	fetch    time.Duration
+	mu    sync.Mutex
+	rng   *rand.Rand
+	rr    int
+	res   ReplayResult
+	fetch time.Duration
 }
 
 // Replay replays reqs on the cluster, one engine per agent, and returns
@@ -494,7 +493,6 @@ func (r *replay) account(rec RequestRecord, fetches []*fabricpb.Fetch, took time
 	}
 	if len(fetches) > 0 {
 		res.Imports++
-		r.importLa = append(r.importLa, took)
 		r.fetch += took
 	}
 	res.Timeline = append(res.Timeline, rec)
@@ -507,10 +505,15 @@ func (r *replay) finish() {
 		res.LocalHitRate = float64(res.BlocksLocal) / float64(res.BlocksRequested)
 		res.ClusterHitRate = float64(res.BlocksLocal+res.BlocksImported) / float64(res.BlocksRequested)
 	}
-	if p, ok := netbench.Percentile(r.importLa, 50); ok {
+	// The percentiles of the latencies the report plots.
+	var la []time.Duration
+	for _, ms := range res.ImportLatencies() {
+		la = append(la, time.Duration(ms*float64(time.Millisecond)))
+	}
+	if p, ok := netbench.Percentile(la, 50); ok {
 		res.ImportP50Ms = float64(p.Microseconds()) / 1000
 	}
-	if p, ok := netbench.Percentile(r.importLa, 99); ok {
+	if p, ok := netbench.Percentile(la, 99); ok {
 		res.ImportP99Ms = float64(p.Microseconds()) / 1000
 	}
 	res.FetchSeconds = r.fetch.Seconds()
