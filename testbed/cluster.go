@@ -318,6 +318,36 @@ func (c *Cluster) Close() error {
 	return errors.Join(errs...)
 }
 
+// WaitIndexed waits until n's index has holder holding every block of
+// hashes (Lookup's overlap), or ctx ends.
+func (n *Node) WaitIndexed(ctx context.Context, holder string, hashes []uint64) error {
+	cl, err := n.Client(ctx)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	held := 0
+	for {
+		ov, err := cl.Lookup(ctx, hashes)
+		if err != nil {
+			return fmt.Errorf("%s: lookup: %w", n.Name, err)
+		}
+		for _, o := range ov {
+			if o.Node == holder {
+				held = int(o.Blocks)
+			}
+		}
+		if held == len(hashes) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s indexes %d of %s's %d blocks: %w", n.Name, held, holder, len(hashes), ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // Log returns the last lines of a node's log, for failure messages.
 func (n *Node) Log() string { return tail(n.LogFile) }
 

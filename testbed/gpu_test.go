@@ -13,7 +13,6 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
-	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool/cuda"
 	"github.com/kvfabric/kvfabric/pool/cuda/softcuda"
@@ -95,13 +94,12 @@ func TestGPUPoolsAcrossProcesses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wait.For(t, 10*time.Second, "the importer indexes the holder's blocks", func() error {
-				ov, err := ic.Lookup(ctx, hashes)
-				if err != nil || len(ov) == 0 || int(ov[0].Blocks) != n {
-					return fmt.Errorf("overlaps %v %v", ov, err)
-				}
-				return nil
-			})
+			ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err = importer.WaitIndexed(ictx, holder.Name, hashes)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
 			resp, err := ic.Import(ctx, cons.ID, hashes)
 			if err != nil {
 				t.Fatal(err)

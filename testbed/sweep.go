@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/layout"
@@ -71,31 +70,8 @@ func sweepOne(ctx context.Context, c *Cluster, m layout.ModelConfig, page, block
 		return 0, err
 	}
 	defer p.Close()
-	// Wait until the importer's index has every block.
-	for {
-		cl, err := c.Nodes[1].Client(ctx)
-		if err != nil {
-			return 0, err
-		}
-		ov, err := cl.Lookup(ctx, seqs[0])
-		cl.Close()
-		if err != nil {
-			return 0, err
-		}
-		held := 0
-		for _, o := range ov {
-			if o.Node == c.Nodes[0].Name {
-				held = int(o.Blocks)
-			}
-		}
-		if held == blocks {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return 0, fmt.Errorf("%s never indexed the %d blocks: %w", c.Nodes[1].Name, blocks, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
+	if err := c.Nodes[1].WaitIndexed(ctx, c.Nodes[0].Name, seqs[0]); err != nil {
+		return 0, err
 	}
 	r, err := Consume(ctx, c.Nodes[1], e, seqs)
 	if err != nil {
