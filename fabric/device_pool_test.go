@@ -586,8 +586,21 @@ func TestPinnedPoolThroughCUDA(t *testing.T) {
 	if err != nil || len(set.Ranks) != 2 || set.Layout.Regions[0].Kind != layout.Pinned {
 		t.Fatalf("register on the pinned pool: %+v %v", set, err)
 	}
-	// The engine's mapping and the agent's memory are the same bytes.
+	// The engine's mapping is the pool's memory: a second engine that maps
+	// the same block set sees the bytes the first wrote.
 	kvtest.Fill(set.Layout, set.Ranks, 0, 7)
+	c2, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	set2, err := c2.Register(ctx, client.Engine{Name: "e2", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 8})
+	if err != nil || set2.ID != set.ID {
+		t.Fatalf("second engine of the layout: %+v %v, want block set %d", set2, err, set.ID)
+	}
+	if err := kvtest.Check(set2.Layout, set2.Ranks, 0, 7); err != nil {
+		t.Fatalf("a second mapping of the pinned pool: %v", err)
+	}
 	mu.Lock()
 	text := logs.String()
 	mu.Unlock()
