@@ -85,10 +85,11 @@ type BlockSet struct {
 	id      SetID
 	lay     *layout.Layout
 	strides layout.Strides
-	offsets []uint64
+	offsets []uint64    // rank r's region starts at offsets[r] of...
+	place   []int       // ...the pool's storage place[r]
 	low     int         // recycle when free falls below this...
 	high    int         // ...until this many are free
-	span    span        // the storage it occupies, set by NewBlockSet
+	cuts    []cut       // the storage it occupies, set by NewBlockSet
 	freed   atomic.Bool // by FreeBlockSet
 
 	mu         sync.Mutex
@@ -109,10 +110,10 @@ type BlockSet struct {
 	releaseLat Histogram
 }
 
-func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64) *BlockSet {
+func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64, place []int) *BlockSet {
 	n := l.Slots
 	b := &BlockSet{
-		p: p, id: id, lay: l, strides: st, offsets: offsets,
+		p: p, id: id, lay: l, strides: st, offsets: offsets, place: place,
 		slots:    make([]slot, n),
 		free:     make([]int32, n),
 		registry: make(map[uint64]int32),
@@ -145,13 +146,23 @@ func (b *BlockSet) Layout() *layout.Layout { return b.lay }
 // Slots returns the number of slots.
 func (b *BlockSet) Slots() int { return len(b.slots) }
 
-// RegionOffset returns where rank's region starts in the pool's storage:
-// what an engine that mapped the storage adds to find its shards.
+// RegionOffset returns where rank's region starts in its storage
+// (RegionStorage): what an engine that mapped the storage adds to find its
+// shards.
 func (b *BlockSet) RegionOffset(rank int) (uint64, error) {
 	if rank < 0 || rank >= len(b.offsets) {
 		return 0, fmt.Errorf("%w: rank %d of %d", ErrInvalidArgument, rank, len(b.offsets))
 	}
 	return b.offsets[rank], nil
+}
+
+// RegionStorage returns the index, in the pool's Storages, of the storage
+// rank's region is carved from.
+func (b *BlockSet) RegionStorage(rank int) (int, error) {
+	if rank < 0 || rank >= len(b.place) {
+		return 0, fmt.Errorf("%w: rank %d of %d", ErrInvalidArgument, rank, len(b.place))
+	}
+	return b.place[rank], nil
 }
 
 // RankBytes returns rank's region as a slice of host memory, valid until
@@ -165,9 +176,10 @@ func (b *BlockSet) RankBytes(rank int) ([]byte, error) {
 		// The memory may be another set's by now.
 		return nil, fmt.Errorf("%w: %d was freed", ErrUnknownBlockSet, b.id)
 	}
-	mem := b.p.storage.Bytes()
+	st := b.p.arenas[b.place[rank]].storage
+	mem := st.Bytes()
 	if mem == nil {
-		return nil, fmt.Errorf("%w: %s storage", ErrNotHostMemory, b.p.storage.Kind())
+		return nil, fmt.Errorf("%w: %s storage", ErrNotHostMemory, st.Kind())
 	}
 	end := off + b.strides.Region
 	return mem[off:end:end], nil

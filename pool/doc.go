@@ -13,9 +13,12 @@
 // the system allows, and falls back with a log line where it does not.
 // Device memory implements the same interface in pool/cuda.
 //
-// A [Pool] carves [BlockSet]s from one Storage: one region per TP rank,
-// page aligned, at [BlockSet.RegionOffset], so that slot s of rank r sits
-// where the block set's [layout.Layout] says. [Pool.FreeBlockSet] gives a
+// A [Pool] carves [BlockSet]s from one Storage, or from one per GPU
+// ([NewSpanning]): one region per TP rank, page aligned, at
+// [BlockSet.RegionOffset] of the storage [BlockSet.RegionStorage] names
+// (rank r on storage r mod their number, or as [Pool.NewBlockSetOn] places
+// it), so that slot s of rank r sits where the block set's [layout.Layout]
+// says. [Pool.FreeBlockSet] gives a
 // set's memory back once nothing in it is allocated, referenced or leased
 // (its registered blocks leave with remove events); new sets take freed
 // memory first fit before carving past the last set, and set ids are never

@@ -165,7 +165,7 @@ func TestFreeBlockSetMergesHoles(t *testing.T) {
 		}
 	}
 	p.mu.RLock()
-	next, holes := p.next, len(p.holes)
+	next, holes := p.arenas[0].next, len(p.arenas[0].holes)
 	p.mu.RUnlock()
 	if next != 0 || holes != 0 {
 		t.Fatalf("after freeing all: next %d, %d holes; want 0, 0", next, holes)

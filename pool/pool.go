@@ -16,17 +16,16 @@ import (
 // SetID names a block set within its pool. It is never zero.
 type SetID uint64
 
-// Pool is the memory an agent owns in one tier on one device, carved into
-// block sets. All methods are safe for concurrent use.
+// Pool is the memory an agent owns in one tier, carved into block sets: one
+// storage, or one per GPU (NewSpanning), a block set's ranks each carved
+// from one of them. All methods are safe for concurrent use.
 type Pool struct {
-	cfg     Config
-	storage Storage
-	page    uint64
+	cfg    Config
+	arenas []*arena // one per storage, in the order given
+	page   uint64
 
-	mu    sync.RWMutex // guards sets, next and holes
-	sets  []*BlockSet  // sets[id-1]; nil once freed, so that ids are never reused
-	next  uint64       // first uncarved byte of storage
-	holes []span       // freed storage below next, by offset, never adjacent
+	mu   sync.RWMutex // guards sets and the arenas' next and holes
+	sets []*BlockSet  // sets[id-1]; nil once freed, so that ids are never reused
 
 	leaseMu  sync.Mutex
 	leaseIdx map[LeaseID]*BlockSet
@@ -44,8 +43,27 @@ type Pool struct {
 // after the pool. The pool starts a goroutine for event delivery and lease
 // expiry; Close stops it.
 func New(storage Storage, cfg Config) (*Pool, error) {
-	if storage == nil {
-		return nil, fmt.Errorf("%w: storage is nil", ErrInvalidConfig)
+	return NewSpanning([]Storage{storage}, cfg)
+}
+
+// NewSpanning makes a pool over several storages of one memory kind, one
+// per device (a GPU each, for device memory), which the caller keeps
+// owning: a block set's ranks are carved each from one of them
+// (NewBlockSetOn). Otherwise it is New.
+func NewSpanning(storages []Storage, cfg Config) (*Pool, error) {
+	if len(storages) == 0 {
+		return nil, fmt.Errorf("%w: no storage", ErrInvalidConfig)
+	}
+	arenas := make([]*arena, len(storages))
+	for i, st := range storages {
+		if st == nil {
+			return nil, fmt.Errorf("%w: storage %d is nil", ErrInvalidConfig, i)
+		}
+		if st.Kind() != storages[0].Kind() {
+			return nil, fmt.Errorf("%w: storage %d is %s memory, storage 0 %s: a pool is one tier",
+				ErrInvalidConfig, i, st.Kind(), storages[0].Kind())
+		}
+		arenas[i] = &arena{storage: st}
 	}
 	cfg, err := cfg.populate()
 	if err != nil {
@@ -59,7 +77,7 @@ func New(storage Storage, cfg Config) (*Pool, error) {
 	}
 	p := &Pool{
 		cfg:      cfg,
-		storage:  storage,
+		arenas:   arenas,
 		page:     uint64(os.Getpagesize()),
 		leaseIdx: make(map[LeaseID]*BlockSet),
 		rng:      rand.NewChaCha8(seed),
@@ -119,15 +137,35 @@ func (p *Pool) deliver() {
 	}
 }
 
-// Storage returns the memory the pool carves from.
-func (p *Pool) Storage() Storage { return p.storage }
+// Storage returns the memory the pool carves from: the first of Storages.
+func (p *Pool) Storage() Storage { return p.arenas[0].storage }
 
-// NewBlockSet carves a block set for the layout from the pool's storage.
-// The layout's Regions are ignored and filled in by the pool: region r
-// starts page aligned (and aligned to the layout's Alignment) at
-// BlockSet.RegionOffset(r) of the storage, with the storage's kind and
-// device. Everything else in the layout must be valid.
+// Storages returns the memories the pool carves from, in the order given to
+// NewSpanning. The slice is the caller's.
+func (p *Pool) Storages() []Storage {
+	out := make([]Storage, len(p.arenas))
+	for i, a := range p.arenas {
+		out[i] = a.storage
+	}
+	return out
+}
+
+// NewBlockSet carves a block set for the layout from the pool's storage,
+// rank r from storage r mod len(Storages()). The layout's Regions are
+// ignored and filled in by the pool: region r starts page aligned (and
+// aligned to the layout's Alignment) at BlockSet.RegionOffset(r) of its
+// storage, with that storage's kind and device. Everything else in the
+// layout must be valid.
 func (p *Pool) NewBlockSet(tmpl *layout.Layout) (*BlockSet, error) {
+	return p.NewBlockSetOn(tmpl, nil)
+}
+
+// NewBlockSetOn is NewBlockSet with rank r's region carved from storage
+// place[r] (an index into Storages). A nil place spreads the ranks as
+// NewBlockSet does. The regions on one storage are carved together, in
+// rank order; it is all or nothing: when one storage has no room, nothing
+// is carved.
+func (p *Pool) NewBlockSetOn(tmpl *layout.Layout, place []int) (*BlockSet, error) {
 	if p.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -136,48 +174,111 @@ func (p *Pool) NewBlockSet(tmpl *layout.Layout) (*BlockSet, error) {
 	}
 	l := tmpl.Clone()
 	if l.TPSize >= 1 && l.TPSize <= layout.MaxTPSize {
+		if place == nil {
+			place = make([]int, l.TPSize)
+			for r := range place {
+				place[r] = r % len(p.arenas)
+			}
+		}
 		// Placeholders, so that Validate judges the rest before we carve.
 		l.Regions = make([]layout.Region, l.TPSize)
 		for i := range l.Regions {
-			l.Regions[i] = layout.Region{Size: 1 << 62, Kind: p.storage.Kind(), Device: p.storage.Device()}
+			st := p.arenas[0].storage
+			l.Regions[i] = layout.Region{Size: 1 << 62, Kind: st.Kind(), Device: st.Device()}
 		}
 	}
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: block set layout: %w", ErrInvalidConfig, err)
+	}
+	if len(place) != l.TPSize {
+		return nil, fmt.Errorf("%w: placement names %d storages for %d ranks", ErrInvalidConfig, len(place), l.TPSize)
+	}
+	for r, a := range place {
+		if a < 0 || a >= len(p.arenas) {
+			return nil, fmt.Errorf("%w: rank %d placed on storage %d of %d", ErrInvalidConfig, r, a, len(p.arenas))
+		}
 	}
 	st := l.Strides()
 	align := max(l.Alignment, p.page)
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	base := p.storage.Addr()
-	// First fit in the memory of freed sets, else past the last carved byte.
-	hole := -1
-	var offsets []uint64
-	for i, h := range p.holes {
-		if o, end, ok := carve(base, h.start, h.end, align, st.Region, l.TPSize); ok && end <= h.end {
-			hole, offsets = i, o
-			break
+	// Place every storage's share before taking any.
+	offsets := make([]uint64, l.TPSize)
+	var cuts []cut
+	for a, ar := range p.arenas {
+		var ranks []int
+		for r, pa := range place {
+			if pa == a {
+				ranks = append(ranks, r)
+			}
 		}
-	}
-	if hole < 0 {
-		o, end, ok := carve(base, p.next, p.storage.Size(), align, st.Region, l.TPSize)
-		if !ok || end > p.storage.Size() {
-			return nil, fmt.Errorf("%w: block set needs %d regions of %d bytes, %d of %d bytes left (%d in %d freed holes)",
-				ErrOutOfMemory, l.TPSize, st.Region, p.storage.Size()-min(p.next, p.storage.Size()), p.storage.Size(),
-				p.holeBytes(), len(p.holes))
+		if len(ranks) == 0 {
+			continue
 		}
-		offsets = o
-	}
-	for r, off := range offsets {
-		l.Regions[r] = layout.Region{Base: base + off, Size: st.Region, Device: p.storage.Device(), Kind: p.storage.Kind()}
+		o, hole, ok := ar.place(align, st.Region, len(ranks))
+		if !ok {
+			s := ar.storage
+			return nil, fmt.Errorf("%w: block set needs %d regions of %d bytes on storage %d (%s, device %d), %d of %d bytes left (%d in %d freed holes)",
+				ErrOutOfMemory, len(ranks), st.Region, a, s.Kind(), s.Device(), s.Size()-min(ar.next, s.Size()), s.Size(),
+				ar.holeBytes(), len(ar.holes))
+		}
+		for i, r := range ranks {
+			offsets[r] = o[i]
+			base := ar.storage.Addr()
+			l.Regions[r] = layout.Region{Base: base + o[i], Size: st.Region, Device: ar.storage.Device(), Kind: ar.storage.Kind()}
+		}
+		cuts = append(cuts, cut{arena: a, span: span{start: o[0], end: o[len(o)-1] + st.Region}, hole: hole})
 	}
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: carved block set layout: %w", ErrInvalidConfig, err)
 	}
-	sp := span{start: offsets[0], end: offsets[len(offsets)-1] + st.Region}
+	for _, c := range cuts {
+		p.arenas[c.arena].take(c.span, c.hole)
+	}
+	b := newBlockSet(p, SetID(len(p.sets)+1), l, st, offsets, append([]int(nil), place...))
+	b.cuts = cuts
+	p.sets = append(p.sets, b)
+	return b, nil
+}
+
+// arena is one storage of a pool and what is carved from it. The pool's
+// mu guards next and holes.
+type arena struct {
+	storage Storage
+	next    uint64 // first uncarved byte
+	holes   []span // freed storage below next, by offset, never adjacent
+}
+
+// cut is the storage one block set occupies in one arena; hole is the
+// hole it was carved from when it was placed, -1 past next.
+type cut struct {
+	arena int
+	span  span
+	hole  int
+}
+
+// place finds room for n regions of size bytes, each aligned: first fit in
+// the memory of freed sets, else past the last carved byte. hole is the
+// hole's index, or -1.
+func (ar *arena) place(align, size uint64, n int) (offsets []uint64, hole int, ok bool) {
+	base := ar.storage.Addr()
+	for i, h := range ar.holes {
+		if o, end, ok := carve(base, h.start, h.end, align, size, n); ok && end <= h.end {
+			return o, i, true
+		}
+	}
+	o, end, ok := carve(base, ar.next, ar.storage.Size(), align, size, n)
+	if !ok || end > ar.storage.Size() {
+		return nil, 0, false
+	}
+	return o, -1, true
+}
+
+// take commits what place found.
+func (ar *arena) take(sp span, hole int) {
 	if hole >= 0 {
-		h := p.holes[hole]
+		h := ar.holes[hole]
 		var keep []span
 		if h.start < sp.start {
 			keep = append(keep, span{h.start, sp.start})
@@ -185,17 +286,13 @@ func (p *Pool) NewBlockSet(tmpl *layout.Layout) (*BlockSet, error) {
 		if sp.end < h.end {
 			keep = append(keep, span{sp.end, h.end})
 		}
-		p.holes = append(p.holes[:hole], append(keep, p.holes[hole+1:]...)...)
-	} else {
-		if p.next < sp.start {
-			p.addHole(span{p.next, sp.start})
-		}
-		p.next = sp.end
+		ar.holes = append(ar.holes[:hole], append(keep, ar.holes[hole+1:]...)...)
+		return
 	}
-	b := newBlockSet(p, SetID(len(p.sets)+1), l, st, offsets)
-	b.span = sp
-	p.sets = append(p.sets, b)
-	return b, nil
+	if ar.next < sp.start {
+		ar.addHole(span{ar.next, sp.start})
+	}
+	ar.next = sp.end
 }
 
 // span is a byte range [start, end) of the storage.
@@ -224,29 +321,30 @@ func carve(base, from, limit, align, size uint64, n int) (offsets []uint64, end 
 }
 
 // addHole records freed storage, merging it with its neighbours, and gives
-// a hole that reaches next back to the uncarved end. p.mu is held.
-func (p *Pool) addHole(h span) {
-	i := sort.Search(len(p.holes), func(i int) bool { return p.holes[i].start >= h.start })
-	p.holes = append(p.holes, span{})
-	copy(p.holes[i+1:], p.holes[i:])
-	p.holes[i] = h
-	if i+1 < len(p.holes) && p.holes[i].end == p.holes[i+1].start {
-		p.holes[i].end = p.holes[i+1].end
-		p.holes = append(p.holes[:i+1], p.holes[i+2:]...)
+// a hole that reaches next back to the uncarved end. The pool's mu is
+// held.
+func (ar *arena) addHole(h span) {
+	i := sort.Search(len(ar.holes), func(i int) bool { return ar.holes[i].start >= h.start })
+	ar.holes = append(ar.holes, span{})
+	copy(ar.holes[i+1:], ar.holes[i:])
+	ar.holes[i] = h
+	if i+1 < len(ar.holes) && ar.holes[i].end == ar.holes[i+1].start {
+		ar.holes[i].end = ar.holes[i+1].end
+		ar.holes = append(ar.holes[:i+1], ar.holes[i+2:]...)
 	}
-	if i > 0 && p.holes[i-1].end == p.holes[i].start {
-		p.holes[i-1].end = p.holes[i].end
-		p.holes = append(p.holes[:i], p.holes[i+1:]...)
+	if i > 0 && ar.holes[i-1].end == ar.holes[i].start {
+		ar.holes[i-1].end = ar.holes[i].end
+		ar.holes = append(ar.holes[:i], ar.holes[i+1:]...)
 	}
-	if last := len(p.holes) - 1; last >= 0 && p.holes[last].end == p.next {
-		p.next = p.holes[last].start
-		p.holes = p.holes[:last]
+	if last := len(ar.holes) - 1; last >= 0 && ar.holes[last].end == ar.next {
+		ar.next = ar.holes[last].start
+		ar.holes = ar.holes[:last]
 	}
 }
 
-func (p *Pool) holeBytes() uint64 {
+func (ar *arena) holeBytes() uint64 {
 	var n uint64
-	for _, h := range p.holes {
+	for _, h := range ar.holes {
 		n += h.end - h.start
 	}
 	return n
@@ -296,7 +394,9 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 	b.registered, b.inactive = 0, 0
 	b.freed.Store(true)
 	p.sets[id-1] = nil
-	p.addHole(b.span)
+	for _, c := range b.cuts {
+		p.arenas[c.arena].addHole(c.span)
+	}
 	return nil
 }
 
