@@ -445,3 +445,29 @@ func TestExecutePlanPinnedIntoSecondGPU(t *testing.T) {
 		t.Fatal("GPU 1 does not hold what the pinned buffer's plan wrote")
 	}
 }
+
+// softcuda refuses a 2-D copy whose extent wraps around 2^64 (and so
+// would look small enough for its allocation) instead of running it.
+func TestSoftcudaRefusesWrappingExtent(t *testing.T) {
+	d, _ := openSoft(t)
+	s, err := d.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, s)
+	a, b := allocPair(t, d, s, 0, 0, 8192)
+	// (Height-1) × pitch ≡ 1 (mod 2^64): the inverse of the odd pitch.
+	pitch := uint64(cuda.MaxPitch)
+	inv := pitch
+	for range 6 {
+		inv *= 2 - pitch*inv
+	}
+	if (inv * pitch) != 1 {
+		t.Fatalf("no inverse of %d", pitch)
+	}
+	c := cuda.Copy2D{Dir: cuda.DeviceToDevice, Dst: b.Addr, DstPitch: pitch, Src: a.Addr, SrcPitch: pitch, Width: 64, Height: inv + 1}
+	if err := s.Copy2DAsync(c); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Fatalf("2-D copy of %d rows: %v, want ErrInvalidValue", c.Height, err)
+	}
+	checkPlan(t, s, &layout.Plan{Ranks: [][]layout.Segment{{}}}, a, b)
+}

@@ -18,19 +18,25 @@ type Region struct {
 	Addr uint64
 	Size uint64
 	// Device is the GPU (the driver's index, 0 to len(Devices())-1) whose
-	// memory Addr is. It is read only by DeviceToDevice plans, and there it
-	// decides how a segment is copied: between two regions that name the
-	// same GPU, by the ordinary copies on the stream, exactly as when
-	// Device did not exist (so callers whose memory is all on one GPU may
-	// leave it 0 on both sides, whatever that GPU is); between two regions
-	// that name different GPUs, by peer copies (cuMemcpyPeerAsync,
-	// cuMemcpy3DPeerAsync) between the two GPUs' primary contexts, after
-	// the driver has confirmed that the region is memory of that GPU and
-	// lies inside one allocation. It is ignored for host memory and for
-	// HostToDevice and DeviceToHost plans, whose device side must be memory
-	// the stream's GPU can address: put the stream on that GPU (pinned
-	// memory from AllocPinned or PinHost is portable, any GPU's stream
-	// copies from and to it).
+	// memory Addr is. Only DeviceToDevice plans read it, and there it
+	// decides how each segment is copied:
+	//
+	//   - source and destination regions name the same GPU: the ordinary
+	//     copies on the stream, exactly as before Device existed, so callers
+	//     whose memory is all on one GPU may leave it 0 on both sides
+	//     whatever that GPU is (put the stream on that GPU);
+	//   - they name different GPUs: peer copies (cuMemcpyPeerAsync,
+	//     cuMemcpy3DPeerAsync) between the two GPUs' primary contexts, after
+	//     the driver has confirmed, before anything is queued, that each such
+	//     region is memory of the GPU it names and lies inside one
+	//     allocation. The stream may be on either GPU or a third.
+	//
+	// A DeviceToDevice plan refuses a Device that is not a GPU of the
+	// driver, even where both sides name the same one. HostToDevice and
+	// DeviceToHost plans ignore Device, as they ignore it on host memory:
+	// their device side is copied by the stream's GPU, so put the stream on
+	// the GPU that memory is on (pinned memory from AllocPinned or PinHost
+	// is portable: a stream on any GPU copies to and from it).
 	Device int
 }
 

@@ -792,8 +792,11 @@ enum { MT_HOST = 1, MT_DEVICE = 2 };
 // side resolves one end of a 2-D copy to the address of its first byte,
 // checking that the whole pitched extent lies in one allocation.
 static char *side(int type, const void *host, CUdeviceptr dev, size_t x, size_t y, size_t pitch, size_t w, size_t h) {
-	size_t start = y * pitch + x;
-	size_t extent = (h - 1) * pitch + w;
+	size_t start, extent;
+	// An extent that wraps would pass the allocation check: refuse it.
+	if (__builtin_mul_overflow(y, pitch, &start) || __builtin_add_overflow(start, x, &start) ||
+	    __builtin_mul_overflow(h - 1, pitch, &extent) || __builtin_add_overflow(extent, w, &extent))
+		return NULL;
 	if (type == MT_HOST) return host ? (char *)host + start : NULL;
 	if (type != MT_DEVICE) return NULL;
 	return shadow_of(dev + start, extent);
@@ -842,10 +845,15 @@ CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUc
 // context's device.
 static char *side3d(int type, const void *host, CUdeviceptr dev, CUcontext c, size_t x, size_t y, size_t z,
 		    size_t pitch, size_t rows, size_t w, size_t h, size_t d) {
-	if (d > 1 && rows < h + y) return NULL;
-	size_t slice = d > 1 ? rows * pitch : 0;
-	size_t start = z * slice + y * pitch + x;
-	size_t extent = (d - 1) * slice + (h - 1) * pitch + w;
+	if (d > 1 && (rows < h || rows - h < y)) return NULL;
+	size_t slice = 0, start, extent, t;
+	// An extent that wraps would pass the allocation check: refuse it.
+	if ((d > 1 && __builtin_mul_overflow(rows, pitch, &slice)) ||
+	    __builtin_mul_overflow(z, slice, &start) || __builtin_mul_overflow(y, pitch, &t) ||
+	    __builtin_add_overflow(start, t, &start) || __builtin_add_overflow(start, x, &start) ||
+	    __builtin_mul_overflow(d - 1, slice, &extent) || __builtin_mul_overflow(h - 1, pitch, &t) ||
+	    __builtin_add_overflow(extent, t, &extent) || __builtin_add_overflow(extent, w, &extent))
+		return NULL;
 	if (type == MT_HOST) return host ? (char *)host + start : NULL;
 	if (type != MT_DEVICE || !c) return NULL;
 	return shadow_on(c->dev, dev + start, extent);
