@@ -317,7 +317,7 @@ func TestPeerCopyBadDevice(t *testing.T) {
 				dst.Device = dev
 			}
 			err := s.ExecutePlan(cuda.DeviceToDevice, p, []cuda.Region{src}, []cuda.Region{dst})
-			want := fmt.Sprintf("%s rank 0 region is on GPU %d: the driver has 2", side, dev)
+			want := fmt.Sprintf("%s rank 0 region names GPU %d, the driver has 2", side, dev)
 			if !errors.Is(err, cuda.ErrInvalidValue) || !strings.Contains(err.Error(), want) {
 				t.Errorf("%s on GPU %d: %v, want ErrInvalidValue saying %q", side, dev, err, want)
 			}

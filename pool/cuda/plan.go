@@ -108,7 +108,7 @@ func (s *Stream) checkPeerRegions(p *layout.Plan, src, dst []Region) error {
 				dev  int
 			}{{"source", segs[i].SrcRank, sr.Device}, {"destination", r, dr.Device}} {
 				if n := len(s.d.devices); c.dev < 0 || c.dev >= n {
-					return fmt.Errorf("cuda: plan: %s rank %d region is on GPU %d: the driver has %d (0 to %d): %w",
+					return fmt.Errorf("cuda: plan: %s rank %d region names GPU %d, the driver has %d (0 to %d): %w",
 						c.side, c.rank, c.dev, n, n-1, ErrInvalidValue)
 				}
 			}
