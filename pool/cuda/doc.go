@@ -22,8 +22,11 @@
 //	engines          DeviceMemory.IPCHandle, Driver.OpenIPCHandle -> *IPCMemory, Close
 //	the NIC          Driver.DmabufFD (cuMemGetHandleForAddressRange, flags 0); ErrNotSupported
 //	                 means fall back to the peer-memory path, as NCCL does
-//	copies           Stream.CopyAsync (HtoD, DtoH, DtoD), Stream.Copy2DAsync (pitched), Event
+//	copies           Stream.CopyAsync (HtoD, DtoH, DtoD), Stream.Copy2DAsync (pitched),
+//	                 Stream.CopyPeerAsync (between GPUs), Event
 //	plans            Stream.ExecutePlan: a layout.Plan as one 2-D copy per segment (strides
-//	                 wider than MaxPitch piece by piece), checked before anything is queued
+//	                 wider than MaxPitch piece by piece), checked before anything is queued;
+//	                 segments between regions on different GPUs (Region.Device) as peer
+//	                 copies (cuMemcpyPeerAsync, cuMemcpy3DPeerAsync)
 //	staging          Stager: double-buffered pinned staging between host bytes and the device
 package cuda

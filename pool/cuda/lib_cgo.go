@@ -34,6 +34,25 @@ typedef struct {
 	size_t dstPitch;
 	size_t WidthInBytes, Height;
 } CUDA_MEMCPY2D;
+// CUDA_MEMCPY3D_PEER, field for field as cuda.h declares it (the enum
+// CUmemorytype is an int, CUarray an opaque pointer).
+typedef struct {
+	size_t srcXInBytes, srcY, srcZ, srcLOD;
+	int srcMemoryType;
+	const void *srcHost;
+	CUdeviceptr srcDevice;
+	void *srcArray;
+	CUcontext srcContext;
+	size_t srcPitch, srcHeight;
+	size_t dstXInBytes, dstY, dstZ, dstLOD;
+	int dstMemoryType;
+	void *dstHost;
+	CUdeviceptr dstDevice;
+	void *dstArray;
+	CUcontext dstContext;
+	size_t dstPitch, dstHeight;
+	size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D_PEER;
 
 #define KVF_MAXDEV 64
 
@@ -61,6 +80,9 @@ typedef struct {
 	X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream)) \
 	X(cuMemcpyDtoDAsync_v2, (CUdeviceptr, CUdeviceptr, size_t, CUstream)) \
 	X(cuMemcpy2DAsync_v2, (const CUDA_MEMCPY2D *, CUstream)) \
+	X(cuMemcpyPeerAsync, (CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream)) \
+	X(cuMemcpy3DPeerAsync, (const CUDA_MEMCPY3D_PEER *, CUstream)) \
+	X(cuPointerGetAttribute, (void *, int, CUdeviceptr)) \
 	X(cuStreamCreate, (CUstream *, unsigned int)) \
 	X(cuStreamDestroy_v2, (CUstream)) \
 	X(cuStreamSynchronize, (CUstream)) \
@@ -223,6 +245,43 @@ static CUresult kvf_copy2d(struct kvf_cuda *l, int dev, int dir, uint64_t dst, s
 	c.WidthInBytes = width;
 	c.Height = height;
 	return l->cuMemcpy2DAsync_v2(&c, s);
+}
+// The peer copies run on a stream of dev and name each side's primary
+// context; both must be retained (PCTX).
+#define PCTX(dev) \
+	do { \
+		if ((dev) < 0 || (dev) >= KVF_MAXDEV || !l->ctx[dev]) return 201; \
+	} while (0)
+static CUresult kvf_copy_peer(struct kvf_cuda *l, int dev, uint64_t dst, int dstdev, uint64_t src, int srcdev, size_t n, CUstream s) {
+	PCTX(dstdev);
+	PCTX(srcdev);
+	CTX(dev);
+	return l->cuMemcpyPeerAsync(dst, l->ctx[dstdev], src, l->ctx[srcdev], n, s);
+}
+static CUresult kvf_copy2d_peer(struct kvf_cuda *l, int dev, uint64_t dst, int dstdev, size_t dpitch, uint64_t src, int srcdev, size_t spitch, size_t width, size_t height, CUstream s) {
+	PCTX(dstdev);
+	PCTX(srcdev);
+	CTX(dev);
+	CUDA_MEMCPY3D_PEER c;
+	memset(&c, 0, sizeof c);
+	c.srcMemoryType = 2; // CU_MEMORYTYPE_DEVICE
+	c.srcDevice = src;
+	c.srcContext = l->ctx[srcdev];
+	c.srcPitch = spitch;
+	c.srcHeight = height;
+	c.dstMemoryType = 2;
+	c.dstDevice = dst;
+	c.dstContext = l->ctx[dstdev];
+	c.dstPitch = dpitch;
+	c.dstHeight = height;
+	c.WidthInBytes = width;
+	c.Height = height;
+	c.Depth = 1;
+	return l->cuMemcpy3DPeerAsync(&c, s);
+}
+static CUresult kvf_pointer_device(struct kvf_cuda *l, int dev, CUdeviceptr p, int *ordinal) {
+	CTX(dev);
+	return l->cuPointerGetAttribute(ordinal, 9, p); // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 }
 static CUresult kvf_stream_create(struct kvf_cuda *l, int dev, CUstream *s) {
 	CTX(dev);
@@ -437,6 +496,27 @@ func (lb *lib) copy2DAsync(dev int, c Copy2D, s streamHandle) error {
 	r := C.kvf_copy2d(lb.l, C.int(dev), C.int(c.Dir), C.uint64_t(c.Dst), C.size_t(c.DstPitch),
 		C.uint64_t(c.Src), C.size_t(c.SrcPitch), C.size_t(c.Width), C.size_t(c.Height), s)
 	return lb.check("cuMemcpy2DAsync_v2", r)
+}
+
+func (lb *lib) copyPeerAsync(dev int, dst uint64, dstDev int, src uint64, srcDev int, n uint64, s streamHandle) error {
+	r := C.kvf_copy_peer(lb.l, C.int(dev), C.uint64_t(dst), C.int(dstDev), C.uint64_t(src), C.int(srcDev), C.size_t(n), s)
+	return lb.check("cuMemcpyPeerAsync", r)
+}
+
+// copy2DPeerAsync is a pitched copy between two devices' memory: a
+// cuMemcpy3DPeerAsync of depth 1.
+func (lb *lib) copy2DPeerAsync(dev int, c Copy2D, dstDev, srcDev int, s streamHandle) error {
+	r := C.kvf_copy2d_peer(lb.l, C.int(dev), C.uint64_t(c.Dst), C.int(dstDev), C.size_t(c.DstPitch),
+		C.uint64_t(c.Src), C.int(srcDev), C.size_t(c.SrcPitch), C.size_t(c.Width), C.size_t(c.Height), s)
+	return lb.check("cuMemcpy3DPeerAsync", r)
+}
+
+// pointerDevice returns the GPU whose memory p is
+// (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL), asked in dev's context.
+func (lb *lib) pointerDevice(dev int, p uint64) (int, error) {
+	var o C.int
+	r := C.kvf_pointer_device(lb.l, C.int(dev), C.CUdeviceptr(p), &o)
+	return int(o), lb.check("cuPointerGetAttribute", r)
 }
 
 func (lb *lib) streamCreate(dev int) (streamHandle, error) {

@@ -46,6 +46,13 @@ func (lb *lib) copy2DAsync(dev int, c Copy2D, s streamHandle) error { return err
 func (lb *lib) copySync(dev int, dir Direction, host []byte, devptr uint64, s streamHandle) error {
 	return errNoCgo
 }
+func (lb *lib) copyPeerAsync(dev int, dst uint64, dstDev int, src uint64, srcDev int, n uint64, s streamHandle) error {
+	return errNoCgo
+}
+func (lb *lib) copy2DPeerAsync(dev int, c Copy2D, dstDev, srcDev int, s streamHandle) error {
+	return errNoCgo
+}
+func (lb *lib) pointerDevice(dev int, p uint64) (int, error)             { return -1, errNoCgo }
 func (lb *lib) streamCreate(dev int) (streamHandle, error)               { return nil, errNoCgo }
 func (lb *lib) streamDestroy(dev int, s streamHandle) error              { return errNoCgo }
 func (lb *lib) streamSync(dev int, s streamHandle) error                 { return errNoCgo }

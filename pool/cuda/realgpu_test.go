@@ -7,6 +7,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool/cuda"
 )
 
@@ -72,5 +73,41 @@ func TestRealGPURoundTrip(t *testing.T) {
 	}
 	if _, err := d.AllocDevice(0, 1<<62); !errors.Is(err, cuda.ErrOutOfMemory) {
 		t.Errorf("allocating 4 EiB: %v, want ErrOutOfMemory", err)
+	}
+}
+
+// The softcuda peer cases on two real GPUs: TP ranks copied between GPU 0
+// and GPU 1 (HND and NHD head slices, all crossing or mixed with copies on
+// one GPU), bytes checked against the host executor, and a region past
+// its allocation refused by the driver's own view of the memory.
+func TestRealGPUPeerPlan(t *testing.T) {
+	d := requireGPU(t)
+	if n := len(d.Devices()); n < 2 {
+		t.Skipf("peer copies need 2 GPUs, the driver has %d", n)
+	}
+	s, err := d.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, s)
+	for _, c := range []peerCase{
+		{layout.HND, []int{0, 0, 0, 0}, []int{1, 1}},
+		{layout.NHD, []int{1, 1}, []int{0, 0, 0, 0}},
+		{layout.NHD, []int{0, 1}, []int{1, 0, 1, 0}},
+	} {
+		t.Run(c.String(), func(t *testing.T) {
+			if crossing, _, _ := peerPlanRoundTrip(t, d, s, c); crossing == 0 {
+				t.Fatal("no segment crosses GPUs")
+			}
+		})
+	}
+	a, b := allocPair(t, d, s, 0, 1, 1<<20)
+	p := &layout.Plan{Ranks: [][]layout.Segment{{{Length: 64, Count: 1}}}}
+	past := cuda.Region{Addr: a.Addr, Size: 1<<20 + 1<<30, Device: 0}
+	if err := s.ExecutePlan(cuda.DeviceToDevice, p, []cuda.Region{past}, []cuda.Region{b}); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Errorf("source region past its allocation: %v, want ErrInvalidValue", err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
 	}
 }

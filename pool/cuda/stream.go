@@ -91,6 +91,36 @@ func (s *Stream) CopyAsync(dir Direction, dst, src, n uint64) error {
 	return nil
 }
 
+// CopyPeerAsync queues a copy of n bytes from src, device memory of GPU
+// srcDev, to dst, device memory of GPU dstDev (cuMemcpyPeerAsync between
+// the two GPUs' primary contexts, retained here if they were not). The
+// stream may be on either GPU or a third. The binding does not call
+// cuCtxEnablePeerAccess: whether the driver then moves the bytes directly
+// between the GPUs or through host memory is the driver's choice.
+func (s *Stream) CopyPeerAsync(dst uint64, dstDev int, src uint64, srcDev int, n uint64) error {
+	for _, dev := range [...]int{dstDev, srcDev} {
+		if err := s.checkDevice(dev); err != nil {
+			return fmt.Errorf("cuda: peer copy: %w", err)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := s.d.lib.copyPeerAsync(s.dev, dst, dstDev, src, srcDev, n, s.h); err != nil {
+		return fmt.Errorf("cuda: device %d: peer copy of %d bytes %#x (GPU %d) -> %#x (GPU %d): %w", s.dev, n, src, srcDev, dst, dstDev, err)
+	}
+	return nil
+}
+
+// checkDevice refuses a GPU index the driver does not have and retains
+// the primary context of one it has.
+func (s *Stream) checkDevice(dev int) error {
+	if n := len(s.d.devices); dev < 0 || dev >= n {
+		return fmt.Errorf("GPU %d: the driver has %d (0 to %d): %w", dev, n, n-1, ErrInvalidValue)
+	}
+	return s.d.context(dev)
+}
+
 // Copy2DAsync queues a pitched copy.
 func (s *Stream) Copy2DAsync(c Copy2D) error {
 	if c.Dir < HostToDevice || c.Dir > DeviceToDevice {

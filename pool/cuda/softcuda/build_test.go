@@ -32,6 +32,7 @@ func TestBuildExportsDriverNames(t *testing.T) {
 		"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemHostAlloc", "cuMemHostRegister_v2",
 		"cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoDAsync_v2", "cuMemcpy2DAsync_v2",
 		"cuStreamDestroy_v2", "cuEventDestroy_v2", "cuIpcOpenMemHandle_v2", "cuMemGetHandleForAddressRange",
+		"cuMemcpyPeerAsync", "cuMemcpy3DPeerAsync", "cuPointerGetAttribute",
 	} {
 		if !have[name] {
 			t.Errorf("%s not exported", name)

@@ -26,6 +26,14 @@
 //     allocation is CUDA_ERROR_INVALID_VALUE, an unknown stream or event
 //     CUDA_ERROR_INVALID_HANDLE. cuMemcpyHtoD_v2 and cuMemcpyDtoH_v2 copy
 //     synchronously, behind all work queued so far (the Python client's).
+//   - Peer copies between devices: cuMemcpyPeerAsync and cuMemcpy3DPeerAsync
+//     (depth slices of pitched rows) in stream order. Each side names a
+//     context; a context that is not a retained primary context is
+//     CUDA_ERROR_INVALID_CONTEXT, and a range that is not, whole, in memory of
+//     its context's device is CUDA_ERROR_INVALID_VALUE. cuPointerGetAttribute
+//     answers CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL for device memory (anything
+//     else is CUDA_ERROR_INVALID_VALUE). The ordinary copies, as under unified
+//     addressing, take device memory of any device.
 //   - Pinned host memory: cuMemHostAlloc (anonymous mapping) and
 //     cuMemHostRegister_v2 (bookkeeping only: overlapping registrations are
 //     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, unregistering what was not

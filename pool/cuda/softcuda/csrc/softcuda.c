@@ -67,6 +67,24 @@ typedef struct {
 	size_t WidthInBytes, Height;
 } CUDA_MEMCPY2D;
 
+typedef struct {
+	size_t srcXInBytes, srcY, srcZ, srcLOD;
+	int srcMemoryType;
+	const void *srcHost;
+	CUdeviceptr srcDevice;
+	void *srcArray;
+	CUcontext srcContext;
+	size_t srcPitch, srcHeight;
+	size_t dstXInBytes, dstY, dstZ, dstLOD;
+	int dstMemoryType;
+	void *dstHost;
+	CUdeviceptr dstDevice;
+	void *dstArray;
+	CUcontext dstContext;
+	size_t dstPitch, dstHeight;
+	size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D_PEER;
+
 struct ipchandle {
 	uint64_t magic;
 	int32_t pid, fd;
@@ -275,6 +293,23 @@ static char *shadow_of(CUdeviceptr p, size_t n) {
 	char *s = a ? a->shadow + (p - a->base) : NULL;
 	pthread_mutex_unlock(&gmu);
 	return s;
+}
+
+// shadow_on is shadow_of for memory that must belong to device dev.
+static char *shadow_on(int dev, CUdeviceptr p, size_t n) {
+	pthread_mutex_lock(&gmu);
+	struct alloc *a = find(p, n);
+	char *s = a && a->dev == dev ? a->shadow + (p - a->base) : NULL;
+	pthread_mutex_unlock(&gmu);
+	return s;
+}
+
+// ctx_ok reports whether c is a retained primary context.
+static int ctx_ok(CUcontext c) {
+	pthread_mutex_lock(&gmu);
+	int ok = c && c >= &ctxs[0] && c < &ctxs[ndev] && c->refs > 0;
+	pthread_mutex_unlock(&gmu);
+	return ok;
 }
 
 // ---- streams
@@ -757,8 +792,11 @@ enum { MT_HOST = 1, MT_DEVICE = 2 };
 // side resolves one end of a 2-D copy to the address of its first byte,
 // checking that the whole pitched extent lies in one allocation.
 static char *side(int type, const void *host, CUdeviceptr dev, size_t x, size_t y, size_t pitch, size_t w, size_t h) {
-	size_t start = y * pitch + x;
-	size_t extent = (h - 1) * pitch + w;
+	size_t start, extent;
+	// An extent that wraps would pass the allocation check: refuse it.
+	if (__builtin_mul_overflow(y, pitch, &start) || __builtin_add_overflow(start, x, &start) ||
+	    __builtin_mul_overflow(h - 1, pitch, &extent) || __builtin_add_overflow(extent, w, &extent))
+		return NULL;
 	if (type == MT_HOST) return host ? (char *)host + start : NULL;
 	if (type != MT_DEVICE) return NULL;
 	return shadow_of(dev + start, extent);
@@ -789,6 +827,83 @@ CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, CUstream s) {
 	o->spitch = c->srcPitch;
 	o->height = c->Height;
 	enqueue(s, o);
+	return CUDA_SUCCESS;
+}
+
+// A peer copy names each side's context; each pointer must lie, whole, in
+// memory of its context's device.
+CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s) {
+	ENTER("cuMemcpyPeerAsync");
+	NEEDCTX();
+	if (!ctx_ok(dctx) || !ctx_ok(sctx)) return CUDA_ERROR_INVALID_CONTEXT;
+	if (n == 0) return stream_known(s) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+	return copy(shadow_on(dctx->dev, dst, n), shadow_on(sctx->dev, src, n), n, s);
+}
+
+// side3d resolves one end of a 3-D peer copy to its first byte, checking
+// that the whole extent (depth slices of rows rows) lies in memory of the
+// context's device.
+static char *side3d(int type, const void *host, CUdeviceptr dev, CUcontext c, size_t x, size_t y, size_t z,
+		    size_t pitch, size_t rows, size_t w, size_t h, size_t d) {
+	if (d > 1 && (rows < h || rows - h < y)) return NULL;
+	size_t slice = 0, start, extent, t;
+	// An extent that wraps would pass the allocation check: refuse it.
+	if ((d > 1 && __builtin_mul_overflow(rows, pitch, &slice)) ||
+	    __builtin_mul_overflow(z, slice, &start) || __builtin_mul_overflow(y, pitch, &t) ||
+	    __builtin_add_overflow(start, t, &start) || __builtin_add_overflow(start, x, &start) ||
+	    __builtin_mul_overflow(d - 1, slice, &extent) || __builtin_mul_overflow(h - 1, pitch, &t) ||
+	    __builtin_add_overflow(extent, t, &extent) || __builtin_add_overflow(extent, w, &extent))
+		return NULL;
+	if (type == MT_HOST) return host ? (char *)host + start : NULL;
+	if (type != MT_DEVICE || !c) return NULL;
+	return shadow_on(c->dev, dev + start, extent);
+}
+
+CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *c, CUstream s) {
+	ENTER("cuMemcpy3DPeerAsync");
+	NEEDCTX();
+	if (!c) return CUDA_ERROR_INVALID_VALUE;
+	if ((c->srcMemoryType == MT_DEVICE && !ctx_ok(c->srcContext)) || (c->dstMemoryType == MT_DEVICE && !ctx_ok(c->dstContext)))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (c->WidthInBytes == 0 || c->Height == 0 || c->Depth == 0) return CUDA_SUCCESS;
+	if (c->srcLOD || c->dstLOD || c->srcArray || c->dstArray) return CUDA_ERROR_INVALID_VALUE;
+	if (c->srcPitch > MAX_PITCH || c->dstPitch > MAX_PITCH) return CUDA_ERROR_INVALID_VALUE;
+	if (c->srcPitch < c->WidthInBytes + c->srcXInBytes && (c->Height > 1 || c->Depth > 1)) return CUDA_ERROR_INVALID_VALUE;
+	if (c->dstPitch < c->WidthInBytes + c->dstXInBytes && (c->Height > 1 || c->Depth > 1)) return CUDA_ERROR_INVALID_VALUE;
+	char *dst = side3d(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstContext, c->dstXInBytes, c->dstY, c->dstZ,
+			   c->dstPitch, c->dstHeight, c->WidthInBytes, c->Height, c->Depth);
+	const char *src = side3d(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcContext, c->srcXInBytes, c->srcY, c->srcZ,
+				 c->srcPitch, c->srcHeight, c->WidthInBytes, c->Height, c->Depth);
+	if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
+	if (!stream_known(s)) return CUDA_ERROR_INVALID_HANDLE;
+	for (size_t z = 0; z < c->Depth; z++) {
+		struct op *o = calloc(1, sizeof *o);
+		if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+		o->kind = OP_COPY2D;
+		o->dst = dst + z * c->dstHeight * c->dstPitch;
+		o->src = src + z * c->srcHeight * c->srcPitch;
+		o->n = c->WidthInBytes;
+		o->dpitch = c->dstPitch;
+		o->spitch = c->srcPitch;
+		o->height = c->Height;
+		enqueue(s, o);
+	}
+	return CUDA_SUCCESS;
+}
+
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+
+// cuPointerGetAttribute answers CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL only;
+// memory that is not device memory is CUDA_ERROR_INVALID_VALUE.
+CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
+	ENTER("cuPointerGetAttribute");
+	if (!data || attr != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&gmu);
+	struct alloc *a = find(p, 1);
+	int dev = a ? a->dev : -1;
+	pthread_mutex_unlock(&gmu);
+	if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
+	*(int *)data = dev;
 	return CUDA_SUCCESS;
 }
 
