@@ -37,19 +37,20 @@ type Agent struct {
 	eventLog *slog.Logger
 	started  time.Time
 
-	// storage is the engine pool's memory; host is the same memory when
-	// it is host memory (shared with engines by descriptor or file), nil
-	// for a device pool.
-	storage  pool.Storage
+	// storages are the engine pool's memory: one host (or pinned)
+	// storage, or one device pool per GPU, storage i on GPU gpus[i]. host
+	// is the host storage (shared with engines by descriptor or file), nil
+	// for device pools.
+	storages []pool.Storage
 	host     *pool.HostStorage
 	poolKind string // host, pinned or device
 	pool     *pool.Pool
-	// cuda is open while a device or pinned pool uses it; gpu is the
-	// device pool's GPU, -1 without one. rdmaReg says how the NIC reaches
-	// the device pool ("dmabuf", "peer-memory" or "").
+	// cuda is open while a device or pinned pool uses it; gpus is nil
+	// without device pools. rdmaReg[i] says how the NIC reaches storage
+	// i's device pool ("dmabuf", "peer-memory" or "").
 	cuda    *cuda.Driver
-	gpu     int
-	rdmaReg string
+	gpus    []int
+	rdmaReg []string
 	staging stagingBuffers // pinned buffers for QUIC to and from the GPU
 
 	index     *index.Index
@@ -110,7 +111,7 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{}, gpu: -1,
+	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{},
 		sessions: map[uint64]*session{}, unowned: &session{opened: time.Now(), sets: map[pool.SetID]*engineSet{}},
 		metaPoke: make(chan struct{}, 1), done: make(chan struct{})}
 	if a.log == nil {
@@ -170,18 +171,19 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 }
 
 func (a *Agent) startPools(specs []PoolSpec) error {
-	// Engines' block sets come from one pool: the device pool when there
-	// is a GPU for it, else the host (or pinned) one.
+	// Engines' block sets come from one pool: over the device pools when
+	// there is a GPU for them, else over the host (or pinned) memory.
 	st, err := a.makeStorage(specs)
 	if err != nil {
 		return err
 	}
-	a.storage = st
+	a.storages = st
+	a.rdmaReg = make([]string, len(st))
 	pcfg := pool.DefaultConfig()
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents
 	pcfg.MaxLeaseBlocks = transfer.MaxLeaseBlocks
-	p, err := pool.New(st, pcfg)
+	p, err := pool.NewSpanning(st, pcfg)
 	if err != nil {
 		return fmt.Errorf("fabric: pool: %w", err)
 	}
@@ -441,9 +443,10 @@ func (a *Agent) Close() error {
 		if a.pool != nil {
 			errs = append(errs, a.pool.Close())
 		}
-		if a.storage != nil {
-			errs = append(errs, a.storage.Close())
-		} else if a.host != nil {
+		for _, st := range a.storages {
+			errs = append(errs, st.Close())
+		}
+		if a.storages == nil && a.host != nil {
 			errs = append(errs, a.host.Close())
 		}
 		if a.cuda != nil {
@@ -462,7 +465,7 @@ func (a *Agent) Close() error {
 // blockSetFor returns the block set an engine with this layout uses, under
 // the implicit session.
 func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, error) {
-	s, err := a.blockSetForSession(a.unowned, engine, tmpl)
+	s, err := a.blockSetForSession(a.unowned, engine, tmpl, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -470,11 +473,12 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 }
 
 // blockSetForSession returns the block set an engine with this layout
-// uses, one of sess's sets from now: an existing one of the same shape
-// (another engine's, or one no session uses any more), or a new one. When
-// the pool has no room for a new one, sets no session uses are freed,
+// uses, one of sess's sets from now: an existing one of the same shape and
+// placement (another engine's, or one no session uses any more), or a new
+// one. place is the storage of each rank (placement), nil for the default.
+// When the pool has no room for a new one, sets no session uses are freed,
 // longest idle first, until it has.
-func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout) (*sessionSet, error) {
+func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout, place []int) (*sessionSet, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if engine != "" && sess.id != 0 {
@@ -486,7 +490,8 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	for _, s := range a.sets {
 		l := s.set.Layout()
 		if l.Model == tmpl.Model && l.PageSize == tmpl.PageSize && l.TPSize == tmpl.TPSize &&
-			l.Order == tmpl.Order && l.Arrangement == tmpl.Arrangement && l.Alignment == tmpl.Alignment && (tmpl.Slots == 0 || tmpl.Slots == l.Slots) {
+			l.Order == tmpl.Order && l.Arrangement == tmpl.Arrangement && l.Alignment == tmpl.Alignment && (tmpl.Slots == 0 || tmpl.Slots == l.Slots) &&
+			a.placedAs(s.set, place) {
 			return a.attach(sess, s)
 		}
 	}
@@ -497,7 +502,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	// Fill regions only so that the template validates; the pool places them.
 	tmpl.Regions = make([]layout.Region, tmpl.TPSize)
 	for r := range tmpl.Regions {
-		tmpl.Regions[r] = layout.Region{Size: 1 << 62, Kind: a.storage.Kind(), Device: a.storage.Device()}
+		tmpl.Regions[r] = layout.Region{Size: 1 << 62, Kind: a.storages[0].Kind(), Device: a.storages[0].Device()}
 	}
 	if tmpl.Slots == 0 {
 		probe := *tmpl
@@ -507,7 +512,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		}
 		tmpl.Slots = a.defaultSlots(&probe)
 	}
-	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSet(tmpl) })
+	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) })
 	if err != nil {
 		return nil, err
 	}
@@ -535,7 +540,11 @@ func (a *Agent) defaultSlots(probe *layout.Layout) int {
 		return a.cfg.BlockSetSlots
 	}
 	per := probe.Strides().Block * uint64(probe.TPSize)
-	return max(1, min(layout.MaxSlots, int(a.storage.Size()/4/max(per, 1))))
+	var total uint64
+	for _, st := range a.storages {
+		total += st.Size()
+	}
+	return max(1, min(layout.MaxSlots, int(total/4/max(per, 1))))
 }
 
 func (a *Agent) engineSet(id uint64) (*engineSet, error) {
@@ -552,22 +561,27 @@ func (a *Agent) engineSet(id uint64) (*engineSet, error) {
 func (a *Agent) describe(s *engineSet) (*fabricpb.RegisterResponse, error) {
 	l := s.set.Layout()
 	out := &fabricpb.RegisterResponse{BlockSet: uint64(s.set.ID()), Layout: l.Proto(), Retains: uint32(s.set.Retains())}
-	var ipc []byte
-	if a.host == nil {
-		h, err := a.cuda.IPCHandle(a.gpu, a.storage.Addr())
-		if err != nil {
-			return nil, status.Errorf(codes.Unavailable, "fabric: IPC handle of the device pool: %v", err)
-		}
-		ipc = h[:]
-	}
+	ipcs := map[int][]byte{} // by storage
 	for r := range l.TPSize {
 		off, err := s.set.RegionOffset(r)
 		if err != nil {
 			return nil, toStatus(err)
 		}
-		if ipc != nil {
-			out.Memory = append(out.Memory, &fabricpb.Memory{Offset: off, Size: l.Regions[r].Size, FileSize: a.storage.Size(),
-				CudaIpcHandle: ipc, CudaDevice: int32(a.gpu), PciBusId: a.cuda.Devices()[a.gpu].PCIBusID})
+		if a.host == nil {
+			i, err := s.set.RegionStorage(r)
+			if err != nil {
+				return nil, toStatus(err)
+			}
+			st, gpu := a.storages[i], a.gpus[i]
+			if ipcs[i] == nil {
+				h, err := a.cuda.IPCHandle(gpu, st.Addr())
+				if err != nil {
+					return nil, status.Errorf(codes.Unavailable, "fabric: IPC handle of GPU %d's device pool: %v", gpu, err)
+				}
+				ipcs[i] = h[:]
+			}
+			out.Memory = append(out.Memory, &fabricpb.Memory{Offset: off, Size: l.Regions[r].Size, FileSize: st.Size(),
+				CudaIpcHandle: ipcs[i], CudaDevice: int32(gpu), PciBusId: a.cuda.Devices()[gpu].PCIBusID})
 			out.Ranks = append(out.Ranks, rankLayout(l, r, off))
 			continue
 		}

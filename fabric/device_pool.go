@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
@@ -16,7 +18,7 @@ import (
 // memory when specs ask for a device pool and the node has a GPU for it,
 // else the host (or pinned) pool, host=1GiB when specs name none. A node
 // without a CUDA driver or a GPU says so once and runs on host memory.
-func (a *Agent) makeStorage(specs []PoolSpec) (pool.Storage, error) {
+func (a *Agent) makeStorage(specs []PoolSpec) ([]pool.Storage, error) {
 	hostSpec := PoolSpec{Kind: "host", Size: 1 << 30}
 	var devSpecs []PoolSpec
 	for _, s := range specs {
@@ -39,62 +41,86 @@ func (a *Agent) makeStorage(specs []PoolSpec) (pool.Storage, error) {
 		}
 	}
 	if a.cuda == nil || len(devSpecs) == 0 {
-		return a.makeHostStorage(hostSpec)
+		st, err := a.makeHostStorage(hostSpec)
+		if err != nil {
+			return nil, err
+		}
+		return []pool.Storage{st}, nil
 	}
 	return a.makeDeviceStorage(devSpecs)
 }
 
-// makeDeviceStorage allocates the device pool that devSpecs ask for. Block
-// sets do not span GPUs yet, so exactly one GPU must be asked for: a node
-// with several names one with device:N.
-func (a *Agent) makeDeviceStorage(devSpecs []PoolSpec) (pool.Storage, error) {
+// makeDeviceStorage allocates the device pools that devSpecs ask for, one
+// per GPU, in GPU order: a block set's ranks are carved each from one of
+// them (rank r from the r-th, unless the engine places them). A GPU named
+// twice is a configuration error.
+func (a *Agent) makeDeviceStorage(devSpecs []PoolSpec) (_ []pool.Storage, err error) {
 	devs := a.cuda.Devices()
-	type want struct {
-		gpu  int
-		spec PoolSpec
-	}
-	var wants []want
+	wants := map[int]PoolSpec{}
 	for _, s := range devSpecs {
-		if s.GPU >= 0 {
-			if s.GPU >= len(devs) {
-				return nil, fmt.Errorf("%w: pools: device:%d: the CUDA driver (%s) reports %d GPUs (indices 0..%d)",
-					ErrConfig, s.GPU, a.cuda.Path(), len(devs), len(devs)-1)
-			}
-			wants = append(wants, want{s.GPU, s})
-			continue
+		if s.GPU >= len(devs) {
+			return nil, fmt.Errorf("%w: pools: device:%d: the CUDA driver (%s) reports %d GPUs (indices 0..%d)",
+				ErrConfig, s.GPU, a.cuda.Path(), len(devs), len(devs)-1)
 		}
 		for _, d := range devs {
-			wants = append(wants, want{d.Index, s})
+			if s.GPU >= 0 && d.Index != s.GPU {
+				continue
+			}
+			if _, dup := wants[d.Index]; dup {
+				return nil, fmt.Errorf("%w: pools: GPU %d is given a device pool twice; name each GPU once (device=AMOUNT names every GPU)",
+					ErrConfig, d.Index)
+			}
+			wants[d.Index] = s
 		}
 	}
-	if len(wants) != 1 {
-		return nil, fmt.Errorf("%w: pools: device pools on %d GPUs: an agent carves block sets from one GPU's pool for now; name one with device:N=SIZE",
-			ErrConfig, len(wants))
+	var out []pool.Storage
+	defer func() {
+		if err != nil {
+			for _, m := range out {
+				m.Close()
+			}
+			a.gpus = nil
+		}
+	}()
+	for _, d := range devs {
+		spec, ok := wants[d.Index]
+		if !ok {
+			continue
+		}
+		m, err := a.makeDevicePool(d, spec)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+		a.gpus = append(a.gpus, d.Index)
 	}
-	w := wants[0]
-	size := w.spec.Size
-	free, total, err := a.cuda.MemInfo(w.gpu)
+	a.poolKind = "device"
+	return out, nil
+}
+
+// makeDevicePool allocates one GPU's device pool.
+func (a *Agent) makeDevicePool(d cuda.DeviceInfo, spec PoolSpec) (*cuda.DeviceMemory, error) {
+	size := spec.Size
+	free, total, err := a.cuda.MemInfo(d.Index)
 	if err != nil {
-		return nil, fmt.Errorf("fabric: device pool on GPU %d: %w", w.gpu, err)
+		return nil, fmt.Errorf("fabric: device pool on GPU %d: %w", d.Index, err)
 	}
-	if w.spec.Fraction > 0 {
-		size = uint64(w.spec.Fraction * float64(free))
+	if spec.Fraction > 0 {
+		size = uint64(spec.Fraction * float64(free))
 	}
 	// Whole pages: dma-buf export and registration want them.
 	page := uint64(os.Getpagesize())
 	size &^= page - 1
 	if size == 0 || size > free {
 		return nil, fmt.Errorf("%w: pools: device:%d=%s: %d bytes asked, the GPU has %d free of %d",
-			ErrConfig, w.gpu, amount(w.spec), size, free, total)
+			ErrConfig, d.Index, amount(spec), size, free, total)
 	}
-	m, err := a.cuda.AllocDevice(w.gpu, size)
+	m, err := a.cuda.AllocDevice(d.Index, size)
 	if err != nil {
-		return nil, fmt.Errorf("fabric: device pool of %d bytes on GPU %d: %w", size, w.gpu, err)
+		return nil, fmt.Errorf("fabric: device pool of %d bytes on GPU %d: %w", size, d.Index, err)
 	}
-	a.gpu, a.poolKind = w.gpu, "device"
-	info := devs[w.gpu]
-	a.log.Info("device pool made", "gpu", w.gpu, "name", info.Name, "pci_bus_id", info.PCIBusID, "bytes", size,
-		"free_before", free, "dmabuf", info.Dmabuf, "driver", a.cuda.Path())
+	a.log.Info("device pool made", "gpu", d.Index, "name", d.Name, "pci_bus_id", d.PCIBusID, "bytes", size,
+		"free_before", free, "dmabuf", d.Dmabuf, "driver", a.cuda.Path())
 	return m, nil
 }
 
@@ -134,16 +160,100 @@ func (a *Agent) readInto(ctx context.Context, peer *transfer.Peer, id, set uint6
 	return a.readStaged(ctx, peer, id, set, segs, l)
 }
 
-// copyOnDevice executes plan between two block sets of the device pool
-// with the GPU's copy engine (one 2-D copy per segment) and waits for it.
+// copyOnDevice executes plan between two block sets of the device pools
+// with the copy engines and waits for it: each destination GPU's ranks on
+// a stream of that GPU, one 2-D copy per segment, a peer copy for a source
+// rank on another GPU.
 func (a *Agent) copyOnDevice(plan *layout.Plan, src, dst *layout.Layout) error {
-	st, err := a.cuda.NewStream(a.gpu)
-	if err != nil {
-		return err
+	var gpus []int32
+	sub := map[int32]*layout.Plan{}
+	for r, segs := range plan.Ranks {
+		if len(segs) == 0 {
+			continue
+		}
+		g := dst.Regions[r].Device
+		if sub[g] == nil {
+			gpus = append(gpus, g)
+			sub[g] = &layout.Plan{Ranks: make([][]layout.Segment, len(plan.Ranks))}
+		}
+		sub[g].Ranks[r] = segs
 	}
-	defer st.Close()
-	if err := st.ExecutePlan(cuda.DeviceToDevice, plan, deviceRegions(src), deviceRegions(dst)); err != nil {
-		return err
+	var streams []*cuda.Stream
+	defer func() {
+		for _, st := range streams {
+			st.Close()
+		}
+	}()
+	for _, g := range gpus {
+		st, err := a.cuda.NewStream(int(g))
+		if err != nil {
+			return err
+		}
+		streams = append(streams, st)
+		if err := st.ExecutePlan(cuda.DeviceToDevice, sub[g], deviceRegions(src), deviceRegions(dst)); err != nil {
+			return fmt.Errorf("fabric: copy into GPU %d: %w", g, err)
+		}
 	}
-	return st.Synchronize()
+	var errs []error
+	for _, st := range streams {
+		errs = append(errs, st.Synchronize())
+	}
+	return errors.Join(errs...)
+}
+
+// placement turns a Register's devices, one per TP rank, into the pool
+// storage of each rank: a GPU's PCI bus id or the agent's CUDA index, ""
+// for the default (rank r on the r-th device pool, modulo their number).
+// Empty devices, or a host pool, give nil: every rank by default.
+func (a *Agent) placement(devices []string, tp int) ([]int, error) {
+	if len(devices) == 0 || a.gpus == nil {
+		return nil, nil
+	}
+	if len(devices) != tp {
+		return nil, &layout.FieldError{Field: "devices", Reason: fmt.Sprintf("%d entries for TP %d: give one per rank, or none", len(devices), tp)}
+	}
+	infos := a.cuda.Devices()
+	place := make([]int, tp)
+	for r, d := range devices {
+		place[r] = r % len(a.gpus)
+		if d == "" {
+			continue
+		}
+		found := -1
+		for i, g := range a.gpus {
+			if strings.EqualFold(infos[g].PCIBusID, d) || strconv.Itoa(g) == d {
+				found = i
+			}
+		}
+		if found < 0 {
+			var have []string
+			for _, g := range a.gpus {
+				have = append(have, fmt.Sprintf("%d (%s)", g, infos[g].PCIBusID))
+			}
+			return nil, &layout.FieldError{Field: fmt.Sprintf("devices[%d]", r),
+				Reason: fmt.Sprintf("%q names no GPU with a device pool on this agent; pools are on GPUs %s", d, strings.Join(have, ", "))}
+		}
+		place[r] = found
+	}
+	return place, nil
+}
+
+// placedAs says whether set's ranks lie on the storages place names (nil:
+// the default placement).
+func (a *Agent) placedAs(set *pool.BlockSet, place []int) bool {
+	n := len(set.Layout().Regions)
+	if place != nil && len(place) != n {
+		return false
+	}
+	storages := len(a.storages)
+	for r := range n {
+		want := r % storages
+		if place != nil {
+			want = place[r]
+		}
+		if got, err := set.RegionStorage(r); err != nil || got != want {
+			return false
+		}
+	}
+	return true
 }

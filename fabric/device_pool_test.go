@@ -93,10 +93,14 @@ func gpuEngineHelper(socket string) error {
 		c.Close()
 		return err
 	}
-	st, err := drv.NewStream(set.Device[0].GPU)
-	if err != nil {
-		c.Close()
-		return err
+	// A stream per rank, on the rank's GPU: the ranks may span GPUs.
+	streams := make([]*cuda.Stream, len(set.Device))
+	for r, d := range set.Device {
+		if streams[r], err = drv.NewStream(d.GPU); err != nil {
+			c.Close()
+			return err
+		}
+		defer streams[r].Close()
 	}
 	// Each block's shard, filled in host memory and copied to the device;
 	// then read back, to show the bytes are where the description says.
@@ -110,7 +114,7 @@ func gpuEngineHelper(socket string) error {
 		kvtest.Fill(l, host, int(s), uint64(i+1))
 		off := uint64(s) * strides.Block
 		for r, d := range set.Device {
-			if err := st.CopyHtoD(d.Ptr+off, host[r][off:off+strides.Shard]); err != nil {
+			if err := streams[r].CopyHtoD(d.Ptr+off, host[r][off:off+strides.Shard]); err != nil {
 				return err
 			}
 		}
@@ -118,7 +122,7 @@ func gpuEngineHelper(socket string) error {
 	back := make([][]byte, l.TPSize)
 	for r, d := range set.Device {
 		back[r] = make([]byte, strides.Region)
-		if err := st.CopyDtoH(back[r], d.Ptr); err != nil {
+		if err := streams[r].CopyDtoH(back[r], d.Ptr); err != nil {
 			return err
 		}
 	}
@@ -127,7 +131,6 @@ func gpuEngineHelper(socket string) error {
 			return fmt.Errorf("read back from the device: %w", err)
 		}
 	}
-	st.Close()
 	if _, err := c.RegisterBlocks(ctx, set.ID, slots, gpuHashes()); err != nil {
 		c.Close()
 		return err
@@ -196,16 +199,17 @@ func deviceBytes(t *testing.T, lib string, l *layout.Layout) [][]byte {
 		t.Fatal(err)
 	}
 	defer drv.Close()
-	st, err := drv.NewStream(int(l.Regions[0].Device))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	out := make([][]byte, len(l.Regions))
 	for r, reg := range l.Regions {
-		out[r] = make([]byte, reg.Size)
-		if err := st.CopyDtoH(out[r], reg.Base); err != nil {
+		st, err := drv.NewStream(int(reg.Device))
+		if err != nil {
 			t.Fatal(err)
+		}
+		out[r] = make([]byte, reg.Size)
+		err = st.CopyDtoH(out[r], reg.Base)
+		st.Close()
+		if err != nil {
+			t.Fatalf("rank %d on GPU %d: %v", r, reg.Device, err)
 		}
 	}
 	return out
@@ -429,8 +433,8 @@ func TestDevicePoolFallsBackToHost(t *testing.T) {
 	}
 }
 
-// Device pools that land on more than one GPU are refused at start with the
-// way out; a GPU index the driver does not have is named.
+// A GPU index the driver does not have, or more memory than a GPU has
+// free, is refused at start and named.
 func TestDevicePoolRefusals(t *testing.T) {
 	lib, _ := gpuLibs(t)
 	t.Setenv("SOFTCUDA_DEVICES", "2")
@@ -440,7 +444,6 @@ func TestDevicePoolRefusals(t *testing.T) {
 		pools []string
 		want  string
 	}{
-		{"every GPU of two", []string{"device=8MiB"}, "device pools on 2 GPUs"},
 		{"GPU past the last", []string{"device:2=8MiB"}, "device:2"},
 		{"more than is free", []string{"device:1=65MiB"}, "free"},
 	} {

@@ -79,7 +79,11 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 	if err != nil {
 		return nil, err
 	}
-	set, err := e.a.blockSetForSession(sess, req.GetEngine(), tmpl)
+	place, err := e.a.placement(req.GetDevices(), tmpl.TPSize)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	set, err := e.a.blockSetForSession(sess, req.GetEngine(), tmpl, place)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -477,13 +481,26 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 	}
 	// One pass over the block sets, so that the pool's totals and the
 	// sets listed agree.
-	p := &fabricpb.Pool{Kind: a.poolKind, SizeBytes: a.storage.Size(), Device: int32(a.gpu), RdmaRegistration: a.rdmaReg}
-	out.Pools = append(out.Pools, p)
+	for i, st := range a.storages {
+		p := &fabricpb.Pool{Kind: a.poolKind, SizeBytes: st.Size(), Device: -1, RdmaRegistration: a.rdmaReg[i]}
+		if a.gpus != nil {
+			p.Device = int32(a.gpus[i])
+		}
+		out.Pools = append(out.Pools, p)
+	}
 	for _, s := range a.engineSets() {
 		l := s.set.Layout()
-		p.BlockSets++
-		for _, r := range l.Regions {
-			p.CarvedBytes += r.Size
+		seen := map[int]bool{}
+		for r, reg := range l.Regions {
+			i, err := s.set.RegionStorage(r)
+			if err != nil {
+				continue
+			}
+			out.Pools[i].CarvedBytes += reg.Size
+			if !seen[i] {
+				seen[i] = true
+				out.Pools[i].BlockSets++
+			}
 		}
 		m := s.set.Metrics()
 		out.BlockSets = append(out.BlockSets, &fabricpb.BlockSet{

@@ -72,22 +72,49 @@ func (a *Agent) openRDMADevice() (*rdma.Device, error) {
 }
 
 // pickNIC chooses, among the devices with an active port, the one for the
-// pool: for GPU memory, the device nearest the GPU in PCI topology (one
+// pool: for GPU memory, the device nearest the GPUs in PCI topology (one
 // behind the same PCIe switch moves data peer to peer; one across the
 // socket halves the bandwidth, the most common mistake of every fabric);
-// for host memory, the first. --rdma-device overrides it.
+// for host memory, the first. The agent drives one device: with device
+// pools on GPUs whose nearest devices differ, it takes the one nearest the
+// most of them (the lowest GPU's on a tie) and says which GPUs it does not
+// suit. --rdma-device overrides it.
 func (a *Agent) pickNIC(active []rdma.DeviceInfo) string {
-	if a.gpu < 0 || a.cuda == nil {
+	if a.gpus == nil || a.cuda == nil {
 		return active[0].Name
 	}
-	bus := a.cuda.Devices()[a.gpu].PCIBusID
-	d, err := rdma.ClosestDevice(bus, active, a.cfg.hooks.sysfsRoot)
-	if err != nil {
-		a.log.Warn("RDMA device nearest the GPU unknown: using the first active one", "gpu", a.gpu, "pci_bus_id", bus, "device", active[0].Name, "err", err)
+	infos := a.cuda.Devices()
+	nearest := make([]string, len(a.gpus))
+	votes := map[string]int{}
+	pick := ""
+	for i, g := range a.gpus {
+		bus := infos[g].PCIBusID
+		d, err := rdma.ClosestDevice(bus, active, a.cfg.hooks.sysfsRoot)
+		if err != nil {
+			a.log.Warn("RDMA device nearest the GPU unknown", "gpu", g, "pci_bus_id", bus, "err", err)
+			continue
+		}
+		nearest[i] = d.Name
+		votes[d.Name]++
+		if pick == "" || votes[d.Name] > votes[pick] {
+			pick = d.Name
+		}
+	}
+	if pick == "" {
+		a.log.Warn("no RDMA device known to be near a GPU pool: using the first active one", "device", active[0].Name)
 		return active[0].Name
 	}
-	a.log.Info("RDMA device for the GPU pool", "gpu", a.gpu, "pci_bus_id", bus, "device", d.Name, "device_pci", d.PCIAddress)
-	return d.Name
+	for i, g := range a.gpus {
+		switch nearest[i] {
+		case pick:
+			a.log.Info("RDMA device for the GPU pool", "gpu", g, "pci_bus_id", infos[g].PCIBusID, "device", pick)
+		case "":
+		default:
+			a.log.Warn("the RDMA device this agent drives is not the one nearest this GPU: its reads cross the PCIe hierarchy",
+				"gpu", g, "pci_bus_id", infos[g].PCIBusID, "device", pick, "nearest", nearest[i])
+		}
+	}
+	return pick
 }
 
 // registerPools registers the pool memory with the RDMA device, once, at
@@ -98,23 +125,28 @@ func (a *Agent) registerPools() error {
 	if !a.transport.RDMAEnabled() {
 		return nil
 	}
-	if dm, ok := a.storage.(*cuda.DeviceMemory); ok {
-		return a.registerDevicePool(dm)
-	}
-	buf := a.storage.Bytes()
-	if buf == nil {
-		return nil
-	}
-	start := time.Now()
-	st, err := a.transport.RegisterMemory(buf)
-	if err != nil {
-		if a.cfg.RDMA == "on" {
-			return fmt.Errorf("%w: rdma=on: %w", ErrConfig, err)
+	for i, st := range a.storages {
+		if dm, ok := st.(*cuda.DeviceMemory); ok {
+			if err := a.registerDevicePool(i, dm); err != nil {
+				return err
+			}
+			continue
 		}
-		a.log.Warn("RDMA registration of the pool failed: its blocks move over QUIC", "bytes", len(buf), "err", err)
-		return nil
+		buf := st.Bytes()
+		if buf == nil {
+			continue
+		}
+		start := time.Now()
+		rs, err := a.transport.RegisterMemory(buf)
+		if err != nil {
+			if a.cfg.RDMA == "on" {
+				return fmt.Errorf("%w: rdma=on: %w", ErrConfig, err)
+			}
+			a.log.Warn("RDMA registration of the pool failed: its blocks move over QUIC", "bytes", len(buf), "err", err)
+			continue
+		}
+		a.log.Info("pool registered for RDMA", "bytes", rs.Bytes, "took", rs.Duration, "total", time.Since(start))
 	}
-	a.log.Info("pool registered for RDMA", "bytes", st.Bytes, "took", st.Duration, "total", time.Since(start))
 	return nil
 }
 
@@ -126,7 +158,8 @@ func (a *Agent) registerPools() error {
 // logged and shown in status; with neither, the pool's blocks move over
 // QUIC through pinned staging (staging.go), which is logged as a warning,
 // or refused at start with rdma=on.
-func (a *Agent) registerDevicePool(dm *cuda.DeviceMemory) error {
+func (a *Agent) registerDevicePool(i int, dm *cuda.DeviceMemory) error {
+	gpu := a.gpus[i]
 	start := time.Now()
 	var dmaErr, ptrErr error
 	f, err := dm.Dmabuf()
@@ -134,8 +167,8 @@ func (a *Agent) registerDevicePool(dm *cuda.DeviceMemory) error {
 		st, rerr := a.transport.RegisterDmabuf(f, dm.Addr(), dm.Size())
 		f.Close()
 		if rerr == nil {
-			a.rdmaReg = "dmabuf"
-			a.log.Info("device pool registered for RDMA by dma-buf", "gpu", a.gpu, "bytes", st.Bytes, "took", st.Duration, "total", time.Since(start))
+			a.rdmaReg[i] = "dmabuf"
+			a.log.Info("device pool registered for RDMA by dma-buf", "gpu", gpu, "bytes", st.Bytes, "took", st.Duration, "total", time.Since(start))
 			return nil
 		}
 		err = rerr
@@ -144,8 +177,8 @@ func (a *Agent) registerDevicePool(dm *cuda.DeviceMemory) error {
 	if mod, ok := peerMemoryModule(); ok {
 		st, err := a.transport.RegisterAddr(dm.Addr(), dm.Size())
 		if err == nil {
-			a.rdmaReg = "peer-memory"
-			a.log.Info("device pool registered for RDMA by device pointer (peer memory)", "gpu", a.gpu, "module", mod,
+			a.rdmaReg[i] = "peer-memory"
+			a.log.Info("device pool registered for RDMA by device pointer (peer memory)", "gpu", gpu, "module", mod,
 				"bytes", st.Bytes, "took", st.Duration, "dmabuf_err", dmaErr.Error())
 			return nil
 		}
@@ -155,10 +188,10 @@ func (a *Agent) registerDevicePool(dm *cuda.DeviceMemory) error {
 	}
 	err = fmt.Errorf("dma-buf: %w; device pointer: %w", dmaErr, ptrErr)
 	if a.cfg.RDMA == "on" {
-		return fmt.Errorf("%w: rdma=on: device pool: %w", ErrConfig, err)
+		return fmt.Errorf("%w: rdma=on: device pool on GPU %d: %w", ErrConfig, gpu, err)
 	}
 	a.log.Warn("RDMA registration of the device pool failed: its blocks move over QUIC through pinned staging",
-		"gpu", a.gpu, "bytes", dm.Size(), "err", err)
+		"gpu", gpu, "bytes", dm.Size(), "err", err)
 	return nil
 }
 

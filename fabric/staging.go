@@ -91,6 +91,29 @@ func (a *Agent) readStaged(ctx context.Context, peer *transfer.Peer, id, set uin
 			return transfer.TransportQUIC, fmt.Errorf("fabric: staged read: segment %d writes rank %d of %d", i, s.DstRank, len(l.Regions))
 		}
 	}
+	// The ranks on one GPU are read and placed together, on that GPU's
+	// stream, one GPU after another.
+	var gpus []int32
+	byGPU := map[int32][]layout.Segment{}
+	for _, s := range segs {
+		g := l.Regions[s.DstRank].Device
+		if _, ok := byGPU[g]; !ok {
+			gpus = append(gpus, g)
+		}
+		byGPU[g] = append(byGPU[g], s)
+	}
+	via := transfer.TransportQUIC
+	for _, g := range gpus {
+		var err error
+		if via, err = a.readStagedOn(ctx, int(g), peer, id, set, byGPU[g], l); err != nil {
+			return via, err
+		}
+	}
+	return via, nil
+}
+
+// readStagedOn is readStaged for segments whose ranks are all on gpu.
+func (a *Agent) readStagedOn(ctx context.Context, gpu int, peer *transfer.Peer, id, set uint64, segs []layout.Segment, l *layout.Layout) (transfer.Transport, error) {
 	parts := splitParts(segs, a.stageBytes())
 	if len(parts) == 0 {
 		return transfer.TransportQUIC, nil
@@ -108,7 +131,7 @@ func (a *Agent) readStaged(ctx context.Context, peer *transfer.Peer, id, set uin
 			}
 		}
 	}()
-	st, err := a.cuda.NewStream(a.gpu)
+	st, err := a.cuda.NewStream(gpu)
 	if err != nil {
 		return transfer.TransportQUIC, localError{err}
 	}
@@ -117,7 +140,7 @@ func (a *Agent) readStaged(ctx context.Context, peer *transfer.Peer, id, set uin
 		if bufs[i], err = a.takeStaging(a.stageBytes()); err != nil {
 			return transfer.TransportQUIC, localError{err}
 		}
-		if evs[i], err = a.cuda.NewEvent(a.gpu); err != nil {
+		if evs[i], err = a.cuda.NewEvent(gpu); err != nil {
 			return transfer.TransportQUIC, localError{err}
 		}
 	}
@@ -128,7 +151,7 @@ func (a *Agent) readStaged(ctx context.Context, peer *transfer.Peer, id, set uin
 		if k >= 2 {
 			// Part k-2's copy out of this buffer must be done.
 			if err := ev.Synchronize(); err != nil {
-				return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", a.gpu, err)}
+				return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", gpu, err)}
 			}
 		}
 		packed := make([]layout.Segment, len(part))
@@ -145,14 +168,14 @@ func (a *Agent) readStaged(ctx context.Context, peer *transfer.Peer, id, set uin
 			return via, err
 		}
 		if err := st.ExecutePlan(cuda.HostToDevice, up, []cuda.Region{{Addr: buf.Addr(), Size: at}}, dev); err != nil {
-			return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", a.gpu, err)}
+			return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", gpu, err)}
 		}
 		if err := ev.Record(st); err != nil {
-			return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", a.gpu, err)}
+			return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", gpu, err)}
 		}
 	}
 	if err := st.Synchronize(); err != nil {
-		return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", a.gpu, err)}
+		return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", gpu, err)}
 	}
 	return via, nil
 }
@@ -217,7 +240,7 @@ func (a *Agent) stageBytes() uint64 {
 func deviceRegions(l *layout.Layout) []cuda.Region {
 	out := make([]cuda.Region, len(l.Regions))
 	for r, reg := range l.Regions {
-		out[r] = cuda.Region{Addr: reg.Base, Size: reg.Size}
+		out[r] = cuda.Region{Addr: reg.Base, Size: reg.Size, Device: int(reg.Device)}
 	}
 	return out
 }
@@ -240,6 +263,7 @@ func (h *peerService) StageRead(blockSet uint64, seg layout.Segment, fn func([]b
 		return fmt.Errorf("%w: block set %d rank %d is not in GPU memory", transfer.ErrInvalidRequest, blockSet, seg.SrcRank)
 	}
 	base := l.Regions[seg.SrcRank].Base + seg.SrcOffset
+	gpu := int(l.Regions[seg.SrcRank].Device)
 	limit := a.stageBytes()
 	// The batches: rows of pieces while they fit, or a long piece in
 	// parts.
@@ -264,7 +288,7 @@ func (h *peerService) StageRead(blockSet uint64, seg layout.Segment, fn func([]b
 		}
 	}
 	// Double-buffered: batch k+1 is copied out while batch k is sent.
-	st, err := a.cuda.NewStream(a.gpu)
+	st, err := a.cuda.NewStream(gpu)
 	if err != nil {
 		return fmt.Errorf("%w: %v", transfer.ErrUnavailable, err)
 	}
@@ -286,7 +310,7 @@ func (h *peerService) StageRead(blockSet uint64, seg layout.Segment, fn func([]b
 		if bufs[i], err = a.takeStaging(limit); err != nil {
 			return fmt.Errorf("%w: %v", transfer.ErrUnavailable, err)
 		}
-		if evs[i], err = a.cuda.NewEvent(a.gpu); err != nil {
+		if evs[i], err = a.cuda.NewEvent(gpu); err != nil {
 			return fmt.Errorf("%w: %v", transfer.ErrUnavailable, err)
 		}
 	}
@@ -294,10 +318,10 @@ func (h *peerService) StageRead(blockSet uint64, seg layout.Segment, fn func([]b
 		c := batches[k].c
 		c.Dir, c.Dst, c.DstPitch = cuda.DeviceToHost, bufs[k%2].Addr(), c.Width
 		if err := st.Copy2DAsync(c); err != nil {
-			return fmt.Errorf("%w: stage from GPU %d: %v", transfer.ErrInternal, a.gpu, err)
+			return fmt.Errorf("%w: stage from GPU %d: %v", transfer.ErrInternal, gpu, err)
 		}
 		if err := evs[k%2].Record(st); err != nil {
-			return fmt.Errorf("%w: stage from GPU %d: %v", transfer.ErrInternal, a.gpu, err)
+			return fmt.Errorf("%w: stage from GPU %d: %v", transfer.ErrInternal, gpu, err)
 		}
 		return nil
 	}
@@ -314,7 +338,7 @@ func (h *peerService) StageRead(blockSet uint64, seg layout.Segment, fn func([]b
 			}
 		}
 		if err := evs[k%2].Synchronize(); err != nil {
-			return fmt.Errorf("%w: stage from GPU %d: %v", transfer.ErrInternal, a.gpu, err)
+			return fmt.Errorf("%w: stage from GPU %d: %v", transfer.ErrInternal, gpu, err)
 		}
 		if err := fn(bufs[k%2].Bytes()[:b.n]); err != nil {
 			return err

@@ -62,3 +62,19 @@ func TestSplitParts(t *testing.T) {
 		})
 	}
 }
+
+// The copy engines are told each rank's GPU: a plan between ranks on two
+// GPUs is then a peer copy (pool/cuda's Region.Device).
+func TestDeviceRegionsNameTheirGPU(t *testing.T) {
+	l := &layout.Layout{Regions: []layout.Region{
+		{Base: 1 << 40, Size: 4096, Kind: layout.Device, Device: 1},
+		{Base: 2 << 40, Size: 8192, Kind: layout.Device, Device: 0},
+		{Base: 3 << 40, Size: 4096, Kind: layout.Device, Device: 3},
+	}}
+	got := deviceRegions(l)
+	for r, reg := range l.Regions {
+		if got[r].Addr != reg.Base || got[r].Size != reg.Size || got[r].Device != int(reg.Device) {
+			t.Fatalf("rank %d: %+v from %+v", r, got[r], reg)
+		}
+	}
+}

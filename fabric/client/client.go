@@ -212,6 +212,12 @@ type Engine struct {
 	// Alignment is the power of two strides are rounded to; zero: the
 	// agent's default (4096).
 	Alignment uint64
+	// Devices, one per TP rank, places each rank's region on a GPU of
+	// the agent's device pools: its PCI bus id (what cuda.DeviceInfo's
+	// PCIBusID says in this process) or the agent's CUDA index; "" lets
+	// the agent choose. If nil, rank r is on the agent's r-th device pool.
+	// Ignored by an agent whose pool is host memory.
+	Devices []string
 	// CUDA, when set, opens an agent's device pool in this process: the
 	// IPC handle is opened (cuIpcOpenMemHandle) on the GPU with the PCI bus
 	// id the agent names, and BlockSet.Device holds each rank's device
@@ -270,6 +276,7 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 		Arrangement: layoutArrangement(e.Arrangement),
 		Slots:       uint32(e.Slots),
 		Alignment:   e.Alignment,
+		Devices:     e.Devices,
 	})
 	if err != nil {
 		return nil, err

@@ -161,7 +161,15 @@ type RegisterRequest struct {
 	// The power of two that block strides (and, layer-separate, layer
 	// strides) are rounded up to, 1..2^30; 0: 4096. Region starts are
 	// aligned to at least this and to the host page size.
-	Alignment     uint64 `protobuf:"varint,8,opt,name=alignment,proto3" json:"alignment,omitempty"`
+	Alignment uint64 `protobuf:"varint,8,opt,name=alignment,proto3" json:"alignment,omitempty"`
+	// Optional, one per TP rank: the GPU whose device pool holds that
+	// rank's region, as its PCI bus id (as cuDeviceGetPCIBusId writes it,
+	// e.g. "0000:18:00.0"; the robust name, whatever CUDA_VISIBLE_DEVICES
+	// says) or the agent's CUDA index ("2"); "" lets the agent choose. Empty:
+	// rank r goes to the agent's r-th device pool, modulo their number.
+	// Ignored when the agent's pool is host memory. Memory.cuda_device and
+	// Memory.pci_bus_id in the response say where each rank landed.
+	Devices       []string `protobuf:"bytes,9,rep,name=devices,proto3" json:"devices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -250,6 +258,13 @@ func (x *RegisterRequest) GetAlignment() uint64 {
 		return x.Alignment
 	}
 	return 0
+}
+
+func (x *RegisterRequest) GetDevices() []string {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
 }
 
 type RegisterResponse struct {
@@ -2426,6 +2441,8 @@ func (x *Member) GetSinceUnixMs() int64 {
 }
 
 // Pool is memory the agent owns in one tier.
+// One per storage: the host (or pinned) pool, or one per GPU with a
+// device pool.
 type Pool struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// host, pinned or device.
@@ -2433,7 +2450,8 @@ type Pool struct {
 	SizeBytes uint64 `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// Bytes carved into block sets.
 	CarvedBytes uint64 `protobuf:"varint,3,opt,name=carved_bytes,json=carvedBytes,proto3" json:"carved_bytes,omitempty"`
-	BlockSets   uint32 `protobuf:"varint,4,opt,name=block_sets,json=blockSets,proto3" json:"block_sets,omitempty"`
+	// Block sets with at least one region in this pool.
+	BlockSets uint32 `protobuf:"varint,4,opt,name=block_sets,json=blockSets,proto3" json:"block_sets,omitempty"`
 	// For a device pool, the GPU's CUDA index on the agent; -1 for host
 	// memory.
 	Device int32 `protobuf:"varint,5,opt,name=device,proto3" json:"device,omitempty"`
@@ -2646,7 +2664,7 @@ var File_fabric_fabricpb_engine_proto protoreflect.FileDescriptor
 
 const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\n" +
-	"\x1cfabric/fabricpb/engine.proto\x12\x12kvfabric.fabric.v1\x1a\x1clayout/layoutpb/layout.proto\"\xc5\x02\n" +
+	"\x1cfabric/fabricpb/engine.proto\x12\x12kvfabric.fabric.v1\x1a\x1clayout/layoutpb/layout.proto\"\xdf\x02\n" +
 	"\x0fRegisterRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x125\n" +
 	"\x05model\x18\x02 \x01(\v2\x1f.kvfabric.layout.v1.ModelConfigR\x05model\x12\x17\n" +
@@ -2655,7 +2673,8 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\bkv_order\x18\x05 \x01(\x0e2\x1b.kvfabric.layout.v1.KVOrderR\akvOrder\x12A\n" +
 	"\varrangement\x18\x06 \x01(\x0e2\x1f.kvfabric.layout.v1.ArrangementR\varrangement\x12\x14\n" +
 	"\x05slots\x18\a \x01(\rR\x05slots\x12\x1c\n" +
-	"\talignment\x18\b \x01(\x04R\talignment\"\xe7\x01\n" +
+	"\talignment\x18\b \x01(\x04R\talignment\x12\x18\n" +
+	"\adevices\x18\t \x03(\tR\adevices\"\xe7\x01\n" +
 	"\x10RegisterResponse\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x122\n" +
 	"\x06layout\x18\x02 \x01(\v2\x1a.kvfabric.layout.v1.LayoutR\x06layout\x122\n" +

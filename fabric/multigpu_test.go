@@ -1,0 +1,205 @@
+//go:build cgo && linux
+
+package fabric_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// Block sets span GPUs, a TP rank per GPU: an engine process writes a TP 4
+// set whose ranks alternate over the holder's two GPUs; another agent with
+// two GPUs imports it into a TP 2 set placed by the engine (rank 0 on GPU 1
+// by PCI bus id, rank 1 on GPU 0 by index), over RDMA with both pools
+// registered by dma-buf, or over QUIC staged per GPU; then a TP 1 set on
+// GPU 0 is filled from it by the copy engines, one rank with a peer copy
+// from GPU 1. Every element is checked, copied back from its GPU.
+func TestDevicePoolsSpanGPUs(t *testing.T) {
+	for _, tc := range []struct {
+		rdma, transport, reg string
+	}{
+		{"on", "rdma", "dmabuf"},
+		{"off", "quic", ""},
+	} {
+		t.Run(tc.transport, func(t *testing.T) {
+			libs := make([]string, 2)
+			var verbs string
+			for i := range libs {
+				libs[i], verbs = gpuLibs(t)
+			}
+			for _, k := range []string{"SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US"} {
+				t.Setenv(k, "")
+			}
+			t.Setenv("SOFTCUDA_DEVICES", "2")
+			t.Setenv("SOFTCUDA_MEMORY", "64M")
+			t.Setenv("SOFTCUDA_PCI_BUS_IDS", "0000:18:00.0,0000:2A:00.0")
+			agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+				c.Pools = []string{"device=16MiB"}
+				c.CUDALibrary = libs[i]
+				c.RDMA, c.RDMALibrary = tc.rdma, verbs
+			})
+			holder, importer := agents[0], agents[1]
+			runGPUEngine(t, holder.EngineSocket(), libs[0])
+
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			s, err := dial(t, holder).Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The producer's TP 4 set: ranks 0 and 2 on GPU 0, 1 and 3 on
+			// GPU 1, an equal share of each pool.
+			if len(s.Pools) != 2 {
+				t.Fatalf("holder pools %v, want one per GPU", s.Pools)
+			}
+			for g, p := range s.Pools {
+				if p.Kind != "device" || int(p.Device) != g || p.SizeBytes != 16<<20 || p.RdmaRegistration != tc.reg ||
+					p.BlockSets != 1 || p.CarvedBytes != s.Pools[0].CarvedBytes || p.CarvedBytes == 0 {
+					t.Fatalf("holder pool %d: %v", g, p)
+				}
+			}
+
+			hashes := gpuHashes()
+			c := dial(t, importer)
+			consumer := client.Engine{Name: "gpu-consumer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 32,
+				Devices: []string{"0000:2a:00.0", "0"}}
+			set, err := c.Register(ctx, consumer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for r, want := range []int{1, 0} {
+				m, reg := set.Memory[r], set.Layout.Regions[r]
+				if int(m.CudaDevice) != want || int(reg.Device) != want || len(m.CudaIpcHandle) != 64 {
+					t.Fatalf("rank %d: memory %v, region %+v; want GPU %d", r, m, reg, want)
+				}
+			}
+			if string(set.Memory[0].CudaIpcHandle) == string(set.Memory[1].CudaIpcHandle) {
+				t.Fatal("ranks on two GPUs name one IPC handle")
+			}
+			// The same layout placed the same way is the same set; placed
+			// otherwise, another.
+			again, err := c.Register(ctx, consumer)
+			if err != nil || again.ID != set.ID {
+				t.Fatalf("same placement: set %v (want %d) %v", again, set.ID, err)
+			}
+			swapped := consumer
+			swapped.Devices = nil
+			other, err := c.Register(ctx, swapped)
+			if err != nil || other.ID == set.ID || other.Memory[0].CudaDevice != 0 || other.Memory[1].CudaDevice != 1 {
+				t.Fatalf("default placement: %v %v", other, err)
+			}
+
+			wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
+				ov, err := c.Lookup(ctx, hashes)
+				if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
+					return fmt.Errorf("overlaps %v %v", ov, err)
+				}
+				return nil
+			})
+			resp, err := c.Import(ctx, set.ID, hashes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Blocks) != len(hashes) {
+				t.Fatalf("import brought %d of %d blocks: %s", len(resp.Blocks), len(hashes), resp.Error)
+			}
+			for _, f := range resp.Fetches {
+				if f.Transport != tc.transport || f.Node != holder.NodeName() {
+					t.Fatalf("fetch %v: want %s from %s", f, tc.transport, holder.NodeName())
+				}
+			}
+			mem := deviceBytes(t, libs[1], set.Layout)
+			for i, b := range resp.Blocks {
+				if err := kvtest.Check(set.Layout, mem, int(b.Slot), uint64(i+1)); err != nil {
+					t.Fatalf("imported block %d, copied back from the importer's GPUs: %v", i, err)
+				}
+			}
+
+			// TP 2 -> 1 on the importer: rank 0's heads come from GPU 1 by
+			// peer copy, rank 1's from GPU 0.
+			set1, err := c.Register(ctx, client.Engine{Name: "gpu-tp1", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.NHD, Slots: 16,
+				Devices: []string{"0"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp1, err := c.Import(ctx, set1.ID, hashes[:4])
+			if err != nil || len(resp1.Blocks) != 4 || len(resp1.Fetches) != 1 || resp1.Fetches[0].Transport != "local" {
+				t.Fatalf("local import: %v %v", resp1, err)
+			}
+			mem1 := deviceBytes(t, libs[1], set1.Layout)
+			for i, b := range resp1.Blocks {
+				if err := kvtest.Check(set1.Layout, mem1, int(b.Slot), uint64(i+1)); err != nil {
+					t.Fatalf("block %d copied across GPUs: %v", i, err)
+				}
+			}
+		})
+	}
+}
+
+// A placement the agent cannot honour is refused, naming the entry; at the
+// limit, the last GPU by index and by PCI bus id is accepted.
+func TestDevicePlacementRefusals(t *testing.T) {
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "3")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	t.Setenv("SOFTCUDA_PCI_BUS_IDS", "0000:18:00.0,0000:2a:00.0,0000:3b:00.0")
+	cfg := testConfig(t, "n1")
+	// Pools on GPUs 0 and 2 only: GPU 1 has none.
+	cfg.Pools = []string{"device:0=8MiB", "device:2=8MiB"}
+	cfg.CUDALibrary = lib
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	e := client.Engine{Name: "e", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 8}
+	for _, tc := range []struct {
+		devices []string
+		want    string
+	}{
+		{[]string{"0"}, "devices: 1 entries for TP 2"},
+		{[]string{"0", "0", "2"}, "devices: 3 entries for TP 2"},
+		{[]string{"1", ""}, `devices[0]: "1" names no GPU with a device pool`},
+		{[]string{"", "3"}, `devices[1]: "3"`},
+		{[]string{"0", "0000:2a:00.0"}, `devices[1]: "0000:2a:00.0"`},
+		{[]string{"-1", "0"}, `devices[0]`},
+	} {
+		e.Devices = tc.devices
+		_, err := c.Register(ctx, e)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("devices %q: %v, want InvalidArgument naming %q", tc.devices, err, tc.want)
+		}
+	}
+	e.Devices = []string{"2", "0000:3B:00.0"}
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		if set.Memory[r].CudaDevice != 2 || !strings.EqualFold(set.Memory[r].PciBusId, "0000:3b:00.0") {
+			t.Fatalf("rank %d: %v, want GPU 2", r, set.Memory[r])
+		}
+	}
+	s, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Pools) != 2 || s.Pools[0].Device != 0 || s.Pools[1].Device != 2 || s.Pools[0].BlockSets != 0 || s.Pools[1].BlockSets != 1 {
+		t.Fatalf("pools %v", s.Pools)
+	}
+}
