@@ -399,6 +399,7 @@ class Client:
         *,
         slots: int = 0,
         alignment: int = 0,
+        devices: Sequence[str | int] | None = None,
         engine: str | None = None,
         timeout: float | None = None,
     ) -> BlockSet:
@@ -408,7 +409,11 @@ class Client:
         ``write_block`` and ``read_block``).
 
         slots: 0 takes the agent's default. alignment: the power of two
-        strides round up to; 0 takes the agent's (4096).
+        strides round up to; 0 takes the agent's (4096). devices: one per
+        TP rank, the GPU of the agent's device pools that holds the rank's
+        region, as a PCI bus id ("0000:18:00.0") or the agent's CUDA index;
+        "" lets the agent choose; None puts rank r on its r-th device pool.
+        An agent whose pool is host memory ignores it.
         """
         if not isinstance(model, ModelConfig):
             raise InvalidArgument(f"model: want a kvfabric.ModelConfig, got {type(model).__name__}")
@@ -420,6 +425,17 @@ class Client:
         ):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
                 raise InvalidArgument(f"{name}: {v!r} is not an integer in {lo}..{hi}")
+        if devices is None:
+            devices = ()
+        elif isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+            raise InvalidArgument(f"devices: want a sequence of PCI bus ids or CUDA indices, got {devices!r}")
+        elif len(devices) != tp_size:
+            raise InvalidArgument(f"devices: {len(devices)} entries for tp_size {tp_size}: give one per rank")
+        placed = []
+        for r, d in enumerate(devices):
+            if isinstance(d, bool) or not isinstance(d, (str, int, np.integer)) or (not isinstance(d, str) and d < 0):
+                raise InvalidArgument(f"devices[{r}]: {d!r} is not a PCI bus id or a CUDA index")
+            placed.append(str(d))
         req = engine_pb2.RegisterRequest(
             engine=engine or self.engine,
             model=model.proto(),
@@ -429,6 +445,7 @@ class Client:
             arrangement=int(Arrangement.parse(arrangement, "arrangement")),
             slots=int(slots),
             alignment=int(alignment),
+            devices=placed,
         )
         resp = self._call("Register", req, timeout)
         if len(resp.memory) != resp.layout.tp_size or len(resp.ranks) != resp.layout.tp_size:

@@ -121,3 +121,37 @@ def test_device_without_driver(gpus, tmp_path):
     with gpus[0].client(cuda="libm.so.6") as c:
         with pytest.raises(kvfabric.Unavailable, match="libm.so.6: no cuInit: not a CUDA driver library"):
             c.register(MODEL, 1, 16, "hnd", slots=4, engine="gpu-notcuda")
+
+
+def test_device_spans_gpus(kvfabric_bin, softcuda, tmp_path, monkeypatch):
+    """An agent with a device pool on each of two GPUs: a TP 2 block set
+    placed by the engine (rank 0 on GPU 1 by PCI bus id, rank 1 on GPU 0 by
+    index) lands where asked, and blocks written through the driver read
+    back from each rank's GPU."""
+    net = f"127.{random.randint(210, 250)}.{random.randint(1, 250)}."
+    env = {"SOFTCUDA_MEMORY": "64M", "SOFTCUDA_DEVICES": "2", "SOFTCUDA_PCI_BUS_IDS": "0000:18:00.0,0000:2a:00.0"}
+    # The client's own softcuda sees the same two GPUs: a copy of the
+    # library under another path is loaded afresh and reads them at cuInit.
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    softcuda = shutil.copy(softcuda, tmp_path / "libsoftcuda2.so")
+    a = Agent("gpus2", net + "1", tmp_path, kvfabric_bin, env=env,
+              extra=["--pool", "device=16MiB", "--cuda-library", str(softcuda), "--rdma", "off"])
+    try:
+        a.start()
+        with a.client(cuda=str(softcuda)) as c:
+            assert [(p.kind, p.device) for p in c.status().pools] == [("device", 0), ("device", 1)]
+            bs = c.register(MODEL, 2, 16, "hnd", slots=8, devices=["0000:2A:00.0", 0], engine="placed")
+            assert [m.cuda_device for m in bs.memory] == [1, 0]
+            assert bs.memory[0].cuda_ipc_handle != bs.memory[1].cuda_ipc_handle
+            want = encoded_block(bs.block_shape, 3)
+            bs.write_block(5, want)
+            np.testing.assert_array_equal(bs.read_block(5), want)
+            with pytest.raises(kvfabric.InvalidArgument, match=r"devices\[1\]: \"7\" names no GPU with a device pool"):
+                c.register(MODEL, 2, 16, "hnd", slots=8, devices=["0", "7"], engine="bad")
+            with pytest.raises(kvfabric.InvalidArgument, match="devices: 1 entries for tp_size 2"):
+                c.register(MODEL, 2, 16, "hnd", slots=8, devices=["0"], engine="bad")
+            with pytest.raises(kvfabric.InvalidArgument, match=r"devices\[0\]: -1 is not"):
+                c.register(MODEL, 2, 16, "hnd", slots=8, devices=[-1, 0], engine="bad")
+    finally:
+        a.stop()

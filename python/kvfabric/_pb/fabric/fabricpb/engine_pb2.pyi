@@ -305,9 +305,10 @@ class RegisterBlocksResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[BlockResult, _Mapping]]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ["alignment", "arrangement", "engine", "kv_order", "model", "page_size", "slots", "tp_size"]
+    __slots__ = ["alignment", "arrangement", "devices", "engine", "kv_order", "model", "page_size", "slots", "tp_size"]
     ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
     ARRANGEMENT_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     KV_ORDER_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -316,13 +317,14 @@ class RegisterRequest(_message.Message):
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     alignment: int
     arrangement: _layout_pb2.Arrangement
+    devices: _containers.RepeatedScalarFieldContainer[str]
     engine: str
     kv_order: _layout_pb2.KVOrder
     model: _layout_pb2.ModelConfig
     page_size: int
     slots: int
     tp_size: int
-    def __init__(self, engine: _Optional[str] = ..., model: _Optional[_Union[_layout_pb2.ModelConfig, _Mapping]] = ..., tp_size: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_order: _Optional[_Union[_layout_pb2.KVOrder, str]] = ..., arrangement: _Optional[_Union[_layout_pb2.Arrangement, str]] = ..., slots: _Optional[int] = ..., alignment: _Optional[int] = ...) -> None: ...
+    def __init__(self, engine: _Optional[str] = ..., model: _Optional[_Union[_layout_pb2.ModelConfig, _Mapping]] = ..., tp_size: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_order: _Optional[_Union[_layout_pb2.KVOrder, str]] = ..., arrangement: _Optional[_Union[_layout_pb2.Arrangement, str]] = ..., slots: _Optional[int] = ..., alignment: _Optional[int] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ["block_set", "layout", "memory", "ranks", "retains"]
