@@ -45,7 +45,7 @@ var agentSettings = []setting{
 	{"engine-socket-group", "EngineSocketGroup", "group (name or id) owning the engine socket, its .fd companion and the named memory file; an unknown group is refused (default: the agent's group)"},
 	{"memory-dir", "MemoryDir", "make the pool's memory a named file in this directory (e.g. a Kubernetes hostPath shared with engine pods), removed on shutdown (default: none; engines get a descriptor over PATH.fd)"},
 	{"metrics-addr", "MetricsAddr", `host:port of /metrics and /healthz, or "off" (default 127.0.0.1:7948)`},
-	{"pool", "Pools", "memory pool, repeatable: host=SIZE, pinned=SIZE (through the CUDA driver where it loads, else mlock), device=AMOUNT (every GPU) or device:N=AMOUNT (GPU N), AMOUNT a SIZE or a fraction of free GPU memory such as 0.5; block sets come from the device pool where there is a GPU, else the host one (default host=1GiB)"},
+	{"pool", "Pools", "memory pool, repeatable: host=SIZE, pinned=SIZE (through the CUDA driver where it loads, else mlock), device=AMOUNT (every GPU) or device:N=AMOUNT (GPU N), AMOUNT a SIZE or a fraction of free GPU memory such as 0.5; block sets come from the device pools where there is a GPU (a TP rank per GPU), else the host one (default host=1GiB)"},
 	{"cuda-library", "CUDALibrary", "path of the CUDA driver library for device and pinned pools (default: $KVFABRIC_CUDA_LIB, then libcuda.so.1)"},
 	{"block-set-slots", "BlockSetSlots", "slots of a block set an engine asks none for (default: a quarter of the pool)"},
 	{"block-set-grace", "BlockSetGrace", "how long a block set no engine session uses keeps its cached blocks before it is freed; a Register that needs the memory frees it at once (default 30s, at most 24h)"},
