@@ -58,7 +58,7 @@ func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
 	p := &Peer{n: n, name: name, addr: ua, slots: make([]connSlot, n.cfg.ConnsPerPeer),
 		streams: make(chan struct{}, n.cfg.ConnsPerPeer*n.cfg.StreamsPerConn)}
 	if n.rdma != nil {
-		p.rdma = &peerRDMA{wait: make(chan struct{}), leases: map[uint64]map[uint64][]remoteRegion{}}
+		p.rdma = &peerRDMA{wait: make(chan struct{}), qps: map[nicPair]*qpPool{}, leases: map[uint64]map[uint64][]remoteRegion{}}
 	}
 	if _, err := p.conn(ctx, 0); err != nil {
 		return nil, err
@@ -204,9 +204,15 @@ func (p *Peer) openStream(ctx, caller context.Context) (s *quic.Stream, done fun
 // (the new process has other keys, so not even a stateless reset comes
 // back), and they would otherwise stall every call until the idle
 // timeout. A live but slow peer costs a handshake. A call whose caller's
-// context ended (its own deadline, or a cancel) drops nothing.
+// context ended (its own deadline, or a cancel) drops nothing; its
+// deadline counts as passed once the clock is past it, before the
+// context's timer has fired (the stream's deadline, the same instant,
+// may fire first).
 func (p *Peer) dropSilent(caller context.Context, i int, c *quic.Conn, err error) {
 	if err == nil || !errors.Is(err, ErrTimeout) || caller.Err() != nil {
+		return
+	}
+	if dl, ok := caller.Deadline(); ok && !time.Now().Before(dl) {
 		return
 	}
 	sl := &p.slots[i]
