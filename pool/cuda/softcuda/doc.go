@@ -62,6 +62,11 @@
 //	SOFTCUDA_DMABUF         0 makes CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 0 and
 //	                        cuMemGetHandleForAddressRange CUDA_ERROR_NOT_SUPPORTED
 //	                        (a driver or kernel without dma-buf)
+//	SOFTCUDA_STRICT_DEVICE  1 makes the ordinary copies (not the peer ones) refuse,
+//	                        with CUDA_ERROR_INVALID_VALUE, device memory of a GPU
+//	                        other than the current context's, which unified
+//	                        addressing lets a real driver accept: a test then
+//	                        proves each copy runs on its memory's GPU
 //	SOFTCUDA_COPY_DELAY_US  microseconds each copy sleeps before moving bytes
 //	                        (to make overlap and ordering observable)
 //	SOFTCUDA_IPC_OPEN       how cuIpcOpenMemHandle_v2 reaches the exporter's memfd: proc

@@ -147,6 +147,7 @@ static int dmabuf = 1;
 enum { IPC_ANY, IPC_PROC, IPC_PIDFD };
 static int ipc_open = IPC_ANY;
 static long delay_us;
+static int strict_device; // SOFTCUDA_STRICT_DEVICE
 static struct ctx_s ctxs[MAXDEV];
 static struct alloc *allocs;
 static struct hostreg *hostregs;
@@ -193,6 +194,7 @@ static int parse_env(void) {
 	memsize = 1ULL << 30;
 	dmabuf = 1;
 	delay_us = 0;
+	strict_device = 0;
 	nfails = 0;
 	ipc_open = IPC_ANY;
 	if ((s = getenv("SOFTCUDA_IPC_OPEN")) && *s) {
@@ -227,6 +229,7 @@ static int parse_env(void) {
 		if (strcmp(s, "0") && strcmp(s, "1")) return bad("SOFTCUDA_DMABUF", s, "not 0 or 1");
 		dmabuf = *s == '1';
 	}
+	if ((s = getenv("SOFTCUDA_STRICT_DEVICE")) && *s) strict_device = strcmp(s, "0") != 0;
 	if ((s = getenv("SOFTCUDA_COPY_DELAY_US")) && *s) {
 		if (parse_num(s, &v, 0) || v > 60000000) return bad("SOFTCUDA_COPY_DELAY_US", s, "not a number of microseconds up to 60 s");
 		delay_us = (long)v;
@@ -302,6 +305,15 @@ static char *shadow_on(int dev, CUdeviceptr p, size_t n) {
 	char *s = a && a->dev == dev ? a->shadow + (p - a->base) : NULL;
 	pthread_mutex_unlock(&gmu);
 	return s;
+}
+
+// copy_shadow resolves the device side of an ordinary (not peer) copy:
+// memory of any GPU, as unified addressing lets a driver accept, or with
+// SOFTCUDA_STRICT_DEVICE only the current context's GPU, so that a test
+// proves each copy is issued on the GPU its memory is on and copies across
+// GPUs are peer copies. The caller holds a context.
+static char *copy_shadow(CUdeviceptr p, size_t n) {
+	return strict_device ? shadow_on(current->dev, p, n) : shadow_of(p, n);
 }
 
 // ctx_ok reports whether c is a retained primary context.
@@ -744,19 +756,19 @@ static CUresult copy(char *dst, const char *src, size_t n, CUstream s) {
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
 	ENTER("cuMemcpyHtoDAsync_v2");
 	NEEDCTX();
-	return copy(shadow_of(dst, n), src, n, s);
+	return copy(copy_shadow(dst, n), src, n, s);
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
 	ENTER("cuMemcpyDtoHAsync_v2");
 	NEEDCTX();
-	return copy(dst, shadow_of(src, n), n, s);
+	return copy(dst, copy_shadow(src, n), n, s);
 }
 
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
 	ENTER("cuMemcpyDtoDAsync_v2");
 	NEEDCTX();
-	return copy(shadow_of(dst, n), shadow_of(src, n), n, s);
+	return copy(copy_shadow(dst, n), copy_shadow(src, n), n, s);
 }
 
 // The synchronous copies run behind everything queued so far (the legacy
@@ -778,13 +790,13 @@ static CUresult copy_sync(char *dst, const char *src, size_t n) {
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
 	ENTER("cuMemcpyHtoD_v2");
 	NEEDCTX();
-	return copy_sync(shadow_of(dst, n), src, n);
+	return copy_sync(copy_shadow(dst, n), src, n);
 }
 
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 	ENTER("cuMemcpyDtoH_v2");
 	NEEDCTX();
-	return copy_sync(dst, shadow_of(src, n), n);
+	return copy_sync(dst, copy_shadow(src, n), n);
 }
 
 enum { MT_HOST = 1, MT_DEVICE = 2 };
@@ -799,7 +811,7 @@ static char *side(int type, const void *host, CUdeviceptr dev, size_t x, size_t 
 		return NULL;
 	if (type == MT_HOST) return host ? (char *)host + start : NULL;
 	if (type != MT_DEVICE) return NULL;
-	return shadow_of(dev + start, extent);
+	return copy_shadow(dev + start, extent);
 }
 
 CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, CUstream s) {
