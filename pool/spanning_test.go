@@ -122,6 +122,44 @@ func TestSpanningPoolAllOrNothing(t *testing.T) {
 	checkPlaced(t, p, b, []int{0})
 }
 
+// A set refused on one storage leaves a hole it would have taken on
+// another as it was.
+func TestSpanningPoolAllOrNothingInHoles(t *testing.T) {
+	l := testLayout(64, 1, layout.FullyContiguous, 4096)
+	region := l.Strides().Region
+	p := newSpanningPool(t, 3*region, region)
+	var sets []*BlockSet
+	for range 2 {
+		b, err := p.NewBlockSetOn(l, []int{0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sets = append(sets, b)
+	}
+	if _, err := p.NewBlockSetOn(l, []int{1}); err != nil {
+		t.Fatal(err)
+	}
+	// Storage 0: a hole of one region at the front; storage 1 is full.
+	if err := p.FreeBlockSet(sets[0].ID()); err != nil {
+		t.Fatal(err)
+	}
+	holes := append([]span(nil), p.arenas[0].holes...)
+	two := testLayout(64, 2, layout.FullyContiguous, 4096)
+	if _, err := p.NewBlockSetOn(two, []int{0, 1}); !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("rank 1 on a full storage: %v, want ErrOutOfMemory", err)
+	}
+	if len(p.arenas[0].holes) != len(holes) || (len(holes) > 0 && p.arenas[0].holes[0] != holes[0]) {
+		t.Fatalf("storage 0's holes %v after a refused set, were %v", p.arenas[0].holes, holes)
+	}
+	b, err := p.NewBlockSetOn(l, []int{0})
+	if err != nil {
+		t.Fatalf("the hole, still free: %v", err)
+	}
+	if off, _ := b.RegionOffset(0); off != 0 {
+		t.Fatalf("the set took offset %d, want the freed hole at 0", off)
+	}
+}
+
 func TestSpanningPoolRefusesBadInput(t *testing.T) {
 	if _, err := NewSpanning(nil, testConfig(nil, nil)); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("no storage: %v", err)
