@@ -65,47 +65,52 @@ func (n *Node) regionSpan(set uint64, rank int) (addr, length uint64, err error)
 
 // RegisterDmabuf registers length bytes of a dma-buf (offset 0 of f) that
 // this process addresses at addr, GPU memory exported with
-// cuMemGetHandleForAddressRange, with the node's RDMA device for remote
-// read: peers then read leased blocks in it and this node's reads land in
-// it, with no host copy. The device keeps its own reference to the buffer;
-// the caller may close f. Without RDMA, or where the library or NIC has no
-// dma-buf registration, the error wraps rdma.ErrUnavailable or
-// rdma.ErrNotSupported.
-func (n *Node) RegisterDmabuf(f *os.File, addr, length uint64) (rdma.RegistrationStats, error) {
-	if err := n.checkNewSpan(addr, length); err != nil {
+// cuMemGetHandleForAddressRange, with the node's RDMA device nic (an index
+// into RDMAConfig.Devices: the NIC nearest the GPU) for remote read: peers
+// then read leased blocks in it and this node's reads land in it, with no
+// host copy, through that device. The device keeps its own reference to
+// the buffer; the caller may close f. Without RDMA, or where the library
+// or NIC has no dma-buf registration, the error wraps rdma.ErrUnavailable
+// or rdma.ErrNotSupported.
+func (n *Node) RegisterDmabuf(nic int, f *os.File, addr, length uint64) (rdma.RegistrationStats, error) {
+	if err := n.checkNewSpan(nic, addr, length); err != nil {
 		return rdma.RegistrationStats{}, err
 	}
-	mr, err := n.rdma.cfg.Device.RegisterDmabuf(int(f.Fd()), 0, length, addr)
+	mr, err := n.rdma.cfg.Devices[nic].RegisterDmabuf(int(f.Fd()), 0, length, addr)
 	if err != nil {
 		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register dma-buf of %d bytes at %#x: %w", length, addr, err)
 	}
-	if err := n.rdma.mem.add(mr); err != nil {
+	if err := n.rdma.mem.add(mr, nic); err != nil {
 		return rdma.RegistrationStats{}, err
 	}
 	return mr.Stats(), nil
 }
 
 // RegisterAddr registers length bytes at addr, a GPU device pointer, with
-// the node's RDMA device by address: the peer-memory path (nvidia-peermem)
-// that NCCL falls back to where dma-buf is missing. Whether the NIC can
-// really reach the memory shows only when it moves bytes.
-func (n *Node) RegisterAddr(addr, length uint64) (rdma.RegistrationStats, error) {
-	if err := n.checkNewSpan(addr, length); err != nil {
+// the node's RDMA device nic by address: the peer-memory path
+// (nvidia-peermem) that NCCL falls back to where dma-buf is missing.
+// Whether the NIC can really reach the memory shows only when it moves
+// bytes.
+func (n *Node) RegisterAddr(nic int, addr, length uint64) (rdma.RegistrationStats, error) {
+	if err := n.checkNewSpan(nic, addr, length); err != nil {
 		return rdma.RegistrationStats{}, err
 	}
-	mr, err := n.rdma.cfg.Device.RegisterAddr(addr, length)
+	mr, err := n.rdma.cfg.Devices[nic].RegisterAddr(addr, length)
 	if err != nil {
 		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %d bytes at %#x: %w", length, addr, err)
 	}
-	if err := n.rdma.mem.add(mr); err != nil {
+	if err := n.rdma.mem.add(mr, nic); err != nil {
 		return rdma.RegistrationStats{}, err
 	}
 	return mr.Stats(), nil
 }
 
-func (n *Node) checkNewSpan(addr, length uint64) error {
+func (n *Node) checkNewSpan(nic int, addr, length uint64) error {
 	if n.rdma == nil {
 		return fmt.Errorf("transfer: register memory: %w: RDMA is not configured", rdma.ErrUnavailable)
+	}
+	if nic < 0 || nic >= len(n.rdma.cfg.Devices) {
+		return fmt.Errorf("transfer: register memory: %w: device %d of %d", ErrInvalidRequest, nic, len(n.rdma.cfg.Devices))
 	}
 	if length == 0 || addr+length < addr {
 		return fmt.Errorf("transfer: register memory: %w: %d bytes at %#x", ErrInvalidRequest, length, addr)

@@ -139,7 +139,7 @@ func TestReadSpansNeedsRDMA(t *testing.T) {
 	if _, err := p.ReadSpans(context.Background(), 5, 9, segs, []Span{{Addr: 1 << 40, Len: 63}}); !errors.Is(err, ErrInvalidRequest) {
 		t.Fatalf("ReadSpans past the destination: %v, want ErrInvalidRequest", err)
 	}
-	if _, err := reader.RegisterAddr(1<<40, 4096); !errors.Is(err, rdma.ErrUnavailable) {
+	if _, err := reader.RegisterAddr(0, 1<<40, 4096); !errors.Is(err, rdma.ErrUnavailable) {
 		t.Fatalf("RegisterAddr without RDMA: %v", err)
 	}
 }

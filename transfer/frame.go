@@ -180,6 +180,7 @@ type request struct {
 	totalBytes uint64
 	rdma       bool          // a lease's reader wants RDMA keys
 	endpoint   rdma.Endpoint // an RDMA connect's queue pair
+	nic        int           // and the device to make ours on
 }
 
 func durationMS(ms uint64) (time.Duration, error) {
@@ -257,7 +258,10 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 		if err != nil {
 			return nil, err
 		}
-		r.endpoint = e
+		if pb.Nic >= MaxNICs {
+			return nil, invalid("rdma connect: nic %d, not below %d", pb.Nic, MaxNICs)
+		}
+		r.endpoint, r.nic = e, int(pb.Nic)
 	case methodRenew:
 		var pb transferpb.RenewRequest
 		if err := unmarshal(payload, &pb); err != nil {

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
-
-	"github.com/kvfabric/kvfabric/rdma"
 )
 
 // Node is one kvfabric peer endpoint: a QUIC listener that serves the
@@ -55,7 +53,8 @@ func NewNode(cfg Config) (*Node, error) {
 		accepted: map[string]int{}, budgets: map[string]*requestBudget{}}
 	n.ident.Store(&identity{cert: cfg.Certificate, cas: cfg.CAs})
 	if cfg.RDMA != nil {
-		n.rdma = &rdmaNode{cfg: *cfg.RDMA, served: map[string][]*rdma.QueuePair{}, fallback: map[string]uint64{}}
+		n.rdma = &rdmaNode{cfg: *cfg.RDMA, served: map[string][]servedQP{}, fallback: map[string]uint64{},
+			nicBytes: make([]uint64, len(cfg.RDMA.Devices))}
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.qcfg = cfg.quicConfig()

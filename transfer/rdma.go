@@ -20,10 +20,13 @@ import (
 // from the holder's registered memory into its own; the holder's CPU does
 // nothing. A peer without RDMA, or whose RDMA failed, is read over QUIC.
 type RDMAConfig struct {
-	// Device is the opened RDMA device that this node's memory is
-	// registered with (Node.RegisterMemory) and its queue pairs are made
-	// on. The node does not close it. Required.
-	Device *rdma.Device
+	// Devices are the opened RDMA devices (NICs) of the node, at most
+	// MaxNICs: memory registered with device i (RegisterMemory uses device
+	// 0; RegisterDmabuf and RegisterAddr name theirs, the NIC nearest a
+	// GPU for its memory) is read into and served through it, on queue
+	// pairs between it and the peer's device that holds the other side.
+	// The node does not close them. At least one is required.
+	Devices []*rdma.Device
 	// QP shapes each queue pair; zero fields take the rdma package's
 	// defaults (timeout 14 and retry 7: a dead peer errors in about 0.5 s).
 	QP rdma.QPOptions
@@ -43,8 +46,13 @@ type RDMAConfig struct {
 }
 
 func (c *RDMAConfig) populate() error {
-	if c.Device == nil {
-		return configErr("RDMA.Device is nil")
+	if len(c.Devices) == 0 || len(c.Devices) > MaxNICs {
+		return configErr("RDMA: %d devices, want 1..%d", len(c.Devices), MaxNICs)
+	}
+	for i, d := range c.Devices {
+		if d == nil {
+			return configErr("RDMA.Devices[%d] is nil", i)
+		}
 	}
 	if c.QPsPerPeer < 0 || c.Backoff < 0 || c.MaxBackoff < 0 || c.MaxConnectsPerMinute < 0 {
 		return configErr("RDMA: negative QPsPerPeer %d, Backoff %v, MaxBackoff %v or MaxConnectsPerMinute %d",
@@ -92,34 +100,37 @@ const (
 var FallbackReasons = []string{FallbackPeerHasNoRDMA, FallbackNotRegistered, FallbackConnectFailed, FallbackReadFailed,
 	FallbackBackoff, FallbackConnectLimited, FallbackBadKeys}
 
+// MaxNICs bounds the RDMA devices a node reads and serves through, and the
+// device index a peer may name.
+const MaxNICs = 64
+
 // localMemory is the memory this node registered for RDMA: reads land
 // only in it, and leases hand out keys only to it.
 type localMemory struct {
 	mu  sync.RWMutex
-	mrs []*rdma.MemoryRegion // sorted by Addr, not overlapping
+	mrs []registration // sorted by Addr, not overlapping
 }
 
-// find returns the registration that holds all of b, or nil.
-func (m *localMemory) find(b []byte) *rdma.MemoryRegion {
-	if len(b) == 0 {
-		return nil
-	}
-	return m.findRange(uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), uint64(len(b)))
+// registration is memory registered with device nic.
+type registration struct {
+	*rdma.MemoryRegion
+	nic int
 }
 
-// findRange returns the registration that holds [start, start+n), or nil.
-func (m *localMemory) findRange(start, n uint64) *rdma.MemoryRegion {
+// findRange returns the registration that holds [start, start+n); ok is
+// false when none does.
+func (m *localMemory) findRange(start, n uint64) (reg registration, ok bool) {
 	end := start + n
 	if n == 0 || end < start {
-		return nil
+		return registration{}, false
 	}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	i := sort.Search(len(m.mrs), func(i int) bool { return m.mrs[i].Addr()+m.mrs[i].Len() > start })
 	if i < len(m.mrs) && m.mrs[i].Addr() <= start && end <= m.mrs[i].Addr()+m.mrs[i].Len() {
-		return m.mrs[i]
+		return m.mrs[i], true
 	}
-	return nil
+	return registration{}, false
 }
 
 // rdmaNode is a node's RDMA side: its registered memory, the queue pairs
@@ -129,28 +140,39 @@ type rdmaNode struct {
 	mem localMemory
 
 	mu       sync.Mutex
-	served   map[string][]*rdma.QueuePair // by peer, oldest first
-	fallback map[string]uint64            // reads over QUIC by reason
+	served   map[string][]servedQP // by peer, oldest first
+	fallback map[string]uint64     // reads over QUIC by reason
 
 	reads, bytes, ops, sges, connects, connectFails, readFails uint64
 	readCPU                                                    time.Duration
+	nicBytes                                                   []uint64 // bytes read through each device
 }
 
-// RegisterMemory registers buf with the node's RDMA device for remote read,
+// servedQP is a queue pair a peer reads on, on device nic.
+type servedQP struct {
+	*rdma.QueuePair
+	nic int
+}
+
+// RegisterMemory registers buf with the node's first RDMA device for remote read,
 // so that peers may read leased blocks in it and this node's reads may
 // land in it. The agent registers each pool once, at start: registration
 // pins and maps every page, which takes seconds for hundreds of GiB on a
 // real NIC. buf must stay valid until the node is closed. Without RDMA it
 // returns an error wrapping rdma.ErrUnavailable.
 func (n *Node) RegisterMemory(buf []byte) (rdma.RegistrationStats, error) {
-	if err := n.checkNewSpan(uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), uint64(len(buf))); err != nil {
+	return n.registerMemory(0, buf)
+}
+
+func (n *Node) registerMemory(nic int, buf []byte) (rdma.RegistrationStats, error) {
+	if err := n.checkNewSpan(nic, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), uint64(len(buf))); err != nil {
 		return rdma.RegistrationStats{}, err
 	}
-	mr, err := n.rdma.cfg.Device.RegisterMemory(buf)
+	mr, err := n.rdma.cfg.Devices[nic].RegisterMemory(buf)
 	if err != nil {
 		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %d bytes: %w", len(buf), err)
 	}
-	if err := n.rdma.mem.add(mr); err != nil {
+	if err := n.rdma.mem.add(mr, nic); err != nil {
 		return rdma.RegistrationStats{}, err
 	}
 	return mr.Stats(), nil
@@ -171,14 +193,14 @@ func (m *localMemory) overlapsLocked(start, n uint64) bool {
 
 // add keeps a registration, in address order; one that overlaps another
 // is refused (and closed).
-func (m *localMemory) add(mr *rdma.MemoryRegion) error {
+func (m *localMemory) add(mr *rdma.MemoryRegion, nic int) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.overlapsLocked(mr.Addr(), mr.Len()) {
 		mr.Close()
 		return fmt.Errorf("transfer: register memory: %w: %d bytes at %#x overlap a registration", ErrInvalidRequest, mr.Len(), mr.Addr())
 	}
-	m.mrs = append(m.mrs, mr)
+	m.mrs = append(m.mrs, registration{mr, nic})
 	sort.Slice(m.mrs, func(i, j int) bool { return m.mrs[i].Addr() < m.mrs[j].Addr() })
 	return nil
 }
@@ -252,6 +274,16 @@ type RDMAMetrics struct {
 	QPsServed int
 	// RegisteredBytes is the memory registered.
 	RegisteredBytes uint64
+	// Devices is, per RDMA device in RDMAConfig.Devices order, its name,
+	// the bytes reads moved into memory registered with it and the memory
+	// registered with it.
+	Devices []DeviceMetrics
+}
+
+// DeviceMetrics is one RDMA device's share of RDMAMetrics.
+type DeviceMetrics struct {
+	Name                  string
+	ReadBytes, Registered uint64
 }
 
 // RDMAMetrics returns a snapshot of the RDMA counters; ok is false when
@@ -270,10 +302,15 @@ func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
 	for _, qps := range r.served {
 		m.QPsServed += len(qps)
 	}
+	m.Devices = make([]DeviceMetrics, len(r.cfg.Devices))
+	for i, d := range r.cfg.Devices {
+		m.Devices[i] = DeviceMetrics{Name: d.Info().Name, ReadBytes: r.nicBytes[i]}
+	}
 	r.mu.Unlock()
 	r.mem.mu.RLock()
 	for _, mr := range r.mem.mrs {
 		m.RegisteredBytes += mr.Len()
+		m.Devices[mr.nic].Registered += mr.Len()
 	}
 	r.mem.mu.RUnlock()
 	return m, true
@@ -308,12 +345,15 @@ func endpointFrom(pb *transferpb.RdmaEndpoint) (rdma.Endpoint, error) {
 // answers with its own. A peer keeps at most 2×QPsPerPeer: a new one
 // replaces its oldest (a reader reconnects after a failure, and its old
 // queue pair is dead).
-func (n *Node) serveConnect(peer string, remote rdma.Endpoint) (*transferpb.RdmaConnectResponse, error) {
+func (n *Node) serveConnect(peer string, nic int, remote rdma.Endpoint) (*transferpb.RdmaConnectResponse, error) {
 	r := n.rdma
 	if r == nil {
 		return nil, fmt.Errorf("%w: this node has no RDMA", ErrUnavailable)
 	}
-	qp, err := r.cfg.Device.NewQueuePair(r.cfg.QP)
+	if nic < 0 || nic >= len(r.cfg.Devices) {
+		return nil, invalid("rdma connect: nic %d: this node has %d RDMA devices", nic, len(r.cfg.Devices))
+	}
+	qp, err := r.cfg.Devices[nic].NewQueuePair(r.cfg.QP)
 	if err != nil {
 		return nil, fmt.Errorf("%w: queue pair: %w", ErrUnavailable, err)
 	}
@@ -322,12 +362,25 @@ func (n *Node) serveConnect(peer string, remote rdma.Endpoint) (*transferpb.Rdma
 		return nil, fmt.Errorf("%w: connect queue pair to %s's %d: %w", ErrUnavailable, peer, remote.QPN, err)
 	}
 	r.mu.Lock()
-	qps := append(r.served[peer], qp)
-	var old []*rdma.QueuePair
-	if k := len(qps) - 2*r.cfg.QPsPerPeer; k > 0 {
-		old, qps = qps[:k:k], qps[k:]
+	// The peer's oldest on this device go first.
+	qps := append(r.served[peer], servedQP{qp, nic})
+	var old []servedQP
+	on := 0
+	for _, q := range qps {
+		if q.nic == nic {
+			on++
+		}
 	}
-	r.served[peer] = qps
+	keep := qps[:0:0]
+	for _, q := range qps {
+		if q.nic == nic && on > 2*r.cfg.QPsPerPeer {
+			old = append(old, q)
+			on--
+			continue
+		}
+		keep = append(keep, q)
+	}
+	r.served[peer] = keep
 	r.mu.Unlock()
 	for _, q := range old {
 		q.Close()
@@ -346,11 +399,11 @@ func (n *Node) rdmaRegions(sets map[uint64][]byte) []*transferpb.RdmaRegion {
 			if err != nil {
 				break // past the last rank
 			}
-			mr := n.rdma.mem.findRange(addr, length)
-			if mr == nil {
+			mr, ok := n.rdma.mem.findRange(addr, length)
+			if !ok {
 				continue
 			}
-			out = append(out, &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Addr: addr, Length: length, Rkey: mr.RKey()})
+			out = append(out, &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Addr: addr, Length: length, Rkey: mr.RKey(), Nic: uint32(mr.nic)})
 		}
 	}
 	return out
@@ -361,13 +414,24 @@ func (n *Node) rdmaRegions(sets map[uint64][]byte) []*transferpb.RdmaRegion {
 type remoteRegion struct {
 	addr, length uint64
 	rkey         uint32
+	nic          int // the holder's device it is registered with
+}
+
+// nicPair names queue pairs by the devices at their ends: this node's
+// (where the read lands) and the holder's (where the region is
+// registered).
+type nicPair struct{ local, remote int }
+
+// qpPool is the queue pairs between one pair of devices.
+type qpPool struct {
+	idle []*rdma.QueuePair
+	open int // connected queue pairs, idle or reading
 }
 
 // peerRDMA is a reader's RDMA state for one peer.
 type peerRDMA struct {
 	mu     sync.Mutex
-	idle   []*rdma.QueuePair
-	open   int // connected queue pairs, idle or reading
+	qps    map[nicPair]*qpPool
 	wait   chan struct{}
 	leases map[uint64]map[uint64][]remoteRegion // lease -> block set -> by rank
 	// failedUntil is when RDMA to the peer may be tried again, after
@@ -411,8 +475,8 @@ func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaR
 		if _, ok := l.LayoutDigests[g.BlockSet]; !ok {
 			return fmt.Errorf("%w: lease from %s: RDMA region %d names block set %d, which the lease does not", ErrFrame, p.name, i, g.BlockSet)
 		}
-		if g.Rank >= maxRank || g.Length == 0 || g.Addr+g.Length < g.Addr {
-			return fmt.Errorf("%w: lease from %s: RDMA region %d (rank %d, %d bytes at %#x) out of range", ErrFrame, p.name, i, g.Rank, g.Length, g.Addr)
+		if g.Rank >= maxRank || g.Length == 0 || g.Addr+g.Length < g.Addr || g.Nic >= MaxNICs {
+			return fmt.Errorf("%w: lease from %s: RDMA region %d (rank %d, %d bytes at %#x, nic %d) out of range", ErrFrame, p.name, i, g.Rank, g.Length, g.Addr, g.Nic)
 		}
 		rs := sets[g.BlockSet]
 		for len(rs) <= int(g.Rank) {
@@ -421,7 +485,7 @@ func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaR
 		if rs[g.Rank].length != 0 {
 			return fmt.Errorf("%w: lease from %s: two RDMA regions for block set %d rank %d", ErrFrame, p.name, g.BlockSet, g.Rank)
 		}
-		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, rkey: g.Rkey}
+		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, rkey: g.Rkey, nic: int(g.Nic)}
 		sets[g.BlockSet] = rs
 	}
 	r.mu.Lock()
@@ -492,98 +556,184 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		return false, nil
 	}
 	lkeys := make([]uint32, len(dst))
+	local := make([]int, len(dst))
 	for i, d := range dst {
 		if d.Len == 0 {
 			continue
 		}
-		mr := p.n.rdma.mem.findRange(d.Addr, d.Len)
-		if mr == nil {
+		mr, ok := p.n.rdma.mem.findRange(d.Addr, d.Len)
+		if !ok {
 			p.n.countFallback(FallbackNotRegistered)
 			return false, nil
 		}
-		lkeys[i] = mr.LKey()
+		lkeys[i], local[i] = mr.LKey(), mr.nic
 	}
-	qp, err := p.takeQP(ctx)
-	if err != nil {
-		if errors.Is(err, errConnectLimited) {
-			p.n.countFallback(FallbackConnectLimited)
+	// The segments by the devices at both ends: each group goes on queue
+	// pairs of its own, the groups at once (a NIC per GPU reads its ranks
+	// in parallel with the others).
+	var pairs []nicPair
+	groups := map[nicPair][]layout.Segment{}
+	for si, s := range segs {
+		if s.SrcRank < 0 || s.SrcRank >= len(regions) || regions[s.SrcRank].length == 0 {
+			p.n.countFallback(FallbackBadKeys)
+			p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID,
+				"err", fmt.Sprintf("segment %d reads rank %d, which the holder gave no RDMA region for", si, s.SrcRank))
 			return false, nil
 		}
-		if ctx.Err() != nil {
-			return true, err
+		if s.DstRank < 0 || s.DstRank >= len(dst) {
+			return false, fmt.Errorf("%w: segment %d writes rank %d of %d", ErrInvalidRequest, si, s.DstRank, len(dst))
 		}
-		p.n.countFallback(FallbackConnectFailed)
-		p.rdmaUnavailable(FallbackConnectFailed)
-		return false, nil
+		k := nicPair{local[s.DstRank], regions[s.SrcRank].nic}
+		if _, ok := groups[k]; !ok {
+			pairs = append(pairs, k)
+		}
+		groups[k] = append(groups[k], s)
 	}
-	ops, sges, err := readOps(segs, regions, dst, lkeys, qp.Options().MaxSGE)
-	if err != nil {
-		p.putQP(qp, true)
-		p.n.countFallback(FallbackBadKeys)
-		p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID, "err", err)
-		return false, nil
-	}
-	cpu0 := qp.ReadCPU()
-	err = qp.Read(ctx, ops)
-	cpu := qp.ReadCPU() - cpu0
-	p.putQP(qp, err != nil)
-	st := p.n.rdma
-	st.mu.Lock()
-	if err == nil {
-		st.reads++
-		st.bytes += total
-		st.ops += uint64(len(ops))
-		st.sges += uint64(sges)
-		st.readCPU += cpu
+	res := make([]groupRead, len(pairs))
+	if len(pairs) == 1 {
+		res[0] = p.readGroup(ctx, leaseID, pairs[0], segs, regions, dst, lkeys)
 	} else {
+		var wg sync.WaitGroup
+		for i, k := range pairs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res[i] = p.readGroup(ctx, leaseID, k, groups[k], regions, dst, lkeys)
+			}()
+		}
+		wg.Wait()
+	}
+	// Every group has stopped writing into dst by now.
+	var errs []error
+	var fallback string
+	var ops, sges uint64
+	var cpu time.Duration
+	for _, g := range res {
+		switch {
+		case g.err != nil:
+			errs = append(errs, g.err)
+		case g.fallback != "" && fallback == "":
+			fallback = g.fallback
+		}
+		ops, sges, cpu = ops+g.ops, sges+g.sges, cpu+g.cpu
+	}
+	st := p.n.rdma
+	switch {
+	case len(errs) > 0 && ctx.Err() != nil:
+		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
+	case len(errs) > 0:
+		st.mu.Lock()
 		st.readFails++
+		st.mu.Unlock()
+		p.n.countFallback(FallbackReadFailed)
+		p.rdmaUnavailable(FallbackReadFailed)
+		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
+	case fallback != "":
+		// RDMA was not tried for part of it: the whole read goes over
+		// QUIC, which writes every byte again.
+		p.n.countFallback(fallback)
+		if fallback == FallbackConnectFailed {
+			p.rdmaUnavailable(FallbackConnectFailed)
+		}
+		return false, nil
+	case ctx.Err() != nil:
+		return true, ctx.Err()
+	}
+	st.mu.Lock()
+	st.reads++
+	st.bytes += total
+	st.ops += ops
+	st.sges += sges
+	st.readCPU += cpu
+	for i, k := range pairs {
+		st.nicBytes[k.local] += res[i].bytes
 	}
 	st.mu.Unlock()
-	if err != nil {
-		if ctx.Err() == nil {
-			p.n.countFallback(FallbackReadFailed)
-			p.rdmaUnavailable(FallbackReadFailed)
-		}
-		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, err)
-	}
 	r.mu.Lock()
 	r.failures = 0
 	r.mu.Unlock()
 	return true, nil
 }
 
+// groupRead is what reading one device pair's segments came to: err when
+// RDMA was tried and failed, fallback when it was not tried (and why).
+type groupRead struct {
+	err              error
+	fallback         string
+	ops, sges, bytes uint64
+	cpu              time.Duration
+}
+
+// readGroup moves segs, all between the devices of k, on a queue pair of
+// k.
+func (p *Peer) readGroup(ctx context.Context, leaseID uint64, k nicPair, segs []layout.Segment, regions []remoteRegion, dst []Span, lkeys []uint32) groupRead {
+	qp, err := p.takeQP(ctx, k)
+	if err != nil {
+		switch {
+		case errors.Is(err, errConnectLimited):
+			return groupRead{fallback: FallbackConnectLimited}
+		case ctx.Err() != nil:
+			return groupRead{err: err}
+		}
+		return groupRead{fallback: FallbackConnectFailed}
+	}
+	ops, sges, err := readOps(segs, regions, dst, lkeys, qp.Options().MaxSGE)
+	if err != nil {
+		p.putQP(k, qp, true)
+		p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID, "err", err)
+		return groupRead{fallback: FallbackBadKeys}
+	}
+	var n uint64
+	for _, s := range segs {
+		n += s.Bytes()
+	}
+	cpu0 := qp.ReadCPU()
+	err = qp.Read(ctx, ops)
+	g := groupRead{ops: uint64(len(ops)), sges: uint64(sges), bytes: n, cpu: qp.ReadCPU() - cpu0}
+	p.putQP(k, qp, err != nil)
+	if err != nil {
+		g.err = err
+	}
+	return g
+}
+
 var errConnectLimited = errors.New("transfer: rdma connects to the peer at their cap for this minute")
 
-// takeQP returns an idle connected queue pair to the peer, connecting a
-// new one while fewer than QPsPerPeer are open, or waits for one to be
-// given back.
-func (p *Peer) takeQP(ctx context.Context) (*rdma.QueuePair, error) {
+// takeQP returns an idle connected queue pair between the devices of k,
+// connecting a new one while fewer than QPsPerPeer are open, or waits for
+// one to be given back.
+func (p *Peer) takeQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
 	r := p.rdma
 	cfg := p.n.rdma.cfg
 	for {
 		r.mu.Lock()
-		if k := len(r.idle); k > 0 {
-			q := r.idle[k-1]
-			r.idle = r.idle[:k-1]
+		pool := r.qps[k]
+		if pool == nil {
+			pool = &qpPool{}
+			r.qps[k] = pool
+		}
+		if n := len(pool.idle); n > 0 {
+			q := pool.idle[n-1]
+			pool.idle = pool.idle[:n-1]
 			r.mu.Unlock()
 			return q, nil
 		}
-		if r.open < cfg.QPsPerPeer {
+		if pool.open < cfg.QPsPerPeer {
 			now := time.Now()
 			for len(r.connects) > 0 && now.Sub(r.connects[0]) > time.Minute {
 				r.connects = r.connects[1:]
 			}
-			if len(r.connects) >= cfg.MaxConnectsPerMinute {
+			if len(r.connects) >= cfg.MaxConnectsPerMinute*len(r.qps) {
 				r.mu.Unlock()
 				return nil, errConnectLimited
 			}
 			r.connects = append(r.connects, now)
-			r.open++
+			pool.open++
 			r.mu.Unlock()
-			q, err := p.connectQP(ctx)
+			q, err := p.connectQP(ctx, k)
 			if err != nil {
 				r.mu.Lock()
-				r.open--
+				pool.open--
 				r.mu.Unlock()
 				p.signalQP()
 				return nil, err
@@ -600,17 +750,19 @@ func (p *Peer) takeQP(ctx context.Context) (*rdma.QueuePair, error) {
 	}
 }
 
-// putQP gives a queue pair back after a read; a failed one is destroyed
-// (the next read connects a fresh one, within MaxConnectsPerMinute).
-func (p *Peer) putQP(q *rdma.QueuePair, failed bool) {
+// putQP gives a queue pair of k back after a read; a failed one is
+// destroyed (the next read connects a fresh one, within
+// MaxConnectsPerMinute).
+func (p *Peer) putQP(k nicPair, q *rdma.QueuePair, failed bool) {
 	r := p.rdma
 	r.mu.Lock()
+	pool := r.qps[k]
 	if failed || p.closed.Load() {
-		r.open--
+		pool.open--
 		r.mu.Unlock()
 		q.Close()
 	} else {
-		r.idle = append(r.idle, q)
+		pool.idle = append(pool.idle, q)
 		r.mu.Unlock()
 	}
 	p.signalQP()
@@ -624,23 +776,25 @@ func (p *Peer) signalQP() {
 	r.mu.Unlock()
 }
 
-// connectQP makes a queue pair, has the holder make one connected to it,
-// and connects ours to the holder's.
-func (p *Peer) connectQP(ctx context.Context) (*rdma.QueuePair, error) {
+// connectQP makes a queue pair on this node's device k.local, has the
+// holder make one on its device k.remote connected to it, and connects
+// ours to the holder's.
+func (p *Peer) connectQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
 	st := p.n.rdma
 	fail := func(err error) (*rdma.QueuePair, error) {
 		st.mu.Lock()
 		st.connectFails++
 		st.mu.Unlock()
-		p.n.log.Warn("rdma connect failed", "peer", p.name, "err", err)
+		p.n.log.Warn("rdma connect failed", "peer", p.name, "nic", k.local, "peer_nic", k.remote, "err", err)
 		return nil, err
 	}
-	q, err := st.cfg.Device.NewQueuePair(st.cfg.QP)
+	q, err := st.cfg.Devices[k.local].NewQueuePair(st.cfg.QP)
 	if err != nil {
 		return fail(fmt.Errorf("transfer: rdma queue pair: %w", err))
 	}
 	var resp transferpb.RdmaConnectResponse
-	if err := p.call(ctx, methodRdmaConnect, &transferpb.RdmaConnectRequest{Endpoint: endpointProto(q.Endpoint())}, &resp); err != nil {
+	req := &transferpb.RdmaConnectRequest{Endpoint: endpointProto(q.Endpoint()), Nic: uint32(k.remote)}
+	if err := p.call(ctx, methodRdmaConnect, req, &resp); err != nil {
 		q.Close()
 		return fail(err)
 	}
@@ -659,16 +813,20 @@ func (p *Peer) connectQP(ctx context.Context) (*rdma.QueuePair, error) {
 	return q, nil
 }
 
-// closeRDMA destroys the peer handle's queue pairs.
+// closeRDMA destroys the peer handle's idle queue pairs (the busy ones
+// when they are given back).
 func (p *Peer) closeRDMA() {
 	r := p.rdma
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
-	idle := r.idle
-	r.idle = nil
-	r.open -= len(idle)
+	var idle []*rdma.QueuePair
+	for _, pool := range r.qps {
+		idle = append(idle, pool.idle...)
+		pool.open -= len(pool.idle)
+		pool.idle = nil
+	}
 	r.mu.Unlock()
 	for _, q := range idle {
 		q.Close()

@@ -4,19 +4,23 @@ package transfer
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/rdma"
 	"github.com/kvfabric/kvfabric/rdma/softverbs"
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
 var (
@@ -28,7 +32,7 @@ var (
 // softNIC points this test's RDMA at softverbs, the software NIC, with a
 // registry of its own, and returns the control file its faults are
 // written to. The library is built once per test binary.
-func softNIC(t *testing.T) (lib, control string) {
+func softNIC(t testing.TB) (lib, control string) {
 	t.Helper()
 	softOnce.Do(func() {
 		softPath, softErr = softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
@@ -47,20 +51,30 @@ func softNIC(t *testing.T) (lib, control string) {
 }
 
 // withRDMA opens a softverbs device for a node; tune adjusts its config.
-func withRDMA(t *testing.T, lib string, tune func(*RDMAConfig)) nodeOpt {
+func withRDMA(t testing.TB, lib string, tune func(*RDMAConfig)) nodeOpt {
+	t.Helper()
+	return withRDMADevices(t, lib, []string{"softverbs0"}, tune)
+}
+
+// withRDMADevices opens the named softverbs devices for a node, in order.
+func withRDMADevices(t testing.TB, lib string, names []string, tune func(*RDMAConfig)) nodeOpt {
 	t.Helper()
 	l, err := rdma.Open(rdma.Config{Library: lib, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, err := l.OpenDevice("softverbs0", 1)
-	if err != nil {
-		l.Close()
-		t.Fatal(err)
+	t.Cleanup(func() { l.Close() })
+	var devs []*rdma.Device
+	for _, name := range names {
+		dev, err := l.OpenDevice(name, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dev.Close() })
+		devs = append(devs, dev)
 	}
-	t.Cleanup(func() { dev.Close(); l.Close() })
 	return func(c *Config) {
-		c.RDMA = &RDMAConfig{Device: dev, Backoff: 200 * time.Millisecond}
+		c.RDMA = &RDMAConfig{Devices: devs, Backoff: 200 * time.Millisecond}
 		if tune != nil {
 			tune(c.RDMA)
 		}
@@ -79,6 +93,23 @@ type rdmaPair struct {
 
 func newRDMAPair(t *testing.T, lib string, holderRDMA bool, tune func(*RDMAConfig)) *rdmaPair {
 	t.Helper()
+	return newRDMAPairOn(t, lib, holderRDMA, tune, nil, nil, nil)
+}
+
+// newRDMAPairOn is newRDMAPair with both nodes on the named devices (nil:
+// softverbs0), the holder's region r registered with its device
+// holderNIC[r] and the reader's destination r with readerNIC[r] (nil: 0).
+func newRDMAPairOn(t *testing.T, lib string, holderRDMA bool, tune func(*RDMAConfig), devices []string, holderNIC, readerNIC []int) *rdmaPair {
+	t.Helper()
+	if devices == nil {
+		devices = []string{"softverbs0"}
+	}
+	nic := func(of []int, r int) int {
+		if of == nil {
+			return 0
+		}
+		return of[r]
+	}
 	ca := newTestCA(t)
 	members := newMembers("holder", "reader")
 	h := newMemHandler()
@@ -90,17 +121,17 @@ func newRDMAPair(t *testing.T, lib string, holderRDMA bool, tune func(*RDMAConfi
 	leaseAll(h, 42, 2, srcSize)
 	var hopts []nodeOpt
 	if holderRDMA {
-		hopts = append(hopts, withRDMA(t, lib, tune))
+		hopts = append(hopts, withRDMADevices(t, lib, devices, tune))
 	}
 	p.holder = newTestNode(t, ca, "holder", members, h, hopts...)
 	if holderRDMA {
-		for _, r := range p.src {
-			if _, err := p.holder.RegisterMemory(r); err != nil {
+		for i, r := range p.src {
+			if _, err := p.holder.registerMemory(nic(holderNIC, i), r); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	p.reader = newTestNode(t, ca, "reader", members, nil, withRDMA(t, lib, tune))
+	p.reader = newTestNode(t, ca, "reader", members, nil, withRDMADevices(t, lib, devices, tune))
 	p.peer = dialPeer(t, p.reader, p.holder)
 	var sizes []uint64
 	p.segs, sizes = stridedPlan(rand.New(rand.NewPCG(1, 2)), srcSize)
@@ -112,8 +143,8 @@ func newRDMAPair(t *testing.T, lib string, holderRDMA bool, tune func(*RDMAConfi
 	p.dst = [][]byte{make([]byte, sizes[0]+4096), make([]byte, sizes[1]+4096)}
 	p.want = [][]byte{make([]byte, len(p.dst[0])), make([]byte, len(p.dst[1]))}
 	execLocal(p.segs, p.src, p.want)
-	for _, d := range p.dst {
-		if _, err := p.reader.RegisterMemory(d); err != nil {
+	for i, d := range p.dst {
+		if _, err := p.reader.registerMemory(nic(readerNIC, i), d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -187,6 +218,43 @@ func TestReadOverRDMA(t *testing.T) {
 	// The queue pair is kept for the next read.
 	if via := p.read(t); via != TransportRDMA || p.metrics(t).Connects != 1 {
 		t.Errorf("second read over %s with %d connects, want rdma on the same queue pair", via, p.metrics(t).Connects)
+	}
+}
+
+// With a NIC per GPU, each side's memory is registered with one of two
+// devices: a read's pieces go on queue pairs between the device its
+// destination is registered with and the one its source is, all four
+// pairs at once here, byte for byte, each device counting what landed in
+// its memory. A mismatched pair would fail (softverbs checks that keys
+// belong to the queue pair's protection domain, as a NIC does).
+func TestReadOverRDMAAcrossNICs(t *testing.T) {
+	lib, _ := softNIC(t)
+	t.Setenv("SOFTVERBS_DEVICES", "sva,svb")
+	p := newRDMAPairOn(t, lib, true, nil, []string{"sva", "svb"}, []int{0, 1}, []int{1, 0})
+	for range 2 {
+		if via := p.read(t); via != TransportRDMA {
+			t.Fatalf("read went over %s, want rdma", via)
+		}
+	}
+	m := p.metrics(t)
+	pairs := map[nicPair]bool{}
+	var want [2]uint64
+	for _, s := range p.segs {
+		k := nicPair{local: 1 - s.DstRank, remote: s.SrcRank}
+		pairs[k] = true
+		want[k.local] += 2 * s.Bytes()
+	}
+	if len(m.Devices) != 2 || m.Devices[0].Name != "sva" || m.Devices[1].Name != "svb" ||
+		m.Devices[0].ReadBytes != want[0] || m.Devices[1].ReadBytes != want[1] || m.Bytes != want[0]+want[1] {
+		t.Fatalf("reader devices %+v (%d bytes in all), want %d bytes into sva's memory and %d into svb's", m.Devices, m.Bytes, want[0], want[1])
+	}
+	// One queue pair per device pair, kept for the second read.
+	if m.Reads != 2 || m.Connects != uint64(len(pairs)) || m.Fallbacks[FallbackReadFailed] != 0 {
+		t.Fatalf("metrics %+v: want 2 reads on %d queue pairs", m, len(pairs))
+	}
+	hm, _ := p.holder.RDMAMetrics()
+	if hm.QPsServed != len(pairs) || hm.Devices[0].Registered != 8<<20 || hm.Devices[1].Registered != 8<<20 {
+		t.Fatalf("holder metrics %+v: want %d queue pairs served, 8 MiB on each device", hm, len(pairs))
 	}
 }
 
@@ -387,4 +455,46 @@ func reserved(t *testing.T, n int) []byte {
 	}
 	t.Cleanup(func() { unix.Munmap(b) })
 	return b
+}
+
+// A connect names the holder's device within MaxNICs (the last index is
+// decoded, one past it refused), and a holder refuses a device it does
+// not have; a lease naming a device past MaxNICs is a bad frame.
+func TestRDMADeviceIndexLimits(t *testing.T) {
+	gid := make([]byte, 16)
+	gid[10], gid[11], gid[12], gid[15] = 0xff, 0xff, 127, 1
+	ep := &transferpb.RdmaEndpoint{Qpn: 5, Psn: 1, Gid: gid, Mtu: 1024, LinkLayer: 2, ReadDepth: 16}
+	for _, tc := range []struct {
+		nic uint32
+		ok  bool
+	}{{0, true}, {MaxNICs - 1, true}, {MaxNICs, false}, {1 << 31, false}} {
+		b, err := proto.Marshal(&transferpb.RdmaConnectRequest{Endpoint: ep, Nic: tc.nic})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := decodeRequest(methodRdmaConnect, b, 1)
+		if tc.ok != (err == nil) || (err == nil && r.nic != int(tc.nic)) {
+			t.Fatalf("connect to nic %d: %+v %v", tc.nic, r, err)
+		}
+		if err != nil && !errors.Is(err, ErrInvalidRequest) {
+			t.Fatalf("connect to nic %d: %v, want ErrInvalidRequest", tc.nic, err)
+		}
+	}
+
+	lib, _ := softNIC(t)
+	p := newRDMAPair(t, lib, true, nil)
+	remote := rdma.Endpoint{QPN: 5, PSN: 1, MTU: 1024, LinkLayer: rdma.LinkLayerEthernet, ReadDepth: 16}
+	if _, err := p.holder.serveConnect("reader", 1, remote); !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "1 RDMA devices") {
+		t.Fatalf("connect to the second device of a holder with one: %v", err)
+	}
+	lease := &Lease{ID: 9, LayoutDigests: map[uint64][]byte{7: nil}}
+	for _, tc := range []struct {
+		nic uint32
+		ok  bool
+	}{{MaxNICs - 1, true}, {MaxNICs, false}} {
+		err := p.peer.keepRegions(9, lease, []*transferpb.RdmaRegion{{BlockSet: 7, Rank: 0, Addr: 4096, Length: 4096, Rkey: 3, Nic: tc.nic}})
+		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrFrame)) {
+			t.Fatalf("lease region on nic %d: %v", tc.nic, err)
+		}
+	}
 }

@@ -565,9 +565,14 @@ type RdmaRegion struct {
 	BlockSet uint64                 `protobuf:"varint,1,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
 	Rank     uint32                 `protobuf:"varint,2,opt,name=rank,proto3" json:"rank,omitempty"`
 	// The region's first byte as the NIC addresses it, and its length.
-	Addr          uint64 `protobuf:"varint,3,opt,name=addr,proto3" json:"addr,omitempty"`
-	Length        uint64 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
-	Rkey          uint32 `protobuf:"varint,5,opt,name=rkey,proto3" json:"rkey,omitempty"`
+	Addr   uint64 `protobuf:"varint,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	Length uint64 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
+	Rkey   uint32 `protobuf:"varint,5,opt,name=rkey,proto3" json:"rkey,omitempty"`
+	// Which of the holder's RDMA devices the region is registered with (0
+	// for its first; a node with a NIC per GPU registers each GPU's memory
+	// with the NIC nearest it): READs of it go on queue pairs connected to
+	// that device (RdmaConnectRequest.nic).
+	Nic           uint32 `protobuf:"varint,6,opt,name=nic,proto3" json:"nic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -633,6 +638,13 @@ func (x *RdmaRegion) GetLength() uint64 {
 func (x *RdmaRegion) GetRkey() uint32 {
 	if x != nil {
 		return x.Rkey
+	}
+	return 0
+}
+
+func (x *RdmaRegion) GetNic() uint32 {
+	if x != nil {
+		return x.Nic
 	}
 	return 0
 }
@@ -1401,8 +1413,11 @@ func (x *RdmaEndpoint) GetReadDepth() uint32 {
 // RdmaConnectRequest asks the holder to make a queue pair connected to
 // the reader's, for RDMA READs of the memory it leases to the reader.
 type RdmaConnectRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Endpoint      *RdmaEndpoint          `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint *RdmaEndpoint          `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// The holder's RDMA device to make the queue pair on, as RdmaRegion.nic
+	// names it; 0, its first.
+	Nic           uint32 `protobuf:"varint,2,opt,name=nic,proto3" json:"nic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1442,6 +1457,13 @@ func (x *RdmaConnectRequest) GetEndpoint() *RdmaEndpoint {
 		return x.Endpoint
 	}
 	return nil
+}
+
+func (x *RdmaConnectRequest) GetNic() uint32 {
+	if x != nil {
+		return x.Nic
+	}
+	return 0
 }
 
 // RdmaConnectResponse is the holder's queue pair, connected to the
@@ -1535,14 +1557,15 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\frdma_regions\x18\x06 \x03(\v2 .kvfabric.transfer.v1.RdmaRegionR\vrdmaRegions\x1a@\n" +
 	"\x12LayoutDigestsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"}\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\x8f\x01\n" +
 	"\n" +
 	"RdmaRegion\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x12\n" +
 	"\x04rank\x18\x02 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04addr\x18\x03 \x01(\x04R\x04addr\x12\x16\n" +
 	"\x06length\x18\x04 \x01(\x04R\x06length\x12\x12\n" +
-	"\x04rkey\x18\x05 \x01(\rR\x04rkey\"J\n" +
+	"\x04rkey\x18\x05 \x01(\rR\x04rkey\x12\x10\n" +
+	"\x03nic\x18\x06 \x01(\rR\x03nic\"J\n" +
 	"\fRenewRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
@@ -1597,9 +1620,10 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\n" +
 	"link_layer\x18\x06 \x01(\rR\tlinkLayer\x12\x1d\n" +
 	"\n" +
-	"read_depth\x18\a \x01(\rR\treadDepth\"T\n" +
+	"read_depth\x18\a \x01(\rR\treadDepth\"f\n" +
 	"\x12RdmaConnectRequest\x12>\n" +
-	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpoint\"U\n" +
+	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpoint\x12\x10\n" +
+	"\x03nic\x18\x02 \x01(\rR\x03nic\"U\n" +
 	"\x13RdmaConnectResponse\x12>\n" +
 	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpointB2Z0github.com/kvfabric/kvfabric/transfer/transferpbb\x06proto3"
 
