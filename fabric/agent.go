@@ -68,12 +68,17 @@ type Agent struct {
 	turn     atomic.Uint64 // rotates imports over equally good holders
 	suspects suspects
 	links    links // what imports measured of each holder
-	// rdmaLib and rdmaDev are open while RDMA is on.
+	// rdmaLib and rdmaDevs are open while RDMA is on; storage i is
+	// registered with rdmaDevs[poolNIC[i]].
 	rdmaLib  *rdma.Library
-	rdmaDev  *rdma.Device
-	publish  publishState // the pool goroutine's, in onPoolEvents
-	metaPoke chan struct{}
-	done     chan struct{}
+	rdmaDevs []*rdma.Device
+	poolNIC  []int
+	// poolDevice[i] names the device storage i is registered with, "" for
+	// none.
+	poolDevice []string
+	publish    publishState // the pool goroutine's, in onPoolEvents
+	metaPoke   chan struct{}
+	done       chan struct{}
 
 	mu   sync.Mutex // before an engineSet's, a session's and the pool's
 	sets map[pool.SetID]*engineSet
@@ -178,7 +183,7 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 		return err
 	}
 	a.storages = st
-	a.rdmaReg = make([]string, len(st))
+	a.rdmaReg, a.poolDevice = make([]string, len(st)), make([]string, len(st))
 	pcfg := pool.DefaultConfig()
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents
@@ -510,7 +515,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		if err := probe.Validate(); err != nil {
 			return nil, err
 		}
-		tmpl.Slots = a.defaultSlots(&probe)
+		tmpl.Slots = a.defaultSlots(&probe, place)
 	}
 	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) })
 	if err != nil {
@@ -534,17 +539,28 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 }
 
 // defaultSlots is the configured slot count, else what a quarter of the
-// pool holds. probe is a valid layout.
-func (a *Agent) defaultSlots(probe *layout.Layout) int {
+// pool holds: of each storage the set's ranks are placed on (place, nil
+// for the default), the one that runs out first. probe is a valid layout.
+func (a *Agent) defaultSlots(probe *layout.Layout, place []int) int {
 	if a.cfg.BlockSetSlots > 0 {
 		return a.cfg.BlockSetSlots
 	}
-	per := probe.Strides().Block * uint64(probe.TPSize)
-	var total uint64
-	for _, st := range a.storages {
-		total += st.Size()
+	ranks := make([]uint64, len(a.storages))
+	for r := range probe.TPSize {
+		if place != nil {
+			ranks[place[r]]++
+		} else {
+			ranks[r%len(a.storages)]++
+		}
 	}
-	return max(1, min(layout.MaxSlots, int(total/4/max(per, 1))))
+	block := max(probe.Strides().Block, 1)
+	slots := layout.MaxSlots
+	for i, st := range a.storages {
+		if ranks[i] > 0 {
+			slots = min(slots, int(st.Size()/4/(block*ranks[i])))
+		}
+	}
+	return max(1, slots)
 }
 
 func (a *Agent) engineSet(id uint64) (*engineSet, error) {

@@ -186,8 +186,10 @@ type Config struct {
 	// refuses to start without a usable device; off never uses RDMA. If
 	// empty, auto.
 	RDMA string `json:"rdma,omitempty"`
-	// RDMADevice names the RDMA device to use (e.g. mlx5_0). If empty, the
-	// first device with an active port.
+	// RDMADevice names the RDMA device every pool is registered with and
+	// reads go through (e.g. mlx5_0). If empty, for device pools the
+	// device nearest each GPU in PCI topology (a NIC per GPU where the node
+	// has them), else the first device with an active port.
 	RDMADevice string `json:"rdma_device,omitempty"`
 	// RDMAPort is the device's port, 1..255. If zero, 1.
 	RDMAPort int `json:"rdma_port,omitempty"`

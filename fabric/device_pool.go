@@ -52,8 +52,7 @@ func (a *Agent) makeStorage(specs []PoolSpec) ([]pool.Storage, error) {
 
 // makeDeviceStorage allocates the device pools that devSpecs ask for, one
 // per GPU, in GPU order: a block set's ranks are carved each from one of
-// them (rank r from the r-th, unless the engine places them). A GPU named
-// twice is a configuration error.
+// them (rank r from the r-th, unless the engine places them).
 func (a *Agent) makeDeviceStorage(devSpecs []PoolSpec) (_ []pool.Storage, err error) {
 	devs := a.cuda.Devices()
 	wants := map[int]PoolSpec{}
@@ -66,11 +65,7 @@ func (a *Agent) makeDeviceStorage(devSpecs []PoolSpec) (_ []pool.Storage, err er
 			if s.GPU >= 0 && d.Index != s.GPU {
 				continue
 			}
-			if _, dup := wants[d.Index]; dup {
-				return nil, fmt.Errorf("%w: pools: GPU %d is given a device pool twice; name each GPU once (device=AMOUNT names every GPU)",
-					ErrConfig, d.Index)
-			}
-			wants[d.Index] = s
+			wants[d.Index] = s // config validation names each GPU once
 		}
 	}
 	var out []pool.Storage
@@ -184,17 +179,21 @@ func (a *Agent) copyOnDevice(plan *layout.Plan, src, dst *layout.Layout) error {
 			st.Close()
 		}
 	}()
+	var errs []error
 	for _, g := range gpus {
 		st, err := a.cuda.NewStream(int(g))
 		if err != nil {
-			return err
+			errs = append(errs, err)
+			break
 		}
 		streams = append(streams, st)
 		if err := st.ExecutePlan(cuda.DeviceToDevice, sub[g], deviceRegions(src), deviceRegions(dst)); err != nil {
-			return fmt.Errorf("fabric: copy into GPU %d: %w", g, err)
+			errs = append(errs, fmt.Errorf("fabric: copy into GPU %d: %w", g, err))
+			break
 		}
 	}
-	var errs []error
+	// Wait for what was queued, also after a failure: the caller aborts
+	// the destination slots, which nothing may still be writing.
 	for _, st := range streams {
 		errs = append(errs, st.Synchronize())
 	}
@@ -221,7 +220,7 @@ func (a *Agent) placement(devices []string, tp int) ([]int, error) {
 		}
 		found := -1
 		for i, g := range a.gpus {
-			if strings.EqualFold(infos[g].PCIBusID, d) || strconv.Itoa(g) == d {
+			if samePCIAddress(infos[g].PCIBusID, d) || strconv.Itoa(g) == d {
 				found = i
 			}
 		}
@@ -256,4 +255,33 @@ func (a *Agent) placedAs(set *pool.BlockSet, place []int) bool {
 		}
 	}
 	return true
+}
+
+// samePCIAddress says whether two PCI addresses (domain:bus:device.function,
+// hexadecimal) name the same device, whatever their case and the width of
+// the domain: the driver writes "0000:18:00.0", NVML "00000000:18:00.0".
+func samePCIAddress(a, b string) bool {
+	pa, oka := parsePCIAddress(a)
+	pb, okb := parsePCIAddress(b)
+	return oka && okb && pa == pb
+}
+
+func parsePCIAddress(s string) ([4]uint64, bool) {
+	var out [4]uint64
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return out, false
+	}
+	df := strings.Split(parts[2], ".")
+	if len(df) != 2 {
+		return out, false
+	}
+	for i, f := range []string{parts[0], parts[1], df[0], df[1]} {
+		v, err := strconv.ParseUint(f, 16, 32)
+		if err != nil || f == "" {
+			return out, false
+		}
+		out[i] = v
+	}
+	return out, true
 }

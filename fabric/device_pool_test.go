@@ -612,17 +612,18 @@ func TestPinnedPoolThroughCUDA(t *testing.T) {
 	}
 }
 
-// An agent with a GPU pool uses the RDMA device nearest the GPU in PCI
-// topology (behind the same PCIe switch), not the first one listed.
-func TestDevicePoolPicksTheNearestNIC(t *testing.T) {
-	cudaLib, verbs := gpuLibs(t)
+// fakeTopology writes a sysfs tree with GPU 0000:02:00.0 and NIC sv1
+// (0000:03:00.0) behind switch 0000:01:00.0, and GPU 0000:82:00.0 and NIC
+// sv0 (0000:81:00.0) behind switch 0000:80:01.0, under another root
+// complex; it returns its root.
+func fakeTopology(t *testing.T) string {
+	t.Helper()
 	root := t.TempDir()
-	// GPU 0000:02:00.0 and NIC sv1 (0000:03:00.0) share switch
-	// 0000:01:00.0; NIC sv0 (0000:81:00.0) is under another root complex.
 	paths := map[string]string{
 		"0000:02:00.0": "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0",
 		"0000:03:00.0": "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:03:00.0",
 		"0000:81:00.0": "devices/pci0000:80/0000:80:01.0/0000:81:00.0",
+		"0000:82:00.0": "devices/pci0000:80/0000:80:01.0/0000:82:00.0",
 	}
 	for addr, p := range paths {
 		if err := os.MkdirAll(filepath.Join(root, p), 0o755); err != nil {
@@ -641,6 +642,14 @@ func TestDevicePoolPicksTheNearestNIC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return root
+}
+
+// An agent with a GPU pool uses the RDMA device nearest the GPU in PCI
+// topology (behind the same PCIe switch), not the first one listed.
+func TestDevicePoolPicksTheNearestNIC(t *testing.T) {
+	cudaLib, verbs := gpuLibs(t)
+	root := fakeTopology(t)
 	for _, k := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US"} {
 		t.Setenv(k, "")
 	}

@@ -482,7 +482,7 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 	// One pass over the block sets, so that the pool's totals and the
 	// sets listed agree.
 	for i, st := range a.storages {
-		p := &fabricpb.Pool{Kind: a.poolKind, SizeBytes: st.Size(), Device: -1, RdmaRegistration: a.rdmaReg[i]}
+		p := &fabricpb.Pool{Kind: a.poolKind, SizeBytes: st.Size(), Device: -1, RdmaRegistration: a.rdmaReg[i], RdmaDevice: a.poolDevice[i]}
 		if a.gpus != nil {
 			p.Device = int32(a.gpus[i])
 		}

@@ -45,10 +45,11 @@ func SetPeerMemoryPaths(paths []string) (restore func()) {
 // SetSysfsRoot makes an agent started with c read PCI topology under root.
 func SetSysfsRoot(c *Config, root string) { c.hooks.sysfsRoot = root }
 
-// RDMADeviceName is the RDMA device a uses, "" when RDMA is off.
+// RDMADeviceName is the RDMA device a registers its first pool with, ""
+// when RDMA is off.
 func RDMADeviceName(a *Agent) string {
-	if a.rdmaDev == nil {
+	if a.rdmaDevs == nil {
 		return ""
 	}
-	return a.rdmaDev.Info().Name
+	return a.rdmaDevs[a.poolNIC[0]].Info().Name
 }

@@ -45,6 +45,9 @@ func TestDevicePoolsSpanGPUs(t *testing.T) {
 			t.Setenv("SOFTCUDA_DEVICES", "2")
 			t.Setenv("SOFTCUDA_MEMORY", "64M")
 			t.Setenv("SOFTCUDA_PCI_BUS_IDS", "0000:18:00.0,0000:2A:00.0")
+			// Every copy must run on its memory's GPU, and copies across
+			// GPUs be peer copies, or softcuda refuses them.
+			t.Setenv("SOFTCUDA_STRICT_DEVICE", "1")
 			agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
 				c.Pools = []string{"device=16MiB"}
 				c.CUDALibrary = libs[i]
@@ -185,7 +188,8 @@ func TestDevicePlacementRefusals(t *testing.T) {
 			t.Fatalf("devices %q: %v, want InvalidArgument naming %q", tc.devices, err, tc.want)
 		}
 	}
-	e.Devices = []string{"2", "0000:3B:00.0"}
+	// The driver's form and NVML's (an eight-digit domain) name one GPU.
+	e.Devices = []string{"2", "00000000:3B:00.0"}
 	set, err := c.Register(ctx, e)
 	if err != nil {
 		t.Fatal(err)
@@ -201,5 +205,101 @@ func TestDevicePlacementRefusals(t *testing.T) {
 	}
 	if len(s.Pools) != 2 || s.Pools[0].Device != 0 || s.Pools[1].Device != 2 || s.Pools[0].BlockSets != 0 || s.Pools[1].BlockSets != 1 {
 		t.Fatalf("pools %v", s.Pools)
+	}
+
+	// Without a slot count a set takes a quarter of the pool its ranks
+	// are on, not of all pools: TP 1 on GPU 0, then TP 2 with both ranks
+	// on GPU 2, each fitting beside the sets already there.
+	carved := func() []uint64 {
+		s, err := c.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []uint64{s.Pools[0].CarvedBytes, s.Pools[1].CarvedBytes}
+	}
+	before := carved()
+	e.Slots, e.Devices, e.TPSize, e.PageSize = 0, nil, 1, 8 // a new shape: no set to share
+	if _, err := c.Register(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	e.TPSize, e.Devices = 2, []string{"2", "2"}
+	if _, err := c.Register(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	after := carved()
+	for i, quarter := range []uint64{2 << 20, 2 << 20} {
+		if got := after[i] - before[i]; got == 0 || got > quarter {
+			t.Fatalf("pool %d: %d bytes carved by a set of default slots, want at most a quarter of its 8 MiB", i, got)
+		}
+	}
+}
+
+// With a NIC per GPU, each GPU's pool is registered with the NIC nearest
+// it, and an import between two such agents reads each rank through the
+// NICs at its two ends, both NICs of the importer moving bytes.
+func TestDevicePoolsUseTheNICNearestEachGPU(t *testing.T) {
+	libs := make([]string, 2)
+	var verbs string
+	for i := range libs {
+		libs[i], verbs = gpuLibs(t)
+	}
+	root := fakeTopology(t)
+	for _, k := range []string{"SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("SOFTCUDA_DEVICES", "2")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	t.Setenv("SOFTCUDA_PCI_BUS_IDS", "0000:02:00.0,0000:82:00.0")
+	t.Setenv("SOFTCUDA_STRICT_DEVICE", "1")
+	t.Setenv("SOFTVERBS_DEVICES", "sv0,sv1")
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		c.Pools = []string{"device=16MiB"}
+		c.CUDALibrary = libs[i]
+		c.RDMA, c.RDMALibrary = "on", verbs
+		fabric.SetSysfsRoot(c, root)
+	})
+	holder, importer := agents[0], agents[1]
+	runGPUEngine(t, holder.EngineSocket(), libs[0])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, a := range agents {
+		s, err := dial(t, a).Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Pools) != 2 || s.Pools[0].RdmaDevice != "sv1" || s.Pools[1].RdmaDevice != "sv0" ||
+			s.Pools[0].RdmaRegistration != "dmabuf" || s.Pools[1].RdmaRegistration != "dmabuf" {
+			t.Fatalf("%s pools %v: want GPU 0's on sv1 and GPU 1's on sv0, by dma-buf", a.NodeName(), s.Pools)
+		}
+	}
+	hashes := gpuHashes()
+	c := dial(t, importer)
+	set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
+		ov, err := c.Lookup(ctx, hashes)
+		if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
+			return fmt.Errorf("overlaps %v %v", ov, err)
+		}
+		return nil
+	})
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil || len(resp.Blocks) != len(hashes) || resp.Fetches[0].Transport != "rdma" {
+		t.Fatalf("import: %v %v", resp, err)
+	}
+	mem := deviceBytes(t, libs[1], set.Layout)
+	for i, b := range resp.Blocks {
+		if err := kvtest.Check(set.Layout, mem, int(b.Slot), uint64(i+1)); err != nil {
+			t.Fatalf("imported block %d: %v", i, err)
+		}
+	}
+	// Rank 0 (GPU 0, sv1) and rank 1 (GPU 1, sv0) hold the same bytes of
+	// each block: each NIC moved half of what was read.
+	m := importer.Metrics().RDMA
+	if len(m.Devices) != 2 || m.Devices[0].Name != "sv1" || m.Devices[1].Name != "sv0" ||
+		m.Devices[0].ReadBytes == 0 || m.Devices[0].ReadBytes != m.Devices[1].ReadBytes || m.Devices[0].ReadBytes+m.Devices[1].ReadBytes != m.Bytes {
+		t.Fatalf("importer's RDMA devices %+v, %d bytes read: want half through each", m.Devices, m.Bytes)
 	}
 }

@@ -11,16 +11,16 @@ import (
 	"github.com/kvfabric/kvfabric/transfer"
 )
 
-// openRDMA opens the configured RDMA device for the transport, or returns
-// nil when RDMA is off: by configuration, or (with auto) because the
-// library or a usable device is missing, which it logs once with the
-// reason. With rdma=on a missing device is an error.
+// openRDMA opens the RDMA devices for the transport, or returns nil when
+// RDMA is off: by configuration, or (with auto) because the library or a
+// usable device is missing, which it logs once with the reason. With
+// rdma=on a missing device is an error.
 func (a *Agent) openRDMA() (*transfer.RDMAConfig, error) {
 	c := &a.cfg
 	if c.RDMA == "off" {
 		return nil, nil
 	}
-	dev, err := a.openRDMADevice()
+	devs, err := a.openRDMADevices()
 	if err != nil {
 		if c.RDMA == "on" {
 			return nil, fmt.Errorf("%w: rdma=on: %w", ErrConfig, err)
@@ -28,20 +28,24 @@ func (a *Agent) openRDMA() (*transfer.RDMAConfig, error) {
 		a.log.Info("RDMA off: reads use QUIC", "reason", err.Error())
 		return nil, nil
 	}
-	port := dev.Port()
-	a.log.Info("RDMA on", "device", dev.Info().Name, "port", port.Number, "link_layer", port.LinkLayer.String(),
-		"mtu", port.MTU, "gid", dev.GID().String(), "lid", port.LID)
-	return &transfer.RDMAConfig{Device: dev, QP: rdma.QPOptions{Timeout: uint8(c.RDMATimeout), RetryCount: uint8(c.RDMARetry)}}, nil
+	for _, dev := range devs {
+		port := dev.Port()
+		a.log.Info("RDMA on", "device", dev.Info().Name, "port", port.Number, "link_layer", port.LinkLayer.String(),
+			"mtu", port.MTU, "gid", dev.GID().String(), "lid", port.LID)
+	}
+	return &transfer.RDMAConfig{Devices: devs, QP: rdma.QPOptions{Timeout: uint8(c.RDMATimeout), RetryCount: uint8(c.RDMARetry)}}, nil
 }
 
-func (a *Agent) openRDMADevice() (*rdma.Device, error) {
+// openRDMADevices opens the devices the pools are registered with (see
+// pickNICs) and sets a.poolNIC.
+func (a *Agent) openRDMADevices() ([]*rdma.Device, error) {
 	c := &a.cfg
 	lib, err := rdma.Open(rdma.Config{Library: c.RDMALibrary, Logger: a.log, SysfsRoot: c.hooks.sysfsRoot})
 	if err != nil {
 		return nil, err
 	}
-	name := c.RDMADevice
-	if name == "" {
+	names, poolNIC := []string{c.RDMADevice}, make([]int, len(a.storages))
+	if c.RDMADevice == "" {
 		devs, err := lib.Devices()
 		if err != nil {
 			lib.Close()
@@ -60,33 +64,41 @@ func (a *Agent) openRDMADevice() (*rdma.Device, error) {
 			lib.Close()
 			return nil, fmt.Errorf("%w: none of %d RDMA devices has port %d active", rdma.ErrUnavailable, len(devs), c.RDMAPort)
 		}
-		name = a.pickNIC(active)
+		names, poolNIC = a.pickNICs(active)
 	}
-	dev, err := lib.OpenDevice(name, c.RDMAPort)
-	if err != nil {
-		lib.Close()
-		return nil, err
+	var opened []*rdma.Device
+	for _, name := range names {
+		dev, err := lib.OpenDevice(name, c.RDMAPort)
+		if err != nil {
+			for _, d := range opened {
+				d.Close()
+			}
+			lib.Close()
+			return nil, err
+		}
+		opened = append(opened, dev)
 	}
-	a.rdmaLib, a.rdmaDev = lib, dev
-	return dev, nil
+	a.rdmaLib, a.rdmaDevs, a.poolNIC = lib, opened, poolNIC
+	return opened, nil
 }
 
-// pickNIC chooses, among the devices with an active port, the one for the
-// pool: for GPU memory, the device nearest the GPUs in PCI topology (one
-// behind the same PCIe switch moves data peer to peer; one across the
-// socket halves the bandwidth, the most common mistake of every fabric);
-// for host memory, the first. The agent drives one device: with device
-// pools on GPUs whose nearest devices differ, it takes the one nearest the
-// most of them (the lowest GPU's on a tie) and says which GPUs it does not
-// suit. --rdma-device overrides it.
-func (a *Agent) pickNIC(active []rdma.DeviceInfo) string {
+// pickNICs chooses, among the devices with an active port, those the
+// pools are registered with: for host memory, the first; for GPU memory,
+// for each GPU the device nearest it in PCI topology (one behind the same
+// PCIe switch moves data peer to peer; one across the socket halves the
+// bandwidth, the most common mistake of every fabric), a NIC per GPU
+// where the node has them. It returns the devices to open, each once, and
+// for each storage the index of its device among them. A GPU whose
+// nearest device is unknown shares the first GPU's (or takes the first
+// active device). --rdma-device overrides it all with one device.
+func (a *Agent) pickNICs(active []rdma.DeviceInfo) (names []string, poolNIC []int) {
+	poolNIC = make([]int, len(a.storages))
 	if a.gpus == nil || a.cuda == nil {
-		return active[0].Name
+		return []string{active[0].Name}, poolNIC
 	}
 	infos := a.cuda.Devices()
 	nearest := make([]string, len(a.gpus))
-	votes := map[string]int{}
-	pick := ""
+	index := map[string]int{}
 	for i, g := range a.gpus {
 		bus := infos[g].PCIBusID
 		d, err := rdma.ClosestDevice(bus, active, a.cfg.hooks.sysfsRoot)
@@ -95,26 +107,24 @@ func (a *Agent) pickNIC(active []rdma.DeviceInfo) string {
 			continue
 		}
 		nearest[i] = d.Name
-		votes[d.Name]++
-		if pick == "" || votes[d.Name] > votes[pick] {
-			pick = d.Name
+		if _, ok := index[d.Name]; !ok {
+			index[d.Name] = len(names)
+			names = append(names, d.Name)
 		}
 	}
-	if pick == "" {
+	if len(names) == 0 {
 		a.log.Warn("no RDMA device known to be near a GPU pool: using the first active one", "device", active[0].Name)
-		return active[0].Name
+		return []string{active[0].Name}, poolNIC
 	}
 	for i, g := range a.gpus {
-		switch nearest[i] {
-		case pick:
-			a.log.Info("RDMA device for the GPU pool", "gpu", g, "pci_bus_id", infos[g].PCIBusID, "device", pick)
-		case "":
-		default:
-			a.log.Warn("the RDMA device this agent drives is not the one nearest this GPU: its reads cross the PCIe hierarchy",
-				"gpu", g, "pci_bus_id", infos[g].PCIBusID, "device", pick, "nearest", nearest[i])
+		if nearest[i] == "" {
+			a.log.Warn("GPU pool registered with another GPU's RDMA device", "gpu", g, "device", names[0])
+			continue
 		}
+		poolNIC[i] = index[nearest[i]]
+		a.log.Info("RDMA device for the GPU pool", "gpu", g, "pci_bus_id", infos[g].PCIBusID, "device", nearest[i])
 	}
-	return pick
+	return names, poolNIC
 }
 
 // registerPools registers the pool memory with the RDMA device, once, at
@@ -145,7 +155,8 @@ func (a *Agent) registerPools() error {
 			a.log.Warn("RDMA registration of the pool failed: its blocks move over QUIC", "bytes", len(buf), "err", err)
 			continue
 		}
-		a.log.Info("pool registered for RDMA", "bytes", rs.Bytes, "took", rs.Duration, "total", time.Since(start))
+		a.poolDevice[i] = a.rdmaDevs[a.poolNIC[i]].Info().Name
+		a.log.Info("pool registered for RDMA", "device", a.poolDevice[i], "bytes", rs.Bytes, "took", rs.Duration, "total", time.Since(start))
 	}
 	return nil
 }
@@ -164,21 +175,21 @@ func (a *Agent) registerDevicePool(i int, dm *cuda.DeviceMemory) error {
 	var dmaErr, ptrErr error
 	f, err := dm.Dmabuf()
 	if err == nil {
-		st, rerr := a.transport.RegisterDmabuf(f, dm.Addr(), dm.Size())
+		st, rerr := a.transport.RegisterDmabuf(a.poolNIC[i], f, dm.Addr(), dm.Size())
 		f.Close()
 		if rerr == nil {
-			a.rdmaReg[i] = "dmabuf"
-			a.log.Info("device pool registered for RDMA by dma-buf", "gpu", gpu, "bytes", st.Bytes, "took", st.Duration, "total", time.Since(start))
+			a.rdmaReg[i], a.poolDevice[i] = "dmabuf", a.rdmaDevs[a.poolNIC[i]].Info().Name
+			a.log.Info("device pool registered for RDMA by dma-buf", "gpu", gpu, "device", a.poolDevice[i], "bytes", st.Bytes, "took", st.Duration, "total", time.Since(start))
 			return nil
 		}
 		err = rerr
 	}
 	dmaErr = err
 	if mod, ok := peerMemoryModule(); ok {
-		st, err := a.transport.RegisterAddr(dm.Addr(), dm.Size())
+		st, err := a.transport.RegisterAddr(a.poolNIC[i], dm.Addr(), dm.Size())
 		if err == nil {
-			a.rdmaReg[i] = "peer-memory"
-			a.log.Info("device pool registered for RDMA by device pointer (peer memory)", "gpu", gpu, "module", mod,
+			a.rdmaReg[i], a.poolDevice[i] = "peer-memory", a.rdmaDevs[a.poolNIC[i]].Info().Name
+			a.log.Info("device pool registered for RDMA by device pointer (peer memory)", "gpu", gpu, "device", a.poolDevice[i], "module", mod,
 				"bytes", st.Bytes, "took", st.Duration, "dmabuf_err", dmaErr.Error())
 			return nil
 		}
@@ -209,11 +220,11 @@ func peerMemoryModule() (string, bool) {
 	return "", false
 }
 
-// closeRDMA closes the device and library after the transport.
+// closeRDMA closes the devices and library after the transport.
 func (a *Agent) closeRDMA() error {
 	var errs []error
-	if a.rdmaDev != nil {
-		errs = append(errs, a.rdmaDev.Close())
+	for _, d := range a.rdmaDevs {
+		errs = append(errs, d.Close())
 	}
 	if a.rdmaLib != nil {
 		errs = append(errs, a.rdmaLib.Close())

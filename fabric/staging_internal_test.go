@@ -78,3 +78,26 @@ func TestDeviceRegionsNameTheirGPU(t *testing.T) {
 		}
 	}
 }
+
+// PCI addresses compare as numbers: the driver's four-digit domain and
+// NVML's eight-digit one, in either case, name one device.
+func TestSamePCIAddress(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		same bool
+	}{
+		{"0000:3b:00.0", "00000000:3B:00.0", true},
+		{"0000:3b:00.0", "0000:3b:00.0", true},
+		{"0000:3b:00.0", "0000:3b:00.1", false},
+		{"0000:3b:00.0", "0001:3b:00.0", false},
+		{"0000:3b:00.0", "3b:00.0", false},
+		{"0000:3b:00.0", "0000:3b:00", false},
+		{"0000:3b:00.0", "0000:3g:00.0", false},
+		{"0000:3b:00.0", "0000::00.0", false},
+		{"0000:3b:00.0", "2", false},
+	} {
+		if got := samePCIAddress(tc.a, tc.b); got != tc.same {
+			t.Errorf("samePCIAddress(%q, %q) = %v", tc.a, tc.b, got)
+		}
+	}
+}

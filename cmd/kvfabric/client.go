@@ -157,8 +157,13 @@ func runStatus(e *env, args []string) error {
 		if p.Kind == "device" {
 			gpu = strconv.Itoa(int(p.Device))
 		}
-		if reg == "" {
+		switch {
+		case p.RdmaDevice == "":
 			reg = "-"
+		case reg == "":
+			reg = p.RdmaDevice
+		default:
+			reg = p.RdmaDevice + " (" + reg + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", p.Kind, gpu, bytesString(p.SizeBytes), bytesString(p.CarvedBytes), p.BlockSets, reg)
 	}

@@ -126,7 +126,11 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 		e.counter("kvfabric_rdma_connects_total", "Queue pairs connected to peers to read from.", float64(rd.Connects))
 		e.counter("kvfabric_rdma_connect_failures_total", "Queue-pair connections to peers that failed.", float64(rd.ConnectFailures))
 		e.gauge("kvfabric_rdma_queue_pairs_served", "Queue pairs peers read this node's memory on.", float64(rd.QPsServed))
-		e.gauge("kvfabric_rdma_registered_bytes", "Memory registered with the RDMA device.", float64(rd.RegisteredBytes))
+		e.gauge("kvfabric_rdma_registered_bytes", "Memory registered with the RDMA devices.", float64(rd.RegisteredBytes))
+		for _, d := range rd.Devices {
+			e.counter("kvfabric_rdma_device_read_bytes_total", "Bytes RDMA reads moved into memory registered with each RDMA device.", float64(d.ReadBytes), "device", d.Name)
+			e.gauge("kvfabric_rdma_device_registered_bytes", "Memory registered with each RDMA device.", float64(d.Registered), "device", d.Name)
+		}
 		for _, r := range transfer.FallbackReasons {
 			e.counter("kvfabric_rdma_fallbacks_total", "Reads that went over QUIC although RDMA is on, by reason.", float64(rd.Fallbacks[r]), "reason", r)
 		}

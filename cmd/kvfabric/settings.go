@@ -57,7 +57,7 @@ var agentSettings = []setting{
 	{"import-chunk-bytes", "ImportChunkBytes", "bytes an import leases, reads and registers at a time, e.g. 64MiB; at most 4,096 blocks whatever their size (default 64MiB, 1MiB..4GiB)"},
 	{"peer-timeout", "PeerTimeout", "how long a silent peer may stall a call (default 2s)"},
 	{"rdma", "RDMA", "auto: read over RDMA where this node and the holder can, QUIC elsewhere; on: refuse to start without a usable RDMA device; off: QUIC only (default auto)"},
-	{"rdma-device", "RDMADevice", "RDMA device to use, e.g. mlx5_0 (default: the first with an active port; see kvfabric rdma devices)"},
+	{"rdma-device", "RDMADevice", "RDMA device to use for every pool, e.g. mlx5_0 (default: for device pools the one nearest each GPU, else the first with an active port; see kvfabric rdma devices)"},
 	{"rdma-port", "RDMAPort", "port of the RDMA device (default 1)"},
 	{"rdma-library", "RDMALibrary", "path of libibverbs (default: $KVFABRIC_IBVERBS_LIB, then libibverbs.so.1)"},
 	{"rdma-timeout", "RDMATimeout", "queue-pair ACK timeout exponent, 1..31: each try waits 4.096us x 2^N (default 14)"},

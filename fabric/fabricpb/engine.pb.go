@@ -405,8 +405,9 @@ func (x *RegisterResponse) GetRanks() []*RankLayout {
 // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) in a context of that GPU, which maps
 // the whole allocation at a device pointer of its own, adds offset, and
 // closes it with cuIpcCloseMemHandle when it is done (before the agent
-// stops). Every rank of one pool names the same allocation (the same
-// handle); open it once per process.
+// stops). The ranks on one GPU name the same allocation (the same handle),
+// ranks on different GPUs different ones; open each handle once per
+// process.
 type Memory struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Path   string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
@@ -2458,8 +2459,11 @@ type Pool struct {
 	// For a device pool, how the NIC reaches it: "dmabuf", "peer-memory"
 	// or "" (not registered for RDMA, read and served without it).
 	RdmaRegistration string `protobuf:"bytes,6,opt,name=rdma_registration,json=rdmaRegistration,proto3" json:"rdma_registration,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The RDMA device the pool is registered with (for a device pool, the
+	// one nearest its GPU); empty when it is not registered.
+	RdmaDevice    string `protobuf:"bytes,7,opt,name=rdma_device,json=rdmaDevice,proto3" json:"rdma_device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Pool) Reset() {
@@ -2530,6 +2534,13 @@ func (x *Pool) GetDevice() int32 {
 func (x *Pool) GetRdmaRegistration() string {
 	if x != nil {
 		return x.RdmaRegistration
+	}
+	return ""
+}
+
+func (x *Pool) GetRdmaDevice() string {
+	if x != nil {
+		return x.RdmaDevice
 	}
 	return ""
 }
@@ -2833,7 +2844,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\tpeer_addr\x18\x03 \x01(\tR\bpeerAddr\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\tR\x05state\x12\x16\n" +
 	"\x06blocks\x18\x05 \x01(\x04R\x06blocks\x12\"\n" +
-	"\rsince_unix_ms\x18\x06 \x01(\x03R\vsinceUnixMs\"\xc0\x01\n" +
+	"\rsince_unix_ms\x18\x06 \x01(\x03R\vsinceUnixMs\"\xe1\x01\n" +
 	"\x04Pool\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1d\n" +
 	"\n" +
@@ -2842,7 +2853,9 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\n" +
 	"block_sets\x18\x04 \x01(\rR\tblockSets\x12\x16\n" +
 	"\x06device\x18\x05 \x01(\x05R\x06device\x12+\n" +
-	"\x11rdma_registration\x18\x06 \x01(\tR\x10rdmaRegistration\"\xb8\x02\n" +
+	"\x11rdma_registration\x18\x06 \x01(\tR\x10rdmaRegistration\x12\x1f\n" +
+	"\vrdma_device\x18\a \x01(\tR\n" +
+	"rdmaDevice\"\xb8\x02\n" +
 	"\bBlockSet\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12#\n" +

@@ -412,7 +412,8 @@ class Client:
         strides round up to; 0 takes the agent's (4096). devices: one per
         TP rank, the GPU of the agent's device pools that holds the rank's
         region, as a PCI bus id ("0000:18:00.0") or the agent's CUDA index;
-        "" lets the agent choose; None puts rank r on its r-th device pool.
+        "" lets the agent choose; None or empty puts rank r on its r-th device
+        pool.
         An agent whose pool is host memory ignores it.
         """
         if not isinstance(model, ModelConfig):
@@ -429,7 +430,7 @@ class Client:
             devices = ()
         elif isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
             raise InvalidArgument(f"devices: want a sequence of PCI bus ids or CUDA indices, got {devices!r}")
-        elif len(devices) != tp_size:
+        elif devices and len(devices) != tp_size:
             raise InvalidArgument(f"devices: {len(devices)} entries for tp_size {tp_size}: give one per rank")
         placed = []
         for r, d in enumerate(devices):

@@ -129,7 +129,10 @@ def test_device_spans_gpus(kvfabric_bin, softcuda, tmp_path, monkeypatch):
     index) lands where asked, and blocks written through the driver read
     back from each rank's GPU."""
     net = f"127.{random.randint(210, 250)}.{random.randint(1, 250)}."
-    env = {"SOFTCUDA_MEMORY": "64M", "SOFTCUDA_DEVICES": "2", "SOFTCUDA_PCI_BUS_IDS": "0000:18:00.0,0000:2a:00.0"}
+    # Strict: a copy on the wrong GPU's context is refused, so the bytes
+    # reach each rank only through its own GPU.
+    env = {"SOFTCUDA_MEMORY": "64M", "SOFTCUDA_DEVICES": "2", "SOFTCUDA_PCI_BUS_IDS": "0000:18:00.0,0000:2a:00.0",
+           "SOFTCUDA_STRICT_DEVICE": "1"}
     # The client's own softcuda sees the same two GPUs: a copy of the
     # library under another path is loaded afresh and reads them at cuInit.
     for k, v in env.items():
@@ -143,6 +146,9 @@ def test_device_spans_gpus(kvfabric_bin, softcuda, tmp_path, monkeypatch):
             assert [(p.kind, p.device) for p in c.status().pools] == [("device", 0), ("device", 1)]
             bs = c.register(MODEL, 2, 16, "hnd", slots=8, devices=["0000:2A:00.0", 0], engine="placed")
             assert [m.cuda_device for m in bs.memory] == [1, 0]
+            pools = c.status().pools
+            assert [p.block_sets for p in pools] == [1, 1]
+            assert pools[0].carved_bytes == pools[1].carved_bytes == bs.memory[0].size
             assert bs.memory[0].cuda_ipc_handle != bs.memory[1].cuda_ipc_handle
             want = encoded_block(bs.block_shape, 3)
             bs.write_block(5, want)
@@ -153,5 +159,8 @@ def test_device_spans_gpus(kvfabric_bin, softcuda, tmp_path, monkeypatch):
                 c.register(MODEL, 2, 16, "hnd", slots=8, devices=["0"], engine="bad")
             with pytest.raises(kvfabric.InvalidArgument, match=r"devices\[0\]: -1 is not"):
                 c.register(MODEL, 2, 16, "hnd", slots=8, devices=[-1, 0], engine="bad")
+            # Empty is the default placement: rank r on GPU r.
+            default = c.register(MODEL, 2, 16, "nhd", slots=8, devices=[], engine="default")
+            assert [m.cuda_device for m in default.memory] == [0, 1]
     finally:
         a.stop()

@@ -241,20 +241,22 @@ class Overlap(_message.Message):
     def __init__(self, node: _Optional[str] = ..., blocks: _Optional[int] = ..., score: _Optional[float] = ..., fetch_estimate_us: _Optional[int] = ..., estimate: _Optional[str] = ..., fetch_bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class Pool(_message.Message):
-    __slots__ = ["block_sets", "carved_bytes", "device", "kind", "rdma_registration", "size_bytes"]
+    __slots__ = ["block_sets", "carved_bytes", "device", "kind", "rdma_device", "rdma_registration", "size_bytes"]
     BLOCK_SETS_FIELD_NUMBER: _ClassVar[int]
     CARVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    RDMA_DEVICE_FIELD_NUMBER: _ClassVar[int]
     RDMA_REGISTRATION_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     block_sets: int
     carved_bytes: int
     device: int
     kind: str
+    rdma_device: str
     rdma_registration: str
     size_bytes: int
-    def __init__(self, kind: _Optional[str] = ..., size_bytes: _Optional[int] = ..., carved_bytes: _Optional[int] = ..., block_sets: _Optional[int] = ..., device: _Optional[int] = ..., rdma_registration: _Optional[str] = ...) -> None: ...
+    def __init__(self, kind: _Optional[str] = ..., size_bytes: _Optional[int] = ..., carved_bytes: _Optional[int] = ..., block_sets: _Optional[int] = ..., device: _Optional[int] = ..., rdma_registration: _Optional[str] = ..., rdma_device: _Optional[str] = ...) -> None: ...
 
 class RankLayout(_message.Message):
     __slots__ = ["block_stride", "chunk_bytes", "chunk_shape", "element_bytes", "head_ids", "kv_stride", "layer_stride", "offset", "planes", "replicas"]
