@@ -157,11 +157,8 @@ func writeDeviceIDs(t testing.TB, drv *cuda.Driver, set *client.BlockSet, slots 
 	if len(set.Device) != set.Layout.TPSize {
 		t.Fatalf("block set has %d device regions for TP %d", len(set.Device), set.Layout.TPSize)
 	}
-	st, err := drv.NewStream(set.Device[0].GPU)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	streams, closeStreams := rankStreams(t, drv, set)
+	defer closeStreams()
 	strides := set.Layout.Strides()
 	host := make([][]byte, set.Layout.TPSize)
 	for r := range host {
@@ -171,11 +168,34 @@ func writeDeviceIDs(t testing.TB, drv *cuda.Driver, set *client.BlockSet, slots 
 		kvtest.Fill(set.Layout, host, int(s), ids[i])
 		off := uint64(s) * strides.Block
 		for r, d := range set.Device {
-			if err := st.CopyHtoD(d.Ptr+off, host[r][off:off+strides.Shard]); err != nil {
+			if err := streams[r].CopyHtoD(d.Ptr+off, host[r][off:off+strides.Shard]); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
+}
+
+// rankStreams makes a stream per rank of set on the rank's GPU (a block
+// set may span GPUs); closeAll closes them (before the driver).
+func rankStreams(t testing.TB, drv *cuda.Driver, set *client.BlockSet) (out []*cuda.Stream, closeAll func()) {
+	t.Helper()
+	closeAll = func() {
+		for _, st := range out {
+			if st != nil {
+				st.Close()
+			}
+		}
+	}
+	out = make([]*cuda.Stream, len(set.Device))
+	for r, d := range set.Device {
+		st, err := drv.NewStream(d.GPU)
+		if err != nil {
+			closeAll()
+			t.Fatal(err)
+		}
+		out[r] = st
+	}
+	return out, closeAll
 }
 
 // readDevice copies set's device regions out.
@@ -184,15 +204,12 @@ func readDevice(t testing.TB, drv *cuda.Driver, set *client.BlockSet) [][]byte {
 	if len(set.Device) != set.Layout.TPSize {
 		t.Fatalf("block set has %d device regions for TP %d", len(set.Device), set.Layout.TPSize)
 	}
-	st, err := drv.NewStream(set.Device[0].GPU)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	streams, closeStreams := rankStreams(t, drv, set)
+	defer closeStreams()
 	out := make([][]byte, len(set.Device))
 	for r, d := range set.Device {
 		out[r] = make([]byte, d.Size)
-		if err := st.CopyDtoH(out[r], d.Ptr); err != nil {
+		if err := streams[r].CopyDtoH(out[r], d.Ptr); err != nil {
 			t.Fatal(err)
 		}
 	}
