@@ -461,7 +461,10 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 	out.ImportsInFlight = uint64(max(a.stats.inflight.Load(), 0))
 	out.Leases = uint64(a.pool.Metrics().Leases)
 	for _, m := range a.members.Members() {
-		mb := &fabricpb.Member{Node: m.Name, GossipAddr: m.Addr.String(), PeerAddr: m.Meta.PeerAddr, State: "alive"}
+		g := m.Meta.GPUs
+		mb := &fabricpb.Member{Node: m.Name, GossipAddr: m.Addr.String(), PeerAddr: m.Meta.PeerAddr, State: "alive",
+			Rdma: m.Meta.Transports&membership.TransportRDMA != 0,
+			Gpus: uint32(g.Count), GpuPoolBytes: g.PoolBytes, GpuNics: uint32(g.NICs), GpuModel: g.Model}
 		if m.MetaErr != nil {
 			mb.State = "alive (bad metadata: " + m.MetaErr.Error() + ")"
 		}

@@ -107,12 +107,39 @@ func (a *Agent) peerAdvertise() string {
 func (a *Agent) meta() membership.Meta {
 	m := a.pool.Metrics()
 	d := a.layoutSetDigest()
+	t := membership.TransportQUIC
+	if a.transport != nil && a.transport.RDMAEnabled() {
+		t |= membership.TransportRDMA
+	}
 	return membership.Meta{
 		PeerAddr:     a.peerAdvertise(),
-		Transports:   membership.TransportQUIC,
+		Transports:   t,
 		LayoutDigest: binary.LittleEndian.Uint64(d[:8]),
 		Load:         membership.Load{KVUsage: m.Utilization, Imports: uint32(a.stats.inflight.Load())},
+		GPUs:         a.gpuSummary(),
 	}
+}
+
+// gpuSummary is what the node's metadata says of its device pools: how
+// many GPUs, their bytes, the RDMA devices they are registered with and
+// the first GPU's name.
+func (a *Agent) gpuSummary() membership.GPUs {
+	if a.gpus == nil {
+		return membership.GPUs{}
+	}
+	g := membership.GPUs{Count: uint8(min(len(a.gpus), 255)), Model: a.cuda.Devices()[a.gpus[0]].Name}
+	if len(g.Model) > membership.MaxGPUModelLen {
+		g.Model = g.Model[:membership.MaxGPUModelLen]
+	}
+	nics := map[string]bool{}
+	for i, st := range a.storages {
+		g.PoolBytes += st.Size()
+		if a.poolDevice[i] != "" {
+			nics[a.poolDevice[i]] = true
+		}
+	}
+	g.NICs = uint8(min(len(nics), int(g.Count)))
+	return g
 }
 
 // metaLoop gossips the node's metadata when it changes: layouts at once,

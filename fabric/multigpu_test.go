@@ -274,6 +274,22 @@ func TestDevicePoolsUseTheNICNearestEachGPU(t *testing.T) {
 	}
 	hashes := gpuHashes()
 	c := dial(t, importer)
+	// The holder's metadata tells the cluster what its GPUs hold.
+	wait.For(t, 10*time.Second, "the importer sees the holder's GPU summary", func() error {
+		s, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range s.Members {
+			if m.Node == holder.NodeName() {
+				if !m.Rdma || m.Gpus != 2 || m.GpuNics != 2 || m.GpuPoolBytes != 32<<20 || m.GpuModel == "" {
+					return fmt.Errorf("holder as a member: %v", m)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("no member %s in %v", holder.NodeName(), s.Members)
+	})
 	set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 32})
 	if err != nil {
 		t.Fatal(err)

@@ -55,6 +55,26 @@ type Meta struct {
 	// Incarnation is the node's event incarnation: it changes when the
 	// node restarts, and peers then replace its entries. Membership sets it.
 	Incarnation uint64
+	// GPUs summarises the node's device pools; zero for a node without.
+	GPUs GPUs
+}
+
+// MaxGPUModelLen bounds GPUs.Model.
+const MaxGPUModelLen = 64
+
+// GPUs is a compact summary of a node's GPUs with device pools, for
+// operators and routers: how much KV the node holds in HBM, on what, and
+// how its NICs reach it.
+type GPUs struct {
+	// Count is the GPUs with a device pool.
+	Count uint8
+	// PoolBytes is the bytes of their device pools.
+	PoolBytes uint64
+	// NICs is the RDMA devices the pools are registered with: Count where
+	// the node has a NIC per GPU, 0 without RDMA.
+	NICs uint8
+	// Model is the first GPU's product name, at most MaxGPUModelLen bytes.
+	Model string
 }
 
 // Encoding of Meta (all varints unsigned):
@@ -65,6 +85,11 @@ type Meta struct {
 //	+---------+------+-----------+----------+------------+---------------+
 //	| kv usage u16 LE (÷65535) | waiting uvarint | imports uvarint | incarnation uvarint |
 //	+--------------------------+-----------------+-----------------+---------------------+
+//	| gpus u8 | with gpus > 0: pool bytes uvarint | nics u8 | model len + str |
+//	+---------+-----------------------------------+---------+-----------------+
+//
+// The GPU section is absent from the metadata of nodes that predate it,
+// which decodes as no GPUs.
 //
 // The node name is memberlist's own and is not repeated.
 
@@ -84,6 +109,12 @@ func (m *Meta) MarshalBinary() ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(m.Load.Waiting))
 	b = binary.AppendUvarint(b, uint64(m.Load.Imports))
 	b = binary.AppendUvarint(b, m.Incarnation)
+	b = append(b, m.GPUs.Count)
+	if m.GPUs.Count > 0 {
+		b = binary.AppendUvarint(b, m.GPUs.PoolBytes)
+		b = append(b, m.GPUs.NICs)
+		b = appendStr(b, m.GPUs.Model)
+	}
 	if len(b) > MetaMaxSize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMetaTooLarge, len(b), MetaMaxSize)
 	}
@@ -107,6 +138,16 @@ func (m *Meta) validate() error {
 	if !(m.Load.KVUsage >= 0 && m.Load.KVUsage <= 1) { // also refuses NaN
 		return fmt.Errorf("%w: Load.KVUsage %v outside [0, 1]", ErrInvalidMeta, m.Load.KVUsage)
 	}
+	g := m.GPUs
+	if len(g.Model) > MaxGPUModelLen {
+		return fmt.Errorf("%w: GPUs.Model is %d bytes, limit %d", ErrInvalidMeta, len(g.Model), MaxGPUModelLen)
+	}
+	if g.Count == 0 && (g.PoolBytes != 0 || g.NICs != 0 || g.Model != "") {
+		return fmt.Errorf("%w: GPUs %+v without a GPU", ErrInvalidMeta, g)
+	}
+	if g.NICs > g.Count {
+		return fmt.Errorf("%w: GPUs: %d NICs for %d GPUs", ErrInvalidMeta, g.NICs, g.Count)
+	}
 	return nil
 }
 
@@ -129,6 +170,14 @@ func (m *Meta) UnmarshalBinary(b []byte) error {
 	out.Load.Waiting = r.u32("metadata waiting")
 	out.Load.Imports = r.u32("metadata imports")
 	out.Incarnation = r.uvarint("metadata incarnation")
+	if r.err == nil && len(r.b) > 0 {
+		out.GPUs.Count = r.byte("metadata gpus")
+		if out.GPUs.Count > 0 {
+			out.GPUs.PoolBytes = r.uvarint("metadata gpu pool bytes")
+			out.GPUs.NICs = r.byte("metadata gpu nics")
+			out.GPUs.Model = r.str("metadata gpu model")
+		}
+	}
 	r.end("metadata")
 	if r.err != nil {
 		return r.err

@@ -128,6 +128,7 @@ func FuzzMeta(f *testing.F) {
 		{},
 		{PeerAddr: "10.0.0.1:7000", APIAddr: "[::1]:9000", Transports: TransportQUIC | TransportRDMA, LayoutDigest: 77,
 			Load: Load{KVUsage: 0.5, Waiting: 3, Imports: 1 << 20}, Incarnation: 1 << 62},
+		{PeerAddr: "10.0.0.1:7000", Transports: TransportQUIC | TransportRDMA, GPUs: GPUs{Count: 8, PoolBytes: 8 << 36, NICs: 8, Model: "NVIDIA H100 80GB HBM3"}},
 	} {
 		b, err := m.MarshalBinary()
 		if err != nil {
@@ -165,12 +166,48 @@ func TestMetaValidation(t *testing.T) {
 		{"unknown transport", Meta{Transports: 1 << 5}, ErrInvalidMeta},
 		{"usage above 1", Meta{Load: Load{KVUsage: 1.5}}, ErrInvalidMeta},
 		{"too large", Meta{PeerAddr: long, APIAddr: long}, ErrMetaTooLarge},
+		{"GPU model at its limit", Meta{GPUs: GPUs{Count: 1, Model: strings.Repeat("m", MaxGPUModelLen)}}, nil},
+		{"GPU model past its limit", Meta{GPUs: GPUs{Count: 1, Model: strings.Repeat("m", MaxGPUModelLen+1)}}, ErrInvalidMeta},
+		{"a NIC per GPU", Meta{GPUs: GPUs{Count: 2, NICs: 2}}, nil},
+		{"more NICs than GPUs", Meta{GPUs: GPUs{Count: 2, NICs: 3}}, ErrInvalidMeta},
+		{"pool bytes without a GPU", Meta{GPUs: GPUs{PoolBytes: 1}}, ErrInvalidMeta},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			if _, err := tc.m.MarshalBinary(); !errors.Is(err, tc.want) {
 				t.Fatalf("MarshalBinary = %v, want %v", err, tc.want)
 			}
 		})
+	}
+}
+
+// The GPU summary travels at the end of the metadata; metadata from a node
+// that predates it (no section) decodes as no GPUs, and a section cut
+// short, or one whose GPU count is zero with more after it, is malformed.
+func TestMetaGPUs(t *testing.T) {
+	m := Meta{PeerAddr: "10.0.0.1:7000", Transports: TransportQUIC | TransportRDMA, Incarnation: 9,
+		GPUs: GPUs{Count: 4, PoolBytes: 3 << 34, NICs: 4, Model: "NVIDIA H200"}}
+	b, err := m.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Meta
+	if err := back.UnmarshalBinary(b); err != nil || back != m {
+		t.Fatalf("round trip: %+v, %v", back, err)
+	}
+	plain := m
+	plain.GPUs = GPUs{}
+	pb, err := plain.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := pb[:len(pb)-1] // without the section: one byte, the zero count
+	if err := back.UnmarshalBinary(old); err != nil || back != plain {
+		t.Fatalf("metadata without a GPU section: %+v, %v", back, err)
+	}
+	for _, bad := range [][]byte{b[:len(b)-1], append(append([]byte{}, pb...), 5)} {
+		if err := back.UnmarshalBinary(bad); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("metadata % x: %v, want ErrMalformed", bad, err)
+		}
 	}
 }
 

@@ -108,14 +108,21 @@ func runMembers(e *env, args []string) error {
 
 func printMembers(w io.Writer, members []*fabricpb.Member, now time.Time) error {
 	tw := table(w)
-	fmt.Fprintln(tw, "NODE\tGOSSIP\tPEER\tSTATE\tSINCE\tBLOCKS")
+	fmt.Fprintln(tw, "NODE\tGOSSIP\tPEER\tSTATE\tSINCE\tBLOCKS\tRDMA\tGPUS")
 	for _, m := range members {
 		since, blocks := "", fmt.Sprint(m.Blocks)
 		if m.SinceUnixMs != 0 {
 			since = now.Sub(time.UnixMilli(m.SinceUnixMs)).Round(time.Second).String() + " ago"
 			blocks = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.Node, m.GossipAddr, m.PeerAddr, m.State, since, blocks)
+		rdma, gpus := "no", "-"
+		if m.Rdma {
+			rdma = "yes"
+		}
+		if m.Gpus > 0 {
+			gpus = fmt.Sprintf("%d x %s, %s pools, %d NICs", m.Gpus, m.GpuModel, bytesString(m.GpuPoolBytes), m.GpuNics)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Node, m.GossipAddr, m.PeerAddr, m.State, since, blocks, rdma, gpus)
 	}
 	return tw.Flush()
 }

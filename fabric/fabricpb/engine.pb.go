@@ -2364,7 +2364,16 @@ type Member struct {
 	Blocks uint64 `protobuf:"varint,5,opt,name=blocks,proto3" json:"blocks,omitempty"`
 	// For a member that left or failed, when this node saw it go (Unix
 	// milliseconds); 0 for a current member.
-	SinceUnixMs   int64 `protobuf:"varint,6,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	SinceUnixMs int64 `protobuf:"varint,6,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	// Whether the member reads and serves over RDMA.
+	Rdma bool `protobuf:"varint,7,opt,name=rdma,proto3" json:"rdma,omitempty"`
+	// The member's device pools, from its metadata: how many GPUs, their
+	// bytes, the RDMA devices they are registered with (gpus where it has a
+	// NIC per GPU) and the first GPU's name; 0 and empty without.
+	Gpus          uint32 `protobuf:"varint,8,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	GpuPoolBytes  uint64 `protobuf:"varint,9,opt,name=gpu_pool_bytes,json=gpuPoolBytes,proto3" json:"gpu_pool_bytes,omitempty"`
+	GpuNics       uint32 `protobuf:"varint,10,opt,name=gpu_nics,json=gpuNics,proto3" json:"gpu_nics,omitempty"`
+	GpuModel      string `protobuf:"bytes,11,opt,name=gpu_model,json=gpuModel,proto3" json:"gpu_model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2441,9 +2450,43 @@ func (x *Member) GetSinceUnixMs() int64 {
 	return 0
 }
 
-// Pool is memory the agent owns in one tier.
-// One per storage: the host (or pinned) pool, or one per GPU with a
-// device pool.
+func (x *Member) GetRdma() bool {
+	if x != nil {
+		return x.Rdma
+	}
+	return false
+}
+
+func (x *Member) GetGpus() uint32 {
+	if x != nil {
+		return x.Gpus
+	}
+	return 0
+}
+
+func (x *Member) GetGpuPoolBytes() uint64 {
+	if x != nil {
+		return x.GpuPoolBytes
+	}
+	return 0
+}
+
+func (x *Member) GetGpuNics() uint32 {
+	if x != nil {
+		return x.GpuNics
+	}
+	return 0
+}
+
+func (x *Member) GetGpuModel() string {
+	if x != nil {
+		return x.GpuModel
+	}
+	return ""
+}
+
+// Pool is memory the agent owns in one tier: the host (or pinned) pool,
+// or one per GPU with a device pool.
 type Pool struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// host, pinned or device.
@@ -2836,7 +2879,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\n" +
 	"block_sets\x18\x06 \x03(\x04R\tblockSets\x12\x12\n" +
 	"\x04refs\x18\a \x01(\rR\x04refs\x12\x14\n" +
-	"\x05slots\x18\b \x01(\rR\x05slots\"\xac\x01\n" +
+	"\x05slots\x18\b \x01(\rR\x05slots\"\xb2\x02\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgossip_addr\x18\x02 \x01(\tR\n" +
@@ -2844,7 +2887,13 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\tpeer_addr\x18\x03 \x01(\tR\bpeerAddr\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\tR\x05state\x12\x16\n" +
 	"\x06blocks\x18\x05 \x01(\x04R\x06blocks\x12\"\n" +
-	"\rsince_unix_ms\x18\x06 \x01(\x03R\vsinceUnixMs\"\xe1\x01\n" +
+	"\rsince_unix_ms\x18\x06 \x01(\x03R\vsinceUnixMs\x12\x12\n" +
+	"\x04rdma\x18\a \x01(\bR\x04rdma\x12\x12\n" +
+	"\x04gpus\x18\b \x01(\rR\x04gpus\x12$\n" +
+	"\x0egpu_pool_bytes\x18\t \x01(\x04R\fgpuPoolBytes\x12\x19\n" +
+	"\bgpu_nics\x18\n" +
+	" \x01(\rR\agpuNics\x12\x1b\n" +
+	"\tgpu_model\x18\v \x01(\tR\bgpuModel\"\xe1\x01\n" +
 	"\x04Pool\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1d\n" +
 	"\n" +
