@@ -619,7 +619,8 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	}
 	st := p.n.rdma
 	switch {
-	case len(errs) > 0 && ctx.Err() != nil:
+	case len(errs) > 0 && (ctx.Err() != nil || p.closed.Load()):
+		// Not RDMA's failure: the caller gave up, or closed the handle.
 		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
 	case len(errs) > 0:
 		st.mu.Lock()
@@ -672,7 +673,7 @@ func (p *Peer) readGroup(ctx context.Context, leaseID uint64, k nicPair, segs []
 		switch {
 		case errors.Is(err, errConnectLimited):
 			return groupRead{fallback: FallbackConnectLimited}
-		case ctx.Err() != nil:
+		case ctx.Err() != nil, errors.Is(err, ErrClosed):
 			return groupRead{err: err}
 		}
 		return groupRead{fallback: FallbackConnectFailed}
@@ -706,6 +707,9 @@ func (p *Peer) takeQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
 	r := p.rdma
 	cfg := p.n.rdma.cfg
 	for {
+		if p.closed.Load() {
+			return nil, fmt.Errorf("transfer: peer %s: %w", p.name, ErrClosed)
+		}
 		r.mu.Lock()
 		pool := r.qps[k]
 		if pool == nil {
@@ -831,6 +835,8 @@ func (p *Peer) closeRDMA() {
 	for _, q := range idle {
 		q.Close()
 	}
+	// Reads waiting for a queue pair see the handle closed.
+	p.signalQP()
 }
 
 // readOps turns a plan's segments into RDMA READs (rdma.Coalesce merges

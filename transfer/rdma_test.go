@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -496,5 +497,49 @@ func TestRDMADeviceIndexLimits(t *testing.T) {
 		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrFrame)) {
 			t.Fatalf("lease region on nic %d: %v", tc.nic, err)
 		}
+	}
+}
+
+// A read waiting for a queue pair (all of its pair's busy) stops with
+// ErrClosed when the peer handle is closed, not at its deadline.
+func TestRDMAQueuePairWaitEndsWithThePeer(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newRDMAPair(t, lib, true, func(c *RDMAConfig) { c.QPsPerPeer = 1 })
+	k := nicPair{}
+	p.peer.rdma.mu.Lock()
+	p.peer.rdma.qps[k] = &qpPool{open: 1} // one queue pair, reading elsewhere
+	p.peer.rdma.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.peer.takeQP(ctx, k)
+		done <- err
+	}()
+	// Until it waits: a goroutine blocked in takeQP's select.
+	deadline := time.Now().Add(10 * time.Second)
+	for buf := make([]byte, 1<<20); ; {
+		waiting := false
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			waiting = waiting || strings.Contains(g, " [select]:\n") && strings.Contains(g, ".takeQP(")
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the read never waited for a queue pair")
+		}
+		runtime.Gosched()
+	}
+	start := time.Now()
+	p.peer.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("waiting read after the peer closed: %v, want ErrClosed", err)
+		}
+		t.Logf("woken %v after the close", time.Since(start))
+	case <-time.After(20 * time.Second):
+		t.Fatal("a read waiting for a queue pair still waits 20 s after its peer closed")
 	}
 }
