@@ -181,6 +181,7 @@ type request struct {
 	rdma       bool          // a lease's reader wants RDMA keys
 	endpoint   rdma.Endpoint // an RDMA connect's queue pair
 	nic        int           // and the device to make ours on
+	readerNIC  int           // and the device the reader's is on
 }
 
 func durationMS(ms uint64) (time.Duration, error) {
@@ -258,10 +259,10 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 		if err != nil {
 			return nil, err
 		}
-		if pb.Nic >= MaxNICs {
-			return nil, invalid("rdma connect: nic %d, not below %d", pb.Nic, MaxNICs)
+		if pb.Nic >= MaxNICs || pb.ReaderNic >= MaxNICs {
+			return nil, invalid("rdma connect: nic %d or reader nic %d, not below %d", pb.Nic, pb.ReaderNic, MaxNICs)
 		}
-		r.endpoint, r.nic = e, int(pb.Nic)
+		r.endpoint, r.nic, r.readerNIC = e, int(pb.Nic), int(pb.ReaderNic)
 	case methodRenew:
 		var pb transferpb.RenewRequest
 		if err := unmarshal(payload, &pb); err != nil {

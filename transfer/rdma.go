@@ -30,8 +30,9 @@ type RDMAConfig struct {
 	// QP shapes each queue pair; zero fields take the rdma package's
 	// defaults (timeout 14 and retry 7: a dead peer errors in about 0.5 s).
 	QP rdma.QPOptions
-	// QPsPerPeer is how many queue pairs this node reads from one peer on,
-	// one read on each at a time. If zero, 2.
+	// QPsPerPeer is how many queue pairs this node reads from one peer on
+	// per pair of devices (its own and the peer's), one read on each at a
+	// time. If zero, 2.
 	QPsPerPeer int
 	// Backoff is how long a peer whose RDMA failed is read over QUIC
 	// before RDMA is tried again; it doubles with each failure in a row up
@@ -40,8 +41,9 @@ type RDMAConfig struct {
 	// MaxBackoff bounds Backoff's doubling. If zero, 1 min.
 	MaxBackoff time.Duration
 	// MaxConnectsPerMinute bounds the queue pairs this node connects to one
-	// peer in any minute, so that a peer whose queue pairs keep failing
-	// costs a bounded amount of setup. If zero, 8.
+	// peer in any minute, per device of its own, so that a peer whose
+	// queue pairs keep failing (or that names many devices) costs a
+	// bounded amount of setup. If zero, 8.
 	MaxConnectsPerMinute int
 }
 
@@ -148,10 +150,11 @@ type rdmaNode struct {
 	nicBytes                                                   []uint64 // bytes read through each device
 }
 
-// servedQP is a queue pair a peer reads on, on device nic.
+// servedQP is a queue pair a peer reads on, between this node's device
+// pair.local and the reader's pair.remote.
 type servedQP struct {
 	*rdma.QueuePair
-	nic int
+	pair nicPair
 }
 
 // RegisterMemory registers buf with the node's first RDMA device for remote read,
@@ -341,19 +344,21 @@ func endpointFrom(pb *transferpb.RdmaEndpoint) (rdma.Endpoint, error) {
 	return e, nil
 }
 
-// serveConnect makes a queue pair connected to the reader's endpoint and
-// answers with its own. A peer keeps at most 2×QPsPerPeer: a new one
-// replaces its oldest (a reader reconnects after a failure, and its old
+// serveConnect makes a queue pair on this node's device k.local connected
+// to the reader's endpoint on its device k.remote, and answers with its
+// own. A peer keeps at most 2×QPsPerPeer per pair of devices, and
+// 2×QPsPerPeer×MaxNICs in all: a new one replaces the oldest of its pair,
+// or the peer's oldest (a reader reconnects after a failure, and its old
 // queue pair is dead).
-func (n *Node) serveConnect(peer string, nic int, remote rdma.Endpoint) (*transferpb.RdmaConnectResponse, error) {
+func (n *Node) serveConnect(peer string, k nicPair, remote rdma.Endpoint) (*transferpb.RdmaConnectResponse, error) {
 	r := n.rdma
 	if r == nil {
 		return nil, fmt.Errorf("%w: this node has no RDMA", ErrUnavailable)
 	}
-	if nic < 0 || nic >= len(r.cfg.Devices) {
-		return nil, invalid("rdma connect: nic %d: this node has %d RDMA devices", nic, len(r.cfg.Devices))
+	if k.local < 0 || k.local >= len(r.cfg.Devices) {
+		return nil, invalid("rdma connect: nic %d: this node has %d RDMA devices", k.local, len(r.cfg.Devices))
 	}
-	qp, err := r.cfg.Devices[nic].NewQueuePair(r.cfg.QP)
+	qp, err := r.cfg.Devices[k.local].NewQueuePair(r.cfg.QP)
 	if err != nil {
 		return nil, fmt.Errorf("%w: queue pair: %w", ErrUnavailable, err)
 	}
@@ -362,23 +367,26 @@ func (n *Node) serveConnect(peer string, nic int, remote rdma.Endpoint) (*transf
 		return nil, fmt.Errorf("%w: connect queue pair to %s's %d: %w", ErrUnavailable, peer, remote.QPN, err)
 	}
 	r.mu.Lock()
-	// The peer's oldest on this device go first.
-	qps := append(r.served[peer], servedQP{qp, nic})
+	qps := append(r.served[peer], servedQP{qp, k})
 	var old []servedQP
+	perPair, all := 2*r.cfg.QPsPerPeer, 2*r.cfg.QPsPerPeer*MaxNICs
 	on := 0
 	for _, q := range qps {
-		if q.nic == nic {
+		if q.pair == k {
 			on++
 		}
 	}
 	keep := qps[:0:0]
-	for _, q := range qps {
-		if q.nic == nic && on > 2*r.cfg.QPsPerPeer {
-			old = append(old, q)
+	for _, q := range qps { // oldest first
+		switch {
+		case q.pair == k && on > perPair:
 			on--
+		case q.pair != k && len(qps)-len(old) > all:
+		default:
+			keep = append(keep, q)
 			continue
 		}
-		keep = append(keep, q)
+		old = append(old, q)
 	}
 	r.served[peer] = keep
 	r.mu.Unlock()
@@ -593,15 +601,22 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	if len(pairs) == 1 {
 		res[0] = p.readGroup(ctx, leaseID, pairs[0], segs, regions, dst, lkeys)
 	} else {
+		// A group that fails stops the others: the chunk is read again
+		// over QUIC.
+		gctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		for i, k := range pairs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res[i] = p.readGroup(ctx, leaseID, k, groups[k], regions, dst, lkeys)
+				res[i] = p.readGroup(gctx, leaseID, k, groups[k], regions, dst, lkeys)
+				if res[i].err != nil {
+					cancel()
+				}
 			}()
 		}
 		wg.Wait()
+		cancel()
 	}
 	// Every group has stopped writing into dst by now.
 	var errs []error
@@ -619,8 +634,14 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	}
 	st := p.n.rdma
 	switch {
-	case len(errs) > 0 && (ctx.Err() != nil || p.closed.Load()):
-		// Not RDMA's failure: the caller gave up, or closed the handle.
+	case len(errs) > 0 && p.closed.Load():
+		// Not RDMA's failure: the handle was closed.
+		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
+	case len(errs) > 0 && ctx.Err() != nil:
+		// The caller gave up; the read failed, not the peer's RDMA.
+		st.mu.Lock()
+		st.readFails++
+		st.mu.Unlock()
 		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
 	case len(errs) > 0:
 		st.mu.Lock()
@@ -637,8 +658,6 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 			p.rdmaUnavailable(FallbackConnectFailed)
 		}
 		return false, nil
-	case ctx.Err() != nil:
-		return true, ctx.Err()
 	}
 	st.mu.Lock()
 	st.reads++
@@ -727,7 +746,7 @@ func (p *Peer) takeQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
 			for len(r.connects) > 0 && now.Sub(r.connects[0]) > time.Minute {
 				r.connects = r.connects[1:]
 			}
-			if len(r.connects) >= cfg.MaxConnectsPerMinute*len(r.qps) {
+			if len(r.connects) >= cfg.MaxConnectsPerMinute*len(cfg.Devices) {
 				r.mu.Unlock()
 				return nil, errConnectLimited
 			}
@@ -797,7 +816,7 @@ func (p *Peer) connectQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error
 		return fail(fmt.Errorf("transfer: rdma queue pair: %w", err))
 	}
 	var resp transferpb.RdmaConnectResponse
-	req := &transferpb.RdmaConnectRequest{Endpoint: endpointProto(q.Endpoint()), Nic: uint32(k.remote)}
+	req := &transferpb.RdmaConnectRequest{Endpoint: endpointProto(q.Endpoint()), Nic: uint32(k.remote), ReaderNic: uint32(k.local)}
 	if err := p.call(ctx, methodRdmaConnect, req, &resp); err != nil {
 		q.Close()
 		return fail(err)

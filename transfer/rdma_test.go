@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math/rand/v2"
@@ -485,7 +486,7 @@ func TestRDMADeviceIndexLimits(t *testing.T) {
 	lib, _ := softNIC(t)
 	p := newRDMAPair(t, lib, true, nil)
 	remote := rdma.Endpoint{QPN: 5, PSN: 1, MTU: 1024, LinkLayer: rdma.LinkLayerEthernet, ReadDepth: 16}
-	if _, err := p.holder.serveConnect("reader", 1, remote); !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "1 RDMA devices") {
+	if _, err := p.holder.serveConnect("reader", nicPair{local: 1}, remote); !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "1 RDMA devices") {
 		t.Fatalf("connect to the second device of a holder with one: %v", err)
 	}
 	lease := &Lease{ID: 9, LayoutDigests: map[uint64][]byte{7: nil}}
@@ -541,5 +542,68 @@ func TestRDMAQueuePairWaitEndsWithThePeer(t *testing.T) {
 		t.Logf("woken %v after the close", time.Since(start))
 	case <-time.After(20 * time.Second):
 		t.Fatal("a read waiting for a queue pair still waits 20 s after its peer closed")
+	}
+}
+
+// Three of the reader's devices reading from one of the holder's keep
+// their queue pairs: the holder bounds them per pair of devices, not per
+// device of its own (where three pairs of QPsPerPeer 1 would pass its
+// bound of 2 and every other read would find its queue pair gone).
+func TestRDMAManyReaderNICsOnOneHolderNIC(t *testing.T) {
+	lib, _ := softNIC(t)
+	t.Setenv("SOFTVERBS_DEVICES", "sva,svb,svc")
+	const size = 1 << 20
+	ca := newTestCA(t)
+	members := newMembers("holder", "reader")
+	h := newMemHandler()
+	src := [][]byte{make([]byte, size), make([]byte, size), make([]byte, size)}
+	for r := range src {
+		fill(src[r], uint64(r+1))
+	}
+	h.regions[7] = src
+	leaseAll(h, 42, 3, size)
+	one := func(c *RDMAConfig) { c.QPsPerPeer = 1 }
+	holder := newTestNode(t, ca, "holder", members, h, withRDMADevices(t, lib, []string{"sva"}, one))
+	reader := newTestNode(t, ca, "reader", members, nil, withRDMADevices(t, lib, []string{"sva", "svb", "svc"}, one))
+	dst := make([][]byte, 3)
+	var segs []layout.Segment
+	for r := range src {
+		if _, err := holder.registerMemory(0, src[r]); err != nil {
+			t.Fatal(err)
+		}
+		dst[r] = make([]byte, size)
+		if _, err := reader.registerMemory(r, dst[r]); err != nil {
+			t.Fatal(err)
+		}
+		segs = append(segs, layout.Segment{SrcRank: r, DstRank: r, Length: size, Count: 1, SrcStride: size, DstStride: size})
+	}
+	peer := dialPeer(t, reader, holder)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 4 {
+		l, err := peer.Lease(ctx, []uint64{2}, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r := range dst {
+			clear(dst[r])
+		}
+		via, err := peer.ReadVia(ctx, l.ID, 7, segs, dst)
+		if err != nil || via != TransportRDMA {
+			t.Fatalf("read %d over %s: %v", i, via, err)
+		}
+		for r := range dst {
+			if !bytes.Equal(dst[r], src[r]) {
+				t.Fatalf("read %d: rank %d differs", i, r)
+			}
+		}
+		if _, err := peer.Release(ctx, l.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, _ := reader.RDMAMetrics()
+	hm, _ := holder.RDMAMetrics()
+	if m.Reads != 4 || m.ReadFailures != 0 || m.Connects != 3 || hm.QPsServed != 3 {
+		t.Fatalf("reader %+v, holder serves %d queue pairs: want 4 reads on 3 queue pairs, none failed", m, hm.QPsServed)
 	}
 }

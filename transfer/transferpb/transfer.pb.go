@@ -1417,7 +1417,11 @@ type RdmaConnectRequest struct {
 	Endpoint *RdmaEndpoint          `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	// The holder's RDMA device to make the queue pair on, as RdmaRegion.nic
 	// names it; 0, its first.
-	Nic           uint32 `protobuf:"varint,2,opt,name=nic,proto3" json:"nic,omitempty"`
+	Nic uint32 `protobuf:"varint,2,opt,name=nic,proto3" json:"nic,omitempty"`
+	// The reader's device its own queue pair is on (an index into its
+	// devices, below 64): the holder keeps a bounded number of queue pairs
+	// per pair of devices.
+	ReaderNic     uint32 `protobuf:"varint,3,opt,name=reader_nic,json=readerNic,proto3" json:"reader_nic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1462,6 +1466,13 @@ func (x *RdmaConnectRequest) GetEndpoint() *RdmaEndpoint {
 func (x *RdmaConnectRequest) GetNic() uint32 {
 	if x != nil {
 		return x.Nic
+	}
+	return 0
+}
+
+func (x *RdmaConnectRequest) GetReaderNic() uint32 {
+	if x != nil {
+		return x.ReaderNic
 	}
 	return 0
 }
@@ -1620,10 +1631,12 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\n" +
 	"link_layer\x18\x06 \x01(\rR\tlinkLayer\x12\x1d\n" +
 	"\n" +
-	"read_depth\x18\a \x01(\rR\treadDepth\"f\n" +
+	"read_depth\x18\a \x01(\rR\treadDepth\"\x85\x01\n" +
 	"\x12RdmaConnectRequest\x12>\n" +
 	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpoint\x12\x10\n" +
-	"\x03nic\x18\x02 \x01(\rR\x03nic\"U\n" +
+	"\x03nic\x18\x02 \x01(\rR\x03nic\x12\x1d\n" +
+	"\n" +
+	"reader_nic\x18\x03 \x01(\rR\treaderNic\"U\n" +
 	"\x13RdmaConnectResponse\x12>\n" +
 	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpointB2Z0github.com/kvfabric/kvfabric/transfer/transferpbb\x06proto3"
 
