@@ -290,10 +290,6 @@ func TestDevicePoolsUseTheNICNearestEachGPU(t *testing.T) {
 		}
 		return fmt.Errorf("no member %s in %v", holder.NodeName(), s.Members)
 	})
-	set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 32})
-	if err != nil {
-		t.Fatal(err)
-	}
 	wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
 		ov, err := c.Lookup(ctx, hashes)
 		if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
@@ -301,21 +297,40 @@ func TestDevicePoolsUseTheNICNearestEachGPU(t *testing.T) {
 		}
 		return nil
 	})
-	resp, err := c.Import(ctx, set.ID, hashes)
-	if err != nil || len(resp.Blocks) != len(hashes) || resp.Fetches[0].Transport != "rdma" {
-		t.Fatalf("import: %v %v", resp, err)
-	}
-	mem := deviceBytes(t, libs[1], set.Layout)
-	for i, b := range resp.Blocks {
-		if err := kvtest.Check(set.Layout, mem, int(b.Slot), uint64(i+1)); err != nil {
-			t.Fatalf("imported block %d: %v", i, err)
+	imported := func(e client.Engine, hashes []uint64, first int) {
+		t.Helper()
+		set, err := c.Register(ctx, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := c.Import(ctx, set.ID, hashes)
+		if err != nil || len(resp.Blocks) != len(hashes) || resp.Fetches[0].Transport != "rdma" {
+			t.Fatalf("import: %v %v", resp, err)
+		}
+		mem := deviceBytes(t, libs[1], set.Layout)
+		for i, b := range resp.Blocks {
+			if err := kvtest.Check(set.Layout, mem, int(b.Slot), uint64(first+i+1)); err != nil {
+				t.Fatalf("imported block %d: %v", first+i, err)
+			}
 		}
 	}
-	// Rank 0 (GPU 0, sv1) and rank 1 (GPU 1, sv0) hold the same bytes of
-	// each block: each NIC moved half of what was read.
+	// TP 1 on GPU 1: every byte lands through sv0, the NIC near GPU 1
+	// (the importer's device 1), though it leaves the holder through both
+	// of its NICs.
+	half := len(hashes) / 2
+	imported(client.Engine{Name: "tp1", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.NHD, Slots: 16, Devices: []string{"1"}},
+		hashes[:half], 0)
 	m := importer.Metrics().RDMA
 	if len(m.Devices) != 2 || m.Devices[0].Name != "sv1" || m.Devices[1].Name != "sv0" ||
-		m.Devices[0].ReadBytes == 0 || m.Devices[0].ReadBytes != m.Devices[1].ReadBytes || m.Devices[0].ReadBytes+m.Devices[1].ReadBytes != m.Bytes {
-		t.Fatalf("importer's RDMA devices %+v, %d bytes read: want half through each", m.Devices, m.Bytes)
+		m.Devices[0].ReadBytes != 0 || m.Devices[1].ReadBytes != m.Bytes || m.Bytes == 0 {
+		t.Fatalf("importer's RDMA devices %+v, %d bytes read: want all through sv0", m.Devices, m.Bytes)
+	}
+	// TP 2, a rank per GPU: rank 0 (GPU 0, sv1) and rank 1 (GPU 1, sv0)
+	// hold the same bytes of each block, each NIC half of them.
+	imported(client.Engine{Name: "tp2", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 32}, hashes[half:], half)
+	m2 := importer.Metrics().RDMA
+	got0, got1 := m2.Devices[0].ReadBytes-m.Devices[0].ReadBytes, m2.Devices[1].ReadBytes-m.Devices[1].ReadBytes
+	if got0 == 0 || got0 != got1 || got0+got1 != m2.Bytes-m.Bytes {
+		t.Fatalf("importer's RDMA devices %+v after %+v: want the second import half through each", m2.Devices, m.Devices)
 	}
 }
