@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"time"
@@ -101,6 +102,11 @@ const (
 // FallbackReasons lists every reason, for metrics that show them all.
 var FallbackReasons = []string{FallbackPeerHasNoRDMA, FallbackNotRegistered, FallbackConnectFailed, FallbackReadFailed,
 	FallbackBackoff, FallbackConnectLimited, FallbackBadKeys}
+
+// minLaneBytes is the least a lane of a read carries: a group of a read
+// is cut into lanes (up to QPsPerPeer, each on a queue pair of its own)
+// only where each gets at least this much.
+const minLaneBytes = 4 << 20
 
 // MaxNICs bounds the RDMA devices a node reads and serves through, and the
 // device index a peer may name.
@@ -597,19 +603,41 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		}
 		groups[k] = append(groups[k], s)
 	}
-	res := make([]groupRead, len(pairs))
-	if len(pairs) == 1 {
-		res[0] = p.readGroup(ctx, leaseID, pairs[0], segs, regions, dst, lkeys)
+	// A pair's group large enough is cut into lanes, each on a queue
+	// pair of its own: several READs streams keep a NIC busy (and
+	// softverbs' copies on more than one core).
+	type job struct {
+		pair nicPair
+		segs []layout.Segment
+	}
+	var jobs []job
+	for _, k := range pairs {
+		var n uint64
+		for _, s := range groups[k] {
+			n += s.Bytes()
+		}
+		lanes := int(min(uint64(p.n.rdma.cfg.QPsPerPeer), n/minLaneBytes))
+		if lanes < 2 {
+			jobs = append(jobs, job{k, groups[k]})
+			continue
+		}
+		for _, part := range splitPlan(groups[k], n, lanes, minLaneBytes, math.MaxInt) {
+			jobs = append(jobs, job{k, part})
+		}
+	}
+	res := make([]groupRead, len(jobs))
+	if len(jobs) == 1 {
+		res[0] = p.readGroup(ctx, leaseID, jobs[0].pair, jobs[0].segs, regions, dst, lkeys)
 	} else {
 		// A group that fails stops the others: the chunk is read again
 		// over QUIC.
 		gctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		for i, k := range pairs {
+		for i, j := range jobs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res[i] = p.readGroup(gctx, leaseID, k, groups[k], regions, dst, lkeys)
+				res[i] = p.readGroup(gctx, leaseID, j.pair, j.segs, regions, dst, lkeys)
 				if res[i].err != nil {
 					cancel()
 				}
@@ -665,8 +693,8 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	st.ops += ops
 	st.sges += sges
 	st.readCPU += cpu
-	for i, k := range pairs {
-		st.nicBytes[k.local] += res[i].bytes
+	for i, j := range jobs {
+		st.nicBytes[j.pair.local] += res[i].bytes
 	}
 	st.mu.Unlock()
 	r.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -545,42 +546,42 @@ func TestRDMAQueuePairWaitEndsWithThePeer(t *testing.T) {
 	}
 }
 
-// Three of the reader's devices reading from one of the holder's keep
-// their queue pairs: the holder bounds them per pair of devices, not per
-// device of its own (where three pairs of QPsPerPeer 1 would pass its
-// bound of 2 and every other read would find its queue pair gone).
-func TestRDMAManyReaderNICsOnOneHolderNIC(t *testing.T) {
-	lib, _ := softNIC(t)
-	t.Setenv("SOFTVERBS_DEVICES", "sva,svb,svc")
-	const size = 1 << 20
+// rankReads reads, reads times, one contiguous run of size bytes per
+// rank from a holder on holderDevs (rank r's region registered with
+// holderNIC[r]) into a reader on readerDevs (readerNIC[r]), checking every
+// byte, and returns both nodes.
+func rankReads(t *testing.T, lib string, reads int, size int, holderDevs, readerDevs []string, holderNIC, readerNIC []int, tune func(*RDMAConfig)) (holder, reader *Node) {
+	t.Helper()
+	ranks := len(holderNIC)
 	ca := newTestCA(t)
 	members := newMembers("holder", "reader")
 	h := newMemHandler()
-	src := [][]byte{make([]byte, size), make([]byte, size), make([]byte, size)}
+	src := make([][]byte, ranks)
 	for r := range src {
+		src[r] = make([]byte, size)
 		fill(src[r], uint64(r+1))
 	}
 	h.regions[7] = src
-	leaseAll(h, 42, 3, size)
-	one := func(c *RDMAConfig) { c.QPsPerPeer = 1 }
-	holder := newTestNode(t, ca, "holder", members, h, withRDMADevices(t, lib, []string{"sva"}, one))
-	reader := newTestNode(t, ca, "reader", members, nil, withRDMADevices(t, lib, []string{"sva", "svb", "svc"}, one))
-	dst := make([][]byte, 3)
+	leaseAll(h, 42, ranks, uint64(size))
+	holder = newTestNode(t, ca, "holder", members, h, withRDMADevices(t, lib, holderDevs, tune))
+	reader = newTestNode(t, ca, "reader", members, nil, withRDMADevices(t, lib, readerDevs, tune))
+	dst := make([][]byte, ranks)
 	var segs []layout.Segment
 	for r := range src {
-		if _, err := holder.registerMemory(0, src[r]); err != nil {
+		if _, err := holder.registerMemory(holderNIC[r], src[r]); err != nil {
 			t.Fatal(err)
 		}
 		dst[r] = make([]byte, size)
-		if _, err := reader.registerMemory(r, dst[r]); err != nil {
+		if _, err := reader.registerMemory(readerNIC[r], dst[r]); err != nil {
 			t.Fatal(err)
 		}
-		segs = append(segs, layout.Segment{SrcRank: r, DstRank: r, Length: size, Count: 1, SrcStride: size, DstStride: size})
+		n := uint64(size)
+		segs = append(segs, layout.Segment{SrcRank: r, DstRank: r, Length: n, Count: 1, SrcStride: n, DstStride: n})
 	}
 	peer := dialPeer(t, reader, holder)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for i := range 4 {
+	for i := range reads {
 		l, err := peer.Lease(ctx, []uint64{2}, time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -601,9 +602,46 @@ func TestRDMAManyReaderNICsOnOneHolderNIC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return holder, reader
+}
+
+// Three of the reader's devices reading from one of the holder's keep
+// their queue pairs: the holder bounds them per pair of devices, not per
+// device of its own (where three pairs of QPsPerPeer 1 would pass its
+// bound of 2 and every other read would find its queue pair gone).
+func TestRDMAManyReaderNICsOnOneHolderNIC(t *testing.T) {
+	lib, _ := softNIC(t)
+	t.Setenv("SOFTVERBS_DEVICES", "sva,svb,svc")
+	one := func(c *RDMAConfig) { c.QPsPerPeer = 1 }
+	holder, reader := rankReads(t, lib, 4, 1<<20, []string{"sva"}, []string{"sva", "svb", "svc"}, []int{0, 0, 0}, []int{0, 1, 2}, one)
 	m, _ := reader.RDMAMetrics()
 	hm, _ := holder.RDMAMetrics()
 	if m.Reads != 4 || m.ReadFailures != 0 || m.Connects != 3 || hm.QPsServed != 3 {
 		t.Fatalf("reader %+v, holder serves %d queue pairs: want 4 reads on 3 queue pairs, none failed", m, hm.QPsServed)
+	}
+}
+
+// A read of a pair of devices large enough to give each lane
+// minLaneBytes goes on QPsPerPeer queue pairs at once, split by bytes; at
+// one lane's worth it stays on one.
+func TestRDMALargeReadsGoInLanes(t *testing.T) {
+	lib, _ := softNIC(t)
+	for _, tc := range []struct {
+		size     int // per rank, two ranks
+		qps      int
+		connects uint64
+	}{
+		{minLaneBytes, 2, 2},     // two lanes of exactly minLaneBytes
+		{minLaneBytes - 1, 2, 1}, // a byte short of two lanes
+		{4 * minLaneBytes, 1, 1}, // one queue pair allowed
+		{4 * minLaneBytes, 3, 3},
+	} {
+		t.Run(fmt.Sprintf("2x%d/qps=%d", tc.size, tc.qps), func(t *testing.T) {
+			tune := func(c *RDMAConfig) { c.QPsPerPeer = tc.qps }
+			_, reader := rankReads(t, lib, 2, tc.size, []string{"softverbs0"}, []string{"softverbs0"}, []int{0, 0}, []int{0, 0}, tune)
+			if m, _ := reader.RDMAMetrics(); m.Reads != 2 || m.Connects != tc.connects || m.ReadFailures != 0 {
+				t.Fatalf("metrics %+v: want 2 reads on %d queue pairs", m, tc.connects)
+			}
+		})
 	}
 }
