@@ -5,6 +5,7 @@ package testbed
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,6 +40,10 @@ var llama70B = layout.ModelConfig{Layers: 80, KVHeads: 8, HeadDim: 128, DType: l
 //     process, the stand-in's wire speed (softverbs moves a READ with
 //     process_vm_readv); x-pvr is the import's throughput over it (goal
 //     at least 0.8);
+//   - pvr2: the same bytes in two halves, each on a thread of its own, the
+//     wire of the two queue pairs a chunk's lanes read on (softverbs
+//     copies a queue pair's READs on its polling thread); x-pvr2 is the
+//     import's throughput over it;
 //   - quic: the same import between two other agent processes with
 //     --rdma off; x-quic is RDMA's throughput over QUIC's.
 //
@@ -93,7 +99,7 @@ func BenchmarkImportRDMA(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	var rdmaTime, quicTime, pvrTime time.Duration
+	var rdmaTime, quicTime, pvrTime, pvr2Time time.Duration
 	var rdmaCPU, quicCPU time.Duration
 	wr0, sge0 := benchMetric(b, rd.Nodes[1], "kvfabric_rdma_work_requests_total"), benchMetric(b, rd.Nodes[1], "kvfabric_rdma_scatter_entries_total")
 	pollCPU0 := benchMetric(b, rd.Nodes[1], "kvfabric_rdma_read_cpu_seconds_total")
@@ -128,6 +134,11 @@ func BenchmarkImportRDMA(b *testing.B) {
 			b.Fatal(err)
 		}
 		pvrTime += time.Since(t0)
+		t0 = time.Now()
+		if err := pvr.readLanes(dst, 2); err != nil {
+			b.Fatal(err)
+		}
+		pvr2Time += time.Since(t0)
 	}
 	b.StopTimer()
 	gb := float64(size) * float64(b.N) / 1e9
@@ -136,6 +147,8 @@ func BenchmarkImportRDMA(b *testing.B) {
 	b.ReportMetric(rate(pvrTime), "pvr-GB/s")
 	b.ReportMetric(rate(quicTime), "quic-GB/s")
 	b.ReportMetric(pvrTime.Seconds()/rdmaTime.Seconds(), "x-pvr")
+	b.ReportMetric(rate(pvr2Time), "pvr2-GB/s")
+	b.ReportMetric(pvr2Time.Seconds()/rdmaTime.Seconds(), "x-pvr2")
 	b.ReportMetric(quicTime.Seconds()/rdmaTime.Seconds(), "x-quic")
 	wr := benchMetric(b, rd.Nodes[1], "kvfabric_rdma_work_requests_total") - wr0
 	sge := benchMetric(b, rd.Nodes[1], "kvfabric_rdma_scatter_entries_total") - sge0
@@ -313,15 +326,45 @@ func startPVRSource(b *testing.B, dir string, size uint64) *pvrSource {
 // read copies the source's bytes into dst with process_vm_readv, as few
 // calls as the kernel allows.
 func (s *pvrSource) read(dst []byte) error {
-	for off := 0; off < len(dst); {
+	if err := s.readRange(dst, 0, len(dst)); err != nil {
+		return err
+	}
+	if dst[0] != 7 || dst[len(dst)-1] != 7 {
+		return fmt.Errorf("process_vm_readv read %d and %d, want 7", dst[0], dst[len(dst)-1])
+	}
+	return nil
+}
+
+// readRange copies bytes [from, to) of the source into the same range of
+// dst.
+func (s *pvrSource) readRange(dst []byte, from, to int) error {
+	for off := from; off < to; {
 		local := []unix.Iovec{{Base: &dst[off]}}
-		local[0].SetLen(len(dst) - off)
-		remote := []unix.RemoteIovec{{Base: s.addr + uintptr(off), Len: len(dst) - off}}
+		local[0].SetLen(to - off)
+		remote := []unix.RemoteIovec{{Base: s.addr + uintptr(off), Len: to - off}}
 		n, err := unix.ProcessVMReadv(s.pid, local, remote, 0)
 		if err != nil {
 			return fmt.Errorf("process_vm_readv: %w", err)
 		}
 		off += n
+	}
+	return nil
+}
+
+// readLanes is read in n contiguous parts, each on a goroutine of its own.
+func (s *pvrSource) readLanes(dst []byte, n int) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.readRange(dst, len(dst)*i/n, len(dst)*(i+1)/n)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	if dst[0] != 7 || dst[len(dst)-1] != 7 {
 		return fmt.Errorf("process_vm_readv read %d and %d, want 7", dst[0], dst[len(dst)-1])
