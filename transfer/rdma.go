@@ -597,6 +597,14 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		if s.DstRank < 0 || s.DstRank >= len(dst) {
 			return false, fmt.Errorf("%w: segment %d writes rank %d of %d", ErrInvalidRequest, si, s.DstRank, len(dst))
 		}
+		// Checked before any queue pair is taken: a holder whose regions
+		// are too short costs no queue pair.
+		if end, err := segmentEnd(s); err != nil || end > regions[s.SrcRank].length {
+			p.n.countFallback(FallbackBadKeys)
+			p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID,
+				"err", fmt.Sprintf("segment %d ends past rank %d's region of %d bytes (%v)", si, s.SrcRank, regions[s.SrcRank].length, err))
+			return false, nil
+		}
 		k := nicPair{local[s.DstRank], regions[s.SrcRank].nic}
 		if _, ok := groups[k]; !ok {
 			pairs = append(pairs, k)

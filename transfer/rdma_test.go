@@ -645,3 +645,37 @@ func TestRDMALargeReadsGoInLanes(t *testing.T) {
 		})
 	}
 }
+
+// A holder whose RDMA regions are too short for the plan costs no queue
+// pair: the read goes over QUIC, counted as bad-remote-region.
+func TestRDMAShortRegionsTakeNoQueuePair(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newRDMAPair(t, lib, true, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := p.peer.Lease(ctx, []uint64{2}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.peer.rdma
+	r.mu.Lock()
+	regions := r.leases[l.ID][7]
+	if len(regions) != 2 {
+		r.mu.Unlock()
+		t.Fatalf("lease keys for %d ranks, want 2", len(regions))
+	}
+	regions[1].length = 4096 // the plan reads rank 1 far past this
+	r.mu.Unlock()
+	via, err := p.peer.ReadVia(ctx, l.ID, 7, p.segs, p.dst)
+	if err != nil || via != TransportQUIC {
+		t.Fatalf("read with short keys: over %s, %v; want quic", via, err)
+	}
+	for rank := range p.dst {
+		if i := firstDiff(p.dst[rank], p.want[rank]); i >= 0 {
+			t.Fatalf("rank %d differs first at byte %d", rank, i)
+		}
+	}
+	if m := p.metrics(t); m.Fallbacks[FallbackBadKeys] != 1 || m.Connects != 0 || m.Reads != 0 {
+		t.Fatalf("metrics %+v: want one bad-remote-region fallback and no queue pair", m)
+	}
+}
