@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvfabric/kvfabric/membership"
 )
@@ -128,8 +129,10 @@ func (a *Agent) gpuSummary() membership.GPUs {
 		return membership.GPUs{}
 	}
 	g := membership.GPUs{Count: uint8(min(len(a.gpus), 255)), Model: a.cuda.Devices()[a.gpus[0]].Name}
-	if len(g.Model) > membership.MaxGPUModelLen {
-		g.Model = g.Model[:membership.MaxGPUModelLen]
+	g.Model = strings.ToValidUTF8(g.Model, "?")
+	for len(g.Model) > membership.MaxGPUModelLen {
+		_, n := utf8.DecodeLastRuneInString(g.Model)
+		g.Model = g.Model[:len(g.Model)-n]
 	}
 	nics := map[string]bool{}
 	for i, st := range a.storages {

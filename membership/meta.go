@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"unicode/utf8"
 )
 
 // MetaMaxSize is memberlist's limit on node metadata.
@@ -73,7 +74,8 @@ type GPUs struct {
 	// NICs is the RDMA devices the pools are registered with: Count where
 	// the node has a NIC per GPU, 0 without RDMA.
 	NICs uint8
-	// Model is the first GPU's product name, at most MaxGPUModelLen bytes.
+	// Model is the first GPU's product name, UTF-8 of at most
+	// MaxGPUModelLen bytes.
 	Model string
 }
 
@@ -85,11 +87,12 @@ type GPUs struct {
 //	+---------+------+-----------+----------+------------+---------------+
 //	| kv usage u16 LE (÷65535) | waiting uvarint | imports uvarint | incarnation uvarint |
 //	+--------------------------+-----------------+-----------------+---------------------+
-//	| gpus u8 | with gpus > 0: pool bytes uvarint | nics u8 | model len + str |
-//	+---------+-----------------------------------+---------+-----------------+
+//	| gpus u8 > 0 | pool bytes uvarint | nics u8 | model len + str |
+//	+-------------+--------------------+---------+-----------------+
 //
-// The GPU section is absent from the metadata of nodes that predate it,
-// which decodes as no GPUs.
+// The GPU section is written only for a node with GPUs, so that nodes
+// that predate it decode every other node's metadata; its absence decodes
+// as no GPUs.
 //
 // The node name is memberlist's own and is not repeated.
 
@@ -109,8 +112,8 @@ func (m *Meta) MarshalBinary() ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(m.Load.Waiting))
 	b = binary.AppendUvarint(b, uint64(m.Load.Imports))
 	b = binary.AppendUvarint(b, m.Incarnation)
-	b = append(b, m.GPUs.Count)
 	if m.GPUs.Count > 0 {
+		b = append(b, m.GPUs.Count)
 		b = binary.AppendUvarint(b, m.GPUs.PoolBytes)
 		b = append(b, m.GPUs.NICs)
 		b = appendStr(b, m.GPUs.Model)
@@ -139,8 +142,8 @@ func (m *Meta) validate() error {
 		return fmt.Errorf("%w: Load.KVUsage %v outside [0, 1]", ErrInvalidMeta, m.Load.KVUsage)
 	}
 	g := m.GPUs
-	if len(g.Model) > MaxGPUModelLen {
-		return fmt.Errorf("%w: GPUs.Model is %d bytes, limit %d", ErrInvalidMeta, len(g.Model), MaxGPUModelLen)
+	if len(g.Model) > MaxGPUModelLen || !utf8.ValidString(g.Model) {
+		return fmt.Errorf("%w: GPUs.Model %q: not UTF-8 of at most %d bytes", ErrInvalidMeta, g.Model, MaxGPUModelLen)
 	}
 	if g.Count == 0 && (g.PoolBytes != 0 || g.NICs != 0 || g.Model != "") {
 		return fmt.Errorf("%w: GPUs %+v without a GPU", ErrInvalidMeta, g)
@@ -172,11 +175,12 @@ func (m *Meta) UnmarshalBinary(b []byte) error {
 	out.Incarnation = r.uvarint("metadata incarnation")
 	if r.err == nil && len(r.b) > 0 {
 		out.GPUs.Count = r.byte("metadata gpus")
-		if out.GPUs.Count > 0 {
-			out.GPUs.PoolBytes = r.uvarint("metadata gpu pool bytes")
-			out.GPUs.NICs = r.byte("metadata gpu nics")
-			out.GPUs.Model = r.str("metadata gpu model")
+		if out.GPUs.Count == 0 {
+			r.fail("metadata: a GPU section of no GPUs")
 		}
+		out.GPUs.PoolBytes = r.uvarint("metadata gpu pool bytes")
+		out.GPUs.NICs = r.byte("metadata gpu nics")
+		out.GPUs.Model = r.str("metadata gpu model")
 	}
 	r.end("metadata")
 	if r.err != nil {

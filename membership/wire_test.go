@@ -2,7 +2,9 @@ package membership
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -180,34 +182,42 @@ func TestMetaValidation(t *testing.T) {
 	}
 }
 
-// The GPU summary travels at the end of the metadata; metadata from a node
-// that predates it (no section) decodes as no GPUs, and a section cut
-// short, or one whose GPU count is zero with more after it, is malformed.
+// The GPU summary travels at the end of the metadata, only for a node
+// with GPUs: a node without encodes exactly as before the section existed
+// (a frozen sample of that encoding), so older nodes decode it. A section
+// cut short, one of no GPUs, or a model that is not UTF-8 (it goes into
+// status's proto strings) is malformed.
 func TestMetaGPUs(t *testing.T) {
-	m := Meta{PeerAddr: "10.0.0.1:7000", Transports: TransportQUIC | TransportRDMA, Incarnation: 9,
-		GPUs: GPUs{Count: 4, PoolBytes: 3 << 34, NICs: 4, Model: "NVIDIA H200"}}
+	plain := Meta{PeerAddr: "10.0.0.1:7000", Transports: TransportQUIC, LayoutDigest: 0x0102030405060708,
+		Load: Load{KVUsage: 0.5, Waiting: 3, Imports: 2}, Incarnation: 9}
+	const before = "01030d31302e302e302e313a37303030000108070605040302010080030209"
+	plain.Load.KVUsage = math.Round(0.5*65535) / 65535 // what travels
+	pb, err := plain.MarshalBinary()
+	if err != nil || hex.EncodeToString(pb) != before {
+		t.Fatalf("metadata without GPUs: %x, %v; want the encoding from before the GPU section, %s", pb, err, before)
+	}
+	var back Meta
+	if err := back.UnmarshalBinary(pb); err != nil || back != plain {
+		t.Fatalf("metadata without GPUs: %+v, %v", back, err)
+	}
+	m := plain
+	m.GPUs = GPUs{Count: 4, PoolBytes: 3 << 34, NICs: 4, Model: "NVIDIA H200"}
 	b, err := m.MarshalBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var back Meta
 	if err := back.UnmarshalBinary(b); err != nil || back != m {
 		t.Fatalf("round trip: %+v, %v", back, err)
 	}
-	plain := m
-	plain.GPUs = GPUs{}
-	pb, err := plain.MarshalBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := pb[:len(pb)-1] // without the section: one byte, the zero count
-	if err := back.UnmarshalBinary(old); err != nil || back != plain {
-		t.Fatalf("metadata without a GPU section: %+v, %v", back, err)
-	}
-	for _, bad := range [][]byte{b[:len(b)-1], append(append([]byte{}, pb...), 5)} {
+	badUTF8 := append(append([]byte{}, pb...), 1, 0, 0, 2, 'A', 0xff)
+	for _, bad := range [][]byte{b[:len(b)-1], append(append([]byte{}, pb...), 0), badUTF8} {
 		if err := back.UnmarshalBinary(bad); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("metadata % x: %v, want ErrMalformed", bad, err)
 		}
+	}
+	m.GPUs.Model = "NVIDIA \xff"
+	if _, err := m.MarshalBinary(); !errors.Is(err, ErrInvalidMeta) {
+		t.Fatalf("a model that is not UTF-8: %v, want ErrInvalidMeta", err)
 	}
 }
 
