@@ -182,6 +182,7 @@ type request struct {
 	endpoint   rdma.Endpoint // an RDMA connect's queue pair
 	nic        int           // and the device to make ours on
 	readerNIC  int           // and the device the reader's is on
+	queuePairs int           // and how many it reads on per pair
 }
 
 func durationMS(ms uint64) (time.Duration, error) {
@@ -262,7 +263,10 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 		if pb.Nic >= MaxNICs || pb.ReaderNic >= MaxNICs {
 			return nil, invalid("rdma connect: nic %d or reader nic %d, not below %d", pb.Nic, pb.ReaderNic, MaxNICs)
 		}
-		r.endpoint, r.nic, r.readerNIC = e, int(pb.Nic), int(pb.ReaderNic)
+		if pb.QueuePairs > MaxQPsPerPeer {
+			return nil, invalid("rdma connect: %d queue pairs, at most %d", pb.QueuePairs, MaxQPsPerPeer)
+		}
+		r.endpoint, r.nic, r.readerNIC, r.queuePairs = e, int(pb.Nic), int(pb.ReaderNic), int(pb.QueuePairs)
 	case methodRenew:
 		var pb transferpb.RenewRequest
 		if err := unmarshal(payload, &pb); err != nil {

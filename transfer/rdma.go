@@ -33,7 +33,7 @@ type RDMAConfig struct {
 	QP rdma.QPOptions
 	// QPsPerPeer is how many queue pairs this node reads from one peer on
 	// per pair of devices (its own and the peer's), one read on each at a
-	// time. If zero, 2.
+	// time, at most MaxQPsPerPeer. If zero, 2.
 	QPsPerPeer int
 	// Backoff is how long a peer whose RDMA failed is read over QUIC
 	// before RDMA is tried again; it doubles with each failure in a row up
@@ -63,6 +63,9 @@ func (c *RDMAConfig) populate() error {
 	}
 	if c.QPsPerPeer == 0 {
 		c.QPsPerPeer = 2
+	}
+	if c.QPsPerPeer > MaxQPsPerPeer {
+		return configErr("RDMA: QPsPerPeer %d, at most %d", c.QPsPerPeer, MaxQPsPerPeer)
 	}
 	if c.Backoff == 0 {
 		c.Backoff = time.Second
@@ -107,6 +110,10 @@ var FallbackReasons = []string{FallbackPeerHasNoRDMA, FallbackNotRegistered, Fal
 // is cut into lanes (up to QPsPerPeer, each on a queue pair of its own)
 // only where each gets at least this much.
 const minLaneBytes = 4 << 20
+
+// MaxQPsPerPeer bounds RDMAConfig.QPsPerPeer, and what a reader may say
+// it keeps when it connects.
+const MaxQPsPerPeer = 16
 
 // MaxNICs bounds the RDMA devices a node reads and serves through, and the
 // device index a peer may name.
@@ -271,7 +278,8 @@ type RDMAMetrics struct {
 	// of Reads and polling for their completions (rdma.QueuePair.ReadCPU;
 	// with softverbs, its copies made while polling are in it).
 	ReadCPU time.Duration
-	// ReadFailures counts RDMA reads that failed (and went over QUIC).
+	// ReadFailures counts RDMA reads that failed (and went over QUIC, but
+	// for those whose caller had given up).
 	ReadFailures uint64
 	// Connects counts queue pairs connected to peers to read from;
 	// ConnectFailures the attempts that failed.
@@ -352,11 +360,12 @@ func endpointFrom(pb *transferpb.RdmaEndpoint) (rdma.Endpoint, error) {
 
 // serveConnect makes a queue pair on this node's device k.local connected
 // to the reader's endpoint on its device k.remote, and answers with its
-// own. A peer keeps at most 2×QPsPerPeer per pair of devices, and
-// 2×QPsPerPeer×MaxNICs in all: a new one replaces the oldest of its pair,
-// or the peer's oldest (a reader reconnects after a failure, and its old
-// queue pair is dead).
-func (n *Node) serveConnect(peer string, k nicPair, remote rdma.Endpoint) (*transferpb.RdmaConnectResponse, error) {
+// own. A peer keeps at most twice the queue pairs it reads on per pair of
+// devices (qps, as it says, at least this node's QPsPerPeer), and
+// 2×MaxQPsPerPeer×MaxNICs in all: a new one replaces the oldest of its
+// pair, or the peer's oldest (a reader reconnects after a failure, and its
+// old queue pair is dead).
+func (n *Node) serveConnect(peer string, k nicPair, qps int, remote rdma.Endpoint) (*transferpb.RdmaConnectResponse, error) {
 	r := n.rdma
 	if r == nil {
 		return nil, fmt.Errorf("%w: this node has no RDMA", ErrUnavailable)
@@ -373,21 +382,21 @@ func (n *Node) serveConnect(peer string, k nicPair, remote rdma.Endpoint) (*tran
 		return nil, fmt.Errorf("%w: connect queue pair to %s's %d: %w", ErrUnavailable, peer, remote.QPN, err)
 	}
 	r.mu.Lock()
-	qps := append(r.served[peer], servedQP{qp, k})
+	served := append(r.served[peer], servedQP{qp, k})
 	var old []servedQP
-	perPair, all := 2*r.cfg.QPsPerPeer, 2*r.cfg.QPsPerPeer*MaxNICs
+	perPair, all := 2*max(r.cfg.QPsPerPeer, min(qps, MaxQPsPerPeer)), 2*MaxQPsPerPeer*MaxNICs
 	on := 0
-	for _, q := range qps {
+	for _, q := range served {
 		if q.pair == k {
 			on++
 		}
 	}
-	keep := qps[:0:0]
-	for _, q := range qps { // oldest first
+	keep := served[:0:0]
+	for _, q := range served { // oldest first
 		switch {
 		case q.pair == k && on > perPair:
 			on--
-		case q.pair != k && len(qps)-len(old) > all:
+		case q.pair != k && len(served)-len(old) > all:
 		default:
 			keep = append(keep, q)
 			continue
@@ -762,10 +771,13 @@ func (p *Peer) takeQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
 	r := p.rdma
 	cfg := p.n.rdma.cfg
 	for {
+		r.mu.Lock()
+		// Under the lock that closeRDMA's wake-up takes: a close is seen
+		// here, or wakes the wait below.
 		if p.closed.Load() {
+			r.mu.Unlock()
 			return nil, fmt.Errorf("transfer: peer %s: %w", p.name, ErrClosed)
 		}
-		r.mu.Lock()
 		pool := r.qps[k]
 		if pool == nil {
 			pool = &qpPool{}
@@ -841,6 +853,9 @@ func (p *Peer) signalQP() {
 func (p *Peer) connectQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
 	st := p.n.rdma
 	fail := func(err error) (*rdma.QueuePair, error) {
+		if ctx.Err() != nil {
+			return nil, err // given up (another lane failed, or the caller), not failed
+		}
 		st.mu.Lock()
 		st.connectFails++
 		st.mu.Unlock()
@@ -852,7 +867,8 @@ func (p *Peer) connectQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error
 		return fail(fmt.Errorf("transfer: rdma queue pair: %w", err))
 	}
 	var resp transferpb.RdmaConnectResponse
-	req := &transferpb.RdmaConnectRequest{Endpoint: endpointProto(q.Endpoint()), Nic: uint32(k.remote), ReaderNic: uint32(k.local)}
+	req := &transferpb.RdmaConnectRequest{Endpoint: endpointProto(q.Endpoint()), Nic: uint32(k.remote), ReaderNic: uint32(k.local),
+		QueuePairs: uint32(st.cfg.QPsPerPeer)}
 	if err := p.call(ctx, methodRdmaConnect, req, &resp); err != nil {
 		q.Close()
 		return fail(err)

@@ -487,7 +487,7 @@ func TestRDMADeviceIndexLimits(t *testing.T) {
 	lib, _ := softNIC(t)
 	p := newRDMAPair(t, lib, true, nil)
 	remote := rdma.Endpoint{QPN: 5, PSN: 1, MTU: 1024, LinkLayer: rdma.LinkLayerEthernet, ReadDepth: 16}
-	if _, err := p.holder.serveConnect("reader", nicPair{local: 1}, remote); !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "1 RDMA devices") {
+	if _, err := p.holder.serveConnect("reader", nicPair{local: 1}, 2, remote); !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "1 RDMA devices") {
 		t.Fatalf("connect to the second device of a holder with one: %v", err)
 	}
 	lease := &Lease{ID: 9, LayoutDigests: map[uint64][]byte{7: nil}}
@@ -549,8 +549,9 @@ func TestRDMAQueuePairWaitEndsWithThePeer(t *testing.T) {
 // rankReads reads, reads times, one contiguous run of size bytes per
 // rank from a holder on holderDevs (rank r's region registered with
 // holderNIC[r]) into a reader on readerDevs (readerNIC[r]), checking every
-// byte, and returns both nodes.
-func rankReads(t *testing.T, lib string, reads int, size int, holderDevs, readerDevs []string, holderNIC, readerNIC []int, tune func(*RDMAConfig)) (holder, reader *Node) {
+// byte, and returns both nodes. holderTune and readerTune adjust their
+// configs.
+func rankReads(t *testing.T, lib string, reads int, size int, holderDevs, readerDevs []string, holderNIC, readerNIC []int, holderTune, readerTune func(*RDMAConfig)) (holder, reader *Node) {
 	t.Helper()
 	ranks := len(holderNIC)
 	ca := newTestCA(t)
@@ -563,8 +564,8 @@ func rankReads(t *testing.T, lib string, reads int, size int, holderDevs, reader
 	}
 	h.regions[7] = src
 	leaseAll(h, 42, ranks, uint64(size))
-	holder = newTestNode(t, ca, "holder", members, h, withRDMADevices(t, lib, holderDevs, tune))
-	reader = newTestNode(t, ca, "reader", members, nil, withRDMADevices(t, lib, readerDevs, tune))
+	holder = newTestNode(t, ca, "holder", members, h, withRDMADevices(t, lib, holderDevs, holderTune))
+	reader = newTestNode(t, ca, "reader", members, nil, withRDMADevices(t, lib, readerDevs, readerTune))
 	dst := make([][]byte, ranks)
 	var segs []layout.Segment
 	for r := range src {
@@ -613,7 +614,7 @@ func TestRDMAManyReaderNICsOnOneHolderNIC(t *testing.T) {
 	lib, _ := softNIC(t)
 	t.Setenv("SOFTVERBS_DEVICES", "sva,svb,svc")
 	one := func(c *RDMAConfig) { c.QPsPerPeer = 1 }
-	holder, reader := rankReads(t, lib, 4, 1<<20, []string{"sva"}, []string{"sva", "svb", "svc"}, []int{0, 0, 0}, []int{0, 1, 2}, one)
+	holder, reader := rankReads(t, lib, 4, 1<<20, []string{"sva"}, []string{"sva", "svb", "svc"}, []int{0, 0, 0}, []int{0, 1, 2}, one, one)
 	m, _ := reader.RDMAMetrics()
 	hm, _ := holder.RDMAMetrics()
 	if m.Reads != 4 || m.ReadFailures != 0 || m.Connects != 3 || hm.QPsServed != 3 {
@@ -638,9 +639,10 @@ func TestRDMALargeReadsGoInLanes(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("2x%d/qps=%d", tc.size, tc.qps), func(t *testing.T) {
 			tune := func(c *RDMAConfig) { c.QPsPerPeer = tc.qps }
-			_, reader := rankReads(t, lib, 2, tc.size, []string{"softverbs0"}, []string{"softverbs0"}, []int{0, 0}, []int{0, 0}, tune)
-			if m, _ := reader.RDMAMetrics(); m.Reads != 2 || m.Connects != tc.connects || m.ReadFailures != 0 {
-				t.Fatalf("metrics %+v: want 2 reads on %d queue pairs", m, tc.connects)
+			_, reader := rankReads(t, lib, 2, tc.size, []string{"softverbs0"}, []string{"softverbs0"}, []int{0, 0}, []int{0, 0}, tune, tune)
+			m, _ := reader.RDMAMetrics()
+			if m.Reads != 2 || m.Connects != tc.connects || m.ReadFailures != 0 || m.Bytes != uint64(4*tc.size) || m.Devices[0].ReadBytes != m.Bytes {
+				t.Fatalf("metrics %+v: want 2 reads of %d bytes on %d queue pairs", m, 2*tc.size, tc.connects)
 			}
 		})
 	}
@@ -677,5 +679,32 @@ func TestRDMAShortRegionsTakeNoQueuePair(t *testing.T) {
 	}
 	if m := p.metrics(t); m.Fallbacks[FallbackBadKeys] != 1 || m.Connects != 0 || m.Reads != 0 {
 		t.Fatalf("metrics %+v: want one bad-remote-region fallback and no queue pair", m)
+	}
+}
+
+// A reader that reads on more queue pairs than the holder would keep for
+// itself keeps them all: it says how many it reads on when it connects.
+func TestRDMAReaderKeepsMoreQueuePairsThanTheHolder(t *testing.T) {
+	lib, _ := softNIC(t)
+	holderQPs := func(c *RDMAConfig) { c.QPsPerPeer = 1 }
+	readerQPs := func(c *RDMAConfig) { c.QPsPerPeer = 4 }
+	holder, reader := rankReads(t, lib, 4, 8*minLaneBytes, []string{"softverbs0"}, []string{"softverbs0"}, []int{0}, []int{0}, holderQPs, readerQPs)
+	m, _ := reader.RDMAMetrics()
+	hm, _ := holder.RDMAMetrics()
+	if m.Reads != 4 || m.ReadFailures != 0 || m.Connects != 4 || hm.QPsServed != 4 {
+		t.Fatalf("reader %+v, holder serves %d: want 4 reads on 4 queue pairs kept", m, hm.QPsServed)
+	}
+}
+
+// QPsPerPeer is bounded: MaxQPsPerPeer is accepted, one more refused.
+func TestRDMAQPsPerPeerLimit(t *testing.T) {
+	for _, tc := range []struct {
+		qps int
+		ok  bool
+	}{{MaxQPsPerPeer, true}, {MaxQPsPerPeer + 1, false}, {-1, false}} {
+		c := &RDMAConfig{Devices: []*rdma.Device{{}}, QPsPerPeer: tc.qps}
+		if err := c.populate(); (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrConfig)) {
+			t.Fatalf("QPsPerPeer %d: %v", tc.qps, err)
+		}
 	}
 }

@@ -152,7 +152,7 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		}
 		return resp, nil
 	case methodRdmaConnect:
-		return n.serveConnect(peer, nicPair{local: r.nic, remote: r.readerNIC}, r.endpoint)
+		return n.serveConnect(peer, nicPair{local: r.nic, remote: r.readerNIC}, r.queuePairs, r.endpoint)
 	case methodRenew:
 		ok, err := h.Renew(ctx, peer, r.leaseID, r.duration)
 		if err != nil {

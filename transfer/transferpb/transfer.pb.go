@@ -1421,7 +1421,11 @@ type RdmaConnectRequest struct {
 	// The reader's device its own queue pair is on (an index into its
 	// devices, below 64): the holder keeps a bounded number of queue pairs
 	// per pair of devices.
-	ReaderNic     uint32 `protobuf:"varint,3,opt,name=reader_nic,json=readerNic,proto3" json:"reader_nic,omitempty"`
+	ReaderNic uint32 `protobuf:"varint,3,opt,name=reader_nic,json=readerNic,proto3" json:"reader_nic,omitempty"`
+	// The queue pairs the reader reads on per pair of devices, at once (at
+	// most 16): the holder keeps twice that per pair, so that a reader's
+	// live ones are not replaced.
+	QueuePairs    uint32 `protobuf:"varint,4,opt,name=queue_pairs,json=queuePairs,proto3" json:"queue_pairs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1473,6 +1477,13 @@ func (x *RdmaConnectRequest) GetNic() uint32 {
 func (x *RdmaConnectRequest) GetReaderNic() uint32 {
 	if x != nil {
 		return x.ReaderNic
+	}
+	return 0
+}
+
+func (x *RdmaConnectRequest) GetQueuePairs() uint32 {
+	if x != nil {
+		return x.QueuePairs
 	}
 	return 0
 }
@@ -1631,12 +1642,14 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\n" +
 	"link_layer\x18\x06 \x01(\rR\tlinkLayer\x12\x1d\n" +
 	"\n" +
-	"read_depth\x18\a \x01(\rR\treadDepth\"\x85\x01\n" +
+	"read_depth\x18\a \x01(\rR\treadDepth\"\xa6\x01\n" +
 	"\x12RdmaConnectRequest\x12>\n" +
 	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpoint\x12\x10\n" +
 	"\x03nic\x18\x02 \x01(\rR\x03nic\x12\x1d\n" +
 	"\n" +
-	"reader_nic\x18\x03 \x01(\rR\treaderNic\"U\n" +
+	"reader_nic\x18\x03 \x01(\rR\treaderNic\x12\x1f\n" +
+	"\vqueue_pairs\x18\x04 \x01(\rR\n" +
+	"queuePairs\"U\n" +
 	"\x13RdmaConnectResponse\x12>\n" +
 	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpointB2Z0github.com/kvfabric/kvfabric/transfer/transferpbb\x06proto3"
 
