@@ -294,20 +294,38 @@ func TestDevicePoolImportOverRDMA(t *testing.T) {
 	}
 	// A block set of another shape on the importer is filled from the
 	// imported one by the GPU's copy engine (a local copy, TP 2 -> 1).
-	set1, err := c.Register(ctx, client.Engine{Name: "gpu-tp1", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.NHD, Slots: 16})
+	importDeviceChecked(t, c, libs[1], client.Engine{Name: "gpu-tp1", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.NHD, Slots: 16},
+		hashes[:4], 0, "local")
+}
+
+// importDeviceChecked registers e through c, imports hashes into its block
+// set, and checks that they came over transport and that every element is
+// right (the producer's block first+i carries id first+i+1), copied back
+// from the agent's GPUs through lib. It returns the set.
+func importDeviceChecked(t *testing.T, c *client.Client, lib string, e client.Engine, hashes []uint64, first int, transport string) *client.BlockSet {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	set, err := c.Register(ctx, e)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp1, err := c.Import(ctx, set1.ID, hashes[:4])
-	if err != nil || len(resp1.Blocks) != 4 || len(resp1.Fetches) != 1 || resp1.Fetches[0].Transport != "local" {
-		t.Fatalf("local import: %v %v", resp1, err)
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil || len(resp.Blocks) != len(hashes) || len(resp.Fetches) == 0 {
+		t.Fatalf("import of %d blocks into %s: %v %v", len(hashes), e.Name, resp, err)
 	}
-	mem1 := deviceBytes(t, libs[1], set1.Layout)
-	for i, b := range resp1.Blocks {
-		if err := kvtest.Check(set1.Layout, mem1, int(b.Slot), uint64(i+1)); err != nil {
-			t.Fatalf("block %d copied on the device: %v", i, err)
+	for _, f := range resp.Fetches {
+		if f.Transport != transport {
+			t.Fatalf("import into %s: fetch %v, want %s", e.Name, f, transport)
 		}
 	}
+	mem := deviceBytes(t, lib, set.Layout)
+	for i, b := range resp.Blocks {
+		if err := kvtest.Check(set.Layout, mem, int(b.Slot), uint64(first+i+1)); err != nil {
+			t.Fatalf("block %d imported into %s: %v", first+i, e.Name, err)
+		}
+	}
+	return set
 }
 
 // Without RDMA, GPU memory is filled and served over QUIC through pinned

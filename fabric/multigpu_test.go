@@ -132,21 +132,8 @@ func TestDevicePoolsSpanGPUs(t *testing.T) {
 
 			// TP 2 -> 1 on the importer: rank 0's heads come from GPU 1 by
 			// peer copy, rank 1's from GPU 0.
-			set1, err := c.Register(ctx, client.Engine{Name: "gpu-tp1", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.NHD, Slots: 16,
-				Devices: []string{"0"}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp1, err := c.Import(ctx, set1.ID, hashes[:4])
-			if err != nil || len(resp1.Blocks) != 4 || len(resp1.Fetches) != 1 || resp1.Fetches[0].Transport != "local" {
-				t.Fatalf("local import: %v %v", resp1, err)
-			}
-			mem1 := deviceBytes(t, libs[1], set1.Layout)
-			for i, b := range resp1.Blocks {
-				if err := kvtest.Check(set1.Layout, mem1, int(b.Slot), uint64(i+1)); err != nil {
-					t.Fatalf("block %d copied across GPUs: %v", i, err)
-				}
-			}
+			importDeviceChecked(t, c, libs[1], client.Engine{Name: "gpu-tp1", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.NHD, Slots: 16,
+				Devices: []string{"0"}}, hashes[:4], 0, "local")
 		})
 	}
 }
@@ -297,29 +284,12 @@ func TestDevicePoolsUseTheNICNearestEachGPU(t *testing.T) {
 		}
 		return nil
 	})
-	imported := func(e client.Engine, hashes []uint64, first int) {
-		t.Helper()
-		set, err := c.Register(ctx, e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := c.Import(ctx, set.ID, hashes)
-		if err != nil || len(resp.Blocks) != len(hashes) || resp.Fetches[0].Transport != "rdma" {
-			t.Fatalf("import: %v %v", resp, err)
-		}
-		mem := deviceBytes(t, libs[1], set.Layout)
-		for i, b := range resp.Blocks {
-			if err := kvtest.Check(set.Layout, mem, int(b.Slot), uint64(first+i+1)); err != nil {
-				t.Fatalf("imported block %d: %v", first+i, err)
-			}
-		}
-	}
 	// TP 1 on GPU 1: every byte lands through sv0, the NIC near GPU 1
 	// (the importer's device 1), though it leaves the holder through both
 	// of its NICs.
 	half := len(hashes) / 2
-	imported(client.Engine{Name: "tp1", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.NHD, Slots: 16, Devices: []string{"1"}},
-		hashes[:half], 0)
+	importDeviceChecked(t, c, libs[1], client.Engine{Name: "tp1", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.NHD, Slots: 16,
+		Devices: []string{"1"}}, hashes[:half], 0, "rdma")
 	m := importer.Metrics().RDMA
 	if len(m.Devices) != 2 || m.Devices[0].Name != "sv1" || m.Devices[1].Name != "sv0" ||
 		m.Devices[0].ReadBytes != 0 || m.Devices[1].ReadBytes != m.Bytes || m.Bytes == 0 {
@@ -327,7 +297,8 @@ func TestDevicePoolsUseTheNICNearestEachGPU(t *testing.T) {
 	}
 	// TP 2, a rank per GPU: rank 0 (GPU 0, sv1) and rank 1 (GPU 1, sv0)
 	// hold the same bytes of each block, each NIC half of them.
-	imported(client.Engine{Name: "tp2", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 32}, hashes[half:], half)
+	importDeviceChecked(t, c, libs[1], client.Engine{Name: "tp2", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 32},
+		hashes[half:], half, "rdma")
 	m2 := importer.Metrics().RDMA
 	got0, got1 := m2.Devices[0].ReadBytes-m.Devices[0].ReadBytes, m2.Devices[1].ReadBytes-m.Devices[1].ReadBytes
 	if got0 == 0 || got0 != got1 || got0+got1 != m2.Bytes-m.Bytes {
