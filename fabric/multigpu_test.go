@@ -19,6 +19,21 @@ import (
 	"github.com/kvfabric/kvfabric/layout"
 )
 
+// twoStrictGPUs sets softcuda up, for the agents this test starts, with
+// two GPUs of 64 MiB at the given PCI bus ids, strict: every copy must run
+// on its memory's GPU, and copies across GPUs be peer copies, or softcuda
+// refuses them.
+func twoStrictGPUs(t *testing.T, busIDs string) {
+	t.Helper()
+	for _, k := range []string{"SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US"} {
+		t.Setenv(k, "")
+	}
+	t.Setenv("SOFTCUDA_DEVICES", "2")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	t.Setenv("SOFTCUDA_PCI_BUS_IDS", busIDs)
+	t.Setenv("SOFTCUDA_STRICT_DEVICE", "1")
+}
+
 // Block sets span GPUs, a TP rank per GPU: an engine process writes a TP 4
 // set whose ranks alternate over the holder's two GPUs; another agent with
 // two GPUs imports it into a TP 2 set placed by the engine (rank 0 on GPU 1
@@ -39,15 +54,7 @@ func TestDevicePoolsSpanGPUs(t *testing.T) {
 			for i := range libs {
 				libs[i], verbs = gpuLibs(t)
 			}
-			for _, k := range []string{"SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US"} {
-				t.Setenv(k, "")
-			}
-			t.Setenv("SOFTCUDA_DEVICES", "2")
-			t.Setenv("SOFTCUDA_MEMORY", "64M")
-			t.Setenv("SOFTCUDA_PCI_BUS_IDS", "0000:18:00.0,0000:2A:00.0")
-			// Every copy must run on its memory's GPU, and copies across
-			// GPUs be peer copies, or softcuda refuses them.
-			t.Setenv("SOFTCUDA_STRICT_DEVICE", "1")
+			twoStrictGPUs(t, "0000:18:00.0,0000:2A:00.0")
 			agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
 				c.Pools = []string{"device=16MiB"}
 				c.CUDALibrary = libs[i]
@@ -231,13 +238,7 @@ func TestDevicePoolsUseTheNICNearestEachGPU(t *testing.T) {
 		libs[i], verbs = gpuLibs(t)
 	}
 	root := fakeTopology(t)
-	for _, k := range []string{"SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US"} {
-		t.Setenv(k, "")
-	}
-	t.Setenv("SOFTCUDA_DEVICES", "2")
-	t.Setenv("SOFTCUDA_MEMORY", "64M")
-	t.Setenv("SOFTCUDA_PCI_BUS_IDS", "0000:02:00.0,0000:82:00.0")
-	t.Setenv("SOFTCUDA_STRICT_DEVICE", "1")
+	twoStrictGPUs(t, "0000:02:00.0,0000:82:00.0")
 	t.Setenv("SOFTVERBS_DEVICES", "sv0,sv1")
 	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
 		c.Pools = []string{"device=16MiB"}
