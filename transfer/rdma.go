@@ -621,7 +621,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		groups[k] = append(groups[k], s)
 	}
 	// A pair's group large enough is cut into lanes, each on a queue
-	// pair of its own: several READs streams keep a NIC busy (and
+	// pair of its own: several streams of READs keep a NIC busy (and
 	// softverbs' copies on more than one core).
 	type job struct {
 		pair nicPair
