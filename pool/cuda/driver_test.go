@@ -43,13 +43,13 @@ func TestDevices(t *testing.T) {
 
 func TestOpenErrors(t *testing.T) {
 	_, err := cuda.Open(cuda.Config{Path: "/nonexistent/libcuda.so.1"})
-	if !errors.Is(err, cuda.ErrNotSupported) || !strings.Contains(err.Error(), "/nonexistent/libcuda.so.1") {
-		t.Errorf("missing library: %v, want ErrNotSupported naming the path", err)
+	if !errors.Is(err, cuda.ErrNotSupported) || errors.Is(err, cuda.ErrMissingCall) || !strings.Contains(err.Error(), "/nonexistent/libcuda.so.1") {
+		t.Errorf("missing library: %v, want ErrNotSupported (not ErrMissingCall) naming the path", err)
 	}
 	// A library that is not a driver: one of the symbols is missing.
 	_, err = cuda.Open(cuda.Config{Path: "libc.so.6"})
-	if !errors.Is(err, cuda.ErrNotSupported) || !strings.Contains(err.Error(), "cuInit") {
-		t.Errorf("libc as a driver: %v, want ErrNotSupported naming cuInit", err)
+	if !errors.Is(err, cuda.ErrNotSupported) || !errors.Is(err, cuda.ErrMissingCall) || !strings.Contains(err.Error(), "cuInit") {
+		t.Errorf("libc as a driver: %v, want ErrNotSupported and ErrMissingCall naming cuInit", err)
 	}
 	t.Setenv("SOFTCUDA_DEVICES", "0")
 	_, err = cuda.Open(cuda.Config{Path: softLib(t)})

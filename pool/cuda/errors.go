@@ -13,6 +13,11 @@ var (
 	// call we need), or the driver refuses a feature (dma-buf export). The
 	// caller falls back: host pools, or the peer-memory path for the NIC.
 	ErrNotSupported = errors.New("cuda: not supported")
+	// ErrMissingCall is matched, with ErrNotSupported, when the library
+	// loads but lacks a driver-API call the binding needs: a driver too
+	// old, a library that is not libcuda, or a declaration of ours that
+	// names a call wrongly. Tests on a real GPU fail on it rather than skip.
+	ErrMissingCall = errors.New("cuda: driver lacks a call")
 	// ErrUnavailable: the driver loaded but there is no usable GPU
 	// (CUDA_ERROR_NO_DEVICE, no devices, a device index out of range).
 	ErrUnavailable = errors.New("cuda: no device")

@@ -351,6 +351,7 @@ import "C"
 
 import (
 	"fmt"
+	"strings"
 	"unsafe"
 )
 
@@ -373,7 +374,11 @@ func openLib(path string) (*lib, error) {
 	var errbuf [512]C.char
 	l := C.kvf_open(cpath, &errbuf[0], C.size_t(len(errbuf)))
 	if l == nil {
-		return nil, fmt.Errorf("cuda: load %s: %s: %w", path, C.GoString(&errbuf[0]), ErrNotSupported)
+		msg := C.GoString(&errbuf[0])
+		if strings.HasPrefix(msg, "symbol ") { // kvf_open's words for a call dlsym did not find
+			return nil, fmt.Errorf("cuda: load %s: %s: %w: %w", path, msg, ErrMissingCall, ErrNotSupported)
+		}
+		return nil, fmt.Errorf("cuda: load %s: %s: %w", path, msg, ErrNotSupported)
 	}
 	lb := &lib{l: l}
 	if err := lb.check("cuInit", C.kvf_init(l)); err != nil {

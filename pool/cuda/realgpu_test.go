@@ -16,6 +16,11 @@ import (
 func requireGPU(t *testing.T) *cuda.Driver {
 	t.Helper()
 	d, err := cuda.Open(cuda.Config{Path: cuda.DefaultLibrary})
+	if errors.Is(err, cuda.ErrMissingCall) {
+		// A driver that loads but lacks a call we declare: a wrong name
+		// of ours, or a driver kvfabric cannot run on.
+		t.Fatalf("the real driver: %v", err)
+	}
 	if errors.Is(err, cuda.ErrNotSupported) || errors.Is(err, cuda.ErrUnavailable) {
 		t.Skipf("no GPU to test on: %v", err)
 	}
