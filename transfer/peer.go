@@ -58,7 +58,8 @@ func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
 	p := &Peer{n: n, name: name, addr: ua, slots: make([]connSlot, n.cfg.ConnsPerPeer),
 		streams: make(chan struct{}, n.cfg.ConnsPerPeer*n.cfg.StreamsPerConn)}
 	if n.rdma != nil {
-		p.rdma = &peerRDMA{wait: make(chan struct{}), qps: map[nicPair]*qpPool{}, leases: map[uint64]map[uint64][]remoteRegion{}}
+		p.rdma = &peerRDMA{wait: make(chan struct{}), qps: map[nicPair]*qpPool{}, leases: map[uint64]map[uint64][]remoteRegion{},
+			keyless: map[uint64]bool{}}
 	}
 	if _, err := p.conn(ctx, 0); err != nil {
 		return nil, err
@@ -365,6 +366,8 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 		if err := p.keepRegions(l.ID, &l, resp.RdmaRegions); err != nil {
 			return Lease{}, err
 		}
+	} else {
+		p.keylessLease(l.ID)
 	}
 	return l, nil
 }

@@ -457,6 +457,9 @@ type peerRDMA struct {
 	qps    map[nicPair]*qpPool
 	wait   chan struct{}
 	leases map[uint64]map[uint64][]remoteRegion // lease -> block set -> by rank
+	// keyless are the leases taken without asking for keys, during a
+	// backoff: reads under them count as the backoff's.
+	keyless map[uint64]bool
 	// failedUntil is when RDMA to the peer may be tried again, after
 	// failures failures in a row; reason says why it stopped.
 	failedUntil time.Time
@@ -529,8 +532,27 @@ func (p *Peer) forgetLease(id uint64) {
 	if r := p.rdma; r != nil {
 		r.mu.Lock()
 		delete(r.leases, id)
+		delete(r.keyless, id)
 		r.mu.Unlock()
 	}
+}
+
+// keylessLease records a lease taken without asking for keys, during a
+// backoff.
+func (p *Peer) keylessLease(id uint64) {
+	r := p.rdma
+	if r == nil || id == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.keyless) >= maxLeasesKept {
+		for k := range r.keyless { // any: a full map means leases never released
+			delete(r.keyless, k)
+			break
+		}
+	}
+	r.keyless[id] = true
 }
 
 // rdmaUnavailable records that RDMA to the peer cannot be used now, for
@@ -561,7 +583,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	r.mu.Lock()
 	sets, haveLease := r.leases[leaseID]
 	regions := sets[blockSet]
-	backoff := time.Now().Before(r.failedUntil)
+	backoff := time.Now().Before(r.failedUntil) || r.keyless[leaseID]
 	noRDMA := r.noRDMA
 	r.mu.Unlock()
 	switch {

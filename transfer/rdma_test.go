@@ -309,10 +309,27 @@ func TestRDMAReadErrorFallsBackToQUIC(t *testing.T) {
 	if m := p.metrics(t); m.Fallbacks[FallbackBackoff] != 1 {
 		t.Errorf("metrics %+v: want one backoff fallback", m)
 	}
+	// A lease taken during the backoff (it asks for no keys) and read
+	// after it ends goes over QUIC too, counted as the backoff's.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	keyless, err := p.peer.Lease(ctx, []uint64{2}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The backoff ends.
 	p.peer.rdma.mu.Lock()
 	p.peer.rdma.failedUntil = time.Now()
 	p.peer.rdma.mu.Unlock()
+	if via, err := p.peer.ReadVia(ctx, keyless.ID, 7, p.segs, p.dst); err != nil || via != TransportQUIC {
+		t.Fatalf("read under a lease taken during the backoff: over %s, %v; want quic", via, err)
+	}
+	if _, err := p.peer.Release(ctx, keyless.ID); err != nil {
+		t.Fatal(err)
+	}
+	if m := p.metrics(t); m.Fallbacks[FallbackBackoff] != 2 || m.Fallbacks[FallbackPeerHasNoRDMA] != 0 {
+		t.Errorf("metrics %+v: want the keyless lease's read counted as backoff, not as a holder without RDMA", m)
+	}
 	if via := p.read(t); via != TransportRDMA {
 		t.Fatalf("read after backoff went over %s, want rdma", via)
 	}
