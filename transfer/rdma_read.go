@@ -1,0 +1,557 @@
+package transfer
+
+// The reading side of RDMA: the holder's keys a lease carried, queue pairs
+// per pair of devices, and reads as RDMA READs in groups and lanes.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/rdma"
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
+)
+
+// remoteRegion is one rank's region of a holder's block set as its NIC
+// addresses it.
+type remoteRegion struct {
+	addr, length uint64
+	rkey         uint32
+	nic          int // the holder's device it is registered with
+}
+
+// nicPair names queue pairs by the devices at their ends: this node's
+// (where the read lands) and the holder's (where the region is
+// registered).
+type nicPair struct{ local, remote int }
+
+// qpPool is the queue pairs between one pair of devices.
+type qpPool struct {
+	idle []*rdma.QueuePair
+	open int // connected queue pairs, idle or reading
+}
+
+// peerRDMA is a reader's RDMA state for one peer.
+type peerRDMA struct {
+	mu     sync.Mutex
+	qps    map[nicPair]*qpPool
+	wait   chan struct{}
+	leases map[uint64]map[uint64][]remoteRegion // lease -> block set -> by rank
+	// keyless are the leases taken without asking for keys, during a
+	// backoff: reads under them count as the backoff's.
+	keyless map[uint64]bool
+	// failedUntil is when RDMA to the peer may be tried again, after
+	// failures failures in a row; reason says why it stopped.
+	failedUntil time.Time
+	failures    int
+	reason      string
+	noRDMA      bool // the holder offers no RDMA; asked again after Backoff
+	connects    []time.Time
+}
+
+// maxLeasesKept bounds the leases whose keys a peer handle remembers: a
+// caller that never releases cannot make it grow without bound.
+const maxLeasesKept = 4096
+
+// wantRDMA says whether a lease should ask the holder for keys.
+func (p *Peer) wantRDMA() bool {
+	r := p.rdma
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !time.Now().Before(r.failedUntil)
+}
+
+// keepRegions validates the keys a lease carried and remembers them.
+func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaRegion) error {
+	r := p.rdma
+	if r == nil || len(regions) == 0 {
+		if r != nil && l.ID != 0 && len(l.LayoutDigests) > 0 {
+			p.rdmaUnavailable(FallbackPeerHasNoRDMA)
+		}
+		return nil
+	}
+	if len(regions) > len(l.LayoutDigests)*maxRank {
+		return fmt.Errorf("%w: lease from %s has %d RDMA regions for %d block sets", ErrFrame, p.name, len(regions), len(l.LayoutDigests))
+	}
+	sets := map[uint64][]remoteRegion{}
+	for i, g := range regions {
+		if _, ok := l.LayoutDigests[g.BlockSet]; !ok {
+			return fmt.Errorf("%w: lease from %s: RDMA region %d names block set %d, which the lease does not", ErrFrame, p.name, i, g.BlockSet)
+		}
+		if g.Rank >= maxRank || g.Length == 0 || g.Addr+g.Length < g.Addr || g.Nic >= MaxNICs {
+			return fmt.Errorf("%w: lease from %s: RDMA region %d (rank %d, %d bytes at %#x, nic %d) out of range", ErrFrame, p.name, i, g.Rank, g.Length, g.Addr, g.Nic)
+		}
+		rs := sets[g.BlockSet]
+		for len(rs) <= int(g.Rank) {
+			rs = append(rs, remoteRegion{})
+		}
+		if rs[g.Rank].length != 0 {
+			return fmt.Errorf("%w: lease from %s: two RDMA regions for block set %d rank %d", ErrFrame, p.name, g.BlockSet, g.Rank)
+		}
+		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, rkey: g.Rkey, nic: int(g.Nic)}
+		sets[g.BlockSet] = rs
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.leases) >= maxLeasesKept {
+		for id := range r.leases { // any: a full map means leases never released
+			delete(r.leases, id)
+			break
+		}
+	}
+	r.leases[leaseID] = sets
+	r.noRDMA = false
+	return nil
+}
+
+// forgetLease drops a lease's keys (released or abandoned).
+func (p *Peer) forgetLease(id uint64) {
+	if r := p.rdma; r != nil {
+		r.mu.Lock()
+		delete(r.leases, id)
+		delete(r.keyless, id)
+		r.mu.Unlock()
+	}
+}
+
+// keylessLease records a lease taken without asking for keys, during a
+// backoff.
+func (p *Peer) keylessLease(id uint64) {
+	r := p.rdma
+	if r == nil || id == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.keyless) >= maxLeasesKept {
+		for k := range r.keyless { // any: a full map means leases never released
+			delete(r.keyless, k)
+			break
+		}
+	}
+	r.keyless[id] = true
+}
+
+// rdmaUnavailable records that RDMA to the peer cannot be used now, for
+// reason, and backs off: Backoff, doubling with failures in a row.
+func (p *Peer) rdmaUnavailable(reason string) {
+	r := p.rdma
+	cfg := p.n.rdma.cfg
+	r.mu.Lock()
+	d := cfg.Backoff << min(r.failures, 16)
+	d = min(d, cfg.MaxBackoff)
+	r.failures++
+	r.failedUntil = time.Now().Add(d)
+	first := r.reason != reason
+	r.reason = reason
+	r.noRDMA = reason == FallbackPeerHasNoRDMA
+	r.mu.Unlock()
+	if first {
+		p.n.log.Info("reads from peer go over QUIC", "peer", p.name, "reason", reason, "retry_in", d)
+	}
+}
+
+// readRDMA moves segs over RDMA if the lease carried keys for blockSet and
+// the peer's RDMA is healthy. done is false when RDMA was not tried (the
+// reason is counted); an error means RDMA was tried and failed, and
+// nothing of it is still writing into dst.
+func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst []Span, total uint64) (done bool, err error) {
+	r := p.rdma
+	r.mu.Lock()
+	sets, haveLease := r.leases[leaseID]
+	regions := sets[blockSet]
+	backoff := time.Now().Before(r.failedUntil) || r.keyless[leaseID]
+	noRDMA := r.noRDMA
+	r.mu.Unlock()
+	switch {
+	case noRDMA:
+		p.n.countFallback(FallbackPeerHasNoRDMA)
+		return false, nil
+	case backoff:
+		// Keys or not: a lease taken ahead, before the failure, carries
+		// them, and trying it would cost another failure (a whole
+		// queue-pair timeout against a stalled holder) per chunk.
+		p.n.countFallback(FallbackBackoff)
+		return false, nil
+	case !haveLease || len(regions) == 0:
+		p.n.countFallback(FallbackPeerHasNoRDMA)
+		return false, nil
+	}
+	lkeys := make([]uint32, len(dst))
+	local := make([]int, len(dst))
+	for i, d := range dst {
+		if d.Len == 0 {
+			continue
+		}
+		mr, ok := p.n.rdma.mem.findRange(d.Addr, d.Len)
+		if !ok {
+			p.n.countFallback(FallbackNotRegistered)
+			return false, nil
+		}
+		lkeys[i], local[i] = mr.LKey(), mr.nic
+	}
+	// The segments by the devices at both ends: each group goes on queue
+	// pairs of its own, the groups at once (a NIC per GPU reads its ranks
+	// in parallel with the others).
+	var pairs []nicPair
+	groups := map[nicPair][]layout.Segment{}
+	for si, s := range segs {
+		if s.SrcRank < 0 || s.SrcRank >= len(regions) || regions[s.SrcRank].length == 0 {
+			p.n.countFallback(FallbackBadKeys)
+			p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID,
+				"err", fmt.Sprintf("segment %d reads rank %d, which the holder gave no RDMA region for", si, s.SrcRank))
+			return false, nil
+		}
+		if s.DstRank < 0 || s.DstRank >= len(dst) {
+			return false, fmt.Errorf("%w: segment %d writes rank %d of %d", ErrInvalidRequest, si, s.DstRank, len(dst))
+		}
+		// Checked before any queue pair is taken: a holder whose regions
+		// are too short costs no queue pair.
+		if end, err := segmentEnd(s); err != nil || end > regions[s.SrcRank].length {
+			p.n.countFallback(FallbackBadKeys)
+			p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID,
+				"err", fmt.Sprintf("segment %d ends past rank %d's region of %d bytes (%v)", si, s.SrcRank, regions[s.SrcRank].length, err))
+			return false, nil
+		}
+		k := nicPair{local[s.DstRank], regions[s.SrcRank].nic}
+		if _, ok := groups[k]; !ok {
+			pairs = append(pairs, k)
+		}
+		groups[k] = append(groups[k], s)
+	}
+	// A pair's group large enough is cut into lanes, each on a queue
+	// pair of its own: several streams of READs keep a NIC busy (and
+	// softverbs' copies on more than one core).
+	type job struct {
+		pair nicPair
+		segs []layout.Segment
+	}
+	var jobs []job
+	for _, k := range pairs {
+		var n uint64
+		for _, s := range groups[k] {
+			n += s.Bytes()
+		}
+		lanes := int(min(uint64(p.n.rdma.cfg.QPsPerPeer), n/minLaneBytes))
+		if lanes < 2 {
+			jobs = append(jobs, job{k, groups[k]})
+			continue
+		}
+		for _, part := range splitPlan(groups[k], n, lanes, minLaneBytes, math.MaxInt) {
+			jobs = append(jobs, job{k, part})
+		}
+	}
+	res := make([]groupRead, len(jobs))
+	if len(jobs) == 1 {
+		res[0] = p.readGroup(ctx, leaseID, jobs[0].pair, jobs[0].segs, regions, dst, lkeys)
+	} else {
+		// A group that fails stops the others: the chunk is read again
+		// over QUIC.
+		gctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		for i, j := range jobs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res[i] = p.readGroup(gctx, leaseID, j.pair, j.segs, regions, dst, lkeys)
+				if res[i].err != nil {
+					cancel()
+				}
+			}()
+		}
+		wg.Wait()
+		cancel()
+	}
+	// Every group has stopped writing into dst by now.
+	var errs []error
+	var fallback string
+	var ops, sges uint64
+	var cpu time.Duration
+	for _, g := range res {
+		switch {
+		case g.err != nil:
+			errs = append(errs, g.err)
+		case g.fallback != "" && fallback == "":
+			fallback = g.fallback
+		}
+		ops, sges, cpu = ops+g.ops, sges+g.sges, cpu+g.cpu
+	}
+	st := p.n.rdma
+	switch {
+	case len(errs) > 0 && p.closed.Load():
+		// Not RDMA's failure: the handle was closed.
+		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
+	case len(errs) > 0 && ctx.Err() != nil:
+		// The caller gave up; the read failed, not the peer's RDMA.
+		st.mu.Lock()
+		st.readFails++
+		st.mu.Unlock()
+		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
+	case len(errs) > 0:
+		st.mu.Lock()
+		st.readFails++
+		st.mu.Unlock()
+		p.n.countFallback(FallbackReadFailed)
+		p.rdmaUnavailable(FallbackReadFailed)
+		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
+	case fallback != "":
+		// RDMA was not tried for part of it: the whole read goes over
+		// QUIC, which writes every byte again.
+		p.n.countFallback(fallback)
+		if fallback == FallbackConnectFailed {
+			p.rdmaUnavailable(FallbackConnectFailed)
+		}
+		return false, nil
+	}
+	st.mu.Lock()
+	st.reads++
+	st.bytes += total
+	st.ops += ops
+	st.sges += sges
+	st.readCPU += cpu
+	for i, j := range jobs {
+		st.nicBytes[j.pair.local] += res[i].bytes
+	}
+	st.mu.Unlock()
+	r.mu.Lock()
+	r.failures = 0
+	r.mu.Unlock()
+	return true, nil
+}
+
+// groupRead is what reading one device pair's segments came to: err when
+// RDMA was tried and failed, fallback when it was not tried (and why).
+type groupRead struct {
+	err              error
+	fallback         string
+	ops, sges, bytes uint64
+	cpu              time.Duration
+}
+
+// readGroup moves segs, all between the devices of k, on a queue pair of
+// k.
+func (p *Peer) readGroup(ctx context.Context, leaseID uint64, k nicPair, segs []layout.Segment, regions []remoteRegion, dst []Span, lkeys []uint32) groupRead {
+	qp, err := p.takeQP(ctx, k)
+	if err != nil {
+		switch {
+		case errors.Is(err, errConnectLimited):
+			return groupRead{fallback: FallbackConnectLimited}
+		case ctx.Err() != nil, errors.Is(err, ErrClosed):
+			return groupRead{err: err}
+		}
+		return groupRead{fallback: FallbackConnectFailed}
+	}
+	ops, sges, err := readOps(segs, regions, dst, lkeys, qp.Options().MaxSGE)
+	if err != nil {
+		p.putQP(k, qp, true)
+		p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID, "err", err)
+		return groupRead{fallback: FallbackBadKeys}
+	}
+	var n uint64
+	for _, s := range segs {
+		n += s.Bytes()
+	}
+	cpu0 := qp.ReadCPU()
+	err = qp.Read(ctx, ops)
+	g := groupRead{ops: uint64(len(ops)), sges: uint64(sges), bytes: n, cpu: qp.ReadCPU() - cpu0}
+	p.putQP(k, qp, err != nil)
+	if err != nil {
+		g.err = err
+	}
+	return g
+}
+
+var errConnectLimited = errors.New("transfer: rdma connects to the peer at their cap for this minute")
+
+// takeQP returns an idle connected queue pair between the devices of k,
+// connecting a new one while fewer than QPsPerPeer are open, or waits for
+// one to be given back.
+func (p *Peer) takeQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
+	r := p.rdma
+	cfg := p.n.rdma.cfg
+	for {
+		r.mu.Lock()
+		// Under the lock that closeRDMA's wake-up takes: a close is seen
+		// here, or wakes the wait below.
+		if p.closed.Load() {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("transfer: peer %s: %w", p.name, ErrClosed)
+		}
+		pool := r.qps[k]
+		if pool == nil {
+			pool = &qpPool{}
+			r.qps[k] = pool
+		}
+		if n := len(pool.idle); n > 0 {
+			q := pool.idle[n-1]
+			pool.idle = pool.idle[:n-1]
+			r.mu.Unlock()
+			return q, nil
+		}
+		if pool.open < cfg.QPsPerPeer {
+			now := time.Now()
+			for len(r.connects) > 0 && now.Sub(r.connects[0]) > time.Minute {
+				r.connects = r.connects[1:]
+			}
+			if len(r.connects) >= cfg.MaxConnectsPerMinute*len(cfg.Devices) {
+				r.mu.Unlock()
+				return nil, errConnectLimited
+			}
+			r.connects = append(r.connects, now)
+			pool.open++
+			r.mu.Unlock()
+			q, err := p.connectQP(ctx, k)
+			if err != nil {
+				r.mu.Lock()
+				pool.open--
+				r.mu.Unlock()
+				p.signalQP()
+				return nil, err
+			}
+			return q, nil
+		}
+		wait := r.wait
+		r.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// putQP gives a queue pair of k back after a read; a failed one is
+// destroyed (the next read connects a fresh one, within
+// MaxConnectsPerMinute).
+func (p *Peer) putQP(k nicPair, q *rdma.QueuePair, failed bool) {
+	r := p.rdma
+	r.mu.Lock()
+	pool := r.qps[k]
+	if failed || p.closed.Load() {
+		pool.open--
+		r.mu.Unlock()
+		q.Close()
+	} else {
+		pool.idle = append(pool.idle, q)
+		r.mu.Unlock()
+	}
+	p.signalQP()
+}
+
+func (p *Peer) signalQP() {
+	r := p.rdma
+	r.mu.Lock()
+	close(r.wait)
+	r.wait = make(chan struct{})
+	r.mu.Unlock()
+}
+
+// connectQP makes a queue pair on this node's device k.local, has the
+// holder make one on its device k.remote connected to it, and connects
+// ours to the holder's.
+func (p *Peer) connectQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
+	st := p.n.rdma
+	fail := func(err error) (*rdma.QueuePair, error) {
+		if ctx.Err() != nil {
+			return nil, err // given up (another lane failed, or the caller), not failed
+		}
+		st.mu.Lock()
+		st.connectFails++
+		st.mu.Unlock()
+		p.n.log.Warn("rdma connect failed", "peer", p.name, "nic", k.local, "peer_nic", k.remote, "err", err)
+		return nil, err
+	}
+	q, err := st.cfg.Devices[k.local].NewQueuePair(st.cfg.QP)
+	if err != nil {
+		return fail(fmt.Errorf("transfer: rdma queue pair: %w", err))
+	}
+	var resp transferpb.RdmaConnectResponse
+	req := &transferpb.RdmaConnectRequest{Endpoint: endpointProto(q.Endpoint()), Nic: uint32(k.remote), ReaderNic: uint32(k.local),
+		QueuePairs: uint32(st.cfg.QPsPerPeer)}
+	if err := p.call(ctx, methodRdmaConnect, req, &resp); err != nil {
+		q.Close()
+		return fail(err)
+	}
+	remote, err := endpointFrom(resp.Endpoint)
+	if err != nil {
+		q.Close()
+		return fail(fmt.Errorf("transfer: rdma connect answer from %s: %w", p.name, err))
+	}
+	if err := q.Connect(remote); err != nil {
+		q.Close()
+		return fail(fmt.Errorf("transfer: connect queue pair to %s's %d: %w", p.name, remote.QPN, err))
+	}
+	st.mu.Lock()
+	st.connects++
+	st.mu.Unlock()
+	return q, nil
+}
+
+// closeRDMA destroys the peer handle's idle queue pairs (the busy ones
+// when they are given back).
+func (p *Peer) closeRDMA() {
+	r := p.rdma
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	var idle []*rdma.QueuePair
+	for _, pool := range r.qps {
+		idle = append(idle, pool.idle...)
+		pool.open -= len(pool.idle)
+		pool.idle = nil
+	}
+	r.mu.Unlock()
+	for _, q := range idle {
+		q.Close()
+	}
+	// Reads waiting for a queue pair see the handle closed.
+	p.signalQP()
+}
+
+// readOps turns a plan's segments into RDMA READs (rdma.Coalesce merges
+// pieces contiguous in the holder's memory into one work request with a
+// scatter list, and pieces contiguous on both sides into one entry). It
+// first checks every segment against the holder's region (its announced
+// length). It returns the ops and the scatter entries they hold.
+func readOps(segs []layout.Segment, regions []remoteRegion, dst []Span, lkeys []uint32, maxSGE int) ([]rdma.ReadOp, int, error) {
+	n := uint64(0)
+	for _, s := range segs {
+		n += s.Count
+	}
+	pieces := make([]rdma.Piece, 0, n)
+	for si, s := range segs {
+		if s.SrcRank < 0 || s.SrcRank >= len(regions) || regions[s.SrcRank].length == 0 {
+			return nil, 0, fmt.Errorf("segment %d reads rank %d, which the holder gave no RDMA region for", si, s.SrcRank)
+		}
+		reg := regions[s.SrcRank]
+		end, err := segmentEnd(s)
+		if err != nil {
+			return nil, 0, fmt.Errorf("segment %d: %w", si, err)
+		}
+		if end > reg.length {
+			return nil, 0, fmt.Errorf("segment %d ends at %d, past rank %d's region of %d bytes", si, end, s.SrcRank, reg.length)
+		}
+		base := dst[s.DstRank].Addr
+		for i := uint64(0); i < s.Count; i++ {
+			src, d := s.Piece(i)
+			pieces = append(pieces, rdma.Piece{RemoteAddr: reg.addr + src, RKey: reg.rkey, LocalAddr: base + d, LKey: lkeys[s.DstRank], Length: s.Length})
+		}
+	}
+	ops, err := rdma.Coalesce(pieces, maxSGE)
+	if err != nil {
+		return nil, 0, err
+	}
+	sges := 0
+	for _, op := range ops {
+		sges += len(op.Local)
+	}
+	return ops, sges, nil
+}
