@@ -284,6 +284,15 @@ func TestHolderKilledDuringImports(t *testing.T) {
 			}
 			return nil
 		})
+		// And sees the others: a restarted seed (gpu-01 has no seed of its
+		// own) refuses a peer's calls until that peer is its member again,
+		// and the next round's copy reads from it at once.
+		back, cancel := context.WithTimeout(ctx, 60*time.Second)
+		if err := c.WaitMembers(back, c.Nodes, len(c.Nodes)); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		cancel()
 	}
 	rec.Figure("imports_ok", float64(served))
 	rec.Figure("imports_failed", float64(failed))
