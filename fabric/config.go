@@ -133,9 +133,9 @@ type Config struct {
 	// AMOUNT is a SIZE or a fraction of the GPU's free memory at start,
 	// written with a point (device=0.5; 0 < fraction <= 1). At most one host
 	// or pinned entry; device entries name each GPU once. Engines' block
-	// sets are carved from the device pools when the node has a GPU, one
-	// TP rank per GPU (rank r on the r-th pool, or where the engine's
-	// Register places it), else from the host or pinned entry (host=1GiB
+	// sets are carved from the device pools when the node has a GPU, TP
+	// rank r on the r-th pool modulo their number, or where the engine's
+	// Register places it, else from the host or pinned entry (host=1GiB
 	// when there is none). Without
 	// a CUDA driver or a GPU the device entries are left out and the agent
 	// says so once. If empty, a host pool of 1 GiB.
