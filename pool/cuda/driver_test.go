@@ -408,24 +408,7 @@ func TestPinned(t *testing.T) {
 func TestIPCHandleAcrossProcesses(t *testing.T) {
 	d, lib := openSoft(t)
 	const n = 1 << 20
-	m, err := d.AllocDevice(0, 2*n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closeT(t, m)
-	s, err := d.NewStream(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closeT(t, s)
-	if err := s.CopyHtoD(m.Addr(), pattern(n, 1)); err != nil {
-		t.Fatal(err)
-	}
-	h, err := m.IPCHandle()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := runChild(t, "ipc", lib, "CHILD_HANDLE="+hex.EncodeToString(h[:]), fmt.Sprintf("CHILD_N=%d", n))
+	m, s, h, out, err := ipcChild(t, d, lib, n)
 	if err != nil {
 		t.Fatalf("child: %v\n%s", err, out)
 	}
@@ -463,24 +446,7 @@ func TestIPCHandleOpenPaths(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			d, lib := openSoft(t, "SOFTCUDA_IPC_OPEN="+how)
 			const n = 4096
-			m, err := d.AllocDevice(0, 2*n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			closeT(t, m)
-			s, err := d.NewStream(0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			closeT(t, s)
-			if err := s.CopyHtoD(m.Addr(), pattern(n, 1)); err != nil {
-				t.Fatal(err)
-			}
-			h, err := m.IPCHandle()
-			if err != nil {
-				t.Fatal(err)
-			}
-			out, err := runChild(t, "ipc", lib, "CHILD_HANDLE="+hex.EncodeToString(h[:]), fmt.Sprintf("CHILD_N=%d", n))
+			m, s, _, out, err := ipcChild(t, d, lib, n)
 			if err != nil && how == "pidfd" && strings.Contains(out, "CUDA_ERROR_INVALID_HANDLE") {
 				// pidfd_getfd needs Linux 5.6 and ptrace access to the
 				// exporter (Yama's ptrace_scope 1 refuses a child).
@@ -495,6 +461,33 @@ func TestIPCHandleOpenPaths(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ipcChild allocates 2n bytes of device memory on GPU 0, writes pattern 1
+// into the first n, and runs the "ipc" child on its IPC handle (it checks
+// those bytes and writes pattern 2 into the second n). It returns the
+// memory, a stream on GPU 0, the handle, and the child's output and error.
+func ipcChild(t *testing.T, d *cuda.Driver, lib string, n int) (*cuda.DeviceMemory, *cuda.Stream, cuda.IPCHandle, string, error) {
+	t.Helper()
+	m, err := d.AllocDevice(0, uint64(2*n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, m)
+	s, err := d.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, s)
+	if err := s.CopyHtoD(m.Addr(), pattern(n, 1)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := m.IPCHandle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := runChild(t, "ipc", lib, "CHILD_HANDLE="+hex.EncodeToString(h[:]), fmt.Sprintf("CHILD_N=%d", n))
+	return m, s, h, out, err
 }
 
 // A handle whose memory was freed cannot be opened by another process.
