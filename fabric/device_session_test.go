@@ -3,7 +3,6 @@
 package fabric_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -206,23 +205,7 @@ func TestDevicePoolSessionOfKilledEngine(t *testing.T) {
 		return cmd
 	}
 	cmd := helper("hold")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("engine helper: %v", err)
-	}
-	id, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(line, "ready ")), 10, 64)
-	if err != nil {
-		t.Fatalf("engine helper said %q", line)
-	}
+	id := startHeldEngine(t, cmd)
 
 	watcher, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {

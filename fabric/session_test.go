@@ -145,23 +145,7 @@ func TestSessionOfKilledEngineFreesAll(t *testing.T) {
 
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), engineHelperEnv+"="+a.EngineSocket())
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("engine helper: %v", err)
-	}
-	id, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(line, "ready ")), 10, 64)
-	if err != nil {
-		t.Fatalf("engine helper said %q", line)
-	}
+	id := startHeldEngine(t, cmd)
 
 	watcher, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {
@@ -631,4 +615,29 @@ func TestIdleBlockSetReusedWithItsBlocks(t *testing.T) {
 	if b := st.BlockSets[0]; b.Sessions != 1 || b.IdleSinceUnixMs != 0 {
 		t.Fatalf("a set in use again: %v", b)
 	}
+}
+
+// startHeldEngine starts an engine helper process that holds a session
+// (it prints "ready SESSION"), killed when the test ends, and returns its
+// session id.
+func startHeldEngine(t *testing.T, cmd *exec.Cmd) uint64 {
+	t.Helper()
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("engine helper: %v", err)
+	}
+	id, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(line, "ready ")), 10, 64)
+	if err != nil {
+		t.Fatalf("engine helper said %q", line)
+	}
+	return id
 }
