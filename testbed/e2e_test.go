@@ -169,28 +169,14 @@ func TestHolderKilledMidImport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		resp *fabricpb.ImportResponse
-		err  error
-		at   time.Time
-	}
-	done := make(chan result, 1)
-	go func() {
-		resp, err := cl.Import(ctx, set.ID, seqs[0])
-		done <- result{resp, err, time.Now()}
-	}()
+	result := importAsync(t, ctx, cl, set.ID, seqs[0])
 	// Kill whichever holder is serving, once bytes are flowing.
 	victim := waitServing(t, []*Node{n1, n2})
 	killed := time.Now()
 	if err := victim.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	var r result
-	select {
-	case r = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("import did not return")
-	}
+	r := result()
 	// Failing over is done when the fetch from the surviving holder
 	// starts (its own duration is the bytes moving); without a failover,
 	// when the import returns its error.
@@ -686,5 +672,34 @@ func TestSIGHUPReloads(t *testing.T) {
 	waitIndexed(t, n, c.Nodes[0].Name, w.Unique())
 	if _, err := Consume(ctx, n, eng("consumer", 2, layout.NHD), seqs); err != nil {
 		t.Fatalf("import after SIGHUP: %v", err)
+	}
+}
+
+// importResult is what an import started by importAsync came to, and when
+// it returned.
+type importResult struct {
+	resp *fabricpb.ImportResponse
+	err  error
+	at   time.Time
+}
+
+// importAsync imports hashes into block set set through cl on a goroutine
+// of its own; the function it returns waits for the result, failing the
+// test if the import has not returned within 20 s.
+func importAsync(t *testing.T, ctx context.Context, cl *client.Client, set uint64, hashes []uint64) func() importResult {
+	done := make(chan importResult, 1)
+	go func() {
+		resp, err := cl.Import(ctx, set, hashes)
+		done <- importResult{resp, err, time.Now()}
+	}()
+	return func() importResult {
+		t.Helper()
+		select {
+		case r := <-done:
+			return r
+		case <-time.After(20 * time.Second):
+			t.Fatal("import did not return")
+			return importResult{}
+		}
 	}
 }

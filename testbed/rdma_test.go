@@ -388,15 +388,7 @@ func TestRDMALeaseExpiredBeforeReleaseDiscards(t *testing.T) {
 	}
 	// 1.6 s of completions for the second block's read.
 	c.fault(t, 1, fmt.Sprintf("delay_us=%d", int(1.6e6/ops)))
-	type result struct {
-		resp *fabricpb.ImportResponse
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		resp, err := cl.Import(ctx, set.ID, seqs[1])
-		done <- result{resp, err}
-	}()
+	result := importAsync(t, ctx, cl, set.ID, seqs[1])
 	wait.For(t, 10*time.Second, "the holder grants the lease", func() error {
 		if v, err := metricValue(holder, "kvfabric_leases"); err != nil || v == 0 {
 			return fmt.Errorf("%v leases (%v)", v, err)
@@ -425,12 +417,7 @@ func TestRDMALeaseExpiredBeforeReleaseDiscards(t *testing.T) {
 		t.Fatalf("the read landed %v after the lease: within its 1 s term, nothing is tested", since)
 	}
 	cont()
-	var r result
-	select {
-	case r = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("import did not return")
-	}
+	r := result()
 	why := ""
 	switch {
 	case r.err != nil:
@@ -489,16 +476,7 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		resp *fabricpb.ImportResponse
-		err  error
-		at   time.Time
-	}
-	done := make(chan result, 1)
-	go func() {
-		resp, err := cl.Import(ctx, set.ID, seqs[0])
-		done <- result{resp, err, time.Now()}
-	}()
+	result := importAsync(t, ctx, cl, set.ID, seqs[0])
 	victim := waitServing(t, []*Node{n1, n2})
 	// The importer connects its queue pair to the holder just before
 	// its first READ, and the delayed completions keep the read going.
@@ -513,12 +491,7 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.fault(t, 2, "") // the rest at full speed
-	var r result
-	select {
-	case r = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("import did not return")
-	}
+	r := result()
 	if !r.at.After(killed) {
 		t.Fatalf("the import ended before %s was killed: nothing was tested", victim.Name)
 	}
