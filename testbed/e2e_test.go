@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -35,22 +34,7 @@ var bin string
 
 // TestMain builds the binary the tests run as agent processes.
 func TestMain(m *testing.M) {
-	flag.Parse()
-	dir, err := os.MkdirTemp("", "kvfabric-e2e-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = filepath.Join(dir, "kvfabric")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/kvfabric").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build kvfabric: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	MainWithBinary(&bin, m.Run)
 }
 
 var model = layout.ModelConfig{Layers: 8, KVHeads: 8, HeadDim: 64, DType: layout.DTypeBF16}

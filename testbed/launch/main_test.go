@@ -13,27 +13,14 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/testbed"
 )
 
 var bin string
 
 // TestMain builds the binary the launchers start.
 func TestMain(m *testing.M) {
-	flag.Parse()
-	dir, err := os.MkdirTemp("", "kvfabric-launch-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = filepath.Join(dir, "kvfabric")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kvfabric").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build kvfabric: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testbed.MainWithBinary(&bin, m.Run)
 }
 
 var long = flag.Bool("kvfabric.long", false, "run the launcher on three namespace hosts instead of two")

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,22 +23,7 @@ var (
 
 // TestMain builds the agent binary the clusters run.
 func TestMain(m *testing.M) {
-	flag.Parse()
-	dir, err := os.MkdirTemp("", "kvfabric-netns-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = filepath.Join(dir, "kvfabric")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kvfabric").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build kvfabric: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testbed.MainWithBinary(&bin, m.Run)
 }
 
 var model = layout.ModelConfig{Layers: 8, KVHeads: 8, HeadDim: 64, DType: layout.DTypeBF16}

@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
@@ -128,15 +127,12 @@ func run(args []string, stdout io.Writer) error {
 	defer cancel()
 
 	if *bin == "" {
-		dir, err := os.MkdirTemp("", "kvfabric-replay-bin")
+		b, remove, err := testbed.BuildBinary(ctx)
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		*bin = filepath.Join(dir, "kvfabric")
-		if out, err := exec.CommandContext(ctx, "go", "build", "-o", *bin, "./cmd/kvfabric").CombinedOutput(); err != nil {
-			return fmt.Errorf("build kvfabric (run from the repository root, or give -bin): %v\n%s", err, out)
-		}
+		defer remove()
+		*bin = b
 	}
 	if *pool == "" {
 		// The engine's block set, room for a second, and the pool's own.

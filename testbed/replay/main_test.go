@@ -3,10 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,21 +15,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	dir, err := os.MkdirTemp("", "kvfabric-replay-test-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = filepath.Join(dir, "kvfabric")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/kvfabric").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build kvfabric: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testbed.MainWithBinary(&bin, m.Run)
 }
 
 // The command generates a trace file, replays it under two policies with

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -61,15 +60,12 @@ func run(args []string, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	if *bin == "" {
-		tmp, err := os.MkdirTemp("", "kvfabric-sweep-bin")
+		b, remove, err := testbed.BuildBinary(ctx)
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(tmp)
-		*bin = filepath.Join(tmp, "kvfabric")
-		if out, err := exec.CommandContext(ctx, "go", "build", "-o", *bin, "./cmd/kvfabric").CombinedOutput(); err != nil {
-			return fmt.Errorf("sweep: build kvfabric (run from the repository root, or give -bin): %v\n%s", err, out)
-		}
+		defer remove()
+		*bin = b
 	}
 	pts, err := testbed.Sweep(ctx, testbed.SweepOptions{Bin: *bin, PageSizes: ps, ChunkBytes: cs, Bytes: *mib << 20})
 	if err != nil {
