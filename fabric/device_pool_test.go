@@ -159,7 +159,7 @@ func gpuLibs(t *testing.T) (cudaLib, verbsLib string) {
 			gpuLibPath, gpuLibErr = softcuda.Build(gpuLibDir)
 		}
 		if gpuLibErr == nil {
-			gpuVerbsPath, gpuLibErr = softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+			gpuVerbsPath, gpuLibErr = softverbs.BuildShared()
 		}
 	})
 	if gpuLibErr != nil {

@@ -7,10 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,21 +20,13 @@ import (
 	"github.com/kvfabric/kvfabric/rdma/softverbs"
 )
 
-var (
-	softOnce sync.Once
-	softLib  string
-	softErr  error
-)
-
 // softNIC builds softverbs, the software NIC, once per test binary and
 // gives this test a registry of its own.
 func softNIC(t *testing.T) string {
 	t.Helper()
-	softOnce.Do(func() {
-		softLib, softErr = softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
-	})
-	if softErr != nil {
-		t.Fatalf("softverbs (make test installs libibverbs-dev): %v", softErr)
+	softLib, err := softverbs.BuildShared()
+	if err != nil {
+		t.Fatalf("softverbs (make test installs libibverbs-dev): %v", err)
 	}
 	t.Setenv("SOFTVERBS_REGISTRY", filepath.Join(t.TempDir(), "registry"))
 	return softLib

@@ -5,7 +5,6 @@ package testbed
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -32,7 +31,7 @@ func TestGPUPoolsAcrossProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	verbsLib, err := softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+	verbsLib, err := softverbs.BuildShared()
 	if err != nil {
 		t.Fatalf("softverbs (make test installs libibverbs-dev): %v", err)
 	}
@@ -234,7 +233,7 @@ func BenchmarkImportGPU(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	verbsLib, err := softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+	verbsLib, err := softverbs.BuildShared()
 	if err != nil {
 		b.Fatalf("softverbs (make test installs libibverbs-dev): %v", err)
 	}

@@ -62,7 +62,7 @@ var llama70B = layout.ModelConfig{Layers: 80, KVHeads: 8, HeadDim: 128, DType: l
 func BenchmarkImportRDMA(b *testing.B) {
 	ctx := context.Background()
 	dir := b.TempDir()
-	lib, err := softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+	lib, err := softverbs.BuildShared()
 	if err != nil {
 		b.Fatalf("softverbs (make test installs libibverbs-dev): %v", err)
 	}

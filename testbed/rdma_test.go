@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,20 +29,12 @@ import (
 // are written to while it runs (SOFTVERBS_CONTROL; a stall or a port
 // down written to a holder's file stalls the readers reading from it).
 
-var (
-	softOnce sync.Once
-	softLib  string
-	softErr  error
-)
-
 // softverbsLib builds the software NIC once per test binary.
 func softverbsLib(t *testing.T) string {
 	t.Helper()
-	softOnce.Do(func() {
-		softLib, softErr = softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
-	})
-	if softErr != nil {
-		t.Fatalf("softverbs (make test installs libibverbs-dev): %v", softErr)
+	softLib, err := softverbs.BuildShared()
+	if err != nil {
+		t.Fatalf("softverbs (make test installs libibverbs-dev): %v", err)
 	}
 	return softLib
 }

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -26,22 +25,14 @@ import (
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
-var (
-	softOnce sync.Once
-	softPath string
-	softErr  error
-)
-
 // softNIC points this test's RDMA at softverbs, the software NIC, with a
 // registry of its own, and returns the control file its faults are
 // written to. The library is built once per test binary.
 func softNIC(t testing.TB) (lib, control string) {
 	t.Helper()
-	softOnce.Do(func() {
-		softPath, softErr = softverbs.Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
-	})
-	if softErr != nil {
-		t.Fatalf("softverbs (make test installs libibverbs-dev): %v", softErr)
+	softPath, err := softverbs.BuildShared()
+	if err != nil {
+		t.Fatalf("softverbs (make test installs libibverbs-dev): %v", err)
 	}
 	dir := t.TempDir()
 	control = filepath.Join(dir, "control")

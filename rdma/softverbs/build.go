@@ -30,6 +30,13 @@ var ErrNoHeaders = errors.New("softverbs: <infiniband/verbs.h> not found: instal
 // Source returns softverbs.c, for tests that compile programs against it.
 func Source() []byte { return bytes.Clone(source) }
 
+// BuildShared is Build into one directory under os.TempDir() that every
+// test of every package shares: the library is built once per version of
+// its source, whichever test asks first.
+func BuildShared() (string, error) {
+	return Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+}
+
 // Build compiles softverbs.c into dir (created if needed) and returns the
 // path of the shared library. Builds are cached by the hash of the source
 // and flags: a library already in dir is reused. Safe to call from several
