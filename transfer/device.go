@@ -73,17 +73,9 @@ func (n *Node) regionSpan(set uint64, rank int) (addr, length uint64, err error)
 // or NIC has no dma-buf registration, the error wraps rdma.ErrUnavailable
 // or rdma.ErrNotSupported.
 func (n *Node) RegisterDmabuf(nic int, f *os.File, addr, length uint64) (rdma.RegistrationStats, error) {
-	if err := n.checkNewSpan(nic, addr, length); err != nil {
-		return rdma.RegistrationStats{}, err
-	}
-	mr, err := n.rdma.cfg.Devices[nic].RegisterDmabuf(int(f.Fd()), 0, length, addr)
-	if err != nil {
-		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register dma-buf of %d bytes at %#x: %w", length, addr, err)
-	}
-	if err := n.rdma.mem.add(mr, nic); err != nil {
-		return rdma.RegistrationStats{}, err
-	}
-	return mr.Stats(), nil
+	return n.register(nic, addr, length, "dma-buf", func(d *rdma.Device) (*rdma.MemoryRegion, error) {
+		return d.RegisterDmabuf(int(f.Fd()), 0, length, addr)
+	})
 }
 
 // RegisterAddr registers length bytes at addr, a GPU device pointer, with
@@ -92,12 +84,21 @@ func (n *Node) RegisterDmabuf(nic int, f *os.File, addr, length uint64) (rdma.Re
 // Whether the NIC can really reach the memory shows only when it moves
 // bytes.
 func (n *Node) RegisterAddr(nic int, addr, length uint64) (rdma.RegistrationStats, error) {
+	return n.register(nic, addr, length, "device pointer", func(d *rdma.Device) (*rdma.MemoryRegion, error) {
+		return d.RegisterAddr(addr, length)
+	})
+}
+
+// register registers [addr, addr+length) with device nic by reg, once it
+// is known not to overlap a registration, and keeps it; what names the
+// kind of memory in errors.
+func (n *Node) register(nic int, addr, length uint64, what string, reg func(*rdma.Device) (*rdma.MemoryRegion, error)) (rdma.RegistrationStats, error) {
 	if err := n.checkNewSpan(nic, addr, length); err != nil {
 		return rdma.RegistrationStats{}, err
 	}
-	mr, err := n.rdma.cfg.Devices[nic].RegisterAddr(addr, length)
+	mr, err := reg(n.rdma.cfg.Devices[nic])
 	if err != nil {
-		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %d bytes at %#x: %w", length, addr, err)
+		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %s of %d bytes at %#x: %w", what, length, addr, err)
 	}
 	if err := n.rdma.mem.add(mr, nic); err != nil {
 		return rdma.RegistrationStats{}, err

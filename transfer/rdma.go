@@ -177,17 +177,8 @@ func (n *Node) RegisterMemory(buf []byte) (rdma.RegistrationStats, error) {
 }
 
 func (n *Node) registerMemory(nic int, buf []byte) (rdma.RegistrationStats, error) {
-	if err := n.checkNewSpan(nic, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), uint64(len(buf))); err != nil {
-		return rdma.RegistrationStats{}, err
-	}
-	mr, err := n.rdma.cfg.Devices[nic].RegisterMemory(buf)
-	if err != nil {
-		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %d bytes: %w", len(buf), err)
-	}
-	if err := n.rdma.mem.add(mr, nic); err != nil {
-		return rdma.RegistrationStats{}, err
-	}
-	return mr.Stats(), nil
+	return n.register(nic, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), uint64(len(buf)), "host memory",
+		func(d *rdma.Device) (*rdma.MemoryRegion, error) { return d.RegisterMemory(buf) })
 }
 
 // overlaps reports whether [start, start+n) shares a byte with a

@@ -200,24 +200,18 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	// The segments by the devices at both ends: each group goes on queue
 	// pairs of its own, the groups at once (a NIC per GPU reads its ranks
 	// in parallel with the others).
+	// The caller validated the plan against dst (ranks, ends); what is
+	// left is the holder's regions, checked before any queue pair is
+	// taken: a holder whose regions are too short costs none.
 	var pairs []nicPair
 	groups := map[nicPair][]layout.Segment{}
+	groupBytes := map[nicPair]uint64{}
 	for si, s := range segs {
-		if s.SrcRank < 0 || s.SrcRank >= len(regions) || regions[s.SrcRank].length == 0 {
+		end, _ := segmentEnd(s)
+		if s.SrcRank >= len(regions) || end > regions[s.SrcRank].length {
 			p.n.countFallback(FallbackBadKeys)
 			p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID,
-				"err", fmt.Sprintf("segment %d reads rank %d, which the holder gave no RDMA region for", si, s.SrcRank))
-			return false, nil
-		}
-		if s.DstRank < 0 || s.DstRank >= len(dst) {
-			return false, fmt.Errorf("%w: segment %d writes rank %d of %d", ErrInvalidRequest, si, s.DstRank, len(dst))
-		}
-		// Checked before any queue pair is taken: a holder whose regions
-		// are too short costs no queue pair.
-		if end, err := segmentEnd(s); err != nil || end > regions[s.SrcRank].length {
-			p.n.countFallback(FallbackBadKeys)
-			p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID,
-				"err", fmt.Sprintf("segment %d ends past rank %d's region of %d bytes (%v)", si, s.SrcRank, regions[s.SrcRank].length, err))
+				"err", fmt.Sprintf("segment %d of rank %d ends at %d, past the holder's region for it (%d ranks given)", si, s.SrcRank, end, len(regions)))
 			return false, nil
 		}
 		k := nicPair{local[s.DstRank], regions[s.SrcRank].nic}
@@ -225,32 +219,35 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 			pairs = append(pairs, k)
 		}
 		groups[k] = append(groups[k], s)
+		groupBytes[k] += s.Bytes()
 	}
 	// A pair's group large enough is cut into lanes, each on a queue
 	// pair of its own: several streams of READs keep a NIC busy (and
 	// softverbs' copies on more than one core).
 	type job struct {
-		pair nicPair
-		segs []layout.Segment
+		pair  nicPair
+		segs  []layout.Segment
+		bytes uint64
 	}
 	var jobs []job
 	for _, k := range pairs {
-		var n uint64
-		for _, s := range groups[k] {
-			n += s.Bytes()
-		}
+		n := groupBytes[k]
 		lanes := int(min(uint64(p.n.rdma.cfg.QPsPerPeer), n/minLaneBytes))
 		if lanes < 2 {
-			jobs = append(jobs, job{k, groups[k]})
+			jobs = append(jobs, job{k, groups[k], n})
 			continue
 		}
 		for _, part := range splitPlan(groups[k], n, lanes, minLaneBytes, math.MaxInt) {
-			jobs = append(jobs, job{k, part})
+			var b uint64
+			for _, s := range part {
+				b += s.Bytes()
+			}
+			jobs = append(jobs, job{k, part, b})
 		}
 	}
 	res := make([]groupRead, len(jobs))
 	if len(jobs) == 1 {
-		res[0] = p.readGroup(ctx, leaseID, jobs[0].pair, jobs[0].segs, regions, dst, lkeys)
+		res[0] = p.readGroup(ctx, leaseID, jobs[0].pair, jobs[0].segs, jobs[0].bytes, regions, dst, lkeys)
 	} else {
 		// A group that fails stops the others: the chunk is read again
 		// over QUIC.
@@ -260,7 +257,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res[i] = p.readGroup(gctx, leaseID, j.pair, j.segs, regions, dst, lkeys)
+				res[i] = p.readGroup(gctx, leaseID, j.pair, j.segs, j.bytes, regions, dst, lkeys)
 				if res[i].err != nil {
 					cancel()
 				}
@@ -335,9 +332,9 @@ type groupRead struct {
 	cpu              time.Duration
 }
 
-// readGroup moves segs, all between the devices of k, on a queue pair of
-// k.
-func (p *Peer) readGroup(ctx context.Context, leaseID uint64, k nicPair, segs []layout.Segment, regions []remoteRegion, dst []Span, lkeys []uint32) groupRead {
+// readGroup moves segs, n bytes all between the devices of k, on a queue
+// pair of k.
+func (p *Peer) readGroup(ctx context.Context, leaseID uint64, k nicPair, segs []layout.Segment, n uint64, regions []remoteRegion, dst []Span, lkeys []uint32) groupRead {
 	qp, err := p.takeQP(ctx, k)
 	if err != nil {
 		switch {
@@ -353,10 +350,6 @@ func (p *Peer) readGroup(ctx context.Context, leaseID uint64, k nicPair, segs []
 		p.putQP(k, qp, true)
 		p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID, "err", err)
 		return groupRead{fallback: FallbackBadKeys}
-	}
-	var n uint64
-	for _, s := range segs {
-		n += s.Bytes()
 	}
 	cpu0 := qp.ReadCPU()
 	err = qp.Read(ctx, ops)
@@ -411,8 +404,8 @@ func (p *Peer) takeQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
 			if err != nil {
 				r.mu.Lock()
 				pool.open--
+				p.signalQPLocked()
 				r.mu.Unlock()
-				p.signalQP()
 				return nil, err
 			}
 			return q, nil
@@ -434,23 +427,31 @@ func (p *Peer) putQP(k nicPair, q *rdma.QueuePair, failed bool) {
 	r := p.rdma
 	r.mu.Lock()
 	pool := r.qps[k]
-	if failed || p.closed.Load() {
+	drop := failed || p.closed.Load()
+	if drop {
 		pool.open--
-		r.mu.Unlock()
-		q.Close()
 	} else {
 		pool.idle = append(pool.idle, q)
-		r.mu.Unlock()
 	}
-	p.signalQP()
+	p.signalQPLocked()
+	r.mu.Unlock()
+	if drop {
+		q.Close()
+	}
 }
 
+// signalQP wakes the reads waiting for a queue pair of the peer.
 func (p *Peer) signalQP() {
+	p.rdma.mu.Lock()
+	p.signalQPLocked()
+	p.rdma.mu.Unlock()
+}
+
+// signalQPLocked is signalQP with the peer's rdma.mu held.
+func (p *Peer) signalQPLocked() {
 	r := p.rdma
-	r.mu.Lock()
 	close(r.wait)
 	r.wait = make(chan struct{})
-	r.mu.Unlock()
 }
 
 // connectQP makes a queue pair on this node's device k.local, has the
@@ -508,12 +509,12 @@ func (p *Peer) closeRDMA() {
 		pool.open -= len(pool.idle)
 		pool.idle = nil
 	}
+	// Reads waiting for a queue pair see the handle closed.
+	p.signalQPLocked()
 	r.mu.Unlock()
 	for _, q := range idle {
 		q.Close()
 	}
-	// Reads waiting for a queue pair see the handle closed.
-	p.signalQP()
 }
 
 // readOps turns a plan's segments into RDMA READs (rdma.Coalesce merges
