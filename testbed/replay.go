@@ -235,7 +235,7 @@ func Replay(ctx context.Context, c *Cluster, reqs []TraceRequest, opts ReplayOpt
 			break
 		}
 		hashes := r.hashes(req)
-		e, err := r.route(ctx, hashes)
+		e, overlap, err := r.route(ctx, hashes)
 		if err != nil {
 			<-sem
 			errOnce.Do(func() { firstErr = fmt.Errorf("testbed: replay: request %d: route: %w", i, err) })
@@ -245,7 +245,7 @@ func Replay(ctx context.Context, c *Cluster, reqs []TraceRequest, opts ReplayOpt
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			err := r.serve(ctx, e, hashes)
+			err := r.serve(ctx, e, hashes, overlap)
 			r.mu.Lock()
 			e.inflight--
 			r.mu.Unlock()
@@ -294,13 +294,15 @@ func (r *replay) hashes(req TraceRequest) []uint64 {
 	return out
 }
 
-// route picks the engine for a request and counts it in flight there.
-func (r *replay) route(ctx context.Context, hashes []uint64) (*replayEngine, error) {
+// route picks the engine for a request and counts it in flight there. The
+// kv-aware policy returns the overlaps it routed by (blocks of the prefix
+// each node holds), nil under the others.
+func (r *replay) route(ctx context.Context, hashes []uint64) (*replayEngine, map[string]uint32, error) {
 	var overlap map[string]uint32
 	if r.opts.Policy == PolicyKVAware && len(hashes) > 0 {
 		ov, err := r.router.Lookup(ctx, hashes)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		overlap = map[string]uint32{}
 		for _, o := range ov {
@@ -333,11 +335,12 @@ func (r *replay) route(ctx context.Context, hashes []uint64) (*replayEngine, err
 		e = ties[r.rng.IntN(len(ties))]
 	}
 	e.inflight++
-	return e, nil
+	return e, overlap, nil
 }
 
-// serve runs one request on engine e and accounts it.
-func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64) error {
+// serve runs one request on engine e and accounts it; overlap is route's,
+// when it looked the prefix up already.
+func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64, overlap map[string]uint32) error {
 	rec := RequestRecord{Node: e.node.Name, Blocks: len(hashes)}
 	var held []uint32
 	defer func() {
@@ -372,7 +375,7 @@ func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64) er
 	var fetches []*fabricpb.Fetch
 	var took time.Duration
 	have := len(refs)
-	if have < len(hashes) && r.clusterHolds(ctx, e, hashes) > have {
+	if have < len(hashes) && r.clusterHolds(ctx, e, hashes, overlap) > have {
 		start := time.Now()
 		resp, err := e.c.Import(ctx, e.set.ID, hashes)
 		took = time.Since(start)
@@ -436,16 +439,23 @@ func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64) er
 	return nil
 }
 
-// clusterHolds is the longest prefix of hashes any other node holds.
-func (r *replay) clusterHolds(ctx context.Context, e *replayEngine, hashes []uint64) int {
-	ov, err := e.c.Lookup(ctx, hashes)
-	if err != nil {
-		return 0
+// clusterHolds is the longest prefix of hashes any node but e's holds:
+// from overlap when route looked it up, else asked of e's agent.
+func (r *replay) clusterHolds(ctx context.Context, e *replayEngine, hashes []uint64, overlap map[string]uint32) int {
+	if overlap == nil {
+		ov, err := e.c.Lookup(ctx, hashes)
+		if err != nil {
+			return 0
+		}
+		overlap = map[string]uint32{}
+		for _, o := range ov {
+			overlap[o.Node] = o.Blocks
+		}
 	}
 	best := 0
-	for _, o := range ov {
-		if o.Node != e.node.Name {
-			best = max(best, int(o.Blocks))
+	for node, blocks := range overlap {
+		if node != e.node.Name {
+			best = max(best, int(blocks))
 		}
 	}
 	return best
