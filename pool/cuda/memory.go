@@ -18,7 +18,11 @@ type IPCHandle [64]byte
 // DeviceMemory is device memory from cuMemAlloc: a pool.Storage of kind
 // Device. This process cannot dereference it, so Bytes is nil; bytes move
 // with the copies of a Stream.
-type DeviceMemory struct {
+type DeviceMemory struct{ deviceRange }
+
+// deviceRange is what DeviceMemory and IPCMemory share: a range of one
+// GPU's memory at a device pointer of this process, freed once.
+type deviceRange struct {
 	d    *Driver
 	dev  int
 	ptr  uint64
@@ -26,6 +30,31 @@ type DeviceMemory struct {
 
 	once sync.Once
 	err  error
+}
+
+// Addr returns the device pointer in this process.
+func (m *deviceRange) Addr() uint64 { return m.ptr }
+
+// Size returns the bytes of the range.
+func (m *deviceRange) Size() uint64 { return m.size }
+
+// Kind returns layout.Device.
+func (m *deviceRange) Kind() layout.MemoryKind { return layout.Device }
+
+// Device returns the GPU index.
+func (m *deviceRange) Device() int32 { return int32(m.dev) }
+
+// Bytes returns nil: device memory is not addressable from the host.
+func (m *deviceRange) Bytes() []byte { return nil }
+
+// release runs free on the range once; what names it in the error.
+func (m *deviceRange) release(what string, free func(dev int, ptr uint64) error) error {
+	m.once.Do(func() {
+		if err := free(m.dev, m.ptr); err != nil {
+			m.err = fmt.Errorf("cuda: device %d: %s %#x: %w", m.dev, what, m.ptr, err)
+		}
+	})
+	return m.err
 }
 
 var _ pool.Storage = (*DeviceMemory)(nil)
@@ -42,23 +71,8 @@ func (d *Driver) AllocDevice(dev int, size uint64) (*DeviceMemory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda: device %d: allocate %d bytes: %w", dev, size, err)
 	}
-	return &DeviceMemory{d: d, dev: dev, ptr: p, size: size}, nil
+	return &DeviceMemory{deviceRange{d: d, dev: dev, ptr: p, size: size}}, nil
 }
-
-// Addr returns the device pointer.
-func (m *DeviceMemory) Addr() uint64 { return m.ptr }
-
-// Size returns the bytes asked for.
-func (m *DeviceMemory) Size() uint64 { return m.size }
-
-// Kind returns layout.Device.
-func (m *DeviceMemory) Kind() layout.MemoryKind { return layout.Device }
-
-// Device returns the GPU index.
-func (m *DeviceMemory) Device() int32 { return int32(m.dev) }
-
-// Bytes returns nil: device memory is not addressable from the host.
-func (m *DeviceMemory) Bytes() []byte { return nil }
 
 // IPCHandle returns the handle an engine process opens with OpenIPCHandle.
 func (m *DeviceMemory) IPCHandle() (IPCHandle, error) {
@@ -85,14 +99,7 @@ func (m *DeviceMemory) Dmabuf() (*os.File, error) {
 }
 
 // Close frees the memory. It is safe to call twice.
-func (m *DeviceMemory) Close() error {
-	m.once.Do(func() {
-		if err := m.d.lib.memFree(m.dev, m.ptr); err != nil {
-			m.err = fmt.Errorf("cuda: device %d: free %#x: %w", m.dev, m.ptr, err)
-		}
-	})
-	return m.err
-}
+func (m *DeviceMemory) Close() error { return m.release("free", m.d.lib.memFree) }
 
 // DmabufFD exports [ptr, ptr+size) of dev's memory as a dma-buf descriptor
 // (cuMemGetHandleForAddressRange, flags 0), for ibv_reg_dmabuf_mr. ptr
@@ -122,15 +129,7 @@ func (d *Driver) DmabufFD(dev int, ptr, size uint64) (*os.File, error) {
 
 // IPCMemory is another process's device memory opened from an IPC handle:
 // a pool.Storage of kind Device at this process's own address.
-type IPCMemory struct {
-	d    *Driver
-	dev  int
-	ptr  uint64
-	size uint64
-
-	once sync.Once
-	err  error
-}
+type IPCMemory struct{ deviceRange }
 
 var _ pool.Storage = (*IPCMemory)(nil)
 
@@ -151,33 +150,11 @@ func (d *Driver) OpenIPCHandle(dev int, h IPCHandle) (*IPCMemory, error) {
 		d.lib.ipcClose(dev, p)
 		return nil, fmt.Errorf("cuda: device %d: size of opened IPC memory: %w", dev, err)
 	}
-	return &IPCMemory{d: d, dev: dev, ptr: p, size: size}, nil
+	return &IPCMemory{deviceRange{d: d, dev: dev, ptr: p, size: size}}, nil
 }
-
-// Addr returns the device pointer in this process.
-func (m *IPCMemory) Addr() uint64 { return m.ptr }
-
-// Size returns the size of the exported allocation.
-func (m *IPCMemory) Size() uint64 { return m.size }
-
-// Kind returns layout.Device.
-func (m *IPCMemory) Kind() layout.MemoryKind { return layout.Device }
-
-// Device returns the GPU index it was opened on.
-func (m *IPCMemory) Device() int32 { return int32(m.dev) }
-
-// Bytes returns nil.
-func (m *IPCMemory) Bytes() []byte { return nil }
 
 // Close unmaps it (cuIpcCloseMemHandle). It is safe to call twice.
-func (m *IPCMemory) Close() error {
-	m.once.Do(func() {
-		if err := m.d.lib.ipcClose(m.dev, m.ptr); err != nil {
-			m.err = fmt.Errorf("cuda: device %d: close IPC memory %#x: %w", m.dev, m.ptr, err)
-		}
-	})
-	return m.err
-}
+func (m *IPCMemory) Close() error { return m.release("close IPC memory", m.d.lib.ipcClose) }
 
 // PinnedMemory is page-locked host memory from cuMemHostAlloc (portable
 // to every context): a pool.Storage of kind Pinned whose Bytes the host
