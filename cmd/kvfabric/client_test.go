@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -11,8 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/internal/wait"
 )
 
 // The client commands against a real agent: put stores blocks, lookup and
@@ -157,4 +160,61 @@ func startTestAgentWith(t *testing.T, name string, configure func(*fabric.Config
 	}
 	t.Cleanup(func() { a.Close() })
 	return a
+}
+
+// import and get given token ids pass them through to the agent, which
+// then also finds holders that stored the blocks at a page size dividing
+// the engine's: blocks put at page 16 on one node come to another as
+// page-32 blocks. Named by the engine's hashes (page 32) instead, no
+// holder has them.
+func TestImportTokensAcrossPageSizes(t *testing.T) {
+	ca := t.TempDir() // one development CA for both agents
+	holder := startTestAgentWith(t, "cli-page16", func(c *fabric.Config) { c.DevCADir = ca })
+	importer := startTestAgentWith(t, "cli-page32", func(c *fabric.Config) {
+		c.DevCADir, c.Join = ca, []string{holder.GossipAddr()}
+	})
+	model := []string{"--tp", "2", "--layers", "2", "--head-dim", "16"}
+	tokens := make([]string, 64)
+	for i := range tokens {
+		tokens[i] = strconv.Itoa(2000 + i)
+	}
+	code, _, errs := runCmd(t, "", append(append([]string{"put", "--page-size", "16", "--socket", holder.EngineSocket()}, model...), tokens...)...)
+	if code != 0 {
+		t.Fatalf("put --page-size 16: exit %d: %s", code, errs)
+	}
+	sock := []string{"--socket", importer.EngineSocket()}
+	wait.For(t, 20*time.Second, "the importer's index to hold the page-16 blocks", func() error {
+		code, out, errs := runCmd(t, "", append([]string{"lookup", "--block-size", "16"}, append(sock, tokens...)...)...)
+		if code != 0 {
+			return fmt.Errorf("lookup: exit %d: %q %s", code, out, errs)
+		}
+		return nil
+	})
+	// Asked by the engine's own hashes of the same tokens (what import
+	// sent before it passed tokens through), no holder has them.
+	code, hashOut, errs := runCmd(t, "", append([]string{"hash", "--block-size", "32"}, tokens...)...)
+	if code != 0 {
+		t.Fatalf("hash: exit %d: %s", code, errs)
+	}
+	var hs []string
+	for _, line := range strings.Split(strings.TrimSpace(hashOut), "\n") {
+		hs = append(hs, strings.Fields(line)[2])
+	}
+	code, _, errs = runCmd(t, "", append([]string{"import", "--page-size", "32", "--engine", "by-hash", "--hashes", strings.Join(hs, ","),
+		"--socket", importer.EngineSocket()}, model...)...)
+	if code != 1 || !strings.Contains(errs, "not imported") {
+		t.Fatalf("import by page-32 hashes where only page-16 blocks exist: exit %d, want 1: %s", code, errs)
+	}
+	code, out, errs := runCmd(t, "", append(append([]string{"import", "--page-size", "32"}, model...), append(sock, tokens...)...)...)
+	if code != 0 || !strings.Contains(out, "2 of 2 blocks here") || !strings.Contains(out, "cli-page16") {
+		t.Fatalf("import of page-16 blocks by tokens at page 32: exit %d: %q %s", code, out, errs)
+	}
+	file := filepath.Join(t.TempDir(), "blocks.bin")
+	code, _, errs = runCmd(t, "", append(append([]string{"get", "--page-size", "32", "--engine", "get32", "--tp", "1", "--out", file, "--layers", "2", "--head-dim", "16"}, sock...), tokens...)...)
+	if code != 0 {
+		t.Fatalf("get of page-16 blocks by tokens at page 32: exit %d: %s", code, errs)
+	}
+	if fi, err := os.Stat(file); err != nil || fi.Size() != 2*2*2*8*32*16*2 {
+		t.Fatalf("get wrote %v bytes (%v), want 2 page-32 blocks", fi.Size(), err)
+	}
 }
