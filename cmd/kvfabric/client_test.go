@@ -130,6 +130,31 @@ func TestCertsCommand(t *testing.T) {
 	}
 }
 
+// Two CAs made by certs ca with the same (default) name still have
+// different subjects: an agent given a certificate of one and the other
+// as its CA refuses to start, and the refusal names two different CAs.
+func TestCertsCAsHaveUniqueSubjects(t *testing.T) {
+	dir := t.TempDir()
+	one, two := filepath.Join(dir, "one"), filepath.Join(dir, "two")
+	for _, d := range []string{one, two} {
+		if code, _, errs := runCmd(t, "", "certs", "ca", "--out", d); code != 0 {
+			t.Fatalf("certs ca --out %s: exit %d: %s", d, code, errs)
+		}
+	}
+	if code, _, errs := runCmd(t, "", "certs", "node", "n1", "--ca-cert", filepath.Join(two, "ca.crt"), "--ca-key", filepath.Join(two, "ca.key"), "--out", two); code != 0 {
+		t.Fatalf("certs node: exit %d: %s", code, errs)
+	}
+	code, _, errs := runCmd(t, "", "agent", "--local", "--node", "n1", "--data-dir", filepath.Join(dir, "data"),
+		"--ca", filepath.Join(one, "ca.crt"), "--cert", filepath.Join(two, "n1.crt"), "--key", filepath.Join(two, "n1.key"))
+	m := regexp.MustCompile(`issued by "([^"]+)", which is not the cluster CA "([^"]+)"`).FindStringSubmatch(errs)
+	if code != 2 || m == nil {
+		t.Fatalf("agent with another CA's certificate: exit %d, want 2 naming both CAs: %s", code, errs)
+	}
+	if m[1] == m[2] || !strings.Contains(m[1], "CN=kvfabric cluster CA") || !strings.Contains(m[2], "CN=kvfabric cluster CA") {
+		t.Fatalf("the refusal names the issuer %q and the cluster CA %q: want two different subjects of the default name", m[1], m[2])
+	}
+}
+
 // startTestAgent starts a loopback agent named name with a 64 MiB pool for
 // the client commands to talk to. Its directory is short (unix socket
 // paths are), and removed at the end of the test.
