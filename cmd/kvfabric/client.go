@@ -444,12 +444,19 @@ uses the block set, and for the agent's --block-set-grace after that.`)
 	if err != nil {
 		return err
 	}
-	if len(blocks) > set.Retains {
-		fmt.Fprintf(e.stderr, "kvfabric put: warning: %d blocks into a block set that keeps %d before recycling: the tail of the sequence will be recycled (give --slots %d or more)\n",
-			len(blocks), set.Retains, minSlotsToRetain(len(blocks), set))
+	overflow := len(blocks) > set.Retains
+	if overflow {
+		// The pool recycles leaves first, least recently used first: as
+		// each batch is allocated, the end of what is stored so far goes,
+		// and once a batch's parent is gone, older runs go from their end
+		// back to the first block of the sequence.
+		fmt.Fprintf(e.stderr, "kvfabric put: warning: %d blocks into a block set that keeps %d before recycling: "+
+			"storing the later blocks recycles %d or more earlier ones, the blocks stored just before each batch of %d and then the "+
+			"start of the sequence, so a look-up from its first block finds fewer than %d, possibly none (give --slots %d or more)\n",
+			len(blocks), set.Retains, len(blocks)-set.Retains, putBatch, set.Retains, minSlotsToRetain(len(blocks), set))
 	}
 	var hashes []uint64
-	const batch = 64
+	const batch = putBatch
 	for i := 0; i < len(blocks); i += batch {
 		n := min(batch, len(blocks)-i)
 		slots, err := c.Allocate(ctx, set.ID, n)
@@ -486,6 +493,25 @@ uses the block set, and for the agent's --block-set-grace after that.`)
 	if len(blocks) > batch {
 		fmt.Fprintln(e.stderr)
 	}
+	if overflow {
+		// Say what the recycling left: the run a look-up finds.
+		held := uint32(0)
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		ov, err := c.Lookup(ctx, hashes)
+		if err != nil {
+			return err
+		}
+		for _, o := range ov {
+			if o.Node == st.Node {
+				held = o.Blocks
+			}
+		}
+		fmt.Fprintf(e.stderr, "kvfabric put: a look-up from the first block finds %d of the %d blocks here; the rest were recycled or follow a recycled one\n",
+			held, len(hashes))
+	}
 	strs := make([]string, len(hashes))
 	for i, h := range hashes {
 		strs[i] = strconv.FormatUint(h, 10)
@@ -497,6 +523,9 @@ uses the block set, and for the agent's --block-set-grace after that.`)
 	fmt.Fprintln(e.stdout, strings.Join(strs, ","))
 	return nil
 }
+
+// putBatch is how many blocks put allocates and registers at a time.
+const putBatch = 64
 
 // imported is an import made by a command, with what it needs to use the
 // blocks and to release them.
