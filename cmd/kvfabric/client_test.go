@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/transfer/certs"
 )
 
 // The client commands against a real agent: put stores blocks, lookup and
@@ -127,6 +128,36 @@ func TestCertsCommand(t *testing.T) {
 	}
 	if code, _, _ := runCmd(t, "", "certs", "node", "bad name", "--out", dir); code != 2 {
 		t.Fatalf("certs node with a bad name: exit %d, want 2", code)
+	}
+}
+
+// deploy/agent.json names the files certs writes: certs ca and certs node
+// for its node_name, into one folder, make exactly its ca_file, cert_file
+// and key_file, and an agent checks them as it would at start.
+func TestExampleConfigNamesTheCertsFiles(t *testing.T) {
+	c, err := fabric.LoadConfigFile(filepath.Join("..", "..", "deploy", "agent.json"), fabric.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(c.CAFile)
+	if filepath.Dir(c.CertFile) != dir || filepath.Dir(c.KeyFile) != dir {
+		t.Fatalf("deploy/agent.json: ca_file %s, cert_file %s, key_file %s are not in one folder", c.CAFile, c.CertFile, c.KeyFile)
+	}
+	out := t.TempDir()
+	if code, _, errs := runCmd(t, "", "certs", "ca", "--out", out); code != 0 {
+		t.Fatalf("certs ca: exit %d: %s", code, errs)
+	}
+	if code, _, errs := runCmd(t, "", "certs", "node", c.NodeName, "--ca-cert", filepath.Join(out, "ca.crt"), "--ca-key", filepath.Join(out, "ca.key"), "--out", out); code != 0 {
+		t.Fatalf("certs node %s: exit %d: %s", c.NodeName, code, errs)
+	}
+	for _, f := range []string{c.CAFile, c.CertFile, c.KeyFile} {
+		if _, err := os.Stat(filepath.Join(out, filepath.Base(f))); err != nil {
+			t.Errorf("deploy/agent.json names %s, which certs does not write: %v", f, err)
+		}
+	}
+	if _, _, _, err := certs.LoadNode(filepath.Join(out, filepath.Base(c.CAFile)), filepath.Join(out, filepath.Base(c.CertFile)),
+		filepath.Join(out, filepath.Base(c.KeyFile)), c.NodeName, time.Now()); err != nil {
+		t.Fatalf("the files deploy/agent.json names, as certs writes them: %v", err)
 	}
 }
 
