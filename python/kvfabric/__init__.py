@@ -45,6 +45,7 @@ from .errors import (
 )
 from .hashing import BlockHash, BlockHasher, block_hashes, hash_seed
 
+#: The package's version, its one source: pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
 __all__ = [

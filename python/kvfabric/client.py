@@ -26,6 +26,7 @@ import grpc
 import numpy as np
 
 from ._pb.fabric.fabricpb import engine_pb2, engine_pb2_grpc
+from ._pb.layout.layoutpb import layout_pb2
 from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
 from . import cuda as cuda_driver
 from .cuda import DeviceMemory
@@ -442,8 +443,8 @@ class Client:
             model=model.proto(),
             tp_size=int(tp_size),
             page_size=int(page_size),
-            kv_order=int(KVOrder.parse(kv_order, "kv_order")),
-            arrangement=int(Arrangement.parse(arrangement, "arrangement")),
+            kv_order=layout_pb2.KVOrder.Name(KVOrder.parse(kv_order, "kv_order")),
+            arrangement=layout_pb2.Arrangement.Name(Arrangement.parse(arrangement, "arrangement")),
             slots=int(slots),
             alignment=int(alignment),
             devices=placed,
