@@ -13,7 +13,8 @@ up which nodes hold a prefix, and imports blocks from them.
         kv = bs.read_block(got.slots[0])      # [layers, 2, page, kv_heads, head_dim]
 
 Hashes are those of ``kvfabric hash`` (and of Dynamo's KV router):
-:func:`block_hashes` and :class:`BlockHasher`.
+:func:`block_hashes` and :class:`BlockHasher`. Engines on an asyncio loop
+use :mod:`kvfabric.aio`, the same calls as coroutines.
 """
 
 from .blockset import Arrangement, BlockSet, DType, KVOrder, ModelConfig
