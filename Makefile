@@ -14,6 +14,9 @@ APT      := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-re
 # protobuf, numpy, xxhash and pytest may be named instead.
 PYTHON   ?= /usr/bin/python3
 PY_DEBS  := python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest
+# The checks of the Python client, and what the README's install line needs
+# (a venv on Debian's packages, built offline with Debian's setuptools).
+PY_DEBS  += python3-mypy python3-flake8 python3-venv python3-setuptools
 # Stubs of the protos the Python client speaks, in its own namespace.
 PY_PB    := python/kvfabric/_pb
 PY_PROTOS := layout/layoutpb/layout.proto fabric/fabricpb/engine.proto
@@ -37,7 +40,9 @@ test-go: test-deps ## vet, then every Go test with the race detector in random o
 	$(GO) vet ./...
 	$(GO) test -race -shuffle=on -timeout 12m ./...
 
-test-python: build python-deps ## the Python client's tests, against agents of bin/kvfabric
+test-python: build python-deps ## flake8 and mypy, then the Python client's tests (the README's install line among them), against agents of bin/kvfabric
+	cd python && $(PYTHON) -m flake8 kvfabric tests examples
+	cd python && $(PYTHON) -m mypy --cache-dir=/dev/null
 	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider tests
 
 python-deps: ## install the Python client's Debian packages; no interpreter is an error
@@ -45,7 +50,8 @@ python-deps: ## install the Python client's Debian packages; no interpreter is a
 		{ echo "no Python interpreter $(PYTHON) (apt-get install python3, or make PYTHON=...)"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "$(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); the client needs 3.11 or later"; exit 1; }
-	@$(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest' 2>/dev/null || \
+	@$(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest, mypy, flake8, setuptools' 2>/dev/null && \
+		{ ! command -v dpkg >/dev/null 2>&1 || dpkg -s python3-venv >/dev/null 2>&1; } || \
 		{ apt-get update -q && $(APT) $(PY_DEBS); }
 
 test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs)

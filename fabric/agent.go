@@ -213,6 +213,9 @@ func (a *Agent) makeHostStorage(spec PoolSpec) (pool.Storage, error) {
 		}
 		hc.Backing, hc.Dir = pool.ShmFile, a.cfg.MemoryDir
 	}
+	if err := a.checkHostPoolFits(spec); err != nil {
+		return nil, err
+	}
 	hs, err := pool.NewHostStorage(hc)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: %s pool of %d bytes: %w", spec.Kind, spec.Size, err)

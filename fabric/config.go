@@ -131,7 +131,9 @@ type Config struct {
 	//	device:N=AMOUNT  GPU memory on GPU N (its CUDA index) only
 	//
 	// AMOUNT is a SIZE or a fraction of the GPU's free memory at start,
-	// written with a point (device=0.5; 0 < fraction <= 1). At most one host
+	// written with a point (device=0.5; 0 < fraction <= 1). A SIZE is at
+	// least MinPoolBytes (1MiB), and a host or pinned pool at most the
+	// machine's memory (and the file system of MemoryDir). At most one host
 	// or pinned entry; device entries name each GPU once. Engines' block
 	// sets are carved from the device pools when the node has a GPU, TP
 	// rank r on the r-th pool modulo their number, or where the engine's
@@ -533,6 +535,9 @@ func ParsePoolSpec(s string) (PoolSpec, error) {
 	n, err := ParseSize(size)
 	if err != nil {
 		return PoolSpec{}, fmt.Errorf("%q: %v", s, err)
+	}
+	if err := checkPoolFloor(s, n); err != nil {
+		return PoolSpec{}, err
 	}
 	spec.Size = n
 	return spec, nil

@@ -68,18 +68,24 @@ type ReplayOptions struct {
 // ReplayResult is what a replay measured. Its JSON keys are the replay
 // command's output.
 type ReplayResult struct {
-	Policy              string                    `json:"policy"`
-	Nodes               int                       `json:"nodes"`
-	Requests            int                       `json:"requests"`
-	BlocksRequested     int                       `json:"blocks_requested"`
-	BlocksLocal         int                       `json:"blocks_local"`
-	BlocksImported      int                       `json:"blocks_imported"`
-	BlocksComputed      int                       `json:"blocks_computed"`
-	LocalHitRate        float64                   `json:"local_hit_rate"`
-	ClusterHitRate      float64                   `json:"cluster_hit_rate"`
-	BytesImported       uint64                    `json:"bytes_imported"`
-	Imports             int                       `json:"imports"`
-	ImportFailures      int                       `json:"import_failures"`
+	Policy          string  `json:"policy"`
+	Nodes           int     `json:"nodes"`
+	Requests        int     `json:"requests"`
+	BlocksRequested int     `json:"blocks_requested"`
+	BlocksLocal     int     `json:"blocks_local"`
+	BlocksImported  int     `json:"blocks_imported"`
+	BlocksComputed  int     `json:"blocks_computed"`
+	LocalHitRate    float64 `json:"local_hit_rate"`
+	ClusterHitRate  float64 `json:"cluster_hit_rate"`
+	BytesImported   uint64  `json:"bytes_imported"`
+	Imports         int     `json:"imports"`
+	ImportFailures  int     `json:"import_failures"`
+	// ImportFailuresByReason counts the failed imports by why they
+	// failed (see ImportFailReason).
+	ImportFailuresByReason map[string]int `json:"import_failures_by_reason,omitempty"`
+	// ReuseBound is the highest cluster hit rate the trace allows: the
+	// share of its blocks that an earlier request also asked for.
+	ReuseBound          float64                   `json:"reuse_bound"`
 	Uncached            int                       `json:"blocks_uncached"`
 	ImportP50Ms         float64                   `json:"import_p50_ms"`
 	ImportP99Ms         float64                   `json:"import_p99_ms"`
@@ -112,6 +118,10 @@ type RequestRecord struct {
 	// ImportFailed says an import was tried and brought nothing: the
 	// holder evicted the blocks since the lookup, or failed.
 	ImportFailed bool `json:"import_failed,omitempty"`
+	// ImportFailReason is why, in a word (ImportFailReason), and
+	// ImportError what the agent said.
+	ImportFailReason string `json:"import_fail_reason,omitempty"`
+	ImportError      string `json:"import_error,omitempty"`
 	// Uncached counts blocks computed but not kept: the request's tail
 	// past half the engine's cache, or every slot pinned by requests in
 	// flight.
@@ -209,6 +219,7 @@ func Replay(ctx context.Context, c *Cluster, reqs []TraceRequest, opts ReplayOpt
 		}
 	}
 	r.router = r.engines[0].c
+	r.res.ReuseBound = ReuseBound(reqs, opts.PageSize)
 
 	r.start = time.Now()
 	sem := make(chan struct{}, opts.Concurrency)
@@ -385,7 +396,14 @@ func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64, ov
 			}
 			// Nothing brought (the holder evicted the blocks since the
 			// lookup, or failed): the rest is computed, as an engine would.
-			rec.ImportFailed = true
+			rec.ImportFailed, rec.ImportFailReason, rec.ImportError = true, ImportFailReason(err), err.Error()
+		} else if len(resp.Blocks) <= have {
+			// Answered, with nothing past what was here.
+			rec.ImportFailed, rec.ImportFailReason, rec.ImportError = true, "brought-nothing", resp.Error
+			fetches = resp.Fetches
+			for _, b := range resp.Blocks {
+				held = append(held, b.Slot)
+			}
 		} else {
 			fetches = resp.Fetches
 			for _, b := range resp.Blocks {
@@ -493,6 +511,10 @@ func (r *replay) account(rec RequestRecord, fetches []*fabricpb.Fetch, took time
 	res.Uncached += rec.Uncached
 	if rec.ImportFailed {
 		res.ImportFailures++
+		if res.ImportFailuresByReason == nil {
+			res.ImportFailuresByReason = map[string]int{}
+		}
+		res.ImportFailuresByReason[rec.ImportFailReason]++
 	}
 	for _, f := range fetches {
 		t := res.ByTransport[f.Transport]

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvfabric/kvfabric/layout"
 )
 
@@ -85,6 +88,24 @@ func TestReplayKVAwareBeatsRandom(t *testing.T) {
 		}
 		if res.ClusterHitRate > bound+1e-9 {
 			t.Fatalf("%s: cluster hit rate %.3f above what an unbounded cache gets (%.3f)", p, res.ClusterHitRate, bound)
+		}
+		if res.ReuseBound != bound {
+			t.Fatalf("%s: reuse bound %v, want the trace's %v", p, res.ReuseBound, bound)
+		}
+		failed := 0
+		for why, n := range res.ImportFailuresByReason {
+			failed += n
+			if why == "" || n <= 0 {
+				t.Fatalf("%s: failures by reason %v", p, res.ImportFailuresByReason)
+			}
+		}
+		for _, r := range res.Timeline {
+			if r.ImportFailed && (r.ImportFailReason == "" || r.ImportError == "" && r.ImportFailReason != "brought-nothing") {
+				t.Fatalf("%s: a failed import without its reason: %+v", p, r)
+			}
+		}
+		if failed != res.ImportFailures {
+			t.Fatalf("%s: %d failures by reason %v, %d in all", p, failed, res.ImportFailuresByReason, res.ImportFailures)
 		}
 		per := uint64(replayTestModel.Layers * 2 * replayTestModel.KVHeads * replayTestModel.HeadDim * 2 * TraceBlockTokens)
 		if res.BytesImported != uint64(res.BlocksImported)*per || res.ByTransport["quic"].Blocks != res.BlocksImported {
@@ -236,5 +257,60 @@ func TestSweepThroughput(t *testing.T) {
 	}
 	if _, err := Sweep(ctx, SweepOptions{Bin: bin}); err == nil {
 		t.Fatal("a sweep of nothing: no error")
+	}
+}
+
+// ReuseBound counts a block as reusable when an earlier request asked for
+// it: at the trace's page it is the share of repeated id prefixes (the
+// brute-force count), and pages that split a trace block, or span two,
+// are named by the ids up to the one that ends them.
+func TestReuseBound(t *testing.T) {
+	reqs, err := TraceGen{Requests: 300, SystemPrompts: 5, SystemBlocks: 3, Active: 16, Seed: 7}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ReuseBound(reqs, TraceBlockTokens), upperBound(t, reqs); got != want || got <= 0 || got >= 1 {
+		t.Fatalf("ReuseBound at page %d = %v, brute force %v", TraceBlockTokens, got, want)
+	}
+	tr := func(ids ...int64) TraceRequest {
+		return TraceRequest{HashIDs: ids, InputLength: len(ids) * TraceBlockTokens}
+	}
+	for _, c := range []struct {
+		desc string
+		reqs []TraceRequest
+		page int
+		want float64
+	}{
+		{"nothing repeats", []TraceRequest{tr(1, 2), tr(3, 4)}, 512, 0},
+		{"the second repeats the first", []TraceRequest{tr(1, 2), tr(1, 2)}, 512, 2.0 / 4},
+		{"a shared first id", []TraceRequest{tr(1, 2), tr(1, 3)}, 512, 1.0 / 4},
+		{"same ids after another first", []TraceRequest{tr(1, 2), tr(3, 2)}, 512, 0},
+		{"pages of 256: two per id", []TraceRequest{tr(1, 2), tr(1, 3)}, 256, 2.0 / 8},
+		{"pages of 1024 span two ids", []TraceRequest{tr(1, 2), tr(1, 3), tr(1, 2)}, 1024, 1.0 / 3},
+		{"a partial last page is not a block", []TraceRequest{{HashIDs: []int64{1, 2}, InputLength: 700}, tr(1, 2)}, 512, 1.0 / 3},
+		{"no page", []TraceRequest{tr(1)}, 0, 0},
+	} {
+		if got := ReuseBound(c.reqs, c.page); got != c.want {
+			t.Errorf("%s: ReuseBound = %v, want %v", c.desc, got, c.want)
+		}
+	}
+}
+
+// A failed import's reason in a word, from what the agent answered.
+func TestImportFailReason(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{status.Error(codes.NotFound, "blocks 0..3 of 4 (from hash 7) not imported: no node holds them"), "no-holder"},
+		{status.Error(codes.Unavailable, "blocks 0..3 of 4 (from hash 7) not imported: n2: lease: busy; every holder tried failed (8 tried)"), "holders-failed"},
+		{status.Error(codes.DeadlineExceeded, "blocks 0..3 of 4 not imported: context deadline exceeded"), "timeout"},
+		{context.DeadlineExceeded, "timeout"},
+		{status.Error(codes.ResourceExhausted, "block set 1: 0 of 4 slots free"), "resource-exhausted"},
+		{status.Error(codes.Unavailable, "n2: connection refused"), "unavailable"},
+	} {
+		if got := ImportFailReason(c.err); got != c.want {
+			t.Errorf("ImportFailReason(%v) = %q, want %q", c.err, got, c.want)
+		}
 	}
 }

@@ -241,26 +241,42 @@ func addHashFlags(fs *flag.FlagSet, engine bool) hashFlags {
 // resolve returns the sequence hashes named by --hashes, or by the token
 // ids in args (or on stdin when there are none).
 func (h hashFlags) resolve(e *env, args []string, pageSize int) ([]uint64, error) {
+	n, err := h.names(e, args, pageSize)
+	return n.hashes, err
+}
+
+// blockNames are the blocks a command asks for: their sequence hashes,
+// and the token ids they were hashed from when given as tokens.
+type blockNames struct {
+	hashes     []uint64
+	tokens     []uint32 // nil when named by --hashes
+	salt, lora string
+}
+
+// names is resolve that also keeps the token ids, so that an import can
+// pass them through to the agent: it then also finds holders at another
+// page size (one that divides the engine's), which hashes cannot name.
+func (h hashFlags) names(e *env, args []string, pageSize int) (blockNames, error) {
 	if h.blockSize != nil {
 		pageSize = *h.blockSize
 	}
 	if *h.hashes != "" {
 		if len(args) > 0 {
-			return nil, usagef("give --hashes or token ids, not both")
+			return blockNames{}, usagef("give --hashes or token ids, not both")
 		}
 		var out []uint64
 		for i, f := range strings.FieldsFunc(*h.hashes, splitToken) {
 			v, err := strconv.ParseUint(f, 10, 64)
 			if err != nil {
-				return nil, usagef("--hashes: hash %d: %q is not a u64", i, f)
+				return blockNames{}, usagef("--hashes: hash %d: %q is not a u64", i, f)
 			}
 			out = append(out, v)
 		}
-		return out, nil
+		return blockNames{hashes: out}, nil
 	}
 	hasher, err := layout.NewHasher(pageSize, layout.HashOptions{Salt: *h.salt, LoRA: *h.lora})
 	if err != nil {
-		return nil, usagef("block size %d: must be 1..%d", pageSize, layout.MaxBlockSize)
+		return blockNames{}, usagef("block size %d: must be 1..%d", pageSize, layout.MaxBlockSize)
 	}
 	var tokens []uint32
 	if len(args) > 0 {
@@ -269,16 +285,17 @@ func (h hashFlags) resolve(e *env, args []string, pageSize int) ([]uint64, error
 		tokens, err = readTokens(e.stdin)
 	}
 	if err != nil {
-		return nil, err
+		return blockNames{}, err
 	}
 	var out []uint64
 	for _, b := range hasher.Sequence(tokens) {
 		out = append(out, b.Sequence)
 	}
 	if len(out) == 0 {
-		return nil, usagef("no full block of %d tokens given", pageSize)
+		return blockNames{}, usagef("no full block of %d tokens given", pageSize)
 	}
-	return out, nil
+	// Only the full pages: the agent ignores a trailing partial one too.
+	return blockNames{hashes: out, tokens: tokens[:len(out)*pageSize], salt: *h.salt, lora: *h.lora}, nil
 }
 
 func runLookup(e *env, args []string) error {
@@ -427,12 +444,19 @@ uses the block set, and for the agent's --block-set-grace after that.`)
 	if err != nil {
 		return err
 	}
-	if len(blocks) > set.Retains {
-		fmt.Fprintf(e.stderr, "kvfabric put: warning: %d blocks into a block set that keeps %d before recycling: the tail of the sequence will be recycled (give --slots %d or more)\n",
-			len(blocks), set.Retains, minSlotsToRetain(len(blocks), set))
+	overflow := len(blocks) > set.Retains
+	if overflow {
+		// The pool recycles leaves first, least recently used first: as
+		// each batch is allocated, the end of what is stored so far goes,
+		// and once a batch's parent is gone, older runs go from their end
+		// back to the first block of the sequence.
+		fmt.Fprintf(e.stderr, "kvfabric put: warning: %d blocks into a block set that keeps %d before recycling: "+
+			"storing the later blocks recycles %d or more earlier ones, the blocks stored just before each batch of %d and then the "+
+			"start of the sequence, so a look-up from its first block finds fewer than %d, possibly none (give --slots %d or more)\n",
+			len(blocks), set.Retains, len(blocks)-set.Retains, putBatch, set.Retains, minSlotsToRetain(len(blocks), set))
 	}
 	var hashes []uint64
-	const batch = 64
+	const batch = putBatch
 	for i := 0; i < len(blocks); i += batch {
 		n := min(batch, len(blocks)-i)
 		slots, err := c.Allocate(ctx, set.ID, n)
@@ -469,6 +493,25 @@ uses the block set, and for the agent's --block-set-grace after that.`)
 	if len(blocks) > batch {
 		fmt.Fprintln(e.stderr)
 	}
+	if overflow {
+		// Say what the recycling left: the run a look-up finds.
+		held := uint32(0)
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		ov, err := c.Lookup(ctx, hashes)
+		if err != nil {
+			return err
+		}
+		for _, o := range ov {
+			if o.Node == st.Node {
+				held = o.Blocks
+			}
+		}
+		fmt.Fprintf(e.stderr, "kvfabric put: a look-up from the first block finds %d of the %d blocks here; the rest were recycled or follow a recycled one\n",
+			held, len(hashes))
+	}
 	strs := make([]string, len(hashes))
 	for i, h := range hashes {
 		strs[i] = strconv.FormatUint(h, 10)
@@ -480,6 +523,9 @@ uses the block set, and for the agent's --block-set-grace after that.`)
 	fmt.Fprintln(e.stdout, strings.Join(strs, ","))
 	return nil
 }
+
+// putBatch is how many blocks put allocates and registers at a time.
+const putBatch = 64
 
 // imported is an import made by a command, with what it needs to use the
 // blocks and to release them.
@@ -508,9 +554,12 @@ func (im *imported) releaseAll() error {
 	return im.c.Release(im.ctx, im.set.ID, slots)
 }
 
-// importHashes registers as engine eng and imports hashes, with a
-// progress line on stderr when e asks for one.
-func importHashes(e *env, cf clientFlags, eng client.Engine, hashes []uint64) (*imported, error) {
+// importBlocks registers as engine eng and imports the blocks named, by
+// their token ids when it has them (so that holders at another page size
+// serve them too) and by hashes otherwise, with a progress line on stderr
+// when e asks for one.
+func importBlocks(e *env, cf clientFlags, eng client.Engine, names blockNames) (*imported, error) {
+	hashes := names.hashes
 	c, ctx, cancel, err := cf.dial()
 	if err != nil {
 		return nil, err
@@ -518,7 +567,11 @@ func importHashes(e *env, cf clientFlags, eng client.Engine, hashes []uint64) (*
 	im := &imported{c: c, ctx: ctx, cancel: cancel}
 	if im.set, err = c.Register(ctx, eng); err == nil {
 		stop := startProgress(e, c, ctx, im.set, len(hashes))
-		im.resp, err = c.Import(ctx, im.set.ID, hashes)
+		if names.tokens != nil {
+			im.resp, err = c.ImportTokens(ctx, im.set.ID, names.tokens, names.salt, names.lora)
+		} else {
+			im.resp, err = c.Import(ctx, im.set.ID, hashes)
+		}
 		stop(len(im.resp.GetBlocks()))
 	}
 	if err != nil {
@@ -595,7 +648,9 @@ func printFetches(w io.Writer, resp *fabricpb.ImportResponse, asked int) {
 
 func runImport(e *env, args []string) error {
 	fs := newFlags(e, "import", "[engine flags] (--hashes H,H,... | TOKEN ...)",
-		"Imports blocks from the cluster into the local agent's pool and shows what came from where, over which transport, how fast.")
+		`Imports blocks from the cluster into the local agent's pool and shows what came from where, over which transport, how fast.
+Token ids go to the agent as they are, so holders that stored them at a page
+size dividing --page-size serve them too; --hashes names blocks at --page-size only.`)
 	cf := addClientFlags(fs)
 	ef := addEngineFlags(fs, "kvfabric-import")
 	hf := addHashFlags(fs, true)
@@ -606,11 +661,12 @@ func runImport(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	hashes, err := hf.resolve(e, fs.Args(), eng.PageSize)
+	names, err := hf.names(e, fs.Args(), eng.PageSize)
 	if err != nil {
 		return err
 	}
-	im, err := importHashes(e, cf, eng, hashes)
+	hashes := names.hashes
+	im, err := importBlocks(e, cf, eng, names)
 	if err != nil {
 		return err
 	}
@@ -635,7 +691,8 @@ func runGet(e *env, args []string) error {
 Imports blocks into the local agent and writes their bytes to FILE: for each
 block in order, each TP rank's shard in rank order, in the layout the engine
 flags describe. --verify checks every element against the pattern kvfabric
-put writes.`)
+put writes (blocks put at the same page size). Token ids go to the agent as
+they are, so holders at a page size dividing --page-size serve them too.`)
 	cf := addClientFlags(fs)
 	ef := addEngineFlags(fs, "kvfabric-get")
 	hf := addHashFlags(fs, true)
@@ -651,11 +708,12 @@ put writes.`)
 	if err != nil {
 		return err
 	}
-	hashes, err := hf.resolve(e, fs.Args(), eng.PageSize)
+	names, err := hf.names(e, fs.Args(), eng.PageSize)
 	if err != nil {
 		return err
 	}
-	im, err := importHashes(e, cf, eng, hashes)
+	hashes := names.hashes
+	im, err := importBlocks(e, cf, eng, names)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -11,8 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/transfer/certs"
 )
 
 // The client commands against a real agent: put stores blocks, lookup and
@@ -127,6 +131,61 @@ func TestCertsCommand(t *testing.T) {
 	}
 }
 
+// deploy/agent.json names the files certs writes: certs ca and certs node
+// for its node_name, into one folder, make exactly its ca_file, cert_file
+// and key_file, and an agent checks them as it would at start.
+func TestExampleConfigNamesTheCertsFiles(t *testing.T) {
+	c, err := fabric.LoadConfigFile(filepath.Join("..", "..", "deploy", "agent.json"), fabric.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(c.CAFile)
+	if filepath.Dir(c.CertFile) != dir || filepath.Dir(c.KeyFile) != dir {
+		t.Fatalf("deploy/agent.json: ca_file %s, cert_file %s, key_file %s are not in one folder", c.CAFile, c.CertFile, c.KeyFile)
+	}
+	out := t.TempDir()
+	if code, _, errs := runCmd(t, "", "certs", "ca", "--out", out); code != 0 {
+		t.Fatalf("certs ca: exit %d: %s", code, errs)
+	}
+	if code, _, errs := runCmd(t, "", "certs", "node", c.NodeName, "--ca-cert", filepath.Join(out, "ca.crt"), "--ca-key", filepath.Join(out, "ca.key"), "--out", out); code != 0 {
+		t.Fatalf("certs node %s: exit %d: %s", c.NodeName, code, errs)
+	}
+	for _, f := range []string{c.CAFile, c.CertFile, c.KeyFile} {
+		if _, err := os.Stat(filepath.Join(out, filepath.Base(f))); err != nil {
+			t.Errorf("deploy/agent.json names %s, which certs does not write: %v", f, err)
+		}
+	}
+	if _, _, _, err := certs.LoadNode(filepath.Join(out, filepath.Base(c.CAFile)), filepath.Join(out, filepath.Base(c.CertFile)),
+		filepath.Join(out, filepath.Base(c.KeyFile)), c.NodeName, time.Now()); err != nil {
+		t.Fatalf("the files deploy/agent.json names, as certs writes them: %v", err)
+	}
+}
+
+// Two CAs made by certs ca with the same (default) name still have
+// different subjects: an agent given a certificate of one and the other
+// as its CA refuses to start, and the refusal names two different CAs.
+func TestCertsCAsHaveUniqueSubjects(t *testing.T) {
+	dir := t.TempDir()
+	one, two := filepath.Join(dir, "one"), filepath.Join(dir, "two")
+	for _, d := range []string{one, two} {
+		if code, _, errs := runCmd(t, "", "certs", "ca", "--out", d); code != 0 {
+			t.Fatalf("certs ca --out %s: exit %d: %s", d, code, errs)
+		}
+	}
+	if code, _, errs := runCmd(t, "", "certs", "node", "n1", "--ca-cert", filepath.Join(two, "ca.crt"), "--ca-key", filepath.Join(two, "ca.key"), "--out", two); code != 0 {
+		t.Fatalf("certs node: exit %d: %s", code, errs)
+	}
+	code, _, errs := runCmd(t, "", "agent", "--local", "--node", "n1", "--data-dir", filepath.Join(dir, "data"),
+		"--ca", filepath.Join(one, "ca.crt"), "--cert", filepath.Join(two, "n1.crt"), "--key", filepath.Join(two, "n1.key"))
+	m := regexp.MustCompile(`issued by "([^"]+)", which is not the cluster CA "([^"]+)"`).FindStringSubmatch(errs)
+	if code != 2 || m == nil {
+		t.Fatalf("agent with another CA's certificate: exit %d, want 2 naming both CAs: %s", code, errs)
+	}
+	if m[1] == m[2] || !strings.Contains(m[1], "CN=kvfabric cluster CA") || !strings.Contains(m[2], "CN=kvfabric cluster CA") {
+		t.Fatalf("the refusal names the issuer %q and the cluster CA %q: want two different subjects of the default name", m[1], m[2])
+	}
+}
+
 // startTestAgent starts a loopback agent named name with a 64 MiB pool for
 // the client commands to talk to. Its directory is short (unix socket
 // paths are), and removed at the end of the test.
@@ -157,4 +216,61 @@ func startTestAgentWith(t *testing.T, name string, configure func(*fabric.Config
 	}
 	t.Cleanup(func() { a.Close() })
 	return a
+}
+
+// import and get given token ids pass them through to the agent, which
+// then also finds holders that stored the blocks at a page size dividing
+// the engine's: blocks put at page 16 on one node come to another as
+// page-32 blocks. Named by the engine's hashes (page 32) instead, no
+// holder has them.
+func TestImportTokensAcrossPageSizes(t *testing.T) {
+	ca := t.TempDir() // one development CA for both agents
+	holder := startTestAgentWith(t, "cli-page16", func(c *fabric.Config) { c.DevCADir = ca })
+	importer := startTestAgentWith(t, "cli-page32", func(c *fabric.Config) {
+		c.DevCADir, c.Join = ca, []string{holder.GossipAddr()}
+	})
+	model := []string{"--tp", "2", "--layers", "2", "--head-dim", "16"}
+	tokens := make([]string, 64)
+	for i := range tokens {
+		tokens[i] = strconv.Itoa(2000 + i)
+	}
+	code, _, errs := runCmd(t, "", append(append([]string{"put", "--page-size", "16", "--socket", holder.EngineSocket()}, model...), tokens...)...)
+	if code != 0 {
+		t.Fatalf("put --page-size 16: exit %d: %s", code, errs)
+	}
+	sock := []string{"--socket", importer.EngineSocket()}
+	wait.For(t, 20*time.Second, "the importer's index to hold the page-16 blocks", func() error {
+		code, out, errs := runCmd(t, "", append([]string{"lookup", "--block-size", "16"}, append(sock, tokens...)...)...)
+		if code != 0 {
+			return fmt.Errorf("lookup: exit %d: %q %s", code, out, errs)
+		}
+		return nil
+	})
+	// Asked by the engine's own hashes of the same tokens (what import
+	// sent before it passed tokens through), no holder has them.
+	code, hashOut, errs := runCmd(t, "", append([]string{"hash", "--block-size", "32"}, tokens...)...)
+	if code != 0 {
+		t.Fatalf("hash: exit %d: %s", code, errs)
+	}
+	var hs []string
+	for _, line := range strings.Split(strings.TrimSpace(hashOut), "\n") {
+		hs = append(hs, strings.Fields(line)[2])
+	}
+	code, _, errs = runCmd(t, "", append([]string{"import", "--page-size", "32", "--engine", "by-hash", "--hashes", strings.Join(hs, ","),
+		"--socket", importer.EngineSocket()}, model...)...)
+	if code != 1 || !strings.Contains(errs, "not imported") {
+		t.Fatalf("import by page-32 hashes where only page-16 blocks exist: exit %d, want 1: %s", code, errs)
+	}
+	code, out, errs := runCmd(t, "", append(append([]string{"import", "--page-size", "32"}, model...), append(sock, tokens...)...)...)
+	if code != 0 || !strings.Contains(out, "2 of 2 blocks here") || !strings.Contains(out, "cli-page16") {
+		t.Fatalf("import of page-16 blocks by tokens at page 32: exit %d: %q %s", code, out, errs)
+	}
+	file := filepath.Join(t.TempDir(), "blocks.bin")
+	code, _, errs = runCmd(t, "", append(append([]string{"get", "--page-size", "32", "--engine", "get32", "--tp", "1", "--out", file, "--layers", "2", "--head-dim", "16"}, sock...), tokens...)...)
+	if code != 0 {
+		t.Fatalf("get of page-16 blocks by tokens at page 32: exit %d: %s", code, errs)
+	}
+	if fi, err := os.Stat(file); err != nil || fi.Size() != 2*2*2*8*32*16*2 {
+		t.Fatalf("get wrote %v bytes (%v), want 2 page-32 blocks", fi.Size(), err)
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -64,5 +65,42 @@ func TestPutWarnsPastWhatTheSetKeeps(t *testing.T) {
 	code, _, errs = runCmd(t, "", args(retains+1, "2")...)
 	if code != 0 || !strings.Contains(errs, "warning: 973 blocks into a block set that keeps 972") || !strings.Contains(errs, "--slots 1026 or more") {
 		t.Fatalf("put of %d blocks into a set that keeps %d: exit %d, stderr %q; want a warning naming both and --slots 1026", retains+1, retains, code, errs)
+	}
+}
+
+// A put far past what its block set keeps: the warning says the start of
+// the sequence goes, and the line after the put says how much a look-up
+// from the first block finds, which is what lookup finds, and fewer than
+// the set keeps.
+func TestPutPastTheSlotsSaysWhatIsRecycled(t *testing.T) {
+	a := startTestAgent(t, "ev3")
+	sock := []string{"--socket", a.EngineSocket()}
+	code, out, errs := runCmd(t, "", append([]string{"put", "--generate", "300", "--slots", "128", "--json", "--tp", "1", "--layers", "2", "--head-dim", "16"}, sock...)...)
+	if code != 0 {
+		t.Fatalf("put: exit %d: %s", code, errs)
+	}
+	m := regexp.MustCompile(`warning: 300 blocks into a block set that keeps (\d+) before recycling: storing the later blocks recycles (\d+) or more earlier ones, .*start of the sequence`).FindStringSubmatch(errs)
+	if m == nil {
+		t.Fatalf("put of 300 blocks into 128 slots: no warning naming the start of the sequence: %q", errs)
+	}
+	retains, _ := strconv.Atoi(m[1])
+	if n, _ := strconv.Atoi(m[2]); n != 300-retains || retains >= 128 {
+		t.Fatalf("warning: keeps %s, recycles %s; want fewer than 128 kept and 300 minus that recycled", m[1], m[2])
+	}
+	h := regexp.MustCompile(`a look-up from the first block finds (\d+) of the 300 blocks here`).FindStringSubmatch(errs)
+	if h == nil {
+		t.Fatalf("put says nothing of what a look-up finds: %q", errs)
+	}
+	var put struct{ Hashes []string }
+	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 300 {
+		t.Fatalf("put --json: %d hashes (%v)", len(put.Hashes), err)
+	}
+	code, out, errs = runCmd(t, "", append([]string{"lookup", "--json", "--hashes", strings.Join(put.Hashes, ",")}, sock...)...)
+	var resp struct{ Overlaps []struct{ Blocks uint32 } }
+	if err := json.Unmarshal([]byte(out), &resp); code != 1 || err != nil || len(resp.Overlaps) != 1 {
+		t.Fatalf("lookup: exit %d: %q %s (%v)", code, out, errs, err)
+	}
+	if got := strconv.Itoa(int(resp.Overlaps[0].Blocks)); got != h[1] || resp.Overlaps[0].Blocks >= uint32(retains) {
+		t.Fatalf("lookup finds %s leading blocks, put said %s; want them equal and fewer than the %d kept", got, h[1], retains)
 	}
 }

@@ -53,6 +53,8 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"agent", "--local", "--data-dir", filepath.Join(dir, "a"), "--engine-socket-group", "kvfabric-no-such-group"}, 2},
 		{[]string{"agent", "--local", "--data-dir", filepath.Join(dir, "a"), "--engine-socket-mode", "0666"}, 2},
 		{[]string{"agent", "--local", "--print-config"}, 0},
+		{[]string{"agent", "--local", "--data-dir", filepath.Join(dir, "a"), "--pool", "host=64"}, 2},          // a unit left out
+		{[]string{"agent", "--local", "--data-dir", filepath.Join(dir, "a"), "--pool", "host=16777216TiB"}, 2}, // past any machine's memory
 
 		{[]string{"certs"}, 2},
 		{[]string{"certs", "ca", "--out", caDir}, 0},

@@ -17,7 +17,7 @@ const module = "github.com/kvfabric/kvfabric"
 var rules = map[string]struct{ ours, theirs []string }{
 	"layout": {[]string{"layout"}, []string{"github.com/zeebo/xxh3", "google.golang.org/protobuf"}},
 	"pool":   {[]string{"pool", "layout"}, []string{"golang.org/x/sys"}},
-	// pool/cuda is pool's one cgo corner (DESIGN.md): the driver binding,
+	// pool/cuda is pool's one cgo corner (docs/architecture.md): the driver binding,
 	// and GPU discovery through go-nvml.
 	"pool/cuda":  {[]string{"pool", "layout"}, []string{"C", "golang.org/x/sys", "github.com/NVIDIA/go-nvml"}},
 	"rdma":       {[]string{"rdma"}, []string{"C"}},
@@ -58,7 +58,7 @@ func TestForbiddenImports(t *testing.T) {
 		}
 		rule, ok := rules[top]
 		if !ok {
-			t.Errorf("%s: folder %q has no import rule; add it here and to DESIGN.md's package map", p.ImportPath, top)
+			t.Errorf("%s: folder %q has no import rule; add it here and to docs/architecture.md's package table", p.ImportPath, top)
 			continue
 		}
 		checked++

@@ -13,7 +13,8 @@ up which nodes hold a prefix, and imports blocks from them.
         kv = bs.read_block(got.slots[0])      # [layers, 2, page, kv_heads, head_dim]
 
 Hashes are those of ``kvfabric hash`` (and of Dynamo's KV router):
-:func:`block_hashes` and :class:`BlockHasher`.
+:func:`block_hashes` and :class:`BlockHasher`. Engines on an asyncio loop
+use :mod:`kvfabric.aio`, the same calls as coroutines.
 """
 
 from .blockset import Arrangement, BlockSet, DType, KVOrder, ModelConfig
@@ -45,6 +46,7 @@ from .errors import (
 )
 from .hashing import BlockHash, BlockHasher, block_hashes, hash_seed
 
+#: The package's version, its one source: pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
 __all__ = [

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import mmap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -34,9 +34,12 @@ if TYPE_CHECKING:
 __all__ = ["DType", "KVOrder", "Arrangement", "ModelConfig", "BlockSet"]
 
 
+_N = TypeVar("_N", bound="_Named")
+
+
 class _Named(enum.IntEnum):
     @classmethod
-    def parse(cls, v: Any, what: str) -> "_Named":
+    def parse(cls: type[_N], v: Any, what: str) -> _N:
         if isinstance(v, cls):
             return v
         if isinstance(v, str):
@@ -132,7 +135,7 @@ class ModelConfig:
             layers=int(self.layers),
             kv_heads=int(self.kv_heads),
             head_dim=int(self.head_dim),
-            dtype=int(DType.parse(self.dtype, "model.dtype")),
+            dtype=layout_pb2.DType.Name(DType.parse(self.dtype, "model.dtype")),
             mla=bool(self.mla),
         )
 

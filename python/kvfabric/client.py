@@ -26,6 +26,7 @@ import grpc
 import numpy as np
 
 from ._pb.fabric.fabricpb import engine_pb2, engine_pb2_grpc
+from ._pb.layout.layoutpb import layout_pb2
 from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
 from . import cuda as cuda_driver
 from .cuda import DeviceMemory
@@ -212,6 +213,191 @@ def _tokens(tokens: Any, salt: str | None, lora: str | None) -> engine_pb2.Token
 
 def _refs(blocks: Iterable[engine_pb2.BlockRef], results: Iterable[engine_pb2.BlockResult] = ()) -> Blocks:
     return Blocks((BlockRef(b.hash, b.slot, b.duplicate) for b in blocks), _results(results))
+
+
+def _register_request(
+    engine: str,
+    model: ModelConfig,
+    tp_size: int,
+    page_size: int,
+    kv_order: KVOrder | str,
+    arrangement: Arrangement | str,
+    slots: int,
+    alignment: int,
+    devices: Sequence[str | int] | None,
+) -> engine_pb2.RegisterRequest:
+    """A Register request, its arguments checked as Client.register says."""
+    if not isinstance(model, ModelConfig):
+        raise InvalidArgument(f"model: want a kvfabric.ModelConfig, got {type(model).__name__}")
+    for name, v, lo, hi in (
+        ("tp_size", tp_size, 1, _U32 - 1),
+        ("page_size", page_size, 1, MAX_BLOCK_SIZE),
+        ("slots", slots, 0, _U32 - 1),
+        ("alignment", alignment, 0, _U64 - 1),
+    ):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+            raise InvalidArgument(f"{name}: {v!r} is not an integer in {lo}..{hi}")
+    if devices is None:
+        devices = ()
+    elif isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+        raise InvalidArgument(f"devices: want a sequence of PCI bus ids or CUDA indices, got {devices!r}")
+    elif devices and len(devices) != tp_size:
+        raise InvalidArgument(f"devices: {len(devices)} entries for tp_size {tp_size}: give one per rank")
+    placed = []
+    for r, d in enumerate(devices):
+        if isinstance(d, bool) or not isinstance(d, (str, int, np.integer)) or (not isinstance(d, str) and d < 0):
+            raise InvalidArgument(f"devices[{r}]: {d!r} is not a PCI bus id or a CUDA index")
+        placed.append(str(d))
+    req = engine_pb2.RegisterRequest(
+        engine=engine,
+        model=model.proto(),
+        tp_size=int(tp_size),
+        page_size=int(page_size),
+        kv_order=layout_pb2.KVOrder.Name(KVOrder.parse(kv_order, "kv_order")),
+        arrangement=layout_pb2.Arrangement.Name(Arrangement.parse(arrangement, "arrangement")),
+        slots=int(slots),
+        alignment=int(alignment),
+        devices=placed,
+    )
+    return req
+
+
+def _on_device(resp: engine_pb2.RegisterResponse) -> bool:
+    """Whether a Register answer's block set is in GPU memory (IPC handles),
+    after checking that it describes every rank once."""
+    if len(resp.memory) != resp.layout.tp_size or len(resp.ranks) != resp.layout.tp_size:
+        raise ProtocolError(
+            f"agent sent {len(resp.memory)} memories and {len(resp.ranks)} rank layouts for TP {resp.layout.tp_size}",
+            method="Register",
+        )
+    if any(m.cuda_ipc_handle for m in resp.memory):
+        if not all(m.cuda_ipc_handle for m in resp.memory):
+            raise ProtocolError("agent sent IPC handles for some ranks only", method="Register")
+        return True
+    return False
+
+
+def _check_region(r: int, m: engine_pb2.Memory, mem: mmap.mmap) -> mmap.mmap:
+    """mem, once rank r's region of it (m) is checked to lie inside it."""
+    if m.offset + m.size > len(mem):
+        raise ProtocolError(
+            f"rank {r} region [{m.offset}, {m.offset + m.size}) outside the pool memory ({len(mem)} bytes)",
+            method="Register",
+        )
+    return mem
+
+
+def _allocate_request(block_set: BlockSet | int, count: int) -> engine_pb2.AllocateRequest:
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or not 1 <= count <= MAX_REQUEST_BLOCKS:
+        raise InvalidArgument(f"count: {count!r} is not in 1..{MAX_REQUEST_BLOCKS}")
+    return engine_pb2.AllocateRequest(block_set=_set_id(block_set), count=int(count))
+
+
+def _register_blocks_request(
+    block_set: BlockSet | int,
+    slots: Sequence[int],
+    hashes: Sequence[int] | None,
+    tokens: Sequence[int] | np.ndarray | None,
+    salt: str | None,
+    lora: str | None,
+    parent: int | None,
+) -> engine_pb2.RegisterBlocksRequest:
+    s = _ints(slots, "slots", _U32)
+    if not s:
+        raise InvalidArgument("slots: none given")
+    if (hashes is None) == (tokens is None):
+        raise InvalidArgument("hashes and tokens: give one, not both")
+    req = engine_pb2.RegisterBlocksRequest(block_set=_set_id(block_set), slots=s)
+    if hashes is not None:
+        h = _ints(hashes, "hashes", _U64)
+        if len(h) != len(s):
+            raise InvalidArgument(f"hashes: {len(h)} hashes for {len(s)} slots")
+        req.hashes.extend(h)
+    else:
+        req.tokens.CopyFrom(_tokens(tokens, salt, lora))
+    if parent is not None:
+        req.parent = _ints([parent], "parent", _U64)[0]
+        req.parent_set = True
+    return req
+
+
+def _lookup_request(
+    hashes: Sequence[int] | None,
+    tokens: Sequence[int] | np.ndarray | None,
+    salt: str | None,
+    lora: str | None,
+    block_size: int,
+    block_set: BlockSet | int | None,
+) -> engine_pb2.LookupRequest:
+    if (hashes is None) == (tokens is None):
+        raise InvalidArgument("hashes and tokens: give one, not both")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 0 <= block_size <= MAX_BLOCK_SIZE:
+        raise InvalidArgument(f"block_size: {block_size!r} is not in 0..{MAX_BLOCK_SIZE}")
+    req = engine_pb2.LookupRequest(block_size=block_size)
+    if hashes is not None:
+        req.hashes.extend(_ints(hashes, "hashes", _U64))
+    else:
+        req.tokens.CopyFrom(_tokens(tokens, salt, lora))
+    if block_set is not None:
+        req.block_set = _set_id(block_set)
+    return req
+
+
+def _lookup_result(resp: engine_pb2.LookupResponse) -> LookupResult:
+    return LookupResult(
+        list(resp.hashes),
+        [Overlap(o.node, o.blocks, o.score, o.fetch_estimate_us, o.estimate, o.fetch_bytes, o.transport) for o in resp.overlaps],
+    )
+
+
+def _import_request(
+    block_set: BlockSet | int,
+    hashes: Sequence[int] | None,
+    tokens: Sequence[int] | np.ndarray | None,
+    salt: str | None,
+    lora: str | None,
+    wait: float,
+    timeout: float,
+) -> engine_pb2.ImportRequest:
+    sid = _set_id(block_set)
+    if (hashes is None) == (tokens is None):
+        raise InvalidArgument("hashes and tokens: give one, not both")
+    if not isinstance(wait, (int, float)) or wait < 0:
+        raise InvalidArgument(f"wait: {wait!r} is not a number of seconds >= 0")
+    if not isinstance(timeout, (int, float)) or not 0 < timeout * 1000 < _U32:
+        raise InvalidArgument(f"timeout: {timeout!r} is not a positive number of seconds")
+    req = engine_pb2.ImportRequest(block_set=sid, timeout_ms=max(1, int(timeout * 1000)))
+    if hashes is not None:
+        req.hashes.extend(_ints(hashes, "hashes", _U64))
+        if not req.hashes:
+            raise InvalidArgument("hashes: none given")
+    else:
+        req.tokens.CopyFrom(_tokens(tokens, salt, lora))
+    return req
+
+
+def _import_result(n: int, resp: engine_pb2.ImportResponse) -> ImportResult:
+    return ImportResult(
+        n,
+        _refs(resp.blocks),
+        resp.error,
+        [Fetch(f.node, f.transport, f.blocks, f.bytes, f.micros) for f in resp.fetches],
+        _results(resp.results),
+    )
+
+
+def _index_asks(page: int, req: engine_pb2.ImportRequest) -> list[tuple[engine_pb2.LookupRequest, int]]:
+    """The lookups that show the cluster's index holding every block req
+    asks for, each with the blocks it must find on one node. By tokens
+    (page, the set's page size), a holder may hold them at any page size
+    that divides the set's, so each divisor is asked."""
+    if req.hashes:
+        return [(engine_pb2.LookupRequest(hashes=req.hashes), len(req.hashes))]
+    tokens = (len(req.tokens.ids) // page) * page
+    if tokens == 0:
+        return []
+    sizes = [d for d in range(page, 0, -1) if page % d == 0]
+    return [(engine_pb2.LookupRequest(tokens=req.tokens, block_size=d), tokens // d) for d in sizes]
 
 
 def _shut(session: Session | None, channel: grpc.Channel, maps: dict[str, mmap.mmap], ipcs: dict[bytes, DeviceMemory]) -> None:
@@ -416,65 +602,20 @@ class Client:
         pool.
         An agent whose pool is host memory ignores it.
         """
-        if not isinstance(model, ModelConfig):
-            raise InvalidArgument(f"model: want a kvfabric.ModelConfig, got {type(model).__name__}")
-        for name, v, lo, hi in (
-            ("tp_size", tp_size, 1, _U32 - 1),
-            ("page_size", page_size, 1, MAX_BLOCK_SIZE),
-            ("slots", slots, 0, _U32 - 1),
-            ("alignment", alignment, 0, _U64 - 1),
-        ):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
-                raise InvalidArgument(f"{name}: {v!r} is not an integer in {lo}..{hi}")
-        if devices is None:
-            devices = ()
-        elif isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
-            raise InvalidArgument(f"devices: want a sequence of PCI bus ids or CUDA indices, got {devices!r}")
-        elif devices and len(devices) != tp_size:
-            raise InvalidArgument(f"devices: {len(devices)} entries for tp_size {tp_size}: give one per rank")
-        placed = []
-        for r, d in enumerate(devices):
-            if isinstance(d, bool) or not isinstance(d, (str, int, np.integer)) or (not isinstance(d, str) and d < 0):
-                raise InvalidArgument(f"devices[{r}]: {d!r} is not a PCI bus id or a CUDA index")
-            placed.append(str(d))
-        req = engine_pb2.RegisterRequest(
-            engine=engine or self.engine,
-            model=model.proto(),
-            tp_size=int(tp_size),
-            page_size=int(page_size),
-            kv_order=int(KVOrder.parse(kv_order, "kv_order")),
-            arrangement=int(Arrangement.parse(arrangement, "arrangement")),
-            slots=int(slots),
-            alignment=int(alignment),
-            devices=placed,
+        req = _register_request(
+            engine or self.engine, model, tp_size, page_size, kv_order, arrangement, slots, alignment, devices
         )
         resp = self._call("Register", req, timeout)
-        if len(resp.memory) != resp.layout.tp_size or len(resp.ranks) != resp.layout.tp_size:
-            raise ProtocolError(
-                f"agent sent {len(resp.memory)} memories and {len(resp.ranks)} rank layouts for TP {resp.layout.tp_size}",
-                method="Register",
-            )
-        if any(m.cuda_ipc_handle for m in resp.memory):
-            if not all(m.cuda_ipc_handle for m in resp.memory):
-                raise ProtocolError("agent sent IPC handles for some ranks only", method="Register")
+        if _on_device(resp):
             return BlockSet(resp, device=[self._open_device(m) for m in resp.memory])
         memories = []
         for r, m in enumerate(resp.memory):
-            mem = self._map(m)
-            if m.offset + m.size > len(mem):
-                raise ProtocolError(
-                    f"rank {r} region [{m.offset}, {m.offset + m.size}) outside the pool memory ({len(mem)} bytes)",
-                    method="Register",
-                )
-            memories.append(mem)
+            memories.append(_check_region(r, m, self._map(m)))
         return BlockSet(resp, memories=memories)
 
     def allocate(self, block_set: BlockSet | int, count: int, *, timeout: float | None = None) -> list[int]:
         """Take count free slots for the engine to write."""
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or not 1 <= count <= MAX_REQUEST_BLOCKS:
-            raise InvalidArgument(f"count: {count!r} is not in 1..{MAX_REQUEST_BLOCKS}")
-        req = engine_pb2.AllocateRequest(block_set=_set_id(block_set), count=int(count))
-        return list(self._call("Allocate", req, timeout).slots)
+        return list(self._call("Allocate", _allocate_request(block_set, count), timeout).slots)
 
     def free(self, block_set: BlockSet | int, slots: Sequence[int], *, timeout: float | None = None) -> None:
         """Give back allocated slots that were never registered."""
@@ -500,22 +641,7 @@ class Client:
         reference on every returned block until release; ``.results`` says
         per slot REGISTERED, DUPLICATE or REFUSED (a refused slot stays the
         engine's, to write again or free)."""
-        s = _ints(slots, "slots", _U32)
-        if not s:
-            raise InvalidArgument("slots: none given")
-        if (hashes is None) == (tokens is None):
-            raise InvalidArgument("hashes and tokens: give one, not both")
-        req = engine_pb2.RegisterBlocksRequest(block_set=_set_id(block_set), slots=s)
-        if hashes is not None:
-            h = _ints(hashes, "hashes", _U64)
-            if len(h) != len(s):
-                raise InvalidArgument(f"hashes: {len(h)} hashes for {len(s)} slots")
-            req.hashes.extend(h)
-        else:
-            req.tokens.CopyFrom(_tokens(tokens, salt, lora))
-        if parent is not None:
-            req.parent = _ints([parent], "parent", _U64)[0]
-            req.parent_set = True
+        req = _register_blocks_request(block_set, slots, hashes, tokens, salt, lora, parent)
         resp = self._call("RegisterBlocks", req, timeout)
         return _refs(resp.blocks, resp.results)
 
@@ -550,25 +676,8 @@ class Client:
         block set, each overlap also says what importing the matched blocks
         would cost (fetch_estimate_us, fetch_bytes) and, for tokens,
         block_size 0 means the set's page size (else 16)."""
-        if (hashes is None) == (tokens is None):
-            raise InvalidArgument("hashes and tokens: give one, not both")
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or not 0 <= block_size <= MAX_BLOCK_SIZE:
-            raise InvalidArgument(f"block_size: {block_size!r} is not in 0..{MAX_BLOCK_SIZE}")
-        req = engine_pb2.LookupRequest(block_size=block_size)
-        if hashes is not None:
-            req.hashes.extend(_ints(hashes, "hashes", _U64))
-        else:
-            req.tokens.CopyFrom(_tokens(tokens, salt, lora))
-        if block_set is not None:
-            req.block_set = _set_id(block_set)
-        resp = self._call("Lookup", req, timeout)
-        return LookupResult(
-            list(resp.hashes),
-            [
-                Overlap(o.node, o.blocks, o.score, o.fetch_estimate_us, o.estimate, o.fetch_bytes, o.transport)
-                for o in resp.overlaps
-            ],
-        )
+        req = _lookup_request(hashes, tokens, salt, lora, block_size, block_set)
+        return _lookup_result(self._call("Lookup", req, timeout))
 
     def import_blocks(
         self,
@@ -593,34 +702,16 @@ class Client:
         Returns the longest prefix brought, with per-holder fetch reports;
         raises NotFound or Unavailable when nothing could be brought.
         """
-        sid = _set_id(block_set)
-        if (hashes is None) == (tokens is None):
-            raise InvalidArgument("hashes and tokens: give one, not both")
-        if not isinstance(wait, (int, float)) or wait < 0:
-            raise InvalidArgument(f"wait: {wait!r} is not a number of seconds >= 0")
         t = self.import_timeout if timeout is None else timeout
-        if not isinstance(t, (int, float)) or not 0 < t * 1000 < _U32:
-            raise InvalidArgument(f"timeout: {t!r} is not a positive number of seconds")
-        req = engine_pb2.ImportRequest(block_set=sid, timeout_ms=max(1, int(t * 1000)))
+        req = _import_request(block_set, hashes, tokens, salt, lora, wait, t)
         page = 0  # by tokens: the set's page size, asked of the agent once
-        if hashes is not None:
-            hs = _ints(hashes, "hashes", _U64)
-            req.hashes.extend(hs)
-            n = len(hs)
-        else:
-            req.tokens.CopyFrom(_tokens(tokens, salt, lora))
+        n = len(req.hashes)
+        if not req.hashes:
             page = self._page_size(block_set)
             n = len(req.tokens.ids) // page
         if wait > 0:
             self._wait_indexed(page, req, wait)
-        resp = self._call("Import", req, t + 5)
-        return ImportResult(
-            n,
-            _refs(resp.blocks),
-            resp.error,
-            [Fetch(f.node, f.transport, f.blocks, f.bytes, f.micros) for f in resp.fetches],
-            _results(resp.results),
-        )
+        return _import_result(n, self._call("Import", req, t + 5))
 
     def _wait_indexed(self, page: int, req: engine_pb2.ImportRequest, wait: float) -> None:
         """Poll Lookup until some node holds every block req asks for, or
@@ -628,19 +719,12 @@ class Client:
         holder may hold them at any page size that divides the set's, so
         each divisor is asked."""
         deadline = time.monotonic() + wait
-        if req.hashes:
-            asks = [engine_pb2.LookupRequest(hashes=req.hashes)]
-            need = [len(req.hashes)]
-        else:
-            tokens = (len(req.tokens.ids) // page) * page
-            if tokens == 0:
-                return
-            sizes = [d for d in range(page, 0, -1) if page % d == 0]
-            asks = [engine_pb2.LookupRequest(tokens=req.tokens, block_size=d) for d in sizes]
-            need = [tokens // d for d in sizes]
+        asks = _index_asks(page, req)
+        if not asks:
+            return
         pause = 0.02
         while True:
-            for ask, n in zip(asks, need):
+            for ask, n in asks:
                 resp = self._call("Lookup", ask, max(0.1, min(self.timeout, deadline - time.monotonic())))
                 if any(o.blocks >= n for o in resp.overlaps):
                     return

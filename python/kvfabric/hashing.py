@@ -1,4 +1,4 @@
-"""Block hashing: the recipe of DESIGN.md, bit for bit Dynamo's KV router (v1).
+"""Block hashing: the recipe of docs/architecture.md ("Block identity"), bit for bit Dynamo's KV router (v1).
 
 1. seed = 1337; a LoRA name adds xxh3_64(lora, seed 0), a salt adds
    xxh3_64(salt, seed 1) (wrapping; empty strings count as absent).

@@ -34,7 +34,7 @@ _MAX_LINE = 256
 _MAX_TOKEN = 250
 
 
-def receive_descriptor(fd_socket: str, token: str, timeout: float = 10.0) -> tuple[int, int, int]:
+def receive_descriptor(fd_socket: str, token: str | bytes, timeout: float = 10.0) -> tuple[int, int, int]:
     """Ask the descriptor socket for the memory named by token.
 
     Returns (fd, offset, size): the descriptor, owned by the caller, and the

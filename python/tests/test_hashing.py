@@ -1,4 +1,4 @@
-"""Block hashes against DESIGN.md's known values and the kvfabric binary."""
+"""Block hashes against the known values of docs/architecture.md and the kvfabric binary."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from kvfabric.hashing import MAX_BLOCK_SIZE
 
 
 def test_known_values():
-    # DESIGN.md: block size 4, no salt, no LoRA.
+    # docs/architecture.md, Block identity: block size 4, no salt, no LoRA.
     blocks = kvfabric.BlockHasher(4).append([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
     assert [b.local for b in blocks] == [14643705804678351452, 16777012769546811212, 483935686894639516]
     assert [b.sequence for b in blocks] == [14643705804678351452, 4945711292740353085, 12583592247330656132]

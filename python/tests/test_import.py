@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import kvfabric
-from conftest import wait_for
 
 MODEL = kvfabric.ModelConfig(layers=3, kv_heads=8, head_dim=16, dtype="f32")
 

@@ -49,7 +49,7 @@ type Host struct {
 }
 
 // MaxHosts bounds the host list: a cluster of a few hundred nodes holds the
-// whole index on each (DESIGN.md, Scale); past that is not what this
+// whole index on each (docs/architecture.md, Not built); past that is not what this
 // launcher is for.
 const MaxHosts = 1024
 

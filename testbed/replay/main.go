@@ -205,6 +205,10 @@ func printText(w io.Writer, res *testbed.ReplayResult) {
 	fmt.Fprintf(w, "  local hit rate    %.3f  (%d blocks)\n", res.LocalHitRate, res.BlocksLocal)
 	fmt.Fprintf(w, "  cluster hit rate  %.3f  (%d imported, %d computed)\n", res.ClusterHitRate, res.BlocksImported, res.BlocksComputed)
 	fmt.Fprintf(w, "  bytes imported    %d in %d imports, p50 %.2f ms, p99 %.2f ms; %d imports brought nothing\n", res.BytesImported, res.Imports, res.ImportP50Ms, res.ImportP99Ms, res.ImportFailures)
+	for _, why := range sortedReasons(res.ImportFailuresByReason) {
+		fmt.Fprintf(w, "    brought nothing: %-15s %d\n", why, res.ImportFailuresByReason[why])
+	}
+	fmt.Fprintf(w, "  reuse bound       %.3f  (the cluster hit rate of an unbounded cache every request reaches)\n", res.ReuseBound)
 	fmt.Fprintf(w, "  not cached        %d blocks (request tails past half a cache, or caches full of blocks in use)\n", res.Uncached)
 	var ts []string
 	for t := range res.ByTransport {
@@ -216,4 +220,14 @@ func printText(w io.Writer, res *testbed.ReplayResult) {
 	}
 	fmt.Fprintf(w, "  prefill saved     %.2f s at %.0f tokens/s (net of %.2f s fetching)\n", res.PrefillSecondsSaved, res.PrefillRate, res.FetchSeconds)
 	fmt.Fprintf(w, "  blocks verified   %d\n", res.BlocksVerified)
+}
+
+// sortedReasons returns the reasons of m in order.
+func sortedReasons(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }

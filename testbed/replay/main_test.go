@@ -68,12 +68,19 @@ func TestGenerateReplayReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rec.HitRate) != 4 || rec.Summary["random requests"] != 50.0 {
-		t.Fatalf("record: %d hit-rate series, summary %v", len(rec.HitRate), rec.Summary)
+	// The policies side by side: one table, a column each.
+	if len(rec.HitRate) != 4 || rec.Table == nil || rec.Table.Cell("requests", "random") != "50" || rec.Table.Cell("requests", "kv-aware") != "50" {
+		t.Fatalf("record: %d hit-rate series, table %+v", len(rec.HitRate), rec.Table)
+	}
+	if b, ok := rec.Summary["trace reuse bound"].(float64); !ok || b <= 0 || b > 1 || rec.HitRateBound != b {
+		t.Fatalf("record: trace reuse bound %v, hit-rate bound %v", rec.Summary["trace reuse bound"], rec.HitRateBound)
 	}
 	page, err := os.ReadFile(filepath.Join(dir, "report", "replay.html"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), "<th>random</th><th>kv-aware</th>") || !strings.Contains(string(page), "reuse bound of the input") {
+		t.Fatalf("report page has no table of both policies side by side, or no reuse bound on the hit-rate plot")
 	}
 	if n := strings.Count(string(page), "<svg"); n < 1 {
 		t.Fatalf("report has %d plots", n)

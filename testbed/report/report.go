@@ -7,8 +7,9 @@
 // plot:
 //
 //	field       plot
-//	latency_ms  CDF of each named latency sample
-//	hit_rate    hit rate over time, one line per series
+//	latency_ms  CDF of each named latency sample (the fraction axis 0..1)
+//	hit_rate    hit rate over time, one line per series, with
+//	            hit_rate_bound (the best the input allows) as a dashed line
 //	throughput  GB/s against block size, one line per import chunk size
 //	            (and against chunk size when one block size was run)
 //	members     members each node sees over time, with the record's
@@ -21,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,6 +48,9 @@ type Record struct {
 	Created time.Time `json:"created"`
 	// Summary holds the run's key figures, shown as a table.
 	Summary map[string]any `json:"summary,omitempty"`
+	// Table holds figures side by side, one column per series (a
+	// replay's policies), shown under the summary.
+	Table *Table `json:"table,omitempty"`
 	// LatencyMs holds latency samples in milliseconds by name.
 	LatencyMs map[string][]float64 `json:"latency_ms,omitempty"`
 	// HitRate holds hit rate (0..1) over time (seconds) by series name.
@@ -56,6 +61,52 @@ type Record struct {
 	Members map[string][]Point `json:"members,omitempty"`
 	// Events mark moments of a scenario (seconds from its start).
 	Events []Event `json:"events,omitempty"`
+	// HitRateBound is the highest hit rate the run's input allows (a
+	// replay's trace reuse bound), drawn on the hit-rate plot; 0 draws
+	// none.
+	HitRateBound float64 `json:"hit_rate_bound,omitempty"`
+}
+
+// Table is figures side by side: Columns name the series, each row one
+// figure with a cell per column ("" where a series has none).
+type Table struct {
+	Columns []string   `json:"columns"`
+	Rows    []TableRow `json:"rows"`
+}
+
+// TableRow is one figure of every series.
+type TableRow struct {
+	Name  string   `json:"name"`
+	Cells []string `json:"cells"`
+}
+
+// Set puts value in the row named name under column col, adding the row
+// (after the others) and the column where they are new.
+func (t *Table) Set(name, col, value string) {
+	c := slices.Index(t.Columns, col)
+	if c < 0 {
+		t.Columns = append(t.Columns, col)
+		c = len(t.Columns) - 1
+	}
+	i := slices.IndexFunc(t.Rows, func(r TableRow) bool { return r.Name == name })
+	if i < 0 {
+		t.Rows = append(t.Rows, TableRow{Name: name})
+		i = len(t.Rows) - 1
+	}
+	for len(t.Rows[i].Cells) < len(t.Columns) {
+		t.Rows[i].Cells = append(t.Rows[i].Cells, "")
+	}
+	t.Rows[i].Cells[c] = value
+}
+
+// Cell returns the value of row name under column col, "" where none.
+func (t *Table) Cell(name, col string) string {
+	c := slices.Index(t.Columns, col)
+	i := slices.IndexFunc(t.Rows, func(r TableRow) bool { return r.Name == name })
+	if c < 0 || i < 0 || c >= len(t.Rows[i].Cells) {
+		return ""
+	}
+	return t.Rows[i].Cells[c]
 }
 
 // Point is one (x, y) sample.
@@ -142,6 +193,19 @@ func Merge(recs ...*Record) *Record {
 			m.Members[p+k] = v
 		}
 		m.Throughput = append(m.Throughput, r.Throughput...)
+		if r.Table != nil {
+			if m.Table == nil {
+				m.Table = &Table{}
+			}
+			for _, row := range r.Table.Rows {
+				for c, col := range r.Table.Columns {
+					if c < len(row.Cells) {
+						m.Table.Set(row.Name, p+col, row.Cells[c])
+					}
+				}
+			}
+		}
+		m.HitRateBound = max(m.HitRateBound, r.HitRateBound)
 		for _, e := range r.Events {
 			m.Events = append(m.Events, Event{AtSeconds: e.AtSeconds, What: p + e.What})
 		}
@@ -165,7 +229,9 @@ var page = template.Must(template.New("report").Parse(`<!DOCTYPE html>
 <style>
 body { font-family: sans-serif; margin: 2em; max-width: 60em; }
 table { border-collapse: collapse; }
-td { border-bottom: 1px solid #ddd; padding: 0.2em 1em 0.2em 0; }
+td, th { border-bottom: 1px solid #ddd; padding: 0.2em 1em 0.2em 0; }
+table.side { margin-top: 1.5em; }
+table.side td + td, table.side th { text-align: right; }
 figure { margin: 2em 0; }
 </style>
 </head>
@@ -174,6 +240,10 @@ figure { margin: 2em 0; }
 <p>{{.Kind}}, {{.Created}}</p>
 {{if .Rows}}<table>
 {{range .Rows}}<tr><td>{{.Key}}</td><td>{{.Value}}</td></tr>
+{{end}}</table>{{end}}
+{{with .Table}}<table class="side">
+<tr><th></th>{{range .Columns}}<th>{{.}}</th>{{end}}</tr>
+{{range .Rows}}<tr><td>{{.Name}}</td>{{range .Cells}}<td>{{.}}</td>{{end}}</tr>
 {{end}}</table>{{end}}
 {{range .Figures}}<figure>
 <figcaption>{{.Title}}</figcaption>
@@ -214,7 +284,7 @@ func HTML(r *Record) ([]byte, error) {
 		}
 	}
 	if len(r.HitRate) > 0 {
-		p, err := lines("Hit rate over time", "seconds", "hit rate", r.HitRate)
+		p, err := hitRate(r.HitRate, r.HitRateBound)
 		if err := add("Hit rate over time", p, err); err != nil {
 			return nil, err
 		}
@@ -300,7 +370,43 @@ func latencyCDF(samples map[string][]float64) (*plot.Plot, error) {
 	if len(series) == 0 {
 		return nil, nil
 	}
-	return p, addLines(p, series)
+	if err := addLines(p, series); err != nil {
+		return nil, err
+	}
+	// A fraction: the axis is 0..1 whatever the legend needs; the legend
+	// goes bottom right, where a CDF has no line.
+	p.Y.Min, p.Y.Max = 0, 1
+	p.Legend.Top, p.Legend.Left = false, false
+	return p, nil
+}
+
+// hitRate draws hit rates over time, with bound (the highest hit rate
+// the input allows) as a dashed line when it is positive.
+func hitRate(series map[string][]Point, bound float64) (*plot.Plot, error) {
+	p, err := lines("Hit rate over time", "seconds", "hit rate", series)
+	if err != nil || bound <= 0 {
+		return p, err
+	}
+	xmin, xmax := math.Inf(1), math.Inf(-1)
+	for _, pts := range series {
+		for _, pt := range pts {
+			xmin, xmax = min(xmin, pt.X), max(xmax, pt.X)
+		}
+	}
+	if xmin > xmax {
+		xmin, xmax = 0, 1
+	}
+	l, err := plotter.NewLine(plotter.XYs{{X: xmin, Y: bound}, {X: xmax, Y: bound}})
+	if err != nil {
+		return nil, fmt.Errorf("bound: %w", err)
+	}
+	l.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
+	l.Width = vg.Points(1.5)
+	p.Add(l)
+	p.Legend.Add(fmt.Sprintf("reuse bound of the input (%.3f)", bound), l)
+	p.Y.Min = 0
+	p.Y.Max = max(p.Y.Max, bound*(1.05+0.1*float64(len(series)+1)))
+	return p, nil
 }
 
 func lines(title, x, y string, series map[string][]Point) (*plot.Plot, error) {

@@ -165,3 +165,71 @@ func TestWriteFilesRoundTrip(t *testing.T) {
 		t.Fatal("an HTML file read as a record")
 	}
 }
+
+// A table puts series side by side: a column each, a row per figure, in
+// the order set; merged records keep their columns apart by title; the
+// page shows it as one table with a header of the columns.
+func TestTableSideBySide(t *testing.T) {
+	tb := &Table{}
+	tb.Set("requests", "random", "50")
+	tb.Set("requests", "kv-aware", "50")
+	tb.Set("local hit rate", "kv-aware", "0.610")
+	tb.Set("local hit rate", "random", "0.220")
+	if got := tb.Columns; len(got) != 2 || got[0] != "random" || got[1] != "kv-aware" {
+		t.Fatalf("columns %v", got)
+	}
+	if tb.Cell("local hit rate", "random") != "0.220" || tb.Cell("local hit rate", "kv-aware") != "0.610" || tb.Cell("nope", "random") != "" {
+		t.Fatalf("cells %+v", tb.Rows)
+	}
+	page, err := HTML(&Record{Title: "t", Table: tb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<tr><th></th><th>random</th><th>kv-aware</th></tr>", "<tr><td>local hit rate</td><td>0.220</td><td>0.610</td></tr>"} {
+		if !strings.Contains(string(page), want) {
+			t.Fatalf("page lacks %q:\n%s", want, page)
+		}
+	}
+	figures(t, page) // well formed
+	m := Merge(&Record{Title: "a", Table: tb, HitRateBound: 0.5}, &Record{Title: "b", Table: tb, HitRateBound: 0.7})
+	if len(m.Table.Columns) != 4 || m.Table.Cell("requests", "b: kv-aware") != "50" || m.HitRateBound != 0.7 {
+		t.Fatalf("merged table %+v, bound %v", m.Table, m.HitRateBound)
+	}
+}
+
+// A CDF's fraction axis is 0..1 whatever the number of series (the legend
+// does not stretch it).
+func TestLatencyCDFAxis(t *testing.T) {
+	samples := map[string][]float64{}
+	for i := range 5 {
+		samples[string(rune('a'+i))] = []float64{1, 2, float64(3 + i)}
+	}
+	p, err := latencyCDF(samples)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Y.Min != 0 || p.Y.Max != 1 {
+		t.Fatalf("CDF axis %v..%v, want 0..1", p.Y.Min, p.Y.Max)
+	}
+}
+
+// The hit-rate plot draws the bound as one more line, in its legend, and
+// keeps it inside the axis; without a bound, nothing more is drawn.
+func TestHitRateBound(t *testing.T) {
+	series := map[string][]Point{"cluster": {{1, 0.2}, {2, 0.3}}}
+	bounded, err := hitRate(series, 0.8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bounded.Y.Max < 0.8 || bounded.Y.Min != 0 {
+		t.Fatalf("axis %v..%v does not hold the bound 0.8", bounded.Y.Min, bounded.Y.Max)
+	}
+	page, err := HTML(&Record{Title: "t", HitRate: series, HitRateBound: 0.8})
+	if err != nil || !strings.Contains(string(page), "reuse bound of the input (0.800)") {
+		t.Fatalf("page without the bound's label (%v)", err)
+	}
+	plain, err := HTML(&Record{Title: "t", HitRate: series})
+	if err != nil || strings.Contains(string(plain), "reuse bound") {
+		t.Fatalf("page without a bound draws one (%v)", err)
+	}
+}

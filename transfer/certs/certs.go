@@ -70,7 +70,10 @@ func serial() (*big.Int, error) {
 }
 
 // NewCA makes a self-signed CA named name, valid for validFor (if zero,
-// DefaultCAValidity).
+// DefaultCAValidity). Its subject also carries an organizational unit
+// unique to this CA ("ca-" and 16 hex digits of its serial number), so
+// that two CAs of the same name are told apart wherever subjects are
+// printed (a certificate of one refused by the other names both).
 func NewCA(name string, validFor time.Duration) (*CA, error) {
 	if name == "" {
 		return nil, fmt.Errorf("%w: empty CA name", ErrInvalid)
@@ -88,8 +91,9 @@ func NewCA(name string, validFor time.Duration) (*CA, error) {
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber:          sn,
-		Subject:               pkix.Name{CommonName: name, Organization: []string{"kvfabric"}},
+		SerialNumber: sn,
+		Subject: pkix.Name{CommonName: name, Organization: []string{"kvfabric"},
+			OrganizationalUnit: []string{fmt.Sprintf("ca-%016x", new(big.Int).Rsh(sn, 63).Uint64())}},
 		NotBefore:             now.Add(-5 * time.Minute), // tolerate clock skew between nodes
 		NotAfter:              now.Add(validFor),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
