@@ -19,6 +19,7 @@ PY_PB    := python/kvfabric/_pb
 PY_PROTOS := layout/layoutpb/layout.proto fabric/fabricpb/engine.proto
 
 .PHONY: all build demo test test-go test-python test-deps python-deps test-long bench bench-deps proto proto-deps lint fuzz clean help
+.PHONY: engines-venv test-engines bench-engines
 
 all: build
 
@@ -47,6 +48,29 @@ python-deps: ## install the Python client's Debian packages; no interpreter is a
 		{ echo "$(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); the client needs 3.11 or later"; exit 1; }
 	@$(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest' 2>/dev/null || \
 		{ apt-get update -q && $(APT) $(PY_DEBS); }
+
+# The engines (vLLM, SGLang) live in virtual environments outside the
+# repository, one each: they pin different torch versions. PyPI's Linux torch
+# wheels bundle CUDA, so each is several GiB; the tests use the CPU only.
+ENGINES_VENV   ?= $(HOME)/.cache/kvfabric/engines-venv
+VLLM_VERSION   := 0.33.0
+SGLANG_VERSION := 0.5.23
+UV_VERSION     := 0.13.9
+ENGINE_PY_DEPS := grpcio protobuf numpy xxhash pytest
+UV             := $(ENGINES_VENV)/uv/bin/uv
+
+engines-venv: python-deps ## install vLLM and SGLang into venvs under $(ENGINES_VENV) (several GiB, minutes)
+	@test -x $(UV) || { $(PYTHON) -m venv $(ENGINES_VENV)/uv && $(ENGINES_VENV)/uv/bin/pip install -q uv==$(UV_VERSION); }
+	@$(ENGINES_VENV)/vllm/bin/python -c 'import vllm, sys; sys.exit(vllm.__version__ != "$(VLLM_VERSION)")' 2>/dev/null || { \
+		$(UV) venv -q --allow-existing --python $(PYTHON) $(ENGINES_VENV)/vllm && \
+		$(UV) pip install -q --python $(ENGINES_VENV)/vllm/bin/python vllm==$(VLLM_VERSION) $(ENGINE_PY_DEPS); }
+	@$(ENGINES_VENV)/sglang/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("sglang") != "$(SGLANG_VERSION)")' 2>/dev/null || { \
+		$(UV) venv -q --allow-existing --python $(PYTHON) $(ENGINES_VENV)/sglang && \
+		$(UV) pip install -q --python $(ENGINES_VENV)/sglang/bin/python sglang==$(SGLANG_VERSION) $(ENGINE_PY_DEPS); }
+
+test-engines: build engines-venv ## the connector tests against the real vLLM and SGLang (make engines-venv first)
+	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) KVFABRIC_ENGINE=vllm $(ENGINES_VENV)/vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/test_vllm_real.py
+	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) KVFABRIC_ENGINE=sglang $(ENGINES_VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests/engines/test_sglang_real.py
 
 test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs)
 	@dpkg -s libibverbs-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libibverbs-dev gcc; }
