@@ -249,13 +249,15 @@ class StepPlan:
 class WorkerReport:
     """What the workers did in one step (vLLM's worker metadata), merged
     over the TP ranks: how many ranks reported, the engine blocks whose load
-    failed on any rank (vLLM recomputes them) and the pool slots any rank
-    failed to write (not registered)."""
+    failed on any rank (vLLM recomputes them), and per pool slot how many
+    ranks wrote it (the scheduler registers a slot only when every rank
+    did: a report made before a rank's save, or a rank that failed, leaves
+    it unregistered and freed)."""
 
     step: int
     workers: int = 1
     load_errors: set[int] = field(default_factory=set)
-    save_errors: set[int] = field(default_factory=set)
+    saved: dict[int, int] = field(default_factory=dict)
     loaded_blocks: int = 0
     loaded_bytes: int = 0
     saved_bytes: int = 0
@@ -263,11 +265,14 @@ class WorkerReport:
     def merge(self, other: "WorkerReport") -> "WorkerReport":
         if other.step != self.step:
             raise InvalidArgument(f"worker reports of steps {self.step} and {other.step} do not merge")
+        saved = dict(self.saved)
+        for slot, n in other.saved.items():
+            saved[slot] = saved.get(slot, 0) + n
         return WorkerReport(
             self.step,
             self.workers + other.workers,
             self.load_errors | other.load_errors,
-            self.save_errors | other.save_errors,
+            saved,
             self.loaded_blocks + other.loaded_blocks,
             self.loaded_bytes + other.loaded_bytes,
             self.saved_bytes + other.saved_bytes,
@@ -556,14 +561,15 @@ class SchedulerSide:
         if step is None:
             return
         with self._lock:
-            saves = self._pending_saves.pop(step, [])
-            loads = self._loading.pop(step, [])
+            # Steps before this one that never reported are given up.
+            done = [s for s in set(self._pending_saves) | set(self._loading) if s <= step]
+            saves = [p for s in done for p in self._pending_saves.pop(s, [])]
+            loads = [r for s in done for r in self._loading.pop(s, [])]
             for r in loads:
                 if r.state is _State.LOADING:
                     self._release(r.refs)
                     r.refs = []
                     r.state = _State.DONE
-        complete = rep is not None and rep.workers >= self.spec.tp_size
         if rep is not None:
             self.counters.add("loaded_blocks", rep.loaded_blocks)
             self.counters.add("loaded_bytes", rep.loaded_bytes)
@@ -571,7 +577,9 @@ class SchedulerSide:
                 self.counters.add("load_errors", len(rep.load_errors))
                 self.log.warning("kvfabric: step %d: %d blocks failed to load; the engine recomputes them", step, len(rep.load_errors))
         if saves:
-            failed = set(rep.save_errors) if complete and rep is not None else {s for p in saves for s in p.slots}
+            tp = self.spec.tp_size
+            written = rep.saved if rep is not None else {}
+            failed = {s for p in saves for s in p.slots if written.get(s, 0) < tp}
             self._registrar.submit(self._register, saves, failed, rep.saved_bytes if rep else 0)
 
     def _register(self, saves: list[SavePlan], failed: set[int], saved_bytes: int) -> None:
@@ -721,6 +729,7 @@ class WorkerSide:
         self.block_set: BlockSet | None = None
         self.layers: list[_Layer] = []
         self._report: WorkerReport | None = None
+        self._reported = 0  # the last step whose report was taken
 
     def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
         """Check the engine's caches against the spec and register the block
@@ -774,6 +783,8 @@ class WorkerSide:
         worker's own session, by hash: a block the pool no longer holds, or
         a block set that is not the scheduler's, fails (named in the
         report), and nothing is copied for it or after it in its request."""
+        if plan.step <= self._reported:
+            return
         rep = self._report_for(plan)
         for lp in plan.loads:
             self._load_one(lp, plan.block_set, rep)
@@ -839,17 +850,21 @@ class WorkerSide:
         it names (vLLM's wait_for_save, after the step's forward wrote them).
         A slot this rank could not write is named in the report, and the
         scheduler frees it instead of registering it."""
+        if plan.step <= self._reported:
+            # Reported already: the scheduler frees these slots, which this
+            # rank must no longer write.
+            return
         rep = self._report_for(plan)
         bs = self.block_set
         for sp in plan.saves:
             if bs is None or bs.id != plan.block_set or not self.layers:
-                rep.save_errors.update(sp.slots)
                 continue
             try:
                 self._copy_out(sp.block_ids, sp.slots)
                 rep.saved_bytes += len(sp.slots) * self._block_bytes()
+                for slot in sp.slots:
+                    rep.saved[slot] = rep.saved.get(slot, 0) + 1
             except Exception as e:
-                rep.save_errors.update(sp.slots)
                 self.log.warning("kvfabric: rank %d: saving %d blocks failed: %s", self.rank, len(sp.slots), e)
 
     def _copy_out(self, block_ids: list[int], slots: list[int]) -> None:
@@ -873,7 +888,12 @@ class WorkerSide:
         """This rank's report of the step (an empty one when it did nothing)."""
         rep = self._report if self._report is not None and self._report.step == step else WorkerReport(step)
         self._report = None
+        self._reported = max(self._reported, step)
         return rep
+
+    def load_errors(self, step: int) -> set[int]:
+        """The engine blocks whose load failed so far in the step."""
+        return set(self._report.load_errors) if self._report is not None and self._report.step == step else set()
 
     def close(self) -> None:
         if self.block_set is not None and self._own_client:
