@@ -69,8 +69,8 @@ engines-venv: python-deps ## install vLLM and SGLang into venvs under $(ENGINES_
 		$(UV) pip install -q --python $(ENGINES_VENV)/sglang/bin/python sglang==$(SGLANG_VERSION) $(ENGINE_PY_DEPS); }
 
 test-engines: build engines-venv ## the connector tests against the real vLLM and SGLang (make engines-venv first)
-	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) KVFABRIC_ENGINE=vllm $(ENGINES_VENV)/vllm/bin/python -m pytest -q -p no:cacheprovider tests/engines/test_vllm_real.py
-	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) KVFABRIC_ENGINE=sglang $(ENGINES_VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests/engines/test_sglang_real.py
+	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) KVFABRIC_ENGINE=vllm $(ENGINES_VENV)/vllm/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_vllm_real.py
+	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) KVFABRIC_ENGINE=sglang $(ENGINES_VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_sglang_real.py
 
 test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs)
 	@dpkg -s libibverbs-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libibverbs-dev gcc; }
