@@ -39,7 +39,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -383,6 +383,9 @@ class SchedulerSide:
         self._registrar = cf.ThreadPoolExecutor(1, thread_name_prefix="kvfabric-register")
         self._last_stats = time.monotonic()
         self._closed = False
+        #: Called in the background with each lookup's answer, before the
+        #: import it may lead to (failure tests stop agents here).
+        self.before_import: Callable[[Any], None] | None = None
         self.log.info(
             "kvfabric: block set %d on node %s (%s, TP %d, block %d tokens, %s)",
             self.block_set.id, self.node, spec.model, spec.tp_size, spec.block_size, spec.kv_order,
@@ -452,6 +455,8 @@ class SchedulerSide:
         page = self.spec.block_size
         self.counters.add("lookups")
         found = self.client.lookup(want, block_set=self.block_set, timeout=self.config.lookup_timeout)
+        if self.before_import is not None:
+            self.before_import(found)
         best = found.best()
         if best is None or best.blocks == 0 or best.blocks * page < self.config.min_load_tokens:
             return [], 0

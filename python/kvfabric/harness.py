@@ -137,8 +137,10 @@ class SimEngine:
         except BaseException:
             self.close()
             raise
-        #: Called after the connector's loads and before the forward, with
-        #: the step's plan (failure tests kill or restart things here).
+        #: Called with each step's plan before the workers run it, and
+        #: after their loads, before the forward (failure tests kill or
+        #: restart agents there).
+        self.before_workers: Callable[[StepPlan], None] | None = None
         self.before_load: Callable[[StepPlan], None] | None = None
 
     def _alloc_layer(self) -> np.ndarray:
@@ -262,6 +264,8 @@ class SimEngine:
             {rid: (self.requests[rid].blocks, self.requests[rid].computed + n) for rid, n in scheduled.items()}
         )
         # The workers.
+        if self.before_workers is not None:
+            self.before_workers(plan)
         for w in self.workers:
             w.load(plan)
         if self.before_load is not None:

@@ -52,3 +52,183 @@ def test_second_engine_loads_first_engines_prefix(node1, node2, kind):
     finally:
         a.close()
         b.close()
+
+
+# -- failures: the engine is told, and nothing wrong lands in its cache -----
+
+
+@pytest.fixture
+def pair(kvfabric_bin, tmp_path):
+    """Two fresh agents of their own, for tests that kill or restart them."""
+    from conftest import Agent
+
+    net = f"127.{random.randint(10, 209)}.{random.randint(1, 250)}."
+    a = Agent("holder", net + "1", tmp_path, kvfabric_bin)
+    b = Agent("reader", net + "2", tmp_path, kvfabric_bin)
+    try:
+        a.start()
+        b.start(join=a.gossip)
+        with b.client() as c:
+            wait_for("both alive", lambda: sum(m.state == "alive" for m in c.status().members) == 2)
+        yield a, b
+    finally:
+        b.stop()
+        a.stop()
+
+
+def stored(agent, tokens: list[int], spec: KVSpec = SPEC) -> None:
+    """An engine on agent computes tokens and saves their full blocks."""
+    e = SimEngine(agent.socket, spec, name="writer")
+    try:
+        r = e.add("w", tokens)
+        e.run()
+        e.check(r)
+        e.scheduler.wait_idle()
+        assert e.scheduler.stats()["saved_blocks"] == len(tokens) // spec.block_size
+    finally:
+        e.close()
+
+
+def session_refs(engine: SimEngine) -> int:
+    c = engine.scheduler.client
+    return next(s.refs for s in c.status().sessions if s.id == c.session)
+
+
+def test_holder_killed_between_lookup_and_import(pair):
+    holder, reader = pair
+    tokens = prompt(6 * 16 + 1, seed=11)
+    stored(holder, tokens)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+    try:
+        wait_indexed(e, tokens, 6)
+        killed = []
+
+        def kill(found):
+            if not killed:
+                assert found.best().blocks == 6
+                holder.proc.kill()
+                holder.proc.wait(10)
+                killed.append(True)
+
+        e.scheduler.before_import = kill
+        r = e.add("r", tokens)
+        e.run(timeout=60)
+        assert killed and r.loaded == 0
+        assert e.check(r) == len(r.tokens)  # all computed, every element right
+        s = e.scheduler.stats()
+        assert s["loaded_blocks"] == 0 and s["import_errors"] + s["lookup_errors"] >= 1, s
+        assert session_refs(e) == 0  # what it saved is released to the cache
+    finally:
+        e.close()
+
+
+def test_own_agent_restarted_before_the_workers_copy(pair):
+    holder, reader = pair
+    tokens = prompt(4 * 16 + 3, seed=12)
+    stored(holder, tokens)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+    try:
+        wait_indexed(e, tokens, 4)
+        restarted = []
+
+        def restart(plan):
+            if plan.loads and not restarted:
+                reader.stop()
+                reader.start(join=holder.gossip)
+                restarted.append(plan.loads[0].block_ids)
+
+        e.before_workers = restart
+        r = e.add("r", tokens)
+        e.run(timeout=60)
+        # The scheduler had imported 4 blocks; the workers could not take
+        # them from the restarted agent: vLLM is told all 4 failed, and
+        # recomputes them.
+        assert restarted and r.loaded == 4 * 16
+        assert e.load_errors_seen == set(restarted[0])
+        assert r.recomputed_blocks == 4
+        assert e.check(r) == len(r.tokens)
+    finally:
+        e.close()
+
+
+def test_pool_full_loads_and_saves_nothing(pair):
+    holder, reader = pair
+    tokens = prompt(3 * 16 + 2, seed=13)
+    stored(holder, tokens)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+
+    bs = e.scheduler.block_set
+    held = []
+    try:
+        wait_indexed(e, tokens, 3)
+        # Another engine of the same layout holds every slot.
+        with reader.client() as other:
+            obs = SPEC.register(other)
+            assert obs.id == bs.id
+            held = other.allocate(obs, obs.slots)
+            r = e.add("r", tokens)
+            e.run(timeout=60)
+            assert r.loaded == 0 and e.check(r) == len(r.tokens)
+            s = e.scheduler.stats()
+            assert s["loaded_blocks"] == 0 and s["saved_blocks"] == 0
+            assert s["saves_skipped"] == 3 and s["lookup_errors"] == 1, s
+            other.free(obs, held)
+        assert session_refs(e) == 0
+
+    finally:
+        e.close()
+
+
+def test_block_size_not_a_multiple_of_the_holders_page(pair):
+    holder, reader = pair
+    tokens = prompt(96 + 5, seed=14)
+    stored(holder, tokens)  # pages of 16
+    spec24 = KVSpec(**{**SPEC.__dict__, "block_size": 24})
+    e = SimEngine(reader.socket, spec24, name="reader24")
+    try:
+        # The page-16 blocks are indexed, but no page-24 block is.
+        ref = SimEngine(reader.socket, SPEC, name="reader16")
+        wait_indexed(ref, tokens, 6)
+        ref.close()
+        r = e.add("r", tokens)
+        e.run()
+        assert r.loaded == 0 and e.check(r) == len(r.tokens)
+        s = e.scheduler.stats()
+        assert s["lookups"] == 1 and s["hit_tokens"] == 0 and s["imports"] == 0, s
+    finally:
+        e.close()
+
+
+def test_request_preempted_while_its_import_runs(pair):
+    import threading
+
+    holder, reader = pair
+    tokens = prompt(5 * 16 + 1, seed=15)
+    stored(holder, tokens)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+    try:
+        wait_indexed(e, tokens, 5)
+        looked, go = threading.Event(), threading.Event()
+
+        def hold(found):
+            looked.set()
+            assert go.wait(20)
+
+        e.scheduler.before_import = hold
+        r = e.add("r", tokens)
+        assert e.scheduler.matched("r", tokens, 0) is None  # pending, answered at once
+        assert looked.wait(20)
+        e.preempt("r")
+        e.abort("r")  # finished while its import runs
+        go.set()
+        e.scheduler.wait_idle()
+        # The import's references were given back as it ended.
+        wait_for("refs released", lambda: session_refs(e) == 0)
+        e.scheduler.before_import = None
+        # The same prompt again loads it all, every element right.
+        r2 = e.add("r2", tokens)
+        e.run()
+        assert r2.loaded == 5 * 16 and e.check(r2) == len(r2.tokens)
+        assert e.load_errors_seen == set()
+    finally:
+        e.close()
