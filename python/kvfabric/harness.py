@@ -229,7 +229,6 @@ class SimEngine:
     def step(self) -> bool:
         """One engine step; False when nothing is left to do."""
         self.steps += 1
-        bs = self.spec.block_size
         budget = self.budget
         scheduled: dict[str, int] = {}
         for r in list(self.running):

@@ -9,7 +9,7 @@ import pytest
 
 import kvfabric
 from conftest import wait_for
-from kvfabric.connector import CacheKind, ConnectorConfig, KVSpec
+from kvfabric.connector import CacheKind, KVSpec
 from kvfabric.harness import SimEngine
 
 SPEC = KVSpec(layers=2, kv_heads=4, head_dim=16, dtype="f32", tp_size=1, block_size=16)
@@ -215,7 +215,7 @@ def test_request_preempted_while_its_import_runs(pair):
             assert go.wait(20)
 
         e.scheduler.before_import = hold
-        r = e.add("r", tokens)
+        e.add("r", tokens)
         assert e.scheduler.matched("r", tokens, 0) is None  # pending, answered at once
         assert looked.wait(20)
         e.preempt("r")
