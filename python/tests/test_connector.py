@@ -232,3 +232,17 @@ def test_request_preempted_while_its_import_runs(pair):
         assert e.load_errors_seen == set()
     finally:
         e.close()
+
+
+def test_example_two_engines(kvfabric_bin):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "connector.py"
+    out = subprocess.run([sys.executable, str(example), "--bin", kvfabric_bin, "--blocks", "4"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "engine A (TP 2): computed 71 tokens, saved 4 blocks" in out.stdout
+    assert "engine B (TP 1): loaded 64 of 67 prompt tokens (65536 bytes, 0 load errors)" in out.stdout
+    assert "engine B: all 67 tokens' KV equal the model's, element by element" in out.stdout
