@@ -75,11 +75,12 @@ def main() -> None:
                 raise SystemExit("engine B's agent never saw A's blocks")
             time.sleep(0.05)
 
-        rb = b.add("b-1", prefix + [9, 8, 7])
+        prompt_b = prefix + [9, 8, 7]
+        rb = b.add("b-1", prompt_b)
         b.run()
         checked = b.check(rb)
         s = b.scheduler.stats()
-        print(f"engine B (TP 1): loaded {rb.loaded} of {len(rb.tokens)} prompt tokens "
+        print(f"engine B (TP 1): loaded {rb.loaded} of {len(prompt_b)} prompt tokens "
               f"({s['loaded_bytes']} bytes, {s['load_errors']} load errors), computed the rest")
         print(f"engine B: all {checked} tokens' KV equal the model's, element by element")
         if rb.loaded != len(prefix):

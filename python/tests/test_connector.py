@@ -244,5 +244,5 @@ def test_example_two_engines(kvfabric_bin):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "engine A (TP 2): computed 71 tokens, saved 4 blocks" in out.stdout
-    assert "engine B (TP 1): loaded 64 of 67 prompt tokens (65536 bytes, 0 load errors)" in out.stdout
-    assert "engine B: all 67 tokens' KV equal the model's, element by element" in out.stdout
+    assert "engine B (TP 1): loaded 64 of 67 prompt tokens (131072 bytes, 0 load errors)" in out.stdout
+    assert "engine B: all 69 tokens' KV equal the model's, element by element" in out.stdout
