@@ -837,18 +837,21 @@ class WorkerSide:
 
     def _copy_in(self, slots: list[int], block_ids: list[int]) -> None:
         pool = self._pool()
-        s = np.asarray(slots)
         for li, ly in enumerate(self.layers):
-            src = pool[s, li]  # [n, planes, block_size, heads, dim], gathered
             if ly.torch:
                 import torch
 
+                src = pool[np.asarray(slots), li]  # [n, planes, block_size, heads, dim], gathered
                 idx = torch.as_tensor(block_ids, dtype=torch.long, device=ly.blocks.device)
                 raw = src.view(_RAW[src.itemsize])  # torch takes signed raw bits of any width
                 t = torch.from_numpy(raw).view(ly.blocks.dtype).to(ly.blocks.device)
                 ly.blocks.index_copy_(0, idx, t)
             else:
-                ly.blocks[np.asarray(block_ids)] = src.view(ly.blocks.dtype)
+                # Block by block: one copy each, no gathered temporary.
+                layer = pool[:, li]
+                dst = ly.blocks
+                for s, b in zip(slots, block_ids):
+                    np.copyto(dst[b], layer[s].view(dst.dtype))
 
     def save(self, plan: StepPlan) -> None:
         """Copy the plan's saves from the engine's blocks into the pool slots
