@@ -904,9 +904,11 @@ class WorkerSide:
         return set(self._report.load_errors) if self._report is not None and self._report.step == step else set()
 
     def close(self) -> None:
-        if self.block_set is not None and self._own_client:
-            self.client.close()
+        """Close the worker's client (when it opened it); twice is harmless."""
         self.block_set = None
+        self.layers = []
+        if self._own_client:
+            self.client.close()
 
 
 _RAW = {1: np.int8, 2: np.int16, 4: np.int32}

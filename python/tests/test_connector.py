@@ -9,7 +9,7 @@ import pytest
 
 import kvfabric
 from conftest import wait_for
-from kvfabric.connector import CacheKind, KVSpec
+from kvfabric.connector import CacheKind, ConnectorConfig, KVSpec
 from kvfabric.harness import SimEngine
 
 SPEC = KVSpec(layers=2, kv_heads=4, head_dim=16, dtype="f32", tp_size=1, block_size=16)
@@ -246,3 +246,45 @@ def test_example_two_engines(kvfabric_bin):
     assert "engine A (TP 2): computed 71 tokens, saved 4 blocks" in out.stdout
     assert "engine B (TP 1): loaded 64 of 67 prompt tokens (131072 bytes, 0 load errors)" in out.stdout
     assert "engine B: all 69 tokens' KV equal the model's, element by element" in out.stdout
+
+
+def test_config_from_dict_names_what_is_wrong():
+    c = ConnectorConfig.from_dict({"socket": "/s", "recompute_tokens_per_s": 5000, "save": False, "slots": 8})
+    assert (c.socket, c.recompute_tokens_per_s, c.save, c.slots) == ("/s", 5000.0, False, 8)
+    for bad, match in (
+        ({"sokcet": "/s"}, "unknown setting.*sokcet"),
+        ({"save": 1}, "save=1 is not true or false"),
+        ({"slots": 2.5}, "slots=2.5 is not a whole number"),
+        ({"min_load_tokens": -1}, "min_load_tokens=-1 is not a number >= 0"),
+        ({"import_timeout": 0}, "import_timeout must be > 0"),
+        ({"recompute_tokens_per_s": float("nan")}, "recompute_tokens_per_s=nan"),
+        ({"socket": 3}, "socket=3 is not a string"),
+    ):
+        with pytest.raises(kvfabric.InvalidArgument, match=match):
+            ConnectorConfig.from_dict(bad)
+
+
+def test_caches_that_do_not_match_the_spec_are_refused(node1):
+    import numpy as np
+
+    from kvfabric.connector import WorkerSide
+
+    cfg = ConnectorConfig(socket=node1.socket)
+    good = {f"model.layers.{i}.attn": np.zeros((2, 8, 16, 4, 16), np.float32) for i in range(2)}
+    for caches, match in (
+        ({**good, "model.layers.2.attn": good["model.layers.0.attn"]}, "3 layers, spec has 2"),
+        ({k: np.zeros((2, 8, 32, 4, 16), np.float32) for k in good}, "block size 32, spec has 16"),
+        ({k: np.zeros((2, 8, 16, 2, 16), np.float32) for k in good}, "2 heads per rank"),
+        ({k: np.zeros((2, 8, 16, 4, 16), np.float16) for k in good}, "dtype float16, spec has f32"),
+        ({k: np.zeros((8, 16, 4, 16), np.float32) for k in good}, "is not FlashAttention's"),
+        ({"attn": good["model.layers.0.attn"]}, "no layer number"),
+    ):
+        w = WorkerSide(cfg, SPEC, 0, engine="bad-caches")
+        try:
+            with pytest.raises(kvfabric.InvalidArgument, match=match):
+                w.register_kv_caches(caches)
+        finally:
+            w.close()
+            w.close()
+    with pytest.raises(kvfabric.InvalidArgument, match="rank 1 is not in 0..0"):
+        WorkerSide(cfg, SPEC, 1)
