@@ -32,7 +32,7 @@ build: ## compile bin/kvfabric
 demo: build ## run a 3-node cluster on loopback and move blocks across TP sizes, every byte checked
 	$(GO) run ./testbed/demo --bin $(BIN)
 
-test: test-go test-python ## every Go and Python test
+test: test-go test-python test-engines ## every Go and Python test, and the connectors against vLLM and SGLang
 
 test-go: test-deps ## vet, then every Go test with the race detector in random order
 	$(GO) vet ./...
@@ -59,9 +59,10 @@ UV_VERSION     := 0.13.9
 ENGINE_PY_DEPS := grpcio protobuf numpy xxhash pytest
 UV             := $(ENGINES_VENV)/uv/bin/uv
 
-engines-venv: python-deps ## install vLLM and SGLang into venvs under $(ENGINES_VENV) (several GiB, minutes)
+engines-venv: python-deps ## install vLLM and SGLang into venvs under $(ENGINES_VENV) (about 19 GiB, 4 minutes)
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { apt-get update -q && $(APT) python3-venv; }
 	@test -x $(UV) || { $(PYTHON) -m venv $(ENGINES_VENV)/uv && $(ENGINES_VENV)/uv/bin/pip install -q uv==$(UV_VERSION); }
-	@$(ENGINES_VENV)/vllm/bin/python -c 'import vllm, sys; sys.exit(vllm.__version__ != "$(VLLM_VERSION)")' 2>/dev/null || { \
+	@$(ENGINES_VENV)/vllm/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != "$(VLLM_VERSION)")' 2>/dev/null || { \
 		$(UV) venv -q --allow-existing --python $(PYTHON) $(ENGINES_VENV)/vllm && \
 		$(UV) pip install -q --python $(ENGINES_VENV)/vllm/bin/python vllm==$(VLLM_VERSION) $(ENGINE_PY_DEPS); }
 	@$(ENGINES_VENV)/sglang/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("sglang") != "$(SGLANG_VERSION)")' 2>/dev/null || { \
@@ -69,8 +70,8 @@ engines-venv: python-deps ## install vLLM and SGLang into venvs under $(ENGINES_
 		$(UV) pip install -q --python $(ENGINES_VENV)/sglang/bin/python sglang==$(SGLANG_VERSION) $(ENGINE_PY_DEPS); }
 
 test-engines: build engines-venv ## the connector tests against the real vLLM and SGLang (make engines-venv first)
-	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) KVFABRIC_ENGINE=vllm $(ENGINES_VENV)/vllm/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_vllm_real.py
-	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) KVFABRIC_ENGINE=sglang $(ENGINES_VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_sglang_real.py
+	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(ENGINES_VENV)/vllm/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_vllm_real.py
+	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(ENGINES_VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_sglang_real.py
 
 test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs)
 	@dpkg -s libibverbs-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libibverbs-dev gcc; }
