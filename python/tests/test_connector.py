@@ -288,3 +288,34 @@ def test_caches_that_do_not_match_the_spec_are_refused(node1):
             w.close()
     with pytest.raises(kvfabric.InvalidArgument, match="rank 1 is not in 0..0"):
         WorkerSide(cfg, SPEC, 1)
+
+
+@pytest.mark.parametrize(
+    "spec_a, spec_b",
+    [
+        # TP 2 saves, TP 1 loads (the agent re-shards): FlashAttention, then FlashInfer over HND.
+        (KVSpec(2, 4, 16, "f32", 2, 16, CacheKind.FLASH), KVSpec(2, 4, 16, "f32", 1, 16, CacheKind.FLASHINFER, "hnd")),
+        # TP 1 saves, TP 4 loads, f16.
+        (KVSpec(2, 4, 16, "f16", 1, 16), KVSpec(2, 4, 16, "f16", 4, 16)),
+        # MLA: one latent plane, every rank holds it.
+        (KVSpec(3, 1, 32, "f32", 1, 16, CacheKind.MLA), KVSpec(3, 1, 32, "f32", 2, 16, CacheKind.MLA)),
+    ],
+    ids=["tp2-flash-to-tp1-flashinfer-hnd", "tp1-to-tp4-f16", "mla-tp1-to-tp2"],
+)
+def test_layouts_across_engines(node1, node2, spec_a, spec_b):
+    tokens = prompt(3 * 16 + 9, seed=100 * spec_b.tp_size + spec_a.layers)
+    a = SimEngine(node1.socket, spec_a, name="layouts-a")
+    b = SimEngine(node2.socket, spec_b, name="layouts-b")
+    try:
+        ra = a.add("a", tokens)
+        a.run()
+        a.check(ra)
+        a.scheduler.wait_idle()
+        wait_indexed(b, tokens, 3)
+        rb = b.add("b", tokens)
+        b.run()
+        assert rb.loaded == 3 * 16 and b.check(rb) == len(rb.tokens)
+        assert b.scheduler.stats()["load_errors"] == 0
+    finally:
+        a.close()
+        b.close()
