@@ -258,6 +258,10 @@ class WorkerReport:
     workers: int = 1
     load_errors: set[int] = field(default_factory=set)
     saved: dict[int, int] = field(default_factory=dict)
+    #: Requests with a failed load in the step: the step computed their
+    #: new tokens over KV that is not theirs, so none of their blocks of
+    #: the step is saved.
+    failed_requests: set[str] = field(default_factory=set)
     loaded_blocks: int = 0
     loaded_bytes: int = 0
     saved_bytes: int = 0
@@ -273,6 +277,7 @@ class WorkerReport:
             self.workers + other.workers,
             self.load_errors | other.load_errors,
             saved,
+            self.failed_requests | other.failed_requests,
             self.loaded_blocks + other.loaded_blocks,
             self.loaded_bytes + other.loaded_bytes,
             self.saved_bytes + other.saved_bytes,
@@ -565,6 +570,7 @@ class SchedulerSide:
         step = rep.step if rep is not None else step
         if step is None:
             return
+        failed = rep.failed_requests if rep is not None else set()
         with self._lock:
             # Steps before this one that never reported are given up.
             done = [s for s in set(self._pending_saves) | set(self._loading) if s <= step]
@@ -575,6 +581,12 @@ class SchedulerSide:
                     self._release(r.refs)
                     r.refs = []
                     r.state = _State.DONE
+                sv = self._saving.get(r.req_id)
+                if r.req_id in failed and sv is not None and rep is not None:
+                    # The engine recomputes from the first failed block on:
+                    # save what it computes again.
+                    bad = [i for i, b in enumerate(r.block_ids) if b in rep.load_errors]
+                    sv.next_block = min(sv.next_block, r.start + (bad[0] if bad else 0))
         if rep is not None:
             self.counters.add("loaded_blocks", rep.loaded_blocks)
             self.counters.add("loaded_bytes", rep.loaded_bytes)
@@ -797,6 +809,7 @@ class WorkerSide:
     def _load_one(self, lp: LoadPlan, block_set: int, rep: WorkerReport) -> None:
         bs = self.block_set
         if bs is None or bs.id != block_set or not self.layers:
+            rep.failed_requests.add(lp.req_id)
             rep.load_errors.update(lp.block_ids)
             self.log.warning("kvfabric: rank %d: block set %s is not the scheduler's %d; %d blocks recomputed",
                              self.rank, bs.id if bs else None, block_set, len(lp.block_ids))
@@ -804,12 +817,14 @@ class WorkerSide:
         try:
             refs = self.client.acquire(bs, lp.hashes)
         except KvfabricError as e:
+            rep.failed_requests.add(lp.req_id)
             rep.load_errors.update(lp.block_ids)
             self.log.warning("kvfabric: rank %d: request %s: taking its %d blocks failed, recomputed: %s",
                              self.rank, lp.req_id, len(lp.hashes), e)
             return
         n = len(refs)
         if n < len(lp.hashes):
+            rep.failed_requests.add(lp.req_id)
             rep.load_errors.update(lp.block_ids[n:])
             why = next((r.reason for r in refs.results if not r.referenced), "")
             self.log.warning("kvfabric: rank %d: request %s: %d of %d blocks gone from the pool (%s), recomputed",
@@ -820,6 +835,7 @@ class WorkerSide:
                 rep.loaded_blocks += n
                 rep.loaded_bytes += n * self._block_bytes()
         except Exception as e:
+            rep.failed_requests.add(lp.req_id)
             rep.load_errors.update(lp.block_ids[:n])
             self.log.warning("kvfabric: rank %d: copying %d blocks failed, recomputed: %s", self.rank, n, e)
         finally:
@@ -865,7 +881,7 @@ class WorkerSide:
         rep = self._report_for(plan)
         bs = self.block_set
         for sp in plan.saves:
-            if bs is None or bs.id != plan.block_set or not self.layers:
+            if bs is None or bs.id != plan.block_set or not self.layers or sp.req_id in rep.failed_requests:
                 continue
             try:
                 self._copy_out(sp.block_ids, sp.slots)

@@ -319,3 +319,50 @@ def test_layouts_across_engines(node1, node2, spec_a, spec_b):
     finally:
         a.close()
         b.close()
+
+
+def test_failed_load_drops_the_steps_saves_of_that_request(node1, node2):
+    """A block gone from the pool between the import and the workers' copy:
+    vLLM is told, the step's saves of that request (computed over the
+    missing KV) are not registered, the blocks are recomputed and saved,
+    and a third engine loading them from this node gets the model's KV."""
+    tokens = prompt(5 * 16 + 5, seed=21)
+    a = SimEngine(node1.socket, SPEC, name="drop-a")
+    b = SimEngine(node2.socket, SPEC, name="drop-b")
+    try:
+        a.add("a", tokens[: 3 * 16 + 1])  # the holder has the first 3 blocks
+        a.run()
+        a.scheduler.wait_idle()
+        wait_indexed(b, tokens, 3)
+        bogus = []
+
+        def lose_block(plan):
+            for lp in plan.loads:
+                if not bogus:
+                    bogus.append(lp.block_ids[2])
+                    lp.hashes[2] ^= 1  # the pool holds no such block
+
+        b.before_workers = lose_block
+        rb = b.add("b", tokens)
+        b.run()
+        assert b.load_errors_seen == set(bogus) and rb.recomputed_blocks == 1
+        assert b.check(rb) == len(rb.tokens)
+        b.scheduler.wait_idle()
+        s = b.scheduler.stats()
+        # Step 1 planned blocks 3 and 4 (computed over the lost block 2):
+        # dropped. Blocks 2, 3 and 4 were saved once recomputed.
+        assert s["save_errors"] == 2 and s["saved_blocks"] == 3, s
+    finally:
+        a.close()
+    # node1 now loads all 5 blocks, the last 2 only node2 holds.
+    c = SimEngine(node1.socket, SPEC, name="drop-c")
+    try:
+        wait_for("node1 sees node2's blocks", lambda: any(
+            o.node == "node2" and o.blocks == 5
+            for o in c.scheduler.client.lookup(kvfabric.block_hashes(tokens, 16)).overlaps))
+        rc = c.add("c", tokens)
+        c.run()
+        assert rc.loaded == 5 * 16 and c.check(rc) == len(rc.tokens)
+    finally:
+        c.close()
+        b.close()
