@@ -11,7 +11,8 @@ module imports vLLM; ``import kvfabric`` does not. Enable it with
                                       "recompute_tokens_per_s": 20000}}'
 
 With ``kv_load_failure_policy`` "recompute" vLLM recomputes the blocks a load
-could not bring (its default, "fail", ends the request). ``kv_connector_extra_config`` takes :class:`kvfabric.connector.ConnectorConfig`'s
+could not bring (its default, "fail", ends the request).
+``kv_connector_extra_config`` takes :class:`kvfabric.connector.ConnectorConfig`'s
 settings, plus ``kv_order`` ("nhd" or "hnd": how the agent's pool orders a
 block, not the engine's cache; every engine of a cluster that should share
 blocks without re-sharding picks the same).
