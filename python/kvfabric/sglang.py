@@ -25,9 +25,11 @@ Keys are SGLang's page hashes (hex strings of the chained token hashes),
 suffixed as SGLang's file backend does: the model name and, unless the
 model is MLA (replicated across ranks), the TP rank and size, so each rank
 keeps its own shard. The logic is :class:`kvfabric.pagestore.PageStore`'s;
-a page is read from the agent's pool straight into SGLang's host page
-(``set_from_flat_data_page``) and written from it (``get_data_page``), one
-copy each way.
+a read copies the page from the agent's pool into a page buffer that
+SGLang's host pool then takes (``set_from_flat_data_page``, its own copy);
+a write copies SGLang's page (``get_data_page``) into the pool. The pool is
+not exposed to SGLang's host buffers directly (``get_page_buffer_meta``'s
+zero-copy path is not used).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ against two real agents; every element of every computed token checked."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -117,6 +118,7 @@ def test_holder_killed_between_lookup_and_import(pair):
         assert e.check(r) == len(r.tokens)  # all computed, every element right
         s = e.scheduler.stats()
         assert s["loaded_blocks"] == 0 and s["import_errors"] + s["lookup_errors"] >= 1, s
+        e.scheduler.wait_idle()  # registration runs in the background
         assert session_refs(e) == 0  # what it saved is released to the cache
     finally:
         e.close()
@@ -216,8 +218,15 @@ def test_request_preempted_while_its_import_runs(pair):
 
         e.scheduler.before_import = hold
         e.add("r", tokens)
-        assert e.scheduler.matched("r", tokens, 0) is None  # pending, answered at once
+        assert e.scheduler.matched("r", tokens, 0) is None
         assert looked.wait(20)
+        # While the agent's answer is held, the scheduler is never held:
+        # each question is answered None at once (0.5 s: a wide margin for
+        # a loaded machine; it takes microseconds).
+        for _ in range(20):
+            t0 = time.monotonic()
+            assert e.scheduler.matched("r", tokens, 0) is None
+            assert time.monotonic() - t0 < 0.5
         e.preempt("r")
         e.abort("r")  # finished while its import runs
         go.set()
