@@ -570,7 +570,7 @@ class SchedulerSide:
         step = rep.step if rep is not None else step
         if step is None:
             return
-        failed = rep.failed_requests if rep is not None else set()
+        failed_reqs = rep.failed_requests if rep is not None else set()
         with self._lock:
             # Steps before this one that never reported are given up.
             done = [s for s in set(self._pending_saves) | set(self._loading) if s <= step]
@@ -582,7 +582,7 @@ class SchedulerSide:
                     r.refs = []
                     r.state = _State.DONE
                 sv = self._saving.get(r.req_id)
-                if r.req_id in failed and sv is not None and rep is not None:
+                if r.req_id in failed_reqs and sv is not None and rep is not None:
                     # The engine recomputes from the first failed block on:
                     # save what it computes again.
                     bad = [i for i, b in enumerate(r.block_ids) if b in rep.load_errors]
@@ -596,8 +596,8 @@ class SchedulerSide:
         if saves:
             tp = self.spec.tp_size
             written = rep.saved if rep is not None else {}
-            failed = {s for p in saves for s in p.slots if written.get(s, 0) < tp}
-            self._registrar.submit(self._register, saves, failed, rep.saved_bytes if rep else 0)
+            unwritten = {s for p in saves for s in p.slots if written.get(s, 0) < tp}
+            self._registrar.submit(self._register, saves, unwritten, rep.saved_bytes if rep else 0)
 
     def _register(self, saves: list[SavePlan], failed: set[int], saved_bytes: int) -> None:
         ok_slots, ok_hashes, bad = [], [], []

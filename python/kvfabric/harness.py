@@ -34,6 +34,7 @@ what this engine would have computed, element for element.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -109,7 +110,7 @@ class SimEngine:
         self.kind = kind or spec.kind
         self.config = config or ConnectorConfig(socket=socket, stats_interval=0)
         if not self.config.socket:
-            self.config = ConnectorConfig(**{**self.config.__dict__, "socket": socket})
+            self.config = dataclasses.replace(self.config, socket=socket)
         self.num_blocks = num_blocks
         self.budget = budget
         self.free = list(range(num_blocks))
@@ -147,6 +148,7 @@ class SimEngine:
         s = self.spec
         h, b, d, n = s.heads_per_rank(), s.block_size, s.head_dim, self.num_blocks
         dt = _NP[s.dtype]
+        shape: tuple[int, ...]
         # Garbage to start with: a load that copies nothing shows.
         if self.kind is CacheKind.FLASH:
             shape = (2, n, b, h, d)
