@@ -243,6 +243,18 @@ class StepPlan:
     block_set: int
     loads: list[LoadPlan] = field(default_factory=list)
     saves: list[SavePlan] = field(default_factory=list)
+    #: The block set and the agent run it lives in (see incarnation): a
+    #: worker whose own block set is not this one (the agent restarted in
+    #: between) loads nothing and writes no slot of the plan.
+    incarnation: str = ""
+
+
+def incarnation(bs: BlockSet) -> str:
+    """A block set's id with its agent's run: the pool memory's token (or
+    IPC handle), which no other run of the agent shares. Slot numbers mean
+    something only within one."""
+    m = bs.memory[0]
+    return f"{bs.id}:{m.token or bytes(m.cuda_ipc_handle).hex()}"
 
 
 @dataclass
@@ -374,6 +386,8 @@ class SchedulerSide:
         self.log = logger or log
         self.client = client or Client(config.socket_path, engine=engine, import_timeout=config.import_timeout)
         self._own_client = client is None
+        self._engine = engine
+        self._retry_at = 0.0
         self.block_set = spec.register(self.client, config.slots, engine=engine)
         self.node = self.client.status().node
         self.counters = Counters()
@@ -435,11 +449,46 @@ class SchedulerSide:
                 return None
             return r.matched
 
+    def _reconnect(self) -> bool:
+        """In the background: when the agent ended this client's session
+        (it restarted), open a new client and register again, at most once
+        a second; what the old session held is gone with it. Returns whether
+        the client's session is alive."""
+        if self.client.session_alive or not self._own_client:
+            return True
+        now = time.monotonic()
+        if now < self._retry_at:
+            return False
+        self._retry_at = now + 1.0
+        try:
+            c = Client(self.config.socket_path, engine=self._engine, import_timeout=self.config.import_timeout)
+        except KvfabricError as e:
+            self.log.warning("kvfabric: the agent's session ended and reconnecting failed: %s", e)
+            return False
+        try:
+            bs = self.spec.register(c, self.config.slots, engine=self._engine)
+            node = c.status().node
+        except KvfabricError as e:
+            c.close()
+            self.log.warning("kvfabric: the agent's session ended and registering again failed: %s", e)
+            return False
+        with self._lock:
+            old, self.client, self.block_set, self.node = self.client, c, bs, node
+            for r in self._reqs.values():
+                r.refs = []  # released with the old session
+            self._pending_saves.clear()
+            self._loading.clear()
+        old.close()
+        self.log.info("kvfabric: reconnected to the agent on %s: block set %d", node, bs.id)
+        return True
+
     def _lookup_and_import(self, r: _Request) -> None:
         want = r.hashes[r.start :]
         refs: list = []
         matched = 0
         try:
+            if not self._reconnect():
+                raise KvfabricError("no session with the agent")
             refs, matched = self._fetch(want)
         except Exception as e:  # the agent is away, or refused: nothing loads
             self.counters.add("lookup_errors")
@@ -524,7 +573,7 @@ class SchedulerSide:
         with self._lock:
             self._step += 1
             step = self._step
-            plan = StepPlan(step, self.block_set.id)
+            plan = StepPlan(step, self.block_set.id, incarnation=incarnation(self.block_set))
             for r in self._to_load:
                 if r.state is _State.LOADING and not r.cancelled:
                     plan.loads.append(LoadPlan(r.req_id, [h for h in r.hashes[r.start : r.start + len(r.refs)]], r.block_ids))
@@ -743,6 +792,7 @@ class WorkerSide:
         self.log = logger or log
         self.client = client or Client(config.socket_path, engine=f"{engine}-rank{rank}", import_timeout=config.import_timeout)
         self._own_client = client is None
+        self._retry_at = 0.0
         self.block_set: BlockSet | None = None
         self.layers: list[_Layer] = []
         self._report: WorkerReport | None = None
@@ -783,6 +833,32 @@ class WorkerSide:
             raise InvalidArgument(f"kvfabric: rank {self.rank}'s cache holds {heads} heads, the block set gives it {given}")
         self.log.info("kvfabric: rank %d: %d layers %s registered in block set %d", self.rank, len(layers), first.shape[1:], bs.id)
 
+    def _reconnect(self) -> None:
+        """When the agent ended this worker's session (it restarted), open a
+        new client and register the block set again, at most once a second.
+        Until then loads fail (recomputed) and saves are dropped."""
+        if self.client.session_alive or not self._own_client or not self.layers:
+            return
+        now = time.monotonic()
+        if now < self._retry_at:
+            return
+        self._retry_at = now + 1.0
+        self.block_set = None
+        try:
+            c = Client(self.config.socket_path, engine=self.client.engine, import_timeout=self.config.import_timeout)
+        except KvfabricError as e:
+            self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
+            return
+        try:
+            bs = self.spec.register(c, self.config.slots, engine=c.engine)
+        except KvfabricError as e:
+            c.close()
+            self.log.warning("kvfabric: rank %d: registering again failed: %s", self.rank, e)
+            return
+        old, self.client, self.block_set = self.client, c, bs
+        old.close()
+        self.log.info("kvfabric: rank %d: reconnected to the agent: block set %d", self.rank, bs.id)
+
     # Pool views of this rank, as [slots, layers, planes, block_size, heads, dim].
     def _pool(self) -> np.ndarray:
         assert self.block_set is not None
@@ -802,17 +878,18 @@ class WorkerSide:
         report), and nothing is copied for it or after it in its request."""
         if plan.step <= self._reported:
             return
+        self._reconnect()
         rep = self._report_for(plan)
         for lp in plan.loads:
-            self._load_one(lp, plan.block_set, rep)
+            self._load_one(lp, plan.incarnation, rep)
 
-    def _load_one(self, lp: LoadPlan, block_set: int, rep: WorkerReport) -> None:
+    def _load_one(self, lp: LoadPlan, plan_incarnation: str, rep: WorkerReport) -> None:
         bs = self.block_set
-        if bs is None or bs.id != block_set or not self.layers:
+        if bs is None or incarnation(bs) != plan_incarnation or not self.layers:
             rep.failed_requests.add(lp.req_id)
             rep.load_errors.update(lp.block_ids)
-            self.log.warning("kvfabric: rank %d: block set %s is not the scheduler's %d; %d blocks recomputed",
-                             self.rank, bs.id if bs else None, block_set, len(lp.block_ids))
+            self.log.warning("kvfabric: rank %d: block set %s is not the scheduler's %s; %d blocks recomputed",
+                             self.rank, incarnation(bs) if bs else None, plan_incarnation, len(lp.block_ids))
             return
         try:
             refs = self.client.acquire(bs, lp.hashes)
@@ -878,10 +955,12 @@ class WorkerSide:
             # Reported already: the scheduler frees these slots, which this
             # rank must no longer write.
             return
+        self._reconnect()
         rep = self._report_for(plan)
         bs = self.block_set
+        same = bs is not None and incarnation(bs) == plan.incarnation
         for sp in plan.saves:
-            if bs is None or bs.id != plan.block_set or not self.layers or sp.req_id in rep.failed_requests:
+            if not same or not self.layers or sp.req_id in rep.failed_requests:
                 continue
             try:
                 self._copy_out(sp.block_ids, sp.slots)
