@@ -440,10 +440,10 @@ class SchedulerSide:
                 usable = max(0, (len(tokens) - 1) // page)
                 if usable <= start:
                     return 0
-                hashes = block_hashes(list(tokens)[: usable * page], page, salt=salt, lora=lora)
-                r = _Request(req_id, hashes, start, len(tokens))
+                # Hashed in the background too: a long prompt takes ms.
+                r = _Request(req_id, [], start, len(tokens))
                 self._reqs[req_id] = r
-                r.future = self._pool.submit(self._lookup_and_import, r)
+                r.future = self._pool.submit(self._lookup_and_import, r, list(tokens[: usable * page]), salt, lora)
                 return None
             if r.state is _State.LOOKING:
                 return None
@@ -482,14 +482,14 @@ class SchedulerSide:
         self.log.info("kvfabric: reconnected to the agent on %s: block set %d", node, bs.id)
         return True
 
-    def _lookup_and_import(self, r: _Request) -> None:
-        want = r.hashes[r.start :]
+    def _lookup_and_import(self, r: _Request, tokens: list[int], salt: str | None, lora: str | None) -> None:
         refs: list = []
         matched = 0
         try:
+            r.hashes = block_hashes(tokens, self.spec.block_size, salt=salt, lora=lora)
             if not self._reconnect():
                 raise KvfabricError("no session with the agent")
-            refs, matched = self._fetch(want)
+            refs, matched = self._fetch(r.hashes[r.start :])
         except Exception as e:  # the agent is away, or refused: nothing loads
             self.counters.add("lookup_errors")
             self.log.warning("kvfabric: request %s: lookup or import failed, recomputing: %s", r.req_id, e)

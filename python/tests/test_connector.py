@@ -407,3 +407,14 @@ def test_both_halves_reconnect_after_the_agent_restarts(pair):
         assert e.load_errors_seen == set()
     finally:
         e.close()
+
+
+def test_bad_token_ids_are_computed_not_loaded(node1):
+    e = SimEngine(node1.socket, SPEC, name="bad-tokens")
+    try:
+        toks = [1] * 40 + [1 << 33] + [2] * 10
+        assert e.scheduler.matched("x", toks, 0) is None
+        assert wait_for("answered", lambda: e.scheduler.matched("x", toks, 0) == 0 or None) is True
+        assert e.scheduler.stats()["lookup_errors"] == 1
+    finally:
+        e.close()
