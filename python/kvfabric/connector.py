@@ -797,6 +797,9 @@ class WorkerSide:
         self.layers: list[_Layer] = []
         self._report: WorkerReport | None = None
         self._reported = 0  # the last step whose report was taken
+        #: This rank's counters: loaded_blocks, loaded_bytes, load_errors,
+        #: saved_blocks, saved_bytes (the slots it wrote).
+        self.counters = Counters()
 
     def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
         """Check the engine's caches against the spec and register the block
@@ -992,6 +995,11 @@ class WorkerSide:
         rep = self._report if self._report is not None and self._report.step == step else WorkerReport(step)
         self._report = None
         self._reported = max(self._reported, step)
+        for name, v in (("loaded_blocks", rep.loaded_blocks), ("loaded_bytes", rep.loaded_bytes),
+                        ("load_errors", len(rep.load_errors)), ("saved_blocks", len(rep.saved)),
+                        ("saved_bytes", rep.saved_bytes)):
+            if v:
+                self.counters.add(name, v)
         return rep
 
     def load_errors(self, step: int) -> set[int]:

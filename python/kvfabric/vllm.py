@@ -54,6 +54,7 @@ supported; others are refused at start with the reason.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -62,6 +63,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.logger import init_logger
 
 from .connector import CacheKind, ConnectorConfig, KVSpec, SchedulerSide, StepPlan, WorkerReport, WorkerSide, dtype_name
@@ -77,7 +79,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["KVFabricConnector", "KVFabricMetadata", "KVFabricWorkerMetadata", "spec_from_vllm"]
+__all__ = ["KVFabricConnector", "KVFabricMetadata", "KVFabricStats", "KVFabricWorkerMetadata", "spec_from_vllm"]
 
 logger = init_logger(__name__)
 
@@ -141,6 +143,28 @@ def _config(vllm_config: "VllmConfig") -> tuple[ConnectorConfig, str]:
     return ConnectorConfig.from_dict(extra), kv_order
 
 
+@dataclass
+class KVFabricStats(KVConnectorStats):
+    """The workers' counters since the last report, summed over the ranks
+    (vLLM logs them with its periodic stats): loaded_blocks, loaded_bytes,
+    load_errors, saved_blocks, saved_bytes."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        out = dict(self.data)
+        for k, v in other.data.items():
+            out[k] = out.get(k, 0) + v
+        return KVFabricStats(data=out)
+
+    def reduce(self) -> dict[str, int | float]:
+        return {f"kvfabric_{k}": v for k, v in sorted(self.data.items())}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
 class KVFabricConnector(KVConnectorBase_V1):
     """kvfabric as a vLLM KV connector (see the module doc)."""
 
@@ -155,6 +179,7 @@ class KVFabricConnector(KVConnectorBase_V1):
         # outputs say them, and its salt and LoRA.
         self._blocks: dict[str, list[int]] = {}
         self._ns: dict[str, tuple[str | None, str | None]] = {}
+        self._stats_sent: dict[str, int] = {}
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = SchedulerSide(self.config, self.spec, engine=name, logger=logger)
         else:
@@ -253,6 +278,20 @@ class KVFabricConnector(KVConnectorBase_V1):
         # After this, the step's saves are no longer written: a save vLLM
         # defers past the report is dropped, and the scheduler frees its slots.
         return KVFabricWorkerMetadata(self.worker.take_report(meta.plan.step))
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """This rank's counters since the last call (vLLM aggregates the
+        ranks and logs them)."""
+        if self.worker is None:
+            return None
+        now = self.worker.counters.snapshot()
+        delta = {k: v - self._stats_sent.get(k, 0) for k, v in now.items() if v - self._stats_sent.get(k, 0)}
+        self._stats_sent = now
+        return KVFabricStats(data=delta) if delta else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return KVFabricStats(data=dict(data or {}))
 
     def shutdown(self) -> None:
         if self.worker is not None:

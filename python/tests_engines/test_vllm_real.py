@@ -26,6 +26,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -235,6 +236,16 @@ def test_real_scheduler_saves_then_another_engine_loads(node1, node2, model_dir)
         s = b.sched.connector.stats()
         assert s["hit_tokens"] == 64 and s["loaded_blocks"] == 4 and s["load_errors"] == 0
         assert s["loaded_bytes"] == 4 * LAYERS * 2 * BLOCK * HEADS * HEAD_DIM * 4
+        # The worker's counters reach vLLM's stats logging: the class vLLM
+        # resolves from the kv_transfer_config rebuilds and reduces them.
+        stats = b.worker.get_kv_connector_stats()
+        assert stats is not None and stats.data["loaded_blocks"] == 4
+        assert b.worker.get_kv_connector_stats() is None  # since the last call: nothing
+        log = KVConnectorLogging(b.sched.vllm_config.kv_transfer_config)
+        log.observe(stats.data)
+        lines: list[str] = []
+        log.log(lambda fmt, *a: lines.append(fmt % a))
+        assert len(lines) == 1 and f"kvfabric_loaded_bytes={s['loaded_bytes']}" in lines[0], lines
 
         # Another salt is another namespace: nothing to load.
         b.add("salted", tokens, salt="tenant-2")
