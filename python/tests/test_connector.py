@@ -418,3 +418,15 @@ def test_bad_token_ids_are_computed_not_loaded(node1):
         assert e.scheduler.stats()["lookup_errors"] == 1
     finally:
         e.close()
+
+
+def test_engine_independent_modules_import_no_engine():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, kvfabric, kvfabric.connector, kvfabric.harness, kvfabric.pagestore; "
+            "print(sorted(m for m in ('vllm', 'sglang', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
