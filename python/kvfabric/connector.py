@@ -695,10 +695,24 @@ class SchedulerSide:
             del self._reqs[r.req_id]
 
     def _release(self, refs: list) -> None:
+        """Give refs back, in the background (the scheduler does not wait
+        on the agent for it); after close, at once."""
         if not refs:
             return
+        client, bs = self.client, self.block_set
+        if not self._closed:
+            try:
+                self._registrar.submit(self._release_now, client, bs, refs)
+                return
+            except RuntimeError:
+                pass  # shut down meanwhile
+        self._release_now(client, bs, refs)
+
+    def _release_now(self, client: Client, bs: BlockSet, refs: list) -> None:
+        if client is not self.client:
+            return  # a session since ended: the agent released them with it
         try:
-            self.client.release(self.block_set, refs)
+            client.release(bs, refs)
         except KvfabricError as e:  # the session ended: the agent released them
             self.log.info("kvfabric: releasing %d blocks: %s", len(refs), e)
 
