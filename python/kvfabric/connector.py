@@ -395,7 +395,8 @@ class SchedulerSide:
         self._reqs: dict[str, _Request] = {}
         self._saving: dict[str, _Saving] = {}
         self._to_load: list[_Request] = []
-        self._pending_saves: dict[int, list[SavePlan]] = {}
+        #: Per step: the client and block set its slots were allocated in, and the saves.
+        self._pending_saves: dict[int, tuple[Client, BlockSet, list[SavePlan]]] = {}
         self._loading: dict[int, list[_Request]] = {}
         self._step = 0
         self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="kvfabric-lookup")
@@ -573,7 +574,8 @@ class SchedulerSide:
         with self._lock:
             self._step += 1
             step = self._step
-            plan = StepPlan(step, self.block_set.id, incarnation=incarnation(self.block_set))
+            client, bs = self.client, self.block_set  # the session this plan belongs to
+            plan = StepPlan(step, bs.id, incarnation=incarnation(bs))
             for r in self._to_load:
                 if r.state is _State.LOADING and not r.cancelled:
                     plan.loads.append(LoadPlan(r.req_id, [h for h in r.hashes[r.start : r.start + len(r.refs)]], r.block_ids))
@@ -593,7 +595,7 @@ class SchedulerSide:
             need = sum(len(w[1]) for w in wanted)
             slots: list[int] = []
             try:
-                slots = self.client.allocate(self.block_set, need)
+                slots = client.allocate(bs, need)
             except ResourceExhausted as e:
                 self.counters.add("saves_skipped", need)
                 self.log.info("kvfabric: pool full, not saving %d blocks this step: %s", need, e)
@@ -601,6 +603,8 @@ class SchedulerSide:
                 self.counters.add("saves_skipped", need)
                 self.log.warning("kvfabric: allocating %d slots failed, not saving them: %s", need, e)
             with self._lock:
+                if client is not self.client:
+                    slots = []  # the session ended meanwhile: its slots went with it
                 i = 0
                 for req_id, hashes, bids, s, full in wanted:
                     s.next_block = full  # saved now, or skipped for good
@@ -608,7 +612,7 @@ class SchedulerSide:
                         plan.saves.append(SavePlan(req_id, hashes, bids, slots[i : i + len(hashes)]))
                         i += len(hashes)
                 if plan.saves:
-                    self._pending_saves[step] = plan.saves
+                    self._pending_saves[step] = (client, bs, plan.saves)
         self._maybe_log_stats()
         return plan
 
@@ -623,7 +627,7 @@ class SchedulerSide:
         with self._lock:
             # Steps before this one that never reported are given up.
             done = [s for s in set(self._pending_saves) | set(self._loading) if s <= step]
-            saves = [p for s in done for p in self._pending_saves.pop(s, [])]
+            pending = [(s, *self._pending_saves.pop(s)) for s in done if s in self._pending_saves]
             loads = [r for s in done for r in self._loading.pop(s, [])]
             for r in loads:
                 if r.state is _State.LOADING:
@@ -642,13 +646,17 @@ class SchedulerSide:
             if rep.load_errors:
                 self.counters.add("load_errors", len(rep.load_errors))
                 self.log.warning("kvfabric: step %d: %d blocks failed to load; the engine recomputes them", step, len(rep.load_errors))
-        if saves:
-            tp = self.spec.tp_size
-            written = rep.saved if rep is not None else {}
-            unwritten = {s for p in saves for s in p.slots if written.get(s, 0) < tp}
-            self._registrar.submit(self._register, saves, unwritten, rep.saved_bytes if rep else 0)
+        tp = self.spec.tp_size
+        written = rep.saved if rep is not None else {}
+        for s, client, bs, saves in pending:
+            # A step given up (no report of its own) registers nothing.
+            ours = rep is not None and s == rep.step
+            unwritten = {slot for p in saves for slot in p.slots if not ours or written.get(slot, 0) < tp}
+            self._registrar.submit(self._register, client, bs, saves, unwritten, rep.saved_bytes if ours and rep else 0)
 
-    def _register(self, saves: list[SavePlan], failed: set[int], saved_bytes: int) -> None:
+    def _register(self, client: Client, bs: BlockSet, saves: list[SavePlan], failed: set[int], saved_bytes: int) -> None:
+        if client is not self.client:
+            return  # the session that allocated the slots ended; they went with it
         ok_slots, ok_hashes, bad = [], [], []
         for p in saves:
             for h, s in zip(p.hashes, p.slots):
@@ -660,14 +668,14 @@ class SchedulerSide:
         try:
             if bad:
                 self.counters.add("save_errors", len(bad))
-                self.client.free(self.block_set, bad)
+                client.free(bs, bad)
             if ok_slots:
-                refs = self.client.register_blocks(self.block_set, ok_slots, ok_hashes)
+                refs = client.register_blocks(bs, ok_slots, ok_hashes)
                 refused = [r for r in refs.results if not r.referenced]
                 if refused:
                     self.counters.add("save_errors", len(refused))
-                    self.client.free(self.block_set, [r.request_slot for r in refused])
-                self.client.release(self.block_set, refs)  # cached for the cluster
+                    client.free(bs, [r.request_slot for r in refused])
+                client.release(bs, refs)  # cached for the cluster
                 self.counters.add("saved_blocks", len(refs))
                 self.counters.add("saved_bytes", saved_bytes)
         except KvfabricError as e:
