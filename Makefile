@@ -19,7 +19,7 @@ PY_PB    := python/kvfabric/_pb
 PY_PROTOS := layout/layoutpb/layout.proto fabric/fabricpb/engine.proto
 
 .PHONY: all build demo test test-go test-python test-deps python-deps test-long bench bench-deps proto proto-deps lint fuzz clean help
-.PHONY: engines-venv test-engines bench-engines
+.PHONY: engines-venv test-engines
 
 all: build
 
@@ -69,7 +69,7 @@ engines-venv: python-deps ## install vLLM and SGLang into venvs under $(ENGINES_
 		$(UV) venv -q --allow-existing --python $(PYTHON) $(ENGINES_VENV)/sglang && \
 		$(UV) pip install -q --python $(ENGINES_VENV)/sglang/bin/python sglang==$(SGLANG_VERSION) $(ENGINE_PY_DEPS); }
 
-test-engines: build engines-venv ## the connector tests against the real vLLM and SGLang (make engines-venv first)
+test-engines: build engines-venv ## the vLLM connector and SGLang backend tests against the real engines (installs them first)
 	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(ENGINES_VENV)/vllm/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_vllm_real.py
 	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(ENGINES_VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_sglang_real.py
 
