@@ -767,12 +767,22 @@ class SchedulerSide:
 
 
 class _Layer:
-    """One layer's cache seen as [blocks, planes, block_size, heads, dim]."""
+    """One layer's cache seen as [blocks, planes, block_size, heads, dim].
+    A 5-dimensional cache is FlashAttention's or FlashInfer's by where its
+    K/V axis of 2 is; the kind given decides only when both axes are 2."""
 
     def __init__(self, name: str, t: Any, kind: CacheKind) -> None:
         self.name = name
         self.tensor = t
         self.torch = not isinstance(t, np.ndarray)
+        if kind is not CacheKind.MLA and t.ndim == 5:
+            # Which of the two 5-dimensional shapes, from the K/V axis (the
+            # engine's configuration names the backend only indirectly).
+            if t.shape[0] == 2 and t.shape[1] != 2:
+                kind = CacheKind.FLASH
+            elif t.shape[1] == 2 and t.shape[0] != 2:
+                kind = CacheKind.FLASHINFER
+        self.kind = kind
         if kind is CacheKind.FLASH:
             if t.ndim != 5 or t.shape[0] != 2:
                 raise InvalidArgument(f"layer {name}: shape {tuple(t.shape)} is not FlashAttention's [2, blocks, block_size, heads, head_dim]")
@@ -846,7 +856,7 @@ class WorkerSide:
         if dtype_name(first.tensor) != DType.parse(spec.dtype, "dtype").name.lower():
             problems.append(f"dtype {first.tensor.dtype}, spec has {spec.dtype}")
         for ly in layers[1:]:
-            if ly.shape != first.shape or ly.tensor.dtype != first.tensor.dtype:
+            if ly.shape != first.shape or ly.tensor.dtype != first.tensor.dtype or ly.kind is not first.kind:
                 problems.append(f"layer {ly.name} is {ly.shape} {ly.tensor.dtype}, layer {first.name} {first.shape} {first.tensor.dtype}")
         if problems:
             raise InvalidArgument("kvfabric: the engine's KV caches do not match the connector's spec: " + "; ".join(problems))

@@ -430,3 +430,23 @@ def test_engine_independent_modules_import_no_engine():
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                          capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_worker_tells_the_cache_shape_from_the_tensors(node1, node2):
+    """vLLM's configuration does not name the attention backend: a spec
+    saying FlashAttention with FlashInfer-shaped caches still loads right."""
+    tokens = prompt(3 * 16 + 4, seed=41)
+    a = SimEngine(node1.socket, SPEC, name="shape-a")
+    b = SimEngine(node2.socket, SPEC, kind=CacheKind.FLASHINFER, name="shape-b")
+    try:
+        assert b.caches[0]["model.layers.0.self_attn.attn"].shape[1] == 2
+        a.add("a", tokens)
+        a.run()
+        a.scheduler.wait_idle()
+        wait_indexed(b, tokens, 3)
+        rb = b.add("b", tokens)
+        b.run()
+        assert rb.loaded == 3 * 16 and b.check(rb) == len(rb.tokens)
+    finally:
+        a.close()
+        b.close()
