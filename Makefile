@@ -22,6 +22,7 @@ PY_PB    := python/kvfabric/_pb
 PY_PROTOS := layout/layoutpb/layout.proto fabric/fabricpb/engine.proto
 
 .PHONY: all build demo test test-go test-python test-deps python-deps test-long bench bench-deps proto proto-deps lint fuzz clean help
+.PHONY: engines-venv test-engines
 
 all: build
 
@@ -34,7 +35,7 @@ build: ## compile bin/kvfabric
 demo: build ## run a 3-node cluster on loopback and move blocks across TP sizes, every byte checked
 	$(GO) run ./testbed/demo --bin $(BIN)
 
-test: test-go test-python ## every Go and Python test
+test: test-go test-python test-engines ## every Go and Python test, and the connectors against vLLM and SGLang
 
 test-go: test-deps ## vet, then every Go test with the race detector in random order
 	$(GO) vet ./...
@@ -53,6 +54,30 @@ python-deps: ## install the Python client's Debian packages; no interpreter is a
 	@$(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest, mypy, flake8, setuptools' 2>/dev/null && \
 		{ ! command -v dpkg >/dev/null 2>&1 || dpkg -s python3-venv >/dev/null 2>&1; } || \
 		{ apt-get update -q && $(APT) $(PY_DEBS); }
+
+# The engines (vLLM, SGLang) live in virtual environments outside the
+# repository, one each: they pin different torch versions. PyPI's Linux torch
+# wheels bundle CUDA, so each is several GiB; the tests use the CPU only.
+ENGINES_VENV   ?= $(HOME)/.cache/kvfabric/engines-venv
+VLLM_VERSION   := 0.33.0
+SGLANG_VERSION := 0.5.23
+UV_VERSION     := 0.13.9
+ENGINE_PY_DEPS := grpcio protobuf numpy xxhash pytest
+UV             := $(ENGINES_VENV)/uv/bin/uv
+
+engines-venv: python-deps ## install vLLM and SGLang into venvs under $(ENGINES_VENV) (about 19 GiB, 4 minutes)
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { apt-get update -q && $(APT) python3-venv; }
+	@test -x $(UV) || { $(PYTHON) -m venv $(ENGINES_VENV)/uv && $(ENGINES_VENV)/uv/bin/pip install -q uv==$(UV_VERSION); }
+	@$(ENGINES_VENV)/vllm/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm") != "$(VLLM_VERSION)")' 2>/dev/null || { \
+		$(UV) venv -q --allow-existing --python $(PYTHON) $(ENGINES_VENV)/vllm && \
+		$(UV) pip install -q --python $(ENGINES_VENV)/vllm/bin/python vllm==$(VLLM_VERSION) $(ENGINE_PY_DEPS); }
+	@$(ENGINES_VENV)/sglang/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("sglang") != "$(SGLANG_VERSION)")' 2>/dev/null || { \
+		$(UV) venv -q --allow-existing --python $(PYTHON) $(ENGINES_VENV)/sglang && \
+		$(UV) pip install -q --python $(ENGINES_VENV)/sglang/bin/python sglang==$(SGLANG_VERSION) $(ENGINE_PY_DEPS); }
+
+test-engines: build engines-venv ## the vLLM connector and SGLang backend tests against the real engines (installs them first)
+	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(ENGINES_VENV)/vllm/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_vllm_real.py
+	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(ENGINES_VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_sglang_real.py
 
 test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs)
 	@dpkg -s libibverbs-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libibverbs-dev gcc; }

@@ -1,0 +1,1055 @@
+"""What an inference engine's KV connector does, without the engine.
+
+:mod:`kvfabric.vllm` and :mod:`kvfabric.sglang` are thin layers over this
+module, which knows nothing of either engine: it takes token ids, block ids
+and KV cache arrays (numpy arrays or torch tensors, CPU or GPU) in the
+engines' own shapes, and talks to the kvfabric agent on the node. Tests
+drive it without the engines, replaying the calls they make.
+
+Two halves, as in vLLM:
+
+- :class:`SchedulerSide` (one per engine, in the scheduler's process) does
+  all the control calls. ``matched`` looks a request's blocks up and imports
+  them into the agent's pool in the background, answering None while that
+  runs (it never waits for the agent); ``allocated`` learns the engine blocks
+  the loaded tokens go to; ``build`` makes one step's :class:`StepPlan`
+  (which pool slots to copy into which engine blocks, which engine blocks to
+  save into which freshly allocated slots); ``report`` takes the workers'
+  :class:`WorkerReport` for that step, registers the saved blocks every
+  worker wrote (so the cluster sees them) and releases the loaded ones.
+- :class:`WorkerSide` (one per TP rank) holds the engine's KV cache tensors
+  and this rank's view of the pool: ``load`` copies a plan's blocks from the
+  pool into the engine (after taking its own references on them, so that a
+  block the pool lost is reported as failed, never copied), ``save`` copies
+  the engine's full blocks into the slots the plan names.
+
+Blocks are hashed with kvfabric's recipe at the engine's block size, in the
+namespace of the request's cache salt and LoRA. Nothing reaches the engine's
+cache that is not a block the agent holds under exactly that hash: a load
+that cannot be done names its engine blocks (``WorkerReport.load_errors``)
+and the engine recomputes them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import enum
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .blockset import BlockSet, DType, KVOrder, ModelConfig
+from .client import Client
+from .errors import InvalidArgument, KvfabricError, ResourceExhausted
+from .hashing import block_hashes
+
+__all__ = [
+    "CacheKind",
+    "ConnectorConfig",
+    "KVSpec",
+    "LoadPlan",
+    "SavePlan",
+    "SchedulerSide",
+    "StepPlan",
+    "WorkerReport",
+    "WorkerSide",
+    "layer_index",
+]
+
+log = logging.getLogger("kvfabric.connector")
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """The connector's settings (vLLM: ``kv_connector_extra_config``).
+
+    socket: the agent's engine socket; "" takes ``$KVFABRIC_SOCKET``, else
+    the default. recompute_tokens_per_s: how fast the engine prefills; a
+    load is done only when the agent's fetch estimate for the matched blocks
+    beats recomputing their tokens at this rate (0: always load).
+    min_load_tokens: smaller hits are not loaded. lookup_timeout,
+    import_timeout: seconds. load, save: whether to load from and save to
+    the cluster. slots: the block set's slots (0: the agent's default).
+    stats_interval: seconds between the counters' log lines (0: never).
+    """
+
+    socket: str = ""
+    recompute_tokens_per_s: float = 0.0
+    min_load_tokens: int = 1
+    lookup_timeout: float = 2.0
+    import_timeout: float = 10.0
+    load: bool = True
+    save: bool = True
+    slots: int = 0
+    stats_interval: float = 60.0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "ConnectorConfig":
+        """The settings in d, each checked; an unknown key is an error
+        naming it (with the known ones), not ignored."""
+        d = dict(d or {})
+        known = {f: getattr(cls, f) for f in cls.__dataclass_fields__}
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise InvalidArgument(f"kvfabric connector: unknown setting(s) {unknown}; known: {sorted(known)}")
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            want = type(known[k])
+            if want is bool:
+                if not isinstance(v, bool):
+                    raise InvalidArgument(f"kvfabric connector: {k}={v!r} is not true or false")
+            elif want is str:
+                if not isinstance(v, str):
+                    raise InvalidArgument(f"kvfabric connector: {k}={v!r} is not a string")
+            else:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v:
+                    raise InvalidArgument(f"kvfabric connector: {k}={v!r} is not a number >= 0")
+                if want is int:
+                    if v != int(v):
+                        raise InvalidArgument(f"kvfabric connector: {k}={v!r} is not a whole number")
+                    v = int(v)
+                else:
+                    v = float(v)
+            out[k] = v
+        cfg = cls(**out)
+        for k in ("lookup_timeout", "import_timeout"):
+            if getattr(cfg, k) <= 0:
+                raise InvalidArgument(f"kvfabric connector: {k} must be > 0 seconds")
+        return cfg
+
+    @property
+    def socket_path(self) -> str:
+        return self.socket or os.environ.get("KVFABRIC_SOCKET", "/var/lib/kvfabric/engine.sock")
+
+
+class CacheKind(enum.Enum):
+    """The shape of one layer's KV cache in the engine.
+
+    FLASH: ``[2, blocks, block_size, heads, head_dim]`` (vLLM's
+    FlashAttention; K then V). FLASHINFER: ``[blocks, 2, block_size, heads,
+    head_dim]`` (vLLM's FlashInfer and Triton; its HND variant is the same
+    logical shape over a permuted memory order, which indexing absorbs).
+    MLA: ``[blocks, block_size, latent]`` (one latent plane, no heads).
+    """
+
+    FLASH = "flash"
+    FLASHINFER = "flashinfer"
+    MLA = "mla"
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """The engine's KV cache as kvfabric registers it: the model's totals,
+    TP size, block size (kvfabric's page) and the order inside a chunk.
+    Both halves derive it from the engine's configuration, so they register
+    the same block set."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    tp_size: int
+    block_size: int
+    kind: CacheKind = CacheKind.FLASH
+    kv_order: str = "nhd"
+
+    @property
+    def mla(self) -> bool:
+        return self.kind is CacheKind.MLA
+
+    @property
+    def model(self) -> ModelConfig:
+        return ModelConfig(self.layers, 1 if self.mla else self.kv_heads, self.head_dim, self.dtype, self.mla)
+
+    def heads_per_rank(self) -> int:
+        """KV heads one rank's cache holds (replicated when TP exceeds them)."""
+        if self.mla:
+            return 1
+        return max(1, self.kv_heads // self.tp_size)
+
+    def register(self, client: Client, slots: int = 0, engine: str | None = None) -> BlockSet:
+        return client.register(
+            self.model, self.tp_size, self.block_size, self.kv_order, slots=slots, engine=engine
+        )
+
+
+_TORCH_DTYPES = {
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "float32": "f32",
+    "float8_e4m3fn": "fp8_e4m3",
+    "float8_e5m2": "fp8_e5m2",
+    "uint8": "u8",
+}
+
+
+def dtype_name(t: Any) -> str:
+    """kvfabric's name for the element type of a numpy array or torch tensor."""
+    s = str(t.dtype).removeprefix("torch.")
+    if s in _TORCH_DTYPES:
+        return _TORCH_DTYPES[s]
+    if isinstance(t, np.ndarray) and t.dtype in (np.float16, np.float32, np.uint8):
+        return {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32", np.dtype(np.uint8): "u8"}[t.dtype]
+    raise InvalidArgument(f"KV cache dtype {t.dtype} has no kvfabric type (f16, bf16, f32, fp8, u8)")
+
+
+_LAYER = re.compile(r"\d+")
+
+
+def layer_index(name: str) -> int:
+    """The layer number in a layer's name ("model.layers.12.self_attn.attn"
+    is 12): the first run of digits, as vLLM's extract_layer_index reads it."""
+    m = _LAYER.search(name)
+    if m is None:
+        raise InvalidArgument(f"KV cache layer {name!r}: no layer number in its name")
+    return int(m.group())
+
+
+# -- plans and reports ------------------------------------------------------
+
+
+@dataclass
+class LoadPlan:
+    """Copy the pool's blocks hashes[i] into engine block block_ids[i]."""
+
+    req_id: str
+    hashes: list[int]
+    block_ids: list[int]
+
+
+@dataclass
+class SavePlan:
+    """Copy engine block block_ids[i] into pool slot slots[i]; registered
+    under hashes[i] once every worker wrote it."""
+
+    req_id: str
+    hashes: list[int]
+    block_ids: list[int]
+    slots: list[int]
+
+
+@dataclass
+class StepPlan:
+    """What the workers do in one engine step (vLLM's connector metadata)."""
+
+    step: int
+    block_set: int
+    loads: list[LoadPlan] = field(default_factory=list)
+    saves: list[SavePlan] = field(default_factory=list)
+    #: The block set and the agent run it lives in (see incarnation): a
+    #: worker whose own block set is not this one (the agent restarted in
+    #: between) loads nothing and writes no slot of the plan.
+    incarnation: str = ""
+
+
+def incarnation(bs: BlockSet) -> str:
+    """A block set's id with its agent's run: the pool memory's token (or
+    IPC handle), which no other run of the agent shares. Slot numbers mean
+    something only within one."""
+    m = bs.memory[0]
+    return f"{bs.id}:{m.token or bytes(m.cuda_ipc_handle).hex()}"
+
+
+@dataclass
+class WorkerReport:
+    """What the workers did in one step (vLLM's worker metadata), merged
+    over the TP ranks: how many ranks reported, the engine blocks whose load
+    failed on any rank (vLLM recomputes them), and per pool slot how many
+    ranks wrote it (the scheduler registers a slot only when every rank
+    did: a report made before a rank's save, or a rank that failed, leaves
+    it unregistered and freed)."""
+
+    step: int
+    workers: int = 1
+    load_errors: set[int] = field(default_factory=set)
+    saved: dict[int, int] = field(default_factory=dict)
+    #: Requests with a failed load in the step: the step computed their
+    #: new tokens over KV that is not theirs, so none of their blocks of
+    #: the step is saved.
+    failed_requests: set[str] = field(default_factory=set)
+    loaded_blocks: int = 0
+    loaded_bytes: int = 0
+    saved_bytes: int = 0
+
+    def merge(self, other: "WorkerReport") -> "WorkerReport":
+        if other.step != self.step:
+            raise InvalidArgument(f"worker reports of steps {self.step} and {other.step} do not merge")
+        saved = dict(self.saved)
+        for slot, n in other.saved.items():
+            saved[slot] = saved.get(slot, 0) + n
+        return WorkerReport(
+            self.step,
+            self.workers + other.workers,
+            self.load_errors | other.load_errors,
+            saved,
+            self.failed_requests | other.failed_requests,
+            self.loaded_blocks + other.loaded_blocks,
+            self.loaded_bytes + other.loaded_bytes,
+            self.saved_bytes + other.saved_bytes,
+        )
+
+
+class Counters:
+    """Monotonic counters of one connector half, thread-safe."""
+
+    NAMES = (
+        "lookups",
+        "lookup_errors",
+        "hit_tokens",
+        "loads_skipped",
+        "imports",
+        "import_errors",
+        "loaded_tokens",
+        "loaded_blocks",
+        "loaded_bytes",
+        "load_errors",
+        "saved_blocks",
+        "saved_bytes",
+        "save_errors",
+        "saves_skipped",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._v = dict.fromkeys(self.NAMES, 0)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._v[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._v)
+
+
+# -- the scheduler's half ---------------------------------------------------
+
+
+class _State(enum.Enum):
+    LOOKING = 1  # lookup, then import, in the background
+    READY = 2  # imported; refs held, matched known
+    LOADING = 3  # planned into a step; refs held until its report
+    DONE = 4
+
+
+@dataclass
+class _Request:
+    req_id: str
+    hashes: list[int]
+    start: int  # first block the load covers (the engine's computed blocks)
+    tokens: int
+    state: _State = _State.LOOKING
+    future: cf.Future | None = None
+    refs: list = field(default_factory=list)  # BlockRefs held for the load
+    matched: int = 0  # tokens
+    block_ids: list[int] = field(default_factory=list)
+    step: int = -1
+    cancelled: bool = False
+
+
+@dataclass
+class _Saving:
+    """An engine request whose full blocks are saved as they are computed."""
+
+    hashes: list[int]  # of the prompt's full blocks
+    next_block: int  # the first block not yet saved (or skipped)
+
+
+class SchedulerSide:
+    """The scheduler's half of a connector (see the module doc).
+
+    spec: the engine's KV cache. client: a client of the agent (one is
+    opened on config.socket_path when None); the block set is registered at
+    once. Every method returns without waiting on the agent except
+    ``build`` (one Allocate per step that saves) and ``report`` (whose
+    registration runs in the background).
+    """
+
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        spec: KVSpec,
+        client: Client | None = None,
+        *,
+        engine: str = "engine",
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.config = config
+        self.spec = spec
+        self.log = logger or log
+        self.client = client or Client(config.socket_path, engine=engine, import_timeout=config.import_timeout)
+        self._own_client = client is None
+        self._engine = engine
+        self._retry_at = 0.0
+        self.block_set = spec.register(self.client, config.slots, engine=engine)
+        self.node = self.client.status().node
+        self.counters = Counters()
+        self._lock = threading.Lock()
+        self._reqs: dict[str, _Request] = {}
+        self._saving: dict[str, _Saving] = {}
+        self._to_load: list[_Request] = []
+        #: Per step: the client and block set its slots were allocated in, and the saves.
+        self._pending_saves: dict[int, tuple[Client, BlockSet, list[SavePlan]]] = {}
+        self._loading: dict[int, list[_Request]] = {}
+        self._step = 0
+        self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="kvfabric-lookup")
+        self._registrar = cf.ThreadPoolExecutor(1, thread_name_prefix="kvfabric-register")
+        self._last_stats = time.monotonic()
+        self._closed = False
+        #: Called in the background with each lookup's answer, before the
+        #: import it may lead to (failure tests stop agents here).
+        self.before_import: Callable[[Any], None] | None = None
+        self.log.info(
+            "kvfabric: block set %d on node %s (%s, TP %d, block %d tokens, %s)",
+            self.block_set.id, self.node, spec.model, spec.tp_size, spec.block_size, spec.kv_order,
+        )
+
+    # -- loads ----------------------------------------------------------
+
+    def matched(
+        self,
+        req_id: str,
+        tokens: Sequence[int],
+        num_computed: int,
+        *,
+        salt: str | None = None,
+        lora: str | None = None,
+    ) -> int | None:
+        """Tokens beyond num_computed the connector will load for the
+        request (vLLM's get_num_new_matched_tokens), or None while the
+        answer is pending. Side-effect free once answered: called again with
+        the same num_computed it answers the same."""
+        if not self.config.load:
+            return 0
+        page = self.spec.block_size
+        start = num_computed // page
+        with self._lock:
+            r = self._reqs.get(req_id)
+            if r is not None and r.state in (_State.LOOKING, _State.READY) and r.start != start:
+                self._drop(r)  # the engine's own hit changed: ask again
+                r = None
+            if r is None or r.state is _State.DONE:
+                # The last block is never loaded whole: the engine computes
+                # at least one token.
+                usable = max(0, (len(tokens) - 1) // page)
+                if usable <= start:
+                    return 0
+                # Hashed in the background too: a long prompt takes ms.
+                r = _Request(req_id, [], start, len(tokens))
+                self._reqs[req_id] = r
+                r.future = self._pool.submit(self._lookup_and_import, r, list(tokens[: usable * page]), salt, lora)
+                return None
+            if r.state is _State.LOOKING:
+                return None
+            return r.matched
+
+    def _reconnect(self) -> bool:
+        """In the background: when the agent ended this client's session
+        (it restarted), open a new client and register again, at most once
+        a second; what the old session held is gone with it. Returns whether
+        the client's session is alive."""
+        if self.client.session_alive or not self._own_client:
+            return True
+        now = time.monotonic()
+        if now < self._retry_at:
+            return False
+        self._retry_at = now + 1.0
+        try:
+            c = Client(self.config.socket_path, engine=self._engine, import_timeout=self.config.import_timeout)
+        except KvfabricError as e:
+            self.log.warning("kvfabric: the agent's session ended and reconnecting failed: %s", e)
+            return False
+        try:
+            bs = self.spec.register(c, self.config.slots, engine=self._engine)
+            node = c.status().node
+        except KvfabricError as e:
+            c.close()
+            self.log.warning("kvfabric: the agent's session ended and registering again failed: %s", e)
+            return False
+        with self._lock:
+            old, self.client, self.block_set, self.node = self.client, c, bs, node
+            for r in self._reqs.values():
+                r.refs = []  # released with the old session
+            self._pending_saves.clear()
+            self._loading.clear()
+        old.close()
+        self.log.info("kvfabric: reconnected to the agent on %s: block set %d", node, bs.id)
+        return True
+
+    def _lookup_and_import(self, r: _Request, tokens: list[int], salt: str | None, lora: str | None) -> None:
+        refs: list = []
+        matched = 0
+        try:
+            r.hashes = block_hashes(tokens, self.spec.block_size, salt=salt, lora=lora)
+            if not self._reconnect():
+                raise KvfabricError("no session with the agent")
+            refs, matched = self._fetch(r.hashes[r.start :])
+        except Exception as e:  # the agent is away, or refused: nothing loads
+            self.counters.add("lookup_errors")
+            self.log.warning("kvfabric: request %s: lookup or import failed, recomputing: %s", r.req_id, e)
+        with self._lock:
+            if r.cancelled or self._closed:
+                self._release(refs)
+                return
+            r.refs = refs
+            r.matched = matched
+            r.state = _State.READY
+        if matched:
+            self.counters.add("hit_tokens", matched)
+
+    def _fetch(self, want: list[int]) -> tuple[list, int]:
+        """Looks want up and, when loading beats recomputing, imports the
+        longest prefix; returns the references and the tokens they cover."""
+        page = self.spec.block_size
+        self.counters.add("lookups")
+        found = self.client.lookup(want, block_set=self.block_set, timeout=self.config.lookup_timeout)
+        if self.before_import is not None:
+            self.before_import(found)
+        best = found.best()
+        if best is None or best.blocks == 0 or best.blocks * page < self.config.min_load_tokens:
+            return [], 0
+        if best.node != self.node and self.config.recompute_tokens_per_s > 0 and best.estimate in ("measured", "cluster"):
+            recompute_us = best.blocks * page / self.config.recompute_tokens_per_s * 1e6
+            if best.fetch_estimate_us > recompute_us:
+                self.counters.add("loads_skipped")
+                self.log.debug(
+                    "kvfabric: %d blocks on %s: fetch estimate %d us > recompute %d us, not loading",
+                    best.blocks, best.node, best.fetch_estimate_us, recompute_us,
+                )
+                return [], 0
+        self.counters.add("imports")
+        got = self.client.import_blocks(self.block_set, want[: best.blocks], timeout=self.config.import_timeout)
+        if got.error:
+            self.counters.add("import_errors")
+            self.log.info("kvfabric: imported %d of %d blocks: %s", len(got.blocks), best.blocks, got.error)
+        return list(got.blocks), len(got.blocks) * page
+
+    def allocated(self, req_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
+        """The engine gave the request its blocks (vLLM's
+        update_state_after_alloc): block_ids are all of its blocks, the
+        loaded ones following its computed ones. num_external_tokens 0: the
+        engine loads nothing (the references are given back)."""
+        with self._lock:
+            r = self._reqs.get(req_id)
+            if r is None or r.state is not _State.READY:
+                return
+            page = self.spec.block_size
+            n = min(num_external_tokens // page, len(r.refs), max(0, len(block_ids) - r.start))
+            if n <= 0:
+                self._drop(r)
+                return
+            self._release(r.refs[n:])
+            r.refs = r.refs[:n]
+            r.matched = n * page
+            r.block_ids = list(block_ids[r.start : r.start + n])
+            r.state = _State.LOADING
+            self._to_load.append(r)
+        self.counters.add("loaded_tokens", n * page)
+
+    # -- saves ----------------------------------------------------------
+
+    def track(
+        self, req_id: str, tokens: Sequence[int], num_computed: int, *, salt: str | None = None, lora: str | None = None
+    ) -> None:
+        """Start saving a request's prompt blocks computed from now on
+        (blocks the engine already had, or loaded, are not saved again)."""
+        if not self.config.save:
+            return
+        page = self.spec.block_size
+        hashes = block_hashes(list(tokens), page, salt=salt, lora=lora)
+        with self._lock:
+            self._saving[req_id] = _Saving(hashes, -(-num_computed // page))
+
+    def build(self, scheduled: Mapping[str, tuple[Sequence[int], int]]) -> StepPlan:
+        """This step's plan (vLLM's build_connector_meta). scheduled: per
+        request of the step, its engine block ids and how many of its tokens
+        are computed once the step is done."""
+        with self._lock:
+            self._step += 1
+            step = self._step
+            client, bs = self.client, self.block_set  # the session this plan belongs to
+            plan = StepPlan(step, bs.id, incarnation=incarnation(bs))
+            for r in self._to_load:
+                if r.state is _State.LOADING and not r.cancelled:
+                    plan.loads.append(LoadPlan(r.req_id, [h for h in r.hashes[r.start : r.start + len(r.refs)]], r.block_ids))
+                    r.step = step
+                    self._loading.setdefault(step, []).append(r)
+            self._to_load.clear()
+            page = self.spec.block_size
+            wanted: list[tuple[str, list[int], list[int], _Saving, int]] = []
+            for req_id, (block_ids, computed) in scheduled.items():
+                s = self._saving.get(req_id)
+                if s is None:
+                    continue
+                full = min(computed // page, len(s.hashes), len(block_ids))
+                if full > s.next_block:
+                    wanted.append((req_id, s.hashes[s.next_block : full], list(block_ids[s.next_block : full]), s, full))
+        if wanted:
+            need = sum(len(w[1]) for w in wanted)
+            slots: list[int] = []
+            try:
+                slots = client.allocate(bs, need)
+            except ResourceExhausted as e:
+                self.counters.add("saves_skipped", need)
+                self.log.info("kvfabric: pool full, not saving %d blocks this step: %s", need, e)
+            except KvfabricError as e:
+                self.counters.add("saves_skipped", need)
+                self.log.warning("kvfabric: allocating %d slots failed, not saving them: %s", need, e)
+            with self._lock:
+                if client is not self.client:
+                    slots = []  # the session ended meanwhile: its slots went with it
+                i = 0
+                for req_id, hashes, bids, s, full in wanted:
+                    s.next_block = full  # saved now, or skipped for good
+                    if slots:
+                        plan.saves.append(SavePlan(req_id, hashes, bids, slots[i : i + len(hashes)]))
+                        i += len(hashes)
+                if plan.saves:
+                    self._pending_saves[step] = (client, bs, plan.saves)
+        self._maybe_log_stats()
+        return plan
+
+    def report(self, rep: WorkerReport | None, step: int | None = None) -> None:
+        """The workers' merged report of a step (vLLM's
+        update_connector_output). A step whose report is missing, or came
+        from fewer workers than the TP size, registers nothing it saved."""
+        step = rep.step if rep is not None else step
+        if step is None:
+            return
+        failed_reqs = rep.failed_requests if rep is not None else set()
+        with self._lock:
+            # Steps before this one that never reported are given up.
+            done = [s for s in set(self._pending_saves) | set(self._loading) if s <= step]
+            pending = [(s, *self._pending_saves.pop(s)) for s in done if s in self._pending_saves]
+            loads = [r for s in done for r in self._loading.pop(s, [])]
+            for r in loads:
+                if r.state is _State.LOADING:
+                    self._release(r.refs)
+                    r.refs = []
+                    r.state = _State.DONE
+                sv = self._saving.get(r.req_id)
+                if r.req_id in failed_reqs and sv is not None and rep is not None:
+                    # The engine recomputes from the first failed block on:
+                    # save what it computes again.
+                    bad = [i for i, b in enumerate(r.block_ids) if b in rep.load_errors]
+                    sv.next_block = min(sv.next_block, r.start + (bad[0] if bad else 0))
+        if rep is not None:
+            self.counters.add("loaded_blocks", rep.loaded_blocks)
+            self.counters.add("loaded_bytes", rep.loaded_bytes)
+            if rep.load_errors:
+                self.counters.add("load_errors", len(rep.load_errors))
+                self.log.warning("kvfabric: step %d: %d blocks failed to load; the engine recomputes them", step, len(rep.load_errors))
+        tp = self.spec.tp_size
+        written = rep.saved if rep is not None else {}
+        for s, client, bs, saves in pending:
+            # A step given up (no report of its own) registers nothing.
+            ours = rep is not None and s == rep.step
+            unwritten = {slot for p in saves for slot in p.slots if not ours or written.get(slot, 0) < tp}
+            self._registrar.submit(self._register, client, bs, saves, unwritten, rep.saved_bytes if ours and rep else 0)
+
+    def _register(self, client: Client, bs: BlockSet, saves: list[SavePlan], failed: set[int], saved_bytes: int) -> None:
+        if client is not self.client:
+            return  # the session that allocated the slots ended; they went with it
+        ok_slots, ok_hashes, bad = [], [], []
+        for p in saves:
+            for h, s in zip(p.hashes, p.slots):
+                if s in failed:
+                    bad.append(s)
+                else:
+                    ok_slots.append(s)
+                    ok_hashes.append(h)
+        try:
+            if bad:
+                self.counters.add("save_errors", len(bad))
+                client.free(bs, bad)
+            if ok_slots:
+                refs = client.register_blocks(bs, ok_slots, ok_hashes)
+                refused = [r for r in refs.results if not r.referenced]
+                if refused:
+                    self.counters.add("save_errors", len(refused))
+                    client.free(bs, [r.request_slot for r in refused])
+                client.release(bs, refs)  # cached for the cluster
+                self.counters.add("saved_blocks", len(refs))
+                self.counters.add("saved_bytes", saved_bytes)
+        except KvfabricError as e:
+            self.counters.add("save_errors", len(ok_slots))
+            self.log.warning("kvfabric: registering %d saved blocks failed: %s", len(ok_slots), e)
+
+    def finished(self, req_id: str) -> None:
+        """The request is done (vLLM's request_finished) or preempted: its
+        references are given back and a pending lookup is dropped."""
+        with self._lock:
+            self._saving.pop(req_id, None)
+            r = self._reqs.pop(req_id, None)
+            if r is not None and r.state is not _State.LOADING:
+                self._drop(r)
+            # A request in a step's loads keeps its references until the
+            # step's report: its worker copies may be running.
+
+    def _drop(self, r: _Request) -> None:
+        """Under the lock: stop r and give back what it holds."""
+        r.cancelled = True
+        self._release(r.refs)
+        r.refs = []
+        r.state = _State.DONE
+        if self._reqs.get(r.req_id) is r:
+            del self._reqs[r.req_id]
+
+    def _release(self, refs: list) -> None:
+        """Give refs back, in the background (the scheduler does not wait
+        on the agent for it); after close, at once."""
+        if not refs:
+            return
+        client, bs = self.client, self.block_set
+        if not self._closed:
+            try:
+                self._registrar.submit(self._release_now, client, bs, refs)
+                return
+            except RuntimeError:
+                pass  # shut down meanwhile
+        self._release_now(client, bs, refs)
+
+    def _release_now(self, client: Client, bs: BlockSet, refs: list) -> None:
+        if client is not self.client:
+            return  # a session since ended: the agent released them with it
+        try:
+            client.release(bs, refs)
+        except KvfabricError as e:  # the session ended: the agent released them
+            self.log.info("kvfabric: releasing %d blocks: %s", len(refs), e)
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until background lookups and registrations are done (tests,
+        shutdown)."""
+        deadline = time.monotonic() + timeout
+        for ex in (self._pool, self._registrar):
+            f = ex.submit(lambda: None)
+            f.result(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            futs = [r.future for r in self._reqs.values() if r.future is not None]
+        cf.wait(futs, max(0.0, deadline - time.monotonic()))
+
+    def stats(self) -> dict[str, int]:
+        return self.counters.snapshot()
+
+    def _maybe_log_stats(self) -> None:
+        iv = self.config.stats_interval
+        if iv <= 0 or time.monotonic() - self._last_stats < iv:
+            return
+        self._last_stats = time.monotonic()
+        s = self.stats()
+        self.log.info(
+            "kvfabric: hit %d tokens, loaded %d tokens (%d bytes), %d load errors, saved %d blocks, %d lookups",
+            s["hit_tokens"], s["loaded_tokens"], s["loaded_bytes"], s["load_errors"], s["saved_blocks"], s["lookups"],
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._registrar.shutdown(wait=True)
+        with self._lock:
+            for r in list(self._reqs.values()):
+                self._drop(r)
+        if self._own_client:
+            self.client.close()
+
+
+# -- the worker's half ------------------------------------------------------
+
+
+class _Layer:
+    """One layer's cache seen as [blocks, planes, block_size, heads, dim].
+    A 5-dimensional cache is FlashAttention's or FlashInfer's by where its
+    K/V axis of 2 is; the kind given decides only when both axes are 2."""
+
+    def __init__(self, name: str, t: Any, kind: CacheKind) -> None:
+        self.name = name
+        self.tensor = t
+        self.torch = not isinstance(t, np.ndarray)
+        if kind is not CacheKind.MLA and t.ndim == 5:
+            # Which of the two 5-dimensional shapes, from the K/V axis (the
+            # engine's configuration names the backend only indirectly).
+            if t.shape[0] == 2 and t.shape[1] != 2:
+                kind = CacheKind.FLASH
+            elif t.shape[1] == 2 and t.shape[0] != 2:
+                kind = CacheKind.FLASHINFER
+        self.kind = kind
+        if kind is CacheKind.FLASH:
+            if t.ndim != 5 or t.shape[0] != 2:
+                raise InvalidArgument(f"layer {name}: shape {tuple(t.shape)} is not FlashAttention's [2, blocks, block_size, heads, head_dim]")
+            self.blocks = t.transpose(0, 1) if self.torch else t.transpose(1, 0, 2, 3, 4)
+        elif kind is CacheKind.FLASHINFER:
+            if t.ndim != 5 or t.shape[1] != 2:
+                raise InvalidArgument(f"layer {name}: shape {tuple(t.shape)} is not FlashInfer's [blocks, 2, block_size, heads, head_dim]")
+            self.blocks = t
+        else:
+            if t.ndim != 3:
+                raise InvalidArgument(f"layer {name}: shape {tuple(t.shape)} is not MLA's [blocks, block_size, latent]")
+            self.blocks = t[:, None, :, None, :]
+        self.shape = tuple(self.blocks.shape)
+
+
+class WorkerSide:
+    """One TP rank's half of a connector (see the module doc).
+
+    kv_caches: layer name -> that layer's cache (numpy array or torch
+    tensor, all of one shape and dtype), in spec.kind's shape; layers are
+    ordered by the number in their names.
+    """
+
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        spec: KVSpec,
+        rank: int,
+        client: Client | None = None,
+        *,
+        engine: str = "engine",
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if not 0 <= rank < spec.tp_size:
+            raise InvalidArgument(f"rank {rank} is not in 0..{spec.tp_size - 1}")
+        self.config = config
+        self.spec = spec
+        self.rank = rank
+        self.log = logger or log
+        self.client = client or Client(config.socket_path, engine=f"{engine}-rank{rank}", import_timeout=config.import_timeout)
+        self._own_client = client is None
+        self._retry_at = 0.0
+        self.block_set: BlockSet | None = None
+        self.layers: list[_Layer] = []
+        self._report: WorkerReport | None = None
+        self._reported = 0  # the last step whose report was taken
+        #: This rank's counters: loaded_blocks, loaded_bytes, load_errors,
+        #: saved_blocks, saved_bytes (the slots it wrote).
+        self.counters = Counters()
+
+    def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
+        """Check the engine's caches against the spec and register the block
+        set; a mismatch is an error naming the layer and what differs."""
+        if not kv_caches:
+            raise InvalidArgument("no KV cache layers to register")
+        names = sorted(kv_caches, key=layer_index)
+        spec = self.spec
+        layers = [_Layer(n, kv_caches[n], spec.kind) for n in names]
+        first = layers[0]
+        want_heads = self.spec.heads_per_rank()
+        _, planes, bsz, heads, dim = first.shape
+        problems = []
+        if len(layers) != spec.layers:
+            problems.append(f"{len(layers)} layers, spec has {spec.layers}")
+        if bsz != spec.block_size:
+            problems.append(f"block size {bsz}, spec has {spec.block_size}")
+        if heads != want_heads:
+            problems.append(f"{heads} heads per rank, spec gives {want_heads} ({spec.kv_heads} over TP {spec.tp_size})")
+        if dim != spec.head_dim:
+            problems.append(f"head dim {dim}, spec has {spec.head_dim}")
+        if dtype_name(first.tensor) != DType.parse(spec.dtype, "dtype").name.lower():
+            problems.append(f"dtype {first.tensor.dtype}, spec has {spec.dtype}")
+        for ly in layers[1:]:
+            if ly.shape != first.shape or ly.tensor.dtype != first.tensor.dtype or ly.kind is not first.kind:
+                problems.append(f"layer {ly.name} is {ly.shape} {ly.tensor.dtype}, layer {first.name} {first.shape} {first.tensor.dtype}")
+        if problems:
+            raise InvalidArgument("kvfabric: the engine's KV caches do not match the connector's spec: " + "; ".join(problems))
+        self.layers = layers
+        self.block_set = spec.register(self.client, self.config.slots, engine=self.client.engine)
+        bs = self.block_set
+        given = len(bs.ranks[self.rank].head_ids)
+        if given != heads:
+            raise InvalidArgument(f"kvfabric: rank {self.rank}'s cache holds {heads} heads, the block set gives it {given}")
+        self.log.info("kvfabric: rank %d: %d layers %s registered in block set %d", self.rank, len(layers), first.shape[1:], bs.id)
+
+    def _reconnect(self) -> None:
+        """When the agent ended this worker's session (it restarted), open a
+        new client and register the block set again, at most once a second.
+        Until then loads fail (recomputed) and saves are dropped."""
+        if self.client.session_alive or not self._own_client or not self.layers:
+            return
+        now = time.monotonic()
+        if now < self._retry_at:
+            return
+        self._retry_at = now + 1.0
+        self.block_set = None
+        try:
+            c = Client(self.config.socket_path, engine=self.client.engine, import_timeout=self.config.import_timeout)
+        except KvfabricError as e:
+            self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
+            return
+        try:
+            bs = self.spec.register(c, self.config.slots, engine=c.engine)
+        except KvfabricError as e:
+            c.close()
+            self.log.warning("kvfabric: rank %d: registering again failed: %s", self.rank, e)
+            return
+        old, self.client, self.block_set = self.client, c, bs
+        old.close()
+        self.log.info("kvfabric: rank %d: reconnected to the agent: block set %d", self.rank, bs.id)
+
+    # Pool views of this rank, as [slots, layers, planes, block_size, heads, dim].
+    def _pool(self) -> np.ndarray:
+        assert self.block_set is not None
+        v = self.block_set.rank(self.rank)
+        return v.transpose(0, 1, 2, 4, 3, 5) if self.block_set.kv_order == KVOrder.HND else v
+
+    def _report_for(self, plan: StepPlan) -> WorkerReport:
+        if self._report is None or self._report.step != plan.step:
+            self._report = WorkerReport(plan.step)
+        return self._report
+
+    def load(self, plan: StepPlan) -> None:
+        """Copy the plan's loads from the pool into the engine's blocks
+        (vLLM's start_load_kv). Every block is first referenced under this
+        worker's own session, by hash: a block the pool no longer holds, or
+        a block set that is not the scheduler's, fails (named in the
+        report), and nothing is copied for it or after it in its request."""
+        if plan.step <= self._reported:
+            return
+        self._reconnect()
+        rep = self._report_for(plan)
+        for lp in plan.loads:
+            self._load_one(lp, plan.incarnation, rep)
+
+    def _load_one(self, lp: LoadPlan, plan_incarnation: str, rep: WorkerReport) -> None:
+        bs = self.block_set
+        if bs is None or incarnation(bs) != plan_incarnation or not self.layers:
+            rep.failed_requests.add(lp.req_id)
+            rep.load_errors.update(lp.block_ids)
+            self.log.warning("kvfabric: rank %d: block set %s is not the scheduler's %s; %d blocks recomputed",
+                             self.rank, incarnation(bs) if bs else None, plan_incarnation, len(lp.block_ids))
+            return
+        try:
+            refs = self.client.acquire(bs, lp.hashes)
+        except KvfabricError as e:
+            rep.failed_requests.add(lp.req_id)
+            rep.load_errors.update(lp.block_ids)
+            self.log.warning("kvfabric: rank %d: request %s: taking its %d blocks failed, recomputed: %s",
+                             self.rank, lp.req_id, len(lp.hashes), e)
+            return
+        n = len(refs)
+        if n < len(lp.hashes):
+            rep.failed_requests.add(lp.req_id)
+            rep.load_errors.update(lp.block_ids[n:])
+            why = next((r.reason for r in refs.results if not r.referenced), "")
+            self.log.warning("kvfabric: rank %d: request %s: %d of %d blocks gone from the pool (%s), recomputed",
+                             self.rank, lp.req_id, len(lp.hashes) - n, len(lp.hashes), why)
+        try:
+            if n:
+                self._copy_in([r.slot for r in refs], lp.block_ids[:n])
+                rep.loaded_blocks += n
+                rep.loaded_bytes += n * self._block_bytes()
+        except Exception as e:
+            rep.failed_requests.add(lp.req_id)
+            rep.load_errors.update(lp.block_ids[:n])
+            self.log.warning("kvfabric: rank %d: copying %d blocks failed, recomputed: %s", self.rank, n, e)
+        finally:
+            if n:
+                try:
+                    self.client.release(bs, refs)
+                except KvfabricError:
+                    pass  # the session is gone, and its references with it
+
+    def _block_bytes(self) -> int:
+        """Bytes of one block of this rank, all layers."""
+        _, p, b, h, d = self.layers[0].shape
+        assert self.block_set is not None
+        return len(self.layers) * p * b * h * d * self.block_set.dtype.itemsize
+
+    def _copy_in(self, slots: list[int], block_ids: list[int]) -> None:
+        pool = self._pool()
+        for li, ly in enumerate(self.layers):
+            if ly.torch:
+                import torch
+
+                src = pool[np.asarray(slots), li]  # [n, planes, block_size, heads, dim], gathered
+                idx = torch.as_tensor(block_ids, dtype=torch.long, device=ly.blocks.device)
+                raw = src.view(_RAW[src.itemsize])  # torch takes signed raw bits of any width
+                t = torch.from_numpy(raw).view(ly.blocks.dtype).to(ly.blocks.device)
+                ly.blocks.index_copy_(0, idx, t)
+            else:
+                # Block by block: one copy each, no gathered temporary.
+                layer = pool[:, li]
+                dst = ly.blocks
+                for s, b in zip(slots, block_ids):
+                    np.copyto(dst[b], layer[s].view(dst.dtype))
+
+    def save(self, plan: StepPlan) -> None:
+        """Copy the plan's saves from the engine's blocks into the pool slots
+        it names (vLLM's wait_for_save, after the step's forward wrote them).
+        A slot this rank could not write is named in the report, and the
+        scheduler frees it instead of registering it."""
+        if plan.step <= self._reported:
+            # Reported already: the scheduler frees these slots, which this
+            # rank must no longer write.
+            return
+        self._reconnect()
+        rep = self._report_for(plan)
+        bs = self.block_set
+        same = bs is not None and incarnation(bs) == plan.incarnation
+        for sp in plan.saves:
+            if not same or not self.layers or sp.req_id in rep.failed_requests:
+                continue
+            try:
+                self._copy_out(sp.block_ids, sp.slots)
+                rep.saved_bytes += len(sp.slots) * self._block_bytes()
+                for slot in sp.slots:
+                    rep.saved[slot] = rep.saved.get(slot, 0) + 1
+            except Exception as e:
+                self.log.warning("kvfabric: rank %d: saving %d blocks failed: %s", self.rank, len(sp.slots), e)
+
+    def _copy_out(self, block_ids: list[int], slots: list[int]) -> None:
+        pool = self._pool()
+        n = pool.shape[0]
+        for s in slots:
+            if not 0 <= s < n:
+                raise InvalidArgument(f"slot {s} is not in 0..{n - 1}")
+        for li, ly in enumerate(self.layers):
+            if ly.torch:
+                import torch
+
+                idx = torch.as_tensor(block_ids, dtype=torch.long, device=ly.blocks.device)
+                src = ly.blocks.index_select(0, idx).cpu()
+                raw = src.view(_raw_torch(src.element_size())).numpy()
+            else:
+                raw = ly.blocks[np.asarray(block_ids)]
+            pool[np.asarray(slots), li] = raw.view(pool.dtype)
+
+    def take_report(self, step: int) -> WorkerReport:
+        """This rank's report of the step (an empty one when it did nothing)."""
+        rep = self._report if self._report is not None and self._report.step == step else WorkerReport(step)
+        self._report = None
+        self._reported = max(self._reported, step)
+        for name, v in (("loaded_blocks", rep.loaded_blocks), ("loaded_bytes", rep.loaded_bytes),
+                        ("load_errors", len(rep.load_errors)), ("saved_blocks", len(rep.saved)),
+                        ("saved_bytes", rep.saved_bytes)):
+            if v:
+                self.counters.add(name, v)
+        return rep
+
+    def load_errors(self, step: int) -> set[int]:
+        """The engine blocks whose load failed so far in the step."""
+        return set(self._report.load_errors) if self._report is not None and self._report.step == step else set()
+
+    def close(self) -> None:
+        """Close the worker's client (when it opened it); twice is harmless."""
+        self.block_set = None
+        self.layers = []
+        if self._own_client:
+            self.client.close()
+
+
+_RAW = {1: np.int8, 2: np.int16, 4: np.int32}
+
+
+def _raw_torch(element_size: int) -> Any:
+    import torch
+
+    return {1: torch.int8, 2: torch.int16, 4: torch.int32}[element_size]

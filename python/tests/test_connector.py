@@ -1,0 +1,452 @@
+"""The connector's two halves driven in vLLM's call order by the harness,
+against two real agents; every element of every computed token checked."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+import kvfabric
+from conftest import wait_for
+from kvfabric.connector import CacheKind, ConnectorConfig, KVSpec
+from kvfabric.harness import SimEngine
+
+SPEC = KVSpec(layers=2, kv_heads=4, head_dim=16, dtype="f32", tp_size=1, block_size=16)
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(32000) for _ in range(n)]
+
+
+def wait_indexed(engine: SimEngine, tokens: list[int], blocks: int, salt=None) -> None:
+    """Until the engine's agent sees some node holding blocks of tokens."""
+    c = engine.scheduler.client
+    hashes = kvfabric.block_hashes(tokens, engine.spec.block_size, salt=salt)[:blocks]
+    wait_for("blocks indexed", lambda: any(o.blocks >= blocks for o in c.lookup(hashes).overlaps))
+
+
+@pytest.mark.parametrize("kind", [CacheKind.FLASH, CacheKind.FLASHINFER])
+def test_second_engine_loads_first_engines_prefix(node1, node2, kind):
+    spec = KVSpec(**{**SPEC.__dict__, "kind": kind, "kv_order": "hnd" if kind is CacheKind.FLASHINFER else "nhd"})
+    tokens = prompt(5 * 16 + 7, seed=kind.value.__hash__() & 0xFFFF)
+    a = SimEngine(node1.socket, spec, name="engine-a")
+    b = SimEngine(node2.socket, spec, name="engine-b")
+    try:
+        ra = a.add("a1", tokens)
+        a.run()
+        assert ra.loaded == 0 and a.check(ra) == len(ra.tokens)
+        a.scheduler.wait_idle()
+        assert a.scheduler.stats()["saved_blocks"] == 5
+        wait_indexed(b, tokens, 5)
+
+        rb = b.add("b1", tokens[:-3] + [1, 2, 3])  # the same 5 full blocks, another tail
+        b.run()
+        # 5 full blocks are held; the prompt's last block is never loaded whole.
+        assert rb.loaded == 5 * 16, b.scheduler.stats()
+        assert b.check(rb) == len(rb.tokens)
+        s = b.scheduler.stats()
+        assert s["hit_tokens"] == 80 and s["loaded_tokens"] == 80 and s["loaded_blocks"] == 5
+        assert s["loaded_bytes"] == 5 * 2 * 2 * 16 * 4 * 16 * 4 and s["load_errors"] == 0
+    finally:
+        a.close()
+        b.close()
+
+
+# -- failures: the engine is told, and nothing wrong lands in its cache -----
+
+
+@pytest.fixture
+def pair(kvfabric_bin, tmp_path):
+    """Two fresh agents of their own, for tests that kill or restart them."""
+    from conftest import Agent
+
+    net = f"127.{random.randint(10, 209)}.{random.randint(1, 250)}."
+    a = Agent("holder", net + "1", tmp_path, kvfabric_bin)
+    b = Agent("reader", net + "2", tmp_path, kvfabric_bin)
+    try:
+        a.start()
+        b.start(join=a.gossip)
+        with b.client() as c:
+            wait_for("both alive", lambda: sum(m.state == "alive" for m in c.status().members) == 2)
+        yield a, b
+    finally:
+        b.stop()
+        a.stop()
+
+
+def stored(agent, tokens: list[int], spec: KVSpec = SPEC) -> None:
+    """An engine on agent computes tokens and saves their full blocks."""
+    e = SimEngine(agent.socket, spec, name="writer")
+    try:
+        r = e.add("w", tokens)
+        e.run()
+        e.check(r)
+        e.scheduler.wait_idle()
+        assert e.scheduler.stats()["saved_blocks"] == len(tokens) // spec.block_size
+    finally:
+        e.close()
+
+
+def session_refs(engine: SimEngine) -> int:
+    c = engine.scheduler.client
+    return next(s.refs for s in c.status().sessions if s.id == c.session)
+
+
+def test_holder_killed_between_lookup_and_import(pair):
+    holder, reader = pair
+    tokens = prompt(6 * 16 + 1, seed=11)
+    stored(holder, tokens)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+    try:
+        wait_indexed(e, tokens, 6)
+        killed = []
+
+        def kill(found):
+            if not killed:
+                assert found.best().blocks == 6
+                holder.proc.kill()
+                holder.proc.wait(10)
+                killed.append(True)
+
+        e.scheduler.before_import = kill
+        r = e.add("r", tokens)
+        e.run(timeout=60)
+        assert killed and r.loaded == 0
+        assert e.check(r) == len(r.tokens)  # all computed, every element right
+        s = e.scheduler.stats()
+        assert s["loaded_blocks"] == 0 and s["import_errors"] + s["lookup_errors"] >= 1, s
+        e.scheduler.wait_idle()  # registration runs in the background
+        assert session_refs(e) == 0  # what it saved is released to the cache
+    finally:
+        e.close()
+
+
+def test_own_agent_restarted_before_the_workers_copy(pair):
+    holder, reader = pair
+    tokens = prompt(4 * 16 + 3, seed=12)
+    stored(holder, tokens)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+    try:
+        wait_indexed(e, tokens, 4)
+        restarted = []
+
+        def restart(plan):
+            if plan.loads and not restarted:
+                reader.stop()
+                reader.start(join=holder.gossip)
+                restarted.append(plan.loads[0].block_ids)
+
+        e.before_workers = restart
+        r = e.add("r", tokens)
+        e.run(timeout=60)
+        # The scheduler had imported 4 blocks; the workers could not take
+        # them from the restarted agent: vLLM is told all 4 failed, and
+        # recomputes them.
+        assert restarted and r.loaded == 4 * 16
+        assert e.load_errors_seen == set(restarted[0])
+        assert r.recomputed_blocks == 4
+        assert e.check(r) == len(r.tokens)
+    finally:
+        e.close()
+
+
+def test_pool_full_loads_and_saves_nothing(pair):
+    holder, reader = pair
+    tokens = prompt(3 * 16 + 2, seed=13)
+    stored(holder, tokens)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+
+    bs = e.scheduler.block_set
+    held = []
+    try:
+        wait_indexed(e, tokens, 3)
+        # Another engine of the same layout holds every slot.
+        with reader.client() as other:
+            obs = SPEC.register(other)
+            assert obs.id == bs.id
+            held = other.allocate(obs, obs.slots)
+            r = e.add("r", tokens)
+            e.run(timeout=60)
+            assert r.loaded == 0 and e.check(r) == len(r.tokens)
+            s = e.scheduler.stats()
+            assert s["loaded_blocks"] == 0 and s["saved_blocks"] == 0
+            assert s["saves_skipped"] == 3 and s["lookup_errors"] == 1, s
+            other.free(obs, held)
+        assert session_refs(e) == 0
+
+    finally:
+        e.close()
+
+
+def test_block_size_not_a_multiple_of_the_holders_page(pair):
+    holder, reader = pair
+    tokens = prompt(96 + 5, seed=14)
+    stored(holder, tokens)  # pages of 16
+    spec24 = KVSpec(**{**SPEC.__dict__, "block_size": 24})
+    e = SimEngine(reader.socket, spec24, name="reader24")
+    try:
+        # The page-16 blocks are indexed, but no page-24 block is.
+        ref = SimEngine(reader.socket, SPEC, name="reader16")
+        wait_indexed(ref, tokens, 6)
+        ref.close()
+        r = e.add("r", tokens)
+        e.run()
+        assert r.loaded == 0 and e.check(r) == len(r.tokens)
+        s = e.scheduler.stats()
+        assert s["lookups"] == 1 and s["hit_tokens"] == 0 and s["imports"] == 0, s
+    finally:
+        e.close()
+
+
+def test_request_preempted_while_its_import_runs(pair):
+    import threading
+
+    holder, reader = pair
+    tokens = prompt(5 * 16 + 1, seed=15)
+    stored(holder, tokens)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+    try:
+        wait_indexed(e, tokens, 5)
+        looked, go = threading.Event(), threading.Event()
+
+        def hold(found):
+            looked.set()
+            assert go.wait(20)
+
+        e.scheduler.before_import = hold
+        e.add("r", tokens)
+        assert e.scheduler.matched("r", tokens, 0) is None
+        assert looked.wait(20)
+        # While the agent's answer is held, the scheduler is never held:
+        # each question is answered None at once (0.5 s: a wide margin for
+        # a loaded machine; it takes microseconds).
+        for _ in range(20):
+            t0 = time.monotonic()
+            assert e.scheduler.matched("r", tokens, 0) is None
+            assert time.monotonic() - t0 < 0.5
+        e.preempt("r")
+        e.abort("r")  # finished while its import runs
+        go.set()
+        e.scheduler.wait_idle()
+        # The import's references were given back as it ended.
+        wait_for("refs released", lambda: session_refs(e) == 0)
+        e.scheduler.before_import = None
+        # The same prompt again loads it all, every element right.
+        r2 = e.add("r2", tokens)
+        e.run()
+        assert r2.loaded == 5 * 16 and e.check(r2) == len(r2.tokens)
+        assert e.load_errors_seen == set()
+    finally:
+        e.close()
+
+
+def test_example_two_engines(kvfabric_bin):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "connector.py"
+    out = subprocess.run([sys.executable, str(example), "--bin", kvfabric_bin, "--blocks", "4"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "engine A (TP 2): computed 71 tokens, saved 4 blocks" in out.stdout
+    assert "engine B (TP 1): loaded 64 of 67 prompt tokens (131072 bytes, 0 load errors)" in out.stdout
+    assert "engine B: all 69 tokens' KV equal the model's, element by element" in out.stdout
+
+
+def test_config_from_dict_names_what_is_wrong():
+    c = ConnectorConfig.from_dict({"socket": "/s", "recompute_tokens_per_s": 5000, "save": False, "slots": 8})
+    assert (c.socket, c.recompute_tokens_per_s, c.save, c.slots) == ("/s", 5000.0, False, 8)
+    for bad, match in (
+        ({"sokcet": "/s"}, "unknown setting.*sokcet"),
+        ({"save": 1}, "save=1 is not true or false"),
+        ({"slots": 2.5}, "slots=2.5 is not a whole number"),
+        ({"min_load_tokens": -1}, "min_load_tokens=-1 is not a number >= 0"),
+        ({"import_timeout": 0}, "import_timeout must be > 0"),
+        ({"recompute_tokens_per_s": float("nan")}, "recompute_tokens_per_s=nan"),
+        ({"socket": 3}, "socket=3 is not a string"),
+    ):
+        with pytest.raises(kvfabric.InvalidArgument, match=match):
+            ConnectorConfig.from_dict(bad)
+
+
+def test_caches_that_do_not_match_the_spec_are_refused(node1):
+    import numpy as np
+
+    from kvfabric.connector import WorkerSide
+
+    cfg = ConnectorConfig(socket=node1.socket)
+    good = {f"model.layers.{i}.attn": np.zeros((2, 8, 16, 4, 16), np.float32) for i in range(2)}
+    for caches, match in (
+        ({**good, "model.layers.2.attn": good["model.layers.0.attn"]}, "3 layers, spec has 2"),
+        ({k: np.zeros((2, 8, 32, 4, 16), np.float32) for k in good}, "block size 32, spec has 16"),
+        ({k: np.zeros((2, 8, 16, 2, 16), np.float32) for k in good}, "2 heads per rank"),
+        ({k: np.zeros((2, 8, 16, 4, 16), np.float16) for k in good}, "dtype float16, spec has f32"),
+        ({k: np.zeros((8, 16, 4, 16), np.float32) for k in good}, "is not FlashAttention's"),
+        ({"attn": good["model.layers.0.attn"]}, "no layer number"),
+    ):
+        w = WorkerSide(cfg, SPEC, 0, engine="bad-caches")
+        try:
+            with pytest.raises(kvfabric.InvalidArgument, match=match):
+                w.register_kv_caches(caches)
+        finally:
+            w.close()
+            w.close()
+    with pytest.raises(kvfabric.InvalidArgument, match="rank 1 is not in 0..0"):
+        WorkerSide(cfg, SPEC, 1)
+
+
+@pytest.mark.parametrize(
+    "spec_a, spec_b",
+    [
+        # TP 2 saves, TP 1 loads (the agent re-shards): FlashAttention, then FlashInfer over HND.
+        (KVSpec(2, 4, 16, "f32", 2, 16, CacheKind.FLASH), KVSpec(2, 4, 16, "f32", 1, 16, CacheKind.FLASHINFER, "hnd")),
+        # TP 1 saves, TP 4 loads, f16.
+        (KVSpec(2, 4, 16, "f16", 1, 16), KVSpec(2, 4, 16, "f16", 4, 16)),
+        # MLA: one latent plane, every rank holds it.
+        (KVSpec(3, 1, 32, "f32", 1, 16, CacheKind.MLA), KVSpec(3, 1, 32, "f32", 2, 16, CacheKind.MLA)),
+    ],
+    ids=["tp2-flash-to-tp1-flashinfer-hnd", "tp1-to-tp4-f16", "mla-tp1-to-tp2"],
+)
+def test_layouts_across_engines(node1, node2, spec_a, spec_b):
+    tokens = prompt(3 * 16 + 9, seed=100 * spec_b.tp_size + spec_a.layers)
+    a = SimEngine(node1.socket, spec_a, name="layouts-a")
+    b = SimEngine(node2.socket, spec_b, name="layouts-b")
+    try:
+        ra = a.add("a", tokens)
+        a.run()
+        a.check(ra)
+        a.scheduler.wait_idle()
+        wait_indexed(b, tokens, 3)
+        rb = b.add("b", tokens)
+        b.run()
+        assert rb.loaded == 3 * 16 and b.check(rb) == len(rb.tokens)
+        assert b.scheduler.stats()["load_errors"] == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_failed_load_drops_the_steps_saves_of_that_request(node1, node2):
+    """A block gone from the pool between the import and the workers' copy:
+    vLLM is told, the step's saves of that request (computed over the
+    missing KV) are not registered, the blocks are recomputed and saved,
+    and a third engine loading them from this node gets the model's KV."""
+    tokens = prompt(5 * 16 + 5, seed=21)
+    a = SimEngine(node1.socket, SPEC, name="drop-a")
+    b = SimEngine(node2.socket, SPEC, name="drop-b")
+    try:
+        a.add("a", tokens[: 3 * 16 + 1])  # the holder has the first 3 blocks
+        a.run()
+        a.scheduler.wait_idle()
+        wait_indexed(b, tokens, 3)
+        bogus = []
+
+        def lose_block(plan):
+            for lp in plan.loads:
+                if not bogus:
+                    bogus.append(lp.block_ids[2])
+                    lp.hashes[2] ^= 1  # the pool holds no such block
+
+        b.before_workers = lose_block
+        rb = b.add("b", tokens)
+        b.run()
+        assert b.load_errors_seen == set(bogus) and rb.recomputed_blocks == 1
+        assert b.check(rb) == len(rb.tokens)
+        b.scheduler.wait_idle()
+        s = b.scheduler.stats()
+        # Step 1 planned blocks 3 and 4 (computed over the lost block 2):
+        # dropped. Blocks 2, 3 and 4 were saved once recomputed.
+        assert s["save_errors"] == 2 and s["saved_blocks"] == 3, s
+    finally:
+        a.close()
+    # node1 now loads all 5 blocks, the last 2 only node2 holds.
+    c = SimEngine(node1.socket, SPEC, name="drop-c")
+    try:
+        wait_for("node1 sees node2's blocks", lambda: any(
+            o.node == "node2" and o.blocks == 5
+            for o in c.scheduler.client.lookup(kvfabric.block_hashes(tokens, 16)).overlaps))
+        rc = c.add("c", tokens)
+        c.run()
+        assert rc.loaded == 5 * 16 and c.check(rc) == len(rc.tokens)
+    finally:
+        c.close()
+        b.close()
+
+
+def test_both_halves_reconnect_after_the_agent_restarts(pair):
+    """After its agent restarted, the engine works again: the next request
+    loads from the holder and its blocks are saved, every element right."""
+    holder, reader = pair
+    first, second = prompt(3 * 16 + 2, seed=31), prompt(4 * 16 + 2, seed=32)
+    stored(holder, first)
+    stored(holder, second)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+    try:
+        wait_indexed(e, first, 3)
+        r1 = e.add("r1", first)
+        e.run()
+        assert r1.loaded == 3 * 16 and e.check(r1) == len(r1.tokens)
+        reader.stop()
+        reader.start(join=holder.gossip)
+        wait_for("the old session seen ended", lambda: not e.scheduler.client.session_alive)
+        with reader.client() as c:
+            wait_for("the restarted reader sees the holder's blocks", lambda: any(
+                o.blocks >= 4 for o in c.lookup(kvfabric.block_hashes(second, 16)).overlaps))
+        # The first question after the restart may fail while the session
+        # is renewed; the request is then computed, and the next one loads.
+        r2 = e.add("r2", second)
+        e.run()
+        assert e.check(r2) == len(r2.tokens)
+        r3 = e.add("r3", second[:-1] + [7])
+        e.run()
+        assert r3.loaded == 4 * 16 and e.check(r3) == len(r3.tokens)
+        assert e.load_errors_seen == set()
+    finally:
+        e.close()
+
+
+def test_bad_token_ids_are_computed_not_loaded(node1):
+    e = SimEngine(node1.socket, SPEC, name="bad-tokens")
+    try:
+        toks = [1] * 40 + [1 << 33] + [2] * 10
+        assert e.scheduler.matched("x", toks, 0) is None
+        assert wait_for("answered", lambda: e.scheduler.matched("x", toks, 0) == 0 or None) is True
+        assert e.scheduler.stats()["lookup_errors"] == 1
+    finally:
+        e.close()
+
+
+def test_engine_independent_modules_import_no_engine():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, kvfabric, kvfabric.connector, kvfabric.harness, kvfabric.pagestore; "
+            "print(sorted(m for m in ('vllm', 'sglang', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_worker_tells_the_cache_shape_from_the_tensors(node1, node2):
+    """vLLM's configuration does not name the attention backend: a spec
+    saying FlashAttention with FlashInfer-shaped caches still loads right."""
+    tokens = prompt(3 * 16 + 4, seed=41)
+    a = SimEngine(node1.socket, SPEC, name="shape-a")
+    b = SimEngine(node2.socket, SPEC, kind=CacheKind.FLASHINFER, name="shape-b")
+    try:
+        assert b.caches[0]["model.layers.0.self_attn.attn"].shape[1] == 2
+        a.add("a", tokens)
+        a.run()
+        a.scheduler.wait_idle()
+        wait_indexed(b, tokens, 3)
+        rb = b.add("b", tokens)
+        b.run()
+        assert rb.loaded == 3 * 16 and b.check(rb) == len(rb.tokens)
+    finally:
+        a.close()
+        b.close()
