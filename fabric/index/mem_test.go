@@ -10,7 +10,7 @@ import (
 // memCase is a cluster's holdings: nodes nodes, each storing blocks random
 // hashes, each hash stored by share nodes (consecutive ones).
 type memCase struct {
-	name                  string
+	name                 string
 	nodes, blocks, share int
 }
 
