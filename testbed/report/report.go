@@ -56,6 +56,17 @@ type Record struct {
 	Members map[string][]Point `json:"members,omitempty"`
 	// Events mark moments of a scenario (seconds from its start).
 	Events []Event `json:"events,omitempty"`
+	// Curves are figures of one quantity against another.
+	Curves []Curve `json:"curves,omitempty"`
+}
+
+// Curve is one figure of y against x, one line per series (the
+// control-plane simulation plots each figure against cluster size).
+type Curve struct {
+	Title  string             `json:"title"`
+	X      string             `json:"x"`
+	Y      string             `json:"y"`
+	Series map[string][]Point `json:"series"`
 }
 
 // Point is one (x, y) sample.
@@ -232,6 +243,12 @@ func HTML(r *Record) ([]byte, error) {
 	if len(r.Members) > 0 {
 		p, err := lines("Members seen per node", "seconds", "members alive", r.Members)
 		if err := add("Members seen per node", p, err); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range r.Curves {
+		p, err := lines(c.Title, c.X, c.Y, c.Series)
+		if err := add(c.Title, p, err); err != nil {
 			return nil, err
 		}
 	}
