@@ -69,6 +69,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	load := fs.Duration("load", 20*time.Second, "load window")
 	partition := fs.Duration("partition", 20*time.Second, "how long the halves stay apart")
 	converge := fs.Duration("converge", 90*time.Second, "longest wait for the indexes to agree")
+	churn := fs.Bool("churn", true, "after the load, time a join, a crash and a partition heal")
 	out := fs.String("report", "", "directory for scale.json and scale.html (none if empty)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -87,7 +88,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	var results []Result
 	for _, n := range sizes {
 		r := min(*rate, *maxApplies/float64(n)/float64(n))
-		res, err := one(n, r, *lifetime, *idle, *load, *partition, *converge, stdout)
+		res, err := one(n, r, *lifetime, *idle, *load, *partition, *converge, *churn, stdout)
 		if err != nil {
 			return fmt.Errorf("scale: %d nodes: %w", n, err)
 		}
@@ -101,7 +102,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	return report.WriteFiles(*out, "scale", record(results))
 }
 
-func one(n int, rate float64, lifetime, idle, load, partition, converge time.Duration, log io.Writer) (Result, error) {
+func one(n int, rate float64, lifetime, idle, load, partition, converge time.Duration, churn bool, log io.Writer) (Result, error) {
 	res := Result{Nodes: n, Rate: rate}
 	ctx, cancel := context.WithTimeout(context.Background(), converge)
 	defer cancel()
@@ -151,7 +152,12 @@ func one(n int, rate float64, lifetime, idle, load, partition, converge time.Dur
 		return res, err
 	}
 
-	if _, err := c.Join(ctx, 1); err != nil {
+	if !churn {
+		return res, nil
+	}
+	jctx, jcancel := context.WithTimeout(context.Background(), converge)
+	defer jcancel()
+	if _, err := c.Join(jctx, 1); err != nil {
 		return res, err
 	}
 	if res.JoinS, err = wait("join"); err != nil {
