@@ -266,7 +266,15 @@ func (c *Cluster) divergence() string {
 			return fmt.Sprintf("%s sees %d members of %d", n.Name, got, len(nodes))
 		}
 		if got := n.Index.Metrics().Pairs; got != pairs || n.Index.Digest() != c.truth.Digest() {
-			return fmt.Sprintf("%s indexes %d pairs, truth %d (or digests differ)", n.Name, got, pairs)
+			var diffs []string
+			for _, o := range nodes {
+				tid, _ := c.truth.Lookup(o.Name)
+				id, _ := n.Index.Lookup(o.Name)
+				if w, g := c.truth.NodeBlocks(tid), n.Index.NodeBlocks(id); w != g {
+					diffs = append(diffs, fmt.Sprintf("%s: %d of %d", o.Name, g, w))
+				}
+			}
+			return fmt.Sprintf("%s indexes %d pairs, truth %d; by origin: %v; gaps open %d", n.Name, got, pairs, diffs, n.M.Metrics().Gaps)
 		}
 	}
 	return "converged meanwhile"
