@@ -18,6 +18,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -90,7 +91,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		r := min(*rate, *maxApplies/float64(n)/float64(n))
 		res, err := one(n, r, *lifetime, *idle, *load, *partition, *converge, *churn, stdout)
 		if err != nil {
-			return fmt.Errorf("scale: %d nodes: %w", n, err)
+			err = fmt.Errorf("scale: %d nodes: %w", n, err)
+			if *out != "" && len(results) > 0 { // the sizes that ran still get their report
+				err = errors.Join(err, report.WriteFiles(*out, "scale", record(results)))
+			}
+			return err
 		}
 		results = append(results, res)
 		b, _ := json.Marshal(res)
