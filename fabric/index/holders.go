@@ -32,6 +32,11 @@ const (
 	slotBits   = 12 // MaxNodes = 1 << slotBits
 )
 
+// A pair holds slots of slotBits bits: MaxNodes must not outgrow them
+// (this constant fails to compile if it does), nor the count of a spilled
+// list its uint16.
+const _ = uint(1<<slotBits - MaxNodes)
+
 // ErrFull is returned by [Index.Store] when a shard's spill arena has no
 // entry numbers left (2^27 hashes of three or more holders in one size
 // class of one shard).
