@@ -70,7 +70,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	load := fs.Duration("load", 20*time.Second, "load window")
 	partition := fs.Duration("partition", 20*time.Second, "how long the halves stay apart")
 	converge := fs.Duration("converge", 90*time.Second, "longest wait for the indexes to agree")
+	modelRate := fs.Float64("model-rate", 333, "events per node per second the extrapolation assumes (10^5 a second from 300 nodes)")
+	modelBlocks := fs.Float64("model-blocks", 1e5, "blocks per node the extrapolation assumes")
+	pairBytes := fs.Float64("pair-bytes", 15, "index bytes per (block, holder) pair, from BenchmarkMemory in fabric/index")
 	churn := fs.Bool("churn", true, "after the load, time a join, a crash and a partition heal")
+	from := fs.String("from", "", "render the report from this file of results (the JSON lines a run prints) instead of running")
 	out := fs.String("report", "", "directory for scale.json and scale.html (none if empty)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -83,8 +87,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		sizes = append(sizes, n)
 	}
-	if *rate <= 0 || *maxApplies <= 0 || *lifetime <= 0 {
-		return fmt.Errorf("scale: -rate, -max-applies and -lifetime must be positive")
+	if *rate <= 0 || *maxApplies <= 0 || *lifetime <= 0 || *modelRate <= 0 || *modelBlocks <= 0 || *pairBytes <= 0 {
+		return fmt.Errorf("scale: -rate, -max-applies, -lifetime and the model's flags must be positive")
+	}
+	m := model{rate: *modelRate, blocks: *modelBlocks, pairBytes: *pairBytes}
+	if *from != "" {
+		results, err := readResults(*from)
+		if err != nil {
+			return err
+		}
+		if *out == "" {
+			return fmt.Errorf("scale: -from needs -report")
+		}
+		return report.WriteFiles(*out, "scale", record(results, m))
 	}
 	var results []Result
 	for _, n := range sizes {
@@ -93,7 +108,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			err = fmt.Errorf("scale: %d nodes: %w", n, err)
 			if *out != "" && len(results) > 0 { // the sizes that ran still get their report
-				err = errors.Join(err, report.WriteFiles(*out, "scale", record(results)))
+				err = errors.Join(err, report.WriteFiles(*out, "scale", record(results, m)))
 			}
 			return err
 		}
@@ -104,7 +119,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *out == "" {
 		return nil
 	}
-	return report.WriteFiles(*out, "scale", record(results))
+	return report.WriteFiles(*out, "scale", record(results, m))
 }
 
 func one(n int, rate float64, lifetime, idle, load, partition, converge time.Duration, churn bool, log io.Writer) (Result, error) {
@@ -185,9 +200,72 @@ func one(n int, rate float64, lifetime, idle, load, partition, converge time.Dur
 	return res, nil
 }
 
+// readResults reads the results a run printed: one JSON object a line,
+// other lines skipped.
+func readResults(path string) ([]Result, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("scale: -from: %w", err)
+	}
+	var out []Result
+	for i, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "{") {
+			continue
+		}
+		var r Result
+		if err := json.Unmarshal([]byte(line), &r); err != nil || r.Nodes < 1 {
+			return nil, fmt.Errorf("scale: -from: %s line %d is not a result", path, i+1)
+		}
+		out = append(out, r)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("scale: -from: %s holds no results", path)
+	}
+	return out, nil
+}
+
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
-func record(results []Result) *report.Record {
+// model extrapolates the whole-index design past what runs here (see
+// docs/scale.md): per node, memory N·B·b, inbound event bytes N·r·g with
+// g the mean measured gossip bytes per applied event, and the cluster's
+// event rate N·r against what gossip can carry, 112 KB/s ÷ g.
+type model struct {
+	rate, blocks, pairBytes float64
+}
+
+// gossipCapacity is what memberlist's gossip can send per node per second
+// with membership's timings: a 1,400-byte packet to each of 4 nodes every
+// 50 ms.
+const gossipCapacity = 4 * 1400 / 0.05
+
+func (m model) curves(results []Result) []report.Curve {
+	g := 0.0
+	for _, r := range results {
+		g += r.GossipPerEvent
+	}
+	if len(results) == 0 || g == 0 {
+		return nil
+	}
+	g /= float64(len(results))
+	mem := report.Curve{Title: fmt.Sprintf("Model: whole index per node, %.0f blocks a node, %.0f B a pair", m.blocks, m.pairBytes),
+		X: "nodes", Y: "GB", Series: map[string][]report.Point{}}
+	bw := report.Curve{Title: fmt.Sprintf("Model: events received per node, %.0f events/s a node, %.0f B each (measured)", m.rate, g),
+		X: "nodes", Y: "MB/s", Series: map[string][]report.Point{}}
+	gc := report.Curve{Title: "Model: the cluster's event rate against what gossip carries",
+		X: "nodes", Y: "events/s", Series: map[string][]report.Point{}}
+	for _, n := range []float64{16, 64, 256, 1000, 2500, 5000, 10000} {
+		mem.Series["index"] = append(mem.Series["index"], report.Point{X: n, Y: n * m.blocks * m.pairBytes / 1e9})
+		mem.Series["1% of 1 TiB"] = append(mem.Series["1% of 1 TiB"], report.Point{X: n, Y: 0.01 * (1 << 40) / 1e9})
+		bw.Series["events in"] = append(bw.Series["events in"], report.Point{X: n, Y: n * m.rate * g / 1e6})
+		bw.Series["1% of 100 Gb/s"] = append(bw.Series["1% of 100 Gb/s"], report.Point{X: n, Y: 0.01 * 100e9 / 8 / 1e6})
+		gc.Series["published"] = append(gc.Series["published"], report.Point{X: n, Y: n * m.rate})
+		gc.Series["gossip capacity"] = append(gc.Series["gossip capacity"], report.Point{X: n, Y: gossipCapacity / g})
+	}
+	return []report.Curve{mem, bw, gc}
+}
+
+func record(results []Result, m model) *report.Record {
 	r := &report.Record{
 		Title:   "Control plane at scale (simulation)",
 		Kind:    "simulation",
@@ -239,6 +317,7 @@ func record(results []Result) *report.Record {
 		"suspicions of live nodes":   func(x Result) float64 { return x.Load.SuspicionsPerNodeHour },
 		"live nodes declared failed": func(x Result) float64 { return x.Load.FalseFailuresPerNodeHour },
 	})
+	r.Curves = append(r.Curves, m.curves(results)...)
 	for _, res := range results {
 		b, _ := json.Marshal(res)
 		var m map[string]any
