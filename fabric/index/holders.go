@@ -211,13 +211,15 @@ func (a *arena) remove(v uint32, slot int) (nv uint32, removed bool) {
 			copy(ent[1:], ids)
 			return v, true
 		}
-		a.release(v)
 	}
+	// The smaller set goes to another class (or inline), so the old
+	// entry is released only once the new one holds it.
 	nv, err := a.encode(ids)
 	if err != nil {
-		// No entry free for the smaller set: it was just released, so
-		// this cannot happen; keep the set rather than lose it.
-		return v, false
+		return v, false // no entry free: the slot stays a holder
+	}
+	if v&spillFlag != 0 {
+		a.release(v)
 	}
 	return nv, true
 }

@@ -450,7 +450,10 @@ func (ix *Index) removeLocked(s *shard, h uint64, id NodeID, nameHash uint64, al
 	if s.stamps != nil {
 		delete(s.stamps, k)
 	}
-	nv, _ := s.sp.remove(v, slot)
+	nv, removed := s.sp.remove(v, slot)
+	if !removed {
+		return false // the arena is full (ErrFull): the pair stays, counted
+	}
 	s.put(h, nv)
 	ix.counts[slot].Add(-1)
 	ix.digests[slot].Add(-mix(h, nameHash))
