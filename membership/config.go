@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 // ErrInvalidConfig is matched by every configuration error of [Start].
@@ -105,6 +107,12 @@ type Config struct {
 	// LogRepeatWindow is how long a repeated memberlist warning or error is
 	// suppressed after it was logged. If zero, 10 minutes.
 	LogRepeatWindow time.Duration
+
+	// Transport carries memberlist's packets and streams instead of UDP
+	// and TCP sockets on BindAddr:BindPort (the control-plane simulation
+	// runs many nodes over an in-memory network). If nil, memberlist's
+	// network transport. The Membership shuts it down on Close.
+	Transport memberlist.Transport
 }
 
 // DefaultConfig returns timings for a LAN. Compared with memberlist's

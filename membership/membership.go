@@ -167,6 +167,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	mc.AdvertiseAddr = cfg.AdvertiseAddr
 	mc.AdvertisePort = cfg.AdvertisePort
 	mc.Label = cfg.ClusterName
+	mc.Transport = cfg.Transport
 	mc.GossipInterval = cfg.GossipInterval
 	mc.GossipNodes = cfg.GossipNodes
 	mc.ProbeInterval = cfg.ProbeInterval

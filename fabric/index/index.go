@@ -1,18 +1,21 @@
 // Package index is the global block index: which nodes hold which blocks,
 // keyed by sequence hash, and how long a prefix of a request each node holds.
 //
-// An entry is a sequence hash and the set of its holders, kept as a bitset
-// over small slots that the index hands out for node names; a [NodeID] is a
+// An entry is a sequence hash and the set of its holders, kept over small
+// slots that the index hands out for node names; a [NodeID] is a
 // slot and the generation of its occupant. Because a
 // sequence hash names a whole prefix, a flat hash table answers prefix
 // queries as well as a radix tree would: FindMatches walks the request's
 // hashes in order, intersecting the holder sets, and stops at the first
 // block that no remaining node holds. The table is split into shards, each
 // behind its own lock, so that lookups and event application run
-// concurrently. Each shard is an open-addressing table whose 16-byte slots
-// hold a hash and the holder bits of nodes 0..63 (larger ids spill into a
-// side map), because a lookup is one cache miss that way: FindMatches is
-// bound by memory latency, not by computation.
+// concurrently. Each shard is an open-addressing table whose 12-byte slots
+// hold a hash and a word that is its holder set (a bitset of small slots,
+// or up to two slots of any size; longer sets spill into a per-shard arena
+// of sorted lists), because a lookup is one cache miss that way
+// (FindMatches is bound by memory latency, not by computation) and because
+// in a large cluster most hashes have one or two holders: a pair costs
+// about 16 bytes, not the width of a bitset over every node.
 //
 // Routers rank nodes with [Rank], the overlap-minus-load score of Dynamo's
 // KV router.
@@ -137,11 +140,10 @@ type holderKey struct {
 
 type shard struct {
 	mu sync.RWMutex
-	// t holds each hash's holders among ids 0..63; hi, the other words of
-	// the hashes that have holders past 63 (absent in clusters of up to 64
-	// nodes). A hash is present iff it is in t.
+	// t holds each hash's holders as one word (see holders.go); sp, the
+	// holder lists too long for a word. A hash is present iff it is in t.
 	t  table
-	hi map[uint64][]uint64
+	sp arena
 	// multi counts copies beyond the first of a (hash, node) pair; most pairs
 	// have one copy and no entry here.
 	multi map[holderKey]uint32
@@ -151,91 +153,16 @@ type shard struct {
 	_      [64]byte // keep neighbouring shards' locks on separate cache lines
 }
 
-// holders is a bitset over NodeIDs: lo holds ids 0..63, hi[i] ids 64(i+1)..
-type holders struct {
-	lo uint64
-	hi []uint64
-}
+// get returns the holder word of h; ok is false if no node holds it.
+func (s *shard) get(h uint64) (v uint32, ok bool) { return s.t.get(h) }
 
-func (h *holders) has(id int) bool {
-	w := id / 64
-	if w == 0 {
-		return h.lo&(1<<(id%64)) != 0
-	}
-	return w-1 < len(h.hi) && h.hi[w-1]&(1<<(id%64)) != 0
-}
-
-func (h *holders) set(id int) {
-	w := id / 64
-	if w == 0 {
-		h.lo |= 1 << (id % 64)
-		return
-	}
-	// Copy on write: readers copy holders under the shard lock and read hi
-	// after releasing it.
-	hi := make([]uint64, max(len(h.hi), w))
-	copy(hi, h.hi)
-	hi[w-1] |= 1 << (id % 64)
-	h.hi = hi
-}
-
-func (h *holders) clear(id int) {
-	w := id / 64
-	if w == 0 {
-		h.lo &^= 1 << (id % 64)
-		return
-	}
-	if w-1 < len(h.hi) {
-		hi := slices.Clone(h.hi) // copy on write, see set
-		hi[w-1] &^= 1 << (id % 64)
-		h.hi = hi
-	}
-}
-
-func (h *holders) empty() bool {
-	if h.lo != 0 {
-		return false
-	}
-	for _, w := range h.hi {
-		if w != 0 {
-			return false
-		}
-	}
-	return true
-}
-
-func (h *holders) word(i int) uint64 {
-	if i == 0 {
-		return h.lo
-	}
-	if i-1 < len(h.hi) {
-		return h.hi[i-1]
-	}
-	return 0
-}
-
-// get returns the holders of h; ok is false if no node holds it.
-func (s *shard) get(h uint64) (hs holders, ok bool) {
-	hs.lo, ok = s.t.get(h)
-	if ok && len(s.hi) > 0 {
-		hs.hi = s.hi[h]
-	}
-	return hs, ok
-}
-
-// put stores the holders of h, removing h when there are none.
-func (s *shard) put(h uint64, hs holders) {
-	if hs.empty() {
+// put stores the holder word of h, removing h when it is 0.
+func (s *shard) put(h uint64, v uint32) {
+	if v == 0 {
 		s.t.del(h)
-		delete(s.hi, h)
 		return
 	}
-	s.t.set(h, hs.lo)
-	if len(hs.hi) > 0 {
-		s.hi[h] = hs.hi
-	} else if len(s.hi) > 0 {
-		delete(s.hi, h)
-	}
+	s.t.set(h, v)
 }
 
 // New returns an empty index.
@@ -266,7 +193,6 @@ func New(cfg Config) (*Index, error) {
 	for i := range ix.shards {
 		s := &ix.shards[i]
 		s.t = newTable(seed + uint64(i)*0x9e3779b97f4a7c15)
-		s.hi = make(map[uint64][]uint64)
 		s.multi = make(map[holderKey]uint32)
 		if cfg.Expiry > 0 {
 			s.stamps = make(map[holderKey]int64)
@@ -459,15 +385,19 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
 		}
-		hs, _ := s.get(h)
+		v, _ := s.get(h)
 		k := holderKey{h, id}
-		if hs.has(slot) {
-			s.multi[k]++
-		} else {
-			hs.set(slot)
-			s.put(h, hs)
+		nv, added, err := s.sp.add(v, slot)
+		switch {
+		case err != nil:
+			s.mu.Unlock()
+			return fmt.Errorf("store %#x: %w", h, err)
+		case added:
+			s.put(h, nv)
 			ix.counts[slot].Add(1)
 			ix.digests[slot].Add(mix(h, nh))
+		default:
+			s.multi[k]++
 		}
 		if s.stamps != nil {
 			s.stamps[k] = stamp
@@ -503,8 +433,8 @@ func (ix *Index) Remove(id NodeID, hashes ...uint64) error {
 // whether the node stopped being a holder. The shard's lock is held.
 func (ix *Index) removeLocked(s *shard, h uint64, id NodeID, nameHash uint64, all bool) bool {
 	slot := id.slot()
-	hs, ok := s.get(h)
-	if !ok || !hs.has(slot) {
+	v, ok := s.get(h)
+	if !ok || !s.sp.has(v, slot) {
 		return false
 	}
 	k := holderKey{h, id}
@@ -520,8 +450,11 @@ func (ix *Index) removeLocked(s *shard, h uint64, id NodeID, nameHash uint64, al
 	if s.stamps != nil {
 		delete(s.stamps, k)
 	}
-	hs.clear(slot)
-	s.put(h, hs)
+	nv, removed := s.sp.remove(v, slot)
+	if !removed {
+		return false // the arena is full (ErrFull): the pair stays, counted
+	}
+	s.put(h, nv)
 	ix.counts[slot].Add(-1)
 	ix.digests[slot].Add(-mix(h, nameHash))
 	return true
@@ -589,15 +522,16 @@ func (ix *Index) Sweep() int {
 		s.mu.Lock()
 		// Collect first: removing shifts slots under the iteration.
 		hits = hits[:0]
-		s.t.each(func(h, lo uint64) {
-			hs := holders{lo: lo, hi: s.hi[h]}
-			for w := 0; w <= len(hs.hi); w++ {
-				for x := hs.word(w) & mask[w]; x != 0; x &= x - 1 {
-					hits = append(hits, hit{h, w*64 + bits.TrailingZeros64(x)})
+		s.t.each(func(h uint64, v uint32) {
+			s.sp.eachHolder(v, func(slot int) {
+				if mask[slot/64]&(1<<(slot%64)) != 0 {
+					hits = append(hits, hit{h, slot})
 				}
-			}
+			})
 		})
-		for _, e := range hits {
+		// Last first: removing an entry shifts the rest of its probe run
+		// back, and the rest is shorter from the end.
+		for _, e := range slices.Backward(hits) {
 			ix.removeLocked(s, e.h, bySlot[e.slot], names[e.slot], true)
 		}
 		s.mu.Unlock()
@@ -652,18 +586,16 @@ func (ix *Index) Holders(hash uint64) []NodeID {
 	s := ix.shardOf(hash)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	hs, ok := s.get(hash)
+	v, ok := s.get(hash)
 	if !ok {
 		return nil
 	}
 	var out []NodeID
-	for w := 0; w <= len(hs.hi); w++ {
-		for x := hs.word(w); x != 0; x &= x - 1 {
-			if id := ix.idAt(w*64 + bits.TrailingZeros64(x)); id != 0 {
-				out = append(out, id)
-			}
+	s.sp.eachHolder(v, func(slot int) {
+		if id := ix.idAt(slot); id != 0 {
+			out = append(out, id)
 		}
-	}
+	})
 	return out
 }
 
@@ -704,7 +636,8 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 	// holding shards in opposite orders, each waiting behind a writer on the
 	// other's shard, would deadlock.
 	var locked [maxShards / 64]uint64
-	var group [lookupGroup]holders
+	var group [lookupGroup]uint32
+	var nextBuf [MaxNodes / 64]uint64
 	for base := 0; base < len(hashes); base += lookupGroup {
 		chunk := hashes[base:min(base+lookupGroup, len(hashes))]
 		for _, h := range chunk {
@@ -715,19 +648,23 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 		for j, h := range chunk {
 			group[j], _ = ix.shards[h&ix.mask].get(h)
 		}
-		for j := range chunk {
-			hs := &group[j]
+		// The words are read under the same locks, so that spilled lists
+		// stay as they were looked up.
+		for j, h := range chunk {
+			v := group[j]
+			sp := &ix.shards[h&ix.mask].sp
 			i := base + j
 			if i == 0 {
-				if hs.lo == 0 && len(hs.hi) == 0 {
+				if v == 0 {
 					ix.unlockAll(&locked)
 					return dst
 				}
 				// Dropped nodes' entries wait for a sweep: not holders.
-				active = buf[:1+len(hs.hi)]
+				active = buf[:1+sp.maxHolder(v)/64]
+				sp.eachHolder(v, func(slot int) { active[slot/64] |= 1 << (slot % 64) })
 				any := uint64(0)
 				for w := range active {
-					active[w] = hs.word(w) & ix.liveMask[w].Load()
+					active[w] &= ix.liveMask[w].Load()
 					any |= active[w]
 				}
 				if any == 0 {
@@ -736,16 +673,17 @@ func (ix *Index) AppendMatches(dst []Match, hashes []uint64) []Match {
 				}
 				continue
 			}
+			next := nextBuf[:len(active)]
+			sp.intersect(v, active, next)
 			any := uint64(0)
 			for w := range active {
-				next := active[w] & hs.word(w)
-				for lost := active[w] &^ next; lost != 0; lost &= lost - 1 {
+				for lost := active[w] &^ next[w]; lost != 0; lost &= lost - 1 {
 					if id := ix.idAt(w*64 + bits.TrailingZeros64(lost)); id != 0 {
 						dst = append(dst, Match{Node: id, Blocks: i})
 					}
 				}
-				active[w] = next
-				any |= next
+				active[w] = next[w]
+				any |= next[w]
 			}
 			if any == 0 {
 				ix.unlockAll(&locked)
@@ -809,7 +747,15 @@ type Metrics struct {
 	Nodes int
 	// Pending is the dropped nodes whose entries wait for a sweep.
 	Pending int
+	// Bytes is the memory the entries take: the tables' slots, the
+	// spilled holder lists, and an estimate for the copy counts and
+	// timestamps kept beside them.
+	Bytes int64
 }
+
+// mapEntryBytes estimates a Go map entry of a holderKey and a small value,
+// its share of the groups and control words included.
+const mapEntryBytes = 40
 
 // Metrics returns the index's current size.
 func (ix *Index) Metrics() Metrics {
@@ -818,6 +764,8 @@ func (ix *Index) Metrics() Metrics {
 		s := &ix.shards[i]
 		s.mu.RLock()
 		st.Hashes += s.t.len()
+		st.Bytes += int64(s.t.bytes() + s.sp.bytes())
+		st.Bytes += int64(len(s.multi)+len(s.stamps)) * mapEntryBytes
 		s.mu.RUnlock()
 	}
 	ix.mu.RLock()

@@ -30,6 +30,9 @@ var rules = map[string]struct{ ours, theirs []string }{
 	// and its wire types, whose layouts are layout's) and checks blocks
 	// with internal/kvtest; never the agent itself.
 	"testbed": {[]string{"testbed", "fabric/client", "fabric/fabricpb", "layout", "internal/kvtest", "internal/netbench"}, []string{"*"}},
+	// The control-plane simulation runs many nodes' membership and index
+	// in one process, without agents.
+	"testbed/sim": {[]string{"testbed", "membership", "fabric/index"}, []string{"*"}},
 }
 
 type pkg struct {
@@ -55,6 +58,9 @@ func TestForbiddenImports(t *testing.T) {
 		top, _, _ := strings.Cut(rel, "/")
 		if rel == "pool/cuda" || strings.HasPrefix(rel, "pool/cuda/") {
 			top = "pool/cuda"
+		}
+		if rel == "testbed/sim" || strings.HasPrefix(rel, "testbed/sim/") {
+			top = "testbed/sim"
 		}
 		rule, ok := rules[top]
 		if !ok {

@@ -65,6 +65,8 @@ type Record struct {
 	// replay's trace reuse bound), drawn on the hit-rate plot; 0 draws
 	// none.
 	HitRateBound float64 `json:"hit_rate_bound,omitempty"`
+	// Curves are figures of one quantity against another.
+	Curves []Curve `json:"curves,omitempty"`
 }
 
 // Table is figures side by side: Columns name the series, each row one
@@ -107,6 +109,15 @@ func (t *Table) Cell(name, col string) string {
 		return ""
 	}
 	return t.Rows[i].Cells[c]
+}
+
+// Curve is one figure of y against x, one line per series (the
+// control-plane simulation plots each figure against cluster size).
+type Curve struct {
+	Title  string             `json:"title"`
+	X      string             `json:"x"`
+	Y      string             `json:"y"`
+	Series map[string][]Point `json:"series"`
 }
 
 // Point is one (x, y) sample.
@@ -302,6 +313,12 @@ func HTML(r *Record) ([]byte, error) {
 	if len(r.Members) > 0 {
 		p, err := lines("Members seen per node", "seconds", "members alive", r.Members)
 		if err := add("Members seen per node", p, err); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range r.Curves {
+		p, err := lines(c.Title, c.X, c.Y, c.Series)
+		if err := add(c.Title, p, err); err != nil {
 			return nil, err
 		}
 	}

@@ -233,3 +233,24 @@ func TestHitRateBound(t *testing.T) {
 		t.Fatalf("page without a bound draws one (%v)", err)
 	}
 }
+
+// Each curve is a figure of its own, titled, with its series in the legend.
+func TestHTMLCurves(t *testing.T) {
+	r := &Record{Title: "scale", Kind: "simulation", Curves: []Curve{
+		{Title: "Index memory per node", X: "nodes", Y: "bytes", Series: map[string][]Point{"bytes/pair": {{64, 15}, {256, 15.2}}}},
+		{Title: "Propagation delay", X: "nodes", Y: "ms", Series: map[string][]Point{"p50": {{64, 90}, {256, 120}}, "p99": {{64, 200}, {256, 400}}}},
+	}}
+	page, err := HTML(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	figs := figures(t, page)
+	for _, w := range []string{"Index memory per node", "Propagation delay"} {
+		if c := figs[w]; c[0] < 5 || c[1] < 5 {
+			t.Fatalf("figure %q drew %d paths and %d texts (figures %v)", w, c[0], c[1], figs)
+		}
+	}
+	if len(figs) != 2 || !strings.Contains(string(page), "p99") {
+		t.Fatalf("figures %v", figs)
+	}
+}

@@ -1,0 +1,87 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/membership"
+)
+
+func waitConverged(t *testing.T, c *Cluster, what string, d time.Duration) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	took, err := c.WaitConverged(ctx)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if err := c.Check(); err != nil {
+		t.Fatalf("%s: converged by digest, but: %v", what, err)
+	}
+	t.Logf("%s: converged in %v", what, took.Round(time.Millisecond))
+	return took
+}
+
+// TestChurnAndPartitionHeal runs a small cluster under load through a
+// join, a crash, a graceful leave and a partition that lasts past failure
+// detection, and checks after each that every live node's index holds
+// exactly the blocks the live nodes hold, block by block.
+func TestChurnAndPartitionHeal(t *testing.T) {
+	const n = 12
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mc := membership.DefaultLocalConfig()
+	c, err := Start(ctx, Config{Nodes: n, StoreRate: 20, Lifetime: 2 * time.Second, Membership: mc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitConverged(t, c, "start", 10*time.Second)
+
+	c.StartLoad()
+	time.Sleep(time.Second) // the load runs: blocks come and go
+	if _, err := c.Join(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	live := c.Live()
+	if err := c.Kill(live[3]); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Leave(live[5]); err != nil {
+		t.Fatal(err)
+	}
+	c.StopLoad()
+	waitConverged(t, c, "join, crash and leave", 30*time.Second)
+	if got := len(c.Live()); got != n {
+		t.Fatalf("%d live nodes, want %d", got, n)
+	}
+
+	c.StartLoad()
+	live = c.Live()
+	c.Partition(live[:len(live)/2])
+	// Past failure detection: each side declares the other dead and drops
+	// its blocks, while both go on storing and removing.
+	deadline := time.Now().Add(20 * time.Second)
+	for c.Live() != nil {
+		if n := c.Node(live[0]); n != nil && n.M.NumMembers() == len(live)/2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the partition was never detected")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.Heal()
+	c.StopLoad()
+	waitConverged(t, c, "partition heal", 30*time.Second)
+}
+
+func TestConfigRefused(t *testing.T) {
+	for _, cfg := range []Config{{Nodes: 0}, {Nodes: 2, StoreRate: -1}, {Nodes: 2, Lifetime: -time.Second}} {
+		if _, err := Start(context.Background(), cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("Start(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+}
