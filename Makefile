@@ -48,8 +48,9 @@ python-deps: ## install the Python client's Debian packages; no interpreter is a
 	@$(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest' 2>/dev/null || \
 		{ apt-get update -q && $(APT) $(PY_DEBS); }
 
-test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs)
+test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs, libfabric and its headers)
 	@dpkg -s libibverbs-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libibverbs-dev gcc; }
+	@dpkg -s libfabric-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libfabric-dev libfabric1; }
 
 test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 7 minutes
 	$(GO) test -count=1 -timeout 40m ./membership ./pool ./fabric ./testbed/launch ./testbed/netns -kvfabric.long
