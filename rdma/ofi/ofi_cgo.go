@@ -432,12 +432,12 @@ func (l *Library) Providers() ([]ProviderInfo, error) {
 // completion queue. Read may be called concurrently; Register, AddPeer and
 // their Close too.
 type Endpoint struct {
-	lib  *Library
-	info ProviderInfo
-	plan RegPlan
+	lib   *Library
+	info  ProviderInfo
+	plan  RegPlan
 	grace time.Duration
-	ep   *C.struct_kvf_ep
-	name []byte
+	ep    *C.struct_kvf_ep
+	name  []byte
 
 	// serial is held around every call into the provider when it is not
 	// thread safe.

@@ -301,4 +301,3 @@ func TestReaderKilled(t *testing.T) {
 		})
 	}
 }
-
