@@ -35,7 +35,7 @@ build: ## compile bin/kvfabric
 demo: build ## run a 3-node cluster on loopback and move blocks across TP sizes, every byte checked
 	$(GO) run ./testbed/demo --bin $(BIN)
 
-test: test-go test-python test-engines ## every Go and Python test, and the connectors against vLLM and SGLang
+test: test-go test-python ## every Go and Python test (CI); make test-engines adds the real vLLM and SGLang
 
 test-go: test-deps ## vet, then every Go test with the race detector in random order
 	$(GO) vet ./...
@@ -79,8 +79,9 @@ test-engines: build engines-venv ## the vLLM connector and SGLang backend tests 
 	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(ENGINES_VENV)/vllm/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_vllm_real.py
 	cd python && KVFABRIC_BIN=$(CURDIR)/$(BIN) $(ENGINES_VENV)/sglang/bin/python -m pytest -q -p no:cacheprovider tests_engines/test_sglang_real.py
 
-test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs)
+test-deps: ## install what the tests build against (gcc, rdma-core's verbs.h for softverbs, libfabric and its headers)
 	@dpkg -s libibverbs-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libibverbs-dev gcc; }
+	@dpkg -s libfabric-dev >/dev/null 2>&1 || { apt-get update -q && $(APT) libfabric-dev libfabric1; }
 
 test-long: ## the long suites (-kvfabric.long) of the packages that have them; about 7 minutes
 	$(GO) test -count=1 -timeout 40m ./membership ./pool ./fabric ./testbed/launch ./testbed/netns -kvfabric.long

@@ -1,0 +1,83 @@
+//go:build cgo && linux
+
+package ofi
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// BenchmarkRead reads a 64 MiB region in 1 MiB pieces between two endpoints
+// of one process, against testdata/bare_read.c: the same reads posted by a
+// bare C loop on libfabric's own headers, same provider, same bytes, run in
+// the same benchmark. It reports both rates, their ratio (x-bare) and CPU
+// per GB for both.
+func BenchmarkRead(b *testing.B) {
+	const bytes, piece, window = 64 << 20, 1 << 20, 64
+	bare := filepath.Join(b.TempDir(), "bare_read")
+	if out, err := exec.Command("gcc", "-O2", "-o", bare, "testdata/bare_read.c", "-lfabric").CombinedOutput(); err != nil {
+		b.Fatalf("build the C baseline (libfabric-dev, make test-deps): %v\n%s", err, out)
+	}
+	for _, prov := range providers {
+		b.Run(prov, func(b *testing.B) {
+			node := nodeFor(prov)
+			if node == "" {
+				node = "-"
+			}
+			out, err := exec.Command(bare, prov, node, fmt.Sprint(bytes), fmt.Sprint(piece), fmt.Sprint(window), "16").Output()
+			if err != nil {
+				b.Fatalf("bare_read %s: %v", prov, err)
+			}
+			var moved, wallNS, cpuNS float64
+			if _, err := fmt.Sscan(strings.TrimSpace(string(out)), &moved, &wallNS, &cpuNS); err != nil {
+				b.Fatalf("bare_read printed %q: %v", out, err)
+			}
+			bareGBs := moved / wallNS
+			bareCPU := cpuNS / 1e6 / (moved / 1e9)
+
+			l := loadLibrary(b, prov)
+			holder, reader := openEndpoint(b, l), openEndpoint(b, l)
+			src := mapped(b, bytes)
+			fill(src, 1)
+			srcReg := register(b, holder, src)
+			dstReg := register(b, reader, mapped(b, bytes))
+			peer, err := reader.AddPeer(holder.Name())
+			if err != nil {
+				b.Fatal(err)
+			}
+			var segs []Segment
+			for off := uint64(0); off < bytes; off += piece {
+				segs = append(segs, Segment{LocalOff: off, RemoteOff: off, Len: piece, Remote: srcReg.Remote()})
+			}
+			b.SetBytes(bytes)
+			b.ReportAllocs()
+			cpu0 := cpuTime()
+			start := time.Now()
+			for b.Loop() {
+				if err := reader.Read(context.Background(), peer, dstReg, segs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			wall := time.Since(start)
+			cpu := cpuTime() - cpu0
+			gbs := float64(b.N) * bytes / float64(wall.Nanoseconds())
+			b.ReportMetric(gbs, "GB/s")
+			b.ReportMetric(bareGBs, "bare-GB/s")
+			b.ReportMetric(gbs/bareGBs, "x-bare")
+			b.ReportMetric(float64(cpu.Milliseconds())/(float64(b.N)*bytes/1e9), "cpu-ms/GB")
+			b.ReportMetric(bareCPU, "bare-cpu-ms/GB")
+		})
+	}
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -1,0 +1,67 @@
+// Package ofi is kvfabric's binding to libfabric (OpenFabrics Interfaces):
+// reliable datagram endpoints (FI_EP_RDM) that move bytes by RMA reads from a
+// peer's registered memory into ours. It reaches the fabrics libibverbs does
+// not: AWS EFA (the efa provider) and HPE Slingshot (cxi); on a machine
+// without them, libfabric's own tcp (tcp;ofi_rxm) and shm providers give the
+// same calls over the kernel's sockets and shared memory.
+//
+// libfabric is opened with dlopen at run time (Config.Library, else the
+// KVFABRIC_LIBFABRIC_LIB environment variable, else "libfabric.so.1"), so
+// building needs only Go and gcc, and a machine without the library runs the
+// same binary without it: Open returns an error wrapping ErrUnavailable. A
+// build without cgo has the same API; every entry point returns an error
+// wrapping ErrNotSupported.
+//
+// The structures the binding passes to libfabric are declared in
+// kvf_fabric.h, never taken from libfabric's headers; abi_test.go holds every
+// size, offset and constant against the real ones. Calls other than the few
+// libfabric exports go through the objects' ops tables, as the headers'
+// static inline functions do.
+//
+// # Choosing a provider
+//
+// Providers lists what libfabric offers with FI_RMA on FI_EP_RDM; Choose
+// picks cxi, then efa, then verbs, and tcp or shm only when the caller names
+// them (they are slower than kvfabric's own TCP lane and exist here for
+// tests and for machines that have nothing else).
+//
+// # Memory registration
+//
+// A provider says in its mr_mode how memory must be registered; MRMode.Plan
+// turns that into what the binding does:
+//
+//	bit              the binding
+//	FI_MR_LOCAL      registers local buffers too and passes their descriptors
+//	FI_MR_VIRT_ADDR  peers address a region by virtual address, else by offset
+//	FI_MR_PROV_KEY   takes the provider's key, else asks for one of its own
+//	FI_MR_ENDPOINT   binds each region to the endpoint and enables it
+//	FI_MR_ALLOCATED  registers only allocated memory (all kvfabric memory is)
+//	FI_MR_HMEM       registers device memory with its interface (FI_HMEM_CUDA)
+//	FI_MR_RAW        refused: keys wider than 64 bits are not supported
+//
+// # What peers exchange
+//
+// Over an authenticated channel (kvfabric's QUIC control stream), a holder
+// hands a reader its endpoint name and, under a lease, each region's remote
+// address and key:
+//
+//	field   size      meaning
+//	name    <= 256 B  the holder's endpoint address (fi_getname), inserted into the reader's AV
+//	addr    8 B       where the region starts: its virtual address, or 0 without FI_MR_VIRT_ADDR
+//	length  8 B       the region's length in bytes
+//	key     8 B       the region's key
+//
+// Memory is registered for remote read only, never remote write, and only
+// reads are ever posted.
+//
+// # Completions and progress
+//
+// One goroutine per endpoint reads its completion queue and so also drives
+// the provider's progress, which software providers need on the serving side
+// as well. Read posts its requests (split at the provider's message size,
+// gathered into scatter lists up to its iov limit, at most its transmit queue
+// depth in flight), then waits for their completions. A read whose context
+// ends with requests still in flight waits a bounded grace for them; past it
+// the endpoint is closed (which flushes them), so that no byte lands in the
+// caller's memory after Read has returned.
+package ofi

@@ -1,0 +1,359 @@
+package ofi
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Sentinels; match with errors.Is.
+var (
+	// ErrNotSupported: this build (no cgo, not Linux), this libfabric (too
+	// old, a required symbol missing) or this provider (raw keys) cannot do
+	// what was asked.
+	ErrNotSupported = errors.New("ofi: not supported")
+	// ErrUnavailable: libfabric is missing, or offers no provider with RMA
+	// reads on reliable datagram endpoints, or not the one asked for.
+	ErrUnavailable = errors.New("ofi: unavailable")
+	// ErrInvalidArgument: a caller's or peer's value is out of range.
+	ErrInvalidArgument = errors.New("ofi: invalid argument")
+	// ErrCompletion: a read completed with an error (a wrong key, memory
+	// outside the peer's region, the peer gone).
+	ErrCompletion = errors.New("ofi: completion error")
+	// ErrClosed: the endpoint was closed, by Close or after a read that
+	// could not be flushed in time.
+	ErrClosed = errors.New("ofi: closed")
+)
+
+// EnvLibrary names the environment variable that overrides the library path
+// when Config.Library is empty.
+const EnvLibrary = "KVFABRIC_LIBFABRIC_LIB"
+
+// DefaultLibrary is the soname opened when neither Config.Library nor
+// EnvLibrary names one.
+const DefaultLibrary = "libfabric.so.1"
+
+// APIVersion is the libfabric API version the binding asks for (1.17: the
+// oldest whose structures kvf_fabric.h declares).
+const APIVersion = 1<<16 | 17
+
+// Limits of the binding. Each is enforced where the value arrives.
+const (
+	// MaxNameLen bounds an endpoint name a peer hands over.
+	MaxNameLen = 256
+	// MaxSegments bounds the segments of one Read.
+	MaxSegments = 1 << 20
+	// MaxInFlight bounds the requests one endpoint keeps posted at once,
+	// whatever the provider's transmit queue allows.
+	MaxInFlight = 256
+	// DefaultFlushGrace is how long a read whose context ended waits for
+	// its requests before the endpoint is closed to flush them.
+	DefaultFlushGrace = 5 * time.Second
+)
+
+// Config says which libfabric to open and which provider to use.
+type Config struct {
+	// Library is the path or soname of libfabric. If empty, the value of
+	// KVFABRIC_LIBFABRIC_LIB, and if that is empty too, "libfabric.so.1".
+	Library string
+	// Provider names the provider ("cxi", "efa", "verbs", "tcp", "shm").
+	// If empty, Choose picks among cxi, efa and verbs; tcp and shm are used
+	// only when named.
+	Provider string
+	// Node is the address the endpoint binds to, for providers that take
+	// one (tcp: "127.0.0.1"). If empty, the provider's default.
+	Node string
+	// FlushGrace is how long a read whose context ended waits for its
+	// requests before the endpoint is closed. If zero, DefaultFlushGrace.
+	FlushGrace time.Duration
+	// Logger receives the chosen provider and failures. If nil,
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// populate fills the defaults (the one place that does).
+func (c Config) populate() Config {
+	if c.Library == "" {
+		c.Library = os.Getenv(EnvLibrary)
+	}
+	if c.Library == "" {
+		c.Library = DefaultLibrary
+	}
+	if c.FlushGrace <= 0 {
+		c.FlushGrace = DefaultFlushGrace
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// MRMode is a provider's memory registration mode (fi_domain_attr.mr_mode).
+type MRMode uint32
+
+// The mode bits the binding knows (fabric.h's FI_MR_*).
+const (
+	MRLocal     MRMode = 1 << 2
+	MRRaw       MRMode = 1 << 3
+	MRVirtAddr  MRMode = 1 << 4
+	MRAllocated MRMode = 1 << 5
+	MRProvKey   MRMode = 1 << 6
+	MRMMUNotify MRMode = 1 << 7
+	MRRMAEvent  MRMode = 1 << 8
+	MREndpoint  MRMode = 1 << 9
+	MRHMEM      MRMode = 1 << 10
+	// The two modes of libfabric 1.0, still returned by old providers.
+	mrBasic    MRMode = 1
+	mrScalable MRMode = 2
+)
+
+// SupportedMRModes are the bits the binding can honour; it asks for them in
+// its hints, and a provider answers with the subset it requires.
+const SupportedMRModes = MRLocal | MRVirtAddr | MRAllocated | MRProvKey | MREndpoint | MRHMEM
+
+var mrModeNames = []struct {
+	bit  MRMode
+	name string
+}{
+	{mrBasic, "basic"}, {mrScalable, "scalable"}, {MRLocal, "local"}, {MRRaw, "raw"}, {MRVirtAddr, "virt_addr"},
+	{MRAllocated, "allocated"}, {MRProvKey, "prov_key"}, {MRMMUNotify, "mmu_notify"}, {MRRMAEvent, "rma_event"},
+	{MREndpoint, "endpoint"}, {MRHMEM, "hmem"},
+}
+
+func (m MRMode) String() string {
+	var names []string
+	rest := m
+	for _, n := range mrModeNames {
+		if m&n.bit != 0 {
+			names = append(names, n.name)
+			rest &^= n.bit
+		}
+	}
+	if rest != 0 {
+		names = append(names, fmt.Sprintf("%#x", uint32(rest)))
+	}
+	if len(names) == 0 {
+		return "unspec"
+	}
+	return strings.Join(names, "|")
+}
+
+// RegPlan is how memory is registered and addressed under one MRMode.
+type RegPlan struct {
+	// LocalDesc: reads pass the local buffer's registration descriptor, so
+	// read destinations must be registered too.
+	LocalDesc bool
+	// VirtAddr: a peer addresses a region by its virtual address; else by
+	// the offset from the region's start.
+	VirtAddr bool
+	// ProvKey: the provider chooses keys; else the binding requests unique
+	// ones.
+	ProvKey bool
+	// BindEndpoint: a region is bound to the endpoint and enabled before
+	// use.
+	BindEndpoint bool
+	// HMEM: device memory is registered with its interface.
+	HMEM bool
+}
+
+// Plan says how to register memory under m, or why the binding cannot.
+func (m MRMode) Plan() (RegPlan, error) {
+	switch {
+	case m&MRRaw != 0:
+		return RegPlan{}, fmt.Errorf("ofi: mr_mode %v: raw keys wider than 64 bits: %w", m, ErrNotSupported)
+	case m&mrBasic != 0:
+		// FI_MR_BASIC is the old name of local|virt_addr|allocated|prov_key.
+		m |= MRLocal | MRVirtAddr | MRAllocated | MRProvKey
+	}
+	return RegPlan{
+		LocalDesc:    m&MRLocal != 0,
+		VirtAddr:     m&MRVirtAddr != 0,
+		ProvKey:      m&MRProvKey != 0,
+		BindEndpoint: m&MREndpoint != 0,
+		HMEM:         m&MRHMEM != 0,
+	}, nil
+}
+
+// ProviderInfo describes one provider libfabric offers for RMA on RDM
+// endpoints.
+type ProviderInfo struct {
+	Provider string // e.g. "tcp;ofi_rxm", "shm", "efa", "cxi"
+	Fabric   string
+	Domain   string
+	MRMode   MRMode
+	// MRKeySize is the size of a key in bytes; above 8 the binding cannot
+	// carry it.
+	MRKeySize int
+	// HMEM: the provider registers device memory (FI_HMEM).
+	HMEM bool
+	// MaxMsgSize is the largest single transfer.
+	MaxMsgSize uint64
+	// IOVLimit and RMAIOVLimit bound a read's local and remote scatter
+	// lists.
+	IOVLimit, RMAIOVLimit int
+	// TxSize is the transmit queue depth.
+	TxSize int
+	// ThreadSafe: the provider serialises calls itself (FI_THREAD_SAFE).
+	ThreadSafe bool
+}
+
+// Base is the provider's name without its utility layers ("tcp" for
+// "tcp;ofi_rxm").
+func (p ProviderInfo) Base() string {
+	base, _, _ := strings.Cut(p.Provider, ";")
+	return base
+}
+
+// autoOrder is the order Choose prefers when no provider is named: fabrics
+// with hardware RMA first. tcp and shm are never chosen unless named.
+var autoOrder = []string{"cxi", "efa", "verbs"}
+
+// Choose picks the provider to use from those offered: the one named by want
+// (its base name or its full name), or else the first of cxi, efa and verbs.
+// A provider whose keys are wider than 8 bytes or whose mr_mode the binding
+// cannot honour is skipped, and named in the error if nothing is left.
+func Choose(offered []ProviderInfo, want string) (ProviderInfo, error) {
+	var skipped []string
+	usable := func(p ProviderInfo) bool {
+		if p.MRKeySize > 8 {
+			skipped = append(skipped, fmt.Sprintf("%s (keys of %d bytes)", p.Provider, p.MRKeySize))
+			return false
+		}
+		if _, err := p.MRMode.Plan(); err != nil {
+			skipped = append(skipped, fmt.Sprintf("%s (mr_mode %v)", p.Provider, p.MRMode))
+			return false
+		}
+		return true
+	}
+	order := autoOrder
+	if want != "" {
+		order = []string{want}
+	}
+	for _, name := range order {
+		for _, p := range offered {
+			if (p.Base() == name || p.Provider == name) && usable(p) {
+				return p, nil
+			}
+		}
+	}
+	names := make([]string, 0, len(offered))
+	for _, p := range offered {
+		if !slices.Contains(names, p.Provider) {
+			names = append(names, p.Provider)
+		}
+	}
+	what := "cxi, efa or verbs"
+	if want != "" {
+		what = want
+	}
+	msg := fmt.Sprintf("ofi: no usable provider %s with RMA on reliable datagram endpoints (offered: %s)",
+		what, strings.Join(names, ", "))
+	if len(skipped) > 0 {
+		msg += "; skipped: " + strings.Join(skipped, ", ")
+	}
+	return ProviderInfo{}, fmt.Errorf("%s: %w", msg, ErrUnavailable)
+}
+
+// Remote is a region of a peer's memory as the peer describes it: where it
+// starts in the peer's address space for RMA (its virtual address, or 0
+// without FI_MR_VIRT_ADDR), how long it is, and its key.
+type Remote struct {
+	Addr, Len, Key uint64
+}
+
+// Segment is one copy of a read: Len bytes at offset RemoteOff of Remote
+// into offset LocalOff of the local region.
+type Segment struct {
+	LocalOff  uint64
+	RemoteOff uint64
+	Len       uint64
+	Remote    Remote
+}
+
+// checkSegments validates a read's segments against the local region's
+// length and each remote region's length, before anything is posted.
+func checkSegments(segs []Segment, localLen uint64) error {
+	if len(segs) > MaxSegments {
+		return fmt.Errorf("ofi: read of %d segments: at most %d: %w", len(segs), MaxSegments, ErrInvalidArgument)
+	}
+	for i, s := range segs {
+		if s.Len == 0 {
+			return fmt.Errorf("ofi: segment %d is empty: %w", i, ErrInvalidArgument)
+		}
+		if s.LocalOff > localLen || s.Len > localLen-s.LocalOff {
+			return fmt.Errorf("ofi: segment %d writes [%d, +%d) past the local region's %d bytes: %w",
+				i, s.LocalOff, s.Len, localLen, ErrInvalidArgument)
+		}
+		if s.RemoteOff > s.Remote.Len || s.Len > s.Remote.Len-s.RemoteOff {
+			return fmt.Errorf("ofi: segment %d reads [%d, +%d) past the peer's region of %d bytes: %w",
+				i, s.RemoteOff, s.Len, s.Remote.Len, ErrInvalidArgument)
+		}
+		if s.Remote.Addr+s.RemoteOff < s.Remote.Addr {
+			return fmt.Errorf("ofi: segment %d: the peer's address %#x + %d wraps: %w",
+				i, s.Remote.Addr, s.RemoteOff, ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// request is one posted read: a remote-contiguous run of at most maxMsg
+// bytes, gathered from up to iovLimit local pieces.
+type request struct {
+	remoteAddr, key uint64
+	local           []piece
+}
+
+type piece struct{ off, len uint64 }
+
+func (r *request) bytes() uint64 {
+	var n uint64
+	for _, p := range r.local {
+		n += p.len
+	}
+	return n
+}
+
+// gather turns validated segments into requests: each is split at maxMsg
+// bytes, and consecutive segments that continue each other in the peer's
+// memory (same key, adjacent addresses) are gathered into one request with a
+// local scatter list of up to iovLimit pieces.
+func gather(segs []Segment, maxMsg uint64, iovLimit int) []request {
+	if maxMsg == 0 {
+		maxMsg = 1 << 30
+	}
+	if iovLimit < 1 {
+		iovLimit = 1
+	}
+	var out []request
+	for _, s := range segs {
+		addr := s.Remote.Addr + s.RemoteOff
+		off, n := s.LocalOff, s.Len
+		for n > 0 {
+			k := n
+			if last := len(out) - 1; last >= 0 {
+				r := &out[last]
+				p := &r.local[len(r.local)-1]
+				adjacent := p.off+p.len == off
+				if r.key == s.Remote.Key && r.remoteAddr+r.bytes() == addr && r.bytes() < maxMsg &&
+					(adjacent || len(r.local) < iovLimit) {
+					k = min(k, maxMsg-r.bytes())
+					if adjacent {
+						p.len += k
+					} else {
+						r.local = append(r.local, piece{off, k})
+					}
+					addr, off, n = addr+k, off+k, n-k
+					continue
+				}
+			}
+			k = min(k, maxMsg)
+			out = append(out, request{remoteAddr: addr, key: s.Remote.Key, local: []piece{{off, k}}})
+			addr, off, n = addr+k, off+k, n-k
+		}
+	}
+	return out
+}

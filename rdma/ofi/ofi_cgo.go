@@ -1,0 +1,1009 @@
+//go:build cgo && linux
+
+package ofi
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvf_fabric.h"
+
+// kvf_lib holds the few functions libfabric exports, looked up by kvf_load.
+struct kvf_lib {
+	void *handle;
+	int (*getinfo)(uint32_t, const char *, const char *, uint64_t, const struct kvf_fi_info *, struct kvf_fi_info **);
+	void (*freeinfo)(struct kvf_fi_info *);
+	struct kvf_fi_info *(*dupinfo)(const struct kvf_fi_info *);
+	int (*fabric)(struct kvf_fi_fabric_attr *, struct kvf_fid_fabric **, void *);
+	const char *(*strerror)(int);
+	uint32_t (*version)(void);
+};
+
+// kvf_load returns 0, or 1 when dlopen failed, or 2 when a symbol is
+// missing; err then holds dlerror's text. The caller holds its OS thread.
+static int kvf_load(struct kvf_lib *l, const char *path, char *err, size_t errlen) {
+	memset(l, 0, sizeof(*l));
+	dlerror();
+	l->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!l->handle) {
+		const char *e = dlerror();
+		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+		return 1;
+	}
+	struct { const char *name; void **slot; } syms[] = {
+		{"fi_getinfo", (void **)&l->getinfo},
+		{"fi_freeinfo", (void **)&l->freeinfo},
+		{"fi_dupinfo", (void **)&l->dupinfo},
+		{"fi_fabric", (void **)&l->fabric},
+		{"fi_strerror", (void **)&l->strerror},
+		{"fi_version", (void **)&l->version},
+	};
+	for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
+		dlerror();
+		void *p = dlsym(l->handle, syms[i].name);
+		const char *e = dlerror();
+		if (e != NULL || p == NULL) {
+			snprintf(err, errlen, "%s: %s", syms[i].name, e ? e : "resolves to NULL");
+			dlclose(l->handle);
+			l->handle = NULL;
+			return 2;
+		}
+		*syms[i].slot = p;
+	}
+	return 0;
+}
+
+static void kvf_unload(struct kvf_lib *l) {
+	if (l->handle) dlclose(l->handle);
+	l->handle = NULL;
+}
+
+static uint32_t kvf_version(struct kvf_lib *l) { return l->version(); }
+static const char *kvf_strerror(struct kvf_lib *l, int e) { return l->strerror(e); }
+static void kvf_freeinfo(struct kvf_lib *l, struct kvf_fi_info *i) { l->freeinfo(i); }
+
+// kvf_getinfo asks for providers with RMA reads on reliable datagram
+// endpoints, honouring the registration modes the binding supports. prov and
+// node may be NULL.
+static int kvf_getinfo(struct kvf_lib *l, const char *prov, const char *node, int hmem, int mr_modes,
+		struct kvf_fi_info **out) {
+	struct kvf_fi_info *hints = l->dupinfo(NULL);
+	if (!hints) return -12;
+	hints->caps = KVF_FI_RMA | KVF_FI_READ | KVF_FI_REMOTE_READ | (hmem ? KVF_FI_HMEM : 0);
+	hints->mode = KVF_FI_CONTEXT | KVF_FI_CONTEXT2;
+	hints->ep_attr->type = KVF_FI_EP_RDM;
+	hints->domain_attr->mr_mode = mr_modes;
+	hints->domain_attr->threading = KVF_FI_THREAD_SAFE;
+	if (prov) hints->fabric_attr->prov_name = strdup(prov);
+	int rc = l->getinfo(KVF_FI_VERSION(1, 17), node, NULL, node ? KVF_FI_SOURCE : 0, hints, out);
+	l->freeinfo(hints);
+	return rc;
+}
+
+static struct kvf_fi_info *kvf_info_next(struct kvf_fi_info *i) { return i->next; }
+static const char *kvf_info_prov(struct kvf_fi_info *i) { return i->fabric_attr->prov_name; }
+static const char *kvf_info_fabric(struct kvf_fi_info *i) { return i->fabric_attr->name; }
+static const char *kvf_info_domain(struct kvf_fi_info *i) { return i->domain_attr->name; }
+
+// kvf_ep is everything one endpoint owns, closed in reverse by kvf_ep_close.
+struct kvf_ep {
+	struct kvf_fid_fabric *fabric;
+	struct kvf_fid_domain *domain;
+	struct kvf_fid_av *av;
+	struct kvf_fid_cq *cq;
+	struct kvf_fid_ep *ep;
+};
+
+static int kvf_close_fid(struct kvf_fid *f) { return f ? f->ops->close(f) : 0; }
+
+static void kvf_ep_close(struct kvf_ep *e) {
+	if (e->ep) kvf_close_fid(&e->ep->fid);
+	if (e->cq) kvf_close_fid(&e->cq->fid);
+	if (e->av) kvf_close_fid(&e->av->fid);
+	if (e->domain) kvf_close_fid(&e->domain->fid);
+	if (e->fabric) kvf_close_fid(&e->fabric->fid);
+	memset(e, 0, sizeof(*e));
+}
+
+// kvf_ep_open opens fabric, domain, AV, CQ and an enabled endpoint for info.
+// *step names the call that failed.
+static int kvf_ep_open(struct kvf_lib *l, struct kvf_fi_info *info, size_t cq_size, struct kvf_ep *e, const char **step) {
+	memset(e, 0, sizeof(*e));
+	int rc;
+	*step = "fi_fabric";
+	if ((rc = l->fabric(info->fabric_attr, &e->fabric, NULL)) != 0) goto fail;
+	*step = "fi_domain";
+	if ((rc = e->fabric->ops->domain(e->fabric, info, &e->domain, NULL)) != 0) goto fail;
+	struct kvf_fi_av_attr av;
+	memset(&av, 0, sizeof(av));
+	av.type = info->domain_attr->av_type ? info->domain_attr->av_type : KVF_FI_AV_TABLE;
+	*step = "fi_av_open";
+	if ((rc = e->domain->ops->av_open(e->domain, &av, &e->av, NULL)) != 0) goto fail;
+	struct kvf_fi_cq_attr cq;
+	memset(&cq, 0, sizeof(cq));
+	cq.size = cq_size;
+	cq.format = KVF_FI_CQ_FORMAT_CONTEXT;
+	cq.wait_obj = KVF_FI_WAIT_NONE; // polled, never waited on
+	*step = "fi_cq_open";
+	if ((rc = e->domain->ops->cq_open(e->domain, &cq, &e->cq, NULL)) != 0) goto fail;
+	*step = "fi_endpoint";
+	if ((rc = e->domain->ops->endpoint(e->domain, info, &e->ep, NULL)) != 0) goto fail;
+	*step = "fi_ep_bind(av)";
+	if ((rc = e->ep->fid.ops->bind(&e->ep->fid, &e->av->fid, 0)) != 0) goto fail;
+	*step = "fi_ep_bind(cq)";
+	if ((rc = e->ep->fid.ops->bind(&e->ep->fid, &e->cq->fid, KVF_FI_SEND | KVF_FI_RECV)) != 0) goto fail;
+	*step = "fi_enable";
+	if ((rc = e->ep->fid.ops->control(&e->ep->fid, KVF_FI_ENABLE, NULL)) != 0) goto fail;
+	return 0;
+fail:
+	kvf_ep_close(e);
+	return rc;
+}
+
+static int kvf_getname(struct kvf_ep *e, void *buf, size_t *len) {
+	return e->ep->cm->getname(&e->ep->fid, buf, len);
+}
+
+static int kvf_av_insert(struct kvf_ep *e, const void *name, kvf_fi_addr_t *out) {
+	return e->av->ops->insert(e->av, name, 1, out, 0, NULL);
+}
+
+static int kvf_av_remove(struct kvf_ep *e, kvf_fi_addr_t a) {
+	return e->av->ops->remove(e->av, &a, 1, 0);
+}
+
+// kvf_mr_reg registers [addr, addr+len) with access, through fi_mr_regattr
+// so that device memory names its interface; bind is FI_MR_ENDPOINT's bind
+// and enable.
+static int kvf_mr_reg(struct kvf_ep *e, uintptr_t addr, size_t len, uint64_t access, uint64_t key, int iface,
+		int device, int bind, struct kvf_fid_mr **mr, const char **step) {
+	struct iovec iov = {(void *)addr, len};
+	struct kvf_fi_mr_attr a;
+	memset(&a, 0, sizeof(a));
+	a.mr_iov = &iov;
+	a.iov_count = 1;
+	a.access = access;
+	a.requested_key = key;
+	a.iface = iface;
+	a.device.cuda = device;
+	*step = "fi_mr_regattr";
+	int rc = e->domain->mr->regattr(&e->domain->fid, &a, 0, mr);
+	if (rc != 0 || !bind) return rc;
+	*step = "fi_mr_bind";
+	if ((rc = (*mr)->fid.ops->bind(&(*mr)->fid, &e->ep->fid, 0)) != 0) goto fail;
+	*step = "fi_mr_enable";
+	if ((rc = (*mr)->fid.ops->control(&(*mr)->fid, KVF_FI_ENABLE, NULL)) != 0) goto fail;
+	return 0;
+fail:
+	kvf_close_fid(&(*mr)->fid);
+	*mr = NULL;
+	return rc;
+}
+
+static uint64_t kvf_mr_key(struct kvf_fid_mr *mr) { return mr->key; }
+static void *kvf_mr_desc(struct kvf_fid_mr *mr) { return mr->mem_desc; }
+static int kvf_mr_close(struct kvf_fid_mr *mr) { return kvf_close_fid(&mr->fid); }
+
+#define KVF_MAX_IOV 8
+
+// kvf_read posts one read of the peer's [raddr, +sum of lens) with key into
+// n local pieces given as (address, length) pairs, each with desc.
+static ssize_t kvf_read(struct kvf_ep *e, const uint64_t *local, size_t n, void *desc, kvf_fi_addr_t src,
+		uint64_t raddr, uint64_t key, void *ctx) {
+	if (n == 1)
+		return e->ep->rma->read(e->ep, (void *)(uintptr_t)local[0], local[1], desc, src, raddr, key, ctx);
+	if (n > KVF_MAX_IOV) return -22;
+	struct iovec iov[KVF_MAX_IOV];
+	void *descs[KVF_MAX_IOV];
+	size_t total = 0;
+	for (size_t i = 0; i < n; i++) {
+		iov[i].iov_base = (void *)(uintptr_t)local[2 * i];
+		iov[i].iov_len = local[2 * i + 1];
+		descs[i] = desc;
+		total += local[2 * i + 1];
+	}
+	struct kvf_fi_rma_iov r = {raddr, total, key};
+	struct kvf_fi_msg_rma m;
+	memset(&m, 0, sizeof(m));
+	m.msg_iov = iov;
+	m.desc = descs;
+	m.iov_count = n;
+	m.addr = src;
+	m.rma_iov = &r;
+	m.rma_iov_count = 1;
+	m.context = ctx;
+	return e->ep->rma->readmsg(e->ep, &m, KVF_FI_COMPLETION);
+}
+
+// kvf_cq_poll reads up to n completions into ctxs without blocking. A
+// negative return is -FI_EAGAIN (nothing), or -FI_EAVAIL (an error entry:
+// read it with kvf_cq_err), or another error.
+static ssize_t kvf_cq_poll(struct kvf_ep *e, void **ctxs, size_t n) {
+	struct kvf_fi_cq_entry ent[64];
+	if (n > 64) n = 64;
+	ssize_t got = e->cq->ops->read(e->cq, ent, n);
+	for (ssize_t i = 0; i < got; i++) ctxs[i] = ent[i].op_context;
+	return got;
+}
+
+static ssize_t kvf_cq_err(struct kvf_ep *e, void **ctx, int *err, int *prov_errno, char *buf, size_t len) {
+	struct kvf_fi_cq_err_entry ee;
+	memset(&ee, 0, sizeof(ee));
+	ssize_t rc = e->cq->ops->readerr(e->cq, &ee, 0);
+	if (rc < 0) return rc;
+	*ctx = ee.op_context;
+	*err = ee.err;
+	*prov_errno = ee.prov_errno;
+	buf[0] = 0;
+	if (e->cq->ops->strerror) {
+		const char *s = e->cq->ops->strerror(e->cq, ee.prov_errno, ee.err_data, buf, len);
+		if (s && s != buf) snprintf(buf, len, "%s", s);
+	}
+	return rc;
+}
+
+static void *kvf_ctx_at(void *slab, size_t i) { return (char *)slab + i * 64; }
+static size_t kvf_ctx_index(void *slab, void *ctx) { return (size_t)((char *)ctx - (char *)slab) / 64; }
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+)
+
+// contextSize is the room each posted request's context has: a struct
+// fi_context2 (eight pointers), which FI_CONTEXT and FI_CONTEXT2 providers
+// may use until the completion.
+const contextSize = 64
+
+// Library is an opened libfabric. Its methods may be called concurrently.
+type Library struct {
+	cfg Config
+	lib *C.struct_kvf_lib
+
+	mu     sync.Mutex
+	closed bool
+	eps    map[*Endpoint]struct{}
+}
+
+// Load opens libfabric. A missing library returns an error wrapping
+// ErrUnavailable; one lacking a required symbol or older than APIVersion,
+// ErrNotSupported.
+func Load(cfg Config) (*Library, error) {
+	cfg = cfg.populate()
+	l := (*C.struct_kvf_lib)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_kvf_lib{}))))
+	path := C.CString(cfg.Library)
+	defer C.free(unsafe.Pointer(path))
+	var msg [512]C.char
+	runtime.LockOSThread()
+	rc := C.kvf_load(l, path, &msg[0], C.size_t(len(msg)))
+	runtime.UnlockOSThread()
+	switch rc {
+	case 1:
+		C.free(unsafe.Pointer(l))
+		return nil, fmt.Errorf("ofi: cannot load %s (%s): %w", cfg.Library, C.GoString(&msg[0]), ErrUnavailable)
+	case 2:
+		C.free(unsafe.Pointer(l))
+		return nil, fmt.Errorf("ofi: %s lacks a required symbol (%s): %w", cfg.Library, C.GoString(&msg[0]), ErrNotSupported)
+	}
+	if v := uint32(C.kvf_version(l)); v < APIVersion {
+		C.kvf_unload(l)
+		C.free(unsafe.Pointer(l))
+		return nil, fmt.Errorf("ofi: %s is libfabric %d.%d; kvfabric needs %d.%d or later: %w",
+			cfg.Library, v>>16, v&0xffff, APIVersion>>16, APIVersion&0xffff, ErrNotSupported)
+	}
+	return &Library{cfg: cfg, lib: l, eps: map[*Endpoint]struct{}{}}, nil
+}
+
+// Version is the loaded library's version, as "major.minor".
+func (l *Library) Version() string {
+	v := uint32(C.kvf_version(l.lib))
+	return fmt.Sprintf("%d.%d", v>>16, v&0xffff)
+}
+
+// Close closes every endpoint still open, then unloads the library. Safe
+// twice.
+func (l *Library) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	eps := make([]*Endpoint, 0, len(l.eps))
+	for e := range l.eps {
+		eps = append(eps, e)
+	}
+	l.mu.Unlock()
+	var errs []error
+	for _, e := range eps {
+		errs = append(errs, e.Close())
+	}
+	C.kvf_unload(l.lib)
+	C.free(unsafe.Pointer(l.lib))
+	return errors.Join(errs...)
+}
+
+// fiError turns a libfabric return code (a negated errno or FI_E* value)
+// into an error with libfabric's text.
+func (l *Library) fiError(rc C.int) error {
+	if rc < 0 {
+		rc = -rc
+	}
+	return fiErr{code: int(rc), text: C.GoString(C.kvf_strerror(l.lib, rc))}
+}
+
+type fiErr struct {
+	code int
+	text string
+}
+
+func (e fiErr) Error() string { return fmt.Sprintf("%s (%d)", e.text, e.code) }
+
+// Is lets errors.Is match the errno values libfabric shares with the kernel.
+func (e fiErr) Is(target error) bool {
+	errno, ok := target.(syscall.Errno)
+	return ok && int(errno) == e.code
+}
+
+// getinfo runs fn over what libfabric offers for prov (all if empty).
+func (l *Library) getinfo(prov, node string, hmem bool, fn func(*C.struct_kvf_fi_info) bool) error {
+	var cprov, cnode *C.char
+	if prov != "" {
+		cprov = C.CString(prov)
+		defer C.free(unsafe.Pointer(cprov))
+	}
+	if node != "" {
+		cnode = C.CString(node)
+		defer C.free(unsafe.Pointer(cnode))
+	}
+	h := C.int(0)
+	if hmem {
+		h = 1
+	}
+	var list *C.struct_kvf_fi_info
+	if rc := C.kvf_getinfo(l.lib, cprov, cnode, h, C.int(SupportedMRModes), &list); rc != 0 {
+		return fmt.Errorf("ofi: fi_getinfo(provider %q, RMA on RDM): %w", prov, l.fiError(rc))
+	}
+	defer C.kvf_freeinfo(l.lib, list)
+	for i := list; i != nil; i = C.kvf_info_next(i) {
+		if !fn(i) {
+			break
+		}
+	}
+	return nil
+}
+
+func describe(i *C.struct_kvf_fi_info, hmem bool) ProviderInfo {
+	d, ep, tx := i.domain_attr, i.ep_attr, i.tx_attr
+	return ProviderInfo{
+		Provider:    C.GoString(C.kvf_info_prov(i)),
+		Fabric:      C.GoString(C.kvf_info_fabric(i)),
+		Domain:      C.GoString(C.kvf_info_domain(i)),
+		MRMode:      MRMode(d.mr_mode),
+		MRKeySize:   int(d.mr_key_size),
+		HMEM:        hmem && uint64(i.caps)&uint64(C.KVF_FI_HMEM) != 0,
+		MaxMsgSize:  uint64(ep.max_msg_size),
+		IOVLimit:    int(tx.iov_limit),
+		RMAIOVLimit: int(tx.rma_iov_limit),
+		TxSize:      int(tx.size),
+		ThreadSafe:  d.threading == C.KVF_FI_THREAD_SAFE,
+	}
+}
+
+// Providers lists what libfabric offers with RMA reads on reliable datagram
+// endpoints, device memory included where a provider registers it. None is
+// an error wrapping ErrUnavailable.
+func (l *Library) Providers() ([]ProviderInfo, error) {
+	var out []ProviderInfo
+	seen := map[string]bool{}
+	add := func(hmem bool) func(*C.struct_kvf_fi_info) bool {
+		return func(i *C.struct_kvf_fi_info) bool {
+			p := describe(i, hmem)
+			if k := p.Provider + "/" + p.Domain; !seen[k] {
+				seen[k] = true
+				out = append(out, p)
+			}
+			return true
+		}
+	}
+	// Providers that register device memory first, so their entry says so.
+	_ = l.getinfo("", l.cfg.Node, true, add(true))
+	if err := l.getinfo("", l.cfg.Node, false, add(false)); err != nil && len(out) == 0 {
+		return nil, fmt.Errorf("%w: %w", err, ErrUnavailable)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("ofi: %s offers no provider with RMA on reliable datagram endpoints: %w", l.cfg.Library, ErrUnavailable)
+	}
+	return out, nil
+}
+
+// Endpoint is an RDM endpoint with its fabric, domain, address vector and
+// completion queue. Read may be called concurrently; Register, AddPeer and
+// their Close too.
+type Endpoint struct {
+	lib   *Library
+	info  ProviderInfo
+	plan  RegPlan
+	grace time.Duration
+	ep    *C.struct_kvf_ep
+	name  []byte
+
+	// serial is held around every call into the provider when it is not
+	// thread safe.
+	serial sync.Mutex
+	// live is read-held around every call that uses the endpoint's C
+	// objects, and write-held by Close while it frees them.
+	live sync.RWMutex
+
+	slab  unsafe.Pointer // window contexts of contextSize bytes, C memory
+	free  chan int       // context slots not in use
+	owner []atomic.Pointer[reader]
+
+	nextKey atomic.Uint64
+
+	mu      sync.Mutex
+	closed  bool
+	broken  error
+	regions map[*Region]struct{}
+
+	stop chan struct{}
+	done chan struct{}
+
+	// Counters.
+	reads, bytes, failures atomic.Uint64
+}
+
+// reader collects the completions of one Read.
+type reader struct {
+	ch chan error
+}
+
+// Open opens an endpoint on the provider Choose picks from cfg.Provider.
+func (l *Library) Open() (*Endpoint, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("ofi: library %s: %w", l.cfg.Library, ErrClosed)
+	}
+	l.mu.Unlock()
+	offered, err := l.Providers()
+	if err != nil {
+		return nil, err
+	}
+	p, err := Choose(offered, l.cfg.Provider)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := p.MRMode.Plan()
+	if err != nil {
+		return nil, err
+	}
+	e := &Endpoint{lib: l, info: p, plan: plan, grace: l.cfg.FlushGrace, regions: map[*Region]struct{}{},
+		stop: make(chan struct{}), done: make(chan struct{})}
+	var opened bool
+	var openErr error
+	err = l.getinfo(p.Provider, l.cfg.Node, p.HMEM, func(i *C.struct_kvf_fi_info) bool {
+		if C.GoString(C.kvf_info_domain(i)) != p.Domain {
+			return true
+		}
+		window := min(max(p.TxSize, 1), MaxInFlight)
+		e.ep = (*C.struct_kvf_ep)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_kvf_ep{}))))
+		var step *C.char
+		if rc := C.kvf_ep_open(l.lib, i, C.size_t(2*window), e.ep, &step); rc != 0 {
+			openErr = fmt.Errorf("ofi: %s on %s: %s: %w", p.Provider, p.Domain, C.GoString(step), l.fiError(rc))
+			C.free(unsafe.Pointer(e.ep))
+			e.ep = nil
+			return false
+		}
+		e.slab = C.calloc(C.size_t(window), contextSize)
+		e.free = make(chan int, window)
+		for k := range window {
+			e.free <- k
+		}
+		e.owner = make([]atomic.Pointer[reader], window)
+		opened = true
+		return false
+	})
+	if err != nil {
+		return nil, err
+	}
+	if openErr != nil {
+		return nil, openErr
+	}
+	if !opened {
+		return nil, fmt.Errorf("ofi: %s on %s went away between listing and opening: %w", p.Provider, p.Domain, ErrUnavailable)
+	}
+	var buf [MaxNameLen]byte
+	n := C.size_t(len(buf))
+	if rc := C.kvf_getname(e.ep, unsafe.Pointer(&buf[0]), &n); rc != 0 {
+		e.closeC()
+		return nil, fmt.Errorf("ofi: %s: fi_getname: %w", p.Provider, l.fiError(rc))
+	}
+	e.name = append([]byte(nil), buf[:n]...)
+	l.mu.Lock()
+	l.eps[e] = struct{}{}
+	l.mu.Unlock()
+	go e.progress()
+	l.cfg.Logger.Info("ofi endpoint open", "provider", p.Provider, "domain", p.Domain, "mr_mode", p.MRMode.String())
+	return e, nil
+}
+
+// Info describes the endpoint's provider.
+func (e *Endpoint) Info() ProviderInfo { return e.info }
+
+// Name is the endpoint's address, for peers' AddPeer.
+func (e *Endpoint) Name() []byte { return append([]byte(nil), e.name...) }
+
+// Stats are an endpoint's counters.
+type Stats struct {
+	Reads, Bytes, Failures uint64
+}
+
+// Stats returns the endpoint's counters.
+func (e *Endpoint) Stats() Stats {
+	return Stats{Reads: e.reads.Load(), Bytes: e.bytes.Load(), Failures: e.failures.Load()}
+}
+
+// lockCalls is taken around every call into the provider. It fails once the
+// endpoint is closed, so that no call runs on freed objects.
+func (e *Endpoint) lockCalls() (func(), error) {
+	e.live.RLock()
+	e.mu.Lock()
+	closed, broken := e.closed, e.broken
+	e.mu.Unlock()
+	if closed {
+		e.live.RUnlock()
+		if broken != nil {
+			return nil, broken
+		}
+		return nil, fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed)
+	}
+	if e.info.ThreadSafe {
+		return e.live.RUnlock, nil
+	}
+	e.serial.Lock()
+	return func() { e.serial.Unlock(); e.live.RUnlock() }, nil
+}
+
+func (e *Endpoint) usable() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case e.broken != nil:
+		return e.broken
+	case e.closed:
+		return fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed)
+	}
+	return nil
+}
+
+// progress reads the completion queue until Close, handing each completion
+// to the read that posted it. Reading the queue is also what drives a
+// software provider's progress, serving peers' reads included.
+//
+// It polls (fi_cq_read) rather than blocking in fi_cq_sread: some providers'
+// sread ignores its timeout, which would keep Close waiting. While
+// completions come it only yields between polls; after pollSpins empty polls
+// it sleeps, longer the longer nothing comes, up to pollMaxSleep.
+func (e *Endpoint) progress() {
+	defer close(e.done)
+	// Declared once: what is passed to C escapes, and the loop must not
+	// allocate on every poll.
+	var ctxs [64]unsafe.Pointer
+	var errCtx unsafe.Pointer
+	var errno, provErrno C.int
+	var text [256]C.char
+	idle := 0
+	for {
+		select {
+		case <-e.stop:
+			return
+		default:
+		}
+		if !e.info.ThreadSafe {
+			// Close waits for this loop to end before it frees anything,
+			// so the loop takes only the serialising lock.
+			e.serial.Lock()
+		}
+		n := C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
+		if n == -C.KVF_FI_EAVAIL {
+			C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
+		}
+		if !e.info.ThreadSafe {
+			e.serial.Unlock()
+		}
+		switch {
+		case n > 0:
+			idle = 0
+			for i := range int(n) {
+				e.complete(ctxs[i], nil)
+			}
+		case n == -C.KVF_FI_EAVAIL:
+			idle = 0
+			err := fmt.Errorf("ofi: read failed on %s: %w: %w", e.info.Provider, e.lib.fiError(errno), ErrCompletion)
+			if provErrno != 0 {
+				err = fmt.Errorf("%w (provider: %s)", err, C.GoString(&text[0]))
+			}
+			e.complete(errCtx, err)
+		default:
+			idle++
+			if idle <= pollSpins {
+				runtime.Gosched()
+			} else {
+				time.Sleep(min(time.Duration(idle-pollSpins)*pollStep, pollMaxSleep))
+			}
+		}
+	}
+}
+
+// The progress loop's back-off.
+const (
+	pollSpins    = 256
+	pollStep     = 2 * time.Microsecond
+	pollMaxSleep = 100 * time.Microsecond
+)
+
+func (e *Endpoint) complete(ctx unsafe.Pointer, err error) {
+	i := int(C.kvf_ctx_index(e.slab, ctx))
+	if i < 0 || i >= len(e.owner) {
+		return
+	}
+	r := e.owner[i].Swap(nil)
+	e.free <- i
+	if r != nil {
+		r.ch <- err
+	}
+}
+
+// Peer is a peer endpoint inserted into this endpoint's address vector.
+type Peer struct {
+	addr C.kvf_fi_addr_t
+}
+
+// AddPeer inserts a peer's endpoint name (its Name) into the address vector.
+func (e *Endpoint) AddPeer(name []byte) (Peer, error) {
+	if len(name) == 0 || len(name) > MaxNameLen {
+		return Peer{}, fmt.Errorf("ofi: a peer's endpoint name of %d bytes: want 1..%d: %w", len(name), MaxNameLen, ErrInvalidArgument)
+	}
+	buf := C.CBytes(name)
+	defer C.free(buf)
+	var a C.kvf_fi_addr_t
+	unlock, err := e.lockCalls()
+	if err != nil {
+		return Peer{}, err
+	}
+	rc := C.kvf_av_insert(e.ep, buf, &a)
+	unlock()
+	if rc != 1 {
+		if rc >= 0 {
+			return Peer{}, fmt.Errorf("ofi: %s: fi_av_insert took none of the peer's name (%d bytes): %w", e.info.Provider, len(name), ErrInvalidArgument)
+		}
+		return Peer{}, fmt.Errorf("ofi: %s: fi_av_insert: %w", e.info.Provider, e.lib.fiError(rc))
+	}
+	return Peer{addr: a}, nil
+}
+
+// RemovePeer takes a peer out of the address vector.
+func (e *Endpoint) RemovePeer(p Peer) error {
+	unlock, err := e.lockCalls()
+	if err != nil {
+		return err
+	}
+	rc := C.kvf_av_remove(e.ep, p.addr)
+	unlock()
+	if rc != 0 {
+		return fmt.Errorf("ofi: %s: fi_av_remove: %w", e.info.Provider, e.lib.fiError(rc))
+	}
+	return nil
+}
+
+// Region is memory registered with the endpoint's domain: readable by peers
+// holding its Remote, and usable as the destination of Read.
+type Region struct {
+	e     *Endpoint
+	addr  uintptr
+	len   uint64
+	mr    *C.struct_kvf_fid_mr
+	inUse sync.RWMutex // read-held by each Read into the region
+	once  sync.Once
+}
+
+// Register registers host memory at [addr, addr+length), which must stay
+// mapped until the region is closed (memory kvfabric's pools own: mmap'd,
+// never the Go heap). Peers may read it; nothing may write it remotely.
+func (e *Endpoint) Register(addr uintptr, length uint64) (*Region, error) {
+	return e.register(addr, length, C.KVF_FI_HMEM_SYSTEM, 0)
+}
+
+// RegisterCUDA registers device memory of CUDA device dev at ptr, for
+// providers that offer FI_HMEM.
+func (e *Endpoint) RegisterCUDA(ptr uintptr, length uint64, dev int) (*Region, error) {
+	if !e.info.HMEM {
+		return nil, fmt.Errorf("ofi: %s does not register device memory (no FI_HMEM): %w", e.info.Provider, ErrNotSupported)
+	}
+	return e.register(ptr, length, C.KVF_FI_HMEM_CUDA, dev)
+}
+
+func (e *Endpoint) register(addr uintptr, length uint64, iface C.int, dev int) (*Region, error) {
+	if addr == 0 || length == 0 {
+		return nil, fmt.Errorf("ofi: register [%#x, +%d): empty or null: %w", addr, length, ErrInvalidArgument)
+	}
+	if uint64(addr)+length < uint64(addr) {
+		return nil, fmt.Errorf("ofi: register [%#x, +%d) wraps: %w", addr, length, ErrInvalidArgument)
+	}
+	var key uint64
+	if !e.plan.ProvKey {
+		key = e.nextKey.Add(1)
+	}
+	bind := C.int(0)
+	if e.plan.BindEndpoint {
+		bind = 1
+	}
+	access := C.uint64_t(C.KVF_FI_READ | C.KVF_FI_REMOTE_READ)
+	var mr *C.struct_kvf_fid_mr
+	var step *C.char
+	unlock, err := e.lockCalls()
+	if err != nil {
+		return nil, err
+	}
+	rc := C.kvf_mr_reg(e.ep, C.uintptr_t(addr), C.size_t(length), access, C.uint64_t(key), iface, C.int(dev), bind, &mr, &step)
+	unlock()
+	if rc != 0 {
+		return nil, fmt.Errorf("ofi: %s: %s of %d bytes: %w", e.info.Provider, C.GoString(step), length, e.lib.fiError(rc))
+	}
+	r := &Region{e: e, addr: addr, len: length, mr: mr}
+	e.mu.Lock()
+	e.regions[r] = struct{}{}
+	e.mu.Unlock()
+	return r, nil
+}
+
+// Len is the region's length in bytes.
+func (r *Region) Len() uint64 { return r.len }
+
+// Remote describes the region for a peer.
+func (r *Region) Remote() Remote {
+	addr := uint64(0)
+	if r.e.plan.VirtAddr {
+		addr = uint64(r.addr)
+	}
+	return Remote{Addr: addr, Len: r.len, Key: uint64(C.kvf_mr_key(r.mr))}
+}
+
+// Close deregisters the region once every Read into it has returned (as a
+// NIC keeps memory pinned while a read is in flight). Safe twice.
+func (r *Region) Close() error {
+	var err error
+	r.once.Do(func() {
+		r.inUse.Lock()
+		defer r.inUse.Unlock()
+		r.e.mu.Lock()
+		_, live := r.e.regions[r]
+		delete(r.e.regions, r)
+		r.e.mu.Unlock()
+		if !live {
+			return // the endpoint closed it
+		}
+		unlock, lerr := r.e.lockCalls()
+		if lerr != nil {
+			return // the endpoint closed it
+		}
+		rc := C.kvf_mr_close(r.mr)
+		unlock()
+		if rc != 0 {
+			err = fmt.Errorf("ofi: close a region of %d bytes: %w", r.len, r.e.lib.fiError(rc))
+		}
+	})
+	return err
+}
+
+// Read copies every segment from the peer into dst, and returns once all
+// have arrived, or the first error. When ctx ends with requests in flight it
+// waits for them up to the endpoint's flush grace, then closes the endpoint
+// so that nothing lands in dst after Read returns.
+func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segment) error {
+	if dst == nil || dst.e != e {
+		return fmt.Errorf("ofi: read into a region of another endpoint or none: %w", ErrInvalidArgument)
+	}
+	if err := checkSegments(segs, dst.len); err != nil {
+		return err
+	}
+	dst.inUse.RLock()
+	defer dst.inUse.RUnlock()
+	if err := e.usable(); err != nil {
+		return err
+	}
+	reqs := gather(segs, e.info.MaxMsgSize, min(max(e.info.IOVLimit, 1), int(C.KVF_MAX_IOV)))
+	var desc unsafe.Pointer
+	if e.plan.LocalDesc {
+		desc = C.kvf_mr_desc(dst.mr)
+	}
+	r := &reader{ch: make(chan error, len(e.owner))}
+	inFlight := 0
+	var first error
+	local := make([]C.uint64_t, 0, 2*C.KVF_MAX_IOV)
+	wait := func(block bool) bool {
+		if block {
+			select {
+			case err := <-r.ch:
+				inFlight--
+				first = cmpErr(first, err)
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
+		select {
+		case err := <-r.ch:
+			inFlight--
+			first = cmpErr(first, err)
+		default:
+		}
+		return true
+	}
+	var moved uint64
+	for i := 0; i < len(reqs) && first == nil; {
+		var slot int
+		select {
+		case slot = <-e.free:
+		case err := <-r.ch:
+			inFlight--
+			first = cmpErr(first, err)
+			continue
+		case <-ctx.Done():
+			return e.abandon(ctx, r, inFlight, first)
+		}
+		q := &reqs[i]
+		local = local[:0]
+		for _, p := range q.local {
+			local = append(local, C.uint64_t(uint64(dst.addr)+p.off), C.uint64_t(p.len))
+		}
+		ctxp := C.kvf_ctx_at(e.slab, C.size_t(slot))
+		e.owner[slot].Store(r)
+		unlock, err := e.lockCalls()
+		if err != nil {
+			e.owner[slot].Store(nil)
+			e.free <- slot
+			first = cmpErr(first, err)
+			break
+		}
+		rc := C.kvf_read(e.ep, &local[0], C.size_t(len(q.local)), desc, peer.addr, C.uint64_t(q.remoteAddr), C.uint64_t(q.key), ctxp)
+		unlock()
+		switch {
+		case rc == 0:
+			inFlight++
+			moved += q.bytes()
+			i++
+			wait(false)
+		case rc == -C.KVF_FI_EAGAIN:
+			// The transmit queue is full: give the slot back and let
+			// completions drain it.
+			e.owner[slot].Store(nil)
+			e.free <- slot
+			if inFlight > 0 {
+				if !wait(true) {
+					return e.abandon(ctx, r, inFlight, first)
+				}
+			} else {
+				runtime.Gosched()
+			}
+		default:
+			e.owner[slot].Store(nil)
+			e.free <- slot
+			first = fmt.Errorf("ofi: %s: posting a read of %d bytes: %w", e.info.Provider, q.bytes(), e.lib.fiError(C.int(rc)))
+		}
+	}
+	for inFlight > 0 {
+		if !wait(true) {
+			return e.abandon(ctx, r, inFlight, first)
+		}
+	}
+	if first != nil {
+		e.failures.Add(1)
+		return first
+	}
+	e.reads.Add(1)
+	e.bytes.Add(moved)
+	return nil
+}
+
+func cmpErr(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+// abandon ends a read whose context ended with requests in flight: they
+// get the flush grace to complete, after which the endpoint is closed.
+func (e *Endpoint) abandon(ctx context.Context, r *reader, inFlight int, first error) error {
+	e.failures.Add(1)
+	timer := time.NewTimer(e.grace)
+	defer timer.Stop()
+	for inFlight > 0 {
+		select {
+		case <-r.ch:
+			inFlight--
+		case <-timer.C:
+			err := fmt.Errorf("ofi: %d reads on %s still in flight %v after the read was given up: endpoint closed: %w",
+				inFlight, e.info.Provider, e.grace, ErrClosed)
+			e.fail(err)
+			return fmt.Errorf("ofi: read: %w (%w)", ctx.Err(), err)
+		}
+	}
+	if first != nil {
+		return first
+	}
+	return fmt.Errorf("ofi: read on %s: %w", e.info.Provider, ctx.Err())
+}
+
+// fail closes the endpoint because of err: later calls return it.
+func (e *Endpoint) fail(err error) {
+	e.mu.Lock()
+	if e.broken == nil {
+		e.broken = err
+	}
+	e.mu.Unlock()
+	e.Close()
+}
+
+// Close stops the progress loop and closes every region and the endpoint.
+// Reads still waiting return ErrClosed. Safe twice.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	regions := make([]*Region, 0, len(e.regions))
+	for r := range e.regions {
+		regions = append(regions, r)
+	}
+	e.regions = map[*Region]struct{}{}
+	e.mu.Unlock()
+	close(e.stop)
+	<-e.done
+	e.live.Lock()
+	defer e.live.Unlock()
+	var errs []error
+	for _, r := range regions {
+		if rc := C.kvf_mr_close(r.mr); rc != 0 {
+			errs = append(errs, fmt.Errorf("ofi: close a region: %w", e.lib.fiError(rc)))
+		}
+	}
+	e.closeC()
+	// Whatever was in flight is flushed with the endpoint.
+	for i := range e.owner {
+		if r := e.owner[i].Swap(nil); r != nil {
+			r.ch <- fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed)
+		}
+	}
+	e.lib.mu.Lock()
+	delete(e.lib.eps, e)
+	e.lib.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+func (e *Endpoint) closeC() {
+	if e.ep != nil {
+		C.kvf_ep_close(e.ep)
+		C.free(unsafe.Pointer(e.ep))
+		e.ep = nil
+	}
+	if e.slab != nil {
+		C.free(e.slab)
+		e.slab = nil
+	}
+}

@@ -1,0 +1,303 @@
+//go:build cgo && linux
+
+package ofi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// The test binary runs as a second process when envChild names a role:
+// "holder" registers memory and serves it until its standard input closes;
+// "reader" reads a holder's region in a loop until killed.
+const (
+	envChild    = "KVFABRIC_OFI_CHILD"
+	envProvider = "KVFABRIC_OFI_PROVIDER"
+	envSize     = "KVFABRIC_OFI_SIZE"
+	envSeed     = "KVFABRIC_OFI_SEED"
+	envPeer     = "KVFABRIC_OFI_PEER" // reader: "name addr len key" as the holder prints
+)
+
+func childMain() int {
+	prov := os.Getenv(envProvider)
+	l, err := Load(Config{Provider: prov, Node: nodeFor(prov)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer l.Close()
+	e, err := l.Open()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer e.Close()
+	size, _ := strconv.Atoi(os.Getenv(envSize))
+	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_SHARED)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	r, err := e.Register(uintptr(unsafe.Pointer(&mem[0])), uint64(size))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	switch os.Getenv(envChild) {
+	case "holder":
+		seed, _ := strconv.Atoi(os.Getenv(envSeed))
+		fill(mem, byte(seed))
+		rem := r.Remote()
+		fmt.Printf("ready %s %d %d %d\n", hex.EncodeToString(e.Name()), rem.Addr, rem.Len, rem.Key)
+		io.Copy(io.Discard, os.Stdin)
+		return 0
+	case "reader":
+		name, rem, err := parsePeer(os.Getenv(envPeer))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		p, err := e.AddPeer(name)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		fmt.Println("ready")
+		for {
+			seg := Segment{Len: min(uint64(size), rem.Len), Remote: rem}
+			if err := e.Read(context.Background(), p, r, []Segment{seg}); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+		}
+	}
+	return 2
+}
+
+func parsePeer(s string) ([]byte, Remote, error) {
+	f := strings.Fields(s)
+	if len(f) != 4 {
+		return nil, Remote{}, fmt.Errorf("peer line %q: want name addr len key", s)
+	}
+	name, err := hex.DecodeString(f[0])
+	if err != nil {
+		return nil, Remote{}, err
+	}
+	var v [3]uint64
+	for i := range v {
+		if v[i], err = strconv.ParseUint(f[i+1], 10, 64); err != nil {
+			return nil, Remote{}, err
+		}
+	}
+	return name, Remote{Addr: v[0], Len: v[1], Key: v[2]}, nil
+}
+
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	line  string
+}
+
+// startChild runs the test binary as role and waits for its "ready" line.
+func startChild(t *testing.T, role, prov string, size int, seed byte, peer string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChild+"="+role, envProvider+"="+prov,
+		envSize+"="+strconv.Itoa(size), envSeed+"="+strconv.Itoa(int(seed)), envPeer+"="+peer)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, stdin: stdin}
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	lines := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		lines <- strings.TrimSpace(line)
+	}()
+	select {
+	case c.line = <-lines:
+		if !strings.HasPrefix(c.line, "ready") {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("%s child: %q; stderr: %s", role, c.line, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s child not ready in 60 s; stderr: %s", role, stderr.String())
+	}
+	return c
+}
+
+func (c *child) peer(t *testing.T) ([]byte, Remote) {
+	t.Helper()
+	name, rem, err := parsePeer(strings.TrimPrefix(c.line, "ready "))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name, rem
+}
+
+// TestReadAcrossProcesses: a holder in another process, every byte checked.
+func TestReadAcrossProcesses(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			const size = 16 << 20
+			h := startChild(t, "holder", prov, size, 0x77, "")
+			name, rem := h.peer(t)
+			l := loadLibrary(t, prov)
+			e := openEndpoint(t, l)
+			p, err := e.AddPeer(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst := mapped(t, size)
+			dstReg := register(t, e, dst)
+			// Two halves swapped, in pieces, so offsets matter.
+			var segs []Segment
+			for off := uint64(0); off < size/2; off += 1 << 20 {
+				segs = append(segs, Segment{LocalOff: off, RemoteOff: size/2 + off, Len: 1 << 20, Remote: rem})
+				segs = append(segs, Segment{LocalOff: size/2 + off, RemoteOff: off, Len: 1 << 20, Remote: rem})
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			if err := e.Read(ctx, p, dstReg, segs); err != nil {
+				t.Fatal(err)
+			}
+			want := make([]byte, size)
+			fill(want, 0x77)
+			if !bytes.Equal(dst[:size/2], want[size/2:]) || !bytes.Equal(dst[size/2:], want[:size/2]) {
+				t.Fatal("bytes differ")
+			}
+		})
+	}
+}
+
+// TestHolderKilledMidRead: a holder that dies during reads ends them in an
+// error within the read's deadline; no read returns success with bytes
+// other than the holder's.
+func TestHolderKilledMidRead(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			const size = 64 << 20
+			const grace = 2 * time.Second
+			h := startChild(t, "holder", prov, size, 0x31, "")
+			name, rem := h.peer(t)
+			l, err := Load(Config{Provider: prov, Node: nodeFor(prov), FlushGrace: grace})
+			if err != nil {
+				t.Fatalf("libfabric is needed for these tests (make test-deps): %v", err)
+			}
+			t.Cleanup(func() { l.Close() })
+			e := openEndpoint(t, l)
+			p, err := e.AddPeer(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst := mapped(t, size)
+			dstReg := register(t, e, dst)
+			want := make([]byte, size)
+			fill(want, 0x31)
+			var segs []Segment
+			for off := uint64(0); off < size; off += 256 << 10 {
+				segs = append(segs, Segment{LocalOff: off, RemoteOff: off, Len: 256 << 10, Remote: rem})
+			}
+			killed := make(chan struct{})
+			go func() {
+				time.Sleep(100 * time.Millisecond)
+				h.cmd.Process.Kill()
+				close(killed)
+			}()
+			const deadline = 10 * time.Second
+			for {
+				clear(dst)
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				start := time.Now()
+				err := e.Read(ctx, p, dstReg, segs)
+				took := time.Since(start)
+				cancel()
+				if err == nil {
+					if !bytes.Equal(dst, want) {
+						t.Fatal("a read that succeeded brought other bytes than the holder's")
+					}
+					select {
+					case <-killed:
+						// Reads just after the kill may still have run.
+					default:
+					}
+					continue
+				}
+				if took > deadline+grace+10*time.Second {
+					t.Fatalf("the read failed after %v, past its deadline of %v and the flush grace", took, deadline)
+				}
+				select {
+				case <-killed:
+				default:
+					t.Fatalf("a read failed before the holder was killed: %v", err)
+				}
+				t.Logf("after the kill: %v (in %v)", err, took.Round(time.Millisecond))
+				return
+			}
+		})
+	}
+}
+
+// TestReaderKilled: a reader that dies mid-read leaves the holder serving
+// others.
+func TestReaderKilled(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			const size = 32 << 20
+			l := loadLibrary(t, prov)
+			holder := openEndpoint(t, l)
+			src := mapped(t, size)
+			fill(src, 0x44)
+			srcReg := register(t, holder, src)
+			rem := srcReg.Remote()
+			line := fmt.Sprintf("%s %d %d %d", hex.EncodeToString(holder.Name()), rem.Addr, rem.Len, rem.Key)
+			r := startChild(t, "reader", prov, size, 0, line)
+			time.Sleep(200 * time.Millisecond) // let it read a few times
+			r.cmd.Process.Kill()
+			r.cmd.Wait()
+
+			reader := openEndpoint(t, l)
+			dst := mapped(t, size)
+			dstReg := register(t, reader, dst)
+			p, err := reader.AddPeer(holder.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := reader.Read(ctx, p, dstReg, []Segment{{Len: size, Remote: rem}}); err != nil {
+				t.Fatalf("a read after another reader died: %v", err)
+			}
+			if !bytes.Equal(dst, src) {
+				t.Fatal("bytes differ")
+			}
+		})
+	}
+}

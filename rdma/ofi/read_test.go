@@ -1,0 +1,293 @@
+//go:build cgo && linux
+
+package ofi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// providers are the libfabric providers on every Debian machine that offer
+// RMA reads on RDM endpoints without hardware.
+var providers = []string{"tcp", "shm"}
+
+func TestReadEveryByte(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			l := loadLibrary(t, prov)
+			holder, reader := openEndpoint(t, l), openEndpoint(t, l)
+			if got := holder.Info().Base(); got != prov {
+				t.Fatalf("provider %q, want %q", got, prov)
+			}
+			src := mapped(t, 8<<20)
+			fill(src, 0x5a)
+			srcReg := register(t, holder, src)
+			dst := mapped(t, 8<<20)
+			dstReg := register(t, reader, dst)
+			peer, err := reader.AddPeer(holder.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			seed := uint64(time.Now().UnixNano())
+			rng := rand.New(rand.NewPCG(seed, 1))
+			for round := range 5 {
+				clear(dst)
+				// Random segments, some adjacent in the holder's memory
+				// and scattered locally, some large.
+				var segs []Segment
+				used := map[uint64]bool{}
+				for range 1 + rng.IntN(40) {
+					n := uint64(1 + rng.IntN(300<<10))
+					lo := uint64(rng.IntN(len(dst)-int(n)+1)) &^ 0xfff
+					if used[lo] {
+						continue
+					}
+					used[lo] = true
+					ro := uint64(rng.IntN(len(src) - int(n) + 1))
+					segs = append(segs, Segment{LocalOff: lo, RemoteOff: ro, Len: n, Remote: srcReg.Remote()})
+				}
+				segs = nonOverlapping(segs)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				err := reader.Read(ctx, peer, dstReg, segs)
+				cancel()
+				if err != nil {
+					t.Fatalf("seed %d round %d: %v", seed, round, err)
+				}
+				for i, s := range segs {
+					if !bytes.Equal(dst[s.LocalOff:s.LocalOff+s.Len], src[s.RemoteOff:s.RemoteOff+s.Len]) {
+						t.Fatalf("seed %d round %d segment %d (%+v): bytes differ", seed, round, i, s)
+					}
+				}
+			}
+			if st := reader.Stats(); st.Reads != 5 || st.Failures != 0 {
+				t.Fatalf("stats %+v, want 5 reads and no failure", st)
+			}
+		})
+	}
+}
+
+// nonOverlapping drops segments whose local range overlaps an earlier one,
+// so that each byte of the destination has one expected value.
+func nonOverlapping(segs []Segment) []Segment {
+	var out []Segment
+next:
+	for _, s := range segs {
+		for _, o := range out {
+			if s.LocalOff < o.LocalOff+o.Len && o.LocalOff < s.LocalOff+s.Len {
+				continue next
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestReadScatter reads one run of the holder's memory into pieces far
+// apart locally: the gathered requests carry local scatter lists.
+func TestReadScatter(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			l := loadLibrary(t, prov)
+			holder, reader := openEndpoint(t, l), openEndpoint(t, l)
+			src := mapped(t, 1<<20)
+			fill(src, 3)
+			srcReg := register(t, holder, src)
+			dst := mapped(t, 4<<20)
+			dstReg := register(t, reader, dst)
+			peer, err := reader.AddPeer(holder.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var segs []Segment
+			for i := range 64 {
+				segs = append(segs, Segment{LocalOff: uint64(i) * 64 << 10, RemoteOff: uint64(i) * 4096, Len: 4096, Remote: srcReg.Remote()})
+			}
+			if reqs := gather(segs, holder.Info().MaxMsgSize, min(holder.Info().IOVLimit, 8)); holder.Info().IOVLimit > 1 && len(reqs) >= len(segs) {
+				t.Fatalf("%d segments contiguous in the holder's memory gathered into %d requests with an iov limit of %d",
+					len(segs), len(reqs), holder.Info().IOVLimit)
+			}
+			if err := reader.Read(context.Background(), peer, dstReg, segs); err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range segs {
+				if !bytes.Equal(dst[s.LocalOff:s.LocalOff+s.Len], src[s.RemoteOff:s.RemoteOff+s.Len]) {
+					t.Fatalf("segment %d differs", i)
+				}
+			}
+		})
+	}
+}
+
+// TestReadRefusals: what a NIC refuses, the provider refuses too, and the
+// read ends in a clear error within its deadline and the flush grace, never
+// a hang. tcp answers with an error completion; shm 1.17 never completes a
+// read with a wrong key, so the grace runs out and the endpoint is closed.
+// Either way a reader endpoint opened afterwards reads again.
+func TestReadRefusals(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			const grace = time.Second
+			l, err := Load(Config{Provider: prov, Node: nodeFor(prov), FlushGrace: grace})
+			if err != nil {
+				t.Fatalf("libfabric is needed for these tests (make test-deps): %v", err)
+			}
+			t.Cleanup(func() { l.Close() })
+			holder := openEndpoint(t, l)
+			src := mapped(t, 1<<20)
+			fill(src, 9)
+			srcReg := register(t, holder, src)
+			dst := mapped(t, 1<<20)
+			wrongKey := srcReg.Remote()
+			wrongKey.Key ^= 0x5a5a
+			// The holder registered 64 KiB less than it announces.
+			short := mapped(t, 1<<20)
+			shortReg := register(t, holder, short[:1<<20-64<<10])
+			long := shortReg.Remote()
+			long.Len = 1 << 20
+			for _, c := range []struct {
+				name string
+				seg  Segment
+			}{
+				{"wrong key", Segment{Len: 4096, Remote: wrongKey}},
+				{"registration too short", Segment{RemoteOff: 1<<20 - 4096, Len: 4096, Remote: long}},
+			} {
+				reader := openEndpoint(t, l)
+				dstReg := register(t, reader, dst)
+				peer, err := reader.AddPeer(holder.Name())
+				if err != nil {
+					t.Fatal(err)
+				}
+				const deadline = 5 * time.Second
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				start := time.Now()
+				err = reader.Read(ctx, peer, dstReg, []Segment{c.seg})
+				took := time.Since(start)
+				cancel()
+				if !errors.Is(err, ErrCompletion) && !errors.Is(err, ErrClosed) {
+					t.Errorf("%s: %v, want ErrCompletion, or ErrClosed after the grace", c.name, err)
+				}
+				if took > deadline+grace+10*time.Second {
+					t.Errorf("%s: failed after %v, past the deadline %v and grace %v", c.name, took, deadline, grace)
+				}
+				t.Logf("%s: %v (in %v)", c.name, err, took.Round(time.Millisecond))
+			}
+			// A reader opened afterwards reads the holder whole. Over tcp
+			// the holder's side of the refused connection may still be
+			// closing: the first attempt may fail with an error completion.
+			reader := openEndpoint(t, l)
+			dstReg := register(t, reader, dst)
+			peer, err := reader.AddPeer(holder.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			seg := Segment{Len: 1 << 20, Remote: srcReg.Remote()}
+			for attempt := 1; ; attempt++ {
+				err := reader.Read(context.Background(), peer, dstReg, []Segment{seg})
+				if err == nil {
+					break
+				}
+				if attempt == 3 || !errors.Is(err, ErrCompletion) {
+					t.Fatalf("a good read after refusals, attempt %d: %v", attempt, err)
+				}
+			}
+			if !bytes.Equal(dst, src) {
+				t.Fatal("a good read after refusals: bytes differ")
+			}
+		})
+	}
+}
+
+// TestReadChecksBeforePosting: segments outside either region are refused
+// before anything reaches the provider, at the limit and one past.
+func TestReadChecksBeforePosting(t *testing.T) {
+	l := loadLibrary(t, "shm")
+	holder, reader := openEndpoint(t, l), openEndpoint(t, l)
+	src := mapped(t, 64<<10)
+	srcReg := register(t, holder, src)
+	dst := mapped(t, 64<<10)
+	dstReg := register(t, reader, dst)
+	peer, err := reader.AddPeer(holder.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rem := srcReg.Remote()
+	n := uint64(64 << 10)
+	for _, c := range []struct {
+		seg Segment
+		ok  bool
+	}{
+		{Segment{LocalOff: 0, Len: n, Remote: rem}, true},
+		{Segment{LocalOff: 1, Len: n, Remote: rem}, false},
+		{Segment{RemoteOff: 1, Len: n, Remote: rem}, false},
+		{Segment{RemoteOff: n - 1, Len: 1, Remote: rem}, true},
+		{Segment{RemoteOff: n, Len: 1, Remote: rem}, false},
+		{Segment{Len: 0, Remote: rem}, false},
+	} {
+		err := reader.Read(context.Background(), peer, dstReg, []Segment{c.seg})
+		if c.ok && err != nil {
+			t.Errorf("%+v: %v", c.seg, err)
+		}
+		if !c.ok && !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%+v: %v, want ErrInvalidArgument", c.seg, err)
+		}
+	}
+	if _, err := reader.AddPeer(make([]byte, MaxNameLen+1)); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("a name of %d bytes: %v, want ErrInvalidArgument", MaxNameLen+1, err)
+	}
+	other := openEndpoint(t, l)
+	if err := other.Read(context.Background(), peer, dstReg, []Segment{{Len: 1, Remote: rem}}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("a read into another endpoint's region: %v, want ErrInvalidArgument", err)
+	}
+}
+
+func TestProvidersAndChoice(t *testing.T) {
+	l := loadLibrary(t, "")
+	offered, err := l.Providers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range offered {
+		names = append(names, p.Provider)
+	}
+	for _, want := range providers {
+		p, err := Choose(offered, want)
+		if err != nil {
+			t.Fatalf("choose %s among %v: %v", want, names, err)
+		}
+		if _, err := p.MRMode.Plan(); err != nil {
+			t.Fatalf("%s: %v", p.Provider, err)
+		}
+	}
+	// Nothing here is a hardware fabric, and tcp and shm are never chosen
+	// unless named.
+	if p, err := Choose(offered, ""); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("choose among %v with no name: %s, %v; want ErrUnavailable", names, p.Provider, err)
+	}
+}
+
+func TestEndpointClose(t *testing.T) {
+	l := loadLibrary(t, "shm")
+	e := openEndpoint(t, l)
+	b := mapped(t, 4096)
+	r := register(t, e, b)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatalf("a region closed with its endpoint: %v", err)
+	}
+	if _, err := e.Register(uintptr(1<<20), 4096); !errors.Is(err, ErrClosed) {
+		t.Fatalf("register after Close: %v, want ErrClosed", err)
+	}
+	if err := e.Read(context.Background(), Peer{}, r, []Segment{{Len: 1, Remote: Remote{Len: 1}}}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("read after Close: %v, want ErrClosed", err)
+	}
+}
