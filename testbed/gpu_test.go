@@ -39,6 +39,8 @@ func TestGPUPoolsAcrossProcesses(t *testing.T) {
 	// a 64 MiB GPU each.
 	t.Setenv("SOFTVERBS_REGISTRY", filepath.Join(dir, "registry"))
 	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	// Copies take time, as on a GPU: a missing synchronisation shows.
+	t.Setenv("SOFTCUDA_COPY_DELAY_US", "200")
 	drv, err := cuda.Open(cuda.Config{Path: cudaLib})
 	if err != nil {
 		t.Fatal(err)
