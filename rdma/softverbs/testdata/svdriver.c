@@ -380,6 +380,18 @@ static int cmd_dereg(char **a, int n)
 	return 0;
 }
 
+// trunc NAME: truncates a dma-buf buffer's memfd to nothing, as softcuda
+// does when the memory's owner frees it.
+static int cmd_trunc(char **a, int n)
+{
+	int b = n > 0 ? find(a[0]) : -1;
+	if (b < 0 || bufs[b].fd < 0)
+		return printf("err no dma-buf buf\n"), 0;
+	int rc = ftruncate(bufs[b].fd, 0);
+	printf(rc ? "err trunc errno=%d\n" : "ok\n", errno);
+	return 0;
+}
+
 // async [ms=M]: the next asynchronous event, waiting up to M ms (default
 // 2000) with async_fd non-blocking; answers its type and, for a QP or CQ
 // event, whether it names this process's QP or CQ.
@@ -616,6 +628,8 @@ int main(void)
 			cmd_rawread(a, n);
 		else if (strcmp(c, "state") == 0)
 			cmd_state();
+		else if (strcmp(c, "trunc") == 0)
+			cmd_trunc(a, n);
 		else if (strcmp(c, "async") == 0)
 			cmd_async(a, n);
 		else if (strcmp(c, "port") == 0) {
