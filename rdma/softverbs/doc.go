@@ -32,13 +32,14 @@
 //	                      by default they are not routed and are lost
 //
 // Faults: fail_read=N (the Nth RDMA READ posted from when the text was set
-// completes with fail_status, default REM_ACCESS_ERR; a status is named as
-// in IBV_WC_*, with or without the prefix, or by number), delay_us=U (every
-// completion delayed U µs), stall=1 (no response until cleared: the QP's
-// timeout applies, then RETRY_EXC_ERR), port_down=1 (the port reports DOWN
-// and requests time out the same way). A QP records its process's control
-// file in the registry, so stall=1 or port_down=1 written to a responder's
-// control file stalls the requesters reading from it too.
+// completes with fail_status, default REM_ACCESS_ERR; a status is named as in
+// IBV_WC_*, with or without the prefix, or by number), delay_us=U (every
+// completion delayed U µs), copy_us=U (each 64 KiB a READ copies takes U µs
+// longer: a copy in flight lasts long enough to act on), stall=1 (no response
+// until cleared: the QP's timeout applies, then RETRY_EXC_ERR), port_down=1
+// (the port reports DOWN and requests time out the same way). A QP records its
+// process's control file in the registry, so stall=1 or port_down=1 written to
+// a responder's control file stalls the requesters reading from it too.
 //
 // The registry holds one file per memory registration (mr-<rkey>) and per QP
 // (qp-<qpn>) with the owner's pid and start time; QPNs, PD ids, lkeys and

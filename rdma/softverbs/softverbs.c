@@ -476,6 +476,7 @@ struct faults {
 	unsigned fail_read;	// the Nth READ posted from when this was set fails
 	int fail_status;	// status of that failure
 	unsigned delay_us;	// every completion is delayed this long
+	unsigned copy_us;	// each 64 KiB a READ copies takes this much longer
 	int stall;		// reads stop completing until cleared
 	int port_down;		// port reported down; reads time out
 };
@@ -541,12 +542,14 @@ static void parse_faults(const char *s, struct faults *f)
 			f->fail_status = parse_status(v);
 		else if (strcmp(kv, "delay_us") == 0)
 			f->delay_us = (unsigned)strtoul(v, NULL, 10);
+		else if (strcmp(kv, "copy_us") == 0)
+			f->copy_us = (unsigned)strtoul(v, NULL, 10);
 		else if (strcmp(kv, "stall") == 0)
 			f->stall = atoi(v) != 0;
 		else if (strcmp(kv, "port_down") == 0)
 			f->port_down = atoi(v) != 0;
 		else
-			sv_log("fault key %s: unknown (known: fail_read, fail_status, delay_us, stall, port_down)", kv);
+			sv_log("fault key %s: unknown (known: fail_read, fail_status, delay_us, copy_us, stall, port_down)", kv);
 	}
 }
 
@@ -2224,6 +2227,8 @@ static int pull(const struct qp_entry *pe_, const struct sv_wr *w, struct iovec 
 	const struct qp_entry pe = *pe_;
 	const struct mr_entry me = *me_;
 	int gone = 0;
+	struct faults f;
+	faults_refresh(&f);
 	struct iovec rem = {(void *)(uintptr_t)(me.addr + (w->raddr - me.iova)), total};
 	uint64_t done = 0;
 	int li = 0;
@@ -2238,7 +2243,13 @@ static int pull(const struct qp_entry *pe_, const struct sv_wr *w, struct iovec 
 				lv[n].iov_len -= loff;
 			}
 		}
-		ssize_t got = process_vm_readv(pe.pid, lv, (unsigned long)n, &rem, 1, 0);
+		struct iovec piece = rem;
+		if (f.copy_us) { // a slow wire: 64 KiB at a time
+			usleep(f.copy_us);
+			if (piece.iov_len > 65536)
+				piece.iov_len = 65536;
+		}
+		ssize_t got = process_vm_readv(pe.pid, lv, (unsigned long)n, &piece, 1, 0);
 		if (got < 0) {
 			if (errno == EINTR)
 				continue;
@@ -2360,7 +2371,7 @@ static int qp_step(struct sv_qp *s, int inline_)
 		pthread_mutex_unlock(&s->lock);
 		struct faults f;
 		faults_refresh(&f);
-		if (inline_ && (f.delay_us || f.stall || f.port_down))
+		if (inline_ && (f.delay_us || f.copy_us || f.stall || f.port_down))
 			status = SV_DEFER;
 		else if (w.inject)
 			status = w.inject;

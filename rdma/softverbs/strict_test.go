@@ -1,11 +1,14 @@
 package softverbs_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvfabric/kvfabric/internal/wait"
 )
 
 // readCase connects a holder and a reader as o says, reads n bytes and
@@ -173,5 +176,41 @@ func TestAsyncEvents(t *testing.T) {
 		if f := reader.ok("async"); f["type"] != itoa(evQPFatal) || f["ours"] != "1" {
 			t.Fatalf("after the overrun: event %v, want IBV_EVENT_QP_FATAL for our QP", f)
 		}
+	})
+}
+
+// Deregistering the region a READ is writing into waits for the copy, as
+// deregistering pinned memory waits for the NIC: once ibv_dereg_mr returns
+// the whole READ has landed and nothing more will. The holder deregistering
+// its region during the copy voids it: REM_ACCESS_ERR, not success.
+func TestDeregWhileReadInFlight(t *testing.T) {
+	const size = 1 << 20 // 16 pieces of 64 KiB, 50 ms each: 800 ms a READ
+	slow := []string{"SOFTVERBS_FAULTS=copy_us=50000"}
+	start := func(t *testing.T) (holder, reader *endpoint, src map[string]string) {
+		w := newWorld(t)
+		holder, reader = w.pair(pairOpts{readerEnv: slow})
+		src = holder.ok("buf src %d 9", size)
+		reader.ok("buf dst %d 0", size)
+		reader.ok("post wrid=1 sig=1 rkey=%s raddr=%s sge=dst:0:%d", src["rkey"], src["addr"], size)
+		// The copy is under way once its first piece has landed.
+		wait.For(t, 10*time.Second, "the READ's first piece", func() error {
+			if ans := reader.do("check dst 0 64 9 0"); !strings.HasPrefix(ans, "ok") {
+				return fmt.Errorf("%s", ans)
+			}
+			return nil
+		})
+		return holder, reader, src
+	}
+	t.Run("reader deregisters", func(t *testing.T) {
+		_, reader, _ := start(t)
+		reader.ok("dereg dst keep=1")
+		// All of it, at once: the READ ended before the deregistration did.
+		reader.ok("check dst 0 %d 9 0", size)
+		reader.expect(10*time.Second, completion{wrID: 1, status: wcSuccess})
+	})
+	t.Run("holder deregisters", func(t *testing.T) {
+		holder, reader, _ := start(t)
+		holder.ok("dereg src keep=1")
+		reader.expect(10*time.Second, completion{wrID: 1, status: wcRemAccess})
 	})
 }

@@ -375,7 +375,10 @@ static int cmd_dereg(char **a, int n)
 	if (b < 0)
 		return printf("err no buf\n"), 0;
 	int rc = ibv_dereg_mr(bufs[b].mr);
-	bufs[b].p = NULL;
+	// keep=1: the memory stays for checks (deregistered, not freed).
+	bufs[b].mr = NULL;
+	if (!opt(a, n, "keep", 0))
+		bufs[b].p = NULL;
 	printf(rc ? "err rc=%d\n" : "ok\n", rc);
 	return 0;
 }
@@ -523,7 +526,7 @@ static int cmd_teardown(void)
 		qp2 |= ibv_destroy_qp(qps[i]);
 	int pd3 = ibv_dealloc_pd(pd); // regions still use it
 	for (int i = 0; i < MAXBUF; i++)
-		if (bufs[i].p) {
+		if (bufs[i].p && bufs[i].mr) {
 			mr2 |= ibv_dereg_mr(bufs[i].mr);
 			bufs[i].p = NULL;
 		}
