@@ -45,6 +45,7 @@ enum {
 	CU_STREAM_NON_BLOCKING = 1,
 	CU_MEMHOSTALLOC_PORTABLE = 1,
 	CU_MEMHOSTREGISTER_PORTABLE = 1,
+	CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1,
 };
 
 // CUresult values named on either side.
