@@ -127,12 +127,15 @@ func copyTree(root, dst string, files []string) error {
 // result of one test run.
 type result struct {
 	failed, broken bool // broken: did not build
+	timedOut       bool // killed at the limit
 	took           time.Duration
 	tail           string
 }
 
 func runTest(dir, test string, timeout time.Duration) result {
-	args := append([]string{"test", "-count=1", "-timeout", timeout.String()}, strings.Fields(test)...)
+	// -trimpath: the scratch copies share the build cache (cgo packages
+	// are otherwise cached per source directory).
+	args := append([]string{"test", "-count=1", "-trimpath", "-timeout", timeout.String()}, strings.Fields(test)...)
 	// The command's own limit, with room for go test's own report.
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
 	defer cancel()
@@ -142,7 +145,7 @@ func runTest(dir, test string, timeout time.Duration) result {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	t0 := time.Now()
 	err := cmd.Run()
-	r := result{failed: err != nil, took: time.Since(t0)}
+	r := result{failed: err != nil, took: time.Since(t0), timedOut: ctx.Err() != nil}
 	s := out.String()
 	r.broken = strings.Contains(s, "[build failed]") || strings.Contains(s, "[setup failed]")
 	if len(s) > 1500 {
@@ -208,11 +211,28 @@ func run(list string, par int, only string, timeout time.Duration, verbose bool)
 	}
 	defer os.RemoveAll(tmp)
 
-	// Baselines: each distinct command on the unmutated tree.
+	// Baselines: each distinct command on the unmutated tree, after its
+	// test binaries are built once (with -trimpath, the scratch copies
+	// then find them in the build cache).
 	base := filepath.Join(tmp, "base")
 	if err := copyTree(".", base, files); err != nil {
 		return err
 	}
+	pkgs := map[string]bool{}
+	build := []string{"test", "-count=1", "-trimpath", "-run", "^$"}
+	for _, m := range muts {
+		if p := strings.Fields(m.test)[0]; !pkgs[p] {
+			pkgs[p] = true
+			build = append(build, p)
+		}
+	}
+	t0 := time.Now()
+	cmd := exec.Command("go", build...)
+	cmd.Dir = base
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building the tests: %v\n%s", err, out)
+	}
+	fmt.Fprintf(os.Stderr, "test binaries built (%v)\n", time.Since(t0).Round(time.Second))
 	tests := map[string]result{}
 	var mu sync.Mutex
 	sem := make(chan struct{}, max(par, 1))
@@ -249,7 +269,9 @@ func run(list string, par int, only string, timeout time.Duration, verbose bool)
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			res[i] = func() outcome {
-				if b := tests[m.test]; b.failed {
+				if b := tests[m.test]; b.timedOut {
+					return outcome{verdict: "NOT CAUGHT (the test ran past -timeout without the bug)", tail: b.tail}
+				} else if b.failed {
 					return outcome{verdict: "NOT CAUGHT (the test fails without the bug)", tail: b.tail}
 				}
 				dir := filepath.Join(tmp, fmt.Sprintf("m%02d", i))
