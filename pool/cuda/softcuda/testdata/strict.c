@@ -2,6 +2,7 @@
 // does. Run as "strict <case>"; it prints what went wrong and exits 1, or
 // prints "ok". Built and run by TestStrict.
 #define _GNU_SOURCE
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,22 @@ static void garbage(void) {
 		}
 		OK(cuMemFree_v2(p));
 	}
+	// Past 64 MiB only the last MiB is filled (a sparse allocation of many
+	// GiB stays cheap): the last 8 bytes of the first 64 MiB and of the
+	// allocation hold the pattern, the 8 after the 64 MiB are zero.
+	CUdeviceptr big;
+	const size_t head = 64 << 20, size = 80 << 20;
+	OK(cuMemAlloc_v2(&big, size));
+	uint64_t at_head, past_head, at_end;
+	OK(cuMemcpyDtoH_v2(&at_head, big + head - 8, 8));
+	OK(cuMemcpyDtoH_v2(&past_head, big + head, 8));
+	OK(cuMemcpyDtoH_v2(&at_end, big + size - 8, 8));
+	if (!at_head || past_head || !at_end) {
+		printf("80 MiB allocation: %#llx before 64 MiB, %#llx after, %#llx at the end; want pattern, 0, pattern\n",
+		       (unsigned long long)at_head, (unsigned long long)past_head, (unsigned long long)at_end);
+		fails++;
+	}
+	OK(cuMemFree_v2(big));
 }
 
 // SOFTCUDA_DEVICES=2: a stream or event belongs to the context it was made
