@@ -6,8 +6,7 @@
 # benchmarks. Go is not needed here. Run from the repository's root; the
 # figures, with the card, go to DIR/figures.txt (or $GPU_CHECK_OUT). No GPU
 # is a failure, not a skip. Each step is bounded (90 + 120 + 100 + 120 s:
-# 7 minutes 10 at most) so that the whole stays under 8; softcuda standing
-# in for the driver, the steps took 28 s in all on a loaded 2-core machine.
+# 7 minutes 10 at most) so that the whole stays under 8.
 set -u
 dir=$(cd "${1:-bin/gpu-check}" 2>/dev/null && pwd) || { echo "gpu-check: no ${1:-bin/gpu-check} (make gpu-check-build)" >&2; exit 1; }
 out=${GPU_CHECK_OUT:-$dir/figures.txt}
