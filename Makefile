@@ -121,3 +121,29 @@ lint: ## gofmt, vet, a build without cgo, and no tracked file over 1 MiB
 
 clean: ## remove build outputs
 	rm -rf bin
+
+# The stand-ins' strictness, tested, and the real-GPU check.
+.PHONY: mutation-check gpu-check gpu-check-build cuda-header-check
+GPU_CHECK_DIR := bin/gpu-check
+
+mutation-check: test-deps ## the mutation check: plant 13 bugs (internal/mutation/mutations.txt), each must be caught; about 2 minutes (the first run builds with -trimpath, minutes more)
+	$(GO) run ./internal/mutation -p 2
+
+gpu-check-build: ## build the agent and the real-GPU test binaries into bin/gpu-check (copy it to a GPU machine without Go)
+	mkdir -p $(GPU_CHECK_DIR)
+	$(GO) build -o $(GPU_CHECK_DIR)/kvfabric ./cmd/kvfabric
+	$(GO) test -c -o $(GPU_CHECK_DIR)/cuda.test ./pool/cuda
+	$(GO) test -c -o $(GPU_CHECK_DIR)/testbed.test ./testbed
+
+gpu-check: ## on a machine with an NVIDIA GPU: every real-GPU test and benchmark, figures to bin/gpu-check/figures.txt; under 8 minutes
+	@if command -v $(GO) >/dev/null 2>&1; then $(MAKE) --no-print-directory gpu-check-build; fi
+	sh testbed/gpu-check.sh $(GPU_CHECK_DIR)
+
+cuda-header-check: ## check pool/cuda's driver header against cuda.h from Debian's non-free nvidia-cuda-dev (a 774 MB download)
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	mkdir -p $$tmp/lists/partial && \
+	echo 'deb http://deb.debian.org/debian bookworm main non-free' >$$tmp/sources.list && \
+	o="-oDir::Etc::SourceList=$$tmp/sources.list -oDir::Etc::SourceParts=/dev/null -oDir::State::Lists=$$tmp/lists" && \
+	apt-get $$o update -q >/dev/null && (cd $$tmp && apt-get $$o download -q nvidia-cuda-dev) && \
+	dpkg-deb --fsys-tarfile $$tmp/nvidia-cuda-dev_*.deb | tar -x -C $$tmp ./usr/include/cuda.h && \
+	KVFABRIC_CUDA_H=$$tmp/usr/include/cuda.h $(GO) test -count=1 -v -run TestHeaderMatchesCudaH ./pool/cuda/softcuda

@@ -229,6 +229,8 @@ func TestDevicePoolImportOverRDMA(t *testing.T) {
 	for _, k := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US", "SOFTCUDA_PCI_BUS_IDS"} {
 		t.Setenv(k, "")
 	}
+	// Copies take time, as on a GPU: a missing synchronisation shows.
+	t.Setenv("SOFTCUDA_COPY_DELAY_US", "200")
 	t.Setenv("SOFTCUDA_MEMORY", "64M")
 	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
 		c.Pools = []string{"host=16MiB", "device=16MiB"}
@@ -671,6 +673,8 @@ func TestDevicePoolPicksTheNearestNIC(t *testing.T) {
 	for _, k := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US"} {
 		t.Setenv(k, "")
 	}
+	// Copies take time, as on a GPU: a missing synchronisation shows.
+	t.Setenv("SOFTCUDA_COPY_DELAY_US", "200")
 	t.Setenv("SOFTCUDA_MEMORY", "64M")
 	t.Setenv("SOFTCUDA_PCI_BUS_IDS", "0000:02:00.0")
 	t.Setenv("SOFTVERBS_DEVICES", "sv0,sv1")

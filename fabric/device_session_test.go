@@ -188,6 +188,8 @@ func TestDevicePoolSessionOfKilledEngine(t *testing.T) {
 	for _, k := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US", "SOFTCUDA_PCI_BUS_IDS"} {
 		t.Setenv(k, "")
 	}
+	// Copies take time, as on a GPU: a missing synchronisation shows.
+	t.Setenv("SOFTCUDA_COPY_DELAY_US", "200")
 	t.Setenv("SOFTCUDA_MEMORY", "64M")
 	cfg := testConfig(t, "n1")
 	cfg.Pools = []string{"device:0=8MiB"}

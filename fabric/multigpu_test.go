@@ -28,6 +28,8 @@ func twoStrictGPUs(t *testing.T, busIDs string) {
 	for _, k := range []string{"SOFTCUDA_DMABUF", "SOFTCUDA_FAIL", "SOFTCUDA_COPY_DELAY_US"} {
 		t.Setenv(k, "")
 	}
+	// Copies take time, as on a GPU: a missing synchronisation shows.
+	t.Setenv("SOFTCUDA_COPY_DELAY_US", "200")
 	t.Setenv("SOFTCUDA_DEVICES", "2")
 	t.Setenv("SOFTCUDA_MEMORY", "64M")
 	t.Setenv("SOFTCUDA_PCI_BUS_IDS", busIDs)

@@ -128,7 +128,7 @@ func TestReadAllKeepsSendQueueFullNeverOver(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			m := &modelQueue{t: t, depth: tc.depth, rng: rand.New(rand.NewPCG(1, uint64(tc.n)))}
 			var seq uint64
-			aborted, err := readAll(context.Background(), m, ops(tc.n, 2), readParams{depth: tc.depth, signalEvery: tc.sigEvery, drain: time.Second}, &seq)
+			aborted, err := readAll(readCtx(t), m, ops(tc.n, 2), readParams{depth: tc.depth, signalEvery: tc.sigEvery, drain: time.Second}, &seq)
 			if err != nil || aborted {
 				t.Fatalf("readAll: aborted %v, %v", aborted, err)
 			}
@@ -151,7 +151,7 @@ func TestReadAllKeepsSendQueueFullNeverOver(t *testing.T) {
 func TestReadAllErrorCompletionNamesOpAndDrains(t *testing.T) {
 	m := &modelQueue{t: t, depth: 8, rng: rand.New(rand.NewPCG(2, 2)), failAt: 37, status: 10}
 	var seq uint64
-	aborted, err := readAll(context.Background(), m, ops(100, 1), readParams{depth: 8, signalEvery: 4, drain: time.Second}, &seq)
+	aborted, err := readAll(readCtx(t), m, ops(100, 1), readParams{depth: 8, signalEvery: 4, drain: time.Second}, &seq)
 	if !aborted {
 		t.Fatal("not aborted")
 	}
@@ -198,7 +198,7 @@ func TestReadAllIgnoresEarlierCallsCompletions(t *testing.T) {
 	seq := uint64(100)
 	m.lastSignaledPolled = 100
 	m.wcs = []workCompletion{{id: 99, status: 5}, {id: 100, status: 5}}
-	if _, err := readAll(context.Background(), m, ops(10, 1), readParams{depth: 4, signalEvery: 2, drain: time.Second}, &seq); err != nil {
+	if _, err := readAll(readCtx(t), m, ops(10, 1), readParams{depth: 4, signalEvery: 2, drain: time.Second}, &seq); err != nil {
 		t.Fatalf("stale completions of an earlier call broke this one: %v", err)
 	}
 }
@@ -258,7 +258,7 @@ func (p partialQueue) post(wrs []sendWR) (int, error) {
 func TestReadAllPartialPostDrainsWhatWentIn(t *testing.T) {
 	m := &modelQueue{t: t, depth: 4, rng: rand.New(rand.NewPCG(6, 6))}
 	var seq uint64
-	aborted, err := readAll(context.Background(), partialQueue{m}, ops(50, 1), readParams{depth: 4, signalEvery: 2, drain: time.Second}, &seq)
+	aborted, err := readAll(readCtx(t), partialQueue{m}, ops(50, 1), readParams{depth: 4, signalEvery: 2, drain: time.Second}, &seq)
 	if !aborted || err == nil || !strings.Contains(err.Error(), "1 went in") {
 		t.Fatalf("aborted %v, err %v; want a failed post saying 1 went in", aborted, err)
 	}
@@ -307,4 +307,12 @@ func TestBackoffYieldsForSpinForThenSleeps(t *testing.T) {
 	if yields != 1 || len(sleeps) != 0 {
 		t.Fatalf("after a reset: %d yields, sleeps %v; want one yield", yields, sleeps)
 	}
+}
+
+// readCtx bounds a read: a completion that never comes fails the test in
+// seconds rather than at the package's timeout.
+func readCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }

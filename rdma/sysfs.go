@@ -77,6 +77,32 @@ func gidTypeFromForm(g GID, ll LinkLayer) GIDType {
 	return GIDTypeUnknown
 }
 
+// typesByRepeat corrects types guessed from the form: on Ethernet the
+// kernel's GID table holds each address once per RoCE version, v1 first
+// (mlx5: fe80 v1, fe80 v2, ::ffff:a.b.c.d v1, ::ffff:a.b.c.d v2), so of two
+// entries with the same GID the lower index is RoCE v1 and the higher v2,
+// whatever the form suggests. A GID that appears once keeps its guess.
+func typesByRepeat(gids []GID, guessed []bool, ll LinkLayer) {
+	if ll != LinkLayerEthernet {
+		return
+	}
+	for i := range gids {
+		if !guessed[i] {
+			continue
+		}
+		for j := range gids {
+			if j != i && gids[j].Raw == gids[i].Raw {
+				if j > i {
+					gids[i].Type = GIDTypeRoCEv1
+				} else {
+					gids[i].Type = GIDTypeRoCEv2
+				}
+				break
+			}
+		}
+	}
+}
+
 // PreferredGID is the GID a queue pair on this port sends from, as
 // OpenDevice chooses it; ok is false when none fits (an Ethernet port
 // without a RoCE v2 GID).

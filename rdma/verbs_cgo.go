@@ -351,21 +351,25 @@ func (l *Library) describe(name string, dev *C.struct_kvf_ibv_device, ctx *C.str
 			port.LinkLayer = LinkLayerInfiniBand
 		}
 		port.Gbps = linkGbps(port.Width, port.Speed)
+		var guessed []bool
 		for i := 0; i < min(int(pa.gid_tbl_len), maxGIDs); i++ {
-			g, ok := l.queryGID(name, ctx, p, i, port.LinkLayer)
+			g, fromForm, ok := l.queryGID(name, ctx, p, i, port.LinkLayer)
 			if ok {
 				port.GIDs = append(port.GIDs, g)
+				guessed = append(guessed, fromForm)
 			}
 		}
+		typesByRepeat(port.GIDs, guessed, port.LinkLayer)
 		info.Ports = append(info.Ports, port)
 	}
 	return info, nil
 }
 
-// queryGID reads one GID table entry and its type; ok is false for an empty
-// or unreadable entry.
-func (l *Library) queryGID(dev string, ctx *C.struct_kvf_ibv_context, port, index int, ll LinkLayer) (GID, bool) {
-	g := GID{Index: index, Type: GIDTypeUnknown}
+// queryGID reads one GID table entry and its type; fromForm says the type
+// is a guess from the GID's form (no _ibv_query_gid_ex, no sysfs); ok is
+// false for an empty or unreadable entry.
+func (l *Library) queryGID(dev string, ctx *C.struct_kvf_ibv_context, port, index int, ll LinkLayer) (g GID, fromForm, ok bool) {
+	g = GID{Index: index, Type: GIDTypeUnknown}
 	if C.kvf_has_query_gid_ex(l.lib) != 0 {
 		var e C.struct_kvf_ibv_gid_entry
 		if C.kvf_query_gid_ex(l.lib, ctx, C.uint32_t(port), C.uint32_t(index), &e) == 0 {
@@ -376,21 +380,22 @@ func (l *Library) queryGID(dev string, ctx *C.struct_kvf_ibv_context, port, inde
 	if g.Raw == ([16]byte{}) {
 		var raw C.union_kvf_ibv_gid
 		if C.kvf_query_gid(l.lib, ctx, C.uint8_t(port), C.int(index), &raw) != 0 {
-			return g, false
+			return g, false, false
 		}
 		g.Raw = *(*[16]byte)(unsafe.Pointer(&raw))
 		g.Type = GIDTypeUnknown
 	}
 	if g.Raw == ([16]byte{}) {
-		return g, false
+		return g, false, false
 	}
 	if g.Type == GIDTypeUnknown {
 		g.Type = gidTypeFromSysfs(l.cfg.SysfsRoot, dev, port, index, ll)
 	}
 	if g.Type == GIDTypeUnknown {
 		g.Type = gidTypeFromForm(g, ll)
+		fromForm = true
 	}
-	return g, true
+	return g, fromForm, true
 }
 
 // Device is one opened port of an RDMA device with its protection domain.

@@ -34,7 +34,7 @@ func TestRDMADevicesOnSoftverbs(t *testing.T) {
 	}
 	for i, name := range []string{"sv0", "sv1"} {
 		f := strings.Fields(lines[i+1])
-		if f[0] != name || f[1] != "1" || f[2] != "active" || f[3] != "ethernet" || !strings.Contains(lines[i+1], "1 0000:0000:0000:0000:0000:ffff:0a09:0807 (RoCE v2)") {
+		if f[0] != name || f[1] != "1" || f[2] != "active" || f[3] != "ethernet" || !strings.Contains(lines[i+1], "3 0000:0000:0000:0000:0000:ffff:0a09:0807 (RoCE v2)") {
 			t.Fatalf("row %q", lines[i+1])
 		}
 	}
@@ -56,7 +56,7 @@ func TestRDMADevicesOnSoftverbs(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &devs); err != nil {
 		t.Fatalf("--json output: %v\n%s", err, out)
 	}
-	if len(devs) != 2 || devs[1].Name != "sv1" || devs[1].Ports[0].State != "active" || len(devs[1].Ports[0].GIDs) != 2 {
+	if len(devs) != 2 || devs[1].Name != "sv1" || devs[1].Ports[0].State != "active" || len(devs[1].Ports[0].GIDs) != 4 {
 		t.Fatalf("--json: %+v", devs)
 	}
 }

@@ -18,6 +18,9 @@ import (
 func benchDriver(b *testing.B) *cuda.Driver {
 	b.Helper()
 	d, err := cuda.Open(cuda.Config{Path: os.Getenv(cuda.EnvLibrary)})
+	if err != nil && os.Getenv(envRequireGPU) == "1" {
+		b.Fatalf("%s=1 and no GPU: %v", envRequireGPU, err)
+	}
 	if errors.Is(err, cuda.ErrNotSupported) || errors.Is(err, cuda.ErrUnavailable) {
 		b.Logf("no GPU (%v): measuring softcuda, not a GPU", err)
 		b.Setenv("SOFTCUDA_MEMORY", "4G")

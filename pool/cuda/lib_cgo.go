@@ -10,49 +10,11 @@ package cuda
 #include <stdlib.h>
 #include <string.h>
 
-// Our own declarations of the few driver-API types we use; no CUDA headers
-// are needed to build.
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
-typedef void *CUstream;
-typedef void *CUevent;
-typedef struct { char reserved[64]; } CUipcMemHandle;
-typedef struct {
-	size_t srcXInBytes, srcY;
-	int srcMemoryType;
-	const void *srcHost;
-	CUdeviceptr srcDevice;
-	void *srcArray;
-	size_t srcPitch;
-	size_t dstXInBytes, dstY;
-	int dstMemoryType;
-	void *dstHost;
-	CUdeviceptr dstDevice;
-	void *dstArray;
-	size_t dstPitch;
-	size_t WidthInBytes, Height;
-} CUDA_MEMCPY2D;
-// CUDA_MEMCPY3D_PEER, field for field as cuda.h declares it (the enum
-// CUmemorytype is an int, CUarray an opaque pointer).
-typedef struct {
-	size_t srcXInBytes, srcY, srcZ, srcLOD;
-	int srcMemoryType;
-	const void *srcHost;
-	CUdeviceptr srcDevice;
-	void *srcArray;
-	CUcontext srcContext;
-	size_t srcPitch, srcHeight;
-	size_t dstXInBytes, dstY, dstZ, dstLOD;
-	int dstMemoryType;
-	void *dstHost;
-	CUdeviceptr dstDevice;
-	void *dstArray;
-	CUcontext dstContext;
-	size_t dstPitch, dstHeight;
-	size_t WidthInBytes, Height, Depth;
-} CUDA_MEMCPY3D_PEER;
+// The driver-API types we use, declared once for the binding and softcuda
+// (with static asserts on their layouts); no CUDA headers are needed to
+// build.
+#cgo CFLAGS: -I${SRCDIR}/softcuda/csrc
+#include "kvf_cuda.h"
 
 #define KVF_MAXDEV 64
 
@@ -178,7 +140,7 @@ static CUresult kvf_info(struct kvf_cuda *l, int dev, char *name, int namelen, s
 	*dmabuf = 0;
 	// CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED; older drivers refuse the
 	// attribute, which means no.
-	if (l->cuMemGetHandleForAddressRange && l->cuDeviceGetAttribute(dmabuf, 124, d)) *dmabuf = 0;
+	if (l->cuMemGetHandleForAddressRange && l->cuDeviceGetAttribute(dmabuf, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, d)) *dmabuf = 0;
 	return 0;
 }
 
@@ -200,7 +162,7 @@ static CUresult kvf_range(struct kvf_cuda *l, int dev, CUdeviceptr p, CUdevicept
 }
 static CUresult kvf_hostalloc(struct kvf_cuda *l, int dev, void **p, size_t n) {
 	CTX(dev);
-	return l->cuMemHostAlloc(p, n, 1); // CU_MEMHOSTALLOC_PORTABLE
+	return l->cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE);
 }
 static CUresult kvf_hostfree(struct kvf_cuda *l, int dev, void *p) {
 	CTX(dev);
@@ -208,7 +170,7 @@ static CUresult kvf_hostfree(struct kvf_cuda *l, int dev, void *p) {
 }
 static CUresult kvf_hostregister(struct kvf_cuda *l, int dev, void *p, size_t n) {
 	CTX(dev);
-	return l->cuMemHostRegister_v2(p, n, 1); // CU_MEMHOSTREGISTER_PORTABLE
+	return l->cuMemHostRegister_v2(p, n, CU_MEMHOSTREGISTER_PORTABLE);
 }
 static CUresult kvf_hostunregister(struct kvf_cuda *l, int dev, void *p) {
 	CTX(dev);
@@ -235,11 +197,10 @@ static CUresult kvf_copy2d(struct kvf_cuda *l, int dev, int dir, uint64_t dst, s
 	CTX(dev);
 	CUDA_MEMCPY2D c;
 	memset(&c, 0, sizeof c);
-	// CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2
-	c.srcMemoryType = dir == 1 ? 1 : 2;
-	c.dstMemoryType = dir == 2 ? 1 : 2;
-	if (c.srcMemoryType == 1) c.srcHost = (const void *)(uintptr_t)src; else c.srcDevice = src;
-	if (c.dstMemoryType == 1) c.dstHost = (void *)(uintptr_t)dst; else c.dstDevice = dst;
+	c.srcMemoryType = dir == 1 ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+	c.dstMemoryType = dir == 2 ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+	if (c.srcMemoryType == CU_MEMORYTYPE_HOST) c.srcHost = (const void *)(uintptr_t)src; else c.srcDevice = src;
+	if (c.dstMemoryType == CU_MEMORYTYPE_HOST) c.dstHost = (void *)(uintptr_t)dst; else c.dstDevice = dst;
 	c.srcPitch = spitch;
 	c.dstPitch = dpitch;
 	c.WidthInBytes = width;
@@ -264,12 +225,12 @@ static CUresult kvf_copy2d_peer(struct kvf_cuda *l, int dev, uint64_t dst, int d
 	CTX(dev);
 	CUDA_MEMCPY3D_PEER c;
 	memset(&c, 0, sizeof c);
-	c.srcMemoryType = 2; // CU_MEMORYTYPE_DEVICE
+	c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
 	c.srcDevice = src;
 	c.srcContext = l->ctx[srcdev];
 	c.srcPitch = spitch;
 	c.srcHeight = height;
-	c.dstMemoryType = 2;
+	c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
 	c.dstDevice = dst;
 	c.dstContext = l->ctx[dstdev];
 	c.dstPitch = dpitch;
@@ -281,11 +242,11 @@ static CUresult kvf_copy2d_peer(struct kvf_cuda *l, int dev, uint64_t dst, int d
 }
 static CUresult kvf_pointer_device(struct kvf_cuda *l, int dev, CUdeviceptr p, int *ordinal) {
 	CTX(dev);
-	return l->cuPointerGetAttribute(ordinal, 9, p); // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+	return l->cuPointerGetAttribute(ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p);
 }
 static CUresult kvf_stream_create(struct kvf_cuda *l, int dev, CUstream *s) {
 	CTX(dev);
-	return l->cuStreamCreate(s, 1); // CU_STREAM_NON_BLOCKING
+	return l->cuStreamCreate(s, CU_STREAM_NON_BLOCKING);
 }
 static CUresult kvf_stream_destroy(struct kvf_cuda *l, int dev, CUstream s) {
 	CTX(dev);
@@ -336,8 +297,8 @@ static CUresult kvf_ipc_close(struct kvf_cuda *l, int dev, CUdeviceptr p) {
 static CUresult kvf_dmabuf(struct kvf_cuda *l, int dev, CUdeviceptr p, size_t n, int *fd) {
 	if (!l->cuMemGetHandleForAddressRange) return 801;
 	CTX(dev);
-	// CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, flags 0 as NCCL asks first.
-	return l->cuMemGetHandleForAddressRange(fd, p, n, 1, 0);
+	// Flags 0, as NCCL asks first.
+	return l->cuMemGetHandleForAddressRange(fd, p, n, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
 }
 static CUresult kvf_init(struct kvf_cuda *l) { return l->cuInit(0); }
 static CUresult kvf_count(struct kvf_cuda *l, int *n) { return l->cuDeviceGetCount(n); }

@@ -5,6 +5,7 @@ package cuda_test
 import (
 	"bytes"
 	"errors"
+	"os"
 	"testing"
 
 	"github.com/kvfabric/kvfabric/layout"
@@ -12,10 +13,14 @@ import (
 )
 
 // requireGPU opens the real driver (libcuda.so.1, whatever
-// KVFABRIC_CUDA_LIB says) or skips with the reason.
+// KVFABRIC_CUDA_LIB says) or skips with the reason; with
+// KVF_REQUIRE_GPU=1 (make gpu-check) no GPU is a failure.
 func requireGPU(t *testing.T) *cuda.Driver {
 	t.Helper()
 	d, err := cuda.Open(cuda.Config{Path: cuda.DefaultLibrary})
+	if err != nil && os.Getenv(envRequireGPU) == "1" {
+		t.Fatalf("%s=1 and no GPU: %v", envRequireGPU, err)
+	}
 	if errors.Is(err, cuda.ErrMissingCall) {
 		// A driver that loads but lacks a call we declare: a wrong name
 		// of ours, or a driver kvfabric cannot run on.
@@ -30,6 +35,10 @@ func requireGPU(t *testing.T) *cuda.Driver {
 	t.Cleanup(func() { d.Close() })
 	return d
 }
+
+// envRequireGPU=1 makes the real-GPU tests and benchmarks fail, not skip
+// or fall back to softcuda, where no GPU is found.
+const envRequireGPU = "KVF_REQUIRE_GPU"
 
 // The same calls as the softcuda tests, on a real GPU.
 func TestRealGPURoundTrip(t *testing.T) {

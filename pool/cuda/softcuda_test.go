@@ -74,6 +74,9 @@ func openSoft(t *testing.T, env ...string) (*cuda.Driver, string) {
 	for _, name := range []string{"SOFTCUDA_DEVICES", "SOFTCUDA_MEMORY", "SOFTCUDA_PCI_BUS_IDS", "SOFTCUDA_DMABUF", "SOFTCUDA_COPY_DELAY_US", "SOFTCUDA_FAIL", "SOFTCUDA_IPC_OPEN"} {
 		t.Setenv(name, "")
 	}
+	// Copies take time, as on a GPU, so that a missing synchronisation
+	// shows; a test that measures ordering sets its own delay.
+	t.Setenv("SOFTCUDA_COPY_DELAY_US", "200")
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)

@@ -33,3 +33,18 @@ func TestDmabufRefusesOtherDescriptors(t *testing.T) {
 		t.Fatalf("dma-buf of /dev/zero: %q, want err reg errno=95", ans)
 	}
 }
+
+// Memory freed by the GPU driver that exported it (softcuda truncates the
+// memfd) reads nothing more through a dma-buf registration: the READ is a
+// remote access error, never stale or zero bytes reported as success.
+func TestDmabufOfFreedMemory(t *testing.T) {
+	w := newWorld(t)
+	holder, reader := w.pair(pairOpts{})
+	src := holder.ok("buf src 8192 11 dmabuf=1")
+	reader.ok("buf dst 8192 0")
+	reader.ok("post wrid=1 sig=1 rkey=%s raddr=%s sge=dst:0:8192", src["rkey"], src["addr"])
+	reader.expect(5*time.Second, completion{wrID: 1, status: wcSuccess})
+	holder.ok("trunc src")
+	reader.ok("post wrid=2 sig=1 rkey=%s raddr=%s sge=dst:0:8192", src["rkey"], src["addr"])
+	reader.expect(5*time.Second, completion{wrID: 2, status: wcRemAccess})
+}

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -425,6 +426,10 @@ struct qp_entry {
 	uint32_t pd, qpn, dest_qpn, lid;
 	int state, access, max_dest_rd_atomic;
 	uint8_t gid[2][16];
+	uint32_t rq_psn;	// the PSN it expects next
+	int path_mtu;		// enum ibv_mtu its responses are cut to
+	int active_mtu;		// its port's (enum ibv_mtu)
+	int sgid_type;		// type of the GID its QP sends from (enum ibv_gid_type)
 	char control[256];
 };
 
@@ -453,10 +458,12 @@ static int qp_entry_read(uint32_t qpn, struct qp_entry *q)
 	q->control[0] = 0;
 	int n = sscanf(buf,
 		       "pid=%d start=%llu pd=%u qpn=%u state=%d dest_qpn=%u access=%d "
-		       "max_dest_rd_atomic=%d lid=%u gid0=%32s gid1=%32s control=%255[^\n]",
+		       "max_dest_rd_atomic=%d lid=%u gid0=%32s gid1=%32s rq_psn=%u path_mtu=%d "
+		       "active_mtu=%d sgid_type=%d control=%255[^\n]",
 		       &q->pid, &q->start, &q->pd, &q->qpn, &q->state, &q->dest_qpn, &q->access,
-		       &q->max_dest_rd_atomic, &q->lid, g0, g1, q->control);
-	if (n < 11)
+		       &q->max_dest_rd_atomic, &q->lid, g0, g1, &q->rq_psn, &q->path_mtu, &q->active_mtu,
+		       &q->sgid_type, q->control);
+	if (n < 15)
 		return -1;
 	if (unhex16(g0, q->gid[0]) || unhex16(g1, q->gid[1]))
 		return -1;
@@ -469,6 +476,7 @@ struct faults {
 	unsigned fail_read;	// the Nth READ posted from when this was set fails
 	int fail_status;	// status of that failure
 	unsigned delay_us;	// every completion is delayed this long
+	unsigned copy_us;	// each 64 KiB a READ copies takes this much longer
 	int stall;		// reads stop completing until cleared
 	int port_down;		// port reported down; reads time out
 };
@@ -534,12 +542,14 @@ static void parse_faults(const char *s, struct faults *f)
 			f->fail_status = parse_status(v);
 		else if (strcmp(kv, "delay_us") == 0)
 			f->delay_us = (unsigned)strtoul(v, NULL, 10);
+		else if (strcmp(kv, "copy_us") == 0)
+			f->copy_us = (unsigned)strtoul(v, NULL, 10);
 		else if (strcmp(kv, "stall") == 0)
 			f->stall = atoi(v) != 0;
 		else if (strcmp(kv, "port_down") == 0)
 			f->port_down = atoi(v) != 0;
 		else
-			sv_log("fault key %s: unknown (known: fail_read, fail_status, delay_us, stall, port_down)", kv);
+			sv_log("fault key %s: unknown (known: fail_read, fail_status, delay_us, copy_us, stall, port_down)", kv);
 	}
 }
 
@@ -658,7 +668,16 @@ struct sv_context {
 	struct sv_device *dev;
 	int link_ib;
 	int port_down_env;
+	int active_mtu;	      // enum ibv_mtu (SOFTVERBS_ACTIVE_MTU)
+	int roce_v1;	      // RoCE v1 frames reach peers (SOFTVERBS_ROCE_V1=1: one L2 segment)
 	pthread_mutex_t lock; // guards mrs and the counts
+	pthread_cond_t mr_cv; // an MR's users dropped to 0
+	// Asynchronous events (ibv_get_async_event): a ring under ev_lock,
+	// signalled on async_fd (an eventfd).
+	pthread_mutex_t ev_lock;
+	struct ibv_async_event evq[64];
+	int ev_head, ev_count, ev_unacked;
+	int port_seen_down;
 	struct sv_mr *mrs;
 	int n_qp, n_cq, n_mr, n_pd;
 };
@@ -677,6 +696,7 @@ struct sv_mr {
 	int access;
 	void *map; // dma-buf mapping to unmap at dereg
 	size_t maplen;
+	int users; // READs writing into it now (under the context's lock)
 	struct sv_mr *next;
 };
 
@@ -724,6 +744,7 @@ struct sv_qp {
 	uint64_t freed;		  // slots below this are free (atomic)
 	uint64_t gen;		  // bumped on RESET: in-flight work is discarded
 	int busy, stop;
+	uint64_t outstanding; // READs posted and not complete when the one executing started
 	int idle;	  // the worker waits for a post (without timeout)
 	int busy_waiters; // threads waiting for busy to clear
 	pthread_t thr;
@@ -854,6 +875,8 @@ SV_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device)
 	return device ? htobe64(((struct sv_device *)device)->guid) : 0;
 }
 
+static int port_is_down(struct sv_context *c);
+
 SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
 	if (!device) {
@@ -881,6 +904,24 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	pthread_mutex_init(&c->lock, NULL);
 	c->link_ib = strcasecmp(env_or("SOFTVERBS_LINK_LAYER", "ethernet"), "infiniband") == 0;
 	c->port_down_env = strcasecmp(env_or("SOFTVERBS_PORT_STATE", "active"), "down") == 0;
+	// The active MTU: 1024 by default, as RoCE runs on a 1500-byte Ethernet
+	// MTU; InfiniBand and jumbo-frame Ethernet give 4096.
+	const char *mtu = env_or("SOFTVERBS_ACTIVE_MTU", "1024");
+	c->active_mtu = 0;
+	for (int m = IBV_MTU_256, b = 256; m <= IBV_MTU_4096; m++, b *= 2)
+		if (strtol(mtu, NULL, 10) == b && strspn(mtu, "0123456789") == strlen(mtu))
+			c->active_mtu = m;
+	if (!c->active_mtu) {
+		sv_log("SOFTVERBS_ACTIVE_MTU=%s: not 256, 512, 1024, 2048 or 4096", mtu);
+		free(c);
+		errno = EINVAL;
+		return NULL;
+	}
+	c->roce_v1 = strcmp(env_or("SOFTVERBS_ROCE_V1", "0"), "1") == 0;
+	pthread_mutex_init(&c->ev_lock, NULL);
+	pthread_cond_init(&c->mr_cv, NULL);
+	c->ctx.async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+	c->port_seen_down = port_is_down(c);
 	c->ctx.ops.post_send = sv_post_send;
 	c->ctx.ops.post_recv = sv_post_recv;
 	c->ctx.ops.poll_cq = sv_poll_cq;
@@ -903,6 +944,8 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
 	if (busy)
 		return EBUSY;
 	pthread_mutex_destroy(&c->lock);
+	if (c->ctx.async_fd >= 0)
+		close(c->ctx.async_fd);
 	free(c);
 	return 0;
 }
@@ -944,6 +987,82 @@ static int port_is_down(struct sv_context *c)
 	return c->port_down_env || f.port_down;
 }
 
+// async_push queues an asynchronous event and signals async_fd. A full
+// queue (64 unread) drops the event, as a kernel's event file does.
+static void async_push(struct sv_context *c, enum ibv_event_type type, void *element)
+{
+	pthread_mutex_lock(&c->ev_lock);
+	if (c->ev_count < (int)(sizeof(c->evq) / sizeof(c->evq[0]))) {
+		struct ibv_async_event *e = &c->evq[(c->ev_head + c->ev_count) % 64];
+		memset(e, 0, sizeof(*e));
+		e->event_type = type;
+		if (type == IBV_EVENT_QP_FATAL)
+			e->element.qp = element;
+		else if (type == IBV_EVENT_CQ_ERR)
+			e->element.cq = element;
+		else
+			e->element.port_num = 1;
+		c->ev_count++;
+		uint64_t one = 1;
+		if (c->ctx.async_fd >= 0 && write(c->ctx.async_fd, &one, sizeof(one)) != sizeof(one))
+			sv_log("async event: eventfd write: %s", strerror(errno));
+	}
+	pthread_mutex_unlock(&c->ev_lock);
+}
+
+// port_watch turns a change of the port's state into IBV_EVENT_PORT_ERR or
+// IBV_EVENT_PORT_ACTIVE. The state is looked at when the library next looks
+// at the port: a READ, ibv_query_port, ibv_get_async_event.
+static int port_watch(struct sv_context *c)
+{
+	int down = port_is_down(c);
+	pthread_mutex_lock(&c->ev_lock);
+	int changed = down != c->port_seen_down;
+	c->port_seen_down = down;
+	pthread_mutex_unlock(&c->ev_lock);
+	if (changed)
+		async_push(c, down ? IBV_EVENT_PORT_ERR : IBV_EVENT_PORT_ACTIVE, NULL);
+	return down;
+}
+
+// ibv_get_async_event blocks until an event is queued (port state changes,
+// CQ errors and the QPs they make fatal), or, with async_fd set
+// O_NONBLOCK, fails with EAGAIN when none is.
+SV_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
+{
+	if (!context || !event) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct sv_context *c = ctx_of(context);
+	for (;;) {
+		port_watch(c);
+		pthread_mutex_lock(&c->ev_lock);
+		if (c->ev_count > 0) {
+			*event = c->evq[c->ev_head];
+			c->ev_head = (c->ev_head + 1) % 64;
+			c->ev_count--;
+			c->ev_unacked++;
+			uint64_t v;
+			if (read(c->ctx.async_fd, &v, sizeof(v)) != sizeof(v))
+				sv_log("async event: eventfd read: %s", strerror(errno));
+			pthread_mutex_unlock(&c->ev_lock);
+			return 0;
+		}
+		pthread_mutex_unlock(&c->ev_lock);
+		if (fcntl(c->ctx.async_fd, F_GETFL) & O_NONBLOCK) {
+			errno = EAGAIN;
+			return -1;
+		}
+		usleep(10000);
+	}
+}
+
+SV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
+{
+	(void)event; // events hold no references here
+}
+
 // The exported symbol takes the compat type; like libibverbs it fills a whole
 // struct ibv_port_attr (verbs.h's ___ibv_query_port passes one).
 SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port,
@@ -956,12 +1075,12 @@ SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port,
 		return EINVAL;
 	struct sv_context *c = ctx_of(context);
 	memset(a, 0, sizeof(*a));
-	int down = port_is_down(c);
+	int down = port_watch(c);
 	a->state = down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
 	a->phys_state = down ? 3 /* disabled */ : 5 /* link up */;
 	a->max_mtu = IBV_MTU_4096;
-	a->active_mtu = IBV_MTU_4096;
-	a->gid_tbl_len = c->link_ib ? 1 : 2;
+	a->active_mtu = c->active_mtu;
+	a->gid_tbl_len = c->link_ib ? 1 : 4;
 	a->port_cap_flags = c->link_ib ? 0 : (1u << 26) /* IP based GIDs */;
 	a->max_msg_sz = SV_MAX_MSG;
 	a->pkey_tbl_len = 1;
@@ -974,8 +1093,9 @@ SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port,
 	return 0;
 }
 
-// GID table: Ethernet: 0 = fe80:: link-local (RoCE v1), 1 = ::ffff:a.b.c.d
-// (RoCE v2). InfiniBand: 0 = fe80::<guid>.
+// GID table, laid out as mlx5 lays it out: Ethernet: each address twice,
+// RoCE v1 then RoCE v2: 0 = fe80::<guid> v1, 1 = fe80::<guid> v2,
+// 2 = ::ffff:a.b.c.d v1, 3 = ::ffff:a.b.c.d v2. InfiniBand: 0 = fe80::<guid>.
 static int gid_of(struct sv_context *c, int index, union ibv_gid *g, uint32_t *type)
 {
 	memset(g, 0, sizeof(*g));
@@ -989,22 +1109,20 @@ static int gid_of(struct sv_context *c, int index, union ibv_gid *g, uint32_t *t
 		*type = IBV_GID_TYPE_IB;
 		return 0;
 	}
-	if (index == 0) {
+	if (index < 0 || index > 3)
+		return -1;
+	if (index < 2) {
 		g->raw[0] = 0xfe;
 		g->raw[1] = 0x80;
 		uint64_t be = htobe64(c->dev->guid);
 		memcpy(g->raw + 8, &be, 8);
-		*type = IBV_GID_TYPE_ROCE_V1;
-		return 0;
-	}
-	if (index == 1) {
+	} else {
 		g->raw[10] = 0xff;
 		g->raw[11] = 0xff;
 		memcpy(g->raw + 12, &c->dev->ipv4, 4);
-		*type = IBV_GID_TYPE_ROCE_V2;
-		return 0;
 	}
-	return -1;
+	*type = index % 2 ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1;
+	return 0;
 }
 
 SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port, int index, union ibv_gid *gid)
@@ -1306,6 +1424,10 @@ SV_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 	*pp = m->next;
 	c->n_mr--;
 	((struct sv_pd *)mr->pd)->users--;
+	// A READ writing into the region finishes first: once this returns,
+	// nothing more lands in the memory (it was pinned until now).
+	while (m->users > 0)
+		pthread_cond_wait(&c->mr_cv, &c->lock);
 	pthread_mutex_unlock(&c->lock);
 	registry_remove("mr", mr->rkey);
 	if (m->map)
@@ -1383,11 +1505,18 @@ static void cq_push(struct sv_qp *s, const struct ibv_wc *wc, uint64_t seq)
 	struct sv_cq *q = (struct sv_cq *)s->qp.send_cq;
 	pthread_mutex_lock(&q->lock);
 	if (q->overflow || q->count == q->cap) {
-		if (!q->overflow)
+		int first = !q->overflow;
+		if (first)
 			sv_log("CQ overrun (cqe=%d): CQ in error, completions lost", q->cap);
 		q->overflow = 1;
 		pthread_mutex_unlock(&q->lock);
+		int was_err = s->qp.state == IBV_QPS_ERR;
 		qp_set_error_locked(s);
+		struct sv_context *c = ctx_of(s->qp.context);
+		if (first)
+			async_push(c, IBV_EVENT_CQ_ERR, &q->cq);
+		if (!was_err)
+			async_push(c, IBV_EVENT_QP_FATAL, &s->qp);
 		return;
 	}
 	struct sv_cqe *e = &q->ring[(q->head + q->count) % q->cap];
@@ -1489,21 +1618,26 @@ static int sv_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 static void qp_publish(struct sv_qp *s)
 {
 	struct sv_context *c = ctx_of(s->qp.context);
-	union ibv_gid g0, g1;
-	uint32_t t;
+	union ibv_gid g0, g1, sg;
+	uint32_t t, stype = 0;
+	// The table's two addresses: link-local, and the IPv4-mapped one.
 	gid_of(c, 0, &g0, &t);
-	if (gid_of(c, 1, &g1, &t) != 0)
+	if (gid_of(c, c->link_ib ? 1 : 3, &g1, &t) != 0)
 		memset(&g1, 0, sizeof(g1));
+	if (s->attr.ah_attr.is_global && gid_of(c, s->attr.ah_attr.grh.sgid_index, &sg, &stype) != 0)
+		stype = 0;
 	char h0[33], h1[33], line[1024];
 	hex16(h0, g0.raw);
 	hex16(h1, g1.raw);
 	const char *ctl = getenv("SOFTVERBS_CONTROL");
 	snprintf(line, sizeof(line),
 		 "pid=%d start=%llu pd=%u qpn=%u state=%d dest_qpn=%u access=%d "
-		 "max_dest_rd_atomic=%d lid=%u gid0=%s gid1=%s control=%s\n",
+		 "max_dest_rd_atomic=%d lid=%u gid0=%s gid1=%s rq_psn=%u path_mtu=%d active_mtu=%d "
+		 "sgid_type=%d control=%s\n",
 		 (int)g_pid, g_start, ((struct sv_pd *)s->qp.pd)->id, s->qp.qp_num, (int)s->qp.state,
 		 s->attr.dest_qp_num, (int)s->attr.qp_access_flags, (int)s->attr.max_dest_rd_atomic,
-		 c->link_ib ? c->dev->lid : 0, h0, h1, ctl ? ctl : "");
+		 c->link_ib ? c->dev->lid : 0, h0, h1, s->attr.rq_psn, (int)s->attr.path_mtu,
+		 (int)c->active_mtu, (int)stype, ctl ? ctl : "");
 	registry_write("qp", s->qp.qp_num, line);
 }
 
@@ -1895,17 +2029,18 @@ static int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
 	return EOPNOTSUPP; // READs only: no receives
 }
 
-// Transport timeout: 4.096 us * 2^timeout per try, retry_cnt+1 tries; timeout
-// 0 (infinite on InfiniBand) and long ones are capped (SOFTVERBS_TIMEOUT_CAP_MS,
-// default 2 s) so that tests end.
+// Transport timeout: 4.096 us * 2^timeout per try, retry_cnt+1 tries; long
+// ones are capped (SOFTVERBS_TIMEOUT_CAP_MS, default 2 s) so that tests end.
+// Timeout 0 is infinite, as on hardware: a request that gets no response
+// waits until the QP is reset, moved to ERR or destroyed.
 static uint64_t qp_timeout_ns(const struct ibv_qp_attr *a)
 {
+	if (a->timeout == 0)
+		return UINT64_MAX;
 	uint64_t cap_ms = strtoull(env_or("SOFTVERBS_TIMEOUT_CAP_MS", "0"), NULL, 10);
 	if (cap_ms == 0)
 		cap_ms = SV_DEFAULT_TIMEOUT_CAP_MS;
 	uint64_t cap = cap_ms * 1000000ull;
-	if (a->timeout == 0)
-		return cap;
 	long double ns = 4096.0L * (long double)(1ull << a->timeout) * (a->retry_cnt + 1);
 	return ns > (long double)cap ? cap : (uint64_t)ns;
 }
@@ -1976,12 +2111,12 @@ static int rkey_entry(struct sv_qp *s, uint32_t rkey, struct mr_entry *me)
 // Can the responder be reached now? LOST means no response would come (gone,
 // wrong address, not connected back, stalled, port down): the requester
 // retries until its timeout.
-static enum reach peer_reach(struct sv_qp *s, struct qp_entry *pe)
+static enum reach peer_reach(struct sv_qp *s, struct qp_entry *pe, uint64_t total)
 {
 	struct sv_context *c = ctx_of(s->qp.context);
 	struct faults f;
 	faults_refresh(&f);
-	if (f.stall || f.port_down || c->port_down_env)
+	if (f.stall || port_watch(c))
 		return REACH_LOST;
 	if (peer_entry(s, pe) != 0)
 		return REACH_LOST;
@@ -2000,12 +2135,48 @@ static enum reach peer_reach(struct sv_qp *s, struct qp_entry *pe)
 		if (pf.stall || pf.port_down)
 			return REACH_LOST;
 	}
+	if (ah->is_global && !c->link_ib) {
+		// Both ends send with the same RoCE version, or neither hears the
+		// other; RoCE v1 (layer 2) frames are not routed unless the two
+		// are on one segment (SOFTVERBS_ROCE_V1=1).
+		union ibv_gid g;
+		uint32_t type;
+		if (gid_of(c, ah->grh.sgid_index, &g, &type) != 0 || (int)type != pe->sgid_type)
+			return REACH_LOST;
+		if (type == IBV_GID_TYPE_ROCE_V1 && !c->roce_v1)
+			return REACH_LOST;
+	}
+	// The responder takes only the PSN it expects: another is a duplicate
+	// or out of sequence, and the requester retries until it gives up.
+	if (s->attr.sq_psn != pe->rq_psn)
+		return REACH_LOST;
+	// Packets longer than the link carries (the smaller active MTU of the
+	// two ports) are dropped: a READ response is cut to the responder's
+	// path MTU, and the requester takes none longer than its own.
+	int link = c->active_mtu < pe->active_mtu ? c->active_mtu : pe->active_mtu;
+	uint64_t link_bytes = 128ull << link;
+	if (total > link_bytes && (pe->path_mtu > link || (int)s->attr.path_mtu > link))
+		return REACH_LOST;
 	if (!(pe->access & IBV_ACCESS_REMOTE_READ) || pe->max_dest_rd_atomic == 0)
+		return REACH_INV_REQ;
+	// More READs outstanding than the responder has resources for: it
+	// answers Invalid Request.
+	uint64_t outstanding = s->outstanding;
+	if (outstanding > s->attr.max_rd_atomic)
+		outstanding = s->attr.max_rd_atomic;
+	if (outstanding > (uint64_t)pe->max_dest_rd_atomic)
 		return REACH_INV_REQ;
 	return REACH_OK;
 }
 
-static int local_sges(struct sv_qp *s, const struct sv_wr *w, struct iovec *iov, uint64_t *total)
+// local_sges resolves the request's scatter list. With held, it also
+// counts the READ as a user of each region (ibv_dereg_mr waits for it, as
+// a NIC's writes into pinned memory end before the deregistration does);
+// mr_release drops them.
+static void mr_release(struct sv_context *c, struct sv_mr **held, int n);
+
+static int local_sges(struct sv_qp *s, const struct sv_wr *w, struct iovec *iov, uint64_t *total,
+		      struct sv_mr **held)
 {
 	struct sv_context *c = ctx_of(s->qp.context);
 	*total = 0;
@@ -2017,16 +2188,102 @@ static int local_sges(struct sv_qp *s, const struct sv_wr *w, struct iovec *iov,
 			m = m->next;
 		if (!m || m->mr.pd != s->qp.pd || !(m->access & IBV_ACCESS_LOCAL_WRITE) ||
 		    g->addr < m->iova || g->length > m->len || g->addr - m->iova > m->len - g->length) {
+			for (int j = 0; held && j < i; j++)
+				held[j]->users--;
 			pthread_mutex_unlock(&c->lock);
 			return IBV_WC_LOC_PROT_ERR;
+		}
+		if (held) {
+			held[i] = m;
+			m->users++;
 		}
 		iov[i].iov_base = (void *)(uintptr_t)(m->host + (g->addr - m->iova));
 		iov[i].iov_len = g->length;
 		*total += g->length;
 	}
 	pthread_mutex_unlock(&c->lock);
-	if (*total > SV_MAX_MSG)
+	if (*total > SV_MAX_MSG) {
+		if (held)
+			mr_release(c, held, w->num_sge);
 		return IBV_WC_LOC_LEN_ERR;
+	}
+	return IBV_WC_SUCCESS;
+}
+
+static void mr_release(struct sv_context *c, struct sv_mr **held, int n)
+{
+	pthread_mutex_lock(&c->lock);
+	for (int i = 0; i < n; i++)
+		held[i]->users--;
+	pthread_cond_broadcast(&c->mr_cv);
+	pthread_mutex_unlock(&c->lock);
+}
+
+// pull copies total bytes of the responder's region into the local
+// scatter list; a responder that has exited sets *gone.
+static int pull(const struct qp_entry *pe_, const struct sv_wr *w, struct iovec *iov,
+		const struct mr_entry *me_, uint64_t total, int *gone_)
+{
+	const struct qp_entry pe = *pe_;
+	const struct mr_entry me = *me_;
+	int gone = 0;
+	struct faults f;
+	faults_refresh(&f);
+	struct iovec rem = {(void *)(uintptr_t)(me.addr + (w->raddr - me.iova)), total};
+	uint64_t done = 0;
+	int li = 0;
+	size_t loff = 0;
+	while (done < total) {
+		struct iovec lv[SV_MAX_SGE];
+		int n = 0;
+		for (int i = li; i < w->num_sge; i++, n++) {
+			lv[n] = iov[i];
+			if (i == li) {
+				lv[n].iov_base = (char *)lv[n].iov_base + loff;
+				lv[n].iov_len -= loff;
+			}
+		}
+		struct iovec piece = rem;
+		if (f.copy_us) { // a slow wire: 64 KiB at a time
+			usleep(f.copy_us);
+			if (piece.iov_len > 65536)
+				piece.iov_len = 65536;
+		}
+		ssize_t got = process_vm_readv(pe.pid, lv, (unsigned long)n, &piece, 1, 0);
+		if (got < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == ESRCH) {
+				gone = 1;
+				break;
+			}
+			if (errno == EPERM)
+				sv_log("process_vm_readv from pid %d: %s (same user and ptrace access needed)",
+				       pe.pid, strerror(errno));
+			return IBV_WC_REM_ACCESS_ERR;
+		}
+		if (got == 0)
+			return IBV_WC_REM_ACCESS_ERR;
+		done += (uint64_t)got;
+		rem.iov_base = (char *)rem.iov_base + got;
+		rem.iov_len -= (size_t)got;
+		size_t g = (size_t)got;
+		while (g > 0) {
+			size_t left = iov[li].iov_len - loff;
+			if (g < left) {
+				loff += g;
+				g = 0;
+			} else {
+				g -= left;
+				li++;
+				loff = 0;
+			}
+		}
+		while (li < w->num_sge && iov[li].iov_len == 0)
+			li++;
+	}
+	if (gone)
+		*gone_ = 1;
 	return IBV_WC_SUCCESS;
 }
 
@@ -2036,68 +2293,41 @@ static int do_read(struct sv_qp *s, const struct sv_wr *w, uint64_t gen, uint32_
 {
 	struct iovec iov[SV_MAX_SGE];
 	uint64_t total;
-	int st = local_sges(s, w, iov, &total);
+	int st = local_sges(s, w, iov, &total, NULL);
 	if (st != IBV_WC_SUCCESS)
 		return st;
-	uint64_t deadline = now_ns() + qp_timeout_ns(&s->attr);
+	uint64_t tmo = qp_timeout_ns(&s->attr), deadline = tmo == UINT64_MAX ? UINT64_MAX : now_ns() + tmo;
 	struct qp_entry pe;
 	for (;;) {
-		enum reach r = peer_reach(s, &pe);
+		enum reach r = peer_reach(s, &pe, total);
 		if (r == REACH_INV_REQ)
 			return IBV_WC_REM_INV_REQ_ERR;
 		if (r == REACH_OK) {
 			struct mr_entry me;
+			uint64_t rgen = registry_gen_now();
 			if (rkey_entry(s, w->rkey, &me) != 0 || me.pid != pe.pid || me.start != pe.start ||
 			    me.pd != pe.pd || !(me.access & IBV_ACCESS_REMOTE_READ) || w->raddr < me.iova ||
 			    total > me.len || w->raddr - me.iova > me.len - total)
 				return IBV_WC_REM_ACCESS_ERR;
-			struct iovec rem = {(void *)(uintptr_t)(me.addr + (w->raddr - me.iova)), total};
-			uint64_t done = 0;
-			int li = 0;
-			size_t loff = 0;
+			struct sv_mr *held[SV_MAX_SGE];
+			// Resolve again, holding the regions for the copy: one
+			// deregistered since the request was checked is gone.
+			st = local_sges(s, w, iov, &total, held);
+			if (st != IBV_WC_SUCCESS)
+				return st;
 			int gone = 0;
-			while (done < total) {
-				struct iovec lv[SV_MAX_SGE];
-				int n = 0;
-				for (int i = li; i < w->num_sge; i++, n++) {
-					lv[n] = iov[i];
-					if (i == li) {
-						lv[n].iov_base = (char *)lv[n].iov_base + loff;
-						lv[n].iov_len -= loff;
-					}
-				}
-				ssize_t got = process_vm_readv(pe.pid, lv, (unsigned long)n, &rem, 1, 0);
-				if (got < 0) {
-					if (errno == EINTR)
-						continue;
-					if (errno == ESRCH) {
-						gone = 1;
-						break;
-					}
-					if (errno == EPERM)
-						sv_log("process_vm_readv from pid %d: %s (same user and ptrace access needed)",
-						       pe.pid, strerror(errno));
+			st = pull(&pe, w, iov, &me, total, &gone);
+			mr_release(ctx_of(s->qp.context), held, w->num_sge);
+			if (st != IBV_WC_SUCCESS)
+				return st;
+			// A region the responder deregistered during the copy: what
+			// was read is not trusted (a NIC's access ends with the
+			// registration).
+			if (!gone && registry_gen_now() != rgen) {
+				struct mr_entry now;
+				if (mr_entry_read(w->rkey, &now) != 0 || now.pid != me.pid || now.start != me.start ||
+				    now.addr != me.addr || now.len != me.len)
 					return IBV_WC_REM_ACCESS_ERR;
-				}
-				if (got == 0)
-					return IBV_WC_REM_ACCESS_ERR;
-				done += (uint64_t)got;
-				rem.iov_base = (char *)rem.iov_base + got;
-				rem.iov_len -= (size_t)got;
-				size_t g = (size_t)got;
-				while (g > 0) {
-					size_t left = iov[li].iov_len - loff;
-					if (g < left) {
-						loff += g;
-						g = 0;
-					} else {
-						g -= left;
-						li++;
-						loff = 0;
-					}
-				}
-				while (li < w->num_sge && iov[li].iov_len == 0)
-					li++;
 			}
 			if (!gone) {
 				*byte_len = (uint32_t)total;
@@ -2137,10 +2367,11 @@ static int qp_step(struct sv_qp *s, int inline_)
 		status = IBV_WC_WR_FLUSH_ERR;
 	} else {
 		s->busy = 1;
+		s->outstanding = s->posted - s->executed;
 		pthread_mutex_unlock(&s->lock);
 		struct faults f;
 		faults_refresh(&f);
-		if (inline_ && (f.delay_us || f.stall || f.port_down))
+		if (inline_ && (f.delay_us || f.copy_us || f.stall || f.port_down))
 			status = SV_DEFER;
 		else if (w.inject)
 			status = w.inject;

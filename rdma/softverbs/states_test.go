@@ -72,7 +72,7 @@ func TestStateMachineMasks(t *testing.T) {
 	add("INIT->RTR dest QPN past 24 bits", eInval, qpsInit, "state=%d mask=%d dqpn=%d", qpsRTR, maskRTR, 1<<24)
 	add("INIT->RTR RoCE without GRH", eInval, qpsInit, "state=%d mask=%d global=0 dlid=5", qpsRTR, maskRTR)
 	add("INIT->RTR zero dgid", eInval, qpsInit, "state=%d mask=%d zerogid=1", qpsRTR, maskRTR)
-	add("INIT->RTR sgid index past the table", eInval, qpsInit, "state=%d mask=%d sgid=2", qpsRTR, maskRTR)
+	add("INIT->RTR sgid index past the table", eInval, qpsInit, "state=%d mask=%d sgid=4", qpsRTR, maskRTR)
 	add("INIT->RTR max_dest_rd_atomic 16 (at the device's limit)", 0, qpsRTR, "state=%d mask=%d mdra=16", qpsRTR, maskRTR)
 	// RTR
 	add("RTR->RTR", eInval, qpsRTR, "state=%d mask=%d", qpsRTR, mState)

@@ -13,6 +13,11 @@ import (
 //go:embed csrc/softcuda.c
 var source []byte
 
+// header is the driver-API declarations softcuda.c shares with the binding.
+//
+//go:embed csrc/kvf_cuda.h
+var header []byte
+
 // ErrNoCompiler is returned by Build when gcc is not on PATH.
 var ErrNoCompiler = errors.New("softcuda: gcc not found")
 
@@ -32,6 +37,9 @@ func Build(dir string) (string, error) {
 	}
 	src := filepath.Join(dir, "softcuda.c")
 	if err := os.WriteFile(src, source, 0o644); err != nil {
+		return "", fmt.Errorf("softcuda: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kvf_cuda.h"), header, 0o644); err != nil {
 		return "", fmt.Errorf("softcuda: %w", err)
 	}
 	out := filepath.Join(dir, LibName)

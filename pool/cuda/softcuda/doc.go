@@ -12,14 +12,31 @@
 //     pointer faults as it would on a GPU. The library's own copies reach
 //     the bytes through a second, read-write mapping of the same memfd.
 //     Sizes are rounded up to the host page size; allocations beyond
-//     SOFTCUDA_MEMORY per device fail with CUDA_ERROR_OUT_OF_MEMORY.
+//     SOFTCUDA_MEMORY per device fail with CUDA_ERROR_OUT_OF_MEMORY. Fresh
+//     memory holds a pattern, never zeros (its first 64 MiB and last MiB,
+//     so that sparse allocations of many GiB stay cheap). Memory its owner
+//     frees is truncated: importers (IPC) fault on it and an RDMA
+//     registration of it (dma-buf) reads nothing more.
 //   - Contexts: one primary context per device (cuDevicePrimaryCtxRetain),
 //     current per thread (cuCtxSetCurrent); calls that need one return
-//     CUDA_ERROR_INVALID_CONTEXT without it.
+//     CUDA_ERROR_INVALID_CONTEXT without it. Releasing the last reference
+//     destroys the context: its streams are destroyed and its memory
+//     (allocated or imported) freed, after the work already queued; a
+//     later retain makes a new one, to which the old handles are unknown.
 //   - Streams: each runs its work in order on its own worker thread; the
 //     NULL stream is one more such worker. Events record, query
 //     (CUDA_ERROR_NOT_READY), synchronise, and order streams
-//     (cuStreamWaitEvent).
+//     (cuStreamWaitEvent). Streams and events belong to the context current
+//     when they were made: queueing a copy on a stream, or recording an
+//     event, under another context is CUDA_ERROR_INVALID_HANDLE (a stream
+//     may wait for another context's event). cuStreamDestroy_v2 returns at
+//     once, as on a GPU: the work queued still runs, and nothing waits for
+//     it.
+//   - Faults: a copy through imported memory that its owner has freed
+//     fails with CUDA_ERROR_ILLEGAL_ADDRESS, and that error (or an injected
+//     ILLEGAL_ADDRESS, ECC_UNCORRECTABLE or LAUNCH_FAILED) is sticky: every
+//     later call under the device's context returns it, except device
+//     queries and context management, until the context is destroyed.
 //   - Copies: host to device, device to host, device to device, and 2-D
 //     copies honouring pitches and x/y offsets (pitches at most 2^31-1, the
 //     CU_DEVICE_ATTRIBUTE_MAX_PITCH of current GPUs); a range that leaves its

@@ -15,6 +15,10 @@
 
 #include <infiniband/verbs.h>
 
+// The RoCE v2 IPv4-mapped GID in mlx5's table layout (v1, v2 per address;
+// link-local first).
+#define SGID_V2 3
+
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
@@ -115,7 +119,7 @@ static int cmd_open(char **a, int n)
 	qps[nqps++] = qp;
 	union ibv_gid g;
 	char h[33];
-	ibv_query_gid(ctx, 1, link_ib ? 0 : 1, &g);
+	ibv_query_gid(ctx, 1, link_ib ? 0 : SGID_V2, &g);
 	hex(h, g.raw);
 	printf("ok qpn=%u lid=%u gid=%s state=%d dev=%s ndev=%d\n", qp->qp_num, pa.lid, h, pa.state, name, num);
 	return 0;
@@ -211,9 +215,12 @@ static int cmd_connect(char **a, int n)
 	if (rc)
 		return printf("err init rc=%d\n", rc), 0;
 	memset(&at, 0, sizeof(at));
-	at.path_mtu = IBV_MTU_4096;
+	struct ibv_port_attr pa;
+	if (ibv_query_port(ctx, 1, &pa))
+		return printf("err query_port\n"), 0;
+	at.path_mtu = (enum ibv_mtu)opt(a, n, "mtu", pa.active_mtu);
 	at.dest_qp_num = (uint32_t)strtoul(a[0], NULL, 0);
-	at.rq_psn = 0;
+	at.rq_psn = (uint32_t)opt(a, n, "rqpsn", 0);
 	at.max_dest_rd_atomic = (uint8_t)opt(a, n, "mdra", 16);
 	at.min_rnr_timer = 12;
 	at.ah_attr.port_num = 1;
@@ -221,7 +228,7 @@ static int cmd_connect(char **a, int n)
 		at.ah_attr.dlid = (uint16_t)strtoul(a[1] + 4, NULL, 0);
 	} else {
 		at.ah_attr.is_global = 1;
-		at.ah_attr.grh.sgid_index = link_ib ? 0 : 1;
+		at.ah_attr.grh.sgid_index = (uint8_t)opt(a, n, "sgid", link_ib ? 0 : SGID_V2);
 		at.ah_attr.grh.hop_limit = 1;
 		for (int i = 0; i < 16; i++) {
 			unsigned v;
@@ -239,8 +246,8 @@ static int cmd_connect(char **a, int n)
 	at.timeout = (uint8_t)opt(a, n, "timeout", 14);
 	at.retry_cnt = (uint8_t)opt(a, n, "retry", 7);
 	at.rnr_retry = 7;
-	at.sq_psn = 0;
-	at.max_rd_atomic = 16;
+	at.sq_psn = (uint32_t)opt(a, n, "sqpsn", 0);
+	at.max_rd_atomic = (uint8_t)opt(a, n, "mra", 16);
 	rc = modify(IBV_QPS_RTS,
 		    IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 			    IBV_QP_MAX_QP_RD_ATOMIC,
@@ -368,8 +375,48 @@ static int cmd_dereg(char **a, int n)
 	if (b < 0)
 		return printf("err no buf\n"), 0;
 	int rc = ibv_dereg_mr(bufs[b].mr);
-	bufs[b].p = NULL;
+	// keep=1: the memory stays for checks (deregistered, not freed).
+	bufs[b].mr = NULL;
+	if (!opt(a, n, "keep", 0))
+		bufs[b].p = NULL;
 	printf(rc ? "err rc=%d\n" : "ok\n", rc);
+	return 0;
+}
+
+// trunc NAME: truncates a dma-buf buffer's memfd to nothing, as softcuda
+// does when the memory's owner frees it.
+static int cmd_trunc(char **a, int n)
+{
+	int b = n > 0 ? find(a[0]) : -1;
+	if (b < 0 || bufs[b].fd < 0)
+		return printf("err no dma-buf buf\n"), 0;
+	int rc = ftruncate(bufs[b].fd, 0);
+	printf(rc ? "err trunc errno=%d\n" : "ok\n", errno);
+	return 0;
+}
+
+// async [ms=M]: the next asynchronous event, waiting up to M ms (default
+// 2000) with async_fd non-blocking; answers its type and, for a QP or CQ
+// event, whether it names this process's QP or CQ.
+static int cmd_async(char **a, int n)
+{
+	long ms = opt(a, n, "ms", 2000);
+	int fl = fcntl(ctx->async_fd, F_GETFL);
+	fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+	struct ibv_async_event ev;
+	for (long waited = 0;; waited += 10) {
+		if (ibv_get_async_event(ctx, &ev) == 0)
+			break;
+		if (errno != EAGAIN || waited >= ms) {
+			printf("err async errno=%d\n", errno);
+			return 0;
+		}
+		usleep(10000);
+	}
+	int ours = (ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == qp) ||
+		   (ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == cq);
+	ibv_ack_async_event(&ev);
+	printf("ok type=%d ours=%d\n", (int)ev.event_type, ours);
 	return 0;
 }
 
@@ -479,7 +526,7 @@ static int cmd_teardown(void)
 		qp2 |= ibv_destroy_qp(qps[i]);
 	int pd3 = ibv_dealloc_pd(pd); // regions still use it
 	for (int i = 0; i < MAXBUF; i++)
-		if (bufs[i].p) {
+		if (bufs[i].p && bufs[i].mr) {
 			mr2 |= ibv_dereg_mr(bufs[i].mr);
 			bufs[i].p = NULL;
 		}
@@ -523,9 +570,9 @@ static int cmd_modify(char **a, int n)
 	at.ah_attr.port_num = 1;
 	at.ah_attr.is_global = (uint8_t)opt(a, n, "global", 1);
 	at.ah_attr.dlid = (uint16_t)opt(a, n, "dlid", 0);
-	at.ah_attr.grh.sgid_index = (uint8_t)opt(a, n, "sgid", link_ib ? 0 : 1);
+	at.ah_attr.grh.sgid_index = (uint8_t)opt(a, n, "sgid", link_ib ? 0 : SGID_V2);
 	if (opt(a, n, "zerogid", 0) == 0)
-		ibv_query_gid(ctx, 1, link_ib ? 0 : 1, &at.ah_attr.grh.dgid);
+		ibv_query_gid(ctx, 1, link_ib ? 0 : SGID_V2, &at.ah_attr.grh.dgid);
 	int rc = ibv_modify_qp(qp, &at, (int)opt(a, n, "mask", 0));
 	printf("ok rc=%d state=%d\n", rc, (int)qp->state);
 	return 0;
@@ -584,6 +631,10 @@ int main(void)
 			cmd_rawread(a, n);
 		else if (strcmp(c, "state") == 0)
 			cmd_state();
+		else if (strcmp(c, "trunc") == 0)
+			cmd_trunc(a, n);
+		else if (strcmp(c, "async") == 0)
+			cmd_async(a, n);
 		else if (strcmp(c, "port") == 0) {
 			struct ibv_port_attr pa;
 			int rc = ibv_query_port(ctx, 1, &pa);

@@ -13,77 +13,23 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-
-enum {
-	CUDA_SUCCESS = 0,
-	CUDA_ERROR_INVALID_VALUE = 1,
-	CUDA_ERROR_OUT_OF_MEMORY = 2,
-	CUDA_ERROR_NOT_INITIALIZED = 3,
-	CUDA_ERROR_NO_DEVICE = 100,
-	CUDA_ERROR_INVALID_DEVICE = 101,
-	CUDA_ERROR_INVALID_CONTEXT = 201,
-	CUDA_ERROR_MAP_FAILED = 205,
-	CUDA_ERROR_OPERATING_SYSTEM = 304,
-	CUDA_ERROR_INVALID_HANDLE = 400,
-	CUDA_ERROR_NOT_READY = 600,
-	CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
-	CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
-	CUDA_ERROR_NOT_SUPPORTED = 801,
-	CUDA_ERROR_UNKNOWN = 999,
-};
+#include "kvf_cuda.h"
 
 #define MAXDEV 16
 #define IPC_MAGIC 0x31435049414353ULL /* "SCAIPC1" */
-#define ATTR_DMA_BUF_SUPPORTED 124
-#define ATTR_MAX_PITCH 17
+#define ATTR_DMA_BUF_SUPPORTED CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+#define ATTR_MAX_PITCH CU_DEVICE_ATTRIBUTE_MAX_PITCH
 #define MAX_PITCH 2147483647ULL
-#define ATTR_PCI_BUS_ID 33
-#define ATTR_PCI_DEVICE_ID 34
-#define ATTR_PCI_DOMAIN_ID 50
+#define ATTR_PCI_BUS_ID CU_DEVICE_ATTRIBUTE_PCI_BUS_ID
+#define ATTR_PCI_DEVICE_ID CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID
+#define ATTR_PCI_DOMAIN_ID CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID
 
-typedef struct ctx_s {
+// A primary context (one per device).
+struct CUctx_st {
 	int dev;
 	int refs;
-} *CUcontext;
-
-typedef struct { char reserved[64]; } CUipcMemHandle;
-
-typedef struct {
-	size_t srcXInBytes, srcY;
-	int srcMemoryType;
-	const void *srcHost;
-	CUdeviceptr srcDevice;
-	void *srcArray;
-	size_t srcPitch;
-	size_t dstXInBytes, dstY;
-	int dstMemoryType;
-	void *dstHost;
-	CUdeviceptr dstDevice;
-	void *dstArray;
-	size_t dstPitch;
-	size_t WidthInBytes, Height;
-} CUDA_MEMCPY2D;
-
-typedef struct {
-	size_t srcXInBytes, srcY, srcZ, srcLOD;
-	int srcMemoryType;
-	const void *srcHost;
-	CUdeviceptr srcDevice;
-	void *srcArray;
-	CUcontext srcContext;
-	size_t srcPitch, srcHeight;
-	size_t dstXInBytes, dstY, dstZ, dstLOD;
-	int dstMemoryType;
-	void *dstHost;
-	CUdeviceptr dstDevice;
-	void *dstArray;
-	CUcontext dstContext;
-	size_t dstPitch, dstHeight;
-	size_t WidthInBytes, Height, Depth;
-} CUDA_MEMCPY3D_PEER;
+	uint64_t gen; // moves when the last reference goes and the context is destroyed
+};
 
 struct ipchandle {
 	uint64_t magic;
@@ -111,7 +57,9 @@ struct hostreg {
 };
 
 struct op;
-struct event {
+struct CUevent_st {
+	struct CUctx_st *ctx; // the context current at creation
+	uint64_t cgen;
 	pthread_mutex_t mu;
 	pthread_cond_t cond;
 	uint64_t recorded, completed;
@@ -124,20 +72,25 @@ struct op {
 	char *dst;
 	const char *src;
 	size_t n, dpitch, spitch, height;
-	struct event *ev;
+	struct CUevent_st *ev;
 	uint64_t gen;
+	int dev;	// the device whose sticky error a fault sets
+	int fds[2];	// memfds of imported memory it touches (-1: none)
+	uint64_t sizes[2];
 };
 
-struct stream {
-	struct stream *next;
+struct CUstream_st {
+	struct CUstream_st *next;
+	struct CUctx_st *ctx; // the context current at creation (NULL: the NULL stream)
+	uint64_t cgen;	   // ctx->gen at creation
+	int dead;	   // destroyed: unknown to every call, its queue still runs
+	int exited;	   // its worker has returned
 	pthread_t thr;
 	pthread_mutex_t mu;
 	pthread_cond_t cond;
 	struct op *head, *tail;
 	uint64_t queued, done;
 };
-typedef struct stream *CUstream;
-typedef struct event *CUevent;
 
 static pthread_mutex_t gmu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized, ndev = 1;
@@ -148,11 +101,19 @@ enum { IPC_ANY, IPC_PROC, IPC_PIDFD };
 static int ipc_open = IPC_ANY;
 static long delay_us;
 static int strict_device; // SOFTCUDA_STRICT_DEVICE
-static struct ctx_s ctxs[MAXDEV];
+static struct CUctx_st ctxs[MAXDEV];
 static struct alloc *allocs;
 static struct hostreg *hostregs;
-static struct stream *streams, *defstream;
+static struct CUstream_st *streams, *defstream;
 static __thread CUcontext current;
+// A fault (an access to memory its owner freed, or an injected sticky code)
+// leaves the device's context unusable: every later call returns the error,
+// until the last primary-context reference goes.
+static CUresult sticky[MAXDEV];
+// Imported (IPC) memory a call's copy touches, gathered while its addresses
+// resolve: the copy checks at run time that the owner has not freed it.
+static __thread int tl_fds[2], tl_nfd;
+static __thread uint64_t tl_sizes[2];
 
 struct fail { char name[64]; int code; long nth; long calls; };
 static struct fail fails[32];
@@ -272,15 +233,37 @@ static CUresult injected(const char *name) {
 	return r;
 }
 
+static int is_sticky(CUresult r) {
+	return r == CUDA_ERROR_ILLEGAL_ADDRESS || r == 214 /* ECC_UNCORRECTABLE */ || r == 719 /* LAUNCH_FAILED */;
+}
+
+static CUresult sticky_of(int dev) {
+	return __atomic_load_n(&sticky[dev], __ATOMIC_ACQUIRE);
+}
+
+// sticky_applies: device queries and context management still work in a
+// faulted context (so that its last reference can go).
+static int sticky_applies(const char *name) {
+	return strncmp(name, "cuDevice", 8) && strcmp(name, "cuCtxSetCurrent");
+}
+
+static void set_sticky(int dev, CUresult r) {
+	CUresult zero = CUDA_SUCCESS;
+	__atomic_compare_exchange_n(&sticky[dev], &zero, r, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
 #define ENTER(name)                                             \
 	do {                                                    \
 		if (!initialized) return CUDA_ERROR_NOT_INITIALIZED; \
 		CUresult r_ = injected(name);                   \
+		if (r_ && is_sticky(r_) && current) set_sticky(current->dev, r_); \
 		if (r_) return r_;                              \
+		if (current && sticky_applies(name) && (r_ = sticky_of(current->dev))) return r_; \
 	} while (0)
 #define NEEDCTX()                                                \
 	do {                                                     \
 		if (!current) return CUDA_ERROR_INVALID_CONTEXT; \
+		tl_nfd = 0;                                      \
 	} while (0)
 
 // find returns the allocation holding [p, p+n); callers hold gmu.
@@ -290,9 +273,19 @@ static struct alloc *find(CUdeviceptr p, size_t n) {
 	return NULL;
 }
 
+// note_ipc records imported memory a copy being built touches; callers
+// hold gmu.
+static void note_ipc(struct alloc *a) {
+	if (a && a->ipc && tl_nfd < 2) {
+		tl_fds[tl_nfd] = a->fd;
+		tl_sizes[tl_nfd++] = a->size;
+	}
+}
+
 static char *shadow_of(CUdeviceptr p, size_t n) {
 	pthread_mutex_lock(&gmu);
 	struct alloc *a = find(p, n);
+	note_ipc(a);
 	char *s = a ? a->shadow + (p - a->base) : NULL;
 	pthread_mutex_unlock(&gmu);
 	return s;
@@ -303,6 +296,7 @@ static char *shadow_on(int dev, CUdeviceptr p, size_t n) {
 	pthread_mutex_lock(&gmu);
 	struct alloc *a = find(p, n);
 	char *s = a && a->dev == dev ? a->shadow + (p - a->base) : NULL;
+	if (s) note_ipc(a);
 	pthread_mutex_unlock(&gmu);
 	return s;
 }
@@ -326,7 +320,27 @@ static int ctx_ok(CUcontext c) {
 
 // ---- streams
 
+// freed_under reports whether memory a copy reads or writes was imported
+// and has since been freed by its owner (its memfd truncated): on a GPU the
+// copy faults, and the fault is sticky.
+static int freed_under(const struct op *o) {
+	for (int i = 0; i < 2; i++) {
+		struct stat st;
+		if (o->fds[i] >= 0 && (fstat(o->fds[i], &st) || (uint64_t)st.st_size < o->sizes[i])) return 1;
+	}
+	return 0;
+}
+
 static void run_op(struct op *o) {
+	if (o->kind == OP_COPY || o->kind == OP_COPY2D) {
+		// A faulted context runs nothing more; a copy through freed
+		// memory faults it.
+		if (sticky_of(o->dev)) return;
+		if (freed_under(o)) {
+			set_sticky(o->dev, CUDA_ERROR_ILLEGAL_ADDRESS);
+			return;
+		}
+	}
 	switch (o->kind) {
 	case OP_COPY:
 		if (delay_us) usleep(delay_us);
@@ -351,7 +365,7 @@ static void run_op(struct op *o) {
 }
 
 static void *worker(void *arg) {
-	struct stream *s = arg;
+	struct CUstream_st *s = arg;
 	for (;;) {
 		pthread_mutex_lock(&s->mu);
 		while (!s->head) pthread_cond_wait(&s->cond, &s->mu);
@@ -363,6 +377,7 @@ static void *worker(void *arg) {
 		s->head = o->next;
 		if (!s->head) s->tail = NULL;
 		s->done++;
+		if (stop) s->exited = 1;
 		pthread_cond_broadcast(&s->cond);
 		pthread_mutex_unlock(&s->mu);
 		free(o);
@@ -370,8 +385,23 @@ static void *worker(void *arg) {
 	}
 }
 
-static struct stream *stream_new(void) {
-	struct stream *s = calloc(1, sizeof *s);
+// op_new makes an operation for the current call, carrying the imported
+// memory its addresses resolved to.
+static struct op *op_new(int kind) {
+	struct op *o = calloc(1, sizeof *o);
+	if (!o) return NULL;
+	o->kind = kind;
+	o->dev = current ? current->dev : 0;
+	o->fds[0] = o->fds[1] = -1;
+	for (int i = 0; i < tl_nfd; i++) {
+		o->fds[i] = tl_fds[i];
+		o->sizes[i] = tl_sizes[i];
+	}
+	return o;
+}
+
+static struct CUstream_st *stream_new(void) {
+	struct CUstream_st *s = calloc(1, sizeof *s);
 	if (!s) return NULL;
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cond, NULL);
@@ -382,7 +412,7 @@ static struct stream *stream_new(void) {
 	return s;
 }
 
-static uint64_t enqueue(struct stream *s, struct op *o) {
+static uint64_t enqueue(struct CUstream_st *s, struct op *o) {
 	if (!s) s = defstream;
 	pthread_mutex_lock(&s->mu);
 	o->next = NULL;
@@ -394,20 +424,30 @@ static uint64_t enqueue(struct stream *s, struct op *o) {
 	return ticket;
 }
 
-static void stream_wait(struct stream *s, uint64_t ticket) {
+static void stream_wait(struct CUstream_st *s, uint64_t ticket) {
 	if (!s) s = defstream;
 	pthread_mutex_lock(&s->mu);
 	while (s->done < ticket) pthread_cond_wait(&s->cond, &s->mu);
 	pthread_mutex_unlock(&s->mu);
 }
 
-static int stream_known(struct stream *s) {
+// stream_live reports whether s is the NULL stream or a stream not yet
+// destroyed (itself or with its context).
+static int stream_live(struct CUstream_st *s) {
 	if (!s) return 1;
 	pthread_mutex_lock(&gmu);
-	struct stream *x = streams;
+	struct CUstream_st *x = streams;
 	while (x && x != s) x = x->next;
+	int ok = x && !x->dead && x->cgen == x->ctx->gen;
 	pthread_mutex_unlock(&gmu);
-	return x != NULL;
+	return ok;
+}
+
+// stream_known reports whether work may be queued on s under the current
+// context: a stream belongs to the context it was created in, and queueing
+// on it under another context is CUDA_ERROR_INVALID_HANDLE.
+static int stream_known(struct CUstream_st *s) {
+	return stream_live(s) && (!s || s->ctx == current);
 }
 
 // ---- init and devices
@@ -494,6 +534,8 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
 	return CUDA_SUCCESS;
 }
 
+static void ctx_destroy(int d);
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
 	ENTER("cuDevicePrimaryCtxRetain");
 	if (!c) return CUDA_ERROR_INVALID_VALUE;
@@ -510,9 +552,11 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
 	if (d < 0 || d >= ndev) return CUDA_ERROR_INVALID_DEVICE;
 	CUresult r = CUDA_SUCCESS;
 	pthread_mutex_lock(&gmu);
+	int last = 0;
 	if (ctxs[d].refs <= 0) r = CUDA_ERROR_INVALID_CONTEXT;
-	else ctxs[d].refs--;
+	else last = --ctxs[d].refs == 0;
 	pthread_mutex_unlock(&gmu);
+	if (last) ctx_destroy(d);
 	return r;
 }
 
@@ -524,11 +568,20 @@ CUresult cuCtxSetCurrent(CUcontext c) {
 }
 
 // sync_all waits for the work queued so far on every stream.
+// Destroyed streams stay on the list until their queues have run (so that
+// a free waits for them too); their structures are never freed, as a
+// sync_all may still hold them.
 static void sync_all(void) {
 	pthread_mutex_lock(&gmu);
-	struct stream *list[256];
-	int n = 0;
-	for (struct stream *s = streams; s && n < 255; s = s->next) list[n++] = s;
+	int n = 1;
+	for (struct CUstream_st *s = streams; s; s = s->next) n++;
+	struct CUstream_st **list = malloc(n * sizeof *list);
+	if (!list) {
+		pthread_mutex_unlock(&gmu);
+		return;
+	}
+	n = 0;
+	for (struct CUstream_st *s = streams; s; s = s->next) list[n++] = s;
 	list[n++] = defstream;
 	pthread_mutex_unlock(&gmu);
 	for (int i = 0; i < n; i++) {
@@ -537,13 +590,50 @@ static void sync_all(void) {
 		pthread_mutex_unlock(&list[i]->mu);
 		stream_wait(list[i], t);
 	}
+	free(list);
+}
+
+static void stream_stop(struct CUstream_st *s);
+static void free_alloc(struct alloc *a);
+
+// ctx_destroy runs when the last reference to device d's primary context
+// goes: its streams are destroyed and its memory (allocated or imported)
+// freed, after the work already queued, and a fault it held is cleared.
+// Handles made under it stay unknown to the next context.
+static void ctx_destroy(int d) {
+	sync_all();
+	pthread_mutex_lock(&gmu);
+	if (ctxs[d].refs > 0) { // retained again meanwhile
+		pthread_mutex_unlock(&gmu);
+		return;
+	}
+	ctxs[d].gen++;
+	for (struct CUstream_st *s = streams; s; s = s->next)
+		if (s->ctx == &ctxs[d] && !s->dead) stream_stop(s);
+	struct alloc **pp = &allocs, *a, *gone = NULL;
+	while ((a = *pp)) {
+		if (a->dev == d) {
+			*pp = a->next;
+			a->next = gone;
+			gone = a;
+		} else {
+			pp = &a->next;
+		}
+	}
+	used[d] = 0;
+	__atomic_store_n(&sticky[d], CUDA_SUCCESS, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&gmu);
+	while ((a = gone)) {
+		gone = a->next;
+		free_alloc(a);
+	}
 }
 
 CUresult cuCtxSynchronize(void) {
 	ENTER("cuCtxSynchronize");
 	NEEDCTX();
 	sync_all();
-	return CUDA_SUCCESS;
+	return sticky_of(current->dev);
 }
 
 // ---- device memory
@@ -579,6 +669,25 @@ static CUresult map_alloc(int fd, uint64_t size, int dev, int ipc, CUdeviceptr *
 	return CUDA_SUCCESS;
 }
 
+// poison fills fresh memory with a pattern that is never all zeros (as a
+// GPU hands out whatever its last user left): the first 64 MiB and the last
+// MiB, so that a sparse allocation of many GiB costs no more than that.
+static void poison(CUdeviceptr p, uint64_t size) {
+	static uint64_t seq;
+	pthread_mutex_lock(&gmu);
+	struct alloc *a = find(p, 1);
+	char *sh = a ? a->shadow : NULL;
+	uint64_t x = ++seq * 0x9E3779B97F4A7C15ULL | 1;
+	pthread_mutex_unlock(&gmu);
+	if (!sh) return;
+	uint64_t head = size < (64ULL << 20) ? size : (64ULL << 20);
+	uint64_t tail = size - head < (1ULL << 20) ? size - head : (1ULL << 20);
+	uint64_t *w = (uint64_t *)sh;
+	for (uint64_t i = 0; i < head / 8; i++) w[i] = x + i * 0x2545F4914F6CDD1DULL;
+	w = (uint64_t *)(sh + size - tail);
+	for (uint64_t i = 0; i < tail / 8; i++) w[i] = ~x - i;
+}
+
 static uint64_t page_round(uint64_t n) {
 	uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
 	return (n + pg - 1) & ~(pg - 1);
@@ -601,6 +710,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 	int fd = memfd_create(name, MFD_CLOEXEC);
 	CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
 	if (fd >= 0 && ftruncate(fd, size) == 0) r = map_alloc(fd, size, dev, 0, p);
+	if (!r) poison(*p, size);
 	if (r) {
 		if (fd >= 0) close(fd);
 		pthread_mutex_lock(&gmu);
@@ -624,11 +734,20 @@ static CUresult unmap_alloc(CUdeviceptr p, int ipc) {
 	*pp = a->next;
 	if (!ipc) used[a->dev] -= a->size;
 	pthread_mutex_unlock(&gmu);
+	free_alloc(a);
+	return CUDA_SUCCESS;
+}
+
+// free_alloc unmaps an allocation. Memory freed by its owner is truncated:
+// processes that imported it (IPC) fault on their next copy, and an RDMA
+// registration of it (dma-buf) reads nothing more, as on a GPU, where the
+// physical pages go back to the driver.
+static void free_alloc(struct alloc *a) {
+	if (!a->ipc && ftruncate(a->fd, 0) != 0) perror("softcuda: truncate freed memory");
 	munmap((void *)(uintptr_t)a->base, a->size);
 	munmap(a->shadow, a->size);
 	close(a->fd);
 	free(a);
-	return CUDA_SUCCESS;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
@@ -743,9 +862,8 @@ static CUresult copy(char *dst, const char *src, size_t n, CUstream s) {
 	if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
 	if (!stream_known(s)) return CUDA_ERROR_INVALID_HANDLE;
 	if (n == 0) return CUDA_SUCCESS;
-	struct op *o = calloc(1, sizeof *o);
+	struct op *o = op_new(OP_COPY);
 	if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
-	o->kind = OP_COPY;
 	o->dst = dst;
 	o->src = src;
 	o->n = n;
@@ -777,14 +895,13 @@ static CUresult copy_sync(char *dst, const char *src, size_t n) {
 	if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
 	if (n == 0) return CUDA_SUCCESS;
 	sync_all();
-	struct op *o = calloc(1, sizeof *o);
+	struct op *o = op_new(OP_COPY);
 	if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
-	o->kind = OP_COPY;
 	o->dst = dst;
 	o->src = src;
 	o->n = n;
 	stream_wait(defstream, enqueue(NULL, o));
-	return CUDA_SUCCESS;
+	return sticky_of(current->dev);
 }
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
@@ -799,7 +916,7 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 	return copy_sync(dst, copy_shadow(src, n), n);
 }
 
-enum { MT_HOST = 1, MT_DEVICE = 2 };
+enum { MT_HOST = CU_MEMORYTYPE_HOST, MT_DEVICE = CU_MEMORYTYPE_DEVICE };
 
 // side resolves one end of a 2-D copy to the address of its first byte,
 // checking that the whole pitched extent lies in one allocation.
@@ -829,9 +946,8 @@ CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, CUstream s) {
 	const char *src = side(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcXInBytes, c->srcY, c->srcPitch, c->WidthInBytes, c->Height);
 	if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
 	if (!stream_known(s)) return CUDA_ERROR_INVALID_HANDLE;
-	struct op *o = calloc(1, sizeof *o);
+	struct op *o = op_new(OP_COPY2D);
 	if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
-	o->kind = OP_COPY2D;
 	o->dst = dst;
 	o->src = src;
 	o->n = c->WidthInBytes;
@@ -889,9 +1005,8 @@ CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *c, CUstream s) {
 	if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
 	if (!stream_known(s)) return CUDA_ERROR_INVALID_HANDLE;
 	for (size_t z = 0; z < c->Depth; z++) {
-		struct op *o = calloc(1, sizeof *o);
+		struct op *o = op_new(OP_COPY2D);
 		if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
-		o->kind = OP_COPY2D;
 		o->dst = dst + z * c->dstHeight * c->dstPitch;
 		o->src = src + z * c->srcHeight * c->srcPitch;
 		o->n = c->WidthInBytes;
@@ -902,8 +1017,6 @@ CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *c, CUstream s) {
 	}
 	return CUDA_SUCCESS;
 }
-
-#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 
 // cuPointerGetAttribute answers CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL only;
 // memory that is not device memory is CUDA_ERROR_INVALID_VALUE.
@@ -925,9 +1038,21 @@ CUresult cuStreamCreate(CUstream *out, unsigned int flags) {
 	ENTER("cuStreamCreate");
 	NEEDCTX();
 	if (!out || flags > 1) return CUDA_ERROR_INVALID_VALUE;
-	struct stream *s = stream_new();
+	struct CUstream_st *s = stream_new();
 	if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+	s->ctx = current;
 	pthread_mutex_lock(&gmu);
+	s->cgen = current->gen;
+	// Streams destroyed whose queues have run leave the list (their
+	// structures stay allocated: see sync_all).
+	for (struct CUstream_st **pp = &streams; *pp;) {
+		struct CUstream_st *x = *pp;
+		pthread_mutex_lock(&x->mu);
+		int gone = x->dead && x->exited;
+		pthread_mutex_unlock(&x->mu);
+		if (gone) *pp = x->next;
+		else pp = &x->next;
+	}
 	s->next = streams;
 	streams = s;
 	pthread_mutex_unlock(&gmu);
@@ -935,45 +1060,48 @@ CUresult cuStreamCreate(CUstream *out, unsigned int flags) {
 	return CUDA_SUCCESS;
 }
 
-// cuStreamDestroy_v2 returns at once on a real driver and the work queued
-// finishes; here the worker drains the queue and exits.
+// stream_stop marks s destroyed and lets its worker exit once the work
+// queued has run; the caller holds gmu.
+static void stream_stop(struct CUstream_st *s) {
+	s->dead = 1;
+	struct op *o = calloc(1, sizeof *o);
+	if (o) {
+		o->kind = OP_STOP;
+		enqueue(s, o);
+	}
+	pthread_detach(s->thr);
+}
+
+// cuStreamDestroy_v2 returns at once, as on a real driver: the work queued
+// still runs, and nothing waits for it. A caller that needs its bytes must
+// synchronise first.
 CUresult cuStreamDestroy_v2(CUstream s) {
 	ENTER("cuStreamDestroy_v2");
 	NEEDCTX();
-	if (!s) return CUDA_ERROR_INVALID_HANDLE;
+	if (!s || !stream_live(s)) return CUDA_ERROR_INVALID_HANDLE;
 	pthread_mutex_lock(&gmu);
-	struct stream **pp = &streams;
-	while (*pp && *pp != s) pp = &(*pp)->next;
-	int found = *pp != NULL;
-	if (found) *pp = s->next;
+	stream_stop(s);
 	pthread_mutex_unlock(&gmu);
-	if (!found) return CUDA_ERROR_INVALID_HANDLE;
-	struct op *o = calloc(1, sizeof *o);
-	if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
-	o->kind = OP_STOP;
-	enqueue(s, o);
-	pthread_join(s->thr, NULL);
-	free(s);
 	return CUDA_SUCCESS;
 }
 
 CUresult cuStreamSynchronize(CUstream s) {
 	ENTER("cuStreamSynchronize");
 	NEEDCTX();
-	if (!stream_known(s)) return CUDA_ERROR_INVALID_HANDLE;
-	struct stream *x = s ? s : defstream;
+	if (!stream_live(s)) return CUDA_ERROR_INVALID_HANDLE;
+	struct CUstream_st *x = s ? s : defstream;
 	pthread_mutex_lock(&x->mu);
 	uint64_t t = x->queued;
 	pthread_mutex_unlock(&x->mu);
 	stream_wait(x, t);
-	return CUDA_SUCCESS;
+	return sticky_of(current->dev);
 }
 
 CUresult cuStreamQuery(CUstream s) {
 	ENTER("cuStreamQuery");
 	NEEDCTX();
-	if (!stream_known(s)) return CUDA_ERROR_INVALID_HANDLE;
-	struct stream *x = s ? s : defstream;
+	if (!stream_live(s)) return CUDA_ERROR_INVALID_HANDLE;
+	struct CUstream_st *x = s ? s : defstream;
 	pthread_mutex_lock(&x->mu);
 	int busy = x->done < x->queued;
 	pthread_mutex_unlock(&x->mu);
@@ -984,10 +1112,12 @@ CUresult cuEventCreate(CUevent *out, unsigned int flags) {
 	ENTER("cuEventCreate");
 	NEEDCTX();
 	if (!out || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
-	struct event *e = calloc(1, sizeof *e);
+	struct CUevent_st *e = calloc(1, sizeof *e);
 	if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
 	pthread_mutex_init(&e->mu, NULL);
 	pthread_cond_init(&e->cond, NULL);
+	e->ctx = current;
+	e->cgen = current->gen;
 	*out = e;
 	return CUDA_SUCCESS;
 }
@@ -1008,13 +1138,13 @@ CUresult cuEventDestroy_v2(CUevent e) {
 CUresult cuEventRecord(CUevent e, CUstream s) {
 	ENTER("cuEventRecord");
 	NEEDCTX();
-	if (!e || !stream_known(s)) return CUDA_ERROR_INVALID_HANDLE;
-	struct op *o = calloc(1, sizeof *o);
+	// The event and the stream must belong to the current context.
+	if (!e || !stream_known(s) || e->ctx != current || e->cgen != current->gen) return CUDA_ERROR_INVALID_HANDLE;
+	struct op *o = op_new(OP_RECORD);
 	if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
 	pthread_mutex_lock(&e->mu);
 	o->gen = ++e->recorded;
 	pthread_mutex_unlock(&e->mu);
-	o->kind = OP_RECORD;
 	o->ev = e;
 	enqueue(s, o);
 	return CUDA_SUCCESS;
@@ -1027,7 +1157,7 @@ CUresult cuEventSynchronize(CUevent e) {
 	uint64_t want = e->recorded;
 	while (e->completed < want) pthread_cond_wait(&e->cond, &e->mu);
 	pthread_mutex_unlock(&e->mu);
-	return CUDA_SUCCESS;
+	return sticky_of(e->ctx->dev);
 }
 
 CUresult cuEventQuery(CUevent e) {
@@ -1042,14 +1172,15 @@ CUresult cuEventQuery(CUevent e) {
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
 	ENTER("cuStreamWaitEvent");
 	NEEDCTX();
-	if (!e || !stream_known(s)) return CUDA_ERROR_INVALID_HANDLE;
+	// The event may belong to another context (or device); the stream
+	// must belong to the current one.
+	if (!e || !stream_known(s) || e->cgen != e->ctx->gen) return CUDA_ERROR_INVALID_HANDLE;
 	if (flags) return CUDA_ERROR_INVALID_VALUE;
-	struct op *o = calloc(1, sizeof *o);
+	struct op *o = op_new(OP_WAIT);
 	if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
 	pthread_mutex_lock(&e->mu);
 	o->gen = e->recorded;
 	pthread_mutex_unlock(&e->mu);
-	o->kind = OP_WAIT;
 	o->ev = e;
 	enqueue(s, o);
 	return CUDA_SUCCESS;
@@ -1126,8 +1257,6 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
 	return unmap_alloc(p, 1);
 }
 
-#define CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 1
-
 CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t n, int type, unsigned long long flags) {
 	ENTER("cuMemGetHandleForAddressRange");
 	NEEDCTX();
@@ -1155,7 +1284,7 @@ CUresult cuGetErrorName(CUresult r, const char **s) {
 #define N(x) case x: *s = #x; break;
 	N(CUDA_SUCCESS) N(CUDA_ERROR_INVALID_VALUE) N(CUDA_ERROR_OUT_OF_MEMORY) N(CUDA_ERROR_NOT_INITIALIZED)
 	N(CUDA_ERROR_NO_DEVICE) N(CUDA_ERROR_INVALID_DEVICE) N(CUDA_ERROR_INVALID_CONTEXT) N(CUDA_ERROR_MAP_FAILED)
-	N(CUDA_ERROR_OPERATING_SYSTEM) N(CUDA_ERROR_INVALID_HANDLE) N(CUDA_ERROR_NOT_READY)
+	N(CUDA_ERROR_OPERATING_SYSTEM) N(CUDA_ERROR_INVALID_HANDLE) N(CUDA_ERROR_NOT_READY) N(CUDA_ERROR_ILLEGAL_ADDRESS)
 	N(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) N(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
 	N(CUDA_ERROR_NOT_SUPPORTED) N(CUDA_ERROR_UNKNOWN)
 #undef N

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	good := "# a comment\n\n[psn]\nwhy: w\nfile: a.go\ntest: ./a -run X\n-\tfrom 1\n-\tfrom 2\n+\tto\n"
+	muts, err := parse(strings.NewReader(good))
+	if err != nil || len(muts) != 1 {
+		t.Fatalf("%v %v", muts, err)
+	}
+	m := muts[0]
+	if m.name != "psn" || m.why != "w" || m.file != "a.go" || m.test != "./a -run X" || m.from != "\tfrom 1\n\tfrom 2" || m.to != "\tto" {
+		t.Fatalf("parsed %+v", m)
+	}
+	for _, bad := range []struct{ name, text, want string }{
+		{"line before a name", "why: w\n", "before the first [name]"},
+		{"no file", "[x]\ntest: ./a\n-a\n", "needs file:"},
+		{"no test", "[x]\nfile: a.go\n-a\n", "needs file:"},
+		{"nothing to find", "[x]\nfile: a.go\ntest: ./a\n+b\n", "needs file:"},
+		{"unknown line", "[x]\nfile: a.go\nwhat\n", "not why:"},
+	} {
+		if _, err := parse(strings.NewReader(bad.text)); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: %v, want an error saying %q", bad.name, err, bad.want)
+		}
+	}
+}
+
+// The list in the repository parses, names every kind the check must
+// plant, and each text to find is in its file exactly once.
+func TestListApplies(t *testing.T) {
+	f, err := os.Open("mutations.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	muts, err := parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, m := range muts {
+		names[m.name] = true
+		src, err := os.ReadFile("../../" + m.file)
+		if err != nil {
+			t.Errorf("%s: %v", m.name, err)
+			continue
+		}
+		if n := strings.Count(string(src), m.from); n != 1 {
+			t.Errorf("%s: its text is in %s %d times, want once", m.name, m.file, n)
+		}
+	}
+	for _, want := range []string{"psn", "mtu", "read-depth", "gid-type", "timeout-0", "stream-sync", "other-gpu-context",
+		"access-flags", "wrong-key", "off-by-one", "unsignalled-last", "lease-expired"} {
+		if !names[want] {
+			t.Errorf("no %s mutation", want)
+		}
+	}
+}
