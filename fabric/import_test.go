@@ -1,8 +1,8 @@
 package fabric_test
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
