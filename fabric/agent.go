@@ -286,7 +286,7 @@ func (a *Agent) startEngineAPI() error {
 }
 
 // startFDSocket serves the pool memory's descriptor beside the engine
-// socket (see fd_socket.go), with the engine socket's mode and group.
+// socket (see engine_fd_socket.go), with the engine socket's mode and group.
 func (a *Agent) startFDSocket() error {
 	path := a.cfg.EngineSocket + FDSocketSuffix
 	if err := removeStaleSocket(path, "descriptor socket"); err != nil {

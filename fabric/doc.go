@@ -1,4 +1,65 @@
 // Package fabric is the kvfabric node agent: it wires membership, the
 // global block index, the pools, leases and the peer transport together,
 // imports blocks from other nodes, and serves the engine API.
+//
+// # Files
+//
+// The files are grouped by flow; the prefix says which:
+//
+//	agent_*, config.go   wiring: Start and Close, configuration and its
+//	                     defaults, pools (host, pinned, one per GPU) and
+//	                     their limits, RDMA devices, the TLS identity,
+//	                     reload on SIGHUP, metrics and /healthz
+//	engine_*             the engine API: the gRPC server, sessions and the
+//	                     block sets they hold, the descriptor socket that
+//	                     hands host pool memory to engines, peer credentials
+//	import*              bringing blocks here for an engine
+//	serve_*              what this node answers to peers: hello, layouts,
+//	                     leases (and the book that bounds them), renewals,
+//	                     releases
+//	cluster_*            the cluster: membership and node metadata, the
+//	                     index fed by gossiped events, publishing this
+//	                     node's events, repairing missed ones, connections
+//	                     to peers, suspected holders
+//
+// # An import, file by file
+//
+// An engine's Import (engine_server.go) names its block set and the blocks,
+// by sequence hashes or by token ids (import_pages.go turns token ids into
+// each holder's own pages when its page size divides the engine's). The
+// session's set (engine_session.go) is where the blocks land.
+//
+// import.go decides where they come from. It first takes what the set
+// already holds, then what another set of this node holds (import_local.go
+// copies it, on the GPU where the pools are device memory), then asks the
+// index (fabric/index, fed by cluster_index_sink.go) who holds the rest and
+// orders those holders: longest prefix first, then the cheapest estimated
+// transfer (import_links.go keeps each peer's observed rate and round trip),
+// then the least loaded. Concurrent imports of the same block on this node
+// wait for one another rather than fetching it twice (import_flights.go).
+//
+// import_fetch.go moves the blocks from one holder, a chunk at a time and
+// pipelined: it leases the next chunk while the current one is read and the
+// previous one released and registered. A lease answer names the holder's
+// block set by layout digest; import_layout_cache.go fetches a layout it has
+// not seen. The plan from the holder's layout to ours (package layout) is
+// executed over RDMA where both ends have it, else over QUIC; into GPU
+// memory without RDMA it goes through pinned staging (import_staging.go,
+// which also stages this node's GPU memory out for peers reading it over
+// QUIC).
+// A read that outlives the lease's term renews it (import_lease_keeper.go).
+// A chunk's slots are registered only after every byte arrived and the
+// holder's release confirmed that the lease never expired; a chunk that
+// fails is discarded and the rest of the import fails over to the next
+// holder, blaming the holder only for failures that are its own
+// (cluster_suspects.go tries the recently blamed after the others).
+//
+// On the other side, serve_peer.go answers the lease: it pins the blocks in
+// the pool under a lease whose count serve_lease_book.go bounds per peer and
+// in total, and ends leases whose peer went away.
+//
+// Registered blocks emit pool events; cluster_publish.go numbers and
+// gossips them, so that every node's index learns that this node now holds
+// the blocks too, and cluster_repair.go serves and fetches the ranges a
+// node missed.
 package fabric

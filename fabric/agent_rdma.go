@@ -167,7 +167,7 @@ func (a *Agent) registerPools() error {
 // ibv_reg_dmabuf_mr), else by the device pointer through the kernel's
 // peer-memory client where it is loaded, as NCCL falls back. Which one is
 // logged and shown in status; with neither, the pool's blocks move over
-// QUIC through pinned staging (staging.go), which is logged as a warning,
+// QUIC through pinned staging (import_staging.go), which is logged as a warning,
 // or refused at start with rdma=on.
 func (a *Agent) registerDevicePool(i int, dm *cuda.DeviceMemory) error {
 	gpu := a.gpus[i]
