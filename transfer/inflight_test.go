@@ -143,8 +143,7 @@ func TestSilentFrameHeadersCostNothing(t *testing.T) {
 		longest time.Duration
 		errs    []error
 	)
-	var alloc uint64
-	alloc = allocated(func() {
+	alloc := allocated(func() {
 		start := time.Now()
 		for range streams {
 			s, err := conn.OpenStreamSync(ctx)

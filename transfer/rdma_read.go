@@ -440,14 +440,8 @@ func (p *Peer) putQP(k nicPair, q *rdma.QueuePair, failed bool) {
 	}
 }
 
-// signalQP wakes the reads waiting for a queue pair of the peer.
-func (p *Peer) signalQP() {
-	p.rdma.mu.Lock()
-	p.signalQPLocked()
-	p.rdma.mu.Unlock()
-}
-
-// signalQPLocked is signalQP with the peer's rdma.mu held.
+// signalQPLocked wakes the reads waiting for a queue pair of the peer. The
+// peer's rdma.mu must be held.
 func (p *Peer) signalQPLocked() {
 	r := p.rdma
 	close(r.wait)
