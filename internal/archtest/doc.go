@@ -1,3 +1,3 @@
 // Package archtest holds tests of the repository's structure: which package
-// may import which, as DESIGN.md draws it.
+// may import which, checked per package with its tests' imports included.
 package archtest
