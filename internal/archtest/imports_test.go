@@ -28,15 +28,18 @@ var rules = map[string]rule{
 	"pool":   {ours: []string{"pool", "layout"}, theirs: []string{"golang.org/x/sys"}},
 	// pool/cuda is pool's one cgo corner: the driver binding and its
 	// stand-in.
-	"pool/cuda": {ours: []string{"pool", "layout"}, theirs: []string{"C", "golang.org/x/sys"}},
+	"pool/cuda": {ours: []string{"pool", "layout", "internal/pcitopo"}, theirs: []string{"C", "golang.org/x/sys"}},
 	// GPU discovery through go-nvml, tested on its DGX H100 mock.
-	"pool/cuda/discover": {ours: []string{"pool", "layout"}, theirs: []string{"github.com/NVIDIA/go-nvml"}},
-	"rdma":               {ours: []string{"rdma"}, theirs: []string{"C"}, tests: []string{"golang.org/x/sys/unix"}},
+	"pool/cuda/discover": {ours: []string{"pool", "layout", "internal/pcitopo"}, theirs: []string{"github.com/NVIDIA/go-nvml"}},
+	"rdma":               {ours: []string{"rdma", "internal/pcitopo"}, theirs: []string{"C"}, tests: []string{"golang.org/x/sys/unix"}},
 	"transfer":           {ours: []string{"transfer", "layout", "rdma"}, theirs: []string{"github.com/quic-go/quic-go", "google.golang.org/protobuf", "golang.org/x/"}},
 	"membership":         {ours: []string{"membership"}, theirs: []string{"github.com/hashicorp/memberlist", "google.golang.org/protobuf"}},
 	"fabric":             {ours: []string{"*"}, theirs: []string{"*"}},
 	"cmd":                {ours: []string{"*"}, theirs: []string{"*"}},
 	"internal":           {ours: []string{"*"}, theirs: []string{"*"}},
+	// PCI topology is read by rdma and pool/cuda, which import nothing
+	// else of ours: it stays a leaf.
+	"internal/pcitopo": {ours: []string{"internal/pcitopo"}},
 	// The testbed drives agents through the engine client (fabric/client
 	// and its wire types, whose layouts are layout's) and checks blocks
 	// with internal/kvtest; never the agent itself. Its tests build the
@@ -156,6 +159,7 @@ func TestCheckFindsForbiddenEdges(t *testing.T) {
 		{"test-only dependency in production", pkg{ImportPath: module + "/rdma", Imports: []string{"golang.org/x/sys/unix"}}, true},
 		{"nested package takes its own rule", pkg{ImportPath: module + "/pool/cuda", Imports: []string{"github.com/NVIDIA/go-nvml/pkg/nvml"}}, true},
 		{"nested package takes its parent's rule", pkg{ImportPath: module + "/pool/cuda/softcuda", Imports: []string{"C"}}, false},
+		{"leaf stays a leaf", pkg{ImportPath: module + "/internal/pcitopo", Imports: []string{module + "/rdma"}}, true},
 		{"no rule", pkg{ImportPath: module + "/newfolder"}, true},
 	} {
 		if got := check(tc.p); (len(got) > 0) != tc.bad {
