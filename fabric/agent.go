@@ -51,7 +51,7 @@ type Agent struct {
 	cuda    *cuda.Driver
 	gpus    []int
 	rdmaReg []string
-	staging stagingBuffers // pinned buffers for QUIC to and from the GPU
+	staging *cuda.StagingBuffers // pinned buffers for QUIC to and from the GPU; nil without a driver
 
 	index     *index.Index
 	service   *peerService // serves peers' calls
@@ -455,7 +455,7 @@ func (a *Agent) Close() error {
 			errs = append(errs, a.host.Close())
 		}
 		if a.cuda != nil {
-			errs = append(errs, a.closeStaging(), a.cuda.Close())
+			errs = append(errs, a.staging.Close(), a.cuda.Close())
 		}
 		if a.engineLn != nil {
 			os.Remove(a.cfg.EngineSocket)

@@ -38,6 +38,15 @@ func (a *Agent) makeStorage(specs []PoolSpec) ([]pool.Storage, error) {
 		case err != nil:
 			a.log.Info("no CUDA driver: the pinned pool is locked with mlock instead", "reason", err.Error())
 		default:
+			stage := uint64(stageServeBytes)
+			if a.cfg.hooks.stageBytes > 0 {
+				stage = a.cfg.hooks.stageBytes
+			}
+			a.staging, err = d.NewStagingBuffers(stage, maxStagingKept)
+			if err != nil {
+				d.Close()
+				return nil, err
+			}
 			a.cuda = d
 		}
 	}
