@@ -214,7 +214,7 @@ func (a *Agent) stageOut(gpu int, segs []layout.Segment, src []cuda.Region, fn f
 	}
 	defer st.Close()
 	var sendErr error
-	err = st.Download(context.Background(), downs, src, func(p []byte) error {
+	err = st.Download(a.ctx, downs, src, func(p []byte) error {
 		sendErr = fn(p)
 		return sendErr
 	})
