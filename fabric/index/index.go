@@ -36,8 +36,8 @@
 // and a newer run replaces the older one's entries.
 //
 // The index does no I/O and runs no goroutines: the agent feeds it events,
-// drops nodes that membership declares dead, sweeps from a goroutine of its
-// own and, if expiry is configured, calls [Index.Expire] on a ticker.
+// drops nodes that membership declares dead and sweeps from a goroutine of
+// its own. Entries live as long as their holder says it holds them.
 package index
 
 import (
@@ -49,7 +49,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // NodeID is the index's name for one node: a slot below MaxNodes in the
@@ -70,15 +69,9 @@ type Config struct {
 	// Shards is the number of independently locked shards, a power of two.
 	// If zero, 64.
 	Shards int
-	// Expiry drops a holder of a hash that has not been stored again for this
-	// long, when [Index.Expire] runs. If zero, entries never expire, and the
-	// index keeps no per-entry timestamps.
-	Expiry time.Duration
-	// Now is the clock used to stamp stores. If nil, time.Now.
-	Now func() time.Time
 }
 
-// DefaultConfig returns a Config with 64 shards and no expiry.
+// DefaultConfig returns a Config with 64 shards.
 func DefaultConfig() Config { return Config{Shards: 64} }
 
 // MaxNodes bounds the nodes an index names at once; it keeps the holder
@@ -89,8 +82,6 @@ const MaxNodes = 4096
 // Index maps sequence hashes to holder sets. All methods are safe for
 // concurrent use.
 type Index struct {
-	expiry time.Duration
-	now    func() time.Time
 	mask   uint64
 	shards []shard
 
@@ -145,9 +136,6 @@ type shard struct {
 	// multi counts copies beyond the first of a (hash, node) pair; most pairs
 	// have one copy and no entry here.
 	multi map[holderKey]uint32
-	// stamps is the last store time (unix nanoseconds) of each pair; nil
-	// without expiry.
-	stamps map[holderKey]int64
 	_      [64]byte // keep neighbouring shards' locks on separate cache lines
 }
 
@@ -246,15 +234,7 @@ func New(cfg Config) (*Index, error) {
 	if cfg.Shards < 0 || cfg.Shards&(cfg.Shards-1) != 0 || cfg.Shards > maxShards {
 		return nil, fmt.Errorf("%w: Shards %d is not a power of two in [1, %d]", ErrInvalidConfig, cfg.Shards, maxShards)
 	}
-	if cfg.Expiry < 0 {
-		return nil, fmt.Errorf("%w: Expiry %v is negative", ErrInvalidConfig, cfg.Expiry)
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	ix := &Index{
-		expiry:  cfg.Expiry,
-		now:     cfg.Now,
 		mask:    uint64(cfg.Shards - 1),
 		shards:  make([]shard, cfg.Shards),
 		ids:     make(map[string]NodeID),
@@ -268,9 +248,6 @@ func New(cfg Config) (*Index, error) {
 		s.t = newTable(seed + uint64(i)*0x9e3779b97f4a7c15)
 		s.hi = make(map[uint64][]uint64)
 		s.multi = make(map[holderKey]uint32)
-		if cfg.Expiry > 0 {
-			s.stamps = make(map[holderKey]int64)
-		}
 	}
 	return ix, nil
 }
@@ -445,10 +422,6 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
 	}
-	var stamp int64
-	if ix.expiry > 0 {
-		stamp = ix.now().UnixNano()
-	}
 	slot := id.slot()
 	for _, h := range hashes {
 		s := ix.shardOf(h)
@@ -469,9 +442,6 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 			ix.counts[slot].Add(1)
 			ix.digests[slot].Add(mix(h, nh))
 		}
-		if s.stamps != nil {
-			s.stamps[k] = stamp
-		}
 		s.mu.Unlock()
 	}
 	return nil
@@ -479,7 +449,7 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 
 // Remove records that node id holds one copy fewer of each hash; the node
 // stops being a holder when its last copy goes. Removing a hash the node does
-// not hold is not an error: a remove may race an expiry. A dropped id is
+// not hold is not an error: a remove may race a sweep. A dropped id is
 // ErrUnknownNode: the sweep removes its entries.
 func (ix *Index) Remove(id NodeID, hashes ...uint64) error {
 	nh, ok := ix.nameHashOf(id)
@@ -517,9 +487,6 @@ func (ix *Index) removeLocked(s *shard, h uint64, id NodeID, nameHash uint64, al
 		return false
 	}
 	delete(s.multi, k)
-	if s.stamps != nil {
-		delete(s.stamps, k)
-	}
 	hs.clear(slot)
 	s.put(h, hs)
 	ix.counts[slot].Add(-1)
@@ -611,40 +578,6 @@ func (ix *Index) Sweep() int {
 	ix.pending.Add(-int64(len(ids)))
 	ix.mu.Unlock()
 	return len(ids)
-}
-
-// Expire drops every holder whose last store is older than the configured
-// expiry before now, and returns how many it dropped. Without expiry it does
-// nothing.
-func (ix *Index) Expire(now time.Time) int {
-	if ix.expiry <= 0 {
-		return 0
-	}
-	cutoff := now.Add(-ix.expiry).UnixNano()
-	// The live ids and name hashes once, not under ix.mu per entry; an
-	// entry of an id dropped since is the sweep's.
-	ix.mu.RLock()
-	names := make(map[NodeID]uint64, len(ix.ids))
-	for _, id := range ix.ids {
-		names[id] = ix.nodes[id.slot()].nameHash
-	}
-	ix.mu.RUnlock()
-	dropped := 0
-	for i := range ix.shards {
-		s := &ix.shards[i]
-		s.mu.Lock()
-		for k, st := range s.stamps {
-			nh, ok := names[k.node]
-			if st >= cutoff || !ok || !ix.isLive(k.node) {
-				continue
-			}
-			if ix.removeLocked(s, k.hash, k.node, nh, true) {
-				dropped++
-			}
-		}
-		s.mu.Unlock()
-	}
-	return dropped
 }
 
 // Holders returns the live nodes holding hash, in slot order.
