@@ -53,7 +53,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	// softcuda's build directory is the test binary's, made once for
+	// every GPU test: it goes with the run.
+	if gpuLibDir != "" {
+		os.RemoveAll(gpuLibDir)
+	}
+	os.Exit(code)
 }
 
 // handoffEngine is the engine of the handoff tests: one block set, TP 2.
