@@ -136,7 +136,7 @@ type shard struct {
 	// multi counts copies beyond the first of a (hash, node) pair; most pairs
 	// have one copy and no entry here.
 	multi map[holderKey]uint32
-	_      [64]byte // keep neighbouring shards' locks on separate cache lines
+	_     [64]byte // keep neighbouring shards' locks on separate cache lines
 }
 
 // holders is a bitset over NodeIDs: lo holds ids 0..63, hi[i] ids 64(i+1)..
