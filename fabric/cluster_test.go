@@ -84,21 +84,6 @@ func agentStatus(t *testing.T, a *fabric.Agent) *statusView {
 
 type statusView struct{ Members map[string]uint64 }
 
-var clients = map[*fabric.Agent]*client.Client{}
-
-func dial(t *testing.T, a *fabric.Agent) *client.Client {
-	if c, ok := clients[a]; ok {
-		return c
-	}
-	c, err := client.Dial(context.Background(), a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	clients[a] = c
-	t.Cleanup(func() { c.Close(); delete(clients, a) })
-	return c
-}
-
 var testModel = layout.ModelConfig{Layers: 4, KVHeads: 8, HeadDim: 16, DType: layout.DTypeBF16}
 
 // produce registers blocks with content ids 1..n on a under TP tp, and

@@ -85,10 +85,7 @@ func TestDevicePoolsSpanGPUs(t *testing.T) {
 			c := dial(t, importer)
 			consumer := client.Engine{Name: "gpu-consumer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 32,
 				Devices: []string{"0000:2a:00.0", "0"}}
-			set, err := c.Register(ctx, consumer)
-			if err != nil {
-				t.Fatal(err)
-			}
+			set := register(t, c, consumer)
 			for r, want := range []int{1, 0} {
 				m, reg := set.Memory[r], set.Layout.Regions[r]
 				if int(m.CudaDevice) != want || int(reg.Device) != want || len(m.CudaIpcHandle) != 64 {
@@ -159,11 +156,7 @@ func TestDevicePlacementRefusals(t *testing.T) {
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, a)
 	e := client.Engine{Name: "e", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 8}
 	for _, tc := range []struct {
 		devices []string
@@ -184,10 +177,7 @@ func TestDevicePlacementRefusals(t *testing.T) {
 	}
 	// The driver's form and NVML's (an eight-digit domain) name one GPU.
 	e.Devices = []string{"2", "00000000:3B:00.0"}
-	set, err := c.Register(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := register(t, c, e)
 	for r := range 2 {
 		if set.Memory[r].CudaDevice != 2 || !strings.EqualFold(set.Memory[r].PciBusId, "0000:3b:00.0") {
 			t.Fatalf("rank %d: %v, want GPU 2", r, set.Memory[r])
