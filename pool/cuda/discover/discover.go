@@ -1,7 +1,9 @@
 // Package discover finds the node's GPUs through NVML (github.com/NVIDIA/go-nvml,
 // which opens libnvidia-ml.so.1 at run time) and, for each, the RDMA device
-// closest to it in the PCI topology read from sysfs, which picks the NIC for
-// that GPU's device pool. Built without cgo, or on a machine without NVML,
+// closest to it in the PCI topology read from sysfs, measured by
+// internal/pcitopo as rdma.ClosestDevice measures it for the agent, so that
+// what `kvfabric gpus` shows is the NIC the agent registers that GPU's pool
+// with. Built without cgo, or on a machine without NVML,
 // Discover returns an error wrapping ErrNotSupported.
 package discover
 
