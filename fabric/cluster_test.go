@@ -115,40 +115,6 @@ func produce(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, n int)
 	return hashes
 }
 
-// consume imports hashes on a under TP tp and checks every byte.
-func consume(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, hashes []uint64) []string {
-	ctx := context.Background()
-	c := dial(t, a)
-	set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: tp, PageSize: 16, Order: order, Slots: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := c.Import(ctx, set.ID, hashes)
-	if err != nil {
-		t.Fatalf("import on %s: %v", a.NodeName(), err)
-	}
-	if len(resp.Blocks) != len(hashes) {
-		t.Fatalf("import on %s brought %d of %d blocks: %s", a.NodeName(), len(resp.Blocks), len(hashes), resp.Error)
-	}
-	for i, b := range resp.Blocks {
-		if err := kvtest.Check(set.Layout, set.Ranks, int(b.Slot), uint64(i+1)); err != nil {
-			t.Fatalf("import on %s, block %d: %v", a.NodeName(), i, err)
-		}
-	}
-	var from []string
-	for _, f := range resp.Fetches {
-		from = append(from, f.Node)
-	}
-	slots := make([]uint32, len(resp.Blocks))
-	for i, b := range resp.Blocks {
-		slots[i] = b.Slot
-	}
-	if err := c.Release(ctx, set.ID, slots); err != nil {
-		t.Fatal(err)
-	}
-	return from
-}
-
 func TestClusterImport(t *testing.T) {
 	agents := cluster(t, 3)
 	n1, n2, n3 := agents[0], agents[1], agents[2]

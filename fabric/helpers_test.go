@@ -5,6 +5,7 @@ package fabric_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -14,6 +15,9 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/layout"
 )
 
 // testConfig is a loopback agent's configuration with a data directory of
@@ -89,4 +93,58 @@ func register(t *testing.T, c *client.Client, e client.Engine) *client.BlockSet 
 		t.Fatalf("register %s: %v", e.Name, err)
 	}
 	return set
+}
+
+// importChecked imports hashes on a into block set name of testModel under
+// TP tp and order, and checks that every block arrived with every byte
+// (content ids 1, 2, ...).
+func importChecked(t *testing.T, a *fabric.Agent, name string, tp int, order layout.KVOrder, hashes []uint64) (*client.Client, *client.BlockSet, *fabricpb.ImportResponse) {
+	t.Helper()
+	ctx := context.Background()
+	c := dial(t, a)
+	set := register(t, c, client.Engine{Name: name, Model: testModel, TPSize: tp, PageSize: 16, Order: order, Slots: 64})
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil {
+		t.Fatalf("import on %s: %v", a.NodeName(), err)
+	}
+	if len(resp.Blocks) != len(hashes) {
+		t.Fatalf("import on %s brought %d of %d blocks: %s", a.NodeName(), len(resp.Blocks), len(hashes), resp.Error)
+	}
+	for i, b := range resp.Blocks {
+		if err := kvtest.Check(set.Layout, set.Ranks, int(b.Slot), uint64(i+1)); err != nil {
+			t.Fatalf("import on %s, block %d: %v", a.NodeName(), i, err)
+		}
+	}
+	return c, set, resp
+}
+
+// consume imports hashes on a under TP tp, checks every byte, releases the
+// blocks, and returns the holders the import's fetches name.
+func consume(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, hashes []uint64) []string {
+	t.Helper()
+	c, set, resp := importChecked(t, a, "consumer", tp, order, hashes)
+	var from []string
+	for _, f := range resp.Fetches {
+		from = append(from, f.Node)
+	}
+	slots := make([]uint32, len(resp.Blocks))
+	for i, b := range resp.Blocks {
+		slots[i] = b.Slot
+	}
+	if err := c.Release(context.Background(), set.ID, slots); err != nil {
+		t.Fatal(err)
+	}
+	return from
+}
+
+// importAll imports hashes on a under TP tp and order, checks every byte,
+// and returns the transports the import's fetches report.
+func importAll(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, hashes []uint64) []string {
+	t.Helper()
+	_, _, resp := importChecked(t, a, fmt.Sprintf("consumer-tp%d", tp), tp, order, hashes)
+	var via []string
+	for _, f := range resp.Fetches {
+		via = append(via, f.Transport)
+	}
+	return via
 }
