@@ -374,13 +374,7 @@ func TestDevicePoolImportOverStagedQUIC(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
-				ov, err := c.Lookup(ctx, hashes)
-				if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
-					return fmt.Errorf("overlaps %v %v", ov, err)
-				}
-				return nil
-			})
+			waitLookup(t, c, hashes)
 			resp, err := c.Import(ctx, set.ID, hashes)
 			if err != nil {
 				t.Fatal(err)

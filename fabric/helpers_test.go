@@ -17,6 +17,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 )
 
@@ -147,4 +148,16 @@ func importAll(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, hash
 		via = append(via, f.Transport)
 	}
 	return via
+}
+
+// waitLookup waits until c's agent indexes one holder of every hash.
+func waitLookup(t *testing.T, c *client.Client, hashes []uint64) {
+	t.Helper()
+	wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
+		ov, err := c.Lookup(context.Background(), hashes)
+		if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
+			return fmt.Errorf("overlaps %v %v", ov, err)
+		}
+		return nil
+	})
 }

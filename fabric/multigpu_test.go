@@ -108,13 +108,7 @@ func TestDevicePoolsSpanGPUs(t *testing.T) {
 				t.Fatalf("default placement: %v %v", other, err)
 			}
 
-			wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
-				ov, err := c.Lookup(ctx, hashes)
-				if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
-					return fmt.Errorf("overlaps %v %v", ov, err)
-				}
-				return nil
-			})
+			waitLookup(t, c, hashes)
 			resp, err := c.Import(ctx, set.ID, hashes)
 			if err != nil {
 				t.Fatal(err)
@@ -268,13 +262,7 @@ func TestDevicePoolsUseTheNICNearestEachGPU(t *testing.T) {
 		}
 		return fmt.Errorf("no member %s in %v", holder.NodeName(), s.Members)
 	})
-	wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
-		ov, err := c.Lookup(ctx, hashes)
-		if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
-			return fmt.Errorf("overlaps %v %v", ov, err)
-		}
-		return nil
-	})
+	waitLookup(t, c, hashes)
 	// TP 1 on GPU 1: every byte lands through sv0, the NIC near GPU 1
 	// (the importer's device 1), though it leaves the holder through both
 	// of its NICs.
