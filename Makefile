@@ -8,6 +8,8 @@ PROTOS   := $(shell git ls-files '*.proto' 2>/dev/null)
 # protoc-gen-go matches the protobuf runtime in go.mod.
 PROTOBUF_VERSION := $(shell $(GO) list -m -f '{{.Version}}' google.golang.org/protobuf)
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+# staticcheck 2026.2.2, a release that supports the Go of go.mod (1.26).
+STATICCHECK_VERSION := v0.8.2
 APT      := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends
 # The Python client's tests run on Debian's interpreter, where its packages
 # (python3-grpcio and the rest) install; another interpreter with grpcio,
@@ -112,9 +114,12 @@ proto-deps:
 	@test -x $(GOBIN)/protoc-gen-go || $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOBUF_VERSION)
 	@test -x $(GOBIN)/protoc-gen-go-grpc || $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
-lint: ## gofmt, vet, a build without cgo, and no tracked file over 1 MiB
+lint: ## gofmt, vet, staticcheck, a build without cgo, and no tracked file over 1 MiB
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	@test -x $(GOBIN)/staticcheck && $(GOBIN)/staticcheck -version | grep -q '($(STATICCHECK_VERSION:v%=%))' || \
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	$(GOBIN)/staticcheck ./...
 	CGO_ENABLED=0 $(GO) build ./...
 	@big=$$(git ls-files -z | xargs -0 stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576'); \
 	if [ -n "$$big" ]; then echo "tracked files over 1 MiB (build outputs or data belong outside git):"; echo "$$big"; exit 1; fi

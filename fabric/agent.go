@@ -51,7 +51,7 @@ type Agent struct {
 	cuda    *cuda.Driver
 	gpus    []int
 	rdmaReg []string
-	staging stagingBuffers // pinned buffers for QUIC to and from the GPU
+	staging *cuda.StagingBuffers // pinned buffers for QUIC to and from the GPU; nil without a driver
 
 	index     *index.Index
 	service   *peerService // serves peers' calls
@@ -79,6 +79,11 @@ type Agent struct {
 	publish    publishState // the pool goroutine's, in onPoolEvents
 	metaPoke   chan struct{}
 	done       chan struct{}
+	// ctx is the agent's root context, cancelled by Close: work the agent
+	// starts on its own (releases, gossip, staged reads it serves) derives
+	// its contexts from it, so that none outlives Close.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu   sync.Mutex // before an engineSet's, a session's and the pool's
 	sets map[pool.SetID]*engineSet
@@ -119,6 +124,7 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{},
 		sessions: map[uint64]*session{}, unowned: &session{opened: time.Now(), sets: map[pool.SetID]*engineSet{}},
 		metaPoke: make(chan struct{}, 1), done: make(chan struct{})}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
 	if a.log == nil {
 		a.log = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel) // both validated
 	}
@@ -416,6 +422,7 @@ func (a *Agent) Close() error {
 	a.closeOnce.Do(func() {
 		var errs []error
 		close(a.done)
+		a.cancel()
 		if a.engineSrv != nil {
 			stopped := make(chan struct{})
 			go func() { a.engineSrv.GracefulStop(); close(stopped) }()
@@ -458,7 +465,7 @@ func (a *Agent) Close() error {
 			errs = append(errs, a.host.Close())
 		}
 		if a.cuda != nil {
-			errs = append(errs, a.closeStaging(), a.cuda.Close())
+			errs = append(errs, a.staging.Close(), a.cuda.Close())
 		}
 		if a.engineLn != nil {
 			os.Remove(a.cfg.EngineSocket)

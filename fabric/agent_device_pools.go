@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvfabric/kvfabric/internal/pcitopo"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/cuda"
@@ -37,6 +38,15 @@ func (a *Agent) makeStorage(specs []PoolSpec) ([]pool.Storage, error) {
 		case err != nil:
 			a.log.Info("no CUDA driver: the pinned pool is locked with mlock instead", "reason", err.Error())
 		default:
+			stage := uint64(stageServeBytes)
+			if a.cfg.hooks.stageBytes > 0 {
+				stage = a.cfg.hooks.stageBytes
+			}
+			a.staging, err = d.NewStagingBuffers(stage, maxStagingKept)
+			if err != nil {
+				d.Close()
+				return nil, err
+			}
 			a.cuda = d
 		}
 	}
@@ -261,27 +271,7 @@ func (a *Agent) placedAs(set *pool.BlockSet, place []int) bool {
 // hexadecimal) name the same device, whatever their case and the width of
 // the domain: the driver writes "0000:18:00.0", NVML "00000000:18:00.0".
 func samePCIAddress(a, b string) bool {
-	pa, oka := parsePCIAddress(a)
-	pb, okb := parsePCIAddress(b)
-	return oka && okb && pa == pb
-}
-
-func parsePCIAddress(s string) ([4]uint64, bool) {
-	var out [4]uint64
-	parts := strings.Split(s, ":")
-	if len(parts) != 3 {
-		return out, false
-	}
-	df := strings.Split(parts[2], ".")
-	if len(df) != 2 {
-		return out, false
-	}
-	for i, f := range []string{parts[0], parts[1], df[0], df[1]} {
-		v, err := strconv.ParseUint(f, 16, 32)
-		if err != nil || f == "" {
-			return out, false
-		}
-		out[i] = v
-	}
-	return out, true
+	pa, erra := pcitopo.ParseAddr(a)
+	pb, errb := pcitopo.ParseAddr(b)
+	return erra == nil && errb == nil && pa == pb
 }

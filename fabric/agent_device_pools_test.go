@@ -308,10 +308,7 @@ func importDeviceChecked(t *testing.T, c *client.Client, lib string, e client.En
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	set, err := c.Register(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := register(t, c, e)
 	resp, err := c.Import(ctx, set.ID, hashes)
 	if err != nil || len(resp.Blocks) != len(hashes) || len(resp.Fetches) == 0 {
 		t.Fatalf("import of %d blocks into %s: %v %v", len(hashes), e.Name, resp, err)
@@ -379,13 +376,7 @@ func TestDevicePoolImportOverStagedQUIC(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
-				ov, err := c.Lookup(ctx, hashes)
-				if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
-					return fmt.Errorf("overlaps %v %v", ov, err)
-				}
-				return nil
-			})
+			waitLookup(t, c, hashes)
 			resp, err := c.Import(ctx, set.ID, hashes)
 			if err != nil {
 				t.Fatal(err)
@@ -427,11 +418,7 @@ func TestDevicePoolFallsBackToHost(t *testing.T) {
 			a := startAgent(t, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			c, err := client.Dial(ctx, a.EngineSocket())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := newClient(t, a)
 			s, err := c.Status(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -563,11 +550,7 @@ func TestDevicePoolRDMARegistrationFallbacks(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer a.Close()
-			c, err := client.Dial(ctx, a.EngineSocket())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := newClient(t, a)
 			s, err := c.Status(ctx)
 			if err != nil || len(s.Pools) != 1 || s.Pools[0].Kind != "device" || s.Pools[0].RdmaRegistration != tc.reg {
 				t.Fatalf("pools %v %v, want a device pool registered %q", s.GetPools(), err, tc.reg)
@@ -596,11 +579,7 @@ func TestPinnedPoolThroughCUDA(t *testing.T) {
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, a)
 	s, err := c.Status(ctx)
 	if err != nil || len(s.Pools) != 1 || s.Pools[0].Kind != "pinned" || s.Pools[0].SizeBytes != 8<<20 {
 		t.Fatalf("pools %v %v, want pinned 8 MiB", s.GetPools(), err)
@@ -612,11 +591,7 @@ func TestPinnedPoolThroughCUDA(t *testing.T) {
 	// The engine's mapping is the pool's memory: a second engine that maps
 	// the same block set sees the bytes the first wrote.
 	kvtest.Fill(set.Layout, set.Ranks, 0, 7)
-	c2, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
+	c2 := newClient(t, a)
 	set2, err := c2.Register(ctx, client.Engine{Name: "e2", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 8})
 	if err != nil || set2.ID != set.ID {
 		t.Fatalf("second engine of the layout: %+v %v, want block set %d", set2, err, set.ID)

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric"
-	"github.com/kvfabric/kvfabric/fabric/client"
-	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/rdma/softverbs"
@@ -30,35 +28,6 @@ func softNIC(t *testing.T) string {
 	}
 	t.Setenv("SOFTVERBS_REGISTRY", filepath.Join(t.TempDir(), "registry"))
 	return softLib
-}
-
-// importAll imports hashes on a under TP tp and order, checks every
-// byte, and returns the transports the import's fetches report.
-func importAll(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, hashes []uint64) []string {
-	t.Helper()
-	ctx := context.Background()
-	c := dial(t, a)
-	set, err := c.Register(ctx, client.Engine{Name: fmt.Sprintf("consumer-tp%d", tp), Model: testModel, TPSize: tp, PageSize: 16, Order: order, Slots: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := c.Import(ctx, set.ID, hashes)
-	if err != nil {
-		t.Fatalf("import on %s: %v", a.NodeName(), err)
-	}
-	if len(resp.Blocks) != len(hashes) {
-		t.Fatalf("import on %s brought %d of %d blocks: %s", a.NodeName(), len(resp.Blocks), len(hashes), resp.Error)
-	}
-	for i, b := range resp.Blocks {
-		if err := kvtest.Check(set.Layout, set.Ranks, int(b.Slot), uint64(i+1)); err != nil {
-			t.Fatalf("import on %s, block %d: %v", a.NodeName(), i, err)
-		}
-	}
-	var via []string
-	for _, f := range resp.Fetches {
-		via = append(via, f.Transport)
-	}
-	return via
 }
 
 // TP 4 -> TP 2 between in-process agents with RDMA on over softverbs:

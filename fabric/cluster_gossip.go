@@ -163,7 +163,7 @@ func (a *Agent) metaLoop() {
 		if m == last {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ctx, cancel := context.WithTimeout(a.ctx, time.Second)
 		if err := a.members.SetMeta(ctx, m); err != nil && !errors.Is(err, membership.ErrClosed) {
 			a.log.Debug("metadata not sent", "err", err)
 		}

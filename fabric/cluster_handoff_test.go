@@ -53,7 +53,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	// softcuda's build directory is the test binary's, made once for
+	// every GPU test: it goes with the run.
+	if gpuLibDir != "" {
+		os.RemoveAll(gpuLibDir)
+	}
+	os.Exit(code)
 }
 
 // handoffEngine is the engine of the handoff tests: one block set, TP 2.
@@ -169,15 +175,8 @@ func TestEngineInAnotherPIDNamespace(t *testing.T) {
 			a := startAgent(t, cfg)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			c, err := client.Dial(ctx, a.EngineSocket())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			set, err := c.Register(ctx, handoffEngine)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := newClient(t, a)
+			set := register(t, c, handoffEngine)
 			const hash = 0xfeed
 			slots, err := c.Allocate(ctx, set.ID, 1)
 			if err != nil {
@@ -222,11 +221,7 @@ func TestDescriptorSocketProtocol(t *testing.T) {
 	a := startAgent(t, testConfig(t, "n1"))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, a)
 	resp, err := c.API().Register(ctx, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4, KvOrder: 2, Slots: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -418,11 +413,7 @@ func TestRegisterAlignment(t *testing.T) {
 	a := startAgent(t, testConfig(t, "n1"))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, a)
 	req := func(align uint64) *fabricpb.RegisterRequest {
 		return &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4, KvOrder: 2, Slots: 1, Alignment: align}
 	}
@@ -473,11 +464,7 @@ func TestRankLayoutPlacesBytes(t *testing.T) {
 			a := startAgent(t, testConfig(t, "n1"))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			c, err := client.Dial(ctx, a.EngineSocket())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := newClient(t, a)
 			tc.req.Engine, tc.req.Slots = "e", 4
 			resp, err := c.API().Register(ctx, tc.req)
 			if err != nil {

@@ -12,8 +12,10 @@ import (
 // reuse its connections (and its cap on streams in flight) instead of
 // handshaking anew, and so that connections end when the member does.
 type peers struct {
-	mu sync.Mutex
-	m  map[string]*peerEntry
+	mu     sync.Mutex
+	m      map[string]*peerEntry
+	closed bool           // closeAll has run: nothing is dialed any more
+	wg     sync.WaitGroup // closes in flight, waited for by closeAll
 }
 
 type peerEntry struct {
@@ -27,13 +29,17 @@ type peerEntry struct {
 // when its address changed. A dial error is not cached.
 func (ps *peers) get(ctx context.Context, n *transfer.Node, name, addr string) (*transfer.Peer, error) {
 	ps.mu.Lock()
+	if ps.closed {
+		ps.mu.Unlock()
+		return nil, fmt.Errorf("fabric: peer %s: the agent is closed", name)
+	}
 	if ps.m == nil {
 		ps.m = map[string]*peerEntry{}
 	}
 	e := ps.m[name]
 	if e == nil || e.addr != addr {
 		if e != nil {
-			go closePeer(e)
+			ps.wg.Go(func() { closePeer(e) })
 		}
 		e = &peerEntry{addr: addr}
 		ps.m[name] = e
@@ -61,23 +67,26 @@ func (ps *peers) get(ctx context.Context, n *transfer.Node, name, addr string) (
 // does not block (membership calls it).
 func (ps *peers) forget(name string) {
 	ps.mu.Lock()
+	defer ps.mu.Unlock()
 	e := ps.m[name]
 	delete(ps.m, name)
-	ps.mu.Unlock()
 	if e != nil {
-		go closePeer(e)
+		// Under ps.mu, so that closeAll's Wait sees the Add.
+		ps.wg.Go(func() { closePeer(e) })
 	}
 }
 
-// closeAll closes every peer, for the agent's Close.
+// closeAll closes every peer, for the agent's Close, and returns once the
+// closes that forget and get started have finished too.
 func (ps *peers) closeAll() {
 	ps.mu.Lock()
 	m := ps.m
-	ps.m = nil
+	ps.m, ps.closed = nil, true
 	ps.mu.Unlock()
 	for _, e := range m {
 		closePeer(e)
 	}
+	ps.wg.Wait()
 }
 
 func closePeer(e *peerEntry) {

@@ -84,21 +84,6 @@ func agentStatus(t *testing.T, a *fabric.Agent) *statusView {
 
 type statusView struct{ Members map[string]uint64 }
 
-var clients = map[*fabric.Agent]*client.Client{}
-
-func dial(t *testing.T, a *fabric.Agent) *client.Client {
-	if c, ok := clients[a]; ok {
-		return c
-	}
-	c, err := client.Dial(context.Background(), a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	clients[a] = c
-	t.Cleanup(func() { c.Close(); delete(clients, a) })
-	return c
-}
-
 var testModel = layout.ModelConfig{Layers: 4, KVHeads: 8, HeadDim: 16, DType: layout.DTypeBF16}
 
 // produce registers blocks with content ids 1..n on a under TP tp, and
@@ -128,40 +113,6 @@ func produce(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, n int)
 		t.Fatal(err)
 	}
 	return hashes
-}
-
-// consume imports hashes on a under TP tp and checks every byte.
-func consume(t *testing.T, a *fabric.Agent, tp int, order layout.KVOrder, hashes []uint64) []string {
-	ctx := context.Background()
-	c := dial(t, a)
-	set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: tp, PageSize: 16, Order: order, Slots: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := c.Import(ctx, set.ID, hashes)
-	if err != nil {
-		t.Fatalf("import on %s: %v", a.NodeName(), err)
-	}
-	if len(resp.Blocks) != len(hashes) {
-		t.Fatalf("import on %s brought %d of %d blocks: %s", a.NodeName(), len(resp.Blocks), len(hashes), resp.Error)
-	}
-	for i, b := range resp.Blocks {
-		if err := kvtest.Check(set.Layout, set.Ranks, int(b.Slot), uint64(i+1)); err != nil {
-			t.Fatalf("import on %s, block %d: %v", a.NodeName(), i, err)
-		}
-	}
-	var from []string
-	for _, f := range resp.Fetches {
-		from = append(from, f.Node)
-	}
-	slots := make([]uint32, len(resp.Blocks))
-	for i, b := range resp.Blocks {
-		slots[i] = b.Slot
-	}
-	if err := c.Release(ctx, set.ID, slots); err != nil {
-		t.Fatal(err)
-	}
-	return from
 }
 
 func TestClusterImport(t *testing.T) {

@@ -16,9 +16,24 @@ import (
 	"time"
 )
 
-// maxLeaseDuration is the longest lease a holder grants (pool's default
-// MaxLeaseDuration).
-const maxLeaseDuration = 5 * time.Minute
+// The defaults and bounds of the duration settings, which DefaultConfig,
+// validation and the command line's help all read through
+// durationSettings.
+const (
+	DefaultLeaseDuration = 30 * time.Second
+	// MinLeaseDuration and MaxLeaseDuration bound what holders grant
+	// (pool's default MaxLeaseDuration; the wire carries milliseconds).
+	MinLeaseDuration = time.Second
+	MaxLeaseDuration = 5 * time.Minute
+
+	DefaultImportTimeout = 30 * time.Second
+	DefaultPeerTimeout   = 2 * time.Second
+
+	DefaultBlockSetGrace = 30 * time.Second
+	MaxBlockSetGrace     = 24 * time.Hour
+
+	DefaultSessionKeepalive = 5 * time.Second
+)
 
 // The bounds of ImportChunkBytes: below a megabyte a chunk's control
 // calls cost more than its bytes; above a few gigabytes one chunk pins a
@@ -35,9 +50,6 @@ const (
 	MinSessionKeepalive = 100 * time.Millisecond
 	MaxSessionKeepalive = 10 * time.Minute
 )
-
-// maxBlockSetGrace bounds BlockSetGrace.
-const maxBlockSetGrace = 24 * time.Hour
 
 // ErrConfig is matched by every configuration error.
 var ErrConfig = errors.New("fabric: invalid configuration")
@@ -151,16 +163,17 @@ type Config struct {
 	BlockSetSlots int `json:"block_set_slots,omitempty"`
 	// BlockSetGrace is how long a block set no engine session uses keeps
 	// its cached blocks before the agent frees it; a Register that needs
-	// its memory frees it at once. At most 24 h. If zero, 30 s.
+	// its memory frees it at once. At most MaxBlockSetGrace. If zero,
+	// DefaultBlockSetGrace.
 	BlockSetGrace time.Duration `json:"block_set_grace,omitempty"`
 	// SessionKeepalive is how long an engine session may stay silent
 	// before the agent ends it and gives back what it held (an engine that
-	// exits or drops its connection ends at once). 100 ms to 10 min. If
-	// zero, 5 s.
+	// exits or drops its connection ends at once). MinSessionKeepalive to
+	// MaxSessionKeepalive. If zero, DefaultSessionKeepalive.
 	SessionKeepalive time.Duration `json:"session_keepalive,omitempty"`
 
 	// LeaseDuration is how long a holder keeps blocks for an importer,
-	// 1 s to 5 min. If zero, 30 s.
+	// MinLeaseDuration to MaxLeaseDuration. If zero, DefaultLeaseDuration.
 	LeaseDuration time.Duration `json:"lease_duration,omitempty"`
 	// MaxLeasedPerPeer bounds the blocks one peer may hold leased on this
 	// node at once; a lease past it is cut to what fits, or refused as
@@ -170,7 +183,8 @@ type Config struct {
 	// MaxLeased bounds the blocks all peers together may hold leased on
 	// this node. If zero, three quarters of the slots of its block sets.
 	MaxLeased int `json:"max_leased,omitempty"`
-	// ImportTimeout bounds one import, all holders tried. If zero, 30 s.
+	// ImportTimeout bounds one import, all holders tried. If zero,
+	// DefaultImportTimeout.
 	ImportTimeout time.Duration `json:"import_timeout,omitempty"`
 	// ImportChunkBytes bounds the bytes of one chunk of an import: an
 	// import leases, reads, releases and registers a chunk at a time (at
@@ -179,7 +193,8 @@ type Config struct {
 	ImportChunkBytes int64 `json:"import_chunk_bytes,omitempty"`
 	// PeerTimeout bounds how long a silent peer can hold up an import
 	// before it fails over to another holder or fails: each dial, control
-	// call and read to a peer gives up after half of it. If zero, 2 s.
+	// call and read to a peer gives up after half of it. If zero,
+	// DefaultPeerTimeout.
 	PeerTimeout time.Duration `json:"peer_timeout,omitempty"`
 
 	// RDMA is auto, on or off. auto reads over RDMA from holders that
@@ -236,7 +251,7 @@ type Config struct {
 // DefaultConfig returns the defaults for an agent on a cluster node.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
-	return Config{
+	c := Config{
 		NodeName:         host,
 		DataDir:          "/var/lib/kvfabric",
 		GossipAddr:       "0.0.0.0:7946",
@@ -244,14 +259,13 @@ func DefaultConfig() Config {
 		PeerAddr:         "0.0.0.0:7947",
 		MetricsAddr:      "127.0.0.1:7948",
 		Pools:            []string{"host=1GiB"},
-		LeaseDuration:    30 * time.Second,
-		ImportTimeout:    30 * time.Second,
-		PeerTimeout:      2 * time.Second,
-		BlockSetGrace:    30 * time.Second,
-		SessionKeepalive: 5 * time.Second,
 		ImportChunkBytes: 64 << 20,
 		LogLevel:         "info",
 	}
+	for _, s := range durationSettings {
+		*s.field(&c) = s.Default
+	}
+	return c
 }
 
 // DefaultLocalConfig returns the defaults for agents sharing one machine:
@@ -274,31 +288,25 @@ func LoadConfigFile(path string, base Config) (Config, error) {
 	if err != nil {
 		return base, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	// Durations are strings in the file; take them out, then decode the
-	// rest strictly into base.
+	// Durations are strings in the file (Duration); take them out, then
+	// decode the rest strictly into base.
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(b, &fields); err != nil {
 		return base, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
 	}
-	for _, f := range []struct {
-		name string
-		dst  *time.Duration
-	}{{"lease_duration", &base.LeaseDuration}, {"import_timeout", &base.ImportTimeout}, {"peer_timeout", &base.PeerTimeout},
-		{"block_set_grace", &base.BlockSetGrace}, {"session_keepalive", &base.SessionKeepalive}} {
-		raw, ok := fields[f.name]
+	for _, s := range durationSettings {
+		raw, ok := fields[s.Key]
 		if !ok {
 			continue
 		}
-		delete(fields, f.name)
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return base, fmt.Errorf("%w: %s: %s: want a duration string such as \"30s\"", ErrConfig, path, f.name)
+		delete(fields, s.Key)
+		var str string
+		if err := json.Unmarshal(raw, &str); err != nil {
+			return base, fmt.Errorf("%w: %s: %s: want a duration string such as \"30s\"", ErrConfig, path, s.Key)
 		}
-		v, err := time.ParseDuration(s)
-		if err != nil {
-			return base, fmt.Errorf("%w: %s: %s: %v", ErrConfig, path, f.name, err)
+		if err := (*Duration)(s.field(&base)).UnmarshalText([]byte(str)); err != nil {
+			return base, fmt.Errorf("%w: %s: %s: %v", ErrConfig, path, s.Key, err)
 		}
-		*f.dst = v
 	}
 	rest, _ := json.Marshal(fields)
 	dec := json.NewDecoder(strings.NewReader(string(rest)))
@@ -353,20 +361,10 @@ func (c *Config) populate() {
 	if len(c.Pools) == 0 {
 		c.Pools = d.Pools
 	}
-	if c.LeaseDuration == 0 {
-		c.LeaseDuration = d.LeaseDuration
-	}
-	if c.ImportTimeout == 0 {
-		c.ImportTimeout = d.ImportTimeout
-	}
-	if c.PeerTimeout == 0 {
-		c.PeerTimeout = d.PeerTimeout
-	}
-	if c.BlockSetGrace == 0 {
-		c.BlockSetGrace = d.BlockSetGrace
-	}
-	if c.SessionKeepalive == 0 {
-		c.SessionKeepalive = d.SessionKeepalive
+	for _, s := range durationSettings {
+		if p := s.field(c); *p == 0 {
+			*p = s.Default
+		}
 	}
 	if c.ImportChunkBytes == 0 {
 		c.ImportChunkBytes = d.ImportChunkBytes
@@ -439,25 +437,12 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	case c.RDMARetry < 0 || c.RDMARetry > 7:
 		return nil, bad("rdma_retry", "%d not in 1..7 (0: 7)", c.RDMARetry)
 	}
-	for _, f := range []struct {
-		field string
-		d     time.Duration
-	}{{"lease_duration", c.LeaseDuration}, {"import_timeout", c.ImportTimeout}, {"peer_timeout", c.PeerTimeout},
-		{"block_set_grace", c.BlockSetGrace}, {"session_keepalive", c.SessionKeepalive}} {
-		if f.d < 0 {
-			return nil, bad(f.field, "%v is negative", f.d)
+	for _, s := range durationSettings {
+		if v := *s.field(c); v < 0 {
+			return nil, bad(s.Key, "%v is negative", v)
+		} else if !s.within(v) {
+			return nil, bad(s.Key, "%v is not in %s", v, s.Range())
 		}
-	}
-	// Holders refuse leases outside these bounds (pool.MaxLeaseDuration;
-	// the wire carries milliseconds).
-	if c.LeaseDuration < time.Second || c.LeaseDuration > maxLeaseDuration {
-		return nil, bad("lease_duration", "%v is not in 1s..%v", c.LeaseDuration, maxLeaseDuration)
-	}
-	if c.SessionKeepalive < MinSessionKeepalive || c.SessionKeepalive > MaxSessionKeepalive {
-		return nil, bad("session_keepalive", "%v is not in %v..%v", c.SessionKeepalive, MinSessionKeepalive, MaxSessionKeepalive)
-	}
-	if c.BlockSetGrace > maxBlockSetGrace {
-		return nil, bad("block_set_grace", "%v is more than %v", c.BlockSetGrace, maxBlockSetGrace)
 	}
 	if c.ImportChunkBytes < minImportChunk || c.ImportChunkBytes > maxImportChunk {
 		return nil, bad("import_chunk_bytes", "%d is not in %d..%d", c.ImportChunkBytes, minImportChunk, maxImportChunk)
@@ -659,11 +644,96 @@ func MarshalConfig(c Config) ([]byte, error) {
 	if err := json.Unmarshal(b, &fields); err != nil {
 		return nil, err
 	}
-	for key, d := range map[string]time.Duration{"lease_duration": c.LeaseDuration, "import_timeout": c.ImportTimeout, "peer_timeout": c.PeerTimeout,
-		"block_set_grace": c.BlockSetGrace, "session_keepalive": c.SessionKeepalive} {
-		if d != 0 {
-			fields[key] = d.String()
+	for _, s := range durationSettings {
+		if d := *s.field(&c); d != 0 {
+			fields[s.Key] = Duration(d)
 		}
 	}
 	return json.MarshalIndent(fields, "", "  ")
+}
+
+// Duration is a time.Duration that configuration files write as a string
+// such as "30s" (its text form, which encoding/json uses).
+type Duration time.Duration
+
+// MarshalText writes d as time.Duration.String does.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText reads what time.ParseDuration reads.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// String is time.Duration's form without zero tails: "5m", "24h", "1h30m".
+func (d Duration) String() string {
+	s := time.Duration(d).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// DurationSetting is one duration field of Config: its file key, its
+// default (what zero means) and its bounds.
+type DurationSetting struct {
+	// Field is the Config field's name, Key its JSON name.
+	Field, Key string
+	// Default is what zero means.
+	Default time.Duration
+	// Min and Max bound the value once zero took the default; zero Max
+	// means no ceiling.
+	Min, Max time.Duration
+
+	field func(*Config) *time.Duration
+}
+
+// durationSettings are Config's durations. A new one is a Config field, a
+// line here and its constants: defaults, validation, the file format and
+// the command line's help follow.
+var durationSettings = []DurationSetting{
+	{Field: "BlockSetGrace", Key: "block_set_grace", Default: DefaultBlockSetGrace, Max: MaxBlockSetGrace,
+		field: func(c *Config) *time.Duration { return &c.BlockSetGrace }},
+	{Field: "SessionKeepalive", Key: "session_keepalive", Default: DefaultSessionKeepalive, Min: MinSessionKeepalive, Max: MaxSessionKeepalive,
+		field: func(c *Config) *time.Duration { return &c.SessionKeepalive }},
+	{Field: "LeaseDuration", Key: "lease_duration", Default: DefaultLeaseDuration, Min: MinLeaseDuration, Max: MaxLeaseDuration,
+		field: func(c *Config) *time.Duration { return &c.LeaseDuration }},
+	{Field: "ImportTimeout", Key: "import_timeout", Default: DefaultImportTimeout,
+		field: func(c *Config) *time.Duration { return &c.ImportTimeout }},
+	{Field: "PeerTimeout", Key: "peer_timeout", Default: DefaultPeerTimeout,
+		field: func(c *Config) *time.Duration { return &c.PeerTimeout }},
+}
+
+// DurationSettingOf returns the duration setting of the Config field
+// named field; ok is false when it is not one.
+func DurationSettingOf(field string) (s DurationSetting, ok bool) {
+	for _, s := range durationSettings {
+		if s.Field == field {
+			return s, true
+		}
+	}
+	return DurationSetting{}, false
+}
+
+func (s DurationSetting) within(v time.Duration) bool {
+	return v >= s.Min && (s.Max == 0 || v <= s.Max)
+}
+
+// Range says the bounds as help and errors print them: "1s..5m", "0s..24h",
+// or "" for none.
+func (s DurationSetting) Range() string {
+	switch {
+	case s.Max == 0 && s.Min == 0:
+		return ""
+	case s.Max == 0:
+		return fmt.Sprintf("at least %v", Duration(s.Min))
+	}
+	return fmt.Sprintf("%v..%v", Duration(s.Min), Duration(s.Max))
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -72,7 +73,7 @@ func TestValidateConfig(t *testing.T) {
 		{"keepalive a nanosecond under its floor", func(c *Config) { c.SessionKeepalive = MinSessionKeepalive - 1 }, "session_keepalive"},
 		{"keepalive a nanosecond over its ceiling", func(c *Config) { c.SessionKeepalive = MaxSessionKeepalive + 1 }, "session_keepalive"},
 		{"negative keepalive", func(c *Config) { c.SessionKeepalive = -time.Second }, "session_keepalive"},
-		{"grace over its ceiling", func(c *Config) { c.BlockSetGrace = maxBlockSetGrace + 1 }, "block_set_grace"},
+		{"grace over its ceiling", func(c *Config) { c.BlockSetGrace = MaxBlockSetGrace + 1 }, "block_set_grace"},
 		{"negative grace", func(c *Config) { c.BlockSetGrace = -time.Second }, "block_set_grace"},
 	}
 	for _, tc := range cases {
@@ -129,10 +130,10 @@ func TestValidateConfig(t *testing.T) {
 		}
 	}
 	c = DefaultLocalConfig()
-	c.BlockSetGrace = maxBlockSetGrace
+	c.BlockSetGrace = MaxBlockSetGrace
 	c.populate()
 	if _, err := c.validate(); err != nil {
-		t.Errorf("block_set_grace %v (the bound): %v", maxBlockSetGrace, err)
+		t.Errorf("block_set_grace %v (the bound): %v", MaxBlockSetGrace, err)
 	}
 	// Zero takes the documented defaults.
 	c = Config{}
@@ -213,5 +214,94 @@ func TestMarshalConfigRoundTrip(t *testing.T) {
 	if back.LeaseDuration != c.LeaseDuration || back.SessionKeepalive != c.SessionKeepalive || back.BlockSetGrace != c.BlockSetGrace || back.NodeName != c.NodeName || back.ImportChunkBytes != c.ImportChunkBytes ||
 		strings.Join(back.Join, ",") != strings.Join(c.Join, ",") || back.EngineSocket != c.EngineSocket || back.DevCADir != c.DevCADir {
 		t.Fatalf("round trip changed the configuration:\n%s\nread back %+v", b, back)
+	}
+}
+
+// Every duration setting: zero takes its default, DefaultConfig has it,
+// its bounds are accepted and a nanosecond past them refused naming its
+// key, and its file form is a string that reads back.
+func TestDurationSettings(t *testing.T) {
+	ct := reflect.TypeFor[Config]()
+	for _, s := range durationSettings {
+		t.Run(s.Key, func(t *testing.T) {
+			f, ok := ct.FieldByName(s.Field)
+			if !ok || f.Type != reflect.TypeFor[time.Duration]() || strings.Split(f.Tag.Get("json"), ",")[0] != s.Key {
+				t.Fatalf("field %s: %v, type %v, tag %q: want a time.Duration keyed %s", s.Field, ok, f.Type, f.Tag, s.Key)
+			}
+			if got, ok := DurationSettingOf(s.Field); !ok || got.Key != s.Key {
+				t.Fatalf("DurationSettingOf(%s) = %+v, %v", s.Field, got, ok)
+			}
+			d := DefaultConfig()
+			if *s.field(&d) != s.Default || !s.within(s.Default) {
+				t.Fatalf("DefaultConfig has %v, the setting's default is %v (bounds %s)", *s.field(&d), s.Default, s.Range())
+			}
+			valid := func(v time.Duration) error {
+				c := DefaultLocalConfig()
+				*s.field(&c) = v
+				c.populate()
+				_, err := c.validate()
+				return err
+			}
+			zero := DefaultLocalConfig()
+			*s.field(&zero) = 0
+			zero.populate()
+			if *s.field(&zero) != s.Default {
+				t.Errorf("zero became %v, want the default %v", *s.field(&zero), s.Default)
+			}
+			at := []time.Duration{s.Default}
+			past := []time.Duration{-1}
+			if s.Min > 0 {
+				at, past = append(at, s.Min), append(past, s.Min-1)
+			}
+			if s.Max > 0 {
+				at, past = append(at, s.Max), append(past, s.Max+1)
+			}
+			for _, v := range at {
+				if err := valid(v); err != nil {
+					t.Errorf("%v (at a bound or the default): %v", v, err)
+				}
+			}
+			for _, v := range past {
+				if err := valid(v); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), s.Key) {
+					t.Errorf("%v (past a bound): %v, want ErrConfig naming %s", v, err, s.Key)
+				}
+			}
+		})
+	}
+}
+
+func TestDurationText(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		str  string
+	}{
+		{"30s", 30 * time.Second, "30s"},
+		{"5m", 5 * time.Minute, "5m"},
+		{"24h", 24 * time.Hour, "24h"},
+		{"1h30m", 90 * time.Minute, "1h30m"},
+		{"100ms", 100 * time.Millisecond, "100ms"},
+	} {
+		var d Duration
+		if err := json.Unmarshal([]byte(`"`+tc.in+`"`), &d); err != nil || time.Duration(d) != tc.want {
+			t.Errorf("%q: %v, %v; want %v", tc.in, time.Duration(d), err, tc.want)
+		}
+		b, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Duration
+		if err := json.Unmarshal(b, &back); err != nil || back != d {
+			t.Errorf("%q: written as %s, read back %v, %v", tc.in, b, back, err)
+		}
+		if d.String() != tc.str {
+			t.Errorf("%q: String %q, want %q", tc.in, d.String(), tc.str)
+		}
+	}
+	var d Duration
+	for _, bad := range []string{`"soon"`, `30`, `""`} {
+		if err := json.Unmarshal([]byte(bad), &d); err == nil {
+			t.Errorf("%s read as a duration", bad)
+		}
 	}
 }

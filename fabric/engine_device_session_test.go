@@ -209,11 +209,7 @@ func TestDevicePoolSessionOfKilledEngine(t *testing.T) {
 	cmd := helper("hold")
 	id := startHeldEngine(t, cmd)
 
-	watcher, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watcher.Close()
+	watcher := newClient(t, a)
 	st, err := watcher.Status(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,37 +21,6 @@ import (
 
 var smallModel = layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 8, DType: layout.DTypeF16}
 
-func testConfig(t *testing.T, name string) fabric.Config {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "kvf")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	c := fabric.DefaultLocalConfig()
-	c.NodeName = name
-	c.DataDir = dir
-	c.DevCADir = filepath.Join(dir, "ca")
-	c.GossipAddr = "127.0.0.1:0"
-	c.PeerAddr = "127.0.0.1:0"
-	c.MetricsAddr = "127.0.0.1:0"
-	c.Pools = []string{"host=16MiB"}
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	return c
-}
-
-func startAgent(t *testing.T, c fabric.Config) *fabric.Agent {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	a, err := fabric.Start(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	return a
-}
-
 func code(err error) codes.Code { return status.Code(err) }
 
 func TestEngineAPI(t *testing.T) {
@@ -66,11 +33,7 @@ func TestEngineAPI(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("engine socket mode: %v %v", fi.Mode(), err)
 	}
-	c, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, a)
 
 	set, err := c.Register(ctx, client.Engine{Name: "e1", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 32})
 	if err != nil {

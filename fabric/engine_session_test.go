@@ -147,11 +147,7 @@ func TestSessionOfKilledEngineFreesAll(t *testing.T) {
 	cmd.Env = append(os.Environ(), engineHelperEnv+"="+a.EngineSocket())
 	id := startHeldEngine(t, cmd)
 
-	watcher, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watcher.Close()
+	watcher := newClient(t, a)
 	st, err := watcher.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -307,15 +303,8 @@ func TestSessionKeepaliveAtTheLimit(t *testing.T) {
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	set, err := c.Register(ctx, sessionEngine)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, a)
+	set := register(t, c, sessionEngine)
 	deadline := time.Now().Add(5 * cfg.SessionKeepalive)
 	for time.Now().Before(deadline) {
 		if _, err := c.Allocate(ctx, set.ID, 1); err != nil {
@@ -337,24 +326,10 @@ func TestSessionsShareAndDropBlockSet(t *testing.T) {
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e1, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e1.Close()
-	e2, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e2.Close()
-	s1, err := e1.Register(ctx, sessionEngine)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2, err := e2.Register(ctx, sessionEngine)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e1 := newClient(t, a)
+	e2 := newClient(t, a)
+	s1 := register(t, e1, sessionEngine)
+	s2 := register(t, e2, sessionEngine)
 	if s1.ID != s2.ID {
 		t.Fatalf("one layout, two sets: %d and %d", s1.ID, s2.ID)
 	}
@@ -418,15 +393,8 @@ func TestPerBlockResults(t *testing.T) {
 	a := startAgent(t, testConfig(t, "n1"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	set, err := c.Register(ctx, sessionEngine)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newClient(t, a)
+	set := register(t, c, sessionEngine)
 	slots, err := c.Allocate(ctx, set.ID, 4)
 	if err != nil {
 		t.Fatal(err)
@@ -564,10 +532,7 @@ func TestIdleBlockSetReusedWithItsBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := first.Register(ctx, sessionEngine)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := register(t, first, sessionEngine)
 	slots, err := first.Allocate(ctx, set.ID, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -580,11 +545,7 @@ func TestIdleBlockSetReusedWithItsBlocks(t *testing.T) {
 	}
 	first.Close()
 
-	next, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer next.Close()
+	next := newClient(t, a)
 	wait.For(t, 10*time.Second, "the first session's set to be idle", func() error {
 		st, err := next.Status(ctx)
 		if err != nil {

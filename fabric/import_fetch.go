@@ -250,7 +250,7 @@ func (a *Agent) abandon(peer *transfer.Peer, next <-chan *leasedChunk) {
 // by itself anyway.
 func (a *Agent) releaseLater(peer *transfer.Peer, id uint64) {
 	a.background(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.PeerTimeout)
+		ctx, cancel := context.WithTimeout(a.ctx, a.cfg.PeerTimeout)
 		peer.Release(ctx, id)
 		cancel()
 	})

@@ -2,9 +2,7 @@ package fabric
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
@@ -13,12 +11,12 @@ import (
 )
 
 // QUIC cannot reach GPU memory, so its bytes pass through pinned host
-// memory, double-buffered so that the network and the copy engine overlap:
-// an import into the device pool reads a chunk in parts of stageServeBytes,
-// each packed into a pinned buffer and placed with one 2-D copy per
-// segment while the next part arrives; a read served out of the device
-// pool copies each segment's pieces out a batch at a time, the next batch
-// while the previous one is sent.
+// memory with cuda.Stager, double-buffered so that the network and the copy
+// engine overlap: an import into the device pool reads a chunk in parts of
+// stageServeBytes, each packed into a pinned buffer and placed with one 2-D
+// copy per segment while the next part arrives; a read served out of the
+// device pool copies a run of segments' pieces out a part at a time, the
+// next part while the previous one is sent.
 
 // stageServeBytes is the size of each of the two pinned buffers one staged
 // read uses, whatever the reader asked for.
@@ -27,58 +25,6 @@ const stageServeBytes = 4 << 20
 // maxStagingKept bounds the pinned buffers kept for reuse
 // (cuMemHostAlloc is slow on a real driver).
 const maxStagingKept = 4
-
-// stagingBuffers keeps pinned host buffers for reuse.
-type stagingBuffers struct {
-	mu   sync.Mutex
-	free []*cuda.PinnedMemory
-}
-
-// take returns a pinned buffer of at least n bytes.
-func (a *Agent) takeStaging(n uint64) (*cuda.PinnedMemory, error) {
-	s := &a.staging
-	s.mu.Lock()
-	for i, m := range s.free {
-		if m.Size() >= n {
-			s.free = append(s.free[:i], s.free[i+1:]...)
-			s.mu.Unlock()
-			return m, nil
-		}
-	}
-	s.mu.Unlock()
-	m, err := a.cuda.AllocPinned(n, -1)
-	if err != nil {
-		return nil, fmt.Errorf("fabric: pinned staging of %d bytes: %w", n, err)
-	}
-	return m, nil
-}
-
-// giveStaging keeps m for reuse, or frees it when enough are kept.
-func (a *Agent) giveStaging(m *cuda.PinnedMemory) {
-	s := &a.staging
-	s.mu.Lock()
-	if len(s.free) < maxStagingKept {
-		s.free = append(s.free, m)
-		m = nil
-	}
-	s.mu.Unlock()
-	if m != nil {
-		m.Close()
-	}
-}
-
-// closeStaging frees the kept buffers (before the driver closes).
-func (a *Agent) closeStaging() error {
-	s := &a.staging
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var errs []error
-	for _, m := range s.free {
-		errs = append(errs, m.Close())
-	}
-	s.free = nil
-	return errors.Join(errs...)
-}
 
 // readStaged reads segs over QUIC into pinned memory and copies them to
 // their places in l's device regions: in parts of at most stageBytes,
@@ -114,67 +60,42 @@ func (a *Agent) readStaged(ctx context.Context, peer *transfer.Peer, id, set uin
 
 // readStagedOn is readStaged for segments whose ranks are all on gpu.
 func (a *Agent) readStagedOn(ctx context.Context, gpu int, peer *transfer.Peer, id, set uint64, segs []layout.Segment, l *layout.Layout) (transfer.Transport, error) {
-	parts := splitParts(segs, a.stageBytes())
+	parts := splitParts(segs, a.staging.Size())
 	if len(parts) == 0 {
 		return transfer.TransportQUIC, nil
 	}
-	var bufs [2]*cuda.PinnedMemory
-	var evs [2]*cuda.Event
-	defer func() {
-		for i := range bufs {
-			if evs[i] != nil {
-				evs[i].Synchronize() // nothing still copies out of a buffer given back
-				evs[i].Close()
-			}
-			if bufs[i] != nil {
-				a.giveStaging(bufs[i])
-			}
-		}
-	}()
-	st, err := a.cuda.NewStream(gpu)
+	st, err := a.staging.NewStager(gpu)
 	if err != nil {
-		return transfer.TransportQUIC, localError{err}
+		return transfer.TransportQUIC, localError{fmt.Errorf("fabric: staging to GPU %d: %w", gpu, err)}
 	}
 	defer st.Close()
-	for i := 0; i < min(2, len(parts)); i++ {
-		if bufs[i], err = a.takeStaging(a.stageBytes()); err != nil {
-			return transfer.TransportQUIC, localError{err}
-		}
-		if evs[i], err = a.cuda.NewEvent(gpu); err != nil {
-			return transfer.TransportQUIC, localError{err}
-		}
-	}
-	dev := deviceRegions(l)
-	via := transfer.TransportQUIC
+	// Each part is read packed in order and placed with one 2-D copy per
+	// segment.
+	packed := make([][]layout.Segment, len(parts))
+	ups := make([]cuda.Part, len(parts))
 	for k, part := range parts {
-		buf, ev := bufs[k%2], evs[k%2]
-		if k >= 2 {
-			// Part k-2's copy out of this buffer must be done.
-			if err := ev.Synchronize(); err != nil {
-				return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", gpu, err)}
-			}
-		}
-		packed := make([]layout.Segment, len(part))
 		up := &layout.Plan{Ranks: make([][]layout.Segment, len(l.Regions))}
 		var at uint64
-		for i, s := range part {
-			packed[i] = s
-			packed[i].DstRank, packed[i].DstOffset, packed[i].DstStride = 0, at, s.Length
+		for _, s := range part {
+			p := s
+			p.DstRank, p.DstOffset, p.DstStride = 0, at, s.Length
+			packed[k] = append(packed[k], p)
 			up.Ranks[s.DstRank] = append(up.Ranks[s.DstRank], layout.Segment{DstRank: s.DstRank, SrcOffset: at, DstOffset: s.DstOffset,
 				Length: s.Length, Count: s.Count, SrcStride: s.Length, DstStride: s.DstStride})
 			at += s.Bytes()
 		}
-		if via, err = peer.ReadVia(ctx, id, set, packed, [][]byte{buf.Bytes()[:at:at]}); err != nil {
-			return via, err
-		}
-		if err := st.ExecutePlan(cuda.HostToDevice, up, []cuda.Region{{Addr: buf.Addr(), Size: at}}, dev); err != nil {
-			return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", gpu, err)}
-		}
-		if err := ev.Record(st); err != nil {
-			return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", gpu, err)}
-		}
+		ups[k] = cuda.Part{Bytes: at, Plan: up}
 	}
-	if err := st.Synchronize(); err != nil {
+	via := transfer.TransportQUIC
+	var readErr error
+	err = st.Upload(ctx, ups, deviceRegions(l), func(k int, p []byte) error {
+		via, readErr = peer.ReadVia(ctx, id, set, packed[k], [][]byte{p})
+		return readErr
+	})
+	if readErr != nil {
+		return via, readErr
+	}
+	if err != nil {
 		return via, localError{fmt.Errorf("fabric: staged copy to GPU %d: %w", gpu, err)}
 	}
 	return via, nil
@@ -228,14 +149,6 @@ func splitParts(segs []layout.Segment, limit uint64) [][]layout.Segment {
 	return parts
 }
 
-// stageBytes is the size of one staging buffer.
-func (a *Agent) stageBytes() uint64 {
-	if n := a.cfg.hooks.stageBytes; n > 0 {
-		return n
-	}
-	return stageServeBytes
-}
-
 // deviceRegions is l's regions as the copy engine addresses them.
 func deviceRegions(l *layout.Layout) []cuda.Region {
 	out := make([]cuda.Region, len(l.Regions))
@@ -245,104 +158,71 @@ func deviceRegions(l *layout.Layout) []cuda.Region {
 	return out
 }
 
-// StageRead copies seg's pieces out of a block set in the device pool into
-// pinned memory, at most stageServeBytes at a time, and hands each batch,
-// packed in order, to fn (transfer.ReadStager). seg was checked against the
-// region and the lease.
-func (h *peerService) StageRead(blockSet uint64, seg layout.Segment, fn func([]byte) error) error {
+// StageRead copies segs' pieces out of a block set in the device pool into
+// pinned memory, a part of at most the staging buffer's size at a time, and
+// hands each part, packed in order, to fn (transfer.ReadStager): the next
+// part is copied out while fn sends the last, across segments. Consecutive
+// segments on one GPU share a stager. segs were checked against the region
+// and the lease.
+func (h *peerService) StageRead(blockSet uint64, segs []layout.Segment, fn func([]byte) error) error {
 	a := h.a
-	if seg.Length == 0 || seg.Count == 0 {
-		return nil
-	}
 	set, err := a.pool.BlockSet(pool.SetID(blockSet))
 	if err != nil {
 		return fmt.Errorf("%w: block set %d", transfer.ErrNotFound, blockSet)
 	}
 	l := set.Layout()
-	if a.cuda == nil || seg.SrcRank < 0 || seg.SrcRank >= len(l.Regions) || l.Regions[seg.SrcRank].Kind != layout.Device {
-		return fmt.Errorf("%w: block set %d rank %d is not in GPU memory", transfer.ErrInvalidRequest, blockSet, seg.SrcRank)
-	}
-	base := l.Regions[seg.SrcRank].Base + seg.SrcOffset
-	gpu := int(l.Regions[seg.SrcRank].Device)
-	limit := a.stageBytes()
-	// The batches: rows of pieces while they fit, or a long piece in
-	// parts.
-	type batch struct {
-		c cuda.Copy2D
-		n uint64
-	}
-	var batches []batch
-	pitch := max(seg.SrcStride, seg.Length)
-	if seg.Length <= limit {
-		per := limit / seg.Length
-		for i := uint64(0); i < seg.Count; i += per {
-			rows := min(per, seg.Count-i)
-			batches = append(batches, batch{cuda.Copy2D{Src: base + i*seg.SrcStride, SrcPitch: pitch, Width: seg.Length, Height: rows}, rows * seg.Length})
-		}
-	} else {
-		for i := uint64(0); i < seg.Count; i++ {
-			for off := uint64(0); off < seg.Length; off += limit {
-				n := min(limit, seg.Length-off)
-				batches = append(batches, batch{cuda.Copy2D{Src: base + i*seg.SrcStride + off, SrcPitch: n, Width: n, Height: 1}, n})
-			}
+	for _, seg := range segs {
+		if a.cuda == nil || seg.SrcRank < 0 || seg.SrcRank >= len(l.Regions) || l.Regions[seg.SrcRank].Kind != layout.Device {
+			return fmt.Errorf("%w: block set %d rank %d is not in GPU memory", transfer.ErrInvalidRequest, blockSet, seg.SrcRank)
 		}
 	}
-	// Double-buffered: batch k+1 is copied out while batch k is sent.
-	st, err := a.cuda.NewStream(gpu)
-	if err != nil {
-		return fmt.Errorf("%w: %v", transfer.ErrUnavailable, err)
+	src := deviceRegions(l)
+	for len(segs) > 0 {
+		gpu := l.Regions[segs[0].SrcRank].Device
+		n := 1
+		for n < len(segs) && l.Regions[segs[n].SrcRank].Device == gpu {
+			n++
+		}
+		if err := a.stageOut(int(gpu), segs[:n], src, fn); err != nil {
+			return err
+		}
+		segs = segs[n:]
 	}
-	defer st.Close()
-	var bufs [2]*cuda.PinnedMemory
-	var evs [2]*cuda.Event
-	defer func() {
-		for i := range bufs {
-			if evs[i] != nil {
-				evs[i].Synchronize()
-				evs[i].Close()
-			}
-			if bufs[i] != nil {
-				a.giveStaging(bufs[i])
-			}
-		}
-	}()
-	for i := 0; i < min(2, len(batches)); i++ {
-		if bufs[i], err = a.takeStaging(limit); err != nil {
-			return fmt.Errorf("%w: %v", transfer.ErrUnavailable, err)
-		}
-		if evs[i], err = a.cuda.NewEvent(gpu); err != nil {
-			return fmt.Errorf("%w: %v", transfer.ErrUnavailable, err)
-		}
-	}
-	queue := func(k int) error {
-		c := batches[k].c
-		c.Dir, c.Dst, c.DstPitch = cuda.DeviceToHost, bufs[k%2].Addr(), c.Width
-		if err := st.Copy2DAsync(c); err != nil {
-			return fmt.Errorf("%w: stage from GPU %d: %v", transfer.ErrInternal, gpu, err)
-		}
-		if err := evs[k%2].Record(st); err != nil {
-			return fmt.Errorf("%w: stage from GPU %d: %v", transfer.ErrInternal, gpu, err)
-		}
+	return nil
+}
+
+// stageOut is StageRead for segments whose ranks are all on gpu.
+func (a *Agent) stageOut(gpu int, segs []layout.Segment, src []cuda.Region, fn func([]byte) error) error {
+	parts := splitParts(segs, a.staging.Size())
+	if len(parts) == 0 {
 		return nil
 	}
-	if len(batches) > 0 {
-		if err := queue(0); err != nil {
-			return err
+	downs := make([]cuda.Part, len(parts))
+	for k, part := range parts {
+		plan := &layout.Plan{Ranks: make([][]layout.Segment, 1)}
+		var at uint64
+		for _, s := range part {
+			plan.Ranks[0] = append(plan.Ranks[0], layout.Segment{SrcRank: s.SrcRank, SrcOffset: s.SrcOffset, DstOffset: at,
+				Length: s.Length, Count: s.Count, SrcStride: s.SrcStride, DstStride: s.Length})
+			at += s.Bytes()
 		}
+		downs[k] = cuda.Part{Bytes: at, Plan: plan}
 	}
-	for k, b := range batches {
-		if k+1 < len(batches) {
-			// Its buffer held batch k-1, which fn has finished with.
-			if err := queue(k + 1); err != nil {
-				return err
-			}
-		}
-		if err := evs[k%2].Synchronize(); err != nil {
-			return fmt.Errorf("%w: stage from GPU %d: %v", transfer.ErrInternal, gpu, err)
-		}
-		if err := fn(bufs[k%2].Bytes()[:b.n]); err != nil {
-			return err
-		}
+	st, err := a.staging.NewStager(gpu)
+	if err != nil {
+		return fmt.Errorf("%w: staging from GPU %d: %v", transfer.ErrUnavailable, gpu, err)
+	}
+	defer st.Close()
+	var sendErr error
+	err = st.Download(a.ctx, downs, src, func(p []byte) error {
+		sendErr = fn(p)
+		return sendErr
+	})
+	if sendErr != nil {
+		return sendErr
+	}
+	if err != nil {
+		return fmt.Errorf("%w: stage from GPU %d: %v", transfer.ErrInternal, gpu, err)
 	}
 	return nil
 }

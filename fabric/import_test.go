@@ -67,16 +67,6 @@ func produceBlocks(t *testing.T, a, on *fabric.Agent, e client.Engine, n int) []
 	return hashes
 }
 
-// register makes (or finds) e's block set on the agent c talks to.
-func register(t *testing.T, c *client.Client, e client.Engine) *client.BlockSet {
-	t.Helper()
-	set, err := c.Register(context.Background(), e)
-	if err != nil {
-		t.Fatalf("register %s: %v", e.Name, err)
-	}
-	return set
-}
-
 // checkImported checks that blocks hold content ids first, first+1, ...
 func checkImported(t *testing.T, set *client.BlockSet, blocks []*fabricpb.BlockRef, first uint64) {
 	t.Helper()

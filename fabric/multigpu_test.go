@@ -87,10 +87,7 @@ func TestDevicePoolsSpanGPUs(t *testing.T) {
 			c := dial(t, importer)
 			consumer := client.Engine{Name: "gpu-consumer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 32,
 				Devices: []string{"0000:2a:00.0", "0"}}
-			set, err := c.Register(ctx, consumer)
-			if err != nil {
-				t.Fatal(err)
-			}
+			set := register(t, c, consumer)
 			for r, want := range []int{1, 0} {
 				m, reg := set.Memory[r], set.Layout.Regions[r]
 				if int(m.CudaDevice) != want || int(reg.Device) != want || len(m.CudaIpcHandle) != 64 {
@@ -113,13 +110,7 @@ func TestDevicePoolsSpanGPUs(t *testing.T) {
 				t.Fatalf("default placement: %v %v", other, err)
 			}
 
-			wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
-				ov, err := c.Lookup(ctx, hashes)
-				if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
-					return fmt.Errorf("overlaps %v %v", ov, err)
-				}
-				return nil
-			})
+			waitLookup(t, c, hashes)
 			resp, err := c.Import(ctx, set.ID, hashes)
 			if err != nil {
 				t.Fatal(err)
@@ -161,11 +152,7 @@ func TestDevicePlacementRefusals(t *testing.T) {
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, a.EngineSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, a)
 	e := client.Engine{Name: "e", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 8}
 	for _, tc := range []struct {
 		devices []string
@@ -186,10 +173,7 @@ func TestDevicePlacementRefusals(t *testing.T) {
 	}
 	// The driver's form and NVML's (an eight-digit domain) name one GPU.
 	e.Devices = []string{"2", "00000000:3B:00.0"}
-	set, err := c.Register(ctx, e)
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := register(t, c, e)
 	for r := range 2 {
 		if set.Memory[r].CudaDevice != 2 || !strings.EqualFold(set.Memory[r].PciBusId, "0000:3b:00.0") {
 			t.Fatalf("rank %d: %v, want GPU 2", r, set.Memory[r])
@@ -280,13 +264,7 @@ func TestDevicePoolsUseTheNICNearestEachGPU(t *testing.T) {
 		}
 		return fmt.Errorf("no member %s in %v", holder.NodeName(), s.Members)
 	})
-	wait.For(t, 10*time.Second, "the importer's index has the holder's blocks", func() error {
-		ov, err := c.Lookup(ctx, hashes)
-		if err != nil || len(ov) == 0 || int(ov[0].Blocks) != len(hashes) {
-			return fmt.Errorf("overlaps %v %v", ov, err)
-		}
-		return nil
-	})
+	waitLookup(t, c, hashes)
 	// TP 1 on GPU 1: every byte lands through sv0, the NIC near GPU 1
 	// (the importer's device 1), though it leaves the holder through both
 	// of its NICs.

@@ -99,7 +99,6 @@ func TestConvergenceStockMemberlist(t *testing.T) {
 		t.Skip("64-agent timings are measured without -race")
 	}
 	const n = 64
-	var took []time.Duration
 	for round := range 3 {
 		nodes := make([]*memberlist.Memberlist, n)
 		mk := func(i int) *memberlist.Memberlist {
@@ -134,7 +133,6 @@ func TestConvergenceStockMemberlist(t *testing.T) {
 			}
 			return true
 		})
-		took = append(took, d)
 		t.Logf("round %d: stock memberlist, %d nodes: starts took %v, all saw each other %v later", round, n, time.Since(start)-d, d)
 		for _, ml := range nodes {
 			ml.Shutdown()

@@ -59,34 +59,6 @@ func (h *Histogram) Count() uint64 {
 	return n
 }
 
-// Quantile returns an upper bound of the q-th quantile (0 <= q <= 1): the
-// top of the bucket it falls in, so at most twice the true value. It is 0
-// for an empty histogram.
-func (h *Histogram) Quantile(q float64) time.Duration {
-	n := h.Count()
-	if n == 0 {
-		return 0
-	}
-	rank := uint64(q * float64(n))
-	if rank >= n {
-		rank = n - 1
-	}
-	var seen uint64
-	for i, c := range h.Counts {
-		seen += c
-		if seen > rank {
-			if i == 0 {
-				return 0
-			}
-			if i >= 63 {
-				return time.Duration(1<<63 - 1)
-			}
-			return time.Duration(uint64(1)<<i - 1)
-		}
-	}
-	return 0
-}
-
 // Metrics is a snapshot of a pool or one block set. Counts are slots unless
 // named otherwise; cumulative counters count since the pool was made.
 type Metrics struct {

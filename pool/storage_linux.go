@@ -30,6 +30,7 @@ type HostStorage struct {
 	kind   layout.MemoryKind
 	device int32
 	huge   bool
+	ops    fileOps
 
 	closeOnce sync.Once
 	closeErr  error
@@ -37,9 +38,29 @@ type HostStorage struct {
 
 var _ Storage = (*HostStorage)(nil)
 
+// fileOps are the system calls that turn a memory file into mapped memory.
+// Tests replace them to make each step fail in turn.
+type fileOps struct {
+	chmod    func(f *os.File, mode os.FileMode) error
+	truncate func(fd int, size int64) error
+	mmap     func(fd int, size int) ([]byte, error)
+}
+
+var sysFileOps = fileOps{
+	chmod:    (*os.File).Chmod,
+	truncate: unix.Ftruncate,
+	mmap: func(fd int, size int) ([]byte, error) {
+		return unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	},
+}
+
 // NewHostStorage makes shareable host memory. Only a failure to get the
 // memory at all is an error; locking and huge pages fall back with a log.
 func NewHostStorage(cfg HostConfig) (*HostStorage, error) {
+	return newHostStorage(cfg, sysFileOps)
+}
+
+func newHostStorage(cfg HostConfig, ops fileOps) (*HostStorage, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -56,7 +77,7 @@ func NewHostStorage(cfg HostConfig) (*HostStorage, error) {
 	if name == "" {
 		name = "kvfabric-pool"
 	}
-	h := &HostStorage{kind: layout.Host, device: cfg.NUMANode}
+	h := &HostStorage{kind: layout.Host, device: cfg.NUMANode, ops: ops}
 	var err error
 	switch cfg.Backing {
 	case MemFD:
@@ -127,7 +148,9 @@ func (h *HostStorage) makeShm(dir, name string, size uint64) error {
 		return fmt.Errorf("pool: create memory file in %s: %w", dir, err)
 	}
 	// The umask can only take bits away; make the mode exact anyway.
-	if err := f.Chmod(0o600); err == nil {
+	if err = h.ops.chmod(f, 0o600); err != nil {
+		err = fmt.Errorf("chmod: %w", err)
+	} else {
 		err = h.mapFile(f, size)
 	}
 	if err != nil {
@@ -141,10 +164,10 @@ func (h *HostStorage) makeShm(dir, name string, size uint64) error {
 }
 
 func (h *HostStorage) mapFile(f *os.File, size uint64) error {
-	if err := unix.Ftruncate(int(f.Fd()), int64(size)); err != nil {
+	if err := h.ops.truncate(int(f.Fd()), int64(size)); err != nil {
 		return fmt.Errorf("ftruncate %d bytes: %w", size, err)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := h.ops.mmap(int(f.Fd()), int(size))
 	if err != nil {
 		return fmt.Errorf("mmap %d bytes: %w", size, err)
 	}

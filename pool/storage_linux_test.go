@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -168,6 +169,71 @@ func TestBlockSetInSharedMemory(t *testing.T) {
 		}
 		if off%uint64(os.Getpagesize()) != 0 {
 			t.Errorf("rank %d region at %d, not page aligned for an engine's mmap", r, off)
+		}
+	}
+}
+
+// Each step that turns a memory file into memory can fail; every failure is
+// an error naming the step, never storage of 0 bytes, and leaves no file.
+func TestHostStorageStepFailures(t *testing.T) {
+	errInjected := errors.New("injected")
+	for _, tc := range []struct {
+		name string
+		step string
+		back Backing
+		ops  func(*fileOps)
+	}{
+		{"shm chmod", "chmod", ShmFile, func(o *fileOps) {
+			o.chmod = func(*os.File, os.FileMode) error { return errInjected }
+		}},
+		{"shm truncate", "ftruncate", ShmFile, func(o *fileOps) {
+			o.truncate = func(int, int64) error { return errInjected }
+		}},
+		{"shm mmap", "mmap", ShmFile, func(o *fileOps) {
+			o.mmap = func(int, int) ([]byte, error) { return nil, errInjected }
+		}},
+		{"memfd truncate", "ftruncate", MemFD, func(o *fileOps) {
+			o.truncate = func(int, int64) error { return errInjected }
+		}},
+		{"memfd mmap", "mmap", MemFD, func(o *fileOps) {
+			o.mmap = func(int, int) ([]byte, error) { return nil, errInjected }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			ops := sysFileOps
+			tc.ops(&ops)
+			h, err := newHostStorage(HostConfig{Size: 1 << 20, Backing: tc.back, Dir: dir, Name: "pool-test"}, ops)
+			if err == nil {
+				t.Fatalf("storage of %d bytes made although %s failed", h.Size(), tc.step)
+			}
+			if !errors.Is(err, errInjected) || !strings.Contains(err.Error(), tc.step) {
+				t.Errorf("err = %v, want the injected error naming %s", err, tc.step)
+			}
+			left, _ := os.ReadDir(dir)
+			if len(left) != 0 {
+				t.Errorf("failed storage left %d files in %s", len(left), dir)
+			}
+		})
+	}
+}
+
+// A size that passes the config check but cannot be mapped (2^47 bytes is
+// the whole user address space on x86-64) is an error, not an empty pool.
+func TestHostStorageUnmappableSize(t *testing.T) {
+	for _, back := range []Backing{ShmFile, MemFD} {
+		dir := t.TempDir()
+		h, err := NewHostStorage(HostConfig{Size: 1 << 47, Backing: back, Dir: dir, Name: "pool-test"})
+		if err == nil {
+			size := h.Size()
+			h.Close()
+			if size != 1<<47 {
+				t.Errorf("backing %d: 2^47 bytes asked, storage of %d bytes made without error", back, size)
+			}
+			continue
+		}
+		if left, _ := os.ReadDir(dir); len(left) != 0 {
+			t.Errorf("backing %d: failed storage left %d files", back, len(left))
 		}
 	}
 }

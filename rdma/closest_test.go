@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvfabric/kvfabric/internal/pcitopo/pcitopotest"
 )
 
 // fakeSysfs lays out PCI functions under root/devices with bus/pci/devices
@@ -109,5 +111,44 @@ func TestDevicePCIFromSysfs(t *testing.T) {
 	}
 	if addr, numa := devicePCI(root, "softverbs0"); addr != "" || numa != -1 {
 		t.Fatalf("device without sysfs entry: %q, %d; want \"\", -1", addr, numa)
+	}
+}
+
+// On machine shapes' trees, with compute NICs missing too, the agent
+// registers each GPU's pool with the machine's nearest NIC: the same
+// answers discover's tests hold `kvfabric gpus` to.
+func TestClosestDeviceOnMachines(t *testing.T) {
+	machines := map[string]func(testing.TB) *pcitopotest.Machine{
+		"dgx-h100": func(t testing.TB) *pcitopotest.Machine { return pcitopotest.DGXH100(t, nil) },
+		"dgx-h100 with four compute NICs": func(t testing.TB) *pcitopotest.Machine {
+			return pcitopotest.DGXH100(t, []bool{false, false, true, false, true, false, true, true})
+		},
+		"dgx-h100 with only storage NICs": func(t testing.TB) *pcitopotest.Machine { return pcitopotest.DGXH100(t, make([]bool, 8)) },
+		"dual-socket pcie":                func(t testing.TB) *pcitopotest.Machine { return pcitopotest.DualSocketPCIe(t) },
+	}
+	for name, mk := range machines {
+		t.Run(name, func(t *testing.T) {
+			m := mk(t)
+			var devs []DeviceInfo
+			for _, n := range m.NICs {
+				addr, numa := devicePCI(m.Root, n.Name)
+				if addr != n.Addr || numa != n.NUMA {
+					t.Fatalf("%s: devicePCI = %s, %d; want %s, %d", n.Name, addr, numa, n.Addr, n.NUMA)
+				}
+				devs = append(devs, DeviceInfo{Name: n.Name, PCIAddress: addr, NUMANode: numa})
+			}
+			for i, g := range m.GPUs {
+				// The CUDA driver's spelling and NVML's find the same device.
+				for _, spelled := range []string{g, "0000" + strings.ToUpper(g)} {
+					d, err := ClosestDevice(spelled, devs, m.Root)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if d.Name != m.Nearest[i].NIC {
+						t.Errorf("GPU %d (%s): nearest %s, want %s (%s)", i, spelled, d.Name, m.Nearest[i].NIC, m.Nearest[i].Link)
+					}
+				}
+			}
+		})
 	}
 }

@@ -29,7 +29,6 @@ type modelQueue struct {
 	posts, maxOutstanding, executed int
 	outstanding                     int // posted, not yet seen complete by a polled completion
 	lastSignaledPolled              uint64
-	signaled                        []bool
 }
 
 func (m *modelQueue) post(wrs []sendWR) (int, error) {

@@ -5,41 +5,32 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/kvfabric/kvfabric/internal/pcitopo"
 )
 
 // devicePCI returns the PCI function and NUMA node sysfs gives for an RDMA
 // device ("", -1 where it says nothing).
 func devicePCI(sysfsRoot, dev string) (addr string, numa int) {
-	numa = -1
+	if sysfsRoot == "" {
+		sysfsRoot = "/sys"
+	}
 	link := filepath.Join(sysfsRoot, "class", "infiniband", dev, "device")
-	if target, err := filepath.EvalSymlinks(link); err == nil {
-		base := filepath.Base(target)
-		if looksPCI(base) {
-			addr = base
+	p, err := pcitopo.LocateLink(sysfsRoot, link)
+	if err != nil {
+		// Not a PCI function (a software device): its node, if it says one.
+		numa = -1
+		if b, err := os.ReadFile(filepath.Join(link, "numa_node")); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n >= 0 {
+				numa = n
+			}
 		}
+		return "", numa
 	}
-	if b, err := os.ReadFile(filepath.Join(link, "numa_node")); err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n >= 0 {
-			numa = n
-		}
+	if a, ok := p.Addr(); ok {
+		addr = a.String()
 	}
-	return addr, numa
-}
-
-// looksPCI reports whether s has the form dddd:bb:dd.f.
-func looksPCI(s string) bool {
-	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' {
-		return false
-	}
-	for i, c := range s {
-		if i == 4 || i == 7 || i == 10 {
-			continue
-		}
-		if !strings.ContainsRune("0123456789abcdefABCDEF", c) {
-			return false
-		}
-	}
-	return true
+	return addr, p.NUMA
 }
 
 // gidTypeFromSysfs reads ports/<p>/gid_attrs/types/<i> ("IB/RoCE v1",

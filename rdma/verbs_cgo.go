@@ -560,7 +560,8 @@ const accessRead = C.KVF_IBV_ACCESS_LOCAL_WRITE | C.KVF_IBV_ACCESS_REMOTE_READ
 type MemoryRegion struct {
 	dev   *Device
 	mr    *C.struct_kvf_ibv_mr
-	buf   []byte // keeps Go memory reachable while registered
+	buf   []byte         // keeps Go memory reachable while registered
+	pin   runtime.Pinner // and where it is Go's heap, in place
 	addr  uint64
 	n     uint64
 	lkey  uint32
@@ -572,7 +573,8 @@ type MemoryRegion struct {
 }
 
 // RegisterMemory registers buf (usually a pool's mapped memory) for local
-// write and remote read. The region keeps buf reachable until Close; peers
+// write and remote read. The region keeps buf reachable and, where it is Go
+// memory, pinned (runtime.Pinner) until Close; peers
 // may read it, and READ responses may land in it, until then. The time the
 // registration took is returned by Stats and logged: registering hundreds of
 // GiB takes seconds on real NICs, so do it at start, in parallel (the method
@@ -584,13 +586,24 @@ func (d *Device) RegisterMemory(buf []byte) (*MemoryRegion, error) {
 	if d.info.MaxMRSize > 0 && uint64(len(buf)) > d.info.MaxMRSize {
 		return nil, fmt.Errorf("rdma: register %d bytes on %s: more than its max_mr_size %d: %w", len(buf), d.info.Name, d.info.MaxMRSize, ErrInvalidArgument)
 	}
+	var pin runtime.Pinner
+	// The device reads and writes the memory behind Go's back: it must not
+	// move while registered (a no-op for memory Go did not allocate).
+	pin.Pin(unsafe.SliceData(buf))
 	addr := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
 	start := time.Now()
 	mr, err := C.kvf_reg_mr(d.lib.lib, d.pd, C.uintptr_t(addr), C.size_t(len(buf)), accessRead)
 	if mr == nil {
+		pin.Unpin()
 		return nil, fmt.Errorf("rdma: register %d bytes at %#x on %s: %w", len(buf), addr, d.info.Name, errnoOf(-1, err))
 	}
-	return d.finishRegistration(mr, buf, time.Since(start), "memory")
+	m, err := d.finishRegistration(mr, buf, time.Since(start), "memory")
+	if err != nil {
+		pin.Unpin()
+		return nil, err
+	}
+	m.pin = pin
+	return m, nil
 }
 
 // RegisterAddr registers length bytes at addr, memory this process may be
@@ -674,6 +687,7 @@ func (m *MemoryRegion) Close() error {
 	d.mu.Unlock()
 	rc, err := C.kvf_dereg_mr(d.lib.lib, m.mr)
 	runtime.KeepAlive(m.buf)
+	m.pin.Unpin()
 	m.buf = nil
 	if rc != 0 {
 		return fmt.Errorf("rdma: deregister %d bytes on %s: %w", m.n, d.info.Name, errnoOf(rc, err))

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -365,14 +364,4 @@ func tail(path string) string {
 		lines = lines[len(lines)-15:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// FreeLoopback reports whether 127.B.C.x addresses can be bound here (they
-// can on Linux without setup).
-func FreeLoopback() error {
-	l, err := net.Listen("tcp", "127.9.9.9:0")
-	if err != nil {
-		return err
-	}
-	return l.Close()
 }

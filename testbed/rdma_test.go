@@ -207,8 +207,8 @@ func checkRegistered(t *testing.T, cl *client.Client, set *client.BlockSet, hash
 }
 
 // importOnce registers an engine on n and imports hashes once, returning
-// the response (or error), the client and the block set.
-func importOnce(t *testing.T, n *Node, e client.Engine, hashes []uint64) (*fabricpb.ImportResponse, error, *client.Client, *client.BlockSet) {
+// the client, the block set and the response (or error).
+func importOnce(t *testing.T, n *Node, e client.Engine, hashes []uint64) (*client.Client, *client.BlockSet, *fabricpb.ImportResponse, error) {
 	t.Helper()
 	ctx := context.Background()
 	cl, err := n.Client(ctx)
@@ -221,7 +221,7 @@ func importOnce(t *testing.T, n *Node, e client.Engine, hashes []uint64) (*fabri
 		t.Fatal(err)
 	}
 	resp, err := cl.Import(ctx, set.ID, hashes)
-	return resp, err, cl, set
+	return cl, set, resp, err
 }
 
 // Faults before the READs (the holder's port down, a queue pair the
@@ -369,7 +369,7 @@ func TestRDMALeaseExpiredBeforeReleaseDiscards(t *testing.T) {
 	// The first block comes plainly: the queue pair is connected and the
 	// holder's layout known, so that the second import needs nothing of
 	// the stopped holder but its memory and, at the end, the release.
-	resp, err, cl, set := importOnce(t, importer, e, seqs[0])
+	cl, set, resp, err := importOnce(t, importer, e, seqs[0])
 	if err != nil || len(resp.Blocks) != 1 || resp.Fetches[0].Transport != "rdma" {
 		t.Fatalf("first import: %v, %v", resp, err)
 	}

@@ -162,13 +162,14 @@ func (p *Peer) ReadSpans(ctx context.Context, leaseID, blockSet uint64, segs []l
 // memory this process cannot address (GPU memory), through host staging.
 // When Region returns an error wrapping ErrNeedsRDMA and the Handler is a
 // ReadStager with a RegionSpan for the rank, the read is checked against
-// RegionSpan's length and the lease as usual, and each segment's bytes come
-// from StageRead: it copies seg's pieces (in order, packed) out in batches
-// of its choosing and hands each to fn before it stages the next, stopping
-// at fn's first error. The slice given to fn is valid only during the call.
-// It may block for the copies; it is called concurrently from many streams.
+// RegionSpan's length and the lease as usual, and the bytes of each run of
+// consecutive staged segments come from one StageRead: it copies segs'
+// pieces (in order, packed) out in batches of its choosing and hands each to
+// fn, stopping at fn's first error. The slice given to fn is valid only
+// during the call; segs is the server's and only read. It may block for the
+// copies; it is called concurrently from many streams.
 type ReadStager interface {
-	StageRead(blockSet uint64, seg layout.Segment, fn func([]byte) error) error
+	StageRead(blockSet uint64, segs []layout.Segment, fn func([]byte) error) error
 }
 
 // stagedLength says whether rank's region of set, which Region could not

@@ -143,8 +143,7 @@ func TestSilentFrameHeadersCostNothing(t *testing.T) {
 		longest time.Duration
 		errs    []error
 	)
-	var alloc uint64
-	alloc = allocated(func() {
+	alloc := allocated(func() {
 		start := time.Now()
 		for range streams {
 			s, err := conn.OpenStreamSync(ctx)
@@ -311,10 +310,12 @@ func TestRequestBudget(t *testing.T) {
 	done := make(chan error)
 	go func() { done <- b.acquire(60, time.Now().Add(10*time.Second)) }()
 	b.release(50)
+	// Nothing may happen: a window wide enough for a loaded machine to
+	// show a wrong grant.
 	select {
 	case err := <-done:
 		t.Fatalf("acquired 60 with 50 free: %v", err)
-	case <-time.After(50 * time.Millisecond):
+	case <-time.After(500 * time.Millisecond):
 	}
 	b.release(10)
 	if err := <-done; err != nil {

@@ -54,7 +54,7 @@ func NewNode(cfg Config) (*Node, error) {
 	n.ident.Store(&identity{cert: cfg.Certificate, cas: cfg.CAs})
 	if cfg.RDMA != nil {
 		n.rdma = &rdmaNode{cfg: *cfg.RDMA, served: map[string][]servedQP{}, fallback: map[string]uint64{},
-			nicBytes: make([]uint64, len(cfg.RDMA.Devices))}
+			nicBytes: make([]atomic.Uint64, len(cfg.RDMA.Devices))}
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.qcfg = cfg.quicConfig()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -154,9 +155,10 @@ type rdmaNode struct {
 	served   map[string][]servedQP // by peer, oldest first
 	fallback map[string]uint64     // reads over QUIC by reason
 
-	reads, bytes, ops, sges, connects, connectFails, readFails uint64
-	readCPU                                                    time.Duration
-	nicBytes                                                   []uint64 // bytes read through each device
+	// The counters are atomics, off the lock: every read adds to them.
+	reads, bytes, ops, sges, connects, connectFails, readFails atomic.Uint64
+	readCPU                                                    atomic.Int64    // nanoseconds
+	nicBytes                                                   []atomic.Uint64 // bytes read through each device
 }
 
 // servedQP is a queue pair a peer reads on, between this node's device
@@ -297,9 +299,11 @@ func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
 	if r == nil {
 		return m, false
 	}
+	m = RDMAMetrics{Reads: r.reads.Load(), Bytes: r.bytes.Load(), Ops: r.ops.Load(), SGEs: r.sges.Load(),
+		ReadCPU: time.Duration(r.readCPU.Load()), ReadFailures: r.readFails.Load(),
+		Connects: r.connects.Load(), ConnectFailures: r.connectFails.Load()}
 	r.mu.Lock()
-	m = RDMAMetrics{Reads: r.reads, Bytes: r.bytes, Ops: r.ops, SGEs: r.sges, ReadCPU: r.readCPU, ReadFailures: r.readFails,
-		Connects: r.connects, ConnectFailures: r.connectFails, Fallbacks: make(map[string]uint64, len(r.fallback))}
+	m.Fallbacks = make(map[string]uint64, len(r.fallback))
 	for k, v := range r.fallback {
 		m.Fallbacks[k] = v
 	}
@@ -308,7 +312,7 @@ func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
 	}
 	m.Devices = make([]DeviceMetrics, len(r.cfg.Devices))
 	for i, d := range r.cfg.Devices {
-		m.Devices[i] = DeviceMetrics{Name: d.Info().Name, ReadBytes: r.nicBytes[i]}
+		m.Devices[i] = DeviceMetrics{Name: d.Info().Name, ReadBytes: r.nicBytes[i].Load()}
 	}
 	r.mu.Unlock()
 	r.mem.mu.RLock()

@@ -287,14 +287,10 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
 	case len(errs) > 0 && ctx.Err() != nil:
 		// The caller gave up; the read failed, not the peer's RDMA.
-		st.mu.Lock()
-		st.readFails++
-		st.mu.Unlock()
+		st.readFails.Add(1)
 		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
 	case len(errs) > 0:
-		st.mu.Lock()
-		st.readFails++
-		st.mu.Unlock()
+		st.readFails.Add(1)
 		p.n.countFallback(FallbackReadFailed)
 		p.rdmaUnavailable(FallbackReadFailed)
 		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
@@ -307,16 +303,14 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		}
 		return false, nil
 	}
-	st.mu.Lock()
-	st.reads++
-	st.bytes += total
-	st.ops += ops
-	st.sges += sges
-	st.readCPU += cpu
+	st.reads.Add(1)
+	st.bytes.Add(total)
+	st.ops.Add(ops)
+	st.sges.Add(sges)
+	st.readCPU.Add(int64(cpu))
 	for i, j := range jobs {
-		st.nicBytes[j.pair.local] += res[i].bytes
+		st.nicBytes[j.pair.local].Add(res[i].bytes)
 	}
-	st.mu.Unlock()
 	r.mu.Lock()
 	r.failures = 0
 	r.mu.Unlock()
@@ -440,14 +434,8 @@ func (p *Peer) putQP(k nicPair, q *rdma.QueuePair, failed bool) {
 	}
 }
 
-// signalQP wakes the reads waiting for a queue pair of the peer.
-func (p *Peer) signalQP() {
-	p.rdma.mu.Lock()
-	p.signalQPLocked()
-	p.rdma.mu.Unlock()
-}
-
-// signalQPLocked is signalQP with the peer's rdma.mu held.
+// signalQPLocked wakes the reads waiting for a queue pair of the peer. The
+// peer's rdma.mu must be held.
 func (p *Peer) signalQPLocked() {
 	r := p.rdma
 	close(r.wait)
@@ -463,9 +451,7 @@ func (p *Peer) connectQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error
 		if ctx.Err() != nil {
 			return nil, err // given up (another lane failed, or the caller), not failed
 		}
-		st.mu.Lock()
-		st.connectFails++
-		st.mu.Unlock()
+		st.connectFails.Add(1)
 		p.n.log.Warn("rdma connect failed", "peer", p.name, "nic", k.local, "peer_nic", k.remote, "err", err)
 		return nil, err
 	}
@@ -489,9 +475,7 @@ func (p *Peer) connectQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error
 		q.Close()
 		return fail(fmt.Errorf("transfer: connect queue pair to %s's %d: %w", p.name, remote.QPN, err))
 	}
-	st.mu.Lock()
-	st.connects++
-	st.mu.Unlock()
+	st.connects.Add(1)
 	return q, nil
 }
 

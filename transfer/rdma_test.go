@@ -44,12 +44,6 @@ func softNIC(t testing.TB) (lib, control string) {
 	return softPath, control
 }
 
-// withRDMA opens a softverbs device for a node; tune adjusts its config.
-func withRDMA(t testing.TB, lib string, tune func(*RDMAConfig)) nodeOpt {
-	t.Helper()
-	return withRDMADevices(t, lib, []string{"softverbs0"}, tune)
-}
-
 // withRDMADevices opens the named softverbs devices for a node, in order.
 func withRDMADevices(t testing.TB, lib string, names []string, tune func(*RDMAConfig)) nodeOpt {
 	t.Helper()

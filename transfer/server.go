@@ -238,12 +238,23 @@ func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
 		return err
 	}
 	w.refresh()
-	for _, seg := range r.segments {
+	for k := 0; k < len(r.segments); k++ {
+		seg := r.segments[k]
 		if _, ok := staged[seg.SrcRank]; ok {
-			if err := h.(ReadStager).StageRead(r.blockSet, seg, w.write); err != nil {
+			// A run of staged segments goes in one call, so that staging
+			// overlaps across them.
+			end := k + 1
+			for end < len(r.segments) {
+				if _, ok := staged[r.segments[end].SrcRank]; !ok {
+					break
+				}
+				end++
+			}
+			if err := h.(ReadStager).StageRead(r.blockSet, r.segments[k:end], w.write); err != nil {
 				s.CancelWrite(streamErrCancelled)
 				return err
 			}
+			k = end - 1
 			continue
 		}
 		reg := regions[seg.SrcRank]

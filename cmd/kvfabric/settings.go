@@ -48,14 +48,14 @@ var agentSettings = []setting{
 	{"pool", "Pools", "memory pool, repeatable: host=SIZE, pinned=SIZE (through the CUDA driver where it loads, else mlock), device=AMOUNT (every GPU) or device:N=AMOUNT (GPU N), AMOUNT a SIZE or a fraction of free GPU memory such as 0.5; a SIZE is at least 1MiB, a host or pinned one at most the machine's memory; block sets come from the device pools where there is a GPU (a TP rank per GPU), else the host one (default host=1GiB)"},
 	{"cuda-library", "CUDALibrary", "path of the CUDA driver library for device and pinned pools (default: $KVFABRIC_CUDA_LIB, then libcuda.so.1)"},
 	{"block-set-slots", "BlockSetSlots", "slots of a block set an engine asks none for (default: a quarter of the pool)"},
-	{"block-set-grace", "BlockSetGrace", "how long a block set no engine session uses keeps its cached blocks before it is freed; a Register that needs the memory frees it at once (default 30s, at most 24h)"},
-	{"session-keepalive", "SessionKeepalive", "how long an engine session may stay silent before the agent ends it and frees what it held; an engine that exits ends at once (default 5s, 100ms..10m)"},
-	{"lease-duration", "LeaseDuration", "the longest this node pins blocks for an importer per lease or renewal, whatever it asks; importers ask for as much (default 30s, 1s..5m)"},
+	{"block-set-grace", "BlockSetGrace", "how long a block set no engine session uses keeps its cached blocks before it is freed; a Register that needs the memory frees it at once"},
+	{"session-keepalive", "SessionKeepalive", "how long an engine session may stay silent before the agent ends it and frees what it held; an engine that exits ends at once"},
+	{"lease-duration", "LeaseDuration", "the longest this node pins blocks for an importer per lease or renewal, whatever it asks; importers ask for as much"},
 	{"max-leased-per-peer", "MaxLeasedPerPeer", "blocks one peer may hold leased on this node; past it leases are cut or refused (default: half the slots of the node's block sets)"},
 	{"max-leased", "MaxLeased", "blocks all peers together may hold leased on this node (default: three quarters of the slots of its block sets)"},
-	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried (default 30s)"},
+	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried"},
 	{"import-chunk-bytes", "ImportChunkBytes", "bytes an import leases, reads and registers at a time, e.g. 64MiB; at most 4,096 blocks whatever their size (default 64MiB, 1MiB..4GiB)"},
-	{"peer-timeout", "PeerTimeout", "how long a silent peer may stall a call (default 2s)"},
+	{"peer-timeout", "PeerTimeout", "how long a silent peer may stall a call"},
 	{"rdma", "RDMA", "auto: read over RDMA where this node and the holder can, QUIC elsewhere; on: refuse to start without a usable RDMA device; off: QUIC only (default auto)"},
 	{"rdma-device", "RDMADevice", "RDMA device to use for every pool, e.g. mlx5_0 (default: for device pools the one nearest each GPU, else the first with an active port; see kvfabric rdma devices)"},
 	{"rdma-port", "RDMAPort", "port of the RDMA device (default 1)"},
@@ -117,7 +117,16 @@ func bindSettings(fs *flag.FlagSet) boundSettings {
 		f, _ := ct.FieldByName(s.field)
 		v := &settingValue{typ: f.Type}
 		b[s.field] = v
-		fs.Var(v, s.flag, fmt.Sprintf("%s [file: %s, env: %s]", s.help, configKey(s.field), envName(s.field)))
+		help := s.help
+		if d, ok := fabric.DurationSettingOf(s.field); ok {
+			// Durations' defaults and bounds are fabric's constants.
+			if r := d.Range(); r != "" {
+				help += fmt.Sprintf(" (default %v, %s)", fabric.Duration(d.Default), r)
+			} else {
+				help += fmt.Sprintf(" (default %v)", fabric.Duration(d.Default))
+			}
+		}
+		fs.Var(v, s.flag, fmt.Sprintf("%s [file: %s, env: %s]", help, configKey(s.field), envName(s.field)))
 	}
 	return b
 }

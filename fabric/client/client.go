@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/pcitopo"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool/cuda"
 )
@@ -334,7 +335,7 @@ func (c *Client) openIPC(d *cuda.Driver, m *fabricpb.Memory) (*cuda.IPCMemory, i
 	copy(h[:], m.GetCudaIpcHandle())
 	gpu := -1
 	for _, dev := range d.Devices() {
-		if m.GetPciBusId() != "" && strings.EqualFold(dev.PCIBusID, m.GetPciBusId()) {
+		if m.GetPciBusId() != "" && samePCIAddress(dev.PCIBusID, m.GetPciBusId()) {
 			gpu = dev.Index
 		}
 	}
@@ -447,4 +448,16 @@ func (c *Client) DropBlockSet(ctx context.Context, set uint64) (*fabricpb.DropBl
 // Status returns the agent's view of the cluster.
 func (c *Client) Status(ctx context.Context) (*fabricpb.StatusResponse, error) {
 	return c.api.Status(ctx, &fabricpb.StatusRequest{})
+}
+
+// samePCIAddress says whether two PCI bus ids name one device, whatever
+// the width of the domain (the driver writes "0000:18:00.0", NVML
+// "00000000:18:00.0") and the case.
+func samePCIAddress(a, b string) bool {
+	pa, erra := pcitopo.ParseAddr(a)
+	pb, errb := pcitopo.ParseAddr(b)
+	if erra != nil || errb != nil {
+		return strings.EqualFold(a, b)
+	}
+	return pa == pb
 }

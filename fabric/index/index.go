@@ -39,8 +39,8 @@
 // and a newer run replaces the older one's entries.
 //
 // The index does no I/O and runs no goroutines: the agent feeds it events,
-// drops nodes that membership declares dead, sweeps from a goroutine of its
-// own and, if expiry is configured, calls [Index.Expire] on a ticker.
+// drops nodes that membership declares dead and sweeps from a goroutine of
+// its own. Entries live as long as their holder says it holds them.
 package index
 
 import (
@@ -52,7 +52,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // NodeID is the index's name for one node: a slot below MaxNodes in the
@@ -73,15 +72,9 @@ type Config struct {
 	// Shards is the number of independently locked shards, a power of two.
 	// If zero, 64.
 	Shards int
-	// Expiry drops a holder of a hash that has not been stored again for this
-	// long, when [Index.Expire] runs. If zero, entries never expire, and the
-	// index keeps no per-entry timestamps.
-	Expiry time.Duration
-	// Now is the clock used to stamp stores. If nil, time.Now.
-	Now func() time.Time
 }
 
-// DefaultConfig returns a Config with 64 shards and no expiry.
+// DefaultConfig returns a Config with 64 shards.
 func DefaultConfig() Config { return Config{Shards: 64} }
 
 // MaxNodes bounds the nodes an index names at once; it keeps the holder
@@ -92,8 +85,6 @@ const MaxNodes = 4096
 // Index maps sequence hashes to holder sets. All methods are safe for
 // concurrent use.
 type Index struct {
-	expiry time.Duration
-	now    func() time.Time
 	mask   uint64
 	shards []shard
 
@@ -147,10 +138,7 @@ type shard struct {
 	// multi counts copies beyond the first of a (hash, node) pair; most pairs
 	// have one copy and no entry here.
 	multi map[holderKey]uint32
-	// stamps is the last store time (unix nanoseconds) of each pair; nil
-	// without expiry.
-	stamps map[holderKey]int64
-	_      [64]byte // keep neighbouring shards' locks on separate cache lines
+	_     [64]byte // keep neighbouring shards' locks on separate cache lines
 }
 
 // get returns the holder word of h; ok is false if no node holds it.
@@ -173,15 +161,7 @@ func New(cfg Config) (*Index, error) {
 	if cfg.Shards < 0 || cfg.Shards&(cfg.Shards-1) != 0 || cfg.Shards > maxShards {
 		return nil, fmt.Errorf("%w: Shards %d is not a power of two in [1, %d]", ErrInvalidConfig, cfg.Shards, maxShards)
 	}
-	if cfg.Expiry < 0 {
-		return nil, fmt.Errorf("%w: Expiry %v is negative", ErrInvalidConfig, cfg.Expiry)
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	ix := &Index{
-		expiry:  cfg.Expiry,
-		now:     cfg.Now,
 		mask:    uint64(cfg.Shards - 1),
 		shards:  make([]shard, cfg.Shards),
 		ids:     make(map[string]NodeID),
@@ -194,9 +174,6 @@ func New(cfg Config) (*Index, error) {
 		s := &ix.shards[i]
 		s.t = newTable(seed + uint64(i)*0x9e3779b97f4a7c15)
 		s.multi = make(map[holderKey]uint32)
-		if cfg.Expiry > 0 {
-			s.stamps = make(map[holderKey]int64)
-		}
 	}
 	return ix, nil
 }
@@ -371,10 +348,6 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
 	}
-	var stamp int64
-	if ix.expiry > 0 {
-		stamp = ix.now().UnixNano()
-	}
 	slot := id.slot()
 	for _, h := range hashes {
 		s := ix.shardOf(h)
@@ -399,9 +372,6 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 		default:
 			s.multi[k]++
 		}
-		if s.stamps != nil {
-			s.stamps[k] = stamp
-		}
 		s.mu.Unlock()
 	}
 	return nil
@@ -409,7 +379,7 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 
 // Remove records that node id holds one copy fewer of each hash; the node
 // stops being a holder when its last copy goes. Removing a hash the node does
-// not hold is not an error: a remove may race an expiry. A dropped id is
+// not hold is not an error: a remove may race a sweep. A dropped id is
 // ErrUnknownNode: the sweep removes its entries.
 func (ix *Index) Remove(id NodeID, hashes ...uint64) error {
 	nh, ok := ix.nameHashOf(id)
@@ -447,9 +417,6 @@ func (ix *Index) removeLocked(s *shard, h uint64, id NodeID, nameHash uint64, al
 		return false
 	}
 	delete(s.multi, k)
-	if s.stamps != nil {
-		delete(s.stamps, k)
-	}
 	nv, removed := s.sp.remove(v, slot)
 	if !removed {
 		return false // the arena is full (ErrFull): the pair stays, counted
@@ -545,40 +512,6 @@ func (ix *Index) Sweep() int {
 	ix.pending.Add(-int64(len(ids)))
 	ix.mu.Unlock()
 	return len(ids)
-}
-
-// Expire drops every holder whose last store is older than the configured
-// expiry before now, and returns how many it dropped. Without expiry it does
-// nothing.
-func (ix *Index) Expire(now time.Time) int {
-	if ix.expiry <= 0 {
-		return 0
-	}
-	cutoff := now.Add(-ix.expiry).UnixNano()
-	// The live ids and name hashes once, not under ix.mu per entry; an
-	// entry of an id dropped since is the sweep's.
-	ix.mu.RLock()
-	names := make(map[NodeID]uint64, len(ix.ids))
-	for _, id := range ix.ids {
-		names[id] = ix.nodes[id.slot()].nameHash
-	}
-	ix.mu.RUnlock()
-	dropped := 0
-	for i := range ix.shards {
-		s := &ix.shards[i]
-		s.mu.Lock()
-		for k, st := range s.stamps {
-			nh, ok := names[k.node]
-			if st >= cutoff || !ok || !ix.isLive(k.node) {
-				continue
-			}
-			if ix.removeLocked(s, k.hash, k.node, nh, true) {
-				dropped++
-			}
-		}
-		s.mu.Unlock()
-	}
-	return dropped
 }
 
 // Holders returns the live nodes holding hash, in slot order.
@@ -765,7 +698,7 @@ func (ix *Index) Metrics() Metrics {
 		s.mu.RLock()
 		st.Hashes += s.t.len()
 		st.Bytes += int64(s.t.bytes() + s.sp.bytes())
-		st.Bytes += int64(len(s.multi)+len(s.stamps)) * mapEntryBytes
+		st.Bytes += int64(len(s.multi)) * mapEntryBytes
 		s.mu.RUnlock()
 	}
 	ix.mu.RLock()

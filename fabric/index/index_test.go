@@ -25,7 +25,6 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}{
 		{"shards not a power of two", Config{Shards: 3}},
 		{"negative shards", Config{Shards: -4}},
-		{"negative expiry", Config{Expiry: -time.Second}},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			if _, err := New(tc.cfg); !errors.Is(err, ErrInvalidConfig) {
@@ -84,25 +83,6 @@ func TestUnknownNode(t *testing.T) {
 	ix, _ := New(DefaultConfig())
 	if err := ix.Store(5, 1); !errors.Is(err, ErrUnknownNode) {
 		t.Fatalf("Store with unnamed id = %v, want ErrUnknownNode", err)
-	}
-}
-
-func TestExpiry(t *testing.T) {
-	now := time.Unix(1000, 0)
-	ix, _ := New(Config{Expiry: time.Minute, Now: func() time.Time { return now }})
-	a, b := mustID(t, ix, "a"), mustID(t, ix, "b")
-	ix.Store(a, 1, 2)
-	ix.Store(b, 1)
-	now = now.Add(50 * time.Second)
-	ix.Store(a, 1) // refreshed
-	if n := ix.Expire(now.Add(20 * time.Second)); n != 2 {
-		t.Fatalf("Expire dropped %d, want 2 (a's 2 and b's 1)", n)
-	}
-	if got := ix.FindMatches([]uint64{1, 2}); !slices.Equal(got, []Match{{a, 1}}) {
-		t.Fatalf("after expiry FindMatches = %v", got)
-	}
-	if st := ix.Metrics(); st.Pairs != 1 {
-		t.Fatalf("pairs = %d, want 1", st.Pairs)
 	}
 }
 

@@ -28,5 +28,9 @@
 //	                 wider than MaxPitch piece by piece), checked before anything is queued;
 //	                 segments between regions on different GPUs (Region.Device) as peer
 //	                 copies (cuMemcpyPeerAsync, cuMemcpy3DPeerAsync)
-//	staging          Stager: double-buffered pinned staging between host bytes and the device
+//	staging          Stager: double-buffered pinned staging between host bytes and the device,
+//	                 Upload and Download of Parts (each a plan, so strided and past
+//	                 MaxPitch), overlapping the host side with the copies across parts;
+//	                 StagingBuffers keeps the pinned buffers for reuse, freeing those a
+//	                 failed synchronisation may still touch
 package cuda

@@ -1,18 +1,20 @@
 // Package discover finds the node's GPUs through NVML (github.com/NVIDIA/go-nvml,
 // which opens libnvidia-ml.so.1 at run time) and, for each, the RDMA device
-// closest to it in the PCI topology read from sysfs, which picks the NIC for
-// that GPU's device pool. Built without cgo, or on a machine without NVML,
+// closest to it in the PCI topology read from sysfs, measured by
+// internal/pcitopo as rdma.ClosestDevice measures it for the agent, so that
+// what `kvfabric gpus` shows is the NIC the agent registers that GPU's pool
+// with. Built without cgo, or on a machine without NVML,
 // Discover returns an error wrapping ErrNotSupported.
 package discover
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
+
+	"github.com/kvfabric/kvfabric/internal/pcitopo"
 )
 
 // ErrNotSupported: no NVML (library missing, or a build without cgo).
@@ -57,65 +59,23 @@ func (c Config) sysfs() string {
 }
 
 // NormalizeBusID turns NVML's "00000000:18:00.0" into sysfs's
-// "0000:18:00.0".
+// "0000:18:00.0"; what is not a PCI address comes back trimmed and in
+// lower case.
 func NormalizeBusID(id string) string {
-	id = strings.ToLower(strings.TrimSpace(id))
-	dom, rest, ok := strings.Cut(id, ":")
-	if !ok {
-		return id
-	}
-	if len(dom) > 4 {
-		dom = dom[len(dom)-4:]
-	}
-	for len(dom) < 4 {
-		dom = "0" + dom
-	}
-	return dom + ":" + rest
-}
-
-// pciPath is a device's chain of PCI functions from its root complex
-// ("pci0000:16") down to itself.
-type pciPath []string
-
-func devicePath(sysfs, link string) (pciPath, error) {
-	real, err := filepath.EvalSymlinks(link)
+	a, err := pcitopo.ParseAddr(strings.TrimSpace(id))
 	if err != nil {
-		return nil, err
+		return strings.ToLower(strings.TrimSpace(id))
 	}
-	devices, err := filepath.EvalSymlinks(filepath.Join(sysfs, "devices"))
-	if err != nil {
-		return nil, err
-	}
-	rel, err := filepath.Rel(devices, real)
-	if err != nil || strings.HasPrefix(rel, "..") {
-		return nil, fmt.Errorf("discover: %s is not under %s/devices", real, sysfs)
-	}
-	parts := strings.Split(rel, string(filepath.Separator))
-	if len(parts) < 2 || !strings.HasPrefix(parts[0], "pci") {
-		return nil, fmt.Errorf("discover: %s is not a PCI device", real)
-	}
-	return parts, nil
-}
-
-func numaNode(dir string) int {
-	b, err := os.ReadFile(filepath.Join(dir, "numa_node"))
-	if err != nil {
-		return -1
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return -1
-	}
-	return n
+	return a.String()
 }
 
 type nic struct {
-	name string
-	path pciPath
-	numa int
+	name  string
+	place pcitopo.Place
 }
 
-// rdmaDevices lists /sys/class/infiniband with each device's PCI path.
+// rdmaDevices lists /sys/class/infiniband with each device's place in the
+// PCI tree, by name.
 func rdmaDevices(sysfs string) []nic {
 	dir := filepath.Join(sysfs, "class", "infiniband")
 	ents, err := os.ReadDir(dir)
@@ -124,18 +84,17 @@ func rdmaDevices(sysfs string) []nic {
 	}
 	var out []nic
 	for _, e := range ents {
-		dev := filepath.Join(dir, e.Name(), "device")
-		p, err := devicePath(sysfs, dev)
+		p, err := pcitopo.LocateLink(sysfs, filepath.Join(dir, e.Name(), "device"))
 		if err != nil {
 			continue
 		}
-		out = append(out, nic{name: e.Name(), path: p, numa: numaNode(dev)})
+		out = append(out, nic{name: e.Name(), place: p})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
 	return out
 }
 
-// Path kinds, nearest first.
+// The values of GPU.NICPath, nearest first: pcitopo's link names.
 const (
 	PathPIX  = "PIX"
 	PathPXB  = "PXB"
@@ -144,52 +103,29 @@ const (
 	PathSYS  = "SYS"
 )
 
-var pathRank = map[string]int{PathPIX: 0, PathPXB: 1, PathPHB: 2, PathNODE: 3, PathSYS: 4}
-
-// classify names the path between two PCI devices. hops (the levels
-// between them through their common ancestor) breaks ties within a kind.
-func classify(a, b pciPath, numaA, numaB int) (kind string, hops int) {
-	if a[0] != b[0] {
-		if numaA >= 0 && numaA == numaB {
-			return PathNODE, len(a) + len(b)
-		}
-		return PathSYS, len(a) + len(b)
-	}
-	common := 0
-	for common < len(a)-1 && common < len(b)-1 && a[common] == b[common] {
-		common++
-	}
-	below := max(len(a), len(b)) - common
-	hops = (len(a) - common) + (len(b) - common)
-	switch {
-	case common <= 1:
-		// Only the root complex is shared: through the host bridge.
-		return PathPHB, hops
-	case below <= 2:
-		// Each hangs off a downstream port of one PCIe switch.
-		return PathPIX, hops
-	default:
-		return PathPXB, hops
-	}
-}
-
-// closestNIC picks the nearest RDMA device to the GPU at busID.
+// closestNIC picks the nearest RDMA device to the GPU at busID, as
+// pcitopo.Closest measures it; gpuNUMA, when known, overrides sysfs's.
 func closestNIC(sysfs, busID string, gpuNUMA int, nics []nic) (name, kind string) {
-	if len(nics) == 0 || busID == "" {
+	if len(nics) == 0 {
 		return "", ""
 	}
-	gp, err := devicePath(sysfs, filepath.Join(sysfs, "bus", "pci", "devices", busID))
+	a, err := pcitopo.ParseAddr(busID)
 	if err != nil {
 		return "", ""
 	}
-	best, bestHops := -1, 0
-	for i, n := range nics {
-		k, h := classify(gp, n.path, gpuNUMA, n.numa)
-		if best < 0 || pathRank[k] < pathRank[kind] || (pathRank[k] == pathRank[kind] && h < bestHops) {
-			best, kind, bestHops = i, k, h
-		}
+	gp, err := pcitopo.Locate(sysfs, a)
+	if err != nil {
+		return "", ""
 	}
-	return nics[best].name, kind
+	if gpuNUMA >= 0 {
+		gp.NUMA = gpuNUMA
+	}
+	cands := make([]pcitopo.Place, len(nics))
+	for i, n := range nics {
+		cands[i] = n.place
+	}
+	best, link := pcitopo.Closest(gp, cands)
+	return nics[best].name, link.String()
 }
 
 // annotate fills each GPU's NIC from sysfs, and its NUMA node where NVML
@@ -200,7 +136,11 @@ func annotate(cfg Config, gpus []GPU) {
 	for i := range gpus {
 		g := &gpus[i]
 		if g.NUMANode < 0 && g.PCIBusID != "" {
-			g.NUMANode = numaNode(filepath.Join(sysfs, "bus", "pci", "devices", g.PCIBusID))
+			if a, err := pcitopo.ParseAddr(g.PCIBusID); err == nil {
+				if p, err := pcitopo.Locate(sysfs, a); err == nil {
+					g.NUMANode = p.NUMA
+				}
+			}
 		}
 		g.NIC, g.NICPath = closestNIC(sysfs, g.PCIBusID, g.NUMANode, nics)
 	}

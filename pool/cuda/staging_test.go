@@ -1,0 +1,221 @@
+//go:build cgo && linux
+
+package cuda_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool/cuda"
+)
+
+// stridedParts cuts count pieces of length bytes, stride apart in device
+// memory, into parts of at most chunk bytes packed in the buffer: for an
+// upload the device is the destination, for a download the source.
+func stridedParts(count, length, stride, chunk uint64, download bool) []cuda.Part {
+	var parts []cuda.Part
+	per := chunk / length
+	for i := uint64(0); i < count; i += per {
+		k := min(per, count-i)
+		sg := layout.Segment{Length: length, Count: k}
+		if download {
+			sg.SrcOffset, sg.SrcStride, sg.DstStride = i*stride, stride, length
+		} else {
+			sg.DstOffset, sg.DstStride, sg.SrcStride = i*stride, stride, length
+		}
+		parts = append(parts, cuda.Part{Bytes: k * length, Plan: &layout.Plan{Ranks: [][]layout.Segment{{sg}}}})
+	}
+	return parts
+}
+
+// Strided pieces go up and come back through parts of several segments'
+// pieces each, every byte in its place, with strides at MaxPitch (one 2-D
+// copy a part) and past it (piece by piece).
+func TestStagerPlansAtAndPastMaxPitch(t *testing.T) {
+	d, _ := openSoft(t, "SOFTCUDA_MEMORY=12G")
+	bufs, err := d.NewStagingBuffers(4096, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, bufs)
+	const count, length = 5, 1000
+	for _, stride := range []uint64{2000, cuda.MaxPitch, cuda.MaxPitch + 1} {
+		t.Run(fmt.Sprint(stride), func(t *testing.T) {
+			size := (count-1)*stride + length
+			dev, err := d.AllocDevice(0, size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Close()
+			st, err := bufs.NewStager(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			want := pattern(count*length, byte(stride))
+			up := stridedParts(count, length, stride, st.Chunk(), false)
+			if len(up) < 2 {
+				t.Fatalf("%d parts: the test needs several", len(up))
+			}
+			var off int
+			err = st.Upload(context.Background(), up, []cuda.Region{{Addr: dev.Addr(), Size: size}}, func(k int, p []byte) error {
+				off += copy(p, want[off:])
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Each piece landed at its stride.
+			for i := uint64(0); i < count; i++ {
+				got := make([]byte, length)
+				s, err := d.NewStream(0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.CopyDtoH(got, dev.Addr()+i*stride); err != nil {
+					t.Fatal(err)
+				}
+				s.Close()
+				if !bytes.Equal(got, want[i*length:(i+1)*length]) {
+					t.Fatalf("piece %d not at offset %d", i, i*stride)
+				}
+			}
+			var back []byte
+			err = st.Download(context.Background(), stridedParts(count, length, stride, st.Chunk(), true),
+				[]cuda.Region{{Addr: dev.Addr(), Size: size}}, func(p []byte) error {
+					back = append(back, p...)
+					return nil
+				})
+			if err != nil || !bytes.Equal(back, want) {
+				t.Fatalf("download: %v, %d bytes, equal %v", err, len(back), bytes.Equal(back, want))
+			}
+		})
+	}
+}
+
+// A part larger than the buffers, or without a plan, is refused before
+// anything moves.
+func TestStagerRefusesBadParts(t *testing.T) {
+	d, _ := openSoft(t)
+	st, err := d.NewStager(0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, st)
+	dev, err := d.AllocDevice(0, 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, dev)
+	plan := &layout.Plan{Ranks: [][]layout.Segment{{{Length: 4097, Count: 1, SrcStride: 4097, DstStride: 4097}}}}
+	calls := 0
+	for _, parts := range [][]cuda.Part{{{Bytes: 4097, Plan: plan}}, {{Bytes: 10}}} {
+		err := st.Upload(context.Background(), parts, []cuda.Region{{Addr: dev.Addr(), Size: 8192}}, func(int, []byte) error { calls++; return nil })
+		if !errors.Is(err, cuda.ErrInvalidValue) {
+			t.Errorf("%+v: %v, want ErrInvalidValue", parts[0], err)
+		}
+	}
+	if calls != 0 {
+		t.Errorf("fill called %d times for refused parts", calls)
+	}
+	// At the limit it moves.
+	at := &layout.Plan{Ranks: [][]layout.Segment{{{Length: 4096, Count: 1, SrcStride: 4096, DstStride: 4096}}}}
+	if err := st.Upload(context.Background(), []cuda.Part{{Bytes: 4096, Plan: at}}, []cuda.Region{{Addr: dev.Addr(), Size: 8192}},
+		func(int, []byte) error { return nil }); err != nil {
+		t.Errorf("a part of exactly the buffer size: %v", err)
+	}
+}
+
+// Buffers go back for reuse after a stager that finished, and are freed,
+// never reused, after one whose copies could not be waited for.
+func TestStagingBuffersFreedAfterFailedSynchronize(t *testing.T) {
+	d, _ := openSoft(t, "SOFTCUDA_FAIL=cuStreamSynchronize=999@2")
+	bufs, err := d.NewStagingBuffers(4096, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, bufs)
+	dev, err := d.AllocDevice(0, 3*4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, dev)
+	run := func() error {
+		st, err := bufs.NewStager(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = st.ToDevice(context.Background(), dev.Addr(), 3*4096, func([]byte) error { return nil })
+		return errors.Join(err, st.Close())
+	}
+	// The first stream synchronisation (the end of ToDevice) succeeds, the
+	// second (Close's) fails.
+	if err := run(); err == nil {
+		t.Fatal("the injected synchronisation failure was not reported")
+	}
+	if n := bufs.Kept(); n != 0 {
+		t.Errorf("%d buffers kept for reuse after a failed synchronisation, want 0", n)
+	}
+	if err := run(); err != nil {
+		t.Fatal(err)
+	}
+	if n := bufs.Kept(); n != 2 {
+		t.Errorf("%d buffers kept after a good run, want 2", n)
+	}
+	if err := bufs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := bufs.Kept(); n != 0 {
+		t.Errorf("%d buffers kept after Close", n)
+	}
+}
+
+// Downloading, the next part is copied out while the consumer sends the
+// last, whichever segment each comes from: with a copy and a consumer that
+// each take 40 ms per part, 8 parts of 8 segments take about 9 steps
+// instead of 16.
+func TestStagerDownloadOverlapsAcrossSegments(t *testing.T) {
+	const step = 40 * time.Millisecond
+	d, _ := openSoft(t, fmt.Sprintf("SOFTCUDA_COPY_DELAY_US=%d", step.Microseconds()))
+	st, err := d.NewStager(0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, st)
+	// Two regions; segment k reads rank k%2.
+	var src []cuda.Region
+	for range 2 {
+		dev, err := d.AllocDevice(0, 8*4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeT(t, dev)
+		src = append(src, cuda.Region{Addr: dev.Addr(), Size: 8 * 4096})
+	}
+	var parts []cuda.Part
+	for k := range 8 {
+		sg := layout.Segment{SrcRank: k % 2, SrcOffset: uint64(k) * 4096, Length: 4096, Count: 1, SrcStride: 4096, DstStride: 4096}
+		parts = append(parts, cuda.Part{Bytes: 4096, Plan: &layout.Plan{Ranks: [][]layout.Segment{{sg}}}})
+	}
+	start := time.Now()
+	n := 0
+	err = st.Download(context.Background(), parts, src, func(p []byte) error {
+		n++
+		time.Sleep(step)
+		return nil
+	})
+	if err != nil || n != 8 {
+		t.Fatalf("download: %v after %d parts", err, n)
+	}
+	elapsed := time.Since(start)
+	serial := 16 * step
+	t.Logf("8 parts in %v; serial would be at least %v", elapsed, serial)
+	if elapsed > serial*7/8 {
+		t.Errorf("staging took %v, no faster than serial (%v): copies do not overlap the consumer", elapsed, serial)
+	}
+}
