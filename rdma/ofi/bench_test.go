@@ -5,6 +5,7 @@ package ofi
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -17,14 +18,19 @@ import (
 // of one process, against testdata/bare_read.c: the same reads posted by a
 // bare C loop on libfabric's own headers, same provider, same bytes, run in
 // the same benchmark. It reports both rates, their ratio (x-bare) and CPU
-// per GB for both.
+// per GB for both. KVFABRIC_OFI_BENCH_PROVIDERS (comma-separated) names
+// other providers than tcp and shm, such as efa or cxi on nodes that have them.
 func BenchmarkRead(b *testing.B) {
 	const bytes, piece, window = 64 << 20, 1 << 20, 64
 	bare := filepath.Join(b.TempDir(), "bare_read")
 	if out, err := exec.Command("gcc", "-O2", "-o", bare, "testdata/bare_read.c", "-lfabric").CombinedOutput(); err != nil {
 		b.Fatalf("build the C baseline (libfabric-dev, make test-deps): %v\n%s", err, out)
 	}
-	for _, prov := range providers {
+	provs := providers
+	if env := os.Getenv("KVFABRIC_OFI_BENCH_PROVIDERS"); env != "" {
+		provs = strings.Split(env, ",")
+	}
+	for _, prov := range provs {
 		b.Run(prov, func(b *testing.B) {
 			node := nodeFor(prov)
 			if node == "" {
