@@ -106,7 +106,12 @@ class KVFabricStorage(HiCacheStorage):
                   target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
         if target_locations is None or len(target_locations) != len(keys) or any(t is None for t in target_locations):
             raise InvalidArgument("kvfabric backend: get needs a target tensor per key (SGLang's dummy pages)")
-        ok = self.store.get_many(keys, [_raw(t) if t.is_contiguous() else None for t in target_locations])
+        for i, t in enumerate(target_locations):
+            if not t.is_contiguous():
+                # Pages are written in place: a copy of a strided tensor
+                # would take the bytes instead of SGLang's buffer.
+                raise InvalidArgument(f"kvfabric backend: get's target {i} is not contiguous")
+        ok = self.store.get_many(keys, [_raw(t) for t in target_locations])
         return [t if good else None for t, good in zip(target_locations, ok)]
 
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,

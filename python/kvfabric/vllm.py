@@ -150,7 +150,7 @@ class KVFabricStats(KVConnectorStats):
     load_errors, saved_blocks, saved_bytes."""
 
     def reset(self) -> None:
-        self.data = {}
+        self.data: dict[str, Any] = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         out = dict(self.data)
