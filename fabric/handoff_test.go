@@ -46,6 +46,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if sock := os.Getenv(isolationHelperEnv); sock != "" {
+		if err := runIsolationHelper(sock); err != nil {
+			fmt.Fprintln(os.Stderr, "engine helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if mode := os.Getenv(helperEnv); mode != "" {
 		if err := engineHelper(mode); err != nil {
 			fmt.Fprintln(os.Stderr, "engine helper:", err)
