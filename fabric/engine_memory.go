@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/peer"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
 )
 
@@ -218,14 +219,14 @@ func processAlive(pid int32, pidfd int) bool {
 	return unix.Kill(int(pid), 0) != unix.ESRCH
 }
 
-// zeroSlots clears the shards of slots in every rank: slots of a set
+// zeroSlots clears slots, padding included, in every rank: slots of a set
 // taken over from an engine that has exited reach the next one zeroed.
 func zeroSlots(set *pool.BlockSet, slots []pool.Block) {
 	l := set.Layout()
-	chunk := l.Strides().KV
-	planes := 2
-	if l.Model.MLA {
-		planes = 1
+	block := l.Strides().Block
+	layers := l.Model.Layers
+	if l.Arrangement == layout.FullyContiguous {
+		layers = 1 // a slot's shard is one extent
 	}
 	for r := range l.TPSize {
 		mem, err := set.RankBytes(r)
@@ -233,11 +234,9 @@ func zeroSlots(set *pool.BlockSet, slots []pool.Block) {
 			return // device memory: not handed out by this path
 		}
 		for _, b := range slots {
-			for layer := range l.Model.Layers {
-				for p := range planes {
-					off := l.ChunkOffset(b.Slot, layer, p)
-					clear(mem[off : off+chunk])
-				}
+			for layer := range layers {
+				off := l.ChunkOffset(b.Slot, layer, 0)
+				clear(mem[off : off+block])
 			}
 		}
 	}

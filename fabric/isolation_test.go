@@ -154,7 +154,7 @@ func startTenant(t *testing.T, a *fabric.Agent, mode string) *isolationTenant {
 	t.Cleanup(func() {
 		in.Close()
 		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
+		go func() { cmd.Process.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
@@ -342,4 +342,47 @@ func TestEngineMapsOnlyItsOwnSets(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A set whose engine has exited is taken up by the next engine of its
+// layout with its cached blocks, and the slots it allocates there come
+// zeroed, not with the bytes the exited engine left.
+func TestSetOfExitedEngineTakenOverZeroed(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.BlockSetGrace = time.Minute
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tenant := startTenant(t, a, "fd")
+	tenant.in.Close()
+	done := make(chan error, 1)
+	go func() { done <- tenant.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("engine helper: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("engine helper did not exit")
+	}
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	set, err := c.Register(ctx, isolationEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.ID != tenant.set {
+		t.Fatalf("set %d made, want the exited engine's set %d taken up", set.ID, tenant.set)
+	}
+	if got, err := c.Acquire(ctx, set.ID, []uint64{0xa1}); err != nil || len(got) != 1 {
+		t.Fatalf("the cached block of the exited engine: %v %v", got, err)
+	}
+	slots, err := c.Allocate(ctx, set.ID, isolationEngine.Slots-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFresh(t, set, slots)
 }
