@@ -544,7 +544,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	if err != nil {
 		return nil, err
 	}
-	s := &engineSet{set: set, engine: engine, users: map[uint64]*setUse{}}
+	s := &engineSet{set: set, engine: engine, users: map[uint64]*setUse{}, sums: !a.cfg.NoChecksums}
 	if err := a.giveSetMemory(s); err != nil {
 		if ferr := a.pool.FreeBlockSet(set.ID()); ferr != nil {
 			a.log.Error("block set without memory for engines not freed", "set", set.ID(), "err", ferr)

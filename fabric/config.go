@@ -229,6 +229,13 @@ type Config struct {
 	// default so that paging shows at small sizes. If zero, the
 	// transport's default.
 	maxMessageSize uint32
+
+	// NoChecksums turns content checksums off: blocks registered in host
+	// memory get none, and imports check none. If false, every block an
+	// engine registers in host memory gets one (layout.BlockSum), leases
+	// carry it, and an import refuses a block whose bytes do not match
+	// (counted, logged, and the holder withdraws the block).
+	NoChecksums bool `json:"no_checksums,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.

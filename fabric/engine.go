@@ -54,6 +54,9 @@ type engineSet struct {
 	mem       []*setMemory
 	receivers map[int32]int
 	zeroFresh bool
+
+	// sums: blocks registered here get content checksums (checksum.go).
+	sums bool
 }
 
 // engineServer implements the engine API over the agent.
@@ -203,10 +206,16 @@ func (s *sessionSet) register(slot int, hash, parent uint64) (pool.Block, error)
 		s.hold(b)
 		return pool.Block{}, err
 	}
+	// Taken once the engine says the block is written: a write after this
+	// is caught by the first import of it.
+	sum, has := s.takeSum(slot)
 	reg, err := s.set.Register(b, hash, parent)
 	if err != nil {
 		s.hold(b)
 		return pool.Block{}, err
+	}
+	if has && reg.Slot == slot {
+		s.set.SetSum(reg, sum)
 	}
 	s.hold(reg)
 	return reg, nil

@@ -73,6 +73,6 @@ func (a *Agent) copyBlocks(src *pool.BlockSet, s *sessionSet, from []pool.Block,
 		}
 		return nil, 0, err
 	}
-	refs, err := s.registerFilled(blocks, hashes, parent)
+	refs, err := s.registerFilled(blocks, hashes, parent, nil, nil)
 	return refs, plan.Bytes(), err
 }
