@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/layout"
@@ -121,5 +122,36 @@ func TestBlockSumBounds(t *testing.T) {
 		if _, err := layout.BlockSum(l, c.ranks, c.slot, c.first, c.count); !errors.Is(err, layout.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", c.desc, err)
 		}
+	}
+}
+
+// BenchmarkBlockSum measures the checksum of 2 MiB blocks (Llama 3 8B's
+// shape, TP 2) in both KV orders against copying the same bytes (the
+// least a read of them costs), and reports the ratio.
+func BenchmarkBlockSum(b *testing.B) {
+	m := layout.ModelConfig{Layers: 32, KVHeads: 8, HeadDim: 128, DType: layout.DTypeBF16}
+	for _, order := range []layout.KVOrder{layout.HND, layout.NHD} {
+		b.Run(order.String(), func(b *testing.B) {
+			l, ranks := sumLayout(m, 16, 2, order, layout.FullyContiguous, 4096)
+			st := l.Strides()
+			dst := make([]byte, st.Block)
+			var sumT, copyT time.Duration
+			b.SetBytes(int64(2 * st.Block))
+			b.ReportAllocs()
+			for b.Loop() {
+				t0 := time.Now()
+				if _, err := layout.BlockSum(l, ranks, 1, 0, 16); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				for r := range ranks {
+					copy(dst, ranks[r][st.Block:2*st.Block])
+				}
+				copyT += time.Since(t1)
+				sumT += t1.Sub(t0)
+			}
+			b.ReportMetric(float64(sumT)/float64(copyT), "x-memcpy")
+			b.ReportMetric(float64(2*st.Block)*float64(b.N)/sumT.Seconds()/1e9, "sum-GB/s")
+		})
 	}
 }
