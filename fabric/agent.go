@@ -213,8 +213,9 @@ func (a *Agent) makeHostStorage(spec PoolSpec) (pool.Storage, error) {
 	}
 	if a.cfg.MemoryDir != "" {
 		// Engines that share the directory (a hostPath) open the file by
-		// name; it must be traversable by them, hence not 0700.
-		if err := os.MkdirAll(a.cfg.MemoryDir, 0o755); err != nil {
+		// name; it must be traversable by them, hence not 0700, but not
+		// listable: an engine opens the files it was told of.
+		if err := os.MkdirAll(a.cfg.MemoryDir, 0o711); err != nil {
 			return nil, fmt.Errorf("fabric: memory dir: %w", err)
 		}
 		hc.Backing, hc.Dir = pool.ShmFile, a.cfg.MemoryDir
@@ -305,6 +306,14 @@ func (a *Agent) startFDSocket() error {
 		return fmt.Errorf("fabric: descriptor socket: %w", err)
 	}
 	a.isolated = a.isolateSets()
+	if a.isolated && a.cfg.MemoryDir != "" {
+		// Engines map the files of their own sets: the pool's own is the
+		// agent's alone.
+		if err := os.Chmod(a.host.Path(), 0o600); err != nil {
+			ln.Close()
+			return fmt.Errorf("fabric: memory file: %w", err)
+		}
+	}
 	if !a.isolated {
 		a.log.Warn("engines map the whole host pool: memory registered with the CUDA driver or a NIC cannot be given to block sets apart",
 			"pool", a.poolKind, "rdma", a.poolDevice)

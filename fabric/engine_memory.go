@@ -81,7 +81,11 @@ func (a *Agent) giveSetMemory(es *engineSet) error {
 			return err
 		}
 		size := (l.Regions[r].Size + page - 1) &^ (page - 1)
-		sec, err := a.host.NewSection(off, size, fmt.Sprintf("kvfabric-%s-set%d-rank%d", a.cfg.NodeName, es.set.ID(), r))
+		// The name of a named file says nothing an engine could guess:
+		// the directory is not listable, and a file is opened by the name
+		// its engine was told.
+		tok := newMemoryToken()
+		sec, err := a.host.NewSection(off, size, fmt.Sprintf("kvfabric-set%d-rank%d-%s", es.set.ID(), r, tok[len("mem-"):]))
 		if err != nil {
 			undo()
 			return fmt.Errorf("fabric: memory of block set %d rank %d: %w", es.set.ID(), r, err)

@@ -340,6 +340,28 @@ func TestEngineMapsOnlyItsOwnSets(t *testing.T) {
 			if err := kvtest.Check(set.Layout, set.Ranks, int(slots[0]), 0xc1); err != nil {
 				t.Fatalf("the tenant wrote into the neighbour's block: %v", err)
 			}
+			if mode == "file" {
+				// The files are opened by the names engines are told: the
+				// directory is not listable, and the pool's own file is the
+				// agent's alone.
+				if fi, err := os.Stat(cfg.MemoryDir); err != nil || fi.Mode().Perm() != 0o711 {
+					t.Fatalf("memory dir: %v %v, want mode 0711", fi, err)
+				}
+				entries, _ := os.ReadDir(cfg.MemoryDir)
+				pools := 0
+				for _, e := range entries {
+					if strings.HasPrefix(e.Name(), "kvfabric-set") {
+						continue // a set's rank
+					}
+					pools++
+					if fi, err := e.Info(); err != nil || fi.Mode().Perm() != 0o600 {
+						t.Fatalf("the pool's file %s: %v %v, want mode 0600", e.Name(), fi, err)
+					}
+				}
+				if pools != 1 {
+					t.Fatalf("memory dir holds %d files besides the sets', want the pool's", pools)
+				}
+			}
 		})
 	}
 }
