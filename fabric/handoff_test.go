@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -318,8 +319,9 @@ func TestDescriptorSocketConnectionLimit(t *testing.T) {
 }
 
 // The engine socket's mode and group apply to its descriptor companion
-// and to the named memory file; modes outside the allowed set and groups
-// that do not exist are configuration errors naming the setting.
+// and to the named memory files of block sets (the pool's own file is the
+// agent's alone); modes outside the allowed set and groups that do not
+// exist are configuration errors naming the setting.
 func TestEngineSocketAccess(t *testing.T) {
 	for _, tc := range []struct {
 		mode string
@@ -347,12 +349,32 @@ func TestEngineSocketAccess(t *testing.T) {
 				return
 			}
 			a := startAgent(t, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := client.Dial(ctx, a.EngineSocket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			set, err := c.Register(ctx, handoffEngine)
+			if err != nil {
+				t.Fatal(err)
+			}
 			paths := []string{a.EngineSocket(), a.EngineSocket() + fabric.FDSocketSuffix}
 			entries, err := os.ReadDir(cfg.MemoryDir)
-			if err != nil || len(entries) != 1 {
-				t.Fatalf("memory dir: %v %v", entries, err)
+			if err != nil || len(entries) != 1+len(set.Memory) {
+				t.Fatalf("memory dir: %v %v, want the pool's file and one per rank", entries, err)
 			}
-			paths = append(paths, filepath.Join(cfg.MemoryDir, entries[0].Name()))
+			for _, m := range set.Memory {
+				paths = append(paths, m.GetFile())
+			}
+			for _, e := range entries {
+				if p := filepath.Join(cfg.MemoryDir, e.Name()); !slices.Contains(paths, p) {
+					if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+						t.Errorf("the pool's file %s: %v %v, want mode 0600", p, fi, err)
+					}
+				}
+			}
 			for _, p := range paths {
 				fi, err := os.Stat(p)
 				if err != nil || fi.Mode().Perm() != tc.want {
