@@ -131,4 +131,37 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 	}
 }
 
+// checkCopies checks blocks copied from another block set of this node
+// (from, into to) against the sums their engine's registration took, and
+// returns how many leading ones match; the first that does not is
+// withdrawn from its set. sums and summed receive the sums checked, for
+// registration.
+func (a *Agent) checkCopies(src, dst *pool.BlockSet, from, to []pool.Block, sums []uint64, summed []bool) int {
+	if a.cfg.NoChecksums {
+		return len(from)
+	}
+	for i := range from {
+		want, ok := src.Sum(from[i])
+		if !ok {
+			continue
+		}
+		got, ok := blockSum(dst, to[i].Slot, 0, dst.Layout().PageSize)
+		if !ok {
+			continue
+		}
+		if got != want {
+			a.stats.checksumFailed.Add(1)
+			if src.Withdraw(from[i]) == nil {
+				a.stats.checksumWithdrawn.Add(1)
+			}
+			a.log.Error("block changed after it was registered: not copied, withdrawn (an engine wrote into it after registering it)",
+				"set", src.ID(), "slot", from[i].Slot, "to_set", dst.ID(), "sum", fmt.Sprintf("%016x", want), "now", fmt.Sprintf("%016x", got))
+			return i
+		}
+		a.stats.checksumVerified.Add(1)
+		sums[i], summed[i] = got, true
+	}
+	return len(from)
+}
+
 var _ transfer.MismatchReporter = (*peerService)(nil)

@@ -158,3 +158,26 @@ func TestChecksumsOff(t *testing.T) {
 		t.Fatalf("checksums off, yet %d verified and %d failed", m.ChecksumsVerified, m.ChecksumsFailed)
 	}
 }
+
+// A block changed after registration is not copied into another block set
+// of the same node either: the copy stops before it, the block is
+// withdrawn, and with no other holder the rest is missing, never wrong.
+func TestChecksumCatchesLocalCopy(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx := context.Background()
+	hashes := sumHashes(4, 3)
+	holdBlocks(t, a, client.Engine{Name: "writer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.NHD, Slots: 8}, hashes, 1, 1)
+	c := dial(t, a)
+	set := register(t, c, client.Engine{Name: "reader", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 8})
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if n := len(resp.GetBlocks()); n != 1 {
+		t.Fatalf("import past a changed block: %d blocks (%v), want the one before it", n, err)
+	}
+	checkImported(t, set, resp.GetBlocks(), 1)
+	if got, _ := c.Acquire(ctx, set.ID, hashes[1:2]); len(got) != 0 {
+		t.Fatal("the changed block was registered in the reader's set")
+	}
+	if m := a.Metrics(); m.ChecksumsFailed != 1 || m.ChecksumWithdrawn != 1 || m.ChecksumsVerified != 1 {
+		t.Fatalf("verified %d, failed %d, withdrew %d; want 1, 1 and 1", m.ChecksumsVerified, m.ChecksumsFailed, m.ChecksumWithdrawn)
+	}
+}
