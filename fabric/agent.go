@@ -104,6 +104,7 @@ type Agent struct {
 	// isolated: block sets get memory of their own (engine_memory.go);
 	// memTokens names it on the descriptor socket, by tokenKey.
 	isolated  bool
+	hostRDMA  bool       // isolated sets' memory is registered for RDMA set by set
 	memMu     sync.Mutex // after an engineSet's, never before
 	memTokens map[[32]byte]memoryRef
 
@@ -305,7 +306,7 @@ func (a *Agent) startFDSocket() error {
 		ln.Close()
 		return fmt.Errorf("fabric: descriptor socket: %w", err)
 	}
-	a.isolated = a.isolateSets()
+	a.isolated = a.isolatable()
 	if a.isolated && a.cfg.MemoryDir != "" {
 		// Engines map the files of their own sets: the pool's own is the
 		// agent's alone.
@@ -315,8 +316,8 @@ func (a *Agent) startFDSocket() error {
 		}
 	}
 	if !a.isolated {
-		a.log.Warn("engines map the whole host pool: memory registered with the CUDA driver or a NIC cannot be given to block sets apart",
-			"pool", a.poolKind, "rdma", a.poolDevice)
+		a.log.Warn("engines map the whole host pool: memory pinned through the CUDA driver cannot be given to block sets apart",
+			"pool", a.poolKind)
 		a.memToken = newMemoryToken()
 	}
 	a.memTokens = map[[32]byte]memoryRef{}
@@ -469,6 +470,9 @@ func (a *Agent) Close() error {
 		a.mu.Lock()
 		for _, es := range a.sets {
 			es.mu.Lock()
+			for _, m := range es.mem {
+				m.rdma = nil // the transport ended every registration
+			}
 			a.dropSetMemoryLocked(es)
 			es.mu.Unlock()
 		}

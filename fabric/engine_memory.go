@@ -30,14 +30,17 @@ import (
 // allocated, so a fresh slot never shows the previous engine's bytes.
 //
 // Sections replace the pages under the pool's addresses, which memory
-// registered with a NIC or the CUDA driver would not follow: with a host
-// pool pinned through CUDA or registered for RDMA, isolation is off and
-// engines map the whole pool (logged at start).
+// registered with a NIC or the CUDA driver would not follow: with RDMA,
+// each set's sections are registered when it is made and deregistered
+// when it is freed; with a host pool pinned through CUDA, isolation is
+// off and engines map the whole pool (logged at start).
 
 // setMemory is one rank region of a block set, as engines receive it.
 type setMemory struct {
 	sec   *pool.Section
 	token string
+	// rdma is the section's bytes while registered with the NIC.
+	rdma []byte
 }
 
 // memoryRef is what a token on the descriptor socket names.
@@ -50,13 +53,10 @@ type memoryRef struct {
 // token by timing.
 func tokenKey(token string) [32]byte { return sha256.Sum256([]byte(token)) }
 
-// isolateSets says whether block sets get sections; it is decided once,
-// when the descriptor socket starts, after the pool's registrations.
-func (a *Agent) isolateSets() bool {
-	if a.host == nil || len(a.storages) != 1 || a.storages[0] != pool.Storage(a.host) {
-		return false
-	}
-	return a.poolDevice == nil || a.poolDevice[0] == ""
+// isolatable says whether block sets can get sections: the pool is host
+// memory that no driver registered (pinned through CUDA, it is not).
+func (a *Agent) isolatable() bool {
+	return a.host != nil && len(a.storages) == 1 && a.storages[0] == pool.Storage(a.host)
 }
 
 // giveSetMemory makes the sections of a new block set. a.mu is held.
@@ -70,6 +70,7 @@ func (a *Agent) giveSetMemory(es *engineSet) error {
 	undo := func() {
 		for _, m := range mem {
 			if m != nil {
+				a.unregister(m)
 				m.sec.Close()
 			}
 		}
@@ -91,6 +92,16 @@ func (a *Agent) giveSetMemory(es *engineSet) error {
 			return fmt.Errorf("fabric: memory of block set %d rank %d: %w", es.set.ID(), r, err)
 		}
 		mem[r] = &setMemory{sec: sec, token: newMemoryToken()}
+		if a.hostRDMA {
+			b := a.host.Bytes()[off : off+size]
+			if _, err := a.transport.RegisterMemory(b); err != nil {
+				// Its blocks move over QUIC: readers find no registered region.
+				a.log.Warn("RDMA registration of a block set's memory failed: its blocks move over QUIC",
+					"set", es.set.ID(), "rank", r, "bytes", size, "err", err)
+			} else {
+				mem[r].rdma = b
+			}
+		}
 		if a.cfg.MemoryDir != "" {
 			if err := a.applySocketAccess(sec.Path(), 0o666); err != nil {
 				undo()
@@ -116,6 +127,7 @@ func (a *Agent) dropSetMemoryLocked(es *engineSet) {
 	}
 	a.memMu.Unlock()
 	for _, m := range es.mem {
+		a.unregister(m)
 		m.sec.Close()
 	}
 	for pid, fd := range es.receivers {
@@ -124,6 +136,18 @@ func (a *Agent) dropSetMemoryLocked(es *engineSet) {
 		}
 		delete(es.receivers, pid)
 	}
+}
+
+// unregister ends m's RDMA registration, if it has one. The set is
+// freed: no lease and no import reads it.
+func (a *Agent) unregister(m *setMemory) {
+	if m.rdma == nil {
+		return
+	}
+	if err := a.transport.DeregisterMemory(m.rdma); err != nil {
+		a.log.Error("RDMA registration of a freed block set's memory not ended", "bytes", len(m.rdma), "err", err)
+	}
+	m.rdma = nil
 }
 
 // memoryFor answers a token of the descriptor socket: a duplicate of the

@@ -361,9 +361,9 @@ func (x *RegisterResponse) GetRanks() []*RankLayout {
 // never handed to another set (a new set gets fresh, zeroed pages), and a
 // set is joined only by the process it was handed to or, once every such
 // process has exited, by another (which finds new slots zeroed). An agent
-// whose host pool is registered with the CUDA driver or a NIC cannot give
-// sets memory apart: then every rank names the pool's one memory file (the
-// same token), as the agent logs at start.
+// whose host pool is pinned through the CUDA driver cannot give sets
+// memory apart: then every rank names the pool's one memory file (the same
+// token), as the agent logs at start.
 //
 // There are two ways to get the memory, and the fields say which the agent
 // offers:
