@@ -97,7 +97,7 @@ type Agent struct {
 	engineLn  net.Listener
 	engineSrv *grpc.Server
 	fdSrv     *fdServer
-	memToken  string // what engines send on the descriptor socket
+	memToken  string // what engines send on the descriptor socket without isolation
 	httpLn    net.Listener
 	httpSrv   *http.Server
 
@@ -105,6 +105,13 @@ type Agent struct {
 	// identity is the node's checked certificate and its CA.
 	identity atomic.Pointer[certs.Checked]
 	reloadMu sync.Mutex // one Reload at a time
+
+	// isolated: block sets get memory of their own (engine_memory.go);
+	// memTokens names it on the descriptor socket, by tokenKey.
+	isolated  bool
+	hostRDMA  bool       // isolated sets' memory is registered for RDMA set by set
+	memMu     sync.Mutex // after an engineSet's, never before
+	memTokens map[[32]byte]memoryRef
 
 	closeOnce sync.Once
 	closeErr  error
@@ -213,8 +220,9 @@ func (a *Agent) makeHostStorage(spec PoolSpec) (pool.Storage, error) {
 	}
 	if a.cfg.MemoryDir != "" {
 		// Engines that share the directory (a hostPath) open the file by
-		// name; it must be traversable by them, hence not 0700.
-		if err := os.MkdirAll(a.cfg.MemoryDir, 0o755); err != nil {
+		// name; it must be traversable by them, hence not 0700, but not
+		// listable: an engine opens the files it was told of.
+		if err := os.MkdirAll(a.cfg.MemoryDir, 0o711); err != nil {
 			return nil, fmt.Errorf("fabric: memory dir: %w", err)
 		}
 		hc.Backing, hc.Dir = pool.ShmFile, a.cfg.MemoryDir
@@ -307,8 +315,22 @@ func (a *Agent) startFDSocket() error {
 		ln.Close()
 		return fmt.Errorf("fabric: descriptor socket: %w", err)
 	}
-	a.memToken = newMemoryToken()
-	a.fdSrv = startFDServer(ln, a.memToken, sharedMemory{fd: a.host.FD(), size: a.host.Size()}, a.log)
+	a.isolated = a.isolatable()
+	if a.isolated && a.cfg.MemoryDir != "" {
+		// Engines map the files of their own sets: the pool's own is the
+		// agent's alone.
+		if err := os.Chmod(a.host.Path(), 0o600); err != nil {
+			ln.Close()
+			return fmt.Errorf("fabric: memory file: %w", err)
+		}
+	}
+	if !a.isolated {
+		a.log.Warn("engines map the whole host pool: memory pinned through the CUDA driver cannot be given to block sets apart",
+			"pool", a.poolKind)
+		a.memToken = newMemoryToken()
+	}
+	a.memTokens = map[[32]byte]memoryRef{}
+	a.fdSrv = startFDServer(ln, a.memToken, sharedMemory{fd: a.host.FD(), size: a.host.Size()}, a.memoryFor, a.log)
 	return nil
 }
 
@@ -455,6 +477,16 @@ func (a *Agent) Close() error {
 			errs = append(errs, a.transport.Close())
 		}
 		errs = append(errs, a.closeRDMA())
+		a.mu.Lock()
+		for _, es := range a.sets {
+			es.mu.Lock()
+			for _, m := range es.mem {
+				m.rdma = nil // the transport ended every registration
+			}
+			a.dropSetMemoryLocked(es)
+			es.mu.Unlock()
+		}
+		a.mu.Unlock()
 		if a.pool != nil {
 			errs = append(errs, a.pool.Close())
 		}
@@ -480,7 +512,7 @@ func (a *Agent) Close() error {
 // blockSetFor returns the block set an engine with this layout uses, under
 // the implicit session.
 func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, error) {
-	s, err := a.blockSetForSession(a.unowned, engine, tmpl, nil)
+	s, err := a.blockSetForSession(a.unowned, engine, tmpl, nil, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -493,7 +525,11 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 // one. place is the storage of each rank (placement), nil for the default.
 // When the pool has no room for a new one, sets no session uses are freed,
 // longest idle first, until it has.
-func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout, place []int) (*sessionSet, error) {
+//
+// A set is joined only by the process its memory was handed to, or once
+// every such process has exited (pid, the caller's process; 0 where
+// unknown): see engine_memory.go.
+func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout, place []int, pid int32) (*sessionSet, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if engine != "" && sess.id != 0 {
@@ -506,7 +542,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		l := s.set.Layout()
 		if l.Model == tmpl.Model && l.PageSize == tmpl.PageSize && l.TPSize == tmpl.TPSize &&
 			l.Order == tmpl.Order && l.Arrangement == tmpl.Arrangement && l.Alignment == tmpl.Alignment && (tmpl.Slots == 0 || tmpl.Slots == l.Slots) &&
-			a.placedAs(s.set, place) {
+			a.placedAs(s.set, place) && s.mayJoin(pid) {
 			return a.attach(sess, s)
 		}
 	}
@@ -531,7 +567,13 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	if err != nil {
 		return nil, err
 	}
-	s := &engineSet{set: set, engine: engine, users: map[uint64]*setUse{}}
+	s := &engineSet{set: set, engine: engine, users: map[uint64]*setUse{}, sums: !a.cfg.NoChecksums}
+	if err := a.giveSetMemory(s); err != nil {
+		if ferr := a.pool.FreeBlockSet(set.ID()); ferr != nil {
+			a.log.Error("block set without memory for engines not freed", "set", set.ID(), "err", ferr)
+		}
+		return nil, err
+	}
 	a.sets[set.ID()] = s
 	a.pokeMeta()
 	a.log.Info("block set made", "engine", engine, "set", set.ID(), "slots", set.Slots(), "tp", tmpl.TPSize,
@@ -615,8 +657,14 @@ func (a *Agent) describe(s *engineSet) (*fabricpb.RegisterResponse, error) {
 		if a.fdSrv != nil {
 			m.Token, m.FdSocket = a.memToken, a.cfg.EngineSocket+FDSocketSuffix
 		}
+		if s.mem != nil {
+			// The rank's own memory file: its region starts at 0.
+			sec := s.mem[r].sec
+			off = 0
+			m.Path, m.Offset, m.FileSize, m.Token = sec.Path(), 0, sec.Size(), s.mem[r].token
+		}
 		if a.cfg.MemoryDir != "" {
-			m.File = a.host.Path()
+			m.File = m.Path
 		}
 		out.Memory = append(out.Memory, m)
 		out.Ranks = append(out.Ranks, rankLayout(l, r, off))

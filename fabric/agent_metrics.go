@@ -37,6 +37,11 @@ type counters struct {
 	leasesEndedEarly atomic.Uint64
 	inflight         atomic.Int64 // imports in progress
 	leasesServed     atomic.Uint64
+	// checksumVerified and checksumFailed count the holder pages an
+	// import checked against their content checksums, and those that
+	// failed; checksumWithdrawn the blocks this node withdrew because
+	// their bytes changed after registration.
+	checksumVerified, checksumFailed, checksumWithdrawn atomic.Uint64
 
 	// importTime is each Import call's duration, chunkTime each chunk's
 	// from lease to registration, leaseHold how long a lease this node
@@ -146,6 +151,13 @@ type Metrics struct {
 
 	// Certificates are the TLS certificates in use and when they expire.
 	Certificates []CertificateExpiry
+
+	// ChecksumsVerified counts the blocks (holder pages) imports checked
+	// against their content checksums and found good, ChecksumsFailed
+	// those that did not match (refused, never registered), and
+	// ChecksumWithdrawn the blocks this node withdrew, told of a mismatch,
+	// because their bytes changed after registration.
+	ChecksumsVerified, ChecksumsFailed, ChecksumWithdrawn uint64
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -182,6 +194,9 @@ func (a *Agent) Metrics() Metrics {
 		LeasesServed:        st.leasesServed.Load(),
 		LeasesEndedEarly:    st.leasesEndedEarly.Load(),
 		LeaseHold:           st.leaseHold.snapshot(),
+		ChecksumsVerified:   st.checksumVerified.Load(),
+		ChecksumsFailed:     st.checksumFailed.Load(),
+		ChecksumWithdrawn:   st.checksumWithdrawn.Load(),
 	}
 	m.Joined = m.Membership.Joined
 	m.RDMA, m.RDMAEnabled = a.transport.RDMAMetrics()

@@ -157,6 +157,16 @@ func (a *Agent) registerPools() error {
 		}
 		a.poolDevice[i] = a.rdmaDevs[a.poolNIC[i]].Info().Name
 		a.log.Info("pool registered for RDMA", "device", a.poolDevice[i], "bytes", rs.Bytes, "took", rs.Duration, "total", time.Since(start))
+		if a.isolatable() {
+			// Block sets get memory of their own (engine_memory.go), which
+			// replaces the pages under the pool's addresses: each set's
+			// memory is registered when it is made instead. The pool's
+			// registration above proved that the device takes it.
+			if err := a.transport.DeregisterMemory(buf); err != nil {
+				return fmt.Errorf("fabric: pool: %w", err)
+			}
+			a.hostRDMA = true
+		}
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/rdma/softverbs"
@@ -60,9 +61,24 @@ func TestImportOverRDMA(t *testing.T) {
 	if len(m.RDMA.Fallbacks) != 0 {
 		t.Errorf("fallbacks to quic: %v", m.RDMA.Fallbacks)
 	}
-	if hm := n1.Metrics(); hm.RDMA.QPsServed == 0 || hm.RDMA.RegisteredBytes != 64<<20 || hm.Transport.BytesServed != 0 {
-		t.Errorf("holder's metrics: %+v, served %d bytes over quic; want queue pairs served, its 64 MiB pool registered, nothing over quic",
-			hm.RDMA, hm.Transport.BytesServed)
+	// The holder's block set is memory of its own per rank (engines map
+	// only their sets), registered with the NIC as the set was made.
+	set, err := dial(t, n1).Register(context.Background(), client.Engine{Name: "producer", Model: testModel, TPSize: 4, PageSize: 16, Order: layout.HND, Slots: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var setBytes uint64
+	tokens := map[string]bool{}
+	for _, m := range set.Memory {
+		setBytes += m.GetFileSize()
+		tokens[m.GetToken()] = true
+	}
+	if len(tokens) != 4 {
+		t.Errorf("the holder's 4 ranks name %d memory tokens, want one each", len(tokens))
+	}
+	if hm := n1.Metrics(); hm.RDMA.QPsServed == 0 || hm.RDMA.RegisteredBytes != setBytes || hm.Transport.BytesServed != 0 {
+		t.Errorf("holder's metrics: %+v, served %d bytes over quic; want queue pairs served, its block set's %d bytes registered, nothing over quic",
+			hm.RDMA, hm.Transport.BytesServed, setBytes)
 	}
 }
 
@@ -131,5 +147,48 @@ func TestRDMAAutoWithoutLibraryUsesQUIC(t *testing.T) {
 	}
 	if m := n2.Metrics(); m.RDMAEnabled || m.ImportBytesRDMA != 0 || m.ImportBytes == 0 {
 		t.Errorf("importer's metrics: rdma enabled %v, %d of %d bytes over rdma", m.RDMAEnabled, m.ImportBytesRDMA, m.ImportBytes)
+	}
+}
+
+// With RDMA, each block set's memory is registered with the NIC when the
+// set is made and deregistered when it is freed; a set made in the freed
+// memory is registered afresh and served over RDMA byte for byte.
+func TestRDMARegistersSetBySet(t *testing.T) {
+	lib := softNIC(t)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		c.RDMA, c.RDMALibrary = "on", lib
+		c.BlockSetGrace = 100 * time.Millisecond
+	})
+	n1, n2 := agents[0], agents[1]
+	if m := n1.Metrics(); m.RDMA.RegisteredBytes != 0 {
+		t.Fatalf("%d bytes registered before any block set", m.RDMA.RegisteredBytes)
+	}
+	ctx := context.Background()
+	c := dial(t, n1)
+	first, err := c.Register(ctx, client.Engine{Name: "first", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.NHD, Slots: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := n1.Metrics(); m.RDMA.RegisteredBytes != first.Memory[0].GetFileSize()+first.Memory[1].GetFileSize() {
+		t.Fatalf("%d bytes registered, want the set's", m.RDMA.RegisteredBytes)
+	}
+	if _, err := c.DropBlockSet(ctx, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "the dropped set freed and deregistered", func() error {
+		if m := n1.Metrics(); m.RDMA.RegisteredBytes != 0 {
+			return fmt.Errorf("%d bytes registered", m.RDMA.RegisteredBytes)
+		}
+		return nil
+	})
+	hashes := produce(t, n1, 4, layout.HND, 20)
+	wait.For(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
+		if got := agentStatus(t, n2).Members["n1"]; got != 20 {
+			return fmt.Errorf("n2 indexes %d blocks of n1", got)
+		}
+		return nil
+	})
+	if via := importAll(t, n2, 2, layout.NHD, hashes); len(via) != 1 || via[0] != "rdma" {
+		t.Fatalf("fetches over %v, want one over rdma", via)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,6 +47,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if sock := os.Getenv(isolationHelperEnv); sock != "" {
+		if err := runIsolationHelper(sock); err != nil {
+			fmt.Fprintln(os.Stderr, "engine helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if mode := os.Getenv(helperEnv); mode != "" {
 		if err := engineHelper(mode); err != nil {
 			fmt.Fprintln(os.Stderr, "engine helper:", err)
@@ -65,10 +73,11 @@ func TestMain(m *testing.M) {
 // handoffEngine is the engine of the handoff tests: one block set, TP 2.
 var handoffEngine = client.Engine{Name: "ns-engine", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 8}
 
-// engineHelper registers, finds the block the test stored (by its hash),
-// checks every element, and writes block hash+1 into a slot of its own,
-// which the test checks from the other side. It maps the memory through
-// the descriptor socket (mode "fd") or the named file ("file").
+// engineHelper registers (a set of its own: the test's process holds the
+// first), imports the block the test stored (by its hash), checks every
+// element, and writes block hash+1 into a slot of its own, which the test
+// imports and checks from the other side. It maps each rank's memory
+// through the descriptor socket (mode "fd") or the named file ("file").
 func engineHelper(mode string) error {
 	if ns, _ := os.Readlink("/proc/self/ns/pid"); ns == os.Getenv(helperNSEnv) {
 		return fmt.Errorf("still in the parent's PID namespace %s", ns)
@@ -98,33 +107,33 @@ func engineHelper(mode string) error {
 			return fmt.Errorf("%s opened from another PID namespace", m.GetPath())
 		}
 	}
-	var mem []byte
-	switch mode {
-	case "fd":
-		mem, err = client.MapDescriptor(m.GetFdSocket(), m.GetToken())
-	case "file":
-		if m.GetFile() == "" {
-			return errors.New("the agent names no memory file")
-		}
-		mem, err = client.MapFile(m.GetFile())
-	}
-	if err != nil {
-		return err
-	}
-	defer syscall.Munmap(mem)
 	l, err := layout.FromProto(resp.GetLayout())
 	if err != nil {
 		return err
 	}
 	ranks := make([][]byte, l.TPSize)
 	for r, m := range resp.GetMemory() {
+		var mem []byte
+		switch mode {
+		case "fd":
+			mem, err = client.MapDescriptor(m.GetFdSocket(), m.GetToken())
+		case "file":
+			if m.GetFile() == "" {
+				return errors.New("the agent names no memory file")
+			}
+			mem, err = client.MapFile(m.GetFile())
+		}
+		if err != nil {
+			return err
+		}
+		defer syscall.Munmap(mem)
 		ranks[r] = mem[m.GetOffset() : m.GetOffset()+m.GetSize()]
 	}
-	got, err := c.Acquire(ctx, resp.GetBlockSet(), []uint64{hash})
-	if err != nil || len(got) != 1 {
-		return fmt.Errorf("acquire %d: %v %v", hash, got, err)
+	got, err := c.Import(ctx, resp.GetBlockSet(), []uint64{hash})
+	if err != nil || len(got.GetBlocks()) != 1 {
+		return fmt.Errorf("import %d: %v %v", hash, got, err)
 	}
-	if err := kvtest.Check(l, ranks, int(got[0].Slot), hash); err != nil {
+	if err := kvtest.Check(l, ranks, int(got.GetBlocks()[0].GetSlot()), hash); err != nil {
 		return fmt.Errorf("the agent's bytes, seen through %s: %w", mode, err)
 	}
 	slots, err := c.Allocate(ctx, resp.GetBlockSet(), 1)
@@ -192,18 +201,19 @@ func TestEngineInAnotherPIDNamespace(t *testing.T) {
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("engine in another PID namespace: %v\n%s", err, out)
 			}
-			got, err := c.Acquire(ctx, set.ID, []uint64{hash, hash + 1})
-			if err != nil || len(got) != 2 {
-				t.Fatalf("acquire both blocks: %v %v", got, err)
+			got, err := c.Import(ctx, set.ID, []uint64{hash, hash + 1})
+			if err != nil || len(got.GetBlocks()) != 2 {
+				t.Fatalf("import both blocks: %v %v", got, err)
 			}
-			if err := kvtest.Check(set.Layout, set.Ranks, int(got[1].Slot), hash+1); err != nil {
+			if err := kvtest.Check(set.Layout, set.Ranks, int(got.GetBlocks()[1].GetSlot()), hash+1); err != nil {
 				t.Fatalf("bytes the other namespace wrote: %v", err)
 			}
 			if mode == "file" {
 				file := filepath.Join(cfg.MemoryDir)
 				entries, _ := os.ReadDir(file)
-				if len(entries) != 1 {
-					t.Fatalf("memory dir holds %d files, want the pool's one", len(entries))
+				// The pool's, and one per rank of the two sets.
+				if len(entries) != 1+2*handoffEngine.TPSize {
+					t.Fatalf("memory dir holds %d files, want the pool's and one per rank of two sets", len(entries))
 				}
 				a.Close()
 				if entries, _ := os.ReadDir(file); len(entries) != 0 {
@@ -304,8 +314,9 @@ func TestDescriptorSocketConnectionLimit(t *testing.T) {
 }
 
 // The engine socket's mode and group apply to its descriptor companion
-// and to the named memory file; modes outside the allowed set and groups
-// that do not exist are configuration errors naming the setting.
+// and to the named memory files of block sets (the pool's own file is the
+// agent's alone); modes outside the allowed set and groups that do not
+// exist are configuration errors naming the setting.
 func TestEngineSocketAccess(t *testing.T) {
 	for _, tc := range []struct {
 		mode string
@@ -333,12 +344,32 @@ func TestEngineSocketAccess(t *testing.T) {
 				return
 			}
 			a := startAgent(t, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := client.Dial(ctx, a.EngineSocket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			set, err := c.Register(ctx, handoffEngine)
+			if err != nil {
+				t.Fatal(err)
+			}
 			paths := []string{a.EngineSocket(), a.EngineSocket() + fabric.FDSocketSuffix}
 			entries, err := os.ReadDir(cfg.MemoryDir)
-			if err != nil || len(entries) != 1 {
-				t.Fatalf("memory dir: %v %v", entries, err)
+			if err != nil || len(entries) != 1+len(set.Memory) {
+				t.Fatalf("memory dir: %v %v, want the pool's file and one per rank", entries, err)
 			}
-			paths = append(paths, filepath.Join(cfg.MemoryDir, entries[0].Name()))
+			for _, m := range set.Memory {
+				paths = append(paths, m.GetFile())
+			}
+			for _, e := range entries {
+				if p := filepath.Join(cfg.MemoryDir, e.Name()); !slices.Contains(paths, p) {
+					if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+						t.Errorf("the pool's file %s: %v %v, want mode 0600", p, fi, err)
+					}
+				}
+			}
 			for _, p := range paths {
 				fi, err := os.Stat(p)
 				if err != nil || fi.Mode().Perm() != tc.want {
@@ -470,12 +501,16 @@ func TestRankLayoutPlacesBytes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m := resp.GetMemory()[0]
-			mem, err := client.MapDescriptor(m.GetFdSocket(), m.GetToken())
-			if err != nil {
-				t.Fatal(err)
+			// Each rank's memory is mapped through its own token.
+			mems := make([][]byte, len(resp.GetMemory()))
+			for r, m := range resp.GetMemory() {
+				mem, err := client.MapDescriptor(m.GetFdSocket(), m.GetToken())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer syscall.Munmap(mem)
+				mems[r] = mem
 			}
-			defer syscall.Munmap(mem)
 			model := tc.req.GetModel()
 			const slot, id = 2, 77
 			for r, rl := range resp.GetRanks() {
@@ -485,7 +520,7 @@ func TestRankLayoutPlacesBytes(t *testing.T) {
 				if rl.GetOffset() != resp.GetMemory()[r].GetOffset() {
 					t.Fatalf("rank %d: offset %d, memory says %d", r, rl.GetOffset(), resp.GetMemory()[r].GetOffset())
 				}
-				placeFromDescription(mem, rl, tc.req.GetKvOrder() == 1, int(model.GetLayers()), slot, id)
+				placeFromDescription(mems[r], rl, tc.req.GetKvOrder() == 1, int(model.GetLayers()), slot, id)
 			}
 			l, err := layout.FromProto(resp.GetLayout())
 			if err != nil {
@@ -493,7 +528,7 @@ func TestRankLayoutPlacesBytes(t *testing.T) {
 			}
 			ranks := make([][]byte, l.TPSize)
 			for r, m := range resp.GetMemory() {
-				ranks[r] = mem[m.GetOffset() : m.GetOffset()+m.GetSize()]
+				ranks[r] = mems[r][m.GetOffset() : m.GetOffset()+m.GetSize()]
 			}
 			if err := kvtest.Check(l, ranks, slot, id); err != nil {
 				t.Fatalf("placed by the description, read by the layout package: %v", err)

@@ -127,7 +127,9 @@ type Config struct {
 	// MemoryDir, when set, makes the pool's memory a named file in this
 	// directory (e.g. a Kubernetes hostPath shared with engine pods), which
 	// engines may open instead of receiving the descriptor; the file is
-	// removed when the agent stops. If empty, the memory is an anonymous
+	// removed when the agent stops; each rank of a block set is a file of
+	// its own there, with a name engines are told and cannot list (the
+	// directory is made 0711). If empty, the memory is an anonymous
 	// memory file, reachable through the descriptor socket only.
 	MemoryDir string `json:"memory_dir,omitempty"`
 	// MetricsAddr is the host:port of the HTTP /metrics and /healthz
@@ -246,6 +248,13 @@ type Config struct {
 	// default so that paging shows at small sizes. If zero, the
 	// transport's default.
 	maxMessageSize uint32
+
+	// NoChecksums turns content checksums off: blocks registered in host
+	// memory get none, and imports check none. If false, every block an
+	// engine registers in host memory gets one (layout.BlockSum), leases
+	// carry it, and an import refuses a block whose bytes do not match
+	// (counted, logged, and the holder withdraws the block).
+	NoChecksums bool `json:"no_checksums,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.

@@ -18,7 +18,8 @@ import (
 )
 
 // The descriptor socket: a companion of the engine socket (its path plus
-// FDSocketSuffix) that hands the pool's memory file to engines as a file
+// FDSocketSuffix) that hands the memory file of one rank of a block set
+// (or, where sets are not isolated, the pool's) to engines as a file
 // descriptor (SCM_RIGHTS), so that an engine in another PID or mount
 // namespace can map it. One exchange, repeatable on a connection:
 //
@@ -26,7 +27,8 @@ import (
 //	agent:  ok <offset> <size>\n      + the descriptor as SCM_RIGHTS
 //	agent:  error <reason>\n          no descriptor; the connection stays open
 //
-// The token is Memory.token of a RegisterResponse. A connection idle for
+// The token is Memory.token of a RegisterResponse. The agent records the
+// process at the other end (SO_PEERCRED) as one the set was handed to. A connection idle for
 // fdIdleTimeout is closed; at most maxFDConns are served at once, further
 // ones are answered "error busy" and closed.
 const (
@@ -49,8 +51,11 @@ type sharedMemory struct {
 type fdServer struct {
 	ln    *net.UnixListener
 	log   *slog.Logger
-	token string
+	token string // the whole pool's, "" for none
 	mem   sharedMemory
+	// lookup answers a block set's token with a descriptor the server
+	// closes after sending, recording pid as its receiver.
+	lookup func(token string, pid int32) (fd int, size uint64, ok bool)
 
 	mu     sync.Mutex
 	conns  map[*net.UnixConn]struct{}
@@ -67,9 +72,10 @@ func newMemoryToken() string {
 	return "mem-" + hex.EncodeToString(b[:])
 }
 
-// startFDServer serves mem under token on ln until close.
-func startFDServer(ln *net.UnixListener, token string, mem sharedMemory, log *slog.Logger) *fdServer {
-	s := &fdServer{ln: ln, log: log, token: token, mem: mem, conns: map[*net.UnixConn]struct{}{}}
+// startFDServer serves mem under token (none if empty) and what lookup
+// finds on ln until close.
+func startFDServer(ln *net.UnixListener, token string, mem sharedMemory, lookup func(string, int32) (int, uint64, bool), log *slog.Logger) *fdServer {
+	s := &fdServer{ln: ln, log: log, token: token, mem: mem, lookup: lookup, conns: map[*net.UnixConn]struct{}{}}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s
@@ -108,6 +114,7 @@ func (s *fdServer) serve(c *net.UnixConn) {
 		s.mu.Unlock()
 		c.Close()
 	}()
+	pid := peerCredOf(c).pid
 	// A fixed buffer: a line longer than it is refused, never grown.
 	r := bufio.NewReaderSize(c, maxFDLine)
 	for {
@@ -121,9 +128,19 @@ func (s *fdServer) serve(c *net.UnixConn) {
 			return // closed, idle or cut: nothing to answer
 		}
 		tok := string(bytes.TrimRight(line, "\r\n"))
+		if s.lookup != nil {
+			if fd, size, ok := s.lookup(tok, pid); ok {
+				_, _, err := c.WriteMsgUnix(fmt.Appendf(nil, "ok 0 %d\n", size), unix.UnixRights(fd), nil)
+				unix.Close(fd)
+				if err != nil {
+					return
+				}
+				continue
+			}
+		}
 		// In constant time: the token is the only secret between a caller
 		// who can reach the socket and the pool's memory.
-		if subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1 {
+		if s.token == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1 {
 			if _, err := c.Write([]byte(fmt.Sprintf("error unknown memory token %q (register again: tokens change when the agent restarts)\n", clip(tok, 64)))); err != nil {
 				return
 			}

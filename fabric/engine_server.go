@@ -45,6 +45,18 @@ type engineSet struct {
 	freeTimer *time.Timer
 	timerGen  uint64 // which freeTimer is the live one
 	freed     bool
+
+	// Isolation (engine_memory.go). mem is each rank's section, nil when
+	// sets are not isolated; set once, before the set is shared.
+	// receivers are the processes its memory was handed to (pid to pidfd,
+	// -1 for none); zeroFresh: one of them exited and another process
+	// took the set up, so allocated slots are zeroed.
+	mem       []*setMemory
+	receivers map[int32]int
+	zeroFresh bool
+
+	// sums: blocks registered here get content checksums (checksum.go).
+	sums bool
 }
 
 // engineServer implements the engine API over the agent.
@@ -83,10 +95,11 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	set, err := e.a.blockSetForSession(sess, req.GetEngine(), tmpl, place)
+	set, err := e.a.blockSetForSession(sess, req.GetEngine(), tmpl, place, callerPID(ctx))
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	e.a.handedTo(set.engineSet, callerPID(ctx))
 	return e.a.describe(set.engineSet)
 }
 
@@ -116,6 +129,12 @@ func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateReque
 	blocks, err := s.set.Allocate(n)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	s.mu.Lock()
+	zero := s.zeroFresh
+	s.mu.Unlock()
+	if zero {
+		zeroSlots(s.set, blocks)
 	}
 	out := &fabricpb.AllocateResponse{Slots: make([]uint32, len(blocks))}
 	for i, b := range blocks {
@@ -187,10 +206,16 @@ func (s *sessionSet) register(slot int, hash, parent uint64) (pool.Block, error)
 		s.hold(b)
 		return pool.Block{}, err
 	}
+	// Taken once the engine says the block is written: a write after this
+	// is caught by the first import of it.
+	sum, has := s.takeSum(slot)
 	reg, err := s.set.Register(b, hash, parent)
 	if err != nil {
 		s.hold(b)
 		return pool.Block{}, err
+	}
+	if has && reg.Slot == slot {
+		s.set.SetSum(reg, sum)
 	}
 	s.hold(reg)
 	return reg, nil

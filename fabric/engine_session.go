@@ -296,6 +296,7 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 		return false
 	}
 	es.freed = true
+	a.dropSetMemoryLocked(es)
 	if es.freeTimer != nil {
 		es.freeTimer.Stop()
 		es.freeTimer = nil

@@ -274,13 +274,25 @@ func (a *Agent) candidates(hashes []uint64, k int) []candidate {
 // under hashes (in order, after parent), referencing each for the engine.
 // On an error the blocks already registered are kept and returned, and
 // the rest are freed.
-func (s *sessionSet) registerFilled(blocks []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, error) {
+//
+// Each block gets a content checksum: sums[i] where summed[i] (checked
+// already), else one taken here when checksums are on.
+func (s *sessionSet) registerFilled(blocks []pool.Block, hashes []uint64, parent uint64, sums []uint64, summed []bool) ([]*fabricpb.BlockRef, error) {
 	refs := make([]*fabricpb.BlockRef, 0, len(blocks))
 	for i, b := range blocks {
+		sum, has := uint64(0), false
+		if i < len(summed) && summed[i] {
+			sum, has = sums[i], true
+		} else {
+			sum, has = s.takeSum(b.Slot)
+		}
 		err := s.set.Commit(b)
 		var reg pool.Block
 		if err == nil {
 			reg, err = s.set.Register(b, hashes[i], parent)
+		}
+		if err == nil && has && reg.Slot == b.Slot {
+			s.set.SetSum(reg, sum)
 		}
 		if err != nil {
 			for _, rest := range blocks[i:] {

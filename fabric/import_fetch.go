@@ -270,6 +270,11 @@ type arrivedChunk struct {
 	bytes   uint64
 	via     transfer.Transport
 	read    time.Duration
+	// leased are the lease's entries of the holder's pages read, k of
+	// them to an engine block: their checksums are checked before the
+	// blocks are registered.
+	leased []transfer.LeasedBlock
+	k      int
 }
 
 // finishedChunk is what finishing a chunk registered.
@@ -351,7 +356,7 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	moved.add(via)
 	kept = true
 	return &arrivedChunk{a: a, peer: peer, keeper: keeper, s: s, id: id, askedAt: c.askedAt, blocks: blocks,
-		hashes: part.dst, bytes: plan.Bytes(), via: via, read: time.Since(readStart)}, nil
+		hashes: part.dst, bytes: plan.Bytes(), via: via, read: time.Since(readStart), leased: c.lease.Blocks[:len(part.src)], k: part.k}, nil
 }
 
 // finish releases the chunk's lease and, once the holder confirms that it
@@ -372,15 +377,27 @@ func (ch *arrivedChunk) finish(ctx context.Context, parent uint64) <-chan finish
 func (ch *arrivedChunk) releaseAndRegister(ctx context.Context, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
 	a, s := ch.a, ch.s
 	ch.keeper.drop(ch.id)
+	// Checked before the release, so that the holder, told of a
+	// mismatch, finds the block still pinned under the lease.
+	mismatched, checked, sums, summed := ch.verify()
 	relStart := time.Now()
-	valid, err := ch.peer.Release(ctx, ch.id)
+	valid, err := ch.peer.Release(ctx, ch.id, mismatched...)
 	if err == nil {
 		a.links.observe(ch.peer.Name(), string(ch.via), time.Since(relStart), ch.bytes, ch.read)
 	}
-	if err == nil && !valid {
+	switch {
+	case len(mismatched) > 0:
+		a.stats.checksumFailed.Add(uint64(len(mismatched)))
+		a.stats.checksumVerified.Add(uint64(checked - len(mismatched)))
+		a.log.Error("imported blocks do not match their checksums: refused, the holder told to withdraw them",
+			"peer", ch.peer.Name(), "blocks", len(mismatched), "of", checked, "hash", mismatched[0], "set", s.set.ID())
+		err = fmt.Errorf("%w: %d of %d blocks read from %s (first hash %d); none registered", errChecksum, len(mismatched), checked, ch.peer.Name(), mismatched[0])
+	case err == nil && !valid:
 		err = errors.New("lease expired before release: the bytes are not trusted")
-	} else if err != nil {
+	case err != nil:
 		err = fmt.Errorf("release: %w", err)
+	default:
+		a.stats.checksumVerified.Add(uint64(checked))
 	}
 	if err != nil {
 		for _, b := range ch.blocks {
@@ -388,7 +405,7 @@ func (ch *arrivedChunk) releaseAndRegister(ctx context.Context, parent uint64) (
 		}
 		return nil, 0, err
 	}
-	refs, err := s.registerFilled(ch.blocks, ch.hashes, parent)
+	refs, err := s.registerFilled(ch.blocks, ch.hashes, parent, sums, summed)
 	a.stats.importBytes.Add(ch.bytes)
 	a.stats.importBlocks.Add(uint64(len(refs)))
 	a.stats.importChunks.Add(1)

@@ -73,6 +73,17 @@ func (a *Agent) copyBlocks(src *pool.BlockSet, s *sessionSet, from []pool.Block,
 		}
 		return nil, 0, err
 	}
-	refs, err := s.registerFilled(blocks, hashes, parent)
+	// A block whose bytes changed since its engine registered it stops
+	// the copy there: the blocks before it are registered, and the rest
+	// are looked for elsewhere.
+	n := len(blocks)
+	sums, summed := make([]uint64, n), make([]bool, n)
+	if a.host != nil {
+		n = a.checkCopies(src, s.set, from, blocks, sums, summed)
+		for _, b := range blocks[n:] {
+			s.set.Abort(b)
+		}
+	}
+	refs, err := s.registerFilled(blocks[:n], hashes[:n], parent, sums, summed)
 	return refs, plan.Bytes(), err
 }

@@ -152,7 +152,8 @@ func (h *peerService) Lease(ctx context.Context, peer string, hashes []uint64, d
 		if !b.Found {
 			break
 		}
-		out.Blocks[i] = transfer.LeasedBlock{Hash: b.Hash, Present: true, BlockSet: uint64(best.ID()), Slot: uint64(b.Slot), Generation: b.Generation}
+		out.Blocks[i] = transfer.LeasedBlock{Hash: b.Hash, Present: true, BlockSet: uint64(best.ID()), Slot: uint64(b.Slot), Generation: b.Generation,
+			Sum: b.Sum, HasSum: b.HasSum}
 	}
 	h.a.stats.leasesServed.Add(1)
 	return out, nil

@@ -76,6 +76,12 @@ type slot struct {
 	heapIdx      int32 // place in the evictable heap while a leaf and inactive
 	state        State
 	inactive     bool
+	// sum is the content checksum recorded while Registered (hasSum);
+	// withdrawn: the block left the registry early (Withdraw) and is
+	// recycled without a second remove event.
+	sum       uint64
+	hasSum    bool
+	withdrawn bool
 }
 
 // BlockSet is slots sharing one layout, one region per TP rank. All
@@ -460,6 +466,7 @@ func (b *BlockSet) reset(i int32) {
 	s.hash, s.parent = 0, 0
 	s.users = 0
 	s.up, s.children = none, 0
+	s.sum, s.hasSum, s.withdrawn = 0, false, false
 	s.gen++
 	b.free = append(b.free, i)
 }
@@ -480,11 +487,16 @@ func (b *BlockSet) recycle(n int) int {
 				b.heapPush(up)
 			}
 		}
-		delete(b.registry, hash)
+		withdrawn := s.withdrawn
+		if !withdrawn {
+			delete(b.registry, hash)
+		}
 		b.registered--
 		b.reset(i)
 		b.evictions++
-		b.p.events.push(Event{Kind: EventRemove, Set: b.id, Slot: int(i), Hash: hash, Parent: parent})
+		if !withdrawn {
+			b.p.events.push(Event{Kind: EventRemove, Set: b.id, Slot: int(i), Hash: hash, Parent: parent})
+		}
 		done++
 	}
 	return done

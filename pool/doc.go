@@ -13,6 +13,11 @@
 // the system allows, and falls back with a log line where it does not.
 // Device memory implements the same interface in pool/cuda.
 //
+// [HostStorage.NewSection] gives a range of host storage a memory file of
+// its own, with fresh pages at the same addresses, so that one block set's
+// memory can be handed to an engine without the rest; the pages the range
+// had stay with whoever still maps them and are never handed out again.
+//
 // A [Pool] carves [BlockSet]s from one Storage, or from one per GPU
 // ([NewSpanning]): one region per TP rank, page aligned, at
 // [BlockSet.RegionOffset] of the storage [BlockSet.RegionStorage] names
@@ -77,6 +82,14 @@
 // the pool's goroutine every [Config.ExpiryInterval], by [Pool.ExpireLeases],
 // and by Renew, ReleaseLease and CheckRead on the lease they name; a lease
 // past its deadline is never honoured even before it is reaped.
+//
+// # Checksums
+//
+// A Registered block may carry a content checksum ([BlockSet.SetSum],
+// layout.BlockSum of its bytes), which its leases carry to readers. A
+// block found changed after registration is withdrawn
+// ([BlockSet.Withdraw]): it leaves the registry with its remove event at
+// once, and its slot is recycled when its users and leases are gone.
 //
 // # Events
 //

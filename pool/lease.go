@@ -15,6 +15,10 @@ type LeasedBlock struct {
 	Found      bool
 	Slot       int
 	Generation uint64
+	// Sum is the block's content checksum (layout.BlockSum) where one was
+	// recorded (HasSum), by SetSum.
+	Sum    uint64
+	HasSum bool
 }
 
 type lease struct {
@@ -79,7 +83,8 @@ func (b *BlockSet) Lease(hashes []uint64, d time.Duration) (LeaseID, []LeasedBlo
 	for k, h := range hashes {
 		out[k].Hash = h
 		if i, ok := b.registry[h]; ok {
-			out[k] = LeasedBlock{Hash: h, Found: true, Slot: int(i), Generation: b.slots[i].gen}
+			s := &b.slots[i]
+			out[k] = LeasedBlock{Hash: h, Found: true, Slot: int(i), Generation: s.gen, Sum: s.sum, HasSum: s.hasSum}
 			slots = append(slots, i)
 		}
 	}

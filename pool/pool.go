@@ -385,7 +385,9 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 			continue
 		}
 		b.evictions++
-		b.p.events.push(Event{Kind: EventRemove, Set: b.id, Slot: i, Hash: s.hash, Parent: s.parent})
+		if !s.withdrawn {
+			b.p.events.push(Event{Kind: EventRemove, Set: b.id, Slot: i, Hash: s.hash, Parent: s.parent})
+		}
 		s.state = Reset
 		s.gen++
 	}
@@ -471,7 +473,7 @@ func (p *Pool) Snapshot() RegistrySnapshot {
 	for _, b := range sets {
 		for i := range b.slots {
 			sl := &b.slots[i]
-			if sl.state == Registered {
+			if sl.state == Registered && !sl.withdrawn {
 				s.Blocks = append(s.Blocks, Event{Kind: EventStore, Set: b.id, Slot: i, Hash: sl.hash, Parent: sl.parent})
 			}
 		}

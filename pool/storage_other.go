@@ -45,3 +45,27 @@ func (h *HostStorage) HugePages() bool { return false }
 
 // Close does nothing.
 func (h *HostStorage) Close() error { return nil }
+
+// Section is a range of a HostStorage with a memory file of its own; it
+// needs Linux.
+type Section struct{}
+
+// NewSection returns an error wrapping ErrNotSupported off Linux.
+func (h *HostStorage) NewSection(off, size uint64, name string) (*Section, error) {
+	return nil, fmt.Errorf("pool: host memory sections need memfd: %w", ErrNotSupported)
+}
+
+// Offset returns 0.
+func (s *Section) Offset() uint64 { return 0 }
+
+// Size returns 0.
+func (s *Section) Size() uint64 { return 0 }
+
+// FD returns -1.
+func (s *Section) FD() int { return -1 }
+
+// Path returns "".
+func (s *Section) Path() string { return "" }
+
+// Close does nothing.
+func (s *Section) Close() error { return nil }

@@ -183,6 +183,7 @@ type request struct {
 	nic        int           // and the device to make ours on
 	readerNIC  int           // and the device the reader's is on
 	queuePairs int           // and how many it reads on per pair
+	mismatched []uint64      // a release's blocks that failed their checksums
 }
 
 func durationMS(ms uint64) (time.Duration, error) {
@@ -282,7 +283,10 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 		if err := unmarshal(payload, &pb); err != nil {
 			return nil, err
 		}
-		r.leaseID = pb.LeaseId
+		if len(pb.Mismatched) > MaxLeaseBlocks {
+			return nil, invalid("mismatched: %d hashes, over %d", len(pb.Mismatched), MaxLeaseBlocks)
+		}
+		r.leaseID, r.mismatched = pb.LeaseId, pb.Mismatched
 	case methodEventRange:
 		var pb transferpb.EventRangeRequest
 		if err := unmarshal(payload, &pb); err != nil {

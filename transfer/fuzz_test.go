@@ -27,6 +27,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	for i, m := range seeds {
 		f.Add(frameBytes(byte(i+1), m))
 	}
+	f.Add(frameBytes(byte(methodRelease), &transferpb.ReleaseRequest{LeaseId: 5, Mismatched: []uint64{7, 9}}))
 	f.Add([]byte{7, 0, 0, 0, 3, 0x1a, 0x01, 0x00})
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		kind, payload, err := readFrame(bytes.NewReader(frame), 1<<16)
@@ -47,6 +48,10 @@ func FuzzDecodeRequest(f *testing.F) {
 		case methodLease, methodRenew:
 			if r.duration <= 0 || r.duration > maxLeaseDuration {
 				t.Fatalf("accepted duration %v", r.duration)
+			}
+		case methodRelease:
+			if len(r.mismatched) > MaxLeaseBlocks {
+				t.Fatalf("accepted %d mismatched hashes", len(r.mismatched))
 			}
 		case methodEventRange:
 			q := r.events

@@ -50,6 +50,19 @@ type LeasedBlock struct {
 	BlockSet   uint64
 	Slot       uint64
 	Generation uint64
+	// Sum is the block's content checksum (layout.BlockSum), where the
+	// holder took one (HasSum).
+	Sum    uint64
+	HasSum bool
+}
+
+// MismatchReporter is implemented by a Handler that takes readers' reports
+// of leased blocks whose bytes did not match their checksums, carried by a
+// release and passed on before the lease is released (the blocks are
+// still pinned). hashes are at most MaxLeaseBlocks, unchecked: the handler
+// checks them itself. Called concurrently.
+type MismatchReporter interface {
+	Mismatched(ctx context.Context, peer string, leaseID uint64, hashes []uint64)
 }
 
 // MaxLeaseBlocks is the most hashes one lease may ask for. It is the one

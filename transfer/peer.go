@@ -347,7 +347,8 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 		if b.Hash != hashes[i] {
 			return Lease{}, fmt.Errorf("%w: lease from %s: entry %d is for hash %d, asked %d", ErrFrame, p.name, i, b.Hash, hashes[i])
 		}
-		l.Blocks[i] = LeasedBlock{Hash: b.Hash, Present: b.Present, BlockSet: b.BlockSet, Slot: b.Slot, Generation: b.Generation}
+		l.Blocks[i] = LeasedBlock{Hash: b.Hash, Present: b.Present, BlockSet: b.BlockSet, Slot: b.Slot, Generation: b.Generation,
+			Sum: b.Sum, HasSum: b.HasSum}
 		if b.Present {
 			if d := resp.LayoutDigests[b.BlockSet]; len(d) != layoutDigestLen {
 				return Lease{}, fmt.Errorf("%w: lease from %s: block set %d of entry %d has a layout digest of %d bytes, want %d", ErrFrame, p.name, b.BlockSet, i, len(d), layoutDigestLen)
@@ -386,10 +387,13 @@ func (p *Peer) Renew(ctx context.Context, leaseID uint64, d time.Duration) (bool
 
 // Release ends a lease; false means it expired before the release and
 // what was read under it must be thrown away.
-func (p *Peer) Release(ctx context.Context, leaseID uint64) (bool, error) {
+//
+// mismatched names leased blocks whose bytes, as read, failed their
+// checksums, for the holder to check and withdraw.
+func (p *Peer) Release(ctx context.Context, leaseID uint64, mismatched ...uint64) (bool, error) {
 	p.forgetLease(leaseID)
 	var resp transferpb.ReleaseResponse
-	if err := p.call(ctx, methodRelease, &transferpb.ReleaseRequest{LeaseId: leaseID}, &resp); err != nil {
+	if err := p.call(ctx, methodRelease, &transferpb.ReleaseRequest{LeaseId: leaseID, Mismatched: mismatched}, &resp); err != nil {
 		return false, err
 	}
 	return resp.Valid, nil

@@ -183,6 +183,31 @@ func (n *Node) registerMemory(nic int, buf []byte) (rdma.RegistrationStats, erro
 		func(d *rdma.Device) (*rdma.MemoryRegion, error) { return d.RegisterMemory(buf) })
 }
 
+// DeregisterMemory ends the registration RegisterMemory made of exactly
+// buf: peers can no longer read it, nor this node's reads land in it. The
+// caller makes sure that nothing reads it any more (no lease on it, no
+// import into it): a read in flight fails. Without such a registration it
+// returns an error wrapping ErrInvalidRequest.
+func (n *Node) DeregisterMemory(buf []byte) error {
+	if n.rdma == nil {
+		return fmt.Errorf("transfer: deregister memory: %w: RDMA is not configured", rdma.ErrUnavailable)
+	}
+	return n.rdma.mem.remove(uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), uint64(len(buf)))
+}
+
+// remove closes and forgets the registration of exactly [start, start+n).
+func (m *localMemory) remove(start, n uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := sort.Search(len(m.mrs), func(i int) bool { return m.mrs[i].Addr() >= start })
+	if i == len(m.mrs) || m.mrs[i].Addr() != start || m.mrs[i].Len() != n {
+		return fmt.Errorf("transfer: deregister memory: %w: no registration of %d bytes at %#x", ErrInvalidRequest, n, start)
+	}
+	mr := m.mrs[i]
+	m.mrs = append(m.mrs[:i], m.mrs[i+1:]...)
+	return mr.Close()
+}
+
 // overlaps reports whether [start, start+n) shares a byte with a
 // registration: findRange's search needs them not to overlap.
 func (m *localMemory) overlaps(start, n uint64) bool {

@@ -710,3 +710,39 @@ func TestRDMAQPsPerPeerLimit(t *testing.T) {
 		}
 	}
 }
+
+// A registration ends with DeregisterMemory of exactly its range, after
+// which the range may be registered again; a range that is not exactly a
+// registration is refused, as is a node without RDMA.
+func TestDeregisterMemory(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newRDMAPair(t, lib, true, nil)
+	buf := make([]byte, 2<<20)
+	if _, err := p.holder.RegisterMemory(buf[:1<<20]); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := p.holder.RDMAMetrics()
+	before := m.RegisteredBytes
+	for _, bad := range [][]byte{buf[:1<<20-1], buf[4096 : 1<<20], buf[:2<<20]} {
+		if err := p.holder.DeregisterMemory(bad); !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("deregister %d bytes at +%d: %v, want ErrInvalidRequest", len(bad), len(buf)-cap(bad), err)
+		}
+	}
+	if err := p.holder.DeregisterMemory(buf[:1<<20]); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := p.holder.RDMAMetrics(); m.RegisteredBytes != before-1<<20 {
+		got := m.RegisteredBytes
+		t.Errorf("registered %d bytes after the deregistration, want %d", got, before-1<<20)
+	}
+	if err := p.holder.DeregisterMemory(buf[:1<<20]); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("second deregistration: %v, want ErrInvalidRequest", err)
+	}
+	if _, err := p.holder.RegisterMemory(buf[:1<<20]); err != nil {
+		t.Errorf("register again after the deregistration: %v", err)
+	}
+	plain := newTestNode(t, newTestCA(t), "plain", newMembers(), nil)
+	if err := plain.DeregisterMemory(make([]byte, 4096)); err == nil {
+		t.Error("deregister without RDMA succeeded")
+	}
+}

@@ -145,7 +145,8 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		}
 		resp := &transferpb.LeaseResponse{LeaseId: l.ID, DurationMs: uint64(l.Duration / time.Millisecond), Blocks: make([]*transferpb.LeasedBlock, len(l.Blocks)), LayoutDigests: l.LayoutDigests, Capped: l.Capped}
 		for i, b := range l.Blocks {
-			resp.Blocks[i] = &transferpb.LeasedBlock{Hash: b.Hash, Present: b.Present, BlockSet: b.BlockSet, Slot: b.Slot, Generation: b.Generation}
+			resp.Blocks[i] = &transferpb.LeasedBlock{Hash: b.Hash, Present: b.Present, BlockSet: b.BlockSet, Slot: b.Slot, Generation: b.Generation,
+				Sum: b.Sum, HasSum: b.HasSum}
 		}
 		if r.rdma && n.rdma != nil && l.ID != 0 {
 			resp.RdmaRegions = n.rdmaRegions(l.LayoutDigests)
@@ -160,6 +161,9 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		}
 		return &transferpb.RenewResponse{Valid: ok}, nil
 	case methodRelease:
+		if mr, ok := h.(MismatchReporter); ok && len(r.mismatched) > 0 {
+			mr.Mismatched(ctx, peer, r.leaseID, r.mismatched)
+		}
 		ok, err := h.Release(ctx, peer, r.leaseID)
 		if err != nil {
 			return nil, err

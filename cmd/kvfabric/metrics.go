@@ -84,6 +84,9 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_leases_served_total", "Leases granted to peers.", float64(m.LeasesServed))
 	e.counter("kvfabric_leases_ended_early_total", "Leases released before their term because the peer holding them disconnected, left or failed.", float64(m.LeasesEndedEarly))
 	e.histogram("kvfabric_lease_hold_duration_seconds", "How long leases granted to peers lived, until released or their peer went.", m.LeaseHold)
+	e.counter("kvfabric_import_checksums_verified_total", "Imported blocks whose bytes matched the content checksum their holder gave.", float64(m.ChecksumsVerified))
+	e.counter("kvfabric_import_checksums_failed_total", "Imported blocks whose bytes did not match their content checksum: refused, never registered.", float64(m.ChecksumsFailed))
+	e.counter("kvfabric_checksum_withdrawn_blocks_total", "Blocks this node withdrew because their bytes changed after registration (found by an importer's checksum).", float64(m.ChecksumWithdrawn))
 
 	ix := m.Index
 	e.gauge("kvfabric_index_hashes", "Distinct block hashes in the cluster index.", float64(ix.Hashes))

@@ -64,6 +64,7 @@ var agentSettings = []setting{
 	{"rdma-retry", "RDMARetry", "queue-pair retries after a timeout, 1..7; a dead holder fails a read after (N+1) tries (default 7: about 0.5s with timeout 14)"},
 	{"log-level", "LogLevel", "debug, info, warn or error (default info)"},
 	{"log-format", "LogFormat", "text (key=value) or json (one object a line, for log collectors) (default text)"},
+	{"no-checksums", "NoChecksums", "take and check no content checksums of blocks (default: a checksum per block registered in host memory, checked by every importer before it registers the block)"},
 }
 
 // The KVFABRIC_ variables that are not settings of fabric.Config: the

@@ -354,8 +354,16 @@ func (x *RegisterResponse) GetRanks() []*RankLayout {
 }
 
 // Host memory an engine maps shared (PROT_READ|PROT_WRITE, MAP_SHARED):
-// bytes [offset, offset+size) of the memory are the rank's region. Every
-// rank of one pool names the same memory (the same token); map it once.
+// bytes [offset, offset+size) of the memory are the rank's region. Each
+// rank of a block set is a memory file of its own (its own token, file and
+// path; offset 0): an engine maps the memory of its own block sets and
+// nothing else of the pool. Map each token once. A freed set's memory is
+// never handed to another set (a new set gets fresh, zeroed pages), and a
+// set is joined only by the process it was handed to or, once every such
+// process has exited, by another (which finds new slots zeroed). An agent
+// whose host pool is pinned through the CUDA driver cannot give sets
+// memory apart: then every rank names the pool's one memory file (the same
+// token), as the agent logs at start.
 //
 // There are two ways to get the memory, and the fields say which the agent
 // offers:

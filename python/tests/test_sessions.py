@@ -74,7 +74,7 @@ ENGINE = textwrap.dedent(
     c = kvfabric.Client({socket!r}, engine="child")
     bs = c.register(kvfabric.ModelConfig(2, 2, 8, "f16"), 1, 14, slots=8)
     c.allocate(bs, 8)
-    print(c.session, flush=True)
+    print(c.session, bs.id, flush=True)
     sys.stdin.readline()  # the test has looked; SIGKILL may come instead
     # exits without close: the interpreter's exit ends the session
     """
@@ -89,10 +89,11 @@ def test_process_end_releases(node1, how):
         code = ENGINE.format(pkg=pkg, socket=node1.socket)
         with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
             try:
-                sid = int(p.stdout.readline())
+                sid, child_set = map(int, p.stdout.readline().split())
                 assert session_of(c, sid).slots == 8
-                with pytest.raises(kvfabric.ResourceExhausted):
-                    c.allocate(bs, 1)
+                # Another process: a set of its own, never this one's memory.
+                assert child_set != bs.id
+                assert set_status(c, child_set).free == 0
                 if how == "sigkill":
                     p.send_signal(signal.SIGKILL)
                 else:
@@ -103,6 +104,7 @@ def test_process_end_releases(node1, how):
                 if p.poll() is None:
                     p.kill()
         wait_for(f"child's session gone after {how}", lambda: session_of(c, sid) is None)
+        assert set_status(c, child_set).free == 8
         assert len(c.allocate(bs, 8)) == 8
 
 

@@ -382,12 +382,17 @@ func (x *LeaseRequest) GetRdma() bool {
 
 // LeasedBlock is the lease's answer for one requested hash, in request order.
 type LeasedBlock struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hash          uint64                 `protobuf:"fixed64,1,opt,name=hash,proto3" json:"hash,omitempty"`
-	Present       bool                   `protobuf:"varint,2,opt,name=present,proto3" json:"present,omitempty"`
-	BlockSet      uint64                 `protobuf:"varint,3,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
-	Slot          uint64                 `protobuf:"varint,4,opt,name=slot,proto3" json:"slot,omitempty"`
-	Generation    uint64                 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Hash       uint64                 `protobuf:"fixed64,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	Present    bool                   `protobuf:"varint,2,opt,name=present,proto3" json:"present,omitempty"`
+	BlockSet   uint64                 `protobuf:"varint,3,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
+	Slot       uint64                 `protobuf:"varint,4,opt,name=slot,proto3" json:"slot,omitempty"`
+	Generation uint64                 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The block's content checksum (layout.BlockSum: xxh3-64 of its
+	// elements in canonical order), where the holder took one (has_sum):
+	// the reader checks what it read against it before registering it.
+	Sum           uint64 `protobuf:"fixed64,6,opt,name=sum,proto3" json:"sum,omitempty"`
+	HasSum        bool   `protobuf:"varint,7,opt,name=has_sum,json=hasSum,proto3" json:"has_sum,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -455,6 +460,20 @@ func (x *LeasedBlock) GetGeneration() uint64 {
 		return x.Generation
 	}
 	return 0
+}
+
+func (x *LeasedBlock) GetSum() uint64 {
+	if x != nil {
+		return x.Sum
+	}
+	return 0
+}
+
+func (x *LeasedBlock) GetHasSum() bool {
+	if x != nil {
+		return x.HasSum
+	}
+	return false
 }
 
 // LeaseResponse carries the lease id, the term granted, and one entry per
@@ -749,8 +768,12 @@ func (x *RenewResponse) GetValid() bool {
 
 // ReleaseRequest ends a lease.
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId       uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// Hashes of leased blocks whose bytes, as read, did not match their
+	// checksum (at most the lease's blocks). The holder checks them again
+	// itself and withdraws those that fail; it trusts no claim unchecked.
+	Mismatched    []uint64 `protobuf:"fixed64,2,rep,packed,name=mismatched,proto3" json:"mismatched,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -790,6 +813,13 @@ func (x *ReleaseRequest) GetLeaseId() uint64 {
 		return x.LeaseId
 	}
 	return 0
+}
+
+func (x *ReleaseRequest) GetMismatched() []uint64 {
+	if x != nil {
+		return x.Mismatched
+	}
+	return nil
 }
 
 // ReleaseResponse says whether the lease was still live when released:
@@ -1560,7 +1590,7 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x06hashes\x18\x01 \x03(\x06R\x06hashes\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
 	"durationMs\x12\x12\n" +
-	"\x04rdma\x18\x03 \x01(\bR\x04rdma\"\x8c\x01\n" +
+	"\x04rdma\x18\x03 \x01(\bR\x04rdma\"\xb7\x01\n" +
 	"\vLeasedBlock\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\x06R\x04hash\x12\x18\n" +
 	"\apresent\x18\x02 \x01(\bR\apresent\x12\x1b\n" +
@@ -1568,7 +1598,9 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x04slot\x18\x04 \x01(\x04R\x04slot\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x05 \x01(\x04R\n" +
-	"generation\"\x84\x03\n" +
+	"generation\x12\x10\n" +
+	"\x03sum\x18\x06 \x01(\x06R\x03sum\x12\x17\n" +
+	"\ahas_sum\x18\a \x01(\bR\x06hasSum\"\x84\x03\n" +
 	"\rLeaseResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
@@ -1593,9 +1625,12 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
 	"durationMs\"%\n" +
 	"\rRenewResponse\x12\x14\n" +
-	"\x05valid\x18\x01 \x01(\bR\x05valid\"+\n" +
+	"\x05valid\x18\x01 \x01(\bR\x05valid\"K\n" +
 	"\x0eReleaseRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\x04R\aleaseId\"'\n" +
+	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1e\n" +
+	"\n" +
+	"mismatched\x18\x02 \x03(\x06R\n" +
+	"mismatched\"'\n" +
 	"\x0fReleaseResponse\x12\x14\n" +
 	"\x05valid\x18\x01 \x01(\bR\x05valid\"\xc8\x01\n" +
 	"\x11EventRangeRequest\x12\x16\n" +

@@ -1,0 +1,271 @@
+package fabric
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/peer"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// Engine memory isolation. An engine maps the memory of its own block sets
+// only: each rank region of a host block set is a pool.Section with a
+// memory file and a token of its own, made when the set is made (fresh
+// pages, zeroed by the kernel), so that no descriptor or file an engine
+// receives reaches another set. When a set is freed its sections are
+// closed; the pool may carve its range again, but under a new section, so
+// an engine that kept its mapping keeps the old pages and can neither read
+// nor write the next set's.
+//
+// A set is shared only within one engine process: the agent records every
+// process it handed a set's memory to (the caller of Register, and each
+// peer of the descriptor socket by SO_PEERCRED), and a session of another
+// process joins the set only once every one of them has exited (a pidfd
+// says so). Slots of a set taken over that way are zeroed when they are
+// allocated, so a fresh slot never shows the previous engine's bytes.
+//
+// Sections replace the pages under the pool's addresses, which memory
+// registered with a NIC or the CUDA driver would not follow: with RDMA,
+// each set's sections are registered when it is made and deregistered
+// when it is freed; with a host pool pinned through CUDA, isolation is
+// off and engines map the whole pool (logged at start).
+
+// setMemory is one rank region of a block set, as engines receive it.
+type setMemory struct {
+	sec   *pool.Section
+	token string
+	// rdma is the section's bytes while registered with the NIC.
+	rdma []byte
+}
+
+// memoryRef is what a token on the descriptor socket names.
+type memoryRef struct {
+	es   *engineSet
+	rank int
+}
+
+// tokenKey is how tokens are kept: a lookup by digest learns nothing of a
+// token by timing.
+func tokenKey(token string) [32]byte { return sha256.Sum256([]byte(token)) }
+
+// isolatable says whether block sets can get sections: the pool is host
+// memory that no driver registered (pinned through CUDA, it is not).
+func (a *Agent) isolatable() bool {
+	return a.host != nil && len(a.storages) == 1 && a.storages[0] == pool.Storage(a.host)
+}
+
+// giveSetMemory makes the sections of a new block set. a.mu is held.
+func (a *Agent) giveSetMemory(es *engineSet) error {
+	if !a.isolated {
+		return nil
+	}
+	l := es.set.Layout()
+	page := uint64(os.Getpagesize())
+	mem := make([]*setMemory, l.TPSize)
+	undo := func() {
+		for _, m := range mem {
+			if m != nil {
+				a.unregister(m)
+				m.sec.Close()
+			}
+		}
+	}
+	for r := range l.TPSize {
+		off, err := es.set.RegionOffset(r)
+		if err != nil {
+			undo()
+			return err
+		}
+		size := (l.Regions[r].Size + page - 1) &^ (page - 1)
+		// The name of a named file says nothing an engine could guess:
+		// the directory is not listable, and a file is opened by the name
+		// its engine was told.
+		tok := newMemoryToken()
+		sec, err := a.host.NewSection(off, size, fmt.Sprintf("kvfabric-set%d-rank%d-%s", es.set.ID(), r, tok[len("mem-"):]))
+		if err != nil {
+			undo()
+			return fmt.Errorf("fabric: memory of block set %d rank %d: %w", es.set.ID(), r, err)
+		}
+		mem[r] = &setMemory{sec: sec, token: newMemoryToken()}
+		if a.hostRDMA {
+			b := a.host.Bytes()[off : off+size]
+			if _, err := a.transport.RegisterMemory(b); err != nil {
+				// Its blocks move over QUIC: readers find no registered region.
+				a.log.Warn("RDMA registration of a block set's memory failed: its blocks move over QUIC",
+					"set", es.set.ID(), "rank", r, "bytes", size, "err", err)
+			} else {
+				mem[r].rdma = b
+			}
+		}
+		if a.cfg.MemoryDir != "" {
+			if err := a.applySocketAccess(sec.Path(), 0o666); err != nil {
+				undo()
+				return fmt.Errorf("fabric: memory file %s: %w", sec.Path(), err)
+			}
+		}
+	}
+	a.memMu.Lock()
+	for r, m := range mem {
+		a.memTokens[tokenKey(m.token)] = memoryRef{es: es, rank: r}
+	}
+	a.memMu.Unlock()
+	es.mem = mem
+	return nil
+}
+
+// dropSetMemoryLocked forgets a freed set's tokens and closes its sections
+// and the pidfds of the processes it was handed to. es.mu is held.
+func (a *Agent) dropSetMemoryLocked(es *engineSet) {
+	a.memMu.Lock()
+	for _, m := range es.mem {
+		delete(a.memTokens, tokenKey(m.token))
+	}
+	a.memMu.Unlock()
+	for _, m := range es.mem {
+		a.unregister(m)
+		m.sec.Close()
+	}
+	for pid, fd := range es.receivers {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		delete(es.receivers, pid)
+	}
+}
+
+// unregister ends m's RDMA registration, if it has one. The set is
+// freed: no lease and no import reads it.
+func (a *Agent) unregister(m *setMemory) {
+	if m.rdma == nil {
+		return
+	}
+	if err := a.transport.DeregisterMemory(m.rdma); err != nil {
+		a.log.Error("RDMA registration of a freed block set's memory not ended", "bytes", len(m.rdma), "err", err)
+	}
+	m.rdma = nil
+}
+
+// memoryFor answers a token of the descriptor socket: a duplicate of the
+// rank's descriptor (the caller closes it) and its size, recording pid as
+// a process the set was handed to.
+func (a *Agent) memoryFor(token string, pid int32) (fd int, size uint64, ok bool) {
+	a.memMu.Lock()
+	ref, found := a.memTokens[tokenKey(token)]
+	if found {
+		m := ref.es.mem[ref.rank]
+		// Duplicated under the lock that dropSetMemory takes before it
+		// closes the section: the number cannot be another file's.
+		var err error
+		fd, err = unix.FcntlInt(uintptr(m.sec.FD()), unix.F_DUPFD_CLOEXEC, 0)
+		found = err == nil
+		size = m.sec.Size()
+	}
+	a.memMu.Unlock()
+	if !found {
+		return -1, 0, false
+	}
+	a.handedTo(ref.es, pid)
+	return fd, size, true
+}
+
+// callerPID is the process at the other end of an engine call, 0 where
+// the platform does not say.
+func callerPID(ctx context.Context) int32 {
+	if p, ok := peer.FromContext(ctx); ok {
+		if c, ok := p.AuthInfo.(peerCred); ok {
+			return c.pid
+		}
+	}
+	return 0
+}
+
+// handedTo records that process pid may map es's memory from now on.
+func (a *Agent) handedTo(es *engineSet, pid int32) {
+	if pid <= 0 {
+		return
+	}
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	if es.freed {
+		return
+	}
+	if _, ok := es.receivers[pid]; ok {
+		return
+	}
+	if es.receivers == nil {
+		es.receivers = map[int32]int{}
+	}
+	// The pidfd is what tells, later, that this process (and not another
+	// that got its pid since) has exited.
+	fd, err := unix.PidfdOpen(int(pid), 0)
+	if err != nil {
+		fd = -1
+	}
+	es.receivers[pid] = fd
+}
+
+// mayJoin says whether a session of process pid may use es: every other
+// process es's memory was handed to has exited. Processes found gone are
+// forgotten, and es zeroes the slots it allocates from then on. es.mu is
+// not held.
+func (es *engineSet) mayJoin(pid int32) bool {
+	if pid <= 0 {
+		return true
+	}
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	for p, fd := range es.receivers {
+		if p == pid {
+			continue
+		}
+		if processAlive(p, fd) {
+			return false
+		}
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		delete(es.receivers, p)
+		es.zeroFresh = true
+	}
+	return true
+}
+
+// processAlive says whether process pid (its pidfd, or -1 where none could
+// be opened) has not exited.
+func processAlive(pid int32, pidfd int) bool {
+	if pidfd >= 0 {
+		// A pidfd polls readable once its process has exited.
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err == nil && n == 0
+	}
+	return unix.Kill(int(pid), 0) != unix.ESRCH
+}
+
+// zeroSlots clears slots, padding included, in every rank: slots of a set
+// taken over from an engine that has exited reach the next one zeroed.
+func zeroSlots(set *pool.BlockSet, slots []pool.Block) {
+	l := set.Layout()
+	block := l.Strides().Block
+	layers := l.Model.Layers
+	if l.Arrangement == layout.FullyContiguous {
+		layers = 1 // a slot's shard is one extent
+	}
+	for r := range l.TPSize {
+		mem, err := set.RankBytes(r)
+		if err != nil {
+			return // device memory: not handed out by this path
+		}
+		for _, b := range slots {
+			for layer := range layers {
+				off := l.ChunkOffset(b.Slot, layer, 0)
+				clear(mem[off : off+block])
+			}
+		}
+	}
+}

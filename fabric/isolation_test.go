@@ -1,0 +1,410 @@
+package fabric_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// isolationHelperEnv makes the test binary the engine of the isolation
+// tests (runIsolationHelper): the engine that keeps its mapping after its
+// agent-side claim on the memory is gone, and writes through it.
+const (
+	isolationHelperEnv     = "KVFABRIC_TEST_ISOLATION_SOCKET"
+	isolationHelperModeEnv = "KVFABRIC_TEST_ISOLATION_MODE" // "fd" or "file"
+)
+
+// isolationEngine is the layout both engines of the isolation tests ask
+// for, so that the agent could give one's memory to the other.
+var isolationEngine = client.Engine{Name: "tenant", Model: smallModel, TPSize: 2, PageSize: 4, Order: layout.HND, Slots: 8}
+
+// runIsolationHelper registers isolationEngine, maps the memory itself
+// (a mapping of its own that outlives the client), fills every slot with
+// 0x77 bytes and registers one block, then obeys lines on stdin:
+//
+//	drop   DropBlockSet: the session keeps running, the set is not its
+//	close  end the session (the client closes, the own mapping stays)
+//	write  write 0x77 over every byte it mapped
+//	size   print the bytes it mapped
+//
+// answering each with "ok" (or "error ..."); it exits at end of input.
+func runIsolationHelper(sock string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := client.Dial(ctx, sock)
+	if err != nil {
+		return err
+	}
+	set, err := c.Register(ctx, isolationEngine)
+	if err != nil {
+		return err
+	}
+	var maps [][]byte
+	seen := map[string]bool{}
+	for _, m := range set.Memory {
+		key := m.GetToken() + m.GetFile()
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		var b []byte
+		if os.Getenv(isolationHelperModeEnv) == "file" {
+			b, err = client.MapFile(m.GetFile())
+		} else {
+			b, err = client.MapDescriptor(m.GetFdSocket(), m.GetToken())
+		}
+		if err != nil {
+			return err
+		}
+		maps = append(maps, b)
+	}
+	slots, err := c.Allocate(ctx, set.ID, isolationEngine.Slots)
+	if err != nil {
+		return err
+	}
+	for _, r := range set.Ranks {
+		for i := range r {
+			r[i] = 0x77
+		}
+	}
+	if _, err := c.RegisterBlocks(ctx, set.ID, slots[:1], []uint64{0xa1}); err != nil {
+		return err
+	}
+	fmt.Printf("ready %d\n", set.ID)
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		switch in.Text() {
+		case "drop":
+			_, err = c.DropBlockSet(ctx, set.ID)
+		case "close":
+			err = c.Close()
+		case "write":
+			for _, b := range maps {
+				for i := range b {
+					b[i] = 0x77
+				}
+			}
+		case "size":
+			n, want := 0, uint64(0)
+			for _, b := range maps {
+				n += len(b)
+			}
+			for _, m := range set.Memory {
+				want += m.GetSize()
+			}
+			fmt.Printf("size %d %d\n", n, want)
+		}
+		if err != nil {
+			fmt.Printf("error %v\n", err)
+		} else {
+			fmt.Println("ok")
+		}
+	}
+	for _, b := range maps {
+		syscall.Munmap(b)
+	}
+	return nil
+}
+
+// isolationTenant is a running engine helper.
+type isolationTenant struct {
+	t   *testing.T
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+	set uint64
+}
+
+func startTenant(t *testing.T, a *fabric.Agent, mode string) *isolationTenant {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), isolationHelperEnv+"="+a.EngineSocket(), isolationHelperModeEnv+"="+mode)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tn := &isolationTenant{t: t, cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	t.Cleanup(func() {
+		in.Close()
+		done := make(chan struct{})
+		go func() { cmd.Process.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	line := tn.line()
+	id, ok := strings.CutPrefix(line, "ready ")
+	if !ok {
+		t.Fatalf("engine helper: %q, want ready", line)
+	}
+	tn.set, _ = strconv.ParseUint(id, 10, 64)
+	return tn
+}
+
+// line reads the helper's next answer, within a deadline.
+func (tn *isolationTenant) line() string {
+	tn.t.Helper()
+	got := make(chan string, 1)
+	go func() {
+		if tn.out.Scan() {
+			got <- tn.out.Text()
+		} else {
+			got <- "exited"
+		}
+	}()
+	select {
+	case l := <-got:
+		return l
+	case <-time.After(30 * time.Second):
+		tn.t.Fatal("engine helper: no answer within 30s")
+		return ""
+	}
+}
+
+func (tn *isolationTenant) do(cmd string) string {
+	tn.t.Helper()
+	if _, err := fmt.Fprintln(tn.in, cmd); err != nil {
+		tn.t.Fatal(err)
+	}
+	l := tn.line()
+	if strings.HasPrefix(l, "error") || l == "exited" {
+		tn.t.Fatalf("engine helper, %s: %s", cmd, l)
+	}
+	return l
+}
+
+// checkFresh fails unless every byte of slots in set is zero: nothing
+// another engine wrote reaches a fresh slot.
+func checkFresh(t *testing.T, set *client.BlockSet, slots []uint32) {
+	t.Helper()
+	st := set.Layout.Strides()
+	for r, rank := range set.Ranks {
+		for _, s := range slots {
+			b := rank[uint64(s)*st.Block : uint64(s+1)*st.Block]
+			for i, v := range b {
+				if v != 0 {
+					t.Fatalf("rank %d slot %d byte %d is %#x in a fresh slot: another engine's bytes", r, s, i, v)
+				}
+			}
+		}
+	}
+}
+
+// An engine (a process of its own) that drops its block set, or whose
+// session ends, while it keeps its mapping, can neither show its bytes to
+// the engine the memory goes to next nor change that engine's blocks.
+func TestEngineKeepsMappingAfterItsSetIsGone(t *testing.T) {
+	for _, tc := range []struct {
+		name, mode, end string
+		// freed: wait for the agent to free the tenant's set before the
+		// second engine registers.
+		freed bool
+	}{
+		{"dropped set freed, fd", "fd", "drop", true},
+		{"dropped set freed, named file", "file", "drop", true},
+		{"ended session, set still cached", "fd", "close", false},
+		{"ended session, set freed", "fd", "close", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, "n1")
+			cfg.BlockSetGrace = 200 * time.Millisecond
+			if !tc.freed {
+				cfg.BlockSetGrace = time.Minute
+			}
+			if tc.mode == "file" {
+				cfg.MemoryDir = filepath.Join(cfg.DataDir, "shm")
+			}
+			a := startAgent(t, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			tenant := startTenant(t, a, tc.mode)
+			tenant.do(tc.end)
+			c, err := client.Dial(ctx, a.EngineSocket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if tc.freed {
+				wait.For(t, 20*time.Second, "the tenant's set to be freed", func() error {
+					st, err := c.Status(ctx)
+					if err != nil {
+						return err
+					}
+					if len(st.BlockSets) != 0 {
+						return fmt.Errorf("block sets %v", st.BlockSets)
+					}
+					return nil
+				})
+			}
+			set, err := c.Register(ctx, isolationEngine)
+			if err != nil {
+				t.Fatal(err)
+			}
+			slots, err := c.Allocate(ctx, set.ID, isolationEngine.Slots-1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkFresh(t, set, slots)
+			const hash = 0xb1
+			kvtest.Fill(set.Layout, set.Ranks, int(slots[0]), hash)
+			if _, err := c.RegisterBlocks(ctx, set.ID, slots[:1], []uint64{hash}); err != nil {
+				t.Fatal(err)
+			}
+			tenant.do("write")
+			if err := kvtest.Check(set.Layout, set.Ranks, int(slots[0]), hash); err != nil {
+				t.Fatalf("the other engine wrote into this engine's registered block: %v", err)
+			}
+			checkFresh(t, set, slots[1:])
+		})
+	}
+}
+
+// An engine maps only its own block sets: what it receives for its set is
+// that set's memory, not the pool, and writing all of it changes no block
+// of another engine's set.
+func TestEngineMapsOnlyItsOwnSets(t *testing.T) {
+	for _, mode := range []string{"fd", "file"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := testConfig(t, "n1")
+			if mode == "file" {
+				cfg.MemoryDir = filepath.Join(cfg.DataDir, "shm")
+			}
+			a := startAgent(t, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			c, err := client.Dial(ctx, a.EngineSocket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			// Another layout, registered first, so that it sits below the
+			// tenant's in the pool.
+			mine := isolationEngine
+			mine.Name, mine.TPSize = "neighbour", 1
+			set, err := c.Register(ctx, mine)
+			if err != nil {
+				t.Fatal(err)
+			}
+			slots, err := c.Allocate(ctx, set.ID, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kvtest.Fill(set.Layout, set.Ranks, int(slots[0]), 0xc1)
+			if _, err := c.RegisterBlocks(ctx, set.ID, slots, []uint64{0xc1}); err != nil {
+				t.Fatal(err)
+			}
+			tenant := startTenant(t, a, mode)
+			if tenant.set == set.ID {
+				t.Fatalf("the tenant was given the neighbour's set %d", set.ID)
+			}
+			var got, want uint64
+			if _, err := fmt.Sscanf(tenant.do("size"), "size %d %d", &got, &want); err != nil {
+				t.Fatal(err)
+			}
+			tenant.line() // ok
+			page := uint64(os.Getpagesize())
+			if want == 0 || got < want || got > want+2*page*uint64(isolationEngine.TPSize) {
+				t.Fatalf("the tenant mapped %d bytes for a set of %d: it must map its own set only", got, want)
+			}
+			tenant.do("write")
+			if err := kvtest.Check(set.Layout, set.Ranks, int(slots[0]), 0xc1); err != nil {
+				t.Fatalf("the tenant wrote into the neighbour's block: %v", err)
+			}
+			if mode == "file" {
+				// The files are opened by the names engines are told: the
+				// directory is not listable, and the pool's own file is the
+				// agent's alone.
+				if fi, err := os.Stat(cfg.MemoryDir); err != nil || fi.Mode().Perm() != 0o711 {
+					t.Fatalf("memory dir: %v %v, want mode 0711", fi, err)
+				}
+				entries, _ := os.ReadDir(cfg.MemoryDir)
+				pools := 0
+				for _, e := range entries {
+					if strings.HasPrefix(e.Name(), "kvfabric-set") {
+						continue // a set's rank
+					}
+					pools++
+					if fi, err := e.Info(); err != nil || fi.Mode().Perm() != 0o600 {
+						t.Fatalf("the pool's file %s: %v %v, want mode 0600", e.Name(), fi, err)
+					}
+				}
+				if pools != 1 {
+					t.Fatalf("memory dir holds %d files besides the sets', want the pool's", pools)
+				}
+			}
+		})
+	}
+}
+
+// A set whose engine has exited is taken up by the next engine of its
+// layout with its cached blocks, and the slots it allocates there come
+// zeroed, not with the bytes the exited engine left.
+func TestSetOfExitedEngineTakenOverZeroed(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.BlockSetGrace = time.Minute
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tenant := startTenant(t, a, "fd")
+	tenant.in.Close()
+	done := make(chan error, 1)
+	go func() { done <- tenant.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("engine helper: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("engine helper did not exit")
+	}
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	set, err := c.Register(ctx, isolationEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.ID != tenant.set {
+		t.Fatalf("set %d made, want the exited engine's set %d taken up", set.ID, tenant.set)
+	}
+	if got, err := c.Acquire(ctx, set.ID, []uint64{0xa1}); err != nil || len(got) != 1 {
+		t.Fatalf("the cached block of the exited engine: %v %v", got, err)
+	}
+	slots, err := c.Allocate(ctx, set.ID, isolationEngine.Slots-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFresh(t, set, slots)
+}

@@ -1,0 +1,157 @@
+package layout_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+func sumLayout(m layout.ModelConfig, page, tp int, order layout.KVOrder, arr layout.Arrangement, align uint64) (*layout.Layout, [][]byte) {
+	l := &layout.Layout{Model: m, PageSize: page, TPSize: tp, Order: order, Arrangement: arr, Alignment: align, Slots: 3}
+	l.Regions = make([]layout.Region, tp)
+	for r := range l.Regions {
+		l.Regions[r] = layout.Region{Base: 1 << 30 * uint64(r+1), Kind: layout.Host}
+	}
+	size := l.Strides().Region
+	ranks := make([][]byte, tp)
+	for r := range l.Regions {
+		l.Regions[r].Size = size
+		ranks[r] = make([]byte, size)
+		for i := range ranks[r] {
+			ranks[r][i] = byte(r*31 + i) // padding differs from layout to layout
+		}
+	}
+	if err := l.Validate(); err != nil {
+		panic(err)
+	}
+	return l, ranks
+}
+
+// One block's sum is the same in every layout that holds it (TP size, KV
+// order, arrangement, alignment, heads replicated), and changes with any
+// element: it can be checked by a reader of another layout.
+func TestBlockSumIsLayoutIndependent(t *testing.T) {
+	models := map[string]layout.ModelConfig{
+		"gqa": {Layers: 3, KVHeads: 4, HeadDim: 8, DType: layout.DTypeF16},
+		"mla": {Layers: 2, KVHeads: 1, HeadDim: 16, DType: layout.DTypeBF16, MLA: true},
+	}
+	for name, m := range models {
+		t.Run(name, func(t *testing.T) {
+			var want uint64
+			first := true
+			for _, tp := range []int{1, 2, 4, 8} {
+				for _, order := range []layout.KVOrder{layout.NHD, layout.HND} {
+					for _, arr := range []layout.Arrangement{layout.FullyContiguous, layout.LayerSeparate} {
+						for _, align := range []uint64{1, 256} {
+							desc := fmt.Sprintf("tp %d order %v arrangement %v align %d", tp, order, arr, align)
+							l, ranks := sumLayout(m, 4, tp, order, arr, align)
+							kvtest.Fill(l, ranks, 1, 42)
+							got, err := layout.BlockSum(l, ranks, 1, 0, 4)
+							if err != nil {
+								t.Fatalf("%s: %v", desc, err)
+							}
+							if first {
+								want, first = got, false
+							} else if got != want {
+								t.Fatalf("%s: sum %x, another layout of the same block says %x", desc, got, want)
+							}
+							// Any element: the last of the last rank's shard.
+							kvtest.Fill(l, ranks, 1, 43)
+							other, _ := layout.BlockSum(l, ranks, 1, 0, 4)
+							if other == want {
+								t.Fatalf("%s: another block, the same sum", desc)
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// A block of 8 tokens made of two pages of 4 has, for tokens [4, 8), the
+// sum of the second page.
+func TestBlockSumOfPages(t *testing.T) {
+	m := layout.ModelConfig{Layers: 2, KVHeads: 2, HeadDim: 8, DType: layout.DTypeF32}
+	big, bigRanks := sumLayout(m, 8, 2, layout.NHD, layout.FullyContiguous, 64)
+	small, smallRanks := sumLayout(m, 4, 1, layout.HND, layout.LayerSeparate, 1)
+	kvtest.FillTokens(big, bigRanks, 0, 7, 0)
+	kvtest.FillTokens(small, smallRanks, 2, 7, 4)
+	want, err := layout.BlockSum(small, smallRanks, 2, 0, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := layout.BlockSum(big, bigRanks, 0, 4, 4)
+	if err != nil || got != want {
+		t.Fatalf("tokens 4..7 of the big block: %x %v, the small page says %x", got, err, want)
+	}
+	if head, _ := layout.BlockSum(big, bigRanks, 0, 0, 4); head == want {
+		t.Fatal("tokens 0..3 have the sum of tokens 4..7")
+	}
+	// A flipped byte of one element changes the page's sum.
+	off := big.ChunkOffset(0, 1, 1) + 4*1*8*4 // layer 1, V, token 4 (one head per rank)
+	bigRanks[1][off] ^= 1
+	if got, _ := layout.BlockSum(big, bigRanks, 0, 4, 4); got == want {
+		t.Fatal("a flipped byte left the sum as it was")
+	}
+}
+
+// BlockSum refuses what is not in the layout: at the limits and one past.
+func TestBlockSumBounds(t *testing.T) {
+	m := layout.ModelConfig{Layers: 1, KVHeads: 2, HeadDim: 4, DType: layout.DTypeF16}
+	l, ranks := sumLayout(m, 4, 2, layout.HND, layout.FullyContiguous, 1)
+	if _, err := layout.BlockSum(l, ranks, 2, 3, 1); err != nil {
+		t.Fatalf("last slot, last token: %v", err)
+	}
+	for _, c := range []struct {
+		desc               string
+		slot, first, count int
+		ranks              [][]byte
+	}{
+		{"slot past the last", 3, 0, 4, ranks},
+		{"negative slot", -1, 0, 4, ranks},
+		{"tokens past the page", 0, 1, 4, ranks},
+		{"no tokens", 0, 0, 0, ranks},
+		{"a rank missing", 0, 0, 4, ranks[:1]},
+		{"a short region", 0, 0, 4, [][]byte{ranks[0], ranks[1][:len(ranks[1])-1]}},
+	} {
+		if _, err := layout.BlockSum(l, c.ranks, c.slot, c.first, c.count); !errors.Is(err, layout.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", c.desc, err)
+		}
+	}
+}
+
+// BenchmarkBlockSum measures the checksum of 2 MiB blocks (Llama 3 8B's
+// shape, TP 2) in both KV orders against copying the same bytes (the
+// least a read of them costs), and reports the ratio.
+func BenchmarkBlockSum(b *testing.B) {
+	m := layout.ModelConfig{Layers: 32, KVHeads: 8, HeadDim: 128, DType: layout.DTypeBF16}
+	for _, order := range []layout.KVOrder{layout.HND, layout.NHD} {
+		b.Run(order.String(), func(b *testing.B) {
+			l, ranks := sumLayout(m, 16, 2, order, layout.FullyContiguous, 4096)
+			st := l.Strides()
+			dst := make([]byte, st.Block)
+			var sumT, copyT time.Duration
+			b.SetBytes(int64(2 * st.Block))
+			b.ReportAllocs()
+			for b.Loop() {
+				t0 := time.Now()
+				if _, err := layout.BlockSum(l, ranks, 1, 0, 16); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				for r := range ranks {
+					copy(dst, ranks[r][st.Block:2*st.Block])
+				}
+				copyT += time.Since(t1)
+				sumT += t1.Sub(t0)
+			}
+			b.ReportMetric(float64(sumT)/float64(copyT), "x-memcpy")
+			b.ReportMetric(float64(2*st.Block)*float64(b.N)/sumT.Seconds()/1e9, "sum-GB/s")
+		})
+	}
+}
