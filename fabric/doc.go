@@ -11,8 +11,9 @@
 //	                     their limits, RDMA devices, the TLS identity,
 //	                     reload on SIGHUP, metrics and /healthz
 //	engine_*             the engine API: the gRPC server, sessions and the
-//	                     block sets they hold, the descriptor socket that
-//	                     hands host pool memory to engines, peer credentials
+//	                     block sets they hold, each set's own memory and who
+//	                     it was handed to, the descriptor socket that hands
+//	                     it to engines, peer credentials
 //	import*              bringing blocks here for an engine
 //	serve_*              what this node answers to peers: hello, layouts,
 //	                     leases (and the book that bounds them), renewals,
@@ -48,8 +49,12 @@
 // which also stages this node's GPU memory out for peers reading it over
 // QUIC).
 // A read that outlives the lease's term renews it (import_lease_keeper.go).
-// A chunk's slots are registered only after every byte arrived and the
-// holder's release confirmed that the lease never expired; a chunk that
+// Once a chunk's bytes are in its slots, import_checksum.go checks each
+// block against the checksum the lease carried (taken when the holder's
+// engine registered it); a mismatch fails the chunk over and tells the
+// holder, which withdraws the block. A chunk's slots are registered only
+// after every byte arrived and checked and the holder's release confirmed
+// that the lease never expired; a chunk that
 // fails is discarded and the rest of the import fails over to the next
 // holder, blaming the holder only for failures that are its own
 // (cluster_suspects.go tries the recently blamed after the others).
