@@ -30,9 +30,10 @@
 //
 // # Crash consistency
 //
-// A put writes the block's bytes to a free slot, syncs the data file, then
-// appends the put record and syncs the journal: a block is in the store
-// exactly when its record is. An agent killed mid-put leaves bytes in a slot
+// A put writes the block's bytes to a free slot, then its record is
+// committed: the data file synced, the record appended, the journal synced.
+// Puts that wait for a commit share it (a group commit), so concurrent puts
+// share their syncs. A block is in the store exactly when its record is. An agent killed mid-put leaves bytes in a slot
 // no record names (the slot is free again at Open) or a record cut short at
 // the journal's end (its own checksum fails, it is ignored and truncated).
 // A delete appends its record before the slot is reused. Every read checks

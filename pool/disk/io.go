@@ -10,7 +10,6 @@ import (
 // request is one pread or pwrite of a whole aligned buffer, done by a worker.
 type request struct {
 	write bool
-	sync  bool // fdatasync after a write
 	f     interface{ Fd() uintptr }
 	off   int64
 	buf   []byte
@@ -64,11 +63,6 @@ func (r request) run() error {
 			return fmt.Errorf("disk: pread at %d: end of file after %d of %d bytes", r.off, done, len(r.buf))
 		}
 		done += n
-	}
-	if r.write && r.sync {
-		if err := unix.Fdatasync(fd); err != nil {
-			return fmt.Errorf("disk: fdatasync: %w", err)
-		}
 	}
 	return nil
 }

@@ -129,20 +129,65 @@ func (s *Store) replay() error {
 	return nil
 }
 
-// appendRecord makes a record durable, compacting the journal when it has
-// grown past what the live blocks need.
-func (s *Store) appendRecord(op byte, k Key, e entry) error {
+// waiter is a record waiting to be made durable.
+type waiter struct {
+	op    byte
+	key   Key
+	e     entry
+	dirty *os.File // a data file written for this record, synced first
+	done  chan error
+}
+
+// appendRecord makes a record durable, after the data file dirty (if any).
+// Records are committed in groups: whoever takes the journal next writes
+// every record waiting by then, after one sync of each data file they wrote,
+// with one sync of the journal, so that concurrent puts share their syncs.
+func (s *Store) appendRecord(op byte, k Key, e entry, dirty *os.File) error {
+	w := &waiter{op: op, key: k, e: e, dirty: dirty, done: make(chan error, 1)}
+	s.pmu.Lock()
+	s.pending = append(s.pending, w)
+	s.pmu.Unlock()
 	s.jmu.Lock()
-	defer s.jmu.Unlock()
-	s.seq++
-	b := record{op: op, seq: s.seq, key: k, e: e}.encode()
-	if _, err := s.journal.Write(b[:]); err != nil {
+	s.pmu.Lock()
+	batch := s.pending
+	s.pending = nil
+	s.pmu.Unlock()
+	if len(batch) > 0 {
+		err := s.commitLocked(batch)
+		for _, b := range batch {
+			b.done <- err
+		}
+	}
+	s.jmu.Unlock()
+	return <-w.done
+}
+
+// commitLocked syncs the batch's data files, then appends its records and
+// syncs the journal; the journal is compacted when it has grown past what
+// the live blocks need. Called with jmu held.
+func (s *Store) commitLocked(batch []*waiter) error {
+	synced := map[*os.File]bool{}
+	for _, w := range batch {
+		if w.dirty != nil && !synced[w.dirty] {
+			synced[w.dirty] = true
+			if err := unix.Fdatasync(int(w.dirty.Fd())); err != nil {
+				return fmt.Errorf("disk: fdatasync %s: %w", w.dirty.Name(), err)
+			}
+		}
+	}
+	buf := make([]byte, 0, len(batch)*recordBytes)
+	for _, w := range batch {
+		s.seq++
+		b := record{op: w.op, seq: s.seq, key: w.key, e: w.e}.encode()
+		buf = append(buf, b[:]...)
+	}
+	if _, err := s.journal.Write(buf); err != nil {
 		return fmt.Errorf("disk: journal: %w", err)
 	}
 	if err := unix.Fdatasync(int(s.journal.Fd())); err != nil {
 		return fmt.Errorf("disk: journal: fdatasync: %w", err)
 	}
-	s.jrecords++
+	s.jrecords += len(batch)
 	s.mu.Lock()
 	live := len(s.entries)
 	s.mu.Unlock()

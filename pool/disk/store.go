@@ -148,7 +148,9 @@ type Store struct {
 	perFile   int
 	files     []*os.File
 	journal   *os.File
-	jmu       sync.Mutex // serialises journal appends and compaction
+	jmu       sync.Mutex // held by whoever commits a group of records, and by compaction
+	pmu       sync.Mutex // guards pending
+	pending   []*waiter  // records waiting for the next group commit
 	seq       uint64     // under jmu
 	jrecords  int        // records in the journal, under jmu
 	requests  chan request
@@ -327,12 +329,12 @@ func (s *Store) Put(ctx context.Context, k Key, data []byte) error {
 	}
 	defer s.release(buf)
 	f, off := s.where(slot)
-	if err := s.do(ctx, request{write: true, f: f, off: off, buf: buf.b[:roundUp(len(data))], sync: true}); err != nil {
+	if err := s.do(ctx, request{write: true, f: f, off: off, buf: buf.b[:roundUp(len(data))]}); err != nil {
 		giveBack()
 		return err
 	}
 	e := entry{slot: slot, length: uint32(len(data)), sum: xxh3.Hash(data)}
-	if err := s.appendRecord(opPut, k, e); err != nil {
+	if err := s.appendRecord(opPut, k, e, f); err != nil {
 		giveBack()
 		return err
 	}
@@ -434,7 +436,7 @@ func (s *Store) drop(k Key, e entry) {
 	// The record goes first: a slot reused before it was durable could
 	// come back after a crash under the old key with new bytes (its
 	// checksum would catch it, but not losing the block is better).
-	if err := s.appendRecord(opDelete, k, e); err != nil {
+	if err := s.appendRecord(opDelete, k, e, nil); err != nil {
 		s.cfg.Logger.Warn("disk tier: journal a delete", "err", err)
 	}
 	s.mu.Lock()
