@@ -26,6 +26,8 @@ var testHelpers = []string{"internal/wait", "internal/kvtest", "internal/netbenc
 var rules = map[string]rule{
 	"layout": {ours: []string{"layout"}, theirs: []string{"github.com/zeebo/xxh3", "google.golang.org/protobuf"}},
 	"pool":   {ours: []string{"pool", "layout"}, theirs: []string{"golang.org/x/sys"}},
+	// The disk tier checks every block it reads back against its xxh3.
+	"pool/disk": {ours: []string{"pool", "layout"}, theirs: []string{"golang.org/x/sys", "github.com/zeebo/xxh3"}},
 	// pool/cuda is pool's one cgo corner: the driver binding and its
 	// stand-in.
 	"pool/cuda": {ours: []string{"pool", "layout", "internal/pcitopo"}, theirs: []string{"C", "golang.org/x/sys"}},

@@ -1,0 +1,51 @@
+// Package disk is the bottom tier of a node's block cache: blocks kept in
+// large preallocated files on local NVMe, written and read with O_DIRECT
+// (the page cache would only hold a second copy of what the host tier
+// already has), checked against a checksum on every read, and found again
+// after a restart through a small journal.
+//
+// # Files
+//
+// A store is a directory:
+//
+//	blocks.NNN   data files, each FileBytes long, preallocated; a file is
+//	             an array of slots of SlotBytes (a multiple of 4096)
+//	journal      fixed-size records, appended; replayed at Open
+//	journal.new  a compaction in progress (renamed over journal when done)
+//
+// A journal record (64 bytes, little endian):
+//
+//	offset  size  field
+//	0       4     magic "KVFJ"
+//	4       1     op: 1 put, 2 delete
+//	5       3     reserved, zero
+//	8       8     sequence number, increasing
+//	16      8     block hash
+//	24      8     tag (what the caller keeps beside the hash: a layout id)
+//	32      4     slot
+//	36      4     length of the block's bytes
+//	40      8     xxh3 of the block's bytes
+//	48      8     reserved, zero
+//	56      8     xxh3 of bytes 0..55
+//
+// # Crash consistency
+//
+// A put writes the block's bytes to a free slot, then its record is
+// committed: the data file synced, the record appended, the journal synced.
+// Puts that wait for a commit share it (a group commit), so concurrent puts
+// share their syncs. A block is in the store exactly when its record is. An agent killed mid-put leaves bytes in a slot
+// no record names (the slot is free again at Open) or a record cut short at
+// the journal's end (its own checksum fails, it is ignored and truncated).
+// A delete appends its record before the slot is reused. Every read checks
+// the block's bytes against the checksum in its record: a block whose bytes
+// were torn or changed on disk is dropped (logged, counted, deleted), never
+// returned.
+//
+// # Concurrency
+//
+// Reads and writes go through a bounded pool of workers (Workers, at most
+// MaxWorkers) doing pread and pwrite; at most QueueDepth requests wait for
+// them, and a request past that waits for room under its context. io_uring
+// was not used: the Go libraries for it are young or unmaintained, and at the
+// queue depths a cache tier needs, a few blocking workers keep an NVMe busy.
+package disk

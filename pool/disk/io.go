@@ -1,0 +1,104 @@
+package disk
+
+import (
+	"context"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// request is one pread or pwrite of a whole aligned buffer, done by a worker.
+type request struct {
+	write bool
+	f     interface{ Fd() uintptr }
+	off   int64
+	buf   []byte
+	done  chan error
+}
+
+// do queues r for a worker and waits for it. Waiting for room in the queue
+// honours ctx; a request taken by a worker runs to its end (its buffer is
+// the caller's until then).
+func (s *Store) do(ctx context.Context, r request) error {
+	r.done = make(chan error, 1)
+	s.queue.RLock()
+	if s.queueClosed {
+		s.queue.RUnlock()
+		return ErrClosed
+	}
+	select {
+	case s.requests <- r:
+		s.queue.RUnlock()
+	case <-ctx.Done():
+		s.queue.RUnlock()
+		return fmt.Errorf("disk: waiting for one of %d queued requests to end: %w", cap(s.requests), ctx.Err())
+	}
+	return <-r.done
+}
+
+func (s *Store) worker() {
+	defer s.workersWG.Done()
+	for r := range s.requests {
+		r.done <- r.run()
+	}
+}
+
+func (r request) run() error {
+	fd := int(r.f.Fd())
+	for done := 0; done < len(r.buf); {
+		var n int
+		var err error
+		if r.write {
+			n, err = unix.Pwrite(fd, r.buf[done:], r.off+int64(done))
+		} else {
+			n, err = unix.Pread(fd, r.buf[done:], r.off+int64(done))
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("disk: %s %d bytes at %d: %w", map[bool]string{true: "pwrite", false: "pread"}[r.write], len(r.buf), r.off, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("disk: pread at %d: end of file after %d of %d bytes", r.off, done, len(r.buf))
+		}
+		done += n
+	}
+	return nil
+}
+
+// aligned is a buffer O_DIRECT accepts: page aligned, outside the Go heap,
+// one slot long. A store keeps up to Workers+QueueDepth of them for reuse.
+type aligned struct{ b []byte }
+
+func (s *Store) buffer() (*aligned, error) {
+	select {
+	case a := <-s.bufs:
+		return a, nil
+	default:
+	}
+	b, err := unix.Mmap(-1, 0, s.cfg.SlotBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("disk: map an I/O buffer of %d bytes: %w", s.cfg.SlotBytes, err)
+	}
+	return &aligned{b: b}, nil
+}
+
+// bufferWith is data in a buffer, zero to the next Align boundary.
+func (s *Store) bufferWith(data []byte) (*aligned, error) {
+	a, err := s.buffer()
+	if err != nil {
+		return nil, err
+	}
+	n := copy(a.b, data)
+	clear(a.b[n:roundUp(n)])
+	return a, nil
+}
+
+func (s *Store) release(a *aligned) {
+	select {
+	case s.bufs <- a:
+	default:
+		unix.Munmap(a.b)
+	}
+}

@@ -1,0 +1,243 @@
+package disk
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	journalMagic = "KVFJ"
+	opPut        = 1
+	opDelete     = 2
+	// compactAfter: the journal is rewritten with only the live blocks
+	// once it holds this many records and four times as many as blocks.
+	compactAfter = 4096
+)
+
+type record struct {
+	op  byte
+	seq uint64
+	key Key
+	e   entry
+}
+
+func (r record) encode() [recordBytes]byte {
+	var b [recordBytes]byte
+	copy(b[0:4], journalMagic)
+	b[4] = r.op
+	binary.LittleEndian.PutUint64(b[8:], r.seq)
+	binary.LittleEndian.PutUint64(b[16:], r.key.Hash)
+	binary.LittleEndian.PutUint64(b[24:], r.key.Tag)
+	binary.LittleEndian.PutUint32(b[32:], r.e.slot)
+	binary.LittleEndian.PutUint32(b[36:], r.e.length)
+	binary.LittleEndian.PutUint64(b[40:], r.e.sum)
+	binary.LittleEndian.PutUint64(b[56:], xxh3.Hash(b[:56]))
+	return b
+}
+
+// decodeRecord checks a record read back; a record cut short or changed
+// fails its own checksum.
+func decodeRecord(b []byte) (record, bool) {
+	if len(b) != recordBytes || string(b[0:4]) != journalMagic || binary.LittleEndian.Uint64(b[56:]) != xxh3.Hash(b[:56]) {
+		return record{}, false
+	}
+	r := record{
+		op:  b[4],
+		seq: binary.LittleEndian.Uint64(b[8:]),
+		key: Key{Hash: binary.LittleEndian.Uint64(b[16:]), Tag: binary.LittleEndian.Uint64(b[24:])},
+		e: entry{
+			slot:   binary.LittleEndian.Uint32(b[32:]),
+			length: binary.LittleEndian.Uint32(b[36:]),
+			sum:    binary.LittleEndian.Uint64(b[40:]),
+		},
+	}
+	return r, r.op == opPut || r.op == opDelete
+}
+
+func (s *Store) journalPath() string { return filepath.Join(s.cfg.Dir, "journal") }
+
+// replay reads the journal, keeps every complete record in order, truncates
+// what follows the last one, and builds the entries and the free slots.
+func (s *Store) replay() error {
+	os.Remove(s.journalPath() + ".new") // a compaction cut short
+	f, err := os.OpenFile(s.journalPath(), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	s.journal = f
+	var good int64
+	var buf [recordBytes]byte
+	dropped := 0
+	owner := map[uint32]Key{}
+	for {
+		if _, err := io.ReadFull(f, buf[:]); err != nil {
+			break
+		}
+		r, ok := decodeRecord(buf[:])
+		if !ok || r.seq <= s.seq {
+			break
+		}
+		good += recordBytes
+		s.seq = r.seq
+		s.jrecords++
+		switch r.op {
+		case opPut:
+			if int(r.e.slot) >= s.slots || int(r.e.length) > s.cfg.SlotBytes || r.e.length == 0 {
+				// A store reopened smaller, or a record we did not write.
+				dropped++
+				delete(s.entries, r.key)
+				continue
+			}
+			// A slot named by an earlier live key was reused: the later
+			// put wins (a journal we wrote never has this; a damaged one
+			// might).
+			if o, ok := owner[r.e.slot]; ok && o != r.key {
+				if oe, live := s.entries[o]; live && oe.slot == r.e.slot {
+					delete(s.entries, o)
+					dropped++
+				}
+			}
+			owner[r.e.slot] = r.key
+			s.entries[r.key] = r.e
+		case opDelete:
+			delete(s.entries, r.key)
+		}
+	}
+	if err := f.Truncate(good); err != nil {
+		return fmt.Errorf("disk: truncate the journal's torn tail: %w", err)
+	}
+	if _, err := f.Seek(good, io.SeekStart); err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	used := make(map[uint32]bool, len(s.entries))
+	for _, e := range s.entries {
+		used[e.slot] = true
+	}
+	for slot := s.slots - 1; slot >= 0; slot-- {
+		if !used[uint32(slot)] {
+			s.free = append(s.free, uint32(slot))
+		}
+	}
+	s.cfg.Logger.Info("disk tier opened", "dir", s.cfg.Dir, "blocks", len(s.entries), "slots", s.slots,
+		"records", s.jrecords, "dropped", dropped)
+	return nil
+}
+
+// waiter is a record waiting to be made durable.
+type waiter struct {
+	op    byte
+	key   Key
+	e     entry
+	dirty *os.File // a data file written for this record, synced first
+	done  chan error
+}
+
+// appendRecord makes a record durable, after the data file dirty (if any).
+// Records are committed in groups: whoever takes the journal next writes
+// every record waiting by then, after one sync of each data file they wrote,
+// with one sync of the journal, so that concurrent puts share their syncs.
+func (s *Store) appendRecord(op byte, k Key, e entry, dirty *os.File) error {
+	w := &waiter{op: op, key: k, e: e, dirty: dirty, done: make(chan error, 1)}
+	s.pmu.Lock()
+	s.pending = append(s.pending, w)
+	s.pmu.Unlock()
+	s.jmu.Lock()
+	s.pmu.Lock()
+	batch := s.pending
+	s.pending = nil
+	s.pmu.Unlock()
+	if len(batch) > 0 {
+		err := s.commitLocked(batch)
+		for _, b := range batch {
+			b.done <- err
+		}
+	}
+	s.jmu.Unlock()
+	return <-w.done
+}
+
+// commitLocked syncs the batch's data files, then appends its records and
+// syncs the journal; the journal is compacted when it has grown past what
+// the live blocks need. Called with jmu held.
+func (s *Store) commitLocked(batch []*waiter) error {
+	synced := map[*os.File]bool{}
+	for _, w := range batch {
+		if w.dirty != nil && !synced[w.dirty] {
+			synced[w.dirty] = true
+			if err := unix.Fdatasync(int(w.dirty.Fd())); err != nil {
+				return fmt.Errorf("disk: fdatasync %s: %w", w.dirty.Name(), err)
+			}
+		}
+	}
+	buf := make([]byte, 0, len(batch)*recordBytes)
+	for _, w := range batch {
+		s.seq++
+		b := record{op: w.op, seq: s.seq, key: w.key, e: w.e}.encode()
+		buf = append(buf, b[:]...)
+	}
+	if _, err := s.journal.Write(buf); err != nil {
+		return fmt.Errorf("disk: journal: %w", err)
+	}
+	if err := unix.Fdatasync(int(s.journal.Fd())); err != nil {
+		return fmt.Errorf("disk: journal: fdatasync: %w", err)
+	}
+	s.jrecords += len(batch)
+	s.mu.Lock()
+	live := len(s.entries)
+	s.mu.Unlock()
+	if s.jrecords >= compactAfter && s.jrecords > 4*live {
+		if err := s.compactLocked(); err != nil {
+			s.cfg.Logger.Warn("disk tier: journal compaction failed; the journal keeps growing", "err", err)
+		}
+	}
+	return nil
+}
+
+// compactLocked writes the live blocks' records to journal.new and renames
+// it over the journal. Called with jmu held; puts and deletes that are not
+// yet journalled wait for jmu, so the snapshot is exact.
+func (s *Store) compactLocked() error {
+	s.mu.Lock()
+	snapshot := make([]record, 0, len(s.entries))
+	for k, e := range s.entries {
+		s.seq++
+		snapshot = append(snapshot, record{op: opPut, seq: s.seq, key: k, e: e})
+	}
+	s.mu.Unlock()
+	path := s.journalPath() + ".new"
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 0, len(snapshot)*recordBytes)
+	for _, r := range snapshot {
+		b := r.encode()
+		buf = append(buf, b[:]...)
+	}
+	if _, err := f.Write(buf); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := os.Rename(path, s.journalPath()); err != nil {
+		f.Close()
+		return err
+	}
+	if d, err := os.Open(s.cfg.Dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	s.journal.Close()
+	s.journal = f
+	s.jrecords = len(snapshot)
+	return nil
+}

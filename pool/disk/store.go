@@ -1,0 +1,505 @@
+package disk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
+)
+
+// Sentinels; match with errors.Is.
+var (
+	// ErrInvalidConfig: a Config field is out of range; the error names it.
+	ErrInvalidConfig = errors.New("disk: invalid config")
+	// ErrFull: every slot holds a block.
+	ErrFull = errors.New("disk: full")
+	// ErrNotFound: the store holds no block under the key.
+	ErrNotFound = errors.New("disk: not found")
+	// ErrCorrupt: a block's bytes did not match its checksum; the block
+	// was dropped.
+	ErrCorrupt = errors.New("disk: corrupt block")
+	// ErrTooLarge: a block larger than a slot, or a buffer too small.
+	ErrTooLarge = errors.New("disk: block does not fit")
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("disk: closed")
+)
+
+// Limits. Each is enforced where the value arrives.
+const (
+	// Align is the alignment O_DIRECT needs of offsets, lengths and
+	// buffers; slots are a multiple of it.
+	Align = 4096
+	// MaxSlotBytes bounds one slot (one block).
+	MaxSlotBytes = 1 << 30
+	// MaxFileBytes bounds one data file.
+	MaxFileBytes = 1 << 40
+	// MaxFiles bounds the data files of one store.
+	MaxFiles = 1000
+	// MaxWorkers bounds the I/O workers.
+	MaxWorkers = 64
+	// MaxQueueDepth bounds the requests waiting for a worker.
+	MaxQueueDepth = 4096
+	// recordBytes is one journal record.
+	recordBytes = 64
+)
+
+// Defaults.
+const (
+	DefaultFileBytes  = 1 << 30
+	DefaultWorkers    = 4
+	DefaultQueueDepth = 64
+)
+
+// Config describes a store.
+type Config struct {
+	// Dir holds the store's files; made if missing. Required.
+	Dir string
+	// Bytes is the store's capacity; rounded down to whole slots. Required.
+	Bytes int64
+	// SlotBytes is the room of one block: a multiple of Align, at most
+	// MaxSlotBytes. Required.
+	SlotBytes int
+	// FileBytes is the size of each data file, rounded down to whole
+	// slots (at least one). If zero, DefaultFileBytes; at most MaxFileBytes.
+	FileBytes int64
+	// Workers is how many reads and writes run at once. If zero,
+	// DefaultWorkers; at most MaxWorkers.
+	Workers int
+	// QueueDepth is how many requests may wait for a worker. If zero,
+	// DefaultQueueDepth; at most MaxQueueDepth.
+	QueueDepth int
+	// Buffered opens the files without O_DIRECT, for file systems that
+	// refuse it (tmpfs). If false, O_DIRECT.
+	Buffered bool
+	// Logger receives dropped blocks and replay figures. If nil,
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// populate fills the defaults and validates (the one place that does).
+func (c Config) populate() (Config, error) {
+	bad := func(field string, format string, args ...any) (Config, error) {
+		return c, fmt.Errorf("disk: %s %s: %w", field, fmt.Sprintf(format, args...), ErrInvalidConfig)
+	}
+	if c.Dir == "" {
+		return bad("Dir", "is empty")
+	}
+	if c.SlotBytes <= 0 || c.SlotBytes%Align != 0 || c.SlotBytes > MaxSlotBytes {
+		return bad("SlotBytes", "%d: want a multiple of %d up to %d", c.SlotBytes, Align, MaxSlotBytes)
+	}
+	if c.FileBytes == 0 {
+		c.FileBytes = DefaultFileBytes
+	}
+	if c.FileBytes < 0 || c.FileBytes > MaxFileBytes {
+		return bad("FileBytes", "%d: want 1..%d", c.FileBytes, int64(MaxFileBytes))
+	}
+	if c.FileBytes < int64(c.SlotBytes) {
+		c.FileBytes = int64(c.SlotBytes)
+	}
+	c.FileBytes -= c.FileBytes % int64(c.SlotBytes)
+	if c.Bytes < int64(c.SlotBytes) {
+		return bad("Bytes", "%d: less than one slot of %d", c.Bytes, c.SlotBytes)
+	}
+	if files := (c.Bytes + c.FileBytes - 1) / c.FileBytes; files > MaxFiles {
+		return bad("Bytes", "%d in files of %d: %d files, at most %d", c.Bytes, c.FileBytes, files, MaxFiles)
+	}
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.Workers < 0 || c.Workers > MaxWorkers {
+		return bad("Workers", "%d: want 1..%d", c.Workers, MaxWorkers)
+	}
+	if c.QueueDepth == 0 {
+		c.QueueDepth = DefaultQueueDepth
+	}
+	if c.QueueDepth < 0 || c.QueueDepth > MaxQueueDepth {
+		return bad("QueueDepth", "%d: want 1..%d", c.QueueDepth, MaxQueueDepth)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}
+
+// Key names a block: its sequence hash, and a tag the caller keeps beside
+// it (which layout its bytes are in).
+type Key struct {
+	Hash, Tag uint64
+}
+
+type entry struct {
+	slot   uint32
+	length uint32
+	sum    uint64
+}
+
+// Store is a disk tier. Its methods may be called concurrently.
+type Store struct {
+	cfg       Config
+	slots     int
+	perFile   int
+	files     []*os.File
+	journal   *os.File
+	jmu       sync.Mutex // held by whoever commits a group of records, and by compaction
+	pmu       sync.Mutex // guards pending
+	pending   []*waiter  // records waiting for the next group commit
+	seq       uint64     // under jmu
+	jrecords  int        // records in the journal, under jmu
+	requests  chan request
+	workersWG sync.WaitGroup
+	// queue is read-held while a request is handed to the workers and
+	// write-held by Close as it closes requests.
+	queue       sync.RWMutex
+	queueClosed bool
+	bufs        chan *aligned
+
+	mu      sync.Mutex
+	closed  bool
+	entries map[Key]entry
+	free    []uint32
+	busy    map[uint32]int // slots being read: not reused until done
+
+	stats struct {
+		puts, gets, deletes, corrupt, bytesWritten, bytesRead atomic.Uint64
+	}
+}
+
+// Stats are a store's counters.
+type Stats struct {
+	Blocks, Slots                int
+	Puts, Gets, Deletes, Corrupt uint64
+	BytesWritten, BytesRead      uint64
+	JournalRecords               int
+}
+
+// Open opens or creates the store in cfg.Dir, replays its journal and
+// returns with every block a completed put left there.
+func Open(cfg Config) (*Store, error) {
+	cfg, err := cfg.populate()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("disk: %w", err)
+	}
+	s := &Store{
+		cfg:      cfg,
+		perFile:  int(cfg.FileBytes / int64(cfg.SlotBytes)),
+		entries:  map[Key]entry{},
+		busy:     map[uint32]int{},
+		requests: make(chan request, cfg.QueueDepth),
+		bufs:     make(chan *aligned, cfg.Workers+cfg.QueueDepth),
+	}
+	s.slots = int(cfg.Bytes / int64(cfg.SlotBytes))
+	nfiles := (s.slots + s.perFile - 1) / s.perFile
+	for i := range nfiles {
+		f, err := s.openData(i)
+		if err != nil {
+			s.closeFiles()
+			return nil, err
+		}
+		s.files = append(s.files, f)
+	}
+	if err := s.replay(); err != nil {
+		s.closeFiles()
+		return nil, err
+	}
+	for range cfg.Workers {
+		s.workersWG.Add(1)
+		go s.worker()
+	}
+	return s, nil
+}
+
+func (s *Store) openData(i int) (*os.File, error) {
+	flags := os.O_RDWR | os.O_CREATE
+	if !s.cfg.Buffered {
+		flags |= unix.O_DIRECT
+	}
+	path := filepath.Join(s.cfg.Dir, fmt.Sprintf("blocks.%03d", i))
+	f, err := os.OpenFile(path, flags, 0o600)
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			return nil, fmt.Errorf("disk: %s: the file system refuses O_DIRECT (set Buffered, or put the tier on a local disk): %w", path, err)
+		}
+		return nil, fmt.Errorf("disk: %w", err)
+	}
+	want := int64(s.perFile) * int64(s.cfg.SlotBytes)
+	if last := (s.slots - 1) / s.perFile; i == last {
+		want = int64(s.slots-i*s.perFile) * int64(s.cfg.SlotBytes)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, want); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("disk: preallocate %d bytes of %s: %w", want, path, err)
+	}
+	return f, nil
+}
+
+func (s *Store) closeFiles() {
+	for _, f := range s.files {
+		f.Close()
+	}
+	if s.journal != nil {
+		s.journal.Close()
+	}
+}
+
+// where is the file and offset of slot.
+func (s *Store) where(slot uint32) (*os.File, int64) {
+	return s.files[int(slot)/s.perFile], int64(int(slot)%s.perFile) * int64(s.cfg.SlotBytes)
+}
+
+// Slots is the store's capacity in blocks.
+func (s *Store) Slots() int { return s.slots }
+
+// SlotBytes is the room of one block.
+func (s *Store) SlotBytes() int { return s.cfg.SlotBytes }
+
+// Has says whether the store holds a block under k.
+func (s *Store) Has(k Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.entries[k]
+	return ok
+}
+
+// Keys lists the blocks the store holds (after Open: those found again).
+func (s *Store) Keys() []Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Key, 0, len(s.entries))
+	for k := range s.entries {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	blocks := len(s.entries)
+	s.mu.Unlock()
+	s.jmu.Lock()
+	records := s.jrecords
+	s.jmu.Unlock()
+	return Stats{
+		Blocks: blocks, Slots: s.slots,
+		Puts: s.stats.puts.Load(), Gets: s.stats.gets.Load(), Deletes: s.stats.deletes.Load(),
+		Corrupt: s.stats.corrupt.Load(), BytesWritten: s.stats.bytesWritten.Load(), BytesRead: s.stats.bytesRead.Load(),
+		JournalRecords: records,
+	}
+}
+
+// Put writes data under k. It returns when the block is durable: its bytes
+// synced and its journal record synced. A key already held is replaced.
+// With every slot full, ErrFull: the tier above evicts instead.
+func (s *Store) Put(ctx context.Context, k Key, data []byte) error {
+	if len(data) == 0 || len(data) > s.cfg.SlotBytes {
+		return fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(data), s.cfg.SlotBytes, ErrTooLarge)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	if len(s.free) == 0 {
+		s.mu.Unlock()
+		return fmt.Errorf("disk: %d slots hold blocks: %w", s.slots, ErrFull)
+	}
+	slot := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	s.mu.Unlock()
+	giveBack := func() {
+		s.mu.Lock()
+		s.free = append(s.free, slot)
+		s.mu.Unlock()
+	}
+	buf, err := s.bufferWith(data)
+	if err != nil {
+		giveBack()
+		return err
+	}
+	defer s.release(buf)
+	f, off := s.where(slot)
+	if err := s.do(ctx, request{write: true, f: f, off: off, buf: buf.b[:roundUp(len(data))]}); err != nil {
+		giveBack()
+		return err
+	}
+	e := entry{slot: slot, length: uint32(len(data)), sum: xxh3.Hash(data)}
+	if err := s.appendRecord(opPut, k, e, f); err != nil {
+		giveBack()
+		return err
+	}
+	s.mu.Lock()
+	old, had := s.entries[k]
+	s.entries[k] = e
+	if had {
+		s.releaseSlotLocked(old.slot)
+	}
+	s.mu.Unlock()
+	s.stats.puts.Add(1)
+	s.stats.bytesWritten.Add(uint64(len(data)))
+	return nil
+}
+
+// Get reads the block under k into dst and returns its length. Bytes that
+// do not match the block's checksum are never returned: the block is
+// dropped and ErrCorrupt returned (dst may then hold some of them). A dst
+// aligned to Align with room for the block rounded up to Align is read
+// into directly; any other through a buffer and a copy.
+func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return 0, ErrClosed
+	}
+	e, ok := s.entries[k]
+	if !ok {
+		s.mu.Unlock()
+		return 0, fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
+	}
+	if int(e.length) > len(dst) {
+		s.mu.Unlock()
+		return 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, len(dst), ErrTooLarge)
+	}
+	s.busy[e.slot]++
+	s.mu.Unlock()
+	defer s.doneReading(e.slot)
+	// Straight into dst where O_DIRECT takes it (pool memory is page
+	// aligned); else through an aligned buffer and a copy.
+	var got []byte
+	if n := roundUp(int(e.length)); len(dst) >= n && uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%Align == 0 {
+		got = dst[:n]
+	} else {
+		buf, err := s.buffer()
+		if err != nil {
+			return 0, err
+		}
+		defer s.release(buf)
+		got = buf.b[:n]
+	}
+	f, off := s.where(e.slot)
+	if err := s.do(ctx, request{f: f, off: off, buf: got}); err != nil {
+		return 0, err
+	}
+	got = got[:e.length]
+	if xxh3.Hash(got) != e.sum {
+		s.stats.corrupt.Add(1)
+		s.cfg.Logger.Warn("disk tier block failed its checksum: dropped", "hash", fmt.Sprintf("%016x", k.Hash),
+			"slot", e.slot, "dir", s.cfg.Dir)
+		s.drop(k, e)
+		return 0, fmt.Errorf("disk: block %016x in slot %d: %w", k.Hash, e.slot, ErrCorrupt)
+	}
+	s.stats.gets.Add(1)
+	s.stats.bytesRead.Add(uint64(e.length))
+	if &got[0] != &dst[0] {
+		copy(dst, got)
+	}
+	return int(e.length), nil
+}
+
+// Delete removes the block under k; its slot is reused once no read holds it.
+func (s *Store) Delete(k Key) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	e, ok := s.entries[k]
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
+	}
+	s.drop(k, e)
+	s.stats.deletes.Add(1)
+	return nil
+}
+
+// drop journals the delete of k (if it still names e) and frees its slot.
+func (s *Store) drop(k Key, e entry) {
+	s.mu.Lock()
+	cur, ok := s.entries[k]
+	if !ok || cur != e {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.entries, k)
+	s.mu.Unlock()
+	// The record goes first: a slot reused before it was durable could
+	// come back after a crash under the old key with new bytes (its
+	// checksum would catch it, but not losing the block is better).
+	if err := s.appendRecord(opDelete, k, e, nil); err != nil {
+		s.cfg.Logger.Warn("disk tier: journal a delete", "err", err)
+	}
+	s.mu.Lock()
+	s.releaseSlotLocked(e.slot)
+	s.mu.Unlock()
+}
+
+func (s *Store) releaseSlotLocked(slot uint32) {
+	if s.busy[slot] > 0 {
+		s.busy[slot] = -s.busy[slot] // freed when the last read ends
+		return
+	}
+	s.free = append(s.free, slot)
+}
+
+func (s *Store) doneReading(slot uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.busy[slot]
+	switch {
+	case n > 1:
+		s.busy[slot] = n - 1
+	case n == 1:
+		delete(s.busy, slot)
+	case n == -1:
+		delete(s.busy, slot)
+		s.free = append(s.free, slot)
+	case n < -1:
+		s.busy[slot] = n + 1
+	}
+}
+
+// Close waits for the requests in flight and closes the files. Safe twice.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.queue.Lock()
+	s.queueClosed = true
+	close(s.requests)
+	s.queue.Unlock()
+	s.workersWG.Wait()
+	for {
+		select {
+		case a := <-s.bufs:
+			unix.Munmap(a.b)
+			continue
+		default:
+		}
+		break
+	}
+	var errs []error
+	for _, f := range s.files {
+		errs = append(errs, f.Close())
+	}
+	s.jmu.Lock()
+	errs = append(errs, s.journal.Close())
+	s.jmu.Unlock()
+	return errors.Join(errs...)
+}
+
+func roundUp(n int) int { return (n + Align - 1) &^ (Align - 1) }

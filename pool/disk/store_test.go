@@ -1,0 +1,379 @@
+package disk
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// blockOf is the content a test stores under hash h: every byte depends on
+// h and its offset, and its length on h.
+func blockOf(h uint64, slot int) []byte {
+	n := 1 + int(h*2654435761)%slot
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(uint64(i)*31 ^ h ^ h>>8)
+	}
+	return b
+}
+
+func open(t *testing.T, dir string, mod func(*Config)) *Store {
+	t.Helper()
+	cfg := Config{Dir: dir, Bytes: 64 * 16 << 10, SlotBytes: 16 << 10, FileBytes: 16 * 16 << 10}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func mustGet(t *testing.T, s *Store, h uint64) []byte {
+	t.Helper()
+	dst := make([]byte, s.SlotBytes())
+	n, err := s.Get(context.Background(), Key{Hash: h, Tag: 7}, dst)
+	if err != nil {
+		t.Fatalf("get %d: %v", h, err)
+	}
+	return dst[:n]
+}
+
+func TestPutGetAcrossFilesAndReopen(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, nil)
+	if s.Slots() != 64 {
+		t.Fatalf("%d slots, want 64", s.Slots())
+	}
+	ctx := context.Background()
+	for h := uint64(1); h <= 64; h++ {
+		if err := s.Put(ctx, Key{Hash: h, Tag: 7}, blockOf(h, s.SlotBytes())); err != nil {
+			t.Fatalf("put %d: %v", h, err)
+		}
+	}
+	// A full slot's worth, and a replaced key.
+	full := make([]byte, s.SlotBytes())
+	for i := range full {
+		full[i] = byte(i)
+	}
+	if err := s.Delete(Key{Hash: 64, Tag: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, Key{Hash: 64, Tag: 7}, full); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, Key{Hash: 1, Tag: 7}, blockOf(1001, s.SlotBytes())); !errors.Is(err, ErrFull) {
+		t.Fatalf("replacing a key in a full store: %v, want ErrFull", err)
+	}
+	if err := s.Delete(Key{Hash: 2, Tag: 7}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(s *Store) {
+		t.Helper()
+		for h := uint64(3); h < 64; h++ {
+			if got, want := mustGet(t, s, h), blockOf(h, s.SlotBytes()); string(got) != string(want) {
+				t.Fatalf("block %d differs", h)
+			}
+		}
+		if got := mustGet(t, s, 64); string(got) != string(full) {
+			t.Fatal("the full-slot block differs")
+		}
+		if _, err := s.Get(ctx, Key{Hash: 2, Tag: 7}, make([]byte, s.SlotBytes())); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("a deleted block: %v, want ErrNotFound", err)
+		}
+		if _, err := s.Get(ctx, Key{Hash: 3, Tag: 8}, make([]byte, s.SlotBytes())); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("another tag: %v, want ErrNotFound", err)
+		}
+	}
+	check(s)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	r := open(t, dir, nil)
+	if n := len(r.Keys()); n != 63 {
+		t.Fatalf("reopened with %d blocks, want 63", n)
+	}
+	check(r)
+	// The freed slot is found again: one more fits, a second does not.
+	for h := uint64(200); h < 201; h++ {
+		if err := r.Put(ctx, Key{Hash: h, Tag: 7}, blockOf(h, r.SlotBytes())); err != nil {
+			t.Fatalf("put %d after reopen: %v", h, err)
+		}
+	}
+	if err := r.Put(ctx, Key{Hash: 300, Tag: 7}, []byte{1}); !errors.Is(err, ErrFull) {
+		t.Fatalf("a put past the slots: %v, want ErrFull", err)
+	}
+}
+
+func TestBlockSizeLimits(t *testing.T) {
+	s := open(t, t.TempDir(), nil)
+	ctx := context.Background()
+	if err := s.Put(ctx, Key{Hash: 1}, make([]byte, s.SlotBytes())); err != nil {
+		t.Fatalf("a block of one slot: %v", err)
+	}
+	if err := s.Put(ctx, Key{Hash: 2}, make([]byte, s.SlotBytes()+1)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a block one byte past a slot: %v, want ErrTooLarge", err)
+	}
+	if err := s.Put(ctx, Key{Hash: 3}, nil); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("an empty block: %v, want ErrTooLarge", err)
+	}
+	if _, err := s.Get(ctx, Key{Hash: 1}, make([]byte, s.SlotBytes()-1)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a buffer one byte short: %v, want ErrTooLarge", err)
+	}
+}
+
+// A byte flipped in the data file is caught on read, the block dropped,
+// and it stays dropped after a restart.
+func TestCorruptBlockDropped(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, nil)
+	ctx := context.Background()
+	for h := uint64(1); h <= 3; h++ {
+		if err := s.Put(ctx, Key{Hash: h, Tag: 7}, blockOf(h, s.SlotBytes())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.mu.Lock()
+	e := s.entries[Key{Hash: 2, Tag: 7}]
+	s.mu.Unlock()
+	f, err := os.OpenFile(filepath.Join(dir, "blocks.000"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := int64(e.slot)*int64(s.SlotBytes()) + int64(e.length)/2
+	var b [1]byte
+	f.ReadAt(b[:], off)
+	b[0] ^= 0x40
+	if _, err := f.WriteAt(b[:], off); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := s.Get(ctx, Key{Hash: 2, Tag: 7}, make([]byte, s.SlotBytes())); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a flipped byte: %v, want ErrCorrupt", err)
+	}
+	if s.Has(Key{Hash: 2, Tag: 7}) || s.Stats().Corrupt != 1 {
+		t.Fatalf("the corrupt block is still held (stats %+v)", s.Stats())
+	}
+	mustGet(t, s, 1)
+	mustGet(t, s, 3)
+	s.Close()
+	r := open(t, dir, nil)
+	if r.Has(Key{Hash: 2, Tag: 7}) {
+		t.Fatal("the corrupt block came back after a restart")
+	}
+	mustGet(t, r, 3)
+}
+
+// A journal whose last record was cut short (a crash mid-append) opens
+// with every complete record, and the tail is truncated.
+func TestTornJournalTail(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, nil)
+	ctx := context.Background()
+	for h := uint64(1); h <= 5; h++ {
+		if err := s.Put(ctx, Key{Hash: h, Tag: 7}, blockOf(h, s.SlotBytes())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	path := filepath.Join(dir, "journal")
+	st, _ := os.Stat(path)
+	// Cut the last record in half, then add garbage of a whole record.
+	if err := os.Truncate(path, st.Size()-recordBytes/2); err != nil {
+		t.Fatal(err)
+	}
+	r := open(t, dir, nil)
+	if n := len(r.Keys()); n != 4 {
+		t.Fatalf("%d blocks after a torn last record, want 4", n)
+	}
+	for h := uint64(1); h <= 4; h++ {
+		mustGet(t, r, h)
+	}
+	if err := r.Put(ctx, Key{Hash: 9, Tag: 7}, blockOf(9, r.SlotBytes())); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	j, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	j.Write(make([]byte, recordBytes))
+	j.Close()
+	r2 := open(t, dir, nil)
+	if n := len(r2.Keys()); n != 5 {
+		t.Fatalf("%d blocks after a zeroed record, want 5", n)
+	}
+	mustGet(t, r2, 9)
+}
+
+func TestJournalCompacts(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, nil)
+	ctx := context.Background()
+	for i := range compactAfter + 100 {
+		h := uint64(i%8 + 1)
+		if err := s.Put(ctx, Key{Hash: h, Tag: uint64(i)}, blockOf(h, s.SlotBytes())); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Delete(Key{Hash: h, Tag: uint64(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Put(ctx, Key{Hash: 42, Tag: 1}, blockOf(42, s.SlotBytes())); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Stats().JournalRecords; n >= compactAfter {
+		t.Fatalf("%d journal records for one block, want a compacted journal", n)
+	}
+	s.Close()
+	r := open(t, dir, nil)
+	if k := r.Keys(); len(k) != 1 || k[0] != (Key{Hash: 42, Tag: 1}) {
+		t.Fatalf("after compaction and restart: %v", k)
+	}
+}
+
+func TestConfigLimits(t *testing.T) {
+	dir := t.TempDir()
+	base := Config{Dir: dir, Bytes: 1 << 20, SlotBytes: Align}
+	for _, c := range []struct {
+		name string
+		mod  func(*Config)
+		ok   bool
+	}{
+		{"defaults", func(*Config) {}, true},
+		{"no dir", func(c *Config) { c.Dir = "" }, false},
+		{"slot not aligned", func(c *Config) { c.SlotBytes = Align + 1 }, false},
+		{"slot at the limit", func(c *Config) { c.SlotBytes = MaxSlotBytes; c.Bytes = MaxSlotBytes; c.FileBytes = MaxSlotBytes }, true},
+		{"slot past the limit", func(c *Config) { c.SlotBytes = MaxSlotBytes + Align }, false},
+		{"less than a slot", func(c *Config) { c.Bytes = Align - 1 }, false},
+		{"workers at the limit", func(c *Config) { c.Workers = MaxWorkers }, true},
+		{"workers past", func(c *Config) { c.Workers = MaxWorkers + 1 }, false},
+		{"queue at the limit", func(c *Config) { c.QueueDepth = MaxQueueDepth }, true},
+		{"queue past", func(c *Config) { c.QueueDepth = MaxQueueDepth + 1 }, false},
+		{"file at the limit", func(c *Config) { c.FileBytes = MaxFileBytes }, true},
+		{"file past", func(c *Config) { c.FileBytes = MaxFileBytes + 1 }, false},
+		{"files at the limit", func(c *Config) { c.FileBytes = Align; c.Bytes = MaxFiles * Align }, true},
+		{"files past", func(c *Config) { c.FileBytes = Align; c.Bytes = (MaxFiles + 1) * Align }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := base
+			cfg.Dir = filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-"))
+			c.mod(&cfg)
+			if c.name == "no dir" {
+				cfg.Dir = ""
+			}
+			s, err := Open(cfg)
+			if c.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.Close()
+				return
+			}
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("%v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+}
+
+// The queue holds QueueDepth requests; one past waits for room under its
+// context and gives up with it.
+func TestQueueDepthLimit(t *testing.T) {
+	s := &Store{requests: make(chan request, 2)}
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for range 2 {
+		go s.do(context.Background(), request{f: f}) // no worker takes them
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(s.requests) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("two requests never queued")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := s.do(ctx, request{f: f}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a request past the queue's depth: %v, want the context's deadline", err)
+	}
+}
+
+// An agent killed while putting blocks restarts with every block whose put
+// returned, each byte-exact, and no torn block served.
+func TestKilledWhilePutting(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KVFABRIC_DISK_CHILD="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	var done []uint64
+	for sc.Scan() && len(done) < 200 {
+		if h, err := strconv.ParseUint(sc.Text(), 10, 64); err == nil {
+			done = append(done, h)
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if len(done) < 200 {
+		t.Fatalf("the child put %d blocks before it stopped", len(done))
+	}
+	s := open(t, dir, func(c *Config) { c.Bytes = 4096 * 16 << 10 })
+	for _, h := range done {
+		if got, want := mustGet(t, s, h), blockOf(h, s.SlotBytes()); string(got) != string(want) {
+			t.Fatalf("block %d differs after the kill", h)
+		}
+	}
+	// Whatever else the journal holds (puts that finished as the child
+	// died) reads back whole too.
+	for _, k := range s.Keys() {
+		if _, err := s.Get(context.Background(), k, make([]byte, s.SlotBytes())); err != nil {
+			t.Fatalf("block %d: %v", k.Hash, err)
+		}
+	}
+	t.Logf("%d puts reported, %d blocks found after the kill", len(done), len(s.Keys()))
+}
+
+// putterChild puts blocks until killed, printing each hash once its put
+// returned: TestKilledWhilePutting's child process.
+func putterChild(dir string) int {
+	s, err := Open(Config{Dir: dir, Bytes: 4096 * 16 << 10, SlotBytes: 16 << 10, FileBytes: 16 * 16 << 10})
+	if err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	for h := uint64(1); ; h++ {
+		if err := s.Put(context.Background(), Key{Hash: h, Tag: 7}, blockOf(h, s.SlotBytes())); err != nil {
+			fmt.Println(err)
+			return 2
+		}
+		fmt.Println(h)
+	}
+}
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv("KVFABRIC_DISK_CHILD"); dir != "" {
+		os.Exit(putterChild(dir))
+	}
+	os.Exit(m.Run())
+}
