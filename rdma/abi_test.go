@@ -3,64 +3,54 @@
 package rdma
 
 import (
-	"bufio"
-	"bytes"
-	"fmt"
-	"maps"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
-	"strings"
 	"testing"
+
+	"github.com/kvfabric/kvfabric/internal/abitest"
 )
 
-// abiFields lists, per verbs structure, every field whose size and offset
+// abiTypes lists, per verbs structure, every field whose size and offset
 // the binding relies on (kvf_verbs.h declares each as kvf_<struct>).
-var abiFields = []struct {
-	typ    string // "struct ibv_x" or "union ibv_x"
-	fields []string
-}{
-	{"union ibv_gid", []string{"raw", "global.subnet_prefix", "global.interface_id"}},
-	{"struct ibv_gid_entry", []string{"gid", "gid_index", "port_num", "gid_type", "ndev_ifindex"}},
-	{"struct ibv_device", []string{"node_type", "transport_type", "name", "dev_name", "dev_path", "ibdev_path"}},
-	{"struct ibv_device_attr", []string{"fw_ver", "node_guid", "sys_image_guid", "max_mr_size", "page_size_cap",
+var abiTypes = [][]string{
+	{"union ibv_gid", "raw", "global.subnet_prefix", "global.interface_id"},
+	{"struct ibv_gid_entry", "gid", "gid_index", "port_num", "gid_type", "ndev_ifindex"},
+	{"struct ibv_device", "node_type", "transport_type", "name", "dev_name", "dev_path", "ibdev_path"},
+	{"struct ibv_device_attr", "fw_ver", "node_guid", "sys_image_guid", "max_mr_size", "page_size_cap",
 		"vendor_id", "vendor_part_id", "hw_ver", "max_qp", "max_qp_wr", "device_cap_flags", "max_sge", "max_sge_rd",
 		"max_cq", "max_cqe", "max_mr", "max_pd", "max_qp_rd_atom", "max_ee_rd_atom", "max_res_rd_atom",
 		"max_qp_init_rd_atom", "max_ee_init_rd_atom", "atomic_cap", "max_ee", "max_rdd", "max_mw", "max_raw_ipv6_qp",
 		"max_raw_ethy_qp", "max_mcast_grp", "max_mcast_qp_attach", "max_total_mcast_qp_attach", "max_ah", "max_fmr",
-		"max_map_per_fmr", "max_srq", "max_srq_wr", "max_srq_sge", "max_pkeys", "local_ca_ack_delay", "phys_port_cnt"}},
-	{"struct ibv_port_attr", []string{"state", "max_mtu", "active_mtu", "gid_tbl_len", "port_cap_flags", "max_msg_sz",
+		"max_map_per_fmr", "max_srq", "max_srq_wr", "max_srq_sge", "max_pkeys", "local_ca_ack_delay", "phys_port_cnt"},
+	{"struct ibv_port_attr", "state", "max_mtu", "active_mtu", "gid_tbl_len", "port_cap_flags", "max_msg_sz",
 		"bad_pkey_cntr", "qkey_viol_cntr", "pkey_tbl_len", "lid", "sm_lid", "lmc", "max_vl_num", "sm_sl",
 		"subnet_timeout", "init_type_reply", "active_width", "active_speed", "phys_state", "link_layer", "flags",
-		"port_cap_flags2"}},
-	{"struct ibv_wc", []string{"wr_id", "status", "opcode", "vendor_err", "byte_len", "imm_data", "qp_num", "src_qp",
-		"wc_flags", "pkey_index", "slid", "sl", "dlid_path_bits"}},
-	{"struct ibv_pd", []string{"context", "handle"}},
-	{"struct ibv_mr", []string{"context", "pd", "addr", "length", "handle", "lkey", "rkey"}},
-	{"struct ibv_global_route", []string{"dgid", "flow_label", "sgid_index", "hop_limit", "traffic_class"}},
-	{"struct ibv_ah_attr", []string{"grh", "grh.dgid", "grh.sgid_index", "grh.hop_limit", "dlid", "sl", "src_path_bits",
-		"static_rate", "is_global", "port_num"}},
-	{"struct ibv_qp_cap", []string{"max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data"}},
-	{"struct ibv_qp_init_attr", []string{"qp_context", "send_cq", "recv_cq", "srq", "cap", "cap.max_send_wr",
-		"cap.max_send_sge", "qp_type", "sq_sig_all"}},
-	{"struct ibv_qp_attr", []string{"qp_state", "cur_qp_state", "path_mtu", "path_mig_state", "qkey", "rq_psn", "sq_psn",
+		"port_cap_flags2"},
+	{"struct ibv_wc", "wr_id", "status", "opcode", "vendor_err", "byte_len", "imm_data", "qp_num", "src_qp",
+		"wc_flags", "pkey_index", "slid", "sl", "dlid_path_bits"},
+	{"struct ibv_pd", "context", "handle"},
+	{"struct ibv_mr", "context", "pd", "addr", "length", "handle", "lkey", "rkey"},
+	{"struct ibv_global_route", "dgid", "flow_label", "sgid_index", "hop_limit", "traffic_class"},
+	{"struct ibv_ah_attr", "grh", "grh.dgid", "grh.sgid_index", "grh.hop_limit", "dlid", "sl", "src_path_bits",
+		"static_rate", "is_global", "port_num"},
+	{"struct ibv_qp_cap", "max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data"},
+	{"struct ibv_qp_init_attr", "qp_context", "send_cq", "recv_cq", "srq", "cap", "cap.max_send_wr",
+		"cap.max_send_sge", "qp_type", "sq_sig_all"},
+	{"struct ibv_qp_attr", "qp_state", "cur_qp_state", "path_mtu", "path_mig_state", "qkey", "rq_psn", "sq_psn",
 		"dest_qp_num", "qp_access_flags", "cap", "ah_attr", "ah_attr.grh.dgid", "ah_attr.grh.sgid_index",
 		"ah_attr.grh.hop_limit", "ah_attr.dlid", "ah_attr.is_global", "ah_attr.port_num", "alt_ah_attr", "pkey_index",
 		"alt_pkey_index", "en_sqd_async_notify", "sq_draining", "max_rd_atomic", "max_dest_rd_atomic", "min_rnr_timer",
-		"port_num", "timeout", "retry_cnt", "rnr_retry", "alt_port_num", "alt_timeout", "rate_limit"}},
-	{"struct ibv_sge", []string{"addr", "length", "lkey"}},
-	{"struct ibv_send_wr", []string{"wr_id", "next", "sg_list", "num_sge", "opcode", "send_flags", "imm_data",
+		"port_num", "timeout", "retry_cnt", "rnr_retry", "alt_port_num", "alt_timeout", "rate_limit"},
+	{"struct ibv_sge", "addr", "length", "lkey"},
+	{"struct ibv_send_wr", "wr_id", "next", "sg_list", "num_sge", "opcode", "send_flags", "imm_data",
 		"wr", "wr.rdma.remote_addr", "wr.rdma.rkey", "wr.atomic.rkey", "qp_type", "qp_type.xrc.remote_srqn",
-		"bind_mw.mw", "bind_mw.rkey", "bind_mw.bind_info.mw_access_flags"}},
-	{"struct ibv_context_ops", []string{"_compat_query_device", "poll_cq", "req_notify_cq", "post_send", "post_recv",
-		"_compat_async_event"}},
-	{"struct ibv_context", []string{"device", "ops", "ops.poll_cq", "ops.post_send", "cmd_fd", "async_fd",
-		"num_comp_vectors", "mutex", "abi_compat"}},
-	{"struct ibv_cq", []string{"context", "channel", "cq_context", "handle", "cqe", "mutex", "cond",
-		"comp_events_completed", "async_events_completed"}},
-	{"struct ibv_qp", []string{"context", "qp_context", "pd", "send_cq", "recv_cq", "srq", "handle", "qp_num", "state",
-		"qp_type", "mutex", "cond", "events_completed"}},
+		"bind_mw.mw", "bind_mw.rkey", "bind_mw.bind_info.mw_access_flags"},
+	{"struct ibv_context_ops", "_compat_query_device", "poll_cq", "req_notify_cq", "post_send", "post_recv",
+		"_compat_async_event"},
+	{"struct ibv_context", "device", "ops", "ops.poll_cq", "ops.post_send", "cmd_fd", "async_fd",
+		"num_comp_vectors", "mutex", "abi_compat"},
+	{"struct ibv_cq", "context", "channel", "cq_context", "handle", "cqe", "mutex", "cond",
+		"comp_events_completed", "async_events_completed"},
+	{"struct ibv_qp", "context", "qp_context", "pd", "send_cq", "recv_cq", "srq", "handle", "qp_num", "state",
+		"qp_type", "mutex", "cond", "events_completed"},
 }
 
 // abiConstants are the enum values the binding uses; ours are KVF_<name>.
@@ -82,81 +72,11 @@ var abiConstants = []string{
 	"IBV_SEND_FENCE", "IBV_SEND_SIGNALED",
 }
 
-// abiProgram writes a C program printing "name=size S offset O" per field,
-// "name=size S align A" per type and "name=value" per constant; prefix is "" for verbs.h, "kvf_" for ours.
-func abiProgram(include, prefix string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "#include <stdio.h>\n#include <stddef.h>\n#include %s\n\nint main(void) {\n", include)
-	for _, s := range abiFields {
-		kind, name, _ := strings.Cut(s.typ, " ")
-		typ := kind + " " + prefix + name
-		fmt.Fprintf(&b, "\tprintf(\"%s=size %%zu align %%zu\\n\", sizeof(%s), _Alignof(%s));\n", s.typ, typ, typ)
-		for _, f := range s.fields {
-			fmt.Fprintf(&b, "\tprintf(\"%s.%s=size %%zu offset %%zu\\n\", sizeof(((%s *)0)->%s), offsetof(%s, %s));\n", s.typ, f, typ, f, typ, f)
-		}
-	}
-	for _, c := range abiConstants {
-		fmt.Fprintf(&b, "\tprintf(\"%s=%%lld\\n\", (long long)%s%s);\n", c, strings.ToUpper(prefix), c)
-	}
-	b.WriteString("\treturn 0;\n}\n")
-	return b.String()
-}
-
-func runABIProgram(t *testing.T, dir, name, src string) map[string]string {
-	t.Helper()
-	cfile := filepath.Join(dir, name+".c")
-	if err := os.WriteFile(cfile, []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	pkgDir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, name)
-	out, err := exec.Command("gcc", "-std=gnu11", "-Wall", "-Werror", "-I", pkgDir, "-o", bin, cfile).CombinedOutput()
-	if err != nil {
-		if bytes.Contains(out, []byte("infiniband/verbs.h")) {
-			t.Fatalf("rdma-core's <infiniband/verbs.h> is missing: install libibverbs-dev (apt-get install libibverbs-dev, or make test-deps): %s", out)
-		}
-		t.Fatalf("gcc %s: %v\n%s", name, err, out)
-	}
-	res, err := exec.Command(bin).Output()
-	if err != nil {
-		t.Fatalf("run %s: %v", name, err)
-	}
-	m := map[string]string{}
-	sc := bufio.NewScanner(bytes.NewReader(res))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), "=")
-		if !ok {
-			t.Fatalf("%s printed %q", name, sc.Text())
-		}
-		m[k] = v
-	}
-	return m
-}
-
 // TestABIAgainstVerbsHeader compares every size, alignment, field offset and
 // constant in kvf_verbs.h with rdma-core's <infiniband/verbs.h>.
 func TestABIAgainstVerbsHeader(t *testing.T) {
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Fatalf("the ABI test needs gcc: %v", err)
-	}
-	dir := t.TempDir()
-	theirs := runABIProgram(t, dir, "verbs", abiProgram("<infiniband/verbs.h>", ""))
-	ours := runABIProgram(t, dir, "kvf", abiProgram(`"kvf_verbs.h"`, "kvf_"))
-	want := 0
-	for _, s := range abiFields {
-		want += 1 + len(s.fields)
-	}
-	want += len(abiConstants)
-	if len(theirs) != want || len(ours) != want {
-		t.Fatalf("parsed %d lines from verbs.h's program and %d from ours, want %d each", len(theirs), len(ours), want)
-	}
-	keys := slices.Sorted(maps.Keys(theirs))
-	for _, k := range keys {
-		if v := theirs[k]; ours[k] != v {
-			t.Errorf("%s: verbs.h says %s, kvf_verbs.h says %s", k, v, ours[k])
-		}
-	}
+	abitest.Compare(t, abitest.Spec{
+		Includes: []string{"<infiniband/verbs.h>"}, Ours: "kvf_verbs.h", Package: "libibverbs-dev",
+		Types: abiTypes, Constants: abiConstants,
+	})
 }

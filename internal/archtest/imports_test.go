@@ -18,7 +18,7 @@ const module = "github.com/kvfabric/kvfabric"
 type rule struct{ ours, theirs, tests []string }
 
 // testHelpers are the packages any package's tests may use.
-var testHelpers = []string{"internal/wait", "internal/kvtest", "internal/netbench"}
+var testHelpers = []string{"internal/wait", "internal/kvtest", "internal/netbench", "internal/abitest"}
 
 // rules holds the rule of each package, keyed by package path relative to
 // the module. A package without a key of its own takes the rule of its
