@@ -54,6 +54,9 @@ type engineServer struct {
 }
 
 func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterRequest) (*fabricpb.RegisterResponse, error) {
+	if err := checkRegisterStrings(req); err != nil {
+		return nil, err
+	}
 	m, err := layout.ModelConfigFromProto(req.GetModel())
 	if err != nil {
 		return nil, toStatus(err)
@@ -257,6 +260,9 @@ func (e *engineServer) giveBack(ctx context.Context, set uint64, slots []uint32,
 // requestHashes returns the n sequence hashes a request names, given as
 // hashes or as token ids to hash with the block set's page size.
 func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([]uint64, error) {
+	if err := checkTokenStrings(tokens); err != nil {
+		return nil, err
+	}
 	if len(hashes) > 0 && tokens != nil {
 		return nil, status.Error(codes.InvalidArgument, "hashes and tokens: give one, not both")
 	}

@@ -368,6 +368,9 @@ func (e *engineServer) OpenSession(stream fabricpb.Engine_OpenSessionServer) err
 			return m.err
 		}
 		first = m.req
+		if err := checkString("engine", first.GetEngine(), MaxEngineName); err != nil {
+			return err
+		}
 	case <-timer.C:
 		return status.Errorf(codes.DeadlineExceeded, "session: no first SessionRequest within %v", bound)
 	case <-ctx.Done():
