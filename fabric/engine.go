@@ -339,6 +339,11 @@ const loadWeight = 1.0
 
 func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) (*fabricpb.LookupResponse, error) {
 	a := e.a
+	// Lookup holds nothing for a session, but a call naming a bad or ended
+	// one is refused like every other: the engine must learn at once.
+	if _, err := a.sessionOf(ctx); err != nil {
+		return nil, err
+	}
 	var perBlock uint64 // bytes one block moves into the engine's set
 	bs := int(req.GetBlockSize())
 	if id := req.GetBlockSet(); id != 0 {
@@ -455,6 +460,9 @@ func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) 
 
 func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) (*fabricpb.StatusResponse, error) {
 	a := e.a
+	if _, err := a.sessionOf(ctx); err != nil {
+		return nil, err
+	}
 	out := &fabricpb.StatusResponse{
 		Node:         a.cfg.NodeName,
 		Version:      buildinfo.Version(),

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
@@ -84,5 +85,76 @@ func TestEngineStringBounds(t *testing.T) {
 		if len(s.Engine) > fabric.MaxEngineName {
 			t.Errorf("session %d in status with a %d-byte engine name", s.Id, len(s.Engine))
 		}
+	}
+}
+
+// The codes engine.proto documents, one case each.
+func TestEngineContractCodes(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	api, _, ev := rawSession(t, ctx, a.EngineSocket())
+	sctx := inSession(ctx, ev.Session)
+	set, err := api.Register(sctx, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := metadata.AppendToOutgoingContext(ctx, fabricpb.SessionMetadata, "not-a-number")
+	unknown := inSession(ctx, ev.Session+1)
+	lookup := func(ctx context.Context) error {
+		_, err := api.Lookup(ctx, &fabricpb.LookupRequest{Hashes: []uint64{1}})
+		return err
+	}
+	statusCall := func(ctx context.Context) error {
+		_, err := api.Status(ctx, &fabricpb.StatusRequest{})
+		return err
+	}
+	for _, tc := range []struct {
+		desc string
+		call func() error
+		want codes.Code
+	}{
+		{"lookup in the session", func() error { return lookup(sctx) }, codes.OK},
+		{"lookup with no session", func() error { return lookup(ctx) }, codes.OK},
+		{"lookup with a malformed session id", func() error { return lookup(bad) }, codes.InvalidArgument},
+		{"lookup with an unknown session id", func() error { return lookup(unknown) }, codes.FailedPrecondition},
+		{"status in the session", func() error { return statusCall(sctx) }, codes.OK},
+		{"status with a malformed session id", func() error { return statusCall(bad) }, codes.InvalidArgument},
+		{"status with an unknown session id", func() error { return statusCall(unknown) }, codes.FailedPrecondition},
+		{"allocate in an unknown block set", func() error {
+			_, err := api.Allocate(sctx, &fabricpb.AllocateRequest{BlockSet: 999, Count: 1})
+			return err
+		}, codes.NotFound},
+		{"lookup naming an unknown block set", func() error {
+			_, err := api.Lookup(sctx, &fabricpb.LookupRequest{BlockSet: 999, Hashes: []uint64{1}})
+			return err
+		}, codes.NotFound},
+		{"free of a slot out of range", func() error {
+			_, err := api.Free(sctx, &fabricpb.FreeRequest{BlockSet: set.BlockSet, Slots: []uint32{1 << 30}})
+			return err
+		}, codes.FailedPrecondition},
+		{"import of blocks no node holds", func() error {
+			_, err := api.Import(sctx, &fabricpb.ImportRequest{BlockSet: set.BlockSet, Hashes: []uint64{77}, TimeoutMs: 5000})
+			return err
+		}, codes.NotFound},
+		{"allocate past the pool", func() error {
+			_, err := api.Allocate(sctx, &fabricpb.AllocateRequest{BlockSet: set.BlockSet, Count: 17})
+			return err
+		}, codes.ResourceExhausted},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			if err := tc.call(); code(err) != tc.want {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+		})
+	}
+	// Acquire answers per block: a block no node holds is MISSING with
+	// NOT_FOUND.
+	acq, err := api.Acquire(sctx, &fabricpb.AcquireRequest{BlockSet: set.BlockSet, Hashes: []uint64{77}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := acq.Results[0]; r.Outcome != fabricpb.Outcome_OUTCOME_MISSING || codes.Code(r.Code) != codes.NotFound {
+		t.Fatalf("acquire of a block not held: %v", r)
 	}
 }
