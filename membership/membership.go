@@ -175,6 +175,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	mc.PushPullInterval = cfg.PushPullInterval
 	mc.RetransmitMult = cfg.RetransmitMult
 	mc.TCPTimeout = max(time.Second, 2*cfg.ProbeTimeout)
+	mc.DeadNodeReclaimTime = cfg.DeadNameReclaim
 	mc.DelegateProtocolVersion = wireVersion
 	mc.DelegateProtocolMin = wireVersion
 	mc.DelegateProtocolMax = wireVersion
