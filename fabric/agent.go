@@ -479,8 +479,8 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 
 // blockSetForSession returns the block set an engine with this layout
 // uses, one of sess's sets from now: an existing one of the same shape and
-// placement (another engine's, or one no session uses any more), or a new
-// one. place is the storage of each rank (placement), nil for the default.
+// placement (another engine's, or one no session uses any more; see
+// reusableSet), or a new one. place is the storage of each rank (placement), nil for the default.
 // When the pool has no room for a new one, sets no session uses are freed,
 // longest idle first, until it has.
 func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout, place []int) (*sessionSet, error) {
@@ -492,14 +492,6 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		sess.engine = engine
 		sess.mu.Unlock()
 	}
-	for _, s := range a.sets {
-		l := s.set.Layout()
-		if l.Model == tmpl.Model && l.PageSize == tmpl.PageSize && l.TPSize == tmpl.TPSize &&
-			l.Order == tmpl.Order && l.Arrangement == tmpl.Arrangement && l.Alignment == tmpl.Alignment && (tmpl.Slots == 0 || tmpl.Slots == l.Slots) &&
-			a.placedAs(s.set, place) {
-			return a.attach(sess, s)
-		}
-	}
 	// Nothing may be sized by a request before it is checked.
 	if tmpl.TPSize < 1 || tmpl.TPSize > layout.MaxTPSize {
 		return nil, &layout.FieldError{Field: "tp_size", Reason: fmt.Sprintf("%d is not in 1..%d", tmpl.TPSize, layout.MaxTPSize)}
@@ -509,6 +501,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	for r := range tmpl.Regions {
 		tmpl.Regions[r] = layout.Region{Size: 1 << 62, Kind: a.storages[0].Kind(), Device: a.storages[0].Device()}
 	}
+	asked := tmpl.Slots
 	if tmpl.Slots == 0 {
 		probe := *tmpl
 		probe.Slots = 1
@@ -517,8 +510,17 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		}
 		tmpl.Slots = a.defaultSlots(&probe, place)
 	}
+	best := a.reusableSet(tmpl, asked, place)
+	if best != nil && best.set.Slots() >= tmpl.Slots {
+		return a.attach(sess, best)
+	}
 	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) })
 	if err != nil {
+		if best != nil && errors.Is(err, pool.ErrOutOfMemory) {
+			// No room for a set of the default size: the largest of the
+			// layout's sets is the best there is.
+			return a.attach(sess, best)
+		}
 		return nil, err
 	}
 	s := &engineSet{set: set, engine: engine, users: map[uint64]*setUse{}}
@@ -536,6 +538,27 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		return nil, err
 	}
 	return ss, nil
+}
+
+// reusableSet returns the block set of tmpl's layout and placement that a
+// Register asking for asked slots joins: one of exactly that many, or, when
+// it asked for none, the largest (the oldest of equals), which the caller
+// takes only if it holds the default slot count, so that an engine is not
+// handed a tiny set some other engine asked for. a.mu is held.
+func (a *Agent) reusableSet(tmpl *layout.Layout, asked int, place []int) *engineSet {
+	var best *engineSet
+	for _, s := range a.sets {
+		l := s.set.Layout()
+		if l.Model != tmpl.Model || l.PageSize != tmpl.PageSize || l.TPSize != tmpl.TPSize || l.Order != tmpl.Order ||
+			l.Arrangement != tmpl.Arrangement || l.Alignment != tmpl.Alignment || (asked != 0 && asked != l.Slots) ||
+			!a.placedAs(s.set, place) {
+			continue
+		}
+		if best == nil || l.Slots > best.set.Slots() || (l.Slots == best.set.Slots() && s.set.ID() < best.set.ID()) {
+			best = s
+		}
+	}
+	return best
 }
 
 // defaultSlots is the configured slot count, else what a quarter of the
