@@ -510,8 +510,8 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		}
 		tmpl.Slots = a.defaultSlots(&probe, place)
 	}
-	best := a.reusableSet(tmpl, asked, place)
-	if best != nil && best.set.Slots() >= tmpl.Slots {
+	best, own := a.reusableSet(sess, tmpl, asked, place)
+	if best != nil && (own || best.set.Slots() >= tmpl.Slots) {
 		return a.attach(sess, best)
 	}
 	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) })
@@ -541,12 +541,19 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 }
 
 // reusableSet returns the block set of tmpl's layout and placement that a
-// Register asking for asked slots joins: one of exactly that many, or, when
-// it asked for none, the largest (the oldest of equals), which the caller
-// takes only if it holds the default slot count, so that an engine is not
-// handed a tiny set some other engine asked for. a.mu is held.
-func (a *Agent) reusableSet(tmpl *layout.Layout, asked int, place []int) *engineSet {
-	var best *engineSet
+// Register asking for asked slots may join: one of exactly that many, or,
+// when it asked for none, the largest (the oldest of equals). own says
+// whether sess already uses it (an engine's other ranks registered it).
+// The caller takes another session's set without a count only if it holds
+// the default slot count, so that an engine is not handed a tiny set some
+// other engine asked for. a.mu is held.
+func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place []int) (best *engineSet, own bool) {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	better := func(s, than *engineSet) bool {
+		return than == nil || s.set.Slots() > than.set.Slots() || (s.set.Slots() == than.set.Slots() && s.set.ID() < than.set.ID())
+	}
+	var mine *engineSet
 	for _, s := range a.sets {
 		l := s.set.Layout()
 		if l.Model != tmpl.Model || l.PageSize != tmpl.PageSize || l.TPSize != tmpl.TPSize || l.Order != tmpl.Order ||
@@ -554,11 +561,17 @@ func (a *Agent) reusableSet(tmpl *layout.Layout, asked int, place []int) *engine
 			!a.placedAs(s.set, place) {
 			continue
 		}
-		if best == nil || l.Slots > best.set.Slots() || (l.Slots == best.set.Slots() && s.set.ID() < best.set.ID()) {
+		if better(s, best) {
 			best = s
 		}
+		if _, used := sess.sets[s.set.ID()]; used && better(s, mine) {
+			mine = s
+		}
 	}
-	return best
+	if mine != nil {
+		return mine, true
+	}
+	return best, false
 }
 
 // defaultSlots is the configured slot count, else what a quarter of the

@@ -9,27 +9,36 @@ import (
 	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
 
-// A Register that asks for no slot count joins a set of its layout only if
-// that set holds the default slot count (the largest such set), and makes
-// one otherwise: another engine's tiny set of the same layout is not handed
-// to it. When the pool has no room for a set of the default size, the
-// largest existing set is the answer.
+// A Register that asks for no slot count joins a set of its layout that its
+// session already uses (an engine's other ranks), else another session's
+// only if that set holds the default slot count (the largest such set), and
+// makes one otherwise: another engine's tiny set of the same layout is not
+// handed to it. When the pool has no room for a set of the default size,
+// the largest existing set is the answer.
 func TestRegisterWithoutSlotsAvoidsTinySets(t *testing.T) {
 	a := startAgent(t, testConfig(t, "n1")) // host=16MiB: the default set is 1024 slots of 4 KiB
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	api, _, ev := rawSession(t, ctx, a.EngineSocket())
-	sctx := inSession(ctx, ev.Session)
-	reg := func(page, slots uint32) *fabricpb.RegisterResponse {
+	api, _, evA := rawSession(t, ctx, a.EngineSocket())
+	_, _, evB := rawSession(t, ctx, a.EngineSocket())
+	sctx := inSession(ctx, evB.Session)
+	regIn := func(ctx context.Context, page, slots uint32) *fabricpb.RegisterResponse {
 		t.Helper()
-		r, err := api.Register(sctx, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: page,
+		r, err := api.Register(ctx, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: page,
 			KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: slots})
 		if err != nil {
 			t.Fatalf("register page %d slots %d: %v", page, slots, err)
 		}
 		return r
 	}
-	tiny := reg(4, 4)
+	reg := func(page, slots uint32) *fabricpb.RegisterResponse { t.Helper(); return regIn(sctx, page, slots) }
+	// Session A makes a tiny set; its own other ranks join it without a
+	// count.
+	actx := inSession(ctx, evA.Session)
+	tiny := regIn(actx, 4, 4)
+	if r := regIn(actx, 4, 0); r.BlockSet != tiny.BlockSet {
+		t.Fatalf("the session's own set not joined without a count: set %d, want %d", r.BlockSet, tiny.BlockSet)
+	}
 	// 20 tries: the old choice among sets of one layout was a map's order.
 	var big uint64
 	for i := range 20 {
@@ -51,7 +60,7 @@ func TestRegisterWithoutSlotsAvoidsTinySets(t *testing.T) {
 	// Past the pool: a page-16 set (4 KiB blocks) takes all but 1 MiB,
 	// leaving no room for a default page-8 set (1024 blocks of 4 KiB); the
 	// largest page-8 set there is answers.
-	small8 := reg(8, 4)
+	small8 := regIn(actx, 8, 4)
 	st, err := api.Status(sctx, &fabricpb.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)

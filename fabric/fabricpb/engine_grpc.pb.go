@@ -28,10 +28,11 @@
 // hold is held until released, as before sessions existed.
 //
 // Block sets. Register reuses a block set of the same layout (and slot
-// count, when one is asked; when none is, the largest such set if it holds
-// the agent's default slot count, else a new set of that count, else, with
-// no room for one, the largest there is); engines sharing a set each hold
-// their own references and slots. A set that no session uses any more (all that
+// count, when one is asked; when none is, the largest such set the
+// session already uses, else the largest such set if it holds the agent's
+// default slot count, else a new set of that count, else, with no room for
+// one, the largest there is); engines sharing a set each hold their own
+// references and slots. A set that no session uses any more (all that
 // registered or used it dropped it or ended) is freed after the agent's
 // grace period, or at once when another Register needs its memory: its
 // registered blocks are evicted (remove events, so the cluster forgets
