@@ -50,13 +50,18 @@ type counters struct {
 // serveHealth answers ok while the agent runs, except that a node given
 // seeds to join answers 503 until it has joined once (unless AllowAlone):
 // a node that cannot reach its cluster would otherwise look healthy while
-// it serves alone.
+// it serves alone. A joined node answers 503 while notReady says why.
 func (a *Agent) serveHealth(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	up := time.Since(a.started).Round(time.Second)
 	joined, lastErr := a.members.Joined()
 	switch {
 	case joined:
+		if reason := a.notReady(); reason != "" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready %s up %s: %s\n", a.cfg.NodeName, up, reason)
+			return
+		}
 		fmt.Fprintf(w, "ok %s up %s\n", a.cfg.NodeName, up)
 	case a.cfg.AllowAlone:
 		fmt.Fprintf(w, "ok %s up %s, alone: no seed of %v answered yet (allow_alone)\n", a.cfg.NodeName, up, a.cfg.Join)

@@ -65,6 +65,9 @@ type Membership struct {
 	joined      atomic.Bool
 	joinMu      sync.Mutex
 	lastJoinErr error
+	// merged is set once a peer's push/pull state was taken, synced once
+	// the node first caught up with it (see Synced).
+	merged, synced atomic.Bool
 	// conflicts carries members seen under this node's name, from the
 	// conflict delegate to settleConflict; conflict is set once, when this
 	// node must yield, and conflicted closed then. See conflict.go.
