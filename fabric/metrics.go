@@ -121,7 +121,8 @@ type Metrics struct {
 	MembersLeft, MembersFailed int
 
 	// IndexEventsHeld are events of nodes waiting for an index slot;
-	// IndexEventsLost those lost past the hold limit.
+	// IndexEventsLost those lost past the hold limit (their nodes are
+	// resynchronised: Membership.Resyncs).
 	IndexEventsHeld int
 	IndexEventsLost uint64
 

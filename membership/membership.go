@@ -87,6 +87,7 @@ type counters struct {
 	repairFailures, restarts, memberEventsDropped atomic.Uint64
 	joinAttempts, joinFailures                    atomic.Uint64
 	reconciled                                    atomic.Uint64
+	resyncs                                       atomic.Uint64
 	joinFailuresBy                                [numJoinReasons]atomic.Uint64
 }
 
@@ -541,6 +542,10 @@ type Metrics struct {
 	JoinFailuresBy   map[JoinReason]uint64
 	Joined           bool // see Membership.Joined
 	QueuedBroadcasts int
+
+	// Resyncs counts origins repaired from scratch because the Sink lost
+	// events it had been handed (Resync).
+	Resyncs uint64
 }
 
 // Metrics returns a snapshot of the counters.
@@ -559,6 +564,7 @@ func (m *Membership) Metrics() Metrics {
 		SnapshotRepairs:     c.snapshotRepairs.Load(),
 		RepairFailures:      c.repairFailures.Load(),
 		Restarts:            c.restarts.Load(),
+		Resyncs:             c.resyncs.Load(),
 		MemberEventsDropped: c.memberEventsDropped.Load(),
 		JoinAttempts:        c.joinAttempts.Load(),
 		JoinFailures:        c.joinFailures.Load(),

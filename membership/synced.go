@@ -32,3 +32,24 @@ func (m *Membership) Synced() (synced bool, behind int) {
 	m.synced.Store(true)
 	return true, 0
 }
+
+// Resync forgets what this node applied of origin's current run and
+// repairs it from the origin again, from its first event or its snapshot,
+// as if the node had just joined. A Sink that lost events it had been
+// handed (membership counts them as applied, so repair would never fetch
+// them again) drops the origin's entries and calls this. It reports false
+// if origin is not a member whose events this node follows.
+func (m *Membership) Resync(origin string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := m.origins[origin]
+	if st == nil || !m.alive[origin] {
+		return false
+	}
+	st.known = max(st.known, st.applied, 1)
+	st.applied = 0
+	st.pending = nil
+	m.noteGapLocked(st)
+	m.metrics.resyncs.Add(1)
+	return true
+}

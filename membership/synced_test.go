@@ -97,3 +97,38 @@ func TestSyncedAfterFirstRepair(t *testing.T) {
 		t.Fatal("a later gap made the node unsynced again")
 	}
 }
+
+// Resync fetches an origin's events again from the start: a Sink that lost
+// them (here: forgot the origin) gets every entry back, removes applied in
+// order, and the other origins are left alone.
+func TestResyncRefetchesOneOrigin(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	waitFor(t, 20*time.Second, "3 nodes see each other", func() bool { return c.allSee(3) })
+	c.nodes[0].m.Publish(EventStore, 1, 1, 2, 3)
+	c.nodes[0].m.Publish(EventRemove, 1, 2)
+	c.nodes[1].m.Publish(EventStore, 1, 9)
+	x := c.nodes[2]
+	waitFor(t, 10*time.Second, "events applied", func() bool {
+		return x.sink.count("node-00") == 2 && x.sink.has("node-01", 9)
+	})
+	before := x.sink.digest()
+	x.sink.Drop("node-00")
+	if x.m.Resync("node-99") {
+		t.Fatal("resync of a node that is not a member")
+	}
+	if !x.m.Resync("node-00") {
+		t.Fatal("resync of a member refused")
+	}
+	waitFor(t, 20*time.Second, "node-00's entries back", func() bool {
+		return x.sink.has("node-00", 1) && x.sink.has("node-00", 3)
+	})
+	if x.sink.has("node-00", 2) || x.sink.count("node-00") != 2 {
+		t.Fatalf("after the resync node-00 has %d entries (2 present: %v)", x.sink.count("node-00"), x.sink.has("node-00", 2))
+	}
+	if got := x.sink.digest(); got != before {
+		t.Fatalf("sink digest %x after the resync, %x before the loss", got, before)
+	}
+	if m := x.m.Metrics(); m.Resyncs != 1 {
+		t.Fatalf("%d resyncs counted, want 1", m.Resyncs)
+	}
+}

@@ -89,7 +89,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.gauge("kvfabric_index_hashes", "Distinct block hashes in the cluster index.", float64(ix.Hashes))
 	e.gauge("kvfabric_index_entries", "(hash, holder) pairs in the cluster index.", float64(ix.Pairs))
 	e.gauge("kvfabric_index_events_held", "Events of nodes waiting for an index slot (every slot live or not yet swept).", float64(m.IndexEventsHeld))
-	e.counter("kvfabric_index_events_lost_total", "Events of nodes without an index slot lost past the sink's hold limit; those nodes' blocks are missing from the index until they restart or leave.", float64(m.IndexEventsLost))
+	e.counter("kvfabric_index_events_lost_total", "Events of nodes without an index slot lost past the sink's hold limit; those nodes are resynchronised (kvfabric_gossip_resyncs_total).", float64(m.IndexEventsLost))
 
 	ms := m.Membership
 	e.gauge("kvfabric_members", "Cluster members this node sees, itself included.", float64(ms.Members))
@@ -97,6 +97,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.gauge("kvfabric_members_gone", "Members that left or failed in the last 10 minutes and have not come back, by state.", float64(m.MembersFailed), "state", "failed")
 	e.counter("kvfabric_gossip_events_published_total", "Block events this node published.", float64(ms.EventsPublished))
 	e.counter("kvfabric_gossip_events_reconciled_total", "Block events this node published to make its published holdings match its pool after pool events were lost.", float64(ms.EventsReconciled))
+	e.counter("kvfabric_gossip_resyncs_total", "Nodes whose block events were fetched again from the start because the index lost events held for them.", float64(ms.Resyncs))
 	e.counter("kvfabric_gossip_events_applied_total", "Other nodes' block events applied to the index.", float64(ms.EventsApplied))
 	e.gauge("kvfabric_gossip_event_gaps", "Origins whose events are known but not yet applied (event lag).", float64(ms.Gaps))
 	e.counter("kvfabric_gossip_range_repairs_total", "Answers from an origin's log applied to close event gaps (a long gap takes several).", float64(ms.RangeRepairs))
