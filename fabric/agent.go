@@ -106,6 +106,9 @@ type Agent struct {
 	// stopErr is why the agent stopped by itself, if it did.
 	stopErr atomic.Pointer[error]
 	wg      sync.WaitGroup
+
+	// reqBudget bounds the engine requests in flight (engine_budget.go).
+	reqBudget *requestBudget
 }
 
 // Start makes an agent from cfg and starts serving. The context bounds the
@@ -270,7 +273,9 @@ func (a *Agent) startEngineAPI() error {
 	}
 	// WaitForHandlers: Close must not unmap the pool under a call still
 	// writing into it.
-	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.WaitForHandlers(true), grpc.Creds(peerCreds{}))
+	a.reqBudget = newRequestBudget(a.cfg.EngineRequestMemory, a.cfg.EngineSessionRequestMemory)
+	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxEngineMessage), grpc.WaitForHandlers(true), grpc.Creds(peerCreds{}),
+		grpc.UnaryInterceptor(a.budgetInterceptor))
 	fabricpb.RegisterEngineServer(a.engineSrv, &engineServer{a: a})
 	a.wg.Add(1)
 	go func() {

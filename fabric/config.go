@@ -229,6 +229,17 @@ type Config struct {
 	// default so that paging shows at small sizes. If zero, the
 	// transport's default.
 	maxMessageSize uint32
+
+	// EngineRequestMemory bounds the engine requests being served at once,
+	// in bytes (twice each request's encoded size): a request that would
+	// pass it fails RESOURCE_EXHAUSTED at once, naming the bound. If zero,
+	// DefaultEngineRequestMemory (512 MiB).
+	EngineRequestMemory int64 `json:"engine_request_memory,omitempty"`
+	// EngineSessionRequestMemory is the same bound for one session's
+	// requests (calls naming no session share one), at most
+	// EngineRequestMemory. If zero, DefaultEngineSessionRequestMemory
+	// (256 MiB) or EngineRequestMemory if smaller.
+	EngineSessionRequestMemory int64 `json:"engine_session_request_memory,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
@@ -381,6 +392,7 @@ func (c *Config) populate() {
 	if c.RDMAPort == 0 {
 		c.RDMAPort = 1
 	}
+	c.populateEngineLimits()
 }
 
 // validate checks a populated config and returns the pools it asks for.
@@ -468,6 +480,9 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	}
 	if c.BlockSetSlots < 0 {
 		return nil, bad("block_set_slots", "%d is negative", c.BlockSetSlots)
+	}
+	if err := c.validateEngineLimits(); err != nil {
+		return nil, err
 	}
 	var specs []PoolSpec
 	hostAt, everyGPU := -1, false

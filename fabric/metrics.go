@@ -152,6 +152,12 @@ type Metrics struct {
 
 	// Certificates are the TLS certificates in use and when they expire.
 	Certificates []CertificateExpiry
+
+	// EngineRequestBytes are the bytes of engine requests being served
+	// (as charged against EngineRequestMemory); EngineRequestsRefused the
+	// requests refused for passing that bound or the session's.
+	EngineRequestBytes    int64
+	EngineRequestsRefused uint64
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -200,6 +206,9 @@ func (a *Agent) Metrics() Metrics {
 	}
 	if a.sink != nil {
 		m.IndexEventsHeld = a.sink.heldEvents()
+	}
+	if a.reqBudget != nil {
+		m.EngineRequestBytes, m.EngineRequestsRefused = a.reqBudget.snapshot()
 	}
 	if id := a.identity.Load(); id != nil {
 		m.Certificates = []CertificateExpiry{{"node", id.Leaf.NotAfter}, {"ca", id.CA.NotAfter}}

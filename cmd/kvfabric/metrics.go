@@ -85,6 +85,9 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_leases_ended_early_total", "Leases released before their term because the peer holding them disconnected, left or failed.", float64(m.LeasesEndedEarly))
 	e.histogram("kvfabric_lease_hold_duration_seconds", "How long leases granted to peers lived, until released or their peer went.", m.LeaseHold)
 
+	e.gauge("kvfabric_engine_request_bytes", "Bytes of engine requests being served, as charged against engine_request_memory.", float64(m.EngineRequestBytes))
+	e.counter("kvfabric_engine_requests_refused_total", "Engine requests refused RESOURCE_EXHAUSTED for passing the bound on requests in flight (in total or per session).", float64(m.EngineRequestsRefused))
+
 	ix := m.Index
 	e.gauge("kvfabric_index_hashes", "Distinct block hashes in the cluster index.", float64(ix.Hashes))
 	e.gauge("kvfabric_index_entries", "(hash, holder) pairs in the cluster index.", float64(ix.Pairs))

@@ -64,6 +64,9 @@ var agentSettings = []setting{
 	{"rdma-retry", "RDMARetry", "queue-pair retries after a timeout, 1..7; a dead holder fails a read after (N+1) tries (default 7: about 0.5s with timeout 14)"},
 	{"log-level", "LogLevel", "debug, info, warn or error (default info)"},
 	{"log-format", "LogFormat", "text (key=value) or json (one object a line, for log collectors) (default text)"},
+
+	{"engine-request-memory", "EngineRequestMemory", "bytes of engine requests served at once (twice their encoded size); past it a request fails RESOURCE_EXHAUSTED (default 512MiB)"},
+	{"engine-session-request-memory", "EngineSessionRequestMemory", "the same bound per engine session, at most --engine-request-memory (default 256MiB)"},
 }
 
 // The KVFABRIC_ variables that are not settings of fabric.Config: the
