@@ -109,6 +109,8 @@ type Agent struct {
 
 	// reqBudget bounds the engine requests in flight (engine_budget.go).
 	reqBudget *requestBudget
+	// health is every peer dial's outcome, per member (peer_health.go).
+	health peerHealth
 }
 
 // Start makes an agent from cfg and starts serving. The context bounds the
@@ -122,6 +124,7 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger, started: time.Now(), sets: map[pool.SetID]*engineSet{},
 		sessions: map[uint64]*session{}, unowned: &session{opened: time.Now(), sets: map[pool.SetID]*engineSet{}},
 		metaPoke: make(chan struct{}, 1), done: make(chan struct{})}
+	a.peers.report = a.health.record
 	if a.log == nil {
 		a.log = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel) // both validated
 	}
@@ -159,9 +162,10 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		return nil, err
 	}
 	a.joined.Store(a.members)
-	a.wg.Add(2)
+	a.wg.Add(3)
 	go a.metaLoop()
 	go a.memberLoop()
+	go a.peerCheckLoop()
 	if err := a.startEngineAPI(); err != nil {
 		return nil, err
 	}

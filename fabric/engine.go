@@ -485,6 +485,9 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		if id, ok := a.index.Lookup(m.Name); ok {
 			mb.Blocks = uint64(a.index.NodeBlocks(id))
 		}
+		if l, ok := a.health.link(m.Name); ok {
+			mb.PeerReachable, mb.PeerAuthenticated, mb.PeerError = l.Reachable, l.Authenticated, l.LastError
+		}
 		out.Members = append(out.Members, mb)
 	}
 	sort.Slice(out.Members, func(i, j int) bool { return out.Members[i].Node < out.Members[j].Node })

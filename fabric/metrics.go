@@ -158,6 +158,16 @@ type Metrics struct {
 	// requests refused for passing that bound or the session's.
 	EngineRequestBytes    int64
 	EngineRequestsRefused uint64
+
+	// PeerDialFailures counts dials of members that failed,
+	// PeerAuthFailures those that failed authentication (a certificate
+	// from another CA, a node that is not a member); PeersAuthenticated
+	// and PeersUnauthenticated are the current members whose last dial
+	// did and did not authenticate (members never dialed are in neither).
+	PeerDialFailures, PeerAuthFailures       uint64
+	PeersAuthenticated, PeersUnauthenticated int
+	// Ready is /healthz's answer: joined, and notReady gives no reason.
+	Ready bool
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -207,6 +217,17 @@ func (a *Agent) Metrics() Metrics {
 	if a.sink != nil {
 		m.IndexEventsHeld = a.sink.heldEvents()
 	}
+	m.PeerDialFailures, m.PeerAuthFailures = a.health.dialFailures.Load(), a.health.authFailures.Load()
+	for _, mb := range a.members.Members() {
+		if l, ok := a.health.link(mb.Name); ok && mb.Name != a.cfg.NodeName && !l.At.IsZero() {
+			if l.Authenticated {
+				m.PeersAuthenticated++
+			} else {
+				m.PeersUnauthenticated++
+			}
+		}
+	}
+	m.Ready = m.Joined && a.notReady() == ""
 	if a.reqBudget != nil {
 		m.EngineRequestBytes, m.EngineRequestsRefused = a.reqBudget.snapshot()
 	}

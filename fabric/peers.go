@@ -14,6 +14,8 @@ import (
 type peers struct {
 	mu sync.Mutex
 	m  map[string]*peerEntry
+	// report, if set, is told every dial's outcome; it must not block.
+	report func(name string, err error)
 }
 
 type peerEntry struct {
@@ -50,6 +52,9 @@ func (ps *peers) get(ctx context.Context, n *transfer.Node, name, addr string) (
 		return e.p, nil
 	}
 	p, err := n.Peer(ctx, addr, name)
+	if ps.report != nil {
+		ps.report(name, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -88,6 +88,16 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.gauge("kvfabric_engine_request_bytes", "Bytes of engine requests being served, as charged against engine_request_memory.", float64(m.EngineRequestBytes))
 	e.counter("kvfabric_engine_requests_refused_total", "Engine requests refused RESOURCE_EXHAUSTED for passing the bound on requests in flight (in total or per session).", float64(m.EngineRequestsRefused))
 
+	e.counter("kvfabric_peer_dial_failures_total", "Dials of members over the peer transport that failed.", float64(m.PeerDialFailures))
+	e.counter("kvfabric_peer_auth_failures_total", "Dials of members that failed authentication (a certificate from another CA, expired, or of a node that is not a member).", float64(m.PeerAuthFailures))
+	e.gauge("kvfabric_peers", "Current members by whether this node's last dial authenticated to them.", float64(m.PeersAuthenticated), "authenticated", "true")
+	e.gauge("kvfabric_peers", "Current members by whether this node's last dial authenticated to them.", float64(m.PeersUnauthenticated), "authenticated", "false")
+	ready := 0.0
+	if m.Ready {
+		ready = 1
+	}
+	e.gauge("kvfabric_ready", "1 when /healthz answers ok: joined, authenticated to a peer, and synced once since the start.", ready)
+
 	ix := m.Index
 	e.gauge("kvfabric_index_hashes", "Distinct block hashes in the cluster index.", float64(ix.Hashes))
 	e.gauge("kvfabric_index_entries", "(hash, holder) pairs in the cluster index.", float64(ix.Pairs))

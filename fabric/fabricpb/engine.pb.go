@@ -2378,12 +2378,19 @@ type Member struct {
 	// The member's device pools, from its metadata: how many GPUs, their
 	// bytes, the RDMA devices they are registered with (gpus where it has a
 	// NIC per GPU) and the first GPU's name; 0 and empty without.
-	Gpus          uint32 `protobuf:"varint,8,opt,name=gpus,proto3" json:"gpus,omitempty"`
-	GpuPoolBytes  uint64 `protobuf:"varint,9,opt,name=gpu_pool_bytes,json=gpuPoolBytes,proto3" json:"gpu_pool_bytes,omitempty"`
-	GpuNics       uint32 `protobuf:"varint,10,opt,name=gpu_nics,json=gpuNics,proto3" json:"gpu_nics,omitempty"`
-	GpuModel      string `protobuf:"bytes,11,opt,name=gpu_model,json=gpuModel,proto3" json:"gpu_model,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Gpus         uint32 `protobuf:"varint,8,opt,name=gpus,proto3" json:"gpus,omitempty"`
+	GpuPoolBytes uint64 `protobuf:"varint,9,opt,name=gpu_pool_bytes,json=gpuPoolBytes,proto3" json:"gpu_pool_bytes,omitempty"`
+	GpuNics      uint32 `protobuf:"varint,10,opt,name=gpu_nics,json=gpuNics,proto3" json:"gpu_nics,omitempty"`
+	GpuModel     string `protobuf:"bytes,11,opt,name=gpu_model,json=gpuModel,proto3" json:"gpu_model,omitempty"`
+	// This node's peer connection to the member (current members only):
+	// whether it answered a QUIC handshake, whether the handshake
+	// authenticated both sides (a certificate from another CA does not),
+	// and the last dial's error ("" after a success, or before any dial).
+	PeerReachable     bool   `protobuf:"varint,12,opt,name=peer_reachable,json=peerReachable,proto3" json:"peer_reachable,omitempty"`
+	PeerAuthenticated bool   `protobuf:"varint,13,opt,name=peer_authenticated,json=peerAuthenticated,proto3" json:"peer_authenticated,omitempty"`
+	PeerError         string `protobuf:"bytes,14,opt,name=peer_error,json=peerError,proto3" json:"peer_error,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Member) Reset() {
@@ -2489,6 +2496,27 @@ func (x *Member) GetGpuNics() uint32 {
 func (x *Member) GetGpuModel() string {
 	if x != nil {
 		return x.GpuModel
+	}
+	return ""
+}
+
+func (x *Member) GetPeerReachable() bool {
+	if x != nil {
+		return x.PeerReachable
+	}
+	return false
+}
+
+func (x *Member) GetPeerAuthenticated() bool {
+	if x != nil {
+		return x.PeerAuthenticated
+	}
+	return false
+}
+
+func (x *Member) GetPeerError() string {
+	if x != nil {
+		return x.PeerError
 	}
 	return ""
 }
@@ -2887,7 +2915,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\n" +
 	"block_sets\x18\x06 \x03(\x04R\tblockSets\x12\x12\n" +
 	"\x04refs\x18\a \x01(\rR\x04refs\x12\x14\n" +
-	"\x05slots\x18\b \x01(\rR\x05slots\"\xb2\x02\n" +
+	"\x05slots\x18\b \x01(\rR\x05slots\"\xa7\x03\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgossip_addr\x18\x02 \x01(\tR\n" +
@@ -2901,7 +2929,11 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x0egpu_pool_bytes\x18\t \x01(\x04R\fgpuPoolBytes\x12\x19\n" +
 	"\bgpu_nics\x18\n" +
 	" \x01(\rR\agpuNics\x12\x1b\n" +
-	"\tgpu_model\x18\v \x01(\tR\bgpuModel\"\xe1\x01\n" +
+	"\tgpu_model\x18\v \x01(\tR\bgpuModel\x12%\n" +
+	"\x0epeer_reachable\x18\f \x01(\bR\rpeerReachable\x12-\n" +
+	"\x12peer_authenticated\x18\r \x01(\bR\x11peerAuthenticated\x12\x1d\n" +
+	"\n" +
+	"peer_error\x18\x0e \x01(\tR\tpeerError\"\xe1\x01\n" +
 	"\x04Pool\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1d\n" +
 	"\n" +
