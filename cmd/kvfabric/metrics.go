@@ -152,6 +152,11 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_peer_reads_failed_total", "Reads from peers that failed.", float64(ts.ReadsFailed))
 	e.gauge("kvfabric_peer_request_bytes", "Request bytes announced and in flight for peers (capped per peer).", float64(ts.RequestBytes))
 	e.counter("kvfabric_peer_request_budget_waits_total", "Peer requests that waited because their peer's request bytes were at the cap.", float64(ts.RequestBudgetWaits))
+	e.gauge("kvfabric_peer_handshakes", "Incoming peer handshakes in progress.", float64(ts.Handshakes))
+	e.gauge("kvfabric_peer_handshakes_peak", "The most incoming peer handshakes in progress at once since the start.", float64(ts.HandshakesPeak))
+	e.gauge("kvfabric_peer_incoming_connections", "Incoming peer connections, handshaking or established.", float64(ts.Conns))
+	e.counter("kvfabric_peer_connections_refused_total", "Incoming peer connections refused at their first packet for passing the bounds on handshakes and connections (in total or per source address): a handshake flood.", float64(ts.ConnsRefused))
+	e.counter("kvfabric_peer_address_validations_total", "Incoming handshakes asked to validate their source address (a QUIC Retry) because many were in progress.", float64(ts.AddressValidations))
 
 	for _, cert := range m.Certificates {
 		e.gauge("kvfabric_certificate_expiry_timestamp_seconds", "When the node's TLS certificate and its CA expire (Unix time).",
