@@ -10,7 +10,8 @@ import (
 )
 
 // A node that joins (or restarts into) a cluster answers /healthz 503
-// "syncing" until its first full repair, and its first 200 comes with
+// "not ready" (no peer authenticated yet, then syncing) until its first
+// full repair, and its first 200 comes with
 // every block the cluster published before it came already in its index.
 func TestReadyAfterFirstRepair(t *testing.T) {
 	const events = 20_000
@@ -29,8 +30,8 @@ func TestReadyAfterFirstRepair(t *testing.T) {
 		if code == http.StatusOK {
 			return nil
 		}
-		if !strings.Contains(body, "syncing") {
-			t.Fatalf("/healthz %d %q, want 503 syncing", code, body)
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "not ready") {
+			t.Fatalf("/healthz %d %q, want 503 not ready", code, body)
 		}
 		syncing++
 		return fmt.Errorf("%d %q", code, body)
