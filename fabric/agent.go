@@ -523,7 +523,19 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	if best != nil && (own || best.set.Slots() >= tmpl.Slots) {
 		return a.attach(sess, best)
 	}
-	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) })
+	if probe := *tmpl; true {
+		if err := probe.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	may, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize))
+	if err != nil {
+		if best != nil {
+			return a.attach(sess, best) // the largest of the layout's sets is the best there is
+		}
+		return nil, err
+	}
+	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }, may)
 	if err != nil {
 		if best != nil && errors.Is(err, pool.ErrOutOfMemory) {
 			// No room for a set of the default size: the largest of the

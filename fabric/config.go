@@ -240,6 +240,15 @@ type Config struct {
 	// EngineRequestMemory. If zero, DefaultEngineSessionRequestMemory
 	// (256 MiB) or EngineRequestMemory if smaller.
 	EngineSessionRequestMemory int64 `json:"engine_session_request_memory,omitempty"`
+
+	// EngineQuota bounds the pool bytes the block sets made for one engine
+	// (by the name it registers under) may take; a Register past it first
+	// frees that engine's idle sets, then fails RESOURCE_EXHAUSTED naming
+	// the quota. Room for a new set is made by freeing idle sets of the
+	// engine itself or of engines over their quota, never those of an
+	// engine within it. If zero, a fair share: the pool divided among the
+	// engines that have block sets.
+	EngineQuota int64 `json:"engine_quota,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.

@@ -112,6 +112,8 @@ func (c *Config) validateEngineLimits() error {
 	switch {
 	case c.EngineRequestMemory < 0:
 		return fmt.Errorf("%w: engine_request_memory: %d is negative", ErrConfig, c.EngineRequestMemory)
+	case c.EngineQuota < 0:
+		return fmt.Errorf("%w: engine_quota: %d is negative", ErrConfig, c.EngineQuota)
 	case c.EngineSessionRequestMemory < 0 || c.EngineSessionRequestMemory > c.EngineRequestMemory:
 		return fmt.Errorf("%w: engine_session_request_memory: %d is not in 0..engine_request_memory (%d)", ErrConfig, c.EngineSessionRequestMemory, c.EngineRequestMemory)
 	}
