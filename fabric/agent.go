@@ -523,10 +523,9 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	if best != nil && (own || best.set.Slots() >= tmpl.Slots) {
 		return a.attach(sess, best)
 	}
-	if probe := *tmpl; true {
-		if err := probe.Validate(); err != nil {
-			return nil, err
-		}
+	// Checked before the quota, which sizes the set from it.
+	if err := tmpl.Validate(); err != nil {
+		return nil, err
 	}
 	may, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize))
 	if err != nil {

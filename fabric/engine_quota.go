@@ -94,4 +94,3 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64) (func(*engineSet) bo
 		}
 	}
 }
-
