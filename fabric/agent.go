@@ -118,6 +118,11 @@ type Agent struct {
 	// stopErr is why the agent stopped by itself, if it did.
 	stopErr atomic.Pointer[error]
 	wg      sync.WaitGroup
+
+	// reqBudget bounds the engine requests in flight (engine_budget.go).
+	reqBudget *requestBudget
+	// health is every peer dial's outcome, per member (peer_health.go).
+	health peerHealth
 }
 
 // Start makes an agent from cfg and starts serving. The context bounds the
@@ -132,6 +137,7 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		sessions: map[uint64]*session{}, unowned: &session{opened: time.Now(), sets: map[pool.SetID]*engineSet{}},
 		metaPoke: make(chan struct{}, 1), done: make(chan struct{})}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.peers.report = a.health.record
 	if a.log == nil {
 		a.log = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel) // both validated
 	}
@@ -169,9 +175,10 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		return nil, err
 	}
 	a.joined.Store(a.members)
-	a.wg.Add(2)
+	a.wg.Add(3)
 	go a.metaLoop()
 	go a.memberLoop()
+	go a.peerCheckLoop()
 	if err := a.startEngineAPI(); err != nil {
 		return nil, err
 	}
@@ -287,7 +294,9 @@ func (a *Agent) startEngineAPI() error {
 	}
 	// WaitForHandlers: Close must not unmap the pool under a call still
 	// writing into it.
-	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.WaitForHandlers(true), grpc.Creds(peerCreds{}))
+	a.reqBudget = newRequestBudget(a.cfg.EngineRequestMemory, a.cfg.EngineSessionRequestMemory)
+	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxEngineMessage), grpc.WaitForHandlers(true), grpc.Creds(peerCreds{}),
+		grpc.UnaryInterceptor(a.budgetInterceptor))
 	fabricpb.RegisterEngineServer(a.engineSrv, &engineServer{a: a})
 	a.wg.Add(1)
 	go func() {
@@ -521,8 +530,8 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 
 // blockSetForSession returns the block set an engine with this layout
 // uses, one of sess's sets from now: an existing one of the same shape and
-// placement (another engine's, or one no session uses any more), or a new
-// one. place is the storage of each rank (placement), nil for the default.
+// placement (another engine's, or one no session uses any more; see
+// reusableSet), or a new one. place is the storage of each rank (placement), nil for the default.
 // When the pool has no room for a new one, sets no session uses are freed,
 // longest idle first, until it has.
 //
@@ -538,14 +547,6 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		sess.engine = engine
 		sess.mu.Unlock()
 	}
-	for _, s := range a.sets {
-		l := s.set.Layout()
-		if l.Model == tmpl.Model && l.PageSize == tmpl.PageSize && l.TPSize == tmpl.TPSize &&
-			l.Order == tmpl.Order && l.Arrangement == tmpl.Arrangement && l.Alignment == tmpl.Alignment && (tmpl.Slots == 0 || tmpl.Slots == l.Slots) &&
-			a.placedAs(s.set, place) && s.mayJoin(pid) {
-			return a.attach(sess, s)
-		}
-	}
 	// Nothing may be sized by a request before it is checked.
 	if tmpl.TPSize < 1 || tmpl.TPSize > layout.MaxTPSize {
 		return nil, &layout.FieldError{Field: "tp_size", Reason: fmt.Sprintf("%d is not in 1..%d", tmpl.TPSize, layout.MaxTPSize)}
@@ -555,6 +556,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	for r := range tmpl.Regions {
 		tmpl.Regions[r] = layout.Region{Size: 1 << 62, Kind: a.storages[0].Kind(), Device: a.storages[0].Device()}
 	}
+	asked := tmpl.Slots
 	if tmpl.Slots == 0 {
 		probe := *tmpl
 		probe.Slots = 1
@@ -563,8 +565,28 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		}
 		tmpl.Slots = a.defaultSlots(&probe, place)
 	}
-	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) })
+	best, own := a.reusableSet(sess, tmpl, asked, place, pid)
+	if best != nil && (own || best.set.Slots() >= tmpl.Slots) {
+		return a.attach(sess, best)
+	}
+	// Checked before the quota, which sizes the set from it.
+	if err := tmpl.Validate(); err != nil {
+		return nil, err
+	}
+	may, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize))
 	if err != nil {
+		if best != nil {
+			return a.attach(sess, best) // the largest of the layout's sets is the best there is
+		}
+		return nil, err
+	}
+	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }, may)
+	if err != nil {
+		if best != nil && errors.Is(err, pool.ErrOutOfMemory) {
+			// No room for a set of the default size: the largest of the
+			// layout's sets is the best there is.
+			return a.attach(sess, best)
+		}
 		return nil, err
 	}
 	s := &engineSet{set: set, engine: engine, users: map[uint64]*setUse{}, sums: !a.cfg.NoChecksums}
@@ -588,6 +610,48 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		return nil, err
 	}
 	return ss, nil
+}
+
+// reusableSet returns the block set of tmpl's layout and placement that a
+// Register asking for asked slots may join: one of exactly that many, or,
+// when it asked for none, the largest (the oldest of equals). own says
+// whether sess already uses it (an engine's other ranks registered it).
+// The caller takes another session's set without a count only if it holds
+// the default slot count, so that an engine is not handed a tiny set some
+// other engine asked for. Only sets pid may join are candidates (see
+// engineSet.mayJoin). a.mu is held.
+func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place []int, pid int32) (best *engineSet, own bool) {
+	var fits []*engineSet
+	for _, s := range a.sets {
+		l := s.set.Layout()
+		if l.Model != tmpl.Model || l.PageSize != tmpl.PageSize || l.TPSize != tmpl.TPSize || l.Order != tmpl.Order ||
+			l.Arrangement != tmpl.Arrangement || l.Alignment != tmpl.Alignment || (asked != 0 && asked != l.Slots) ||
+			!a.placedAs(s.set, place) {
+			continue
+		}
+		// Before sess.mu: mayJoin takes the set's lock.
+		if s.mayJoin(pid) {
+			fits = append(fits, s)
+		}
+	}
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	better := func(s, than *engineSet) bool {
+		return than == nil || s.set.Slots() > than.set.Slots() || (s.set.Slots() == than.set.Slots() && s.set.ID() < than.set.ID())
+	}
+	var mine *engineSet
+	for _, s := range fits {
+		if better(s, best) {
+			best = s
+		}
+		if _, used := sess.sets[s.set.ID()]; used && better(s, mine) {
+			mine = s
+		}
+	}
+	if mine != nil {
+		return mine, true
+	}
+	return best, false
 }
 
 // defaultSlots is the configured slot count, else what a quarter of the

@@ -55,13 +55,18 @@ type counters struct {
 // serveHealth answers ok while the agent runs, except that a node given
 // seeds to join answers 503 until it has joined once (unless AllowAlone):
 // a node that cannot reach its cluster would otherwise look healthy while
-// it serves alone.
+// it serves alone. A joined node answers 503 while notReady says why.
 func (a *Agent) serveHealth(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	up := time.Since(a.started).Round(time.Second)
 	joined, lastErr := a.members.Joined()
 	switch {
 	case joined:
+		if reason := a.notReady(); reason != "" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready %s up %s: %s\n", a.cfg.NodeName, up, reason)
+			return
+		}
 		fmt.Fprintf(w, "ok %s up %s\n", a.cfg.NodeName, up)
 	case a.cfg.AllowAlone:
 		fmt.Fprintf(w, "ok %s up %s, alone: no seed of %v answered yet (allow_alone)\n", a.cfg.NodeName, up, a.cfg.Join)
@@ -121,7 +126,8 @@ type Metrics struct {
 	MembersLeft, MembersFailed int
 
 	// IndexEventsHeld are events of nodes waiting for an index slot;
-	// IndexEventsLost those lost past the hold limit.
+	// IndexEventsLost those lost past the hold limit (their nodes are
+	// resynchronised: Membership.Resyncs).
 	IndexEventsHeld int
 	IndexEventsLost uint64
 
@@ -158,6 +164,22 @@ type Metrics struct {
 	// ChecksumWithdrawn the blocks this node withdrew, told of a mismatch,
 	// because their bytes changed after registration.
 	ChecksumsVerified, ChecksumsFailed, ChecksumWithdrawn uint64
+
+	// EngineRequestBytes are the bytes of engine requests being served
+	// (as charged against EngineRequestMemory); EngineRequestsRefused the
+	// requests refused for passing that bound or the session's.
+	EngineRequestBytes    int64
+	EngineRequestsRefused uint64
+
+	// PeerDialFailures counts dials of members that failed,
+	// PeerAuthFailures those that failed authentication (a certificate
+	// from another CA, a node that is not a member); PeersAuthenticated
+	// and PeersUnauthenticated are the current members whose last dial
+	// did and did not authenticate (members never dialed are in neither).
+	PeerDialFailures, PeerAuthFailures       uint64
+	PeersAuthenticated, PeersUnauthenticated int
+	// Ready is /healthz's answer: joined, and notReady gives no reason.
+	Ready bool
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -209,6 +231,20 @@ func (a *Agent) Metrics() Metrics {
 	}
 	if a.sink != nil {
 		m.IndexEventsHeld = a.sink.heldEvents()
+	}
+	m.PeerDialFailures, m.PeerAuthFailures = a.health.dialFailures.Load(), a.health.authFailures.Load()
+	for _, mb := range a.members.Members() {
+		if l, ok := a.health.link(mb.Name); ok && mb.Name != a.cfg.NodeName && !l.At.IsZero() {
+			if l.Authenticated {
+				m.PeersAuthenticated++
+			} else {
+				m.PeersUnauthenticated++
+			}
+		}
+	}
+	m.Ready = m.Joined && a.notReady() == ""
+	if a.reqBudget != nil {
+		m.EngineRequestBytes, m.EngineRequestsRefused = a.reqBudget.snapshot()
 	}
 	if id := a.identity.Load(); id != nil {
 		m.Certificates = []CertificateExpiry{{"node", id.Leaf.NotAfter}, {"ca", id.CA.NotAfter}}

@@ -218,6 +218,7 @@ func (a *Agent) memberLoop() {
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
 				delete(lives, name)
 				a.peers.forget(name)
+				a.health.forget(name)
 				a.links.forget(name)
 				a.service.peerGone(name, "member "+ev.Kind.String())
 				continue
@@ -230,6 +231,7 @@ func (a *Agent) memberLoop() {
 			if old, ok := lives[name]; ok && old != inc {
 				a.log.Info("member restarted: its connections are dialed afresh", "peer", name)
 				a.peers.forget(name)
+				a.health.forget(name)
 				a.links.forget(name)
 			}
 			lives[name] = inc

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -25,6 +26,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
 
 // The engine helper: the test binary re-executed (under unshare) with
@@ -255,7 +257,15 @@ func TestDescriptorSocketProtocol(t *testing.T) {
 	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "error unknown memory token") {
 		t.Fatalf("line at the limit: %q %v", line, err)
 	}
-	// Past it: refused, and the connection closed.
+	// A wrong token closes the connection: past the limit on a new one,
+	// refused, and the connection closed.
+	conn, err = net.Dial("unix", m.GetFdSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	r = bufio.NewReader(conn)
 	fmt.Fprintf(conn, "%s\n", strings.Repeat("x", 256))
 	if line, err := r.ReadString('\n'); err != nil || !strings.Contains(line, "longer than 256") {
 		t.Fatalf("line past the limit: %q %v", line, err)
@@ -278,29 +288,39 @@ func TestDescriptorSocketProtocol(t *testing.T) {
 	}
 }
 
-// The descriptor socket serves 64 connections at once; the 65th is told
-// it is busy and closed.
+// One process may hold maxFDConnsPerProcess (8) connections to the
+// descriptor socket: at the bound the 8th is served, the 9th is told it is
+// busy, naming the process. A wrong token is answered and the connection
+// closed; a connection that sends nothing is closed after the first-line
+// timeout.
 func TestDescriptorSocketConnectionLimit(t *testing.T) {
 	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	api, _, ev := rawSession(t, ctx, a.EngineSocket())
+	reg, err := api.Register(inSession(ctx, ev.Session), &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4,
+		KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := reg.Memory[0].GetToken()
 	path := a.EngineSocket() + fabric.FDSocketSuffix
-	exchange := func(c net.Conn) (string, error) {
+	exchange := func(c net.Conn, tok string) (string, error) {
 		c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := fmt.Fprintf(c, "wrong\n"); err != nil {
+		if _, err := fmt.Fprintf(c, "%s\n", tok); err != nil {
 			return "", err
 		}
 		return bufio.NewReader(c).ReadString('\n')
 	}
-	const limit = 64
-	for i := range limit {
+	const perProcess = 8
+	var conns []net.Conn
+	for range perProcess {
 		c, err := net.Dial("unix", path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		// Answered: connection i is being served.
-		if line, err := exchange(c); err != nil || !strings.HasPrefix(line, "error unknown memory token") {
-			t.Fatalf("connection %d of %d: %q %v", i+1, limit, line, err)
-		}
+		conns = append(conns, c)
 	}
 	c, err := net.Dial("unix", path)
 	if err != nil {
@@ -308,8 +328,31 @@ func TestDescriptorSocketConnectionLimit(t *testing.T) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.HasPrefix(line, "error busy") {
-		t.Fatalf("connection %d: %q %v, want busy", limit+1, line, err)
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.HasPrefix(line, "error busy: process") {
+		t.Fatalf("connection %d of one process: %q %v, want busy naming the process", perProcess+1, line, err)
+	}
+	// The one at the bound is served.
+	if line, err := exchange(conns[perProcess-1], token); err != nil || !strings.HasPrefix(line, "ok ") {
+		t.Fatalf("connection %d of one process: %q %v", perProcess, line, err)
+	}
+	// A wrong token: answered, then closed.
+	r := bufio.NewReader(conns[0])
+	conns[0].SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conns[0], "wrong\n")
+	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "error unknown memory token") {
+		t.Fatalf("wrong token: %q %v", line, err)
+	}
+	if _, err := r.ReadString('\n'); err != io.EOF {
+		t.Fatalf("after a wrong token the connection stays open: %v", err)
+	}
+	// Silent: closed after the first-line timeout (2 s), well within 10.
+	conns[1].SetDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	if _, err := bufio.NewReader(conns[1]).ReadString('\n'); err != io.EOF {
+		t.Fatalf("a silent connection: %v, want closed by the agent", err)
+	}
+	if d := time.Since(start); d > 9*time.Second {
+		t.Fatalf("a silent connection closed after %v", d)
 	}
 }
 

@@ -10,7 +10,8 @@ import (
 
 // maxHeldEvents bounds the events the sink holds for origins that the
 // index had no slot for (about 60 bytes each): past it, the origin whose
-// events overflow loses what was held for it.
+// events overflow loses what was held for it, and is resynchronised
+// (membership.Resync) from its log or snapshot once the sweeper runs.
 const maxHeldEvents = 1 << 18
 
 // indexSink applies every node's replicated events to the index. Its Apply
@@ -30,10 +31,21 @@ type indexSink struct {
 	mu      sync.Mutex
 	waiting map[string][][]membership.Event // per origin, the calls of Apply held, oldest first
 	held    int                             // events in waiting
+	// overflowed are the origins that lost held events, to resynchronise
+	// on the sweeper's goroutine (Apply runs under membership's lock).
+	overflowed map[string]bool
+	// resync repairs an origin from scratch; membership.Resync, or a
+	// test's recorder.
+	resync func(origin string) bool
 }
 
 func newIndexSink(a *Agent) *indexSink {
-	return &indexSink{a: a, sweep: make(chan struct{}, 1), waiting: make(map[string][][]membership.Event)}
+	s := &indexSink{a: a, sweep: make(chan struct{}, 1), waiting: make(map[string][][]membership.Event), overflowed: map[string]bool{}}
+	s.resync = func(origin string) bool {
+		m := a.joined.Load()
+		return m != nil && m.Resync(origin)
+	}
+	return s
 }
 
 func (s *indexSink) Apply(events []membership.Event) {
@@ -111,9 +123,11 @@ func (s *indexSink) holdLocked(events []membership.Event) {
 		}
 		s.held -= lost - len(events)
 		delete(s.waiting, origin)
+		s.overflowed[origin] = true
 		s.a.stats.indexEventsLost.Add(uint64(lost))
-		s.a.log.Error("index: too many events held for nodes without a slot; a node's blocks are missing from the index until it restarts or leaves",
+		s.a.log.Error("index: too many events held for nodes without a slot; resynchronising that node's blocks",
 			"peer", origin, "events", lost, "held", s.held, "limit", maxHeldEvents)
+		s.poke()
 		return
 	}
 	s.waiting[origin] = append(s.waiting[origin], events)
@@ -209,6 +223,25 @@ func (s *indexSink) sweepLoop() {
 		case <-s.sweep:
 			s.a.index.Sweep()
 			s.flush()
+			s.resyncOverflowed()
+		}
+	}
+}
+
+// resyncOverflowed has membership repair every origin that lost held
+// events from scratch: its events come again, in order, from its log or
+// its snapshot, instead of its blocks staying missing until it restarts.
+func (s *indexSink) resyncOverflowed() {
+	s.mu.Lock()
+	var origins []string
+	for o := range s.overflowed {
+		origins = append(origins, o)
+	}
+	clear(s.overflowed)
+	s.mu.Unlock()
+	for _, o := range origins {
+		if s.resync(o) {
+			s.a.log.Warn("index: resynchronising a node that lost held events", "peer", o)
 		}
 	}
 }

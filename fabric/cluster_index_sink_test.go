@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -100,10 +101,19 @@ func TestSinkHoldsEventsUntilASlotFrees(t *testing.T) {
 	}
 }
 
-// At maxHeldEvents the sink holds them all; one past, the origin that
-// overflows loses what was held for it, and nothing more is held.
+// At maxHeldEvents the sink holds them all and resynchronises nobody; one
+// past, the origin that overflows loses what was held for it, nothing more
+// is held, and that origin (only it) is resynchronised by the sweeper.
 func TestSinkHeldEventsLimit(t *testing.T) {
 	s, ix, start := fullIndexSink(t, 1)
+	var mu sync.Mutex
+	var resynced []string
+	s.resync = func(origin string) bool {
+		mu.Lock()
+		resynced = append(resynced, origin)
+		mu.Unlock()
+		return true
+	}
 	hashes := make([]uint64, maxHeldEvents)
 	for i := range hashes {
 		hashes[i] = uint64(i) + 1
@@ -130,5 +140,25 @@ func TestSinkHeldEventsLimit(t *testing.T) {
 	}
 	if _, ok := ix.Lookup("big"); ok {
 		t.Error("the overflowed origin's lost events were applied")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(resynced, []string{"big"}) {
+		t.Errorf("resynchronised %q, want only the origin that overflowed", resynced)
+	}
+}
+
+// At the limit no origin is marked for resynchronising.
+func TestSinkHeldEventsAtLimitNoResync(t *testing.T) {
+	s, _, _ := fullIndexSink(t, 0)
+	hashes := make([]uint64, maxHeldEvents)
+	for i := range hashes {
+		hashes[i] = uint64(i) + 1
+	}
+	s.Apply(sinkEvents("big", 1, membership.EventStore, hashes...))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held != maxHeldEvents || len(s.overflowed) != 0 {
+		t.Fatalf("%d held, %v to resynchronise; want %d and none", s.held, s.overflowed, maxHeldEvents)
 	}
 }

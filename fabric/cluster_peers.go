@@ -16,6 +16,8 @@ type peers struct {
 	m      map[string]*peerEntry
 	closed bool           // closeAll has run: nothing is dialed any more
 	wg     sync.WaitGroup // closes in flight, waited for by closeAll
+	// report, if set, is told every dial's outcome; it must not block.
+	report func(name string, err error)
 }
 
 type peerEntry struct {
@@ -56,6 +58,9 @@ func (ps *peers) get(ctx context.Context, n *transfer.Node, name, addr string) (
 		return e.p, nil
 	}
 	p, err := n.Peer(ctx, addr, name)
+	if ps.report != nil {
+		ps.report(name, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -255,6 +255,26 @@ type Config struct {
 	// carry it, and an import refuses a block whose bytes do not match
 	// (counted, logged, and the holder withdraws the block).
 	NoChecksums bool `json:"no_checksums,omitempty"`
+
+	// EngineRequestMemory bounds the engine requests being served at once,
+	// in bytes (twice each request's encoded size): a request that would
+	// pass it fails RESOURCE_EXHAUSTED at once, naming the bound. If zero,
+	// DefaultEngineRequestMemory (512 MiB).
+	EngineRequestMemory int64 `json:"engine_request_memory,omitempty"`
+	// EngineSessionRequestMemory is the same bound for one session's
+	// requests (calls naming no session share one), at most
+	// EngineRequestMemory. If zero, DefaultEngineSessionRequestMemory
+	// (256 MiB) or EngineRequestMemory if smaller.
+	EngineSessionRequestMemory int64 `json:"engine_session_request_memory,omitempty"`
+
+	// EngineQuota bounds the pool bytes the block sets made for one engine
+	// (by the name it registers under) may take; a Register past it first
+	// frees that engine's idle sets, then fails RESOURCE_EXHAUSTED naming
+	// the quota. Room for a new set is made by freeing idle sets of the
+	// engine itself or of engines over their quota, never those of an
+	// engine within it. If zero, a fair share: the pool divided among the
+	// engines that have block sets.
+	EngineQuota int64 `json:"engine_quota,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
@@ -390,6 +410,7 @@ func (c *Config) populate() {
 	if c.RDMAPort == 0 {
 		c.RDMAPort = 1
 	}
+	c.populateEngineLimits()
 }
 
 // validate checks a populated config and returns the pools it asks for.
@@ -464,6 +485,9 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	}
 	if c.BlockSetSlots < 0 {
 		return nil, bad("block_set_slots", "%d is negative", c.BlockSetSlots)
+	}
+	if err := c.validateEngineLimits(); err != nil {
+		return nil, err
 	}
 	var specs []PoolSpec
 	hostAt, everyGPU := -1, false

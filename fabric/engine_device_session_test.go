@@ -140,7 +140,9 @@ func gpuWholePoolEngine(socket string) error {
 	}
 	defer c.Close()
 	e := gpuSessionEngine
-	e.Name, e.Order, e.Slots, e.CUDA = "gpu-next", layout.NHD, n, drv
+	// The same engine restarted: its idle sets are its own to free (another
+	// engine's cached sets within their share would not be).
+	e.Order, e.Slots, e.CUDA = layout.NHD, n, drv
 	set, err := c.Register(ctx, e)
 	if err != nil {
 		return fmt.Errorf("a block set of the whole pool (%d slots): %w", n, err)

@@ -27,17 +27,23 @@ import (
 //	agent:  ok <offset> <size>\n      + the descriptor as SCM_RIGHTS
 //	agent:  error <reason>\n          no descriptor; the connection stays open
 //
-// The token is Memory.token of a RegisterResponse. The agent records the
-// process at the other end (SO_PEERCRED) as one the set was handed to. A connection idle for
-// fdIdleTimeout is closed; at most maxFDConns are served at once, further
-// ones are answered "error busy" and closed.
+// The token is Memory.token of a RegisterResponse; a wrong one is answered
+// and the connection closed. The agent records the process at the other end
+// (SO_PEERCRED) as one the set was handed to. A connection that sends no
+// line within fdFirstLineTimeout, or none for fdIdleTimeout after an
+// exchange, is closed. One process has at most maxFDConnsPerProcess open,
+// further ones are answered "error busy" and closed; at most maxFDConns are
+// served at once, and a new one past that closes the one idle longest, so
+// that idle connections cannot lock engines out.
 const (
 	// FDSocketSuffix is appended to the engine socket's path to name the
 	// descriptor socket.
-	FDSocketSuffix = ".fd"
-	maxFDLine      = 256
-	maxFDConns     = 64
-	fdIdleTimeout  = 10 * time.Second
+	FDSocketSuffix       = ".fd"
+	maxFDLine            = 256
+	maxFDConns           = 64
+	maxFDConnsPerProcess = 8
+	fdIdleTimeout        = 10 * time.Second
+	fdFirstLineTimeout   = 2 * time.Second
 )
 
 // sharedMemory is what the descriptor socket hands out: a memory file's
@@ -58,9 +64,18 @@ type fdServer struct {
 	lookup func(token string, pid int32) (fd int, size uint64, ok bool)
 
 	mu     sync.Mutex
-	conns  map[*net.UnixConn]struct{}
+	conns  map[*net.UnixConn]*fdConn
 	closed bool
 	wg     sync.WaitGroup
+	// pidOf names a connection's process (peerCredOf's pid).
+	pidOf func(*net.UnixConn) int32
+}
+
+// fdConn is one served connection: its process and when it last finished
+// an exchange (or was accepted).
+type fdConn struct {
+	pid  int32
+	idle time.Time
 }
 
 // newMemoryToken returns a token unguessable across agent runs, so that an
@@ -75,7 +90,13 @@ func newMemoryToken() string {
 // startFDServer serves mem under token (none if empty) and what lookup
 // finds on ln until close.
 func startFDServer(ln *net.UnixListener, token string, mem sharedMemory, lookup func(string, int32) (int, uint64, bool), log *slog.Logger) *fdServer {
-	s := &fdServer{ln: ln, log: log, token: token, mem: mem, lookup: lookup, conns: map[*net.UnixConn]struct{}{}}
+	return newFDServer(ln, token, mem, lookup, log, func(c *net.UnixConn) int32 { return peerCredOf(c).pid })
+}
+
+// newFDServer is startFDServer with the function that names a
+// connection's process.
+func newFDServer(ln *net.UnixListener, token string, mem sharedMemory, lookup func(string, int32) (int, uint64, bool), log *slog.Logger, pidOf func(*net.UnixConn) int32) *fdServer {
+	s := &fdServer{ln: ln, log: log, token: token, mem: mem, lookup: lookup, conns: map[*net.UnixConn]*fdConn{}, pidOf: pidOf}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s
@@ -91,19 +112,49 @@ func (s *fdServer) acceptLoop() {
 			}
 			return
 		}
+		pid := s.pidOf(c)
 		s.mu.Lock()
-		if s.closed || len(s.conns) >= maxFDConns {
+		if reason := s.admitLocked(pid); reason != "" {
 			s.mu.Unlock()
 			c.SetWriteDeadline(time.Now().Add(time.Second))
-			c.Write([]byte("error busy: too many connections\n"))
+			c.Write([]byte("error busy: " + reason + "\n"))
 			c.Close()
 			continue
 		}
-		s.conns[c] = struct{}{}
+		s.conns[c] = &fdConn{pid: pid, idle: time.Now()}
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go s.serve(c)
 	}
+}
+
+// admitLocked makes room for a connection of process pid, closing the
+// connection idle longest when all maxFDConns are taken, or says why it
+// is refused. s.mu is held.
+func (s *fdServer) admitLocked(pid int32) string {
+	if s.closed {
+		return "closing"
+	}
+	n := 0
+	var oldest *net.UnixConn
+	for c, fc := range s.conns {
+		if pid != 0 && fc.pid == pid {
+			n++
+		}
+		if oldest == nil || fc.idle.Before(s.conns[oldest].idle) {
+			oldest = c
+		}
+	}
+	if n >= maxFDConnsPerProcess {
+		return fmt.Sprintf("process %d has %d connections open (at most %d)", pid, n, maxFDConnsPerProcess)
+	}
+	if len(s.conns) >= maxFDConns && oldest != nil {
+		s.log.Warn("fabric: descriptor socket full; closing the connection idle longest", "pid", s.conns[oldest].pid,
+			"idle", time.Since(s.conns[oldest].idle).Round(time.Millisecond), "limit", maxFDConns)
+		oldest.Close() // its goroutine removes it
+		delete(s.conns, oldest)
+	}
+	return ""
 }
 
 func (s *fdServer) serve(c *net.UnixConn) {
@@ -114,11 +165,11 @@ func (s *fdServer) serve(c *net.UnixConn) {
 		s.mu.Unlock()
 		c.Close()
 	}()
-	pid := peerCredOf(c).pid
+	pid := s.pidOf(c)
 	// A fixed buffer: a line longer than it is refused, never grown.
 	r := bufio.NewReaderSize(c, maxFDLine)
-	for {
-		c.SetDeadline(time.Now().Add(fdIdleTimeout))
+	for wait := fdFirstLineTimeout; ; wait = fdIdleTimeout {
+		c.SetDeadline(time.Now().Add(wait))
 		line, err := r.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
 			c.Write([]byte(fmt.Sprintf("error line longer than %d bytes\n", maxFDLine)))
@@ -141,15 +192,19 @@ func (s *fdServer) serve(c *net.UnixConn) {
 		// In constant time: the token is the only secret between a caller
 		// who can reach the socket and the pool's memory.
 		if s.token == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.token)) != 1 {
-			if _, err := c.Write([]byte(fmt.Sprintf("error unknown memory token %q (register again: tokens change when the agent restarts)\n", clip(tok, 64)))); err != nil {
-				return
-			}
-			continue
+			// Answered, then closed: guessing costs a connection each.
+			c.Write([]byte(fmt.Sprintf("error unknown memory token %q (register again: tokens change when the agent restarts)\n", clip(tok, 64))))
+			return
 		}
 		msg := fmt.Appendf(nil, "ok 0 %d\n", s.mem.size)
 		if _, _, err := c.WriteMsgUnix(msg, unix.UnixRights(s.mem.fd), nil); err != nil {
 			return
 		}
+		s.mu.Lock()
+		if fc := s.conns[c]; fc != nil {
+			fc.idle = time.Now()
+		}
+		s.mu.Unlock()
 	}
 }
 

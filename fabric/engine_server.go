@@ -66,6 +66,9 @@ type engineServer struct {
 }
 
 func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterRequest) (*fabricpb.RegisterResponse, error) {
+	if err := checkRegisterStrings(req); err != nil {
+		return nil, err
+	}
 	m, err := layout.ModelConfigFromProto(req.GetModel())
 	if err != nil {
 		return nil, toStatus(err)
@@ -282,6 +285,9 @@ func (e *engineServer) giveBack(ctx context.Context, set uint64, slots []uint32,
 // requestHashes returns the n sequence hashes a request names, given as
 // hashes or as token ids to hash with the block set's page size.
 func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([]uint64, error) {
+	if err := checkTokenStrings(tokens); err != nil {
+		return nil, err
+	}
 	if len(hashes) > 0 && tokens != nil {
 		return nil, status.Error(codes.InvalidArgument, "hashes and tokens: give one, not both")
 	}
@@ -358,6 +364,11 @@ const loadWeight = 1.0
 
 func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) (*fabricpb.LookupResponse, error) {
 	a := e.a
+	// Lookup holds nothing for a session, but a call naming a bad or ended
+	// one is refused like every other: the engine must learn at once.
+	if _, err := a.sessionOf(ctx); err != nil {
+		return nil, err
+	}
 	var perBlock uint64 // bytes one block moves into the engine's set
 	bs := int(req.GetBlockSize())
 	if id := req.GetBlockSet(); id != 0 {
@@ -474,6 +485,9 @@ func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) 
 
 func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) (*fabricpb.StatusResponse, error) {
 	a := e.a
+	if _, err := a.sessionOf(ctx); err != nil {
+		return nil, err
+	}
 	out := &fabricpb.StatusResponse{
 		Node:         a.cfg.NodeName,
 		Version:      buildinfo.Version(),
@@ -495,6 +509,9 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		}
 		if id, ok := a.index.Lookup(m.Name); ok {
 			mb.Blocks = uint64(a.index.NodeBlocks(id))
+		}
+		if l, ok := a.health.link(m.Name); ok {
+			mb.PeerReachable, mb.PeerAuthenticated, mb.PeerError = l.Reachable, l.Authenticated, l.LastError
 		}
 		out.Members = append(out.Members, mb)
 	}

@@ -5,6 +5,7 @@ import (
 	crand "crypto/rand"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -307,9 +308,10 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 	return true
 }
 
-// freeIdleSets frees the sets no session uses, longest idle first, until
-// made succeeds, and returns made's last answer. a.mu is held.
-func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error)) (*pool.BlockSet, error) {
+// freeIdleSets frees the sets no session uses that may says it may free,
+// longest idle first, until made succeeds, and returns made's last answer.
+// a.mu is held.
+func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engineSet) bool) (*pool.BlockSet, error) {
 	type idleSet struct {
 		es    *engineSet
 		since time.Time
@@ -322,6 +324,7 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error)) (*pool.BlockSe
 		}
 		es.mu.Unlock()
 	}
+	idle = slices.DeleteFunc(idle, func(is idleSet) bool { return !may(is.es) })
 	sort.Slice(idle, func(i, j int) bool { return idle[i].since.Before(idle[j].since) })
 	set, err := made()
 	for _, is := range idle {
@@ -369,6 +372,9 @@ func (e *engineServer) OpenSession(stream fabricpb.Engine_OpenSessionServer) err
 			return m.err
 		}
 		first = m.req
+		if err := checkString("engine", first.GetEngine(), MaxEngineName); err != nil {
+			return err
+		}
 	case <-timer.C:
 		return status.Errorf(codes.DeadlineExceeded, "session: no first SessionRequest within %v", bound)
 	case <-ctx.Done():

@@ -246,14 +246,44 @@ func (a *Agent) abandon(peer *transfer.Peer, next <-chan *leasedChunk) {
 }
 
 // releaseLater gives a lease back without making the import wait: the
-// holder may be the reason the import is failing, and the lease expires
-// by itself anyway.
+// holder may be the reason the import is failing. A holder that does not
+// answer (hung, or its link down for a while) is asked again until it
+// does or the lease's term has passed, so that a holder that resumes ends
+// the lease at once instead of keeping its blocks pinned for the term.
 func (a *Agent) releaseLater(peer *transfer.Peer, id uint64) {
 	a.background(func() {
-		ctx, cancel := context.WithTimeout(a.ctx, a.cfg.PeerTimeout)
-		peer.Release(ctx, id)
-		cancel()
+		releaseUntil(a.done, a.cfg.LeaseDuration, a.cfg.PeerTimeout, func(ctx context.Context) error {
+			_, err := peer.Release(ctx, id)
+			return err
+		})
 	})
+}
+
+// releasePause bounds the pause between two tries of a release.
+const releasePause = time.Second
+
+// releaseUntil calls release, each try bounded by try, until one returns
+// nil (the holder answered), done closes or term has passed since the
+// first; it returns the tries made and whether one succeeded.
+func releaseUntil(done <-chan struct{}, term, try time.Duration, release func(context.Context) error) (int, bool) {
+	start, pause := time.Now(), 50*time.Millisecond
+	for n := 1; ; n++ {
+		ctx, cancel := context.WithTimeout(context.Background(), try)
+		err := release(ctx)
+		cancel()
+		if err == nil {
+			return n, true
+		}
+		if errors.Is(err, transfer.ErrClosed) || time.Since(start)+pause >= term {
+			return n, false
+		}
+		select {
+		case <-done:
+			return n, false
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, releasePause)
+	}
 }
 
 // arrivedChunk is a chunk whose every byte arrived, under a lease not yet

@@ -93,6 +93,7 @@ func TestHealthzNotJoined(t *testing.T) {
 	// The seed comes up: the agent joins, and is healthy.
 	scfg := testConfig(t, "n1")
 	scfg.GossipAddr = seed
+	scfg.DevCADir = cfg.DevCADir // one cluster, one CA: ready needs a peer authenticated
 	startAgent(t, scfg)
 	wait.For(t, 15*time.Second, "healthy once the seed is up", func() error {
 		if code, body := httpStatus(t, url+"/healthz"); code != http.StatusOK || !strings.HasPrefix(body, "ok n2") {

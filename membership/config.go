@@ -113,7 +113,22 @@ type Config struct {
 	// runs many nodes over an in-memory network). If nil, memberlist's
 	// network transport. The Membership shuts it down on Close.
 	Transport memberlist.Transport
+
+	// DeadNameReclaim is how long after a member was declared dead its
+	// name may come back from another address (a node killed and restarted
+	// elsewhere, or on a new port); until then peers refuse it ("conflicting
+	// address"). memberlist's own default never lets a dead name move, so a
+	// restarted node waited until the dead record was reaped (30 s and
+	// more). A live member's name is never taken over: the conflict
+	// settlement above still decides between two live runs. If zero,
+	// DefaultDeadNameReclaim.
+	DeadNameReclaim time.Duration
 }
+
+// DefaultDeadNameReclaim is Config.DeadNameReclaim's default: long enough
+// that a dead declaration's gossip has settled, short against the time a
+// restarted process takes to come back.
+const DefaultDeadNameReclaim = time.Second
 
 // DefaultConfig returns timings for a LAN. Compared with memberlist's
 // DefaultLANConfig: gossip every 50 ms to 4 nodes instead of 200 ms to 3,
@@ -196,6 +211,7 @@ func (c Config) withDefaults() (Config, error) {
 	setInt(&c.MaxQueuedBatches, d.MaxQueuedBatches)
 	setInt(&c.MemberEvents, d.MemberEvents)
 	setDur(&c.LogRepeatWindow, d.LogRepeatWindow)
+	setDur(&c.DeadNameReclaim, DefaultDeadNameReclaim)
 	if c.Incarnation == 0 {
 		c.Incarnation = uint64(time.Now().UnixNano())
 	}
@@ -235,7 +251,7 @@ func (c *Config) validate() error {
 		"GossipInterval": c.GossipInterval, "ProbeInterval": c.ProbeInterval, "ProbeTimeout": c.ProbeTimeout,
 		"PushPullInterval": c.PushPullInterval, "RejoinInterval": c.RejoinInterval, "FlushInterval": c.FlushInterval,
 		"RepairInterval": c.RepairInterval, "RepairDelay": c.RepairDelay, "RepairTimeout": c.RepairTimeout,
-		"LogRepeatWindow": c.LogRepeatWindow,
+		"LogRepeatWindow": c.LogRepeatWindow, "DeadNameReclaim": c.DeadNameReclaim,
 	} {
 		if d < 0 {
 			return bad(name, "%v is negative", d)

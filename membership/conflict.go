@@ -111,7 +111,8 @@ const conflictRecheck = 10
 // The later run yields, if the other answers a ping under the name: a
 // member that does not is most likely this node's previous run, dead and
 // not yet declared so, which must not keep its successor from starting
-// (memberlist accepts the successor once it reaps the dead record).
+// (memberlist accepts the successor once it declares the old run dead
+// and Config.DeadNameReclaim has passed).
 func (m *Membership) settleConflict(other Member) error {
 	if !m.yields(m.Addr(), other) {
 		m.log.Warn("membership: a node started later under this node's name; it must stop", "peer", other.Addr)

@@ -65,6 +65,9 @@ type Membership struct {
 	joined      atomic.Bool
 	joinMu      sync.Mutex
 	lastJoinErr error
+	// merged is set once a peer's push/pull state was taken, synced once
+	// the node first caught up with it (see Synced).
+	merged, synced atomic.Bool
 	// conflicts carries members seen under this node's name, from the
 	// conflict delegate to settleConflict; conflict is set once, when this
 	// node must yield, and conflicted closed then. See conflict.go.
@@ -84,6 +87,7 @@ type counters struct {
 	repairFailures, restarts, memberEventsDropped atomic.Uint64
 	joinAttempts, joinFailures                    atomic.Uint64
 	reconciled                                    atomic.Uint64
+	resyncs                                       atomic.Uint64
 	joinFailuresBy                                [numJoinReasons]atomic.Uint64
 }
 
@@ -176,6 +180,7 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	mc.PushPullInterval = cfg.PushPullInterval
 	mc.RetransmitMult = cfg.RetransmitMult
 	mc.TCPTimeout = max(time.Second, 2*cfg.ProbeTimeout)
+	mc.DeadNodeReclaimTime = cfg.DeadNameReclaim
 	mc.DelegateProtocolVersion = wireVersion
 	mc.DelegateProtocolMin = wireVersion
 	mc.DelegateProtocolMax = wireVersion
@@ -538,6 +543,10 @@ type Metrics struct {
 	JoinFailuresBy   map[JoinReason]uint64
 	Joined           bool // see Membership.Joined
 	QueuedBroadcasts int
+
+	// Resyncs counts origins repaired from scratch because the Sink lost
+	// events it had been handed (Resync).
+	Resyncs uint64
 }
 
 // Metrics returns a snapshot of the counters.
@@ -556,6 +565,7 @@ func (m *Membership) Metrics() Metrics {
 		SnapshotRepairs:     c.snapshotRepairs.Load(),
 		RepairFailures:      c.repairFailures.Load(),
 		Restarts:            c.restarts.Load(),
+		Resyncs:             c.resyncs.Load(),
 		MemberEventsDropped: c.memberEventsDropped.Load(),
 		JoinAttempts:        c.joinAttempts.Load(),
 		JoinFailures:        c.joinFailures.Load(),

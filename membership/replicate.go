@@ -382,6 +382,7 @@ func (m *Membership) noteGapLocked(st *originState) {
 func (m *Membership) mergeMarks(marks []originMark) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.merged.Store(true)
 	for _, mk := range marks {
 		if mk.Origin == m.cfg.Name || !m.alive[mk.Origin] {
 			continue

@@ -475,6 +475,8 @@ func (b *BlockSet) reset(i int32) {
 // parent left without children joins the leaves.
 func (b *BlockSet) recycle(n int) int {
 	done := 0
+	var removed []Event
+	defer func() { b.p.events.pushBatch(removed) }() // one batch, not a loss
 	for done < n && len(b.evictable) > 0 {
 		i := b.evictable[0]
 		b.unlinkInactive(i)
@@ -495,7 +497,7 @@ func (b *BlockSet) recycle(n int) int {
 		b.reset(i)
 		b.evictions++
 		if !withdrawn {
-			b.p.events.push(Event{Kind: EventRemove, Set: b.id, Slot: int(i), Hash: hash, Parent: parent})
+			removed = append(removed, Event{Kind: EventRemove, Set: b.id, Slot: int(i), Hash: hash, Parent: parent})
 		}
 		done++
 	}

@@ -34,7 +34,9 @@ type Config struct {
 	// and discarded.
 	Events EventSink
 	// EventBuffer is the events held for the sink before new ones are
-	// dropped. If zero, 8192.
+	// dropped. One operation's events (a block set freed, one
+	// allocation's evictions) are taken whole while the buffer is not
+	// full, so it may hold that many more for a moment. If zero, 8192.
 	EventBuffer int
 	// MaxEventBatch bounds the events handed to the sink in one call. If
 	// zero, 1024.

@@ -51,13 +51,22 @@ type EventBatch struct {
 	Dropped uint64
 }
 
-// eventQueue is a bounded ring between the pool's operations, which must
+// eventQueue is a bounded queue between the pool's operations, which must
 // never wait for the sink, and the pool's goroutine, which calls it.
+//
+// One operation's events (a block set freed, the evictions of one
+// allocation) are admitted whole while the queue is not full, even past its
+// size: a mass free is one batch for the sink, not a loss that makes it
+// resynchronise. So the queue holds at most size events plus one
+// operation's, which is bounded by the largest block set's slots.
 type eventQueue struct {
-	mu           sync.Mutex
-	enabled      bool
+	mu      sync.Mutex
+	enabled bool
+	size    int
+	// buf[head:] is queued; the consumed head is cut off when it is half
+	// the slice, so the backing array stays within twice what is queued.
 	buf          []Event
-	head, n      int
+	head         int
 	seq          uint64
 	dropped      uint64 // since the last batch
 	droppedTotal uint64
@@ -66,30 +75,42 @@ type eventQueue struct {
 
 func (q *eventQueue) init(enabled bool, size int) {
 	q.enabled = enabled
+	q.size = size
 	if enabled {
-		q.buf = make([]Event, size)
+		q.buf = make([]Event, 0, size)
 	}
 	q.wake = make(chan struct{}, 1)
 }
 
-// push is called with the block set's lock held, which is what orders a
-// block's store before its remove.
+// push queues one event. It is called with the block set's lock held,
+// which is what orders a block's store before its remove.
 func (q *eventQueue) push(e Event) {
+	q.pushBatch([]Event{e})
+}
+
+// pushBatch queues one operation's events, numbering them in order: all of
+// them if the queue is not full, else none (each counted as dropped). The
+// block set's lock is held.
+func (q *eventQueue) pushBatch(evs []Event) {
+	if len(evs) == 0 {
+		return
+	}
 	q.mu.Lock()
-	q.seq++
-	e.Seq = q.seq
+	for i := range evs {
+		q.seq++
+		evs[i].Seq = q.seq
+	}
 	if !q.enabled {
 		q.mu.Unlock()
 		return
 	}
-	if q.n == len(q.buf) {
-		q.dropped++
-		q.droppedTotal++
+	if len(q.buf)-q.head >= q.size {
+		q.dropped += uint64(len(evs))
+		q.droppedTotal += uint64(len(evs))
 		q.mu.Unlock()
 		return
 	}
-	q.buf[(q.head+q.n)%len(q.buf)] = e
-	q.n++
+	q.buf = append(q.buf, evs...)
 	q.mu.Unlock()
 	select {
 	case q.wake <- struct{}{}:
@@ -97,20 +118,33 @@ func (q *eventQueue) push(e Event) {
 	}
 }
 
-// take removes up to max events; ok is false when there is nothing to say.
+// take removes up to limit events; ok is false when there is nothing to
+// say.
 func (q *eventQueue) take(limit int) (b EventBatch, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.n == 0 && q.dropped == 0 {
+	n := len(q.buf) - q.head
+	if n == 0 && q.dropped == 0 {
 		return EventBatch{}, false
 	}
-	k := min(q.n, limit)
+	k := min(n, limit)
 	b.Events = make([]Event, k)
-	for i := range k {
-		b.Events[i] = q.buf[(q.head+i)%len(q.buf)]
+	copy(b.Events, q.buf[q.head:q.head+k])
+	q.head += k
+	switch {
+	case q.head == len(q.buf):
+		// Empty: back to a buffer of the configured size, letting go of
+		// what a large batch grew.
+		if cap(q.buf) > q.size {
+			q.buf = make([]Event, 0, q.size)
+		} else {
+			q.buf = q.buf[:0]
+		}
+		q.head = 0
+	case q.head >= len(q.buf)/2:
+		q.buf = append(q.buf[:0:0], q.buf[q.head:]...)
+		q.head = 0
 	}
-	q.head = (q.head + k) % max(len(q.buf), 1)
-	q.n -= k
 	b.Dropped = q.dropped
 	q.dropped = 0
 	return b, true

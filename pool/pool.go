@@ -379,6 +379,7 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 		return fmt.Errorf("%w: block set %d has %d slots allocated, %d blocks referenced or leased, %d leases",
 			ErrBlockSetBusy, id, allocated, used, len(b.leases))
 	}
+	var removed []Event
 	for i := range b.slots {
 		s := &b.slots[i]
 		if s.state != Registered {
@@ -386,11 +387,12 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 		}
 		b.evictions++
 		if !s.withdrawn {
-			b.p.events.push(Event{Kind: EventRemove, Set: b.id, Slot: i, Hash: s.hash, Parent: s.parent})
+			removed = append(removed, Event{Kind: EventRemove, Set: b.id, Slot: i, Hash: s.hash, Parent: s.parent})
 		}
 		s.state = Reset
 		s.gen++
 	}
+	b.p.events.pushBatch(removed) // one batch, not a loss
 	b.registry = map[uint64]int32{}
 	b.evictable, b.free = nil, nil
 	b.registered, b.inactive = 0, 0

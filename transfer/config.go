@@ -106,6 +106,18 @@ type Config struct {
 	// MaxStreamsPerConn is how many concurrent calls a peer may run on one
 	// connection to this node. If zero, 256.
 	MaxStreamsPerConn int64
+
+	// Bounds on incoming connections, against handshake floods from
+	// sources that never authenticate: handshakes in progress at once, in
+	// total and per source IP, and connections (handshaking or
+	// established), in total and per source IP. A connection past one is
+	// refused at its first packet (counted in Metrics.ConnsRefused);
+	// with more than a quarter of MaxHandshakes in progress, new sources
+	// must validate their address with a Retry first. If zero,
+	// DefaultMaxHandshakes (256), DefaultMaxHandshakesPerSource (16),
+	// DefaultMaxConns (4096) and DefaultMaxConnsPerSource (64).
+	MaxHandshakes, MaxHandshakesPerSource int
+	MaxConns, MaxConnsPerSource           int
 }
 
 // DefaultConfig returns the defaults for a node on a real network. The
@@ -195,6 +207,10 @@ func (c Config) withDefaults() Config {
 	setInt(&c.ConnsPerPeer, d.ConnsPerPeer)
 	setInt(&c.StreamsPerConn, d.StreamsPerConn)
 	setInt(&c.MaxSegments, d.MaxSegments)
+	setInt(&c.MaxHandshakes, DefaultMaxHandshakes)
+	setInt(&c.MaxHandshakesPerSource, DefaultMaxHandshakesPerSource)
+	setInt(&c.MaxConns, DefaultMaxConns)
+	setInt(&c.MaxConnsPerSource, DefaultMaxConnsPerSource)
 	if c.MinStreamBytes == 0 {
 		c.MinStreamBytes = d.MinStreamBytes
 	}
@@ -249,6 +265,8 @@ func (c Config) validate() error {
 		return configErr("MaxPeerRequestBytes %d not in [MaxMessageSize %d, 1 TiB]", c.MaxPeerRequestBytes, c.MaxMessageSize)
 	case c.HandshakeTimeout < 0 || c.IdleTimeout < 0 || c.CallTimeout < 0 || c.ProgressTimeout < 0:
 		return configErr("negative timeout")
+	case c.MaxHandshakes < 0 || c.MaxHandshakesPerSource < 0 || c.MaxConns < 0 || c.MaxConnsPerSource < 0:
+		return configErr("negative connection bound")
 	}
 	return checkCertificate(c.Certificate, c.NodeName)
 }

@@ -31,6 +31,14 @@ type Metrics struct {
 	// RequestBudgetWaits counts requests that waited because their peer's
 	// request bytes were at the cap.
 	RequestBudgetWaits uint64
+
+	// Handshakes are incoming handshakes in progress, HandshakesPeak the
+	// most seen at once, Conns the incoming connections (handshaking or
+	// established); ConnsRefused counts those refused for passing a bound
+	// (Config.MaxHandshakes and the rest), AddressValidations the
+	// handshakes asked to validate their source address under load.
+	Handshakes, HandshakesPeak, Conns int
+	ConnsRefused, AddressValidations  uint64
 }
 
 type counters struct {
@@ -42,8 +50,14 @@ type counters struct {
 // Metrics returns a snapshot of the node's counters.
 func (n *Node) Metrics() Metrics {
 	s := &n.stats
+	var m Metrics
+	if n.guard != nil {
+		m.Handshakes, m.HandshakesPeak, m.Conns, m.ConnsRefused, m.AddressValidations = n.guard.snapshot()
+	}
 	return Metrics{
-		StreamsAccepted: s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
+		Handshakes: m.Handshakes, HandshakesPeak: m.HandshakesPeak, Conns: m.Conns, ConnsRefused: m.ConnsRefused,
+		AddressValidations: m.AddressValidations,
+		StreamsAccepted:    s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
 		ReadsServed: s.readsServed.Load(), BytesServed: s.bytesServed.Load(),
 		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), BytesReadQUIC: s.bytesReadQUIC.Load(), ReadsFailed: s.readsFailed.Load(),
 		RequestBytes: uint64(max(0, s.requestBytes.Load())), RequestBudgetWaits: s.budgetWaits.Load(),

@@ -41,6 +41,8 @@ type Node struct {
 	closeMu  sync.Once
 	// rdma is the node's RDMA side; nil when Config.RDMA is.
 	rdma *rdmaNode
+	// guard bounds incoming handshakes and connections (handshake_guard.go).
+	guard *handshakeGuard
 }
 
 // NewNode validates cfg, opens its sockets and starts serving.
@@ -72,7 +74,8 @@ func NewNode(cfg Config) (*Node, error) {
 			return fail(fmt.Errorf("transfer: listen on %s: %w", cfg.ListenAddr, err))
 		}
 		tuneUDPBuffers(uc, n.log)
-		n.listenTr = &quic.Transport{Conn: uc}
+		n.guard = newHandshakeGuard(cfg, n.log)
+		n.listenTr = &quic.Transport{Conn: uc, ConnContext: n.guard.connContext, VerifySourceAddress: n.guard.verifySource}
 		ln, err := n.listenTr.Listen(n.serverTLS(), n.qcfg)
 		if err != nil {
 			uc.Close()
@@ -175,6 +178,7 @@ func (n *Node) acceptLoop() {
 			}
 			return
 		}
+		handshakeDone(c.Context())
 		if !n.track(c) {
 			c.CloseWithError(connErrClosing, "node closing")
 			return

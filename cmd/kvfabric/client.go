@@ -108,7 +108,7 @@ func runMembers(e *env, args []string) error {
 
 func printMembers(w io.Writer, members []*fabricpb.Member, now time.Time) error {
 	tw := table(w)
-	fmt.Fprintln(tw, "NODE\tGOSSIP\tPEER\tSTATE\tSINCE\tBLOCKS\tRDMA\tGPUS")
+	fmt.Fprintln(tw, "NODE\tGOSSIP\tPEER\tSTATE\tSINCE\tBLOCKS\tRDMA\tGPUS\tPEER LINK")
 	for _, m := range members {
 		since, blocks := "", fmt.Sprint(m.Blocks)
 		if m.SinceUnixMs != 0 {
@@ -122,9 +122,24 @@ func printMembers(w io.Writer, members []*fabricpb.Member, now time.Time) error 
 		if m.Gpus > 0 {
 			gpus = fmt.Sprintf("%d x %s, %s pools, %d NICs", m.Gpus, m.GpuModel, bytesString(m.GpuPoolBytes), m.GpuNics)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Node, m.GossipAddr, m.PeerAddr, m.State, since, blocks, rdma, gpus)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Node, m.GossipAddr, m.PeerAddr, m.State, since, blocks, rdma, gpus, peerLink(m))
 	}
 	return tw.Flush()
+}
+
+// peerLink says how the local agent's peer connection to m fares:
+// authenticated, refused (it answered, but the handshake failed: another
+// CA, say), unreachable, or "-" before any dial (and for the node itself).
+func peerLink(m *fabricpb.Member) string {
+	switch {
+	case m.PeerAuthenticated:
+		return "authenticated"
+	case m.PeerError != "" && m.PeerReachable:
+		return "NOT AUTHENTICATED: " + m.PeerError
+	case m.PeerError != "":
+		return "unreachable: " + m.PeerError
+	}
+	return "-"
 }
 
 func runStatus(e *env, args []string) error {

@@ -88,11 +88,24 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_import_checksums_failed_total", "Imported blocks whose bytes did not match their content checksum: refused, never registered.", float64(m.ChecksumsFailed))
 	e.counter("kvfabric_checksum_withdrawn_blocks_total", "Blocks this node withdrew because their bytes changed after registration (found by an importer's checksum).", float64(m.ChecksumWithdrawn))
 
+	e.gauge("kvfabric_engine_request_bytes", "Bytes of engine requests being served, as charged against engine_request_memory.", float64(m.EngineRequestBytes))
+	e.counter("kvfabric_engine_requests_refused_total", "Engine requests refused RESOURCE_EXHAUSTED for passing the bound on requests in flight (in total or per session).", float64(m.EngineRequestsRefused))
+
+	e.counter("kvfabric_peer_dial_failures_total", "Dials of members over the peer transport that failed.", float64(m.PeerDialFailures))
+	e.counter("kvfabric_peer_auth_failures_total", "Dials of members that failed authentication (a certificate from another CA, expired, or of a node that is not a member).", float64(m.PeerAuthFailures))
+	e.gauge("kvfabric_peers", "Current members by whether this node's last dial authenticated to them.", float64(m.PeersAuthenticated), "authenticated", "true")
+	e.gauge("kvfabric_peers", "Current members by whether this node's last dial authenticated to them.", float64(m.PeersUnauthenticated), "authenticated", "false")
+	ready := 0.0
+	if m.Ready {
+		ready = 1
+	}
+	e.gauge("kvfabric_ready", "1 when /healthz answers ok: joined, authenticated to a peer, and synced once since the start.", ready)
+
 	ix := m.Index
 	e.gauge("kvfabric_index_hashes", "Distinct block hashes in the cluster index.", float64(ix.Hashes))
 	e.gauge("kvfabric_index_entries", "(hash, holder) pairs in the cluster index.", float64(ix.Pairs))
 	e.gauge("kvfabric_index_events_held", "Events of nodes waiting for an index slot (every slot live or not yet swept).", float64(m.IndexEventsHeld))
-	e.counter("kvfabric_index_events_lost_total", "Events of nodes without an index slot lost past the sink's hold limit; those nodes' blocks are missing from the index until they restart or leave.", float64(m.IndexEventsLost))
+	e.counter("kvfabric_index_events_lost_total", "Events of nodes without an index slot lost past the sink's hold limit; those nodes are resynchronised (kvfabric_gossip_resyncs_total).", float64(m.IndexEventsLost))
 
 	ms := m.Membership
 	e.gauge("kvfabric_members", "Cluster members this node sees, itself included.", float64(ms.Members))
@@ -100,6 +113,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.gauge("kvfabric_members_gone", "Members that left or failed in the last 10 minutes and have not come back, by state.", float64(m.MembersFailed), "state", "failed")
 	e.counter("kvfabric_gossip_events_published_total", "Block events this node published.", float64(ms.EventsPublished))
 	e.counter("kvfabric_gossip_events_reconciled_total", "Block events this node published to make its published holdings match its pool after pool events were lost.", float64(ms.EventsReconciled))
+	e.counter("kvfabric_gossip_resyncs_total", "Nodes whose block events were fetched again from the start because the index lost events held for them.", float64(ms.Resyncs))
 	e.counter("kvfabric_gossip_events_applied_total", "Other nodes' block events applied to the index.", float64(ms.EventsApplied))
 	e.gauge("kvfabric_gossip_event_gaps", "Origins whose events are known but not yet applied (event lag).", float64(ms.Gaps))
 	e.counter("kvfabric_gossip_range_repairs_total", "Answers from an origin's log applied to close event gaps (a long gap takes several).", float64(ms.RangeRepairs))
@@ -141,6 +155,11 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_peer_reads_failed_total", "Reads from peers that failed.", float64(ts.ReadsFailed))
 	e.gauge("kvfabric_peer_request_bytes", "Request bytes announced and in flight for peers (capped per peer).", float64(ts.RequestBytes))
 	e.counter("kvfabric_peer_request_budget_waits_total", "Peer requests that waited because their peer's request bytes were at the cap.", float64(ts.RequestBudgetWaits))
+	e.gauge("kvfabric_peer_handshakes", "Incoming peer handshakes in progress.", float64(ts.Handshakes))
+	e.gauge("kvfabric_peer_handshakes_peak", "The most incoming peer handshakes in progress at once since the start.", float64(ts.HandshakesPeak))
+	e.gauge("kvfabric_peer_incoming_connections", "Incoming peer connections, handshaking or established.", float64(ts.Conns))
+	e.counter("kvfabric_peer_connections_refused_total", "Incoming peer connections refused at their first packet for passing the bounds on handshakes and connections (in total or per source address): a handshake flood.", float64(ts.ConnsRefused))
+	e.counter("kvfabric_peer_address_validations_total", "Incoming handshakes asked to validate their source address (a QUIC Retry) because many were in progress.", float64(ts.AddressValidations))
 
 	for _, cert := range m.Certificates {
 		e.gauge("kvfabric_certificate_expiry_timestamp_seconds", "When the node's TLS certificate and its CA expire (Unix time).",

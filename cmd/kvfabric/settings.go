@@ -65,6 +65,10 @@ var agentSettings = []setting{
 	{"log-level", "LogLevel", "debug, info, warn or error (default info)"},
 	{"log-format", "LogFormat", "text (key=value) or json (one object a line, for log collectors) (default text)"},
 	{"no-checksums", "NoChecksums", "take and check no content checksums of blocks (default: a checksum per block registered in host memory, checked by every importer before it registers the block)"},
+
+	{"engine-request-memory", "EngineRequestMemory", "bytes of engine requests served at once (twice their encoded size); past it a request fails RESOURCE_EXHAUSTED (default 512MiB)"},
+	{"engine-session-request-memory", "EngineSessionRequestMemory", "the same bound per engine session, at most --engine-request-memory (default 256MiB)"},
+	{"engine-quota", "EngineQuota", "pool bytes the block sets of one engine (by name) may take; another engine's cached sets are never freed for one over it (default: the pool divided among the engines with block sets)"},
 }
 
 // The KVFABRIC_ variables that are not settings of fabric.Config: the

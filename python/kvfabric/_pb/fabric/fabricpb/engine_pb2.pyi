@@ -183,7 +183,7 @@ class LookupResponse(_message.Message):
     def __init__(self, hashes: _Optional[_Iterable[int]] = ..., overlaps: _Optional[_Iterable[_Union[Overlap, _Mapping]]] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ["blocks", "gossip_addr", "gpu_model", "gpu_nics", "gpu_pool_bytes", "gpus", "node", "peer_addr", "rdma", "since_unix_ms", "state"]
+    __slots__ = ["blocks", "gossip_addr", "gpu_model", "gpu_nics", "gpu_pool_bytes", "gpus", "node", "peer_addr", "peer_authenticated", "peer_error", "peer_reachable", "rdma", "since_unix_ms", "state"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     GOSSIP_ADDR_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,9 @@ class Member(_message.Message):
     GPU_POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    PEER_AUTHENTICATED_FIELD_NUMBER: _ClassVar[int]
+    PEER_ERROR_FIELD_NUMBER: _ClassVar[int]
+    PEER_REACHABLE_FIELD_NUMBER: _ClassVar[int]
     RDMA_FIELD_NUMBER: _ClassVar[int]
     SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -203,10 +206,13 @@ class Member(_message.Message):
     gpus: int
     node: str
     peer_addr: str
+    peer_authenticated: bool
+    peer_error: str
+    peer_reachable: bool
     rdma: bool
     since_unix_ms: int
     state: str
-    def __init__(self, node: _Optional[str] = ..., gossip_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., state: _Optional[str] = ..., blocks: _Optional[int] = ..., since_unix_ms: _Optional[int] = ..., rdma: bool = ..., gpus: _Optional[int] = ..., gpu_pool_bytes: _Optional[int] = ..., gpu_nics: _Optional[int] = ..., gpu_model: _Optional[str] = ...) -> None: ...
+    def __init__(self, node: _Optional[str] = ..., gossip_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., state: _Optional[str] = ..., blocks: _Optional[int] = ..., since_unix_ms: _Optional[int] = ..., rdma: bool = ..., gpus: _Optional[int] = ..., gpu_pool_bytes: _Optional[int] = ..., gpu_nics: _Optional[int] = ..., gpu_model: _Optional[str] = ..., peer_reachable: bool = ..., peer_authenticated: bool = ..., peer_error: _Optional[str] = ...) -> None: ...
 
 class Memory(_message.Message):
     __slots__ = ["cuda_device", "cuda_ipc_handle", "fd_socket", "file", "file_size", "offset", "path", "pci_bus_id", "size", "token"]

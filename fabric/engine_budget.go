@@ -1,0 +1,121 @@
+package fabric
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// Bounds on the memory of engine requests being served. A request's cost
+// is its encoded size times engineRequestCost, for the decoded request and
+// what serving it makes from it (hashes, matches, the answer).
+const (
+	// MaxEngineMessage is the largest message the engine socket takes.
+	MaxEngineMessage = 64 << 20
+	// DefaultEngineRequestMemory is Config.EngineRequestMemory's default:
+	// four of the largest requests at once.
+	DefaultEngineRequestMemory = 4 * engineRequestCost * MaxEngineMessage
+	// DefaultEngineSessionRequestMemory is
+	// Config.EngineSessionRequestMemory's default: two of the largest.
+	DefaultEngineSessionRequestMemory = 2 * engineRequestCost * MaxEngineMessage
+
+	engineRequestCost = 2
+)
+
+// requestBudget counts the bytes of requests in flight, in total and per
+// session, and refuses what would pass either bound instead of waiting:
+// a request waiting would hold its memory all the same.
+type requestBudget struct {
+	total, perSession int64
+
+	mu        sync.Mutex
+	used      int64
+	bySession map[uint64]int64
+	refused   uint64
+}
+
+func newRequestBudget(total, perSession int64) *requestBudget {
+	return &requestBudget{total: total, perSession: perSession, bySession: map[uint64]int64{}}
+}
+
+// take reserves n bytes for session, or says why not.
+func (b *requestBudget) take(session uint64, n int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.bySession[session]
+	switch {
+	case s+n > b.perSession:
+		b.refused++
+		return status.Errorf(codes.ResourceExhausted, "engine requests in flight: this one needs %d bytes, the session has %d of %d in flight; wait for them or send smaller requests", n, s, b.perSession)
+	case b.used+n > b.total:
+		b.refused++
+		return status.Errorf(codes.ResourceExhausted, "engine requests in flight: this one needs %d bytes, engines have %d of %d in flight; try again shortly", n, b.used, b.total)
+	}
+	b.used += n
+	b.bySession[session] = s + n
+	return nil
+}
+
+func (b *requestBudget) give(session uint64, n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= n
+	if b.bySession[session] -= n; b.bySession[session] <= 0 {
+		delete(b.bySession, session)
+	}
+}
+
+// snapshot returns the bytes in flight and the requests refused so far.
+func (b *requestBudget) snapshot() (used int64, refused uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used, b.refused
+}
+
+// budgetInterceptor charges each unary engine call's request to the budget
+// for as long as it is served. The session is read from the metadata
+// only (a bad id is the handler's to refuse).
+func (a *Agent) budgetInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	m, ok := req.(proto.Message)
+	if !ok {
+		return handler(ctx, req)
+	}
+	var session uint64
+	if s, err := a.sessionOf(ctx); err == nil {
+		session = s.id
+	}
+	n := int64(proto.Size(m)) * engineRequestCost
+	if err := a.reqBudget.take(session, n); err != nil {
+		a.log.Warn("engine request refused: too much in flight", "method", info.FullMethod, "session", session, "bytes", n, "err", err)
+		return nil, err
+	}
+	defer a.reqBudget.give(session, n)
+	return handler(ctx, req)
+}
+
+// populateEngineLimits fills the engine request bounds' defaults.
+func (c *Config) populateEngineLimits() {
+	if c.EngineRequestMemory == 0 {
+		c.EngineRequestMemory = DefaultEngineRequestMemory
+	}
+	if c.EngineSessionRequestMemory == 0 {
+		c.EngineSessionRequestMemory = min(DefaultEngineSessionRequestMemory, c.EngineRequestMemory)
+	}
+}
+
+func (c *Config) validateEngineLimits() error {
+	switch {
+	case c.EngineRequestMemory < 0:
+		return fmt.Errorf("%w: engine_request_memory: %d is negative", ErrConfig, c.EngineRequestMemory)
+	case c.EngineQuota < 0:
+		return fmt.Errorf("%w: engine_quota: %d is negative", ErrConfig, c.EngineQuota)
+	case c.EngineSessionRequestMemory < 0 || c.EngineSessionRequestMemory > c.EngineRequestMemory:
+		return fmt.Errorf("%w: engine_session_request_memory: %d is not in 0..engine_request_memory (%d)", ErrConfig, c.EngineSessionRequestMemory, c.EngineRequestMemory)
+	}
+	return nil
+}

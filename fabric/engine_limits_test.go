@@ -1,0 +1,160 @@
+package fabric_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/layout/layoutpb"
+)
+
+// Every string an engine sends is bounded: at the bound it is taken, one
+// byte past it the call fails INVALID_ARGUMENT naming the field.
+func TestEngineStringBounds(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	api, _, ev := rawSession(t, ctx, a.EngineSocket())
+	sctx := inSession(ctx, ev.Session)
+	reg := func(engine string, devices []string) error {
+		_, err := api.Register(sctx, &fabricpb.RegisterRequest{Engine: engine, Devices: devices, Model: smallModel.Proto(),
+			TpSize: 1, PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
+		return err
+	}
+	set, err := api.Register(sctx, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lookup := func(salt, lora string) error {
+		_, err := api.Lookup(sctx, &fabricpb.LookupRequest{BlockSet: set.BlockSet, Tokens: &fabricpb.Tokens{Ids: make([]uint32, 8), Salt: salt, Lora: lora}})
+		return err
+	}
+	openSession := func(engine string) error {
+		stream, err := api.OpenSession(ctx)
+		if err != nil {
+			return err
+		}
+		defer stream.CloseSend()
+		if err := stream.Send(&fabricpb.SessionRequest{Engine: engine}); err != nil {
+			return err
+		}
+		_, err = stream.Recv()
+		return err
+	}
+	for _, tc := range []struct {
+		desc  string
+		call  func() error
+		want  codes.Code
+		field string
+	}{
+		{"engine name at the bound", func() error { return reg(strings.Repeat("e", fabric.MaxEngineName), nil) }, codes.OK, ""},
+		{"engine name past the bound", func() error { return reg(strings.Repeat("e", fabric.MaxEngineName+1), nil) }, codes.InvalidArgument, "engine"},
+		{"engine name of 1 MiB", func() error { return reg(strings.Repeat("e", 1<<20), nil) }, codes.InvalidArgument, "engine"},
+		// A host pool ignores devices, so a name at the bound is taken.
+		{"device name at the bound", func() error { return reg("e", []string{strings.Repeat("0", fabric.MaxDeviceName)}) }, codes.OK, ""},
+		{"device name past the bound", func() error { return reg("e", []string{strings.Repeat("0", fabric.MaxDeviceName+1)}) }, codes.InvalidArgument, "devices"},
+		{"devices past the TP bound", func() error { return reg("e", make([]string, 1025)) }, codes.InvalidArgument, "devices"},
+		{"salt at the bound", func() error { return lookup(strings.Repeat("s", fabric.MaxHashNamespace), "") }, codes.OK, ""},
+		{"salt past the bound", func() error { return lookup(strings.Repeat("s", fabric.MaxHashNamespace+1), "") }, codes.InvalidArgument, "tokens.salt"},
+		{"lora at the bound", func() error { return lookup("", strings.Repeat("l", fabric.MaxHashNamespace)) }, codes.OK, ""},
+		{"lora past the bound", func() error { return lookup("", strings.Repeat("l", fabric.MaxHashNamespace+1)) }, codes.InvalidArgument, "tokens.lora"},
+		{"session engine name at the bound", func() error { return openSession(strings.Repeat("e", fabric.MaxEngineName)) }, codes.OK, ""},
+		{"session engine name past the bound", func() error { return openSession(strings.Repeat("e", fabric.MaxEngineName+1)) }, codes.InvalidArgument, "engine"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			err := tc.call()
+			if code(err) != tc.want {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+			if tc.field != "" && !strings.Contains(err.Error(), tc.field+":") {
+				t.Fatalf("%v does not name %q", err, tc.field)
+			}
+		})
+	}
+	st, err := api.Status(sctx, &fabricpb.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st.Sessions {
+		if len(s.Engine) > fabric.MaxEngineName {
+			t.Errorf("session %d in status with a %d-byte engine name", s.Id, len(s.Engine))
+		}
+	}
+}
+
+// The codes engine.proto documents, one case each.
+func TestEngineContractCodes(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	api, _, ev := rawSession(t, ctx, a.EngineSocket())
+	sctx := inSession(ctx, ev.Session)
+	set, err := api.Register(sctx, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := metadata.AppendToOutgoingContext(ctx, fabricpb.SessionMetadata, "not-a-number")
+	unknown := inSession(ctx, ev.Session+1)
+	lookup := func(ctx context.Context) error {
+		_, err := api.Lookup(ctx, &fabricpb.LookupRequest{Hashes: []uint64{1}})
+		return err
+	}
+	statusCall := func(ctx context.Context) error {
+		_, err := api.Status(ctx, &fabricpb.StatusRequest{})
+		return err
+	}
+	for _, tc := range []struct {
+		desc string
+		call func() error
+		want codes.Code
+	}{
+		{"lookup in the session", func() error { return lookup(sctx) }, codes.OK},
+		{"lookup with no session", func() error { return lookup(ctx) }, codes.OK},
+		{"lookup with a malformed session id", func() error { return lookup(bad) }, codes.InvalidArgument},
+		{"lookup with an unknown session id", func() error { return lookup(unknown) }, codes.FailedPrecondition},
+		{"status in the session", func() error { return statusCall(sctx) }, codes.OK},
+		{"status with a malformed session id", func() error { return statusCall(bad) }, codes.InvalidArgument},
+		{"status with an unknown session id", func() error { return statusCall(unknown) }, codes.FailedPrecondition},
+		{"allocate in an unknown block set", func() error {
+			_, err := api.Allocate(sctx, &fabricpb.AllocateRequest{BlockSet: 999, Count: 1})
+			return err
+		}, codes.NotFound},
+		{"lookup naming an unknown block set", func() error {
+			_, err := api.Lookup(sctx, &fabricpb.LookupRequest{BlockSet: 999, Hashes: []uint64{1}})
+			return err
+		}, codes.NotFound},
+		{"free of a slot out of range", func() error {
+			_, err := api.Free(sctx, &fabricpb.FreeRequest{BlockSet: set.BlockSet, Slots: []uint32{1 << 30}})
+			return err
+		}, codes.FailedPrecondition},
+		{"import of blocks no node holds", func() error {
+			_, err := api.Import(sctx, &fabricpb.ImportRequest{BlockSet: set.BlockSet, Hashes: []uint64{77}, TimeoutMs: 5000})
+			return err
+		}, codes.NotFound},
+		{"allocate past the pool", func() error {
+			_, err := api.Allocate(sctx, &fabricpb.AllocateRequest{BlockSet: set.BlockSet, Count: 17})
+			return err
+		}, codes.ResourceExhausted},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			if err := tc.call(); code(err) != tc.want {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+		})
+	}
+	// Acquire answers per block: a block no node holds is MISSING with
+	// NOT_FOUND.
+	acq, err := api.Acquire(sctx, &fabricpb.AcquireRequest{BlockSet: set.BlockSet, Hashes: []uint64{77}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := acq.Results[0]; r.Outcome != fabricpb.Outcome_OUTCOME_MISSING || codes.Code(r.Code) != codes.NotFound {
+		t.Fatalf("acquire of a block not held: %v", r)
+	}
+}

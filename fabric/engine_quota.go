@@ -1,0 +1,96 @@
+package fabric
+
+import (
+	"sort"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// setBytes is the pool memory a block set takes.
+func setBytes(s *pool.BlockSet) uint64 {
+	var n uint64
+	for _, r := range s.Layout().Regions {
+		n += r.Size
+	}
+	return n
+}
+
+// engineShare returns the bytes of block sets each engine (by the name it
+// registered under) made and is charged for; engine's quota:
+// Config.EngineQuota, or the pool divided among the engines with sets in
+// use (engine included); and a fair share, the pool divided among the
+// engines with any sets, idle ones included (engine included), which an
+// engine's idle sets are safe within. a.mu is held.
+func (a *Agent) engineShare(engine string) (quota, fair uint64, carved map[string]uint64) {
+	carved = map[string]uint64{}
+	active := map[string]bool{engine: true}
+	for _, es := range a.sets {
+		es.mu.Lock()
+		if !es.freed {
+			carved[es.engine] += setBytes(es.set)
+			if len(es.users) > 0 {
+				active[es.engine] = true
+			}
+		}
+		es.mu.Unlock()
+	}
+	var total uint64
+	for _, st := range a.storages {
+		total += st.Size()
+	}
+	engines := len(carved)
+	if _, ok := carved[engine]; !ok {
+		engines++
+	}
+	fair = total / uint64(max(engines, 1))
+	quota = total / uint64(len(active))
+	if a.cfg.EngineQuota > 0 {
+		quota = uint64(a.cfg.EngineQuota)
+	}
+	return quota, fair, carved
+}
+
+// makeRoomInQuota makes room for a new block set of need bytes for engine
+// within its quota, freeing its own idle sets (longest idle first) if it
+// must, or refuses with RESOURCE_EXHAUSTED naming the quota. It returns
+// which other idle sets the pool may free to fit the new one: the
+// engine's own and those of engines over a fair share, never the cached
+// sets of an engine within it. a.mu is held.
+func (a *Agent) makeRoomInQuota(engine string, need uint64) (func(*engineSet) bool, error) {
+	for {
+		quota, fair, carved := a.engineShare(engine)
+		if carved[engine]+need <= quota {
+			return func(es *engineSet) bool {
+				return es.engine == engine || carved[es.engine] > fair
+			}, nil
+		}
+		var idle []*engineSet
+		for _, es := range a.sets {
+			es.mu.Lock()
+			if es.engine == engine && len(es.users) == 0 && !es.freed {
+				idle = append(idle, es)
+			}
+			es.mu.Unlock()
+		}
+		sort.Slice(idle, func(i, j int) bool { return idle[i].idleSince.Before(idle[j].idleSince) })
+		freed := false
+		for _, es := range idle {
+			if a.freeIdleLocked(es, 0) {
+				freed = true
+				break
+			}
+		}
+		if !freed {
+			what := "the pool divided among the engines using block sets"
+			if a.cfg.EngineQuota > 0 {
+				what = "engine_quota"
+			}
+			return nil, status.Errorf(codes.ResourceExhausted,
+				"engine %q: its block sets take %d bytes and this one needs %d, past its quota of %d (%s); drop block sets it no longer uses or end their sessions",
+				engine, carved[engine], need, quota, what)
+		}
+	}
+}

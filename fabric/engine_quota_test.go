@@ -1,0 +1,132 @@
+package fabric_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/layout/layoutpb"
+)
+
+// A flood of sessions of one engine, each registering a block set of
+// another layout, cycles through that engine's own idle sets and never
+// evicts another engine's idle set of 768 cached blocks, which is within
+// its fair share of the pool.
+func TestEngineFloodCannotEvictAnothersCachedSet(t *testing.T) {
+	cfg := testConfig(t, "n1") // host=16MiB
+	cfg.BlockSetGrace = time.Hour
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+
+	vctx, vcancel := context.WithCancel(ctx)
+	api, _, ev := rawSession(t, vctx, a.EngineSocket())
+	sctx := inSession(vctx, ev.Session)
+	reg, err := api.Register(sctx, &fabricpb.RegisterRequest{Engine: "victim", Model: smallModel.Proto(), TpSize: 1, PageSize: 4,
+		KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 768})
+	if err != nil {
+		t.Fatal(err)
+	}
+	al, err := api.Allocate(sctx, &fabricpb.AllocateRequest{BlockSet: reg.BlockSet, Count: 768})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes := make([]uint64, 768)
+	for i := range hashes {
+		hashes[i] = uint64(i) + 1
+	}
+	if _, err := api.RegisterBlocks(sctx, &fabricpb.RegisterBlocksRequest{BlockSet: reg.BlockSet, Slots: al.Slots, Hashes: hashes}); err != nil {
+		t.Fatal(err)
+	}
+	vcancel() // the victim's session ends: its set is idle, its blocks cached
+	victim := func() (*fabricpb.BlockSet, error) {
+		st, err := dial(t, a).Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range st.BlockSets {
+			if b.Id == reg.BlockSet {
+				return b, nil
+			}
+		}
+		return nil, fmt.Errorf("the victim's set %d is gone", reg.BlockSet)
+	}
+	wait.For(t, 10*time.Second, "the victim's set idle", func() error {
+		b, err := victim()
+		if err != nil {
+			return err
+		}
+		if b.Sessions != 0 {
+			return fmt.Errorf("%d sessions", b.Sessions)
+		}
+		return nil
+	})
+
+	made, refused := 0, 0
+	for i := range 40 {
+		fctx, fcancel := context.WithCancel(ctx)
+		fapi, _, fev := rawSession(t, fctx, a.EngineSocket())
+		// Another page size each time: another layout, another set.
+		_, err := fapi.Register(inSession(fctx, fev.Session), &fabricpb.RegisterRequest{Engine: "flood", Model: smallModel.Proto(), TpSize: 1,
+			PageSize: uint32(8 + i), KvOrder: layoutpb.KVOrder_KV_ORDER_HND})
+		fcancel()
+		switch {
+		case err == nil:
+			made++
+		case code(err) == codes.ResourceExhausted:
+			refused++
+		default:
+			t.Fatalf("flood register %d: %v", i, err)
+		}
+	}
+	b, err := victim()
+	if err != nil {
+		t.Fatalf("after %d flood sets made and %d refused: %v", made, refused, err)
+	}
+	if b.Registered != 768 {
+		t.Fatalf("the victim's set holds %d registered blocks, want 768", b.Registered)
+	}
+	if made < 10 {
+		t.Fatalf("the flood made only %d sets: it should cycle its own idle ones", made)
+	}
+	t.Logf("flood: %d sets made, %d refused; the victim's 768 cached blocks stayed", made, refused)
+}
+
+// With engine_quota set, an engine's sets may take up to it: at the quota
+// a Register is served, past it one fails RESOURCE_EXHAUSTED naming the
+// quota, while the engine's sets are in use.
+func TestEngineQuotaAtAndPast(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.EngineQuota = 1 << 20 // 256 blocks of 4 KiB
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	api, _, ev := rawSession(t, ctx, a.EngineSocket())
+	sctx := inSession(ctx, ev.Session)
+	reg := func(page, slots uint32) error {
+		_, err := api.Register(sctx, &fabricpb.RegisterRequest{Engine: "q", Model: smallModel.Proto(), TpSize: 1, PageSize: page,
+			KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: slots})
+		return err
+	}
+	if err := reg(4, 128); err != nil {
+		t.Fatalf("half the quota: %v", err)
+	}
+	if err := reg(8, 128); err != nil {
+		t.Fatalf("up to the quota: %v", err)
+	}
+	err := reg(12, 1)
+	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "engine_quota") || !strings.Contains(err.Error(), `engine "q"`) {
+		t.Fatalf("one block past the quota: %v, want ResourceExhausted naming the engine and engine_quota", err)
+	}
+	// Another engine has its own quota.
+	if _, err := api.Register(sctx, &fabricpb.RegisterRequest{Engine: "other", Model: smallModel.Proto(), TpSize: 1, PageSize: 12,
+		KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 1}); err != nil {
+		t.Fatalf("another engine: %v", err)
+	}
+}
