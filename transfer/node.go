@@ -41,6 +41,8 @@ type Node struct {
 	closeMu  sync.Once
 	// rdma is the node's RDMA side; nil when Config.RDMA is.
 	rdma *rdmaNode
+	// lane is the TCP lane served; nil without Config.LaneAddr.
+	lane *laneServer
 }
 
 // NewNode validates cfg, opens its sockets and starts serving.
@@ -82,6 +84,11 @@ func NewNode(cfg Config) (*Node, error) {
 		n.listener = ln
 		n.wg.Add(1)
 		go n.acceptLoop()
+	}
+	if cfg.LaneAddr != "" {
+		if err := n.startLane(); err != nil {
+			return fail(err)
+		}
 	}
 	// Dial sockets bind the listener's IP, so that peers see connections
 	// come from the address this node is known by (loopback tests give
@@ -134,6 +141,7 @@ func (n *Node) Close() error {
 		if n.listenTr != nil {
 			n.listenTr.Close()
 		}
+		n.closeLane()
 		for _, t := range n.dialTrs {
 			t.Close()
 		}
