@@ -62,6 +62,9 @@ var agentSettings = []setting{
 	{"rdma-library", "RDMALibrary", "path of libibverbs (default: $KVFABRIC_IBVERBS_LIB, then libibverbs.so.1)"},
 	{"rdma-timeout", "RDMATimeout", "queue-pair ACK timeout exponent, 1..31: each try waits 4.096us x 2^N (default 14)"},
 	{"rdma-retry", "RDMARetry", "queue-pair retries after a timeout, 1..7; a dead holder fails a read after (N+1) tries (default 7: about 0.5s with timeout 14)"},
+	{"lane-addr", "LaneAddr", "host:port of the TCP data lane (TLS 1.3 with the node's certificate; port 0: any free port), read by peers where RDMA is not there (default: none, peers read this node over QUIC)"},
+	{"lane-plain", "LanePlain", "plain TCP on the lane, no TLS: only on a network that is private already (block data crosses it unencrypted; connections still need a token from the QUIC channel)"},
+	{"lane-conns", "LaneConns", "lane connections to each holder, 1..16 (default 4)"},
 	{"log-level", "LogLevel", "debug, info, warn or error (default info)"},
 	{"log-format", "LogFormat", "text (key=value) or json (one object a line, for log collectors) (default text)"},
 }
