@@ -62,7 +62,7 @@ func (l *peerLane) close() {
 // LaneState says whether reads from this peer use its lane: "" if they do
 // (or will try), else why not until when.
 func (p *Peer) LaneState() (reason string, until time.Time) {
-	if p.lane == nil {
+	if p.n.noLaneReads.Load() {
 		return "off", time.Time{}
 	}
 	p.lane.mu.Lock()
@@ -393,3 +393,8 @@ func (p *Peer) readLanePart(ctx context.Context, lc *laneConn, leaseID, blockSet
 	_ = lc.c.SetReadDeadline(time.Time{})
 	return true, nil
 }
+
+// SetLaneReads turns reading over holders' lanes on or off for reads that
+// start from now on (Config.NoLaneReads is the setting at start):
+// benchmarks compare the lane with QUIC on the same nodes.
+func (n *Node) SetLaneReads(on bool) { n.noLaneReads.Store(!on) }

@@ -43,6 +43,8 @@ type Node struct {
 	rdma *rdmaNode
 	// lane is the TCP lane served; nil without Config.LaneAddr.
 	lane *laneServer
+	// noLaneReads is Config.NoLaneReads, changed by SetLaneReads.
+	noLaneReads atomic.Bool
 }
 
 // NewNode validates cfg, opens its sockets and starts serving.
@@ -54,6 +56,7 @@ func NewNode(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{},
 		accepted: map[string]int{}, budgets: map[string]*requestBudget{}}
 	n.ident.Store(&identity{cert: cfg.Certificate, cas: cfg.CAs})
+	n.noLaneReads.Store(cfg.NoLaneReads)
 	if cfg.RDMA != nil {
 		n.rdma = &rdmaNode{cfg: *cfg.RDMA, served: map[string][]servedQP{}, fallback: map[string]uint64{},
 			nicBytes: make([]uint64, len(cfg.RDMA.Devices))}

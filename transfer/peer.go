@@ -36,7 +36,7 @@ type Peer struct {
 	streams chan struct{}
 	// rdma is the peer's RDMA state; nil when this node has no RDMA.
 	rdma *peerRDMA
-	// lane is the peer's TCP lane state; nil with Config.NoLaneReads.
+	// lane is the peer's TCP lane state.
 	lane *peerLane
 }
 
@@ -63,9 +63,7 @@ func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
 		p.rdma = &peerRDMA{wait: make(chan struct{}), qps: map[nicPair]*qpPool{}, leases: map[uint64]map[uint64][]remoteRegion{},
 			keyless: map[uint64]bool{}}
 	}
-	if !n.cfg.NoLaneReads {
-		p.lane = newPeerLane(n.cfg.LaneConns)
-	}
+	p.lane = newPeerLane(n.cfg.LaneConns)
 	if _, err := p.conn(ctx, 0); err != nil {
 		return nil, err
 	}
@@ -80,9 +78,7 @@ func (p *Peer) Name() string { return p.name }
 func (p *Peer) Close() error {
 	p.closed.Store(true)
 	p.closeRDMA()
-	if p.lane != nil {
-		p.lane.close()
-	}
+	p.lane.close()
 	for i := range p.slots {
 		sl := &p.slots[i]
 		sl.mu.Lock()

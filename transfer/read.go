@@ -61,7 +61,7 @@ func (p *Peer) ReadVia(ctx context.Context, leaseID, blockSet uint64, segs []lay
 			p.n.log.Warn("rdma read failed; reading over QUIC", "peer", p.name, "lease", leaseID, "err", err)
 		}
 	}
-	if p.lane != nil {
+	if !p.n.noLaneReads.Load() {
 		used, err := p.readLane(ctx, leaseID, blockSet, segs, dst, total)
 		var re *RemoteError
 		switch {
