@@ -94,10 +94,10 @@ type BlockSet struct {
 	cuts    []cut       // the storage it occupies, set by NewBlockSet
 	freed   atomic.Bool // by FreeBlockSet
 
-	mu         sync.Mutex
-	slots      []slot
-	free       []int32 // stack of Reset slots
-	registry   map[uint64]int32
+	mu       sync.Mutex
+	slots    []slot
+	free     []int32 // stack of Reset slots
+	registry map[uint64]int32
 	// The inactive leaves, the evictable slots, least recently used first
 	// in two parts: a list in order of used (a slot that becomes inactive
 	// is the newest and goes at its tail) and a heap by used of the
@@ -108,17 +108,17 @@ type BlockSet struct {
 	leafHead, leafTail int32
 	evictable          []int32 // the late leaves, a min-heap by used
 	leaves             int     // in the list and the heap together
-	tick       uint64
-	inactive   int
-	registered int
-	leased     int
-	leases     map[LeaseID]*lease
-	leaseSeq   uint64
-	expiry     leaseHeap
-	evictions  uint64
-	expired    uint64
-	allocLat   Histogram
-	releaseLat Histogram
+	tick               uint64
+	inactive           int
+	registered         int
+	leased             int
+	leases             map[LeaseID]*lease
+	leaseSeq           uint64
+	expiry             leaseHeap
+	evictions          uint64
+	expired            uint64
+	allocLat           Histogram
+	releaseLat         Histogram
 }
 
 func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64, place []int) *BlockSet {
