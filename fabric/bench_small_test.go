@@ -170,14 +170,14 @@ func BenchmarkImportSmallBlocksLane(b *testing.B) {
 	ctx := context.Background()
 	cA, cB := benchDial(b, agentA), benchDial(b, agentB)
 	type side struct {
-		name     string
-		n        int
-		setA     *client.BlockSet
-		setB     *client.BlockSet
-		took     time.Duration
-		hashes   []uint64
-		slotsA   []uint32
-		content  int
+		name    string
+		n       int
+		setA    *client.BlockSet
+		setB    *client.BlockSet
+		took    time.Duration
+		hashes  []uint64
+		slotsA  []uint32
+		content int
 	}
 	sides := []*side{{name: "small", n: nSmall}, {name: "large", n: nLarge}}
 	for _, s := range sides {
