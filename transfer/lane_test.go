@@ -461,3 +461,32 @@ func TestLaneHolderThatStallsMidStream(t *testing.T) {
 	}
 	c.Close()
 }
+
+// The lane presents and checks the identity SetIdentity gives, on the
+// connections made after it: a holder moved to a new CA refuses a lane
+// connection certified by the old one and takes one certified by the new.
+func TestLaneSetIdentity(t *testing.T) {
+	holder, reader, p, _ := laneSetup(t, 1<<20, false)
+	r, err := laneTokens(t, p, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newTestCA(t)
+	renewed := other.cert(t, "holder")
+	if err := holder.SetIdentity(renewed, other.ca.Pool()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rawLane(t, holder, reader.laneClientTLS("holder"), &transferpb.LaneHello{Node: "reader", Token: r.Tokens[0]}); err == nil {
+		t.Fatal("a lane connection certified by the old CA was let in after the holder moved to a new one")
+	}
+	if err := reader.SetIdentity(other.cert(t, "reader"), other.ca.Pool()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rawLane(t, holder, reader.laneClientTLS("holder"), &transferpb.LaneHello{Node: "reader", Token: r.Tokens[1]})
+	if err != nil {
+		t.Fatalf("a lane connection under the new CA: %v", err)
+	}
+	if got, want := c.(*tls.Conn).ConnectionState().PeerCertificates[0].SerialNumber, renewed.Leaf.SerialNumber; got.Cmp(want) != 0 {
+		t.Errorf("holder presents serial %v, want the new certificate's %v", got, want)
+	}
+}
