@@ -108,7 +108,9 @@ func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []la
 			return true, fmt.Errorf("transfer: lane to %s: %w", p.name, wrapNetErr(ctx, ctx.Err()))
 		}
 		var re *RemoteError
-		if errors.As(err, &re) && re.Code == CodeUnavailable && re.Method == methodLaneToken.String() {
+		// Any answer to lane-token but tokens: no lane there, or a holder
+		// of a version without lanes (which does not know the call).
+		if errors.As(err, &re) && re.Method == methodLaneToken.String() {
 			p.laneDown(LaneFallbackNoLane, err)
 		} else {
 			p.laneDown(LaneFallbackConnect, err)
