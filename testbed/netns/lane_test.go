@@ -2,6 +2,7 @@ package netns
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -107,4 +108,76 @@ func TestLaneBlackholeFallsBackToQUIC(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A reader paused (SIGSTOP) while it imports over the lane stalls its
+// lane connections mid-stream: the holder's writes block, and its leases
+// still end within the lease duration plus the expiry sweep. Once the
+// reader continues, its import call returns, without a wrong byte.
+func TestLaneStalledReaderHoldsNoLeasePastItsTerm(t *testing.T) {
+	const (
+		ttl   = 2 * time.Second // --lease-duration
+		sweep = time.Second     // the pool's lease expiry interval
+		slack = 3 * time.Second // polling and the status call on loaded cores
+	)
+	c := start(t, Options{Nodes: 2, Pool: "host=512MiB",
+		ExtraArgs: []string{"--lane-addr", fmt.Sprintf(":%d", lanePort), "--lease-duration", ttl.String(), "--peer-timeout", "10s"}})
+	rec := testbed.NewScenarioRecord("lane-reader-paused", variant(), 2)
+	defer save(t, rec)
+	ctx := ctxFor(t, 5*time.Minute)
+	w := testbed.Workload{Sequences: 1, Blocks: 400, PageSize: 16, Seed: 26}
+	hashes := w.Hashes()
+	p, err := testbed.Produce(ctx, c.Nodes[0], eng("producer", 512), hashes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// A slow link, so that the import is still moving when its reader
+	// stops.
+	if err := c.Shape(0, Link{RateBitsPerSec: 200_000_000}); err != nil {
+		t.Fatal(err)
+	}
+	waitBlocks(t, c, 1, c.Nodes[0].Name, uint64(w.Unique()))
+	r, err := newReader(ctx, c.Nodes[1], eng("reader", 512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	done := make(chan error, 1)
+	go func() {
+		via, err := r.importVia(ctx, hashes[0])
+		t.Logf("the paused reader's import: via %v, err %v", via, err)
+		done <- err
+	}()
+	waitLeased(t, c, []int{0})
+	if err := c.Pause(1); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	wait.For(t, 30*time.Second, "the holder's leases released", func() error {
+		v, err := look(c.Nodes[0])
+		if err != nil {
+			return err
+		}
+		if v.leases != 0 {
+			return fmt.Errorf("%d leases held", v.leases)
+		}
+		return nil
+	})
+	released := time.Since(paused)
+	if released > ttl+sweep+slack {
+		t.Errorf("leases released %v after the reader stopped, over TTL %v + sweep %v (+%v slack)", released, ttl, sweep, slack)
+	}
+	t.Logf("leases released %v after the reader stopped", released)
+	if err := c.Resume(1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if errors.Is(err, errCorrupt) {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the paused reader's import call did not return")
+	}
 }
