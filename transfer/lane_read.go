@@ -20,6 +20,11 @@ import (
 // part's request and answer cost more than a connection of its own gains.
 const laneMinPart = 1 << 20
 
+// lanePartsPerConn is how many parts a lane read is cut into per
+// connection, so that a connection that runs behind takes fewer of them and
+// the read does not end waiting on one large part.
+const lanePartsPerConn = 8
+
 // laneSmallPiece is the piece size under which a plain lane connection's
 // reads go through a buffer (a syscall per 256-byte row would cost more
 // than the copy); larger pieces are read straight into the destination.
@@ -100,7 +105,7 @@ func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []la
 	}
 	cfg := &p.n.cfg
 	maxSegs := min(cfg.MaxSegments, max(1, int(cfg.MaxMessageSize/maxSegmentWire)-1))
-	parallel := max(cap(l.slots)*partsPerWorker, int((total+MaxLaneReadBytes-1)/MaxLaneReadBytes))
+	parallel := max(cap(l.slots)*lanePartsPerConn, int((total+MaxLaneReadBytes-1)/MaxLaneReadBytes))
 	parts := splitPlan(segs, total, parallel, laneMinPart, maxSegs)
 	conns, err := p.laneConns(ctx, min(cap(l.slots), len(parts)))
 	if len(conns) == 0 {
