@@ -348,8 +348,7 @@ func (n *Node) serveLane(raw net.Conn) {
 	}
 	log = log.With("peer", peer)
 	for {
-		// The next request must come within the idle timeout, and then
-		// arrive whole within ProgressTimeout.
+		// The next request must arrive, whole, within the idle timeout.
 		_ = c.SetDeadline(time.Now().Add(n.cfg.LaneIdleTimeout))
 		kind, payload, err := readFrame(c, n.cfg.MaxMessageSize)
 		if err != nil {

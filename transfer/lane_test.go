@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -488,5 +490,44 @@ func TestLaneSetIdentity(t *testing.T) {
 	}
 	if got, want := c.(*tls.Conn).ConnectionState().PeerCertificates[0].SerialNumber, renewed.Leaf.SerialNumber; got.Cmp(want) != 0 {
 		t.Errorf("holder presents serial %v, want the new certificate's %v", got, want)
+	}
+}
+
+// A lane connection must finish its handshake and hello within
+// HandshakeTimeout: one that says nothing is closed by then, and one that
+// sends its hello halfway through it is let in.
+func TestLaneHandshakeTimeout(t *testing.T) {
+	holder, _, p, _ := laneSetup(t, 1<<20, true)
+	hs := holder.cfg.HandshakeTimeout
+	silent, err := net.Dial("tcp", holder.LaneAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	start := time.Now()
+	_ = silent.SetReadDeadline(start.Add(10 * hs))
+	// The holder answers with a refusal and closes.
+	if _, err := io.Copy(io.Discard, silent); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a silent connection: %v; want it closed by the holder", err)
+	}
+	if took := time.Since(start); took < hs/2 || took > 5*hs {
+		t.Errorf("a silent connection was closed after %v, HandshakeTimeout is %v", took, hs)
+	}
+	r, err := laneTokens(t, p, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow, err := net.Dial("tcp", holder.LaneAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	time.Sleep(hs / 2) // within the limit: what is timed here is the holder's patience
+	if err := writeFrame(slow, methodLaneHello, &transferpb.LaneHello{Node: "reader", Token: r.Tokens[0]}, laneHelloLimit); err != nil {
+		t.Fatal(err)
+	}
+	_ = slow.SetReadDeadline(time.Now().Add(10 * hs))
+	if kind, _, err := readFrame(slow, 1<<20); err != nil || kind != statusOK {
+		t.Fatalf("a hello halfway through HandshakeTimeout: kind %d, err %v", kind, err)
 	}
 }
