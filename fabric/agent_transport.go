@@ -42,6 +42,7 @@ func (a *Agent) startTransport() error {
 	tcfg.ProgressTimeout = half
 	tcfg.IdleTimeout = 3 * a.cfg.PeerTimeout
 	tcfg.MaxMessageSize = a.cfg.maxMessageSize
+	tcfg.LaneAddr, tcfg.LanePlain, tcfg.LaneConns = a.cfg.LaneAddr, a.cfg.LanePlain, a.cfg.LaneConns
 	if tcfg.RDMA, err = a.openRDMA(); err != nil {
 		return err
 	}
@@ -112,4 +113,18 @@ func (a *Agent) useIdentity(c *certs.Checked) {
 // machine.
 func devCADir(dataDir string) string {
 	return filepath.Join(filepath.Dir(filepath.Clean(dataDir)), "kvfabric-dev-ca")
+}
+
+// laneStatus describes the TCP lane the node serves, loudly when it is
+// plain TCP, and counts the reads that went over QUIC instead of a lane.
+func (a *Agent) laneStatus() (string, map[string]uint64) {
+	m := a.transport.Metrics()
+	addr := a.transport.LaneAddr()
+	switch {
+	case addr == nil:
+		return "off", m.LaneFallbacks
+	case a.transport.LanePlain():
+		return "PLAIN TCP " + addr.String() + " (unencrypted)", m.LaneFallbacks
+	}
+	return "tls " + addr.String(), m.LaneFallbacks
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -68,22 +69,27 @@ const (
 // leases the blocks, fetches A's layout (first time), plans the re-shard
 // from A's TP 4 layout to B's TP 2 one (both HND by default, so that a
 // plan piece is the two heads of one A rank: 8 KiB; NHD>NHD makes pieces
-// of 512 bytes, HND>NHD of 256), reads the plan over QUIC,
-// releases the lease and registers the blocks. Calls are of
-// -kvfabric.bench.import.batch blocks, -kvfabric.bench.import.inflight at
-// once, as an engine importing the prefixes of several requests would.
+// of 512 bytes, HND>NHD of 256), reads the plan, releases the lease and
+// registers the blocks. It runs twice per iteration, on blocks of their
+// own: over A's TCP lane ("lane", TLS 1.3) and over QUIC ("import"). Calls
+// are of -kvfabric.bench.import.batch blocks, -kvfabric.bench.import.inflight
+// at once, as an engine importing the prefixes of several requests would.
 //
 // In the same iteration, the same bytes move over netbench's baselines
 // with the agent's transport settings: bare quic-go (as many connections
 // as the agent opens to a peer, as many streams in flight as one read of
 // the agent uses, the agent's windows, mutual TLS with the same CA and
-// ALPN), TLS 1.3 over TCP and raw TCP, one contiguous block per request.
-// It reports each one's GB/s and per-block p50/p99 (an imported block's
-// latency is its Import call's), and import's throughput over each
-// baseline as x-quic, x-tls and x-tcp (the goal is x-quic ≥ 0.8), and
-// fetch/call: the share of the Import calls' time that the agent spent
-// fetching (lease, layouts, plan, read, release), as it reports in the
-// response.
+// ALPN), and TLS 1.3 over TCP and raw TCP over as many connections as the
+// lane opens (transfer.DefaultLaneConns), one contiguous block per
+// request. It reports each one's GB/s and per-block p50/p99 (an imported
+// block's latency is its Import call's); the QUIC import over bare
+// quic-go as x-quic (goal ≥ 0.9); the lane over bare TLS as x-tls (goal ≥
+// 0.8), over plain TCP as x-tcp and over the QUIC import as lane-x-import
+// (goal ≥ 2); the process's CPU seconds per GB moved for the lane, the
+// QUIC import and the quic and tls baselines (both ends of each are in
+// this process); and fetch/call: the share of the Import calls' time that
+// the agent spent fetching (lease, layouts, plan, read, release), as it
+// reports in the response.
 //
 // Every iteration imports blocks B has never seen: A registers a fresh
 // set of sequences (new hashes, new contents) before the timed part, and
@@ -112,15 +118,20 @@ func BenchmarkImport(b *testing.B) {
 	b.Cleanup(func() { os.RemoveAll(root) })
 	caDir := filepath.Join(root, "ca")
 	poolSpec := fmt.Sprintf("host=%d", size+size/8+64<<20)
-	// A's block set holds exactly what B imports. At the default cap (half
-	// the slots per peer) B's concurrent imports would wait for each
-	// other's leases; this measures the transfer path, and the caps have
-	// tests of their own.
-	agentA := startBenchAgentWith(b, root, caDir, "a", benchIPA, poolSpec, "", func(c *fabric.Config) { c.MaxLeasedPerPeer = nblocks })
+	// A holds two sets of blocks per iteration, one for each import (over
+	// the lane and over QUIC): B would find a second import of the same
+	// blocks at home. A's block set holds exactly those; at the default
+	// cap (half the slots per peer) B's concurrent imports would wait for
+	// each other's leases; this measures the transfer path, and the caps
+	// have tests of their own.
+	agentA := startBenchAgentWith(b, root, caDir, "a", benchIPA, fmt.Sprintf("host=%d", 2*size+size/8+64<<20), "", func(c *fabric.Config) {
+		c.MaxLeasedPerPeer = 2 * nblocks
+		c.LaneAddr = benchIPA + ":0"
+	})
 	agentB := startBenchAgent(b, root, caDir, "b", benchIPB, poolSpec, agentA.GossipAddr())
 	ca := context.Background()
 	cA, cB := benchDial(b, agentA), benchDial(b, agentB)
-	setA, err := cA.Register(ca, client.Engine{Name: "producer", Model: benchModel, TPSize: benchTPA, PageSize: benchPage, Order: orderA, Slots: nblocks})
+	setA, err := cA.Register(ca, client.Engine{Name: "producer", Model: benchModel, TPSize: benchTPA, PageSize: benchPage, Order: orderA, Slots: 2 * nblocks})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -129,41 +140,61 @@ func BenchmarkImport(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	// The import path as a netbench transport: one Import call per
-	// batch. hashes and got are this iteration's.
+	// The import path as netbench transports: one Import call per batch,
+	// over the lane ("lane") and over QUIC ("import"). hashes and got are
+	// the running import's.
 	var hashes []uint64
+	hashesOf := map[string][]uint64{}
 	got := make([]uint32, nblocks) // B's slot of each block
 	// The agent's own account of its fetches (lease to release), against
 	// the Import calls' latency: the rest is the engine API, the index
 	// lookup and registering.
 	var fetchMicros, callMicros atomic.Int64
-	imp := &netbench.Transport{
-		Name: "import", Parallel: inflight, Batch: batch,
-		Fetch: func(ctx context.Context, _ int, first, n uint64) error {
-			t0 := time.Now()
-			resp, err := cB.Import(ctx, setB.ID, hashes[first:first+n])
-			if err != nil {
-				return err
-			}
-			callMicros.Add(time.Since(t0).Microseconds())
-			for _, f := range resp.Fetches {
-				fetchMicros.Add(int64(f.Micros))
-			}
-			if len(resp.Blocks) != int(n) {
-				return fmt.Errorf("imported %d of %d blocks: %s", len(resp.Blocks), n, resp.Error)
-			}
-			for i, ref := range resp.Blocks {
-				got[first+uint64(i)] = ref.Slot
-			}
-			return nil
-		},
+	// Fetches that did not go over the transport their run is for (a
+	// lane read that fell back to QUIC): counted and reported, not failed.
+	var wrongTransport atomic.Int64
+	importVia := func(name, want string) *netbench.Transport {
+		return &netbench.Transport{
+			Name: name, Parallel: inflight, Batch: batch,
+			Fetch: func(ctx context.Context, _ int, first, n uint64) error {
+				t0 := time.Now()
+				resp, err := cB.Import(ctx, setB.ID, hashes[first:first+n])
+				if err != nil {
+					return err
+				}
+				callMicros.Add(time.Since(t0).Microseconds())
+				for _, f := range resp.Fetches {
+					fetchMicros.Add(int64(f.Micros))
+					if f.Transport != want {
+						wrongTransport.Add(1)
+					}
+				}
+				if len(resp.Blocks) != int(n) {
+					return fmt.Errorf("imported %d of %d blocks: %s", len(resp.Blocks), n, resp.Error)
+				}
+				for i, ref := range resp.Blocks {
+					got[first+uint64(i)] = ref.Slot
+				}
+				return nil
+			},
+		}
 	}
+	lane, imp := importVia("lane", "tcp"), importVia("import", "quic")
 
 	src := make([]byte, size)
 	for i := 0; i < len(src); i += 8 {
 		src[i] = byte(i >> 3)
 	}
 	dst := make([]byte, size)
+	// Fault in the pages every transport writes to, B's block set and the
+	// baselines' destination, before the timed runs: otherwise the first
+	// transport of the first iteration pays for the page faults of each.
+	for i := 0; i < len(dst); i += 4096 {
+		dst[i] = 1
+	}
+	for slot := 0; slot < nblocks; slot++ {
+		kvtest.Fill(setB.Layout, setB.Ranks, slot, 0)
+	}
 	tcfg := transfer.DefaultLocalConfig()
 	serverTLS, clientTLS := benchTLS(b, caDir)
 	base := netbench.Config{
@@ -175,24 +206,46 @@ func BenchmarkImport(b *testing.B) {
 		ServerIP: net.ParseIP(benchQUICServer), ClientIP: net.ParseIP(benchQUICClient),
 		UDPBuffer: 7 << 20, // what the agent's transport asks for
 	}
-	runner := &netbench.Runner{Transports: []*netbench.Transport{imp}, BlockBytes: blockBytes}
+	runner := &netbench.Runner{Transports: []*netbench.Transport{lane, imp}, BlockBytes: blockBytes}
 	b.Cleanup(func() { runner.Close() })
-	for _, mk := range []func(netbench.Config) (*netbench.Transport, error){netbench.NewQUIC, netbench.NewTLS, netbench.NewTCP} {
-		tr, err := mk(base)
+	for i, mk := range []func(netbench.Config) (*netbench.Transport, error){netbench.NewQUIC, netbench.NewTLS, netbench.NewTCP} {
+		cfg := base
+		if i > 0 {
+			// TLS and TCP over as many connections as the lane opens.
+			cfg.Parallel = transfer.DefaultLaneConns
+		}
+		tr, err := mk(cfg)
 		if err != nil {
 			b.Fatal(err)
 		}
 		runner.Transports = append(runner.Transports, tr)
 	}
 
+	// CPU time of the whole process (both agents, or both ends of a
+	// baseline) per transport, untimed hooks around each run.
+	cpu := map[string]time.Duration{}
+	var cpu0 time.Duration
 	iter := 0
 	var slotsA []uint32
+	runner.Before = func(tr *netbench.Transport) error {
+		if h, ok := hashesOf[tr.Name]; ok {
+			hashes = h
+			fabric.SetLaneReads(agentB, tr == lane)
+		}
+		cpu0 = processCPU()
+		return nil
+	}
 	runner.After = func(tr *netbench.Transport) error {
-		if tr != imp {
+		cpu[tr.Name] += processCPU() - cpu0
+		if tr != imp && tr != lane {
 			return nil
 		}
+		content := 2 * iter
+		if tr == lane {
+			content--
+		}
 		for i, slot := range got {
-			if err := kvtest.Check(setB.Layout, setB.Ranks, int(slot), benchContent(iter, i)); err != nil {
+			if err := kvtest.Check(setB.Layout, setB.Ranks, int(slot), benchContent(content, i)); err != nil {
 				return fmt.Errorf("iteration %d, block %d: %w", iter, i, err)
 			}
 		}
@@ -208,14 +261,20 @@ func BenchmarkImport(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		if hashes, slotsA, err = benchProduce(cA, setA, iter, nblocks, batch); err != nil {
-			b.Fatal(err)
-		}
-		if err := benchAwaitIndex(cB, hashes, batch); err != nil {
-			b.Fatal(err)
+		slotsA = nil
+		for k, name := range []string{"lane", "import"} {
+			h, s, err := benchProduce(cA, setA, 2*iter-1+k, nblocks, batch)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := benchAwaitIndex(cB, h, batch); err != nil {
+				b.Fatal(err)
+			}
+			hashesOf[name], slotsA = h, append(slotsA, s...)
 		}
 		b.StartTimer()
-		ctx, cancel := context.WithTimeout(ca, benchImportDeadline)
+		// Each transport's run has benchImportDeadline.
+		ctx, cancel := context.WithTimeout(ca, time.Duration(len(runner.Transports))*benchImportDeadline)
 		err := runner.Round(ctx, uint64(nblocks))
 		cancel()
 		if err != nil {
@@ -223,18 +282,37 @@ func BenchmarkImport(b *testing.B) {
 		}
 	}
 	runner.Report(b)
-	for _, base := range []string{"quic", "tls", "tcp"} {
-		x, err := runner.Ratio("import", base)
+	for _, r := range []struct{ ours, base, unit string }{
+		{"import", "quic", "x-quic"}, {"lane", "tls", "x-tls"}, {"lane", "tcp", "x-tcp"}, {"lane", "import", "lane-x-import"},
+	} {
+		x, err := runner.Ratio(r.ours, r.base)
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.ReportMetric(x, "x-"+base)
+		b.ReportMetric(x, r.unit)
+	}
+	gb := float64(iter) * float64(size) / 1e9
+	for _, name := range []string{"lane", "import", "quic", "tls"} {
+		b.ReportMetric(cpu[name].Seconds()/gb, name+"-cpu-s/GB")
 	}
 	if c := callMicros.Load(); c > 0 {
 		b.ReportMetric(float64(fetchMicros.Load())/float64(c), "fetch/call")
 	}
-	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; baselines %d conns, %d blocks in flight; %d iterations",
-		nblocks, blockBytes>>10, size>>20, benchTPA, orderA, benchTPB, orderB, batch, inflight, base.Conns, base.Parallel, iter)
+	b.ReportMetric(float64(wrongTransport.Load()), "fallback-fetches")
+	if w := wrongTransport.Load(); w > 0 {
+		b.Logf("%d fetches fell back to QUIC; the importer's lane fallbacks: %v", w, agentB.Metrics().Transport.LaneFallbacks)
+	}
+	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; quic baseline %d conns, %d blocks in flight; tls and tcp baselines %d conns (the lane's); %d iterations",
+		nblocks, blockBytes>>10, size>>20, benchTPA, orderA, benchTPB, orderB, batch, inflight, base.Conns, base.Parallel, transfer.DefaultLaneConns, iter)
+}
+
+// processCPU is the CPU time, user and system, the process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // benchContent is the kvtest id of block i of iteration iter: different

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvfabric/kvfabric/transfer"
 )
 
 // The defaults and bounds of the duration settings, which DefaultConfig,
@@ -275,6 +277,21 @@ type Config struct {
 	// engine within it. If zero, a fair share: the pool divided among the
 	// engines that have block sets.
 	EngineQuota int64 `json:"engine_quota,omitempty"`
+
+	// LaneAddr is the host:port of the TCP data lane (TLS 1.3 with the
+	// node's certificate), which readers use for block data where RDMA is
+	// not there and fall back to QUIC from; port 0 picks a free port, which
+	// readers learn over QUIC. If empty, the node serves no lane and is
+	// read over QUIC (or RDMA); it still reads over other nodes' lanes.
+	LaneAddr string `json:"lane_addr,omitempty"`
+	// LanePlain makes the lane plain TCP without TLS, for a network that
+	// is private already: block data crosses it unencrypted (the agent
+	// warns at start and status says so); connections are still
+	// authorized by one-time tokens over the authenticated QUIC channel.
+	LanePlain bool `json:"lane_plain,omitempty"`
+	// LaneConns is how many lane connections this node opens to one
+	// holder, 1..16; a chunk's read is spread over them. If zero, 4.
+	LaneConns int `json:"lane_conns,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
@@ -456,6 +473,17 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return nil, bad("log_level", "%v", err)
+	}
+	if c.LaneAddr != "" {
+		if _, _, err := splitHostPort(c.LaneAddr); err != nil {
+			return nil, bad("lane_addr", "%v", err)
+		}
+	}
+	switch {
+	case c.LanePlain && c.LaneAddr == "":
+		return nil, bad("lane_plain", "set without lane_addr")
+	case c.LaneConns < 0 || c.LaneConns > transfer.MaxLaneConns:
+		return nil, bad("lane_conns", "%d not in 1..%d (0: %d)", c.LaneConns, transfer.MaxLaneConns, transfer.DefaultLaneConns)
 	}
 	switch {
 	case c.RDMA != "auto" && c.RDMA != "on" && c.RDMA != "off":

@@ -497,6 +497,7 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 	}
 	joined, _ := a.members.Joined()
 	out.Joined = joined
+	out.Lane, out.LaneFallbacks = a.laneStatus()
 	out.ImportsInFlight = uint64(max(a.stats.inflight.Load(), 0))
 	out.Leases = uint64(a.pool.Metrics().Leases)
 	for _, m := range a.members.Members() {

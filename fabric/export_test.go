@@ -53,3 +53,6 @@ func RDMADeviceName(a *Agent) string {
 	}
 	return a.rdmaDevs[a.poolNIC[0]].Info().Name
 }
+
+// SetLaneReads turns a's reads over holders' TCP lanes on or off.
+func SetLaneReads(a *Agent, on bool) { a.transport.SetLaneReads(on) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
@@ -156,26 +157,33 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionS
 }
 
 // transports records which transports moved an import's chunks.
-type transports struct{ quic, rdma bool }
+type transports struct{ quic, rdma, tcp bool }
 
 func (t *transports) add(via transfer.Transport) {
 	switch via {
 	case transfer.TransportRDMA:
 		t.rdma = true
+	case transfer.TransportTCP:
+		t.tcp = true
 	default:
 		t.quic = true
 	}
 }
 
-// String names them as Fetch.transport does: "rdma", "quic", or both.
+// String names them as Fetch.transport does: "rdma", "tcp" (the lane),
+// "quic", or those used joined by "+" in that order.
 func (t transports) String() string {
-	switch {
-	case t.rdma && t.quic:
-		return "rdma+quic"
-	case t.rdma:
-		return "rdma"
+	var names []string
+	if t.rdma {
+		names = append(names, "rdma")
 	}
-	return "quic"
+	if t.tcp {
+		names = append(names, "tcp")
+	}
+	if t.quic || len(names) == 0 {
+		names = append(names, "quic")
+	}
+	return strings.Join(names, "+")
 }
 
 // leaseChunk asks peer for a lease on hashes without waiting for the

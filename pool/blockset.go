@@ -73,7 +73,9 @@ type slot struct {
 	leases       int32
 	up           int32 // the parent's slot, when the parent was here first
 	children     int32 // Registered slots whose up is this one
-	heapIdx      int32 // place in the evictable heap while a leaf and inactive
+	heapIdx      int32 // place in the late-leaf heap, or none
+	prev, next   int32 // neighbours in the leaf list while in it
+	listed       bool  // in the leaf list
 	state        State
 	inactive     bool
 	// sum is the content checksum recorded while Registered (hasSum);
@@ -98,22 +100,31 @@ type BlockSet struct {
 	cuts    []cut       // the storage it occupies, set by NewBlockSet
 	freed   atomic.Bool // by FreeBlockSet
 
-	mu         sync.Mutex
-	slots      []slot
-	free       []int32 // stack of Reset slots
-	registry   map[uint64]int32
-	evictable  []int32 // inactive leaves, a min-heap by used
-	tick       uint64
-	inactive   int
-	registered int
-	leased     int
-	leases     map[LeaseID]*lease
-	leaseSeq   uint64
-	expiry     leaseHeap
-	evictions  uint64
-	expired    uint64
-	allocLat   Histogram
-	releaseLat Histogram
+	mu       sync.Mutex
+	slots    []slot
+	free     []int32 // stack of Reset slots
+	registry map[uint64]int32
+	// The inactive leaves, the evictable slots, least recently used first
+	// in two parts: a list in order of used (a slot that becomes inactive
+	// is the newest and goes at its tail) and a heap by used of the
+	// leaves that became leaves after they became inactive (a parent
+	// whose last child was recycled), which are older than the list's
+	// tail. The next to evict is the older of the list's head and the
+	// heap's top.
+	leafHead, leafTail int32
+	evictable          []int32 // the late leaves, a min-heap by used
+	leaves             int     // in the list and the heap together
+	tick               uint64
+	inactive           int
+	registered         int
+	leased             int
+	leases             map[LeaseID]*lease
+	leaseSeq           uint64
+	expiry             leaseHeap
+	evictions          uint64
+	expired            uint64
+	allocLat           Histogram
+	releaseLat         Histogram
 }
 
 func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64, place []int) *BlockSet {
@@ -124,6 +135,7 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 		free:     make([]int32, n),
 		registry: make(map[uint64]int32),
 		leases:   make(map[LeaseID]*lease),
+		leafHead: none, leafTail: none,
 	}
 	for i := range b.slots {
 		b.slots[i].up, b.slots[i].heapIdx = none, none
@@ -344,9 +356,7 @@ func (b *BlockSet) Register(blk Block, hash, parent uint64) (Block, error) {
 			s.up = pi
 			ps := &b.slots[pi]
 			ps.children++
-			if ps.heapIdx != none {
-				b.heapRemove(pi)
-			}
+			b.leafRemove(pi)
 		}
 	}
 	b.registry[hash] = int32(blk.Slot)
@@ -477,8 +487,8 @@ func (b *BlockSet) recycle(n int) int {
 	done := 0
 	var removed []Event
 	defer func() { b.p.events.pushBatch(removed) }() // one batch, not a loss
-	for done < n && len(b.evictable) > 0 {
-		i := b.evictable[0]
+	for done < n && b.leaves > 0 {
+		i := b.oldestLeaf()
 		b.unlinkInactive(i)
 		s := &b.slots[i]
 		hash, parent := s.hash, s.parent
@@ -486,7 +496,7 @@ func (b *BlockSet) recycle(n int) int {
 			ps := &b.slots[up]
 			ps.children--
 			if ps.children == 0 && ps.inactive {
-				b.heapPush(up)
+				b.leafPush(up)
 			}
 		}
 		withdrawn := s.withdrawn
@@ -513,22 +523,70 @@ func (b *BlockSet) pushInactive(i int32) {
 	s.used = b.tick
 	b.inactive++
 	if s.children == 0 {
-		b.heapPush(i)
+		b.leafPush(i)
 	}
 }
 
 // unlinkInactive makes an inactive slot active (referenced, leased or
 // recycled).
 func (b *BlockSet) unlinkInactive(i int32) {
-	s := &b.slots[i]
-	if s.heapIdx != none {
-		b.heapRemove(i)
-	}
-	s.inactive = false
+	b.leafRemove(i)
+	b.slots[i].inactive = false
 	b.inactive--
 }
 
-// The evictable heap: slots ordered by used, each slot knowing its place,
+// leafPush makes inactive slot i evictable: at the list's tail when it is
+// the newest (the common case, O(1)), else in the heap.
+func (b *BlockSet) leafPush(i int32) {
+	s := &b.slots[i]
+	b.leaves++
+	if t := b.leafTail; t != none && b.slots[t].used > s.used {
+		b.heapPush(i)
+		return
+	}
+	s.listed, s.prev, s.next = true, b.leafTail, none
+	if b.leafTail != none {
+		b.slots[b.leafTail].next = i
+	} else {
+		b.leafHead = i
+	}
+	b.leafTail = i
+}
+
+// leafRemove takes slot i out of the evictable leaves, if it is there.
+func (b *BlockSet) leafRemove(i int32) {
+	s := &b.slots[i]
+	switch {
+	case s.listed:
+		if s.prev != none {
+			b.slots[s.prev].next = s.next
+		} else {
+			b.leafHead = s.next
+		}
+		if s.next != none {
+			b.slots[s.next].prev = s.prev
+		} else {
+			b.leafTail = s.prev
+		}
+		s.listed, s.prev, s.next = false, none, none
+	case s.heapIdx != none:
+		b.heapRemove(i)
+	default:
+		return
+	}
+	b.leaves--
+}
+
+// oldestLeaf is the least recently used evictable slot; there is one.
+func (b *BlockSet) oldestLeaf() int32 {
+	h := b.leafHead
+	if len(b.evictable) > 0 && (h == none || b.slots[b.evictable[0]].used < b.slots[h].used) {
+		return b.evictable[0]
+	}
+	return h
+}
+
+// The late-leaf heap: slots ordered by used, each slot knowing its place,
 // so that a leaf leaves it in O(log n) when it is referenced or extended.
 // container/heap would box every slot index in an interface.
 

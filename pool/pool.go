@@ -395,6 +395,7 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 	b.p.events.pushBatch(removed) // one batch, not a loss
 	b.registry = map[uint64]int32{}
 	b.evictable, b.free = nil, nil
+	b.leafHead, b.leafTail, b.leaves = none, none, 0
 	b.registered, b.inactive = 0, 0
 	b.freed.Store(true)
 	p.sets[id-1] = nil

@@ -118,6 +118,26 @@ type Config struct {
 	// DefaultMaxConns (4096) and DefaultMaxConnsPerSource (64).
 	MaxHandshakes, MaxHandshakesPerSource int
 	MaxConns, MaxConnsPerSource           int
+	// LaneAddr is the TCP address this node serves reads on besides QUIC
+	// (the lane: see lane.go); its port is given to readers with their
+	// lane tokens. If empty, the node serves no lane and readers read it
+	// over QUIC.
+	LaneAddr string
+	// LanePlain makes the lane plain TCP instead of TLS 1.3: for networks
+	// that are private already. Connections are still authorized by
+	// one-time tokens from the QUIC channel, but block data crosses the
+	// network unencrypted; the node warns at start. Off by default.
+	LanePlain bool
+	// LaneConns is the most lane connections this node opens to one
+	// holder; a read's parts are spread over them. 1..MaxLaneConns; if
+	// zero, DefaultLaneConns.
+	LaneConns int
+	// NoLaneReads makes this node read every holder over QUIC (or RDMA)
+	// even where the holder serves a lane.
+	NoLaneReads bool
+	// LaneIdleTimeout closes a served lane connection that brought no
+	// request for this long. If zero, DefaultLaneIdleTimeout.
+	LaneIdleTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults for a node on a real network. The
@@ -235,6 +255,8 @@ func (c Config) withDefaults() Config {
 	if c.MaxStreamsPerConn == 0 {
 		c.MaxStreamsPerConn = d.MaxStreamsPerConn
 	}
+	setInt(&c.LaneConns, DefaultLaneConns)
+	setDur(&c.LaneIdleTimeout, DefaultLaneIdleTimeout)
 	if c.MaxPeerRequestBytes == 0 {
 		c.MaxPeerRequestBytes = 4 * uint64(c.MaxMessageSize)
 	}
@@ -263,6 +285,12 @@ func (c Config) validate() error {
 		return configErr("MaxMessageSize %d not in [1 KiB, 1 GiB]", c.MaxMessageSize)
 	case c.MaxPeerRequestBytes < uint64(c.MaxMessageSize) || c.MaxPeerRequestBytes > 1<<40:
 		return configErr("MaxPeerRequestBytes %d not in [MaxMessageSize %d, 1 TiB]", c.MaxPeerRequestBytes, c.MaxMessageSize)
+	case c.LaneConns < 0 || c.LaneConns > MaxLaneConns:
+		return configErr("LaneConns %d not in [1, %d]", c.LaneConns, MaxLaneConns)
+	case c.LaneIdleTimeout < 0:
+		return configErr("LaneIdleTimeout %v is negative", c.LaneIdleTimeout)
+	case c.LanePlain && c.LaneAddr == "":
+		return configErr("LanePlain without LaneAddr")
 	case c.HandshakeTimeout < 0 || c.IdleTimeout < 0 || c.CallTimeout < 0 || c.ProgressTimeout < 0:
 		return configErr("negative timeout")
 	case c.MaxHandshakes < 0 || c.MaxHandshakesPerSource < 0 || c.MaxConns < 0 || c.MaxConnsPerSource < 0:

@@ -54,6 +54,8 @@
 //	5       ReleaseRequest          ReleaseResponse
 //	6       EventRangeRequest       EventRangeResponse
 //	7       ReadRequest             ReadResponse, then total_bytes of data
+//	8       RdmaConnectRequest      RdmaConnectResponse
+//	9       LaneTokenRequest        LaneTokenResponse
 //
 // An event-range request asks for at most MaxEventRange events (more is
 // refused as too large), and an answer carries what fits one frame: one
@@ -84,6 +86,36 @@
 //
 // The kernel's UDP buffers limit QUIC at high rates; a node that cannot get
 // 7 MiB buffers logs a warning with the sysctl command that raises the cap.
+//
+// # The TCP lane
+//
+// A node with Config.LaneAddr also serves reads on TCP, where QUIC's
+// per-packet work and the kernel's UDP path limit a single peer. A reader
+// asks the holder over QUIC (lane-token) for one-time tokens and the
+// lane's port, opens up to Config.LaneConns connections to the port on
+// the host of the holder's QUIC address, and presents a token in a
+// LaneHello first frame on each. Connections speak TLS 1.3 with the
+// node's certificate and CAs (ALPN LaneALPN; SetIdentity applies to the
+// next ones) unless the holder's Config.LanePlain makes them plain TCP
+// for a private network. The holder refuses a connection whose token is
+// unknown, used, older than LaneTokenTTL or issued to another node (or,
+// with TLS, to another node than its certificate names), from a node that
+// is not a member, or past MaxLaneConns from one peer.
+//
+// A connection then carries read requests (method 7) one at a time,
+// framed and answered as on QUIC, each of at most MaxLaneReadBytes of
+// data; a refused request leaves the connection usable, anything else
+// that goes wrong closes it. A read's plan is split into parts of at
+// least 1 MiB over the peer's connections, and each piece is read
+// straight into its destination (plain TCP reads pieces under 16 KiB
+// through a buffer). A holder closes a connection idle for
+// Config.LaneIdleTimeout and one whose reader stops reading for
+// ProgressTimeout; a reader fails a read whose holder sends nothing for
+// ProgressTimeout. A reader that cannot get tokens, connect, or finish a
+// read on the lane reads the same over QUIC and keeps to QUIC for
+// LaneRetryAfter; Metrics.LaneFallbacks counts why. [Peer.ReadVia] says
+// which transport moved a read: RDMA first where there is RDMA, then the
+// lane, then QUIC.
 //
 // # Deadlines
 //

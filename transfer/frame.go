@@ -27,10 +27,11 @@ const (
 	methodEventRange
 	methodRead
 	methodRdmaConnect
-	methodMax = methodRdmaConnect
+	methodLaneToken
+	methodMax = methodLaneToken
 )
 
-var methodNames = [...]string{"", "hello", "layouts", "lease", "renew", "release", "event-range", "read", "rdma-connect"}
+var methodNames = [...]string{"", "hello", "layouts", "lease", "renew", "release", "event-range", "read", "rdma-connect", "lane-token"}
 
 func (m method) String() string {
 	if m >= 1 && m <= methodMax {
@@ -184,6 +185,7 @@ type request struct {
 	readerNIC  int           // and the device the reader's is on
 	queuePairs int           // and how many it reads on per pair
 	mismatched []uint64      // a release's blocks that failed their checksums
+	laneTokens int           // lane tokens asked for
 }
 
 func durationMS(ms uint64) (time.Duration, error) {
@@ -268,6 +270,15 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 			return nil, invalid("rdma connect: %d queue pairs, at most %d", pb.QueuePairs, MaxQPsPerPeer)
 		}
 		r.endpoint, r.nic, r.readerNIC, r.queuePairs = e, int(pb.Nic), int(pb.ReaderNic), int(pb.QueuePairs)
+	case methodLaneToken:
+		var pb transferpb.LaneTokenRequest
+		if err := unmarshal(payload, &pb); err != nil {
+			return nil, err
+		}
+		if pb.Count == 0 || pb.Count > MaxLaneConns {
+			return nil, invalid("lane token: %d tokens not in [1, %d]", pb.Count, MaxLaneConns)
+		}
+		r.laneTokens = int(pb.Count)
 	case methodRenew:
 		var pb transferpb.RenewRequest
 		if err := unmarshal(payload, &pb); err != nil {

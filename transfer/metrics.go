@@ -39,12 +39,40 @@ type Metrics struct {
 	// handshakes asked to validate their source address under load.
 	Handshakes, HandshakesPeak, Conns int
 	ConnsRefused, AddressValidations  uint64
+
+	// BytesReadLane is the part of BytesRead that moved over TCP lanes.
+	BytesReadLane uint64
+	// LaneConnects and LaneConnectFailures count lane connections this
+	// node opened to holders, and those that failed (dial, handshake or
+	// token refused).
+	LaneConnects, LaneConnectFailures uint64
+	// LaneRefused counts lane connections to this node refused (bad
+	// certificate is counted by the TLS layer's log only; this counts
+	// hellos with a bad token, name or membership, and connections past
+	// MaxLaneConns).
+	LaneRefused uint64
+	// LaneFallbacks counts reads that went over QUIC where the lane was
+	// on, by reason (LaneFallbackReasons).
+	LaneFallbacks map[string]uint64
+	// LanePlain says the lane this node serves is plain TCP.
+	LanePlain bool
 }
 
 type counters struct {
 	streams, callsServed, callsFailed, readsServed, bytesServed atomic.Uint64
 	reads, bytesRead, bytesReadQUIC, readsFailed, budgetWaits   atomic.Uint64
 	requestBytes                                                atomic.Int64
+	bytesReadLane, laneConnects, laneConnectFails, laneRefused  atomic.Uint64
+	laneFallbacks                                               [4]atomic.Uint64
+}
+
+// laneFallback counts a read that went over QUIC for reason.
+func (n *Node) laneFallback(reason string) {
+	for i, r := range LaneFallbackReasons {
+		if r == reason {
+			n.stats.laneFallbacks[i].Add(1)
+		}
+	}
 }
 
 // Metrics returns a snapshot of the node's counters.
@@ -54,10 +82,16 @@ func (n *Node) Metrics() Metrics {
 	if n.guard != nil {
 		m.Handshakes, m.HandshakesPeak, m.Conns, m.ConnsRefused, m.AddressValidations = n.guard.snapshot()
 	}
+	fb := make(map[string]uint64, len(LaneFallbackReasons))
+	for i, r := range LaneFallbackReasons {
+		fb[r] = s.laneFallbacks[i].Load()
+	}
 	return Metrics{
 		Handshakes: m.Handshakes, HandshakesPeak: m.HandshakesPeak, Conns: m.Conns, ConnsRefused: m.ConnsRefused,
 		AddressValidations: m.AddressValidations,
-		StreamsAccepted:    s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
+		BytesReadLane:      s.bytesReadLane.Load(), LaneConnects: s.laneConnects.Load(), LaneConnectFailures: s.laneConnectFails.Load(),
+		LaneRefused: s.laneRefused.Load(), LaneFallbacks: fb, LanePlain: n.LanePlain(),
+		StreamsAccepted: s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
 		ReadsServed: s.readsServed.Load(), BytesServed: s.bytesServed.Load(),
 		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), BytesReadQUIC: s.bytesReadQUIC.Load(), ReadsFailed: s.readsFailed.Load(),
 		RequestBytes: uint64(max(0, s.requestBytes.Load())), RequestBudgetWaits: s.budgetWaits.Load(),

@@ -43,6 +43,10 @@ type Node struct {
 	rdma *rdmaNode
 	// guard bounds incoming handshakes and connections (handshake_guard.go).
 	guard *handshakeGuard
+	// lane is the TCP lane served; nil without Config.LaneAddr.
+	lane *laneServer
+	// noLaneReads is Config.NoLaneReads, changed by SetLaneReads.
+	noLaneReads atomic.Bool
 }
 
 // NewNode validates cfg, opens its sockets and starts serving.
@@ -54,6 +58,7 @@ func NewNode(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), conns: map[*quic.Conn]struct{}{},
 		accepted: map[string]int{}, budgets: map[string]*requestBudget{}}
 	n.ident.Store(&identity{cert: cfg.Certificate, cas: cfg.CAs})
+	n.noLaneReads.Store(cfg.NoLaneReads)
 	if cfg.RDMA != nil {
 		n.rdma = &rdmaNode{cfg: *cfg.RDMA, served: map[string][]servedQP{}, fallback: map[string]uint64{},
 			nicBytes: make([]atomic.Uint64, len(cfg.RDMA.Devices))}
@@ -85,6 +90,11 @@ func NewNode(cfg Config) (*Node, error) {
 		n.listener = ln
 		n.wg.Add(1)
 		go n.acceptLoop()
+	}
+	if cfg.LaneAddr != "" {
+		if err := n.startLane(); err != nil {
+			return fail(err)
+		}
 	}
 	// Dial sockets bind the listener's IP, so that peers see connections
 	// come from the address this node is known by (loopback tests give
@@ -137,6 +147,7 @@ func (n *Node) Close() error {
 		if n.listenTr != nil {
 			n.listenTr.Close()
 		}
+		n.closeLane()
 		for _, t := range n.dialTrs {
 			t.Close()
 		}

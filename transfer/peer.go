@@ -36,6 +36,8 @@ type Peer struct {
 	streams chan struct{}
 	// rdma is the peer's RDMA state; nil when this node has no RDMA.
 	rdma *peerRDMA
+	// lane is the peer's TCP lane state.
+	lane *peerLane
 }
 
 // connSlot is one connection of a peer. Each has its own lock, so that
@@ -61,6 +63,7 @@ func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
 		p.rdma = &peerRDMA{wait: make(chan struct{}), qps: map[nicPair]*qpPool{}, leases: map[uint64]map[uint64][]remoteRegion{},
 			keyless: map[uint64]bool{}}
 	}
+	p.lane = newPeerLane(n.cfg.LaneConns)
 	if _, err := p.conn(ctx, 0); err != nil {
 		return nil, err
 	}
@@ -75,6 +78,7 @@ func (p *Peer) Name() string { return p.name }
 func (p *Peer) Close() error {
 	p.closed.Store(true)
 	p.closeRDMA()
+	p.lane.close()
 	for i := range p.slots {
 		sl := &p.slots[i]
 		sl.mu.Lock()

@@ -61,6 +61,24 @@ func (p *Peer) ReadVia(ctx context.Context, leaseID, blockSet uint64, segs []lay
 			p.n.log.Warn("rdma read failed; reading over QUIC", "peer", p.name, "lease", leaseID, "err", err)
 		}
 	}
+	if !p.n.noLaneReads.Load() {
+		used, err := p.readLane(ctx, leaseID, blockSet, segs, dst, total)
+		var re *RemoteError
+		switch {
+		case used && err == nil:
+			p.n.stats.reads.Add(1)
+			p.n.stats.bytesRead.Add(total)
+			p.n.stats.bytesReadLane.Add(total)
+			return TransportTCP, nil
+		case used && (ctx.Err() != nil || errors.As(err, &re)):
+			// The caller's deadline, or the holder's own answer (a
+			// refused lease), which QUIC would get again.
+			p.n.stats.readsFailed.Add(1)
+			return TransportTCP, err
+		case used:
+			p.laneDown(LaneFallbackRead, err)
+		}
+	}
 	return TransportQUIC, p.readQUIC(ctx, leaseID, blockSet, segs, dst, total)
 }
 

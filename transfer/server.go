@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -154,6 +156,8 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		return resp, nil
 	case methodRdmaConnect:
 		return n.serveConnect(peer, nicPair{local: r.nic, remote: r.readerNIC}, r.queuePairs, r.endpoint)
+	case methodLaneToken:
+		return n.issueLaneTokens(peer, r.laneTokens)
 	case methodRenew:
 		ok, err := h.Renew(ctx, peer, r.leaseID, r.duration)
 		if err != nil {
@@ -194,12 +198,33 @@ const smallPiece = 16 << 10
 // serveRead checks the whole request before it sends a byte, then streams
 // every piece straight from region memory.
 func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
+	src, err := n.checkRead(peer, r)
+	if err != nil {
+		n.refuse(s, err)
+		return err
+	}
+	if err := n.writeRead(s, src, r); err != nil {
+		s.CancelWrite(streamErrCancelled)
+		return err
+	}
+	return s.Close()
+}
+
+// readSource is where a checked read's ranks come from: region memory,
+// or a ReadStager for memory the node cannot read directly.
+type readSource struct {
+	regions map[int][]byte
+	staged  map[int]uint64 // ranks served through ReadStager, by length
+}
+
+// checkRead checks every segment of a read against its region's bounds
+// and the lease, and returns where its bytes come from.
+func (n *Node) checkRead(peer string, r *request) (readSource, error) {
 	h := n.cfg.Handler
-	regions := map[int][]byte{}
-	staged := map[int]uint64{} // ranks in memory served through ReadStager, by length
+	src := readSource{regions: map[int][]byte{}, staged: map[int]uint64{}}
 	for i, seg := range r.segments {
-		reg, ok := regions[seg.SrcRank]
-		length, isStaged := staged[seg.SrcRank]
+		reg, ok := src.regions[seg.SrcRank]
+		length, isStaged := src.staged[seg.SrcRank]
 		if !ok && !isStaged {
 			var err error
 			reg, err = h.Region(r.blockSet, seg.SrcRank)
@@ -207,14 +232,12 @@ func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
 				length, isStaged, err = n.stagedLength(r.blockSet, seg.SrcRank, err)
 			}
 			if err != nil {
-				err = fmt.Errorf("segment %d: region of block set %d rank %d: %w", i, r.blockSet, seg.SrcRank, err)
-				n.refuse(s, err)
-				return err
+				return src, fmt.Errorf("segment %d: region of block set %d rank %d: %w", i, r.blockSet, seg.SrcRank, err)
 			}
 			if isStaged {
-				staged[seg.SrcRank] = length
+				src.staged[seg.SrcRank] = length
 			} else {
-				regions[seg.SrcRank] = reg
+				src.regions[seg.SrcRank] = reg
 			}
 		}
 		if !isStaged {
@@ -222,49 +245,52 @@ func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
 		}
 		end, _ := segmentEnd(seg) // validated by decodeRequest
 		if end > length {
-			err := fmt.Errorf("%w: segment %d ends at %d, past rank %d's region of %d bytes", ErrInvalidRequest, i, end, seg.SrcRank, length)
-			n.refuse(s, err)
-			return err
+			return src, fmt.Errorf("%w: segment %d ends at %d, past rank %d's region of %d bytes", ErrInvalidRequest, i, end, seg.SrcRank, length)
 		}
 		if err := h.CheckRead(peer, r.leaseID, r.blockSet, seg); err != nil {
 			if !errors.Is(err, ErrLeaseRefused) && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrInvalidRequest) {
 				err = fmt.Errorf("%w: %w", ErrLeaseRefused, err)
 			}
-			err = fmt.Errorf("segment %d (rank %d, offset %d, %d×%d bytes) under lease %d: %w", i, seg.SrcRank, seg.SrcOffset, seg.Count, seg.Length, r.leaseID, err)
-			n.refuse(s, err)
-			return err
+			return src, fmt.Errorf("segment %d (rank %d, offset %d, %d×%d bytes) under lease %d: %w", i, seg.SrcRank, seg.SrcOffset, seg.Count, seg.Length, r.leaseID, err)
 		}
 	}
+	return src, nil
+}
+
+// writeRead writes a checked read's response frame and data to s. An
+// error leaves s mid-answer: the caller resets or closes it.
+func (n *Node) writeRead(s deadlineWriter, src readSource, r *request) error {
+	if tc, ok := s.(*net.TCPConn); ok && len(src.staged) == 0 {
+		return n.writeReadVec(tc, src, r)
+	}
+	h := n.cfg.Handler
 	w := dataWriter{s: s, n: n}
 	defer w.release()
 	if err := writeFrame(s, statusOK, &transferpb.ReadResponse{TotalBytes: r.totalBytes}, n.cfg.MaxMessageSize); err != nil {
-		s.CancelWrite(streamErrCancelled)
 		return err
 	}
 	w.refresh()
 	for k := 0; k < len(r.segments); k++ {
 		seg := r.segments[k]
-		if _, ok := staged[seg.SrcRank]; ok {
+		if _, ok := src.staged[seg.SrcRank]; ok {
 			// A run of staged segments goes in one call, so that staging
 			// overlaps across them.
 			end := k + 1
 			for end < len(r.segments) {
-				if _, ok := staged[r.segments[end].SrcRank]; !ok {
+				if _, ok := src.staged[r.segments[end].SrcRank]; !ok {
 					break
 				}
 				end++
 			}
 			if err := h.(ReadStager).StageRead(r.blockSet, r.segments[k:end], w.write); err != nil {
-				s.CancelWrite(streamErrCancelled)
 				return err
 			}
 			k = end - 1
 			continue
 		}
-		reg := regions[seg.SrcRank]
+		reg := src.regions[seg.SrcRank]
 		if seg.Count == 1 || seg.SrcStride == seg.Length {
 			if err := w.write(reg[seg.SrcOffset : seg.SrcOffset+seg.Bytes()]); err != nil {
-				s.CancelWrite(streamErrCancelled)
 				return err
 			}
 			continue
@@ -272,18 +298,84 @@ func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
 		for i := uint64(0); i < seg.Count; i++ {
 			off := seg.SrcOffset + i*seg.SrcStride
 			if err := w.write(reg[off : off+seg.Length]); err != nil {
-				s.CancelWrite(streamErrCancelled)
 				return err
 			}
 		}
 	}
 	if err := w.flush(); err != nil {
-		s.CancelWrite(streamErrCancelled)
 		return err
 	}
 	n.stats.readsServed.Add(1)
 	n.stats.bytesServed.Add(r.totalBytes)
-	return s.Close()
+	return nil
+}
+
+// Bounds on one vectored write of a plain lane: the kernel takes at most
+// 1024 iovecs a call, and a write's deadline is renewed between them.
+const (
+	maxVecPieces = 1024
+	maxVecBytes  = 4 << 20
+)
+
+// writeReadVec is writeRead on a plain TCP lane: the pieces go from region
+// memory to the socket in vectored writes, without a copy in between.
+func (n *Node) writeReadVec(c *net.TCPConn, src readSource, r *request) error {
+	if err := writeFrame(c, statusOK, &transferpb.ReadResponse{TotalBytes: r.totalBytes}, n.cfg.MaxMessageSize); err != nil {
+		return err
+	}
+	vec := make(net.Buffers, 0, maxVecPieces)
+	pending := 0
+	flush := func() error {
+		_ = c.SetWriteDeadline(n.progressDeadline())
+		v := vec
+		_, err := v.WriteTo(c)
+		clear(vec)
+		vec, pending = vec[:0], 0
+		return err
+	}
+	add := func(p []byte) error {
+		for len(p) > 0 {
+			k := min(len(p), maxVecBytes-pending)
+			vec = append(vec, p[:k])
+			pending += k
+			p = p[k:]
+			if len(vec) == maxVecPieces || pending == maxVecBytes {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	for _, seg := range r.segments {
+		reg := src.regions[seg.SrcRank]
+		if seg.Count == 1 || seg.SrcStride == seg.Length {
+			if err := add(reg[seg.SrcOffset : seg.SrcOffset+seg.Bytes()]); err != nil {
+				return err
+			}
+			continue
+		}
+		for i := uint64(0); i < seg.Count; i++ {
+			off := seg.SrcOffset + i*seg.SrcStride
+			if err := add(reg[off : off+seg.Length]); err != nil {
+				return err
+			}
+		}
+	}
+	if pending > 0 {
+		if err := flush(); err != nil {
+			return err
+		}
+	}
+	n.stats.readsServed.Add(1)
+	n.stats.bytesServed.Add(r.totalBytes)
+	return nil
+}
+
+// deadlineWriter is a QUIC stream or a lane connection.
+type deadlineWriter interface {
+	io.Writer
+	SetWriteDeadline(time.Time) error
 }
 
 // dataWriter sends region bytes: large pieces straight from the region
@@ -291,7 +383,7 @@ func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
 // gathered first. It keeps pushing the write deadline forward while bytes
 // move, so that only a reader that stops reading trips it.
 type dataWriter struct {
-	s    *quic.Stream
+	s    deadlineWriter
 	n    *Node
 	buf  []byte
 	last time.Time

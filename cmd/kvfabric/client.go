@@ -170,6 +170,7 @@ func runStatus(e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "node %s (%s), %s: %d members alive, %d index entries; %d imports (%d in flight), %s imported; %d leases held by peers\n\n",
 		s.Node, s.Version, joined, alive, s.IndexEntries, s.Imports, s.ImportsInFlight, bytesString(s.ImportBytes), s.Leases)
+	printLane(e.stdout, s)
 	printMembers(e.stdout, s.Members, time.Now())
 	fmt.Fprintln(e.stdout)
 	tw := table(e.stdout)
@@ -795,4 +796,24 @@ func minSlotsToRetain(n int, set *client.BlockSet) int {
 		s++
 	}
 	return s
+}
+
+// printLane says what TCP lane the node serves and why reads that could
+// have used lanes went over QUIC.
+func printLane(w io.Writer, s *fabricpb.StatusResponse) {
+	if s.Lane == "" {
+		return
+	}
+	line := "lane: " + s.Lane
+	var reasons []string
+	for r, k := range s.LaneFallbacks {
+		if k > 0 {
+			reasons = append(reasons, fmt.Sprintf("%s %d", r, k))
+		}
+	}
+	if len(reasons) > 0 {
+		sort.Strings(reasons)
+		line += "; reads over QUIC instead of a lane: " + strings.Join(reasons, ", ")
+	}
+	fmt.Fprintf(w, "%s\n\n", line)
 }

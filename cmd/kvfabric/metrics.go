@@ -152,6 +152,14 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 			e.counter("kvfabric_rdma_fallbacks_total", "Reads that went over QUIC although RDMA is on, by reason.", float64(rd.Fallbacks[r]), "reason", r)
 		}
 	}
+	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesReadLane), "transport", "tcp", "direction", "read")
+	e.gauge("kvfabric_lane_plain", "1 when the TCP lane this node serves is plain TCP (unencrypted), else 0.", boolFloat(ts.LanePlain))
+	e.counter("kvfabric_lane_connects_total", "TCP lane connections opened to peers.", float64(ts.LaneConnects))
+	e.counter("kvfabric_lane_connect_failures_total", "TCP lane connections to peers that failed (dial, handshake, token).", float64(ts.LaneConnectFailures))
+	e.counter("kvfabric_lane_refused_total", "TCP lane connections from peers refused (token, name, membership, connection cap).", float64(ts.LaneRefused))
+	for _, r := range transfer.LaneFallbackReasons {
+		e.counter("kvfabric_lane_fallbacks_total", "Reads that went over QUIC where the TCP lane was on, by reason.", float64(ts.LaneFallbacks[r]), "reason", r)
+	}
 	e.counter("kvfabric_peer_reads_failed_total", "Reads from peers that failed.", float64(ts.ReadsFailed))
 	e.gauge("kvfabric_peer_request_bytes", "Request bytes announced and in flight for peers (capped per peer).", float64(ts.RequestBytes))
 	e.counter("kvfabric_peer_request_budget_waits_total", "Peer requests that waited because their peer's request bytes were at the cap.", float64(ts.RequestBudgetWaits))

@@ -2147,7 +2147,12 @@ type StatusResponse struct {
 	Joined bool `protobuf:"varint,11,opt,name=joined,proto3" json:"joined,omitempty"`
 	// Engine sessions open now, the implicit one (id 0) included when it
 	// holds anything.
-	Sessions      []*Session `protobuf:"bytes,12,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	Sessions []*Session `protobuf:"bytes,12,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	// The TCP data lane this node serves: "off", "tls HOST:PORT", or
+	// "PLAIN TCP HOST:PORT (unencrypted)".
+	Lane string `protobuf:"bytes,13,opt,name=lane,proto3" json:"lane,omitempty"`
+	// Reads that went over QUIC where the lane was on, by reason.
+	LaneFallbacks map[string]uint64 `protobuf:"bytes,14,rep,name=lane_fallbacks,json=laneFallbacks,proto3" json:"lane_fallbacks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2262,6 +2267,20 @@ func (x *StatusResponse) GetJoined() bool {
 func (x *StatusResponse) GetSessions() []*Session {
 	if x != nil {
 		return x.Sessions
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetLane() string {
+	if x != nil {
+		return x.Lane
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetLaneFallbacks() map[string]uint64 {
+	if x != nil {
+		return x.LaneFallbacks
 	}
 	return nil
 }
@@ -2898,7 +2917,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x14DropBlockSetResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\rR\breleased\x12\x14\n" +
 	"\x05freed\x18\x02 \x01(\rR\x05freed\"\x0f\n" +
-	"\rStatusRequest\"\xd8\x03\n" +
+	"\rStatusRequest\"\x8c\x05\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x124\n" +
@@ -2913,7 +2932,12 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06leases\x18\n" +
 	" \x01(\x04R\x06leases\x12\x16\n" +
 	"\x06joined\x18\v \x01(\bR\x06joined\x127\n" +
-	"\bsessions\x18\f \x03(\v2\x1b.kvfabric.fabric.v1.SessionR\bsessions\"\xc4\x01\n" +
+	"\bsessions\x18\f \x03(\v2\x1b.kvfabric.fabric.v1.SessionR\bsessions\x12\x12\n" +
+	"\x04lane\x18\r \x01(\tR\x04lane\x12\\\n" +
+	"\x0elane_fallbacks\x18\x0e \x03(\v25.kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntryR\rlaneFallbacks\x1a@\n" +
+	"\x12LaneFallbacksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xc4\x01\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x10\n" +
@@ -3004,7 +3028,7 @@ func file_fabric_fabricpb_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_fabric_fabricpb_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_fabric_fabricpb_engine_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: kvfabric.fabric.v1.Outcome
 	(*RegisterRequest)(nil),        // 1: kvfabric.fabric.v1.RegisterRequest
@@ -3040,16 +3064,17 @@ var file_fabric_fabricpb_engine_proto_goTypes = []any{
 	(*Member)(nil),                 // 31: kvfabric.fabric.v1.Member
 	(*Pool)(nil),                   // 32: kvfabric.fabric.v1.Pool
 	(*BlockSet)(nil),               // 33: kvfabric.fabric.v1.BlockSet
-	(*layoutpb.ModelConfig)(nil),   // 34: kvfabric.layout.v1.ModelConfig
-	(layoutpb.KVOrder)(0),          // 35: kvfabric.layout.v1.KVOrder
-	(layoutpb.Arrangement)(0),      // 36: kvfabric.layout.v1.Arrangement
-	(*layoutpb.Layout)(nil),        // 37: kvfabric.layout.v1.Layout
+	nil,                            // 34: kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
+	(*layoutpb.ModelConfig)(nil),   // 35: kvfabric.layout.v1.ModelConfig
+	(layoutpb.KVOrder)(0),          // 36: kvfabric.layout.v1.KVOrder
+	(layoutpb.Arrangement)(0),      // 37: kvfabric.layout.v1.Arrangement
+	(*layoutpb.Layout)(nil),        // 38: kvfabric.layout.v1.Layout
 }
 var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
-	34, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
-	35, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
-	36, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
-	37, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
+	35, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
+	36, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
+	37, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
+	38, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
 	3,  // 4: kvfabric.fabric.v1.RegisterResponse.memory:type_name -> kvfabric.fabric.v1.Memory
 	4,  // 5: kvfabric.fabric.v1.RegisterResponse.ranks:type_name -> kvfabric.fabric.v1.RankLayout
 	9,  // 6: kvfabric.fabric.v1.RegisterBlocksRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
@@ -3068,33 +3093,34 @@ var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
 	33, // 19: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
 	32, // 20: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
 	30, // 21: kvfabric.fabric.v1.StatusResponse.sessions:type_name -> kvfabric.fabric.v1.Session
-	1,  // 22: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
-	5,  // 23: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
-	7,  // 24: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
-	10, // 25: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
-	13, // 26: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
-	15, // 27: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
-	17, // 28: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
-	20, // 29: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
-	28, // 30: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
-	24, // 31: kvfabric.fabric.v1.Engine.OpenSession:input_type -> kvfabric.fabric.v1.SessionRequest
-	26, // 32: kvfabric.fabric.v1.Engine.DropBlockSet:input_type -> kvfabric.fabric.v1.DropBlockSetRequest
-	2,  // 33: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
-	6,  // 34: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
-	8,  // 35: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
-	11, // 36: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
-	14, // 37: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
-	16, // 38: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
-	18, // 39: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
-	21, // 40: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
-	29, // 41: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
-	25, // 42: kvfabric.fabric.v1.Engine.OpenSession:output_type -> kvfabric.fabric.v1.SessionEvent
-	27, // 43: kvfabric.fabric.v1.Engine.DropBlockSet:output_type -> kvfabric.fabric.v1.DropBlockSetResponse
-	33, // [33:44] is the sub-list for method output_type
-	22, // [22:33] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	34, // 22: kvfabric.fabric.v1.StatusResponse.lane_fallbacks:type_name -> kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
+	1,  // 23: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
+	5,  // 24: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
+	7,  // 25: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
+	10, // 26: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
+	13, // 27: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
+	15, // 28: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
+	17, // 29: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
+	20, // 30: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
+	28, // 31: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
+	24, // 32: kvfabric.fabric.v1.Engine.OpenSession:input_type -> kvfabric.fabric.v1.SessionRequest
+	26, // 33: kvfabric.fabric.v1.Engine.DropBlockSet:input_type -> kvfabric.fabric.v1.DropBlockSetRequest
+	2,  // 34: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
+	6,  // 35: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
+	8,  // 36: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
+	11, // 37: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
+	14, // 38: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
+	16, // 39: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
+	18, // 40: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
+	21, // 41: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
+	29, // 42: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
+	25, // 43: kvfabric.fabric.v1.Engine.OpenSession:output_type -> kvfabric.fabric.v1.SessionEvent
+	27, // 44: kvfabric.fabric.v1.Engine.DropBlockSet:output_type -> kvfabric.fabric.v1.DropBlockSetResponse
+	34, // [34:45] is the sub-list for method output_type
+	23, // [23:34] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_fabric_fabricpb_engine_proto_init() }
@@ -3108,7 +3134,7 @@ func file_fabric_fabricpb_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_fabricpb_engine_proto_rawDesc), len(file_fabric_fabricpb_engine_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -209,48 +209,61 @@ func usec(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 1
 // (7947) it cuts QUIC, peer control and data, and leaves gossip (7946)
 // alone. Policy routing does it (ip rule ipproto/sport/dport), so no
 // packet filter is needed.
-func (c *Cluster) BlackholeUDP(i, port int) error {
+func (c *Cluster) BlackholeUDP(i, port int) error { return c.blackhole("udp", udpTable, i, port) }
+
+// RestoreUDP undoes BlackholeUDP on node i.
+func (c *Cluster) RestoreUDP(i int) error { return c.restore("udp", udpTable, i) }
+
+// BlackholeTCP is BlackholeUDP for TCP: with an agent's --lane-addr port it
+// cuts the TCP data lane and leaves QUIC and gossip alone. A connection
+// being opened sees no answer at all (no reset), as behind a firewall that
+// drops.
+func (c *Cluster) BlackholeTCP(i, port int) error { return c.blackhole("tcp", tcpTable, i, port) }
+
+// RestoreTCP undoes BlackholeTCP on node i.
+func (c *Cluster) RestoreTCP(i int) error { return c.restore("tcp", tcpTable, i) }
+
+func (c *Cluster) blackhole(proto, table string, i, port int) error {
 	if err := c.checkNodes([]int{i}); err != nil {
 		return err
 	}
 	if port < 0 || port > 65535 {
 		return fmt.Errorf("netns: port %d: want 0..65535", port)
 	}
-	if c.marked(fmt.Sprintf("udp %d", i)) {
-		return fmt.Errorf("netns: UDP of %s is already blackholed", c.name(i))
+	if c.marked(fmt.Sprintf("%s %d", proto, i)) {
+		return fmt.Errorf("netns: %s of %s is already blackholed", strings.ToUpper(proto), c.name(i))
 	}
 	lines := []string{
 		fmt.Sprintf("neigh replace %s lladdr %s dev eth0 nud permanent", blackholeGW, blackholeMAC),
-		fmt.Sprintf("route replace %s0/24 via %s dev eth0 table %s", subnet, blackholeGW, udpTable),
+		fmt.Sprintf("route replace %s0/24 via %s dev eth0 table %s", subnet, blackholeGW, table),
 	}
 	if port == 0 {
-		lines = append(lines, "rule add ipproto udp lookup "+udpTable)
+		lines = append(lines, fmt.Sprintf("rule add ipproto %s lookup %s", proto, table))
 	} else {
-		lines = append(lines, fmt.Sprintf("rule add ipproto udp dport %d lookup %s", port, udpTable),
-			fmt.Sprintf("rule add ipproto udp sport %d lookup %s", port, udpTable))
+		lines = append(lines, fmt.Sprintf("rule add ipproto %s dport %d lookup %s", proto, port, table),
+			fmt.Sprintf("rule add ipproto %s sport %d lookup %s", proto, port, table))
 	}
 	if err := batch(c.ns[i], lines); err != nil {
 		return err
 	}
-	c.mark(fmt.Sprintf("udp %d", i))
+	c.mark(fmt.Sprintf("%s %d", proto, i))
 	return nil
 }
 
-// RestoreUDP undoes BlackholeUDP on node i.
-func (c *Cluster) RestoreUDP(i int) error {
+func (c *Cluster) restore(proto, table string, i int) error {
 	if err := c.checkNodes([]int{i}); err != nil {
 		return err
 	}
-	if !c.marked(fmt.Sprintf("udp %d", i)) {
+	if !c.marked(fmt.Sprintf("%s %d", proto, i)) {
 		return nil
 	}
 	// Deleting the table's route leaves the rules pointing at an empty
 	// table, which falls through to main; then the rules go.
-	out, err := exec.Command("ip", "-n", c.ns[i], "rule", "show", "table", udpTable).Output()
+	out, err := exec.Command("ip", "-n", c.ns[i], "rule", "show", "table", table).Output()
 	if err != nil {
 		return fmt.Errorf("netns: ip rule show: %w", err)
 	}
-	lines := []string{"route flush table " + udpTable}
+	lines := []string{"route flush table " + table}
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		pref, _, ok := strings.Cut(l, ":")
 		if !ok {
@@ -261,7 +274,7 @@ func (c *Cluster) RestoreUDP(i int) error {
 	if err := batch(c.ns[i], lines); err != nil {
 		return err
 	}
-	c.unmark(fmt.Sprintf("udp %d", i))
+	c.unmark(fmt.Sprintf("%s %d", proto, i))
 	return nil
 }
 

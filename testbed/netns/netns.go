@@ -56,6 +56,7 @@ const (
 	blackholeGW  = subnet + "254"
 	blackholeMAC = "02:00:00:00:00:fe"
 	udpTable     = "213"
+	tcpTable     = "214" // BlackholeTCP's, apart from UDP's
 )
 
 // Options configure a namespace cluster.

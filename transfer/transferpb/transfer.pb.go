@@ -1564,6 +1564,173 @@ func (x *RdmaConnectResponse) GetEndpoint() *RdmaEndpoint {
 	return nil
 }
 
+// LaneTokenRequest asks the holder for one-time tokens to open connections
+// to its TCP data lane (method 9), over this authenticated connection.
+type LaneTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many connections the reader means to open (1..16).
+	Count         uint32 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LaneTokenRequest) Reset() {
+	*x = LaneTokenRequest{}
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LaneTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LaneTokenRequest) ProtoMessage() {}
+
+func (x *LaneTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LaneTokenRequest.ProtoReflect.Descriptor instead.
+func (*LaneTokenRequest) Descriptor() ([]byte, []int) {
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *LaneTokenRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// LaneTokenResponse says where the holder's lane listens and gives one
+// token per connection asked for. A holder without a lane refuses the call.
+type LaneTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lane's TCP port, on the host of the QUIC address.
+	Port uint32 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	// The lane speaks plain TCP rather than TLS 1.3.
+	Plain bool `protobuf:"varint,2,opt,name=plain,proto3" json:"plain,omitempty"`
+	// One 32-byte token per connection; each is good once, for a short time,
+	// and only for the node it was issued to.
+	Tokens        [][]byte `protobuf:"bytes,3,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LaneTokenResponse) Reset() {
+	*x = LaneTokenResponse{}
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LaneTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LaneTokenResponse) ProtoMessage() {}
+
+func (x *LaneTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LaneTokenResponse.ProtoReflect.Descriptor instead.
+func (*LaneTokenResponse) Descriptor() ([]byte, []int) {
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *LaneTokenResponse) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *LaneTokenResponse) GetPlain() bool {
+	if x != nil {
+		return x.Plain
+	}
+	return false
+}
+
+func (x *LaneTokenResponse) GetTokens() [][]byte {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+// LaneHello is the first frame on a lane connection: the reader's name and
+// a token the holder issued to it.
+type LaneHello struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Token         []byte                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LaneHello) Reset() {
+	*x = LaneHello{}
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LaneHello) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LaneHello) ProtoMessage() {}
+
+func (x *LaneHello) ProtoReflect() protoreflect.Message {
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LaneHello.ProtoReflect.Descriptor instead.
+func (*LaneHello) Descriptor() ([]byte, []int) {
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *LaneHello) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *LaneHello) GetToken() []byte {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
 var File_transfer_transferpb_transfer_proto protoreflect.FileDescriptor
 
 const file_transfer_transferpb_transfer_proto_rawDesc = "" +
@@ -1686,7 +1853,16 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\vqueue_pairs\x18\x04 \x01(\rR\n" +
 	"queuePairs\"U\n" +
 	"\x13RdmaConnectResponse\x12>\n" +
-	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpointB2Z0github.com/kvfabric/kvfabric/transfer/transferpbb\x06proto3"
+	"\bendpoint\x18\x01 \x01(\v2\".kvfabric.transfer.v1.RdmaEndpointR\bendpoint\"(\n" +
+	"\x10LaneTokenRequest\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\rR\x05count\"U\n" +
+	"\x11LaneTokenResponse\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\x12\x14\n" +
+	"\x05plain\x18\x02 \x01(\bR\x05plain\x12\x16\n" +
+	"\x06tokens\x18\x03 \x03(\fR\x06tokens\"5\n" +
+	"\tLaneHello\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\fR\x05tokenB2Z0github.com/kvfabric/kvfabric/transfer/transferpbb\x06proto3"
 
 var (
 	file_transfer_transferpb_transfer_proto_rawDescOnce sync.Once
@@ -1700,7 +1876,7 @@ func file_transfer_transferpb_transfer_proto_rawDescGZIP() []byte {
 	return file_transfer_transferpb_transfer_proto_rawDescData
 }
 
-var file_transfer_transferpb_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_transfer_transferpb_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_transfer_transferpb_transfer_proto_goTypes = []any{
 	(*HelloRequest)(nil),        // 0: kvfabric.transfer.v1.HelloRequest
 	(*HelloResponse)(nil),       // 1: kvfabric.transfer.v1.HelloResponse
@@ -1725,12 +1901,15 @@ var file_transfer_transferpb_transfer_proto_goTypes = []any{
 	(*RdmaEndpoint)(nil),        // 20: kvfabric.transfer.v1.RdmaEndpoint
 	(*RdmaConnectRequest)(nil),  // 21: kvfabric.transfer.v1.RdmaConnectRequest
 	(*RdmaConnectResponse)(nil), // 22: kvfabric.transfer.v1.RdmaConnectResponse
-	nil,                         // 23: kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
+	(*LaneTokenRequest)(nil),    // 23: kvfabric.transfer.v1.LaneTokenRequest
+	(*LaneTokenResponse)(nil),   // 24: kvfabric.transfer.v1.LaneTokenResponse
+	(*LaneHello)(nil),           // 25: kvfabric.transfer.v1.LaneHello
+	nil,                         // 26: kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
 }
 var file_transfer_transferpb_transfer_proto_depIdxs = []int32{
 	3,  // 0: kvfabric.transfer.v1.LayoutsResponse.layouts:type_name -> kvfabric.transfer.v1.LayoutEntry
 	6,  // 1: kvfabric.transfer.v1.LeaseResponse.blocks:type_name -> kvfabric.transfer.v1.LeasedBlock
-	23, // 2: kvfabric.transfer.v1.LeaseResponse.layout_digests:type_name -> kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
+	26, // 2: kvfabric.transfer.v1.LeaseResponse.layout_digests:type_name -> kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
 	8,  // 3: kvfabric.transfer.v1.LeaseResponse.rdma_regions:type_name -> kvfabric.transfer.v1.RdmaRegion
 	14, // 4: kvfabric.transfer.v1.EventRangeResponse.events:type_name -> kvfabric.transfer.v1.Event
 	16, // 5: kvfabric.transfer.v1.ReadRequest.segments:type_name -> kvfabric.transfer.v1.ReadSegment
@@ -1754,7 +1933,7 @@ func file_transfer_transferpb_transfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_transfer_transferpb_transfer_proto_rawDesc), len(file_transfer_transferpb_transfer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -409,13 +409,22 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["block_sets", "import_bytes", "imports", "imports_in_flight", "index_entries", "joined", "leases", "members", "node", "pools", "sessions", "version"]
+    __slots__ = ["block_sets", "import_bytes", "imports", "imports_in_flight", "index_entries", "joined", "lane", "lane_fallbacks", "leases", "members", "node", "pools", "sessions", "version"]
+    class LaneFallbacksEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     BLOCK_SETS_FIELD_NUMBER: _ClassVar[int]
     IMPORTS_FIELD_NUMBER: _ClassVar[int]
     IMPORTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     IMPORT_BYTES_FIELD_NUMBER: _ClassVar[int]
     INDEX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
+    LANE_FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -428,13 +437,15 @@ class StatusResponse(_message.Message):
     imports_in_flight: int
     index_entries: int
     joined: bool
+    lane: str
+    lane_fallbacks: _containers.ScalarMap[str, int]
     leases: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
     node: str
     pools: _containers.RepeatedCompositeFieldContainer[Pool]
     sessions: _containers.RepeatedCompositeFieldContainer[Session]
     version: str
-    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ...) -> None: ...
+    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., lane: _Optional[str] = ..., lane_fallbacks: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class Tokens(_message.Message):
     __slots__ = ["ids", "lora", "salt"]

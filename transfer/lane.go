@@ -1,0 +1,423 @@
+package transfer
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
+)
+
+// The TCP data lane. A holder with Config.LaneAddr listens on TCP for
+// reads alone: control calls stay on QUIC. A reader asks the holder for
+// one-time tokens over QUIC (lane-token, method 9), then opens up to
+// Config.LaneConns connections to the holder's lane port, each speaking
+// TLS 1.3 with the node's certificate and CAs (as QUIC does; ALPN
+// LaneALPN), or plain TCP where the holder's Config.LanePlain says so. The
+// first frame on a connection is a LaneHello with a token; the holder
+// refuses a connection whose token it did not issue to that node (and,
+// with TLS, to the node its certificate names), that was used before, or
+// that is older than LaneTokenTTL. After it, a connection carries read
+// requests one at a time, framed and answered as on QUIC (method 7).
+
+// LaneALPN is the application protocol of TLS lane connections.
+const LaneALPN = "kvfabric-lane/1"
+
+// Limits of the lane.
+const (
+	// MaxLaneConns is the most lane connections a reader opens to one
+	// holder (Config.LaneConns) and the most a holder keeps open from one
+	// reader: a connection past it is refused.
+	MaxLaneConns = 16
+	// DefaultLaneConns is Config.LaneConns' default.
+	DefaultLaneConns = 4
+	// MaxLaneReadBytes is the most data bytes one read request on a lane
+	// connection may ask for; a holder refuses more (ErrTooLarge), and a
+	// reader splits larger reads into requests under it.
+	MaxLaneReadBytes = 64 << 20
+	// DefaultLaneIdleTimeout is Config.LaneIdleTimeout's default: a holder
+	// closes a lane connection that brought no request for this long, and
+	// a reader does not reuse one idle for half of it.
+	DefaultLaneIdleTimeout = 60 * time.Second
+	// LaneTokenTTL is how long a lane token stays good after it was
+	// issued.
+	LaneTokenTTL = 10 * time.Second
+	// LaneRetryAfter is how long a reader reads a holder over QUIC after
+	// its lane failed (could not connect, or a read on it failed) before
+	// it tries the lane again.
+	LaneRetryAfter = 10 * time.Second
+	// laneTokenLen is a token's length in bytes.
+	laneTokenLen = 32
+	// laneHelloLimit caps a LaneHello frame.
+	laneHelloLimit = 1 << 10
+	// methodLaneHello is the kind byte of a LaneHello frame.
+	methodLaneHello = 0x80
+	// maxLaneTokensPerPeer caps the tokens outstanding for one peer: the
+	// oldest go first.
+	maxLaneTokensPerPeer = 2 * MaxLaneConns
+)
+
+// TransportTCP is a read over the TCP lane.
+const TransportTCP Transport = "tcp"
+
+// Reasons a read that could have used the lane went over QUIC.
+const (
+	// LaneFallbackNoLane: the holder serves no lane (or refused tokens).
+	LaneFallbackNoLane = "holder-has-no-lane"
+	// LaneFallbackConnect: no lane connection could be made (dial,
+	// handshake or token refused).
+	LaneFallbackConnect = "connect-failed"
+	// LaneFallbackRead: a read on the lane failed before it completed.
+	LaneFallbackRead = "read-failed"
+	// LaneFallbackBackoff: the lane failed within LaneRetryAfter.
+	LaneFallbackBackoff = "backoff"
+)
+
+// LaneFallbackReasons lists every reason, for metrics that show them all.
+var LaneFallbackReasons = []string{LaneFallbackNoLane, LaneFallbackConnect, LaneFallbackRead, LaneFallbackBackoff}
+
+// ErrLaneToken is matched by the refusal of a lane connection whose token
+// is missing, unknown, used, expired or issued to another node.
+var ErrLaneToken = errors.New("transfer: lane token refused")
+
+// laneToken is a token issued to peer.
+type laneToken struct {
+	peer    string
+	expires time.Time
+}
+
+// laneServer is a holder's lane: its listener, the tokens it issued and
+// its open connections by peer.
+type laneServer struct {
+	ln    net.Listener
+	plain bool
+
+	mu     sync.Mutex
+	tokens map[[laneTokenLen]byte]laneToken
+	conns  map[net.Conn]string
+	byPeer map[string]int
+}
+
+// startLane opens the lane listener.
+func (n *Node) startLane() error {
+	ln, err := net.Listen("tcp", n.cfg.LaneAddr)
+	if err != nil {
+		return fmt.Errorf("transfer: lane listen on %s: %w", n.cfg.LaneAddr, err)
+	}
+	n.lane = &laneServer{ln: ln, plain: n.cfg.LanePlain, tokens: map[[laneTokenLen]byte]laneToken{},
+		conns: map[net.Conn]string{}, byPeer: map[string]int{}}
+	if n.cfg.LanePlain {
+		n.log.Warn("PLAIN TCP LANE: block data to and from this node's lane crosses the network unencrypted; "+
+			"lane connections are still authorized by tokens from the authenticated QUIC channel", "lane", ln.Addr().String())
+	}
+	n.wg.Add(1)
+	go n.laneAcceptLoop()
+	return nil
+}
+
+// LaneAddr returns the address the lane listens on, or nil without one.
+func (n *Node) LaneAddr() net.Addr {
+	if n.lane == nil {
+		return nil
+	}
+	return n.lane.ln.Addr()
+}
+
+// LanePlain says whether the node's lane is plain TCP.
+func (n *Node) LanePlain() bool { return n.lane != nil && n.lane.plain }
+
+func (n *Node) closeLane() {
+	if n.lane == nil {
+		return
+	}
+	n.lane.ln.Close()
+	n.lane.mu.Lock()
+	for c := range n.lane.conns {
+		c.Close()
+	}
+	n.lane.mu.Unlock()
+}
+
+// issueLaneTokens answers a lane-token call.
+func (n *Node) issueLaneTokens(peer string, count int) (*transferpb.LaneTokenResponse, error) {
+	if n.lane == nil {
+		return nil, fmt.Errorf("%w: node %s serves no TCP lane", ErrUnavailable, n.cfg.NodeName)
+	}
+	port := n.lane.ln.Addr().(*net.TCPAddr).Port
+	resp := &transferpb.LaneTokenResponse{Port: uint32(port), Plain: n.lane.plain}
+	l := n.lane
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	held := 0
+	var oldest [laneTokenLen]byte
+	var oldestAt time.Time
+	for k, t := range l.tokens {
+		switch {
+		case now.After(t.expires):
+			delete(l.tokens, k)
+		case t.peer == peer:
+			held++
+			if oldestAt.IsZero() || t.expires.Before(oldestAt) {
+				oldest, oldestAt = k, t.expires
+			}
+		}
+	}
+	for i := 0; i < count; i++ {
+		if held >= maxLaneTokensPerPeer {
+			delete(l.tokens, oldest)
+			held--
+			oldestAt = time.Time{}
+			for k, t := range l.tokens {
+				if t.peer == peer && (oldestAt.IsZero() || t.expires.Before(oldestAt)) {
+					oldest, oldestAt = k, t.expires
+				}
+			}
+		}
+		var k [laneTokenLen]byte
+		if _, err := rand.Read(k[:]); err != nil {
+			return nil, fmt.Errorf("%w: lane token: %v", ErrInternal, err)
+		}
+		l.tokens[k] = laneToken{peer: peer, expires: now.Add(LaneTokenTTL)}
+		held++
+		resp.Tokens = append(resp.Tokens, k[:])
+	}
+	return resp, nil
+}
+
+// redeem takes a token for peer: it must exist, be unexpired and have been
+// issued to peer. It is gone afterwards, whatever the outcome.
+func (l *laneServer) redeem(token []byte, peer string) error {
+	if len(token) != laneTokenLen {
+		return fmt.Errorf("%w: token of %d bytes", ErrLaneToken, len(token))
+	}
+	k := [laneTokenLen]byte(token)
+	l.mu.Lock()
+	t, ok := l.tokens[k]
+	delete(l.tokens, k)
+	l.mu.Unlock()
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: unknown or already used", ErrLaneToken)
+	case time.Now().After(t.expires):
+		return fmt.Errorf("%w: expired", ErrLaneToken)
+	case t.peer != peer:
+		return fmt.Errorf("%w: issued to %q, presented by %q", ErrLaneToken, t.peer, peer)
+	}
+	return nil
+}
+
+// admit counts a connection of peer in, refusing one past MaxLaneConns.
+func (l *laneServer) admit(c net.Conn, peer string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conns == nil {
+		return ErrClosed
+	}
+	if l.byPeer[peer] >= MaxLaneConns {
+		return fmt.Errorf("%w: %s already has %d lane connections (at most %d)", ErrUnavailable, peer, l.byPeer[peer], MaxLaneConns)
+	}
+	l.byPeer[peer]++
+	l.conns[c] = peer
+	return nil
+}
+
+func (l *laneServer) track(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conns == nil {
+		return false
+	}
+	l.conns[c] = ""
+	return true
+}
+
+func (l *laneServer) forget(c net.Conn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	peer, ok := l.conns[c]
+	if !ok {
+		return
+	}
+	delete(l.conns, c)
+	if peer != "" {
+		if l.byPeer[peer]--; l.byPeer[peer] <= 0 {
+			delete(l.byPeer, peer)
+		}
+	}
+}
+
+// LaneConns returns the lane connections open to this node, by peer.
+func (n *Node) LaneConns() map[string]int {
+	out := map[string]int{}
+	if n.lane == nil {
+		return out
+	}
+	n.lane.mu.Lock()
+	defer n.lane.mu.Unlock()
+	for p, k := range n.lane.byPeer {
+		out[p] = k
+	}
+	return out
+}
+
+func (n *Node) laneAcceptLoop() {
+	defer n.wg.Done()
+	for {
+		c, err := n.lane.ln.Accept()
+		if err != nil {
+			if n.ctx.Err() == nil {
+				n.log.Warn("transfer: lane accept", "err", err)
+			}
+			return
+		}
+		if !n.lane.track(c) {
+			c.Close()
+			return
+		}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			defer n.lane.forget(c)
+			defer c.Close()
+			n.serveLane(c)
+		}()
+	}
+}
+
+// laneServerTLS is serverTLS with the lane's ALPN.
+func (n *Node) laneServerTLS() *tls.Config {
+	c := n.serverTLS()
+	c.NextProtos = []string{LaneALPN}
+	return c
+}
+
+// serveLane runs one lane connection: handshake, hello, then reads.
+func (n *Node) serveLane(raw net.Conn) {
+	log := n.log.With("lane_addr", raw.RemoteAddr().String())
+	_ = raw.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	var c net.Conn = raw
+	certName := ""
+	if !n.lane.plain {
+		tc := tls.Server(raw, n.laneServerTLS())
+		if err := tc.Handshake(); err != nil {
+			log.Info("transfer: lane handshake refused", "err", err)
+			return
+		}
+		certName = peerName13(tc.ConnectionState())
+		c = tc
+	} else if tcp, ok := raw.(*net.TCPConn); ok {
+		_ = tcp.SetNoDelay(true)
+	}
+	kind, payload, err := readFrame(c, laneHelloLimit)
+	if err == nil && kind != methodLaneHello {
+		err = fmt.Errorf("%w: first lane frame is of kind %d, not a hello", ErrFrame, kind)
+	}
+	var hello transferpb.LaneHello
+	if err == nil {
+		err = unmarshal(payload, &hello)
+	}
+	peer := hello.Node
+	switch {
+	case err != nil:
+	case certName != "" && certName != peer:
+		err = fmt.Errorf("%w: lane hello from %q, certificate names %q", ErrInvalidRequest, peer, certName)
+	case !n.cfg.Members.IsMember(peer):
+		err = fmt.Errorf("%w: %q", ErrNotMember, peer)
+	default:
+		err = n.lane.redeem(hello.Token, peer)
+	}
+	if err == nil {
+		err = n.lane.admit(raw, peer)
+	}
+	if err != nil {
+		n.stats.laneRefused.Add(1)
+		log.Info("transfer: lane connection refused", "claimed_peer", peer, "err", err)
+		_ = c.SetWriteDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+		n.laneRefuse(c, err)
+		return
+	}
+	if err := writeFrame(c, statusOK, &transferpb.LaneHello{Node: n.cfg.NodeName}, laneHelloLimit); err != nil {
+		return
+	}
+	log = log.With("peer", peer)
+	for {
+		// The next request must arrive, whole, within the idle timeout.
+		_ = c.SetDeadline(time.Now().Add(n.cfg.LaneIdleTimeout))
+		kind, payload, err := readFrame(c, n.cfg.MaxMessageSize)
+		if err != nil {
+			return
+		}
+		if n.ctx.Err() != nil {
+			return
+		}
+		n.stats.streams.Add(1)
+		var req *request
+		if method(kind) != methodRead {
+			err = fmt.Errorf("%w: lane carries reads only, not %s", ErrInvalidRequest, method(kind))
+		} else if req, err = decodeRequest(methodRead, payload, n.cfg.MaxSegments); err == nil && req.totalBytes > MaxLaneReadBytes {
+			err = fmt.Errorf("%w: lane read of %d bytes, over the %d a request may ask for", ErrTooLarge, req.totalBytes, MaxLaneReadBytes)
+		}
+		if err == nil && !n.cfg.Members.IsMember(peer) {
+			err = fmt.Errorf("%w: %q", ErrNotMember, peer)
+		}
+		if err == nil && n.cfg.Handler == nil {
+			err = fmt.Errorf("%w: node %s serves no calls", ErrUnavailable, n.cfg.NodeName)
+		}
+		var src readSource
+		if err == nil {
+			src, err = n.checkRead(peer, req)
+		}
+		_ = c.SetWriteDeadline(n.progressDeadline())
+		if err != nil {
+			n.stats.callsFailed.Add(1)
+			log.Debug("transfer: lane read refused", "err", err)
+			if n.laneRefuse(c, err) != nil || errors.Is(err, ErrNotMember) {
+				return
+			}
+			continue
+		}
+		if err := n.writeRead(c, src, req); err != nil {
+			// Mid-answer: the connection cannot carry another.
+			n.stats.callsFailed.Add(1)
+			log.Debug("transfer: lane read failed", "lease", req.leaseID, "err", err)
+			return
+		}
+	}
+}
+
+// laneRefuse answers a refused request (or hello) with an Error frame.
+func (n *Node) laneRefuse(w deadlineWriter, err error) error {
+	msg := err.Error()
+	if len(msg) > 1024 {
+		msg = msg[:1024]
+	}
+	return writeFrame(w, statusError, &transferpb.Error{Code: uint32(codeOf(err)), Message: strings.ToValidUTF8(msg, "?")}, n.cfg.MaxMessageSize)
+}
+
+// peerName13 is the common name of a TLS connection's verified peer.
+func peerName13(cs tls.ConnectionState) string {
+	if len(cs.PeerCertificates) == 0 {
+		return ""
+	}
+	return cs.PeerCertificates[0].Subject.CommonName
+}
+
+// laneClientTLS is clientTLS with the lane's ALPN.
+func (n *Node) laneClientTLS(peer string) *tls.Config {
+	c := n.clientTLS(peer)
+	c.NextProtos = []string{LaneALPN}
+	return c
+}
+
+// laneCtxDeadline makes c's deadline follow ctx: past its deadline, or at
+// once when it is cancelled. The returned func undoes the watch.
+func laneCtxDeadline(ctx context.Context, c net.Conn) func() bool {
+	return context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+}

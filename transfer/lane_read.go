@@ -1,0 +1,407 @@
+package transfer
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
+)
+
+// laneMinPart is the smallest part a lane read is split into: below it a
+// part's request and answer cost more than a connection of its own gains.
+const laneMinPart = 1 << 20
+
+// lanePartsPerConn is how many parts a lane read is cut into per
+// connection, so that a connection that runs behind takes fewer of them and
+// the read does not end waiting on one large part.
+const lanePartsPerConn = 8
+
+// laneSmallPiece is the piece size under which a plain lane connection's
+// reads go through a buffer (a syscall per 256-byte row would cost more
+// than the copy); larger pieces are read straight into the destination.
+// A TLS connection always reads straight from its decrypted record.
+const laneSmallPiece = 16 << 10
+
+// peerLane is a reader's lane to one holder: its idle connections, a
+// slot per connection it may have, and until when it is off.
+type peerLane struct {
+	slots chan struct{} // one per connection open or being opened
+
+	mu        sync.Mutex
+	idle      []*laneConn
+	downUntil time.Time
+	downWhy   string
+	closed    bool
+}
+
+// laneConn is one open lane connection.
+type laneConn struct {
+	c        net.Conn
+	r        io.Reader // c, or a buffer over it for plain TCP
+	lastUsed time.Time
+}
+
+func newPeerLane(conns int) *peerLane {
+	return &peerLane{slots: make(chan struct{}, conns)}
+}
+
+func (l *peerLane) close() {
+	l.mu.Lock()
+	idle := l.idle
+	l.idle, l.closed = nil, true
+	l.mu.Unlock()
+	for _, lc := range idle {
+		lc.c.Close()
+	}
+}
+
+// LaneState says whether reads from this peer use its lane: "" if they do
+// (or will try), else why not until when.
+func (p *Peer) LaneState() (reason string, until time.Time) {
+	if p.n.noLaneReads.Load() {
+		return "off", time.Time{}
+	}
+	p.lane.mu.Lock()
+	defer p.lane.mu.Unlock()
+	if time.Now().Before(p.lane.downUntil) {
+		return p.lane.downWhy, p.lane.downUntil
+	}
+	return "", time.Time{}
+}
+
+// laneDown turns the lane off for LaneRetryAfter and counts why.
+func (p *Peer) laneDown(reason string, err error) {
+	p.lane.mu.Lock()
+	p.lane.downUntil = time.Now().Add(LaneRetryAfter)
+	p.lane.downWhy = reason
+	p.lane.mu.Unlock()
+	p.n.laneFallback(reason)
+	if reason != LaneFallbackNoLane {
+		p.n.log.Warn("transfer: lane to peer failed; reading over QUIC", "peer", p.name, "reason", reason, "retry_after", LaneRetryAfter, "err", err)
+	}
+}
+
+// readLane reads a plan over the lane. used false means the lane was not
+// tried (off, or no connection could be made), and the caller reads over
+// QUIC; used with an error that is not the holder's answer means it failed
+// on the way, and the caller may read the same over QUIC.
+func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte, total uint64) (used bool, err error) {
+	l := p.lane
+	l.mu.Lock()
+	down := time.Now().Before(l.downUntil)
+	l.mu.Unlock()
+	if down {
+		p.n.laneFallback(LaneFallbackBackoff)
+		return false, nil
+	}
+	cfg := &p.n.cfg
+	maxSegs := min(cfg.MaxSegments, max(1, int(cfg.MaxMessageSize/maxSegmentWire)-1))
+	parallel := max(cap(l.slots)*lanePartsPerConn, int((total+MaxLaneReadBytes-1)/MaxLaneReadBytes))
+	parts := splitPlan(segs, total, parallel, laneMinPart, maxSegs)
+	conns, err := p.laneConns(ctx, min(cap(l.slots), len(parts)))
+	if len(conns) == 0 {
+		if ctx.Err() != nil {
+			return true, fmt.Errorf("transfer: lane to %s: %w", p.name, wrapNetErr(ctx, ctx.Err()))
+		}
+		var re *RemoteError
+		// Any answer to lane-token but tokens: no lane there, or a holder
+		// of a version without lanes (which does not know the call).
+		if errors.As(err, &re) && re.Method == methodLaneToken.String() {
+			p.laneDown(LaneFallbackNoLane, err)
+		} else {
+			p.laneDown(LaneFallbackConnect, err)
+		}
+		return false, nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+		next     = make(chan []layout.Segment, len(parts))
+	)
+	for _, pt := range parts {
+		next <- pt
+	}
+	close(next)
+	for _, lc := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok := true
+			for pt := range next {
+				if ctx.Err() != nil {
+					break
+				}
+				var err error
+				if ok, err = p.readLanePart(ctx, lc, leaseID, blockSet, pt, dst); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					cancel()
+					break
+				}
+			}
+			p.putLaneConn(lc, ok)
+		}()
+	}
+	wg.Wait()
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = fmt.Errorf("transfer: lane read from %s: %w", p.name, wrapNetErr(ctx, ctx.Err()))
+	}
+	return true, firstErr
+}
+
+// laneConns takes up to want lane connections, at least one: idle ones
+// first, then new ones (tokens from the holder over QUIC, then dials), as
+// long as the peer's connections stay within Config.LaneConns. It waits
+// for the first slot when every connection is busy with other reads.
+func (p *Peer) laneConns(ctx context.Context, want int) ([]*laneConn, error) {
+	l := p.lane
+	select {
+	case l.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	got := 1
+	for got < want {
+		select {
+		case l.slots <- struct{}{}:
+			got++
+			continue
+		default:
+		}
+		break
+	}
+	var out []*laneConn
+	stale := time.Now().Add(-p.n.cfg.LaneIdleTimeout / 2)
+	l.mu.Lock()
+	for len(out) < got && len(l.idle) > 0 {
+		lc := l.idle[len(l.idle)-1]
+		l.idle = l.idle[:len(l.idle)-1]
+		if lc.lastUsed.Before(stale) {
+			lc.c.Close() // the holder may be closing it
+			continue
+		}
+		out = append(out, lc)
+	}
+	l.mu.Unlock()
+	missing := got - len(out)
+	if missing == 0 {
+		return out, nil
+	}
+	var resp transferpb.LaneTokenResponse
+	err := p.call(ctx, methodLaneToken, &transferpb.LaneTokenRequest{Count: uint32(missing)}, &resp)
+	if err == nil && (resp.Port == 0 || resp.Port > 65535 || len(resp.Tokens) != missing) {
+		err = fmt.Errorf("%w: lane-token from %s: port %d, %d tokens for %d asked", ErrFrame, p.name, resp.Port, len(resp.Tokens), missing)
+	}
+	if err != nil {
+		for range missing {
+			<-l.slots
+		}
+		return out, err
+	}
+	type dialed struct {
+		lc  *laneConn
+		err error
+	}
+	ch := make(chan dialed, missing)
+	for _, tok := range resp.Tokens {
+		go func() {
+			lc, err := p.dialLane(ctx, int(resp.Port), resp.Plain, tok)
+			ch <- dialed{lc, err}
+		}()
+	}
+	var firstErr error
+	for range missing {
+		d := <-ch
+		if d.err != nil {
+			<-l.slots
+			firstErr = cmpErr(firstErr, d.err)
+			continue
+		}
+		p.n.stats.laneConnects.Add(1)
+		out = append(out, d.lc)
+	}
+	return out, firstErr
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// putLaneConn gives a connection back: to the idle list if ok, closed
+// otherwise.
+func (p *Peer) putLaneConn(lc *laneConn, ok bool) {
+	l := p.lane
+	l.mu.Lock()
+	if ok && !l.closed && !p.closed.Load() {
+		lc.lastUsed = time.Now()
+		l.idle = append(l.idle, lc)
+		lc = nil
+	}
+	l.mu.Unlock()
+	if lc != nil {
+		lc.c.Close()
+	}
+	<-l.slots
+}
+
+// dialLane opens one lane connection with token, within HandshakeTimeout
+// and ctx.
+func (p *Peer) dialLane(ctx context.Context, port int, plain bool, token []byte) (*laneConn, error) {
+	n := p.n
+	addr := net.JoinHostPort(p.addr.IP.String(), strconv.Itoa(port))
+	d := net.Dialer{Timeout: n.cfg.HandshakeTimeout}
+	if n.listener != nil {
+		if ip := n.listener.Addr().(*net.UDPAddr).IP; !ip.IsUnspecified() {
+			d.LocalAddr = &net.TCPAddr{IP: ip}
+		}
+	}
+	fail := func(c net.Conn, err error) (*laneConn, error) {
+		if c != nil {
+			c.Close()
+		}
+		n.stats.laneConnectFails.Add(1)
+		return nil, fmt.Errorf("transfer: lane to %s at %s: %w", p.name, addr, wrapNetErr(ctx, err))
+	}
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fail(nil, err)
+	}
+	stop := laneCtxDeadline(ctx, raw)
+	defer stop()
+	_ = raw.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	var c net.Conn = raw
+	if !plain {
+		tc := tls.Client(raw, n.laneClientTLS(p.name))
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return fail(raw, err)
+		}
+		c = tc
+	}
+	if err := writeFrame(c, methodLaneHello, &transferpb.LaneHello{Node: n.cfg.NodeName, Token: token}, laneHelloLimit); err != nil {
+		return fail(c, err)
+	}
+	kind, payload, err := readFrame(c, n.cfg.MaxMessageSize)
+	if err != nil {
+		return fail(c, err)
+	}
+	if kind != statusOK {
+		var e transferpb.Error
+		if err := unmarshal(payload, &e); err != nil {
+			return fail(c, err)
+		}
+		return fail(c, &RemoteError{Peer: p.name, Method: "lane-hello", Code: Code(e.Code), Message: e.Message})
+	}
+	if !stop() {
+		return fail(c, ctx.Err())
+	}
+	_ = raw.SetDeadline(time.Time{})
+	lc := &laneConn{c: c, r: c}
+	if plain {
+		lc.r = bufio.NewReaderSize(c, laneSmallPiece)
+	}
+	return lc, nil
+}
+
+// laneProgress pushes a connection's read deadline forward while bytes
+// arrive (see progressReader).
+type laneProgress struct {
+	c       net.Conn
+	r       io.Reader
+	timeout time.Duration
+	last    time.Time
+}
+
+func (r *laneProgress) Read(b []byte) (int, error) {
+	if now := time.Now(); now.Sub(r.last) > r.timeout/4 {
+		r.last = now
+		_ = r.c.SetReadDeadline(now.Add(r.timeout))
+	}
+	return r.r.Read(b)
+}
+
+// readLanePart runs one request on lc. ok says whether lc can carry
+// another: false after anything but a complete answer or a refusal.
+func (p *Peer) readLanePart(ctx context.Context, lc *laneConn, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) (ok bool, err error) {
+	stop := laneCtxDeadline(ctx, lc.c)
+	defer func() {
+		if !stop() {
+			ok = false // the deadline was moved to the past
+		}
+	}()
+	fail := func(err error) (bool, error) {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			err = fmt.Errorf("%w: lane connection ended early", ErrFrame)
+		}
+		return false, fmt.Errorf("transfer: lane read from %s: %w", p.name, wrapNetErr(ctx, err))
+	}
+	req := &transferpb.ReadRequest{LeaseId: leaseID, BlockSet: blockSet, Segments: make([]*transferpb.ReadSegment, len(segs))}
+	var want uint64
+	for i, sg := range segs {
+		req.Segments[i] = &transferpb.ReadSegment{SrcRank: uint32(sg.SrcRank), SrcOffset: sg.SrcOffset, Length: sg.Length, Count: sg.Count, SrcStride: sg.SrcStride}
+		want += sg.Bytes()
+	}
+	timeout := p.n.cfg.ProgressTimeout
+	_ = lc.c.SetWriteDeadline(time.Now().Add(timeout))
+	if err := writeFrame(lc.c, byte(methodRead), req, p.n.cfg.MaxMessageSize); err != nil {
+		return fail(err)
+	}
+	pr := &laneProgress{c: lc.c, r: lc.r, timeout: timeout}
+	kind, payload, err := readFrame(pr, p.n.cfg.MaxMessageSize)
+	if err != nil {
+		return fail(err)
+	}
+	switch kind {
+	case statusOK:
+	case statusError:
+		var e transferpb.Error
+		if err := unmarshal(payload, &e); err != nil {
+			return fail(err)
+		}
+		return true, &RemoteError{Peer: p.name, Method: methodRead.String(), Code: Code(e.Code), Message: e.Message}
+	default:
+		return fail(fmt.Errorf("%w: status %d", ErrFrame, kind))
+	}
+	var resp transferpb.ReadResponse
+	if err := unmarshal(payload, &resp); err != nil {
+		return fail(err)
+	}
+	if resp.TotalBytes != want {
+		return fail(fmt.Errorf("%w: announces %d bytes, asked %d", ErrFrame, resp.TotalBytes, want))
+	}
+	for _, sg := range segs {
+		d := dst[sg.DstRank]
+		if sg.Count == 1 || sg.DstStride == sg.Length {
+			if _, err := io.ReadFull(pr, d[sg.DstOffset:sg.DstOffset+sg.Bytes()]); err != nil {
+				return fail(err)
+			}
+			continue
+		}
+		for i := uint64(0); i < sg.Count; i++ {
+			off := sg.DstOffset + i*sg.DstStride
+			if _, err := io.ReadFull(pr, d[off:off+sg.Length]); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	_ = lc.c.SetReadDeadline(time.Time{})
+	return true, nil
+}
+
+// SetLaneReads turns reading over holders' lanes on or off for reads that
+// start from now on (Config.NoLaneReads is the setting at start):
+// benchmarks compare the lane with QUIC on the same nodes.
+func (n *Node) SetLaneReads(on bool) { n.noLaneReads.Store(!on) }
