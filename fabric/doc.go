@@ -44,7 +44,9 @@
 // previous one released and registered. A lease answer names the holder's
 // block set by layout digest; import_layout_cache.go fetches a layout it has
 // not seen. The plan from the holder's layout to ours (package layout) is
-// executed over RDMA where both ends have it, else over QUIC; into GPU
+// executed over RDMA where both ends have it, else over the holder's TCP
+// lane where it serves one, else over QUIC (each falling back to the next
+// with a reason); into GPU
 // memory without RDMA it goes through pinned staging (import_staging.go,
 // which also stages this node's GPU memory out for peers reading it over
 // QUIC).
