@@ -328,6 +328,22 @@ func TestPeerFromAnotherCARefused(t *testing.T) {
 	rn.Socket = filepath.Join(rn.DataDir, "engine.sock")
 	rn.LogFile = filepath.Join(c.Root, "rogue.log")
 	rogue.opts.ExtraArgs = []string{"--join", c.Nodes[0].Gossip, "--dev-ca-dir", filepath.Join(c.Root, "rogue-ca")}
+	// It is never ready: it authenticates to no peer, and its /healthz
+	// says so; it has started once it says that.
+	rogue.opts.Healthy = func(ctx context.Context, n *Node) error {
+		hc := http.Client{Timeout: time.Second}
+		resp, err := hc.Get("http://" + n.Metrics + "/healthz")
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "cannot authenticate") {
+			return fmt.Errorf("healthz: %s %q, want 503 naming the failed authentication", resp.Status, body)
+		}
+		_, err = os.Stat(n.Socket)
+		return err
+	}
 	startCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if err := rogue.StartNode(startCtx, 0); err != nil {
