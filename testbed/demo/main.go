@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -181,9 +182,23 @@ func engine(name string, m layout.ModelConfig, tp int, order layout.KVOrder, slo
 }
 
 func show(r *testbed.Report) {
-	fmt.Printf("    %d imports, %d blocks (%s) brought in from %s: %.2f GB/s, per block p50 %v p99 %v; %d blocks verified\n",
-		r.Imports, r.Blocks, size(r.Bytes), r.Sources(), r.GBps(), r.Percentile(0.5).Round(10*time.Microsecond),
+	fmt.Printf("    %d imports, %d blocks (%s) brought in from %s over %s: %.2f GB/s, per block p50 %v p99 %v; %d blocks verified\n",
+		r.Imports, r.Blocks, size(r.Bytes), r.Sources(), transports(r), r.GBps(), r.Percentile(0.5).Round(10*time.Microsecond),
 		r.Percentile(0.99).Round(10*time.Microsecond), r.Verified)
+}
+
+// transports names the transports that brought r's blocks ("tcp" is the
+// lane) with their block counts.
+func transports(r *testbed.Report) string {
+	names := make([]string, 0, len(r.Transports))
+	for t := range r.Transports {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	for i, t := range names {
+		names[i] = fmt.Sprintf("%s (%d)", t, r.Transports[t])
+	}
+	return strings.Join(names, ", ")
 }
 
 // waitIndexed waits until each node's index holds want blocks of holder.
