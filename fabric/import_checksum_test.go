@@ -70,7 +70,9 @@ func waitHeld(t *testing.T, on, holder *fabric.Agent, n uint64) {
 // its preferred holder falls over to another and brings every block
 // byte-exact.
 func TestChecksumCatchesWriteAfterRegister(t *testing.T) {
-	agents := clusterWith(t, 4, nil)
+	// A holder that answers slowly on a loaded machine must not be taken
+	// for a failed one: which holder serves which block is the point here.
+	agents := clusterWith(t, 4, func(_ int, c *fabric.Config) { c.PeerTimeout = 10 * time.Second })
 	// bad2 serves the failover case: bad, having failed an import, is
 	// tried last for a while.
 	bad, importer, good, bad2 := agents[0], agents[1], agents[2], agents[3]
