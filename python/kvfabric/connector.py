@@ -21,7 +21,11 @@ Two halves, as in vLLM:
   and this rank's view of the pool: ``load`` copies a plan's blocks from the
   pool into the engine (after taking its own references on them, so that a
   block the pool lost is reported as failed, never copied), ``save`` copies
-  the engine's full blocks into the slots the plan names.
+  the engine's full blocks into the slots the plan names. A pool in host
+  memory is copied through its numpy views; a block set in an agent's GPU
+  pool through the CUDA driver (pitched copies between the pool's device
+  memory and the caches' memory, device or host, waited for before the
+  blocks are released or reported).
 
 Blocks are hashed with kvfabric's recipe at the engine's block size, in the
 namespace of the request's cache salt and LoRA. Nothing reaches the engine's
@@ -45,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from . import cuda
 from .blockset import BlockSet, DType, KVOrder, ModelConfig
 from .client import Client
 from .errors import InvalidArgument, KvfabricError, ResourceExhausted
@@ -766,36 +771,77 @@ class SchedulerSide:
 # -- the worker's half ------------------------------------------------------
 
 
+def _is_torch(t: Any) -> bool:
+    return type(t).__module__.split(".")[0] == "torch"
+
+
+def _geometry(name: str, t: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], bool]:
+    """A layer cache's first byte's address, shape, strides in bytes and
+    whether it is in GPU memory: a numpy array, a torch tensor (CPU or
+    CUDA), or an object with ``__cuda_array_interface__`` (GPU memory)."""
+    if isinstance(t, np.ndarray):
+        return t.ctypes.data, tuple(t.shape), tuple(t.strides), False
+    if _is_torch(t):
+        es = t.element_size()
+        return t.data_ptr(), tuple(t.shape), tuple(x * es for x in t.stride()), bool(t.is_cuda)
+    cai = getattr(t, "__cuda_array_interface__", None)
+    if isinstance(cai, dict) and "shape" in cai and "data" in cai and "typestr" in cai:
+        shape = tuple(int(x) for x in cai["shape"])
+        strides = cai.get("strides")
+        if strides is None:  # C-contiguous
+            acc, out = np.dtype(cai["typestr"]).itemsize, []
+            for n in reversed(shape):
+                out.append(acc)
+                acc *= n
+            strides = tuple(reversed(out))
+        return int(cai["data"][0]), shape, tuple(int(x) for x in strides), True
+    raise InvalidArgument(f"layer {name}: a {type(t).__name__} is not a numpy array, a torch tensor or a CUDA array")
+
+
 class _Layer:
     """One layer's cache seen as [blocks, planes, block_size, heads, dim].
     A 5-dimensional cache is FlashAttention's or FlashInfer's by where its
-    K/V axis of 2 is; the kind given decides only when both axes are 2."""
+    K/V axis of 2 is; the kind given decides only when both axes are 2.
+    ``addr`` and ``strides`` (bytes) locate that 5-dimensional view in
+    memory, for copies through the CUDA driver; ``blocks`` is the view
+    itself, for numpy arrays and torch tensors."""
 
     def __init__(self, name: str, t: Any, kind: CacheKind) -> None:
         self.name = name
         self.tensor = t
-        self.torch = not isinstance(t, np.ndarray)
-        if kind is not CacheKind.MLA and t.ndim == 5:
+        self.torch = _is_torch(t)
+        addr, shape, st, self.on_device = _geometry(name, t)
+        ndim = len(shape)
+        if kind is not CacheKind.MLA and ndim == 5:
             # Which of the two 5-dimensional shapes, from the K/V axis (the
             # engine's configuration names the backend only indirectly).
-            if t.shape[0] == 2 and t.shape[1] != 2:
+            if shape[0] == 2 and shape[1] != 2:
                 kind = CacheKind.FLASH
-            elif t.shape[1] == 2 and t.shape[0] != 2:
+            elif shape[1] == 2 and shape[0] != 2:
                 kind = CacheKind.FLASHINFER
         self.kind = kind
+        view = self.torch or isinstance(t, np.ndarray)
+        self.blocks: Any = None
         if kind is CacheKind.FLASH:
-            if t.ndim != 5 or t.shape[0] != 2:
-                raise InvalidArgument(f"layer {name}: shape {tuple(t.shape)} is not FlashAttention's [2, blocks, block_size, heads, head_dim]")
-            self.blocks = t.transpose(0, 1) if self.torch else t.transpose(1, 0, 2, 3, 4)
+            if ndim != 5 or shape[0] != 2:
+                raise InvalidArgument(f"layer {name}: shape {shape} is not FlashAttention's [2, blocks, block_size, heads, head_dim]")
+            if view:
+                self.blocks = t.transpose(0, 1) if self.torch else t.transpose(1, 0, 2, 3, 4)
+            self.shape = (shape[1], 2) + shape[2:]
+            self.strides = (st[1], st[0]) + st[2:]
         elif kind is CacheKind.FLASHINFER:
-            if t.ndim != 5 or t.shape[1] != 2:
-                raise InvalidArgument(f"layer {name}: shape {tuple(t.shape)} is not FlashInfer's [blocks, 2, block_size, heads, head_dim]")
-            self.blocks = t
+            if ndim != 5 or shape[1] != 2:
+                raise InvalidArgument(f"layer {name}: shape {shape} is not FlashInfer's [blocks, 2, block_size, heads, head_dim]")
+            self.blocks = t if view else None
+            self.shape, self.strides = shape, st
         else:
-            if t.ndim != 3:
-                raise InvalidArgument(f"layer {name}: shape {tuple(t.shape)} is not MLA's [blocks, block_size, latent]")
-            self.blocks = t[:, None, :, None, :]
-        self.shape = tuple(self.blocks.shape)
+            if ndim != 3:
+                raise InvalidArgument(f"layer {name}: shape {shape} is not MLA's [blocks, block_size, latent]")
+            if view:
+                self.blocks = t[:, None, :, None, :]
+            self.shape = (shape[0], 1, shape[1], 1, shape[2])
+            self.strides = (st[0], 0, st[1], 0, st[2])
+        self.addr = addr
 
 
 class WorkerSide:
@@ -964,6 +1010,10 @@ class WorkerSide:
         return len(self.layers) * p * b * h * d * self.block_set.dtype.itemsize
 
     def _copy_in(self, slots: list[int], block_ids: list[int]) -> None:
+        if self.block_set is not None and self.block_set.on_device:
+            self._device_copy(slots, block_ids, into_engine=True)
+            return
+        self._host_only()
         pool = self._pool()
         for li, ly in enumerate(self.layers):
             if ly.torch:
@@ -1005,7 +1055,75 @@ class WorkerSide:
             except Exception as e:
                 self.log.warning("kvfabric: rank %d: saving %d blocks failed: %s", self.rank, len(sp.slots), e)
 
+    def _host_only(self) -> None:
+        for ly in self.layers:
+            if ly.blocks is None:
+                raise InvalidArgument(f"layer {ly.name}: a CUDA array that is not a torch tensor moves only to and from a pool in GPU memory")
+
+    def _device_copy(self, slots: list[int], block_ids: list[int], into_engine: bool) -> None:
+        """Moves blocks between this rank's region of a block set in GPU
+        memory and the engine's caches (in GPU memory: device to device; in
+        host memory: through the driver too), with pitched copies in the
+        pool GPU's context: per block and layer one copy of its planes where
+        a plane's chunk is laid out in the engine as in the pool, else one
+        per head (or per token, whichever is fewer) and plane. Returns once
+        every byte moved."""
+        bs = self.block_set
+        assert bs is not None
+        rl, mem = bs.ranks[self.rank], bs.device[self.rank]
+        if mem.closed:
+            raise KvfabricError("the pool's device memory is closed (its client was closed)")
+        n = self.layers[0].shape[0]
+        for s in slots:
+            if not 0 <= s < bs.slots:
+                raise InvalidArgument(f"slot {s} is not in 0..{bs.slots - 1}")
+        for b in block_ids:
+            if not 0 <= b < n:
+                raise InvalidArgument(f"engine block {b} is not in 0..{n - 1}")
+        _, planes, page, heads, dim = self.layers[0].shape
+        eb = bs.dtype.itemsize
+        row = dim * eb
+        pool_t, pool_h = (row, page * row) if bs.kv_order == KVOrder.HND else (heads * row, row)
+        ops: list[cuda.Copy] = []
+
+        def add(engine: int, engine_pitch: int, pool: int, pool_pitch: int, width: int, height: int) -> None:
+            if height == 1:
+                engine_pitch = pool_pitch = width
+            if into_engine:
+                ops.append(cuda.Copy(etype, engine, engine_pitch, cuda.DEVICE, pool, pool_pitch, width, height))
+            else:
+                ops.append(cuda.Copy(cuda.DEVICE, pool, pool_pitch, etype, engine, engine_pitch, width, height))
+
+        for li, ly in enumerate(self.layers):
+            e0, e1, e2, e3, e4 = ly.strides
+            if e4 != eb or min(ly.strides) < 0:
+                raise InvalidArgument(f"layer {ly.name}: strides {ly.strides} bytes: head_dim must be contiguous")
+            etype = cuda.DEVICE if ly.on_device else cuda.HOST
+            same = e2 == pool_t and (heads == 1 or e3 == pool_h)  # a chunk's bytes in the same order
+            whole = same and planes > 1 and max(e1, rl.kv_stride) <= _MAX_PITCH and e1 >= rl.chunk_bytes
+            for s, b in zip(slots, block_ids):
+                pbase = mem.ptr + rl.offset + s * rl.block_stride + li * rl.layer_stride
+                ebase = ly.addr + b * e0
+                if whole:
+                    add(ebase, e1, pbase, rl.kv_stride, rl.chunk_bytes, planes)
+                    continue
+                for p in range(planes):
+                    pp, ep = pbase + p * rl.kv_stride, ebase + p * e1
+                    if same:
+                        add(ep, 0, pp, 0, rl.chunk_bytes, 1)
+                    elif heads <= page:
+                        for h in range(heads):
+                            add(ep + h * e3, e2, pp + h * pool_h, pool_t, row, page)
+                    else:
+                        for t in range(page):
+                            add(ep + t * e2, e3, pp + t * pool_t, pool_h, row, heads)
+        mem.driver.copy_batch(mem.device, ops)
+
     def _copy_out(self, block_ids: list[int], slots: list[int]) -> None:
+        if self.block_set is not None and self.block_set.on_device:
+            self._device_copy(slots, block_ids, into_engine=False)
+            return
+        self._host_only()
         pool = self._pool()
         n = pool.shape[0]
         for s in slots:
@@ -1047,6 +1165,8 @@ class WorkerSide:
 
 
 _RAW = {1: np.int8, 2: np.int16, 4: np.int32}
+#: The driver's largest pitch of a 2-D copy (CU_DEVICE_ATTRIBUTE_MAX_PITCH).
+_MAX_PITCH = (1 << 31) - 1
 
 
 def _raw_torch(element_size: int) -> Any:
