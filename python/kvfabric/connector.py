@@ -51,11 +51,12 @@ import numpy as np
 
 from . import cuda
 from .blockset import BlockSet, DType, KVOrder, ModelConfig
-from .client import Client
+from .client import Client, Outcome
 from .errors import InvalidArgument, KvfabricError, ResourceExhausted
 from .hashing import block_hashes
 
 __all__ = [
+    "BlockEvent",
     "CacheKind",
     "ConnectorConfig",
     "KVSpec",
@@ -282,6 +283,8 @@ class WorkerReport:
     loaded_blocks: int = 0
     loaded_bytes: int = 0
     saved_bytes: int = 0
+    #: Hashes the pool no longer held when a rank took its references.
+    gone: set[int] = field(default_factory=set)
 
     def merge(self, other: "WorkerReport") -> "WorkerReport":
         if other.step != self.step:
@@ -298,7 +301,29 @@ class WorkerReport:
             self.loaded_blocks + other.loaded_blocks,
             self.loaded_bytes + other.loaded_bytes,
             self.saved_bytes + other.saved_bytes,
+            self.gone | other.gone,
         )
+
+
+@dataclass(frozen=True)
+class BlockEvent:
+    """A block of the node's pool that the connector stored or found gone
+    (vLLM's KV cache events: BlockStored, BlockRemoved).
+
+    stored: True when the block is now in the pool: the engine computed and
+    saved it ("saved"), or a load imported it from another node
+    ("imported"); False when a worker found it gone from the pool ("gone").
+    hash: kvfabric's hash of the block; parent: its predecessor's (None for
+    a prompt's first block, and for gone blocks); tokens: the block's token
+    ids (empty for gone blocks); lora: the LoRA name its hash is salted with.
+    """
+
+    stored: bool
+    origin: str
+    hash: int
+    parent: int | None = None
+    tokens: tuple[int, ...] = ()
+    lora: str | None = None
 
 
 class Counters:
@@ -357,6 +382,7 @@ class _Request:
     block_ids: list[int] = field(default_factory=list)
     step: int = -1
     cancelled: bool = False
+    lora: str | None = None
 
 
 @dataclass
@@ -365,6 +391,8 @@ class _Saving:
 
     hashes: list[int]  # of the prompt's full blocks
     next_block: int  # the first block not yet saved (or skipped)
+    tokens: list[int] = field(default_factory=list)
+    lora: str | None = None
 
 
 class SchedulerSide:
@@ -400,8 +428,10 @@ class SchedulerSide:
         self._reqs: dict[str, _Request] = {}
         self._saving: dict[str, _Saving] = {}
         self._to_load: list[_Request] = []
-        #: Per step: the client and block set its slots were allocated in, and the saves.
-        self._pending_saves: dict[int, tuple[Client, BlockSet, list[SavePlan]]] = {}
+        #: Per step: the client and block set its slots were allocated in,
+        #: the saves, and per saved hash its BlockEvent.
+        self._pending_saves: dict[int, tuple[Client, BlockSet, list[SavePlan], dict[int, BlockEvent]]] = {}
+        self._events: list[BlockEvent] = []
         self._loading: dict[int, list[_Request]] = {}
         self._step = 0
         self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="kvfabric-lookup")
@@ -447,7 +477,7 @@ class SchedulerSide:
                 if usable <= start:
                     return 0
                 # Hashed in the background too: a long prompt takes ms.
-                r = _Request(req_id, [], start, len(tokens))
+                r = _Request(req_id, [], start, len(tokens), lora=lora)
                 self._reqs[req_id] = r
                 r.future = self._pool.submit(self._lookup_and_import, r, list(tokens[: usable * page]), salt, lora)
                 return None
@@ -495,7 +525,16 @@ class SchedulerSide:
             r.hashes = block_hashes(tokens, self.spec.block_size, salt=salt, lora=lora)
             if not self._reconnect():
                 raise KvfabricError("no session with the agent")
-            refs, matched = self._fetch(r.hashes[r.start :])
+            refs, matched, imported = self._fetch(r.hashes[r.start :])
+            page = self.spec.block_size
+            idx = {h: r.start + i for i, h in enumerate(r.hashes[r.start :])}
+            events = []
+            for h in imported:
+                i = idx[h]
+                events.append(BlockEvent(True, "imported", h, r.hashes[i - 1] if i else None,
+                                         tuple(tokens[i * page : (i + 1) * page]), lora))
+            with self._lock:
+                self._events.extend(events)
         except Exception as e:  # the agent is away, or refused: nothing loads
             self.counters.add("lookup_errors")
             self.log.warning("kvfabric: request %s: lookup or import failed, recomputing: %s", r.req_id, e)
@@ -509,9 +548,10 @@ class SchedulerSide:
         if matched:
             self.counters.add("hit_tokens", matched)
 
-    def _fetch(self, want: list[int]) -> tuple[list, int]:
+    def _fetch(self, want: list[int]) -> tuple[list, int, list[int]]:
         """Looks want up and, when loading beats recomputing, imports the
-        longest prefix; returns the references and the tokens they cover."""
+        longest prefix; returns the references, the tokens they cover and
+        the hashes the import brought from other nodes."""
         page = self.spec.block_size
         self.counters.add("lookups")
         found = self.client.lookup(want, block_set=self.block_set, timeout=self.config.lookup_timeout)
@@ -519,7 +559,7 @@ class SchedulerSide:
             self.before_import(found)
         best = found.best()
         if best is None or best.blocks == 0 or best.blocks * page < self.config.min_load_tokens:
-            return [], 0
+            return [], 0, []
         if best.node != self.node and self.config.recompute_tokens_per_s > 0 and best.estimate in ("measured", "cluster"):
             recompute_us = best.blocks * page / self.config.recompute_tokens_per_s * 1e6
             if best.fetch_estimate_us > recompute_us:
@@ -528,13 +568,14 @@ class SchedulerSide:
                     "kvfabric: %d blocks on %s: fetch estimate %d us > recompute %d us, not loading",
                     best.blocks, best.node, best.fetch_estimate_us, recompute_us,
                 )
-                return [], 0
+                return [], 0, []
         self.counters.add("imports")
         got = self.client.import_blocks(self.block_set, want[: best.blocks], timeout=self.config.import_timeout)
         if got.error:
             self.counters.add("import_errors")
             self.log.info("kvfabric: imported %d of %d blocks: %s", len(got.blocks), best.blocks, got.error)
-        return list(got.blocks), len(got.blocks) * page
+        imported = [x.hash for x in got.results if x.outcome is Outcome.IMPORTED]
+        return list(got.blocks), len(got.blocks) * page, imported
 
     def allocated(self, req_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
         """The engine gave the request its blocks (vLLM's
@@ -570,7 +611,7 @@ class SchedulerSide:
         page = self.spec.block_size
         hashes = block_hashes(list(tokens), page, salt=salt, lora=lora)
         with self._lock:
-            self._saving[req_id] = _Saving(hashes, -(-num_computed // page))
+            self._saving[req_id] = _Saving(hashes, -(-num_computed // page), list(tokens[: len(hashes) * page]), lora)
 
     def build(self, scheduled: Mapping[str, tuple[Sequence[int], int]]) -> StepPlan:
         """This step's plan (vLLM's build_connector_meta). scheduled: per
@@ -611,13 +652,20 @@ class SchedulerSide:
                 if client is not self.client:
                     slots = []  # the session ended meanwhile: its slots went with it
                 i = 0
+                events: dict[int, BlockEvent] = {}
                 for req_id, hashes, bids, s, full in wanted:
+                    first = s.next_block
                     s.next_block = full  # saved now, or skipped for good
                     if slots:
                         plan.saves.append(SavePlan(req_id, hashes, bids, slots[i : i + len(hashes)]))
                         i += len(hashes)
+                        for j in range(first, full):
+                            events[s.hashes[j]] = BlockEvent(
+                                True, "saved", s.hashes[j], s.hashes[j - 1] if j else None,
+                                tuple(s.tokens[j * page : (j + 1) * page]), s.lora,
+                            )
                 if plan.saves:
-                    self._pending_saves[step] = (client, bs, plan.saves)
+                    self._pending_saves[step] = (client, bs, plan.saves, events)
         self._maybe_log_stats()
         return plan
 
@@ -653,13 +701,19 @@ class SchedulerSide:
                 self.log.warning("kvfabric: step %d: %d blocks failed to load; the engine recomputes them", step, len(rep.load_errors))
         tp = self.spec.tp_size
         written = rep.saved if rep is not None else {}
-        for s, client, bs, saves in pending:
+        if rep is not None and rep.gone:
+            with self._lock:
+                self._events.extend(BlockEvent(False, "gone", h) for h in sorted(rep.gone))
+        for s, client, bs, saves, events in pending:
             # A step given up (no report of its own) registers nothing.
             ours = rep is not None and s == rep.step
             unwritten = {slot for p in saves for slot in p.slots if not ours or written.get(slot, 0) < tp}
-            self._registrar.submit(self._register, client, bs, saves, unwritten, rep.saved_bytes if ours and rep else 0)
+            self._registrar.submit(self._register, client, bs, saves, unwritten, rep.saved_bytes if ours and rep else 0, events)
 
-    def _register(self, client: Client, bs: BlockSet, saves: list[SavePlan], failed: set[int], saved_bytes: int) -> None:
+    def _register(
+        self, client: Client, bs: BlockSet, saves: list[SavePlan], failed: set[int], saved_bytes: int,
+        events: Mapping[int, BlockEvent] | None = None,
+    ) -> None:
         if client is not self.client:
             return  # the session that allocated the slots ended; they went with it
         ok_slots, ok_hashes, bad = [], [], []
@@ -676,6 +730,11 @@ class SchedulerSide:
                 client.free(bs, bad)
             if ok_slots:
                 refs = client.register_blocks(bs, ok_slots, ok_hashes)
+                if events:
+                    # A duplicate was in the pool already (stored before, by this engine or an import).
+                    new = [events[r.hash] for r in refs.results if r.outcome is Outcome.REGISTERED and r.hash in events]
+                    with self._lock:
+                        self._events.extend(new)
                 refused = [r for r in refs.results if not r.referenced]
                 if refused:
                     self.counters.add("save_errors", len(refused))
@@ -728,6 +787,13 @@ class SchedulerSide:
             client.release(bs, refs)
         except KvfabricError as e:  # the session ended: the agent released them
             self.log.info("kvfabric: releasing %d blocks: %s", len(refs), e)
+
+    def take_events(self) -> list[BlockEvent]:
+        """The block events since the last call, in the order they happened
+        (vLLM's take_events)."""
+        with self._lock:
+            out, self._events = self._events, []
+        return out
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Wait until background lookups and registrations are done (tests,
@@ -985,6 +1051,7 @@ class WorkerSide:
             rep.failed_requests.add(lp.req_id)
             rep.load_errors.update(lp.block_ids[n:])
             why = next((r.reason for r in refs.results if not r.referenced), "")
+            rep.gone.update(r.hash for r in refs.results if r.outcome is Outcome.MISSING)
             self.log.warning("kvfabric: rank %d: request %s: %d of %d blocks gone from the pool (%s), recomputed",
                              self.rank, lp.req_id, len(lp.hashes) - n, len(lp.hashes), why)
         try:

@@ -39,7 +39,7 @@ worker: ``v1/worker/kv_connector_model_runner_mixin.py``):
       invalid_block_ids -> the requests are cut back and recomputed
       update_connector_output(output)                   the ranks' reports, aggregated
       request_finished(request, block_ids)              -> (False, None)
-      take_events()
+      take_events()                                     BlockStored / BlockRemoved
 
 Loads are synchronous (the agent imports while get_num_new_matched_tokens
 answers None; the worker's copy from the pool precedes the forward). Saves
@@ -57,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vllm.distributed.kv_events import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -85,6 +86,8 @@ logger = init_logger(__name__)
 
 #: vLLM's version this connector is written against.
 VLLM_VERSION = "0.33.0"
+#: The ownership of the KV cache events the connector reports.
+EVENT_OWNERSHIP = "kvfabric"
 
 
 class KVFabricMetadata(KVConnectorMetadata):
@@ -235,7 +238,31 @@ class KVFabricConnector(KVConnectorBase_V1):
         return False, None  # saves were copied within their step
 
     def take_events(self):  # noqa: ANN201 - vLLM's Iterable[KVCacheEvent]
-        return ()
+        """The node's pool's changes the connector made or saw since the
+        last call, as vLLM's KV cache events (published with the
+        scheduler's own): BlockStored for each block saved, or imported
+        from another node by a load, once registered; BlockRemoved for a
+        block a worker found gone. One block per event, hashed with
+        kvfabric's recipe (parent: the previous block's hash), medium CPU
+        (GPU for a pool in GPU memory), locality LOCAL, ownership
+        "kvfabric"."""
+        if self.scheduler is None:
+            return ()
+        events = self.scheduler.take_events()
+        if not events:
+            return ()
+        medium = MEDIUM_GPU if self.scheduler.block_set.on_device else MEDIUM_CPU
+        out = []
+        for e in events:
+            if e.stored:
+                out.append(BlockStored(
+                    block_hashes=[e.hash], parent_block_hash=e.parent, token_ids=list(e.tokens),
+                    block_size=self.spec.block_size, lora_id=None, medium=medium, lora_name=e.lora,
+                    locality="LOCAL", ownership=EVENT_OWNERSHIP,
+                ))
+            else:
+                out.append(BlockRemoved(block_hashes=[e.hash], medium=medium, locality="LOCAL", ownership=EVENT_OWNERSHIP))
+        return out
 
     # -- worker side ----------------------------------------------------
 

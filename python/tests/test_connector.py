@@ -450,3 +450,61 @@ def test_worker_tells_the_cache_shape_from_the_tensors(node1, node2):
     finally:
         a.close()
         b.close()
+
+
+def test_events_name_blocks_saved_imported_and_found_gone(node1, node2):
+    """vLLM's KV cache events: the blocks an engine saved, the blocks a load
+    imported from another node (each with its parent and tokens), and a
+    block a worker found gone from the pool; each reported once."""
+    tokens = prompt(5 * 16 + 7, seed=31)
+    hashes = kvfabric.block_hashes(tokens, 16, lora="ad1")
+    a = SimEngine(node1.socket, SPEC, name="events-a")
+    b = SimEngine(node2.socket, SPEC, name="events-b")
+    try:
+        a.add("a", tokens, lora="ad1")
+        a.run()
+        a.scheduler.wait_idle()
+        ev = a.scheduler.take_events()
+        assert [(e.stored, e.origin, e.hash) for e in ev] == [(True, "saved", h) for h in hashes[:5]]
+        assert [e.parent for e in ev] == [None] + hashes[:4]
+        assert [list(e.tokens) for e in ev] == [tokens[i * 16 : (i + 1) * 16] for i in range(5)]
+        assert {e.lora for e in ev} == {"ad1"}
+        assert a.scheduler.take_events() == []
+        wait_for("blocks indexed", lambda: any(o.blocks >= 5 for o in b.scheduler.client.lookup(hashes[:5]).overlaps))
+
+        # b imports the first 3 blocks (its request is 3 blocks and 1 token).
+        rb = b.add("b", tokens[: 3 * 16 + 1], lora="ad1")
+        b.run()
+        assert rb.loaded == 3 * 16
+        b.scheduler.wait_idle()
+        ev = b.scheduler.take_events()
+        assert [(e.stored, e.origin, e.hash, e.parent) for e in ev] == [
+            (True, "imported", hashes[i], hashes[i - 1] if i else None) for i in range(3)
+        ]
+        assert [list(e.tokens) for e in ev] == [tokens[i * 16 : (i + 1) * 16] for i in range(3)]
+
+        # Loading all 5 again: 3 are in node2's pool already (no event), 2
+        # are imported; a worker finds block 4's hash (made one the pool
+        # never held) gone, and b computes and saves block 4 itself.
+        lost = []
+
+        def lose_block(plan):
+            for lp in plan.loads:
+                if not lost:
+                    lost.append(lp.hashes[4] ^ 1)
+                    lp.hashes[4] ^= 1
+
+        b.before_workers = lose_block
+        rc = b.add("c", tokens, lora="ad1")
+        b.run()
+        assert rc.loaded == 5 * 16 and b.check(rc) == len(rc.tokens)
+        b.scheduler.wait_idle()
+        ev = b.scheduler.take_events()
+        got = [(e.stored, e.origin, e.hash) for e in ev]
+        assert got[:2] == [(True, "imported", hashes[3]), (True, "imported", hashes[4])], got
+        assert (False, "gone", lost[0]) in got
+        # Block 4 was imported, so b's own save of it is a duplicate: no second event.
+        assert [g for g in got if g[1] == "saved"] == [], got
+    finally:
+        a.close()
+        b.close()
