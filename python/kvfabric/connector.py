@@ -84,6 +84,9 @@ class ConnectorConfig:
     import_timeout: seconds. load, save: whether to load from and save to
     the cluster. slots: the block set's slots (0: the agent's default).
     stats_interval: seconds between the counters' log lines (0: never).
+    layerwise: loads copy layer by layer in the background (vLLM's
+    wait_for_layer_load waits for its layer only) instead of whole before
+    the forward.
     """
 
     socket: str = ""
@@ -95,6 +98,7 @@ class ConnectorConfig:
     save: bool = True
     slots: int = 0
     stats_interval: float = 60.0
+    layerwise: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "ConnectorConfig":
@@ -944,6 +948,10 @@ class WorkerSide:
         #: This rank's counters: loaded_blocks, loaded_bytes, load_errors,
         #: saved_blocks, saved_bytes (the slots it wrote).
         self.counters = Counters()
+        self._loads: _LayerLoads | None = None
+        #: Called in the loading thread before each layer's copies, with the
+        #: layer's index (tests pause or fail loads there).
+        self.before_layer: Callable[[int], None] | None = None
 
     def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
         """Check the engine's caches against the spec and register the block
@@ -1031,13 +1039,39 @@ class WorkerSide:
             self._load_one(lp, plan.incarnation, rep)
 
     def _load_one(self, lp: LoadPlan, plan_incarnation: str, rep: WorkerReport) -> None:
+        got = self._acquire(lp, plan_incarnation, rep)
+        if got is None:
+            return
+        bs, refs = got
+        n = len(refs)
+        try:
+            self._copy_in([r.slot for r in refs], lp.block_ids[:n])
+            rep.loaded_blocks += n
+            rep.loaded_bytes += n * self._block_bytes()
+        except Exception as e:
+            rep.failed_requests.add(lp.req_id)
+            rep.load_errors.update(lp.block_ids[:n])
+            self.log.warning("kvfabric: rank %d: copying %d blocks failed, recomputed: %s", self.rank, n, e)
+        finally:
+            self._release(bs, refs)
+
+    def _release(self, bs: BlockSet, refs: Any) -> None:
+        try:
+            self.client.release(bs, refs)
+        except KvfabricError:
+            pass  # the session is gone, and its references with it
+
+    def _acquire(self, lp: LoadPlan, plan_incarnation: str, rep: WorkerReport) -> tuple[BlockSet, Any] | None:
+        """References on lp's blocks under this worker's session: the
+        longest prefix the pool holds (the rest is named in rep), or None
+        when there is nothing to copy."""
         bs = self.block_set
         if bs is None or incarnation(bs) != plan_incarnation or not self.layers:
             rep.failed_requests.add(lp.req_id)
             rep.load_errors.update(lp.block_ids)
             self.log.warning("kvfabric: rank %d: block set %s is not the scheduler's %s; %d blocks recomputed",
                              self.rank, incarnation(bs) if bs else None, plan_incarnation, len(lp.block_ids))
-            return
+            return None
         try:
             refs = self.client.acquire(bs, lp.hashes)
         except KvfabricError as e:
@@ -1045,7 +1079,7 @@ class WorkerSide:
             rep.load_errors.update(lp.block_ids)
             self.log.warning("kvfabric: rank %d: request %s: taking its %d blocks failed, recomputed: %s",
                              self.rank, lp.req_id, len(lp.hashes), e)
-            return
+            return None
         n = len(refs)
         if n < len(lp.hashes):
             rep.failed_requests.add(lp.req_id)
@@ -1054,21 +1088,39 @@ class WorkerSide:
             rep.gone.update(r.hash for r in refs.results if r.outcome is Outcome.MISSING)
             self.log.warning("kvfabric: rank %d: request %s: %d of %d blocks gone from the pool (%s), recomputed",
                              self.rank, lp.req_id, len(lp.hashes) - n, len(lp.hashes), why)
-        try:
-            if n:
-                self._copy_in([r.slot for r in refs], lp.block_ids[:n])
-                rep.loaded_blocks += n
-                rep.loaded_bytes += n * self._block_bytes()
-        except Exception as e:
-            rep.failed_requests.add(lp.req_id)
-            rep.load_errors.update(lp.block_ids[:n])
-            self.log.warning("kvfabric: rank %d: copying %d blocks failed, recomputed: %s", self.rank, n, e)
-        finally:
-            if n:
-                try:
-                    self.client.release(bs, refs)
-                except KvfabricError:
-                    pass  # the session is gone, and its references with it
+        return (bs, refs) if n else None
+
+    def start_load(self, plan: StepPlan) -> None:
+        """Layer-by-layer loads (vLLM's start_load_kv with ``layerwise``):
+        takes the references on the plan's blocks here, then copies them in
+        a thread, layer after layer; :meth:`wait_layer` waits for one layer.
+        The references are released, and the step's report completed, once
+        every layer is copied (save, take_report and load_errors wait)."""
+        if plan.step <= self._reported:
+            return
+        self._finish_loads()
+        self._reconnect()
+        rep = self._report_for(plan)
+        jobs = []
+        for lp in plan.loads:
+            got = self._acquire(lp, plan.incarnation, rep)
+            if got is not None:
+                bs, refs = got
+                jobs.append(_LoadJob(lp, bs, refs))
+        if jobs:
+            self._loads = _LayerLoads(self, jobs, rep)
+
+    def wait_layer(self, name: str) -> None:
+        """Returns once the layer's copies of the running loads are done
+        (vLLM's wait_for_layer_load); at once when none run."""
+        loads = self._loads
+        if loads is not None:
+            loads.wait(name)
+
+    def _finish_loads(self) -> None:
+        loads, self._loads = self._loads, None
+        if loads is not None:
+            loads.finish()
 
     def _block_bytes(self) -> int:
         """Bytes of one block of this rank, all layers."""
@@ -1076,13 +1128,15 @@ class WorkerSide:
         assert self.block_set is not None
         return len(self.layers) * p * b * h * d * self.block_set.dtype.itemsize
 
-    def _copy_in(self, slots: list[int], block_ids: list[int]) -> None:
+    def _copy_in(self, slots: list[int], block_ids: list[int], layers: Sequence[int] | None = None) -> None:
+        """Copies pool slots into engine blocks: every layer, or those named."""
         if self.block_set is not None and self.block_set.on_device:
-            self._device_copy(slots, block_ids, into_engine=True)
+            self._device_copy(slots, block_ids, into_engine=True, layers=layers)
             return
         self._host_only()
         pool = self._pool()
-        for li, ly in enumerate(self.layers):
+        for li in layers if layers is not None else range(len(self.layers)):
+            ly = self.layers[li]
             if ly.torch:
                 import torch
 
@@ -1107,6 +1161,7 @@ class WorkerSide:
             # Reported already: the scheduler frees these slots, which this
             # rank must no longer write.
             return
+        self._finish_loads()
         self._reconnect()
         rep = self._report_for(plan)
         bs = self.block_set
@@ -1127,7 +1182,9 @@ class WorkerSide:
             if ly.blocks is None:
                 raise InvalidArgument(f"layer {ly.name}: a CUDA array that is not a torch tensor moves only to and from a pool in GPU memory")
 
-    def _device_copy(self, slots: list[int], block_ids: list[int], into_engine: bool) -> None:
+    def _device_copy(
+        self, slots: list[int], block_ids: list[int], into_engine: bool, layers: Sequence[int] | None = None
+    ) -> None:
         """Moves blocks between this rank's region of a block set in GPU
         memory and the engine's caches (in GPU memory: device to device; in
         host memory: through the driver too), with pitched copies in the
@@ -1161,7 +1218,8 @@ class WorkerSide:
             else:
                 ops.append(cuda.Copy(cuda.DEVICE, pool, pool_pitch, etype, engine, engine_pitch, width, height))
 
-        for li, ly in enumerate(self.layers):
+        for li in layers if layers is not None else range(len(self.layers)):
+            ly = self.layers[li]
             e0, e1, e2, e3, e4 = ly.strides
             if e4 != eb or min(ly.strides) < 0:
                 raise InvalidArgument(f"layer {ly.name}: strides {ly.strides} bytes: head_dim must be contiguous")
@@ -1209,6 +1267,7 @@ class WorkerSide:
 
     def take_report(self, step: int) -> WorkerReport:
         """This rank's report of the step (an empty one when it did nothing)."""
+        self._finish_loads()
         rep = self._report if self._report is not None and self._report.step == step else WorkerReport(step)
         self._report = None
         self._reported = max(self._reported, step)
@@ -1220,15 +1279,81 @@ class WorkerSide:
         return rep
 
     def load_errors(self, step: int) -> set[int]:
-        """The engine blocks whose load failed so far in the step."""
+        """The engine blocks whose load failed in the step (running
+        layer-by-layer loads are waited for)."""
+        self._finish_loads()
         return set(self._report.load_errors) if self._report is not None and self._report.step == step else set()
 
     def close(self) -> None:
         """Close the worker's client (when it opened it); twice is harmless."""
+        self._finish_loads()
         self.block_set = None
         self.layers = []
         if self._own_client:
             self.client.close()
+
+
+@dataclass
+class _LoadJob:
+    lp: LoadPlan
+    bs: BlockSet
+    refs: Any
+    failed: bool = False
+
+
+class _LayerLoads:
+    """One step's layer-by-layer loads of a worker: a thread copies every
+    job's blocks of layer 0, then of layer 1, ...; a job whose copy fails
+    copies no further layer, and its blocks are named for recompute."""
+
+    def __init__(self, worker: WorkerSide, jobs: list[_LoadJob], rep: WorkerReport) -> None:
+        self.worker, self.jobs, self.rep = worker, jobs, rep
+        self.index = {ly.name: i for i, ly in enumerate(worker.layers)}
+        self.done = [threading.Event() for _ in worker.layers]
+        self.thread = threading.Thread(target=self._run, name=f"kvfabric-load-rank{worker.rank}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        w = self.worker
+        try:
+            for li in range(len(self.done)):
+                for job in self.jobs:
+                    if job.failed:
+                        continue
+                    n = len(job.refs)
+                    try:
+                        if w.before_layer is not None:
+                            w.before_layer(li)
+                        w._copy_in([r.slot for r in job.refs], job.lp.block_ids[:n], [li])
+                    except Exception as e:
+                        job.failed = True
+                        w.log.warning("kvfabric: rank %d: copying layer %d of %d blocks failed, recomputed: %s",
+                                      w.rank, li, n, e)
+                self.done[li].set()
+        finally:
+            for ev in self.done:
+                ev.set()
+
+    def wait(self, name: str) -> None:
+        i = self.index.get(name)
+        if i is None:
+            self.thread.join()  # a layer not registered: wait for all
+        else:
+            self.done[i].wait()
+
+    def finish(self) -> None:
+        """Waits for the thread, reports the jobs and releases their blocks."""
+        self.thread.join()
+        w, rep = self.worker, self.rep
+        for job in self.jobs:
+            n = len(job.refs)
+            if job.failed:
+                rep.failed_requests.add(job.lp.req_id)
+                rep.load_errors.update(job.lp.block_ids[:n])
+            else:
+                rep.loaded_blocks += n
+                rep.loaded_bytes += n * w._block_bytes()
+            w._release(job.bs, job.refs)
 
 
 _RAW = {1: np.int8, 2: np.int16, 4: np.int32}

@@ -14,7 +14,8 @@ where each call is made):
         meta = build_connector_meta(scheduler_output)
     execute_model(), on every TP rank:
         bind_connector_metadata(meta)
-        start_load_kv()                 # sync loads: before the forward
+        start_load_kv()                 # sync loads: before the forward;
+                                        # layerwise: a thread copies layer after layer
         forward: per layer wait_for_layer_load(layer); attention writes
                  the new tokens' KV; save_kv_layer(layer, ...)
         wait_for_save()
@@ -331,12 +332,24 @@ class SimEngine:
         if self.before_workers is not None:
             self.before_workers(plan)
         for w in self.workers:
-            w.load(plan)
+            if self.config.layerwise:
+                w.start_load(plan)
+            else:
+                w.load(plan)
         if self.before_load is not None:
             self.before_load(plan)
-        self._pull()
-        for rid, n in scheduled.items():
-            self._forward(self.requests[rid], n)
+        if self.config.layerwise:
+            # vLLM's forward: each attention layer waits for its own loads.
+            for li, name in enumerate(self._layer_names()):
+                for w in self.workers:
+                    w.wait_layer(name)
+                self._pull(name)
+                for rid, n in scheduled.items():
+                    self._forward(self.requests[rid], n, layer=li)
+        else:
+            self._pull()
+            for rid, n in scheduled.items():
+                self._forward(self.requests[rid], n)
         self._push()
         reports = []
         for w in self.workers:
@@ -364,11 +377,16 @@ class SimEngine:
                     self._finish(r)
         return True
 
-    def _pull(self) -> None:
-        """Device caches: the host copies take what the device holds."""
+    def _layer_names(self) -> list[str]:
+        return sorted(self.caches[0], key=lambda s: int(s.split(".")[2]))
+
+    def _pull(self, layer: str | None = None) -> None:
+        """Device caches: the host copies take what the device holds (of
+        one layer, or all)."""
         for r, d in enumerate(self.device_caches):
             for k, a in d.items():
-                a.read(self.caches[r][k])
+                if layer is None or k == layer:
+                    a.read(self.caches[r][k])
 
     def _push(self) -> None:
         for r, d in enumerate(self.device_caches):
@@ -392,14 +410,17 @@ class SimEngine:
                     self._cut.add(r.req_id)
                     break
 
-    def _forward(self, r: SimRequest, n: int) -> None:
-        """Attention writes the KV of tokens [computed, computed+n)."""
+    def _forward(self, r: SimRequest, n: int, layer: int | None = None) -> None:
+        """Attention writes the KV of tokens [computed, computed+n), of one
+        layer or all."""
         start = r.computed
         kv = expected_kv(r.tokens[: start + n], self.spec)[start:]
         bs = self.spec.block_size
         for rank in range(self.spec.tp_size):
             hs = self._heads(rank)
             for li, name in enumerate(sorted(self.caches[rank], key=lambda s: int(s.split(".")[2]))):
+                if layer is not None and li != layer:
+                    continue
                 v = self._block_view(rank, name)
                 for j in range(n):
                     p = start + j

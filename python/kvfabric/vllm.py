@@ -42,7 +42,11 @@ worker: ``v1/worker/kv_connector_model_runner_mixin.py``):
       take_events()                                     BlockStored / BlockRemoved
 
 Loads are synchronous (the agent imports while get_num_new_matched_tokens
-answers None; the worker's copy from the pool precedes the forward). Saves
+answers None; the worker's copy from the pool precedes the forward), or with
+``"layerwise": true`` layer by layer: start_load_kv takes the blocks'
+references and a thread copies layer after layer, wait_for_layer_load waits
+for its layer, and get_block_ids_with_load_errors (after the forward) waits
+for all. Saves
 are copied in wait_for_save, within the step, so request_finished never
 needs to delay freeing. Counters (hit tokens, loaded bytes, load errors...)
 are logged through vLLM's logger every ``stats_interval`` seconds and
@@ -274,10 +278,15 @@ class KVFabricConnector(KVConnectorBase_V1):
         assert self.worker is not None
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVFabricMetadata)
-        self.worker.load(meta.plan)
+        if self.config.layerwise:
+            self.worker.start_load(meta.plan)
+        else:
+            self.worker.load(meta.plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv copied every layer
+        """With ``layerwise``, waits for this layer's copies; else start_load_kv copied every layer."""
+        if self.worker is not None:
+            self.worker.wait_layer(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: Any, **kwargs: Any) -> None:
         return  # the step's blocks are copied in wait_for_save

@@ -4,8 +4,10 @@ against two real agents; every element of every computed token checked."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 
+import numpy as np
 import pytest
 
 import kvfabric
@@ -505,6 +507,78 @@ def test_events_name_blocks_saved_imported_and_found_gone(node1, node2):
         assert (False, "gone", lost[0]) in got
         # Block 4 was imported, so b's own save of it is a duplicate: no second event.
         assert [g for g in got if g[1] == "saved"] == [], got
+    finally:
+        a.close()
+        b.close()
+
+
+def test_layerwise_loads_copy_layer_after_layer(node1, node2):
+    """With layerwise loads the forward of layer 0 may start while layer 1
+    is still being copied: waiting for layer 0 returns with its blocks in
+    the cache and layer 1's not yet there; at the end every element of
+    every token is the model's."""
+    tokens = prompt(5 * 16 + 3, seed=41)
+    a = SimEngine(node1.socket, SPEC, name="lw-a")
+    b = SimEngine(node2.socket, SPEC, name="lw-b", config=ConnectorConfig(socket=node2.socket, stats_interval=0, layerwise=True))
+    try:
+        a.add("a", tokens)
+        a.run()
+        a.scheduler.wait_idle()
+        wait_indexed(b, tokens, 5)
+        w = b.workers[0]
+        gate, seen = threading.Event(), []
+        w.before_layer = lambda li: gate.wait(20) if li == 1 else None
+        names = sorted(b.caches[0], key=lambda s: int(s.split(".")[2]))
+
+        def between_layers(plan):
+            if not plan.loads:
+                return
+            ids = plan.loads[0].block_ids
+            w.wait_layer(names[0])
+            seen.append((not np.isnan(b.caches[0][names[0]][:, ids]).any(), np.isnan(b.caches[0][names[1]][:, ids]).all()))
+            gate.set()
+
+        b.before_load = between_layers
+        rb = b.add("b", tokens)
+        b.run()
+        assert seen == [(True, True)]
+        assert rb.loaded == 5 * 16 and b.check(rb) == len(rb.tokens)
+        s = b.scheduler.stats()
+        assert s["loaded_blocks"] == 5 and s["load_errors"] == 0, s
+    finally:
+        a.close()
+        b.close()
+
+
+def test_layerwise_load_failing_in_a_layer_is_recomputed(node1, node2):
+    """A copy that fails at layer 1 names the request's blocks, vLLM
+    recomputes them (layer 0's copy is overwritten), and the blocks'
+    references are given back."""
+    tokens = prompt(4 * 16 + 3, seed=43)
+    a = SimEngine(node1.socket, SPEC, name="lwf-a")
+    b = SimEngine(node2.socket, SPEC, name="lwf-b", config=ConnectorConfig(socket=node2.socket, stats_interval=0, layerwise=True))
+    try:
+        a.add("a", tokens)
+        a.run()
+        a.scheduler.wait_idle()
+        wait_indexed(b, tokens, 4)
+        w = b.workers[0]
+        failed = []
+
+        def fail(li):
+            if li == 1 and not failed:
+                failed.append(li)
+                raise OSError("copy failed")
+
+        w.before_layer = fail
+        rb = b.add("b", tokens)
+        b.run()
+        assert failed and rb.recomputed_blocks == 4 and len(b.load_errors_seen) == 4
+        assert b.check(rb) == len(rb.tokens)
+        s = b.scheduler.stats()
+        assert s["load_errors"] == 4 and s["loaded_blocks"] == 0, s
+        c = w.client
+        assert next(x.refs for x in c.status().sessions if x.id == c.session) == 0
     finally:
         a.close()
         b.close()

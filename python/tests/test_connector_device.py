@@ -12,7 +12,7 @@ import pytest
 import kvfabric
 from conftest import wait_for
 from kvfabric import cuda
-from kvfabric.connector import CacheKind, KVSpec, LoadPlan, StepPlan, incarnation
+from kvfabric.connector import CacheKind, ConnectorConfig, KVSpec, LoadPlan, StepPlan, incarnation
 from kvfabric.harness import DeviceCaches, SimEngine
 from test_connector import prompt, wait_indexed
 from test_device import gpus, softcuda  # noqa: F401 (fixtures)
@@ -26,25 +26,28 @@ def driver(softcuda, monkeypatch):  # noqa: F811
 
 
 @pytest.mark.parametrize(
-    "spec_a, spec_b, on_device",
+    "spec_a, spec_b, on_device, layerwise",
     [
         # Host caches, the pool's chunk in the engine's order: one copy per block and layer.
-        (KVSpec(2, 4, 16, "f32", 1, 16, CacheKind.FLASH), KVSpec(2, 4, 16, "f32", 1, 16, CacheKind.FLASH), False),
+        (KVSpec(2, 4, 16, "f32", 1, 16, CacheKind.FLASH), KVSpec(2, 4, 16, "f32", 1, 16, CacheKind.FLASH), False, False),
         # Device caches over an HND pool: per head, device to device; TP 2 saves, TP 1 loads.
-        (KVSpec(2, 4, 16, "f32", 2, 16, CacheKind.FLASH, "hnd"), KVSpec(2, 4, 16, "f32", 1, 16, CacheKind.FLASH, "hnd"), True),
+        (KVSpec(2, 4, 16, "f32", 2, 16, CacheKind.FLASH, "hnd"), KVSpec(2, 4, 16, "f32", 1, 16, CacheKind.FLASH, "hnd"), True, False),
         # FlashInfer's [blocks, 2, ...] in GPU memory, f16, TP 1 saves, TP 2 loads.
-        (KVSpec(2, 4, 16, "f16", 1, 16, CacheKind.FLASHINFER), KVSpec(2, 4, 16, "f16", 2, 16, CacheKind.FLASHINFER), True),
+        (KVSpec(2, 4, 16, "f16", 1, 16, CacheKind.FLASHINFER), KVSpec(2, 4, 16, "f16", 2, 16, CacheKind.FLASHINFER), True, False),
         # MLA's latent cache in GPU memory.
-        (KVSpec(3, 1, 32, "f32", 1, 16, CacheKind.MLA), KVSpec(3, 1, 32, "f32", 2, 16, CacheKind.MLA), True),
+        (KVSpec(3, 1, 32, "f32", 1, 16, CacheKind.MLA), KVSpec(3, 1, 32, "f32", 2, 16, CacheKind.MLA), True, False),
+        # Layer by layer into device caches, TP 2.
+        (KVSpec(3, 4, 16, "f32", 1, 16, CacheKind.FLASH), KVSpec(3, 4, 16, "f32", 2, 16, CacheKind.FLASH), True, True),
     ],
     ids=["flash-host-caches", "flash-hnd-pool-device-caches-tp2-to-tp1", "flashinfer-f16-device-caches-tp1-to-tp2",
-         "mla-device-caches"],
+         "mla-device-caches", "layerwise-device-caches-tp2"],
 )
-def test_engines_share_blocks_through_device_pools(gpus, driver, spec_a, spec_b, on_device):  # noqa: F811
-    tokens = prompt(5 * 16 + 7, seed=spec_a.tp_size * 10 + spec_b.tp_size + spec_a.layers)
+def test_engines_share_blocks_through_device_pools(gpus, driver, spec_a, spec_b, on_device, layerwise):  # noqa: F811
+    tokens = prompt(5 * 16 + 7, seed=spec_a.tp_size * 10 + spec_b.tp_size + spec_a.layers + 100 * layerwise)
     dev_a, dev_b = (DeviceCaches(driver), DeviceCaches(driver)) if on_device else (None, None)
     a = SimEngine(gpus[0].socket, spec_a, name="dev-a", device=dev_a)
-    b = SimEngine(gpus[1].socket, spec_b, name="dev-b", device=dev_b)
+    cfg = ConnectorConfig(socket=gpus[1].socket, stats_interval=0, layerwise=layerwise)
+    b = SimEngine(gpus[1].socket, spec_b, name="dev-b", device=dev_b, config=cfg)
     try:
         assert a.scheduler.block_set.on_device and all(w.block_set.on_device for w in b.workers)
         assert all(ly.on_device == on_device for w in a.workers + b.workers for ly in w.layers)

@@ -337,3 +337,30 @@ def test_real_scheduler_publishes_the_connectors_kv_events(node1, node2, model_d
         a.close()
         if b is not None:
             b.close()
+
+
+def test_real_scheduler_layerwise_loads(node1, node2, model_dir):
+    """"layerwise": true: vLLM's worker calls load layer by layer, and the
+    loaded tokens in the torch cache are the model's."""
+    rng = random.Random(37)
+    tokens = [rng.randrange(32000) for _ in range(4 * BLOCK + 3)]
+    a = Engine(vllm_config(model_dir, node1.socket))
+    b = None
+    try:
+        a.add("a", tokens)
+        a.run("a")
+        a.sched.connector.scheduler.wait_idle()
+        b = Engine(vllm_config(model_dir, node2.socket, layerwise=True))
+        assert b.worker.config.layerwise
+        c = b.sched.connector.scheduler.client
+        hashes = kvfabric.block_hashes(tokens, BLOCK)[:4]
+        wait_for("node2 sees node1's blocks", lambda: any(o.blocks == 4 for o in c.lookup(hashes).overlaps))
+        b.add("b", tokens, max_tokens=3)  # running after its first step: the cache is checked then
+        seen = b.run("b")
+        assert seen["loaded"] == 4 * BLOCK and seen["first_computed"] == 4 * BLOCK, seen
+        assert b.invalid == set() and seen["checked"] == len(tokens), seen
+        assert b.sched.connector.stats()["loaded_blocks"] == 4
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
