@@ -21,7 +21,11 @@ Two halves, as in vLLM:
   and this rank's view of the pool: ``load`` copies a plan's blocks from the
   pool into the engine (after taking its own references on them, so that a
   block the pool lost is reported as failed, never copied), ``save`` copies
-  the engine's full blocks into the slots the plan names.
+  the engine's full blocks into the slots the plan names. A pool in host
+  memory is copied through its numpy views; a block set in an agent's GPU
+  pool through the CUDA driver (pitched copies between the pool's device
+  memory and the caches' memory, device or host, waited for before the
+  blocks are released or reported).
 
 Blocks are hashed with kvfabric's recipe at the engine's block size, in the
 namespace of the request's cache salt and LoRA. Nothing reaches the engine's
@@ -45,12 +49,14 @@ from typing import Any
 
 import numpy as np
 
+from . import cuda
 from .blockset import BlockSet, DType, KVOrder, ModelConfig
-from .client import Client
+from .client import Client, Outcome
 from .errors import InvalidArgument, KvfabricError, ResourceExhausted
 from .hashing import block_hashes
 
 __all__ = [
+    "BlockEvent",
     "CacheKind",
     "ConnectorConfig",
     "KVSpec",
@@ -78,6 +84,9 @@ class ConnectorConfig:
     import_timeout: seconds. load, save: whether to load from and save to
     the cluster. slots: the block set's slots (0: the agent's default).
     stats_interval: seconds between the counters' log lines (0: never).
+    layerwise: loads copy layer by layer in the background (vLLM's
+    wait_for_layer_load waits for its layer only) instead of whole before
+    the forward.
     """
 
     socket: str = ""
@@ -89,6 +98,7 @@ class ConnectorConfig:
     save: bool = True
     slots: int = 0
     stats_interval: float = 60.0
+    layerwise: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "ConnectorConfig":
@@ -277,6 +287,8 @@ class WorkerReport:
     loaded_blocks: int = 0
     loaded_bytes: int = 0
     saved_bytes: int = 0
+    #: Hashes the pool no longer held when a rank took its references.
+    gone: set[int] = field(default_factory=set)
 
     def merge(self, other: "WorkerReport") -> "WorkerReport":
         if other.step != self.step:
@@ -293,7 +305,29 @@ class WorkerReport:
             self.loaded_blocks + other.loaded_blocks,
             self.loaded_bytes + other.loaded_bytes,
             self.saved_bytes + other.saved_bytes,
+            self.gone | other.gone,
         )
+
+
+@dataclass(frozen=True)
+class BlockEvent:
+    """A block of the node's pool that the connector stored or found gone
+    (vLLM's KV cache events: BlockStored, BlockRemoved).
+
+    stored: True when the block is now in the pool: the engine computed and
+    saved it ("saved"), or a load imported it from another node
+    ("imported"); False when a worker found it gone from the pool ("gone").
+    hash: kvfabric's hash of the block; parent: its predecessor's (None for
+    a prompt's first block, and for gone blocks); tokens: the block's token
+    ids (empty for gone blocks); lora: the LoRA name its hash is salted with.
+    """
+
+    stored: bool
+    origin: str
+    hash: int
+    parent: int | None = None
+    tokens: tuple[int, ...] = ()
+    lora: str | None = None
 
 
 class Counters:
@@ -352,6 +386,7 @@ class _Request:
     block_ids: list[int] = field(default_factory=list)
     step: int = -1
     cancelled: bool = False
+    lora: str | None = None
 
 
 @dataclass
@@ -360,6 +395,8 @@ class _Saving:
 
     hashes: list[int]  # of the prompt's full blocks
     next_block: int  # the first block not yet saved (or skipped)
+    tokens: list[int] = field(default_factory=list)
+    lora: str | None = None
 
 
 class SchedulerSide:
@@ -395,8 +432,10 @@ class SchedulerSide:
         self._reqs: dict[str, _Request] = {}
         self._saving: dict[str, _Saving] = {}
         self._to_load: list[_Request] = []
-        #: Per step: the client and block set its slots were allocated in, and the saves.
-        self._pending_saves: dict[int, tuple[Client, BlockSet, list[SavePlan]]] = {}
+        #: Per step: the client and block set its slots were allocated in,
+        #: the saves, and per saved hash its BlockEvent.
+        self._pending_saves: dict[int, tuple[Client, BlockSet, list[SavePlan], dict[int, BlockEvent]]] = {}
+        self._events: list[BlockEvent] = []
         self._loading: dict[int, list[_Request]] = {}
         self._step = 0
         self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="kvfabric-lookup")
@@ -442,7 +481,7 @@ class SchedulerSide:
                 if usable <= start:
                     return 0
                 # Hashed in the background too: a long prompt takes ms.
-                r = _Request(req_id, [], start, len(tokens))
+                r = _Request(req_id, [], start, len(tokens), lora=lora)
                 self._reqs[req_id] = r
                 r.future = self._pool.submit(self._lookup_and_import, r, list(tokens[: usable * page]), salt, lora)
                 return None
@@ -490,7 +529,16 @@ class SchedulerSide:
             r.hashes = block_hashes(tokens, self.spec.block_size, salt=salt, lora=lora)
             if not self._reconnect():
                 raise KvfabricError("no session with the agent")
-            refs, matched = self._fetch(r.hashes[r.start :])
+            refs, matched, imported = self._fetch(r.hashes[r.start :])
+            page = self.spec.block_size
+            idx = {h: r.start + i for i, h in enumerate(r.hashes[r.start :])}
+            events = []
+            for h in imported:
+                i = idx[h]
+                events.append(BlockEvent(True, "imported", h, r.hashes[i - 1] if i else None,
+                                         tuple(tokens[i * page : (i + 1) * page]), lora))
+            with self._lock:
+                self._events.extend(events)
         except Exception as e:  # the agent is away, or refused: nothing loads
             self.counters.add("lookup_errors")
             self.log.warning("kvfabric: request %s: lookup or import failed, recomputing: %s", r.req_id, e)
@@ -504,9 +552,10 @@ class SchedulerSide:
         if matched:
             self.counters.add("hit_tokens", matched)
 
-    def _fetch(self, want: list[int]) -> tuple[list, int]:
+    def _fetch(self, want: list[int]) -> tuple[list, int, list[int]]:
         """Looks want up and, when loading beats recomputing, imports the
-        longest prefix; returns the references and the tokens they cover."""
+        longest prefix; returns the references, the tokens they cover and
+        the hashes the import brought from other nodes."""
         page = self.spec.block_size
         self.counters.add("lookups")
         found = self.client.lookup(want, block_set=self.block_set, timeout=self.config.lookup_timeout)
@@ -514,7 +563,7 @@ class SchedulerSide:
             self.before_import(found)
         best = found.best()
         if best is None or best.blocks == 0 or best.blocks * page < self.config.min_load_tokens:
-            return [], 0
+            return [], 0, []
         if best.node != self.node and self.config.recompute_tokens_per_s > 0 and best.estimate in ("measured", "cluster"):
             recompute_us = best.blocks * page / self.config.recompute_tokens_per_s * 1e6
             if best.fetch_estimate_us > recompute_us:
@@ -523,13 +572,14 @@ class SchedulerSide:
                     "kvfabric: %d blocks on %s: fetch estimate %d us > recompute %d us, not loading",
                     best.blocks, best.node, best.fetch_estimate_us, recompute_us,
                 )
-                return [], 0
+                return [], 0, []
         self.counters.add("imports")
         got = self.client.import_blocks(self.block_set, want[: best.blocks], timeout=self.config.import_timeout)
         if got.error:
             self.counters.add("import_errors")
             self.log.info("kvfabric: imported %d of %d blocks: %s", len(got.blocks), best.blocks, got.error)
-        return list(got.blocks), len(got.blocks) * page
+        imported = [x.hash for x in got.results if x.outcome is Outcome.IMPORTED]
+        return list(got.blocks), len(got.blocks) * page, imported
 
     def allocated(self, req_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
         """The engine gave the request its blocks (vLLM's
@@ -565,7 +615,7 @@ class SchedulerSide:
         page = self.spec.block_size
         hashes = block_hashes(list(tokens), page, salt=salt, lora=lora)
         with self._lock:
-            self._saving[req_id] = _Saving(hashes, -(-num_computed // page))
+            self._saving[req_id] = _Saving(hashes, -(-num_computed // page), list(tokens[: len(hashes) * page]), lora)
 
     def build(self, scheduled: Mapping[str, tuple[Sequence[int], int]]) -> StepPlan:
         """This step's plan (vLLM's build_connector_meta). scheduled: per
@@ -606,13 +656,20 @@ class SchedulerSide:
                 if client is not self.client:
                     slots = []  # the session ended meanwhile: its slots went with it
                 i = 0
+                events: dict[int, BlockEvent] = {}
                 for req_id, hashes, bids, s, full in wanted:
+                    first = s.next_block
                     s.next_block = full  # saved now, or skipped for good
                     if slots:
                         plan.saves.append(SavePlan(req_id, hashes, bids, slots[i : i + len(hashes)]))
                         i += len(hashes)
+                        for j in range(first, full):
+                            events[s.hashes[j]] = BlockEvent(
+                                True, "saved", s.hashes[j], s.hashes[j - 1] if j else None,
+                                tuple(s.tokens[j * page : (j + 1) * page]), s.lora,
+                            )
                 if plan.saves:
-                    self._pending_saves[step] = (client, bs, plan.saves)
+                    self._pending_saves[step] = (client, bs, plan.saves, events)
         self._maybe_log_stats()
         return plan
 
@@ -648,13 +705,19 @@ class SchedulerSide:
                 self.log.warning("kvfabric: step %d: %d blocks failed to load; the engine recomputes them", step, len(rep.load_errors))
         tp = self.spec.tp_size
         written = rep.saved if rep is not None else {}
-        for s, client, bs, saves in pending:
+        if rep is not None and rep.gone:
+            with self._lock:
+                self._events.extend(BlockEvent(False, "gone", h) for h in sorted(rep.gone))
+        for s, client, bs, saves, events in pending:
             # A step given up (no report of its own) registers nothing.
             ours = rep is not None and s == rep.step
             unwritten = {slot for p in saves for slot in p.slots if not ours or written.get(slot, 0) < tp}
-            self._registrar.submit(self._register, client, bs, saves, unwritten, rep.saved_bytes if ours and rep else 0)
+            self._registrar.submit(self._register, client, bs, saves, unwritten, rep.saved_bytes if ours and rep else 0, events)
 
-    def _register(self, client: Client, bs: BlockSet, saves: list[SavePlan], failed: set[int], saved_bytes: int) -> None:
+    def _register(
+        self, client: Client, bs: BlockSet, saves: list[SavePlan], failed: set[int], saved_bytes: int,
+        events: Mapping[int, BlockEvent] | None = None,
+    ) -> None:
         if client is not self.client:
             return  # the session that allocated the slots ended; they went with it
         ok_slots, ok_hashes, bad = [], [], []
@@ -671,6 +734,11 @@ class SchedulerSide:
                 client.free(bs, bad)
             if ok_slots:
                 refs = client.register_blocks(bs, ok_slots, ok_hashes)
+                if events:
+                    # A duplicate was in the pool already (stored before, by this engine or an import).
+                    new = [events[r.hash] for r in refs.results if r.outcome is Outcome.REGISTERED and r.hash in events]
+                    with self._lock:
+                        self._events.extend(new)
                 refused = [r for r in refs.results if not r.referenced]
                 if refused:
                     self.counters.add("save_errors", len(refused))
@@ -724,6 +792,13 @@ class SchedulerSide:
         except KvfabricError as e:  # the session ended: the agent released them
             self.log.info("kvfabric: releasing %d blocks: %s", len(refs), e)
 
+    def take_events(self) -> list[BlockEvent]:
+        """The block events since the last call, in the order they happened
+        (vLLM's take_events)."""
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Wait until background lookups and registrations are done (tests,
         shutdown)."""
@@ -766,36 +841,77 @@ class SchedulerSide:
 # -- the worker's half ------------------------------------------------------
 
 
+def _is_torch(t: Any) -> bool:
+    return type(t).__module__.split(".")[0] == "torch"
+
+
+def _geometry(name: str, t: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], bool]:
+    """A layer cache's first byte's address, shape, strides in bytes and
+    whether it is in GPU memory: a numpy array, a torch tensor (CPU or
+    CUDA), or an object with ``__cuda_array_interface__`` (GPU memory)."""
+    if isinstance(t, np.ndarray):
+        return t.ctypes.data, tuple(t.shape), tuple(t.strides), False
+    if _is_torch(t):
+        es = t.element_size()
+        return t.data_ptr(), tuple(t.shape), tuple(x * es for x in t.stride()), bool(t.is_cuda)
+    cai = getattr(t, "__cuda_array_interface__", None)
+    if isinstance(cai, dict) and "shape" in cai and "data" in cai and "typestr" in cai:
+        shape = tuple(int(x) for x in cai["shape"])
+        strides = cai.get("strides")
+        if strides is None:  # C-contiguous
+            acc, out = np.dtype(cai["typestr"]).itemsize, []
+            for n in reversed(shape):
+                out.append(acc)
+                acc *= n
+            strides = tuple(reversed(out))
+        return int(cai["data"][0]), shape, tuple(int(x) for x in strides), True
+    raise InvalidArgument(f"layer {name}: a {type(t).__name__} is not a numpy array, a torch tensor or a CUDA array")
+
+
 class _Layer:
     """One layer's cache seen as [blocks, planes, block_size, heads, dim].
     A 5-dimensional cache is FlashAttention's or FlashInfer's by where its
-    K/V axis of 2 is; the kind given decides only when both axes are 2."""
+    K/V axis of 2 is; the kind given decides only when both axes are 2.
+    ``addr`` and ``strides`` (bytes) locate that 5-dimensional view in
+    memory, for copies through the CUDA driver; ``blocks`` is the view
+    itself, for numpy arrays and torch tensors."""
 
     def __init__(self, name: str, t: Any, kind: CacheKind) -> None:
         self.name = name
         self.tensor = t
-        self.torch = not isinstance(t, np.ndarray)
-        if kind is not CacheKind.MLA and t.ndim == 5:
+        self.torch = _is_torch(t)
+        addr, shape, st, self.on_device = _geometry(name, t)
+        ndim = len(shape)
+        if kind is not CacheKind.MLA and ndim == 5:
             # Which of the two 5-dimensional shapes, from the K/V axis (the
             # engine's configuration names the backend only indirectly).
-            if t.shape[0] == 2 and t.shape[1] != 2:
+            if shape[0] == 2 and shape[1] != 2:
                 kind = CacheKind.FLASH
-            elif t.shape[1] == 2 and t.shape[0] != 2:
+            elif shape[1] == 2 and shape[0] != 2:
                 kind = CacheKind.FLASHINFER
         self.kind = kind
+        view = self.torch or isinstance(t, np.ndarray)
+        self.blocks: Any = None
         if kind is CacheKind.FLASH:
-            if t.ndim != 5 or t.shape[0] != 2:
-                raise InvalidArgument(f"layer {name}: shape {tuple(t.shape)} is not FlashAttention's [2, blocks, block_size, heads, head_dim]")
-            self.blocks = t.transpose(0, 1) if self.torch else t.transpose(1, 0, 2, 3, 4)
+            if ndim != 5 or shape[0] != 2:
+                raise InvalidArgument(f"layer {name}: shape {shape} is not FlashAttention's [2, blocks, block_size, heads, head_dim]")
+            if view:
+                self.blocks = t.transpose(0, 1) if self.torch else t.transpose(1, 0, 2, 3, 4)
+            self.shape = (shape[1], 2) + shape[2:]
+            self.strides = (st[1], st[0]) + st[2:]
         elif kind is CacheKind.FLASHINFER:
-            if t.ndim != 5 or t.shape[1] != 2:
-                raise InvalidArgument(f"layer {name}: shape {tuple(t.shape)} is not FlashInfer's [blocks, 2, block_size, heads, head_dim]")
-            self.blocks = t
+            if ndim != 5 or shape[1] != 2:
+                raise InvalidArgument(f"layer {name}: shape {shape} is not FlashInfer's [blocks, 2, block_size, heads, head_dim]")
+            self.blocks = t if view else None
+            self.shape, self.strides = shape, st
         else:
-            if t.ndim != 3:
-                raise InvalidArgument(f"layer {name}: shape {tuple(t.shape)} is not MLA's [blocks, block_size, latent]")
-            self.blocks = t[:, None, :, None, :]
-        self.shape = tuple(self.blocks.shape)
+            if ndim != 3:
+                raise InvalidArgument(f"layer {name}: shape {shape} is not MLA's [blocks, block_size, latent]")
+            if view:
+                self.blocks = t[:, None, :, None, :]
+            self.shape = (shape[0], 1, shape[1], 1, shape[2])
+            self.strides = (st[0], 0, st[1], 0, st[2])
+        self.addr = addr
 
 
 class WorkerSide:
@@ -832,6 +948,10 @@ class WorkerSide:
         #: This rank's counters: loaded_blocks, loaded_bytes, load_errors,
         #: saved_blocks, saved_bytes (the slots it wrote).
         self.counters = Counters()
+        self._loads: _LayerLoads | None = None
+        #: Called in the loading thread before each layer's copies, with the
+        #: layer's index (tests pause or fail loads there).
+        self.before_layer: Callable[[int], None] | None = None
 
     def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
         """Check the engine's caches against the spec and register the block
@@ -919,13 +1039,39 @@ class WorkerSide:
             self._load_one(lp, plan.incarnation, rep)
 
     def _load_one(self, lp: LoadPlan, plan_incarnation: str, rep: WorkerReport) -> None:
+        got = self._acquire(lp, plan_incarnation, rep)
+        if got is None:
+            return
+        bs, refs = got
+        n = len(refs)
+        try:
+            self._copy_in([r.slot for r in refs], lp.block_ids[:n])
+            rep.loaded_blocks += n
+            rep.loaded_bytes += n * self._block_bytes()
+        except Exception as e:
+            rep.failed_requests.add(lp.req_id)
+            rep.load_errors.update(lp.block_ids[:n])
+            self.log.warning("kvfabric: rank %d: copying %d blocks failed, recomputed: %s", self.rank, n, e)
+        finally:
+            self._release(bs, refs)
+
+    def _release(self, bs: BlockSet, refs: Any) -> None:
+        try:
+            self.client.release(bs, refs)
+        except KvfabricError:
+            pass  # the session is gone, and its references with it
+
+    def _acquire(self, lp: LoadPlan, plan_incarnation: str, rep: WorkerReport) -> tuple[BlockSet, Any] | None:
+        """References on lp's blocks under this worker's session: the
+        longest prefix the pool holds (the rest is named in rep), or None
+        when there is nothing to copy."""
         bs = self.block_set
         if bs is None or incarnation(bs) != plan_incarnation or not self.layers:
             rep.failed_requests.add(lp.req_id)
             rep.load_errors.update(lp.block_ids)
             self.log.warning("kvfabric: rank %d: block set %s is not the scheduler's %s; %d blocks recomputed",
                              self.rank, incarnation(bs) if bs else None, plan_incarnation, len(lp.block_ids))
-            return
+            return None
         try:
             refs = self.client.acquire(bs, lp.hashes)
         except KvfabricError as e:
@@ -933,29 +1079,48 @@ class WorkerSide:
             rep.load_errors.update(lp.block_ids)
             self.log.warning("kvfabric: rank %d: request %s: taking its %d blocks failed, recomputed: %s",
                              self.rank, lp.req_id, len(lp.hashes), e)
-            return
+            return None
         n = len(refs)
         if n < len(lp.hashes):
             rep.failed_requests.add(lp.req_id)
             rep.load_errors.update(lp.block_ids[n:])
             why = next((r.reason for r in refs.results if not r.referenced), "")
+            rep.gone.update(r.hash for r in refs.results if r.outcome is Outcome.MISSING)
             self.log.warning("kvfabric: rank %d: request %s: %d of %d blocks gone from the pool (%s), recomputed",
                              self.rank, lp.req_id, len(lp.hashes) - n, len(lp.hashes), why)
-        try:
-            if n:
-                self._copy_in([r.slot for r in refs], lp.block_ids[:n])
-                rep.loaded_blocks += n
-                rep.loaded_bytes += n * self._block_bytes()
-        except Exception as e:
-            rep.failed_requests.add(lp.req_id)
-            rep.load_errors.update(lp.block_ids[:n])
-            self.log.warning("kvfabric: rank %d: copying %d blocks failed, recomputed: %s", self.rank, n, e)
-        finally:
-            if n:
-                try:
-                    self.client.release(bs, refs)
-                except KvfabricError:
-                    pass  # the session is gone, and its references with it
+        return (bs, refs) if n else None
+
+    def start_load(self, plan: StepPlan) -> None:
+        """Layer-by-layer loads (vLLM's start_load_kv with ``layerwise``):
+        takes the references on the plan's blocks here, then copies them in
+        a thread, layer after layer; :meth:`wait_layer` waits for one layer.
+        The references are released, and the step's report completed, once
+        every layer is copied (save, take_report and load_errors wait)."""
+        if plan.step <= self._reported:
+            return
+        self._finish_loads()
+        self._reconnect()
+        rep = self._report_for(plan)
+        jobs = []
+        for lp in plan.loads:
+            got = self._acquire(lp, plan.incarnation, rep)
+            if got is not None:
+                bs, refs = got
+                jobs.append(_LoadJob(lp, bs, refs))
+        if jobs:
+            self._loads = _LayerLoads(self, jobs, rep)
+
+    def wait_layer(self, name: str) -> None:
+        """Returns once the layer's copies of the running loads are done
+        (vLLM's wait_for_layer_load); at once when none run."""
+        loads = self._loads
+        if loads is not None:
+            loads.wait(name)
+
+    def _finish_loads(self) -> None:
+        loads, self._loads = self._loads, None
+        if loads is not None:
+            loads.finish()
 
     def _block_bytes(self) -> int:
         """Bytes of one block of this rank, all layers."""
@@ -963,9 +1128,15 @@ class WorkerSide:
         assert self.block_set is not None
         return len(self.layers) * p * b * h * d * self.block_set.dtype.itemsize
 
-    def _copy_in(self, slots: list[int], block_ids: list[int]) -> None:
+    def _copy_in(self, slots: list[int], block_ids: list[int], layers: Sequence[int] | None = None) -> None:
+        """Copies pool slots into engine blocks: every layer, or those named."""
+        if self.block_set is not None and self.block_set.on_device:
+            self._device_copy(slots, block_ids, into_engine=True, layers=layers)
+            return
+        self._host_only()
         pool = self._pool()
-        for li, ly in enumerate(self.layers):
+        for li in layers if layers is not None else range(len(self.layers)):
+            ly = self.layers[li]
             if ly.torch:
                 import torch
 
@@ -990,6 +1161,7 @@ class WorkerSide:
             # Reported already: the scheduler frees these slots, which this
             # rank must no longer write.
             return
+        self._finish_loads()
         self._reconnect()
         rep = self._report_for(plan)
         bs = self.block_set
@@ -1005,7 +1177,78 @@ class WorkerSide:
             except Exception as e:
                 self.log.warning("kvfabric: rank %d: saving %d blocks failed: %s", self.rank, len(sp.slots), e)
 
+    def _host_only(self) -> None:
+        for ly in self.layers:
+            if ly.blocks is None:
+                raise InvalidArgument(f"layer {ly.name}: a CUDA array that is not a torch tensor moves only to and from a pool in GPU memory")
+
+    def _device_copy(
+        self, slots: list[int], block_ids: list[int], into_engine: bool, layers: Sequence[int] | None = None
+    ) -> None:
+        """Moves blocks between this rank's region of a block set in GPU
+        memory and the engine's caches (in GPU memory: device to device; in
+        host memory: through the driver too), with pitched copies in the
+        pool GPU's context: per block and layer one copy of its planes where
+        a plane's chunk is laid out in the engine as in the pool, else one
+        per head (or per token, whichever is fewer) and plane. Returns once
+        every byte moved."""
+        bs = self.block_set
+        assert bs is not None
+        rl, mem = bs.ranks[self.rank], bs.device[self.rank]
+        if mem.closed:
+            raise KvfabricError("the pool's device memory is closed (its client was closed)")
+        n = self.layers[0].shape[0]
+        for s in slots:
+            if not 0 <= s < bs.slots:
+                raise InvalidArgument(f"slot {s} is not in 0..{bs.slots - 1}")
+        for b in block_ids:
+            if not 0 <= b < n:
+                raise InvalidArgument(f"engine block {b} is not in 0..{n - 1}")
+        _, planes, page, heads, dim = self.layers[0].shape
+        eb = bs.dtype.itemsize
+        row = dim * eb
+        pool_t, pool_h = (row, page * row) if bs.kv_order == KVOrder.HND else (heads * row, row)
+        ops: list[cuda.Copy] = []
+
+        def add(engine: int, engine_pitch: int, pool: int, pool_pitch: int, width: int, height: int) -> None:
+            if height == 1:
+                engine_pitch = pool_pitch = width
+            if into_engine:
+                ops.append(cuda.Copy(etype, engine, engine_pitch, cuda.DEVICE, pool, pool_pitch, width, height))
+            else:
+                ops.append(cuda.Copy(cuda.DEVICE, pool, pool_pitch, etype, engine, engine_pitch, width, height))
+
+        for li in layers if layers is not None else range(len(self.layers)):
+            ly = self.layers[li]
+            e0, e1, e2, e3, e4 = ly.strides
+            if e4 != eb or min(ly.strides) < 0:
+                raise InvalidArgument(f"layer {ly.name}: strides {ly.strides} bytes: head_dim must be contiguous")
+            etype = cuda.DEVICE if ly.on_device else cuda.HOST
+            same = e2 == pool_t and (heads == 1 or e3 == pool_h)  # a chunk's bytes in the same order
+            whole = same and planes > 1 and max(e1, rl.kv_stride) <= _MAX_PITCH and e1 >= rl.chunk_bytes
+            for s, b in zip(slots, block_ids):
+                pbase = mem.ptr + rl.offset + s * rl.block_stride + li * rl.layer_stride
+                ebase = ly.addr + b * e0
+                if whole:
+                    add(ebase, e1, pbase, rl.kv_stride, rl.chunk_bytes, planes)
+                    continue
+                for p in range(planes):
+                    pp, ep = pbase + p * rl.kv_stride, ebase + p * e1
+                    if same:
+                        add(ep, 0, pp, 0, rl.chunk_bytes, 1)
+                    elif heads <= page:
+                        for h in range(heads):
+                            add(ep + h * e3, e2, pp + h * pool_h, pool_t, row, page)
+                    else:
+                        for t in range(page):
+                            add(ep + t * e2, e3, pp + t * pool_t, pool_h, row, heads)
+        mem.driver.copy_batch(mem.device, ops)
+
     def _copy_out(self, block_ids: list[int], slots: list[int]) -> None:
+        if self.block_set is not None and self.block_set.on_device:
+            self._device_copy(slots, block_ids, into_engine=False)
+            return
+        self._host_only()
         pool = self._pool()
         n = pool.shape[0]
         for s in slots:
@@ -1024,6 +1267,7 @@ class WorkerSide:
 
     def take_report(self, step: int) -> WorkerReport:
         """This rank's report of the step (an empty one when it did nothing)."""
+        self._finish_loads()
         rep = self._report if self._report is not None and self._report.step == step else WorkerReport(step)
         self._report = None
         self._reported = max(self._reported, step)
@@ -1035,18 +1279,86 @@ class WorkerSide:
         return rep
 
     def load_errors(self, step: int) -> set[int]:
-        """The engine blocks whose load failed so far in the step."""
+        """The engine blocks whose load failed in the step (running
+        layer-by-layer loads are waited for)."""
+        self._finish_loads()
         return set(self._report.load_errors) if self._report is not None and self._report.step == step else set()
 
     def close(self) -> None:
         """Close the worker's client (when it opened it); twice is harmless."""
+        self._finish_loads()
         self.block_set = None
         self.layers = []
         if self._own_client:
             self.client.close()
 
 
+@dataclass
+class _LoadJob:
+    lp: LoadPlan
+    bs: BlockSet
+    refs: Any
+    failed: bool = False
+
+
+class _LayerLoads:
+    """One step's layer-by-layer loads of a worker: a thread copies every
+    job's blocks of layer 0, then of layer 1, ...; a job whose copy fails
+    copies no further layer, and its blocks are named for recompute."""
+
+    def __init__(self, worker: WorkerSide, jobs: list[_LoadJob], rep: WorkerReport) -> None:
+        self.worker, self.jobs, self.rep = worker, jobs, rep
+        self.index = {ly.name: i for i, ly in enumerate(worker.layers)}
+        self.done = [threading.Event() for _ in worker.layers]
+        self.thread = threading.Thread(target=self._run, name=f"kvfabric-load-rank{worker.rank}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        w = self.worker
+        try:
+            for li in range(len(self.done)):
+                for job in self.jobs:
+                    if job.failed:
+                        continue
+                    n = len(job.refs)
+                    try:
+                        if w.before_layer is not None:
+                            w.before_layer(li)
+                        w._copy_in([r.slot for r in job.refs], job.lp.block_ids[:n], [li])
+                    except Exception as e:
+                        job.failed = True
+                        w.log.warning("kvfabric: rank %d: copying layer %d of %d blocks failed, recomputed: %s",
+                                      w.rank, li, n, e)
+                self.done[li].set()
+        finally:
+            for ev in self.done:
+                ev.set()
+
+    def wait(self, name: str) -> None:
+        i = self.index.get(name)
+        if i is None:
+            self.thread.join()  # a layer not registered: wait for all
+        else:
+            self.done[i].wait()
+
+    def finish(self) -> None:
+        """Waits for the thread, reports the jobs and releases their blocks."""
+        self.thread.join()
+        w, rep = self.worker, self.rep
+        for job in self.jobs:
+            n = len(job.refs)
+            if job.failed:
+                rep.failed_requests.add(job.lp.req_id)
+                rep.load_errors.update(job.lp.block_ids[:n])
+            else:
+                rep.loaded_blocks += n
+                rep.loaded_bytes += n * w._block_bytes()
+            w._release(job.bs, job.refs)
+
+
 _RAW = {1: np.int8, 2: np.int16, 4: np.int32}
+#: The driver's largest pitch of a 2-D copy (CU_DEVICE_ATTRIBUTE_MAX_PITCH).
+_MAX_PITCH = (1 << 31) - 1
 
 
 def _raw_torch(element_size: int) -> Any:

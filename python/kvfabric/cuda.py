@@ -4,9 +4,11 @@ An agent whose block sets live in GPU memory answers Register with a CUDA
 IPC handle per rank (engine.proto's ``Memory.cuda_ipc_handle``, with the
 GPU's ``cuda_device`` index and ``pci_bus_id``). The client opens the handle
 in this process with the driver (``cuIpcOpenMemHandle_v2``) and moves blocks
-with synchronous copies (``cuMemcpyHtoD_v2``, ``cuMemcpyDtoH_v2``). Device
-memory is never a numpy view: a host dereference of a device pointer
-faults.
+with synchronous copies (``cuMemcpyHtoD_v2``, ``cuMemcpyDtoH_v2``), or with
+batches of pitched copies (:meth:`Driver.copy_batch`: ``cuMemcpy2DAsync_v2``
+on the NULL stream, then ``cuStreamSynchronize``) between the pool and an
+engine's cache in device or host memory. Device memory is never a numpy
+view: a host dereference of a device pointer faults.
 
 The driver is ``$KVFABRIC_CUDA_LIB`` else ``libcuda.so.1`` (the NVIDIA
 driver's), or the path given to :class:`Driver`. No CUDA toolkit, headers
@@ -23,7 +25,7 @@ import numpy as np
 
 from .errors import InvalidArgument, ProtocolError, Unavailable
 
-__all__ = ["ENV_LIBRARY", "DEFAULT_LIBRARY", "Driver", "DeviceMemory", "CudaError", "load"]
+__all__ = ["ENV_LIBRARY", "DEFAULT_LIBRARY", "Driver", "DeviceMemory", "CudaError", "Copy", "HOST", "DEVICE", "load"]
 
 #: The environment variable naming the driver library.
 ENV_LIBRARY = "KVFABRIC_CUDA_LIB"
@@ -41,6 +43,40 @@ class CudaError(Unavailable):
     def __init__(self, call: str, result: int, name: str) -> None:
         self.call, self.result, self.name = call, result, name
         super().__init__(f"CUDA driver: {call}: {name} ({result})")
+
+
+#: CUmemorytype of a copy's side: host memory (a pointer of this process)
+#: or device memory (a CUdeviceptr).
+HOST, DEVICE = 1, 2
+
+
+class _Memcpy2D(ctypes.Structure):
+    """CUDA_MEMCPY2D, field for field (128 bytes)."""
+
+    _fields_ = [
+        ("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
+        ("srcHost", ctypes.c_void_p), ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
+        ("srcPitch", ctypes.c_size_t),
+        ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t), ("dstMemoryType", ctypes.c_int),
+        ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64), ("dstArray", ctypes.c_void_p),
+        ("dstPitch", ctypes.c_size_t),
+        ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t),
+    ]
+
+
+assert ctypes.sizeof(_Memcpy2D) == 128
+
+
+class Copy(tuple):
+    """One pitched copy: ``height`` rows of ``width`` bytes, from src (of
+    memory type src_type, rows ``src_pitch`` apart) to dst."""
+
+    __slots__ = ()
+
+    def __new__(
+        cls, dst_type: int, dst: int, dst_pitch: int, src_type: int, src: int, src_pitch: int, width: int, height: int
+    ) -> "Copy":
+        return tuple.__new__(cls, (dst_type, dst, dst_pitch, src_type, src, src_pitch, width, height))
 
 
 class _IpcHandle(ctypes.Structure):
@@ -61,6 +97,11 @@ _SIGNATURES: dict[str, list] = {
     "cuIpcCloseMemHandle": [_CUdeviceptr],
     "cuMemcpyHtoD_v2": [_CUdeviceptr, ctypes.c_void_p, ctypes.c_size_t],
     "cuMemcpyDtoH_v2": [ctypes.c_void_p, _CUdeviceptr, ctypes.c_size_t],
+    "cuMemcpy2DAsync_v2": [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p],
+    "cuStreamSynchronize": [ctypes.c_void_p],
+    "cuCtxSynchronize": [],
+    "cuMemAlloc_v2": [ctypes.POINTER(_CUdeviceptr), ctypes.c_size_t],
+    "cuMemFree_v2": [_CUdeviceptr],
 }
 
 
@@ -141,6 +182,39 @@ class Driver:
                 self._contexts[device] = ctx
         self._call("cuCtxSetCurrent", ctx)
 
+    def copy_batch(self, device: int, copies: list[Copy]) -> None:
+        """Runs copies in GPU ``device``'s context and returns once every
+        byte moved: first the work already queued in the context (an
+        engine's kernels that write what is copied) is waited for, then the
+        copies go on the NULL stream in order, then that stream is waited
+        for. A failed copy raises after the ones before it finished, so
+        nothing is still in flight when the caller gives memory back."""
+        self._use(device)
+        self._call("cuCtxSynchronize")
+        c = _Memcpy2D()
+        err: CudaError | None = None
+        for dt, dst, dp, st, src, sp, w, h in copies:
+            c.dstMemoryType, c.dstPitch, c.srcMemoryType, c.srcPitch = dt, dp, st, sp
+            c.dstHost, c.dstDevice = (dst, 0) if dt == HOST else (None, dst)
+            c.srcHost, c.srcDevice = (src, 0) if st == HOST else (None, src)
+            c.WidthInBytes, c.Height = w, h
+            try:
+                self._call("cuMemcpy2DAsync_v2", ctypes.byref(c), None)
+            except CudaError as e:
+                err = e
+                break
+        self._call("cuStreamSynchronize", None)
+        if err is not None:
+            raise err
+
+    def alloc(self, device: int, size: int) -> "DeviceMemory":
+        """A fresh allocation of size bytes on GPU ``device`` (freed by its
+        close), for engine-side buffers."""
+        self._use(device)
+        ptr = _CUdeviceptr()
+        self._call("cuMemAlloc_v2", ctypes.byref(ptr), size)
+        return DeviceMemory(self, device, ptr.value, size, owned=True)
+
     def open_ipc(self, device: int, handle: bytes, size: int) -> "DeviceMemory":
         """Open an IPC handle of ``size`` bytes (as the agent says) on GPU
         ``device`` of this process."""
@@ -155,11 +229,13 @@ class Driver:
 
 
 class DeviceMemory:
-    """An opened IPC allocation: ``size`` bytes at device address ``ptr``.
-    Copies check their range against it; after :meth:`close` they raise."""
+    """An opened IPC allocation (or, owned, one of this process's):
+    ``size`` bytes at device address ``ptr``. Copies check their range
+    against it; after :meth:`close` they raise."""
 
-    def __init__(self, driver: Driver, device: int, ptr: int, size: int) -> None:
+    def __init__(self, driver: Driver, device: int, ptr: int, size: int, owned: bool = False) -> None:
         self.driver, self.device, self.ptr, self.size = driver, device, ptr, size
+        self.owned = owned
         self._closed = False
 
     @property
@@ -191,12 +267,12 @@ class DeviceMemory:
         self.driver._call("cuMemcpyDtoH_v2", dst.ctypes.data, src, dst.nbytes)
 
     def close(self) -> None:
-        """Close the IPC mapping. Idempotent."""
+        """Close the IPC mapping (free an owned allocation). Idempotent."""
         if self._closed:
             return
         self._closed = True
         self.driver._use(self.device)
-        self.driver._call("cuIpcCloseMemHandle", self.ptr)
+        self.driver._call("cuMemFree_v2" if self.owned else "cuIpcCloseMemHandle", self.ptr)
 
 
 _drivers: dict[str, Driver] = {}

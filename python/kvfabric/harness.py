@@ -14,7 +14,8 @@ where each call is made):
         meta = build_connector_meta(scheduler_output)
     execute_model(), on every TP rank:
         bind_connector_metadata(meta)
-        start_load_kv()                 # sync loads: before the forward
+        start_load_kv()                 # sync loads: before the forward;
+                                        # layerwise: a thread copies layer after layer
         forward: per layer wait_for_layer_load(layer); attention writes
                  the new tokens' KV; save_kv_layer(layer, ...)
         wait_for_save()
@@ -30,6 +31,11 @@ The "model" is a function of the tokens: the KV of position p is drawn from
 a generator seeded by a running hash of tokens[:p+1], so it depends on the
 whole prefix, as real KV does. A block loaded from the cluster must equal
 what this engine would have computed, element for element.
+
+With :class:`DeviceCaches`, the workers are given caches in GPU memory
+(allocated through the CUDA driver, softcuda in the tests): the engine reads
+them into its host arrays after the workers' loads and writes them back
+before their saves.
 """
 
 from __future__ import annotations
@@ -39,13 +45,15 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import xxhash
 
+from . import cuda
 from .connector import CacheKind, ConnectorConfig, KVSpec, SchedulerSide, StepPlan, WorkerReport, WorkerSide
 
-__all__ = ["SimEngine", "SimRequest", "expected_kv"]
+__all__ = ["DeviceArray", "DeviceCaches", "SimEngine", "SimRequest", "expected_kv"]
 
 _pack = struct.Struct("<QI")
 
@@ -70,6 +78,54 @@ def expected_kv(tokens: Sequence[int], spec: KVSpec) -> np.ndarray:
 
 
 _NP = {"f16": np.float16, "f32": np.float32}
+
+
+class DeviceArray:
+    """An array in GPU memory, allocated through the CUDA driver, that
+    engines' caches stand in for: ``__cuda_array_interface__`` describes it
+    (C-contiguous), ``read`` and ``write`` move all of it to and from a
+    host array of its shape and dtype."""
+
+    def __init__(self, driver: cuda.Driver, device: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.shape, self.dtype, self.ndim = tuple(shape), np.dtype(dtype), len(shape)
+        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
+        self.memory = driver.alloc(device, self.nbytes)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.memory.ptr, False), "strides": None, "version": 3}
+
+    def write(self, src: np.ndarray) -> None:
+        self.memory.write(0, np.ascontiguousarray(src, dtype=self.dtype))
+
+    def read(self, out: np.ndarray) -> None:
+        self.memory.read(0, out)
+
+    def close(self) -> None:
+        self.memory.close()
+
+
+class DeviceCaches:
+    """Engine caches in GPU memory: the workers are given
+    :class:`DeviceArray` s, and the engine computes on host copies that it
+    reads from the device after the workers' loads and writes back before
+    their saves (so what a load put in the cache reaches the engine only
+    through device memory, and a save reads only device memory)."""
+
+    def __init__(self, driver: cuda.Driver, device: int = 0) -> None:
+        self.driver, self.device = driver, device
+        self.arrays: list[DeviceArray] = []
+
+    def alloc(self, host: np.ndarray) -> DeviceArray:
+        a = DeviceArray(self.driver, self.device, host.shape, host.dtype)
+        self.arrays.append(a)
+        a.write(host)
+        return a
+
+    def close(self) -> None:
+        for a in self.arrays:
+            a.close()
+        self.arrays.clear()
 
 
 @dataclass
@@ -105,6 +161,7 @@ class SimEngine:
         kind: CacheKind | None = None,
         name: str = "sim",
         keep_finished: bool = True,
+        device: DeviceCaches | None = None,
     ) -> None:
         self.spec = spec
         self.kind = kind or spec.kind
@@ -126,13 +183,20 @@ class SimEngine:
         self._kept: list[SimRequest] = []
         self.load_errors_seen: set[int] = set()
         self.caches: list[dict[str, np.ndarray]] = []
+        #: With device caches: what the workers were given, per rank and layer.
+        self.device = device
+        self.device_caches: list[dict[str, DeviceArray]] = []
         self.scheduler = SchedulerSide(self.config, spec, engine=name)
         self.workers: list[WorkerSide] = []
         try:
             for r in range(spec.tp_size):
                 caches = {f"model.layers.{i}.self_attn.attn": self._alloc_layer() for i in range(spec.layers)}
                 w = WorkerSide(self.config, spec, r, engine=name)
-                w.register_kv_caches(caches)
+                given: dict[str, Any] = caches
+                if device is not None:
+                    given = {k: device.alloc(v) for k, v in caches.items()}
+                    self.device_caches.append(given)
+                w.register_kv_caches(given)
                 self.workers.append(w)
                 self.caches.append(caches)
         except BaseException:
@@ -268,11 +332,25 @@ class SimEngine:
         if self.before_workers is not None:
             self.before_workers(plan)
         for w in self.workers:
-            w.load(plan)
+            if self.config.layerwise:
+                w.start_load(plan)
+            else:
+                w.load(plan)
         if self.before_load is not None:
             self.before_load(plan)
-        for rid, n in scheduled.items():
-            self._forward(self.requests[rid], n)
+        if self.config.layerwise:
+            # vLLM's forward: each attention layer waits for its own loads.
+            for li, name in enumerate(self._layer_names()):
+                for w in self.workers:
+                    w.wait_layer(name)
+                self._pull(name)
+                for rid, n in scheduled.items():
+                    self._forward(self.requests[rid], n, layer=li)
+        else:
+            self._pull()
+            for rid, n in scheduled.items():
+                self._forward(self.requests[rid], n)
+        self._push()
         reports = []
         for w in self.workers:
             w.save(plan)
@@ -299,6 +377,22 @@ class SimEngine:
                     self._finish(r)
         return True
 
+    def _layer_names(self) -> list[str]:
+        return sorted(self.caches[0], key=lambda s: int(s.split(".")[2]))
+
+    def _pull(self, layer: str | None = None) -> None:
+        """Device caches: the host copies take what the device holds (of
+        one layer, or all)."""
+        for r, d in enumerate(self.device_caches):
+            for k, a in d.items():
+                if layer is None or k == layer:
+                    a.read(self.caches[r][k])
+
+    def _push(self) -> None:
+        for r, d in enumerate(self.device_caches):
+            for k, a in d.items():
+                a.write(self.caches[r][k])
+
     def _invalid(self, rep: WorkerReport) -> None:
         """vLLM's _update_requests_with_invalid_blocks: a request holding a
         block that failed to load is cut back to before it."""
@@ -316,14 +410,17 @@ class SimEngine:
                     self._cut.add(r.req_id)
                     break
 
-    def _forward(self, r: SimRequest, n: int) -> None:
-        """Attention writes the KV of tokens [computed, computed+n)."""
+    def _forward(self, r: SimRequest, n: int, layer: int | None = None) -> None:
+        """Attention writes the KV of tokens [computed, computed+n), of one
+        layer or all."""
         start = r.computed
         kv = expected_kv(r.tokens[: start + n], self.spec)[start:]
         bs = self.spec.block_size
         for rank in range(self.spec.tp_size):
             hs = self._heads(rank)
             for li, name in enumerate(sorted(self.caches[rank], key=lambda s: int(s.split(".")[2]))):
+                if layer is not None and li != layer:
+                    continue
                 v = self._block_view(rank, name)
                 for j in range(n):
                     p = start + j
@@ -352,6 +449,7 @@ class SimEngine:
         upto = r.computed if upto is None else upto
         if upto == 0:
             return 0
+        self._pull()
         want = expected_kv(r.tokens[:upto], self.spec)
         bs = self.spec.block_size
         for rank in range(self.spec.tp_size):

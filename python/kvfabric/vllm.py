@@ -39,10 +39,14 @@ worker: ``v1/worker/kv_connector_model_runner_mixin.py``):
       invalid_block_ids -> the requests are cut back and recomputed
       update_connector_output(output)                   the ranks' reports, aggregated
       request_finished(request, block_ids)              -> (False, None)
-      take_events()
+      take_events()                                     BlockStored / BlockRemoved
 
 Loads are synchronous (the agent imports while get_num_new_matched_tokens
-answers None; the worker's copy from the pool precedes the forward). Saves
+answers None; the worker's copy from the pool precedes the forward), or with
+``"layerwise": true`` layer by layer: start_load_kv takes the blocks'
+references and a thread copies layer after layer, wait_for_layer_load waits
+for its layer, and get_block_ids_with_load_errors (after the forward) waits
+for all. Saves
 are copied in wait_for_save, within the step, so request_finished never
 needs to delay freeing. Counters (hit tokens, loaded bytes, load errors...)
 are logged through vLLM's logger every ``stats_interval`` seconds and
@@ -57,6 +61,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vllm.distributed.kv_events import MEDIUM_CPU, MEDIUM_GPU, BlockRemoved, BlockStored
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -85,6 +90,8 @@ logger = init_logger(__name__)
 
 #: vLLM's version this connector is written against.
 VLLM_VERSION = "0.33.0"
+#: The ownership of the KV cache events the connector reports.
+EVENT_OWNERSHIP = "kvfabric"
 
 
 class KVFabricMetadata(KVConnectorMetadata):
@@ -235,7 +242,31 @@ class KVFabricConnector(KVConnectorBase_V1):
         return False, None  # saves were copied within their step
 
     def take_events(self):  # noqa: ANN201 - vLLM's Iterable[KVCacheEvent]
-        return ()
+        """The node's pool's changes the connector made or saw since the
+        last call, as vLLM's KV cache events (published with the
+        scheduler's own): BlockStored for each block saved, or imported
+        from another node by a load, once registered; BlockRemoved for a
+        block a worker found gone. One block per event, hashed with
+        kvfabric's recipe (parent: the previous block's hash), medium CPU
+        (GPU for a pool in GPU memory), locality LOCAL, ownership
+        "kvfabric"."""
+        if self.scheduler is None:
+            return ()
+        events = self.scheduler.take_events()
+        if not events:
+            return ()
+        medium = MEDIUM_GPU if self.scheduler.block_set.on_device else MEDIUM_CPU
+        out = []
+        for e in events:
+            if e.stored:
+                out.append(BlockStored(
+                    block_hashes=[e.hash], parent_block_hash=e.parent, token_ids=list(e.tokens),
+                    block_size=self.spec.block_size, lora_id=None, medium=medium, lora_name=e.lora,
+                    locality="LOCAL", ownership=EVENT_OWNERSHIP,
+                ))
+            else:
+                out.append(BlockRemoved(block_hashes=[e.hash], medium=medium, locality="LOCAL", ownership=EVENT_OWNERSHIP))
+        return out
 
     # -- worker side ----------------------------------------------------
 
@@ -247,10 +278,15 @@ class KVFabricConnector(KVConnectorBase_V1):
         assert self.worker is not None
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVFabricMetadata)
-        self.worker.load(meta.plan)
+        if self.config.layerwise:
+            self.worker.start_load(meta.plan)
+        else:
+            self.worker.load(meta.plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv copied every layer
+        """With ``layerwise``, waits for this layer's copies; else start_load_kv copied every layer."""
+        if self.worker is not None:
+            self.worker.wait_layer(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: Any, **kwargs: Any) -> None:
         return  # the step's blocks are copied in wait_for_save

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -111,8 +112,12 @@ class Agent:
         def healthy() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"{self.name} exited with {self.proc.returncode}: {self.tail()}")
-            with urllib.request.urlopen(f"http://{self.ip}:7948/healthz", timeout=1) as r:
-                return r.status == 200 and os.path.exists(self.socket)
+            try:
+                with urllib.request.urlopen(f"http://{self.ip}:7948/healthz", timeout=1) as r:
+                    return r.status == 200 and os.path.exists(self.socket)
+            except urllib.error.HTTPError as e:
+                e.close()  # not ready yet (503): its connection is closed, not left to the collector
+                return False
 
         try:
             wait_for(f"{self.name} healthy", healthy)

@@ -4,8 +4,10 @@ against two real agents; every element of every computed token checked."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 
+import numpy as np
 import pytest
 
 import kvfabric
@@ -447,6 +449,136 @@ def test_worker_tells_the_cache_shape_from_the_tensors(node1, node2):
         rb = b.add("b", tokens)
         b.run()
         assert rb.loaded == 3 * 16 and b.check(rb) == len(rb.tokens)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_events_name_blocks_saved_imported_and_found_gone(node1, node2):
+    """vLLM's KV cache events: the blocks an engine saved, the blocks a load
+    imported from another node (each with its parent and tokens), and a
+    block a worker found gone from the pool; each reported once."""
+    tokens = prompt(5 * 16 + 7, seed=31)
+    hashes = kvfabric.block_hashes(tokens, 16, lora="ad1")
+    a = SimEngine(node1.socket, SPEC, name="events-a")
+    b = SimEngine(node2.socket, SPEC, name="events-b")
+    try:
+        a.add("a", tokens, lora="ad1")
+        a.run()
+        a.scheduler.wait_idle()
+        ev = a.scheduler.take_events()
+        assert [(e.stored, e.origin, e.hash) for e in ev] == [(True, "saved", h) for h in hashes[:5]]
+        assert [e.parent for e in ev] == [None] + hashes[:4]
+        assert [list(e.tokens) for e in ev] == [tokens[i * 16 : (i + 1) * 16] for i in range(5)]
+        assert {e.lora for e in ev} == {"ad1"}
+        assert a.scheduler.take_events() == []
+        wait_for("blocks indexed", lambda: any(o.blocks >= 5 for o in b.scheduler.client.lookup(hashes[:5]).overlaps))
+
+        # b imports the first 3 blocks (its request is 3 blocks and 1 token).
+        rb = b.add("b", tokens[: 3 * 16 + 1], lora="ad1")
+        b.run()
+        assert rb.loaded == 3 * 16
+        b.scheduler.wait_idle()
+        ev = b.scheduler.take_events()
+        assert [(e.stored, e.origin, e.hash, e.parent) for e in ev] == [
+            (True, "imported", hashes[i], hashes[i - 1] if i else None) for i in range(3)
+        ]
+        assert [list(e.tokens) for e in ev] == [tokens[i * 16 : (i + 1) * 16] for i in range(3)]
+
+        # Loading all 5 again: 3 are in node2's pool already (no event), 2
+        # are imported; a worker finds block 4's hash (made one the pool
+        # never held) gone, and b computes and saves block 4 itself.
+        lost = []
+
+        def lose_block(plan):
+            for lp in plan.loads:
+                if not lost:
+                    lost.append(lp.hashes[4] ^ 1)
+                    lp.hashes[4] ^= 1
+
+        b.before_workers = lose_block
+        rc = b.add("c", tokens, lora="ad1")
+        b.run()
+        assert rc.loaded == 5 * 16 and b.check(rc) == len(rc.tokens)
+        b.scheduler.wait_idle()
+        ev = b.scheduler.take_events()
+        got = [(e.stored, e.origin, e.hash) for e in ev]
+        assert got[:2] == [(True, "imported", hashes[3]), (True, "imported", hashes[4])], got
+        assert (False, "gone", lost[0]) in got
+        # Block 4 was imported, so b's own save of it is a duplicate: no second event.
+        assert [g for g in got if g[1] == "saved"] == [], got
+    finally:
+        a.close()
+        b.close()
+
+
+def test_layerwise_loads_copy_layer_after_layer(node1, node2):
+    """With layerwise loads the forward of layer 0 may start while layer 1
+    is still being copied: waiting for layer 0 returns with its blocks in
+    the cache and layer 1's not yet there; at the end every element of
+    every token is the model's."""
+    tokens = prompt(5 * 16 + 3, seed=41)
+    a = SimEngine(node1.socket, SPEC, name="lw-a")
+    b = SimEngine(node2.socket, SPEC, name="lw-b", config=ConnectorConfig(socket=node2.socket, stats_interval=0, layerwise=True))
+    try:
+        a.add("a", tokens)
+        a.run()
+        a.scheduler.wait_idle()
+        wait_indexed(b, tokens, 5)
+        w = b.workers[0]
+        gate, seen = threading.Event(), []
+        w.before_layer = lambda li: gate.wait(20) if li == 1 else None
+        names = sorted(b.caches[0], key=lambda s: int(s.split(".")[2]))
+
+        def between_layers(plan):
+            if not plan.loads:
+                return
+            ids = plan.loads[0].block_ids
+            w.wait_layer(names[0])
+            seen.append((not np.isnan(b.caches[0][names[0]][:, ids]).any(), np.isnan(b.caches[0][names[1]][:, ids]).all()))
+            gate.set()
+
+        b.before_load = between_layers
+        rb = b.add("b", tokens)
+        b.run()
+        assert seen == [(True, True)]
+        assert rb.loaded == 5 * 16 and b.check(rb) == len(rb.tokens)
+        s = b.scheduler.stats()
+        assert s["loaded_blocks"] == 5 and s["load_errors"] == 0, s
+    finally:
+        a.close()
+        b.close()
+
+
+def test_layerwise_load_failing_in_a_layer_is_recomputed(node1, node2):
+    """A copy that fails at layer 1 names the request's blocks, vLLM
+    recomputes them (layer 0's copy is overwritten), and the blocks'
+    references are given back."""
+    tokens = prompt(4 * 16 + 3, seed=43)
+    a = SimEngine(node1.socket, SPEC, name="lwf-a")
+    b = SimEngine(node2.socket, SPEC, name="lwf-b", config=ConnectorConfig(socket=node2.socket, stats_interval=0, layerwise=True))
+    try:
+        a.add("a", tokens)
+        a.run()
+        a.scheduler.wait_idle()
+        wait_indexed(b, tokens, 4)
+        w = b.workers[0]
+        failed = []
+
+        def fail(li):
+            if li == 1 and not failed:
+                failed.append(li)
+                raise OSError("copy failed")
+
+        w.before_layer = fail
+        rb = b.add("b", tokens)
+        b.run()
+        assert failed and rb.recomputed_blocks == 4 and len(b.load_errors_seen) == 4
+        assert b.check(rb) == len(rb.tokens)
+        s = b.scheduler.stats()
+        assert s["load_errors"] == 4 and s["loaded_blocks"] == 0, s
+        c = w.client
+        assert next(x.refs for x in c.status().sessions if x.id == c.session) == 0
     finally:
         a.close()
         b.close()

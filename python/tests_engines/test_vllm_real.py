@@ -293,3 +293,74 @@ def test_real_scheduler_recomputes_a_block_that_failed_to_load(node1, node2, mod
         a.close()
         if b is not None:
             b.close()
+
+
+def test_real_scheduler_publishes_the_connectors_kv_events(node1, node2, model_dir):
+    """vLLM's scheduler publishes our events with its own: BlockStored for
+    the blocks engine a saved (once registered, so the last arrive at the
+    step after), and for the blocks engine b imported from node1."""
+    from vllm.distributed.kv_events import BlockStored
+
+    rng = random.Random(35)
+    tokens = [rng.randrange(32000) for _ in range(3 * BLOCK + 5)]
+    hashes = kvfabric.block_hashes(tokens, BLOCK)[:3]
+
+    def ours(engine: Engine) -> list:
+        got: list = []
+        engine.sched.kv_event_publisher.publish = lambda batch: got.extend(
+            e for e in batch.events if getattr(e, "ownership", None) == "kvfabric")
+        return got
+
+    a = Engine(vllm_config(model_dir, node1.socket))
+    b = None
+    try:
+        published = ours(a)
+        a.add("a", tokens)
+        a.run("a")
+        a.sched.connector.scheduler.wait_idle()
+        published.extend(a.sched.connector.take_events())  # registered after the last step
+        assert all(isinstance(e, BlockStored) for e in published), published
+        assert [e.block_hashes for e in published] == [[h] for h in hashes]
+        assert [e.parent_block_hash for e in published] == [None] + hashes[:2]
+        assert [e.token_ids for e in published] == [tokens[i * BLOCK : (i + 1) * BLOCK] for i in range(3)]
+        assert {(e.block_size, e.medium, e.locality) for e in published} == {(BLOCK, "CPU", "LOCAL")}
+
+        b = Engine(vllm_config(model_dir, node2.socket))
+        published = ours(b)
+        c = b.sched.connector.scheduler.client
+        wait_for("node2 sees node1's blocks", lambda: any(o.blocks == 3 for o in c.lookup(hashes).overlaps))
+        b.add("b", tokens)
+        assert b.run("b")["loaded"] == 3 * BLOCK
+        assert [e.block_hashes for e in published] == [[h] for h in hashes], published
+        assert b.sched.connector.take_events() == ()
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+
+
+def test_real_scheduler_layerwise_loads(node1, node2, model_dir):
+    """"layerwise": true: vLLM's worker calls load layer by layer, and the
+    loaded tokens in the torch cache are the model's."""
+    rng = random.Random(37)
+    tokens = [rng.randrange(32000) for _ in range(4 * BLOCK + 3)]
+    a = Engine(vllm_config(model_dir, node1.socket))
+    b = None
+    try:
+        a.add("a", tokens)
+        a.run("a")
+        a.sched.connector.scheduler.wait_idle()
+        b = Engine(vllm_config(model_dir, node2.socket, layerwise=True))
+        assert b.worker.config.layerwise
+        c = b.sched.connector.scheduler.client
+        hashes = kvfabric.block_hashes(tokens, BLOCK)[:4]
+        wait_for("node2 sees node1's blocks", lambda: any(o.blocks == 4 for o in c.lookup(hashes).overlaps))
+        b.add("b", tokens, max_tokens=3)  # running after its first step: the cache is checked then
+        seen = b.run("b")
+        assert seen["loaded"] == 4 * BLOCK and seen["first_computed"] == 4 * BLOCK, seen
+        assert b.invalid == set() and seen["checked"] == len(tokens), seen
+        assert b.sched.connector.stats()["loaded_blocks"] == 4
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
