@@ -170,58 +170,82 @@ func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.Registe
 	}
 	out := &fabricpb.RegisterBlocksResponse{Results: make([]*fabricpb.BlockResult, len(slots))}
 	var first error
-	for i, slot := range slots {
-		res := &fabricpb.BlockResult{Hash: hashes[i], RequestSlot: slot}
-		out.Results[i] = res
-		reg, err := s.register(int(slot), hashes[i], parent)
-		// The next block extends this one whether or not it was refused:
-		// its hash says so.
-		parent = hashes[i]
-		if err != nil {
-			st := toStatus(fmt.Errorf("slot %d: %w", slot, err))
-			res.Outcome, res.Reason, res.Code = fabricpb.Outcome_OUTCOME_REFUSED, status.Convert(st).Message(), uint32(status.Code(st))
-			if first == nil {
-				first = st
+	refuse := func(i int, err error) {
+		st := toStatus(fmt.Errorf("slot %d: %w", slots[i], err))
+		res := out.Results[i]
+		res.Outcome, res.Reason, res.Code = fabricpb.Outcome_OUTCOME_REFUSED, status.Convert(st).Message(), uint32(status.Code(st))
+		if first == nil {
+			first = st
+		}
+	}
+	// The slots go to the pool in runs of at most pool.MaxRegisterBatch
+	// (one hold of the set's lock and one batch of events each), cut
+	// where a slot is refused. A block extends the one before it in the
+	// request whether or not that one was refused: its hash says so.
+	parentOf := func(i int) uint64 {
+		if i == 0 {
+			return parent
+		}
+		return hashes[i-1]
+	}
+	regs := make([]pool.Registration, 0, min(len(slots), pool.MaxRegisterBatch))
+	idx := make([]int, 0, cap(regs)) // the request's index of regs[j]
+	flush := func() {
+		run, at := regs, idx
+		for len(run) > 0 {
+			got, err := s.set.RegisterBatch(run, parentOf(at[0]))
+			s.holdAll(got)
+			for j, reg := range got {
+				i := at[j]
+				res := out.Results[i]
+				res.Slot, res.Outcome = uint32(reg.Slot), fabricpb.Outcome_OUTCOME_REGISTERED
+				if reg.Slot != int(slots[i]) {
+					res.Outcome = fabricpb.Outcome_OUTCOME_DUPLICATE
+				}
 			}
+			if err == nil {
+				break
+			}
+			// run[len(got)] was refused, and stays the session's; the
+			// pool's error, without the batch's position, names why.
+			k := len(got)
+			s.hold(run[k].Block)
+			if cause := errors.Unwrap(err); cause != nil {
+				err = cause
+			}
+			refuse(at[k], err)
+			run, at = run[k+1:], at[k+1:]
+		}
+		regs, idx = regs[:0], idx[:0]
+	}
+	for i, slot := range slots {
+		out.Results[i] = &fabricpb.BlockResult{Hash: hashes[i], RequestSlot: slot}
+		b, err := s.drop(int(slot))
+		if err != nil {
+			flush()
+			refuse(i, err)
 			continue
 		}
-		res.Slot, res.Outcome = uint32(reg.Slot), fabricpb.Outcome_OUTCOME_REGISTERED
-		if reg.Slot != int(slot) {
-			res.Outcome = fabricpb.Outcome_OUTCOME_DUPLICATE
+		// Taken once the engine says the block is written: a write after
+		// this is caught by the first import of it.
+		sum, has := s.takeSum(int(slot))
+		regs = append(regs, pool.Registration{Block: b, Hash: hashes[i], Sum: sum, HasSum: has})
+		idx = append(idx, i)
+		if len(regs) == pool.MaxRegisterBatch {
+			flush()
 		}
-		out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(reg.Slot), Duplicate: reg.Slot != int(slot)})
+	}
+	flush()
+	for i, res := range out.Results {
+		if res.Outcome == fabricpb.Outcome_OUTCOME_REGISTERED || res.Outcome == fabricpb.Outcome_OUTCOME_DUPLICATE {
+			out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: hashes[i], Slot: res.Slot, Duplicate: res.Outcome == fabricpb.Outcome_OUTCOME_DUPLICATE})
+		}
 	}
 	if len(out.Blocks) == 0 {
 		// Nothing done: a call error, with the first refusal's code.
 		return nil, first
 	}
 	return out, nil
-}
-
-// register commits and registers one of the session's allocated slots;
-// on an error the slot stays the session's.
-func (s *sessionSet) register(slot int, hash, parent uint64) (pool.Block, error) {
-	b, err := s.drop(slot)
-	if err != nil {
-		return pool.Block{}, err
-	}
-	if err := s.set.Commit(b); err != nil {
-		s.hold(b)
-		return pool.Block{}, err
-	}
-	// Taken once the engine says the block is written: a write after this
-	// is caught by the first import of it.
-	sum, has := s.takeSum(slot)
-	reg, err := s.set.Register(b, hash, parent)
-	if err != nil {
-		s.hold(b)
-		return pool.Block{}, err
-	}
-	if has && reg.Slot == slot {
-		s.set.SetSum(reg, sum)
-	}
-	s.hold(reg)
-	return reg, nil
 }
 
 func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest) (*fabricpb.AcquireResponse, error) {

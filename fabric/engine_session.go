@@ -78,6 +78,32 @@ func (s *sessionSet) hold(b pool.Block) {
 	giveBack(s.set, b.Slot, slotRef{gen: b.Generation, refs: 1})
 }
 
+// holdAll records references handed to the session, under one hold of
+// the set's lock.
+func (s *sessionSet) holdAll(bs []pool.Block) {
+	if len(bs) == 0 {
+		return
+	}
+	s.mu.Lock()
+	if !s.use.done {
+		for _, b := range bs {
+			r := s.use.refs[b.Slot]
+			if r.gen != b.Generation {
+				r = slotRef{gen: b.Generation}
+			}
+			r.refs++
+			s.use.refs[b.Slot] = r
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	// The session ended while the call ran: nobody will give them back.
+	for _, b := range bs {
+		giveBack(s.set, b.Slot, slotRef{gen: b.Generation, refs: 1})
+	}
+}
+
 // drop returns a reference held by the session on slot.
 func (s *sessionSet) drop(slot int) (pool.Block, error) {
 	s.mu.Lock()

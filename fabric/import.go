@@ -276,33 +276,38 @@ func (a *Agent) candidates(hashes []uint64, k int) []candidate {
 // the rest are freed.
 //
 // Each block gets a content checksum: sums[i] where summed[i] (checked
-// already), else one taken here when checksums are on.
+// already), else one taken here when checksums are on. The blocks go to
+// the pool in batches of pool.MaxRegisterBatch: one hold of the set's
+// lock, one batch of events and one update of the session's references
+// each, not one per block.
 func (s *sessionSet) registerFilled(blocks []pool.Block, hashes []uint64, parent uint64, sums []uint64, summed []bool) ([]*fabricpb.BlockRef, error) {
 	refs := make([]*fabricpb.BlockRef, 0, len(blocks))
-	for i, b := range blocks {
-		sum, has := uint64(0), false
-		if i < len(summed) && summed[i] {
-			sum, has = sums[i], true
-		} else {
-			sum, has = s.takeSum(b.Slot)
+	regs := make([]pool.Registration, 0, min(len(blocks), pool.MaxRegisterBatch))
+	for first := 0; first < len(blocks); first += pool.MaxRegisterBatch {
+		batch := blocks[first:min(len(blocks), first+pool.MaxRegisterBatch)]
+		regs = regs[:0]
+		for j, b := range batch {
+			i := first + j
+			r := pool.Registration{Block: b, Hash: hashes[i]}
+			if i < len(summed) && summed[i] {
+				r.Sum, r.HasSum = sums[i], true
+			} else {
+				r.Sum, r.HasSum = s.takeSum(b.Slot)
+			}
+			regs = append(regs, r)
 		}
-		err := s.set.Commit(b)
-		var reg pool.Block
-		if err == nil {
-			reg, err = s.set.Register(b, hashes[i], parent)
-		}
-		if err == nil && has && reg.Slot == b.Slot {
-			s.set.SetSum(reg, sum)
+		got, err := s.set.RegisterBatch(regs, parent)
+		s.holdAll(got)
+		for j, reg := range got {
+			refs = append(refs, &fabricpb.BlockRef{Hash: hashes[first+j], Slot: uint32(reg.Slot), Duplicate: reg.Slot != batch[j].Slot})
 		}
 		if err != nil {
-			for _, rest := range blocks[i:] {
+			for _, rest := range blocks[first+len(got):] {
 				s.set.Abort(rest)
 			}
 			return refs, err
 		}
-		s.hold(reg)
-		refs = append(refs, &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(reg.Slot), Duplicate: reg.Slot != b.Slot})
-		parent = hashes[i]
+		parent = hashes[first+len(batch)-1]
 	}
 	return refs, nil
 }

@@ -343,10 +343,21 @@ func (b *BlockSet) Register(blk Block, hash, parent uint64) (Block, error) {
 	if s.state != Complete {
 		return Block{}, &TransitionError{Op: "register", Slot: blk.Slot, State: s.state}
 	}
+	reg, ev, fresh := b.registerLocked(blk, s, hash, parent)
+	if fresh {
+		b.p.events.push(ev)
+	}
+	return reg, nil
+}
+
+// registerLocked is Register's work on a Complete slot s of blk; it
+// returns the block to use and, when the hash is new to the set (fresh),
+// the store event to queue. The lock is held.
+func (b *BlockSet) registerLocked(blk Block, s *slot, hash, parent uint64) (reg Block, ev Event, fresh bool) {
 	if e, ok := b.registry[hash]; ok {
 		b.ref(e)
 		b.reset(int32(blk.Slot))
-		return Block{Slot: int(e), Generation: b.slots[e].gen}, nil
+		return Block{Slot: int(e), Generation: b.slots[e].gen}, Event{}, false
 	}
 	s.state = Registered
 	s.hash, s.parent = hash, parent
@@ -361,8 +372,7 @@ func (b *BlockSet) Register(blk Block, hash, parent uint64) (Block, error) {
 	}
 	b.registry[hash] = int32(blk.Slot)
 	b.registered++
-	b.p.events.push(Event{Kind: EventStore, Set: b.id, Slot: blk.Slot, Hash: hash, Parent: parent})
-	return blk, nil
+	return blk, Event{Kind: EventStore, Set: b.id, Slot: blk.Slot, Hash: hash, Parent: parent}, true
 }
 
 // Acquire takes a reference on the Registered block with the sequence

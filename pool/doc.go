@@ -58,6 +58,11 @@
 // slot's generation, so a [Block] handle (slot, generation) issued before
 // goes stale ([ErrStaleBlock]) instead of touching the new contents.
 //
+// [BlockSet.RegisterBatch] takes a sequence of up to [MaxRegisterBatch]
+// Partial or Complete slots through Commit and Register, with their
+// checksums, under one hold of the set's lock, and queues their store
+// events as one batch; it stops at the first slot refused.
+//
 // A Registered block counts references (Register gives one, Acquire takes
 // one, Release drops one) and leases. With neither it is inactive, and
 // allocation may recycle it when free slots run out, or fall below the low
@@ -85,7 +90,8 @@
 //
 // # Checksums
 //
-// A Registered block may carry a content checksum ([BlockSet.SetSum],
+// A Registered block may carry a content checksum ([BlockSet.SetSum] or
+// [Registration.Sum],
 // layout.BlockSum of its bytes), which its leases carry to readers. A
 // block found changed after registration is withdrawn
 // ([BlockSet.Withdraw]): it leaves the registry with its remove event at
