@@ -147,6 +147,14 @@ var (
 	gpuLibErr    error
 )
 
+// removeGPULibs removes softcuda's build directory: the test binary's,
+// made once for every GPU test, it goes with the run.
+func removeGPULibs() {
+	if gpuLibDir != "" {
+		os.RemoveAll(gpuLibDir)
+	}
+}
+
 // gpuLibs builds softcuda and softverbs once per test binary and returns
 // a fresh copy of softcuda per call (a GPU of its own, with its own
 // SOFTCUDA_* settings read at its cuInit) and softverbs, with a registry

@@ -39,3 +39,7 @@ func TestRDMAInABuildWithoutCgo(t *testing.T) {
 		t.Error("RDMA enabled in a build without cgo")
 	}
 }
+
+// removeGPULibs has nothing to remove in a build without cgo: no GPU test
+// builds softcuda there.
+func removeGPULibs() {}

@@ -64,11 +64,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	code := m.Run()
-	// softcuda's build directory is the test binary's, made once for
-	// every GPU test: it goes with the run.
-	if gpuLibDir != "" {
-		os.RemoveAll(gpuLibDir)
-	}
+	removeGPULibs()
 	os.Exit(code)
 }
 
