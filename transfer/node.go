@@ -60,8 +60,9 @@ func NewNode(cfg Config) (*Node, error) {
 	n.ident.Store(&identity{cert: cfg.Certificate, cas: cfg.CAs})
 	n.noLaneReads.Store(cfg.NoLaneReads)
 	if cfg.RDMA != nil {
-		n.rdma = &rdmaNode{cfg: *cfg.RDMA, served: map[string][]servedQP{}, fallback: map[string]uint64{},
+		n.rdma = &rdmaNode{cfg: *cfg.RDMA, fallback: map[string]uint64{},
 			nicBytes: make([]atomic.Uint64, len(cfg.RDMA.Devices))}
+		n.rdma.tp = newVerbsTransport(n)
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.qcfg = cfg.quicConfig()

@@ -60,8 +60,8 @@ func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
 	p := &Peer{n: n, name: name, addr: ua, slots: make([]connSlot, n.cfg.ConnsPerPeer),
 		streams: make(chan struct{}, n.cfg.ConnsPerPeer*n.cfg.StreamsPerConn)}
 	if n.rdma != nil {
-		p.rdma = &peerRDMA{wait: make(chan struct{}), qps: map[nicPair]*qpPool{}, leases: map[uint64]map[uint64][]remoteRegion{},
-			keyless: map[uint64]bool{}}
+		p.rdma = &peerRDMA{leases: map[uint64]map[uint64][]remoteRegion{}, keyless: map[uint64]bool{}}
+		p.rdma.tp = n.rdma.tp.newPeer(p)
 	}
 	p.lane = newPeerLane(n.cfg.LaneConns)
 	if _, err := p.conn(ctx, 0); err != nil {
@@ -77,7 +77,9 @@ func (p *Peer) Name() string { return p.name }
 // flight fail.
 func (p *Peer) Close() error {
 	p.closed.Store(true)
-	p.closeRDMA()
+	if p.rdma != nil {
+		p.rdma.tp.close()
+	}
 	p.lane.close()
 	for i := range p.slots {
 		sl := &p.slots[i]

@@ -125,7 +125,7 @@ type localMemory struct {
 
 // registration is memory registered with device nic.
 type registration struct {
-	*rdma.MemoryRegion
+	memRegion
 	nic int
 }
 
@@ -145,27 +145,20 @@ func (m *localMemory) findRange(start, n uint64) (reg registration, ok bool) {
 	return registration{}, false
 }
 
-// rdmaNode is a node's RDMA side: its registered memory, the queue pairs
-// it serves peers' reads on, and the counters.
+// rdmaNode is a node's RDMA side: its registered memory, the binding
+// that reads and serves (and what it keeps), and the counters.
 type rdmaNode struct {
 	cfg RDMAConfig
 	mem localMemory
+	tp  rmaTransport
 
 	mu       sync.Mutex
-	served   map[string][]servedQP // by peer, oldest first
-	fallback map[string]uint64     // reads over QUIC by reason
+	fallback map[string]uint64 // reads over QUIC by reason
 
 	// The counters are atomics, off the lock: every read adds to them.
 	reads, bytes, ops, sges, connects, connectFails, readFails atomic.Uint64
 	readCPU                                                    atomic.Int64    // nanoseconds
 	nicBytes                                                   []atomic.Uint64 // bytes read through each device
-}
-
-// servedQP is a queue pair a peer reads on, between this node's device
-// pair.local and the reader's pair.remote.
-type servedQP struct {
-	*rdma.QueuePair
-	pair nicPair
 }
 
 // RegisterMemory registers buf with the node's first RDMA device for remote read,
@@ -223,7 +216,7 @@ func (m *localMemory) overlapsLocked(start, n uint64) bool {
 
 // add keeps a registration, in address order; one that overlaps another
 // is refused (and closed).
-func (m *localMemory) add(mr *rdma.MemoryRegion, nic int) error {
+func (m *localMemory) add(mr memRegion, nic int) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.overlapsLocked(mr.Addr(), mr.Len()) {
@@ -238,20 +231,13 @@ func (m *localMemory) add(mr *rdma.MemoryRegion, nic int) error {
 // RDMAEnabled says whether the node reads and serves over RDMA.
 func (n *Node) RDMAEnabled() bool { return n.rdma != nil }
 
-// closeRDMA destroys the queue pairs served and deregisters the memory.
+// closeRDMA releases what the binding serves and deregisters the memory.
 func (n *Node) closeRDMA() {
 	r := n.rdma
 	if r == nil {
 		return
 	}
-	r.mu.Lock()
-	for peer, qps := range r.served {
-		for _, q := range qps {
-			q.Close()
-		}
-		delete(r.served, peer)
-	}
-	r.mu.Unlock()
+	r.tp.close()
 	r.mem.mu.Lock()
 	for _, mr := range r.mem.mrs {
 		mr.Close()
@@ -260,19 +246,11 @@ func (n *Node) closeRDMA() {
 	r.mem.mu.Unlock()
 }
 
-// dropServed destroys the queue pairs served to peer (its connections
+// dropServed releases what the binding serves peer (its connections
 // closed or it left).
 func (n *Node) dropServed(peer string) {
-	r := n.rdma
-	if r == nil {
-		return
-	}
-	r.mu.Lock()
-	qps := r.served[peer]
-	delete(r.served, peer)
-	r.mu.Unlock()
-	for _, q := range qps {
-		q.Close()
+	if r := n.rdma; r != nil {
+		r.tp.dropServed(peer)
 	}
 }
 
@@ -332,14 +310,12 @@ func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
 	for k, v := range r.fallback {
 		m.Fallbacks[k] = v
 	}
-	for _, qps := range r.served {
-		m.QPsServed += len(qps)
-	}
 	m.Devices = make([]DeviceMetrics, len(r.cfg.Devices))
 	for i, d := range r.cfg.Devices {
 		m.Devices[i] = DeviceMetrics{Name: d.Info().Name, ReadBytes: r.nicBytes[i].Load()}
 	}
 	r.mu.Unlock()
+	m.QPsServed = r.tp.servedConns()
 	r.mem.mu.RLock()
 	for _, mr := range r.mem.mrs {
 		m.RegisteredBytes += mr.Len()
@@ -347,84 +323,6 @@ func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
 	}
 	r.mem.mu.RUnlock()
 	return m, true
-}
-
-// endpointProto and endpointFrom convert endpoints to and from the wire.
-func endpointProto(e rdma.Endpoint) *transferpb.RdmaEndpoint {
-	return &transferpb.RdmaEndpoint{Qpn: e.QPN, Psn: e.PSN, Gid: append([]byte(nil), e.GID[:]...), Lid: uint32(e.LID),
-		Mtu: uint32(e.MTU), LinkLayer: uint32(e.LinkLayer), ReadDepth: uint32(e.ReadDepth)}
-}
-
-func endpointFrom(pb *transferpb.RdmaEndpoint) (rdma.Endpoint, error) {
-	if pb == nil {
-		return rdma.Endpoint{}, invalid("rdma connect: no endpoint")
-	}
-	if len(pb.Gid) != 0 && len(pb.Gid) != 16 {
-		return rdma.Endpoint{}, invalid("rdma connect: gid of %d bytes, want 16", len(pb.Gid))
-	}
-	if pb.Lid > 0xffff || pb.Mtu > 4096 || pb.LinkLayer > 255 || pb.ReadDepth > 255 {
-		return rdma.Endpoint{}, invalid("rdma connect: lid %d, mtu %d, link layer %d or read depth %d out of range", pb.Lid, pb.Mtu, pb.LinkLayer, pb.ReadDepth)
-	}
-	e := rdma.Endpoint{QPN: pb.Qpn, PSN: pb.Psn, LID: uint16(pb.Lid), MTU: int(pb.Mtu),
-		LinkLayer: rdma.LinkLayer(pb.LinkLayer), ReadDepth: int(pb.ReadDepth)}
-	copy(e.GID[:], pb.Gid)
-	if err := e.Validate(); err != nil {
-		return rdma.Endpoint{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
-	}
-	return e, nil
-}
-
-// serveConnect makes a queue pair on this node's device k.local connected
-// to the reader's endpoint on its device k.remote, and answers with its
-// own. A peer keeps at most twice the queue pairs it reads on per pair of
-// devices (qps, as it says, at least this node's QPsPerPeer), and
-// 2×MaxQPsPerPeer×MaxNICs in all: a new one replaces the oldest of its
-// pair, or the peer's oldest (a reader reconnects after a failure, and its
-// old queue pair is dead).
-func (n *Node) serveConnect(peer string, k nicPair, qps int, remote rdma.Endpoint) (*transferpb.RdmaConnectResponse, error) {
-	r := n.rdma
-	if r == nil {
-		return nil, fmt.Errorf("%w: this node has no RDMA", ErrUnavailable)
-	}
-	if k.local < 0 || k.local >= len(r.cfg.Devices) {
-		return nil, invalid("rdma connect: nic %d: this node has %d RDMA devices", k.local, len(r.cfg.Devices))
-	}
-	qp, err := r.cfg.Devices[k.local].NewQueuePair(r.cfg.QP)
-	if err != nil {
-		return nil, fmt.Errorf("%w: queue pair: %w", ErrUnavailable, err)
-	}
-	if err := qp.Connect(remote); err != nil {
-		qp.Close()
-		return nil, fmt.Errorf("%w: connect queue pair to %s's %d: %w", ErrUnavailable, peer, remote.QPN, err)
-	}
-	r.mu.Lock()
-	served := append(r.served[peer], servedQP{qp, k})
-	var old []servedQP
-	perPair, all := 2*max(r.cfg.QPsPerPeer, min(qps, MaxQPsPerPeer)), 2*MaxQPsPerPeer*MaxNICs
-	on := 0
-	for _, q := range served {
-		if q.pair == k {
-			on++
-		}
-	}
-	keep := served[:0:0]
-	for _, q := range served { // oldest first
-		switch {
-		case q.pair == k && on > perPair:
-			on--
-		case q.pair != k && len(served)-len(old) > all:
-		default:
-			keep = append(keep, q)
-			continue
-		}
-		old = append(old, q)
-	}
-	r.served[peer] = keep
-	r.mu.Unlock()
-	for _, q := range old {
-		q.Close()
-	}
-	return &transferpb.RdmaConnectResponse{Endpoint: endpointProto(qp.Endpoint())}, nil
 }
 
 // rdmaRegions returns the remote keys of every rank's region of the block
@@ -442,7 +340,8 @@ func (n *Node) rdmaRegions(sets map[uint64][]byte) []*transferpb.RdmaRegion {
 			if !ok {
 				continue
 			}
-			out = append(out, &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Addr: addr, Length: length, Rkey: mr.RKey(), Nic: uint32(mr.nic)})
+			raddr, key := n.rdma.tp.remote(mr, addr)
+			out = append(out, &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Addr: raddr, Length: length, Rkey: uint32(key), Nic: uint32(mr.nic)})
 		}
 	}
 	return out

@@ -392,7 +392,7 @@ func TestRegisterMemory(t *testing.T) {
 func TestReadOps(t *testing.T) {
 	dst := [][]byte{make([]byte, 1<<20)}
 	base := uint64(uintptr(unsafePointer(dst[0])))
-	regions := []remoteRegion{{addr: 1 << 40, length: 1 << 20, rkey: 9}}
+	regions := []remoteRegion{{addr: 1 << 40, length: 1 << 20, key: 9}}
 	lkeys := []uint32{5}
 	for _, tc := range []struct {
 		name          string
@@ -429,7 +429,7 @@ func TestReadOps(t *testing.T) {
 		})
 	}
 	// A piece over rdma.MaxReadBytes is split; at the limit it is not.
-	big := []remoteRegion{{addr: 1 << 40, length: 5 << 30, rkey: 9}}
+	big := []remoteRegion{{addr: 1 << 40, length: 5 << 30, key: 9}}
 	fake := [][]byte{reserved(t, 5<<30)}
 	if ops, _, err := readOps([]layout.Segment{{Length: rdma.MaxReadBytes, Count: 1}}, big, spansOf(fake), lkeys, 4); err != nil || len(ops) != 1 {
 		t.Fatalf("a piece of MaxReadBytes: %d ops, %v", len(ops), err)
@@ -510,14 +510,15 @@ func TestRDMAQueuePairWaitEndsWithThePeer(t *testing.T) {
 	lib, _ := softNIC(t)
 	p := newRDMAPair(t, lib, true, func(c *RDMAConfig) { c.QPsPerPeer = 1 })
 	k := nicPair{}
-	p.peer.rdma.mu.Lock()
-	p.peer.rdma.qps[k] = &qpPool{open: 1} // one queue pair, reading elsewhere
-	p.peer.rdma.mu.Unlock()
+	v := p.peer.rdma.tp.(*verbsPeer)
+	v.mu.Lock()
+	v.qps[k] = &qpPool{open: 1} // one queue pair, reading elsewhere
+	v.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := p.peer.takeQP(ctx, k)
+		_, err := v.takeQP(ctx, k)
 		done <- err
 	}()
 	// Until it waits: a goroutine blocked in takeQP's select.
