@@ -342,6 +342,9 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 	var resp transferpb.LeaseResponse
 	asked := p.wantRDMA()
 	req := &transferpb.LeaseRequest{Hashes: hashes, DurationMs: uint64(d / time.Millisecond), Rdma: asked}
+	if asked {
+		req.Rma = p.n.rdma.tp.kind()
+	}
 	if err := p.call(ctx, methodLease, req, &resp); err != nil {
 		return Lease{}, err
 	}
@@ -372,6 +375,12 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 	if asked {
 		if err := p.keepRegions(l.ID, &l, resp.RdmaRegions); err != nil {
 			return Lease{}, err
+		}
+		if len(resp.RdmaRegions) > 0 {
+			if err := p.rdma.tp.answered(&resp); err != nil {
+				p.forgetLease(l.ID)
+				return Lease{}, fmt.Errorf("%w: lease from %s: %w", ErrFrame, p.name, err)
+			}
 		}
 	} else {
 		p.keylessLease(l.ID)

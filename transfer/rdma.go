@@ -340,8 +340,9 @@ func (n *Node) rdmaRegions(sets map[uint64][]byte) []*transferpb.RdmaRegion {
 			if !ok {
 				continue
 			}
-			raddr, key := n.rdma.tp.remote(mr, addr)
-			out = append(out, &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Addr: raddr, Length: length, Rkey: uint32(key), Nic: uint32(mr.nic)})
+			g := &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Length: length, Nic: uint32(mr.nic)}
+			n.rdma.tp.region(mr, addr, g)
+			out = append(out, g)
 		}
 	}
 	return out

@@ -87,7 +87,7 @@ func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaR
 		if rs[g.Rank].length != 0 {
 			return fmt.Errorf("%w: lease from %s: two RDMA regions for block set %d rank %d", ErrFrame, p.name, g.BlockSet, g.Rank)
 		}
-		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, key: uint64(g.Rkey), nic: int(g.Nic)}
+		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, key: r.tp.regionKey(g), nic: int(g.Nic)}
 		sets[g.BlockSet] = rs
 	}
 	r.mu.Lock()

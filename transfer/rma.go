@@ -11,6 +11,7 @@ import (
 	"context"
 
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
 // rmaTransport is a binding for remote memory reads: libibverbs' RC queue
@@ -19,10 +20,15 @@ type rmaTransport interface {
 	// newPeer returns the state reads from one peer keep (their
 	// connections to it).
 	newPeer(p *Peer) rmaPeer
-	// remote returns what a reader puts in its reads to reach addr, inside
-	// the registration reg: the address the holder's NIC knows it by, and
-	// the region's key.
-	remote(reg registration, addr uint64) (raddr, key uint64)
+	// kind names the binding on the wire (LeaseRequest.rma): empty for
+	// libibverbs. A holder hands its regions only to readers of its kind.
+	kind() string
+	// region fills g's address and key for the span at addr inside the
+	// registration reg, as a reader's reads name them.
+	region(reg registration, addr uint64, g *transferpb.RdmaRegion)
+	// answer adds what else a reader needs to a lease answer that carries
+	// regions.
+	answer(resp *transferpb.LeaseResponse)
 	// servedConns counts the connections peers read from this node on.
 	servedConns() int
 	// dropServed releases what this node serves peer (its connections
@@ -40,6 +46,11 @@ type rmaPeer interface {
 	// The caller checked every segment against dst and regions. An error
 	// in the result means the read was tried and failed, and nothing of it
 	// writes into dst any more; a fallback, that it was not tried.
+	// regionKey is the key of a region a lease answer carried.
+	regionKey(g *transferpb.RdmaRegion) uint64
+	// answered takes what else a lease answer with regions carried; an
+	// error means the answer is malformed.
+	answered(resp *transferpb.LeaseResponse) error
 	read(ctx context.Context, leaseID uint64, k nicPair, segs []layout.Segment, n uint64, regions []remoteRegion, dst []Span, locals []registration) groupRead
 	// close releases the connections to the peer (those in use when their
 	// read ends); reads waiting for one end with ErrClosed.
@@ -55,3 +66,6 @@ type memRegion interface {
 	// Close ends the registration.
 	Close() error
 }
+
+// maxRMAKind bounds the binding name a lease request carries.
+const maxRMAKind = 64

@@ -37,13 +37,20 @@ func (t *verbsTransport) newPeer(p *Peer) rmaPeer {
 	return &verbsPeer{p: p, wait: make(chan struct{}), qps: map[nicPair]*qpPool{}}
 }
 
-func (t *verbsTransport) remote(reg registration, addr uint64) (raddr, key uint64) {
-	mr, _ := reg.memRegion.(*rdma.MemoryRegion)
-	if mr == nil {
-		return addr, 0
+func (t *verbsTransport) kind() string { return "" }
+
+func (t *verbsTransport) region(reg registration, addr uint64, g *transferpb.RdmaRegion) {
+	g.Addr = addr
+	if mr, ok := reg.memRegion.(*rdma.MemoryRegion); ok {
+		g.Rkey = mr.RKey()
 	}
-	return addr, uint64(mr.RKey())
 }
+
+func (t *verbsTransport) answer(*transferpb.LeaseResponse) {}
+
+func (v *verbsPeer) regionKey(g *transferpb.RdmaRegion) uint64 { return uint64(g.Rkey) }
+
+func (v *verbsPeer) answered(*transferpb.LeaseResponse) error { return nil }
 
 func (t *verbsTransport) servedConns() int {
 	t.mu.Lock()
