@@ -61,8 +61,12 @@ func NewNode(cfg Config) (*Node, error) {
 	n.noLaneReads.Store(cfg.NoLaneReads)
 	if cfg.RDMA != nil {
 		n.rdma = &rdmaNode{cfg: *cfg.RDMA, fallback: map[string]uint64{},
-			nicBytes: make([]atomic.Uint64, len(cfg.RDMA.Devices))}
-		n.rdma.tp = newVerbsTransport(n)
+			nicBytes: make([]atomic.Uint64, max(len(cfg.RDMA.Devices), 1))}
+		if cfg.RDMA.OFI != nil {
+			n.rdma.tp = &ofiTransport{n: n, ep: cfg.RDMA.OFI}
+		} else {
+			n.rdma.tp = newVerbsTransport(n)
+		}
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.qcfg = cfg.quicConfig()

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/kvfabric/kvfabric/rdma"
+	"github.com/kvfabric/kvfabric/rdma/ofi"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
@@ -43,10 +44,26 @@ type RDMAConfig struct {
 	// queue pairs keep failing (or that names many devices) costs a
 	// bounded amount of setup. If zero, 8.
 	MaxConnectsPerMinute int
+
+	// OFI, if set, is the libfabric endpoint the node reads and serves
+	// over instead of libibverbs: Devices must then be empty, memory is
+	// registered with it as device 0, and QP, QPsPerPeer and
+	// MaxConnectsPerMinute do not apply (its endpoints are
+	// connectionless). The node does not close it. If nil, libibverbs.
+	OFI *ofi.Endpoint
+	// OFIReadTimeout bounds one read over OFI: a provider may never
+	// complete a read the holder's side refuses (shm with a wrong key).
+	// Past it the read fails and goes over QUIC; the endpoint, which
+	// libfabric then closes to flush the read, reads nothing more, so
+	// that every later read goes over QUIC too. If zero, 10 s.
+	OFIReadTimeout time.Duration
 }
 
 func (c *RDMAConfig) populate() error {
-	if len(c.Devices) == 0 || len(c.Devices) > MaxNICs {
+	if c.OFI != nil && len(c.Devices) > 0 {
+		return configErr("RDMA: %d devices and a libfabric endpoint, want one or the other", len(c.Devices))
+	}
+	if c.OFI == nil && (len(c.Devices) == 0 || len(c.Devices) > MaxNICs) {
 		return configErr("RDMA: %d devices, want 1..%d", len(c.Devices), MaxNICs)
 	}
 	for i, d := range c.Devices {
@@ -57,6 +74,12 @@ func (c *RDMAConfig) populate() error {
 	if c.QPsPerPeer < 0 || c.Backoff < 0 || c.MaxBackoff < 0 || c.MaxConnectsPerMinute < 0 {
 		return configErr("RDMA: negative QPsPerPeer %d, Backoff %v, MaxBackoff %v or MaxConnectsPerMinute %d",
 			c.QPsPerPeer, c.Backoff, c.MaxBackoff, c.MaxConnectsPerMinute)
+	}
+	if c.OFIReadTimeout < 0 {
+		return configErr("RDMA: negative OFIReadTimeout %v", c.OFIReadTimeout)
+	}
+	if c.OFIReadTimeout == 0 {
+		c.OFIReadTimeout = 10 * time.Second
 	}
 	if c.QPsPerPeer == 0 {
 		c.QPsPerPeer = 2
@@ -287,6 +310,30 @@ type RDMAMetrics struct {
 	// the bytes reads moved into memory registered with it and the memory
 	// registered with it.
 	Devices []DeviceMetrics
+
+	// Binding is what reads move over: "verbs", or "ofi:" and the
+	// libfabric provider (e.g. "ofi:tcp;ofi_rxm"); Devices then holds one
+	// entry, the endpoint, named as Binding.
+	Binding string
+}
+
+// nics is how many devices memory is registered with: one endpoint for
+// libfabric.
+func (r *rdmaNode) nics() int { return max(len(r.cfg.Devices), 1) }
+
+func (r *rdmaNode) nicName(i int) string {
+	if i < len(r.cfg.Devices) {
+		return r.cfg.Devices[i].Info().Name
+	}
+	return r.binding()
+}
+
+// binding names what reads move over.
+func (r *rdmaNode) binding() string {
+	if k := r.tp.kind(); k != "" {
+		return k
+	}
+	return "verbs"
 }
 
 // DeviceMetrics is one RDMA device's share of RDMAMetrics.
@@ -310,10 +357,11 @@ func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
 	for k, v := range r.fallback {
 		m.Fallbacks[k] = v
 	}
-	m.Devices = make([]DeviceMetrics, len(r.cfg.Devices))
-	for i, d := range r.cfg.Devices {
-		m.Devices[i] = DeviceMetrics{Name: d.Info().Name, ReadBytes: r.nicBytes[i].Load()}
+	m.Devices = make([]DeviceMetrics, len(r.nicBytes))
+	for i := range m.Devices {
+		m.Devices[i] = DeviceMetrics{Name: r.nicName(i), ReadBytes: r.nicBytes[i].Load()}
 	}
+	m.Binding = r.binding()
 	r.mu.Unlock()
 	m.QPsServed = r.tp.servedConns()
 	r.mem.mu.RLock()

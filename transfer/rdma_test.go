@@ -92,6 +92,17 @@ func newRDMAPairOn(t *testing.T, lib string, holderRDMA bool, tune func(*RDMACon
 	if devices == nil {
 		devices = []string{"softverbs0"}
 	}
+	var hopts []nodeOpt
+	if holderRDMA {
+		hopts = append(hopts, withRDMADevices(t, lib, devices, tune))
+	}
+	return newPairWith(t, hopts, []nodeOpt{withRDMADevices(t, lib, devices, tune)}, holderNIC, readerNIC)
+}
+
+// newPairWith is newRDMAPairOn with the nodes' options given: a holder
+// without RDMA registers nothing.
+func newPairWith(t *testing.T, hopts, ropts []nodeOpt, holderNIC, readerNIC []int) *rdmaPair {
+	t.Helper()
 	nic := func(of []int, r int) int {
 		if of == nil {
 			return 0
@@ -107,10 +118,7 @@ func newRDMAPairOn(t *testing.T, lib string, holderRDMA bool, tune func(*RDMACon
 	fill(p.src[1], 2)
 	h.regions[7] = p.src
 	leaseAll(h, 42, 2, srcSize)
-	var hopts []nodeOpt
-	if holderRDMA {
-		hopts = append(hopts, withRDMADevices(t, lib, devices, tune))
-	}
+	holderRDMA := len(hopts) > 0
 	p.holder = newTestNode(t, ca, "holder", members, h, hopts...)
 	if holderRDMA {
 		for i, r := range p.src {
@@ -119,7 +127,7 @@ func newRDMAPairOn(t *testing.T, lib string, holderRDMA bool, tune func(*RDMACon
 			}
 		}
 	}
-	p.reader = newTestNode(t, ca, "reader", members, nil, withRDMADevices(t, lib, devices, tune))
+	p.reader = newTestNode(t, ca, "reader", members, nil, ropts...)
 	p.peer = dialPeer(t, p.reader, p.holder)
 	var sizes []uint64
 	p.segs, sizes = stridedPlan(rand.New(rand.NewPCG(1, 2)), srcSize)
