@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/rdma/ofi"
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
 // ofiProviders are libfabric's providers on every Debian machine that offer
@@ -202,5 +203,35 @@ func TestRDMAConfigOFIAndDevices(t *testing.T) {
 	c = &RDMAConfig{}
 	if err := c.populate(); !errors.Is(err, ErrConfig) {
 		t.Fatalf("neither devices nor an endpoint: %v, want ErrConfig", err)
+	}
+}
+
+// A reader on libibverbs and a holder on libfabric cannot read each other's
+// memory: the holder hands no regions to a reader of another binding, and
+// the read goes over QUIC, counted as a holder without RDMA.
+func TestRDMABindingsDifferGoOverQUIC(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newPairWith(t, []nodeOpt{withOFI(t, "tcp", nil)}, []nodeOpt{withRDMADevices(t, lib, []string{"softverbs0"}, nil)}, nil, nil)
+	if via := p.read(t); via != TransportQUIC {
+		t.Fatalf("verbs reader from a libfabric holder went over %s, want quic", via)
+	}
+	if m := p.metrics(t); m.Fallbacks[FallbackPeerHasNoRDMA] != 1 || m.Binding != "verbs" {
+		t.Errorf("metrics %+v: want binding verbs and one peer-has-no-rdma fallback", m)
+	}
+}
+
+// The holder's endpoint name in a lease answer: at ofi.MaxNameLen it is
+// taken, past it (or none) the answer is malformed.
+func TestOFIEndpointNameLimit(t *testing.T) {
+	p := newOFIPair(t, "tcp", nil)
+	v := p.peer.rdma.tp
+	for _, tc := range []struct {
+		n  int
+		ok bool
+	}{{ofi.MaxNameLen, true}, {ofi.MaxNameLen + 1, false}, {0, false}} {
+		err := v.answered(&transferpb.LeaseResponse{OfiName: make([]byte, tc.n)})
+		if tc.ok != (err == nil) {
+			t.Errorf("endpoint name of %d bytes: %v", tc.n, err)
+		}
 	}
 }
