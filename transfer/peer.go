@@ -377,7 +377,12 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 			return Lease{}, err
 		}
 		if len(resp.RdmaRegions) > 0 {
-			if err := p.rdma.tp.answered(&resp); err != nil {
+			switch err := p.rdma.tp.answered(&resp); {
+			case errors.Is(err, errNoEndpointName):
+				// Regions of another binding: not ours to read.
+				p.forgetLease(l.ID)
+				p.rdmaUnavailable(FallbackPeerHasNoRDMA)
+			case err != nil:
 				p.forgetLease(l.ID)
 				return Lease{}, fmt.Errorf("%w: lease from %s: %w", ErrFrame, p.name, err)
 			}

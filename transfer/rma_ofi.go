@@ -82,9 +82,17 @@ type ofiPeer struct {
 
 func (v *ofiPeer) regionKey(g *transferpb.RdmaRegion) uint64 { return g.Key }
 
+// errNoEndpointName: a lease answer carried regions but no endpoint name,
+// as a holder does that predates LeaseRequest.rma and answers every reader
+// with its verbs regions.
+var errNoEndpointName = errors.New("regions without a libfabric endpoint name")
+
 func (v *ofiPeer) answered(resp *transferpb.LeaseResponse) error {
-	if len(resp.OfiName) == 0 || len(resp.OfiName) > ofi.MaxNameLen {
-		return fmt.Errorf("libfabric endpoint name of %d bytes, want 1..%d", len(resp.OfiName), ofi.MaxNameLen)
+	if len(resp.OfiName) == 0 {
+		return errNoEndpointName
+	}
+	if len(resp.OfiName) > ofi.MaxNameLen {
+		return fmt.Errorf("libfabric endpoint name of %d bytes, at most %d", len(resp.OfiName), ofi.MaxNameLen)
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -235,3 +235,28 @@ func TestOFIEndpointNameLimit(t *testing.T) {
 		}
 	}
 }
+
+// kindAs is a holder's binding that answers readers of another kind, as a
+// holder from before LeaseRequest.rma answers every reader with its own.
+type kindAs struct {
+	rmaTransport
+	as string
+}
+
+func (k kindAs) kind() string { return k.as }
+
+// A libfabric reader given a holder's verbs regions (no endpoint name)
+// reads over QUIC, counted as a holder without RDMA, and the lease holds.
+func TestOFIReaderGivenVerbsRegionsGoesOverQUIC(t *testing.T) {
+	lib, _ := softNIC(t)
+	ep := openOFI(t, "tcp")
+	p := newPairWith(t, []nodeOpt{withRDMADevices(t, lib, []string{"softverbs0"}, nil)},
+		[]nodeOpt{func(c *Config) { c.RDMA = &RDMAConfig{OFI: ep, Backoff: time.Hour} }}, nil, nil)
+	p.holder.rdma.tp = kindAs{p.holder.rdma.tp, p.reader.rdma.tp.kind()}
+	if via := p.read(t); via != TransportQUIC {
+		t.Fatalf("libfabric reader of verbs regions went over %s, want quic", via)
+	}
+	if m := p.metrics(t); m.Fallbacks[FallbackPeerHasNoRDMA] != 1 || m.ReadFailures != 0 {
+		t.Errorf("metrics %+v: want one peer-has-no-rdma fallback and no failed read", m)
+	}
+}
