@@ -4,7 +4,9 @@ package fabric_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -55,5 +57,46 @@ func TestImportOverOFI(t *testing.T) {
 				t.Errorf("holder's status pools %v: want the pool registered with ofi:%s", s.Pools, prov)
 			}
 		})
+	}
+}
+
+// rdma=on refuses to start when the fabric asked for is not there, naming
+// what is missing: libfabric without the provider named, and with auto
+// both libibverbs and libfabric; fabric=off (rdma=auto) starts without RDMA.
+func TestFabricOnWithoutProviderRefusesToStart(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "libibverbs.so.1")
+	for _, tc := range []struct {
+		name, fabric, provider string
+		want                   []string
+	}{
+		{"ofi without cxi", "ofi", "cxi", []string{"cxi"}},
+		{"auto without either", "auto", "", []string{"libibverbs", missing, "libfabric", "cxi, efa or verbs"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testConfig(t, "n1")
+			c.RDMA, c.RDMALibrary, c.Fabric, c.FabricProvider = "on", missing, tc.fabric, tc.provider
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			a, err := fabric.Start(ctx, c)
+			if err == nil {
+				a.Close()
+				t.Fatal("rdma=on started without its fabric")
+			}
+			for _, w := range append(tc.want, "rdma=on") {
+				if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q: want fabric.ErrConfig naming %q", err, w)
+				}
+			}
+		})
+	}
+	c := testConfig(t, "n1")
+	c.Fabric = "off"
+	a, err := fabric.Start(context.Background(), c)
+	if err != nil {
+		t.Fatalf("fabric=off: %v", err)
+	}
+	defer a.Close()
+	if a.Metrics().RDMAEnabled {
+		t.Error("fabric=off started with RDMA")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/kvfabric/kvfabric/pool/cuda"
@@ -56,6 +57,19 @@ func (a *Agent) openRDMA() (*transfer.RDMAConfig, error) {
 // efa, verbs) for the transport.
 func (a *Agent) openOFI() (*transfer.RDMAConfig, error) {
 	c := &a.cfg
+	// With fabric=auto and no provider named, a machine without cxi, efa
+	// or verbs says so once per process: listing libfabric's providers
+	// takes a few hundred milliseconds, and hardware does not come.
+	probe := c.Fabric == "auto" && c.FabricProvider == ""
+	key := os.Getenv(ofi.EnvLibrary) + "\x00" + c.FabricAddr
+	if probe {
+		ofiAbsent.mu.Lock()
+		err, ok := ofiAbsent.err[key]
+		ofiAbsent.mu.Unlock()
+		if ok {
+			return nil, err
+		}
+	}
 	lib, err := ofi.Load(ofi.Config{Provider: c.FabricProvider, Node: c.FabricAddr, Logger: a.log})
 	if err != nil {
 		return nil, err
@@ -63,6 +77,11 @@ func (a *Agent) openOFI() (*transfer.RDMAConfig, error) {
 	ep, err := lib.Open()
 	if err != nil {
 		lib.Close()
+		if probe && errors.Is(err, ofi.ErrUnavailable) {
+			ofiAbsent.mu.Lock()
+			ofiAbsent.err[key] = err
+			ofiAbsent.mu.Unlock()
+		}
 		return nil, err
 	}
 	info := ep.Info()
@@ -71,6 +90,13 @@ func (a *Agent) openOFI() (*transfer.RDMAConfig, error) {
 		"libfabric", lib.Version())
 	return &transfer.RDMAConfig{OFI: ep}, nil
 }
+
+// ofiAbsent remembers, by libfabric library and address, that libfabric
+// offers none of cxi, efa and verbs.
+var ofiAbsent = struct {
+	mu  sync.Mutex
+	err map[string]error
+}{err: map[string]error{}}
 
 // rdmaDeviceName names what storage i is registered with: its RDMA
 // device, or "ofi:" and libfabric's provider.

@@ -507,6 +507,8 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	switch {
 	case c.Fabric != "auto" && c.Fabric != "verbs" && c.Fabric != "ofi" && c.Fabric != "off":
 		return nil, bad("fabric", "%q is not auto, verbs, ofi or off", c.Fabric)
+	case c.Fabric == "off" && c.RDMA == "on":
+		return nil, bad("fabric", "off with rdma=on")
 	case (c.FabricProvider != "" || c.FabricAddr != "") && (c.Fabric == "verbs" || c.Fabric == "off"):
 		return nil, bad("fabric_provider", "libfabric's provider or address set with fabric=%s", c.Fabric)
 	case len(c.FabricProvider) > 64 || strings.IndexFunc(c.FabricProvider, notProviderRune) >= 0:

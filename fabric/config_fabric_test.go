@@ -19,6 +19,7 @@ func TestValidateFabricConfig(t *testing.T) {
 		{"ofi with tcp", func(c *Config) { c.Fabric, c.FabricProvider, c.FabricAddr = "ofi", "tcp;ofi_rxm", "127.0.0.1" }, ""},
 		{"auto with a provider", func(c *Config) { c.FabricProvider = "efa" }, ""},
 		{"off", func(c *Config) { c.Fabric = "off" }, ""},
+		{"off with rdma on", func(c *Config) { c.Fabric, c.RDMA = "off", "on" }, "fabric"},
 		{"unknown fabric", func(c *Config) { c.Fabric = "ucx" }, "fabric"},
 		{"provider with verbs", func(c *Config) { c.Fabric, c.FabricProvider = "verbs", "tcp" }, "fabric_provider"},
 		{"address with off", func(c *Config) { c.Fabric, c.FabricAddr = "off", "127.0.0.1" }, "fabric_provider"},
