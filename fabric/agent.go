@@ -24,6 +24,7 @@ import (
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/cuda"
 	"github.com/kvfabric/kvfabric/rdma"
+	"github.com/kvfabric/kvfabric/rdma/ofi"
 	"github.com/kvfabric/kvfabric/transfer"
 	"github.com/kvfabric/kvfabric/transfer/certs"
 )
@@ -73,6 +74,10 @@ type Agent struct {
 	rdmaLib  *rdma.Library
 	rdmaDevs []*rdma.Device
 	poolNIC  []int
+	// ofiLib and ofiEp are open while RDMA goes over libfabric (every
+	// storage registered with ofiEp).
+	ofiLib *ofi.Library
+	ofiEp  *ofi.Endpoint
 	// poolDevice[i] names the device storage i is registered with, "" for
 	// none.
 	poolDevice []string

@@ -4,23 +4,40 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/kvfabric/kvfabric/pool/cuda"
 	"github.com/kvfabric/kvfabric/rdma"
+	"github.com/kvfabric/kvfabric/rdma/ofi"
 	"github.com/kvfabric/kvfabric/transfer"
 )
 
-// openRDMA opens the RDMA devices for the transport, or returns nil when
-// RDMA is off: by configuration, or (with auto) because the library or a
-// usable device is missing, which it logs once with the reason. With
-// rdma=on a missing device is an error.
+// openRDMA opens the RDMA devices (or libfabric's endpoint, by
+// Config.Fabric) for the transport, or returns nil when RDMA is off: by
+// configuration, or (with auto) because the library or a usable device is
+// missing, which it logs once with the reason. With rdma=on a missing
+// device is an error.
 func (a *Agent) openRDMA() (*transfer.RDMAConfig, error) {
 	c := &a.cfg
-	if c.RDMA == "off" {
+	if c.RDMA == "off" || c.Fabric == "off" {
 		return nil, nil
 	}
-	devs, err := a.openRDMADevices()
+	var devs []*rdma.Device
+	err := errors.New("fabric=ofi")
+	if c.Fabric != "ofi" {
+		devs, err = a.openRDMADevices()
+	}
+	if err != nil && c.Fabric != "verbs" {
+		verbsErr := err
+		var rc *transfer.RDMAConfig
+		if rc, err = a.openOFI(); err == nil {
+			return rc, nil
+		}
+		if c.Fabric == "auto" {
+			err = fmt.Errorf("libibverbs: %w; libfabric: %w", verbsErr, err)
+		}
+	}
 	if err != nil {
 		if c.RDMA == "on" {
 			return nil, fmt.Errorf("%w: rdma=on: %w", ErrConfig, err)
@@ -34,6 +51,60 @@ func (a *Agent) openRDMA() (*transfer.RDMAConfig, error) {
 			"mtu", port.MTU, "gid", dev.GID().String(), "lid", port.LID)
 	}
 	return &transfer.RDMAConfig{Devices: devs, QP: rdma.QPOptions{Timeout: uint8(c.RDMATimeout), RetryCount: uint8(c.RDMARetry)}}, nil
+}
+
+// openOFI opens libfabric's endpoint on Config.FabricProvider (or cxi,
+// efa, verbs) for the transport.
+func (a *Agent) openOFI() (*transfer.RDMAConfig, error) {
+	c := &a.cfg
+	// With fabric=auto and no provider named, a machine without cxi, efa
+	// or verbs says so once per process: listing libfabric's providers
+	// takes a few hundred milliseconds, and hardware does not come.
+	probe := c.Fabric == "auto" && c.FabricProvider == ""
+	key := os.Getenv(ofi.EnvLibrary) + "\x00" + c.FabricAddr
+	if probe {
+		ofiAbsent.mu.Lock()
+		err, ok := ofiAbsent.err[key]
+		ofiAbsent.mu.Unlock()
+		if ok {
+			return nil, err
+		}
+	}
+	lib, err := ofi.Load(ofi.Config{Provider: c.FabricProvider, Node: c.FabricAddr, Logger: a.log})
+	if err != nil {
+		return nil, err
+	}
+	ep, err := lib.Open()
+	if err != nil {
+		lib.Close()
+		if probe && errors.Is(err, ofi.ErrUnavailable) {
+			ofiAbsent.mu.Lock()
+			ofiAbsent.err[key] = err
+			ofiAbsent.mu.Unlock()
+		}
+		return nil, err
+	}
+	info := ep.Info()
+	a.ofiLib, a.ofiEp, a.poolNIC = lib, ep, make([]int, len(a.storages))
+	a.log.Info("RDMA on over libfabric", "provider", info.Provider, "domain", info.Domain, "mr_mode", info.MRMode.String(),
+		"libfabric", lib.Version())
+	return &transfer.RDMAConfig{OFI: ep}, nil
+}
+
+// ofiAbsent remembers, by libfabric library and address, that libfabric
+// offers none of cxi, efa and verbs.
+var ofiAbsent = struct {
+	mu  sync.Mutex
+	err map[string]error
+}{err: map[string]error{}}
+
+// rdmaDeviceName names what storage i is registered with: its RDMA
+// device, or "ofi:" and libfabric's provider.
+func (a *Agent) rdmaDeviceName(i int) string {
+	if a.ofiEp != nil {
+		return "ofi:" + a.ofiEp.Info().Provider
+	}
+	return a.rdmaDevs[a.poolNIC[i]].Info().Name
 }
 
 // openRDMADevices opens the devices the pools are registered with (see
@@ -155,7 +226,7 @@ func (a *Agent) registerPools() error {
 			a.log.Warn("RDMA registration of the pool failed: its blocks move over QUIC", "bytes", len(buf), "err", err)
 			continue
 		}
-		a.poolDevice[i] = a.rdmaDevs[a.poolNIC[i]].Info().Name
+		a.poolDevice[i] = a.rdmaDeviceName(i)
 		a.log.Info("pool registered for RDMA", "device", a.poolDevice[i], "bytes", rs.Bytes, "took", rs.Duration, "total", time.Since(start))
 		if a.isolatable() {
 			// Block sets get memory of their own (engine_memory.go), which
@@ -188,7 +259,7 @@ func (a *Agent) registerDevicePool(i int, dm *cuda.DeviceMemory) error {
 		st, rerr := a.transport.RegisterDmabuf(a.poolNIC[i], f, dm.Addr(), dm.Size())
 		f.Close()
 		if rerr == nil {
-			a.rdmaReg[i], a.poolDevice[i] = "dmabuf", a.rdmaDevs[a.poolNIC[i]].Info().Name
+			a.rdmaReg[i], a.poolDevice[i] = "dmabuf", a.rdmaDeviceName(i)
 			a.log.Info("device pool registered for RDMA by dma-buf", "gpu", gpu, "device", a.poolDevice[i], "bytes", st.Bytes, "took", st.Duration, "total", time.Since(start))
 			return nil
 		}
@@ -198,7 +269,7 @@ func (a *Agent) registerDevicePool(i int, dm *cuda.DeviceMemory) error {
 	if mod, ok := peerMemoryModule(); ok {
 		st, err := a.transport.RegisterAddr(a.poolNIC[i], dm.Addr(), dm.Size())
 		if err == nil {
-			a.rdmaReg[i], a.poolDevice[i] = "peer-memory", a.rdmaDevs[a.poolNIC[i]].Info().Name
+			a.rdmaReg[i], a.poolDevice[i] = "peer-memory", a.rdmaDeviceName(i)
 			a.log.Info("device pool registered for RDMA by device pointer (peer memory)", "gpu", gpu, "device", a.poolDevice[i], "module", mod,
 				"bytes", st.Bytes, "took", st.Duration, "dmabuf_err", dmaErr.Error())
 			return nil
@@ -238,6 +309,12 @@ func (a *Agent) closeRDMA() error {
 	}
 	if a.rdmaLib != nil {
 		errs = append(errs, a.rdmaLib.Close())
+	}
+	if a.ofiEp != nil {
+		errs = append(errs, a.ofiEp.Close())
+	}
+	if a.ofiLib != nil {
+		errs = append(errs, a.ofiLib.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -292,6 +292,22 @@ type Config struct {
 	// LaneConns is how many lane connections this node opens to one
 	// holder, 1..16; a chunk's read is spread over them. If zero, 4.
 	LaneConns int `json:"lane_conns,omitempty"`
+
+	// Fabric is what moves RDMA reads: verbs (libibverbs: InfiniBand,
+	// RoCE), ofi (libfabric: EFA, Slingshot's cxi), auto (verbs where
+	// libibverbs has a usable device, else libfabric with its cxi, efa or
+	// verbs provider) or off (QUIC and the lane only). RDMA still says
+	// whether RDMA is tried at all, and whether its absence is an error.
+	// If empty, auto.
+	Fabric string `json:"fabric,omitempty"`
+	// FabricProvider names libfabric's provider: cxi, efa, verbs, or tcp
+	// and shm (slower than the lane, used only when named). If empty,
+	// cxi, then efa, then verbs.
+	FabricProvider string `json:"fabric_provider,omitempty"`
+	// FabricAddr is the address libfabric's endpoint binds to, for the
+	// providers that take one (tcp: one of this node's IP addresses). If
+	// empty, the provider's default.
+	FabricAddr string `json:"fabric_addr,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
@@ -427,6 +443,9 @@ func (c *Config) populate() {
 	if c.RDMAPort == 0 {
 		c.RDMAPort = 1
 	}
+	if c.Fabric == "" {
+		c.Fabric = "auto"
+	}
 	c.populateEngineLimits()
 }
 
@@ -484,6 +503,18 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		return nil, bad("lane_plain", "set without lane_addr")
 	case c.LaneConns < 0 || c.LaneConns > transfer.MaxLaneConns:
 		return nil, bad("lane_conns", "%d not in 1..%d (0: %d)", c.LaneConns, transfer.MaxLaneConns, transfer.DefaultLaneConns)
+	}
+	switch {
+	case c.Fabric != "auto" && c.Fabric != "verbs" && c.Fabric != "ofi" && c.Fabric != "off":
+		return nil, bad("fabric", "%q is not auto, verbs, ofi or off", c.Fabric)
+	case c.Fabric == "off" && c.RDMA == "on":
+		return nil, bad("fabric", "off with rdma=on")
+	case (c.FabricProvider != "" || c.FabricAddr != "") && (c.Fabric == "verbs" || c.Fabric == "off"):
+		return nil, bad("fabric_provider", "libfabric's provider or address set with fabric=%s", c.Fabric)
+	case len(c.FabricProvider) > 64 || strings.IndexFunc(c.FabricProvider, notProviderRune) >= 0:
+		return nil, bad("fabric_provider", "%q is not a libfabric provider name (letters, digits, _ and ;, at most 64)", c.FabricProvider)
+	case len(c.FabricAddr) > 255:
+		return nil, bad("fabric_addr", "%d bytes, at most 255", len(c.FabricAddr))
 	}
 	switch {
 	case c.RDMA != "auto" && c.RDMA != "on" && c.RDMA != "off":
@@ -797,4 +828,9 @@ func (s DurationSetting) Range() string {
 		return fmt.Sprintf("at least %v", Duration(s.Min))
 	}
 	return fmt.Sprintf("%v..%v", Duration(s.Min), Duration(s.Max))
+}
+
+// notProviderRune reports a rune no libfabric provider name has.
+func notProviderRune(r rune) bool {
+	return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == ';')
 }

@@ -96,6 +96,17 @@ func (n *Node) register(nic int, addr, length uint64, what string, reg func(*rdm
 	if err := n.checkNewSpan(nic, addr, length); err != nil {
 		return rdma.RegistrationStats{}, err
 	}
+	if t, ok := n.rdma.tp.(*ofiTransport); ok {
+		if what != "host memory" {
+			return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %s of %d bytes at %#x: %w: over libfabric only host memory is registered here",
+				what, length, addr, rdma.ErrNotSupported)
+		}
+		mr, stats, err := t.register(addr, length)
+		if err != nil {
+			return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %s of %d bytes at %#x: %w", what, length, addr, err)
+		}
+		return stats, n.rdma.mem.add(mr, nic)
+	}
 	mr, err := reg(n.rdma.cfg.Devices[nic])
 	if err != nil {
 		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %s of %d bytes at %#x: %w", what, length, addr, err)
@@ -110,8 +121,8 @@ func (n *Node) checkNewSpan(nic int, addr, length uint64) error {
 	if n.rdma == nil {
 		return fmt.Errorf("transfer: register memory: %w: RDMA is not configured", rdma.ErrUnavailable)
 	}
-	if nic < 0 || nic >= len(n.rdma.cfg.Devices) {
-		return fmt.Errorf("transfer: register memory: %w: device %d of %d", ErrInvalidRequest, nic, len(n.rdma.cfg.Devices))
+	if nic < 0 || nic >= n.rdma.nics() {
+		return fmt.Errorf("transfer: register memory: %w: device %d of %d", ErrInvalidRequest, nic, n.rdma.nics())
 	}
 	if length == 0 || addr+length < addr {
 		return fmt.Errorf("transfer: register memory: %w: %d bytes at %#x", ErrInvalidRequest, length, addr)

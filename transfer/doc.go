@@ -117,6 +117,13 @@
 // which transport moved a read: RDMA first where there is RDMA, then the
 // lane, then QUIC.
 //
+// RDMA runs on one of two bindings, behind one read path: libibverbs'
+// RC queue pairs (RDMAConfig.Devices), or a libfabric RDM endpoint
+// (RDMAConfig.OFI: EFA, Slingshot's cxi, or libfabric's tcp and shm).
+// A lease request names the reader's binding, and a holder hands its
+// regions (with 64-bit keys, and its endpoint name, over libfabric) only
+// to a reader of its own; across bindings reads take the lane or QUIC.
+//
 // # Deadlines
 //
 // Connections send keep-alives and close after IdleTimeout without a

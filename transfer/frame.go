@@ -180,6 +180,7 @@ type request struct {
 	segments   []layout.Segment
 	totalBytes uint64
 	rdma       bool          // a lease's reader wants RDMA keys
+	rma        string        // and the binding it reads with
 	endpoint   rdma.Endpoint // an RDMA connect's queue pair
 	nic        int           // and the device to make ours on
 	readerNIC  int           // and the device the reader's is on
@@ -254,6 +255,10 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 			return nil, err
 		}
 		r.hashes, r.duration, r.rdma = pb.Hashes, d, pb.Rdma
+		if len(pb.Rma) > maxRMAKind {
+			return nil, invalid("lease: rma binding name of %d bytes, at most %d", len(pb.Rma), maxRMAKind)
+		}
+		r.rma = pb.Rma
 	case methodRdmaConnect:
 		var pb transferpb.RdmaConnectRequest
 		if err := unmarshal(payload, &pb); err != nil {

@@ -60,8 +60,13 @@ func NewNode(cfg Config) (*Node, error) {
 	n.ident.Store(&identity{cert: cfg.Certificate, cas: cfg.CAs})
 	n.noLaneReads.Store(cfg.NoLaneReads)
 	if cfg.RDMA != nil {
-		n.rdma = &rdmaNode{cfg: *cfg.RDMA, served: map[string][]servedQP{}, fallback: map[string]uint64{},
-			nicBytes: make([]atomic.Uint64, len(cfg.RDMA.Devices))}
+		n.rdma = &rdmaNode{cfg: *cfg.RDMA, fallback: map[string]uint64{},
+			nicBytes: make([]atomic.Uint64, max(len(cfg.RDMA.Devices), 1))}
+		if cfg.RDMA.OFI != nil {
+			n.rdma.tp = &ofiTransport{n: n, ep: cfg.RDMA.OFI}
+		} else {
+			n.rdma.tp = newVerbsTransport(n)
+		}
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.qcfg = cfg.quicConfig()

@@ -60,8 +60,8 @@ func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
 	p := &Peer{n: n, name: name, addr: ua, slots: make([]connSlot, n.cfg.ConnsPerPeer),
 		streams: make(chan struct{}, n.cfg.ConnsPerPeer*n.cfg.StreamsPerConn)}
 	if n.rdma != nil {
-		p.rdma = &peerRDMA{wait: make(chan struct{}), qps: map[nicPair]*qpPool{}, leases: map[uint64]map[uint64][]remoteRegion{},
-			keyless: map[uint64]bool{}}
+		p.rdma = &peerRDMA{leases: map[uint64]map[uint64][]remoteRegion{}, keyless: map[uint64]bool{}}
+		p.rdma.tp = n.rdma.tp.newPeer(p)
 	}
 	p.lane = newPeerLane(n.cfg.LaneConns)
 	if _, err := p.conn(ctx, 0); err != nil {
@@ -77,7 +77,9 @@ func (p *Peer) Name() string { return p.name }
 // flight fail.
 func (p *Peer) Close() error {
 	p.closed.Store(true)
-	p.closeRDMA()
+	if p.rdma != nil {
+		p.rdma.tp.close()
+	}
 	p.lane.close()
 	for i := range p.slots {
 		sl := &p.slots[i]
@@ -340,6 +342,9 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 	var resp transferpb.LeaseResponse
 	asked := p.wantRDMA()
 	req := &transferpb.LeaseRequest{Hashes: hashes, DurationMs: uint64(d / time.Millisecond), Rdma: asked}
+	if asked {
+		req.Rma = p.n.rdma.tp.kind()
+	}
 	if err := p.call(ctx, methodLease, req, &resp); err != nil {
 		return Lease{}, err
 	}
@@ -370,6 +375,17 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 	if asked {
 		if err := p.keepRegions(l.ID, &l, resp.RdmaRegions); err != nil {
 			return Lease{}, err
+		}
+		if len(resp.RdmaRegions) > 0 {
+			switch err := p.rdma.tp.answered(&resp); {
+			case errors.Is(err, errNoEndpointName):
+				// Regions of another binding: not ours to read.
+				p.forgetLease(l.ID)
+				p.rdmaUnavailable(FallbackPeerHasNoRDMA)
+			case err != nil:
+				p.forgetLease(l.ID)
+				return Lease{}, fmt.Errorf("%w: lease from %s: %w", ErrFrame, p.name, err)
+			}
 		}
 	} else {
 		p.keylessLease(l.ID)

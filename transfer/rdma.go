@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/kvfabric/kvfabric/rdma"
+	"github.com/kvfabric/kvfabric/rdma/ofi"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
@@ -43,10 +44,26 @@ type RDMAConfig struct {
 	// queue pairs keep failing (or that names many devices) costs a
 	// bounded amount of setup. If zero, 8.
 	MaxConnectsPerMinute int
+
+	// OFI, if set, is the libfabric endpoint the node reads and serves
+	// over instead of libibverbs: Devices must then be empty, memory is
+	// registered with it as device 0, and QP, QPsPerPeer and
+	// MaxConnectsPerMinute do not apply (its endpoints are
+	// connectionless). The node does not close it. If nil, libibverbs.
+	OFI *ofi.Endpoint
+	// OFIReadTimeout bounds one read over OFI: a provider may never
+	// complete a read the holder's side refuses (shm with a wrong key).
+	// Past it the read fails and goes over QUIC; the endpoint, which
+	// libfabric then closes to flush the read, reads nothing more, so
+	// that every later read goes over QUIC too. If zero, 10 s.
+	OFIReadTimeout time.Duration
 }
 
 func (c *RDMAConfig) populate() error {
-	if len(c.Devices) == 0 || len(c.Devices) > MaxNICs {
+	if c.OFI != nil && len(c.Devices) > 0 {
+		return configErr("RDMA: %d devices and a libfabric endpoint, want one or the other", len(c.Devices))
+	}
+	if c.OFI == nil && (len(c.Devices) == 0 || len(c.Devices) > MaxNICs) {
 		return configErr("RDMA: %d devices, want 1..%d", len(c.Devices), MaxNICs)
 	}
 	for i, d := range c.Devices {
@@ -57,6 +74,12 @@ func (c *RDMAConfig) populate() error {
 	if c.QPsPerPeer < 0 || c.Backoff < 0 || c.MaxBackoff < 0 || c.MaxConnectsPerMinute < 0 {
 		return configErr("RDMA: negative QPsPerPeer %d, Backoff %v, MaxBackoff %v or MaxConnectsPerMinute %d",
 			c.QPsPerPeer, c.Backoff, c.MaxBackoff, c.MaxConnectsPerMinute)
+	}
+	if c.OFIReadTimeout < 0 {
+		return configErr("RDMA: negative OFIReadTimeout %v", c.OFIReadTimeout)
+	}
+	if c.OFIReadTimeout == 0 {
+		c.OFIReadTimeout = 10 * time.Second
 	}
 	if c.QPsPerPeer == 0 {
 		c.QPsPerPeer = 2
@@ -125,7 +148,7 @@ type localMemory struct {
 
 // registration is memory registered with device nic.
 type registration struct {
-	*rdma.MemoryRegion
+	memRegion
 	nic int
 }
 
@@ -145,27 +168,20 @@ func (m *localMemory) findRange(start, n uint64) (reg registration, ok bool) {
 	return registration{}, false
 }
 
-// rdmaNode is a node's RDMA side: its registered memory, the queue pairs
-// it serves peers' reads on, and the counters.
+// rdmaNode is a node's RDMA side: its registered memory, the binding
+// that reads and serves (and what it keeps), and the counters.
 type rdmaNode struct {
 	cfg RDMAConfig
 	mem localMemory
+	tp  rmaTransport
 
 	mu       sync.Mutex
-	served   map[string][]servedQP // by peer, oldest first
-	fallback map[string]uint64     // reads over QUIC by reason
+	fallback map[string]uint64 // reads over QUIC by reason
 
 	// The counters are atomics, off the lock: every read adds to them.
 	reads, bytes, ops, sges, connects, connectFails, readFails atomic.Uint64
 	readCPU                                                    atomic.Int64    // nanoseconds
 	nicBytes                                                   []atomic.Uint64 // bytes read through each device
-}
-
-// servedQP is a queue pair a peer reads on, between this node's device
-// pair.local and the reader's pair.remote.
-type servedQP struct {
-	*rdma.QueuePair
-	pair nicPair
 }
 
 // RegisterMemory registers buf with the node's first RDMA device for remote read,
@@ -223,7 +239,7 @@ func (m *localMemory) overlapsLocked(start, n uint64) bool {
 
 // add keeps a registration, in address order; one that overlaps another
 // is refused (and closed).
-func (m *localMemory) add(mr *rdma.MemoryRegion, nic int) error {
+func (m *localMemory) add(mr memRegion, nic int) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.overlapsLocked(mr.Addr(), mr.Len()) {
@@ -238,20 +254,13 @@ func (m *localMemory) add(mr *rdma.MemoryRegion, nic int) error {
 // RDMAEnabled says whether the node reads and serves over RDMA.
 func (n *Node) RDMAEnabled() bool { return n.rdma != nil }
 
-// closeRDMA destroys the queue pairs served and deregisters the memory.
+// closeRDMA releases what the binding serves and deregisters the memory.
 func (n *Node) closeRDMA() {
 	r := n.rdma
 	if r == nil {
 		return
 	}
-	r.mu.Lock()
-	for peer, qps := range r.served {
-		for _, q := range qps {
-			q.Close()
-		}
-		delete(r.served, peer)
-	}
-	r.mu.Unlock()
+	r.tp.close()
 	r.mem.mu.Lock()
 	for _, mr := range r.mem.mrs {
 		mr.Close()
@@ -260,19 +269,11 @@ func (n *Node) closeRDMA() {
 	r.mem.mu.Unlock()
 }
 
-// dropServed destroys the queue pairs served to peer (its connections
+// dropServed releases what the binding serves peer (its connections
 // closed or it left).
 func (n *Node) dropServed(peer string) {
-	r := n.rdma
-	if r == nil {
-		return
-	}
-	r.mu.Lock()
-	qps := r.served[peer]
-	delete(r.served, peer)
-	r.mu.Unlock()
-	for _, q := range qps {
-		q.Close()
+	if r := n.rdma; r != nil {
+		r.tp.dropServed(peer)
 	}
 }
 
@@ -309,6 +310,30 @@ type RDMAMetrics struct {
 	// the bytes reads moved into memory registered with it and the memory
 	// registered with it.
 	Devices []DeviceMetrics
+
+	// Binding is what reads move over: "verbs", or "ofi:" and the
+	// libfabric provider (e.g. "ofi:tcp;ofi_rxm"); Devices then holds one
+	// entry, the endpoint, named as Binding.
+	Binding string
+}
+
+// nics is how many devices memory is registered with: one endpoint for
+// libfabric.
+func (r *rdmaNode) nics() int { return max(len(r.cfg.Devices), 1) }
+
+func (r *rdmaNode) nicName(i int) string {
+	if i < len(r.cfg.Devices) {
+		return r.cfg.Devices[i].Info().Name
+	}
+	return r.binding()
+}
+
+// binding names what reads move over.
+func (r *rdmaNode) binding() string {
+	if k := r.tp.kind(); k != "" {
+		return k
+	}
+	return "verbs"
 }
 
 // DeviceMetrics is one RDMA device's share of RDMAMetrics.
@@ -332,14 +357,13 @@ func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
 	for k, v := range r.fallback {
 		m.Fallbacks[k] = v
 	}
-	for _, qps := range r.served {
-		m.QPsServed += len(qps)
+	m.Devices = make([]DeviceMetrics, len(r.nicBytes))
+	for i := range m.Devices {
+		m.Devices[i] = DeviceMetrics{Name: r.nicName(i), ReadBytes: r.nicBytes[i].Load()}
 	}
-	m.Devices = make([]DeviceMetrics, len(r.cfg.Devices))
-	for i, d := range r.cfg.Devices {
-		m.Devices[i] = DeviceMetrics{Name: d.Info().Name, ReadBytes: r.nicBytes[i].Load()}
-	}
+	m.Binding = r.binding()
 	r.mu.Unlock()
+	m.QPsServed = r.tp.servedConns()
 	r.mem.mu.RLock()
 	for _, mr := range r.mem.mrs {
 		m.RegisteredBytes += mr.Len()
@@ -347,84 +371,6 @@ func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
 	}
 	r.mem.mu.RUnlock()
 	return m, true
-}
-
-// endpointProto and endpointFrom convert endpoints to and from the wire.
-func endpointProto(e rdma.Endpoint) *transferpb.RdmaEndpoint {
-	return &transferpb.RdmaEndpoint{Qpn: e.QPN, Psn: e.PSN, Gid: append([]byte(nil), e.GID[:]...), Lid: uint32(e.LID),
-		Mtu: uint32(e.MTU), LinkLayer: uint32(e.LinkLayer), ReadDepth: uint32(e.ReadDepth)}
-}
-
-func endpointFrom(pb *transferpb.RdmaEndpoint) (rdma.Endpoint, error) {
-	if pb == nil {
-		return rdma.Endpoint{}, invalid("rdma connect: no endpoint")
-	}
-	if len(pb.Gid) != 0 && len(pb.Gid) != 16 {
-		return rdma.Endpoint{}, invalid("rdma connect: gid of %d bytes, want 16", len(pb.Gid))
-	}
-	if pb.Lid > 0xffff || pb.Mtu > 4096 || pb.LinkLayer > 255 || pb.ReadDepth > 255 {
-		return rdma.Endpoint{}, invalid("rdma connect: lid %d, mtu %d, link layer %d or read depth %d out of range", pb.Lid, pb.Mtu, pb.LinkLayer, pb.ReadDepth)
-	}
-	e := rdma.Endpoint{QPN: pb.Qpn, PSN: pb.Psn, LID: uint16(pb.Lid), MTU: int(pb.Mtu),
-		LinkLayer: rdma.LinkLayer(pb.LinkLayer), ReadDepth: int(pb.ReadDepth)}
-	copy(e.GID[:], pb.Gid)
-	if err := e.Validate(); err != nil {
-		return rdma.Endpoint{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
-	}
-	return e, nil
-}
-
-// serveConnect makes a queue pair on this node's device k.local connected
-// to the reader's endpoint on its device k.remote, and answers with its
-// own. A peer keeps at most twice the queue pairs it reads on per pair of
-// devices (qps, as it says, at least this node's QPsPerPeer), and
-// 2×MaxQPsPerPeer×MaxNICs in all: a new one replaces the oldest of its
-// pair, or the peer's oldest (a reader reconnects after a failure, and its
-// old queue pair is dead).
-func (n *Node) serveConnect(peer string, k nicPair, qps int, remote rdma.Endpoint) (*transferpb.RdmaConnectResponse, error) {
-	r := n.rdma
-	if r == nil {
-		return nil, fmt.Errorf("%w: this node has no RDMA", ErrUnavailable)
-	}
-	if k.local < 0 || k.local >= len(r.cfg.Devices) {
-		return nil, invalid("rdma connect: nic %d: this node has %d RDMA devices", k.local, len(r.cfg.Devices))
-	}
-	qp, err := r.cfg.Devices[k.local].NewQueuePair(r.cfg.QP)
-	if err != nil {
-		return nil, fmt.Errorf("%w: queue pair: %w", ErrUnavailable, err)
-	}
-	if err := qp.Connect(remote); err != nil {
-		qp.Close()
-		return nil, fmt.Errorf("%w: connect queue pair to %s's %d: %w", ErrUnavailable, peer, remote.QPN, err)
-	}
-	r.mu.Lock()
-	served := append(r.served[peer], servedQP{qp, k})
-	var old []servedQP
-	perPair, all := 2*max(r.cfg.QPsPerPeer, min(qps, MaxQPsPerPeer)), 2*MaxQPsPerPeer*MaxNICs
-	on := 0
-	for _, q := range served {
-		if q.pair == k {
-			on++
-		}
-	}
-	keep := served[:0:0]
-	for _, q := range served { // oldest first
-		switch {
-		case q.pair == k && on > perPair:
-			on--
-		case q.pair != k && len(served)-len(old) > all:
-		default:
-			keep = append(keep, q)
-			continue
-		}
-		old = append(old, q)
-	}
-	r.served[peer] = keep
-	r.mu.Unlock()
-	for _, q := range old {
-		q.Close()
-	}
-	return &transferpb.RdmaConnectResponse{Endpoint: endpointProto(qp.Endpoint())}, nil
 }
 
 // rdmaRegions returns the remote keys of every rank's region of the block
@@ -442,7 +388,9 @@ func (n *Node) rdmaRegions(sets map[uint64][]byte) []*transferpb.RdmaRegion {
 			if !ok {
 				continue
 			}
-			out = append(out, &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Addr: addr, Length: length, Rkey: mr.RKey(), Nic: uint32(mr.nic)})
+			g := &transferpb.RdmaRegion{BlockSet: set, Rank: uint32(rank), Length: length, Nic: uint32(mr.nic)}
+			n.rdma.tp.region(mr, addr, g)
+			out = append(out, g)
 		}
 	}
 	return out

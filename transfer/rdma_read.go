@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
-	"github.com/kvfabric/kvfabric/rdma"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
@@ -20,7 +19,7 @@ import (
 // addresses it.
 type remoteRegion struct {
 	addr, length uint64
-	rkey         uint32
+	key          uint64
 	nic          int // the holder's device it is registered with
 }
 
@@ -29,17 +28,11 @@ type remoteRegion struct {
 // registered).
 type nicPair struct{ local, remote int }
 
-// qpPool is the queue pairs between one pair of devices.
-type qpPool struct {
-	idle []*rdma.QueuePair
-	open int // connected queue pairs, idle or reading
-}
-
 // peerRDMA is a reader's RDMA state for one peer.
 type peerRDMA struct {
+	// tp is the binding's own state for the peer (its connections).
+	tp     rmaPeer
 	mu     sync.Mutex
-	qps    map[nicPair]*qpPool
-	wait   chan struct{}
 	leases map[uint64]map[uint64][]remoteRegion // lease -> block set -> by rank
 	// keyless are the leases taken without asking for keys, during a
 	// backoff: reads under them count as the backoff's.
@@ -50,7 +43,6 @@ type peerRDMA struct {
 	failures    int
 	reason      string
 	noRDMA      bool // the holder offers no RDMA; asked again after Backoff
-	connects    []time.Time
 }
 
 // maxLeasesKept bounds the leases whose keys a peer handle remembers: a
@@ -95,7 +87,7 @@ func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaR
 		if rs[g.Rank].length != 0 {
 			return fmt.Errorf("%w: lease from %s: two RDMA regions for block set %d rank %d", ErrFrame, p.name, g.BlockSet, g.Rank)
 		}
-		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, rkey: g.Rkey, nic: int(g.Nic)}
+		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, key: r.tp.regionKey(g), nic: int(g.Nic)}
 		sets[g.BlockSet] = rs
 	}
 	r.mu.Lock()
@@ -184,7 +176,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		p.n.countFallback(FallbackPeerHasNoRDMA)
 		return false, nil
 	}
-	lkeys := make([]uint32, len(dst))
+	locals := make([]registration, len(dst))
 	local := make([]int, len(dst))
 	for i, d := range dst {
 		if d.Len == 0 {
@@ -195,7 +187,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 			p.n.countFallback(FallbackNotRegistered)
 			return false, nil
 		}
-		lkeys[i], local[i] = mr.LKey(), mr.nic
+		locals[i], local[i] = mr, mr.nic
 	}
 	// The segments by the devices at both ends: each group goes on queue
 	// pairs of its own, the groups at once (a NIC per GPU reads its ranks
@@ -247,7 +239,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	}
 	res := make([]groupRead, len(jobs))
 	if len(jobs) == 1 {
-		res[0] = p.readGroup(ctx, leaseID, jobs[0].pair, jobs[0].segs, jobs[0].bytes, regions, dst, lkeys)
+		res[0] = r.tp.read(ctx, leaseID, jobs[0].pair, jobs[0].segs, jobs[0].bytes, regions, dst, locals)
 	} else {
 		// A group that fails stops the others: the chunk is read again
 		// over QUIC.
@@ -257,7 +249,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res[i] = p.readGroup(gctx, leaseID, j.pair, j.segs, j.bytes, regions, dst, lkeys)
+				res[i] = r.tp.read(gctx, leaseID, j.pair, j.segs, j.bytes, regions, dst, locals)
 				if res[i].err != nil {
 					cancel()
 				}
@@ -324,219 +316,4 @@ type groupRead struct {
 	fallback         string
 	ops, sges, bytes uint64
 	cpu              time.Duration
-}
-
-// readGroup moves segs, n bytes all between the devices of k, on a queue
-// pair of k.
-func (p *Peer) readGroup(ctx context.Context, leaseID uint64, k nicPair, segs []layout.Segment, n uint64, regions []remoteRegion, dst []Span, lkeys []uint32) groupRead {
-	qp, err := p.takeQP(ctx, k)
-	if err != nil {
-		switch {
-		case errors.Is(err, errConnectLimited):
-			return groupRead{fallback: FallbackConnectLimited}
-		case ctx.Err() != nil, errors.Is(err, ErrClosed):
-			return groupRead{err: err}
-		}
-		return groupRead{fallback: FallbackConnectFailed}
-	}
-	ops, sges, err := readOps(segs, regions, dst, lkeys, qp.Options().MaxSGE)
-	if err != nil {
-		p.putQP(k, qp, true)
-		p.n.log.Warn("holder's RDMA regions do not fit the read", "peer", p.name, "lease", leaseID, "err", err)
-		return groupRead{fallback: FallbackBadKeys}
-	}
-	cpu0 := qp.ReadCPU()
-	err = qp.Read(ctx, ops)
-	g := groupRead{ops: uint64(len(ops)), sges: uint64(sges), bytes: n, cpu: qp.ReadCPU() - cpu0}
-	p.putQP(k, qp, err != nil)
-	if err != nil {
-		g.err = err
-	}
-	return g
-}
-
-var errConnectLimited = errors.New("transfer: rdma connects to the peer at their cap for this minute")
-
-// takeQP returns an idle connected queue pair between the devices of k,
-// connecting a new one while fewer than QPsPerPeer are open, or waits for
-// one to be given back.
-func (p *Peer) takeQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
-	r := p.rdma
-	cfg := p.n.rdma.cfg
-	for {
-		r.mu.Lock()
-		// Under the lock that closeRDMA's wake-up takes: a close is seen
-		// here, or wakes the wait below.
-		if p.closed.Load() {
-			r.mu.Unlock()
-			return nil, fmt.Errorf("transfer: peer %s: %w", p.name, ErrClosed)
-		}
-		pool := r.qps[k]
-		if pool == nil {
-			pool = &qpPool{}
-			r.qps[k] = pool
-		}
-		if n := len(pool.idle); n > 0 {
-			q := pool.idle[n-1]
-			pool.idle = pool.idle[:n-1]
-			r.mu.Unlock()
-			return q, nil
-		}
-		if pool.open < cfg.QPsPerPeer {
-			now := time.Now()
-			for len(r.connects) > 0 && now.Sub(r.connects[0]) > time.Minute {
-				r.connects = r.connects[1:]
-			}
-			if len(r.connects) >= cfg.MaxConnectsPerMinute*len(cfg.Devices) {
-				r.mu.Unlock()
-				return nil, errConnectLimited
-			}
-			r.connects = append(r.connects, now)
-			pool.open++
-			r.mu.Unlock()
-			q, err := p.connectQP(ctx, k)
-			if err != nil {
-				r.mu.Lock()
-				pool.open--
-				p.signalQPLocked()
-				r.mu.Unlock()
-				return nil, err
-			}
-			return q, nil
-		}
-		wait := r.wait
-		r.mu.Unlock()
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
-
-// putQP gives a queue pair of k back after a read; a failed one is
-// destroyed (the next read connects a fresh one, within
-// MaxConnectsPerMinute).
-func (p *Peer) putQP(k nicPair, q *rdma.QueuePair, failed bool) {
-	r := p.rdma
-	r.mu.Lock()
-	pool := r.qps[k]
-	drop := failed || p.closed.Load()
-	if drop {
-		pool.open--
-	} else {
-		pool.idle = append(pool.idle, q)
-	}
-	p.signalQPLocked()
-	r.mu.Unlock()
-	if drop {
-		q.Close()
-	}
-}
-
-// signalQPLocked wakes the reads waiting for a queue pair of the peer. The
-// peer's rdma.mu must be held.
-func (p *Peer) signalQPLocked() {
-	r := p.rdma
-	close(r.wait)
-	r.wait = make(chan struct{})
-}
-
-// connectQP makes a queue pair on this node's device k.local, has the
-// holder make one on its device k.remote connected to it, and connects
-// ours to the holder's.
-func (p *Peer) connectQP(ctx context.Context, k nicPair) (*rdma.QueuePair, error) {
-	st := p.n.rdma
-	fail := func(err error) (*rdma.QueuePair, error) {
-		if ctx.Err() != nil {
-			return nil, err // given up (another lane failed, or the caller), not failed
-		}
-		st.connectFails.Add(1)
-		p.n.log.Warn("rdma connect failed", "peer", p.name, "nic", k.local, "peer_nic", k.remote, "err", err)
-		return nil, err
-	}
-	q, err := st.cfg.Devices[k.local].NewQueuePair(st.cfg.QP)
-	if err != nil {
-		return fail(fmt.Errorf("transfer: rdma queue pair: %w", err))
-	}
-	var resp transferpb.RdmaConnectResponse
-	req := &transferpb.RdmaConnectRequest{Endpoint: endpointProto(q.Endpoint()), Nic: uint32(k.remote), ReaderNic: uint32(k.local),
-		QueuePairs: uint32(st.cfg.QPsPerPeer)}
-	if err := p.call(ctx, methodRdmaConnect, req, &resp); err != nil {
-		q.Close()
-		return fail(err)
-	}
-	remote, err := endpointFrom(resp.Endpoint)
-	if err != nil {
-		q.Close()
-		return fail(fmt.Errorf("transfer: rdma connect answer from %s: %w", p.name, err))
-	}
-	if err := q.Connect(remote); err != nil {
-		q.Close()
-		return fail(fmt.Errorf("transfer: connect queue pair to %s's %d: %w", p.name, remote.QPN, err))
-	}
-	st.connects.Add(1)
-	return q, nil
-}
-
-// closeRDMA destroys the peer handle's idle queue pairs (the busy ones
-// when they are given back).
-func (p *Peer) closeRDMA() {
-	r := p.rdma
-	if r == nil {
-		return
-	}
-	r.mu.Lock()
-	var idle []*rdma.QueuePair
-	for _, pool := range r.qps {
-		idle = append(idle, pool.idle...)
-		pool.open -= len(pool.idle)
-		pool.idle = nil
-	}
-	// Reads waiting for a queue pair see the handle closed.
-	p.signalQPLocked()
-	r.mu.Unlock()
-	for _, q := range idle {
-		q.Close()
-	}
-}
-
-// readOps turns a plan's segments into RDMA READs (rdma.Coalesce merges
-// pieces contiguous in the holder's memory into one work request with a
-// scatter list, and pieces contiguous on both sides into one entry). It
-// first checks every segment against the holder's region (its announced
-// length). It returns the ops and the scatter entries they hold.
-func readOps(segs []layout.Segment, regions []remoteRegion, dst []Span, lkeys []uint32, maxSGE int) ([]rdma.ReadOp, int, error) {
-	n := uint64(0)
-	for _, s := range segs {
-		n += s.Count
-	}
-	pieces := make([]rdma.Piece, 0, n)
-	for si, s := range segs {
-		if s.SrcRank < 0 || s.SrcRank >= len(regions) || regions[s.SrcRank].length == 0 {
-			return nil, 0, fmt.Errorf("segment %d reads rank %d, which the holder gave no RDMA region for", si, s.SrcRank)
-		}
-		reg := regions[s.SrcRank]
-		end, err := segmentEnd(s)
-		if err != nil {
-			return nil, 0, fmt.Errorf("segment %d: %w", si, err)
-		}
-		if end > reg.length {
-			return nil, 0, fmt.Errorf("segment %d ends at %d, past rank %d's region of %d bytes", si, end, s.SrcRank, reg.length)
-		}
-		base := dst[s.DstRank].Addr
-		for i := uint64(0); i < s.Count; i++ {
-			src, d := s.Piece(i)
-			pieces = append(pieces, rdma.Piece{RemoteAddr: reg.addr + src, RKey: reg.rkey, LocalAddr: base + d, LKey: lkeys[s.DstRank], Length: s.Length})
-		}
-	}
-	ops, err := rdma.Coalesce(pieces, maxSGE)
-	if err != nil {
-		return nil, 0, err
-	}
-	sges := 0
-	for _, op := range ops {
-		sges += len(op.Local)
-	}
-	return ops, sges, nil
 }

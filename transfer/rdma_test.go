@@ -92,6 +92,17 @@ func newRDMAPairOn(t *testing.T, lib string, holderRDMA bool, tune func(*RDMACon
 	if devices == nil {
 		devices = []string{"softverbs0"}
 	}
+	var hopts []nodeOpt
+	if holderRDMA {
+		hopts = append(hopts, withRDMADevices(t, lib, devices, tune))
+	}
+	return newPairWith(t, hopts, []nodeOpt{withRDMADevices(t, lib, devices, tune)}, holderNIC, readerNIC)
+}
+
+// newPairWith is newRDMAPairOn with the nodes' options given: a holder
+// without RDMA registers nothing.
+func newPairWith(t *testing.T, hopts, ropts []nodeOpt, holderNIC, readerNIC []int) *rdmaPair {
+	t.Helper()
 	nic := func(of []int, r int) int {
 		if of == nil {
 			return 0
@@ -107,10 +118,7 @@ func newRDMAPairOn(t *testing.T, lib string, holderRDMA bool, tune func(*RDMACon
 	fill(p.src[1], 2)
 	h.regions[7] = p.src
 	leaseAll(h, 42, 2, srcSize)
-	var hopts []nodeOpt
-	if holderRDMA {
-		hopts = append(hopts, withRDMADevices(t, lib, devices, tune))
-	}
+	holderRDMA := len(hopts) > 0
 	p.holder = newTestNode(t, ca, "holder", members, h, hopts...)
 	if holderRDMA {
 		for i, r := range p.src {
@@ -119,7 +127,7 @@ func newRDMAPairOn(t *testing.T, lib string, holderRDMA bool, tune func(*RDMACon
 			}
 		}
 	}
-	p.reader = newTestNode(t, ca, "reader", members, nil, withRDMADevices(t, lib, devices, tune))
+	p.reader = newTestNode(t, ca, "reader", members, nil, ropts...)
 	p.peer = dialPeer(t, p.reader, p.holder)
 	var sizes []uint64
 	p.segs, sizes = stridedPlan(rand.New(rand.NewPCG(1, 2)), srcSize)
@@ -392,7 +400,7 @@ func TestRegisterMemory(t *testing.T) {
 func TestReadOps(t *testing.T) {
 	dst := [][]byte{make([]byte, 1<<20)}
 	base := uint64(uintptr(unsafePointer(dst[0])))
-	regions := []remoteRegion{{addr: 1 << 40, length: 1 << 20, rkey: 9}}
+	regions := []remoteRegion{{addr: 1 << 40, length: 1 << 20, key: 9}}
 	lkeys := []uint32{5}
 	for _, tc := range []struct {
 		name          string
@@ -429,7 +437,7 @@ func TestReadOps(t *testing.T) {
 		})
 	}
 	// A piece over rdma.MaxReadBytes is split; at the limit it is not.
-	big := []remoteRegion{{addr: 1 << 40, length: 5 << 30, rkey: 9}}
+	big := []remoteRegion{{addr: 1 << 40, length: 5 << 30, key: 9}}
 	fake := [][]byte{reserved(t, 5<<30)}
 	if ops, _, err := readOps([]layout.Segment{{Length: rdma.MaxReadBytes, Count: 1}}, big, spansOf(fake), lkeys, 4); err != nil || len(ops) != 1 {
 		t.Fatalf("a piece of MaxReadBytes: %d ops, %v", len(ops), err)
@@ -510,14 +518,15 @@ func TestRDMAQueuePairWaitEndsWithThePeer(t *testing.T) {
 	lib, _ := softNIC(t)
 	p := newRDMAPair(t, lib, true, func(c *RDMAConfig) { c.QPsPerPeer = 1 })
 	k := nicPair{}
-	p.peer.rdma.mu.Lock()
-	p.peer.rdma.qps[k] = &qpPool{open: 1} // one queue pair, reading elsewhere
-	p.peer.rdma.mu.Unlock()
+	v := p.peer.rdma.tp.(*verbsPeer)
+	v.mu.Lock()
+	v.qps[k] = &qpPool{open: 1} // one queue pair, reading elsewhere
+	v.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := p.peer.takeQP(ctx, k)
+		_, err := v.takeQP(ctx, k)
 		done <- err
 	}()
 	// Until it waits: a goroutine blocked in takeQP's select.

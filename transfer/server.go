@@ -150,8 +150,11 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 			resp.Blocks[i] = &transferpb.LeasedBlock{Hash: b.Hash, Present: b.Present, BlockSet: b.BlockSet, Slot: b.Slot, Generation: b.Generation,
 				Sum: b.Sum, HasSum: b.HasSum}
 		}
-		if r.rdma && n.rdma != nil && l.ID != 0 {
+		if r.rdma && n.rdma != nil && l.ID != 0 && r.rma == n.rdma.tp.kind() {
 			resp.RdmaRegions = n.rdmaRegions(l.LayoutDigests)
+			if len(resp.RdmaRegions) > 0 {
+				n.rdma.tp.answer(resp)
+			}
 		}
 		return resp, nil
 	case methodRdmaConnect:

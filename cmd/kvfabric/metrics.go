@@ -135,6 +135,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(rd.Bytes), "transport", "rdma", "direction", "read")
 	e.gauge("kvfabric_rdma_enabled", "1 when this node reads and serves over RDMA, else 0 (the agent's log says why).", boolFloat(m.RDMAEnabled))
 	if m.RDMAEnabled {
+		e.gauge("kvfabric_rdma_binding", "1, labelled with what moves RDMA reads: verbs, or ofi: and libfabric's provider.", 1, "binding", rd.Binding)
 		e.counter("kvfabric_rdma_reads_total", "Reads from peers completed over RDMA.", float64(rd.Reads))
 		e.counter("kvfabric_rdma_read_failures_total", "RDMA reads that failed (and were read again over QUIC).", float64(rd.ReadFailures))
 		e.counter("kvfabric_rdma_work_requests_total", "RDMA READ work requests posted.", float64(rd.Ops))

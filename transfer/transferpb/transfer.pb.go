@@ -324,7 +324,11 @@ type LeaseRequest struct {
 	DurationMs uint64                 `protobuf:"varint,2,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	// The reader can read over RDMA: answer with the remote keys of the
 	// leased block sets' regions (rdma_regions), where the holder has them.
-	Rdma          bool `protobuf:"varint,3,opt,name=rdma,proto3" json:"rdma,omitempty"`
+	Rdma bool `protobuf:"varint,3,opt,name=rdma,proto3" json:"rdma,omitempty"`
+	// With rdma: the binding the reader reads with, empty for libibverbs,
+	// "ofi:" and the libfabric provider's name (e.g. "ofi:tcp;ofi_rxm")
+	// for libfabric. A holder answers with regions only for its own.
+	Rma           string `protobuf:"bytes,4,opt,name=rma,proto3" json:"rma,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -378,6 +382,13 @@ func (x *LeaseRequest) GetRdma() bool {
 		return x.Rdma
 	}
 	return false
+}
+
+func (x *LeaseRequest) GetRma() string {
+	if x != nil {
+		return x.Rma
+	}
+	return ""
 }
 
 // LeasedBlock is the lease's answer for one requested hash, in request order.
@@ -500,7 +511,10 @@ type LeaseResponse struct {
 	// validates them (region length against the layout, no overflow) and
 	// reads only the pieces its plan names; the holder trusts no byte that
 	// lands anywhere, and a lease found expired at release voids the read.
-	RdmaRegions   []*RdmaRegion `protobuf:"bytes,6,rep,name=rdma_regions,json=rdmaRegions,proto3" json:"rdma_regions,omitempty"`
+	RdmaRegions []*RdmaRegion `protobuf:"bytes,6,rep,name=rdma_regions,json=rdmaRegions,proto3" json:"rdma_regions,omitempty"`
+	// With rdma_regions over libfabric: the holder's endpoint name
+	// (fi_getname, at most 256 bytes), for the reader's address vector.
+	OfiName       []byte `protobuf:"bytes,7,opt,name=ofi_name,json=ofiName,proto3" json:"ofi_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -577,6 +591,13 @@ func (x *LeaseResponse) GetRdmaRegions() []*RdmaRegion {
 	return nil
 }
 
+func (x *LeaseResponse) GetOfiName() []byte {
+	if x != nil {
+		return x.OfiName
+	}
+	return nil
+}
+
 // RdmaRegion is one rank's region of a block set in the holder's memory
 // registered for remote read.
 type RdmaRegion struct {
@@ -591,7 +612,9 @@ type RdmaRegion struct {
 	// for its first; a node with a NIC per GPU registers each GPU's memory
 	// with the NIC nearest it): READs of it go on queue pairs connected to
 	// that device (RdmaConnectRequest.nic).
-	Nic           uint32 `protobuf:"varint,6,opt,name=nic,proto3" json:"nic,omitempty"`
+	Nic uint32 `protobuf:"varint,6,opt,name=nic,proto3" json:"nic,omitempty"`
+	// Over libfabric: the region's key, up to 64 bits (rkey is unused).
+	Key           uint64 `protobuf:"fixed64,7,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -664,6 +687,13 @@ func (x *RdmaRegion) GetRkey() uint32 {
 func (x *RdmaRegion) GetNic() uint32 {
 	if x != nil {
 		return x.Nic
+	}
+	return 0
+}
+
+func (x *RdmaRegion) GetKey() uint64 {
+	if x != nil {
+		return x.Key
 	}
 	return 0
 }
@@ -1752,12 +1782,13 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\tblock_set\x18\x02 \x01(\x04R\bblockSet\x12\x16\n" +
 	"\x06layout\x18\x03 \x01(\fR\x06layout\"N\n" +
 	"\x0fLayoutsResponse\x12;\n" +
-	"\alayouts\x18\x01 \x03(\v2!.kvfabric.transfer.v1.LayoutEntryR\alayouts\"[\n" +
+	"\alayouts\x18\x01 \x03(\v2!.kvfabric.transfer.v1.LayoutEntryR\alayouts\"m\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x06R\x06hashes\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
 	"durationMs\x12\x12\n" +
-	"\x04rdma\x18\x03 \x01(\bR\x04rdma\"\xb7\x01\n" +
+	"\x04rdma\x18\x03 \x01(\bR\x04rdma\x12\x10\n" +
+	"\x03rma\x18\x04 \x01(\tR\x03rma\"\xb7\x01\n" +
 	"\vLeasedBlock\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\x06R\x04hash\x12\x18\n" +
 	"\apresent\x18\x02 \x01(\bR\apresent\x12\x1b\n" +
@@ -1767,7 +1798,7 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"generation\x18\x05 \x01(\x04R\n" +
 	"generation\x12\x10\n" +
 	"\x03sum\x18\x06 \x01(\x06R\x03sum\x12\x17\n" +
-	"\ahas_sum\x18\a \x01(\bR\x06hasSum\"\x84\x03\n" +
+	"\ahas_sum\x18\a \x01(\bR\x06hasSum\"\x9f\x03\n" +
 	"\rLeaseResponse\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
@@ -1775,10 +1806,11 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x06blocks\x18\x03 \x03(\v2!.kvfabric.transfer.v1.LeasedBlockR\x06blocks\x12]\n" +
 	"\x0elayout_digests\x18\x04 \x03(\v26.kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntryR\rlayoutDigests\x12\x16\n" +
 	"\x06capped\x18\x05 \x01(\bR\x06capped\x12C\n" +
-	"\frdma_regions\x18\x06 \x03(\v2 .kvfabric.transfer.v1.RdmaRegionR\vrdmaRegions\x1a@\n" +
+	"\frdma_regions\x18\x06 \x03(\v2 .kvfabric.transfer.v1.RdmaRegionR\vrdmaRegions\x12\x19\n" +
+	"\bofi_name\x18\a \x01(\fR\aofiName\x1a@\n" +
 	"\x12LayoutDigestsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\x8f\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"\xa1\x01\n" +
 	"\n" +
 	"RdmaRegion\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x12\n" +
@@ -1786,7 +1818,8 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x04addr\x18\x03 \x01(\x04R\x04addr\x12\x16\n" +
 	"\x06length\x18\x04 \x01(\x04R\x06length\x12\x12\n" +
 	"\x04rkey\x18\x05 \x01(\rR\x04rkey\x12\x10\n" +
-	"\x03nic\x18\x06 \x01(\rR\x03nic\"J\n" +
+	"\x03nic\x18\x06 \x01(\rR\x03nic\x12\x10\n" +
+	"\x03key\x18\a \x01(\x06R\x03key\"J\n" +
 	"\fRenewRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +

@@ -1,0 +1,262 @@
+//go:build cgo && linux
+
+package transfer
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/rdma/ofi"
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
+)
+
+// ofiProviders are libfabric's providers on every Debian machine that offer
+// RMA reads on RDM endpoints without hardware.
+var ofiProviders = []string{"tcp", "shm"}
+
+// withOFI gives a node an endpoint of libfabric's provider prov (make
+// test-deps installs libfabric; its absence fails the test).
+func withOFI(t testing.TB, prov string, tune func(*RDMAConfig)) nodeOpt {
+	t.Helper()
+	ep := openOFI(t, prov)
+	return func(c *Config) {
+		c.RDMA = &RDMAConfig{OFI: ep, Backoff: 200 * time.Millisecond, OFIReadTimeout: 3 * time.Second}
+		if tune != nil {
+			tune(c.RDMA)
+		}
+	}
+}
+
+func openOFI(t testing.TB, prov string) *ofi.Endpoint {
+	t.Helper()
+	cfg := ofi.Config{Provider: prov, Logger: quietLogger(), FlushGrace: time.Second}
+	if prov == "tcp" {
+		cfg.Node = "127.0.0.1"
+	}
+	l, err := ofi.Load(cfg)
+	if err != nil {
+		t.Fatalf("libfabric is needed for these tests (make test-deps): %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ep, err := l.Open()
+	if err != nil {
+		t.Fatalf("open a libfabric %s endpoint: %v", prov, err)
+	}
+	t.Cleanup(func() { ep.Close() })
+	return ep
+}
+
+func newOFIPair(t *testing.T, prov string, tune func(*RDMAConfig)) *rdmaPair {
+	t.Helper()
+	return newPairWith(t, []nodeOpt{withOFI(t, prov, tune)}, []nodeOpt{withOFI(t, prov, tune)}, nil, nil)
+}
+
+// A strided plan moves over libfabric byte for byte (rdmaPair.read checks
+// every byte, and that nothing past the plan was written), read after
+// read, and the metrics name the provider.
+func TestReadOverOFI(t *testing.T) {
+	for _, prov := range ofiProviders {
+		t.Run(prov, func(t *testing.T) {
+			p := newOFIPair(t, prov, nil)
+			for round := range 3 {
+				if via := p.read(t); via != TransportRDMA {
+					t.Fatalf("round %d went over %s, want rdma", round, via)
+				}
+			}
+			m := p.metrics(t)
+			if !strings.HasPrefix(m.Binding, "ofi:"+prov) || len(m.Devices) != 1 || m.Devices[0].Name != m.Binding {
+				t.Errorf("binding %q, devices %+v: want ofi:%s and one endpoint", m.Binding, m.Devices, prov)
+			}
+			var want uint64
+			for _, d := range p.want {
+				want += uint64(len(d))
+			}
+			if m.Reads != 3 || m.Bytes == 0 || m.ReadFailures != 0 || len(nonZero(m.Fallbacks)) != 0 {
+				t.Errorf("metrics %+v: want 3 reads over libfabric, no failure or fallback", m)
+			}
+			if hm, _ := p.holder.RDMAMetrics(); hm.RegisteredBytes != 16<<20 || hm.QPsServed != 0 {
+				t.Errorf("holder metrics %+v: want 16 MiB registered and nothing served per peer", hm)
+			}
+		})
+	}
+}
+
+func nonZero(m map[string]uint64) map[string]uint64 {
+	out := map[string]uint64{}
+	for k, v := range m {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// A region key that is not the holder's fails the libfabric read, and the
+// read goes over QUIC, every byte checked; the peer backs off.
+func TestOFIWrongKeyFallsBackToQUIC(t *testing.T) {
+	for _, prov := range ofiProviders {
+		t.Run(prov, func(t *testing.T) {
+			p := newOFIPair(t, prov, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			l, err := p.peer.Lease(ctx, []uint64{2}, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.peer.rdma.mu.Lock()
+			for _, rs := range p.peer.rdma.leases[l.ID] {
+				for i := range rs {
+					rs[i].key ^= 0x5a5a
+				}
+			}
+			p.peer.rdma.mu.Unlock()
+			via, err := p.peer.ReadVia(ctx, l.ID, 7, p.segs, p.dst)
+			if err != nil || via != TransportQUIC {
+				t.Fatalf("read with a wrong key: over %s, %v; want quic", via, err)
+			}
+			p.checkBytes(t)
+			if m := p.metrics(t); m.ReadFailures != 1 || m.Fallbacks[FallbackReadFailed] != 1 || m.Reads != 0 {
+				t.Errorf("metrics %+v: want one failed libfabric read counted as read-failed", m)
+			}
+		})
+	}
+}
+
+// checkBytes checks every byte of the destinations against the plan.
+func (p *rdmaPair) checkBytes(t *testing.T) {
+	t.Helper()
+	for r := range p.dst {
+		if i := firstDiff(p.dst[r], p.want[r]); i >= 0 {
+			t.Fatalf("rank %d differs first at byte %d of %d", r, i, len(p.dst[r]))
+		}
+	}
+}
+
+// A holder whose libfabric endpoint closes in the middle of reads (the
+// holder's NIC gone) ends each read over QUIC with every byte, or in a
+// clear error, within the read's deadline; never a hang. Over tcp only:
+// both nodes here are one process, and shm's reader maps the holder's
+// shared memory, which closing the holder's endpoint unmaps under it (a
+// holder process killed mid-read over shm is rdma/ofi's
+// TestHolderKilledMidRead).
+func TestOFIHolderClosedMidRead(t *testing.T) {
+	for _, prov := range []string{"tcp"} {
+		t.Run(prov, func(t *testing.T) {
+			hep := openOFI(t, prov)
+			hopt := func(c *Config) { c.RDMA = &RDMAConfig{OFI: hep, Backoff: time.Hour} }
+			p := newPairWith(t, []nodeOpt{hopt}, []nodeOpt{withOFI(t, prov, nil)}, nil, nil)
+			if via := p.read(t); via != TransportRDMA {
+				t.Fatalf("first read went over %s, want rdma", via)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			l, err := p.peer.Lease(ctx, []uint64{2}, 20*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range p.dst {
+				clear(d)
+			}
+			type result struct {
+				via Transport
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				via, err := p.peer.ReadVia(ctx, l.ID, 7, p.segs, p.dst)
+				done <- result{via, err}
+			}()
+			hep.Close()
+			select {
+			case r := <-done:
+				switch {
+				case r.err == nil:
+					// Over QUIC, or over libfabric before the endpoint
+					// closed.
+					p.checkBytes(t)
+				case errors.Is(r.err, context.DeadlineExceeded):
+					t.Fatalf("read ended at its deadline: %v", r.err)
+				default:
+					t.Logf("read over %s ended in an error: %v", r.via, r.err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("read still running a minute after the holder's endpoint closed")
+			}
+			// The next read cannot use the closed endpoint: it goes over
+			// QUIC, every byte checked.
+			if via := p.read(t); via != TransportQUIC {
+				t.Fatalf("read after the holder's endpoint closed went over %s, want quic", via)
+			}
+		})
+	}
+}
+
+// A node with both RDMA devices and a libfabric endpoint is refused.
+func TestRDMAConfigOFIAndDevices(t *testing.T) {
+	c := &RDMAConfig{Devices: nil, OFI: &ofi.Endpoint{}}
+	if err := c.populate(); err != nil {
+		t.Fatalf("libfabric alone: %v", err)
+	}
+	c = &RDMAConfig{}
+	if err := c.populate(); !errors.Is(err, ErrConfig) {
+		t.Fatalf("neither devices nor an endpoint: %v, want ErrConfig", err)
+	}
+}
+
+// A reader on libibverbs and a holder on libfabric cannot read each other's
+// memory: the holder hands no regions to a reader of another binding, and
+// the read goes over QUIC, counted as a holder without RDMA.
+func TestRDMABindingsDifferGoOverQUIC(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newPairWith(t, []nodeOpt{withOFI(t, "tcp", nil)}, []nodeOpt{withRDMADevices(t, lib, []string{"softverbs0"}, nil)}, nil, nil)
+	if via := p.read(t); via != TransportQUIC {
+		t.Fatalf("verbs reader from a libfabric holder went over %s, want quic", via)
+	}
+	if m := p.metrics(t); m.Fallbacks[FallbackPeerHasNoRDMA] != 1 || m.Binding != "verbs" {
+		t.Errorf("metrics %+v: want binding verbs and one peer-has-no-rdma fallback", m)
+	}
+}
+
+// The holder's endpoint name in a lease answer: at ofi.MaxNameLen it is
+// taken, past it (or none) the answer is malformed.
+func TestOFIEndpointNameLimit(t *testing.T) {
+	p := newOFIPair(t, "tcp", nil)
+	v := p.peer.rdma.tp
+	for _, tc := range []struct {
+		n  int
+		ok bool
+	}{{ofi.MaxNameLen, true}, {ofi.MaxNameLen + 1, false}, {0, false}} {
+		err := v.answered(&transferpb.LeaseResponse{OfiName: make([]byte, tc.n)})
+		if tc.ok != (err == nil) {
+			t.Errorf("endpoint name of %d bytes: %v", tc.n, err)
+		}
+	}
+}
+
+// kindAs is a holder's binding that answers readers of another kind, as a
+// holder from before LeaseRequest.rma answers every reader with its own.
+type kindAs struct {
+	rmaTransport
+	as string
+}
+
+func (k kindAs) kind() string { return k.as }
+
+// A libfabric reader given a holder's verbs regions (no endpoint name)
+// reads over QUIC, counted as a holder without RDMA, and the lease holds.
+func TestOFIReaderGivenVerbsRegionsGoesOverQUIC(t *testing.T) {
+	lib, _ := softNIC(t)
+	ep := openOFI(t, "tcp")
+	p := newPairWith(t, []nodeOpt{withRDMADevices(t, lib, []string{"softverbs0"}, nil)},
+		[]nodeOpt{func(c *Config) { c.RDMA = &RDMAConfig{OFI: ep, Backoff: time.Hour} }}, nil, nil)
+	p.holder.rdma.tp = kindAs{p.holder.rdma.tp, p.reader.rdma.tp.kind()}
+	if via := p.read(t); via != TransportQUIC {
+		t.Fatalf("libfabric reader of verbs regions went over %s, want quic", via)
+	}
+	if m := p.metrics(t); m.Fallbacks[FallbackPeerHasNoRDMA] != 1 || m.ReadFailures != 0 {
+		t.Errorf("metrics %+v: want one peer-has-no-rdma fallback and no failed read", m)
+	}
+}
