@@ -371,7 +371,8 @@ func TestPeerFromAnotherCARefused(t *testing.T) {
 	if !strings.Contains(rn.Log(), "certificate") && !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("neither the error nor the log names the certificate: %v", err)
 	}
-	// The cluster's own node still imports.
+	// The cluster's own node still imports, once it has indexed them.
+	waitIndexed(t, c.Nodes[1], "node1", w.Unique())
 	if _, err := Consume(ctx, c.Nodes[1], eng("friend", 1, layout.NHD), seqs); err != nil {
 		t.Fatalf("the legitimate node could not import: %v", err)
 	}
