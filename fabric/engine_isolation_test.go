@@ -392,6 +392,20 @@ func TestSetOfExitedEngineTakenOverZeroed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// The agent learns of the exit when the engine's session ends: until
+	// then the session still holds the slots it allocated.
+	wait.For(t, 30*time.Second, "the exited engine's set idle, its slots given back", func() error {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, b := range st.BlockSets {
+			if b.Id == tenant.set && (b.Sessions != 0 || b.Free != b.Slots-b.Registered) {
+				return fmt.Errorf("block set still held: %v", b)
+			}
+		}
+		return nil
+	})
 	set, err := c.Register(ctx, isolationEngine)
 	if err != nil {
 		t.Fatal(err)
