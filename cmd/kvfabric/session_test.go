@@ -72,6 +72,18 @@ func TestTenGetsTenLayoutsOnASmallPool(t *testing.T) {
 	}
 	dir := t.TempDir()
 	for i, l := range layouts {
+		// Each get is an engine of one name: the sets of the one before,
+		// idle once its session has ended, are what its quota frees.
+		wait.For(t, 10*time.Second, "the previous get's session to end", func() error {
+			st, err := prod.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if len(st.Sessions) != 1 {
+				return fmt.Errorf("%d sessions open, want the producer's", len(st.Sessions))
+			}
+			return nil
+		})
 		args := append([]string{"get", "--hashes", strings.Join(list, ","), "--verify", "--layers", "2", "--head-dim", "16",
 			"--out", filepath.Join(dir, fmt.Sprintf("get%d.bin", i))}, append(l, sock...)...)
 		code, _, errs := runCmd(t, "", args...)
