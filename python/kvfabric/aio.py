@@ -37,7 +37,6 @@ from . import cuda as cuda_driver
 from ._pb.fabric.fabricpb import engine_pb2, engine_pb2_grpc
 from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
 from .client import (
-    DEFAULT_SOCKET,
     BlockRef,
     Blocks,
     DropResult,
@@ -56,6 +55,7 @@ from .client import (
     _register_blocks_request,
     _register_request,
     _set_id,
+    _socket_path,
     _U32,
     _U64,
 )
@@ -171,12 +171,7 @@ class Client:
         session: bool = True,
         cuda: str | None = None,
     ) -> None:
-        path = os.fspath(socket) if socket is not None else os.environ.get("KVFABRIC_SOCKET", DEFAULT_SOCKET)
-        if memory not in ("auto", "descriptor", "file"):
-            raise InvalidArgument(f"memory: {memory!r} is not auto, descriptor or file")
-        for name, v in (("timeout", timeout), ("import_timeout", import_timeout)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise InvalidArgument(f"{name}: {v!r} is not a positive number of seconds")
+        path = _socket_path(socket, memory, timeout, import_timeout)
         self.socket = os.path.abspath(path)
         self.engine = engine
         self.timeout = float(timeout)

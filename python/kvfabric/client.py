@@ -199,6 +199,17 @@ def _ints(values: Any, what: str, limit: int, bound: int = MAX_REQUEST_BLOCKS, r
     return out
 
 
+def _socket_path(socket: str | os.PathLike[str] | None, memory: str, timeout: float, import_timeout: float) -> str:
+    """The engine socket's path, after checking the options both clients
+    take (the sync and the asyncio one)."""
+    if memory not in ("auto", "descriptor", "file"):
+        raise InvalidArgument(f"memory: {memory!r} is not auto, descriptor or file")
+    for name, v in (("timeout", timeout), ("import_timeout", import_timeout)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise InvalidArgument(f"{name}: {v!r} is not a positive number of seconds")
+    return os.fspath(socket) if socket is not None else os.environ.get("KVFABRIC_SOCKET", DEFAULT_SOCKET)
+
+
 def _set_id(block_set: BlockSet | int) -> int:
     if isinstance(block_set, BlockSet):
         return block_set.id
@@ -447,12 +458,7 @@ class Client:
         session: bool = True,
         cuda: str | None = None,
     ) -> None:
-        path = os.fspath(socket) if socket is not None else os.environ.get("KVFABRIC_SOCKET", DEFAULT_SOCKET)
-        if memory not in ("auto", "descriptor", "file"):
-            raise InvalidArgument(f"memory: {memory!r} is not auto, descriptor or file")
-        for name, v in (("timeout", timeout), ("import_timeout", import_timeout)):
-            if not isinstance(v, (int, float)) or not v > 0:
-                raise InvalidArgument(f"{name}: {v!r} is not a positive number of seconds")
+        path = _socket_path(socket, memory, timeout, import_timeout)
         if not os.path.exists(path):
             raise Unavailable(f"engine socket {path}: no such file (is the agent running?)")
         self.socket = os.path.abspath(path)

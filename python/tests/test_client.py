@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kvfabric
+import kvfabric.aio
 import kvfabric.client
 from kvfabric.memory import receive_descriptor
 from conftest import wait_for
@@ -133,6 +134,10 @@ def test_bad_input(node1):
             (lambda: c.register(kvfabric.ModelConfig(2, 4, 8, "f64"), 2, 16), "model.dtype: 'f64' is not one of"),
             (lambda: c.register({"layers": 2}, 2, 16), "model: want a kvfabric.ModelConfig"),
             (lambda: c.status(timeout=0), "timeout: 0 is not a positive"),
+            # The constructors of both clients check their options alike.
+            (lambda: kvfabric.Client(node1.socket, timeout=True), "timeout: True is not a positive"),
+            (lambda: kvfabric.aio.Client(node1.socket, import_timeout=True), "import_timeout: True is not a positive"),
+            (lambda: kvfabric.Client(node1.socket, memory="shm"), "memory: 'shm' is not auto"),
         ]
         for call, match in cases:
             with pytest.raises(kvfabric.InvalidArgument, match=match):
