@@ -5,15 +5,12 @@ package fabric_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric"
-	"github.com/kvfabric/kvfabric/internal/wait"
-	"github.com/kvfabric/kvfabric/layout"
 )
 
 // TP 4 -> TP 2 between in-process agents with fabric=ofi over libfabric's
@@ -31,21 +28,7 @@ func TestImportOverOFI(t *testing.T) {
 				}
 			})
 			n1, n2 := agents[0], agents[1]
-			hashes := produce(t, n1, 4, layout.HND, 20)
-			wait.For(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
-				if got := agentStatus(t, n2).Members["n1"]; got != 20 {
-					return fmt.Errorf("n2 indexes %d blocks of n1", got)
-				}
-				return nil
-			})
-			if via := importAll(t, n2, 2, layout.NHD, hashes); len(via) != 1 || via[0] != "rdma" {
-				t.Fatalf("fetches over %v, want one over rdma", via)
-			}
-			m := n2.Metrics()
-			if !m.RDMAEnabled || m.ImportBytes == 0 || m.ImportBytesRDMA != m.ImportBytes || m.RDMA.Bytes != m.ImportBytes || m.RDMA.Reads == 0 {
-				t.Errorf("importer's metrics: enabled %v, import bytes %d (rdma %d), rdma %+v; want every byte over libfabric",
-					m.RDMAEnabled, m.ImportBytes, m.ImportBytesRDMA, m.RDMA)
-			}
+			m := importOverRDMA(t, n1, n2)
 			if !strings.HasPrefix(m.RDMA.Binding, "ofi:"+prov) || len(m.RDMA.Fallbacks) != 0 {
 				t.Errorf("importer's binding %q, fallbacks %v: want ofi:%s and none", m.RDMA.Binding, m.RDMA.Fallbacks, prov)
 			}

@@ -31,15 +31,12 @@ func softNIC(t *testing.T) string {
 	return softLib
 }
 
-// TP 4 -> TP 2 between in-process agents with RDMA on over softverbs:
-// byte for byte, the fetch says rdma, and the importer's metrics count
-// the bytes as RDMA's and nothing as QUIC's.
-func TestImportOverRDMA(t *testing.T) {
-	lib := softNIC(t)
-	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
-		c.RDMA, c.RDMALibrary = "on", lib
-	})
-	n1, n2 := agents[0], agents[1]
+// importOverRDMA has n1's TP 4 engine store 20 blocks and n2's TP 2
+// engine import them, every byte checked; the import must name rdma as its
+// one transport and n2's metrics count every byte as RDMA's, whichever
+// binding (verbs or libfabric) carried them. It returns n2's metrics.
+func importOverRDMA(t *testing.T, n1, n2 *fabric.Agent) fabric.Metrics {
+	t.Helper()
 	hashes := produce(t, n1, 4, layout.HND, 20)
 	wait.For(t, 5*time.Second, "n2 indexes n1's blocks", func() error {
 		if got := agentStatus(t, n2).Members["n1"]; got != 20 {
@@ -55,6 +52,19 @@ func TestImportOverRDMA(t *testing.T) {
 		t.Errorf("importer's metrics: enabled %v, import bytes %d (rdma %d), rdma %+v; want every byte over rdma",
 			m.RDMAEnabled, m.ImportBytes, m.ImportBytesRDMA, m.RDMA)
 	}
+	return m
+}
+
+// TP 4 -> TP 2 between in-process agents with RDMA on over softverbs:
+// byte for byte, the fetch says rdma, and the importer's metrics count
+// the bytes as RDMA's and nothing as QUIC's.
+func TestImportOverRDMA(t *testing.T) {
+	lib := softNIC(t)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		c.RDMA, c.RDMALibrary = "on", lib
+	})
+	n1, n2 := agents[0], agents[1]
+	m := importOverRDMA(t, n1, n2)
 	if m.Transport.BytesRead != m.RDMA.Bytes {
 		t.Errorf("importer read %d bytes, %d of them over rdma: the rest went over quic", m.Transport.BytesRead, m.RDMA.Bytes)
 	}
