@@ -3,6 +3,7 @@ package cuda
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -242,23 +243,41 @@ func (e *Event) Synchronize() error {
 	return nil
 }
 
+// eventSpin is how long Wait queries an event back to back, yielding the
+// processor between queries, before it sleeps between them. The copy
+// engine moves a staging buffer of a few MiB in tens to hundreds of
+// microseconds, and a Go timer shorter than a millisecond sleeps about a
+// millisecond when the process is otherwise idle (the runtime's poller
+// waits in whole milliseconds): sleeping at once made staged copies run at
+// a seventh of the copy engine's speed on an H200.
+const eventSpin = 2 * time.Millisecond
+
 // Wait polls until the event is done or ctx ends; unlike Synchronize it
-// can be abandoned. It polls every 20 µs at first, backing off to 1 ms.
+// can be abandoned. It spins for eventSpin, then polls every millisecond.
 func (e *Event) Wait(ctx context.Context) error {
-	delay := 20 * time.Microsecond
-	for {
+	var deadline time.Time
+	for i := 0; ; i++ {
 		ok, err := e.Done()
 		if err != nil || ok {
 			return err
 		}
-		t := time.NewTimer(delay)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("cuda: device %d: wait for event: %w", e.dev, err)
+		}
+		if i == 0 {
+			deadline = time.Now().Add(eventSpin)
+		}
+		if time.Now().Before(deadline) {
+			runtime.Gosched()
+			continue
+		}
+		t := time.NewTimer(time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("cuda: device %d: wait for event: %w", e.dev, ctx.Err())
 		case <-t.C:
 		}
-		delay = min(2*delay, time.Millisecond)
 	}
 }
 
