@@ -56,3 +56,12 @@ func RDMADeviceName(a *Agent) string {
 
 // SetLaneReads turns a's reads over holders' TCP lanes on or off.
 func SetLaneReads(a *Agent, on bool) { a.transport.SetLaneReads(on) }
+
+// PinnedBytes is the host pool's memory registered with the CUDA driver
+// now, 0 without a pool pinned through it.
+func PinnedBytes(a *Agent) uint64 {
+	if a.pinned == nil {
+		return 0
+	}
+	return a.pinned.PinnedBytes()
+}
