@@ -242,11 +242,15 @@ func isolationPools(t *testing.T) []struct {
 }
 
 // checkPinned fails unless a's pool is pinned through the CUDA driver set
-// by set with want bytes registered (nothing to check on a host pool).
+// by set: every live set's memory registered, want bytes in all (nothing
+// to check on a host pool).
 func checkPinned(t *testing.T, a *fabric.Agent, pool string, want uint64) {
 	t.Helper()
 	if pool != "pinned" {
 		return
+	}
+	if !fabric.SetsPinned(a) {
+		t.Fatalf("a live block set's memory is not registered with the CUDA driver")
 	}
 	if got := fabric.PinnedBytes(a); got != want {
 		t.Fatalf("%d bytes of the pool registered with the CUDA driver, want %d: the live block sets' memory", got, want)

@@ -65,3 +65,21 @@ func PinnedBytes(a *Agent) uint64 {
 	}
 	return a.pinned.PinnedBytes()
 }
+
+// SetsPinned says whether every rank of every live block set is
+// registered with the CUDA driver.
+func SetsPinned(a *Agent) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, es := range a.sets {
+		es.mu.Lock()
+		for _, m := range es.mem {
+			if !m.pinned {
+				es.mu.Unlock()
+				return false
+			}
+		}
+		es.mu.Unlock()
+	}
+	return true
+}
