@@ -500,6 +500,12 @@ func TestPinHostRanges(t *testing.T) {
 	}
 }
 
+// The real-GPU rounds of pinned sections on softcuda.
+func TestPinHostRangesNewPages(t *testing.T) {
+	d, _ := openSoft(t)
+	pinSectionRounds(t, d)
+}
+
 // Another process opens the IPC handle, sees the bytes, writes its own, and
 // the exporter sees those.
 func TestIPCHandleAcrossProcesses(t *testing.T) {
