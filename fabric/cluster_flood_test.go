@@ -257,7 +257,7 @@ func TestHandshakeFloodKeepsImportsGossipAndEngineServed(t *testing.T) {
 
 	// Gossip goes on under the flood for thousands more handshakes, and
 	// rounds of probes, any of which could suspect a starved node.
-	wait.For(t, 120*time.Second, "the flood goes on while the watchers look", func() error {
+	wait.For(t, 180*time.Second, "the flood goes on while the watchers look", func() error {
 		refused := n1.Metrics().Transport.ConnsRefused - refusedBefore
 		watchMu.Lock()
 		defer watchMu.Unlock()
