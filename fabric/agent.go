@@ -128,6 +128,11 @@ type Agent struct {
 	reqBudget *requestBudget
 	// health is every peer dial's outcome, per member (peer_health.go).
 	health peerHealth
+
+	// pinned is the host pool pinned through the CUDA driver set by set
+	// (each isolated set's memory is registered when it is made); nil
+	// otherwise.
+	pinned *cuda.PinnedStorage
 }
 
 // Start makes an agent from cfg and starts serving. The context bounds the
@@ -260,7 +265,9 @@ func (a *Agent) makeHostStorage(spec PoolSpec) (pool.Storage, error) {
 		}
 		return hs, nil
 	}
-	ps, err := a.cuda.PinHost(hs)
+	// Range by range: block sets get pages of their own (engine_memory.go),
+	// which a registration of the whole pool would not follow.
+	ps, err := a.cuda.PinHostRanges(hs)
 	if err != nil {
 		// The memory is still good host memory; copies to a GPU are
 		// slower from it.
@@ -268,7 +275,8 @@ func (a *Agent) makeHostStorage(spec PoolSpec) (pool.Storage, error) {
 		a.poolKind = "host"
 		return hs, nil
 	}
-	a.log.Info("host pool pinned through the CUDA driver", "bytes", hs.Size())
+	a.log.Info("host pool pinned through the CUDA driver", "bytes", hs.Size(), "by", "block set")
+	a.pinned = ps
 	return ps, nil
 }
 
@@ -339,7 +347,7 @@ func (a *Agent) startFDSocket() error {
 		}
 	}
 	if !a.isolated {
-		a.log.Warn("engines map the whole host pool: memory pinned through the CUDA driver cannot be given to block sets apart",
+		a.log.Warn("engines map the whole host pool: its memory cannot be given to block sets apart",
 			"pool", a.poolKind)
 		a.memToken = newMemoryToken()
 	}

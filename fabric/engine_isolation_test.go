@@ -220,10 +220,66 @@ func checkFresh(t *testing.T, set *client.BlockSet, slots []uint32) {
 	}
 }
 
+// isolationPools are the pools the isolation tests run on: host memory,
+// and host memory pinned through the CUDA driver (softcuda), where each
+// set's memory is registered with the driver when the set is made.
+func isolationPools(t *testing.T) []struct {
+	name      string
+	configure func(t *testing.T, c *fabric.Config)
+} {
+	return []struct {
+		name      string
+		configure func(t *testing.T, c *fabric.Config)
+	}{
+		{"host", func(*testing.T, *fabric.Config) {}},
+		{"pinned", func(t *testing.T, c *fabric.Config) {
+			lib, _ := gpuLibs(t)
+			t.Setenv("SOFTCUDA_DEVICES", "")
+			c.Pools = []string{"pinned=16MiB"}
+			c.CUDALibrary = lib
+		}},
+	}
+}
+
+// checkPinned fails unless a's pool is pinned through the CUDA driver set
+// by set: every live set's memory registered, want bytes in all (nothing
+// to check on a host pool).
+func checkPinned(t *testing.T, a *fabric.Agent, pool string, want uint64) {
+	t.Helper()
+	if pool != "pinned" {
+		return
+	}
+	if !fabric.SetsPinned(a) {
+		t.Fatalf("a live block set's memory is not registered with the CUDA driver")
+	}
+	if got := fabric.PinnedBytes(a); got != want {
+		t.Fatalf("%d bytes of the pool registered with the CUDA driver, want %d: the live block sets' memory", got, want)
+	}
+}
+
+// memoryBytes is the memory an engine is given for set, each rank's once.
+func memoryBytes(set *client.BlockSet) uint64 {
+	var n uint64
+	seen := map[string]bool{}
+	for _, m := range set.Memory {
+		if key := m.GetToken() + m.GetFile(); !seen[key] {
+			seen[key] = true
+			n += m.GetSize()
+		}
+	}
+	return n
+}
+
 // An engine (a process of its own) that drops its block set, or whose
 // session ends, while it keeps its mapping, can neither show its bytes to
 // the engine the memory goes to next nor change that engine's blocks.
 func TestEngineKeepsMappingAfterItsSetIsGone(t *testing.T) {
+	for _, pool := range isolationPools(t) {
+		t.Run(pool.name, func(t *testing.T) { testEngineKeepsMappingAfterItsSetIsGone(t, pool.name, pool.configure) })
+	}
+}
+
+func testEngineKeepsMappingAfterItsSetIsGone(t *testing.T, pool string, configure func(*testing.T, *fabric.Config)) {
 	for _, tc := range []struct {
 		name, mode, end string
 		// freed: wait for the agent to free the tenant's set before the
@@ -237,6 +293,7 @@ func TestEngineKeepsMappingAfterItsSetIsGone(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t, "n1")
+			configure(t, &cfg)
 			cfg.BlockSetGrace = 200 * time.Millisecond
 			if !tc.freed {
 				cfg.BlockSetGrace = time.Minute
@@ -270,6 +327,11 @@ func TestEngineKeepsMappingAfterItsSetIsGone(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if tc.freed {
+				checkPinned(t, a, pool, memoryBytes(set))
+			} else {
+				checkPinned(t, a, pool, 2*memoryBytes(set)) // the tenant's and this one
+			}
 			slots, err := c.Allocate(ctx, set.ID, isolationEngine.Slots-1)
 			if err != nil {
 				t.Fatal(err)
@@ -293,9 +355,16 @@ func TestEngineKeepsMappingAfterItsSetIsGone(t *testing.T) {
 // that set's memory, not the pool, and writing all of it changes no block
 // of another engine's set.
 func TestEngineMapsOnlyItsOwnSets(t *testing.T) {
+	for _, pool := range isolationPools(t) {
+		t.Run(pool.name, func(t *testing.T) { testEngineMapsOnlyItsOwnSets(t, pool.configure) })
+	}
+}
+
+func testEngineMapsOnlyItsOwnSets(t *testing.T, configure func(*testing.T, *fabric.Config)) {
 	for _, mode := range []string{"fd", "file"} {
 		t.Run(mode, func(t *testing.T) {
 			cfg := testConfig(t, "n1")
+			configure(t, &cfg)
 			if mode == "file" {
 				cfg.MemoryDir = filepath.Join(cfg.DataDir, "shm")
 			}
@@ -370,7 +439,14 @@ func TestEngineMapsOnlyItsOwnSets(t *testing.T) {
 // layout with its cached blocks, and the slots it allocates there come
 // zeroed, not with the bytes the exited engine left.
 func TestSetOfExitedEngineTakenOverZeroed(t *testing.T) {
+	for _, pool := range isolationPools(t) {
+		t.Run(pool.name, func(t *testing.T) { testSetOfExitedEngineTakenOverZeroed(t, pool.name, pool.configure) })
+	}
+}
+
+func testSetOfExitedEngineTakenOverZeroed(t *testing.T, pool string, configure func(*testing.T, *fabric.Config)) {
 	cfg := testConfig(t, "n1")
+	configure(t, &cfg)
 	cfg.BlockSetGrace = time.Minute
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -413,6 +489,7 @@ func TestSetOfExitedEngineTakenOverZeroed(t *testing.T) {
 	if set.ID != tenant.set {
 		t.Fatalf("set %d made, want the exited engine's set %d taken up", set.ID, tenant.set)
 	}
+	checkPinned(t, a, pool, memoryBytes(set))
 	if got, err := c.Acquire(ctx, set.ID, []uint64{0xa1}); err != nil || len(got) != 1 {
 		t.Fatalf("the cached block of the exited engine: %v %v", got, err)
 	}

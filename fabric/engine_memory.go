@@ -31,9 +31,9 @@ import (
 //
 // Sections replace the pages under the pool's addresses, which memory
 // registered with a NIC or the CUDA driver would not follow: with RDMA,
+// and with a host pool pinned through the CUDA driver (cuMemHostRegister),
 // each set's sections are registered when it is made and deregistered
-// when it is freed; with a host pool pinned through CUDA, isolation is
-// off and engines map the whole pool (logged at start).
+// when it is freed, before its range can get new pages.
 
 // setMemory is one rank region of a block set, as engines receive it.
 type setMemory struct {
@@ -41,6 +41,8 @@ type setMemory struct {
 	token string
 	// rdma is the section's bytes while registered with the NIC.
 	rdma []byte
+	// pinned: the section is registered with the CUDA driver.
+	pinned bool
 }
 
 // memoryRef is what a token on the descriptor socket names.
@@ -54,9 +56,13 @@ type memoryRef struct {
 func tokenKey(token string) [32]byte { return sha256.Sum256([]byte(token)) }
 
 // isolatable says whether block sets can get sections: the pool is host
-// memory that no driver registered (pinned through CUDA, it is not).
+// memory that no driver registered as a whole (pinned through CUDA, it is
+// registered set by set).
 func (a *Agent) isolatable() bool {
-	return a.host != nil && len(a.storages) == 1 && a.storages[0] == pool.Storage(a.host)
+	if a.host == nil || len(a.storages) != 1 {
+		return false
+	}
+	return a.storages[0] == pool.Storage(a.host) || a.pinned != nil && a.storages[0] == pool.Storage(a.pinned)
 }
 
 // giveSetMemory makes the sections of a new block set. a.mu is held.
@@ -92,6 +98,16 @@ func (a *Agent) giveSetMemory(es *engineSet) error {
 			return fmt.Errorf("fabric: memory of block set %d rank %d: %w", es.set.ID(), r, err)
 		}
 		mem[r] = &setMemory{sec: sec, token: newMemoryToken()}
+		if a.pinned != nil {
+			if err := a.pinned.Pin(off, size); err != nil {
+				// The memory is still good host memory; copies to a GPU
+				// are slower from it.
+				a.log.Warn("pinning a block set's memory through the CUDA driver failed: it stays pageable",
+					"set", es.set.ID(), "rank", r, "bytes", size, "err", err)
+			} else {
+				mem[r].pinned = true
+			}
+		}
 		if a.hostRDMA {
 			b := a.host.Bytes()[off : off+size]
 			if _, err := a.transport.RegisterMemory(b); err != nil {
@@ -138,9 +154,15 @@ func (a *Agent) dropSetMemoryLocked(es *engineSet) {
 	}
 }
 
-// unregister ends m's RDMA registration, if it has one. The set is
-// freed: no lease and no import reads it.
+// unregister ends m's RDMA and CUDA registrations, if it has them. The
+// set is freed: no lease and no import reads it.
 func (a *Agent) unregister(m *setMemory) {
+	if m.pinned {
+		if err := a.pinned.Unpin(m.sec.Offset()); err != nil {
+			a.log.Error("CUDA registration of a freed block set's memory not ended", "bytes", m.sec.Size(), "err", err)
+		}
+		m.pinned = false
+	}
 	if m.rdma == nil {
 		return
 	}

@@ -56,3 +56,30 @@ func RDMADeviceName(a *Agent) string {
 
 // SetLaneReads turns a's reads over holders' TCP lanes on or off.
 func SetLaneReads(a *Agent, on bool) { a.transport.SetLaneReads(on) }
+
+// PinnedBytes is the host pool's memory registered with the CUDA driver
+// now, 0 without a pool pinned through it.
+func PinnedBytes(a *Agent) uint64 {
+	if a.pinned == nil {
+		return 0
+	}
+	return a.pinned.PinnedBytes()
+}
+
+// SetsPinned says whether every rank of every live block set is
+// registered with the CUDA driver.
+func SetsPinned(a *Agent) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, es := range a.sets {
+		es.mu.Lock()
+		for _, m := range es.mem {
+			if !m.pinned {
+				es.mu.Unlock()
+				return false
+			}
+		}
+		es.mu.Unlock()
+	}
+	return true
+}

@@ -18,7 +18,8 @@
 // What it offers:
 //
 //	device memory    AllocDevice -> *DeviceMemory, a pool.Storage of kind Device (Bytes nil)
-//	pinned memory    AllocPinned (cuMemHostAlloc) and PinHost (cuMemHostRegister_v2 of host storage)
+//	pinned memory    AllocPinned (cuMemHostAlloc), PinHost (cuMemHostRegister_v2 of host storage)
+//	                 and PinHostRanges (the same, range by range: Pin, Unpin)
 //	engines          DeviceMemory.IPCHandle, Driver.OpenIPCHandle -> *IPCMemory, Close
 //	the NIC          Driver.DmabufFD (cuMemGetHandleForAddressRange, flags 0); ErrNotSupported
 //	                 means fall back to the peer-memory path, as NCCL does

@@ -403,6 +403,109 @@ func TestPinned(t *testing.T) {
 	}
 }
 
+// Host storage pinned range by range: each range is registered with the
+// pages it has when pinned (a section's), overlapping ranges are the
+// driver's "already registered", an unpinned range may be pinned again
+// over new pages, and Close unregisters what is left.
+func TestPinHostRanges(t *testing.T) {
+	d, _ := openSoft(t)
+	h, err := pool.NewHostStorage(pool.HostConfig{Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := d.PinHostRanges(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps.Kind() != layout.Pinned || ps.PinnedBytes() != 0 {
+		t.Fatalf("pinned by ranges: kind %v, %d bytes pinned before any range", ps.Kind(), ps.PinnedBytes())
+	}
+	const page = 64 << 10
+	sec, err := h.NewSection(page, 2*page, "pin-ranges")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sec.Close()
+	if err := ps.Pin(page, 2*page); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.Pin(4*page, page); err != nil {
+		t.Fatal(err)
+	}
+	if got := ps.PinnedBytes(); got != 3*page {
+		t.Errorf("%d bytes pinned, want %d", got, 3*page)
+	}
+	var ce *cuda.Error
+	if err := ps.Pin(2*page, page); !errors.As(err, &ce) || ce.Code != cuda.ErrorHostMemoryRegistered {
+		t.Errorf("pin inside a pinned range: %v, want CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", err)
+	}
+	if err := ps.Pin(15*page, 2*page); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Errorf("pin past the end: %v, want ErrInvalidValue", err)
+	}
+	// Copies reach the section's pages through the pinned range.
+	dev, err := d.AllocDevice(0, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, dev)
+	s, err := d.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, s)
+	copy(ps.Bytes()[page:], pattern(4096, 9))
+	if err := s.CopyAsync(cuda.HostToDevice, dev.Addr(), ps.Addr()+page, 4096); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4096)
+	if err := s.CopyDtoH(got, dev.Addr()); err != nil || !bytes.Equal(got, pattern(4096, 9)) {
+		t.Errorf("copy from a pinned section: %v", err)
+	}
+	if err := ps.Unpin(page); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.Unpin(page); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Errorf("unpin twice: %v, want ErrInvalidValue", err)
+	}
+	// New pages under the range, pinned afresh.
+	sec2, err := h.NewSection(page, page, "pin-ranges-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sec2.Close()
+	if err := ps.Pin(page, page); err != nil {
+		t.Fatalf("pin a range again over new pages: %v", err)
+	}
+	if err := ps.Close(); err != nil {
+		t.Fatalf("close with two ranges pinned: %v", err)
+	}
+	if err := ps.Close(); err != nil {
+		t.Errorf("second close: %v", err)
+	}
+	if h.Bytes() != nil {
+		t.Error("PinnedStorage.Close left the host storage open")
+	}
+	// A whole registration has no ranges to pin.
+	h2, err := pool.NewHostStorage(pool.HostConfig{Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := d.PinHost(h2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, whole)
+	if err := whole.Pin(0, page); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Errorf("pin a range of storage pinned whole: %v, want ErrInvalidValue", err)
+	}
+}
+
+// The real-GPU rounds of pinned sections on softcuda.
+func TestPinHostRangesNewPages(t *testing.T) {
+	d, _ := openSoft(t)
+	pinSectionRounds(t, d)
+}
+
 // Another process opens the IPC handle, sees the bytes, writes its own, and
 // the exporter sees those.
 func TestIPCHandleAcrossProcesses(t *testing.T) {

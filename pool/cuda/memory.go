@@ -215,10 +215,16 @@ func (m *PinnedMemory) Close() error {
 
 // PinnedStorage is host storage registered with the driver
 // (cuMemHostRegister), so that copies reach it as pinned memory while
-// engines keep mapping it as before.
+// engines keep mapping it as before: as a whole (PinHost), or range by
+// range (PinHostRanges).
 type PinnedStorage struct {
 	pool.Storage
 	d *Driver
+
+	// ranges are the registered ranges by offset, with their sizes, when
+	// the storage is registered range by range; nil for a whole one.
+	mu     sync.Mutex
+	ranges map[uint64]uint64
 
 	once sync.Once
 	err  error
@@ -241,6 +247,74 @@ func (d *Driver) PinHost(s pool.Storage) (*PinnedStorage, error) {
 	return &PinnedStorage{Storage: s, d: d}, nil
 }
 
+// PinHostRanges takes host storage to be registered with the driver range
+// by range (Pin, Unpin), for storage whose pages are replaced under its
+// addresses (pool.HostStorage.NewSection): the driver pins the pages a
+// range has when it is registered, and would not follow new ones. The
+// whole storage is registered and unregistered once first, so that a
+// driver that refuses it says so here. The PinnedStorage takes ownership:
+// its Close unregisters the ranges still registered and then closes s.
+func (d *Driver) PinHostRanges(s pool.Storage) (*PinnedStorage, error) {
+	p, err := d.PinHost(s)
+	if err != nil {
+		return nil, err
+	}
+	b := s.Bytes()
+	if err := d.lib.hostUnregister(0, unsafe.Pointer(&b[0])); err != nil {
+		return nil, fmt.Errorf("cuda: unpin host storage after the first pin: %w", err)
+	}
+	p.ranges = map[uint64]uint64{}
+	return p, nil
+}
+
+// Pin registers [off, off+size) of storage from PinHostRanges with the
+// driver, with the pages it has now. The range must lie inside the storage
+// and overlap no registered one (the driver's "already registered").
+func (p *PinnedStorage) Pin(off, size uint64) error {
+	b := p.Storage.Bytes()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ranges == nil || size == 0 || off > uint64(len(b)) || size > uint64(len(b))-off {
+		return fmt.Errorf("cuda: pin [%d, +%d) of %d bytes of host storage registered as a whole or closed, or outside it: %w", off, size, len(b), ErrInvalidValue)
+	}
+	if err := p.d.lib.hostRegister(0, unsafe.Pointer(&b[off]), size); err != nil {
+		return fmt.Errorf("cuda: pin [%d, +%d) of host storage: %w", off, size, err)
+	}
+	p.ranges[off] = size
+	return nil
+}
+
+// Unpin unregisters the range Pin registered at off. Pages put under the
+// range afterwards (a new section) may be pinned again.
+func (p *PinnedStorage) Unpin(off uint64) error {
+	b := p.Storage.Bytes()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.ranges[off]; !ok || len(b) == 0 {
+		return fmt.Errorf("cuda: unpin at %d of host storage: no range pinned there: %w", off, ErrInvalidValue)
+	}
+	delete(p.ranges, off)
+	if err := p.d.lib.hostUnregister(0, unsafe.Pointer(&b[off])); err != nil {
+		return fmt.Errorf("cuda: unpin at %d of host storage: %w", off, err)
+	}
+	return nil
+}
+
+// PinnedBytes is what is registered with the driver now: the whole storage,
+// or the sum of the ranges pinned.
+func (p *PinnedStorage) PinnedBytes() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ranges == nil {
+		return uint64(len(p.Storage.Bytes()))
+	}
+	var n uint64
+	for _, size := range p.ranges {
+		n += size
+	}
+	return n
+}
+
 // Kind returns layout.Pinned.
 func (p *PinnedStorage) Kind() layout.MemoryKind { return layout.Pinned }
 
@@ -249,11 +323,20 @@ func (p *PinnedStorage) Kind() layout.MemoryKind { return layout.Pinned }
 func (p *PinnedStorage) Close() error {
 	p.once.Do(func() {
 		var uerr error
-		if b := p.Storage.Bytes(); len(b) > 0 {
+		p.mu.Lock()
+		if b := p.Storage.Bytes(); len(b) > 0 && p.ranges == nil {
 			if err := p.d.lib.hostUnregister(0, unsafe.Pointer(&b[0])); err != nil {
 				uerr = fmt.Errorf("cuda: unpin host storage: %w", err)
 			}
+		} else if len(b) > 0 {
+			for off := range p.ranges {
+				if err := p.d.lib.hostUnregister(0, unsafe.Pointer(&b[off])); err != nil && uerr == nil {
+					uerr = fmt.Errorf("cuda: unpin at %d of host storage: %w", off, err)
+				}
+			}
 		}
+		p.ranges = nil
+		p.mu.Unlock()
 		cerr := p.Storage.Close()
 		if uerr != nil {
 			p.err = uerr

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/cuda"
 )
 
@@ -123,5 +124,61 @@ func TestRealGPUPeerPlan(t *testing.T) {
 	}
 	if err := s.Synchronize(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Host storage pinned range by range on the real driver, as an agent's
+// pinned pool is: a section (a memory file of its own, mapped over the
+// range) registered with cuMemHostRegister, copied from by the GPU; then
+// unregistered, given new pages by a new section, registered again, and
+// the GPU copies the new pages' bytes, not the old.
+func TestRealGPUPinHostRanges(t *testing.T) { pinSectionRounds(t, requireGPU(t)) }
+
+// pinSectionRounds is TestRealGPUPinHostRanges on d (softcuda runs it too).
+func pinSectionRounds(t *testing.T, d *cuda.Driver) {
+	h, err := pool.NewHostStorage(pool.HostConfig{Size: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := d.PinHostRanges(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, ps)
+	const off, n = 1 << 20, 2 << 20
+	dev, err := d.AllocDevice(0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, dev)
+	s, err := d.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeT(t, s)
+	for round, seed := range []byte{11, 12} {
+		sec, err := h.NewSection(off, n, "real-pin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ps.Pin(off, n); err != nil {
+			t.Fatalf("round %d: pin a section: %v", round, err)
+		}
+		want := pattern(n, seed)
+		copy(ps.Bytes()[off:off+n], want)
+		if err := s.CopyAsync(cuda.HostToDevice, dev.Addr(), ps.Addr()+off, n); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, n)
+		if err := s.CopyDtoH(got, dev.Addr()); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("round %d: the GPU copied other bytes than the section's from its pinned range", round)
+		}
+		if err := ps.Unpin(off); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		sec.Close()
 	}
 }
