@@ -140,7 +140,7 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 		registry: make(map[uint64]int32),
 		leases:   make(map[LeaseID]*lease),
 		leafHead: none, leafTail: none,
-		tick:     demotedBit, // see Demote
+		tick: demotedBit, // see Demote
 	}
 	for i := range b.slots {
 		b.slots[i].up, b.slots[i].heapIdx = none, none
