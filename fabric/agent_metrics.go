@@ -50,6 +50,8 @@ type counters struct {
 	// chunkTimeRDMA is chunkTime of the chunks that moved over RDMA
 	// (chunkTime holds those over QUIC).
 	chunkTimeRDMA latency
+
+	orphans orphanCounters
 }
 
 // serveHealth answers ok while the agent runs, except that a node given
@@ -180,6 +182,9 @@ type Metrics struct {
 	PeersAuthenticated, PeersUnauthenticated int
 	// Ready is /healthz's answer: joined, and notReady gives no reason.
 	Ready bool
+
+	// Orphans are the block sets kept as caches after their engines.
+	Orphans OrphanMetrics
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -243,6 +248,7 @@ func (a *Agent) Metrics() Metrics {
 		}
 	}
 	m.Ready = m.Joined && a.notReady() == ""
+	m.Orphans = a.orphanMetrics()
 	if a.reqBudget != nil {
 		m.EngineRequestBytes, m.EngineRequestsRefused = a.reqBudget.snapshot()
 	}

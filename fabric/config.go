@@ -308,6 +308,16 @@ type Config struct {
 	// providers that take one (tcp: one of this node's IP addresses). If
 	// empty, the provider's default.
 	FabricAddr string `json:"fabric_addr,omitempty"`
+
+	// NoOrphanCache frees a block set BlockSetGrace after its last engine
+	// session ends, its registered blocks with it. If false, a set that
+	// still holds registered blocks then stays as a cache of the engine
+	// that is gone (orphaned): its blocks stay announced, served to peers
+	// and evictable, the next engine of its layout (once every process its
+	// memory was handed to has exited) takes it up with its blocks, and
+	// the agent frees it, before any set an engine may come back for, as
+	// soon as a new block set needs its memory.
+	NoOrphanCache bool `json:"no_orphan_cache,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
