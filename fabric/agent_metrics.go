@@ -52,6 +52,9 @@ type counters struct {
 	chunkTimeRDMA latency
 
 	orphans orphanCounters
+	// demotionsDropped counts the marks for cluster-aware eviction that
+	// found demoteLoop's queue full.
+	demotionsDropped atomic.Uint64
 }
 
 // serveHealth answers ok while the agent runs, except that a node given
@@ -185,6 +188,10 @@ type Metrics struct {
 
 	// Orphans are the block sets kept as caches after their engines.
 	Orphans OrphanMetrics
+	// DemotionsDropped counts the blocks whose mark for cluster-aware
+	// eviction (Pool.Demoted: held by other nodes too) was dropped, the
+	// queue to the pool being full.
+	DemotionsDropped uint64
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -249,6 +256,7 @@ func (a *Agent) Metrics() Metrics {
 	}
 	m.Ready = m.Joined && a.notReady() == ""
 	m.Orphans = a.orphanMetrics()
+	m.DemotionsDropped = a.stats.demotionsDropped.Load()
 	if a.reqBudget != nil {
 		m.EngineRequestBytes, m.EngineRequestsRefused = a.reqBudget.snapshot()
 	}

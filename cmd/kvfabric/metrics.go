@@ -92,6 +92,8 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.gauge("kvfabric_orphan_blocks", "Registered blocks in block sets kept as caches of engines that are gone.", float64(m.Orphans.Blocks))
 	e.gauge("kvfabric_orphan_bytes", "Bytes of the registered blocks in block sets kept as caches of engines that are gone.", float64(m.Orphans.Bytes))
 	e.counter("kvfabric_orphan_adoptions_total", "Block sets kept after their engines that a new engine session took up, with their blocks.", float64(m.Orphans.Adoptions))
+	e.gauge("kvfabric_pool_demoted_blocks", "Registered blocks other live nodes hold too, recycled before those only this node holds.", float64(p.Demoted))
+	e.counter("kvfabric_demotions_dropped_total", "Blocks whose mark for cluster-aware eviction was dropped, the queue to the pool being full.", float64(m.DemotionsDropped))
 	e.counter("kvfabric_orphans_reclaimed_total", "Block sets kept after their engines that were freed because a new block set needed the memory.", float64(m.Orphans.Reclaimed))
 
 	e.gauge("kvfabric_engine_request_bytes", "Bytes of engine requests being served, as charged against engine_request_memory.", float64(m.EngineRequestBytes))
