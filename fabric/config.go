@@ -166,9 +166,10 @@ type Config struct {
 	// asks for none. If zero, as many as a quarter of the pool holds.
 	BlockSetSlots int `json:"block_set_slots,omitempty"`
 	// BlockSetGrace is how long a block set no engine session uses keeps
-	// its cached blocks before the agent frees it; a Register that needs
-	// its memory frees it at once. At most MaxBlockSetGrace. If zero,
-	// DefaultBlockSetGrace.
+	// its cached blocks before the agent frees it (or keeps it as a cache
+	// of the engine that is gone: see NoOrphanCache); a Register that
+	// needs its memory frees it at once. At most MaxBlockSetGrace. If
+	// zero, DefaultBlockSetGrace.
 	BlockSetGrace time.Duration `json:"block_set_grace,omitempty"`
 	// SessionKeepalive is how long an engine session may stay silent
 	// before the agent ends it and gives back what it held (an engine that

@@ -423,7 +423,8 @@ that an importer anywhere can check every byte (kvfabric get --verify), and
 registers the blocks. Token ids come from the arguments or standard input,
 or --generate makes N blocks of random tokens. Prints the sequence hashes.
 The blocks stay cached after it exits for as long as an engine session
-uses the block set, and for the agent's --block-set-grace after that.`)
+uses the block set, and after that until the agent needs the memory for
+another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	cf := addClientFlags(fs)
 	ef := addEngineFlags(fs, "kvfabric-put")
 	generate := fs.Int("generate", 0, "generate N blocks of random tokens instead of reading token ids")
