@@ -108,7 +108,7 @@ func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 	// node holds blocks.
 	mine := events[0].Origin == s.a.cfg.NodeName
 	self, marks := s.a.index.Lookup(s.a.cfg.NodeName)
-	marks = marks && (mine || s.a.index.NodeBlocks(self) > 0)
+	marks = marks && !s.a.cfg.NoClusterEviction && (mine || s.a.index.NodeBlocks(self) > 0)
 	var d demotions
 	for _, e := range events {
 		if e.Kind == membership.EventStore {

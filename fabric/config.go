@@ -319,6 +319,10 @@ type Config struct {
 	// the agent frees it, before any set an engine may come back for, as
 	// soon as a new block set needs its memory.
 	NoOrphanCache bool `json:"no_orphan_cache,omitempty"`
+	// NoClusterEviction makes the pool recycle blocks by use alone. If
+	// false, among the blocks it may recycle, those other live nodes also
+	// hold (by the index) go before those only this node holds.
+	NoClusterEviction bool `json:"no_cluster_eviction,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.

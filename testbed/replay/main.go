@@ -65,6 +65,7 @@ func run(args []string, stdout io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object on stdout")
 	reportDir := fs.String("report", "", "write replay.json and replay.html (with plots) in this folder (if empty, a new folder in the temporary directory, named on standard error; - for none)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole replay")
+	agentArgs := fs.String("agent-args", "", "more flags for every agent, space-separated (e.g. --no-cluster-eviction)")
 	modelRun := fs.Bool("model", false, "run the cache model instead of agents: each -policy (random or round-robin) through per-engine LRU, cluster-aware eviction and one shared LRU of every engine's blocks, on one routing (see testbed.ModelReplay)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -147,7 +148,7 @@ func run(args []string, stdout io.Writer) error {
 	for _, p := range strings.Split(*policy, ",") {
 		// A fresh cluster per policy, so that none starts with another's
 		// blocks.
-		c, err := testbed.Start(ctx, testbed.Options{Bin: *bin, Nodes: *nodes, Pool: *pool})
+		c, err := testbed.Start(ctx, testbed.Options{Bin: *bin, Nodes: *nodes, Pool: *pool, ExtraArgs: strings.Fields(*agentArgs)})
 		if err != nil {
 			return err
 		}
