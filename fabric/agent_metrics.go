@@ -50,6 +50,11 @@ type counters struct {
 	// chunkTimeRDMA is chunkTime of the chunks that moved over RDMA
 	// (chunkTime holds those over QUIC).
 	chunkTimeRDMA latency
+
+	orphans orphanCounters
+	// demotionsDropped counts the marks for cluster-aware eviction that
+	// found demoteLoop's queue full.
+	demotionsDropped atomic.Uint64
 }
 
 // serveHealth answers ok while the agent runs, except that a node given
@@ -180,6 +185,13 @@ type Metrics struct {
 	PeersAuthenticated, PeersUnauthenticated int
 	// Ready is /healthz's answer: joined, and notReady gives no reason.
 	Ready bool
+
+	// Orphans are the block sets kept as caches after their engines.
+	Orphans OrphanMetrics
+	// DemotionsDropped counts the blocks whose mark for cluster-aware
+	// eviction (Pool.Demoted: held by other nodes too) was dropped, the
+	// queue to the pool being full.
+	DemotionsDropped uint64
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -243,6 +255,8 @@ func (a *Agent) Metrics() Metrics {
 		}
 	}
 	m.Ready = m.Joined && a.notReady() == ""
+	m.Orphans = a.orphanMetrics()
+	m.DemotionsDropped = a.stats.demotionsDropped.Load()
 	if a.reqBudget != nil {
 		m.EngineRequestBytes, m.EngineRequestsRefused = a.reqBudget.snapshot()
 	}

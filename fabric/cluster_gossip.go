@@ -45,8 +45,9 @@ func (a *Agent) startMembership(ctx context.Context) error {
 	}
 	sink := newIndexSink(a)
 	a.sink = sink
-	a.wg.Add(1)
+	a.wg.Add(2)
 	go sink.sweepLoop()
+	go sink.demoteLoop()
 	mcfg.Sink = sink
 	mcfg.Repairer = repairer{a}
 	mcfg.Logger = a.baseLog

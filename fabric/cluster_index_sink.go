@@ -37,10 +37,14 @@ type indexSink struct {
 	// resync repairs an origin from scratch; membership.Resync, or a
 	// test's recorder.
 	resync func(origin string) bool
+	// demote carries marks for the pool's eviction order to demoteLoop
+	// (cluster_demote.go).
+	demote chan demotion
 }
 
 func newIndexSink(a *Agent) *indexSink {
-	s := &indexSink{a: a, sweep: make(chan struct{}, 1), waiting: make(map[string][][]membership.Event), overflowed: map[string]bool{}}
+	s := &indexSink{a: a, sweep: make(chan struct{}, 1), waiting: make(map[string][][]membership.Event), overflowed: map[string]bool{},
+		demote: make(chan demotion, demoteQueue)}
 	s.resync = func(origin string) bool {
 		m := a.joined.Load()
 		return m != nil && m.Resync(origin)
@@ -100,6 +104,12 @@ func (s *indexSink) apply(events []membership.Event) bool {
 // and the rest fail harmlessly.
 func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 	var err error
+	// Another node's events matter to the eviction order only while this
+	// node holds blocks.
+	mine := events[0].Origin == s.a.cfg.NodeName
+	self, marks := s.a.index.Lookup(s.a.cfg.NodeName)
+	marks = marks && !s.a.cfg.NoClusterEviction && (mine || s.a.index.NodeBlocks(self) > 0)
+	var d demotions
 	for _, e := range events {
 		if e.Kind == membership.EventStore {
 			err = s.a.index.Store(id, e.Hash)
@@ -108,8 +118,11 @@ func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 		}
 		if err != nil {
 			s.a.log.Debug("index", "peer", e.Origin, "hash", e.Hash, "err", err)
+		} else if marks {
+			s.note(&d, self, mine, e)
 		}
 	}
+	s.queue(&d)
 }
 
 // holdLocked queues events behind those held for their origin; past

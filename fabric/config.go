@@ -166,9 +166,10 @@ type Config struct {
 	// asks for none. If zero, as many as a quarter of the pool holds.
 	BlockSetSlots int `json:"block_set_slots,omitempty"`
 	// BlockSetGrace is how long a block set no engine session uses keeps
-	// its cached blocks before the agent frees it; a Register that needs
-	// its memory frees it at once. At most MaxBlockSetGrace. If zero,
-	// DefaultBlockSetGrace.
+	// its cached blocks before the agent frees it (or keeps it as a cache
+	// of the engine that is gone: see NoOrphanCache); a Register that
+	// needs its memory frees it at once. At most MaxBlockSetGrace. If
+	// zero, DefaultBlockSetGrace.
 	BlockSetGrace time.Duration `json:"block_set_grace,omitempty"`
 	// SessionKeepalive is how long an engine session may stay silent
 	// before the agent ends it and gives back what it held (an engine that
@@ -308,6 +309,20 @@ type Config struct {
 	// providers that take one (tcp: one of this node's IP addresses). If
 	// empty, the provider's default.
 	FabricAddr string `json:"fabric_addr,omitempty"`
+
+	// NoOrphanCache frees a block set BlockSetGrace after its last engine
+	// session ends, its registered blocks with it. If false, a set that
+	// still holds registered blocks then stays as a cache of the engine
+	// that is gone (orphaned): its blocks stay announced, served to peers
+	// and evictable, the next engine of its layout (once every process its
+	// memory was handed to has exited) takes it up with its blocks, and
+	// the agent frees it, before any set an engine may come back for, as
+	// soon as a new block set needs its memory.
+	NoOrphanCache bool `json:"no_orphan_cache,omitempty"`
+	// NoClusterEviction makes the pool recycle blocks by use alone. If
+	// false, among the blocks it may recycle, those other live nodes also
+	// hold (by the index) go before those only this node holds.
+	NoClusterEviction bool `json:"no_cluster_eviction,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.

@@ -41,6 +41,8 @@ var isolationEngine = client.Engine{Name: "tenant", Model: smallModel, TPSize: 2
 //	close  end the session (the client closes, the own mapping stays)
 //	write  write 0x77 over every byte it mapped
 //	size   print the bytes it mapped
+//	store  fill slots 1 to 3 with content ids 0xb1 to 0xb3 (kvtest.Fill)
+//	       and register them as one sequence under those hashes
 //
 // answering each with "ok" (or "error ..."); it exits at end of input.
 func runIsolationHelper(sock string) error {
@@ -99,6 +101,12 @@ func runIsolationHelper(sock string) error {
 					b[i] = 0x77
 				}
 			}
+		case "store":
+			hashes := []uint64{0xb1, 0xb2, 0xb3}
+			for i, h := range hashes {
+				kvtest.Fill(set.Layout, set.Ranks, int(slots[1+i]), h)
+			}
+			_, err = c.RegisterBlocks(ctx, set.ID, slots[1:4], hashes)
 		case "size":
 			n, want := 0, uint64(0)
 			for _, b := range maps {
@@ -295,6 +303,9 @@ func testEngineKeepsMappingAfterItsSetIsGone(t *testing.T, pool string, configur
 			cfg := testConfig(t, "n1")
 			configure(t, &cfg)
 			cfg.BlockSetGrace = 200 * time.Millisecond
+			// The tenant's set holds a block: freed at the grace period
+			// only without the orphan cache.
+			cfg.NoOrphanCache = tc.freed
 			if !tc.freed {
 				cfg.BlockSetGrace = time.Minute
 			}

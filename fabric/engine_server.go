@@ -57,6 +57,12 @@ type engineSet struct {
 
 	// sums: blocks registered here get content checksums (checksum.go).
 	sums bool
+
+	// orphaned: kept after its grace period as a cache of an engine that
+	// is gone; adoptions: the times a session took it up since
+	// (engine_orphans.go). Guarded by mu.
+	orphaned  bool
+	adoptions uint32
 }
 
 // engineServer implements the engine API over the agent.
@@ -581,6 +587,7 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		s.mu.Lock()
 		bs := out.BlockSets[len(out.BlockSets)-1]
 		bs.Sessions = uint32(len(s.users))
+		bs.Orphaned, bs.Adoptions = s.orphaned, s.adoptions
 		if !s.idleSince.IsZero() {
 			bs.IdleSinceUnixMs = s.idleSince.UnixMilli()
 		}

@@ -245,6 +245,7 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 		}
 		es.timerGen++
 		es.idleSince = time.Time{}
+		a.adoptLocked(es)
 	}
 	s.sets[es.set.ID()] = es
 	return &sessionSet{engineSet: es, sess: s, use: u}, nil
@@ -313,6 +314,9 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 	if es.freed || len(es.users) > 0 || (timerGen != 0 && timerGen != es.timerGen) {
 		return false
 	}
+	if timerGen != 0 && a.keepAsOrphanLocked(es) {
+		return false
+	}
 	if err := a.pool.FreeBlockSet(es.set.ID()); err != nil {
 		if errors.Is(err, pool.ErrBlockSetBusy) {
 			a.log.Debug("idle block set busy; trying again", "set", es.set.ID(), "err", err)
@@ -323,6 +327,9 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 		return false
 	}
 	es.freed = true
+	if es.orphaned {
+		a.stats.orphans.reclaimed.Add(1)
+	}
 	a.dropSetMemoryLocked(es)
 	if es.freeTimer != nil {
 		es.freeTimer.Stop()
@@ -339,19 +346,27 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 // a.mu is held.
 func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engineSet) bool) (*pool.BlockSet, error) {
 	type idleSet struct {
-		es    *engineSet
-		since time.Time
+		es       *engineSet
+		since    time.Time
+		orphaned bool
 	}
 	var idle []idleSet
 	for _, es := range a.sets {
 		es.mu.Lock()
 		if len(es.users) == 0 && !es.freed {
-			idle = append(idle, idleSet{es, es.idleSince})
+			idle = append(idle, idleSet{es, es.idleSince, es.orphaned})
 		}
 		es.mu.Unlock()
 	}
-	idle = slices.DeleteFunc(idle, func(is idleSet) bool { return !may(is.es) })
-	sort.Slice(idle, func(i, j int) bool { return idle[i].since.Before(idle[j].since) })
+	// Orphans first, whoever made them: their engines are gone
+	// (engine_orphans.go).
+	idle = slices.DeleteFunc(idle, func(is idleSet) bool { return !is.orphaned && !may(is.es) })
+	sort.Slice(idle, func(i, j int) bool {
+		if idle[i].orphaned != idle[j].orphaned {
+			return idle[i].orphaned
+		}
+		return idle[i].since.Before(idle[j].since)
+	})
 	set, err := made()
 	for _, is := range idle {
 		es := is.es

@@ -325,6 +325,7 @@ func TestSessionKeepaliveAtTheLimit(t *testing.T) {
 func TestSessionsShareAndDropBlockSet(t *testing.T) {
 	cfg := testConfig(t, "n1")
 	cfg.BlockSetGrace = 300 * time.Millisecond
+	cfg.NoOrphanCache = true // freed at the grace period, blocks and all
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -84,6 +84,9 @@ type slot struct {
 	sum       uint64
 	hasSum    bool
 	withdrawn bool
+	// shared: another node holds the block too (Demote), so it is
+	// recycled before the blocks only this node holds.
+	shared bool
 }
 
 // BlockSet is slots sharing one layout, one region per TP rank. All
@@ -123,6 +126,7 @@ type BlockSet struct {
 	expiry             leaseHeap
 	evictions          uint64
 	expired            uint64
+	demoted            int // Registered slots marked shared
 	allocLat           Histogram
 	releaseLat         Histogram
 }
@@ -136,6 +140,7 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 		registry: make(map[uint64]int32),
 		leases:   make(map[LeaseID]*lease),
 		leafHead: none, leafTail: none,
+		tick: demotedBit, // see Demote
 	}
 	for i := range b.slots {
 		b.slots[i].up, b.slots[i].heapIdx = none, none
@@ -460,6 +465,7 @@ func (b *BlockSet) Metrics() Metrics {
 		Leases:         len(b.leases),
 		LeasesExpired:  b.expired,
 		Evictions:      b.evictions,
+		Demoted:        b.demoted,
 		AllocLatency:   b.allocLat,
 		ReleaseLatency: b.releaseLat,
 	}
@@ -487,6 +493,10 @@ func (b *BlockSet) reset(i int32) {
 	s.users = 0
 	s.up, s.children = none, 0
 	s.sum, s.hasSum, s.withdrawn = 0, false, false
+	if s.shared {
+		s.shared = false
+		b.demoted--
+	}
 	s.gen++
 	b.free = append(b.free, i)
 }
@@ -531,6 +541,9 @@ func (b *BlockSet) pushInactive(i int32) {
 	s.inactive = true
 	b.tick++
 	s.used = b.tick
+	if s.shared {
+		s.used &^= demotedBit
+	}
 	b.inactive++
 	if s.children == 0 {
 		b.leafPush(i)

@@ -71,7 +71,10 @@
 // not recycled while one that extends it is Registered, so the leaves of
 // the cached prefix tree go first, least recently used among them, and a
 // sequence loses its tail before its head. Each recycle emits a remove
-// event; each new registration a store event.
+// event; each new registration a store event. [BlockSet.Demote] marks
+// blocks that other nodes also hold: among the leaves they go first
+// (least recently used among them), so that the cluster keeps more
+// distinct blocks; [BlockSet.Undemote] takes the mark off.
 //
 // # Leases
 //

@@ -83,6 +83,9 @@ type Metrics struct {
 	LeasesExpired uint64
 	// Evictions counts Registered blocks recycled.
 	Evictions uint64
+	// Demoted is the Registered blocks marked as held by other nodes too
+	// (BlockSet.Demote): recycled before the blocks only this node holds.
+	Demoted int
 	// EventsDropped counts events the sink could not take in time (pool
 	// metrics only; events are per pool).
 	EventsDropped uint64
@@ -106,6 +109,7 @@ func (m *Metrics) add(o *Metrics) {
 	m.Leases += o.Leases
 	m.LeasesExpired += o.LeasesExpired
 	m.Evictions += o.Evictions
+	m.Demoted += o.Demoted
 	m.AllocLatency.merge(&o.AllocLatency)
 	m.ReleaseLatency.merge(&o.ReleaseLatency)
 }

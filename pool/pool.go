@@ -396,7 +396,7 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 	b.registry = map[uint64]int32{}
 	b.evictable, b.free = nil, nil
 	b.leafHead, b.leafTail, b.leaves = none, none, 0
-	b.registered, b.inactive = 0, 0
+	b.registered, b.inactive, b.demoted = 0, 0, 0
 	b.freed.Store(true)
 	p.sets[id-1] = nil
 	for _, c := range b.cuts {

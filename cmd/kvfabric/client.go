@@ -195,15 +195,29 @@ func runStatus(e *env, args []string) error {
 	tw = table(e.stdout)
 	fmt.Fprintln(tw, "BLOCK SET\tENGINE\tLAYOUT\tTP\tPAGE\tSLOTS\tFREE\tREGISTERED\tLEASED\tSESSIONS")
 	now := time.Now()
+	var orphans, orphanBlocks uint32
 	for _, b := range s.BlockSets {
 		users := strconv.FormatUint(uint64(b.Sessions), 10)
 		if b.Sessions == 0 && b.IdleSinceUnixMs != 0 {
 			users = "0 (idle " + now.Sub(time.UnixMilli(b.IdleSinceUnixMs)).Round(time.Second).String() + ")"
+			if b.Orphaned {
+				users = "0 (cached, engine gone " + now.Sub(time.UnixMilli(b.IdleSinceUnixMs)).Round(time.Second).String() + ")"
+			}
+		}
+		if b.Adoptions > 0 {
+			users += fmt.Sprintf(", taken up %dx", b.Adoptions)
+		}
+		if b.Orphaned {
+			orphans++
+			orphanBlocks += b.Registered
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", b.Id, b.Engine, b.LayoutDigest, b.TpSize, b.PageSize, b.Slots, b.Free, b.Registered, b.Leased, users)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if orphans > 0 {
+		fmt.Fprintf(e.stdout, "%d block sets (%d blocks) cached after their engines: served to peers, taken up by the next engine of their layout, freed first when memory is needed\n", orphans, orphanBlocks)
 	}
 	fmt.Fprintln(e.stdout)
 	return printSessions(e.stdout, s.Sessions, now)
@@ -409,7 +423,8 @@ that an importer anywhere can check every byte (kvfabric get --verify), and
 registers the blocks. Token ids come from the arguments or standard input,
 or --generate makes N blocks of random tokens. Prints the sequence hashes.
 The blocks stay cached after it exits for as long as an engine session
-uses the block set, and for the agent's --block-set-grace after that.`)
+uses the block set, and after that until the agent needs the memory for
+another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	cf := addClientFlags(fs)
 	ef := addEngineFlags(fs, "kvfabric-put")
 	generate := fs.Int("generate", 0, "generate N blocks of random tokens instead of reading token ids")

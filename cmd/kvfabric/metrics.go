@@ -88,6 +88,14 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_import_checksums_failed_total", "Imported blocks whose bytes did not match their content checksum: refused, never registered.", float64(m.ChecksumsFailed))
 	e.counter("kvfabric_checksum_withdrawn_blocks_total", "Blocks this node withdrew because their bytes changed after registration (found by an importer's checksum).", float64(m.ChecksumWithdrawn))
 
+	e.gauge("kvfabric_orphan_block_sets", "Block sets kept past their grace period as caches of engines that are gone.", float64(m.Orphans.Sets))
+	e.gauge("kvfabric_orphan_blocks", "Registered blocks in block sets kept as caches of engines that are gone.", float64(m.Orphans.Blocks))
+	e.gauge("kvfabric_orphan_bytes", "Bytes of the registered blocks in block sets kept as caches of engines that are gone.", float64(m.Orphans.Bytes))
+	e.counter("kvfabric_orphan_adoptions_total", "Block sets kept after their engines that a new engine session took up, with their blocks.", float64(m.Orphans.Adoptions))
+	e.gauge("kvfabric_pool_demoted_blocks", "Registered blocks other live nodes hold too, recycled before those only this node holds.", float64(p.Demoted))
+	e.counter("kvfabric_demotions_dropped_total", "Blocks whose mark for cluster-aware eviction was dropped, the queue to the pool being full.", float64(m.DemotionsDropped))
+	e.counter("kvfabric_orphans_reclaimed_total", "Block sets kept after their engines that were freed because a new block set needed the memory.", float64(m.Orphans.Reclaimed))
+
 	e.gauge("kvfabric_engine_request_bytes", "Bytes of engine requests being served, as charged against engine_request_memory.", float64(m.EngineRequestBytes))
 	e.counter("kvfabric_engine_requests_refused_total", "Engine requests refused RESOURCE_EXHAUSTED for passing the bound on requests in flight (in total or per session).", float64(m.EngineRequestsRefused))
 

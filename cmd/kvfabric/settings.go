@@ -48,7 +48,7 @@ var agentSettings = []setting{
 	{"pool", "Pools", "memory pool, repeatable: host=SIZE, pinned=SIZE (through the CUDA driver where it loads, else mlock), device=AMOUNT (every GPU) or device:N=AMOUNT (GPU N), AMOUNT a SIZE or a fraction of free GPU memory such as 0.5; a SIZE is at least 1MiB, a host or pinned one at most the machine's memory; block sets come from the device pools where there is a GPU (a TP rank per GPU), else the host one (default host=1GiB)"},
 	{"cuda-library", "CUDALibrary", "path of the CUDA driver library for device and pinned pools (default: $KVFABRIC_CUDA_LIB, then libcuda.so.1)"},
 	{"block-set-slots", "BlockSetSlots", "slots of a block set an engine asks none for (default: a quarter of the pool)"},
-	{"block-set-grace", "BlockSetGrace", "how long a block set no engine session uses keeps its cached blocks before it is freed; a Register that needs the memory frees it at once"},
+	{"block-set-grace", "BlockSetGrace", "how long a block set no engine session uses keeps its cached blocks before it is freed (one that holds blocks is kept after it as a cache of the engine that is gone, unless --no-orphan-cache); a Register that needs the memory frees it at once"},
 	{"session-keepalive", "SessionKeepalive", "how long an engine session may stay silent before the agent ends it and frees what it held; an engine that exits ends at once"},
 	{"lease-duration", "LeaseDuration", "the longest this node pins blocks for an importer per lease or renewal, whatever it asks; importers ask for as much"},
 	{"max-leased-per-peer", "MaxLeasedPerPeer", "blocks one peer may hold leased on this node; past it leases are cut or refused (default: half the slots of the node's block sets)"},
@@ -75,6 +75,9 @@ var agentSettings = []setting{
 	{"engine-request-memory", "EngineRequestMemory", "bytes of engine requests served at once (twice their encoded size); past it a request fails RESOURCE_EXHAUSTED (default 512MiB)"},
 	{"engine-session-request-memory", "EngineSessionRequestMemory", "the same bound per engine session, at most --engine-request-memory (default 256MiB)"},
 	{"engine-quota", "EngineQuota", "pool bytes the block sets of one engine (by name) may take; another engine's cached sets are never freed for one over it (default: the pool divided among the engines with block sets)"},
+
+	{"no-cluster-eviction", "NoClusterEviction", "recycle blocks by last use alone (default: among the blocks a pool may recycle, those other live nodes also hold go before those only this node holds)"},
+	{"no-orphan-cache", "NoOrphanCache", "free a block set --block-set-grace after its last engine session ends, its blocks with it (default: a set that still holds blocks stays as a cache, announced and served to peers, taken up by the next engine of its layout, and freed first when a new block set needs the memory)"},
 }
 
 // The KVFABRIC_ variables that are not settings of fabric.Config: the

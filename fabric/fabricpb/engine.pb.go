@@ -2666,8 +2666,14 @@ type BlockSet struct {
 	// freed after the grace period or when its memory is needed.
 	Sessions        uint32 `protobuf:"varint,10,opt,name=sessions,proto3" json:"sessions,omitempty"`
 	IdleSinceUnixMs int64  `protobuf:"varint,11,opt,name=idle_since_unix_ms,json=idleSinceUnixMs,proto3" json:"idle_since_unix_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Kept past the grace period as a cache of an engine that is gone: its
+	// blocks are announced and served, the next engine of its layout takes
+	// it up, and it is freed first when a new block set needs the memory.
+	Orphaned bool `protobuf:"varint,12,opt,name=orphaned,proto3" json:"orphaned,omitempty"`
+	// The times a new engine session took the set up as an orphan.
+	Adoptions     uint32 `protobuf:"varint,13,opt,name=adoptions,proto3" json:"adoptions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BlockSet) Reset() {
@@ -2773,6 +2779,20 @@ func (x *BlockSet) GetSessions() uint32 {
 func (x *BlockSet) GetIdleSinceUnixMs() int64 {
 	if x != nil {
 		return x.IdleSinceUnixMs
+	}
+	return 0
+}
+
+func (x *BlockSet) GetOrphaned() bool {
+	if x != nil {
+		return x.Orphaned
+	}
+	return false
+}
+
+func (x *BlockSet) GetAdoptions() uint32 {
+	if x != nil {
+		return x.Adoptions
 	}
 	return 0
 }
@@ -2976,7 +2996,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06device\x18\x05 \x01(\x05R\x06device\x12+\n" +
 	"\x11rdma_registration\x18\x06 \x01(\tR\x10rdmaRegistration\x12\x1f\n" +
 	"\vrdma_device\x18\a \x01(\tR\n" +
-	"rdmaDevice\"\xb8\x02\n" +
+	"rdmaDevice\"\xf2\x02\n" +
 	"\bBlockSet\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12#\n" +
@@ -2991,7 +3011,9 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06leased\x18\t \x01(\rR\x06leased\x12\x1a\n" +
 	"\bsessions\x18\n" +
 	" \x01(\rR\bsessions\x12+\n" +
-	"\x12idle_since_unix_ms\x18\v \x01(\x03R\x0fidleSinceUnixMs*\xcf\x01\n" +
+	"\x12idle_since_unix_ms\x18\v \x01(\x03R\x0fidleSinceUnixMs\x12\x1a\n" +
+	"\borphaned\x18\f \x01(\bR\borphaned\x12\x1c\n" +
+	"\tadoptions\x18\r \x01(\rR\tadoptions*\xcf\x01\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12OUTCOME_REGISTERED\x10\x01\x12\x15\n" +

@@ -65,6 +65,8 @@ func run(args []string, stdout io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object on stdout")
 	reportDir := fs.String("report", "", "write replay.json and replay.html (with plots) in this folder (if empty, a new folder in the temporary directory, named on standard error; - for none)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole replay")
+	agentArgs := fs.String("agent-args", "", "more flags for every agent, space-separated (e.g. --no-cluster-eviction)")
+	modelRun := fs.Bool("model", false, "run the cache model instead of agents: each -policy (random or round-robin) through per-engine LRU, cluster-aware eviction and one shared LRU of every engine's blocks, on one routing (see testbed.ModelReplay)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -120,6 +122,9 @@ func run(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *modelRun {
+		return runModel(stdout, reqs, *nodes, *cache, *policy, *seed, *asJSON)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -143,7 +148,7 @@ func run(args []string, stdout io.Writer) error {
 	for _, p := range strings.Split(*policy, ",") {
 		// A fresh cluster per policy, so that none starts with another's
 		// blocks.
-		c, err := testbed.Start(ctx, testbed.Options{Bin: *bin, Nodes: *nodes, Pool: *pool})
+		c, err := testbed.Start(ctx, testbed.Options{Bin: *bin, Nodes: *nodes, Pool: *pool, ExtraArgs: strings.Fields(*agentArgs)})
 		if err != nil {
 			return err
 		}
@@ -230,4 +235,25 @@ func sortedReasons(m map[string]int) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// runModel prints ModelReplay's results for each routing policy.
+func runModel(w io.Writer, reqs []testbed.TraceRequest, nodes, cache int, policies string, seed uint64, asJSON bool) error {
+	var all []testbed.ModelResult
+	for _, p := range strings.Split(policies, ",") {
+		res, err := testbed.ModelReplay(reqs, testbed.ModelOptions{Nodes: nodes, CacheBlocks: cache, Policy: strings.TrimSpace(p), Seed: seed})
+		if err != nil {
+			return err
+		}
+		all = append(all, res...)
+	}
+	if asJSON {
+		return json.NewEncoder(w).Encode(all)
+	}
+	fmt.Fprintf(w, "model: %d requests, %d engines of %d blocks (shared: %d)\n", len(reqs), nodes, cache, nodes*cache)
+	for _, r := range all {
+		fmt.Fprintf(w, "  %-11s %-13s local %.3f  cluster %.3f  (distinct %d of %d held; reuse bound %.3f)\n",
+			r.Policy, r.Cache, r.LocalHitRate, r.ClusterHitRate, r.Distinct, r.Held, r.ReuseBound)
+	}
+	return nil
 }

@@ -73,30 +73,34 @@ class BlockResult(_message.Message):
     def __init__(self, hash: _Optional[int] = ..., slot: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., reason: _Optional[str] = ..., code: _Optional[int] = ..., request_slot: _Optional[int] = ...) -> None: ...
 
 class BlockSet(_message.Message):
-    __slots__ = ["engine", "free", "id", "idle_since_unix_ms", "layout_digest", "leased", "page_size", "registered", "sessions", "slots", "tp_size"]
+    __slots__ = ["adoptions", "engine", "free", "id", "idle_since_unix_ms", "layout_digest", "leased", "orphaned", "page_size", "registered", "sessions", "slots", "tp_size"]
+    ADOPTIONS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
     IDLE_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
+    ORPHANED_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    adoptions: int
     engine: str
     free: int
     id: int
     idle_since_unix_ms: int
     layout_digest: str
     leased: int
+    orphaned: bool
     page_size: int
     registered: int
     sessions: int
     slots: int
     tp_size: int
-    def __init__(self, id: _Optional[int] = ..., engine: _Optional[str] = ..., layout_digest: _Optional[str] = ..., tp_size: _Optional[int] = ..., page_size: _Optional[int] = ..., slots: _Optional[int] = ..., free: _Optional[int] = ..., registered: _Optional[int] = ..., leased: _Optional[int] = ..., sessions: _Optional[int] = ..., idle_since_unix_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., engine: _Optional[str] = ..., layout_digest: _Optional[str] = ..., tp_size: _Optional[int] = ..., page_size: _Optional[int] = ..., slots: _Optional[int] = ..., free: _Optional[int] = ..., registered: _Optional[int] = ..., leased: _Optional[int] = ..., sessions: _Optional[int] = ..., idle_since_unix_ms: _Optional[int] = ..., orphaned: bool = ..., adoptions: _Optional[int] = ...) -> None: ...
 
 class DropBlockSetRequest(_message.Message):
     __slots__ = ["block_set"]

@@ -1,0 +1,80 @@
+package testbed
+
+import (
+	"testing"
+)
+
+// Two engines of 4 blocks, round-robin, one block a request. Engine 1
+// holds an old block of its own (2) and a copy of one engine 0 uses too
+// (1). When engine 1 needs room, LRU evicts 2, the cluster's only copy;
+// cluster-aware evicts its copy of 1, and request 10 still finds 2.
+func TestModelClusterAwareKeepsTheLastCopy(t *testing.T) {
+	ids := []int64{1, 2, 3, 1, 4, 5, 1, 6, 7, 8, 2}
+	reqs := make([]TraceRequest, len(ids))
+	for i, id := range ids {
+		reqs[i] = TraceRequest{Timestamp: int64(i), InputLength: TraceBlockTokens, OutputLength: 1, HashIDs: []int64{id}}
+	}
+	res, err := ModelReplay(reqs, ModelOptions{Nodes: 2, CacheBlocks: 4, Policy: PolicyRoundRobin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The shared cache of 8 holds all 8 blocks: requests 3, 6 and 10 hit.
+	want := map[string]struct{ local, imported int }{
+		ModelLRU:          {1, 1},
+		ModelClusterAware: {1, 2},
+		ModelSharedLRU:    {3, 0},
+	}
+	if len(res) != len(ModelCaches) {
+		t.Fatalf("%d results, want %d", len(res), len(ModelCaches))
+	}
+	for i, r := range res {
+		w := want[r.Cache]
+		if r.Cache != ModelCaches[i] || r.BlocksRequested != len(ids) || r.BlocksLocal != w.local || r.BlocksImported != w.imported {
+			t.Errorf("%s: %d requested, %d local, %d imported; want %d, %d, %d", r.Cache, r.BlocksRequested, r.BlocksLocal, r.BlocksImported, len(ids), w.local, w.imported)
+		}
+	}
+}
+
+// On the synthetic trace with caches that cannot hold its working set,
+// cluster-aware eviction keeps more distinct blocks than per-engine LRU
+// and hits more in the cluster, under the same routing.
+func TestModelClusterAwareOnSyntheticTrace(t *testing.T) {
+	reqs, err := TraceGen{Requests: 600, Seed: 1}.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := ModelReplay(reqs, ModelOptions{Nodes: 4, CacheBlocks: 64, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lru, aware, shared := res[0], res[1], res[2]
+	if aware.ClusterHitRate <= lru.ClusterHitRate || aware.Distinct <= lru.Distinct {
+		t.Errorf("cluster-aware: hit rate %.3f, %d distinct; lru %.3f, %d distinct", aware.ClusterHitRate, aware.Distinct, lru.ClusterHitRate, lru.Distinct)
+	}
+	if shared.LocalHitRate != shared.ClusterHitRate || shared.ClusterHitRate > shared.ReuseBound {
+		t.Errorf("shared: local %.3f, cluster %.3f, bound %.3f", shared.LocalHitRate, shared.ClusterHitRate, shared.ReuseBound)
+	}
+}
+
+func TestModelOptionsRefused(t *testing.T) {
+	reqs := []TraceRequest{{InputLength: TraceBlockTokens, HashIDs: []int64{1}}}
+	for _, tc := range []struct {
+		name string
+		opts ModelOptions
+		reqs []TraceRequest
+	}{
+		{"kv-aware routing", ModelOptions{Policy: PolicyKVAware}, reqs},
+		{"negative nodes", ModelOptions{Nodes: -1}, reqs},
+		{"cache of one block", ModelOptions{CacheBlocks: 1}, reqs},
+		{"no requests", ModelOptions{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := ModelReplay(tc.reqs, tc.opts); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+	if _, err := ModelReplay(reqs, ModelOptions{CacheBlocks: 2}); err != nil {
+		t.Fatalf("a cache of 2 blocks (the least): %v", err)
+	}
+}
