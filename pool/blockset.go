@@ -84,6 +84,10 @@ type slot struct {
 	sum       uint64
 	hasSum    bool
 	withdrawn bool
+	// below: a copy of the block is in the tier below (tier_offload.go),
+	// so recycling it loses nothing; offloading: that copy is being made,
+	// and the slot is kept until Offloaded says it is done.
+	below, offloading bool
 }
 
 // BlockSet is slots sharing one layout, one region per TP rank. All
@@ -125,6 +129,7 @@ type BlockSet struct {
 	expired            uint64
 	allocLat           Histogram
 	releaseLat         Histogram
+	offloading         int // slots kept for a copy below (tier_offload.go)
 }
 
 func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64, place []int) *BlockSet {
@@ -146,6 +151,7 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 		b.low = int(math.Ceil(lw * float64(n)))
 		b.high = max(b.low, int(math.Ceil(p.cfg.HighWatermark*float64(n))))
 	}
+	b.offloadWatermarks()
 	return b
 }
 
@@ -260,13 +266,13 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 	}
 	if free := len(b.free); free < n {
 		if free+b.inactive < n {
-			err := &AllocError{Asked: n, Free: free, Inactive: b.inactive}
+			err := &AllocError{Asked: n, Free: free, Inactive: b.inactive, Offloading: b.offloading}
 			b.mu.Unlock()
 			return dst, err
 		}
 		b.recycle(n - free)
 		if f := len(b.free); f < n {
-			err := &AllocError{Asked: n, Free: f, Inactive: b.inactive, Pinned: b.inactive}
+			err := &AllocError{Asked: n, Free: f, Inactive: b.inactive, Pinned: b.inactive, Offloading: b.offloading}
 			b.mu.Unlock()
 			return dst, err
 		}
@@ -279,7 +285,7 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 		dst = append(dst, Block{Slot: int(i), Generation: s.gen})
 	}
 	if len(b.free) < b.low && b.inactive > 0 {
-		b.recycle(b.high - len(b.free))
+		b.recycleAhead(b.high - len(b.free))
 	}
 	if timed {
 		b.allocLat.record(sinceEpoch() - start)
@@ -460,6 +466,7 @@ func (b *BlockSet) Metrics() Metrics {
 		Leases:         len(b.leases),
 		LeasesExpired:  b.expired,
 		Evictions:      b.evictions,
+		Offloading:     b.offloading,
 		AllocLatency:   b.allocLat,
 		ReleaseLatency: b.releaseLat,
 	}
@@ -487,6 +494,7 @@ func (b *BlockSet) reset(i int32) {
 	s.users = 0
 	s.up, s.children = none, 0
 	s.sum, s.hasSum, s.withdrawn = 0, false, false
+	s.below = false
 	s.gen++
 	b.free = append(b.free, i)
 }
@@ -499,6 +507,9 @@ func (b *BlockSet) recycle(n int) int {
 	defer func() { b.p.events.pushBatch(removed) }() // one batch, not a loss
 	for done < n && b.leaves > 0 {
 		i := b.oldestLeaf()
+		if b.offer(i) {
+			continue // kept until its copy below is made
+		}
 		b.unlinkInactive(i)
 		s := &b.slots[i]
 		hash, parent := s.hash, s.parent
@@ -528,6 +539,9 @@ func (b *BlockSet) recycle(n int) int {
 // becomes evictable.
 func (b *BlockSet) pushInactive(i int32) {
 	s := &b.slots[i]
+	if s.offloading {
+		return // Offloaded makes it inactive once its copy is done
+	}
 	s.inactive = true
 	b.tick++
 	s.used = b.tick

@@ -94,6 +94,10 @@ type Metrics struct {
 	// Utilization is Active/Slots: the fraction that allocation cannot
 	// have, even by recycling.
 	Utilization float64
+
+	// Offloading is the blocks whose copy to the tier below is under way
+	// (Config.Offload); they count as Active.
+	Offloading int
 }
 
 func (m *Metrics) add(o *Metrics) {
@@ -106,6 +110,7 @@ func (m *Metrics) add(o *Metrics) {
 	m.Leases += o.Leases
 	m.LeasesExpired += o.LeasesExpired
 	m.Evictions += o.Evictions
+	m.Offloading += o.Offloading
 	m.AllocLatency.merge(&o.AllocLatency)
 	m.ReleaseLatency.merge(&o.ReleaseLatency)
 }
