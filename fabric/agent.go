@@ -128,6 +128,9 @@ type Agent struct {
 	reqBudget *requestBudget
 	// health is every peer dial's outcome, per member (peer_health.go).
 	health peerHealth
+
+	// tiers are the disk tiers under the pool (tier.go); nil without.
+	tiers *tiers
 }
 
 // Start makes an agent from cfg and starts serving. The context bounds the
@@ -180,6 +183,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		return nil, err
 	}
 	a.joined.Store(a.members)
+	if a.tiers != nil {
+		a.tiers.announceAll()
+	}
 	a.wg.Add(3)
 	go a.metaLoop()
 	go a.memberLoop()
@@ -213,6 +219,12 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents
 	pcfg.MaxLeaseBlocks = transfer.MaxLeaseBlocks
+	if len(a.cfg.Tiers) > 0 {
+		if a.tiers, err = openTiers(a, a.cfg.tierSpecs()); err != nil {
+			return err
+		}
+		pcfg.Offload, pcfg.OffloadWatermark = a.tiers.offer, a.cfg.TierWatermark
+	}
 	p, err := pool.NewSpanning(st, pcfg)
 	if err != nil {
 		return fmt.Errorf("fabric: pool: %w", err)
@@ -501,6 +513,10 @@ func (a *Agent) Close() error {
 			es.mu.Unlock()
 		}
 		a.mu.Unlock()
+		if a.tiers != nil {
+			// Before the pool's memory goes: its workers read from it.
+			errs = append(errs, a.tiers.close())
+		}
 		if a.pool != nil {
 			errs = append(errs, a.pool.Close())
 		}

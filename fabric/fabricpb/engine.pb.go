@@ -1419,9 +1419,15 @@ func (x *LookupRequest) GetBlockSet() uint64 {
 }
 
 type LookupResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hashes        []uint64               `protobuf:"varint,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
-	Overlaps      []*Overlap             `protobuf:"bytes,2,rep,name=overlaps,proto3" json:"overlaps,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Hashes   []uint64               `protobuf:"varint,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	Overlaps []*Overlap             `protobuf:"bytes,2,rep,name=overlaps,proto3" json:"overlaps,omitempty"`
+	// With block_set in the request: for each of hashes, the tier this node
+	// holds it in for that block set's layout: the pool's kind ("host",
+	// "pinned" or "device"), "disk" (a disk tier: restored into the block
+	// set by this call, so that the Acquire or Import that follows finds it
+	// in memory), or "" (not on this node).
+	LocalTiers    []string `protobuf:"bytes,3,rep,name=local_tiers,json=localTiers,proto3" json:"local_tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1466,6 +1472,13 @@ func (x *LookupResponse) GetHashes() []uint64 {
 func (x *LookupResponse) GetOverlaps() []*Overlap {
 	if x != nil {
 		return x.Overlaps
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetLocalTiers() []string {
+	if x != nil {
+		return x.LocalTiers
 	}
 	return nil
 }
@@ -2153,6 +2166,8 @@ type StatusResponse struct {
 	Lane string `protobuf:"bytes,13,opt,name=lane,proto3" json:"lane,omitempty"`
 	// Reads that went over QUIC where the lane was on, by reason.
 	LaneFallbacks map[string]uint64 `protobuf:"bytes,14,rep,name=lane_fallbacks,json=laneFallbacks,proto3" json:"lane_fallbacks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The disk tiers under the pool, in configured order.
+	Tiers         []*Tier `protobuf:"bytes,15,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2285,6 +2300,134 @@ func (x *StatusResponse) GetLaneFallbacks() map[string]uint64 {
 	return nil
 }
 
+func (x *StatusResponse) GetTiers() []*Tier {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+type Tier struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "disk".
+	Kind      string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Path      string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	SizeBytes uint64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// Blocks held and the bytes they take; 0 block_bytes until the first
+	// block sized the tier's slots.
+	Blocks     uint64 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes      uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	BlockBytes uint64 `protobuf:"varint,6,opt,name=block_bytes,json=blockBytes,proto3" json:"block_bytes,omitempty"`
+	// Blocks copied down, restored, dropped for failing a check, and
+	// evicted to make room, since start.
+	Offloads         uint64 `protobuf:"varint,7,opt,name=offloads,proto3" json:"offloads,omitempty"`
+	Restores         uint64 `protobuf:"varint,8,opt,name=restores,proto3" json:"restores,omitempty"`
+	ChecksumFailures uint64 `protobuf:"varint,9,opt,name=checksum_failures,json=checksumFailures,proto3" json:"checksum_failures,omitempty"`
+	Evictions        uint64 `protobuf:"varint,10,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Tier) Reset() {
+	*x = Tier{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tier) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tier) ProtoMessage() {}
+
+func (x *Tier) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tier.ProtoReflect.Descriptor instead.
+func (*Tier) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Tier) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Tier) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Tier) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *Tier) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *Tier) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Tier) GetBlockBytes() uint64 {
+	if x != nil {
+		return x.BlockBytes
+	}
+	return 0
+}
+
+func (x *Tier) GetOffloads() uint64 {
+	if x != nil {
+		return x.Offloads
+	}
+	return 0
+}
+
+func (x *Tier) GetRestores() uint64 {
+	if x != nil {
+		return x.Restores
+	}
+	return 0
+}
+
+func (x *Tier) GetChecksumFailures() uint64 {
+	if x != nil {
+		return x.ChecksumFailures
+	}
+	return 0
+}
+
+func (x *Tier) GetEvictions() uint64 {
+	if x != nil {
+		return x.Evictions
+	}
+	return 0
+}
+
 type Session struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Id     uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2305,7 +2448,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[29]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2460,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[29]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,7 +2473,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{29}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Session) GetId() uint64 {
@@ -2422,7 +2565,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[30]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2434,7 +2577,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[30]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2447,7 +2590,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{30}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Member) GetNode() string {
@@ -2574,7 +2717,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2586,7 +2729,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2599,7 +2742,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{31}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Pool) GetKind() string {
@@ -2672,7 +2815,7 @@ type BlockSet struct {
 
 func (x *BlockSet) Reset() {
 	*x = BlockSet{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2684,7 +2827,7 @@ func (x *BlockSet) String() string {
 func (*BlockSet) ProtoMessage() {}
 
 func (x *BlockSet) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2697,7 +2840,7 @@ func (x *BlockSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockSet.ProtoReflect.Descriptor instead.
 func (*BlockSet) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{32}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *BlockSet) GetId() uint64 {
@@ -2870,10 +3013,12 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06tokens\x18\x02 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x03 \x01(\rR\tblockSize\x12\x1b\n" +
-	"\tblock_set\x18\x04 \x01(\x04R\bblockSet\"a\n" +
+	"\tblock_set\x18\x04 \x01(\x04R\bblockSet\"\x82\x01\n" +
 	"\x0eLookupResponse\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x04R\x06hashes\x127\n" +
-	"\boverlaps\x18\x02 \x03(\v2\x1b.kvfabric.fabric.v1.OverlapR\boverlaps\"\xd2\x01\n" +
+	"\boverlaps\x18\x02 \x03(\v2\x1b.kvfabric.fabric.v1.OverlapR\boverlaps\x12\x1f\n" +
+	"\vlocal_tiers\x18\x03 \x03(\tR\n" +
+	"localTiers\"\xd2\x01\n" +
 	"\aOverlap\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x14\n" +
@@ -2917,7 +3062,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x14DropBlockSetResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\rR\breleased\x12\x14\n" +
 	"\x05freed\x18\x02 \x01(\rR\x05freed\"\x0f\n" +
-	"\rStatusRequest\"\x8c\x05\n" +
+	"\rStatusRequest\"\xbc\x05\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x124\n" +
@@ -2934,10 +3079,25 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06joined\x18\v \x01(\bR\x06joined\x127\n" +
 	"\bsessions\x18\f \x03(\v2\x1b.kvfabric.fabric.v1.SessionR\bsessions\x12\x12\n" +
 	"\x04lane\x18\r \x01(\tR\x04lane\x12\\\n" +
-	"\x0elane_fallbacks\x18\x0e \x03(\v25.kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntryR\rlaneFallbacks\x1a@\n" +
+	"\x0elane_fallbacks\x18\x0e \x03(\v25.kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntryR\rlaneFallbacks\x12.\n" +
+	"\x05tiers\x18\x0f \x03(\v2\x18.kvfabric.fabric.v1.TierR\x05tiers\x1a@\n" +
 	"\x12LaneFallbacksEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xc4\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x9f\x02\n" +
+	"\x04Tier\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12\x16\n" +
+	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x1f\n" +
+	"\vblock_bytes\x18\x06 \x01(\x04R\n" +
+	"blockBytes\x12\x1a\n" +
+	"\boffloads\x18\a \x01(\x04R\boffloads\x12\x1a\n" +
+	"\brestores\x18\b \x01(\x04R\brestores\x12+\n" +
+	"\x11checksum_failures\x18\t \x01(\x04R\x10checksumFailures\x12\x1c\n" +
+	"\tevictions\x18\n" +
+	" \x01(\x04R\tevictions\"\xc4\x01\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x10\n" +
@@ -3028,7 +3188,7 @@ func file_fabric_fabricpb_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_fabric_fabricpb_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_fabric_fabricpb_engine_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: kvfabric.fabric.v1.Outcome
 	(*RegisterRequest)(nil),        // 1: kvfabric.fabric.v1.RegisterRequest
@@ -3060,21 +3220,22 @@ var file_fabric_fabricpb_engine_proto_goTypes = []any{
 	(*DropBlockSetResponse)(nil),   // 27: kvfabric.fabric.v1.DropBlockSetResponse
 	(*StatusRequest)(nil),          // 28: kvfabric.fabric.v1.StatusRequest
 	(*StatusResponse)(nil),         // 29: kvfabric.fabric.v1.StatusResponse
-	(*Session)(nil),                // 30: kvfabric.fabric.v1.Session
-	(*Member)(nil),                 // 31: kvfabric.fabric.v1.Member
-	(*Pool)(nil),                   // 32: kvfabric.fabric.v1.Pool
-	(*BlockSet)(nil),               // 33: kvfabric.fabric.v1.BlockSet
-	nil,                            // 34: kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
-	(*layoutpb.ModelConfig)(nil),   // 35: kvfabric.layout.v1.ModelConfig
-	(layoutpb.KVOrder)(0),          // 36: kvfabric.layout.v1.KVOrder
-	(layoutpb.Arrangement)(0),      // 37: kvfabric.layout.v1.Arrangement
-	(*layoutpb.Layout)(nil),        // 38: kvfabric.layout.v1.Layout
+	(*Tier)(nil),                   // 30: kvfabric.fabric.v1.Tier
+	(*Session)(nil),                // 31: kvfabric.fabric.v1.Session
+	(*Member)(nil),                 // 32: kvfabric.fabric.v1.Member
+	(*Pool)(nil),                   // 33: kvfabric.fabric.v1.Pool
+	(*BlockSet)(nil),               // 34: kvfabric.fabric.v1.BlockSet
+	nil,                            // 35: kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
+	(*layoutpb.ModelConfig)(nil),   // 36: kvfabric.layout.v1.ModelConfig
+	(layoutpb.KVOrder)(0),          // 37: kvfabric.layout.v1.KVOrder
+	(layoutpb.Arrangement)(0),      // 38: kvfabric.layout.v1.Arrangement
+	(*layoutpb.Layout)(nil),        // 39: kvfabric.layout.v1.Layout
 }
 var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
-	35, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
-	36, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
-	37, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
-	38, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
+	36, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
+	37, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
+	38, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
+	39, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
 	3,  // 4: kvfabric.fabric.v1.RegisterResponse.memory:type_name -> kvfabric.fabric.v1.Memory
 	4,  // 5: kvfabric.fabric.v1.RegisterResponse.ranks:type_name -> kvfabric.fabric.v1.RankLayout
 	9,  // 6: kvfabric.fabric.v1.RegisterBlocksRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
@@ -3089,38 +3250,39 @@ var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
 	22, // 15: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
 	23, // 16: kvfabric.fabric.v1.ImportResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
 	0,  // 17: kvfabric.fabric.v1.BlockResult.outcome:type_name -> kvfabric.fabric.v1.Outcome
-	31, // 18: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
-	33, // 19: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
-	32, // 20: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
-	30, // 21: kvfabric.fabric.v1.StatusResponse.sessions:type_name -> kvfabric.fabric.v1.Session
-	34, // 22: kvfabric.fabric.v1.StatusResponse.lane_fallbacks:type_name -> kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
-	1,  // 23: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
-	5,  // 24: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
-	7,  // 25: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
-	10, // 26: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
-	13, // 27: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
-	15, // 28: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
-	17, // 29: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
-	20, // 30: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
-	28, // 31: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
-	24, // 32: kvfabric.fabric.v1.Engine.OpenSession:input_type -> kvfabric.fabric.v1.SessionRequest
-	26, // 33: kvfabric.fabric.v1.Engine.DropBlockSet:input_type -> kvfabric.fabric.v1.DropBlockSetRequest
-	2,  // 34: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
-	6,  // 35: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
-	8,  // 36: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
-	11, // 37: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
-	14, // 38: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
-	16, // 39: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
-	18, // 40: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
-	21, // 41: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
-	29, // 42: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
-	25, // 43: kvfabric.fabric.v1.Engine.OpenSession:output_type -> kvfabric.fabric.v1.SessionEvent
-	27, // 44: kvfabric.fabric.v1.Engine.DropBlockSet:output_type -> kvfabric.fabric.v1.DropBlockSetResponse
-	34, // [34:45] is the sub-list for method output_type
-	23, // [23:34] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	32, // 18: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
+	34, // 19: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
+	33, // 20: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
+	31, // 21: kvfabric.fabric.v1.StatusResponse.sessions:type_name -> kvfabric.fabric.v1.Session
+	35, // 22: kvfabric.fabric.v1.StatusResponse.lane_fallbacks:type_name -> kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
+	30, // 23: kvfabric.fabric.v1.StatusResponse.tiers:type_name -> kvfabric.fabric.v1.Tier
+	1,  // 24: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
+	5,  // 25: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
+	7,  // 26: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
+	10, // 27: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
+	13, // 28: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
+	15, // 29: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
+	17, // 30: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
+	20, // 31: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
+	28, // 32: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
+	24, // 33: kvfabric.fabric.v1.Engine.OpenSession:input_type -> kvfabric.fabric.v1.SessionRequest
+	26, // 34: kvfabric.fabric.v1.Engine.DropBlockSet:input_type -> kvfabric.fabric.v1.DropBlockSetRequest
+	2,  // 35: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
+	6,  // 36: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
+	8,  // 37: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
+	11, // 38: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
+	14, // 39: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
+	16, // 40: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
+	18, // 41: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
+	21, // 42: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
+	29, // 43: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
+	25, // 44: kvfabric.fabric.v1.Engine.OpenSession:output_type -> kvfabric.fabric.v1.SessionEvent
+	27, // 45: kvfabric.fabric.v1.Engine.DropBlockSet:output_type -> kvfabric.fabric.v1.DropBlockSetResponse
+	35, // [35:46] is the sub-list for method output_type
+	24, // [24:35] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_fabric_fabricpb_engine_proto_init() }
@@ -3134,7 +3296,7 @@ func file_fabric_fabricpb_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_fabricpb_engine_proto_rawDesc), len(file_fabric_fabricpb_engine_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
