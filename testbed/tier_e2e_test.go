@@ -1,0 +1,161 @@
+package testbed
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/internal/wait"
+)
+
+// runBin runs the kvfabric binary with args and returns its output.
+func runBin(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errb strings.Builder
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	return out.String(), errb.String(), err
+}
+
+// getAll imports hashes on node n with kvfabric get, 200 at a time into a
+// block set of 256 slots, checking every element against put's pattern,
+// and returns the holders the fetches name.
+func getAll(t *testing.T, n *Node, hashes []string) string {
+	t.Helper()
+	var from strings.Builder
+	for i := 0; i < len(hashes); i += 200 {
+		run := hashes[i:min(i+200, len(hashes))]
+		_, errs, err := runBin(t, "get", "--socket", n.Socket, "--slots", "256", "--verify", "--out", os.DevNull,
+			"--hashes", strings.Join(run, ","))
+		if err != nil || !strings.Contains(errs, fmt.Sprintf("verified %d blocks", len(run))) {
+			t.Fatalf("get of blocks %d..%d on %s: %v: %s", i, i+len(run)-1, n.Name, err, errs)
+		}
+		from.WriteString(errs)
+	}
+	return from.String()
+}
+
+// tierBlocks is node n's disk tier: blocks held, and whether it has block
+// sets left in memory.
+func tierBlocks(n *Node) (blocks uint64, sets int, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cl, err := n.Client(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer cl.Close()
+	st, err := cl.Status(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(st.Tiers) != 1 {
+		return 0, 0, fmt.Errorf("status shows %d tiers", len(st.Tiers))
+	}
+	for _, s := range st.BlockSets {
+		if s.Engine == "kvfabric-put" {
+			sets++
+		}
+	}
+	return st.Tiers[0].Blocks, sets, nil
+}
+
+// An engine that stores far more than the host pool through a block set
+// that fits leaves every block on its node, most on disk: a peer imports
+// all of them byte for byte after the engine exited; the agent, killed
+// with SIGKILL and restarted, finds them again, announces them, and a
+// third node imports all of them from it alone.
+//
+// The figures of the design (put --generate 1600 --slots 256 on --pool
+// host=128MiB --tier disk=DIR:2GiB: 400 MB of 256 KiB blocks, three times
+// the pool) are used as they are.
+func TestTierKeepsTheCacheAcrossRestart(t *testing.T) {
+	const blocks = 1600
+	tier, err := os.MkdirTemp("", "kvfabric-tier-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tier) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := Start(ctx, Options{Bin: bin, Nodes: 3, Pool: "host=128MiB", NodeArgs: func(i int) []string {
+		if i == 0 {
+			return []string{"--tier", "disk=" + tier + ":2GiB", "--block-set-grace", "1s"}
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				t.Logf("%s log:\n%s", n.Name, n.Log())
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+
+	start := time.Now()
+	out, errs, err := runBin(t, "put", "--socket", n1.Socket, "--generate", fmt.Sprint(blocks), "--slots", "256", "--json")
+	if err != nil {
+		t.Fatalf("put: %v: %s", err, errs)
+	}
+	var put struct{ Hashes []string }
+	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != blocks {
+		t.Fatalf("put --json: %d hashes (%v)", len(put.Hashes), err)
+	}
+	t.Logf("put of %d blocks through 256 slots: %v", blocks, time.Since(start).Round(time.Millisecond))
+	// The engine has exited: once its set's grace ends, every block it
+	// left in memory is copied down before the set is freed.
+	wait.For(t, 60*time.Second, "node1 keeps every block on disk once the engine's set is freed", func() error {
+		b, sets, err := tierBlocks(n1)
+		if err != nil || b != blocks || sets != 0 {
+			return fmt.Errorf("%d blocks on disk, %d sets of the engine left (%v)", b, sets, err)
+		}
+		return nil
+	})
+	waitIndexed(t, n2, "node1", blocks)
+	start = time.Now()
+	if got := getAll(t, n2, put.Hashes); !strings.Contains(got, "node1") {
+		t.Fatalf("node2's imports name no fetch from node1: %s", got)
+	}
+	t.Logf("node2 imported and verified %d disk-held blocks: %v", blocks, time.Since(start).Round(time.Millisecond))
+
+	// node2 leaves, so that node1 is the only holder; node1 crashes.
+	if err := n2.Stop(syscall.SIGTERM, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.Stop(syscall.SIGKILL, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	n1.Args = append(n1.Args, "--join", n3.Gossip)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel2()
+	if err := c.StartNode(ctx2, 0); err != nil {
+		t.Fatal(err)
+	}
+	if b, _, err := tierBlocks(n1); err != nil || b != blocks {
+		t.Fatalf("after SIGKILL and a restart node1's tier holds %d blocks (%v), want %d", b, err, blocks)
+	}
+	waitIndexed(t, n3, "node1", blocks)
+	start = time.Now()
+	if got := getAll(t, n3, put.Hashes); !strings.Contains(got, "node1") || strings.Contains(got, "node2") {
+		t.Fatalf("node3's imports: %s; want every fetch from node1", got)
+	}
+	t.Logf("node3 imported and verified %d blocks from the restarted node1: %v", blocks, time.Since(start).Round(time.Millisecond))
+	if _, err := os.Stat(filepath.Join(tier, "tier.json")); err != nil {
+		t.Fatal(err)
+	}
+}
