@@ -180,6 +180,9 @@ type Metrics struct {
 	PeersAuthenticated, PeersUnauthenticated int
 	// Ready is /healthz's answer: joined, and notReady gives no reason.
 	Ready bool
+
+	// Tiers are the disk tiers' figures, in configured order.
+	Tiers []TierMetrics
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -248,6 +251,9 @@ func (a *Agent) Metrics() Metrics {
 	}
 	if id := a.identity.Load(); id != nil {
 		m.Certificates = []CertificateExpiry{{"node", id.Leaf.NotAfter}, {"ca", id.CA.NotAfter}}
+	}
+	if a.tiers != nil {
+		m.Tiers = a.tiers.metrics()
 	}
 	return m
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/pool"
 )
 
 // stagingEngine is the engine name of the block sets disk-held blocks are
@@ -100,6 +101,45 @@ func (t *tiers) status() []*fabricpb.Tier {
 			ts.Blocks, ts.ChecksumFailures = uint64(s.Blocks), s.Corrupt
 		}
 		out[i] = ts
+	}
+	return out
+}
+
+// TierMetrics are one disk tier's figures.
+type TierMetrics struct {
+	// Tier is its place in Config.Tiers; Path its directory.
+	Tier int
+	Path string
+	// Blocks and Bytes are what it holds now.
+	Blocks, Bytes uint64
+	// Offloads counts blocks copied down; Restores blocks brought back up
+	// (to engines and to staging for peers); ChecksumFailures blocks
+	// dropped for failing a check on their way up; Evictions blocks
+	// dropped to make room; Failures copies down that failed.
+	Offloads, Restores, ChecksumFailures, Evictions, Failures uint64
+	// QueueFull counts blocks refused for a full queue (all tiers
+	// together, on tier 0).
+	QueueFull uint64
+	// RestoreTime is each block's read, check and copy into its slot.
+	RestoreTime pool.Histogram
+}
+
+func (t *tiers) metrics() []TierMetrics {
+	t.mu.Lock()
+	held := append([]int64(nil), t.heldBytes...)
+	t.mu.Unlock()
+	out := make([]TierMetrics, len(t.list))
+	for i, d := range t.list {
+		m := TierMetrics{Tier: i, Path: d.spec.Path, Bytes: uint64(held[i]), Offloads: d.offloads.Load(), Restores: d.restores.Load(),
+			Evictions: d.evicted.Load(), Failures: d.failed.Load(), RestoreTime: d.restoreTime.snapshot()}
+		if st := d.store.Load(); st != nil {
+			s := st.Stats()
+			m.Blocks, m.ChecksumFailures = uint64(s.Blocks), s.Corrupt
+		}
+		if i == 0 {
+			m.QueueFull = t.queueFull.Load()
+		}
+		out[i] = m
 	}
 	return out
 }
