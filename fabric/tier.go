@@ -149,6 +149,7 @@ type tiers struct {
 	staging    map[uint64]*engineSet
 	progress   chan struct{} // closed and replaced when a copy down ends
 
+	room      atomic.Int64 // blockBytes, for offer, which may not take mu
 	queueFull atomic.Uint64
 	corrupt   atomic.Uint64 // blocks that failed a check on restore
 }
@@ -282,6 +283,7 @@ func syncFile(path string) error {
 // openStoresLocked opens each tier's store with blocks of t.blockBytes and
 // lists what they hold. t.mu is held.
 func (t *tiers) openStoresLocked() error {
+	t.room.Store(int64(t.blockBytes))
 	for _, d := range t.list {
 		if d.store.Load() != nil {
 			continue

@@ -26,6 +26,9 @@ func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) b
 	if len(l.Regions) == 0 || l.Regions[0].Kind == layout.Device {
 		return false
 	}
+	if room := t.room.Load(); room > 0 && int64(tierBlockBytes(l)) > room {
+		return false // larger than the tiers' slots: recycled as it is
+	}
 	select {
 	case <-t.done:
 		return false
@@ -91,6 +94,16 @@ func (t *tiers) copyDown(j offloadJob) bool {
 		err = d.store.Load().Put(ctx, k, data)
 		if err == nil {
 			t.mu.Lock()
+			if e, ok := t.pos[k]; ok {
+				// Another copy of the same block got there first: the store
+				// replaced it, in this tier or another.
+				old := e.Value.(*tierEntry)
+				t.heldBytes[old.tier] -= int64(old.length)
+				t.lru.Remove(e)
+				if old.tier != d.n {
+					t.list[old.tier].store.Load().Delete(k)
+				}
+			}
 			t.pos[k] = t.lru.PushBack(&tierEntry{tier: d.n, key: k, length: len(data)})
 			t.heldBytes[d.n] += int64(len(data))
 			t.mu.Unlock()
