@@ -190,7 +190,7 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 	workers := 0
 	for _, d := range t.list {
 		_ = d
-		workers += disk.DefaultWorkers
+		workers += 4 * disk.DefaultWorkers
 	}
 	for range workers {
 		t.wg.Add(1)

@@ -81,7 +81,35 @@ func (b *BlockSet) recycleAhead(n int) int {
 		}
 		done += b.recycle(1)
 	}
+	b.offerAhead(n)
 	return done
+}
+
+// offerAhead offers up to k more blocks that have no copy below, beyond
+// what recycling asked for, so that copies keep pace with a set that is
+// written faster than it is recycled and recycling finds copied blocks
+// ready instead of waiting for copies: the least recently used leaves,
+// each with the inactive blocks it extends (recycled right after it, so
+// copied with it). It walks at most 4k+64 leaves of the list, and stops
+// at the first refusal.
+func (b *BlockSet) offerAhead(k int) {
+	for i, steps := b.leafHead, 0; i != none && k > 0 && steps < 4*k+64; steps++ {
+		next := b.slots[i].next
+		for j := i; j != none && k > 0; j = b.slots[j].up {
+			s := &b.slots[j]
+			if !s.inactive && !s.offloading {
+				break // in use: it and what it extends stay
+			}
+			if s.below || s.withdrawn || s.offloading {
+				continue
+			}
+			if !b.offer(j) {
+				return
+			}
+			k--
+		}
+		i = next
+	}
 }
 
 // Offloaded ends the copy below of blk that the Offload hook took: ok says
