@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
@@ -278,5 +280,51 @@ func TestTierFullEvictsInsteadOfFailing(t *testing.T) {
 	// The last blocks are all still here, in memory or on disk.
 	if got := acquireChecked(t, c, set, hashes[n-64:], n-63); got != 64 {
 		t.Fatalf("acquired %d of the last 64 blocks", got)
+	}
+}
+
+// Prefetch brings a sequence's disk-held blocks up into the engine's set
+// ahead of use, at most half of what the set keeps per call, and leaves
+// them cached: the Acquire that follows restores nothing.
+func TestTierPrefetch(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "prefetch")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 96)
+	ctx := context.Background()
+	if _, err := c.Prefetch(ctx, set.ID, nil); code(err) != codes.InvalidArgument {
+		t.Fatalf("prefetch of nothing: %v, want InvalidArgument", err)
+	}
+	// The set keeps the sequence's head (recycling takes tails first):
+	// prefetch the stretch after it.
+	held := 0
+	for _, h := range hashes {
+		if !fabric.BlockSetHolds(a, set.ID, h) {
+			break
+		}
+		held++
+	}
+	if held == 0 || held > 32 {
+		t.Fatalf("the set holds the first %d blocks", held)
+	}
+	run := hashes[held : held+8]
+	resp, err := c.Prefetch(ctx, set.ID, run)
+	if err != nil || resp.InMemory != 8 || resp.Restored != 8 || resp.Error != "" {
+		t.Fatalf("prefetch of 8 disk-held blocks: %+v %v", resp, err)
+	}
+	before := tierStatus(t, c).Restores
+	if got := acquireChecked(t, c, set, run, uint64(held+1)); got != 8 {
+		t.Fatalf("acquired %d of 8 prefetched blocks", got)
+	}
+	if after := tierStatus(t, c).Restores; after != before {
+		t.Fatalf("the acquire after a prefetch restored %d blocks again", after-before)
+	}
+	// A long sequence: at most half the set's kept slots come up per call.
+	resp, err = c.Prefetch(ctx, set.ID, hashes[held+8:])
+	if err != nil || resp.Restored == 0 || int(resp.Restored) > set.Retains/2 {
+		t.Fatalf("prefetch of %d blocks into a set keeping %d: %+v %v", len(hashes)-held-8, set.Retains, resp, err)
 	}
 }

@@ -276,6 +276,26 @@ class Pool(_message.Message):
     size_bytes: int
     def __init__(self, kind: _Optional[str] = ..., size_bytes: _Optional[int] = ..., carved_bytes: _Optional[int] = ..., block_sets: _Optional[int] = ..., device: _Optional[int] = ..., rdma_registration: _Optional[str] = ..., rdma_device: _Optional[str] = ...) -> None: ...
 
+class PrefetchRequest(_message.Message):
+    __slots__ = ["block_set", "hashes", "tokens"]
+    BLOCK_SET_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    block_set: int
+    hashes: _containers.RepeatedScalarFieldContainer[int]
+    tokens: Tokens
+    def __init__(self, block_set: _Optional[int] = ..., hashes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ...) -> None: ...
+
+class PrefetchResponse(_message.Message):
+    __slots__ = ["error", "in_memory", "restored"]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    IN_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    in_memory: int
+    restored: int
+    def __init__(self, in_memory: _Optional[int] = ..., restored: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
 class RankLayout(_message.Message):
     __slots__ = ["block_stride", "chunk_bytes", "chunk_shape", "element_bytes", "head_ids", "kv_stride", "layer_stride", "offset", "planes", "replicas"]
     BLOCK_STRIDE_FIELD_NUMBER: _ClassVar[int]
