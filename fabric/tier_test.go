@@ -328,3 +328,36 @@ func TestTierPrefetch(t *testing.T) {
 		t.Fatalf("prefetch of %d blocks into a set keeping %d: %+v %v", len(hashes)-held-8, set.Retains, resp, err)
 	}
 }
+
+// Blocks go down in one canonical order: a block set of the same shape but
+// another arrangement, alignment and slot count, at TP 2, restores them
+// byte for byte.
+func TestTierRestoresAcrossArrangements(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "arrange")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.BlockSetGrace = 100 * time.Millisecond
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	e := tierEngine
+	e.TPSize = 2
+	set := register(t, c, e)
+	hashes := storeThrough(t, c, set, 96)
+	c.Close() // its set goes down whole and is freed
+	c = newClient(t, a)
+	wait.For(t, 20*time.Second, "the first set copied down and freed", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != 96 {
+			return fmt.Errorf("sets %d, tiers %v (%v)", len(st.GetBlockSets()), st.GetTiers(), err)
+		}
+		return nil
+	})
+	e.Name, e.Arrangement, e.Alignment, e.Slots = "other", layout.LayerSeparate, 8192, 48
+	other := register(t, c, e)
+	if got := acquireChecked(t, c, other, hashes, 1); got != 96 {
+		t.Fatalf("acquired %d of 96 blocks into a layer-separate set", got)
+	}
+	if ts := tierStatus(t, c); ts.Restores == 0 {
+		t.Fatalf("nothing restored from disk: %+v", ts)
+	}
+}
