@@ -263,3 +263,97 @@ func putTokens(n int, seed uint64) []uint32 {
 	}
 	return tokens
 }
+
+// A byte flipped in a block's file on disk while the agent is down: the
+// restarted agent finds the block, and the first read of it fails its
+// checksum: the block is dropped with a log line and counted, never
+// served; every other block restores byte-exact.
+func TestTierCorruptBlockDropped(t *testing.T) {
+	tier, err := os.MkdirTemp("", "kvfabric-tier-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tier) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := Start(ctx, Options{Bin: bin, Nodes: 1, Pool: "host=128MiB",
+		ExtraArgs: []string{"--tier", "disk=" + tier + ":256MiB", "--block-set-grace", "1s"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", c.Nodes[0].Log())
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	n1 := c.Nodes[0]
+	const blocks = 200
+	if _, errs, err := runBin(t, "put", "--socket", n1.Socket, "--generate", fmt.Sprint(blocks), "--slots", "64", "--seed", "7"); err != nil {
+		t.Fatalf("put: %v: %s", err, errs)
+	}
+	wait.For(t, 60*time.Second, "every block on disk once the engine's set is freed", func() error {
+		b, sets, err := tierBlocks(n1)
+		if err != nil || b != blocks || sets != 0 {
+			return fmt.Errorf("%d blocks on disk, %d sets (%v)", b, sets, err)
+		}
+		return nil
+	})
+	if err := n1.Stop(syscall.SIGKILL, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Slot 0 of the first data file holds the first block copied down.
+	f, err := os.OpenFile(filepath.Join(tier, "blocks.000"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [1]byte
+	if _, err := f.ReadAt(b[:], 4000); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x01
+	if _, err := f.WriteAt(b[:], 4000); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := c.StartNode(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := n1.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	set, err := cl.Register(ctx, client.Engine{Name: "reader", Model: layout.ModelConfig{Layers: 4, KVHeads: 8, HeadDim: 128, DType: layout.DTypeBF16},
+		TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := layout.NewHasher(16, layout.HashOptions{})
+	restored := 0
+	for _, blk := range h.Sequence(putTokens(blocks, 7)) {
+		refs, err := cl.Acquire(ctx, set.ID, []uint64{blk.Sequence})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(refs) == 1 {
+			if err := kvtest.Check(set.Layout, set.Ranks, int(refs[0].Slot), blk.Sequence); err != nil {
+				t.Fatalf("block %016x served after a byte of the tier was flipped: %v", blk.Sequence, err)
+			}
+			restored++
+			cl.Release(ctx, set.ID, []uint32{refs[0].Slot})
+		}
+	}
+	st, err := cl.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restored != blocks-1 || st.Tiers[0].ChecksumFailures != 1 || st.Tiers[0].Blocks != blocks-1 {
+		t.Fatalf("after flipping a byte: %d of %d restored, tier %v; want all but one, one checksum failure", restored, blocks, st.Tiers[0])
+	}
+	if !strings.Contains(n1.FullLog(), "failed its checksum: dropped") {
+		t.Fatal("no log line says the corrupt block was dropped")
+	}
+}
