@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"container/list"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -137,8 +138,11 @@ type tiers struct {
 	list  []*diskTier
 	queue chan offloadJob
 	done  chan struct{}
-	wg    sync.WaitGroup
-	bufs  sync.Pool
+	// ctx is cancelled by close: copies under way stop waiting.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	bufs   sync.Pool
 
 	mu         sync.Mutex // guards what follows and the stores' opening
 	blockBytes int        // the stores' slot size; 0 until known
@@ -159,6 +163,7 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 	t := &tiers{a: a, log: a.log, done: make(chan struct{}), layouts: map[uint64]*layout.Layout{},
 		lru: list.New(), pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, len(specs)),
 		staging: map[uint64]*engineSet{}, progress: make(chan struct{})}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
 	q := a.cfg.TierQueue
 	if q == 0 {
 		q = DefaultTierQueue
@@ -422,6 +427,7 @@ func (t *tiers) close() error {
 	default:
 	}
 	close(t.done)
+	t.cancel()
 	t.wg.Wait()
 	var errs []error
 	for _, d := range t.list {

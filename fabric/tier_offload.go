@@ -87,10 +87,15 @@ func (t *tiers) copyDown(j offloadJob) bool {
 	sum, has := j.set.Sum(j.blk)
 	putTrailer(buf, n, sum, has)
 	data := buf[:n+tierTrailer]
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Close cancels copies under way: the pool's memory goes next.
+	ctx, cancel := context.WithTimeout(t.ctx, time.Minute)
 	defer cancel()
 	for try := 0; try < 8; try++ {
 		d := t.pick()
+		if d == nil {
+			err = errors.New("fabric: no disk tier is open")
+			break
+		}
 		err = d.store.Load().Put(ctx, k, data)
 		if err == nil {
 			t.mu.Lock()
@@ -120,12 +125,17 @@ func (t *tiers) copyDown(j offloadJob) bool {
 	return false
 }
 
-// pick is the tier with the most free slots.
+// pick is the open tier with the most free slots, nil if none is open.
 func (t *tiers) pick() *diskTier {
-	best, free := t.list[0], -1
+	var best *diskTier
+	free := -1
 	for _, d := range t.list {
-		st := d.store.Load().Stats()
-		if f := st.Slots - st.Blocks; f > free {
+		st := d.store.Load()
+		if st == nil {
+			continue
+		}
+		s := st.Stats()
+		if f := s.Slots - s.Blocks; f > free {
 			best, free = d, f
 		}
 	}
