@@ -2,6 +2,8 @@ package fabric_test
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -33,17 +35,13 @@ func BenchmarkTierAllocate(b *testing.B) {
 		agent *fabric.Agent
 	}
 	var sides [2]*side
+	root := b.TempDir()
 	for i := range sides {
-		cfg := testConfig(&testing.T{}, "bench")
-		cfg.Pools = []string{"host=128MiB"}
-		if i == 1 {
-			cfg.Tiers = []string{"disk=" + b.TempDir() + ":2GiB"}
-		}
-		a, err := fabric.Start(context.Background(), cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { a.Close() })
+		a := startBenchAgentWith(b, root, filepath.Join(root, "ca"), fmt.Sprintf("bench%d", i), "127.0.0.1", "host=128MiB", "", func(c *fabric.Config) {
+			if i == 1 {
+				c.Tiers = []string{"disk=" + filepath.Join(root, "tier") + ":2GiB"}
+			}
+		})
 		c, err := client.Dial(context.Background(), a.EngineSocket())
 		if err != nil {
 			b.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
@@ -12,8 +13,12 @@ import (
 	"github.com/kvfabric/kvfabric/pool/disk"
 )
 
-// maxRestoreBatch bounds the blocks one restore brings up at once.
-const maxRestoreBatch = 256
+// maxRestoreBatch bounds the blocks one restore brings up at once;
+// restoreReaders of them are read at a time.
+const (
+	maxRestoreBatch = 256
+	restoreReaders  = 4
+)
 
 // restore brings the leading blocks of hashes that a disk tier holds in
 // es's shape up into es: each block read back, checked (the store's
@@ -56,48 +61,78 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 		return nil, err
 	}
 	n := tierBlockBytes(l) - tierTrailer
-	buf := t.buffer()
-	defer t.putBuffer(buf)
+	// The blocks are read, checked and copied into their slots in
+	// parallel (restoreReaders at a time); the run registered is the
+	// prefix that came up whole.
+	type outcome struct {
+		sum  uint64
+		has  bool
+		took time.Duration
+		err  error
+	}
+	outs := make([]outcome, len(run))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(restoreReaders, len(run)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := t.buffer()
+			defer t.putBuffer(buf)
+			for i := range next {
+				f, o := run[i], &outs[i]
+				start := time.Now()
+				got, err := f.d.store.Load().Get(ctx, f.k, buf)
+				if err == nil && got != n+tierTrailer {
+					err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
+					f.d.store.Load().Delete(f.k)
+				}
+				if err == nil {
+					scatterBlock(l, regions, blks[i].Slot, buf)
+					o.sum, o.has = trailer(buf, n)
+					if o.has && !t.a.cfg.NoChecksums {
+						if again, ok := blockSum(set, blks[i].Slot, 0, l.PageSize); ok && again != o.sum {
+							err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, o.sum, disk.ErrCorrupt)
+							f.d.store.Load().Delete(f.k)
+						}
+					}
+				}
+				o.err, o.took = err, time.Since(start)
+			}
+		}()
+	}
+	for i := range run {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 	regs := make([]pool.Registration, 0, len(run))
 	var cause error
 	for i, f := range run {
-		start := time.Now()
-		got, err := f.d.store.Load().Get(ctx, f.k, buf)
-		if err == nil && got != n+tierTrailer {
-			err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
-			f.d.store.Load().Delete(f.k)
-		}
-		if err == nil {
-			scatterBlock(l, regions, blks[i].Slot, buf)
-			sum, has := trailer(buf, n)
-			if has && !t.a.cfg.NoChecksums {
-				if again, ok := blockSum(set, blks[i].Slot, 0, l.PageSize); ok && again != sum {
-					err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, sum, disk.ErrCorrupt)
-					f.d.store.Load().Delete(f.k)
-				}
-			}
-			regs = append(regs, pool.Registration{Block: blks[i], Hash: f.k.Hash, Sum: sum, HasSum: has && es.sums, Below: true})
-		}
-		if err != nil {
-			if errors.Is(err, disk.ErrCorrupt) || errors.Is(err, disk.ErrNotFound) {
-				if errors.Is(err, disk.ErrCorrupt) {
+		o := outs[i]
+		if o.err != nil {
+			if errors.Is(o.err, disk.ErrCorrupt) || errors.Is(o.err, disk.ErrNotFound) {
+				if errors.Is(o.err, disk.ErrCorrupt) {
 					t.corrupt.Add(1)
-					t.log.Warn("tier: disk block failed its check: dropped, never served", "hash", f.k.Hash, "tier", f.d.n, "err", err)
+					t.log.Warn("tier: disk block failed its check: dropped, never served", "hash", f.k.Hash, "tier", f.d.n, "err", o.err)
 				}
 				t.forget(f.d, f.k)
 			}
-			cause = err
-			if len(regs) > i {
-				regs = regs[:i]
+			if cause == nil {
+				cause = o.err
 			}
-			for _, b := range blks[i:] {
-				set.Abort(b)
-			}
-			break
+			continue
 		}
+		if cause != nil {
+			continue // after a gap: not registered, kept on disk
+		}
+		regs = append(regs, pool.Registration{Block: blks[i], Hash: f.k.Hash, Sum: o.sum, HasSum: o.has && es.sums, Below: true})
 		t.touch(f.k)
 		f.d.restores.Add(1)
-		f.d.restoreTime.record(time.Since(start))
+		f.d.restoreTime.record(o.took)
+	}
+	for _, b := range blks[len(regs):] {
+		set.Abort(b)
 	}
 	if len(regs) == 0 {
 		return nil, cause

@@ -25,7 +25,7 @@ var tierEngine = client.Engine{Name: "tiered", Model: testModel, TPSize: 1, Page
 // storeThrough stores n blocks with content ids 1..n through set, 8 at a
 // time, each batch released once registered, so that the set recycles
 // (here: copies down) the older ones. It returns their sequence hashes.
-func storeThrough(t *testing.T, c *client.Client, set *client.BlockSet, n int) []uint64 {
+func storeThrough(t testing.TB, c *client.Client, set *client.BlockSet, n int) []uint64 {
 	t.Helper()
 	ctx := context.Background()
 	tokens := make([]uint32, 16*n)
@@ -67,7 +67,7 @@ func storeThrough(t *testing.T, c *client.Client, set *client.BlockSet, n int) [
 
 // acquireChecked acquires hashes in runs of 8 and checks every byte of
 // each block (content ids from first); it returns the blocks found.
-func acquireChecked(t *testing.T, c *client.Client, set *client.BlockSet, hashes []uint64, first uint64) int {
+func acquireChecked(t testing.TB, c *client.Client, set *client.BlockSet, hashes []uint64, first uint64) int {
 	t.Helper()
 	ctx := context.Background()
 	found := 0
