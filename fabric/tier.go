@@ -57,9 +57,6 @@ const tierSetBase = 1 << 31
 // tierTrailer is the bytes after a block's canonical bytes on disk.
 const tierTrailer = 16
 
-// errTierMiss: no disk tier holds the block in the shape asked for.
-var errTierMiss = errors.New("fabric: not in a disk tier")
-
 // shapeTag names what makes two block sets' bytes of a hash the same
 // block.
 func shapeTag(l *layout.Layout) uint64 {
@@ -120,8 +117,8 @@ type diskTier struct {
 	// tier.json, or Config.TierBlockBytes).
 	store atomic.Pointer[disk.Store]
 
-	offloads, restores, dropped, evicted, failed atomic.Uint64
-	restoreTime                                  latency
+	offloads, restores, evicted, failed atomic.Uint64
+	restoreTime                         latency
 }
 
 // tierEntry is a block in the tiers' recency list.
@@ -192,12 +189,9 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 			return nil, err
 		}
 	}
-	workers := 0
-	for _, d := range t.list {
-		_ = d
-		workers += 4 * disk.DefaultWorkers
-	}
-	for range workers {
+	// More copies under way than the store's I/O workers: puts waiting
+	// for a commit share it, so that more of them share each sync.
+	for range 4 * disk.DefaultWorkers * len(t.list) {
 		t.wg.Add(1)
 		go t.worker()
 	}
@@ -407,7 +401,7 @@ func (t *tiers) waitProgress() <-chan struct{} {
 	return t.progress
 }
 
-// hasAny reports whether some tier holds hash, and under which shape.
+// find reports whether some tier holds hash, and under which shape.
 func (t *tiers) find(hash uint64) (disk.Key, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
