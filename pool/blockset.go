@@ -435,7 +435,8 @@ func (b *BlockSet) Release(blk Block) error {
 // extends it (see Register), so a cached sequence loses its tail, never
 // its head. Among leaves the least recently used goes first; a parent
 // whose last child goes becomes a leaf with its own last use. A block
-// costs O(log n) in the set's inactive blocks.
+// costs O(log n) in the set's inactive blocks. Under Config.Offload a
+// block without a copy below is offered instead, and not counted.
 func (b *BlockSet) Evict(n int) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
