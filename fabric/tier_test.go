@@ -361,3 +361,68 @@ func TestTierRestoresAcrossArrangements(t *testing.T) {
 		t.Fatalf("nothing restored from disk: %+v", ts)
 	}
 }
+
+// Staging at its smallest: with 1 staging slot a peer's lease gets one
+// disk-held block at a time, and an import of many still brings them all.
+func TestTierStagingAtItsLimit(t *testing.T) {
+	const n = 40
+	dir := tierDir(t)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i == 0 {
+			c.Tiers = []string{"disk=" + dir + ":64MiB"}
+			c.TierStagingSlots = 1
+			c.BlockSetGrace = 100 * time.Millisecond
+		}
+	})
+	n1, n2 := agents[0], agents[1]
+	c := newClient(t, n1)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n)
+	c.Close()
+	watcher := newClient(t, n1)
+	wait.For(t, 20*time.Second, "every block on disk, the engine's set freed", func() error {
+		st, err := watcher.Status(context.Background())
+		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("sets %d, tiers %v (%v)", len(st.GetBlockSets()), st.GetTiers(), err)
+		}
+		return nil
+	})
+	c2 := dial(t, n2)
+	waitLookup(t, c2, hashes)
+	e := tierEngine
+	e.Name, e.Slots = "importer", 64
+	set2 := register(t, c2, e)
+	resp, err := c2.Import(context.Background(), set2.ID, hashes)
+	if err != nil || len(resp.Blocks) != n {
+		t.Fatalf("import of %d disk-held blocks through 1 staging slot: %v %v", n, err, resp.GetError())
+	}
+	checkImported(t, set2, resp.Blocks, 1)
+	st, err := watcher.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bs := range st.BlockSets {
+		if bs.Engine == "kvfabric-tier-staging" && bs.Slots != 1 {
+			t.Fatalf("staging set of %d slots, want 1", bs.Slots)
+		}
+	}
+	if st.Tiers[0].Restores < n {
+		t.Fatalf("%d restores for %d blocks served from disk", st.Tiers[0].Restores, n)
+	}
+}
+
+// Blocks larger than --tier-block-bytes are not copied down: they are
+// recycled as without a tier, and nothing waits for them.
+func TestTierBlockTooLargeIsRecycled(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "small-room")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.TierBlockBytes = 16 << 10 // the blocks are 32 KiB
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	storeThrough(t, c, set, 96)
+	if ts := tierStatus(t, c); ts.Offloads != 0 || ts.Blocks != 0 {
+		t.Fatalf("tier after blocks larger than its room: %+v", ts)
+	}
+}
