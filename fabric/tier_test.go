@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -424,5 +425,38 @@ func TestTierBlockTooLargeIsRecycled(t *testing.T) {
 	storeThrough(t, c, set, 96)
 	if ts := tierStatus(t, c); ts.Offloads != 0 || ts.Blocks != 0 {
 		t.Fatalf("tier after blocks larger than its room: %+v", ts)
+	}
+}
+
+// A tier directory whose tier.json disagrees with the settings, or is not
+// one, stops the agent at start with an error naming the file.
+func TestTierMetaRefusedAtStart(t *testing.T) {
+	for _, tc := range []struct {
+		name, meta string
+		blockBytes int64
+		want       string
+	}{
+		{"another block size", `{"block_bytes": 40960, "layouts": {}}`, 8192, "tier.json: blocks of 40960 bytes, not 8192"},
+		{"not json", `{"block_bytes": `, 0, "tier.json: unexpected end of JSON input"},
+		{"block size not aligned", `{"block_bytes": 1000, "layouts": {}}`, 0, "block_bytes 1000 is not a multiple of 4096"},
+		{"bad layout tag", `{"block_bytes": 4096, "layouts": {"xyz": "{}"}}`, 0, `layout tag "xyz"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := tierDir(t)
+			if err := os.WriteFile(filepath.Join(dir, "tier.json"), []byte(tc.meta), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg := testConfig(t, "meta")
+			cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+			cfg.TierBlockBytes = tc.blockBytes
+			a, err := fabric.Start(context.Background(), cfg)
+			if err == nil {
+				a.Close()
+				t.Fatal("started")
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "tiers[0]") {
+				t.Fatalf("%v, want it to name tiers[0] and say %q", err, tc.want)
+			}
+		})
 	}
 }
