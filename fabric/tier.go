@@ -370,6 +370,21 @@ func (t *tiers) forget(d *diskTier, k disk.Key) {
 	t.mu.Unlock()
 	if ok {
 		t.announce(false, d.n, k.Hash)
+		t.lostBelow(k)
+	}
+}
+
+// lostBelow tells the block sets of k's shape that hold it in memory that
+// their copy below is gone, so that they copy it down again rather than
+// drop it.
+func (t *tiers) lostBelow(k disk.Key) {
+	for _, es := range t.a.engineSets() {
+		if shapeTag(es.set.Layout()) != k.Tag {
+			continue
+		}
+		if b, ok := es.set.Lookup(k.Hash); ok {
+			es.set.LostBelow(b) // a stale handle: recycled meanwhile, nothing to keep
+		}
 	}
 }
 

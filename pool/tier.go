@@ -141,6 +141,20 @@ func (b *BlockSet) Offloaded(blk Block, ok bool) error {
 	return nil
 }
 
+// LostBelow says that the tier below no longer holds blk's copy (it
+// dropped it for room, or for failing a check): recycling offers the block
+// again instead of taking it as copied. A stale handle is an error.
+func (b *BlockSet) LostBelow(blk Block) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	if err != nil {
+		return err
+	}
+	s.below = false
+	return nil
+}
+
 // Below reports whether blk has a complete copy in the tier below.
 func (b *BlockSet) Below(blk Block) bool {
 	b.mu.Lock()

@@ -251,3 +251,43 @@ func TestOffloadWatermarkLimits(t *testing.T) {
 		}
 	}
 }
+
+// A block whose copy below was lost is offered again, not dropped.
+func TestOffloadAgainAfterLostBelow(t *testing.T) {
+	b, o, _ := tierPool(t, 4, 4)
+	hs := fill(t, b, 1, 4)
+	if _, err := b.Allocate(1); err == nil {
+		t.Fatal("allocated from a full set whose victims are being copied")
+	}
+	o.finish(t, b, true)
+	blk, _ := b.Lookup(hs[3])
+	if !b.Below(blk) {
+		t.Fatal("the copied leaf is not below")
+	}
+	if err := b.LostBelow(blk); err != nil {
+		t.Fatal(err)
+	}
+	if b.Below(blk) {
+		t.Fatal("still below after LostBelow")
+	}
+	// The other blocks offered are below and go first; then the leaf is
+	// offered again rather than recycled.
+	o.mu.Lock()
+	o.taken, o.hash = nil, nil
+	o.mu.Unlock()
+	for range 3 {
+		if _, err := b.Allocate(1); err != nil {
+			break
+		}
+	}
+	found := false
+	for _, h := range o.hash {
+		found = found || h == hs[3]
+	}
+	if _, ok := b.Lookup(hs[3]); !ok && !found {
+		t.Fatal("the block whose copy was lost was recycled without being offered again")
+	}
+	if err := b.LostBelow(Block{Slot: blk.Slot, Generation: blk.Generation + 100}); err == nil {
+		t.Fatal("LostBelow of a stale handle succeeded")
+	}
+}
