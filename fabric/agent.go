@@ -133,6 +133,8 @@ type Agent struct {
 	// (each isolated set's memory is registered when it is made); nil
 	// otherwise.
 	pinned *cuda.PinnedStorage
+	// tiers are the disk tiers under the pool (tier.go); nil without.
+	tiers *tiers
 }
 
 // Start makes an agent from cfg and starts serving. The context bounds the
@@ -185,6 +187,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		return nil, err
 	}
 	a.joined.Store(a.members)
+	if a.tiers != nil {
+		a.tiers.announceAll()
+	}
 	a.wg.Add(3)
 	go a.metaLoop()
 	go a.memberLoop()
@@ -218,6 +223,12 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents
 	pcfg.MaxLeaseBlocks = transfer.MaxLeaseBlocks
+	if len(a.cfg.Tiers) > 0 {
+		if a.tiers, err = openTiers(a, a.cfg.tierSpecs()); err != nil {
+			return err
+		}
+		pcfg.Offload, pcfg.OffloadWatermark = a.tiers.offer, a.cfg.TierWatermark
+	}
 	p, err := pool.NewSpanning(st, pcfg)
 	if err != nil {
 		return fmt.Errorf("fabric: pool: %w", err)
@@ -509,6 +520,10 @@ func (a *Agent) Close() error {
 			es.mu.Unlock()
 		}
 		a.mu.Unlock()
+		if a.tiers != nil {
+			// Before the pool's memory goes: its workers read from it.
+			errs = append(errs, a.tiers.close())
+		}
 		if a.pool != nil {
 			errs = append(errs, a.pool.Close())
 		}

@@ -192,6 +192,8 @@ type Metrics struct {
 	// eviction (Pool.Demoted: held by other nodes too) was dropped, the
 	// queue to the pool being full.
 	DemotionsDropped uint64
+	// Tiers are the disk tiers' figures, in configured order.
+	Tiers []TierMetrics
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -262,6 +264,9 @@ func (a *Agent) Metrics() Metrics {
 	}
 	if id := a.identity.Load(); id != nil {
 		m.Certificates = []CertificateExpiry{{"node", id.Leaf.NotAfter}, {"ca", id.CA.NotAfter}}
+	}
+	if a.tiers != nil {
+		m.Tiers = a.tiers.metrics()
 	}
 	return m
 }

@@ -72,6 +72,9 @@ func (a *Agent) reconcile(m *membership.Membership, lost uint64) {
 	for i, b := range s.Blocks {
 		held[i] = membership.Entry{Hash: b.Hash, BlockSet: uint32(b.Set)}
 	}
+	if a.tiers != nil {
+		held = append(held, a.tiers.holdings()...) // disk-held blocks stay announced
+	}
 	before := m.Metrics().EventsReconciled
 	if _, err := m.Reconcile(held); err != nil {
 		if !errors.Is(err, membership.ErrClosed) {

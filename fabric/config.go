@@ -323,6 +323,27 @@ type Config struct {
 	// false, among the blocks it may recycle, those other live nodes also
 	// hold (by the index) go before those only this node holds.
 	NoClusterEviction bool `json:"no_cluster_eviction,omitempty"`
+	// Tiers are the disk tiers under the host pool (tier_config.go), one
+	// entry per tier, "disk=PATH:SIZE": blocks the pool would recycle are
+	// copied there first, restored on use, served to peers, and found
+	// again after a restart. If empty, none: a recycled block is gone.
+	Tiers []string `json:"tiers,omitempty"`
+	// TierWatermark is the fraction of a block set's slots in use past
+	// which its least recently used blocks are copied down ahead of need.
+	// If zero, 0.90; in (0, 1].
+	TierWatermark float64 `json:"tier_watermark,omitempty"`
+	// TierQueue bounds the blocks waiting to be copied down; a block that
+	// finds it full is recycled without a copy when its slot is needed.
+	// If zero, DefaultTierQueue; at most MaxTierQueue.
+	TierQueue int `json:"tier_queue,omitempty"`
+	// TierStagingSlots is the host slots that disk-held blocks are staged
+	// into for peers when no engine block set of their layout is here. If
+	// zero, DefaultTierStagingSlots; at most MaxTierStagingSlots.
+	TierStagingSlots int `json:"tier_staging_slots,omitempty"`
+	// TierBlockBytes is the room of one block on a disk tier, rounded up
+	// to 4 KiB; larger blocks are not copied down. If zero, the size of
+	// the first block a tier takes, recorded in its directory.
+	TierBlockBytes int64 `json:"tier_block_bytes,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
@@ -561,6 +582,9 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		return nil, bad("block_set_slots", "%d is negative", c.BlockSetSlots)
 	}
 	if err := c.validateEngineLimits(); err != nil {
+		return nil, err
+	}
+	if err := c.validateTiers(); err != nil {
 		return nil, err
 	}
 	var specs []PoolSpec

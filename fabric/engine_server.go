@@ -135,7 +135,7 @@ func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateReque
 	if n == 0 || n > maxRequestBlocks {
 		return nil, status.Errorf(codes.InvalidArgument, "count: %d is not in 1..%d", n, maxRequestBlocks)
 	}
-	blocks, err := s.set.Allocate(n)
+	blocks, err := e.a.allocate(ctx, s.set, n)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -264,6 +264,7 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 	}
 	out := &fabricpb.AcquireResponse{Results: make([]*fabricpb.BlockResult, len(req.GetHashes()))}
 	missing := false
+	var restored []pool.Block // from a disk tier, referenced for the session
 	for i, h := range req.GetHashes() {
 		res := &fabricpb.BlockResult{Hash: h}
 		out.Results[i] = res
@@ -271,7 +272,16 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 			res.Outcome, res.Reason = fabricpb.Outcome_OUTCOME_SKIPPED, "an earlier block is missing"
 			continue
 		}
-		b, ok := s.set.Acquire(h)
+		var b pool.Block
+		ok := false
+		if len(restored) == 0 {
+			if b, ok = s.set.Acquire(h); !ok {
+				restored = e.a.restoreRun(ctx, s, req.GetHashes(), i)
+			}
+		}
+		if !ok && len(restored) > 0 {
+			b, ok, restored = restored[0], true, restored[1:]
+		}
 		if !ok {
 			missing = true
 			res.Outcome, res.Reason, res.Code = fabricpb.Outcome_OUTCOME_MISSING, "not held in this block set", uint32(codes.NotFound)
@@ -455,6 +465,13 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 			o.FetchEstimateUs, o.Estimate, o.Transport = uint64(d.Microseconds()), basis, transport
 		}
 	}
+	if id := req.GetBlockSet(); id != 0 {
+		s, err := a.engineSet(id)
+		if err != nil {
+			return nil, err
+		}
+		out.LocalTiers = a.localTiers(ctx, s, hashes)
+	}
 	return out, nil
 }
 
@@ -594,5 +611,6 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		s.mu.Unlock()
 	}
 	out.Sessions = a.sessionsStatus()
+	out.Tiers = a.tierStatus()
 	return out, nil
 }

@@ -104,6 +104,9 @@ func (a *Agent) importBlocks(ctx context.Context, s *sessionSet, hashes []uint64
 		parent := parentOf(hashes, len(res.refs))
 		refs, fetch, err := a.fromLocal(s, rest, parent)
 		if len(refs) == 0 && err == nil {
+			refs, fetch, err = a.fromTier(ctx, s, rest, parent)
+		}
+		if len(refs) == 0 && err == nil {
 			refs, fetch, err = a.importFromHolders(ctx, s, samePages(rest), parent, &tried, &failures)
 		}
 		if len(refs) == 0 && errors.Is(err, errNoHolder) && ts != nil {

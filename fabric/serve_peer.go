@@ -102,6 +102,8 @@ func (h *peerService) Lease(ctx context.Context, peer string, hashes []uint64, d
 	for i, x := range hashes {
 		out.Blocks[i].Hash = x
 	}
+	release := h.a.stageForPeer(ctx, hashes) // disk-held blocks into host slots
+	defer release()
 	var best *pool.BlockSet
 	bestN := 0
 	for _, s := range h.a.engineSets() {

@@ -87,6 +87,10 @@ type slot struct {
 	// shared: another node holds the block too (Demote), so it is
 	// recycled before the blocks only this node holds.
 	shared bool
+	// below: a copy of the block is in the tier below (tier_offload.go),
+	// so recycling it loses nothing; offloading: that copy is being made,
+	// and the slot is kept until Offloaded says it is done.
+	below, offloading bool
 }
 
 // BlockSet is slots sharing one layout, one region per TP rank. All
@@ -129,6 +133,7 @@ type BlockSet struct {
 	demoted            int // Registered slots marked shared
 	allocLat           Histogram
 	releaseLat         Histogram
+	offloading         int // slots kept for a copy below (tier_offload.go)
 }
 
 func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64, place []int) *BlockSet {
@@ -151,6 +156,7 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 		b.low = int(math.Ceil(lw * float64(n)))
 		b.high = max(b.low, int(math.Ceil(p.cfg.HighWatermark*float64(n))))
 	}
+	b.offloadWatermarks()
 	return b
 }
 
@@ -265,13 +271,13 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 	}
 	if free := len(b.free); free < n {
 		if free+b.inactive < n {
-			err := &AllocError{Asked: n, Free: free, Inactive: b.inactive}
+			err := &AllocError{Asked: n, Free: free, Inactive: b.inactive, Offloading: b.offloading}
 			b.mu.Unlock()
 			return dst, err
 		}
 		b.recycle(n - free)
 		if f := len(b.free); f < n {
-			err := &AllocError{Asked: n, Free: f, Inactive: b.inactive, Pinned: b.inactive}
+			err := &AllocError{Asked: n, Free: f, Inactive: b.inactive, Pinned: b.inactive, Offloading: b.offloading}
 			b.mu.Unlock()
 			return dst, err
 		}
@@ -284,7 +290,7 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 		dst = append(dst, Block{Slot: int(i), Generation: s.gen})
 	}
 	if len(b.free) < b.low && b.inactive > 0 {
-		b.recycle(b.high - len(b.free))
+		b.recycleAhead(b.high - len(b.free))
 	}
 	if timed {
 		b.allocLat.record(sinceEpoch() - start)
@@ -434,7 +440,8 @@ func (b *BlockSet) Release(blk Block) error {
 // extends it (see Register), so a cached sequence loses its tail, never
 // its head. Among leaves the least recently used goes first; a parent
 // whose last child goes becomes a leaf with its own last use. A block
-// costs O(log n) in the set's inactive blocks.
+// costs O(log n) in the set's inactive blocks. Under Config.Offload a
+// block without a copy below is offered instead, and not counted.
 func (b *BlockSet) Evict(n int) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -466,6 +473,7 @@ func (b *BlockSet) Metrics() Metrics {
 		LeasesExpired:  b.expired,
 		Evictions:      b.evictions,
 		Demoted:        b.demoted,
+		Offloading:     b.offloading,
 		AllocLatency:   b.allocLat,
 		ReleaseLatency: b.releaseLat,
 	}
@@ -497,6 +505,7 @@ func (b *BlockSet) reset(i int32) {
 		s.shared = false
 		b.demoted--
 	}
+	s.below = false
 	s.gen++
 	b.free = append(b.free, i)
 }
@@ -509,6 +518,9 @@ func (b *BlockSet) recycle(n int) int {
 	defer func() { b.p.events.pushBatch(removed) }() // one batch, not a loss
 	for done < n && b.leaves > 0 {
 		i := b.oldestLeaf()
+		if b.offer(i) {
+			continue // kept until its copy below is made
+		}
 		b.unlinkInactive(i)
 		s := &b.slots[i]
 		hash, parent := s.hash, s.parent
@@ -538,6 +550,9 @@ func (b *BlockSet) recycle(n int) int {
 // becomes evictable.
 func (b *BlockSet) pushInactive(i int32) {
 	s := &b.slots[i]
+	if s.offloading {
+		return // Offloaded makes it inactive once its copy is done
+	}
 	s.inactive = true
 	b.tick++
 	s.used = b.tick

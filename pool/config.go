@@ -61,6 +61,15 @@ type Config struct {
 	// MaxLeaseDuration bounds the duration a lease or renewal may ask for.
 	// If zero, 5 minutes.
 	MaxLeaseDuration time.Duration
+
+	// Offload, if set, is offered each block that recycling is about to
+	// take and that has no copy below yet (see OffloadFunc). If nil,
+	// blocks are recycled as they are.
+	Offload OffloadFunc
+	// OffloadWatermark is, with Offload set, the fraction of a block set's
+	// slots in use past which blocks are offered ahead of need (it takes
+	// the place of 1 - LowWatermark). If zero, 0.90; at most 1.
+	OffloadWatermark float64
 }
 
 // DefaultConfig returns the defaults for an agent.
@@ -121,6 +130,9 @@ func (c Config) populate() (Config, error) {
 	if c.MaxLeaseDuration == 0 {
 		c.MaxLeaseDuration = d.MaxLeaseDuration
 	}
+	if c.OffloadWatermark == 0 {
+		c.OffloadWatermark = DefaultOffloadWatermark
+	}
 	bad := func(field, format string, args ...any) (Config, error) {
 		return Config{}, fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
 	}
@@ -141,6 +153,8 @@ func (c Config) populate() (Config, error) {
 		return bad("MaxLeaseBlocks", "%d is negative", c.MaxLeaseBlocks)
 	case c.MaxLeaseDuration < 0:
 		return bad("MaxLeaseDuration", "%v is negative", c.MaxLeaseDuration)
+	case c.OffloadWatermark < 0 || c.OffloadWatermark > 1:
+		return bad("OffloadWatermark", "%g is not in (0, 1]", c.OffloadWatermark)
 	}
 	return c, nil
 }

@@ -63,9 +63,16 @@ type AllocError struct {
 	// is the inactive blocks it could not take because Registered blocks in
 	// use extend them (all of Inactive).
 	Pinned int
+	// Offloading is the blocks being copied to the tier below: their
+	// slots are free once the copies are done (see Config.Offload).
+	Offloading int
 }
 
 func (e *AllocError) Error() string {
+	if e.Offloading > 0 {
+		return fmt.Sprintf("pool: not enough free slots: asked for %d, %d free, %d recyclable, and %d being copied to the tier below",
+			e.Asked, e.Free, e.Inactive, e.Offloading)
+	}
 	if e.Pinned > 0 {
 		return fmt.Sprintf("pool: not enough free slots: asked for %d, %d free, and %d inactive blocks are prefixes of blocks in use",
 			e.Asked, e.Free, e.Pinned)

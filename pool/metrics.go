@@ -97,6 +97,10 @@ type Metrics struct {
 	// Utilization is Active/Slots: the fraction that allocation cannot
 	// have, even by recycling.
 	Utilization float64
+
+	// Offloading is the blocks whose copy to the tier below is under way
+	// (Config.Offload); they count as Active.
+	Offloading int
 }
 
 func (m *Metrics) add(o *Metrics) {
@@ -110,6 +114,7 @@ func (m *Metrics) add(o *Metrics) {
 	m.LeasesExpired += o.LeasesExpired
 	m.Evictions += o.Evictions
 	m.Demoted += o.Demoted
+	m.Offloading += o.Offloading
 	m.AllocLatency.merge(&o.AllocLatency)
 	m.ReleaseLatency.merge(&o.ReleaseLatency)
 }

@@ -379,6 +379,9 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 		return fmt.Errorf("%w: block set %d has %d slots allocated, %d blocks referenced or leased, %d leases",
 			ErrBlockSetBusy, id, allocated, used, len(b.leases))
 	}
+	if n := b.offloadBeforeFree(); n > 0 {
+		return errOffloading(id, n)
+	}
 	var removed []Event
 	for i := range b.slots {
 		s := &b.slots[i]

@@ -21,6 +21,10 @@ type Registration struct {
 	// without it.
 	Sum    uint64
 	HasSum bool
+	// Below says that the tier below already holds a copy of the block
+	// (it was restored from there): recycling takes it without offering
+	// it to Config.Offload again.
+	Below bool
 }
 
 // RegisterBatch commits and registers a sequence of blocks under one hold
@@ -65,6 +69,7 @@ func (b *BlockSet) RegisterBatch(regs []Registration, parent uint64) (out []Bloc
 			if r.HasSum {
 				s.sum, s.hasSum = r.Sum, true
 			}
+			s.below = r.Below
 		}
 		out = append(out, reg)
 		parent = r.Hash

@@ -191,6 +191,7 @@ func runStatus(e *env, args []string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", p.Kind, gpu, bytesString(p.SizeBytes), bytesString(p.CarvedBytes), p.BlockSets, reg)
 	}
 	tw.Flush()
+	printTiers(e.stdout, s.Tiers)
 	fmt.Fprintln(e.stdout)
 	tw = table(e.stdout)
 	fmt.Fprintln(tw, "BLOCK SET\tENGINE\tLAYOUT\tTP\tPAGE\tSLOTS\tFREE\tREGISTERED\tLEASED\tSESSIONS")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"net/http"
 	"sync/atomic"
@@ -178,6 +179,20 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_peer_connections_refused_total", "Incoming peer connections refused at their first packet for passing the bounds on handshakes and connections (in total or per source address): a handshake flood.", float64(ts.ConnsRefused))
 	e.counter("kvfabric_peer_address_validations_total", "Incoming handshakes asked to validate their source address (a QUIC Retry) because many were in progress.", float64(ts.AddressValidations))
 
+	for _, tm := range m.Tiers {
+		tier := []string{"tier", fmt.Sprint(tm.Tier), "path", tm.Path}
+		e.gauge("kvfabric_tier_blocks", "Blocks a disk tier holds.", float64(tm.Blocks), tier...)
+		e.gauge("kvfabric_tier_bytes", "Bytes a disk tier holds.", float64(tm.Bytes), tier...)
+		e.counter("kvfabric_tier_offloads_total", "Blocks copied down to a disk tier instead of being recycled away.", float64(tm.Offloads), tier...)
+		e.counter("kvfabric_tier_restores_total", "Blocks restored from a disk tier into host slots (for engines, or staged for peers).", float64(tm.Restores), tier...)
+		e.counter("kvfabric_tier_checksum_failures_total", "Disk blocks that failed a check on their way up: dropped, never served.", float64(tm.ChecksumFailures), tier...)
+		e.counter("kvfabric_tier_evictions_total", "Disk blocks dropped to make room for newer ones.", float64(tm.Evictions), tier...)
+		e.counter("kvfabric_tier_offload_failures_total", "Copies down that failed (the block was recycled as without a tier).", float64(tm.Failures), tier...)
+		e.histogram("kvfabric_tier_restore_duration_seconds", "Restore of one block from a disk tier: read, checks and copy into its slot.", tm.RestoreTime, tier...)
+		if tm.Tier == 0 {
+			e.counter("kvfabric_tier_queue_full_total", "Blocks the disk tiers' queue had no room for (recycled without a copy when their slot was needed).", float64(tm.QueueFull))
+		}
+	}
 	for _, cert := range m.Certificates {
 		e.gauge("kvfabric_certificate_expiry_timestamp_seconds", "When the node's TLS certificate and its CA expire (Unix time).",
 			float64(cert.NotAfter.Unix()), "certificate", cert.Name)

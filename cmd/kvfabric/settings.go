@@ -78,6 +78,11 @@ var agentSettings = []setting{
 
 	{"no-cluster-eviction", "NoClusterEviction", "recycle blocks by last use alone (default: among the blocks a pool may recycle, those other live nodes also hold go before those only this node holds)"},
 	{"no-orphan-cache", "NoOrphanCache", "free a block set --block-set-grace after its last engine session ends, its blocks with it (default: a set that still holds blocks stays as a cache, announced and served to peers, taken up by the next engine of its layout, and freed first when a new block set needs the memory)"},
+	{"tier", "Tiers", "disk tier under the host pool, repeatable: disk=PATH:SIZE, PATH an absolute directory on a local disk (made if missing; no comma in the environment's list), SIZE 16MiB..1000GiB; at most 8 tiers; blocks the pool recycles are copied there first, restored on use, served to peers and kept across restarts (default: none)"},
+	{"tier-watermark", "TierWatermark", "fraction of a block set's slots in use past which its least recently used blocks are copied to the disk tier ahead of need, in (0, 1] (default 0.90)"},
+	{"tier-queue", "TierQueue", "blocks waiting to be copied to the disk tier, 1..4096; a block that finds the queue full is recycled without a copy when its slot is needed (default 256)"},
+	{"tier-staging-slots", "TierStagingSlots", "host slots disk-held blocks are staged into for peers' reads when no engine block set of their layout is here, 1..4096 (default 64)"},
+	{"tier-block-bytes", "TierBlockBytes", "room of one block on a disk tier, e.g. 8MiB, at most 1GiB; larger blocks are not copied down (default: the first block's size, recorded in the tier's directory)"},
 }
 
 // The KVFABRIC_ variables that are not settings of fabric.Config: the
@@ -232,6 +237,12 @@ func setField(cfg *fabric.Config, field string, vals []string) error {
 			return fmt.Errorf("want a size such as 64MiB")
 		}
 		f.SetInt(int64(n))
+	case f.Kind() == reflect.Float64:
+		x, err := strconv.ParseFloat(one, 64)
+		if err != nil {
+			return fmt.Errorf("want a number such as 0.9")
+		}
+		f.SetFloat(x)
 	case f.Kind() == reflect.Int:
 		n, err := strconv.Atoi(one)
 		if err != nil {

@@ -154,6 +154,134 @@ func (Outcome) EnumDescriptor() ([]byte, []int) {
 	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{0}
 }
 
+type PrefetchRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	BlockSet uint64                 `protobuf:"varint,1,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
+	// The sequence, by hashes at the set's page size or by token ids (one of
+	// the two), at most 65,536 blocks.
+	Hashes        []uint64 `protobuf:"varint,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	Tokens        *Tokens  `protobuf:"bytes,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefetchRequest) Reset() {
+	*x = PrefetchRequest{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefetchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefetchRequest) ProtoMessage() {}
+
+func (x *PrefetchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefetchRequest.ProtoReflect.Descriptor instead.
+func (*PrefetchRequest) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PrefetchRequest) GetBlockSet() uint64 {
+	if x != nil {
+		return x.BlockSet
+	}
+	return 0
+}
+
+func (x *PrefetchRequest) GetHashes() []uint64 {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+func (x *PrefetchRequest) GetTokens() *Tokens {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type PrefetchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leading blocks of the sequence in the set's memory now: those that
+	// were there already, and those restored from disk by this call (at
+	// most half the slots the set keeps).
+	InMemory uint32 `protobuf:"varint,1,opt,name=in_memory,json=inMemory,proto3" json:"in_memory,omitempty"`
+	Restored uint32 `protobuf:"varint,2,opt,name=restored,proto3" json:"restored,omitempty"`
+	// Why the run stopped before the sequence's end where a restore failed
+	// (a block that failed its check, no slots); empty when it stopped at
+	// a block that no tier of this node holds.
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefetchResponse) Reset() {
+	*x = PrefetchResponse{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefetchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefetchResponse) ProtoMessage() {}
+
+func (x *PrefetchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefetchResponse.ProtoReflect.Descriptor instead.
+func (*PrefetchResponse) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PrefetchResponse) GetInMemory() uint32 {
+	if x != nil {
+		return x.InMemory
+	}
+	return 0
+}
+
+func (x *PrefetchResponse) GetRestored() uint32 {
+	if x != nil {
+		return x.Restored
+	}
+	return 0
+}
+
+func (x *PrefetchResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type RegisterRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A name for logs and status, e.g. "vllm-0".
@@ -184,7 +312,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[0]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -196,7 +324,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[0]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -209,7 +337,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{0}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RegisterRequest) GetEngine() string {
@@ -298,7 +426,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[1]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -310,7 +438,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[1]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -323,7 +451,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{1}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RegisterResponse) GetBlockSet() uint64 {
@@ -454,7 +582,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[2]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -466,7 +594,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[2]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,7 +607,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{2}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Memory) GetPath() string {
@@ -599,7 +727,7 @@ type RankLayout struct {
 
 func (x *RankLayout) Reset() {
 	*x = RankLayout{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[3]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +739,7 @@ func (x *RankLayout) String() string {
 func (*RankLayout) ProtoMessage() {}
 
 func (x *RankLayout) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[3]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +752,7 @@ func (x *RankLayout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankLayout.ProtoReflect.Descriptor instead.
 func (*RankLayout) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{3}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RankLayout) GetOffset() uint64 {
@@ -707,7 +835,7 @@ type AllocateRequest struct {
 
 func (x *AllocateRequest) Reset() {
 	*x = AllocateRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[4]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +847,7 @@ func (x *AllocateRequest) String() string {
 func (*AllocateRequest) ProtoMessage() {}
 
 func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[4]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +860,7 @@ func (x *AllocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateRequest.ProtoReflect.Descriptor instead.
 func (*AllocateRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{4}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AllocateRequest) GetBlockSet() uint64 {
@@ -758,7 +886,7 @@ type AllocateResponse struct {
 
 func (x *AllocateResponse) Reset() {
 	*x = AllocateResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[5]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +898,7 @@ func (x *AllocateResponse) String() string {
 func (*AllocateResponse) ProtoMessage() {}
 
 func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[5]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +911,7 @@ func (x *AllocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateResponse.ProtoReflect.Descriptor instead.
 func (*AllocateResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{5}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AllocateResponse) GetSlots() []uint32 {
@@ -803,7 +931,7 @@ type FreeRequest struct {
 
 func (x *FreeRequest) Reset() {
 	*x = FreeRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[6]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -815,7 +943,7 @@ func (x *FreeRequest) String() string {
 func (*FreeRequest) ProtoMessage() {}
 
 func (x *FreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[6]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -828,7 +956,7 @@ func (x *FreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeRequest.ProtoReflect.Descriptor instead.
 func (*FreeRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{6}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FreeRequest) GetBlockSet() uint64 {
@@ -853,7 +981,7 @@ type FreeResponse struct {
 
 func (x *FreeResponse) Reset() {
 	*x = FreeResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[7]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +993,7 @@ func (x *FreeResponse) String() string {
 func (*FreeResponse) ProtoMessage() {}
 
 func (x *FreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[7]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +1006,7 @@ func (x *FreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeResponse.ProtoReflect.Descriptor instead.
 func (*FreeResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{7}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{9}
 }
 
 // Token ids and the hash namespace, for requests that let the agent hash.
@@ -893,7 +1021,7 @@ type Tokens struct {
 
 func (x *Tokens) Reset() {
 	*x = Tokens{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[8]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +1033,7 @@ func (x *Tokens) String() string {
 func (*Tokens) ProtoMessage() {}
 
 func (x *Tokens) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[8]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +1046,7 @@ func (x *Tokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tokens.ProtoReflect.Descriptor instead.
 func (*Tokens) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{8}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Tokens) GetIds() []uint32 {
@@ -961,7 +1089,7 @@ type RegisterBlocksRequest struct {
 
 func (x *RegisterBlocksRequest) Reset() {
 	*x = RegisterBlocksRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[9]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1101,7 @@ func (x *RegisterBlocksRequest) String() string {
 func (*RegisterBlocksRequest) ProtoMessage() {}
 
 func (x *RegisterBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[9]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1114,7 @@ func (x *RegisterBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterBlocksRequest.ProtoReflect.Descriptor instead.
 func (*RegisterBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{9}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegisterBlocksRequest) GetBlockSet() uint64 {
@@ -1046,7 +1174,7 @@ type RegisterBlocksResponse struct {
 
 func (x *RegisterBlocksResponse) Reset() {
 	*x = RegisterBlocksResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[10]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1186,7 @@ func (x *RegisterBlocksResponse) String() string {
 func (*RegisterBlocksResponse) ProtoMessage() {}
 
 func (x *RegisterBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[10]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1199,7 @@ func (x *RegisterBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterBlocksResponse.ProtoReflect.Descriptor instead.
 func (*RegisterBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{10}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RegisterBlocksResponse) GetBlocks() []*BlockRef {
@@ -1102,7 +1230,7 @@ type BlockRef struct {
 
 func (x *BlockRef) Reset() {
 	*x = BlockRef{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[11]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1242,7 @@ func (x *BlockRef) String() string {
 func (*BlockRef) ProtoMessage() {}
 
 func (x *BlockRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[11]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1255,7 @@ func (x *BlockRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockRef.ProtoReflect.Descriptor instead.
 func (*BlockRef) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{11}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BlockRef) GetHash() uint64 {
@@ -1161,7 +1289,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[12]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1301,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[12]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1314,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{12}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AcquireRequest) GetBlockSet() uint64 {
@@ -1216,7 +1344,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[13]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1356,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[13]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1369,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{13}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AcquireResponse) GetBlocks() []*BlockRef {
@@ -1268,7 +1396,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[14]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1408,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[14]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1421,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{14}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReleaseRequest) GetBlockSet() uint64 {
@@ -1318,7 +1446,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[15]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1458,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[15]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1471,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{15}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{17}
 }
 
 type LookupRequest struct {
@@ -1362,7 +1490,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[16]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1502,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[16]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1515,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{16}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LookupRequest) GetHashes() []uint64 {
@@ -1419,16 +1547,22 @@ func (x *LookupRequest) GetBlockSet() uint64 {
 }
 
 type LookupResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hashes        []uint64               `protobuf:"varint,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
-	Overlaps      []*Overlap             `protobuf:"bytes,2,rep,name=overlaps,proto3" json:"overlaps,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Hashes   []uint64               `protobuf:"varint,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	Overlaps []*Overlap             `protobuf:"bytes,2,rep,name=overlaps,proto3" json:"overlaps,omitempty"`
+	// With block_set in the request: for each of hashes, the tier this node
+	// holds it in for that block set's layout: the pool's kind ("host",
+	// "pinned" or "device"), "disk" (a disk tier: restored into the block
+	// set by this call, so that the Acquire or Import that follows finds it
+	// in memory), or "" (not on this node).
+	LocalTiers    []string `protobuf:"bytes,3,rep,name=local_tiers,json=localTiers,proto3" json:"local_tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[17]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +1574,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[17]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +1587,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{17}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LookupResponse) GetHashes() []uint64 {
@@ -1466,6 +1600,13 @@ func (x *LookupResponse) GetHashes() []uint64 {
 func (x *LookupResponse) GetOverlaps() []*Overlap {
 	if x != nil {
 		return x.Overlaps
+	}
+	return nil
+}
+
+func (x *LookupResponse) GetLocalTiers() []string {
+	if x != nil {
+		return x.LocalTiers
 	}
 	return nil
 }
@@ -1499,7 +1640,7 @@ type Overlap struct {
 
 func (x *Overlap) Reset() {
 	*x = Overlap{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[18]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1652,7 @@ func (x *Overlap) String() string {
 func (*Overlap) ProtoMessage() {}
 
 func (x *Overlap) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[18]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1665,7 @@ func (x *Overlap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Overlap.ProtoReflect.Descriptor instead.
 func (*Overlap) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{18}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Overlap) GetNode() string {
@@ -1598,7 +1739,7 @@ type ImportRequest struct {
 
 func (x *ImportRequest) Reset() {
 	*x = ImportRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[19]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1751,7 @@ func (x *ImportRequest) String() string {
 func (*ImportRequest) ProtoMessage() {}
 
 func (x *ImportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[19]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1764,7 @@ func (x *ImportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportRequest.ProtoReflect.Descriptor instead.
 func (*ImportRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{19}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ImportRequest) GetBlockSet() uint64 {
@@ -1670,7 +1811,7 @@ type ImportResponse struct {
 
 func (x *ImportResponse) Reset() {
 	*x = ImportResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[20]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1823,7 @@ func (x *ImportResponse) String() string {
 func (*ImportResponse) ProtoMessage() {}
 
 func (x *ImportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[20]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1836,7 @@ func (x *ImportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportResponse.ProtoReflect.Descriptor instead.
 func (*ImportResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{20}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ImportResponse) GetBlocks() []*BlockRef {
@@ -1740,7 +1881,7 @@ type Fetch struct {
 
 func (x *Fetch) Reset() {
 	*x = Fetch{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[21]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +1893,7 @@ func (x *Fetch) String() string {
 func (*Fetch) ProtoMessage() {}
 
 func (x *Fetch) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[21]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +1906,7 @@ func (x *Fetch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fetch.ProtoReflect.Descriptor instead.
 func (*Fetch) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{21}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Fetch) GetNode() string {
@@ -1823,7 +1964,7 @@ type BlockResult struct {
 
 func (x *BlockResult) Reset() {
 	*x = BlockResult{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1835,7 +1976,7 @@ func (x *BlockResult) String() string {
 func (*BlockResult) ProtoMessage() {}
 
 func (x *BlockResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[22]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1848,7 +1989,7 @@ func (x *BlockResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockResult.ProtoReflect.Descriptor instead.
 func (*BlockResult) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{22}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *BlockResult) GetHash() uint64 {
@@ -1903,7 +2044,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +2056,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[23]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2069,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{23}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SessionRequest) GetEngine() string {
@@ -1952,7 +2093,7 @@ type SessionEvent struct {
 
 func (x *SessionEvent) Reset() {
 	*x = SessionEvent{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2105,7 @@ func (x *SessionEvent) String() string {
 func (*SessionEvent) ProtoMessage() {}
 
 func (x *SessionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[24]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2118,7 @@ func (x *SessionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionEvent.ProtoReflect.Descriptor instead.
 func (*SessionEvent) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{24}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SessionEvent) GetSession() uint64 {
@@ -2003,7 +2144,7 @@ type DropBlockSetRequest struct {
 
 func (x *DropBlockSetRequest) Reset() {
 	*x = DropBlockSetRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2156,7 @@ func (x *DropBlockSetRequest) String() string {
 func (*DropBlockSetRequest) ProtoMessage() {}
 
 func (x *DropBlockSetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[25]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2169,7 @@ func (x *DropBlockSetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropBlockSetRequest.ProtoReflect.Descriptor instead.
 func (*DropBlockSetRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{25}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DropBlockSetRequest) GetBlockSet() uint64 {
@@ -2050,7 +2191,7 @@ type DropBlockSetResponse struct {
 
 func (x *DropBlockSetResponse) Reset() {
 	*x = DropBlockSetResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[26]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2203,7 @@ func (x *DropBlockSetResponse) String() string {
 func (*DropBlockSetResponse) ProtoMessage() {}
 
 func (x *DropBlockSetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[26]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2216,7 @@ func (x *DropBlockSetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropBlockSetResponse.ProtoReflect.Descriptor instead.
 func (*DropBlockSetResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{26}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DropBlockSetResponse) GetReleased() uint32 {
@@ -2100,7 +2241,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[27]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2112,7 +2253,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[27]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2125,7 +2266,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{27}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{29}
 }
 
 type StatusResponse struct {
@@ -2153,13 +2294,15 @@ type StatusResponse struct {
 	Lane string `protobuf:"bytes,13,opt,name=lane,proto3" json:"lane,omitempty"`
 	// Reads that went over QUIC where the lane was on, by reason.
 	LaneFallbacks map[string]uint64 `protobuf:"bytes,14,rep,name=lane_fallbacks,json=laneFallbacks,proto3" json:"lane_fallbacks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The disk tiers under the pool, in configured order.
+	Tiers         []*Tier `protobuf:"bytes,15,rep,name=tiers,proto3" json:"tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[28]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2171,7 +2314,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[28]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2184,7 +2327,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{28}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -2285,6 +2428,134 @@ func (x *StatusResponse) GetLaneFallbacks() map[string]uint64 {
 	return nil
 }
 
+func (x *StatusResponse) GetTiers() []*Tier {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+type Tier struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "disk".
+	Kind      string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Path      string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	SizeBytes uint64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// Blocks held and the bytes they take; 0 block_bytes until the first
+	// block sized the tier's slots.
+	Blocks     uint64 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes      uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	BlockBytes uint64 `protobuf:"varint,6,opt,name=block_bytes,json=blockBytes,proto3" json:"block_bytes,omitempty"`
+	// Blocks copied down, restored, dropped for failing a check, and
+	// evicted to make room, since start.
+	Offloads         uint64 `protobuf:"varint,7,opt,name=offloads,proto3" json:"offloads,omitempty"`
+	Restores         uint64 `protobuf:"varint,8,opt,name=restores,proto3" json:"restores,omitempty"`
+	ChecksumFailures uint64 `protobuf:"varint,9,opt,name=checksum_failures,json=checksumFailures,proto3" json:"checksum_failures,omitempty"`
+	Evictions        uint64 `protobuf:"varint,10,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Tier) Reset() {
+	*x = Tier{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tier) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tier) ProtoMessage() {}
+
+func (x *Tier) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tier.ProtoReflect.Descriptor instead.
+func (*Tier) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *Tier) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Tier) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Tier) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *Tier) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *Tier) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Tier) GetBlockBytes() uint64 {
+	if x != nil {
+		return x.BlockBytes
+	}
+	return 0
+}
+
+func (x *Tier) GetOffloads() uint64 {
+	if x != nil {
+		return x.Offloads
+	}
+	return 0
+}
+
+func (x *Tier) GetRestores() uint64 {
+	if x != nil {
+		return x.Restores
+	}
+	return 0
+}
+
+func (x *Tier) GetChecksumFailures() uint64 {
+	if x != nil {
+		return x.ChecksumFailures
+	}
+	return 0
+}
+
+func (x *Tier) GetEvictions() uint64 {
+	if x != nil {
+		return x.Evictions
+	}
+	return 0
+}
+
 type Session struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Id     uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2305,7 +2576,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[29]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2588,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[29]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,7 +2601,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{29}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Session) GetId() uint64 {
@@ -2422,7 +2693,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[30]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2434,7 +2705,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[30]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2447,7 +2718,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{30}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Member) GetNode() string {
@@ -2574,7 +2845,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2586,7 +2857,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2599,7 +2870,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{31}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Pool) GetKind() string {
@@ -2678,7 +2949,7 @@ type BlockSet struct {
 
 func (x *BlockSet) Reset() {
 	*x = BlockSet{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +2961,7 @@ func (x *BlockSet) String() string {
 func (*BlockSet) ProtoMessage() {}
 
 func (x *BlockSet) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +2974,7 @@ func (x *BlockSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockSet.ProtoReflect.Descriptor instead.
 func (*BlockSet) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{32}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BlockSet) GetId() uint64 {
@@ -2801,7 +3072,15 @@ var File_fabric_fabricpb_engine_proto protoreflect.FileDescriptor
 
 const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\n" +
-	"\x1cfabric/fabricpb/engine.proto\x12\x12kvfabric.fabric.v1\x1a\x1clayout/layoutpb/layout.proto\"\xdf\x02\n" +
+	"\x1cfabric/fabricpb/engine.proto\x12\x12kvfabric.fabric.v1\x1a\x1clayout/layoutpb/layout.proto\"z\n" +
+	"\x0fPrefetchRequest\x12\x1b\n" +
+	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x16\n" +
+	"\x06hashes\x18\x02 \x03(\x04R\x06hashes\x122\n" +
+	"\x06tokens\x18\x03 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\"a\n" +
+	"\x10PrefetchResponse\x12\x1b\n" +
+	"\tin_memory\x18\x01 \x01(\rR\binMemory\x12\x1a\n" +
+	"\brestored\x18\x02 \x01(\rR\brestored\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xdf\x02\n" +
 	"\x0fRegisterRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x125\n" +
 	"\x05model\x18\x02 \x01(\v2\x1f.kvfabric.layout.v1.ModelConfigR\x05model\x12\x17\n" +
@@ -2890,10 +3169,12 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06tokens\x18\x02 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x03 \x01(\rR\tblockSize\x12\x1b\n" +
-	"\tblock_set\x18\x04 \x01(\x04R\bblockSet\"a\n" +
+	"\tblock_set\x18\x04 \x01(\x04R\bblockSet\"\x82\x01\n" +
 	"\x0eLookupResponse\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x04R\x06hashes\x127\n" +
-	"\boverlaps\x18\x02 \x03(\v2\x1b.kvfabric.fabric.v1.OverlapR\boverlaps\"\xd2\x01\n" +
+	"\boverlaps\x18\x02 \x03(\v2\x1b.kvfabric.fabric.v1.OverlapR\boverlaps\x12\x1f\n" +
+	"\vlocal_tiers\x18\x03 \x03(\tR\n" +
+	"localTiers\"\xd2\x01\n" +
 	"\aOverlap\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x14\n" +
@@ -2937,7 +3218,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x14DropBlockSetResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\rR\breleased\x12\x14\n" +
 	"\x05freed\x18\x02 \x01(\rR\x05freed\"\x0f\n" +
-	"\rStatusRequest\"\x8c\x05\n" +
+	"\rStatusRequest\"\xbc\x05\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x124\n" +
@@ -2954,10 +3235,25 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06joined\x18\v \x01(\bR\x06joined\x127\n" +
 	"\bsessions\x18\f \x03(\v2\x1b.kvfabric.fabric.v1.SessionR\bsessions\x12\x12\n" +
 	"\x04lane\x18\r \x01(\tR\x04lane\x12\\\n" +
-	"\x0elane_fallbacks\x18\x0e \x03(\v25.kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntryR\rlaneFallbacks\x1a@\n" +
+	"\x0elane_fallbacks\x18\x0e \x03(\v25.kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntryR\rlaneFallbacks\x12.\n" +
+	"\x05tiers\x18\x0f \x03(\v2\x18.kvfabric.fabric.v1.TierR\x05tiers\x1a@\n" +
 	"\x12LaneFallbacksEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xc4\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x9f\x02\n" +
+	"\x04Tier\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12\x16\n" +
+	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x1f\n" +
+	"\vblock_bytes\x18\x06 \x01(\x04R\n" +
+	"blockBytes\x12\x1a\n" +
+	"\boffloads\x18\a \x01(\x04R\boffloads\x12\x1a\n" +
+	"\brestores\x18\b \x01(\x04R\brestores\x12+\n" +
+	"\x11checksum_failures\x18\t \x01(\x04R\x10checksumFailures\x12\x1c\n" +
+	"\tevictions\x18\n" +
+	" \x01(\x04R\tevictions\"\xc4\x01\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x10\n" +
@@ -3023,7 +3319,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\rOUTCOME_LOCAL\x10\x05\x12\x14\n" +
 	"\x10OUTCOME_IMPORTED\x10\x06\x12\x13\n" +
 	"\x0fOUTCOME_MISSING\x10\a\x12\x13\n" +
-	"\x0fOUTCOME_SKIPPED\x10\b2\xc1\a\n" +
+	"\x0fOUTCOME_SKIPPED\x10\b2\x98\b\n" +
 	"\x06Engine\x12U\n" +
 	"\bRegister\x12#.kvfabric.fabric.v1.RegisterRequest\x1a$.kvfabric.fabric.v1.RegisterResponse\x12U\n" +
 	"\bAllocate\x12#.kvfabric.fabric.v1.AllocateRequest\x1a$.kvfabric.fabric.v1.AllocateResponse\x12I\n" +
@@ -3035,7 +3331,8 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x06Import\x12!.kvfabric.fabric.v1.ImportRequest\x1a\".kvfabric.fabric.v1.ImportResponse\x12O\n" +
 	"\x06Status\x12!.kvfabric.fabric.v1.StatusRequest\x1a\".kvfabric.fabric.v1.StatusResponse\x12W\n" +
 	"\vOpenSession\x12\".kvfabric.fabric.v1.SessionRequest\x1a .kvfabric.fabric.v1.SessionEvent(\x010\x01\x12a\n" +
-	"\fDropBlockSet\x12'.kvfabric.fabric.v1.DropBlockSetRequest\x1a(.kvfabric.fabric.v1.DropBlockSetResponseB.Z,github.com/kvfabric/kvfabric/fabric/fabricpbb\x06proto3"
+	"\fDropBlockSet\x12'.kvfabric.fabric.v1.DropBlockSetRequest\x1a(.kvfabric.fabric.v1.DropBlockSetResponse\x12U\n" +
+	"\bPrefetch\x12#.kvfabric.fabric.v1.PrefetchRequest\x1a$.kvfabric.fabric.v1.PrefetchResponseB.Z,github.com/kvfabric/kvfabric/fabric/fabricpbb\x06proto3"
 
 var (
 	file_fabric_fabricpb_engine_proto_rawDescOnce sync.Once
@@ -3050,99 +3347,106 @@ func file_fabric_fabricpb_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_fabric_fabricpb_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_fabric_fabricpb_engine_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: kvfabric.fabric.v1.Outcome
-	(*RegisterRequest)(nil),        // 1: kvfabric.fabric.v1.RegisterRequest
-	(*RegisterResponse)(nil),       // 2: kvfabric.fabric.v1.RegisterResponse
-	(*Memory)(nil),                 // 3: kvfabric.fabric.v1.Memory
-	(*RankLayout)(nil),             // 4: kvfabric.fabric.v1.RankLayout
-	(*AllocateRequest)(nil),        // 5: kvfabric.fabric.v1.AllocateRequest
-	(*AllocateResponse)(nil),       // 6: kvfabric.fabric.v1.AllocateResponse
-	(*FreeRequest)(nil),            // 7: kvfabric.fabric.v1.FreeRequest
-	(*FreeResponse)(nil),           // 8: kvfabric.fabric.v1.FreeResponse
-	(*Tokens)(nil),                 // 9: kvfabric.fabric.v1.Tokens
-	(*RegisterBlocksRequest)(nil),  // 10: kvfabric.fabric.v1.RegisterBlocksRequest
-	(*RegisterBlocksResponse)(nil), // 11: kvfabric.fabric.v1.RegisterBlocksResponse
-	(*BlockRef)(nil),               // 12: kvfabric.fabric.v1.BlockRef
-	(*AcquireRequest)(nil),         // 13: kvfabric.fabric.v1.AcquireRequest
-	(*AcquireResponse)(nil),        // 14: kvfabric.fabric.v1.AcquireResponse
-	(*ReleaseRequest)(nil),         // 15: kvfabric.fabric.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 16: kvfabric.fabric.v1.ReleaseResponse
-	(*LookupRequest)(nil),          // 17: kvfabric.fabric.v1.LookupRequest
-	(*LookupResponse)(nil),         // 18: kvfabric.fabric.v1.LookupResponse
-	(*Overlap)(nil),                // 19: kvfabric.fabric.v1.Overlap
-	(*ImportRequest)(nil),          // 20: kvfabric.fabric.v1.ImportRequest
-	(*ImportResponse)(nil),         // 21: kvfabric.fabric.v1.ImportResponse
-	(*Fetch)(nil),                  // 22: kvfabric.fabric.v1.Fetch
-	(*BlockResult)(nil),            // 23: kvfabric.fabric.v1.BlockResult
-	(*SessionRequest)(nil),         // 24: kvfabric.fabric.v1.SessionRequest
-	(*SessionEvent)(nil),           // 25: kvfabric.fabric.v1.SessionEvent
-	(*DropBlockSetRequest)(nil),    // 26: kvfabric.fabric.v1.DropBlockSetRequest
-	(*DropBlockSetResponse)(nil),   // 27: kvfabric.fabric.v1.DropBlockSetResponse
-	(*StatusRequest)(nil),          // 28: kvfabric.fabric.v1.StatusRequest
-	(*StatusResponse)(nil),         // 29: kvfabric.fabric.v1.StatusResponse
-	(*Session)(nil),                // 30: kvfabric.fabric.v1.Session
-	(*Member)(nil),                 // 31: kvfabric.fabric.v1.Member
-	(*Pool)(nil),                   // 32: kvfabric.fabric.v1.Pool
-	(*BlockSet)(nil),               // 33: kvfabric.fabric.v1.BlockSet
-	nil,                            // 34: kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
-	(*layoutpb.ModelConfig)(nil),   // 35: kvfabric.layout.v1.ModelConfig
-	(layoutpb.KVOrder)(0),          // 36: kvfabric.layout.v1.KVOrder
-	(layoutpb.Arrangement)(0),      // 37: kvfabric.layout.v1.Arrangement
-	(*layoutpb.Layout)(nil),        // 38: kvfabric.layout.v1.Layout
+	(*PrefetchRequest)(nil),        // 1: kvfabric.fabric.v1.PrefetchRequest
+	(*PrefetchResponse)(nil),       // 2: kvfabric.fabric.v1.PrefetchResponse
+	(*RegisterRequest)(nil),        // 3: kvfabric.fabric.v1.RegisterRequest
+	(*RegisterResponse)(nil),       // 4: kvfabric.fabric.v1.RegisterResponse
+	(*Memory)(nil),                 // 5: kvfabric.fabric.v1.Memory
+	(*RankLayout)(nil),             // 6: kvfabric.fabric.v1.RankLayout
+	(*AllocateRequest)(nil),        // 7: kvfabric.fabric.v1.AllocateRequest
+	(*AllocateResponse)(nil),       // 8: kvfabric.fabric.v1.AllocateResponse
+	(*FreeRequest)(nil),            // 9: kvfabric.fabric.v1.FreeRequest
+	(*FreeResponse)(nil),           // 10: kvfabric.fabric.v1.FreeResponse
+	(*Tokens)(nil),                 // 11: kvfabric.fabric.v1.Tokens
+	(*RegisterBlocksRequest)(nil),  // 12: kvfabric.fabric.v1.RegisterBlocksRequest
+	(*RegisterBlocksResponse)(nil), // 13: kvfabric.fabric.v1.RegisterBlocksResponse
+	(*BlockRef)(nil),               // 14: kvfabric.fabric.v1.BlockRef
+	(*AcquireRequest)(nil),         // 15: kvfabric.fabric.v1.AcquireRequest
+	(*AcquireResponse)(nil),        // 16: kvfabric.fabric.v1.AcquireResponse
+	(*ReleaseRequest)(nil),         // 17: kvfabric.fabric.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 18: kvfabric.fabric.v1.ReleaseResponse
+	(*LookupRequest)(nil),          // 19: kvfabric.fabric.v1.LookupRequest
+	(*LookupResponse)(nil),         // 20: kvfabric.fabric.v1.LookupResponse
+	(*Overlap)(nil),                // 21: kvfabric.fabric.v1.Overlap
+	(*ImportRequest)(nil),          // 22: kvfabric.fabric.v1.ImportRequest
+	(*ImportResponse)(nil),         // 23: kvfabric.fabric.v1.ImportResponse
+	(*Fetch)(nil),                  // 24: kvfabric.fabric.v1.Fetch
+	(*BlockResult)(nil),            // 25: kvfabric.fabric.v1.BlockResult
+	(*SessionRequest)(nil),         // 26: kvfabric.fabric.v1.SessionRequest
+	(*SessionEvent)(nil),           // 27: kvfabric.fabric.v1.SessionEvent
+	(*DropBlockSetRequest)(nil),    // 28: kvfabric.fabric.v1.DropBlockSetRequest
+	(*DropBlockSetResponse)(nil),   // 29: kvfabric.fabric.v1.DropBlockSetResponse
+	(*StatusRequest)(nil),          // 30: kvfabric.fabric.v1.StatusRequest
+	(*StatusResponse)(nil),         // 31: kvfabric.fabric.v1.StatusResponse
+	(*Tier)(nil),                   // 32: kvfabric.fabric.v1.Tier
+	(*Session)(nil),                // 33: kvfabric.fabric.v1.Session
+	(*Member)(nil),                 // 34: kvfabric.fabric.v1.Member
+	(*Pool)(nil),                   // 35: kvfabric.fabric.v1.Pool
+	(*BlockSet)(nil),               // 36: kvfabric.fabric.v1.BlockSet
+	nil,                            // 37: kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
+	(*layoutpb.ModelConfig)(nil),   // 38: kvfabric.layout.v1.ModelConfig
+	(layoutpb.KVOrder)(0),          // 39: kvfabric.layout.v1.KVOrder
+	(layoutpb.Arrangement)(0),      // 40: kvfabric.layout.v1.Arrangement
+	(*layoutpb.Layout)(nil),        // 41: kvfabric.layout.v1.Layout
 }
 var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
-	35, // 0: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
-	36, // 1: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
-	37, // 2: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
-	38, // 3: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
-	3,  // 4: kvfabric.fabric.v1.RegisterResponse.memory:type_name -> kvfabric.fabric.v1.Memory
-	4,  // 5: kvfabric.fabric.v1.RegisterResponse.ranks:type_name -> kvfabric.fabric.v1.RankLayout
-	9,  // 6: kvfabric.fabric.v1.RegisterBlocksRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
-	12, // 7: kvfabric.fabric.v1.RegisterBlocksResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
-	23, // 8: kvfabric.fabric.v1.RegisterBlocksResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
-	12, // 9: kvfabric.fabric.v1.AcquireResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
-	23, // 10: kvfabric.fabric.v1.AcquireResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
-	9,  // 11: kvfabric.fabric.v1.LookupRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
-	19, // 12: kvfabric.fabric.v1.LookupResponse.overlaps:type_name -> kvfabric.fabric.v1.Overlap
-	9,  // 13: kvfabric.fabric.v1.ImportRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
-	12, // 14: kvfabric.fabric.v1.ImportResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
-	22, // 15: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
-	23, // 16: kvfabric.fabric.v1.ImportResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
-	0,  // 17: kvfabric.fabric.v1.BlockResult.outcome:type_name -> kvfabric.fabric.v1.Outcome
-	31, // 18: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
-	33, // 19: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
-	32, // 20: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
-	30, // 21: kvfabric.fabric.v1.StatusResponse.sessions:type_name -> kvfabric.fabric.v1.Session
-	34, // 22: kvfabric.fabric.v1.StatusResponse.lane_fallbacks:type_name -> kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
-	1,  // 23: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
-	5,  // 24: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
-	7,  // 25: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
-	10, // 26: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
-	13, // 27: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
-	15, // 28: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
-	17, // 29: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
-	20, // 30: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
-	28, // 31: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
-	24, // 32: kvfabric.fabric.v1.Engine.OpenSession:input_type -> kvfabric.fabric.v1.SessionRequest
-	26, // 33: kvfabric.fabric.v1.Engine.DropBlockSet:input_type -> kvfabric.fabric.v1.DropBlockSetRequest
-	2,  // 34: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
-	6,  // 35: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
-	8,  // 36: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
-	11, // 37: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
-	14, // 38: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
-	16, // 39: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
-	18, // 40: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
-	21, // 41: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
-	29, // 42: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
-	25, // 43: kvfabric.fabric.v1.Engine.OpenSession:output_type -> kvfabric.fabric.v1.SessionEvent
-	27, // 44: kvfabric.fabric.v1.Engine.DropBlockSet:output_type -> kvfabric.fabric.v1.DropBlockSetResponse
-	34, // [34:45] is the sub-list for method output_type
-	23, // [23:34] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	11, // 0: kvfabric.fabric.v1.PrefetchRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	38, // 1: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
+	39, // 2: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
+	40, // 3: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
+	41, // 4: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
+	5,  // 5: kvfabric.fabric.v1.RegisterResponse.memory:type_name -> kvfabric.fabric.v1.Memory
+	6,  // 6: kvfabric.fabric.v1.RegisterResponse.ranks:type_name -> kvfabric.fabric.v1.RankLayout
+	11, // 7: kvfabric.fabric.v1.RegisterBlocksRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	14, // 8: kvfabric.fabric.v1.RegisterBlocksResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
+	25, // 9: kvfabric.fabric.v1.RegisterBlocksResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
+	14, // 10: kvfabric.fabric.v1.AcquireResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
+	25, // 11: kvfabric.fabric.v1.AcquireResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
+	11, // 12: kvfabric.fabric.v1.LookupRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	21, // 13: kvfabric.fabric.v1.LookupResponse.overlaps:type_name -> kvfabric.fabric.v1.Overlap
+	11, // 14: kvfabric.fabric.v1.ImportRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
+	14, // 15: kvfabric.fabric.v1.ImportResponse.blocks:type_name -> kvfabric.fabric.v1.BlockRef
+	24, // 16: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
+	25, // 17: kvfabric.fabric.v1.ImportResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
+	0,  // 18: kvfabric.fabric.v1.BlockResult.outcome:type_name -> kvfabric.fabric.v1.Outcome
+	34, // 19: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
+	36, // 20: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
+	35, // 21: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
+	33, // 22: kvfabric.fabric.v1.StatusResponse.sessions:type_name -> kvfabric.fabric.v1.Session
+	37, // 23: kvfabric.fabric.v1.StatusResponse.lane_fallbacks:type_name -> kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
+	32, // 24: kvfabric.fabric.v1.StatusResponse.tiers:type_name -> kvfabric.fabric.v1.Tier
+	3,  // 25: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
+	7,  // 26: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
+	9,  // 27: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
+	12, // 28: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
+	15, // 29: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
+	17, // 30: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
+	19, // 31: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
+	22, // 32: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
+	30, // 33: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
+	26, // 34: kvfabric.fabric.v1.Engine.OpenSession:input_type -> kvfabric.fabric.v1.SessionRequest
+	28, // 35: kvfabric.fabric.v1.Engine.DropBlockSet:input_type -> kvfabric.fabric.v1.DropBlockSetRequest
+	1,  // 36: kvfabric.fabric.v1.Engine.Prefetch:input_type -> kvfabric.fabric.v1.PrefetchRequest
+	4,  // 37: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
+	8,  // 38: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
+	10, // 39: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
+	13, // 40: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
+	16, // 41: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
+	18, // 42: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
+	20, // 43: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
+	23, // 44: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
+	31, // 45: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
+	27, // 46: kvfabric.fabric.v1.Engine.OpenSession:output_type -> kvfabric.fabric.v1.SessionEvent
+	29, // 47: kvfabric.fabric.v1.Engine.DropBlockSet:output_type -> kvfabric.fabric.v1.DropBlockSetResponse
+	2,  // 48: kvfabric.fabric.v1.Engine.Prefetch:output_type -> kvfabric.fabric.v1.PrefetchResponse
+	37, // [37:49] is the sub-list for method output_type
+	25, // [25:37] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_fabric_fabricpb_engine_proto_init() }
@@ -3156,7 +3460,7 @@ func file_fabric_fabricpb_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_fabricpb_engine_proto_rawDesc), len(file_fabric_fabricpb_engine_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

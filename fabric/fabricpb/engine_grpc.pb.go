@@ -86,6 +86,7 @@ const (
 	Engine_Status_FullMethodName         = "/kvfabric.fabric.v1.Engine/Status"
 	Engine_OpenSession_FullMethodName    = "/kvfabric.fabric.v1.Engine/OpenSession"
 	Engine_DropBlockSet_FullMethodName   = "/kvfabric.fabric.v1.Engine/DropBlockSet"
+	Engine_Prefetch_FullMethodName       = "/kvfabric.fabric.v1.Engine/Prefetch"
 )
 
 // EngineClient is the client API for Engine service.
@@ -118,6 +119,10 @@ type EngineClient interface {
 	// Stop using a block set under the calling session: its references and
 	// unregistered slots there are given back, as when the session ends.
 	DropBlockSet(ctx context.Context, in *DropBlockSetRequest, opts ...grpc.CallOption) (*DropBlockSetResponse, error)
+	// Bring the leading blocks of a sequence that this node's disk tiers hold
+	// up into a block set ahead of use, cached there unreferenced, so that
+	// the Acquire or Import that follows finds them in memory.
+	Prefetch(ctx context.Context, in *PrefetchRequest, opts ...grpc.CallOption) (*PrefetchResponse, error)
 }
 
 type engineClient struct {
@@ -241,6 +246,16 @@ func (c *engineClient) DropBlockSet(ctx context.Context, in *DropBlockSetRequest
 	return out, nil
 }
 
+func (c *engineClient) Prefetch(ctx context.Context, in *PrefetchRequest, opts ...grpc.CallOption) (*PrefetchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PrefetchResponse)
+	err := c.cc.Invoke(ctx, Engine_Prefetch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EngineServer is the server API for Engine service.
 // All implementations must embed UnimplementedEngineServer
 // for forward compatibility.
@@ -271,6 +286,10 @@ type EngineServer interface {
 	// Stop using a block set under the calling session: its references and
 	// unregistered slots there are given back, as when the session ends.
 	DropBlockSet(context.Context, *DropBlockSetRequest) (*DropBlockSetResponse, error)
+	// Bring the leading blocks of a sequence that this node's disk tiers hold
+	// up into a block set ahead of use, cached there unreferenced, so that
+	// the Acquire or Import that follows finds them in memory.
+	Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error)
 	mustEmbedUnimplementedEngineServer()
 }
 
@@ -313,6 +332,9 @@ func (UnimplementedEngineServer) OpenSession(grpc.BidiStreamingServer[SessionReq
 }
 func (UnimplementedEngineServer) DropBlockSet(context.Context, *DropBlockSetRequest) (*DropBlockSetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DropBlockSet not implemented")
+}
+func (UnimplementedEngineServer) Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Prefetch not implemented")
 }
 func (UnimplementedEngineServer) mustEmbedUnimplementedEngineServer() {}
 func (UnimplementedEngineServer) testEmbeddedByValue()                {}
@@ -522,6 +544,24 @@ func _Engine_DropBlockSet_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Engine_Prefetch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrefetchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EngineServer).Prefetch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Engine_Prefetch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EngineServer).Prefetch(ctx, req.(*PrefetchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Engine_ServiceDesc is the grpc.ServiceDesc for Engine service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -568,6 +608,10 @@ var Engine_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DropBlockSet",
 			Handler:    _Engine_DropBlockSet_Handler,
+		},
+		{
+			MethodName: "Prefetch",
+			Handler:    _Engine_Prefetch_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -30,6 +30,7 @@ from .client import (
     LookupResult,
     Outcome,
     Overlap,
+    PrefetchResult,
 )
 from .cuda import CudaError
 from .errors import (
@@ -75,6 +76,7 @@ __all__ = [
     "NotFound",
     "Outcome",
     "Overlap",
+    "PrefetchResult",
     "PermissionDenied",
     "ProtocolError",
     "ResourceExhausted",

@@ -42,6 +42,7 @@ from .client import (
     DropResult,
     ImportResult,
     LookupResult,
+    PrefetchResult,
     _allocate_request,
     _check_region,
     _import_request,
@@ -50,6 +51,8 @@ from .client import (
     _ints,
     _lookup_request,
     _lookup_result,
+    _prefetch_request,
+    _prefetch_result,
     _on_device,
     _refs,
     _register_blocks_request,
@@ -385,6 +388,21 @@ class Client:
         """Per node, how many leading blocks of the sequence it holds."""
         req = _lookup_request(hashes, tokens, salt, lora, block_size, block_set)
         return _lookup_result(await self._call("Lookup", req, timeout))
+
+    async def prefetch(
+        self,
+        block_set: BlockSet | int,
+        hashes: Sequence[int] | None = None,
+        *,
+        tokens: Sequence[int] | np.ndarray | None = None,
+        salt: str | None = None,
+        lora: str | None = None,
+        timeout: float | None = None,
+    ) -> PrefetchResult:
+        """:meth:`kvfabric.Client.prefetch`: a sequence's disk-held blocks
+        brought up into the block set ahead of use."""
+        req = _prefetch_request(block_set, hashes, tokens, salt, lora)
+        return _prefetch_result(await self._call("Prefetch", req, timeout))
 
     async def import_blocks(
         self,

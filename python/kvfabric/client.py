@@ -141,6 +141,10 @@ class Overlap:
 class LookupResult:
     hashes: list[int]
     overlaps: list[Overlap]
+    #: With a block set: per hash, the tier this node holds it in for the
+    #: set's layout ("host", "pinned", "device", "disk", or "" for none);
+    #: "disk" blocks were restored into the set by the lookup.
+    local_tiers: list[str] = field(default_factory=list)
 
     def best(self, exclude: str | None = None) -> Overlap | None:
         """The node holding the most leading blocks (ties: the better score)."""
@@ -358,7 +362,40 @@ def _lookup_result(resp: engine_pb2.LookupResponse) -> LookupResult:
     return LookupResult(
         list(resp.hashes),
         [Overlap(o.node, o.blocks, o.score, o.fetch_estimate_us, o.estimate, o.fetch_bytes, o.transport) for o in resp.overlaps],
+        list(resp.local_tiers),
     )
+
+
+@dataclass(frozen=True)
+class PrefetchResult:
+    """What a prefetch left in the block set's memory: the leading blocks
+    there now, those of them it restored from the agent's disk tiers, and
+    why it stopped short where a restore failed."""
+
+    in_memory: int
+    restored: int
+    error: str = ""
+
+
+def _prefetch_request(
+    block_set: BlockSet | int,
+    hashes: Sequence[int] | None,
+    tokens: Sequence[int] | np.ndarray | None,
+    salt: str | None,
+    lora: str | None,
+) -> engine_pb2.PrefetchRequest:
+    if (hashes is None) == (tokens is None):
+        raise InvalidArgument("hashes and tokens: give one, not both")
+    req = engine_pb2.PrefetchRequest(block_set=_set_id(block_set))
+    if hashes is not None:
+        req.hashes.extend(_ints(hashes, "hashes", _U64))
+    else:
+        req.tokens.CopyFrom(_tokens(tokens, salt, lora))
+    return req
+
+
+def _prefetch_result(resp: engine_pb2.PrefetchResponse) -> PrefetchResult:
+    return PrefetchResult(resp.in_memory, resp.restored, resp.error)
 
 
 def _import_request(
@@ -684,6 +721,23 @@ class Client:
         block_size 0 means the set's page size (else 16)."""
         req = _lookup_request(hashes, tokens, salt, lora, block_size, block_set)
         return _lookup_result(self._call("Lookup", req, timeout))
+
+    def prefetch(
+        self,
+        block_set: BlockSet | int,
+        hashes: Sequence[int] | None = None,
+        *,
+        tokens: Sequence[int] | np.ndarray | None = None,
+        salt: str | None = None,
+        lora: str | None = None,
+        timeout: float | None = None,
+    ) -> PrefetchResult:
+        """Bring the leading blocks of a sequence that the agent's disk
+        tiers hold up into the block set ahead of use (at most half the
+        slots the set keeps per call), cached there unreferenced, so that
+        the acquire or import_blocks that follows finds them in memory."""
+        req = _prefetch_request(block_set, hashes, tokens, salt, lora)
+        return _prefetch_result(self._call("Prefetch", req, timeout))
 
     def import_blocks(
         self,

@@ -179,12 +179,14 @@ class LookupRequest(_message.Message):
     def __init__(self, hashes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., block_size: _Optional[int] = ..., block_set: _Optional[int] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ["hashes", "overlaps"]
+    __slots__ = ["hashes", "local_tiers", "overlaps"]
     HASHES_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_TIERS_FIELD_NUMBER: _ClassVar[int]
     OVERLAPS_FIELD_NUMBER: _ClassVar[int]
     hashes: _containers.RepeatedScalarFieldContainer[int]
+    local_tiers: _containers.RepeatedScalarFieldContainer[str]
     overlaps: _containers.RepeatedCompositeFieldContainer[Overlap]
-    def __init__(self, hashes: _Optional[_Iterable[int]] = ..., overlaps: _Optional[_Iterable[_Union[Overlap, _Mapping]]] = ...) -> None: ...
+    def __init__(self, hashes: _Optional[_Iterable[int]] = ..., overlaps: _Optional[_Iterable[_Union[Overlap, _Mapping]]] = ..., local_tiers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ["blocks", "gossip_addr", "gpu_model", "gpu_nics", "gpu_pool_bytes", "gpus", "node", "peer_addr", "peer_authenticated", "peer_error", "peer_reachable", "rdma", "since_unix_ms", "state"]
@@ -277,6 +279,26 @@ class Pool(_message.Message):
     rdma_registration: str
     size_bytes: int
     def __init__(self, kind: _Optional[str] = ..., size_bytes: _Optional[int] = ..., carved_bytes: _Optional[int] = ..., block_sets: _Optional[int] = ..., device: _Optional[int] = ..., rdma_registration: _Optional[str] = ..., rdma_device: _Optional[str] = ...) -> None: ...
+
+class PrefetchRequest(_message.Message):
+    __slots__ = ["block_set", "hashes", "tokens"]
+    BLOCK_SET_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    block_set: int
+    hashes: _containers.RepeatedScalarFieldContainer[int]
+    tokens: Tokens
+    def __init__(self, block_set: _Optional[int] = ..., hashes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ...) -> None: ...
+
+class PrefetchResponse(_message.Message):
+    __slots__ = ["error", "in_memory", "restored"]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    IN_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    in_memory: int
+    restored: int
+    def __init__(self, in_memory: _Optional[int] = ..., restored: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class RankLayout(_message.Message):
     __slots__ = ["block_stride", "chunk_bytes", "chunk_shape", "element_bytes", "head_ids", "kv_stride", "layer_stride", "offset", "planes", "replicas"]
@@ -413,7 +435,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["block_sets", "import_bytes", "imports", "imports_in_flight", "index_entries", "joined", "lane", "lane_fallbacks", "leases", "members", "node", "pools", "sessions", "version"]
+    __slots__ = ["block_sets", "import_bytes", "imports", "imports_in_flight", "index_entries", "joined", "lane", "lane_fallbacks", "leases", "members", "node", "pools", "sessions", "tiers", "version"]
     class LaneFallbacksEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -434,6 +456,7 @@ class StatusResponse(_message.Message):
     NODE_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     block_sets: _containers.RepeatedCompositeFieldContainer[BlockSet]
     import_bytes: int
@@ -448,8 +471,33 @@ class StatusResponse(_message.Message):
     node: str
     pools: _containers.RepeatedCompositeFieldContainer[Pool]
     sessions: _containers.RepeatedCompositeFieldContainer[Session]
+    tiers: _containers.RepeatedCompositeFieldContainer[Tier]
     version: str
-    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., lane: _Optional[str] = ..., lane_fallbacks: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., lane: _Optional[str] = ..., lane_fallbacks: _Optional[_Mapping[str, int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, _Mapping]]] = ...) -> None: ...
+
+class Tier(_message.Message):
+    __slots__ = ["block_bytes", "blocks", "bytes", "checksum_failures", "evictions", "kind", "offloads", "path", "restores", "size_bytes"]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    OFFLOADS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RESTORES_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    block_bytes: int
+    blocks: int
+    bytes: int
+    checksum_failures: int
+    evictions: int
+    kind: str
+    offloads: int
+    path: str
+    restores: int
+    size_bytes: int
+    def __init__(self, kind: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., block_bytes: _Optional[int] = ..., offloads: _Optional[int] = ..., restores: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
 
 class Tokens(_message.Message):
     __slots__ = ["ids", "lora", "salt"]

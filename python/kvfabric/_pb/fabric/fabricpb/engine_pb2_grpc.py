@@ -69,6 +69,11 @@ class EngineStub(object):
                 request_serializer=fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetRequest.SerializeToString,
                 response_deserializer=fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetResponse.FromString,
                 )
+        self.Prefetch = channel.unary_unary(
+                '/kvfabric.fabric.v1.Engine/Prefetch',
+                request_serializer=fabric_dot_fabricpb_dot_engine__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=fabric_dot_fabricpb_dot_engine__pb2.PrefetchResponse.FromString,
+                )
 
 
 class EngineServicer(object):
@@ -155,6 +160,15 @@ class EngineServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prefetch(self, request, context):
+        """Bring the leading blocks of a sequence that this node's disk tiers hold
+        up into a block set ahead of use, cached there unreferenced, so that
+        the Acquire or Import that follows finds them in memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +226,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.DropBlockSet,
                     request_deserializer=fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetRequest.FromString,
                     response_serializer=fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetResponse.SerializeToString,
+            ),
+            'Prefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=fabric_dot_fabricpb_dot_engine__pb2.PrefetchRequest.FromString,
+                    response_serializer=fabric_dot_fabricpb_dot_engine__pb2.PrefetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -407,5 +426,22 @@ class Engine(object):
         return grpc.experimental.unary_unary(request, target, '/kvfabric.fabric.v1.Engine/DropBlockSet',
             fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetRequest.SerializeToString,
             fabric_dot_fabricpb_dot_engine__pb2.DropBlockSetResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvfabric.fabric.v1.Engine/Prefetch',
+            fabric_dot_fabricpb_dot_engine__pb2.PrefetchRequest.SerializeToString,
+            fabric_dot_fabricpb_dot_engine__pb2.PrefetchResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

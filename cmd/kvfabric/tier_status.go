@@ -1,0 +1,27 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+)
+
+// printTiers shows the disk tiers under the pool, if there are any.
+func printTiers(w io.Writer, tiers []*fabricpb.Tier) {
+	if len(tiers) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := table(w)
+	fmt.Fprintln(tw, "TIER\tPATH\tSIZE\tBLOCKS\tHELD\tBLOCK ROOM\tOFFLOADS\tRESTORES\tEVICTIONS\tCHECKSUM FAILURES")
+	for _, t := range tiers {
+		room := "-"
+		if t.BlockBytes > 0 {
+			room = bytesString(t.BlockBytes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\n", t.Kind, t.Path, bytesString(t.SizeBytes), t.Blocks,
+			bytesString(t.Bytes), room, t.Offloads, t.Restores, t.Evictions, t.ChecksumFailures)
+	}
+	tw.Flush()
+}

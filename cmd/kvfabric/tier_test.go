@@ -1,0 +1,41 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// --tier is repeatable and read back by --print-config; a bad tier or tier
+// setting is a usage error naming it and what is wrong.
+func TestTierFlags(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	code, out, errs := runCmd(t, "", "agent", "--local", "--data-dir", dir, "--print-config",
+		"--tier", "disk="+a+":1GiB", "--tier", "disk="+b+":16MiB", "--tier-watermark", "0.8", "--tier-queue", "4096")
+	if code != 0 || !strings.Contains(out, `"disk=`+a+`:1GiB"`) || !strings.Contains(out, `"disk=`+b+`:16MiB"`) ||
+		!strings.Contains(out, `"tier_watermark": 0.8`) || !strings.Contains(out, `"tier_queue": 4096`) {
+		t.Fatalf("--print-config: exit %d: %s %s", code, out, errs)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--tier", "disk=relative:1GiB"}, `tiers[0]: "disk=relative:1GiB": path "relative" is not absolute`},
+		{[]string{"--tier", "disk=" + a + ":1MiB"}, "size 1048576 is not in 16777216 (16MiB)"},
+		{[]string{"--tier", "disk=" + a + ":1001GiB"}, "is not in 16777216 (16MiB)..1073741824000 (1000GiB)"},
+		{[]string{"--tier", "nvme=" + a + ":1GiB"}, `unknown tier kind "nvme"`},
+		{[]string{"--tier", "disk=" + a + ":1GiB", "--tier", "disk=" + a + ":1GiB"}, "tiers[1]"},
+		{[]string{"--tier-watermark", "1.5"}, "tier_watermark: 1.5 is not in (0, 1]"},
+		{[]string{"--tier-watermark", "most"}, "--tier-watermark \"most\": want a number"},
+		{[]string{"--tier-queue", "4097"}, "tier_queue: 4097 is not in 1..4096"},
+		{[]string{"--tier-staging-slots", "4097"}, "tier_staging_slots: 4097 is not in 1..4096"},
+		{[]string{"--tier-block-bytes", "2GiB"}, "tier_block_bytes"},
+	} {
+		args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "d")}, tc.args...)
+		code, _, errs := runCmd(t, "", args...)
+		if code != 2 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, errs, tc.want)
+		}
+	}
+}

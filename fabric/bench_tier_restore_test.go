@@ -1,0 +1,120 @@
+package fabric_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// BenchmarkTierRestore is the rate at which an engine's Acquire brings
+// blocks back from a disk tier (read with O_DIRECT, checked twice, copied
+// into its slots; runs of 8, as an engine acquiring prefixes would, the
+// engine's calls included), against
+// O_DIRECT reads of the same bytes in reads of one block, one at a time,
+// from a file in the same directory, in the same run. 256 blocks of 256
+// KiB go down once; each iteration restores all of them (they go back to
+// being disk-held as later ones take their slots).
+func BenchmarkTierRestore(b *testing.B) {
+	const blocks = 256
+	dir := b.TempDir()
+	a := startBenchAgentWith(b, dir, filepath.Join(dir, "ca"), "restore", "127.0.0.1", "host=128MiB", "", func(c *fabric.Config) {
+		c.Tiers = []string{"disk=" + filepath.Join(dir, "tier") + ":1GiB"}
+		c.BlockSetGrace = 100 * time.Millisecond
+	})
+	ctx := context.Background()
+	model := layout.ModelConfig{Layers: 4, KVHeads: 8, HeadDim: 128, DType: layout.DTypeBF16}
+	e := client.Engine{Name: "writer", Model: model, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 32}
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		b.Fatal(err)
+	}
+	hashes := storeThrough(b, c, set, blocks)
+	c.Close() // the set goes down whole
+	deadline := time.Now().Add(30 * time.Second)
+	c, err = client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	for {
+		st, err := c.Status(ctx)
+		if err == nil && len(st.BlockSets) == 0 && st.Tiers[0].Blocks == blocks {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the blocks did not all go down: %v %v", st, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.Name = "reader"
+	set, err = c.Register(ctx, e)
+	if err != nil {
+		b.Fatal(err)
+	}
+	blockBytes := int(set.Layout.Strides().Shard)
+	// The baseline's file: the same bytes, written once.
+	path := filepath.Join(dir, "baseline")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.Write(make([]byte, blocks*blockBytes))
+	f.Sync()
+	f.Close()
+	buf, err := unix.Mmap(-1, 0, blockBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Munmap(buf)
+	var restore, direct time.Duration
+	b.SetBytes(int64(blocks * blockBytes))
+	// Once checked byte for byte, outside the timing.
+	if got := acquireChecked(b, c, set, hashes, 1); got != blocks {
+		b.Fatalf("restored %d of %d blocks", got, blocks)
+	}
+	for b.Loop() {
+		start := time.Now()
+		for from := 0; from < blocks; from += 8 {
+			refs, err := c.Acquire(ctx, set.ID, hashes[from:from+8])
+			if err != nil || len(refs) != 8 {
+				b.Fatalf("acquire %d..%d: %d blocks, %v", from, from+7, len(refs), err)
+			}
+			slots := make([]uint32, len(refs))
+			for i, r := range refs {
+				slots[i] = r.Slot
+			}
+			if err := c.Release(ctx, set.ID, slots); err != nil {
+				b.Fatal(err)
+			}
+		}
+		restore += time.Since(start)
+		start = time.Now()
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range blocks {
+			if _, err := unix.Pread(fd, buf, int64(i*blockBytes)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		unix.Close(fd)
+		direct += time.Since(start)
+	}
+	gb := float64(b.N*blocks*blockBytes) / 1e9
+	b.ReportMetric(gb/restore.Seconds(), "restore-GB/s")
+	b.ReportMetric(gb/direct.Seconds(), "direct-GB/s")
+	b.ReportMetric(direct.Seconds()/restore.Seconds(), "x-direct")
+}

@@ -1,0 +1,462 @@
+package fabric
+
+import (
+	"container/list"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool/disk"
+	"golang.org/x/sys/unix"
+)
+
+// Disk tiers. Under the host pool, an agent may keep disk tiers
+// (Config.Tiers, pool/disk stores): a block the pool is about to recycle
+// is copied down first (tier_offload.go), a block an engine asks for that
+// is on disk is restored into its block set (tier_restore.go), peers'
+// leases stage disk-held blocks into host slots (tier_serve.go), and a
+// restarted agent finds its disk blocks again and announces them.
+//
+// A block on disk is keyed by its sequence hash and its shape tag (model
+// config, page size, TP size, KV order: what makes two block sets' bytes
+// the same block); its bytes are canonical, whatever the arrangement and
+// alignment of the set it came from, so that a set of another slot count,
+// arrangement or alignment restores it:
+//
+//	for rank in 0..tp-1
+//	  for layer in 0..layers-1
+//	    for plane in K, V (the latent alone for MLA)
+//	      the rank's chunk of (layer, plane)
+//	then a trailer of 16 bytes, little endian:
+//	  0  8  the block's content checksum (layout.BlockSum)
+//	  8  8  1 if the block had one, else 0
+//
+// Each tier's directory also holds tier.json: the block size its store was
+// made for and one layout per shape tag (for the staging sets that serve
+// peers after a restart).
+//
+// Disk-held blocks are announced to the cluster under their tier's own
+// block set number (tierSetBase + tier), beside the pool's store and remove
+// events, so that a block recycled from host memory but kept on disk stays
+// announced, and the index's count of this node's copies stays right.
+
+// tierSetBase is the block set number of disk tier 0 in announcements:
+// above every pool set id an agent makes.
+const tierSetBase = 1 << 31
+
+// tierTrailer is the bytes after a block's canonical bytes on disk.
+const tierTrailer = 16
+
+// shapeTag names what makes two block sets' bytes of a hash the same
+// block.
+func shapeTag(l *layout.Layout) uint64 {
+	m := l.Model
+	return xxh3.HashString(fmt.Sprintf("kvfabric-tier/1 layers=%d heads=%d dim=%d dtype=%d mla=%v page=%d tp=%d order=%d",
+		m.Layers, m.KVHeads, m.HeadDim, m.DType, m.MLA, l.PageSize, l.TPSize, l.Order))
+}
+
+// tierBlockBytes is a block's bytes on disk, trailer included.
+func tierBlockBytes(l *layout.Layout) int {
+	return int(l.Strides().Shard)*l.TPSize + tierTrailer
+}
+
+// gatherBlock copies slot's block in canonical order into dst.
+func gatherBlock(l *layout.Layout, regions [][]byte, slot int, dst []byte) {
+	forEachChunk(l, slot, func(rank int, off uint64, n int, at int) {
+		copy(dst[at:at+n], regions[rank][off:off+uint64(n)])
+	})
+}
+
+// scatterBlock is gatherBlock's inverse.
+func scatterBlock(l *layout.Layout, regions [][]byte, slot int, src []byte) {
+	forEachChunk(l, slot, func(rank int, off uint64, n int, at int) {
+		copy(regions[rank][off:off+uint64(n)], src[at:at+n])
+	})
+}
+
+func forEachChunk(l *layout.Layout, slot int, f func(rank int, off uint64, n int, at int)) {
+	st := l.Strides()
+	planes := 2
+	if l.Model.MLA {
+		planes = 1
+	}
+	at := 0
+	for r := range l.TPSize {
+		for layer := range l.Model.Layers {
+			for p := range planes {
+				f(r, l.ChunkOffset(slot, layer, p), int(st.Chunk), at)
+				at += int(st.Chunk)
+			}
+		}
+	}
+}
+
+// tierMeta is a tier directory's tier.json.
+type tierMeta struct {
+	// BlockBytes is the slot size the store was made with.
+	BlockBytes int `json:"block_bytes"`
+	// Layouts are a layout of each shape tag (hex) the tier holds blocks of.
+	Layouts map[string]json.RawMessage `json:"layouts"`
+}
+
+// diskTier is one disk tier.
+type diskTier struct {
+	n    int
+	spec TierSpec
+	// store is nil until the block size is known (the first block, or
+	// tier.json, or Config.TierBlockBytes).
+	store atomic.Pointer[disk.Store]
+
+	offloads, restores, evicted, failed atomic.Uint64
+	restoreTime                         latency
+}
+
+// tierEntry is a block in the tiers' recency list.
+type tierEntry struct {
+	tier   int
+	key    disk.Key
+	length int
+}
+
+// tiers are an agent's disk tiers.
+type tiers struct {
+	a     *Agent
+	log   *slog.Logger
+	list  []*diskTier
+	queue chan offloadJob
+	done  chan struct{}
+	// ctx is cancelled by close: copies under way stop waiting.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	bufs   sync.Pool
+
+	mu         sync.Mutex // guards what follows and the stores' opening
+	blockBytes int        // the stores' slot size; 0 until known
+	layouts    map[uint64]*layout.Layout
+	lru        *list.List // of *tierEntry, least recently used first
+	pos        map[disk.Key]*list.Element
+	heldBytes  []int64 // per tier
+	staging    map[uint64]*engineSet
+	progress   chan struct{} // closed and replaced when a copy down ends
+
+	room      atomic.Int64 // blockBytes, for offer, which may not take mu
+	queueFull atomic.Uint64
+	corrupt   atomic.Uint64 // blocks that failed a check on restore
+}
+
+// openTiers opens the configured disk tiers and finds the blocks they hold.
+func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
+	t := &tiers{a: a, log: a.log, done: make(chan struct{}), layouts: map[uint64]*layout.Layout{},
+		lru: list.New(), pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, len(specs)),
+		staging: map[uint64]*engineSet{}, progress: make(chan struct{})}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	q := a.cfg.TierQueue
+	if q == 0 {
+		q = DefaultTierQueue
+	}
+	t.queue = make(chan offloadJob, q)
+	if a.cfg.TierBlockBytes > 0 {
+		t.blockBytes = roundUp4K(int(a.cfg.TierBlockBytes))
+	}
+	for i, s := range specs {
+		if err := os.MkdirAll(s.Path, 0o700); err != nil {
+			t.close()
+			return nil, fmt.Errorf("fabric: tiers[%d]: %w", i, err)
+		}
+		t.list = append(t.list, &diskTier{n: i, spec: s})
+		if err := t.readMeta(t.list[i]); err != nil {
+			t.close()
+			return nil, fmt.Errorf("fabric: tiers[%d] %s: %w", i, s.Path, err)
+		}
+	}
+	if t.blockBytes > 0 {
+		t.mu.Lock()
+		err := t.openStoresLocked()
+		t.mu.Unlock()
+		if err != nil {
+			t.close()
+			return nil, err
+		}
+	}
+	// More copies under way than the store's I/O workers: puts waiting
+	// for a commit share it, so that more of them share each sync.
+	for range 4 * disk.DefaultWorkers * len(t.list) {
+		t.wg.Add(1)
+		go t.worker()
+	}
+	return t, nil
+}
+
+func roundUp4K(n int) int { return (n + disk.Align - 1) &^ (disk.Align - 1) }
+
+// readMeta reads d's tier.json, if there is one: the block size (which
+// must agree between tiers and with the configuration) and the layouts.
+func (t *tiers) readMeta(d *diskTier) error {
+	b, err := os.ReadFile(filepath.Join(d.spec.Path, "tier.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var m tierMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("tier.json: %w", err)
+	}
+	if m.BlockBytes <= 0 || m.BlockBytes%disk.Align != 0 || m.BlockBytes > disk.MaxSlotBytes {
+		return fmt.Errorf("tier.json: block_bytes %d is not a multiple of %d up to %d", m.BlockBytes, disk.Align, disk.MaxSlotBytes)
+	}
+	if t.blockBytes != 0 && t.blockBytes != m.BlockBytes {
+		return fmt.Errorf("tier.json: blocks of %d bytes, not %d (tier_block_bytes or another tier): give the tier a directory of its own",
+			m.BlockBytes, t.blockBytes)
+	}
+	t.blockBytes = m.BlockBytes
+	for tag, raw := range m.Layouts {
+		var n uint64
+		if _, err := fmt.Sscanf(tag, "%016x", &n); err != nil {
+			return fmt.Errorf("tier.json: layout tag %q", tag)
+		}
+		var js string
+		if err := json.Unmarshal(raw, &js); err != nil {
+			return fmt.Errorf("tier.json: layout %s: %w", tag, err)
+		}
+		l, err := layout.ParseJSON([]byte(js))
+		if err != nil {
+			return fmt.Errorf("tier.json: layout %s: %w", tag, err)
+		}
+		if shapeTag(l) != n {
+			return fmt.Errorf("tier.json: layout %s has the tag %016x", tag, shapeTag(l))
+		}
+		t.layouts[n] = l
+	}
+	return nil
+}
+
+// writeMetaLocked records the block size and layouts in every tier's
+// tier.json (written aside and renamed over). t.mu is held.
+func (t *tiers) writeMetaLocked() error {
+	m := tierMeta{BlockBytes: t.blockBytes, Layouts: map[string]json.RawMessage{}}
+	for tag, l := range t.layouts {
+		js, _ := json.Marshal(string(l.JSON()))
+		m.Layouts[fmt.Sprintf("%016x", tag)] = js
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	for _, d := range t.list {
+		path := filepath.Join(d.spec.Path, "tier.json")
+		if err := os.WriteFile(path+".new", b, 0o600); err != nil {
+			return fmt.Errorf("fabric: %s: %w", path, err)
+		}
+		if err := syncFile(path + ".new"); err != nil {
+			return err
+		}
+		if err := os.Rename(path+".new", path); err != nil {
+			return fmt.Errorf("fabric: %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// openStoresLocked opens each tier's store with blocks of t.blockBytes and
+// lists what they hold. t.mu is held.
+func (t *tiers) openStoresLocked() error {
+	t.room.Store(int64(t.blockBytes))
+	for _, d := range t.list {
+		if d.store.Load() != nil {
+			continue
+		}
+		cfg := disk.Config{Dir: d.spec.Path, Bytes: int64(d.spec.Size), SlotBytes: t.blockBytes, Logger: t.log.With("tier", d.n)}
+		st, err := disk.Open(cfg)
+		if err != nil && errors.Is(err, unix.EINVAL) {
+			t.log.Warn("the tier's file system refuses O_DIRECT: its blocks go through the page cache", "tier", d.n, "dir", d.spec.Path)
+			cfg.Buffered = true
+			st, err = disk.Open(cfg)
+		}
+		if err != nil {
+			return fmt.Errorf("fabric: tiers[%d] %s: %w", d.n, d.spec.Path, err)
+		}
+		d.store.Store(st)
+		for _, k := range st.Keys() {
+			if _, ok := t.layouts[k.Tag]; !ok {
+				// No layout for it: it could not be staged for peers
+				// nor told apart; not served.
+				st.Delete(k)
+				continue
+			}
+			t.pos[k] = t.lru.PushBack(&tierEntry{tier: d.n, key: k, length: t.blockBytes})
+			t.heldBytes[d.n] += int64(t.blockBytes)
+		}
+	}
+	return nil
+}
+
+// ensureShape makes sure the tiers can take blocks of l: the stores open
+// (sized by the first block unless configured) and l's layout recorded.
+func (t *tiers) ensureShape(l *layout.Layout) (uint64, error) {
+	tag := shapeTag(l)
+	need := tierBlockBytes(l)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.blockBytes == 0 {
+		t.blockBytes = roundUp4K(need)
+	}
+	if need > t.blockBytes {
+		return 0, fmt.Errorf("fabric: a block of %d bytes does not fit the disk tiers' %d: %w", need, t.blockBytes, disk.ErrTooLarge)
+	}
+	if _, ok := t.layouts[tag]; !ok {
+		t.layouts[tag] = l.Clone()
+		if err := t.writeMetaLocked(); err != nil {
+			delete(t.layouts, tag)
+			return 0, err
+		}
+	}
+	if err := t.openStoresLocked(); err != nil {
+		return 0, err
+	}
+	return tag, nil
+}
+
+// where returns the tier that holds k, or nil.
+func (t *tiers) where(k disk.Key) *diskTier {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.pos[k]; ok {
+		return t.list[e.Value.(*tierEntry).tier]
+	}
+	return nil
+}
+
+// touch makes k the most recently used.
+func (t *tiers) touch(k disk.Key) {
+	t.mu.Lock()
+	if e, ok := t.pos[k]; ok {
+		t.lru.MoveToBack(e)
+	}
+	t.mu.Unlock()
+}
+
+// forget drops k from the list (after the store dropped it) and announces
+// that the node no longer holds it on disk.
+func (t *tiers) forget(d *diskTier, k disk.Key) {
+	t.mu.Lock()
+	e, ok := t.pos[k]
+	if ok {
+		t.lru.Remove(e)
+		delete(t.pos, k)
+		t.heldBytes[d.n] -= int64(e.Value.(*tierEntry).length)
+	}
+	t.mu.Unlock()
+	if ok {
+		t.announce(false, d.n, k.Hash)
+		t.lostBelow(k)
+	}
+}
+
+// lostBelow tells the block sets of k's shape that hold it in memory that
+// their copy below is gone, so that they copy it down again rather than
+// drop it.
+func (t *tiers) lostBelow(k disk.Key) {
+	for _, es := range t.a.engineSets() {
+		if shapeTag(es.set.Layout()) != k.Tag {
+			continue
+		}
+		if b, ok := es.set.Lookup(k.Hash); ok {
+			es.set.LostBelow(b) // a stale handle: recycled meanwhile, nothing to keep
+		}
+	}
+}
+
+// buffer is a block's room on disk from a pool of them.
+func (t *tiers) buffer() []byte {
+	t.mu.Lock()
+	n := t.blockBytes
+	t.mu.Unlock()
+	if b, ok := t.bufs.Get().(*[]byte); ok && len(*b) == n {
+		return *b
+	}
+	return make([]byte, n)
+}
+
+func (t *tiers) putBuffer(b []byte) { t.bufs.Put(&b) }
+
+// signal wakes whoever waits for a copy down to end.
+func (t *tiers) signal() {
+	t.mu.Lock()
+	close(t.progress)
+	t.progress = make(chan struct{})
+	t.mu.Unlock()
+}
+
+// waitProgress returns the channel the next copy down's end closes.
+func (t *tiers) waitProgress() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.progress
+}
+
+// find reports whether some tier holds hash, and under which shape.
+func (t *tiers) find(hash uint64) (disk.Key, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for tag := range t.layouts {
+		if _, ok := t.pos[disk.Key{Hash: hash, Tag: tag}]; ok {
+			return disk.Key{Hash: hash, Tag: tag}, true
+		}
+	}
+	return disk.Key{}, false
+}
+
+// close stops the workers and closes the stores. Safe twice.
+func (t *tiers) close() error {
+	select {
+	case <-t.done:
+		return nil
+	default:
+	}
+	close(t.done)
+	t.cancel()
+	t.wg.Wait()
+	var errs []error
+	for _, d := range t.list {
+		if st := d.store.Load(); st != nil {
+			errs = append(errs, st.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// putTrailer writes the trailer after n canonical bytes.
+func putTrailer(b []byte, n int, sum uint64, has bool) {
+	binary.LittleEndian.PutUint64(b[n:], sum)
+	h := uint64(0)
+	if has {
+		h = 1
+	}
+	binary.LittleEndian.PutUint64(b[n+8:], h)
+}
+
+func trailer(b []byte, n int) (sum uint64, has bool) {
+	return binary.LittleEndian.Uint64(b[n:]), binary.LittleEndian.Uint64(b[n+8:]) == 1
+}

@@ -1,0 +1,68 @@
+package fabric
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/pool/disk"
+)
+
+// The tier settings: each refusal names its field and what is wrong; every
+// limit holds at the limit and refuses one past it.
+func TestValidateTierConfig(t *testing.T) {
+	tiers := func(n int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("disk=/nvme/t%d:1GiB", i))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		mut   func(c *Config)
+		field string // "" when valid
+		says  string
+	}{
+		{"none", func(c *Config) {}, "", ""},
+		{"one", func(c *Config) { c.Tiers = []string{"disk=/nvme/kvfabric:512GiB"} }, "", ""},
+		{"a colon in the path", func(c *Config) { c.Tiers = []string{"disk=/nvme/a:b:1GiB"} }, "", ""},
+		{"size at its floor", func(c *Config) { c.Tiers = []string{"disk=/d:16MiB"} }, "", ""},
+		{"size a byte under its floor", func(c *Config) { c.Tiers = []string{fmt.Sprintf("disk=/d:%d", MinTierBytes-1)} }, "tiers[0]", "not in"},
+		{"size at its ceiling", func(c *Config) { c.Tiers = []string{"disk=/d:1000GiB"} }, "", ""},
+		{"size a byte over its ceiling", func(c *Config) { c.Tiers = []string{fmt.Sprintf("disk=/d:%d", MaxTierBytes+1)} }, "tiers[0]", "not in"},
+		{"no size", func(c *Config) { c.Tiers = []string{"disk=/d"} }, "tiers[0]", "no size"},
+		{"bad size", func(c *Config) { c.Tiers = []string{"disk=/d:lots"} }, "tiers[0]", "not a positive number"},
+		{"relative path", func(c *Config) { c.Tiers = []string{"disk=nvme:1GiB"} }, "tiers[0]", "not absolute"},
+		{"no path", func(c *Config) { c.Tiers = []string{"disk=:1GiB"} }, "tiers[0]", "not absolute"},
+		{"unknown kind", func(c *Config) { c.Tiers = []string{"ssd=/d:1GiB"} }, "tiers[0]", "unknown tier kind"},
+		{"no kind", func(c *Config) { c.Tiers = []string{"/d:1GiB"} }, "tiers[0]", "disk=PATH:SIZE"},
+		{"same directory twice", func(c *Config) { c.Tiers = []string{"disk=/d:1GiB", "disk=/d/:1GiB"} }, "tiers[1]", "overlaps tiers[0]"},
+		{"one inside another", func(c *Config) { c.Tiers = []string{"disk=/d:1GiB", "disk=/d/x:1GiB"} }, "tiers[1]", "overlaps"},
+		{"tiers at their limit", func(c *Config) { c.Tiers = tiers(MaxTiers) }, "", ""},
+		{"tiers past their limit", func(c *Config) { c.Tiers = tiers(MaxTiers + 1) }, "tiers", "at most 8"},
+		{"watermark at its ceiling", func(c *Config) { c.TierWatermark = 1 }, "", ""},
+		{"watermark past its ceiling", func(c *Config) { c.TierWatermark = 1.01 }, "tier_watermark", "not in (0, 1]"},
+		{"negative watermark", func(c *Config) { c.TierWatermark = -0.5 }, "tier_watermark", ""},
+		{"queue at its limit", func(c *Config) { c.TierQueue = MaxTierQueue }, "", ""},
+		{"queue past its limit", func(c *Config) { c.TierQueue = MaxTierQueue + 1 }, "tier_queue", "not in 1..4096"},
+		{"negative queue", func(c *Config) { c.TierQueue = -1 }, "tier_queue", ""},
+		{"staging at its limit", func(c *Config) { c.TierStagingSlots = MaxTierStagingSlots }, "", ""},
+		{"staging past its limit", func(c *Config) { c.TierStagingSlots = MaxTierStagingSlots + 1 }, "tier_staging_slots", "not in 1..4096"},
+		{"block bytes at their limit", func(c *Config) { c.TierBlockBytes = disk.MaxSlotBytes }, "", ""},
+		{"block bytes past their limit", func(c *Config) { c.TierBlockBytes = disk.MaxSlotBytes + 1 }, "tier_block_bytes", "not in"},
+		{"negative block bytes", func(c *Config) { c.TierBlockBytes = -1 }, "tier_block_bytes", ""},
+	} {
+		c := DefaultLocalConfig()
+		tc.mut(&c)
+		c.populate()
+		_, err := c.validate()
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.field != "" && (!errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.field+":") || !strings.Contains(err.Error(), tc.says)):
+			t.Errorf("%s: %v, want ErrConfig naming %s and saying %q", tc.name, err, tc.field, tc.says)
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package fabric
+
+import (
+	"context"
+
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/pool/disk"
+)
+
+// The engine API's side of the disk tiers: Allocate waits for copies down
+// that hold the slots it needs, Acquire and Lookup restore the blocks a
+// disk tier holds (Import does in importBlocks, fromTier), and Lookup says
+// where this node holds each block.
+
+// Tier names in LookupResponse.local_tiers.
+const (
+	tierNone = ""
+	tierDisk = "disk"
+)
+
+// allocate is BlockSet.Allocate for an engine: with disk tiers, an
+// allocation that finds the slots it needs being copied down waits for the
+// copies, within the import timeout.
+func (a *Agent) allocate(ctx context.Context, set *pool.BlockSet, n int) ([]pool.Block, error) {
+	if a.tiers == nil {
+		return set.Allocate(n)
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.ImportTimeout)
+	defer cancel()
+	return a.tiers.allocate(ctx, set, n)
+}
+
+// restoreRun restores the run of hashes from i that a disk tier holds
+// into s, for Acquire: the blocks come referenced, for the session to
+// hold. A failure is logged and ends the run; what is not restored is
+// missing, as it would be without the tier.
+func (a *Agent) restoreRun(ctx context.Context, s *sessionSet, hashes []uint64, i int) []pool.Block {
+	if a.tiers == nil {
+		return nil
+	}
+	parent := uint64(0)
+	if i > 0 {
+		parent = hashes[i-1]
+	}
+	blks, err := a.tiers.restore(ctx, s.engineSet, hashes[i:], parent)
+	if err != nil {
+		a.log.Warn("tier: restore stopped short", "set", s.set.ID(), "restored", len(blks), "err", err)
+	}
+	return blks
+}
+
+// localTiers says, for each hash, which tier of this node holds it for
+// es's layout: the pool's kind (host, pinned or device), "disk", or "".
+// The leading run on disk is restored into es meanwhile, left cached
+// there (unreferenced), so that the Acquire or Import that follows finds
+// it in memory; the answer names the tier each block was found in.
+func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) []string {
+	out := make([]string, len(hashes))
+	var tag uint64
+	if a.tiers != nil {
+		tag = shapeTag(es.set.Layout())
+	}
+	restoreFrom := -1
+	for i, h := range hashes {
+		if _, ok := es.set.Lookup(h); ok {
+			out[i] = a.poolKind
+			if a.poolKind == "" {
+				out[i] = "device"
+			}
+			continue
+		}
+		if a.tiers != nil && a.tiers.where(disk.Key{Hash: h, Tag: tag}) != nil {
+			out[i] = tierDisk
+			if restoreFrom < 0 {
+				restoreFrom = i
+			}
+			continue
+		}
+		out[i] = tierNone
+	}
+	if restoreFrom >= 0 {
+		parent := uint64(0)
+		if restoreFrom > 0 {
+			parent = hashes[restoreFrom-1]
+		}
+		blks, err := a.tiers.restore(ctx, es, hashes[restoreFrom:], parent)
+		if err != nil {
+			a.log.Warn("tier: restore on look-up stopped short", "set", es.set.ID(), "restored", len(blks), "err", err)
+		}
+		for _, b := range blks {
+			es.set.Release(b)
+		}
+	}
+	return out
+}

@@ -1,0 +1,173 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/pool/disk"
+)
+
+// maxRestoreBatch bounds the blocks one restore brings up at once;
+// restoreReaders of them are read at a time.
+const (
+	maxRestoreBatch = 256
+	restoreReaders  = 4
+)
+
+// restore brings the leading blocks of hashes that a disk tier holds in
+// es's shape up into es: each block read back, checked (the store's
+// checksum of its bytes, then the content checksum it had when it went
+// down, over its bytes in the slot), and registered with a reference the
+// caller owns. A block that fails a check is dropped from its tier and
+// ends the run. Returns the blocks restored, in order.
+func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, parent uint64) ([]pool.Block, error) {
+	set := es.set
+	l := set.Layout()
+	if len(l.Regions) == 0 || l.Regions[0].Kind == layout.Device {
+		return nil, nil
+	}
+	tag := shapeTag(l)
+	type found struct {
+		d *diskTier
+		k disk.Key
+	}
+	var run []found
+	for _, h := range hashes {
+		k := disk.Key{Hash: h, Tag: tag}
+		d := t.where(k)
+		if d == nil || len(run) == min(maxRestoreBatch, max(1, set.Retains()/2)) {
+			break
+		}
+		run = append(run, found{d, k})
+	}
+	if len(run) == 0 {
+		return nil, nil
+	}
+	blks, err := t.allocate(ctx, set, len(run))
+	if err != nil {
+		return nil, fmt.Errorf("slots to restore %d blocks from disk: %w", len(run), err)
+	}
+	regions, err := set.RegionBytes()
+	if err != nil {
+		for _, b := range blks {
+			set.Abort(b)
+		}
+		return nil, err
+	}
+	n := tierBlockBytes(l) - tierTrailer
+	// The blocks are read, checked and copied into their slots in
+	// parallel (restoreReaders at a time); the run registered is the
+	// prefix that came up whole.
+	type outcome struct {
+		sum  uint64
+		has  bool
+		took time.Duration
+		err  error
+	}
+	outs := make([]outcome, len(run))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(restoreReaders, len(run)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := t.buffer()
+			defer t.putBuffer(buf)
+			for i := range next {
+				f, o := run[i], &outs[i]
+				start := time.Now()
+				got, err := f.d.store.Load().Get(ctx, f.k, buf)
+				if err == nil && got != n+tierTrailer {
+					err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
+					f.d.store.Load().Delete(f.k)
+				}
+				if err == nil {
+					scatterBlock(l, regions, blks[i].Slot, buf)
+					o.sum, o.has = trailer(buf, n)
+					if o.has && !t.a.cfg.NoChecksums {
+						if again, ok := blockSum(set, blks[i].Slot, 0, l.PageSize); ok && again != o.sum {
+							err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, o.sum, disk.ErrCorrupt)
+							f.d.store.Load().Delete(f.k)
+						}
+					}
+				}
+				o.err, o.took = err, time.Since(start)
+			}
+		}()
+	}
+	for i := range run {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	regs := make([]pool.Registration, 0, len(run))
+	var cause error
+	for i, f := range run {
+		o := outs[i]
+		if o.err != nil {
+			if errors.Is(o.err, disk.ErrCorrupt) || errors.Is(o.err, disk.ErrNotFound) {
+				if errors.Is(o.err, disk.ErrCorrupt) {
+					t.corrupt.Add(1)
+					t.log.Warn("tier: disk block failed its check: dropped, never served", "hash", f.k.Hash, "tier", f.d.n, "err", o.err)
+				}
+				t.forget(f.d, f.k)
+			}
+			if cause == nil {
+				cause = o.err
+			}
+			continue
+		}
+		if cause != nil {
+			continue // after a gap: not registered, kept on disk
+		}
+		regs = append(regs, pool.Registration{Block: blks[i], Hash: f.k.Hash, Sum: o.sum, HasSum: o.has && es.sums, Below: true})
+		t.touch(f.k)
+		f.d.restores.Add(1)
+		f.d.restoreTime.record(o.took)
+	}
+	for _, b := range blks[len(regs):] {
+		set.Abort(b)
+	}
+	if len(regs) == 0 {
+		return nil, cause
+	}
+	out, err := set.RegisterBatch(regs, parent)
+	for _, r := range regs[len(out):] {
+		set.Abort(r.Block)
+	}
+	if err != nil {
+		return out, err
+	}
+	return out, cause
+}
+
+// fromTier restores the leading blocks of hashes from this node's disk
+// tiers into s, for an import: the blocks are the session's.
+func (a *Agent) fromTier(ctx context.Context, s *sessionSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+	if a.tiers == nil {
+		return nil, nil, nil
+	}
+	start := time.Now()
+	blks, err := a.tiers.restore(ctx, s.engineSet, hashes, parent)
+	if len(blks) == 0 {
+		if err != nil && !errors.Is(err, disk.ErrCorrupt) && !errors.Is(err, disk.ErrNotFound) {
+			return nil, nil, localError{fmt.Errorf("restore from disk: %w", err)}
+		}
+		return nil, nil, nil // dropped: looked for elsewhere
+	}
+	s.holdAll(blks)
+	refs := make([]*fabricpb.BlockRef, len(blks))
+	for i, b := range blks {
+		refs[i] = &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(b.Slot)}
+	}
+	l := s.set.Layout()
+	f := &fabricpb.Fetch{Node: a.cfg.NodeName, Transport: "disk", Blocks: uint32(len(blks)),
+		Bytes: uint64(len(blks)) * l.Strides().Shard * uint64(l.TPSize), Micros: uint64(time.Since(start).Microseconds())}
+	return refs, f, nil
+}

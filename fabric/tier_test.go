@@ -1,0 +1,462 @@
+package fabric_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// tierEngine is the engine the tier tests store through: 32 KiB blocks in
+// a set of 32 slots (1 MiB).
+var tierEngine = client.Engine{Name: "tiered", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 32}
+
+// storeThrough stores n blocks with content ids 1..n through set, 8 at a
+// time, each batch released once registered, so that the set recycles
+// (here: copies down) the older ones. It returns their sequence hashes.
+func storeThrough(t testing.TB, c *client.Client, set *client.BlockSet, n int) []uint64 {
+	t.Helper()
+	ctx := context.Background()
+	tokens := make([]uint32, 16*n)
+	for i := range tokens {
+		tokens[i] = uint32(i*13 + 5)
+	}
+	h, _ := layout.NewHasher(16, layout.HashOptions{})
+	var hashes []uint64
+	for _, b := range h.Sequence(tokens) {
+		hashes = append(hashes, b.Sequence)
+	}
+	for from := 0; from < n; from += 8 {
+		to := min(from+8, n)
+		slots, err := c.Allocate(ctx, set.ID, to-from)
+		if err != nil {
+			t.Fatalf("allocate for blocks %d..%d: %v", from, to-1, err)
+		}
+		for i, s := range slots {
+			kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(from+i+1))
+		}
+		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes[from:to]}
+		if from > 0 {
+			req.Parent, req.ParentSet = hashes[from-1], true
+		}
+		resp, err := c.API().RegisterBlocks(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel := make([]uint32, len(resp.Blocks))
+		for i, b := range resp.Blocks {
+			rel[i] = b.Slot
+		}
+		if err := c.Release(ctx, set.ID, rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return hashes
+}
+
+// acquireChecked acquires hashes in runs of 8 and checks every byte of
+// each block (content ids from first); it returns the blocks found.
+func acquireChecked(t testing.TB, c *client.Client, set *client.BlockSet, hashes []uint64, first uint64) int {
+	t.Helper()
+	ctx := context.Background()
+	found := 0
+	for from := 0; from < len(hashes); from += 8 {
+		to := min(from+8, len(hashes))
+		refs, err := c.Acquire(ctx, set.ID, hashes[from:to])
+		if err != nil {
+			t.Fatalf("acquire %d..%d: %v", from, to-1, err)
+		}
+		var rel []uint32
+		for i, r := range refs {
+			if err := kvtest.Check(set.Layout, set.Ranks, int(r.Slot), first+uint64(from+i)); err != nil {
+				t.Fatalf("block %d (slot %d): %v", from+i, r.Slot, err)
+			}
+			rel = append(rel, r.Slot)
+		}
+		found += len(refs)
+		if err := c.Release(ctx, set.ID, rel); err != nil {
+			t.Fatal(err)
+		}
+		if len(refs) < to-from {
+			break
+		}
+	}
+	return found
+}
+
+func tierStatus(t *testing.T, c *client.Client) *fabricpb.Tier {
+	t.Helper()
+	st, err := c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Tiers) != 1 {
+		t.Fatalf("status shows %d tiers, want 1", len(st.Tiers))
+	}
+	return st.Tiers[0]
+}
+
+func tierDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kvft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// An engine that stores four times its block set keeps every block on the
+// node: the ones recycled were copied to disk first, and Acquire restores
+// them byte for byte; a peer imports all of them, the disk-held ones
+// staged into host slots on the holder.
+func TestTierKeepsWhatThePoolRecycles(t *testing.T) {
+	const n = 128
+	dir := tierDir(t)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i == 0 {
+			c.Tiers = []string{"disk=" + dir + ":64MiB"}
+		}
+	})
+	n1, n2 := agents[0], agents[1]
+	c := dial(t, n1)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n)
+	ts := tierStatus(t, c)
+	if ts.Offloads < n-32 || ts.Blocks < n-32 {
+		t.Fatalf("tier after storing %d blocks through 32 slots: %+v, want %d or more copied down", n, ts, n-32)
+	}
+	// Lookup says where each block is, and brings the disk-held ones up.
+	lr, err := c.API().Lookup(context.Background(), &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: hashes[:8]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lr.LocalTiers) != 8 || lr.LocalTiers[0] != "disk" {
+		t.Fatalf("local tiers of the first 8 blocks: %q, want disk first", lr.LocalTiers)
+	}
+	lr, err = c.API().Lookup(context.Background(), &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: hashes[:1]})
+	if err != nil || lr.LocalTiers[0] != "host" {
+		t.Fatalf("after a look-up restored it, the first block is in %q (%v), want host", lr.GetLocalTiers(), err)
+	}
+	if got := acquireChecked(t, c, set, hashes, 1); got != n {
+		t.Fatalf("acquired %d of %d blocks", got, n)
+	}
+	if ts := tierStatus(t, c); ts.Restores == 0 || ts.ChecksumFailures != 0 {
+		t.Fatalf("tier after acquiring everything: %+v", ts)
+	}
+
+	// A peer imports all of them, 16 at a time, byte for byte.
+	c2 := dial(t, n2)
+	waitLookup(t, c2, hashes)
+	e := tierEngine
+	e.Name, e.Slots = "importer", 64
+	set2 := register(t, c2, e)
+	for from := 0; from < n; from += 16 {
+		resp, err := c2.Import(context.Background(), set2.ID, hashes[from:from+16])
+		if err != nil || len(resp.Blocks) != 16 {
+			t.Fatalf("import of blocks %d..%d: %v %v", from, from+15, err, resp.GetError())
+		}
+		checkImported(t, set2, resp.Blocks, uint64(from+1))
+		var rel []uint32
+		for _, b := range resp.Blocks {
+			rel = append(rel, b.Slot)
+		}
+		c2.Release(context.Background(), set2.ID, rel)
+	}
+}
+
+// A restarted agent finds its disk blocks again, announces them, and
+// serves them; a block whose bytes were changed on disk is dropped, never
+// served.
+func TestTierSurvivesRestartAndDropsCorruptBlocks(t *testing.T) {
+	const n = 64
+	dir := tierDir(t)
+	cfg := testConfig(t, "tiered")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.BlockSetGrace = 100 * time.Millisecond
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n)
+	// The engine goes: its set is freed once every block is copied down,
+	// so that the node keeps all of them.
+	c.Close()
+	watcher := newClient(t, a)
+	wait.For(t, 20*time.Second, "the engine's set is copied down and freed", func() error {
+		st, err := watcher.Status(context.Background())
+		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("block sets %d, tier %+v, %v", len(st.GetBlockSets()), st.GetTiers(), err)
+		}
+		return nil
+	})
+	watcher.Close()
+	a.Close()
+	before := 0
+	{
+		b, err := os.ReadFile(filepath.Join(dir, "tier.json"))
+		if err != nil || len(b) == 0 {
+			t.Fatalf("tier.json: %v", err)
+		}
+	}
+	// Flip a byte of slot 0's block (the first block copied down).
+	f, err := os.OpenFile(filepath.Join(dir, "blocks.000"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var one [1]byte
+	f.ReadAt(one[:], 100)
+	one[0] ^= 0x40
+	if _, err := f.WriteAt(one[:], 100); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	cfg.EngineSocket = ""
+	cfg.Logger = nil
+	cfg2 := testConfig(t, "tiered")
+	cfg2.Tiers = cfg.Tiers
+	a2 := startAgent(t, cfg2)
+	c2 := newClient(t, a2)
+	ts := tierStatus(t, c2)
+	if ts.Blocks != n {
+		t.Fatalf("after a restart the tier holds %d blocks, want %d", ts.Blocks, n)
+	}
+	before = int(ts.Blocks)
+	// Announced again: the node's index finds them before any is restored.
+	wait.For(t, 10*time.Second, "the restarted node announces its disk blocks", func() error {
+		ov, err := c2.Lookup(context.Background(), hashes)
+		if err != nil || len(ov) == 0 || ov[0].Blocks != n {
+			return fmt.Errorf("overlaps %v %v", ov, err)
+		}
+		return nil
+	})
+	set2 := register(t, c2, tierEngine)
+	found := 0
+	for i := range hashes {
+		refs, err := c2.Acquire(context.Background(), set2.ID, hashes[i:i+1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(refs) == 1 {
+			if err := kvtest.Check(set2.Layout, set2.Ranks, int(refs[0].Slot), uint64(i+1)); err != nil {
+				t.Fatalf("block %d restored after a restart: %v", i, err)
+			}
+			found++
+			c2.Release(context.Background(), set2.ID, []uint32{refs[0].Slot})
+		}
+	}
+	ts = tierStatus(t, c2)
+	if ts.ChecksumFailures != 1 || found != before-1 {
+		t.Fatalf("after flipping a byte of one block: %d of %d restored, tier %+v; want all but one, one checksum failure", found, before, ts)
+	}
+}
+
+// A full disk tier drops its least recently used blocks for new ones:
+// storing far more than it holds never fails.
+func TestTierFullEvictsInsteadOfFailing(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "full")
+	cfg.Tiers = []string{fmt.Sprintf("disk=%s:%d", dir, fabric.MinTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	const n = 600 // the tier holds 455 blocks of 32 KiB and its trailer
+	hashes := storeThrough(t, c, set, n)
+	ts := tierStatus(t, c)
+	if ts.Evictions == 0 || ts.Blocks == 0 || ts.Blocks > uint64(fabric.MinTierBytes)/ts.BlockBytes {
+		t.Fatalf("tier after %d blocks: %+v, want it full and evicting", n, ts)
+	}
+	// The last blocks are all still here, in memory or on disk.
+	if got := acquireChecked(t, c, set, hashes[n-64:], n-63); got != 64 {
+		t.Fatalf("acquired %d of the last 64 blocks", got)
+	}
+}
+
+// Prefetch brings a sequence's disk-held blocks up into the engine's set
+// ahead of use, at most half of what the set keeps per call, and leaves
+// them cached: the Acquire that follows restores nothing.
+func TestTierPrefetch(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "prefetch")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 96)
+	ctx := context.Background()
+	if _, err := c.Prefetch(ctx, set.ID, nil); code(err) != codes.InvalidArgument {
+		t.Fatalf("prefetch of nothing: %v, want InvalidArgument", err)
+	}
+	// The set keeps the sequence's head (recycling takes tails first):
+	// prefetch the stretch after it.
+	held := 0
+	for _, h := range hashes {
+		if !fabric.BlockSetHolds(a, set.ID, h) {
+			break
+		}
+		held++
+	}
+	if held == 0 || held > 32 {
+		t.Fatalf("the set holds the first %d blocks", held)
+	}
+	run := hashes[held : held+8]
+	resp, err := c.Prefetch(ctx, set.ID, run)
+	if err != nil || resp.InMemory != 8 || resp.Restored != 8 || resp.Error != "" {
+		t.Fatalf("prefetch of 8 disk-held blocks: %+v %v", resp, err)
+	}
+	before := tierStatus(t, c).Restores
+	if got := acquireChecked(t, c, set, run, uint64(held+1)); got != 8 {
+		t.Fatalf("acquired %d of 8 prefetched blocks", got)
+	}
+	if after := tierStatus(t, c).Restores; after != before {
+		t.Fatalf("the acquire after a prefetch restored %d blocks again", after-before)
+	}
+	// A long sequence: at most half the set's kept slots come up per call.
+	resp, err = c.Prefetch(ctx, set.ID, hashes[held+8:])
+	if err != nil || resp.Restored == 0 || int(resp.Restored) > set.Retains/2 {
+		t.Fatalf("prefetch of %d blocks into a set keeping %d: %+v %v", len(hashes)-held-8, set.Retains, resp, err)
+	}
+}
+
+// Blocks go down in one canonical order: a block set of the same shape but
+// another arrangement, alignment and slot count, at TP 2, restores them
+// byte for byte.
+func TestTierRestoresAcrossArrangements(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "arrange")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.BlockSetGrace = 100 * time.Millisecond
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	e := tierEngine
+	e.TPSize = 2
+	set := register(t, c, e)
+	hashes := storeThrough(t, c, set, 96)
+	c.Close() // its set goes down whole and is freed
+	c = newClient(t, a)
+	wait.For(t, 20*time.Second, "the first set copied down and freed", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != 96 {
+			return fmt.Errorf("sets %d, tiers %v (%v)", len(st.GetBlockSets()), st.GetTiers(), err)
+		}
+		return nil
+	})
+	e.Name, e.Arrangement, e.Alignment, e.Slots = "other", layout.LayerSeparate, 8192, 48
+	other := register(t, c, e)
+	if got := acquireChecked(t, c, other, hashes, 1); got != 96 {
+		t.Fatalf("acquired %d of 96 blocks into a layer-separate set", got)
+	}
+	if ts := tierStatus(t, c); ts.Restores == 0 {
+		t.Fatalf("nothing restored from disk: %+v", ts)
+	}
+}
+
+// Staging at its smallest: with 1 staging slot a peer's lease gets one
+// disk-held block at a time, and an import of many still brings them all.
+func TestTierStagingAtItsLimit(t *testing.T) {
+	const n = 40
+	dir := tierDir(t)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i == 0 {
+			c.Tiers = []string{"disk=" + dir + ":64MiB"}
+			c.TierStagingSlots = 1
+			c.BlockSetGrace = 100 * time.Millisecond
+		}
+	})
+	n1, n2 := agents[0], agents[1]
+	c := newClient(t, n1)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n)
+	c.Close()
+	watcher := newClient(t, n1)
+	wait.For(t, 20*time.Second, "every block on disk, the engine's set freed", func() error {
+		st, err := watcher.Status(context.Background())
+		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("sets %d, tiers %v (%v)", len(st.GetBlockSets()), st.GetTiers(), err)
+		}
+		return nil
+	})
+	c2 := dial(t, n2)
+	waitLookup(t, c2, hashes)
+	e := tierEngine
+	e.Name, e.Slots = "importer", 64
+	set2 := register(t, c2, e)
+	resp, err := c2.Import(context.Background(), set2.ID, hashes)
+	if err != nil || len(resp.Blocks) != n {
+		t.Fatalf("import of %d disk-held blocks through 1 staging slot: %v %v", n, err, resp.GetError())
+	}
+	checkImported(t, set2, resp.Blocks, 1)
+	st, err := watcher.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bs := range st.BlockSets {
+		if bs.Engine == "kvfabric-tier-staging" && bs.Slots != 1 {
+			t.Fatalf("staging set of %d slots, want 1", bs.Slots)
+		}
+	}
+	if st.Tiers[0].Restores < n {
+		t.Fatalf("%d restores for %d blocks served from disk", st.Tiers[0].Restores, n)
+	}
+}
+
+// Blocks larger than --tier-block-bytes are not copied down: they are
+// recycled as without a tier, and nothing waits for them.
+func TestTierBlockTooLargeIsRecycled(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "small-room")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.TierBlockBytes = 16 << 10 // the blocks are 32 KiB
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	storeThrough(t, c, set, 96)
+	if ts := tierStatus(t, c); ts.Offloads != 0 || ts.Blocks != 0 {
+		t.Fatalf("tier after blocks larger than its room: %+v", ts)
+	}
+}
+
+// A tier directory whose tier.json disagrees with the settings, or is not
+// one, stops the agent at start with an error naming the file.
+func TestTierMetaRefusedAtStart(t *testing.T) {
+	for _, tc := range []struct {
+		name, meta string
+		blockBytes int64
+		want       string
+	}{
+		{"another block size", `{"block_bytes": 40960, "layouts": {}}`, 8192, "tier.json: blocks of 40960 bytes, not 8192"},
+		{"not json", `{"block_bytes": `, 0, "tier.json: unexpected end of JSON input"},
+		{"block size not aligned", `{"block_bytes": 1000, "layouts": {}}`, 0, "block_bytes 1000 is not a multiple of 4096"},
+		{"bad layout tag", `{"block_bytes": 4096, "layouts": {"xyz": "{}"}}`, 0, `layout tag "xyz"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := tierDir(t)
+			if err := os.WriteFile(filepath.Join(dir, "tier.json"), []byte(tc.meta), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg := testConfig(t, "meta")
+			cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+			cfg.TierBlockBytes = tc.blockBytes
+			a, err := fabric.Start(context.Background(), cfg)
+			if err == nil {
+				a.Close()
+				t.Fatal("started")
+			}
+			if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "tiers[0]") {
+				t.Fatalf("%v, want it to name tiers[0] and say %q", err, tc.want)
+			}
+		})
+	}
+}

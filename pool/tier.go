@@ -1,0 +1,186 @@
+package pool
+
+import (
+	"fmt"
+	"math"
+)
+
+// Offload: a block set's blocks may fall to a tier below (a disk) instead
+// of being recycled away. Recycling offers each victim that has no copy
+// below to Config.Offload; a block taken is kept, Registered and served,
+// but out of recycling's reach, until Offloaded says its copy is complete:
+// then it is the first to be recycled, and recycling it loses nothing.
+// Recycling ahead of need (past OffloadWatermark) offers blocks and stops
+// when Offload refuses one; recycling for an allocation that needs the
+// slots now recycles a refused block as it always did (a full queue or a
+// full tier below drops blocks rather than failing the allocation).
+
+// DefaultOffloadWatermark is Config.OffloadWatermark's default: host
+// memory offloads past 0.90 of use.
+const DefaultOffloadWatermark = 0.90
+
+// OffloadFunc is offered a Registered block about to be recycled: blk,
+// the set it is in, its sequence hash and its parent's. It returns true
+// if it took the block, and then calls set.Offloaded(blk, ok) exactly
+// once when the copy is complete (ok) or abandoned. It is called with the
+// set's lock held: it must not block nor call the set, only queue.
+type OffloadFunc func(set *BlockSet, blk Block, hash, parent uint64) bool
+
+// offloadWatermarks moves the recycling watermarks of a set under an
+// Offload hook: recycling (offering) starts past OffloadWatermark of use
+// and goes on to the same margin below it that LowWatermark and
+// HighWatermark keep.
+func (b *BlockSet) offloadWatermarks() {
+	c := &b.p.cfg
+	if c.Offload == nil || c.LowWatermark <= 0 {
+		return
+	}
+	n := float64(len(b.slots))
+	b.low = max(b.low, int(math.Ceil((1-c.OffloadWatermark)*n)))
+	b.high = max(b.high, b.low+int(math.Ceil((c.HighWatermark-c.LowWatermark)*n)))
+	b.high = min(b.high, len(b.slots))
+}
+
+// offer hands inactive leaf i to the Offload hook unless it has a copy
+// below; a block taken leaves recycling's reach until Offloaded. The lock
+// is held.
+func (b *BlockSet) offer(i int32) bool {
+	off := b.p.cfg.Offload
+	s := &b.slots[i]
+	if off == nil || s.below || s.withdrawn || s.offloading {
+		return false
+	}
+	if !off(b, Block{Slot: int(i), Generation: s.gen}, s.hash, s.parent) {
+		return false
+	}
+	if s.inactive {
+		b.unlinkInactive(i)
+	}
+	s.offloading = true
+	b.offloading++
+	return true
+}
+
+// recycleAhead is recycling ahead of need: like recycle, but it stops at
+// the first block the Offload hook refuses rather than drop it, since
+// nothing needs its slot yet.
+func (b *BlockSet) recycleAhead(n int) int {
+	if b.p.cfg.Offload == nil {
+		return b.recycle(n)
+	}
+	done := 0
+	for done < n && b.leaves > 0 {
+		i := b.oldestLeaf()
+		s := &b.slots[i]
+		if !s.below && !s.withdrawn && !b.offer(i) {
+			break // the queue below is full: try again at the next allocation
+		}
+		if s.offloading {
+			done++
+			continue
+		}
+		done += b.recycle(1)
+	}
+	b.offerAhead(n)
+	return done
+}
+
+// offerAhead offers up to k more blocks that have no copy below, beyond
+// what recycling asked for, so that copies keep pace with a set that is
+// written faster than it is recycled and recycling finds copied blocks
+// ready instead of waiting for copies: the least recently used leaves,
+// each with the inactive blocks it extends (recycled right after it, so
+// copied with it). It walks at most 4k+64 leaves of the list, and stops
+// at the first refusal.
+func (b *BlockSet) offerAhead(k int) {
+	for i, steps := b.leafHead, 0; i != none && k > 0 && steps < 4*k+64; steps++ {
+		next := b.slots[i].next
+		for j := i; j != none && k > 0; j = b.slots[j].up {
+			s := &b.slots[j]
+			if !s.inactive && !s.offloading {
+				break // in use: it and what it extends stay
+			}
+			if s.below || s.withdrawn || s.offloading {
+				continue
+			}
+			if !b.offer(j) {
+				return
+			}
+			k--
+		}
+		i = next
+	}
+}
+
+// Offloaded ends the copy below of blk that the Offload hook took: ok says
+// the copy is complete (the block is then recycled first, losing nothing),
+// else the block is as it was before it was offered. A block no one uses
+// becomes inactive again with its last use unchanged.
+func (b *BlockSet) Offloaded(blk Block, ok bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	if err != nil {
+		return err
+	}
+	if !s.offloading {
+		return &TransitionError{Op: "offloaded", Slot: blk.Slot, State: s.state, Reason: "no copy below under way"}
+	}
+	s.offloading = false
+	b.offloading--
+	s.below = ok
+	if s.state == Registered && s.users == 0 && s.leases == 0 && !s.inactive {
+		// Inactive again with its old last use: a block copied below goes
+		// before the blocks used since.
+		s.inactive = true
+		b.inactive++
+		if s.children == 0 {
+			b.leafPush(int32(blk.Slot))
+		}
+	}
+	return nil
+}
+
+// LostBelow says that the tier below no longer holds blk's copy (it
+// dropped it for room, or for failing a check): recycling offers the block
+// again instead of taking it as copied. A stale handle is an error.
+func (b *BlockSet) LostBelow(blk Block) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	if err != nil {
+		return err
+	}
+	s.below = false
+	return nil
+}
+
+// Below reports whether blk has a complete copy in the tier below.
+func (b *BlockSet) Below(blk Block) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	return err == nil && s.below
+}
+
+// offloadBeforeFree offers every unused Registered block without a copy
+// below, so that a set freed loses none of them, and returns how many
+// copies are under way: the set is not freed until that is zero. The lock
+// is held.
+func (b *BlockSet) offloadBeforeFree() int {
+	if b.p.cfg.Offload == nil {
+		return 0
+	}
+	for i := range b.slots {
+		s := &b.slots[i]
+		if s.state == Registered && s.users == 0 && s.leases == 0 {
+			b.offer(int32(i))
+		}
+	}
+	return b.offloading
+}
+
+// errOffloading is FreeBlockSet's refusal while copies below are under way.
+func errOffloading(id SetID, n int) error {
+	return fmt.Errorf("%w: block set %d has %d blocks being copied to the tier below", ErrBlockSetBusy, id, n)
+}

@@ -1,0 +1,55 @@
+"""Prefetch and the look-up's tiers against an agent with a disk tier."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import kvfabric
+from conftest import Agent
+
+MODEL = kvfabric.ModelConfig(layers=2, kv_heads=4, head_dim=8, dtype="f32")
+
+
+@pytest.fixture
+def tiered(kvfabric_bin: str, tmp_path) -> Iterator[Agent]:
+    net = f"127.{random.randint(10, 209)}.{random.randint(1, 250)}."
+    a = Agent("tier1", net + "1", tmp_path, kvfabric_bin, extra=["--tier", f"disk={tmp_path / 'tier'}:16MiB"])
+    try:
+        a.start()
+        yield a
+    finally:
+        a.stop()
+
+
+def test_prefetch_and_lookup_tiers(tiered):
+    with tiered.client() as c:
+        bs = c.register(MODEL, 1, 4, "hnd", slots=16, engine="tiered")
+        hashes = list(range(101, 149))  # 48 blocks through 16 slots: most go to disk
+        for i in range(0, len(hashes), 4):
+            slots = c.allocate(bs, 4)
+            for j, s in enumerate(slots):
+                bs.write_block(s, np.full(bs.block_shape, i + j + 1, dtype=bs.dtype))
+            refs = c.register_blocks(bs, slots, hashes[i:i + 4], parent=hashes[i - 1] if i else None)
+            c.release(bs, refs)
+        st = c.status()
+        assert len(st.tiers) == 1 and st.tiers[0].blocks >= 48 - 16, st.tiers
+
+        with pytest.raises(kvfabric.InvalidArgument, match="give one, not both"):
+            c.prefetch(bs)
+        res = c.prefetch(bs, hashes)
+        assert 0 < res.restored <= res.in_memory and res.error == "", res
+        got = c.acquire(bs, hashes[:res.in_memory])
+        assert len(got) == res.in_memory
+        assert [int(bs.read_block(r.slot).flat[0]) for r in got] == list(range(1, res.in_memory + 1))
+        c.release(bs, got)
+        assert c.status().tiers[0].restores == res.restored  # the acquire restored nothing more
+
+        # The look-up says where each block is: the rest is on disk.
+        rest = hashes[res.in_memory:res.in_memory + 2]
+        look = c.lookup(rest, block_set=bs)
+        assert look.local_tiers == ["disk", "disk"], look.local_tiers
+        assert c.lookup(rest, block_set=bs).local_tiers == ["host", "host"]  # restored by the first
