@@ -227,7 +227,7 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 		if a.tiers, err = openTiers(a, a.cfg.tierSpecs()); err != nil {
 			return err
 		}
-		pcfg.Offload, pcfg.OffloadWatermark = a.tiers.offer, a.cfg.TierWatermark
+		pcfg.Offload, pcfg.OffloadWatermark, pcfg.OffloadInFlight = a.tiers.offer, a.cfg.TierWatermark, a.cfg.TierInFlight
 	}
 	p, err := pool.NewSpanning(st, pcfg)
 	if err != nil {

@@ -344,6 +344,13 @@ type Config struct {
 	// to 4 KiB; larger blocks are not copied down. If zero, the size of
 	// the first block a tier takes, recorded in its directory.
 	TierBlockBytes int64 `json:"tier_block_bytes,omitempty"`
+	// TierInFlight is the fraction of a block set's slots that may wait
+	// for or be under a copy to the disk tiers at once. Past it, blocks
+	// recycled for an allocation are dropped as without a tier, so that
+	// an engine writing faster than the disk loses some blocks rather than
+	// wait in Allocate. If zero, 0.25; 1: no block is dropped while a tier
+	// has room, and Allocate waits for copies instead.
+	TierInFlight float64 `json:"tier_in_flight,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.

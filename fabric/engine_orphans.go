@@ -16,7 +16,9 @@ import (
 // when a new block set needs memory (freeIdleSets), whatever the quota of
 // the engine that made it: that engine is gone. A set that holds no
 // registered block is freed at the grace period as before, and
-// Config.NoOrphanCache frees every set then.
+// Config.NoOrphanCache frees every set then. With a disk tier, an orphan's
+// blocks are also copied down when it is kept (BlockSet.CopyDown), so
+// that they outlive a restart.
 
 // orphanCounters count what orphans went through; part of counters.
 type orphanCounters struct {
@@ -43,8 +45,14 @@ func (a *Agent) keepAsOrphanLocked(es *engineSet) bool {
 		es.freeTimer.Stop()
 		es.freeTimer = nil
 	}
+	copying := 0
+	if a.tiers != nil {
+		// Its blocks go down too, kept in memory all the same: a cache that
+		// outlives its engine then outlives a restart of the agent.
+		copying = es.set.CopyDown()
+	}
 	a.log.Info("block set kept as a cache after its engine", "set", es.set.ID(), "engine", es.engine,
-		"blocks", es.set.Metrics().Registered, "idle", time.Since(es.idleSince).Round(time.Millisecond))
+		"blocks", es.set.Metrics().Registered, "copying_down", copying, "idle", time.Since(es.idleSince).Round(time.Millisecond))
 	return true
 }
 

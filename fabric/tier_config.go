@@ -90,6 +90,8 @@ func (c *Config) validateTiers() error {
 	switch {
 	case c.TierWatermark < 0 || c.TierWatermark > 1:
 		return bad("tier_watermark", "%g is not in (0, 1] (0: %g)", c.TierWatermark, pool.DefaultOffloadWatermark)
+	case c.TierInFlight < 0 || c.TierInFlight > 1:
+		return bad("tier_in_flight", "%g is not in (0, 1] (0: %g)", c.TierInFlight, pool.DefaultOffloadInFlight)
 	case c.TierQueue < 0 || c.TierQueue > MaxTierQueue:
 		return bad("tier_queue", "%d is not in 1..%d (0: %d)", c.TierQueue, MaxTierQueue, DefaultTierQueue)
 	case c.TierStagingSlots < 0 || c.TierStagingSlots > MaxTierStagingSlots:

@@ -186,6 +186,7 @@ func TestTierSurvivesRestartAndDropsCorruptBlocks(t *testing.T) {
 	cfg := testConfig(t, "tiered")
 	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
 	cfg.BlockSetGrace = 100 * time.Millisecond
+	cfg.NoOrphanCache = true // the set is freed, its blocks then on disk only
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
@@ -338,6 +339,7 @@ func TestTierRestoresAcrossArrangements(t *testing.T) {
 	cfg := testConfig(t, "arrange")
 	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
 	cfg.BlockSetGrace = 100 * time.Millisecond
+	cfg.NoOrphanCache = true // the set is freed, its blocks then on disk only
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	e := tierEngine
@@ -373,6 +375,7 @@ func TestTierStagingAtItsLimit(t *testing.T) {
 			c.Tiers = []string{"disk=" + dir + ":64MiB"}
 			c.TierStagingSlots = 1
 			c.BlockSetGrace = 100 * time.Millisecond
+			c.NoOrphanCache = true // the set is freed, its blocks then on disk only
 		}
 	})
 	n1, n2 := agents[0], agents[1]

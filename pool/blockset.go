@@ -134,6 +134,7 @@ type BlockSet struct {
 	allocLat           Histogram
 	releaseLat         Histogram
 	offloading         int // slots kept for a copy below (tier_offload.go)
+	maxOffloading      int // at most this many (Config.OffloadInFlight)
 }
 
 func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64, place []int) *BlockSet {

@@ -70,6 +70,14 @@ type Config struct {
 	// slots in use past which blocks are offered ahead of need (it takes
 	// the place of 1 - LowWatermark). If zero, 0.90; at most 1.
 	OffloadWatermark float64
+	// OffloadInFlight is, with Offload set, the fraction of a block set's
+	// slots that may wait for or be under a copy below at once (at least
+	// one slot). Past it Offload is not offered more: recycling for an
+	// allocation drops blocks as it would without a tier, so that an
+	// allocation waits for copies only when the set's other slots are all
+	// in use. If zero, DefaultOffloadInFlight; 1: blocks are dropped only
+	// when Offload refuses them, and allocations wait for copies instead.
+	OffloadInFlight float64
 }
 
 // DefaultConfig returns the defaults for an agent.
@@ -133,6 +141,9 @@ func (c Config) populate() (Config, error) {
 	if c.OffloadWatermark == 0 {
 		c.OffloadWatermark = DefaultOffloadWatermark
 	}
+	if c.OffloadInFlight == 0 {
+		c.OffloadInFlight = DefaultOffloadInFlight
+	}
 	bad := func(field, format string, args ...any) (Config, error) {
 		return Config{}, fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
 	}
@@ -155,6 +166,8 @@ func (c Config) populate() (Config, error) {
 		return bad("MaxLeaseDuration", "%v is negative", c.MaxLeaseDuration)
 	case c.OffloadWatermark < 0 || c.OffloadWatermark > 1:
 		return bad("OffloadWatermark", "%g is not in (0, 1]", c.OffloadWatermark)
+	case c.OffloadInFlight < 0 || c.OffloadInFlight > 1:
+		return bad("OffloadInFlight", "%g is not in (0, 1]", c.OffloadInFlight)
 	}
 	return c, nil
 }

@@ -19,6 +19,12 @@ import (
 // memory offloads past 0.90 of use.
 const DefaultOffloadWatermark = 0.90
 
+// DefaultOffloadInFlight is Config.OffloadInFlight's default: a quarter of
+// a set's slots may wait for copies below. An engine that writes faster
+// than the tier below takes blocks then loses some of them, as it would
+// without a tier, rather than wait in Allocate for the disk.
+const DefaultOffloadInFlight = 0.25
+
 // OffloadFunc is offered a Registered block about to be recycled: blk,
 // the set it is in, its sequence hash and its parent's. It returns true
 // if it took the block, and then calls set.Offloaded(blk, ok) exactly
@@ -32,19 +38,30 @@ type OffloadFunc func(set *BlockSet, blk Block, hash, parent uint64) bool
 // HighWatermark keep.
 func (b *BlockSet) offloadWatermarks() {
 	c := &b.p.cfg
+	n := float64(len(b.slots))
+	b.maxOffloading = max(1, int(c.OffloadInFlight*n))
 	if c.Offload == nil || c.LowWatermark <= 0 {
 		return
 	}
-	n := float64(len(b.slots))
 	b.low = max(b.low, int(math.Ceil((1-c.OffloadWatermark)*n)))
 	b.high = max(b.high, b.low+int(math.Ceil((c.HighWatermark-c.LowWatermark)*n)))
 	b.high = min(b.high, len(b.slots))
 }
 
 // offer hands inactive leaf i to the Offload hook unless it has a copy
-// below; a block taken leaves recycling's reach until Offloaded. The lock
-// is held.
+// below or the set already has OffloadInFlight of its slots waiting for
+// copies; a block taken leaves recycling's reach until Offloaded. The
+// lock is held.
 func (b *BlockSet) offer(i int32) bool {
+	if b.offloading >= b.maxOffloading {
+		return false
+	}
+	return b.offerAny(i)
+}
+
+// offerAny is offer without the bound on copies in flight, for a set
+// being freed, which no allocation waits on.
+func (b *BlockSet) offerAny(i int32) bool {
 	off := b.p.cfg.Offload
 	s := &b.slots[i]
 	if off == nil || s.below || s.withdrawn || s.offloading {
@@ -174,10 +191,20 @@ func (b *BlockSet) offloadBeforeFree() int {
 	for i := range b.slots {
 		s := &b.slots[i]
 		if s.state == Registered && s.users == 0 && s.leases == 0 {
-			b.offer(int32(i))
+			b.offerAny(int32(i))
 		}
 	}
 	return b.offloading
+}
+
+// CopyDown offers every unused Registered block that has no copy below to
+// the Offload hook, as freeing the set would, but keeps the set: for a set
+// kept as a cache after its engine, so that its blocks outlive a restart.
+// It returns how many copies are under way.
+func (b *BlockSet) CopyDown() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.offloadBeforeFree()
 }
 
 // errOffloading is FreeBlockSet's refusal while copies below are under way.

@@ -291,3 +291,53 @@ func TestOffloadAgainAfterLostBelow(t *testing.T) {
 		t.Fatal("LostBelow of a stale handle succeeded")
 	}
 }
+
+// At most OffloadInFlight of a set's slots wait for copies below: past
+// it, recycling for an allocation drops blocks as it would without a
+// tier, so the allocation does not wait for the copies. At 1 every block
+// is offered and the allocation waits.
+func TestOffloadInFlightBound(t *testing.T) {
+	const n = 16
+	for _, tc := range []struct {
+		inFlight float64
+		offered  int // 0: every block that recycling reached, none dropped
+	}{
+		{0.25, 4},    // the default: 4 of 16 copied, 8 dropped
+		{1.0 / n, 1}, // one slot, the least
+		{0.01, 1},    // below one slot: still one
+		{1, 0},       // every block offered: the allocation waits
+	} {
+		o := &offloads{room: n}
+		cfg := testConfig(nil, nil)
+		cfg.Offload = o.hook
+		cfg.OffloadInFlight = tc.inFlight
+		_, b := newTestPool(t, cfg, testLayout(n, 1, layout.FullyContiguous, 64))
+		for i := range n { // n chains of one block: n leaves
+			fill(t, b, uint64(1000*(i+1)), 1)
+		}
+		_, err := b.Allocate(n / 2)
+		m := b.Metrics()
+		if tc.offered == 0 {
+			var ae *AllocError
+			if !errors.As(err, &ae) || ae.Offloading == 0 || m.Registered != n || len(o.taken) <= n/4 {
+				t.Fatalf("in flight %g: allocate %d of a full set: %v, %d registered, %d offered; want it to wait for copies, dropping nothing",
+					tc.inFlight, n/2, err, m.Registered, len(o.taken))
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("in flight %g: allocate %d of a full set: %v", tc.inFlight, n/2, err)
+		}
+		if len(o.taken) != tc.offered || m.Offloading != tc.offered || m.Registered != n-n/2 {
+			t.Fatalf("in flight %g: %d offered, %d offloading, %d registered; want %d, %d, %d",
+				tc.inFlight, len(o.taken), m.Offloading, m.Registered, tc.offered, tc.offered, n-n/2)
+		}
+	}
+	for _, bad := range []float64{-0.1, 1.01} {
+		cfg := testConfig(nil, nil)
+		cfg.OffloadInFlight = bad
+		if _, err := New(newSliceStorage(1<<20), cfg); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "OffloadInFlight") {
+			t.Fatalf("OffloadInFlight %g: %v, want ErrInvalidConfig naming it", bad, err)
+		}
+	}
+}

@@ -81,6 +81,7 @@ var agentSettings = []setting{
 	{"tier", "Tiers", "disk tier under the host pool, repeatable: disk=PATH:SIZE, PATH an absolute directory on a local disk (made if missing; no comma in the environment's list), SIZE 16MiB..1000GiB; at most 8 tiers; blocks the pool recycles are copied there first, restored on use, served to peers and kept across restarts (default: none)"},
 	{"tier-watermark", "TierWatermark", "fraction of a block set's slots in use past which its least recently used blocks are copied to the disk tier ahead of need, in (0, 1] (default 0.90)"},
 	{"tier-queue", "TierQueue", "blocks waiting to be copied to the disk tier, 1..4096; a block that finds the queue full is recycled without a copy when its slot is needed (default 256)"},
+	{"tier-in-flight", "TierInFlight", "fraction of a block set's slots that may wait for copies to the disk tier at once, in (0, 1]; past it, blocks recycled for an allocation are dropped as without a tier, so an engine writing faster than the disk never waits for it in Allocate (default 0.25; 1: drop nothing while the tier has room, and Allocate waits for copies instead)"},
 	{"tier-staging-slots", "TierStagingSlots", "host slots disk-held blocks are staged into for peers' reads when no engine block set of their layout is here, 1..4096 (default 64)"},
 	{"tier-block-bytes", "TierBlockBytes", "room of one block on a disk tier, e.g. 8MiB, at most 1GiB; larger blocks are not copied down (default: the first block's size, recorded in the tier's directory)"},
 }

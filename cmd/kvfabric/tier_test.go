@@ -12,9 +12,10 @@ func TestTierFlags(t *testing.T) {
 	dir := t.TempDir()
 	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
 	code, out, errs := runCmd(t, "", "agent", "--local", "--data-dir", dir, "--print-config",
-		"--tier", "disk="+a+":1GiB", "--tier", "disk="+b+":16MiB", "--tier-watermark", "0.8", "--tier-queue", "4096")
+		"--tier", "disk="+a+":1GiB", "--tier", "disk="+b+":16MiB", "--tier-watermark", "0.8", "--tier-queue", "4096", "--tier-in-flight", "1")
 	if code != 0 || !strings.Contains(out, `"disk=`+a+`:1GiB"`) || !strings.Contains(out, `"disk=`+b+`:16MiB"`) ||
-		!strings.Contains(out, `"tier_watermark": 0.8`) || !strings.Contains(out, `"tier_queue": 4096`) {
+		!strings.Contains(out, `"tier_watermark": 0.8`) || !strings.Contains(out, `"tier_queue": 4096`) ||
+		!strings.Contains(out, `"tier_in_flight": 1`) {
 		t.Fatalf("--print-config: exit %d: %s %s", code, out, errs)
 	}
 	for _, tc := range []struct {
@@ -29,6 +30,7 @@ func TestTierFlags(t *testing.T) {
 		{[]string{"--tier-watermark", "1.5"}, "tier_watermark: 1.5 is not in (0, 1]"},
 		{[]string{"--tier-watermark", "most"}, "--tier-watermark \"most\": want a number"},
 		{[]string{"--tier-queue", "4097"}, "tier_queue: 4097 is not in 1..4096"},
+		{[]string{"--tier-in-flight", "1.01"}, "tier_in_flight: 1.01 is not in (0, 1]"},
 		{[]string{"--tier-staging-slots", "4097"}, "tier_staging_slots: 4097 is not in 1..4096"},
 		{[]string{"--tier-block-bytes", "2GiB"}, "tier_block_bytes"},
 	} {
