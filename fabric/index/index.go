@@ -399,6 +399,27 @@ func (ix *Index) Remove(id NodeID, hashes ...uint64) error {
 	return nil
 }
 
+// Forget records that node id holds no copy of each hash any more,
+// however many it held: an owned-slices owner's slice loses a hash it no
+// longer owns. Like Remove, a hash the node does not hold is not an error.
+func (ix *Index) Forget(id NodeID, hashes ...uint64) error {
+	nh, ok := ix.nameHashOf(id)
+	if !ok {
+		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
+	}
+	for _, h := range hashes {
+		s := ix.shardOf(h)
+		s.mu.Lock()
+		if !ix.isLive(id) {
+			s.mu.Unlock()
+			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
+		}
+		ix.removeLocked(s, h, id, nh, true)
+		s.mu.Unlock()
+	}
+	return nil
+}
+
 // removeLocked drops one copy (or every copy, if all) of (h, id) and reports
 // whether the node stopped being a holder. The shard's lock is held.
 func (ix *Index) removeLocked(s *shard, h uint64, id NodeID, nameHash uint64, all bool) bool {
