@@ -75,6 +75,10 @@ var agentSettings = []setting{
 	{"engine-request-memory", "EngineRequestMemory", "bytes of engine requests served at once (twice their encoded size); past it a request fails RESOURCE_EXHAUSTED (default 512MiB)"},
 	{"engine-session-request-memory", "EngineSessionRequestMemory", "the same bound per engine session, at most --engine-request-memory (default 256MiB)"},
 	{"engine-quota", "EngineQuota", "pool bytes the block sets of one engine (by name) may take; another engine's cached sets are never freed for one over it (default: the pool divided among the engines with block sets)"},
+
+	{"index-mode", "IndexMode", "how the block index is kept: whole (every node indexes every block, by gossip; up to a few hundred nodes) or owned (each hash indexed by --index-replicas members chosen by rendezvous hashing, lookups ask them; past that); the same on every node (default whole)"},
+	{"index-replicas", "IndexReplicas", "owners of each block hash with --index-mode owned, 1..8 (default 3)"},
+	{"index-cache-ttl", "IndexCacheTTL", "how long --index-mode owned reuses an owner's answer about a hash before asking again"},
 }
 
 // The KVFABRIC_ variables that are not settings of fabric.Config: the
