@@ -3,6 +3,8 @@ package fabric
 import (
 	"fmt"
 	"time"
+
+	"github.com/kvfabric/kvfabric/fabric/index"
 )
 
 // Index modes (Config.IndexMode).
@@ -16,7 +18,7 @@ const (
 	DefaultIndexReplicas = 3
 	// MaxIndexReplicas is the most owners a hash may have: a placement
 	// finds them without allocating up to this many.
-	MaxIndexReplicas = 8
+	MaxIndexReplicas = index.MaxReplicas
 
 	DefaultIndexCacheTTL = time.Second
 	MinIndexCacheTTL     = time.Millisecond

@@ -30,9 +30,7 @@ const lookupChunk = 256
 // an owner that does not answer is left out. Answers are cached for the
 // configured TTL.
 func (o *ownedIndex) findMatches(hashes []uint64) []index.Match {
-	o.mu.Lock()
-	place := o.place
-	o.mu.Unlock()
+	place := o.pub.Placement()
 	if len(hashes) == 0 || place == nil {
 		return nil
 	}
@@ -71,7 +69,7 @@ func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []u
 	out := make([][]string, len(hashes))
 	now := time.Now()
 	need := map[string][]int{} // owner -> indexes into hashes
-	var owners [MaxIndexReplicas]string
+	var owners [index.MaxReplicas]string
 	for i, h := range hashes {
 		if hs, ok := o.cache.Get(h, now); ok {
 			out[i] = hs
@@ -97,7 +95,7 @@ func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []u
 			}
 			var got [][]string
 			if w == o.a.cfg.NodeName {
-				got = o.localHolders(qs)
+				got = o.slice.Load().Holders(qs)
 			} else {
 				payload := appendLookupCall(nil, qs)
 				o.stats.lookupCalls.Add(1)

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/kvfabric/kvfabric/fabric/index"
 )
 
 // The owned-slices index's calls travel as transfer index calls (method
@@ -25,10 +27,6 @@ const (
 	ownedCallOps    = 1
 	ownedCallLookup = 2
 
-	opStore  = 1 // one more copy of the hash
-	opRemove = 2 // one copy fewer
-	opForget = 3 // every copy: the owner no longer owns the hash
-
 	flagReplace = 1
 
 	ansApplied = 0
@@ -36,7 +34,7 @@ const (
 
 	// maxOwnedOps bounds the ops of one call (9 bytes each); maxLookupHashes
 	// the hashes of one lookup call; maxOwnedNameLen a holder's name.
-	maxOwnedOps     = 1 << 14
+	maxOwnedOps     = index.MaxOpsPerCall
 	maxLookupHashes = 1 << 14
 	maxOwnedNameLen = 253
 )
@@ -44,45 +42,34 @@ const (
 // errOwnedWire is matched by every malformed index call or answer.
 var errOwnedWire = errors.New("fabric: malformed index call")
 
-type ownedOp struct {
-	kind uint8
-	hash uint64
-}
-
-type opsCall struct {
-	inc, first uint64
-	replace    bool
-	ops        []ownedOp
-}
-
-func appendOpsCall(b []byte, c opsCall) []byte {
+func appendOpsCall(b []byte, c index.OpsCall) []byte {
 	b = append(b, ownedCallOps)
-	b = binary.LittleEndian.AppendUint64(b, c.inc)
-	b = binary.LittleEndian.AppendUint64(b, c.first)
+	b = binary.LittleEndian.AppendUint64(b, c.Inc)
+	b = binary.LittleEndian.AppendUint64(b, c.First)
 	var f byte
-	if c.replace {
+	if c.Replace {
 		f |= flagReplace
 	}
 	b = append(b, f)
-	b = binary.AppendUvarint(b, uint64(len(c.ops)))
-	for _, o := range c.ops {
-		b = append(b, o.kind)
-		b = binary.LittleEndian.AppendUint64(b, o.hash)
+	b = binary.AppendUvarint(b, uint64(len(c.Ops)))
+	for _, o := range c.Ops {
+		b = append(b, o.Kind)
+		b = binary.LittleEndian.AppendUint64(b, o.Hash)
 	}
 	return b
 }
 
-func decodeOpsCall(b []byte) (opsCall, error) {
-	var c opsCall
+func decodeOpsCall(b []byte) (index.OpsCall, error) {
+	var c index.OpsCall
 	if len(b) < 18 || b[0] != ownedCallOps {
 		return c, fmt.Errorf("%w: ops call of %d bytes", errOwnedWire, len(b))
 	}
-	c.inc = binary.LittleEndian.Uint64(b[1:])
-	c.first = binary.LittleEndian.Uint64(b[9:])
+	c.Inc = binary.LittleEndian.Uint64(b[1:])
+	c.First = binary.LittleEndian.Uint64(b[9:])
 	if b[17]&^flagReplace != 0 {
 		return c, fmt.Errorf("%w: unknown flags %#x", errOwnedWire, b[17])
 	}
-	c.replace = b[17]&flagReplace != 0
+	c.Replace = b[17]&flagReplace != 0
 	n, k := binary.Uvarint(b[18:])
 	if k <= 0 || n > maxOwnedOps {
 		return c, fmt.Errorf("%w: op count not in [0, %d]", errOwnedWire, maxOwnedOps)
@@ -91,16 +78,16 @@ func decodeOpsCall(b []byte) (opsCall, error) {
 	if uint64(len(rest)) != n*9 {
 		return c, fmt.Errorf("%w: %d ops in %d bytes", errOwnedWire, n, len(rest))
 	}
-	if c.first == 0 || c.first+n < c.first {
-		return c, fmt.Errorf("%w: ops numbered from %d", errOwnedWire, c.first)
+	if c.First == 0 || c.First+n < c.First {
+		return c, fmt.Errorf("%w: ops numbered from %d", errOwnedWire, c.First)
 	}
-	c.ops = make([]ownedOp, n)
-	for i := range c.ops {
-		o := ownedOp{kind: rest[9*i], hash: binary.LittleEndian.Uint64(rest[9*i+1:])}
-		if o.kind < opStore || o.kind > opForget {
-			return c, fmt.Errorf("%w: op %d of unknown kind %d", errOwnedWire, i, o.kind)
+	c.Ops = make([]index.Op, n)
+	for i := range c.Ops {
+		o := index.Op{Kind: rest[9*i], Hash: binary.LittleEndian.Uint64(rest[9*i+1:])}
+		if o.Kind < index.OpStore || o.Kind > index.OpForget {
+			return c, fmt.Errorf("%w: op %d of unknown kind %d", errOwnedWire, i, o.Kind)
 		}
-		c.ops[i] = o
+		c.Ops[i] = o
 	}
 	return c, nil
 }

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/kvfabric/kvfabric/fabric/index"
 )
 
 func TestOwnedWireRoundTrip(t *testing.T) {
-	c := opsCall{inc: 7, first: 3, replace: true, ops: []ownedOp{{opStore, 1}, {opRemove, 2}, {opForget, 1 << 63}}}
+	c := index.OpsCall{Inc: 7, First: 3, Replace: true, Ops: []index.Op{{Kind: index.OpStore, Hash: 1}, {Kind: index.OpRemove, Hash: 2}, {Kind: index.OpForget, Hash: 1 << 63}}}
 	got, err := decodeOpsCall(appendOpsCall(nil, c))
-	if err != nil || got.inc != c.inc || got.first != c.first || !got.replace || !slices.Equal(got.ops, c.ops) {
+	if err != nil || got.Inc != c.Inc || got.First != c.First || !got.Replace || !slices.Equal(got.Ops, c.Ops) {
 		t.Fatalf("ops call: %+v, %v; want %+v", got, err, c)
 	}
 	hashes := []uint64{1, 2, 3}
@@ -27,14 +29,14 @@ func TestOwnedWireRoundTrip(t *testing.T) {
 
 // Each limit of the index calls: at it decodes, one past it is refused.
 func TestOwnedWireLimits(t *testing.T) {
-	ops := make([]ownedOp, maxOwnedOps+1)
+	ops := make([]index.Op, maxOwnedOps+1)
 	for i := range ops {
-		ops[i] = ownedOp{opStore, uint64(i)}
+		ops[i] = index.Op{Kind: index.OpStore, Hash: uint64(i)}
 	}
-	if _, err := decodeOpsCall(appendOpsCall(nil, opsCall{first: 1, ops: ops[:maxOwnedOps]})); err != nil {
+	if _, err := decodeOpsCall(appendOpsCall(nil, index.OpsCall{First: 1, Ops: ops[:maxOwnedOps]})); err != nil {
 		t.Fatalf("%d ops: %v", maxOwnedOps, err)
 	}
-	if _, err := decodeOpsCall(appendOpsCall(nil, opsCall{first: 1, ops: ops})); !errors.Is(err, errOwnedWire) {
+	if _, err := decodeOpsCall(appendOpsCall(nil, index.OpsCall{First: 1, Ops: ops})); !errors.Is(err, errOwnedWire) {
 		t.Fatalf("%d ops: %v, want refused", maxOwnedOps+1, err)
 	}
 	hashes := make([]uint64, maxLookupHashes+1)
@@ -55,10 +57,10 @@ func TestOwnedWireLimits(t *testing.T) {
 		desc string
 		b    []byte
 	}{
-		{"unknown op kind", appendOpsCall(nil, opsCall{first: 1, ops: []ownedOp{{9, 1}}})},
-		{"ops numbered from zero", appendOpsCall(nil, opsCall{first: 0, ops: ops[:1]})},
-		{"truncated", appendOpsCall(nil, opsCall{first: 1, ops: ops[:2]})[:30]},
-		{"unknown flags", func() []byte { b := appendOpsCall(nil, opsCall{first: 1}); b[17] = 6; return b }()},
+		{"unknown op kind", appendOpsCall(nil, index.OpsCall{First: 1, Ops: []index.Op{{Kind: 9, Hash: 1}}})},
+		{"ops numbered from zero", appendOpsCall(nil, index.OpsCall{First: 0, Ops: ops[:1]})},
+		{"truncated", appendOpsCall(nil, index.OpsCall{First: 1, Ops: ops[:2]})[:30]},
+		{"unknown flags", func() []byte { b := appendOpsCall(nil, index.OpsCall{First: 1}); b[17] = 6; return b }()},
 	} {
 		if _, err := decodeOpsCall(bad.b); !errors.Is(err, errOwnedWire) {
 			t.Errorf("%s: %v, want refused", bad.desc, err)
@@ -67,7 +69,7 @@ func TestOwnedWireLimits(t *testing.T) {
 }
 
 func FuzzOwnedWire(f *testing.F) {
-	f.Add(appendOpsCall(nil, opsCall{inc: 1, first: 1, ops: []ownedOp{{opStore, 5}}}))
+	f.Add(appendOpsCall(nil, index.OpsCall{Inc: 1, First: 1, Ops: []index.Op{{Kind: index.OpStore, Hash: 5}}}))
 	f.Add(appendLookupCall(nil, []uint64{1, 2}))
 	f.Add(appendLookupAnswer(nil, [][]string{{"a"}, {"a", "b"}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -75,7 +77,7 @@ func FuzzOwnedWire(f *testing.F) {
 		// come overlong, so not to the same bytes).
 		if c, err := decodeOpsCall(b); err == nil {
 			again, err := decodeOpsCall(appendOpsCall(nil, c))
-			if err != nil || again.inc != c.inc || again.first != c.first || again.replace != c.replace || !slices.Equal(again.ops, c.ops) {
+			if err != nil || again.Inc != c.Inc || again.First != c.First || again.Replace != c.Replace || !slices.Equal(again.Ops, c.Ops) {
 				t.Fatalf("ops call %x: %+v re-decodes to %+v, %v", b, c, again, err)
 			}
 		}

@@ -63,23 +63,11 @@ func IndexOwners(a *Agent, hash uint64) []string {
 	if a.owned == nil {
 		return nil
 	}
-	a.owned.mu.Lock()
-	defer a.owned.mu.Unlock()
-	if a.owned.place == nil {
-		return nil
-	}
-	return a.owned.place.AppendOwners(nil, hash)
+	return a.owned.owners(hash)
 }
 
 // IndexMembers returns the members a's owned index places hashes over.
-func IndexMembers(a *Agent) []string {
-	a.owned.mu.Lock()
-	defer a.owned.mu.Unlock()
-	if a.owned.place == nil {
-		return nil
-	}
-	return a.owned.place.Members()
-}
+func IndexMembers(a *Agent) []string { return a.owned.members() }
 
 // IndexHolders returns the holders of hash in a's own index (in owned
 // mode, its slice), by name.

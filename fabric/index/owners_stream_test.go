@@ -1,0 +1,212 @@
+package index
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+)
+
+// streamNode is a member of an in-memory owned-slices cluster.
+type streamNode struct {
+	name  string
+	inc   uint64
+	pub   *Publisher
+	ix    *Index
+	slice *Slice
+	held  map[uint64]int
+}
+
+type streamCluster struct {
+	rng   *rand.Rand
+	nodes map[string]*streamNode
+	// lossy: calls fail, and applied calls are answered as failed (so
+	// that they are sent again), at random.
+	lossy bool
+	now   time.Time
+}
+
+func (c *streamCluster) add(name string, inc uint64) {
+	ix, _ := New(Config{Shards: 4})
+	c.nodes[name] = &streamNode{name: name, inc: inc, pub: NewPublisher(name, 3), ix: ix, slice: NewSlice(ix, nil), held: map[uint64]int{}}
+}
+
+// remove takes a node out as a failure does: every other index drops it.
+func (c *streamCluster) remove(name string) {
+	delete(c.nodes, name)
+	for _, n := range c.nodes {
+		n.ix.DropName(name)
+		n.ix.Sweep()
+	}
+}
+
+func (c *streamCluster) members() []string {
+	var out []string
+	for n := range c.nodes {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// pump delivers calls until none is pending, with the clock run past any
+// retry wait.
+func (c *streamCluster) pump(t *testing.T) {
+	t.Helper()
+	for range 10000 {
+		sent := false
+		c.now = c.now.Add(2 * time.Second)
+		for _, name := range c.members() {
+			n := c.nodes[name]
+			for _, o := range n.pub.Next(c.now, n.inc) {
+				sent = true
+				w := c.nodes[o.Owner]
+				if w == nil || (c.lossy && c.rng.IntN(5) == 0) {
+					n.pub.Done(o, Failed, c.now)
+					continue
+				}
+				_, err := w.slice.Apply(name, o.Call)
+				switch {
+				case errors.Is(err, ErrReplaceNeeded):
+					n.pub.Done(o, Replace, c.now)
+				case err != nil:
+					t.Fatal(err)
+				case c.lossy && c.rng.IntN(5) == 0:
+					n.pub.Done(o, Failed, c.now) // the answer was lost
+				default:
+					n.pub.Done(o, Applied, c.now)
+				}
+			}
+		}
+		if !sent {
+			return
+		}
+	}
+	t.Fatal("calls still pending after 10,000 rounds")
+}
+
+// check compares every slice with the holdings.
+func (c *streamCluster) check() error {
+	members := c.members()
+	place := NewPlacement(members, 3)
+	for _, name := range members {
+		n := c.nodes[name]
+		var want int64
+		holders := map[uint64][]string{}
+		for _, o := range members {
+			for h, k := range c.nodes[o].held {
+				if k > 0 && place.Owns(name, h) {
+					holders[h] = append(holders[h], o)
+					want++
+				}
+			}
+		}
+		if got := n.ix.Metrics().Pairs; got != want {
+			return fmt.Errorf("%s indexes %d pairs, owns %d", name, got, want)
+		}
+		for h, hs := range holders {
+			got := n.slice.Holders([]uint64{h})[0]
+			slices.Sort(got)
+			if !slices.Equal(got, hs) {
+				return fmt.Errorf("%s: holders of %#x %v, want %v", name, h, got, hs)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *streamCluster) setMembers() {
+	m := c.members()
+	for _, n := range c.nodes {
+		n.pub.SetMembers(m)
+	}
+}
+
+// Under joins, failures, restarts, removes of copies, and calls lost or
+// answered twice, every owner's slice ends up holding exactly the live
+// holders of the hashes it owns.
+func TestStreamsConverge(t *testing.T) {
+	for _, lossy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lossy=%v", lossy), func(t *testing.T) {
+			seed := rand.Uint64()
+			t.Logf("seed %d", seed)
+			c := &streamCluster{rng: rand.New(rand.NewPCG(seed, 1)), nodes: map[string]*streamNode{}, lossy: lossy, now: time.Unix(0, 0)}
+			for i := range 8 {
+				c.add(fmt.Sprintf("n%d", i), 1)
+			}
+			c.setMembers()
+			next := 8
+			for round := range 30 {
+				for _, name := range c.members() {
+					n := c.nodes[name]
+					for range 20 {
+						h := c.rng.Uint64N(500) // hashes shared between nodes
+						if n.held[h] > 0 && c.rng.IntN(2) == 0 {
+							n.held[h]--
+							n.pub.Remove(h)
+						} else {
+							n.held[h]++
+							n.pub.Store(h)
+						}
+					}
+				}
+				switch round % 5 {
+				case 1:
+					c.add(fmt.Sprintf("n%d", next), 1)
+					next++
+				case 2:
+					m := c.members()
+					c.remove(m[c.rng.IntN(len(m))])
+				case 3:
+					// A restart under the same name: a new run, holding
+					// nothing yet.
+					m := c.members()
+					name := m[c.rng.IntN(len(m))]
+					inc := c.nodes[name].inc + 1
+					c.remove(name)
+					c.setMembers()
+					c.pump(t)
+					c.add(name, inc)
+				}
+				c.setMembers()
+				c.pump(t)
+				if err := c.check(); err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+			}
+		})
+	}
+}
+
+// A gap in a stream is refused, and a replace starts it afresh.
+func TestSliceGap(t *testing.T) {
+	ix, _ := New(DefaultConfig())
+	s := NewSlice(ix, nil)
+	if _, err := s.Apply("a", OpsCall{Inc: 1, First: 1, Ops: []Op{{OpStore, 1}}}); !errors.Is(err, ErrReplaceNeeded) {
+		t.Fatalf("a stream that does not start with a replace: %v", err)
+	}
+	if n, err := s.Apply("a", OpsCall{Inc: 1, First: 1, Replace: true, Ops: []Op{{OpStore, 1}, {OpStore, 2}}}); err != nil || n != 2 {
+		t.Fatalf("replace: %d, %v", n, err)
+	}
+	if n, err := s.Apply("a", OpsCall{Inc: 1, First: 2, Ops: []Op{{OpStore, 2}, {OpStore, 3}}}); err != nil || n != 1 {
+		t.Fatalf("a retry overlapping what was applied: %d, %v; want 1 applied", n, err)
+	}
+	if _, err := s.Apply("a", OpsCall{Inc: 1, First: 9, Ops: []Op{{OpStore, 4}}}); !errors.Is(err, ErrReplaceNeeded) {
+		t.Fatalf("a gap: %v", err)
+	}
+	if n, err := s.Apply("a", OpsCall{Inc: 1, First: 10, Replace: true, Ops: []Op{{OpStore, 7}}}); err != nil || n != 1 {
+		t.Fatalf("replace after the gap: %d, %v", n, err)
+	}
+	if got := s.Holders([]uint64{1, 7}); len(got[0]) != 0 || !slices.Equal(got[1], []string{"a"}) {
+		t.Fatalf("after the replace: %v, want only 7", got)
+	}
+	// An older run's call is ignored.
+	if n, err := s.Apply("a", OpsCall{Inc: 2, First: 1, Replace: true, Ops: []Op{{OpStore, 8}}}); err != nil || n != 1 {
+		t.Fatalf("a new run: %d, %v", n, err)
+	}
+	if n, err := s.Apply("a", OpsCall{Inc: 1, First: 11, Ops: []Op{{OpStore, 9}}}); err != nil || n != 0 {
+		t.Fatalf("the old run after the new: %d, %v; want ignored", n, err)
+	}
+}
