@@ -50,7 +50,7 @@ const ownedWatchInterval = 50 * time.Millisecond
 func newOwnedIndex(a *Agent) *ownedIndex {
 	return &ownedIndex{
 		a:     a,
-		pub:   index.NewPublisher(a.cfg.NodeName, a.cfg.IndexReplicas),
+		pub:   index.NewPublisher(a.cfg.NodeName, a.cfg.IndexReplicas, 0),
 		cache: index.NewAnswerCache(0, a.cfg.IndexCacheTTL),
 		wake:  make(chan struct{}, 1),
 	}

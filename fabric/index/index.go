@@ -340,6 +340,15 @@ func mix(hash, node uint64) uint64 {
 	return x
 }
 
+// PairDigest is the term that a (hash, holder name) pair adds to
+// [Index.Digest], so that a digest can be computed from a list of pairs
+// without an index.
+func PairDigest(hash uint64, name string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return mix(hash, h.Sum64())
+}
+
 // Store records that node id holds one more copy of each hash. It fails
 // with ErrUnknownNode, having stored a prefix of hashes, if id is dropped
 // meanwhile.

@@ -63,6 +63,14 @@ type Publisher struct {
 	place *Placement
 	held  map[uint64]uint32 // copies per hash
 	out   map[string]*outStream
+	// unused is, per owner whose stream ended (it left the member list),
+	// the first op number not used: a stream to it that starts again
+	// continues the numbering, so that an owner that kept the old stream
+	// (it never saw this node go) takes the new start for what it is.
+	unused map[string]uint64
+	// probe is how long a stream may stay silent before an empty call
+	// checks that the owner still holds it.
+	probe time.Duration
 
 	// Replaces counts the replaces built, Moved the ops queued by member
 	// list changes.
@@ -77,6 +85,7 @@ type outStream struct {
 	busy      bool   // a call is out
 	retryAt   time.Time
 	failures  int
+	lastSent  time.Time
 }
 
 // reset drops the queued ops for a replace. Their numbers are not used
@@ -87,10 +96,20 @@ func (st *outStream) reset() {
 	st.ops, st.replace, st.replaceAt = nil, true, 0
 }
 
+// DefaultProbe is how long a stream stays silent before the publisher
+// checks it with an empty call: an owner that dropped this node (it saw
+// it fail, and come back) asks for a replace only when called.
+const DefaultProbe = 5 * time.Second
+
 // NewPublisher returns the side of origin self, with replicas owners a
-// hash (clamped to [1, MaxReplicas]).
-func NewPublisher(self string, replicas int) *Publisher {
-	return &Publisher{self: self, replicas: max(1, min(replicas, MaxReplicas)), held: map[uint64]uint32{}, out: map[string]*outStream{}}
+// hash (clamped to [1, MaxReplicas]), probing silent streams every probe
+// (if zero, DefaultProbe).
+func NewPublisher(self string, replicas int, probe time.Duration) *Publisher {
+	if probe <= 0 {
+		probe = DefaultProbe
+	}
+	return &Publisher{self: self, replicas: max(1, min(replicas, MaxReplicas)), held: map[uint64]uint32{},
+		out: map[string]*outStream{}, unused: map[string]uint64{}, probe: probe}
 }
 
 // Placement returns the current placement, nil before SetMembers.
@@ -182,14 +201,15 @@ func (p *Publisher) SetMembers(members []string) bool {
 		return false
 	}
 	p.place = next
-	for w := range p.out {
+	for w, st := range p.out {
 		if !slices.Contains(next.Members(), w) {
 			delete(p.out, w) // gone: its slice went with it
+			p.unused[w] = st.base + uint64(len(st.ops)) + 1
 		}
 	}
 	for _, w := range next.Members() {
 		if p.out[w] == nil {
-			p.out[w] = &outStream{base: 1, replace: true}
+			p.out[w] = &outStream{base: max(1, p.unused[w]), replace: true}
 		}
 	}
 	if old == nil {
@@ -248,11 +268,11 @@ func (p *Publisher) Next(now time.Time, inc uint64) []Outgoing {
 			}
 			p.replaces++
 		}
-		if len(st.ops) == 0 && st.replaceAt != st.base {
+		if len(st.ops) == 0 && st.replaceAt != st.base && now.Sub(st.lastSent) < p.probe {
 			continue
 		}
 		n := min(len(st.ops), MaxOpsPerCall)
-		st.busy = true
+		st.busy, st.lastSent = true, now
 		out = append(out, Outgoing{Owner: w, Call: OpsCall{Inc: inc, First: st.base, Replace: st.replaceAt == st.base,
 			Ops: slices.Clone(st.ops[:n])}})
 	}
