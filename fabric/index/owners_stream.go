@@ -249,24 +249,36 @@ type Outgoing struct {
 func (p *Publisher) Next(now time.Time, inc uint64) []Outgoing {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out []Outgoing
-	var owners [MaxReplicas]string
+	due := func(st *outStream) bool { return !st.busy && !now.Before(st.retryAt) }
+	// Replaces are built in one pass over the holdings, however many
+	// owners wait for one (after a partition heals, half the members):
+	// finding a hash's owners is O(members).
+	replacing := map[string]*outStream{}
 	for w, st := range p.out {
-		if st.busy || now.Before(st.retryAt) {
-			continue
-		}
-		if st.replace {
+		if st.replace && due(st) {
 			// No op queues behind a pending replace: it starts the
 			// stream, with the holdings the owner owns.
 			st.replace, st.replaceAt = false, st.base
-			for h, copies := range p.held {
-				if slices.Contains(p.place.AppendOwners(owners[:0], h), w) {
+			replacing[w] = st
+			p.replaces++
+		}
+	}
+	if len(replacing) > 0 {
+		var owners [MaxReplicas]string
+		for h, copies := range p.held {
+			for _, w := range p.place.AppendOwners(owners[:0], h) {
+				if st := replacing[w]; st != nil {
 					for range copies {
 						st.ops = append(st.ops, Op{OpStore, h})
 					}
 				}
 			}
-			p.replaces++
+		}
+	}
+	var out []Outgoing
+	for w, st := range p.out {
+		if !due(st) {
+			continue
 		}
 		if len(st.ops) == 0 && st.replaceAt != st.base && now.Sub(st.lastSent) < p.probe {
 			continue
