@@ -38,6 +38,15 @@
 // ([Index.Node]): events of an older run than the indexed one are refused,
 // and a newer run replaces the older one's entries.
 //
+// # Owned slices
+//
+// Past the cluster size where every node can keep the whole index, each
+// hash is indexed only by its owners ([Placement]): a node's [Index] is then
+// its slice. [Publisher] (a node's own holdings, and per owner the ordered
+// ops not yet delivered) and [Slice] (an owner applying each origin's ops
+// once and in order) carry events to the owners and move hashes between
+// them as members come and go; [AnswerCache] keeps owners' recent answers.
+//
 // The index does no I/O and runs no goroutines: the agent feeds it events,
 // drops nodes that membership declares dead and sweeps from a goroutine of
 // its own. Entries live as long as their holder says it holds them.

@@ -228,3 +228,49 @@ func TestSliceGap(t *testing.T) {
 		t.Fatalf("the old run after the new: %d, %v; want ignored", n, err)
 	}
 }
+
+// An owner's queue holds MaxQueuedOps ops; one more turns it into a
+// replace, whose first call carries the replace flag.
+func TestPublisherQueueLimit(t *testing.T) {
+	now := time.Unix(0, 0)
+	p := NewPublisher("a", 2, time.Hour)
+	p.SetMembers([]string{"a", "b"})
+	for _, o := range p.Next(now, 1) { // the streams' first replaces, empty
+		if !o.Call.Replace || len(o.Call.Ops) != 0 {
+			t.Fatalf("first call to %s: %+v, want an empty replace", o.Owner, o.Call)
+		}
+		p.Done(o, Applied, now)
+	}
+	hs := make([]uint64, MaxQueuedOps+1)
+	for i := range hs {
+		hs[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+	}
+	p.Store(hs[:MaxQueuedOps]...)
+	if got := p.Stats().Queued; got != 2*MaxQueuedOps {
+		t.Fatalf("at the limit: %d ops queued, want %d for each of 2 owners", got, 2*MaxQueuedOps)
+	}
+	calls := p.Next(now, 1)
+	if len(calls) != 2 || calls[0].Call.Replace || len(calls[0].Call.Ops) != MaxOpsPerCall {
+		t.Fatalf("at the limit: calls %d, first replace=%v with %d ops; want 2 calls of %d ops, no replace",
+			len(calls), calls[0].Call.Replace, len(calls[0].Call.Ops), MaxOpsPerCall)
+	}
+	for _, o := range calls {
+		p.Done(o, Failed, now) // not delivered: still queued
+	}
+	p.Store(hs[MaxQueuedOps])
+	if got := p.Stats().Queued; got != 0 {
+		t.Fatalf("one past the limit: %d ops queued, want the queues dropped for replaces", got)
+	}
+	calls = p.Next(now.Add(time.Hour), 1)
+	if len(calls) != 2 {
+		t.Fatalf("after the limit: %d calls, want 2", len(calls))
+	}
+	for _, o := range calls {
+		if !o.Call.Replace || len(o.Call.Ops) != MaxOpsPerCall {
+			t.Fatalf("after the limit, to %s: replace=%v with %d ops, want a replace of %d ops first", o.Owner, o.Call.Replace, len(o.Call.Ops), MaxOpsPerCall)
+		}
+	}
+	if got := p.Stats().Queued; got != 2*(MaxQueuedOps+1) {
+		t.Fatalf("the replaces hold %d ops, want every hash for each owner (%d)", got, 2*(MaxQueuedOps+1))
+	}
+}
