@@ -241,6 +241,7 @@ func (p *Publisher) SetMembers(members []string) bool {
 type Outgoing struct {
 	Owner string
 	Call  OpsCall
+	st    *outStream // the stream it was made for
 }
 
 // Next returns the calls due at now, one per owner that has ops (or a
@@ -286,7 +287,7 @@ func (p *Publisher) Next(now time.Time, inc uint64) []Outgoing {
 		n := min(len(st.ops), MaxOpsPerCall)
 		st.busy, st.lastSent = true, now
 		out = append(out, Outgoing{Owner: w, Call: OpsCall{Inc: inc, First: st.base, Replace: st.replaceAt == st.base,
-			Ops: slices.Clone(st.ops[:n])}})
+			Ops: slices.Clone(st.ops[:n])}, st: st})
 	}
 	return out
 }
@@ -306,8 +307,8 @@ func (p *Publisher) Done(o Outgoing, outcome Outcome, now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := p.out[o.Owner]
-	if st == nil {
-		return false // the member left meanwhile
+	if st == nil || st != o.st {
+		return false // the member left meanwhile (and perhaps came back)
 	}
 	st.busy = false
 	switch outcome {
