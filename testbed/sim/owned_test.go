@@ -34,7 +34,10 @@ func TestOwnedChurnAndPartitionHeal(t *testing.T) {
 	for round := range rounds {
 		c.StartLoad()
 		time.Sleep(time.Second) // the load runs: blocks come and go
-		if _, err := c.Join(ctx, 2); err != nil {
+		jctx, jcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := c.Join(jctx, 2)
+		jcancel()
+		if err != nil {
 			t.Fatal(err)
 		}
 		live := c.Live()
