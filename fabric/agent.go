@@ -55,6 +55,7 @@ type Agent struct {
 	staging *cuda.StagingBuffers // pinned buffers for QUIC to and from the GPU; nil without a driver
 
 	index     *index.Index
+	owned     *ownedIndex  // with index_mode owned; index is then this node's slice
 	service   *peerService // serves peers' calls
 	sink      *indexSink   // set before membership starts; nil until then
 	transport *transfer.Node
@@ -170,6 +171,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("fabric: data dir: %w", err)
 	}
+	if cfg.IndexMode == IndexOwned {
+		a.owned = newOwnedIndex(a) // before the pools: it keeps their events
+	}
 	if err := a.startPools(specs); err != nil {
 		return nil, err
 	}
@@ -187,6 +191,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		return nil, err
 	}
 	a.joined.Store(a.members)
+	if a.owned != nil {
+		a.owned.start()
+	}
 	if a.tiers != nil {
 		a.tiers.announceAll()
 	}

@@ -26,6 +26,10 @@ type publishState struct {
 // skips the events that the snapshot already covers.
 func (a *Agent) onPoolEvents(b pool.EventBatch) {
 	a.stats.events.Add(uint64(len(b.Events)))
+	if a.owned != nil {
+		a.owned.publish(b) // to the hashes' owners, not gossip
+		return
+	}
 	m := a.joined.Load()
 	if b.Dropped > 0 {
 		a.stats.eventsLost.Add(b.Dropped)

@@ -351,6 +351,19 @@ type Config struct {
 	// wait in Allocate. If zero, 0.25; 1: no block is dropped while a tier
 	// has room, and Allocate waits for copies instead.
 	TierInFlight float64 `json:"tier_in_flight,omitempty"`
+	// IndexMode is how the cluster's block index is kept: whole (every
+	// node indexes every node's blocks, learnt by gossip) or owned (each
+	// block hash is indexed by IndexReplicas owners chosen by rendezvous
+	// hashing over the members; events go to the owners, lookups ask
+	// them). Every node of a cluster must use the same mode. If empty,
+	// whole.
+	IndexMode string `json:"index_mode,omitempty"`
+	// IndexReplicas is how many members own each block hash in owned
+	// mode, 1..8. If zero, 3.
+	IndexReplicas int `json:"index_replicas,omitempty"`
+	// IndexCacheTTL is how long an owned-mode node reuses an owner's
+	// answer about a hash before asking again. If zero, 1 s.
+	IndexCacheTTL time.Duration `json:"index_cache_ttl,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
@@ -490,6 +503,7 @@ func (c *Config) populate() {
 		c.Fabric = "auto"
 	}
 	c.populateEngineLimits()
+	c.populateIndexMode()
 }
 
 // validate checks a populated config and returns the pools it asks for.
@@ -592,6 +606,9 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		return nil, err
 	}
 	if err := c.validateTiers(); err != nil {
+		return nil, err
+	}
+	if err := c.validateIndexMode(); err != nil {
 		return nil, err
 	}
 	var specs []PoolSpec
@@ -847,6 +864,8 @@ var durationSettings = []DurationSetting{
 		field: func(c *Config) *time.Duration { return &c.ImportTimeout }},
 	{Field: "PeerTimeout", Key: "peer_timeout", Default: DefaultPeerTimeout,
 		field: func(c *Config) *time.Duration { return &c.PeerTimeout }},
+	{Field: "IndexCacheTTL", Key: "index_cache_ttl", Default: DefaultIndexCacheTTL, Min: MinIndexCacheTTL, Max: MaxIndexCacheTTL,
+		field: func(c *Config) *time.Duration { return &c.IndexCacheTTL }},
 }
 
 // DurationSettingOf returns the duration setting of the Config field

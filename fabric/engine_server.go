@@ -432,7 +432,7 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	if err != nil {
 		return nil, err
 	}
-	matches := a.index.FindMatches(hashes)
+	matches := a.findMatches(hashes)
 	loads := map[index.NodeID]float64{}
 	// Members the index has no id for hold nothing: candidates with no
 	// overlap, ranked here rather than named in the index.

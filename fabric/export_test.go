@@ -83,3 +83,36 @@ func SetsPinned(a *Agent) bool {
 	}
 	return true
 }
+
+// IndexOwners returns the owners of hash under a's view of the members,
+// nil in whole mode or before a has a view.
+func IndexOwners(a *Agent, hash uint64) []string {
+	if a.owned == nil {
+		return nil
+	}
+	return a.owned.owners(hash)
+}
+
+// IndexMembers returns the members a's owned index places hashes over.
+func IndexMembers(a *Agent) []string { return a.owned.members() }
+
+// IndexHolders returns the holders of hash in a's own index (in owned
+// mode, its slice), by name.
+func IndexHolders(a *Agent, hash uint64) []string {
+	var out []string
+	for _, id := range a.index.Holders(hash) {
+		if n := a.index.Name(id); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// IndexPairs is how many (hash, holder) pairs a's own index holds.
+func IndexPairs(a *Agent) int64 { return a.index.Metrics().Pairs }
+
+// IndexLookupCalls is how many lookup calls a's owned index sent owners.
+func IndexLookupCalls(a *Agent) uint64 { return a.owned.stats.lookupCalls.Load() }
+
+// AgentConfig is the configuration a runs with, defaults filled.
+func AgentConfig(a *Agent) Config { return a.cfg }

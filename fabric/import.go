@@ -223,7 +223,7 @@ type candidate struct {
 // cost does not separate them yet). Members that hold less than one whole
 // engine block are left out.
 func (a *Agent) candidates(hashes []uint64, k int) []candidate {
-	matches := a.index.FindMatches(hashes)
+	matches := a.findMatches(hashes)
 	var out []candidate
 	for _, m := range matches {
 		if m.Blocks < k {

@@ -169,6 +169,10 @@ func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 	if m == nil || len(hashes) == 0 {
 		return // announced whole once the node joins (announceAll)
 	}
+	if o := t.a.owned; o != nil {
+		o.publishHeld(store, hashes) // to the hashes' owners, not gossip
+		return
+	}
 	kind := membership.EventRemove
 	if store {
 		kind = membership.EventStore

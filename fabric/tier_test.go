@@ -368,6 +368,14 @@ func TestTierRestoresAcrossArrangements(t *testing.T) {
 // Staging at its smallest: with 1 staging slot a peer's lease gets one
 // disk-held block at a time, and an import of many still brings them all.
 func TestTierStagingAtItsLimit(t *testing.T) {
+	// In both index modes: in owned mode the tier's blocks reach the
+	// hashes' owners rather than gossip.
+	for _, mode := range []string{"whole", "owned"} {
+		t.Run(mode, func(t *testing.T) { tierStagingAtItsLimit(t, mode) })
+	}
+}
+
+func tierStagingAtItsLimit(t *testing.T, mode string) {
 	const n = 40
 	dir := tierDir(t)
 	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
@@ -377,6 +385,7 @@ func TestTierStagingAtItsLimit(t *testing.T) {
 			c.BlockSetGrace = 100 * time.Millisecond
 			c.NoOrphanCache = true // the set is freed, its blocks then on disk only
 		}
+		c.IndexMode = mode
 	})
 	n1, n2 := agents[0], agents[1]
 	c := newClient(t, n1)

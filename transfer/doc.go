@@ -56,6 +56,7 @@
 //	7       ReadRequest             ReadResponse, then total_bytes of data
 //	8       RdmaConnectRequest      RdmaConnectResponse
 //	9       LaneTokenRequest        LaneTokenResponse
+//	10      IndexRequest            IndexResponse
 //
 // An event-range request asks for at most MaxEventRange events (more is
 // refused as too large), and an answer carries what fits one frame: one

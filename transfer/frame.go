@@ -28,10 +28,11 @@ const (
 	methodRead
 	methodRdmaConnect
 	methodLaneToken
-	methodMax = methodLaneToken
+	methodIndex
+	methodMax = methodIndex
 )
 
-var methodNames = [...]string{"", "hello", "layouts", "lease", "renew", "release", "event-range", "read", "rdma-connect", "lane-token"}
+var methodNames = [...]string{"", "hello", "layouts", "lease", "renew", "release", "event-range", "read", "rdma-connect", "lane-token", "index"}
 
 func (m method) String() string {
 	if m >= 1 && m <= methodMax {
@@ -187,6 +188,7 @@ type request struct {
 	queuePairs int           // and how many it reads on per pair
 	mismatched []uint64      // a release's blocks that failed their checksums
 	laneTokens int           // lane tokens asked for
+	index      []byte        // an index call's payload
 }
 
 func durationMS(ms uint64) (time.Duration, error) {
@@ -284,6 +286,15 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 			return nil, invalid("lane token: %d tokens not in [1, %d]", pb.Count, MaxLaneConns)
 		}
 		r.laneTokens = int(pb.Count)
+	case methodIndex:
+		var pb transferpb.IndexRequest
+		if err := unmarshal(payload, &pb); err != nil {
+			return nil, err
+		}
+		if len(pb.Payload) == 0 {
+			return nil, invalid("index: empty payload")
+		}
+		r.index = pb.Payload
 	case methodRenew:
 		var pb transferpb.RenewRequest
 		if err := unmarshal(payload, &pb); err != nil {

@@ -161,6 +161,8 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		return n.serveConnect(peer, nicPair{local: r.nic, remote: r.readerNIC}, r.queuePairs, r.endpoint)
 	case methodLaneToken:
 		return n.issueLaneTokens(peer, r.laneTokens)
+	case methodIndex:
+		return serveIndex(ctx, h, peer, r.index)
 	case methodRenew:
 		ok, err := h.Renew(ctx, peer, r.leaseID, r.duration)
 		if err != nil {

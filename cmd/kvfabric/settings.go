@@ -84,6 +84,9 @@ var agentSettings = []setting{
 	{"tier-in-flight", "TierInFlight", "fraction of a block set's slots that may wait for copies to the disk tier at once, in (0, 1]; past it, blocks recycled for an allocation are dropped as without a tier, so an engine writing faster than the disk never waits for it in Allocate (default 0.25; 1: drop nothing while the tier has room, and Allocate waits for copies instead)"},
 	{"tier-staging-slots", "TierStagingSlots", "host slots disk-held blocks are staged into for peers' reads when no engine block set of their layout is here, 1..4096 (default 64)"},
 	{"tier-block-bytes", "TierBlockBytes", "room of one block on a disk tier, e.g. 8MiB, at most 1GiB; larger blocks are not copied down (default: the first block's size, recorded in the tier's directory)"},
+	{"index-mode", "IndexMode", "how the block index is kept: whole (every node indexes every block, by gossip; up to a few hundred nodes) or owned (each hash indexed by --index-replicas members chosen by rendezvous hashing, lookups ask them; past that); the same on every node (default whole)"},
+	{"index-replicas", "IndexReplicas", "owners of each block hash with --index-mode owned, 1..8 (default 3)"},
+	{"index-cache-ttl", "IndexCacheTTL", "how long --index-mode owned reuses an owner's answer about a hash before asking again"},
 }
 
 // The KVFABRIC_ variables that are not settings of fabric.Config: the

@@ -114,3 +114,65 @@ func BenchmarkStore(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkOwners is what the owned slices add to a lookup and to a
+// membership change: finding a hash's owners by rendezvous hashing, O(N)
+// a hash. The baseline, in the same run, is the whole index's answer for
+// the same hash (FindMatches of one hash on an index of 1M entries over
+// 64 nodes); ratio is owners / baseline.
+func BenchmarkOwners(b *testing.B) {
+	ix, _, chains := benchIndex(b, 1<<20, 64)
+	var base float64
+	b.Run("baseline=FindMatches1", func(b *testing.B) {
+		q := chains[0][:1]
+		var buf []Match
+		b.ReportAllocs()
+		for b.Loop() {
+			buf = ix.AppendMatches(buf[:0], q)
+		}
+		base = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	})
+	for _, n := range []int{64, 1000} {
+		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
+			p := NewPlacement(names(n), 3)
+			var dst [MaxReplicas]string
+			h := uint64(1)
+			b.ReportAllocs()
+			for b.Loop() {
+				p.AppendOwners(dst[:0], h)
+				h += 0x9e3779b97f4a7c15
+			}
+			ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+			b.ReportMetric(ns/float64(n), "ns/member")
+			if base > 0 {
+				b.ReportMetric(ns/base, "ratio")
+			}
+		})
+	}
+}
+
+// BenchmarkSetMembers is a publisher holding 10,000 hashes moving them as
+// one member joins 1,000: the pass over its holdings that every member
+// change costs each node. ns/hash scales it to other holdings.
+func BenchmarkSetMembers(b *testing.B) {
+	const held = 10000
+	all := names(1001)
+	p := NewPublisher(all[0], 3, 0)
+	hs := make([]uint64, held)
+	for i := range hs {
+		hs[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+	}
+	p.Store(hs...)
+	p.SetMembers(all[:1000])
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		// Alternate the 1,001st member in and out: each call is a change.
+		if i++; i%2 == 1 {
+			p.SetMembers(all)
+		} else {
+			p.SetMembers(all[:1000])
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/held, "ns/hash")
+}

@@ -38,6 +38,15 @@
 // ([Index.Node]): events of an older run than the indexed one are refused,
 // and a newer run replaces the older one's entries.
 //
+// # Owned slices
+//
+// Past the cluster size where every node can keep the whole index, each
+// hash is indexed only by its owners ([Placement]): a node's [Index] is then
+// its slice. [Publisher] (a node's own holdings, and per owner the ordered
+// ops not yet delivered) and [Slice] (an owner applying each origin's ops
+// once and in order) carry events to the owners and move hashes between
+// them as members come and go; [AnswerCache] keeps owners' recent answers.
+//
 // The index does no I/O and runs no goroutines: the agent feeds it events,
 // drops nodes that membership declares dead and sweeps from a goroutine of
 // its own. Entries live as long as their holder says it holds them.
@@ -340,6 +349,15 @@ func mix(hash, node uint64) uint64 {
 	return x
 }
 
+// PairDigest is the term that a (hash, holder name) pair adds to
+// [Index.Digest], so that a digest can be computed from a list of pairs
+// without an index.
+func PairDigest(hash uint64, name string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return mix(hash, h.Sum64())
+}
+
 // Store records that node id holds one more copy of each hash. It fails
 // with ErrUnknownNode, having stored a prefix of hashes, if id is dropped
 // meanwhile.
@@ -394,6 +412,27 @@ func (ix *Index) Remove(id NodeID, hashes ...uint64) error {
 			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
 		}
 		ix.removeLocked(s, h, id, nh, false)
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// Forget records that node id holds no copy of each hash any more,
+// however many it held: an owned-slices owner's slice loses a hash it no
+// longer owns. Like Remove, a hash the node does not hold is not an error.
+func (ix *Index) Forget(id NodeID, hashes ...uint64) error {
+	nh, ok := ix.nameHashOf(id)
+	if !ok {
+		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
+	}
+	for _, h := range hashes {
+		s := ix.shardOf(h)
+		s.mu.Lock()
+		if !ix.isLive(id) {
+			s.mu.Unlock()
+			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
+		}
+		ix.removeLocked(s, h, id, nh, true)
 		s.mu.Unlock()
 	}
 	return nil

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -100,5 +101,31 @@ func TestPlacementBalanceAndHandOff(t *testing.T) {
 	}
 	if f := float64(gained) / hashes; f < 0.8*replicas/(n+1) || f > 1.2*replicas/(n+1) {
 		t.Fatalf("newcomer gained %.4f of the hashes, want about %.4f", f, float64(replicas)/(n+1))
+	}
+}
+
+// Forget drops every copy of a hash at once, where Remove drops one.
+func TestForget(t *testing.T) {
+	ix, _ := New(DefaultConfig())
+	a, b := mustID(t, ix, "a"), mustID(t, ix, "b")
+	ix.Store(a, 1, 1, 1, 2)
+	ix.Store(b, 1)
+	if err := ix.Forget(a, 1, 9); err != nil {
+		t.Fatal(err)
+	}
+	if got := ix.Holders(1); !slices.Equal(got, []NodeID{b}) {
+		t.Fatalf("after Forget, holders of 1 = %v, want [b]", got)
+	}
+	if got := ix.NodeBlocks(a); got != 1 {
+		t.Fatalf("after Forget, a holds %d hashes, want 1", got)
+	}
+	ix.Store(a, 1)
+	ix.Remove(a, 1)
+	if got := ix.Holders(1); !slices.Equal(got, []NodeID{b}) {
+		t.Fatalf("a copy counted before the Forget came back: holders %v", got)
+	}
+	ix.DropNode(a)
+	if err := ix.Forget(a, 2); !errors.Is(err, ErrUnknownNode) {
+		t.Fatalf("Forget on a dropped node = %v, want ErrUnknownNode", err)
 	}
 }

@@ -128,6 +128,7 @@ type Counters struct {
 	Nodes               int     // live
 	GossipIn, GossipOut int64   // bytes, summed over live nodes
 	RepairIn, RepairOut int64
+	DirectIn, DirectOut int64 // owned slices: calls to owners and answers
 	Applied             int64 // events applied to indexes, summed
 	Suspicions          int64 // of alive, reachable nodes
 	FalseFailures       int64 // alive, reachable nodes declared failed
@@ -144,6 +145,8 @@ func (c *Cluster) Counters() Counters {
 		k.GossipOut += out
 		k.RepairIn += n.repairIn.Load()
 		k.RepairOut += n.repairOut.Load()
+		k.DirectIn += n.directIn.Load()
+		k.DirectOut += n.directOut.Load()
 		k.Applied += n.applied.Load()
 		k.PacketsDropped += n.tr.dropped.Load()
 	}
@@ -156,6 +159,9 @@ type Window struct {
 	Nodes   int
 	// Bytes per second per node, averaged over the live nodes.
 	GossipInBps, GossipOutBps, RepairInBps, RepairOutBps float64
+	// DirectInBps and DirectOutBps are the owned slices' calls to owners
+	// and their answers.
+	DirectInBps, DirectOutBps float64
 	// CPU is the process's CPU seconds per second (cores busy).
 	CPU float64
 	// AppliedPerNode is events applied per second per node.
@@ -179,6 +185,7 @@ func Between(a, b Counters) Window {
 	per := func(x, y int64) float64 { return float64(y-x) / w.Seconds / float64(b.Nodes) }
 	w.GossipInBps, w.GossipOutBps = per(a.GossipIn, b.GossipIn), per(a.GossipOut, b.GossipOut)
 	w.RepairInBps, w.RepairOutBps = per(a.RepairIn, b.RepairIn), per(a.RepairOut, b.RepairOut)
+	w.DirectInBps, w.DirectOutBps = per(a.DirectIn, b.DirectIn), per(a.DirectOut, b.DirectOut)
 	w.CPU = (b.CPU - a.CPU) / w.Seconds
 	w.AppliedPerNode = per(a.Applied, b.Applied)
 	if d := b.Applied - a.Applied; d > 0 {
@@ -224,6 +231,9 @@ var ErrNotConverged = errors.New("sim: cluster did not converge")
 // members and its index holds the ground truth (same digest and pairs).
 func (c *Cluster) Converged() bool {
 	nodes := c.live()
+	if c.cfg.Mode == ModeOwned {
+		return c.ownedConverged(nodes)
+	}
 	c.mu.Lock()
 	want, pairs := c.truth.Digest(), c.truth.Metrics().Pairs
 	c.mu.Unlock()
@@ -260,6 +270,18 @@ func (c *Cluster) WaitConverged(ctx context.Context) (time.Duration, error) {
 // divergence says how the first diverging node differs, for errors.
 func (c *Cluster) divergence() string {
 	nodes := c.live()
+	if c.cfg.Mode == ModeOwned {
+		pairs, digests := c.ownedExpected(nodes)
+		for _, n := range nodes {
+			if got := n.M.NumMembers(); got != len(nodes) {
+				return fmt.Sprintf("%s sees %d members of %d", n.Name, got, len(nodes))
+			}
+			if got := n.Index.Metrics().Pairs; got != pairs[n.Name] || n.Index.Digest() != digests[n.Name] {
+				return fmt.Sprintf("%s's slice holds %d pairs, owns %d; ops queued there %d", n.Name, got, pairs[n.Name], n.pub.Stats().Queued)
+			}
+		}
+		return "converged meanwhile"
+	}
 	pairs := c.truth.Metrics().Pairs
 	for _, n := range nodes {
 		if got := n.M.NumMembers(); got != len(nodes) {
@@ -292,6 +314,9 @@ func (c *Cluster) Check() error {
 	}
 	if c.loadStop != nil {
 		return errors.New("sim: Check needs the load stopped")
+	}
+	if c.cfg.Mode == ModeOwned {
+		return c.ownedCheck(nodes)
 	}
 	var want []pair
 	for _, n := range nodes {

@@ -53,7 +53,20 @@ type Config struct {
 	Membership membership.Config
 	// Seed seeds the block hashes. If zero, 1.
 	Seed uint64
+	// Mode is the index design run: ModeWhole (every node indexes every
+	// event, replicated by gossip) or ModeOwned (each hash indexed by
+	// Replicas owners, events sent to them directly: index.Publisher and
+	// index.Slice). If empty, ModeWhole.
+	Mode string
+	// Replicas is the owners of each hash in ModeOwned. If zero, 3.
+	Replicas int
 }
+
+// Index designs (Config.Mode).
+const (
+	ModeWhole = "whole"
+	ModeOwned = "owned"
+)
 
 // Cluster is a running simulation.
 type Cluster struct {
@@ -89,6 +102,13 @@ type Node struct {
 	applied             atomic.Int64
 	dead                atomic.Bool
 
+	// ModeOwned: the node's side of the streams, and the bytes its calls
+	// to owners and their answers take on the wire.
+	pub                 *index.Publisher
+	slice               *index.Slice
+	directIn, directOut atomic.Int64
+	wake                chan struct{}
+
 	// Own blocks, oldest first, with their store times, for removal after
 	// Lifetime; the load goroutine alone touches them.
 	held []heldBlock
@@ -110,6 +130,18 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	if cfg.Seed == 0 {
 		cfg.Seed = 1
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = ModeWhole
+	}
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 3
+	}
+	if cfg.Mode != ModeWhole && cfg.Mode != ModeOwned {
+		return nil, fmt.Errorf("%w: Mode %q is not %s or %s", ErrInvalidConfig, cfg.Mode, ModeWhole, ModeOwned)
+	}
+	if cfg.Replicas < 1 || cfg.Replicas > index.MaxReplicas {
+		return nil, fmt.Errorf("%w: Replicas %d not in 1..%d", ErrInvalidConfig, cfg.Replicas, index.MaxReplicas)
 	}
 	truth, _ := index.New(index.DefaultConfig())
 	c := &Cluster{
@@ -195,6 +227,16 @@ func (c *Cluster) startNode(ctx context.Context, name string, seeds []string) (*
 		return nil, fmt.Errorf("sim: start %s: %w", name, err)
 	}
 	n.M = m
+	if c.cfg.Mode == ModeOwned {
+		n.pub = index.NewPublisher(name, c.cfg.Replicas, 0)
+		n.slice = index.NewSlice(n.Index, func(o string) {
+			if n.Index.DropName(o) {
+				n.Index.Sweep()
+			}
+		})
+		n.wake = make(chan struct{}, 1)
+		go c.ownedLoop(n)
+	}
 	go func() { // memberlist's news, drained as the agent's memberLoop does
 		for {
 			select {
@@ -371,6 +413,10 @@ func (c *Cluster) step(n *Node, now time.Time, k int) {
 	id, ok := c.truth.Lookup(n.Name)
 	c.mu.Unlock()
 	if !ok || n.dead.Load() {
+		return
+	}
+	if c.cfg.Mode == ModeOwned {
+		c.stepOwned(n, id, now, gone, fresh)
 		return
 	}
 	if len(gone) > 0 {

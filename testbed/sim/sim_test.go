@@ -79,7 +79,8 @@ func TestChurnAndPartitionHeal(t *testing.T) {
 }
 
 func TestConfigRefused(t *testing.T) {
-	for _, cfg := range []Config{{Nodes: 0}, {Nodes: 2, StoreRate: -1}, {Nodes: 2, Lifetime: -time.Second}} {
+	for _, cfg := range []Config{{Nodes: 0}, {Nodes: 2, StoreRate: -1}, {Nodes: 2, Lifetime: -time.Second},
+		{Nodes: 2, Mode: "sharded"}, {Nodes: 2, Mode: ModeOwned, Replicas: 9}, {Nodes: 2, Mode: ModeOwned, Replicas: -1}} {
 		if _, err := Start(context.Background(), cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("Start(%+v) = %v, want ErrInvalidConfig", cfg, err)
 		}

@@ -1761,6 +1761,98 @@ func (x *LaneHello) GetToken() []byte {
 	return nil
 }
 
+// IndexRequest carries a call of the owned-slices block index (method 10)
+// to a hash's owner: events of the caller's blocks, or a lookup. The
+// payload is the agent's to define and to validate.
+type IndexRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Payload       []byte                 `protobuf:"bytes,1,opt,name=payload,proto3" json:"payload,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IndexRequest) Reset() {
+	*x = IndexRequest{}
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IndexRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IndexRequest) ProtoMessage() {}
+
+func (x *IndexRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IndexRequest.ProtoReflect.Descriptor instead.
+func (*IndexRequest) Descriptor() ([]byte, []int) {
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *IndexRequest) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+// IndexResponse is the owner's answer to an IndexRequest.
+type IndexResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Payload       []byte                 `protobuf:"bytes,1,opt,name=payload,proto3" json:"payload,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IndexResponse) Reset() {
+	*x = IndexResponse{}
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IndexResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IndexResponse) ProtoMessage() {}
+
+func (x *IndexResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_transfer_transferpb_transfer_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IndexResponse.ProtoReflect.Descriptor instead.
+func (*IndexResponse) Descriptor() ([]byte, []int) {
+	return file_transfer_transferpb_transfer_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *IndexResponse) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
 var File_transfer_transferpb_transfer_proto protoreflect.FileDescriptor
 
 const file_transfer_transferpb_transfer_proto_rawDesc = "" +
@@ -1895,7 +1987,11 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x06tokens\x18\x03 \x03(\fR\x06tokens\"5\n" +
 	"\tLaneHello\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
-	"\x05token\x18\x02 \x01(\fR\x05tokenB2Z0github.com/kvfabric/kvfabric/transfer/transferpbb\x06proto3"
+	"\x05token\x18\x02 \x01(\fR\x05token\"(\n" +
+	"\fIndexRequest\x12\x18\n" +
+	"\apayload\x18\x01 \x01(\fR\apayload\")\n" +
+	"\rIndexResponse\x12\x18\n" +
+	"\apayload\x18\x01 \x01(\fR\apayloadB2Z0github.com/kvfabric/kvfabric/transfer/transferpbb\x06proto3"
 
 var (
 	file_transfer_transferpb_transfer_proto_rawDescOnce sync.Once
@@ -1909,7 +2005,7 @@ func file_transfer_transferpb_transfer_proto_rawDescGZIP() []byte {
 	return file_transfer_transferpb_transfer_proto_rawDescData
 }
 
-var file_transfer_transferpb_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_transfer_transferpb_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_transfer_transferpb_transfer_proto_goTypes = []any{
 	(*HelloRequest)(nil),        // 0: kvfabric.transfer.v1.HelloRequest
 	(*HelloResponse)(nil),       // 1: kvfabric.transfer.v1.HelloResponse
@@ -1937,12 +2033,14 @@ var file_transfer_transferpb_transfer_proto_goTypes = []any{
 	(*LaneTokenRequest)(nil),    // 23: kvfabric.transfer.v1.LaneTokenRequest
 	(*LaneTokenResponse)(nil),   // 24: kvfabric.transfer.v1.LaneTokenResponse
 	(*LaneHello)(nil),           // 25: kvfabric.transfer.v1.LaneHello
-	nil,                         // 26: kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
+	(*IndexRequest)(nil),        // 26: kvfabric.transfer.v1.IndexRequest
+	(*IndexResponse)(nil),       // 27: kvfabric.transfer.v1.IndexResponse
+	nil,                         // 28: kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
 }
 var file_transfer_transferpb_transfer_proto_depIdxs = []int32{
 	3,  // 0: kvfabric.transfer.v1.LayoutsResponse.layouts:type_name -> kvfabric.transfer.v1.LayoutEntry
 	6,  // 1: kvfabric.transfer.v1.LeaseResponse.blocks:type_name -> kvfabric.transfer.v1.LeasedBlock
-	26, // 2: kvfabric.transfer.v1.LeaseResponse.layout_digests:type_name -> kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
+	28, // 2: kvfabric.transfer.v1.LeaseResponse.layout_digests:type_name -> kvfabric.transfer.v1.LeaseResponse.LayoutDigestsEntry
 	8,  // 3: kvfabric.transfer.v1.LeaseResponse.rdma_regions:type_name -> kvfabric.transfer.v1.RdmaRegion
 	14, // 4: kvfabric.transfer.v1.EventRangeResponse.events:type_name -> kvfabric.transfer.v1.Event
 	16, // 5: kvfabric.transfer.v1.ReadRequest.segments:type_name -> kvfabric.transfer.v1.ReadSegment
@@ -1966,7 +2064,7 @@ func file_transfer_transferpb_transfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_transfer_transferpb_transfer_proto_rawDesc), len(file_transfer_transferpb_transfer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -41,6 +41,8 @@ func main() {
 
 // Result is one cluster size's figures.
 type Result struct {
+	Mode           string  `json:"mode"` // sim.ModeWhole or sim.ModeOwned
+	Replicas       int     `json:"replicas,omitempty"`
 	Nodes          int     `json:"nodes"`
 	Rate           float64 `json:"rate_per_node"` // blocks stored per node per second
 	Idle           sim.Window
@@ -57,6 +59,9 @@ type Result struct {
 	CrashS         float64 `json:"crash_converged_s"`
 	HealS          float64 `json:"heal_converged_s"`
 	GossipPerEvent float64 `json:"gossip_in_bytes_per_applied_event"`
+	// DirectPerEvent is, for owned slices, the bytes of calls to owners
+	// (and their answers) a node receives per op it applies.
+	DirectPerEvent float64 `json:"direct_in_bytes_per_applied_event,omitempty"`
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -74,6 +79,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	modelBlocks := fs.Float64("model-blocks", 1e5, "blocks per node the extrapolation assumes")
 	pairBytes := fs.Float64("pair-bytes", 15, "index bytes per (block, holder) pair, from BenchmarkMemory in fabric/index")
 	churn := fs.Bool("churn", true, "after the load, time a join, a crash and a partition heal")
+	modesFlag := fs.String("mode", "whole", "index designs to run at each size, comma-separated: whole (every node indexes every event, by gossip), owned (each hash indexed by -replicas owners, events sent to them)")
+	replicas := fs.Int("replicas", 3, "owners of each hash with -mode owned")
 	from := fs.String("from", "", "render the report from this file of results (the JSON lines a run prints) instead of running")
 	out := fs.String("report", "", "directory for scale.json and scale.html (none if empty)")
 	if err := fs.Parse(args); err != nil {
@@ -87,10 +94,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		sizes = append(sizes, n)
 	}
+	modes := strings.Split(*modesFlag, ",")
+	for _, md := range modes {
+		if md != sim.ModeWhole && md != sim.ModeOwned {
+			return fmt.Errorf("scale: -mode: %q is not whole or owned", md)
+		}
+	}
+	if *replicas < 1 || *replicas > 8 {
+		return fmt.Errorf("scale: -replicas %d not in 1..8", *replicas)
+	}
 	if *rate <= 0 || *maxApplies <= 0 || *lifetime <= 0 || *modelRate <= 0 || *modelBlocks <= 0 || *pairBytes <= 0 {
 		return fmt.Errorf("scale: -rate, -max-applies, -lifetime and the model's flags must be positive")
 	}
-	m := model{rate: *modelRate, blocks: *modelBlocks, pairBytes: *pairBytes}
+	m := model{rate: *modelRate, blocks: *modelBlocks, pairBytes: *pairBytes, replicas: float64(*replicas)}
 	if *from != "" {
 		results, err := readResults(*from)
 		if err != nil {
@@ -103,18 +119,25 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	var results []Result
 	for _, n := range sizes {
-		r := min(*rate, *maxApplies/float64(n)/float64(n))
-		res, err := one(n, r, *lifetime, *idle, *load, *partition, *converge, *churn, stdout)
-		if err != nil {
-			err = fmt.Errorf("scale: %d nodes: %w", n, err)
-			if *out != "" && len(results) > 0 { // the sizes that ran still get their report
-				err = errors.Join(err, report.WriteFiles(*out, "scale", record(results, m)))
+		for _, md := range modes {
+			// Every event is applied by every node (whole) or by its owners.
+			appliers := float64(n)
+			if md == sim.ModeOwned {
+				appliers = float64(min(n, *replicas))
 			}
-			return err
+			r := min(*rate, *maxApplies/float64(n)/appliers)
+			res, err := one(md, *replicas, n, r, *lifetime, *idle, *load, *partition, *converge, *churn, stdout)
+			if err != nil {
+				err = fmt.Errorf("scale: %d nodes, %s: %w", n, md, err)
+				if *out != "" && len(results) > 0 { // the sizes that ran still get their report
+					err = errors.Join(err, report.WriteFiles(*out, "scale", record(results, m)))
+				}
+				return err
+			}
+			results = append(results, res)
+			b, _ := json.Marshal(res)
+			fmt.Fprintf(stdout, "%s\n", b)
 		}
-		results = append(results, res)
-		b, _ := json.Marshal(res)
-		fmt.Fprintf(stdout, "%s\n", b)
 	}
 	if *out == "" {
 		return nil
@@ -122,12 +145,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 	return report.WriteFiles(*out, "scale", record(results, m))
 }
 
-func one(n int, rate float64, lifetime, idle, load, partition, converge time.Duration, churn bool, log io.Writer) (Result, error) {
-	res := Result{Nodes: n, Rate: rate}
+func one(mode string, replicas, n int, rate float64, lifetime, idle, load, partition, converge time.Duration, churn bool, log io.Writer) (Result, error) {
+	res := Result{Mode: mode, Nodes: n, Rate: rate}
+	if mode == sim.ModeOwned {
+		res.Replicas = replicas
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), converge)
 	defer cancel()
 	t0 := time.Now()
-	c, err := sim.Start(ctx, sim.Config{Nodes: n, StoreRate: rate, Lifetime: lifetime, Membership: membership.DefaultConfig()})
+	c, err := sim.Start(ctx, sim.Config{Nodes: n, StoreRate: rate, Lifetime: lifetime, Membership: membership.DefaultConfig(),
+		Mode: mode, Replicas: replicas})
 	if err != nil {
 		return res, err
 	}
@@ -142,7 +169,7 @@ func one(n int, rate float64, lifetime, idle, load, partition, converge time.Dur
 		if err := c.Check(); err != nil {
 			return 0, fmt.Errorf("%s: %w", what, err)
 		}
-		fmt.Fprintf(log, "%d nodes: %s: converged in %v\n", n, what, d.Round(time.Millisecond))
+		fmt.Fprintf(log, "%d nodes, %s: %s: converged in %v\n", n, mode, what, d.Round(time.Millisecond))
 		return d.Seconds(), nil
 	}
 	if _, err := wait("start"); err != nil {
@@ -166,6 +193,7 @@ func one(n int, rate float64, lifetime, idle, load, partition, converge time.Dur
 	res.AllP50Ms, res.AllP99Ms, res.Complete = ms(all50), ms(all99), complete
 	if res.Load.AppliedPerNode > 0 {
 		res.GossipPerEvent = res.Load.GossipInBps / res.Load.AppliedPerNode
+		res.DirectPerEvent = res.Load.DirectInBps / res.Load.AppliedPerNode
 	}
 	c.StopLoad()
 	if _, err := wait("after load"); err != nil {
@@ -216,6 +244,9 @@ func readResults(path string) ([]Result, error) {
 		if err := json.Unmarshal([]byte(line), &r); err != nil || r.Nodes < 1 {
 			return nil, fmt.Errorf("scale: -from: %s line %d is not a result", path, i+1)
 		}
+		if r.Mode == "" {
+			r.Mode = sim.ModeWhole // printed before there were modes
+		}
 		out = append(out, r)
 	}
 	if len(out) == 0 {
@@ -226,13 +257,20 @@ func readResults(path string) ([]Result, error) {
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
-// model extrapolates the whole-index design past what runs here (see
-// docs/scale.md): per node, memory N·B·b, inbound event bytes N·r·g with
-// g the mean measured gossip bytes per applied event, and the cluster's
-// event rate N·r against what gossip can carry, 112 KB/s ÷ g.
+// model extrapolates both designs past what runs here (see
+// docs/scale.md). Whole index, per node: memory N·B·b, inbound event bytes
+// N·r·g with g the mean measured gossip bytes per applied event, and the
+// cluster's event rate N·r against what gossip can carry, 112 KB/s ÷ g.
+// Owned slices, per node: memory R·B·b, inbound R·r·d with d the mean
+// measured bytes of calls to owners per applied op, plus the probes of
+// silent streams, (N-1)/5 s of probeBytes each way.
 type model struct {
-	rate, blocks, pairBytes float64
+	rate, blocks, pairBytes, replicas float64
 }
+
+// probeBytes is an empty call to an owner and its answer on the wire
+// (the simulation's estimate, sim's callOverhead and the payload).
+const probeBytes = 19 + 1 + 2*(5+3) + 2*50 + 1
 
 // gossipCapacity is what memberlist's gossip can send per node per second
 // with membership's timings: a 1,400-byte packet to each of 4 nodes every
@@ -240,14 +278,21 @@ type model struct {
 const gossipCapacity = 4 * 1400 / 0.05
 
 func (m model) curves(results []Result) []report.Curve {
-	g := 0.0
+	g, d := 0.0, 0.0
+	var ng, nd float64
 	for _, r := range results {
-		g += r.GossipPerEvent
+		if r.Mode == sim.ModeOwned {
+			d += r.DirectPerEvent
+			nd++
+		} else {
+			g += r.GossipPerEvent
+			ng++
+		}
 	}
-	if len(results) == 0 || g == 0 {
-		return nil
+	if ng == 0 || g == 0 {
+		return m.ownedCurves(d / max(1, nd))
 	}
-	g /= float64(len(results))
+	g /= ng
 	mem := report.Curve{Title: fmt.Sprintf("Model: whole index per node, %.0f blocks a node, %.0f B a pair", m.blocks, m.pairBytes),
 		X: "nodes", Y: "GB", Series: map[string][]report.Point{}}
 	bw := report.Curve{Title: fmt.Sprintf("Model: events received per node, %.0f events/s a node, %.0f B each (measured)", m.rate, g),
@@ -262,7 +307,29 @@ func (m model) curves(results []Result) []report.Curve {
 		gc.Series["published"] = append(gc.Series["published"], report.Point{X: n, Y: n * m.rate})
 		gc.Series["gossip capacity"] = append(gc.Series["gossip capacity"], report.Point{X: n, Y: gossipCapacity / g})
 	}
-	return []report.Curve{mem, bw, gc}
+	out := []report.Curve{mem, bw, gc}
+	if nd > 0 {
+		out = append(out, m.ownedCurves(d/nd)...)
+	}
+	return out
+}
+
+// ownedCurves is the owned slices' model with d bytes received per op
+// applied.
+func (m model) ownedCurves(d float64) []report.Curve {
+	if d == 0 {
+		return nil
+	}
+	mem := report.Curve{Title: fmt.Sprintf("Model: owned slice per node, %.0f blocks a node, %.0f owners, %.0f B a pair", m.blocks, m.replicas, m.pairBytes),
+		X: "nodes", Y: "GB", Series: map[string][]report.Point{}}
+	bw := report.Curve{Title: fmt.Sprintf("Model: calls to owners received per node, %.0f events/s a node, %.0f B an op (measured), probes every 5 s", m.rate, d),
+		X: "nodes", Y: "MB/s", Series: map[string][]report.Point{}}
+	for _, n := range []float64{16, 64, 256, 1000, 2500, 5000, 10000} {
+		mem.Series["slice"] = append(mem.Series["slice"], report.Point{X: n, Y: min(n, m.replicas) * m.blocks * m.pairBytes / 1e9})
+		bw.Series["ops and probes in"] = append(bw.Series["ops and probes in"], report.Point{X: n, Y: (min(n, m.replicas)*m.rate*d + (n-1)/5*probeBytes) / 1e6})
+		bw.Series["1% of 100 Gb/s"] = append(bw.Series["1% of 100 Gb/s"], report.Point{X: n, Y: 0.01 * 100e9 / 8 / 1e6})
+	}
+	return []report.Curve{mem, bw}
 }
 
 func record(results []Result, m model) *report.Record {
@@ -276,7 +343,8 @@ func record(results []Result, m model) *report.Record {
 		cv := report.Curve{Title: title, X: "nodes", Y: y, Series: map[string][]report.Point{}}
 		for name, f := range series {
 			for _, res := range results {
-				cv.Series[name] = append(cv.Series[name], report.Point{X: float64(res.Nodes), Y: f(res)})
+				key := name + ", " + res.Mode
+				cv.Series[key] = append(cv.Series[key], report.Point{X: float64(res.Nodes), Y: f(res)})
 			}
 		}
 		r.Curves = append(r.Curves, cv)
@@ -291,6 +359,13 @@ func record(results []Result, m model) *report.Record {
 	})
 	curve("Gossip bytes received per applied event", "bytes", map[string]func(Result) float64{
 		"gossip in / event applied": func(x Result) float64 { return x.GossipPerEvent },
+	})
+	curve("Calls to owners per node under load (owned slices)", "bytes/s", map[string]func(Result) float64{
+		"in":  func(x Result) float64 { return x.Load.DirectInBps },
+		"out": func(x Result) float64 { return x.Load.DirectOutBps },
+	})
+	curve("Control-plane bytes received per node under load (gossip, repair and calls to owners)", "bytes/s", map[string]func(Result) float64{
+		"in": func(x Result) float64 { return x.Load.GossipInBps + x.Load.RepairInBps + x.Load.DirectInBps },
 	})
 	curve("Repair bytes per node under load", "bytes/s", map[string]func(Result) float64{
 		"in":  func(x Result) float64 { return x.Load.RepairInBps },
@@ -322,7 +397,7 @@ func record(results []Result, m model) *report.Record {
 		b, _ := json.Marshal(res)
 		var m map[string]any
 		json.Unmarshal(b, &m)
-		r.Summary[fmt.Sprintf("n=%04d", res.Nodes)] = m
+		r.Summary[fmt.Sprintf("n=%04d %s", res.Nodes, res.Mode)] = m
 	}
 	return r
 }

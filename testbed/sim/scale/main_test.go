@@ -19,6 +19,8 @@ func TestFlagsRefused(t *testing.T) {
 		{[]string{"-rate", "0"}, "must be positive"},
 		{[]string{"-lifetime", "-1s"}, "must be positive"},
 		{[]string{"-nope"}, "flag provided but not defined"},
+		{[]string{"-mode", "whole,sharded"}, `-mode: "sharded"`},
+		{[]string{"-mode", "owned", "-replicas", "9"}, "-replicas 9"},
 	} {
 		var out, errs bytes.Buffer
 		err := run(c.args, &out, &errs)
@@ -60,8 +62,37 @@ func TestModelCurves(t *testing.T) {
 		t.Errorf("curves without results: %v", cs)
 	}
 	r := record(res, m)
-	if len(r.Curves) != 9+3 {
-		t.Errorf("record has %d curves, want 12", len(r.Curves))
+	if len(r.Curves) != 11+3 {
+		t.Errorf("record has %d curves, want 14", len(r.Curves))
+	}
+}
+
+// The owned slices' model: R·B·b of slice per node, flat in N; ops in at
+// R·r·d and probes at (N-1)/5 s a node.
+func TestOwnedModelCurves(t *testing.T) {
+	m := model{rate: 333, blocks: 1e5, pairBytes: 15, replicas: 3}
+	res := []Result{{Mode: "whole", Nodes: 64, GossipPerEvent: 100}, {Mode: "owned", Nodes: 64, DirectPerEvent: 80}}
+	cs := m.curves(res)
+	if len(cs) != 5 {
+		t.Fatalf("%d model curves, want 5 (3 whole, 2 owned)", len(cs))
+	}
+	at := func(c int, series string, n float64) float64 {
+		for _, p := range cs[c].Series[series] {
+			if p.X == n {
+				return p.Y
+			}
+		}
+		t.Fatalf("curve %q series %q has no point at %v", cs[c].Title, series, n)
+		return 0
+	}
+	if got, want := at(3, "slice", 1000), 3*1e5*15/1e9; got != want {
+		t.Errorf("slice GB at 1000 = %v, want %v", got, want)
+	}
+	if got, want := at(3, "slice", 10000), at(3, "slice", 1000); got != want {
+		t.Errorf("slice at 10,000 nodes %v, at 1,000 %v: want flat", got, want)
+	}
+	if got, want := at(4, "ops and probes in", 1000), (3*333*80+999.0/5*probeBytes)/1e6; got < want*0.999 || got > want*1.001 {
+		t.Errorf("calls in MB/s at 1000 = %v, want %v", got, want)
 	}
 }
 

@@ -1,0 +1,235 @@
+package fabric
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric/index"
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// ownedIndex is the owned-slices block index (index_mode owned): each
+// block hash is indexed by the Config.IndexReplicas members that
+// rendezvous hashing over the member list picks (index.Placement), and
+// this node's index (Agent.index) holds only the hashes it owns, of every
+// holder. Events of this node's blocks go to their hashes' owners over the
+// peer connections (transfer index calls, not gossip) in the ordered
+// streams of index.Publisher and index.Slice; lookups ask the owners, and
+// keep their answers for Config.IndexCacheTTL. When the member list
+// changes the publisher moves hashes between owners; a member that leaves
+// or fails is dropped from every index by membership's sink, as in whole
+// mode.
+type ownedIndex struct {
+	a     *Agent
+	pub   *index.Publisher
+	slice atomic.Pointer[index.Slice] // from start on: peers may call before
+	cache *index.AnswerCache
+	wake  chan struct{} // ops queued; capacity 1
+
+	mu      sync.Mutex // serializes publish: through
+	through uint64     // the last pool event a snapshot covered
+
+	stats ownedStats
+}
+
+// ownedStats counts the owned index's traffic, for tests.
+type ownedStats struct {
+	opsSent, opCalls, opBytes atomic.Uint64
+	lookupCalls, lookupBytes  atomic.Uint64
+	cacheHits, cacheMisses    atomic.Uint64
+	sendErrors                atomic.Uint64
+}
+
+// ownedWatchInterval is how often the member list is compared with the
+// placement's.
+const ownedWatchInterval = 50 * time.Millisecond
+
+func newOwnedIndex(a *Agent) *ownedIndex {
+	return &ownedIndex{
+		a:     a,
+		pub:   index.NewPublisher(a.cfg.NodeName, a.cfg.IndexReplicas, 0),
+		cache: index.NewAnswerCache(0, a.cfg.IndexCacheTTL),
+		wake:  make(chan struct{}, 1),
+	}
+}
+
+// start runs the loops that follow the member list and send queued ops;
+// the index and membership have started.
+func (o *ownedIndex) start() {
+	o.slice.Store(index.NewSlice(o.a.index, o.a.sink.Drop))
+	o.a.wg.Add(2)
+	go o.watchLoop()
+	go o.sendLoop()
+}
+
+func (o *ownedIndex) poke() {
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+// publish takes the local pool's events in place of gossip. The pool calls
+// it from its own goroutine.
+func (o *ownedIndex) publish(b pool.EventBatch) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if b.Dropped > 0 {
+		// The pool's registry is the truth: every owner gets it afresh.
+		o.a.stats.eventsLost.Add(b.Dropped)
+		s := o.a.pool.Snapshot()
+		hashes := make([]uint64, len(s.Blocks))
+		for i, blk := range s.Blocks {
+			hashes[i] = blk.Hash
+		}
+		if o.a.tiers != nil {
+			for _, e := range o.a.tiers.holdings() { // disk-held blocks stay announced
+				hashes = append(hashes, e.Hash)
+			}
+		}
+		o.pub.Reset(hashes)
+		o.through = s.Seq
+		o.a.log.Warn("pool events lost; every owner gets this node's holdings afresh", "lost", b.Dropped, "held", o.pub.Held())
+		o.poke()
+		return
+	}
+	queued := false
+	for _, e := range b.Events {
+		if e.Seq <= o.through {
+			continue
+		}
+		if e.Kind == pool.EventRemove {
+			queued = o.pub.Remove(e.Hash) || queued
+		} else {
+			queued = o.pub.Store(e.Hash) || queued
+		}
+	}
+	if queued {
+		o.poke()
+	}
+}
+
+// publishHeld takes a change to what this node holds outside its pool's
+// events (the disk tiers' blocks), as publish takes the pool's.
+func (o *ownedIndex) publishHeld(store bool, hashes []uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	queued := false
+	if store {
+		queued = o.pub.Store(hashes...)
+	} else {
+		queued = o.pub.Remove(hashes...)
+	}
+	if queued {
+		o.poke()
+	}
+}
+
+// watchLoop follows the member list: each change moves hashes between
+// owners.
+func (o *ownedIndex) watchLoop() {
+	defer o.a.wg.Done()
+	t := time.NewTicker(ownedWatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-o.a.done:
+			return
+		case <-t.C:
+		}
+		ms := o.a.members.Members()
+		names := make([]string, len(ms))
+		for i, m := range ms {
+			names[i] = m.Name
+		}
+		if o.pub.SetMembers(names) {
+			o.cache.Clear()
+			o.poke()
+		}
+	}
+}
+
+// sendLoop sends each owner its queued ops, one call out per owner, so
+// that they arrive in order.
+func (o *ownedIndex) sendLoop() {
+	defer o.a.wg.Done()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	var calls sync.WaitGroup
+	defer calls.Wait()
+	inc := o.a.members.Incarnation()
+	for {
+		select {
+		case <-o.a.done:
+			return
+		case <-o.wake:
+		case <-t.C:
+		}
+		for _, c := range o.pub.Next(time.Now(), inc) {
+			calls.Go(func() { o.send(c) })
+		}
+	}
+}
+
+// send makes one ops call and records its outcome.
+func (o *ownedIndex) send(c index.Outgoing) {
+	payload := appendOpsCall(nil, c.Call)
+	ans, err := o.call(c.Owner, payload)
+	outcome := index.Applied
+	switch {
+	case err != nil:
+		o.stats.sendErrors.Add(1)
+		o.a.log.Debug("index ops not delivered", "peer", c.Owner, "ops", len(c.Call.Ops), "err", err)
+		outcome = index.Failed
+	case len(ans) == 1 && ans[0] == ansReplace:
+		outcome = index.Replace
+	case len(ans) == 1 && ans[0] == ansApplied:
+		o.stats.opsSent.Add(uint64(len(c.Call.Ops)))
+		o.stats.opCalls.Add(1)
+		o.stats.opBytes.Add(uint64(len(payload)))
+	default:
+		o.stats.sendErrors.Add(1)
+		o.a.log.Warn("index ops: the owner's answer is malformed", "peer", c.Owner, "bytes", len(ans))
+		outcome = index.Failed
+	}
+	if o.pub.Done(c, outcome, time.Now()) {
+		o.poke()
+	}
+}
+
+// call sends an index call to member w, or serves it here if w is this
+// node.
+func (o *ownedIndex) call(w string, payload []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(o.a.ctx, o.a.cfg.PeerTimeout)
+	defer cancel()
+	if w == o.a.cfg.NodeName {
+		return o.serve(ctx, w, payload)
+	}
+	p, err := repairer{o.a}.peer(ctx, w)
+	if err != nil {
+		return nil, err
+	}
+	return p.IndexCall(ctx, payload)
+}
+
+// owners returns the owners of hash under this node's view, nil before it
+// has one.
+func (o *ownedIndex) owners(hash uint64) []string {
+	p := o.pub.Placement()
+	if p == nil {
+		return nil
+	}
+	return p.AppendOwners(nil, hash)
+}
+
+// members returns the members of this node's placement.
+func (o *ownedIndex) members() []string {
+	p := o.pub.Placement()
+	if p == nil {
+		return nil
+	}
+	return slices.Clone(p.Members())
+}

@@ -1,0 +1,159 @@
+package fabric
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric/index"
+)
+
+// findMatches is the index's answer to a prefix query, whichever the
+// index mode: the whole index here, or the owners' slices asked.
+func (a *Agent) findMatches(hashes []uint64) []index.Match {
+	if a.owned == nil {
+		return a.index.FindMatches(hashes)
+	}
+	return a.owned.findMatches(hashes)
+}
+
+// lookupChunk is how many hashes of a query are asked of the owners
+// before the holders so far are intersected: a prefix no node holds stops
+// the query there.
+const lookupChunk = 256
+
+// findMatches asks the owners of hashes who holds them, a chunk at a
+// time, and answers as [index.Index.FindMatches] does. Each hash is asked
+// of all its owners, and their answers are merged, so that an owner that
+// has not received its slice yet (it just joined) does not hide holders;
+// an owner that does not answer is left out. Answers are cached for the
+// configured TTL.
+func (o *ownedIndex) findMatches(hashes []uint64) []index.Match {
+	place := o.pub.Placement()
+	if len(hashes) == 0 || place == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(o.a.ctx, o.a.cfg.PeerTimeout)
+	defer cancel()
+	holders := make([][]string, 0, len(hashes))
+	var active map[string]int // holder -> leading hashes held
+	for base := 0; base < len(hashes); base += lookupChunk {
+		chunk := hashes[base:min(base+lookupChunk, len(hashes))]
+		got := o.ask(ctx, place, chunk)
+		holders = append(holders, got...)
+		for i, hs := range got {
+			if base+i == 0 {
+				active = make(map[string]int, len(hs))
+				for _, h := range hs {
+					active[h] = 0
+				}
+			}
+			live := 0
+			for h, n := range active {
+				if n == base+i && slices.Contains(hs, h) {
+					active[h] = n + 1
+					live++
+				}
+			}
+			if live == 0 {
+				return o.matches(active)
+			}
+		}
+	}
+	return o.matches(active)
+}
+
+// ask returns the holders of each of hashes, from the cache or the owners.
+func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []uint64) [][]string {
+	out := make([][]string, len(hashes))
+	now := time.Now()
+	need := map[string][]int{} // owner -> indexes into hashes
+	var owners [index.MaxReplicas]string
+	for i, h := range hashes {
+		if hs, ok := o.cache.Get(h, now); ok {
+			out[i] = hs
+			o.stats.cacheHits.Add(1)
+			continue
+		}
+		o.stats.cacheMisses.Add(1)
+		for _, w := range place.AppendOwners(owners[:0], h) {
+			need[w] = append(need[w], i)
+		}
+	}
+	if len(need) == 0 {
+		return out
+	}
+	var mu sync.Mutex
+	answered := make([]bool, len(hashes))
+	var wg sync.WaitGroup
+	for w, idx := range need {
+		wg.Go(func() {
+			qs := make([]uint64, len(idx))
+			for j, i := range idx {
+				qs[j] = hashes[i]
+			}
+			var got [][]string
+			if w == o.a.cfg.NodeName {
+				got = o.slice.Load().Holders(qs)
+			} else {
+				payload := appendLookupCall(nil, qs)
+				o.stats.lookupCalls.Add(1)
+				o.stats.lookupBytes.Add(uint64(len(payload)))
+				ans, err := o.call(w, payload)
+				if err == nil {
+					o.stats.lookupBytes.Add(uint64(len(ans)))
+					got, err = decodeLookupAnswer(ans, len(qs))
+				}
+				if err != nil {
+					o.a.log.Debug("index lookup: an owner did not answer", "peer", w, "err", err)
+					return
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for j, i := range idx {
+				answered[i] = true
+				for _, h := range got[j] {
+					if !slices.Contains(out[i], h) {
+						out[i] = append(out[i], h)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, h := range hashes {
+		if answered[i] {
+			if out[i] == nil {
+				out[i] = []string{}
+			}
+			o.cache.Put(h, out[i], now)
+		}
+	}
+	return out
+}
+
+// matches turns holder names and their leading hashes into the index's
+// matches, longest first: members only, named in the local index (which
+// gives ids to the holders an owner told of).
+func (o *ownedIndex) matches(active map[string]int) []index.Match {
+	var out []index.Match
+	for name, n := range active {
+		if n == 0 || !o.a.isMember(name) {
+			continue
+		}
+		id, err := o.a.index.ID(name)
+		if err != nil {
+			continue
+		}
+		out = append(out, index.Match{Node: id, Blocks: n})
+	}
+	slices.SortFunc(out, func(x, y index.Match) int {
+		if x.Blocks != y.Blocks {
+			return y.Blocks - x.Blocks
+		}
+		return int(uint32(x.Node)) - int(uint32(y.Node))
+	})
+	return out
+}

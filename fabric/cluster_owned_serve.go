@@ -1,0 +1,57 @@
+package fabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kvfabric/kvfabric/fabric/index"
+	"github.com/kvfabric/kvfabric/transfer"
+)
+
+var _ transfer.IndexHandler = (*peerService)(nil)
+
+// IndexCall serves the owned-slices index's calls: a peer's block events
+// for the hashes this node owns, and lookups of them.
+func (s *peerService) IndexCall(ctx context.Context, peer string, payload []byte) ([]byte, error) {
+	o := s.a.owned
+	if o == nil {
+		return nil, fmt.Errorf("%w: this node keeps the whole index (index_mode whole), not owned slices", transfer.ErrUnavailable)
+	}
+	return o.serve(ctx, peer, payload)
+}
+
+func (o *ownedIndex) serve(ctx context.Context, peer string, payload []byte) ([]byte, error) {
+	slice := o.slice.Load()
+	if slice == nil {
+		return nil, fmt.Errorf("%w: the index is starting", transfer.ErrUnavailable)
+	}
+	switch payload[0] {
+	case ownedCallOps:
+		c, err := decodeOpsCall(payload)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", transfer.ErrInvalidRequest, err)
+		}
+		return applyOps(slice, peer, c)
+	case ownedCallLookup:
+		hashes, err := decodeLookupCall(payload)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", transfer.ErrInvalidRequest, err)
+		}
+		return appendLookupAnswer(nil, slice.Holders(hashes)), nil
+	}
+	return nil, fmt.Errorf("%w: index call of unknown kind %d", transfer.ErrInvalidRequest, payload[0])
+}
+
+// applyOps applies an origin's ops to this node's slice, and answers
+// ansReplace where the slice cannot continue the origin's stream.
+func applyOps(slice *index.Slice, origin string, c index.OpsCall) ([]byte, error) {
+	_, err := slice.Apply(origin, c)
+	switch {
+	case errors.Is(err, index.ErrReplaceNeeded):
+		return []byte{ansReplace}, nil
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w", transfer.ErrUnavailable, err)
+	}
+	return []byte{ansApplied}, nil
+}

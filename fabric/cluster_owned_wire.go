@@ -1,0 +1,191 @@
+package fabric
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/kvfabric/kvfabric/fabric/index"
+)
+
+// The owned-slices index's calls travel as transfer index calls (method
+// 10), whose payload is this:
+//
+//	ops call (an origin's block events for one owner, in order):
+//	  u8 1 | u64 incarnation | u64 first | u8 flags | uvarint n | n × (u8 kind | u64 hash)
+//	  answer: u8 0 (applied) or 1 (replace needed)
+//	lookup call (who holds each hash):
+//	  u8 2 | uvarint n | n × u64 hash
+//	  answer: uvarint m | m × (uvarint len | name) | n × (uvarint k | k × uvarint name index)
+//
+// Integers are little-endian. Ops are numbered per origin run and owner
+// from first on, so that an owner applies each exactly once and in order
+// and notices a gap; flags bit 0 says the first op starts the stream
+// afresh: the owner forgets what it held of the origin before applying.
+
+const (
+	ownedCallOps    = 1
+	ownedCallLookup = 2
+
+	flagReplace = 1
+
+	ansApplied = 0
+	ansReplace = 1
+
+	// maxOwnedOps bounds the ops of one call (9 bytes each); maxLookupHashes
+	// the hashes of one lookup call; maxOwnedNameLen a holder's name.
+	maxOwnedOps     = index.MaxOpsPerCall
+	maxLookupHashes = 1 << 14
+	maxOwnedNameLen = 253
+)
+
+// errOwnedWire is matched by every malformed index call or answer.
+var errOwnedWire = errors.New("fabric: malformed index call")
+
+func appendOpsCall(b []byte, c index.OpsCall) []byte {
+	b = append(b, ownedCallOps)
+	b = binary.LittleEndian.AppendUint64(b, c.Inc)
+	b = binary.LittleEndian.AppendUint64(b, c.First)
+	var f byte
+	if c.Replace {
+		f |= flagReplace
+	}
+	b = append(b, f)
+	b = binary.AppendUvarint(b, uint64(len(c.Ops)))
+	for _, o := range c.Ops {
+		b = append(b, o.Kind)
+		b = binary.LittleEndian.AppendUint64(b, o.Hash)
+	}
+	return b
+}
+
+func decodeOpsCall(b []byte) (index.OpsCall, error) {
+	var c index.OpsCall
+	if len(b) < 18 || b[0] != ownedCallOps {
+		return c, fmt.Errorf("%w: ops call of %d bytes", errOwnedWire, len(b))
+	}
+	c.Inc = binary.LittleEndian.Uint64(b[1:])
+	c.First = binary.LittleEndian.Uint64(b[9:])
+	if b[17]&^flagReplace != 0 {
+		return c, fmt.Errorf("%w: unknown flags %#x", errOwnedWire, b[17])
+	}
+	c.Replace = b[17]&flagReplace != 0
+	n, k := binary.Uvarint(b[18:])
+	if k <= 0 || n > maxOwnedOps {
+		return c, fmt.Errorf("%w: op count not in [0, %d]", errOwnedWire, maxOwnedOps)
+	}
+	rest := b[18+k:]
+	if uint64(len(rest)) != n*9 {
+		return c, fmt.Errorf("%w: %d ops in %d bytes", errOwnedWire, n, len(rest))
+	}
+	if c.First == 0 || c.First+n < c.First {
+		return c, fmt.Errorf("%w: ops numbered from %d", errOwnedWire, c.First)
+	}
+	c.Ops = make([]index.Op, n)
+	for i := range c.Ops {
+		o := index.Op{Kind: rest[9*i], Hash: binary.LittleEndian.Uint64(rest[9*i+1:])}
+		if o.Kind < index.OpStore || o.Kind > index.OpForget {
+			return c, fmt.Errorf("%w: op %d of unknown kind %d", errOwnedWire, i, o.Kind)
+		}
+		c.Ops[i] = o
+	}
+	return c, nil
+}
+
+func appendLookupCall(b []byte, hashes []uint64) []byte {
+	b = append(b, ownedCallLookup)
+	b = binary.AppendUvarint(b, uint64(len(hashes)))
+	for _, h := range hashes {
+		b = binary.LittleEndian.AppendUint64(b, h)
+	}
+	return b
+}
+
+func decodeLookupCall(b []byte) ([]uint64, error) {
+	if len(b) < 2 || b[0] != ownedCallLookup {
+		return nil, fmt.Errorf("%w: lookup call of %d bytes", errOwnedWire, len(b))
+	}
+	n, k := binary.Uvarint(b[1:])
+	if k <= 0 || n == 0 || n > maxLookupHashes {
+		return nil, fmt.Errorf("%w: lookup of a hash count not in [1, %d]", errOwnedWire, maxLookupHashes)
+	}
+	rest := b[1+k:]
+	if uint64(len(rest)) != 8*n {
+		return nil, fmt.Errorf("%w: %d hashes in %d bytes", errOwnedWire, n, len(rest))
+	}
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint64(rest[8*i:])
+	}
+	return out, nil
+}
+
+// appendLookupAnswer encodes holders[i], the holder names of hash i.
+func appendLookupAnswer(b []byte, holders [][]string) []byte {
+	idx := map[string]int{}
+	var names []string
+	for _, hs := range holders {
+		for _, h := range hs {
+			if _, ok := idx[h]; !ok {
+				idx[h] = len(names)
+				names = append(names, h)
+			}
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for _, n := range names {
+		b = binary.AppendUvarint(b, uint64(len(n)))
+		b = append(b, n...)
+	}
+	for _, hs := range holders {
+		b = binary.AppendUvarint(b, uint64(len(hs)))
+		for _, h := range hs {
+			b = binary.AppendUvarint(b, uint64(idx[h]))
+		}
+	}
+	return b
+}
+
+// decodeLookupAnswer decodes the holders of n hashes.
+func decodeLookupAnswer(b []byte, n int) ([][]string, error) {
+	bad := func(what string) ([][]string, error) {
+		return nil, fmt.Errorf("%w: lookup answer: %s", errOwnedWire, what)
+	}
+	m, k := binary.Uvarint(b)
+	// Each name takes at least one byte: a count past what is left lies.
+	if k <= 0 || m > uint64(len(b)) {
+		return bad("name count")
+	}
+	b = b[k:]
+	names := make([]string, m)
+	for i := range names {
+		l, k := binary.Uvarint(b)
+		if k <= 0 || l == 0 || l > maxOwnedNameLen || uint64(len(b)-k) < l {
+			return bad(fmt.Sprintf("name %d", i))
+		}
+		names[i] = string(b[k : k+int(l)])
+		b = b[k+int(l):]
+	}
+	out := make([][]string, n)
+	for i := range out {
+		c, k := binary.Uvarint(b)
+		if k <= 0 || c > m || c > uint64(len(b)) {
+			return bad(fmt.Sprintf("holders of hash %d", i))
+		}
+		b = b[k:]
+		hs := make([]string, c)
+		for j := range hs {
+			x, k := binary.Uvarint(b)
+			if k <= 0 || x >= m {
+				return bad(fmt.Sprintf("holder %d of hash %d", j, i))
+			}
+			hs[j] = names[x]
+			b = b[k:]
+		}
+		out[i] = hs
+	}
+	if len(b) != 0 {
+		return bad(fmt.Sprintf("%d bytes after the last hash", len(b)))
+	}
+	return out, nil
+}

@@ -1,0 +1,96 @@
+package fabric
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/fabric/index"
+)
+
+func TestOwnedWireRoundTrip(t *testing.T) {
+	c := index.OpsCall{Inc: 7, First: 3, Replace: true, Ops: []index.Op{{Kind: index.OpStore, Hash: 1}, {Kind: index.OpRemove, Hash: 2}, {Kind: index.OpForget, Hash: 1 << 63}}}
+	got, err := decodeOpsCall(appendOpsCall(nil, c))
+	if err != nil || got.Inc != c.Inc || got.First != c.First || !got.Replace || !slices.Equal(got.Ops, c.Ops) {
+		t.Fatalf("ops call: %+v, %v; want %+v", got, err, c)
+	}
+	hashes := []uint64{1, 2, 3}
+	hs, err := decodeLookupCall(appendLookupCall(nil, hashes))
+	if err != nil || !slices.Equal(hs, hashes) {
+		t.Fatalf("lookup call: %v, %v", hs, err)
+	}
+	holders := [][]string{{"a", "b"}, {}, {"b"}}
+	ans, err := decodeLookupAnswer(appendLookupAnswer(nil, holders), 3)
+	if err != nil || len(ans) != 3 || !slices.Equal(ans[0], holders[0]) || len(ans[1]) != 0 || !slices.Equal(ans[2], holders[2]) {
+		t.Fatalf("lookup answer: %v, %v", ans, err)
+	}
+}
+
+// Each limit of the index calls: at it decodes, one past it is refused.
+func TestOwnedWireLimits(t *testing.T) {
+	ops := make([]index.Op, maxOwnedOps+1)
+	for i := range ops {
+		ops[i] = index.Op{Kind: index.OpStore, Hash: uint64(i)}
+	}
+	if _, err := decodeOpsCall(appendOpsCall(nil, index.OpsCall{First: 1, Ops: ops[:maxOwnedOps]})); err != nil {
+		t.Fatalf("%d ops: %v", maxOwnedOps, err)
+	}
+	if _, err := decodeOpsCall(appendOpsCall(nil, index.OpsCall{First: 1, Ops: ops})); !errors.Is(err, errOwnedWire) {
+		t.Fatalf("%d ops: %v, want refused", maxOwnedOps+1, err)
+	}
+	hashes := make([]uint64, maxLookupHashes+1)
+	if _, err := decodeLookupCall(appendLookupCall(nil, hashes[:maxLookupHashes])); err != nil {
+		t.Fatalf("%d hashes: %v", maxLookupHashes, err)
+	}
+	if _, err := decodeLookupCall(appendLookupCall(nil, hashes)); !errors.Is(err, errOwnedWire) {
+		t.Fatalf("%d hashes: %v, want refused", maxLookupHashes+1, err)
+	}
+	long := string(bytes.Repeat([]byte{'n'}, maxOwnedNameLen))
+	if _, err := decodeLookupAnswer(appendLookupAnswer(nil, [][]string{{long}}), 1); err != nil {
+		t.Fatalf("a name of %d bytes: %v", maxOwnedNameLen, err)
+	}
+	if _, err := decodeLookupAnswer(appendLookupAnswer(nil, [][]string{{long + "n"}}), 1); !errors.Is(err, errOwnedWire) {
+		t.Fatalf("a name of %d bytes: %v, want refused", maxOwnedNameLen+1, err)
+	}
+	for _, bad := range []struct {
+		desc string
+		b    []byte
+	}{
+		{"unknown op kind", appendOpsCall(nil, index.OpsCall{First: 1, Ops: []index.Op{{Kind: 9, Hash: 1}}})},
+		{"ops numbered from zero", appendOpsCall(nil, index.OpsCall{First: 0, Ops: ops[:1]})},
+		{"truncated", appendOpsCall(nil, index.OpsCall{First: 1, Ops: ops[:2]})[:30]},
+		{"unknown flags", func() []byte { b := appendOpsCall(nil, index.OpsCall{First: 1}); b[17] = 6; return b }()},
+	} {
+		if _, err := decodeOpsCall(bad.b); !errors.Is(err, errOwnedWire) {
+			t.Errorf("%s: %v, want refused", bad.desc, err)
+		}
+	}
+}
+
+func FuzzOwnedWire(f *testing.F) {
+	f.Add(appendOpsCall(nil, index.OpsCall{Inc: 1, First: 1, Ops: []index.Op{{Kind: index.OpStore, Hash: 5}}}))
+	f.Add(appendLookupCall(nil, []uint64{1, 2}))
+	f.Add(appendLookupAnswer(nil, [][]string{{"a"}, {"a", "b"}}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		// What decodes encodes to what decodes the same (varints may
+		// come overlong, so not to the same bytes).
+		if c, err := decodeOpsCall(b); err == nil {
+			again, err := decodeOpsCall(appendOpsCall(nil, c))
+			if err != nil || again.Inc != c.Inc || again.First != c.First || again.Replace != c.Replace || !slices.Equal(again.Ops, c.Ops) {
+				t.Fatalf("ops call %x: %+v re-decodes to %+v, %v", b, c, again, err)
+			}
+		}
+		if hs, err := decodeLookupCall(b); err == nil {
+			again, err := decodeLookupCall(appendLookupCall(nil, hs))
+			if err != nil || !slices.Equal(again, hs) {
+				t.Fatalf("lookup call %x: %v re-decodes to %v, %v", b, hs, again, err)
+			}
+		}
+		for n := range 3 {
+			if ans, err := decodeLookupAnswer(b, n); err == nil && len(ans) != n {
+				t.Fatalf("answer of %d hashes decoded to %d", n, len(ans))
+			}
+		}
+	})
+}

@@ -1,0 +1,87 @@
+package index
+
+import (
+	"sync"
+	"time"
+)
+
+// AnswerCache keeps owners' recent answers about hashes, so that a node
+// of an owned-slices index asks an owner again only once an answer is
+// older than its TTL. It is bounded: past Size answers, the oldest stored
+// is forgotten first. All methods are safe for concurrent use; Get's
+// holders are shared with the cache and must not be modified.
+type AnswerCache struct {
+	ttl  time.Duration
+	size int
+
+	mu   sync.Mutex
+	m    map[uint64]cachedAnswer
+	ring []uint64 // hashes in the order they were stored; len(ring) <= size
+	next int      // where the next stored hash goes once ring is full
+}
+
+type cachedAnswer struct {
+	holders []string
+	at      time.Time
+}
+
+// DefaultAnswerCacheSize is the answers an AnswerCache keeps if its size
+// is zero: about 6 MiB with three holders per hash.
+const DefaultAnswerCacheSize = 1 << 16
+
+// NewAnswerCache returns a cache of at most size answers (if zero,
+// DefaultAnswerCacheSize), each good for ttl (if zero or less, nothing is
+// kept).
+func NewAnswerCache(size int, ttl time.Duration) *AnswerCache {
+	if size <= 0 {
+		size = DefaultAnswerCacheSize
+	}
+	return &AnswerCache{ttl: ttl, size: size, m: make(map[uint64]cachedAnswer)}
+}
+
+// Get returns the holders an owner answered for hash, if the answer was
+// stored less than the TTL before now.
+func (c *AnswerCache) Get(hash uint64, now time.Time) ([]string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[hash]
+	if !ok || now.Sub(e.at) >= c.ttl {
+		return nil, false
+	}
+	return e.holders, true
+}
+
+// Put stores the holders of hash as of now; the cache keeps holders.
+func (c *AnswerCache) Put(hash uint64, holders []string, now time.Time) {
+	if c.ttl <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[hash]; !ok {
+		if len(c.ring) < c.size {
+			c.ring = append(c.ring, hash)
+		} else {
+			delete(c.m, c.ring[c.next])
+			c.ring[c.next] = hash
+			c.next = (c.next + 1) % c.size
+		}
+	}
+	c.m[hash] = cachedAnswer{holders: holders, at: now}
+}
+
+// Clear forgets every answer, as when the member list changes and the
+// owners of every hash may have.
+func (c *AnswerCache) Clear() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.m)
+	c.ring, c.next = c.ring[:0], 0
+}
+
+// Len returns how many answers the cache holds, stale ones included.
+func (c *AnswerCache) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
+}
