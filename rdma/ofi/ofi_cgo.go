@@ -5,6 +5,7 @@ package ofi
 /*
 #cgo LDFLAGS: -ldl
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,40 @@ struct kvf_lib {
 	const char *(*strerror)(int);
 	uint32_t (*version)(void);
 };
+
+// kvf_sigs holds the process's signal handlers. A provider's library may
+// install its own when it loads or initialises (Debian's libfabric links
+// libpsm, whose constructor takes SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGILL
+// and SIGABRT and exits on them): that would take the Go runtime's
+// handlers away (no graceful stop on SIGTERM, no panic on a nil pointer).
+// The binding saves them before each call that may load a provider and
+// puts back any that changed.
+struct kvf_sigs {
+	struct sigaction act[NSIG];
+};
+
+static void kvf_sigs_save(struct kvf_sigs *s) {
+	for (int i = 1; i < NSIG; i++) sigaction(i, NULL, &s->act[i]);
+}
+
+// kvf_sigs_restore puts back every handler that changed since save and
+// returns how many.
+static int kvf_sigs_restore(struct kvf_sigs *s) {
+	int n = 0;
+	for (int i = 1; i < NSIG; i++) {
+		struct sigaction now;
+		if (sigaction(i, NULL, &now) != 0) continue;
+		if (now.sa_sigaction != s->act[i].sa_sigaction && sigaction(i, &s->act[i], NULL) == 0) n++;
+	}
+	return n;
+}
+
+// kvf_handler is signal sig's handler, for tests.
+static uintptr_t kvf_handler(int sig) {
+	struct sigaction a;
+	if (sigaction(sig, NULL, &a) != 0) return 0;
+	return (uintptr_t)a.sa_sigaction;
+}
 
 // kvf_load returns 0, or 1 when dlopen failed, or 2 when a symbol is
 // missing; err then holds dlerror's text. The caller holds its OS thread.
@@ -253,6 +288,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -285,9 +321,16 @@ func Load(cfg Config) (*Library, error) {
 	path := C.CString(cfg.Library)
 	defer C.free(unsafe.Pointer(path))
 	var msg [512]C.char
-	runtime.LockOSThread()
-	rc := C.kvf_load(l, path, &msg[0], C.size_t(len(msg)))
-	runtime.UnlockOSThread()
+	var rc C.int
+	var version uint32
+	keepSignals(cfg.Logger, "dlopen", func() {
+		runtime.LockOSThread()
+		rc = C.kvf_load(l, path, &msg[0], C.size_t(len(msg)))
+		runtime.UnlockOSThread()
+		if rc == 0 {
+			version = uint32(C.kvf_version(l))
+		}
+	})
 	switch rc {
 	case 1:
 		C.free(unsafe.Pointer(l))
@@ -296,7 +339,7 @@ func Load(cfg Config) (*Library, error) {
 		C.free(unsafe.Pointer(l))
 		return nil, fmt.Errorf("ofi: %s lacks a required symbol (%s): %w", cfg.Library, C.GoString(&msg[0]), ErrNotSupported)
 	}
-	if v := uint32(C.kvf_version(l)); v < APIVersion {
+	if v := version; v < APIVersion {
 		C.kvf_unload(l)
 		C.free(unsafe.Pointer(l))
 		return nil, fmt.Errorf("ofi: %s is libfabric %d.%d; kvfabric needs %d.%d or later: %w",
@@ -333,6 +376,27 @@ func (l *Library) Close() error {
 	C.free(unsafe.Pointer(l.lib))
 	return errors.Join(errs...)
 }
+
+// sigMu serialises keepSignals: one call's save must not see another's
+// provider's handlers.
+var sigMu sync.Mutex
+
+// keepSignals runs fn, then puts back every signal handler that a
+// provider's library installed during it (see kvf_sigs), and says so.
+func keepSignals(log *slog.Logger, during string, fn func()) {
+	sigMu.Lock()
+	defer sigMu.Unlock()
+	s := (*C.struct_kvf_sigs)(C.malloc(C.size_t(unsafe.Sizeof(C.struct_kvf_sigs{}))))
+	defer C.free(unsafe.Pointer(s))
+	C.kvf_sigs_save(s)
+	fn()
+	if n := C.kvf_sigs_restore(s); n > 0 {
+		log.Info("ofi: put back the signal handlers a provider's library replaced", "during", during, "handlers", int(n))
+	}
+}
+
+// signalHandler is the address of signal sig's handler, for tests.
+func signalHandler(sig syscall.Signal) uintptr { return uintptr(C.kvf_handler(C.int(sig))) }
 
 // fiError turns a libfabric return code (a negated errno or FI_E* value)
 // into an error with libfabric's text.
@@ -372,7 +436,9 @@ func (l *Library) getinfo(prov, node string, hmem bool, fn func(*C.struct_kvf_fi
 		h = 1
 	}
 	var list *C.struct_kvf_fi_info
-	if rc := C.kvf_getinfo(l.lib, cprov, cnode, h, C.int(SupportedMRModes), &list); rc != 0 {
+	var rc C.int
+	keepSignals(l.cfg.Logger, "fi_getinfo", func() { rc = C.kvf_getinfo(l.lib, cprov, cnode, h, C.int(SupportedMRModes), &list) })
+	if rc != 0 {
 		return fmt.Errorf("ofi: fi_getinfo(provider %q, RMA on RDM): %w", prov, l.fiError(rc))
 	}
 	defer C.kvf_freeinfo(l.lib, list)
@@ -500,7 +566,9 @@ func (l *Library) Open() (*Endpoint, error) {
 		window := min(max(p.TxSize, 1), MaxInFlight)
 		e.ep = (*C.struct_kvf_ep)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_kvf_ep{}))))
 		var step *C.char
-		if rc := C.kvf_ep_open(l.lib, i, C.size_t(2*window), e.ep, &step); rc != 0 {
+		var rc C.int
+		keepSignals(l.cfg.Logger, "open", func() { rc = C.kvf_ep_open(l.lib, i, C.size_t(2*window), e.ep, &step) })
+		if rc != 0 {
 			openErr = fmt.Errorf("ofi: %s on %s: %s: %w", p.Provider, p.Domain, C.GoString(step), l.fiError(rc))
 			C.free(unsafe.Pointer(e.ep))
 			e.ep = nil
