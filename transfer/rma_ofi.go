@@ -78,6 +78,11 @@ type ofiPeer struct {
 	addr   ofi.Peer // name's address, when inserted
 	added  bool
 	closed bool
+	// reading counts the reads posting to an address of the peer; an
+	// address they may use leaves the address vector only once none does
+	// (stale), since a provider frees the peer's connection with it.
+	reading int
+	stale   []ofi.Peer
 }
 
 func (v *ofiPeer) regionKey(g *transferpb.RdmaRegion) uint64 { return g.Key }
@@ -101,15 +106,41 @@ func (v *ofiPeer) answered(resp *transferpb.LeaseResponse) error {
 	}
 	// A holder that restarted has a new endpoint: reads under its earlier
 	// leases fail and fall back.
-	if v.added {
-		v.t.ep.RemovePeer(v.addr)
-		v.added = false
-	}
+	v.forgetLocked()
 	v.name = bytes.Clone(resp.OfiName)
 	return nil
 }
 
-// peerAddr inserts the holder's endpoint name into the address vector, once.
+// forgetLocked takes the peer's address out of the address vector, at
+// once or when the last read using it ends.
+func (v *ofiPeer) forgetLocked() {
+	if !v.added {
+		return
+	}
+	v.added = false
+	if v.reading > 0 {
+		v.stale = append(v.stale, v.addr)
+		return
+	}
+	v.t.ep.RemovePeer(v.addr)
+}
+
+// done ends a read that peerAddr began.
+func (v *ofiPeer) done() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.reading--
+	if v.reading == 0 {
+		for _, a := range v.stale {
+			v.t.ep.RemovePeer(a)
+		}
+		v.stale = nil
+	}
+}
+
+// peerAddr inserts the holder's endpoint name into the address vector,
+// once, and begins a read to it: the caller calls done when the read has
+// ended.
 func (v *ofiPeer) peerAddr() (ofi.Peer, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -117,6 +148,7 @@ func (v *ofiPeer) peerAddr() (ofi.Peer, error) {
 	case v.closed:
 		return ofi.Peer{}, fmt.Errorf("transfer: peer %s: %w", v.p.name, ErrClosed)
 	case v.added:
+		v.reading++
 		return v.addr, nil
 	case len(v.name) == 0:
 		return ofi.Peer{}, fmt.Errorf("transfer: peer %s gave no libfabric endpoint name", v.p.name)
@@ -126,6 +158,7 @@ func (v *ofiPeer) peerAddr() (ofi.Peer, error) {
 		return ofi.Peer{}, err
 	}
 	v.addr, v.added = a, true
+	v.reading++
 	return a, nil
 }
 
@@ -140,6 +173,7 @@ func (v *ofiPeer) read(ctx context.Context, leaseID uint64, k nicPair, segs []la
 		p.n.log.Warn("libfabric peer address failed", "peer", p.name, "err", err)
 		return groupRead{fallback: FallbackConnectFailed}
 	}
+	defer v.done()
 	// ofi reads land in one registered region each: the pieces by the
 	// destination registration they write into.
 	var order []ofiRegion
@@ -179,8 +213,5 @@ func (v *ofiPeer) close() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.closed = true
-	if v.added {
-		v.t.ep.RemovePeer(v.addr)
-		v.added = false
-	}
+	v.forgetLocked()
 }
