@@ -502,8 +502,10 @@ type Endpoint struct {
 	info  ProviderInfo
 	plan  RegPlan
 	grace time.Duration
-	ep    *C.struct_kvf_ep
-	name  []byte
+	// connectTimeout is Config.ConnectTimeout.
+	connectTimeout time.Duration
+	ep             *C.struct_kvf_ep
+	name           []byte
 
 	// serial is held around every call into the provider when it is not
 	// thread safe.
@@ -555,7 +557,7 @@ func (l *Library) Open() (*Endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Endpoint{lib: l, info: p, plan: plan, grace: l.cfg.FlushGrace, regions: map[*Region]struct{}{},
+	e := &Endpoint{lib: l, info: p, plan: plan, grace: l.cfg.FlushGrace, connectTimeout: l.cfg.ConnectTimeout, regions: map[*Region]struct{}{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 	var opened bool
 	var openErr error
@@ -921,6 +923,10 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 		return true
 	}
 	var moved uint64
+	// refused is when the provider began refusing every request of the
+	// read with nothing of it in flight; zero while it takes them.
+	var refused time.Time
+	var pause time.Duration
 	for i := 0; i < len(reqs) && first == nil; {
 		var slot int
 		select {
@@ -953,6 +959,7 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 			inFlight++
 			moved += q.bytes()
 			i++
+			refused, pause = time.Time{}, 0
 			wait(false)
 		case rc == -C.KVF_FI_EAGAIN:
 			// The transmit queue is full: give the slot back and let
@@ -963,8 +970,26 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 				if !wait(true) {
 					return e.abandon(ctx, r, inFlight, first)
 				}
-			} else {
-				runtime.Gosched()
+				continue
+			}
+			// Nothing of the read is in flight: the provider is
+			// connecting to the peer, or other reads fill its queue.
+			// Wait a little longer each time, up to connectTimeout.
+			now := time.Now()
+			if refused.IsZero() {
+				refused = now
+			}
+			if d := now.Sub(refused); d >= e.connectTimeout {
+				first = fmt.Errorf("ofi: %s took no read request for %v: %w", e.info.Provider, d.Round(time.Millisecond), ErrUnreachable)
+				continue
+			}
+			pause = min(max(2*pause, 10*time.Microsecond), time.Millisecond)
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return e.abandon(ctx, r, inFlight, first)
 			}
 		default:
 			e.owner[slot].Store(nil)
