@@ -612,6 +612,20 @@ func (l *Library) Open() (*Endpoint, error) {
 // Info describes the endpoint's provider.
 func (e *Endpoint) Info() ProviderInfo { return e.info }
 
+// Broken returns why the endpoint closed itself (a read whose requests
+// were still in flight past the flush grace), or nil while it is open or
+// after Close.
+func (e *Endpoint) Broken() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.broken
+}
+
+// Reopen opens a new endpoint on the library and provider e was opened
+// on, with a new name and no regions: a broken endpoint's memory must be
+// registered again, and its peers told the new name.
+func (e *Endpoint) Reopen() (*Endpoint, error) { return e.lib.Open() }
+
 // Name is the endpoint's address, for peers' AddPeer.
 func (e *Endpoint) Name() []byte { return append([]byte(nil), e.name...) }
 
