@@ -64,6 +64,9 @@ func (t *ofiTransport) endpoint() (*ofi.Endpoint, uint64) {
 type ofiRegion struct {
 	t         *ofiTransport
 	addr, len uint64
+	// cuda is the CUDA device the memory is on (registered by device
+	// pointer, FI_HMEM_CUDA), or -1 for host memory.
+	cuda int
 	// r is the registration on the endpoint of generation gen, under t.mu;
 	// nil once closed.
 	r   *ofi.Region
@@ -158,18 +161,52 @@ func (t *ofiTransport) close() {
 
 func (t *ofiTransport) newPeer(p *Peer) rmaPeer { return &ofiPeer{t: t, p: p} }
 
-// register registers [addr, addr+length) with the endpoint.
-func (t *ofiTransport) register(addr, length uint64) (memRegion, rdma.RegistrationStats, error) {
+// register registers [addr, addr+length) with the endpoint: host memory,
+// or with cuda >= 0 memory of that CUDA device.
+func (t *ofiTransport) register(addr, length uint64, cuda int) (memRegion, rdma.RegistrationStats, error) {
 	start := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	r, err := t.ep.Register(uintptr(addr), length)
+	r, err := registerOn(t.ep, addr, length, cuda)
 	if err != nil {
 		return nil, rdma.RegistrationStats{}, err
 	}
-	mr := &ofiRegion{t: t, addr: addr, len: length, r: r, gen: t.gen}
+	mr := &ofiRegion{t: t, addr: addr, len: length, cuda: cuda, r: r, gen: t.gen}
 	t.regs[mr] = struct{}{}
 	return mr, rdma.RegistrationStats{Bytes: length, Duration: time.Since(start)}, nil
+}
+
+func registerOn(ep *ofi.Endpoint, addr, length uint64, cuda int) (*ofi.Region, error) {
+	if cuda >= 0 {
+		return ep.RegisterCUDA(uintptr(addr), length, cuda)
+	}
+	return ep.Register(uintptr(addr), length)
+}
+
+// RegisterCUDA registers length bytes at addr, a device pointer of CUDA
+// device dev, with the node's libfabric endpoint (fi_mr_regattr with
+// FI_HMEM_CUDA), for a provider that offers FI_HMEM
+// (ofi.ProviderInfo.DevicePlan): peers read it and this node's reads land
+// in it with no host copy. nic must be 0. Over libibverbs, or a provider
+// without FI_HMEM, it returns an error wrapping rdma.ErrNotSupported or
+// ofi.ErrNotSupported.
+func (n *Node) RegisterCUDA(nic, dev int, addr, length uint64) (rdma.RegistrationStats, error) {
+	if err := n.checkNewSpan(nic, addr, length); err != nil {
+		return rdma.RegistrationStats{}, err
+	}
+	t, ok := n.rdma.tp.(*ofiTransport)
+	if !ok {
+		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register CUDA memory of %d bytes at %#x: %w: by device ordinal only over libfabric",
+			length, addr, rdma.ErrNotSupported)
+	}
+	if dev < 0 {
+		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register CUDA memory: %w: device %d", ErrInvalidRequest, dev)
+	}
+	mr, stats, err := t.register(addr, length, dev)
+	if err != nil {
+		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register CUDA memory of device %d, %d bytes at %#x: %w", dev, length, addr, err)
+	}
+	return stats, n.rdma.mem.add(mr, nic)
 }
 
 // broke starts replacing ep, which closed itself because of why, unless
@@ -228,7 +265,7 @@ func (t *ofiTransport) replace(broken *ofi.Endpoint) error {
 	}
 	made := make(map[*ofiRegion]*ofi.Region, len(t.regs))
 	for r := range t.regs {
-		nr, err := ep.Register(uintptr(r.addr), r.len)
+		nr, err := registerOn(ep, r.addr, r.len, r.cuda)
 		if err != nil {
 			ep.Close() // and the registrations made on it
 			return fmt.Errorf("register %d bytes at %#x again: %w", r.len, r.addr, err)

@@ -10,8 +10,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/rdma"
 	"github.com/kvfabric/kvfabric/rdma/ofi"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
@@ -351,5 +353,36 @@ func TestOFIEndpointReopenedAfterFlushClose(t *testing.T) {
 	})
 	if m := p.metrics(t); m.RegisteredBytes == 0 {
 		t.Errorf("metrics %+v: the reader's memory is not registered on the new endpoint", m)
+	}
+}
+
+// RegisterCUDA registers device memory only over libfabric, on a provider
+// with FI_HMEM: tcp has none, libibverbs takes device memory by dma-buf or
+// device pointer instead, and a negative device is refused; none of them
+// leaves a registration.
+func TestOFIRegisterCUDARefusals(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newPairWith(t, []nodeOpt{withOFI(t, "tcp", nil)}, []nodeOpt{withRDMADevices(t, lib, []string{"softverbs0"}, nil)}, nil, nil)
+	buf := make([]byte, 1<<20)
+	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	for _, tc := range []struct {
+		name string
+		n    *Node
+		dev  int
+		want error
+	}{
+		{"tcp without FI_HMEM", p.holder, 0, ofi.ErrNotSupported},
+		{"libibverbs", p.reader, 0, rdma.ErrNotSupported},
+		{"a negative device", p.holder, -1, ErrInvalidRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, _ := tc.n.RDMAMetrics()
+			if _, err := tc.n.RegisterCUDA(0, tc.dev, addr, uint64(len(buf))); !errors.Is(err, tc.want) {
+				t.Errorf("RegisterCUDA: %v, want %v", err, tc.want)
+			}
+			if after, _ := tc.n.RDMAMetrics(); after.RegisteredBytes != before.RegisteredBytes {
+				t.Errorf("registered bytes %d -> %d after a refused registration", before.RegisteredBytes, after.RegisteredBytes)
+			}
+		})
 	}
 }

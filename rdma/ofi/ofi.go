@@ -372,3 +372,34 @@ func gather(segs []Segment, maxMsg uint64, iovLimit int) []request {
 	}
 	return out
 }
+
+// DeviceReg is how a provider takes GPU memory.
+type DeviceReg int
+
+const (
+	// DeviceStaged: the provider does not register GPU memory; its bytes
+	// pass through host memory.
+	DeviceStaged DeviceReg = iota
+	// DeviceHMEM: GPU memory is registered by device pointer with
+	// fi_mr_regattr, interface FI_HMEM_CUDA (Endpoint.RegisterCUDA), and
+	// read into and served from directly.
+	DeviceHMEM
+)
+
+func (d DeviceReg) String() string {
+	if d == DeviceHMEM {
+		return "hmem"
+	}
+	return "staged"
+}
+
+// DevicePlan says how the provider takes CUDA memory, and why: by device
+// pointer where it offers FI_HMEM (whatever its mr_mode: FI_MR_HMEM only
+// asks that device buffers be registered, which they are), else staged
+// through host memory.
+func (p ProviderInfo) DevicePlan() (DeviceReg, string) {
+	if p.HMEM {
+		return DeviceHMEM, fmt.Sprintf("%s registers device memory (FI_HMEM)", p.Provider)
+	}
+	return DeviceStaged, fmt.Sprintf("%s does not register device memory (no FI_HMEM)", p.Provider)
+}
