@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -196,4 +197,58 @@ func TestDevicePoolImportOverOFIStaged(t *testing.T) {
 	if m := agents[0].Metrics(); !m.RDMAEnabled {
 		t.Error("the holder runs without RDMA")
 	}
+}
+
+// On a real GPU (KVF_TEST_CUDA_LIB names its driver, as make gpu-check
+// sets it; without it the test skips, and with KVF_REQUIRE_GPU=1 fails), a
+// device pool over a libfabric provider that registers CUDA memory (shm,
+// or KVF_TEST_OFI_PROVIDER) is registered by device pointer, and an import
+// lands in GPU memory over libfabric: TP 2 NHD -> TP 4 HND, the fetch over
+// rdma, every byte copied back from the GPU right.
+func TestDevicePoolOverOFIOnGPU(t *testing.T) {
+	lib := os.Getenv("KVF_TEST_CUDA_LIB")
+	if lib == "" {
+		if os.Getenv("KVF_REQUIRE_GPU") != "" {
+			t.Fatal("KVF_REQUIRE_GPU is set but KVF_TEST_CUDA_LIB names no CUDA driver")
+		}
+		t.Skip("needs a real GPU: KVF_TEST_CUDA_LIB names its driver (make gpu-check)")
+	}
+	prov := os.Getenv("KVF_TEST_OFI_PROVIDER")
+	if prov == "" {
+		prov = "shm"
+	}
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		c.RDMA, c.Fabric, c.FabricProvider = "on", "ofi", prov
+		if i == 1 {
+			c.Pools = []string{"device:0=64MiB"}
+			c.CUDALibrary = lib
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := dial(t, agents[1])
+	s, err := c.Status(ctx)
+	if err != nil || len(s.Pools) != 1 || s.Pools[0].RdmaRegistration != "hmem" {
+		t.Fatalf("importer's pools %v %v: want the device pool registered by device pointer (hmem)", s.GetPools(), err)
+	}
+	hashes := produce(t, agents[0], 2, layout.NHD, gpuBlocks)
+	set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: 4, PageSize: 16, Order: layout.HND, Slots: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLookup(t, c, hashes)
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Blocks) != len(hashes) || len(resp.Fetches) == 0 || resp.Fetches[0].Transport != "rdma" {
+		t.Fatalf("import brought %d of %d blocks, fetches %v: %s", len(resp.Blocks), len(hashes), resp.Fetches, resp.Error)
+	}
+	mem := deviceBytes(t, lib, set.Layout)
+	for i, b := range resp.Blocks {
+		if err := kvtest.Check(set.Layout, mem, int(b.Slot), uint64(i+1)); err != nil {
+			t.Fatalf("imported block %d: %v", i, err)
+		}
+	}
+	t.Logf("%d blocks into GPU memory over ofi:%s, fetches %v", len(resp.Blocks), prov, resp.Fetches)
 }
