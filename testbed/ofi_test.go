@@ -15,8 +15,11 @@ import (
 
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
-	"github.com/kvfabric/kvfabric/rdma/ofi"
 )
+
+// ofiConnectTimeout is rdma/ofi's DefaultConnectTimeout, which the agents
+// read with (testbed does not import the agent's packages).
+const ofiConnectTimeout = 2 * time.Second
 
 // The agents of these tests read each other over libfabric (--fabric ofi)
 // with its tcp provider (tcp;ofi_rxm), or shm, on the libfabric of the
@@ -225,7 +228,7 @@ func TestOFIBadRegistrationFallsBackToQUIC(t *testing.T) {
 // A holder killed with SIGKILL while an importer reads it over libfabric's
 // tcp provider: the read in flight fails (the provider sees the
 // connection go, or takes no request of a read whose connection it cannot
-// make for ofi.DefaultConnectTimeout), and the import fails over to the
+// make for rdma/ofi's DefaultConnectTimeout), and the import fails over to the
 // other holder or errors within that, half the peer timeout (a QUIC call
 // to the silent holder) and a margin; every block registered is whole.
 func TestOFIHolderKilledMidRead(t *testing.T) {
@@ -278,7 +281,7 @@ func TestOFIHolderKilledMidRead(t *testing.T) {
 	if v := metric(t, n3, "kvfabric_rdma_read_failures_total"); v < 1 {
 		t.Errorf("%v libfabric reads failed: the kill did not land in a read", v)
 	}
-	bound := ofi.DefaultConnectTimeout + peerTimeout/2
+	bound := ofiConnectTimeout + peerTimeout/2
 	if took := failedOver.Sub(killed); took > bound+3*time.Second {
 		t.Errorf("failed over or errored %v after the kill, want within %v (the connect timeout and half the peer timeout) and 3 s of margin", took, bound)
 	} else {
