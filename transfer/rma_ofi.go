@@ -126,6 +126,11 @@ func (t *ofiTransport) region(reg registration, addr uint64, g *transferpb.RdmaR
 	g.Addr, g.Key = rem.Addr+(addr-r.addr), rem.Key
 }
 
+// servePolling is how long a lease answer with keys keeps the endpoint's
+// progress loop polling without back-off (ofi.Endpoint.KeepPolling): the
+// reader's reads follow it at once, and each chunk's lease renews it.
+const servePolling = 2 * time.Second
+
 // answer names the endpoint, unless it is broken: a reader then reads
 // over QUIC (as from a holder without RDMA) until it is replaced.
 func (t *ofiTransport) answer(resp *transferpb.LeaseResponse) {
@@ -134,6 +139,7 @@ func (t *ofiTransport) answer(resp *transferpb.LeaseResponse) {
 		return
 	}
 	resp.OfiName = ep.Name()
+	ep.KeepPolling(servePolling)
 }
 
 func (t *ofiTransport) servedConns() int  { return 0 }

@@ -5,6 +5,7 @@ package ofi
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // errBuild says why this build has no libfabric.
@@ -36,6 +37,9 @@ func (e *Endpoint) Info() ProviderInfo { return ProviderInfo{} }
 
 // Name is empty in this build.
 func (e *Endpoint) Name() []byte { return nil }
+
+// KeepPolling does nothing in this build.
+func (e *Endpoint) KeepPolling(d time.Duration) {}
 
 // Broken returns nil: nothing opens in this build.
 func (e *Endpoint) Broken() error { return nil }
