@@ -118,12 +118,14 @@ func startOFI(t *testing.T, n int, prov, pool string, tune func(*Options)) *ofiC
 // QUIC, and the metrics name the provider.
 //
 // Not over shm (libfabric 1.17): there TP 4 HND -> TP 2 NHD reads 57,344
-// pieces of 128 bytes, each a command the holder's progress loop answers;
-// with the loop kept polling by the lease (KeepPolling) the import takes
-// a second or two where it took 5 to 7, but in one run of three the
-// second importer's read from the first importer still ran past the 10 s
-// read timeout and went over QUIC. TestOFIReaderKilledMidRead imports over
-// shm.
+// pieces of 128 bytes, each a command the holder's progress loop answers,
+// which it does at a few thousand a second when it backs off idle (it
+// gets no completion of its own for them): an import of 20 blocks takes 5
+// to 7 s, and a read sometimes runs past the 10 s read timeout and goes
+// over QUIC. A loop kept polling while leases are out serves them in a
+// second or two, but spins a core on every holder (tcp imports then ran
+// at a third of the bare loop's rate on two cores), so it is not done.
+// TestOFIReaderKilledMidRead imports over shm, in whole blocks.
 func TestOFIImportAcrossProcesses(t *testing.T) {
 	for _, prov := range []string{"tcp"} {
 		t.Run(prov, func(t *testing.T) {

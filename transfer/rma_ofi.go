@@ -126,11 +126,6 @@ func (t *ofiTransport) region(reg registration, addr uint64, g *transferpb.RdmaR
 	g.Addr, g.Key = rem.Addr+(addr-r.addr), rem.Key
 }
 
-// servePolling is how long a lease answer with keys keeps the endpoint's
-// progress loop polling without back-off (ofi.Endpoint.KeepPolling): the
-// reader's reads follow it at once, and each chunk's lease renews it.
-const servePolling = 2 * time.Second
-
 // answer names the endpoint, unless it is broken: a reader then reads
 // over QUIC (as from a holder without RDMA) until it is replaced.
 func (t *ofiTransport) answer(resp *transferpb.LeaseResponse) {
@@ -139,7 +134,6 @@ func (t *ofiTransport) answer(resp *transferpb.LeaseResponse) {
 		return
 	}
 	resp.OfiName = ep.Name()
-	ep.KeepPolling(servePolling)
 }
 
 func (t *ofiTransport) servedConns() int  { return 0 }
@@ -413,12 +407,17 @@ func (v *ofiPeer) read(ctx context.Context, leaseID uint64, k nicPair, segs []la
 	// destination registration they write into.
 	var order []*ofi.Region
 	byReg := map[*ofi.Region][]ofi.Segment{}
+	current := map[*ofiRegion]*ofi.Region{}
 	for _, s := range segs {
 		loc, ok := locals[s.DstRank].memRegion.(*ofiRegion)
 		if !ok || s.Length == 0 {
 			continue
 		}
-		lr := loc.on(gen)
+		lr, seen := current[loc]
+		if !seen {
+			lr = loc.on(gen)
+			current[loc] = lr
+		}
 		if lr == nil {
 			// Registered again on another endpoint since, or closed.
 			return groupRead{fallback: FallbackNotRegistered}

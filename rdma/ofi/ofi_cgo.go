@@ -519,9 +519,6 @@ type Endpoint struct {
 	owner []atomic.Pointer[reader]
 
 	nextKey atomic.Uint64
-	// busyUntil (Unix nanoseconds) is when KeepPolling's window ends:
-	// until then the progress loop polls without sleeping.
-	busyUntil atomic.Int64
 
 	mu      sync.Mutex
 	closed  bool
@@ -725,28 +722,11 @@ func (e *Endpoint) progress() {
 			e.complete(errCtx, err)
 		default:
 			idle++
-			if idle <= pollSpins || time.Now().UnixNano() < e.busyUntil.Load() {
+			if idle <= pollSpins {
 				runtime.Gosched()
 			} else {
 				time.Sleep(min(time.Duration(idle-pollSpins)*pollStep, pollMaxSleep))
 			}
-		}
-	}
-}
-
-// KeepPolling keeps the progress loop polling without its idle back-off
-// for d from now (or longer, if an earlier call asked for longer). A
-// provider that serves peers' reads only while this endpoint's completion
-// queue is read (shm: each small read is a command the holder's progress
-// answers) gets no completion of its own for them, so the loop would
-// sleep between polls and serve a few thousand reads a second; a holder
-// calls it when peers are about to read, as it hands them keys.
-func (e *Endpoint) KeepPolling(d time.Duration) {
-	until := time.Now().Add(d).UnixNano()
-	for {
-		cur := e.busyUntil.Load()
-		if until <= cur || e.busyUntil.CompareAndSwap(cur, until) {
-			return
 		}
 	}
 }

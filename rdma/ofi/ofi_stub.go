@@ -5,7 +5,6 @@ package ofi
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // errBuild says why this build has no libfabric.
@@ -37,9 +36,6 @@ func (e *Endpoint) Info() ProviderInfo { return ProviderInfo{} }
 
 // Name is empty in this build.
 func (e *Endpoint) Name() []byte { return nil }
-
-// KeepPolling does nothing in this build.
-func (e *Endpoint) KeepPolling(d time.Duration) {}
 
 // Broken returns nil: nothing opens in this build.
 func (e *Endpoint) Broken() error { return nil }

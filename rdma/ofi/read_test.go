@@ -291,19 +291,3 @@ func TestEndpointClose(t *testing.T) {
 		t.Fatalf("read after Close: %v, want ErrClosed", err)
 	}
 }
-
-// KeepPolling's window only grows: a shorter call inside a longer window
-// leaves it, a longer one extends it.
-func TestKeepPollingWindow(t *testing.T) {
-	e := openEndpoint(t, loadLibrary(t, "tcp"))
-	e.KeepPolling(time.Hour)
-	long := e.busyUntil.Load()
-	e.KeepPolling(time.Millisecond)
-	if got := e.busyUntil.Load(); got != long {
-		t.Fatalf("a 1 ms window shortened a 1 h one: %v -> %v", time.Unix(0, long), time.Unix(0, got))
-	}
-	e.KeepPolling(2 * time.Hour)
-	if got := e.busyUntil.Load(); got <= long {
-		t.Fatalf("a 2 h window did not extend a 1 h one: %v -> %v", time.Unix(0, long), time.Unix(0, got))
-	}
-}
