@@ -462,3 +462,105 @@ func sync1(f func()) func() {
 		}
 	}
 }
+
+// An importer's libfabric endpoint that closes itself is reopened, and
+// reads go over libfabric again: the holder is stopped (SIGSTOP) with the
+// importer's reads in flight over tcp, which the stopped process never
+// answers; past the read timeout (10 s) and the flush grace (5 s) the
+// importer's endpoint is closed to flush them, and a new one opens at
+// once. The import ends (in an error or over QUIC) within those bounds
+// and half the peer timeout, no block that did not arrive whole is
+// registered, the importer counts and logs the reopen, and once the
+// holder goes on the next import comes over libfabric, every byte checked.
+func TestOFIEndpointReopenedAcrossProcesses(t *testing.T) {
+	const peerTimeout = 20 * time.Second // no member fails while the holder is stopped
+	const readTimeout, flushGrace = 10 * time.Second, 5 * time.Second
+	c := startOFI(t, 2, "tcp", "host=64MiB", func(o *Options) { o.PeerTimeout = peerTimeout })
+	holder, importer := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	w := Workload{Sequences: 3, Blocks: 16, PageSize: 16, Seed: 27}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, holder, engSlots("producer", 2, layout.HND, 3*w.Blocks), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, importer, holder.Name, w.Unique())
+	// The first import connects the importer to the holder.
+	if r, err := Consume(ctx, importer, engSlots("first", 2, layout.HND, w.Blocks), seqs[:1]); err != nil || r.Transports["rdma"] != w.Blocks {
+		t.Fatalf("first import: %+v, %v; want every block over rdma", r, err)
+	}
+	c.fault(t, 1, "delay_us=20000") // the holder is stopped before the read is posted whole
+	cl, err := importer.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	set, err := cl.Register(ctx, engSlots("importer", 2, layout.HND, w.Blocks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan importResult, 1)
+	go func() {
+		resp, err := cl.Import(ctx, set.ID, seqs[1])
+		done <- importResult{resp, err, time.Now()}
+	}()
+	wait.For(t, 10*time.Second, "the holder grants the lease", func() error {
+		if v, err := metricValue(holder, "kvfabric_leases"); err != nil || v == 0 {
+			return fmt.Errorf("%v leases (%v)", v, err)
+		}
+		return nil
+	})
+	if err := holder.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	cont := sync1(func() { holder.Signal(syscall.SIGCONT) })
+	defer cont()
+	c.fault(t, 1, "")
+	wait.For(t, readTimeout+flushGrace+20*time.Second, "the importer reopens its endpoint", func() error {
+		if v, err := metricValue(importer, "kvfabric_rdma_endpoint_reopens_total"); err != nil || v != 1 {
+			return fmt.Errorf("%v reopens (%v)", v, err)
+		}
+		return nil
+	})
+	reopened := time.Since(stopped)
+	if reopened < readTimeout {
+		t.Errorf("reopened %v after the holder stopped, before the read timeout of %v", reopened, readTimeout)
+	}
+	cont()
+	var r importResult
+	select {
+	case r = <-done:
+	case <-time.After(peerTimeout + time.Minute):
+		t.Fatal("the import did not return")
+	}
+	brought := 0
+	if r.err == nil {
+		brought = len(r.resp.Blocks)
+		t.Logf("import with the holder stopped: %d of %d blocks; fetches %v; %s", brought, w.Blocks, r.resp.Fetches, r.resp.Error)
+	} else {
+		t.Logf("import with the holder stopped: %v", r.err)
+	}
+	if n := checkRegistered(t, cl, set, seqs[1]); n < brought {
+		t.Errorf("%d blocks registered, the import returned %d", n, brought)
+	}
+	if v := metric(t, importer, "kvfabric_rdma_endpoint_reopen_failures_total"); v != 0 {
+		t.Errorf("%v failed reopens, want 0", v)
+	}
+	if !strings.Contains(importer.FullLog(), "libfabric endpoint reopened") {
+		t.Errorf("the importer's log does not say it reopened its endpoint:\n%s", grepLog(importer, "libfabric", "ofi"))
+	}
+	// The peer's backoff after the failed read ends; then libfabric again.
+	wait.For(t, 30*time.Second, "an import over libfabric after the reopen", func() error {
+		r, err := Consume(ctx, importer, engSlots("after", 2, layout.NHD, w.Blocks), seqs[2:])
+		if err != nil {
+			return err
+		}
+		if r.Verified != w.Blocks || r.Transports["rdma"] != w.Blocks {
+			return fmt.Errorf("report %+v: want every block over rdma", r)
+		}
+		return nil
+	})
+	t.Logf("reopened %v after the holder stopped; importer: %s", reopened.Round(time.Millisecond), grepLog(importer, "libfabric endpoint"))
+}
