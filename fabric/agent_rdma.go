@@ -251,6 +251,9 @@ func (a *Agent) registerPools() error {
 // QUIC through pinned staging (import_staging.go), which is logged as a warning,
 // or refused at start with rdma=on.
 func (a *Agent) registerDevicePool(i int, dm *cuda.DeviceMemory) error {
+	if a.ofiEp != nil {
+		return a.registerDevicePoolOFI(i, dm)
+	}
 	gpu := a.gpus[i]
 	start := time.Now()
 	var dmaErr, ptrErr error

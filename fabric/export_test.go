@@ -1,5 +1,7 @@
 package fabric
 
+import "github.com/kvfabric/kvfabric/rdma/ofi"
+
 // Test-only access to the agent's hooks and counters, for the tests of
 // package fabric_test.
 
@@ -40,6 +42,14 @@ func SetPeerMemoryPaths(paths []string) (restore func()) {
 	old := peerMemoryPaths
 	peerMemoryPaths = paths
 	return func() { peerMemoryPaths = old }
+}
+
+// SetOFIProviderInfo makes agents take their libfabric provider to report
+// what fake returns, when they choose how to register a device pool.
+func SetOFIProviderInfo(fake func(ofi.ProviderInfo) ofi.ProviderInfo) (restore func()) {
+	old := ofiProviderInfo
+	ofiProviderInfo = fake
+	return func() { ofiProviderInfo = old }
 }
 
 // SetSysfsRoot makes an agent started with c read PCI topology under root.

@@ -98,10 +98,10 @@ func (n *Node) register(nic int, addr, length uint64, what string, reg func(*rdm
 	}
 	if t, ok := n.rdma.tp.(*ofiTransport); ok {
 		if what != "host memory" {
-			return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %s of %d bytes at %#x: %w: over libfabric only host memory is registered here",
+			return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %s of %d bytes at %#x: %w: over libfabric device memory is registered by CUDA device (RegisterCUDA)",
 				what, length, addr, rdma.ErrNotSupported)
 		}
-		mr, stats, err := t.register(addr, length)
+		mr, stats, err := t.register(addr, length, -1)
 		if err != nil {
 			return rdma.RegistrationStats{}, fmt.Errorf("transfer: register %s of %d bytes at %#x: %w", what, length, addr, err)
 		}

@@ -63,7 +63,7 @@ func NewNode(cfg Config) (*Node, error) {
 		n.rdma = &rdmaNode{cfg: *cfg.RDMA, fallback: map[string]uint64{},
 			nicBytes: make([]atomic.Uint64, max(len(cfg.RDMA.Devices), 1))}
 		if cfg.RDMA.OFI != nil {
-			n.rdma.tp = &ofiTransport{n: n, ep: cfg.RDMA.OFI}
+			n.rdma.tp = newOFITransport(n, cfg.RDMA.OFI)
 		} else {
 			n.rdma.tp = newVerbsTransport(n)
 		}

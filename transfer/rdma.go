@@ -53,9 +53,11 @@ type RDMAConfig struct {
 	OFI *ofi.Endpoint
 	// OFIReadTimeout bounds one read over OFI: a provider may never
 	// complete a read the holder's side refuses (shm with a wrong key).
-	// Past it the read fails and goes over QUIC; the endpoint, which
-	// libfabric then closes to flush the read, reads nothing more, so
-	// that every later read goes over QUIC too. If zero, 10 s.
+	// Past it the read fails and goes over QUIC; the endpoint, which the
+	// binding then closes to flush the read, is replaced by a new one on
+	// the same provider (opened again after Backoff, doubling up to
+	// MaxBackoff, while it fails), and reads go over QUIC until it is.
+	// If zero, 10 s.
 	OFIReadTimeout time.Duration
 }
 
@@ -315,6 +317,10 @@ type RDMAMetrics struct {
 	// libfabric provider (e.g. "ofi:tcp;ofi_rxm"); Devices then holds one
 	// entry, the endpoint, named as Binding.
 	Binding string
+
+	// EndpointReopens counts libfabric endpoints opened in place of one
+	// that closed itself; EndpointReopenFailures the attempts that failed.
+	EndpointReopens, EndpointReopenFailures uint64
 }
 
 // nics is how many devices memory is registered with: one endpoint for
@@ -364,6 +370,9 @@ func (n *Node) RDMAMetrics() (m RDMAMetrics, ok bool) {
 	m.Binding = r.binding()
 	r.mu.Unlock()
 	m.QPsServed = r.tp.servedConns()
+	if t, ok := r.tp.(*ofiTransport); ok {
+		m.EndpointReopens, m.EndpointReopenFailures = t.reopens.Load(), t.reopenFails.Load()
+	}
 	r.mem.mu.RLock()
 	for _, mr := range r.mem.mrs {
 		m.RegisteredBytes += mr.Len()

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
@@ -20,51 +21,264 @@ import (
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
-// ofiTransport reads and serves over RDMAConfig.OFI.
+// ofiTransport reads and serves over RDMAConfig.OFI. An endpoint that
+// closes itself (a read given up with requests still in flight past
+// ofi.Config.FlushGrace) is replaced: a new one is opened on the same
+// provider, every registration made again on it, and its name handed to
+// readers in lease answers from then on; until then reads and serves go
+// over QUIC. Opening is retried after RDMAConfig.Backoff, doubling up to
+// MaxBackoff.
 type ofiTransport struct {
-	n  *Node
-	ep *ofi.Endpoint
+	n *Node
+	// open opens the replacement of a broken endpoint; a test's hook, else
+	// the endpoint's Reopen.
+	open func(broken *ofi.Endpoint) (*ofi.Endpoint, error)
+
+	mu        sync.Mutex
+	ep        *ofi.Endpoint // the endpoint reads and serves use
+	gen       uint64        // bumped with each replacement of ep
+	regs      map[*ofiRegion]struct{}
+	own       []*ofi.Endpoint // the replacements opened, closed with the node
+	reopening bool
+	closed    bool
+	stop      chan struct{}
+	loops     sync.WaitGroup
+
+	reopens, reopenFails atomic.Uint64
+}
+
+func newOFITransport(n *Node, ep *ofi.Endpoint) *ofiTransport {
+	return &ofiTransport{n: n, ep: ep, regs: map[*ofiRegion]struct{}{}, stop: make(chan struct{}),
+		open: func(b *ofi.Endpoint) (*ofi.Endpoint, error) { return b.Reopen() }}
+}
+
+// endpoint returns the endpoint in use and its generation.
+func (t *ofiTransport) endpoint() (*ofi.Endpoint, uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ep, t.gen
 }
 
 // ofiRegion is memory registered with the endpoint, with where it lies in
-// this process.
+// this process; its registration is made again on a replacement endpoint.
 type ofiRegion struct {
-	*ofi.Region
-	addr uint64
+	t         *ofiTransport
+	addr, len uint64
+	// cuda is the CUDA device the memory is on (registered by device
+	// pointer, FI_HMEM_CUDA), or -1 for host memory.
+	cuda int
+	// r is the registration on the endpoint of generation gen, under t.mu;
+	// nil once closed.
+	r   *ofi.Region
+	gen uint64
 }
 
-func (r ofiRegion) Addr() uint64 { return r.addr }
+func (r *ofiRegion) Addr() uint64 { return r.addr }
+func (r *ofiRegion) Len() uint64  { return r.len }
 
-func (t *ofiTransport) kind() string { return "ofi:" + t.ep.Info().Provider }
+// on returns the region's registration on the endpoint of generation gen,
+// or nil.
+func (r *ofiRegion) on(gen uint64) *ofi.Region {
+	r.t.mu.Lock()
+	defer r.t.mu.Unlock()
+	if r.gen != gen {
+		return nil
+	}
+	return r.r
+}
+
+func (r *ofiRegion) Close() error {
+	t := r.t
+	t.mu.Lock()
+	delete(t.regs, r)
+	reg := r.r
+	r.r = nil
+	t.mu.Unlock()
+	if reg == nil {
+		return nil
+	}
+	return reg.Close()
+}
+
+func (t *ofiTransport) kind() string {
+	ep, _ := t.endpoint()
+	return "ofi:" + ep.Info().Provider
+}
 
 func (t *ofiTransport) region(reg registration, addr uint64, g *transferpb.RdmaRegion) {
-	r, ok := reg.memRegion.(ofiRegion)
+	r, ok := reg.memRegion.(*ofiRegion)
 	if !ok {
 		return
 	}
-	rem := r.Remote()
+	t.mu.Lock()
+	cur := r.r
+	if r.gen != t.gen {
+		cur = nil
+	}
+	t.mu.Unlock()
+	if cur == nil {
+		return // no key: answer leaves the endpoint name out too
+	}
+	rem := cur.Remote()
 	// Without FI_MR_VIRT_ADDR the provider addresses a region by offset
 	// (Remote().Addr is 0), with it by virtual address: either way the
 	// span's start is the region's plus the span's offset in it.
 	g.Addr, g.Key = rem.Addr+(addr-r.addr), rem.Key
 }
 
-func (t *ofiTransport) answer(resp *transferpb.LeaseResponse) { resp.OfiName = t.ep.Name() }
+// answer names the endpoint, unless it is broken: a reader then reads
+// over QUIC (as from a holder without RDMA) until it is replaced.
+func (t *ofiTransport) answer(resp *transferpb.LeaseResponse) {
+	ep, _ := t.endpoint()
+	if ep.Broken() != nil {
+		return
+	}
+	resp.OfiName = ep.Name()
+}
 
 func (t *ofiTransport) servedConns() int  { return 0 }
 func (t *ofiTransport) dropServed(string) {}
-func (t *ofiTransport) close()            {}
+
+// close stops a replacement under way and closes the replacements made.
+func (t *ofiTransport) close() {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	t.closed = true
+	close(t.stop)
+	t.mu.Unlock()
+	t.loops.Wait()
+	t.mu.Lock()
+	own := t.own
+	t.own = nil
+	t.mu.Unlock()
+	for _, ep := range own {
+		ep.Close()
+	}
+}
 
 func (t *ofiTransport) newPeer(p *Peer) rmaPeer { return &ofiPeer{t: t, p: p} }
 
-// registerOFI registers [addr, addr+length) with the endpoint.
-func (t *ofiTransport) register(addr, length uint64) (memRegion, rdma.RegistrationStats, error) {
+// register registers [addr, addr+length) with the endpoint: host memory,
+// or with cuda >= 0 memory of that CUDA device.
+func (t *ofiTransport) register(addr, length uint64, cuda int) (memRegion, rdma.RegistrationStats, error) {
 	start := time.Now()
-	r, err := t.ep.Register(uintptr(addr), length)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, err := registerOn(t.ep, addr, length, cuda)
 	if err != nil {
 		return nil, rdma.RegistrationStats{}, err
 	}
-	return ofiRegion{r, addr}, rdma.RegistrationStats{Bytes: length, Duration: time.Since(start)}, nil
+	mr := &ofiRegion{t: t, addr: addr, len: length, cuda: cuda, r: r, gen: t.gen}
+	t.regs[mr] = struct{}{}
+	return mr, rdma.RegistrationStats{Bytes: length, Duration: time.Since(start)}, nil
+}
+
+func registerOn(ep *ofi.Endpoint, addr, length uint64, cuda int) (*ofi.Region, error) {
+	if cuda >= 0 {
+		return ep.RegisterCUDA(uintptr(addr), length, cuda)
+	}
+	return ep.Register(uintptr(addr), length)
+}
+
+// RegisterCUDA registers length bytes at addr, a device pointer of CUDA
+// device dev, with the node's libfabric endpoint (fi_mr_regattr with
+// FI_HMEM_CUDA), for a provider that offers FI_HMEM
+// (ofi.ProviderInfo.DevicePlan): peers read it and this node's reads land
+// in it with no host copy. nic must be 0. Over libibverbs, or a provider
+// without FI_HMEM, it returns an error wrapping rdma.ErrNotSupported or
+// ofi.ErrNotSupported.
+func (n *Node) RegisterCUDA(nic, dev int, addr, length uint64) (rdma.RegistrationStats, error) {
+	if err := n.checkNewSpan(nic, addr, length); err != nil {
+		return rdma.RegistrationStats{}, err
+	}
+	t, ok := n.rdma.tp.(*ofiTransport)
+	if !ok {
+		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register CUDA memory of %d bytes at %#x: %w: by device ordinal only over libfabric",
+			length, addr, rdma.ErrNotSupported)
+	}
+	if dev < 0 {
+		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register CUDA memory: %w: device %d", ErrInvalidRequest, dev)
+	}
+	mr, stats, err := t.register(addr, length, dev)
+	if err != nil {
+		return rdma.RegistrationStats{}, fmt.Errorf("transfer: register CUDA memory of device %d, %d bytes at %#x: %w", dev, length, addr, err)
+	}
+	return stats, n.rdma.mem.add(mr, nic)
+}
+
+// broke starts replacing ep, which closed itself because of why, unless
+// it is already replaced or being replaced.
+func (t *ofiTransport) broke(ep *ofi.Endpoint, why error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || t.reopening || ep != t.ep {
+		return
+	}
+	t.reopening = true
+	t.n.log.Warn("libfabric endpoint closed: reads go over QUIC until it is reopened", "provider", ep.Info().Provider, "err", why)
+	t.loops.Add(1)
+	go t.reopen(ep)
+}
+
+// reopen opens a replacement for broken until one opens, with backoff.
+func (t *ofiTransport) reopen(broken *ofi.Endpoint) {
+	defer t.loops.Done()
+	cfg := &t.n.rdma.cfg
+	wait, start := cfg.Backoff, time.Now()
+	for attempt := 1; ; attempt++ {
+		err := t.replace(broken)
+		if err == nil {
+			t.reopens.Add(1)
+			ep, _ := t.endpoint()
+			t.n.log.Info("libfabric endpoint reopened", "provider", ep.Info().Provider, "attempts", attempt,
+				"took", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		t.reopenFails.Add(1)
+		t.n.log.Warn("libfabric endpoint reopen failed", "attempt", attempt, "retry_in", wait, "err", err)
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-t.stop:
+			timer.Stop()
+			return
+		}
+		wait = min(2*wait, cfg.MaxBackoff)
+	}
+}
+
+// replace opens a new endpoint, registers every region on it, and puts it
+// in broken's place.
+func (t *ofiTransport) replace(broken *ofi.Endpoint) error {
+	ep, err := t.open(broken)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		ep.Close()
+		return fmt.Errorf("transfer: libfabric endpoint: %w", ErrClosed)
+	}
+	made := make(map[*ofiRegion]*ofi.Region, len(t.regs))
+	for r := range t.regs {
+		nr, err := registerOn(ep, r.addr, r.len, r.cuda)
+		if err != nil {
+			ep.Close() // and the registrations made on it
+			return fmt.Errorf("register %d bytes at %#x again: %w", r.len, r.addr, err)
+		}
+		made[r] = nr
+	}
+	t.gen++
+	for r, nr := range made {
+		r.r, r.gen = nr, t.gen
+	}
+	t.ep, t.reopening = ep, false
+	t.own = append(t.own, ep)
+	return nil
 }
 
 // ofiPeer is a reader's libfabric state for one holder: its endpoint name
@@ -74,10 +288,21 @@ type ofiPeer struct {
 	p *Peer
 
 	mu     sync.Mutex
-	name   []byte   // the holder's endpoint name
-	addr   ofi.Peer // name's address, when inserted
+	name   []byte        // the holder's endpoint name
+	ep     *ofi.Endpoint // the endpoint addr is inserted in
+	addr   ofi.Peer      // name's address, when inserted
 	added  bool
 	closed bool
+	// reading counts the reads posting to an address of the peer; an
+	// address they may use leaves the address vector only once none does
+	// (stale), since a provider frees the peer's connection with it.
+	reading int
+	stale   []staleAddr
+}
+
+type staleAddr struct {
+	ep   *ofi.Endpoint
+	addr ofi.Peer
 }
 
 func (v *ofiPeer) regionKey(g *transferpb.RdmaRegion) uint64 { return g.Key }
@@ -101,37 +326,74 @@ func (v *ofiPeer) answered(resp *transferpb.LeaseResponse) error {
 	}
 	// A holder that restarted has a new endpoint: reads under its earlier
 	// leases fail and fall back.
-	if v.added {
-		v.t.ep.RemovePeer(v.addr)
-		v.added = false
-	}
+	v.forgetLocked()
 	v.name = bytes.Clone(resp.OfiName)
 	return nil
 }
 
-// peerAddr inserts the holder's endpoint name into the address vector, once.
-func (v *ofiPeer) peerAddr() (ofi.Peer, error) {
+// forgetLocked takes the peer's address out of the address vector, at
+// once or when the last read using it ends.
+func (v *ofiPeer) forgetLocked() {
+	if !v.added {
+		return
+	}
+	v.added = false
+	if v.reading > 0 {
+		v.stale = append(v.stale, staleAddr{v.ep, v.addr})
+		return
+	}
+	v.ep.RemovePeer(v.addr)
+}
+
+// done ends a read that peerAddr began.
+func (v *ofiPeer) done() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.reading--
+	if v.reading == 0 {
+		for _, a := range v.stale {
+			a.ep.RemovePeer(a.addr)
+		}
+		v.stale = nil
+	}
+}
+
+// peerAddr inserts the holder's endpoint name into the address vector,
+// once, and begins a read to it: the caller calls done when the read has
+// ended.
+func (v *ofiPeer) peerAddr(ep *ofi.Endpoint) (ofi.Peer, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.added && v.ep != ep {
+		// Inserted in an endpoint since replaced.
+		v.forgetLocked()
+	}
 	switch {
 	case v.closed:
 		return ofi.Peer{}, fmt.Errorf("transfer: peer %s: %w", v.p.name, ErrClosed)
 	case v.added:
+		v.reading++
 		return v.addr, nil
 	case len(v.name) == 0:
 		return ofi.Peer{}, fmt.Errorf("transfer: peer %s gave no libfabric endpoint name", v.p.name)
 	}
-	a, err := v.t.ep.AddPeer(v.name)
+	a, err := ep.AddPeer(v.name)
 	if err != nil {
 		return ofi.Peer{}, err
 	}
-	v.addr, v.added = a, true
+	v.ep, v.addr, v.added = ep, a, true
+	v.reading++
 	return a, nil
 }
 
 func (v *ofiPeer) read(ctx context.Context, leaseID uint64, k nicPair, segs []layout.Segment, n uint64, regions []remoteRegion, dst []Span, locals []registration) groupRead {
 	p, st := v.p, v.p.n.rdma
-	addr, err := v.peerAddr()
+	ep, gen := v.t.endpoint()
+	if ep.Broken() != nil {
+		// Being replaced: the reads that broke it started that.
+		return groupRead{fallback: FallbackConnectFailed}
+	}
+	addr, err := v.peerAddr(ep)
 	if err != nil {
 		if errors.Is(err, ErrClosed) {
 			return groupRead{err: err}
@@ -140,32 +402,46 @@ func (v *ofiPeer) read(ctx context.Context, leaseID uint64, k nicPair, segs []la
 		p.n.log.Warn("libfabric peer address failed", "peer", p.name, "err", err)
 		return groupRead{fallback: FallbackConnectFailed}
 	}
+	defer v.done()
 	// ofi reads land in one registered region each: the pieces by the
 	// destination registration they write into.
-	var order []ofiRegion
+	var order []*ofi.Region
 	byReg := map[*ofi.Region][]ofi.Segment{}
+	current := map[*ofiRegion]*ofi.Region{}
 	for _, s := range segs {
-		loc, ok := locals[s.DstRank].memRegion.(ofiRegion)
+		loc, ok := locals[s.DstRank].memRegion.(*ofiRegion)
 		if !ok || s.Length == 0 {
 			continue
 		}
+		lr, seen := current[loc]
+		if !seen {
+			lr = loc.on(gen)
+			current[loc] = lr
+		}
+		if lr == nil {
+			// Registered again on another endpoint since, or closed.
+			return groupRead{fallback: FallbackNotRegistered}
+		}
 		reg := regions[s.SrcRank]
 		base := dst[s.DstRank].Addr - loc.addr
-		if _, seen := byReg[loc.Region]; !seen {
-			order = append(order, loc)
+		if _, seen := byReg[lr]; !seen {
+			order = append(order, lr)
 		}
 		for i := uint64(0); i < s.Count; i++ {
 			src, d := s.Piece(i)
-			byReg[loc.Region] = append(byReg[loc.Region], ofi.Segment{LocalOff: base + d, RemoteOff: src, Len: s.Length,
+			byReg[lr] = append(byReg[lr], ofi.Segment{LocalOff: base + d, RemoteOff: src, Len: s.Length,
 				Remote: ofi.Remote{Addr: reg.addr, Len: reg.length, Key: reg.key}})
 		}
 	}
 	g := groupRead{bytes: n}
 	rctx, cancel := context.WithTimeout(ctx, st.cfg.OFIReadTimeout)
 	defer cancel()
-	for _, loc := range order {
-		ss := byReg[loc.Region]
-		if err := v.t.ep.Read(rctx, addr, loc.Region, ss); err != nil {
+	for _, lr := range order {
+		ss := byReg[lr]
+		if err := ep.Read(rctx, addr, lr, ss); err != nil {
+			if why := ep.Broken(); why != nil {
+				v.t.broke(ep, why)
+			}
 			g.err = err
 			return g
 		}
@@ -179,8 +455,5 @@ func (v *ofiPeer) close() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.closed = true
-	if v.added {
-		v.t.ep.RemovePeer(v.addr)
-		v.added = false
-	}
+	v.forgetLocked()
 }

@@ -5,10 +5,15 @@ package transfer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
+	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/rdma"
 	"github.com/kvfabric/kvfabric/rdma/ofi"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
@@ -32,7 +37,13 @@ func withOFI(t testing.TB, prov string, tune func(*RDMAConfig)) nodeOpt {
 
 func openOFI(t testing.TB, prov string) *ofi.Endpoint {
 	t.Helper()
-	cfg := ofi.Config{Provider: prov, Logger: quietLogger(), FlushGrace: time.Second}
+	return openOFIGrace(t, prov, time.Second)
+}
+
+// openOFIGrace is openOFI with the endpoint's flush grace.
+func openOFIGrace(t testing.TB, prov string, grace time.Duration) *ofi.Endpoint {
+	t.Helper()
+	cfg := ofi.Config{Provider: prov, Logger: quietLogger(), FlushGrace: grace}
 	if prov == "tcp" {
 		cfg.Node = "127.0.0.1"
 	}
@@ -258,5 +269,120 @@ func TestOFIReaderGivenVerbsRegionsGoesOverQUIC(t *testing.T) {
 	}
 	if m := p.metrics(t); m.Fallbacks[FallbackPeerHasNoRDMA] != 1 || m.ReadFailures != 0 {
 		t.Errorf("metrics %+v: want one peer-has-no-rdma fallback and no failed read", m)
+	}
+}
+
+// A reader's endpoint that closes itself (a read over shm with a wrong key
+// never completes: past the read timeout and the flush grace the endpoint
+// is closed to flush it) is reopened: after two failed attempts, each
+// Backoff later than the one before at least, a new endpoint opens, the
+// reader's memory is registered on it, and reads go over libfabric again,
+// every byte checked.
+func TestOFIEndpointReopenedAfterFlushClose(t *testing.T) {
+	const backoff = 50 * time.Millisecond
+	rep := openOFIGrace(t, "shm", 200*time.Millisecond)
+	ropt := func(c *Config) {
+		c.RDMA = &RDMAConfig{OFI: rep, Backoff: backoff, MaxBackoff: 4 * backoff, OFIReadTimeout: 3 * time.Second}
+	}
+	p := newPairWith(t, []nodeOpt{withOFI(t, "shm", nil)}, []nodeOpt{ropt}, nil, nil)
+	if via := p.read(t); via != TransportRDMA {
+		t.Fatalf("first read went over %s, want rdma", via)
+	}
+	tp := p.reader.rdma.tp.(*ofiTransport)
+	var attempts []time.Time
+	var mu sync.Mutex
+	reopen := tp.open
+	tp.open = func(b *ofi.Endpoint) (*ofi.Endpoint, error) {
+		mu.Lock()
+		attempts = append(attempts, time.Now())
+		n := len(attempts)
+		mu.Unlock()
+		if n <= 2 {
+			return nil, errors.New("no endpoint this time")
+		}
+		return reopen(b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := p.peer.Lease(ctx, []uint64{2}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.peer.rdma.mu.Lock()
+	for _, rs := range p.peer.rdma.leases[l.ID] {
+		for i := range rs {
+			rs[i].key ^= 0x5a5a
+		}
+	}
+	p.peer.rdma.mu.Unlock()
+	for _, d := range p.dst {
+		clear(d)
+	}
+	if via, err := p.peer.ReadVia(ctx, l.ID, 7, p.segs, p.dst); err != nil || via != TransportQUIC {
+		t.Fatalf("read with a wrong key: over %s, %v; want quic", via, err)
+	}
+	p.checkBytes(t)
+	if rep.Broken() == nil {
+		t.Fatal("the read with a wrong key did not close the reader's endpoint: nothing is tested")
+	}
+	wait.For(t, 10*time.Second, "the endpoint is reopened", func() error {
+		if m := p.metrics(t); m.EndpointReopens != 1 {
+			return fmt.Errorf("%d reopens, %d failed", m.EndpointReopens, m.EndpointReopenFailures)
+		}
+		return nil
+	})
+	if m := p.metrics(t); m.EndpointReopenFailures != 2 {
+		t.Errorf("%d failed reopens, want 2", m.EndpointReopenFailures)
+	}
+	mu.Lock()
+	for i := 1; i < len(attempts); i++ {
+		if gap := attempts[i].Sub(attempts[i-1]); gap < backoff<<(i-1) {
+			t.Errorf("attempt %d came %v after the one before, want at least %v", i+1, gap, backoff<<(i-1))
+		}
+	}
+	mu.Unlock()
+	if ep, _ := tp.endpoint(); ep == rep || ep.Broken() != nil {
+		t.Fatal("the node reads on the endpoint that closed")
+	}
+	// The peer's backoff after the failed read ends; then libfabric again.
+	wait.For(t, 10*time.Second, "a read goes over libfabric again", func() error {
+		if via := p.read(t); via != TransportRDMA {
+			return fmt.Errorf("read over %s", via)
+		}
+		return nil
+	})
+	if m := p.metrics(t); m.RegisteredBytes == 0 {
+		t.Errorf("metrics %+v: the reader's memory is not registered on the new endpoint", m)
+	}
+}
+
+// RegisterCUDA registers device memory only over libfabric, on a provider
+// with FI_HMEM: tcp has none, libibverbs takes device memory by dma-buf or
+// device pointer instead, and a negative device is refused; none of them
+// leaves a registration.
+func TestOFIRegisterCUDARefusals(t *testing.T) {
+	lib, _ := softNIC(t)
+	p := newPairWith(t, []nodeOpt{withOFI(t, "tcp", nil)}, []nodeOpt{withRDMADevices(t, lib, []string{"softverbs0"}, nil)}, nil, nil)
+	buf := make([]byte, 1<<20)
+	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	for _, tc := range []struct {
+		name string
+		n    *Node
+		dev  int
+		want error
+	}{
+		{"tcp without FI_HMEM", p.holder, 0, ofi.ErrNotSupported},
+		{"libibverbs", p.reader, 0, rdma.ErrNotSupported},
+		{"a negative device", p.holder, -1, ErrInvalidRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, _ := tc.n.RDMAMetrics()
+			if _, err := tc.n.RegisterCUDA(0, tc.dev, addr, uint64(len(buf))); !errors.Is(err, tc.want) {
+				t.Errorf("RegisterCUDA: %v, want %v", err, tc.want)
+			}
+			if after, _ := tc.n.RDMAMetrics(); after.RegisteredBytes != before.RegisteredBytes {
+				t.Errorf("registered bytes %d -> %d after a refused registration", before.RegisteredBytes, after.RegisteredBytes)
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -154,6 +155,10 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 		e.counter("kvfabric_rdma_connect_failures_total", "Queue-pair connections to peers that failed.", float64(rd.ConnectFailures))
 		e.gauge("kvfabric_rdma_queue_pairs_served", "Queue pairs peers read this node's memory on.", float64(rd.QPsServed))
 		e.gauge("kvfabric_rdma_registered_bytes", "Memory registered with the RDMA devices.", float64(rd.RegisteredBytes))
+		if strings.HasPrefix(rd.Binding, "ofi:") {
+			e.counter("kvfabric_rdma_endpoint_reopens_total", "libfabric endpoints opened in place of one that closed itself (a read given up with requests in flight).", float64(rd.EndpointReopens))
+			e.counter("kvfabric_rdma_endpoint_reopen_failures_total", "Attempts to reopen a libfabric endpoint that failed.", float64(rd.EndpointReopenFailures))
+		}
 		for _, d := range rd.Devices {
 			e.counter("kvfabric_rdma_device_read_bytes_total", "Bytes RDMA reads moved into memory registered with each RDMA device.", float64(d.ReadBytes), "device", d.Name)
 			e.gauge("kvfabric_rdma_device_registered_bytes", "Memory registered with each RDMA device.", float64(d.Registered), "device", d.Name)

@@ -51,6 +51,11 @@ func TestMetricsAndStatusNameTheOFIProvider(t *testing.T) {
 		f.Metric[0].GetGauge().GetValue() != 1 {
 		t.Fatalf("kvfabric_rdma_binding: %v, want one gauge of 1 labelled ofi:tcp...", f)
 	}
+	for _, name := range []string{"kvfabric_rdma_endpoint_reopens_total", "kvfabric_rdma_endpoint_reopen_failures_total"} {
+		if f := fams[name]; f == nil || len(f.Metric) != 1 || f.Metric[0].GetCounter().GetValue() != 0 {
+			t.Errorf("%s: %v, want one counter at 0", name, f)
+		}
+	}
 	code, out, errs := runCmd(t, "", "status", "--socket", a.EngineSocket())
 	if code != 0 || !strings.Contains(out, "ofi:tcp") {
 		t.Fatalf("status (exit %d, stderr %s) does not name the provider:\n%s", code, errs, out)

@@ -12,6 +12,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/pool/cuda"
 	"github.com/kvfabric/kvfabric/rdma"
+	"github.com/kvfabric/kvfabric/rdma/ofi"
 )
 
 // setting binds one agent setting: its flag, the fabric.Config field it
@@ -156,7 +157,7 @@ func bindSettings(fs *flag.FlagSet) boundSettings {
 
 // applyEnv sets cfg's fields from KVFABRIC_ variables; a variable that
 // names no setting is refused, so that a misspelled one is not ignored.
-// The libraries' own variables (the libibverbs and libcuda paths, read
+// The libraries' own variables (the libibverbs, libfabric and libcuda paths, read
 // where the settings leave the path empty) are not settings, and pass.
 func applyEnv(cfg *fabric.Config, environ []string) error {
 	known := map[string]string{}
@@ -166,7 +167,7 @@ func applyEnv(cfg *fabric.Config, environ []string) error {
 	for _, kv := range environ {
 		name, val, _ := strings.Cut(kv, "=")
 		if !strings.HasPrefix(name, "KVFABRIC_") || name == clientSocketEnv || name == configFileEnv ||
-			name == rdma.EnvLibrary || name == cuda.EnvLibrary {
+			name == rdma.EnvLibrary || name == cuda.EnvLibrary || name == ofi.EnvLibrary {
 			continue
 		}
 		field, ok := known[name]

@@ -63,5 +63,8 @@
 // depth in flight), then waits for their completions. A read whose context
 // ends with requests still in flight waits a bounded grace for them; past it
 // the endpoint is closed (which flushes them), so that no byte lands in the
-// caller's memory after Read has returned.
+// caller's memory after Read has returned. A read the provider takes no
+// request of for Config.ConnectTimeout, with nothing of it in flight, fails
+// with ErrUnreachable: tcp;ofi_rxm takes none while it connects to a peer,
+// and keeps trying to connect to one that is gone.
 package ofi

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -17,6 +18,18 @@ var requiredSymbols = []string{"fi_getinfo", "fi_freeinfo", "fi_dupinfo", "fi_fa
 // fakeLibrary builds a shared library exporting every required symbol but
 // omit, whose fi_version reports version.
 func fakeLibrary(t *testing.T, omit string, version uint32) string {
+	t.Helper()
+	return fakeLibraryOf(t, omit, version)
+}
+
+// fakeLibraryWith is fakeLibrary with every symbol, built with the C
+// source extra.
+func fakeLibraryWith(t *testing.T, extra string) string {
+	t.Helper()
+	return fakeLibraryOf(t, "", APIVersion, extra)
+}
+
+func fakeLibraryOf(t *testing.T, omit string, version uint32, extra ...string) string {
 	t.Helper()
 	var b strings.Builder
 	for _, s := range requiredSymbols {
@@ -37,7 +50,7 @@ func fakeLibrary(t *testing.T, omit string, version uint32) string {
 	if err := os.WriteFile(src, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
+	if out, err := exec.Command("gcc", append([]string{"-shared", "-fPIC", "-o", lib, src}, extra...)...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	return lib
@@ -69,4 +82,50 @@ func TestLoadRefusals(t *testing.T) {
 	if _, err := Load(Config{}); err == nil || !strings.Contains(err.Error(), "from-env.so") {
 		t.Errorf("the library named by %s: %v", EnvLibrary, err)
 	}
+}
+
+// A library that takes signal handlers when it loads (as Debian's
+// libfabric does through libpsm, whose constructor takes SIGTERM and
+// SIGSEGV and exits on them) leaves the process's handlers as they were:
+// Load puts them back, and the Go runtime still stops on SIGTERM and
+// panics on a nil pointer. Also the real libfabric, loaded, listed and
+// opened here.
+func TestLoadKeepsSignalHandlers(t *testing.T) {
+	sigs := []syscall.Signal{syscall.SIGINT, syscall.SIGILL, syscall.SIGABRT, syscall.SIGBUS, syscall.SIGSEGV, syscall.SIGTERM}
+	before := map[syscall.Signal]uintptr{}
+	for _, s := range sigs {
+		before[s] = signalHandler(s)
+	}
+	check := func(what string) {
+		t.Helper()
+		for _, s := range sigs {
+			if h := signalHandler(s); h != before[s] {
+				t.Errorf("after %s, the handler of %v is %#x, was %#x", what, s, h, before[s])
+			}
+		}
+	}
+	grab := filepath.Join(t.TempDir(), "grab.c")
+	var src strings.Builder
+	src.WriteString("#include <signal.h>\n#include <stdlib.h>\nstatic void die(int s) { exit(1); }\n")
+	src.WriteString("__attribute__((constructor)) static void grab(void) {\n")
+	for _, s := range sigs {
+		fmt.Fprintf(&src, "\tsignal(%d, die);\n", int(s))
+	}
+	src.WriteString("}\n")
+	if err := os.WriteFile(grab, []byte(src.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib := fakeLibraryWith(t, grab)
+	l, err := Load(Config{Library: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	check("loading a library whose constructor takes them")
+	real := loadLibrary(t, "tcp")
+	if _, err := real.Providers(); err != nil {
+		t.Fatal(err)
+	}
+	openEndpoint(t, real)
+	check("loading libfabric, listing its providers and opening a tcp endpoint")
 }

@@ -27,6 +27,10 @@ var (
 	// ErrClosed: the endpoint was closed, by Close or after a read that
 	// could not be flushed in time.
 	ErrClosed = errors.New("ofi: closed")
+	// ErrUnreachable: the provider took none of a read's requests for
+	// Config.ConnectTimeout (tcp;ofi_rxm takes none while it connects to
+	// the peer, and keeps trying one that is gone).
+	ErrUnreachable = errors.New("ofi: peer unreachable")
 )
 
 // EnvLibrary names the environment variable that overrides the library path
@@ -53,6 +57,9 @@ const (
 	// DefaultFlushGrace is how long a read whose context ended waits for
 	// its requests before the endpoint is closed to flush them.
 	DefaultFlushGrace = 5 * time.Second
+	// DefaultConnectTimeout is how long a read waits for the provider to
+	// take one of its requests.
+	DefaultConnectTimeout = 2 * time.Second
 )
 
 // Config says which libfabric to open and which provider to use.
@@ -70,6 +77,11 @@ type Config struct {
 	// FlushGrace is how long a read whose context ended waits for its
 	// requests before the endpoint is closed. If zero, DefaultFlushGrace.
 	FlushGrace time.Duration
+	// ConnectTimeout is how long a read waits with none of its requests
+	// taken by the provider (each refused as its queue is full, while
+	// nothing of the read is in flight) before it fails with
+	// ErrUnreachable. If zero, DefaultConnectTimeout.
+	ConnectTimeout time.Duration
 	// Logger receives the chosen provider and failures. If nil,
 	// slog.Default().
 	Logger *slog.Logger
@@ -85,6 +97,9 @@ func (c Config) populate() Config {
 	}
 	if c.FlushGrace <= 0 {
 		c.FlushGrace = DefaultFlushGrace
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -356,4 +371,35 @@ func gather(segs []Segment, maxMsg uint64, iovLimit int) []request {
 		}
 	}
 	return out
+}
+
+// DeviceReg is how a provider takes GPU memory.
+type DeviceReg int
+
+const (
+	// DeviceStaged: the provider does not register GPU memory; its bytes
+	// pass through host memory.
+	DeviceStaged DeviceReg = iota
+	// DeviceHMEM: GPU memory is registered by device pointer with
+	// fi_mr_regattr, interface FI_HMEM_CUDA (Endpoint.RegisterCUDA), and
+	// read into and served from directly.
+	DeviceHMEM
+)
+
+func (d DeviceReg) String() string {
+	if d == DeviceHMEM {
+		return "hmem"
+	}
+	return "staged"
+}
+
+// DevicePlan says how the provider takes CUDA memory, and why: by device
+// pointer where it offers FI_HMEM (whatever its mr_mode: FI_MR_HMEM only
+// asks that device buffers be registered, which they are), else staged
+// through host memory.
+func (p ProviderInfo) DevicePlan() (DeviceReg, string) {
+	if p.HMEM {
+		return DeviceHMEM, fmt.Sprintf("%s registers device memory (FI_HMEM)", p.Provider)
+	}
+	return DeviceStaged, fmt.Sprintf("%s does not register device memory (no FI_HMEM)", p.Provider)
 }

@@ -5,6 +5,7 @@ package ofi
 /*
 #cgo LDFLAGS: -ldl
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,40 @@ struct kvf_lib {
 	const char *(*strerror)(int);
 	uint32_t (*version)(void);
 };
+
+// kvf_sigs holds the process's signal handlers. A provider's library may
+// install its own when it loads or initialises (Debian's libfabric links
+// libpsm, whose constructor takes SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGILL
+// and SIGABRT and exits on them): that would take the Go runtime's
+// handlers away (no graceful stop on SIGTERM, no panic on a nil pointer).
+// The binding saves them before each call that may load a provider and
+// puts back any that changed.
+struct kvf_sigs {
+	struct sigaction act[NSIG];
+};
+
+static void kvf_sigs_save(struct kvf_sigs *s) {
+	for (int i = 1; i < NSIG; i++) sigaction(i, NULL, &s->act[i]);
+}
+
+// kvf_sigs_restore puts back every handler that changed since save and
+// returns how many.
+static int kvf_sigs_restore(struct kvf_sigs *s) {
+	int n = 0;
+	for (int i = 1; i < NSIG; i++) {
+		struct sigaction now;
+		if (sigaction(i, NULL, &now) != 0) continue;
+		if (now.sa_sigaction != s->act[i].sa_sigaction && sigaction(i, &s->act[i], NULL) == 0) n++;
+	}
+	return n;
+}
+
+// kvf_handler is signal sig's handler, for tests.
+static uintptr_t kvf_handler(int sig) {
+	struct sigaction a;
+	if (sigaction(sig, NULL, &a) != 0) return 0;
+	return (uintptr_t)a.sa_sigaction;
+}
 
 // kvf_load returns 0, or 1 when dlopen failed, or 2 when a symbol is
 // missing; err then holds dlerror's text. The caller holds its OS thread.
@@ -253,6 +288,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -285,9 +321,16 @@ func Load(cfg Config) (*Library, error) {
 	path := C.CString(cfg.Library)
 	defer C.free(unsafe.Pointer(path))
 	var msg [512]C.char
-	runtime.LockOSThread()
-	rc := C.kvf_load(l, path, &msg[0], C.size_t(len(msg)))
-	runtime.UnlockOSThread()
+	var rc C.int
+	var version uint32
+	keepSignals(cfg.Logger, "dlopen", func() {
+		runtime.LockOSThread()
+		rc = C.kvf_load(l, path, &msg[0], C.size_t(len(msg)))
+		runtime.UnlockOSThread()
+		if rc == 0 {
+			version = uint32(C.kvf_version(l))
+		}
+	})
 	switch rc {
 	case 1:
 		C.free(unsafe.Pointer(l))
@@ -296,7 +339,7 @@ func Load(cfg Config) (*Library, error) {
 		C.free(unsafe.Pointer(l))
 		return nil, fmt.Errorf("ofi: %s lacks a required symbol (%s): %w", cfg.Library, C.GoString(&msg[0]), ErrNotSupported)
 	}
-	if v := uint32(C.kvf_version(l)); v < APIVersion {
+	if v := version; v < APIVersion {
 		C.kvf_unload(l)
 		C.free(unsafe.Pointer(l))
 		return nil, fmt.Errorf("ofi: %s is libfabric %d.%d; kvfabric needs %d.%d or later: %w",
@@ -333,6 +376,27 @@ func (l *Library) Close() error {
 	C.free(unsafe.Pointer(l.lib))
 	return errors.Join(errs...)
 }
+
+// sigMu serialises keepSignals: one call's save must not see another's
+// provider's handlers.
+var sigMu sync.Mutex
+
+// keepSignals runs fn, then puts back every signal handler that a
+// provider's library installed during it (see kvf_sigs), and says so.
+func keepSignals(log *slog.Logger, during string, fn func()) {
+	sigMu.Lock()
+	defer sigMu.Unlock()
+	s := (*C.struct_kvf_sigs)(C.malloc(C.size_t(unsafe.Sizeof(C.struct_kvf_sigs{}))))
+	defer C.free(unsafe.Pointer(s))
+	C.kvf_sigs_save(s)
+	fn()
+	if n := C.kvf_sigs_restore(s); n > 0 {
+		log.Info("ofi: put back the signal handlers a provider's library replaced", "during", during, "handlers", int(n))
+	}
+}
+
+// signalHandler is the address of signal sig's handler, for tests.
+func signalHandler(sig syscall.Signal) uintptr { return uintptr(C.kvf_handler(C.int(sig))) }
 
 // fiError turns a libfabric return code (a negated errno or FI_E* value)
 // into an error with libfabric's text.
@@ -372,7 +436,9 @@ func (l *Library) getinfo(prov, node string, hmem bool, fn func(*C.struct_kvf_fi
 		h = 1
 	}
 	var list *C.struct_kvf_fi_info
-	if rc := C.kvf_getinfo(l.lib, cprov, cnode, h, C.int(SupportedMRModes), &list); rc != 0 {
+	var rc C.int
+	keepSignals(l.cfg.Logger, "fi_getinfo", func() { rc = C.kvf_getinfo(l.lib, cprov, cnode, h, C.int(SupportedMRModes), &list) })
+	if rc != 0 {
 		return fmt.Errorf("ofi: fi_getinfo(provider %q, RMA on RDM): %w", prov, l.fiError(rc))
 	}
 	defer C.kvf_freeinfo(l.lib, list)
@@ -436,8 +502,10 @@ type Endpoint struct {
 	info  ProviderInfo
 	plan  RegPlan
 	grace time.Duration
-	ep    *C.struct_kvf_ep
-	name  []byte
+	// connectTimeout is Config.ConnectTimeout.
+	connectTimeout time.Duration
+	ep             *C.struct_kvf_ep
+	name           []byte
 
 	// serial is held around every call into the provider when it is not
 	// thread safe.
@@ -489,7 +557,7 @@ func (l *Library) Open() (*Endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Endpoint{lib: l, info: p, plan: plan, grace: l.cfg.FlushGrace, regions: map[*Region]struct{}{},
+	e := &Endpoint{lib: l, info: p, plan: plan, grace: l.cfg.FlushGrace, connectTimeout: l.cfg.ConnectTimeout, regions: map[*Region]struct{}{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 	var opened bool
 	var openErr error
@@ -500,7 +568,9 @@ func (l *Library) Open() (*Endpoint, error) {
 		window := min(max(p.TxSize, 1), MaxInFlight)
 		e.ep = (*C.struct_kvf_ep)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_kvf_ep{}))))
 		var step *C.char
-		if rc := C.kvf_ep_open(l.lib, i, C.size_t(2*window), e.ep, &step); rc != 0 {
+		var rc C.int
+		keepSignals(l.cfg.Logger, "open", func() { rc = C.kvf_ep_open(l.lib, i, C.size_t(2*window), e.ep, &step) })
+		if rc != 0 {
 			openErr = fmt.Errorf("ofi: %s on %s: %s: %w", p.Provider, p.Domain, C.GoString(step), l.fiError(rc))
 			C.free(unsafe.Pointer(e.ep))
 			e.ep = nil
@@ -541,6 +611,20 @@ func (l *Library) Open() (*Endpoint, error) {
 
 // Info describes the endpoint's provider.
 func (e *Endpoint) Info() ProviderInfo { return e.info }
+
+// Broken returns why the endpoint closed itself (a read whose requests
+// were still in flight past the flush grace), or nil while it is open or
+// after Close.
+func (e *Endpoint) Broken() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.broken
+}
+
+// Reopen opens a new endpoint on the library and provider e was opened
+// on, with a new name and no regions: a broken endpoint's memory must be
+// registered again, and its peers told the new name.
+func (e *Endpoint) Reopen() (*Endpoint, error) { return e.lib.Open() }
 
 // Name is the endpoint's address, for peers' AddPeer.
 func (e *Endpoint) Name() []byte { return append([]byte(nil), e.name...) }
@@ -853,6 +937,10 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 		return true
 	}
 	var moved uint64
+	// refused is when the provider began refusing every request of the
+	// read with nothing of it in flight; zero while it takes them.
+	var refused time.Time
+	var pause time.Duration
 	for i := 0; i < len(reqs) && first == nil; {
 		var slot int
 		select {
@@ -885,6 +973,7 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 			inFlight++
 			moved += q.bytes()
 			i++
+			refused, pause = time.Time{}, 0
 			wait(false)
 		case rc == -C.KVF_FI_EAGAIN:
 			// The transmit queue is full: give the slot back and let
@@ -895,8 +984,26 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 				if !wait(true) {
 					return e.abandon(ctx, r, inFlight, first)
 				}
-			} else {
-				runtime.Gosched()
+				continue
+			}
+			// Nothing of the read is in flight: the provider is
+			// connecting to the peer, or other reads fill its queue.
+			// Wait a little longer each time, up to connectTimeout.
+			now := time.Now()
+			if refused.IsZero() {
+				refused = now
+			}
+			if d := now.Sub(refused); d >= e.connectTimeout {
+				first = fmt.Errorf("ofi: %s took no read request for %v: %w", e.info.Provider, d.Round(time.Millisecond), ErrUnreachable)
+				continue
+			}
+			pause = min(max(2*pause, 10*time.Microsecond), time.Millisecond)
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return e.abandon(ctx, r, inFlight, first)
 			}
 		default:
 			e.owner[slot].Store(nil)

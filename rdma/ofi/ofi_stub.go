@@ -37,6 +37,12 @@ func (e *Endpoint) Info() ProviderInfo { return ProviderInfo{} }
 // Name is empty in this build.
 func (e *Endpoint) Name() []byte { return nil }
 
+// Broken returns nil: nothing opens in this build.
+func (e *Endpoint) Broken() error { return nil }
+
+// Reopen returns an error wrapping ErrNotSupported.
+func (e *Endpoint) Reopen() (*Endpoint, error) { return nil, errBuild }
+
 // Stats are an endpoint's counters.
 type Stats struct {
 	Reads, Bytes, Failures uint64

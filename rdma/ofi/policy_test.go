@@ -203,3 +203,25 @@ func TestCheckSegmentsLimits(t *testing.T) {
 		t.Fatalf("a wrapping address: %v", err)
 	}
 }
+
+// Device memory goes to a provider by device pointer exactly when it
+// reports FI_HMEM, whatever its mr_mode asks; else it is staged.
+func TestDevicePlan(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		p    ProviderInfo
+		want DeviceReg
+	}{
+		{"efa with FI_HMEM and FI_MR_HMEM", ProviderInfo{Provider: "efa", HMEM: true, MRMode: MRLocal | MRVirtAddr | MRAllocated | MRProvKey | MRHMEM}, DeviceHMEM},
+		{"cxi with FI_HMEM, endpoint-bound keys", ProviderInfo{Provider: "cxi", HMEM: true, MRMode: MREndpoint | MRAllocated | MRProvKey}, DeviceHMEM},
+		{"shm with FI_MR_HMEM but no FI_HMEM (no CUDA)", ProviderInfo{Provider: "shm", MRMode: MRVirtAddr | MRHMEM}, DeviceStaged},
+		{"tcp without FI_HMEM", ProviderInfo{Provider: "tcp;ofi_rxm"}, DeviceStaged},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := tc.p.DevicePlan()
+			if got != tc.want || !strings.Contains(why, tc.p.Provider) || !strings.Contains(why, "FI_HMEM") {
+				t.Errorf("DevicePlan() = %v, %q; want %v, naming the provider and FI_HMEM", got, why, tc.want)
+			}
+		})
+	}
+}

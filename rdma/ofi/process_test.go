@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -296,4 +297,54 @@ func TestReaderKilled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReadFromGonePeer: a read from a holder that died before the reader
+// connected to it fails with ErrUnreachable after the connect timeout
+// (tcp;ofi_rxm would keep trying to connect until the read's context
+// ended), and the endpoint reads on: a live holder is read whole after it.
+func TestReadFromGonePeer(t *testing.T) {
+	const size = 1 << 20
+	const timeout = 500 * time.Millisecond
+	gone := startChild(t, "holder", "tcp", size, 0x21, "")
+	name, rem := gone.peer(t)
+	gone.cmd.Process.Kill()
+	gone.cmd.Wait()
+	l, err := Load(Config{Provider: "tcp", Node: nodeFor("tcp"), ConnectTimeout: timeout})
+	if err != nil {
+		t.Fatalf("libfabric is needed for these tests (make test-deps): %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	e := openEndpoint(t, l)
+	p, err := e.AddPeer(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := mapped(t, size)
+	dstReg := register(t, e, dst)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	goneErr := e.Read(ctx, p, dstReg, []Segment{{Len: size, Remote: rem}})
+	took := time.Since(start)
+	if !errors.Is(goneErr, ErrUnreachable) {
+		t.Fatalf("read from a holder that is gone: %v after %v, want ErrUnreachable", goneErr, took)
+	}
+	if took < timeout || took > timeout+10*time.Second {
+		t.Errorf("the read failed after %v, want after the connect timeout of %v (and within 10 s of it)", took, timeout)
+	}
+	h := startChild(t, "holder", "tcp", size, 0x22, "")
+	name, rem = h.peer(t)
+	if p, err = e.AddPeer(name); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Read(ctx, p, dstReg, []Segment{{Len: size, Remote: rem}}); err != nil {
+		t.Fatalf("read from a live holder after: %v", err)
+	}
+	want := make([]byte, size)
+	fill(want, 0x22)
+	if !bytes.Equal(dst, want) {
+		t.Fatal("bytes differ")
+	}
+	t.Logf("gone holder: %v after %v", goneErr, took.Round(time.Millisecond))
 }

@@ -1,0 +1,566 @@
+//go:build cgo && linux
+
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// ofiConnectTimeout is rdma/ofi's DefaultConnectTimeout, which the agents
+// read with (testbed does not import the agent's packages).
+const ofiConnectTimeout = 2 * time.Second
+
+// The agents of these tests read each other over libfabric (--fabric ofi)
+// with its tcp provider (tcp;ofi_rxm), or shm, on the libfabric of the
+// machine (make test-deps installs it; without it the agents refuse to
+// start, --rdma on, and the tests fail). Each agent loads it through
+// faultfab (testdata/faultfab.c), which forwards every call to the real
+// library and injects the faults its control file names: a wrong key or
+// a registration shorter than the memory on a holder, slow reads on a
+// reader.
+
+// faultfabLib builds testdata/faultfab.c into a directory the test
+// removes.
+func faultfabLib(t *testing.T) string {
+	t.Helper()
+	src, err := filepath.Abs(filepath.Join("testdata", "faultfab.c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(t.TempDir(), "libfaultfab.so")
+	out, err := exec.Command("gcc", "-O2", "-Wall", "-shared", "-fPIC", "-o", lib, src, "-ldl", "-lpthread").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build faultfab (make test-deps installs gcc and libfabric-dev): %v\n%s", err, out)
+	}
+	return lib
+}
+
+// ofiCluster is a process cluster over libfabric with each node's
+// faultfab control file.
+type ofiCluster struct {
+	*Cluster
+	control []string
+}
+
+// fault writes faults ("key=value,...", or "" to clear them) to node i's
+// control file; faultfab reads it at each registration and each read.
+func (c *ofiCluster) fault(t *testing.T, i int, faults string) {
+	t.Helper()
+	if err := os.WriteFile(c.control[i], []byte(faults), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startOFI starts n agents reading each other over libfabric's provider
+// prov. tune, if not nil, adjusts the options.
+func startOFI(t *testing.T, n int, prov, pool string, tune func(*Options)) *ofiCluster {
+	t.Helper()
+	lib := faultfabLib(t)
+	dir := t.TempDir()
+	oc := &ofiCluster{}
+	for i := range n {
+		f := filepath.Join(dir, fmt.Sprintf("control-%d", i+1))
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		oc.control = append(oc.control, f)
+	}
+	args := []string{"--rdma", "on", "--fabric", "ofi", "--fabric-provider", prov}
+	if prov == "tcp" {
+		args = append(args, "--fabric-addr", "127.0.0.1")
+	}
+	opts := Options{Bin: bin, Nodes: n, Pool: pool, ExtraArgs: args,
+		Env:     []string{"KVFABRIC_LIBFABRIC_LIB=" + lib},
+		NodeEnv: func(i int) []string { return []string{"FAULTFAB_CONTROL=" + oc.control[i]} },
+	}
+	if tune != nil {
+		tune(&opts)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oc.Cluster = c
+	t.Cleanup(func() {
+		for _, n := range c.Nodes {
+			if err := n.Stop(syscall.SIGTERM, 10*time.Second); err != nil {
+				t.Errorf("%s: %v", n.Name, err)
+			}
+		}
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				t.Logf("%s log:\n%s", n.Name, n.Log())
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return oc
+}
+
+// Agent processes import over libfabric's tcp provider across TP sizes
+// and orders (TP 4 HND on the holder, TP 2 NHD and TP 1 HND on two
+// importers): every byte checked, every block over rdma, nothing over
+// QUIC, and the metrics name the provider.
+//
+// Not over shm (libfabric 1.17): there TP 4 HND -> TP 2 NHD reads 57,344
+// pieces of 128 bytes, each a command the holder's progress loop answers,
+// which it does at a few thousand a second when it backs off idle (it
+// gets no completion of its own for them): an import of 20 blocks takes 5
+// to 7 s, and a read sometimes runs past the 10 s read timeout and goes
+// over QUIC. A loop kept polling while leases are out serves them in a
+// second or two, but spins a core on every holder (tcp imports then ran
+// at a third of the bare loop's rate on two cores), so it is not done.
+// TestOFIReaderKilledMidRead imports over shm, in whole blocks.
+func TestOFIImportAcrossProcesses(t *testing.T) {
+	for _, prov := range []string{"tcp"} {
+		t.Run(prov, func(t *testing.T) {
+			c := startOFI(t, 3, prov, "host=64MiB", nil)
+			holder := c.Nodes[0]
+			ctx := context.Background()
+			w := Workload{Sequences: 2, Blocks: 12, SharedPrefix: 4, PageSize: 16, Seed: 21}
+			seqs := w.Hashes()
+			p, err := Produce(ctx, holder, engSlots("producer", 4, layout.HND, 64), seqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			for i, e := range []struct {
+				tp    int
+				order layout.KVOrder
+			}{{2, layout.NHD}, {1, layout.HND}} {
+				importer := c.Nodes[1+i]
+				waitIndexed(t, importer, holder.Name, w.Unique())
+				r, err := Consume(ctx, importer, engSlots("consumer", e.tp, e.order, 64), seqs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Blocks != w.Unique() || r.Verified != w.Sequences*w.Blocks || r.Transports["rdma"] != w.Unique() {
+					t.Fatalf("TP %d %v: report %+v: want %d blocks over rdma, %d verified", e.tp, e.order, r, w.Unique(), w.Sequences*w.Blocks)
+				}
+				if got := readBytes(t, importer, "rdma"); got != float64(r.Bytes) || got == 0 {
+					t.Errorf("TP %d: %v bytes read over rdma, the imports moved %d", e.tp, got, r.Bytes)
+				}
+				if got := readBytes(t, importer, "quic"); got != 0 {
+					t.Errorf("TP %d: %v bytes read over quic, want 0", e.tp, got)
+				}
+				if v, err := metricValue(importer, `kvfabric_rdma_binding{binding="ofi:`+ofiName(prov)+`"}`); err != nil || v != 1 {
+					t.Errorf("TP %d: binding gauge for ofi:%s: %v (%v)", e.tp, ofiName(prov), v, err)
+				}
+				t.Logf("TP 4 HND -> TP %d %v: %d blocks, %d bytes over ofi:%s in %v", e.tp, e.order, r.Blocks, r.Bytes, prov, r.Elapsed.Round(time.Millisecond))
+			}
+		})
+	}
+}
+
+// ofiName is the provider's full name as libfabric gives it.
+func ofiName(prov string) string {
+	if prov == "tcp" {
+		return "tcp;ofi_rxm"
+	}
+	return prov
+}
+
+// A holder whose registrations give readers a wrong key, or cover only
+// half of the memory they claim, fails the importer's libfabric reads with
+// the provider's error (its own, not ours: faultfab only lies about the
+// registration); the import falls back to QUIC within its deadline with
+// every byte checked, and the importer counts and logs why.
+func TestOFIBadRegistrationFallsBackToQUIC(t *testing.T) {
+	for _, fault := range []string{"wrong_key=1", "short_reg=1"} {
+		t.Run(fault, func(t *testing.T) {
+			c := startOFI(t, 2, "tcp", "host=32MiB", nil)
+			holder, importer := c.Nodes[0], c.Nodes[1]
+			ctx := context.Background()
+			// As many slots as blocks: the blocks fill the holder's whole
+			// registration, the half a short one leaves out too.
+			w := Workload{Sequences: 1, Blocks: 16, PageSize: 16, Seed: 22}
+			seqs := w.Hashes()
+			c.fault(t, 0, fault) // the producer's block set is registered so
+			p, err := Produce(ctx, holder, engSlots("producer", 2, layout.HND, w.Blocks), seqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			waitIndexed(t, importer, holder.Name, w.Unique())
+			start := time.Now()
+			r, err := Consume(ctx, importer, engSlots("consumer", 2, layout.NHD, 32), seqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(start)
+			if r.Verified != w.Blocks || r.Transports["quic"]+r.Transports["rdma+quic"] != w.Blocks {
+				t.Fatalf("report %+v: want %d blocks, all verified, read over quic after the failed read", r, w.Blocks)
+			}
+			if v := fallbacks(t, importer, "read-failed"); v < 1 {
+				t.Errorf("fallbacks for read-failed: %v, want at least 1", v)
+			}
+			if v := metric(t, importer, "kvfabric_rdma_read_failures_total"); v < 1 {
+				t.Errorf("%v libfabric reads failed, want at least 1", v)
+			}
+			rdmaBytes, quicBytes := readBytes(t, importer, "rdma"), readBytes(t, importer, "quic")
+			if quicBytes == 0 || rdmaBytes+quicBytes != float64(r.Bytes) {
+				t.Errorf("importer read %v bytes over rdma and %v over quic, the import moved %d", rdmaBytes, quicBytes, r.Bytes)
+			}
+			if !strings.Contains(importer.FullLog(), "ofi: read failed") {
+				t.Errorf("the importer's log does not name the failed libfabric read:\n%s", grepLog(importer, "rdma", "RDMA", "ofi"))
+			}
+			// The provider answers a bad key or range at once; the rest
+			// is QUIC's. The import's own deadline is far longer.
+			if limit := 10 * time.Second; took > limit {
+				t.Errorf("the import took %v, want within %v", took, limit)
+			}
+			t.Logf("%s: import in %v, %v bytes over rdma, %v over quic; importer: %s", fault, took.Round(time.Millisecond),
+				rdmaBytes, quicBytes, lastLine(grepLog(importer, "ofi: read failed")))
+		})
+	}
+}
+
+// A holder killed with SIGKILL while an importer reads it over libfabric's
+// tcp provider: the read in flight fails (the provider sees the
+// connection go, or takes no request of a read whose connection it cannot
+// make for rdma/ofi's DefaultConnectTimeout), and the import fails over to the
+// other holder or errors within that, half the peer timeout (a QUIC call
+// to the silent holder) and a margin; every block registered is whole.
+func TestOFIHolderKilledMidRead(t *testing.T) {
+	const peerTimeout = time.Second
+	c := startOFI(t, 3, "tcp", "host=64MiB", func(o *Options) { o.PeerTimeout = peerTimeout })
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	ctx := context.Background()
+	w := Workload{Sequences: 1, Blocks: 96, PageSize: 16, Seed: 23}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, n1, engSlots("producer", 2, layout.HND, w.Blocks), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, n2, n1.Name, w.Unique())
+	if _, err := Consume(ctx, n2, engSlots("copy", 1, layout.HND, w.Blocks), seqs); err != nil {
+		t.Fatal(err)
+	}
+	waitIndexed(t, n3, n2.Name, w.Unique())
+	// Slow reads, so that the kill lands in one.
+	c.fault(t, 2, "delay_us=3000")
+	cl, err := n3.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	set, err := cl.Register(ctx, engSlots("importer", 4, layout.NHD, w.Blocks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	result := importAsync(t, ctx, cl, set.ID, seqs[0])
+	victim := waitServing(t, []*Node{n1, n2})
+	killed := time.Now()
+	if err := victim.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.fault(t, 2, "") // the rest at full speed
+	r := result()
+	if !r.at.After(killed) {
+		t.Fatalf("the import ended before %s was killed: nothing was tested", victim.Name)
+	}
+	failedOver := r.at
+	if r.err == nil {
+		for _, f := range r.resp.Fetches {
+			if f.Node != victim.Name {
+				failedOver = r.at.Add(-time.Duration(f.Micros) * time.Microsecond)
+			}
+		}
+	}
+	if v := metric(t, n3, "kvfabric_rdma_read_failures_total"); v < 1 {
+		t.Errorf("%v libfabric reads failed: the kill did not land in a read", v)
+	}
+	bound := ofiConnectTimeout + peerTimeout/2
+	if took := failedOver.Sub(killed); took > bound+3*time.Second {
+		t.Errorf("failed over or errored %v after the kill, want within %v (the connect timeout and half the peer timeout) and 3 s of margin", took, bound)
+	} else {
+		t.Logf("failed over or errored %v after the kill", took.Round(time.Millisecond))
+	}
+	brought := 0
+	if r.err == nil {
+		brought = len(r.resp.Blocks)
+		t.Logf("import after %s was killed: %d of %d blocks; fetches %v; %s", victim.Name, brought, w.Blocks, r.resp.Fetches, r.resp.Error)
+	} else {
+		t.Logf("import after %s was killed: %v", victim.Name, r.err)
+	}
+	if n := checkRegistered(t, cl, set, seqs[0]); n < brought {
+		t.Errorf("%d blocks registered, the import returned %d", n, brought)
+	}
+	t.Logf("importer: %s", grepLog(n3, "ofi", "rdma", "RDMA"))
+}
+
+// An importer killed with SIGKILL in the middle of its libfabric reads
+// leaves the holder serving: another importer then reads the same blocks
+// from it over libfabric, every byte checked, and the holder's leases of
+// the dead importer end.
+func TestOFIReaderKilledMidRead(t *testing.T) {
+	for _, prov := range []string{"tcp", "shm"} {
+		t.Run(prov, func(t *testing.T) {
+			c := startOFI(t, 3, prov, "host=64MiB", func(o *Options) { o.PeerTimeout = 2 * time.Second })
+			holder, victim, other := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+			ctx := context.Background()
+			w := Workload{Sequences: 1, Blocks: 64, PageSize: 16, Seed: 24}
+			seqs := w.Hashes()
+			p, err := Produce(ctx, holder, engSlots("producer", 2, layout.HND, w.Blocks), seqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			waitIndexed(t, victim, holder.Name, w.Unique())
+			c.fault(t, 1, "delay_us=3000")
+			cl, err := victim.Client(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			set, err := cl.Register(ctx, engSlots("importer", 2, layout.NHD, w.Blocks))
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := cl.Import(ctx, set.ID, seqs[0])
+				done <- err
+			}()
+			waitServing(t, []*Node{holder})
+			if err := victim.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			cl.Close()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Fatal("the killed importer's import succeeded: the kill did not land in it")
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the killed importer's import did not return")
+			}
+			wait.For(t, 20*time.Second, "the holder ends the dead importer's leases", func() error {
+				if v, err := metricValue(holder, "kvfabric_leases"); err != nil || v != 0 {
+					return fmt.Errorf("%v leases (%v)", v, err)
+				}
+				return nil
+			})
+			waitIndexed(t, other, holder.Name, w.Unique())
+			r, err := Consume(ctx, other, engSlots("consumer", 4, layout.HND, w.Blocks), seqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Verified != w.Blocks || r.Transports["rdma"] != w.Blocks {
+				t.Fatalf("report after the importer was killed %+v: want %d blocks over rdma, verified", r, w.Blocks)
+			}
+			if got := readBytes(t, other, "rdma"); got != float64(r.Bytes) {
+				t.Errorf("%v bytes read over rdma, the import moved %d", got, r.Bytes)
+			}
+		})
+	}
+}
+
+// A lease that expires while the importer reads over libfabric ends the
+// import in an error that names it, and nothing of the chunk is
+// registered: the holder's term is 1 s, and the holder is stopped
+// (SIGSTOP) for longer than that while the read waits on it (tcp's reads
+// need the holder's progress), so that no renewal is answered. Once it
+// goes on, it answers the renewal, or the release if the read landed
+// first, that the lease has ended.
+func TestOFILeaseExpiredBeforeReleaseDiscards(t *testing.T) {
+	c := startOFI(t, 2, "tcp", "host=32MiB", func(o *Options) {
+		o.NodeArgs = func(i int) []string {
+			if i == 0 {
+				return []string{"--lease-duration", "1s"}
+			}
+			return []string{"--peer-timeout", "6s"}
+		}
+	})
+	holder, importer := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	w := Workload{Sequences: 2, Blocks: 1, PageSize: 16, Seed: 25}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, holder, engSlots("producer", 2, layout.HND, 8), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, importer, holder.Name, w.Unique())
+	e := engSlots("consumer", 1, layout.HND, 8)
+	// The first block comes plainly: the holder's address is in the
+	// importer's address vector and its layout known.
+	cl, set, resp, err := importOnce(t, importer, e, seqs[0])
+	if err != nil || len(resp.Blocks) != 1 || resp.Fetches[0].Transport != "rdma" {
+		t.Fatalf("first import: %v, %v", resp, err)
+	}
+	// Slow posts, so that the holder is stopped before the read is done.
+	c.fault(t, 1, "delay_us=200000")
+	result := importAsync(t, ctx, cl, set.ID, seqs[1])
+	wait.For(t, 10*time.Second, "the holder grants the lease", func() error {
+		if v, err := metricValue(holder, "kvfabric_leases"); err != nil || v == 0 {
+			return fmt.Errorf("%v leases (%v)", v, err)
+		}
+		return nil
+	})
+	if err := holder.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	cont := sync1(func() { holder.Signal(syscall.SIGCONT) })
+	defer cont()
+	c.fault(t, 1, "")
+	wait.For(t, 10*time.Second, "the lease's term passes with the holder stopped", func() error {
+		if d := time.Since(stopped); d < 1500*time.Millisecond {
+			return fmt.Errorf("stopped %v", d)
+		}
+		return nil
+	})
+	if v := metric(t, importer, "kvfabric_rdma_reads_total"); v != 1 {
+		t.Fatalf("%v libfabric reads completed while the holder was stopped, want only the first import's", v)
+	}
+	cont()
+	r := result()
+	why := ""
+	switch {
+	case r.err != nil:
+		why = r.err.Error()
+	case len(r.resp.Blocks) != 0:
+		t.Fatalf("the import returned %d blocks read under an expired lease", len(r.resp.Blocks))
+	default:
+		why = r.resp.Error
+	}
+	if !strings.Contains(why, "lease expired before release") && !strings.Contains(why, "lease could not be renewed") {
+		t.Errorf("import: %q, want the expired lease named", why)
+	}
+	if n := checkRegistered(t, cl, set, seqs[1]); n != 0 {
+		t.Errorf("%d blocks read under an expired lease are registered", n)
+	}
+	if v := metric(t, holder, "kvfabric_leases_expired_total"); v < 1 {
+		t.Errorf("the holder counts %v expired leases", v)
+	}
+	t.Logf("import: %s", why)
+}
+
+// sync1 returns f made safe to call more than once: it runs the first time.
+func sync1(f func()) func() {
+	done := false
+	return func() {
+		if !done {
+			done = true
+			f()
+		}
+	}
+}
+
+// An importer's libfabric endpoint that closes itself is reopened, and
+// reads go over libfabric again: the holder is stopped (SIGSTOP) with the
+// importer's reads in flight over tcp, which the stopped process never
+// answers; past the read timeout (10 s) and the flush grace (5 s) the
+// importer's endpoint is closed to flush them, and a new one opens at
+// once. The import ends (in an error or over QUIC) within those bounds
+// and half the peer timeout, no block that did not arrive whole is
+// registered, the importer counts and logs the reopen, and once the
+// holder goes on the next import comes over libfabric, every byte checked.
+func TestOFIEndpointReopenedAcrossProcesses(t *testing.T) {
+	const peerTimeout = 20 * time.Second // no member fails while the holder is stopped
+	const readTimeout, flushGrace = 10 * time.Second, 5 * time.Second
+	c := startOFI(t, 2, "tcp", "host=64MiB", func(o *Options) { o.PeerTimeout = peerTimeout })
+	holder, importer := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	w := Workload{Sequences: 3, Blocks: 16, PageSize: 16, Seed: 27}
+	seqs := w.Hashes()
+	p, err := Produce(ctx, holder, engSlots("producer", 2, layout.HND, 3*w.Blocks), seqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	waitIndexed(t, importer, holder.Name, w.Unique())
+	// The first import connects the importer to the holder.
+	if r, err := Consume(ctx, importer, engSlots("first", 2, layout.HND, w.Blocks), seqs[:1]); err != nil || r.Transports["rdma"] != w.Blocks {
+		t.Fatalf("first import: %+v, %v; want every block over rdma", r, err)
+	}
+	c.fault(t, 1, "delay_us=20000") // the holder is stopped before the read is posted whole
+	cl, err := importer.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	set, err := cl.Register(ctx, engSlots("importer", 2, layout.HND, w.Blocks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan importResult, 1)
+	go func() {
+		resp, err := cl.Import(ctx, set.ID, seqs[1])
+		done <- importResult{resp, err, time.Now()}
+	}()
+	wait.For(t, 10*time.Second, "the holder grants the lease", func() error {
+		if v, err := metricValue(holder, "kvfabric_leases"); err != nil || v == 0 {
+			return fmt.Errorf("%v leases (%v)", v, err)
+		}
+		return nil
+	})
+	if err := holder.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	cont := sync1(func() { holder.Signal(syscall.SIGCONT) })
+	defer cont()
+	c.fault(t, 1, "")
+	wait.For(t, readTimeout+flushGrace+20*time.Second, "the importer reopens its endpoint", func() error {
+		if v, err := metricValue(importer, "kvfabric_rdma_endpoint_reopens_total"); err != nil || v != 1 {
+			return fmt.Errorf("%v reopens (%v)", v, err)
+		}
+		return nil
+	})
+	reopened := time.Since(stopped)
+	if reopened < readTimeout {
+		t.Errorf("reopened %v after the holder stopped, before the read timeout of %v", reopened, readTimeout)
+	}
+	cont()
+	var r importResult
+	select {
+	case r = <-done:
+	case <-time.After(peerTimeout + time.Minute):
+		t.Fatal("the import did not return")
+	}
+	brought := 0
+	if r.err == nil {
+		brought = len(r.resp.Blocks)
+		t.Logf("import with the holder stopped: %d of %d blocks; fetches %v; %s", brought, w.Blocks, r.resp.Fetches, r.resp.Error)
+	} else {
+		t.Logf("import with the holder stopped: %v", r.err)
+	}
+	if n := checkRegistered(t, cl, set, seqs[1]); n < brought {
+		t.Errorf("%d blocks registered, the import returned %d", n, brought)
+	}
+	if v := metric(t, importer, "kvfabric_rdma_endpoint_reopen_failures_total"); v != 0 {
+		t.Errorf("%v failed reopens, want 0", v)
+	}
+	if !strings.Contains(importer.FullLog(), "libfabric endpoint reopened") {
+		t.Errorf("the importer's log does not say it reopened its endpoint:\n%s", grepLog(importer, "libfabric", "ofi"))
+	}
+	// The peer's backoff after the failed read ends; then libfabric again.
+	wait.For(t, 30*time.Second, "an import over libfabric after the reopen", func() error {
+		r, err := Consume(ctx, importer, engSlots("after", 2, layout.NHD, w.Blocks), seqs[2:])
+		if err != nil {
+			return err
+		}
+		if r.Verified != w.Blocks || r.Transports["rdma"] != w.Blocks {
+			return fmt.Errorf("report %+v: want every block over rdma", r)
+		}
+		return nil
+	})
+	t.Logf("reopened %v after the holder stopped; importer: %s", reopened.Round(time.Millisecond), grepLog(importer, "libfabric endpoint"))
+}
