@@ -96,19 +96,30 @@ func (s *indexSink) apply(events []membership.Event) bool {
 	return true
 }
 
-// store applies events to id; a Drop of the origin meanwhile retires id,
-// and the rest fail harmlessly.
+// store applies events to id, each run of one kind in one call (an
+// import's chunk registers up to thousands of blocks at once); a Drop of
+// the origin meanwhile retires id, and the rest fail harmlessly.
 func (s *indexSink) store(id index.NodeID, events []membership.Event) {
-	var err error
-	for _, e := range events {
-		if e.Kind == membership.EventStore {
-			err = s.a.index.Store(id, e.Hash)
+	hashes := make([]uint64, 0, len(events))
+	for len(events) > 0 {
+		n := 1
+		for n < len(events) && events[n].Kind == events[0].Kind {
+			n++
+		}
+		hashes = hashes[:0]
+		for _, e := range events[:n] {
+			hashes = append(hashes, e.Hash)
+		}
+		var err error
+		if events[0].Kind == membership.EventStore {
+			err = s.a.index.Store(id, hashes...)
 		} else {
-			err = s.a.index.Remove(id, e.Hash)
+			err = s.a.index.Remove(id, hashes...)
 		}
 		if err != nil {
-			s.a.log.Debug("index", "peer", e.Origin, "hash", e.Hash, "err", err)
+			s.a.log.Debug("index", "peer", events[0].Origin, "events", n, "err", err)
 		}
+		events = events[n:]
 	}
 }
 
