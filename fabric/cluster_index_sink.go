@@ -98,7 +98,10 @@ func (s *indexSink) apply(events []membership.Event) bool {
 
 // store applies events to id, each run of one kind in one call (an
 // import's chunk registers up to thousands of blocks at once); a Drop of
-// the origin meanwhile retires id, and the rest fail harmlessly.
+// the origin meanwhile retires id, and the rest fail harmlessly. A run
+// that fails otherwise (index.ErrFull: a shard's spill arena out of entry
+// numbers) stops at the hash that failed, and the rest of it is not
+// indexed.
 func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 	hashes := make([]uint64, 0, len(events))
 	for len(events) > 0 {
@@ -116,8 +119,11 @@ func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 		} else {
 			err = s.a.index.Remove(id, hashes...)
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, index.ErrUnknownNode):
 			s.a.log.Debug("index", "peer", events[0].Origin, "events", n, "err", err)
+		case err != nil:
+			s.a.log.Warn("index: events not applied", "peer", events[0].Origin, "events", n, "err", err)
 		}
 		events = events[n:]
 	}
