@@ -152,3 +152,10 @@ cuda-header-check: ## check pool/cuda's driver header against cuda.h from Debian
 	apt-get $$o update -q >/dev/null && (cd $$tmp && apt-get $$o download -q nvidia-cuda-dev) && \
 	dpkg-deb --fsys-tarfile $$tmp/nvidia-cuda-dev_*.deb | tar -x -C $$tmp ./usr/include/cuda.h && \
 	KVFABRIC_CUDA_H=$$tmp/usr/include/cuda.h $(GO) test -count=1 -v -run TestHeaderMatchesCudaH ./pool/cuda/softcuda
+
+# kvfabric's TCP lane against NIXL and Mooncake on loopback; not in make test.
+.PHONY: peers-bench
+PEERS_VENV ?= $(HOME)/.cache/kvfabric/peers-venv
+
+peers-bench: ## the TCP lane against NIXL (UCX over TCP) and Mooncake (TCP) between processes on loopback, 1 GiB x 3 rounds; installs both into $(PEERS_VENV) (about 6 GiB)
+	PEERS_VENV=$(PEERS_VENV) GO=$(GO) bash testbed/peers-bench.sh

@@ -36,6 +36,8 @@ var (
 		"Import calls in flight at once in BenchmarkImport")
 	benchImportOrders = flag.String("kvfabric.bench.import.orders", "HND>HND",
 		"KV orders of A's and B's block sets in BenchmarkImport: HND>HND, NHD>NHD, HND>NHD or NHD>HND")
+	benchImportLanePlain = flag.Bool("kvfabric.bench.import.lane-plain", false,
+		"BenchmarkImport's lane is plain TCP (Config.LanePlain) rather than TLS; compare it with x-tcp")
 )
 
 // benchOrders parses -kvfabric.bench.import.orders.
@@ -127,6 +129,7 @@ func BenchmarkImport(b *testing.B) {
 	agentA := startBenchAgentWith(b, root, caDir, "a", benchIPA, fmt.Sprintf("host=%d", 2*size+size/8+64<<20), "", func(c *fabric.Config) {
 		c.MaxLeasedPerPeer = 2 * nblocks
 		c.LaneAddr = benchIPA + ":0"
+		c.LanePlain = *benchImportLanePlain
 	})
 	agentB := startBenchAgent(b, root, caDir, "b", benchIPB, poolSpec, agentA.GossipAddr())
 	ca := context.Background()
@@ -302,8 +305,8 @@ func BenchmarkImport(b *testing.B) {
 	if w := wrongTransport.Load(); w > 0 {
 		b.Logf("%d fetches fell back to QUIC; the importer's lane fallbacks: %v", w, agentB.Metrics().Transport.LaneFallbacks)
 	}
-	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; quic baseline %d conns, %d blocks in flight; tls and tcp baselines %d conns (the lane's); %d iterations",
-		nblocks, blockBytes>>10, size>>20, benchTPA, orderA, benchTPB, orderB, batch, inflight, base.Conns, base.Parallel, transfer.DefaultLaneConns, iter)
+	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; quic baseline %d conns, %d blocks in flight; tls and tcp baselines %d conns (the lane's); %d iterations; lane plain TCP: %v",
+		nblocks, blockBytes>>10, size>>20, benchTPA, orderA, benchTPB, orderB, batch, inflight, base.Conns, base.Parallel, transfer.DefaultLaneConns, iter, *benchImportLanePlain)
 }
 
 // processCPU is the CPU time, user and system, the process has used.

@@ -100,27 +100,47 @@ func (s *indexSink) apply(events []membership.Event) bool {
 	return true
 }
 
-// store applies events to id; a Drop of the origin meanwhile retires id,
-// and the rest fail harmlessly.
+// store applies events to id, each run of one kind in one call (an
+// import's chunk registers up to thousands of blocks at once); a Drop of
+// the origin meanwhile retires id, and the rest fail harmlessly. A run
+// that fails otherwise (index.ErrFull: a shard's spill arena out of entry
+// numbers) stops at the hash that failed, and the rest of it is not
+// indexed. The events of runs applied whole are noted for cluster-aware
+// eviction.
 func (s *indexSink) store(id index.NodeID, events []membership.Event) {
-	var err error
 	// Another node's events matter to the eviction order only while this
 	// node holds blocks.
 	mine := events[0].Origin == s.a.cfg.NodeName
 	self, marks := s.a.index.Lookup(s.a.cfg.NodeName)
 	marks = marks && !s.a.cfg.NoClusterEviction && (mine || s.a.index.NodeBlocks(self) > 0)
 	var d demotions
-	for _, e := range events {
-		if e.Kind == membership.EventStore {
-			err = s.a.index.Store(id, e.Hash)
+	hashes := make([]uint64, 0, len(events))
+	for len(events) > 0 {
+		n := 1
+		for n < len(events) && events[n].Kind == events[0].Kind {
+			n++
+		}
+		hashes = hashes[:0]
+		for _, e := range events[:n] {
+			hashes = append(hashes, e.Hash)
+		}
+		var err error
+		if events[0].Kind == membership.EventStore {
+			err = s.a.index.Store(id, hashes...)
 		} else {
-			err = s.a.index.Remove(id, e.Hash)
+			err = s.a.index.Remove(id, hashes...)
 		}
-		if err != nil {
-			s.a.log.Debug("index", "peer", e.Origin, "hash", e.Hash, "err", err)
-		} else if marks {
-			s.note(&d, self, mine, e)
+		switch {
+		case errors.Is(err, index.ErrUnknownNode):
+			s.a.log.Debug("index", "peer", events[0].Origin, "events", n, "err", err)
+		case err != nil:
+			s.a.log.Warn("index: events not applied", "peer", events[0].Origin, "events", n, "err", err)
+		case marks:
+			for _, e := range events[:n] {
+				s.note(&d, self, mine, e)
+			}
 		}
+		events = events[n:]
 	}
 	s.queue(&d)
 }

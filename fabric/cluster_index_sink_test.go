@@ -162,3 +162,47 @@ func TestSinkHeldEventsAtLimitNoResync(t *testing.T) {
 		t.Fatalf("%d held, %v to resynchronise; want %d and none", s.held, s.overflowed, maxHeldEvents)
 	}
 }
+
+// A call of events mixing stores and removes, of one hash and of several,
+// leaves the index as the events one by one would: each run of one kind
+// goes to the index in one call, in order.
+func TestSinkStoresRunsInOrder(t *testing.T) {
+	store, remove := membership.EventStore, membership.EventRemove
+	for _, tc := range []struct {
+		name   string
+		events [][]any // kind, hashes...
+		want   map[uint64]bool
+	}{
+		{"stores", [][]any{{store, 1, 2, 3}}, map[uint64]bool{1: true, 2: true, 3: true}},
+		{"store then remove", [][]any{{store, 1, 2, 3}, {remove, 2}}, map[uint64]bool{1: true, 3: true}},
+		{"remove then store again", [][]any{{store, 1}, {remove, 1}, {store, 1}}, map[uint64]bool{1: true}},
+		{"two copies, one removed", [][]any{{store, 5, 5}, {remove, 5}, {store, 6}}, map[uint64]bool{5: true, 6: true}},
+		{"remove of a hash not held", [][]any{{remove, 9}, {store, 8}}, map[uint64]bool{8: true}},
+		{"one event", [][]any{{store, 4}}, map[uint64]bool{4: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix, err := index.New(index.Config{Shards: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := &Agent{index: ix, log: slog.New(slog.NewTextHandler(io.Discard, nil)), done: make(chan struct{})}
+			s := newIndexSink(a)
+			var events []membership.Event
+			for _, run := range tc.events {
+				for _, h := range run[1:] {
+					events = append(events, sinkEvents("n", 1, run[0].(membership.EventKind), uint64(h.(int)))...)
+				}
+			}
+			s.Apply(events)
+			id, ok := ix.Lookup("n")
+			if !ok {
+				t.Fatal("node not named")
+			}
+			for h := uint64(1); h < 10; h++ {
+				if got := slices.Contains(ix.Holders(h), id); got != tc.want[h] {
+					t.Errorf("hash %d held: %v, want %v", h, got, tc.want[h])
+				}
+			}
+		})
+	}
+}

@@ -112,7 +112,7 @@ func TestImportAtEngineLimit(t *testing.T) {
 		t.Errorf("import of %d blocks took %d chunks, want %d of at most %d blocks", n, got, chunks, transfer.MaxLeaseBlocks)
 	}
 	if fabric.Suspect(n2, "n1") {
-		t.Error("a healthy holder became a suspect")
+		t.Errorf("a healthy holder became a suspect: %q %v", resp.Error, resp.Fetches)
 	}
 	t.Logf("%d blocks in %d chunks in %v (%.0f blocks/s)", n, chunks, elapsed, float64(n)/elapsed.Seconds())
 }

@@ -24,7 +24,10 @@ import (
 // refuses a connection whose token it did not issue to that node (and,
 // with TLS, to the node its certificate names), that was used before, or
 // that is older than LaneTokenTTL. After it, a connection carries read
-// requests one at a time, framed and answered as on QUIC (method 7).
+// requests, framed and answered as on QUIC (method 7); the holder answers
+// them one at a time, in order, and a reader keeps one request ahead of
+// the answer it is reading, so that the holder need not wait for it
+// between parts.
 
 // LaneALPN is the application protocol of TLS lane connections.
 const LaneALPN = "kvfabric-lane/1"

@@ -138,17 +138,10 @@ func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []la
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok := true
-			for pt := range next {
-				if ctx.Err() != nil {
-					break
-				}
-				var err error
-				if ok, err = p.readLanePart(ctx, lc, leaseID, blockSet, pt, dst); err != nil {
-					errOnce.Do(func() { firstErr = err })
-					cancel()
-					break
-				}
+			ok, err := p.readLaneParts(ctx, lc, leaseID, blockSet, next, dst)
+			if err != nil {
+				errOnce.Do(func() { firstErr = err })
+				cancel()
 			}
 			p.putLaneConn(lc, ok)
 		}()
@@ -333,6 +326,52 @@ func (r *laneProgress) Read(b []byte) (int, error) {
 	return r.r.Read(b)
 }
 
+// readLaneParts reads parts from next on lc until none is left, keeping
+// one request ahead: the request for the next part is written while the
+// answer to the current one arrives, so that the holder starts on it as
+// soon as it has sent the current one instead of idling for a round trip
+// and the reader's turn-around. ok says whether lc can carry another
+// request afterwards.
+func (p *Peer) readLaneParts(ctx context.Context, lc *laneConn, leaseID, blockSet uint64, next <-chan []layout.Segment, dst [][]byte) (ok bool, err error) {
+	stop := laneCtxDeadline(ctx, lc.c)
+	defer func() {
+		if !stop() {
+			ok = false // the deadline was moved to the past
+		}
+	}()
+	cur, more := <-next
+	if !more || ctx.Err() != nil {
+		return true, nil
+	}
+	if err := p.laneRequest(lc, leaseID, blockSet, cur); err != nil {
+		return false, p.laneErr(ctx, err)
+	}
+	for cur != nil {
+		var ahead []layout.Segment
+		var sent chan error
+		if ctx.Err() == nil {
+			if ahead = <-next; ahead != nil {
+				sent = make(chan error, 1)
+				go func() { sent <- p.laneRequest(lc, leaseID, blockSet, ahead) }()
+			}
+		}
+		ok, err = p.laneAnswer(ctx, lc, cur, dst)
+		if sent != nil {
+			if werr := <-sent; err == nil && werr != nil {
+				ok, err = false, p.laneErr(ctx, werr)
+			}
+			// An answer to the request ahead is on its way: lc is out of
+			// step once this one failed.
+			ok = ok && err == nil
+		}
+		if err != nil {
+			return ok, err
+		}
+		cur = ahead
+	}
+	return true, nil
+}
+
 // readLanePart runs one request on lc. ok says whether lc can carry
 // another: false after anything but a complete answer or a refusal.
 func (p *Peer) readLanePart(ctx context.Context, lc *laneConn, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) (ok bool, err error) {
@@ -342,23 +381,40 @@ func (p *Peer) readLanePart(ctx context.Context, lc *laneConn, leaseID, blockSet
 			ok = false // the deadline was moved to the past
 		}
 	}()
-	fail := func(err error) (bool, error) {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			err = fmt.Errorf("%w: lane connection ended early", ErrFrame)
-		}
-		return false, fmt.Errorf("transfer: lane read from %s: %w", p.name, wrapNetErr(ctx, err))
+	if err := p.laneRequest(lc, leaseID, blockSet, segs); err != nil {
+		return false, p.laneErr(ctx, err)
 	}
+	return p.laneAnswer(ctx, lc, segs, dst)
+}
+
+// laneErr is err of a lane read, as the caller sees it.
+func (p *Peer) laneErr(ctx context.Context, err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		err = fmt.Errorf("%w: lane connection ended early", ErrFrame)
+	}
+	return fmt.Errorf("transfer: lane read from %s: %w", p.name, wrapNetErr(ctx, err))
+}
+
+// laneRequest writes the read request of segs on lc.
+func (p *Peer) laneRequest(lc *laneConn, leaseID, blockSet uint64, segs []layout.Segment) error {
 	req := &transferpb.ReadRequest{LeaseId: leaseID, BlockSet: blockSet, Segments: make([]*transferpb.ReadSegment, len(segs))}
-	var want uint64
 	for i, sg := range segs {
 		req.Segments[i] = &transferpb.ReadSegment{SrcRank: uint32(sg.SrcRank), SrcOffset: sg.SrcOffset, Length: sg.Length, Count: sg.Count, SrcStride: sg.SrcStride}
+	}
+	_ = lc.c.SetWriteDeadline(time.Now().Add(p.n.cfg.ProgressTimeout))
+	return writeFrame(lc.c, byte(methodRead), req, p.n.cfg.MaxMessageSize)
+}
+
+// laneAnswer reads the answer to the request of segs on lc into dst. ok
+// says whether lc can carry another request: false after anything but a
+// complete answer or a refusal.
+func (p *Peer) laneAnswer(ctx context.Context, lc *laneConn, segs []layout.Segment, dst [][]byte) (ok bool, err error) {
+	fail := func(err error) (bool, error) { return false, p.laneErr(ctx, err) }
+	var want uint64
+	for _, sg := range segs {
 		want += sg.Bytes()
 	}
 	timeout := p.n.cfg.ProgressTimeout
-	_ = lc.c.SetWriteDeadline(time.Now().Add(timeout))
-	if err := writeFrame(lc.c, byte(methodRead), req, p.n.cfg.MaxMessageSize); err != nil {
-		return fail(err)
-	}
 	pr := &laneProgress{c: lc.c, r: lc.r, timeout: timeout}
 	kind, payload, err := readFrame(pr, p.n.cfg.MaxMessageSize)
 	if err != nil {

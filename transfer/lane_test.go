@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -54,6 +55,7 @@ func TestLaneRead(t *testing.T) {
 		{"tls one connection", false, 1},
 		{"tls defaults", false, 0},
 		{"tls at MaxLaneConns", false, MaxLaneConns},
+		{"plain one connection", true, 1},
 		{"plain defaults", true, 0},
 		{"plain at MaxLaneConns", true, MaxLaneConns},
 	} {
@@ -529,5 +531,80 @@ func TestLaneHandshakeTimeout(t *testing.T) {
 	_ = slow.SetReadDeadline(time.Now().Add(10 * hs))
 	if kind, _, err := readFrame(slow, 1<<20); err != nil || kind != statusOK {
 		t.Fatalf("a hello halfway through HandshakeTimeout: kind %d, err %v", kind, err)
+	}
+}
+
+// A connection keeps one request ahead of the answer it reads
+// (readLaneParts): all parts land, in any number; a part the holder refuses
+// while the request after it is already sent fails the read with the
+// holder's answer, and the connection, out of step, is not reused: the
+// next read opens another and moves every byte.
+func TestLanePartsAhead(t *testing.T) {
+	const size = 8 << 20
+	for _, plain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("plain %v", plain), func(t *testing.T) {
+			_, reader, p, src := laneSetup(t, size, plain, withLaneConns(1))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			parts := func(lens ...uint64) chan []layout.Segment {
+				ch := make(chan []layout.Segment, len(lens))
+				var off uint64
+				for _, n := range lens {
+					ch <- []layout.Segment{{SrcRank: 0, SrcOffset: off, DstOffset: off, Length: n, Count: 1}}
+					off += n
+				}
+				close(ch)
+				return ch
+			}
+			r, err := laneTokens(t, p, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lc, err := p.dialLane(ctx, int(r.Port), r.Plain, r.Tokens[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lc.c.Close()
+			for _, lens := range [][]uint64{{size}, {1 << 20, 1 << 20}, {1 << 20, 3 << 20, 1, 4<<20 - 1}} {
+				dst := [][]byte{make([]byte, size)}
+				ok, err := p.readLaneParts(ctx, lc, 5, 9, parts(lens...), dst)
+				if err != nil || !ok {
+					t.Fatalf("parts %v: ok %v, err %v", lens, ok, err)
+				}
+				var total uint64
+				for _, n := range lens {
+					total += n
+				}
+				if i := firstDiff(dst[0][:total], src[0][:total]); i >= 0 {
+					t.Fatalf("parts %v: differs first at byte %d", lens, i)
+				}
+			}
+			// The second of three parts reads past the lease: refused
+			// with the third's request already on the wire.
+			dst := [][]byte{make([]byte, 2*size)}
+			ch := make(chan []layout.Segment, 3)
+			ch <- []layout.Segment{{Length: 1 << 20, Count: 1}}
+			ch <- []layout.Segment{{SrcOffset: size - 1<<20, DstOffset: 1 << 20, Length: 2 << 20, Count: 1}}
+			ch <- []layout.Segment{{SrcOffset: 1 << 20, DstOffset: 3 << 20, Length: 1 << 20, Count: 1}}
+			close(ch)
+			ok, err := p.readLaneParts(ctx, lc, 5, 9, ch, dst)
+			var re *RemoteError
+			if !errors.As(err, &re) || ok {
+				t.Fatalf("a refused part with a request ahead: ok %v, err %v; want the holder's refusal and a connection not to reuse", ok, err)
+			}
+			// Through Read: the lane opens a new connection and every byte
+			// arrives.
+			clear(dst[0])
+			via, err := p.ReadVia(ctx, 5, 9, []layout.Segment{{Length: size, Count: 1}}, dst)
+			if err != nil || via != TransportTCP {
+				t.Fatalf("via %s, err %v", via, err)
+			}
+			if i := firstDiff(dst[0][:size], src[0]); i >= 0 {
+				t.Fatalf("differs first at byte %d", i)
+			}
+			if m := reader.Metrics(); m.LaneConnects != 1 {
+				t.Errorf("%d lane connections made by Read, want 1", m.LaneConnects)
+			}
+		})
 	}
 }

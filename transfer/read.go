@@ -263,9 +263,34 @@ func splitPlan(segs []layout.Segment, total uint64, parallel int, minBytes uint6
 	return parts
 }
 
-// bufReaders holds the readers that gather small pieces off a stream; a
-// read of large pieces bypasses the buffer.
+// bufReaders holds the readers that gather small pieces off a stream;
+// pieces of directPiece bytes and more bypass the buffer (readPiece).
 var bufReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+
+// directPiece is the size from which a piece is read off a QUIC stream
+// straight into the destination instead of through the reader's buffer:
+// below it a stream read of its own (a lock and a frame look-up) costs
+// more than copying the piece out of the buffer; above it the buffer
+// would cost a second copy of every byte (8 KiB pieces, the heads of one
+// rank in an HND re-shard, went through it).
+const directPiece = 4 << 10
+
+// readPiece fills p: what br holds already first, then the rest straight
+// from r, the reader under br, if it is at least directPiece bytes.
+func readPiece(br *bufio.Reader, r io.Reader, p []byte) error {
+	if len(p) >= directPiece {
+		if k := br.Buffered(); k > 0 {
+			n, _ := br.Read(p[:min(k, len(p))]) // from the buffer alone: no error
+			p = p[n:]
+		}
+		if len(p) >= directPiece {
+			_, err := io.ReadFull(r, p)
+			return err
+		}
+	}
+	_, err := io.ReadFull(br, p)
+	return err
+}
 
 // progressReader pushes a stream's read deadline forward while bytes
 // arrive, so that a read of any size fails only when the holder goes
@@ -321,14 +346,14 @@ func (p *Peer) readPart(ctx context.Context, leaseID, blockSet uint64, segs []la
 	for _, sg := range segs {
 		d := dst[sg.DstRank]
 		if sg.Count == 1 || sg.DstStride == sg.Length {
-			if _, err := io.ReadFull(br, d[sg.DstOffset:sg.DstOffset+sg.Bytes()]); err != nil {
+			if err := readPiece(br, pr, d[sg.DstOffset:sg.DstOffset+sg.Bytes()]); err != nil {
 				return p.dataErr(ctx, s, err)
 			}
 			continue
 		}
 		for i := uint64(0); i < sg.Count; i++ {
 			off := sg.DstOffset + i*sg.DstStride
-			if _, err := io.ReadFull(br, d[off:off+sg.Length]); err != nil {
+			if err := readPiece(br, pr, d[off:off+sg.Length]); err != nil {
 				return p.dataErr(ctx, s, err)
 			}
 		}
