@@ -155,6 +155,7 @@ func TestOwnedIndexChurn(t *testing.T) {
 		c.IndexMode = fabric.IndexOwned
 		c.IndexReplicas = 2
 		c.BlockSetGrace = 100 * time.Millisecond // a dropped set's blocks go at once
+		c.NoOrphanCache = true                   // rather than stay as a cache
 	})
 	truth := holdings{}
 	for i, a := range agents {
