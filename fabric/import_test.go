@@ -85,6 +85,10 @@ func TestImportAtEngineLimit(t *testing.T) {
 	const slots = n + 1
 	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
 		c.Pools = []string{"host=300MiB"}
+		// The test checks that a healthy holder is not blamed, not how
+		// soon a dead one is: the 1 s of the other tests is too short for
+		// a peer call of a 4,096-block chunk on two loaded cores.
+		c.PeerTimeout = 10 * time.Second
 	})
 	n1, n2 := agents[0], agents[1]
 	e := client.Engine{Name: "long", Model: tinyModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: slots}
@@ -227,6 +231,10 @@ func TestImportsWaitForRoomUnderLeaseCap(t *testing.T) {
 		if i == 0 {
 			c.MaxLeasedPerPeer = capPeer
 		}
+		// A refused lease is asked again for up to PeerTimeout, while the
+		// other importers' reads end: on two loaded cores that can take
+		// longer than the 1 s of the other tests.
+		c.PeerTimeout = 10 * time.Second
 	})
 	n1, n2 := agents[0], agents[1]
 	e := client.Engine{Name: "producer", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.HND, Slots: 128}
