@@ -36,12 +36,10 @@ func (o *ownedIndex) findMatches(hashes []uint64) []index.Match {
 	}
 	ctx, cancel := context.WithTimeout(o.a.ctx, o.a.cfg.PeerTimeout)
 	defer cancel()
-	holders := make([][]string, 0, len(hashes))
 	var active map[string]int // holder -> leading hashes held
 	for base := 0; base < len(hashes); base += lookupChunk {
 		chunk := hashes[base:min(base+lookupChunk, len(hashes))]
 		got := o.ask(ctx, place, chunk)
-		holders = append(holders, got...)
 		for i, hs := range got {
 			if base+i == 0 {
 				active = make(map[string]int, len(hs))
