@@ -118,7 +118,8 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 
 // simRealSim runs the load in the simulation and measures it.
 func simRealSim(ctx context.Context, t *testing.T, ld simRealLoad, lifetime time.Duration) simRealFigures {
-	c, err := sim.Start(ctx, sim.Config{Nodes: ld.Nodes, StoreRate: ld.Rate, Lifetime: lifetime})
+	c, err := sim.Start(ctx, sim.Config{Nodes: ld.Nodes, StoreRate: ld.Rate, Lifetime: lifetime,
+		GossipKey: make([]byte, 32), ClusterName: "testbed"})
 	if err != nil {
 		t.Fatal(err)
 	}
