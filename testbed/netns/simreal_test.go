@@ -148,10 +148,15 @@ func simRealSim(ctx context.Context, t *testing.T, ld simRealLoad, lifetime time
 	f.In, f.Out = w.GossipInBps+w.RepairInBps, w.GossipOutBps+w.RepairOutBps
 	// The simulation's load publishes at its rate exactly.
 	f.StoresPerNode = ld.Rate
+	_, f.Pairs = c.IndexBytes()
+	// The last stores get as long as the window to arrive, as on the agents.
+	c.StopLoad()
+	dctx, cancel := context.WithTimeout(ctx, ld.Window)
+	c.WaitConverged(dctx)
+	cancel()
 	_, _, f.P50, f.P99, _ = c.Delays()
 	_, _, _, _, complete := c.Delays()
 	f.Complete, f.Probes = int(complete), int(float64(ld.Nodes)*ld.Rate*ld.Window.Seconds())
-	_, f.Pairs = c.IndexBytes()
 	return f
 }
 
@@ -237,7 +242,7 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 		counting bool
 	)
 	probeEvery := max(1, int(float64(n)*ld.Rate/ld.ProbeHz+0.5))
-	stop := make(chan struct{})
+	stop, stopLoad := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*n)
 	for i, g := range gens {
@@ -256,6 +261,8 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 			for k := 0; ; k++ {
 				select {
 				case <-stop:
+					return
+				case <-stopLoad:
 					return
 				case <-tick.C:
 				}
@@ -357,6 +364,7 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 	pause(ctx, ld.Window)
 	b := nsCounters(t, c)
 	secs := time.Since(start).Seconds()
+	close(stopLoad) // the probes' pollers go on
 	pmu.Lock()
 	counting = false
 	stores := 0
