@@ -76,8 +76,13 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 	if *simRealNodes > 0 {
 		ld.Nodes = *simRealNodes
 	}
-	if ld.Nodes > 16 {
+	// Lookups of every pending probe on every node: fewer, and less often,
+	// as the cluster grows (each node's arrival is known to half a Poll).
+	switch {
+	case ld.Nodes > 32:
 		ld.Poll, ld.ProbeHz = 500*time.Millisecond, 2
+	case ld.Nodes > 16:
+		ld.Poll, ld.ProbeHz = 100*time.Millisecond, 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -86,8 +91,8 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 	lifetime := time.Duration(float64(retains) / ld.Rate * float64(time.Second))
 	simf := simRealSim(ctx, t, ld, lifetime)
 
-	t.Logf("%d nodes, %.1f stores a node a second, block lifetime %v (%d retained), window %v, idle %v",
-		ld.Nodes, ld.Rate, lifetime, retains, ld.Window, ld.Idle)
+	t.Logf("%d nodes, %.1f stores a node a second, block lifetime %v (%d retained), window %v, idle %v, probes polled every %v",
+		ld.Nodes, ld.Rate, lifetime, retains, ld.Window, ld.Idle, ld.Poll)
 	row := func(name string, s, r float64, unit string) {
 		verdict := "within 20%"
 		ratio := s / r
