@@ -395,6 +395,11 @@ func (c *Cluster) loadLoop(stop, done chan struct{}) {
 		case <-stop:
 			return
 		case now := <-t.C:
+			// A tick's time is when it was due: the first may be due
+			// before last was read, if this goroutine started late.
+			if !now.After(last) {
+				continue
+			}
 			dt := now.Sub(last).Seconds()
 			last = now
 			for _, n := range c.live() {
