@@ -60,6 +60,14 @@ type Config struct {
 	Mode string
 	// Replicas is the owners of each hash in ModeOwned. If zero, 3.
 	Replicas int
+
+	// GossipKey, if set, encrypts every node's gossip with this AES key
+	// (16, 24 or 32 bytes) and ClusterName labels it, as agents run with
+	// --gossip-key-file and --cluster, so that the simulation's bytes
+	// compare with theirs. If empty, gossip is plain and unlabelled
+	// (Membership's Keys and ClusterName, if set, stay).
+	GossipKey   []byte
+	ClusterName string
 }
 
 // Index designs (Config.Mode).
@@ -214,6 +222,12 @@ func (c *Cluster) startNode(ctx context.Context, name string, seeds []string) (*
 	n.Index, _ = index.New(index.Config{Shards: 4})
 	n.tr = c.net.NewTransport(name)
 	mc := c.cfg.Membership
+	if len(c.cfg.GossipKey) > 0 {
+		mc.Keys = [][]byte{c.cfg.GossipKey}
+	}
+	if c.cfg.ClusterName != "" {
+		mc.ClusterName = c.cfg.ClusterName
+	}
 	mc.Name = name
 	mc.BindAddr = "127.0.0.1"
 	mc.BindPort = 0
@@ -381,6 +395,11 @@ func (c *Cluster) loadLoop(stop, done chan struct{}) {
 		case <-stop:
 			return
 		case now := <-t.C:
+			// A tick's time is when it was due: the first may be due
+			// before last was read, if this goroutine started late.
+			if !now.After(last) {
+				continue
+			}
 			dt := now.Sub(last).Seconds()
 			last = now
 			for _, n := range c.live() {

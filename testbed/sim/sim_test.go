@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +85,31 @@ func TestConfigRefused(t *testing.T) {
 		if _, err := Start(context.Background(), cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("Start(%+v) = %v, want ErrInvalidConfig", cfg, err)
 		}
+	}
+}
+
+// TestGossipKeyAndLabel runs a cluster with encrypted, labelled gossip, as
+// agents run, to convergence under load; a key of a wrong length is
+// refused at the start.
+func TestGossipKeyAndLabel(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Start(ctx, Config{Nodes: 4, StoreRate: 10, Lifetime: time.Second, Membership: membership.DefaultLocalConfig(),
+		GossipKey: make([]byte, 32), ClusterName: "testbed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitConverged(t, c, "start", 10*time.Second)
+	c.StartLoad()
+	time.Sleep(time.Second) // the load runs
+	c.StopLoad()
+	waitConverged(t, c, "load", 10*time.Second)
+	if k := c.Counters(); k.GossipIn == 0 || k.Applied == 0 {
+		t.Fatalf("no gossip or events: %+v", k)
+	}
+
+	if _, err := Start(ctx, Config{Nodes: 2, GossipKey: make([]byte, 5)}); err == nil || !strings.Contains(err.Error(), "5") {
+		t.Fatalf("Start with a 5-byte key: %v, want an error naming its length", err)
 	}
 }
