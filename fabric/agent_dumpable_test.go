@@ -25,16 +25,19 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/layout"
 )
 
 // The test binary is also the holder and the prober of the dumpable
 // tests, run as an unprivileged user: root may open any process's /proc
 // entries, dumpable or not.
 const (
-	dumpableHelperEnv = "KVFABRIC_TEST_DUMPABLE_HELPER" // memfd, agent or probe
+	dumpableHelperEnv = "KVFABRIC_TEST_DUMPABLE_HELPER" // memfd, agent, probe or engine
 	dumpableOnEnv     = "KVFABRIC_TEST_DUMPABLE"        // "1": the holder stays dumpable
 	dumpableDirEnv    = "KVFABRIC_TEST_DUMPABLE_DIR"    // the agent holder's data directory
-	dumpablePathEnv   = "KVFABRIC_TEST_DUMPABLE_PATH"   // what the prober opens
+	dumpablePathEnv   = "KVFABRIC_TEST_DUMPABLE_PATH"   // what the prober opens, the engine's socket
 )
 
 func init() {
@@ -54,12 +57,15 @@ func init() {
 //	memfd  hold a memory file (a memfd with a secret in it, as the agent
 //	       holds its block sets' memory), dumpable as dumpableOnEnv says
 //	       (setDumpable, as Start does), and print
-//	       "ready /proc/<pid>/fd/<n> <size> <secret>"
+//	       "ready /proc/<pid>/fd/<n> <size> <secret> -"
 //	agent  start an agent with a 16 MiB host pool, Dumpable as
 //	       dumpableOnEnv says, and print "ready <its pool's /proc path>
-//	       <size> -"
+//	       <size> - <engine socket>"
 //	probe  open dumpablePathEnv and print "opened <uid> <size> <first
 //	       bytes, hex>" or "refused <uid> <permission|other>: <error>"
+//	engine register a block set with the agent at dumpablePathEnv, as an
+//	       engine does (its memory by descriptor), write and read back its
+//	       first bytes and print "mapped <uid> <bytes of rank 0>"
 //
 // The holders then wait for the end of their input.
 func runDumpableHelper(mode string) error {
@@ -80,7 +86,7 @@ func runDumpableHelper(mode string) error {
 		if err := setDumpable(on); err != nil {
 			return err
 		}
-		fmt.Printf("ready /proc/%d/fd/%d %d %s\n", os.Getpid(), fd, len(secret), hex.EncodeToString(secret))
+		fmt.Printf("ready /proc/%d/fd/%d %d %s -\n", os.Getpid(), fd, len(secret), hex.EncodeToString(secret))
 	case "agent":
 		dir := os.Getenv(dumpableDirEnv)
 		c := DefaultLocalConfig()
@@ -96,7 +102,7 @@ func runDumpableHelper(mode string) error {
 			return err
 		}
 		defer a.Close()
-		fmt.Printf("ready %s %d -\n", a.host.Path(), a.host.Size())
+		fmt.Printf("ready %s %d - %s\n", a.host.Path(), a.host.Size(), a.cfg.EngineSocket)
 	case "probe":
 		uid := os.Geteuid()
 		f, err := os.OpenFile(os.Getenv(dumpablePathEnv), os.O_RDWR, 0)
@@ -119,6 +125,28 @@ func runDumpableHelper(mode string) error {
 			return err
 		}
 		fmt.Printf("opened %d %d %s\n", uid, st.Size(), hex.EncodeToString(b[:n]))
+		return nil
+	case "engine":
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c, err := client.Dial(ctx, os.Getenv(dumpablePathEnv))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		model := layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 8, DType: layout.DTypeF16}
+		set, err := c.Register(ctx, client.Engine{Name: "dumpable", Model: model, TPSize: 1, PageSize: 4, Order: layout.HND, Slots: 4})
+		if err != nil {
+			return err
+		}
+		mem := set.Ranks[0]
+		for i := range 16 {
+			mem[i] = 0xa5
+		}
+		if mem[0] != 0xa5 || mem[15] != 0xa5 {
+			return fmt.Errorf("rank 0's memory does not keep what was written")
+		}
+		fmt.Printf("mapped %d %d\n", os.Geteuid(), len(mem))
 		return nil
 	default:
 		return fmt.Errorf("unknown mode %q", mode)
@@ -206,8 +234,8 @@ func dumpableCmd(ctx context.Context, bin string, cred *syscall.Credential, mode
 
 // dumpableHolder is a helper that holds memory, started by startDumpableHolder.
 type dumpableHolder struct {
-	path, secret string
-	size         int64
+	path, secret, socket string
+	size                 int64
 }
 
 // startDumpableHolder starts the holder helper of mode as cred's user, waits (60 s
@@ -269,21 +297,24 @@ func startDumpableHolder(t *testing.T, bin string, cred *syscall.Credential, mod
 		t.Fatalf("the %s holder said nothing in 60 s: %s", mode, stderr.String())
 	}
 	var h dumpableHolder
-	if _, err := fmt.Sscanf(line, "ready %s %d %s", &h.path, &h.size, &h.secret); err != nil {
+	if _, err := fmt.Sscanf(line, "ready %s %d %s %s", &h.path, &h.size, &h.secret, &h.socket); err != nil {
 		t.Fatalf("the %s holder: %q (%v): %s", mode, line, err, stderr.String())
 	}
 	return h
 }
 
-// dumpableProbe opens path as cred's user in a process of its own and returns
-// what it said.
-func dumpableProbe(t *testing.T, bin string, cred *syscall.Credential, path string) string {
+// dumpableProbe runs the helper of mode (probe or engine) on path as
+// cred's user in a process of its own and returns what it said.
+func dumpableProbe(t *testing.T, bin string, cred *syscall.Credential, mode, path string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	out, err := dumpableCmd(ctx, bin, cred, "probe", dumpablePathEnv+"="+path).Output()
+	var stderr dumpableLog
+	cmd := dumpableCmd(ctx, bin, cred, mode, dumpablePathEnv+"="+path)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("probe %s: %v: %s", path, err, out)
+		t.Fatalf("%s %s: %v: %s%s", mode, path, err, out, stderr.String())
 	}
 	return strings.TrimSpace(string(out))
 }
@@ -292,7 +323,8 @@ func dumpableProbe(t *testing.T, bin string, cred *syscall.Credential, path stri
 // holder keeps open through /proc/<pid>/fd/<n> while the holder is
 // dumpable, and is refused once it is not: the memory file of a bare
 // holder made non-dumpable as Start makes the agent, and the whole pool
-// of a real agent started with and without Dumpable.
+// of a real agent started with and without Dumpable, whose engines of the
+// same user still map their own sets either way.
 func TestNonDumpableMemoryRefusedToSameUser(t *testing.T) {
 	bin, cred := dumpableUnprivileged(t)
 	uid := os.Geteuid()
@@ -303,7 +335,15 @@ func TestNonDumpableMemoryRefusedToSameUser(t *testing.T) {
 		for _, dumpable := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/dumpable=%v", mode, dumpable), func(t *testing.T) {
 				h := startDumpableHolder(t, bin, cred, mode, dumpable)
-				got := dumpableProbe(t, bin, cred, h.path)
+				if h.socket != "-" {
+					// An engine of the same user maps its own set, by
+					// descriptor, either way.
+					got := dumpableProbe(t, bin, cred, "engine", h.socket)
+					if want := fmt.Sprintf("mapped %d ", uid); !strings.HasPrefix(got, want) {
+						t.Fatalf("an engine as uid %d: %q, want %q", uid, got, want)
+					}
+				}
+				got := dumpableProbe(t, bin, cred, "probe", h.path)
 				if dumpable {
 					want := fmt.Sprintf("opened %d %d ", uid, h.size)
 					if !strings.HasPrefix(got, want) || (h.secret != "-" && !strings.HasSuffix(got, " "+h.secret)) {
