@@ -168,6 +168,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 			a.Close()
 		}
 	}()
+	if err := a.applyDumpable(); err != nil { // before any memory exists
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("fabric: data dir: %w", err)
 	}

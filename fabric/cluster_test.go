@@ -44,6 +44,7 @@ func clusterWith(t *testing.T, n int, configure func(i int, c *fabric.Config)) [
 		c.GossipAddr, c.PeerAddr, c.MetricsAddr = ip+":0", ip+":0", "off"
 		c.Pools = []string{"host=64MiB"}
 		c.PeerTimeout = time.Second
+		c.Dumpable = true // softverbs and softcuda read agents' memory from other processes
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 		if testing.Verbose() {
 			c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -364,6 +364,17 @@ type Config struct {
 	// IndexCacheTTL is how long an owned-mode node reuses an owner's
 	// answer about a hash before asking again. If zero, 1 s.
 	IndexCacheTTL time.Duration `json:"index_cache_ttl,omitempty"`
+
+	// Dumpable keeps the agent's process dumpable (Linux). If false, Start
+	// makes the whole process non-dumpable, so that no other process of
+	// its user (root apart) can open its block sets' memory through
+	// /proc/<pid>/fd or map_files, read it with process_vm_readv or attach
+	// to it, and no core dump (which would hold every engine's blocks) is
+	// written. Set it for debuggers, core dumps, and the software
+	// stand-ins of RDMA and CUDA that read one process's memory from
+	// another; real RDMA and CUDA IPC need neither. Process-wide: the last
+	// agent started in a process decides.
+	Dumpable bool `json:"dumpable,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.

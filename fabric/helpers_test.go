@@ -39,6 +39,7 @@ func testConfig(t *testing.T, name string) fabric.Config {
 	c.MetricsAddr = "127.0.0.1:0"
 	c.Pools = []string{"host=16MiB"}
 	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	c.Dumpable = true // softverbs and softcuda read agents' memory from other processes
 	return c
 }
 

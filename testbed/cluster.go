@@ -145,7 +145,8 @@ func (c *Cluster) StartNode(ctx context.Context, i int) error {
 	}
 	args = append(args, "--data-dir", n.DataDir,
 		"--gossip-addr", n.Gossip, "--peer-addr", n.Peer, "--metrics-addr", n.Metrics,
-		"--pool", c.opts.Pool)
+		"--pool", c.opts.Pool,
+		"--dumpable") // softverbs and softcuda read agents' memory from other processes
 	if i > 0 {
 		args = append(args, "--join", c.Nodes[0].Gossip)
 	}

@@ -207,6 +207,7 @@ func startTestAgentWith(t *testing.T, name string, configure func(*fabric.Config
 	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
 	c.Pools = []string{"host=64MiB"}
 	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	c.Dumpable = true // softverbs and softcuda read agents' memory from other processes
 	if configure != nil {
 		configure(&c)
 	}

@@ -110,3 +110,37 @@ func TestSettingsFromEnvironmentRefused(t *testing.T) {
 		t.Errorf("%v: exit %d, %q; want 0", environ, code, errs)
 	}
 }
+
+// The agent is non-dumpable unless --dumpable, KVFABRIC_DUMPABLE or the
+// file's dumpable says otherwise.
+func TestDumpableSetting(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "agent.json")
+	if err := os.WriteFile(file, []byte(`{"dumpable": true}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		environ []string
+		args    []string
+		want    bool
+	}{
+		{"default", nil, nil, false},
+		{"flag", nil, []string{"--dumpable"}, true},
+		{"flag false", nil, []string{"--dumpable=false"}, false},
+		{"environment", []string{"KVFABRIC_DUMPABLE=true"}, nil, true},
+		{"file", nil, []string{"--config", file}, true},
+		{"flag over file", nil, []string{"--config", file, "--dumpable=false"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"agent", "--local", "--data-dir", dir, "--print-config"}, tc.args...)
+			code, out, errs := runEnv(t, tc.environ, args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errs)
+			}
+			if got := strings.Contains(out, `"dumpable": true`); got != tc.want {
+				t.Fatalf("dumpable %v, want %v:\n%s", got, tc.want, out)
+			}
+		})
+	}
+}

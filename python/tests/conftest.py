@@ -98,6 +98,7 @@ class Agent:
             "--dev-ca-dir", str(self.root / "ca"), "--gossip-addr", self.gossip,
             "--peer-addr", f"{self.ip}:7947", "--metrics-addr", f"{self.ip}:7948",
             "--pool", "host=96MiB", "--block-set-slots", "64",
+            "--dumpable",  # softcuda opens agents' memory from other processes
         ] + self.extra
         if join:
             args += ["--join", join]
