@@ -43,3 +43,11 @@ func TestRDMAInABuildWithoutCgo(t *testing.T) {
 // removeGPULibs has nothing to remove in a build without cgo: no GPU test
 // builds softcuda there.
 func removeGPULibs() {}
+
+// gpuLibs: the software GPU and NIC are C libraries the tests build with
+// cgo; a test that needs them cannot run in a build without it.
+func gpuLibs(t *testing.T) (cudaLib, verbsLib string) {
+	t.Helper()
+	t.Skip("softcuda and softverbs are built with cgo, which this build has not")
+	return "", ""
+}
