@@ -116,6 +116,9 @@ func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 		} else {
 			err = s.a.index.Remove(id, e.Hash)
 		}
+		if err == nil {
+			s.a.tierHeld.note(s.a.index, id, e)
+		}
 		if err != nil {
 			s.a.log.Debug("index", "peer", e.Origin, "hash", e.Hash, "err", err)
 		} else if marks {
