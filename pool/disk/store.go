@@ -144,16 +144,20 @@ type entry struct {
 
 // Store is a disk tier. Its methods may be called concurrently.
 type Store struct {
-	cfg       Config
-	slots     int
-	perFile   int
-	files     []*os.File
-	journal   *os.File
-	jmu       sync.Mutex // held by whoever commits a group of records, and by compaction
-	pmu       sync.Mutex // guards pending
-	pending   []*waiter  // records waiting for the next group commit
-	seq       uint64     // under jmu
-	jrecords  int        // records in the journal, under jmu
+	cfg      Config
+	slots    int
+	perFile  int
+	files    []*os.File
+	journal  *os.File
+	jmu      sync.Mutex // held by whoever commits a group of records, and by compaction
+	pmu      sync.Mutex // guards pending
+	pending  []*waiter  // records waiting for the next group commit
+	seq      uint64     // under jmu
+	jrecords int        // records in the journal, under jmu
+	// records is jrecords for Stats, which must not wait for jmu: a
+	// commit holds it through its syncs, and the tier above picks a store
+	// by its Stats before every put.
+	records   atomic.Int64
 	requests  chan request
 	workersWG sync.WaitGroup
 	// queue is read-held while a request is handed to the workers and
@@ -292,9 +296,7 @@ func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	blocks := len(s.entries)
 	s.mu.Unlock()
-	s.jmu.Lock()
-	records := s.jrecords
-	s.jmu.Unlock()
+	records := int(s.records.Load())
 	return Stats{
 		Blocks: blocks, Slots: s.slots,
 		Puts: s.stats.puts.Load(), Gets: s.stats.gets.Load(), Deletes: s.stats.deletes.Load(),
