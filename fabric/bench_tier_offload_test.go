@@ -18,13 +18,13 @@ import (
 // BenchmarkTierOffload is the rate at which the disk tier copies blocks
 // down (each gathered into canonical order, written with O_DIRECT, its
 // data and journal record synced, the puts under way sharing the syncs),
-// from as many goroutines as the tier has copy workers, against O_DIRECT
+// from as many goroutines as the tier has copy workers (8), against O_DIRECT
 // writes of the same bytes from as many goroutines to a file in the same
 // directory, then one data sync, in the same run. 256 blocks of 256 KiB
 // registered once; each iteration copies all of them down (dropped from
 // the tier again between iterations, outside the timing).
 func BenchmarkTierOffload(b *testing.B) {
-	const blocks, copiers = 256, 16
+	const blocks, copiers = 256, 8
 	dir := b.TempDir()
 	a := startBenchAgentWith(b, dir, filepath.Join(dir, "ca"), "offload", "127.0.0.1", "host=128MiB", "", func(c *fabric.Config) {
 		c.Tiers = []string{"disk=" + filepath.Join(dir, "tier") + ":1GiB"}

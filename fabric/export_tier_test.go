@@ -50,7 +50,7 @@ func TierCopyDown(a *Agent, id uint64, hashes []uint64) (int, error) {
 	next := make(chan uint64)
 	var done atomic.Int64
 	var wg sync.WaitGroup
-	for range 4 * disk.DefaultWorkers * len(a.tiers.list) {
+	for range tierCopiers * len(a.tiers.list) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

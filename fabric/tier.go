@@ -60,6 +60,12 @@ const tierSetBase = 1 << 31
 // the copies down, so that more puts share each sync.
 const tierIOWorkers = 8
 
+// tierCopiers is how many copies down each tier runs at once: as many as
+// its store writes at once, so that puts waiting for a commit share it,
+// and no more, so that the copies' CPU (gathering, checksums) does not
+// crowd out the engines' calls on a loaded machine.
+const tierCopiers = 8
+
 // tierTrailer is the bytes after a block's canonical bytes on disk.
 const tierTrailer = 16
 
@@ -195,9 +201,7 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 			return nil, err
 		}
 	}
-	// More copies under way than the store's I/O workers: puts waiting
-	// for a commit share it, so that more of them share each sync.
-	for range 4 * disk.DefaultWorkers * len(t.list) {
+	for range tierCopiers * len(t.list) {
 		t.wg.Add(1)
 		go t.worker()
 	}
