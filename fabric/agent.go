@@ -136,6 +136,8 @@ type Agent struct {
 	pinned *cuda.PinnedStorage
 	// tiers are the disk tiers under the pool (tier.go); nil without.
 	tiers *tiers
+	// tierHeld counts the holders' disk-held copies (tier_holders.go).
+	tierHeld tierHolds
 }
 
 // Start makes an agent from cfg and starts serving. The context bounds the

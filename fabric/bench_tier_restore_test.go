@@ -28,6 +28,7 @@ func BenchmarkTierRestore(b *testing.B) {
 	a := startBenchAgentWith(b, dir, filepath.Join(dir, "ca"), "restore", "127.0.0.1", "host=128MiB", "", func(c *fabric.Config) {
 		c.Tiers = []string{"disk=" + filepath.Join(dir, "tier") + ":1GiB"}
 		c.BlockSetGrace = 100 * time.Millisecond
+		c.NoOrphanCache = true // the set is freed, its blocks then on disk only
 	})
 	ctx := context.Background()
 	model := layout.ModelConfig{Layers: 4, KVHeads: 8, HeadDim: 128, DType: layout.DTypeBF16}

@@ -106,7 +106,7 @@ func (s *indexSink) apply(events []membership.Event) bool {
 // that fails otherwise (index.ErrFull: a shard's spill arena out of entry
 // numbers) stops at the hash that failed, and the rest of it is not
 // indexed. The events of runs applied whole are noted for cluster-aware
-// eviction.
+// eviction and for the count of holders' disk-held copies.
 func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 	// Another node's events matter to the eviction order only while this
 	// node holds blocks.
@@ -135,9 +135,12 @@ func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 			s.a.log.Debug("index", "peer", events[0].Origin, "events", n, "err", err)
 		case err != nil:
 			s.a.log.Warn("index: events not applied", "peer", events[0].Origin, "events", n, "err", err)
-		case marks:
+		default:
 			for _, e := range events[:n] {
-				s.note(&d, self, mine, e)
+				s.a.tierHeld.note(s.a.index, id, e)
+				if marks {
+					s.note(&d, self, mine, e)
+				}
 			}
 		}
 		events = events[n:]

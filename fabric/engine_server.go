@@ -461,7 +461,7 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 				continue
 			}
 			o.FetchBytes = uint64(o.Blocks) * perBlock
-			d, basis, transport := a.links.estimate(o.Node, o.FetchBytes)
+			d, basis, transport := a.fetchEstimate(o.Node, hashes[:o.Blocks], perBlock)
 			o.FetchEstimateUs, o.Estimate, o.Transport = uint64(d.Microseconds()), basis, transport
 		}
 	}

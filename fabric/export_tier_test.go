@@ -1,6 +1,12 @@
 package fabric
 
-import "github.com/kvfabric/kvfabric/pool"
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/pool/disk"
+)
 
 // BlockSetHolds says whether a's block set id holds hash in memory, without
 // restoring anything.
@@ -11,4 +17,73 @@ func BlockSetHolds(a *Agent, id, hash uint64) bool {
 	}
 	_, ok := s.Lookup(hash)
 	return ok
+}
+
+// ImportCandidates names the holders an import of hashes on a would try,
+// in order.
+func ImportCandidates(a *Agent, hashes []uint64) []string {
+	var out []string
+	for _, c := range a.candidates(hashes, 1) {
+		out = append(out, c.member.Name)
+	}
+	return out
+}
+
+// TierDiskHeld counts the hashes a's index says peer holds on a disk tier
+// only.
+func TierDiskHeld(a *Agent, peer string, hashes []uint64) int {
+	id, ok := a.index.Lookup(peer)
+	if !ok {
+		return 0
+	}
+	return a.tierHeld.onDisk(a.index, id, hashes)
+}
+
+// TierCopyDown copies the blocks of hashes in a's block set id down to its
+// disk tiers as the tiers' workers do (as many goroutines, each block
+// gathered into canonical order and put), and returns how many went down.
+func TierCopyDown(a *Agent, id uint64, hashes []uint64) (int, error) {
+	s, err := a.pool.BlockSet(pool.SetID(id))
+	if err != nil {
+		return 0, err
+	}
+	next := make(chan uint64)
+	var done atomic.Int64
+	var wg sync.WaitGroup
+	for range tierCopiers * len(a.tiers.list) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for h := range next {
+				if blk, ok := s.Lookup(h); ok && a.tiers.copyDown(offloadJob{set: s, blk: blk, hash: h}) {
+					done.Add(1)
+				}
+			}
+		}()
+	}
+	for _, h := range hashes {
+		next <- h
+	}
+	close(next)
+	wg.Wait()
+	return int(done.Load()), nil
+}
+
+// TierDrop drops hashes of a's block set id's shape from its disk tiers.
+func TierDrop(a *Agent, id uint64, hashes []uint64) error {
+	s, err := a.pool.BlockSet(pool.SetID(id))
+	if err != nil {
+		return err
+	}
+	tag := shapeTag(s.Layout())
+	for _, h := range hashes {
+		k := disk.Key{Hash: h, Tag: tag}
+		if d := a.tiers.where(k); d != nil {
+			if err := d.store.Load().Delete(k); err != nil {
+				return err
+			}
+			a.tiers.forget(d, k)
+		}
+	}
+	return nil
 }

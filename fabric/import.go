@@ -213,13 +213,14 @@ func (a *Agent) importFromHolders(ctx context.Context, s *sessionSet, want pages
 type candidate struct {
 	member  membership.Member
 	blocks  int // whole engine blocks it holds
+	disk    int // of its pages of those, how many it holds on disk only
 	load    float64
 	suspect bool
 }
 
 // candidates are the members holding a prefix of hashes, the holder's
 // pages of which k make one engine block: longest prefix first, then
-// least loaded (every holder is reached over QUIC today, so transport
+// fewest of them on a disk tier only (tier_holders.go), then least loaded (every holder is reached over QUIC today, so transport
 // cost does not separate them yet). Members that hold less than one whole
 // engine block are left out.
 func (a *Agent) candidates(hashes []uint64, k int) []candidate {
@@ -240,7 +241,9 @@ func (a *Agent) candidates(hashes []uint64, k int) []candidate {
 		// Load in steps of a tenth: holders whose loads differ by less
 		// are equally good, and take turns.
 		load := math.Floor(10 * (mem.Meta.Load.KVUsage + float64(mem.Meta.Load.Imports)))
-		out = append(out, candidate{member: mem, blocks: m.Blocks / k, load: load})
+		c := candidate{member: mem, blocks: m.Blocks / k, load: load}
+		c.disk = a.tierHeld.onDisk(a.index, m.Node, hashes[:c.blocks*k])
+		out = append(out, c)
 	}
 	// Holders that just failed an import go last, until failure detection
 	// has had time to decide about them; then the longest prefix, then
@@ -256,12 +259,16 @@ func (a *Agent) candidates(hashes []uint64, k int) []candidate {
 		if x.blocks != y.blocks {
 			return x.blocks > y.blocks
 		}
+		if x.disk != y.disk {
+			return x.disk < y.disk // memory before a restore from disk
+		}
 		return x.load < y.load
 	})
 	// Holders equally good take turns, so that imports spread over them
 	// between two load reports.
 	tied := 0
-	for tied < len(out) && out[tied].suspect == out[0].suspect && out[tied].blocks == out[0].blocks && out[tied].load == out[0].load {
+	for tied < len(out) && out[tied].suspect == out[0].suspect && out[tied].blocks == out[0].blocks &&
+		out[tied].disk == out[0].disk && out[tied].load == out[0].load {
 		tied++
 	}
 	if tied > 1 {

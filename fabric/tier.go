@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
 
@@ -53,6 +54,17 @@ import (
 // tierSetBase is the block set number of disk tier 0 in announcements:
 // above every pool set id an agent makes.
 const tierSetBase = 1 << 31
+
+// tierIOWorkers is how many reads and writes each tier's store runs at
+// once: a restore's readers (restoreReaders) all at once, and as many of
+// the copies down, so that more puts share each sync.
+const tierIOWorkers = 8
+
+// tierCopiers is how many copies down each tier runs at once: as many as
+// its store writes at once, so that puts waiting for a commit share it,
+// and no more, so that the copies' CPU (gathering, checksums) does not
+// crowd out the engines' calls on a loaded machine.
+const tierCopiers = 8
 
 // tierTrailer is the bytes after a block's canonical bytes on disk.
 const tierTrailer = 16
@@ -189,9 +201,7 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 			return nil, err
 		}
 	}
-	// More copies under way than the store's I/O workers: puts waiting
-	// for a commit share it, so that more of them share each sync.
-	for range 4 * disk.DefaultWorkers * len(t.list) {
+	for range tierCopiers * len(t.list) {
 		t.wg.Add(1)
 		go t.worker()
 	}
@@ -287,7 +297,8 @@ func (t *tiers) openStoresLocked() error {
 		if d.store.Load() != nil {
 			continue
 		}
-		cfg := disk.Config{Dir: d.spec.Path, Bytes: int64(d.spec.Size), SlotBytes: t.blockBytes, Logger: t.log.With("tier", d.n)}
+		cfg := disk.Config{Dir: d.spec.Path, Bytes: int64(d.spec.Size), SlotBytes: t.blockBytes, Workers: tierIOWorkers,
+			Logger: t.log.With("tier", d.n)}
 		st, err := disk.Open(cfg)
 		if err != nil && errors.Is(err, unix.EINVAL) {
 			t.log.Warn("the tier's file system refuses O_DIRECT: its blocks go through the page cache", "tier", d.n, "dir", d.spec.Path)
@@ -396,7 +407,16 @@ func (t *tiers) buffer() []byte {
 	if b, ok := t.bufs.Get().(*[]byte); ok && len(*b) == n {
 		return *b
 	}
-	return make([]byte, n)
+	return alignedBuffer(n)
+}
+
+// alignedBuffer is n bytes at an address aligned to disk.Align, so that
+// the stores read into it and write from it directly (O_DIRECT), without
+// a copy through a buffer of their own.
+func alignedBuffer(n int) []byte {
+	b := make([]byte, n+disk.Align)
+	off := (disk.Align - int(uintptr(unsafe.Pointer(unsafe.SliceData(b)))%disk.Align)) % disk.Align
+	return b[off : off+n : off+n]
 }
 
 func (t *tiers) putBuffer(b []byte) { t.bufs.Put(&b) }

@@ -17,7 +17,7 @@ import (
 // restoreReaders of them are read at a time.
 const (
 	maxRestoreBatch = 256
-	restoreReaders  = 4
+	restoreReaders  = 8
 )
 
 // restore brings the leading blocks of hashes that a disk tier holds in

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -470,5 +471,93 @@ func TestTierMetaRefusedAtStart(t *testing.T) {
 				t.Fatalf("%v, want it to name tiers[0] and say %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// Of two holders of the same blocks, one with them on disk only and one
+// in memory, an import goes to the one in memory, and Lookup's estimate
+// for the disk holder adds the restore.
+func TestTierImportPrefersMemoryHolders(t *testing.T) {
+	const n = 40
+	dir := tierDir(t)
+	agents := clusterWith(t, 3, func(i int, c *fabric.Config) {
+		if i == 0 {
+			c.Tiers = []string{"disk=" + dir + ":64MiB"}
+			c.BlockSetGrace = 100 * time.Millisecond
+			c.NoOrphanCache = true // the set is freed, its blocks then on disk only
+		}
+	})
+	onDisk, inMemory, importer := agents[0], agents[1], agents[2]
+	c0 := newClient(t, onDisk)
+	hashes := storeThrough(t, c0, register(t, c0, tierEngine), n)
+	c0.Close()
+	watcher := newClient(t, onDisk)
+	wait.For(t, 20*time.Second, "every block on disk, the engine's set freed", func() error {
+		st, err := watcher.Status(context.Background())
+		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("sets %d, tiers %v (%v)", len(st.GetBlockSets()), st.GetTiers(), err)
+		}
+		return nil
+	})
+	// The same blocks, kept in memory by an engine that stays.
+	e := tierEngine
+	e.Slots = 64
+	c1 := dial(t, inMemory)
+	if got := storeThrough(t, c1, register(t, c1, e), n); !slices.Equal(got, hashes) {
+		t.Fatal("the two holders' hashes differ")
+	}
+	wait.For(t, 20*time.Second, "the importer's index has both holders, one on disk only", func() error {
+		if d := fabric.TierDiskHeld(importer, onDisk.NodeName(), hashes); d != n {
+			return fmt.Errorf("%d of %d blocks on disk only at %s", d, n, onDisk.NodeName())
+		}
+		if d := fabric.TierDiskHeld(importer, inMemory.NodeName(), hashes); d != 0 {
+			return fmt.Errorf("%d blocks on disk only at %s", d, inMemory.NodeName())
+		}
+		ov, err := dial(t, importer).Lookup(context.Background(), hashes)
+		if err != nil || len(ov) < 2 || ov[0].Blocks != n || ov[1].Blocks != n {
+			return fmt.Errorf("overlaps %v (%v)", ov, err)
+		}
+		if c := fabric.ImportCandidates(importer, hashes); len(c) != 2 {
+			return fmt.Errorf("candidates %q", c)
+		}
+		return nil
+	})
+	// Equally loaded holders of equal prefixes take turns; the one with
+	// the blocks in memory comes first every time.
+	for range 4 {
+		if c := fabric.ImportCandidates(importer, hashes); c[0] != inMemory.NodeName() {
+			t.Fatalf("candidates %q, want %s first", c, inMemory.NodeName())
+		}
+	}
+	c2 := dial(t, importer)
+	e.Name = "importer"
+	set2 := register(t, c2, e)
+	resp, err := c2.Import(context.Background(), set2.ID, hashes)
+	if err != nil || len(resp.Blocks) != n {
+		t.Fatalf("import of %d blocks: %v %v", n, err, resp.GetError())
+	}
+	checkImported(t, set2, resp.Blocks, 1)
+	if st := tierStatus(t, watcher); st.Restores != 0 {
+		t.Fatalf("the disk holder restored %d blocks for an import the memory holder could serve", st.Restores)
+	}
+	// The import measured the link to the memory holder; the disk holder
+	// is estimated from it, plus a restore per block.
+	lr, err := c2.API().Lookup(context.Background(), &fabricpb.LookupRequest{Hashes: hashes, BlockSet: set2.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	est := map[string]*fabricpb.Overlap{}
+	for _, o := range lr.Overlaps {
+		est[o.Node] = o
+	}
+	mem, dsk := est[inMemory.NodeName()], est[onDisk.NodeName()]
+	if mem == nil || dsk == nil || mem.Blocks != n || dsk.Blocks != n {
+		t.Fatalf("overlaps %v", lr.Overlaps)
+	}
+	if mem.Estimate == "none" || dsk.Estimate == "none" {
+		t.Fatalf("no estimate after an import: %v", lr.Overlaps)
+	}
+	if dsk.FetchEstimateUs <= mem.FetchEstimateUs {
+		t.Fatalf("estimate of %d disk-held blocks %d µs, of the same in memory %d µs: want more", n, dsk.FetchEstimateUs, mem.FetchEstimateUs)
 	}
 }

@@ -1622,8 +1622,10 @@ type Overlap struct {
 	// to import the node's matched blocks here, so that an engine or router
 	// can weigh it against recomputing them. It is two control round trips
 	// plus fetch_bytes at the read throughput this node's recent imports
-	// from that node measured. 0 for this node, for nodes that match no
-	// block, and when nothing is measured yet (estimate says which).
+	// from that node measured, plus a restore for each block the node holds
+	// on a disk tier only (whole index mode). 0 for this node, for nodes
+	// that match no block, and when nothing is measured yet (estimate says
+	// which).
 	FetchEstimateUs uint64 `protobuf:"varint,4,opt,name=fetch_estimate_us,json=fetchEstimateUs,proto3" json:"fetch_estimate_us,omitempty"`
 	// How fetch_estimate_us was made: "measured" (from this node's recent
 	// imports from that node), "cluster" (no import from it yet: the mean of

@@ -59,3 +59,18 @@ func Rank(matches []Match, loads map[NodeID]float64, queryBlocks int, loadWeight
 	})
 	return out
 }
+
+// Copies is how many copies of hash node id holds in the index: stored and
+// not yet removed; 0 if it holds none or id is not live. A caller that
+// counts a kind of copies of its own (those on a disk tier) compares with
+// it to tell whether any other copy is left.
+func (ix *Index) Copies(hash uint64, id NodeID) int {
+	s := ix.shardOf(hash)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	v, ok := s.get(hash)
+	if !ok || !ix.isLive(id) || !s.sp.has(v, id.slot()) {
+		return 0
+	}
+	return 1 + int(s.multi[holderKey{hash, id}])
+}

@@ -43,9 +43,12 @@
 //
 // # Concurrency
 //
-// Reads and writes go through a bounded pool of workers (Workers, at most
-// MaxWorkers) doing pread and pwrite; at most QueueDepth requests wait for
-// them, and a request past that waits for room under its context. io_uring
+// At most Workers (at most MaxWorkers) reads and writes run at once.
+// Writes go through a pool of as many workers doing pwrite; at most
+// QueueDepth requests wait for them, and a request past that waits for
+// room under its context. Reads run pread on their callers' goroutines once
+// one of the Workers turns is free, waiting for it under their context:
+// a hand-off to a worker costs two goroutine wake-ups per read. io_uring
 // was not used: the Go libraries for it are young or unmaintained, and at the
 // queue depths a cache tier needs, a few blocking workers keep an NVMe busy.
 package disk

@@ -39,8 +39,31 @@ func (s *Store) do(ctx context.Context, r request) error {
 func (s *Store) worker() {
 	defer s.workersWG.Done()
 	for r := range s.requests {
-		r.done <- r.run()
+		s.running <- struct{}{}
+		err := r.run()
+		<-s.running
+		r.done <- err
 	}
+}
+
+// readInline runs r on the caller's goroutine once fewer than Workers
+// requests run: a read that hands its request to a worker and waits for
+// the answer pays two goroutine wake-ups, which on a loaded machine cost
+// as much as the read. Waiting for its turn honours ctx; Close waits for
+// reads under way.
+func (s *Store) readInline(ctx context.Context, r request) error {
+	s.queue.RLock()
+	defer s.queue.RUnlock()
+	if s.queueClosed {
+		return ErrClosed
+	}
+	select {
+	case s.running <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("disk: waiting for one of %d reads and writes under way to end: %w", cap(s.running), ctx.Err())
+	}
+	defer func() { <-s.running }()
+	return r.run()
 }
 
 func (r request) run() error {

@@ -126,6 +126,7 @@ func (s *Store) replay() error {
 	}
 	s.cfg.Logger.Info("disk tier opened", "dir", s.cfg.Dir, "blocks", len(s.entries), "slots", s.slots,
 		"records", s.jrecords, "dropped", dropped)
+	s.records.Store(int64(s.jrecords))
 	return nil
 }
 
@@ -188,6 +189,7 @@ func (s *Store) commitLocked(batch []*waiter) error {
 		return fmt.Errorf("disk: journal: fdatasync: %w", err)
 	}
 	s.jrecords += len(batch)
+	s.records.Store(int64(s.jrecords))
 	s.mu.Lock()
 	live := len(s.entries)
 	s.mu.Unlock()
@@ -239,5 +241,6 @@ func (s *Store) compactLocked() error {
 	s.journal.Close()
 	s.journal = f
 	s.jrecords = len(snapshot)
+	s.records.Store(int64(s.jrecords))
 	return nil
 }

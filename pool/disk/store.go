@@ -71,7 +71,8 @@ type Config struct {
 	// slots (at least one). If zero, DefaultFileBytes; at most MaxFileBytes.
 	FileBytes int64
 	// Workers is how many reads and writes run at once. If zero,
-	// DefaultWorkers; at most MaxWorkers.
+	// DefaultWorkers; at most MaxWorkers. Writes wait for one of as many
+	// worker goroutines; reads run on their callers' goroutines.
 	Workers int
 	// QueueDepth is how many requests may wait for a worker. If zero,
 	// DefaultQueueDepth; at most MaxQueueDepth.
@@ -143,23 +144,30 @@ type entry struct {
 
 // Store is a disk tier. Its methods may be called concurrently.
 type Store struct {
-	cfg       Config
-	slots     int
-	perFile   int
-	files     []*os.File
-	journal   *os.File
-	jmu       sync.Mutex // held by whoever commits a group of records, and by compaction
-	pmu       sync.Mutex // guards pending
-	pending   []*waiter  // records waiting for the next group commit
-	seq       uint64     // under jmu
-	jrecords  int        // records in the journal, under jmu
+	cfg      Config
+	slots    int
+	perFile  int
+	files    []*os.File
+	journal  *os.File
+	jmu      sync.Mutex // held by whoever commits a group of records, and by compaction
+	pmu      sync.Mutex // guards pending
+	pending  []*waiter  // records waiting for the next group commit
+	seq      uint64     // under jmu
+	jrecords int        // records in the journal, under jmu
+	// records is jrecords for Stats, which must not wait for jmu: a
+	// commit holds it through its syncs, and the tier above picks a store
+	// by its Stats before every put.
+	records   atomic.Int64
 	requests  chan request
 	workersWG sync.WaitGroup
 	// queue is read-held while a request is handed to the workers and
 	// write-held by Close as it closes requests.
 	queue       sync.RWMutex
 	queueClosed bool
-	bufs        chan *aligned
+	// running holds a token for each read or write under way: workers'
+	// and reads run on their callers' goroutines (readInline) alike.
+	running chan struct{}
+	bufs    chan *aligned
 
 	mu      sync.Mutex
 	closed  bool
@@ -196,6 +204,7 @@ func Open(cfg Config) (*Store, error) {
 		entries:  map[Key]entry{},
 		busy:     map[uint32]int{},
 		requests: make(chan request, cfg.QueueDepth),
+		running:  make(chan struct{}, cfg.Workers),
 		bufs:     make(chan *aligned, cfg.Workers+cfg.QueueDepth),
 	}
 	s.slots = int(cfg.Bytes / int64(cfg.SlotBytes))
@@ -287,9 +296,7 @@ func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	blocks := len(s.entries)
 	s.mu.Unlock()
-	s.jmu.Lock()
-	records := s.jrecords
-	s.jmu.Unlock()
+	records := int(s.records.Load())
 	return Stats{
 		Blocks: blocks, Slots: s.slots,
 		Puts: s.stats.puts.Load(), Gets: s.stats.gets.Load(), Deletes: s.stats.deletes.Load(),
@@ -300,7 +307,10 @@ func (s *Store) Stats() Stats {
 
 // Put writes data under k. It returns when the block is durable: its bytes
 // synced and its journal record synced. A key already held is replaced.
-// With every slot full, ErrFull: the tier above evicts instead.
+// With every slot full, ErrFull: the tier above evicts instead. Data
+// aligned to Align with the capacity for its length rounded up to Align is
+// written directly, the bytes past its length up to there zeroed first;
+// any other through a buffer and a copy.
 func (s *Store) Put(ctx context.Context, k Key, data []byte) error {
 	if len(data) == 0 || len(data) > s.cfg.SlotBytes {
 		return fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(data), s.cfg.SlotBytes, ErrTooLarge)
@@ -322,14 +332,23 @@ func (s *Store) Put(ctx context.Context, k Key, data []byte) error {
 		s.free = append(s.free, slot)
 		s.mu.Unlock()
 	}
-	buf, err := s.bufferWith(data)
-	if err != nil {
-		giveBack()
-		return err
+	// Straight from data where O_DIRECT takes it; else through an
+	// aligned buffer and a copy.
+	out := data[:cap(data)]
+	if n := roundUp(len(data)); len(out) >= n && uintptr(unsafe.Pointer(unsafe.SliceData(out)))%Align == 0 {
+		out = out[:n]
+		clear(out[len(data):])
+	} else {
+		buf, err := s.bufferWith(data)
+		if err != nil {
+			giveBack()
+			return err
+		}
+		defer s.release(buf)
+		out = buf.b[:n]
 	}
-	defer s.release(buf)
 	f, off := s.where(slot)
-	if err := s.do(ctx, request{write: true, f: f, off: off, buf: buf.b[:roundUp(len(data))]}); err != nil {
+	if err := s.do(ctx, request{write: true, f: f, off: off, buf: out}); err != nil {
 		giveBack()
 		return err
 	}
@@ -387,7 +406,7 @@ func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
 		got = buf.b[:n]
 	}
 	f, off := s.where(e.slot)
-	if err := s.do(ctx, request{f: f, off: off, buf: got}); err != nil {
+	if err := s.readInline(ctx, request{f: f, off: off, buf: got}); err != nil {
 		return 0, err
 	}
 	got = got[:e.length]

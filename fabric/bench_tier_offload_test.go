@@ -1,0 +1,103 @@
+package fabric_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// BenchmarkTierOffload is the rate at which the disk tier copies blocks
+// down (each gathered into canonical order, written with O_DIRECT, its
+// data and journal record synced, the puts under way sharing the syncs),
+// from as many goroutines as the tier has copy workers (8), against O_DIRECT
+// writes of the same bytes from as many goroutines to a file in the same
+// directory, then one data sync, in the same run. 256 blocks of 256 KiB
+// registered once; each iteration copies all of them down (dropped from
+// the tier again between iterations, outside the timing).
+func BenchmarkTierOffload(b *testing.B) {
+	const blocks, copiers = 256, 8
+	dir := b.TempDir()
+	a := startBenchAgentWith(b, dir, filepath.Join(dir, "ca"), "offload", "127.0.0.1", "host=128MiB", "", func(c *fabric.Config) {
+		c.Tiers = []string{"disk=" + filepath.Join(dir, "tier") + ":1GiB"}
+	})
+	ctx := context.Background()
+	model := layout.ModelConfig{Layers: 4, KVHeads: 8, HeadDim: 128, DType: layout.DTypeBF16}
+	e := client.Engine{Name: "writer", Model: model, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: blocks}
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		b.Fatal(err)
+	}
+	hashes := storeThrough(b, c, set, blocks) // all kept: the set has a slot for each
+	blockBytes := int(set.Layout.Strides().Shard) + 16
+	blockBytes = (blockBytes + 4095) &^ 4095
+	path := filepath.Join(dir, "baseline")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_DIRECT, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(blocks*blockBytes)); err != nil {
+		b.Fatal(err)
+	}
+	direct := func() time.Duration {
+		start := time.Now()
+		next := make(chan int)
+		var wg sync.WaitGroup
+		for range copiers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf, _ := unix.Mmap(-1, 0, blockBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+				defer unix.Munmap(buf)
+				for i := range next {
+					if _, err := unix.Pwrite(int(f.Fd()), buf, int64(i*blockBytes)); err != nil {
+						b.Error(err)
+					}
+				}
+			}()
+		}
+		for i := range blocks {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	var offload, base time.Duration
+	b.SetBytes(int64(blocks * blockBytes))
+	for b.Loop() {
+		b.StopTimer()
+		if err := fabric.TierDrop(a, set.ID, hashes); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		n, err := fabric.TierCopyDown(a, set.ID, hashes)
+		if err != nil || n != blocks {
+			b.Fatalf("copied %d of %d blocks down: %v", n, blocks, err)
+		}
+		offload += time.Since(start)
+		base += direct()
+	}
+	gb := float64(b.N*blocks*blockBytes) / 1e9
+	b.ReportMetric(gb/offload.Seconds(), "offload-GB/s")
+	b.ReportMetric(gb/base.Seconds(), "direct-GB/s")
+	b.ReportMetric(base.Seconds()/offload.Seconds(), "x-direct")
+}
