@@ -400,27 +400,18 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 // not hold is not an error: a remove may race a sweep. A dropped id is
 // ErrUnknownNode: the sweep removes its entries.
 func (ix *Index) Remove(id NodeID, hashes ...uint64) error {
-	nh, ok := ix.nameHashOf(id)
-	if !ok {
-		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
-	}
-	for _, h := range hashes {
-		s := ix.shardOf(h)
-		s.mu.Lock()
-		if !ix.isLive(id) {
-			s.mu.Unlock()
-			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
-		}
-		ix.removeLocked(s, h, id, nh, false)
-		s.mu.Unlock()
-	}
-	return nil
+	return ix.remove(id, hashes, false)
 }
 
 // Forget records that node id holds no copy of each hash any more,
 // however many it held: an owned-slices owner's slice loses a hash it no
 // longer owns. Like Remove, a hash the node does not hold is not an error.
 func (ix *Index) Forget(id NodeID, hashes ...uint64) error {
+	return ix.remove(id, hashes, true)
+}
+
+// remove is Remove, or Forget when all: every copy of each hash goes.
+func (ix *Index) remove(id NodeID, hashes []uint64, all bool) error {
 	nh, ok := ix.nameHashOf(id)
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
@@ -432,7 +423,7 @@ func (ix *Index) Forget(id NodeID, hashes ...uint64) error {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
 		}
-		ix.removeLocked(s, h, id, nh, true)
+		ix.removeLocked(s, h, id, nh, all)
 		s.mu.Unlock()
 	}
 	return nil
