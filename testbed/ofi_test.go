@@ -46,29 +46,13 @@ func faultfabLib(t *testing.T) string {
 	return lib
 }
 
-// ofiCluster is a process cluster over libfabric with each node's
-// faultfab control file.
-type ofiCluster struct {
-	*Cluster
-	control []string
-}
-
-// fault writes faults ("key=value,...", or "" to clear them) to node i's
-// control file; faultfab reads it at each registration and each read.
-func (c *ofiCluster) fault(t *testing.T, i int, faults string) {
-	t.Helper()
-	if err := os.WriteFile(c.control[i], []byte(faults), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // startOFI starts n agents reading each other over libfabric's provider
 // prov. tune, if not nil, adjusts the options.
-func startOFI(t *testing.T, n int, prov, pool string, tune func(*Options)) *ofiCluster {
+func startOFI(t *testing.T, n int, prov, pool string, tune func(*Options)) *rdmaCluster {
 	t.Helper()
 	lib := faultfabLib(t)
 	dir := t.TempDir()
-	oc := &ofiCluster{}
+	oc := &rdmaCluster{}
 	for i := range n {
 		f := filepath.Join(dir, fmt.Sprintf("control-%d", i+1))
 		if err := os.WriteFile(f, nil, 0o644); err != nil {
@@ -239,70 +223,12 @@ func TestOFIBadRegistrationFallsBackToQUIC(t *testing.T) {
 func TestOFIHolderKilledMidRead(t *testing.T) {
 	const peerTimeout = time.Second
 	c := startOFI(t, 3, "tcp", "host=64MiB", func(o *Options) { o.PeerTimeout = peerTimeout })
-	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
-	ctx := context.Background()
-	w := Workload{Sequences: 1, Blocks: 96, PageSize: 16, Seed: 23}
-	seqs := w.Hashes()
-	p, err := Produce(ctx, n1, engSlots("producer", 2, layout.HND, w.Blocks), seqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	waitIndexed(t, n2, n1.Name, w.Unique())
-	if _, err := Consume(ctx, n2, engSlots("copy", 1, layout.HND, w.Blocks), seqs); err != nil {
-		t.Fatal(err)
-	}
-	waitIndexed(t, n3, n2.Name, w.Unique())
-	// Slow reads, so that the kill lands in one.
-	c.fault(t, 2, "delay_us=3000")
-	cl, err := n3.Client(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	set, err := cl.Register(ctx, engSlots("importer", 4, layout.NHD, w.Blocks))
-	if err != nil {
-		t.Fatal(err)
-	}
-	result := importAsync(t, ctx, cl, set.ID, seqs[0])
-	victim := waitServing(t, []*Node{n1, n2})
-	killed := time.Now()
-	if err := victim.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	c.fault(t, 2, "") // the rest at full speed
-	r := result()
-	if !r.at.After(killed) {
-		t.Fatalf("the import ended before %s was killed: nothing was tested", victim.Name)
-	}
-	failedOver := r.at
-	if r.err == nil {
-		for _, f := range r.resp.Fetches {
-			if f.Node != victim.Name {
-				failedOver = r.at.Add(-time.Duration(f.Micros) * time.Microsecond)
-			}
-		}
-	}
-	if v := metric(t, n3, "kvfabric_rdma_read_failures_total"); v < 1 {
-		t.Errorf("%v libfabric reads failed: the kill did not land in a read", v)
-	}
-	bound := ofiConnectTimeout + peerTimeout/2
-	if took := failedOver.Sub(killed); took > bound+3*time.Second {
-		t.Errorf("failed over or errored %v after the kill, want within %v (the connect timeout and half the peer timeout) and 3 s of margin", took, bound)
-	} else {
-		t.Logf("failed over or errored %v after the kill", took.Round(time.Millisecond))
-	}
-	brought := 0
-	if r.err == nil {
-		brought = len(r.resp.Blocks)
-		t.Logf("import after %s was killed: %d of %d blocks; fetches %v; %s", victim.Name, brought, w.Blocks, r.resp.Fetches, r.resp.Error)
-	} else {
-		t.Logf("import after %s was killed: %v", victim.Name, r.err)
-	}
-	if n := checkRegistered(t, cl, set, seqs[0]); n < brought {
-		t.Errorf("%d blocks registered, the import returned %d", n, brought)
-	}
-	t.Logf("importer: %s", grepLog(n3, "ofi", "rdma", "RDMA"))
+	killHolderMidRead(t, c, holderKill{
+		seed: 23, delay: "delay_us=3000",
+		bound: ofiConnectTimeout + peerTimeout/2, margin: 3 * time.Second,
+		boundIs: "the connect timeout and half the peer timeout",
+		reads:   "libfabric", logWords: []string{"ofi", "rdma", "RDMA"},
+	})
 }
 
 // An importer killed with SIGKILL in the middle of its libfabric reads

@@ -444,9 +444,49 @@ func TestRDMALeaseExpiredBeforeReleaseDiscards(t *testing.T) {
 func TestRDMAHolderKilledMidRead(t *testing.T) {
 	const peerTimeout = time.Second
 	c := startRDMA(t, 3, "host=64MiB", nil, func(o *Options) { o.PeerTimeout = peerTimeout })
+	killHolderMidRead(t, c, holderKill{
+		seed: 14, delay: "delay_us=2000",
+		// The importer connects its queue pair to the holder just before
+		// its first READ, and the delayed completions keep the read going.
+		reading: func(victim *Node) error {
+			if v, err := metricValue(victim, "kvfabric_rdma_queue_pairs_served"); err != nil || v < 1 {
+				return fmt.Errorf("%s serves %v queue pairs (%v)", victim.Name, v, err)
+			}
+			return nil
+		},
+		// The READ in flight fails after the queue pair's bound; the same
+		// chunk is then asked over QUIC, which gives up on the silent
+		// holder after half the peer timeout.
+		bound: qpBound + peerTimeout/2, margin: 2 * time.Second,
+		boundIs: fmt.Sprintf("queue pair %v, half the peer timeout %v", qpBound, peerTimeout/2),
+		reads:   "RDMA", logWords: []string{"rdma", "RDMA", "fail"},
+	})
+}
+
+// holderKill is what differs between the bindings in killHolderMidRead.
+type holderKill struct {
+	seed  uint64
+	delay string // the importer's fault that slows its reads, so that the kill lands in one
+	// reading, if not nil, is true once the importer reads from victim.
+	reading func(victim *Node) error
+	// The import fails over, or errors, within bound and margin of the
+	// kill; boundIs says what bound is made of.
+	bound, margin time.Duration
+	boundIs       string
+	reads         string   // the binding's reads, as the log says them
+	logWords      []string // the importer's log lines worth showing
+}
+
+// killHolderMidRead: in a cluster of three, node 1 and node 2 hold 96
+// blocks, node 3 imports them with slowed reads, and the holder serving
+// it is killed with SIGKILL. The read in flight fails, the import fails
+// over to the other holder or errors within k's bound, and every block
+// registered, returned or not, is whole.
+func killHolderMidRead(t *testing.T, c *rdmaCluster, k holderKill) {
+	t.Helper()
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	ctx := context.Background()
-	w := Workload{Sequences: 1, Blocks: 96, PageSize: 16, Seed: 14}
+	w := Workload{Sequences: 1, Blocks: 96, PageSize: 16, Seed: k.seed}
 	seqs := w.Hashes()
 	p, err := Produce(ctx, n1, engSlots("producer", 2, layout.HND, w.Blocks), seqs)
 	if err != nil {
@@ -458,8 +498,7 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitIndexed(t, n3, n2.Name, w.Unique())
-	// Slow reads, so that the kill lands in one.
-	c.fault(t, 2, "delay_us=2000")
+	c.fault(t, 2, k.delay)
 	cl, err := n3.Client(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -471,14 +510,9 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 	}
 	result := importAsync(t, ctx, cl, set.ID, seqs[0])
 	victim := waitServing(t, []*Node{n1, n2})
-	// The importer connects its queue pair to the holder just before
-	// its first READ, and the delayed completions keep the read going.
-	wait.For(t, 10*time.Second, "the importer reads over RDMA", func() error {
-		if v, err := metricValue(victim, "kvfabric_rdma_queue_pairs_served"); err != nil || v < 1 {
-			return fmt.Errorf("%s serves %v queue pairs (%v)", victim.Name, v, err)
-		}
-		return nil
-	})
+	if k.reading != nil {
+		wait.For(t, 10*time.Second, "the importer reads from "+victim.Name, func() error { return k.reading(victim) })
+	}
 	killed := time.Now()
 	if err := victim.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -496,17 +530,13 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 			}
 		}
 	}
-	// The READ in flight fails after the queue pair's bound; the same
-	// chunk is then asked over QUIC, which gives up on the silent holder
-	// after half the peer timeout.
 	if v := metric(t, n3, "kvfabric_rdma_read_failures_total"); v < 1 {
-		t.Errorf("%v RDMA reads failed: the kill did not land in a read", v)
+		t.Errorf("%v %s reads failed: the kill did not land in a read", v, k.reads)
 	}
-	bound := qpBound + peerTimeout/2
-	if took := failedOver.Sub(killed); took > bound+2*time.Second {
-		t.Errorf("failed over or errored %v after the kill, want within %v (queue pair %v, half the peer timeout %v) and 2 s of margin", took, bound, qpBound, peerTimeout/2)
+	if took := failedOver.Sub(killed); took > k.bound+k.margin {
+		t.Errorf("failed over or errored %v after the kill, want within %v (%s) and %v of margin", took, k.bound, k.boundIs, k.margin)
 	} else {
-		t.Logf("failed over or errored %v after the kill (queue pair bound %v, half the peer timeout %v)", took.Round(time.Millisecond), qpBound, peerTimeout/2)
+		t.Logf("failed over or errored %v after the kill (%s)", took.Round(time.Millisecond), k.boundIs)
 	}
 	brought := 0
 	if r.err == nil {
@@ -515,11 +545,10 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 	} else {
 		t.Logf("import after %s was killed: %v", victim.Name, r.err)
 	}
-	// Every block registered, returned or not, is whole.
 	if n := checkRegistered(t, cl, set, seqs[0]); n < brought {
 		t.Errorf("%d blocks registered, the import returned %d", n, brought)
 	}
-	t.Logf("importer: %s", grepLog(n3, "rdma", "RDMA", "fail"))
+	t.Logf("importer: %s", grepLog(n3, k.logWords...))
 }
 
 // A READ that fails in the middle of an import: the chunks before it
