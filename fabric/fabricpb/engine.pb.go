@@ -531,7 +531,9 @@ func (x *RegisterResponse) GetRanks() []*RankLayout {
 //
 // path is the older form: the named file when there is one, else
 // /proc/<agent pid>/fd/<n>, which opens only inside the agent's PID
-// namespace and as the agent's user. Prefer the two above.
+// namespace and as the agent's user, and, unless the agent runs with
+// --dumpable (it is non-dumpable by default), only as root. Prefer the two
+// above.
 //
 // Example, an engine in another container of the same pod or node: mount
 // the agent's data directory (hostPath /var/lib/kvfabric) at the same path,
