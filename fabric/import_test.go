@@ -290,6 +290,10 @@ func TestImportUnderAChunkSizedLeaseCap(t *testing.T) {
 			agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
 				c.MaxLeasedPerPeer = capPeer
 				c.ImportChunkBytes = 1 << 20
+				// Each chunk's lease waits for the one before it to be
+				// released; on two loaded cores that can outlast the 1 s
+				// of the other tests.
+				c.PeerTimeout = 10 * time.Second
 			})
 			n1, n2 := agents[0], agents[1]
 			e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 512}
