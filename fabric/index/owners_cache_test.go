@@ -90,3 +90,20 @@ func TestAnswerCacheSize(t *testing.T) {
 		t.Fatal("a cache with no TTL kept an answer")
 	}
 }
+
+// Stats counts each Get by outcome: hit, miss (never stored, or cleared)
+// and expired (stored, past its TTL).
+func TestAnswerCacheStats(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := NewAnswerCache(4, time.Second)
+	c.Get(1, t0) // miss
+	c.Put(1, []string{"a"}, t0)
+	c.Get(1, t0)                  // hit
+	c.Get(1, t0.Add(time.Second)) // expired
+	c.Put(2, []string{"b"}, t0)
+	c.Clear()
+	c.Get(2, t0) // miss
+	if got, want := c.Stats(), (AnswerCacheStats{Hits: 1, Misses: 2, Expired: 1}); got != want {
+		t.Fatalf("stats %+v, want %+v", got, want)
+	}
+}

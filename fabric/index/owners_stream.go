@@ -73,8 +73,8 @@ type Publisher struct {
 	probe time.Duration
 
 	// Replaces counts the replaces built, Moved the ops queued by member
-	// list changes.
-	replaces, moved int64
+	// list changes, handoffs the member list changes that moved any.
+	replaces, moved, handoffs int64
 }
 
 type outStream struct {
@@ -216,6 +216,12 @@ func (p *Publisher) SetMembers(members []string) bool {
 		return true
 	}
 	var was, now [MaxReplicas]string
+	moved := p.moved
+	defer func() {
+		if p.moved > moved {
+			p.handoffs++
+		}
+	}()
 	for h, copies := range p.held {
 		before := old.AppendOwners(was[:0], h)
 		after := next.AppendOwners(now[:0], h)
@@ -337,13 +343,16 @@ func (p *Publisher) Done(o Outgoing, outcome Outcome, now time.Time) bool {
 type PublisherStats struct {
 	Replaces, Moved int64 // replaces built; ops queued by member changes
 	Queued          int64 // ops waiting now
+	// Handoffs counts the member list changes that moved any of the
+	// origin's hashes to other owners.
+	Handoffs int64
 }
 
 // Stats returns the publisher's counts.
 func (p *Publisher) Stats() PublisherStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := PublisherStats{Replaces: p.replaces, Moved: p.moved}
+	s := PublisherStats{Replaces: p.replaces, Moved: p.moved, Handoffs: p.handoffs}
 	for _, st := range p.out {
 		s.Queued += int64(len(st.ops))
 	}

@@ -274,3 +274,37 @@ func TestPublisherQueueLimit(t *testing.T) {
 		t.Fatalf("the replaces hold %d ops, want every hash for each owner (%d)", got, 2*(MaxQueuedOps+1))
 	}
 }
+
+// A member list change that moves some of the origin's hashes counts one
+// hand-off and the ops it queued; one that moves none (the first list, a
+// list equal to the current) counts nothing.
+func TestPublisherHandoffs(t *testing.T) {
+	p := NewPublisher("a", 1, 0)
+	p.SetMembers([]string{"a"})
+	hashes := make([]uint64, 1000)
+	for i := range hashes {
+		hashes[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	p.Store(hashes...)
+	if s := p.Stats(); s.Handoffs != 0 || s.Moved != 0 {
+		t.Fatalf("before any change: %+v", s)
+	}
+	p.SetMembers([]string{"a"})
+	if s := p.Stats(); s.Handoffs != 0 {
+		t.Fatalf("the same list counted a hand-off: %+v", s)
+	}
+	p.SetMembers([]string{"a", "b"})
+	s := p.Stats()
+	// With one owner a hash, b takes about half: a store to b and a
+	// forget to a for each hash moved.
+	place := NewPlacement([]string{"a", "b"}, 1)
+	moved := 0
+	for _, h := range hashes {
+		if place.AppendOwners(nil, h)[0] == "b" {
+			moved++
+		}
+	}
+	if s.Handoffs != 1 || s.Moved != int64(2*moved) || moved == 0 {
+		t.Fatalf("after b joined: %+v, want 1 hand-off of %d ops (%d hashes moved)", s, 2*moved, moved)
+	}
+}
