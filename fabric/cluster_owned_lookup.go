@@ -71,10 +71,8 @@ func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []u
 	for i, h := range hashes {
 		if hs, ok := o.cache.Get(h, now); ok {
 			out[i] = hs
-			o.stats.cacheHits.Add(1)
 			continue
 		}
-		o.stats.cacheMisses.Add(1)
 		for _, w := range place.AppendOwners(owners[:0], h) {
 			need[w] = append(need[w], i)
 		}
