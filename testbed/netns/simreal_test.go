@@ -50,15 +50,16 @@ type simRealLoad struct {
 type simRealFigures struct {
 	StoresPerNode            float64 // per second, under load
 	InIdle, OutIdle, In, Out float64 // bytes per second per node
-	// GossipInIdle, GossipIn and GossipOut are the part of them that
-	// memberlist carried (the agents count it in their transport, the
-	// simulation in its network): like with like, without the agents'
-	// peer connections and the simulation's repairs.
-	GossipInIdle, GossipIn, GossipOut float64
 	P50, P99                 time.Duration
 	Complete, Probes         int
 	Pairs                    float64 // index (hash, holder) pairs per node
 	Err                      error   // the first load or poll call that failed, if any
+
+	// GossipInIdle, GossipIn and GossipOut are the part of the bytes that
+	// memberlist carried (the agents count it in their transport, the
+	// simulation in its network): like with like, without the agents'
+	// peer connections and the simulation's repairs.
+	GossipInIdle, GossipIn, GossipOut float64
 }
 
 // TestSimulationAgreesWithAgents runs the same event load on N agent
