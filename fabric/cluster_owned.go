@@ -120,12 +120,13 @@ func (o *ownedIndex) publish(b pool.EventBatch) {
 		for i, blk := range s.Blocks {
 			hashes[i] = blk.Hash
 		}
+		var disk []uint64
 		if o.a.tiers != nil {
 			for _, e := range o.a.tiers.holdings() { // disk-held blocks stay announced
-				hashes = append(hashes, e.Hash)
+				disk = append(disk, e.Hash)
 			}
 		}
-		o.pub.Reset(hashes)
+		o.pub.ResetTiers(hashes, disk)
 		o.through = s.Seq
 		o.a.log.Warn("pool events lost; every owner gets this node's holdings afresh", "lost", b.Dropped, "held", o.pub.Held())
 		o.poke()
@@ -148,15 +149,17 @@ func (o *ownedIndex) publish(b pool.EventBatch) {
 }
 
 // publishHeld takes a change to what this node holds outside its pool's
-// events (the disk tiers' blocks), as publish takes the pool's.
+// events (the disk tiers' blocks), as publish takes the pool's: the owners
+// keep them as copies on disk, so that importers prefer a holder with the
+// block in memory.
 func (o *ownedIndex) publishHeld(store bool, hashes []uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	queued := false
 	if store {
-		queued = o.pub.Store(hashes...)
+		queued = o.pub.StoreDisk(hashes...)
 	} else {
-		queued = o.pub.Remove(hashes...)
+		queued = o.pub.RemoveDisk(hashes...)
 	}
 	if queued {
 		o.poke()

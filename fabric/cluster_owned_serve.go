@@ -37,7 +37,7 @@ func (o *ownedIndex) serve(ctx context.Context, peer string, payload []byte) ([]
 			return nil, fmt.Errorf("%w: %w", transfer.ErrInvalidRequest, err)
 		}
 		return applyOps(slice, peer, c, &o.stats.opsReceived)
-	case ownedCallLookup:
+	case ownedCallLookup, ownedCallLookupTiers:
 		hashes, err := decodeLookupCall(payload)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", transfer.ErrInvalidRequest, err)
@@ -45,7 +45,7 @@ func (o *ownedIndex) serve(ctx context.Context, peer string, payload []byte) ([]
 		if peer != o.a.cfg.NodeName {
 			o.stats.lookupsAnswered.Add(1)
 		}
-		return appendLookupAnswer(nil, slice.Holders(hashes)), nil
+		return appendLookupAnswer(nil, slice.HolderTiers(hashes), payload[0] == ownedCallLookupTiers), nil
 	}
 	return nil, fmt.Errorf("%w: index call of unknown kind %d", transfer.ErrInvalidRequest, payload[0])
 }

@@ -432,7 +432,7 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	if err != nil {
 		return nil, err
 	}
-	matches := a.findMatches(hashes)
+	matches, onDisk := a.findHolders(hashes)
 	loads := map[index.NodeID]float64{}
 	// Members the index has no id for hold nothing: candidates with no
 	// overlap, ranked here rather than named in the index.
@@ -461,7 +461,7 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 				continue
 			}
 			o.FetchBytes = uint64(o.Blocks) * perBlock
-			d, basis, transport := a.fetchEstimate(o.Node, hashes[:o.Blocks], perBlock)
+			d, basis, transport := a.fetchEstimate(o.Node, hashes[:o.Blocks], perBlock, onDisk)
 			o.FetchEstimateUs, o.Estimate, o.Transport = uint64(d.Microseconds()), basis, transport
 		}
 	}

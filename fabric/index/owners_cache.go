@@ -35,7 +35,7 @@ func (c *AnswerCache) Stats() AnswerCacheStats {
 }
 
 type cachedAnswer struct {
-	holders []string
+	holders []Holder
 	at      time.Time
 }
 
@@ -55,7 +55,7 @@ func NewAnswerCache(size int, ttl time.Duration) *AnswerCache {
 
 // Get returns the holders an owner answered for hash, if the answer was
 // stored less than the TTL before now.
-func (c *AnswerCache) Get(hash uint64, now time.Time) ([]string, bool) {
+func (c *AnswerCache) Get(hash uint64, now time.Time) ([]Holder, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[hash]
@@ -72,7 +72,7 @@ func (c *AnswerCache) Get(hash uint64, now time.Time) ([]string, bool) {
 }
 
 // Put stores the holders of hash as of now; the cache keeps holders.
-func (c *AnswerCache) Put(hash uint64, holders []string, now time.Time) {
+func (c *AnswerCache) Put(hash uint64, holders []Holder, now time.Time) {
 	if c.ttl <= 0 {
 		return
 	}
