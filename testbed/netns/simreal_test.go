@@ -431,8 +431,10 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 		f.Pairs += float64(s.IndexEntries)
 	}
 	f.Pairs /= float64(n)
-	// The last probes get as long as the window to arrive.
-	deadline := time.After(ld.Window)
+	// The last probes get as long as the window to arrive, all of them
+	// together (a channel that stays closed: many may not arrive).
+	dctx, dcancel := context.WithTimeout(ctx, ld.Window)
+	defer dcancel()
 	var delays []time.Duration
 	pmu.Lock()
 	probes := slices.Clone(all)
@@ -440,7 +442,7 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 	for _, p := range probes {
 		select {
 		case <-p.done:
-		case <-deadline:
+		case <-dctx.Done():
 		}
 	}
 	for _, p := range probes {
