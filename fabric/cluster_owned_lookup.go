@@ -9,19 +9,13 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/index"
 )
 
-// findMatches is the index's answer to a prefix query, whichever the
-// index mode: the whole index here, or the owners' slices asked.
-func (a *Agent) findMatches(hashes []uint64) []index.Match {
-	ms, _ := a.findHolders(hashes)
-	return ms
-}
-
 // diskOnly counts the hashes of which holder id has copies on a disk tier
 // only, of those a query matched.
 type diskOnly func(id index.NodeID, hashes []uint64) int
 
-// findHolders is findMatches, and what the index knows of the holders'
-// tiers: in whole mode the copies announced under a disk tier's set
+// findHolders is the index's answer to a prefix query, whichever the
+// index mode (the whole index here, or the owners' slices asked), and
+// what the index knows of the holders' tiers: in whole mode the copies announced under a disk tier's set
 // number (tier_holders.go), in owned mode the owners' answers.
 func (a *Agent) findHolders(hashes []uint64) ([]index.Match, diskOnly) {
 	if a.owned == nil {
