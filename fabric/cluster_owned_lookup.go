@@ -15,8 +15,9 @@ type diskOnly func(id index.NodeID, hashes []uint64) int
 
 // findHolders is the index's answer to a prefix query, whichever the
 // index mode (the whole index here, or the owners' slices asked), and
-// what the index knows of the holders' tiers: in whole mode the copies announced under a disk tier's set
-// number (tier_holders.go), in owned mode the owners' answers.
+// what the index knows of the holders' tiers: in whole mode the copies
+// announced under a disk tier's set number (tier_holders.go), in owned
+// mode the owners' answers.
 func (a *Agent) findHolders(hashes []uint64) ([]index.Match, diskOnly) {
 	if a.owned == nil {
 		return a.index.FindMatches(hashes), func(id index.NodeID, hs []uint64) int { return a.tierHeld.onDisk(a.index, id, hs) }
