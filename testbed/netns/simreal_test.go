@@ -343,11 +343,24 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 		}()
 	}
 	// One poller a node: asks its engine API whether each pending probe
-	// of another node is indexed.
+	// of another node is indexed, on a client of its own. A loaded agent
+	// may end a session whose keep-alives come late: the poller then
+	// reports it and dials a new one, so that one node's ended session
+	// does not keep every probe from completing.
 	for j, node := range c.Nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			cl, err := node.Client(ctx)
+			if err != nil {
+				errs <- fmt.Errorf("%s: poller: %w", node.Name, err)
+				return
+			}
+			defer func() {
+				if cl != nil {
+					cl.Close()
+				}
+			}()
 			tick := time.NewTicker(ld.Poll)
 			defer tick.Stop()
 			for {
@@ -370,10 +383,22 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 						continue
 					}
 					asked := time.Now()
-					ov, err := gens[j].cl.Lookup(ctx, []uint64{p.hash})
+					ov, err := cl.Lookup(ctx, []uint64{p.hash})
 					if err != nil {
-						errs <- fmt.Errorf("%s: lookup: %w", node.Name, err)
-						return
+						select {
+						case errs <- fmt.Errorf("%s: lookup: %w", node.Name, err):
+						default:
+						}
+						cl.Close()
+						if cl, err = node.Client(ctx); err != nil {
+							cl = nil
+							select {
+							case errs <- fmt.Errorf("%s: poller: %w", node.Name, err):
+							default:
+							}
+							return
+						}
+						break // the next tick asks again
 					}
 					hit := slices.ContainsFunc(ov, func(o *fabricpb.Overlap) bool { return o.Node == c.Nodes[p.origin].Name && o.Blocks == 1 })
 					p.mu.Lock()
