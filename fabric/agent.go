@@ -138,6 +138,9 @@ type Agent struct {
 	tiers *tiers
 	// tierHeld counts the holders' disk-held copies (tier_holders.go).
 	tierHeld tierHolds
+	// modeReports are the members reported for keeping the index in
+	// another mode (cluster_index_mode.go).
+	modeReports modeReports
 }
 
 // Start makes an agent from cfg and starts serving. The context bounds the

@@ -55,6 +55,10 @@ type counters struct {
 	// demotionsDropped counts the marks for cluster-aware eviction that
 	// found demoteLoop's queue full.
 	demotionsDropped atomic.Uint64
+
+	// indexEventsRefused counts gossip events not applied because their
+	// origin keeps the index in another mode (cluster_index_mode.go).
+	indexEventsRefused atomic.Uint64
 }
 
 // serveHealth answers ok while the agent runs, except that a node given
@@ -194,6 +198,17 @@ type Metrics struct {
 	DemotionsDropped uint64
 	// Tiers are the disk tiers' figures, in configured order.
 	Tiers []TierMetrics
+
+	// IndexMode is this node's index mode ("whole", or "owned/" and its
+	// owners a hash); IndexMismatchedMembers the current members in
+	// another mode (not used as index peers), IndexEventsRefused the
+	// gossip events not applied for that reason.
+	IndexMode              string
+	IndexMismatchedMembers int
+	IndexEventsRefused     uint64
+	// OwnedIndex counts the owned-slices index's traffic; zero in whole
+	// mode.
+	OwnedIndex OwnedIndexMetrics
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -267,6 +282,12 @@ func (a *Agent) Metrics() Metrics {
 	}
 	if a.tiers != nil {
 		m.Tiers = a.tiers.metrics()
+	}
+	m.IndexMode = a.indexModeMeta().String()
+	m.IndexMismatchedMembers = a.indexMismatches()
+	m.IndexEventsRefused = st.indexEventsRefused.Load()
+	if a.owned != nil {
+		m.OwnedIndex = a.owned.metrics()
 	}
 	return m
 }

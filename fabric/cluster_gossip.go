@@ -119,6 +119,7 @@ func (a *Agent) meta() membership.Meta {
 		LayoutDigest: binary.LittleEndian.Uint64(d[:8]),
 		Load:         membership.Load{KVUsage: m.Utilization, Imports: uint32(a.stats.inflight.Load())},
 		GPUs:         a.gpuSummary(),
+		Index:        a.indexModeMeta(),
 	}
 }
 
@@ -215,6 +216,7 @@ func (a *Agent) memberLoop() {
 			return
 		case ev := <-a.members.Events():
 			a.logMember(ev, failed, time.Now())
+			a.reportIndexMode(ev)
 			name := ev.Member.Name
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
 				delete(lives, name)

@@ -56,6 +56,12 @@ func (s *indexSink) Apply(events []membership.Event) {
 	if len(events) == 0 {
 		return
 	}
+	if s.a.owned != nil {
+		// Only whole-mode nodes gossip events, and an owned slice takes
+		// events from its origins' streams alone (cluster_index_mode.go).
+		s.a.stats.indexEventsRefused.Add(uint64(len(events)))
+		return
+	}
 	origin := events[0].Origin
 	s.mu.Lock()
 	if _, ok := s.waiting[origin]; ok {

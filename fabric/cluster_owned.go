@@ -35,12 +35,47 @@ type ownedIndex struct {
 	stats ownedStats
 }
 
-// ownedStats counts the owned index's traffic, for tests.
+// ownedStats counts the owned index's traffic (the answer cache and the
+// publisher count the rest: see metrics).
 type ownedStats struct {
-	opsSent, opCalls, opBytes atomic.Uint64
-	lookupCalls, lookupBytes  atomic.Uint64
-	cacheHits, cacheMisses    atomic.Uint64
-	sendErrors                atomic.Uint64
+	opsSent, opCalls, opBytes atomic.Uint64 // in calls the owner applied
+	lookupCalls, lookupBytes  atomic.Uint64 // asked of owners
+	sendErrors                atomic.Uint64 // ops calls not delivered
+	opsReceived               atomic.Uint64 // applied as an owner
+	lookupsAnswered           atomic.Uint64 // as an owner
+}
+
+// OwnedIndexMetrics counts what the owned-slices index did since start.
+type OwnedIndexMetrics struct {
+	// OpsSent are the block events sent to owners in calls they applied,
+	// OpCalls those calls; OpsReceived the events this node applied as an
+	// owner.
+	OpsSent, OpCalls, OpsReceived uint64
+	// LookupsAsked are the lookup calls sent to owners, LookupsAnswered
+	// those this node answered as an owner.
+	LookupsAsked, LookupsAnswered uint64
+	// Cache counts the lookups of hashes in the cache of recent answers.
+	Cache index.AnswerCacheStats
+	// Handoffs are the member list changes that moved this node's hashes
+	// between owners, HandoffOps the events they queued (stores to new
+	// owners, forgets to old ones).
+	Handoffs, HandoffOps uint64
+	// StreamErrors are the ops calls that failed (retried later);
+	// StreamReplaces the streams started afresh (an owner asked for its
+	// slice again, or a new member got its slice).
+	StreamErrors, StreamReplaces uint64
+}
+
+// metrics returns the owned index's counts.
+func (o *ownedIndex) metrics() OwnedIndexMetrics {
+	ps := o.pub.Stats()
+	return OwnedIndexMetrics{
+		OpsSent: o.stats.opsSent.Load(), OpCalls: o.stats.opCalls.Load(), OpsReceived: o.stats.opsReceived.Load(),
+		LookupsAsked: o.stats.lookupCalls.Load(), LookupsAnswered: o.stats.lookupsAnswered.Load(),
+		Cache:    o.cache.Stats(),
+		Handoffs: uint64(ps.Handoffs), HandoffOps: uint64(ps.Moved),
+		StreamErrors: o.stats.sendErrors.Load(), StreamReplaces: uint64(ps.Replaces),
+	}
 }
 
 // ownedWatchInterval is how often the member list is compared with the
@@ -85,12 +120,13 @@ func (o *ownedIndex) publish(b pool.EventBatch) {
 		for i, blk := range s.Blocks {
 			hashes[i] = blk.Hash
 		}
+		var disk []uint64
 		if o.a.tiers != nil {
 			for _, e := range o.a.tiers.holdings() { // disk-held blocks stay announced
-				hashes = append(hashes, e.Hash)
+				disk = append(disk, e.Hash)
 			}
 		}
-		o.pub.Reset(hashes)
+		o.pub.ResetTiers(hashes, disk)
 		o.through = s.Seq
 		o.a.log.Warn("pool events lost; every owner gets this node's holdings afresh", "lost", b.Dropped, "held", o.pub.Held())
 		o.poke()
@@ -113,15 +149,17 @@ func (o *ownedIndex) publish(b pool.EventBatch) {
 }
 
 // publishHeld takes a change to what this node holds outside its pool's
-// events (the disk tiers' blocks), as publish takes the pool's.
+// events (the disk tiers' blocks), as publish takes the pool's: the owners
+// keep them as copies on disk, so that importers prefer a holder with the
+// block in memory.
 func (o *ownedIndex) publishHeld(store bool, hashes []uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	queued := false
 	if store {
-		queued = o.pub.Store(hashes...)
+		queued = o.pub.StoreDisk(hashes...)
 	} else {
-		queued = o.pub.Remove(hashes...)
+		queued = o.pub.RemoveDisk(hashes...)
 	}
 	if queued {
 		o.poke()
@@ -141,9 +179,11 @@ func (o *ownedIndex) watchLoop() {
 		case <-t.C:
 		}
 		ms := o.a.members.Members()
-		names := make([]string, len(ms))
-		for i, m := range ms {
-			names[i] = m.Name
+		names := make([]string, 0, len(ms))
+		for _, m := range ms {
+			if !o.a.indexMismatch(m) { // not an index peer: cluster_index_mode.go
+				names = append(names, m.Name)
+			}
 		}
 		if o.pub.SetMembers(names) {
 			o.cache.Clear()

@@ -9,13 +9,30 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/index"
 )
 
-// findMatches is the index's answer to a prefix query, whichever the
-// index mode: the whole index here, or the owners' slices asked.
-func (a *Agent) findMatches(hashes []uint64) []index.Match {
+// diskOnly counts the hashes of which holder id has copies on a disk tier
+// only, of those a query matched.
+type diskOnly func(id index.NodeID, hashes []uint64) int
+
+// findHolders is the index's answer to a prefix query, whichever the
+// index mode (the whole index here, or the owners' slices asked), and
+// what the index knows of the holders' tiers: in whole mode the copies
+// announced under a disk tier's set number (tier_holders.go), in owned
+// mode the owners' answers.
+func (a *Agent) findHolders(hashes []uint64) ([]index.Match, diskOnly) {
 	if a.owned == nil {
-		return a.index.FindMatches(hashes)
+		return a.index.FindMatches(hashes), func(id index.NodeID, hs []uint64) int { return a.tierHeld.onDisk(a.index, id, hs) }
 	}
-	return a.owned.findMatches(hashes)
+	ms, disk := a.owned.findMatches(hashes)
+	return ms, func(id index.NodeID, hs []uint64) int {
+		d := disk[a.index.Name(id)]
+		n := 0
+		for i := range min(len(hs), len(d)) {
+			if d[i] {
+				n++
+			}
+		}
+		return n
+	}
 }
 
 // lookupChunk is how many hashes of a query are asked of the owners
@@ -28,15 +45,18 @@ const lookupChunk = 256
 // of all its owners, and their answers are merged, so that an owner that
 // has not received its slice yet (it just joined) does not hide holders;
 // an owner that does not answer is left out. Answers are cached for the
-// configured TTL.
-func (o *ownedIndex) findMatches(hashes []uint64) []index.Match {
+// configured TTL. It returns too, per holder matched, which of its
+// leading hashes it holds on a disk tier only (an owner that names a
+// holder in memory wins over one that does not know yet).
+func (o *ownedIndex) findMatches(hashes []uint64) ([]index.Match, map[string][]bool) {
 	place := o.pub.Placement()
 	if len(hashes) == 0 || place == nil {
-		return nil
+		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(o.a.ctx, o.a.cfg.PeerTimeout)
 	defer cancel()
 	var active map[string]int // holder -> leading hashes held
+	disk := map[string][]bool{}
 	for base := 0; base < len(hashes); base += lookupChunk {
 		chunk := hashes[base:min(base+lookupChunk, len(hashes))]
 		got := o.ask(ctx, place, chunk)
@@ -44,37 +64,39 @@ func (o *ownedIndex) findMatches(hashes []uint64) []index.Match {
 			if base+i == 0 {
 				active = make(map[string]int, len(hs))
 				for _, h := range hs {
-					active[h] = 0
+					active[h.Name] = 0
 				}
 			}
 			live := 0
 			for h, n := range active {
-				if n == base+i && slices.Contains(hs, h) {
+				if n != base+i {
+					continue
+				}
+				if j := slices.IndexFunc(hs, func(x index.Holder) bool { return x.Name == h }); j >= 0 {
 					active[h] = n + 1
+					disk[h] = append(disk[h], hs[j].DiskOnly)
 					live++
 				}
 			}
 			if live == 0 {
-				return o.matches(active)
+				return o.matches(active), disk
 			}
 		}
 	}
-	return o.matches(active)
+	return o.matches(active), disk
 }
 
 // ask returns the holders of each of hashes, from the cache or the owners.
-func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []uint64) [][]string {
-	out := make([][]string, len(hashes))
+func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []uint64) [][]index.Holder {
+	out := make([][]index.Holder, len(hashes))
 	now := time.Now()
 	need := map[string][]int{} // owner -> indexes into hashes
 	var owners [index.MaxReplicas]string
 	for i, h := range hashes {
 		if hs, ok := o.cache.Get(h, now); ok {
 			out[i] = hs
-			o.stats.cacheHits.Add(1)
 			continue
 		}
-		o.stats.cacheMisses.Add(1)
 		for _, w := range place.AppendOwners(owners[:0], h) {
 			need[w] = append(need[w], i)
 		}
@@ -91,9 +113,9 @@ func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []u
 			for j, i := range idx {
 				qs[j] = hashes[i]
 			}
-			var got [][]string
+			var got [][]index.Holder
 			if w == o.a.cfg.NodeName {
-				got = o.slice.Load().Holders(qs)
+				got = o.slice.Load().HolderTiers(qs)
 			} else {
 				payload := appendLookupCall(nil, qs)
 				o.stats.lookupCalls.Add(1)
@@ -101,7 +123,7 @@ func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []u
 				ans, err := o.call(w, payload)
 				if err == nil {
 					o.stats.lookupBytes.Add(uint64(len(ans)))
-					got, err = decodeLookupAnswer(ans, len(qs))
+					got, err = decodeLookupAnswer(ans, len(qs), true)
 				}
 				if err != nil {
 					o.a.log.Debug("index lookup: an owner did not answer", "peer", w, "err", err)
@@ -113,8 +135,11 @@ func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []u
 			for j, i := range idx {
 				answered[i] = true
 				for _, h := range got[j] {
-					if !slices.Contains(out[i], h) {
+					switch k := slices.IndexFunc(out[i], func(x index.Holder) bool { return x.Name == h.Name }); {
+					case k < 0:
 						out[i] = append(out[i], h)
+					case !h.DiskOnly:
+						out[i][k].DiskOnly = false // an owner that knows of a copy in memory
 					}
 				}
 			}
@@ -124,7 +149,7 @@ func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []u
 	for i, h := range hashes {
 		if answered[i] {
 			if out[i] == nil {
-				out[i] = []string{}
+				out[i] = []index.Holder{}
 			}
 			o.cache.Put(h, out[i], now)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/kvfabric/kvfabric/fabric/index"
 	"github.com/kvfabric/kvfabric/transfer"
@@ -26,27 +27,35 @@ func (o *ownedIndex) serve(ctx context.Context, peer string, payload []byte) ([]
 	if slice == nil {
 		return nil, fmt.Errorf("%w: the index is starting", transfer.ErrUnavailable)
 	}
+	if err := o.a.indexPeerErr(peer); err != nil {
+		return nil, fmt.Errorf("%w: %w", transfer.ErrUnavailable, err)
+	}
 	switch payload[0] {
 	case ownedCallOps:
 		c, err := decodeOpsCall(payload)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", transfer.ErrInvalidRequest, err)
 		}
-		return applyOps(slice, peer, c)
-	case ownedCallLookup:
+		return applyOps(slice, peer, c, &o.stats.opsReceived)
+	case ownedCallLookup, ownedCallLookupTiers:
 		hashes, err := decodeLookupCall(payload)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", transfer.ErrInvalidRequest, err)
 		}
-		return appendLookupAnswer(nil, slice.Holders(hashes)), nil
+		if peer != o.a.cfg.NodeName {
+			o.stats.lookupsAnswered.Add(1)
+		}
+		return appendLookupAnswer(nil, slice.HolderTiers(hashes), payload[0] == ownedCallLookupTiers), nil
 	}
 	return nil, fmt.Errorf("%w: index call of unknown kind %d", transfer.ErrInvalidRequest, payload[0])
 }
 
 // applyOps applies an origin's ops to this node's slice, and answers
 // ansReplace where the slice cannot continue the origin's stream.
-func applyOps(slice *index.Slice, origin string, c index.OpsCall) ([]byte, error) {
-	_, err := slice.Apply(origin, c)
+// applied counts the ops applied.
+func applyOps(slice *index.Slice, origin string, c index.OpsCall, applied *atomic.Uint64) ([]byte, error) {
+	n, err := slice.Apply(origin, c)
+	applied.Add(uint64(n))
 	switch {
 	case errors.Is(err, index.ErrReplaceNeeded):
 		return []byte{ansReplace}, nil

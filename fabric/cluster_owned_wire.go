@@ -17,15 +17,23 @@ import (
 //	lookup call (who holds each hash):
 //	  u8 2 | uvarint n | n × u64 hash
 //	  answer: uvarint m | m × (uvarint len | name) | n × (uvarint k | k × uvarint name index)
+//	lookup call with tiers (who holds each hash, and whether on disk only):
+//	  u8 3 | uvarint n | n × u64 hash
+//	  answer: as a lookup's, each holder's name index shifted left by one,
+//	  bit 0 set where the holder has the hash on a disk tier only
 //
+// Op kinds are index.OpStore to index.MaxOpKind (index.OpStoreDisk and
+// OpRemoveDisk: a copy on a disk tier). Nodes send the lookup with tiers,
+// and answer both lookups.
 // Integers are little-endian. Ops are numbered per origin run and owner
 // from first on, so that an owner applies each exactly once and in order
 // and notices a gap; flags bit 0 says the first op starts the stream
 // afresh: the owner forgets what it held of the origin before applying.
 
 const (
-	ownedCallOps    = 1
-	ownedCallLookup = 2
+	ownedCallOps         = 1
+	ownedCallLookup      = 2
+	ownedCallLookupTiers = 3
 
 	flagReplace = 1
 
@@ -84,7 +92,7 @@ func decodeOpsCall(b []byte) (index.OpsCall, error) {
 	c.Ops = make([]index.Op, n)
 	for i := range c.Ops {
 		o := index.Op{Kind: rest[9*i], Hash: binary.LittleEndian.Uint64(rest[9*i+1:])}
-		if o.Kind < index.OpStore || o.Kind > index.OpForget {
+		if o.Kind < index.OpStore || o.Kind > index.MaxOpKind {
 			return c, fmt.Errorf("%w: op %d of unknown kind %d", errOwnedWire, i, o.Kind)
 		}
 		c.Ops[i] = o
@@ -92,8 +100,9 @@ func decodeOpsCall(b []byte) (index.OpsCall, error) {
 	return c, nil
 }
 
+// appendLookupCall encodes a lookup with tiers of hashes.
 func appendLookupCall(b []byte, hashes []uint64) []byte {
-	b = append(b, ownedCallLookup)
+	b = append(b, ownedCallLookupTiers)
 	b = binary.AppendUvarint(b, uint64(len(hashes)))
 	for _, h := range hashes {
 		b = binary.LittleEndian.AppendUint64(b, h)
@@ -101,8 +110,9 @@ func appendLookupCall(b []byte, hashes []uint64) []byte {
 	return b
 }
 
+// decodeLookupCall decodes a lookup, with tiers or not (b[0] says which).
 func decodeLookupCall(b []byte) ([]uint64, error) {
-	if len(b) < 2 || b[0] != ownedCallLookup {
+	if len(b) < 2 || (b[0] != ownedCallLookup && b[0] != ownedCallLookupTiers) {
 		return nil, fmt.Errorf("%w: lookup call of %d bytes", errOwnedWire, len(b))
 	}
 	n, k := binary.Uvarint(b[1:])
@@ -120,15 +130,16 @@ func decodeLookupCall(b []byte) ([]uint64, error) {
 	return out, nil
 }
 
-// appendLookupAnswer encodes holders[i], the holder names of hash i.
-func appendLookupAnswer(b []byte, holders [][]string) []byte {
+// appendLookupAnswer encodes holders[i], the holders of hash i, with their
+// tiers or not.
+func appendLookupAnswer(b []byte, holders [][]index.Holder, tiers bool) []byte {
 	idx := map[string]int{}
 	var names []string
 	for _, hs := range holders {
 		for _, h := range hs {
-			if _, ok := idx[h]; !ok {
-				idx[h] = len(names)
-				names = append(names, h)
+			if _, ok := idx[h.Name]; !ok {
+				idx[h.Name] = len(names)
+				names = append(names, h.Name)
 			}
 		}
 	}
@@ -140,15 +151,23 @@ func appendLookupAnswer(b []byte, holders [][]string) []byte {
 	for _, hs := range holders {
 		b = binary.AppendUvarint(b, uint64(len(hs)))
 		for _, h := range hs {
-			b = binary.AppendUvarint(b, uint64(idx[h]))
+			x := uint64(idx[h.Name])
+			if tiers {
+				x <<= 1
+				if h.DiskOnly {
+					x |= 1
+				}
+			}
+			b = binary.AppendUvarint(b, x)
 		}
 	}
 	return b
 }
 
-// decodeLookupAnswer decodes the holders of n hashes.
-func decodeLookupAnswer(b []byte, n int) ([][]string, error) {
-	bad := func(what string) ([][]string, error) {
+// decodeLookupAnswer decodes the holders of n hashes, with their tiers or
+// not.
+func decodeLookupAnswer(b []byte, n int, tiers bool) ([][]index.Holder, error) {
+	bad := func(what string) ([][]index.Holder, error) {
 		return nil, fmt.Errorf("%w: lookup answer: %s", errOwnedWire, what)
 	}
 	m, k := binary.Uvarint(b)
@@ -158,28 +177,41 @@ func decodeLookupAnswer(b []byte, n int) ([][]string, error) {
 	}
 	b = b[k:]
 	names := make([]string, m)
+	seen := make(map[string]bool, m)
 	for i := range names {
 		l, k := binary.Uvarint(b)
 		if k <= 0 || l == 0 || l > maxOwnedNameLen || uint64(len(b)-k) < l {
 			return bad(fmt.Sprintf("name %d", i))
 		}
 		names[i] = string(b[k : k+int(l)])
+		if seen[names[i]] {
+			return bad(fmt.Sprintf("name %d repeats another", i))
+		}
+		seen[names[i]] = true
 		b = b[k+int(l):]
 	}
-	out := make([][]string, n)
+	// named[x] is 1 + the hash whose holders last named x: a holder named
+	// twice for one hash is malformed.
+	named := make([]int, m)
+	out := make([][]index.Holder, n)
 	for i := range out {
 		c, k := binary.Uvarint(b)
 		if k <= 0 || c > m || c > uint64(len(b)) {
 			return bad(fmt.Sprintf("holders of hash %d", i))
 		}
 		b = b[k:]
-		hs := make([]string, c)
+		hs := make([]index.Holder, c)
 		for j := range hs {
 			x, k := binary.Uvarint(b)
-			if k <= 0 || x >= m {
+			disk := false
+			if tiers {
+				x, disk = x>>1, x&1 == 1
+			}
+			if k <= 0 || x >= m || named[x] == i+1 {
 				return bad(fmt.Sprintf("holder %d of hash %d", j, i))
 			}
-			hs[j] = names[x]
+			named[x] = i + 1
+			hs[j] = index.Holder{Name: names[x], DiskOnly: disk}
 			b = b[k:]
 		}
 		out[i] = hs

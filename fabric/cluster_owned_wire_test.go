@@ -3,6 +3,7 @@ package fabric
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -20,10 +21,28 @@ func TestOwnedWireRoundTrip(t *testing.T) {
 	if err != nil || !slices.Equal(hs, hashes) {
 		t.Fatalf("lookup call: %v, %v", hs, err)
 	}
-	holders := [][]string{{"a", "b"}, {}, {"b"}}
-	ans, err := decodeLookupAnswer(appendLookupAnswer(nil, holders), 3)
-	if err != nil || len(ans) != 3 || !slices.Equal(ans[0], holders[0]) || len(ans[1]) != 0 || !slices.Equal(ans[2], holders[2]) {
-		t.Fatalf("lookup answer: %v, %v", ans, err)
+	if c := appendLookupCall(nil, hashes); c[0] != ownedCallLookupTiers {
+		t.Fatalf("a lookup asks kind %d, want %d (with tiers)", c[0], ownedCallLookupTiers)
+	}
+	old := appendLookupCall(nil, hashes)
+	old[0] = ownedCallLookup
+	if hs, err := decodeLookupCall(old); err != nil || !slices.Equal(hs, hashes) {
+		t.Fatalf("lookup call without tiers: %v, %v", hs, err)
+	}
+	holders := [][]index.Holder{{{Name: "a"}, {Name: "b", DiskOnly: true}}, {}, {{Name: "b"}}}
+	for _, tiers := range []bool{true, false} {
+		ans, err := decodeLookupAnswer(appendLookupAnswer(nil, holders, tiers), 3, tiers)
+		want := holders
+		if !tiers { // the tier does not travel
+			want = [][]index.Holder{{{Name: "a"}, {Name: "b"}}, {}, {{Name: "b"}}}
+		}
+		if err != nil || len(ans) != 3 || !slices.Equal(ans[0], want[0]) || len(ans[1]) != 0 || !slices.Equal(ans[2], want[2]) {
+			t.Fatalf("lookup answer (tiers %v): %v, %v", tiers, ans, err)
+		}
+	}
+	c = index.OpsCall{Inc: 1, First: 1, Ops: []index.Op{{Kind: index.OpStoreDisk, Hash: 4}, {Kind: index.OpRemoveDisk, Hash: 4}}}
+	if got, err := decodeOpsCall(appendOpsCall(nil, c)); err != nil || !slices.Equal(got.Ops, c.Ops) {
+		t.Fatalf("disk ops: %+v, %v", got, err)
 	}
 }
 
@@ -47,17 +66,23 @@ func TestOwnedWireLimits(t *testing.T) {
 		t.Fatalf("%d hashes: %v, want refused", maxLookupHashes+1, err)
 	}
 	long := string(bytes.Repeat([]byte{'n'}, maxOwnedNameLen))
-	if _, err := decodeLookupAnswer(appendLookupAnswer(nil, [][]string{{long}}), 1); err != nil {
+	if _, err := decodeLookupAnswer(appendLookupAnswer(nil, [][]index.Holder{{{Name: long}}}, true), 1, true); err != nil {
 		t.Fatalf("a name of %d bytes: %v", maxOwnedNameLen, err)
 	}
-	if _, err := decodeLookupAnswer(appendLookupAnswer(nil, [][]string{{long + "n"}}), 1); !errors.Is(err, errOwnedWire) {
+	if _, err := decodeLookupAnswer(appendLookupAnswer(nil, [][]index.Holder{{{Name: long + "n"}}}, true), 1, true); !errors.Is(err, errOwnedWire) {
 		t.Fatalf("a name of %d bytes: %v, want refused", maxOwnedNameLen+1, err)
+	}
+	// A name twice in the table, or a holder twice for one hash.
+	for _, bad := range [][]byte{{2, 1, 'a', 1, 'a', 1, 0}, {1, 1, 'a', 2, 0, 0}} {
+		if _, err := decodeLookupAnswer(bad, 1, false); !errors.Is(err, errOwnedWire) {
+			t.Errorf("answer % x: %v, want refused", bad, err)
+		}
 	}
 	for _, bad := range []struct {
 		desc string
 		b    []byte
 	}{
-		{"unknown op kind", appendOpsCall(nil, index.OpsCall{First: 1, Ops: []index.Op{{Kind: 9, Hash: 1}}})},
+		{"unknown op kind", appendOpsCall(nil, index.OpsCall{First: 1, Ops: []index.Op{{Kind: index.MaxOpKind + 1, Hash: 1}}})},
 		{"ops numbered from zero", appendOpsCall(nil, index.OpsCall{First: 0, Ops: ops[:1]})},
 		{"truncated", appendOpsCall(nil, index.OpsCall{First: 1, Ops: ops[:2]})[:30]},
 		{"unknown flags", func() []byte { b := appendOpsCall(nil, index.OpsCall{First: 1}); b[17] = 6; return b }()},
@@ -71,7 +96,7 @@ func TestOwnedWireLimits(t *testing.T) {
 func FuzzOwnedWire(f *testing.F) {
 	f.Add(appendOpsCall(nil, index.OpsCall{Inc: 1, First: 1, Ops: []index.Op{{Kind: index.OpStore, Hash: 5}}}))
 	f.Add(appendLookupCall(nil, []uint64{1, 2}))
-	f.Add(appendLookupAnswer(nil, [][]string{{"a"}, {"a", "b"}}))
+	f.Add(appendLookupAnswer(nil, [][]index.Holder{{{Name: "a"}}, {{Name: "a"}, {Name: "b", DiskOnly: true}}}, true))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// What decodes encodes to what decodes the same (varints may
 		// come overlong, so not to the same bytes).
@@ -88,8 +113,18 @@ func FuzzOwnedWire(f *testing.F) {
 			}
 		}
 		for n := range 3 {
-			if ans, err := decodeLookupAnswer(b, n); err == nil && len(ans) != n {
-				t.Fatalf("answer of %d hashes decoded to %d", n, len(ans))
+			for _, tiers := range []bool{true, false} {
+				ans, err := decodeLookupAnswer(b, n, tiers)
+				if err != nil {
+					continue
+				}
+				if len(ans) != n {
+					t.Fatalf("answer of %d hashes decoded to %d", n, len(ans))
+				}
+				again, err := decodeLookupAnswer(appendLookupAnswer(nil, ans, tiers), n, tiers)
+				if err != nil || fmt.Sprint(again) != fmt.Sprint(ans) {
+					t.Fatalf("answer %x: %v re-decodes to %v, %v", b, ans, again, err)
+				}
 			}
 		}
 	})

@@ -432,7 +432,7 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	if err != nil {
 		return nil, err
 	}
-	matches := a.findMatches(hashes)
+	matches, onDisk := a.findHolders(hashes)
 	loads := map[index.NodeID]float64{}
 	// Members the index has no id for hold nothing: candidates with no
 	// overlap, ranked here rather than named in the index.
@@ -461,7 +461,7 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 				continue
 			}
 			o.FetchBytes = uint64(o.Blocks) * perBlock
-			d, basis, transport := a.fetchEstimate(o.Node, hashes[:o.Blocks], perBlock)
+			d, basis, transport := a.fetchEstimate(o.Node, hashes[:o.Blocks], perBlock, onDisk)
 			o.FetchEstimateUs, o.Estimate, o.Transport = uint64(d.Microseconds()), basis, transport
 		}
 	}
@@ -561,6 +561,10 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 		if l, ok := a.health.link(m.Name); ok {
 			mb.PeerReachable, mb.PeerAuthenticated, mb.PeerError = l.Reachable, l.Authenticated, l.LastError
 		}
+		mb.IndexMode, mb.IndexReplicas, mb.IndexMismatch = indexModeName(m.Meta.Index), uint32(m.Meta.Index.Replicas), a.indexMismatch(m)
+		if mb.IndexMismatch {
+			out.IndexMismatchedMembers++
+		}
 		out.Members = append(out.Members, mb)
 	}
 	sort.Slice(out.Members, func(i, j int) bool { return out.Members[i].Node < out.Members[j].Node })
@@ -612,5 +616,24 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 	}
 	out.Sessions = a.sessionsStatus()
 	out.Tiers = a.tierStatus()
+	own := a.indexModeMeta()
+	out.IndexMode, out.IndexReplicas = indexModeName(own), uint32(own.Replicas)
+	if a.owned != nil {
+		o := a.owned.metrics()
+		out.OwnedIndex = &fabricpb.OwnedIndex{OpsSent: o.OpsSent, OpCallsSent: o.OpCalls, OpsReceived: o.OpsReceived,
+			LookupsAsked: o.LookupsAsked, LookupsAnswered: o.LookupsAnswered,
+			CacheHits: o.Cache.Hits, CacheMisses: o.Cache.Misses, CacheExpiries: o.Cache.Expired,
+			Handoffs: o.Handoffs, HandoffOps: o.HandoffOps, StreamErrors: o.StreamErrors, StreamReplaces: o.StreamReplaces}
+	}
+	mt := a.members.Metrics()
+	out.GossipBytesIn, out.GossipBytesOut = mt.GossipBytesIn, mt.GossipBytesOut
 	return out, nil
+}
+
+// indexModeName is an index mode as status names it: whole or owned.
+func indexModeName(x membership.IndexMode) string {
+	if x.Owned {
+		return IndexOwned
+	}
+	return IndexWhole
 }

@@ -224,7 +224,7 @@ type candidate struct {
 // cost does not separate them yet). Members that hold less than one whole
 // engine block are left out.
 func (a *Agent) candidates(hashes []uint64, k int) []candidate {
-	matches := a.findMatches(hashes)
+	matches, onDisk := a.findHolders(hashes)
 	var out []candidate
 	for _, m := range matches {
 		if m.Blocks < k {
@@ -242,7 +242,7 @@ func (a *Agent) candidates(hashes []uint64, k int) []candidate {
 		// are equally good, and take turns.
 		load := math.Floor(10 * (mem.Meta.Load.KVUsage + float64(mem.Meta.Load.Imports)))
 		c := candidate{member: mem, blocks: m.Blocks / k, load: load}
-		c.disk = a.tierHeld.onDisk(a.index, m.Node, hashes[:c.blocks*k])
+		c.disk = onDisk(m.Node, hashes[:c.blocks*k])
 		out = append(out, c)
 	}
 	// Holders that just failed an import go last, until failure detection

@@ -15,8 +15,9 @@ import (
 // in memory or on disk only. Imports prefer holders with the blocks in
 // memory (candidates), and Lookup's fetch estimate adds a restore per
 // disk-held block. Only the whole index (gossip) carries block set
-// numbers; in owned mode the owners' answers name holders alone, and
-// every holder counts as holding its blocks in memory.
+// numbers; in owned mode the owners keep the same count from their
+// streams' disk ops (index.OpStoreDisk) and answer lookups with it
+// (Agent.findHolders).
 //
 // Safe for concurrent use; the zero value is ready.
 type tierHolds struct {
@@ -125,15 +126,16 @@ func (a *Agent) tierRestoreCost(blocks int, bytes uint64) time.Duration {
 
 // fetchEstimate is Lookup's estimate of bringing hashes (the leading ones
 // peer holds) here, perBlock bytes each: the link's cost (links.estimate),
-// plus a restore for each block peer holds on disk only. With nothing
-// measured of any link it stays zero and estimateNone.
-func (a *Agent) fetchEstimate(peer string, hashes []uint64, perBlock uint64) (time.Duration, string, string) {
+// plus a restore for each block peer holds on disk only (as onDisk
+// counts). With nothing measured of any link it stays zero and
+// estimateNone.
+func (a *Agent) fetchEstimate(peer string, hashes []uint64, perBlock uint64, onDisk diskOnly) (time.Duration, string, string) {
 	d, basis, transport := a.links.estimate(peer, uint64(len(hashes))*perBlock)
 	if basis == estimateNone {
 		return d, basis, transport
 	}
 	if id, ok := a.index.Lookup(peer); ok {
-		if disk := a.tierHeld.onDisk(a.index, id, hashes); disk > 0 {
+		if disk := onDisk(id, hashes); disk > 0 {
 			d += a.tierRestoreCost(disk, perBlock)
 		}
 	}

@@ -78,6 +78,9 @@ type Membership struct {
 	// dropBatch, if set (by tests), drops own batches before they are
 	// queued, to exercise repair.
 	dropBatch atomic.Pointer[func(firstSeq uint64) bool]
+	// counting is the transport memberlist runs on, when membership made
+	// it (Config.Transport nil): it counts gossip's bytes.
+	counting *countingTransport
 }
 
 type counters struct {
@@ -172,6 +175,17 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	mc.AdvertisePort = cfg.AdvertisePort
 	mc.Label = cfg.ClusterName
 	mc.Transport = cfg.Transport
+	if cfg.Transport == nil {
+		// memberlist's own transport, counting the bytes gossip costs.
+		ct, port, err := newCountingTransport(cfg.BindAddr, cfg.BindPort, log.New(newLogWriter(m.log, cfg.LogRepeatWindow), "", 0))
+		if err != nil {
+			return nil, fmt.Errorf("membership: node %s: start memberlist on %s:%d: %w", cfg.Name, cfg.BindAddr, cfg.BindPort, err)
+		}
+		if cfg.BindPort == 0 {
+			mc.BindPort, mc.AdvertisePort = port, port
+		}
+		mc.Transport, m.counting = ct, ct
+	}
 	mc.GossipInterval = cfg.GossipInterval
 	mc.GossipNodes = cfg.GossipNodes
 	mc.ProbeInterval = cfg.ProbeInterval
@@ -201,6 +215,9 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	m.queue = &memberlist.TransmitLimitedQueue{NumNodes: m.numMembers, RetransmitMult: cfg.EventRetransmitMult}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		if m.counting != nil {
+			m.counting.Shutdown()
+		}
 		return nil, fmt.Errorf("membership: node %s: start memberlist on %s:%d: %w", cfg.Name, cfg.BindAddr, cfg.BindPort, err)
 	}
 	local := ml.LocalNode()
@@ -547,6 +564,12 @@ type Metrics struct {
 	// Resyncs counts origins repaired from scratch because the Sink lost
 	// events it had been handed (Resync).
 	Resyncs uint64
+
+	// GossipBytesIn and GossipBytesOut are the bytes memberlist received
+	// and sent (packets' payloads, streams' bytes: probes, gossip,
+	// push/pull, event batches), apart from the peer transport's; zero
+	// where Config.Transport was given (the transport counts).
+	GossipBytesIn, GossipBytesOut uint64
 }
 
 // Metrics returns a snapshot of the counters.
@@ -576,6 +599,9 @@ func (m *Membership) Metrics() Metrics {
 		mt.JoinFailuresBy[r] = c.joinFailuresBy[r].Load()
 	}
 	mt.Joined, _ = m.Joined()
+	if m.counting != nil {
+		mt.GossipBytesIn, mt.GossipBytesOut = m.counting.bytes()
+	}
 	m.mu.Lock()
 	for _, st := range m.origins {
 		if !st.gapSince.IsZero() {

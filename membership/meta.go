@@ -58,6 +58,25 @@ type Meta struct {
 	Incarnation uint64
 	// GPUs summarises the node's device pools; zero for a node without.
 	GPUs GPUs
+	// Index is how the node keeps the cluster's block index; the zero
+	// value is the whole index (every node before the field kept it).
+	Index IndexMode
+}
+
+// IndexMode is a node's index mode, which every member of a cluster must
+// share: Owned says the node keeps owned slices, Replicas (1..255) owners
+// a hash; not Owned, the whole index (Replicas 0).
+type IndexMode struct {
+	Owned    bool
+	Replicas uint8
+}
+
+// String names the mode as the agent's settings do.
+func (x IndexMode) String() string {
+	if !x.Owned {
+		return "whole"
+	}
+	return fmt.Sprintf("owned/%d", x.Replicas)
 }
 
 // MaxGPUModelLen bounds GPUs.Model.
@@ -89,10 +108,15 @@ type GPUs struct {
 //	+--------------------------+-----------------+-----------------+---------------------+
 //	| gpus u8 > 0 | pool bytes uvarint | nics u8 | model len + str |
 //	+-------------+--------------------+---------+-----------------+
+//	| index mode u8 = 1 (owned) | replicas u8 |
+//	+---------------------------+-------------+
 //
 // The GPU section is written only for a node with GPUs, so that nodes
 // that predate it decode every other node's metadata; its absence decodes
-// as no GPUs.
+// as no GPUs. The index section is written only for a node in owned mode,
+// after the GPU section, which is then written for a node without GPUs
+// too as its count alone (gpus 0); its absence decodes as the whole index,
+// so that a node in whole mode encodes as before the section existed.
 //
 // The node name is memberlist's own and is not repeated.
 
@@ -112,11 +136,16 @@ func (m *Meta) MarshalBinary() ([]byte, error) {
 	b = binary.AppendUvarint(b, uint64(m.Load.Waiting))
 	b = binary.AppendUvarint(b, uint64(m.Load.Imports))
 	b = binary.AppendUvarint(b, m.Incarnation)
-	if m.GPUs.Count > 0 {
+	if m.GPUs.Count > 0 || m.Index.Owned {
 		b = append(b, m.GPUs.Count)
+	}
+	if m.GPUs.Count > 0 {
 		b = binary.AppendUvarint(b, m.GPUs.PoolBytes)
 		b = append(b, m.GPUs.NICs)
 		b = appendStr(b, m.GPUs.Model)
+	}
+	if m.Index.Owned {
+		b = append(b, indexOwned, m.Index.Replicas)
 	}
 	if len(b) > MetaMaxSize {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrMetaTooLarge, len(b), MetaMaxSize)
@@ -151,8 +180,14 @@ func (m *Meta) validate() error {
 	if g.NICs > g.Count {
 		return fmt.Errorf("%w: GPUs: %d NICs for %d GPUs", ErrInvalidMeta, g.NICs, g.Count)
 	}
+	if m.Index.Owned != (m.Index.Replicas > 0) {
+		return fmt.Errorf("%w: Index %+v: owned slices take 1..255 replicas, the whole index none", ErrInvalidMeta, m.Index)
+	}
 	return nil
 }
+
+// indexOwned is the index section's mode byte for owned slices.
+const indexOwned = 1
 
 // ErrInvalidMeta is matched by errors about a field of Meta.
 var ErrInvalidMeta = errors.New("membership: invalid node metadata")
@@ -175,12 +210,20 @@ func (m *Meta) UnmarshalBinary(b []byte) error {
 	out.Incarnation = r.uvarint("metadata incarnation")
 	if r.err == nil && len(r.b) > 0 {
 		out.GPUs.Count = r.byte("metadata gpus")
-		if out.GPUs.Count == 0 {
+		switch {
+		case out.GPUs.Count > 0:
+			out.GPUs.PoolBytes = r.uvarint("metadata gpu pool bytes")
+			out.GPUs.NICs = r.byte("metadata gpu nics")
+			out.GPUs.Model = r.str("metadata gpu model")
+		case len(r.b) == 0:
 			r.fail("metadata: a GPU section of no GPUs")
 		}
-		out.GPUs.PoolBytes = r.uvarint("metadata gpu pool bytes")
-		out.GPUs.NICs = r.byte("metadata gpu nics")
-		out.GPUs.Model = r.str("metadata gpu model")
+	}
+	if r.err == nil && len(r.b) > 0 {
+		if mode := r.byte("metadata index mode"); mode != indexOwned && r.err == nil {
+			r.fail("metadata: index mode %d unknown", mode)
+		}
+		out.Index = IndexMode{Owned: true, Replicas: r.byte("metadata index replicas")}
 	}
 	r.end("metadata")
 	if r.err != nil {

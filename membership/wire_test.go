@@ -1,6 +1,7 @@
 package membership
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -301,6 +302,104 @@ func TestMetaAtItsLimit(t *testing.T) {
 		return Meta{PeerAddr: addr(MaxNameLen), APIAddr: addr(apiLen), Transports: TransportQUIC, LayoutDigest: 1, Incarnation: 1 << 62}
 	}
 	// Find the API address length that brings the encoding to the limit.
+	apiLen := 0
+	for n := 12; n <= MaxNameLen; n++ {
+		m := meta(n)
+		if b, err := m.MarshalBinary(); err == nil && len(b) == MetaMaxSize {
+			apiLen = n
+			break
+		}
+	}
+	if apiLen == 0 {
+		t.Fatal("no metadata of exactly MetaMaxSize bytes could be built")
+	}
+	m := meta(apiLen)
+	b, err := m.MarshalBinary()
+	if err != nil || len(b) != MetaMaxSize {
+		t.Fatalf("metadata at the limit: %d bytes, %v", len(b), err)
+	}
+	var back Meta
+	if err := back.UnmarshalBinary(b); err != nil || back != m {
+		t.Fatalf("metadata at the limit does not round-trip: %+v, %v", back, err)
+	}
+	over := meta(apiLen + 1)
+	if _, err := over.MarshalBinary(); !errors.Is(err, ErrMetaTooLarge) {
+		t.Fatalf("metadata one byte past the limit: err = %v, want ErrMetaTooLarge", err)
+	}
+	if err := back.UnmarshalBinary(append(b, 0)); err == nil {
+		t.Fatal("a peer's metadata one byte past the limit was accepted")
+	}
+}
+
+// The index mode travels after the GPU section, only for a node in owned
+// mode: a node in whole mode encodes as before (TestMetaGPUs), one in
+// owned mode without GPUs writes a GPU count of 0 before it. A mode byte
+// unknown, owned slices of no replicas, or a section cut short are
+// malformed.
+func TestMetaIndexMode(t *testing.T) {
+	plain := Meta{PeerAddr: "10.0.0.1:7000", Transports: TransportQUIC, Incarnation: 9}
+	pb, err := plain.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		desc string
+		m    Meta
+		tail []byte // after the whole-mode encoding without GPUs
+	}{
+		{"owned, no GPUs", Meta{Index: IndexMode{Owned: true, Replicas: 3}}, []byte{0, 1, 3}},
+		{"owned, 255 replicas", Meta{Index: IndexMode{Owned: true, Replicas: 255}}, []byte{0, 1, 255}},
+		{"owned, with GPUs", Meta{GPUs: GPUs{Count: 2, PoolBytes: 5, NICs: 1, Model: "G"}, Index: IndexMode{Owned: true, Replicas: 2}},
+			[]byte{2, 5, 1, 1, 'G', 1, 2}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			m := plain
+			m.GPUs, m.Index = tc.m.GPUs, tc.m.Index
+			b, err := m.MarshalBinary()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := append(append([]byte{}, pb...), tc.tail...); !bytes.Equal(b, want) {
+				t.Fatalf("encoded % x, want % x", b, want)
+			}
+			var back Meta
+			if err := back.UnmarshalBinary(b); err != nil || back != m {
+				t.Fatalf("round trip: %+v, %v", back, err)
+			}
+		})
+	}
+	for _, bad := range [][]byte{{0, 2, 3}, {0, 1, 0}, {0, 1}, {0, 1, 3, 0}} {
+		var back Meta
+		if err := back.UnmarshalBinary(append(append([]byte{}, pb...), bad...)); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("metadata ending % x: %v, want ErrMalformed", bad, err)
+		}
+	}
+	for _, x := range []IndexMode{{Owned: true}, {Replicas: 3}} {
+		m := plain
+		m.Index = x
+		if _, err := m.MarshalBinary(); !errors.Is(err, ErrInvalidMeta) {
+			t.Fatalf("index mode %+v: %v, want ErrInvalidMeta", x, err)
+		}
+	}
+	if s := (IndexMode{}).String(); s != "whole" {
+		t.Fatalf("whole mode named %q", s)
+	}
+	if s := (IndexMode{Owned: true, Replicas: 3}).String(); s != "owned/3" {
+		t.Fatalf("owned mode named %q", s)
+	}
+}
+
+// Metadata with every section (GPUs with a model at its limit, the index
+// mode) fits memberlist's limit at exactly MetaMaxSize bytes, and is
+// refused one byte past it.
+func TestMetaWithEverySectionAtItsLimit(t *testing.T) {
+	addr := func(n int) string { return "[fe80::1%" + strings.Repeat("z", n-12) + "]:1" } // n bytes
+	meta := func(apiLen int) Meta {
+		return Meta{PeerAddr: addr(MaxNameLen), APIAddr: addr(apiLen), Transports: TransportQUIC | TransportRDMA,
+			LayoutDigest: 1, Load: Load{KVUsage: 1, Waiting: math.MaxUint32, Imports: math.MaxUint32}, Incarnation: math.MaxUint64,
+			GPUs:  GPUs{Count: 255, PoolBytes: math.MaxUint64, NICs: 255, Model: strings.Repeat("m", MaxGPUModelLen)},
+			Index: IndexMode{Owned: true, Replicas: 255}}
+	}
 	apiLen := 0
 	for n := 12; n <= MaxNameLen; n++ {
 		m := meta(n)

@@ -171,6 +171,7 @@ func runStatus(e *env, args []string) error {
 	fmt.Fprintf(e.stdout, "node %s (%s), %s: %d members alive, %d index entries; %d imports (%d in flight), %s imported; %d leases held by peers\n\n",
 		s.Node, s.Version, joined, alive, s.IndexEntries, s.Imports, s.ImportsInFlight, bytesString(s.ImportBytes), s.Leases)
 	printLane(e.stdout, s)
+	printIndex(e.stdout, s)
 	printMembers(e.stdout, s.Members, time.Now())
 	fmt.Fprintln(e.stdout)
 	tw := table(e.stdout)

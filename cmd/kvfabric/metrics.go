@@ -198,6 +198,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 			e.counter("kvfabric_tier_queue_full_total", "Blocks the disk tiers' queue had no room for (recycled without a copy when their slot was needed).", float64(tm.QueueFull))
 		}
 	}
+	indexMetrics(e, m)
 	for _, cert := range m.Certificates {
 		e.gauge("kvfabric_certificate_expiry_timestamp_seconds", "When the node's TLS certificate and its CA expire (Unix time).",
 			float64(cert.NotAfter.Unix()), "certificate", cert.Name)
@@ -264,4 +265,31 @@ func boolFloat(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// indexMetrics exports the index mode's figures: the members in another
+// mode, and the owned-slices index's traffic (in owned mode only), and
+// gossip's own bytes.
+func indexMetrics(e exporter, m fabric.Metrics) {
+	e.gauge("kvfabric_index_mode", "1, labelled with this node's index mode: whole, or owned/ and its owners a hash.", 1, "mode", m.IndexMode)
+	e.gauge("kvfabric_index_mode_mismatched_members", "Current members whose index mode (--index-mode, --index-replicas) differs from this node's: not used as index peers. Above 0, the cluster is misconfigured.", float64(m.IndexMismatchedMembers))
+	e.counter("kvfabric_index_events_refused_total", "Gossip block events not applied to this node's index because their origin keeps the index in another mode.", float64(m.IndexEventsRefused))
+	e.counter("kvfabric_gossip_bytes_total", "Bytes memberlist carried (probes, gossip, push/pull, event batches), apart from the peer transport's, by direction.", float64(m.Membership.GossipBytesIn), "direction", "in")
+	e.counter("kvfabric_gossip_bytes_total", "Bytes memberlist carried (probes, gossip, push/pull, event batches), apart from the peer transport's, by direction.", float64(m.Membership.GossipBytesOut), "direction", "out")
+	if m.IndexMode == fabric.IndexWhole {
+		return
+	}
+	o := m.OwnedIndex
+	e.counter("kvfabric_owned_index_ops_total", "Block events of the owned-slices index: sent to the hashes' owners (in calls they applied), and applied as an owner.", float64(o.OpsSent), "direction", "sent")
+	e.counter("kvfabric_owned_index_ops_total", "Block events of the owned-slices index: sent to the hashes' owners (in calls they applied), and applied as an owner.", float64(o.OpsReceived), "direction", "received")
+	e.counter("kvfabric_owned_index_op_calls_total", "Calls that carried block events to owners and were applied.", float64(o.OpCalls))
+	e.counter("kvfabric_owned_index_lookups_total", "Lookup calls of the owned-slices index: asked of owners, and answered as an owner.", float64(o.LookupsAsked), "direction", "asked")
+	e.counter("kvfabric_owned_index_lookups_total", "Lookup calls of the owned-slices index: asked of owners, and answered as an owner.", float64(o.LookupsAnswered), "direction", "answered")
+	e.counter("kvfabric_owned_index_cache_total", "Hashes looked up in the cache of owners' recent answers, by result: hit, miss (none), expired (older than --index-cache-ttl).", float64(o.Cache.Hits), "result", "hit")
+	e.counter("kvfabric_owned_index_cache_total", "Hashes looked up in the cache of owners' recent answers, by result: hit, miss (none), expired (older than --index-cache-ttl).", float64(o.Cache.Misses), "result", "miss")
+	e.counter("kvfabric_owned_index_cache_total", "Hashes looked up in the cache of owners' recent answers, by result: hit, miss (none), expired (older than --index-cache-ttl).", float64(o.Cache.Expired), "result", "expired")
+	e.counter("kvfabric_owned_index_handoffs_total", "Member list changes that moved this node's hashes between owners.", float64(o.Handoffs))
+	e.counter("kvfabric_owned_index_handoff_ops_total", "Block events queued by hand-offs: stores re-sent to new owners, forgets to old ones.", float64(o.HandoffOps))
+	e.counter("kvfabric_owned_index_stream_errors_total", "Calls of block events to owners that failed (sent again after a backoff).", float64(o.StreamErrors))
+	e.counter("kvfabric_owned_index_stream_replaces_total", "Streams to owners started afresh with this node's holdings: an owner asked for its slice again, or a member new to the list got its slice.", float64(o.StreamReplaces))
 }

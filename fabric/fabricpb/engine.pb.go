@@ -2299,9 +2299,22 @@ type StatusResponse struct {
 	// Reads that went over QUIC where the lane was on, by reason.
 	LaneFallbacks map[string]uint64 `protobuf:"bytes,14,rep,name=lane_fallbacks,json=laneFallbacks,proto3" json:"lane_fallbacks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// The disk tiers under the pool, in configured order.
-	Tiers         []*Tier `protobuf:"bytes,15,rep,name=tiers,proto3" json:"tiers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Tiers []*Tier `protobuf:"bytes,15,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	// How the block index is kept: "whole", or "owned" with index_replicas
+	// owners a hash; owned_index counts the owned index's traffic (owned
+	// mode only). Members whose index mode differs from this node's are
+	// marked in members (index_mismatch) and counted here: they are not
+	// used as index peers.
+	IndexMode              string      `protobuf:"bytes,16,opt,name=index_mode,json=indexMode,proto3" json:"index_mode,omitempty"`
+	IndexReplicas          uint32      `protobuf:"varint,17,opt,name=index_replicas,json=indexReplicas,proto3" json:"index_replicas,omitempty"`
+	OwnedIndex             *OwnedIndex `protobuf:"bytes,18,opt,name=owned_index,json=ownedIndex,proto3" json:"owned_index,omitempty"`
+	IndexMismatchedMembers uint32      `protobuf:"varint,19,opt,name=index_mismatched_members,json=indexMismatchedMembers,proto3" json:"index_mismatched_members,omitempty"`
+	// Bytes memberlist received and sent since start (probes, gossip,
+	// push/pull, event batches), apart from the peer transport's.
+	GossipBytesIn  uint64 `protobuf:"varint,20,opt,name=gossip_bytes_in,json=gossipBytesIn,proto3" json:"gossip_bytes_in,omitempty"`
+	GossipBytesOut uint64 `protobuf:"varint,21,opt,name=gossip_bytes_out,json=gossipBytesOut,proto3" json:"gossip_bytes_out,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -2439,6 +2452,190 @@ func (x *StatusResponse) GetTiers() []*Tier {
 	return nil
 }
 
+func (x *StatusResponse) GetIndexMode() string {
+	if x != nil {
+		return x.IndexMode
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetIndexReplicas() uint32 {
+	if x != nil {
+		return x.IndexReplicas
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetOwnedIndex() *OwnedIndex {
+	if x != nil {
+		return x.OwnedIndex
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetIndexMismatchedMembers() uint32 {
+	if x != nil {
+		return x.IndexMismatchedMembers
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetGossipBytesIn() uint64 {
+	if x != nil {
+		return x.GossipBytesIn
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetGossipBytesOut() uint64 {
+	if x != nil {
+		return x.GossipBytesOut
+	}
+	return 0
+}
+
+// OwnedIndex counts what the owned-slices index did since start.
+type OwnedIndex struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Block events sent to the hashes' owners (in calls applied), and the
+	// calls that carried them; events received and applied as an owner.
+	OpsSent     uint64 `protobuf:"varint,1,opt,name=ops_sent,json=opsSent,proto3" json:"ops_sent,omitempty"`
+	OpCallsSent uint64 `protobuf:"varint,2,opt,name=op_calls_sent,json=opCallsSent,proto3" json:"op_calls_sent,omitempty"`
+	OpsReceived uint64 `protobuf:"varint,3,opt,name=ops_received,json=opsReceived,proto3" json:"ops_received,omitempty"`
+	// Lookup calls asked of owners, and answered as an owner.
+	LookupsAsked    uint64 `protobuf:"varint,4,opt,name=lookups_asked,json=lookupsAsked,proto3" json:"lookups_asked,omitempty"`
+	LookupsAnswered uint64 `protobuf:"varint,5,opt,name=lookups_answered,json=lookupsAnswered,proto3" json:"lookups_answered,omitempty"`
+	// Hashes a lookup found in the cache of recent answers, did not find,
+	// and found too old (asked again).
+	CacheHits     uint64 `protobuf:"varint,6,opt,name=cache_hits,json=cacheHits,proto3" json:"cache_hits,omitempty"`
+	CacheMisses   uint64 `protobuf:"varint,7,opt,name=cache_misses,json=cacheMisses,proto3" json:"cache_misses,omitempty"`
+	CacheExpiries uint64 `protobuf:"varint,8,opt,name=cache_expiries,json=cacheExpiries,proto3" json:"cache_expiries,omitempty"`
+	// Member list changes that moved hashes between owners, and the block
+	// events they queued (stores to new owners, forgets to old ones).
+	Handoffs   uint64 `protobuf:"varint,9,opt,name=handoffs,proto3" json:"handoffs,omitempty"`
+	HandoffOps uint64 `protobuf:"varint,10,opt,name=handoff_ops,json=handoffOps,proto3" json:"handoff_ops,omitempty"`
+	// Calls to owners that failed (retried), and streams started afresh
+	// (an owner asked for its slice again, or a new member got its slice).
+	StreamErrors   uint64 `protobuf:"varint,11,opt,name=stream_errors,json=streamErrors,proto3" json:"stream_errors,omitempty"`
+	StreamReplaces uint64 `protobuf:"varint,12,opt,name=stream_replaces,json=streamReplaces,proto3" json:"stream_replaces,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *OwnedIndex) Reset() {
+	*x = OwnedIndex{}
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OwnedIndex) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OwnedIndex) ProtoMessage() {}
+
+func (x *OwnedIndex) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OwnedIndex.ProtoReflect.Descriptor instead.
+func (*OwnedIndex) Descriptor() ([]byte, []int) {
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *OwnedIndex) GetOpsSent() uint64 {
+	if x != nil {
+		return x.OpsSent
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetOpCallsSent() uint64 {
+	if x != nil {
+		return x.OpCallsSent
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetOpsReceived() uint64 {
+	if x != nil {
+		return x.OpsReceived
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetLookupsAsked() uint64 {
+	if x != nil {
+		return x.LookupsAsked
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetLookupsAnswered() uint64 {
+	if x != nil {
+		return x.LookupsAnswered
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetCacheHits() uint64 {
+	if x != nil {
+		return x.CacheHits
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetCacheMisses() uint64 {
+	if x != nil {
+		return x.CacheMisses
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetCacheExpiries() uint64 {
+	if x != nil {
+		return x.CacheExpiries
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetHandoffs() uint64 {
+	if x != nil {
+		return x.Handoffs
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetHandoffOps() uint64 {
+	if x != nil {
+		return x.HandoffOps
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetStreamErrors() uint64 {
+	if x != nil {
+		return x.StreamErrors
+	}
+	return 0
+}
+
+func (x *OwnedIndex) GetStreamReplaces() uint64 {
+	if x != nil {
+		return x.StreamReplaces
+	}
+	return 0
+}
+
 type Tier struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "disk".
@@ -2462,7 +2659,7 @@ type Tier struct {
 
 func (x *Tier) Reset() {
 	*x = Tier{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +2671,7 @@ func (x *Tier) String() string {
 func (*Tier) ProtoMessage() {}
 
 func (x *Tier) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[31]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +2684,7 @@ func (x *Tier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tier.ProtoReflect.Descriptor instead.
 func (*Tier) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{31}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Tier) GetKind() string {
@@ -2580,7 +2777,7 @@ type Session struct {
 
 func (x *Session) Reset() {
 	*x = Session{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +2789,7 @@ func (x *Session) String() string {
 func (*Session) ProtoMessage() {}
 
 func (x *Session) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[32]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +2802,7 @@ func (x *Session) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Session.ProtoReflect.Descriptor instead.
 func (*Session) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{32}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Session) GetId() uint64 {
@@ -2691,13 +2888,19 @@ type Member struct {
 	PeerReachable     bool   `protobuf:"varint,12,opt,name=peer_reachable,json=peerReachable,proto3" json:"peer_reachable,omitempty"`
 	PeerAuthenticated bool   `protobuf:"varint,13,opt,name=peer_authenticated,json=peerAuthenticated,proto3" json:"peer_authenticated,omitempty"`
 	PeerError         string `protobuf:"bytes,14,opt,name=peer_error,json=peerError,proto3" json:"peer_error,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The member's index mode from its metadata ("whole", or "owned" and
+	// its owners a hash), and whether it differs from this node's: such a
+	// member is not used as an index peer.
+	IndexMode     string `protobuf:"bytes,15,opt,name=index_mode,json=indexMode,proto3" json:"index_mode,omitempty"`
+	IndexReplicas uint32 `protobuf:"varint,16,opt,name=index_replicas,json=indexReplicas,proto3" json:"index_replicas,omitempty"`
+	IndexMismatch bool   `protobuf:"varint,17,opt,name=index_mismatch,json=indexMismatch,proto3" json:"index_mismatch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[33]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2709,7 +2912,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[33]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2722,7 +2925,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{33}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Member) GetNode() string {
@@ -2823,6 +3026,27 @@ func (x *Member) GetPeerError() string {
 	return ""
 }
 
+func (x *Member) GetIndexMode() string {
+	if x != nil {
+		return x.IndexMode
+	}
+	return ""
+}
+
+func (x *Member) GetIndexReplicas() uint32 {
+	if x != nil {
+		return x.IndexReplicas
+	}
+	return 0
+}
+
+func (x *Member) GetIndexMismatch() bool {
+	if x != nil {
+		return x.IndexMismatch
+	}
+	return false
+}
+
 // Pool is memory the agent owns in one tier: the host (or pinned) pool,
 // or one per GPU with a device pool.
 type Pool struct {
@@ -2849,7 +3073,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[34]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2861,7 +3085,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[34]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2874,7 +3098,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{34}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Pool) GetKind() string {
@@ -2953,7 +3177,7 @@ type BlockSet struct {
 
 func (x *BlockSet) Reset() {
 	*x = BlockSet{}
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[35]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2965,7 +3189,7 @@ func (x *BlockSet) String() string {
 func (*BlockSet) ProtoMessage() {}
 
 func (x *BlockSet) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_fabricpb_engine_proto_msgTypes[35]
+	mi := &file_fabric_fabricpb_engine_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2978,7 +3202,7 @@ func (x *BlockSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockSet.ProtoReflect.Descriptor instead.
 func (*BlockSet) Descriptor() ([]byte, []int) {
-	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{35}
+	return file_fabric_fabricpb_engine_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BlockSet) GetId() uint64 {
@@ -3222,7 +3446,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x14DropBlockSetResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\rR\breleased\x12\x14\n" +
 	"\x05freed\x18\x02 \x01(\rR\x05freed\"\x0f\n" +
-	"\rStatusRequest\"\xbc\x05\n" +
+	"\rStatusRequest\"\xcf\a\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x124\n" +
@@ -3240,10 +3464,35 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\bsessions\x18\f \x03(\v2\x1b.kvfabric.fabric.v1.SessionR\bsessions\x12\x12\n" +
 	"\x04lane\x18\r \x01(\tR\x04lane\x12\\\n" +
 	"\x0elane_fallbacks\x18\x0e \x03(\v25.kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntryR\rlaneFallbacks\x12.\n" +
-	"\x05tiers\x18\x0f \x03(\v2\x18.kvfabric.fabric.v1.TierR\x05tiers\x1a@\n" +
+	"\x05tiers\x18\x0f \x03(\v2\x18.kvfabric.fabric.v1.TierR\x05tiers\x12\x1d\n" +
+	"\n" +
+	"index_mode\x18\x10 \x01(\tR\tindexMode\x12%\n" +
+	"\x0eindex_replicas\x18\x11 \x01(\rR\rindexReplicas\x12?\n" +
+	"\vowned_index\x18\x12 \x01(\v2\x1e.kvfabric.fabric.v1.OwnedIndexR\n" +
+	"ownedIndex\x128\n" +
+	"\x18index_mismatched_members\x18\x13 \x01(\rR\x16indexMismatchedMembers\x12&\n" +
+	"\x0fgossip_bytes_in\x18\x14 \x01(\x04R\rgossipBytesIn\x12(\n" +
+	"\x10gossip_bytes_out\x18\x15 \x01(\x04R\x0egossipBytesOut\x1a@\n" +
 	"\x12LaneFallbacksEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x9f\x02\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xb2\x03\n" +
+	"\n" +
+	"OwnedIndex\x12\x19\n" +
+	"\bops_sent\x18\x01 \x01(\x04R\aopsSent\x12\"\n" +
+	"\rop_calls_sent\x18\x02 \x01(\x04R\vopCallsSent\x12!\n" +
+	"\fops_received\x18\x03 \x01(\x04R\vopsReceived\x12#\n" +
+	"\rlookups_asked\x18\x04 \x01(\x04R\flookupsAsked\x12)\n" +
+	"\x10lookups_answered\x18\x05 \x01(\x04R\x0flookupsAnswered\x12\x1d\n" +
+	"\n" +
+	"cache_hits\x18\x06 \x01(\x04R\tcacheHits\x12!\n" +
+	"\fcache_misses\x18\a \x01(\x04R\vcacheMisses\x12%\n" +
+	"\x0ecache_expiries\x18\b \x01(\x04R\rcacheExpiries\x12\x1a\n" +
+	"\bhandoffs\x18\t \x01(\x04R\bhandoffs\x12\x1f\n" +
+	"\vhandoff_ops\x18\n" +
+	" \x01(\x04R\n" +
+	"handoffOps\x12#\n" +
+	"\rstream_errors\x18\v \x01(\x04R\fstreamErrors\x12'\n" +
+	"\x0fstream_replaces\x18\f \x01(\x04R\x0estreamReplaces\"\x9f\x02\n" +
 	"\x04Tier\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1d\n" +
@@ -3267,7 +3516,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\n" +
 	"block_sets\x18\x06 \x03(\x04R\tblockSets\x12\x12\n" +
 	"\x04refs\x18\a \x01(\rR\x04refs\x12\x14\n" +
-	"\x05slots\x18\b \x01(\rR\x05slots\"\xa7\x03\n" +
+	"\x05slots\x18\b \x01(\rR\x05slots\"\x94\x04\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1f\n" +
 	"\vgossip_addr\x18\x02 \x01(\tR\n" +
@@ -3285,7 +3534,11 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x0epeer_reachable\x18\f \x01(\bR\rpeerReachable\x12-\n" +
 	"\x12peer_authenticated\x18\r \x01(\bR\x11peerAuthenticated\x12\x1d\n" +
 	"\n" +
-	"peer_error\x18\x0e \x01(\tR\tpeerError\"\xe1\x01\n" +
+	"peer_error\x18\x0e \x01(\tR\tpeerError\x12\x1d\n" +
+	"\n" +
+	"index_mode\x18\x0f \x01(\tR\tindexMode\x12%\n" +
+	"\x0eindex_replicas\x18\x10 \x01(\rR\rindexReplicas\x12%\n" +
+	"\x0eindex_mismatch\x18\x11 \x01(\bR\rindexMismatch\"\xe1\x01\n" +
 	"\x04Pool\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1d\n" +
 	"\n" +
@@ -3351,7 +3604,7 @@ func file_fabric_fabricpb_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_fabric_fabricpb_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_fabric_fabricpb_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_fabric_fabricpb_engine_proto_goTypes = []any{
 	(Outcome)(0),                   // 0: kvfabric.fabric.v1.Outcome
 	(*PrefetchRequest)(nil),        // 1: kvfabric.fabric.v1.PrefetchRequest
@@ -3385,23 +3638,24 @@ var file_fabric_fabricpb_engine_proto_goTypes = []any{
 	(*DropBlockSetResponse)(nil),   // 29: kvfabric.fabric.v1.DropBlockSetResponse
 	(*StatusRequest)(nil),          // 30: kvfabric.fabric.v1.StatusRequest
 	(*StatusResponse)(nil),         // 31: kvfabric.fabric.v1.StatusResponse
-	(*Tier)(nil),                   // 32: kvfabric.fabric.v1.Tier
-	(*Session)(nil),                // 33: kvfabric.fabric.v1.Session
-	(*Member)(nil),                 // 34: kvfabric.fabric.v1.Member
-	(*Pool)(nil),                   // 35: kvfabric.fabric.v1.Pool
-	(*BlockSet)(nil),               // 36: kvfabric.fabric.v1.BlockSet
-	nil,                            // 37: kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
-	(*layoutpb.ModelConfig)(nil),   // 38: kvfabric.layout.v1.ModelConfig
-	(layoutpb.KVOrder)(0),          // 39: kvfabric.layout.v1.KVOrder
-	(layoutpb.Arrangement)(0),      // 40: kvfabric.layout.v1.Arrangement
-	(*layoutpb.Layout)(nil),        // 41: kvfabric.layout.v1.Layout
+	(*OwnedIndex)(nil),             // 32: kvfabric.fabric.v1.OwnedIndex
+	(*Tier)(nil),                   // 33: kvfabric.fabric.v1.Tier
+	(*Session)(nil),                // 34: kvfabric.fabric.v1.Session
+	(*Member)(nil),                 // 35: kvfabric.fabric.v1.Member
+	(*Pool)(nil),                   // 36: kvfabric.fabric.v1.Pool
+	(*BlockSet)(nil),               // 37: kvfabric.fabric.v1.BlockSet
+	nil,                            // 38: kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
+	(*layoutpb.ModelConfig)(nil),   // 39: kvfabric.layout.v1.ModelConfig
+	(layoutpb.KVOrder)(0),          // 40: kvfabric.layout.v1.KVOrder
+	(layoutpb.Arrangement)(0),      // 41: kvfabric.layout.v1.Arrangement
+	(*layoutpb.Layout)(nil),        // 42: kvfabric.layout.v1.Layout
 }
 var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
 	11, // 0: kvfabric.fabric.v1.PrefetchRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
-	38, // 1: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
-	39, // 2: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
-	40, // 3: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
-	41, // 4: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
+	39, // 1: kvfabric.fabric.v1.RegisterRequest.model:type_name -> kvfabric.layout.v1.ModelConfig
+	40, // 2: kvfabric.fabric.v1.RegisterRequest.kv_order:type_name -> kvfabric.layout.v1.KVOrder
+	41, // 3: kvfabric.fabric.v1.RegisterRequest.arrangement:type_name -> kvfabric.layout.v1.Arrangement
+	42, // 4: kvfabric.fabric.v1.RegisterResponse.layout:type_name -> kvfabric.layout.v1.Layout
 	5,  // 5: kvfabric.fabric.v1.RegisterResponse.memory:type_name -> kvfabric.fabric.v1.Memory
 	6,  // 6: kvfabric.fabric.v1.RegisterResponse.ranks:type_name -> kvfabric.fabric.v1.RankLayout
 	11, // 7: kvfabric.fabric.v1.RegisterBlocksRequest.tokens:type_name -> kvfabric.fabric.v1.Tokens
@@ -3416,41 +3670,42 @@ var file_fabric_fabricpb_engine_proto_depIdxs = []int32{
 	24, // 16: kvfabric.fabric.v1.ImportResponse.fetches:type_name -> kvfabric.fabric.v1.Fetch
 	25, // 17: kvfabric.fabric.v1.ImportResponse.results:type_name -> kvfabric.fabric.v1.BlockResult
 	0,  // 18: kvfabric.fabric.v1.BlockResult.outcome:type_name -> kvfabric.fabric.v1.Outcome
-	34, // 19: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
-	36, // 20: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
-	35, // 21: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
-	33, // 22: kvfabric.fabric.v1.StatusResponse.sessions:type_name -> kvfabric.fabric.v1.Session
-	37, // 23: kvfabric.fabric.v1.StatusResponse.lane_fallbacks:type_name -> kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
-	32, // 24: kvfabric.fabric.v1.StatusResponse.tiers:type_name -> kvfabric.fabric.v1.Tier
-	3,  // 25: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
-	7,  // 26: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
-	9,  // 27: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
-	12, // 28: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
-	15, // 29: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
-	17, // 30: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
-	19, // 31: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
-	22, // 32: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
-	30, // 33: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
-	26, // 34: kvfabric.fabric.v1.Engine.OpenSession:input_type -> kvfabric.fabric.v1.SessionRequest
-	28, // 35: kvfabric.fabric.v1.Engine.DropBlockSet:input_type -> kvfabric.fabric.v1.DropBlockSetRequest
-	1,  // 36: kvfabric.fabric.v1.Engine.Prefetch:input_type -> kvfabric.fabric.v1.PrefetchRequest
-	4,  // 37: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
-	8,  // 38: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
-	10, // 39: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
-	13, // 40: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
-	16, // 41: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
-	18, // 42: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
-	20, // 43: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
-	23, // 44: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
-	31, // 45: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
-	27, // 46: kvfabric.fabric.v1.Engine.OpenSession:output_type -> kvfabric.fabric.v1.SessionEvent
-	29, // 47: kvfabric.fabric.v1.Engine.DropBlockSet:output_type -> kvfabric.fabric.v1.DropBlockSetResponse
-	2,  // 48: kvfabric.fabric.v1.Engine.Prefetch:output_type -> kvfabric.fabric.v1.PrefetchResponse
-	37, // [37:49] is the sub-list for method output_type
-	25, // [25:37] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	35, // 19: kvfabric.fabric.v1.StatusResponse.members:type_name -> kvfabric.fabric.v1.Member
+	37, // 20: kvfabric.fabric.v1.StatusResponse.block_sets:type_name -> kvfabric.fabric.v1.BlockSet
+	36, // 21: kvfabric.fabric.v1.StatusResponse.pools:type_name -> kvfabric.fabric.v1.Pool
+	34, // 22: kvfabric.fabric.v1.StatusResponse.sessions:type_name -> kvfabric.fabric.v1.Session
+	38, // 23: kvfabric.fabric.v1.StatusResponse.lane_fallbacks:type_name -> kvfabric.fabric.v1.StatusResponse.LaneFallbacksEntry
+	33, // 24: kvfabric.fabric.v1.StatusResponse.tiers:type_name -> kvfabric.fabric.v1.Tier
+	32, // 25: kvfabric.fabric.v1.StatusResponse.owned_index:type_name -> kvfabric.fabric.v1.OwnedIndex
+	3,  // 26: kvfabric.fabric.v1.Engine.Register:input_type -> kvfabric.fabric.v1.RegisterRequest
+	7,  // 27: kvfabric.fabric.v1.Engine.Allocate:input_type -> kvfabric.fabric.v1.AllocateRequest
+	9,  // 28: kvfabric.fabric.v1.Engine.Free:input_type -> kvfabric.fabric.v1.FreeRequest
+	12, // 29: kvfabric.fabric.v1.Engine.RegisterBlocks:input_type -> kvfabric.fabric.v1.RegisterBlocksRequest
+	15, // 30: kvfabric.fabric.v1.Engine.Acquire:input_type -> kvfabric.fabric.v1.AcquireRequest
+	17, // 31: kvfabric.fabric.v1.Engine.Release:input_type -> kvfabric.fabric.v1.ReleaseRequest
+	19, // 32: kvfabric.fabric.v1.Engine.Lookup:input_type -> kvfabric.fabric.v1.LookupRequest
+	22, // 33: kvfabric.fabric.v1.Engine.Import:input_type -> kvfabric.fabric.v1.ImportRequest
+	30, // 34: kvfabric.fabric.v1.Engine.Status:input_type -> kvfabric.fabric.v1.StatusRequest
+	26, // 35: kvfabric.fabric.v1.Engine.OpenSession:input_type -> kvfabric.fabric.v1.SessionRequest
+	28, // 36: kvfabric.fabric.v1.Engine.DropBlockSet:input_type -> kvfabric.fabric.v1.DropBlockSetRequest
+	1,  // 37: kvfabric.fabric.v1.Engine.Prefetch:input_type -> kvfabric.fabric.v1.PrefetchRequest
+	4,  // 38: kvfabric.fabric.v1.Engine.Register:output_type -> kvfabric.fabric.v1.RegisterResponse
+	8,  // 39: kvfabric.fabric.v1.Engine.Allocate:output_type -> kvfabric.fabric.v1.AllocateResponse
+	10, // 40: kvfabric.fabric.v1.Engine.Free:output_type -> kvfabric.fabric.v1.FreeResponse
+	13, // 41: kvfabric.fabric.v1.Engine.RegisterBlocks:output_type -> kvfabric.fabric.v1.RegisterBlocksResponse
+	16, // 42: kvfabric.fabric.v1.Engine.Acquire:output_type -> kvfabric.fabric.v1.AcquireResponse
+	18, // 43: kvfabric.fabric.v1.Engine.Release:output_type -> kvfabric.fabric.v1.ReleaseResponse
+	20, // 44: kvfabric.fabric.v1.Engine.Lookup:output_type -> kvfabric.fabric.v1.LookupResponse
+	23, // 45: kvfabric.fabric.v1.Engine.Import:output_type -> kvfabric.fabric.v1.ImportResponse
+	31, // 46: kvfabric.fabric.v1.Engine.Status:output_type -> kvfabric.fabric.v1.StatusResponse
+	27, // 47: kvfabric.fabric.v1.Engine.OpenSession:output_type -> kvfabric.fabric.v1.SessionEvent
+	29, // 48: kvfabric.fabric.v1.Engine.DropBlockSet:output_type -> kvfabric.fabric.v1.DropBlockSetResponse
+	2,  // 49: kvfabric.fabric.v1.Engine.Prefetch:output_type -> kvfabric.fabric.v1.PrefetchResponse
+	38, // [38:50] is the sub-list for method output_type
+	26, // [26:38] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_fabric_fabricpb_engine_proto_init() }
@@ -3464,7 +3719,7 @@ func file_fabric_fabricpb_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_fabricpb_engine_proto_rawDesc), len(file_fabric_fabricpb_engine_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   37,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -2,6 +2,7 @@ package index
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -18,10 +19,23 @@ type AnswerCache struct {
 	m    map[uint64]cachedAnswer
 	ring []uint64 // hashes in the order they were stored; len(ring) <= size
 	next int      // where the next stored hash goes once ring is full
+
+	hits, misses, expired atomic.Uint64
+}
+
+// AnswerCacheStats counts Get's outcomes: an answer young enough (Hits),
+// none (Misses), one past its TTL (Expired).
+type AnswerCacheStats struct {
+	Hits, Misses, Expired uint64
+}
+
+// Stats returns Get's outcomes so far.
+func (c *AnswerCache) Stats() AnswerCacheStats {
+	return AnswerCacheStats{Hits: c.hits.Load(), Misses: c.misses.Load(), Expired: c.expired.Load()}
 }
 
 type cachedAnswer struct {
-	holders []string
+	holders []Holder
 	at      time.Time
 }
 
@@ -41,18 +55,24 @@ func NewAnswerCache(size int, ttl time.Duration) *AnswerCache {
 
 // Get returns the holders an owner answered for hash, if the answer was
 // stored less than the TTL before now.
-func (c *AnswerCache) Get(hash uint64, now time.Time) ([]string, bool) {
+func (c *AnswerCache) Get(hash uint64, now time.Time) ([]Holder, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[hash]
-	if !ok || now.Sub(e.at) >= c.ttl {
+	switch {
+	case !ok:
+		c.misses.Add(1)
+		return nil, false
+	case now.Sub(e.at) >= c.ttl:
+		c.expired.Add(1)
 		return nil, false
 	}
+	c.hits.Add(1)
 	return e.holders, true
 }
 
 // Put stores the holders of hash as of now; the cache keeps holders.
-func (c *AnswerCache) Put(hash uint64, holders []string, now time.Time) {
+func (c *AnswerCache) Put(hash uint64, holders []Holder, now time.Time) {
 	if c.ttl <= 0 {
 		return
 	}

@@ -25,7 +25,15 @@ const (
 	OpStore  = 1 // one more copy of the hash
 	OpRemove = 2 // one copy fewer
 	OpForget = 3 // every copy: the owner no longer owns the hash
+	// OpStoreDisk and OpRemoveDisk are OpStore and OpRemove of a copy
+	// on a lower tier (disk), so that an importer prefers holders with
+	// the block in memory.
+	OpStoreDisk  = 4
+	OpRemoveDisk = 5
 )
+
+// MaxOpKind is the highest op kind.
+const MaxOpKind = OpRemoveDisk
 
 // Op is one event of a stream.
 type Op struct {
@@ -62,6 +70,7 @@ type Publisher struct {
 	mu    sync.Mutex
 	place *Placement
 	held  map[uint64]uint32 // copies per hash
+	disk  map[uint64]uint32 // of them, copies on a lower tier
 	out   map[string]*outStream
 	// unused is, per owner whose stream ended (it left the member list),
 	// the first op number not used: a stream to it that starts again
@@ -73,8 +82,8 @@ type Publisher struct {
 	probe time.Duration
 
 	// Replaces counts the replaces built, Moved the ops queued by member
-	// list changes.
-	replaces, moved int64
+	// list changes, handoffs the member list changes that moved any.
+	replaces, moved, handoffs int64
 }
 
 type outStream struct {
@@ -108,7 +117,7 @@ func NewPublisher(self string, replicas int, probe time.Duration) *Publisher {
 	if probe <= 0 {
 		probe = DefaultProbe
 	}
-	return &Publisher{self: self, replicas: max(1, min(replicas, MaxReplicas)), held: map[uint64]uint32{},
+	return &Publisher{self: self, replicas: max(1, min(replicas, MaxReplicas)), held: map[uint64]uint32{}, disk: map[uint64]uint32{},
 		out: map[string]*outStream{}, unused: map[string]uint64{}, probe: probe}
 }
 
@@ -134,20 +143,39 @@ func (p *Publisher) Store(hashes ...uint64) bool { return p.event(OpStore, hashe
 // Remove: see Store.
 func (p *Publisher) Remove(hashes ...uint64) bool { return p.event(OpRemove, hashes) }
 
+// StoreDisk and RemoveDisk are Store and Remove of copies on a lower tier
+// (disk): the owners tell importers that the origin holds them on disk.
+func (p *Publisher) StoreDisk(hashes ...uint64) bool { return p.event(OpStoreDisk, hashes) }
+
+// RemoveDisk: see StoreDisk.
+func (p *Publisher) RemoveDisk(hashes ...uint64) bool { return p.event(OpRemoveDisk, hashes) }
+
 func (p *Publisher) event(kind uint8, hashes []uint64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var owners [MaxReplicas]string
 	queued := false
 	for _, h := range hashes {
-		if kind == OpRemove {
-			if p.held[h] == 0 {
+		switch kind {
+		case OpRemove, OpRemoveDisk:
+			// A remove of a copy of a tier the hash has none of is
+			// ignored, as one of a hash not held.
+			mem := p.held[h] - p.disk[h]
+			if (kind == OpRemove && mem == 0) || (kind == OpRemoveDisk && p.disk[h] == 0) {
 				continue
+			}
+			if kind == OpRemoveDisk {
+				if p.disk[h]--; p.disk[h] == 0 {
+					delete(p.disk, h)
+				}
 			}
 			if p.held[h]--; p.held[h] == 0 {
 				delete(p.held, h)
 			}
-		} else {
+		case OpStoreDisk:
+			p.disk[h]++
+			p.held[h]++
+		default:
 			p.held[h]++
 		}
 		if p.place == nil {
@@ -164,12 +192,21 @@ func (p *Publisher) event(kind uint8, hashes []uint64) bool {
 // Reset replaces the holdings with hashes (a hash once per copy), as after
 // the origin lost track of its events, and has every owner sent them
 // afresh.
-func (p *Publisher) Reset(hashes []uint64) {
+func (p *Publisher) Reset(hashes []uint64) { p.ResetTiers(hashes, nil) }
+
+// ResetTiers is Reset of holdings in memory (mem) and on a lower tier
+// (disk).
+func (p *Publisher) ResetTiers(mem, disk []uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	clear(p.held)
-	for _, h := range hashes {
+	clear(p.disk)
+	for _, h := range mem {
 		p.held[h]++
+	}
+	for _, h := range disk {
+		p.held[h]++
+		p.disk[h]++
 	}
 	for _, st := range p.out {
 		st.reset()
@@ -216,13 +253,19 @@ func (p *Publisher) SetMembers(members []string) bool {
 		return true
 	}
 	var was, now [MaxReplicas]string
+	moved := p.moved
+	defer func() {
+		if p.moved > moved {
+			p.handoffs++
+		}
+	}()
 	for h, copies := range p.held {
 		before := old.AppendOwners(was[:0], h)
 		after := next.AppendOwners(now[:0], h)
 		for _, w := range after {
 			if !slices.Contains(before, w) {
-				for range copies {
-					p.queueLocked(w, Op{OpStore, h})
+				for i := range copies {
+					p.queueLocked(w, p.copyOp(h, i))
 					p.moved++
 				}
 			}
@@ -235,6 +278,15 @@ func (p *Publisher) SetMembers(members []string) bool {
 		}
 	}
 	return true
+}
+
+// copyOp is the op that stores copy i of hash h: its disk copies are the
+// last. p.mu is held.
+func (p *Publisher) copyOp(h uint64, i uint32) Op {
+	if i >= p.held[h]-p.disk[h] {
+		return Op{OpStoreDisk, h}
+	}
+	return Op{OpStore, h}
 }
 
 // Outgoing is a call to send to Owner.
@@ -269,8 +321,8 @@ func (p *Publisher) Next(now time.Time, inc uint64) []Outgoing {
 		for h, copies := range p.held {
 			for _, w := range p.place.AppendOwners(owners[:0], h) {
 				if st := replacing[w]; st != nil {
-					for range copies {
-						st.ops = append(st.ops, Op{OpStore, h})
+					for i := range copies {
+						st.ops = append(st.ops, p.copyOp(h, i))
 					}
 				}
 			}
@@ -337,13 +389,16 @@ func (p *Publisher) Done(o Outgoing, outcome Outcome, now time.Time) bool {
 type PublisherStats struct {
 	Replaces, Moved int64 // replaces built; ops queued by member changes
 	Queued          int64 // ops waiting now
+	// Handoffs counts the member list changes that moved any of the
+	// origin's hashes to other owners.
+	Handoffs int64
 }
 
 // Stats returns the publisher's counts.
 func (p *Publisher) Stats() PublisherStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := PublisherStats{Replaces: p.replaces, Moved: p.moved}
+	s := PublisherStats{Replaces: p.replaces, Moved: p.moved, Handoffs: p.handoffs}
 	for _, st := range p.out {
 		s.Queued += int64(len(st.ops))
 	}
@@ -360,6 +415,67 @@ type Slice struct {
 
 	mu sync.Mutex
 	in map[string]*inStream
+
+	disk diskCopies
+}
+
+// diskCopies counts, per hash and holder, the copies the holder stored
+// with OpStoreDisk: beside the index's count of all its copies, it tells
+// whether a holder has a hash on disk only. Entries of holders dropped
+// since, and of hashes gone, are swept when the map has doubled since the
+// last sweep.
+type diskCopies struct {
+	mu    sync.Mutex
+	m     map[diskKey]uint32
+	swept int
+}
+
+type diskKey struct {
+	hash uint64
+	id   NodeID
+}
+
+// diskSweepMin is the fewest entries past which diskCopies sweeps.
+const diskSweepMin = 4096
+
+func (d *diskCopies) apply(ix *Index, id NodeID, op Op) {
+	k := diskKey{op.Hash, id}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch op.Kind {
+	case OpStoreDisk:
+		if d.m == nil {
+			d.m = map[diskKey]uint32{}
+		}
+		d.m[k]++
+		if len(d.m) > 2*d.swept+diskSweepMin {
+			for k, n := range d.m {
+				switch c := ix.Copies(k.hash, k.id); {
+				case c == 0:
+					delete(d.m, k)
+				case int(n) > c:
+					d.m[k] = uint32(c)
+				}
+			}
+			d.swept = len(d.m)
+		}
+	case OpRemoveDisk:
+		if n := d.m[k]; n > 1 {
+			d.m[k] = n - 1
+		} else {
+			delete(d.m, k)
+		}
+	case OpForget:
+		delete(d.m, k)
+	}
+}
+
+// onDiskOnly says whether holder id has every copy of hash on disk.
+func (d *diskCopies) onDiskOnly(ix *Index, id NodeID, hash uint64) bool {
+	d.mu.Lock()
+	n := d.m[diskKey{hash, id}]
+	d.mu.Unlock()
+	return n > 0 && ix.Copies(hash, id) <= int(n)
 }
 
 type inStream struct {
@@ -434,9 +550,9 @@ func (s *Slice) Apply(origin string, c OpsCall) (int, error) {
 	for i, op := range ops {
 		var err error
 		switch op.Kind {
-		case OpStore:
+		case OpStore, OpStoreDisk:
 			err = s.ix.Store(st.id, op.Hash)
-		case OpRemove:
+		case OpRemove, OpRemoveDisk:
 			err = s.ix.Remove(st.id, op.Hash)
 		case OpForget:
 			err = s.ix.Forget(st.id, op.Hash)
@@ -444,6 +560,9 @@ func (s *Slice) Apply(origin string, c OpsCall) (int, error) {
 		if err != nil {
 			st.id = 0 // dropped meanwhile
 			return i, ErrReplaceNeeded
+		}
+		if op.Kind != OpStore && op.Kind != OpRemove {
+			s.disk.apply(s.ix, st.id, op)
 		}
 		st.next++
 	}
@@ -455,6 +574,30 @@ func (s *Slice) Forget(origin string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.in, origin)
+}
+
+// Holder is a holder of a hash, by name, and whether it holds the hash on
+// a lower tier (disk) only.
+type Holder struct {
+	Name     string
+	DiskOnly bool
+}
+
+// HolderTiers returns the holders of each hash in the slice, with their
+// tiers.
+func (s *Slice) HolderTiers(hashes []uint64) [][]Holder {
+	out := make([][]Holder, len(hashes))
+	for i, h := range hashes {
+		ids := s.ix.Holders(h)
+		hs := make([]Holder, 0, len(ids))
+		for _, id := range ids {
+			if n := s.ix.Name(id); n != "" {
+				hs = append(hs, Holder{Name: n, DiskOnly: s.disk.onDiskOnly(s.ix, id, h)})
+			}
+		}
+		out[i] = hs
+	}
+	return out
 }
 
 // Holders returns the holder names of each hash in the slice.

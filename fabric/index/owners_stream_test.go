@@ -274,3 +274,109 @@ func TestPublisherQueueLimit(t *testing.T) {
 		t.Fatalf("the replaces hold %d ops, want every hash for each owner (%d)", got, 2*(MaxQueuedOps+1))
 	}
 }
+
+// A member list change that moves some of the origin's hashes counts one
+// hand-off and the ops it queued; one that moves none (the first list, a
+// list equal to the current) counts nothing.
+func TestPublisherHandoffs(t *testing.T) {
+	p := NewPublisher("a", 1, 0)
+	p.SetMembers([]string{"a"})
+	hashes := make([]uint64, 1000)
+	for i := range hashes {
+		hashes[i] = uint64(i) * 0x9e3779b97f4a7c15
+	}
+	p.Store(hashes...)
+	if s := p.Stats(); s.Handoffs != 0 || s.Moved != 0 {
+		t.Fatalf("before any change: %+v", s)
+	}
+	p.SetMembers([]string{"a"})
+	if s := p.Stats(); s.Handoffs != 0 {
+		t.Fatalf("the same list counted a hand-off: %+v", s)
+	}
+	p.SetMembers([]string{"a", "b"})
+	s := p.Stats()
+	// With one owner a hash, b takes about half: a store to b and a
+	// forget to a for each hash moved.
+	place := NewPlacement([]string{"a", "b"}, 1)
+	moved := 0
+	for _, h := range hashes {
+		if place.AppendOwners(nil, h)[0] == "b" {
+			moved++
+		}
+	}
+	if s.Handoffs != 1 || s.Moved != int64(2*moved) || moved == 0 {
+		t.Fatalf("after b joined: %+v, want 1 hand-off of %d ops (%d hashes moved)", s, 2*moved, moved)
+	}
+}
+
+// Owners keep each holder's tier: a hash the origin stores on disk only
+// is named disk-only, one it holds in memory too is not, and the tier
+// follows the hash through a hand-off to a new owner and a replace.
+func TestSliceKeepsTiers(t *testing.T) {
+	c := &streamCluster{rng: rand.New(rand.NewPCG(1, 2)), nodes: map[string]*streamNode{}, now: time.Unix(1000, 0)}
+	for _, n := range []string{"a", "b", "c"} {
+		c.add(n, 1)
+	}
+	c.setMembers()
+	a := c.nodes["a"]
+	const n = 60
+	mem, disk, both := make([]uint64, n), make([]uint64, n), make([]uint64, n)
+	for i := range n {
+		mem[i], disk[i], both[i] = uint64(3*i+1)*0x9e3779b97f4a7c15, uint64(3*i+2)*0x9e3779b97f4a7c15, uint64(3*i+3)*0x9e3779b97f4a7c15
+	}
+	a.pub.Store(mem...)
+	a.pub.StoreDisk(disk...)
+	a.pub.Store(both...)
+	a.pub.StoreDisk(both...)
+	check := func(what string, diskOnly func(h uint64) bool) {
+		t.Helper()
+		members := c.members()
+		place := NewPlacement(members, 3)
+		for _, hs := range [][]uint64{mem, disk, both} {
+			for _, h := range hs {
+				for _, w := range place.AppendOwners(nil, h) {
+					got := c.nodes[w].slice.HolderTiers([]uint64{h})[0]
+					want := []Holder{{Name: "a", DiskOnly: diskOnly(h)}}
+					if !slices.Equal(got, want) {
+						t.Fatalf("%s: owner %s names holders %v of %#x, want %v", what, w, got, h, want)
+					}
+				}
+			}
+		}
+	}
+	onDisk := func(h uint64) bool { return slices.Contains(disk, h) }
+	c.pump(t)
+	check("stored", onDisk)
+
+	// A join: the new owner of a hash gets its copies with their tiers.
+	c.add("d", 1)
+	c.setMembers()
+	c.pump(t)
+	check("after d joined", onDisk)
+
+	// The memory copies of both go: they are on disk only now; the disk
+	// copies of disk go: those hashes are gone.
+	a.pub.Remove(both...)
+	a.pub.RemoveDisk(disk...)
+	c.pump(t)
+	for _, h := range disk {
+		for _, w := range c.members() {
+			if got := c.nodes[w].slice.HolderTiers([]uint64{h})[0]; len(got) != 0 {
+				t.Fatalf("%s still names %v of a hash removed from disk", w, got)
+			}
+		}
+	}
+	disk = nil
+	check("after removes", func(h uint64) bool { return slices.Contains(both, h) })
+
+	// A replace sends the tiers afresh.
+	a.pub.ResetTiers(mem, both)
+	c.pump(t)
+	check("after a replace", func(h uint64) bool { return slices.Contains(both, h) })
+
+	// A memory remove of a hash held on disk only is ignored: the copy
+	// on disk stays.
+	a.pub.Remove(both[0])
+	c.pump(t)
+	check("after a memory remove of a disk-only hash", func(h uint64) bool { return slices.Contains(both, h) })
+}

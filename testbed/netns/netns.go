@@ -72,6 +72,10 @@ type Options struct {
 	ExtraArgs []string
 	// Cluster is the cluster name (--cluster). If empty, testbed.
 	Cluster string
+
+	// Env is added to every agent's environment (KEY=value, as
+	// testbed.Options.Env). If empty, agents inherit the driver's.
+	Env []string
 }
 
 // Cluster is a set of agents, each in its own network namespace.
@@ -141,7 +145,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	tc, err := testbed.Start(ctx, testbed.Options{
-		Bin: opts.Bin, Nodes: opts.Nodes, Pool: opts.Pool, ExtraArgs: opts.ExtraArgs,
+		Bin: opts.Bin, Nodes: opts.Nodes, Pool: opts.Pool, ExtraArgs: opts.ExtraArgs, Env: opts.Env,
 		Name:    func(i int) string { return names[i] },
 		Address: func(i int) string { return addr(i) },
 		Identity: func(i int, n *testbed.Node) []string {

@@ -189,13 +189,16 @@ class LookupResponse(_message.Message):
     def __init__(self, hashes: _Optional[_Iterable[int]] = ..., overlaps: _Optional[_Iterable[_Union[Overlap, _Mapping]]] = ..., local_tiers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ["blocks", "gossip_addr", "gpu_model", "gpu_nics", "gpu_pool_bytes", "gpus", "node", "peer_addr", "peer_authenticated", "peer_error", "peer_reachable", "rdma", "since_unix_ms", "state"]
+    __slots__ = ["blocks", "gossip_addr", "gpu_model", "gpu_nics", "gpu_pool_bytes", "gpus", "index_mismatch", "index_mode", "index_replicas", "node", "peer_addr", "peer_authenticated", "peer_error", "peer_reachable", "rdma", "since_unix_ms", "state"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     GOSSIP_ADDR_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     GPU_MODEL_FIELD_NUMBER: _ClassVar[int]
     GPU_NICS_FIELD_NUMBER: _ClassVar[int]
     GPU_POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INDEX_MISMATCH_FIELD_NUMBER: _ClassVar[int]
+    INDEX_MODE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     PEER_ADDR_FIELD_NUMBER: _ClassVar[int]
     PEER_AUTHENTICATED_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +213,9 @@ class Member(_message.Message):
     gpu_nics: int
     gpu_pool_bytes: int
     gpus: int
+    index_mismatch: bool
+    index_mode: str
+    index_replicas: int
     node: str
     peer_addr: str
     peer_authenticated: bool
@@ -218,7 +224,7 @@ class Member(_message.Message):
     rdma: bool
     since_unix_ms: int
     state: str
-    def __init__(self, node: _Optional[str] = ..., gossip_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., state: _Optional[str] = ..., blocks: _Optional[int] = ..., since_unix_ms: _Optional[int] = ..., rdma: bool = ..., gpus: _Optional[int] = ..., gpu_pool_bytes: _Optional[int] = ..., gpu_nics: _Optional[int] = ..., gpu_model: _Optional[str] = ..., peer_reachable: bool = ..., peer_authenticated: bool = ..., peer_error: _Optional[str] = ...) -> None: ...
+    def __init__(self, node: _Optional[str] = ..., gossip_addr: _Optional[str] = ..., peer_addr: _Optional[str] = ..., state: _Optional[str] = ..., blocks: _Optional[int] = ..., since_unix_ms: _Optional[int] = ..., rdma: bool = ..., gpus: _Optional[int] = ..., gpu_pool_bytes: _Optional[int] = ..., gpu_nics: _Optional[int] = ..., gpu_model: _Optional[str] = ..., peer_reachable: bool = ..., peer_authenticated: bool = ..., peer_error: _Optional[str] = ..., index_mode: _Optional[str] = ..., index_replicas: _Optional[int] = ..., index_mismatch: bool = ...) -> None: ...
 
 class Memory(_message.Message):
     __slots__ = ["cuda_device", "cuda_ipc_handle", "fd_socket", "file", "file_size", "offset", "path", "pci_bus_id", "size", "token"]
@@ -261,6 +267,34 @@ class Overlap(_message.Message):
     score: float
     transport: str
     def __init__(self, node: _Optional[str] = ..., blocks: _Optional[int] = ..., score: _Optional[float] = ..., fetch_estimate_us: _Optional[int] = ..., estimate: _Optional[str] = ..., fetch_bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class OwnedIndex(_message.Message):
+    __slots__ = ["cache_expiries", "cache_hits", "cache_misses", "handoff_ops", "handoffs", "lookups_answered", "lookups_asked", "op_calls_sent", "ops_received", "ops_sent", "stream_errors", "stream_replaces"]
+    CACHE_EXPIRIES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    HANDOFFS_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_OPS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPS_ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPS_ASKED_FIELD_NUMBER: _ClassVar[int]
+    OPS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    OPS_SENT_FIELD_NUMBER: _ClassVar[int]
+    OP_CALLS_SENT_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_REPLACES_FIELD_NUMBER: _ClassVar[int]
+    cache_expiries: int
+    cache_hits: int
+    cache_misses: int
+    handoff_ops: int
+    handoffs: int
+    lookups_answered: int
+    lookups_asked: int
+    op_calls_sent: int
+    ops_received: int
+    ops_sent: int
+    stream_errors: int
+    stream_replaces: int
+    def __init__(self, ops_sent: _Optional[int] = ..., op_calls_sent: _Optional[int] = ..., ops_received: _Optional[int] = ..., lookups_asked: _Optional[int] = ..., lookups_answered: _Optional[int] = ..., cache_hits: _Optional[int] = ..., cache_misses: _Optional[int] = ..., cache_expiries: _Optional[int] = ..., handoffs: _Optional[int] = ..., handoff_ops: _Optional[int] = ..., stream_errors: _Optional[int] = ..., stream_replaces: _Optional[int] = ...) -> None: ...
 
 class Pool(_message.Message):
     __slots__ = ["block_sets", "carved_bytes", "device", "kind", "rdma_device", "rdma_registration", "size_bytes"]
@@ -435,7 +469,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["block_sets", "import_bytes", "imports", "imports_in_flight", "index_entries", "joined", "lane", "lane_fallbacks", "leases", "members", "node", "pools", "sessions", "tiers", "version"]
+    __slots__ = ["block_sets", "gossip_bytes_in", "gossip_bytes_out", "import_bytes", "imports", "imports_in_flight", "index_entries", "index_mismatched_members", "index_mode", "index_replicas", "joined", "lane", "lane_fallbacks", "leases", "members", "node", "owned_index", "pools", "sessions", "tiers", "version"]
     class LaneFallbacksEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -444,36 +478,48 @@ class StatusResponse(_message.Message):
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     BLOCK_SETS_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
     IMPORTS_FIELD_NUMBER: _ClassVar[int]
     IMPORTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     IMPORT_BYTES_FIELD_NUMBER: _ClassVar[int]
     INDEX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    INDEX_MISMATCHED_MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_MODE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
     LANE_FALLBACKS_FIELD_NUMBER: _ClassVar[int]
     LANE_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    OWNED_INDEX_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     block_sets: _containers.RepeatedCompositeFieldContainer[BlockSet]
+    gossip_bytes_in: int
+    gossip_bytes_out: int
     import_bytes: int
     imports: int
     imports_in_flight: int
     index_entries: int
+    index_mismatched_members: int
+    index_mode: str
+    index_replicas: int
     joined: bool
     lane: str
     lane_fallbacks: _containers.ScalarMap[str, int]
     leases: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
     node: str
+    owned_index: OwnedIndex
     pools: _containers.RepeatedCompositeFieldContainer[Pool]
     sessions: _containers.RepeatedCompositeFieldContainer[Session]
     tiers: _containers.RepeatedCompositeFieldContainer[Tier]
     version: str
-    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., lane: _Optional[str] = ..., lane_fallbacks: _Optional[_Mapping[str, int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, _Mapping]]] = ...) -> None: ...
+    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., lane: _Optional[str] = ..., lane_fallbacks: _Optional[_Mapping[str, int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, _Mapping]]] = ..., index_mode: _Optional[str] = ..., index_replicas: _Optional[int] = ..., owned_index: _Optional[_Union[OwnedIndex, _Mapping]] = ..., index_mismatched_members: _Optional[int] = ..., gossip_bytes_in: _Optional[int] = ..., gossip_bytes_out: _Optional[int] = ...) -> None: ...
 
 class Tier(_message.Message):
     __slots__ = ["block_bytes", "blocks", "bytes", "checksum_failures", "evictions", "kind", "offloads", "path", "restores", "size_bytes"]
