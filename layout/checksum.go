@@ -61,7 +61,10 @@ func BlockSum(l *Layout, ranks [][]byte, slot, first, count int) (uint64, error)
 	// to it through its own buffer, except most of its first write; a
 	// block that is one run (TP 1, HND, a whole page, FullyContiguous) is
 	// hashed in place in one call, with the same value.
-	var h *xxh3.Hasher
+	var (
+		h       xxh3.Hasher // the zero Hasher is a fresh one
+		written bool
+	)
 	run := struct {
 		rank       int
 		start, end uint64
@@ -72,10 +75,8 @@ func BlockSum(l *Layout, ranks [][]byte, slot, first, count int) (uint64, error)
 			return
 		}
 		if run.rank >= 0 {
-			if h == nil {
-				h = xxh3.New()
-			}
 			h.Write(ranks[run.rank][run.start:run.end])
+			written = true
 		}
 		run.rank, run.start, run.end = r, off, off+n
 	}
@@ -96,7 +97,7 @@ func BlockSum(l *Layout, ranks [][]byte, slot, first, count int) (uint64, error)
 		}
 	}
 	last := ranks[run.rank][run.start:run.end]
-	if h == nil {
+	if !written {
 		return xxh3.Hash(last), nil
 	}
 	h.Write(last)
