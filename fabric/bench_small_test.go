@@ -135,7 +135,7 @@ func BenchmarkImportSmallBlocks(b *testing.B) {
 }
 
 var benchLaneSmallBlocks = flag.Int("kvfabric.bench.small.blocks", 1<<14,
-	"64 KiB blocks BenchmarkImportSmallBlocksLane imports per iteration (65536 moves 4 GiB and needs about 9 GiB of memory)")
+	"64 KiB blocks BenchmarkImportSmallBlocksLane imports per iteration (65536 moves 4 GiB and needs about 17 GiB of memory)")
 
 // BenchmarkImportSmallBlocksLane imports -kvfabric.bench.small.blocks
 // blocks of 64 KiB (one layer of a 16-token block of Llama 3 8B: 8 KV
@@ -143,9 +143,7 @@ var benchLaneSmallBlocks = flag.Int("kvfabric.bench.small.blocks", 1<<14,
 // same iteration the same bytes as 2 MiB blocks (all 32 layers) in one
 // call: the per-block cost of an import (lease, plan, read requests,
 // registration, events, index) shows as small blocks' throughput over
-// large blocks' (x-large; the goal is 0.6 at 65,536 blocks). The small
-// blocks' sets are dropped before the large blocks' are registered, and
-// the other way round, so that the agents' pools hold one kind at a time.
+// large blocks' (x-large; the goal is 0.6 at 65,536 blocks).
 //
 //	go test ./fabric -run '^$' -bench ImportSmallBlocksLane -benchtime 2x -count 3
 func BenchmarkImportSmallBlocksLane(b *testing.B) {
@@ -163,11 +161,7 @@ func BenchmarkImportSmallBlocksLane(b *testing.B) {
 	}
 	b.Cleanup(func() { os.RemoveAll(root) })
 	caDir := filepath.Join(root, "ca")
-	// The two kinds of blocks take turns in each agent's pool: a kind's
-	// block sets are dropped before the other's are registered, so that a
-	// pool holds one kind at a time and the memory touched is half of
-	// what holding both would touch.
-	pools := fmt.Sprintf("host=%d", size+size/4+64<<20)
+	pools := fmt.Sprintf("host=%d", 2*size+size/4+64<<20)
 	agentA := startBenchAgentWith(b, root, caDir, "a", benchIPA, pools, "", func(c *fabric.Config) {
 		c.LaneAddr = benchIPA + ":0"
 		c.MaxLeasedPerPeer = 2 * nSmall
@@ -177,46 +171,56 @@ func BenchmarkImportSmallBlocksLane(b *testing.B) {
 	cA, cB := benchDial(b, agentA), benchDial(b, agentB)
 	type side struct {
 		name    string
-		model   layout.ModelConfig
 		n       int
+		setA    *client.BlockSet
+		setB    *client.BlockSet
 		took    time.Duration
+		hashes  []uint64
+		slotsA  []uint32
 		content int
 	}
-	sides := []*side{{name: "small", model: small, n: nSmall}, {name: "large", model: large, n: nLarge}}
+	sides := []*side{{name: "small", n: nSmall}, {name: "large", n: nLarge}}
+	for _, s := range sides {
+		m := small
+		if s.name == "large" {
+			m = large
+		}
+		e := client.Engine{Name: "producer-" + s.name, Model: m, TPSize: 1, PageSize: benchPage, Order: layout.HND, Slots: s.n}
+		if s.setA, err = cA.Register(ctx, e); err != nil {
+			b.Fatal(err)
+		}
+		e.Name = "consumer-" + s.name
+		if s.setB, err = cB.Register(ctx, e); err != nil {
+			b.Fatal(err)
+		}
+		// Fault the pages in before the timed imports write them.
+		for slot := 0; slot < s.n; slot++ {
+			kvtest.Fill(s.setB.Layout, s.setB.Ranks, slot, 0)
+		}
+	}
 	iter, fallbacks := 0, 0
 	for b.Loop() {
 		b.StopTimer()
 		iter++
 		for k, s := range sides {
 			s.content = 2*iter - 1 + k // a salt and contents of its own
-			e := client.Engine{Name: "producer-" + s.name, Model: s.model, TPSize: 1, PageSize: benchPage, Order: layout.HND, Slots: s.n}
-			setA, err := benchRegisterWhenFree(cA, e)
-			if err != nil {
-				b.Fatal(err)
-			}
-			e.Name = "consumer-" + s.name
-			setB, err := benchRegisterWhenFree(cB, e)
-			if err != nil {
-				b.Fatal(err)
-			}
-			// Fault the pages in before the timed import writes them.
-			for _, r := range setB.Ranks {
-				for i := 0; i < len(r); i += os.Getpagesize() {
-					r[i] = 0
+			if s.slotsA != nil {
+				if err := cA.Release(ctx, s.setA.ID, s.slotsA); err != nil {
+					b.Fatal(err)
 				}
 			}
-			hashes, _, err := benchProduce(cA, setA, s.content, s.n, min(s.n, transfer.MaxLeaseBlocks))
-			if err != nil {
+			if s.hashes, s.slotsA, err = benchProduce(cA, s.setA, s.content, s.n, min(s.n, transfer.MaxLeaseBlocks)); err != nil {
 				b.Fatal(err)
 			}
-			if err := benchAwaitIndex(cB, hashes, min(s.n, transfer.MaxLeaseBlocks)); err != nil {
+			if err := benchAwaitIndex(cB, s.hashes, min(s.n, transfer.MaxLeaseBlocks)); err != nil {
 				b.Fatal(err)
 			}
-			b.StartTimer()
+		}
+		b.StartTimer()
+		for _, s := range sides {
 			t0 := time.Now()
-			resp, err := cB.Import(ctx, setB.ID, hashes)
+			resp, err := cB.Import(ctx, s.setB.ID, s.hashes)
 			s.took += time.Since(t0)
-			b.StopTimer()
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -228,21 +232,19 @@ func BenchmarkImportSmallBlocksLane(b *testing.B) {
 					fallbacks++ // a lane read that fell back to QUIC
 				}
 			}
+			b.StopTimer()
+			got := make([]uint32, s.n)
 			for i, r := range resp.Blocks {
-				if err := kvtest.Check(setB.Layout, setB.Ranks, int(r.Slot), benchContent(s.content, i)); err != nil {
+				if err := kvtest.Check(s.setB.Layout, s.setB.Ranks, int(r.Slot), benchContent(s.content, i)); err != nil {
 					b.Fatalf("%s: iteration %d, block %d: %v", s.name, iter, i, err)
 				}
+				got[i] = r.Slot
 			}
-			for _, set := range []struct {
-				c  *client.Client
-				id uint64
-			}{{cB, setB.ID}, {cA, setA.ID}} {
-				if _, err := set.c.DropBlockSet(ctx, set.id); err != nil {
-					b.Fatal(err)
-				}
+			if err := cB.Release(ctx, s.setB.ID, got); err != nil {
+				b.Fatal(err)
 			}
+			b.StartTimer()
 		}
-		b.StartTimer()
 	}
 	gb := float64(iter) * float64(size) / 1e9
 	for _, s := range sides {
@@ -252,18 +254,4 @@ func BenchmarkImportSmallBlocksLane(b *testing.B) {
 	b.ReportMetric(sides[1].took.Seconds()/sides[0].took.Seconds(), "x-large")
 	b.ReportMetric(float64(fallbacks), "fallback-fetches")
 	b.Logf("%d blocks of %d KiB against %d of %d KiB over the lane, %d iterations", nSmall, blockSmall>>10, nLarge, 32*blockSmall>>10, iter)
-}
-
-// benchRegisterWhenFree registers e, waiting up to benchIndexDeadline for
-// the memory of block sets dropped just before (freed once no peer leases
-// their blocks).
-func benchRegisterWhenFree(c *client.Client, e client.Engine) (*client.BlockSet, error) {
-	deadline := time.Now().Add(benchIndexDeadline)
-	for {
-		set, err := c.Register(context.Background(), e)
-		if err == nil || time.Now().After(deadline) {
-			return set, err
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
