@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -38,7 +39,24 @@ var (
 		"KV orders of A's and B's block sets in BenchmarkImport: HND>HND, NHD>NHD, HND>NHD or NHD>HND")
 	benchImportLanePlain = flag.Bool("kvfabric.bench.import.lane-plain", false,
 		"BenchmarkImport's lane is plain TCP (Config.LanePlain) rather than TLS; compare it with x-tcp")
+	benchImportTP = flag.String("kvfabric.bench.import.tp", "4>2",
+		"TP sizes of A's and B's block sets in BenchmarkImport: 4>2 re-shards (8 KiB pieces, strided); 1>1 moves each 2 MiB block as one contiguous piece, as the baselines and NIXL and Mooncake do")
 )
+
+// benchTP parses -kvfabric.bench.import.tp.
+func benchTP(s string) (a, b int, err error) {
+	x, y, ok := strings.Cut(s, ">")
+	if ok {
+		a, err = strconv.Atoi(x)
+	}
+	if ok && err == nil {
+		b, err = strconv.Atoi(y)
+	}
+	if !ok || err != nil || a < 1 || b < 1 || benchModel.KVHeads%a != 0 || benchModel.KVHeads%b != 0 {
+		return 0, 0, fmt.Errorf("-kvfabric.bench.import.tp %q: want two TP sizes that divide %d joined by >, e.g. 4>2 or 1>1", s, benchModel.KVHeads)
+	}
+	return a, b, nil
+}
 
 // benchOrders parses -kvfabric.bench.import.orders.
 func benchOrders(s string) (src, dst layout.KVOrder, err error) {
@@ -72,7 +90,10 @@ const (
 // from A's TP 4 layout to B's TP 2 one (both HND by default, so that a
 // plan piece is the two heads of one A rank: 8 KiB; NHD>NHD makes pieces
 // of 512 bytes, HND>NHD of 256), reads the plan, releases the lease and
-// registers the blocks. It runs twice per iteration, on blocks of their
+// registers the blocks. -kvfabric.bench.import.tp 1>1 makes it the same
+// work as the baselines (and as NIXL's and Mooncake's runs in
+// testbed/peers-bench.sh): no re-shard, each 2 MiB block one contiguous
+// piece on both sides. It runs twice per iteration, on blocks of their
 // own: over A's TCP lane ("lane", TLS 1.3) and over QUIC ("import"). Calls
 // are of -kvfabric.bench.import.batch blocks, -kvfabric.bench.import.inflight
 // at once, as an engine importing the prefixes of several requests would.
@@ -102,6 +123,7 @@ const (
 //
 //	go test ./fabric -run '^$' -bench Import -benchtime 3x -count 3
 //	go test ./fabric -run '^$' -bench Import -benchtime 3x -count 3 -kvfabric.bench.import=1073741824
+//	go test ./fabric -run '^$' -bench '^BenchmarkImport$' -kvfabric.bench.import.lane-plain -kvfabric.bench.import.tp 1>1
 func BenchmarkImport(b *testing.B) {
 	blockBytes := uint64(benchModel.Layers) * 2 * uint64(benchModel.KVHeads*benchModel.HeadDim*benchPage) * benchModel.DType.Size()
 	nblocks := max(1, int(uint64(*benchImportSize)/blockBytes))
@@ -109,6 +131,10 @@ func BenchmarkImport(b *testing.B) {
 	batch := max(1, min(*benchImportBatch, (nblocks+inflight-1)/inflight))
 	size := uint64(nblocks) * blockBytes
 	orderA, orderB, err := benchOrders(*benchImportOrders)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tpA, tpB, err := benchTP(*benchImportTP)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -134,11 +160,11 @@ func BenchmarkImport(b *testing.B) {
 	agentB := startBenchAgent(b, root, caDir, "b", benchIPB, poolSpec, agentA.GossipAddr())
 	ca := context.Background()
 	cA, cB := benchDial(b, agentA), benchDial(b, agentB)
-	setA, err := cA.Register(ca, client.Engine{Name: "producer", Model: benchModel, TPSize: benchTPA, PageSize: benchPage, Order: orderA, Slots: 2 * nblocks})
+	setA, err := cA.Register(ca, client.Engine{Name: "producer", Model: benchModel, TPSize: tpA, PageSize: benchPage, Order: orderA, Slots: 2 * nblocks})
 	if err != nil {
 		b.Fatal(err)
 	}
-	setB, err := cB.Register(ca, client.Engine{Name: "consumer", Model: benchModel, TPSize: benchTPB, PageSize: benchPage, Order: orderB, Slots: nblocks})
+	setB, err := cB.Register(ca, client.Engine{Name: "consumer", Model: benchModel, TPSize: tpB, PageSize: benchPage, Order: orderB, Slots: nblocks})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -306,7 +332,7 @@ func BenchmarkImport(b *testing.B) {
 		b.Logf("%d fetches fell back to QUIC; the importer's lane fallbacks: %v", w, agentB.Metrics().Transport.LaneFallbacks)
 	}
 	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; quic baseline %d conns, %d blocks in flight; tls and tcp baselines %d conns (the lane's); %d iterations; lane plain TCP: %v",
-		nblocks, blockBytes>>10, size>>20, benchTPA, orderA, benchTPB, orderB, batch, inflight, base.Conns, base.Parallel, transfer.DefaultLaneConns, iter, *benchImportLanePlain)
+		nblocks, blockBytes>>10, size>>20, tpA, orderA, tpB, orderB, batch, inflight, base.Conns, base.Parallel, transfer.DefaultLaneConns, iter, *benchImportLanePlain)
 }
 
 // processCPU is the CPU time, user and system, the process has used.

@@ -56,25 +56,50 @@ func BlockSum(l *Layout, ranks [][]byte, slot, first, count int) (uint64, error)
 	esz := l.Model.DType.Size()
 	row := uint64(l.Model.HeadDim) * esz // one (token, head)
 	page := uint64(l.PageSize)
-	h := xxh3.New()
+	// The elements go to the hash in runs of what is contiguous in one
+	// rank's memory. xxh3's streaming Hasher copies every byte written
+	// to it through its own buffer, except most of its first write; a
+	// block that is one run (TP 1, HND, a whole page, FullyContiguous) is
+	// hashed in place in one call, with the same value.
+	var (
+		h       xxh3.Hasher // the zero Hasher is a fresh one
+		written bool
+	)
+	run := struct {
+		rank       int
+		start, end uint64
+	}{rank: -1}
+	add := func(r int, off, n uint64) {
+		if r == run.rank && off == run.end {
+			run.end += n
+			return
+		}
+		if run.rank >= 0 {
+			h.Write(ranks[run.rank][run.start:run.end])
+			written = true
+		}
+		run.rank, run.start, run.end = r, off, off+n
+	}
 	for layer := range l.Model.Layers {
 		for p := range planes {
 			base := l.ChunkOffset(slot, layer, p)
 			for head := range heads {
 				r := rankOf[head]
 				lh := uint64(head - l.FirstHead(r))
-				mem := ranks[r]
 				if l.Order == HND {
-					off := base + (lh*page+uint64(first))*row
-					h.Write(mem[off : off+uint64(count)*row])
+					add(r, base+(lh*page+uint64(first))*row, uint64(count)*row)
 					continue
 				}
 				for t := uint64(first); t < uint64(first+count); t++ {
-					off := base + (t*uint64(per)+lh)*row
-					h.Write(mem[off : off+row])
+					add(r, base+(t*uint64(per)+lh)*row, row)
 				}
 			}
 		}
 	}
+	last := ranks[run.rank][run.start:run.end]
+	if !written {
+		return xxh3.Hash(last), nil
+	}
+	h.Write(last)
 	return h.Sum64(), nil
 }

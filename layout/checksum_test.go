@@ -127,16 +127,21 @@ func TestBlockSumBounds(t *testing.T) {
 
 // BenchmarkBlockSum measures the checksum of 2 MiB blocks (Llama 3 8B's
 // shape, TP 2) in both KV orders against copying the same bytes (the
-// least a read of them costs), and reports the ratio.
+// least a read of them costs), and reports the ratio. HND-TP1 is a block
+// that is one contiguous run, hashed in place.
 func BenchmarkBlockSum(b *testing.B) {
 	m := layout.ModelConfig{Layers: 32, KVHeads: 8, HeadDim: 128, DType: layout.DTypeBF16}
-	for _, order := range []layout.KVOrder{layout.HND, layout.NHD} {
-		b.Run(order.String(), func(b *testing.B) {
-			l, ranks := sumLayout(m, 16, 2, order, layout.FullyContiguous, 4096)
+	for _, c := range []struct {
+		name  string
+		order layout.KVOrder
+		tp    int
+	}{{"HND", layout.HND, 2}, {"NHD", layout.NHD, 2}, {"HND-TP1", layout.HND, 1}} {
+		b.Run(c.name, func(b *testing.B) {
+			l, ranks := sumLayout(m, 16, c.tp, c.order, layout.FullyContiguous, 4096)
 			st := l.Strides()
 			dst := make([]byte, st.Block)
 			var sumT, copyT time.Duration
-			b.SetBytes(int64(2 * st.Block))
+			b.SetBytes(int64(c.tp) * int64(st.Block))
 			b.ReportAllocs()
 			for b.Loop() {
 				t0 := time.Now()
@@ -151,7 +156,31 @@ func BenchmarkBlockSum(b *testing.B) {
 				sumT += t1.Sub(t0)
 			}
 			b.ReportMetric(float64(sumT)/float64(copyT), "x-memcpy")
-			b.ReportMetric(float64(2*st.Block)*float64(b.N)/sumT.Seconds()/1e9, "sum-GB/s")
+			b.ReportMetric(float64(c.tp)*float64(st.Block)*float64(b.N)/sumT.Seconds()/1e9, "sum-GB/s")
 		})
+	}
+}
+
+// The sum's value is part of the wire: holders and readers of different
+// versions compare it. These are the values of kvtest's contents for one
+// block and one run of its tokens, taken in every path BlockSum has (one
+// run hashed in place, runs through the streaming hasher, rows of NHD).
+func TestBlockSumGolden(t *testing.T) {
+	m := layout.ModelConfig{Layers: 3, KVHeads: 4, HeadDim: 64, DType: layout.DTypeBF16}
+	const whole, tokens12 = uint64(0x68526d5421b7ff49), uint64(0x26fea374b2a060a2)
+	for _, tp := range []int{1, 2, 4} {
+		for _, order := range []layout.KVOrder{layout.HND, layout.NHD} {
+			for _, arr := range []layout.Arrangement{layout.FullyContiguous, layout.LayerSeparate} {
+				desc := fmt.Sprintf("tp %d order %v arrangement %v", tp, order, arr)
+				l, ranks := sumLayout(m, 16, tp, order, arr, 1)
+				kvtest.Fill(l, ranks, 1, 42)
+				if got, err := layout.BlockSum(l, ranks, 1, 0, 16); err != nil || got != whole {
+					t.Errorf("%s: whole block: %#x %v, want %#x", desc, got, err, whole)
+				}
+				if got, err := layout.BlockSum(l, ranks, 1, 1, 2); err != nil || got != tokens12 {
+					t.Errorf("%s: tokens 1 and 2: %#x %v, want %#x", desc, got, err, tokens12)
+				}
+			}
+		}
 	}
 }

@@ -6,6 +6,11 @@
 #   lane       BenchmarkImport's import over the lane (TLS 1.3, 4
 #              connections), with its bare TLS and raw TCP baselines
 #   lane-plain the same with a plain TCP lane (-kvfabric.bench.import.lane-plain)
+#   lane-plain-1:1
+#              the plain lane on the peers' work: TP 1 to TP 1
+#              (-kvfabric.bench.import.tp 1>1), each 2 MiB block one
+#              contiguous piece on both sides, where the two rows above
+#              re-shard TP 4 to TP 2 (8 KiB pieces, strided)
 #   nixl       testbed/peers/peers_bench.py --peer nixl (UCX_TLS=tcp on lo)
 #   mooncake   testbed/peers/peers_bench.py --peer mooncake (protocol tcp)
 #
@@ -97,10 +102,11 @@ peer() {
 }
 
 for r in $(seq "$ROUNDS"); do
-	echo "round $r of $ROUNDS: lane, lane-plain, nixl, mooncake; $SIZE bytes in blocks of $BLOCK, $ITERS iterations each" >&2
+	echo "round $r of $ROUNDS: lane, lane-plain, lane-plain-1:1, nixl, mooncake; $SIZE bytes in blocks of $BLOCK, $ITERS iterations each" >&2
 	echo "{\"round\": $r}" >>"$results"
 	lane lane
 	lane lane-plain -kvfabric.bench.import.lane-plain
+	lane lane-plain-1:1 -kvfabric.bench.import.lane-plain -kvfabric.bench.import.tp '1>1'
 	peer nixl
 	peer mooncake
 done
@@ -116,13 +122,14 @@ for line in open(sys.argv[1]):
         rounds.append(cur)
     else:
         cur[d["peer"]] = d
-names = ["lane", "lane-plain", "nixl", "mooncake"]
+names = ["lane", "lane-plain", "lane-plain-1:1", "nixl", "mooncake"]
 def gbps(d):
     return statistics.median(d["gbps"]) if d and "gbps" in d and d["gbps"] else None
 fmt = lambda x: "–" if x is None else f"{x:.2f}"
 print(f"\n{int(sys.argv[2]) >> 20} MiB per iteration, median GB/s of each round's iterations")
-print("| round | lane (TLS) | lane plain | bare TLS | raw TCP | NIXL (UCX tcp) | Mooncake (tcp) | lane / NIXL | lane / Mooncake | lane plain / faster peer |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("lane and lane plain re-shard TP 4 to TP 2; lane plain 1:1 moves TP 1 to TP 1, each block one contiguous piece, as the peers do")
+print("| round | lane (TLS) | lane plain | lane plain 1:1 | bare TLS | raw TCP | raw TCP (1:1 run) | NIXL (UCX tcp) | Mooncake (tcp) | lane / NIXL | lane / Mooncake | lane plain / faster peer | lane plain 1:1 / faster peer (goal ≥ 1.5) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 errors = {}
 for i, r in enumerate(rounds, 1):
     g = {n: gbps(r.get(n)) for n in names}
@@ -133,9 +140,10 @@ for i, r in enumerate(rounds, 1):
     peers = [x for x in (g["nixl"], g["mooncake"]) if x is not None]
     fast = max(peers) if peers else None
     lane = r.get("lane") or {}
-    print(f"| {i} | {fmt(g['lane'])} | {fmt(g['lane-plain'])} | {fmt(lane.get('tls'))} | {fmt(lane.get('tcp'))} | "
-          f"{fmt(g['nixl'])} | {fmt(g['mooncake'])} | {fmt(ratio(g['lane'], g['nixl']))} | "
-          f"{fmt(ratio(g['lane'], g['mooncake']))} | {fmt(ratio(g['lane-plain'], fast))} |")
+    same = r.get("lane-plain-1:1") or {}
+    print(f"| {i} | {fmt(g['lane'])} | {fmt(g['lane-plain'])} | {fmt(g['lane-plain-1:1'])} | {fmt(lane.get('tls'))} | {fmt(lane.get('tcp'))} | "
+          f"{fmt(same.get('tcp'))} | {fmt(g['nixl'])} | {fmt(g['mooncake'])} | {fmt(ratio(g['lane'], g['nixl']))} | "
+          f"{fmt(ratio(g['lane'], g['mooncake']))} | {fmt(ratio(g['lane-plain'], fast))} | {fmt(ratio(g['lane-plain-1:1'], fast))} |")
 for n, e in errors.items():
     print(f"{n} failed: {e}")
 EOF

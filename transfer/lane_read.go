@@ -25,11 +25,12 @@ const laneMinPart = 1 << 20
 // the read does not end waiting on one large part.
 const lanePartsPerConn = 8
 
-// laneSmallPiece is the piece size under which a plain lane connection's
-// reads go through a buffer (a syscall per 256-byte row would cost more
-// than the copy); larger pieces are read straight into the destination.
-// A TLS connection always reads straight from its decrypted record.
-const laneSmallPiece = 16 << 10
+// laneFrameBuf is the buffer a plain lane connection reads answers'
+// frames through. Their data does not go through it: on Linux it is read
+// straight into the destinations, many pieces per readv (readPiecesVec),
+// after the few bytes the buffer read ahead with the frame. A TLS
+// connection reads everything straight from its decrypted records.
+const laneFrameBuf = 16 << 10
 
 // peerLane is a reader's lane to one holder: its idle connections, a
 // slot per connection it may have, and until when it is off.
@@ -304,14 +305,16 @@ func (p *Peer) dialLane(ctx context.Context, port int, plain bool, token []byte)
 	_ = raw.SetDeadline(time.Time{})
 	lc := &laneConn{c: c, r: c}
 	if plain {
-		lc.r = bufio.NewReaderSize(c, laneSmallPiece)
+		lc.r = bufio.NewReaderSize(c, laneFrameBuf)
 	}
 	return lc, nil
 }
 
 // laneProgress pushes a connection's read deadline forward while bytes
-// arrive (see progressReader).
+// arrive (see progressReader), unless ctx is done: then the deadline
+// laneCtxDeadline moved to the past stays there.
 type laneProgress struct {
+	ctx     context.Context
 	c       net.Conn
 	r       io.Reader
 	timeout time.Duration
@@ -319,11 +322,17 @@ type laneProgress struct {
 }
 
 func (r *laneProgress) Read(b []byte) (int, error) {
-	if now := time.Now(); now.Sub(r.last) > r.timeout/4 {
+	r.refresh()
+	return r.r.Read(b)
+}
+
+// refresh pushes the read deadline forward if it was last pushed more
+// than a quarter of the timeout ago.
+func (r *laneProgress) refresh() {
+	if now := time.Now(); now.Sub(r.last) > r.timeout/4 && r.ctx.Err() == nil {
 		r.last = now
 		_ = r.c.SetReadDeadline(now.Add(r.timeout))
 	}
-	return r.r.Read(b)
 }
 
 // readLaneParts reads parts from next on lc until none is left, keeping
@@ -415,7 +424,7 @@ func (p *Peer) laneAnswer(ctx context.Context, lc *laneConn, segs []layout.Segme
 		want += sg.Bytes()
 	}
 	timeout := p.n.cfg.ProgressTimeout
-	pr := &laneProgress{c: lc.c, r: lc.r, timeout: timeout}
+	pr := &laneProgress{ctx: ctx, c: lc.c, r: lc.r, timeout: timeout}
 	kind, payload, err := readFrame(pr, p.n.cfg.MaxMessageSize)
 	if err != nil {
 		return fail(err)
@@ -438,23 +447,39 @@ func (p *Peer) laneAnswer(ctx context.Context, lc *laneConn, segs []layout.Segme
 	if resp.TotalBytes != want {
 		return fail(fmt.Errorf("%w: announces %d bytes, asked %d", ErrFrame, resp.TotalBytes, want))
 	}
+	// The pieces' places are the reader's own plan's, checked against
+	// dst before the read began (validateReadPlan); the holder's bytes
+	// decide what lands in them, never where or how much.
+	if tc, ok := lc.c.(*net.TCPConn); ok {
+		err = readPiecesVec(tc, pr, segs, dst)
+	} else {
+		err = readPieces(pr, segs, dst)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	_ = lc.c.SetReadDeadline(time.Time{})
+	return true, nil
+}
+
+// readPieces reads the pieces of segs from pr into dst, one read each.
+func readPieces(pr *laneProgress, segs []layout.Segment, dst [][]byte) error {
 	for _, sg := range segs {
 		d := dst[sg.DstRank]
 		if sg.Count == 1 || sg.DstStride == sg.Length {
 			if _, err := io.ReadFull(pr, d[sg.DstOffset:sg.DstOffset+sg.Bytes()]); err != nil {
-				return fail(err)
+				return err
 			}
 			continue
 		}
 		for i := uint64(0); i < sg.Count; i++ {
 			off := sg.DstOffset + i*sg.DstStride
 			if _, err := io.ReadFull(pr, d[off:off+sg.Length]); err != nil {
-				return fail(err)
+				return err
 			}
 		}
 	}
-	_ = lc.c.SetReadDeadline(time.Time{})
-	return true, nil
+	return nil
 }
 
 // SetLaneReads turns reading over holders' lanes on or off for reads that
