@@ -4,8 +4,14 @@ package ofi
 
 /*
 #cgo LDFLAGS: -ldl
+#define _GNU_SOURCE
 #include <dlfcn.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,12 +129,19 @@ static const char *kvf_info_fabric(struct kvf_fi_info *i) { return i->fabric_att
 static const char *kvf_info_domain(struct kvf_fi_info *i) { return i->domain_attr->name; }
 
 // kvf_ep is everything one endpoint owns, closed in reverse by kvf_ep_close.
+// wake is an eventfd the progress loop naps on (kvf_nap), written by
+// kvf_kick when a read starts or the endpoint starts serving; napping and
+// kicked are the handshake that makes a kick never lost and never a
+// needless write.
 struct kvf_ep {
 	struct kvf_fid_fabric *fabric;
 	struct kvf_fid_domain *domain;
 	struct kvf_fid_av *av;
 	struct kvf_fid_cq *cq;
 	struct kvf_fid_ep *ep;
+	int wake;
+	int napping;
+	int kicked;
 };
 
 static int kvf_close_fid(struct kvf_fid *f) { return f ? f->ops->close(f) : 0; }
@@ -139,6 +152,7 @@ static void kvf_ep_close(struct kvf_ep *e) {
 	if (e->av) kvf_close_fid(&e->av->fid);
 	if (e->domain) kvf_close_fid(&e->domain->fid);
 	if (e->fabric) kvf_close_fid(&e->fabric->fid);
+	if (e->wake > 0) close(e->wake);
 	memset(e, 0, sizeof(*e));
 }
 
@@ -147,6 +161,13 @@ static void kvf_ep_close(struct kvf_ep *e) {
 static int kvf_ep_open(struct kvf_lib *l, struct kvf_fi_info *info, size_t cq_size, struct kvf_ep *e, const char **step) {
 	memset(e, 0, sizeof(*e));
 	int rc;
+	*step = "eventfd";
+	e->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (e->wake < 0) {
+		rc = -12;
+		e->wake = 0;
+		goto fail;
+	}
 	*step = "fi_fabric";
 	if ((rc = l->fabric(info->fabric_attr, &e->fabric, NULL)) != 0) goto fail;
 	*step = "fi_domain";
@@ -278,6 +299,71 @@ static ssize_t kvf_cq_err(struct kvf_ep *e, void **ctx, int *err, int *prov_errn
 	}
 	return rc;
 }
+
+// kvf_nap sleeps up to ns nanoseconds, or until kvf_kick; it returns 1
+// when kicked (now or before it began), else 0.
+static int kvf_nap(struct kvf_ep *e, long ns) {
+	__atomic_store_n(&e->napping, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_exchange_n(&e->kicked, 0, __ATOMIC_SEQ_CST)) {
+		__atomic_store_n(&e->napping, 0, __ATOMIC_SEQ_CST);
+		return 1;
+	}
+	struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
+	struct pollfd p = {e->wake, POLLIN, 0};
+	int r = ppoll(&p, 1, &ts, NULL);
+	__atomic_store_n(&e->napping, 0, __ATOMIC_SEQ_CST);
+	if (r > 0) {
+		uint64_t v;
+		if (read(e->wake, &v, sizeof(v)) < 0) {}
+	}
+	return __atomic_exchange_n(&e->kicked, 0, __ATOMIC_SEQ_CST) || r > 0;
+}
+
+// kvf_kick ends the progress loop's nap, or the next one.
+static void kvf_kick(struct kvf_ep *e) {
+	if (__atomic_exchange_n(&e->kicked, 1, __ATOMIC_SEQ_CST)) return; // a kick is pending
+	if (__atomic_load_n(&e->napping, __ATOMIC_SEQ_CST)) {
+		uint64_t one = 1;
+		if (write(e->wake, &one, sizeof(one)) < 0) {}
+	}
+}
+
+// kvf_cq_wait polls as kvf_cq_poll does until that returns anything but
+// -FI_EAGAIN, or kvf_kick (*kicked is set), or budget ns pass. Between empty
+// polls it naps, twice as long each time from min_nap up to max_nap; *nap
+// carries the last nap from call to call, 0 after a completion or a kick.
+// Only for thread-safe providers: it calls the provider between naps with
+// no lock of the caller's.
+static ssize_t kvf_cq_wait(struct kvf_ep *e, void **ctxs, size_t n, long *nap, long min_nap, long max_nap,
+		long budget, int *kicked, long *naps) {
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	*kicked = 0;
+	for (;;) {
+		ssize_t got = kvf_cq_poll(e, ctxs, n);
+		if (got != -KVF_FI_EAGAIN) {
+			*nap = 0;
+			return got;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		long el = (t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec);
+		if (el >= budget) return got;
+		long d = *nap * 2;
+		if (d < min_nap) d = min_nap;
+		if (d > max_nap) d = max_nap;
+		*nap = d;
+		(*naps)++;
+		if (kvf_nap(e, d)) {
+			*nap = 0;
+			*kicked = 1;
+			return got;
+		}
+	}
+}
+
+// kvf_fine_naps makes this thread's timed sleeps end within a microsecond
+// of their time, rather than the kernel's default 50 us slack.
+static void kvf_fine_naps(void) { prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); }
 
 static void *kvf_ctx_at(void *slab, size_t i) { return (char *)slab + i * 64; }
 static size_t kvf_ctx_index(void *slab, void *ctx) { return (size_t)((char *)ctx - (char *)slab) / 64; }
@@ -528,8 +614,15 @@ type Endpoint struct {
 	stop chan struct{}
 	done chan struct{}
 
-	// Counters.
-	reads, bytes, failures atomic.Uint64
+	// active counts the Reads under way; servingUntil is when the last
+	// live Serve ends (Unix ns), serves those live.
+	active       atomic.Int32
+	servingUntil atomic.Int64
+	serveMu      sync.Mutex
+	serves       map[*serveTicket]struct{}
+
+	// Counters; naps counts the progress loop's naps.
+	reads, bytes, failures, naps atomic.Uint64
 }
 
 // reader collects the completions of one Read.
@@ -558,7 +651,7 @@ func (l *Library) Open() (*Endpoint, error) {
 		return nil, err
 	}
 	e := &Endpoint{lib: l, info: p, plan: plan, grace: l.cfg.FlushGrace, connectTimeout: l.cfg.ConnectTimeout, regions: map[*Region]struct{}{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		serves: map[*serveTicket]struct{}{}, stop: make(chan struct{}), done: make(chan struct{})}
 	var opened bool
 	var openErr error
 	err = l.getinfo(p.Provider, l.cfg.Node, p.HMEM, func(i *C.struct_kvf_fi_info) bool {
@@ -674,14 +767,28 @@ func (e *Endpoint) usable() error {
 
 // progress reads the completion queue until Close, handing each completion
 // to the read that posted it. Reading the queue is also what drives a
-// software provider's progress, serving peers' reads included.
+// software provider's progress, serving peers' reads included (shm serves
+// a read only when the holder's loop polls, and tcp sends its bytes).
 //
-// It polls (fi_cq_read) rather than blocking in fi_cq_sread: some providers'
-// sread ignores its timeout, which would keep Close waiting. While
-// completions come it only yields between polls; after pollSpins empty polls
-// it sleeps, longer the longer nothing comes, up to pollMaxSleep.
+// It polls (fi_cq_read) rather than blocking in fi_cq_sread: shm's queues
+// have no wait object in libfabric 1.17, and some providers' sread ignores
+// its timeout. Between empty polls it naps (kvf_nap: on an eventfd, with a
+// timeout of microsecond precision), longer the longer nothing comes, up
+// to a cap set by what the endpoint is doing:
+//
+//	a Read under way      yields hotSpins times, then naps up to hotMaxNap
+//	serving (Serve)       naps up to servingMaxNap
+//	neither               naps up to idleMaxNap
+//
+// A Read or Serve that begins wakes a nap at once (kvf_kick), so an idle
+// endpoint sleeps long and costs almost nothing, and a holder polls often
+// only while a peer may be reading it.
 func (e *Endpoint) progress() {
 	defer close(e.done)
+	// The thread's naps keep to their time (see kvf_fine_naps); the thread
+	// ends with the loop.
+	runtime.LockOSThread()
+	C.kvf_fine_naps()
 	// Declared once: what is passed to C escapes, and the loop must not
 	// allocate on every poll.
 	var ctxs [64]unsafe.Pointer
@@ -689,54 +796,154 @@ func (e *Endpoint) progress() {
 	var errno, provErrno C.int
 	var text [256]C.char
 	idle := 0
+	var nap C.long
 	for {
 		select {
 		case <-e.stop:
 			return
 		default:
 		}
-		if !e.info.ThreadSafe {
+		limit := e.napLimit()
+		var n C.ssize_t
+		spin := false
+		switch {
+		case !e.info.ThreadSafe:
 			// Close waits for this loop to end before it frees anything,
-			// so the loop takes only the serialising lock.
+			// so the loop takes only the serialising lock, and naps
+			// without it.
 			e.serial.Lock()
-		}
-		n := C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
-		if n == -C.KVF_FI_EAVAIL {
-			C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
-		}
-		if !e.info.ThreadSafe {
+			n = C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
+			if n == -C.KVF_FI_EAVAIL {
+				C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
+			}
 			e.serial.Unlock()
+		case limit == hotMaxNap && idle < hotSpins:
+			// A read under way: a few polls that only yield first.
+			spin = true
+			n = C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
+		default:
+			// Polls and naps in C until something comes, a read or a
+			// server begins (kicked), or the budget passes: the runtime is
+			// entered once per wait, not once per nap.
+			var kicked C.int
+			var naps C.long
+			n = C.kvf_cq_wait(e.ep, &ctxs[0], C.size_t(len(ctxs)), &nap, C.long(minNap), C.long(limit),
+				C.long(waitBudget(limit)), &kicked, &naps)
+			e.naps.Add(uint64(naps))
+			if kicked != 0 {
+				idle = 0
+				continue
+			}
+		}
+		if e.info.ThreadSafe && n == -C.KVF_FI_EAVAIL {
+			C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
 		}
 		switch {
 		case n > 0:
-			idle = 0
+			idle, nap = 0, 0
 			for i := range int(n) {
 				e.complete(ctxs[i], nil)
 			}
 		case n == -C.KVF_FI_EAVAIL:
-			idle = 0
+			idle, nap = 0, 0
 			err := fmt.Errorf("ofi: read failed on %s: %w: %w", e.info.Provider, e.lib.fiError(errno), ErrCompletion)
 			if provErrno != 0 {
 				err = fmt.Errorf("%w (provider: %s)", err, C.GoString(&text[0]))
 			}
 			e.complete(errCtx, err)
-		default:
+		case !e.info.ThreadSafe:
 			idle++
-			if idle <= pollSpins {
+			if limit == hotMaxNap && idle <= hotSpins {
 				runtime.Gosched()
-			} else {
-				time.Sleep(min(time.Duration(idle-pollSpins)*pollStep, pollMaxSleep))
+				continue
 			}
+			nap = min(max(2*nap, C.long(minNap)), C.long(limit))
+			e.naps.Add(1)
+			if C.kvf_nap(e.ep, nap) != 0 {
+				idle, nap = 0, 0 // a read or a server began: poll at once
+			}
+		case spin:
+			idle++
+			runtime.Gosched()
 		}
 	}
 }
 
-// The progress loop's back-off.
+// waitBudget is how long one kvf_cq_wait may nap before the loop looks at
+// what the endpoint does again: a hundred naps at the cap, at most 50 ms.
+func waitBudget(limit time.Duration) time.Duration {
+	return min(100*limit, 50*time.Millisecond)
+}
+
+// The progress loop's naps (see progress).
 const (
-	pollSpins    = 256
-	pollStep     = 2 * time.Microsecond
-	pollMaxSleep = 100 * time.Microsecond
+	hotSpins      = 64
+	minNap        = time.Microsecond
+	hotMaxNap     = 20 * time.Microsecond
+	servingMaxNap = 200 * time.Microsecond
+	idleMaxNap    = 10 * time.Millisecond
 )
+
+// napLimit is the longest the progress loop naps now.
+func (e *Endpoint) napLimit() time.Duration {
+	switch {
+	case e.active.Load() > 0:
+		return hotMaxNap
+	case time.Now().UnixNano() < e.servingUntil.Load():
+		return servingMaxNap
+	}
+	return idleMaxNap
+}
+
+// Serve tells the endpoint that peers may read its regions until until,
+// or until the returned function is called: its progress loop then polls
+// often enough to serve them (which shm and tcp need of the holder), where
+// an endpoint neither reading nor serving polls rarely. Calls may overlap;
+// the endpoint serves while any is live.
+func (e *Endpoint) Serve(until time.Time) (done func()) {
+	t := &serveTicket{until: until.UnixNano()}
+	e.serveMu.Lock()
+	now := time.Now().UnixNano()
+	for o := range e.serves {
+		if o.until <= now {
+			delete(e.serves, o)
+		}
+	}
+	e.serves[t] = struct{}{}
+	if t.until > e.servingUntil.Load() {
+		e.servingUntil.Store(t.until)
+	}
+	e.serveMu.Unlock()
+	e.kick()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			e.serveMu.Lock()
+			defer e.serveMu.Unlock()
+			delete(e.serves, t)
+			latest := int64(0)
+			for o := range e.serves {
+				latest = max(latest, o.until)
+			}
+			e.servingUntil.Store(latest)
+		})
+	}
+}
+
+type serveTicket struct{ until int64 }
+
+// Serving says whether the endpoint is serving now (a Serve is live).
+func (e *Endpoint) Serving() bool { return time.Now().UnixNano() < e.servingUntil.Load() }
+
+// kick wakes the progress loop from its nap.
+func (e *Endpoint) kick() {
+	unlock, err := e.lockCalls()
+	if err != nil {
+		return
+	}
+	C.kvf_kick(e.ep)
+	unlock()
+}
 
 func (e *Endpoint) complete(ctx unsafe.Pointer, err error) {
 	i := int(C.kvf_ctx_index(e.slab, ctx))
@@ -908,6 +1115,11 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 	if err := e.usable(); err != nil {
 		return err
 	}
+	// The progress loop polls hot while a read is under way.
+	if e.active.Add(1) == 1 {
+		e.kick()
+	}
+	defer e.active.Add(-1)
 	reqs := gather(segs, e.info.MaxMsgSize, min(max(e.info.IOVLimit, 1), int(C.KVF_MAX_IOV)))
 	var desc unsafe.Pointer
 	if e.plan.LocalDesc {
@@ -1081,6 +1293,7 @@ func (e *Endpoint) Close() error {
 	e.regions = map[*Region]struct{}{}
 	e.mu.Unlock()
 	close(e.stop)
+	C.kvf_kick(e.ep) // the loop may nap up to idleMaxNap
 	<-e.done
 	e.live.Lock()
 	defer e.live.Unlock()

@@ -61,6 +61,7 @@ func childMain() int {
 		seed, _ := strconv.Atoi(os.Getenv(envSeed))
 		fill(mem, byte(seed))
 		rem := r.Remote()
+		defer e.Serve(time.Now().Add(time.Hour))()
 		fmt.Printf("ready %s %d %d %d\n", hex.EncodeToString(e.Name()), rem.Addr, rem.Len, rem.Key)
 		io.Copy(io.Discard, os.Stdin)
 		return 0
