@@ -3,6 +3,9 @@
 package ofi
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -72,6 +75,58 @@ func TestServingEndpointCPU(t *testing.T) {
 			if naps := e.naps.Load() - naps0; naps > uint64(2*window/idleMaxNap) {
 				t.Errorf("%d naps in %v once the Serve ended, want at most %d", naps, window, 2*window/idleMaxNap)
 			}
+		})
+	}
+}
+
+// HostOnly opens a provider without FI_HMEM: nothing listed registers
+// device memory, RegisterCUDA refuses, and reads move every byte (shm's
+// by cross-memory attach, this process reading itself).
+func TestHostOnly(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			l, err := Load(Config{Provider: prov, Node: nodeFor(prov), HostOnly: true})
+			if err != nil {
+				t.Fatalf("libfabric is needed for these tests (make test-deps): %v", err)
+			}
+			t.Cleanup(func() { l.Close() })
+			offered, err := l.Providers()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range offered {
+				if p.HMEM {
+					t.Errorf("%s on %s listed with FI_HMEM", p.Provider, p.Domain)
+				}
+			}
+			holder, reader := openEndpoint(t, l), openEndpoint(t, l)
+			if _, err := reader.RegisterCUDA(0x1000, 4096, 0); !errors.Is(err, ErrNotSupported) {
+				t.Errorf("RegisterCUDA on a host-only endpoint: %v, want ErrNotSupported", err)
+			}
+			src, dst := mapped(t, 1<<20), mapped(t, 1<<20)
+			fill(src, 0x3c)
+			srcReg, dstReg := register(t, holder, src), register(t, reader, dst)
+			peer, err := reader.AddPeer(holder.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			// 128-byte rows, every other one, as an NHD import reads them.
+			var segs []Segment
+			for off := uint64(0); off < 1<<19; off += 256 {
+				segs = append(segs, Segment{LocalOff: off, RemoteOff: off + 128, Len: 128, Remote: srcReg.Remote()})
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			start := time.Now()
+			if err := reader.Read(ctx, peer, dstReg, segs); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range segs {
+				if !bytes.Equal(dst[s.LocalOff:s.LocalOff+s.Len], src[s.RemoteOff:s.RemoteOff+s.Len]) {
+					t.Fatalf("row at %d differs", s.LocalOff)
+				}
+			}
+			t.Logf("%s: %d rows of 128 bytes in %v", prov, len(segs), time.Since(start).Round(time.Microsecond))
 		})
 	}
 }

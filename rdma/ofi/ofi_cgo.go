@@ -570,7 +570,9 @@ func (l *Library) Providers() ([]ProviderInfo, error) {
 		}
 	}
 	// Providers that register device memory first, so their entry says so.
-	_ = l.getinfo("", l.cfg.Node, true, add(true))
+	if !l.cfg.HostOnly {
+		_ = l.getinfo("", l.cfg.Node, true, add(true))
+	}
 	if err := l.getinfo("", l.cfg.Node, false, add(false)); err != nil && len(out) == 0 {
 		return nil, fmt.Errorf("%w: %w", err, ErrUnavailable)
 	}
@@ -880,7 +882,7 @@ const (
 	hotSpins      = 64
 	minNap        = time.Microsecond
 	hotMaxNap     = 20 * time.Microsecond
-	servingMaxNap = 200 * time.Microsecond
+	servingMaxNap = 50 * time.Microsecond
 	idleMaxNap    = 10 * time.Millisecond
 )
 
