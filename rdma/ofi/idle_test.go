@@ -6,6 +6,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -128,5 +131,37 @@ func TestHostOnly(t *testing.T) {
 			}
 			t.Logf("%s: %d rows of 128 bytes in %v", prov, len(segs), time.Since(start).Round(time.Microsecond))
 		})
+	}
+}
+
+// shm endpoints are named ShmPrefix, the process ID and random hex, so
+// that a region a killed process left in /dev/shm under its ID (here: one
+// made under every name shm would give this process by default) does not
+// keep the endpoint from opening; the name is in the region's file.
+func TestShmNameUnique(t *testing.T) {
+	l := loadLibrary(t, "shm")
+	for idx := range 4 {
+		stale := fmt.Sprintf("/dev/shm/%d:%d:%d", os.Getpid(), os.Getuid(), idx)
+		if _, err := os.Stat(stale); err == nil {
+			t.Fatalf("%s exists before the test", stale)
+		}
+		if err := os.WriteFile(stale, make([]byte, 4096), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(stale) })
+	}
+	a, b := openIdle(t, l), openIdle(t, l)
+	if bytes.Equal(a.Name(), b.Name()) {
+		t.Fatalf("two endpoints named %q", a.Name())
+	}
+	prefix := fmt.Sprintf("%s%d-", ShmPrefix, os.Getpid())
+	for _, e := range []*Endpoint{a, b} {
+		if !bytes.Contains(e.Name(), []byte(prefix)) {
+			t.Errorf("endpoint name %q does not contain %q", e.Name(), prefix)
+		}
+	}
+	files, err := filepath.Glob("/dev/shm/" + prefix + "*")
+	if err != nil || len(files) < 2 {
+		t.Errorf("regions in /dev/shm named %s*: %v (%v), want the two endpoints'", prefix, files, err)
 	}
 }

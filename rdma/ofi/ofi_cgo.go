@@ -273,6 +273,30 @@ static ssize_t kvf_read(struct kvf_ep *e, const uint64_t *local, size_t n, void 
 	return e->ep->rma->readmsg(e->ep, &m, KVF_FI_COMPLETION);
 }
 
+// kvf_req is one read request of a batch: n local pieces as (address,
+// length) pairs, the peer's address and key, and its context.
+struct kvf_req {
+	uint64_t local[2 * KVF_MAX_IOV];
+	uint64_t n, raddr, key;
+	uintptr_t ctx;
+};
+
+// kvf_read_batch posts reqs in order until the provider refuses one; it
+// returns how many it posted, with *rc the refusal (0 when all were).
+static size_t kvf_read_batch(struct kvf_ep *e, const struct kvf_req *reqs, size_t n, void *desc, kvf_fi_addr_t src,
+		ssize_t *rc) {
+	*rc = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct kvf_req *q = &reqs[i];
+		ssize_t x = kvf_read(e, q->local, q->n, desc, src, q->raddr, q->key, (void *)q->ctx);
+		if (x != 0) {
+			*rc = x;
+			return i;
+		}
+	}
+	return n;
+}
+
 // kvf_cq_poll reads up to n completions into ctxs without blocking. A
 // negative return is -FI_EAGAIN (nothing), or -FI_EAVAIL (an error entry:
 // read it with kvf_cq_err), or another error.
@@ -372,9 +396,11 @@ import "C"
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -627,9 +653,39 @@ type Endpoint struct {
 	reads, bytes, failures, naps atomic.Uint64
 }
 
-// reader collects the completions of one Read.
+// reader collects the completions of one Read: the progress loop adds
+// each batch of them at once and wakes the Read, which takes them all.
 type reader struct {
-	ch chan error
+	mu   sync.Mutex
+	n    int   // completions not taken yet
+	err  error // the first error among them
+	wake chan struct{}
+}
+
+func newReader() *reader { return &reader{wake: make(chan struct{}, 1)} }
+
+// add counts n completions, err the first error among them, and wakes the
+// Read.
+func (r *reader) add(n int, err error) {
+	r.mu.Lock()
+	r.n += n
+	if r.err == nil {
+		r.err = err
+	}
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the completions counted since the last take.
+func (r *reader) take() (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, err := r.n, r.err
+	r.n, r.err = 0, nil
+	return n, err
 }
 
 // Open opens an endpoint on the provider Choose picks from cfg.Provider.
@@ -656,7 +712,11 @@ func (l *Library) Open() (*Endpoint, error) {
 		serves: map[*serveTicket]struct{}{}, stop: make(chan struct{}), done: make(chan struct{})}
 	var opened bool
 	var openErr error
-	err = l.getinfo(p.Provider, l.cfg.Node, p.HMEM, func(i *C.struct_kvf_fi_info) bool {
+	node := l.cfg.Node
+	if p.Base() == "shm" && node == "" {
+		node = shmName()
+	}
+	err = l.getinfo(p.Provider, node, p.HMEM, func(i *C.struct_kvf_fi_info) bool {
 		if C.GoString(C.kvf_info_domain(i)) != p.Domain {
 			return true
 		}
@@ -702,6 +762,21 @@ func (l *Library) Open() (*Endpoint, error) {
 	go e.progress()
 	l.cfg.Logger.Info("ofi endpoint open", "provider", p.Provider, "domain", p.Domain, "mr_mode", p.MRMode.String())
 	return e, nil
+}
+
+// ShmPrefix begins the name of every shm endpoint the binding opens
+// without Config.Node: ShmPrefix, the process ID, a dash and random hex.
+// shm keeps each endpoint's region in /dev/shm under its name (with the
+// user ID and an index appended), and its default name is the process ID
+// alone: a process killed with SIGKILL leaves its region behind, and a
+// later process given the same ID could not open an endpoint (fi_enable:
+// EBUSY).
+const ShmPrefix = "kvf-"
+
+func shmName() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s%d-%x", ShmPrefix, os.Getpid(), b)
 }
 
 // Info describes the endpoint's provider.
@@ -843,8 +918,22 @@ func (e *Endpoint) progress() {
 		switch {
 		case n > 0:
 			idle, nap = 0, 0
+			// One wake-up per reader per batch, not per completion.
+			var last *reader
+			count := 0
 			for i := range int(n) {
-				e.complete(ctxs[i], nil)
+				r := e.release(ctxs[i])
+				if r != last && last != nil {
+					last.add(count, nil)
+					count = 0
+				}
+				if r != nil {
+					last = r
+					count++
+				}
+			}
+			if last != nil {
+				last.add(count, nil)
 			}
 		case n == -C.KVF_FI_EAVAIL:
 			idle, nap = 0, 0
@@ -852,7 +941,9 @@ func (e *Endpoint) progress() {
 			if provErrno != 0 {
 				err = fmt.Errorf("%w (provider: %s)", err, C.GoString(&text[0]))
 			}
-			e.complete(errCtx, err)
+			if r := e.release(errCtx); r != nil {
+				r.add(1, err)
+			}
 		case !e.info.ThreadSafe:
 			idle++
 			if limit == hotMaxNap && idle <= hotSpins {
@@ -947,16 +1038,16 @@ func (e *Endpoint) kick() {
 	unlock()
 }
 
-func (e *Endpoint) complete(ctx unsafe.Pointer, err error) {
+// release frees the slot of a completed request and returns the reader
+// that posted it (nil for a context not of the endpoint's).
+func (e *Endpoint) release(ctx unsafe.Pointer) *reader {
 	i := int(C.kvf_ctx_index(e.slab, ctx))
 	if i < 0 || i >= len(e.owner) {
-		return
+		return nil
 	}
 	r := e.owner[i].Swap(nil)
 	e.free <- i
-	if r != nil {
-		r.ch <- err
-	}
+	return r
 }
 
 // Peer is a peer endpoint inserted into this endpoint's address vector.
@@ -1127,75 +1218,92 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 	if e.plan.LocalDesc {
 		desc = C.kvf_mr_desc(dst.mr)
 	}
-	r := &reader{ch: make(chan error, len(e.owner))}
+	r := newReader()
 	inFlight := 0
 	var first error
-	local := make([]C.uint64_t, 0, 2*C.KVF_MAX_IOV)
-	wait := func(block bool) bool {
-		if block {
-			select {
-			case err := <-r.ch:
-				inFlight--
-				first = cmpErr(first, err)
-				return true
-			case <-ctx.Done():
-				return false
-			}
-		}
-		select {
-		case err := <-r.ch:
-			inFlight--
-			first = cmpErr(first, err)
-		default:
-		}
-		return true
+	drain := func() {
+		n, err := r.take()
+		inFlight -= n
+		first = cmpErr(first, err)
 	}
+	// wait blocks until completions come, or ctx ends (false).
+	wait := func() bool {
+		select {
+		case <-r.wake:
+			drain()
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	batch := make([]C.struct_kvf_req, min(postBatch, len(reqs)))
+	slots := make([]int, 0, len(batch))
 	var moved uint64
 	// refused is when the provider began refusing every request of the
 	// read with nothing of it in flight; zero while it takes them.
 	var refused time.Time
 	var pause time.Duration
 	for i := 0; i < len(reqs) && first == nil; {
-		var slot int
+		// A slot for the next request, waiting if need be, then as many
+		// more as are free, up to a batch.
 		select {
-		case slot = <-e.free:
-		case err := <-r.ch:
-			inFlight--
-			first = cmpErr(first, err)
+		case slot := <-e.free:
+			slots = append(slots[:0], slot)
+		case <-r.wake:
+			drain()
 			continue
 		case <-ctx.Done():
 			return e.abandon(ctx, r, inFlight, first)
 		}
-		q := &reqs[i]
-		local = local[:0]
-		for _, p := range q.local {
-			local = append(local, C.uint64_t(uint64(dst.addr)+p.off), C.uint64_t(p.len))
+	more:
+		for len(slots) < min(len(batch), len(reqs)-i) {
+			select {
+			case slot := <-e.free:
+				slots = append(slots, slot)
+			default:
+				break more
+			}
 		}
-		ctxp := C.kvf_ctx_at(e.slab, C.size_t(slot))
-		e.owner[slot].Store(r)
+		for k, slot := range slots {
+			q, b := &reqs[i+k], &batch[k]
+			for j, p := range q.local {
+				b.local[2*j], b.local[2*j+1] = C.uint64_t(uint64(dst.addr)+p.off), C.uint64_t(p.len)
+			}
+			b.n, b.raddr, b.key = C.uint64_t(len(q.local)), C.uint64_t(q.remoteAddr), C.uint64_t(q.key)
+			b.ctx = C.uintptr_t(uintptr(C.kvf_ctx_at(e.slab, C.size_t(slot))))
+			e.owner[slot].Store(r)
+		}
+		giveBack := func(from int) {
+			for _, slot := range slots[from:] {
+				e.owner[slot].Store(nil)
+				e.free <- slot
+			}
+		}
 		unlock, err := e.lockCalls()
 		if err != nil {
-			e.owner[slot].Store(nil)
-			e.free <- slot
+			giveBack(0)
 			first = cmpErr(first, err)
 			break
 		}
-		rc := C.kvf_read(e.ep, &local[0], C.size_t(len(q.local)), desc, peer.addr, C.uint64_t(q.remoteAddr), C.uint64_t(q.key), ctxp)
+		var rc C.ssize_t
+		posted := int(C.kvf_read_batch(e.ep, &batch[0], C.size_t(len(slots)), desc, peer.addr, &rc))
 		unlock()
+		for k := range posted {
+			moved += reqs[i+k].bytes()
+		}
+		inFlight += posted
+		i += posted
+		giveBack(posted)
+		if posted > 0 {
+			refused, pause = time.Time{}, 0
+		}
 		switch {
 		case rc == 0:
-			inFlight++
-			moved += q.bytes()
-			i++
-			refused, pause = time.Time{}, 0
-			wait(false)
+			drain()
 		case rc == -C.KVF_FI_EAGAIN:
-			// The transmit queue is full: give the slot back and let
-			// completions drain it.
-			e.owner[slot].Store(nil)
-			e.free <- slot
+			// The transmit queue is full: let completions drain it.
 			if inFlight > 0 {
-				if !wait(true) {
+				if !wait() {
 					return e.abandon(ctx, r, inFlight, first)
 				}
 				continue
@@ -1220,13 +1328,11 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 				return e.abandon(ctx, r, inFlight, first)
 			}
 		default:
-			e.owner[slot].Store(nil)
-			e.free <- slot
-			first = fmt.Errorf("ofi: %s: posting a read of %d bytes: %w", e.info.Provider, q.bytes(), e.lib.fiError(C.int(rc)))
+			first = fmt.Errorf("ofi: %s: posting a read of %d bytes: %w", e.info.Provider, reqs[i].bytes(), e.lib.fiError(C.int(rc)))
 		}
 	}
 	for inFlight > 0 {
-		if !wait(true) {
+		if !wait() {
 			return e.abandon(ctx, r, inFlight, first)
 		}
 	}
@@ -1238,6 +1344,9 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 	e.bytes.Add(moved)
 	return nil
 }
+
+// postBatch is the most requests one call into C posts.
+const postBatch = 16
 
 func cmpErr(first, err error) error {
 	if first != nil {
@@ -1254,8 +1363,9 @@ func (e *Endpoint) abandon(ctx context.Context, r *reader, inFlight int, first e
 	defer timer.Stop()
 	for inFlight > 0 {
 		select {
-		case <-r.ch:
-			inFlight--
+		case <-r.wake:
+			n, _ := r.take()
+			inFlight -= n
 		case <-timer.C:
 			err := fmt.Errorf("ofi: %d reads on %s still in flight %v after the read was given up: endpoint closed: %w",
 				inFlight, e.info.Provider, e.grace, ErrClosed)
@@ -1309,7 +1419,7 @@ func (e *Endpoint) Close() error {
 	// Whatever was in flight is flushed with the endpoint.
 	for i := range e.owner {
 		if r := e.owner[i].Swap(nil); r != nil {
-			r.ch <- fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed)
+			r.add(1, fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed))
 		}
 	}
 	e.lib.mu.Lock()
