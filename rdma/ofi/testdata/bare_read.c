@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #define CHECK(x) do { int rc_ = (x); if (rc_) { fprintf(stderr, "%s: %s\n", #x, fi_strerror(-rc_)); exit(1); } } while (0)
 
@@ -74,6 +75,13 @@ int main(int argc, char **argv) {
 	hints->domain_attr->threading = FI_THREAD_SAFE;
 	hints->fabric_attr->prov_name = strdup(argv[1]);
 	const char *node = strcmp(argv[2], "-") ? argv[2] : NULL;
+	// shm's default endpoint name is the process ID, under which a killed
+	// process may have left its region in /dev/shm: a name of our own.
+	char shm_name[64];
+	if (!node && strcmp(argv[1], "shm") == 0) {
+		snprintf(shm_name, sizeof(shm_name), "kvf-bare-%d-%ld", (int)getpid(), (long)time(NULL));
+		node = shm_name;
+	}
 	CHECK(fi_getinfo(FI_VERSION(1, 17), node, NULL, node ? FI_SOURCE : 0, hints, &info));
 	struct side h, r;
 	open_side(info, &h, bytes);
