@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -136,6 +137,11 @@ func startChild(t *testing.T, role, prov string, size int, seed byte, peer strin
 		stdin.Close()
 		cmd.Process.Kill()
 		cmd.Wait()
+		// A child killed leaves its shm regions in /dev/shm.
+		left, _ := filepath.Glob(fmt.Sprintf("/dev/shm/%s%d-*", ShmPrefix, cmd.Process.Pid))
+		for _, f := range left {
+			os.Remove(f)
+		}
 	})
 	lines := make(chan string, 1)
 	go func() {

@@ -54,6 +54,17 @@ static void open_side(struct fi_info *info, struct side *s, size_t bytes) {
 	}
 }
 
+// close_side closes what open_side opened (shm removes the endpoint's
+// region from /dev/shm only then).
+static void close_side(struct side *s) {
+	fi_close(&s->mr->fid);
+	fi_close(&s->ep->fid);
+	fi_close(&s->cq->fid);
+	fi_close(&s->av->fid);
+	fi_close(&s->dom->fid);
+	fi_close(&s->fab->fid);
+}
+
 static long long now(clockid_t c) {
 	struct timespec ts;
 	clock_gettime(c, &ts);
@@ -117,5 +128,8 @@ int main(int argc, char **argv) {
 	long long w1 = now(CLOCK_MONOTONIC), c1 = now(CLOCK_PROCESS_CPUTIME_ID);
 	if (memcmp(r.buf, h.buf, bytes) != 0) { fprintf(stderr, "bytes differ\n"); return 1; }
 	printf("%zu %lld %lld\n", bytes * rounds, w1 - w0, c1 - c0);
+	close_side(&r);
+	close_side(&h);
+	fi_freeinfo(info);
 	return 0;
 }
