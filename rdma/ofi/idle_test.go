@@ -140,12 +140,13 @@ func TestHostOnly(t *testing.T) {
 // keep the endpoint from opening; the name is in the region's file.
 func TestShmNameUnique(t *testing.T) {
 	l := loadLibrary(t, "shm")
-	for idx := range 4 {
+	// shm numbers a process's endpoints from 0: more than the tests open.
+	for idx := range 512 {
 		stale := fmt.Sprintf("/dev/shm/%d:%d:%d", os.Getpid(), os.Getuid(), idx)
 		if _, err := os.Stat(stale); err == nil {
 			t.Fatalf("%s exists before the test", stale)
 		}
-		if err := os.WriteFile(stale, make([]byte, 4096), 0o600); err != nil {
+		if err := os.WriteFile(stale, nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.Remove(stale) })
