@@ -70,7 +70,10 @@ func (a *Agent) openOFI() (*transfer.RDMAConfig, error) {
 			return nil, err
 		}
 	}
-	lib, err := ofi.Load(ofi.Config{Provider: c.FabricProvider, Node: c.FabricAddr, Logger: a.log})
+	// Without device pools the provider is opened for host memory only:
+	// shm then reads by cross-memory attach where it may (ofi.Config).
+	lib, err := ofi.Load(ofi.Config{Provider: c.FabricProvider, Node: c.FabricAddr, Logger: a.log,
+		HostOnly: a.poolKind != "device"})
 	if err != nil {
 		return nil, err
 	}

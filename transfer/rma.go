@@ -9,6 +9,7 @@ package transfer
 
 import (
 	"context"
+	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
@@ -26,9 +27,14 @@ type rmaTransport interface {
 	// region fills g's address and key for the span at addr inside the
 	// registration reg, as a reader's reads name them.
 	region(reg registration, addr uint64, g *transferpb.RdmaRegion)
-	// answer adds what else a reader needs to a lease answer that carries
-	// regions.
-	answer(resp *transferpb.LeaseResponse)
+	// answer adds what else a reader needs to a lease answer to peer that
+	// carries regions: the lease is then served until it ends
+	// (leaseEnded, dropServed) or its term passes.
+	answer(peer string, resp *transferpb.LeaseResponse)
+	// leaseRenewed says a lease answer served to peer was renewed for d.
+	leaseRenewed(peer string, leaseID uint64, d time.Duration)
+	// leaseEnded says peer released a lease.
+	leaseEnded(peer string, leaseID uint64)
 	// servedConns counts the connections peers read from this node on.
 	servedConns() int
 	// dropServed releases what this node serves peer (its connections

@@ -38,7 +38,8 @@ type ofiTransport struct {
 	ep        *ofi.Endpoint // the endpoint reads and serves use
 	gen       uint64        // bumped with each replacement of ep
 	regs      map[*ofiRegion]struct{}
-	own       []*ofi.Endpoint // the replacements opened, closed with the node
+	served    map[leaseKey]servedLease // leases answered with ep, until they end
+	own       []*ofi.Endpoint          // the replacements opened, closed with the node
 	reopening bool
 	closed    bool
 	stop      chan struct{}
@@ -48,7 +49,7 @@ type ofiTransport struct {
 }
 
 func newOFITransport(n *Node, ep *ofi.Endpoint) *ofiTransport {
-	return &ofiTransport{n: n, ep: ep, regs: map[*ofiRegion]struct{}{}, stop: make(chan struct{}),
+	return &ofiTransport{n: n, ep: ep, regs: map[*ofiRegion]struct{}{}, served: map[leaseKey]servedLease{}, stop: make(chan struct{}),
 		open: func(b *ofi.Endpoint) (*ofi.Endpoint, error) { return b.Reopen() }}
 }
 
@@ -127,17 +128,80 @@ func (t *ofiTransport) region(reg registration, addr uint64, g *transferpb.RdmaR
 }
 
 // answer names the endpoint, unless it is broken: a reader then reads
-// over QUIC (as from a holder without RDMA) until it is replaced.
-func (t *ofiTransport) answer(resp *transferpb.LeaseResponse) {
+// over QUIC (as from a holder without RDMA) until it is replaced. The
+// endpoint serves (ofi.Endpoint.Serve: its progress loop polls often, as
+// shm and tcp need of a holder) until the lease ends or its term passes.
+func (t *ofiTransport) answer(peer string, resp *transferpb.LeaseResponse) {
 	ep, _ := t.endpoint()
 	if ep.Broken() != nil {
 		return
 	}
 	resp.OfiName = ep.Name()
+	t.serve(leaseKey{peer, resp.LeaseId}, time.Duration(resp.DurationMs)*time.Millisecond, false)
 }
 
-func (t *ofiTransport) servedConns() int  { return 0 }
-func (t *ofiTransport) dropServed(string) {}
+func (t *ofiTransport) leaseRenewed(peer string, id uint64, d time.Duration) {
+	t.serve(leaseKey{peer, id}, d, true)
+}
+
+func (t *ofiTransport) leaseEnded(peer string, id uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l, ok := t.served[leaseKey{peer, id}]; ok {
+		l.done()
+		delete(t.served, leaseKey{peer, id})
+	}
+}
+
+// leaseKey names a lease this node answered with its endpoint.
+type leaseKey struct {
+	peer string
+	id   uint64
+}
+
+// servedLease is a lease the endpoint serves until.
+type servedLease struct {
+	until time.Time
+	done  func() // ends the endpoint's Serve
+}
+
+// serve makes the endpoint serve lease k for d from now: a lease answered
+// with the endpoint, or, with renew, one renewed that it serves.
+func (t *ofiTransport) serve(k leaseKey, d time.Duration, renew bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	for o, l := range t.served {
+		if !l.until.After(now) {
+			l.done()
+			delete(t.served, o)
+		}
+	}
+	old, ok := t.served[k]
+	if t.closed || (renew && !ok) {
+		return
+	}
+	if ok {
+		old.done()
+	}
+	until := now.Add(d)
+	t.served[k] = servedLease{until: until, done: t.ep.Serve(until)}
+}
+
+func (t *ofiTransport) servedConns() int { return 0 }
+
+// dropServed ends the serving of peer's leases: it left, or its
+// connections closed.
+func (t *ofiTransport) dropServed(peer string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, l := range t.served {
+		if k.peer == peer {
+			l.done()
+			delete(t.served, k)
+		}
+	}
+}
 
 // close stops a replacement under way and closes the replacements made.
 func (t *ofiTransport) close() {
@@ -148,6 +212,10 @@ func (t *ofiTransport) close() {
 	}
 	t.closed = true
 	close(t.stop)
+	for k, l := range t.served {
+		l.done()
+		delete(t.served, k)
+	}
 	t.mu.Unlock()
 	t.loops.Wait()
 	t.mu.Lock()
@@ -278,6 +346,11 @@ func (t *ofiTransport) replace(broken *ofi.Endpoint) error {
 	}
 	t.ep, t.reopening = ep, false
 	t.own = append(t.own, ep)
+	// Leases answered before go on being served, by the new endpoint.
+	for k, l := range t.served {
+		l.done()
+		t.served[k] = servedLease{until: l.until, done: ep.Serve(l.until)}
+	}
 	return nil
 }
 

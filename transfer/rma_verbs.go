@@ -46,7 +46,11 @@ func (t *verbsTransport) region(reg registration, addr uint64, g *transferpb.Rdm
 	}
 }
 
-func (t *verbsTransport) answer(*transferpb.LeaseResponse) {}
+func (t *verbsTransport) answer(string, *transferpb.LeaseResponse) {}
+
+// A NIC serves reads by itself: leases need nothing of the binding.
+func (t *verbsTransport) leaseRenewed(string, uint64, time.Duration) {}
+func (t *verbsTransport) leaseEnded(string, uint64)                  {}
 
 func (v *verbsPeer) regionKey(g *transferpb.RdmaRegion) uint64 { return uint64(g.Rkey) }
 

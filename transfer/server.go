@@ -153,7 +153,7 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		if r.rdma && n.rdma != nil && l.ID != 0 && r.rma == n.rdma.tp.kind() {
 			resp.RdmaRegions = n.rdmaRegions(l.LayoutDigests)
 			if len(resp.RdmaRegions) > 0 {
-				n.rdma.tp.answer(resp)
+				n.rdma.tp.answer(peer, resp)
 			}
 		}
 		return resp, nil
@@ -168,12 +168,18 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		if err != nil {
 			return nil, err
 		}
+		if ok && n.rdma != nil {
+			n.rdma.tp.leaseRenewed(peer, r.leaseID, r.duration)
+		}
 		return &transferpb.RenewResponse{Valid: ok}, nil
 	case methodRelease:
 		if mr, ok := h.(MismatchReporter); ok && len(r.mismatched) > 0 {
 			mr.Mismatched(ctx, peer, r.leaseID, r.mismatched)
 		}
 		ok, err := h.Release(ctx, peer, r.leaseID)
+		if n.rdma != nil {
+			n.rdma.tp.leaseEnded(peer, r.leaseID)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -47,7 +47,13 @@ func BenchmarkRead(b *testing.B) {
 			bareGBs := moved / wallNS
 			bareCPU := cpuNS / 1e6 / (moved / 1e9)
 
-			l := loadLibrary(b, prov)
+			// Host-only, as the loop opens it (and an agent without
+			// device pools): shm reads by cross-memory attach.
+			l, err := Load(Config{Provider: prov, Node: nodeFor(prov), HostOnly: true})
+			if err != nil {
+				b.Fatalf("libfabric (make test-deps): %v", err)
+			}
+			b.Cleanup(func() { l.Close() })
 			holder, reader := openEndpoint(b, l), openEndpoint(b, l)
 			src := mapped(b, bytes)
 			fill(src, 1)

@@ -58,7 +58,18 @@
 //
 // One goroutine per endpoint reads its completion queue and so also drives
 // the provider's progress, which software providers need on the serving side
-// as well. Read posts its requests (split at the provider's message size,
+// as well: tcp sends a read's bytes, and shm (without cross-memory attach)
+// copies them, only when the holder's loop polls. shm's queues have no wait
+// object in libfabric 1.17, so the loop polls, napping between empty polls
+// on an eventfd with a timeout of microsecond precision, longer the longer
+// nothing comes, up to a cap set by what the endpoint does: 20 us while a
+// Read of its own is under way (after a few polls that only yield), 50 us
+// while it serves peers (Serve, which kvfabric calls for each lease it
+// answers with the endpoint, until the lease ends), 10 ms otherwise. A Read
+// or Serve that begins wakes the nap at once. An idle endpoint costs about
+// a hundred wake-ups a second.
+//
+// Read posts its requests (split at the provider's message size,
 // gathered into scatter lists up to its iov limit, at most its transmit queue
 // depth in flight), then waits for their completions. A read whose context
 // ends with requests still in flight waits a bounded grace for them; past it
@@ -67,4 +78,18 @@
 // request of for Config.ConnectTimeout, with nothing of it in flight, fails
 // with ErrUnreachable: tcp;ofi_rxm takes none while it connects to a peer,
 // and keeps trying to connect to one that is gone.
+//
+// # shm in libfabric 1.17
+//
+// Opened with FI_HMEM, shm turns cross-memory attach off: every read is
+// copied by the holder's progress through shared buffers, one read at a
+// time per peer, so a read of many small pieces costs a holder wake-up
+// each; a read with a wrong key or past a registration gets no completion
+// at all (the holder drops it), and ends at the caller's deadline.
+// Opened without (Config.HostOnly), shm reads the holder's memory itself
+// with process_vm_readv where the kernel lets it (same user, holder
+// dumpable): fast, needing the holder only to recycle its command slots,
+// and checking neither keys nor registrations (a process that may attach
+// to the holder may read all of its memory anyway). A holder that has
+// exited fails such a read at once.
 package ofi

@@ -6,6 +6,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -28,7 +29,17 @@ func nodeFor(provider string) string {
 	return ""
 }
 
+// openEndpoint opens an endpoint that serves peers' reads (Serve) for the
+// rest of the test: most tests read from it.
 func openEndpoint(t testing.TB, l *Library) *Endpoint {
+	t.Helper()
+	e := openIdle(t, l)
+	t.Cleanup(e.Serve(time.Now().Add(time.Hour)))
+	return e
+}
+
+// openIdle opens an endpoint that does not serve.
+func openIdle(t testing.TB, l *Library) *Endpoint {
 	t.Helper()
 	e, err := l.Open()
 	if err != nil {

@@ -85,6 +85,15 @@ type Config struct {
 	// Logger receives the chosen provider and failures. If nil,
 	// slog.Default().
 	Logger *slog.Logger
+
+	// HostOnly opens the provider without FI_HMEM: the endpoint registers
+	// host memory only (RegisterCUDA refuses, DevicePlan says staged). shm
+	// then reads by cross-memory attach (process_vm_readv, where the
+	// kernel lets the reader into the holder's process: same user, holder
+	// dumpable), which it turns off with FI_HMEM, rather than through
+	// buffers the holder's progress fills, one read at a time per peer. If
+	// false, a provider that offers FI_HMEM is opened with it.
+	HostOnly bool
 }
 
 // populate fills the defaults (the one place that does).

@@ -4,8 +4,14 @@ package ofi
 
 /*
 #cgo LDFLAGS: -ldl
+#define _GNU_SOURCE
 #include <dlfcn.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,12 +129,19 @@ static const char *kvf_info_fabric(struct kvf_fi_info *i) { return i->fabric_att
 static const char *kvf_info_domain(struct kvf_fi_info *i) { return i->domain_attr->name; }
 
 // kvf_ep is everything one endpoint owns, closed in reverse by kvf_ep_close.
+// wake is an eventfd the progress loop naps on (kvf_nap), written by
+// kvf_kick when a read starts or the endpoint starts serving; napping and
+// kicked are the handshake that makes a kick never lost and never a
+// needless write.
 struct kvf_ep {
 	struct kvf_fid_fabric *fabric;
 	struct kvf_fid_domain *domain;
 	struct kvf_fid_av *av;
 	struct kvf_fid_cq *cq;
 	struct kvf_fid_ep *ep;
+	int wake;
+	int napping;
+	int kicked;
 };
 
 static int kvf_close_fid(struct kvf_fid *f) { return f ? f->ops->close(f) : 0; }
@@ -139,6 +152,7 @@ static void kvf_ep_close(struct kvf_ep *e) {
 	if (e->av) kvf_close_fid(&e->av->fid);
 	if (e->domain) kvf_close_fid(&e->domain->fid);
 	if (e->fabric) kvf_close_fid(&e->fabric->fid);
+	if (e->wake > 0) close(e->wake);
 	memset(e, 0, sizeof(*e));
 }
 
@@ -147,6 +161,13 @@ static void kvf_ep_close(struct kvf_ep *e) {
 static int kvf_ep_open(struct kvf_lib *l, struct kvf_fi_info *info, size_t cq_size, struct kvf_ep *e, const char **step) {
 	memset(e, 0, sizeof(*e));
 	int rc;
+	*step = "eventfd";
+	e->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (e->wake < 0) {
+		rc = -12;
+		e->wake = 0;
+		goto fail;
+	}
 	*step = "fi_fabric";
 	if ((rc = l->fabric(info->fabric_attr, &e->fabric, NULL)) != 0) goto fail;
 	*step = "fi_domain";
@@ -252,6 +273,30 @@ static ssize_t kvf_read(struct kvf_ep *e, const uint64_t *local, size_t n, void 
 	return e->ep->rma->readmsg(e->ep, &m, KVF_FI_COMPLETION);
 }
 
+// kvf_req is one read request of a batch: n local pieces as (address,
+// length) pairs, the peer's address and key, and its context.
+struct kvf_req {
+	uint64_t local[2 * KVF_MAX_IOV];
+	uint64_t n, raddr, key;
+	uintptr_t ctx;
+};
+
+// kvf_read_batch posts reqs in order until the provider refuses one; it
+// returns how many it posted, with *rc the refusal (0 when all were).
+static size_t kvf_read_batch(struct kvf_ep *e, const struct kvf_req *reqs, size_t n, void *desc, kvf_fi_addr_t src,
+		ssize_t *rc) {
+	*rc = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct kvf_req *q = &reqs[i];
+		ssize_t x = kvf_read(e, q->local, q->n, desc, src, q->raddr, q->key, (void *)q->ctx);
+		if (x != 0) {
+			*rc = x;
+			return i;
+		}
+	}
+	return n;
+}
+
 // kvf_cq_poll reads up to n completions into ctxs without blocking. A
 // negative return is -FI_EAGAIN (nothing), or -FI_EAVAIL (an error entry:
 // read it with kvf_cq_err), or another error.
@@ -279,6 +324,71 @@ static ssize_t kvf_cq_err(struct kvf_ep *e, void **ctx, int *err, int *prov_errn
 	return rc;
 }
 
+// kvf_nap sleeps up to ns nanoseconds, or until kvf_kick; it returns 1
+// when kicked (now or before it began), else 0.
+static int kvf_nap(struct kvf_ep *e, long ns) {
+	__atomic_store_n(&e->napping, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_exchange_n(&e->kicked, 0, __ATOMIC_SEQ_CST)) {
+		__atomic_store_n(&e->napping, 0, __ATOMIC_SEQ_CST);
+		return 1;
+	}
+	struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
+	struct pollfd p = {e->wake, POLLIN, 0};
+	int r = ppoll(&p, 1, &ts, NULL);
+	__atomic_store_n(&e->napping, 0, __ATOMIC_SEQ_CST);
+	if (r > 0) {
+		uint64_t v;
+		if (read(e->wake, &v, sizeof(v)) < 0) {}
+	}
+	return __atomic_exchange_n(&e->kicked, 0, __ATOMIC_SEQ_CST) || r > 0;
+}
+
+// kvf_kick ends the progress loop's nap, or the next one.
+static void kvf_kick(struct kvf_ep *e) {
+	if (__atomic_exchange_n(&e->kicked, 1, __ATOMIC_SEQ_CST)) return; // a kick is pending
+	if (__atomic_load_n(&e->napping, __ATOMIC_SEQ_CST)) {
+		uint64_t one = 1;
+		if (write(e->wake, &one, sizeof(one)) < 0) {}
+	}
+}
+
+// kvf_cq_wait polls as kvf_cq_poll does until that returns anything but
+// -FI_EAGAIN, or kvf_kick (*kicked is set), or budget ns pass. Between empty
+// polls it naps, twice as long each time from min_nap up to max_nap; *nap
+// carries the last nap from call to call, 0 after a completion or a kick.
+// Only for thread-safe providers: it calls the provider between naps with
+// no lock of the caller's.
+static ssize_t kvf_cq_wait(struct kvf_ep *e, void **ctxs, size_t n, long *nap, long min_nap, long max_nap,
+		long budget, int *kicked, long *naps) {
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	*kicked = 0;
+	for (;;) {
+		ssize_t got = kvf_cq_poll(e, ctxs, n);
+		if (got != -KVF_FI_EAGAIN) {
+			*nap = 0;
+			return got;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		long el = (t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec);
+		if (el >= budget) return got;
+		long d = *nap * 2;
+		if (d < min_nap) d = min_nap;
+		if (d > max_nap) d = max_nap;
+		*nap = d;
+		(*naps)++;
+		if (kvf_nap(e, d)) {
+			*nap = 0;
+			*kicked = 1;
+			return got;
+		}
+	}
+}
+
+// kvf_fine_naps makes this thread's timed sleeps end within a microsecond
+// of their time, rather than the kernel's default 50 us slack.
+static void kvf_fine_naps(void) { prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); }
+
 static void *kvf_ctx_at(void *slab, size_t i) { return (char *)slab + i * 64; }
 static size_t kvf_ctx_index(void *slab, void *ctx) { return (size_t)((char *)ctx - (char *)slab) / 64; }
 */
@@ -286,9 +396,11 @@ import "C"
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -484,7 +596,9 @@ func (l *Library) Providers() ([]ProviderInfo, error) {
 		}
 	}
 	// Providers that register device memory first, so their entry says so.
-	_ = l.getinfo("", l.cfg.Node, true, add(true))
+	if !l.cfg.HostOnly {
+		_ = l.getinfo("", l.cfg.Node, true, add(true))
+	}
 	if err := l.getinfo("", l.cfg.Node, false, add(false)); err != nil && len(out) == 0 {
 		return nil, fmt.Errorf("%w: %w", err, ErrUnavailable)
 	}
@@ -528,13 +642,50 @@ type Endpoint struct {
 	stop chan struct{}
 	done chan struct{}
 
-	// Counters.
-	reads, bytes, failures atomic.Uint64
+	// active counts the Reads under way; servingUntil is when the last
+	// live Serve ends (Unix ns), serves those live.
+	active       atomic.Int32
+	servingUntil atomic.Int64
+	serveMu      sync.Mutex
+	serves       map[*serveTicket]struct{}
+
+	// Counters; naps counts the progress loop's naps.
+	reads, bytes, failures, naps atomic.Uint64
 }
 
-// reader collects the completions of one Read.
+// reader collects the completions of one Read: the progress loop adds
+// each batch of them at once and wakes the Read, which takes them all.
 type reader struct {
-	ch chan error
+	mu   sync.Mutex
+	n    int   // completions not taken yet
+	err  error // the first error among them
+	wake chan struct{}
+}
+
+func newReader() *reader { return &reader{wake: make(chan struct{}, 1)} }
+
+// add counts n completions, err the first error among them, and wakes the
+// Read.
+func (r *reader) add(n int, err error) {
+	r.mu.Lock()
+	r.n += n
+	if r.err == nil {
+		r.err = err
+	}
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the completions counted since the last take.
+func (r *reader) take() (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, err := r.n, r.err
+	r.n, r.err = 0, nil
+	return n, err
 }
 
 // Open opens an endpoint on the provider Choose picks from cfg.Provider.
@@ -558,10 +709,14 @@ func (l *Library) Open() (*Endpoint, error) {
 		return nil, err
 	}
 	e := &Endpoint{lib: l, info: p, plan: plan, grace: l.cfg.FlushGrace, connectTimeout: l.cfg.ConnectTimeout, regions: map[*Region]struct{}{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		serves: map[*serveTicket]struct{}{}, stop: make(chan struct{}), done: make(chan struct{})}
 	var opened bool
 	var openErr error
-	err = l.getinfo(p.Provider, l.cfg.Node, p.HMEM, func(i *C.struct_kvf_fi_info) bool {
+	node := l.cfg.Node
+	if p.Base() == "shm" && node == "" {
+		node = shmName()
+	}
+	err = l.getinfo(p.Provider, node, p.HMEM, func(i *C.struct_kvf_fi_info) bool {
 		if C.GoString(C.kvf_info_domain(i)) != p.Domain {
 			return true
 		}
@@ -607,6 +762,21 @@ func (l *Library) Open() (*Endpoint, error) {
 	go e.progress()
 	l.cfg.Logger.Info("ofi endpoint open", "provider", p.Provider, "domain", p.Domain, "mr_mode", p.MRMode.String())
 	return e, nil
+}
+
+// ShmPrefix begins the name of every shm endpoint the binding opens
+// without Config.Node: ShmPrefix, the process ID, a dash and random hex.
+// shm keeps each endpoint's region in /dev/shm under its name (with the
+// user ID and an index appended), and its default name is the process ID
+// alone: a process killed with SIGKILL leaves its region behind, and a
+// later process given the same ID could not open an endpoint (fi_enable:
+// EBUSY).
+const ShmPrefix = "kvf-"
+
+func shmName() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s%d-%x", ShmPrefix, os.Getpid(), b)
 }
 
 // Info describes the endpoint's provider.
@@ -674,14 +844,28 @@ func (e *Endpoint) usable() error {
 
 // progress reads the completion queue until Close, handing each completion
 // to the read that posted it. Reading the queue is also what drives a
-// software provider's progress, serving peers' reads included.
+// software provider's progress, serving peers' reads included (shm serves
+// a read only when the holder's loop polls, and tcp sends its bytes).
 //
-// It polls (fi_cq_read) rather than blocking in fi_cq_sread: some providers'
-// sread ignores its timeout, which would keep Close waiting. While
-// completions come it only yields between polls; after pollSpins empty polls
-// it sleeps, longer the longer nothing comes, up to pollMaxSleep.
+// It polls (fi_cq_read) rather than blocking in fi_cq_sread: shm's queues
+// have no wait object in libfabric 1.17, and some providers' sread ignores
+// its timeout. Between empty polls it naps (kvf_nap: on an eventfd, with a
+// timeout of microsecond precision), longer the longer nothing comes, up
+// to a cap set by what the endpoint is doing:
+//
+//	a Read under way      yields hotSpins times, then naps up to hotMaxNap
+//	serving (Serve)       naps up to servingMaxNap
+//	neither               naps up to idleMaxNap
+//
+// A Read or Serve that begins wakes a nap at once (kvf_kick), so an idle
+// endpoint sleeps long and costs almost nothing, and a holder polls often
+// only while a peer may be reading it.
 func (e *Endpoint) progress() {
 	defer close(e.done)
+	// The thread's naps keep to their time (see kvf_fine_naps); the thread
+	// ends with the loop.
+	runtime.LockOSThread()
+	C.kvf_fine_naps()
 	// Declared once: what is passed to C escapes, and the loop must not
 	// allocate on every poll.
 	var ctxs [64]unsafe.Pointer
@@ -689,65 +873,181 @@ func (e *Endpoint) progress() {
 	var errno, provErrno C.int
 	var text [256]C.char
 	idle := 0
+	var nap C.long
 	for {
 		select {
 		case <-e.stop:
 			return
 		default:
 		}
-		if !e.info.ThreadSafe {
+		limit := e.napLimit()
+		var n C.ssize_t
+		spin := false
+		switch {
+		case !e.info.ThreadSafe:
 			// Close waits for this loop to end before it frees anything,
-			// so the loop takes only the serialising lock.
+			// so the loop takes only the serialising lock, and naps
+			// without it.
 			e.serial.Lock()
-		}
-		n := C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
-		if n == -C.KVF_FI_EAVAIL {
-			C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
-		}
-		if !e.info.ThreadSafe {
+			n = C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
+			if n == -C.KVF_FI_EAVAIL {
+				C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
+			}
 			e.serial.Unlock()
+		case limit == hotMaxNap && idle < hotSpins:
+			// A read under way: a few polls that only yield first.
+			spin = true
+			n = C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
+		default:
+			// Polls and naps in C until something comes, a read or a
+			// server begins (kicked), or the budget passes: the runtime is
+			// entered once per wait, not once per nap.
+			var kicked C.int
+			var naps C.long
+			n = C.kvf_cq_wait(e.ep, &ctxs[0], C.size_t(len(ctxs)), &nap, C.long(minNap), C.long(limit),
+				C.long(waitBudget(limit)), &kicked, &naps)
+			e.naps.Add(uint64(naps))
+			if kicked != 0 {
+				idle = 0
+				continue
+			}
+		}
+		if e.info.ThreadSafe && n == -C.KVF_FI_EAVAIL {
+			C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
 		}
 		switch {
 		case n > 0:
-			idle = 0
+			idle, nap = 0, 0
+			// One wake-up per reader per batch, not per completion.
+			var last *reader
+			count := 0
 			for i := range int(n) {
-				e.complete(ctxs[i], nil)
+				r := e.release(ctxs[i])
+				if r != last && last != nil {
+					last.add(count, nil)
+					count = 0
+				}
+				if r != nil {
+					last = r
+					count++
+				}
+			}
+			if last != nil {
+				last.add(count, nil)
 			}
 		case n == -C.KVF_FI_EAVAIL:
-			idle = 0
+			idle, nap = 0, 0
 			err := fmt.Errorf("ofi: read failed on %s: %w: %w", e.info.Provider, e.lib.fiError(errno), ErrCompletion)
 			if provErrno != 0 {
 				err = fmt.Errorf("%w (provider: %s)", err, C.GoString(&text[0]))
 			}
-			e.complete(errCtx, err)
-		default:
-			idle++
-			if idle <= pollSpins {
-				runtime.Gosched()
-			} else {
-				time.Sleep(min(time.Duration(idle-pollSpins)*pollStep, pollMaxSleep))
+			if r := e.release(errCtx); r != nil {
+				r.add(1, err)
 			}
+		case !e.info.ThreadSafe:
+			idle++
+			if limit == hotMaxNap && idle <= hotSpins {
+				runtime.Gosched()
+				continue
+			}
+			nap = min(max(2*nap, C.long(minNap)), C.long(limit))
+			e.naps.Add(1)
+			if C.kvf_nap(e.ep, nap) != 0 {
+				idle, nap = 0, 0 // a read or a server began: poll at once
+			}
+		case spin:
+			idle++
+			runtime.Gosched()
 		}
 	}
 }
 
-// The progress loop's back-off.
+// waitBudget is how long one kvf_cq_wait may nap before the loop looks at
+// what the endpoint does again: a hundred naps at the cap, at most 50 ms.
+func waitBudget(limit time.Duration) time.Duration {
+	return min(100*limit, 50*time.Millisecond)
+}
+
+// The progress loop's naps (see progress).
 const (
-	pollSpins    = 256
-	pollStep     = 2 * time.Microsecond
-	pollMaxSleep = 100 * time.Microsecond
+	hotSpins      = 64
+	minNap        = time.Microsecond
+	hotMaxNap     = 20 * time.Microsecond
+	servingMaxNap = 50 * time.Microsecond
+	idleMaxNap    = 10 * time.Millisecond
 )
 
-func (e *Endpoint) complete(ctx unsafe.Pointer, err error) {
+// napLimit is the longest the progress loop naps now.
+func (e *Endpoint) napLimit() time.Duration {
+	switch {
+	case e.active.Load() > 0:
+		return hotMaxNap
+	case time.Now().UnixNano() < e.servingUntil.Load():
+		return servingMaxNap
+	}
+	return idleMaxNap
+}
+
+// Serve tells the endpoint that peers may read its regions until until,
+// or until the returned function is called: its progress loop then polls
+// often enough to serve them (which shm and tcp need of the holder), where
+// an endpoint neither reading nor serving polls rarely. Calls may overlap;
+// the endpoint serves while any is live.
+func (e *Endpoint) Serve(until time.Time) (done func()) {
+	t := &serveTicket{until: until.UnixNano()}
+	e.serveMu.Lock()
+	now := time.Now().UnixNano()
+	for o := range e.serves {
+		if o.until <= now {
+			delete(e.serves, o)
+		}
+	}
+	e.serves[t] = struct{}{}
+	if t.until > e.servingUntil.Load() {
+		e.servingUntil.Store(t.until)
+	}
+	e.serveMu.Unlock()
+	e.kick()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			e.serveMu.Lock()
+			defer e.serveMu.Unlock()
+			delete(e.serves, t)
+			latest := int64(0)
+			for o := range e.serves {
+				latest = max(latest, o.until)
+			}
+			e.servingUntil.Store(latest)
+		})
+	}
+}
+
+type serveTicket struct{ until int64 }
+
+// Serving says whether the endpoint is serving now (a Serve is live).
+func (e *Endpoint) Serving() bool { return time.Now().UnixNano() < e.servingUntil.Load() }
+
+// kick wakes the progress loop from its nap.
+func (e *Endpoint) kick() {
+	unlock, err := e.lockCalls()
+	if err != nil {
+		return
+	}
+	C.kvf_kick(e.ep)
+	unlock()
+}
+
+// release frees the slot of a completed request and returns the reader
+// that posted it (nil for a context not of the endpoint's).
+func (e *Endpoint) release(ctx unsafe.Pointer) *reader {
 	i := int(C.kvf_ctx_index(e.slab, ctx))
 	if i < 0 || i >= len(e.owner) {
-		return
+		return nil
 	}
 	r := e.owner[i].Swap(nil)
 	e.free <- i
-	if r != nil {
-		r.ch <- err
-	}
+	return r
 }
 
 // Peer is a peer endpoint inserted into this endpoint's address vector.
@@ -908,80 +1208,102 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 	if err := e.usable(); err != nil {
 		return err
 	}
+	// The progress loop polls hot while a read is under way.
+	if e.active.Add(1) == 1 {
+		e.kick()
+	}
+	defer e.active.Add(-1)
 	reqs := gather(segs, e.info.MaxMsgSize, min(max(e.info.IOVLimit, 1), int(C.KVF_MAX_IOV)))
 	var desc unsafe.Pointer
 	if e.plan.LocalDesc {
 		desc = C.kvf_mr_desc(dst.mr)
 	}
-	r := &reader{ch: make(chan error, len(e.owner))}
+	r := newReader()
 	inFlight := 0
 	var first error
-	local := make([]C.uint64_t, 0, 2*C.KVF_MAX_IOV)
-	wait := func(block bool) bool {
-		if block {
-			select {
-			case err := <-r.ch:
-				inFlight--
-				first = cmpErr(first, err)
-				return true
-			case <-ctx.Done():
-				return false
-			}
-		}
-		select {
-		case err := <-r.ch:
-			inFlight--
-			first = cmpErr(first, err)
-		default:
-		}
-		return true
+	drain := func() {
+		n, err := r.take()
+		inFlight -= n
+		first = cmpErr(first, err)
 	}
+	// wait blocks until completions come, or ctx ends (false).
+	wait := func() bool {
+		select {
+		case <-r.wake:
+			drain()
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	batch := make([]C.struct_kvf_req, min(postBatch, len(reqs)))
+	slots := make([]int, 0, len(batch))
 	var moved uint64
 	// refused is when the provider began refusing every request of the
 	// read with nothing of it in flight; zero while it takes them.
 	var refused time.Time
 	var pause time.Duration
 	for i := 0; i < len(reqs) && first == nil; {
-		var slot int
+		// A slot for the next request, waiting if need be, then as many
+		// more as are free, up to a batch.
 		select {
-		case slot = <-e.free:
-		case err := <-r.ch:
-			inFlight--
-			first = cmpErr(first, err)
+		case slot := <-e.free:
+			slots = append(slots[:0], slot)
+		case <-r.wake:
+			drain()
 			continue
 		case <-ctx.Done():
 			return e.abandon(ctx, r, inFlight, first)
 		}
-		q := &reqs[i]
-		local = local[:0]
-		for _, p := range q.local {
-			local = append(local, C.uint64_t(uint64(dst.addr)+p.off), C.uint64_t(p.len))
+	more:
+		for len(slots) < min(len(batch), len(reqs)-i) {
+			select {
+			case slot := <-e.free:
+				slots = append(slots, slot)
+			default:
+				break more
+			}
 		}
-		ctxp := C.kvf_ctx_at(e.slab, C.size_t(slot))
-		e.owner[slot].Store(r)
+		for k, slot := range slots {
+			q, b := &reqs[i+k], &batch[k]
+			for j, p := range q.local {
+				b.local[2*j], b.local[2*j+1] = C.uint64_t(uint64(dst.addr)+p.off), C.uint64_t(p.len)
+			}
+			b.n, b.raddr, b.key = C.uint64_t(len(q.local)), C.uint64_t(q.remoteAddr), C.uint64_t(q.key)
+			b.ctx = C.uintptr_t(uintptr(C.kvf_ctx_at(e.slab, C.size_t(slot))))
+			e.owner[slot].Store(r)
+		}
+		giveBack := func(from int) {
+			for _, slot := range slots[from:] {
+				e.owner[slot].Store(nil)
+				e.free <- slot
+			}
+		}
 		unlock, err := e.lockCalls()
 		if err != nil {
-			e.owner[slot].Store(nil)
-			e.free <- slot
+			giveBack(0)
 			first = cmpErr(first, err)
 			break
 		}
-		rc := C.kvf_read(e.ep, &local[0], C.size_t(len(q.local)), desc, peer.addr, C.uint64_t(q.remoteAddr), C.uint64_t(q.key), ctxp)
+		var rc C.ssize_t
+		posted := int(C.kvf_read_batch(e.ep, &batch[0], C.size_t(len(slots)), desc, peer.addr, &rc))
 		unlock()
+		for k := range posted {
+			moved += reqs[i+k].bytes()
+		}
+		inFlight += posted
+		i += posted
+		giveBack(posted)
+		if posted > 0 {
+			refused, pause = time.Time{}, 0
+		}
 		switch {
 		case rc == 0:
-			inFlight++
-			moved += q.bytes()
-			i++
-			refused, pause = time.Time{}, 0
-			wait(false)
+			drain()
 		case rc == -C.KVF_FI_EAGAIN:
-			// The transmit queue is full: give the slot back and let
-			// completions drain it.
-			e.owner[slot].Store(nil)
-			e.free <- slot
+			// The transmit queue is full: let completions drain it.
 			if inFlight > 0 {
-				if !wait(true) {
+				if !wait() {
 					return e.abandon(ctx, r, inFlight, first)
 				}
 				continue
@@ -1006,13 +1328,11 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 				return e.abandon(ctx, r, inFlight, first)
 			}
 		default:
-			e.owner[slot].Store(nil)
-			e.free <- slot
-			first = fmt.Errorf("ofi: %s: posting a read of %d bytes: %w", e.info.Provider, q.bytes(), e.lib.fiError(C.int(rc)))
+			first = fmt.Errorf("ofi: %s: posting a read of %d bytes: %w", e.info.Provider, reqs[i].bytes(), e.lib.fiError(C.int(rc)))
 		}
 	}
 	for inFlight > 0 {
-		if !wait(true) {
+		if !wait() {
 			return e.abandon(ctx, r, inFlight, first)
 		}
 	}
@@ -1024,6 +1344,9 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 	e.bytes.Add(moved)
 	return nil
 }
+
+// postBatch is the most requests one call into C posts.
+const postBatch = 16
 
 func cmpErr(first, err error) error {
 	if first != nil {
@@ -1040,8 +1363,9 @@ func (e *Endpoint) abandon(ctx context.Context, r *reader, inFlight int, first e
 	defer timer.Stop()
 	for inFlight > 0 {
 		select {
-		case <-r.ch:
-			inFlight--
+		case <-r.wake:
+			n, _ := r.take()
+			inFlight -= n
 		case <-timer.C:
 			err := fmt.Errorf("ofi: %d reads on %s still in flight %v after the read was given up: endpoint closed: %w",
 				inFlight, e.info.Provider, e.grace, ErrClosed)
@@ -1081,6 +1405,7 @@ func (e *Endpoint) Close() error {
 	e.regions = map[*Region]struct{}{}
 	e.mu.Unlock()
 	close(e.stop)
+	C.kvf_kick(e.ep) // the loop may nap up to idleMaxNap
 	<-e.done
 	e.live.Lock()
 	defer e.live.Unlock()
@@ -1094,7 +1419,7 @@ func (e *Endpoint) Close() error {
 	// Whatever was in flight is flushed with the endpoint.
 	for i := range e.owner {
 		if r := e.owner[i].Swap(nil); r != nil {
-			r.ch <- fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed)
+			r.add(1, fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed))
 		}
 	}
 	e.lib.mu.Lock()

@@ -5,6 +5,7 @@ package ofi
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // errBuild says why this build has no libfabric.
@@ -87,3 +88,12 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 
 // Close does nothing in this build.
 func (e *Endpoint) Close() error { return nil }
+
+// Serve does nothing in this build.
+func (e *Endpoint) Serve(until time.Time) (done func()) { return func() {} }
+
+// Serving is false in this build.
+func (e *Endpoint) Serving() bool { return false }
+
+// ShmPrefix begins the names of shm endpoints (see the cgo build).
+const ShmPrefix = "kvf-"

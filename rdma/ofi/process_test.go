@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,6 +62,7 @@ func childMain() int {
 		seed, _ := strconv.Atoi(os.Getenv(envSeed))
 		fill(mem, byte(seed))
 		rem := r.Remote()
+		defer e.Serve(time.Now().Add(time.Hour))()
 		fmt.Printf("ready %s %d %d %d\n", hex.EncodeToString(e.Name()), rem.Addr, rem.Len, rem.Key)
 		io.Copy(io.Discard, os.Stdin)
 		return 0
@@ -135,6 +137,11 @@ func startChild(t *testing.T, role, prov string, size int, seed byte, peer strin
 		stdin.Close()
 		cmd.Process.Kill()
 		cmd.Wait()
+		// A child killed leaves its shm regions in /dev/shm.
+		left, _ := filepath.Glob(fmt.Sprintf("/dev/shm/%s%d-*", ShmPrefix, cmd.Process.Pid))
+		for _, f := range left {
+			os.Remove(f)
+		}
 	})
 	lines := make(chan string, 1)
 	go func() {

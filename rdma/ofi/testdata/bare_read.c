@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #define CHECK(x) do { int rc_ = (x); if (rc_) { fprintf(stderr, "%s: %s\n", #x, fi_strerror(-rc_)); exit(1); } } while (0)
 
@@ -53,6 +54,17 @@ static void open_side(struct fi_info *info, struct side *s, size_t bytes) {
 	}
 }
 
+// close_side closes what open_side opened (shm removes the endpoint's
+// region from /dev/shm only then).
+static void close_side(struct side *s) {
+	fi_close(&s->mr->fid);
+	fi_close(&s->ep->fid);
+	fi_close(&s->cq->fid);
+	fi_close(&s->av->fid);
+	fi_close(&s->dom->fid);
+	fi_close(&s->fab->fid);
+}
+
 static long long now(clockid_t c) {
 	struct timespec ts;
 	clock_gettime(c, &ts);
@@ -74,6 +86,13 @@ int main(int argc, char **argv) {
 	hints->domain_attr->threading = FI_THREAD_SAFE;
 	hints->fabric_attr->prov_name = strdup(argv[1]);
 	const char *node = strcmp(argv[2], "-") ? argv[2] : NULL;
+	// shm's default endpoint name is the process ID, under which a killed
+	// process may have left its region in /dev/shm: a name of our own.
+	char shm_name[64];
+	if (!node && strcmp(argv[1], "shm") == 0) {
+		snprintf(shm_name, sizeof(shm_name), "kvf-bare-%d-%ld", (int)getpid(), (long)time(NULL));
+		node = shm_name;
+	}
 	CHECK(fi_getinfo(FI_VERSION(1, 17), node, NULL, node ? FI_SOURCE : 0, hints, &info));
 	struct side h, r;
 	open_side(info, &h, bytes);
@@ -109,5 +128,8 @@ int main(int argc, char **argv) {
 	long long w1 = now(CLOCK_MONOTONIC), c1 = now(CLOCK_PROCESS_CPUTIME_ID);
 	if (memcmp(r.buf, h.buf, bytes) != 0) { fprintf(stderr, "bytes differ\n"); return 1; }
 	printf("%zu %lld %lld\n", bytes * rounds, w1 - w0, c1 - c0);
+	close_side(&r);
+	close_side(&h);
+	fi_freeinfo(info);
 	return 0;
 }
