@@ -243,6 +243,7 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 			return err
 		}
 		pcfg.Offload, pcfg.OffloadWatermark, pcfg.OffloadInFlight = a.tiers.offer, a.cfg.TierWatermark, a.cfg.TierInFlight
+		pcfg.OffloadGiveUp, pcfg.OffloadTake = true, a.tiers.take // an allocation never waits for the disk
 	}
 	p, err := pool.NewSpanning(st, pcfg)
 	if err != nil {

@@ -334,7 +334,9 @@ type Config struct {
 	TierWatermark float64 `json:"tier_watermark,omitempty"`
 	// TierQueue bounds the blocks waiting to be copied down; a block that
 	// finds it full is recycled without a copy when its slot is needed.
-	// If zero, DefaultTierQueue; at most MaxTierQueue.
+	// It bounds too the blocks copied out into memory of their own when an
+	// allocation takes their slots before their copies begin (a block's
+	// bytes each). If zero, DefaultTierQueue; at most MaxTierQueue.
 	TierQueue int `json:"tier_queue,omitempty"`
 	// TierStagingSlots is the host slots that disk-held blocks are staged
 	// into for peers when no engine block set of their layout is here. If

@@ -55,7 +55,7 @@ func TierCopyDown(a *Agent, id uint64, hashes []uint64) (int, error) {
 		go func() {
 			defer wg.Done()
 			for h := range next {
-				if blk, ok := s.Lookup(h); ok && a.tiers.copyDown(offloadJob{set: s, blk: blk, hash: h}) {
+				if blk, ok := s.Lookup(h); ok && func() bool { ok, _ := a.tiers.copyDown(&offloadJob{set: s, blk: blk, hash: h, held: true}); return ok }() {
 					done.Add(1)
 				}
 			}
@@ -86,4 +86,28 @@ func TierDrop(a *Agent, id uint64, hashes []uint64) error {
 		}
 	}
 	return nil
+}
+
+// TierCopiesPending is how many copies down a's tiers have queued or
+// under way.
+func TierCopiesPending(a *Agent) int {
+	a.tiers.jobsMu.Lock()
+	defer a.tiers.jobsMu.Unlock()
+	return len(a.tiers.jobs)
+}
+
+// TierHoldPuts makes every copy down of a's tiers wait, its block read
+// and not yet written, until release is called; held reports how many
+// are waiting. Call it before the first copy.
+func TierHoldPuts(a *Agent) (held func() int, release func()) {
+	gate := make(chan struct{})
+	var n atomic.Int64
+	f := func() {
+		n.Add(1)
+		<-gate
+		n.Add(-1)
+	}
+	a.tiers.beforePut.Store(&f)
+	var once sync.Once
+	return func() int { return int(n.Load()) }, func() { once.Do(func() { close(gate) }) }
 }

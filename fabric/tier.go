@@ -145,8 +145,17 @@ type tiers struct {
 	a     *Agent
 	log   *slog.Logger
 	list  []*diskTier
-	queue chan offloadJob
-	done  chan struct{}
+	queue chan *offloadJob
+	// jobs are the queued copies by slot, for take (under the set's lock:
+	// jobsMu comes after every set's lock).
+	jobsMu sync.Mutex
+	jobs   map[jobKey]*offloadJob
+	// pending are the hashes with copies down queued or under way, each
+	// with a channel closed when the last of them ends: a block whose slot
+	// an allocation took mid-copy is in neither memory nor the tier's
+	// index until its put ends, and a restore waits for it (whereWait).
+	pending map[uint64]*pendingCopy
+	done    chan struct{}
 	// ctx is cancelled by close: copies under way stop waiting.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -160,11 +169,19 @@ type tiers struct {
 	pos        map[disk.Key]*list.Element
 	heldBytes  []int64 // per tier
 	staging    map[uint64]*engineSet
-	progress   chan struct{} // closed and replaced when a copy down ends
+	progress   chan struct{} // closed and replaced when a copy down has read its slot
 
 	room      atomic.Int64 // blockBytes, for offer, which may not take mu
 	queueFull atomic.Uint64
-	corrupt   atomic.Uint64 // blocks that failed a check on restore
+	// skippedReused counts blocks not copied down because an allocation
+	// took their slots first; skipLogged is when that was last logged.
+	skippedReused atomic.Uint64
+	taken         atomic.Uint64 // blocks copied out of slots allocations took
+	// beforePut, if set, is called by each copy down between reading its
+	// block and writing it (tests: a write that does not end).
+	beforePut  atomic.Pointer[func()]
+	skipLogged atomic.Int64
+	corrupt    atomic.Uint64 // blocks that failed a check on restore
 }
 
 // openTiers opens the configured disk tiers and finds the blocks they hold.
@@ -177,7 +194,9 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 	if q == 0 {
 		q = DefaultTierQueue
 	}
-	t.queue = make(chan offloadJob, q)
+	t.queue = make(chan *offloadJob, q)
+	t.jobs = map[jobKey]*offloadJob{}
+	t.pending = map[uint64]*pendingCopy{}
 	if a.cfg.TierBlockBytes > 0 {
 		t.blockBytes = roundUp4K(int(a.cfg.TierBlockBytes))
 	}
@@ -404,6 +423,11 @@ func (t *tiers) buffer() []byte {
 	t.mu.Lock()
 	n := t.blockBytes
 	t.mu.Unlock()
+	return t.bufferOf(n)
+}
+
+// bufferOf is a buffer of n bytes from the pool of them, without t.mu.
+func (t *tiers) bufferOf(n int) []byte {
 	if b, ok := t.bufs.Get().(*[]byte); ok && len(*b) == n {
 		return *b
 	}
@@ -429,7 +453,8 @@ func (t *tiers) signal() {
 	t.mu.Unlock()
 }
 
-// waitProgress returns the channel the next copy down's end closes.
+// waitProgress returns the channel that the next copy down to finish
+// reading its slot closes.
 func (t *tiers) waitProgress() <-chan struct{} {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -7,8 +7,10 @@ import (
 	"github.com/kvfabric/kvfabric/pool/disk"
 )
 
-// The engine API's side of the disk tiers: Allocate waits for copies down
-// that hold the slots it needs, Acquire and Lookup restore the blocks a
+// The engine API's side of the disk tiers: Allocate takes the slots of
+// blocks being copied down rather than wait for the disk (the pool's
+// OffloadGiveUp; a block not yet read is copied out in memory, take),
+// Acquire and Lookup restore the blocks a
 // disk tier holds (Import does in importBlocks, fromTier), and Lookup says
 // where this node holds each block.
 
@@ -19,8 +21,9 @@ const (
 )
 
 // allocate is BlockSet.Allocate for an engine: with disk tiers, an
-// allocation that finds the slots it needs being copied down waits for the
-// copies, within the import timeout.
+// allocation that finds the slots it needs being read by copies down
+// waits for those reads (in memory, never the disk), within the import
+// timeout.
 func (a *Agent) allocate(ctx context.Context, set *pool.BlockSet, n int) ([]pool.Block, error) {
 	if a.tiers == nil {
 		return set.Allocate(n)
@@ -69,7 +72,7 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 			}
 			continue
 		}
-		if a.tiers != nil && a.tiers.where(disk.Key{Hash: h, Tag: tag}) != nil {
+		if a.tiers != nil && a.tiers.whereWait(ctx, disk.Key{Hash: h, Tag: tag}) != nil {
 			out[i] = tierDisk
 			if restoreFrom < 0 {
 				restoreFrom = i

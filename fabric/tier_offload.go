@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
@@ -16,6 +17,19 @@ type offloadJob struct {
 	set  *pool.BlockSet
 	blk  pool.Block
 	hash uint64
+	// held: the caller keeps the slot as it is for the copy's length (not
+	// an offer of the pool's), so there is no BeginCopy and EndCopy.
+	held bool
+	// taken is the block's bytes (canonical order, trailer included),
+	// copied out of its slot by an allocation that took the slot before
+	// the copy began (take); nil until then.
+	taken atomic.Pointer[[]byte]
+}
+
+// jobKey names a queued copy by its slot.
+type jobKey struct {
+	set *pool.BlockSet
+	blk pool.Block
 }
 
 // offer is the pool's Offload hook: it queues the block for a worker, or
@@ -34,13 +48,96 @@ func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) b
 		return false
 	default:
 	}
+	j := &offloadJob{set: set, blk: blk, hash: hash}
+	t.jobsMu.Lock()
+	t.jobs[jobKey{set, blk}] = j // before a worker can see it
+	p := t.pending[hash]
+	if p == nil {
+		p = &pendingCopy{done: make(chan struct{})}
+		t.pending[hash] = p
+	}
+	p.n++
+	t.jobsMu.Unlock()
 	select {
-	case t.queue <- offloadJob{set: set, blk: blk, hash: hash}:
+	case t.queue <- j:
 		return true
 	default:
+		t.forgetJob(j)
 		t.queueFull.Add(1)
 		return false
 	}
+}
+
+// pendingCopy is a hash's copies down queued or under way.
+type pendingCopy struct {
+	n    int
+	done chan struct{}
+}
+
+// whereWait is where, after waiting (until ctx ends) for the copies down
+// of k's hash under way: for a block not in memory, whose slot an
+// allocation may have taken while its copy was being written.
+func (t *tiers) whereWait(ctx context.Context, k disk.Key) *diskTier {
+	t.jobsMu.Lock()
+	p := t.pending[k.Hash]
+	t.jobsMu.Unlock()
+	if p != nil {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+		case <-t.done:
+		}
+	}
+	return t.where(k)
+}
+
+// take is the pool's OffloadTake hook: an allocation takes the slot of a
+// queued block whose copy has not begun, so its bytes are copied out
+// now, in memory, for the copy to write later. Called with the set's lock
+// held; false (the block is dropped) when the job is not found or the
+// block is larger than the tiers' slots.
+func (t *tiers) take(set *pool.BlockSet, blk pool.Block, sum uint64, has bool) bool {
+	t.jobsMu.Lock()
+	j := t.jobs[jobKey{set, blk}]
+	t.jobsMu.Unlock()
+	l := set.Layout()
+	room := t.room.Load()
+	if j == nil || (room > 0 && int64(tierBlockBytes(l)) > room) {
+		return false
+	}
+	regions, err := set.RegionBytes()
+	if err != nil {
+		return false
+	}
+	if room == 0 {
+		room = int64(roundUp4K(tierBlockBytes(l))) // the stores' slot once the first block opens them
+	}
+	buf := t.bufferOf(int(room))
+	if len(buf) < tierBlockBytes(l) {
+		t.putBuffer(buf)
+		return false
+	}
+	n := tierBlockBytes(l) - tierTrailer
+	gatherBlock(l, regions, blk.Slot, buf)
+	putTrailer(buf, n, sum, has)
+	j.taken.Store(&buf)
+	t.taken.Add(1)
+	return true
+}
+
+// forgetJob drops j from the queued copies, its copy ended.
+func (t *tiers) forgetJob(j *offloadJob) {
+	t.jobsMu.Lock()
+	if t.jobs[jobKey{j.set, j.blk}] == j {
+		delete(t.jobs, jobKey{j.set, j.blk})
+	}
+	if p := t.pending[j.hash]; p != nil {
+		if p.n--; p.n == 0 {
+			close(p.done)
+			delete(t.pending, j.hash)
+		}
+	}
+	t.jobsMu.Unlock()
 }
 
 func (t *tiers) worker() {
@@ -52,40 +149,69 @@ func (t *tiers) worker() {
 			// the agent.
 			return
 		case j := <-t.queue:
-			ok := t.copyDown(j)
+			ok, skipped := t.copyDown(j)
+			t.forgetJob(j)
+			if skipped {
+				// An allocation took the slot before the copy began: the
+				// block is dropped as it would be without a tier.
+				t.skipped(j.hash)
+				continue
+			}
 			if err := j.set.Offloaded(j.blk, ok); err != nil {
 				t.log.Debug("tier: block copied down but its slot moved on", "hash", j.hash, "err", err)
 			}
-			t.signal()
 		}
 	}
 }
 
-// copyDown writes j's block to a disk tier and reports whether it is there.
-// A full tier makes room by dropping its least recently used blocks.
-func (t *tiers) copyDown(j offloadJob) bool {
+// skipped counts a block not copied down because an allocation took its
+// slot first, with a log line at most every tierSkipLogEvery.
+func (t *tiers) skipped(hash uint64) {
+	n := t.skippedReused.Add(1)
+	now := time.Now().UnixNano()
+	last := t.skipLogged.Load()
+	if now-last < int64(tierSkipLogEvery) || !t.skipLogged.CompareAndSwap(last, now) {
+		return
+	}
+	t.log.Info("tier: blocks dropped instead of copied down, their slots needed by allocations first", "hash", hash, "total", n)
+}
+
+// tierSkipLogEvery spaces the log lines of blocks dropped for allocations.
+const tierSkipLogEvery = 10 * time.Second
+
+// copyDown writes j's block to a disk tier and reports whether it is
+// there, or that it was skipped: an allocation took its slot before the
+// copy began (pool.Config.OffloadGiveUp). The slot is read only between
+// BeginCopy and EndCopy, into a buffer of the copy's own, so that an
+// allocation that takes the slot after EndCopy does not change what the
+// tier commits. A full tier makes room by dropping its least recently
+// used blocks.
+func (t *tiers) copyDown(j *offloadJob) (ok, skipped bool) {
 	l := j.set.Layout()
 	tag, err := t.ensureShape(l)
 	if err != nil {
 		t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
 		t.list[0].failed.Add(1)
-		return false
+		return false, false
 	}
 	k := disk.Key{Hash: j.hash, Tag: tag}
 	if d := t.where(k); d != nil {
 		t.touch(k)
-		return true
-	}
-	regions, err := j.set.RegionBytes()
-	if err != nil {
-		return false
+		return true, false
 	}
 	n := tierBlockBytes(l) - tierTrailer
-	buf := t.buffer()
+	var buf []byte
+	if err := t.readSlot(j, func() []byte { buf = t.buffer(); return buf }); err != nil {
+		if p := j.taken.Load(); p != nil {
+			buf = *p // copied out when its slot was taken
+		} else {
+			return false, true
+		}
+	}
 	defer t.putBuffer(buf)
-	gatherBlock(l, regions, j.blk.Slot, buf)
-	sum, has := j.set.Sum(j.blk)
-	putTrailer(buf, n, sum, has)
+	if f := t.beforePut.Load(); f != nil {
+		(*f)()
+	}
 	data := buf[:n+tierTrailer]
 	// Close cancels copies under way: the pool's memory goes next.
 	ctx, cancel := context.WithTimeout(t.ctx, time.Minute)
@@ -114,7 +240,7 @@ func (t *tiers) copyDown(j offloadJob) bool {
 			t.mu.Unlock()
 			d.offloads.Add(1)
 			t.announce(true, d.n, j.hash)
-			return true
+			return true, false
 		}
 		if !errors.Is(err, disk.ErrFull) || !t.evictOldest() {
 			break
@@ -122,7 +248,35 @@ func (t *tiers) copyDown(j offloadJob) bool {
 	}
 	t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
 	t.list[0].failed.Add(1)
-	return false
+	return false, false
+}
+
+// readSlot copies j's block out of its slot, with its trailer, into the
+// buffer that get returns, between BeginCopy and EndCopy unless j.held.
+// An error says the slot was taken before the copy began (BeginCopy
+// refused it): nothing was read, and get was not called.
+func (t *tiers) readSlot(j *offloadJob, get func() []byte) error {
+	l := j.set.Layout()
+	regions, err := j.set.RegionBytes()
+	if err != nil {
+		return err
+	}
+	if !j.held {
+		if err := j.set.BeginCopy(j.blk); err != nil {
+			return err
+		}
+	}
+	buf := get()
+	gatherBlock(l, regions, j.blk.Slot, buf)
+	sum, has := j.set.Sum(j.blk)
+	putTrailer(buf, tierBlockBytes(l)-tierTrailer, sum, has)
+	if !j.held {
+		if err := j.set.EndCopy(j.blk); err != nil {
+			return nil // cannot be: a slot being read is not taken
+		}
+		t.signal() // an allocation waiting for this slot may take it now
+	}
+	return nil
 }
 
 // pick is the open tier with the most free slots, nil if none is open.
@@ -200,14 +354,16 @@ func (t *tiers) holdings() []membership.Entry {
 	return out
 }
 
-// allocate takes n slots of set, waiting for copies down that hold the
-// slots it needs, until ctx ends.
+// allocate takes n slots of set. The pool takes the slots of blocks being
+// copied down when it finds no other (pool.Config.OffloadGiveUp), so an
+// allocation never waits for the disk; it waits, until ctx ends, only
+// when the slots it needs are being read by copies (a copy in memory).
 func (t *tiers) allocate(ctx context.Context, set *pool.BlockSet, n int) ([]pool.Block, error) {
 	for {
 		wait := t.waitProgress()
 		blks, err := set.Allocate(n)
 		var ae *pool.AllocError
-		if err == nil || !errors.As(err, &ae) || ae.Offloading == 0 {
+		if err == nil || !errors.As(err, &ae) || ae.Copying == 0 {
 			return blks, err
 		}
 		select {

@@ -40,7 +40,7 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 	var run []found
 	for _, h := range hashes {
 		k := disk.Key{Hash: h, Tag: tag}
-		d := t.where(k)
+		d := t.whereWait(ctx, k)
 		if d == nil || len(run) == min(maxRestoreBatch, max(1, set.Retains()/2)) {
 			break
 		}

@@ -120,6 +120,13 @@ type TierMetrics struct {
 	// QueueFull counts blocks refused for a full queue (all tiers
 	// together, on tier 0).
 	QueueFull uint64
+	// Skipped counts blocks dropped instead of copied down because an
+	// allocation needed their slots before their copy began (all tiers
+	// together, on tier 0).
+	Skipped uint64
+	// CopiedOut counts blocks whose slots allocations took before their
+	// copy began, copied out in memory then and written from there.
+	CopiedOut uint64
 	// RestoreTime is each block's read, check and copy into its slot.
 	RestoreTime pool.Histogram
 }
@@ -138,6 +145,8 @@ func (t *tiers) metrics() []TierMetrics {
 		}
 		if i == 0 {
 			m.QueueFull = t.queueFull.Load()
+			m.Skipped = t.skippedReused.Load()
+			m.CopiedOut = t.taken.Load()
 		}
 		out[i] = m
 	}

@@ -2,6 +2,7 @@ package fabric_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,7 +28,10 @@ var tierEngine = client.Engine{Name: "tiered", Model: testModel, TPSize: 1, Page
 // storeThrough stores n blocks with content ids 1..n through set, 8 at a
 // time, each batch released once registered, so that the set recycles
 // (here: copies down) the older ones. It returns their sequence hashes.
-func storeThrough(t testing.TB, c *client.Client, set *client.BlockSet, n int) []uint64 {
+// With an agent in pace, each batch waits for that agent's copies down to
+// end, as an engine no faster than the disk would (allocations do not
+// wait for the copies: an engine that outruns them loses blocks).
+func storeThrough(t testing.TB, c *client.Client, set *client.BlockSet, n int, pace ...*fabric.Agent) []uint64 {
 	t.Helper()
 	ctx := context.Background()
 	tokens := make([]uint32, 16*n)
@@ -62,6 +66,9 @@ func storeThrough(t testing.TB, c *client.Client, set *client.BlockSet, n int) [
 		}
 		if err := c.Release(ctx, set.ID, rel); err != nil {
 			t.Fatal(err)
+		}
+		for _, a := range pace {
+			waitCopies(t, a)
 		}
 	}
 	return hashes
@@ -109,6 +116,18 @@ func tierStatus(t *testing.T, c *client.Client) *fabricpb.Tier {
 	return st.Tiers[0]
 }
 
+// waitCopies waits until a has no copy down queued or under way:
+// allocations do not wait for them.
+func waitCopies(t testing.TB, a *fabric.Agent) {
+	t.Helper()
+	wait.For(t, 20*time.Second, "the copies down under way ended", func() error {
+		if n := fabric.TierCopiesPending(a); n > 0 {
+			return fmt.Errorf("%d copies down under way", n)
+		}
+		return nil
+	})
+}
+
 func tierDir(t *testing.T) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kvft")
@@ -134,9 +153,8 @@ func TestTierKeepsWhatThePoolRecycles(t *testing.T) {
 	n1, n2 := agents[0], agents[1]
 	c := dial(t, n1)
 	set := register(t, c, tierEngine)
-	hashes := storeThrough(t, c, set, n)
-	ts := tierStatus(t, c)
-	if ts.Offloads < n-32 || ts.Blocks < n-32 {
+	hashes := storeThrough(t, c, set, n, n1)
+	if ts := tierStatus(t, c); ts.Offloads < n-32 || ts.Blocks < n-32 {
 		t.Fatalf("tier after storing %d blocks through 32 slots: %+v, want %d or more copied down", n, ts, n-32)
 	}
 	// Lookup says where each block is, and brings the disk-held ones up.
@@ -191,7 +209,7 @@ func TestTierSurvivesRestartAndDropsCorruptBlocks(t *testing.T) {
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
-	hashes := storeThrough(t, c, set, n)
+	hashes := storeThrough(t, c, set, n, a)
 	// The engine goes: its set is freed once every block is copied down,
 	// so that the node keeps all of them.
 	c.Close()
@@ -275,7 +293,7 @@ func TestTierFullEvictsInsteadOfFailing(t *testing.T) {
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
 	const n = 600 // the tier holds 455 blocks of 32 KiB and its trailer
-	hashes := storeThrough(t, c, set, n)
+	hashes := storeThrough(t, c, set, n, a)
 	ts := tierStatus(t, c)
 	if ts.Evictions == 0 || ts.Blocks == 0 || ts.Blocks > uint64(fabric.MinTierBytes)/ts.BlockBytes {
 		t.Fatalf("tier after %d blocks: %+v, want it full and evicting", n, ts)
@@ -296,7 +314,7 @@ func TestTierPrefetch(t *testing.T) {
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
-	hashes := storeThrough(t, c, set, 96)
+	hashes := storeThrough(t, c, set, 96, a)
 	ctx := context.Background()
 	if _, err := c.Prefetch(ctx, set.ID, nil); code(err) != codes.InvalidArgument {
 		t.Fatalf("prefetch of nothing: %v, want InvalidArgument", err)
@@ -346,7 +364,7 @@ func TestTierRestoresAcrossArrangements(t *testing.T) {
 	e := tierEngine
 	e.TPSize = 2
 	set := register(t, c, e)
-	hashes := storeThrough(t, c, set, 96)
+	hashes := storeThrough(t, c, set, 96, a)
 	c.Close() // its set goes down whole and is freed
 	c = newClient(t, a)
 	wait.For(t, 20*time.Second, "the first set copied down and freed", func() error {
@@ -391,7 +409,7 @@ func tierStagingAtItsLimit(t *testing.T, mode string) {
 	n1, n2 := agents[0], agents[1]
 	c := newClient(t, n1)
 	set := register(t, c, tierEngine)
-	hashes := storeThrough(t, c, set, n)
+	hashes := storeThrough(t, c, set, n, n1)
 	c.Close()
 	watcher := newClient(t, n1)
 	wait.For(t, 20*time.Second, "every block on disk, the engine's set freed", func() error {
@@ -435,7 +453,7 @@ func TestTierBlockTooLargeIsRecycled(t *testing.T) {
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
-	storeThrough(t, c, set, 96)
+	storeThrough(t, c, set, 96, a)
 	if ts := tierStatus(t, c); ts.Offloads != 0 || ts.Blocks != 0 {
 		t.Fatalf("tier after blocks larger than its room: %+v", ts)
 	}
@@ -489,7 +507,7 @@ func TestTierImportPrefersMemoryHolders(t *testing.T) {
 	})
 	onDisk, inMemory, importer := agents[0], agents[1], agents[2]
 	c0 := newClient(t, onDisk)
-	hashes := storeThrough(t, c0, register(t, c0, tierEngine), n)
+	hashes := storeThrough(t, c0, register(t, c0, tierEngine), n, onDisk)
 	c0.Close()
 	watcher := newClient(t, onDisk)
 	wait.For(t, 20*time.Second, "every block on disk, the engine's set freed", func() error {
@@ -559,5 +577,111 @@ func TestTierImportPrefersMemoryHolders(t *testing.T) {
 	}
 	if dsk.FetchEstimateUs <= mem.FetchEstimateUs {
 		t.Fatalf("estimate of %d disk-held blocks %d µs, of the same in memory %d µs: want more", n, dsk.FetchEstimateUs, mem.FetchEstimateUs)
+	}
+}
+
+// An engine's Allocate never waits for the disk: with every block of a
+// full set queued for a copy down or written from its copy's buffer, and
+// every write held, Allocate still returns (the slots given up: a block
+// read already is written from its copy, one not begun is copied out in
+// memory or dropped). Then the held writes commit the bytes the blocks
+// had before their slots were reused: every block not dropped restores
+// byte for byte, though its slot now holds another block.
+func TestTierAllocateDoesNotWaitForTheDisk(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "nowait")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	// A first block copied down opens the store (its slot size is known
+	// from then on, so that copies can be made in memory).
+	storeThrough(t, c, set, 40, a)
+	held, release := fabric.TierHoldPuts(a)
+	defer release()
+	const n = 32 // the set's slots
+	ctx := context.Background()
+	hashes := make([]uint64, n)
+	for from := 0; from < n; from += 8 {
+		slots, err := c.Allocate(ctx, set.ID, 8)
+		if err != nil {
+			t.Fatalf("allocate %d..%d: %v", from, from+7, err)
+		}
+		for i, s := range slots {
+			hashes[from+i] = 1<<40 + uint64(from+i)
+			kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(5000+from+i))
+		}
+		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes[from : from+8]}
+		if from > 0 {
+			req.Parent, req.ParentSet = hashes[from-1], true
+		}
+		resp, err := c.API().RegisterBlocks(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rel []uint32
+		for _, b := range resp.Blocks {
+			rel = append(rel, b.Slot)
+		}
+		if err := c.Release(ctx, set.ID, rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait.For(t, 20*time.Second, "copies down holding their writes", func() error {
+		if h := held(); h == 0 {
+			return errors.New("no write held yet")
+		}
+		return nil
+	})
+	before := tierStatus(t, c).Offloads
+	// Every slot holds a block whose copy is under way; allocate them all
+	// again, twice over, and write other blocks into them.
+	for round := range 2 {
+		for from := 0; from < n; from += 8 {
+			done := make(chan error, 1)
+			var slots []uint32
+			go func() {
+				var err error
+				slots, err = c.Allocate(ctx, set.ID, 8)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("round %d: allocate with every write held: %v", round, err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("round %d: allocate waited for a held write (%d held)", round, held())
+			}
+			for i, s := range slots {
+				kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(9000+100*round+from+i))
+			}
+			hs := make([]uint64, 8)
+			for i := range hs {
+				hs[i] = 2<<40 + uint64(1000*round+from+i)
+			}
+			if _, err := c.API().RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hs}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Release(ctx, set.ID, slots); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if h, after := held(), tierStatus(t, c).Offloads; h == 0 || after != before {
+		t.Fatalf("after the allocations %d writes held, %d copies completed; want the writes still held", h, after-before)
+	}
+	release()
+	waitCopies(t, a)
+	tm := a.Metrics().Tiers[0]
+	if tm.CopiedOut == 0 {
+		t.Fatalf("tier %+v: no block copied out of a slot an allocation took", tm)
+	}
+	found := 0
+	for i, h := range hashes {
+		found += acquireChecked(t, c, set, []uint64{h}, uint64(5000+i))
+	}
+	if want := n - int(tm.Skipped) - int(tm.QueueFull); found < want {
+		t.Fatalf("%d of %d blocks found again, want %d (tier %+v)", found, n, want, tm)
 	}
 }

@@ -91,6 +91,9 @@ type slot struct {
 	// so recycling it loses nothing; offloading: that copy is being made,
 	// and the slot is kept until Offloaded says it is done.
 	below, offloading bool
+	// copying: the copier is reading the slot (BeginCopy to EndCopy);
+	// copied: it has read it, so the copy no longer needs the slot.
+	copying, copied bool
 }
 
 // BlockSet is slots sharing one layout, one region per TP rank. All
@@ -133,8 +136,11 @@ type BlockSet struct {
 	demoted            int // Registered slots marked shared
 	allocLat           Histogram
 	releaseLat         Histogram
-	offloading         int // slots kept for a copy below (tier_offload.go)
-	maxOffloading      int // at most this many (Config.OffloadInFlight)
+	offloading         int     // slots kept for a copy below (tier_offload.go)
+	maxOffloading      int     // at most this many (Config.OffloadInFlight)
+	copying            int     // of those, being read now (BeginCopy)
+	offered            []Block // the offloading slots, oldest first, some stale
+	givenUp            uint64  // offloading blocks taken by allocations
 }
 
 func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64, place []int) *BlockSet {
@@ -271,14 +277,17 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 		return dst, fmt.Errorf("%w: %d was freed", ErrUnknownBlockSet, b.id)
 	}
 	if free := len(b.free); free < n {
-		if free+b.inactive < n {
-			err := &AllocError{Asked: n, Free: free, Inactive: b.inactive, Offloading: b.offloading}
+		if free+b.inactive+b.givable() < n {
+			err := &AllocError{Asked: n, Free: free, Inactive: b.inactive, Offloading: b.offloading, Copying: b.copying}
 			b.mu.Unlock()
 			return dst, err
 		}
 		b.recycle(n - free)
+		for b.p.cfg.OffloadGiveUp && len(b.free) < n && b.giveUp(n-len(b.free)) > 0 {
+			b.recycle(n - len(b.free)) // parents left without children
+		}
 		if f := len(b.free); f < n {
-			err := &AllocError{Asked: n, Free: f, Inactive: b.inactive, Pinned: b.inactive, Offloading: b.offloading}
+			err := &AllocError{Asked: n, Free: f, Inactive: b.inactive, Pinned: b.inactive, Offloading: b.offloading, Copying: b.copying}
 			b.mu.Unlock()
 			return dst, err
 		}
@@ -465,18 +474,19 @@ func (b *BlockSet) Slot(i int) (SlotInfo, error) {
 func (b *BlockSet) Metrics() Metrics {
 	b.mu.Lock()
 	m := Metrics{
-		Slots:          len(b.slots),
-		Free:           len(b.free),
-		Inactive:       b.inactive,
-		Registered:     b.registered,
-		Leased:         b.leased,
-		Leases:         len(b.leases),
-		LeasesExpired:  b.expired,
-		Evictions:      b.evictions,
-		Demoted:        b.demoted,
-		Offloading:     b.offloading,
-		AllocLatency:   b.allocLat,
-		ReleaseLatency: b.releaseLat,
+		Slots:           len(b.slots),
+		Free:            len(b.free),
+		Inactive:        b.inactive,
+		Registered:      b.registered,
+		Leased:          b.leased,
+		Leases:          len(b.leases),
+		LeasesExpired:   b.expired,
+		Evictions:       b.evictions,
+		Demoted:         b.demoted,
+		Offloading:      b.offloading,
+		OffloadsGivenUp: b.givenUp,
+		AllocLatency:    b.allocLat,
+		ReleaseLatency:  b.releaseLat,
 	}
 	b.mu.Unlock()
 	m.Active = m.Slots - m.Free - m.Inactive
@@ -507,6 +517,11 @@ func (b *BlockSet) reset(i int32) {
 		b.demoted--
 	}
 	s.below = false
+	if s.offloading {
+		s.offloading = false
+		b.offloading--
+	}
+	s.copied = false
 	s.gen++
 	b.free = append(b.free, i)
 }
@@ -523,28 +538,35 @@ func (b *BlockSet) recycle(n int) int {
 			continue // kept until its copy below is made
 		}
 		b.unlinkInactive(i)
-		s := &b.slots[i]
-		hash, parent := s.hash, s.parent
-		if up := s.up; up != none {
-			ps := &b.slots[up]
-			ps.children--
-			if ps.children == 0 && ps.inactive {
-				b.leafPush(up)
-			}
-		}
-		withdrawn := s.withdrawn
-		if !withdrawn {
-			delete(b.registry, hash)
-		}
-		b.registered--
-		b.reset(i)
-		b.evictions++
-		if !withdrawn {
-			removed = append(removed, Event{Kind: EventRemove, Set: b.id, Slot: int(i), Hash: hash, Parent: parent})
-		}
+		removed = b.drop(i, removed)
 		done++
 	}
 	return done
+}
+
+// drop recycles Registered slot i, which nothing uses or extends, and
+// appends its remove event to removed. The lock is held.
+func (b *BlockSet) drop(i int32, removed []Event) []Event {
+	s := &b.slots[i]
+	hash, parent := s.hash, s.parent
+	if up := s.up; up != none {
+		ps := &b.slots[up]
+		ps.children--
+		if ps.children == 0 && ps.inactive {
+			b.leafPush(up)
+		}
+	}
+	withdrawn := s.withdrawn
+	if !withdrawn {
+		delete(b.registry, hash)
+	}
+	b.registered--
+	b.reset(i)
+	b.evictions++
+	if !withdrawn {
+		removed = append(removed, Event{Kind: EventRemove, Set: b.id, Slot: int(i), Hash: hash, Parent: parent})
+	}
+	return removed
 }
 
 // pushInactive marks a Registered slot inactive, now its last use; a leaf

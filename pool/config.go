@@ -78,6 +78,24 @@ type Config struct {
 	// in use. If zero, DefaultOffloadInFlight; 1: blocks are dropped only
 	// when Offload refuses them, and allocations wait for copies instead.
 	OffloadInFlight float64
+
+	// OffloadGiveUp lets an allocation that finds no other slot take the
+	// slots of blocks whose copy below is under way, instead of failing
+	// (and its caller waiting for the copies): a block whose copy has not
+	// begun is dropped as it would be without a tier, one whose bytes were
+	// read already (EndCopy) reaches the tier below all the same. Only a
+	// slot being read (between BeginCopy and EndCopy) is never taken. The
+	// Offload hook's copier must then call BeginCopy before it reads a
+	// block's slot and skip the block when BeginCopy refuses. If false,
+	// such slots are kept until Offloaded.
+	OffloadGiveUp bool
+	// OffloadTake, with OffloadGiveUp, is called when an allocation takes
+	// the slot of a block whose copy has not begun: it may copy the
+	// block's bytes out of the slot now (RegionBytes; the set's lock is
+	// held: it must not block nor call the set's other methods), so that
+	// the copy goes on from them and the block is not lost, and returns
+	// whether it did. If nil, or false, the block is dropped.
+	OffloadTake func(set *BlockSet, blk Block, sum uint64, hasSum bool) bool
 }
 
 // DefaultConfig returns the defaults for an agent.

@@ -66,6 +66,10 @@ type AllocError struct {
 	// Offloading is the blocks being copied to the tier below: their
 	// slots are free once the copies are done (see Config.Offload).
 	Offloading int
+	// Copying is those of Offloading being read for their copy now
+	// (BeginCopy): under Config.OffloadGiveUp, the only ones an
+	// allocation cannot take, free within a copy in memory.
+	Copying int
 }
 
 func (e *AllocError) Error() string {

@@ -101,6 +101,10 @@ type Metrics struct {
 	// Offloading is the blocks whose copy to the tier below is under way
 	// (Config.Offload); they count as Active.
 	Offloading int
+	// OffloadsGivenUp counts the blocks dropped because allocations took
+	// their slots before their copy below began and OffloadTake did not
+	// copy them out (Config.OffloadGiveUp); they count in Evictions too.
+	OffloadsGivenUp uint64
 }
 
 func (m *Metrics) add(o *Metrics) {
@@ -115,6 +119,7 @@ func (m *Metrics) add(o *Metrics) {
 	m.Evictions += o.Evictions
 	m.Demoted += o.Demoted
 	m.Offloading += o.Offloading
+	m.OffloadsGivenUp += o.OffloadsGivenUp
 	m.AllocLatency.merge(&o.AllocLatency)
 	m.ReleaseLatency.merge(&o.ReleaseLatency)
 }

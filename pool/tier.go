@@ -13,7 +13,10 @@ import (
 // Recycling ahead of need (past OffloadWatermark) offers blocks and stops
 // when Offload refuses one; recycling for an allocation that needs the
 // slots now recycles a refused block as it always did (a full queue or a
-// full tier below drops blocks rather than failing the allocation).
+// full tier below drops blocks rather than failing the allocation). Under
+// Config.OffloadGiveUp such an allocation also takes the slots of blocks
+// whose copies are under way rather than fail for its caller to wait
+// (giveUp): only a slot being read (BeginCopy to EndCopy) is never taken.
 
 // DefaultOffloadWatermark is Config.OffloadWatermark's default: host
 // memory offloads past 0.90 of use.
@@ -28,8 +31,11 @@ const DefaultOffloadInFlight = 0.25
 // OffloadFunc is offered a Registered block about to be recycled: blk,
 // the set it is in, its sequence hash and its parent's. It returns true
 // if it took the block, and then calls set.Offloaded(blk, ok) exactly
-// once when the copy is complete (ok) or abandoned. It is called with the
-// set's lock held: it must not block nor call the set, only queue.
+// once when the copy is complete (ok) or abandoned; under
+// Config.OffloadGiveUp it reads the slot only between BeginCopy and
+// EndCopy, and skips a block BeginCopy refuses (its slot was taken: no
+// Offloaded then). It is called with the set's lock held: it must not
+// block nor call the set, only queue.
 type OffloadFunc func(set *BlockSet, blk Block, hash, parent uint64) bool
 
 // offloadWatermarks moves the recycling watermarks of a set under an
@@ -75,7 +81,93 @@ func (b *BlockSet) offerAny(i int32) bool {
 	}
 	s.offloading = true
 	b.offloading++
+	if b.p.cfg.OffloadGiveUp {
+		b.offered = append(b.offered, Block{Slot: int(i), Generation: s.gen})
+	}
 	return true
+}
+
+// givable is how many slots giveUp could take at most: the offloading
+// blocks not being read. The lock is held.
+func (b *BlockSet) givable() int {
+	if !b.p.cfg.OffloadGiveUp {
+		return 0
+	}
+	return b.offloading - b.copying
+}
+
+// giveUp takes up to n slots whose blocks are being copied below, for an
+// allocation that found no other: blocks whose bytes the copier has read
+// already first (their copy goes on from its own buffer, nothing is
+// lost), then those whose copy has not begun (OffloadTake copies them out
+// now, else they are dropped; BeginCopy refuses them either way). Slots
+// being read, in use, or extended by a block still here are not taken.
+// It returns how many it freed. The lock is held.
+func (b *BlockSet) giveUp(n int) int {
+	var removed []Event
+	done := 0
+	for pass := 0; pass < 2 && done < n; pass++ {
+		keep := b.offered[:0]
+		for _, blk := range b.offered {
+			s := &b.slots[blk.Slot]
+			if s.gen != blk.Generation || !s.offloading {
+				continue // ended or recycled since: forget it
+			}
+			if done >= n || s.copying || (pass == 0 && !s.copied) ||
+				s.users > 0 || s.leases > 0 || s.children > 0 || s.state != Registered {
+				keep = append(keep, blk)
+				continue
+			}
+			if take := b.p.cfg.OffloadTake; s.copied || take == nil || !take(b, blk, s.sum, s.hasSum) {
+				if !s.copied {
+					b.givenUp++ // dropped, its copy never begun
+				}
+			}
+			removed = b.drop(int32(blk.Slot), removed)
+			done++
+		}
+		clear(b.offered[len(keep):])
+		b.offered = keep
+	}
+	b.p.events.pushBatch(removed)
+	return done
+}
+
+// BeginCopy is called by the Offload hook's copier before it reads blk's
+// slot: it returns an error, and the copier must skip the block, if an
+// allocation took the slot meanwhile (Config.OffloadGiveUp) or the copy
+// is not under way. Until EndCopy the slot is not taken.
+func (b *BlockSet) BeginCopy(blk Block) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	if err != nil {
+		return err
+	}
+	if !s.offloading || s.copying {
+		return &TransitionError{Op: "begin copy", Slot: blk.Slot, State: s.state, Reason: "no copy below waiting to begin"}
+	}
+	s.copying = true
+	b.copying++
+	return nil
+}
+
+// EndCopy says the copier has read blk's slot: from here an allocation
+// may take the slot (Config.OffloadGiveUp) while the copy goes on from
+// the copier's own buffer.
+func (b *BlockSet) EndCopy(blk Block) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	if err != nil {
+		return err
+	}
+	if !s.copying {
+		return &TransitionError{Op: "end copy", Slot: blk.Slot, State: s.state, Reason: "not being read"}
+	}
+	s.copying, s.copied = false, true
+	b.copying--
+	return nil
 }
 
 // recycleAhead is recycling ahead of need: like recycle, but it stops at
@@ -143,7 +235,11 @@ func (b *BlockSet) Offloaded(blk Block, ok bool) error {
 	if !s.offloading {
 		return &TransitionError{Op: "offloaded", Slot: blk.Slot, State: s.state, Reason: "no copy below under way"}
 	}
-	s.offloading = false
+	if s.copying {
+		s.copying = false
+		b.copying--
+	}
+	s.offloading, s.copied = false, false
 	b.offloading--
 	s.below = ok
 	if s.state == Registered && s.users == 0 && s.leases == 0 && !s.inactive {

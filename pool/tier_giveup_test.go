@@ -1,0 +1,175 @@
+package pool
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// giveUpPool is tierPool with Config.OffloadGiveUp and take as
+// OffloadTake.
+func giveUpPool(t *testing.T, slots int, take func(*BlockSet, Block, uint64, bool) bool) (*BlockSet, *offloads) {
+	t.Helper()
+	o := &offloads{room: slots}
+	cfg := testConfig(nil, nil)
+	cfg.Offload, cfg.OffloadGiveUp, cfg.OffloadTake = o.hook, true, take
+	cfg.EventBuffer = 4 * slots
+	_, b := newTestPool(t, cfg, testLayout(slots, 1, layout.FullyContiguous, 64))
+	return b, o
+}
+
+// Under OffloadGiveUp an allocation that finds every candidate's copy
+// below under way takes one anyway instead of failing (for its caller to
+// wait): a copy not begun is dropped, and its copier's BeginCopy and
+// Offloaded refuse the stale handle; a slot being read is never taken,
+// and once read (EndCopy) it is taken without losing the block.
+func TestOffloadGiveUp(t *testing.T) {
+	const n = 8
+	b, o := giveUpPool(t, n, nil)
+	hs := fill(t, b, 1, n) // one chain: only its tail is a leaf
+	got, err := b.Allocate(1)
+	if err != nil {
+		t.Fatalf("allocate from a full set whose one leaf is queued for a copy: %v", err)
+	}
+	if len(o.taken) == 0 || o.hash[0] != hs[n-1] {
+		t.Fatalf("offered %v, want the tail %d first", o.hash, hs[n-1])
+	}
+	given := o.taken[0]
+	if got[0].Slot != given.Slot {
+		t.Fatalf("allocated slot %d, want %d, the tail's", got[0].Slot, given.Slot)
+	}
+	if _, ok := b.Lookup(hs[n-1]); ok {
+		t.Fatal("the block given up is still registered")
+	}
+	if m := b.Metrics(); m.OffloadsGivenUp != 1 || m.Evictions != 1 {
+		t.Fatalf("metrics %+v, want 1 given up and evicted", m)
+	}
+	if err := b.BeginCopy(given); !errors.Is(err, ErrStaleBlock) {
+		t.Fatalf("BeginCopy of a block given up: %v, want ErrStaleBlock", err)
+	}
+	if err := b.Offloaded(given, true); !errors.Is(err, ErrStaleBlock) {
+		t.Fatalf("Offloaded of a block given up: %v, want ErrStaleBlock", err)
+	}
+}
+
+// A slot being read for its copy (BeginCopy to EndCopy) is never taken:
+// the allocation fails counting it (its caller may wait: a copy in
+// memory); once read, it is taken and its block not counted as lost.
+func TestOffloadGiveUpSparesSlotsBeingRead(t *testing.T) {
+	const n = 4
+	b, o := giveUpPool(t, n, nil)
+	fill(t, b, 1, n)
+	if got := b.Evict(1); got != 0 || len(o.taken) != 1 {
+		t.Fatalf("evict: %d recycled, %d offered; want the tail offered", got, len(o.taken))
+	}
+	reading := o.taken[0]
+	if err := b.BeginCopy(reading); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.BeginCopy(reading); err == nil {
+		t.Fatal("BeginCopy twice succeeded")
+	}
+	_, err := b.Allocate(1)
+	var ae *AllocError
+	if !errors.As(err, &ae) || ae.Copying != 1 {
+		t.Fatalf("allocate with the one leaf being read: %v, want an AllocError counting it", err)
+	}
+	if !b.stillOffloading(reading) {
+		t.Fatal("the slot being read was taken")
+	}
+	if err := b.EndCopy(reading); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EndCopy(reading); err == nil {
+		t.Fatal("EndCopy twice succeeded")
+	}
+	got, err := b.Allocate(1)
+	if err != nil {
+		t.Fatalf("allocate with the leaf read: %v", err)
+	}
+	if got[0].Slot != reading.Slot {
+		t.Fatalf("allocated slot %d, want %d, the one read", got[0].Slot, reading.Slot)
+	}
+	if m := b.Metrics(); m.OffloadsGivenUp != 0 {
+		t.Fatalf("a block read before its slot was taken counted as given up (%d)", m.OffloadsGivenUp)
+	}
+	if err := b.Offloaded(reading, true); !errors.Is(err, ErrStaleBlock) {
+		t.Fatalf("Offloaded after the slot was taken: %v, want ErrStaleBlock", err)
+	}
+}
+
+// stillOffloading says whether blk's copy below is under way and its slot
+// not taken.
+func (b *BlockSet) stillOffloading(blk Block) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	return err == nil && s.offloading
+}
+
+// OffloadTake is called, under the set's lock, for a block whose copy had
+// not begun when an allocation took its slot, while the slot still holds
+// the block's bytes; a block it took is not counted as given up.
+func TestOffloadTakeCopiesOut(t *testing.T) {
+	const n = 4
+	type took struct {
+		blk  Block
+		sum  uint64
+		has  bool
+		data byte
+	}
+	var calls []took
+	var b *BlockSet
+	b, o := giveUpPool(t, n, func(set *BlockSet, blk Block, sum uint64, has bool) bool {
+		if set != b {
+			t.Error("OffloadTake called with another set")
+		}
+		mem, err := set.RankBytes(0)
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		calls = append(calls, took{blk, sum, has, mem[set.lay.ChunkOffset(blk.Slot, 0, 0)]})
+		return true
+	})
+	hs := fill(t, b, 1, n)
+	tail, _ := b.Lookup(hs[n-1])
+	if err := b.SetSum(tail, 0xabc); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := b.RankBytes(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem[b.lay.ChunkOffset(tail.Slot, 0, 0)] = 0x5a
+	got, err := b.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 1 || calls[0].blk != o.taken[0] || calls[0].blk != tail || calls[0].sum != 0xabc || !calls[0].has || calls[0].data != 0x5a {
+		t.Fatalf("OffloadTake calls %+v, want one for %+v with its sum and bytes", calls, tail)
+	}
+	if got[0].Slot != tail.Slot {
+		t.Fatalf("allocated slot %d, want the tail's %d", got[0].Slot, tail.Slot)
+	}
+	if m := b.Metrics(); m.OffloadsGivenUp != 0 || m.Evictions != 1 {
+		t.Fatalf("metrics %+v, want 1 evicted, nothing given up", m)
+	}
+}
+
+// Without OffloadGiveUp, slots under a copy are kept until Offloaded, and
+// BeginCopy and EndCopy are not needed.
+func TestOffloadWithoutGiveUpKeepsSlots(t *testing.T) {
+	b, o, _ := tierPool(t, 4, 4)
+	fill(t, b, 1, 4)
+	_, err := b.Allocate(1)
+	var ae *AllocError
+	if !errors.As(err, &ae) || ae.Offloading != 1 || ae.Copying != 0 {
+		t.Fatalf("allocate with the one leaf being copied: %v, want an AllocError counting it", err)
+	}
+	o.finish(t, b, true)
+	if _, err := b.Allocate(1); err != nil {
+		t.Fatal(err)
+	}
+}
