@@ -61,9 +61,9 @@
 // as well: tcp sends a read's bytes, and shm (without cross-memory attach)
 // copies them, only when the holder's loop polls. shm's queues have no wait
 // object in libfabric 1.17, so the loop polls, napping between empty polls
-// on an eventfd with a timeout of microsecond precision, longer the longer
-// nothing comes, up to a cap set by what the endpoint does: 20 us while a
-// Read of its own is under way (after a few polls that only yield), 50 us
+// on an eventfd with a timeout (plus the kernel's timer slack), longer the
+// longer nothing comes, up to a cap set by what the endpoint does: 20 us
+// while a Read of its own is under way (after 256 polls that only yield), 50 us
 // while it serves peers (Serve, which kvfabric calls for each lease it
 // answers with the endpoint, until the lease ends), 10 ms otherwise. A Read
 // or Serve that begins wakes the nap at once. An idle endpoint costs about

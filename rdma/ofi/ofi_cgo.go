@@ -9,7 +9,6 @@ package ofi
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -325,7 +324,9 @@ static ssize_t kvf_cq_err(struct kvf_ep *e, void **ctx, int *err, int *prov_errn
 }
 
 // kvf_nap sleeps up to ns nanoseconds, or until kvf_kick; it returns 1
-// when kicked (now or before it began), else 0.
+// when kicked (now or before it began), else 0. The kernel's timer slack
+// (50 us by default) lengthens the short naps: a slack of 1 us cost the
+// import over tcp more CPU in wake-ups than it gave back in rate.
 static int kvf_nap(struct kvf_ep *e, long ns) {
 	__atomic_store_n(&e->napping, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_exchange_n(&e->kicked, 0, __ATOMIC_SEQ_CST)) {
@@ -385,9 +386,6 @@ static ssize_t kvf_cq_wait(struct kvf_ep *e, void **ctxs, size_t n, long *nap, l
 	}
 }
 
-// kvf_fine_naps makes this thread's timed sleeps end within a microsecond
-// of their time, rather than the kernel's default 50 us slack.
-static void kvf_fine_naps(void) { prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); }
 
 static void *kvf_ctx_at(void *slab, size_t i) { return (char *)slab + i * 64; }
 static size_t kvf_ctx_index(void *slab, void *ctx) { return (size_t)((char *)ctx - (char *)slab) / 64; }
@@ -850,8 +848,8 @@ func (e *Endpoint) usable() error {
 // It polls (fi_cq_read) rather than blocking in fi_cq_sread: shm's queues
 // have no wait object in libfabric 1.17, and some providers' sread ignores
 // its timeout. Between empty polls it naps (kvf_nap: on an eventfd, with a
-// timeout of microsecond precision), longer the longer nothing comes, up
-// to a cap set by what the endpoint is doing:
+// timeout), longer the longer nothing comes, up to a cap set by what the
+// endpoint is doing:
 //
 //	a Read under way      yields hotSpins times, then naps up to hotMaxNap
 //	serving (Serve)       naps up to servingMaxNap
@@ -859,13 +857,11 @@ func (e *Endpoint) usable() error {
 //
 // A Read or Serve that begins wakes a nap at once (kvf_kick), so an idle
 // endpoint sleeps long and costs almost nothing, and a holder polls often
-// only while a peer may be reading it.
+// only while a peer may be reading it. The loop is not locked to a thread:
+// a locked goroutine that yields, and every reader it wakes, cost a hand-off
+// between threads, which halved the import's rate over tcp on two cores.
 func (e *Endpoint) progress() {
 	defer close(e.done)
-	// The thread's naps keep to their time (see kvf_fine_naps); the thread
-	// ends with the loop.
-	runtime.LockOSThread()
-	C.kvf_fine_naps()
 	// Declared once: what is passed to C escapes, and the loop must not
 	// allocate on every poll.
 	var ctxs [64]unsafe.Pointer
@@ -970,7 +966,7 @@ func waitBudget(limit time.Duration) time.Duration {
 
 // The progress loop's naps (see progress).
 const (
-	hotSpins      = 64
+	hotSpins      = 256
 	minNap        = time.Microsecond
 	hotMaxNap     = 20 * time.Microsecond
 	servingMaxNap = 50 * time.Microsecond
