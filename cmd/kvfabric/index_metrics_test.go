@@ -2,25 +2,14 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
-	"github.com/kvfabric/kvfabric/internal/wait"
 )
 
 // An agent in owned mode (alone: it owns every hash) exports the owned
@@ -28,25 +17,9 @@ import (
 // and applied by it, a lookup's cache misses; status shows the mode and
 // the counts.
 func TestOwnedIndexMetricsExported(t *testing.T) {
-	dir, err := os.MkdirTemp("", "kvfown")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	var running atomic.Pointer[fabric.Agent]
-	c := fabric.DefaultLocalConfig()
-	c.NodeName, c.DataDir, c.DevCADir = "own1", filepath.Join(dir, "d"), filepath.Join(dir, "ca")
-	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	c.Pools = []string{"host=64MiB"}
-	c.IndexMode = fabric.IndexOwned
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	c.MetricsHandler = metricsHandler(&running)
-	a, err := fabric.Start(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	running.Store(a)
+	a := startScraped(t, "own1", func(c *fabric.Config, _ string) {
+		c.IndexMode = fabric.IndexOwned
+	})
 	sock := []string{"--socket", a.EngineSocket()}
 	code, out, errs := runCmd(t, "", append([]string{"put", "--generate", "8", "--tp", "1", "--layers", "2", "--head-dim", "16"}, sock...)...)
 	if code != 0 {
@@ -72,16 +45,8 @@ func TestOwnedIndexMetricsExported(t *testing.T) {
 	var fams map[string]*dto.MetricFamily
 	scrape := func(what string, ok func() error) {
 		t.Helper()
-		wait.For(t, 10*time.Second, what, func() error {
-			resp, err := http.Get("http://" + a.MetricsAddr() + "/metrics")
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			p := expfmt.NewTextParser(model.UTF8Validation)
-			if fams, err = p.TextToMetricFamilies(resp.Body); err != nil {
-				t.Fatalf("the exposition does not parse: %v", err)
-			}
+		fams = scrapeUntil(t, a, what, func(f map[string]*dto.MetricFamily) error {
+			fams = f
 			return ok()
 		})
 	}

@@ -1,67 +1,29 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"math"
 	"math/bits"
-	"net/http"
-	"os"
-	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
-	"github.com/kvfabric/kvfabric/fabric"
-	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/pool"
 )
 
 // A scrape of a running agent parses with Prometheus's own parser and
 // carries every family, with the types and values of what happened.
 func TestMetricsExposition(t *testing.T) {
-	dir, err := os.MkdirTemp("", "kvfmet")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	var running atomic.Pointer[fabric.Agent]
-	c := fabric.DefaultLocalConfig()
-	c.NodeName, c.DataDir, c.DevCADir = "met1", filepath.Join(dir, "d"), filepath.Join(dir, "ca")
-	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	c.Pools = []string{"host=64MiB"}
-	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	c.MetricsHandler = metricsHandler(&running)
-	a, err := fabric.Start(context.Background(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	running.Store(a)
+	a := startScraped(t, "met1", nil)
 	if code, _, errs := runCmd(t, "", "put", "--socket", a.EngineSocket(), "--generate", "8", "--tp", "1", "--layers", "2", "--head-dim", "16"); code != 0 {
 		t.Fatalf("put: %s", errs)
 	}
 
 	// Pool events reach the publisher on its own goroutine: scrape until
 	// the 8 stores are counted.
-	var fams map[string]*dto.MetricFamily
-	wait.For(t, 10*time.Second, "the 8 stores published", func() error {
-		resp, err := http.Get("http://" + a.MetricsAddr() + "/metrics")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		p := expfmt.NewTextParser(model.UTF8Validation)
-		if fams, err = p.TextToMetricFamilies(resp.Body); err != nil {
-			t.Fatalf("the exposition does not parse: %v", err)
-		}
+	fams := scrapeUntil(t, a, "the 8 stores published", func(fams map[string]*dto.MetricFamily) error {
 		f := fams["kvfabric_gossip_events_published_total"]
 		if f == nil || len(f.Metric) != 1 || f.Metric[0].GetCounter().GetValue() != 8 {
 			return fmt.Errorf("published: %v", f)
