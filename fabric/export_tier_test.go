@@ -29,16 +29,6 @@ func ImportCandidates(a *Agent, hashes []uint64) []string {
 	return out
 }
 
-// TierDiskHeld counts the hashes a's index says peer holds on a disk tier
-// only.
-func TierDiskHeld(a *Agent, peer string, hashes []uint64) int {
-	id, ok := a.index.Lookup(peer)
-	if !ok {
-		return 0
-	}
-	return a.tierHeld.onDisk(a.index, id, hashes)
-}
-
 // TierCopyDown copies the blocks of hashes in a's block set id down to its
 // disk tiers as the tiers' workers do (as many goroutines, each block
 // gathered into canonical order and put), and returns how many went down.

@@ -494,11 +494,30 @@ func TestTierMetaRefusedAtStart(t *testing.T) {
 
 // Of two holders of the same blocks, one with them on disk only and one
 // in memory, an import goes to the one in memory, and Lookup's estimate
-// for the disk holder adds the restore.
-func TestTierImportPrefersMemoryHolders(t *testing.T) {
+// for the disk holder adds the restore: in whole mode from the importer's
+// own index, in owned mode from the owners, which keep each holder's tier.
+func TestImportPrefersMemoryHolders(t *testing.T) {
+	for _, tc := range []struct {
+		mode  string
+		nodes int
+		index func(c *fabric.Config)
+	}{
+		{"whole", 3, func(*fabric.Config) {}},
+		{"owned", 4, func(c *fabric.Config) {
+			// 2 owners of 4: the importer owns some hashes, asks for others.
+			c.IndexMode, c.IndexReplicas = fabric.IndexOwned, 2
+			c.IndexCacheTTL = time.Millisecond // every poll below asks the owners afresh
+		}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) { importPrefersMemoryHolders(t, tc.nodes, tc.index) })
+	}
+}
+
+func importPrefersMemoryHolders(t *testing.T, nodes int, index func(c *fabric.Config)) {
 	const n = 40
 	dir := tierDir(t)
-	agents := clusterWith(t, 3, func(i int, c *fabric.Config) {
+	agents := clusterWith(t, nodes, func(i int, c *fabric.Config) {
+		index(c)
 		if i == 0 {
 			c.Tiers = []string{"disk=" + dir + ":64MiB"}
 			c.BlockSetGrace = 100 * time.Millisecond
@@ -524,11 +543,11 @@ func TestTierImportPrefersMemoryHolders(t *testing.T) {
 	if got := storeThrough(t, c1, register(t, c1, e), n); !slices.Equal(got, hashes) {
 		t.Fatal("the two holders' hashes differ")
 	}
-	wait.For(t, 20*time.Second, "the importer's index has both holders, one on disk only", func() error {
-		if d := fabric.TierDiskHeld(importer, onDisk.NodeName(), hashes); d != n {
+	wait.For(t, 20*time.Second, "the importer learns of both holders, one on disk only", func() error {
+		if d := fabric.IndexDiskOnly(importer, onDisk.NodeName(), hashes); d != n {
 			return fmt.Errorf("%d of %d blocks on disk only at %s", d, n, onDisk.NodeName())
 		}
-		if d := fabric.TierDiskHeld(importer, inMemory.NodeName(), hashes); d != 0 {
+		if d := fabric.IndexDiskOnly(importer, inMemory.NodeName(), hashes); d != 0 {
 			return fmt.Errorf("%d blocks on disk only at %s", d, inMemory.NodeName())
 		}
 		ov, err := dial(t, importer).Lookup(context.Background(), hashes)
