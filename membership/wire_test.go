@@ -301,7 +301,14 @@ func TestMetaAtItsLimit(t *testing.T) {
 	meta := func(apiLen int) Meta {
 		return Meta{PeerAddr: addr(MaxNameLen), APIAddr: addr(apiLen), Transports: TransportQUIC, LayoutDigest: 1, Incarnation: 1 << 62}
 	}
-	// Find the API address length that brings the encoding to the limit.
+	checkMetaAtLimit(t, meta)
+}
+
+// checkMetaAtLimit finds the API address length at which meta encodes to
+// exactly MetaMaxSize bytes, checks that it round-trips there, and that
+// one byte more is refused by the encoder and by a peer's decoder.
+func checkMetaAtLimit(t *testing.T, meta func(apiLen int) Meta) {
+	t.Helper()
 	apiLen := 0
 	for n := 12; n <= MaxNameLen; n++ {
 		m := meta(n)
@@ -400,31 +407,5 @@ func TestMetaWithEverySectionAtItsLimit(t *testing.T) {
 			GPUs:  GPUs{Count: 255, PoolBytes: math.MaxUint64, NICs: 255, Model: strings.Repeat("m", MaxGPUModelLen)},
 			Index: IndexMode{Owned: true, Replicas: 255}}
 	}
-	apiLen := 0
-	for n := 12; n <= MaxNameLen; n++ {
-		m := meta(n)
-		if b, err := m.MarshalBinary(); err == nil && len(b) == MetaMaxSize {
-			apiLen = n
-			break
-		}
-	}
-	if apiLen == 0 {
-		t.Fatal("no metadata of exactly MetaMaxSize bytes could be built")
-	}
-	m := meta(apiLen)
-	b, err := m.MarshalBinary()
-	if err != nil || len(b) != MetaMaxSize {
-		t.Fatalf("metadata at the limit: %d bytes, %v", len(b), err)
-	}
-	var back Meta
-	if err := back.UnmarshalBinary(b); err != nil || back != m {
-		t.Fatalf("metadata at the limit does not round-trip: %+v, %v", back, err)
-	}
-	over := meta(apiLen + 1)
-	if _, err := over.MarshalBinary(); !errors.Is(err, ErrMetaTooLarge) {
-		t.Fatalf("metadata one byte past the limit: err = %v, want ErrMetaTooLarge", err)
-	}
-	if err := back.UnmarshalBinary(append(b, 0)); err == nil {
-		t.Fatal("a peer's metadata one byte past the limit was accepted")
-	}
+	checkMetaAtLimit(t, meta)
 }
