@@ -137,7 +137,7 @@ type Agent struct {
 	// tiers are the disk tiers under the pool (tier.go); nil without.
 	tiers *tiers
 	// tierHeld counts the holders' disk-held copies (tier_holders.go).
-	tierHeld tierHolds
+	tierHeld index.DiskCopies
 	// modeReports are the members reported for keeping the index in
 	// another mode (cluster_index_mode.go).
 	modeReports modeReports

@@ -143,7 +143,7 @@ func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 			s.a.log.Warn("index: events not applied", "peer", events[0].Origin, "events", n, "err", err)
 		default:
 			for _, e := range events[:n] {
-				s.a.tierHeld.note(s.a.index, id, e)
+				noteTierEvent(&s.a.tierHeld, s.a.index, id, e)
 				if marks {
 					s.note(&d, self, mine, e)
 				}

@@ -20,7 +20,7 @@ type diskOnly func(id index.NodeID, hashes []uint64) int
 // mode the owners' answers.
 func (a *Agent) findHolders(hashes []uint64) ([]index.Match, diskOnly) {
 	if a.owned == nil {
-		return a.index.FindMatches(hashes), func(id index.NodeID, hs []uint64) int { return a.tierHeld.onDisk(a.index, id, hs) }
+		return a.index.FindMatches(hashes), func(id index.NodeID, hs []uint64) int { return a.tierHeld.CountDiskOnly(a.index, id, hs) }
 	}
 	ms, disk := a.owned.findMatches(hashes)
 	return ms, func(id index.NodeID, hs []uint64) int {

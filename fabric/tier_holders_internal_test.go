@@ -8,7 +8,9 @@ import (
 	"github.com/kvfabric/kvfabric/membership"
 )
 
-func TestTierHoldsCountsDiskOnlyCopies(t *testing.T) {
+// Events under a disk tier's block set count as disk copies, others not:
+// a holder is disk-only for a hash once its memory copies are gone.
+func TestTierEventsCountDiskOnlyCopies(t *testing.T) {
 	ix, err := index.New(index.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -17,7 +19,7 @@ func TestTierHoldsCountsDiskOnlyCopies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var h tierHolds
+	var h index.DiskCopies
 	apply := func(kind membership.EventKind, set uint32, hash uint64) {
 		t.Helper()
 		e := membership.Event{Origin: "peer", Kind: kind, Hash: hash, BlockSet: set}
@@ -29,67 +31,34 @@ func TestTierHoldsCountsDiskOnlyCopies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h.note(ix, id, e)
+		noteTierEvent(&h, ix, id, e)
 	}
 	hashes := []uint64{1, 2, 3}
 	for _, x := range hashes {
 		apply(membership.EventStore, 7, x) // in a pool set
 	}
-	if d := h.onDisk(ix, id, hashes); d != 0 {
+	if d := h.CountDiskOnly(ix, id, hashes); d != 0 {
 		t.Fatalf("%d on disk, none copied down", d)
 	}
 	apply(membership.EventStore, tierSetBase, 1)
 	apply(membership.EventStore, tierSetBase+1, 2)
-	if d := h.onDisk(ix, id, hashes); d != 0 {
+	if d := h.CountDiskOnly(ix, id, hashes); d != 0 {
 		t.Fatalf("%d on disk only while every block is in memory too", d)
 	}
 	apply(membership.EventRemove, 7, 1)
 	apply(membership.EventRemove, 7, 2)
-	if d := h.onDisk(ix, id, hashes); d != 2 {
+	if d := h.CountDiskOnly(ix, id, hashes); d != 2 {
 		t.Fatalf("%d on disk only, want 2 (recycled from memory, kept on disk)", d)
 	}
 	apply(membership.EventStore, 9, 2) // restored into a set
-	if d := h.onDisk(ix, id, hashes); d != 1 {
+	if d := h.CountDiskOnly(ix, id, hashes); d != 1 {
 		t.Fatalf("%d on disk only after a restore, want 1", d)
 	}
 	// A remove of a disk copy never counted (it raced a sweep) leaves no
 	// negative count behind.
-	h.note(ix, id, membership.Event{Kind: membership.EventRemove, Hash: 3, BlockSet: tierSetBase})
-	if d := h.onDisk(ix, id, hashes); d != 1 {
+	noteTierEvent(&h, ix, id, membership.Event{Kind: membership.EventRemove, Hash: 3, BlockSet: tierSetBase})
+	if d := h.CountDiskOnly(ix, id, hashes); d != 1 {
 		t.Fatalf("%d on disk only after a stray remove, want 1", d)
-	}
-}
-
-// Past tierSweepMin entries, a sweep drops what the index no longer
-// backs: the entries of a dropped node.
-func TestTierHoldsSweepsDroppedNodes(t *testing.T) {
-	ix, err := index.New(index.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	gone, _ := ix.ID("gone")
-	live, _ := ix.ID("live")
-	var h tierHolds
-	for x := range uint64(tierSweepMin) {
-		if err := ix.Store(gone, x); err != nil {
-			t.Fatal(err)
-		}
-		h.note(ix, gone, membership.Event{Kind: membership.EventStore, Hash: x, BlockSet: tierSetBase})
-	}
-	ix.DropNode(gone)
-	if n := h.n.Load(); n != tierSweepMin {
-		t.Fatalf("%d entries before the sweep, want %d", n, tierSweepMin)
-	}
-	// The entry past the limit triggers the sweep.
-	if err := ix.Store(live, 1<<40); err != nil {
-		t.Fatal(err)
-	}
-	h.note(ix, live, membership.Event{Kind: membership.EventStore, Hash: 1 << 40, BlockSet: tierSetBase})
-	if n := h.n.Load(); n != 1 {
-		t.Fatalf("%d entries after the sweep, want the live node's 1", n)
-	}
-	if d := h.onDisk(ix, live, []uint64{1 << 40}); d != 1 {
-		t.Fatalf("the live node's disk copy: %d, want 1", d)
 	}
 }
 

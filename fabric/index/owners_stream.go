@@ -416,66 +416,7 @@ type Slice struct {
 	mu sync.Mutex
 	in map[string]*inStream
 
-	disk diskCopies
-}
-
-// diskCopies counts, per hash and holder, the copies the holder stored
-// with OpStoreDisk: beside the index's count of all its copies, it tells
-// whether a holder has a hash on disk only. Entries of holders dropped
-// since, and of hashes gone, are swept when the map has doubled since the
-// last sweep.
-type diskCopies struct {
-	mu    sync.Mutex
-	m     map[diskKey]uint32
-	swept int
-}
-
-type diskKey struct {
-	hash uint64
-	id   NodeID
-}
-
-// diskSweepMin is the fewest entries past which diskCopies sweeps.
-const diskSweepMin = 4096
-
-func (d *diskCopies) apply(ix *Index, id NodeID, op Op) {
-	k := diskKey{op.Hash, id}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	switch op.Kind {
-	case OpStoreDisk:
-		if d.m == nil {
-			d.m = map[diskKey]uint32{}
-		}
-		d.m[k]++
-		if len(d.m) > 2*d.swept+diskSweepMin {
-			for k, n := range d.m {
-				switch c := ix.Copies(k.hash, k.id); {
-				case c == 0:
-					delete(d.m, k)
-				case int(n) > c:
-					d.m[k] = uint32(c)
-				}
-			}
-			d.swept = len(d.m)
-		}
-	case OpRemoveDisk:
-		if n := d.m[k]; n > 1 {
-			d.m[k] = n - 1
-		} else {
-			delete(d.m, k)
-		}
-	case OpForget:
-		delete(d.m, k)
-	}
-}
-
-// onDiskOnly says whether holder id has every copy of hash on disk.
-func (d *diskCopies) onDiskOnly(ix *Index, id NodeID, hash uint64) bool {
-	d.mu.Lock()
-	n := d.m[diskKey{hash, id}]
-	d.mu.Unlock()
-	return n > 0 && ix.Copies(hash, id) <= int(n)
+	disk DiskCopies
 }
 
 type inStream struct {
@@ -561,8 +502,13 @@ func (s *Slice) Apply(origin string, c OpsCall) (int, error) {
 			st.id = 0 // dropped meanwhile
 			return i, ErrReplaceNeeded
 		}
-		if op.Kind != OpStore && op.Kind != OpRemove {
-			s.disk.apply(s.ix, st.id, op)
+		switch op.Kind {
+		case OpStoreDisk:
+			s.disk.Store(s.ix, st.id, op.Hash)
+		case OpRemoveDisk:
+			s.disk.Remove(st.id, op.Hash)
+		case OpForget:
+			s.disk.Forget(st.id, op.Hash)
 		}
 		st.next++
 	}
@@ -592,7 +538,7 @@ func (s *Slice) HolderTiers(hashes []uint64) [][]Holder {
 		hs := make([]Holder, 0, len(ids))
 		for _, id := range ids {
 			if n := s.ix.Name(id); n != "" {
-				hs = append(hs, Holder{Name: n, DiskOnly: s.disk.onDiskOnly(s.ix, id, h)})
+				hs = append(hs, Holder{Name: n, DiskOnly: s.disk.DiskOnly(s.ix, id, h)})
 			}
 		}
 		out[i] = hs
