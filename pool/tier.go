@@ -79,12 +79,34 @@ func (b *BlockSet) offerAny(i int32) bool {
 	if s.inactive {
 		b.unlinkInactive(i)
 	}
-	s.offloading = true
-	b.offloading++
 	if b.p.cfg.OffloadGiveUp {
+		// Before this offer marks its slot: an earlier offer of the same
+		// block (its copy failed) is then forgotten too.
+		if len(b.offered) > 2*b.offloading+64 {
+			b.compactOffered()
+		}
 		b.offered = append(b.offered, Block{Slot: int(i), Generation: s.gen})
 	}
+	s.offloading = true
+	b.offloading++
 	return true
+}
+
+// compactOffered forgets the offered blocks whose copy has ended or whose
+// slot was recycled since: offers append, and only giveUp (rare, under
+// pressure) walks the list otherwise, so without it the list grows with
+// every copy down for the set's life. Called when the list holds more than
+// twice the copies under way, its cost is spread over the offers that grew
+// it. The lock is held.
+func (b *BlockSet) compactOffered() {
+	keep := b.offered[:0]
+	for _, blk := range b.offered {
+		if s := &b.slots[blk.Slot]; s.gen == blk.Generation && s.offloading {
+			keep = append(keep, blk)
+		}
+	}
+	clear(b.offered[len(keep):])
+	b.offered = keep
 }
 
 // givable is how many slots giveUp could take at most: the offloading

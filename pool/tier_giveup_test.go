@@ -173,3 +173,24 @@ func TestOffloadWithoutGiveUpKeepsSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The blocks offered for a copy below are remembered for giveUp; those
+// whose copy ended are forgotten as offers go on, so a set whose copies
+// end without pressure (giveUp never runs) keeps a short list.
+func TestOffloadGiveUpForgetsEndedCopies(t *testing.T) {
+	b, o := giveUpPool(t, 4, nil)
+	fill(t, b, 100, 1)
+	const rounds = 500
+	for round := range rounds {
+		if got := b.Evict(1); got != 0 || len(o.taken) != 1 {
+			t.Fatalf("round %d: evict recycled %d, offered %d; want the block offered", round, got, len(o.taken))
+		}
+		o.finish(t, b, false) // the copy fails: the block stays, offerable again
+	}
+	b.mu.Lock()
+	left := len(b.offered)
+	b.mu.Unlock()
+	if left > 2+64+1 {
+		t.Fatalf("%d blocks remembered as offered after %d ended copies of one block", left, rounds)
+	}
+}
