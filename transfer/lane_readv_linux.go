@@ -26,7 +26,7 @@ func readPiecesVec(c *net.TCPConn, pr *laneProgress, segs []layout.Segment, dst 
 		return err
 	}
 	br, _ := pr.r.(*bufio.Reader)
-	iov := make([]unix.Iovec, 0, laneVecPieces)
+	iov := make([]unix.Iovec, 0, min(laneVecPieces, len(segs))) // an answer of one piece takes one
 	fill := func() error {
 		v := iov
 		iov = iov[:0]
