@@ -700,7 +700,10 @@ func TestTierAllocateDoesNotWaitForTheDisk(t *testing.T) {
 	for i, h := range hashes {
 		found += acquireChecked(t, c, set, []uint64{h}, uint64(5000+i))
 	}
-	if want := n - int(tm.Skipped) - int(tm.QueueFull); found < want {
+	// The counters add up since the agent started (its first blocks
+	// included), so want may count low; a block copied out is found
+	// again in any case.
+	if want := max(n-int(tm.Skipped)-int(tm.QueueFull), 1); found < want {
 		t.Fatalf("%d of %d blocks found again, want %d (tier %+v)", found, n, want, tm)
 	}
 }
