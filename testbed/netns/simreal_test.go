@@ -287,6 +287,7 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 		pending  []*probe
 		all      []*probe
 		counting bool
+		probing  bool // within the window: stores become probes
 	)
 	probeEvery := max(1, int(float64(n)*ld.Rate/ld.ProbeHz+0.5))
 	stop, stopLoad := make(chan struct{}), make(chan struct{})
@@ -335,7 +336,11 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 					errs <- err
 					return
 				}
-				if k%probeEvery != 0 {
+				// Node i's probes are its stores k with k+i a multiple of
+				// probeEvery, so that the cluster's come at ProbeHz
+				// from the start, not all at once every probeEvery
+				// stores (at 64 nodes, none in the window).
+				if (k+i)%probeEvery != 0 {
 					continue
 				}
 				p := &probe{hash: h, origin: i, at: at, seen: make([]time.Time, n), last: make([]time.Time, n), left: n - 1, done: make(chan struct{})}
@@ -343,7 +348,7 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 					p.last[j] = at
 				}
 				pmu.Lock()
-				if counting {
+				if probing {
 					pending = append(pending, p)
 					all = append(all, p)
 				}
@@ -433,7 +438,16 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 	pmu.Unlock()
 	a, ga = nsCounters(t, c), gossipCounters(ctx, t, c)
 	start := time.Now()
+	pmu.Lock()
+	probing = true
+	pmu.Unlock()
 	pause(ctx, ld.Window)
+	// Reading 64 loaded agents' counters takes seconds: probes are only
+	// the window's stores, so that the pollers' lookups do not grow with
+	// how long the reads take.
+	pmu.Lock()
+	probing = false
+	pmu.Unlock()
 	b, gb := nsCounters(t, c), gossipCounters(ctx, t, c)
 	secs := time.Since(start).Seconds()
 	t.Logf("load average under load: %s", loadAvg())
@@ -505,16 +519,18 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	return ds[min(len(ds)-1, int(q*float64(len(ds))))]
 }
 
-// nsCounter is a node's eth0 counters at one time.
+// nsCounter is every node's eth0 counters, each read at its own time (a
+// loaded machine takes seconds to read 64).
 type nsCounter struct {
-	at                           time.Time
+	at                           []time.Time
 	rx, tx, rxPackets, txPackets []int64
 }
 
 // nsCounters reads every node's eth0 counters inside its namespace.
 func nsCounters(t *testing.T, c *Cluster) nsCounter {
-	k := nsCounter{at: time.Now()}
+	var k nsCounter
 	for i := range c.Nodes {
+		k.at = append(k.at, time.Now())
 		out, err := exec.Command("ip", "netns", "exec", c.Namespace(i), "cat",
 			"/sys/class/net/eth0/statistics/rx_bytes", "/sys/class/net/eth0/statistics/tx_bytes",
 			"/sys/class/net/eth0/statistics/rx_packets", "/sys/class/net/eth0/statistics/tx_packets").Output()
@@ -538,15 +554,16 @@ func nsCounters(t *testing.T, c *Cluster) nsCounter {
 }
 
 // nsRates returns the payload bytes in and out per node per second from
-// a to b: the counters less 42 bytes a packet (Ethernet, IP, UDP).
+// a to b: the counters less 42 bytes a packet (Ethernet, IP, UDP), each
+// node's over the time between its own reads.
 func nsRates(a, b nsCounter) (in, out float64) {
-	secs := b.at.Sub(a.at).Seconds()
 	n := float64(len(a.rx))
 	for i := range a.rx {
-		in += float64((b.rx[i] - a.rx[i]) - 42*(b.rxPackets[i]-a.rxPackets[i]))
-		out += float64((b.tx[i] - a.tx[i]) - 42*(b.txPackets[i]-a.txPackets[i]))
+		secs := b.at[i].Sub(a.at[i]).Seconds()
+		in += float64((b.rx[i]-a.rx[i])-42*(b.rxPackets[i]-a.rxPackets[i])) / secs
+		out += float64((b.tx[i]-a.tx[i])-42*(b.txPackets[i]-a.txPackets[i])) / secs
 	}
-	return in / secs / n, out / secs / n
+	return in / n, out / n
 }
 
 // pause waits d, or until ctx ends: a measurement window.
@@ -565,16 +582,16 @@ func sum(xs []int64) (s int64) {
 }
 
 // gossipCounter is every node's memberlist bytes (status's
-// gossip_bytes_in and _out) at one time.
+// gossip_bytes_in and _out), each with the time its status answered.
 type gossipCounter struct {
-	at      time.Time
+	at      []time.Time
 	in, out []uint64
 }
 
 // gossipCounters reads every node's memberlist byte counts, each through
 // a client of its own (status takes no session).
 func gossipCounters(ctx context.Context, t *testing.T, c *Cluster) gossipCounter {
-	k := gossipCounter{at: time.Now()}
+	var k gossipCounter
 	for _, node := range c.Nodes {
 		cl, err := node.Client(ctx)
 		if err != nil {
@@ -585,21 +602,21 @@ func gossipCounters(ctx context.Context, t *testing.T, c *Cluster) gossipCounter
 		if err != nil {
 			t.Fatalf("%s: status: %v", node.Name, err)
 		}
-		k.in, k.out = append(k.in, s.GossipBytesIn), append(k.out, s.GossipBytesOut)
+		k.at, k.in, k.out = append(k.at, time.Now()), append(k.in, s.GossipBytesIn), append(k.out, s.GossipBytesOut)
 	}
 	return k
 }
 
 // gossipRates returns the memberlist bytes in and out per node per second
-// from a to b.
+// from a to b, each node's over the time between its own reads.
 func gossipRates(a, b gossipCounter) (in, out float64) {
-	secs := b.at.Sub(a.at).Seconds()
 	n := float64(len(a.in))
 	for i := range a.in {
-		in += float64(b.in[i] - a.in[i])
-		out += float64(b.out[i] - a.out[i])
+		secs := b.at[i].Sub(a.at[i]).Seconds()
+		in += float64(b.in[i]-a.in[i]) / secs
+		out += float64(b.out[i]-a.out[i]) / secs
 	}
-	return in / secs / n, out / secs / n
+	return in / n, out / n
 }
 
 // raiseNeighbours makes room in the kernel's neighbour table for n nodes'
