@@ -16,7 +16,6 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
-	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/testbed/sim"
 )
 
@@ -112,7 +111,7 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 	// quiet between their first exchange and their second: a 5 s window
 	// 10 s after it formed held no push/pull at 64 nodes (probes alone,
 	// 0.73 of the agents', whose starts spread over 40 s).
-	ld.Idle = membership.PushPullPeriod(membership.DefaultConfig().PushPullInterval, ld.Nodes)
+	ld.Idle = sim.PushPullPeriod(ld.Nodes)
 	// Lookups of every pending probe on every node: fewer, and less often,
 	// as the cluster grows (each node's arrival is known to half a Poll).
 	ld.ProbeWait = ld.Window
