@@ -16,6 +16,9 @@ type testHooks struct {
 	// stageBytes replaces stageServeBytes when non-zero, so that small
 	// reads show the batching of staged serving.
 	stageBytes uint64
+	// beforeServeIndex runs on an owner before it serves a peer's index
+	// call; an error is its answer (a test's owner that predates a call).
+	beforeServeIndex func(payload []byte) error
 	// sysfsRoot replaces /sys where the agent reads PCI topology, so that
 	// a fake tree decides which RDMA device is nearest the GPU.
 	sysfsRoot string

@@ -32,7 +32,8 @@ type ownedIndex struct {
 	mu      sync.Mutex // serializes publish: through
 	through uint64     // the last pool event a snapshot covered
 
-	stats ownedStats
+	legacy legacyOwners // owners that predate lookups with tiers and disk copies
+	stats  ownedStats
 }
 
 // ownedStats counts the owned index's traffic (the answer cache and the
@@ -216,8 +217,7 @@ func (o *ownedIndex) sendLoop() {
 
 // send makes one ops call and records its outcome.
 func (o *ownedIndex) send(c index.Outgoing) {
-	payload := appendOpsCall(nil, c.Call)
-	ans, err := o.call(c.Owner, payload)
+	payload, ans, err := o.sendOps(c)
 	outcome := index.Applied
 	switch {
 	case err != nil:

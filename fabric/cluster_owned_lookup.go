@@ -117,15 +117,8 @@ func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []u
 			if w == o.a.cfg.NodeName {
 				got = o.slice.Load().HolderTiers(qs)
 			} else {
-				payload := appendLookupCall(nil, qs)
-				o.stats.lookupCalls.Add(1)
-				o.stats.lookupBytes.Add(uint64(len(payload)))
-				ans, err := o.call(w, payload)
-				if err == nil {
-					o.stats.lookupBytes.Add(uint64(len(ans)))
-					got, err = decodeLookupAnswer(ans, len(qs), true)
-				}
-				if err != nil {
+				var err error
+				if got, err = o.lookup(w, qs); err != nil {
 					o.a.log.Debug("index lookup: an owner did not answer", "peer", w, "err", err)
 					return
 				}

@@ -19,6 +19,11 @@ func (s *peerService) IndexCall(ctx context.Context, peer string, payload []byte
 	if o == nil {
 		return nil, fmt.Errorf("%w: this node keeps the whole index (index_mode whole), not owned slices", transfer.ErrUnavailable)
 	}
+	if f := s.a.cfg.hooks.beforeServeIndex; f != nil {
+		if err := f(payload); err != nil {
+			return nil, err
+		}
+	}
 	return o.serve(ctx, peer, payload)
 }
 

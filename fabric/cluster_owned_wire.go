@@ -24,7 +24,9 @@ import (
 //
 // Op kinds are index.OpStore to index.MaxOpKind (index.OpStoreDisk and
 // OpRemoveDisk: a copy on a disk tier). Nodes send the lookup with tiers,
-// and answer both lookups.
+// and answer both lookups; to an owner that predates lookups with tiers
+// and disk copies, they send lookups without and disk copies as plain ones
+// (cluster_owned_compat.go).
 // Integers are little-endian. Ops are numbered per origin run and owner
 // from first on, so that an owner applies each exactly once and in order
 // and notices a gap; flags bit 0 says the first op starts the stream
@@ -100,9 +102,13 @@ func decodeOpsCall(b []byte) (index.OpsCall, error) {
 	return c, nil
 }
 
-// appendLookupCall encodes a lookup with tiers of hashes.
-func appendLookupCall(b []byte, hashes []uint64) []byte {
-	b = append(b, ownedCallLookupTiers)
+// appendLookupCall encodes a lookup of hashes, with tiers or not.
+func appendLookupCall(b []byte, hashes []uint64, tiers bool) []byte {
+	kind := byte(ownedCallLookup)
+	if tiers {
+		kind = ownedCallLookupTiers
+	}
+	b = append(b, kind)
 	b = binary.AppendUvarint(b, uint64(len(hashes)))
 	for _, h := range hashes {
 		b = binary.LittleEndian.AppendUint64(b, h)

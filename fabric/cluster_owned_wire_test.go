@@ -17,15 +17,17 @@ func TestOwnedWireRoundTrip(t *testing.T) {
 		t.Fatalf("ops call: %+v, %v; want %+v", got, err, c)
 	}
 	hashes := []uint64{1, 2, 3}
-	hs, err := decodeLookupCall(appendLookupCall(nil, hashes))
+	hs, err := decodeLookupCall(appendLookupCall(nil, hashes, true))
 	if err != nil || !slices.Equal(hs, hashes) {
 		t.Fatalf("lookup call: %v, %v", hs, err)
 	}
-	if c := appendLookupCall(nil, hashes); c[0] != ownedCallLookupTiers {
+	if c := appendLookupCall(nil, hashes, true); c[0] != ownedCallLookupTiers {
 		t.Fatalf("a lookup asks kind %d, want %d (with tiers)", c[0], ownedCallLookupTiers)
 	}
-	old := appendLookupCall(nil, hashes)
-	old[0] = ownedCallLookup
+	old := appendLookupCall(nil, hashes, false)
+	if old[0] != ownedCallLookup {
+		t.Fatalf("a lookup without tiers asks kind %d, want %d", old[0], ownedCallLookup)
+	}
 	if hs, err := decodeLookupCall(old); err != nil || !slices.Equal(hs, hashes) {
 		t.Fatalf("lookup call without tiers: %v, %v", hs, err)
 	}
@@ -59,10 +61,10 @@ func TestOwnedWireLimits(t *testing.T) {
 		t.Fatalf("%d ops: %v, want refused", maxOwnedOps+1, err)
 	}
 	hashes := make([]uint64, maxLookupHashes+1)
-	if _, err := decodeLookupCall(appendLookupCall(nil, hashes[:maxLookupHashes])); err != nil {
+	if _, err := decodeLookupCall(appendLookupCall(nil, hashes[:maxLookupHashes], true)); err != nil {
 		t.Fatalf("%d hashes: %v", maxLookupHashes, err)
 	}
-	if _, err := decodeLookupCall(appendLookupCall(nil, hashes)); !errors.Is(err, errOwnedWire) {
+	if _, err := decodeLookupCall(appendLookupCall(nil, hashes, true)); !errors.Is(err, errOwnedWire) {
 		t.Fatalf("%d hashes: %v, want refused", maxLookupHashes+1, err)
 	}
 	long := string(bytes.Repeat([]byte{'n'}, maxOwnedNameLen))
@@ -95,7 +97,7 @@ func TestOwnedWireLimits(t *testing.T) {
 
 func FuzzOwnedWire(f *testing.F) {
 	f.Add(appendOpsCall(nil, index.OpsCall{Inc: 1, First: 1, Ops: []index.Op{{Kind: index.OpStore, Hash: 5}}}))
-	f.Add(appendLookupCall(nil, []uint64{1, 2}))
+	f.Add(appendLookupCall(nil, []uint64{1, 2}, true))
 	f.Add(appendLookupAnswer(nil, [][]index.Holder{{{Name: "a"}}, {{Name: "a"}, {Name: "b", DiskOnly: true}}}, true))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// What decodes encodes to what decodes the same (varints may
@@ -107,7 +109,7 @@ func FuzzOwnedWire(f *testing.F) {
 			}
 		}
 		if hs, err := decodeLookupCall(b); err == nil {
-			again, err := decodeLookupCall(appendLookupCall(nil, hs))
+			again, err := decodeLookupCall(appendLookupCall(nil, hs, true))
 			if err != nil || !slices.Equal(again, hs) {
 				t.Fatalf("lookup call %x: %v re-decodes to %v, %v", b, hs, again, err)
 			}

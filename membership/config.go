@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
 	"time"
 
@@ -272,4 +273,22 @@ func (c *Config) validate() error {
 		return bad("MaxBatchBytes", "%d must be in [%d, 65536]", c.MaxBatchBytes, batchHeaderMax+eventMax)
 	}
 	return nil
+}
+
+// pushPullScaleThreshold is the most members at which memberlist does not
+// scale PushPullInterval (its util.go).
+const pushPullScaleThreshold = 32
+
+// PushPullPeriod is how often each node of a cluster of members nodes
+// starts a push/pull (a full state exchange over a stream) when
+// PushPullInterval is interval: memberlist multiplies the interval by
+// 1 + ⌈log2(members/32)⌉ past 32 members (its pushPullScale), since the
+// state grows with the members. A window of this length holds one push/pull
+// started by each node whatever their phases, so that it measures their
+// bytes without depending on when the nodes started.
+func PushPullPeriod(interval time.Duration, members int) time.Duration {
+	if members <= pushPullScaleThreshold {
+		return interval
+	}
+	return time.Duration(math.Ceil(math.Log2(float64(members))-math.Log2(pushPullScaleThreshold))+1) * interval
 }

@@ -44,6 +44,9 @@ type simRealLoad struct {
 	Window  time.Duration
 	Poll    time.Duration // how often each node is asked whether probes arrived
 	ProbeHz float64       // probes (stores followed to every index) a second in the cluster
+	// ProbeWait is how long the last probes get, after the load, to
+	// reach every index.
+	ProbeWait time.Duration
 }
 
 // simRealFigures are the figures measured the same way on both sides.
@@ -93,7 +96,7 @@ type simRealFigures struct {
 // agent's transport (status's gossip_bytes_in and _out) and by the
 // simulation's network.
 func TestSimulationAgreesWithAgents(t *testing.T) {
-	ld := simRealLoad{Nodes: 8, Rate: 2, Slots: 21, Settle: 10 * time.Second, Idle: 5 * time.Second, Warmup: 12 * time.Second,
+	ld := simRealLoad{Nodes: 8, Rate: 2, Slots: 21, Settle: 10 * time.Second, Warmup: 12 * time.Second,
 		Window: 15 * time.Second, Poll: 50 * time.Millisecond, ProbeHz: 4}
 	if *long {
 		ld.Nodes = 64
@@ -101,11 +104,23 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 	if *simRealNodes > 0 {
 		ld.Nodes = *simRealNodes
 	}
+	// The idle window holds one push/pull of each node: memberlist's nodes
+	// exchange their state every PushPullPeriod, with phases set by when
+	// each started, so that a shorter window holds as many of them as
+	// fall in it. The simulation's nodes start together and then are all
+	// quiet between their first exchange and their second: a 5 s window
+	// 10 s after it formed held no push/pull at 64 nodes (probes alone,
+	// 0.73 of the agents', whose starts spread over 40 s).
+	ld.Idle = sim.PushPullPeriod(ld.Nodes)
 	// Lookups of every pending probe on every node: fewer, and less often,
 	// as the cluster grows (each node's arrival is known to half a Poll).
+	ld.ProbeWait = ld.Window
 	switch {
 	case ld.Nodes > 32:
-		ld.Poll, ld.ProbeHz = 500*time.Millisecond, 2
+		// 64 agents on 2 cores took 35 to 43 s to bring a store to
+		// every index (13 probes of 141, in one run), more than a
+		// window: their probes get a minute.
+		ld.Poll, ld.ProbeHz, ld.ProbeWait = 500*time.Millisecond, 2, time.Minute
 	case ld.Nodes > 16:
 		ld.Poll, ld.ProbeHz = 100*time.Millisecond, 2
 	}
@@ -184,9 +199,9 @@ func simRealSim(ctx context.Context, t *testing.T, ld simRealLoad, lifetime time
 	// The simulation's load publishes at its rate exactly.
 	f.StoresPerNode = ld.Rate
 	_, f.Pairs = c.IndexBytes()
-	// The last stores get as long as the window to arrive, as on the agents.
+	// The last stores get as long to arrive as on the agents.
 	c.StopLoad()
-	dctx, cancel := context.WithTimeout(ctx, ld.Window)
+	dctx, cancel := context.WithTimeout(ctx, ld.ProbeWait)
 	c.WaitConverged(dctx)
 	cancel()
 	_, _, f.P50, f.P99, _ = c.Delays()
@@ -278,6 +293,7 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 		pending  []*probe
 		all      []*probe
 		counting bool
+		probing  bool // within the window: stores become probes
 	)
 	probeEvery := max(1, int(float64(n)*ld.Rate/ld.ProbeHz+0.5))
 	stop, stopLoad := make(chan struct{}), make(chan struct{})
@@ -326,7 +342,11 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 					errs <- err
 					return
 				}
-				if k%probeEvery != 0 {
+				// Node i's probes are its stores k with k+i a multiple of
+				// probeEvery, so that the cluster's come at ProbeHz
+				// from the start, not all at once every probeEvery
+				// stores (at 64 nodes, none in the window).
+				if (k+i)%probeEvery != 0 {
 					continue
 				}
 				p := &probe{hash: h, origin: i, at: at, seen: make([]time.Time, n), last: make([]time.Time, n), left: n - 1, done: make(chan struct{})}
@@ -334,7 +354,7 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 					p.last[j] = at
 				}
 				pmu.Lock()
-				if counting {
+				if probing {
 					pending = append(pending, p)
 					all = append(all, p)
 				}
@@ -424,7 +444,16 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 	pmu.Unlock()
 	a, ga = nsCounters(t, c), gossipCounters(ctx, t, c)
 	start := time.Now()
+	pmu.Lock()
+	probing = true
+	pmu.Unlock()
 	pause(ctx, ld.Window)
+	// Reading 64 loaded agents' counters takes seconds: probes are only
+	// the window's stores, so that the pollers' lookups do not grow with
+	// how long the reads take.
+	pmu.Lock()
+	probing = false
+	pmu.Unlock()
 	b, gb := nsCounters(t, c), gossipCounters(ctx, t, c)
 	secs := time.Since(start).Seconds()
 	t.Logf("load average under load: %s", loadAvg())
@@ -456,9 +485,9 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 		f.Pairs += float64(s.IndexEntries)
 	}
 	f.Pairs /= float64(n)
-	// The last probes get as long as the window to arrive, all of them
-	// together (a channel that stays closed: many may not arrive).
-	dctx, dcancel := context.WithTimeout(ctx, ld.Window)
+	// The last probes get ProbeWait to arrive, all of them together (a
+	// channel that stays closed: many may not arrive).
+	dctx, dcancel := context.WithTimeout(ctx, ld.ProbeWait)
 	defer dcancel()
 	var delays []time.Duration
 	pmu.Lock()
@@ -496,16 +525,18 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	return ds[min(len(ds)-1, int(q*float64(len(ds))))]
 }
 
-// nsCounter is a node's eth0 counters at one time.
+// nsCounter is every node's eth0 counters, each read at its own time (a
+// loaded machine takes seconds to read 64).
 type nsCounter struct {
-	at                           time.Time
+	at                           []time.Time
 	rx, tx, rxPackets, txPackets []int64
 }
 
 // nsCounters reads every node's eth0 counters inside its namespace.
 func nsCounters(t *testing.T, c *Cluster) nsCounter {
-	k := nsCounter{at: time.Now()}
+	var k nsCounter
 	for i := range c.Nodes {
+		k.at = append(k.at, time.Now())
 		out, err := exec.Command("ip", "netns", "exec", c.Namespace(i), "cat",
 			"/sys/class/net/eth0/statistics/rx_bytes", "/sys/class/net/eth0/statistics/tx_bytes",
 			"/sys/class/net/eth0/statistics/rx_packets", "/sys/class/net/eth0/statistics/tx_packets").Output()
@@ -529,15 +560,16 @@ func nsCounters(t *testing.T, c *Cluster) nsCounter {
 }
 
 // nsRates returns the payload bytes in and out per node per second from
-// a to b: the counters less 42 bytes a packet (Ethernet, IP, UDP).
+// a to b: the counters less 42 bytes a packet (Ethernet, IP, UDP), each
+// node's over the time between its own reads.
 func nsRates(a, b nsCounter) (in, out float64) {
-	secs := b.at.Sub(a.at).Seconds()
 	n := float64(len(a.rx))
 	for i := range a.rx {
-		in += float64((b.rx[i] - a.rx[i]) - 42*(b.rxPackets[i]-a.rxPackets[i]))
-		out += float64((b.tx[i] - a.tx[i]) - 42*(b.txPackets[i]-a.txPackets[i]))
+		secs := b.at[i].Sub(a.at[i]).Seconds()
+		in += float64((b.rx[i]-a.rx[i])-42*(b.rxPackets[i]-a.rxPackets[i])) / secs
+		out += float64((b.tx[i]-a.tx[i])-42*(b.txPackets[i]-a.txPackets[i])) / secs
 	}
-	return in / secs / n, out / secs / n
+	return in / n, out / n
 }
 
 // pause waits d, or until ctx ends: a measurement window.
@@ -556,16 +588,16 @@ func sum(xs []int64) (s int64) {
 }
 
 // gossipCounter is every node's memberlist bytes (status's
-// gossip_bytes_in and _out) at one time.
+// gossip_bytes_in and _out), each with the time its status answered.
 type gossipCounter struct {
-	at      time.Time
+	at      []time.Time
 	in, out []uint64
 }
 
 // gossipCounters reads every node's memberlist byte counts, each through
 // a client of its own (status takes no session).
 func gossipCounters(ctx context.Context, t *testing.T, c *Cluster) gossipCounter {
-	k := gossipCounter{at: time.Now()}
+	var k gossipCounter
 	for _, node := range c.Nodes {
 		cl, err := node.Client(ctx)
 		if err != nil {
@@ -576,21 +608,21 @@ func gossipCounters(ctx context.Context, t *testing.T, c *Cluster) gossipCounter
 		if err != nil {
 			t.Fatalf("%s: status: %v", node.Name, err)
 		}
-		k.in, k.out = append(k.in, s.GossipBytesIn), append(k.out, s.GossipBytesOut)
+		k.at, k.in, k.out = append(k.at, time.Now()), append(k.in, s.GossipBytesIn), append(k.out, s.GossipBytesOut)
 	}
 	return k
 }
 
 // gossipRates returns the memberlist bytes in and out per node per second
-// from a to b.
+// from a to b, each node's over the time between its own reads.
 func gossipRates(a, b gossipCounter) (in, out float64) {
-	secs := b.at.Sub(a.at).Seconds()
 	n := float64(len(a.in))
 	for i := range a.in {
-		in += float64(b.in[i] - a.in[i])
-		out += float64(b.out[i] - a.out[i])
+		secs := b.at[i].Sub(a.at[i]).Seconds()
+		in += float64(b.in[i]-a.in[i]) / secs
+		out += float64(b.out[i]-a.out[i]) / secs
 	}
-	return in / secs / n, out / secs / n
+	return in / n, out / n
 }
 
 // raiseNeighbours makes room in the kernel's neighbour table for n nodes'

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/kvfabric/kvfabric/membership"
 )
 
 // tracker follows each stored block from its publication until every node
@@ -340,4 +342,11 @@ func (c *Cluster) Check() error {
 		}
 	}
 	return nil
+}
+
+// PushPullPeriod is how often each of n nodes starts a push/pull at the
+// default timings (membership.DefaultConfig's, the agents' too): a window
+// this long holds one push/pull of each node (membership.PushPullPeriod).
+func PushPullPeriod(n int) time.Duration {
+	return membership.PushPullPeriod(membership.DefaultConfig().PushPullInterval, n)
 }

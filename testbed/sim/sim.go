@@ -23,7 +23,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,7 +51,8 @@ type Config struct {
 	Lifetime time.Duration
 	// Membership holds the timings every node runs with; its zero fields
 	// take membership.DefaultConfig's. Name, BindAddr, Seeds, Transport,
-	// Sink, Repairer and Logger are the simulation's.
+	// Sink, Repairer and Logger are the simulation's; a zero Meta is each
+	// node's an agent's would be (its peer address, QUIC, a layout digest).
 	Membership membership.Config
 	// Seed seeds the block hashes. If zero, 1.
 	Seed uint64
@@ -220,8 +223,15 @@ func (c *Cluster) Join(ctx context.Context, k int) ([]string, error) {
 func (c *Cluster) startNode(ctx context.Context, name string, seeds []string) (*Node, error) {
 	n := &Node{Name: name}
 	n.Index, _ = index.New(index.Config{Shards: 4})
-	n.tr = c.net.NewTransport(name)
+	tr, err := c.net.NewTransport(name)
+	if err != nil {
+		return nil, err
+	}
+	n.tr = tr
 	mc := c.cfg.Membership
+	if mc.Meta == (membership.Meta{}) {
+		mc.Meta = agentMeta(tr)
+	}
 	if len(c.cfg.GossipKey) > 0 {
 		mc.Keys = [][]byte{c.cfg.GossipKey}
 	}
@@ -264,6 +274,23 @@ func (c *Cluster) startNode(ctx context.Context, name string, seeds []string) (*
 		}
 	}()
 	return n, nil
+}
+
+// agentPeerPort is the agents' peer transport port, which their metadata
+// names.
+const agentPeerPort = 7947
+
+// agentMeta is the metadata an agent sends while it has no engine (fabric's
+// Agent.meta): its peer address (the gossip host, the peer port), QUIC,
+// the digest of its layouts. Every push/pull carries every member's, and
+// every alive message its node's, so that their bytes are an agent's.
+// Load and incarnation are varints; the digest, 8 bytes, is any value.
+func agentMeta(tr *Transport) membership.Meta {
+	return membership.Meta{
+		PeerAddr:     net.JoinHostPort(tr.ip.String(), strconv.Itoa(agentPeerPort)),
+		Transports:   membership.TransportQUIC,
+		LayoutDigest: 0x9ae16a3b2f90404f,
+	}
 }
 
 // live returns the nodes not killed or departed, in start order.

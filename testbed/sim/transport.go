@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,14 +20,25 @@ var ErrUnreachable = errors.New("sim: node unreachable")
 // through buffered channels (dropped when the receiver's is full, as a
 // socket buffer would), streams are in-memory pipes. It counts every
 // node's bytes in and out, and can cut the network in two.
+//
+// Each endpoint has an IPv4 address of its own (10.0.0.1 onwards) and the
+// agents' gossip port (GossipPort), as agents do: memberlist's messages
+// carry addresses and ports (pings, and every member's in each push/pull),
+// so that they are as long here as between agents.
 type Net struct {
 	mu    sync.RWMutex
-	byKey map[string]*Transport // "127.0.0.1:port"
-	next  int
+	byKey map[string]*Transport // "10.a.b.c:7946"
+	next  uint32
 	// side, when set, says which side of a partition each node is on;
 	// packets and new streams between sides are dropped.
 	side map[string]int
 }
+
+// GossipPort is every endpoint's port: the agents' gossip port.
+const GossipPort = 7946
+
+// maxEndpoints is how many endpoints a network can address in 10.0.0.0/8.
+const maxEndpoints = 1<<24 - 2
 
 // NewNet returns an empty network.
 func NewNet() *Net { return &Net{byKey: make(map[string]*Transport), next: 1} }
@@ -36,7 +48,7 @@ type Transport struct {
 	net      *Net
 	name     string
 	addr     string
-	port     int
+	ip       net.IP
 	packets  chan *memberlist.Packet
 	streams  chan net.Conn
 	closed   atomic.Bool
@@ -49,22 +61,26 @@ type Transport struct {
 // socket buffer's worth of gossip packets.
 const packetBuffer = 4096
 
-// NewTransport returns a new endpoint named name on the network.
-func (n *Net) NewTransport(name string) *Transport {
+// NewTransport returns a new endpoint named name on the network, at the
+// next free address; it fails past maxEndpoints.
+func (n *Net) NewTransport(name string) (*Transport, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	port := n.next
+	if n.next > maxEndpoints {
+		return nil, fmt.Errorf("sim: no address left in 10.0.0.0/8 for %s", name)
+	}
+	ip := net.IPv4(10, byte(n.next>>16), byte(n.next>>8), byte(n.next))
 	n.next++
 	t := &Transport{
 		net:     n,
 		name:    name,
-		port:    port,
-		addr:    fmt.Sprintf("127.0.0.1:%d", port),
+		ip:      ip,
+		addr:    net.JoinHostPort(ip.String(), strconv.Itoa(GossipPort)),
 		packets: make(chan *memberlist.Packet, packetBuffer),
 		streams: make(chan net.Conn, 64),
 	}
 	n.byKey[t.addr] = t
-	return t
+	return t, nil
 }
 
 // Addr is the endpoint's address, for seeds.
@@ -107,7 +123,7 @@ func (t *Transport) peer(addr string) *Transport {
 
 // FinalAdvertiseAddr implements memberlist.Transport.
 func (t *Transport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
-	return net.IPv4(127, 0, 0, 1), t.port, nil
+	return t.ip, GossipPort, nil
 }
 
 // WriteTo implements memberlist.Transport: the packet goes to addr's
@@ -122,7 +138,7 @@ func (t *Transport) WriteTo(b []byte, addr string) (time.Time, error) {
 	if d == nil {
 		return now, nil
 	}
-	p := &memberlist.Packet{Buf: append([]byte(nil), b...), From: &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: t.port}, Timestamp: now}
+	p := &memberlist.Packet{Buf: append([]byte(nil), b...), From: &net.UDPAddr{IP: t.ip, Port: GossipPort}, Timestamp: now}
 	select {
 	case d.packets <- p:
 		d.bytesIn.Add(int64(len(b)))
