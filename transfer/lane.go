@@ -419,8 +419,46 @@ func (n *Node) laneClientTLS(peer string) *tls.Config {
 	return c
 }
 
-// laneCtxDeadline makes c's deadline follow ctx: past its deadline, or at
-// once when it is cancelled. The returned func undoes the watch.
-func laneCtxDeadline(ctx context.Context, c net.Conn) func() bool {
-	return context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+// laneWatch ties a lane connection's deadlines to ctx: once ctx ends
+// (cancelled, or past its deadline) both deadlines are in the past and stay
+// there, so that a read or write blocked on the connection, or one started
+// later, returns at once. Every deadline the read path sets while the
+// watch runs goes through it, under its lock, so that none set from a
+// check made before the cancel can land after the cancel's and undo it.
+type laneWatch struct {
+	c    net.Conn
+	stop func() bool
+
+	mu    sync.Mutex
+	ended bool // ctx ended: the deadlines are in the past for good
+}
+
+// watchLane starts a watch of ctx over c.
+func watchLane(ctx context.Context, c net.Conn) *laneWatch {
+	w := &laneWatch{c: c}
+	w.stop = context.AfterFunc(ctx, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.ended = true
+		_ = c.SetDeadline(time.Unix(1, 0))
+	})
+	return w
+}
+
+// done ends the watch. false means ctx ended first: the connection's
+// deadlines are in the past (or about to be), and it cannot be reused.
+func (w *laneWatch) done() bool { return w.stop() }
+
+// setDeadline, setReadDeadline and setWriteDeadline set c's deadlines
+// unless ctx has ended.
+func (w *laneWatch) setDeadline(t time.Time)      { w.set(t, w.c.SetDeadline) }
+func (w *laneWatch) setReadDeadline(t time.Time)  { w.set(t, w.c.SetReadDeadline) }
+func (w *laneWatch) setWriteDeadline(t time.Time) { w.set(t, w.c.SetWriteDeadline) }
+
+func (w *laneWatch) set(t time.Time, f func(time.Time) error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.ended {
+		_ = f(t)
+	}
 }
