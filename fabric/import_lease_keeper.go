@@ -15,7 +15,7 @@ var errLeaseLost = errors.New("lease could not be renewed")
 
 // renewer is the part of a peer that renews leases.
 type renewer interface {
-	Renew(ctx context.Context, leaseID uint64, d time.Duration) (bool, error)
+	Renew(ctx context.Context, leaseID uint64, d time.Duration) (time.Duration, error)
 }
 
 // leaseKeeper renews the leases an import holds on one holder (the chunk
@@ -149,16 +149,18 @@ func (k *leaseKeeper) loop() {
 	}
 }
 
-// renew extends l by its term; a lease that cannot be renewed is lost.
+// renew extends l by its term; a lease that cannot be renewed is lost. The
+// next renewal is due half way through the term the holder granted, which
+// its cap may have made shorter than the one asked for.
 func (k *leaseKeeper) renew(l *keptLease) {
 	asked := time.Now()
-	ok, err := k.peer.Renew(l.ctx, l.id, l.term)
+	granted, err := k.peer.Renew(l.ctx, l.id, l.term)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.leases[l.id] != l {
 		return // dropped meanwhile
 	}
-	if err != nil || !ok {
+	if err != nil || granted <= 0 {
 		if err == nil {
 			err = errors.New("the holder says it has ended")
 		}
@@ -166,6 +168,6 @@ func (k *leaseKeeper) renew(l *keptLease) {
 		l.cancel(fmt.Errorf("%w: lease %d: %v", errLeaseLost, l.id, err))
 		return
 	}
-	l.due = asked.Add(l.term / 2)
+	l.due = asked.Add(min(granted, l.term) / 2)
 	k.renewals.Add(1)
 }

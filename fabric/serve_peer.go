@@ -183,19 +183,21 @@ func (h *peerService) owned(peer string, id uint64) error {
 	return nil
 }
 
-func (h *peerService) Renew(ctx context.Context, peer string, id uint64, d time.Duration) (bool, error) {
+// Renew extends a lease for at most this node's LeaseDuration, as Lease
+// grants it, and returns the term granted.
+func (h *peerService) Renew(ctx context.Context, peer string, id uint64, d time.Duration) (time.Duration, error) {
 	if err := h.owned(peer, id); err != nil {
-		return false, nil
+		return 0, nil
 	}
 	d = h.grant(d)
 	if err := h.a.pool.Renew(pool.LeaseID(id), d); err != nil {
 		if errors.Is(err, pool.ErrLeaseExpired) || errors.Is(err, pool.ErrUnknownLease) {
-			return false, nil
+			return 0, nil
 		}
-		return false, leaseError(err)
+		return 0, leaseError(err)
 	}
 	h.book.extend(pool.LeaseID(id), time.Now().Add(d)) // after the pool's, as in Lease
-	return true, nil
+	return d, nil
 }
 
 func (h *peerService) Release(ctx context.Context, peer string, id uint64) (bool, error) {

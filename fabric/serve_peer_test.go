@@ -117,8 +117,11 @@ func TestHolderGrantsItsOwnTerm(t *testing.T) {
 			t.Errorf("lease names layout digest %x for block set %d, want %x", got, s.set.ID(), d[:])
 		}
 		before := time.Now()
-		if ok, err := h.Renew(ctx, "peer", l.ID, time.Hour); !ok || err != nil {
-			t.Fatalf("renew: %v %v", ok, err)
+		if d, err := h.Renew(ctx, "peer", l.ID, tc.ask); d != tc.want || err != nil {
+			t.Errorf("renewal asked for %v granted %v (%v), want %v as the lease", tc.ask, d, err, tc.want)
+		}
+		if d, err := h.Renew(ctx, "peer", l.ID, time.Hour); d != 5*time.Second || err != nil {
+			t.Fatalf("renewal asked for an hour: %v %v, want the holder's 5s", d, err)
 		}
 		h.book.mu.Lock()
 		deadline := h.book.leases[pool.LeaseID(l.ID)].deadline

@@ -92,16 +92,20 @@ type fakeRenewer struct {
 	at    []time.Duration // since start
 	start time.Time
 	fail  map[uint64]error // a renewal of this lease fails so
+	cap   time.Duration    // when set, the most a renewal grants
 }
 
-func (r *fakeRenewer) Renew(ctx context.Context, id uint64, d time.Duration) (bool, error) {
+func (r *fakeRenewer) Renew(ctx context.Context, id uint64, d time.Duration) (time.Duration, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.at = append(r.at, time.Since(r.start))
 	if err := r.fail[id]; err != nil {
-		return false, err
+		return 0, err
 	}
-	return true, nil
+	if r.cap > 0 {
+		d = min(d, r.cap)
+	}
+	return d, nil
 }
 
 func (r *fakeRenewer) times() []time.Duration {
@@ -149,6 +153,38 @@ func TestLeaseKeeperRenewsAtHalfTerm(t *testing.T) {
 			t.Errorf("refused renewal: cause %v, want errLeaseLost", context.Cause(l8.ctx))
 		}
 	})
+}
+
+// A holder whose cap grants a renewal less than the term asked (its lease
+// duration was lowered since the lease) is renewed again half way through
+// the term it granted, not the one asked: at the cap the lease's rhythm
+// holds, past it the renewals come as often as the cap needs.
+func TestLeaseKeeperRenewsWithinHolderCap(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cap  time.Duration
+		want []time.Duration
+	}{
+		{"at the cap", 10 * time.Second, []time.Duration{5 * time.Second, 10 * time.Second, 15 * time.Second}},
+		{"term past the cap", 4 * time.Second, []time.Duration{5 * time.Second, 7 * time.Second, 9 * time.Second, 11 * time.Second, 13 * time.Second, 15 * time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := &fakeRenewer{start: time.Now(), cap: tc.cap}
+				k := newLeaseKeeper(r, new(atomic.Uint64))
+				defer k.close()
+				l := k.keep(context.Background(), 7, 10*time.Second, time.Now())
+				time.Sleep(16 * time.Second)
+				synctest.Wait()
+				if got := r.times(); !equalDurations(got, tc.want) {
+					t.Fatalf("renewals at %v, want %v", got, tc.want)
+				}
+				if l.ctx.Err() != nil {
+					t.Fatalf("lease ctx %v", l.ctx.Err())
+				}
+			})
+		})
+	}
 }
 
 // A lease kept after close is handed back ended: nothing will renew it.

@@ -31,8 +31,11 @@ func (h *holder) Lease(ctx context.Context, peer string, hashes []uint64, d time
 	}
 	return l, nil
 }
-func (h *holder) Renew(ctx context.Context, peer string, id uint64, d time.Duration) (bool, error) {
-	return id == 1, nil
+func (h *holder) Renew(ctx context.Context, peer string, id uint64, d time.Duration) (time.Duration, error) {
+	if id != 1 {
+		return 0, nil // no such lease, or it ended
+	}
+	return d, nil
 }
 func (h *holder) Release(ctx context.Context, peer string, id uint64) (bool, error) {
 	return id == 1, nil

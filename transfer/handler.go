@@ -141,9 +141,11 @@ type Handler interface {
 	Layouts(ctx context.Context, peer string, digests [][]byte) ([]LayoutEntry, error)
 	// Lease pins the blocks named by hashes for duration.
 	Lease(ctx context.Context, peer string, hashes []uint64, duration time.Duration) (Lease, error)
-	// Renew extends a lease; false means it had already expired or been
-	// released.
-	Renew(ctx context.Context, peer string, leaseID uint64, duration time.Duration) (bool, error)
+	// Renew extends a lease and returns the term it granted from now, at
+	// most duration and the holder's own cap, as Lease does; zero means
+	// it had already expired or been released. A term over duration is
+	// cut to duration.
+	Renew(ctx context.Context, peer string, leaseID uint64, duration time.Duration) (time.Duration, error)
 	// Release ends a lease; false means it had expired before the release,
 	// and the bytes read under it must not be trusted.
 	Release(ctx context.Context, peer string, leaseID uint64) (bool, error)

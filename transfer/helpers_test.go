@@ -130,6 +130,25 @@ type memHandler struct {
 	stall   chan struct{} // when set, CheckRead and Lease block until closed or ctx ends
 	// badDigest makes leases name a layout digest of the wrong length.
 	badDigest bool
+	// grant, when set (setGrant), is the term Lease and Renew grant for
+	// the term asked (a holder's cap); unset, they grant what was asked.
+	grant func(asked time.Duration) time.Duration
+}
+
+func (h *memHandler) setGrant(f func(asked time.Duration) time.Duration) {
+	h.mu.Lock()
+	h.grant = f
+	h.mu.Unlock()
+}
+
+// granted is the term granted for asked.
+func (h *memHandler) granted(asked time.Duration) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.grant == nil {
+		return asked
+	}
+	return h.grant(asked)
 }
 
 func newMemHandler() *memHandler {
@@ -171,7 +190,7 @@ func (h *memHandler) Lease(ctx context.Context, peer string, hashes []uint64, d 
 			return Lease{}, ctx.Err()
 		}
 	}
-	l := Lease{ID: 42, Duration: d, LayoutDigests: map[uint64][]byte{7: testDigest[:]}}
+	l := Lease{ID: 42, Duration: h.granted(d), LayoutDigests: map[uint64][]byte{7: testDigest[:]}}
 	if h.badDigest {
 		l.LayoutDigests[7] = testDigest[:8]
 	}
@@ -184,9 +203,12 @@ func (h *memHandler) Lease(ctx context.Context, peer string, hashes []uint64, d 
 	return l, nil
 }
 
-func (h *memHandler) Renew(ctx context.Context, peer string, id uint64, d time.Duration) (bool, error) {
+func (h *memHandler) Renew(ctx context.Context, peer string, id uint64, d time.Duration) (time.Duration, error) {
 	h.seen(peer)
-	return id == 42 && d == 1500*time.Millisecond, nil
+	if id != 42 {
+		return 0, nil
+	}
+	return h.granted(d), nil
 }
 
 func (h *memHandler) Release(ctx context.Context, peer string, id uint64) (bool, error) {

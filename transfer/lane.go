@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -307,8 +308,10 @@ func (n *Node) serveLane(raw net.Conn) {
 	_ = raw.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	var c net.Conn = raw
 	certName := ""
+	var gc *gatherConn
 	if !n.lane.plain {
-		tc := tls.Server(raw, n.laneServerTLS())
+		gc = newGatherConn(raw)
+		tc := tls.Server(gc, n.laneServerTLS())
 		if err := tc.Handshake(); err != nil {
 			log.Info("transfer: lane handshake refused", "err", err)
 			return
@@ -349,6 +352,15 @@ func (n *Node) serveLane(raw net.Conn) {
 	if err := writeFrame(c, statusOK, &transferpb.LaneHello{Node: n.cfg.NodeName}, laneHelloLimit); err != nil {
 		return
 	}
+	if gc != nil {
+		gc.gather = true // an answer's records go out together, flushed at its end
+	}
+	flush := func() error {
+		if gc == nil {
+			return nil
+		}
+		return gc.Flush()
+	}
 	log = log.With("peer", peer)
 	for {
 		// The next request must arrive, whole, within the idle timeout.
@@ -381,12 +393,16 @@ func (n *Node) serveLane(raw net.Conn) {
 		if err != nil {
 			n.stats.callsFailed.Add(1)
 			log.Debug("transfer: lane read refused", "err", err)
-			if n.laneRefuse(c, err) != nil || errors.Is(err, ErrNotMember) {
+			if n.laneRefuse(c, err) != nil || flush() != nil || errors.Is(err, ErrNotMember) {
 				return
 			}
 			continue
 		}
-		if err := n.writeRead(c, src, req); err != nil {
+		err = n.writeRead(c, src, req)
+		if err == nil {
+			err = flush()
+		}
+		if err != nil {
 			// Mid-answer: the connection cannot carry another.
 			n.stats.callsFailed.Add(1)
 			log.Debug("transfer: lane read failed", "lease", req.leaseID, "err", err)
@@ -419,8 +435,76 @@ func (n *Node) laneClientTLS(peer string) *tls.Config {
 	return c
 }
 
-// laneCtxDeadline makes c's deadline follow ctx: past its deadline, or at
-// once when it is cancelled. The returned func undoes the watch.
-func laneCtxDeadline(ctx context.Context, c net.Conn) func() bool {
-	return context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+// laneWatch ties a lane connection's deadlines to ctx: once ctx ends
+// (cancelled, or past its deadline) both deadlines are in the past and stay
+// there, so that a read or write blocked on the connection, or one started
+// later, returns at once. Every deadline the read path sets while the
+// watch runs goes through it, under its lock, so that none set from a
+// check made before the cancel can land after the cancel's and undo it.
+type laneWatch struct {
+	c    net.Conn
+	stop func() bool
+
+	mu    sync.Mutex
+	ended bool // ctx ended: the deadlines are in the past for good
 }
+
+// watchLane starts a watch of ctx over c.
+func watchLane(ctx context.Context, c net.Conn) *laneWatch {
+	w := &laneWatch{c: c}
+	w.stop = context.AfterFunc(ctx, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.ended = true
+		_ = c.SetDeadline(time.Unix(1, 0))
+	})
+	return w
+}
+
+// done ends the watch. false means ctx ended first: the connection's
+// deadlines are in the past (or about to be), and it cannot be reused.
+func (w *laneWatch) done() bool { return w.stop() }
+
+// setDeadline, setReadDeadline and setWriteDeadline set c's deadlines
+// unless ctx has ended.
+func (w *laneWatch) setDeadline(t time.Time)      { w.set(t, w.c.SetDeadline) }
+func (w *laneWatch) setReadDeadline(t time.Time)  { w.set(t, w.c.SetReadDeadline) }
+func (w *laneWatch) setWriteDeadline(t time.Time) { w.set(t, w.c.SetWriteDeadline) }
+
+func (w *laneWatch) set(t time.Time, f func(time.Time) error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.ended {
+		_ = f(t)
+	}
+}
+
+// laneGather is how many bytes of TLS records a holder's lane connection
+// gathers into one write to the socket while it answers a read: a record
+// carries at most 16 KiB, and crypto/tls writes each one with a system
+// call of its own, which on the reader's side is a wake-up of its own.
+const laneGather = 256 << 10
+
+// gatherConn is a holder's TCP connection under TLS that, once gather is
+// on (after the handshake, whose messages must go out as they are
+// written), gathers the records written to it into laneGather-byte writes
+// until Flush.
+type gatherConn struct {
+	net.Conn
+	w      *bufio.Writer
+	gather bool
+}
+
+func newGatherConn(c net.Conn) *gatherConn {
+	return &gatherConn{Conn: c, w: bufio.NewWriterSize(c, laneGather)}
+}
+
+func (g *gatherConn) Write(p []byte) (int, error) {
+	if !g.gather {
+		return g.Conn.Write(p)
+	}
+	return g.w.Write(p)
+}
+
+// Flush writes what was gathered.
+func (g *gatherConn) Flush() error { return g.w.Flush() }

@@ -274,9 +274,9 @@ func (p *Peer) dialLane(ctx context.Context, port int, plain bool, token []byte)
 	if err != nil {
 		return fail(nil, err)
 	}
-	stop := laneCtxDeadline(ctx, raw)
-	defer stop()
-	_ = raw.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	w := watchLane(ctx, raw)
+	defer w.done()
+	w.setDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
 	var c net.Conn = raw
 	if !plain {
 		tc := tls.Client(raw, n.laneClientTLS(p.name))
@@ -299,10 +299,10 @@ func (p *Peer) dialLane(ctx context.Context, port int, plain bool, token []byte)
 		}
 		return fail(c, &RemoteError{Peer: p.name, Method: "lane-hello", Code: Code(e.Code), Message: e.Message})
 	}
-	if !stop() {
+	if !w.done() {
 		return fail(c, ctx.Err())
 	}
-	_ = raw.SetDeadline(time.Time{})
+	_ = raw.SetDeadline(time.Time{}) // the watch is over: nothing else sets it
 	lc := &laneConn{c: c, r: c}
 	if plain {
 		lc.r = bufio.NewReaderSize(c, laneFrameBuf)
@@ -311,11 +311,10 @@ func (p *Peer) dialLane(ctx context.Context, port int, plain bool, token []byte)
 }
 
 // laneProgress pushes a connection's read deadline forward while bytes
-// arrive (see progressReader), unless ctx is done: then the deadline
-// laneCtxDeadline moved to the past stays there.
+// arrive (see progressReader), through the connection's watch: once the
+// read's ctx ended, the deadline it moved to the past stays there.
 type laneProgress struct {
-	ctx     context.Context
-	c       net.Conn
+	w       *laneWatch
 	r       io.Reader
 	timeout time.Duration
 	last    time.Time
@@ -329,9 +328,9 @@ func (r *laneProgress) Read(b []byte) (int, error) {
 // refresh pushes the read deadline forward if it was last pushed more
 // than a quarter of the timeout ago.
 func (r *laneProgress) refresh() {
-	if now := time.Now(); now.Sub(r.last) > r.timeout/4 && r.ctx.Err() == nil {
+	if now := time.Now(); now.Sub(r.last) > r.timeout/4 {
 		r.last = now
-		_ = r.c.SetReadDeadline(now.Add(r.timeout))
+		r.w.setReadDeadline(now.Add(r.timeout))
 	}
 }
 
@@ -342,9 +341,9 @@ func (r *laneProgress) refresh() {
 // and the reader's turn-around. ok says whether lc can carry another
 // request afterwards.
 func (p *Peer) readLaneParts(ctx context.Context, lc *laneConn, leaseID, blockSet uint64, next <-chan []layout.Segment, dst [][]byte) (ok bool, err error) {
-	stop := laneCtxDeadline(ctx, lc.c)
+	w := watchLane(ctx, lc.c)
 	defer func() {
-		if !stop() {
+		if !w.done() {
 			ok = false // the deadline was moved to the past
 		}
 	}()
@@ -352,7 +351,7 @@ func (p *Peer) readLaneParts(ctx context.Context, lc *laneConn, leaseID, blockSe
 	if !more || ctx.Err() != nil {
 		return true, nil
 	}
-	if err := p.laneRequest(lc, leaseID, blockSet, cur); err != nil {
+	if err := p.laneRequest(w, leaseID, blockSet, cur); err != nil {
 		return false, p.laneErr(ctx, err)
 	}
 	for cur != nil {
@@ -361,10 +360,10 @@ func (p *Peer) readLaneParts(ctx context.Context, lc *laneConn, leaseID, blockSe
 		if ctx.Err() == nil {
 			if ahead = <-next; ahead != nil {
 				sent = make(chan error, 1)
-				go func() { sent <- p.laneRequest(lc, leaseID, blockSet, ahead) }()
+				go func() { sent <- p.laneRequest(w, leaseID, blockSet, ahead) }()
 			}
 		}
-		ok, err = p.laneAnswer(ctx, lc, cur, dst)
+		ok, err = p.laneAnswer(ctx, w, lc, cur, dst)
 		if sent != nil {
 			if werr := <-sent; err == nil && werr != nil {
 				ok, err = false, p.laneErr(ctx, werr)
@@ -384,16 +383,16 @@ func (p *Peer) readLaneParts(ctx context.Context, lc *laneConn, leaseID, blockSe
 // readLanePart runs one request on lc. ok says whether lc can carry
 // another: false after anything but a complete answer or a refusal.
 func (p *Peer) readLanePart(ctx context.Context, lc *laneConn, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) (ok bool, err error) {
-	stop := laneCtxDeadline(ctx, lc.c)
+	w := watchLane(ctx, lc.c)
 	defer func() {
-		if !stop() {
+		if !w.done() {
 			ok = false // the deadline was moved to the past
 		}
 	}()
-	if err := p.laneRequest(lc, leaseID, blockSet, segs); err != nil {
+	if err := p.laneRequest(w, leaseID, blockSet, segs); err != nil {
 		return false, p.laneErr(ctx, err)
 	}
-	return p.laneAnswer(ctx, lc, segs, dst)
+	return p.laneAnswer(ctx, w, lc, segs, dst)
 }
 
 // laneErr is err of a lane read, as the caller sees it.
@@ -404,27 +403,27 @@ func (p *Peer) laneErr(ctx context.Context, err error) error {
 	return fmt.Errorf("transfer: lane read from %s: %w", p.name, wrapNetErr(ctx, err))
 }
 
-// laneRequest writes the read request of segs on lc.
-func (p *Peer) laneRequest(lc *laneConn, leaseID, blockSet uint64, segs []layout.Segment) error {
+// laneRequest writes the read request of segs on w's connection.
+func (p *Peer) laneRequest(w *laneWatch, leaseID, blockSet uint64, segs []layout.Segment) error {
 	req := &transferpb.ReadRequest{LeaseId: leaseID, BlockSet: blockSet, Segments: make([]*transferpb.ReadSegment, len(segs))}
 	for i, sg := range segs {
 		req.Segments[i] = &transferpb.ReadSegment{SrcRank: uint32(sg.SrcRank), SrcOffset: sg.SrcOffset, Length: sg.Length, Count: sg.Count, SrcStride: sg.SrcStride}
 	}
-	_ = lc.c.SetWriteDeadline(time.Now().Add(p.n.cfg.ProgressTimeout))
-	return writeFrame(lc.c, byte(methodRead), req, p.n.cfg.MaxMessageSize)
+	w.setWriteDeadline(time.Now().Add(p.n.cfg.ProgressTimeout))
+	return writeFrame(w.c, byte(methodRead), req, p.n.cfg.MaxMessageSize)
 }
 
-// laneAnswer reads the answer to the request of segs on lc into dst. ok
-// says whether lc can carry another request: false after anything but a
-// complete answer or a refusal.
-func (p *Peer) laneAnswer(ctx context.Context, lc *laneConn, segs []layout.Segment, dst [][]byte) (ok bool, err error) {
+// laneAnswer reads the answer to the request of segs on lc, watched by w,
+// into dst. ok says whether lc can carry another request: false after
+// anything but a complete answer or a refusal.
+func (p *Peer) laneAnswer(ctx context.Context, w *laneWatch, lc *laneConn, segs []layout.Segment, dst [][]byte) (ok bool, err error) {
 	fail := func(err error) (bool, error) { return false, p.laneErr(ctx, err) }
 	var want uint64
 	for _, sg := range segs {
 		want += sg.Bytes()
 	}
 	timeout := p.n.cfg.ProgressTimeout
-	pr := &laneProgress{ctx: ctx, c: lc.c, r: lc.r, timeout: timeout}
+	pr := &laneProgress{w: w, r: lc.r, timeout: timeout}
 	kind, payload, err := readFrame(pr, p.n.cfg.MaxMessageSize)
 	if err != nil {
 		return fail(err)
@@ -458,7 +457,7 @@ func (p *Peer) laneAnswer(ctx context.Context, lc *laneConn, segs []layout.Segme
 	if err != nil {
 		return fail(err)
 	}
-	_ = lc.c.SetReadDeadline(time.Time{})
+	w.setReadDeadline(time.Time{})
 	return true, nil
 }
 

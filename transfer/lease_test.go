@@ -59,3 +59,50 @@ func TestLeaseNeedsLayoutDigest(t *testing.T) {
 		t.Fatalf("lease with an 8-byte layout digest: err = %v, want ErrFrame", err)
 	}
 }
+
+// A renewal grants the holder's term, capped as a lease's is: at the cap
+// and past it the reader gets the cap, not what it asked for, and a
+// handler that grants more than was asked is cut to the ask. The term
+// travels on the wire, so the reader learns it.
+func TestRenewHonoursHolderCap(t *testing.T) {
+	ca := newTestCA(t)
+	members := newMembers("a", "b")
+	h := newMemHandler()
+	a := newTestNode(t, ca, "a", members, h)
+	b := newTestNode(t, ca, "b", members, nil)
+	p := dialPeer(t, b, a)
+	ctx := context.Background()
+	const holderCap = 2 * time.Second
+	capped := func(asked time.Duration) time.Duration { return min(asked, holderCap) }
+	generous := func(asked time.Duration) time.Duration { return asked + time.Hour }
+	for _, tc := range []struct {
+		name  string
+		grant func(time.Duration) time.Duration
+		ask   time.Duration
+		want  time.Duration
+	}{
+		{"under the cap", capped, time.Second, time.Second},
+		{"at the cap", capped, holderCap, holderCap},
+		{"past the cap", capped, holderCap + time.Millisecond, holderCap},
+		{"far past the cap", capped, 5 * time.Minute, holderCap},
+		{"a handler granting more than asked", generous, 3 * time.Second, 3 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h.setGrant(tc.grant)
+			l, err := p.Lease(ctx, []uint64{2}, tc.ask)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Duration != tc.want {
+				t.Errorf("lease asked for %v granted %v, want %v", tc.ask, l.Duration, tc.want)
+			}
+			d, err := p.Renew(ctx, l.ID, tc.ask)
+			if err != nil || d != tc.want {
+				t.Errorf("renewal asked for %v granted %v (%v), want %v as the lease", tc.ask, d, err, tc.want)
+			}
+		})
+	}
+	if d, err := p.Renew(ctx, 43, holderCap); err != nil || d != 0 {
+		t.Errorf("renewal of a lease the holder does not hold: %v, %v; want 0", d, err)
+	}
+}

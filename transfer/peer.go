@@ -396,13 +396,24 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 // layoutDigestLen is the length of a layout digest.
 const layoutDigestLen = len(layout.Digest{})
 
-// Renew extends a lease by d; false means it was no longer live.
-func (p *Peer) Renew(ctx context.Context, leaseID uint64, d time.Duration) (bool, error) {
+// Renew asks for lease leaseID to be extended by d and returns the term the
+// holder granted from when it answered (at most d: it may cap it, as it
+// caps a lease); zero means the lease was no longer live.
+func (p *Peer) Renew(ctx context.Context, leaseID uint64, d time.Duration) (time.Duration, error) {
 	var resp transferpb.RenewResponse
 	if err := p.call(ctx, methodRenew, &transferpb.RenewRequest{LeaseId: leaseID, DurationMs: uint64(d / time.Millisecond)}, &resp); err != nil {
-		return false, err
+		return 0, err
 	}
-	return resp.Valid, nil
+	switch granted := time.Duration(resp.DurationMs) * time.Millisecond; {
+	case !resp.Valid:
+		return 0, nil
+	case resp.DurationMs == 0:
+		return d, nil // a holder that does not say: the term asked
+	case granted > d:
+		return 0, fmt.Errorf("%w: renewal from %s grants %v, more than the %v asked", ErrFrame, p.name, granted, d)
+	default:
+		return granted, nil
+	}
 }
 
 // Release ends a lease; false means it expired before the release and

@@ -455,10 +455,21 @@ func TestOFIHolderServesWhileLeased(t *testing.T) {
 	if !ep.Serving() {
 		t.Fatal("the holder does not serve under a lease answered with its endpoint")
 	}
-	// memHandler renews lease 42 for 1.5 s only.
-	if ok, err := p.peer.Renew(ctx, l.ID, 1500*time.Millisecond); !ok || err != nil {
-		t.Fatalf("renew: %v, %v", ok, err)
+	// A renewal past the holder's cap (1 s here) is served for the cap,
+	// not for what the reader asked.
+	p.holder.cfg.Handler.(*memHandler).setGrant(func(asked time.Duration) time.Duration { return min(asked, time.Second) })
+	renewed := time.Now()
+	if d, err := p.peer.Renew(ctx, l.ID, time.Minute); d != time.Second || err != nil {
+		t.Fatalf("renew: %v, %v; want the holder's 1s", d, err)
 	}
+	answered := time.Now()
+	tp.mu.Lock()
+	until := tp.served[leaseKey{p.reader.cfg.NodeName, l.ID}].until
+	tp.mu.Unlock()
+	if until.Before(renewed.Add(time.Second)) || until.After(answered.Add(time.Second)) {
+		t.Fatalf("the renewed lease is served until %v after the renewal was asked for, want the 1s granted", until.Sub(renewed))
+	}
+	p.holder.cfg.Handler.(*memHandler).setGrant(nil)
 	if via, err := p.peer.ReadVia(ctx, l.ID, 7, p.segs, p.dst); err != nil || via != TransportRDMA {
 		t.Fatalf("read: over %s, %v; want rdma", via, err)
 	}

@@ -109,6 +109,16 @@ func (n *Node) refuse(s *quic.Stream, err error) {
 	s.Close()
 }
 
+// grantedTerm is the term a lease or renewal answers: what the handler
+// granted, never more than asked, in whole milliseconds (what the wire
+// carries), and zero only when nothing was granted.
+func grantedTerm(asked, granted time.Duration) time.Duration {
+	if granted <= 0 {
+		return 0
+	}
+	return max(min(granted, asked).Truncate(time.Millisecond), time.Millisecond)
+}
+
 func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Message, error) {
 	h := n.cfg.Handler
 	switch r.method {
@@ -142,6 +152,7 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		if err != nil {
 			return nil, err
 		}
+		l.Duration = grantedTerm(r.duration, l.Duration)
 		if len(l.Blocks) != len(r.hashes) {
 			return nil, fmt.Errorf("%w: handler leased %d entries for %d hashes", ErrInternal, len(l.Blocks), len(r.hashes))
 		}
@@ -164,14 +175,17 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 	case methodIndex:
 		return serveIndex(ctx, h, peer, r.index)
 	case methodRenew:
-		ok, err := h.Renew(ctx, peer, r.leaseID, r.duration)
+		d, err := h.Renew(ctx, peer, r.leaseID, r.duration)
 		if err != nil {
 			return nil, err
 		}
-		if ok && n.rdma != nil {
-			n.rdma.tp.leaseRenewed(peer, r.leaseID, r.duration)
+		// The term is the holder's, as a lease's is: its endpoint serves
+		// for that and the reader renews again within it.
+		d = grantedTerm(r.duration, d)
+		if d > 0 && n.rdma != nil {
+			n.rdma.tp.leaseRenewed(peer, r.leaseID, d)
 		}
-		return &transferpb.RenewResponse{Valid: ok}, nil
+		return &transferpb.RenewResponse{Valid: d > 0, DurationMs: uint64(d / time.Millisecond)}, nil
 	case methodRelease:
 		if mr, ok := h.(MismatchReporter); ok && len(r.mismatched) > 0 {
 			mr.Mismatched(ctx, peer, r.leaseID, r.mismatched)

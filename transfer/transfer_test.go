@@ -56,11 +56,11 @@ func TestControlRoundTrips(t *testing.T) {
 		t.Errorf("lease = %+v, want %+v", l, want)
 	}
 
-	if ok, err := p.Renew(ctx, 42, 1500*time.Millisecond); err != nil || !ok {
-		t.Errorf("renew = %v, %v; want true", ok, err)
+	if d, err := p.Renew(ctx, 42, 1500*time.Millisecond); err != nil || d != 1500*time.Millisecond {
+		t.Errorf("renew = %v, %v; want 1.5s", d, err)
 	}
-	if ok, err := p.Renew(ctx, 43, 1500*time.Millisecond); err != nil || ok {
-		t.Errorf("renew of unknown lease = %v, %v; want false", ok, err)
+	if d, err := p.Renew(ctx, 43, 1500*time.Millisecond); err != nil || d != 0 {
+		t.Errorf("renew of unknown lease = %v, %v; want 0", d, err)
 	}
 	if ok, err := p.Release(ctx, 42); err != nil || !ok {
 		t.Errorf("release = %v, %v; want true", ok, err)

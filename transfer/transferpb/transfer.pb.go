@@ -753,8 +753,12 @@ func (x *RenewRequest) GetDurationMs() uint64 {
 
 // RenewResponse says whether the lease was still live and was extended.
 type RenewResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Valid         bool                   `protobuf:"varint,1,opt,name=valid,proto3" json:"valid,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Valid bool                   `protobuf:"varint,1,opt,name=valid,proto3" json:"valid,omitempty"`
+	// The term granted from the renewal, in milliseconds: at most what was
+	// asked and the holder's own cap, as for a lease. Zero from a holder
+	// that does not send it: the term asked.
+	DurationMs    uint64 `protobuf:"varint,2,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -794,6 +798,13 @@ func (x *RenewResponse) GetValid() bool {
 		return x.Valid
 	}
 	return false
+}
+
+func (x *RenewResponse) GetDurationMs() uint64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
 }
 
 // ReleaseRequest ends a lease.
@@ -1915,9 +1926,11 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\fRenewRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
-	"durationMs\"%\n" +
+	"durationMs\"F\n" +
 	"\rRenewResponse\x12\x14\n" +
-	"\x05valid\x18\x01 \x01(\bR\x05valid\"K\n" +
+	"\x05valid\x18\x01 \x01(\bR\x05valid\x12\x1f\n" +
+	"\vduration_ms\x18\x02 \x01(\x04R\n" +
+	"durationMs\"K\n" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1e\n" +
 	"\n" +
