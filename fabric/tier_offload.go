@@ -75,9 +75,14 @@ type pendingCopy struct {
 }
 
 // whereWait is where, after waiting (until ctx ends) for the copies down
-// of k's hash under way: for a block not in memory, whose slot an
-// allocation may have taken while its copy was being written.
+// of k's hash under way if it is not on disk already: for a block not in
+// memory, whose slot an allocation may have taken while its copy was
+// being written. A block on disk is found at once, whatever copies of
+// its hash (from another set) are queued.
 func (t *tiers) whereWait(ctx context.Context, k disk.Key) *diskTier {
+	if d := t.where(k); d != nil {
+		return d
+	}
 	t.jobsMu.Lock()
 	p := t.pending[k.Hash]
 	t.jobsMu.Unlock()
