@@ -173,13 +173,12 @@ type tiers struct {
 
 	room      atomic.Int64 // blockBytes, for offer, which may not take mu
 	queueFull atomic.Uint64
-	// skippedReused counts blocks not copied down because an allocation
-	// took their slots first; skipLogged is when that was last logged.
-	skippedReused atomic.Uint64
-	taken         atomic.Uint64 // blocks copied out of slots allocations took
+	taken     atomic.Uint64 // blocks copied out of slots allocations took
 	// beforePut, if set, is called by each copy down between reading its
 	// block and writing it (tests: a write that does not end).
-	beforePut  atomic.Pointer[func()]
+	beforePut atomic.Pointer[func()]
+	// skipLogged is when a block dropped for an allocation (the pool's
+	// Metrics.OffloadsGivenUp counts them) was last logged.
 	skipLogged atomic.Int64
 	corrupt    atomic.Uint64 // blocks that failed a check on restore
 }

@@ -169,16 +169,17 @@ func (t *tiers) worker() {
 	}
 }
 
-// skipped counts a block not copied down because an allocation took its
-// slot first, with a log line at most every tierSkipLogEvery.
+// skipped logs a block not copied down because an allocation took its
+// slot first, at most every tierSkipLogEvery. The pool counted it when it
+// gave the slot up (pool.Metrics.OffloadsGivenUp, the one count of them).
 func (t *tiers) skipped(hash uint64) {
-	n := t.skippedReused.Add(1)
 	now := time.Now().UnixNano()
 	last := t.skipLogged.Load()
 	if now-last < int64(tierSkipLogEvery) || !t.skipLogged.CompareAndSwap(last, now) {
 		return
 	}
-	t.log.Info("tier: blocks dropped instead of copied down, their slots needed by allocations first", "hash", hash, "total", n)
+	t.log.Info("tier: blocks dropped instead of copied down, their slots needed by allocations first", "hash", hash,
+		"total", t.a.pool.Metrics().OffloadsGivenUp)
 }
 
 // tierSkipLogEvery spaces the log lines of blocks dropped for allocations.
