@@ -47,6 +47,8 @@ const (
 	MaxWorkers = 64
 	// MaxQueueDepth bounds the requests waiting for a worker.
 	MaxQueueDepth = 4096
+	// MaxPutBatch bounds the blocks of one PutBatch.
+	MaxPutBatch = 256
 	// recordBytes is one journal record.
 	recordBytes = 64
 )
@@ -176,8 +178,12 @@ type Store struct {
 	busy    map[uint32]int // slots being read: not reused until done
 
 	stats struct {
-		puts, gets, deletes, corrupt, bytesWritten, bytesRead atomic.Uint64
+		puts, gets, deletes, corrupt, bytesWritten, bytesRead, commits atomic.Uint64
 	}
+
+	// beforeJournal, if set, is called by a commit between its data syncs
+	// and its journal write (tests: a crash there).
+	beforeJournal func()
 }
 
 // Stats are a store's counters.
@@ -186,6 +192,10 @@ type Stats struct {
 	Puts, Gets, Deletes, Corrupt uint64
 	BytesWritten, BytesRead      uint64
 	JournalRecords               int
+	// Commits counts the journal's commits: each a sync of every data file
+	// its records' blocks were written to, one journal write and one
+	// journal sync, shared by the puts (and a batch's blocks) in it.
+	Commits uint64
 }
 
 // Open opens or creates the store in cfg.Dir, replays its journal and
@@ -301,7 +311,7 @@ func (s *Store) Stats() Stats {
 		Blocks: blocks, Slots: s.slots,
 		Puts: s.stats.puts.Load(), Gets: s.stats.gets.Load(), Deletes: s.stats.deletes.Load(),
 		Corrupt: s.stats.corrupt.Load(), BytesWritten: s.stats.bytesWritten.Load(), BytesRead: s.stats.bytesRead.Load(),
-		JournalRecords: records,
+		JournalRecords: records, Commits: s.stats.commits.Load(),
 	}
 }
 
@@ -312,61 +322,134 @@ func (s *Store) Stats() Stats {
 // written directly, the bytes past its length up to there zeroed first;
 // any other through a buffer and a copy.
 func (s *Store) Put(ctx context.Context, k Key, data []byte) error {
-	if len(data) == 0 || len(data) > s.cfg.SlotBytes {
-		return fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(data), s.cfg.SlotBytes, ErrTooLarge)
+	return s.PutBatch(ctx, []PutItem{{Key: k, Data: data}})[0]
+}
+
+// PutItem is one block of a PutBatch.
+type PutItem struct {
+	Key  Key
+	Data []byte
+}
+
+// PutBatch puts every item as Put does, their writes under way together
+// on the workers, and makes them durable together: one data sync per data
+// file written and one journal write and sync for the whole batch (puts
+// committing at the same time share them too), where puts one by one pay
+// a sync of each per block that no other put shares. It returns each
+// item's error, nil once it is durable: an item may fail alone (ErrFull
+// when the free slots ran out before it, ErrTooLarge, its write), the
+// others are still put. A batch of more than MaxPutBatch items fails
+// whole. After a crash a block is in the store exactly when its record
+// is, and a record reaches the journal only after its bytes were synced:
+// a batch cut short by a crash leaves whole blocks or none, never a record
+// naming bytes that are not there. Items' Data are read until PutBatch
+// returns.
+func (s *Store) PutBatch(ctx context.Context, items []PutItem) []error {
+	errs := make([]error, len(items))
+	fail := func(err error) []error {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
 	}
+	if len(items) > MaxPutBatch {
+		return fail(fmt.Errorf("disk: a batch of %d blocks, at most %d: %w", len(items), MaxPutBatch, ErrTooLarge))
+	}
+	for i, it := range items {
+		if len(it.Data) == 0 || len(it.Data) > s.cfg.SlotBytes {
+			errs[i] = fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(it.Data), s.cfg.SlotBytes, ErrTooLarge)
+		}
+	}
+	slots := make([]uint32, len(items))
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return ErrClosed
+		return fail(ErrClosed)
 	}
-	if len(s.free) == 0 {
-		s.mu.Unlock()
-		return fmt.Errorf("disk: %d slots hold blocks: %w", s.slots, ErrFull)
-	}
-	slot := s.free[len(s.free)-1]
-	s.free = s.free[:len(s.free)-1]
-	s.mu.Unlock()
-	giveBack := func() {
-		s.mu.Lock()
-		s.free = append(s.free, slot)
-		s.mu.Unlock()
-	}
-	// Straight from data where O_DIRECT takes it; else through an
-	// aligned buffer and a copy.
-	out := data[:cap(data)]
-	if n := roundUp(len(data)); len(out) >= n && uintptr(unsafe.Pointer(unsafe.SliceData(out)))%Align == 0 {
-		out = out[:n]
-		clear(out[len(data):])
-	} else {
-		buf, err := s.bufferWith(data)
-		if err != nil {
-			giveBack()
-			return err
+	for i := range items {
+		if errs[i] != nil {
+			continue
 		}
-		defer s.release(buf)
-		out = buf.b[:n]
-	}
-	f, off := s.where(slot)
-	if err := s.do(ctx, request{write: true, f: f, off: off, buf: out}); err != nil {
-		giveBack()
-		return err
-	}
-	e := entry{slot: slot, length: uint32(len(data)), sum: xxh3.Hash(data)}
-	if err := s.appendRecord(opPut, k, e, f); err != nil {
-		giveBack()
-		return err
-	}
-	s.mu.Lock()
-	old, had := s.entries[k]
-	s.entries[k] = e
-	if had {
-		s.releaseSlotLocked(old.slot)
+		if len(s.free) == 0 {
+			errs[i] = fmt.Errorf("disk: %d slots hold blocks: %w", s.slots, ErrFull)
+			continue
+		}
+		slots[i] = s.free[len(s.free)-1]
+		s.free = s.free[:len(s.free)-1]
 	}
 	s.mu.Unlock()
-	s.stats.puts.Add(1)
-	s.stats.bytesWritten.Add(uint64(len(data)))
-	return nil
+	var taken []uint32 // slots of items that failed after taking one
+	defer func() {
+		if len(taken) > 0 {
+			s.mu.Lock()
+			s.free = append(s.free, taken...)
+			s.mu.Unlock()
+		}
+	}()
+	reqs := make([]request, len(items))
+	for i, it := range items {
+		if errs[i] != nil {
+			continue
+		}
+		// Straight from the data where O_DIRECT takes it; else through
+		// an aligned buffer and a copy.
+		out := it.Data[:cap(it.Data)]
+		if n := roundUp(len(it.Data)); len(out) >= n && uintptr(unsafe.Pointer(unsafe.SliceData(out)))%Align == 0 {
+			out = out[:n]
+			clear(out[len(it.Data):])
+		} else {
+			buf, err := s.bufferWith(it.Data)
+			if err != nil {
+				errs[i], taken = err, append(taken, slots[i])
+				continue
+			}
+			defer s.release(buf)
+			out = buf.b[:n]
+		}
+		f, off := s.where(slots[i])
+		reqs[i] = request{write: true, f: f, off: off, buf: out, done: make(chan error, 1)}
+		if err := s.send(ctx, reqs[i]); err != nil {
+			errs[i], taken = err, append(taken, slots[i])
+			reqs[i].done = nil
+		}
+	}
+	recs := make([]pendingRecord, 0, len(items))
+	at := make([]int, 0, len(items)) // recs[j] is items[at[j]]
+	for i, it := range items {
+		if reqs[i].done == nil {
+			continue
+		}
+		if err := <-reqs[i].done; err != nil {
+			errs[i], taken = err, append(taken, slots[i])
+			continue
+		}
+		f, _ := s.where(slots[i])
+		recs = append(recs, pendingRecord{op: opPut, key: it.Key, e: entry{slot: slots[i], length: uint32(len(it.Data)), sum: xxh3.Hash(it.Data)}, dirty: f})
+		at = append(at, i)
+	}
+	if len(recs) == 0 {
+		return errs
+	}
+	if err := s.appendRecords(recs); err != nil {
+		for j, r := range recs {
+			errs[at[j]], taken = err, append(taken, r.e.slot)
+		}
+		return errs
+	}
+	var bytes uint64
+	s.mu.Lock()
+	for _, r := range recs {
+		old, had := s.entries[r.key]
+		s.entries[r.key] = r.e
+		if had {
+			s.releaseSlotLocked(old.slot)
+		}
+		bytes += uint64(r.e.length)
+	}
+	s.mu.Unlock()
+	s.stats.puts.Add(uint64(len(recs)))
+	s.stats.bytesWritten.Add(bytes)
+	return errs
 }
 
 // Get reads the block under k into dst and returns its length. Bytes that
@@ -455,7 +538,7 @@ func (s *Store) drop(k Key, e entry) {
 	// The record goes first: a slot reused before it was durable could
 	// come back after a crash under the old key with new bytes (its
 	// checksum would catch it, but not losing the block is better).
-	if err := s.appendRecord(opDelete, k, e, nil); err != nil {
+	if err := s.appendRecords([]pendingRecord{{op: opDelete, key: k, e: e}}); err != nil {
 		s.cfg.Logger.Warn("disk tier: journal a delete", "err", err)
 	}
 	s.mu.Lock()
