@@ -66,6 +66,14 @@ const tierIOWorkers = 8
 // crowd out the engines' calls on a loaded machine.
 const tierCopiers = 8
 
+// tierBatch is the most blocks a copier takes from the queue at once and
+// puts in one batch (one data sync and one journal sync for all of them);
+// tierBatchBytes bounds the batch's buffers.
+const (
+	tierBatch      = 32
+	tierBatchBytes = 8 << 20
+)
+
 // tierTrailer is the bytes after a block's canonical bytes on disk.
 const tierTrailer = 16
 

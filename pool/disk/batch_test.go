@@ -134,6 +134,28 @@ func TestPutBatchLimit(t *testing.T) {
 	if n := s.Stats().Blocks; n != MaxPutBatch {
 		t.Fatalf("%d blocks after a batch at the limit, want %d", n, MaxPutBatch)
 	}
+	// A Batch takes MaxPutBatch blocks; the one after fails alone.
+	for _, k := range s.Keys() {
+		if err := s.Delete(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := s.NewBatch()
+	for _, it := range batch(MaxPutBatch + 1) {
+		b.Add(context.Background(), it.Key, it.Data)
+	}
+	errs := b.Commit()
+	for i, err := range errs[:MaxPutBatch] {
+		if err != nil {
+			t.Fatalf("item %d of a Batch at the limit: %v", i, err)
+		}
+	}
+	if err := errs[MaxPutBatch]; !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("the item past a Batch's limit: %v, want ErrTooLarge", err)
+	}
+	if n := s.Stats().Blocks; n != MaxPutBatch {
+		t.Fatalf("%d blocks after a Batch one past the limit, want %d", n, MaxPutBatch)
+	}
 }
 
 // A store killed between a batch's data syncs and its journal write

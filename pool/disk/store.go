@@ -331,100 +331,144 @@ type PutItem struct {
 	Data []byte
 }
 
-// PutBatch puts every item as Put does, their writes under way together
-// on the workers, and makes them durable together: one data sync per data
-// file written and one journal write and sync for the whole batch (puts
-// committing at the same time share them too), where puts one by one pay
-// a sync of each per block that no other put shares. It returns each
-// item's error, nil once it is durable: an item may fail alone (ErrFull
-// when the free slots ran out before it, ErrTooLarge, its write), the
-// others are still put. A batch of more than MaxPutBatch items fails
-// whole. After a crash a block is in the store exactly when its record
-// is, and a record reaches the journal only after its bytes were synced:
-// a batch cut short by a crash leaves whole blocks or none, never a record
-// naming bytes that are not there. Items' Data are read until PutBatch
-// returns.
+// PutBatch puts every item as Put does, in one Batch: their writes under
+// way together on the workers, made durable together with one data sync
+// per data file written and one journal write and sync for the lot. It
+// returns each item's error (Batch.Commit). A batch of more than
+// MaxPutBatch items fails whole.
 func (s *Store) PutBatch(ctx context.Context, items []PutItem) []error {
-	errs := make([]error, len(items))
-	fail := func(err error) []error {
+	if len(items) > MaxPutBatch {
+		errs := make([]error, len(items))
 		for i := range errs {
-			errs[i] = err
+			errs[i] = fmt.Errorf("disk: a batch of %d blocks, at most %d: %w", len(items), MaxPutBatch, ErrTooLarge)
 		}
 		return errs
 	}
-	if len(items) > MaxPutBatch {
-		return fail(fmt.Errorf("disk: a batch of %d blocks, at most %d: %w", len(items), MaxPutBatch, ErrTooLarge))
+	b := s.NewBatch()
+	for _, it := range items {
+		b.Add(ctx, it.Key, it.Data)
 	}
-	for i, it := range items {
-		if len(it.Data) == 0 || len(it.Data) > s.cfg.SlotBytes {
-			errs[i] = fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(it.Data), s.cfg.SlotBytes, ErrTooLarge)
-		}
+	return b.Commit()
+}
+
+// Batch is puts made durable together, where puts one by one each pay a
+// data sync and a journal sync that only puts committing at the same time
+// share: Add starts a block's write at once (so that a caller preparing
+// the next block overlaps the writes), Commit waits for the writes and
+// commits every block written in one go. An item may fail alone (ErrFull
+// once the free slots ran out, ErrTooLarge, its write); the others are
+// still put. After a crash a block is in the store exactly when its record
+// is, and the records reach the journal only after their bytes were
+// synced: a batch cut short leaves whole blocks or none of them, never a
+// record naming bytes that are not there. A Batch is used by one
+// goroutine; Commit ends it, and a Batch never committed keeps its slots.
+type Batch struct {
+	s     *Store
+	items []batchItem
+	bufs  []*aligned
+}
+
+type batchItem struct {
+	key  Key
+	e    entry
+	done chan error // nil: not written (err says why)
+	err  error
+}
+
+// NewBatch starts a batch of puts.
+func (s *Store) NewBatch() *Batch { return &Batch{s: s} }
+
+// Len is how many blocks were added.
+func (b *Batch) Len() int { return len(b.items) }
+
+// Add starts the write of data under k: data, and the capacity past its
+// length up to Align where it is written straight from there (see Put),
+// must not change until Commit returns. Waiting for room in the workers'
+// queue honours ctx. An item past MaxPutBatch fails with ErrTooLarge.
+// Errors are Commit's, at the item's index.
+func (b *Batch) Add(ctx context.Context, k Key, data []byte) {
+	s := b.s
+	it := batchItem{key: k}
+	defer func() { b.items = append(b.items, it) }()
+	if len(b.items) >= MaxPutBatch {
+		it.err = fmt.Errorf("disk: a batch of more than %d blocks: %w", MaxPutBatch, ErrTooLarge)
+		return
 	}
-	slots := make([]uint32, len(items))
+	if len(data) == 0 || len(data) > s.cfg.SlotBytes {
+		it.err = fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(data), s.cfg.SlotBytes, ErrTooLarge)
+		return
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return fail(ErrClosed)
+		it.err = ErrClosed
+		return
 	}
-	for i := range items {
-		if errs[i] != nil {
-			continue
-		}
-		if len(s.free) == 0 {
-			errs[i] = fmt.Errorf("disk: %d slots hold blocks: %w", s.slots, ErrFull)
-			continue
-		}
-		slots[i] = s.free[len(s.free)-1]
-		s.free = s.free[:len(s.free)-1]
+	if len(s.free) == 0 {
+		s.mu.Unlock()
+		it.err = fmt.Errorf("disk: %d slots hold blocks: %w", s.slots, ErrFull)
+		return
 	}
+	it.e.slot = s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
 	s.mu.Unlock()
-	var taken []uint32 // slots of items that failed after taking one
-	defer func() {
-		if len(taken) > 0 {
-			s.mu.Lock()
-			s.free = append(s.free, taken...)
-			s.mu.Unlock()
+	// Straight from data where O_DIRECT takes it; else through an
+	// aligned buffer and a copy.
+	out := data[:cap(data)]
+	if n := roundUp(len(data)); len(out) >= n && uintptr(unsafe.Pointer(unsafe.SliceData(out)))%Align == 0 {
+		out = out[:n]
+		clear(out[len(data):])
+	} else {
+		buf, err := s.bufferWith(data)
+		if err != nil {
+			it.err = err
+			s.giveBack(it.e.slot)
+			return
 		}
-	}()
-	reqs := make([]request, len(items))
-	for i, it := range items {
-		if errs[i] != nil {
-			continue
-		}
-		// Straight from the data where O_DIRECT takes it; else through
-		// an aligned buffer and a copy.
-		out := it.Data[:cap(it.Data)]
-		if n := roundUp(len(it.Data)); len(out) >= n && uintptr(unsafe.Pointer(unsafe.SliceData(out)))%Align == 0 {
-			out = out[:n]
-			clear(out[len(it.Data):])
-		} else {
-			buf, err := s.bufferWith(it.Data)
-			if err != nil {
-				errs[i], taken = err, append(taken, slots[i])
-				continue
-			}
-			defer s.release(buf)
-			out = buf.b[:n]
-		}
-		f, off := s.where(slots[i])
-		reqs[i] = request{write: true, f: f, off: off, buf: out, done: make(chan error, 1)}
-		if err := s.send(ctx, reqs[i]); err != nil {
-			errs[i], taken = err, append(taken, slots[i])
-			reqs[i].done = nil
-		}
+		b.bufs = append(b.bufs, buf)
+		out = buf.b[:n]
 	}
-	recs := make([]pendingRecord, 0, len(items))
-	at := make([]int, 0, len(items)) // recs[j] is items[at[j]]
-	for i, it := range items {
-		if reqs[i].done == nil {
+	f, off := s.where(it.e.slot)
+	r := request{write: true, f: f, off: off, buf: out, done: make(chan error, 1)}
+	if err := s.send(ctx, r); err != nil {
+		it.err = err
+		s.giveBack(it.e.slot)
+		return
+	}
+	it.done = r.done
+	// The checksum is taken while the write is under way.
+	it.e.length, it.e.sum = uint32(len(data)), xxh3.Hash(data)
+}
+
+// Commit waits for the batch's writes and makes the blocks written
+// durable: one sync of each data file written, then their records in one
+// journal write and one journal sync (shared with puts committing at the
+// same time). It returns each item's error in the order added, nil once
+// the block is durable; a key already held is replaced.
+func (b *Batch) Commit() []error {
+	s := b.s
+	defer func() {
+		for _, buf := range b.bufs {
+			s.release(buf)
+		}
+		b.bufs = nil
+	}()
+	errs := make([]error, len(b.items))
+	recs := make([]pendingRecord, 0, len(b.items))
+	at := make([]int, 0, len(b.items)) // recs[j] is item at[j]'s
+	for i := range b.items {
+		it := &b.items[i]
+		if it.done == nil {
+			errs[i] = it.err
 			continue
 		}
-		if err := <-reqs[i].done; err != nil {
-			errs[i], taken = err, append(taken, slots[i])
+		if err := <-it.done; err != nil {
+			errs[i] = err
+			s.giveBack(it.e.slot)
 			continue
 		}
-		f, _ := s.where(slots[i])
-		recs = append(recs, pendingRecord{op: opPut, key: it.Key, e: entry{slot: slots[i], length: uint32(len(it.Data)), sum: xxh3.Hash(it.Data)}, dirty: f})
+		f, _ := s.where(it.e.slot)
+		recs = append(recs, pendingRecord{op: opPut, key: it.key, e: it.e, dirty: f})
 		at = append(at, i)
 	}
 	if len(recs) == 0 {
@@ -432,7 +476,8 @@ func (s *Store) PutBatch(ctx context.Context, items []PutItem) []error {
 	}
 	if err := s.appendRecords(recs); err != nil {
 		for j, r := range recs {
-			errs[at[j]], taken = err, append(taken, r.e.slot)
+			errs[at[j]] = err
+			s.giveBack(r.e.slot)
 		}
 		return errs
 	}
@@ -450,6 +495,13 @@ func (s *Store) PutBatch(ctx context.Context, items []PutItem) []error {
 	s.stats.puts.Add(uint64(len(recs)))
 	s.stats.bytesWritten.Add(bytes)
 	return errs
+}
+
+// giveBack frees a slot taken for a put that failed.
+func (s *Store) giveBack(slot uint32) {
+	s.mu.Lock()
+	s.free = append(s.free, slot)
+	s.mu.Unlock()
 }
 
 // Get reads the block under k into dst and returns its length. Bytes that
