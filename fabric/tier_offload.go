@@ -157,6 +157,15 @@ func (t *tiers) worker() {
 		case j := <-t.queue:
 			batch = append(batch[:0], j)
 		}
+		// The copier starts a moment after the block that woke it was
+		// queued: that block was offered by an engine's call (Allocate),
+		// which ends first instead of sharing a core with the copy, and
+		// the blocks queued meanwhile join the batch.
+		select {
+		case <-time.After(tierBatchDelay):
+		case <-t.done:
+			return
+		}
 		// The blocks queued by now go down with it, in one batch.
 		for n := t.batchLen(); len(batch) < n; {
 			select {
