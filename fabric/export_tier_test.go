@@ -115,3 +115,15 @@ func TierHoldPuts(a *Agent) (held func() int, release func()) {
 	var once sync.Once
 	return func() int { return int(n.Load()) }, func() { once.Do(func() { close(gate) }) }
 }
+
+// TierCommits is how many journal commits a's disk tiers' stores made
+// (each a data sync and a journal sync).
+func TierCommits(a *Agent) uint64 {
+	var n uint64
+	for _, d := range a.tiers.list {
+		if st := d.store.Load(); st != nil {
+			n += st.Stats().Commits
+		}
+	}
+	return n
+}

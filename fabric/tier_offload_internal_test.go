@@ -45,3 +45,27 @@ func TestTierWhereWaitFindsDiskBlockWithoutWaiting(t *testing.T) {
 		t.Fatal("whereWait of a block not on disk returned before its pending copy ended or its context did")
 	}
 }
+
+// A copier's batch is tierBatch blocks, fewer where their buffers would
+// pass tierBatchBytes, and one block until the block size is known.
+func TestTierBatchLen(t *testing.T) {
+	for _, tc := range []struct {
+		desc string
+		room int64
+		want int
+	}{
+		{"block size not known yet", 0, 1},
+		{"small blocks: the count bounds it", 4096, tierBatch},
+		{"blocks at the count's share of the bytes", tierBatchBytes / tierBatch, tierBatch},
+		{"a byte past it", tierBatchBytes/tierBatch + 1, tierBatch - 1},
+		{"blocks of 256 KiB and a trailer", 266240, 31},
+		{"one block fills the bytes", tierBatchBytes, 1},
+		{"a block past the bytes still goes", tierBatchBytes + 4096, 1},
+	} {
+		var tr tiers
+		tr.room.Store(tc.room)
+		if got := tr.batchLen(); got != tc.want {
+			t.Errorf("%s (room %d): batch of %d, want %d", tc.desc, tc.room, got, tc.want)
+		}
+	}
+}

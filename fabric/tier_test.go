@@ -196,6 +196,33 @@ func TestTierKeepsWhatThePoolRecycles(t *testing.T) {
 	}
 }
 
+// Blocks copied down go in batches: one journal commit (a data sync and a
+// journal sync) carries many blocks, not one each.
+func TestTierCopiesDownInBatches(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "batches")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	e := tierEngine
+	e.Slots = 64
+	set := register(t, c, e)
+	hashes := storeThrough(t, c, set, 48) // below the watermark: kept, none copied yet
+	waitCopies(t, a)
+	before, offloads := fabric.TierCommits(a), tierStatus(t, c).Offloads
+	n, err := fabric.TierCopyDown(a, set.ID, hashes)
+	if err != nil || n != len(hashes) {
+		t.Fatalf("copied %d of %d blocks down: %v", n, len(hashes), err)
+	}
+	commits := fabric.TierCommits(a) - before
+	if got := tierStatus(t, c).Offloads - offloads; got != uint64(len(hashes)) {
+		t.Fatalf("%d offloads counted for %d blocks copied down", got, len(hashes))
+	}
+	if commits == 0 || commits*8 > uint64(n) {
+		t.Fatalf("%d blocks copied down in %d commits, want at least 8 blocks a commit", n, commits)
+	}
+}
+
 // A restarted agent finds its disk blocks again, announces them, and
 // serves them; a block whose bytes were changed on disk is dropped, never
 // served.
