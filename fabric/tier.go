@@ -58,7 +58,7 @@ const tierSetBase = 1 << 31
 
 // tierIOWorkers is how many reads and writes each tier's store runs at
 // once: a restore's readers (restoreReaders) all at once, and as many of
-// the copies down, so that more puts share each sync.
+// the writes of a copier's batch.
 const tierIOWorkers = 8
 
 // tierCopiers is how many copiers each tier runs. One: a copier writes a
