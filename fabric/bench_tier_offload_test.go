@@ -16,11 +16,11 @@ import (
 )
 
 // BenchmarkTierOffload is the rate at which the disk tier copies blocks
-// down (each gathered into canonical order, written with O_DIRECT, its
-// data and journal record synced, the puts under way sharing the syncs),
-// from as many goroutines as the tier has copy workers (8), against O_DIRECT
-// writes of the same bytes from as many goroutines to a file in the same
-// directory, then one data sync, in the same run. 256 blocks of 256 KiB
+// down as its copier does (the blocks queued taken in batches of up to 32,
+// each block gathered into canonical order and its O_DIRECT write started
+// at once, each batch's data and journal records synced once), against
+// O_DIRECT writes of the same bytes from 8 goroutines to a file in the
+// same directory, then one data sync, in the same run. 256 blocks of 256 KiB
 // registered once; each iteration copies all of them down (dropped from
 // the tier again between iterations, outside the timing).
 func BenchmarkTierOffload(b *testing.B) {

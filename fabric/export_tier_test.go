@@ -30,31 +30,45 @@ func ImportCandidates(a *Agent, hashes []uint64) []string {
 }
 
 // TierCopyDown copies the blocks of hashes in a's block set id down to its
-// disk tiers as the tiers' workers do (as many goroutines, each block
-// gathered into canonical order and put), and returns how many went down.
+// disk tiers as the tiers' workers do (as many goroutines, each taking the
+// blocks queued in batches, each block gathered into canonical order, each
+// batch committed at once), and returns how many went down.
 func TierCopyDown(a *Agent, id uint64, hashes []uint64) (int, error) {
 	s, err := a.pool.BlockSet(pool.SetID(id))
 	if err != nil {
 		return 0, err
 	}
-	next := make(chan uint64)
+	queue := make(chan *offloadJob, len(hashes))
+	for _, h := range hashes {
+		if blk, ok := s.Lookup(h); ok {
+			queue <- &offloadJob{set: s, blk: blk, hash: h, held: true}
+		}
+	}
+	close(queue)
 	var done atomic.Int64
 	var wg sync.WaitGroup
 	for range tierCopiers * len(a.tiers.list) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for h := range next {
-				if blk, ok := s.Lookup(h); ok && func() bool { ok, _ := a.tiers.copyDown(&offloadJob{set: s, blk: blk, hash: h, held: true}); return ok }() {
-					done.Add(1)
+			for {
+				var batch []*offloadJob
+				for j := range queue {
+					if batch = append(batch, j); len(batch) == a.tiers.batchLen() {
+						break
+					}
+				}
+				if len(batch) == 0 {
+					return
+				}
+				for _, c := range a.tiers.copyDownBatch(batch) {
+					if c.ok {
+						done.Add(1)
+					}
 				}
 			}
 		}()
 	}
-	for _, h := range hashes {
-		next <- h
-	}
-	close(next)
 	wg.Wait()
 	return int(done.Load()), nil
 }
@@ -100,4 +114,16 @@ func TierHoldPuts(a *Agent) (held func() int, release func()) {
 	a.tiers.beforePut.Store(&f)
 	var once sync.Once
 	return func() int { return int(n.Load()) }, func() { once.Do(func() { close(gate) }) }
+}
+
+// TierCommits is how many journal commits a's disk tiers' stores made
+// (each a data sync and a journal sync).
+func TierCommits(a *Agent) uint64 {
+	var n uint64
+	for _, d := range a.tiers.list {
+		if st := d.store.Load(); st != nil {
+			n += st.Stats().Commits
+		}
+	}
+	return n
 }

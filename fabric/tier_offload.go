@@ -75,9 +75,14 @@ type pendingCopy struct {
 }
 
 // whereWait is where, after waiting (until ctx ends) for the copies down
-// of k's hash under way: for a block not in memory, whose slot an
-// allocation may have taken while its copy was being written.
+// of k's hash under way if it is not on disk already: for a block not in
+// memory, whose slot an allocation may have taken while its copy was
+// being written. A block on disk is found at once, whatever copies of
+// its hash (from another set) are queued.
 func (t *tiers) whereWait(ctx context.Context, k disk.Key) *diskTier {
+	if d := t.where(k); d != nil {
+		return d
+	}
 	t.jobsMu.Lock()
 	p := t.pending[k.Hash]
 	t.jobsMu.Unlock()
@@ -142,6 +147,7 @@ func (t *tiers) forgetJob(j *offloadJob) {
 
 func (t *tiers) worker() {
 	defer t.wg.Done()
+	batch := make([]*offloadJob, 0, tierBatch)
 	for {
 		select {
 		case <-t.done:
@@ -149,106 +155,202 @@ func (t *tiers) worker() {
 			// the agent.
 			return
 		case j := <-t.queue:
-			ok, skipped := t.copyDown(j)
+			batch = append(batch[:0], j)
+		}
+		// The copier starts a moment after the block that woke it was
+		// queued: that block was offered by an engine's call (Allocate),
+		// which ends first instead of sharing a core with the copy, and
+		// the blocks queued meanwhile join the batch.
+		select {
+		case <-time.After(tierBatchDelay):
+		case <-t.done:
+			return
+		}
+		// The blocks queued by now go down with it, in one batch.
+		for n := t.batchLen(); len(batch) < n; {
+			select {
+			case j := <-t.queue:
+				batch = append(batch, j)
+				continue
+			default:
+			}
+			break
+		}
+		out := t.copyDownBatch(batch)
+		for i, j := range batch {
 			t.forgetJob(j)
-			if skipped {
+			if out[i].skipped {
 				// An allocation took the slot before the copy began: the
 				// block is dropped as it would be without a tier.
 				t.skipped(j.hash)
 				continue
 			}
-			if err := j.set.Offloaded(j.blk, ok); err != nil {
+			if err := j.set.Offloaded(j.blk, out[i].ok); err != nil {
 				t.log.Debug("tier: block copied down but its slot moved on", "hash", j.hash, "err", err)
 			}
 		}
+		clear(batch)
 	}
 }
 
-// skipped counts a block not copied down because an allocation took its
-// slot first, with a log line at most every tierSkipLogEvery.
+// batchLen is how many queued blocks a copier takes at once: tierBatch,
+// fewer where their buffers would pass tierBatchBytes, one until the
+// tiers' block size is known.
+func (t *tiers) batchLen() int {
+	room := t.room.Load()
+	if room <= 0 {
+		return 1
+	}
+	return int(max(1, min(tierBatch, tierBatchBytes/room)))
+}
+
+// skipped logs a block not copied down because an allocation took its
+// slot first, at most every tierSkipLogEvery. The pool counted it when it
+// gave the slot up (pool.Metrics.OffloadsGivenUp, the one count of them).
 func (t *tiers) skipped(hash uint64) {
-	n := t.skippedReused.Add(1)
 	now := time.Now().UnixNano()
 	last := t.skipLogged.Load()
 	if now-last < int64(tierSkipLogEvery) || !t.skipLogged.CompareAndSwap(last, now) {
 		return
 	}
-	t.log.Info("tier: blocks dropped instead of copied down, their slots needed by allocations first", "hash", hash, "total", n)
+	t.log.Info("tier: blocks dropped instead of copied down, their slots needed by allocations first", "hash", hash,
+		"total", t.a.pool.Metrics().OffloadsGivenUp)
 }
 
 // tierSkipLogEvery spaces the log lines of blocks dropped for allocations.
 const tierSkipLogEvery = 10 * time.Second
 
-// copyDown writes j's block to a disk tier and reports whether it is
-// there, or that it was skipped: an allocation took its slot before the
-// copy began (pool.Config.OffloadGiveUp). The slot is read only between
-// BeginCopy and EndCopy, into a buffer of the copy's own, so that an
-// allocation that takes the slot after EndCopy does not change what the
-// tier commits. A full tier makes room by dropping its least recently
-// used blocks.
-func (t *tiers) copyDown(j *offloadJob) (ok, skipped bool) {
-	l := j.set.Layout()
-	tag, err := t.ensureShape(l)
-	if err != nil {
-		t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
-		t.list[0].failed.Add(1)
-		return false, false
-	}
-	k := disk.Key{Hash: j.hash, Tag: tag}
-	if d := t.where(k); d != nil {
-		t.touch(k)
-		return true, false
-	}
-	n := tierBlockBytes(l) - tierTrailer
-	var buf []byte
-	if err := t.readSlot(j, func() []byte { buf = t.buffer(); return buf }); err != nil {
-		if p := j.taken.Load(); p != nil {
-			buf = *p // copied out when its slot was taken
-		} else {
-			return false, true
+// copied is how a copy down of one block ended: ok, it is on disk;
+// skipped, an allocation took its slot before the copy began
+// (pool.Config.OffloadGiveUp).
+type copied struct{ ok, skipped bool }
+
+// copyDownBatch writes the blocks of jobs to a disk tier and reports how
+// each copy ended. Each slot is read only between BeginCopy and EndCopy,
+// into a buffer of the copy's own, so that an allocation that takes the
+// slot after EndCopy does not change what the tier commits; each block's
+// write starts as soon as it is read, while the next is read, and the
+// blocks are committed together (a disk.Batch: one data sync and one
+// journal sync for all of them). A full tier makes room by dropping its
+// least recently used blocks.
+func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
+	out := make([]copied, len(jobs))
+	var items []disk.PutItem
+	var at []int // items[i] is jobs[at[i]]'s
+	var bufs [][]byte
+	defer func() {
+		for _, b := range bufs {
+			t.putBuffer(b)
 		}
-	}
-	defer t.putBuffer(buf)
-	if f := t.beforePut.Load(); f != nil {
-		(*f)()
-	}
-	data := buf[:n+tierTrailer]
+	}()
 	// Close cancels copies under way: the pool's memory goes next.
 	ctx, cancel := context.WithTimeout(t.ctx, time.Minute)
 	defer cancel()
-	for try := 0; try < 8; try++ {
-		d := t.pick()
-		if d == nil {
-			err = errors.New("fabric: no disk tier is open")
-			break
+	var d *diskTier
+	var batch *disk.Batch
+	for i, j := range jobs {
+		l := j.set.Layout()
+		tag, err := t.ensureShape(l)
+		if err != nil {
+			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
+			t.list[0].failed.Add(1)
+			continue
 		}
-		err = d.store.Load().Put(ctx, k, data)
-		if err == nil {
-			t.mu.Lock()
-			if e, ok := t.pos[k]; ok {
-				// Another copy of the same block got there first: the store
-				// replaced it, in this tier or another.
-				old := e.Value.(*tierEntry)
-				t.heldBytes[old.tier] -= int64(old.length)
-				t.lru.Remove(e)
-				if old.tier != d.n {
-					t.list[old.tier].store.Load().Delete(k)
-				}
+		k := disk.Key{Hash: j.hash, Tag: tag}
+		if d := t.where(k); d != nil {
+			t.touch(k)
+			out[i].ok = true
+			continue
+		}
+		var buf []byte
+		if err := t.readSlot(j, func() []byte { buf = t.buffer(); return buf }); err != nil {
+			p := j.taken.Load()
+			if p == nil {
+				out[i].skipped = true
+				continue
 			}
-			t.pos[k] = t.lru.PushBack(&tierEntry{tier: d.n, key: k, length: len(data)})
-			t.heldBytes[d.n] += int64(len(data))
-			t.mu.Unlock()
-			d.offloads.Add(1)
-			t.announce(true, d.n, j.hash)
-			return true, false
+			buf = *p // copied out when its slot was taken
 		}
-		if !errors.Is(err, disk.ErrFull) || !t.evictOldest() {
+		bufs = append(bufs, buf)
+		if batch == nil {
+			if f := t.beforePut.Load(); f != nil {
+				(*f)()
+			}
+			if d = t.pick(); d == nil {
+				t.log.Warn("tier: block not copied down", "hash", j.hash, "err", "no disk tier is open")
+				t.list[0].failed.Add(1)
+				continue
+			}
+			batch = d.store.Load().NewBatch()
+		}
+		items = append(items, disk.PutItem{Key: k, Data: buf[:tierBlockBytes(l)]})
+		at = append(at, i)
+		batch.Add(ctx, k, items[len(items)-1].Data)
+	}
+	if batch == nil {
+		return out
+	}
+	errs := batch.Commit()
+	var lastErr error
+	for try := 0; ; try++ {
+		var put []uint64
+		keep, keepAt := items[:0], at[:0]
+		for n, err := range errs {
+			switch {
+			case err == nil:
+				t.placed(d, items[n].Key, len(items[n].Data))
+				out[at[n]].ok = true
+				put = append(put, items[n].Key.Hash)
+			case errors.Is(err, disk.ErrFull):
+				keep, keepAt = append(keep, items[n]), append(keepAt, at[n])
+				lastErr = err
+			default:
+				t.log.Warn("tier: block not copied down", "hash", items[n].Key.Hash, "err", err)
+				t.list[0].failed.Add(1)
+			}
+		}
+		d.offloads.Add(uint64(len(put)))
+		t.announce(true, d.n, put...)
+		items, at = keep, keepAt
+		if len(items) == 0 || try == 8 {
 			break
+		}
+		evicted := 0
+		for evicted < len(items) && t.evictOldest() {
+			evicted++
+		}
+		if evicted == 0 {
+			break // nothing left to make room with
+		}
+		if d = t.pick(); d == nil {
+			lastErr = errors.New("fabric: no disk tier is open")
+			break
+		}
+		errs = d.store.Load().PutBatch(ctx, items)
+	}
+	for _, n := range at {
+		t.log.Warn("tier: block not copied down", "hash", jobs[n].hash, "err", lastErr)
+		t.list[0].failed.Add(1)
+	}
+	return out
+}
+
+// placed records that tier d now holds k, length bytes.
+func (t *tiers) placed(d *diskTier, k disk.Key, length int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.pos[k]; ok {
+		// Another copy of the same block got there first: the store
+		// replaced it, in this tier or another.
+		old := e.Value.(*tierEntry)
+		t.heldBytes[old.tier] -= int64(old.length)
+		t.lru.Remove(e)
+		if old.tier != d.n {
+			t.list[old.tier].store.Load().Delete(k)
 		}
 	}
-	t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
-	t.list[0].failed.Add(1)
-	return false, false
+	t.pos[k] = t.lru.PushBack(&tierEntry{tier: d.n, key: k, length: length})
+	t.heldBytes[d.n] += int64(length)
 }
 
 // readSlot copies j's block out of its slot, with its trailer, into the

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -10,11 +11,13 @@ import (
 	"github.com/kvfabric/kvfabric/pool"
 )
 
-// Prefetch brings the leading blocks of a sequence that this node's disk
-// tiers hold up into the engine's block set ahead of use: the blocks the
-// set holds already are counted, then the run that follows on disk is
-// restored, at most half the slots the set keeps (so that a prefetch never
-// pushes out more than it brings), and left cached, unreferenced.
+// Prefetch brings the leading blocks of a sequence up into the engine's
+// block set ahead of use: the blocks the set holds already are counted,
+// then the run that follows on this node's disk tiers is restored, then
+// the blocks after it are imported as Import would (from this node's
+// other sets, then from other nodes), together at most half the slots the
+// set keeps (so that a prefetch never pushes out more than it brings),
+// and left cached, unreferenced.
 func (e *engineServer) Prefetch(ctx context.Context, req *fabricpb.PrefetchRequest) (*fabricpb.PrefetchResponse, error) {
 	s, err := e.setFor(ctx, req.GetBlockSet())
 	if err != nil {
@@ -46,11 +49,8 @@ func (e *engineServer) Prefetch(ctx context.Context, req *fabricpb.PrefetchReque
 		i++
 	}
 	out.InMemory = uint32(i)
-	if e.a.tiers == nil {
-		return out, nil
-	}
 	budget := max(1, s.set.Retains()/2)
-	for i < len(hashes) && int(out.Restored) < budget {
+	for e.a.tiers != nil && i < len(hashes) && int(out.Restored) < budget {
 		parent := uint64(0)
 		if i > 0 {
 			parent = hashes[i-1]
@@ -63,11 +63,33 @@ func (e *engineServer) Prefetch(ctx context.Context, req *fabricpb.PrefetchReque
 		out.InMemory += uint32(len(blks))
 		if err != nil {
 			out.Error = err.Error()
-			break
+			return out, nil
 		}
 		if len(blks) == 0 {
 			break
 		}
+	}
+	if i == len(hashes) || int(out.Restored) >= budget {
+		return out, nil
+	}
+	// The rest from elsewhere, as Import brings it: the leading i blocks
+	// (held here) are taken as they are, so the blocks imported chain on
+	// them.
+	end := min(len(hashes), i+budget-int(out.Restored))
+	ctx, cancel := context.WithTimeout(ctx, e.a.cfg.ImportTimeout)
+	defer cancel()
+	res := e.a.importBlocks(ctx, s, hashes[:end], nil)
+	for _, r := range res.refs {
+		if b, err := s.drop(int(r.GetSlot())); err == nil {
+			s.set.Release(b)
+		}
+	}
+	if n := len(res.refs) - i; n > 0 {
+		out.Imported = uint32(n)
+		out.InMemory += uint32(n)
+	}
+	if res.err != nil && !errors.Is(res.err, errNoHolder) {
+		out.Error = res.err.Error()
 	}
 	return out, nil
 }

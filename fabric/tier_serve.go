@@ -118,12 +118,10 @@ type TierMetrics struct {
 	// dropped to make room; Failures copies down that failed.
 	Offloads, Restores, ChecksumFailures, Evictions, Failures uint64
 	// QueueFull counts blocks refused for a full queue (all tiers
-	// together, on tier 0).
+	// together, on tier 0). The blocks dropped because an allocation
+	// needed their slots before their copy began are the pool's
+	// (Metrics.Pool.OffloadsGivenUp).
 	QueueFull uint64
-	// Skipped counts blocks dropped instead of copied down because an
-	// allocation needed their slots before their copy began (all tiers
-	// together, on tier 0).
-	Skipped uint64
 	// CopiedOut counts blocks whose slots allocations took before their
 	// copy began, copied out in memory then and written from there.
 	CopiedOut uint64
@@ -145,7 +143,6 @@ func (t *tiers) metrics() []TierMetrics {
 		}
 		if i == 0 {
 			m.QueueFull = t.queueFull.Load()
-			m.Skipped = t.skippedReused.Load()
 			m.CopiedOut = t.taken.Load()
 		}
 		out[i] = m

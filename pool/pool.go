@@ -26,6 +26,9 @@ type Pool struct {
 
 	mu   sync.RWMutex // guards sets and the arenas' next and holes
 	sets []*BlockSet  // sets[id-1]; nil once freed, so that ids are never reused
+	// givenUpFreed is the OffloadsGivenUp of the sets freed (under mu), so
+	// that the pool's count only grows.
+	givenUpFreed uint64
 
 	leaseMu  sync.Mutex
 	leaseIdx map[LeaseID]*BlockSet
@@ -396,6 +399,7 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 		s.gen++
 	}
 	b.p.events.pushBatch(removed) // one batch, not a loss
+	p.givenUpFreed += b.givenUp
 	b.registry = map[uint64]int32{}
 	b.evictable, b.free = nil, nil
 	b.leafHead, b.leafTail, b.leaves = none, none, 0
@@ -436,10 +440,22 @@ func (p *Pool) BlockSets() []*BlockSet {
 	return out
 }
 
-// Metrics returns a snapshot summed over the block sets.
+// Metrics returns a snapshot summed over the block sets (and, for
+// OffloadsGivenUp, the sets freed).
 func (p *Pool) Metrics() Metrics {
 	var m Metrics
-	for _, b := range p.BlockSets() {
+	// The sets and the freed sets' count at one point: a set freed after
+	// it is counted once, by its own Metrics.
+	p.mu.RLock()
+	sets := make([]*BlockSet, 0, len(p.sets))
+	for _, b := range p.sets {
+		if b != nil {
+			sets = append(sets, b)
+		}
+	}
+	m.OffloadsGivenUp = p.givenUpFreed
+	p.mu.RUnlock()
+	for _, b := range sets {
 		bm := b.Metrics()
 		m.add(&bm)
 	}

@@ -196,7 +196,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 		e.histogram("kvfabric_tier_restore_duration_seconds", "Restore of one block from a disk tier: read, checks and copy into its slot.", tm.RestoreTime, tier...)
 		if tm.Tier == 0 {
 			e.counter("kvfabric_tier_queue_full_total", "Blocks the disk tiers' queue had no room for (recycled without a copy when their slot was needed).", float64(tm.QueueFull))
-			e.counter("kvfabric_tier_offload_skipped_total", "Blocks dropped instead of copied down because an allocation needed their slots before their copy began (allocations never wait for the disk).", float64(tm.Skipped), "reason", "slot_needed")
+			e.counter("kvfabric_tier_offload_skipped_total", "Blocks dropped instead of copied down because an allocation needed their slots before their copy began (allocations never wait for the disk).", float64(m.Pool.OffloadsGivenUp), "reason", "slot_needed")
 		}
 	}
 	indexMetrics(e, m)

@@ -39,10 +39,18 @@ func TestTierMetricsAndStatus(t *testing.T) {
 		"kvfabric_tier_evictions_total":          dto.MetricType_COUNTER,
 		"kvfabric_tier_restore_duration_seconds": dto.MetricType_HISTOGRAM,
 		"kvfabric_tier_queue_full_total":         dto.MetricType_COUNTER,
+		"kvfabric_tier_offload_skipped_total":    dto.MetricType_COUNTER,
 	} {
 		f := fams[name]
 		if f == nil || f.GetType() != typ {
 			t.Errorf("%s: %v, want a %v", name, f, typ)
+		}
+	}
+	// The blocks given up for allocations are the pool's one count (the
+	// put has ended: no allocation gives up more).
+	if f := fams["kvfabric_tier_offload_skipped_total"]; f != nil && len(f.Metric) == 1 {
+		if got, want := f.Metric[0].GetCounter().GetValue(), float64(a.Metrics().Pool.OffloadsGivenUp); got != want {
+			t.Errorf("kvfabric_tier_offload_skipped_total %v, want the pool's OffloadsGivenUp %v", got, want)
 		}
 	}
 	if b := fams["kvfabric_tier_blocks"].Metric[0].GetGauge().GetValue(); b < 200-64 {

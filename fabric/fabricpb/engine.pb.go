@@ -223,10 +223,14 @@ type PrefetchResponse struct {
 	// most half the slots the set keeps).
 	InMemory uint32 `protobuf:"varint,1,opt,name=in_memory,json=inMemory,proto3" json:"in_memory,omitempty"`
 	Restored uint32 `protobuf:"varint,2,opt,name=restored,proto3" json:"restored,omitempty"`
-	// Why the run stopped before the sequence's end where a restore failed
-	// (a block that failed its check, no slots); empty when it stopped at
-	// a block that no tier of this node holds.
-	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// Why the run stopped before the sequence's end where a restore or an
+	// import failed (a block that failed its check, no slots, every holder
+	// failed); empty when it stopped at a block that no node holds.
+	Error string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// Of in_memory, the blocks imported by this call from this node's other
+	// block sets or from other nodes, after those restored (within the same
+	// bound).
+	Imported      uint32 `protobuf:"varint,4,opt,name=imported,proto3" json:"imported,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -280,6 +284,13 @@ func (x *PrefetchResponse) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *PrefetchResponse) GetImported() uint32 {
+	if x != nil {
+		return x.Imported
+	}
+	return 0
 }
 
 type RegisterRequest struct {
@@ -3304,11 +3315,12 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x0fPrefetchRequest\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x16\n" +
 	"\x06hashes\x18\x02 \x03(\x04R\x06hashes\x122\n" +
-	"\x06tokens\x18\x03 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\"a\n" +
+	"\x06tokens\x18\x03 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\"}\n" +
 	"\x10PrefetchResponse\x12\x1b\n" +
 	"\tin_memory\x18\x01 \x01(\rR\binMemory\x12\x1a\n" +
 	"\brestored\x18\x02 \x01(\rR\brestored\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\xdf\x02\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1a\n" +
+	"\bimported\x18\x04 \x01(\rR\bimported\"\xdf\x02\n" +
 	"\x0fRegisterRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x125\n" +
 	"\x05model\x18\x02 \x01(\v2\x1f.kvfabric.layout.v1.ModelConfigR\x05model\x12\x17\n" +

@@ -120,8 +120,9 @@ type EngineClient interface {
 	// unregistered slots there are given back, as when the session ends.
 	DropBlockSet(ctx context.Context, in *DropBlockSetRequest, opts ...grpc.CallOption) (*DropBlockSetResponse, error)
 	// Bring the leading blocks of a sequence that this node's disk tiers hold
-	// up into a block set ahead of use, cached there unreferenced, so that
-	// the Acquire or Import that follows finds them in memory.
+	// up into a block set ahead of use, then those that follow from other
+	// nodes (as Import would), cached there unreferenced, so that the Acquire
+	// or Import that follows finds them in memory.
 	Prefetch(ctx context.Context, in *PrefetchRequest, opts ...grpc.CallOption) (*PrefetchResponse, error)
 }
 
@@ -287,8 +288,9 @@ type EngineServer interface {
 	// unregistered slots there are given back, as when the session ends.
 	DropBlockSet(context.Context, *DropBlockSetRequest) (*DropBlockSetResponse, error)
 	// Bring the leading blocks of a sequence that this node's disk tiers hold
-	// up into a block set ahead of use, cached there unreferenced, so that
-	// the Acquire or Import that follows finds them in memory.
+	// up into a block set ahead of use, then those that follow from other
+	// nodes (as Import would), cached there unreferenced, so that the Acquire
+	// or Import that follows finds them in memory.
 	Prefetch(context.Context, *PrefetchRequest) (*PrefetchResponse, error)
 	mustEmbedUnimplementedEngineServer()
 }

@@ -33,7 +33,9 @@
 // A put writes the block's bytes to a free slot, then its record is
 // committed: the data file synced, the record appended, the journal synced.
 // Puts that wait for a commit share it (a group commit), so concurrent puts
-// share their syncs. A block is in the store exactly when its record is. An agent killed mid-put leaves bytes in a slot
+// share their syncs; PutBatch writes many blocks and commits them at once,
+// with one sync of each data file written and one journal write and sync
+// for the lot. A block is in the store exactly when its record is. An agent killed mid-put leaves bytes in a slot
 // no record names (the slot is free again at Open) or a record cut short at
 // the journal's end (its own checksum fails, it is ignored and truncated).
 // A delete appends its record before the slot is reused. Every read checks

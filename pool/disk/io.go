@@ -21,19 +21,27 @@ type request struct {
 // the caller's until then).
 func (s *Store) do(ctx context.Context, r request) error {
 	r.done = make(chan error, 1)
+	if err := s.send(ctx, r); err != nil {
+		return err
+	}
+	return <-r.done
+}
+
+// send queues r (its done channel made by the caller, with room for the
+// answer) for a worker without waiting for it to run; waiting for room in
+// the queue honours ctx. An error says r was not queued.
+func (s *Store) send(ctx context.Context, r request) error {
 	s.queue.RLock()
+	defer s.queue.RUnlock()
 	if s.queueClosed {
-		s.queue.RUnlock()
 		return ErrClosed
 	}
 	select {
 	case s.requests <- r:
-		s.queue.RUnlock()
+		return nil
 	case <-ctx.Done():
-		s.queue.RUnlock()
 		return fmt.Errorf("disk: waiting for one of %d queued requests to end: %w", cap(s.requests), ctx.Err())
 	}
-	return <-r.done
 }
 
 func (s *Store) worker() {

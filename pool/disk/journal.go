@@ -130,21 +130,28 @@ func (s *Store) replay() error {
 	return nil
 }
 
-// waiter is a record waiting to be made durable.
-type waiter struct {
+// pendingRecord is a record to append, after a sync of the data file
+// dirty (if any) that its bytes were written to.
+type pendingRecord struct {
 	op    byte
 	key   Key
 	e     entry
-	dirty *os.File // a data file written for this record, synced first
-	done  chan error
+	dirty *os.File
 }
 
-// appendRecord makes a record durable, after the data file dirty (if any).
-// Records are committed in groups: whoever takes the journal next writes
-// every record waiting by then, after one sync of each data file they wrote,
-// with one sync of the journal, so that concurrent puts share their syncs.
-func (s *Store) appendRecord(op byte, k Key, e entry, dirty *os.File) error {
-	w := &waiter{op: op, key: k, e: e, dirty: dirty, done: make(chan error, 1)}
+// waiter is records of one caller waiting to be made durable together.
+type waiter struct {
+	recs []pendingRecord
+	done chan error
+}
+
+// appendRecords makes recs durable, after the data files they name as
+// dirty. Records are committed in groups: whoever takes the journal next
+// writes every record waiting by then, after one sync of each data file
+// they wrote, in one write and with one sync of the journal, so that
+// concurrent puts, and the blocks of one batch, share their syncs.
+func (s *Store) appendRecords(recs []pendingRecord) error {
+	w := &waiter{recs: recs, done: make(chan error, 1)}
 	s.pmu.Lock()
 	s.pending = append(s.pending, w)
 	s.pmu.Unlock()
@@ -168,19 +175,28 @@ func (s *Store) appendRecord(op byte, k Key, e entry, dirty *os.File) error {
 // the live blocks need. Called with jmu held.
 func (s *Store) commitLocked(batch []*waiter) error {
 	synced := map[*os.File]bool{}
+	n := 0
 	for _, w := range batch {
-		if w.dirty != nil && !synced[w.dirty] {
-			synced[w.dirty] = true
-			if err := unix.Fdatasync(int(w.dirty.Fd())); err != nil {
-				return fmt.Errorf("disk: fdatasync %s: %w", w.dirty.Name(), err)
+		for _, r := range w.recs {
+			n++
+			if r.dirty != nil && !synced[r.dirty] {
+				synced[r.dirty] = true
+				if err := unix.Fdatasync(int(r.dirty.Fd())); err != nil {
+					return fmt.Errorf("disk: fdatasync %s: %w", r.dirty.Name(), err)
+				}
 			}
 		}
 	}
-	buf := make([]byte, 0, len(batch)*recordBytes)
+	if f := s.beforeJournal; f != nil {
+		f()
+	}
+	buf := make([]byte, 0, n*recordBytes)
 	for _, w := range batch {
-		s.seq++
-		b := record{op: w.op, seq: s.seq, key: w.key, e: w.e}.encode()
-		buf = append(buf, b[:]...)
+		for _, r := range w.recs {
+			s.seq++
+			b := record{op: r.op, seq: s.seq, key: r.key, e: r.e}.encode()
+			buf = append(buf, b[:]...)
+		}
 	}
 	if _, err := s.journal.Write(buf); err != nil {
 		return fmt.Errorf("disk: journal: %w", err)
@@ -188,8 +204,9 @@ func (s *Store) commitLocked(batch []*waiter) error {
 	if err := unix.Fdatasync(int(s.journal.Fd())); err != nil {
 		return fmt.Errorf("disk: journal: fdatasync: %w", err)
 	}
-	s.jrecords += len(batch)
+	s.jrecords += n
 	s.records.Store(int64(s.jrecords))
+	s.stats.commits.Add(1)
 	s.mu.Lock()
 	live := len(s.entries)
 	s.mu.Unlock()

@@ -47,6 +47,8 @@ const (
 	MaxWorkers = 64
 	// MaxQueueDepth bounds the requests waiting for a worker.
 	MaxQueueDepth = 4096
+	// MaxPutBatch bounds the blocks of one PutBatch.
+	MaxPutBatch = 256
 	// recordBytes is one journal record.
 	recordBytes = 64
 )
@@ -176,8 +178,12 @@ type Store struct {
 	busy    map[uint32]int // slots being read: not reused until done
 
 	stats struct {
-		puts, gets, deletes, corrupt, bytesWritten, bytesRead atomic.Uint64
+		puts, gets, deletes, corrupt, bytesWritten, bytesRead, commits atomic.Uint64
 	}
+
+	// beforeJournal, if set, is called by a commit between its data syncs
+	// and its journal write (tests: a crash there).
+	beforeJournal func()
 }
 
 // Stats are a store's counters.
@@ -186,6 +192,10 @@ type Stats struct {
 	Puts, Gets, Deletes, Corrupt uint64
 	BytesWritten, BytesRead      uint64
 	JournalRecords               int
+	// Commits counts the journal's commits: each a sync of every data file
+	// its records' blocks were written to, one journal write and one
+	// journal sync, shared by the puts (and a batch's blocks) in it.
+	Commits uint64
 }
 
 // Open opens or creates the store in cfg.Dir, replays its journal and
@@ -301,7 +311,7 @@ func (s *Store) Stats() Stats {
 		Blocks: blocks, Slots: s.slots,
 		Puts: s.stats.puts.Load(), Gets: s.stats.gets.Load(), Deletes: s.stats.deletes.Load(),
 		Corrupt: s.stats.corrupt.Load(), BytesWritten: s.stats.bytesWritten.Load(), BytesRead: s.stats.bytesRead.Load(),
-		JournalRecords: records,
+		JournalRecords: records, Commits: s.stats.commits.Load(),
 	}
 }
 
@@ -312,26 +322,96 @@ func (s *Store) Stats() Stats {
 // written directly, the bytes past its length up to there zeroed first;
 // any other through a buffer and a copy.
 func (s *Store) Put(ctx context.Context, k Key, data []byte) error {
+	return s.PutBatch(ctx, []PutItem{{Key: k, Data: data}})[0]
+}
+
+// PutItem is one block of a PutBatch.
+type PutItem struct {
+	Key  Key
+	Data []byte
+}
+
+// PutBatch puts every item as Put does, in one Batch: their writes under
+// way together on the workers, made durable together with one data sync
+// per data file written and one journal write and sync for the lot. It
+// returns each item's error (Batch.Commit). A batch of more than
+// MaxPutBatch items fails whole.
+func (s *Store) PutBatch(ctx context.Context, items []PutItem) []error {
+	if len(items) > MaxPutBatch {
+		errs := make([]error, len(items))
+		for i := range errs {
+			errs[i] = fmt.Errorf("disk: a batch of %d blocks, at most %d: %w", len(items), MaxPutBatch, ErrTooLarge)
+		}
+		return errs
+	}
+	b := s.NewBatch()
+	for _, it := range items {
+		b.Add(ctx, it.Key, it.Data)
+	}
+	return b.Commit()
+}
+
+// Batch is puts made durable together, where puts one by one each pay a
+// data sync and a journal sync that only puts committing at the same time
+// share: Add starts a block's write at once (so that a caller preparing
+// the next block overlaps the writes), Commit waits for the writes and
+// commits every block written in one go. An item may fail alone (ErrFull
+// once the free slots ran out, ErrTooLarge, its write); the others are
+// still put. After a crash a block is in the store exactly when its record
+// is, and the records reach the journal only after their bytes were
+// synced: a batch cut short leaves whole blocks or none of them, never a
+// record naming bytes that are not there. A Batch is used by one
+// goroutine; Commit ends it, and a Batch never committed keeps its slots.
+type Batch struct {
+	s     *Store
+	items []batchItem
+	bufs  []*aligned
+}
+
+type batchItem struct {
+	key  Key
+	e    entry
+	done chan error // nil: not written (err says why)
+	err  error
+}
+
+// NewBatch starts a batch of puts.
+func (s *Store) NewBatch() *Batch { return &Batch{s: s} }
+
+// Len is how many blocks were added.
+func (b *Batch) Len() int { return len(b.items) }
+
+// Add starts the write of data under k: data, and the capacity past its
+// length up to Align where it is written straight from there (see Put),
+// must not change until Commit returns. Waiting for room in the workers'
+// queue honours ctx. An item past MaxPutBatch fails with ErrTooLarge.
+// Errors are Commit's, at the item's index.
+func (b *Batch) Add(ctx context.Context, k Key, data []byte) {
+	s := b.s
+	it := batchItem{key: k}
+	defer func() { b.items = append(b.items, it) }()
+	if len(b.items) >= MaxPutBatch {
+		it.err = fmt.Errorf("disk: a batch of more than %d blocks: %w", MaxPutBatch, ErrTooLarge)
+		return
+	}
 	if len(data) == 0 || len(data) > s.cfg.SlotBytes {
-		return fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(data), s.cfg.SlotBytes, ErrTooLarge)
+		it.err = fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(data), s.cfg.SlotBytes, ErrTooLarge)
+		return
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return ErrClosed
+		it.err = ErrClosed
+		return
 	}
 	if len(s.free) == 0 {
 		s.mu.Unlock()
-		return fmt.Errorf("disk: %d slots hold blocks: %w", s.slots, ErrFull)
+		it.err = fmt.Errorf("disk: %d slots hold blocks: %w", s.slots, ErrFull)
+		return
 	}
-	slot := s.free[len(s.free)-1]
+	it.e.slot = s.free[len(s.free)-1]
 	s.free = s.free[:len(s.free)-1]
 	s.mu.Unlock()
-	giveBack := func() {
-		s.mu.Lock()
-		s.free = append(s.free, slot)
-		s.mu.Unlock()
-	}
 	// Straight from data where O_DIRECT takes it; else through an
 	// aligned buffer and a copy.
 	out := data[:cap(data)]
@@ -341,32 +421,87 @@ func (s *Store) Put(ctx context.Context, k Key, data []byte) error {
 	} else {
 		buf, err := s.bufferWith(data)
 		if err != nil {
-			giveBack()
-			return err
+			it.err = err
+			s.giveBack(it.e.slot)
+			return
 		}
-		defer s.release(buf)
+		b.bufs = append(b.bufs, buf)
 		out = buf.b[:n]
 	}
-	f, off := s.where(slot)
-	if err := s.do(ctx, request{write: true, f: f, off: off, buf: out}); err != nil {
-		giveBack()
-		return err
+	f, off := s.where(it.e.slot)
+	r := request{write: true, f: f, off: off, buf: out, done: make(chan error, 1)}
+	if err := s.send(ctx, r); err != nil {
+		it.err = err
+		s.giveBack(it.e.slot)
+		return
 	}
-	e := entry{slot: slot, length: uint32(len(data)), sum: xxh3.Hash(data)}
-	if err := s.appendRecord(opPut, k, e, f); err != nil {
-		giveBack()
-		return err
+	it.done = r.done
+	// The checksum is taken while the write is under way.
+	it.e.length, it.e.sum = uint32(len(data)), xxh3.Hash(data)
+}
+
+// Commit waits for the batch's writes and makes the blocks written
+// durable: one sync of each data file written, then their records in one
+// journal write and one journal sync (shared with puts committing at the
+// same time). It returns each item's error in the order added, nil once
+// the block is durable; a key already held is replaced.
+func (b *Batch) Commit() []error {
+	s := b.s
+	defer func() {
+		for _, buf := range b.bufs {
+			s.release(buf)
+		}
+		b.bufs = nil
+	}()
+	errs := make([]error, len(b.items))
+	recs := make([]pendingRecord, 0, len(b.items))
+	at := make([]int, 0, len(b.items)) // recs[j] is item at[j]'s
+	for i := range b.items {
+		it := &b.items[i]
+		if it.done == nil {
+			errs[i] = it.err
+			continue
+		}
+		if err := <-it.done; err != nil {
+			errs[i] = err
+			s.giveBack(it.e.slot)
+			continue
+		}
+		f, _ := s.where(it.e.slot)
+		recs = append(recs, pendingRecord{op: opPut, key: it.key, e: it.e, dirty: f})
+		at = append(at, i)
 	}
+	if len(recs) == 0 {
+		return errs
+	}
+	if err := s.appendRecords(recs); err != nil {
+		for j, r := range recs {
+			errs[at[j]] = err
+			s.giveBack(r.e.slot)
+		}
+		return errs
+	}
+	var bytes uint64
 	s.mu.Lock()
-	old, had := s.entries[k]
-	s.entries[k] = e
-	if had {
-		s.releaseSlotLocked(old.slot)
+	for _, r := range recs {
+		old, had := s.entries[r.key]
+		s.entries[r.key] = r.e
+		if had {
+			s.releaseSlotLocked(old.slot)
+		}
+		bytes += uint64(r.e.length)
 	}
 	s.mu.Unlock()
-	s.stats.puts.Add(1)
-	s.stats.bytesWritten.Add(uint64(len(data)))
-	return nil
+	s.stats.puts.Add(uint64(len(recs)))
+	s.stats.bytesWritten.Add(bytes)
+	return errs
+}
+
+// giveBack frees a slot taken for a put that failed.
+func (s *Store) giveBack(slot uint32) {
+	s.mu.Lock()
+	s.free = append(s.free, slot)
+	s.mu.Unlock()
 }
 
 // Get reads the block under k into dst and returns its length. Bytes that
@@ -455,7 +590,7 @@ func (s *Store) drop(k Key, e entry) {
 	// The record goes first: a slot reused before it was durable could
 	// come back after a crash under the old key with new bytes (its
 	// checksum would catch it, but not losing the block is better).
-	if err := s.appendRecord(opDelete, k, e, nil); err != nil {
+	if err := s.appendRecords([]pendingRecord{{op: opDelete, key: k, e: e}}); err != nil {
 		s.cfg.Logger.Warn("disk tier: journal a delete", "err", err)
 	}
 	s.mu.Lock()

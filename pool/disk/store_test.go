@@ -375,5 +375,8 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv("KVFABRIC_DISK_CHILD"); dir != "" {
 		os.Exit(putterChild(dir))
 	}
+	if dir := os.Getenv("KVFABRIC_DISK_BATCH_CHILD"); dir != "" {
+		os.Exit(batchPutterChild(dir))
+	}
 	os.Exit(m.Run())
 }

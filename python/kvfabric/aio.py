@@ -399,8 +399,8 @@ class Client:
         lora: str | None = None,
         timeout: float | None = None,
     ) -> PrefetchResult:
-        """:meth:`kvfabric.Client.prefetch`: a sequence's disk-held blocks
-        brought up into the block set ahead of use."""
+        """:meth:`kvfabric.Client.prefetch`: a sequence's blocks brought up
+        into the block set ahead of use, from disk, then from other nodes."""
         req = _prefetch_request(block_set, hashes, tokens, salt, lora)
         return _prefetch_result(await self._call("Prefetch", req, timeout))
 

@@ -369,12 +369,14 @@ def _lookup_result(resp: engine_pb2.LookupResponse) -> LookupResult:
 @dataclass(frozen=True)
 class PrefetchResult:
     """What a prefetch left in the block set's memory: the leading blocks
-    there now, those of them it restored from the agent's disk tiers, and
-    why it stopped short where a restore failed."""
+    there now, those of them it restored from the agent's disk tiers,
+    those it imported from other nodes after them, and why it stopped
+    short where a restore or an import failed."""
 
     in_memory: int
     restored: int
     error: str = ""
+    imported: int = 0
 
 
 def _prefetch_request(
@@ -395,7 +397,7 @@ def _prefetch_request(
 
 
 def _prefetch_result(resp: engine_pb2.PrefetchResponse) -> PrefetchResult:
-    return PrefetchResult(resp.in_memory, resp.restored, resp.error)
+    return PrefetchResult(resp.in_memory, resp.restored, resp.error, resp.imported)
 
 
 def _import_request(
@@ -732,10 +734,11 @@ class Client:
         lora: str | None = None,
         timeout: float | None = None,
     ) -> PrefetchResult:
-        """Bring the leading blocks of a sequence that the agent's disk
-        tiers hold up into the block set ahead of use (at most half the
-        slots the set keeps per call), cached there unreferenced, so that
-        the acquire or import_blocks that follows finds them in memory."""
+        """Bring the leading blocks of a sequence up into the block set
+        ahead of use: those the agent's disk tiers hold, then those that
+        follow from other nodes (at most half the slots the set keeps per
+        call, together), cached there unreferenced, so that the acquire or
+        import_blocks that follows finds them in memory."""
         req = _prefetch_request(block_set, hashes, tokens, salt, lora)
         return _prefetch_result(self._call("Prefetch", req, timeout))
 

@@ -42,6 +42,7 @@ def test_prefetch_and_lookup_tiers(tiered):
             c.prefetch(bs)
         res = c.prefetch(bs, hashes)
         assert 0 < res.restored <= res.in_memory and res.error == "", res
+        assert res.imported == 0, res  # one agent: nothing held elsewhere
         got = c.acquire(bs, hashes[:res.in_memory])
         assert len(got) == res.in_memory
         assert [int(bs.read_block(r.slot).flat[0]) for r in got] == list(range(1, res.in_memory + 1))

@@ -325,14 +325,16 @@ class PrefetchRequest(_message.Message):
     def __init__(self, block_set: _Optional[int] = ..., hashes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ...) -> None: ...
 
 class PrefetchResponse(_message.Message):
-    __slots__ = ["error", "in_memory", "restored"]
+    __slots__ = ["error", "imported", "in_memory", "restored"]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    IMPORTED_FIELD_NUMBER: _ClassVar[int]
     IN_MEMORY_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FIELD_NUMBER: _ClassVar[int]
     error: str
+    imported: int
     in_memory: int
     restored: int
-    def __init__(self, in_memory: _Optional[int] = ..., restored: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    def __init__(self, in_memory: _Optional[int] = ..., restored: _Optional[int] = ..., error: _Optional[str] = ..., imported: _Optional[int] = ...) -> None: ...
 
 class RankLayout(_message.Message):
     __slots__ = ["block_stride", "chunk_bytes", "chunk_shape", "element_bytes", "head_ids", "kv_stride", "layer_stride", "offset", "planes", "replicas"]

@@ -162,8 +162,9 @@ class EngineServicer(object):
 
     def Prefetch(self, request, context):
         """Bring the leading blocks of a sequence that this node's disk tiers hold
-        up into a block set ahead of use, cached there unreferenced, so that
-        the Acquire or Import that follows finds them in memory.
+        up into a block set ahead of use, then those that follow from other
+        nodes (as Import would), cached there unreferenced, so that the Acquire
+        or Import that follows finds them in memory.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,266 @@
+package disk
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// A batch's blocks are durable together, in one commit (one data sync per
+// file written, one journal write and sync): each reads back byte-exact,
+// now and after a reopen, whether it was written straight from aligned
+// memory or through a buffer; an item that cannot be put fails alone.
+func TestPutBatchOneCommit(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, nil)
+	ctx := context.Background()
+	var items []PutItem
+	for h := uint64(1); h <= 24; h++ {
+		data := blockOf(h, s.SlotBytes())
+		if h%2 == 0 {
+			// Page aligned with room to the next 4 KiB, as the tier's
+			// buffers are: written with no copy.
+			m, err := unix.Mmap(-1, 0, s.SlotBytes(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Munmap(m)
+			data = m[:copy(m, data)]
+		}
+		items = append(items, PutItem{Key: Key{Hash: h, Tag: 7}, Data: data})
+	}
+	tooLarge := make([]byte, s.SlotBytes()+1)
+	items = append(items, PutItem{Key: Key{Hash: 99, Tag: 7}, Data: tooLarge}, PutItem{Key: Key{Hash: 98, Tag: 7}})
+	before := s.Stats()
+	errs := s.PutBatch(ctx, items)
+	for i, err := range errs[:24] {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+	}
+	for i, err := range errs[24:] {
+		if !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("item %d of %d bytes: %v, want ErrTooLarge", 24+i, len(items[24+i].Data), err)
+		}
+	}
+	after := s.Stats()
+	if got := after.Commits - before.Commits; got != 1 {
+		t.Fatalf("a batch of 24 blocks took %d commits, want 1", got)
+	}
+	if after.Puts-before.Puts != 24 || after.Blocks != 24 || after.JournalRecords-before.JournalRecords != 24 {
+		t.Fatalf("stats %+v after a batch of 24 puts from %+v", after, before)
+	}
+	check := func(s *Store) {
+		t.Helper()
+		for h := uint64(1); h <= 24; h++ {
+			if got := mustGet(t, s, h); string(got) != string(blockOf(h, s.SlotBytes())) {
+				t.Fatalf("block %d differs", h)
+			}
+		}
+		if s.Has(Key{Hash: 99, Tag: 7}) || s.Has(Key{Hash: 98, Tag: 7}) {
+			t.Fatal("an item that failed is in the store")
+		}
+	}
+	check(s)
+	s.Close()
+	check(open(t, dir, nil))
+}
+
+// A batch larger than the free slots puts what fits and refuses the rest
+// with ErrFull; their slots are not lost.
+func TestPutBatchPastFreeSlots(t *testing.T) {
+	s := open(t, t.TempDir(), func(c *Config) { c.Bytes = 4 * 16 << 10 })
+	var items []PutItem
+	for h := uint64(1); h <= 6; h++ {
+		items = append(items, PutItem{Key: Key{Hash: h, Tag: 7}, Data: blockOf(h, s.SlotBytes())})
+	}
+	errs := s.PutBatch(context.Background(), items)
+	full := 0
+	for i, err := range errs {
+		switch {
+		case errors.Is(err, ErrFull):
+			full++
+		case err != nil:
+			t.Fatalf("item %d: %v", i, err)
+		default:
+			mustGet(t, s, items[i].Key.Hash)
+		}
+	}
+	if full != 2 || s.Stats().Blocks != 4 {
+		t.Fatalf("%d items refused for a full store, %d blocks held; want 2 and 4", full, s.Stats().Blocks)
+	}
+	if err := s.Delete(items[0].Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(context.Background(), Key{Hash: 50, Tag: 7}, blockOf(50, s.SlotBytes())); err != nil {
+		t.Fatalf("put into the slot a delete freed: %v", err)
+	}
+}
+
+// MaxPutBatch items are put in one batch; one more fails the batch whole.
+func TestPutBatchLimit(t *testing.T) {
+	s := open(t, t.TempDir(), func(c *Config) {
+		c.SlotBytes, c.Bytes, c.FileBytes, c.QueueDepth = Align, (MaxPutBatch+1)*Align, 64*Align, 8
+	})
+	batch := func(n int) []PutItem {
+		items := make([]PutItem, n)
+		for i := range items {
+			items[i] = PutItem{Key: Key{Hash: uint64(1000*n + i), Tag: 7}, Data: []byte(fmt.Sprint(i))}
+		}
+		return items
+	}
+	for i, err := range s.PutBatch(context.Background(), batch(MaxPutBatch+1)) {
+		if !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("item %d of a batch past the limit: %v, want ErrTooLarge", i, err)
+		}
+	}
+	if n := s.Stats().Blocks; n != 0 {
+		t.Fatalf("%d blocks put by a batch past the limit", n)
+	}
+	for i, err := range s.PutBatch(context.Background(), batch(MaxPutBatch)) {
+		if err != nil {
+			t.Fatalf("item %d of a batch at the limit: %v", i, err)
+		}
+	}
+	if n := s.Stats().Blocks; n != MaxPutBatch {
+		t.Fatalf("%d blocks after a batch at the limit, want %d", n, MaxPutBatch)
+	}
+	// A Batch takes MaxPutBatch blocks; the one after fails alone.
+	for _, k := range s.Keys() {
+		if err := s.Delete(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := s.NewBatch()
+	for _, it := range batch(MaxPutBatch + 1) {
+		b.Add(context.Background(), it.Key, it.Data)
+	}
+	errs := b.Commit()
+	for i, err := range errs[:MaxPutBatch] {
+		if err != nil {
+			t.Fatalf("item %d of a Batch at the limit: %v", i, err)
+		}
+	}
+	if err := errs[MaxPutBatch]; !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("the item past a Batch's limit: %v, want ErrTooLarge", err)
+	}
+	if n := s.Stats().Blocks; n != MaxPutBatch {
+		t.Fatalf("%d blocks after a Batch one past the limit, want %d", n, MaxPutBatch)
+	}
+}
+
+// A store killed between a batch's data syncs and its journal write
+// restarts with every block of the batches before it, byte-exact, and none
+// of that batch's, though their bytes are on disk: a block whose record is
+// not in the journal is never served.
+func TestKilledBeforeBatchJournalled(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KVFABRIC_DISK_BATCH_CHILD="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	var done []uint64
+	var cut []uint64
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, "cut "); ok {
+			for _, f := range strings.Fields(rest) {
+				h, err := strconv.ParseUint(f, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cut = append(cut, h)
+			}
+			continue
+		}
+		if h, err := strconv.ParseUint(line, 10, 64); err == nil {
+			done = append(done, h)
+		} else {
+			t.Logf("child: %s", line)
+		}
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("the child ended with %v, want killed", err)
+	}
+	if len(done) != batchChildBatches*batchChildSize || len(cut) != batchChildSize {
+		t.Fatalf("the child put %d blocks and was cut in a batch of %d; want %d and %d", len(done), len(cut),
+			batchChildBatches*batchChildSize, batchChildSize)
+	}
+	s := open(t, dir, func(c *Config) { c.Bytes = 4096 * 16 << 10 })
+	for _, h := range done {
+		if got, want := mustGet(t, s, h), blockOf(h, s.SlotBytes()); string(got) != string(want) {
+			t.Fatalf("block %d differs after the kill", h)
+		}
+	}
+	for _, h := range cut {
+		if s.Has(Key{Hash: h, Tag: 7}) {
+			t.Fatalf("block %d of the batch cut before its journal write is served after the kill", h)
+		}
+	}
+	if n := len(s.Keys()); n != len(done) {
+		t.Fatalf("%d blocks after the kill, want the %d of the completed batches", n, len(done))
+	}
+}
+
+const batchChildBatches, batchChildSize = 5, 16
+
+// batchPutterChild puts batchChildBatches batches, printing each block's
+// hash once its batch returned, then kills itself in the next batch's
+// commit, between its data syncs and its journal write:
+// TestKilledBeforeBatchJournalled's child process.
+func batchPutterChild(dir string) int {
+	s, err := Open(Config{Dir: dir, Bytes: 4096 * 16 << 10, SlotBytes: 16 << 10, FileBytes: 16 * 16 << 10})
+	if err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	w := bufio.NewWriter(os.Stdout)
+	h := uint64(1)
+	for b := 0; ; b++ {
+		items := make([]PutItem, batchChildSize)
+		for i := range items {
+			items[i] = PutItem{Key: Key{Hash: h, Tag: 7}, Data: blockOf(h, s.SlotBytes())}
+			h++
+		}
+		if b == batchChildBatches {
+			s.beforeJournal = func() {
+				fmt.Fprint(w, "cut")
+				for _, it := range items {
+					fmt.Fprintf(w, " %d", it.Key.Hash)
+				}
+				fmt.Fprintln(w)
+				w.Flush()
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {} // the signal ends the process
+			}
+		}
+		for _, err := range s.PutBatch(context.Background(), items) {
+			if err != nil {
+				fmt.Fprintln(w, err)
+				w.Flush()
+				return 2
+			}
+		}
+		for _, it := range items {
+			fmt.Fprintln(w, it.Key.Hash)
+		}
+		w.Flush()
+	}
+}
