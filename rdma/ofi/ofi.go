@@ -222,6 +222,8 @@ type ProviderInfo struct {
 	// TxSize is the transmit queue depth.
 	TxSize int
 	// ThreadSafe: the provider serialises calls itself (FI_THREAD_SAFE).
+	// The binding asks fi_getinfo for nothing else, and Choose skips a
+	// provider without it.
 	ThreadSafe bool
 }
 
@@ -238,11 +240,18 @@ var autoOrder = []string{"cxi", "efa", "verbs"}
 
 // Choose picks the provider to use from those offered: the one named by want
 // (its base name or its full name), or else the first of cxi, efa and verbs.
-// A provider whose keys are wider than 8 bytes or whose mr_mode the binding
-// cannot honour is skipped, and named in the error if nothing is left.
+// A provider that is not FI_THREAD_SAFE, whose keys are wider than 8 bytes
+// or whose mr_mode the binding cannot honour is skipped, and named in the
+// error if nothing is left.
 func Choose(offered []ProviderInfo, want string) (ProviderInfo, error) {
 	var skipped []string
 	usable := func(p ProviderInfo) bool {
+		if !p.ThreadSafe {
+			// Reads, registrations and the progress loop call the
+			// provider from several goroutines with no lock of ours.
+			skipped = append(skipped, fmt.Sprintf("%s (not FI_THREAD_SAFE)", p.Provider))
+			return false
+		}
 		if p.MRKeySize > 8 {
 			skipped = append(skipped, fmt.Sprintf("%s (keys of %d bytes)", p.Provider, p.MRKeySize))
 			return false

@@ -357,8 +357,8 @@ static void kvf_kick(struct kvf_ep *e) {
 // -FI_EAGAIN, or kvf_kick (*kicked is set), or budget ns pass. Between empty
 // polls it naps, twice as long each time from min_nap up to max_nap; *nap
 // carries the last nap from call to call, 0 after a completion or a kick.
-// Only for thread-safe providers: it calls the provider between naps with
-// no lock of the caller's.
+// It calls the provider between naps with no lock of the caller's, which
+// only a thread-safe provider allows (the only kind Choose picks).
 static ssize_t kvf_cq_wait(struct kvf_ep *e, void **ctxs, size_t n, long *nap, long min_nap, long max_nap,
 		long budget, int *kicked, long *naps) {
 	struct timespec t0, t;
@@ -619,9 +619,6 @@ type Endpoint struct {
 	ep             *C.struct_kvf_ep
 	name           []byte
 
-	// serial is held around every call into the provider when it is not
-	// thread safe.
-	serial sync.Mutex
 	// live is read-held around every call that uses the endpoint's C
 	// objects, and write-held by Close while it frees them.
 	live sync.RWMutex
@@ -821,11 +818,9 @@ func (e *Endpoint) lockCalls() (func(), error) {
 		}
 		return nil, fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed)
 	}
-	if e.info.ThreadSafe {
-		return e.live.RUnlock, nil
-	}
-	e.serial.Lock()
-	return func() { e.serial.Unlock(); e.live.RUnlock() }, nil
+	// Every provider Choose picks is FI_THREAD_SAFE: calls need no lock
+	// of ours beyond this one.
+	return e.live.RUnlock, nil
 }
 
 func (e *Endpoint) usable() error {
@@ -880,16 +875,6 @@ func (e *Endpoint) progress() {
 		var n C.ssize_t
 		spin := false
 		switch {
-		case !e.info.ThreadSafe:
-			// Close waits for this loop to end before it frees anything,
-			// so the loop takes only the serialising lock, and naps
-			// without it.
-			e.serial.Lock()
-			n = C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
-			if n == -C.KVF_FI_EAVAIL {
-				C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
-			}
-			e.serial.Unlock()
 		case limit == hotMaxNap && idle < hotSpins:
 			// A read under way: a few polls that only yield first.
 			spin = true
@@ -908,7 +893,7 @@ func (e *Endpoint) progress() {
 				continue
 			}
 		}
-		if e.info.ThreadSafe && n == -C.KVF_FI_EAVAIL {
+		if n == -C.KVF_FI_EAVAIL {
 			C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
 		}
 		switch {
@@ -939,17 +924,6 @@ func (e *Endpoint) progress() {
 			}
 			if r := e.release(errCtx); r != nil {
 				r.add(1, err)
-			}
-		case !e.info.ThreadSafe:
-			idle++
-			if limit == hotMaxNap && idle <= hotSpins {
-				runtime.Gosched()
-				continue
-			}
-			nap = min(max(2*nap, C.long(minNap)), C.long(limit))
-			e.naps.Add(1)
-			if C.kvf_nap(e.ep, nap) != 0 {
-				idle, nap = 0, 0 // a read or a server began: poll at once
 			}
 		case spin:
 			idle++

@@ -45,13 +45,15 @@ func TestMRModePlan(t *testing.T) {
 }
 
 func TestChoose(t *testing.T) {
-	tcp := ProviderInfo{Provider: "tcp;ofi_rxm", Domain: "lo", MRKeySize: 8}
-	shm := ProviderInfo{Provider: "shm", Domain: "shm", MRKeySize: 8, MRMode: MRVirtAddr}
-	efa := ProviderInfo{Provider: "efa", Domain: "rdmap0s31-rdm", MRKeySize: 4, MRMode: MRLocal | MRProvKey}
-	cxi := ProviderInfo{Provider: "cxi", Domain: "cxi0", MRKeySize: 8, MRMode: MREndpoint | MRProvKey}
-	verbs := ProviderInfo{Provider: "verbs;ofi_rxm", Domain: "mlx5_0", MRKeySize: 4, MRMode: MRLocal}
-	rawCXI := ProviderInfo{Provider: "cxi", Domain: "cxi1", MRKeySize: 8, MRMode: MRRaw}
-	wideEFA := ProviderInfo{Provider: "efa", Domain: "e1", MRKeySize: 16}
+	tcp := ProviderInfo{Provider: "tcp;ofi_rxm", Domain: "lo", MRKeySize: 8, ThreadSafe: true}
+	shm := ProviderInfo{Provider: "shm", Domain: "shm", MRKeySize: 8, MRMode: MRVirtAddr, ThreadSafe: true}
+	efa := ProviderInfo{Provider: "efa", Domain: "rdmap0s31-rdm", MRKeySize: 4, MRMode: MRLocal | MRProvKey, ThreadSafe: true}
+	cxi := ProviderInfo{Provider: "cxi", Domain: "cxi0", MRKeySize: 8, MRMode: MREndpoint | MRProvKey, ThreadSafe: true}
+	verbs := ProviderInfo{Provider: "verbs;ofi_rxm", Domain: "mlx5_0", MRKeySize: 4, MRMode: MRLocal, ThreadSafe: true}
+	rawCXI := ProviderInfo{Provider: "cxi", Domain: "cxi1", MRKeySize: 8, MRMode: MRRaw, ThreadSafe: true}
+	wideEFA := ProviderInfo{Provider: "efa", Domain: "e1", MRKeySize: 16, ThreadSafe: true}
+	// efa as a provider of FI_THREAD_DOMAIN would offer it.
+	domainEFA := ProviderInfo{Provider: "efa", Domain: "e2", MRKeySize: 4, MRMode: MRLocal | MRProvKey}
 	for _, c := range []struct {
 		name    string
 		offered []ProviderInfo
@@ -69,6 +71,8 @@ func TestChoose(t *testing.T) {
 		{"raw keys skipped for the next domain", []ProviderInfo{rawCXI, cxi}, "", "cxi/cxi0", ""},
 		{"raw keys alone", []ProviderInfo{rawCXI, tcp}, "", "", "cxi (mr_mode raw)"},
 		{"keys wider than 8 bytes", []ProviderInfo{wideEFA}, "efa", "", "efa (keys of 16 bytes)"},
+		{"not thread safe skipped for the next domain", []ProviderInfo{domainEFA, efa}, "", "efa/rdmap0s31-rdm", ""},
+		{"not thread safe alone", []ProviderInfo{domainEFA, tcp}, "efa", "", "efa (not FI_THREAD_SAFE)"},
 		{"nothing offered", nil, "", "", "offered: )"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

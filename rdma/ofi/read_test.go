@@ -253,6 +253,11 @@ func TestProvidersAndChoice(t *testing.T) {
 	var names []string
 	for _, p := range offered {
 		names = append(names, p.Provider)
+		// The endpoint calls the provider from its progress loop and from
+		// every Read with no lock of its own.
+		if !p.ThreadSafe {
+			t.Errorf("%s on %s is listed without FI_THREAD_SAFE, which fi_getinfo was asked for", p.Provider, p.Domain)
+		}
 	}
 	for _, want := range providers {
 		p, err := Choose(offered, want)
