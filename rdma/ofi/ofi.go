@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -334,10 +335,12 @@ func checkSegments(segs []Segment, localLen uint64) error {
 }
 
 // request is one posted read: a remote-contiguous run of at most maxMsg
-// bytes, gathered from up to iovLimit local pieces.
+// bytes, gathered from up to iovLimit local pieces, or, staged, read whole
+// into a staging slot and copied to its local pieces from there.
 type request struct {
 	remoteAddr, key uint64
 	local           []piece
+	staged          bool
 }
 
 type piece struct{ off, len uint64 }
@@ -362,6 +365,7 @@ func gather(segs []Segment, maxMsg uint64, iovLimit int) []request {
 		iovLimit = 1
 	}
 	var out []request
+	var size uint64 // the last request's bytes
 	for _, s := range segs {
 		addr := s.Remote.Addr + s.RemoteOff
 		off, n := s.LocalOff, s.Len
@@ -371,25 +375,88 @@ func gather(segs []Segment, maxMsg uint64, iovLimit int) []request {
 				r := &out[last]
 				p := &r.local[len(r.local)-1]
 				adjacent := p.off+p.len == off
-				if r.key == s.Remote.Key && r.remoteAddr+r.bytes() == addr && r.bytes() < maxMsg &&
+				if r.key == s.Remote.Key && r.remoteAddr+size == addr && size < maxMsg &&
 					(adjacent || len(r.local) < iovLimit) {
-					k = min(k, maxMsg-r.bytes())
+					k = min(k, maxMsg-size)
 					if adjacent {
 						p.len += k
 					} else {
 						r.local = append(r.local, piece{off, k})
 					}
-					addr, off, n = addr+k, off+k, n-k
+					addr, off, n, size = addr+k, off+k, n-k, size+k
 					continue
 				}
 			}
 			k = min(k, maxMsg)
 			out = append(out, request{remoteAddr: addr, key: s.Remote.Key, local: []piece{{off, k}}})
-			addr, off, n = addr+k, off+k, n-k
+			addr, off, n, size = addr+k, off+k, n-k, k
 		}
 	}
 	return out
 }
+
+// gatherStaged is gather for an endpoint that stages reads: a
+// remote-contiguous run whose local pieces are more than iovLimit and
+// small (iovLimit of them, on average, less than a slot) is read in chunks
+// of up to slot bytes, each one request into a staging slot (staged, its
+// pieces copied out on completion), instead of one request per iovLimit
+// pieces. Other runs, and a chunk of iovLimit pieces or fewer, are read in
+// place as gather reads them. The bytes and where each lands are gather's.
+func gatherStaged(segs []Segment, maxMsg uint64, iovLimit int, slot uint64) []request {
+	if iovLimit < 1 {
+		iovLimit = 1
+	}
+	slot = min(slot, max(maxMsg, 1))
+	var out []request
+	for _, run := range gather(segs, maxMsg, math.MaxInt) {
+		if len(run.local) <= iovLimit {
+			out = append(out, run)
+			continue
+		}
+		if run.bytes()/uint64(len(run.local)) >= slot/uint64(iovLimit) {
+			// Pieces large enough that iovLimit of them fill a slot.
+			remote := Remote{Addr: run.remoteAddr, Len: run.bytes(), Key: run.key}
+			parts := make([]Segment, 0, len(run.local))
+			var off uint64
+			for _, p := range run.local {
+				parts = append(parts, Segment{LocalOff: p.off, RemoteOff: off, Len: p.len, Remote: remote})
+				off += p.len
+			}
+			out = append(out, gather(parts, maxMsg, iovLimit)...)
+			continue
+		}
+		cur := request{remoteAddr: run.remoteAddr, key: run.key}
+		var n uint64
+		emit := func() {
+			cur.staged = len(cur.local) > iovLimit
+			out = append(out, cur)
+			cur = request{remoteAddr: cur.remoteAddr + n, key: run.key}
+			n = 0
+		}
+		for _, p := range run.local {
+			for p.len > 0 {
+				k := min(p.len, slot-n)
+				cur.local = append(cur.local, piece{p.off, k})
+				p.off, p.len, n = p.off+k, p.len-k, n+k
+				if n == slot {
+					emit()
+				}
+			}
+		}
+		if n > 0 {
+			emit()
+		}
+	}
+	return out
+}
+
+// StagesReads says whether the endpoint reads remote runs that land in
+// many small local pieces whole into a staging buffer, copying the pieces
+// out, instead of posting a request per IOVLimit pieces: for tcp, whose
+// every request costs system calls on both ends while its bytes pass
+// through the CPU anyway. Hardware providers (efa, cxi, verbs) read
+// scatter lists on the NIC; shm's copies are one system call a request.
+func (p ProviderInfo) StagesReads() bool { return p.Base() == "tcp" }
 
 // DeviceReg is how a provider takes GPU memory.
 type DeviceReg int
