@@ -301,7 +301,8 @@ func TestEndpointClose(t *testing.T) {
 // TestReadStaged: over a provider that stages reads (tcp), concurrent reads
 // of small pieces scattered locally go through staging, more requests at
 // once than it has slots, and every byte lands where it belongs; a staged
-// read that fails gives its slots back, and the next reads in full. Over
+// read that fails gives its slots back, and the endpoint's next read, from
+// another holder, goes through them in full. Over
 // one that does not stage (shm), the same reads are in place.
 func TestReadStaged(t *testing.T) {
 	for _, prov := range providers {
@@ -391,10 +392,17 @@ func TestReadStaged(t *testing.T) {
 			if n := len(failing.stageFree); n != stageSlots {
 				t.Fatalf("%d staging slots free after a failed read, want all %d", n, stageSlots)
 			}
-			// Over tcp the refused connection may still be closing: the
-			// first attempt may fail with an error completion.
+			// The same endpoint, its slots back, reads a holder it has no
+			// broken connection to (tcp closes the one to the first after
+			// the refusal, and may be closing it for a while).
+			other := openEndpoint(t, l)
+			otherReg := register(t, other, src)
+			opeer, err := failing.AddPeer(other.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
 			for attempt := 1; ; attempt++ {
-				err := failing.Read(ctx, fpeer, dstReg, scattered(each, each/piece, srcReg.Remote()))
+				err := failing.Read(ctx, opeer, dstReg, scattered(each, each/piece, otherReg.Remote()))
 				if err == nil {
 					break
 				}
