@@ -1099,15 +1099,6 @@ type serveTicket struct{ until int64 }
 // Serving says whether the endpoint is serving now (a Serve is live).
 func (e *Endpoint) Serving() bool { return time.Now().UnixNano() < e.servingUntil.Load() }
 
-// ServingUntil is when the last live Serve ends, or the zero time when
-// none was ever live or all have ended by their done.
-func (e *Endpoint) ServingUntil() time.Time {
-	if ns := e.servingUntil.Load(); ns != 0 {
-		return time.Unix(0, ns)
-	}
-	return time.Time{}
-}
-
 // kick wakes the progress loop from its nap.
 func (e *Endpoint) kick() {
 	unlock, err := e.lockCalls()

@@ -96,8 +96,5 @@ func (e *Endpoint) Serve(until time.Time) (done func()) { return func() {} }
 // Serving is false in this build.
 func (e *Endpoint) Serving() bool { return false }
 
-// ServingUntil is the zero time in this build.
-func (e *Endpoint) ServingUntil() time.Time { return time.Time{} }
-
 // ShmPrefix begins the names of shm endpoints (see the cgo build).
 const ShmPrefix = "kvf-"
