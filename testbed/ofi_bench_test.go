@@ -6,8 +6,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +21,8 @@ import (
 )
 
 var benchOFIProvider = flag.String("kvfabric.bench.ofi", "tcp", "libfabric provider BenchmarkImportOFI imports over (tcp; efa or cxi on nodes that have them)")
+
+var benchOFIProfiles = flag.String("kvfabric.bench.pprof", "", "directory BenchmarkImportOFI writes holder.pprof and importer.pprof to: each agent's CPU profile (agent --pprof) over 10 s from the first timed import")
 
 // BenchmarkImportOFI imports Llama-70B blocks between two agent processes
 // over libfabric (--fabric ofi, the provider -kvfabric.bench.ofi names,
@@ -36,6 +42,11 @@ var benchOFIProvider = flag.String("kvfabric.bench.ofi", "tcp", "libfabric provi
 // untimed.
 //
 //	go test ./testbed -run '^$' -bench ImportOFI -benchtime 5x -count 3
+//
+// -kvfabric.bench.pprof DIR starts the agents with --pprof and writes a
+// CPU profile of each over 10 s from the first timed import (give
+// -benchtime enough imports to fill them; the untimed production and
+// checks between imports are in them too).
 func BenchmarkImportOFI(b *testing.B) {
 	ctx := context.Background()
 	prov := *benchOFIProvider
@@ -44,6 +55,9 @@ func BenchmarkImportOFI(b *testing.B) {
 	if prov == "tcp" {
 		node = "127.0.0.1"
 		args = append(args, "--fabric-addr", node)
+	}
+	if *benchOFIProfiles != "" {
+		args = append(args, "--pprof", "127.0.0.1:0")
 	}
 	bare := filepath.Join(b.TempDir(), "bare_read")
 	src := filepath.Join("..", "rdma", "ofi", "testdata", "bare_read.c")
@@ -69,6 +83,7 @@ func BenchmarkImportOFI(b *testing.B) {
 	var importTime, bareTime time.Duration
 	var importerCPU, holderCPU, bareCPU time.Duration
 	var bareMoved float64
+	var profiled func() error
 	b.SetBytes(int64(size))
 	b.ResetTimer()
 	for i := range b.N {
@@ -79,6 +94,11 @@ func BenchmarkImportOFI(b *testing.B) {
 		}
 		benchIndexed(b, importer, holder.Name, seqs[0])
 		b.StartTimer()
+		if i == 0 && *benchOFIProfiles != "" {
+			if profiled, err = profileAgents(*benchOFIProfiles, 10*time.Second, map[string]*Node{"holder": holder, "importer": importer}); err != nil {
+				b.Fatal(err)
+			}
+		}
 		h0 := processCPU(holder)
 		took, cpu, err := importChecked(ctx, importer, consumer, seqs[0], "rdma")
 		if err != nil {
@@ -100,6 +120,11 @@ func BenchmarkImportOFI(b *testing.B) {
 		bareCPU += time.Duration(cpuNS)
 	}
 	b.StopTimer()
+	if profiled != nil {
+		if err := profiled(); err != nil {
+			b.Fatal(err)
+		}
+	}
 	gb := float64(size) * float64(b.N) / 1e9
 	bareGB := bareMoved / 1e9
 	importRate := gb / max(importTime.Seconds(), 1e-9)
@@ -112,4 +137,45 @@ func BenchmarkImportOFI(b *testing.B) {
 	b.ReportMetric(msPerGB(importerCPU, gb), "importer-cpu-ms/GB")
 	b.ReportMetric(msPerGB(bareCPU, bareGB), "bare-cpu-ms/GB")
 	b.ReportMetric(0, "ns/op")
+}
+
+// profileAgents fetches a CPU profile of d from each agent (started with
+// --pprof, whose log names the address) into dir/NAME.pprof, in the
+// background; wait returns once all are written, or the first error.
+func profileAgents(dir string, d time.Duration, nodes map[string]*Node) (wait func() error, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	at := regexp.MustCompile(`Go profiles at (http://[^ ]+/debug/pprof/)`)
+	errs := make(chan error, len(nodes))
+	for name, n := range nodes {
+		m := at.FindStringSubmatch(n.FullLog())
+		if m == nil {
+			return nil, fmt.Errorf("%s's log names no profile address:\n%s", n.Name, n.Log())
+		}
+		url := fmt.Sprintf("%sprofile?seconds=%d", m[1], int(d.Seconds()))
+		go func() {
+			errs <- func() error {
+				resp, err := http.Get(url)
+				if err != nil {
+					return err
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				if err != nil || resp.StatusCode != http.StatusOK {
+					return fmt.Errorf("%s: %s: %v %.200s", name, url, err, b)
+				}
+				return os.WriteFile(filepath.Join(dir, name+".pprof"), b, 0o644)
+			}()
+		}()
+	}
+	return func() error {
+		var first error
+		for range nodes {
+			if err := <-errs; err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	}, nil
 }

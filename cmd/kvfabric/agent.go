@@ -28,6 +28,7 @@ and what was in use stays).`)
 	local := fs.Bool("local", false, "loopback defaults: addresses on 127.0.0.1, fast gossip timings, --dev")
 	printConfig := fs.Bool("print-config", false, "print the effective settings (defaults, file, environment and flags) in the config file's format, and exit")
 	bound := bindSettings(fs)
+	profiles := bindPprof(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -65,6 +66,17 @@ and what was in use stays).`)
 		}
 		_, err = fmt.Fprintf(e.stdout, "%s\n", b)
 		return err
+	}
+
+	// Profiles, when asked for, are served from before the agent starts
+	// until it has stopped, so that a slow start or stop can be profiled.
+	ln, err := profiles.listen()
+	if err != nil {
+		return err
+	}
+	if ln != nil {
+		defer servePprof(ln, e.stderr)()
+		fmt.Fprintf(e.stderr, "kvfabric agent: Go profiles at http://%s/debug/pprof/\n", ln.Addr())
 	}
 
 	// The agent counts; this program exports, as Prometheus metrics.

@@ -79,6 +79,14 @@
 // with ErrUnreachable: tcp;ofi_rxm takes none while it connects to a peer,
 // and keeps trying to connect to one that is gone.
 //
+// Over tcp (ProviderInfo.StagesReads), a remote run that lands in more
+// small pieces than the iov limit (four) allows is read in requests of up
+// to 512 KiB into a registered staging buffer of the endpoint's (16 slots,
+// mapped on the first read that needs it) and its pieces copied out by the
+// Read: every tcp request costs system calls on both ends, and a TP 4 -> 2
+// HND import otherwise posts one per 32 KiB. Device memory, and providers
+// that read scatter lists on the NIC, are read in place.
+//
 // # shm in libfabric 1.17
 //
 // Opened with FI_HMEM, shm turns cross-memory attach off: every read is

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -222,6 +223,8 @@ type ProviderInfo struct {
 	// TxSize is the transmit queue depth.
 	TxSize int
 	// ThreadSafe: the provider serialises calls itself (FI_THREAD_SAFE).
+	// The binding asks fi_getinfo for nothing else, and Choose skips a
+	// provider without it.
 	ThreadSafe bool
 }
 
@@ -238,11 +241,18 @@ var autoOrder = []string{"cxi", "efa", "verbs"}
 
 // Choose picks the provider to use from those offered: the one named by want
 // (its base name or its full name), or else the first of cxi, efa and verbs.
-// A provider whose keys are wider than 8 bytes or whose mr_mode the binding
-// cannot honour is skipped, and named in the error if nothing is left.
+// A provider that is not FI_THREAD_SAFE, whose keys are wider than 8 bytes
+// or whose mr_mode the binding cannot honour is skipped, and named in the
+// error if nothing is left.
 func Choose(offered []ProviderInfo, want string) (ProviderInfo, error) {
 	var skipped []string
 	usable := func(p ProviderInfo) bool {
+		if !p.ThreadSafe {
+			// Reads, registrations and the progress loop call the
+			// provider from several goroutines with no lock of ours.
+			skipped = append(skipped, fmt.Sprintf("%s (not FI_THREAD_SAFE)", p.Provider))
+			return false
+		}
 		if p.MRKeySize > 8 {
 			skipped = append(skipped, fmt.Sprintf("%s (keys of %d bytes)", p.Provider, p.MRKeySize))
 			return false
@@ -325,10 +335,12 @@ func checkSegments(segs []Segment, localLen uint64) error {
 }
 
 // request is one posted read: a remote-contiguous run of at most maxMsg
-// bytes, gathered from up to iovLimit local pieces.
+// bytes, gathered from up to iovLimit local pieces, or, staged, read whole
+// into a staging slot and copied to its local pieces from there.
 type request struct {
 	remoteAddr, key uint64
 	local           []piece
+	staged          bool
 }
 
 type piece struct{ off, len uint64 }
@@ -353,6 +365,7 @@ func gather(segs []Segment, maxMsg uint64, iovLimit int) []request {
 		iovLimit = 1
 	}
 	var out []request
+	var size uint64 // the last request's bytes
 	for _, s := range segs {
 		addr := s.Remote.Addr + s.RemoteOff
 		off, n := s.LocalOff, s.Len
@@ -362,25 +375,88 @@ func gather(segs []Segment, maxMsg uint64, iovLimit int) []request {
 				r := &out[last]
 				p := &r.local[len(r.local)-1]
 				adjacent := p.off+p.len == off
-				if r.key == s.Remote.Key && r.remoteAddr+r.bytes() == addr && r.bytes() < maxMsg &&
+				if r.key == s.Remote.Key && r.remoteAddr+size == addr && size < maxMsg &&
 					(adjacent || len(r.local) < iovLimit) {
-					k = min(k, maxMsg-r.bytes())
+					k = min(k, maxMsg-size)
 					if adjacent {
 						p.len += k
 					} else {
 						r.local = append(r.local, piece{off, k})
 					}
-					addr, off, n = addr+k, off+k, n-k
+					addr, off, n, size = addr+k, off+k, n-k, size+k
 					continue
 				}
 			}
 			k = min(k, maxMsg)
 			out = append(out, request{remoteAddr: addr, key: s.Remote.Key, local: []piece{{off, k}}})
-			addr, off, n = addr+k, off+k, n-k
+			addr, off, n, size = addr+k, off+k, n-k, k
 		}
 	}
 	return out
 }
+
+// gatherStaged is gather for an endpoint that stages reads: a
+// remote-contiguous run whose local pieces are more than iovLimit and
+// small (iovLimit of them, on average, less than a slot) is read in chunks
+// of up to slot bytes, each one request into a staging slot (staged, its
+// pieces copied out on completion), instead of one request per iovLimit
+// pieces. Other runs, and a chunk of iovLimit pieces or fewer, are read in
+// place as gather reads them. The bytes and where each lands are gather's.
+func gatherStaged(segs []Segment, maxMsg uint64, iovLimit int, slot uint64) []request {
+	if iovLimit < 1 {
+		iovLimit = 1
+	}
+	slot = min(slot, max(maxMsg, 1))
+	var out []request
+	for _, run := range gather(segs, maxMsg, math.MaxInt) {
+		if len(run.local) <= iovLimit {
+			out = append(out, run)
+			continue
+		}
+		if run.bytes()/uint64(len(run.local)) >= slot/uint64(iovLimit) {
+			// Pieces large enough that iovLimit of them fill a slot.
+			remote := Remote{Addr: run.remoteAddr, Len: run.bytes(), Key: run.key}
+			parts := make([]Segment, 0, len(run.local))
+			var off uint64
+			for _, p := range run.local {
+				parts = append(parts, Segment{LocalOff: p.off, RemoteOff: off, Len: p.len, Remote: remote})
+				off += p.len
+			}
+			out = append(out, gather(parts, maxMsg, iovLimit)...)
+			continue
+		}
+		cur := request{remoteAddr: run.remoteAddr, key: run.key}
+		var n uint64
+		emit := func() {
+			cur.staged = len(cur.local) > iovLimit
+			out = append(out, cur)
+			cur = request{remoteAddr: cur.remoteAddr + n, key: run.key}
+			n = 0
+		}
+		for _, p := range run.local {
+			for p.len > 0 {
+				k := min(p.len, slot-n)
+				cur.local = append(cur.local, piece{p.off, k})
+				p.off, p.len, n = p.off+k, p.len-k, n+k
+				if n == slot {
+					emit()
+				}
+			}
+		}
+		if n > 0 {
+			emit()
+		}
+	}
+	return out
+}
+
+// StagesReads says whether the endpoint reads remote runs that land in
+// many small local pieces whole into a staging buffer, copying the pieces
+// out, instead of posting a request per IOVLimit pieces: for tcp, whose
+// every request costs system calls on both ends while its bytes pass
+// through the CPU anyway. Hardware providers (efa, cxi, verbs) read
+// scatter lists on the NIC; shm's copies are one system call a request.
+func (p ProviderInfo) StagesReads() bool { return p.Base() == "tcp" }
 
 // DeviceReg is how a provider takes GPU memory.
 type DeviceReg int

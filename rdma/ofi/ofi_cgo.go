@@ -273,21 +273,21 @@ static ssize_t kvf_read(struct kvf_ep *e, const uint64_t *local, size_t n, void 
 }
 
 // kvf_req is one read request of a batch: n local pieces as (address,
-// length) pairs, the peer's address and key, and its context.
+// length) pairs with their registration's desc, the peer's address and
+// key, and its context.
 struct kvf_req {
 	uint64_t local[2 * KVF_MAX_IOV];
 	uint64_t n, raddr, key;
-	uintptr_t ctx;
+	uintptr_t ctx, desc;
 };
 
 // kvf_read_batch posts reqs in order until the provider refuses one; it
 // returns how many it posted, with *rc the refusal (0 when all were).
-static size_t kvf_read_batch(struct kvf_ep *e, const struct kvf_req *reqs, size_t n, void *desc, kvf_fi_addr_t src,
-		ssize_t *rc) {
+static size_t kvf_read_batch(struct kvf_ep *e, const struct kvf_req *reqs, size_t n, kvf_fi_addr_t src, ssize_t *rc) {
 	*rc = 0;
 	for (size_t i = 0; i < n; i++) {
 		const struct kvf_req *q = &reqs[i];
-		ssize_t x = kvf_read(e, q->local, q->n, desc, src, q->raddr, q->key, (void *)q->ctx);
+		ssize_t x = kvf_read(e, q->local, q->n, (void *)q->desc, src, q->raddr, q->key, (void *)q->ctx);
 		if (x != 0) {
 			*rc = x;
 			return i;
@@ -357,8 +357,8 @@ static void kvf_kick(struct kvf_ep *e) {
 // -FI_EAGAIN, or kvf_kick (*kicked is set), or budget ns pass. Between empty
 // polls it naps, twice as long each time from min_nap up to max_nap; *nap
 // carries the last nap from call to call, 0 after a completion or a kick.
-// Only for thread-safe providers: it calls the provider between naps with
-// no lock of the caller's.
+// It calls the provider between naps with no lock of the caller's, which
+// only a thread-safe provider allows (the only kind Choose picks).
 static ssize_t kvf_cq_wait(struct kvf_ep *e, void **ctxs, size_t n, long *nap, long min_nap, long max_nap,
 		long budget, int *kicked, long *naps) {
 	struct timespec t0, t;
@@ -386,6 +386,15 @@ static ssize_t kvf_cq_wait(struct kvf_ep *e, void **ctxs, size_t n, long *nap, l
 	}
 }
 
+
+// kvf_copy_out copies a staged read from src to its n pieces of dst, given
+// as (offset, length) pairs, in order.
+static void kvf_copy_out(uintptr_t dst, uintptr_t src, const uint64_t *pieces, size_t n) {
+	for (size_t i = 0; i < n; i++) {
+		memcpy((char *)dst + pieces[2 * i], (const char *)src, pieces[2 * i + 1]);
+		src += pieces[2 * i + 1];
+	}
+}
 
 static void *kvf_ctx_at(void *slab, size_t i) { return (char *)slab + i * 64; }
 static size_t kvf_ctx_index(void *slab, void *ctx) { return (size_t)((char *)ctx - (char *)slab) / 64; }
@@ -619,9 +628,6 @@ type Endpoint struct {
 	ep             *C.struct_kvf_ep
 	name           []byte
 
-	// serial is held around every call into the provider when it is not
-	// thread safe.
-	serial sync.Mutex
 	// live is read-held around every call that uses the endpoint's C
 	// objects, and write-held by Close while it frees them.
 	live sync.RWMutex
@@ -629,6 +635,20 @@ type Endpoint struct {
 	slab  unsafe.Pointer // window contexts of contextSize bytes, C memory
 	free  chan int       // context slots not in use
 	owner []atomic.Pointer[reader]
+	// copies[slot] is the copy out of staging that the request posted
+	// with context slot owes on completion; nil for a read in place.
+	copies []atomic.Pointer[stagedCopy]
+
+	// Staging, for a provider that StagesReads: stageSlots slots of
+	// stageSlotBytes, mapped and registered by the first read that
+	// stages (stageOnce); stageFree holds the slots not in use. stageReg
+	// is nil when staging could not be set up (stageErr): reads are then
+	// in place.
+	stageOnce sync.Once
+	stageMem  []byte
+	stageReg  *Region
+	stageErr  error
+	stageFree chan int
 
 	nextKey atomic.Uint64
 
@@ -649,15 +669,76 @@ type Endpoint struct {
 
 	// Counters; naps counts the progress loop's naps.
 	reads, bytes, failures, naps atomic.Uint64
+	// staged counts the requests read through staging.
+	staged atomic.Uint64
+}
+
+// Staging's size: reads of 512 KiB take nearly the time of reads of 1 MiB
+// over tcp here (and a quarter less than reads of 32 KiB), and 16 in
+// flight as much as 64.
+const (
+	stageSlotBytes = 512 << 10
+	stageSlots     = 16
+)
+
+// stagedCopy is what a staged request copies out when it completes: its
+// staging slot, and the pieces of the destination (dst, a region's
+// address) its bytes go to, in order.
+type stagedCopy struct {
+	slot   int
+	dst    uintptr
+	pieces []piece
+}
+
+// staging sets up the endpoint's staging on first use and returns its
+// region, or nil (reads in place) when it could not be.
+func (e *Endpoint) staging() *Region {
+	e.stageOnce.Do(func() {
+		mem, err := syscall.Mmap(-1, 0, stageSlots*stageSlotBytes, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+		if err != nil {
+			e.stageErr = fmt.Errorf("ofi: map %d bytes of staging: %w", stageSlots*stageSlotBytes, err)
+			return
+		}
+		reg, err := e.Register(uintptr(unsafe.Pointer(&mem[0])), uint64(len(mem)))
+		if err != nil {
+			syscall.Munmap(mem)
+			e.stageErr = err
+			return
+		}
+		e.mu.Lock()
+		e.stageMem = mem
+		e.mu.Unlock()
+		e.stageReg = reg
+		for k := range stageSlots {
+			e.stageFree <- k
+		}
+	})
+	if e.stageErr != nil {
+		return nil
+	}
+	return e.stageReg
+}
+
+// copyOut copies a completed staged request to where its bytes go. It
+// copies nothing once the endpoint is closed (its staging is unmapped).
+func (e *Endpoint) copyOut(c *stagedCopy) {
+	unlock, err := e.lockCalls()
+	if err != nil {
+		return
+	}
+	src := uintptr(unsafe.Pointer(&e.stageMem[c.slot*stageSlotBytes]))
+	C.kvf_copy_out(C.uintptr_t(c.dst), C.uintptr_t(src), (*C.uint64_t)(unsafe.Pointer(&c.pieces[0])), C.size_t(len(c.pieces)))
+	unlock()
 }
 
 // reader collects the completions of one Read: the progress loop adds
 // each batch of them at once and wakes the Read, which takes them all.
 type reader struct {
-	mu   sync.Mutex
-	n    int   // completions not taken yet
-	err  error // the first error among them
-	wake chan struct{}
+	mu     sync.Mutex
+	n      int           // completions not taken yet
+	err    error         // the first error among them
+	copies []*stagedCopy // the staged ones' copies, owed by the Read
+	wake   chan struct{}
 }
 
 func newReader() *reader { return &reader{wake: make(chan struct{}, 1)} }
@@ -677,13 +758,22 @@ func (r *reader) add(n int, err error) {
 	}
 }
 
-// take returns the completions counted since the last take.
-func (r *reader) take() (int, error) {
+// addCopy hands the Read a completed staged request's copy, before the
+// add that counts it.
+func (r *reader) addCopy(c *stagedCopy) {
+	r.mu.Lock()
+	r.copies = append(r.copies, c)
+	r.mu.Unlock()
+}
+
+// take returns the completions counted since the last take, and the copies
+// of the staged ones among them.
+func (r *reader) take() (int, error, []*stagedCopy) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n, err := r.n, r.err
-	r.n, r.err = 0, nil
-	return n, err
+	n, err, copies := r.n, r.err, r.copies
+	r.n, r.err, r.copies = 0, nil, nil
+	return n, err, copies
 }
 
 // Open opens an endpoint on the provider Choose picks from cfg.Provider.
@@ -735,6 +825,8 @@ func (l *Library) Open() (*Endpoint, error) {
 			e.free <- k
 		}
 		e.owner = make([]atomic.Pointer[reader], window)
+		e.copies = make([]atomic.Pointer[stagedCopy], window)
+		e.stageFree = make(chan int, stageSlots)
 		opened = true
 		return false
 	})
@@ -800,11 +892,14 @@ func (e *Endpoint) Name() []byte { return append([]byte(nil), e.name...) }
 // Stats are an endpoint's counters.
 type Stats struct {
 	Reads, Bytes, Failures uint64
+	// Staged counts the requests read whole into staging and copied out
+	// (ProviderInfo.StagesReads).
+	Staged uint64
 }
 
 // Stats returns the endpoint's counters.
 func (e *Endpoint) Stats() Stats {
-	return Stats{Reads: e.reads.Load(), Bytes: e.bytes.Load(), Failures: e.failures.Load()}
+	return Stats{Reads: e.reads.Load(), Bytes: e.bytes.Load(), Failures: e.failures.Load(), Staged: e.staged.Load()}
 }
 
 // lockCalls is taken around every call into the provider. It fails once the
@@ -821,11 +916,9 @@ func (e *Endpoint) lockCalls() (func(), error) {
 		}
 		return nil, fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed)
 	}
-	if e.info.ThreadSafe {
-		return e.live.RUnlock, nil
-	}
-	e.serial.Lock()
-	return func() { e.serial.Unlock(); e.live.RUnlock() }, nil
+	// Every provider Choose picks is FI_THREAD_SAFE: calls need no lock
+	// of ours beyond this one.
+	return e.live.RUnlock, nil
 }
 
 func (e *Endpoint) usable() error {
@@ -863,8 +956,11 @@ func (e *Endpoint) usable() error {
 func (e *Endpoint) progress() {
 	defer close(e.done)
 	// Declared once: what is passed to C escapes, and the loop must not
-	// allocate on every poll.
-	var ctxs [64]unsafe.Pointer
+	// allocate on every poll. The completions' contexts go to C memory:
+	// a Go array of pointers passed to C is checked for Go pointers,
+	// all 64 of them, on every call.
+	ctxs := (*[64]unsafe.Pointer)(C.calloc(64, C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
+	defer C.free(unsafe.Pointer(ctxs))
 	var errCtx unsafe.Pointer
 	var errno, provErrno C.int
 	var text [256]C.char
@@ -880,27 +976,17 @@ func (e *Endpoint) progress() {
 		var n C.ssize_t
 		spin := false
 		switch {
-		case !e.info.ThreadSafe:
-			// Close waits for this loop to end before it frees anything,
-			// so the loop takes only the serialising lock, and naps
-			// without it.
-			e.serial.Lock()
-			n = C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
-			if n == -C.KVF_FI_EAVAIL {
-				C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
-			}
-			e.serial.Unlock()
 		case limit == hotMaxNap && idle < hotSpins:
 			// A read under way: a few polls that only yield first.
 			spin = true
-			n = C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
+			n = C.kvf_cq_poll(e.ep, &ctxs[0], 64)
 		default:
 			// Polls and naps in C until something comes, a read or a
 			// server begins (kicked), or the budget passes: the runtime is
 			// entered once per wait, not once per nap.
 			var kicked C.int
 			var naps C.long
-			n = C.kvf_cq_wait(e.ep, &ctxs[0], C.size_t(len(ctxs)), &nap, C.long(minNap), C.long(limit),
+			n = C.kvf_cq_wait(e.ep, &ctxs[0], 64, &nap, C.long(minNap), C.long(limit),
 				C.long(waitBudget(limit)), &kicked, &naps)
 			e.naps.Add(uint64(naps))
 			if kicked != 0 {
@@ -908,7 +994,7 @@ func (e *Endpoint) progress() {
 				continue
 			}
 		}
-		if e.info.ThreadSafe && n == -C.KVF_FI_EAVAIL {
+		if n == -C.KVF_FI_EAVAIL {
 			C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
 		}
 		switch {
@@ -939,17 +1025,6 @@ func (e *Endpoint) progress() {
 			}
 			if r := e.release(errCtx); r != nil {
 				r.add(1, err)
-			}
-		case !e.info.ThreadSafe:
-			idle++
-			if limit == hotMaxNap && idle <= hotSpins {
-				runtime.Gosched()
-				continue
-			}
-			nap = min(max(2*nap, C.long(minNap)), C.long(limit))
-			e.naps.Add(1)
-			if C.kvf_nap(e.ep, nap) != 0 {
-				idle, nap = 0, 0 // a read or a server began: poll at once
 			}
 		case spin:
 			idle++
@@ -1035,14 +1110,19 @@ func (e *Endpoint) kick() {
 }
 
 // release frees the slot of a completed request and returns the reader
-// that posted it (nil for a context not of the endpoint's).
+// that posted it (nil for a context not of the endpoint's), with the
+// request's copy out of staging handed to it.
 func (e *Endpoint) release(ctx unsafe.Pointer) *reader {
 	i := int(C.kvf_ctx_index(e.slab, ctx))
 	if i < 0 || i >= len(e.owner) {
 		return nil
 	}
 	r := e.owner[i].Swap(nil)
+	c := e.copies[i].Swap(nil)
 	e.free <- i
+	if r != nil && c != nil {
+		r.addCopy(c)
+	}
 	return r
 }
 
@@ -1095,6 +1175,7 @@ type Region struct {
 	addr  uintptr
 	len   uint64
 	mr    *C.struct_kvf_fid_mr
+	host  bool         // host memory, which staged reads may copy into
 	inUse sync.RWMutex // read-held by each Read into the region
 	once  sync.Once
 }
@@ -1142,7 +1223,7 @@ func (e *Endpoint) register(addr uintptr, length uint64, iface C.int, dev int) (
 	if rc != 0 {
 		return nil, fmt.Errorf("ofi: %s: %s of %d bytes: %w", e.info.Provider, C.GoString(step), length, e.lib.fiError(rc))
 	}
-	r := &Region{e: e, addr: addr, len: length, mr: mr}
+	r := &Region{e: e, addr: addr, len: length, mr: mr, host: iface == C.KVF_FI_HMEM_SYSTEM}
 	e.mu.Lock()
 	e.regions[r] = struct{}{}
 	e.mu.Unlock()
@@ -1209,18 +1290,39 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 		e.kick()
 	}
 	defer e.active.Add(-1)
-	reqs := gather(segs, e.info.MaxMsgSize, min(max(e.info.IOVLimit, 1), int(C.KVF_MAX_IOV)))
-	var desc unsafe.Pointer
+	iovLimit := min(max(e.info.IOVLimit, 1), int(C.KVF_MAX_IOV))
+	var reqs []request
+	var stage *Region
+	if e.info.StagesReads() && dst.host {
+		stage = e.staging()
+	}
+	if stage != nil {
+		reqs = gatherStaged(segs, e.info.MaxMsgSize, iovLimit, stageSlotBytes)
+	} else {
+		reqs = gather(segs, e.info.MaxMsgSize, iovLimit)
+	}
+	var desc, stageDesc unsafe.Pointer
 	if e.plan.LocalDesc {
 		desc = C.kvf_mr_desc(dst.mr)
+		if stage != nil {
+			stageDesc = C.kvf_mr_desc(stage.mr)
+		}
 	}
 	r := newReader()
 	inFlight := 0
 	var first error
+	// drain takes the completions that came, and copies the staged ones
+	// out (none once the read failed: their bytes are not wanted).
 	drain := func() {
-		n, err := r.take()
+		n, err, copies := r.take()
 		inFlight -= n
 		first = cmpErr(first, err)
+		for _, c := range copies {
+			if first == nil {
+				e.copyOut(c)
+			}
+			e.stageFree <- c.slot
+		}
 	}
 	// wait blocks until completions come, or ctx ends (false).
 	wait := func() bool {
@@ -1234,45 +1336,86 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 	}
 	batch := make([]C.struct_kvf_req, min(postBatch, len(reqs)))
 	slots := make([]int, 0, len(batch))
-	var moved uint64
+	// stages[k] is the staging slot of slots[k]'s request, -1 for none.
+	stages := make([]int, 0, len(batch))
+	var moved, staged uint64
 	// refused is when the provider began refusing every request of the
 	// read with nothing of it in flight; zero while it takes them.
 	var refused time.Time
 	var pause time.Duration
 	for i := 0; i < len(reqs) && first == nil; {
-		// A slot for the next request, waiting if need be, then as many
-		// more as are free, up to a batch.
+		// A staging slot for the next request if it is staged, and a
+		// context slot, waiting if need be; then as many more as are
+		// free, up to a batch.
+		stageSlot := -1
+		if reqs[i].staged {
+			select {
+			case stageSlot = <-e.stageFree:
+			case <-r.wake:
+				drain()
+				continue
+			case <-ctx.Done():
+				return e.abandon(ctx, r, inFlight, first)
+			}
+		}
 		select {
 		case slot := <-e.free:
-			slots = append(slots[:0], slot)
+			slots, stages = append(slots[:0], slot), append(stages[:0], stageSlot)
 		case <-r.wake:
+			if stageSlot >= 0 {
+				e.stageFree <- stageSlot
+			}
 			drain()
 			continue
 		case <-ctx.Done():
+			if stageSlot >= 0 {
+				e.stageFree <- stageSlot
+			}
 			return e.abandon(ctx, r, inFlight, first)
 		}
 	more:
 		for len(slots) < min(len(batch), len(reqs)-i) {
 			select {
 			case slot := <-e.free:
-				slots = append(slots, slot)
+				stageSlot := -1
+				if reqs[i+len(slots)].staged {
+					select {
+					case stageSlot = <-e.stageFree:
+					default:
+						e.free <- slot
+						break more
+					}
+				}
+				slots, stages = append(slots, slot), append(stages, stageSlot)
 			default:
 				break more
 			}
 		}
 		for k, slot := range slots {
 			q, b := &reqs[i+k], &batch[k]
-			for j, p := range q.local {
-				b.local[2*j], b.local[2*j+1] = C.uint64_t(uint64(dst.addr)+p.off), C.uint64_t(p.len)
+			if q.staged {
+				b.local[0] = C.uint64_t(uint64(stage.addr) + uint64(stages[k])*stageSlotBytes)
+				b.local[1] = C.uint64_t(q.bytes())
+				b.n, b.desc = 1, C.uintptr_t(uintptr(stageDesc))
+				e.copies[slot].Store(&stagedCopy{slot: stages[k], dst: dst.addr, pieces: q.local})
+			} else {
+				for j, p := range q.local {
+					b.local[2*j], b.local[2*j+1] = C.uint64_t(uint64(dst.addr)+p.off), C.uint64_t(p.len)
+				}
+				b.n, b.desc = C.uint64_t(len(q.local)), C.uintptr_t(uintptr(desc))
 			}
-			b.n, b.raddr, b.key = C.uint64_t(len(q.local)), C.uint64_t(q.remoteAddr), C.uint64_t(q.key)
+			b.raddr, b.key = C.uint64_t(q.remoteAddr), C.uint64_t(q.key)
 			b.ctx = C.uintptr_t(uintptr(C.kvf_ctx_at(e.slab, C.size_t(slot))))
 			e.owner[slot].Store(r)
 		}
 		giveBack := func(from int) {
-			for _, slot := range slots[from:] {
+			for k, slot := range slots[from:] {
 				e.owner[slot].Store(nil)
+				e.copies[slot].Store(nil)
 				e.free <- slot
+				if st := stages[from+k]; st >= 0 {
+					e.stageFree <- st
+				}
 			}
 		}
 		unlock, err := e.lockCalls()
@@ -1282,10 +1425,13 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 			break
 		}
 		var rc C.ssize_t
-		posted := int(C.kvf_read_batch(e.ep, &batch[0], C.size_t(len(slots)), desc, peer.addr, &rc))
+		posted := int(C.kvf_read_batch(e.ep, &batch[0], C.size_t(len(slots)), peer.addr, &rc))
 		unlock()
 		for k := range posted {
 			moved += reqs[i+k].bytes()
+			if reqs[i+k].staged {
+				staged++
+			}
 		}
 		inFlight += posted
 		i += posted
@@ -1332,6 +1478,7 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 			return e.abandon(ctx, r, inFlight, first)
 		}
 	}
+	e.staged.Add(staged)
 	if first != nil {
 		e.failures.Add(1)
 		return first
@@ -1360,8 +1507,11 @@ func (e *Endpoint) abandon(ctx context.Context, r *reader, inFlight int, first e
 	for inFlight > 0 {
 		select {
 		case <-r.wake:
-			n, _ := r.take()
+			n, _, copies := r.take()
 			inFlight -= n
+			for _, c := range copies {
+				e.stageFree <- c.slot
+			}
 		case <-timer.C:
 			err := fmt.Errorf("ofi: %d reads on %s still in flight %v after the read was given up: endpoint closed: %w",
 				inFlight, e.info.Provider, e.grace, ErrClosed)
@@ -1412,6 +1562,13 @@ func (e *Endpoint) Close() error {
 		}
 	}
 	e.closeC()
+	e.mu.Lock()
+	mem := e.stageMem
+	e.stageMem = nil
+	e.mu.Unlock()
+	if mem != nil {
+		syscall.Munmap(mem)
+	}
 	// Whatever was in flight is flushed with the endpoint.
 	for i := range e.owner {
 		if r := e.owner[i].Swap(nil); r != nil {

@@ -47,6 +47,7 @@ func (e *Endpoint) Reopen() (*Endpoint, error) { return nil, errBuild }
 // Stats are an endpoint's counters.
 type Stats struct {
 	Reads, Bytes, Failures uint64
+	Staged                 uint64
 }
 
 // Stats is zero in this build.

@@ -45,13 +45,15 @@ func TestMRModePlan(t *testing.T) {
 }
 
 func TestChoose(t *testing.T) {
-	tcp := ProviderInfo{Provider: "tcp;ofi_rxm", Domain: "lo", MRKeySize: 8}
-	shm := ProviderInfo{Provider: "shm", Domain: "shm", MRKeySize: 8, MRMode: MRVirtAddr}
-	efa := ProviderInfo{Provider: "efa", Domain: "rdmap0s31-rdm", MRKeySize: 4, MRMode: MRLocal | MRProvKey}
-	cxi := ProviderInfo{Provider: "cxi", Domain: "cxi0", MRKeySize: 8, MRMode: MREndpoint | MRProvKey}
-	verbs := ProviderInfo{Provider: "verbs;ofi_rxm", Domain: "mlx5_0", MRKeySize: 4, MRMode: MRLocal}
-	rawCXI := ProviderInfo{Provider: "cxi", Domain: "cxi1", MRKeySize: 8, MRMode: MRRaw}
-	wideEFA := ProviderInfo{Provider: "efa", Domain: "e1", MRKeySize: 16}
+	tcp := ProviderInfo{Provider: "tcp;ofi_rxm", Domain: "lo", MRKeySize: 8, ThreadSafe: true}
+	shm := ProviderInfo{Provider: "shm", Domain: "shm", MRKeySize: 8, MRMode: MRVirtAddr, ThreadSafe: true}
+	efa := ProviderInfo{Provider: "efa", Domain: "rdmap0s31-rdm", MRKeySize: 4, MRMode: MRLocal | MRProvKey, ThreadSafe: true}
+	cxi := ProviderInfo{Provider: "cxi", Domain: "cxi0", MRKeySize: 8, MRMode: MREndpoint | MRProvKey, ThreadSafe: true}
+	verbs := ProviderInfo{Provider: "verbs;ofi_rxm", Domain: "mlx5_0", MRKeySize: 4, MRMode: MRLocal, ThreadSafe: true}
+	rawCXI := ProviderInfo{Provider: "cxi", Domain: "cxi1", MRKeySize: 8, MRMode: MRRaw, ThreadSafe: true}
+	wideEFA := ProviderInfo{Provider: "efa", Domain: "e1", MRKeySize: 16, ThreadSafe: true}
+	// efa as a provider of FI_THREAD_DOMAIN would offer it.
+	domainEFA := ProviderInfo{Provider: "efa", Domain: "e2", MRKeySize: 4, MRMode: MRLocal | MRProvKey}
 	for _, c := range []struct {
 		name    string
 		offered []ProviderInfo
@@ -69,6 +71,8 @@ func TestChoose(t *testing.T) {
 		{"raw keys skipped for the next domain", []ProviderInfo{rawCXI, cxi}, "", "cxi/cxi0", ""},
 		{"raw keys alone", []ProviderInfo{rawCXI, tcp}, "", "", "cxi (mr_mode raw)"},
 		{"keys wider than 8 bytes", []ProviderInfo{wideEFA}, "efa", "", "efa (keys of 16 bytes)"},
+		{"not thread safe skipped for the next domain", []ProviderInfo{domainEFA, efa}, "", "efa/rdmap0s31-rdm", ""},
+		{"not thread safe alone", []ProviderInfo{domainEFA, tcp}, "efa", "", "efa (not FI_THREAD_SAFE)"},
 		{"nothing offered", nil, "", "", "offered: )"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -118,7 +122,7 @@ func TestGather(t *testing.T) {
 				if len(reqs) != c.requests {
 					t.Fatalf("%d requests, want %d: %+v", len(reqs), c.requests, reqs)
 				}
-				checkCovers(t, c.segs, reqs, c.maxMsg, c.iov)
+				checkCovers(t, c.segs, reqs, c.maxMsg, c.iov, 0)
 			})
 		}
 	})
@@ -144,14 +148,89 @@ func TestGather(t *testing.T) {
 				lo, ro = lo+n, ro+n
 			}
 			maxMsg, iov := uint64(1+rng.IntN(8000)), 1+rng.IntN(8)
-			t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) { checkCovers(t, segs, gather(segs, maxMsg, iov), maxMsg, iov) })
+			t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) { checkCovers(t, segs, gather(segs, maxMsg, iov), maxMsg, iov, 0) })
+		}
+	})
+}
+
+func TestGatherStaged(t *testing.T) {
+	rem := Remote{Addr: 1 << 40, Len: 1 << 30, Key: 7}
+	other := Remote{Addr: 1 << 41, Len: 1 << 30, Key: 8}
+	// scattered is n pieces of size bytes, contiguous in rem, each
+	// followed locally by a gap of the same size.
+	scattered := func(n int, size uint64) []Segment {
+		var segs []Segment
+		for i := range uint64(n) {
+			segs = append(segs, Segment{LocalOff: 2 * i * size, RemoteOff: i * size, Len: size, Remote: rem})
+		}
+		return segs
+	}
+	t.Run("cases", func(t *testing.T) {
+		for _, c := range []struct {
+			name               string
+			segs               []Segment
+			maxMsg             uint64
+			iov                int
+			slot               uint64
+			requests, isStaged int
+		}{
+			{"small pieces past the iov limit: a slot each", scattered(64, 4096), 1 << 30, 4, 64 << 10, 4, 4},
+			{"within the iov limit: in place, past the slot", scattered(4, 1<<20), 1 << 30, 4, 64 << 10, 1, 0},
+			{"large pieces past the iov limit: in place", scattered(5, 1<<20), 1 << 30, 4, 512 << 10, 2, 0},
+			{"pieces split at the slot; a last chunk of one piece in place", scattered(3, 6), 1 << 30, 1, 8, 3, 2},
+			{"the message size bounds the slot", scattered(16, 8), 32, 2, 64, 4, 4},
+			{"another key is another run", append(scattered(8, 8), Segment{LocalOff: 1000, Len: 8, Remote: other}), 1 << 30, 4, 1 << 20, 2, 1},
+			{"contiguous both sides: one piece, in place", []Segment{{Len: 1 << 20, Remote: rem}, {LocalOff: 1 << 20, RemoteOff: 1 << 20, Len: 1 << 20, Remote: rem}}, 1 << 30, 1, 4096, 1, 0},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				reqs := gatherStaged(c.segs, c.maxMsg, c.iov, c.slot)
+				staged := 0
+				for _, r := range reqs {
+					if r.staged {
+						staged++
+					}
+				}
+				if len(reqs) != c.requests || staged != c.isStaged {
+					t.Fatalf("%d requests, %d staged; want %d, %d: %+v", len(reqs), staged, c.requests, c.isStaged, reqs)
+				}
+				checkCovers(t, c.segs, reqs, c.maxMsg, c.iov, c.slot)
+			})
+		}
+	})
+	t.Run("random", func(t *testing.T) {
+		seed := rand.Uint64()
+		rng := rand.New(rand.NewPCG(seed, 3))
+		for range 200 {
+			var segs []Segment
+			lo, ro := uint64(0), uint64(0)
+			for range 1 + rng.IntN(60) {
+				n := uint64(1 + rng.IntN(2000))
+				r := rem
+				if rng.IntN(8) == 0 {
+					r = other
+				}
+				if rng.IntN(2) == 0 {
+					lo += uint64(1 + rng.IntN(100))
+				}
+				if rng.IntN(6) == 0 {
+					ro += uint64(rng.IntN(100))
+				}
+				segs = append(segs, Segment{LocalOff: lo, RemoteOff: ro, Len: n, Remote: r})
+				lo, ro = lo+n, ro+n
+			}
+			maxMsg, iov, slot := uint64(1+rng.IntN(40000)), 1+rng.IntN(8), uint64(1+rng.IntN(10000))
+			t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) {
+				checkCovers(t, segs, gatherStaged(segs, maxMsg, iov, slot), maxMsg, iov, slot)
+			})
 		}
 	})
 }
 
 // checkCovers maps every byte each way: the requests, walked in order, read
 // exactly the remote bytes of the segments into exactly their local bytes.
-func checkCovers(t *testing.T, segs []Segment, reqs []request, maxMsg uint64, iov int) {
+// A staged request (slot above 0) reads at most slot bytes, of more pieces
+// than iov; any other, at most iov pieces.
+func checkCovers(t *testing.T, segs []Segment, reqs []request, maxMsg uint64, iov int, slot uint64) {
 	t.Helper()
 	type pair struct{ key, remote uint64 }
 	want := map[uint64]pair{}
@@ -165,7 +244,13 @@ func checkCovers(t *testing.T, segs []Segment, reqs []request, maxMsg uint64, io
 		if r.bytes() > maxMsg {
 			t.Fatalf("a request of %d bytes past the message size %d", r.bytes(), maxMsg)
 		}
-		if len(r.local) > iov {
+		switch {
+		case r.staged && slot == 0:
+			t.Fatalf("a staged request from gather")
+		case r.staged && (r.bytes() > slot || len(r.local) <= iov):
+			t.Fatalf("a staged request of %d bytes in %d pieces: want at most the slot's %d bytes, in more pieces than the iov limit %d",
+				r.bytes(), len(r.local), slot, iov)
+		case !r.staged && len(r.local) > iov:
 			t.Fatalf("a request of %d pieces past the iov limit %d", len(r.local), iov)
 		}
 		addr := r.remoteAddr

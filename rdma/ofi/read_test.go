@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 )
@@ -253,6 +254,11 @@ func TestProvidersAndChoice(t *testing.T) {
 	var names []string
 	for _, p := range offered {
 		names = append(names, p.Provider)
+		// The endpoint calls the provider from its progress loop and from
+		// every Read with no lock of its own.
+		if !p.ThreadSafe {
+			t.Errorf("%s on %s is listed without FI_THREAD_SAFE, which fi_getinfo was asked for", p.Provider, p.Domain)
+		}
 	}
 	for _, want := range providers {
 		p, err := Choose(offered, want)
@@ -289,5 +295,126 @@ func TestEndpointClose(t *testing.T) {
 	}
 	if err := e.Read(context.Background(), Peer{}, r, []Segment{{Len: 1, Remote: Remote{Len: 1}}}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("read after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestReadStaged: over a provider that stages reads (tcp), concurrent reads
+// of small pieces scattered locally go through staging, more requests at
+// once than it has slots, and every byte lands where it belongs; a staged
+// read that fails gives its slots back, and the endpoint's next read, from
+// another holder, goes through them in full. Over
+// one that does not stage (shm), the same reads are in place.
+func TestReadStaged(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			l := loadLibrary(t, prov)
+			holder, reader := openEndpoint(t, l), openEndpoint(t, l)
+			const readers, each, piece = 4, 4 << 20, 4096
+			src := mapped(t, readers*each)
+			fill(src, 5)
+			srcReg := register(t, holder, src)
+			peer, err := reader.AddPeer(holder.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Reader k reads the k-th part of the holder's memory into
+			// every other piece of its own region.
+			scattered := func(from uint64, n int, rem Remote) []Segment {
+				var segs []Segment
+				for i := range uint64(n) {
+					segs = append(segs, Segment{LocalOff: 2 * i * piece, RemoteOff: from + i*piece, Len: piece, Remote: rem})
+				}
+				return segs
+			}
+			dsts := make([][]byte, readers)
+			regs := make([]*Region, readers)
+			for k := range readers {
+				dsts[k] = mapped(t, 2*each)
+				regs[k] = register(t, reader, dsts[k])
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, readers)
+			for k := range readers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs[k] = reader.Read(context.Background(), peer, regs[k], scattered(uint64(k)*each, each/piece, srcReg.Remote()))
+				}()
+			}
+			wg.Wait()
+			for k := range readers {
+				if errs[k] != nil {
+					t.Fatalf("read %d: %v", k, errs[k])
+				}
+				for i := range each / piece {
+					got := dsts[k][2*i*piece : (2*i+1)*piece]
+					if want := src[k*each+i*piece : k*each+(i+1)*piece]; !bytes.Equal(got, want) {
+						t.Fatalf("read %d, piece %d differs", k, i)
+					}
+					if gap := dsts[k][(2*i+1)*piece : (2*i+2)*piece]; !bytes.Equal(gap, make([]byte, piece)) {
+						t.Fatalf("read %d: the gap after piece %d was written", k, i)
+					}
+				}
+			}
+			staged := reader.Stats().Staged
+			if !reader.Info().StagesReads() {
+				if staged != 0 {
+					t.Fatalf("%d requests staged by %s, which does not stage", staged, reader.Info().Provider)
+				}
+				return
+			}
+			if want := uint64(readers * each / stageSlotBytes); staged < want {
+				t.Fatalf("%d requests staged, want %d or more (%d bytes in %d-byte pieces, %d-byte slots)", staged, want, readers*each, piece, stageSlotBytes)
+			}
+			if n := len(reader.stageFree); n != stageSlots {
+				t.Fatalf("%d staging slots free after the reads, want all %d", n, stageSlots)
+			}
+
+			// A staged read with a wrong key fails, and gives its slots
+			// back.
+			failing := openEndpoint(t, l)
+			dst := mapped(t, 2*each)
+			dstReg := register(t, failing, dst)
+			fpeer, err := failing.AddPeer(holder.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			wrong := srcReg.Remote()
+			wrong.Key ^= 0x5a5a
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := failing.Read(ctx, fpeer, dstReg, scattered(0, each/piece, wrong)); !errors.Is(err, ErrCompletion) {
+				t.Fatalf("a staged read with a wrong key: %v, want ErrCompletion", err)
+			}
+			if failing.Stats().Staged == 0 {
+				t.Fatal("the read with a wrong key was not staged")
+			}
+			if n := len(failing.stageFree); n != stageSlots {
+				t.Fatalf("%d staging slots free after a failed read, want all %d", n, stageSlots)
+			}
+			// The same endpoint, its slots back, reads a holder it has no
+			// broken connection to (tcp closes the one to the first after
+			// the refusal, and may be closing it for a while).
+			other := openEndpoint(t, l)
+			otherReg := register(t, other, src)
+			opeer, err := failing.AddPeer(other.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for attempt := 1; ; attempt++ {
+				err := failing.Read(ctx, opeer, dstReg, scattered(each, each/piece, otherReg.Remote()))
+				if err == nil {
+					break
+				}
+				if attempt == 3 || !errors.Is(err, ErrCompletion) {
+					t.Fatalf("a good staged read after a failed one, attempt %d: %v", attempt, err)
+				}
+			}
+			for i := range each / piece {
+				if !bytes.Equal(dst[2*i*piece:(2*i+1)*piece], src[each+i*piece:each+(i+1)*piece]) {
+					t.Fatalf("a good staged read after a failed one: piece %d differs", i)
+				}
+			}
+		})
 	}
 }
