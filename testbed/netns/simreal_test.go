@@ -80,11 +80,23 @@ type simRealFigures struct {
 // simulation counts gossip and repair payloads. Propagation on the agents
 // is sampled: about ProbeHz stores a second are followed by asking every
 // node's engine API every Poll whether it indexes the block; a node's
-// arrival is the midpoint between its last miss and its first hit.
+// arrival is the midpoint between its last miss and its first hit. A
+// probe's block stays stored until every node has indexed it (its engine
+// uses it again every store, so that the set recycles the next least
+// recently used block in its place; the simulation runs with
+// KeepInFlight, which removes the next oldest):
+// without that, a store that took longer than a block's lifetime
+// (Retains/Rate) to reach a starved agent was removed before, and could
+// never be seen on every index. Probes that have not reached every index
+// ProbeWait after the load are counted as such, not timed.
 //
-// Index pairs per node must agree within 20 % (the load ran the same);
-// the other figures are reported with their verdict, since on a loaded
-// machine they measure the machine as much as the design.
+// Asserted: the agents stored Rate blocks a node a second within 20 %;
+// index pairs per node agree within 20 % (the load ran the same); at
+// least one probe reached every index on each side (otherwise no delay
+// was measured, and the test fails saying so); the agents' load and
+// pollers met no error. The other figures are logged with their ratio
+// and verdict, not asserted, since on a loaded machine they measure the
+// machine as much as the design.
 // -kvfabric.long runs 64 nodes; -kvfabric.simreal-nodes sets any size.
 // Past 30 nodes the kernel's neighbour table must be raised: the test
 // raises it, and puts it back (raiseNeighbours). Past 32 nodes (or with
@@ -172,7 +184,7 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 // simRealSim runs the load in the simulation and measures it.
 func simRealSim(ctx context.Context, t *testing.T, ld simRealLoad, lifetime time.Duration) simRealFigures {
 	c, err := sim.Start(ctx, sim.Config{Nodes: ld.Nodes, StoreRate: ld.Rate, Lifetime: lifetime,
-		GossipKey: make([]byte, 32), ClusterName: "testbed"})
+		GossipKey: make([]byte, 32), ClusterName: "testbed", KeepInFlight: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +279,8 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 	f.GossipInIdle, _ = gossipRates(ga, gossipCounters(ctx, t, c))
 
 	// One engine and block set a node. Probes are stores like the others,
-	// followed until every node indexes them (or the set recycles them).
+	// followed until every node indexes them, and kept the set's most
+	// recently used blocks until then (refresh).
 	type gen struct {
 		cl      *client.Client
 		set     uint64
@@ -288,6 +301,34 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 		gens[i] = &gen{cl: cl, set: bs.ID, retains: bs.Retains}
 	}
 
+	// refresh makes the probes' blocks the most recently used of g's set,
+	// so that allocating recycles others first. A probe's block that is
+	// gone already (recycled) is an error: that probe cannot complete.
+	refresh := func(g *gen, ps []*probe) error {
+		var slots []uint32
+		defer func() {
+			if len(slots) > 0 {
+				g.cl.Release(ctx, g.set, slots)
+			}
+		}()
+		for _, p := range ps {
+			refs, err := g.cl.Acquire(ctx, g.set, []uint64{p.hash})
+			if err != nil {
+				return fmt.Errorf("probe %#x: acquire: %w", p.hash, err)
+			}
+			if len(refs) != 1 {
+				return fmt.Errorf("probe %#x recycled before every node indexed it", p.hash)
+			}
+			slots = append(slots, refs[0].GetSlot())
+		}
+		if len(slots) == 0 {
+			return nil
+		}
+		err := g.cl.Release(ctx, g.set, slots)
+		slots = nil
+		return err
+	}
+
 	var (
 		pmu      sync.Mutex
 		pending  []*probe
@@ -304,6 +345,7 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(i)+1, 7))
+			var held []*probe // this node's probes on their way
 			tick := time.NewTicker(time.Duration(float64(time.Second) / ld.Rate))
 			defer tick.Stop()
 			// Start the nodes' ticks spread over one period.
@@ -333,32 +375,55 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 					errs <- fmt.Errorf("node %d: register: %v (%d blocks)", i, err, len(refs))
 					return
 				}
+				// Node i's probes are its stores k with k+i a multiple of
+				// probeEvery, so that the cluster's come at ProbeHz
+				// from the start, not all at once every probeEvery
+				// stores (at 64 nodes, none in the window).
+				var p *probe
 				pmu.Lock()
 				if counting {
 					g.stores++
+				}
+				if probing && (k+i)%probeEvery == 0 {
+					p = &probe{hash: h, origin: i, at: at, seen: make([]time.Time, n), last: make([]time.Time, n), left: n - 1, done: make(chan struct{})}
+					for j := range p.last {
+						p.last[j] = at
+					}
+					pending = append(pending, p)
+					all = append(all, p)
 				}
 				pmu.Unlock()
 				if err := g.cl.Release(ctx, set, slots); err != nil {
 					errs <- err
 					return
 				}
-				// Node i's probes are its stores k with k+i a multiple of
-				// probeEvery, so that the cluster's come at ProbeHz
-				// from the start, not all at once every probeEvery
-				// stores (at 64 nodes, none in the window).
-				if (k+i)%probeEvery != 0 {
-					continue
+				// A probe's block stays stored until every node has
+				// indexed it: each tick makes it the set's most recently
+				// used block (Acquire, Release), so that the set recycles
+				// others in its place and the removes keep their rate.
+				// Without that, 64 starved agents took longer than a
+				// block lives (Retains/Rate) to index some stores, whose
+				// removes then came with them: never seen on every
+				// index. (Holding the reference instead would count the
+				// block in use, and the agents gossip their metadata when
+				// their pool's use changes: at 8 nodes that doubled the
+				// gossip under load.) After the load no block is
+				// recycled: the last probes stay until the end.
+				if p != nil {
+					held = append(held, p)
 				}
-				p := &probe{hash: h, origin: i, at: at, seen: make([]time.Time, n), last: make([]time.Time, n), left: n - 1, done: make(chan struct{})}
-				for j := range p.last {
-					p.last[j] = at
+				held = slices.DeleteFunc(held, func(p *probe) bool {
+					select {
+					case <-p.done:
+						return true
+					default:
+						return false
+					}
+				})
+				if err := refresh(g, held); err != nil {
+					errs <- fmt.Errorf("node %d: %w", i, err)
+					return
 				}
-				pmu.Lock()
-				if probing {
-					pending = append(pending, p)
-					all = append(all, p)
-				}
-				pmu.Unlock()
 			}
 		}()
 	}

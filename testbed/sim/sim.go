@@ -76,9 +76,9 @@ type Config struct {
 	// its way to an index (stored less than ResetDelays ago and not yet
 	// applied by every node live at its store), and removes the next
 	// oldest block due or not in its place, as an agent's block set
-	// recycles another slot while its engine holds one: the removes
-	// keep their rate and no remove chases a store that is being
-	// timed. If false, every block goes at its Lifetime.
+	// recycles its least recently used block and keeps one its engine
+	// uses: the removes keep their rate and no remove chases a store
+	// that is being timed. If false, every block goes at its Lifetime.
 	KeepInFlight bool
 }
 
