@@ -23,13 +23,21 @@ var simRealNodes = flag.Int("kvfabric.simreal-nodes", 0, "nodes of TestSimulatio
 
 // simRealLight runs the agents of TestSimulationAgreesWithAgents lighter
 // on CPU (simRealLightEnv), as it does past 32 nodes anyway.
-var simRealLight = flag.Bool("kvfabric.simreal-light", false, "run TestSimulationAgreesWithAgents's agents with GOMAXPROCS=1 and GOGC=400 (always past 32 nodes)")
+var simRealLight = flag.Bool("kvfabric.simreal-light", false, "run TestSimulationAgreesWithAgents's agents with GOMAXPROCS=1, GOGC=400 and a session keepalive of 1m (always past 32 nodes)")
 
 // simRealLightEnv is the agents' environment when they run light: one
 // thread of Go code each and a quarter of the collections, so that N agents
 // on 2 cores leave time for each other's probes. It changes no protocol
 // timing and no byte on the wire.
 var simRealLightEnv = []string{"GOMAXPROCS=1", "GOGC=400"}
+
+// simRealLightArgs give the test's engine sessions a minute of silence
+// (the default is 5 s; the client pings every third of it), so that an
+// agent starved at a load average of 80 does not end the load's session
+// for late keep-alives: that freed its block set (the blocks removed
+// from every index) and stopped its node's stores. It is the engine
+// API's timing, not the cluster's.
+var simRealLightArgs = []string{"--session-keepalive", "1m"}
 
 // simRealLoad is the event load both sides run: every node stores Rate
 // blocks a second and removes each after Retains stores (its block set
@@ -100,7 +108,8 @@ type simRealFigures struct {
 // -kvfabric.long runs 64 nodes; -kvfabric.simreal-nodes sets any size.
 // Past 30 nodes the kernel's neighbour table must be raised: the test
 // raises it, and puts it back (raiseNeighbours). Past 32 nodes (or with
-// -kvfabric.simreal-light) the agents run light (simRealLightEnv).
+// -kvfabric.simreal-light) the agents run light (simRealLightEnv,
+// simRealLightArgs).
 //
 // The eth0 bytes also carry what the simulation does not model (the peer
 // transport's QUIC connections to every member), so the gossip rows
@@ -248,8 +257,8 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 	raiseNeighbours(t, n)
 	opts := Options{Bin: bin, Nodes: n, Pool: "host=16MiB"}
 	if *simRealLight || n > 32 {
-		opts.Env = simRealLightEnv
-		t.Logf("agents run light: %v", opts.Env)
+		opts.Env, opts.ExtraArgs = simRealLightEnv, simRealLightArgs
+		t.Logf("agents run light: %v %v", opts.Env, opts.ExtraArgs)
 	}
 	t.Logf("load average before the agents start: %s", loadAvg())
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
