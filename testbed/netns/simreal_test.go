@@ -423,8 +423,9 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 				// gossip under load.) After the load no block is
 				// recycled: the last probes stay until the end.
 				// Used again every Retains/2 stores: it never gets near
-				// the oldest, with a third of the calls on the engine
-				// API that using it every store took.
+				// the least recently used (the set recycles at most
+				// two at once), with a ninth of the engine API calls
+				// that using it every store took.
 				if p != nil {
 					held = append(held, p)
 				}
