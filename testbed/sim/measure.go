@@ -67,6 +67,16 @@ func (t *tracker) applied(h uint64, now time.Time) {
 	}
 }
 
+// inFlight reports whether h was published and has not reached every
+// index yet.
+func (t *tracker) inFlight(h uint64) bool {
+	s := &t.shards[h%64]
+	s.mu.Lock()
+	_, ok := s.pending[h]
+	s.mu.Unlock()
+	return ok
+}
+
 // reset forgets the blocks in flight and the histograms.
 func (t *tracker) reset() {
 	for i := range t.shards {

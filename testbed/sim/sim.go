@@ -71,6 +71,15 @@ type Config struct {
 	// (Membership's Keys and ClusterName, if set, stay).
 	GossipKey   []byte
 	ClusterName string
+
+	// KeepInFlight keeps a block past its Lifetime while it is still on
+	// its way to an index (stored less than ResetDelays ago and not yet
+	// applied by every node live at its store), and removes the next
+	// oldest block due or not in its place, as an agent's block set
+	// recycles its least recently used block and keeps one its engine
+	// uses: the removes keep their rate and no remove chases a store
+	// that is being timed. If false, every block goes at its Lifetime.
+	KeepInFlight bool
 }
 
 // Index designs (Config.Mode).
@@ -446,10 +455,26 @@ func (c *Cluster) step(n *Node, now time.Time, k int) {
 	if c.cfg.Lifetime > 0 {
 		i := 0
 		for i < len(n.held) && now.Sub(n.held[i].at) >= c.cfg.Lifetime {
-			gone = append(gone, n.held[i].hash)
 			i++
 		}
-		n.held = n.held[i:]
+		if due := i; c.cfg.KeepInFlight && due > 0 {
+			// As many removes, of the oldest blocks that every index
+			// has; the ones still in flight stay, oldest first.
+			var kept []heldBlock
+			for i = 0; i < len(n.held) && len(gone) < due; i++ {
+				if b := n.held[i]; c.track.inFlight(b.hash) {
+					kept = append(kept, b)
+				} else {
+					gone = append(gone, b.hash)
+				}
+			}
+			n.held = append(kept, n.held[i:]...)
+		} else {
+			for _, b := range n.held[:i] {
+				gone = append(gone, b.hash)
+			}
+			n.held = n.held[i:]
+		}
 	}
 	fresh := make([]uint64, k)
 	c.mu.Lock()

@@ -3,6 +3,8 @@ package sim
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -111,5 +113,55 @@ func TestGossipKeyAndLabel(t *testing.T) {
 
 	if _, err := Start(ctx, Config{Nodes: 2, GossipKey: make([]byte, 5)}); err == nil || !strings.Contains(err.Error(), "5") {
 		t.Fatalf("Start with a 5-byte key: %v, want an error naming its length", err)
+	}
+}
+
+// TestKeepInFlight removes the blocks due at their lifetime, oldest first;
+// with KeepInFlight a block still on its way to an index stays and the
+// next oldest goes in its place (due or not), so the removes keep their
+// count.
+func TestKeepInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		keep      bool
+		gone, per []uint64 // removed, held after
+	}{
+		{keep: false, gone: []uint64{1, 3}, per: []uint64{5, 7}},
+		{keep: true, gone: []uint64{3, 5}, per: []uint64{1, 7}},
+	} {
+		t.Run(strconv.FormatBool(tc.keep), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := Start(ctx, Config{Nodes: 2, Lifetime: time.Second, KeepInFlight: tc.keep, Membership: membership.DefaultLocalConfig()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			waitConverged(t, c, "start", 10*time.Second)
+			n := c.Node(c.Live()[0])
+			id, _ := c.truth.Lookup(n.Name)
+			now := time.Now()
+			// Blocks 1 and 3 are due, 5 and 7 are not; 1 is in flight
+			// (awaited by one node more than there are, so that it stays).
+			c.track.published([]uint64{1}, 3, now)
+			c.truth.Store(id, 1, 3, 5, 7)
+			if _, err := n.M.Publish(membership.EventStore, 1, 1, 3, 5, 7); err != nil {
+				t.Fatal(err)
+			}
+			n.held = []heldBlock{{1, now.Add(-3 * time.Second)}, {3, now.Add(-2 * time.Second)}, {5, now}, {7, now}}
+			c.step(n, now, 0)
+			var per []uint64
+			for _, b := range n.held {
+				per = append(per, b.hash)
+			}
+			if !slices.Equal(per, tc.per) {
+				t.Errorf("held after the step: %v, want %v", per, tc.per)
+			}
+			for _, h := range []uint64{1, 3, 5, 7} {
+				want := !slices.Contains(tc.gone, h)
+				if got := len(c.truth.Holders(h)) > 0; got != want {
+					t.Errorf("block %d in the ground truth: %v, want %v", h, got, want)
+				}
+			}
+		})
 	}
 }
