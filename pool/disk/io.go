@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 )
 
@@ -15,12 +14,6 @@ type request struct {
 	off   int64
 	buf   []byte
 	done  chan error
-	// sum, if set, receives the checksum of buf[:sumLen], taken by the
-	// worker once its write is done (before done is sent), so that the
-	// caller preparing its next block and the worker hashing this one use
-	// two cores instead of one.
-	sum    *uint64
-	sumLen int
 }
 
 // do queues r for a worker and waits for it. Waiting for room in the queue
@@ -57,9 +50,6 @@ func (s *Store) worker() {
 		s.running <- struct{}{}
 		err := r.run()
 		<-s.running
-		if err == nil && r.sum != nil {
-			*r.sum = xxh3.Hash(r.buf[:r.sumLen])
-		}
 		r.done <- err
 	}
 }

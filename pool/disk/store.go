@@ -373,7 +373,6 @@ type batchItem struct {
 	e    entry
 	done chan error // nil: not written (err says why)
 	err  error
-	sum  *uint64 // the block's checksum, taken by the worker that wrote it
 }
 
 // NewBatch starts a batch of puts.
@@ -430,17 +429,15 @@ func (b *Batch) Add(ctx context.Context, k Key, data []byte) {
 		out = buf.b[:n]
 	}
 	f, off := s.where(it.e.slot)
-	// The worker takes the checksum of the bytes it wrote (out holds data's
-	// bytes, copied or not), on its own goroutine: the caller goes on to
-	// its next block meanwhile.
-	r := request{write: true, f: f, off: off, buf: out, done: make(chan error, 1), sum: new(uint64), sumLen: len(data)}
+	r := request{write: true, f: f, off: off, buf: out, done: make(chan error, 1)}
 	if err := s.send(ctx, r); err != nil {
 		it.err = err
 		s.giveBack(it.e.slot)
 		return
 	}
-	it.done, it.sum = r.done, r.sum
-	it.e.length = uint32(len(data))
+	it.done = r.done
+	// The checksum is taken while the write is under way.
+	it.e.length, it.e.sum = uint32(len(data)), xxh3.Hash(data)
 }
 
 // Commit waits for the batch's writes and makes the blocks written
@@ -470,7 +467,6 @@ func (b *Batch) Commit() []error {
 			s.giveBack(it.e.slot)
 			continue
 		}
-		it.e.sum = *it.sum // written by the worker before it sent done
 		f, _ := s.where(it.e.slot)
 		recs = append(recs, pendingRecord{op: opPut, key: it.key, e: it.e, dirty: f})
 		at = append(at, i)
