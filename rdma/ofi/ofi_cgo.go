@@ -673,9 +673,9 @@ type Endpoint struct {
 	staged atomic.Uint64
 }
 
-// Staging's size: reads of 512 KiB take nearly the time of reads of 1 MiB
-// over tcp here (and a quarter less than reads of 32 KiB), and 16 in
-// flight as much as 64.
+// Staging's size: over tcp, reads of 512 KiB took nearly the time of
+// reads of 1 MiB (and a quarter less than reads of 32 KiB), and 16 in
+// flight as much as 64 (BENCHMARKS.md, agent imports over libfabric).
 const (
 	stageSlotBytes = 512 << 10
 	stageSlots     = 16
@@ -719,16 +719,19 @@ func (e *Endpoint) staging() *Region {
 	return e.stageReg
 }
 
-// copyOut copies a completed staged request to where its bytes go. It
-// copies nothing once the endpoint is closed (its staging is unmapped).
-func (e *Endpoint) copyOut(c *stagedCopy) {
+// copyOut copies a completed staged request to where its bytes go. Once
+// the endpoint is closed (its staging is unmapped: another read gave up,
+// or Close) it copies nothing and says so, so that the read fails rather
+// than return with the destination unwritten.
+func (e *Endpoint) copyOut(c *stagedCopy) error {
 	unlock, err := e.lockCalls()
 	if err != nil {
-		return
+		return fmt.Errorf("ofi: staged read not copied out: %w", err)
 	}
 	src := uintptr(unsafe.Pointer(&e.stageMem[c.slot*stageSlotBytes]))
 	C.kvf_copy_out(C.uintptr_t(c.dst), C.uintptr_t(src), (*C.uint64_t)(unsafe.Pointer(&c.pieces[0])), C.size_t(len(c.pieces)))
 	unlock()
+	return nil
 }
 
 // reader collects the completions of one Read: the progress loop adds
@@ -1319,7 +1322,7 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 		first = cmpErr(first, err)
 		for _, c := range copies {
 			if first == nil {
-				e.copyOut(c)
+				first = e.copyOut(c)
 			}
 			e.stageFree <- c.slot
 		}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // providers are the libfabric providers on every Debian machine that offer
@@ -416,5 +417,25 @@ func TestReadStaged(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A staged request that completes after its endpoint closed (another read
+// gave up and closed it, or Close) cannot be copied out: its staging is
+// unmapped. The copy says so, and the read it belongs to fails, rather
+// than return with its destination unwritten.
+func TestStagedCopyAfterClose(t *testing.T) {
+	l := loadLibrary(t, "tcp")
+	e := openIdle(t, l)
+	if e.staging() == nil {
+		t.Fatalf("no staging: %v", e.stageErr)
+	}
+	dst := mapped(t, 4096)
+	c := &stagedCopy{slot: <-e.stageFree, dst: uintptr(unsafe.Pointer(&dst[0])), pieces: []piece{{off: 0, len: 4096}}}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.copyOut(c); !errors.Is(err, ErrClosed) {
+		t.Fatalf("copy out after Close: %v, want ErrClosed", err)
 	}
 }
