@@ -61,8 +61,15 @@ func (l *legacyOwners) mark(owner string, now time.Time) {
 }
 
 // refusedKind says whether err is an owner's refusal of a call it cannot
-// decode: what an owner that predates a call's kind answers.
-func refusedKind(err error) bool { return errors.Is(err, transfer.ErrInvalidRequest) }
+// decode: what an owner that predates a call's kind answers. Only the
+// owner's own answer counts (a RemoteError with its code): a stream that
+// ended early, or an answer that would not decode, is this side's
+// ErrFrame, which also wraps ErrInvalidRequest, and must not mark an
+// owner that speaks the new kinds as older than it is.
+func refusedKind(err error) bool {
+	var re *transfer.RemoteError
+	return errors.As(err, &re) && re.Code == transfer.CodeInvalidRequest
+}
 
 // lookup asks owner w who holds hashes: with tiers, unless w refused them
 // lately or refuses them now.

@@ -1,11 +1,13 @@
 package fabric
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/index"
+	"github.com/kvfabric/kvfabric/transfer"
 )
 
 // An owner that refused the newer calls is sent the older ones until
@@ -49,5 +51,27 @@ func TestOpsBeforeTiers(t *testing.T) {
 	plain := want
 	if got := opsBeforeTiers(plain); &got[0] != &plain[0] {
 		t.Fatal("ops without disk copies were copied")
+	}
+}
+
+// Only an owner's own refusal of a call marks it as older: this side's
+// errors that wrap ErrInvalidRequest too (a stream ended before its
+// answer, an answer that would not decode) do not.
+func TestRefusedKindIsTheOwnersAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"owner refuses the request", &transfer.RemoteError{Peer: "n1", Method: "index", Code: transfer.CodeInvalidRequest, Message: "unknown kind 3"}, true},
+		{"owner's refusal, wrapped", fmt.Errorf("index lookup: %w", &transfer.RemoteError{Code: transfer.CodeInvalidRequest}), true},
+		{"owner fails otherwise", &transfer.RemoteError{Code: transfer.CodeInternal}, false},
+		{"stream ended before the answer", fmt.Errorf("read answer: %w", transfer.ErrFrame), false},
+		{"local invalid request", fmt.Errorf("decode: %w", transfer.ErrInvalidRequest), false},
+		{"no error", nil, false},
+	} {
+		if got := refusedKind(tc.err); got != tc.want {
+			t.Errorf("%s: refusedKind(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
 	}
 }
