@@ -25,7 +25,7 @@ func bindPprof(fs *flag.FlagSet) pprofFlags {
 	return pprofFlags{
 		addr: fs.String("pprof", "", "serve Go profiles (net/http/pprof, under /debug/pprof/) on this address, e.g. 127.0.0.1:6060 "+
 			"(a bare :PORT means 127.0.0.1); off if empty; a loopback address unless --pprof-remote"),
-		remote: fs.Bool("pprof-remote", false, "let --pprof listen on an address that is not loopback (anyone who reaches it reads the agent's stacks and heap samples)"),
+		remote: fs.Bool("pprof-remote", false, "let --pprof listen on an address that is not loopback, such as 0.0.0.0:PORT (a bare :PORT still means 127.0.0.1; anyone who reaches it reads the agent's stacks and heap samples)"),
 	}
 }
 
