@@ -38,7 +38,12 @@
 // for the lot. A block is in the store exactly when its record is. An agent killed mid-put leaves bytes in a slot
 // no record names (the slot is free again at Open) or a record cut short at
 // the journal's end (its own checksum fails, it is ignored and truncated).
-// A delete appends its record before the slot is reused. Every read checks
+// A delete appends its record before the slot is reused; it names the
+// block it removed, and a replay drops the key only while it still names
+// that block. A commit's blocks enter the store in its records' order
+// before the journal may be compacted, so the compacted journal holds them.
+// A journal write or sync that fails is cut back to where it began; where
+// that fails too, every later commit fails. Every read checks
 // the block's bytes against the checksum in its record: a block whose bytes
 // were torn or changed on disk is dropped (logged, counted, deleted), never
 // returned.

@@ -106,7 +106,11 @@ func (s *Store) replay() error {
 			owner[r.e.slot] = r.key
 			s.entries[r.key] = r.e
 		case opDelete:
-			delete(s.entries, r.key)
+			// A delete names the block it removed: a put of the same key
+			// committed in the same group, before it, stays.
+			if cur, ok := s.entries[r.key]; ok && cur == r.e {
+				delete(s.entries, r.key)
+			}
 		}
 	}
 	if err := f.Truncate(good); err != nil {
@@ -171,9 +175,13 @@ func (s *Store) appendRecords(recs []pendingRecord) error {
 }
 
 // commitLocked syncs the batch's data files, then appends its records and
-// syncs the journal; the journal is compacted when it has grown past what
-// the live blocks need. Called with jmu held.
+// syncs the journal, then puts the batch's blocks in the entries in the
+// order of their records; the journal is compacted after that, when it has
+// grown past what the live blocks need. Called with jmu held.
 func (s *Store) commitLocked(batch []*waiter) error {
+	if s.jerr != nil {
+		return s.jerr
+	}
 	synced := map[*os.File]bool{}
 	n := 0
 	for _, w := range batch {
@@ -198,16 +206,36 @@ func (s *Store) commitLocked(batch []*waiter) error {
 			buf = append(buf, b[:]...)
 		}
 	}
-	if _, err := s.journal.Write(buf); err != nil {
+	off, err := s.journal.Seek(0, io.SeekCurrent)
+	if err != nil {
 		return fmt.Errorf("disk: journal: %w", err)
 	}
+	if _, err := s.journal.Write(buf); err != nil {
+		return s.cutBackLocked(off, fmt.Errorf("disk: journal: %w", err))
+	}
 	if err := unix.Fdatasync(int(s.journal.Fd())); err != nil {
-		return fmt.Errorf("disk: journal: fdatasync: %w", err)
+		return s.cutBackLocked(off, fmt.Errorf("disk: journal: fdatasync: %w", err))
 	}
 	s.jrecords += n
 	s.records.Store(int64(s.jrecords))
 	s.stats.commits.Add(1)
+	// The group's puts take effect here, in the journal's order and
+	// before a compaction snapshots the entries: a replay, and the
+	// compacted journal, then hold what memory holds. (A delete left
+	// memory before its record was written.)
 	s.mu.Lock()
+	for _, w := range batch {
+		for _, r := range w.recs {
+			if r.op != opPut {
+				continue
+			}
+			old, had := s.entries[r.key]
+			s.entries[r.key] = r.e
+			if had {
+				s.releaseSlotLocked(old.slot)
+			}
+		}
+	}
 	live := len(s.entries)
 	s.mu.Unlock()
 	if s.jrecords >= compactAfter && s.jrecords > 4*live {
@@ -216,6 +244,28 @@ func (s *Store) commitLocked(batch []*waiter) error {
 		}
 	}
 	return nil
+}
+
+// cutBackLocked undoes a journal write that failed (err): the journal is
+// cut back to off, where the write began, so that no torn record is left
+// with records after it that a replay would never reach. Where that fails
+// too, the store commits nothing more: every later commit returns the
+// error. Called with jmu held.
+func (s *Store) cutBackLocked(off int64, err error) error {
+	cut := s.journal.Truncate(off)
+	if cut == nil {
+		_, cut = s.journal.Seek(off, io.SeekStart)
+	}
+	if cut == nil {
+		cut = unix.Fdatasync(int(s.journal.Fd()))
+	}
+	if cut != nil {
+		s.jerr = fmt.Errorf("%w; cutting the journal back failed (%v), so the store commits nothing more", err, cut)
+		s.cfg.Logger.Error("disk tier: journal cannot be cut back after a failed write; commits fail from now on",
+			"dir", s.cfg.Dir, "err", s.jerr)
+		return s.jerr
+	}
+	return err
 }
 
 // compactLocked writes the live blocks' records to journal.new and renames

@@ -156,6 +156,9 @@ type Store struct {
 	pending  []*waiter  // records waiting for the next group commit
 	seq      uint64     // under jmu
 	jrecords int        // records in the journal, under jmu
+	// jerr, under jmu, is set once a failed journal write could not be
+	// undone; every later commit returns it.
+	jerr error
 	// records is jrecords for Stats, which must not wait for jmu: a
 	// commit holds it through its syncs, and the tier above picks a store
 	// by its Stats before every put.
@@ -481,17 +484,12 @@ func (b *Batch) Commit() []error {
 		}
 		return errs
 	}
+	// The commit put the blocks in the entries (and freed the slots of
+	// blocks they replaced).
 	var bytes uint64
-	s.mu.Lock()
 	for _, r := range recs {
-		old, had := s.entries[r.key]
-		s.entries[r.key] = r.e
-		if had {
-			s.releaseSlotLocked(old.slot)
-		}
 		bytes += uint64(r.e.length)
 	}
-	s.mu.Unlock()
 	s.stats.puts.Add(uint64(len(recs)))
 	s.stats.bytesWritten.Add(bytes)
 	return errs
