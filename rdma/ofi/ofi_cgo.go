@@ -771,12 +771,12 @@ func (r *reader) addCopy(c *stagedCopy) {
 
 // take returns the completions counted since the last take, and the copies
 // of the staged ones among them.
-func (r *reader) take() (int, error, []*stagedCopy) {
+func (r *reader) take() (int, []*stagedCopy, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n, err, copies := r.n, r.err, r.copies
-	r.n, r.err, r.copies = 0, nil, nil
-	return n, err, copies
+	n, copies, err := r.n, r.copies, r.err
+	r.n, r.copies, r.err = 0, nil, nil
+	return n, copies, err
 }
 
 // Open opens an endpoint on the provider Choose picks from cfg.Provider.
@@ -1317,7 +1317,7 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 	// drain takes the completions that came, and copies the staged ones
 	// out (none once the read failed: their bytes are not wanted).
 	drain := func() {
-		n, err, copies := r.take()
+		n, copies, err := r.take()
 		inFlight -= n
 		first = cmpErr(first, err)
 		for _, c := range copies {
@@ -1510,7 +1510,7 @@ func (e *Endpoint) abandon(ctx context.Context, r *reader, inFlight int, first e
 	for inFlight > 0 {
 		select {
 		case <-r.wake:
-			n, _, copies := r.take()
+			n, copies, _ := r.take()
 			inFlight -= n
 			for _, c := range copies {
 				e.stageFree <- c.slot
