@@ -167,16 +167,7 @@ func TestPutBatchLimit(t *testing.T) {
 // not in the journal is never served.
 func TestKilledBeforeBatchJournalled(t *testing.T) {
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "KVFABRIC_DISK_BATCH_CHILD="+dir)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
+	cmd, sc := startChild(t, "KVFABRIC_DISK_BATCH_CHILD="+dir)
 	var done []uint64
 	var cut []uint64
 	for sc.Scan() {
@@ -197,7 +188,7 @@ func TestKilledBeforeBatchJournalled(t *testing.T) {
 			t.Logf("child: %s", line)
 		}
 	}
-	err = cmd.Wait()
+	err := cmd.Wait()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("the child ended with %v, want killed", err)
@@ -206,12 +197,7 @@ func TestKilledBeforeBatchJournalled(t *testing.T) {
 		t.Fatalf("the child put %d blocks and was cut in a batch of %d; want %d and %d", len(done), len(cut),
 			batchChildBatches*batchChildSize, batchChildSize)
 	}
-	s := open(t, dir, func(c *Config) { c.Bytes = 4096 * 16 << 10 })
-	for _, h := range done {
-		if got, want := mustGet(t, s, h), blockOf(h, s.SlotBytes()); string(got) != string(want) {
-			t.Fatalf("block %d differs after the kill", h)
-		}
-	}
+	s := reopenAfterKill(t, dir, done)
 	for _, h := range cut {
 		if s.Has(Key{Hash: h, Tag: 7}) {
 			t.Fatalf("block %d of the batch cut before its journal write is served after the kill", h)

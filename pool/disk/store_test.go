@@ -317,16 +317,7 @@ func TestQueueDepthLimit(t *testing.T) {
 // returned, each byte-exact, and no torn block served.
 func TestKilledWhilePutting(t *testing.T) {
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "KVFABRIC_DISK_CHILD="+dir)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
+	cmd, sc := startChild(t, "KVFABRIC_DISK_CHILD="+dir)
 	var done []uint64
 	for sc.Scan() && len(done) < 200 {
 		if h, err := strconv.ParseUint(sc.Text(), 10, 64); err == nil {
@@ -338,12 +329,7 @@ func TestKilledWhilePutting(t *testing.T) {
 	if len(done) < 200 {
 		t.Fatalf("the child put %d blocks before it stopped", len(done))
 	}
-	s := open(t, dir, func(c *Config) { c.Bytes = 4096 * 16 << 10 })
-	for _, h := range done {
-		if got, want := mustGet(t, s, h), blockOf(h, s.SlotBytes()); string(got) != string(want) {
-			t.Fatalf("block %d differs after the kill", h)
-		}
-	}
+	s := reopenAfterKill(t, dir, done)
 	// Whatever else the journal holds (puts that finished as the child
 	// died) reads back whole too.
 	for _, k := range s.Keys() {
@@ -352,6 +338,37 @@ func TestKilledWhilePutting(t *testing.T) {
 		}
 	}
 	t.Logf("%d puts reported, %d blocks found after the kill", len(done), len(s.Keys()))
+}
+
+// startChild starts this test binary again as a child process with env
+// added (which TestMain turns into a child's work) and returns it with a
+// scanner of its standard output.
+func startChild(t *testing.T, env string) (*exec.Cmd, *bufio.Scanner) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, bufio.NewScanner(out)
+}
+
+// reopenAfterKill opens the store a killed child left in dir and checks
+// that every block of done (the hashes whose puts returned) reads back
+// byte-exact.
+func reopenAfterKill(t *testing.T, dir string, done []uint64) *Store {
+	t.Helper()
+	s := open(t, dir, func(c *Config) { c.Bytes = 4096 * 16 << 10 })
+	for _, h := range done {
+		if got, want := mustGet(t, s, h), blockOf(h, s.SlotBytes()); string(got) != string(want) {
+			t.Fatalf("block %d differs after the kill", h)
+		}
+	}
+	return s
 }
 
 // putterChild puts blocks until killed, printing each hash once its put
