@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/testbed"
 	"github.com/kvfabric/kvfabric/testbed/sim"
 )
 
@@ -596,16 +597,7 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 	for _, node := range c.Nodes {
 		// A client of its own: a loaded machine may have ended the load's
 		// session (its keep-alives late).
-		cl, err := node.Client(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := cl.Status(ctx)
-		cl.Close()
-		if err != nil {
-			t.Fatalf("%s: status: %v", node.Name, err)
-		}
-		f.Pairs += float64(s.IndexEntries)
+		f.Pairs += float64(nodeStatus(ctx, t, node).IndexEntries)
 	}
 	f.Pairs /= float64(n)
 	select {
@@ -695,20 +687,28 @@ type gossipCounter struct {
 	in, out []uint64
 }
 
+// nodeStatus asks node for its status through a client of its own (status
+// takes no session, so it answers whatever became of the load's).
+func nodeStatus(ctx context.Context, t *testing.T, node *testbed.Node) *fabricpb.StatusResponse {
+	t.Helper()
+	cl, err := node.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	s, err := cl.Status(ctx)
+	if err != nil {
+		t.Fatalf("%s: status: %v", node.Name, err)
+	}
+	return s
+}
+
 // gossipCounters reads every node's memberlist byte counts, each through
 // a client of its own (status takes no session).
 func gossipCounters(ctx context.Context, t *testing.T, c *Cluster) gossipCounter {
 	var k gossipCounter
 	for _, node := range c.Nodes {
-		cl, err := node.Client(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := cl.Status(ctx)
-		cl.Close()
-		if err != nil {
-			t.Fatalf("%s: status: %v", node.Name, err)
-		}
+		s := nodeStatus(ctx, t, node)
 		k.at, k.in, k.out = append(k.at, time.Now()), append(k.in, s.GossipBytesIn), append(k.out, s.GossipBytesOut)
 	}
 	return k
