@@ -65,16 +65,15 @@ const tierIOWorkers = 8
 // batch of blocks at once (the store's workers write them in parallel
 // and one commit makes them durable), so more copiers add little to the
 // rate and take cores from the engines' calls (gathering, checksums):
-// with 8, the p99 of an engine's Allocate under a write-heavy load was 12
-// times that without a tier on 2 cores, with 1 about 7.
+// BenchmarkTierAllocate measures the cost against Allocate without a tier
+// (BENCHMARKS.md, engine Allocate with and without a disk tier).
 const tierCopiers = 1
 
 // tierBatchDelay is how long a copier woken by a block waits before it
 // starts a batch: the engine call that queued the block (an Allocate
 // recycling its slot) ends meanwhile rather than wait for a core the copy
-// holds, and the blocks queued meanwhile join the batch. With it, the p99
-// of Allocate under a write-heavy load went from 7 times that without a
-// tier to 1.15 on 2 cores.
+// holds, and the blocks queued meanwhile join the batch
+// (BenchmarkTierAllocate, with and without the delay, in BENCHMARKS.md).
 const tierBatchDelay = time.Millisecond
 
 // tierBatch is the most blocks a copier takes from the queue at once and

@@ -117,17 +117,21 @@ func (t *tiers) take(set *pool.BlockSet, blk pool.Block, sum uint64, has bool) b
 	if room == 0 {
 		room = int64(roundUp4K(tierBlockBytes(l))) // the stores' slot once the first block opens them
 	}
-	buf := t.bufferOf(int(room))
-	if len(buf) < tierBlockBytes(l) {
-		t.putBuffer(buf)
-		return false
-	}
+	buf := t.bufferOf(int(room)) // room >= the block's bytes, checked above
 	n := tierBlockBytes(l) - tierTrailer
 	gatherBlock(l, regions, blk.Slot, buf)
 	putTrailer(buf, n, sum, has)
 	j.taken.Store(&buf)
 	t.taken.Add(1)
 	return true
+}
+
+// dropTaken gives back the buffer j's bytes were copied out into when an
+// allocation took its slot (take), where the copy does not write them.
+func (t *tiers) dropTaken(j *offloadJob) {
+	if p := j.taken.Load(); p != nil {
+		t.putBuffer(*p)
+	}
 }
 
 // forgetJob drops j from the queued copies, its copy ended.
@@ -254,12 +258,14 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		if err != nil {
 			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
 			t.list[0].failed.Add(1)
+			t.dropTaken(j)
 			continue
 		}
 		k := disk.Key{Hash: j.hash, Tag: tag}
 		if d := t.where(k); d != nil {
 			t.touch(k)
 			out[i].ok = true
+			t.dropTaken(j)
 			continue
 		}
 		var buf []byte
