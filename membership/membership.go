@@ -175,17 +175,6 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 	mc.AdvertisePort = cfg.AdvertisePort
 	mc.Label = cfg.ClusterName
 	mc.Transport = cfg.Transport
-	if cfg.Transport == nil {
-		// memberlist's own transport, counting the bytes gossip costs.
-		ct, port, err := newCountingTransport(cfg.BindAddr, cfg.BindPort, log.New(newLogWriter(m.log, cfg.LogRepeatWindow), "", 0))
-		if err != nil {
-			return nil, fmt.Errorf("membership: node %s: start memberlist on %s:%d: %w", cfg.Name, cfg.BindAddr, cfg.BindPort, err)
-		}
-		if cfg.BindPort == 0 {
-			mc.BindPort, mc.AdvertisePort = port, port
-		}
-		mc.Transport, m.counting = ct, ct
-	}
 	mc.GossipInterval = cfg.GossipInterval
 	mc.GossipNodes = cfg.GossipNodes
 	mc.ProbeInterval = cfg.ProbeInterval
@@ -208,7 +197,22 @@ func Start(ctx context.Context, cfg Config) (*Membership, error) {
 		mc.GossipVerifyIncoming = true
 		mc.GossipVerifyOutgoing = true
 	}
+	// One logger for memberlist and its transport, so that a line
+	// repeated by either is suppressed in one place.
 	mc.Logger = log.New(newLogWriter(m.log, cfg.LogRepeatWindow), "", 0)
+	if cfg.Transport == nil {
+		// memberlist's own transport, counting the bytes gossip costs;
+		// opened last, after every check that may refuse the config, so
+		// that a refusal leaves no socket bound.
+		ct, port, err := newCountingTransport(cfg.BindAddr, cfg.BindPort, mc.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("membership: node %s: start memberlist on %s:%d: %w", cfg.Name, cfg.BindAddr, cfg.BindPort, err)
+		}
+		if cfg.BindPort == 0 {
+			mc.BindPort, mc.AdvertisePort = port, port
+		}
+		mc.Transport, m.counting = ct, ct
+	}
 	mc.Delegate = (*delegate)(m)
 	mc.Events = (*eventDelegate)(m)
 	mc.Conflict = (*conflictDelegate)(m)
