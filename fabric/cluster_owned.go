@@ -39,11 +39,11 @@ type ownedIndex struct {
 // ownedStats counts the owned index's traffic (the answer cache and the
 // publisher count the rest: see metrics).
 type ownedStats struct {
-	opsSent, opCalls, opBytes atomic.Uint64 // in calls the owner applied
-	lookupCalls, lookupBytes  atomic.Uint64 // asked of owners
-	sendErrors                atomic.Uint64 // ops calls not delivered
-	opsReceived               atomic.Uint64 // applied as an owner
-	lookupsAnswered           atomic.Uint64 // as an owner
+	opsSent, opCalls atomic.Uint64 // in calls the owner applied
+	lookupCalls      atomic.Uint64 // asked of owners
+	sendErrors       atomic.Uint64 // ops calls not delivered
+	opsReceived      atomic.Uint64 // applied as an owner
+	lookupsAnswered  atomic.Uint64 // as an owner
 }
 
 // OwnedIndexMetrics counts what the owned-slices index did since start.
@@ -217,7 +217,7 @@ func (o *ownedIndex) sendLoop() {
 
 // send makes one ops call and records its outcome.
 func (o *ownedIndex) send(c index.Outgoing) {
-	payload, ans, err := o.sendOps(c)
+	ans, err := o.sendOps(c)
 	outcome := index.Applied
 	switch {
 	case err != nil:
@@ -229,7 +229,6 @@ func (o *ownedIndex) send(c index.Outgoing) {
 	case len(ans) == 1 && ans[0] == ansApplied:
 		o.stats.opsSent.Add(uint64(len(c.Call.Ops)))
 		o.stats.opCalls.Add(1)
-		o.stats.opBytes.Add(uint64(len(payload)))
 	default:
 		o.stats.sendErrors.Add(1)
 		o.a.log.Warn("index ops: the owner's answer is malformed", "peer", c.Owner, "bytes", len(ans))

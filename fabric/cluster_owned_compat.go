@@ -79,7 +79,6 @@ func (o *ownedIndex) lookup(w string, hashes []uint64) ([][]index.Holder, error)
 	for {
 		payload := appendLookupCall(nil, hashes, tiers)
 		o.stats.lookupCalls.Add(1)
-		o.stats.lookupBytes.Add(uint64(len(payload)))
 		ans, err := o.call(w, payload)
 		if tiers && refusedKind(err) {
 			o.legacy.mark(w, now)
@@ -90,30 +89,27 @@ func (o *ownedIndex) lookup(w string, hashes []uint64) ([][]index.Holder, error)
 		if err != nil {
 			return nil, err
 		}
-		o.stats.lookupBytes.Add(uint64(len(ans)))
 		return decodeLookupAnswer(ans, len(hashes), tiers)
 	}
 }
 
 // sendOps makes the ops call c to its owner and returns the owner's
 // answer: with disk copies as such, unless the owner refused them lately
-// or refuses them now. It returns the payload of the call answered.
-func (o *ownedIndex) sendOps(c index.Outgoing) (payload, ans []byte, err error) {
+// or refuses them now.
+func (o *ownedIndex) sendOps(c index.Outgoing) ([]byte, error) {
 	now := time.Now()
 	call := c.Call
 	if o.legacy.is(c.Owner, now) {
 		call.Ops = opsBeforeTiers(call.Ops)
 	}
-	payload = appendOpsCall(nil, call)
-	ans, err = o.call(c.Owner, payload)
+	ans, err := o.call(c.Owner, appendOpsCall(nil, call))
 	if refusedKind(err) && hasDiskOps(call.Ops) {
 		o.legacy.mark(c.Owner, now)
 		o.a.log.Info("index owner refuses disk copies: sending them as copies", "peer", c.Owner, "err", err)
 		call.Ops = opsBeforeTiers(call.Ops)
-		payload = appendOpsCall(nil, call)
-		ans, err = o.call(c.Owner, payload)
+		ans, err = o.call(c.Owner, appendOpsCall(nil, call))
 	}
-	return payload, ans, err
+	return ans, err
 }
 
 func hasDiskOps(ops []index.Op) bool {
