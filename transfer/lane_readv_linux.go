@@ -11,13 +11,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// laneVecPieces is the most pieces one readv takes: the kernel's IOV_MAX.
-const laneVecPieces = 1024
-
 // readPiecesVec reads the pieces of segs from a plain lane connection into
 // dst without a copy in between: first what the connection's frame buffer
 // read ahead (pr.r, when it is one), then straight from the socket, one
-// readv per batch of up to laneVecPieces pieces, for as many calls as the
+// readv per batch of up to maxVecPieces pieces, for as many calls as the
 // batch takes to fill. pr's deadline applies and is pushed forward as
 // bytes arrive. The caller has checked every piece against dst.
 func readPiecesVec(c *net.TCPConn, pr *laneProgress, segs []layout.Segment, dst [][]byte) error {
@@ -26,7 +23,7 @@ func readPiecesVec(c *net.TCPConn, pr *laneProgress, segs []layout.Segment, dst 
 		return err
 	}
 	br, _ := pr.r.(*bufio.Reader)
-	iov := make([]unix.Iovec, 0, min(laneVecPieces, len(segs))) // an answer of one piece takes one
+	iov := make([]unix.Iovec, 0, min(maxVecPieces, len(segs))) // an answer of one piece takes one
 	fill := func() error {
 		v := iov
 		iov = iov[:0]
@@ -67,7 +64,7 @@ func readPiecesVec(c *net.TCPConn, pr *laneProgress, segs []layout.Segment, dst 
 		v.Base = &p[0]
 		v.SetLen(len(p))
 		iov = append(iov, v)
-		if len(iov) == laneVecPieces {
+		if len(iov) == maxVecPieces {
 			return fill()
 		}
 		return nil

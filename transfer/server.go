@@ -335,8 +335,9 @@ func (n *Node) writeRead(s deadlineWriter, src readSource, r *request) error {
 	return nil
 }
 
-// Bounds on one vectored write of a plain lane: the kernel takes at most
-// 1024 iovecs a call, and a write's deadline is renewed between them.
+// Bounds on one vectored write or read of a plain lane: the kernel takes
+// at most 1024 iovecs a call (IOV_MAX), and a write's deadline is renewed
+// between them.
 const (
 	maxVecPieces = 1024
 	maxVecBytes  = 4 << 20

@@ -982,14 +982,14 @@ func (e *Endpoint) progress() {
 		case limit == hotMaxNap && idle < hotSpins:
 			// A read under way: a few polls that only yield first.
 			spin = true
-			n = C.kvf_cq_poll(e.ep, &ctxs[0], 64)
+			n = C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
 		default:
 			// Polls and naps in C until something comes, a read or a
 			// server begins (kicked), or the budget passes: the runtime is
 			// entered once per wait, not once per nap.
 			var kicked C.int
 			var naps C.long
-			n = C.kvf_cq_wait(e.ep, &ctxs[0], 64, &nap, C.long(minNap), C.long(limit),
+			n = C.kvf_cq_wait(e.ep, &ctxs[0], C.size_t(len(ctxs)), &nap, C.long(minNap), C.long(limit),
 				C.long(waitBudget(limit)), &kicked, &naps)
 			e.naps.Add(uint64(naps))
 			if kicked != 0 {

@@ -14,8 +14,11 @@ func TestNetAddresses(t *testing.T) {
 	n := NewNet()
 	for _, want := range []string{"10.0.0.1:7946", "10.0.0.2:7946"} {
 		tr, err := n.NewTransport(want)
-		if err != nil || tr.Addr() != want {
-			t.Fatalf("endpoint at %q (%v), want %s", tr.Addr(), err, want)
+		if err != nil {
+			t.Fatalf("endpoint %s: %v", want, err)
+		}
+		if tr.Addr() != want {
+			t.Fatalf("endpoint at %q, want %s", tr.Addr(), want)
 		}
 	}
 	n.next = maxEndpoints
