@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -266,11 +265,11 @@ func BenchmarkImport(b *testing.B) {
 		// untimed work before it (A's registrations, B's checks of the run
 		// before) is not collected on its CPU.
 		runtime.GC()
-		cpu0 = processCPU()
+		cpu0 = netbench.ProcessCPU()
 		return nil
 	}
 	runner.After = func(tr *netbench.Transport) error {
-		cpu[tr.Name] += processCPU() - cpu0
+		cpu[tr.Name] += netbench.ProcessCPU() - cpu0
 		if tr != imp && tr != lane {
 			return nil
 		}
@@ -338,15 +337,6 @@ func BenchmarkImport(b *testing.B) {
 	}
 	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; quic baseline %d conns, %d blocks in flight; tls and tcp baselines %d conns (the lane's); %d iterations; lane plain TCP: %v",
 		nblocks, blockBytes>>10, size>>20, tpA, orderA, tpB, orderB, batch, inflight, base.Conns, base.Parallel, transfer.DefaultLaneConns, iter, *benchImportLanePlain)
-}
-
-// processCPU is the CPU time, user and system, the process has used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // benchContent is the kvtest id of block i of iteration iter: different

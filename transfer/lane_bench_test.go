@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"syscall"
 	"testing"
 	"time"
 
@@ -83,9 +82,9 @@ func BenchmarkLane(b *testing.B) {
 	defer runner.Close()
 	cpu := map[string]time.Duration{}
 	var cpuAt time.Duration
-	runner.Before = func(*netbench.Transport) error { clear(dst); cpuAt = laneBenchCPU(); return nil }
+	runner.Before = func(*netbench.Transport) error { clear(dst); cpuAt = netbench.ProcessCPU(); return nil }
 	runner.After = func(tr *netbench.Transport) error {
-		cpu[tr.Name] += laneBenchCPU() - cpuAt
+		cpu[tr.Name] += netbench.ProcessCPU() - cpuAt
 		if !bytes.Equal(dst, src) {
 			return fmt.Errorf("%s: the destination differs from the source", tr.Name)
 		}
@@ -111,11 +110,3 @@ func BenchmarkLane(b *testing.B) {
 		nblocks, size>>20, *benchLaneBatch, *benchLaneInflight, conns, *benchLanePlain, baseName, conns)
 }
 
-// laneBenchCPU is the CPU time, user and system, the process has used.
-func laneBenchCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
