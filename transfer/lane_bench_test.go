@@ -109,4 +109,3 @@ func BenchmarkLane(b *testing.B) {
 	b.Logf("%d blocks of 2 MiB (%d MiB) per transport per iteration; lane: %d blocks per read, %d reads at once, %d connections, plain %v; %s baseline: %d connections",
 		nblocks, size>>20, *benchLaneBatch, *benchLaneInflight, conns, *benchLanePlain, baseName, conns)
 }
-
