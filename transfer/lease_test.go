@@ -106,3 +106,36 @@ func TestRenewHonoursHolderCap(t *testing.T) {
 		t.Errorf("renewal of a lease the holder does not hold: %v, %v; want 0", d, err)
 	}
 }
+
+// A holder may cap the term of a lease or a renewal, never lengthen it:
+// a grant at the ask is taken, one millisecond past it is a protocol error,
+// and so is a count of milliseconds that would overflow a Duration.
+func TestGrantNeverLongerThanAsked(t *testing.T) {
+	const ask = 3 * time.Second
+	for _, tc := range []struct {
+		name    string
+		granted uint64
+		want    time.Duration
+		wantErr bool
+	}{
+		{"nothing", 0, 0, false},
+		{"capped", 1500, 1500 * time.Millisecond, false},
+		{"at the ask", 3000, ask, false},
+		{"one past the ask", 3001, 0, true},
+		{"past a Duration", 1 << 63, 0, true},
+		{"the largest count", ^uint64(0), 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := grantedByHolder("lease", "h", tc.granted, ask)
+			if tc.wantErr {
+				if !errors.Is(err, ErrFrame) || got != 0 {
+					t.Fatalf("grant of %d ms for %v asked: %v, %v; want ErrFrame", tc.granted, ask, got, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("grant of %d ms for %v asked: %v, %v; want %v", tc.granted, ask, got, err, tc.want)
+			}
+		})
+	}
+}

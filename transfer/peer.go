@@ -351,7 +351,11 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 	if len(resp.Blocks) != len(hashes) {
 		return Lease{}, fmt.Errorf("%w: lease from %s has %d entries for %d hashes", ErrFrame, p.name, len(resp.Blocks), len(hashes))
 	}
-	l := Lease{ID: resp.LeaseId, Duration: time.Duration(resp.DurationMs) * time.Millisecond, Blocks: make([]LeasedBlock, len(resp.Blocks))}
+	term, err := grantedByHolder("lease", p.name, resp.DurationMs, d)
+	if err != nil {
+		return Lease{}, err
+	}
+	l := Lease{ID: resp.LeaseId, Duration: term, Blocks: make([]LeasedBlock, len(resp.Blocks))}
 	for i, b := range resp.Blocks {
 		if b.Hash != hashes[i] {
 			return Lease{}, fmt.Errorf("%w: lease from %s: entry %d is for hash %d, asked %d", ErrFrame, p.name, i, b.Hash, hashes[i])
@@ -404,16 +408,25 @@ func (p *Peer) Renew(ctx context.Context, leaseID uint64, d time.Duration) (time
 	if err := p.call(ctx, methodRenew, &transferpb.RenewRequest{LeaseId: leaseID, DurationMs: uint64(d / time.Millisecond)}, &resp); err != nil {
 		return 0, err
 	}
-	switch granted := time.Duration(resp.DurationMs) * time.Millisecond; {
+	switch {
 	case !resp.Valid:
 		return 0, nil
 	case resp.DurationMs == 0:
 		return d, nil // a holder that does not say: the term asked
-	case granted > d:
-		return 0, fmt.Errorf("%w: renewal from %s grants %v, more than the %v asked", ErrFrame, p.name, granted, d)
 	default:
-		return granted, nil
+		return grantedByHolder("renewal", p.name, resp.DurationMs, d)
 	}
+}
+
+// grantedByHolder checks the term a holder granted, in milliseconds,
+// against the term asked: a holder may cap a term, never lengthen it. The
+// count is compared before it becomes a Duration, which a count past
+// about 292 years would overflow into a negative or short term.
+func grantedByHolder(what, holder string, grantedMS uint64, asked time.Duration) (time.Duration, error) {
+	if askedMS := uint64(asked / time.Millisecond); grantedMS > askedMS {
+		return 0, fmt.Errorf("%w: %s from %s grants %d ms, more than the %d ms asked", ErrFrame, what, holder, grantedMS, askedMS)
+	}
+	return time.Duration(grantedMS) * time.Millisecond, nil
 }
 
 // Release ends a lease; false means it expired before the release and
