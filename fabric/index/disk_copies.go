@@ -88,10 +88,21 @@ func (d *DiskCopies) DiskOnly(ix *Index, id NodeID, hash uint64) bool {
 }
 
 // CountDiskOnly counts the hashes of which holder id has disk copies only.
+// It takes the lock once for all of hashes and asks the index for the
+// copies of those with disk copies alone, outside it.
 func (d *DiskCopies) CountDiskOnly(ix *Index, id NodeID, hashes []uint64) int {
+	if d.n.Load() == 0 || len(hashes) == 0 {
+		return 0
+	}
+	disk := make([]uint32, len(hashes))
+	d.mu.Lock()
+	for i, h := range hashes {
+		disk[i] = d.m[diskKey{h, id}]
+	}
+	d.mu.Unlock()
 	c := 0
-	for _, h := range hashes {
-		if d.DiskOnly(ix, id, h) {
+	for i, h := range hashes {
+		if disk[i] > 0 && ix.Copies(h, id) <= int(disk[i]) {
 			c++
 		}
 	}
