@@ -199,6 +199,16 @@ type tiers struct {
 	// Metrics.OffloadsGivenUp counts them) was last logged.
 	skipLogged atomic.Int64
 	corrupt    atomic.Uint64 // blocks that failed a check on restore
+
+	// Copies down written straight from pool memory (tier_offload.go):
+	// trailers are their trailer pages; direct counts them, rewritten
+	// those written again from bytes copied out when an allocation took
+	// the slot under the write; noDirect, set once such a write failed,
+	// turns them off.
+	trailers  sync.Pool
+	direct    atomic.Uint64
+	rewritten atomic.Uint64
+	noDirect  atomic.Bool
 }
 
 // openTiers opens the configured disk tiers and finds the blocks they hold.
