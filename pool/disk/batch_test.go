@@ -448,3 +448,71 @@ func TestBatchPiecesReplaceAndDrop(t *testing.T) {
 	s.Close()
 	check(open(t, dir, nil))
 }
+
+// GetPieces fills pieces in order with a block's bytes, read straight into
+// aligned pieces or through a buffer into any others, up to the block's
+// length; pieces too short for the block are refused, and bytes that fail
+// the block's checksum are never returned as good.
+func TestGetPieces(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, nil) // slots of 16 KiB
+	data := make([]byte, 3*Align+16)
+	for i := range data {
+		data[i] = byte(i*13 + i>>9)
+	}
+	ctx := context.Background()
+	if err := s.Put(ctx, Key{Hash: 1, Tag: 7}, data); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(-1, 0, 6*Align, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for _, tc := range []struct {
+		desc   string
+		pieces [][]byte
+		err    error
+	}{
+		{"aligned pieces, exactly the block", [][]byte{mem[:Align], mem[2*Align : 4*Align], mem[5*Align : 5*Align+16]}, nil},
+		{"aligned pieces, longer than the block", [][]byte{mem[:2*Align], mem[2*Align : 6*Align]}, nil},
+		{"a piece not a multiple of Align", [][]byte{mem[:100], mem[Align : 5*Align]}, nil},
+		{"one unaligned piece", [][]byte{make([]byte, 5*Align)[1:]}, nil},
+		{"pieces a byte short", [][]byte{mem[:Align], mem[2*Align : 4*Align], mem[5*Align : 5*Align+15]}, ErrTooLarge},
+	} {
+		clear(mem)
+		n, err := s.GetPieces(ctx, Key{Hash: 1, Tag: 7}, tc.pieces...)
+		if tc.err != nil {
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("%s: %v, want %v", tc.desc, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || n != len(data) {
+			t.Fatalf("%s: %d bytes, %v", tc.desc, n, err)
+		}
+		if got := bytes.Join(tc.pieces, nil)[:n]; !bytes.Equal(got, data) {
+			t.Fatalf("%s: the pieces hold other bytes", tc.desc)
+		}
+	}
+	// A flipped byte on disk: ErrCorrupt into aligned pieces too, and the
+	// block is gone.
+	s.mu.Lock()
+	e := s.entries[Key{Hash: 1, Tag: 7}]
+	s.mu.Unlock()
+	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("blocks.%03d", int(e.slot)/s.perFile)), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := int64(int(e.slot)%s.perFile)*int64(s.SlotBytes()) + Align + 5
+	if _, err := f.WriteAt([]byte{^data[Align+5]}, off); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := s.GetPieces(ctx, Key{Hash: 1, Tag: 7}, mem[:2*Align], mem[2*Align:6*Align]); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a flipped byte read into pieces: %v, want ErrCorrupt", err)
+	}
+	if s.Has(Key{Hash: 1, Tag: 7}) {
+		t.Fatal("a corrupt block is still held")
+	}
+}

@@ -103,8 +103,9 @@ func (r request) run() error {
 	return nil
 }
 
-// runVec writes r.vec's pieces in order from r.off with pwritev, going on
-// after a short write from where it stopped.
+// runVec writes r.vec's pieces in order from r.off with pwritev (reads
+// them with preadv), going on after a short transfer from where it
+// stopped.
 func (r request) runVec(fd int) error {
 	vec := r.vec
 	total := 0
@@ -113,15 +114,23 @@ func (r request) runVec(fd int) error {
 	}
 	off := r.off
 	for done := 0; done < total; {
-		n, err := unix.Pwritev(fd, vec, off)
+		var n int
+		var err error
+		op := "pwritev"
+		if r.write {
+			n, err = unix.Pwritev(fd, vec, off)
+		} else {
+			op = "preadv"
+			n, err = unix.Preadv(fd, vec, off)
+		}
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("disk: pwritev %d bytes in %d pieces at %d: %w", total, len(r.vec), r.off, err)
+			return fmt.Errorf("disk: %s %d bytes in %d pieces at %d: %w", op, total, len(r.vec), r.off, err)
 		}
 		if n == 0 {
-			return fmt.Errorf("disk: pwritev at %d: nothing written after %d of %d bytes", r.off, done, total)
+			return fmt.Errorf("disk: %s at %d: end of file after %d of %d bytes", op, r.off, done, total)
 		}
 		done += n
 		off += int64(n)

@@ -446,7 +446,7 @@ func (b *Batch) start(ctx context.Context, it *batchItem, pieces [][]byte, n int
 	s := b.s
 	f, off := s.where(it.e.slot)
 	r := request{write: true, f: f, off: off, done: make(chan error, 1)}
-	if vec, ok := straight(pieces, n); ok {
+	if vec, ok := straight(pieces, n, true); ok {
 		if len(vec) == 1 {
 			r.buf = vec[0]
 		} else {
@@ -468,9 +468,10 @@ func (b *Batch) start(ctx context.Context, it *batchItem, pieces [][]byte, n int
 	return nil
 }
 
-// straight is pieces as O_DIRECT writes them with no copy, the last
-// extended to Align and zeroed past its length, or false.
-func straight(pieces [][]byte, n int) ([][]byte, bool) {
+// straight is pieces as O_DIRECT takes them with no copy, the last
+// extended to Align (and, with zero, zeroed past its length, for a
+// write), or false.
+func straight(pieces [][]byte, n int, zero bool) ([][]byte, bool) {
 	for i, p := range pieces {
 		if len(p) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(p)))%Align != 0 {
 			return nil, false
@@ -485,7 +486,9 @@ func straight(pieces [][]byte, n int) ([][]byte, bool) {
 	}
 	vec := append([][]byte(nil), pieces...)
 	ext := last[:roundUp(len(last))]
-	clear(ext[len(last):])
+	if zero {
+		clear(ext[len(last):])
+	}
 	vec[len(vec)-1] = ext
 	return vec, true
 }
@@ -628,6 +631,20 @@ func (s *Store) giveBack(slot uint32) {
 // aligned to Align with room for the block rounded up to Align is read
 // into directly; any other through a buffer and a copy.
 func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
+	return s.GetPieces(ctx, k, dst)
+}
+
+// GetPieces is Get into pieces, filled in order up to the block's length
+// (no longer than theirs together): read into directly, with one vectored
+// read, where the pieces it fills are aligned as AddPieces writes them
+// straight (the last it fills with room to its end rounded up to Align,
+// which the read overwrites); else through a buffer and a copy. On an
+// error the pieces may hold some of the block's bytes, or others.
+func (s *Store) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int, error) {
+	total := 0
+	for _, p := range pieces {
+		total += len(p)
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -638,32 +655,48 @@ func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
 		s.mu.Unlock()
 		return 0, fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
 	}
-	if int(e.length) > len(dst) {
+	if int(e.length) > total {
 		s.mu.Unlock()
-		return 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, len(dst), ErrTooLarge)
+		return 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
 	}
 	s.busy[e.slot]++
 	s.mu.Unlock()
 	defer s.doneReading(e.slot)
-	// Straight into dst where O_DIRECT takes it (pool memory is page
+	// The pieces that the block fills, the last cut to its end.
+	want := int(e.length)
+	fill := make([][]byte, 0, len(pieces))
+	for _, p := range pieces {
+		if want == 0 {
+			break
+		}
+		m := min(len(p), want)
+		fill = append(fill, p[:m])
+		want -= m
+	}
+	// Straight into them where O_DIRECT takes them (pool memory is page
 	// aligned); else through an aligned buffer and a copy.
-	var got []byte
-	if n := roundUp(int(e.length)); len(dst) >= n && uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%Align == 0 {
-		got = dst[:n]
+	f, off := s.where(e.slot)
+	r := request{f: f, off: off}
+	got := fill
+	if vec, ok := straight(fill, int(e.length), false); ok {
+		if len(vec) == 1 {
+			r.buf = vec[0]
+		} else {
+			r.vec = vec
+		}
 	} else {
 		buf, err := s.buffer()
 		if err != nil {
 			return 0, err
 		}
 		defer s.release(buf)
-		got = buf.b[:n]
+		r.buf = buf.b[:roundUp(int(e.length))]
+		got = [][]byte{buf.b[:e.length]}
 	}
-	f, off := s.where(e.slot)
-	if err := s.readInline(ctx, request{f: f, off: off, buf: got}); err != nil {
+	if err := s.readInline(ctx, r); err != nil {
 		return 0, err
 	}
-	got = got[:e.length]
-	if xxh3.Hash(got) != e.sum {
+	if sumOf(got) != e.sum {
 		s.stats.corrupt.Add(1)
 		s.cfg.Logger.Warn("disk tier block failed its checksum: dropped", "hash", fmt.Sprintf("%016x", k.Hash),
 			"slot", e.slot, "dir", s.cfg.Dir)
@@ -672,8 +705,11 @@ func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
 	}
 	s.stats.gets.Add(1)
 	s.stats.bytesRead.Add(uint64(e.length))
-	if &got[0] != &dst[0] {
-		copy(dst, got)
+	if len(got) == 1 && len(fill) > 0 && unsafe.SliceData(got[0]) != unsafe.SliceData(fill[0]) {
+		src := got[0] // read through the buffer
+		for _, p := range fill {
+			src = src[copy(p, src):]
+		}
 	}
 	return int(e.length), nil
 }
