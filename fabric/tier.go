@@ -78,10 +78,13 @@ const tierBatchDelay = time.Millisecond
 
 // tierBatch is the most blocks a copier takes from the queue at once and
 // puts in one batch (one data sync and one journal sync for all of them);
-// tierBatchBytes bounds the batch's buffers.
+// tierBatchBytes bounds the batch's bytes (its buffers, for blocks not
+// written straight from their slots). Between batches the store's writers
+// run down and wait for the commit: 128 blocks of 256 KiB a batch copy
+// down faster than 32 (BenchmarkTierOffload, in BENCHMARKS.md).
 const (
-	tierBatch      = 32
-	tierBatchBytes = 8 << 20
+	tierBatch      = 128
+	tierBatchBytes = 32 << 20
 )
 
 // tierTrailer is the bytes after a block's canonical bytes on disk.

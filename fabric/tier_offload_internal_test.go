@@ -58,7 +58,7 @@ func TestTierBatchLen(t *testing.T) {
 		{"small blocks: the count bounds it", 4096, tierBatch},
 		{"blocks at the count's share of the bytes", tierBatchBytes / tierBatch, tierBatch},
 		{"a byte past it", tierBatchBytes/tierBatch + 1, tierBatch - 1},
-		{"blocks of 256 KiB and a trailer", 266240, 31},
+		{"blocks of 256 KiB and a trailer", 266240, 126},
 		{"one block fills the bytes", tierBatchBytes, 1},
 		{"a block past the bytes still goes", tierBatchBytes + 4096, 1},
 	} {
