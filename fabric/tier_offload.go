@@ -11,6 +11,7 @@ import (
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
+	"golang.org/x/sys/unix"
 )
 
 // offloadJob is a block the pool offered to the disk tiers.
@@ -324,7 +325,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		j := jobs[at[n]]
 		werr := batch.Wait(n)
 		if err := j.set.EndCopy(j.blk); err == nil {
-			if werr != nil {
+			if werr != nil && directRefused(werr) {
 				t.directFailed(werr)
 			}
 			continue
@@ -396,14 +397,21 @@ func (t *tiers) makeRoom(d *diskTier) {
 	}
 }
 
-// directFailed turns writes straight from pool memory off after one
-// failed (a file system or memory that O_DIRECT refuses): copies down
-// gather into buffers from then on. The block stays in memory, to be
-// offered again.
+// directFailed turns reads and writes straight from and into pool memory
+// off after O_DIRECT refused one (directRefused): copies down gather into
+// buffers from then on, and restores read into buffers. A block whose
+// write failed stays in memory, to be offered again; a read is tried
+// again through a buffer.
 func (t *tiers) directFailed(err error) {
 	if t.noDirect.CompareAndSwap(false, true) {
-		t.log.Warn("tier: a write straight from pool memory failed: blocks are copied into buffers first from now on", "err", err)
+		t.log.Warn("tier: O_DIRECT refused pool memory: blocks go through buffers from now on", "err", err)
 	}
+}
+
+// directRefused says whether err is O_DIRECT refusing the memory it was
+// given (its alignment, or memory it cannot pin), not the disk failing.
+func directRefused(err error) bool {
+	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EFAULT)
 }
 
 // placed records that tier d now holds k, length bytes.

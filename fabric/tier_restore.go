@@ -92,12 +92,20 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 				// Straight into the slot where O_DIRECT takes its memory
 				// as it is (the trailer into a page of its own); else
 				// into a buffer, scattered from there.
-				pieces := slotPieces(l, regions, blks[i].Slot)
+				var pieces [][]byte
+				if !t.noDirect.Load() {
+					pieces = slotPieces(l, regions, blks[i].Slot)
+				}
 				var got int
 				var err error
 				if pieces != nil {
 					got, err = f.d.store.Load().GetPieces(ctx, f.k, append(pieces, tr[:tierTrailer])...)
-				} else {
+					if err != nil && directRefused(err) {
+						t.directFailed(err)
+						pieces = nil // read again through a buffer
+					}
+				}
+				if pieces == nil {
 					if buf == nil {
 						buf = t.buffer()
 					}
