@@ -31,8 +31,9 @@ func ImportCandidates(a *Agent, hashes []uint64) []string {
 
 // TierCopyDown copies the blocks of hashes in a's block set id down to its
 // disk tiers as the tiers' workers do (as many goroutines, each taking the
-// blocks queued in batches, each block gathered into canonical order, each
-// batch committed at once), and returns how many went down.
+// blocks queued in batches, each block written straight from its slot or
+// gathered into canonical order, each batch committed at once), and
+// returns how many went down.
 func TierCopyDown(a *Agent, id uint64, hashes []uint64) (int, error) {
 	s, err := a.pool.BlockSet(pool.SetID(id))
 	if err != nil {
