@@ -15,8 +15,8 @@ import (
 )
 
 // BenchmarkTierRestore is the rate at which an engine's Acquire brings
-// blocks back from a disk tier (read with O_DIRECT, checked twice, copied
-// into its slots; runs of 8, as an engine acquiring prefixes would, the
+// blocks back from a disk tier (read with O_DIRECT straight into its
+// slots, checked twice; runs of 8, as an engine acquiring prefixes would, the
 // engine's calls included), against
 // O_DIRECT reads of the same bytes in reads of one block, one at a time,
 // from a file in the same directory, in the same run. 256 blocks of 256

@@ -31,8 +31,9 @@ func ImportCandidates(a *Agent, hashes []uint64) []string {
 
 // TierCopyDown copies the blocks of hashes in a's block set id down to its
 // disk tiers as the tiers' workers do (as many goroutines, each taking the
-// blocks queued in batches, each block gathered into canonical order, each
-// batch committed at once), and returns how many went down.
+// blocks queued in batches, each block written straight from its slot or
+// gathered into canonical order, each batch committed at once), and
+// returns how many went down.
 func TierCopyDown(a *Agent, id uint64, hashes []uint64) (int, error) {
 	s, err := a.pool.BlockSet(pool.SetID(id))
 	if err != nil {
@@ -126,4 +127,11 @@ func TierCommits(a *Agent) uint64 {
 		}
 	}
 	return n
+}
+
+// TierDirectWrites is how many blocks a's tiers wrote straight from pool
+// memory, and how many of those were written again from bytes copied out
+// because an allocation took the slot under the write.
+func TierDirectWrites(a *Agent) (direct, rewritten uint64) {
+	return a.tiers.direct.Load(), a.tiers.rewritten.Load()
 }

@@ -78,10 +78,13 @@ const tierBatchDelay = time.Millisecond
 
 // tierBatch is the most blocks a copier takes from the queue at once and
 // puts in one batch (one data sync and one journal sync for all of them);
-// tierBatchBytes bounds the batch's buffers.
+// tierBatchBytes bounds the batch's bytes (its buffers, for blocks not
+// written straight from their slots). Between batches the store's writers
+// run down and wait for the commit: 128 blocks of 256 KiB a batch copy
+// down faster than 32 (BenchmarkTierOffload, in BENCHMARKS.md).
 const (
-	tierBatch      = 32
-	tierBatchBytes = 8 << 20
+	tierBatch      = 128
+	tierBatchBytes = 32 << 20
 )
 
 // tierTrailer is the bytes after a block's canonical bytes on disk.
@@ -199,6 +202,16 @@ type tiers struct {
 	// Metrics.OffloadsGivenUp counts them) was last logged.
 	skipLogged atomic.Int64
 	corrupt    atomic.Uint64 // blocks that failed a check on restore
+
+	// Copies down written straight from pool memory (tier_offload.go):
+	// trailers are their trailer pages; direct counts them, rewritten
+	// those written again from bytes copied out when an allocation took
+	// the slot under the write; noDirect, set once such a write failed,
+	// turns them off.
+	trailers  sync.Pool
+	direct    atomic.Uint64
+	rewritten atomic.Uint64
+	noDirect  atomic.Bool
 }
 
 // openTiers opens the configured disk tiers and finds the blocks they hold.

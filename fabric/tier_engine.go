@@ -72,7 +72,10 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 			}
 			continue
 		}
-		if a.tiers != nil && a.tiers.whereWait(ctx, disk.Key{Hash: h, Tag: tag}) != nil {
+		// Not waiting for a copy down under way (whereWait): the
+		// answer does not need it, and an Acquire or Import restores
+		// the block once its copy ends.
+		if a.tiers != nil && a.tiers.where(disk.Key{Hash: h, Tag: tag}) != nil {
 			out[i] = tierDisk
 			if restoreFrom < 0 {
 				restoreFrom = i

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
+	"golang.org/x/sys/unix"
 )
 
 // offloadJob is a block the pool offered to the disk tiers.
@@ -230,21 +232,30 @@ const tierSkipLogEvery = 10 * time.Second
 type copied struct{ ok, skipped bool }
 
 // copyDownBatch writes the blocks of jobs to a disk tier and reports how
-// each copy ended. Each slot is read only between BeginCopy and EndCopy,
-// into a buffer of the copy's own, so that an allocation that takes the
-// slot after EndCopy does not change what the tier commits; each block's
-// write starts as soon as it is read, while the next is read, and the
-// blocks are committed together (a disk.Batch: one data sync and one
-// journal sync for all of them). A full tier makes room by dropping its
-// least recently used blocks.
+// each copy ended. A block whose slot's memory O_DIRECT takes as it is
+// (slotPieces) is written straight from the slot, with no copy: an
+// allocation may take the slot under the write (StartCopy direct), and
+// then the bytes written are replaced by the ones the allocation copied
+// out (take) or the block is dropped, never committed as it was written.
+// Any other block is read between BeginCopy and EndCopy into a buffer of
+// the copy's own (gathered into canonical order), so that an allocation
+// that takes the slot after EndCopy does not change what the tier
+// commits. Each block's write starts as soon as it is read, while the next
+// is read, and the blocks are committed together (a disk.Batch: one data
+// sync and one journal sync for all of them). A full tier makes room by
+// dropping its least recently used blocks.
 func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	out := make([]copied, len(jobs))
-	var items []disk.PutItem
-	var at []int // items[i] is jobs[at[i]]'s
-	var bufs [][]byte
+	var items []disk.PutItem // Data nil: written straight from the slot
+	var at []int             // items[i] is jobs[at[i]]'s
+	var direct []int         // items written straight from slots not held
+	var bufs, trailers [][]byte
 	defer func() {
 		for _, b := range bufs {
 			t.putBuffer(b)
+		}
+		for _, b := range trailers {
+			t.trailers.Put(&b)
 		}
 	}()
 	// Close cancels copies under way: the pool's memory goes next.
@@ -268,33 +279,66 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 			t.dropTaken(j)
 			continue
 		}
-		var buf []byte
-		if err := t.readSlot(j, func() []byte { buf = t.buffer(); return buf }); err != nil {
+		if batch == nil {
+			if d = t.pick(); d == nil {
+				t.log.Warn("tier: block not copied down", "hash", j.hash, "err", "no disk tier is open")
+				t.list[0].failed.Add(1)
+				t.dropTaken(j)
+				continue
+			}
+			batch = d.store.Load().NewBatch()
+		}
+		src, err := t.readSlot(j, l)
+		if err != nil {
 			p := j.taken.Load()
 			if p == nil {
 				out[i].skipped = true
 				continue
 			}
-			buf = *p // copied out when its slot was taken
+			src = slotCopy{buf: *p} // copied out when its slot was taken
 		}
-		bufs = append(bufs, buf)
-		if batch == nil {
-			if f := t.beforePut.Load(); f != nil {
-				(*f)()
-			}
-			if d = t.pick(); d == nil {
-				t.log.Warn("tier: block not copied down", "hash", j.hash, "err", "no disk tier is open")
-				t.list[0].failed.Add(1)
-				continue
-			}
-			batch = d.store.Load().NewBatch()
+		if f := t.beforePut.Load(); f != nil {
+			(*f)()
 		}
-		items = append(items, disk.PutItem{Key: k, Data: buf[:tierBlockBytes(l)]})
+		t.makeRoom(d)
 		at = append(at, i)
+		if src.pieces != nil {
+			trailers = append(trailers, src.trailer)
+			items = append(items, disk.PutItem{Key: k})
+			if !j.held {
+				direct = append(direct, len(items)-1)
+			}
+			batch.AddPieces(ctx, k, src.pieces...)
+			t.direct.Add(1)
+			continue
+		}
+		bufs = append(bufs, src.buf)
+		items = append(items, disk.PutItem{Key: k, Data: src.buf[:tierBlockBytes(l)]})
 		batch.Add(ctx, k, items[len(items)-1].Data)
 	}
 	if batch == nil {
 		return out
+	}
+	// A block written straight from a slot is committed only if the slot
+	// was not taken before its write ended.
+	for _, n := range direct {
+		j := jobs[at[n]]
+		werr := batch.Wait(n)
+		if err := j.set.EndCopy(j.blk); err == nil {
+			if werr != nil && directRefused(werr) {
+				t.directFailed(werr)
+			}
+			continue
+		}
+		if p := j.taken.Load(); p != nil {
+			items[n].Data = (*p)[:tierBlockBytes(j.set.Layout())]
+			bufs = append(bufs, *p)
+			batch.Replace(ctx, n, items[n].Data)
+			t.rewritten.Add(1)
+			continue
+		}
+		batch.Drop(n)
+		out[at[n]].skipped = true
 	}
 	errs := batch.Commit()
 	var lastErr error
@@ -304,12 +348,16 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		for n, err := range errs {
 			switch {
 			case err == nil:
-				t.placed(d, items[n].Key, len(items[n].Data))
+				t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout()))
 				out[at[n]].ok = true
 				put = append(put, items[n].Key.Hash)
-			case errors.Is(err, disk.ErrFull):
+			case errors.Is(err, disk.ErrDropped):
+			case errors.Is(err, disk.ErrFull) && items[n].Data != nil:
 				keep, keepAt = append(keep, items[n]), append(keepAt, at[n])
 				lastErr = err
+			case errors.Is(err, disk.ErrFull):
+				// Its slot was not kept for a second try: it stays in
+				// memory, to be offered again.
 			default:
 				t.log.Warn("tier: block not copied down", "hash", items[n].Key.Hash, "err", err)
 				t.list[0].failed.Add(1)
@@ -341,6 +389,31 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	return out
 }
 
+// makeRoom drops least recently used disk blocks while d's store has no
+// free slot, a few at most: a block written straight from its slot is not
+// kept for a second try when the store is full.
+func (t *tiers) makeRoom(d *diskTier) {
+	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldest(); try++ {
+	}
+}
+
+// directFailed turns reads and writes straight from and into pool memory
+// off after O_DIRECT refused one (directRefused): copies down gather into
+// buffers from then on, and restores read into buffers. A block whose
+// write failed stays in memory, to be offered again; a read is tried
+// again through a buffer.
+func (t *tiers) directFailed(err error) {
+	if t.noDirect.CompareAndSwap(false, true) {
+		t.log.Warn("tier: O_DIRECT refused pool memory: blocks go through buffers from now on", "err", err)
+	}
+}
+
+// directRefused says whether err is O_DIRECT refusing the memory it was
+// given (its alignment, or memory it cannot pin), not the disk failing.
+func directRefused(err error) bool {
+	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EFAULT)
+}
+
 // placed records that tier d now holds k, length bytes.
 func (t *tiers) placed(d *diskTier, k disk.Key, length int) {
 	t.mu.Lock()
@@ -359,32 +432,106 @@ func (t *tiers) placed(d *diskTier, k disk.Key, length int) {
 	t.heldBytes[d.n] += int64(length)
 }
 
-// readSlot copies j's block out of its slot, with its trailer, into the
-// buffer that get returns, between BeginCopy and EndCopy unless j.held.
-// An error says the slot was taken before the copy began (BeginCopy
-// refused it): nothing was read, and get was not called.
-func (t *tiers) readSlot(j *offloadJob, get func() []byte) error {
-	l := j.set.Layout()
+// slotCopy is what a copy down writes: pieces of the slot itself and a
+// trailer (direct, trailer the buffer it is in), or buf, a copy of the
+// block with its trailer.
+type slotCopy struct {
+	pieces  [][]byte
+	trailer []byte
+	buf     []byte
+}
+
+// maxDirectPieces bounds the pieces of pool memory one block is written
+// from straight (one vectored write); a block in more is gathered.
+const maxDirectPieces = 64
+
+// readSlot begins the copy of j's block out of its slot, unless j.held
+// between StartCopy and EndCopy: where the slot's memory can be written
+// straight (slotPieces), its pieces and a trailer, the copy ended by the
+// caller (EndCopy, once the write ended); else a copy in canonical order,
+// with its trailer, in a buffer of the tiers', the copy ended. An error
+// says the slot was taken before the copy began: nothing was read.
+func (t *tiers) readSlot(j *offloadJob, l *layout.Layout) (slotCopy, error) {
 	regions, err := j.set.RegionBytes()
 	if err != nil {
-		return err
+		return slotCopy{}, err
 	}
-	if !j.held {
-		if err := j.set.BeginCopy(j.blk); err != nil {
-			return err
+	n := tierBlockBytes(l) - tierTrailer
+	if !t.noDirect.Load() {
+		if pieces := slotPieces(l, regions, j.blk.Slot); pieces != nil {
+			sum, has, err := t.startCopy(j, true)
+			if err != nil {
+				return slotCopy{}, err
+			}
+			tr := t.trailerBuffer()
+			putTrailer(tr, 0, sum, has)
+			return slotCopy{pieces: append(pieces, tr[:tierTrailer]), trailer: tr}, nil
 		}
 	}
-	buf := get()
+	sum, has, err := t.startCopy(j, false)
+	if err != nil {
+		return slotCopy{}, err
+	}
+	buf := t.buffer()
 	gatherBlock(l, regions, j.blk.Slot, buf)
-	sum, has := j.set.Sum(j.blk)
-	putTrailer(buf, tierBlockBytes(l)-tierTrailer, sum, has)
+	putTrailer(buf, n, sum, has)
 	if !j.held {
 		if err := j.set.EndCopy(j.blk); err != nil {
-			return nil // cannot be: a slot being read is not taken
+			return slotCopy{buf: buf}, nil // cannot be: a slot being read is not taken
 		}
 		t.signal() // an allocation waiting for this slot may take it now
 	}
-	return nil
+	return slotCopy{buf: buf}, nil
+}
+
+// startCopy is StartCopy for j, or, for a block its caller holds, its
+// recorded checksum.
+func (t *tiers) startCopy(j *offloadJob, direct bool) (uint64, bool, error) {
+	if j.held {
+		sum, has := j.set.Sum(j.blk)
+		return sum, has, nil
+	}
+	return j.set.StartCopy(j.blk, direct)
+}
+
+// slotPieces is slot's block in canonical order as pieces of the set's
+// memory, its contiguous chunks joined, where O_DIRECT writes them as they
+// are (each at an address and of a length aligned to disk.Align, at most
+// maxDirectPieces of them), else nil.
+func slotPieces(l *layout.Layout, regions [][]byte, slot int) [][]byte {
+	type span struct {
+		rank       int
+		start, end uint64
+	}
+	var spans []span
+	forEachChunk(l, slot, func(rank int, off uint64, n int, _ int) {
+		if k := len(spans) - 1; k >= 0 && spans[k].rank == rank && spans[k].end == off {
+			spans[k].end += uint64(n)
+			return
+		}
+		spans = append(spans, span{rank, off, off + uint64(n)})
+	})
+	if len(spans) > maxDirectPieces {
+		return nil
+	}
+	out := make([][]byte, 0, len(spans)+1) // room for the trailer
+	for _, s := range spans {
+		p := regions[s.rank][s.start:s.end]
+		if len(p)%disk.Align != 0 || uintptr(unsafe.Pointer(unsafe.SliceData(p)))%disk.Align != 0 {
+			return nil
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// trailerBuffer is an aligned page for a block's trailer, written after
+// the block's pieces straight from pool memory.
+func (t *tiers) trailerBuffer() []byte {
+	if b, ok := t.trailers.Get().(*[]byte); ok {
+		return *b
+	}
+	return alignedBuffer(disk.Align)
 }
 
 // pick is the open tier with the most free slots, nil if none is open.

@@ -1,11 +1,13 @@
 package fabric
 
 import (
+	"bytes"
 	"container/list"
 	"context"
 	"testing"
 	"time"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool/disk"
 )
 
@@ -58,7 +60,7 @@ func TestTierBatchLen(t *testing.T) {
 		{"small blocks: the count bounds it", 4096, tierBatch},
 		{"blocks at the count's share of the bytes", tierBatchBytes / tierBatch, tierBatch},
 		{"a byte past it", tierBatchBytes/tierBatch + 1, tierBatch - 1},
-		{"blocks of 256 KiB and a trailer", 266240, 31},
+		{"blocks of 256 KiB and a trailer", 266240, 126},
 		{"one block fills the bytes", tierBatchBytes, 1},
 		{"a block past the bytes still goes", tierBatchBytes + 4096, 1},
 	} {
@@ -66,6 +68,62 @@ func TestTierBatchLen(t *testing.T) {
 		tr.room.Store(tc.room)
 		if got := tr.batchLen(); got != tc.want {
 			t.Errorf("%s (room %d): batch of %d, want %d", tc.desc, tc.room, got, tc.want)
+		}
+	}
+}
+
+// A slot is written to (and read from) disk straight from its memory only
+// where O_DIRECT takes it as it is: its canonical pieces, contiguous chunks
+// joined, each page aligned and whole pages, at most maxDirectPieces of
+// them; the pieces then hold exactly the bytes a gather would. Anything
+// else is gathered (nil).
+func TestSlotPieces(t *testing.T) {
+	model := layout.ModelConfig{Layers: 4, KVHeads: 8, HeadDim: 128, DType: layout.DTypeBF16} // chunks of 32 KiB at page 16
+	for _, tc := range []struct {
+		desc   string
+		mod    func(l *layout.Layout)
+		offset int // the regions start this far past a page
+		pieces int // 0: gathered
+	}{
+		{"one rank, contiguous: one piece", nil, 0, 1},
+		{"two ranks: a piece each", func(l *layout.Layout) { l.TPSize = 2 }, 0, 2},
+		{"layers apart: a piece per layer", func(l *layout.Layout) { l.Arrangement = layout.LayerSeparate }, 0, 4},
+		{"regions not page aligned", nil, 64, 0},
+		{"chunks shorter than a page, joined into whole pages", func(l *layout.Layout) { l.PageSize = 1 }, 0, 1},
+		{"a shard not whole pages", func(l *layout.Layout) { l.PageSize, l.Model.HeadDim = 1, 100 }, 0, 0},
+		{"more pieces than a vectored write takes", func(l *layout.Layout) {
+			l.Arrangement, l.Model.Layers = layout.LayerSeparate, maxDirectPieces+1
+		}, 0, 0},
+		{"as many as it takes", func(l *layout.Layout) {
+			l.Arrangement, l.Model.Layers = layout.LayerSeparate, maxDirectPieces
+		}, 0, maxDirectPieces},
+	} {
+		l := &layout.Layout{Model: model, PageSize: 16, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous,
+			Alignment: 4096, Slots: 3}
+		if tc.mod != nil {
+			tc.mod(l)
+		}
+		region := int(l.Strides().Region)
+		regions := make([][]byte, l.TPSize)
+		for r := range regions {
+			regions[r] = alignedBuffer(region + disk.Align)[tc.offset : tc.offset+region]
+			for i := range regions[r] {
+				regions[r][i] = byte(i*7 + r*3 + i>>12)
+			}
+		}
+		const slot = 1
+		pieces := slotPieces(l, regions, slot)
+		if len(pieces) != tc.pieces {
+			t.Errorf("%s: %d pieces, want %d", tc.desc, len(pieces), tc.pieces)
+			continue
+		}
+		if pieces == nil {
+			continue
+		}
+		want := make([]byte, tierBlockBytes(l)-tierTrailer)
+		gatherBlock(l, regions, slot, want)
+		if got := bytes.Join(pieces, nil); !bytes.Equal(got, want) {
+			t.Errorf("%s: the pieces hold %d bytes, not the %d a gather does", tc.desc, len(got), len(want))
 		}
 	}
 }

@@ -21,10 +21,11 @@ const (
 )
 
 // restore brings the leading blocks of hashes that a disk tier holds in
-// es's shape up into es: each block read back, checked (the store's
-// checksum of its bytes, then the content checksum it had when it went
-// down, over its bytes in the slot), and registered with a reference the
-// caller owns. A block that fails a check is dropped from its tier and
+// es's shape up into es: each block read back (straight into its slot
+// where O_DIRECT takes the slot's memory as it is, slotPieces; else into
+// a buffer and scattered), checked (the store's checksum of its bytes,
+// then the content checksum it had when it went down, over its bytes in
+// the slot), and registered with a reference the caller owns. A block that fails a check is dropped from its tier and
 // ends the run. Returns the blocks restored, in order.
 func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, parent uint64) ([]pool.Block, error) {
 	set := es.set
@@ -77,19 +78,54 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := t.buffer()
-			defer t.putBuffer(buf)
+			var buf []byte // for blocks not read straight into their slots
+			defer func() {
+				if buf != nil {
+					t.putBuffer(buf)
+				}
+			}()
+			tr := t.trailerBuffer()
+			defer t.trailers.Put(&tr)
 			for i := range next {
 				f, o := run[i], &outs[i]
 				start := time.Now()
-				got, err := f.d.store.Load().Get(ctx, f.k, buf)
-				if err == nil && got != n+tierTrailer {
+				// Straight into the slot where O_DIRECT takes its memory
+				// as it is (the trailer into a page of its own); else
+				// into a buffer, scattered from there.
+				var pieces [][]byte
+				if !t.noDirect.Load() {
+					pieces = slotPieces(l, regions, blks[i].Slot)
+				}
+				var got int
+				var err error
+				if pieces != nil {
+					got, err = f.d.store.Load().GetPieces(ctx, f.k, append(pieces, tr[:tierTrailer])...)
+					if err != nil && directRefused(err) {
+						t.directFailed(err)
+						pieces = nil // read again through a buffer
+					}
+				}
+				if pieces == nil {
+					if buf == nil {
+						buf = t.buffer()
+					}
+					got, err = f.d.store.Load().Get(ctx, f.k, buf)
+				}
+				switch {
+				case errors.Is(err, disk.ErrTooLarge):
+					err = fmt.Errorf("fabric: disk block %016x longer than its shape's %d bytes: %w", f.k.Hash, n+tierTrailer, disk.ErrCorrupt)
+					f.d.store.Load().Delete(f.k)
+				case err == nil && got != n+tierTrailer:
 					err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
 					f.d.store.Load().Delete(f.k)
 				}
 				if err == nil {
-					scatterBlock(l, regions, blks[i].Slot, buf)
-					o.sum, o.has = trailer(buf, n)
+					if pieces != nil {
+						o.sum, o.has = trailer(tr, 0)
+					} else {
+						scatterBlock(l, regions, blks[i].Slot, buf)
+						o.sum, o.has = trailer(buf, n)
+					}
 					if o.has && !t.a.cfg.NoChecksums {
 						if again, ok := blockSum(set, blks[i].Slot, 0, l.PageSize); ok && again != o.sum {
 							err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, o.sum, disk.ErrCorrupt)

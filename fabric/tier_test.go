@@ -793,3 +793,100 @@ func TestTierAllocateDoesNotWaitForTheDisk(t *testing.T) {
 		t.Fatalf("%d of %d blocks found again, want %d (tier %+v, %d given up)", found, n, want, tm, givenUp)
 	}
 }
+
+// A block written to disk straight from its slot whose slot an allocation
+// takes under the write is never kept as written: the write (held here
+// until the slot holds another block's bytes) is replaced by the bytes the
+// allocation copied out, or the block is dropped. With content checksums
+// off, the one check left on restore is the store's, of the bytes written:
+// every block found again must still be byte-exact, and none fails a check.
+func TestTierSlotTakenUnderDirectWrite(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "direct")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.NoChecksums = true
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	held, release := fabric.TierHoldPuts(a)
+	defer release()
+	const n = 32 // the set's slots
+	ctx := context.Background()
+	// store allocates a slot for each of hashes, fills them (content ids
+	// from content) and registers them.
+	store := func(hashes []uint64, content uint64) {
+		t.Helper()
+		done := make(chan error, 1)
+		var slots []uint32
+		go func() {
+			var err error
+			slots, err = c.Allocate(ctx, set.ID, len(hashes))
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("allocate %d slots: %v", len(hashes), err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("allocate %d slots waited for a held write (%d held)", len(hashes), held())
+		}
+		for i, s := range slots {
+			kvtest.Fill(set.Layout, set.Ranks, int(s), content+uint64(i))
+		}
+		resp, err := c.API().RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rel []uint32
+		for _, b := range resp.Blocks {
+			rel = append(rel, b.Slot)
+		}
+		if err := c.Release(ctx, set.ID, rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The set filled, blocks are offered for copies down; the copier
+	// begins the first (nothing has taken its slot: no allocation needs
+	// it) and its write is held.
+	hashes := make([]uint64, n)
+	for from := 0; from < n; from += 8 {
+		for i := range 8 {
+			hashes[from+i] = 3<<40 + uint64(from+i)
+		}
+		store(hashes[from:from+8], uint64(7000+from))
+	}
+	wait.For(t, 20*time.Second, "a write held after its copy began", func() error {
+		if held() == 0 {
+			return errors.New("no write held yet")
+		}
+		return nil
+	})
+	if direct, _ := fabric.TierDirectWrites(a); direct != 0 {
+		t.Fatalf("%d blocks written before the first write was let go", direct)
+	}
+	// Every slot is taken at once, twice over (those of copies under way
+	// included), and filled with other blocks while the write is held.
+	for round := range 2 {
+		hs := make([]uint64, n)
+		for i := range hs {
+			hs[i] = 4<<40 + uint64(1000*round+i)
+		}
+		store(hs, uint64(20000+100*round))
+	}
+	release()
+	waitCopies(t, a)
+	found := 0
+	for i, h := range hashes {
+		found += acquireChecked(t, c, set, []uint64{h}, uint64(7000+i))
+	}
+	if found == 0 {
+		t.Fatal("none of the blocks whose slots were taken was found again")
+	}
+	if ts := tierStatus(t, c); ts.ChecksumFailures != 0 {
+		t.Fatalf("tier %+v: a block failed its check on restore; want every block written as it was", ts)
+	}
+	if direct, rewritten := fabric.TierDirectWrites(a); rewritten == 0 {
+		t.Fatalf("no block written again after its slot was taken under its write (%d written straight)", direct)
+	}
+}

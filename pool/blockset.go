@@ -92,8 +92,11 @@ type slot struct {
 	// and the slot is kept until Offloaded says it is done.
 	below, offloading bool
 	// copying: the copier is reading the slot (BeginCopy to EndCopy);
-	// copied: it has read it, so the copy no longer needs the slot.
-	copying, copied bool
+	// writing: it writes the tier below straight from the slot (StartCopy
+	// direct to EndCopy), which an allocation may take all the same;
+	// copied: it has read or written it, so the copy no longer needs the
+	// slot.
+	copying, writing, copied bool
 }
 
 // BlockSet is slots sharing one layout, one region per TP rank. All
@@ -521,7 +524,7 @@ func (b *BlockSet) reset(i int32) {
 		s.offloading = false
 		b.offloading--
 	}
-	s.copied = false
+	s.copied, s.writing = false, false
 	s.gen++
 	b.free = append(b.free, i)
 }

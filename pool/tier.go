@@ -16,7 +16,10 @@ import (
 // full tier below drops blocks rather than failing the allocation). Under
 // Config.OffloadGiveUp such an allocation also takes the slots of blocks
 // whose copies are under way rather than fail for its caller to wait
-// (giveUp): only a slot being read (BeginCopy to EndCopy) is never taken.
+// (giveUp): only a slot being read (BeginCopy to EndCopy) is never taken;
+// one being written straight to the tier below (StartCopy, direct) may be,
+// its bytes copied out first or its block dropped, and EndCopy tells the
+// copier so.
 
 // DefaultOffloadWatermark is Config.OffloadWatermark's default: host
 // memory offloads past 0.90 of use.
@@ -120,36 +123,61 @@ func (b *BlockSet) givable() int {
 
 // giveUp takes up to n slots whose blocks are being copied below, for an
 // allocation that found no other: blocks whose bytes the copier has read
-// already first (their copy goes on from its own buffer, nothing is
-// lost), then those whose copy has not begun (OffloadTake copies them out
-// now, else they are dropped; BeginCopy refuses them either way). Slots
-// being read, in use, or extended by a block still here are not taken.
-// It returns how many it freed. The lock is held.
+// (or written straight from the slot) already first (their copy goes on,
+// nothing is lost), then those whose copy has not begun, then those being
+// written straight from their slots (StartCopy, direct): for these two
+// OffloadTake copies the bytes out now, else they are dropped; BeginCopy
+// refuses the first and EndCopy the second, whose copier then writes the
+// copied-out bytes or drops the block. Slots being read, in use, or
+// extended by a block still here are not taken. One walk of the offered
+// blocks, which forgets those ended or recycled since. It returns how many
+// it freed. The lock is held.
 func (b *BlockSet) giveUp(n int) int {
+	// The candidates of each kind, in order, as indexes into b.offered
+	// once compacted: read, not begun, being written.
+	var cand [3][]int
+	keep := b.offered[:0]
+	for _, blk := range b.offered {
+		s := &b.slots[blk.Slot]
+		if s.gen != blk.Generation || !s.offloading {
+			continue // ended or recycled since: forget it
+		}
+		keep = append(keep, blk)
+		if s.copying || s.users > 0 || s.leases > 0 || s.children > 0 || s.state != Registered {
+			continue
+		}
+		kind := 1
+		switch {
+		case s.copied:
+			kind = 0
+		case s.writing:
+			kind = 2
+		}
+		if len(cand[kind]) < n {
+			cand[kind] = append(cand[kind], len(keep)-1)
+		}
+	}
+	clear(b.offered[len(keep):])
+	b.offered = keep
 	var removed []Event
 	done := 0
-	for pass := 0; pass < 2 && done < n; pass++ {
-		keep := b.offered[:0]
-		for _, blk := range b.offered {
+	for _, kind := range cand {
+		for _, at := range kind {
+			if done == n {
+				break
+			}
+			blk := b.offered[at]
 			s := &b.slots[blk.Slot]
-			if s.gen != blk.Generation || !s.offloading {
-				continue // ended or recycled since: forget it
-			}
-			if done >= n || s.copying || (pass == 0 && !s.copied) ||
-				s.users > 0 || s.leases > 0 || s.children > 0 || s.state != Registered {
-				keep = append(keep, blk)
-				continue
-			}
-			if take := b.p.cfg.OffloadTake; s.copied || take == nil || !take(b, blk, s.sum, s.hasSum) {
-				if !s.copied {
-					b.givenUp++ // dropped, its copy never begun
+			if !s.copied {
+				if take := b.p.cfg.OffloadTake; take == nil || !take(b, blk, s.sum, s.hasSum) {
+					b.givenUp++ // dropped, its copy lost
 				}
 			}
+			// Taken: forgotten at the next walk or compaction (its
+			// generation moves on).
 			removed = b.drop(int32(blk.Slot), removed)
 			done++
 		}
-		clear(b.offered[len(keep):])
-		b.offered = keep
 	}
 	b.p.events.pushBatch(removed)
 	return done
@@ -160,23 +188,43 @@ func (b *BlockSet) giveUp(n int) int {
 // allocation took the slot meanwhile (Config.OffloadGiveUp) or the copy
 // is not under way. Until EndCopy the slot is not taken.
 func (b *BlockSet) BeginCopy(blk Block) error {
+	_, _, err := b.StartCopy(blk, false)
+	return err
+}
+
+// StartCopy is BeginCopy returning the block's content checksum as
+// recorded (sum, and whether it has one), for the copy's trailer. With
+// direct, the copier writes the tier below straight from the slot rather
+// than read it into memory of its own: the write takes as long as the
+// disk, which no allocation may wait for, so under Config.OffloadGiveUp
+// an allocation may take the slot meanwhile (OffloadTake copies its bytes
+// out first) and EndCopy then fails: what the write took from the slot
+// may be another block's, and the copier must write the copied-out bytes
+// instead or drop the block, never keep what it wrote.
+func (b *BlockSet) StartCopy(blk Block, direct bool) (sum uint64, hasSum bool, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s, err := b.check(blk)
 	if err != nil {
-		return err
+		return 0, false, err
 	}
-	if !s.offloading || s.copying {
-		return &TransitionError{Op: "begin copy", Slot: blk.Slot, State: s.state, Reason: "no copy below waiting to begin"}
+	if !s.offloading || s.copying || s.writing || s.copied {
+		return 0, false, &TransitionError{Op: "begin copy", Slot: blk.Slot, State: s.state, Reason: "no copy below waiting to begin"}
 	}
-	s.copying = true
-	b.copying++
-	return nil
+	if direct {
+		s.writing = true
+	} else {
+		s.copying = true
+		b.copying++
+	}
+	return s.sum, s.hasSum, nil
 }
 
-// EndCopy says the copier has read blk's slot: from here an allocation
-// may take the slot (Config.OffloadGiveUp) while the copy goes on from
-// the copier's own buffer.
+// EndCopy says the copier has read blk's slot (or written the tier below
+// from it, StartCopy direct): from here an allocation may take the slot
+// (Config.OffloadGiveUp) while the copy goes on. An error after a direct
+// start says the slot was taken under the write: its bytes on the tier
+// below are not the block's.
 func (b *BlockSet) EndCopy(blk Block) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -184,11 +232,16 @@ func (b *BlockSet) EndCopy(blk Block) error {
 	if err != nil {
 		return err
 	}
-	if !s.copying {
+	switch {
+	case s.copying:
+		s.copying = false
+		b.copying--
+	case s.writing:
+		s.writing = false
+	default:
 		return &TransitionError{Op: "end copy", Slot: blk.Slot, State: s.state, Reason: "not being read"}
 	}
-	s.copying, s.copied = false, true
-	b.copying--
+	s.copied = true
 	return nil
 }
 
@@ -261,7 +314,7 @@ func (b *BlockSet) Offloaded(blk Block, ok bool) error {
 		s.copying = false
 		b.copying--
 	}
-	s.offloading, s.copied = false, false
+	s.offloading, s.copied, s.writing = false, false, false
 	b.offloading--
 	s.below = ok
 	if s.state == Registered && s.users == 0 && s.leases == 0 && !s.inactive {

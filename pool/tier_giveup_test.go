@@ -238,3 +238,90 @@ func TestOffloadGiveUpCountOutlivesTheSet(t *testing.T) {
 		t.Fatalf("pool metrics after the set was freed %+v, want 1 given up still", m)
 	}
 }
+
+// A slot being written straight to the tier below (StartCopy direct) is
+// never waited for: an allocation that finds no other slot takes it, after
+// the slots of copies not begun, OffloadTake copying its bytes out first
+// (else the block is dropped and counted given up), and EndCopy then tells
+// the copier that the slot was taken under its write. StartCopy returns
+// the block's recorded checksum.
+func TestOffloadGiveUpTakesSlotsBeingWritten(t *testing.T) {
+	for _, takes := range []bool{true, false} {
+		var took []Block
+		var take func(*BlockSet, Block, uint64, bool) bool
+		if takes {
+			take = func(_ *BlockSet, blk Block, _ uint64, _ bool) bool {
+				took = append(took, blk)
+				return true
+			}
+		}
+		o := &offloads{room: 2}
+		cfg := testConfig(nil, nil)
+		cfg.Offload, cfg.OffloadGiveUp, cfg.OffloadTake, cfg.OffloadInFlight = o.hook, true, take, 1
+		_, b := newTestPool(t, cfg, testLayout(2, 1, layout.FullyContiguous, 64))
+		fill(t, b, 1, 1)
+		fill(t, b, 100, 1)
+		if got := b.Evict(2); got != 0 || len(o.taken) != 2 {
+			t.Fatalf("takes %v: evict recycled %d, offered %d; want both offered", takes, got, len(o.taken))
+		}
+		writing, notBegun := o.taken[0], o.taken[1]
+		if err := b.SetSum(writing, 0xfeed); err != nil {
+			t.Fatal(err)
+		}
+		sum, has, err := b.StartCopy(writing, true)
+		if err != nil || sum != 0xfeed || !has {
+			t.Fatalf("takes %v: StartCopy = %x %v %v, want the recorded sum", takes, sum, has, err)
+		}
+		if _, _, err := b.StartCopy(writing, true); err == nil {
+			t.Fatal("StartCopy twice succeeded")
+		}
+		got, err := b.Allocate(1)
+		if err != nil || got[0].Slot != notBegun.Slot {
+			t.Fatalf("takes %v: first allocation %v %v, want the slot of the copy not begun (%d)", takes, got, err, notBegun.Slot)
+		}
+		got, err = b.Allocate(1)
+		if err != nil || got[0].Slot != writing.Slot {
+			t.Fatalf("takes %v: second allocation %v %v, want the slot being written (%d)", takes, got, err, writing.Slot)
+		}
+		if err := b.EndCopy(writing); !errors.Is(err, ErrStaleBlock) {
+			t.Fatalf("takes %v: EndCopy of a slot taken under its write: %v, want ErrStaleBlock", takes, err)
+		}
+		wantGivenUp := uint64(2)
+		if takes {
+			wantGivenUp = 0
+			if len(took) != 2 || took[0] != notBegun || took[1] != writing {
+				t.Fatalf("OffloadTake called for %v, want %v then %v", took, notBegun, writing)
+			}
+		}
+		if m := b.Metrics(); m.OffloadsGivenUp != wantGivenUp {
+			t.Fatalf("takes %v: %d given up, want %d", takes, m.OffloadsGivenUp, wantGivenUp)
+		}
+	}
+}
+
+// A slot written straight to the tier below and not taken under the write
+// ends its copy as one read does: EndCopy succeeds, and an allocation may
+// take the slot afterwards without losing the block.
+func TestOffloadDirectWriteEnds(t *testing.T) {
+	b, o := giveUpPool(t, 1, nil)
+	fill(t, b, 1, 1)
+	if b.Evict(1); len(o.taken) != 1 {
+		t.Fatal("the block was not offered")
+	}
+	blk := o.taken[0]
+	if _, _, err := b.StartCopy(blk, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EndCopy(blk); err != nil {
+		t.Fatalf("EndCopy of a slot written and not taken: %v", err)
+	}
+	if err := b.EndCopy(blk); err == nil {
+		t.Fatal("EndCopy twice succeeded")
+	}
+	if _, err := b.Allocate(1); err != nil {
+		t.Fatal(err)
+	}
+	if m := b.Metrics(); m.OffloadsGivenUp != 0 {
+		t.Fatalf("a block written before its slot was taken counted as given up (%d)", m.OffloadsGivenUp)
+	}
+}

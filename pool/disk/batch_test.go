@@ -109,10 +109,11 @@ func TestPutBatchPastFreeSlots(t *testing.T) {
 	}
 }
 
-// MaxPutBatch items are put in one batch; one more fails the batch whole.
+// MaxPutBatch items are put in one batch; past it, a PutBatch and a
+// Batch alike put the first MaxPutBatch and fail each item after alone.
 func TestPutBatchLimit(t *testing.T) {
 	s := open(t, t.TempDir(), func(c *Config) {
-		c.SlotBytes, c.Bytes, c.FileBytes, c.QueueDepth = Align, (MaxPutBatch+1)*Align, 64*Align, 8
+		c.SlotBytes, c.Bytes, c.FileBytes, c.QueueDepth = Align, (MaxPutBatch+2)*Align, 64*Align, 8
 	})
 	batch := func(n int) []PutItem {
 		items := make([]PutItem, n)
@@ -120,14 +121,6 @@ func TestPutBatchLimit(t *testing.T) {
 			items[i] = PutItem{Key: Key{Hash: uint64(1000*n + i), Tag: 7}, Data: []byte(fmt.Sprint(i))}
 		}
 		return items
-	}
-	for i, err := range s.PutBatch(context.Background(), batch(MaxPutBatch+1)) {
-		if !errors.Is(err, ErrTooLarge) {
-			t.Fatalf("item %d of a batch past the limit: %v, want ErrTooLarge", i, err)
-		}
-	}
-	if n := s.Stats().Blocks; n != 0 {
-		t.Fatalf("%d blocks put by a batch past the limit", n)
 	}
 	for i, err := range s.PutBatch(context.Background(), batch(MaxPutBatch)) {
 		if err != nil {
@@ -137,27 +130,36 @@ func TestPutBatchLimit(t *testing.T) {
 	if n := s.Stats().Blocks; n != MaxPutBatch {
 		t.Fatalf("%d blocks after a batch at the limit, want %d", n, MaxPutBatch)
 	}
-	// A Batch takes MaxPutBatch blocks; the one after fails alone.
-	for _, k := range s.Keys() {
-		if err := s.Delete(k); err != nil {
-			t.Fatal(err)
+	for _, viaBatch := range []bool{false, true} {
+		for _, k := range s.Keys() {
+			if err := s.Delete(k); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	b := s.NewBatch()
-	for _, it := range batch(MaxPutBatch + 1) {
-		b.Add(context.Background(), it.Key, it.Data)
-	}
-	errs := b.Commit()
-	for i, err := range errs[:MaxPutBatch] {
-		if err != nil {
-			t.Fatalf("item %d of a Batch at the limit: %v", i, err)
+		items := batch(MaxPutBatch + 2)
+		var errs []error
+		if viaBatch {
+			b := s.NewBatch()
+			for _, it := range items {
+				b.Add(context.Background(), it.Key, it.Data)
+			}
+			errs = b.Commit()
+		} else {
+			errs = s.PutBatch(context.Background(), items)
 		}
-	}
-	if err := errs[MaxPutBatch]; !errors.Is(err, ErrTooLarge) {
-		t.Fatalf("the item past a Batch's limit: %v, want ErrTooLarge", err)
-	}
-	if n := s.Stats().Blocks; n != MaxPutBatch {
-		t.Fatalf("%d blocks after a Batch one past the limit, want %d", n, MaxPutBatch)
+		for i, err := range errs[:MaxPutBatch] {
+			if err != nil {
+				t.Fatalf("Batch %v: item %d within the limit: %v", viaBatch, i, err)
+			}
+		}
+		for i, err := range errs[MaxPutBatch:] {
+			if !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("Batch %v: item %d past the limit: %v, want ErrTooLarge", viaBatch, MaxPutBatch+i, err)
+			}
+		}
+		if n, free := s.Stats().Blocks, s.Free(); n != MaxPutBatch || free != 2 {
+			t.Fatalf("Batch %v: %d blocks and %d free slots after a batch two past the limit, want %d and 2", viaBatch, n, free, MaxPutBatch)
+		}
 	}
 }
 
@@ -341,5 +343,176 @@ func TestBatchChecksumIsOfTheBlockBytes(t *testing.T) {
 	f.Close()
 	if _, err := r.Get(context.Background(), k, make([]byte, slot)); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("a flipped last byte: %v, want ErrCorrupt", err)
+	}
+}
+
+// A block added in pieces is written straight from them when they are
+// aligned (one vectored write) and through a buffer when not, and its
+// recorded checksum is of the pieces' bytes in order. A block whose memory
+// changed under its write is written again from other bytes (Replace),
+// recorded with their checksum, or taken out (Drop: nothing journalled,
+// its slot free again). Each holds after a reopen.
+func TestBatchPiecesReplaceAndDrop(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, nil) // slots of 16 KiB
+	mem, err := unix.Mmap(-1, 0, 8*Align, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for i := range mem {
+		mem[i] = byte(i*7 + i>>12)
+	}
+	tail, err := unix.Mmap(-1, 0, Align, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(tail)
+	copy(tail, "a trailer of 16.")
+	for i := 16; i < Align; i++ {
+		tail[i] = 0xAA // past the block: zeroed on disk, not in its checksum
+	}
+	concat := func(pieces ...[]byte) []byte { return bytes.Join(pieces, nil) }
+	type want struct {
+		hash uint64
+		data []byte // nil: not in the store
+	}
+	var wants []want
+	b := s.NewBatch()
+	ctx := context.Background()
+	// 0: aligned pieces, written straight.
+	straightPieces := [][]byte{mem[:Align], mem[2*Align : 4*Align], tail[:16]}
+	b.AddPieces(ctx, Key{Hash: 1, Tag: 7}, straightPieces...)
+	wants = append(wants, want{1, concat(mem[:Align], mem[2*Align:4*Align], []byte("a trailer of 16."))})
+	if tail[16] != 0 || tail[Align-1] != 0 {
+		t.Fatal("aligned pieces not written straight: the last one's room past it was not zeroed")
+	}
+	// 1: a piece not a multiple of Align long: through a buffer.
+	b.AddPieces(ctx, Key{Hash: 2, Tag: 7}, mem[:100], mem[Align:2*Align])
+	wants = append(wants, want{2, concat(mem[:100], mem[Align:2*Align])})
+	// 2: written from memory that changes before the write is checked, then
+	// written again from the bytes it had.
+	kept := append([]byte(nil), mem[4*Align:6*Align]...)
+	b.AddPieces(ctx, Key{Hash: 3, Tag: 7}, mem[4*Align:6*Align])
+	// 3: the same, dropped.
+	b.AddPieces(ctx, Key{Hash: 4, Tag: 7}, mem[6*Align:8*Align])
+	for i := range 4 {
+		if err := b.Wait(i); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	for i := 4 * Align; i < 8*Align; i++ {
+		mem[i] ^= 0xFF
+	}
+	free := s.Free()
+	if !b.Replace(ctx, 2, kept) {
+		t.Fatal("Replace of a block written refused")
+	}
+	wants = append(wants, want{3, kept})
+	b.Drop(3)
+	wants = append(wants, want{4, nil})
+	if got := s.Free(); got != free+1 {
+		t.Fatalf("%d free slots after a Drop, want %d", got, free+1)
+	}
+	errs := b.Commit()
+	for i, err := range errs[:3] {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+	}
+	if !errors.Is(errs[3], ErrDropped) {
+		t.Fatalf("the item dropped: %v, want ErrDropped", errs[3])
+	}
+	check := func(s *Store) {
+		t.Helper()
+		for _, w := range wants {
+			k := Key{Hash: w.hash, Tag: 7}
+			if w.data == nil {
+				if s.Has(k) {
+					t.Fatalf("block %d dropped from its batch is in the store", w.hash)
+				}
+				continue
+			}
+			s.mu.Lock()
+			e := s.entries[k]
+			s.mu.Unlock()
+			if e.sum != xxh3.Hash(w.data) || int(e.length) != len(w.data) {
+				t.Fatalf("block %d recorded with sum %016x, length %d; want those of its %d bytes", w.hash, e.sum, e.length, len(w.data))
+			}
+			if got := mustGet(t, s, w.hash); !bytes.Equal(got, w.data) {
+				t.Fatalf("block %d differs", w.hash)
+			}
+		}
+	}
+	check(s)
+	s.Close()
+	check(open(t, dir, nil))
+}
+
+// GetPieces fills pieces in order with a block's bytes, read straight into
+// aligned pieces or through a buffer into any others, up to the block's
+// length; pieces too short for the block are refused, and bytes that fail
+// the block's checksum are never returned as good.
+func TestGetPieces(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, nil) // slots of 16 KiB
+	data := make([]byte, 3*Align+16)
+	for i := range data {
+		data[i] = byte(i*13 + i>>9)
+	}
+	ctx := context.Background()
+	if err := s.Put(ctx, Key{Hash: 1, Tag: 7}, data); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(-1, 0, 6*Align, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for _, tc := range []struct {
+		desc   string
+		pieces [][]byte
+		err    error
+	}{
+		{"aligned pieces, exactly the block", [][]byte{mem[:Align], mem[2*Align : 4*Align], mem[5*Align : 5*Align+16]}, nil},
+		{"aligned pieces, longer than the block", [][]byte{mem[:2*Align], mem[2*Align : 6*Align]}, nil},
+		{"a piece not a multiple of Align", [][]byte{mem[:100], mem[Align : 5*Align]}, nil},
+		{"one unaligned piece", [][]byte{make([]byte, 5*Align)[1:]}, nil},
+		{"pieces a byte short", [][]byte{mem[:Align], mem[2*Align : 4*Align], mem[5*Align : 5*Align+15]}, ErrTooLarge},
+	} {
+		clear(mem)
+		n, err := s.GetPieces(ctx, Key{Hash: 1, Tag: 7}, tc.pieces...)
+		if tc.err != nil {
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("%s: %v, want %v", tc.desc, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || n != len(data) {
+			t.Fatalf("%s: %d bytes, %v", tc.desc, n, err)
+		}
+		if got := bytes.Join(tc.pieces, nil)[:n]; !bytes.Equal(got, data) {
+			t.Fatalf("%s: the pieces hold other bytes", tc.desc)
+		}
+	}
+	// A flipped byte on disk: ErrCorrupt into aligned pieces too, and the
+	// block is gone.
+	s.mu.Lock()
+	e := s.entries[Key{Hash: 1, Tag: 7}]
+	s.mu.Unlock()
+	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("blocks.%03d", int(e.slot)/s.perFile)), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := int64(int(e.slot)%s.perFile)*int64(s.SlotBytes()) + Align + 5
+	if _, err := f.WriteAt([]byte{^data[Align+5]}, off); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := s.GetPieces(ctx, Key{Hash: 1, Tag: 7}, mem[:2*Align], mem[2*Align:6*Align]); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a flipped byte read into pieces: %v, want ErrCorrupt", err)
+	}
+	if s.Has(Key{Hash: 1, Tag: 7}) {
+		t.Fatal("a corrupt block is still held")
 	}
 }

@@ -35,7 +35,13 @@
 // Puts that wait for a commit share it (a group commit), so concurrent puts
 // share their syncs; PutBatch writes many blocks and commits them at once,
 // with one sync of each data file written and one journal write and sync
-// for the lot. A block is in the store exactly when its record is. An agent killed mid-put leaves bytes in a slot
+// for the lot. A Batch's caller that writes from memory which may change
+// under the write (a block written straight from a pool slot an
+// allocation may take) waits for the write (Wait), and if the memory did
+// change writes the block again from other bytes (Replace, whose checksum
+// is recorded instead) or takes it out (Drop): a record's checksum is
+// always of the bytes its caller meant. A block is in the store exactly
+// when its record is. An agent killed mid-put leaves bytes in a slot
 // no record names (the slot is free again at Open) or a record cut short at
 // the journal's end (its own checksum fails, it is ignored and truncated).
 // A delete appends its record before the slot is reused; it names the
@@ -51,7 +57,8 @@
 // # Concurrency
 //
 // At most Workers (at most MaxWorkers) reads and writes run at once.
-// Writes go through a pool of as many workers doing pwrite; at most
+// Writes go through a pool of as many workers doing pwrite (pwritev for a
+// block given in aligned pieces, preadv to read one back); at most
 // QueueDepth requests wait for them, and a request past that waits for
 // room under its context. Reads run pread on their callers' goroutines once
 // one of the Workers turns is free, waiting for it under their context:

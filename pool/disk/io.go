@@ -7,12 +7,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// request is one pread or pwrite of a whole aligned buffer, done by a worker.
+// request is one pread or pwrite of a whole aligned buffer, or one
+// pwritev of aligned pieces (vec, then buf is nil), done by a worker.
 type request struct {
 	write bool
 	f     interface{ Fd() uintptr }
 	off   int64
 	buf   []byte
+	vec   [][]byte
 	done  chan error
 }
 
@@ -76,6 +78,9 @@ func (s *Store) readInline(ctx context.Context, r request) error {
 
 func (r request) run() error {
 	fd := int(r.f.Fd())
+	if r.vec != nil {
+		return r.runVec(fd)
+	}
 	for done := 0; done < len(r.buf); {
 		var n int
 		var err error
@@ -98,6 +103,51 @@ func (r request) run() error {
 	return nil
 }
 
+// runVec writes r.vec's pieces in order from r.off with pwritev (reads
+// them with preadv), going on after a short transfer from where it
+// stopped.
+func (r request) runVec(fd int) error {
+	vec := r.vec
+	total := 0
+	for _, p := range vec {
+		total += len(p)
+	}
+	off := r.off
+	for done := 0; done < total; {
+		var n int
+		var err error
+		op := "pwritev"
+		if r.write {
+			n, err = unix.Pwritev(fd, vec, off)
+		} else {
+			op = "preadv"
+			n, err = unix.Preadv(fd, vec, off)
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("disk: %s %d bytes in %d pieces at %d: %w", op, total, len(r.vec), r.off, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("disk: %s at %d: end of file after %d of %d bytes", op, r.off, done, total)
+		}
+		done += n
+		off += int64(n)
+		for n > 0 && len(vec) > 0 {
+			if n < len(vec[0]) {
+				// Copied, not changed: the caller's list stays whole.
+				vec = append([][]byte{vec[0][n:]}, vec[1:]...)
+				n = 0
+				break
+			}
+			n -= len(vec[0])
+			vec = vec[1:]
+		}
+	}
+	return nil
+}
+
 // aligned is a buffer O_DIRECT accepts: page aligned, outside the Go heap,
 // one slot long. A store keeps up to Workers+QueueDepth of them for reuse.
 type aligned struct{ b []byte }
@@ -115,13 +165,17 @@ func (s *Store) buffer() (*aligned, error) {
 	return &aligned{b: b}, nil
 }
 
-// bufferWith is data in a buffer, zero to the next Align boundary.
-func (s *Store) bufferWith(data []byte) (*aligned, error) {
+// bufferWith is pieces' bytes in order in a buffer, zero to the next
+// Align boundary.
+func (s *Store) bufferWith(pieces ...[]byte) (*aligned, error) {
 	a, err := s.buffer()
 	if err != nil {
 		return nil, err
 	}
-	n := copy(a.b, data)
+	n := 0
+	for _, p := range pieces {
+		n += copy(a.b[n:], p)
+	}
 	clear(a.b[n:roundUp(n)])
 	return a, nil
 }

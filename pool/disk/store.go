@@ -30,6 +30,8 @@ var (
 	ErrTooLarge = errors.New("disk: block does not fit")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("disk: closed")
+	// ErrDropped: a Batch's item was taken out of it (Batch.Drop).
+	ErrDropped = errors.New("disk: dropped from its batch")
 )
 
 // Limits. Each is enforced where the value arrives.
@@ -47,7 +49,7 @@ const (
 	MaxWorkers = 64
 	// MaxQueueDepth bounds the requests waiting for a worker.
 	MaxQueueDepth = 4096
-	// MaxPutBatch bounds the blocks of one PutBatch.
+	// MaxPutBatch bounds the blocks of one Batch or PutBatch.
 	MaxPutBatch = 256
 	// recordBytes is one journal record.
 	recordBytes = 64
@@ -337,16 +339,9 @@ type PutItem struct {
 // PutBatch puts every item as Put does, in one Batch: their writes under
 // way together on the workers, made durable together with one data sync
 // per data file written and one journal write and sync for the lot. It
-// returns each item's error (Batch.Commit). A batch of more than
-// MaxPutBatch items fails whole.
+// returns each item's error (Batch.Commit): as in a Batch, the items past
+// MaxPutBatch fail alone with ErrTooLarge and the others are put.
 func (s *Store) PutBatch(ctx context.Context, items []PutItem) []error {
-	if len(items) > MaxPutBatch {
-		errs := make([]error, len(items))
-		for i := range errs {
-			errs[i] = fmt.Errorf("disk: a batch of %d blocks, at most %d: %w", len(items), MaxPutBatch, ErrTooLarge)
-		}
-		return errs
-	}
 	b := s.NewBatch()
 	for _, it := range items {
 		b.Add(ctx, it.Key, it.Data)
@@ -360,11 +355,14 @@ func (s *Store) PutBatch(ctx context.Context, items []PutItem) []error {
 // the next block overlaps the writes), Commit waits for the writes and
 // commits every block written in one go. An item may fail alone (ErrFull
 // once the free slots ran out, ErrTooLarge, its write); the others are
-// still put. After a crash a block is in the store exactly when its record
-// is, and the records reach the journal only after their bytes were
-// synced: a batch cut short leaves whole blocks or none of them, never a
-// record naming bytes that are not there. A Batch is used by one
-// goroutine; Commit ends it, and a Batch never committed keeps its slots.
+// still put. Before Commit, Wait waits for one item's write, and Replace
+// writes other bytes in its place or Drop takes it out: for a caller that
+// wrote from memory that may have changed under the write. After a crash
+// a block is in the store exactly when its record is, and the records
+// reach the journal only after their bytes were synced: a batch cut short
+// leaves whole blocks or none of them, never a record naming bytes that
+// are not there. A Batch is used by one goroutine; Commit ends it, and a
+// Batch never committed keeps its slots.
 type Batch struct {
 	s     *Store
 	items []batchItem
@@ -372,10 +370,14 @@ type Batch struct {
 }
 
 type batchItem struct {
-	key  Key
-	e    entry
-	done chan error // nil: not written (err says why)
-	err  error
+	key Key
+	e   entry
+	// sent: a write of the item's was started into slot e.slot, which is
+	// the item's until Commit (or Drop); done is that write's answer until
+	// waited for (wait), then nil with err its error.
+	sent bool
+	done chan error
+	err  error // with !sent, why the item is not put
 }
 
 // NewBatch starts a batch of puts.
@@ -390,6 +392,19 @@ func (b *Batch) Len() int { return len(b.items) }
 // queue honours ctx. An item past MaxPutBatch fails with ErrTooLarge.
 // Errors are Commit's, at the item's index.
 func (b *Batch) Add(ctx context.Context, k Key, data []byte) {
+	b.AddPieces(ctx, k, data)
+}
+
+// AddPieces is Add of one block made of pieces, in order: written
+// straight from them in one vectored write where every piece starts at an
+// address aligned to Align and every piece but the last is a multiple of
+// Align long (the last with the capacity to its length rounded up to
+// Align, zeroed past its length first, as Add does), else through a buffer
+// and a copy. The block's checksum is of the pieces' bytes, taken while
+// the write is under way: a caller whose pieces may change before the
+// write ends must check, after Wait, that they did not, and else Replace
+// or Drop the item.
+func (b *Batch) AddPieces(ctx context.Context, k Key, pieces ...[]byte) {
 	s := b.s
 	it := batchItem{key: k}
 	defer func() { b.items = append(b.items, it) }()
@@ -397,8 +412,12 @@ func (b *Batch) Add(ctx context.Context, k Key, data []byte) {
 		it.err = fmt.Errorf("disk: a batch of more than %d blocks: %w", MaxPutBatch, ErrTooLarge)
 		return
 	}
-	if len(data) == 0 || len(data) > s.cfg.SlotBytes {
-		it.err = fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(data), s.cfg.SlotBytes, ErrTooLarge)
+	n := 0
+	for _, p := range pieces {
+		n += len(p)
+	}
+	if n == 0 || n > s.cfg.SlotBytes {
+		it.err = fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", n, s.cfg.SlotBytes, ErrTooLarge)
 		return
 	}
 	s.mu.Lock()
@@ -415,32 +434,129 @@ func (b *Batch) Add(ctx context.Context, k Key, data []byte) {
 	it.e.slot = s.free[len(s.free)-1]
 	s.free = s.free[:len(s.free)-1]
 	s.mu.Unlock()
-	// Straight from data where O_DIRECT takes it; else through an
-	// aligned buffer and a copy.
-	out := data[:cap(data)]
-	if n := roundUp(len(data)); len(out) >= n && uintptr(unsafe.Pointer(unsafe.SliceData(out)))%Align == 0 {
-		out = out[:n]
-		clear(out[len(data):])
-	} else {
-		buf, err := s.bufferWith(data)
-		if err != nil {
-			it.err = err
-			s.giveBack(it.e.slot)
-			return
-		}
-		b.bufs = append(b.bufs, buf)
-		out = buf.b[:n]
-	}
-	f, off := s.where(it.e.slot)
-	r := request{write: true, f: f, off: off, buf: out, done: make(chan error, 1)}
-	if err := s.send(ctx, r); err != nil {
+	if err := b.start(ctx, &it, pieces, n); err != nil {
 		it.err = err
 		s.giveBack(it.e.slot)
-		return
 	}
-	it.done = r.done
-	// The checksum is taken while the write is under way.
-	it.e.length, it.e.sum = uint32(len(data)), xxh3.Hash(data)
+}
+
+// start sends the write of pieces (n bytes in all) into it's slot and
+// takes their checksum while it is under way.
+func (b *Batch) start(ctx context.Context, it *batchItem, pieces [][]byte, n int) error {
+	s := b.s
+	f, off := s.where(it.e.slot)
+	r := request{write: true, f: f, off: off, done: make(chan error, 1)}
+	if vec, ok := straight(pieces, n, true); ok {
+		if len(vec) == 1 {
+			r.buf = vec[0]
+		} else {
+			r.vec = vec
+		}
+	} else {
+		buf, err := s.bufferWith(pieces...)
+		if err != nil {
+			return err
+		}
+		b.bufs = append(b.bufs, buf)
+		r.buf = buf.b[:roundUp(n)]
+	}
+	if err := s.send(ctx, r); err != nil {
+		return err
+	}
+	it.sent, it.done, it.err = true, r.done, nil
+	it.e.length, it.e.sum = uint32(n), sumOf(pieces)
+	return nil
+}
+
+// straight is pieces as O_DIRECT takes them with no copy, the last
+// extended to Align (and, with zero, zeroed past its length, for a
+// write), or false.
+func straight(pieces [][]byte, n int, zero bool) ([][]byte, bool) {
+	for i, p := range pieces {
+		if len(p) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(p)))%Align != 0 {
+			return nil, false
+		}
+		if i < len(pieces)-1 && len(p)%Align != 0 {
+			return nil, false
+		}
+	}
+	last := pieces[len(pieces)-1]
+	if cap(last) < roundUp(len(last)) {
+		return nil, false
+	}
+	vec := append([][]byte(nil), pieces...)
+	ext := last[:roundUp(len(last))]
+	if zero {
+		clear(ext[len(last):])
+	}
+	vec[len(vec)-1] = ext
+	return vec, true
+}
+
+// sumOf is the checksum of pieces' bytes in order.
+func sumOf(pieces [][]byte) uint64 {
+	if len(pieces) == 1 {
+		return xxh3.Hash(pieces[0])
+	}
+	h := xxh3.New()
+	for _, p := range pieces {
+		h.Write(p)
+	}
+	return h.Sum64()
+}
+
+// wait waits for it's write, once, and returns its error.
+func (b *Batch) wait(it *batchItem) error {
+	if it.done != nil {
+		it.err = <-it.done
+		it.done = nil
+	}
+	return it.err
+}
+
+// Wait waits for the write of item i (in the order added) to end and
+// returns its error; nil for an item that was not written (Commit says
+// why).
+func (b *Batch) Wait(i int) error {
+	it := &b.items[i]
+	if !it.sent {
+		return nil
+	}
+	return b.wait(it)
+}
+
+// Replace writes data in place of item i's bytes, into the same slot,
+// once its first write ended, and records data's checksum instead: for a
+// caller whose first write's memory changed while it was under way. data
+// follows Add's rules. An item not written is left as it is (false).
+func (b *Batch) Replace(ctx context.Context, i int, data []byte) bool {
+	it := &b.items[i]
+	if !it.sent {
+		return false
+	}
+	b.wait(it)
+	if len(data) == 0 || len(data) > b.s.cfg.SlotBytes {
+		b.Drop(i)
+		it.err = fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(data), b.s.cfg.SlotBytes, ErrTooLarge)
+		return true
+	}
+	if err := b.start(ctx, it, [][]byte{data}, len(data)); err != nil {
+		b.s.giveBack(it.e.slot)
+		it.sent, it.err = false, err
+	}
+	return true
+}
+
+// Drop takes item i out of the batch (its write waited for, its slot
+// freed): Commit returns ErrDropped for it and journals nothing of it.
+func (b *Batch) Drop(i int) {
+	it := &b.items[i]
+	if it.sent {
+		b.wait(it)
+		b.s.giveBack(it.e.slot)
+		it.sent = false
+	}
+	it.err = ErrDropped
 }
 
 // Commit waits for the batch's writes and makes the blocks written
@@ -461,11 +577,11 @@ func (b *Batch) Commit() []error {
 	at := make([]int, 0, len(b.items)) // recs[j] is item at[j]'s
 	for i := range b.items {
 		it := &b.items[i]
-		if it.done == nil {
+		if !it.sent {
 			errs[i] = it.err
 			continue
 		}
-		if err := <-it.done; err != nil {
+		if err := b.wait(it); err != nil {
 			errs[i] = err
 			s.giveBack(it.e.slot)
 			continue
@@ -495,6 +611,13 @@ func (b *Batch) Commit() []error {
 	return errs
 }
 
+// Free is how many slots no block holds nor a put under way has taken.
+func (s *Store) Free() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.free)
+}
+
 // giveBack frees a slot taken for a put that failed.
 func (s *Store) giveBack(slot uint32) {
 	s.mu.Lock()
@@ -508,6 +631,20 @@ func (s *Store) giveBack(slot uint32) {
 // aligned to Align with room for the block rounded up to Align is read
 // into directly; any other through a buffer and a copy.
 func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
+	return s.GetPieces(ctx, k, dst)
+}
+
+// GetPieces is Get into pieces, filled in order up to the block's length
+// (no longer than theirs together): read into directly, with one vectored
+// read, where the pieces it fills are aligned as AddPieces writes them
+// straight (the last it fills with room to its end rounded up to Align,
+// which the read overwrites); else through a buffer and a copy. On an
+// error the pieces may hold some of the block's bytes, or others.
+func (s *Store) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int, error) {
+	total := 0
+	for _, p := range pieces {
+		total += len(p)
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -518,32 +655,48 @@ func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
 		s.mu.Unlock()
 		return 0, fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
 	}
-	if int(e.length) > len(dst) {
+	if int(e.length) > total {
 		s.mu.Unlock()
-		return 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, len(dst), ErrTooLarge)
+		return 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
 	}
 	s.busy[e.slot]++
 	s.mu.Unlock()
 	defer s.doneReading(e.slot)
-	// Straight into dst where O_DIRECT takes it (pool memory is page
+	// The pieces that the block fills, the last cut to its end.
+	want := int(e.length)
+	fill := make([][]byte, 0, len(pieces))
+	for _, p := range pieces {
+		if want == 0 {
+			break
+		}
+		m := min(len(p), want)
+		fill = append(fill, p[:m])
+		want -= m
+	}
+	// Straight into them where O_DIRECT takes them (pool memory is page
 	// aligned); else through an aligned buffer and a copy.
-	var got []byte
-	if n := roundUp(int(e.length)); len(dst) >= n && uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%Align == 0 {
-		got = dst[:n]
+	f, off := s.where(e.slot)
+	r := request{f: f, off: off}
+	got := fill
+	if vec, ok := straight(fill, int(e.length), false); ok {
+		if len(vec) == 1 {
+			r.buf = vec[0]
+		} else {
+			r.vec = vec
+		}
 	} else {
 		buf, err := s.buffer()
 		if err != nil {
 			return 0, err
 		}
 		defer s.release(buf)
-		got = buf.b[:n]
+		r.buf = buf.b[:roundUp(int(e.length))]
+		got = [][]byte{buf.b[:e.length]}
 	}
-	f, off := s.where(e.slot)
-	if err := s.readInline(ctx, request{f: f, off: off, buf: got}); err != nil {
+	if err := s.readInline(ctx, r); err != nil {
 		return 0, err
 	}
-	got = got[:e.length]
-	if xxh3.Hash(got) != e.sum {
+	if sumOf(got) != e.sum {
 		s.stats.corrupt.Add(1)
 		s.cfg.Logger.Warn("disk tier block failed its checksum: dropped", "hash", fmt.Sprintf("%016x", k.Hash),
 			"slot", e.slot, "dir", s.cfg.Dir)
@@ -552,8 +705,11 @@ func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
 	}
 	s.stats.gets.Add(1)
 	s.stats.bytesRead.Add(uint64(e.length))
-	if &got[0] != &dst[0] {
-		copy(dst, got)
+	if len(got) == 1 && len(fill) > 0 && unsafe.SliceData(got[0]) != unsafe.SliceData(fill[0]) {
+		src := got[0] // read through the buffer
+		for _, p := range fill {
+			src = src[copy(p, src):]
+		}
 	}
 	return int(e.length), nil
 }
