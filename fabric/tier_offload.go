@@ -3,10 +3,10 @@ package fabric
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
-	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
@@ -37,7 +37,7 @@ type jobKey struct {
 // memory). Called with the set's lock held: it only queues.
 func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) bool {
 	l := set.Layout()
-	if len(l.Regions) == 0 || l.Regions[0].Kind == layout.Device {
+	if !t.reachable(l) {
 		return false
 	}
 	if room := t.room.Load(); room > 0 && int64(tierBlockBytes(l)) > room {
@@ -110,7 +110,7 @@ func (t *tiers) take(set *pool.BlockSet, blk pool.Block, sum uint64, has bool) b
 	if j == nil || (room > 0 && int64(tierBlockBytes(l)) > room) {
 		return false
 	}
-	regions, err := set.RegionBytes()
+	sio, err := t.slotIO(set)
 	if err != nil {
 		return false
 	}
@@ -119,7 +119,11 @@ func (t *tiers) take(set *pool.BlockSet, blk pool.Block, sum uint64, has bool) b
 	}
 	buf := t.bufferOf(int(room)) // room >= the block's bytes, checked above
 	n := tierBlockBytes(l) - tierTrailer
-	gatherBlock(l, regions, blk.Slot, buf)
+	if err := sio.read(t.ctx, blk.Slot, buf); err != nil {
+		t.log.Warn("tier: block not copied out of a slot an allocation took", "hash", j.hash, "err", err)
+		t.putBuffer(buf)
+		return false
+	}
 	putTrailer(buf, n, sum, has)
 	j.taken.Store(&buf)
 	t.taken.Add(1)
@@ -269,7 +273,13 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 			continue
 		}
 		var buf []byte
-		if err := t.readSlot(j, func() []byte { buf = t.buffer(); return buf }); err != nil {
+		if err := t.readSlot(j, func() []byte { buf = t.buffer(); return buf }); errors.Is(err, errSlotRead) {
+			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
+			t.list[0].failed.Add(1)
+			t.putBuffer(buf)
+			t.dropTaken(j)
+			continue
+		} else if err != nil {
 			p := j.taken.Load()
 			if p == nil {
 				out[i].skipped = true
@@ -362,10 +372,12 @@ func (t *tiers) placed(d *diskTier, k disk.Key, length int) {
 // readSlot copies j's block out of its slot, with its trailer, into the
 // buffer that get returns, between BeginCopy and EndCopy unless j.held.
 // An error says the slot was taken before the copy began (BeginCopy
-// refused it): nothing was read, and get was not called.
+// refused it): nothing was read, and get was not called; or, wrapping
+// errSlotRead, that the slot could not be read (its bytes are not the
+// block's: the copy failed).
 func (t *tiers) readSlot(j *offloadJob, get func() []byte) error {
 	l := j.set.Layout()
-	regions, err := j.set.RegionBytes()
+	sio, err := t.slotIO(j.set)
 	if err != nil {
 		return err
 	}
@@ -375,7 +387,7 @@ func (t *tiers) readSlot(j *offloadJob, get func() []byte) error {
 		}
 	}
 	buf := get()
-	gatherBlock(l, regions, j.blk.Slot, buf)
+	readErr := sio.read(t.ctx, j.blk.Slot, buf)
 	sum, has := j.set.Sum(j.blk)
 	putTrailer(buf, tierBlockBytes(l)-tierTrailer, sum, has)
 	if !j.held {
@@ -384,8 +396,14 @@ func (t *tiers) readSlot(j *offloadJob, get func() []byte) error {
 		}
 		t.signal() // an allocation waiting for this slot may take it now
 	}
+	if readErr != nil {
+		return fmt.Errorf("%w: %w", errSlotRead, readErr)
+	}
 	return nil
 }
+
+// errSlotRead is readSlot's failure to read a slot it holds.
+var errSlotRead = errors.New("fabric: slot not read")
 
 // pick is the open tier with the most free slots, nil if none is open.
 func (t *tiers) pick() *diskTier {

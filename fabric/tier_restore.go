@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
-	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
 )
@@ -29,7 +28,7 @@ const (
 func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, parent uint64) ([]pool.Block, error) {
 	set := es.set
 	l := set.Layout()
-	if len(l.Regions) == 0 || l.Regions[0].Kind == layout.Device {
+	if !t.reachable(l) {
 		return nil, nil
 	}
 	tag := shapeTag(l)
@@ -53,7 +52,7 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 	if err != nil {
 		return nil, fmt.Errorf("slots to restore %d blocks from disk: %w", len(run), err)
 	}
-	regions, err := set.RegionBytes()
+	sio, err := t.slotIO(set)
 	if err != nil {
 		for _, b := range blks {
 			set.Abort(b)
@@ -73,7 +72,7 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 	outs := make([]outcome, len(run))
 	next := make(chan int)
 	var wg sync.WaitGroup
-	for range min(restoreReaders, len(run)) {
+	for range min(t.restoreReaders(l), len(run)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -88,7 +87,9 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 					f.d.store.Load().Delete(f.k)
 				}
 				if err == nil {
-					scatterBlock(l, regions, blks[i].Slot, buf)
+					err = sio.write(ctx, blks[i].Slot, buf)
+				}
+				if err == nil {
 					o.sum, o.has = trailer(buf, n)
 					if o.has && !t.a.cfg.NoChecksums {
 						if again, ok := blockSum(set, blks[i].Slot, 0, l.PageSize); ok && again != o.sum {
