@@ -34,7 +34,7 @@ type jobKey struct {
 
 // offer is the pool's Offload hook: it queues the block for a worker, or
 // refuses when the queue is full or the block cannot go to disk (device
-// memory). Called with the set's lock held: it only queues.
+// memory without the driver's staging; tier_device.go). Called with the set's lock held: it only queues.
 func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) bool {
 	l := set.Layout()
 	if !t.reachable(l) {
