@@ -284,8 +284,9 @@ func TestTierDevicePoolKeepsWhatItRecycles(t *testing.T) {
 	}
 }
 
-// A restarted agent with a device pool finds the blocks its device set
-// copied down (the tier's journal), announces them, and restores them
+// A device set whose engine has gone copies its blocks down before it is
+// freed; a restarted agent with a device pool finds them (the tier's
+// journal), announces them, and restores them
 // into a new engine's device set byte for byte; a block whose bytes were
 // changed on disk is dropped, never uploaded into a slot.
 func TestTierDevicePoolSurvivesRestart(t *testing.T) {
@@ -296,21 +297,26 @@ func TestTierDevicePoolSurvivesRestart(t *testing.T) {
 	dir := tierDir(t)
 	cfg := testConfig(t, "gpu-tiered")
 	deviceTierConfig(&cfg, lib, dir)
+	cfg.BlockSetGrace = 100 * time.Millisecond
+	cfg.NoOrphanCache = true // the set is freed, its blocks then on disk only
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
 	g := newGPUSlots(t, lib, set.Layout)
 	hashes := storeThroughGPU(t, c, set, g, n, a)
-	// The blocks still in device slots go down too, as for a set kept
-	// after its engine.
-	if got, err := fabric.TierCopyDown(a, set.ID, hashes); err != nil || got < n-32 {
-		t.Fatalf("copied %d blocks down: %v", got, err)
-	}
-	if ts := tierStatus(t, c); ts.Blocks != n {
-		t.Fatalf("tier holds %d blocks, want %d", ts.Blocks, n)
-	}
+	// The engine goes: its set is freed once the blocks still in device
+	// slots are copied down too.
 	g.close()
 	c.Close()
+	watcher := newClient(t, a)
+	wait.For(t, 20*time.Second, "the engine's device set is copied down and freed", func() error {
+		st, err := watcher.Status(context.Background())
+		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("block sets %d, tier %+v, %v", len(st.GetBlockSets()), st.GetTiers(), err)
+		}
+		return nil
+	})
+	watcher.Close()
 	a.Close()
 
 	// Flip a byte of slot 0's block (the first block copied down).
