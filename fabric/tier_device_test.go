@@ -471,3 +471,35 @@ func TestTierDevicePoolAllocateDoesNotWaitForTheDisk(t *testing.T) {
 		t.Fatalf("%d of %d blocks found again, want %d (tier %+v, %d given up)", found, n, want, tm, givenUp)
 	}
 }
+
+// A copy down whose download from the GPU fails (the driver refuses
+// every event the stager records) is counted as a failure and writes nothing to disk;
+// the block stays in its slot as before its offer, allocations go on,
+// and the blocks still in memory read back whole.
+func TestTierDevicePoolCopyFailureKeepsTheBlock(t *testing.T) {
+	const n = 64
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	t.Setenv("SOFTCUDA_FAIL", "cuEventRecord=1") // CUDA_ERROR_INVALID_VALUE: staging fails
+	dir := tierDir(t)
+	cfg := testConfig(t, "gpu-fail")
+	deviceTierConfig(&cfg, lib, dir)
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	g := newGPUSlots(t, lib, set.Layout)
+	hashes := storeThroughGPU(t, c, set, g, n, a)
+	tm := a.Metrics().Tiers[0]
+	if tm.Failures == 0 || tm.Offloads != 0 || tm.Blocks != 0 {
+		t.Fatalf("tier after every download failed: %+v, want failures and nothing on disk", tm)
+	}
+	// The set's slots hold blocks still, whole: at least half of them.
+	found := 0
+	for i, h := range hashes {
+		found += acquireCheckedGPU(t, c, set, g, []uint64{h}, uint64(i+1))
+	}
+	if found < 16 {
+		t.Fatalf("%d blocks of %d found in the set's 32 slots, want 16 or more", found, n)
+	}
+}
