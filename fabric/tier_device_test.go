@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -189,8 +190,8 @@ func deviceTierConfig(c *fabric.Config, lib, dir string) {
 // A device block set that stores four times its slots keeps every block
 // on the node: the blocks it recycles are copied down from the GPU
 // through pinned staging to the disk tier, Lookup says so and brings them
-// up, Acquire restores them into the set's slots byte for byte (read back
-// from the GPU), and a peer imports all of them byte for byte, the
+// up, Prefetch and Acquire restore them into the set's slots byte for byte
+// (read back from the GPU), and a peer imports all of them byte for byte, the
 // disk-held ones staged on the holder into device slots of their own.
 // A block whose chunks lie together in its region moves in one copy per
 // rank; staging parts of 1000 bytes cut it (and each 4 KiB chunk) into
@@ -255,6 +256,18 @@ func TestTierDevicePoolKeepsWhatItRecycles(t *testing.T) {
 			lr, err = c.API().Lookup(context.Background(), &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: hashes[:1]})
 			if err != nil || lr.LocalTiers[0] != "device" {
 				t.Fatalf("after a look-up restored it, the first block is in %q (%v), want device", lr.GetLocalTiers(), err)
+			}
+			// Prefetch brings 8 disk-held blocks up into device slots.
+			from := 8
+			for from+8 < n && slices.ContainsFunc(hashes[from:from+8], func(h uint64) bool { return fabric.BlockSetHolds(n1, set.ID, h) }) {
+				from++
+			}
+			pr, err := c.Prefetch(context.Background(), set.ID, hashes[from:from+8])
+			if err != nil || pr.InMemory != 8 || pr.Restored != 8 || pr.Error != "" {
+				t.Fatalf("prefetch of blocks %d..%d, on disk: %+v %v", from, from+7, pr, err)
+			}
+			if got := acquireCheckedGPU(t, c, set, g, hashes[from:from+8], uint64(from+1)); got != 8 {
+				t.Fatalf("acquired %d of 8 prefetched blocks", got)
 			}
 			if got := acquireCheckedGPU(t, c, set, g, hashes, 1); got != n {
 				t.Fatalf("acquired %d of %d blocks", got, n)
