@@ -98,7 +98,9 @@ func (t *tiers) whereWait(ctx context.Context, k disk.Key) *diskTier {
 
 // take is the pool's OffloadTake hook: an allocation takes the slot of a
 // queued block whose copy has not begun, so its bytes are copied out
-// now, in memory, for the copy to write later. Called with the set's lock
+// now, in memory, for the copy to write later (from a device set, a
+// download through the driver's staging: the copy engine's, never the
+// disk's). Called with the set's lock
 // held; false (the block is dropped) when the job is not found or the
 // block is larger than the tiers' slots.
 func (t *tiers) take(set *pool.BlockSet, blk pool.Block, sum uint64, has bool) bool {
