@@ -30,6 +30,12 @@ import (
 // the node, and Acquire, Lookup, Import, Prefetch and peers' leases bring
 // it back up as they do a host pool's.
 
+// deviceOffloadWatermark is Config.TierWatermark's default over device
+// pools: GPU memory starts copying down past 0.85 of a set's use (host
+// memory past pool.DefaultOffloadWatermark), so that an engine's bursts
+// find free slots in the scarcer memory.
+const deviceOffloadWatermark = 0.85
+
 // slotIO moves one block set's blocks, in canonical order, between their
 // slots and host buffers.
 type slotIO interface {

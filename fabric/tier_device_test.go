@@ -516,3 +516,40 @@ func TestTierDevicePoolCopyFailureKeepsTheBlock(t *testing.T) {
 		t.Fatalf("%d blocks of %d found in the set's 32 slots, want 16 or more", found, n)
 	}
 }
+
+// Over device pools the tier's watermark defaults to 0.85 of a set's
+// slots (host pools: 0.90), and --tier-watermark sets it for both: a set
+// of 32 slots keeps 27 registered blocks before recycling (5 slots kept
+// free, copying down ahead of need), 28 at 0.90.
+func TestTierDevicePoolWatermark(t *testing.T) {
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	for _, tc := range []struct {
+		name      string
+		device    bool
+		watermark float64
+		retains   int
+	}{
+		{"device pool, default", true, 0, 27},
+		{"device pool, 0.90", true, 0.90, 28},
+		{"host pool, default", false, 0, 28},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, "watermark")
+			cfg.Tiers = []string{"disk=" + tierDir(t) + ":64MiB"}
+			if tc.device {
+				deviceTierConfig(&cfg, lib, tierDir(t))
+			}
+			cfg.TierWatermark = tc.watermark
+			a := startAgent(t, cfg)
+			set := register(t, newClient(t, a), tierEngine)
+			if dev := len(set.Layout.Regions) > 0 && set.Layout.Regions[0].Kind == layout.Device; dev != tc.device {
+				t.Fatalf("set in device memory: %v, want %v", dev, tc.device)
+			}
+			if set.Retains != tc.retains {
+				t.Fatalf("a set of %d slots retains %d blocks, want %d", tierEngine.Slots, set.Retains, tc.retains)
+			}
+		})
+	}
+}
