@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
@@ -299,7 +301,7 @@ func TestTierDevicePoolKeepsWhatItRecycles(t *testing.T) {
 
 // A device set whose engine has gone copies its blocks down before it is
 // freed; a restarted agent with a device pool finds them (the tier's
-// journal), announces them, and restores them
+// journal), announces them, serves them to a peer and restores them
 // into a new engine's device set byte for byte; a block whose bytes were
 // changed on disk is dropped, never uploaded into a slot.
 func TestTierDevicePoolSurvivesRestart(t *testing.T) {
@@ -359,6 +361,35 @@ func TestTierDevicePoolSurvivesRestart(t *testing.T) {
 		}
 		return nil
 	})
+	// A peer imports them, the restarted node holding no engine set of
+	// their layout: each staged from disk into a device staging set and
+	// served from there, byte for byte; the changed block is not served.
+	cfg3 := testConfig(t, "gpu-peer")
+	cfg3.DevCADir = cfg2.DevCADir
+	cfg3.Join = []string{a2.GossipAddr()}
+	cfg3.RDMA = "off"
+	a3 := startAgent(t, cfg3)
+	c3 := newClient(t, a3)
+	waitLookup(t, c3, hashes)
+	e := tierEngine
+	e.Name = "importer"
+	set3 := register(t, c3, e)
+	imported := 0
+	for i := range hashes {
+		resp, err := c3.Import(context.Background(), set3.ID, hashes[i:i+1])
+		if err != nil && code(err) != codes.Unavailable { // the changed block: its holder no longer has it
+			t.Fatalf("import of block %d: %v", i, err)
+		}
+		if err == nil && len(resp.Blocks) == 1 {
+			checkImported(t, set3, resp.Blocks, uint64(i+1))
+			imported++
+			c3.Release(context.Background(), set3.ID, []uint32{resp.Blocks[0].Slot})
+		}
+	}
+	if ts := tierStatus(t, c2); imported != n-1 || ts.ChecksumFailures != 1 {
+		t.Fatalf("a peer imported %d of %d blocks, tier %+v; want all but the changed one, one checksum failure", imported, n, ts)
+	}
+
 	set2 := register(t, c2, tierEngine)
 	g2 := newGPUSlots(t, lib, set2.Layout)
 	found := 0
