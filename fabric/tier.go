@@ -201,6 +201,7 @@ type tiers struct {
 	// Metrics.OffloadsGivenUp counts them) was last logged.
 	skipLogged atomic.Int64
 	corrupt    atomic.Uint64 // blocks that failed a check on restore
+	stagers    stagerCache   // device sets' slot I/O (tier_device.go)
 }
 
 // openTiers opens the configured disk tiers and finds the blocks they hold.
@@ -502,6 +503,7 @@ func (t *tiers) close() error {
 	close(t.done)
 	t.cancel()
 	t.wg.Wait()
+	t.stagers.close()
 	var errs []error
 	for _, d := range t.list {
 		if st := d.store.Load(); st != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
@@ -55,9 +56,9 @@ var errNoSlotIO = errors.New("fabric: the block set's memory is out of the tiers
 // buffers of the agent's staging), so that a restore's stagers and the
 // copier's fit the buffers the agent keeps (maxStagingKept) and none
 // allocates pinned memory, slow on a real driver. Eight readers instead
-// of two measured within the noise on the CUDA stand-in
-// (BenchmarkTierRestoreDevice: 0.82-0.85x of a host set's restore,
-// against 0.64-0.95x).
+// of two measured within the noise on the CUDA stand-in, stagers made
+// per block then (BenchmarkTierRestoreDevice: 0.82-0.85x of a host set's
+// restore, against 0.64-0.95x).
 const deviceRestoreReaders = 2
 
 // reachable says whether the tiers can copy blocks of l: host memory, or
@@ -76,7 +77,7 @@ func (t *tiers) slotIO(set *pool.BlockSet) (slotIO, error) {
 		return nil, fmt.Errorf("block set %d: %w", set.ID(), errNoSlotIO)
 	}
 	if l.Regions[0].Kind == layout.Device {
-		return &deviceSlots{a: t.a, l: l}, nil
+		return &deviceSlots{t: t, l: l}, nil
 	}
 	regions, err := set.RegionBytes()
 	if err != nil {
@@ -112,8 +113,67 @@ func (h hostSlots) write(_ context.Context, slot int, src []byte) error {
 
 // deviceSlots is the slot I/O of a set in the device pools.
 type deviceSlots struct {
-	a *Agent
+	t *tiers
 	l *layout.Layout
+}
+
+// tierStagersKept is how many stagers per GPU the tiers keep between
+// copies (a stream, two events and two pinned buffers each), so that a
+// block's copy does not make and free them: the copier's, and a restore's
+// deviceRestoreReaders.
+const tierStagersKept = 1 + deviceRestoreReaders
+
+// stagerCache keeps the tiers' stagers for reuse, by GPU.
+type stagerCache struct {
+	mu     sync.Mutex
+	free   map[int][]*cuda.Stager
+	closed bool
+}
+
+// stager returns a stager for gpu, kept or new.
+func (t *tiers) stager(gpu int) (*cuda.Stager, error) {
+	c := &t.stagers
+	c.mu.Lock()
+	if l := c.free[gpu]; len(l) > 0 && !c.closed {
+		st := l[len(l)-1]
+		c.free[gpu] = l[:len(l)-1]
+		c.mu.Unlock()
+		return st, nil
+	}
+	c.mu.Unlock()
+	return t.a.staging.NewStager(gpu)
+}
+
+// putStager keeps st for reuse when its last transfer ended well and
+// there is room, else closes it (a failed transfer's stream may be
+// broken).
+func (t *tiers) putStager(gpu int, st *cuda.Stager, ok bool) error {
+	c := &t.stagers
+	c.mu.Lock()
+	if ok && !c.closed && len(c.free[gpu]) < tierStagersKept {
+		if c.free == nil {
+			c.free = map[int][]*cuda.Stager{}
+		}
+		c.free[gpu] = append(c.free[gpu], st)
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.Unlock()
+	return st.Close()
+}
+
+// close closes the kept stagers, before the agent's staging buffers go;
+// stagers given back later are closed too. Safe twice.
+func (c *stagerCache) close() {
+	c.mu.Lock()
+	free := c.free
+	c.free, c.closed = nil, true
+	c.mu.Unlock()
+	for _, l := range free {
+		for _, st := range l {
+			st.Close()
+		}
+	}
 }
 
 // gpuRun is the chunks of a block on one GPU: consecutive ranks, in
@@ -169,7 +229,7 @@ func (d *deviceSlots) read(ctx context.Context, slot int, dst []byte) error {
 	src := deviceRegions(d.l)
 	at := 0
 	for _, run := range d.runs(slot, false) {
-		parts := splitParts(run.segs, d.a.staging.Size())
+		parts := splitParts(run.segs, d.t.a.staging.Size())
 		downs := make([]cuda.Part, len(parts))
 		for k, part := range parts {
 			plan := &layout.Plan{Ranks: make([][]layout.Segment, 1)}
@@ -184,7 +244,7 @@ func (d *deviceSlots) read(ctx context.Context, slot int, dst []byte) error {
 		if at+int(run.n) > len(dst) {
 			return fmt.Errorf("fabric: a block of %d bytes or more, a buffer of %d", at+int(run.n), len(dst))
 		}
-		st, err := d.a.staging.NewStager(run.gpu)
+		st, err := d.t.stager(run.gpu)
 		if err != nil {
 			return fmt.Errorf("fabric: staging from GPU %d: %w", run.gpu, err)
 		}
@@ -192,7 +252,7 @@ func (d *deviceSlots) read(ctx context.Context, slot int, dst []byte) error {
 			at += copy(dst[at:], p)
 			return nil
 		})
-		if cerr := st.Close(); err == nil {
+		if cerr := d.t.putStager(run.gpu, st, err == nil); err == nil {
 			err = cerr
 		}
 		if err != nil {
@@ -209,7 +269,7 @@ func (d *deviceSlots) write(ctx context.Context, slot int, src []byte) error {
 		if at+int(run.n) > len(src) {
 			return fmt.Errorf("fabric: a block of %d bytes or more, %d given", at+int(run.n), len(src))
 		}
-		parts := splitParts(run.segs, d.a.staging.Size())
+		parts := splitParts(run.segs, d.t.a.staging.Size())
 		ups := make([]cuda.Part, len(parts))
 		for k, part := range parts {
 			plan := &layout.Plan{Ranks: make([][]layout.Segment, len(d.l.Regions))}
@@ -221,7 +281,7 @@ func (d *deviceSlots) write(ctx context.Context, slot int, src []byte) error {
 			}
 			ups[k] = cuda.Part{Bytes: n, Plan: plan}
 		}
-		st, err := d.a.staging.NewStager(run.gpu)
+		st, err := d.t.stager(run.gpu)
 		if err != nil {
 			return fmt.Errorf("fabric: staging to GPU %d: %w", run.gpu, err)
 		}
@@ -229,7 +289,7 @@ func (d *deviceSlots) write(ctx context.Context, slot int, src []byte) error {
 			at += copy(p, src[at:])
 			return nil
 		})
-		if cerr := st.Close(); err == nil {
+		if cerr := d.t.putStager(run.gpu, st, err == nil); err == nil {
 			err = cerr
 		}
 		if err != nil {
