@@ -244,6 +244,9 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 		}
 		pcfg.Offload, pcfg.OffloadWatermark, pcfg.OffloadInFlight = a.tiers.offer, a.cfg.TierWatermark, a.cfg.TierInFlight
 		pcfg.OffloadGiveUp, pcfg.OffloadTake = true, a.tiers.take // an allocation never waits for the disk
+		if pcfg.OffloadWatermark == 0 && a.poolKind == "device" {
+			pcfg.OffloadWatermark = deviceOffloadWatermark
+		}
 	}
 	p, err := pool.NewSpanning(st, pcfg)
 	if err != nil {

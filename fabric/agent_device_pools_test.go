@@ -159,7 +159,7 @@ func removeGPULibs() {
 // a fresh copy of softcuda per call (a GPU of its own, with its own
 // SOFTCUDA_* settings read at its cuInit) and softverbs, with a registry
 // of this test's own.
-func gpuLibs(t *testing.T) (cudaLib, verbsLib string) {
+func gpuLibs(t testing.TB) (cudaLib, verbsLib string) {
 	t.Helper()
 	gpuLibOnce.Do(func() {
 		gpuLibDir, gpuLibErr = os.MkdirTemp("", "kvfabric-gpu-")

@@ -323,14 +323,14 @@ type Config struct {
 	// false, among the blocks it may recycle, those other live nodes also
 	// hold (by the index) go before those only this node holds.
 	NoClusterEviction bool `json:"no_cluster_eviction,omitempty"`
-	// Tiers are the disk tiers under the host pool (tier_config.go), one
+	// Tiers are the disk tiers under the pools (tier_config.go), one
 	// entry per tier, "disk=PATH:SIZE": blocks the pool would recycle are
 	// copied there first, restored on use, served to peers, and found
 	// again after a restart. If empty, none: a recycled block is gone.
 	Tiers []string `json:"tiers,omitempty"`
 	// TierWatermark is the fraction of a block set's slots in use past
 	// which its least recently used blocks are copied down ahead of need.
-	// If zero, 0.90; in (0, 1].
+	// If zero, 0.90 (0.85 over device pools); in (0, 1].
 	TierWatermark float64 `json:"tier_watermark,omitempty"`
 	// TierQueue bounds the blocks waiting to be copied down; a block that
 	// finds it full is recycled without a copy when its slot is needed.

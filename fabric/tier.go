@@ -22,12 +22,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Disk tiers. Under the host pool, an agent may keep disk tiers
+// Disk tiers. Under the host or device pools, an agent may keep disk tiers
 // (Config.Tiers, pool/disk stores): a block the pool is about to recycle
 // is copied down first (tier_offload.go), a block an engine asks for that
 // is on disk is restored into its block set (tier_restore.go), peers'
-// leases stage disk-held blocks into host slots (tier_serve.go), and a
-// restarted agent finds its disk blocks again and announces them.
+// leases stage disk-held blocks into slots of a staging set
+// (tier_serve.go), and a restarted agent finds its disk blocks again and
+// announces them. Slots in host and in device memory are read and
+// written alike through a slotIO (tier_device.go).
 //
 // A block on disk is keyed by its sequence hash and its shape tag (model
 // config, page size, TP size, KV order: what makes two block sets' bytes
@@ -212,6 +214,8 @@ type tiers struct {
 	direct    atomic.Uint64
 	rewritten atomic.Uint64
 	noDirect  atomic.Bool
+
+	stagers stagerCache // device sets' slot I/O (tier_device.go)
 }
 
 // openTiers opens the configured disk tiers and finds the blocks they hold.
@@ -513,6 +517,7 @@ func (t *tiers) close() error {
 	close(t.done)
 	t.cancel()
 	t.wg.Wait()
+	t.stagers.close()
 	var errs []error
 	for _, d := range t.list {
 		if st := d.store.Load(); st != nil {

@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -36,10 +37,10 @@ type jobKey struct {
 
 // offer is the pool's Offload hook: it queues the block for a worker, or
 // refuses when the queue is full or the block cannot go to disk (device
-// memory). Called with the set's lock held: it only queues.
+// memory without the driver's staging; tier_device.go). Called with the set's lock held: it only queues.
 func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) bool {
 	l := set.Layout()
-	if len(l.Regions) == 0 || l.Regions[0].Kind == layout.Device {
+	if !t.reachable(l) {
 		return false
 	}
 	if room := t.room.Load(); room > 0 && int64(tierBlockBytes(l)) > room {
@@ -100,7 +101,9 @@ func (t *tiers) whereWait(ctx context.Context, k disk.Key) *diskTier {
 
 // take is the pool's OffloadTake hook: an allocation takes the slot of a
 // queued block whose copy has not begun, so its bytes are copied out
-// now, in memory, for the copy to write later. Called with the set's lock
+// now, in memory, for the copy to write later (from a device set, a
+// download through the driver's staging: the copy engine's, never the
+// disk's). Called with the set's lock
 // held; false (the block is dropped) when the job is not found or the
 // block is larger than the tiers' slots.
 func (t *tiers) take(set *pool.BlockSet, blk pool.Block, sum uint64, has bool) bool {
@@ -112,7 +115,7 @@ func (t *tiers) take(set *pool.BlockSet, blk pool.Block, sum uint64, has bool) b
 	if j == nil || (room > 0 && int64(tierBlockBytes(l)) > room) {
 		return false
 	}
-	regions, err := set.RegionBytes()
+	sio, err := t.slotIO(set)
 	if err != nil {
 		return false
 	}
@@ -121,7 +124,11 @@ func (t *tiers) take(set *pool.BlockSet, blk pool.Block, sum uint64, has bool) b
 	}
 	buf := t.bufferOf(int(room)) // room >= the block's bytes, checked above
 	n := tierBlockBytes(l) - tierTrailer
-	gatherBlock(l, regions, blk.Slot, buf)
+	if err := sio.read(t.ctx, blk.Slot, buf); err != nil {
+		t.log.Warn("tier: block not copied out of a slot an allocation took", "hash", j.hash, "err", err)
+		t.putBuffer(buf)
+		return false
+	}
 	putTrailer(buf, n, sum, has)
 	j.taken.Store(&buf)
 	t.taken.Add(1)
@@ -289,6 +296,12 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 			batch = d.store.Load().NewBatch()
 		}
 		src, err := t.readSlot(j, l)
+		if errors.Is(err, errSlotRead) {
+			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
+			t.list[0].failed.Add(1)
+			t.dropTaken(j)
+			continue
+		}
 		if err != nil {
 			p := j.taken.Load()
 			if p == nil {
@@ -446,19 +459,24 @@ type slotCopy struct {
 const maxDirectPieces = 64
 
 // readSlot begins the copy of j's block out of its slot, unless j.held
-// between StartCopy and EndCopy: where the slot's memory can be written
-// straight (slotPieces), its pieces and a trailer, the copy ended by the
-// caller (EndCopy, once the write ended); else a copy in canonical order,
-// with its trailer, in a buffer of the tiers', the copy ended. An error
-// says the slot was taken before the copy began: nothing was read.
+// between StartCopy and EndCopy: where the slot is host memory that
+// O_DIRECT writes as it is (slotPieces), its pieces and a trailer, the
+// copy ended by the caller (EndCopy, once the write ended); else a copy in
+// canonical order through the set's slot I/O (a gather, or a download out
+// of a device set), with its trailer, in a buffer of the tiers', the copy
+// ended. An error says the slot was taken before the copy began: nothing
+// was read; or, wrapping errSlotRead, that the slot could not be read. A
+// slot not read stays being copied (an allocation does not take it) until
+// its copier ends the offload as failed, so that its block is neither
+// lost nor taken as copied below.
 func (t *tiers) readSlot(j *offloadJob, l *layout.Layout) (slotCopy, error) {
-	regions, err := j.set.RegionBytes()
+	sio, err := t.slotIO(j.set)
 	if err != nil {
 		return slotCopy{}, err
 	}
 	n := tierBlockBytes(l) - tierTrailer
-	if !t.noDirect.Load() {
-		if pieces := slotPieces(l, regions, j.blk.Slot); pieces != nil {
+	if h, ok := sio.(hostSlots); ok && !t.noDirect.Load() {
+		if pieces := slotPieces(l, h.regions, j.blk.Slot); pieces != nil {
 			sum, has, err := t.startCopy(j, true)
 			if err != nil {
 				return slotCopy{}, err
@@ -473,7 +491,10 @@ func (t *tiers) readSlot(j *offloadJob, l *layout.Layout) (slotCopy, error) {
 		return slotCopy{}, err
 	}
 	buf := t.buffer()
-	gatherBlock(l, regions, j.blk.Slot, buf)
+	if err := sio.read(t.ctx, j.blk.Slot, buf); err != nil {
+		t.putBuffer(buf)
+		return slotCopy{}, fmt.Errorf("%w: %w", errSlotRead, err)
+	}
 	putTrailer(buf, n, sum, has)
 	if !j.held {
 		if err := j.set.EndCopy(j.blk); err != nil {
@@ -533,6 +554,9 @@ func (t *tiers) trailerBuffer() []byte {
 	}
 	return alignedBuffer(disk.Align)
 }
+
+// errSlotRead is readSlot's failure to read a slot it holds.
+var errSlotRead = errors.New("fabric: slot not read")
 
 // pick is the open tier with the most free slots, nil if none is open.
 func (t *tiers) pick() *diskTier {

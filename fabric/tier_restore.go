@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
-	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
 )
@@ -22,15 +21,16 @@ const (
 
 // restore brings the leading blocks of hashes that a disk tier holds in
 // es's shape up into es: each block read back (straight into its slot
-// where O_DIRECT takes the slot's memory as it is, slotPieces; else into
-// a buffer and scattered), checked (the store's checksum of its bytes,
+// of host memory where O_DIRECT takes it as it is, slotPieces; else into
+// a buffer, then into the slot through the set's slot I/O: a scatter, or
+// an upload into a device set), checked (the store's checksum of its bytes,
 // then the content checksum it had when it went down, over its bytes in
 // the slot), and registered with a reference the caller owns. A block that fails a check is dropped from its tier and
 // ends the run. Returns the blocks restored, in order.
 func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, parent uint64) ([]pool.Block, error) {
 	set := es.set
 	l := set.Layout()
-	if len(l.Regions) == 0 || l.Regions[0].Kind == layout.Device {
+	if !t.reachable(l) {
 		return nil, nil
 	}
 	tag := shapeTag(l)
@@ -54,7 +54,7 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 	if err != nil {
 		return nil, fmt.Errorf("slots to restore %d blocks from disk: %w", len(run), err)
 	}
-	regions, err := set.RegionBytes()
+	sio, err := t.slotIO(set)
 	if err != nil {
 		for _, b := range blks {
 			set.Abort(b)
@@ -74,7 +74,7 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 	outs := make([]outcome, len(run))
 	next := make(chan int)
 	var wg sync.WaitGroup
-	for range min(restoreReaders, len(run)) {
+	for range min(t.restoreReaders(l), len(run)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -93,8 +93,8 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 				// as it is (the trailer into a page of its own); else
 				// into a buffer, scattered from there.
 				var pieces [][]byte
-				if !t.noDirect.Load() {
-					pieces = slotPieces(l, regions, blks[i].Slot)
+				if h, ok := sio.(hostSlots); ok && !t.noDirect.Load() {
+					pieces = slotPieces(l, h.regions, blks[i].Slot)
 				}
 				var got int
 				var err error
@@ -120,10 +120,14 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 					f.d.store.Load().Delete(f.k)
 				}
 				if err == nil {
+					if pieces == nil {
+						err = sio.write(ctx, blks[i].Slot, buf)
+					}
+				}
+				if err == nil {
 					if pieces != nil {
 						o.sum, o.has = trailer(tr, 0)
 					} else {
-						scatterBlock(l, regions, blks[i].Slot, buf)
 						o.sum, o.has = trailer(buf, n)
 					}
 					if o.has && !t.a.cfg.NoChecksums {
