@@ -168,6 +168,13 @@ func (b *BlockSet) giveUp(n int) int {
 			}
 			blk := b.offered[at]
 			s := &b.slots[blk.Slot]
+			if s.gen != blk.Generation || !s.offloading {
+				// A second entry of a block taken above: a copy that
+				// failed and the block offered again leaves its first
+				// entry live until a compaction. Taking it again would
+				// put the slot on the free stack twice.
+				continue
+			}
 			if !s.copied {
 				if take := b.p.cfg.OffloadTake; take == nil || !take(b, blk, s.sum, s.hasSum) {
 					b.givenUp++ // dropped, its copy lost

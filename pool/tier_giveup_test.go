@@ -325,3 +325,37 @@ func TestOffloadDirectWriteEnds(t *testing.T) {
 		t.Fatalf("a block written before its slot was taken counted as given up (%d)", m.OffloadsGivenUp)
 	}
 }
+
+// A block whose copy below failed and which is offered again has two
+// entries among the offered blocks until a compaction: an allocation that
+// gives up slots takes its slot once, and no two allocations get the same
+// slot.
+func TestOffloadGiveUpTakesAReofferedBlockOnce(t *testing.T) {
+	const n = 4
+	b, o := giveUpPool(t, n, nil)
+	fill(t, b, 1, n)
+	if got := b.Evict(1); got != 0 || len(o.taken) != 1 {
+		t.Fatalf("evict: %d recycled, %d offered; want the tail offered", got, len(o.taken))
+	}
+	o.finish(t, b, false) // the copy failed: the block is as before its offer
+	if got := b.Evict(1); got != 0 || len(o.taken) != 1 {
+		t.Fatalf("evict again: %d recycled, %d offered; want the tail offered again", got, len(o.taken))
+	}
+	if len(b.offered) != 2 {
+		t.Fatalf("%d offered entries, want 2: the test needs the first offer's entry still there", len(b.offered))
+	}
+	got, err := b.Allocate(2)
+	if err != nil {
+		t.Fatalf("allocate 2 from a full set whose tail is offered: %v", err)
+	}
+	if got[0].Slot == got[1].Slot {
+		t.Fatalf("allocate 2 gave slot %d twice", got[0].Slot)
+	}
+	seen := map[int32]bool{}
+	for _, i := range b.free {
+		if seen[i] {
+			t.Fatalf("slot %d is on the free stack twice: %v", i, b.free)
+		}
+		seen[i] = true
+	}
+}
