@@ -726,8 +726,9 @@ type Endpoint struct {
 
 	// Counters; naps counts the progress loop's naps.
 	reads, bytes, failures, naps atomic.Uint64
-	// staged counts the requests read through staging.
-	staged atomic.Uint64
+	// staged counts the requests read through staging; inline the
+	// completions Reads took from the queue themselves.
+	staged, inline atomic.Uint64
 }
 
 // Staging's size: over tcp, reads of 512 KiB took nearly the time of
@@ -955,11 +956,16 @@ type Stats struct {
 	// Staged counts the requests read whole into staging and copied out
 	// (ProviderInfo.StagesReads).
 	Staged uint64
+	// Inline counts the completions Reads took from the queue themselves
+	// (after posting a batch, or before waiting), not the progress loop:
+	// all of them where the provider completes a read within the call
+	// that posts it (shm by cross-memory attach).
+	Inline uint64
 }
 
 // Stats returns the endpoint's counters.
 func (e *Endpoint) Stats() Stats {
-	return Stats{Reads: e.reads.Load(), Bytes: e.bytes.Load(), Failures: e.failures.Load(), Staged: e.staged.Load()}
+	return Stats{Reads: e.reads.Load(), Bytes: e.bytes.Load(), Failures: e.failures.Load(), Staged: e.staged.Load(), Inline: e.inline.Load()}
 }
 
 // lockCalls is taken around every call into the provider. It fails once the
@@ -1060,7 +1066,7 @@ func (e *Endpoint) progress() {
 			}
 		}
 		switch {
-		case e.deliver(t):
+		case e.deliver(t) > 0:
 			idle, nap = 0, 0
 		case spin:
 			idle++
@@ -1070,9 +1076,9 @@ func (e *Endpoint) progress() {
 }
 
 // deliver hands what one take of the completion queue found to the reads
-// that posted it, and says whether it found anything: each reader is
+// that posted it, and says how many completions it found: each reader is
 // woken once per batch, not once per completion.
-func (e *Endpoint) deliver(t *C.struct_kvf_take) bool {
+func (e *Endpoint) deliver(t *C.struct_kvf_take) int {
 	switch n := int(t.n); {
 	case n > 0:
 		var last *reader
@@ -1091,7 +1097,7 @@ func (e *Endpoint) deliver(t *C.struct_kvf_take) bool {
 		if last != nil {
 			last.add(count, nil)
 		}
-		return true
+		return n
 	case t.n == -C.KVF_FI_EAVAIL:
 		err := fmt.Errorf("ofi: read failed on %s: %w: %w", e.info.Provider, e.lib.fiError(t.err), ErrCompletion)
 		if t.prov_errno != 0 {
@@ -1100,9 +1106,9 @@ func (e *Endpoint) deliver(t *C.struct_kvf_take) bool {
 		if r := e.release(t.err_ctx); r != nil {
 			r.add(1, err)
 		}
-		return true
+		return 1
 	}
-	return false
+	return 0
 }
 
 // waitBudget is how long one kvf_cq_wait may nap before the loop looks at
@@ -1180,7 +1186,7 @@ func (e *Endpoint) takeInline(t *C.struct_kvf_take) {
 		return
 	}
 	C.kvf_cq_take(e.ep, t, 1)
-	e.deliver(t)
+	e.inline.Add(uint64(e.deliver(t)))
 	unlock()
 }
 
@@ -1544,7 +1550,7 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 		}
 		var rc C.ssize_t
 		posted := int(C.kvf_post(e.ep, &batch[0], C.size_t(len(slots)), peer.addr, &rc, t))
-		e.deliver(t)
+		e.inline.Add(uint64(e.deliver(t)))
 		unlock()
 		for k := range posted {
 			moved += reqs[i+k].bytes()
