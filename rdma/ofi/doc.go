@@ -59,7 +59,14 @@
 // One goroutine per endpoint reads its completion queue and so also drives
 // the provider's progress, which software providers need on the serving side
 // as well: tcp sends a read's bytes, and shm (without cross-memory attach)
-// copies them, only when the holder's loop polls. shm's queues have no wait
+// copies them, only when the holder's loop polls. A Read also takes the
+// queue itself after each batch of requests it posts, in the same call:
+// posting and polling hold one lock of the endpoint's, which the loop only
+// tries, so that one thread at a time calls into the provider (shm holds
+// its spin locks over a whole cross-memory copy, and a poll that meets one
+// spins until the copy ends), and a read that the provider completes within
+// the call (shm by cross-memory attach) needs no loop to wake it. The loop
+// polls hot only while a Read waits on it with nothing left to post. shm's queues have no wait
 // object in libfabric 1.17, so the loop polls, napping between empty polls
 // on an eventfd with a timeout (plus the kernel's timer slack), longer the
 // longer nothing comes, up to a cap set by what the endpoint does: 20 us

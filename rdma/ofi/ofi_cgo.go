@@ -7,6 +7,7 @@ package ofi
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -131,7 +132,8 @@ static const char *kvf_info_domain(struct kvf_fi_info *i) { return i->domain_att
 // wake is an eventfd the progress loop naps on (kvf_nap), written by
 // kvf_kick when a read starts or the endpoint starts serving; napping and
 // kicked are the handshake that makes a kick never lost and never a
-// needless write.
+// needless write. mu serialises the binding's calls that post reads and
+// poll the completion queue (kvf_post, kvf_cq_take): see kvf_cq_take.
 struct kvf_ep {
 	struct kvf_fid_fabric *fabric;
 	struct kvf_fid_domain *domain;
@@ -141,6 +143,8 @@ struct kvf_ep {
 	int wake;
 	int napping;
 	int kicked;
+	int mu_init;
+	pthread_mutex_t mu;
 };
 
 static int kvf_close_fid(struct kvf_fid *f) { return f ? f->ops->close(f) : 0; }
@@ -152,6 +156,7 @@ static void kvf_ep_close(struct kvf_ep *e) {
 	if (e->domain) kvf_close_fid(&e->domain->fid);
 	if (e->fabric) kvf_close_fid(&e->fabric->fid);
 	if (e->wake > 0) close(e->wake);
+	if (e->mu_init) pthread_mutex_destroy(&e->mu);
 	memset(e, 0, sizeof(*e));
 }
 
@@ -160,6 +165,12 @@ static void kvf_ep_close(struct kvf_ep *e) {
 static int kvf_ep_open(struct kvf_lib *l, struct kvf_fi_info *info, size_t cq_size, struct kvf_ep *e, const char **step) {
 	memset(e, 0, sizeof(*e));
 	int rc;
+	*step = "pthread_mutex_init";
+	if ((rc = pthread_mutex_init(&e->mu, NULL)) != 0) {
+		rc = -rc;
+		goto fail;
+	}
+	e->mu_init = 1;
 	*step = "eventfd";
 	e->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (e->wake < 0) {
@@ -296,31 +307,74 @@ static size_t kvf_read_batch(struct kvf_ep *e, const struct kvf_req *reqs, size_
 	return n;
 }
 
-// kvf_cq_poll reads up to n completions into ctxs without blocking. A
-// negative return is -FI_EAGAIN (nothing), or -FI_EAVAIL (an error entry:
-// read it with kvf_cq_err), or another error.
-static ssize_t kvf_cq_poll(struct kvf_ep *e, void **ctxs, size_t n) {
-	struct kvf_fi_cq_entry ent[64];
-	if (n > 64) n = 64;
-	ssize_t got = e->cq->ops->read(e->cq, ent, n);
-	for (ssize_t i = 0; i < got; i++) ctxs[i] = ent[i].op_context;
-	return got;
-}
+// kvf_take is what one take of the completion queue found: n > 0
+// contexts of successful completions in ctxs; or n == -FI_EAVAIL and one
+// error entry, read already (err_ctx, err, prov_errno, text); or another
+// negative n: nothing (-FI_EAGAIN, or the lock was busy) or the queue's
+// own error.
+struct kvf_take {
+	void *ctxs[64];
+	ssize_t n;
+	void *err_ctx;
+	int err, prov_errno;
+	char text[256];
+};
 
-static ssize_t kvf_cq_err(struct kvf_ep *e, void **ctx, int *err, int *prov_errno, char *buf, size_t len) {
+// kvf_take_locked polls the queue once into t; the caller holds e->mu.
+static void kvf_take_locked(struct kvf_ep *e, struct kvf_take *t) {
+	struct kvf_fi_cq_entry ent[64];
+	ssize_t got = e->cq->ops->read(e->cq, ent, 64);
+	for (ssize_t i = 0; i < got; i++) t->ctxs[i] = ent[i].op_context;
+	t->n = got;
+	if (got != -KVF_FI_EAVAIL) return;
 	struct kvf_fi_cq_err_entry ee;
 	memset(&ee, 0, sizeof(ee));
 	ssize_t rc = e->cq->ops->readerr(e->cq, &ee, 0);
-	if (rc < 0) return rc;
-	*ctx = ee.op_context;
-	*err = ee.err;
-	*prov_errno = ee.prov_errno;
-	buf[0] = 0;
-	if (e->cq->ops->strerror) {
-		const char *s = e->cq->ops->strerror(e->cq, ee.prov_errno, ee.err_data, buf, len);
-		if (s && s != buf) snprintf(buf, len, "%s", s);
+	if (rc < 0) {
+		t->n = rc == -KVF_FI_EAVAIL ? -KVF_FI_EAGAIN : rc;
+		return;
 	}
-	return rc;
+	t->err_ctx = ee.op_context;
+	t->err = ee.err;
+	t->prov_errno = ee.prov_errno;
+	t->text[0] = 0;
+	if (ee.prov_errno && e->cq->ops->strerror) {
+		const char *s = e->cq->ops->strerror(e->cq, ee.prov_errno, ee.err_data, t->text, sizeof(t->text));
+		if (s && s != t->text) snprintf(t->text, sizeof(t->text), "%s", s);
+	}
+}
+
+// kvf_cq_take polls the completion queue once into t, an error entry
+// included. Posting and polling take e->mu, so that one thread at a time
+// drives the provider's progress on the endpoint: shm holds its queue's
+// and its peer's spin locks over a whole cross-memory copy, and a
+// progress loop that polls while a read copies spins until the copy ends.
+// With try, a busy lock is nothing to take (the reader holding it polls
+// after posting).
+static void kvf_cq_take(struct kvf_ep *e, struct kvf_take *t, int try) {
+	if (try) {
+		if (pthread_mutex_trylock(&e->mu) != 0) {
+			t->n = -KVF_FI_EAGAIN;
+			return;
+		}
+	} else {
+		pthread_mutex_lock(&e->mu);
+	}
+	kvf_take_locked(e, t);
+	pthread_mutex_unlock(&e->mu);
+}
+
+// kvf_post posts reqs as kvf_read_batch does, then takes what the
+// completion queue holds into t, under e->mu: a provider that completes a
+// read within the call (shm by cross-memory attach) hands its completions
+// back to the reader that posted them, with no progress loop in between.
+static size_t kvf_post(struct kvf_ep *e, const struct kvf_req *reqs, size_t n, kvf_fi_addr_t src, ssize_t *rc,
+		struct kvf_take *t) {
+	pthread_mutex_lock(&e->mu);
+	size_t posted = kvf_read_batch(e, reqs, n, src, rc);
+	kvf_take_locked(e, t);
+	pthread_mutex_unlock(&e->mu);
+	return posted;
 }
 
 // kvf_nap sleeps up to ns nanoseconds, or until kvf_kick; it returns 1
@@ -353,26 +407,27 @@ static void kvf_kick(struct kvf_ep *e) {
 	}
 }
 
-// kvf_cq_wait polls as kvf_cq_poll does until that returns anything but
-// -FI_EAGAIN, or kvf_kick (*kicked is set), or budget ns pass. Between empty
-// polls it naps, twice as long each time from min_nap up to max_nap; *nap
-// carries the last nap from call to call, 0 after a completion or a kick.
-// It calls the provider between naps with no lock of the caller's, which
-// only a thread-safe provider allows (the only kind Choose picks).
-static ssize_t kvf_cq_wait(struct kvf_ep *e, void **ctxs, size_t n, long *nap, long min_nap, long max_nap,
+// kvf_cq_wait takes from the completion queue as kvf_cq_take does (with
+// try) until that finds anything but -FI_EAGAIN, or kvf_kick (*kicked is
+// set), or budget ns pass. Between empty takes it naps, twice as long each
+// time from min_nap up to max_nap; *nap carries the last nap from call to
+// call, 0 after a completion or a kick. It calls the provider between naps
+// with no lock of the caller's, which only a thread-safe provider allows
+// (the only kind Choose picks).
+static void kvf_cq_wait(struct kvf_ep *e, struct kvf_take *t, long *nap, long min_nap, long max_nap,
 		long budget, int *kicked, long *naps) {
-	struct timespec t0, t;
+	struct timespec t0, now;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	*kicked = 0;
 	for (;;) {
-		ssize_t got = kvf_cq_poll(e, ctxs, n);
-		if (got != -KVF_FI_EAGAIN) {
+		kvf_cq_take(e, t, 1);
+		if (t->n != -KVF_FI_EAGAIN) {
 			*nap = 0;
-			return got;
+			return;
 		}
-		clock_gettime(CLOCK_MONOTONIC, &t);
-		long el = (t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec);
-		if (el >= budget) return got;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		long el = (now.tv_sec - t0.tv_sec) * 1000000000L + (now.tv_nsec - t0.tv_nsec);
+		if (el >= budget) return;
 		long d = *nap * 2;
 		if (d < min_nap) d = min_nap;
 		if (d > max_nap) d = max_nap;
@@ -381,11 +436,10 @@ static ssize_t kvf_cq_wait(struct kvf_ep *e, void **ctxs, size_t n, long *nap, l
 		if (kvf_nap(e, d)) {
 			*nap = 0;
 			*kicked = 1;
-			return got;
+			return;
 		}
 	}
 }
-
 
 // kvf_copy_out copies a staged read from src to its n pieces of dst, given
 // as (offset, length) pairs, in order.
@@ -666,11 +720,15 @@ type Endpoint struct {
 	servingUntil atomic.Int64
 	serveMu      sync.Mutex
 	serves       map[*serveTicket]struct{}
+	// waiting counts the Reads blocked on completions that only the
+	// progress loop will take (see Read's park).
+	waiting atomic.Int32
 
 	// Counters; naps counts the progress loop's naps.
 	reads, bytes, failures, naps atomic.Uint64
-	// staged counts the requests read through staging.
-	staged atomic.Uint64
+	// staged counts the requests read through staging; inline the
+	// completions Reads took from the queue themselves.
+	staged, inline atomic.Uint64
 }
 
 // Staging's size: over tcp, reads of 512 KiB took nearly the time of
@@ -898,11 +956,16 @@ type Stats struct {
 	// Staged counts the requests read whole into staging and copied out
 	// (ProviderInfo.StagesReads).
 	Staged uint64
+	// Inline counts the completions Reads took from the queue themselves
+	// (after posting a batch, or before waiting), not the progress loop:
+	// all of them where the provider completes a read within the call
+	// that posts it (shm by cross-memory attach).
+	Inline uint64
 }
 
 // Stats returns the endpoint's counters.
 func (e *Endpoint) Stats() Stats {
-	return Stats{Reads: e.reads.Load(), Bytes: e.bytes.Load(), Failures: e.failures.Load(), Staged: e.staged.Load()}
+	return Stats{Reads: e.reads.Load(), Bytes: e.bytes.Load(), Failures: e.failures.Load(), Staged: e.staged.Load(), Inline: e.inline.Load()}
 }
 
 // lockCalls is taken around every call into the provider. It fails once the
@@ -947,9 +1010,17 @@ func (e *Endpoint) usable() error {
 // timeout), longer the longer nothing comes, up to a cap set by what the
 // endpoint is doing:
 //
-//	a Read under way      yields hotSpins times, then naps up to hotMaxNap
+//	a Read waits on it    yields hotSpins times, then naps up to hotMaxNap
+//	a Read under way      naps up to hotMaxNap
 //	serving (Serve)       naps up to servingMaxNap
 //	neither               naps up to idleMaxNap
+//
+// The loop is not the only thread that polls: a Read takes the completion
+// queue itself after each batch it posts, in the same call and under the
+// same lock (kvf_post), and the loop's polls only try that lock, so that
+// one thread at a time drives the provider on the endpoint and none spins
+// on the provider's locks while another holds them. A Read waits on the
+// loop (and the loop polls hot) only when it has nothing left to post.
 //
 // A Read or Serve that begins wakes a nap at once (kvf_kick), so an idle
 // endpoint sleeps long and costs almost nothing, and a holder polls often
@@ -958,15 +1029,10 @@ func (e *Endpoint) usable() error {
 // between threads, which halved the import's rate over tcp on two cores.
 func (e *Endpoint) progress() {
 	defer close(e.done)
-	// Declared once: what is passed to C escapes, and the loop must not
-	// allocate on every poll. The completions' contexts go to C memory:
-	// a Go array of pointers passed to C is checked for Go pointers,
-	// all 64 of them, on every call.
-	ctxs := (*[64]unsafe.Pointer)(C.calloc(64, C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
-	defer C.free(unsafe.Pointer(ctxs))
-	var errCtx unsafe.Pointer
-	var errno, provErrno C.int
-	var text [256]C.char
+	// C memory: a Go array of pointers passed to C is checked for Go
+	// pointers, all 64 of them, on every call.
+	t := (*C.struct_kvf_take)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_kvf_take{}))))
+	defer C.free(unsafe.Pointer(t))
 	idle := 0
 	var nap C.long
 	for {
@@ -976,20 +1042,22 @@ func (e *Endpoint) progress() {
 		default:
 		}
 		limit := e.napLimit()
-		var n C.ssize_t
 		spin := false
 		switch {
-		case limit == hotMaxNap && idle < hotSpins:
-			// A read under way: a few polls that only yield first.
+		case limit == hotMaxNap && idle < hotSpins && e.waiting.Load() > 0:
+			// A read waits for completions: a few polls that only
+			// yield first. (A read that posts takes what its posts
+			// completed itself, and waits on the loop only when it
+			// has nothing more to post.)
 			spin = true
-			n = C.kvf_cq_poll(e.ep, &ctxs[0], C.size_t(len(ctxs)))
+			C.kvf_cq_take(e.ep, t, 1)
 		default:
 			// Polls and naps in C until something comes, a read or a
 			// server begins (kicked), or the budget passes: the runtime is
 			// entered once per wait, not once per nap.
 			var kicked C.int
 			var naps C.long
-			n = C.kvf_cq_wait(e.ep, &ctxs[0], C.size_t(len(ctxs)), &nap, C.long(minNap), C.long(limit),
+			C.kvf_cq_wait(e.ep, t, &nap, C.long(minNap), C.long(limit),
 				C.long(waitBudget(limit)), &kicked, &naps)
 			e.naps.Add(uint64(naps))
 			if kicked != 0 {
@@ -997,43 +1065,50 @@ func (e *Endpoint) progress() {
 				continue
 			}
 		}
-		if n == -C.KVF_FI_EAVAIL {
-			C.kvf_cq_err(e.ep, &errCtx, &errno, &provErrno, &text[0], C.size_t(len(text)))
-		}
 		switch {
-		case n > 0:
+		case e.deliver(t) > 0:
 			idle, nap = 0, 0
-			// One wake-up per reader per batch, not per completion.
-			var last *reader
-			count := 0
-			for i := range int(n) {
-				r := e.release(ctxs[i])
-				if r != last && last != nil {
-					last.add(count, nil)
-					count = 0
-				}
-				if r != nil {
-					last = r
-					count++
-				}
-			}
-			if last != nil {
-				last.add(count, nil)
-			}
-		case n == -C.KVF_FI_EAVAIL:
-			idle, nap = 0, 0
-			err := fmt.Errorf("ofi: read failed on %s: %w: %w", e.info.Provider, e.lib.fiError(errno), ErrCompletion)
-			if provErrno != 0 {
-				err = fmt.Errorf("%w (provider: %s)", err, C.GoString(&text[0]))
-			}
-			if r := e.release(errCtx); r != nil {
-				r.add(1, err)
-			}
 		case spin:
 			idle++
 			runtime.Gosched()
 		}
 	}
+}
+
+// deliver hands what one take of the completion queue found to the reads
+// that posted it, and says how many completions it found: each reader is
+// woken once per batch, not once per completion.
+func (e *Endpoint) deliver(t *C.struct_kvf_take) int {
+	switch n := int(t.n); {
+	case n > 0:
+		var last *reader
+		count := 0
+		for i := range n {
+			r := e.release(t.ctxs[i])
+			if r != last && last != nil {
+				last.add(count, nil)
+				count = 0
+			}
+			if r != nil {
+				last = r
+				count++
+			}
+		}
+		if last != nil {
+			last.add(count, nil)
+		}
+		return n
+	case t.n == -C.KVF_FI_EAVAIL:
+		err := fmt.Errorf("ofi: read failed on %s: %w: %w", e.info.Provider, e.lib.fiError(t.err), ErrCompletion)
+		if t.prov_errno != 0 {
+			err = fmt.Errorf("%w (provider: %s)", err, C.GoString(&t.text[0]))
+		}
+		if r := e.release(t.err_ctx); r != nil {
+			r.add(1, err)
+		}
+		return 1
+	}
+	return 0
 }
 
 // waitBudget is how long one kvf_cq_wait may nap before the loop looks at
@@ -1101,6 +1176,19 @@ type serveTicket struct{ until int64 }
 
 // Serving says whether the endpoint is serving now (a Serve is live).
 func (e *Endpoint) Serving() bool { return time.Now().UnixNano() < e.servingUntil.Load() }
+
+// takeInline takes what the completion queue holds, unless another thread
+// is taking or posting (then that one delivers), and hands it to the reads
+// that posted it.
+func (e *Endpoint) takeInline(t *C.struct_kvf_take) {
+	unlock, err := e.lockCalls()
+	if err != nil {
+		return
+	}
+	C.kvf_cq_take(e.ep, t, 1)
+	e.inline.Add(uint64(e.deliver(t)))
+	unlock()
+}
 
 // kick wakes the progress loop from its nap.
 func (e *Endpoint) kick() {
@@ -1312,6 +1400,23 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 		}
 	}
 	r := newReader()
+	// What the read's own takes of the completion queue find: after each
+	// batch it posts, and before it blocks. C memory, as the progress
+	// loop's.
+	t := (*C.struct_kvf_take)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_kvf_take{}))))
+	defer C.free(unsafe.Pointer(t))
+	// park comes before a select that blocks until completions come: it
+	// takes what the queue holds now (unless the progress loop is at it),
+	// then tells the loop that a read waits on it, which makes it poll
+	// hot until the read is back (the function park returns). While reads
+	// post and take their own completions, the loop only naps.
+	park := func() (unpark func()) {
+		e.takeInline(t)
+		if e.waiting.Add(1) == 1 {
+			e.kick()
+		}
+		return func() { e.waiting.Add(-1) }
+	}
 	inFlight := 0
 	var first error
 	// drain takes the completions that came, and copies the staged ones
@@ -1329,6 +1434,8 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 	}
 	// wait blocks until completions come, or ctx ends (false).
 	wait := func() bool {
+		unpark := park()
+		defer unpark()
 		select {
 		case <-r.wake:
 			drain()
@@ -1352,25 +1459,39 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 		// free, up to a batch.
 		stageSlot := -1
 		if reqs[i].staged {
+			unpark := func() {}
+			if len(e.stageFree) == 0 {
+				unpark = park()
+			}
 			select {
 			case stageSlot = <-e.stageFree:
+				unpark()
 			case <-r.wake:
+				unpark()
 				drain()
 				continue
 			case <-ctx.Done():
+				unpark()
 				return e.abandon(ctx, r, inFlight, first)
 			}
 		}
+		unpark := func() {}
+		if len(e.free) == 0 {
+			unpark = park()
+		}
 		select {
 		case slot := <-e.free:
+			unpark()
 			slots, stages = append(slots[:0], slot), append(stages[:0], stageSlot)
 		case <-r.wake:
+			unpark()
 			if stageSlot >= 0 {
 				e.stageFree <- stageSlot
 			}
 			drain()
 			continue
 		case <-ctx.Done():
+			unpark()
 			if stageSlot >= 0 {
 				e.stageFree <- stageSlot
 			}
@@ -1428,7 +1549,8 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 			break
 		}
 		var rc C.ssize_t
-		posted := int(C.kvf_read_batch(e.ep, &batch[0], C.size_t(len(slots)), peer.addr, &rc))
+		posted := int(C.kvf_post(e.ep, &batch[0], C.size_t(len(slots)), peer.addr, &rc, t))
+		e.inline.Add(uint64(e.deliver(t)))
 		unlock()
 		for k := range posted {
 			moved += reqs[i+k].bytes()
@@ -1507,6 +1629,13 @@ func (e *Endpoint) abandon(ctx context.Context, r *reader, inFlight int, first e
 	e.failures.Add(1)
 	timer := time.NewTimer(e.grace)
 	defer timer.Stop()
+	if inFlight > 0 {
+		// The progress loop polls hot for the requests in flight.
+		if e.waiting.Add(1) == 1 {
+			e.kick()
+		}
+		defer e.waiting.Add(-1)
+	}
 	for inFlight > 0 {
 		select {
 		case <-r.wake:

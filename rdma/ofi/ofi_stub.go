@@ -48,6 +48,7 @@ func (e *Endpoint) Reopen() (*Endpoint, error) { return nil, errBuild }
 type Stats struct {
 	Reads, Bytes, Failures uint64
 	Staged                 uint64
+	Inline                 uint64
 }
 
 // Stats is zero in this build.

@@ -439,3 +439,76 @@ func TestStagedCopyAfterClose(t *testing.T) {
 		t.Fatalf("copy out after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestReadTakesItsCompletions: a Read takes its completions from the queue
+// itself, in the call that posts its requests, wherever the provider
+// completes them within that call: over shm by cross-memory attach
+// (host-only), every request of concurrent reads of scattered pieces is
+// taken inline, none by the progress loop, and every byte lands where it
+// belongs. Over tcp, where completions come later, no more are counted
+// inline than were posted, and the bytes are as right.
+func TestReadTakesItsCompletions(t *testing.T) {
+	for _, prov := range providers {
+		t.Run(prov, func(t *testing.T) {
+			l, err := Load(Config{Provider: prov, Node: nodeFor(prov), HostOnly: true})
+			if err != nil {
+				t.Fatalf("libfabric (make test-deps): %v", err)
+			}
+			t.Cleanup(func() { l.Close() })
+			holder, reader := openEndpoint(t, l), openEndpoint(t, l)
+			const readers, each, piece = 2, 1 << 20, 8192
+			src := mapped(t, readers*each)
+			fill(src, 9)
+			srcReg := register(t, holder, src)
+			peer, err := reader.AddPeer(holder.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			dsts := make([][]byte, readers)
+			segs := make([][]Segment, readers)
+			var requests int
+			iovLimit := min(max(reader.Info().IOVLimit, 1), 8)
+			for k := range readers {
+				dsts[k] = mapped(t, 2*each)
+				for i := range uint64(each / piece) {
+					segs[k] = append(segs[k], Segment{LocalOff: 2 * i * piece, RemoteOff: uint64(k*each) + i*piece, Len: piece, Remote: srcReg.Remote()})
+				}
+				requests += len(gather(segs[k], reader.Info().MaxMsgSize, iovLimit))
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, readers)
+			for k := range readers {
+				reg := register(t, reader, dsts[k])
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					defer cancel()
+					errs[k] = reader.Read(ctx, peer, reg, segs[k])
+				}()
+			}
+			wg.Wait()
+			for k := range readers {
+				if errs[k] != nil {
+					t.Fatalf("read %d: %v", k, errs[k])
+				}
+				for i := range each / piece {
+					if got, want := dsts[k][2*i*piece:(2*i+1)*piece], src[k*each+i*piece:k*each+(i+1)*piece]; !bytes.Equal(got, want) {
+						t.Fatalf("read %d, piece %d differs", k, i)
+					}
+				}
+			}
+			st := reader.Stats()
+			switch {
+			case reader.Info().StagesReads():
+				// Staged requests are fewer than gathered ones.
+				if st.Inline > uint64(requests) {
+					t.Fatalf("%d completions taken inline, more than the %d requests posted", st.Inline, requests)
+				}
+			case prov == "shm" && st.Inline != uint64(requests):
+				t.Fatalf("%d of %d completions taken by the reads themselves over shm host-only, want all", st.Inline, requests)
+			}
+			t.Logf("%s: %d of at most %d completions taken inline", prov, st.Inline, requests)
+		})
+	}
+}
