@@ -390,9 +390,10 @@ func TestBatchPiecesReplaceAndDrop(t *testing.T) {
 	// 1: a piece not a multiple of Align long: through a buffer.
 	b.AddPieces(ctx, Key{Hash: 2, Tag: 7}, mem[:100], mem[Align:2*Align])
 	wants = append(wants, want{2, concat(mem[:100], mem[Align:2*Align])})
-	// 2: written from memory that changes before the write is checked, then
-	// written again from the bytes it had.
-	kept := append([]byte(nil), mem[4*Align:6*Align]...)
+	// 2: written from memory that changes under the write, then written
+	// again from other bytes (of another length), which are what the store
+	// must hold and record the checksum of.
+	repl := bytes.Repeat([]byte("replaced"), (2*Align-100)/8)
 	b.AddPieces(ctx, Key{Hash: 3, Tag: 7}, mem[4*Align:6*Align])
 	// 3: the same, dropped.
 	b.AddPieces(ctx, Key{Hash: 4, Tag: 7}, mem[6*Align:8*Align])
@@ -405,10 +406,10 @@ func TestBatchPiecesReplaceAndDrop(t *testing.T) {
 		mem[i] ^= 0xFF
 	}
 	free := s.Free()
-	if !b.Replace(ctx, 2, kept) {
+	if !b.Replace(ctx, 2, repl) {
 		t.Fatal("Replace of a block written refused")
 	}
-	wants = append(wants, want{3, kept})
+	wants = append(wants, want{3, repl})
 	b.Drop(3)
 	wants = append(wants, want{4, nil})
 	if got := s.Free(); got != free+1 {
