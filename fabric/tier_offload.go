@@ -411,11 +411,12 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	return out
 }
 
-// makeRoom drops least recently used disk blocks while d's store has no
+// makeRoom drops d's least recently used blocks while d's store has no
 // free slot, a few at most: a block written straight from its slot is not
-// kept for a second try when the store is full.
+// kept for a second try when the store is full. Only d's: a block dropped
+// from another tier frees nothing in d.
 func (t *tiers) makeRoom(d *diskTier) {
-	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldest(); try++ {
+	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldestOf(d); try++ {
 	}
 }
 
@@ -575,9 +576,16 @@ func (t *tiers) pick() *diskTier {
 
 // evictOldest drops the least recently used disk block; false if there is
 // none.
-func (t *tiers) evictOldest() bool {
+func (t *tiers) evictOldest() bool { return t.evictOldestOf(nil) }
+
+// evictOldestOf drops the least recently used disk block of tier d (of
+// any tier if d is nil); false if it holds none.
+func (t *tiers) evictOldestOf(only *diskTier) bool {
 	t.mu.Lock()
 	e := t.lru.Front()
+	for only != nil && e != nil && e.Value.(*tierEntry).tier != only.n {
+		e = e.Next()
+	}
 	if e == nil {
 		t.mu.Unlock()
 		return false
