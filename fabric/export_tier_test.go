@@ -154,9 +154,10 @@ func TierCommits(a *Agent) uint64 {
 	return n
 }
 
-// TierDirectWrites is how many blocks a's tiers wrote straight from pool
-// memory, and how many of those were written again from bytes copied out
-// because an allocation took the slot under the write.
+// TierDirectWrites is how many blocks a's tiers committed as written
+// straight from pool memory, and how many blocks written straight were
+// written again from bytes copied out because an allocation took the slot
+// under the write.
 func TierDirectWrites(a *Agent) (direct, rewritten uint64) {
 	return a.tiers.direct.Load(), a.tiers.rewritten.Load()
 }

@@ -210,10 +210,11 @@ type tiers struct {
 	corrupt    atomic.Uint64 // blocks that failed a check on restore
 
 	// Copies down written straight from pool memory (tier_offload.go):
-	// trailers are their trailer pages; direct counts them, rewritten
-	// those written again from bytes copied out when an allocation took
-	// the slot under the write; noDirect, set once such a write failed,
-	// turns them off.
+	// trailers are their trailer pages; direct counts those committed as
+	// written, rewritten those written again from bytes copied out when an
+	// allocation took the slot under the write; noDirect, set once O_DIRECT refused pool
+	// memory (EINVAL, EFAULT) for a write or a read, turns writes and reads
+	// straight from and into slots off.
 	trailers  sync.Pool
 	direct    atomic.Uint64
 	rewritten atomic.Uint64

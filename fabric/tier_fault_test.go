@@ -145,9 +145,6 @@ func TestTierDirectWriteRefusedFallsBackToBuffers(t *testing.T) {
 	if !fabric.TierDirectOff(a) {
 		t.Fatal("writes straight from pool memory still on after O_DIRECT refused one")
 	}
-	if direct, _ := fabric.TierDirectWrites(a); direct == 0 {
-		t.Fatal("no block was written straight before the refusal")
-	}
 	if found := acquireChecked(t, c, set, hashes, 1); found != n {
 		t.Fatalf("%d of %d blocks found again", found, n)
 	}

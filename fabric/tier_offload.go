@@ -313,7 +313,6 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				direct = append(direct, len(items)-1)
 			}
 			batch.AddPieces(ctx, k, src.pieces...)
-			t.direct.Add(1)
 			continue
 		}
 		bufs = append(bufs, src.buf)
@@ -367,6 +366,9 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		for n, err := range errs {
 			switch {
 			case err == nil:
+				if items[n].Data == nil {
+					t.direct.Add(1) // committed as written straight from its slot
+				}
 				t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout()))
 				out[at[n]].ok = true
 				put = append(put, items[n].Key.Hash)
