@@ -161,3 +161,21 @@ func TierCommits(a *Agent) uint64 {
 func TierDirectWrites(a *Agent) (direct, rewritten uint64) {
 	return a.tiers.direct.Load(), a.tiers.rewritten.Load()
 }
+
+// TierForgetQueued makes a's tiers forget the copies down queued or under
+// way now, so that an allocation that takes one of their slots finds no
+// copy to copy the block out for (OffloadTake refuses): the block is
+// dropped. Their copies still end; TierHashesPending counts them.
+func TierForgetQueued(a *Agent) {
+	a.tiers.jobsMu.Lock()
+	defer a.tiers.jobsMu.Unlock()
+	clear(a.tiers.jobs)
+}
+
+// TierHashesPending is how many hashes have copies down queued or under
+// way on a's tiers, forgotten ones (TierForgetQueued) included.
+func TierHashesPending(a *Agent) int {
+	a.tiers.jobsMu.Lock()
+	defer a.tiers.jobsMu.Unlock()
+	return len(a.tiers.pending)
+}

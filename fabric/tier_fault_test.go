@@ -2,6 +2,7 @@ package fabric_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -186,5 +187,65 @@ func TestTierDirectReadRefusedRetriesThroughBuffer(t *testing.T) {
 	}
 	if ts := tierStatus(t, c); ts.ChecksumFailures != 0 {
 		t.Fatalf("tier %+v: a block failed its check", ts)
+	}
+}
+
+// A block written straight from its slot whose slot an allocation takes
+// under the write, with no copy of its bytes made (OffloadTake refuses),
+// is dropped from the batch (counted given up), never committed with the
+// bytes the write took from the slot, which are another block's by then.
+// With content checksums off, every block found again must still be
+// byte-exact.
+func TestTierSlotTakenUnderDirectWriteDropped(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "dropw")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.NoChecksums = true
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	held, release := fabric.TierHoldPuts(a)
+	defer release()
+	const n = 32 // the set's slots
+	hashes := make([]uint64, n)
+	for from := 0; from < n; from += 8 {
+		for i := range 8 {
+			hashes[from+i] = 9<<40 + uint64(from+i)
+		}
+		storeBlocks(t, c, set, hashes[from:from+8], uint64(11000+from))
+	}
+	wait.For(t, 20*time.Second, "a write held after its copy began", func() error {
+		if held() == 0 {
+			return errors.New("no write held yet")
+		}
+		return nil
+	})
+	fabric.TierForgetQueued(a)
+	before := a.Metrics().Pool.OffloadsGivenUp
+	for round := range 2 {
+		hs := make([]uint64, n)
+		for i := range hs {
+			hs[i] = 10<<40 + uint64(1000*round+i)
+		}
+		storeBlocks(t, c, set, hs, uint64(50000+100*round))
+	}
+	release()
+	wait.For(t, 20*time.Second, "the copies down ended", func() error {
+		if p := fabric.TierHashesPending(a); p > 0 {
+			return fmt.Errorf("%d hashes with copies under way", p)
+		}
+		return nil
+	})
+	if a.Metrics().Pool.OffloadsGivenUp == before {
+		t.Fatal("no block was given up with its slot taken and no copy of it made")
+	}
+	for i, h := range hashes {
+		acquireChecked(t, c, set, []uint64{h}, uint64(11000+i)) // fails on a block committed with another's bytes
+	}
+	if ts := tierStatus(t, c); ts.ChecksumFailures != 0 {
+		t.Fatalf("tier %+v: a block failed its check on restore", ts)
+	}
+	if _, rewritten := fabric.TierDirectWrites(a); rewritten != 0 {
+		t.Fatalf("%d blocks written again with no copy of their bytes made", rewritten)
 	}
 }
