@@ -637,10 +637,12 @@ func (s *Store) giveBack(slot uint32) {
 // Get reads the block under k into dst and returns its length. Bytes that
 // do not match the block's checksum are never returned: the block is
 // dropped and ErrCorrupt returned (dst may then hold some of them). A dst
-// aligned to Align with room for the block rounded up to Align is read
-// into directly; any other through a buffer and a copy.
+// aligned to Align and at least the block's length rounded up to Align
+// long is read into directly (its bytes past the block's length up to
+// there are overwritten); any other through a buffer and a copy. Nothing
+// past len(dst) is written, whatever its capacity.
 func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
-	return s.GetPieces(ctx, k, dst)
+	return s.GetPieces(ctx, k, dst[:len(dst):len(dst)])
 }
 
 // GetPieces is Get into pieces, filled in order up to the block's length
