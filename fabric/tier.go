@@ -87,6 +87,10 @@ const (
 	tierBatchBytes = 32 << 20
 )
 
+// A batch is one disk.Batch, which takes at most disk.MaxPutBatch blocks:
+// this fails to compile (a negative array length) if tierBatch passes it.
+var _ [disk.MaxPutBatch - tierBatch]struct{}
+
 // tierTrailer is the bytes after a block's canonical bytes on disk.
 const tierTrailer = 16
 
