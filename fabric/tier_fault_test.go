@@ -123,7 +123,8 @@ func TestTierFailedDirectWriteIsNotCopied(t *testing.T) {
 // O_DIRECT refusing pool memory (EINVAL) for one write straight from a
 // slot: the block stays in memory and is written through a buffer when it
 // is offered again, and every write and read after goes through buffers.
-// Each block stored is found again byte for byte.
+// Each block stored is found again byte for byte, the first 64 (the
+// refused one among them) from disk, none of them left in memory.
 func TestTierDirectWriteRefusedFallsBackToBuffers(t *testing.T) {
 	dir := tierDir(t)
 	cfg := testConfig(t, "einvalw")
@@ -138,10 +139,15 @@ func TestTierDirectWriteRefusedFallsBackToBuffers(t *testing.T) {
 		}
 		return nil
 	})
-	const n = 48
+	const n = 112
 	hashes := storeThrough(t, c, set, n, a)
 	if refused.Load() == 0 {
 		t.Fatal("no write straight from a slot was made")
+	}
+	for i, h := range hashes[:64] {
+		if fabric.BlockSetHolds(a, set.ID, h) {
+			t.Fatalf("block %d of %d stored through 32 slots is still in memory", i, n)
+		}
 	}
 	if !fabric.TierDirectOff(a) {
 		t.Fatal("writes straight from pool memory still on after O_DIRECT refused one")
