@@ -105,6 +105,31 @@ func TierCopiesPending(a *Agent) int {
 // and not yet written, until release is called; held reports how many
 // are waiting. Call it before the first copy.
 func TierHoldPuts(a *Agent) (held func() int, release func()) {
+	return holdAt(&a.tiers.beforePut)
+}
+
+// TierHoldCommits makes every copy down of a's tiers wait, its writes
+// ended (or failed) and its batch not yet committed, until release is
+// called; held reports how many are waiting.
+func TierHoldCommits(a *Agent) (held func() int, release func()) {
+	return holdAt(&a.tiers.beforeCommit)
+}
+
+// TierFailIO makes a's tiers' stores ask f before each read and write
+// (disk.Config.FailIO); nil runs them all again.
+func TierFailIO(a *Agent, f func(write, straight bool) error) {
+	if f == nil {
+		a.tiers.failIO.Store(nil)
+		return
+	}
+	a.tiers.failIO.Store(&f)
+}
+
+// TierDirectOff says whether a's tiers turned writes and reads straight
+// from and into pool memory off.
+func TierDirectOff(a *Agent) bool { return a.tiers.noDirect.Load() }
+
+func holdAt(hook *atomic.Pointer[func()]) (held func() int, release func()) {
 	gate := make(chan struct{})
 	var n atomic.Int64
 	f := func() {
@@ -112,7 +137,7 @@ func TierHoldPuts(a *Agent) (held func() int, release func()) {
 		<-gate
 		n.Add(-1)
 	}
-	a.tiers.beforePut.Store(&f)
+	hook.Store(&f)
 	var once sync.Once
 	return func() int { return int(n.Load()) }, func() { once.Do(func() { close(gate) }) }
 }
@@ -129,9 +154,28 @@ func TierCommits(a *Agent) uint64 {
 	return n
 }
 
-// TierDirectWrites is how many blocks a's tiers wrote straight from pool
-// memory, and how many of those were written again from bytes copied out
-// because an allocation took the slot under the write.
+// TierDirectWrites is how many blocks a's tiers committed as written
+// straight from pool memory, and how many blocks written straight were
+// written again from bytes copied out because an allocation took the slot
+// under the write.
 func TierDirectWrites(a *Agent) (direct, rewritten uint64) {
 	return a.tiers.direct.Load(), a.tiers.rewritten.Load()
+}
+
+// TierForgetQueued makes a's tiers forget the copies down queued or under
+// way now, so that an allocation that takes one of their slots finds no
+// copy to copy the block out for (OffloadTake refuses): the block is
+// dropped. Their copies still end; TierHashesPending counts them.
+func TierForgetQueued(a *Agent) {
+	a.tiers.jobsMu.Lock()
+	defer a.tiers.jobsMu.Unlock()
+	clear(a.tiers.jobs)
+}
+
+// TierHashesPending is how many hashes have copies down queued or under
+// way on a's tiers, forgotten ones (TierForgetQueued) included.
+func TierHashesPending(a *Agent) int {
+	a.tiers.jobsMu.Lock()
+	defer a.tiers.jobsMu.Unlock()
+	return len(a.tiers.pending)
 }

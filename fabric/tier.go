@@ -89,6 +89,10 @@ const (
 	tierBatchBytes = 32 << 20
 )
 
+// A batch is one disk.Batch, which takes at most disk.MaxPutBatch blocks:
+// this fails to compile (a negative array length) if tierBatch passes it.
+var _ [disk.MaxPutBatch - tierBatch]struct{}
+
 // tierTrailer is the bytes after a block's canonical bytes on disk.
 const tierTrailer = 16
 
@@ -200,16 +204,23 @@ type tiers struct {
 	// beforePut, if set, is called by each copy down between reading its
 	// block and writing it (tests: a write that does not end).
 	beforePut atomic.Pointer[func()]
+	// beforeCommit, if set, is called by each copy down between the ends
+	// of its writes and its commit (tests: a commit that does not end).
+	beforeCommit atomic.Pointer[func()]
+	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
+	// that fails, O_DIRECT refusing pool memory).
+	failIO atomic.Pointer[func(write, straight bool) error]
 	// skipLogged is when a block dropped for an allocation (the pool's
 	// Metrics.OffloadsGivenUp counts them) was last logged.
 	skipLogged atomic.Int64
 	corrupt    atomic.Uint64 // blocks that failed a check on restore
 
 	// Copies down written straight from pool memory (tier_offload.go):
-	// trailers are their trailer pages; direct counts them, rewritten
-	// those written again from bytes copied out when an allocation took
-	// the slot under the write; noDirect, set once such a write failed,
-	// turns them off.
+	// trailers are their trailer pages; direct counts those committed as
+	// written, rewritten those written again from bytes copied out when an
+	// allocation took the slot under the write; noDirect, set once O_DIRECT refused pool
+	// memory (EINVAL, EFAULT) for a write or a read, turns writes and reads
+	// straight from and into slots off.
 	trailers  sync.Pool
 	direct    atomic.Uint64
 	rewritten atomic.Uint64
@@ -259,6 +270,15 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 		go t.worker()
 	}
 	return t, nil
+}
+
+// ioFault is the stores' disk.Config.FailIO: failIO's answer, nil when
+// it is not set.
+func (t *tiers) ioFault(write, straight bool) error {
+	if f := t.failIO.Load(); f != nil {
+		return (*f)(write, straight)
+	}
+	return nil
 }
 
 func roundUp4K(n int) int { return (n + disk.Align - 1) &^ (disk.Align - 1) }
@@ -351,7 +371,7 @@ func (t *tiers) openStoresLocked() error {
 			continue
 		}
 		cfg := disk.Config{Dir: d.spec.Path, Bytes: int64(d.spec.Size), SlotBytes: t.blockBytes, Workers: tierIOWorkers,
-			Logger: t.log.With("tier", d.n)}
+			Logger: t.log.With("tier", d.n), FailIO: t.ioFault}
 		st, err := disk.Open(cfg)
 		if err != nil && errors.Is(err, unix.EINVAL) {
 			t.log.Warn("the tier's file system refuses O_DIRECT: its blocks go through the page cache", "tier", d.n, "dir", d.spec.Path)

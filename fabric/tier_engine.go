@@ -54,9 +54,12 @@ func (a *Agent) restoreRun(ctx context.Context, s *sessionSet, hashes []uint64, 
 
 // localTiers says, for each hash, which tier of this node holds it for
 // es's layout: the pool's kind (host, pinned or device), "disk", or "".
-// The leading run on disk is restored into es meanwhile, left cached
-// there (unreferenced), so that the Acquire or Import that follows finds
-// it in memory; the answer names the tier each block was found in.
+// The first run of blocks it answers "disk" is restored into es
+// meanwhile, left cached there (unreferenced), so that the Acquire or
+// Import that follows finds it in memory; the answer names the tier each
+// block was found in. Neither the answer nor the restore waits for a
+// copy down under way: a block whose copy has not ended is "" and is not
+// restored (an Acquire or Import restores it once its copy ends).
 func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) []string {
 	out := make([]string, len(hashes))
 	var tag uint64
@@ -72,9 +75,7 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 			}
 			continue
 		}
-		// Not waiting for a copy down under way (whereWait): the
-		// answer does not need it, and an Acquire or Import restores
-		// the block once its copy ends.
+		// Not waiting for a copy down under way (whereWait).
 		if a.tiers != nil && a.tiers.where(disk.Key{Hash: h, Tag: tag}) != nil {
 			out[i] = tierDisk
 			if restoreFrom < 0 {
@@ -89,7 +90,11 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 		if restoreFrom > 0 {
 			parent = hashes[restoreFrom-1]
 		}
-		blks, err := a.tiers.restore(ctx, es, hashes[restoreFrom:], parent)
+		end := restoreFrom
+		for end < len(hashes) && out[end] == tierDisk {
+			end++
+		}
+		blks, err := a.tiers.restoreNow(ctx, es, hashes[restoreFrom:end], parent)
 		if err != nil {
 			a.log.Warn("tier: restore on look-up stopped short", "set", es.set.ID(), "restored", len(blks), "err", err)
 		}

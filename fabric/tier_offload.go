@@ -198,6 +198,9 @@ func (t *tiers) worker() {
 				t.skipped(j.hash)
 				continue
 			}
+			if out[i].ended {
+				continue // ended in copyDownBatch (Offloaded false)
+			}
 			if err := j.set.Offloaded(j.blk, out[i].ok); err != nil {
 				t.log.Debug("tier: block copied down but its slot moved on", "hash", j.hash, "err", err)
 			}
@@ -235,8 +238,9 @@ const tierSkipLogEvery = 10 * time.Second
 
 // copied is how a copy down of one block ended: ok, it is on disk;
 // skipped, an allocation took its slot before the copy began
-// (pool.Config.OffloadGiveUp).
-type copied struct{ ok, skipped bool }
+// (pool.Config.OffloadGiveUp); ended, its write straight from the slot
+// failed and copyDownBatch ended the offload already (Offloaded false).
+type copied struct{ ok, skipped, ended bool }
 
 // copyDownBatch writes the blocks of jobs to a disk tier and reports how
 // each copy ended. A block whose slot's memory O_DIRECT takes as it is
@@ -322,7 +326,6 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				direct = append(direct, len(items)-1)
 			}
 			batch.AddPieces(ctx, k, src.pieces...)
-			t.direct.Add(1)
 			continue
 		}
 		bufs = append(bufs, src.buf)
@@ -334,24 +337,39 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	}
 	// A block written straight from a slot is committed only if the slot
 	// was not taken before its write ended.
+	// One whose write failed or was never sent (the tier full, ctx ended)
+	// ends its copy at once, the block in memory as before its offer, to
+	// be offered again: never marked copied (EndCopy), which would let an
+	// allocation take its slot as if nothing were lost.
 	for _, n := range direct {
 		j := jobs[at[n]]
 		werr := batch.Wait(n)
-		if err := j.set.EndCopy(j.blk); err == nil {
-			if werr != nil && directRefused(werr) {
-				t.directFailed(werr)
+		if werr != nil && directRefused(werr) {
+			t.directFailed(werr)
+		}
+		if werr != nil {
+			if err := j.set.Offloaded(j.blk, false); err == nil {
+				out[at[n]].ended = true
+				continue // Commit reports werr for it
 			}
+			// The slot was taken under the write: what was copied out
+			// goes down instead, below.
+		} else if err := j.set.EndCopy(j.blk); err == nil {
 			continue
 		}
 		if p := j.taken.Load(); p != nil {
 			items[n].Data = (*p)[:tierBlockBytes(j.set.Layout())]
 			bufs = append(bufs, *p)
-			batch.Replace(ctx, n, items[n].Data)
-			t.rewritten.Add(1)
+			if batch.Replace(ctx, n, items[n].Data) {
+				t.rewritten.Add(1)
+			} // else never sent: Commit says why, and a full tier is retried with Data below
 			continue
 		}
 		batch.Drop(n)
 		out[at[n]].skipped = true
+	}
+	if f := t.beforeCommit.Load(); f != nil {
+		(*f)()
 	}
 	errs := batch.Commit()
 	var lastErr error
@@ -361,6 +379,9 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		for n, err := range errs {
 			switch {
 			case err == nil:
+				if items[n].Data == nil {
+					t.direct.Add(1) // committed as written straight from its slot
+				}
 				t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout()))
 				out[at[n]].ok = true
 				put = append(put, items[n].Key.Hash)
@@ -372,6 +393,9 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				// Its slot was not kept for a second try: it stays in
 				// memory, to be offered again.
 			default:
+				if items[n].Data == nil && directRefused(err) {
+					t.directFailed(err) // written straight from a slot its caller holds
+				}
 				t.log.Warn("tier: block not copied down", "hash", items[n].Key.Hash, "err", err)
 				t.list[0].failed.Add(1)
 			}
@@ -402,11 +426,12 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	return out
 }
 
-// makeRoom drops least recently used disk blocks while d's store has no
+// makeRoom drops d's least recently used blocks while d's store has no
 // free slot, a few at most: a block written straight from its slot is not
-// kept for a second try when the store is full.
+// kept for a second try when the store is full. Only d's: a block dropped
+// from another tier frees nothing in d.
 func (t *tiers) makeRoom(d *diskTier) {
-	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldest(); try++ {
+	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldestOf(d); try++ {
 	}
 }
 
@@ -577,9 +602,16 @@ func (t *tiers) pick() *diskTier {
 
 // evictOldest drops the least recently used disk block; false if there is
 // none.
-func (t *tiers) evictOldest() bool {
+func (t *tiers) evictOldest() bool { return t.evictOldestOf(nil) }
+
+// evictOldestOf drops the least recently used disk block of tier d (of
+// any tier if d is nil); false if it holds none.
+func (t *tiers) evictOldestOf(only *diskTier) bool {
 	t.mu.Lock()
 	e := t.lru.Front()
+	for only != nil && e != nil && e.Value.(*tierEntry).tier != only.n {
+		e = e.Next()
+	}
 	if e == nil {
 		t.mu.Unlock()
 		return false

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"container/list"
 	"context"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -125,5 +127,47 @@ func TestSlotPieces(t *testing.T) {
 		if got := bytes.Join(pieces, nil); !bytes.Equal(got, want) {
 			t.Errorf("%s: the pieces hold %d bytes, not the %d a gather does", tc.desc, len(got), len(want))
 		}
+	}
+}
+
+// With two tiers full, making room in one drops that tier's least
+// recently used blocks, however much older the other tier's are: a block
+// dropped from the other frees nothing where the copy goes.
+func TestTierMakeRoomEvictsFromItsTier(t *testing.T) {
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), lru: list.New(),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
+	const slots = 4
+	for i := range 2 {
+		st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: slots * disk.Align, SlotBytes: disk.Align, Buffered: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		d := &diskTier{n: i}
+		d.store.Store(st)
+		tr.list = append(tr.list, d)
+	}
+	// Tier 0's blocks are all older than tier 1's.
+	for i := range 2 * slots {
+		d := tr.list[i/slots]
+		k := disk.Key{Hash: uint64(i + 1), Tag: 1}
+		if err := d.store.Load().Put(context.Background(), k, bytes.Repeat([]byte{byte(i)}, 100)); err != nil {
+			t.Fatal(err)
+		}
+		tr.placed(d, k, disk.Align)
+	}
+	d1 := tr.list[1]
+	tr.makeRoom(d1)
+	if got := d1.store.Load().Free(); got != 1 {
+		t.Fatalf("tier 1 has %d free slots after making room, want 1", got)
+	}
+	if got := tr.list[0].store.Load().Stats().Blocks; got != slots {
+		t.Fatalf("tier 0 holds %d of its %d blocks after making room in tier 1", got, slots)
+	}
+	if tr.where(disk.Key{Hash: slots + 1, Tag: 1}) != nil {
+		t.Fatal("tier 1's least recently used block is still held")
+	}
+	if tr.where(disk.Key{Hash: 1, Tag: 1}) == nil {
+		t.Fatal("the tiers' least recently used block (tier 0's) was dropped")
 	}
 }

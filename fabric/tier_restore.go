@@ -26,8 +26,21 @@ const (
 // an upload into a device set), checked (the store's checksum of its bytes,
 // then the content checksum it had when it went down, over its bytes in
 // the slot), and registered with a reference the caller owns. A block that fails a check is dropped from its tier and
-// ends the run. Returns the blocks restored, in order.
+// ends the run. Returns the blocks restored, in order. A block not on disk
+// whose copy down is under way is waited for (whereWait).
 func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, parent uint64) ([]pool.Block, error) {
+	return t.restoreFound(ctx, es, hashes, parent, t.whereWait)
+}
+
+// restoreNow is restore of the blocks a disk tier holds now (where),
+// waiting for no copy down under way: for Lookup, which answers at once.
+func (t *tiers) restoreNow(ctx context.Context, es *engineSet, hashes []uint64, parent uint64) ([]pool.Block, error) {
+	return t.restoreFound(ctx, es, hashes, parent, func(_ context.Context, k disk.Key) *diskTier { return t.where(k) })
+}
+
+// restoreFound is restore with find saying which tier holds each block.
+func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64, parent uint64,
+	find func(context.Context, disk.Key) *diskTier) ([]pool.Block, error) {
 	set := es.set
 	l := set.Layout()
 	if !t.reachable(l) {
@@ -41,7 +54,7 @@ func (t *tiers) restore(ctx context.Context, es *engineSet, hashes []uint64, par
 	var run []found
 	for _, h := range hashes {
 		k := disk.Key{Hash: h, Tag: tag}
-		d := t.whereWait(ctx, k)
+		d := find(ctx, k)
 		if d == nil || len(run) == min(maxRestoreBatch, max(1, set.Retains()/2)) {
 			break
 		}

@@ -123,7 +123,8 @@ type TierMetrics struct {
 	// (Metrics.Pool.OffloadsGivenUp).
 	QueueFull uint64
 	// CopiedOut counts blocks whose slots allocations took before their
-	// copy began, copied out in memory then and written from there.
+	// copy began or while it was written straight from them, copied out
+	// in memory then and written from there.
 	CopiedOut uint64
 	// RestoreTime is each block's read, check and copy into its slot.
 	RestoreTime pool.Histogram

@@ -81,20 +81,25 @@ type Config struct {
 
 	// OffloadGiveUp lets an allocation that finds no other slot take the
 	// slots of blocks whose copy below is under way, instead of failing
-	// (and its caller waiting for the copies): a block whose copy has not
-	// begun is dropped as it would be without a tier, one whose bytes were
-	// read already (EndCopy) reaches the tier below all the same. Only a
-	// slot being read (between BeginCopy and EndCopy) is never taken. The
-	// Offload hook's copier must then call BeginCopy before it reads a
-	// block's slot and skip the block when BeginCopy refuses. If false,
-	// such slots are kept until Offloaded.
+	// (and its caller waiting for the copies): first those whose bytes
+	// were read or written already (EndCopy), which reach the tier below
+	// all the same; then those whose copy has not begun, and last those
+	// being written straight from their slots (StartCopy direct): each of
+	// these is copied out (OffloadTake) or dropped as it would be without
+	// a tier. Only a slot being read (between BeginCopy and EndCopy) is
+	// never taken. The Offload hook's copier must then call BeginCopy (or
+	// StartCopy) before it reads a block's slot and skip the block when it
+	// refuses, and after a direct write take EndCopy's error to mean the
+	// slot was taken under the write. If false, such slots are kept until
+	// Offloaded.
 	OffloadGiveUp bool
 	// OffloadTake, with OffloadGiveUp, is called when an allocation takes
-	// the slot of a block whose copy has not begun: it may copy the
-	// block's bytes out of the slot now (RegionBytes; the set's lock is
-	// held: it must not block nor call the set's other methods), so that
-	// the copy goes on from them and the block is not lost, and returns
-	// whether it did. If nil, or false, the block is dropped.
+	// the slot of a block whose copy has not begun or is being written
+	// straight from the slot: it may copy the block's bytes out of the
+	// slot now (RegionBytes; the set's lock is held: it must not block nor
+	// call the set's other methods), so that the copy goes on from them
+	// and the block is not lost, and returns whether it did. If nil, or
+	// false, the block is dropped (Metrics.OffloadsGivenUp).
 	OffloadTake func(set *BlockSet, blk Block, sum uint64, hasSum bool) bool
 }
 

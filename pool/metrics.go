@@ -102,8 +102,9 @@ type Metrics struct {
 	// (Config.Offload); they count as Active.
 	Offloading int
 	// OffloadsGivenUp counts the blocks dropped because allocations took
-	// their slots before their copy below began and OffloadTake did not
-	// copy them out (Config.OffloadGiveUp); they count in Evictions too.
+	// their slots before their copy below began, or while it was written
+	// straight from them (StartCopy direct), and OffloadTake did not copy
+	// them out (Config.OffloadGiveUp); they count in Evictions too.
 	// Counted where the slot is taken, it is the one count of them (the
 	// copier that finds its block gone does not count it again); a pool's
 	// count includes its freed sets', so it only grows.

@@ -35,9 +35,12 @@ const DefaultOffloadInFlight = 0.25
 // the set it is in, its sequence hash and its parent's. It returns true
 // if it took the block, and then calls set.Offloaded(blk, ok) exactly
 // once when the copy is complete (ok) or abandoned; under
-// Config.OffloadGiveUp it reads the slot only between BeginCopy and
-// EndCopy, and skips a block BeginCopy refuses (its slot was taken: no
-// Offloaded then). It is called with the set's lock held: it must not
+// Config.OffloadGiveUp it reads the slot only between BeginCopy (or
+// StartCopy) and EndCopy, and skips a block they refuse (its slot was
+// taken: no Offloaded then); after a write straight from the slot
+// (StartCopy direct), an EndCopy error says the slot was taken under the
+// write, and a write that failed is not ended with EndCopy but with
+// Offloaded(blk, false), so that no allocation takes the slot as copied. It is called with the set's lock held: it must not
 // block nor call the set, only queue.
 type OffloadFunc func(set *BlockSet, blk Block, hash, parent uint64) bool
 

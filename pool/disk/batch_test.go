@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -390,9 +391,10 @@ func TestBatchPiecesReplaceAndDrop(t *testing.T) {
 	// 1: a piece not a multiple of Align long: through a buffer.
 	b.AddPieces(ctx, Key{Hash: 2, Tag: 7}, mem[:100], mem[Align:2*Align])
 	wants = append(wants, want{2, concat(mem[:100], mem[Align:2*Align])})
-	// 2: written from memory that changes before the write is checked, then
-	// written again from the bytes it had.
-	kept := append([]byte(nil), mem[4*Align:6*Align]...)
+	// 2: written from memory that changes under the write, then written
+	// again from other bytes (of another length), which are what the store
+	// must hold and record the checksum of.
+	repl := bytes.Repeat([]byte("replaced"), (2*Align-100)/8)
 	b.AddPieces(ctx, Key{Hash: 3, Tag: 7}, mem[4*Align:6*Align])
 	// 3: the same, dropped.
 	b.AddPieces(ctx, Key{Hash: 4, Tag: 7}, mem[6*Align:8*Align])
@@ -405,10 +407,10 @@ func TestBatchPiecesReplaceAndDrop(t *testing.T) {
 		mem[i] ^= 0xFF
 	}
 	free := s.Free()
-	if !b.Replace(ctx, 2, kept) {
+	if !b.Replace(ctx, 2, repl) {
 		t.Fatal("Replace of a block written refused")
 	}
-	wants = append(wants, want{3, kept})
+	wants = append(wants, want{3, repl})
 	b.Drop(3)
 	wants = append(wants, want{4, nil})
 	if got := s.Free(); got != free+1 {
@@ -514,5 +516,80 @@ func TestGetPieces(t *testing.T) {
 	}
 	if s.Has(Key{Hash: 1, Tag: 7}) {
 		t.Fatal("a corrupt block is still held")
+	}
+}
+
+// Wait says why an item was not written (Add's error: here ErrFull once
+// the slots ran out) and a write that failed (EIO) with its error; Commit
+// returns the same for each, journals neither and frees the failed
+// write's slot, and the items written are put.
+func TestBatchWaitSaysWhyNotWritten(t *testing.T) {
+	var fail atomic.Bool
+	s := open(t, t.TempDir(), func(c *Config) {
+		c.Bytes, c.FileBytes = 2*16<<10, 2*16<<10
+		c.FailIO = func(write, _ bool) error {
+			if write && fail.Load() {
+				return unix.EIO
+			}
+			return nil
+		}
+	})
+	ctx := context.Background()
+	data := bytes.Repeat([]byte{7}, 100)
+	b := s.NewBatch()
+	b.Add(ctx, Key{Hash: 1, Tag: 7}, data)
+	if err := b.Wait(0); err != nil {
+		t.Fatalf("a write that ran: %v", err)
+	}
+	fail.Store(true)
+	b.Add(ctx, Key{Hash: 2, Tag: 7}, data)
+	if err := b.Wait(1); !errors.Is(err, unix.EIO) {
+		t.Fatalf("a write that failed: Wait %v, want EIO", err)
+	}
+	b.Add(ctx, Key{Hash: 3, Tag: 7}, data) // the one free slot is the failed write's until Commit
+	if err := b.Wait(2); !errors.Is(err, ErrFull) {
+		t.Fatalf("an item with no slot: Wait %v, want ErrFull", err)
+	}
+	errs := b.Commit()
+	if errs[0] != nil || !errors.Is(errs[1], unix.EIO) || !errors.Is(errs[2], ErrFull) {
+		t.Fatalf("Commit: %v, want nil, EIO, ErrFull", errs)
+	}
+	if !s.Has(Key{Hash: 1, Tag: 7}) || s.Has(Key{Hash: 2, Tag: 7}) || s.Has(Key{Hash: 3, Tag: 7}) {
+		t.Fatal("the store holds other blocks than the one written")
+	}
+	if got := s.Free(); got != 1 {
+		t.Fatalf("%d free slots after the batch, want 1 (the failed write's given back)", got)
+	}
+}
+
+// FailIO fails exactly the requests it names: a read straight into the
+// caller's memory refused (EINVAL, as O_DIRECT refuses memory it cannot
+// take) fails with that errno, and the same read through a buffer of the
+// store's runs and returns the block whole.
+func TestFailIOStraightRead(t *testing.T) {
+	s := open(t, t.TempDir(), func(c *Config) {
+		c.FailIO = func(write, straight bool) error {
+			if !write && straight {
+				return unix.EINVAL
+			}
+			return nil
+		}
+	})
+	ctx := context.Background()
+	data := bytes.Repeat([]byte("block..."), Align/8)
+	if err := s.Put(ctx, Key{Hash: 1, Tag: 7}, data); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(-1, 0, Align, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	if _, err := s.GetPieces(ctx, Key{Hash: 1, Tag: 7}, mem); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("a straight read refused: %v, want EINVAL", err)
+	}
+	dst := make([]byte, Align+1)[1:] // not aligned: through a buffer
+	if n, err := s.Get(ctx, Key{Hash: 1, Tag: 7}, dst); err != nil || !bytes.Equal(dst[:n], data) {
+		t.Fatalf("a read through a buffer: %d bytes, %v; want the block whole", n, err)
 	}
 }

@@ -84,3 +84,30 @@ func TestGetWaitsForItsTurnAtWorkers(t *testing.T) {
 	}
 	mustGet(t, s, 3)
 }
+
+// Get writes nothing past len(dst): an aligned dst as long as the block,
+// not its rounded length, with capacity past it, is read through a buffer,
+// and the bytes past its length are left as they were.
+func TestGetWritesNothingPastLen(t *testing.T) {
+	s := open(t, t.TempDir(), nil)
+	ctx := context.Background()
+	data := bytes.Repeat([]byte{0x3c}, Align+100)
+	if err := s.Put(ctx, Key{Hash: 1, Tag: 7}, data); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(-1, 0, 2*Align, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for i := range mem {
+		mem[i] = 0xee
+	}
+	n, err := s.Get(ctx, Key{Hash: 1, Tag: 7}, mem[:len(data)])
+	if err != nil || !bytes.Equal(mem[:n], data) {
+		t.Fatalf("get: %d bytes, %v; want the block whole", n, err)
+	}
+	if !bytes.Equal(mem[len(data):], bytes.Repeat([]byte{0xee}, 2*Align-len(data))) {
+		t.Fatal("Get wrote past len(dst) into its capacity")
+	}
+}

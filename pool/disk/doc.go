@@ -58,9 +58,9 @@
 //
 // At most Workers (at most MaxWorkers) reads and writes run at once.
 // Writes go through a pool of as many workers doing pwrite (pwritev for a
-// block given in aligned pieces, preadv to read one back); at most
-// QueueDepth requests wait for them, and a request past that waits for
-// room under its context. Reads run pread on their callers' goroutines once
+// block given in aligned pieces); at most QueueDepth requests wait for
+// them, and a request past that waits for room under its context. Reads
+// run pread (preadv into aligned pieces) on their callers' goroutines once
 // one of the Workers turns is free, waiting for it under their context:
 // a hand-off to a worker costs two goroutine wake-ups per read. io_uring
 // was not used: the Go libraries for it are young or unmaintained, and at the

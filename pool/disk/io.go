@@ -16,6 +16,10 @@ type request struct {
 	buf   []byte
 	vec   [][]byte
 	done  chan error
+	// straight: buf or vec is the caller's memory, not a buffer of the
+	// store's; fail is Config.FailIO.
+	straight bool
+	fail     func(write, straight bool) error
 }
 
 // do queues r for a worker and waits for it. Waiting for room in the queue
@@ -77,6 +81,11 @@ func (s *Store) readInline(ctx context.Context, r request) error {
 }
 
 func (r request) run() error {
+	if r.fail != nil {
+		if err := r.fail(r.write, r.straight); err != nil {
+			return fmt.Errorf("disk: %s at %d failed: %w", map[bool]string{true: "write", false: "read"}[r.write], r.off, err)
+		}
+	}
 	fd := int(r.f.Fd())
 	if r.vec != nil {
 		return r.runVec(fd)

@@ -87,6 +87,13 @@ type Config struct {
 	// Logger receives dropped blocks and replay figures. If nil,
 	// slog.Default().
 	Logger *slog.Logger
+
+	// FailIO, if set, is asked before each read or write runs (write, and
+	// whether it reads or writes the caller's memory straight rather than
+	// a buffer of the store's) and fails it with the error it returns
+	// instead of running it: for tests of how callers handle a disk that
+	// fails, or O_DIRECT refusing their memory. If nil, every request runs.
+	FailIO func(write, straight bool) error
 }
 
 // populate fills the defaults and validates (the one place that does).
@@ -445,8 +452,9 @@ func (b *Batch) AddPieces(ctx context.Context, k Key, pieces ...[]byte) {
 func (b *Batch) start(ctx context.Context, it *batchItem, pieces [][]byte, n int) error {
 	s := b.s
 	f, off := s.where(it.e.slot)
-	r := request{write: true, f: f, off: off, done: make(chan error, 1)}
+	r := request{write: true, f: f, off: off, done: make(chan error, 1), fail: s.cfg.FailIO}
 	if vec, ok := straight(pieces, n, true); ok {
+		r.straight = true
 		if len(vec) == 1 {
 			r.buf = vec[0]
 		} else {
@@ -515,12 +523,13 @@ func (b *Batch) wait(it *batchItem) error {
 }
 
 // Wait waits for the write of item i (in the order added) to end and
-// returns its error; nil for an item that was not written (Commit says
-// why).
+// returns its error, nil once its bytes are written; for an item that was
+// never written, why not (Add's error: ErrFull, ErrTooLarge, ErrClosed, a
+// ctx that ended while it waited for the queue; ErrDropped after Drop).
 func (b *Batch) Wait(i int) error {
 	it := &b.items[i]
 	if !it.sent {
-		return nil
+		return it.err
 	}
 	return b.wait(it)
 }
@@ -628,10 +637,12 @@ func (s *Store) giveBack(slot uint32) {
 // Get reads the block under k into dst and returns its length. Bytes that
 // do not match the block's checksum are never returned: the block is
 // dropped and ErrCorrupt returned (dst may then hold some of them). A dst
-// aligned to Align with room for the block rounded up to Align is read
-// into directly; any other through a buffer and a copy.
+// aligned to Align and at least the block's length rounded up to Align
+// long is read into directly (its bytes past the block's length up to
+// there are overwritten); any other through a buffer and a copy. Nothing
+// past len(dst) is written, whatever its capacity.
 func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
-	return s.GetPieces(ctx, k, dst)
+	return s.GetPieces(ctx, k, dst[:len(dst):len(dst)])
 }
 
 // GetPieces is Get into pieces, filled in order up to the block's length
@@ -676,9 +687,10 @@ func (s *Store) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int, er
 	// Straight into them where O_DIRECT takes them (pool memory is page
 	// aligned); else through an aligned buffer and a copy.
 	f, off := s.where(e.slot)
-	r := request{f: f, off: off}
+	r := request{f: f, off: off, fail: s.cfg.FailIO}
 	got := fill
 	if vec, ok := straight(fill, int(e.length), false); ok {
+		r.straight = true
 		if len(vec) == 1 {
 			r.buf = vec[0]
 		} else {

@@ -1,0 +1,100 @@
+package fabric_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/wait"
+)
+
+// Lookup answers at once, whatever copies down are under way: of a block
+// on disk and one whose copy down is held (its slot taken by allocations,
+// so in neither memory nor the tier), it says "disk" and "" without
+// waiting for the copy, restores the first and not the second.
+func TestTierLookupDoesNotWaitForCopiesDown(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "lookupnw")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	stored := storeThrough(t, c, set, 64, a)
+	onDisk := uint64(0)
+	for _, h := range stored {
+		if !fabric.BlockSetHolds(a, set.ID, h) {
+			onDisk = h
+			break
+		}
+	}
+	if onDisk == 0 || tierStatus(t, c).Blocks == 0 {
+		t.Fatal("64 blocks stored through 32 slots are all still in memory, or none on disk")
+	}
+	held, release := fabric.TierHoldPuts(a)
+	defer release()
+	const n = 32 // the set's slots
+	hashes := make([]uint64, n)
+	for from := 0; from < n; from += 8 {
+		for i := range 8 {
+			hashes[from+i] = 7<<40 + uint64(from+i)
+		}
+		storeBlocks(t, c, set, hashes[from:from+8], uint64(8000+from))
+	}
+	wait.For(t, 20*time.Second, "a copy down held", func() error {
+		if held() == 0 {
+			return errors.New("no write held yet")
+		}
+		return nil
+	})
+	// Every slot taken again: the blocks whose copies are under way leave
+	// memory, not yet on disk.
+	others := make([]uint64, n)
+	for i := range others {
+		others[i] = 8<<40 + uint64(i)
+	}
+	storeBlocks(t, c, set, others, 90000)
+	pending := uint64(0)
+	for _, h := range hashes {
+		if !fabric.BlockSetHolds(a, set.ID, h) {
+			pending = h
+			break
+		}
+	}
+	if pending == 0 {
+		t.Fatal("every block whose copy is held is still in memory")
+	}
+	if fabric.TierCopiesPending(a) == 0 {
+		t.Fatal("no copy down under way")
+	}
+	type answer struct {
+		lr  *fabricpb.LookupResponse
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		lr, err := c.API().Lookup(context.Background(), &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: []uint64{onDisk, pending}})
+		done <- answer{lr, err}
+	}()
+	var got answer
+	select {
+	case got = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("Lookup waited for a copy down under way (%d held)", held())
+	}
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if want := []string{"disk", ""}; fmt.Sprint(got.lr.LocalTiers) != fmt.Sprint(want) {
+		t.Fatalf("local tiers %q, want %q", got.lr.LocalTiers, want)
+	}
+	if !fabric.BlockSetHolds(a, set.ID, onDisk) {
+		t.Fatal("the block on disk was not restored by the look-up")
+	}
+	if fabric.BlockSetHolds(a, set.ID, pending) {
+		t.Fatal("the look-up restored the block it answered not held")
+	}
+}
