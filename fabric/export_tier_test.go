@@ -179,3 +179,15 @@ func TierHashesPending(a *Agent) int {
 	defer a.tiers.jobsMu.Unlock()
 	return len(a.tiers.pending)
 }
+
+// TierFailSlotReads makes every copy down of a's tiers read slots into
+// buffers (straight writes off), as it does a device set's, and fail each
+// read with f's error; nil runs them all again.
+func TierFailSlotReads(a *Agent, f func() error) {
+	if f == nil {
+		a.tiers.failSlotRead.Store(nil)
+		return
+	}
+	a.tiers.noDirect.Store(true)
+	a.tiers.failSlotRead.Store(&f)
+}

@@ -210,6 +210,10 @@ type tiers struct {
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
 	failIO atomic.Pointer[func(write, straight bool) error]
+	// failSlotRead, if set, is asked by each copy down before it reads a
+	// slot into a buffer: its error is the read's (tests: a device slot
+	// the driver cannot copy out).
+	failSlotRead atomic.Pointer[func() error]
 	// skipLogged is when a block dropped for an allocation (the pool's
 	// Metrics.OffloadsGivenUp counts them) was last logged.
 	skipLogged atomic.Int64

@@ -89,7 +89,7 @@ func (c *Config) validateTiers() error {
 	}
 	switch {
 	case c.TierWatermark < 0 || c.TierWatermark > 1:
-		return bad("tier_watermark", "%g is not in (0, 1] (0: %g)", c.TierWatermark, pool.DefaultOffloadWatermark)
+		return bad("tier_watermark", "%g is not in (0, 1] (0: %g, %g over device pools)", c.TierWatermark, pool.DefaultOffloadWatermark, deviceOffloadWatermark)
 	case c.TierInFlight < 0 || c.TierInFlight > 1:
 		return bad("tier_in_flight", "%g is not in (0, 1] (0: %g)", c.TierInFlight, pool.DefaultOffloadInFlight)
 	case c.TierQueue < 0 || c.TierQueue > MaxTierQueue:

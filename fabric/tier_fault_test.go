@@ -255,3 +255,45 @@ func TestTierSlotTakenUnderDirectWriteDropped(t *testing.T) {
 		t.Fatalf("%d blocks written again with no copy of their bytes made", rewritten)
 	}
 }
+
+// A copy down that cannot read its slot (a device set's download that
+// fails) ends its offload at once and wakes the allocations waiting for
+// slots being read: an allocation of every slot of the set does not wait
+// for the batch's commit, held here until the test ends, and the blocks
+// whose reads failed stay in memory until it takes them.
+func TestTierFailedSlotReadDoesNotHoldAllocate(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "readfail")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	storeThrough(t, c, set, 8, a) // a first copy down opens the store
+	var failed atomic.Int64
+	fabric.TierFailSlotReads(a, func() error {
+		failed.Add(1)
+		return errors.New("slot unreadable")
+	})
+	defer fabric.TierFailSlotReads(a, nil)
+	held, release := fabric.TierHoldCommits(a)
+	defer release()
+	hashes := make([]uint64, 24)
+	for i := range hashes {
+		hashes[i] = 3<<40 + uint64(i)
+	}
+	storeBlocks(t, c, set, hashes, 7000) // 32 of 32 slots used: copies down ahead of need
+	wait.For(t, 20*time.Second, "a batch whose slot reads failed at its commit", func() error {
+		if failed.Load() == 0 || held() == 0 {
+			return fmt.Errorf("%d slot reads failed, %d commits held", failed.Load(), held())
+		}
+		return nil
+	})
+	var all []uint64
+	for i := range tierEngine.Slots {
+		all = append(all, 4<<40+uint64(i))
+	}
+	storeBlocks(t, c, set, all, 8000) // fails the test if the allocation waits
+	if m := a.Metrics().Tiers[0]; m.Failures == 0 {
+		t.Fatalf("tier %+v: no failed copy counted", m)
+	}
+}

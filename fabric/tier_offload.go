@@ -238,8 +238,9 @@ const tierSkipLogEvery = 10 * time.Second
 
 // copied is how a copy down of one block ended: ok, it is on disk;
 // skipped, an allocation took its slot before the copy began
-// (pool.Config.OffloadGiveUp); ended, its write straight from the slot
-// failed and copyDownBatch ended the offload already (Offloaded false).
+// (pool.Config.OffloadGiveUp); ended, its slot could not be read or its
+// write straight from the slot failed, and copyDownBatch ended the
+// offload already (Offloaded false).
 type copied struct{ ok, skipped, ended bool }
 
 // copyDownBatch writes the blocks of jobs to a disk tier and reports how
@@ -301,9 +302,16 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		}
 		src, err := t.readSlot(j, l)
 		if errors.Is(err, errSlotRead) {
+			// Ended now, not after the batch's commit: the slot, being
+			// read until then, is one an allocation may be waiting for.
 			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
 			t.list[0].failed.Add(1)
 			t.dropTaken(j)
+			if err := j.set.Offloaded(j.blk, false); err != nil {
+				t.log.Debug("tier: block not copied down and its slot moved on", "hash", j.hash, "err", err)
+			}
+			out[i].ended = true
+			t.signal()
 			continue
 		}
 		if err != nil {
@@ -490,10 +498,9 @@ const maxDirectPieces = 64
 // canonical order through the set's slot I/O (a gather, or a download out
 // of a device set), with its trailer, in a buffer of the tiers', the copy
 // ended. An error says the slot was taken before the copy began: nothing
-// was read; or, wrapping errSlotRead, that the slot could not be read. A
-// slot not read stays being copied (an allocation does not take it) until
-// its copier ends the offload as failed, so that its block is neither
-// lost nor taken as copied below.
+// was read; or, wrapping errSlotRead, that the slot could not be read:
+// the slot stays being read (an allocation does not take it, as copied
+// below or otherwise) until the caller ends the offload as failed.
 func (t *tiers) readSlot(j *offloadJob, l *layout.Layout) (slotCopy, error) {
 	sio, err := t.slotIO(j.set)
 	if err != nil {
@@ -516,7 +523,11 @@ func (t *tiers) readSlot(j *offloadJob, l *layout.Layout) (slotCopy, error) {
 		return slotCopy{}, err
 	}
 	buf := t.buffer()
-	if err := sio.read(t.ctx, j.blk.Slot, buf); err != nil {
+	err = sio.read(t.ctx, j.blk.Slot, buf)
+	if f := t.failSlotRead.Load(); f != nil && err == nil {
+		err = (*f)()
+	}
+	if err != nil {
 		t.putBuffer(buf)
 		return slotCopy{}, fmt.Errorf("%w: %w", errSlotRead, err)
 	}
