@@ -52,10 +52,13 @@ type slotIO interface {
 var errNoSlotIO = errors.New("fabric: the block set's memory is out of the tiers' reach")
 
 // deviceRestoreReaders is how many blocks a restore into a device set
-// reads and uploads at once: each upload takes a stager (two pinned
-// buffers of the agent's staging), so that a restore's stagers and the
-// copier's fit the buffers the agent keeps (maxStagingKept) and none
-// allocates pinned memory, slow on a real driver. Eight readers instead
+// reads and uploads at once: each upload takes a stager (a stream and two
+// pinned buffers of the agent's staging). The tiers keep tierStagersKept
+// of them per GPU once used, so that a copy does not allocate pinned
+// memory, slow on a real driver: 2*tierStagersKept staging buffers per
+// GPU held for the agent's life, beside the staging pool's own
+// (maxStagingKept); copies beyond those (several copiers, restores at
+// once) make stagers of their own and close them after. Eight readers instead
 // of two measured within the noise on the CUDA stand-in, stagers made
 // per block then (BenchmarkTierRestoreDevice: 0.82-0.85x of a host set's
 // restore, against 0.64-0.95x).
@@ -115,6 +118,10 @@ func (h hostSlots) write(_ context.Context, slot int, src []byte) error {
 type deviceSlots struct {
 	t *tiers
 	l *layout.Layout
+	// underLock: the copy runs under the set's lock (take, in an
+	// allocation): only a kept stager is used, and one closed is closed
+	// in the background.
+	underLock bool
 }
 
 // tierStagersKept is how many stagers per GPU the tiers keep between
@@ -130,8 +137,13 @@ type stagerCache struct {
 	closed bool
 }
 
-// stager returns a stager for gpu, kept or new.
-func (t *tiers) stager(gpu int) (*cuda.Stager, error) {
+// errNoStagerKept is stager's answer to a copy under a block set's lock
+// when no stager is kept for its GPU: making one (a stream, events,
+// pinned memory) is not done there.
+var errNoStagerKept = errors.New("fabric: no stager kept for the GPU")
+
+// stager returns a kept stager for gpu, or, if mayMake, a new one.
+func (t *tiers) stager(gpu int, mayMake bool) (*cuda.Stager, error) {
 	c := &t.stagers
 	c.mu.Lock()
 	if l := c.free[gpu]; len(l) > 0 && !c.closed {
@@ -141,13 +153,17 @@ func (t *tiers) stager(gpu int) (*cuda.Stager, error) {
 		return st, nil
 	}
 	c.mu.Unlock()
+	if !mayMake {
+		return nil, errNoStagerKept
+	}
 	return t.a.staging.NewStager(gpu)
 }
 
 // putStager keeps st for reuse when its last transfer ended well and
 // there is room, else closes it (a failed transfer's stream may be
-// broken).
-func (t *tiers) putStager(gpu int, st *cuda.Stager, ok bool) error {
+// broken): in the background if async (under a block set's lock, where
+// the stream's sync and the frees are not waited for).
+func (t *tiers) putStager(gpu int, st *cuda.Stager, ok, async bool) error {
 	c := &t.stagers
 	c.mu.Lock()
 	if ok && !c.closed && len(c.free[gpu]) < tierStagersKept {
@@ -159,6 +175,10 @@ func (t *tiers) putStager(gpu int, st *cuda.Stager, ok bool) error {
 		return nil
 	}
 	c.mu.Unlock()
+	if async {
+		go st.Close()
+		return nil
+	}
 	return st.Close()
 }
 
@@ -244,7 +264,7 @@ func (d *deviceSlots) read(ctx context.Context, slot int, dst []byte) error {
 		if at+int(run.n) > len(dst) {
 			return fmt.Errorf("fabric: a block of %d bytes or more, a buffer of %d", at+int(run.n), len(dst))
 		}
-		st, err := d.t.stager(run.gpu)
+		st, err := d.t.stager(run.gpu, !d.underLock)
 		if err != nil {
 			return fmt.Errorf("fabric: staging from GPU %d: %w", run.gpu, err)
 		}
@@ -252,7 +272,7 @@ func (d *deviceSlots) read(ctx context.Context, slot int, dst []byte) error {
 			at += copy(dst[at:], p)
 			return nil
 		})
-		if cerr := d.t.putStager(run.gpu, st, err == nil); err == nil {
+		if cerr := d.t.putStager(run.gpu, st, err == nil, d.underLock); err == nil {
 			err = cerr
 		}
 		if err != nil {
@@ -281,7 +301,7 @@ func (d *deviceSlots) write(ctx context.Context, slot int, src []byte) error {
 			}
 			ups[k] = cuda.Part{Bytes: n, Plan: plan}
 		}
-		st, err := d.t.stager(run.gpu)
+		st, err := d.t.stager(run.gpu, true)
 		if err != nil {
 			return fmt.Errorf("fabric: staging to GPU %d: %w", run.gpu, err)
 		}
@@ -289,7 +309,7 @@ func (d *deviceSlots) write(ctx context.Context, slot int, src []byte) error {
 			at += copy(p, src[at:])
 			return nil
 		})
-		if cerr := d.t.putStager(run.gpu, st, err == nil); err == nil {
+		if cerr := d.t.putStager(run.gpu, st, err == nil, false); err == nil {
 			err = cerr
 		}
 		if err != nil {

@@ -99,13 +99,19 @@ func (t *tiers) whereWait(ctx context.Context, k disk.Key) *diskTier {
 	return t.where(k)
 }
 
+// takeCopyTimeout bounds take's copy out of a device slot, which runs
+// under the set's lock: a copy engine that stalls costs the allocation
+// that much and the block, not the set.
+const takeCopyTimeout = time.Second
+
 // take is the pool's OffloadTake hook: an allocation takes the slot of a
 // queued block whose copy has not begun, so its bytes are copied out
 // now, in memory, for the copy to write later (from a device set, a
-// download through the driver's staging: the copy engine's, never the
-// disk's). Called with the set's lock
-// held; false (the block is dropped) when the job is not found or the
-// block is larger than the tiers' slots.
+// download through a stager the tiers keep, within takeCopyTimeout: the
+// copy engine's time, never the disk's, and no stream or pinned memory
+// made or freed). Called with the set's lock held; false (the block is
+// dropped) when the job is not found, the block is larger than the
+// tiers' slots, or it could not be copied out (no stager kept free).
 func (t *tiers) take(set *pool.BlockSet, blk pool.Block, sum uint64, has bool) bool {
 	t.jobsMu.Lock()
 	j := t.jobs[jobKey{set, blk}]
@@ -119,13 +125,18 @@ func (t *tiers) take(set *pool.BlockSet, blk pool.Block, sum uint64, has bool) b
 	if err != nil {
 		return false
 	}
+	if d, ok := sio.(*deviceSlots); ok {
+		d.underLock = true // a kept stager or none: the block is dropped
+	}
 	if room == 0 {
 		room = int64(roundUp4K(tierBlockBytes(l))) // the stores' slot once the first block opens them
 	}
 	buf := t.bufferOf(int(room)) // room >= the block's bytes, checked above
 	n := tierBlockBytes(l) - tierTrailer
-	if err := sio.read(t.ctx, blk.Slot, buf); err != nil {
-		t.log.Warn("tier: block not copied out of a slot an allocation took", "hash", j.hash, "err", err)
+	ctx, cancel := context.WithTimeout(t.ctx, takeCopyTimeout)
+	defer cancel()
+	if err := sio.read(ctx, blk.Slot, buf); err != nil {
+		t.log.Debug("tier: block not copied out of a slot an allocation took", "hash", j.hash, "err", err)
 		t.putBuffer(buf)
 		return false
 	}

@@ -171,3 +171,13 @@ func TestTierMakeRoomEvictsFromItsTier(t *testing.T) {
 		t.Fatal("the tiers' least recently used block (tier 0's) was dropped")
 	}
 }
+
+// A copy under a block set's lock (take) uses only a stager the tiers
+// keep: with none kept it is refused at once, without making one (the
+// agent here has no staging to make one from, which a try would touch).
+func TestTierTakeMakesNoStager(t *testing.T) {
+	tr := &tiers{a: &Agent{}}
+	if _, err := tr.stager(0, false); err != errNoStagerKept {
+		t.Fatalf("stager with none kept, none to be made: %v, want errNoStagerKept", err)
+	}
+}
