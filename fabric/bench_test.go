@@ -325,7 +325,7 @@ func BenchmarkImport(b *testing.B) {
 		b.ReportMetric(x, r.unit)
 	}
 	gb := float64(iter) * float64(size) / 1e9
-	for _, name := range []string{"lane", "import", "quic", "tls"} {
+	for _, name := range []string{"lane", "import", "quic", "tls", "tcp"} {
 		b.ReportMetric(cpu[name].Seconds()/gb, name+"-cpu-s/GB")
 	}
 	if c := callMicros.Load(); c > 0 {
