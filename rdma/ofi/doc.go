@@ -62,7 +62,9 @@
 // copies them, only when the holder's loop polls. A Read also takes the
 // queue itself after each batch of requests it posts, in the same call:
 // posting and polling hold one lock of the endpoint's, which the loop only
-// tries, so that one thread at a time calls into the provider (shm holds
+// tries, so that one thread at a time posts to or polls the provider
+// (registrations and address inserts, thread-safe there, run beside them;
+// shm holds
 // its spin locks over a whole cross-memory copy, and a poll that meets one
 // spins until the copy ends), and a read that the provider completes within
 // the call (shm by cross-memory attach) needs no loop to wake it. The loop

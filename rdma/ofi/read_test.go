@@ -7,10 +7,13 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // providers are the libfabric providers on every Debian machine that offer
@@ -506,9 +509,23 @@ func TestReadTakesItsCompletions(t *testing.T) {
 					t.Fatalf("%d completions taken inline, more than the %d requests posted", st.Inline, requests)
 				}
 			case prov == "shm" && st.Inline != uint64(requests):
+				if err := crossMemoryAttach(); err != nil {
+					t.Skipf("shm without cross-memory attach (process_vm_readv: %v): the holder copies, and its loop may take completions", err)
+				}
 				t.Fatalf("%d of %d completions taken by the reads themselves over shm host-only, want all", st.Inline, requests)
 			}
 			t.Logf("%s: %d of at most %d completions taken inline", prov, st.Inline, requests)
 		})
 	}
+}
+
+// crossMemoryAttach says whether this process may read memory of a
+// process by process_vm_readv (a seccomp policy or a kernel without it
+// refuses), as shm needs for a reader to copy a holder's bytes itself.
+func crossMemoryAttach() error {
+	src, dst := []byte{1}, []byte{0}
+	_, err := unix.ProcessVMReadv(os.Getpid(),
+		[]unix.Iovec{{Base: &dst[0], Len: 1}},
+		[]unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&src[0])), Len: 1}}, 0)
+	return err
 }
