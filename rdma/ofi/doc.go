@@ -64,9 +64,8 @@
 // posting and polling hold one lock of the endpoint's, which the loop only
 // tries, so that one thread at a time posts to or polls the provider
 // (registrations and address inserts, thread-safe there, run beside them;
-// shm holds
-// its spin locks over a whole cross-memory copy, and a poll that meets one
-// spins until the copy ends), and a read that the provider completes within
+// shm holds its spin locks over a whole cross-memory copy, and a poll that
+// meets one spins until the copy ends), and a read that the provider completes within
 // the call (shm by cross-memory attach) needs no loop to wake it. The loop
 // polls hot only while a Read waits on it with nothing left to post. shm's queues have no wait
 // object in libfabric 1.17, so the loop polls, napping between empty polls
