@@ -150,7 +150,7 @@ type diskTier struct {
 	spec TierSpec
 	// store is nil until the block size is known (the first block, or
 	// tier.json, or Config.TierBlockBytes).
-	store atomic.Pointer[disk.Store]
+	store storeRef
 
 	offloads, restores, evicted, failed atomic.Uint64
 	restoreTime                         latency
@@ -216,6 +216,8 @@ type tiers struct {
 	noDirect  atomic.Bool
 
 	stagers stagerCache // device sets' slot I/O (tier_device.go)
+
+	moveMu sync.Mutex // one move down from the host tier at a time (tier_host.go)
 }
 
 // openTiers opens the configured disk tiers and finds the blocks they hold.
@@ -235,6 +237,10 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 		t.blockBytes = roundUp4K(int(a.cfg.TierBlockBytes))
 	}
 	for i, s := range specs {
+		if s.Kind == tierHost {
+			t.list = append(t.list, &diskTier{n: i, spec: s}) // opened with the disk tiers, empty
+			continue
+		}
 		if err := os.MkdirAll(s.Path, 0o700); err != nil {
 			t.close()
 			return nil, fmt.Errorf("fabric: tiers[%d]: %w", i, err)
@@ -319,6 +325,9 @@ func (t *tiers) writeMetaLocked() error {
 		return err
 	}
 	for _, d := range t.list {
+		if d.spec.Kind == tierHost {
+			continue
+		}
 		path := filepath.Join(d.spec.Path, "tier.json")
 		if err := os.WriteFile(path+".new", b, 0o600); err != nil {
 			return fmt.Errorf("fabric: %s: %w", path, err)
@@ -350,6 +359,12 @@ func (t *tiers) openStoresLocked() error {
 		if d.store.Load() != nil {
 			continue
 		}
+		if d.spec.Kind == tierHost {
+			if err := t.openHost(d); err != nil {
+				return err
+			}
+			continue
+		}
 		cfg := disk.Config{Dir: d.spec.Path, Bytes: int64(d.spec.Size), SlotBytes: t.blockBytes, Workers: tierIOWorkers,
 			Logger: t.log.With("tier", d.n)}
 		st, err := disk.Open(cfg)
@@ -361,7 +376,7 @@ func (t *tiers) openStoresLocked() error {
 		if err != nil {
 			return fmt.Errorf("fabric: tiers[%d] %s: %w", d.n, d.spec.Path, err)
 		}
-		d.store.Store(st)
+		d.store.Store(diskStore{st})
 		for _, k := range st.Keys() {
 			if _, ok := t.layouts[k.Tag]; !ok {
 				// No layout for it: it could not be staged for peers

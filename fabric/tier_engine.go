@@ -53,7 +53,8 @@ func (a *Agent) restoreRun(ctx context.Context, s *sessionSet, hashes []uint64, 
 }
 
 // localTiers says, for each hash, which tier of this node holds it for
-// es's layout: the pool's kind (host, pinned or device), "disk", or "".
+// es's layout: the pool's kind (host, pinned or device), "host" (the
+// host tier), "disk", or "".
 // The leading run on disk is restored into es meanwhile, left cached
 // there (unreferenced), so that the Acquire or Import that follows finds
 // it in memory; the answer names the tier each block was found in.
@@ -75,8 +76,8 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 		// Not waiting for a copy down under way (whereWait): the
 		// answer does not need it, and an Acquire or Import restores
 		// the block once its copy ends.
-		if a.tiers != nil && a.tiers.where(disk.Key{Hash: h, Tag: tag}) != nil {
-			out[i] = tierDisk
+		if d := a.tierOf(disk.Key{Hash: h, Tag: tag}); d != nil {
+			out[i] = d.spec.Kind // "disk", or "host" for the host tier
 			if restoreFrom < 0 {
 				restoreFrom = i
 			}

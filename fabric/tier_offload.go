@@ -269,7 +269,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	ctx, cancel := context.WithTimeout(t.ctx, time.Minute)
 	defer cancel()
 	var d *diskTier
-	var batch *disk.Batch
+	var batch tierPuts
 	for i, j := range jobs {
 		l := j.set.Layout()
 		tag, err := t.ensureShape(l)
@@ -383,7 +383,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 			break
 		}
 		evicted := 0
-		for evicted < len(items) && t.evictOldest() {
+		for evicted < len(items) && t.evictFor(d) {
 			evicted++
 		}
 		if evicted == 0 {
@@ -406,6 +406,10 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 // free slot, a few at most: a block written straight from its slot is not
 // kept for a second try when the store is full.
 func (t *tiers) makeRoom(d *diskTier) {
+	if d.isHost() {
+		t.hostRoom(d) // moved down, not dropped
+		return
+	}
 	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldest(); try++ {
 	}
 }
@@ -558,8 +562,12 @@ func (t *tiers) trailerBuffer() []byte {
 // errSlotRead is readSlot's failure to read a slot it holds.
 var errSlotRead = errors.New("fabric: slot not read")
 
-// pick is the open tier with the most free slots, nil if none is open.
+// pick is the host tier if there is one, else the open tier with the
+// most free slots, nil if none is open.
 func (t *tiers) pick() *diskTier {
+	if h := t.hostTier(); h != nil {
+		return h
+	}
 	var best *diskTier
 	free := -1
 	for _, d := range t.list {

@@ -185,7 +185,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_peer_address_validations_total", "Incoming handshakes asked to validate their source address (a QUIC Retry) because many were in progress.", float64(ts.AddressValidations))
 
 	for _, tm := range m.Tiers {
-		tier := []string{"tier", fmt.Sprint(tm.Tier), "path", tm.Path}
+		tier := []string{"tier", fmt.Sprint(tm.Tier), "path", tm.Path, "kind", tm.Kind}
 		e.gauge("kvfabric_tier_blocks", "Blocks a disk tier holds.", float64(tm.Blocks), tier...)
 		e.gauge("kvfabric_tier_bytes", "Bytes a disk tier holds.", float64(tm.Bytes), tier...)
 		e.counter("kvfabric_tier_offloads_total", "Blocks copied down to a disk tier instead of being recycled away.", float64(tm.Offloads), tier...)
