@@ -284,3 +284,70 @@ func TestHostTierAllocateDoesNotWait(t *testing.T) {
 		t.Fatalf("%d of %d blocks found again, want %d (tier %+v, %d given up)", found, n, want, tm, givenUp)
 	}
 }
+
+// A device block set's recycled blocks go down two tiers, through the
+// driver's staging to the host tier, then, once it is full, to the disk
+// tier; every one restores into the set's device slots byte for byte.
+func TestHostTierUnderADevicePool(t *testing.T) {
+	const n = 600
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	dir := tierDir(t)
+	cfg := testConfig(t, "devhost")
+	deviceTierConfig(&cfg, lib, dir)
+	cfg.Tiers = append([]string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}, cfg.Tiers...)
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	g := newGPUSlots(t, lib, set.Layout)
+	hashes := storeThroughGPU(t, c, set, g, n, a)
+	ts := tiersStatus(t, c, 2)
+	if ts[0].Kind != "host" || ts[0].Offloads < n-32 || ts[0].Evictions != 0 || ts[1].Offloads == 0 || ts[1].Evictions != 0 {
+		t.Fatalf("tiers after %d blocks through 32 device slots: %v, want all copied to the host tier, its oldest moved to disk", n, ts)
+	}
+	if h0, h1 := fabric.TierHolding(a, set.ID, hashes[0]), fabric.TierHolding(a, set.ID, hashes[n-100]); h0 != "disk" || h1 != "host" {
+		t.Fatalf("the first block in tier %q, block %d in %q; want disk, host", h0, n-100, h1)
+	}
+	if got := acquireCheckedGPU(t, c, set, g, hashes, 1); got != n {
+		t.Fatalf("acquired %d of %d blocks", got, n)
+	}
+}
+
+// The host tier is not persistent: a restarted agent finds the disk
+// tier's blocks again, and none of the host tier's.
+func TestHostTierIsNotKeptAcrossRestarts(t *testing.T) {
+	const n = 600
+	dir := tierDir(t)
+	cfg := testConfig(t, "hostrestart")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), "disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n, a)
+	before := tiersStatus(t, c, 2)
+	if before[0].Blocks == 0 || before[1].Blocks == 0 {
+		t.Fatalf("tiers %v, want blocks in both", before)
+	}
+	if fabric.TierHolding(a, set.ID, hashes[n-100]) != "host" {
+		t.Fatalf("block %d not in the host tier", n-100)
+	}
+	c.Close()
+	a.Close()
+
+	cfg2 := testConfig(t, "hostrestart")
+	cfg2.Tiers = cfg.Tiers
+	a2 := startAgent(t, cfg2)
+	c2 := newClient(t, a2)
+	after := tiersStatus(t, c2, 2)
+	if after[0].Blocks != 0 || after[1].Blocks != before[1].Blocks {
+		t.Fatalf("after a restart the tiers hold %d and %d blocks, want 0 and %d", after[0].Blocks, after[1].Blocks, before[1].Blocks)
+	}
+	set2 := register(t, c2, tierEngine)
+	if got := fabric.TierHolding(a2, set2.ID, hashes[n-100]); got != "" {
+		t.Fatalf("block %d, in host memory before the restart, is held by tier %q", n-100, got)
+	}
+	if got := acquireChecked(t, c2, set2, hashes[:8], 1); got != 8 {
+		t.Fatalf("acquired %d of the 8 oldest blocks, kept on disk", got)
+	}
+}
