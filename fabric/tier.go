@@ -218,6 +218,9 @@ type tiers struct {
 	stagers stagerCache // device sets' slot I/O (tier_device.go)
 
 	moveMu sync.Mutex // one move down from the host tier at a time (tier_host.go)
+	// hostRefused, under mu, is set once the host tier could not be made
+	// (its size holds no block): the disk tiers go on without it.
+	hostRefused bool
 }
 
 // openTiers opens the configured disk tiers and finds the blocks they hold.
@@ -360,8 +363,9 @@ func (t *tiers) openStoresLocked() error {
 			continue
 		}
 		if d.spec.Kind == tierHost {
-			if err := t.openHost(d); err != nil {
-				return err
+			if err := t.openHost(d); err != nil && !t.hostRefused {
+				t.hostRefused = true
+				t.log.Warn("tier: no host tier: blocks go down to the disk tiers", "err", err)
 			}
 			continue
 		}

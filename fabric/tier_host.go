@@ -44,6 +44,9 @@ func parseHostTier(s, size string) (TierSpec, error) {
 // openHost makes the host tier's store, with slots of t.blockBytes. t.mu
 // is held.
 func (t *tiers) openHost(d *diskTier) error {
+	if t.hostRefused {
+		return nil
+	}
 	if int64(d.spec.Size) < int64(t.blockBytes) {
 		return fmt.Errorf("fabric: tiers[%d] host: %d bytes hold no block of %d", d.n, d.spec.Size, t.blockBytes)
 	}

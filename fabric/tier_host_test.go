@@ -351,3 +351,29 @@ func TestHostTierIsNotKeptAcrossRestarts(t *testing.T) {
 		t.Fatalf("acquired %d of the 8 oldest blocks, kept on disk", got)
 	}
 }
+
+// A host tier too small for one block of the tiers' size is left out:
+// blocks go down to the disk tier as without it.
+func TestHostTierTooSmallForABlock(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "hostsmall")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), "disk=" + dir + ":64MiB"}
+	cfg.TierBlockBytes = fabric.MinHostTierBytes + 4096
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 40, a)
+	ts := tiersStatus(t, c, 2)
+	if ts[0].Blocks != 0 || ts[0].Offloads != 0 || ts[1].Offloads == 0 {
+		t.Fatalf("tiers %v, want every block copied down to disk, none to the host tier", ts)
+	}
+	onDisk := 0
+	for _, h := range hashes {
+		if fabric.TierHolding(a, set.ID, h) == "disk" {
+			onDisk++
+		}
+	}
+	if onDisk == 0 || uint64(onDisk) != ts[1].Blocks {
+		t.Fatalf("%d blocks held on disk, status says %d", onDisk, ts[1].Blocks)
+	}
+}
