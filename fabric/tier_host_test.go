@@ -377,3 +377,36 @@ func TestHostTierTooSmallForABlock(t *testing.T) {
 		t.Fatalf("%d blocks held on disk, status says %d", onDisk, ts[1].Blocks)
 	}
 }
+
+// Prefetch brings blocks held in the host tier up into the engine's set,
+// and the Acquire that follows restores nothing more.
+func TestHostTierPrefetch(t *testing.T) {
+	cfg := testConfig(t, "hostprefetch")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 96, a)
+	held := 0
+	for _, h := range hashes {
+		if !fabric.BlockSetHolds(a, set.ID, h) {
+			break
+		}
+		held++
+	}
+	if held == 0 || held > 32 || fabric.TierHolding(a, set.ID, hashes[held]) != "host" {
+		t.Fatalf("the set holds the first %d blocks, the next not in the host tier", held)
+	}
+	run := hashes[held : held+8]
+	resp, err := c.Prefetch(context.Background(), set.ID, run)
+	if err != nil || resp.InMemory != 8 || resp.Restored != 8 || resp.Error != "" {
+		t.Fatalf("prefetch of 8 host-tier blocks: %+v %v", resp, err)
+	}
+	before := tiersStatus(t, c, 1)[0].Restores
+	if got := acquireChecked(t, c, set, run, uint64(held+1)); got != 8 {
+		t.Fatalf("acquired %d of 8 prefetched blocks", got)
+	}
+	if after := tiersStatus(t, c, 1)[0].Restores; after != before || before < 8 {
+		t.Fatalf("restores %d before the acquire, %d after: want the prefetch's 8, none after", before, after)
+	}
+}
