@@ -23,7 +23,8 @@ import (
 )
 
 // Disk tiers. Under the host or device pools, an agent may keep disk tiers
-// (Config.Tiers, pool/disk stores): a block the pool is about to recycle
+// (Config.Tiers, pool/disk stores; a host tier above them, tier_host.go,
+// reached through the same tierStore interface, tier_store.go): a block the pool is about to recycle
 // is copied down first (tier_offload.go), a block an engine asks for that
 // is on disk is restored into its block set (tier_restore.go), peers'
 // leases stage disk-held blocks into slots of a staging set
