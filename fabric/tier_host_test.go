@@ -410,3 +410,25 @@ func TestHostTierPrefetch(t *testing.T) {
 		t.Fatalf("restores %d before the acquire, %d after: want the prefetch's 8, none after", before, after)
 	}
 }
+
+// Under a full host tier a full disk tier makes room as it does alone, by
+// dropping its own least recently used blocks: the host tier keeps
+// moving its oldest down, dropping none itself, and the newest blocks all
+// restore byte for byte.
+func TestHostTierOverAFullDiskTier(t *testing.T) {
+	const n = 1100 // the set's 32, the host tier's 455 and the disk tier's 455, and more
+	dir := tierDir(t)
+	cfg := testConfig(t, "hostfull")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), fmt.Sprintf("disk=%s:%d", dir, fabric.MinTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n, a)
+	ts := tiersStatus(t, c, 2)
+	if ts[0].Evictions != 0 || ts[0].Blocks != hostTierBlocks || ts[1].Evictions == 0 || ts[1].Blocks == 0 {
+		t.Fatalf("tiers after %d blocks: %v, want both full, the disk tier evicting, the host tier not", n, ts)
+	}
+	if got := acquireChecked(t, c, set, hashes[n-600:], n-599); got != 600 {
+		t.Fatalf("acquired %d of the last 600 blocks", got)
+	}
+}
