@@ -30,6 +30,6 @@ func TierCorruptHost(a *Agent, id, hash uint64, at int) bool {
 	if h == nil {
 		return false
 	}
-	st, ok := h.store.Load().(memStore)
+	st, ok := h.store.Load().(*disk.MemStore)
 	return ok && st.CorruptForTest(disk.Key{Hash: hash, Tag: shapeTag(s.Layout())}, at, 0x40)
 }

@@ -381,7 +381,7 @@ func (t *tiers) openStoresLocked() error {
 		if err != nil {
 			return fmt.Errorf("fabric: tiers[%d] %s: %w", d.n, d.spec.Path, err)
 		}
-		d.store.Store(diskStore{st})
+		d.store.Store(st)
 		for _, k := range st.Keys() {
 			if _, ok := t.layouts[k.Tag]; !ok {
 				// No layout for it: it could not be staged for peers

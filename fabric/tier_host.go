@@ -54,7 +54,7 @@ func (t *tiers) openHost(d *diskTier) error {
 	if err != nil {
 		return fmt.Errorf("fabric: tiers[%d] host: %w", d.n, err)
 	}
-	d.store.Store(memStore{st})
+	d.store.Store(st)
 	return nil
 }
 
@@ -117,7 +117,7 @@ const hostMoveCandidates = 8
 func (t *tiers) moveOldest(h *diskTier) bool {
 	t.moveMu.Lock()
 	defer t.moveMu.Unlock()
-	st, ok := h.store.Load().(memStore)
+	st, ok := h.store.Load().(*disk.MemStore)
 	if !ok {
 		return false
 	}

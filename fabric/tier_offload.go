@@ -293,7 +293,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				t.dropTaken(j)
 				continue
 			}
-			batch = d.store.Load().NewBatch()
+			batch = newBatch(d.store.Load())
 		}
 		src, err := t.readSlot(j, l)
 		if errors.Is(err, errSlotRead) {

@@ -9,9 +9,9 @@ import (
 
 // tierStore is what the tiers ask of a tier's store: a disk tier's
 // *disk.Store and the host tier's *disk.MemStore alike (the same keys,
-// sentinels and batch rules).
+// sentinels and batch rules; a batch of either through newBatch).
 type tierStore interface {
-	NewBatch() tierPuts
+	Put(ctx context.Context, k disk.Key, data []byte) error
 	PutBatch(ctx context.Context, items []disk.PutItem) []error
 	Get(ctx context.Context, k disk.Key, dst []byte) (int, error)
 	GetPieces(ctx context.Context, k disk.Key, pieces ...[]byte) (int, error)
@@ -32,13 +32,21 @@ type tierPuts interface {
 	Commit() []error
 }
 
-type diskStore struct{ *disk.Store }
+var (
+	_ tierStore = (*disk.Store)(nil)
+	_ tierStore = (*disk.MemStore)(nil)
+	_ tierPuts  = (*disk.Batch)(nil)
+	_ tierPuts  = (*disk.MemBatch)(nil)
+)
 
-func (s diskStore) NewBatch() tierPuts { return s.Store.NewBatch() }
-
-type memStore struct{ *disk.MemStore }
-
-func (s memStore) NewBatch() tierPuts { return s.MemStore.NewBatch() }
+// newBatch starts a batch of puts in st, a *disk.Store or a
+// *disk.MemStore (the one other kind of store there is).
+func newBatch(st tierStore) tierPuts {
+	if m, ok := st.(*disk.MemStore); ok {
+		return m.NewBatch()
+	}
+	return st.(*disk.Store).NewBatch()
+}
 
 // storeRef is a tier's store once open: Load is nil until then.
 type storeRef struct{ p atomic.Pointer[tierStore] }

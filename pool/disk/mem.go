@@ -389,9 +389,15 @@ func (s *MemStore) fill(slot uint32, pieces [][]byte, n int) entry {
 	return entry{slot: slot, length: uint32(n), sum: h.Sum64()}
 }
 
-// Wait returns item i's copy's error: nil (a copy in memory ends as it is
-// added), and nil for an item not copied (Commit says why).
-func (b *MemBatch) Wait(i int) error { return nil }
+// Wait returns item i's copy's error: nil for an item copied (a copy in
+// memory ends as it is added), else why it was not (Add's error, as
+// Commit returns it).
+func (b *MemBatch) Wait(i int) error {
+	if it := &b.items[i]; !it.sent {
+		return it.err
+	}
+	return nil
+}
 
 // Replace copies data in place of item i's bytes and records data's
 // checksum instead. An item not copied is left as it is (false).

@@ -95,6 +95,9 @@ func TestMemBatch(t *testing.T) {
 	if !b.Replace(ctx, 0, memBlock(5, 200)) || b.Replace(ctx, 2, memBlock(5, 200)) {
 		t.Fatal("replace: an item added must be replaced, one not added not")
 	}
+	if b.Wait(0) != nil || !errors.Is(b.Wait(2), ErrFull) {
+		t.Fatalf("wait: %v, %v; want nil for the item copied, ErrFull for the one with no slot", b.Wait(0), b.Wait(2))
+	}
 	b.Drop(1)
 	errs := b.Commit()
 	if errs[0] != nil || !errors.Is(errs[1], ErrDropped) || !errors.Is(errs[2], ErrFull) {
