@@ -95,13 +95,14 @@ func (t *tiers) hostRoom(h *diskTier) {
 }
 
 // evictFor makes room in d: in the host tier by moving its least recently
-// used block down, in a disk tier by dropping the least recently used
-// block. False if there was nothing to move or drop.
+// used block down, in a disk tier by dropping its least recently used
+// block (a block dropped from another tier frees nothing in d). False if
+// there was nothing to move or drop.
 func (t *tiers) evictFor(d *diskTier) bool {
-	if d != nil && d.isHost() {
+	if d.isHost() {
 		return t.moveOldest(d)
 	}
-	return t.evictOldest()
+	return t.evictOldestIn(d)
 }
 
 // hostMoveCandidates is how many of the host tier's oldest blocks a move
