@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
 )
 
 // A MemStore is a host-memory tier: blocks under the same keys as a
@@ -22,6 +23,12 @@ type MemStore struct {
 	cfg   MemConfig
 	slots int
 	arena []byte
+	// mapped: arena is the store's own anonymous mapping, outside the Go
+	// heap (a tier of many GiB there would let the garbage collector let
+	// as much garbage grow before it ran), unmapped by Close once the
+	// copies in and out under way (using) ended.
+	mapped bool
+	using  sync.WaitGroup
 
 	mu      sync.Mutex
 	closed  bool
@@ -48,7 +55,8 @@ type MemConfig struct {
 	SlotBytes int
 	// Memory, if set, is the store's memory (at least Bytes rounded down
 	// to whole slots; pinned host memory, say): its bytes are the
-	// store's until Close. Zero: a region of Go memory.
+	// store's until Close. Zero: an anonymous mapping of the store's own,
+	// its pages touched as slots are first used.
 	Memory []byte
 }
 
@@ -69,7 +77,11 @@ func NewMem(cfg MemConfig) (*MemStore, error) {
 	need := slots * cfg.SlotBytes
 	switch {
 	case cfg.Memory == nil:
-		s.arena = make([]byte, need) // pages touched as slots are first used
+		m, err := unix.Mmap(-1, 0, need, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		if err != nil {
+			return nil, fmt.Errorf("disk: host memory of %d bytes: %w", need, err)
+		}
+		s.arena, s.mapped = m, true
 	case len(cfg.Memory) < need:
 		return nil, fmt.Errorf("%w: memory of %d bytes for %d slots of %d", ErrInvalidConfig, len(cfg.Memory), slots, cfg.SlotBytes)
 	default:
@@ -221,6 +233,8 @@ func (s *MemStore) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int,
 		return 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
 	}
 	s.busy[e.slot]++
+	s.using.Add(1)
+	defer s.using.Done()
 	if el := s.at[k]; el != nil {
 		s.order.MoveToBack(el)
 	}
@@ -293,14 +307,23 @@ func (s *MemStore) Oldest(n int) []Key {
 	return out
 }
 
-// Close drops every block. Safe twice.
+// Close drops every block and, once the copies in and out under way
+// ended, gives its memory back. Safe twice.
 func (s *MemStore) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
 	s.closed = true
 	s.entries = map[Key]entry{}
 	s.order.Init()
 	s.at = map[Key]*list.Element{}
+	s.mu.Unlock()
+	s.using.Wait()
+	if s.mapped {
+		return unix.Munmap(s.arena)
+	}
 	return nil
 }
 
@@ -311,7 +334,7 @@ func (s *MemStore) CorruptForTest(k Key, at int, mask byte) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.entries[k]
-	if !ok || at < 0 || at >= int(e.length) {
+	if s.closed || !ok || at < 0 || at >= int(e.length) {
 		return false
 	}
 	s.slot(e.slot)[at] ^= mask
@@ -372,12 +395,24 @@ func (b *MemBatch) AddPieces(ctx context.Context, k Key, pieces ...[]byte) {
 		it.err = err
 		return
 	}
-	it.e = b.s.fill(slot, pieces, n)
+	if it.e, err = b.s.fill(slot, pieces, n); err != nil {
+		it.err = err
+		return
+	}
 	it.sent = true
 }
 
-// fill copies pieces into slot and returns the entry naming them.
-func (s *MemStore) fill(slot uint32, pieces [][]byte, n int) entry {
+// fill copies pieces into slot and returns the entry naming them;
+// ErrClosed once the store is closed.
+func (s *MemStore) fill(slot uint32, pieces [][]byte, n int) (entry, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return entry{}, ErrClosed
+	}
+	s.using.Add(1)
+	s.mu.Unlock()
+	defer s.using.Done()
 	dst := s.slot(slot)
 	h := xxh3.New()
 	at := 0
@@ -386,7 +421,7 @@ func (s *MemStore) fill(slot uint32, pieces [][]byte, n int) entry {
 		h.Write(dst[at : at+len(p)]) // the bytes kept, whatever p does next
 		at += len(p)
 	}
-	return entry{slot: slot, length: uint32(n), sum: h.Sum64()}
+	return entry{slot: slot, length: uint32(n), sum: h.Sum64()}, nil
 }
 
 // Wait returns item i's copy's error: nil for an item copied (a copy in
@@ -411,7 +446,13 @@ func (b *MemBatch) Replace(ctx context.Context, i int, data []byte) bool {
 		it.err = fmt.Errorf("disk: a block of %d bytes in slots of %d: %w", len(data), b.s.cfg.SlotBytes, ErrTooLarge)
 		return true
 	}
-	it.e = b.s.fill(it.e.slot, [][]byte{data}, len(data))
+	e, err := b.s.fill(it.e.slot, [][]byte{data}, len(data))
+	if err != nil {
+		b.Drop(i)
+		it.err = err
+		return true
+	}
+	it.e = e
 	return true
 }
 

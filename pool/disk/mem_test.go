@@ -115,6 +115,9 @@ func TestMemBatch(t *testing.T) {
 	if _, err := s.Get(ctx, Key{Hash: 1}, dst); !errors.Is(err, ErrClosed) {
 		t.Fatalf("get after close: %v", err)
 	}
+	if err := s.Put(ctx, Key{Hash: 5}, memBlock(6, 100)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("put after close: %v", err)
+	}
 }
 
 // The configuration's limits, at and past them.
