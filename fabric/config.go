@@ -327,6 +327,8 @@ type Config struct {
 	// entry per tier, "disk=PATH:SIZE": blocks the pool would recycle are
 	// copied there first, restored on use, served to peers, and found
 	// again after a restart. If empty, none: a recycled block is gone.
+	// One entry may be "host=SIZE": a host-memory tier above the disk
+	// tiers (tier_host.go), not kept across restarts.
 	Tiers []string `json:"tiers,omitempty"`
 	// TierWatermark is the fraction of a block set's slots in use past
 	// which its least recently used blocks are copied down ahead of need.

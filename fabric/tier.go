@@ -23,7 +23,8 @@ import (
 )
 
 // Disk tiers. Under the host or device pools, an agent may keep disk tiers
-// (Config.Tiers, pool/disk stores): a block the pool is about to recycle
+// (Config.Tiers, pool/disk stores; a host tier above them, tier_host.go,
+// reached through the same tierStore interface, tier_store.go): a block the pool is about to recycle
 // is copied down first (tier_offload.go), a block an engine asks for that
 // is on disk is restored into its block set (tier_restore.go), peers'
 // leases stage disk-held blocks into slots of a staging set
@@ -154,7 +155,7 @@ type diskTier struct {
 	spec TierSpec
 	// store is nil until the block size is known (the first block, or
 	// tier.json, or Config.TierBlockBytes).
-	store atomic.Pointer[disk.Store]
+	store storeRef
 
 	offloads, restores, evicted, failed atomic.Uint64
 	restoreTime                         latency
@@ -231,6 +232,11 @@ type tiers struct {
 	noDirect  atomic.Bool
 
 	stagers stagerCache // device sets' slot I/O (tier_device.go)
+
+	moveMu sync.Mutex // one move down from the host tier at a time (tier_host.go)
+	// hostRefused, under mu, is set once the host tier could not be made
+	// (its size holds no block): the disk tiers go on without it.
+	hostRefused bool
 }
 
 // openTiers opens the configured disk tiers and finds the blocks they hold.
@@ -250,6 +256,10 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 		t.blockBytes = roundUp4K(int(a.cfg.TierBlockBytes))
 	}
 	for i, s := range specs {
+		if s.Kind == tierHost {
+			t.list = append(t.list, &diskTier{n: i, spec: s}) // opened with the disk tiers, empty
+			continue
+		}
 		if err := os.MkdirAll(s.Path, 0o700); err != nil {
 			t.close()
 			return nil, fmt.Errorf("fabric: tiers[%d]: %w", i, err)
@@ -343,6 +353,9 @@ func (t *tiers) writeMetaLocked() error {
 		return err
 	}
 	for _, d := range t.list {
+		if d.spec.Kind == tierHost {
+			continue
+		}
 		path := filepath.Join(d.spec.Path, "tier.json")
 		if err := os.WriteFile(path+".new", b, 0o600); err != nil {
 			return fmt.Errorf("fabric: %s: %w", path, err)
@@ -372,6 +385,13 @@ func (t *tiers) openStoresLocked() error {
 	t.room.Store(int64(t.blockBytes))
 	for _, d := range t.list {
 		if d.store.Load() != nil {
+			continue
+		}
+		if d.spec.Kind == tierHost {
+			if err := t.openHost(d); err != nil && !t.hostRefused {
+				t.hostRefused = true
+				t.log.Warn("tier: no host tier: blocks go down to the disk tiers", "err", err)
+			}
 			continue
 		}
 		cfg := disk.Config{Dir: d.spec.Path, Bytes: int64(d.spec.Size), SlotBytes: t.blockBytes, Workers: tierIOWorkers,

@@ -3,6 +3,7 @@ package fabric
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/kvfabric/kvfabric/pool"
@@ -26,12 +27,16 @@ const (
 	// slots disk-held blocks are staged into for peers.
 	DefaultTierStagingSlots = 64
 	MaxTierStagingSlots     = 4096
+	// MinHostTierBytes and MaxHostTierBytes bound the host-memory tier
+	// ("host=SIZE"; at most one).
+	MinHostTierBytes = 16 << 20
+	MaxHostTierBytes = disk.MaxMemBytes
 )
 
 // TierSpec is one parsed entry of Config.Tiers.
 type TierSpec struct {
-	Kind string // "disk"
-	// Path is the tier's directory (absolute).
+	Kind string // "disk" or "host"
+	// Path is the tier's directory (absolute); "" for the host tier.
 	Path string
 	// Size is its capacity in bytes.
 	Size uint64
@@ -39,14 +44,18 @@ type TierSpec struct {
 
 // ParseTierSpec parses one entry of Config.Tiers: "disk=PATH:SIZE", PATH
 // an absolute directory (made if missing), SIZE in bytes with an optional
-// KiB, MiB, GiB or TiB suffix, MinTierBytes..MaxTierBytes.
+// KiB, MiB, GiB or TiB suffix, MinTierBytes..MaxTierBytes; or "host=SIZE",
+// the host-memory tier (tier_host.go), MinHostTierBytes..MaxHostTierBytes.
 func ParseTierSpec(s string) (TierSpec, error) {
 	kind, rest, ok := strings.Cut(s, "=")
 	if !ok {
-		return TierSpec{}, fmt.Errorf("%q is not disk=PATH:SIZE (e.g. disk=/nvme/kvfabric:512GiB)", s)
+		return TierSpec{}, fmt.Errorf("%q is not disk=PATH:SIZE nor host=SIZE (e.g. disk=/nvme/kvfabric:512GiB)", s)
+	}
+	if kind == tierHost {
+		return parseHostTier(s, rest)
 	}
 	if kind != "disk" {
-		return TierSpec{}, fmt.Errorf("%q: unknown tier kind %q (disk)", s, kind)
+		return TierSpec{}, fmt.Errorf("%q: unknown tier kind %q (disk or host)", s, kind)
 	}
 	i := strings.LastIndex(rest, ":")
 	if i < 0 {
@@ -75,10 +84,18 @@ func (c *Config) validateTiers() error {
 		return bad("tiers", "%d tiers, at most %d", len(c.Tiers), MaxTiers)
 	}
 	seen := map[string]int{}
+	host := -1
 	for i, t := range c.Tiers {
 		s, err := ParseTierSpec(t)
 		if err != nil {
 			return bad(fmt.Sprintf("tiers[%d]", i), "%v", err)
+		}
+		if s.Kind == tierHost {
+			if host >= 0 {
+				return bad(fmt.Sprintf("tiers[%d]", i), "%q: a second host tier (tiers[%d]): at most one", t, host)
+			}
+			host = i
+			continue
 		}
 		for p, j := range seen {
 			if p == s.Path || strings.HasPrefix(s.Path, p+"/") || strings.HasPrefix(p, s.Path+"/") {
@@ -102,12 +119,23 @@ func (c *Config) validateTiers() error {
 	return nil
 }
 
-// tierSpecs returns the validated tiers.
+// tierSpecs returns the validated tiers in the tiers' order: the host
+// tier first, then the disk tiers as configured.
 func (c *Config) tierSpecs() []TierSpec {
 	out := make([]TierSpec, 0, len(c.Tiers))
 	for _, t := range c.Tiers {
 		s, _ := ParseTierSpec(t) // validated
 		out = append(out, s)
 	}
+	slices.SortStableFunc(out, func(a, b TierSpec) int {
+		return boolInt(b.Kind == tierHost) - boolInt(a.Kind == tierHost)
+	})
 	return out
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -53,13 +53,14 @@ func (a *Agent) restoreRun(ctx context.Context, s *sessionSet, hashes []uint64, 
 }
 
 // localTiers says, for each hash, which tier of this node holds it for
-// es's layout: the pool's kind (host, pinned or device), "disk", or "".
-// The first run of blocks it answers "disk" is restored into es
-// meanwhile, left cached there (unreferenced), so that the Acquire or
-// Import that follows finds it in memory; the answer names the tier each
-// block was found in. Neither the answer nor the restore waits for a
-// copy down under way: a block whose copy has not ended is "" and is not
-// restored (an Acquire or Import restores it once its copy ends).
+// es's layout: the pool's kind (host, pinned or device), "host" (the
+// host tier), "disk", or "". The first run of blocks it answers "disk" or
+// "host" is restored into es meanwhile, left cached there (unreferenced),
+// so that the Acquire or Import that follows finds it in memory; the
+// answer names the tier each block was found in. Neither the answer nor
+// the restore waits for a copy down under way: a block whose copy has not
+// ended is "" and is not restored (an Acquire or Import restores it once
+// its copy ends).
 func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) []string {
 	out := make([]string, len(hashes))
 	var tag uint64
@@ -76,8 +77,8 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 			continue
 		}
 		// Not waiting for a copy down under way (whereWait).
-		if a.tiers != nil && a.tiers.where(disk.Key{Hash: h, Tag: tag}) != nil {
-			out[i] = tierDisk
+		if d := a.tierOf(disk.Key{Hash: h, Tag: tag}); d != nil {
+			out[i] = d.spec.Kind // "disk", or "host" for the host tier
 			if restoreFrom < 0 {
 				restoreFrom = i
 			}
@@ -91,7 +92,7 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 			parent = hashes[restoreFrom-1]
 		}
 		end := restoreFrom
-		for end < len(hashes) && out[end] == tierDisk {
+		for end < len(hashes) && (out[end] == tierDisk || out[end] == tierHost) {
 			end++
 		}
 		blks, err := a.tiers.restoreNow(ctx, es, hashes[restoreFrom:end], parent)

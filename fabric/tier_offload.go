@@ -285,7 +285,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	ctx, cancel := context.WithTimeout(t.ctx, time.Minute)
 	defer cancel()
 	var d *diskTier
-	var batch *disk.Batch
+	var batch tierPuts
 	for i, j := range jobs {
 		l := j.set.Layout()
 		tag, err := t.ensureShape(l)
@@ -309,7 +309,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				t.dropTaken(j)
 				continue
 			}
-			batch = d.store.Load().NewBatch()
+			batch = newBatch(d.store.Load())
 		}
 		src, err := t.readSlot(j, l)
 		if errors.Is(err, errSlotRead) {
@@ -426,7 +426,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 			break
 		}
 		evicted := 0
-		for evicted < len(items) && t.evictOldest() {
+		for evicted < len(items) && t.evictFor(d) {
 			evicted++
 		}
 		if evicted == 0 {
@@ -450,6 +450,10 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 // kept for a second try when the store is full. Only d's: a block dropped
 // from another tier frees nothing in d.
 func (t *tiers) makeRoom(d *diskTier) {
+	if d.isHost() {
+		t.hostRoom(d) // moved down, not dropped
+		return
+	}
 	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldestOf(d); try++ {
 	}
 }
@@ -605,8 +609,12 @@ func (t *tiers) trailerBuffer() []byte {
 // errSlotRead is readSlot's failure to read a slot it holds.
 var errSlotRead = errors.New("fabric: slot not read")
 
-// pick is the open tier with the most free slots, nil if none is open.
+// pick is the host tier if there is one, else the open tier with the
+// most free slots, nil if none is open.
 func (t *tiers) pick() *diskTier {
+	if h := t.hostTier(); h != nil {
+		return h
+	}
 	var best *diskTier
 	free := -1
 	for _, d := range t.list {

@@ -128,6 +128,9 @@ type TierMetrics struct {
 	CopiedOut uint64
 	// RestoreTime is each block's read, check and copy into its slot.
 	RestoreTime pool.Histogram
+
+	// Kind is "disk", or "host" for the host tier (tier_host.go, no Path).
+	Kind string
 }
 
 func (t *tiers) metrics() []TierMetrics {
@@ -137,7 +140,7 @@ func (t *tiers) metrics() []TierMetrics {
 	out := make([]TierMetrics, len(t.list))
 	for i, d := range t.list {
 		m := TierMetrics{Tier: i, Path: d.spec.Path, Bytes: uint64(held[i]), Offloads: d.offloads.Load(), Restores: d.restores.Load(),
-			Evictions: d.evicted.Load(), Failures: d.failed.Load(), RestoreTime: d.restoreTime.snapshot()}
+			Evictions: d.evicted.Load(), Failures: d.failed.Load(), RestoreTime: d.restoreTime.snapshot(), Kind: d.spec.Kind}
 		if st := d.store.Load(); st != nil {
 			s := st.Stats()
 			m.Blocks, m.ChecksumFailures = uint64(s.Blocks), s.Corrupt

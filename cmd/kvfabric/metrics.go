@@ -185,9 +185,9 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_peer_address_validations_total", "Incoming handshakes asked to validate their source address (a QUIC Retry) because many were in progress.", float64(ts.AddressValidations))
 
 	for _, tm := range m.Tiers {
-		tier := []string{"tier", fmt.Sprint(tm.Tier), "path", tm.Path}
-		e.gauge("kvfabric_tier_blocks", "Blocks a disk tier holds.", float64(tm.Blocks), tier...)
-		e.gauge("kvfabric_tier_bytes", "Bytes a disk tier holds.", float64(tm.Bytes), tier...)
+		tier := []string{"tier", fmt.Sprint(tm.Tier), "path", tm.Path, "kind", tm.Kind}
+		e.gauge("kvfabric_tier_blocks", "Blocks a tier (disk or host) holds.", float64(tm.Blocks), tier...)
+		e.gauge("kvfabric_tier_bytes", "Bytes a tier (disk or host) holds.", float64(tm.Bytes), tier...)
 		e.counter("kvfabric_tier_offloads_total", "Blocks copied down to a disk tier instead of being recycled away.", float64(tm.Offloads), tier...)
 		e.counter("kvfabric_tier_restores_total", "Blocks restored from a disk tier into host slots (for engines, or staged for peers).", float64(tm.Restores), tier...)
 		e.counter("kvfabric_tier_checksum_failures_total", "Disk blocks that failed a check on their way up: dropped, never served.", float64(tm.ChecksumFailures), tier...)

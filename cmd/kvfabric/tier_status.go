@@ -20,7 +20,11 @@ func printTiers(w io.Writer, tiers []*fabricpb.Tier) {
 		if t.BlockBytes > 0 {
 			room = bytesString(t.BlockBytes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\n", t.Kind, t.Path, bytesString(t.SizeBytes), t.Blocks,
+		path := t.Path
+		if path == "" {
+			path = "-" // the host tier
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\n", t.Kind, path, bytesString(t.SizeBytes), t.Blocks,
 			bytesString(t.Bytes), room, t.Offloads, t.Restores, t.Evictions, t.ChecksumFailures)
 	}
 	tw.Flush()

@@ -1565,9 +1565,10 @@ type LookupResponse struct {
 	Overlaps []*Overlap             `protobuf:"bytes,2,rep,name=overlaps,proto3" json:"overlaps,omitempty"`
 	// With block_set in the request: for each of hashes, the tier this node
 	// holds it in for that block set's layout: the pool's kind ("host",
-	// "pinned" or "device"), "disk" (a disk tier: restored into the block
-	// set by this call, so that the Acquire or Import that follows finds it
-	// in memory), or "" (not on this node).
+	// "pinned" or "device"), "host" also for the host tier and "disk" for a
+	// disk tier (each restored into the block set by this call, so that the
+	// Acquire or Import that follows finds it in memory), or "" (not on this
+	// node).
 	LocalTiers    []string `protobuf:"bytes,3,rep,name=local_tiers,json=localTiers,proto3" json:"local_tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

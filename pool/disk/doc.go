@@ -65,4 +65,10 @@
 // a hand-off to a worker costs two goroutine wake-ups per read. io_uring
 // was not used: the Go libraries for it are young or unmaintained, and at the
 // queue depths a cache tier needs, a few blocking workers keep an NVMe busy.
+//
+// # Host memory
+//
+// MemStore is the tier above: the same keys, sentinels and batch rules in
+// slots of host memory, each block's xxh3 checked on every read, no
+// journal; it does not outlive its process.
 package disk

@@ -142,8 +142,9 @@ class LookupResult:
     hashes: list[int]
     overlaps: list[Overlap]
     #: With a block set: per hash, the tier this node holds it in for the
-    #: set's layout ("host", "pinned", "device", "disk", or "" for none);
-    #: "disk" blocks were restored into the set by the lookup.
+    #: set's layout ("host", "pinned", "device", "disk", or "" for none;
+    #: "host" also for the agent's host tier); blocks in a tier were
+    #: restored into the set by the lookup.
     local_tiers: list[str] = field(default_factory=list)
 
     def best(self, exclude: str | None = None) -> Overlap | None:

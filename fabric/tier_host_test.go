@@ -1,0 +1,438 @@
+package fabric_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
+	"github.com/kvfabric/kvfabric/internal/wait"
+)
+
+// hostTierBlocks is what a host tier of fabric.MinHostTierBytes holds of
+// tierEngine's blocks: 32 KiB and a trailer, in slots of 36 KiB.
+const hostTierBlocks = fabric.MinHostTierBytes / (36 << 10)
+
+// tiersStatus returns the status of each of c's agent's tiers, want of
+// them.
+func tiersStatus(t *testing.T, c *client.Client, want int) []*fabricpb.Tier {
+	t.Helper()
+	st, err := c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Tiers) != want {
+		t.Fatalf("status shows %d tiers, want %d", len(st.Tiers), want)
+	}
+	return st.Tiers
+}
+
+func localTier(t *testing.T, c *client.Client, set *client.BlockSet, hash uint64) string {
+	t.Helper()
+	lr, err := c.API().Lookup(context.Background(), &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: []uint64{hash}})
+	if err != nil || len(lr.LocalTiers) != 1 {
+		t.Fatalf("look-up of %016x: %v %q", hash, err, lr.GetLocalTiers())
+	}
+	return lr.LocalTiers[0]
+}
+
+// Blocks the pool recycles go to the host tier first; the full host tier
+// moves its least recently used blocks down to the disk tier instead of
+// dropping them; every block, in either tier, restores byte for byte.
+func TestHostTierMovesItsOldestBlocksToDisk(t *testing.T) {
+	const n = 600 // more than the set's 32 slots and the host tier's blocks together
+	dir := tierDir(t)
+	cfg := testConfig(t, "cascade")
+	cfg.Tiers = []string{fmt.Sprintf("disk=%s:64MiB", dir), fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n, a)
+	ts := tiersStatus(t, c, 2)
+	host, dsk := ts[0], ts[1]
+	if host.Kind != "host" || dsk.Kind != "disk" || dsk.Path != dir {
+		t.Fatalf("tiers %v, want the host tier first, then the disk tier", ts)
+	}
+	if host.Blocks == 0 || host.Blocks > hostTierBlocks || host.Evictions != 0 || host.Offloads < n-32 {
+		t.Fatalf("host tier after %d blocks: %+v, want it full, every block copied to it, none dropped", n, host)
+	}
+	if moved := n - 32 - int(host.Blocks); dsk.Offloads < uint64(moved) || dsk.Blocks < uint64(moved) || dsk.Evictions != 0 {
+		t.Fatalf("disk tier after %d blocks: %+v, want the %d the host tier had no room for moved there", n, dsk, moved)
+	}
+	// The oldest are on disk, the newer ones in host memory.
+	if got := fabric.TierHolding(a, set.ID, hashes[0]); got != "disk" {
+		t.Fatalf("the first block is held by tier %q, want disk", got)
+	}
+	if got := fabric.TierHolding(a, set.ID, hashes[n-100]); got != "host" {
+		t.Fatalf("block %d is held by tier %q, want host", n-100, got)
+	}
+	if got := localTier(t, c, set, hashes[0]); got != "disk" {
+		t.Fatalf("look-up: the first block in %q, want disk", got)
+	}
+	if got := localTier(t, c, set, hashes[n-100]); got != "host" {
+		t.Fatalf("look-up: block %d in %q, want host", n-100, got)
+	}
+	// A look-up brings the run it answers "host" up, as it does "disk".
+	if !fabric.BlockSetHolds(a, set.ID, hashes[n-100]) {
+		t.Fatalf("block %d, answered host by a look-up, is not restored into the set", n-100)
+	}
+	// Down two tiers and up again, byte for byte.
+	if got := acquireChecked(t, c, set, hashes, 1); got != n {
+		t.Fatalf("acquired %d of %d blocks", got, n)
+	}
+	ts = tiersStatus(t, c, 2)
+	if ts[0].Restores == 0 || ts[1].Restores == 0 || ts[0].ChecksumFailures != 0 || ts[1].ChecksumFailures != 0 {
+		t.Fatalf("tiers after acquiring everything: %v, want restores from both, no checksum failure", ts)
+	}
+}
+
+// With no disk tier, the host tier is the bottom one: full, it drops its
+// least recently used blocks; storing far more than it holds never fails.
+func TestHostTierAloneEvicts(t *testing.T) {
+	const n = 600
+	cfg := testConfig(t, "hostonly")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n, a)
+	ts := tiersStatus(t, c, 1)[0]
+	if ts.Kind != "host" || ts.Path != "" || ts.Evictions == 0 || ts.Blocks == 0 || ts.Blocks > hostTierBlocks {
+		t.Fatalf("host tier after %d blocks: %+v, want it full and evicting", n, ts)
+	}
+	if got := fabric.TierHolding(a, set.ID, hashes[0]); got != "" || fabric.BlockSetHolds(a, set.ID, hashes[0]) {
+		t.Fatalf("the first block is still held (tier %q)", got)
+	}
+	if got := acquireChecked(t, c, set, hashes[:1], 1); got != 0 {
+		t.Fatal("the first block, evicted, was acquired")
+	}
+	if got := acquireChecked(t, c, set, hashes[n-64:], n-63); got != 64 {
+		t.Fatalf("acquired %d of the last 64 blocks", got)
+	}
+}
+
+// A host-tier block whose bytes changed in memory is detected on its way
+// up and dropped, never served; the others restore byte for byte.
+func TestHostTierDropsACorruptBlock(t *testing.T) {
+	const n = 96
+	cfg := testConfig(t, "hostcorrupt")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n, a)
+	var onlyHost []int
+	for i, h := range hashes {
+		if fabric.TierHolding(a, set.ID, h) == "host" && !fabric.BlockSetHolds(a, set.ID, h) {
+			onlyHost = append(onlyHost, i)
+		}
+	}
+	if len(onlyHost) < 2 {
+		t.Fatalf("%d blocks held in the host tier alone, want 2 or more", len(onlyHost))
+	}
+	bad, good := onlyHost[0], onlyHost[1]
+	if !fabric.TierCorruptHost(a, set.ID, hashes[bad], 1000) {
+		t.Fatalf("block %d not corrupted", bad)
+	}
+	refs, err := c.Acquire(context.Background(), set.ID, hashes[bad:bad+1])
+	if err != nil || len(refs) != 0 {
+		t.Fatalf("acquire of the corrupted block: %d blocks, %v; want none", len(refs), err)
+	}
+	if ts := tiersStatus(t, c, 1)[0]; ts.ChecksumFailures != 1 {
+		t.Fatalf("host tier %+v, want one checksum failure", ts)
+	}
+	if got := fabric.TierHolding(a, set.ID, hashes[bad]); got != "" {
+		t.Fatalf("the corrupted block is still in tier %q", got)
+	}
+	if got := acquireChecked(t, c, set, hashes[good:good+1], uint64(good+1)); got != 1 {
+		t.Fatalf("block %d, intact in the host tier, not acquired", good)
+	}
+}
+
+// A peer imports blocks this node holds in its host tier alone, byte for
+// byte.
+func TestHostTierServesPeers(t *testing.T) {
+	const n = 128
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i == 0 {
+			c.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+		}
+	})
+	n1, n2 := agents[0], agents[1]
+	c := dial(t, n1)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n, n1)
+	if fabric.TierHolding(n1, set.ID, hashes[0]) != "host" || fabric.BlockSetHolds(n1, set.ID, hashes[0]) {
+		t.Fatal("the first block is not in the host tier alone")
+	}
+	c2 := dial(t, n2)
+	waitLookup(t, c2, hashes)
+	e := tierEngine
+	e.Name, e.Slots = "importer", 64
+	set2 := register(t, c2, e)
+	for from := 0; from < n; from += 16 {
+		resp, err := c2.Import(context.Background(), set2.ID, hashes[from:from+16])
+		if err != nil || len(resp.Blocks) != 16 {
+			t.Fatalf("import of blocks %d..%d: %v %v", from, from+15, err, resp.GetError())
+		}
+		checkImported(t, set2, resp.Blocks, uint64(from+1))
+		var rel []uint32
+		for _, b := range resp.Blocks {
+			rel = append(rel, b.Slot)
+		}
+		c2.Release(context.Background(), set2.ID, rel)
+	}
+	if ts := tiersStatus(t, c, 1)[0]; ts.Restores == 0 || ts.ChecksumFailures != 0 {
+		t.Fatalf("host tier after the imports: %+v, want blocks staged from it for the peer", ts)
+	}
+}
+
+// An engine's Allocate never waits for a copy down to the host tier: with
+// every block of a full set queued or under way and every write held,
+// Allocate still returns; the held writes then commit the bytes the
+// blocks had, and every block not dropped restores byte for byte.
+func TestHostTierAllocateDoesNotWait(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "hostnowait")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), "disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	storeThrough(t, c, set, 40, a) // opens the stores
+	held, release := fabric.TierHoldPuts(a)
+	defer release()
+	const n = 32
+	ctx := context.Background()
+	hashes := make([]uint64, n)
+	for from := 0; from < n; from += 8 {
+		slots, err := c.Allocate(ctx, set.ID, 8)
+		if err != nil {
+			t.Fatalf("allocate %d..%d: %v", from, from+7, err)
+		}
+		for i, s := range slots {
+			hashes[from+i] = 1<<40 + uint64(from+i)
+			kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(5000+from+i))
+		}
+		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes[from : from+8]}
+		if from > 0 {
+			req.Parent, req.ParentSet = hashes[from-1], true
+		}
+		resp, err := c.API().RegisterBlocks(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rel []uint32
+		for _, b := range resp.Blocks {
+			rel = append(rel, b.Slot)
+		}
+		if err := c.Release(ctx, set.ID, rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait.For(t, 20*time.Second, "copies down holding their writes", func() error {
+		if held() == 0 {
+			return errors.New("no write held yet")
+		}
+		return nil
+	})
+	before := tiersStatus(t, c, 2)[0].Offloads
+	for round := range 2 {
+		for from := 0; from < n; from += 8 {
+			done := make(chan error, 1)
+			var slots []uint32
+			go func() {
+				var err error
+				slots, err = c.Allocate(ctx, set.ID, 8)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("round %d: allocate with every write held: %v", round, err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("round %d: allocate waited for a held write (%d held)", round, held())
+			}
+			for i, s := range slots {
+				kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(9000+100*round+from+i))
+			}
+			hs := make([]uint64, 8)
+			for i := range hs {
+				hs[i] = 2<<40 + uint64(1000*round+from+i)
+			}
+			if _, err := c.API().RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hs}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Release(ctx, set.ID, slots); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if h, after := held(), tiersStatus(t, c, 2)[0].Offloads; h == 0 || after != before {
+		t.Fatalf("after the allocations %d writes held, %d copies completed; want the writes still held", h, after-before)
+	}
+	release()
+	waitCopies(t, a)
+	tm := a.Metrics().Tiers[0]
+	found := 0
+	for i, h := range hashes {
+		found += acquireChecked(t, c, set, []uint64{h}, uint64(5000+i))
+	}
+	givenUp := a.Metrics().Pool.OffloadsGivenUp
+	if want := max(n-int(givenUp)-int(tm.QueueFull), 1); found < want {
+		t.Fatalf("%d of %d blocks found again, want %d (tier %+v, %d given up)", found, n, want, tm, givenUp)
+	}
+}
+
+// A device block set's recycled blocks go down two tiers, through the
+// driver's staging to the host tier, then, once it is full, to the disk
+// tier; every one restores into the set's device slots byte for byte.
+func TestHostTierUnderADevicePool(t *testing.T) {
+	const n = 600
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	dir := tierDir(t)
+	cfg := testConfig(t, "devhost")
+	deviceTierConfig(&cfg, lib, dir)
+	cfg.Tiers = append([]string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}, cfg.Tiers...)
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	g := newGPUSlots(t, lib, set.Layout)
+	hashes := storeThroughGPU(t, c, set, g, n, a)
+	ts := tiersStatus(t, c, 2)
+	if ts[0].Kind != "host" || ts[0].Offloads < n-32 || ts[0].Evictions != 0 || ts[1].Offloads == 0 || ts[1].Evictions != 0 {
+		t.Fatalf("tiers after %d blocks through 32 device slots: %v, want all copied to the host tier, its oldest moved to disk", n, ts)
+	}
+	if h0, h1 := fabric.TierHolding(a, set.ID, hashes[0]), fabric.TierHolding(a, set.ID, hashes[n-100]); h0 != "disk" || h1 != "host" {
+		t.Fatalf("the first block in tier %q, block %d in %q; want disk, host", h0, n-100, h1)
+	}
+	if got := acquireCheckedGPU(t, c, set, g, hashes, 1); got != n {
+		t.Fatalf("acquired %d of %d blocks", got, n)
+	}
+}
+
+// The host tier is not persistent: a restarted agent finds the disk
+// tier's blocks again, and none of the host tier's.
+func TestHostTierIsNotKeptAcrossRestarts(t *testing.T) {
+	const n = 600
+	dir := tierDir(t)
+	cfg := testConfig(t, "hostrestart")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), "disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n, a)
+	before := tiersStatus(t, c, 2)
+	if before[0].Blocks == 0 || before[1].Blocks == 0 {
+		t.Fatalf("tiers %v, want blocks in both", before)
+	}
+	if fabric.TierHolding(a, set.ID, hashes[n-100]) != "host" {
+		t.Fatalf("block %d not in the host tier", n-100)
+	}
+	c.Close()
+	a.Close()
+
+	cfg2 := testConfig(t, "hostrestart")
+	cfg2.Tiers = cfg.Tiers
+	a2 := startAgent(t, cfg2)
+	c2 := newClient(t, a2)
+	after := tiersStatus(t, c2, 2)
+	if after[0].Blocks != 0 || after[1].Blocks != before[1].Blocks {
+		t.Fatalf("after a restart the tiers hold %d and %d blocks, want 0 and %d", after[0].Blocks, after[1].Blocks, before[1].Blocks)
+	}
+	set2 := register(t, c2, tierEngine)
+	if got := fabric.TierHolding(a2, set2.ID, hashes[n-100]); got != "" {
+		t.Fatalf("block %d, in host memory before the restart, is held by tier %q", n-100, got)
+	}
+	if got := acquireChecked(t, c2, set2, hashes[:8], 1); got != 8 {
+		t.Fatalf("acquired %d of the 8 oldest blocks, kept on disk", got)
+	}
+}
+
+// A host tier too small for one block of the tiers' size is left out:
+// blocks go down to the disk tier as without it.
+func TestHostTierTooSmallForABlock(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "hostsmall")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), "disk=" + dir + ":64MiB"}
+	cfg.TierBlockBytes = fabric.MinHostTierBytes + 4096
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 40, a)
+	ts := tiersStatus(t, c, 2)
+	if ts[0].Blocks != 0 || ts[0].Offloads != 0 || ts[1].Offloads == 0 {
+		t.Fatalf("tiers %v, want every block copied down to disk, none to the host tier", ts)
+	}
+	onDisk := 0
+	for _, h := range hashes {
+		if fabric.TierHolding(a, set.ID, h) == "disk" {
+			onDisk++
+		}
+	}
+	if onDisk == 0 || uint64(onDisk) != ts[1].Blocks {
+		t.Fatalf("%d blocks held on disk, status says %d", onDisk, ts[1].Blocks)
+	}
+}
+
+// Prefetch brings blocks held in the host tier up into the engine's set,
+// and the Acquire that follows restores nothing more.
+func TestHostTierPrefetch(t *testing.T) {
+	cfg := testConfig(t, "hostprefetch")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 96, a)
+	held := 0
+	for _, h := range hashes {
+		if !fabric.BlockSetHolds(a, set.ID, h) {
+			break
+		}
+		held++
+	}
+	if held == 0 || held > 32 || fabric.TierHolding(a, set.ID, hashes[held]) != "host" {
+		t.Fatalf("the set holds the first %d blocks, the next not in the host tier", held)
+	}
+	run := hashes[held : held+8]
+	resp, err := c.Prefetch(context.Background(), set.ID, run)
+	if err != nil || resp.InMemory != 8 || resp.Restored != 8 || resp.Error != "" {
+		t.Fatalf("prefetch of 8 host-tier blocks: %+v %v", resp, err)
+	}
+	before := tiersStatus(t, c, 1)[0].Restores
+	if got := acquireChecked(t, c, set, run, uint64(held+1)); got != 8 {
+		t.Fatalf("acquired %d of 8 prefetched blocks", got)
+	}
+	if after := tiersStatus(t, c, 1)[0].Restores; after != before || before < 8 {
+		t.Fatalf("restores %d before the acquire, %d after: want the prefetch's 8, none after", before, after)
+	}
+}
+
+// Under a full host tier a full disk tier makes room as it does alone, by
+// dropping its own least recently used blocks: the host tier keeps
+// moving its oldest down, dropping none itself, and the newest blocks all
+// restore byte for byte.
+func TestHostTierOverAFullDiskTier(t *testing.T) {
+	const n = 1100 // the set's 32, the host tier's 455 and the disk tier's 455, and more
+	dir := tierDir(t)
+	cfg := testConfig(t, "hostfull")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), fmt.Sprintf("disk=%s:%d", dir, fabric.MinTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, n, a)
+	ts := tiersStatus(t, c, 2)
+	if ts[0].Evictions != 0 || ts[0].Blocks != hostTierBlocks || ts[1].Evictions == 0 || ts[1].Blocks == 0 {
+		t.Fatalf("tiers after %d blocks: %v, want both full, the disk tier evicting, the host tier not", n, ts)
+	}
+	if got := acquireChecked(t, c, set, hashes[n-600:], n-599); got != 600 {
+		t.Fatalf("acquired %d of the last 600 blocks", got)
+	}
+}

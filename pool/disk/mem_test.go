@@ -1,0 +1,145 @@
+package disk
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+)
+
+func memBlock(seed byte, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
+
+// A MemStore holds what it is given byte for byte, up to its slots: at
+// its capacity every put lands, one past it fails with ErrFull; a block
+// changed in memory is dropped on its next read, never returned.
+func TestMemStore(t *testing.T) {
+	ctx := context.Background()
+	s, err := NewMem(MemConfig{Bytes: 4*Align + 100, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Slots() != 4 {
+		t.Fatalf("%d slots, want 4", s.Slots())
+	}
+	for i := range 4 {
+		if err := s.Put(ctx, Key{Hash: uint64(i), Tag: 9}, memBlock(byte(i), 3000)); err != nil {
+			t.Fatalf("put %d of 4: %v", i, err)
+		}
+	}
+	if err := s.Put(ctx, Key{Hash: 4, Tag: 9}, memBlock(4, 3000)); !errors.Is(err, ErrFull) {
+		t.Fatalf("put past the capacity: %v, want ErrFull", err)
+	}
+	dst := make([]byte, Align)
+	for i := range 4 {
+		n, err := s.Get(ctx, Key{Hash: uint64(i), Tag: 9}, dst)
+		if err != nil || !bytes.Equal(dst[:n], memBlock(byte(i), 3000)) {
+			t.Fatalf("get %d: %d bytes, %v, not what was put", i, n, err)
+		}
+	}
+	// Read in pieces.
+	a, b := make([]byte, 1000), make([]byte, 2500)
+	if n, err := s.GetPieces(ctx, Key{Hash: 1, Tag: 9}, a, b); err != nil || n != 3000 ||
+		!bytes.Equal(append(a, b[:2000]...), memBlock(1, 3000)) {
+		t.Fatalf("get in pieces: %d, %v", n, err)
+	}
+	if _, err := s.Get(ctx, Key{Hash: 1, Tag: 8}, dst); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get under another tag: %v, want ErrNotFound", err)
+	}
+	if _, err := s.Get(ctx, Key{Hash: 1, Tag: 9}, dst[:10]); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("get into too small a buffer: %v, want ErrTooLarge", err)
+	}
+	// Least recently put or read first: each was read in turn, then 1
+	// again in pieces.
+	if got := s.Oldest(2); len(got) != 2 || got[0].Hash != 0 || got[1].Hash != 2 {
+		t.Fatalf("oldest %v, want 0 then 2", got)
+	}
+	if !s.CorruptForTest(Key{Hash: 2, Tag: 9}, 2999, 1) || s.CorruptForTest(Key{Hash: 2, Tag: 9}, 3000, 1) {
+		t.Fatal("corrupt: the last byte must be found, the one past it not")
+	}
+	if _, err := s.Get(ctx, Key{Hash: 2, Tag: 9}, dst); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("get of a changed block: %v, want ErrCorrupt", err)
+	}
+	if s.Has(Key{Hash: 2, Tag: 9}) || s.Free() != 1 || s.Stats().Corrupt != 1 {
+		t.Fatalf("after a checksum failure: held %v, %d free, %+v", s.Has(Key{Hash: 2, Tag: 9}), s.Free(), s.Stats())
+	}
+	if err := s.Put(ctx, Key{Hash: 4, Tag: 9}, memBlock(4, Align+1)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a block larger than a slot: %v, want ErrTooLarge", err)
+	}
+	if err := s.Delete(Key{Hash: 0, Tag: 9}); err != nil || s.Free() != 2 {
+		t.Fatalf("delete: %v, %d free", err, s.Free())
+	}
+}
+
+// A batch's items enter the store at Commit; Replace records the bytes
+// given instead, Drop frees the item's slot.
+func TestMemBatch(t *testing.T) {
+	ctx := context.Background()
+	s, err := NewMem(MemConfig{Bytes: 2 * Align, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := s.NewBatch()
+	b.AddPieces(ctx, Key{Hash: 1}, memBlock(1, 100), memBlock(2, 100))
+	b.Add(ctx, Key{Hash: 2}, memBlock(3, 100))
+	b.Add(ctx, Key{Hash: 3}, memBlock(4, 100)) // no slot left
+	if s.Has(Key{Hash: 1}) {
+		t.Fatal("an item is in the store before Commit")
+	}
+	if !b.Replace(ctx, 0, memBlock(5, 200)) || b.Replace(ctx, 2, memBlock(5, 200)) {
+		t.Fatal("replace: an item added must be replaced, one not added not")
+	}
+	if b.Wait(0) != nil || !errors.Is(b.Wait(2), ErrFull) {
+		t.Fatalf("wait: %v, %v; want nil for the item copied, ErrFull for the one with no slot", b.Wait(0), b.Wait(2))
+	}
+	b.Drop(1)
+	errs := b.Commit()
+	if errs[0] != nil || !errors.Is(errs[1], ErrDropped) || !errors.Is(errs[2], ErrFull) {
+		t.Fatalf("commit: %v", errs)
+	}
+	dst := make([]byte, Align)
+	if n, err := s.Get(ctx, Key{Hash: 1}, dst); err != nil || !bytes.Equal(dst[:n], memBlock(5, 200)) {
+		t.Fatalf("the replaced item: %d bytes, %v", n, err)
+	}
+	if s.Free() != 1 {
+		t.Fatalf("%d slots free, want the dropped item's", s.Free())
+	}
+	s.Close()
+	s.Close()
+	if _, err := s.Get(ctx, Key{Hash: 1}, dst); !errors.Is(err, ErrClosed) {
+		t.Fatalf("get after close: %v", err)
+	}
+	if err := s.Put(ctx, Key{Hash: 5}, memBlock(6, 100)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("put after close: %v", err)
+	}
+}
+
+// The configuration's limits, at and past them.
+func TestMemConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg MemConfig
+		ok  bool
+	}{
+		{MemConfig{Bytes: Align, SlotBytes: Align}, true},
+		{MemConfig{Bytes: Align - 1, SlotBytes: Align}, false},
+		{MemConfig{Bytes: MaxMemBytes + 1, SlotBytes: Align}, false},
+		{MemConfig{Bytes: Align, SlotBytes: Align + 1}, false},
+		{MemConfig{Bytes: MaxSlotBytes + Align, SlotBytes: MaxSlotBytes + Align}, false},
+		{MemConfig{Bytes: 2 * Align, SlotBytes: Align, Memory: make([]byte, Align)}, false},
+		{MemConfig{Bytes: 2 * Align, SlotBytes: Align, Memory: make([]byte, 2*Align)}, true},
+	} {
+		s, err := NewMem(tc.cfg)
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalidConfig)) {
+			t.Errorf("%+v: %v, want ok %v", MemConfig{Bytes: tc.cfg.Bytes, SlotBytes: tc.cfg.SlotBytes}, err, tc.ok)
+		}
+		if s != nil {
+			s.Close()
+		}
+	}
+}
