@@ -3,6 +3,8 @@ package index
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"runtime"
 	"testing"
 )
@@ -111,6 +113,9 @@ func BenchmarkMemory(b *testing.B) {
 	}
 }
 
+// memChildEnv marks the process TestMemoryPerPair measures in.
+const memChildEnv = "KVFABRIC_INDEX_MEM_CHILD"
+
 // TestMemoryPerPair holds the index to its size budget at a size that
 // runs in a test: single-holder hashes of a large cluster (pairs, inline)
 // at most 20 bytes a pair on the heap, shared ones less. The budget is the
@@ -120,6 +125,19 @@ func BenchmarkMemory(b *testing.B) {
 func TestMemoryPerPair(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds indexes of a million pairs; skipped in -short")
+	}
+	if os.Getenv(memChildEnv) == "" {
+		// Measured in a process of its own: goroutines that other tests
+		// of the package leave behind allocate and free on the heap
+		// while it is measured, by megabytes.
+		cmd := exec.Command(os.Args[0], "-test.run=^TestMemoryPerPair$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), memChildEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		t.Logf("measured in a process of its own:\n%s", out)
+		if err != nil {
+			t.Fatalf("the measuring process: %v", err)
+		}
+		return
 	}
 	for _, c := range []struct {
 		memCase
