@@ -32,7 +32,8 @@ type MemStore struct {
 
 	mu      sync.Mutex
 	closed  bool
-	entries map[Key]entry
+	entries map[Key]memEntry
+	gen     uint64 // the last block put's generation
 	free    []uint32
 	busy    map[uint32]int // slots being read: not reused until done
 	// order is the blocks' keys, least recently put or read first; at
@@ -43,6 +44,13 @@ type MemStore struct {
 	stats struct {
 		puts, gets, deletes, corrupt, bytesWritten, bytesRead atomic.Uint64
 	}
+}
+
+// memEntry is a block's entry and its generation: a number no other
+// put of the store's gave.
+type memEntry struct {
+	entry
+	gen uint64
 }
 
 // MemConfig describes a MemStore.
@@ -72,7 +80,7 @@ func NewMem(cfg MemConfig) (*MemStore, error) {
 		return nil, fmt.Errorf("%w: bytes %d is not in %d (one slot)..%d", ErrInvalidConfig, cfg.Bytes, cfg.SlotBytes, int64(MaxMemBytes))
 	}
 	slots := int(cfg.Bytes / int64(cfg.SlotBytes))
-	s := &MemStore{cfg: cfg, slots: slots, entries: map[Key]entry{}, busy: map[uint32]int{},
+	s := &MemStore{cfg: cfg, slots: slots, entries: map[Key]memEntry{}, busy: map[uint32]int{},
 		order: list.New(), at: map[Key]*list.Element{}}
 	need := slots * cfg.SlotBytes
 	switch {
@@ -214,6 +222,18 @@ func (s *MemStore) Get(ctx context.Context, k Key, dst []byte) (int, error) {
 // The bytes are checked as they are copied out: on an error the pieces
 // may hold some of them.
 func (s *MemStore) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int, error) {
+	n, _, err := s.getPieces(k, pieces)
+	return n, err
+}
+
+// GetGen is Get that also returns the generation of the copy read: each
+// put of a block (a key put again included) makes a new one. DeleteIf
+// with it deletes that copy and no later one.
+func (s *MemStore) GetGen(ctx context.Context, k Key, dst []byte) (int, uint64, error) {
+	return s.getPieces(k, [][]byte{dst})
+}
+
+func (s *MemStore) getPieces(k Key, pieces [][]byte) (int, uint64, error) {
 	total := 0
 	for _, p := range pieces {
 		total += len(p)
@@ -221,16 +241,16 @@ func (s *MemStore) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int,
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return 0, ErrClosed
+		return 0, 0, ErrClosed
 	}
 	e, ok := s.entries[k]
 	if !ok {
 		s.mu.Unlock()
-		return 0, fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
+		return 0, 0, fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
 	}
 	if int(e.length) > total {
 		s.mu.Unlock()
-		return 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
+		return 0, 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
 	}
 	s.busy[e.slot]++
 	s.using.Add(1)
@@ -254,10 +274,10 @@ func (s *MemStore) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int,
 	if h.Sum64() != e.sum {
 		s.stats.corrupt.Add(1)
 		s.drop(k, e)
-		return 0, fmt.Errorf("disk: block %016x in host memory does not match its checksum: %w", k.Hash, ErrCorrupt)
+		return 0, 0, fmt.Errorf("disk: block %016x in host memory does not match its checksum: %w", k.Hash, ErrCorrupt)
 	}
 	s.stats.bytesRead.Add(uint64(e.length))
-	return int(e.length), nil
+	return int(e.length), e.gen, nil
 }
 
 // Delete removes the block under k; its slot is reused once no read holds it.
@@ -277,8 +297,27 @@ func (s *MemStore) Delete(k Key) error {
 	return nil
 }
 
+// DeleteIf removes the block under k if it is still the copy of
+// generation gen (GetGen): a copy put since is kept. ErrNotFound if k is
+// not held, or held in another generation.
+func (s *MemStore) DeleteIf(k Key, gen uint64) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	e, ok := s.entries[k]
+	s.mu.Unlock()
+	if !ok || e.gen != gen {
+		return fmt.Errorf("disk: block %016x of generation %d: %w", k.Hash, gen, ErrNotFound)
+	}
+	s.drop(k, e)
+	s.stats.deletes.Add(1)
+	return nil
+}
+
 // drop removes k if it still names e, and frees its slot.
-func (s *MemStore) drop(k Key, e entry) {
+func (s *MemStore) drop(k Key, e memEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if cur, ok := s.entries[k]; !ok || cur != e {
@@ -316,7 +355,7 @@ func (s *MemStore) Close() error {
 		return nil
 	}
 	s.closed = true
-	s.entries = map[Key]entry{}
+	s.entries = map[Key]memEntry{}
 	s.order.Init()
 	s.at = map[Key]*list.Element{}
 	s.mu.Unlock()
@@ -487,7 +526,8 @@ func (b *MemBatch) Commit() []error {
 		if old, ok := s.entries[it.key]; ok {
 			s.releaseSlotLocked(old.slot)
 		}
-		s.entries[it.key] = it.e
+		s.gen++
+		s.entries[it.key] = memEntry{it.e, s.gen}
 		s.forgetLocked(it.key)
 		s.at[it.key] = s.order.PushBack(it.key)
 		s.stats.puts.Add(1)

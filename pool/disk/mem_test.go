@@ -143,3 +143,51 @@ func TestMemConfig(t *testing.T) {
 		}
 	}
 }
+
+// DeleteIf deletes the copy of the generation read and no other: a copy
+// of the same key put since (the same bytes, even in the same slot) is
+// kept.
+func TestMemStoreDeleteIf(t *testing.T) {
+	ctx := context.Background()
+	s, err := NewMem(MemConfig{Bytes: 2 * Align, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	k := Key{Hash: 5, Tag: 1}
+	data := memBlock(5, 3000)
+	if err := s.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, Align)
+	n, first, err := s.GetGen(ctx, k, dst)
+	if err != nil || !bytes.Equal(dst[:n], data) {
+		t.Fatalf("GetGen: %d bytes, %v", n, err)
+	}
+	// Freed and put again: the same key, the same bytes, a new copy.
+	if err := s.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteIf(k, first); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("DeleteIf of a copy since replaced: %v, want ErrNotFound", err)
+	}
+	if !s.Has(k) {
+		t.Fatal("DeleteIf of an older generation deleted the copy put since")
+	}
+	_, second, err := s.GetGen(ctx, k, dst)
+	if err != nil || second == first {
+		t.Fatalf("GetGen of the copy put again: generation %d (was %d), %v", second, first, err)
+	}
+	if err := s.DeleteIf(k, second); err != nil {
+		t.Fatalf("DeleteIf of the copy read: %v", err)
+	}
+	if s.Has(k) || s.Free() != 2 {
+		t.Fatalf("after DeleteIf: held %v, %d free slots, want gone, 2", s.Has(k), s.Free())
+	}
+	if err := s.DeleteIf(k, second); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("DeleteIf twice: %v, want ErrNotFound", err)
+	}
+}
