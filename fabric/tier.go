@@ -465,11 +465,16 @@ func (t *tiers) touch(k disk.Key) {
 	t.mu.Unlock()
 }
 
-// forget drops k from the list (after the store dropped it) and announces
-// that the node no longer holds it on disk.
+// forget drops k from the list (after d's store dropped it) and announces
+// that the node no longer holds it on disk, if d is the tier that k's
+// record names: a block that moved to another tier meanwhile (a move down
+// from the host tier, a copy placed elsewhere) keeps its record there.
 func (t *tiers) forget(d *diskTier, k disk.Key) {
 	t.mu.Lock()
 	e, ok := t.pos[k]
+	if ok && e.Value.(*tierEntry).tier != d.n {
+		ok = false
+	}
 	if ok {
 		t.lru.Remove(e)
 		delete(t.pos, k)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -434,5 +435,37 @@ func TestHostTierOverAFullDiskTier(t *testing.T) {
 	}
 	if got := acquireChecked(t, c, set, hashes[n-600:], n-599); got != 600 {
 		t.Fatalf("acquired %d of the last 600 blocks", got)
+	}
+}
+
+// A restore that found a block in the host tier, and reads it after the
+// block moved down to the disk tier (the copier making room while the
+// restore waited for slots), reads it from the disk tier: the disk tier's
+// record of it stays, the tiers' byte counts stay true, and it restores
+// byte for byte.
+func TestHostTierRestoreAcrossAMoveDown(t *testing.T) {
+	cfg := testConfig(t, "restoremove")
+	cfg.Tiers = []string{fmt.Sprintf("disk=%s:64MiB", tierDir(t)), fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 64, a) // more than the set's 32 slots: some recycled into the host tier
+	hash, found, n, err := fabric.TierRestoreAcrossMove(a, set.ID)
+	if found != "host" || n != 1 || err != nil {
+		t.Fatalf("restore across a move down: found in %q, %d restored, %v; want found in host, 1 restored", found, n, err)
+	}
+	if got := fabric.TierHolding(a, set.ID, hash); got != "disk" {
+		t.Fatalf("after the move and the restore the block is held by tier %q, want disk", got)
+	}
+	ts := tiersStatus(t, c, 2)
+	if ts[1].Blocks != 1 || ts[1].Restores != 1 || ts[0].Restores != 0 {
+		t.Fatalf("tiers %v, want the moved block on disk, restored from there", ts)
+	}
+	if per := ts[1].Bytes; per == 0 || ts[0].Bytes != ts[0].Blocks*per {
+		t.Fatalf("tiers' bytes: host %d for %d blocks, disk %d for its one", ts[0].Bytes, ts[0].Blocks, per)
+	}
+	i := slices.Index(hashes, hash)
+	if got := acquireChecked(t, c, set, hashes[i:i+1], uint64(i+1)); got != 1 {
+		t.Fatalf("acquired %d of the moved block", got)
 	}
 }

@@ -181,3 +181,22 @@ func TestTierTakeMakesNoStager(t *testing.T) {
 		t.Fatalf("stager with none kept, none to be made: %v, want errNoStagerKept", err)
 	}
 }
+
+// forget of a block in a tier its record no longer names (the block moved
+// to another tier meanwhile) leaves the record, and the bytes counted for
+// each tier, as they are; in the tier named, it drops them.
+func TestTierForgetOnlyItsTier(t *testing.T) {
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), lru: list.New(),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
+	tr.list = []*diskTier{{n: 0}, {n: 1}}
+	k := disk.Key{Hash: 3, Tag: 1}
+	tr.placed(tr.list[1], k, 100)
+	tr.forget(tr.list[0], k)
+	if tr.where(k) != tr.list[1] || tr.heldBytes[0] != 0 || tr.heldBytes[1] != 100 {
+		t.Fatalf("forget in tier 0 of a block recorded in tier 1: held by %v, bytes %v; want tier 1, [0 100]", tr.where(k), tr.heldBytes)
+	}
+	tr.forget(tr.list[1], k)
+	if tr.where(k) != nil || tr.heldBytes[1] != 0 {
+		t.Fatalf("forget in its tier: held by %v, bytes %v; want none, [0 0]", tr.where(k), tr.heldBytes)
+	}
+}

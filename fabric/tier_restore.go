@@ -111,18 +111,30 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 				}
 				var got int
 				var err error
-				if pieces != nil {
-					got, err = f.d.store.Load().GetPieces(ctx, f.k, append(pieces, tr[:tierTrailer])...)
-					if err != nil && directRefused(err) {
-						t.directFailed(err)
-						pieces = nil // read again through a buffer
+				for try := 0; ; try++ {
+					if pieces != nil {
+						got, err = f.d.store.Load().GetPieces(ctx, f.k, append(pieces, tr[:tierTrailer])...)
+						if err != nil && directRefused(err) {
+							t.directFailed(err)
+							pieces = nil // read again through a buffer
+						}
 					}
-				}
-				if pieces == nil {
-					if buf == nil {
-						buf = t.buffer()
+					if pieces == nil {
+						if buf == nil {
+							buf = t.buffer()
+						}
+						got, err = f.d.store.Load().Get(ctx, f.k, buf)
 					}
-					got, err = f.d.store.Load().Get(ctx, f.k, buf)
+					if try > 0 || !errors.Is(err, disk.ErrNotFound) {
+						break
+					}
+					// Moved meanwhile (down from the host tier): read
+					// once more from the tier that holds it now.
+					d := t.where(f.k)
+					if d == nil || d == f.d {
+						break
+					}
+					f.d, run[i].d = d, d
 				}
 				switch {
 				case errors.Is(err, disk.ErrTooLarge):
