@@ -208,6 +208,10 @@ type tiers struct {
 	// beforeCommit, if set, is called by each copy down between the ends
 	// of its writes and its commit (tests: a commit that does not end).
 	beforeCommit atomic.Pointer[func()]
+	// beforeMoved and afterMoved, if set, are called by each move down
+	// from the host tier between its commit below and its record there,
+	// and right after that record (tests).
+	beforeMoved, afterMoved atomic.Pointer[func()]
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
 	failIO atomic.Pointer[func(write, straight bool) error]

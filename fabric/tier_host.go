@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -111,10 +112,11 @@ func (t *tiers) evictFor(d *diskTier) bool {
 const hostMoveCandidates = 8
 
 // moveOldest moves the host tier's least recently used block down to a
-// disk tier: read back (checked), written and committed there, recorded
-// there and announced, then freed from the host tier. With no disk tier,
-// or where the write below fails, the block is dropped. One move at a
-// time. False if the host tier holds no block to move.
+// disk tier: read back (checked), written and committed there, then, in
+// one step under t.mu, freed from the host tier and recorded below
+// (movedDown), then announced below and no longer above. With no disk
+// tier, or where the write below fails, the block is dropped. One move at
+// a time. False if the host tier holds no block to move.
 func (t *tiers) moveOldest(h *diskTier) bool {
 	t.moveMu.Lock()
 	defer t.moveMu.Unlock()
@@ -123,23 +125,17 @@ func (t *tiers) moveOldest(h *diskTier) bool {
 		return false
 	}
 	var k disk.Key
-	found := false
+	var e *list.Element
 	for _, c := range st.Oldest(hostMoveCandidates) {
-		if t.where(c) == h {
-			k, found = c, true
+		if e = t.recordIn(c, h); e != nil {
+			k = c
 			break
 		}
 	}
-	if !found {
+	if e == nil {
 		return false
 	}
-	drop := func() {
-		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
-			t.log.Warn("tier: evict from host memory", "hash", k.Hash, "err", err)
-		}
-		h.evicted.Add(1)
-		t.forget(h, k)
-	}
+	drop := func() { t.evict(e) }
 	below := t.pickBelow()
 	if below == nil {
 		drop() // the bottom tier evicts
@@ -149,7 +145,7 @@ func (t *tiers) moveOldest(h *diskTier) bool {
 	defer cancel()
 	buf := t.buffer()
 	defer t.putBuffer(buf)
-	n, err := st.Get(ctx, k, buf)
+	n, gen, err := st.GetGen(ctx, k, buf)
 	if err != nil {
 		if errors.Is(err, disk.ErrCorrupt) {
 			t.corrupt.Add(1)
@@ -167,33 +163,121 @@ func (t *tiers) moveOldest(h *diskTier) bool {
 		drop()
 		return true
 	}
-	// Committed below: recorded there (placed frees it above), announced
-	// there before it is no longer announced above.
-	t.placed(below, k, n)
 	below.offloads.Add(1)
-	t.announce(true, below.n, k.Hash)
-	if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
-		t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
+	if f := t.beforeMoved.Load(); f != nil {
+		(*f)()
 	}
-	t.announce(false, h.n, k.Hash)
+	t.movedDown(st, h, below, k, n, gen)
+	if f := t.afterMoved.Load(); f != nil {
+		(*f)()
+	}
 	return true
+}
+
+// recordIn is k's record if it names tier d, else nil.
+func (t *tiers) recordIn(k disk.Key, d *diskTier) *list.Element {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.pos[k]; ok && e.Value.(*tierEntry).tier == d.n {
+		return e
+	}
+	return nil
+}
+
+// movedDown records k, length bytes, in tier below, where it was just
+// committed from the host tier h's copy of generation gen, and frees it
+// above. Under t.mu, so that no record names a tier without its copy:
+// while k's record names h (the copy read, or one put since in its
+// place: the same block) the host copy is deleted and the record moved
+// below at once; with no record (dropped meanwhile) it is recorded below;
+// with one below already, the write below replaced that copy. Only where
+// another tier holds it is the copy below not kept. A copy of another
+// generation in h and recorded nowhere is a copy down's under way: its
+// placed finds k below and frees it.
+func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, length int, gen uint64) {
+	t.mu.Lock()
+	e, ok := t.pos[k]
+	from := -1
+	if ok {
+		from = e.Value.(*tierEntry).tier
+	}
+	switch {
+	case from == h.n:
+		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
+			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
+		}
+		t.heldBytes[h.n] -= int64(e.Value.(*tierEntry).length)
+		t.lru.Remove(e)
+		fallthrough
+	case from == -1:
+		t.pos[k] = t.lru.PushBack(&tierEntry{tier: below.n, key: k, length: length})
+		t.heldBytes[below.n] += int64(length)
+	}
+	if from != h.n {
+		st.DeleteIf(k, gen) // recorded nowhere: the copy read, if still there
+	}
+	t.mu.Unlock()
+	switch from {
+	case h.n:
+		t.announce(true, below.n, k.Hash)
+		t.announce(false, h.n, k.Hash)
+	case -1:
+		t.announce(true, below.n, k.Hash)
+	case below.n:
+	default:
+		// Another tier holds it: the copy below is recorded nowhere.
+		if t.where(k) != below {
+			below.store.Load().Delete(k)
+		}
+	}
 }
 
 // evictOldestIn drops the least recently used block of tier d; false if
 // it holds none.
 func (t *tiers) evictOldestIn(d *diskTier) bool {
 	t.mu.Lock()
-	var te *tierEntry
-	for e := t.lru.Front(); e != nil; e = e.Next() {
-		if x := e.Value.(*tierEntry); x.tier == d.n {
-			te = x
+	var e *list.Element
+	for x := t.lru.Front(); x != nil; x = x.Next() {
+		if x.Value.(*tierEntry).tier == d.n {
+			e = x
 			break
 		}
 	}
 	t.mu.Unlock()
-	if te == nil {
+	if e == nil {
 		return false
 	}
+	t.evict(e)
+	return true
+}
+
+// evict drops the copy that record e names from its tier and forgets it,
+// if e is still its block's record: a block moved to another tier or
+// placed again meanwhile is left as it is (false). A host-memory copy is
+// deleted with its record in one step under t.mu (quick, in memory); a
+// disk tier's is deleted first, then forgotten if still recorded there.
+func (t *tiers) evict(e *list.Element) bool {
+	te := e.Value.(*tierEntry)
+	t.mu.Lock()
+	if t.pos[te.key] != e {
+		t.mu.Unlock()
+		return false
+	}
+	d := t.list[te.tier]
+	if d.isHost() {
+		if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
+			t.log.Warn("tier: evict from host memory", "hash", te.key.Hash, "err", err)
+		}
+		t.lru.Remove(e)
+		delete(t.pos, te.key)
+		t.heldBytes[d.n] -= int64(te.length)
+		t.mu.Unlock()
+		d.evicted.Add(1)
+		t.announce(false, d.n, te.key.Hash)
+		t.lostBelow(te.key)
+		return true
+	}
+	t.mu.Unlock()
 	if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
 		t.log.Warn("tier: evict", "hash", te.key.Hash, "err", err)
 	}

@@ -401,9 +401,10 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				if items[n].Data == nil {
 					t.direct.Add(1) // committed as written straight from its slot
 				}
-				t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout()))
-				out[at[n]].ok = true
-				put = append(put, items[n].Key.Hash)
+				if t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout())) {
+					put = append(put, items[n].Key.Hash)
+				}
+				out[at[n]].ok = true // kept below, here or in the tier that had it
 			case errors.Is(err, disk.ErrDropped):
 			case errors.Is(err, disk.ErrFull) && items[n].Data != nil:
 				keep, keepAt = append(keep, items[n]), append(keepAt, at[n])
@@ -475,22 +476,31 @@ func directRefused(err error) bool {
 	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EFAULT)
 }
 
-// placed records that tier d now holds k, length bytes.
-func (t *tiers) placed(d *diskTier, k disk.Key, length int) {
+// placed records that tier d now holds k, length bytes, just committed
+// there; false if another tier's record of k is kept instead. Another copy
+// of the same block got there first: in d, the store replaced it; in
+// another tier, that tier's copy and record stay (touched) and the copy
+// just committed to d, recorded nowhere, is deleted. A copy a record names
+// is never deleted here: that would leave the record naming a tier
+// without the block.
+func (t *tiers) placed(d *diskTier, k disk.Key, length int) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e, ok := t.pos[k]; ok {
-		// Another copy of the same block got there first: the store
-		// replaced it, in this tier or another.
 		old := e.Value.(*tierEntry)
+		if old.tier != d.n {
+			t.lru.MoveToBack(e)
+			if err := d.store.Load().Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
+				t.log.Warn("tier: free a second copy", "hash", k.Hash, "tier", d.n, "err", err)
+			}
+			return false
+		}
 		t.heldBytes[old.tier] -= int64(old.length)
 		t.lru.Remove(e)
-		if old.tier != d.n {
-			t.list[old.tier].store.Load().Delete(k)
-		}
 	}
 	t.pos[k] = t.lru.PushBack(&tierEntry{tier: d.n, key: k, length: length})
 	t.heldBytes[d.n] += int64(length)
+	return true
 }
 
 // slotCopy is what a copy down writes: pieces of the slot itself and a
@@ -642,18 +652,11 @@ func (t *tiers) evictOldestOf(only *diskTier) bool {
 	for only != nil && e != nil && e.Value.(*tierEntry).tier != only.n {
 		e = e.Next()
 	}
+	t.mu.Unlock()
 	if e == nil {
-		t.mu.Unlock()
 		return false
 	}
-	te := e.Value.(*tierEntry)
-	t.mu.Unlock()
-	d := t.list[te.tier]
-	if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
-		t.log.Warn("tier: evict", "hash", te.key.Hash, "err", err)
-	}
-	d.evicted.Add(1)
-	t.forget(d, te.key)
+	t.evict(e)
 	return true
 }
 

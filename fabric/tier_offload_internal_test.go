@@ -200,3 +200,95 @@ func TestTierForgetOnlyItsTier(t *testing.T) {
 		t.Fatalf("forget in its tier: held by %v, bytes %v; want none, [0 0]", tr.where(k), tr.heldBytes)
 	}
 }
+
+// hostOverDisk is tiers of a host tier of slots blocks over a disk tier,
+// of blocks of disk.Align bytes, without an agent's workers.
+func hostOverDisk(t *testing.T, slots int) (*tiers, *diskTier, *diskTier) {
+	t.Helper()
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), lru: list.New(),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2), blockBytes: disk.Align, ctx: context.Background()}
+	mem, err := disk.NewMem(disk.MemConfig{Bytes: int64(slots) * disk.Align, SlotBytes: disk.Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mem.Close() })
+	st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 16 * disk.Align, SlotBytes: disk.Align, Buffered: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	h := &diskTier{n: 0, spec: TierSpec{Kind: tierHost}}
+	h.store.Store(mem)
+	d := &diskTier{n: 1, spec: TierSpec{Kind: "disk"}}
+	d.store.Store(st)
+	tr.list = []*diskTier{h, d}
+	return tr, h, d
+}
+
+// Whatever copies of a block a move down races with, the tier its record
+// names holds it: a second copy committed to the host tier while the block
+// moves down, before the move's record below or after it, and recorded
+// before or after it, leaves no record naming a tier without the block,
+// and no copy no record names.
+func TestHostMoveRacingASecondCopy(t *testing.T) {
+	for _, tc := range []struct {
+		desc   string
+		after  bool // the second copy committed after the move's record, else before
+		placed bool // and recorded at once, else once the move ended
+	}{
+		{"committed and recorded before the move's record", false, true},
+		{"committed before the move's record, recorded after the move", false, false},
+		{"committed and recorded after the move's record", true, true},
+	} {
+		tr, h, d := hostOverDisk(t, 4)
+		ctx := context.Background()
+		k := disk.Key{Hash: 9, Tag: 1}
+		data := bytes.Repeat([]byte{0x5a}, 3000)
+		if err := h.store.Load().Put(ctx, k, data); err != nil {
+			t.Fatal(err)
+		}
+		tr.placed(h, k, len(data))
+		second := func() {
+			if err := h.store.Load().Put(ctx, k, data); err != nil {
+				t.Error(err)
+				return
+			}
+			if tc.placed {
+				tr.placed(h, k, len(data))
+			}
+		}
+		hook := &tr.beforeMoved
+		if tc.after {
+			hook = &tr.afterMoved
+		}
+		hook.Store(&second)
+		if !tr.moveOldest(h) {
+			t.Fatalf("%s: nothing moved", tc.desc)
+		}
+		hook.Store(nil)
+		if !tc.placed {
+			tr.placed(h, k, len(data))
+		}
+		at := tr.where(k)
+		if at == nil {
+			t.Fatalf("%s: no record of the block", tc.desc)
+		}
+		buf := make([]byte, disk.Align)
+		n, err := at.store.Load().Get(ctx, k, buf)
+		if err != nil || !bytes.Equal(buf[:n], data) {
+			t.Fatalf("%s: the record names tier %d, whose copy reads %d bytes, %v", tc.desc, at.n, n, err)
+		}
+		for _, x := range []*diskTier{h, d} {
+			if x != at && x.store.Load().Stats().Blocks != 0 {
+				t.Fatalf("%s: tier %d holds a copy no record names", tc.desc, x.n)
+			}
+			want := int64(0)
+			if x == at {
+				want = int64(len(data))
+			}
+			if tr.heldBytes[x.n] != want {
+				t.Fatalf("%s: tier %d counts %d bytes, want %d", tc.desc, x.n, tr.heldBytes[x.n], want)
+			}
+		}
+	}
+}
