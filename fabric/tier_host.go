@@ -88,10 +88,21 @@ func (t *tiers) pickBelow() *diskTier {
 	return best
 }
 
-// hostRoom moves the host tier's least recently used blocks down while it
-// has no free slot, a few at most.
-func (t *tiers) hostRoom(h *diskTier) {
-	for try := 0; try < 4 && h.store.Load().Free() == 0 && t.moveOldest(h); try++ {
+// hostMoveBatch bounds the blocks one move down takes from the host tier
+// (one write below, its data and journal synced once).
+const hostMoveBatch = 32
+
+// hostRoom makes want free slots in the host tier (a copier's batch at
+// most, batchLen) by moving its least recently used blocks down, up to
+// hostMoveBatch at a time, a few batches more at most where copies racing
+// it take the slots freed.
+func (t *tiers) hostRoom(h *diskTier, want int) {
+	want = max(1, min(want, t.batchLen()))
+	for try := 0; try < want/hostMoveBatch+4; try++ {
+		free := h.store.Load().Free()
+		if free >= want || t.moveDown(h, min(want-free, hostMoveBatch)) == 0 {
+			return
+		}
 	}
 }
 
@@ -111,67 +122,98 @@ func (t *tiers) evictFor(d *diskTier) bool {
 // copy down that has not recorded it yet is left to it).
 const hostMoveCandidates = 8
 
-// moveOldest moves the host tier's least recently used block down to a
-// disk tier: read back (checked), written and committed there, then, in
-// one step under t.mu, freed from the host tier and recorded below
-// (movedDown), then announced below and no longer above. With no disk
-// tier, or where the write below fails, the block is dropped. One move at
-// a time. False if the host tier holds no block to move.
-func (t *tiers) moveOldest(h *diskTier) bool {
+// moveOldest moves the host tier's least recently used block down
+// (moveDown); false if it holds no block to move.
+func (t *tiers) moveOldest(h *diskTier) bool { return t.moveDown(h, 1) > 0 }
+
+// moveDown moves up to n of the host tier's least recently used blocks
+// down to a disk tier, together: each read back (checked), the lot
+// written and committed there in one batch, then each, in one step under
+// t.mu, freed from the host tier and recorded below (movedDown), then
+// announced below and no longer above. With no disk tier, or where a
+// block's read or its write below fails, the block is dropped. One move
+// at a time. Returns how many blocks left the host tier.
+func (t *tiers) moveDown(h *diskTier, n int) int {
 	t.moveMu.Lock()
 	defer t.moveMu.Unlock()
 	st, ok := h.store.Load().(*disk.MemStore)
-	if !ok {
-		return false
+	if !ok || n <= 0 {
+		return 0
 	}
-	var k disk.Key
-	var e *list.Element
-	for _, c := range st.Oldest(hostMoveCandidates) {
-		if e = t.recordIn(c, h); e != nil {
-			k = c
-			break
+	type moving struct {
+		k   disk.Key
+		e   *list.Element
+		buf []byte
+		n   int
+		gen uint64
+	}
+	var ms []moving
+	for _, c := range st.Oldest(n + hostMoveCandidates) {
+		if e := t.recordIn(c, h); e != nil {
+			if ms = append(ms, moving{k: c, e: e}); len(ms) == n {
+				break
+			}
 		}
 	}
-	if e == nil {
-		return false
+	if len(ms) == 0 {
+		return 0
 	}
-	drop := func() { t.evict(e) }
 	below := t.pickBelow()
 	if below == nil {
-		drop() // the bottom tier evicts
-		return true
+		for _, m := range ms {
+			t.evict(m.e) // the bottom tier evicts
+		}
+		return len(ms)
 	}
 	ctx, cancel := context.WithTimeout(t.ctx, time.Minute)
 	defer cancel()
-	buf := t.buffer()
-	defer t.putBuffer(buf)
-	n, gen, err := st.GetGen(ctx, k, buf)
-	if err != nil {
-		if errors.Is(err, disk.ErrCorrupt) {
-			t.corrupt.Add(1)
-			t.log.Warn("tier: host-memory block failed its check: dropped, never served", "hash", k.Hash, "err", err)
+	var items []disk.PutItem
+	var read []moving
+	defer func() {
+		for _, m := range read {
+			t.putBuffer(m.buf)
 		}
-		drop()
-		return true
+	}()
+	for _, m := range ms {
+		buf := t.buffer()
+		got, gen, err := st.GetGen(ctx, m.k, buf)
+		if err != nil {
+			t.putBuffer(buf)
+			if errors.Is(err, disk.ErrCorrupt) {
+				t.corrupt.Add(1)
+				t.log.Warn("tier: host-memory block failed its check: dropped, never served", "hash", m.k.Hash, "err", err)
+			}
+			t.evict(m.e)
+			continue
+		}
+		m.buf, m.n, m.gen = buf, got, gen
+		read = append(read, m)
+		items = append(items, disk.PutItem{Key: m.k, Data: buf[:got]})
+	}
+	if len(items) == 0 {
+		return len(ms)
 	}
 	bs := below.store.Load()
-	for try := 0; try < 4 && bs.Free() == 0 && t.evictOldestIn(below); try++ {
+	for try := 0; try < len(items)+3 && bs.Free() < len(items) && t.evictOldestIn(below); try++ {
 	}
-	if err := bs.PutBatch(ctx, []disk.PutItem{{Key: k, Data: buf[:n]}})[0]; err != nil {
-		t.log.Warn("tier: block not moved down from host memory: dropped", "hash", k.Hash, "tier", below.n, "err", err)
-		below.failed.Add(1)
-		drop()
-		return true
-	}
-	below.offloads.Add(1)
+	errs := bs.PutBatch(ctx, items)
 	if f := t.beforeMoved.Load(); f != nil {
 		(*f)()
 	}
-	t.movedDown(st, h, below, k, n, gen)
+	for i, m := range read {
+		if err := errs[i]; err != nil {
+			t.log.Warn("tier: block not moved down from host memory: dropped", "hash", m.k.Hash, "tier", below.n, "err", err)
+			below.failed.Add(1)
+			t.evict(m.e)
+			continue
+		}
+		below.offloads.Add(1)
+		t.movedDown(st, h, below, m.k, m.n, m.gen)
+	}
 	if f := t.afterMoved.Load(); f != nil {
 		(*f)()
 	}
-	return true
+	return len(ms)
 }
 
 // recordIn is k's record if it names tier d, else nil.

@@ -309,6 +309,12 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				t.dropTaken(j)
 				continue
 			}
+			if d.isHost() {
+				// Room for the batch made before its first slot is read,
+				// in one move down, not a block at a time while slots
+				// are held.
+				t.hostRoom(d, len(jobs)-i)
+			}
 			batch = newBatch(d.store.Load())
 		}
 		src, err := t.readSlot(j, l)
@@ -452,7 +458,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 // from another tier frees nothing in d.
 func (t *tiers) makeRoom(d *diskTier) {
 	if d.isHost() {
-		t.hostRoom(d) // moved down, not dropped
+		t.hostRoom(d, 1) // moved down, not dropped
 		return
 	}
 	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldestOf(d); try++ {

@@ -207,12 +207,13 @@ func hostOverDisk(t *testing.T, slots int) (*tiers, *diskTier, *diskTier) {
 	t.Helper()
 	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), lru: list.New(),
 		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2), blockBytes: disk.Align, ctx: context.Background()}
+	tr.room.Store(disk.Align)
 	mem, err := disk.NewMem(disk.MemConfig{Bytes: int64(slots) * disk.Align, SlotBytes: disk.Align})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { mem.Close() })
-	st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 16 * disk.Align, SlotBytes: disk.Align, Buffered: true})
+	st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 64 * disk.Align, SlotBytes: disk.Align, Buffered: true, Logger: tr.log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,6 +289,57 @@ func TestHostMoveRacingASecondCopy(t *testing.T) {
 			}
 			if tr.heldBytes[x.n] != want {
 				t.Fatalf("%s: tier %d counts %d bytes, want %d", tc.desc, x.n, tr.heldBytes[x.n], want)
+			}
+		}
+	}
+}
+
+// A full host tier makes room for a batch in moves down of hostMoveBatch
+// blocks at most: its least recently used blocks written below in one
+// batch (one commit there) per hostMoveBatch, as many as the batch needs;
+// then each is recorded below, byte for byte, and freed above.
+func TestHostRoomMovesABatch(t *testing.T) {
+	for _, tc := range []struct {
+		desc       string
+		slots, want int
+		commits     uint64
+	}{
+		{"a batch of 8", 8, 8, 1},
+		{"a batch of hostMoveBatch", hostMoveBatch, hostMoveBatch, 1},
+		{"one past hostMoveBatch: two moves", hostMoveBatch + 1, hostMoveBatch + 1, 2},
+	} {
+		tr, h, d := hostOverDisk(t, tc.slots)
+		ctx := context.Background()
+		data := func(i int) []byte { return bytes.Repeat([]byte{byte(i + 1)}, 3000) }
+		for i := range tc.slots {
+			k := disk.Key{Hash: uint64(i + 1), Tag: 1}
+			if err := h.store.Load().Put(ctx, k, data(i)); err != nil {
+				t.Fatal(err)
+			}
+			tr.placed(h, k, 3000)
+		}
+		commits := d.store.Load().Stats().Commits
+		tr.hostRoom(h, tc.want)
+		if free := h.store.Load().Free(); free != tc.want {
+			t.Fatalf("%s: %d free host slots, want %d", tc.desc, free, tc.want)
+		}
+		if got := d.store.Load().Stats().Commits - commits; got != tc.commits {
+			t.Fatalf("%s: %d commits below, want %d", tc.desc, got, tc.commits)
+		}
+		buf := make([]byte, disk.Align)
+		for i := range tc.slots {
+			k := disk.Key{Hash: uint64(i + 1), Tag: 1}
+			at := tr.where(k)
+			if want := h; i < tc.want {
+				want = d
+				if at != want {
+					t.Fatalf("%s: block %d (of the oldest) in tier %v, want the disk tier", tc.desc, i, at)
+				}
+			} else if at != want {
+				t.Fatalf("%s: block %d (of the newest) in tier %v, want the host tier", tc.desc, i, at)
+			}
+			if n, err := at.store.Load().Get(ctx, k, buf); err != nil || !bytes.Equal(buf[:n], data(i)) {
+				t.Fatalf("%s: block %d reads %d bytes, %v", tc.desc, i, n, err)
 			}
 		}
 	}
