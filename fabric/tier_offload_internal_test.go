@@ -300,7 +300,7 @@ func TestHostMoveRacingASecondCopy(t *testing.T) {
 // then each is recorded below, byte for byte, and freed above.
 func TestHostRoomMovesABatch(t *testing.T) {
 	for _, tc := range []struct {
-		desc       string
+		desc        string
 		slots, want int
 		commits     uint64
 	}{
