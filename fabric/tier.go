@@ -261,6 +261,13 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 	}
 	for i, s := range specs {
 		if s.Kind == tierHost {
+			// Its memory is mapped with the disk tiers (its slots sized by
+			// the first block); one the kernel refuses now is an error
+			// here, not a tier missing later.
+			if err := probeHostMemory(int64(s.Size)); err != nil {
+				t.close()
+				return nil, fmt.Errorf("fabric: tiers[%d] host: %w", i, err)
+			}
 			t.list = append(t.list, &diskTier{n: i, spec: s}) // opened with the disk tiers, empty
 			continue
 		}

@@ -5,6 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvfabric/kvfabric/pool/disk"
@@ -58,6 +62,68 @@ func (t *tiers) openHost(d *diskTier) error {
 	d.store.Store(st)
 	return nil
 }
+
+// hostTierMemory is how much memory a host tier may take, and what says so:
+// MemAvailable, or the memory.max of the agent's cgroup where that is
+// lower. A variable for tests.
+var hostTierMemory = readHostMemory
+
+// readHostMemory is hostTierMemory on Linux: /proc/meminfo's MemAvailable and
+// cgroup v2's memory.max ("max": none).
+func readHostMemory() (uint64, string, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, "", err
+	}
+	var avail uint64
+	found := false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "MemAvailable:" && f[2] == "kB" {
+			n, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				return 0, "", fmt.Errorf("/proc/meminfo: %q: %v", line, err)
+			}
+			avail, found = n<<10, true
+		}
+	}
+	if !found {
+		return 0, "", errors.New("/proc/meminfo: no MemAvailable")
+	}
+	from := "MemAvailable in /proc/meminfo"
+	if cg, err := os.ReadFile("/proc/self/cgroup"); err == nil {
+		for _, line := range strings.Split(string(cg), "\n") {
+			dir, ok := strings.CutPrefix(line, "0::")
+			if !ok {
+				continue
+			}
+			path := filepath.Join("/sys/fs/cgroup", dir, "memory.max")
+			v, err := os.ReadFile(path)
+			if err != nil {
+				break
+			}
+			if n, err := strconv.ParseUint(strings.TrimSpace(string(v)), 10, 64); err == nil && n < avail {
+				avail, from = n, path
+			}
+		}
+	}
+	return avail, from, nil
+}
+
+// checkHostMemory refuses a host tier of size bytes larger than the
+// memory it may take (hostTierMemory): filled, it would have the agent
+// killed. Where that figure cannot be read, nothing is refused.
+func checkHostMemory(size uint64) error {
+	avail, from, err := hostTierMemory()
+	if err != nil || size <= avail {
+		return nil
+	}
+	return fmt.Errorf("host tier of %d bytes is more than the %d bytes of memory available (%s)", size, avail, from)
+}
+
+// probeHostMemory maps a host tier's memory at start and unmaps it
+// (disk.ProbeMem). A variable for tests.
+var probeHostMemory = disk.ProbeMem
 
 // isHost says whether d is the host tier.
 func (d *diskTier) isHost() bool { return d.spec.Kind == tierHost }

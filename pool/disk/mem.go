@@ -536,3 +536,17 @@ func (b *MemBatch) Commit() []error {
 	b.items = nil
 	return errs
 }
+
+// ProbeMem says whether a MemStore of bytes could map its memory now: it
+// maps as much as NewMem would (no pages touched) and unmaps it again.
+// Where the kernel refuses to overcommit, the error is its refusal.
+func ProbeMem(bytes int64) error {
+	if bytes <= 0 || bytes > MaxMemBytes {
+		return fmt.Errorf("%w: bytes %d is not in 1..%d", ErrInvalidConfig, bytes, int64(MaxMemBytes))
+	}
+	m, err := unix.Mmap(-1, 0, int(bytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return fmt.Errorf("disk: host memory of %d bytes: %w", bytes, err)
+	}
+	return unix.Munmap(m)
+}

@@ -191,3 +191,16 @@ func TestMemStoreDeleteIf(t *testing.T) {
 		t.Fatalf("DeleteIf twice: %v, want ErrNotFound", err)
 	}
 }
+
+// ProbeMem maps and unmaps what NewMem would; sizes outside 1..MaxMemBytes
+// are refused as invalid, not mapped.
+func TestProbeMem(t *testing.T) {
+	if err := ProbeMem(16 << 20); err != nil {
+		t.Fatalf("ProbeMem of 16MiB: %v", err)
+	}
+	for _, n := range []int64{0, -1, MaxMemBytes + 1} {
+		if err := ProbeMem(n); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("ProbeMem(%d): %v, want ErrInvalidConfig", n, err)
+		}
+	}
+}
