@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
@@ -467,5 +469,28 @@ func TestHostTierRestoreAcrossAMoveDown(t *testing.T) {
 	i := slices.Index(hashes, hash)
 	if got := acquireChecked(t, c, set, hashes[i:i+1], uint64(i+1)); got != 1 {
 		t.Fatalf("acquired %d of the moved block", got)
+	}
+}
+
+// With the host tier missing (its size holds no block), a copy down that
+// fails is counted on the disk tier it was written to, not on the host
+// tier.
+func TestHostTierMissingFailuresCountedBelow(t *testing.T) {
+	cfg := testConfig(t, "hostfail")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), "disk=" + tierDir(t) + ":64MiB"}
+	cfg.TierBlockBytes = fabric.MinHostTierBytes + 4096
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	fabric.TierFailIO(a, func(write, _ bool) error {
+		if write {
+			return unix.EIO
+		}
+		return nil
+	})
+	storeThrough(t, c, set, 40, a)
+	m := a.Metrics()
+	if len(m.Tiers) != 2 || m.Tiers[0].Failures != 0 || m.Tiers[1].Failures == 0 {
+		t.Fatalf("tiers' failures %+v, want none on the host tier, some on the disk tier", m.Tiers)
 	}
 }

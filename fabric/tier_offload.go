@@ -291,7 +291,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		tag, err := t.ensureShape(l)
 		if err != nil {
 			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
-			t.list[0].failed.Add(1)
+			t.failedAt(d)
 			t.dropTaken(j)
 			continue
 		}
@@ -305,7 +305,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		if batch == nil {
 			if d = t.pick(); d == nil {
 				t.log.Warn("tier: block not copied down", "hash", j.hash, "err", "no disk tier is open")
-				t.list[0].failed.Add(1)
+				t.failedAt(d)
 				t.dropTaken(j)
 				continue
 			}
@@ -322,7 +322,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 			// Ended now, not after the batch's commit: the slot, being
 			// read until then, is one an allocation may be waiting for.
 			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
-			t.list[0].failed.Add(1)
+			t.failedAt(d)
 			t.dropTaken(j)
 			if err := j.set.Offloaded(j.blk, false); err != nil {
 				t.log.Debug("tier: block not copied down and its slot moved on", "hash", j.hash, "err", err)
@@ -423,7 +423,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 					t.directFailed(err) // written straight from a slot its caller holds
 				}
 				t.log.Warn("tier: block not copied down", "hash", items[n].Key.Hash, "err", err)
-				t.list[0].failed.Add(1)
+				t.failedAt(d)
 			}
 		}
 		d.offloads.Add(uint64(len(put)))
@@ -447,9 +447,22 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	}
 	for _, n := range at {
 		t.log.Warn("tier: block not copied down", "hash", jobs[n].hash, "err", lastErr)
-		t.list[0].failed.Add(1)
+		t.failedAt(d)
 	}
 	return out
+}
+
+// failedAt counts a copy down that failed on d, the tier it was written
+// to; before one was picked, on the tier pick gives (the first with none
+// open).
+func (t *tiers) failedAt(d *diskTier) {
+	if d == nil {
+		d = t.pick()
+	}
+	if d == nil {
+		d = t.list[0]
+	}
+	d.failed.Add(1)
 }
 
 // makeRoom drops d's least recently used blocks while d's store has no
