@@ -72,3 +72,20 @@ func TierRestoreAcrossMove(a *Agent, id uint64) (uint64, string, int, error) {
 	}
 	return oldest[0].Hash, found, len(blks), err
 }
+
+// TierMoveAllDown moves every block of a's host tier down to a disk tier;
+// false if it moved none.
+func TierMoveAllDown(a *Agent) bool {
+	h := a.tiers.hostTier()
+	if h == nil {
+		return false
+	}
+	moved := 0
+	for {
+		n := a.tiers.moveDown(h, hostMoveBatch)
+		if n == 0 {
+			return moved > 0
+		}
+		moved += n
+	}
+}

@@ -494,3 +494,34 @@ func TestHostTierMissingFailuresCountedBelow(t *testing.T) {
 		t.Fatalf("tiers' failures %+v, want none on the host tier, some on the disk tier", m.Tiers)
 	}
 }
+
+// An import that another set of the node's finds in the host tier says
+// so: its fetch's transport is "host"; one found on disk says "disk".
+func TestHostTierImportTransport(t *testing.T) {
+	cfg := testConfig(t, "hostimport")
+	cfg.Tiers = []string{fmt.Sprintf("disk=%s:64MiB", tierDir(t)), fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 64, a)
+	e := tierEngine
+	e.Name = "importer"
+	set2 := register(t, c, e)
+	for _, want := range []string{"host", "disk"} {
+		if want == "disk" {
+			if !fabric.TierMoveAllDown(a) {
+				t.Fatal("nothing moved down from the host tier")
+			}
+		}
+		i := slices.IndexFunc(hashes, func(h uint64) bool {
+			return fabric.TierHolding(a, set.ID, h) == want && !fabric.BlockSetHolds(a, set2.ID, h)
+		})
+		if i < 0 {
+			t.Fatalf("no block in the %s tier to import", want)
+		}
+		resp, err := c.Import(context.Background(), set2.ID, hashes[i:i+1])
+		if err != nil || len(resp.Blocks) != 1 || len(resp.Fetches) != 1 || resp.Fetches[0].Transport != want {
+			t.Fatalf("import of a block in the %s tier: %v, fetches %v, %s", want, err, resp.GetFetches(), resp.GetError())
+		}
+	}
+}

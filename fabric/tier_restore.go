@@ -232,7 +232,17 @@ func (a *Agent) fromTier(ctx context.Context, s *sessionSet, hashes []uint64, pa
 		refs[i] = &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(b.Slot)}
 	}
 	l := s.set.Layout()
-	f := &fabricpb.Fetch{Node: a.cfg.NodeName, Transport: "disk", Blocks: uint32(len(blks)),
+	// "host" where every block came from the host tier (restores leave
+	// their copies in their tiers), else "disk".
+	transport := tierHost
+	tag := shapeTag(l)
+	for _, h := range hashes[:len(blks)] {
+		if d := a.tiers.where(disk.Key{Hash: h, Tag: tag}); d == nil || !d.isHost() {
+			transport = "disk"
+			break
+		}
+	}
+	f := &fabricpb.Fetch{Node: a.cfg.NodeName, Transport: transport, Blocks: uint32(len(blks)),
 		Bytes: uint64(len(blks)) * l.Strides().Shard * uint64(l.TPSize), Micros: uint64(time.Since(start).Microseconds())}
 	return refs, f, nil
 }
