@@ -34,8 +34,12 @@ type MemStore struct {
 	closed  bool
 	entries map[Key]memEntry
 	gen     uint64 // the last block put's generation
-	free    []uint32
-	busy    map[uint32]int // slots being read: not reused until done
+	// free is the slots freed since they were first used; fresh the
+	// first never used (slots from fresh on are free too): a store of
+	// millions of slots starts with no list to build.
+	free  []uint32
+	fresh uint32
+	busy  map[uint32]int // slots being read: not reused until done
 	// order is the blocks' keys, least recently put or read first; at
 	// is each one's element.
 	order *list.List
@@ -95,11 +99,7 @@ func NewMem(cfg MemConfig) (*MemStore, error) {
 	default:
 		s.arena = cfg.Memory[:need:need]
 	}
-	s.free = make([]uint32, slots)
-	for i := range s.free {
-		s.free[i] = uint32(slots - 1 - i) // slot 0 taken first
-	}
-	return s, nil
+	return s, nil // slots handed out as they are first needed (take)
 }
 
 func (s *MemStore) slot(n uint32) []byte {
@@ -149,7 +149,7 @@ func (s *MemStore) Stats() Stats {
 func (s *MemStore) Free() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.free)
+	return len(s.free) + s.slots - int(s.fresh)
 }
 
 // Put copies data in under k; ErrFull with every slot taken.
@@ -174,6 +174,10 @@ func (s *MemStore) take() (uint32, error) {
 		return 0, ErrClosed
 	}
 	if len(s.free) == 0 {
+		if int(s.fresh) < s.slots {
+			s.fresh++
+			return s.fresh - 1, nil
+		}
 		return 0, fmt.Errorf("disk: host memory tier of %d slots: %w", s.slots, ErrFull)
 	}
 	n := s.free[len(s.free)-1]

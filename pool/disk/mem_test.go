@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 )
 
@@ -201,6 +202,54 @@ func TestProbeMem(t *testing.T) {
 	for _, n := range []int64{0, -1, MaxMemBytes + 1} {
 		if err := ProbeMem(n); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("ProbeMem(%d): %v, want ErrInvalidConfig", n, err)
+		}
+	}
+}
+
+// A MemStore of as many slots as MaxMemBytes holds starts without a list
+// of them (a few allocations, not one entry per slot), every slot free;
+// slots are handed out first used, freed ones again before new ones.
+func TestMemStoreSlotsHandedOutLazily(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	s, err := NewMem(MemConfig{Bytes: MaxMemBytes, SlotBytes: Align})
+	if err != nil {
+		t.Skipf("a mapping of %d bytes refused here (overcommit): %v", int64(MaxMemBytes), err)
+	}
+	runtime.ReadMemStats(&after)
+	defer s.Close()
+	slots := MaxMemBytes / Align
+	if s.Free() != slots {
+		t.Fatalf("%d free slots, want %d", s.Free(), slots)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+		t.Fatalf("NewMem of %d slots allocated %d bytes", slots, grew)
+	}
+	ctx := context.Background()
+	for i := range 3 {
+		if err := s.Put(ctx, Key{Hash: uint64(i)}, memBlock(byte(i), 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Delete(Key{Hash: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if s.Free() != slots-2 {
+		t.Fatalf("%d free slots after 3 puts and a delete, want %d", s.Free(), slots-2)
+	}
+	if err := s.Put(ctx, Key{Hash: 3}, memBlock(3, 100)); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	reused, fresh := s.entries[Key{Hash: 3}].slot, s.fresh
+	s.mu.Unlock()
+	if reused != 1 || fresh != 3 {
+		t.Fatalf("the put after a delete took slot %d (%d first used), want the freed slot 1 (3)", reused, fresh)
+	}
+	dst := make([]byte, Align)
+	for _, i := range []int{0, 2, 3} {
+		if n, err := s.Get(ctx, Key{Hash: uint64(i)}, dst); err != nil || !bytes.Equal(dst[:n], memBlock(byte(i), 100)) {
+			t.Fatalf("get %d: %d bytes, %v", i, n, err)
 		}
 	}
 }
