@@ -467,9 +467,11 @@ func (s *MemStore) fill(slot uint32, pieces [][]byte, n int) (entry, error) {
 	return entry{slot: slot, length: uint32(n), sum: h.Sum64()}, nil
 }
 
-// Wait returns item i's copy's error: nil for an item copied (a copy in
-// memory ends as it is added), else why it was not (Add's error, as
-// Commit returns it).
+// Wait returns item i's copy's error as Batch.Wait returns its write's:
+// nil once its bytes are copied (a copy in memory ends as it is added, so
+// Wait never waits); for an item never copied, why not (Add's error:
+// ErrFull, ErrTooLarge, ErrClosed, a ctx that had ended; ErrDropped after
+// Drop).
 func (b *MemBatch) Wait(i int) error {
 	if it := &b.items[i]; !it.sent {
 		return it.err

@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func memBlock(seed byte, n int) []byte {
@@ -251,5 +254,171 @@ func TestMemStoreSlotsHandedOutLazily(t *testing.T) {
 		if n, err := s.Get(ctx, Key{Hash: uint64(i)}, dst); err != nil || !bytes.Equal(dst[:n], memBlock(byte(i), 100)) {
 			t.Fatalf("get %d: %d bytes, %v", i, n, err)
 		}
+	}
+}
+
+// A MemBatch and a Store's Batch answer Wait and Commit alike: an item
+// added nil, one past MaxPutBatch ErrTooLarge, one dropped ErrDropped, one
+// with no free slot ErrFull; a batch of MaxPutBatch blocks goes in whole.
+func TestMemBatchWaitsAsBatch(t *testing.T) {
+	ctx := context.Background()
+	const slots = MaxPutBatch + 1
+	mem, err := NewMem(MemConfig{Bytes: slots * Align, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	st, err := Open(Config{Dir: t.TempDir(), Bytes: slots * Align, SlotBytes: Align, Buffered: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	type batch interface {
+		Add(ctx context.Context, k Key, data []byte)
+		Wait(i int) error
+		Drop(i int)
+		Commit() []error
+	}
+	for _, tc := range []struct {
+		name  string
+		b     func() batch
+		store interface {
+			Free() int
+			Stats() Stats
+		}
+	}{
+		{"MemBatch", func() batch { return mem.NewBatch() }, mem},
+		{"Batch", func() batch { return st.NewBatch() }, st},
+	} {
+		// MaxPutBatch blocks, then one past it.
+		b := tc.b()
+		for i := range MaxPutBatch + 1 {
+			b.Add(ctx, Key{Hash: uint64(i), Tag: 1}, memBlock(byte(i), 1000))
+		}
+		for i := range MaxPutBatch {
+			if err := b.Wait(i); err != nil {
+				t.Fatalf("%s: item %d of %d: %v", tc.name, i, MaxPutBatch, err)
+			}
+		}
+		if err := b.Wait(MaxPutBatch); !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("%s: item past MaxPutBatch: %v, want ErrTooLarge", tc.name, err)
+		}
+		b.Drop(0)
+		if err := b.Wait(0); !errors.Is(err, ErrDropped) {
+			t.Fatalf("%s: item dropped: %v, want ErrDropped", tc.name, err)
+		}
+		errs := b.Commit()
+		for i, err := range errs {
+			var want error
+			switch i {
+			case 0:
+				want = ErrDropped
+			case MaxPutBatch:
+				want = ErrTooLarge
+			}
+			if (want == nil && err != nil) || (want != nil && !errors.Is(err, want)) {
+				t.Fatalf("%s: commit of item %d: %v, want %v", tc.name, i, err, want)
+			}
+		}
+		if got := tc.store.Stats().Blocks; got != MaxPutBatch-1 {
+			t.Fatalf("%s: %d blocks after the commit, want %d", tc.name, got, MaxPutBatch-1)
+		}
+		// Two free slots: the third added has none.
+		b = tc.b()
+		for i := range 3 {
+			b.Add(ctx, Key{Hash: uint64(1000 + i), Tag: 1}, memBlock(byte(i), 1000))
+		}
+		if err := b.Wait(2); !errors.Is(err, ErrFull) {
+			t.Fatalf("%s: item with no free slot: %v, want ErrFull", tc.name, err)
+		}
+		if errs := b.Commit(); errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], ErrFull) {
+			t.Fatalf("%s: commit with the store full: %v", tc.name, errs)
+		}
+		if tc.store.Free() != 0 {
+			t.Fatalf("%s: %d free slots, want 0", tc.name, tc.store.Free())
+		}
+	}
+}
+
+// Readers, deletes, puts reusing the slots freed and Close, all at once:
+// a read returns the bytes of the key it asked for or an error (not
+// found, closed), never another block's bytes from a reused slot; Close
+// ends with the reads under way.
+func TestMemStoreConcurrent(t *testing.T) {
+	ctx := context.Background()
+	s, err := NewMem(MemConfig{Bytes: 4 * Align, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keys = 8 // twice the slots: every put past 4 reuses a freed slot
+	block := func(k uint64) []byte { return memBlock(byte(k*37+1), 3000) }
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var reads, found atomic.Int64
+	for r := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dst := make([]byte, Align)
+			for i := r; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := uint64(i % keys)
+				n, err := s.Get(ctx, Key{Hash: k}, dst)
+				reads.Add(1)
+				switch {
+				case errors.Is(err, ErrClosed):
+					return
+				case errors.Is(err, ErrNotFound):
+				case err != nil:
+					t.Errorf("get %d: %v", k, err)
+					return
+				case !bytes.Equal(dst[:n], block(k)):
+					t.Errorf("get %d: %d bytes not its own", k, n)
+					return
+				default:
+					found.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k := uint64(i % keys)
+			if err := s.Put(ctx, Key{Hash: k}, block(k)); errors.Is(err, ErrClosed) {
+				return
+			}
+			if err := s.Delete(Key{Hash: (k + keys/2) % keys}); errors.Is(err, ErrClosed) {
+				return
+			}
+		}
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for (reads.Load() < 20000 || found.Load() < 1000) && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	wg.Wait()
+	if found.Load() == 0 {
+		t.Fatalf("%d reads, none found a block", reads.Load())
+	}
+	if _, err := s.Get(ctx, Key{Hash: 0}, make([]byte, Align)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("get after Close: %v, want ErrClosed", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close twice: %v", err)
 	}
 }
