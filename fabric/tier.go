@@ -193,7 +193,7 @@ type tiers struct {
 	mu         sync.Mutex // guards what follows and the stores' opening
 	blockBytes int        // the stores' slot size; 0 until known
 	layouts    map[uint64]*layout.Layout
-	lru        *list.List // of *tierEntry, least recently used first
+	lrus       map[int]*list.List // per tier, of *tierEntry, least recently used first (lru)
 	pos        map[disk.Key]*list.Element
 	heldBytes  []int64 // per tier
 	staging    map[uint64]*engineSet
@@ -246,7 +246,7 @@ type tiers struct {
 // openTiers opens the configured disk tiers and finds the blocks they hold.
 func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 	t := &tiers{a: a, log: a.log, done: make(chan struct{}), layouts: map[uint64]*layout.Layout{},
-		lru: list.New(), pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, len(specs)),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, len(specs)),
 		staging: map[uint64]*engineSet{}, progress: make(chan struct{})}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	q := a.cfg.TierQueue
@@ -424,7 +424,7 @@ func (t *tiers) openStoresLocked() error {
 				st.Delete(k)
 				continue
 			}
-			t.pos[k] = t.lru.PushBack(&tierEntry{tier: d.n, key: k, length: t.blockBytes})
+			t.pos[k] = t.lru(d.n).PushBack(&tierEntry{tier: d.n, key: k, length: t.blockBytes})
 			t.heldBytes[d.n] += int64(t.blockBytes)
 		}
 	}
@@ -467,11 +467,25 @@ func (t *tiers) where(k disk.Key) *diskTier {
 	return nil
 }
 
+// lru is tier n's list of its blocks' records, least recently used
+// first, made when first needed. t.mu is held.
+func (t *tiers) lru(n int) *list.List {
+	l := t.lrus[n]
+	if l == nil {
+		if t.lrus == nil {
+			t.lrus = map[int]*list.List{}
+		}
+		l = list.New()
+		t.lrus[n] = l
+	}
+	return l
+}
+
 // touch makes k the most recently used.
 func (t *tiers) touch(k disk.Key) {
 	t.mu.Lock()
 	if e, ok := t.pos[k]; ok {
-		t.lru.MoveToBack(e)
+		t.lru(e.Value.(*tierEntry).tier).MoveToBack(e)
 	}
 	t.mu.Unlock()
 }
@@ -487,7 +501,7 @@ func (t *tiers) forget(d *diskTier, k disk.Key) {
 		ok = false
 	}
 	if ok {
-		t.lru.Remove(e)
+		t.lru(e.Value.(*tierEntry).tier).Remove(e)
 		delete(t.pos, k)
 		t.heldBytes[d.n] -= int64(e.Value.(*tierEntry).length)
 	}

@@ -315,10 +315,10 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
 		}
 		t.heldBytes[h.n] -= int64(e.Value.(*tierEntry).length)
-		t.lru.Remove(e)
+		t.lru(h.n).Remove(e)
 		fallthrough
 	case from == -1:
-		t.pos[k] = t.lru.PushBack(&tierEntry{tier: below.n, key: k, length: length})
+		t.pos[k] = t.lru(below.n).PushBack(&tierEntry{tier: below.n, key: k, length: length})
 		t.heldBytes[below.n] += int64(length)
 	}
 	if from != h.n {
@@ -344,13 +344,7 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 // it holds none.
 func (t *tiers) evictOldestIn(d *diskTier) bool {
 	t.mu.Lock()
-	var e *list.Element
-	for x := t.lru.Front(); x != nil; x = x.Next() {
-		if x.Value.(*tierEntry).tier == d.n {
-			e = x
-			break
-		}
-	}
+	e := t.lru(d.n).Front()
 	t.mu.Unlock()
 	if e == nil {
 		return false
@@ -376,7 +370,7 @@ func (t *tiers) evict(e *list.Element) bool {
 		if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: evict from host memory", "hash", te.key.Hash, "err", err)
 		}
-		t.lru.Remove(e)
+		t.lru(te.tier).Remove(e)
 		delete(t.pos, te.key)
 		t.heldBytes[d.n] -= int64(te.length)
 		t.mu.Unlock()

@@ -474,7 +474,7 @@ func (t *tiers) makeRoom(d *diskTier) {
 		t.hostRoom(d, 1) // moved down, not dropped
 		return
 	}
-	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldestOf(d); try++ {
+	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldestIn(d); try++ {
 	}
 }
 
@@ -508,16 +508,16 @@ func (t *tiers) placed(d *diskTier, k disk.Key, length int) bool {
 	if e, ok := t.pos[k]; ok {
 		old := e.Value.(*tierEntry)
 		if old.tier != d.n {
-			t.lru.MoveToBack(e)
+			t.lru(old.tier).MoveToBack(e)
 			if err := d.store.Load().Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
 				t.log.Warn("tier: free a second copy", "hash", k.Hash, "tier", d.n, "err", err)
 			}
 			return false
 		}
 		t.heldBytes[old.tier] -= int64(old.length)
-		t.lru.Remove(e)
+		t.lru(old.tier).Remove(e)
 	}
-	t.pos[k] = t.lru.PushBack(&tierEntry{tier: d.n, key: k, length: length})
+	t.pos[k] = t.lru(d.n).PushBack(&tierEntry{tier: d.n, key: k, length: length})
 	t.heldBytes[d.n] += int64(length)
 	return true
 }
@@ -657,26 +657,6 @@ func (t *tiers) pick() *diskTier {
 		}
 	}
 	return best
-}
-
-// evictOldest drops the least recently used disk block; false if there is
-// none.
-func (t *tiers) evictOldest() bool { return t.evictOldestOf(nil) }
-
-// evictOldestOf drops the least recently used disk block of tier d (of
-// any tier if d is nil); false if it holds none.
-func (t *tiers) evictOldestOf(only *diskTier) bool {
-	t.mu.Lock()
-	e := t.lru.Front()
-	for only != nil && e != nil && e.Value.(*tierEntry).tier != only.n {
-		e = e.Next()
-	}
-	t.mu.Unlock()
-	if e == nil {
-		return false
-	}
-	t.evict(e)
-	return true
 }
 
 // announce publishes that this node holds (or no longer holds) hash on

@@ -18,11 +18,11 @@ import (
 // pending copy until the context ends.
 func TestTierWhereWaitFindsDiskBlockWithoutWaiting(t *testing.T) {
 	d := &diskTier{n: 0}
-	tr := &tiers{list: []*diskTier{d}, lru: list.New(), pos: map[disk.Key]*list.Element{},
+	tr := &tiers{list: []*diskTier{d}, pos: map[disk.Key]*list.Element{},
 		pending: map[uint64]*pendingCopy{}, done: make(chan struct{})}
 	onDisk := disk.Key{Hash: 7, Tag: 1}
 	notOnDisk := disk.Key{Hash: 8, Tag: 1}
-	tr.pos[onDisk] = tr.lru.PushBack(&tierEntry{tier: 0, key: onDisk, length: 4096})
+	tr.pos[onDisk] = tr.lru(0).PushBack(&tierEntry{tier: 0, key: onDisk, length: 4096})
 	for _, h := range []uint64{onDisk.Hash, notOnDisk.Hash} {
 		tr.pending[h] = &pendingCopy{n: 1, done: make(chan struct{})} // never closed
 	}
@@ -134,7 +134,7 @@ func TestSlotPieces(t *testing.T) {
 // recently used blocks, however much older the other tier's are: a block
 // dropped from the other frees nothing where the copy goes.
 func TestTierMakeRoomEvictsFromItsTier(t *testing.T) {
-	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), lru: list.New(),
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
 	const slots = 4
 	for i := range 2 {
@@ -186,7 +186,7 @@ func TestTierTakeMakesNoStager(t *testing.T) {
 // to another tier meanwhile) leaves the record, and the bytes counted for
 // each tier, as they are; in the tier named, it drops them.
 func TestTierForgetOnlyItsTier(t *testing.T) {
-	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), lru: list.New(),
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
 	tr.list = []*diskTier{{n: 0}, {n: 1}}
 	k := disk.Key{Hash: 3, Tag: 1}
@@ -205,7 +205,7 @@ func TestTierForgetOnlyItsTier(t *testing.T) {
 // of blocks of disk.Align bytes, without an agent's workers.
 func hostOverDisk(t *testing.T, slots int) (*tiers, *diskTier, *diskTier) {
 	t.Helper()
-	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), lru: list.New(),
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2), blockBytes: disk.Align, ctx: context.Background()}
 	tr.room.Store(disk.Align)
 	mem, err := disk.NewMem(disk.MemConfig{Bytes: int64(slots) * disk.Align, SlotBytes: disk.Align})
