@@ -1,6 +1,9 @@
 package fabric
 
 import (
+	"context"
+	"fmt"
+
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
 )
@@ -32,4 +35,57 @@ func TierCorruptHost(a *Agent, id, hash uint64, at int) bool {
 	}
 	st, ok := h.store.Load().(*disk.MemStore)
 	return ok && st.CorruptForTest(disk.Key{Hash: hash, Tag: shapeTag(s.Layout())}, at, 0x40)
+}
+
+// TierRestoreAcrossMove restores the host tier's least recently used
+// block into block set id as a restore does, with that block moved down to
+// a disk tier between the restore finding its tier and reading it (as the
+// copier may while the restore waits for slots). Returns the block's hash,
+// the kind of tier the restore found it in and how many blocks it
+// restored (released before it returns).
+func TierRestoreAcrossMove(a *Agent, id uint64) (uint64, string, int, error) {
+	a.mu.Lock()
+	es := a.sets[pool.SetID(id)]
+	a.mu.Unlock()
+	h := a.tiers.hostTier()
+	if es == nil || h == nil {
+		return 0, "", 0, fmt.Errorf("no block set %d or no host tier", id)
+	}
+	oldest := h.store.Load().(*disk.MemStore).Oldest(1)
+	if len(oldest) == 0 {
+		return 0, "", 0, fmt.Errorf("the host tier is empty")
+	}
+	var found string
+	blks, err := a.tiers.restoreFound(context.Background(), es, []uint64{oldest[0].Hash}, 0,
+		func(_ context.Context, k disk.Key) *diskTier {
+			d := a.tiers.where(k)
+			if d != nil {
+				found = d.spec.Kind
+			}
+			if d == h {
+				a.tiers.moveOldest(h)
+			}
+			return d
+		})
+	for _, b := range blks {
+		es.set.Release(b)
+	}
+	return oldest[0].Hash, found, len(blks), err
+}
+
+// TierMoveAllDown moves every block of a's host tier down to a disk tier;
+// false if it moved none.
+func TierMoveAllDown(a *Agent) bool {
+	h := a.tiers.hostTier()
+	if h == nil {
+		return false
+	}
+	moved := 0
+	for {
+		n := a.tiers.moveDown(h, hostMoveBatch)
+		if n == 0 {
+			return moved > 0
+		}
+		moved += n
+	}
 }

@@ -193,7 +193,7 @@ type tiers struct {
 	mu         sync.Mutex // guards what follows and the stores' opening
 	blockBytes int        // the stores' slot size; 0 until known
 	layouts    map[uint64]*layout.Layout
-	lru        *list.List // of *tierEntry, least recently used first
+	lrus       map[int]*list.List // per tier, of *tierEntry, least recently used first (lru)
 	pos        map[disk.Key]*list.Element
 	heldBytes  []int64 // per tier
 	staging    map[uint64]*engineSet
@@ -208,6 +208,10 @@ type tiers struct {
 	// beforeCommit, if set, is called by each copy down between the ends
 	// of its writes and its commit (tests: a commit that does not end).
 	beforeCommit atomic.Pointer[func()]
+	// beforeMoved and afterMoved, if set, are called by each move down
+	// from the host tier between its commit below and its record there,
+	// and right after that record (tests).
+	beforeMoved, afterMoved atomic.Pointer[func()]
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
 	failIO atomic.Pointer[func(write, straight bool) error]
@@ -242,7 +246,7 @@ type tiers struct {
 // openTiers opens the configured disk tiers and finds the blocks they hold.
 func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 	t := &tiers{a: a, log: a.log, done: make(chan struct{}), layouts: map[uint64]*layout.Layout{},
-		lru: list.New(), pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, len(specs)),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, len(specs)),
 		staging: map[uint64]*engineSet{}, progress: make(chan struct{})}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	q := a.cfg.TierQueue
@@ -257,6 +261,13 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 	}
 	for i, s := range specs {
 		if s.Kind == tierHost {
+			// Its memory is mapped with the disk tiers (its slots sized by
+			// the first block); one the kernel refuses now is an error
+			// here, not a tier missing later.
+			if err := probeHostMemory(int64(s.Size)); err != nil {
+				t.close()
+				return nil, fmt.Errorf("fabric: tiers[%d] host: %w", i, err)
+			}
 			t.list = append(t.list, &diskTier{n: i, spec: s}) // opened with the disk tiers, empty
 			continue
 		}
@@ -413,7 +424,7 @@ func (t *tiers) openStoresLocked() error {
 				st.Delete(k)
 				continue
 			}
-			t.pos[k] = t.lru.PushBack(&tierEntry{tier: d.n, key: k, length: t.blockBytes})
+			t.pos[k] = t.lru(d.n).PushBack(&tierEntry{tier: d.n, key: k, length: t.blockBytes})
 			t.heldBytes[d.n] += int64(t.blockBytes)
 		}
 	}
@@ -456,22 +467,41 @@ func (t *tiers) where(k disk.Key) *diskTier {
 	return nil
 }
 
+// lru is tier n's list of its blocks' records, least recently used
+// first, made when first needed. t.mu is held.
+func (t *tiers) lru(n int) *list.List {
+	l := t.lrus[n]
+	if l == nil {
+		if t.lrus == nil {
+			t.lrus = map[int]*list.List{}
+		}
+		l = list.New()
+		t.lrus[n] = l
+	}
+	return l
+}
+
 // touch makes k the most recently used.
 func (t *tiers) touch(k disk.Key) {
 	t.mu.Lock()
 	if e, ok := t.pos[k]; ok {
-		t.lru.MoveToBack(e)
+		t.lru(e.Value.(*tierEntry).tier).MoveToBack(e)
 	}
 	t.mu.Unlock()
 }
 
-// forget drops k from the list (after the store dropped it) and announces
-// that the node no longer holds it on disk.
+// forget drops k from the list (after d's store dropped it) and announces
+// that the node no longer holds it on disk, if d is the tier that k's
+// record names: a block that moved to another tier meanwhile (a move down
+// from the host tier, a copy placed elsewhere) keeps its record there.
 func (t *tiers) forget(d *diskTier, k disk.Key) {
 	t.mu.Lock()
 	e, ok := t.pos[k]
+	if ok && e.Value.(*tierEntry).tier != d.n {
+		ok = false
+	}
 	if ok {
-		t.lru.Remove(e)
+		t.lru(e.Value.(*tierEntry).tier).Remove(e)
 		delete(t.pos, k)
 		t.heldBytes[d.n] -= int64(e.Value.(*tierEntry).length)
 	}

@@ -95,6 +95,9 @@ func (c *Config) validateTiers() error {
 				return bad(fmt.Sprintf("tiers[%d]", i), "%q: a second host tier (tiers[%d]): at most one", t, host)
 			}
 			host = i
+			if err := checkHostMemory(s.Size); err != nil {
+				return bad(fmt.Sprintf("tiers[%d]", i), "%q: %v", t, err)
+			}
 			continue
 		}
 		for p, j := range seen {

@@ -1,9 +1,14 @@
 package fabric
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvfabric/kvfabric/pool/disk"
@@ -58,6 +63,68 @@ func (t *tiers) openHost(d *diskTier) error {
 	return nil
 }
 
+// hostTierMemory is how much memory a host tier may take, and what says so:
+// MemAvailable, or the memory.max of the agent's cgroup where that is
+// lower. A variable for tests.
+var hostTierMemory = readHostMemory
+
+// readHostMemory is hostTierMemory on Linux: /proc/meminfo's MemAvailable and
+// cgroup v2's memory.max ("max": none).
+func readHostMemory() (uint64, string, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, "", err
+	}
+	var avail uint64
+	found := false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "MemAvailable:" && f[2] == "kB" {
+			n, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				return 0, "", fmt.Errorf("/proc/meminfo: %q: %v", line, err)
+			}
+			avail, found = n<<10, true
+		}
+	}
+	if !found {
+		return 0, "", errors.New("/proc/meminfo: no MemAvailable")
+	}
+	from := "MemAvailable in /proc/meminfo"
+	if cg, err := os.ReadFile("/proc/self/cgroup"); err == nil {
+		for _, line := range strings.Split(string(cg), "\n") {
+			dir, ok := strings.CutPrefix(line, "0::")
+			if !ok {
+				continue
+			}
+			path := filepath.Join("/sys/fs/cgroup", dir, "memory.max")
+			v, err := os.ReadFile(path)
+			if err != nil {
+				break
+			}
+			if n, err := strconv.ParseUint(strings.TrimSpace(string(v)), 10, 64); err == nil && n < avail {
+				avail, from = n, path
+			}
+		}
+	}
+	return avail, from, nil
+}
+
+// checkHostMemory refuses a host tier of size bytes larger than the
+// memory it may take (hostTierMemory): filled, it would have the agent
+// killed. Where that figure cannot be read, nothing is refused.
+func checkHostMemory(size uint64) error {
+	avail, from, err := hostTierMemory()
+	if err != nil || size <= avail {
+		return nil
+	}
+	return fmt.Errorf("host tier of %d bytes is more than the %d bytes of memory available (%s)", size, avail, from)
+}
+
+// probeHostMemory maps a host tier's memory at start and unmaps it
+// (disk.ProbeMem). A variable for tests.
+var probeHostMemory = disk.ProbeMem
+
 // isHost says whether d is the host tier.
 func (d *diskTier) isHost() bool { return d.spec.Kind == tierHost }
 
@@ -87,10 +154,21 @@ func (t *tiers) pickBelow() *diskTier {
 	return best
 }
 
-// hostRoom moves the host tier's least recently used blocks down while it
-// has no free slot, a few at most.
-func (t *tiers) hostRoom(h *diskTier) {
-	for try := 0; try < 4 && h.store.Load().Free() == 0 && t.moveOldest(h); try++ {
+// hostMoveBatch bounds the blocks one move down takes from the host tier
+// (one write below, its data and journal synced once).
+const hostMoveBatch = 32
+
+// hostRoom makes want free slots in the host tier (a copier's batch at
+// most, batchLen) by moving its least recently used blocks down, up to
+// hostMoveBatch at a time, a few batches more at most where copies racing
+// it take the slots freed.
+func (t *tiers) hostRoom(h *diskTier, want int) {
+	want = max(1, min(want, t.batchLen()))
+	for try := 0; try < want/hostMoveBatch+4; try++ {
+		free := h.store.Load().Free()
+		if free >= want || t.moveDown(h, min(want-free, hostMoveBatch)) == 0 {
+			return
+		}
 	}
 }
 
@@ -110,90 +188,198 @@ func (t *tiers) evictFor(d *diskTier) bool {
 // copy down that has not recorded it yet is left to it).
 const hostMoveCandidates = 8
 
-// moveOldest moves the host tier's least recently used block down to a
-// disk tier: read back (checked), written and committed there, recorded
-// there and announced, then freed from the host tier. With no disk tier,
-// or where the write below fails, the block is dropped. One move at a
-// time. False if the host tier holds no block to move.
-func (t *tiers) moveOldest(h *diskTier) bool {
+// moveOldest moves the host tier's least recently used block down
+// (moveDown); false if it holds no block to move.
+func (t *tiers) moveOldest(h *diskTier) bool { return t.moveDown(h, 1) > 0 }
+
+// moveDown moves up to n of the host tier's least recently used blocks
+// down to a disk tier, together: each read back (checked), the lot
+// written and committed there in one batch, then each, in one step under
+// t.mu, freed from the host tier and recorded below (movedDown), then
+// announced below and no longer above. With no disk tier, or where a
+// block's read or its write below fails, the block is dropped. One move
+// at a time. Returns how many blocks left the host tier.
+func (t *tiers) moveDown(h *diskTier, n int) int {
 	t.moveMu.Lock()
 	defer t.moveMu.Unlock()
 	st, ok := h.store.Load().(*disk.MemStore)
-	if !ok {
-		return false
+	if !ok || n <= 0 {
+		return 0
 	}
-	var k disk.Key
-	found := false
-	for _, c := range st.Oldest(hostMoveCandidates) {
-		if t.where(c) == h {
-			k, found = c, true
-			break
+	type moving struct {
+		k   disk.Key
+		e   *list.Element
+		buf []byte
+		n   int
+		gen uint64
+	}
+	var ms []moving
+	for _, c := range st.Oldest(n + hostMoveCandidates) {
+		if e := t.recordIn(c, h); e != nil {
+			if ms = append(ms, moving{k: c, e: e}); len(ms) == n {
+				break
+			}
 		}
 	}
-	if !found {
-		return false
-	}
-	drop := func() {
-		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
-			t.log.Warn("tier: evict from host memory", "hash", k.Hash, "err", err)
-		}
-		h.evicted.Add(1)
-		t.forget(h, k)
+	if len(ms) == 0 {
+		return 0
 	}
 	below := t.pickBelow()
 	if below == nil {
-		drop() // the bottom tier evicts
-		return true
+		for _, m := range ms {
+			t.evict(m.e) // the bottom tier evicts
+		}
+		return len(ms)
 	}
 	ctx, cancel := context.WithTimeout(t.ctx, time.Minute)
 	defer cancel()
-	buf := t.buffer()
-	defer t.putBuffer(buf)
-	n, err := st.Get(ctx, k, buf)
-	if err != nil {
-		if errors.Is(err, disk.ErrCorrupt) {
-			t.corrupt.Add(1)
-			t.log.Warn("tier: host-memory block failed its check: dropped, never served", "hash", k.Hash, "err", err)
+	var items []disk.PutItem
+	var read []moving
+	defer func() {
+		for _, m := range read {
+			t.putBuffer(m.buf)
 		}
-		drop()
-		return true
+	}()
+	for _, m := range ms {
+		buf := t.buffer()
+		got, gen, err := st.GetGen(ctx, m.k, buf)
+		if err != nil {
+			t.putBuffer(buf)
+			if errors.Is(err, disk.ErrCorrupt) {
+				t.corrupt.Add(1)
+				t.log.Warn("tier: host-memory block failed its check: dropped, never served", "hash", m.k.Hash, "err", err)
+			}
+			t.evict(m.e)
+			continue
+		}
+		m.buf, m.n, m.gen = buf, got, gen
+		read = append(read, m)
+		items = append(items, disk.PutItem{Key: m.k, Data: buf[:got]})
+	}
+	if len(items) == 0 {
+		return len(ms)
 	}
 	bs := below.store.Load()
-	for try := 0; try < 4 && bs.Free() == 0 && t.evictOldestIn(below); try++ {
+	for try := 0; try < len(items)+3 && bs.Free() < len(items) && t.evictOldestIn(below); try++ {
 	}
-	if err := bs.PutBatch(ctx, []disk.PutItem{{Key: k, Data: buf[:n]}})[0]; err != nil {
-		t.log.Warn("tier: block not moved down from host memory: dropped", "hash", k.Hash, "tier", below.n, "err", err)
-		below.failed.Add(1)
-		drop()
-		return true
+	errs := bs.PutBatch(ctx, items)
+	if f := t.beforeMoved.Load(); f != nil {
+		(*f)()
 	}
-	// Committed below: recorded there (placed frees it above), announced
-	// there before it is no longer announced above.
-	t.placed(below, k, n)
-	below.offloads.Add(1)
-	t.announce(true, below.n, k.Hash)
-	if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
-		t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
+	for i, m := range read {
+		if err := errs[i]; err != nil {
+			t.log.Warn("tier: block not moved down from host memory: dropped", "hash", m.k.Hash, "tier", below.n, "err", err)
+			below.failed.Add(1)
+			t.evict(m.e)
+			continue
+		}
+		below.offloads.Add(1)
+		t.movedDown(st, h, below, m.k, m.n, m.gen)
 	}
-	t.announce(false, h.n, k.Hash)
-	return true
+	if f := t.afterMoved.Load(); f != nil {
+		(*f)()
+	}
+	return len(ms)
+}
+
+// recordIn is k's record if it names tier d, else nil.
+func (t *tiers) recordIn(k disk.Key, d *diskTier) *list.Element {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.pos[k]; ok && e.Value.(*tierEntry).tier == d.n {
+		return e
+	}
+	return nil
+}
+
+// movedDown records k, length bytes, in tier below, where it was just
+// committed from the host tier h's copy of generation gen, and frees it
+// above. Under t.mu, so that no record names a tier without its copy:
+// while k's record names h (the copy read, or one put since in its
+// place: the same block) the host copy is deleted and the record moved
+// below at once; with no record (dropped meanwhile) it is recorded below;
+// with one below already, the write below replaced that copy. Only where
+// another tier holds it is the copy below not kept. A copy of another
+// generation in h and recorded nowhere is a copy down's under way: its
+// placed finds k below and frees it.
+func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, length int, gen uint64) {
+	t.mu.Lock()
+	e, ok := t.pos[k]
+	from := -1
+	if ok {
+		from = e.Value.(*tierEntry).tier
+	}
+	switch {
+	case from == h.n:
+		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
+			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
+		}
+		t.heldBytes[h.n] -= int64(e.Value.(*tierEntry).length)
+		t.lru(h.n).Remove(e)
+		fallthrough
+	case from == -1:
+		t.pos[k] = t.lru(below.n).PushBack(&tierEntry{tier: below.n, key: k, length: length})
+		t.heldBytes[below.n] += int64(length)
+	}
+	if from != h.n {
+		st.DeleteIf(k, gen) // recorded nowhere: the copy read, if still there
+	}
+	t.mu.Unlock()
+	switch from {
+	case h.n:
+		t.announce(true, below.n, k.Hash)
+		t.announce(false, h.n, k.Hash)
+	case -1:
+		t.announce(true, below.n, k.Hash)
+	case below.n:
+	default:
+		// Another tier holds it: the copy below is recorded nowhere.
+		if t.where(k) != below {
+			below.store.Load().Delete(k)
+		}
+	}
 }
 
 // evictOldestIn drops the least recently used block of tier d; false if
 // it holds none.
 func (t *tiers) evictOldestIn(d *diskTier) bool {
 	t.mu.Lock()
-	var te *tierEntry
-	for e := t.lru.Front(); e != nil; e = e.Next() {
-		if x := e.Value.(*tierEntry); x.tier == d.n {
-			te = x
-			break
-		}
-	}
+	e := t.lru(d.n).Front()
 	t.mu.Unlock()
-	if te == nil {
+	if e == nil {
 		return false
 	}
+	t.evict(e)
+	return true
+}
+
+// evict drops the copy that record e names from its tier and forgets it,
+// if e is still its block's record: a block moved to another tier or
+// placed again meanwhile is left as it is (false). A host-memory copy is
+// deleted with its record in one step under t.mu (quick, in memory); a
+// disk tier's is deleted first, then forgotten if still recorded there.
+func (t *tiers) evict(e *list.Element) bool {
+	te := e.Value.(*tierEntry)
+	t.mu.Lock()
+	if t.pos[te.key] != e {
+		t.mu.Unlock()
+		return false
+	}
+	d := t.list[te.tier]
+	if d.isHost() {
+		if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
+			t.log.Warn("tier: evict from host memory", "hash", te.key.Hash, "err", err)
+		}
+		t.lru(te.tier).Remove(e)
+		delete(t.pos, te.key)
+		t.heldBytes[d.n] -= int64(te.length)
+		t.mu.Unlock()
+		d.evicted.Add(1)
+		t.announce(false, d.n, te.key.Hash)
+		t.lostBelow(te.key)
+		return true
+	}
+	t.mu.Unlock()
 	if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
 		t.log.Warn("tier: evict", "hash", te.key.Hash, "err", err)
 	}

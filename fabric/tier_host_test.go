@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
@@ -434,5 +437,91 @@ func TestHostTierOverAFullDiskTier(t *testing.T) {
 	}
 	if got := acquireChecked(t, c, set, hashes[n-600:], n-599); got != 600 {
 		t.Fatalf("acquired %d of the last 600 blocks", got)
+	}
+}
+
+// A restore that found a block in the host tier, and reads it after the
+// block moved down to the disk tier (the copier making room while the
+// restore waited for slots), reads it from the disk tier: the disk tier's
+// record of it stays, the tiers' byte counts stay true, and it restores
+// byte for byte.
+func TestHostTierRestoreAcrossAMoveDown(t *testing.T) {
+	cfg := testConfig(t, "restoremove")
+	cfg.Tiers = []string{fmt.Sprintf("disk=%s:64MiB", tierDir(t)), fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 64, a) // more than the set's 32 slots: some recycled into the host tier
+	hash, found, n, err := fabric.TierRestoreAcrossMove(a, set.ID)
+	if found != "host" || n != 1 || err != nil {
+		t.Fatalf("restore across a move down: found in %q, %d restored, %v; want found in host, 1 restored", found, n, err)
+	}
+	if got := fabric.TierHolding(a, set.ID, hash); got != "disk" {
+		t.Fatalf("after the move and the restore the block is held by tier %q, want disk", got)
+	}
+	ts := tiersStatus(t, c, 2)
+	if ts[1].Blocks != 1 || ts[1].Restores != 1 || ts[0].Restores != 0 {
+		t.Fatalf("tiers %v, want the moved block on disk, restored from there", ts)
+	}
+	if per := ts[1].Bytes; per == 0 || ts[0].Bytes != ts[0].Blocks*per {
+		t.Fatalf("tiers' bytes: host %d for %d blocks, disk %d for its one", ts[0].Bytes, ts[0].Blocks, per)
+	}
+	i := slices.Index(hashes, hash)
+	if got := acquireChecked(t, c, set, hashes[i:i+1], uint64(i+1)); got != 1 {
+		t.Fatalf("acquired %d of the moved block", got)
+	}
+}
+
+// With the host tier missing (its size holds no block), a copy down that
+// fails is counted on the disk tier it was written to, not on the host
+// tier.
+func TestHostTierMissingFailuresCountedBelow(t *testing.T) {
+	cfg := testConfig(t, "hostfail")
+	cfg.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), "disk=" + tierDir(t) + ":64MiB"}
+	cfg.TierBlockBytes = fabric.MinHostTierBytes + 4096
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	fabric.TierFailIO(a, func(write, _ bool) error {
+		if write {
+			return unix.EIO
+		}
+		return nil
+	})
+	storeThrough(t, c, set, 40, a)
+	m := a.Metrics()
+	if len(m.Tiers) != 2 || m.Tiers[0].Failures != 0 || m.Tiers[1].Failures == 0 {
+		t.Fatalf("tiers' failures %+v, want none on the host tier, some on the disk tier", m.Tiers)
+	}
+}
+
+// An import that another set of the node's finds in the host tier says
+// so: its fetch's transport is "host"; one found on disk says "disk".
+func TestHostTierImportTransport(t *testing.T) {
+	cfg := testConfig(t, "hostimport")
+	cfg.Tiers = []string{fmt.Sprintf("disk=%s:64MiB", tierDir(t)), fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 64, a)
+	e := tierEngine
+	e.Name = "importer"
+	set2 := register(t, c, e)
+	for _, want := range []string{"host", "disk"} {
+		if want == "disk" {
+			if !fabric.TierMoveAllDown(a) {
+				t.Fatal("nothing moved down from the host tier")
+			}
+		}
+		i := slices.IndexFunc(hashes, func(h uint64) bool {
+			return fabric.TierHolding(a, set.ID, h) == want && !fabric.BlockSetHolds(a, set2.ID, h)
+		})
+		if i < 0 {
+			t.Fatalf("no block in the %s tier to import", want)
+		}
+		resp, err := c.Import(context.Background(), set2.ID, hashes[i:i+1])
+		if err != nil || len(resp.Blocks) != 1 || len(resp.Fetches) != 1 || resp.Fetches[0].Transport != want {
+			t.Fatalf("import of a block in the %s tier: %v, fetches %v, %s", want, err, resp.GetFetches(), resp.GetError())
+		}
 	}
 }

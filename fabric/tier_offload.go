@@ -291,7 +291,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		tag, err := t.ensureShape(l)
 		if err != nil {
 			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
-			t.list[0].failed.Add(1)
+			t.failedAt(d)
 			t.dropTaken(j)
 			continue
 		}
@@ -305,9 +305,15 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		if batch == nil {
 			if d = t.pick(); d == nil {
 				t.log.Warn("tier: block not copied down", "hash", j.hash, "err", "no disk tier is open")
-				t.list[0].failed.Add(1)
+				t.failedAt(d)
 				t.dropTaken(j)
 				continue
+			}
+			if d.isHost() {
+				// Room for the batch made before its first slot is read,
+				// in one move down, not a block at a time while slots
+				// are held.
+				t.hostRoom(d, len(jobs)-i)
 			}
 			batch = newBatch(d.store.Load())
 		}
@@ -316,7 +322,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 			// Ended now, not after the batch's commit: the slot, being
 			// read until then, is one an allocation may be waiting for.
 			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
-			t.list[0].failed.Add(1)
+			t.failedAt(d)
 			t.dropTaken(j)
 			if err := j.set.Offloaded(j.blk, false); err != nil {
 				t.log.Debug("tier: block not copied down and its slot moved on", "hash", j.hash, "err", err)
@@ -401,9 +407,10 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				if items[n].Data == nil {
 					t.direct.Add(1) // committed as written straight from its slot
 				}
-				t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout()))
-				out[at[n]].ok = true
-				put = append(put, items[n].Key.Hash)
+				if t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout())) {
+					put = append(put, items[n].Key.Hash)
+				}
+				out[at[n]].ok = true // kept below, here or in the tier that had it
 			case errors.Is(err, disk.ErrDropped):
 			case errors.Is(err, disk.ErrFull) && items[n].Data != nil:
 				keep, keepAt = append(keep, items[n]), append(keepAt, at[n])
@@ -416,7 +423,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 					t.directFailed(err) // written straight from a slot its caller holds
 				}
 				t.log.Warn("tier: block not copied down", "hash", items[n].Key.Hash, "err", err)
-				t.list[0].failed.Add(1)
+				t.failedAt(d)
 			}
 		}
 		d.offloads.Add(uint64(len(put)))
@@ -440,9 +447,22 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	}
 	for _, n := range at {
 		t.log.Warn("tier: block not copied down", "hash", jobs[n].hash, "err", lastErr)
-		t.list[0].failed.Add(1)
+		t.failedAt(d)
 	}
 	return out
+}
+
+// failedAt counts a copy down that failed on d, the tier it was written
+// to; before one was picked, on the tier pick gives (the first with none
+// open).
+func (t *tiers) failedAt(d *diskTier) {
+	if d == nil {
+		d = t.pick()
+	}
+	if d == nil {
+		d = t.list[0]
+	}
+	d.failed.Add(1)
 }
 
 // makeRoom drops d's least recently used blocks while d's store has no
@@ -451,10 +471,10 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 // from another tier frees nothing in d.
 func (t *tiers) makeRoom(d *diskTier) {
 	if d.isHost() {
-		t.hostRoom(d) // moved down, not dropped
+		t.hostRoom(d, 1) // moved down, not dropped
 		return
 	}
-	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldestOf(d); try++ {
+	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldestIn(d); try++ {
 	}
 }
 
@@ -475,22 +495,31 @@ func directRefused(err error) bool {
 	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EFAULT)
 }
 
-// placed records that tier d now holds k, length bytes.
-func (t *tiers) placed(d *diskTier, k disk.Key, length int) {
+// placed records that tier d now holds k, length bytes, just committed
+// there; false if another tier's record of k is kept instead. Another copy
+// of the same block got there first: in d, the store replaced it; in
+// another tier, that tier's copy and record stay (touched) and the copy
+// just committed to d, recorded nowhere, is deleted. A copy a record names
+// is never deleted here: that would leave the record naming a tier
+// without the block.
+func (t *tiers) placed(d *diskTier, k disk.Key, length int) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e, ok := t.pos[k]; ok {
-		// Another copy of the same block got there first: the store
-		// replaced it, in this tier or another.
 		old := e.Value.(*tierEntry)
-		t.heldBytes[old.tier] -= int64(old.length)
-		t.lru.Remove(e)
 		if old.tier != d.n {
-			t.list[old.tier].store.Load().Delete(k)
+			t.lru(old.tier).MoveToBack(e)
+			if err := d.store.Load().Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
+				t.log.Warn("tier: free a second copy", "hash", k.Hash, "tier", d.n, "err", err)
+			}
+			return false
 		}
+		t.heldBytes[old.tier] -= int64(old.length)
+		t.lru(old.tier).Remove(e)
 	}
-	t.pos[k] = t.lru.PushBack(&tierEntry{tier: d.n, key: k, length: length})
+	t.pos[k] = t.lru(d.n).PushBack(&tierEntry{tier: d.n, key: k, length: length})
 	t.heldBytes[d.n] += int64(length)
+	return true
 }
 
 // slotCopy is what a copy down writes: pieces of the slot itself and a
@@ -628,33 +657,6 @@ func (t *tiers) pick() *diskTier {
 		}
 	}
 	return best
-}
-
-// evictOldest drops the least recently used disk block; false if there is
-// none.
-func (t *tiers) evictOldest() bool { return t.evictOldestOf(nil) }
-
-// evictOldestOf drops the least recently used disk block of tier d (of
-// any tier if d is nil); false if it holds none.
-func (t *tiers) evictOldestOf(only *diskTier) bool {
-	t.mu.Lock()
-	e := t.lru.Front()
-	for only != nil && e != nil && e.Value.(*tierEntry).tier != only.n {
-		e = e.Next()
-	}
-	if e == nil {
-		t.mu.Unlock()
-		return false
-	}
-	te := e.Value.(*tierEntry)
-	t.mu.Unlock()
-	d := t.list[te.tier]
-	if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
-		t.log.Warn("tier: evict", "hash", te.key.Hash, "err", err)
-	}
-	d.evicted.Add(1)
-	t.forget(d, te.key)
-	return true
 }
 
 // announce publishes that this node holds (or no longer holds) hash on

@@ -18,11 +18,11 @@ import (
 // pending copy until the context ends.
 func TestTierWhereWaitFindsDiskBlockWithoutWaiting(t *testing.T) {
 	d := &diskTier{n: 0}
-	tr := &tiers{list: []*diskTier{d}, lru: list.New(), pos: map[disk.Key]*list.Element{},
+	tr := &tiers{list: []*diskTier{d}, pos: map[disk.Key]*list.Element{},
 		pending: map[uint64]*pendingCopy{}, done: make(chan struct{})}
 	onDisk := disk.Key{Hash: 7, Tag: 1}
 	notOnDisk := disk.Key{Hash: 8, Tag: 1}
-	tr.pos[onDisk] = tr.lru.PushBack(&tierEntry{tier: 0, key: onDisk, length: 4096})
+	tr.pos[onDisk] = tr.lru(0).PushBack(&tierEntry{tier: 0, key: onDisk, length: 4096})
 	for _, h := range []uint64{onDisk.Hash, notOnDisk.Hash} {
 		tr.pending[h] = &pendingCopy{n: 1, done: make(chan struct{})} // never closed
 	}
@@ -134,7 +134,7 @@ func TestSlotPieces(t *testing.T) {
 // recently used blocks, however much older the other tier's are: a block
 // dropped from the other frees nothing where the copy goes.
 func TestTierMakeRoomEvictsFromItsTier(t *testing.T) {
-	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), lru: list.New(),
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
 	const slots = 4
 	for i := range 2 {
@@ -179,5 +179,168 @@ func TestTierTakeMakesNoStager(t *testing.T) {
 	tr := &tiers{a: &Agent{}}
 	if _, err := tr.stager(0, false); err != errNoStagerKept {
 		t.Fatalf("stager with none kept, none to be made: %v, want errNoStagerKept", err)
+	}
+}
+
+// forget of a block in a tier its record no longer names (the block moved
+// to another tier meanwhile) leaves the record, and the bytes counted for
+// each tier, as they are; in the tier named, it drops them.
+func TestTierForgetOnlyItsTier(t *testing.T) {
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
+	tr.list = []*diskTier{{n: 0}, {n: 1}}
+	k := disk.Key{Hash: 3, Tag: 1}
+	tr.placed(tr.list[1], k, 100)
+	tr.forget(tr.list[0], k)
+	if tr.where(k) != tr.list[1] || tr.heldBytes[0] != 0 || tr.heldBytes[1] != 100 {
+		t.Fatalf("forget in tier 0 of a block recorded in tier 1: held by %v, bytes %v; want tier 1, [0 100]", tr.where(k), tr.heldBytes)
+	}
+	tr.forget(tr.list[1], k)
+	if tr.where(k) != nil || tr.heldBytes[1] != 0 {
+		t.Fatalf("forget in its tier: held by %v, bytes %v; want none, [0 0]", tr.where(k), tr.heldBytes)
+	}
+}
+
+// hostOverDisk is tiers of a host tier of slots blocks over a disk tier,
+// of blocks of disk.Align bytes, without an agent's workers.
+func hostOverDisk(t *testing.T, slots int) (*tiers, *diskTier, *diskTier) {
+	t.Helper()
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2), blockBytes: disk.Align, ctx: context.Background()}
+	tr.room.Store(disk.Align)
+	mem, err := disk.NewMem(disk.MemConfig{Bytes: int64(slots) * disk.Align, SlotBytes: disk.Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mem.Close() })
+	st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 64 * disk.Align, SlotBytes: disk.Align, Buffered: true, Logger: tr.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	h := &diskTier{n: 0, spec: TierSpec{Kind: tierHost}}
+	h.store.Store(mem)
+	d := &diskTier{n: 1, spec: TierSpec{Kind: "disk"}}
+	d.store.Store(st)
+	tr.list = []*diskTier{h, d}
+	return tr, h, d
+}
+
+// Whatever copies of a block a move down races with, the tier its record
+// names holds it: a second copy committed to the host tier while the block
+// moves down, before the move's record below or after it, and recorded
+// before or after it, leaves no record naming a tier without the block,
+// and no copy no record names.
+func TestHostMoveRacingASecondCopy(t *testing.T) {
+	for _, tc := range []struct {
+		desc   string
+		after  bool // the second copy committed after the move's record, else before
+		placed bool // and recorded at once, else once the move ended
+	}{
+		{"committed and recorded before the move's record", false, true},
+		{"committed before the move's record, recorded after the move", false, false},
+		{"committed and recorded after the move's record", true, true},
+	} {
+		tr, h, d := hostOverDisk(t, 4)
+		ctx := context.Background()
+		k := disk.Key{Hash: 9, Tag: 1}
+		data := bytes.Repeat([]byte{0x5a}, 3000)
+		if err := h.store.Load().Put(ctx, k, data); err != nil {
+			t.Fatal(err)
+		}
+		tr.placed(h, k, len(data))
+		second := func() {
+			if err := h.store.Load().Put(ctx, k, data); err != nil {
+				t.Error(err)
+				return
+			}
+			if tc.placed {
+				tr.placed(h, k, len(data))
+			}
+		}
+		hook := &tr.beforeMoved
+		if tc.after {
+			hook = &tr.afterMoved
+		}
+		hook.Store(&second)
+		if !tr.moveOldest(h) {
+			t.Fatalf("%s: nothing moved", tc.desc)
+		}
+		hook.Store(nil)
+		if !tc.placed {
+			tr.placed(h, k, len(data))
+		}
+		at := tr.where(k)
+		if at == nil {
+			t.Fatalf("%s: no record of the block", tc.desc)
+		}
+		buf := make([]byte, disk.Align)
+		n, err := at.store.Load().Get(ctx, k, buf)
+		if err != nil || !bytes.Equal(buf[:n], data) {
+			t.Fatalf("%s: the record names tier %d, whose copy reads %d bytes, %v", tc.desc, at.n, n, err)
+		}
+		for _, x := range []*diskTier{h, d} {
+			if x != at && x.store.Load().Stats().Blocks != 0 {
+				t.Fatalf("%s: tier %d holds a copy no record names", tc.desc, x.n)
+			}
+			want := int64(0)
+			if x == at {
+				want = int64(len(data))
+			}
+			if tr.heldBytes[x.n] != want {
+				t.Fatalf("%s: tier %d counts %d bytes, want %d", tc.desc, x.n, tr.heldBytes[x.n], want)
+			}
+		}
+	}
+}
+
+// A full host tier makes room for a batch in moves down of hostMoveBatch
+// blocks at most: its least recently used blocks written below in one
+// batch (one commit there) per hostMoveBatch, as many as the batch needs;
+// then each is recorded below, byte for byte, and freed above.
+func TestHostRoomMovesABatch(t *testing.T) {
+	for _, tc := range []struct {
+		desc        string
+		slots, want int
+		commits     uint64
+	}{
+		{"a batch of 8", 8, 8, 1},
+		{"a batch of hostMoveBatch", hostMoveBatch, hostMoveBatch, 1},
+		{"one past hostMoveBatch: two moves", hostMoveBatch + 1, hostMoveBatch + 1, 2},
+	} {
+		tr, h, d := hostOverDisk(t, tc.slots)
+		ctx := context.Background()
+		data := func(i int) []byte { return bytes.Repeat([]byte{byte(i + 1)}, 3000) }
+		for i := range tc.slots {
+			k := disk.Key{Hash: uint64(i + 1), Tag: 1}
+			if err := h.store.Load().Put(ctx, k, data(i)); err != nil {
+				t.Fatal(err)
+			}
+			tr.placed(h, k, 3000)
+		}
+		commits := d.store.Load().Stats().Commits
+		tr.hostRoom(h, tc.want)
+		if free := h.store.Load().Free(); free != tc.want {
+			t.Fatalf("%s: %d free host slots, want %d", tc.desc, free, tc.want)
+		}
+		if got := d.store.Load().Stats().Commits - commits; got != tc.commits {
+			t.Fatalf("%s: %d commits below, want %d", tc.desc, got, tc.commits)
+		}
+		buf := make([]byte, disk.Align)
+		for i := range tc.slots {
+			k := disk.Key{Hash: uint64(i + 1), Tag: 1}
+			at := tr.where(k)
+			if want := h; i < tc.want {
+				want = d
+				if at != want {
+					t.Fatalf("%s: block %d (of the oldest) in tier %v, want the disk tier", tc.desc, i, at)
+				}
+			} else if at != want {
+				t.Fatalf("%s: block %d (of the newest) in tier %v, want the host tier", tc.desc, i, at)
+			}
+			if n, err := at.store.Load().Get(ctx, k, buf); err != nil || !bytes.Equal(buf[:n], data(i)) {
+				t.Fatalf("%s: block %d reads %d bytes, %v", tc.desc, i, n, err)
+			}
+		}
 	}
 }

@@ -111,18 +111,30 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 				}
 				var got int
 				var err error
-				if pieces != nil {
-					got, err = f.d.store.Load().GetPieces(ctx, f.k, append(pieces, tr[:tierTrailer])...)
-					if err != nil && directRefused(err) {
-						t.directFailed(err)
-						pieces = nil // read again through a buffer
+				for try := 0; ; try++ {
+					if pieces != nil {
+						got, err = f.d.store.Load().GetPieces(ctx, f.k, append(pieces, tr[:tierTrailer])...)
+						if err != nil && directRefused(err) {
+							t.directFailed(err)
+							pieces = nil // read again through a buffer
+						}
 					}
-				}
-				if pieces == nil {
-					if buf == nil {
-						buf = t.buffer()
+					if pieces == nil {
+						if buf == nil {
+							buf = t.buffer()
+						}
+						got, err = f.d.store.Load().Get(ctx, f.k, buf)
 					}
-					got, err = f.d.store.Load().Get(ctx, f.k, buf)
+					if try > 0 || !errors.Is(err, disk.ErrNotFound) {
+						break
+					}
+					// Moved meanwhile (down from the host tier): read
+					// once more from the tier that holds it now.
+					d := t.where(f.k)
+					if d == nil || d == f.d {
+						break
+					}
+					f.d, run[i].d = d, d
 				}
 				switch {
 				case errors.Is(err, disk.ErrTooLarge):
@@ -220,7 +232,17 @@ func (a *Agent) fromTier(ctx context.Context, s *sessionSet, hashes []uint64, pa
 		refs[i] = &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(b.Slot)}
 	}
 	l := s.set.Layout()
-	f := &fabricpb.Fetch{Node: a.cfg.NodeName, Transport: "disk", Blocks: uint32(len(blks)),
+	// "host" where every block came from the host tier (restores leave
+	// their copies in their tiers), else "disk".
+	transport := tierHost
+	tag := shapeTag(l)
+	for _, h := range hashes[:len(blks)] {
+		if d := a.tiers.where(disk.Key{Hash: h, Tag: tag}); d == nil || !d.isHost() {
+			transport = "disk"
+			break
+		}
+	}
+	f := &fabricpb.Fetch{Node: a.cfg.NodeName, Transport: transport, Blocks: uint32(len(blks)),
 		Bytes: uint64(len(blks)) * l.Strides().Shard * uint64(l.TPSize), Micros: uint64(time.Since(start).Microseconds())}
 	return refs, f, nil
 }

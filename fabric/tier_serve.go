@@ -105,9 +105,11 @@ func (t *tiers) status() []*fabricpb.Tier {
 	return out
 }
 
-// TierMetrics are one disk tier's figures.
+// TierMetrics are one tier's figures (a disk tier's or the host tier's).
 type TierMetrics struct {
-	// Tier is its place in Config.Tiers; Path its directory.
+	// Tier is its place in the tiers' order (the host tier first, then
+	// the disk tiers in Config.Tiers' order), as in status; Path its
+	// directory (none for the host tier).
 	Tier int
 	Path string
 	// Blocks and Bytes are what it holds now.

@@ -55,6 +55,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"agent", "--local", "--print-config"}, 0},
 		{[]string{"agent", "--local", "--data-dir", filepath.Join(dir, "a"), "--pool", "host=64"}, 2},          // a unit left out
 		{[]string{"agent", "--local", "--data-dir", filepath.Join(dir, "a"), "--pool", "host=16777216TiB"}, 2}, // past any machine's memory
+		{[]string{"agent", "--local", "--data-dir", filepath.Join(dir, "a"), "--tier", "host=1TiB"}, 2},        // more memory than is available
 
 		{[]string{"certs"}, 2},
 		{[]string{"certs", "ca", "--out", caDir}, 0},

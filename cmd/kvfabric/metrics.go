@@ -188,12 +188,12 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 		tier := []string{"tier", fmt.Sprint(tm.Tier), "path", tm.Path, "kind", tm.Kind}
 		e.gauge("kvfabric_tier_blocks", "Blocks a tier (disk or host) holds.", float64(tm.Blocks), tier...)
 		e.gauge("kvfabric_tier_bytes", "Bytes a tier (disk or host) holds.", float64(tm.Bytes), tier...)
-		e.counter("kvfabric_tier_offloads_total", "Blocks copied down to a disk tier instead of being recycled away.", float64(tm.Offloads), tier...)
-		e.counter("kvfabric_tier_restores_total", "Blocks restored from a disk tier into host slots (for engines, or staged for peers).", float64(tm.Restores), tier...)
-		e.counter("kvfabric_tier_checksum_failures_total", "Disk blocks that failed a check on their way up: dropped, never served.", float64(tm.ChecksumFailures), tier...)
-		e.counter("kvfabric_tier_evictions_total", "Disk blocks dropped to make room for newer ones.", float64(tm.Evictions), tier...)
+		e.counter("kvfabric_tier_offloads_total", "Blocks copied down to a tier (disk or host) instead of being recycled away, and blocks moved down to a disk tier from the host tier.", float64(tm.Offloads), tier...)
+		e.counter("kvfabric_tier_restores_total", "Blocks restored from a tier (disk or host) into pool slots (for engines, or staged for peers).", float64(tm.Restores), tier...)
+		e.counter("kvfabric_tier_checksum_failures_total", "Blocks of a tier (disk or host) that failed a check on their way up: dropped, never served.", float64(tm.ChecksumFailures), tier...)
+		e.counter("kvfabric_tier_evictions_total", "Blocks a tier (disk or host) dropped to make room for newer ones.", float64(tm.Evictions), tier...)
 		e.counter("kvfabric_tier_offload_failures_total", "Copies down that failed (the block was recycled as without a tier).", float64(tm.Failures), tier...)
-		e.histogram("kvfabric_tier_restore_duration_seconds", "Restore of one block from a disk tier: read, checks and copy into its slot.", tm.RestoreTime, tier...)
+		e.histogram("kvfabric_tier_restore_duration_seconds", "Restore of one block from a tier (disk or host): read, checks and copy into its slot.", tm.RestoreTime, tier...)
 		if tm.Tier == 0 {
 			e.counter("kvfabric_tier_queue_full_total", "Blocks the disk tiers' queue had no room for (recycled without a copy when their slot was needed).", float64(tm.QueueFull))
 			e.counter("kvfabric_tier_offload_skipped_total", "Blocks dropped instead of copied down because an allocation needed their slots before their copy began (allocations never wait for the disk).", float64(m.Pool.OffloadsGivenUp), "reason", "slot_needed")

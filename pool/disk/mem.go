@@ -32,9 +32,14 @@ type MemStore struct {
 
 	mu      sync.Mutex
 	closed  bool
-	entries map[Key]entry
-	free    []uint32
-	busy    map[uint32]int // slots being read: not reused until done
+	entries map[Key]memEntry
+	gen     uint64 // the last block put's generation
+	// free is the slots freed since they were first used; fresh the
+	// first never used (slots from fresh on are free too): a store of
+	// millions of slots starts with no list to build.
+	free  []uint32
+	fresh uint32
+	busy  map[uint32]int // slots being read: not reused until done
 	// order is the blocks' keys, least recently put or read first; at
 	// is each one's element.
 	order *list.List
@@ -43,6 +48,13 @@ type MemStore struct {
 	stats struct {
 		puts, gets, deletes, corrupt, bytesWritten, bytesRead atomic.Uint64
 	}
+}
+
+// memEntry is a block's entry and its generation: a number no other
+// put of the store's gave.
+type memEntry struct {
+	entry
+	gen uint64
 }
 
 // MemConfig describes a MemStore.
@@ -72,7 +84,7 @@ func NewMem(cfg MemConfig) (*MemStore, error) {
 		return nil, fmt.Errorf("%w: bytes %d is not in %d (one slot)..%d", ErrInvalidConfig, cfg.Bytes, cfg.SlotBytes, int64(MaxMemBytes))
 	}
 	slots := int(cfg.Bytes / int64(cfg.SlotBytes))
-	s := &MemStore{cfg: cfg, slots: slots, entries: map[Key]entry{}, busy: map[uint32]int{},
+	s := &MemStore{cfg: cfg, slots: slots, entries: map[Key]memEntry{}, busy: map[uint32]int{},
 		order: list.New(), at: map[Key]*list.Element{}}
 	need := slots * cfg.SlotBytes
 	switch {
@@ -87,11 +99,7 @@ func NewMem(cfg MemConfig) (*MemStore, error) {
 	default:
 		s.arena = cfg.Memory[:need:need]
 	}
-	s.free = make([]uint32, slots)
-	for i := range s.free {
-		s.free[i] = uint32(slots - 1 - i) // slot 0 taken first
-	}
-	return s, nil
+	return s, nil // slots handed out as they are first needed (take)
 }
 
 func (s *MemStore) slot(n uint32) []byte {
@@ -141,7 +149,7 @@ func (s *MemStore) Stats() Stats {
 func (s *MemStore) Free() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.free)
+	return len(s.free) + s.slots - int(s.fresh)
 }
 
 // Put copies data in under k; ErrFull with every slot taken.
@@ -166,6 +174,10 @@ func (s *MemStore) take() (uint32, error) {
 		return 0, ErrClosed
 	}
 	if len(s.free) == 0 {
+		if int(s.fresh) < s.slots {
+			s.fresh++
+			return s.fresh - 1, nil
+		}
 		return 0, fmt.Errorf("disk: host memory tier of %d slots: %w", s.slots, ErrFull)
 	}
 	n := s.free[len(s.free)-1]
@@ -214,6 +226,18 @@ func (s *MemStore) Get(ctx context.Context, k Key, dst []byte) (int, error) {
 // The bytes are checked as they are copied out: on an error the pieces
 // may hold some of them.
 func (s *MemStore) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int, error) {
+	n, _, err := s.getPieces(k, pieces)
+	return n, err
+}
+
+// GetGen is Get that also returns the generation of the copy read: each
+// put of a block (a key put again included) makes a new one. DeleteIf
+// with it deletes that copy and no later one.
+func (s *MemStore) GetGen(ctx context.Context, k Key, dst []byte) (int, uint64, error) {
+	return s.getPieces(k, [][]byte{dst})
+}
+
+func (s *MemStore) getPieces(k Key, pieces [][]byte) (int, uint64, error) {
 	total := 0
 	for _, p := range pieces {
 		total += len(p)
@@ -221,16 +245,16 @@ func (s *MemStore) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int,
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return 0, ErrClosed
+		return 0, 0, ErrClosed
 	}
 	e, ok := s.entries[k]
 	if !ok {
 		s.mu.Unlock()
-		return 0, fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
+		return 0, 0, fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
 	}
 	if int(e.length) > total {
 		s.mu.Unlock()
-		return 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
+		return 0, 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
 	}
 	s.busy[e.slot]++
 	s.using.Add(1)
@@ -254,10 +278,10 @@ func (s *MemStore) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int,
 	if h.Sum64() != e.sum {
 		s.stats.corrupt.Add(1)
 		s.drop(k, e)
-		return 0, fmt.Errorf("disk: block %016x in host memory does not match its checksum: %w", k.Hash, ErrCorrupt)
+		return 0, 0, fmt.Errorf("disk: block %016x in host memory does not match its checksum: %w", k.Hash, ErrCorrupt)
 	}
 	s.stats.bytesRead.Add(uint64(e.length))
-	return int(e.length), nil
+	return int(e.length), e.gen, nil
 }
 
 // Delete removes the block under k; its slot is reused once no read holds it.
@@ -277,8 +301,27 @@ func (s *MemStore) Delete(k Key) error {
 	return nil
 }
 
+// DeleteIf removes the block under k if it is still the copy of
+// generation gen (GetGen): a copy put since is kept. ErrNotFound if k is
+// not held, or held in another generation.
+func (s *MemStore) DeleteIf(k Key, gen uint64) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	e, ok := s.entries[k]
+	s.mu.Unlock()
+	if !ok || e.gen != gen {
+		return fmt.Errorf("disk: block %016x of generation %d: %w", k.Hash, gen, ErrNotFound)
+	}
+	s.drop(k, e)
+	s.stats.deletes.Add(1)
+	return nil
+}
+
 // drop removes k if it still names e, and frees its slot.
-func (s *MemStore) drop(k Key, e entry) {
+func (s *MemStore) drop(k Key, e memEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if cur, ok := s.entries[k]; !ok || cur != e {
@@ -316,7 +359,7 @@ func (s *MemStore) Close() error {
 		return nil
 	}
 	s.closed = true
-	s.entries = map[Key]entry{}
+	s.entries = map[Key]memEntry{}
 	s.order.Init()
 	s.at = map[Key]*list.Element{}
 	s.mu.Unlock()
@@ -424,9 +467,11 @@ func (s *MemStore) fill(slot uint32, pieces [][]byte, n int) (entry, error) {
 	return entry{slot: slot, length: uint32(n), sum: h.Sum64()}, nil
 }
 
-// Wait returns item i's copy's error: nil for an item copied (a copy in
-// memory ends as it is added), else why it was not (Add's error, as
-// Commit returns it).
+// Wait returns item i's copy's error as Batch.Wait returns its write's:
+// nil once its bytes are copied (a copy in memory ends as it is added, so
+// Wait never waits); for an item never copied, why not (Add's error:
+// ErrFull, ErrTooLarge, ErrClosed, a ctx that had ended; ErrDropped after
+// Drop).
 func (b *MemBatch) Wait(i int) error {
 	if it := &b.items[i]; !it.sent {
 		return it.err
@@ -487,7 +532,8 @@ func (b *MemBatch) Commit() []error {
 		if old, ok := s.entries[it.key]; ok {
 			s.releaseSlotLocked(old.slot)
 		}
-		s.entries[it.key] = it.e
+		s.gen++
+		s.entries[it.key] = memEntry{it.e, s.gen}
 		s.forgetLocked(it.key)
 		s.at[it.key] = s.order.PushBack(it.key)
 		s.stats.puts.Add(1)
@@ -495,4 +541,18 @@ func (b *MemBatch) Commit() []error {
 	}
 	b.items = nil
 	return errs
+}
+
+// ProbeMem says whether a MemStore of bytes could map its memory now: it
+// maps as much as NewMem would (no pages touched) and unmaps it again.
+// Where the kernel refuses to overcommit, the error is its refusal.
+func ProbeMem(bytes int64) error {
+	if bytes <= 0 || bytes > MaxMemBytes {
+		return fmt.Errorf("%w: bytes %d is not in 1..%d", ErrInvalidConfig, bytes, int64(MaxMemBytes))
+	}
+	m, err := unix.Mmap(-1, 0, int(bytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return fmt.Errorf("disk: host memory of %d bytes: %w", bytes, err)
+	}
+	return unix.Munmap(m)
 }

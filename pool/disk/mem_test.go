@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func memBlock(seed byte, n int) []byte {
@@ -141,5 +145,280 @@ func TestMemConfig(t *testing.T) {
 		if s != nil {
 			s.Close()
 		}
+	}
+}
+
+// DeleteIf deletes the copy of the generation read and no other: a copy
+// of the same key put since (the same bytes, even in the same slot) is
+// kept.
+func TestMemStoreDeleteIf(t *testing.T) {
+	ctx := context.Background()
+	s, err := NewMem(MemConfig{Bytes: 2 * Align, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	k := Key{Hash: 5, Tag: 1}
+	data := memBlock(5, 3000)
+	if err := s.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, Align)
+	n, first, err := s.GetGen(ctx, k, dst)
+	if err != nil || !bytes.Equal(dst[:n], data) {
+		t.Fatalf("GetGen: %d bytes, %v", n, err)
+	}
+	// Freed and put again: the same key, the same bytes, a new copy.
+	if err := s.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteIf(k, first); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("DeleteIf of a copy since replaced: %v, want ErrNotFound", err)
+	}
+	if !s.Has(k) {
+		t.Fatal("DeleteIf of an older generation deleted the copy put since")
+	}
+	_, second, err := s.GetGen(ctx, k, dst)
+	if err != nil || second == first {
+		t.Fatalf("GetGen of the copy put again: generation %d (was %d), %v", second, first, err)
+	}
+	if err := s.DeleteIf(k, second); err != nil {
+		t.Fatalf("DeleteIf of the copy read: %v", err)
+	}
+	if s.Has(k) || s.Free() != 2 {
+		t.Fatalf("after DeleteIf: held %v, %d free slots, want gone, 2", s.Has(k), s.Free())
+	}
+	if err := s.DeleteIf(k, second); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("DeleteIf twice: %v, want ErrNotFound", err)
+	}
+}
+
+// ProbeMem maps and unmaps what NewMem would; sizes outside 1..MaxMemBytes
+// are refused as invalid, not mapped.
+func TestProbeMem(t *testing.T) {
+	if err := ProbeMem(16 << 20); err != nil {
+		t.Fatalf("ProbeMem of 16MiB: %v", err)
+	}
+	for _, n := range []int64{0, -1, MaxMemBytes + 1} {
+		if err := ProbeMem(n); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("ProbeMem(%d): %v, want ErrInvalidConfig", n, err)
+		}
+	}
+}
+
+// A MemStore of as many slots as MaxMemBytes holds starts without a list
+// of them (a few allocations, not one entry per slot), every slot free;
+// slots are handed out first used, freed ones again before new ones.
+func TestMemStoreSlotsHandedOutLazily(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	s, err := NewMem(MemConfig{Bytes: MaxMemBytes, SlotBytes: Align})
+	if err != nil {
+		t.Skipf("a mapping of %d bytes refused here (overcommit): %v", int64(MaxMemBytes), err)
+	}
+	runtime.ReadMemStats(&after)
+	defer s.Close()
+	slots := MaxMemBytes / Align
+	if s.Free() != slots {
+		t.Fatalf("%d free slots, want %d", s.Free(), slots)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+		t.Fatalf("NewMem of %d slots allocated %d bytes", slots, grew)
+	}
+	ctx := context.Background()
+	for i := range 3 {
+		if err := s.Put(ctx, Key{Hash: uint64(i)}, memBlock(byte(i), 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Delete(Key{Hash: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if s.Free() != slots-2 {
+		t.Fatalf("%d free slots after 3 puts and a delete, want %d", s.Free(), slots-2)
+	}
+	if err := s.Put(ctx, Key{Hash: 3}, memBlock(3, 100)); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	reused, fresh := s.entries[Key{Hash: 3}].slot, s.fresh
+	s.mu.Unlock()
+	if reused != 1 || fresh != 3 {
+		t.Fatalf("the put after a delete took slot %d (%d first used), want the freed slot 1 (3)", reused, fresh)
+	}
+	dst := make([]byte, Align)
+	for _, i := range []int{0, 2, 3} {
+		if n, err := s.Get(ctx, Key{Hash: uint64(i)}, dst); err != nil || !bytes.Equal(dst[:n], memBlock(byte(i), 100)) {
+			t.Fatalf("get %d: %d bytes, %v", i, n, err)
+		}
+	}
+}
+
+// A MemBatch and a Store's Batch answer Wait and Commit alike: an item
+// added nil, one past MaxPutBatch ErrTooLarge, one dropped ErrDropped, one
+// with no free slot ErrFull; a batch of MaxPutBatch blocks goes in whole.
+func TestMemBatchWaitsAsBatch(t *testing.T) {
+	ctx := context.Background()
+	const slots = MaxPutBatch + 1
+	mem, err := NewMem(MemConfig{Bytes: slots * Align, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	st, err := Open(Config{Dir: t.TempDir(), Bytes: slots * Align, SlotBytes: Align, Buffered: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	type batch interface {
+		Add(ctx context.Context, k Key, data []byte)
+		Wait(i int) error
+		Drop(i int)
+		Commit() []error
+	}
+	for _, tc := range []struct {
+		name  string
+		b     func() batch
+		store interface {
+			Free() int
+			Stats() Stats
+		}
+	}{
+		{"MemBatch", func() batch { return mem.NewBatch() }, mem},
+		{"Batch", func() batch { return st.NewBatch() }, st},
+	} {
+		// MaxPutBatch blocks, then one past it.
+		b := tc.b()
+		for i := range MaxPutBatch + 1 {
+			b.Add(ctx, Key{Hash: uint64(i), Tag: 1}, memBlock(byte(i), 1000))
+		}
+		for i := range MaxPutBatch {
+			if err := b.Wait(i); err != nil {
+				t.Fatalf("%s: item %d of %d: %v", tc.name, i, MaxPutBatch, err)
+			}
+		}
+		if err := b.Wait(MaxPutBatch); !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("%s: item past MaxPutBatch: %v, want ErrTooLarge", tc.name, err)
+		}
+		b.Drop(0)
+		if err := b.Wait(0); !errors.Is(err, ErrDropped) {
+			t.Fatalf("%s: item dropped: %v, want ErrDropped", tc.name, err)
+		}
+		errs := b.Commit()
+		for i, err := range errs {
+			var want error
+			switch i {
+			case 0:
+				want = ErrDropped
+			case MaxPutBatch:
+				want = ErrTooLarge
+			}
+			if (want == nil && err != nil) || (want != nil && !errors.Is(err, want)) {
+				t.Fatalf("%s: commit of item %d: %v, want %v", tc.name, i, err, want)
+			}
+		}
+		if got := tc.store.Stats().Blocks; got != MaxPutBatch-1 {
+			t.Fatalf("%s: %d blocks after the commit, want %d", tc.name, got, MaxPutBatch-1)
+		}
+		// Two free slots: the third added has none.
+		b = tc.b()
+		for i := range 3 {
+			b.Add(ctx, Key{Hash: uint64(1000 + i), Tag: 1}, memBlock(byte(i), 1000))
+		}
+		if err := b.Wait(2); !errors.Is(err, ErrFull) {
+			t.Fatalf("%s: item with no free slot: %v, want ErrFull", tc.name, err)
+		}
+		if errs := b.Commit(); errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], ErrFull) {
+			t.Fatalf("%s: commit with the store full: %v", tc.name, errs)
+		}
+		if tc.store.Free() != 0 {
+			t.Fatalf("%s: %d free slots, want 0", tc.name, tc.store.Free())
+		}
+	}
+}
+
+// Readers, deletes, puts reusing the slots freed and Close, all at once:
+// a read returns the bytes of the key it asked for or an error (not
+// found, closed), never another block's bytes from a reused slot; Close
+// ends with the reads under way.
+func TestMemStoreConcurrent(t *testing.T) {
+	ctx := context.Background()
+	s, err := NewMem(MemConfig{Bytes: 4 * Align, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keys = 8 // twice the slots: every put past 4 reuses a freed slot
+	block := func(k uint64) []byte { return memBlock(byte(k*37+1), 3000) }
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var reads, found atomic.Int64
+	for r := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dst := make([]byte, Align)
+			for i := r; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := uint64(i % keys)
+				n, err := s.Get(ctx, Key{Hash: k}, dst)
+				reads.Add(1)
+				switch {
+				case errors.Is(err, ErrClosed):
+					return
+				case errors.Is(err, ErrNotFound):
+				case err != nil:
+					t.Errorf("get %d: %v", k, err)
+					return
+				case !bytes.Equal(dst[:n], block(k)):
+					t.Errorf("get %d: %d bytes not its own", k, n)
+					return
+				default:
+					found.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k := uint64(i % keys)
+			if err := s.Put(ctx, Key{Hash: k}, block(k)); errors.Is(err, ErrClosed) {
+				return
+			}
+			if err := s.Delete(Key{Hash: (k + keys/2) % keys}); errors.Is(err, ErrClosed) {
+				return
+			}
+		}
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for (reads.Load() < 20000 || found.Load() < 1000) && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	wg.Wait()
+	if found.Load() == 0 {
+		t.Fatalf("%d reads, none found a block", reads.Load())
+	}
+	if _, err := s.Get(ctx, Key{Hash: 0}, make([]byte, Align)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("get after Close: %v, want ErrClosed", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close twice: %v", err)
 	}
 }
