@@ -278,23 +278,7 @@ func TestTierDevicePoolKeepsWhatItRecycles(t *testing.T) {
 				t.Fatalf("tier after acquiring everything: %+v, want %d or more restores", ts, n-32)
 			}
 
-			c2 := dial(t, n2)
-			waitLookup(t, c2, hashes)
-			e := tierEngine
-			e.Name, e.Slots = "importer", 64
-			set2 := register(t, c2, e)
-			for from := 0; from < n; from += 16 {
-				resp, err := c2.Import(context.Background(), set2.ID, hashes[from:from+16])
-				if err != nil || len(resp.Blocks) != 16 {
-					t.Fatalf("import of blocks %d..%d: %v %v", from, from+15, err, resp.GetError())
-				}
-				checkImported(t, set2, resp.Blocks, uint64(from+1))
-				var rel []uint32
-				for _, b := range resp.Blocks {
-					rel = append(rel, b.Slot)
-				}
-				c2.Release(context.Background(), set2.ID, rel)
-			}
+			peerImportsAll(t, dial(t, n2), hashes)
 		})
 	}
 }

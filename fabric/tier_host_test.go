@@ -173,23 +173,7 @@ func TestHostTierServesPeers(t *testing.T) {
 	if fabric.TierHolding(n1, set.ID, hashes[0]) != "host" || fabric.BlockSetHolds(n1, set.ID, hashes[0]) {
 		t.Fatal("the first block is not in the host tier alone")
 	}
-	c2 := dial(t, n2)
-	waitLookup(t, c2, hashes)
-	e := tierEngine
-	e.Name, e.Slots = "importer", 64
-	set2 := register(t, c2, e)
-	for from := 0; from < n; from += 16 {
-		resp, err := c2.Import(context.Background(), set2.ID, hashes[from:from+16])
-		if err != nil || len(resp.Blocks) != 16 {
-			t.Fatalf("import of blocks %d..%d: %v %v", from, from+15, err, resp.GetError())
-		}
-		checkImported(t, set2, resp.Blocks, uint64(from+1))
-		var rel []uint32
-		for _, b := range resp.Blocks {
-			rel = append(rel, b.Slot)
-		}
-		c2.Release(context.Background(), set2.ID, rel)
-	}
+	peerImportsAll(t, dial(t, n2), hashes)
 	if ts := tiersStatus(t, c, 1)[0]; ts.Restores == 0 || ts.ChecksumFailures != 0 {
 		t.Fatalf("host tier after the imports: %+v, want blocks staged from it for the peer", ts)
 	}

@@ -25,6 +25,32 @@ import (
 // a set of 32 slots (1 MiB).
 var tierEngine = client.Engine{Name: "tiered", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 32}
 
+// peerImportsAll has c (a client of another agent) import every block of
+// hashes, content ids 1 on, 16 at a time into a set of 64 slots, each
+// checked byte for byte.
+func peerImportsAll(t *testing.T, c *client.Client, hashes []uint64) {
+	t.Helper()
+	waitLookup(t, c, hashes)
+	e := tierEngine
+	e.Name, e.Slots = "importer", 64
+	set := register(t, c, e)
+	for from := 0; from < len(hashes); from += 16 {
+		to := min(from+16, len(hashes))
+		resp, err := c.Import(context.Background(), set.ID, hashes[from:to])
+		if err != nil || len(resp.Blocks) != to-from {
+			t.Fatalf("import of blocks %d..%d: %v %v", from, to-1, err, resp.GetError())
+		}
+		checkImported(t, set, resp.Blocks, uint64(from+1))
+		var rel []uint32
+		for _, b := range resp.Blocks {
+			rel = append(rel, b.Slot)
+		}
+		if err := c.Release(context.Background(), set.ID, rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // storeThrough stores n blocks with content ids 1..n through set, 8 at a
 // time, each batch released once registered, so that the set recycles
 // (here: copies down) the older ones. It returns their sequence hashes.
@@ -177,23 +203,7 @@ func TestTierKeepsWhatThePoolRecycles(t *testing.T) {
 	}
 
 	// A peer imports all of them, 16 at a time, byte for byte.
-	c2 := dial(t, n2)
-	waitLookup(t, c2, hashes)
-	e := tierEngine
-	e.Name, e.Slots = "importer", 64
-	set2 := register(t, c2, e)
-	for from := 0; from < n; from += 16 {
-		resp, err := c2.Import(context.Background(), set2.ID, hashes[from:from+16])
-		if err != nil || len(resp.Blocks) != 16 {
-			t.Fatalf("import of blocks %d..%d: %v %v", from, from+15, err, resp.GetError())
-		}
-		checkImported(t, set2, resp.Blocks, uint64(from+1))
-		var rel []uint32
-		for _, b := range resp.Blocks {
-			rel = append(rel, b.Slot)
-		}
-		c2.Release(context.Background(), set2.ID, rel)
-	}
+	peerImportsAll(t, dial(t, n2), hashes)
 }
 
 // Blocks copied down go in batches: one journal commit (a data sync and a
