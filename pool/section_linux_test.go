@@ -78,7 +78,16 @@ func startSectionEngine(t *testing.T, s *Section) (*sectionEngine, uint64) {
 	}
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), sectionChildEnv+"=1")
-	cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(s.FD()), "section")}
+	// The child gets a duplicate of the section's descriptor: an
+	// *os.File over the section's own would close it when collected,
+	// under the section (whose Close then fails with EBADF).
+	fd, err := unix.Dup(s.FD())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "section")
+	defer f.Close() // the child has its own copy once started
+	cmd.ExtraFiles = []*os.File{f}
 	cmd.Stderr = os.Stderr
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
