@@ -114,13 +114,14 @@ proto-deps:
 	@test -x $(GOBIN)/protoc-gen-go || $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOBUF_VERSION)
 	@test -x $(GOBIN)/protoc-gen-go-grpc || $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
-lint: ## gofmt, vet, staticcheck, a build without cgo, and no tracked file over 1 MiB
+lint: ## gofmt, vet, staticcheck, a build and vet (tests too) without cgo, and no tracked file over 1 MiB
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@test -x $(GOBIN)/staticcheck && $(GOBIN)/staticcheck -version | grep -q '($(STATICCHECK_VERSION:v%=%))' || \
 		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	$(GOBIN)/staticcheck ./...
 	CGO_ENABLED=0 $(GO) build ./...
+	CGO_ENABLED=0 $(GO) vet ./...
 	@big=$$(git ls-files -z | xargs -0 stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576'); \
 	if [ -n "$$big" ]; then echo "tracked files over 1 MiB (build outputs or data belong outside git):"; echo "$$big"; exit 1; fi
 

@@ -568,3 +568,32 @@ func TestTierDevicePoolWatermark(t *testing.T) {
 		})
 	}
 }
+
+// A device block set's recycled blocks go down two tiers, through the
+// driver's staging to the host tier, then, once it is full, to the disk
+// tier; every one restores into the set's device slots byte for byte.
+func TestHostTierUnderADevicePool(t *testing.T) {
+	const n = 600
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	dir := tierDir(t)
+	cfg := testConfig(t, "devhost")
+	deviceTierConfig(&cfg, lib, dir)
+	cfg.Tiers = append([]string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}, cfg.Tiers...)
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	g := newGPUSlots(t, lib, set.Layout)
+	hashes := storeThroughGPU(t, c, set, g, n, a)
+	ts := tiersStatus(t, c, 2)
+	if ts[0].Kind != "host" || ts[0].Offloads < n-32 || ts[0].Evictions != 0 || ts[1].Offloads == 0 || ts[1].Evictions != 0 {
+		t.Fatalf("tiers after %d blocks through 32 device slots: %v, want all copied to the host tier, its oldest moved to disk", n, ts)
+	}
+	if h0, h1 := fabric.TierHolding(a, set.ID, hashes[0]), fabric.TierHolding(a, set.ID, hashes[n-100]); h0 != "disk" || h1 != "host" {
+		t.Fatalf("the first block in tier %q, block %d in %q; want disk, host", h0, n-100, h1)
+	}
+	if got := acquireCheckedGPU(t, c, set, g, hashes, 1); got != n {
+		t.Fatalf("acquired %d of %d blocks", got, n)
+	}
+}
