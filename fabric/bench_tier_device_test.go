@@ -55,8 +55,7 @@ func BenchmarkTierRestoreDevice(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		w := e
-		set, err := c.Register(ctx, w)
+		set, err := c.Register(ctx, e)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -182,7 +182,8 @@ func TierHashesPending(a *Agent) int {
 
 // TierFailSlotReads makes every copy down of a's tiers read slots into
 // buffers (straight writes off), as it does a device set's, and fail each
-// read with f's error; nil runs them all again.
+// read with f's error; nil lets reads succeed again (straight writes stay
+// off).
 func TierFailSlotReads(a *Agent, f func() error) {
 	if f == nil {
 		a.tiers.failSlotRead.Store(nil)

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -136,6 +137,9 @@ func TestMemoryPerPair(t *testing.T) {
 		t.Logf("measured in a process of its own:\n%s", out)
 		if err != nil {
 			t.Fatalf("the measuring process: %v", err)
+		}
+		if !bytes.Contains(out, []byte("--- PASS: TestMemoryPerPair")) {
+			t.Fatal("the measuring process did not run TestMemoryPerPair")
 		}
 		return
 	}

@@ -216,6 +216,9 @@ func TestMemStoreSlotsHandedOutLazily(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	s, err := NewMem(MemConfig{Bytes: MaxMemBytes, SlotBytes: Align})
+	if errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("a store at MaxMemBytes refused as a config: %v", err)
+	}
 	if err != nil {
 		t.Skipf("a mapping of %d bytes refused here (overcommit): %v", int64(MaxMemBytes), err)
 	}
