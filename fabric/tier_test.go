@@ -821,41 +821,6 @@ func TestTierSlotTakenUnderDirectWrite(t *testing.T) {
 	held, release := fabric.TierHoldPuts(a)
 	defer release()
 	const n = 32 // the set's slots
-	ctx := context.Background()
-	// store allocates a slot for each of hashes, fills them (content ids
-	// from content) and registers them.
-	store := func(hashes []uint64, content uint64) {
-		t.Helper()
-		done := make(chan error, 1)
-		var slots []uint32
-		go func() {
-			var err error
-			slots, err = c.Allocate(ctx, set.ID, len(hashes))
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("allocate %d slots: %v", len(hashes), err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatalf("allocate %d slots waited for a held write (%d held)", len(hashes), held())
-		}
-		for i, s := range slots {
-			kvtest.Fill(set.Layout, set.Ranks, int(s), content+uint64(i))
-		}
-		resp, err := c.API().RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rel []uint32
-		for _, b := range resp.Blocks {
-			rel = append(rel, b.Slot)
-		}
-		if err := c.Release(ctx, set.ID, rel); err != nil {
-			t.Fatal(err)
-		}
-	}
 	// The set filled, blocks are offered for copies down; the copier
 	// begins the first (nothing has taken its slot: no allocation needs
 	// it) and its write is held.
@@ -864,7 +829,7 @@ func TestTierSlotTakenUnderDirectWrite(t *testing.T) {
 		for i := range 8 {
 			hashes[from+i] = 3<<40 + uint64(from+i)
 		}
-		store(hashes[from:from+8], uint64(7000+from))
+		storeBlocks(t, c, set, hashes[from:from+8], uint64(7000+from))
 	}
 	wait.For(t, 20*time.Second, "a write held after its copy began", func() error {
 		if held() == 0 {
@@ -882,7 +847,7 @@ func TestTierSlotTakenUnderDirectWrite(t *testing.T) {
 		for i := range hs {
 			hs[i] = 4<<40 + uint64(1000*round+i)
 		}
-		store(hs, uint64(20000+100*round))
+		storeBlocks(t, c, set, hs, uint64(20000+100*round))
 	}
 	release()
 	waitCopies(t, a)
