@@ -644,19 +644,7 @@ func (t *tiers) pick() *diskTier {
 	if h := t.hostTier(); h != nil {
 		return h
 	}
-	var best *diskTier
-	free := -1
-	for _, d := range t.list {
-		st := d.store.Load()
-		if st == nil {
-			continue
-		}
-		s := st.Stats()
-		if f := s.Slots - s.Blocks; f > free {
-			best, free = d, f
-		}
-	}
-	return best
+	return t.pickBelow() // a host tier not open has no store: none to skip
 }
 
 // announce publishes that this node holds (or no longer holds) hash on
