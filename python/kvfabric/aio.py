@@ -37,6 +37,7 @@ from . import cuda as cuda_driver
 from ._pb.fabric.fabricpb import engine_pb2, engine_pb2_grpc
 from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
 from .client import (
+    _CHANNEL_OPTIONS,
     BlockRef,
     Blocks,
     DropResult,
@@ -201,7 +202,7 @@ class Client:
         if not os.path.exists(self.socket):
             raise Unavailable(f"engine socket {self.socket}: no such file (is the agent running?)")
         self._channel = grpc.aio.insecure_channel(
-            "unix:" + self.socket, options=[("grpc.max_receive_message_length", 64 << 20)]
+            "unix:" + self.socket, options=_CHANNEL_OPTIONS
         )
         self.api = engine_pb2_grpc.EngineStub(self._channel)
         if self._want_session:

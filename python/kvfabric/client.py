@@ -41,6 +41,12 @@ __all__ = ["Client", "BlockRef", "BlockResult", "Blocks", "DropResult", "Outcome
 DEFAULT_SOCKET = "/var/lib/kvfabric/engine.sock"
 #: The most blocks (hashes, slots) one request may name: the agent's limit.
 MAX_REQUEST_BLOCKS = 1 << 16
+#: Options of every channel to the agent. Each channel keeps its own
+#: subchannels: gRPC shares them process-wide by target otherwise, so a
+#: client opened just after the agent restarted could be handed a
+#: connection to the old agent that is not yet seen closed, and its first
+#: call would fail with "Broken pipe".
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
 _U32 = 1 << 32
 _U64 = 1 << 64
 
@@ -514,7 +520,7 @@ class Client:
         # unix:PATH with an absolute path (unix://PATH reads a relative
         # path's first element as an authority).
         self._channel = grpc.insecure_channel(
-            "unix:" + self.socket, options=[("grpc.max_receive_message_length", 64 << 20)]
+            "unix:" + self.socket, options=_CHANNEL_OPTIONS
         )
         self.api = engine_pb2_grpc.EngineStub(self._channel)
         self._metadata: tuple[tuple[str, str], ...] = ()

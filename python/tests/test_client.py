@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -184,6 +185,45 @@ def test_timeout(tmp_path):
             assert e.value.method == "Status"
     finally:
         s.close()
+
+
+def test_a_client_opened_just_after_the_agent_restarted(kvfabric_bin, tmp_path):
+    """A client opened while a client of the agent's previous run is still
+    open gets a connection of its own: without one, gRPC could hand it the
+    old agent's connection, not yet seen closed, and its session would fail
+    with "Broken pipe" (about one time in ten here)."""
+    import random
+
+    from conftest import Agent
+
+    a = Agent("restarts", f"127.{random.randint(10, 209)}.{random.randint(1, 250)}.1", tmp_path, kvfabric_bin)
+    a.start()
+    try:
+        for i in range(12):
+            old = a.client()
+            try:
+                a.stop()
+                a.start()
+                with a.client() as c:
+                    assert c.session_alive, f"restart {i}"
+                    c.status()
+            finally:
+                old.close()
+
+        async def aio_after_restart() -> None:
+            old = await kvfabric.aio.Client(a.socket).open()
+            try:
+                a.stop()
+                a.start()
+                async with kvfabric.aio.Client(a.socket) as c:
+                    await c.status()
+            finally:
+                await old.close()
+
+        for _ in range(4):
+            asyncio.run(aio_after_restart())
+    finally:
+        a.stop()
 
 
 def test_descriptor_socket(node1):
