@@ -112,7 +112,10 @@ func TestImportAcrossPageSizesByTokens(t *testing.T) {
 // bringing its matched blocks here would take: nothing before any import
 // from it, then from what the imports measured.
 func TestLookupEstimatesFetchTime(t *testing.T) {
-	agents := cluster(t, 2)
+	// No silent peers here: the first import's dial and handshake get the
+	// default time, not the tests' 1 s (half of it per dial), which a
+	// loaded machine under the race detector has exceeded.
+	agents := clusterWith(t, 2, func(_ int, c *fabric.Config) { c.PeerTimeout = fabric.DefaultPeerTimeout * 5 })
 	n1, n2 := agents[0], agents[1]
 	hashes := produce(t, n1, 4, layout.HND, 20)
 	wait.For(t, 10*time.Second, "n2 indexes n1's blocks", func() error {
