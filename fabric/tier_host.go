@@ -183,11 +183,6 @@ func (t *tiers) evictFor(d *diskTier) bool {
 	return t.evictOldestIn(d)
 }
 
-// hostMoveCandidates is how many of the host tier's oldest blocks a move
-// looks at for one the tiers have placed there (a block committed by a
-// copy down that has not recorded it yet is left to it).
-const hostMoveCandidates = 8
-
 // moveOldest moves the host tier's least recently used block down
 // (moveDown); false if it holds no block to move.
 func (t *tiers) moveOldest(h *diskTier) bool { return t.moveDown(h, 1) > 0 }
@@ -214,13 +209,11 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 		gen uint64
 	}
 	var ms []moving
-	for _, c := range st.Oldest(n + hostMoveCandidates) {
-		if e := t.recordIn(c, h); e != nil {
-			if ms = append(ms, moving{k: c, e: e}); len(ms) == n {
-				break
-			}
-		}
+	t.mu.Lock()
+	for e := t.lru(h.n).Front(); e != nil && len(ms) < n; e = e.Next() {
+		ms = append(ms, moving{k: e.Value.(*tierEntry).key, e: e})
 	}
+	t.mu.Unlock()
 	if len(ms) == 0 {
 		return 0
 	}
@@ -280,16 +273,6 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 		(*f)()
 	}
 	return len(ms)
-}
-
-// recordIn is k's record if it names tier d, else nil.
-func (t *tiers) recordIn(k disk.Key, d *diskTier) *list.Element {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if e, ok := t.pos[k]; ok && e.Value.(*tierEntry).tier == d.n {
-		return e
-	}
-	return nil
 }
 
 // movedDown records k, length bytes, in tier below, where it was just
