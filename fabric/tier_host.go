@@ -297,12 +297,10 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
 		}
-		t.heldBytes[h.n] -= int64(e.Value.(*tierEntry).length)
-		t.lru(h.n).Remove(e)
+		t.unrecordLocked(e)
 		fallthrough
 	case from == -1:
-		t.pos[k] = t.lru(below.n).PushBack(&tierEntry{tier: below.n, key: k, length: length})
-		t.heldBytes[below.n] += int64(length)
+		t.recordLocked(below, k, length)
 	}
 	if from != h.n {
 		st.DeleteIf(k, gen) // recorded nowhere: the copy read, if still there
@@ -353,9 +351,7 @@ func (t *tiers) evict(e *list.Element) bool {
 		if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: evict from host memory", "hash", te.key.Hash, "err", err)
 		}
-		t.lru(te.tier).Remove(e)
-		delete(t.pos, te.key)
-		t.heldBytes[d.n] -= int64(te.length)
+		t.unrecordLocked(e)
 		t.mu.Unlock()
 		d.evicted.Add(1)
 		t.announce(false, d.n, te.key.Hash)

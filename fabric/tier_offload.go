@@ -514,11 +514,9 @@ func (t *tiers) placed(d *diskTier, k disk.Key, length int) bool {
 			}
 			return false
 		}
-		t.heldBytes[old.tier] -= int64(old.length)
-		t.lru(old.tier).Remove(e)
+		t.unrecordLocked(e)
 	}
-	t.pos[k] = t.lru(d.n).PushBack(&tierEntry{tier: d.n, key: k, length: length})
-	t.heldBytes[d.n] += int64(length)
+	t.recordLocked(d, k, length)
 	return true
 }
 

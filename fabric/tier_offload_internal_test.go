@@ -18,11 +18,11 @@ import (
 // pending copy until the context ends.
 func TestTierWhereWaitFindsDiskBlockWithoutWaiting(t *testing.T) {
 	d := &diskTier{n: 0}
-	tr := &tiers{list: []*diskTier{d}, pos: map[disk.Key]*list.Element{},
+	tr := &tiers{list: []*diskTier{d}, pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1),
 		pending: map[uint64]*pendingCopy{}, done: make(chan struct{})}
 	onDisk := disk.Key{Hash: 7, Tag: 1}
 	notOnDisk := disk.Key{Hash: 8, Tag: 1}
-	tr.pos[onDisk] = tr.lru(0).PushBack(&tierEntry{tier: 0, key: onDisk, length: 4096})
+	tr.recordLocked(d, onDisk, 4096)
 	for _, h := range []uint64{onDisk.Hash, notOnDisk.Hash} {
 		tr.pending[h] = &pendingCopy{n: 1, done: make(chan struct{})} // never closed
 	}
