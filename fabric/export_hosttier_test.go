@@ -66,7 +66,7 @@ func TierRestoreAcrossMove(a *Agent, id uint64) (uint64, string, int, error) {
 				found = d.spec.Kind
 			}
 			if d == h {
-				a.tiers.moveOldest(h)
+				a.tiers.moveDown(h, 1)
 			}
 			return d
 		})

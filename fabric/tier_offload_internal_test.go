@@ -157,7 +157,7 @@ func TestTierMakeRoomEvictsFromItsTier(t *testing.T) {
 		tr.placed(d, k, disk.Align)
 	}
 	d1 := tr.list[1]
-	tr.makeRoom(d1)
+	tr.roomFor(d1, 1)
 	if got := d1.store.Load().Free(); got != 1 {
 		t.Fatalf("tier 1 has %d free slots after making room, want 1", got)
 	}
@@ -263,7 +263,7 @@ func TestHostMoveRacingASecondCopy(t *testing.T) {
 			hook = &tr.afterMoved
 		}
 		hook.Store(&second)
-		if !tr.moveOldest(h) {
+		if tr.moveDown(h, 1) == 0 {
 			t.Fatalf("%s: nothing moved", tc.desc)
 		}
 		hook.Store(nil)
@@ -319,7 +319,7 @@ func TestHostRoomMovesABatch(t *testing.T) {
 			tr.placed(h, k, 3000)
 		}
 		commits := d.store.Load().Stats().Commits
-		tr.hostRoom(h, tc.want)
+		tr.roomFor(h, tc.want)
 		if free := h.store.Load().Free(); free != tc.want {
 			t.Fatalf("%s: %d free host slots, want %d", tc.desc, free, tc.want)
 		}
