@@ -344,3 +344,51 @@ func TestHostRoomMovesABatch(t *testing.T) {
 		}
 	}
 }
+
+// roomFor in a full disk tier (the bottom) drops as many of its least
+// recently used blocks as it needs at once, up to a copier's batch
+// (tierBatch): asked for one more than that, it makes tierBatch free
+// slots, never more.
+func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
+	for _, tc := range []struct {
+		desc      string
+		want, got int
+	}{
+		{"three", 3, 3},
+		{"a batch", tierBatch, tierBatch},
+		{"one past a batch", tierBatch + 1, tierBatch},
+	} {
+		tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1)}
+		const slots = tierBatch + 8
+		st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: slots * disk.Align, SlotBytes: disk.Align, Buffered: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		d := &diskTier{n: 0, spec: TierSpec{Kind: "disk"}}
+		d.store.Store(st)
+		tr.list = []*diskTier{d}
+		items := make([]disk.PutItem, slots)
+		for i := range items {
+			items[i] = disk.PutItem{Key: disk.Key{Hash: uint64(i + 1), Tag: 1}, Data: bytes.Repeat([]byte{byte(i)}, 100)}
+		}
+		for i, err := range st.PutBatch(context.Background(), items) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.placed(d, items[i].Key, disk.Align)
+		}
+		if free := tr.roomFor(d, tc.want); free != tc.got || st.Free() != tc.got {
+			t.Fatalf("%s: roomFor says %d free, the store %d; want %d", tc.desc, free, st.Free(), tc.got)
+		}
+		for i, it := range items {
+			if held := tr.where(it.Key) != nil; held != (i >= tc.got) {
+				t.Fatalf("%s: block %d (oldest first) held %v after making room for %d", tc.desc, i, held, tc.want)
+			}
+		}
+		if got := tr.heldBytes[0]; got != int64(slots-tc.got)*disk.Align {
+			t.Fatalf("%s: %d bytes counted, want %d", tc.desc, got, (slots-tc.got)*disk.Align)
+		}
+	}
+}
