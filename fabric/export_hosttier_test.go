@@ -51,26 +51,29 @@ func TierRestoreAcrossMove(a *Agent, id uint64) (uint64, string, int, error) {
 	if es == nil || h == nil {
 		return 0, "", 0, fmt.Errorf("no block set %d or no host tier", id)
 	}
-	oldest := h.store.Load().(*disk.MemStore).Oldest(1)
-	if len(oldest) == 0 {
+	a.tiers.mu.Lock()
+	front := a.tiers.lru(h.n).Front()
+	a.tiers.mu.Unlock()
+	if front == nil {
 		return 0, "", 0, fmt.Errorf("the host tier is empty")
 	}
+	oldest := front.Value.(*tierEntry).key
 	var found string
-	blks, err := a.tiers.restoreFound(context.Background(), es, []uint64{oldest[0].Hash}, 0,
+	blks, err := a.tiers.restoreFound(context.Background(), es, []uint64{oldest.Hash}, 0,
 		func(_ context.Context, k disk.Key) *diskTier {
 			d := a.tiers.where(k)
 			if d != nil {
 				found = d.spec.Kind
 			}
 			if d == h {
-				a.tiers.moveOldest(h)
+				a.tiers.moveDown(h, 1)
 			}
 			return d
 		})
 	for _, b := range blks {
 		es.set.Release(b)
 	}
-	return oldest[0].Hash, found, len(blks), err
+	return oldest.Hash, found, len(blks), err
 }
 
 // TierMoveAllDown moves every block of a's host tier down to a disk tier;

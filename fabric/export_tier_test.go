@@ -192,3 +192,22 @@ func TierFailSlotReads(a *Agent, f func() error) {
 	a.tiers.noDirect.Store(true)
 	a.tiers.failSlotRead.Store(&f)
 }
+
+// TierSlotPieces is the memory of hash's slot in a's block set id as a
+// copy down writes it straight (slotPieces: the block in canonical order,
+// its contiguous chunks joined), nil where it is not written straight.
+func TierSlotPieces(a *Agent, id, hash uint64) [][]byte {
+	s, err := a.pool.BlockSet(pool.SetID(id))
+	if err != nil {
+		return nil
+	}
+	blk, ok := s.Lookup(hash)
+	if !ok {
+		return nil
+	}
+	regions, err := s.RegionBytes()
+	if err != nil {
+		return nil
+	}
+	return slotPieces(s.Layout(), regions, blk.Slot)
+}

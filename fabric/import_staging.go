@@ -78,20 +78,16 @@ func (a *Agent) readStagedOn(ctx context.Context, gpu int, peer *transfer.Peer, 
 	// Each part is read packed in order and placed with one 2-D copy per
 	// segment.
 	packed := make([][]layout.Segment, len(parts))
-	ups := make([]cuda.Part, len(parts))
 	for k, part := range parts {
-		up := &layout.Plan{Ranks: make([][]layout.Segment, len(l.Regions))}
 		var at uint64
 		for _, s := range part {
 			p := s
 			p.DstRank, p.DstOffset, p.DstStride = 0, at, s.Length
 			packed[k] = append(packed[k], p)
-			up.Ranks[s.DstRank] = append(up.Ranks[s.DstRank], layout.Segment{DstRank: s.DstRank, SrcOffset: at, DstOffset: s.DstOffset,
-				Length: s.Length, Count: s.Count, SrcStride: s.Length, DstStride: s.DstStride})
 			at += s.Bytes()
 		}
-		ups[k] = cuda.Part{Bytes: at, Plan: up}
 	}
+	ups := upParts(parts, len(l.Regions))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -241,17 +237,7 @@ func (a *Agent) stageOut(gpu int, segs []layout.Segment, src []cuda.Region, fn f
 	if len(parts) == 0 {
 		return nil
 	}
-	downs := make([]cuda.Part, len(parts))
-	for k, part := range parts {
-		plan := &layout.Plan{Ranks: make([][]layout.Segment, 1)}
-		var at uint64
-		for _, s := range part {
-			plan.Ranks[0] = append(plan.Ranks[0], layout.Segment{SrcRank: s.SrcRank, SrcOffset: s.SrcOffset, DstOffset: at,
-				Length: s.Length, Count: s.Count, SrcStride: s.SrcStride, DstStride: s.Length})
-			at += s.Bytes()
-		}
-		downs[k] = cuda.Part{Bytes: at, Plan: plan}
-	}
+	downs := downParts(parts)
 	st, err := a.staging.NewStager(gpu)
 	if err != nil {
 		return fmt.Errorf("%w: staging from GPU %d: %v", transfer.ErrUnavailable, gpu, err)

@@ -424,8 +424,7 @@ func (t *tiers) openStoresLocked() error {
 				st.Delete(k)
 				continue
 			}
-			t.pos[k] = t.lru(d.n).PushBack(&tierEntry{tier: d.n, key: k, length: t.blockBytes})
-			t.heldBytes[d.n] += int64(t.blockBytes)
+			t.recordLocked(d, k, t.blockBytes)
 		}
 	}
 	return nil
@@ -481,6 +480,22 @@ func (t *tiers) lru(n int) *list.List {
 	return l
 }
 
+// recordLocked records that tier d holds k, length bytes, as its most
+// recently used block. k has no record. t.mu is held.
+func (t *tiers) recordLocked(d *diskTier, k disk.Key, length int) {
+	t.pos[k] = t.lru(d.n).PushBack(&tierEntry{tier: d.n, key: k, length: length})
+	t.heldBytes[d.n] += int64(length)
+}
+
+// unrecordLocked drops record e: its block is in no tier's list, nor
+// counted in its tier's bytes. t.mu is held.
+func (t *tiers) unrecordLocked(e *list.Element) {
+	te := e.Value.(*tierEntry)
+	t.lru(te.tier).Remove(e)
+	delete(t.pos, te.key)
+	t.heldBytes[te.tier] -= int64(te.length)
+}
+
 // touch makes k the most recently used.
 func (t *tiers) touch(k disk.Key) {
 	t.mu.Lock()
@@ -501,9 +516,7 @@ func (t *tiers) forget(d *diskTier, k disk.Key) {
 		ok = false
 	}
 	if ok {
-		t.lru(e.Value.(*tierEntry).tier).Remove(e)
-		delete(t.pos, k)
-		t.heldBytes[d.n] -= int64(e.Value.(*tierEntry).length)
+		t.unrecordLocked(e)
 	}
 	t.mu.Unlock()
 	if ok {

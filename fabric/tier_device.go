@@ -249,18 +249,7 @@ func (d *deviceSlots) read(ctx context.Context, slot int, dst []byte) error {
 	src := deviceRegions(d.l)
 	at := 0
 	for _, run := range d.runs(slot, false) {
-		parts := splitParts(run.segs, d.t.a.staging.Size())
-		downs := make([]cuda.Part, len(parts))
-		for k, part := range parts {
-			plan := &layout.Plan{Ranks: make([][]layout.Segment, 1)}
-			var n uint64
-			for _, s := range part {
-				plan.Ranks[0] = append(plan.Ranks[0], layout.Segment{SrcRank: s.SrcRank, SrcOffset: s.SrcOffset, DstOffset: n,
-					Length: s.Length, Count: s.Count, SrcStride: s.SrcStride, DstStride: s.Length})
-				n += s.Bytes()
-			}
-			downs[k] = cuda.Part{Bytes: n, Plan: plan}
-		}
+		downs := downParts(splitParts(run.segs, d.t.a.staging.Size()))
 		if at+int(run.n) > len(dst) {
 			return fmt.Errorf("fabric: a block of %d bytes or more, a buffer of %d", at+int(run.n), len(dst))
 		}
@@ -289,18 +278,7 @@ func (d *deviceSlots) write(ctx context.Context, slot int, src []byte) error {
 		if at+int(run.n) > len(src) {
 			return fmt.Errorf("fabric: a block of %d bytes or more, %d given", at+int(run.n), len(src))
 		}
-		parts := splitParts(run.segs, d.t.a.staging.Size())
-		ups := make([]cuda.Part, len(parts))
-		for k, part := range parts {
-			plan := &layout.Plan{Ranks: make([][]layout.Segment, len(d.l.Regions))}
-			var n uint64
-			for _, s := range part {
-				plan.Ranks[s.DstRank] = append(plan.Ranks[s.DstRank], layout.Segment{DstRank: s.DstRank, SrcOffset: n, DstOffset: s.DstOffset,
-					Length: s.Length, Count: s.Count, SrcStride: s.Length, DstStride: s.DstStride})
-				n += s.Bytes()
-			}
-			ups[k] = cuda.Part{Bytes: n, Plan: plan}
-		}
+		ups := upParts(splitParts(run.segs, d.t.a.staging.Size()), len(d.l.Regions))
 		st, err := d.t.stager(run.gpu, true)
 		if err != nil {
 			return fmt.Errorf("fabric: staging to GPU %d: %w", run.gpu, err)

@@ -21,7 +21,7 @@ import (
 // pool recycles is copied down to it (pick), restores, Lookup, peers'
 // leases and Prefetch find it there as in any tier (where: a block is in
 // one tier at a time). When it is full, its least recently used blocks
-// move down to the disk tier with the most free slots (moveOldest): each
+// move down to the disk tier with the most free slots (roomFor): each
 // read back (checked), written and committed below, then freed above;
 // with no disk tier they are dropped, as the bottom tier evicts. It is
 // not persistent: a restarted agent finds its disk tiers' blocks again,
@@ -158,39 +158,31 @@ func (t *tiers) pickBelow() *diskTier {
 // (one write below, its data and journal synced once).
 const hostMoveBatch = 32
 
-// hostRoom makes want free slots in the host tier (a copier's batch at
-// most, batchLen) by moving its least recently used blocks down, up to
-// hostMoveBatch at a time, a few batches more at most where copies racing
-// it take the slots freed.
-func (t *tiers) hostRoom(h *diskTier, want int) {
-	want = max(1, min(want, t.batchLen()))
-	for try := 0; try < want/hostMoveBatch+4; try++ {
-		free := h.store.Load().Free()
-		if free >= want || t.moveDown(h, min(want-free, hostMoveBatch)) == 0 {
-			return
+// roomFor makes want free slots in tier d (a copier's batch at most,
+// tierBatch) and returns how many d has then: in the host tier by moving
+// its least recently used blocks down (moveDown), up to hostMoveBatch at
+// a time; in a disk tier, the bottom, by dropping its least recently used
+// blocks. A few rounds more at most where copies racing it take the slots
+// freed. Only d's blocks: one dropped from another tier frees nothing in
+// d.
+func (t *tiers) roomFor(d *diskTier, want int) int {
+	want = max(1, min(want, tierBatch))
+	st := d.store.Load()
+	free := st.Free()
+	for try := 0; try < want/hostMoveBatch+4 && free < want; try++ {
+		var gone int
+		if d.isHost() {
+			gone = t.moveDown(d, min(want-free, hostMoveBatch))
+		} else {
+			gone = t.evictOldest(d, want-free)
 		}
+		if gone == 0 {
+			break
+		}
+		free = st.Free()
 	}
+	return free
 }
-
-// evictFor makes room in d: in the host tier by moving its least recently
-// used block down, in a disk tier by dropping its least recently used
-// block (a block dropped from another tier frees nothing in d). False if
-// there was nothing to move or drop.
-func (t *tiers) evictFor(d *diskTier) bool {
-	if d.isHost() {
-		return t.moveOldest(d)
-	}
-	return t.evictOldestIn(d)
-}
-
-// hostMoveCandidates is how many of the host tier's oldest blocks a move
-// looks at for one the tiers have placed there (a block committed by a
-// copy down that has not recorded it yet is left to it).
-const hostMoveCandidates = 8
-
-// moveOldest moves the host tier's least recently used block down
-// (moveDown); false if it holds no block to move.
-func (t *tiers) moveOldest(h *diskTier) bool { return t.moveDown(h, 1) > 0 }
 
 // moveDown moves up to n of the host tier's least recently used blocks
 // down to a disk tier, together: each read back (checked), the lot
@@ -214,13 +206,11 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 		gen uint64
 	}
 	var ms []moving
-	for _, c := range st.Oldest(n + hostMoveCandidates) {
-		if e := t.recordIn(c, h); e != nil {
-			if ms = append(ms, moving{k: c, e: e}); len(ms) == n {
-				break
-			}
-		}
+	t.mu.Lock()
+	for e := t.lru(h.n).Front(); e != nil && len(ms) < n; e = e.Next() {
+		ms = append(ms, moving{k: e.Value.(*tierEntry).key, e: e})
 	}
+	t.mu.Unlock()
 	if len(ms) == 0 {
 		return 0
 	}
@@ -259,10 +249,8 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 	if len(items) == 0 {
 		return len(ms)
 	}
-	bs := below.store.Load()
-	for try := 0; try < len(items)+3 && bs.Free() < len(items) && t.evictOldestIn(below); try++ {
-	}
-	errs := bs.PutBatch(ctx, items)
+	t.roomFor(below, len(items))
+	errs := below.store.Load().PutBatch(ctx, items)
 	if f := t.beforeMoved.Load(); f != nil {
 		(*f)()
 	}
@@ -280,16 +268,6 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 		(*f)()
 	}
 	return len(ms)
-}
-
-// recordIn is k's record if it names tier d, else nil.
-func (t *tiers) recordIn(k disk.Key, d *diskTier) *list.Element {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if e, ok := t.pos[k]; ok && e.Value.(*tierEntry).tier == d.n {
-		return e
-	}
-	return nil
 }
 
 // movedDown records k, length bytes, in tier below, where it was just
@@ -314,12 +292,10 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
 		}
-		t.heldBytes[h.n] -= int64(e.Value.(*tierEntry).length)
-		t.lru(h.n).Remove(e)
+		t.unrecordLocked(e)
 		fallthrough
 	case from == -1:
-		t.pos[k] = t.lru(below.n).PushBack(&tierEntry{tier: below.n, key: k, length: length})
-		t.heldBytes[below.n] += int64(length)
+		t.recordLocked(below, k, length)
 	}
 	if from != h.n {
 		st.DeleteIf(k, gen) // recorded nowhere: the copy read, if still there
@@ -340,17 +316,22 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 	}
 }
 
-// evictOldestIn drops the least recently used block of tier d; false if
-// it holds none.
-func (t *tiers) evictOldestIn(d *diskTier) bool {
+// evictOldest drops up to n of tier d's least recently used blocks and
+// returns how many it dropped.
+func (t *tiers) evictOldest(d *diskTier, n int) int {
+	var es []*list.Element
 	t.mu.Lock()
-	e := t.lru(d.n).Front()
-	t.mu.Unlock()
-	if e == nil {
-		return false
+	for e := t.lru(d.n).Front(); e != nil && len(es) < n; e = e.Next() {
+		es = append(es, e)
 	}
-	t.evict(e)
-	return true
+	t.mu.Unlock()
+	gone := 0
+	for _, e := range es {
+		if t.evict(e) {
+			gone++
+		}
+	}
+	return gone
 }
 
 // evict drops the copy that record e names from its tier and forgets it,
@@ -370,9 +351,7 @@ func (t *tiers) evict(e *list.Element) bool {
 		if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: evict from host memory", "hash", te.key.Hash, "err", err)
 		}
-		t.lru(te.tier).Remove(e)
-		delete(t.pos, te.key)
-		t.heldBytes[d.n] -= int64(te.length)
+		t.unrecordLocked(e)
 		t.mu.Unlock()
 		d.evicted.Add(1)
 		t.announce(false, d.n, te.key.Hash)

@@ -313,7 +313,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				// Room for the batch made before its first slot is read,
 				// in one move down, not a block at a time while slots
 				// are held.
-				t.hostRoom(d, len(jobs)-i)
+				t.roomFor(d, len(jobs)-i)
 			}
 			batch = newBatch(d.store.Load())
 		}
@@ -342,7 +342,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		if f := t.beforePut.Load(); f != nil {
 			(*f)()
 		}
-		t.makeRoom(d)
+		t.roomFor(d, 1) // a block written straight from its slot is not kept for a second try
 		at = append(at, i)
 		if src.pieces != nil {
 			trailers = append(trailers, src.trailer)
@@ -432,11 +432,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		if len(items) == 0 || try == 8 {
 			break
 		}
-		evicted := 0
-		for evicted < len(items) && t.evictFor(d) {
-			evicted++
-		}
-		if evicted == 0 {
+		if t.roomFor(d, len(items)) == 0 {
 			break // nothing left to make room with
 		}
 		if d = t.pick(); d == nil {
@@ -463,19 +459,6 @@ func (t *tiers) failedAt(d *diskTier) {
 		d = t.list[0]
 	}
 	d.failed.Add(1)
-}
-
-// makeRoom drops d's least recently used blocks while d's store has no
-// free slot, a few at most: a block written straight from its slot is not
-// kept for a second try when the store is full. Only d's: a block dropped
-// from another tier frees nothing in d.
-func (t *tiers) makeRoom(d *diskTier) {
-	if d.isHost() {
-		t.hostRoom(d, 1) // moved down, not dropped
-		return
-	}
-	for try := 0; try < 4 && d.store.Load().Free() == 0 && t.evictOldestIn(d); try++ {
-	}
 }
 
 // directFailed turns reads and writes straight from and into pool memory
@@ -514,11 +497,9 @@ func (t *tiers) placed(d *diskTier, k disk.Key, length int) bool {
 			}
 			return false
 		}
-		t.heldBytes[old.tier] -= int64(old.length)
-		t.lru(old.tier).Remove(e)
+		t.unrecordLocked(e)
 	}
-	t.pos[k] = t.lru(d.n).PushBack(&tierEntry{tier: d.n, key: k, length: length})
-	t.heldBytes[d.n] += int64(length)
+	t.recordLocked(d, k, length)
 	return true
 }
 

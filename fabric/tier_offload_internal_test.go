@@ -18,11 +18,11 @@ import (
 // pending copy until the context ends.
 func TestTierWhereWaitFindsDiskBlockWithoutWaiting(t *testing.T) {
 	d := &diskTier{n: 0}
-	tr := &tiers{list: []*diskTier{d}, pos: map[disk.Key]*list.Element{},
+	tr := &tiers{list: []*diskTier{d}, pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1),
 		pending: map[uint64]*pendingCopy{}, done: make(chan struct{})}
 	onDisk := disk.Key{Hash: 7, Tag: 1}
 	notOnDisk := disk.Key{Hash: 8, Tag: 1}
-	tr.pos[onDisk] = tr.lru(0).PushBack(&tierEntry{tier: 0, key: onDisk, length: 4096})
+	tr.recordLocked(d, onDisk, 4096)
 	for _, h := range []uint64{onDisk.Hash, notOnDisk.Hash} {
 		tr.pending[h] = &pendingCopy{n: 1, done: make(chan struct{})} // never closed
 	}
@@ -157,7 +157,7 @@ func TestTierMakeRoomEvictsFromItsTier(t *testing.T) {
 		tr.placed(d, k, disk.Align)
 	}
 	d1 := tr.list[1]
-	tr.makeRoom(d1)
+	tr.roomFor(d1, 1)
 	if got := d1.store.Load().Free(); got != 1 {
 		t.Fatalf("tier 1 has %d free slots after making room, want 1", got)
 	}
@@ -263,7 +263,7 @@ func TestHostMoveRacingASecondCopy(t *testing.T) {
 			hook = &tr.afterMoved
 		}
 		hook.Store(&second)
-		if !tr.moveOldest(h) {
+		if tr.moveDown(h, 1) == 0 {
 			t.Fatalf("%s: nothing moved", tc.desc)
 		}
 		hook.Store(nil)
@@ -319,7 +319,7 @@ func TestHostRoomMovesABatch(t *testing.T) {
 			tr.placed(h, k, 3000)
 		}
 		commits := d.store.Load().Stats().Commits
-		tr.hostRoom(h, tc.want)
+		tr.roomFor(h, tc.want)
 		if free := h.store.Load().Free(); free != tc.want {
 			t.Fatalf("%s: %d free host slots, want %d", tc.desc, free, tc.want)
 		}
@@ -341,6 +341,54 @@ func TestHostRoomMovesABatch(t *testing.T) {
 			if n, err := at.store.Load().Get(ctx, k, buf); err != nil || !bytes.Equal(buf[:n], data(i)) {
 				t.Fatalf("%s: block %d reads %d bytes, %v", tc.desc, i, n, err)
 			}
+		}
+	}
+}
+
+// roomFor in a full disk tier (the bottom) drops as many of its least
+// recently used blocks as it needs at once, up to a copier's batch
+// (tierBatch): asked for one more than that, it makes tierBatch free
+// slots, never more.
+func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
+	for _, tc := range []struct {
+		desc      string
+		want, got int
+	}{
+		{"three", 3, 3},
+		{"a batch", tierBatch, tierBatch},
+		{"one past a batch", tierBatch + 1, tierBatch},
+	} {
+		tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1)}
+		const slots = tierBatch + 8
+		st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: slots * disk.Align, SlotBytes: disk.Align, Buffered: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		d := &diskTier{n: 0, spec: TierSpec{Kind: "disk"}}
+		d.store.Store(st)
+		tr.list = []*diskTier{d}
+		items := make([]disk.PutItem, slots)
+		for i := range items {
+			items[i] = disk.PutItem{Key: disk.Key{Hash: uint64(i + 1), Tag: 1}, Data: bytes.Repeat([]byte{byte(i)}, 100)}
+		}
+		for i, err := range st.PutBatch(context.Background(), items) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr.placed(d, items[i].Key, disk.Align)
+		}
+		if free := tr.roomFor(d, tc.want); free != tc.got || st.Free() != tc.got {
+			t.Fatalf("%s: roomFor says %d free, the store %d; want %d", tc.desc, free, st.Free(), tc.got)
+		}
+		for i, it := range items {
+			if held := tr.where(it.Key) != nil; held != (i >= tc.got) {
+				t.Fatalf("%s: block %d (oldest first) held %v after making room for %d", tc.desc, i, held, tc.want)
+			}
+		}
+		if got := tr.heldBytes[0]; got != int64(slots-tc.got)*disk.Align {
+			t.Fatalf("%s: %d bytes counted, want %d", tc.desc, got, (slots-tc.got)*disk.Align)
 		}
 	}
 }

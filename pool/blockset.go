@@ -97,6 +97,10 @@ type slot struct {
 	// copied: it has read or written it, so the copy no longer needs the
 	// slot.
 	copying, writing, copied bool
+	// offered: the slot is in the set's list of offered slots (offerAny
+	// adds it once, the walks of the list take it out), whatever block it
+	// holds now, so that no walk finds it twice.
+	offered bool
 }
 
 // BlockSet is slots sharing one layout, one region per TP rank. All
@@ -142,7 +146,7 @@ type BlockSet struct {
 	offloading         int     // slots kept for a copy below (tier_offload.go)
 	maxOffloading      int     // at most this many (Config.OffloadInFlight)
 	copying            int     // of those, being read now (BeginCopy)
-	offered            []Block // the offloading slots, oldest first, some stale
+	offered            []int32 // the slots offered, oldest first, some no longer offloading; each once (slot.offered)
 	givenUp            uint64  // offloading blocks taken by allocations
 }
 

@@ -85,30 +85,34 @@ func (b *BlockSet) offerAny(i int32) bool {
 	if s.inactive {
 		b.unlinkInactive(i)
 	}
-	if b.p.cfg.OffloadGiveUp {
-		// Before this offer marks its slot: an earlier offer of the same
-		// block (its copy failed) is then forgotten too.
+	if b.p.cfg.OffloadGiveUp && !s.offered {
+		// A slot listed already (an earlier offer of the same block whose
+		// copy failed, or of a block recycled since) stays listed once:
+		// the list names slots, and a walk takes each at most once.
 		if len(b.offered) > 2*b.offloading+64 {
 			b.compactOffered()
 		}
-		b.offered = append(b.offered, Block{Slot: int(i), Generation: s.gen})
+		b.offered = append(b.offered, i)
+		s.offered = true
 	}
 	s.offloading = true
 	b.offloading++
 	return true
 }
 
-// compactOffered forgets the offered blocks whose copy has ended or whose
-// slot was recycled since: offers append, and only giveUp (rare, under
+// compactOffered forgets the offered slots whose copy has ended (their
+// block's, or the block's recycled since): offers append, and only giveUp (rare, under
 // pressure) walks the list otherwise, so without it the list grows with
 // every copy down for the set's life. Called when the list holds more than
 // twice the copies under way, its cost is spread over the offers that grew
 // it. The lock is held.
 func (b *BlockSet) compactOffered() {
 	keep := b.offered[:0]
-	for _, blk := range b.offered {
-		if s := &b.slots[blk.Slot]; s.gen == blk.Generation && s.offloading {
-			keep = append(keep, blk)
+	for _, i := range b.offered {
+		if s := &b.slots[i]; s.offloading {
+			keep = append(keep, i)
+		} else {
+			s.offered = false
 		}
 	}
 	clear(b.offered[len(keep):])
@@ -133,19 +137,20 @@ func (b *BlockSet) givable() int {
 // refuses the first and EndCopy the second, whose copier then writes the
 // copied-out bytes or drops the block. Slots being read, in use, or
 // extended by a block still here are not taken. One walk of the offered
-// blocks, which forgets those ended or recycled since. It returns how many
+// slots (each listed once), which forgets those no longer offloading. It returns how many
 // it freed. The lock is held.
 func (b *BlockSet) giveUp(n int) int {
 	// The candidates of each kind, in order, as indexes into b.offered
 	// once compacted: read, not begun, being written.
 	var cand [3][]int
 	keep := b.offered[:0]
-	for _, blk := range b.offered {
-		s := &b.slots[blk.Slot]
-		if s.gen != blk.Generation || !s.offloading {
-			continue // ended or recycled since: forget it
+	for _, i := range b.offered {
+		s := &b.slots[i]
+		if !s.offloading {
+			s.offered = false // its copy ended, or the slot was recycled: forget it
+			continue
 		}
-		keep = append(keep, blk)
+		keep = append(keep, i)
 		if s.copying || s.users > 0 || s.leases > 0 || s.children > 0 || s.state != Registered {
 			continue
 		}
@@ -169,23 +174,18 @@ func (b *BlockSet) giveUp(n int) int {
 			if done == n {
 				break
 			}
-			blk := b.offered[at]
-			s := &b.slots[blk.Slot]
-			if s.gen != blk.Generation || !s.offloading {
-				// A second entry of a block taken above: a copy that
-				// failed and the block offered again leaves its first
-				// entry live until a compaction. Taking it again would
-				// put the slot on the free stack twice.
-				continue
-			}
+			i := b.offered[at]
+			s := &b.slots[i]
+			blk := Block{Slot: int(i), Generation: s.gen}
 			if !s.copied {
 				if take := b.p.cfg.OffloadTake; take == nil || !take(b, blk, s.sum, s.hasSum) {
 					b.givenUp++ // dropped, its copy lost
 				}
 			}
-			// Taken: forgotten at the next walk or compaction (its
-			// generation moves on).
-			removed = b.drop(int32(blk.Slot), removed)
+			// Taken: forgotten at the next walk or compaction (no
+			// longer offloading). Each slot is listed once, so no
+			// candidate is taken twice.
+			removed = b.drop(i, removed)
 			done++
 		}
 	}

@@ -1,7 +1,6 @@
 package disk
 
 import (
-	"container/list"
 	"context"
 	"fmt"
 	"sync"
@@ -19,6 +18,8 @@ import (
 // as a Store's do (the same sentinels, a key already held replaced, a
 // slot being read not reused until the read ends), without a journal:
 // a block is in the store once its put or its batch's Commit returns.
+// It keeps no order of its blocks' use: which block to move or drop when
+// it is full is its caller's choice (a Store does not choose either).
 type MemStore struct {
 	cfg   MemConfig
 	slots int
@@ -40,10 +41,6 @@ type MemStore struct {
 	free  []uint32
 	fresh uint32
 	busy  map[uint32]int // slots being read: not reused until done
-	// order is the blocks' keys, least recently put or read first; at
-	// is each one's element.
-	order *list.List
-	at    map[Key]*list.Element
 
 	stats struct {
 		puts, gets, deletes, corrupt, bytesWritten, bytesRead atomic.Uint64
@@ -84,8 +81,7 @@ func NewMem(cfg MemConfig) (*MemStore, error) {
 		return nil, fmt.Errorf("%w: bytes %d is not in %d (one slot)..%d", ErrInvalidConfig, cfg.Bytes, cfg.SlotBytes, int64(MaxMemBytes))
 	}
 	slots := int(cfg.Bytes / int64(cfg.SlotBytes))
-	s := &MemStore{cfg: cfg, slots: slots, entries: map[Key]memEntry{}, busy: map[uint32]int{},
-		order: list.New(), at: map[Key]*list.Element{}}
+	s := &MemStore{cfg: cfg, slots: slots, entries: map[Key]memEntry{}, busy: map[uint32]int{}}
 	need := slots * cfg.SlotBytes
 	switch {
 	case cfg.Memory == nil:
@@ -259,9 +255,6 @@ func (s *MemStore) getPieces(k Key, pieces [][]byte) (int, uint64, error) {
 	s.busy[e.slot]++
 	s.using.Add(1)
 	defer s.using.Done()
-	if el := s.at[k]; el != nil {
-		s.order.MoveToBack(el)
-	}
 	s.mu.Unlock()
 	defer s.doneReading(e.slot)
 	src := s.slot(e.slot)[:e.length]
@@ -328,26 +321,7 @@ func (s *MemStore) drop(k Key, e memEntry) {
 		return
 	}
 	delete(s.entries, k)
-	s.forgetLocked(k)
 	s.releaseSlotLocked(e.slot)
-}
-
-func (s *MemStore) forgetLocked(k Key) {
-	if el := s.at[k]; el != nil {
-		s.order.Remove(el)
-		delete(s.at, k)
-	}
-}
-
-// Oldest lists up to n keys, the least recently put or read first.
-func (s *MemStore) Oldest(n int) []Key {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Key, 0, min(n, s.order.Len()))
-	for el := s.order.Front(); el != nil && len(out) < n; el = el.Next() {
-		out = append(out, el.Value.(Key))
-	}
-	return out
 }
 
 // Close drops every block and, once the copies in and out under way
@@ -360,8 +334,6 @@ func (s *MemStore) Close() error {
 	}
 	s.closed = true
 	s.entries = map[Key]memEntry{}
-	s.order.Init()
-	s.at = map[Key]*list.Element{}
 	s.mu.Unlock()
 	s.using.Wait()
 	if s.mapped {
@@ -534,8 +506,6 @@ func (b *MemBatch) Commit() []error {
 		}
 		s.gen++
 		s.entries[it.key] = memEntry{it.e, s.gen}
-		s.forgetLocked(it.key)
-		s.at[it.key] = s.order.PushBack(it.key)
 		s.stats.puts.Add(1)
 		s.stats.bytesWritten.Add(uint64(it.e.length))
 	}
