@@ -424,6 +424,15 @@ func (t *tiers) openStoresLocked() error {
 				st.Delete(k)
 				continue
 			}
+			if e, ok := t.pos[k]; ok {
+				// A second copy, left by a crash between a copy placed
+				// here and the one above it dropped: the first tier's
+				// is kept, this slot freed.
+				t.log.Info("tier: a block held twice after a restart: the copy here is dropped",
+					"tier", d.n, "kept in", e.Value.(*tierEntry).tier, "hash", k.Hash)
+				st.Delete(k)
+				continue
+			}
 			t.recordLocked(d, k, t.blockBytes)
 		}
 	}

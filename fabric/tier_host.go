@@ -159,16 +159,17 @@ func (t *tiers) pickBelow() *diskTier {
 const hostMoveBatch = 32
 
 // roomFor makes want free slots in tier d (a copier's batch at most,
-// tierBatch) and returns how many d has then: in the host tier by moving
+// tierBatch) and returns how many d has then, and how many blocks left d
+// to make them: in the host tier by moving
 // its least recently used blocks down (moveDown), up to hostMoveBatch at
 // a time; in a disk tier, the bottom, by dropping its least recently used
 // blocks. A few rounds more at most where copies racing it take the slots
 // freed. Only d's blocks: one dropped from another tier frees nothing in
 // d.
-func (t *tiers) roomFor(d *diskTier, want int) int {
+func (t *tiers) roomFor(d *diskTier, want int) (free, made int) {
 	want = max(1, min(want, tierBatch))
 	st := d.store.Load()
-	free := st.Free()
+	free = st.Free()
 	for try := 0; try < want/hostMoveBatch+4 && free < want; try++ {
 		var gone int
 		if d.isHost() {
@@ -179,9 +180,10 @@ func (t *tiers) roomFor(d *diskTier, want int) int {
 		if gone == 0 {
 			break
 		}
+		made += gone
 		free = st.Free()
 	}
-	return free
+	return free, made
 }
 
 // moveDown moves up to n of the host tier's least recently used blocks

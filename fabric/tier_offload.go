@@ -432,7 +432,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		if len(items) == 0 || try == 8 {
 			break
 		}
-		if t.roomFor(d, len(items)) == 0 {
+		if free, made := t.roomFor(d, len(items)); free == 0 && made == 0 {
 			break // nothing left to make room with
 		}
 		if d = t.pick(); d == nil {

@@ -379,8 +379,8 @@ func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
 			}
 			tr.placed(d, items[i].Key, disk.Align)
 		}
-		if free := tr.roomFor(d, tc.want); free != tc.got || st.Free() != tc.got {
-			t.Fatalf("%s: roomFor says %d free, the store %d; want %d", tc.desc, free, st.Free(), tc.got)
+		if free, made := tr.roomFor(d, tc.want); free != tc.got || made != tc.got || st.Free() != tc.got {
+			t.Fatalf("%s: roomFor says %d free after dropping %d, the store %d free; want %d", tc.desc, free, made, st.Free(), tc.got)
 		}
 		for i, it := range items {
 			if held := tr.where(it.Key) != nil; held != (i >= tc.got) {
@@ -390,5 +390,72 @@ func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
 		if got := tr.heldBytes[0]; got != int64(slots-tc.got)*disk.Align {
 			t.Fatalf("%s: %d bytes counted, want %d", tc.desc, got, (slots-tc.got)*disk.Align)
 		}
+	}
+}
+
+// A block found in two disk tiers when they open (a crash between a copy
+// placed in one and the other's dropped) is recorded once, in the first
+// tier, and the second copy's slot is freed: a second record would leave
+// the first orphaned in its tier's list and counted in its bytes.
+func TestTierOpenKeepsOneOfTwoCopies(t *testing.T) {
+	const slot = disk.Align
+	twice, once := disk.Key{Hash: 7, Tag: 1}, disk.Key{Hash: 8, Tag: 1}
+	var specs []TierSpec
+	for i := range 2 {
+		dir := t.TempDir()
+		specs = append(specs, TierSpec{Path: dir, Size: 16 * slot})
+		st, err := disk.Open(disk.Config{Dir: dir, Bytes: 16 * slot, SlotBytes: slot, Buffered: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		items := []disk.PutItem{{Key: twice, Data: bytes.Repeat([]byte{byte(i)}, slot)}}
+		if i == 1 {
+			items = append(items, disk.PutItem{Key: once, Data: bytes.Repeat([]byte{9}, slot)})
+		}
+		for _, err := range st.PutBatch(context.Background(), items) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr := &tiers{log: slog.New(slog.NewTextHandler(io.Discard, nil)), blockBytes: slot,
+		layouts: map[uint64]*layout.Layout{1: nil}, pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
+	for i, s := range specs {
+		tr.list = append(tr.list, &diskTier{n: i, spec: s})
+	}
+	tr.mu.Lock()
+	err := tr.openStoresLocked()
+	tr.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, d := range tr.list {
+			d.store.Load().Close()
+		}
+	}()
+	tierOf := func(k disk.Key) int {
+		if d := tr.where(k); d != nil {
+			return d.n
+		}
+		return -1
+	}
+	if n := tierOf(twice); n != 0 {
+		t.Fatalf("the block in both tiers is recorded in tier %d, want 0", n)
+	}
+	if n := tierOf(once); n != 1 {
+		t.Fatalf("the block in tier 1 alone is recorded in tier %d, want 1", n)
+	}
+	if keys, free := tr.list[1].store.Load().Keys(), tr.list[1].store.Load().Free(); len(keys) != 1 || keys[0] != once || free != 15 {
+		t.Fatalf("tier 1 holds %v with %d slots free, want only %v and 15 free", keys, free, once)
+	}
+	if got := []int64{tr.heldBytes[0], tr.heldBytes[1]}; got[0] != slot || got[1] != slot {
+		t.Fatalf("bytes counted per tier %v, want one block each", got)
+	}
+	if n := tr.lru(0).Len() + tr.lru(1).Len(); n != 2 {
+		t.Fatalf("%d entries in the tiers' lists, want 2", n)
 	}
 }
