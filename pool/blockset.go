@@ -75,10 +75,9 @@ type slot struct {
 	children     int32 // Registered slots whose up is this one
 	heapIdx      int32 // place in the late-leaf heap, or none
 	prev, next   int32 // neighbours in the leaf list while in it
-	listed       bool  // in a leaf list (the hit one if reused)
+	listed       bool  // in the leaf list
 	state        State
 	inactive     bool
-	reused       bool // hit (Acquire, Register again, Lease) since registered
 	// sum is the content checksum recorded while Registered (hasSum);
 	// withdrawn: the block left the registry early (Withdraw) and is
 	// recycled without a second remove event.
@@ -118,18 +117,14 @@ type BlockSet struct {
 	slots    []slot
 	free     []int32 // stack of Reset slots
 	registry map[uint64]int32
-	// The inactive leaves, the evictable slots, lowest used first (see
-	// demote.go: the last use, aged) in three parts: two lists in order of
-	// used, one of the blocks not hit since registered and one of those
-	// hit (a slot that becomes inactive is the newest of its kind and goes
-	// at its list's tail), and a heap by used of the leaves that fit
-	// neither list's tail (a parent whose last child was recycled, a block
-	// marked held elsewhere). The next to evict is the lowest of the
-	// lists' heads and the heap's top.
-	leafHead, leafTail int32 // not hit since registered
-	hitHead, hitTail   int32 // hit
-	sharedAge          uint64
-	freshAge           uint64
+	// The inactive leaves, the evictable slots, least recently used first
+	// in two parts: a list in order of used (a slot that becomes inactive
+	// is the newest and goes at its tail) and a heap by used of the
+	// leaves that became leaves after they became inactive (a parent
+	// whose last child was recycled), which are older than the list's
+	// tail. The next to evict is the older of the list's head and the
+	// heap's top.
+	leafHead, leafTail int32
 	evictable          []int32 // the late leaves, a min-heap by used
 	leaves             int     // in the list and the heap together
 	tick               uint64
@@ -159,10 +154,8 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 		free:     make([]int32, n),
 		registry: make(map[uint64]int32),
 		leases:   make(map[LeaseID]*lease),
-		leafHead: none, leafTail: none, hitHead: none, hitTail: none,
-		tick:      tickBase, // see demote.go
-		sharedAge: tickStep*sharedAgeSlots*uint64(n) + 2,
-		freshAge:  tickStep*freshAgeSlots*uint64(n) + 1,
+		leafHead: none, leafTail: none,
+		tick: demotedBit, // see Demote
 	}
 	for i := range b.slots {
 		b.slots[i].up, b.slots[i].heapIdx = none, none
@@ -458,10 +451,8 @@ func (b *BlockSet) Release(blk Block) error {
 // Evict recycles up to n inactive blocks and returns how many it recycled.
 // It takes leaves first: a block is not recycled while a Registered block
 // extends it (see Register), so a cached sequence loses its tail, never
-// its head. Among leaves the least recently used goes first, counting a
-// block held elsewhere (Demote) or not hit since registered as used that
-// much earlier (see demote.go); a parent whose last child goes becomes a
-// leaf with its own last use. A block
+// its head. Among leaves the least recently used goes first; a parent
+// whose last child goes becomes a leaf with its own last use. A block
 // costs O(log n) in the set's inactive blocks. Under Config.Offload a
 // block without a copy below is offered instead, and not counted.
 func (b *BlockSet) Evict(n int) int {
@@ -513,7 +504,6 @@ func (b *BlockSet) ref(i int32) {
 		b.unlinkInactive(i)
 	}
 	s.users++
-	b.markReused(s)
 }
 
 // reset returns a slot to the free stack with a new generation, so that
@@ -529,7 +519,6 @@ func (b *BlockSet) reset(i int32) {
 		s.shared = false
 		b.demoted--
 	}
-	s.reused = false
 	s.below = false
 	if s.offloading {
 		s.offloading = false
@@ -591,8 +580,11 @@ func (b *BlockSet) pushInactive(i int32) {
 		return // Offloaded makes it inactive once its copy is done
 	}
 	s.inactive = true
-	b.tick += tickStep
-	s.used = b.tick - b.age(s)
+	b.tick++
+	s.used = b.tick
+	if s.shared {
+		s.used &^= demotedBit
+	}
 	b.inactive++
 	if s.children == 0 {
 		b.leafPush(i)
@@ -607,26 +599,22 @@ func (b *BlockSet) unlinkInactive(i int32) {
 	b.inactive--
 }
 
-// leafPush makes inactive slot i evictable: at its list's tail when it is
-// the newest there (the common case, O(1)), else in the heap.
+// leafPush makes inactive slot i evictable: at the list's tail when it is
+// the newest (the common case, O(1)), else in the heap.
 func (b *BlockSet) leafPush(i int32) {
 	s := &b.slots[i]
 	b.leaves++
-	head, tail := &b.leafHead, &b.leafTail
-	if s.reused {
-		head, tail = &b.hitHead, &b.hitTail
-	}
-	if t := *tail; t != none && b.slots[t].used > s.used {
+	if t := b.leafTail; t != none && b.slots[t].used > s.used {
 		b.heapPush(i)
 		return
 	}
-	s.listed, s.prev, s.next = true, *tail, none
-	if *tail != none {
-		b.slots[*tail].next = i
+	s.listed, s.prev, s.next = true, b.leafTail, none
+	if b.leafTail != none {
+		b.slots[b.leafTail].next = i
 	} else {
-		*head = i
+		b.leafHead = i
 	}
-	*tail = i
+	b.leafTail = i
 }
 
 // leafRemove takes slot i out of the evictable leaves, if it is there.
@@ -634,19 +622,15 @@ func (b *BlockSet) leafRemove(i int32) {
 	s := &b.slots[i]
 	switch {
 	case s.listed:
-		head, tail := &b.leafHead, &b.leafTail
-		if s.reused {
-			head, tail = &b.hitHead, &b.hitTail
-		}
 		if s.prev != none {
 			b.slots[s.prev].next = s.next
 		} else {
-			*head = s.next
+			b.leafHead = s.next
 		}
 		if s.next != none {
 			b.slots[s.next].prev = s.prev
 		} else {
-			*tail = s.prev
+			b.leafTail = s.prev
 		}
 		s.listed, s.prev, s.next = false, none, none
 	case s.heapIdx != none:
@@ -657,12 +641,9 @@ func (b *BlockSet) leafRemove(i int32) {
 	b.leaves--
 }
 
-// oldestLeaf is the evictable slot of lowest used; there is one.
+// oldestLeaf is the least recently used evictable slot; there is one.
 func (b *BlockSet) oldestLeaf() int32 {
 	h := b.leafHead
-	if g := b.hitHead; g != none && (h == none || b.slots[g].used < b.slots[h].used) {
-		h = g
-	}
 	if len(b.evictable) > 0 && (h == none || b.slots[b.evictable[0]].used < b.slots[h].used) {
 		return b.evictable[0]
 	}

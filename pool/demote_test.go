@@ -1,10 +1,8 @@
 package pool
 
 import (
-	"testing"
-	"time"
-
 	"github.com/kvfabric/kvfabric/layout"
+	"testing"
 )
 
 // storeInactive registers hashes in order, each its own sequence unless
@@ -176,133 +174,5 @@ func TestPoolDemoteEverySet(t *testing.T) {
 	}
 	if m := p.Metrics(); m.Demoted != 0 {
 		t.Fatalf("pool Demoted = %d, want 0", m.Demoted)
-	}
-}
-
-// hit takes and drops a reference on hash n times: n releases, each the
-// block's last use.
-func hit(t *testing.T, b *BlockSet, hash uint64, n int) {
-	t.Helper()
-	for range n {
-		blk, ok := b.Acquire(hash)
-		if !ok {
-			t.Fatalf("hash %d is not here", hash)
-		}
-		if err := b.Release(blk); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// The ages at their limits, on a set of 8 slots: a copy held elsewhere
-// counts 6x8 = 48 releases older than its last use, a block not hit since
-// registered 8x8 = 64. Block 61 is hit (its last use at release T), block
-// 63 is hit over and over in between (gap-1 releases), then block 62 is
-// released at T+gap: demoted, or registered and never hit. Up to the age
-// 62 goes first though used later; one release past it, 61 goes first.
-func TestEvictionAgesAtTheirLimits(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		fresh  bool // 62 is registered at T+gap; else hit then, and demoted
-		gap    int
-		victim uint64
-	}{
-		{"a copy used 48 releases later goes first", false, 48, 62},
-		{"a copy used 49 releases later stays", false, 49, 61},
-		{"a copy used just after goes first", false, 2, 62},
-		{"a block not hit, 64 releases later, goes first", true, 64, 62},
-		{"a block not hit, 65 releases later, stays", true, 65, 61},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, b := newTestPool(t, testConfig(nil, nil), testLayout(8, 1, layout.FullyContiguous, 64))
-			if !tc.fresh {
-				storeInactive(t, b, []uint64{61, 62, 63}, false, []int{0, 1, 2})
-			} else {
-				storeInactive(t, b, []uint64{61, 63}, false, []int{0, 1})
-			}
-			hit(t, b, 61, 1)
-			hit(t, b, 63, tc.gap-1)
-			if tc.fresh {
-				storeInactive(t, b, []uint64{62}, false, []int{0})
-			} else {
-				hit(t, b, 62, 1)
-				if n := b.Demote(62); n != 1 {
-					t.Fatalf("Demote = %d", n)
-				}
-			}
-			if got := evictOrder(t, b, []uint64{61, 62, 63}, 1); !equalHashes(got, []uint64{tc.victim}) {
-				t.Fatalf("evicted %v, want %d", got, tc.victim)
-			}
-		})
-	}
-}
-
-// What counts as a hit: Acquire, Register of the same hash, and a peer's
-// Lease; a recycled slot starts again not hit. Blocks 71 and 72 are
-// released, 71 first; after a hit on 71 (and its release), 72 goes first
-// though 71 is older again once 72 is released last.
-func TestEvictionHitsGoLast(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		hit  func(t *testing.T, b *BlockSet)
-	}{
-		{"acquire", func(t *testing.T, b *BlockSet) { hit(t, b, 71, 1) }},
-		{"register again", func(t *testing.T, b *BlockSet) {
-			blks, err := b.Allocate(1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b.Commit(blks[0])
-			reg, err := b.Register(blks[0], 71, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := b.Release(reg); err != nil {
-				t.Fatal(err)
-			}
-		}},
-		{"lease", func(t *testing.T, b *BlockSet) {
-			id, _, err := b.Lease([]uint64{71}, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := b.p.ReleaseLease(id); err != nil {
-				t.Fatal(err)
-			}
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, b := newTestPool(t, testConfig(nil, nil), testLayout(8, 1, layout.FullyContiguous, 64))
-			storeInactive(t, b, []uint64{71}, false, []int{0})
-			tc.hit(t, b)
-			storeInactive(t, b, []uint64{72}, false, []int{0})
-			// 71's last use is older than 72's, but 72 was never hit.
-			if got := evictOrder(t, b, []uint64{71, 72}, 1); !equalHashes(got, []uint64{72}) {
-				t.Fatalf("evicted %v, want 72, the block not hit", got)
-			}
-			// 72's slot again, not hit: it goes before 71 too.
-			storeInactive(t, b, []uint64{73}, false, []int{0})
-			if got := evictOrder(t, b, []uint64{71, 73}, 1); !equalHashes(got, []uint64{73}) {
-				t.Fatalf("evicted %v, want 73: a recycled slot kept the hit", got)
-			}
-		})
-	}
-}
-
-// Blocks hit and not hit, mixed in order of last use on a set much larger
-// than the gaps: each kind keeps its order, the blocks hit after the
-// blocks not hit.
-func TestEvictionKindsKeepTheirOrder(t *testing.T) {
-	_, b := newTestPool(t, testConfig(nil, nil), testLayout(16, 1, layout.FullyContiguous, 64))
-	hashes := []uint64{81, 82, 83, 84, 85, 86, 87, 88}
-	storeInactive(t, b, hashes[:4], false, []int{0, 1, 2, 3})
-	hit(t, b, 82, 1)
-	hit(t, b, 84, 1)
-	storeInactive(t, b, hashes[4:], false, []int{0, 1, 2, 3})
-	hit(t, b, 86, 1)
-	// By last use alone: 81, 83, 82, 84, 85, 87, 88, 86.
-	want := []uint64{81, 83, 85, 87, 88, 82, 84, 86}
-	if got := evictOrder(t, b, hashes, len(hashes)); !equalHashes(got, want) {
-		t.Fatalf("evicted %v, want %v", got, want)
 	}
 }

@@ -72,11 +72,9 @@
 // the cached prefix tree go first, least recently used among them, and a
 // sequence loses its tail before its head. Each recycle emits a remove
 // event; each new registration a store event. [BlockSet.Demote] marks
-// blocks that other nodes also hold: among the leaves they count as used
-// 6 set sizes of releases earlier than they were, and blocks not hit
-// since registered (by Acquire, Register or Lease) 8 more, so that the
-// cluster keeps more distinct blocks and the blocks that are reused, while
-// a hot copy stays; [BlockSet.Undemote] takes the mark off.
+// blocks that other nodes also hold: among the leaves they go first
+// (least recently used among them), so that the cluster keeps more
+// distinct blocks; [BlockSet.Undemote] takes the mark off.
 //
 // # Leases
 //

@@ -104,7 +104,6 @@ func (b *BlockSet) Lease(hashes []uint64, d time.Duration) (LeaseID, []LeasedBlo
 			b.leased++
 		}
 		s.leases++
-		b.markReused(s)
 	}
 	b.leaseSeq++
 	l := &lease{id: id, seq: b.leaseSeq, deadline: now.Add(d), slots: slots}

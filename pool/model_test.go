@@ -24,10 +24,6 @@ type mSlot struct {
 	users        int
 	leases       int
 	pattern      byte // written by the test; 0 when unknown
-	// reused: hit (Acquire, Register of its hash again, Lease) since
-	// registered; released: the release that made it inactive, counted.
-	reused   bool
-	released int
 }
 
 type mLease struct {
@@ -41,7 +37,6 @@ type refModel struct {
 	free      map[int]bool
 	registry  map[uint64]int
 	lru       []int       // inactive blocks, least recently used first
-	releases  int         // blocks made inactive so far
 	extends   map[int]int // slot -> its parent's slot, when the parent was registered first
 	leases    map[LeaseID]*mLease
 	leaseSeq  int
@@ -73,42 +68,12 @@ func (m *refModel) children(i int) int {
 	return n
 }
 
-// inactive makes slot i inactive, its last use now.
-func (m *refModel) inactive(i int) {
-	m.releases++
-	m.slots[i].released = m.releases
-	m.lru = append(m.lru, i)
-}
-
-// recycle takes the inactive block that nothing extends and that was
-// released longest ago, where a block not hit since it was registered
-// counts as released 8 times the slots earlier (and goes first on a tie),
-// k times or until there is none.
+// recycle takes the least recently used inactive block that nothing
+// extends, k times or until there is none.
 func (m *refModel) recycle(k int, set SetID) int {
-	age := func(i int) (int, bool) {
-		s := m.slots[i]
-		if s.reused {
-			return s.released, true
-		}
-		return s.released - 8*len(m.slots), false
-	}
 	n := 0
 	for n < k {
-		j := -1
-		for c, i := range m.lru {
-			if m.children(i) != 0 {
-				continue
-			}
-			if j < 0 {
-				j = c
-				continue
-			}
-			a, ra := age(i)
-			b, rb := age(m.lru[j])
-			if a < b || a == b && !ra && rb {
-				j = c
-			}
-		}
+		j := slices.IndexFunc(m.lru, func(i int) bool { return m.children(i) == 0 })
 		if j < 0 {
 			break
 		}
@@ -136,7 +101,6 @@ func (m *refModel) unlru(i int) {
 func (m *refModel) ref(i int) {
 	m.unlru(i)
 	m.slots[i].users++
-	m.slots[i].reused = true
 }
 
 func (m *refModel) unpin(id LeaseID) {
@@ -146,7 +110,7 @@ func (m *refModel) unpin(id LeaseID) {
 		s := &m.slots[i]
 		s.leases--
 		if s.leases == 0 && s.users == 0 {
-			m.inactive(i)
+			m.lru = append(m.lru, i)
 		}
 	}
 }
@@ -454,7 +418,7 @@ func runModel(t *testing.T, seed uint64, steps int) *refModel {
 			s := &m.slots[h.blk.Slot]
 			s.users--
 			if s.users == 0 && s.leases == 0 {
-				m.inactive(h.blk.Slot)
+				m.lru = append(m.lru, h.blk.Slot)
 			}
 		case k < 76:
 			op = "lease"
@@ -490,7 +454,6 @@ func runModel(t *testing.T, seed uint64, steps int) *refModel {
 			for _, i := range slots {
 				m.unlru(i)
 				m.slots[i].leases++
-				m.slots[i].reused = true
 				checkPattern(step, op, i)
 			}
 			m.leaseSeq++

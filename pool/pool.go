@@ -403,7 +403,6 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 	b.registry = map[uint64]int32{}
 	b.evictable, b.free = nil, nil
 	b.leafHead, b.leafTail, b.leaves = none, none, 0
-	b.hitHead, b.hitTail = none, none
 	b.registered, b.inactive, b.demoted = 0, 0, 0
 	b.freed.Store(true)
 	p.sets[id-1] = nil
