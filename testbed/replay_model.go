@@ -21,7 +21,9 @@ import (
 // rest is computed. Afterwards the engine's cache holds the whole request
 // (at most half the cache, as Replay keeps it), touched from its last
 // block to its first, so that a sequence loses its tail before its head
-// (the pool's leaves first).
+// (the pool's leaves first); with LeavesFirst no cache evicts a block
+// while it holds one that extends it, as the pool, which matters once
+// eviction goes by more than last use.
 //
 //	lru            each engine evicts its least recently used block (the pool before
 //	               cluster-aware eviction)
@@ -67,6 +69,9 @@ type ModelOptions struct {
 	// (here or by an import) since it was stored, in blocks stored, as a
 	// multiple of CacheBlocks. If zero, ModelSharedAge and ModelFreshAge.
 	SharedAge, FreshAge float64
+	// LeavesFirst: a cache does not evict a block while it holds a block
+	// that extends it, as the pool does.
+	LeavesFirst bool
 }
 
 // The ages cluster-aged uses by default, in caches' worth of blocks
@@ -142,6 +147,7 @@ func ModelReplay(reqs []TraceRequest, opts ModelOptions) ([]ModelResult, error) 
 	var out []ModelResult
 	for _, cache := range ModelCaches {
 		m := newCacheModel(cache, opts.Nodes, opts.CacheBlocks, opts.SharedAge, opts.FreshAge)
+		m.leaves, m.parent = opts.LeavesFirst, map[uint64]uint64{}
 		res := ModelResult{Cache: cache, Policy: opts.Policy, Nodes: opts.Nodes, CacheBlocks: opts.CacheBlocks,
 			Requests: len(reqs), ReuseBound: bound}
 		for i, bs := range blocks {
@@ -197,15 +203,20 @@ type cacheModel struct {
 	holders             map[uint64]uint64 // bit n: cache n holds it
 	tick                uint64
 	stamps              uint64
+	// leaves: a block is not evicted while a block that extends it is
+	// cached (the pool's rule); parent is each block's parent.
+	leaves bool
+	parent map[uint64]uint64
 }
 
 // modelEntry is a block in one cache: its last use, whether it was hit
 // (here or by an import) since it was stored, and the stamp of its live
 // heap entry.
 type modelEntry struct {
-	used   uint64
-	reused bool
-	stamp  uint64
+	used     uint64
+	reused   bool
+	stamp    uint64
+	children int // blocks of the cache that extend it (leaves first)
 }
 
 type modelHeapEntry struct {
@@ -341,6 +352,10 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 	for _, b := range blocks {
 		inUse[b] = true
 	}
+	if m.leaves {
+		m.store(node, blocks, inUse)
+		return local, imported
+	}
 	for i := len(blocks) - 1; i >= 0; i-- {
 		b := blocks[i]
 		m.tick++
@@ -361,7 +376,37 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 	return local, imported
 }
 
-// evict drops node's victim: its block of lowest key not in use.
+// store caches blocks on node under the leaves-first rule: each block
+// first, head to tail, so that a block's parent is there before it (and
+// counts it), then touched from tail to head.
+func (m *cacheModel) store(node int, blocks []uint64, inUse map[uint64]bool) {
+	c := m.caches[node]
+	for i, b := range blocks {
+		if _, ok := c[b]; ok {
+			continue
+		}
+		if len(c) >= m.size {
+			m.evict(node, inUse)
+		}
+		c[b] = &modelEntry{}
+		if i > 0 {
+			m.parent[b] = blocks[i-1]
+			c[blocks[i-1]].children++
+		}
+		was := m.holders[b]
+		m.holders[b] = was | 1<<node
+		m.refile(b, was)
+	}
+	for i := len(blocks) - 1; i >= 0; i-- {
+		m.tick++
+		e := c[blocks[i]]
+		e.used = m.tick
+		m.push(node, blocks[i], e)
+	}
+}
+
+// evict drops node's victim: its block of lowest key not in use (and,
+// under the leaves-first rule, that no block of the cache extends).
 func (m *cacheModel) evict(node int, inUse map[uint64]bool) {
 	c, h := m.caches[node], &m.heaps[node]
 	var aside []modelHeapEntry
@@ -380,7 +425,17 @@ func (m *cacheModel) evict(node int, inUse map[uint64]bool) {
 			aside = append(aside, x)
 			continue
 		}
+		if e.children > 0 {
+			continue // pushed again when its last child goes
+		}
 		delete(c, x.block)
+		if p, ok := m.parent[x.block]; ok && m.leaves {
+			if pe, ok := c[p]; ok {
+				if pe.children--; pe.children == 0 {
+					m.push(node, p, pe)
+				}
+			}
+		}
 		was := m.holders[x.block]
 		if now := was &^ (1 << node); now == 0 {
 			delete(m.holders, x.block)

@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"slices"
 	"testing"
 )
 
@@ -116,5 +117,34 @@ func TestModelOptionsRefused(t *testing.T) {
 	}
 	if _, err := ModelReplay(reqs, ModelOptions{Nodes: 64, SharedAge: 1 << 20, FreshAge: 1 << 20}); err != nil {
 		t.Fatalf("64 nodes and the longest ages (the most): %v", err)
+	}
+}
+
+// Leaves first, as the pool does: engine 1 holds a copy of block 1 (engine
+// 0 holds it too) and block 2, which extends it, then block 3. Storing 4
+// in its cache of 3, cluster-aware eviction drops the copy of 1, unless
+// leaves go first: then 2, the least recently used leaf, goes and 1 stays.
+func TestModelLeavesFirst(t *testing.T) {
+	for _, leaves := range []bool{false, true} {
+		m := newCacheModel(ModelClusterAware, 2, 3, ModelSharedAge, ModelFreshAge)
+		m.leaves, m.parent = leaves, map[uint64]uint64{}
+		m.serve(0, []uint64{1}, 2)
+		if local, imported := m.serve(1, []uint64{1, 2}, 2); local != 0 || imported != 1 {
+			t.Fatalf("leaves %v: [1 2] on engine 1: %d local, %d imported; want 0, 1", leaves, local, imported)
+		}
+		m.serve(1, []uint64{3}, 2)
+		m.serve(1, []uint64{4}, 2)
+		want := []uint64{2, 3, 4}
+		if leaves {
+			want = []uint64{1, 3, 4}
+		}
+		var got []uint64
+		for b := range m.caches[1] {
+			got = append(got, b)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("leaves %v: engine 1 holds %v, want %v", leaves, got, want)
+		}
 	}
 }

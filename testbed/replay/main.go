@@ -74,6 +74,7 @@ func run(args []string, stdout io.Writer) error {
 	modelRun := fs.Bool("model", false, "run the cache model instead of agents: each -policy (random or round-robin) through per-engine LRU, cluster-aware eviction, cluster-aged eviction and one shared LRU of every engine's blocks, on one routing (see testbed.ModelReplay)")
 	sharedAge := fs.Float64("shared-age", testbed.ModelSharedAge, "-model: how many caches' worth of stores older cluster-aged counts a block another engine holds")
 	freshAge := fs.Float64("fresh-age", testbed.ModelFreshAge, "-model: how many caches' worth of stores older cluster-aged counts a block not hit since it was stored")
+	leavesFirst := fs.Bool("leaves-first", false, "-model: no cache evicts a block while it holds one that extends it, as the pool does")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -124,7 +125,7 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	if *modelRun {
-		opts := testbed.ModelOptions{Nodes: *nodes, CacheBlocks: *cache, Seed: *seed, SharedAge: *sharedAge, FreshAge: *freshAge}
+		opts := testbed.ModelOptions{Nodes: *nodes, CacheBlocks: *cache, Seed: *seed, SharedAge: *sharedAge, FreshAge: *freshAge, LeavesFirst: *leavesFirst}
 		return runModel(stdout, reqs, opts, *policy, *asJSON)
 	}
 
