@@ -67,7 +67,8 @@ type ModelOptions struct {
 	// SharedAge and FreshAge are how much older than its last use
 	// cluster-aged counts a copy another engine holds, and a block not hit
 	// (here or by an import) since it was stored, in blocks stored, as a
-	// multiple of CacheBlocks. If zero, ModelSharedAge and ModelFreshAge.
+	// multiple of CacheBlocks. If zero, ModelSharedAge and ModelFreshAge
+	// (an age under one block, such as 1e-9, is none).
 	SharedAge, FreshAge float64
 	// LeavesFirst: a cache does not evict a block while it holds a block
 	// that extends it, as the pool does.

@@ -72,8 +72,8 @@ func run(args []string, stdout io.Writer) error {
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole replay")
 	agentArgs := fs.String("agent-args", "", "more flags for every agent, space-separated (e.g. --no-cluster-eviction)")
 	modelRun := fs.Bool("model", false, "run the cache model instead of agents: each -policy (random or round-robin) through per-engine LRU, cluster-aware eviction, cluster-aged eviction and one shared LRU of every engine's blocks, on one routing (see testbed.ModelReplay)")
-	sharedAge := fs.Float64("shared-age", testbed.ModelSharedAge, "-model: how many caches' worth of stores older cluster-aged counts a block another engine holds")
-	freshAge := fs.Float64("fresh-age", testbed.ModelFreshAge, "-model: how many caches' worth of stores older cluster-aged counts a block not hit since it was stored")
+	sharedAge := fs.Float64("shared-age", testbed.ModelSharedAge, "-model: how many caches' worth of stores older cluster-aged counts a block another engine holds (1e-9: none)")
+	freshAge := fs.Float64("fresh-age", testbed.ModelFreshAge, "-model: how many caches' worth of stores older cluster-aged counts a block not hit since it was stored (1e-9: none)")
 	leavesFirst := fs.Bool("leaves-first", false, "-model: no cache evicts a block while it holds one that extends it, as the pool does")
 	if err := fs.Parse(args); err != nil {
 		return err
