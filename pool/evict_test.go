@@ -276,3 +276,57 @@ func BenchmarkEvict(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEvictMixed is BenchmarkEvict with every other block hit again
+// (Acquire and Release) after its first release and every fourth marked
+// as held elsewhere (Demote), so that recycling takes blocks hit and not
+// hit, demoted and not, as a node of a cluster does.
+func BenchmarkEvictMixed(b *testing.B) {
+	for _, slots := range []int{1024, 65536} {
+		b.Run(fmt.Sprintf("slots=%d", slots), func(b *testing.B) {
+			_, set := benchPool(b, slots)
+			h := uint64(1)
+			step := func() {
+				blks, err := set.Allocate(1)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := set.Commit(blks[0]); err != nil {
+					b.Fatal(err)
+				}
+				parent := h - 1
+				if h%16 == 1 {
+					parent = 0
+				}
+				reg, err := set.Register(blks[0], h, parent)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := set.Release(reg); err != nil {
+					b.Fatal(err)
+				}
+				if h%2 == 0 {
+					if blk, ok := set.Acquire(h - 1); ok {
+						if err := set.Release(blk); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				if h%4 == 0 {
+					set.Demote(h - 2)
+				}
+				h++
+			}
+			for range slots {
+				step()
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				step()
+			}
+			if m := set.Metrics(); m.Evictions == 0 || m.Demoted == 0 {
+				b.Fatalf("%d recycled, %d demoted", m.Evictions, m.Demoted)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"slices"
 	"testing"
 )
 
@@ -22,6 +23,7 @@ func TestModelClusterAwareKeepsTheLastCopy(t *testing.T) {
 	want := map[string]struct{ local, imported int }{
 		ModelLRU:          {1, 1},
 		ModelClusterAware: {1, 2},
+		ModelClusterAged:  {1, 2},
 		ModelSharedLRU:    {3, 0},
 	}
 	if len(res) != len(ModelCaches) {
@@ -32,6 +34,39 @@ func TestModelClusterAwareKeepsTheLastCopy(t *testing.T) {
 		if r.Cache != ModelCaches[i] || r.BlocksRequested != len(ids) || r.BlocksLocal != w.local || r.BlocksImported != w.imported {
 			t.Errorf("%s: %d requested, %d local, %d imported; want %d, %d, %d", r.Cache, r.BlocksRequested, r.BlocksLocal, r.BlocksImported, len(ids), w.local, w.imported)
 		}
+	}
+}
+
+// One engine of 4 blocks. Block 1 is hit once, then three blocks never
+// hit are stored after it: LRU evicts 1, its least recently used, for
+// block 5, and misses it at the end; cluster-aged evicts 2, the oldest of
+// the blocks not hit since they were stored, and hits 1.
+func TestModelClusterAgedEvictsUnreusedFirst(t *testing.T) {
+	ids := []int64{1, 1, 2, 3, 4, 5, 1}
+	reqs := make([]TraceRequest, len(ids))
+	for i, id := range ids {
+		reqs[i] = TraceRequest{InputLength: TraceBlockTokens, HashIDs: []int64{id}}
+	}
+	res, err := ModelReplay(reqs, ModelOptions{Nodes: 1, CacheBlocks: 4, Policy: PolicyRoundRobin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		want := 1
+		if r.Cache == ModelClusterAged {
+			want = 2
+		}
+		if r.BlocksLocal != want || r.BlocksImported != 0 {
+			t.Errorf("%s: %d local, %d imported; want %d, 0", r.Cache, r.BlocksLocal, r.BlocksImported, want)
+		}
+	}
+	// With no age for a block not yet hit, cluster-aged is LRU.
+	res, err = ModelReplay(reqs, ModelOptions{Nodes: 1, CacheBlocks: 4, Policy: PolicyRoundRobin, FreshAge: 1e-9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[2]; r.Cache != ModelClusterAged || r.BlocksLocal != 1 {
+		t.Errorf("%s with no fresh age: %d local, want 1", r.Cache, r.BlocksLocal)
 	}
 }
 
@@ -47,7 +82,7 @@ func TestModelClusterAwareOnSyntheticTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lru, aware, shared := res[0], res[1], res[2]
+	lru, aware, shared := res[0], res[1], res[3]
 	if aware.ClusterHitRate <= lru.ClusterHitRate || aware.Distinct <= lru.Distinct {
 		t.Errorf("cluster-aware: hit rate %.3f, %d distinct; lru %.3f, %d distinct", aware.ClusterHitRate, aware.Distinct, lru.ClusterHitRate, lru.Distinct)
 	}
@@ -67,6 +102,9 @@ func TestModelOptionsRefused(t *testing.T) {
 		{"negative nodes", ModelOptions{Nodes: -1}, reqs},
 		{"cache of one block", ModelOptions{CacheBlocks: 1}, reqs},
 		{"no requests", ModelOptions{}, nil},
+		{"65 nodes", ModelOptions{Nodes: 65}, reqs},
+		{"negative age", ModelOptions{SharedAge: -1}, reqs},
+		{"age past the most", ModelOptions{FreshAge: 1<<20 + 1}, reqs},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := ModelReplay(tc.reqs, tc.opts); err == nil {
@@ -76,5 +114,37 @@ func TestModelOptionsRefused(t *testing.T) {
 	}
 	if _, err := ModelReplay(reqs, ModelOptions{CacheBlocks: 2}); err != nil {
 		t.Fatalf("a cache of 2 blocks (the least): %v", err)
+	}
+	if _, err := ModelReplay(reqs, ModelOptions{Nodes: 64, SharedAge: 1 << 20, FreshAge: 1 << 20}); err != nil {
+		t.Fatalf("64 nodes and the longest ages (the most): %v", err)
+	}
+}
+
+// Leaves first, as the pool does: engine 1 holds a copy of block 1 (engine
+// 0 holds it too) and block 2, which extends it, then block 3. Storing 4
+// in its cache of 3, cluster-aware eviction drops the copy of 1, unless
+// leaves go first: then 2, the least recently used leaf, goes and 1 stays.
+func TestModelLeavesFirst(t *testing.T) {
+	for _, leaves := range []bool{false, true} {
+		m := newCacheModel(ModelClusterAware, 2, 3, ModelSharedAge, ModelFreshAge)
+		m.leaves, m.parent = leaves, map[uint64]uint64{}
+		m.serve(0, []uint64{1}, 2)
+		if local, imported := m.serve(1, []uint64{1, 2}, 2); local != 0 || imported != 1 {
+			t.Fatalf("leaves %v: [1 2] on engine 1: %d local, %d imported; want 0, 1", leaves, local, imported)
+		}
+		m.serve(1, []uint64{3}, 2)
+		m.serve(1, []uint64{4}, 2)
+		want := []uint64{2, 3, 4}
+		if leaves {
+			want = []uint64{1, 3, 4}
+		}
+		var got []uint64
+		for b := range m.caches[1] {
+			got = append(got, b)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("leaves %v: engine 1 holds %v, want %v", leaves, got, want)
+		}
 	}
 }

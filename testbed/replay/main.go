@@ -7,6 +7,10 @@
 //	go run ./testbed/replay -trace mooncake.jsonl -nodes 4 -requests 1500 -json
 //	go run ./testbed/replay -generate synth.jsonl -requests 1500   # write a synthetic trace
 //	go run ./testbed/replay -nodes 4                               # replay a synthetic trace
+//	go run ./testbed/replay -model -trace testbed/replay/traces/conversation_trace.jsonl.gz -requests 0 -policy random -cache-blocks 2048
+//
+// A trace whose name ends in .gz is read through gzip. traces/ holds two
+// of Mooncake's published traces (see traces/README.md).
 //
 // It writes its record and report, DIR/replay.json and DIR/replay.html, in
 // the folder -report names (by default a new one in the temporary
@@ -14,6 +18,7 @@
 package main
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -66,7 +71,10 @@ func run(args []string, stdout io.Writer) error {
 	reportDir := fs.String("report", "", "write replay.json and replay.html (with plots) in this folder (if empty, a new folder in the temporary directory, named on standard error; - for none)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole replay")
 	agentArgs := fs.String("agent-args", "", "more flags for every agent, space-separated (e.g. --no-cluster-eviction)")
-	modelRun := fs.Bool("model", false, "run the cache model instead of agents: each -policy (random or round-robin) through per-engine LRU, cluster-aware eviction and one shared LRU of every engine's blocks, on one routing (see testbed.ModelReplay)")
+	modelRun := fs.Bool("model", false, "run the cache model instead of agents: each -policy (random or round-robin) through per-engine LRU, cluster-aware eviction, cluster-aged eviction and one shared LRU of every engine's blocks, on one routing (see testbed.ModelReplay)")
+	sharedAge := fs.Float64("shared-age", testbed.ModelSharedAge, "-model: how many caches' worth of stores older cluster-aged counts a block another engine holds (1e-9: none)")
+	freshAge := fs.Float64("fresh-age", testbed.ModelFreshAge, "-model: how many caches' worth of stores older cluster-aged counts a block not hit since it was stored (1e-9: none)")
+	leavesFirst := fs.Bool("leaves-first", false, "-model: no cache evicts a block while it holds one that extends it, as the pool does")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -109,13 +117,7 @@ func run(args []string, stdout io.Writer) error {
 	if *trace == "" {
 		reqs, err = testbed.TraceGen{Requests: *requests, Seed: *seed}.Generate() // 0: the generator's default
 	} else {
-		var f *os.File
-		if f, err = os.Open(*trace); err != nil {
-			return err
-		}
-		reqs, err = testbed.ReadTrace(f, *requests)
-		f.Close()
-		if err != nil {
+		if reqs, err = readTrace(*trace, *requests); err != nil {
 			err = fmt.Errorf("%s: %w", *trace, err)
 		}
 	}
@@ -123,7 +125,8 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	if *modelRun {
-		return runModel(stdout, reqs, *nodes, *cache, *policy, *seed, *asJSON)
+		opts := testbed.ModelOptions{Nodes: *nodes, CacheBlocks: *cache, Seed: *seed, SharedAge: *sharedAge, FreshAge: *freshAge, LeavesFirst: *leavesFirst}
+		return runModel(stdout, reqs, opts, *policy, *asJSON)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -237,11 +240,33 @@ func sortedReasons(m map[string]int) []string {
 	return out
 }
 
+// readTrace reads up to limit requests (0: all) of the trace at path,
+// gunzipped if its name ends in .gz.
+func readTrace(path string, limit int) ([]testbed.TraceRequest, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") {
+		z, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, err
+		}
+		defer z.Close()
+		r = z
+	}
+	return testbed.ReadTrace(r, limit)
+}
+
 // runModel prints ModelReplay's results for each routing policy.
-func runModel(w io.Writer, reqs []testbed.TraceRequest, nodes, cache int, policies string, seed uint64, asJSON bool) error {
+func runModel(w io.Writer, reqs []testbed.TraceRequest, opts testbed.ModelOptions, policies string, asJSON bool) error {
 	var all []testbed.ModelResult
+	nodes, cache := opts.Nodes, opts.CacheBlocks
 	for _, p := range strings.Split(policies, ",") {
-		res, err := testbed.ModelReplay(reqs, testbed.ModelOptions{Nodes: nodes, CacheBlocks: cache, Policy: strings.TrimSpace(p), Seed: seed})
+		opts.Policy = strings.TrimSpace(p)
+		res, err := testbed.ModelReplay(reqs, opts)
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -87,6 +88,49 @@ func TestGenerateReplayReport(t *testing.T) {
 	}
 }
 
+// The model on Mooncake's traces (traces/), whole, 4 engines of 2,048
+// blocks under random routing: cluster-aware eviction falls short of one
+// shared LRU cache of 8,192 blocks, cluster-aged reaches it. Deterministic:
+// see BENCHMARKS.md for the figures.
+func TestModelOnMooncakeTraces(t *testing.T) {
+	for _, tc := range []struct {
+		file     string
+		requests int
+	}{
+		{"conversation_trace.jsonl.gz", 12031},
+		{"synthetic_trace.jsonl.gz", 3993},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			var out bytes.Buffer
+			err := run([]string{"-model", "-trace", filepath.Join("traces", tc.file), "-requests", "0", "-policy", "random",
+				"-cache-blocks", "2048", "-json"}, &out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var res []testbed.ModelResult
+			if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+				t.Fatalf("%v\n%s", err, out.String())
+			}
+			by := map[string]testbed.ModelResult{}
+			for _, r := range res {
+				by[r.Cache] = r
+			}
+			lru, aware, aged, shared := by[testbed.ModelLRU], by[testbed.ModelClusterAware], by[testbed.ModelClusterAged], by[testbed.ModelSharedLRU]
+			if len(res) != 4 || lru.Requests != tc.requests || shared.Held != 4*2048 {
+				t.Fatalf("%d results, %d requests, shared cache of %d: %+v", len(res), lru.Requests, shared.Held, res)
+			}
+			t.Logf("cluster hit rates: lru %.3f, cluster-aware %.3f, cluster-aged %.3f, shared %.3f",
+				lru.ClusterHitRate, aware.ClusterHitRate, aged.ClusterHitRate, shared.ClusterHitRate)
+			if !(lru.ClusterHitRate < shared.ClusterHitRate && aware.ClusterHitRate < shared.ClusterHitRate) {
+				t.Errorf("lru %.3f and cluster-aware %.3f: want both below the shared cache's %.3f", lru.ClusterHitRate, aware.ClusterHitRate, shared.ClusterHitRate)
+			}
+			if aged.ClusterHitRate < shared.ClusterHitRate {
+				t.Errorf("cluster-aged %.3f: want at least the shared cache's %.3f", aged.ClusterHitRate, shared.ClusterHitRate)
+			}
+		})
+	}
+}
+
 func TestFlagsRefused(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -98,6 +142,7 @@ func TestFlagsRefused(t *testing.T) {
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"-generate", "/nonexistent/dir/t.jsonl"}, "no such file"},
 		{[]string{"-policy", "random,fastest"}, "\"fastest\" is not"},
+		{[]string{"-model", "-requests", "10", "-shared-age", "-1"}, "ages -1"},
 	} {
 		err := run(c.args, new(bytes.Buffer))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -108,5 +153,20 @@ func TestFlagsRefused(t *testing.T) {
 	os.WriteFile(bad, []byte("{\"hash_ids\": [1]}\n{\"hash_ids\": [-1]}\n"), 0o644)
 	if err := run([]string{"-trace", bad, "-bin", bin}, new(bytes.Buffer)); err == nil || !strings.Contains(err.Error(), "line 2: hash_ids[0]") {
 		t.Errorf("bad trace: %v", err)
+	}
+	// A .gz that is not gzip, and one cut short.
+	notGzip := filepath.Join(t.TempDir(), "plain.jsonl.gz")
+	os.WriteFile(notGzip, []byte("{\"hash_ids\": [1]}\n"), 0o644)
+	if err := run([]string{"-model", "-trace", notGzip}, new(bytes.Buffer)); err == nil || !strings.Contains(err.Error(), "gzip") {
+		t.Errorf("plain text named .gz: %v", err)
+	}
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	zw.Write(bytes.Repeat([]byte("{\"hash_ids\": [1, 2, 3]}\n"), 1000))
+	zw.Close()
+	cut := filepath.Join(t.TempDir(), "cut.jsonl.gz")
+	os.WriteFile(cut, z.Bytes()[:z.Len()/2], 0o644)
+	if err := run([]string{"-model", "-requests", "0", "-trace", cut}, new(bytes.Buffer)); err == nil || !strings.Contains(err.Error(), "cut.jsonl.gz: testbed:") {
+		t.Errorf("gzip cut short: %v", err)
 	}
 }
