@@ -107,5 +107,10 @@
 // dumpable): fast, needing the holder only to recycle its command slots,
 // and checking neither keys nor registrations (a process that may attach
 // to the holder may read all of its memory anyway). A holder that has
-// exited fails such a read at once.
+// exited fails such a read at once. Such a reader holds the holder's
+// region spin lock over each copy, and the holder's poll takes that lock
+// to recycle the slots (one per request, 1,024 of them): a holder that
+// polls while a peer reads spins until the copy ends. The holder cannot
+// tell through libfabric which kind of reader it serves, so it polls as
+// often (Serve) for both.
 package ofi
