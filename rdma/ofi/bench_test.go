@@ -3,12 +3,14 @@
 package ofi
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -92,4 +94,109 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkReadScattered reads as an agent's import of TP 4 -> TP 2 HND
+// blocks does: two Reads at once on one endpoint, each of a holder's
+// contiguous 32 MiB landing in 8 KiB pieces 16 KiB apart (so each request
+// gathers up to the provider's iov limit of pieces), from an endpoint that
+// serves (Serve) in the same process. Baselines, run in the same
+// benchmark: testdata/bare_read.c over the same number of bytes in 1 MiB
+// pieces (x-bare; the baseline BenchmarkImportOFI uses) and in pieces of
+// the size the binding's in-place requests have here (x-bare-req: 8 KiB
+// times the iov limit). CPU per GB counts the whole process, both
+// endpoints, as the loop's counts its one process.
+//
+//	go test -run '^$' -bench ReadScattered -benchtime 20x ./rdma/ofi
+func BenchmarkReadScattered(b *testing.B) {
+	const half, piece = 32 << 20, 8 << 10
+	bare := filepath.Join(b.TempDir(), "bare_read")
+	if out, err := exec.Command("gcc", "-O2", "-o", bare, "testdata/bare_read.c", "-lfabric").CombinedOutput(); err != nil {
+		b.Fatalf("build the C baseline (libfabric-dev, make test-deps): %v\n%s", err, out)
+	}
+	provs := providers
+	if env := os.Getenv("KVFABRIC_OFI_BENCH_PROVIDERS"); env != "" {
+		provs = strings.Split(env, ",")
+	}
+	for _, prov := range provs {
+		b.Run(prov, func(b *testing.B) {
+			l, err := Load(Config{Provider: prov, Node: nodeFor(prov), HostOnly: true})
+			if err != nil {
+				b.Fatalf("libfabric (make test-deps): %v", err)
+			}
+			b.Cleanup(func() { l.Close() })
+			holder, reader := openEndpoint(b, l), openIdle(b, l)
+			src := mapped(b, 2*half)
+			fill(src, 3)
+			srcReg := register(b, holder, src)
+			dst := mapped(b, 2*half)
+			dstReg := register(b, reader, dst)
+			peer, err := reader.AddPeer(holder.Name())
+			if err != nil {
+				b.Fatal(err)
+			}
+			var segs [2][]Segment
+			for k := range 2 {
+				for off := uint64(0); off < half; off += piece {
+					segs[k] = append(segs[k], Segment{LocalOff: uint64(k)*piece + 2*off, RemoteOff: uint64(k)*half + off, Len: piece, Remote: srcReg.Remote()})
+				}
+			}
+			node := nodeFor(prov)
+			if node == "" {
+				node = "-"
+			}
+			bareRun := func(size int) (gbs, cpuPerGB float64) {
+				b.Helper()
+				out, err := exec.Command(bare, prov, node, fmt.Sprint(2*half), fmt.Sprint(size), "64", "4").Output()
+				if err != nil {
+					b.Fatalf("bare_read %s: %v", prov, err)
+				}
+				var moved, wallNS, cpuNS float64
+				if _, err := fmt.Sscan(strings.TrimSpace(string(out)), &moved, &wallNS, &cpuNS); err != nil {
+					b.Fatalf("bare_read printed %q: %v", out, err)
+				}
+				return moved / wallNS, cpuNS / 1e6 / (moved / 1e9)
+			}
+			bareGBs, bareCPU := bareRun(1 << 20)
+			reqGBs, _ := bareRun(piece * min(max(reader.Info().IOVLimit, 1), 8))
+
+			b.SetBytes(2 * half)
+			cpu0 := cpuTime()
+			start := time.Now()
+			for b.Loop() {
+				var wg sync.WaitGroup
+				errs := make([]error, 2)
+				for k := range 2 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						errs[k] = reader.Read(context.Background(), peer, dstReg, segs[k])
+					}()
+				}
+				wg.Wait()
+				for _, err := range errs {
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			wall := time.Since(start)
+			cpu := cpuTime() - cpu0
+			b.StopTimer()
+			for k := range 2 {
+				for i, s := range segs[k] {
+					if !bytes.Equal(dst[s.LocalOff:s.LocalOff+piece], src[s.RemoteOff:s.RemoteOff+piece]) {
+						b.Fatalf("read %d, piece %d differs", k, i)
+					}
+				}
+			}
+			gbs := float64(b.N) * 2 * half / float64(wall.Nanoseconds())
+			b.ReportMetric(gbs, "GB/s")
+			b.ReportMetric(bareGBs, "bare-GB/s")
+			b.ReportMetric(gbs/bareGBs, "x-bare")
+			b.ReportMetric(gbs/reqGBs, "x-bare-req")
+			b.ReportMetric(float64(cpu.Milliseconds())/(float64(b.N)*2*half/1e9), "cpu-ms/GB")
+			b.ReportMetric(bareCPU, "bare-cpu-ms/GB")
+		})
+	}
 }

@@ -71,11 +71,11 @@
 // object in libfabric 1.17, so the loop polls, napping between empty polls
 // on an eventfd with a timeout (plus the kernel's timer slack), longer the
 // longer nothing comes, up to a cap set by what the endpoint does: 20 us
-// while a Read of its own is under way (after 256 polls that only yield), 50 us
+// while a Read of its own waits on it (after 256 polls that only yield), 50 us
 // while it serves peers (Serve, which kvfabric calls for each lease it
 // answers with the endpoint, until the lease ends), 10 ms otherwise. A Read
-// or Serve that begins wakes the nap at once. An idle endpoint costs about
-// a hundred wake-ups a second.
+// that begins to wait on it, or a Serve that begins, wakes the nap at once.
+// An idle endpoint costs about a hundred wake-ups a second.
 //
 // Read posts its requests (split at the provider's message size,
 // gathered into scatter lists up to its iov limit, at most its transmit queue
@@ -107,5 +107,10 @@
 // dumpable): fast, needing the holder only to recycle its command slots,
 // and checking neither keys nor registrations (a process that may attach
 // to the holder may read all of its memory anyway). A holder that has
-// exited fails such a read at once.
+// exited fails such a read at once. Such a reader holds the holder's
+// region spin lock over each copy, and the holder's poll takes that lock
+// to recycle the slots (one per request, 1,024 of them): a holder that
+// polls while a peer reads spins until the copy ends. The holder cannot
+// tell through libfabric which kind of reader it serves, so it polls as
+// often (Serve) for both.
 package ofi

@@ -130,7 +130,7 @@ static const char *kvf_info_domain(struct kvf_fi_info *i) { return i->domain_att
 
 // kvf_ep is everything one endpoint owns, closed in reverse by kvf_ep_close.
 // wake is an eventfd the progress loop naps on (kvf_nap), written by
-// kvf_kick when a read starts or the endpoint starts serving; napping and
+// kvf_kick when a read waits on it or the endpoint starts serving; napping and
 // kicked are the handshake that makes a kick never lost and never a
 // needless write. mu serialises the binding's calls that post reads and
 // poll the completion queue (kvf_post, kvf_cq_take): see kvf_cq_take.
@@ -714,9 +714,8 @@ type Endpoint struct {
 	stop chan struct{}
 	done chan struct{}
 
-	// active counts the Reads under way; servingUntil is when the last
-	// live Serve ends (Unix ns), serves those live.
-	active       atomic.Int32
+	// servingUntil is when the last live Serve ends (Unix ns), serves
+	// those live.
 	servingUntil atomic.Int64
 	serveMu      sync.Mutex
 	serves       map[*serveTicket]struct{}
@@ -1011,7 +1010,6 @@ func (e *Endpoint) usable() error {
 // endpoint is doing:
 //
 //	a Read waits on it    yields hotSpins times, then naps up to hotMaxNap
-//	a Read under way      naps up to hotMaxNap
 //	serving (Serve)       naps up to servingMaxNap
 //	neither               naps up to idleMaxNap
 //
@@ -1020,11 +1018,14 @@ func (e *Endpoint) usable() error {
 // same lock (kvf_post), and the loop's polls only try that lock, so that
 // one thread at a time drives the provider on the endpoint and none spins
 // on the provider's locks while another holds them. A Read waits on the
-// loop (and the loop polls hot) only when it has nothing left to post.
+// loop (and the loop polls hot) only when it has nothing left to post;
+// while Reads post and take their own completions, the loop naps as it
+// would without them: its wake-ups (tens of thousands a second at
+// hotMaxNap) found nothing to take, and cost the reads CPU.
 //
-// A Read or Serve that begins wakes a nap at once (kvf_kick), so an idle
-// endpoint sleeps long and costs almost nothing, and a holder polls often
-// only while a peer may be reading it. The loop is not locked to a thread:
+// A Read that waits on it, or a Serve that begins, wakes a nap at once
+// (kvf_kick), so an idle endpoint sleeps long and costs almost nothing, and
+// a holder polls often only while a peer may be reading it. The loop is not locked to a thread:
 // a locked goroutine that yields, and every reader it wakes, cost a hand-off
 // between threads, which halved the import's rate over tcp on two cores.
 func (e *Endpoint) progress() {
@@ -1052,7 +1053,7 @@ func (e *Endpoint) progress() {
 			spin = true
 			C.kvf_cq_take(e.ep, t, 1)
 		default:
-			// Polls and naps in C until something comes, a read or a
+			// Polls and naps in C until something comes, a read waits or a
 			// server begins (kicked), or the budget passes: the runtime is
 			// entered once per wait, not once per nap.
 			var kicked C.int
@@ -1129,7 +1130,7 @@ const (
 // napLimit is the longest the progress loop naps now.
 func (e *Endpoint) napLimit() time.Duration {
 	switch {
-	case e.active.Load() > 0:
+	case e.waiting.Load() > 0:
 		return hotMaxNap
 	case time.Now().UnixNano() < e.servingUntil.Load():
 		return servingMaxNap
@@ -1402,11 +1403,6 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 	if err := e.usable(); err != nil {
 		return err
 	}
-	// The progress loop polls hot while a read is under way.
-	if e.active.Add(1) == 1 {
-		e.kick()
-	}
-	defer e.active.Add(-1)
 	iovLimit := min(max(e.info.IOVLimit, 1), int(C.KVF_MAX_IOV))
 	var reqs []request
 	var stage *Region

@@ -529,3 +529,60 @@ func crossMemoryAttach() error {
 		[]unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&src[0])), Len: 1}}, 0)
 	return err
 }
+
+// TestPostingReadLeavesLoopAsleep: over shm by cross-memory attach, a Read
+// takes every completion itself as it posts, so the progress loop of a
+// reader that serves nobody keeps its idle naps (idleMaxNap) through the
+// read: it naps at most a few times per idleMaxNap of the read's length,
+// where napping at hotMaxNap while a read was under way came to tens per
+// millisecond. The read's bytes are checked.
+func TestPostingReadLeavesLoopAsleep(t *testing.T) {
+	if err := crossMemoryAttach(); err != nil {
+		t.Skipf("shm without cross-memory attach (process_vm_readv: %v): the holder copies, and the reader waits on its loop", err)
+	}
+	l, err := Load(Config{Provider: "shm", HostOnly: true})
+	if err != nil {
+		t.Fatalf("libfabric (make test-deps): %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	holder, reader := openEndpoint(t, l), openIdle(t, l)
+	const size, piece = 32 << 20, 8192
+	src := mapped(t, size)
+	fill(src, 5)
+	srcReg := register(t, holder, src)
+	dst := mapped(t, 2*size)
+	dstReg := register(t, reader, dst)
+	peer, err := reader.AddPeer(holder.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var segs []Segment
+	for i := range uint64(size / piece) {
+		segs = append(segs, Segment{LocalOff: 2 * i * piece, RemoteOff: i * piece, Len: piece, Remote: srcReg.Remote()})
+	}
+	// A first read connects to the holder; the loop settles after it.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := reader.Read(ctx, peer, dstReg, segs[:1]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	inline0, naps0, start := reader.Stats().Inline, reader.naps.Load(), time.Now()
+	if err := reader.Read(ctx, peer, dstReg, segs); err != nil {
+		t.Fatal(err)
+	}
+	took, naps, inline := time.Since(start), reader.naps.Load()-naps0, reader.Stats().Inline-inline0
+	for i := range size / piece {
+		if !bytes.Equal(dst[2*i*piece:(2*i+1)*piece], src[i*piece:(i+1)*piece]) {
+			t.Fatalf("piece %d differs", i)
+		}
+	}
+	requests := uint64(len(gather(segs, reader.Info().MaxMsgSize, min(max(reader.Info().IOVLimit, 1), 8))))
+	t.Logf("a read of %d requests in %v: %d taken inline, %d naps of the reader's loop", requests, took.Round(time.Microsecond), inline, naps)
+	if inline != requests {
+		t.Fatalf("%d of %d completions taken by the read itself, want all", inline, requests)
+	}
+	if bound := 4 + 4*uint64(took/idleMaxNap); naps > bound {
+		t.Fatalf("the reader's loop napped %d times during a read of %v that waited on it for nothing, want at most %d", naps, took.Round(time.Microsecond), bound)
+	}
+}
