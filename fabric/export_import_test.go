@@ -24,3 +24,7 @@ func FaultInSets(a *Agent) int {
 	}
 	return sum
 }
+
+// ChecksumsEarly is how many holder pages a's imports checked with sums
+// taken as a lane read landed them.
+func ChecksumsEarly(a *Agent) uint64 { return a.stats.checksumEarly.Load() }
