@@ -139,15 +139,17 @@ func amount(s PoolSpec) string {
 
 // readInto reads segs of the holder's block set set under lease id into
 // dst: as host slices, or, for a block set in GPU memory, by address over
-// RDMA, else over QUIC through pinned staging.
-func (a *Agent) readInto(ctx context.Context, peer *transfer.Peer, id, set uint64, segs []layout.Segment, dst *pool.BlockSet) (transfer.Transport, error) {
+// RDMA, else over QUIC through pinned staging. landed, if not nil, is
+// told of the parts a lane read brings into host slices (see
+// transfer.ReadViaLanded).
+func (a *Agent) readInto(ctx context.Context, peer *transfer.Peer, id, set uint64, segs []layout.Segment, dst *pool.BlockSet, landed transfer.Landed) (transfer.Transport, error) {
 	l := dst.Layout()
 	if l.Regions[0].Kind != layout.Device {
 		regions, err := dst.RegionBytes()
 		if err != nil {
 			return transfer.TransportQUIC, localError{err}
 		}
-		return peer.ReadVia(ctx, id, set, segs, regions)
+		return peer.ReadViaLanded(ctx, id, set, segs, regions, landed)
 	}
 	spans := make([]transfer.Span, len(l.Regions))
 	for r, reg := range l.Regions {

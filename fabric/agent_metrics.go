@@ -59,6 +59,10 @@ type counters struct {
 	// indexEventsRefused counts gossip events not applied because their
 	// origin keeps the index in another mode (cluster_index_mode.go).
 	indexEventsRefused atomic.Uint64
+
+	// checksumEarly counts the holder pages of checksumVerified and
+	// checksumFailed whose sums were taken as a lane read landed them.
+	checksumEarly atomic.Uint64
 }
 
 // serveHealth answers ok while the agent runs, except that a node given

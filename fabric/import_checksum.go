@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
@@ -46,10 +47,11 @@ func (es *engineSet) takeSum(slot int) (uint64, bool) {
 }
 
 // verify checks the chunk's blocks, now in its slots, against the sums of
-// the holder's pages that the lease gave. It returns the holder's hashes
-// that failed, how many pages it checked, and each engine block's sum
-// where every page of it had one that matched (ok), to record on
-// registration.
+// the holder's pages that the lease gave, taking each block's sums now
+// unless the read took them as the block landed (ch.early). It returns
+// the holder's hashes that failed, how many pages it checked, and each
+// engine block's sum where every page of it had one that matched (ok), to
+// record on registration.
 func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint64, ok []bool) {
 	if ch.a.cfg.NoChecksums {
 		return nil, 0, nil, nil
@@ -66,13 +68,23 @@ func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint6
 	for i := range ok {
 		ok[i] = true
 	}
+	early := ch.early
 	for i, lb := range ch.leased {
 		b := i / k
 		if !lb.HasSum {
 			ok[b] = false
 			continue
 		}
-		got, err := layout.BlockSum(l, regions, ch.blocks[b].Slot, (i%k)*page, page)
+		var (
+			got uint64
+			err error
+		)
+		if early != nil && early.taken[b] && early.pageOK[i] {
+			got = early.pages[i]
+			ch.a.stats.checksumEarly.Add(1)
+		} else {
+			got, err = layout.BlockSum(l, regions, ch.blocks[b].Slot, (i%k)*page, page)
+		}
 		if err != nil {
 			ok[b] = false
 			continue
@@ -88,7 +100,11 @@ func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint6
 	}
 	if k > 1 {
 		for b := range sums {
-			if ok[b] {
+			switch {
+			case !ok[b]:
+			case early != nil && early.taken[b] && early.wholeOK[b]:
+				sums[b] = early.whole[b]
+			default:
 				sums[b], ok[b] = blockSum(set, ch.blocks[b].Slot, 0, l.PageSize)
 			}
 		}
@@ -165,3 +181,127 @@ func (a *Agent) checkCopies(src, dst *pool.BlockSet, from, to []pool.Block, sums
 }
 
 var _ transfer.MismatchReporter = (*peerService)(nil)
+
+// earlySums takes the sums of a chunk's blocks while a lane read brings
+// them in: the goroutine that lands the last byte of a block (told by
+// transfer.Landed) sums it at once, while its bytes are likely still in
+// the cache, rather than verify reading every block again from memory
+// once the whole chunk is in. verify uses them only when the read went
+// over the lane in one attempt (usable); the comparison with the holder's
+// sums, and the refusal of a mismatch, stay verify's, before any block is
+// registered.
+type earlySums struct {
+	l       *layout.Layout
+	regions [][]byte
+	slots   map[int]int    // destination slot → block of the chunk
+	slotOf  []int          // block of the chunk → destination slot
+	left    []atomic.Int64 // bytes of each block not yet landed
+	leased  []transfer.LeasedBlock
+	k, page int
+	// Written for block b by the one goroutine that landed its last byte
+	// (taken[b] says it did), read by verify after the read returned.
+	pages   []uint64 // sum of each leased page, k per block
+	pageOK  []bool
+	whole   []uint64 // sum of each block, when k > 1 and its pages matched
+	wholeOK []bool
+	taken   []bool
+	// bad is set when a part named bytes outside the chunk's blocks: no
+	// early sum is used then.
+	bad atomic.Bool
+}
+
+// newEarlySums prepares early sums for a chunk of blocks (k leased pages
+// each) read into set by segs; nil when checksums are off or the set is
+// not in host memory.
+func (a *Agent) newEarlySums(set *pool.BlockSet, blocks []pool.Block, leased []transfer.LeasedBlock, k int, segs []layout.Segment) *earlySums {
+	if a.cfg.NoChecksums {
+		return nil
+	}
+	regions, err := set.RegionBytes()
+	if err != nil {
+		return nil
+	}
+	l := set.Layout()
+	k = max(k, 1)
+	e := &earlySums{l: l, regions: regions, slots: make(map[int]int, len(blocks)), slotOf: make([]int, len(blocks)),
+		left: make([]atomic.Int64, len(blocks)), leased: leased, k: k, page: l.PageSize / k,
+		pages: make([]uint64, len(leased)), pageOK: make([]bool, len(leased)),
+		whole: make([]uint64, len(blocks)), wholeOK: make([]bool, len(blocks)), taken: make([]bool, len(blocks))}
+	for i, b := range blocks {
+		e.slots[b.Slot], e.slotOf[i] = i, b.Slot
+	}
+	e.walk(segs, func(b int, n uint64) { e.left[b].Add(int64(n)) })
+	if e.bad.Load() {
+		return nil
+	}
+	return e
+}
+
+// walk calls f with each block of the chunk that segs write and how many
+// bytes of it, extent by extent.
+func (e *earlySums) walk(segs []layout.Segment, f func(b int, n uint64)) {
+	var (
+		from, to uint64 // [from, to) of the last extent found is block b's
+		b        int
+		found    bool
+	)
+	for _, sg := range segs {
+		for i := uint64(0); i < sg.Count; i++ {
+			_, off := sg.Piece(i)
+			end := off + sg.Length
+			for off < end {
+				if !found || off < from || off >= to {
+					slot, extEnd, ok := e.l.Locate(off)
+					if ok {
+						b, ok = e.slots[slot]
+					}
+					if !ok {
+						e.bad.Store(true)
+						return
+					}
+					from, to, found = off, extEnd, true
+				}
+				n := min(end, to) - off
+				f(b, n)
+				off += n
+			}
+		}
+	}
+}
+
+// landed is the read's transfer.Landed: it counts part's bytes off their
+// blocks and sums each block whose last byte it landed.
+func (e *earlySums) landed(part []layout.Segment) {
+	e.walk(part, func(b int, n uint64) {
+		if left := e.left[b].Add(-int64(n)); left == 0 {
+			e.take(b)
+		} else if left < 0 {
+			e.bad.Store(true)
+		}
+	})
+}
+
+// take sums block b, whose every byte has landed.
+func (e *earlySums) take(b int) {
+	slot := e.slotOf[b]
+	all := true
+	for j := range e.k {
+		i := b*e.k + j
+		if i >= len(e.leased) || !e.leased[i].HasSum {
+			all = false
+			continue
+		}
+		sum, err := layout.BlockSum(e.l, e.regions, slot, j*e.page, e.page)
+		e.pages[i], e.pageOK[i] = sum, err == nil
+		all = all && err == nil && sum == e.leased[i].Sum
+	}
+	if e.k > 1 && all {
+		sum, err := layout.BlockSum(e.l, e.regions, slot, 0, e.l.PageSize)
+		e.whole[b], e.wholeOK[b] = sum, err == nil
+	}
+	e.taken[b] = true
+}
+
+// broken says whether e, if not nil, counted bytes it cannot place: then
+// none of its sums is used.
+func (e *earlySums) broken() bool { return e != nil && e.bad.Load() }

@@ -313,6 +313,9 @@ type arrivedChunk struct {
 	// blocks are registered.
 	leased []transfer.LeasedBlock
 	k      int
+	// early are the blocks' sums taken as a lane read landed them, nil
+	// unless the read went over the lane in one attempt.
+	early *earlySums
 }
 
 // finishedChunk is what finishing a chunk registered.
@@ -383,8 +386,14 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	for _, r := range plan.Ranks {
 		segs = append(segs, r...)
 	}
+	leased := c.lease.Blocks[:len(part.src)]
+	early := a.newEarlySums(s.set, blocks, leased, part.k, segs)
+	var landed transfer.Landed
+	if early != nil {
+		landed = early.landed
+	}
 	readStart := time.Now()
-	via, err := a.readInto(c.kept.ctx, peer, id, set, segs, s.set)
+	via, err := a.readInto(c.kept.ctx, peer, id, set, segs, s.set, landed)
 	if err != nil {
 		if cause := context.Cause(c.kept.ctx); errors.Is(cause, errLeaseLost) {
 			err = cause
@@ -393,8 +402,14 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	}
 	moved.add(via)
 	kept = true
+	// Sums taken during a read that did not write every byte once, part
+	// by part as landed was told (one that fell back to QUIC, say), are
+	// not used.
+	if via != transfer.TransportTCP || early.broken() {
+		early = nil
+	}
 	return &arrivedChunk{a: a, peer: peer, keeper: keeper, s: s, id: id, askedAt: c.askedAt, blocks: blocks,
-		hashes: part.dst, bytes: plan.Bytes(), via: via, read: time.Since(readStart), leased: c.lease.Blocks[:len(part.src)], k: part.k}, nil
+		hashes: part.dst, bytes: plan.Bytes(), via: via, read: time.Since(readStart), leased: leased, k: part.k, early: early}, nil
 }
 
 // finish releases the chunk's lease and, once the holder confirms that it

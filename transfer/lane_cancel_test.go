@@ -159,7 +159,7 @@ func TestLaneReadCancelledInterrupts(t *testing.T) {
 		next <- []layout.Segment{{SrcOffset: 1 << 20, DstOffset: 1 << 20, Length: 1 << 20, Count: 1}}
 		close(next)
 		start := time.Now()
-		ok, err := p.readLaneParts(ctx, lc, 5, 9, next, [][]byte{make([]byte, 2<<20)})
+		ok, err := p.readLaneParts(ctx, lc, 5, 9, next, [][]byte{make([]byte, 2<<20)}, nil)
 		took := time.Since(start)
 		close(stalled)
 		c.Close()

@@ -95,7 +95,7 @@ func (p *Peer) laneDown(reason string, err error) {
 // tried (off, or no connection could be made), and the caller reads over
 // QUIC; used with an error that is not the holder's answer means it failed
 // on the way, and the caller may read the same over QUIC.
-func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte, total uint64) (used bool, err error) {
+func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte, total uint64, landed Landed) (used bool, err error) {
 	l := p.lane
 	l.mu.Lock()
 	down := time.Now().Before(l.downUntil)
@@ -139,7 +139,7 @@ func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []la
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok, err := p.readLaneParts(ctx, lc, leaseID, blockSet, next, dst)
+			ok, err := p.readLaneParts(ctx, lc, leaseID, blockSet, next, dst, landed)
 			if err != nil {
 				errOnce.Do(func() { firstErr = err })
 				cancel()
@@ -338,9 +338,10 @@ func (r *laneProgress) refresh() {
 // one request ahead: the request for the next part is written while the
 // answer to the current one arrives, so that the holder starts on it as
 // soon as it has sent the current one instead of idling for a round trip
-// and the reader's turn-around. ok says whether lc can carry another
-// request afterwards.
-func (p *Peer) readLaneParts(ctx context.Context, lc *laneConn, leaseID, blockSet uint64, next <-chan []layout.Segment, dst [][]byte) (ok bool, err error) {
+// and the reader's turn-around; landed (if not nil) is told of each part
+// that arrived whole, while the holder sends the next. ok says whether lc
+// can carry another request afterwards.
+func (p *Peer) readLaneParts(ctx context.Context, lc *laneConn, leaseID, blockSet uint64, next <-chan []layout.Segment, dst [][]byte, landed Landed) (ok bool, err error) {
 	w := watchLane(ctx, lc.c)
 	defer func() {
 		if !w.done() {
@@ -374,6 +375,9 @@ func (p *Peer) readLaneParts(ctx context.Context, lc *laneConn, leaseID, blockSe
 		}
 		if err != nil {
 			return ok, err
+		}
+		if landed != nil {
+			landed(cur)
 		}
 		cur = ahead
 	}

@@ -567,7 +567,7 @@ func TestLanePartsAhead(t *testing.T) {
 			defer lc.c.Close()
 			for _, lens := range [][]uint64{{size}, {1 << 20, 1 << 20}, {1 << 20, 3 << 20, 1, 4<<20 - 1}} {
 				dst := [][]byte{make([]byte, size)}
-				ok, err := p.readLaneParts(ctx, lc, 5, 9, parts(lens...), dst)
+				ok, err := p.readLaneParts(ctx, lc, 5, 9, parts(lens...), dst, nil)
 				if err != nil || !ok {
 					t.Fatalf("parts %v: ok %v, err %v", lens, ok, err)
 				}
@@ -587,7 +587,7 @@ func TestLanePartsAhead(t *testing.T) {
 			ch <- []layout.Segment{{SrcOffset: size - 1<<20, DstOffset: 1 << 20, Length: 2 << 20, Count: 1}}
 			ch <- []layout.Segment{{SrcOffset: 1 << 20, DstOffset: 3 << 20, Length: 1 << 20, Count: 1}}
 			close(ch)
-			ok, err := p.readLaneParts(ctx, lc, 5, 9, ch, dst)
+			ok, err := p.readLaneParts(ctx, lc, 5, 9, ch, dst, nil)
 			var re *RemoteError
 			if !errors.As(err, &re) || ok {
 				t.Fatalf("a refused part with a request ahead: ok %v, err %v; want the holder's refusal and a connection not to reuse", ok, err)

@@ -40,6 +40,25 @@ func (p *Peer) Read(ctx context.Context, leaseID, blockSet uint64, segs []layout
 // ReadVia is Read that also says which transport moved the bytes (or was
 // moving them when it failed).
 func (p *Peer) ReadVia(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte) (Transport, error) {
+	return p.ReadViaLanded(ctx, leaseID, blockSet, segs, dst, nil)
+}
+
+// Landed is told the segments of a part of a lane read once every byte of
+// them is in dst, on the goroutine that read them, while they are likely
+// still in the cache: a caller that checks what arrived can do it then
+// instead of reading the memory again afterwards. Calls run concurrently,
+// one per lane connection, and all of them return before the read does.
+// The segments are a part of the plan as the read split it: pieces may be
+// cut where the plan's were not.
+type Landed func(part []layout.Segment)
+
+// ReadViaLanded is ReadVia that calls landed (if not nil) for each part of
+// the plan that a lane read brought in whole. Only a read that returns
+// TransportTCP and no error wrote dst once, part by part as landed was
+// told: after any other outcome (RDMA or QUIC, or a lane read that failed
+// and was read again over QUIC) what landed was told may have been
+// written again since, and the caller must not rely on it.
+func (p *Peer) ReadViaLanded(ctx context.Context, leaseID, blockSet uint64, segs []layout.Segment, dst [][]byte, landed Landed) (Transport, error) {
 	total, err := validateReadPlan(segs, dst)
 	if err != nil {
 		return TransportQUIC, err
@@ -62,7 +81,7 @@ func (p *Peer) ReadVia(ctx context.Context, leaseID, blockSet uint64, segs []lay
 		}
 	}
 	if !p.n.noLaneReads.Load() {
-		used, err := p.readLane(ctx, leaseID, blockSet, segs, dst, total)
+		used, err := p.readLane(ctx, leaseID, blockSet, segs, dst, total, landed)
 		var re *RemoteError
 		switch {
 		case used && err == nil:
