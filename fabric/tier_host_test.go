@@ -485,3 +485,50 @@ func TestHostTierImportTransport(t *testing.T) {
 		}
 	}
 }
+
+// Peers count a holder's host-tier blocks as in memory and its disk
+// tiers' as on disk only, in either index mode: once the holder's blocks
+// sit in its set, its host tier and its disk tier, an importer's index
+// says exactly the disk tier's are on disk only.
+func TestHostTierBlocksCountInMemoryAtPeers(t *testing.T) {
+	for _, tc := range []struct {
+		mode  string
+		nodes int
+		index func(c *fabric.Config)
+	}{
+		{"whole", 2, func(*fabric.Config) {}},
+		{"owned", 3, func(c *fabric.Config) {
+			c.IndexMode, c.IndexReplicas = fabric.IndexOwned, 2
+			c.IndexCacheTTL = time.Millisecond // every poll below asks the owners afresh
+		}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			const n = 600 // more than the set's 32 slots and the host tier's blocks together
+			dir := tierDir(t)
+			agents := clusterWith(t, tc.nodes, func(i int, c *fabric.Config) {
+				tc.index(c)
+				if i == 0 {
+					c.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), "disk=" + dir + ":64MiB"}
+				}
+			})
+			holder, importer := agents[0], agents[1]
+			c := dial(t, holder)
+			hashes := storeThrough(t, c, register(t, c, tierEngine), n, holder)
+			ts := tiersStatus(t, c, 2)
+			if ts[0].Blocks == 0 || ts[1].Blocks == 0 {
+				t.Fatalf("tiers %v, want blocks in both", ts)
+			}
+			onDisk := int(ts[1].Blocks)
+			wait.For(t, 20*time.Second, "the importer counts the disk tier's blocks alone as on disk only", func() error {
+				ov, err := dial(t, importer).Lookup(context.Background(), hashes)
+				if err != nil || len(ov) == 0 || ov[0].Blocks != n {
+					return fmt.Errorf("overlaps %v (%v)", ov, err)
+				}
+				if d := fabric.IndexDiskOnly(importer, holder.NodeName(), hashes); d != onDisk {
+					return fmt.Errorf("%d of %d blocks on disk only, the disk tier holds %d", d, n, onDisk)
+				}
+				return nil
+			})
+		})
+	}
+}

@@ -628,22 +628,24 @@ func (t *tiers) pick() *diskTier {
 	return t.pickBelow() // a host tier not open has no store: none to skip
 }
 
-// announce publishes that this node holds (or no longer holds) hash on
-// disk tier n.
+// announce publishes that this node holds (or no longer holds) hashes on
+// tier n: under the tier's block set number (tierSet), or to the owners as
+// copies on disk, or in memory for the host tier's.
 func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 	m := t.a.joined.Load()
 	if m == nil || len(hashes) == 0 {
 		return // announced whole once the node joins (announceAll)
 	}
+	set := t.tierSet(n)
 	if o := t.a.owned; o != nil {
-		o.publishHeld(store, hashes) // to the hashes' owners, not gossip
+		o.publishHeld(store, set < tierSetBase, hashes) // to the hashes' owners, not gossip
 		return
 	}
 	kind := membership.EventRemove
 	if store {
 		kind = membership.EventStore
 	}
-	if _, err := m.Publish(kind, uint32(tierSetBase+n), hashes...); err != nil && !errors.Is(err, membership.ErrClosed) {
+	if _, err := m.Publish(kind, set, hashes...); err != nil && !errors.Is(err, membership.ErrClosed) {
 		t.log.Warn("tier: events not published", "err", err)
 	}
 }
@@ -651,17 +653,18 @@ func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 // announceAll publishes every disk-held block: at start, once joined.
 func (t *tiers) announceAll() {
 	for _, e := range t.holdings() {
-		t.announce(true, int(e.BlockSet-tierSetBase), e.Hash)
+		t.announce(true, t.setTier(e.BlockSet), e.Hash)
 	}
 }
 
-// holdings are the disk-held blocks as membership entries.
+// holdings are the tiers' blocks as membership entries, each under its
+// tier's block set number (tierSet).
 func (t *tiers) holdings() []membership.Entry {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make([]membership.Entry, 0, len(t.pos))
 	for k, e := range t.pos {
-		out = append(out, membership.Entry{Hash: k.Hash, BlockSet: uint32(tierSetBase + e.Value.(*tierEntry).tier)})
+		out = append(out, membership.Entry{Hash: k.Hash, BlockSet: t.tierSet(e.Value.(*tierEntry).tier)})
 	}
 	return out
 }
