@@ -107,7 +107,7 @@ func (g *gpuSlots) check(slot int, id uint64) error {
 }
 
 // storeThroughGPU is storeThrough for a block set in a device pool: n
-// blocks with content ids 1..n written through g, 8 at a time, each batch
+// blocks with content ids 1..n written through g (if not nil), 8 at a time, each batch
 // released once registered, waiting for a's copies down after each.
 func storeThroughGPU(t testing.TB, c *client.Client, set *client.BlockSet, g *gpuSlots, n int, a *fabric.Agent) []uint64 {
 	t.Helper()
@@ -128,7 +128,9 @@ func storeThroughGPU(t testing.TB, c *client.Client, set *client.BlockSet, g *gp
 			t.Fatalf("allocate for blocks %d..%d: %v", from, to-1, err)
 		}
 		for i, s := range slots {
-			g.fill(int(s), uint64(from+i+1))
+			if g != nil { // nil: the slots' bytes left as they are
+				g.fill(int(s), uint64(from+i+1))
+			}
 		}
 		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes[from:to]}
 		if from > 0 {
@@ -600,5 +602,53 @@ func TestHostTierUnderADevicePool(t *testing.T) {
 	}
 	if got := acquireCheckedGPU(t, c, set, g, hashes, 1); got != n {
 		t.Fatalf("acquired %d of %d blocks", got, n)
+	}
+}
+
+// A restore whose upload into a device slot cannot be synchronised (the
+// driver fails the stream's synchronisation: the copy may still land)
+// keeps that slot out of use: the block is not served, and the set then
+// allocates every slot but that one, so that no later block's bytes can
+// be overwritten by the late copy.
+func TestTierDevicePoolUnsyncedRestoreKeepsItsSlot(t *testing.T) {
+	const n = 64
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	// The process's first stream synchronisation fails: the blocks are
+	// stored without writes from here and copied down by downloads,
+	// which synchronise on events, so it is the restore's upload.
+	t.Setenv("SOFTCUDA_FAIL", "cuStreamSynchronize=1@1")
+	dir := tierDir(t)
+	cfg := testConfig(t, "gpu-unsynced")
+	deviceTierConfig(&cfg, lib, dir)
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	ctx := context.Background()
+	set := register(t, c, tierEngine)
+	hashes := storeThroughGPU(t, c, set, nil, n, a)
+	i := slices.IndexFunc(hashes, func(h uint64) bool {
+		return fabric.TierHolding(a, set.ID, h) == "disk" && !fabric.BlockSetHolds(a, set.ID, h)
+	})
+	if i < 0 {
+		t.Fatalf("no block on disk alone: %+v", a.Metrics().Tiers)
+	}
+	refs, err := c.Acquire(ctx, set.ID, hashes[i:i+1])
+	if err == nil && len(refs) != 0 {
+		t.Fatalf("a block whose upload failed was served: %v", refs)
+	}
+	if k := fabric.TierSlotsKept(a); k != 1 {
+		t.Fatalf("%d slots kept out of use, want 1", k)
+	}
+	slots, err := c.Allocate(ctx, set.ID, int(tierEngine.Slots))
+	if err == nil {
+		t.Fatalf("allocated all %d slots, the one an upload may still land in among them: %v", tierEngine.Slots, slots)
+	}
+	slots, err = c.Allocate(ctx, set.ID, int(tierEngine.Slots)-1)
+	if err != nil {
+		t.Fatalf("every slot but the one kept: %v", err)
+	}
+	if len(slots) != int(tierEngine.Slots)-1 {
+		t.Fatalf("allocated %d slots, want %d", len(slots), tierEngine.Slots-1)
 	}
 }
