@@ -184,7 +184,7 @@ func TierHashesPending(a *Agent) int {
 // buffers (straight writes off), as it does a device set's, and fail each
 // read with f's error; nil lets reads succeed again (straight writes stay
 // off).
-func TierFailSlotReads(a *Agent, f func() error) {
+func TierFailSlotReads(a *Agent, f func(hash uint64) error) {
 	if f == nil {
 		a.tiers.failSlotRead.Store(nil)
 		return

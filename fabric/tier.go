@@ -242,7 +242,10 @@ type tiers struct {
 	// failSlotRead, if set, is asked by each copy down before it reads a
 	// slot into a buffer: its error is the read's (tests: a device slot
 	// the driver cannot copy out).
-	failSlotRead atomic.Pointer[func() error]
+	failSlotRead atomic.Pointer[func(hash uint64) error]
+	// readBackoff keeps blocks whose slot read failed from being offered
+	// again at once (tier_backoff.go).
+	readBackoff readBackoff
 	// skipLogged is when a block dropped for an allocation (the pool's
 	// Metrics.OffloadsGivenUp counts them) was last logged.
 	skipLogged atomic.Int64

@@ -46,6 +46,9 @@ func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) b
 	if room := t.room.Load(); room > 0 && int64(tierBlockBytes(l)) > room {
 		return false // larger than the tiers' slots: recycled as it is
 	}
+	if t.readBackoff.refuse(hash, time.Now) {
+		return false // its slot read failed lately: recycled as it is
+	}
 	select {
 	case <-t.done:
 		return false
@@ -321,7 +324,11 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		if errors.Is(err, errSlotRead) {
 			// Ended now, not after the batch's commit: the slot, being
 			// read until then, is one an allocation may be waiting for.
-			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
+			delay, log, suppressed := t.readBackoff.failed(j.hash, time.Now())
+			if log {
+				t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err, "not offered for", delay,
+					"failures not logged before", suppressed)
+			}
 			t.failedAt(d)
 			t.dropTaken(j)
 			if err := j.set.Offloaded(j.blk, false); err != nil {
@@ -338,6 +345,8 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				continue
 			}
 			src = slotCopy{buf: *p} // copied out when its slot was taken
+		} else {
+			t.readBackoff.succeeded(j.hash)
 		}
 		if f := t.beforePut.Load(); f != nil {
 			(*f)()
@@ -550,7 +559,7 @@ func (t *tiers) readSlot(j *offloadJob, l *layout.Layout) (slotCopy, error) {
 	buf := t.buffer()
 	err = sio.read(t.ctx, j.blk.Slot, buf)
 	if f := t.failSlotRead.Load(); f != nil && err == nil {
-		err = (*f)()
+		err = (*f)(j.hash)
 	}
 	if err != nil {
 		t.putBuffer(buf)
