@@ -200,7 +200,9 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 		if errors.Is(outs[len(regs)+i].err, errSlotUnsynced) {
 			// Its upload may still land: the slot stays Partial, out of
 			// use for the set's life, so that no later block is put in
-			// it and overwritten.
+			// it and overwritten. The set is not freed either (the pool
+			// refuses while a slot is allocated): its memory goes to no
+			// other set while the agent runs.
 			t.slotsKept.Add(1)
 			t.log.Warn("tier: a device slot kept out of use: its restore's copy may still land", "set", set.ID(), "slot", b.Slot, "hash", run[len(regs)+i].k.Hash)
 			continue
