@@ -54,10 +54,8 @@ func TierCopyDown(a *Agent, id uint64, hashes []uint64) (int, error) {
 			defer wg.Done()
 			for {
 				var batch []*offloadJob
-				buffered := 0
 				for j := range queue {
-					batch = append(batch, j)
-					if buffered += a.tiers.buffered(j); a.tiers.batchFull(len(batch), buffered) {
+					if batch = append(batch, j); len(batch) == a.tiers.batchLen() {
 						break
 					}
 				}

@@ -194,12 +194,10 @@ func (t *tiers) worker() {
 			return
 		}
 		// The blocks queued by now go down with it, in one batch.
-		buffered := t.buffered(batch[0])
-		for !t.batchFull(len(batch), buffered) {
+		for n := t.batchLen(); len(batch) < n; {
 			select {
 			case j := <-t.queue:
 				batch = append(batch, j)
-				buffered += t.buffered(j)
 				continue
 			default:
 			}
@@ -225,24 +223,15 @@ func (t *tiers) worker() {
 	}
 }
 
-// batchFull says whether a copier's batch of n blocks, buffered of them
-// copied through buffers (buffered), takes no more: at tierBatch blocks,
-// when one more buffer would pass tierBatchBytes, and at one block until
-// the tiers' block size is known. Blocks written straight from their
-// slots take no buffer: 128 of 256 KiB make one batch, not 126.
-func (t *tiers) batchFull(n, buffered int) bool {
+// batchLen is how many queued blocks a copier takes at once: tierBatch,
+// fewer where their buffers would pass tierBatchBytes, one until the
+// tiers' block size is known.
+func (t *tiers) batchLen() int {
 	room := t.room.Load()
-	return n >= tierBatch || (room <= 0 && n >= 1) || (buffered > 0 && int64(buffered+1)*room > tierBatchBytes)
-}
-
-// buffered is 1 if j's block is copied down through a buffer (a device
-// set's, or any once O_DIRECT refused pool memory), else 0: written
-// straight from its slot.
-func (t *tiers) buffered(j *offloadJob) int {
-	if t.noDirect.Load() || j.set.Layout().Regions[0].Kind == layout.Device {
+	if room <= 0 {
 		return 1
 	}
-	return 0
+	return int(max(1, min(tierBatch, tierBatchBytes/room)))
 }
 
 // skipped logs a block not copied down because an allocation took its

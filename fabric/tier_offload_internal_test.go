@@ -51,38 +51,25 @@ func TestTierWhereWaitFindsDiskBlockWithoutWaiting(t *testing.T) {
 }
 
 // A copier's batch is tierBatch blocks, fewer where their buffers would
-// pass tierBatchBytes, and one block until the block size is known;
-// blocks written straight from their slots take no buffer, so only the
-// count bounds them.
+// pass tierBatchBytes, and one block until the block size is known.
 func TestTierBatchLen(t *testing.T) {
 	for _, tc := range []struct {
-		desc     string
-		room     int64
-		buffered int // a batch of blocks all copied through buffers
-		straight int // all written straight from their slots
+		desc string
+		room int64
+		want int
 	}{
-		{"block size not known yet", 0, 1, 1},
-		{"small blocks: the count bounds it", 4096, tierBatch, tierBatch},
-		{"blocks at the count's share of the bytes", tierBatchBytes / tierBatch, tierBatch, tierBatch},
-		{"a byte past it", tierBatchBytes/tierBatch + 1, tierBatch - 1, tierBatch},
-		{"blocks of 256 KiB and a trailer", 266240, 126, tierBatch},
-		{"one block fills the bytes", tierBatchBytes, 1, tierBatch},
-		{"a block past the bytes still goes", tierBatchBytes + 4096, 1, tierBatch},
+		{"block size not known yet", 0, 1},
+		{"small blocks: the count bounds it", 4096, tierBatch},
+		{"blocks at the count's share of the bytes", tierBatchBytes / tierBatch, tierBatch},
+		{"a byte past it", tierBatchBytes/tierBatch + 1, tierBatch - 1},
+		{"blocks of 256 KiB and a trailer", 266240, 126},
+		{"one block fills the bytes", tierBatchBytes, 1},
+		{"a block past the bytes still goes", tierBatchBytes + 4096, 1},
 	} {
 		var tr tiers
 		tr.room.Store(tc.room)
-		batch := func(each int) int {
-			n, buffered := 1, each
-			for !tr.batchFull(n, buffered) {
-				n, buffered = n+1, buffered+each
-			}
-			return n
-		}
-		if got := batch(1); got != tc.buffered {
-			t.Errorf("%s (room %d): batch of %d blocks through buffers, want %d", tc.desc, tc.room, got, tc.buffered)
-		}
-		if got := batch(0); got != tc.straight {
-			t.Errorf("%s (room %d): batch of %d blocks written straight, want %d", tc.desc, tc.room, got, tc.straight)
+		if got := tr.batchLen(); got != tc.want {
+			t.Errorf("%s (room %d): batch of %d, want %d", tc.desc, tc.room, got, tc.want)
 		}
 	}
 }
