@@ -61,7 +61,7 @@ func BenchmarkTierRestoreDevice(b *testing.B) {
 		}
 		if device {
 			g := newGPUSlots(b, lib, set.Layout)
-			hashes = storeThroughGPU(b, c, set, g, blocks, a)
+			hashes = storeThroughSlots(b, c, set, g, blocks, a)
 			g.close()
 		} else {
 			hashes = storeThrough(b, c, set, blocks, a)
@@ -92,7 +92,7 @@ func BenchmarkTierRestoreDevice(b *testing.B) {
 		got := 0
 		if device {
 			s.g = newGPUSlots(b, lib, set.Layout)
-			got = acquireCheckedGPU(b, c, set, s.g, hashes, 1)
+			got = acquireCheckedSlots(b, c, set, s.g, hashes, 1)
 		} else {
 			got = acquireChecked(b, c, set, hashes, 1)
 		}
@@ -180,7 +180,7 @@ func BenchmarkTierOffloadDevice(b *testing.B) {
 		s := &side{a: a, set: set.ID, bytes: int(set.Layout.Strides().Shard)}
 		if device {
 			g := newGPUSlots(b, lib, set.Layout)
-			s.hashes = storeThroughGPU(b, c, set, g, blocks, a) // all kept: the set has a slot for each
+			s.hashes = storeThroughSlots(b, c, set, g, blocks, a) // all kept: the set has a slot for each
 		} else {
 			s.hashes = storeThrough(b, c, set, blocks)
 		}

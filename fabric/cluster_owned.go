@@ -123,8 +123,12 @@ func (o *ownedIndex) publish(b pool.EventBatch) {
 		}
 		var disk []uint64
 		if o.a.tiers != nil {
-			for _, e := range o.a.tiers.holdings() { // disk-held blocks stay announced
-				disk = append(disk, e.Hash)
+			for _, e := range o.a.tiers.holdings() { // the tiers' blocks stay announced
+				if e.BlockSet < tierSetBase {
+					hashes = append(hashes, e.Hash) // the host tier's: in memory
+				} else {
+					disk = append(disk, e.Hash)
+				}
 			}
 		}
 		o.pub.ResetTiers(hashes, disk)
@@ -150,16 +154,22 @@ func (o *ownedIndex) publish(b pool.EventBatch) {
 }
 
 // publishHeld takes a change to what this node holds outside its pool's
-// events (the disk tiers' blocks), as publish takes the pool's: the owners
-// keep them as copies on disk, so that importers prefer a holder with the
-// block in memory.
-func (o *ownedIndex) publishHeld(store bool, hashes []uint64) {
+// events (the tiers' blocks), as publish takes the pool's: the owners keep
+// the disk tiers' as copies on disk, so that importers prefer a holder
+// with the block in memory, and the host tier's (inMemory) as copies in
+// memory, as the pool's.
+func (o *ownedIndex) publishHeld(store, inMemory bool, hashes []uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	queued := false
-	if store {
+	switch {
+	case store && inMemory:
+		queued = o.pub.Store(hashes...)
+	case inMemory:
+		queued = o.pub.Remove(hashes...)
+	case store:
 		queued = o.pub.StoreDisk(hashes...)
-	} else {
+	default:
 		queued = o.pub.RemoveDisk(hashes...)
 	}
 	if queued {

@@ -184,7 +184,7 @@ func TierHashesPending(a *Agent) int {
 // buffers (straight writes off), as it does a device set's, and fail each
 // read with f's error; nil lets reads succeed again (straight writes stay
 // off).
-func TierFailSlotReads(a *Agent, f func() error) {
+func TierFailSlotReads(a *Agent, f func(hash uint64) error) {
 	if f == nil {
 		a.tiers.failSlotRead.Store(nil)
 		return
@@ -211,3 +211,7 @@ func TierSlotPieces(a *Agent, id, hash uint64) [][]byte {
 	}
 	return slotPieces(s.Layout(), regions, blk.Slot)
 }
+
+// TierSlotsKept is how many device slots a's restores kept out of use,
+// their uploads not synchronised.
+func TierSlotsKept(a *Agent) uint64 { return a.tiers.slotsKept.Load() }

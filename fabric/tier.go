@@ -51,13 +51,37 @@ import (
 // peers after a restart).
 //
 // Disk-held blocks are announced to the cluster under their tier's own
-// block set number (tierSetBase + tier), beside the pool's store and remove
+// block set number (tierSetBase + tier; the host tier's blocks under
+// tierHostSet, as copies in memory), beside the pool's store and remove
 // events, so that a block recycled from host memory but kept on disk stays
 // announced, and the index's count of this node's copies stays right.
 
 // tierSetBase is the block set number of disk tier 0 in announcements:
 // above every pool set id an agent makes.
 const tierSetBase = 1 << 31
+
+// tierHostSet is the host tier's block set number in announcements: below
+// tierSetBase, so that peers count its blocks as copies in memory (a peer
+// of any version counts only the numbers from tierSetBase on as disk
+// copies), and above every pool set id an agent makes (they count from 1).
+const tierHostSet = tierSetBase - 1
+
+// tierSet is the block set number tier n's blocks are announced under.
+func (t *tiers) tierSet(n int) uint32 {
+	if n < len(t.list) && t.list[n].isHost() {
+		return tierHostSet
+	}
+	return uint32(tierSetBase + n)
+}
+
+// setTier is tierSet's inverse: the tier whose blocks are announced under
+// block set number bs.
+func (t *tiers) setTier(bs uint32) int {
+	if bs == tierHostSet {
+		return 0 // the host tier comes first
+	}
+	return int(bs - tierSetBase)
+}
 
 // tierIOWorkers is how many reads and writes each tier's store runs at
 // once: a restore's readers (restoreReaders) all at once, and as many of
@@ -218,11 +242,17 @@ type tiers struct {
 	// failSlotRead, if set, is asked by each copy down before it reads a
 	// slot into a buffer: its error is the read's (tests: a device slot
 	// the driver cannot copy out).
-	failSlotRead atomic.Pointer[func() error]
+	failSlotRead atomic.Pointer[func(hash uint64) error]
+	// readBackoff keeps blocks whose slot read failed from being offered
+	// again at once (tier_backoff.go).
+	readBackoff readBackoff
 	// skipLogged is when a block dropped for an allocation (the pool's
 	// Metrics.OffloadsGivenUp counts them) was last logged.
 	skipLogged atomic.Int64
 	corrupt    atomic.Uint64 // blocks that failed a check on restore
+	// slotsKept counts the device slots a restore kept out of use, their
+	// upload not synchronised (errSlotUnsynced).
+	slotsKept atomic.Uint64
 
 	// Copies down written straight from pool memory (tier_offload.go):
 	// trailers are their trailer pages; direct counts those committed as

@@ -47,6 +47,11 @@ type slotIO interface {
 	write(ctx context.Context, slot int, src []byte) error
 }
 
+// errSlotUnsynced is a slot write's failure after which its copies may
+// still land in the slot (the stream could not be synchronised): the slot
+// must stay out of use, as the stager's buffers are (cuda.Stager.Unsynced).
+var errSlotUnsynced = errors.New("fabric: copy into the slot not synchronised; it may still land")
+
 // errNoSlotIO is the tiers' refusal of a block set they cannot read: in
 // device memory on an agent without a CUDA driver's staging.
 var errNoSlotIO = errors.New("fabric: the block set's memory is out of the tiers' reach")
@@ -287,6 +292,9 @@ func (d *deviceSlots) write(ctx context.Context, slot int, src []byte) error {
 			at += copy(p, src[at:])
 			return nil
 		})
+		if err != nil && st.Unsynced() {
+			err = errors.Join(errSlotUnsynced, err)
+		}
 		if cerr := d.t.putStager(run.gpu, st, err == nil, false); err == nil {
 			err = cerr
 		}

@@ -4,7 +4,6 @@ package fabric_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -106,80 +105,6 @@ func (g *gpuSlots) check(slot int, id uint64) error {
 	return kvtest.Check(g.l, g.host, slot, id)
 }
 
-// storeThroughGPU is storeThrough for a block set in a device pool: n
-// blocks with content ids 1..n written through g, 8 at a time, each batch
-// released once registered, waiting for a's copies down after each.
-func storeThroughGPU(t testing.TB, c *client.Client, set *client.BlockSet, g *gpuSlots, n int, a *fabric.Agent) []uint64 {
-	t.Helper()
-	ctx := context.Background()
-	tokens := make([]uint32, 16*n)
-	for i := range tokens {
-		tokens[i] = uint32(i*13 + 5)
-	}
-	h, _ := layout.NewHasher(16, layout.HashOptions{})
-	var hashes []uint64
-	for _, b := range h.Sequence(tokens) {
-		hashes = append(hashes, b.Sequence)
-	}
-	for from := 0; from < n; from += 8 {
-		to := min(from+8, n)
-		slots, err := c.Allocate(ctx, set.ID, to-from)
-		if err != nil {
-			t.Fatalf("allocate for blocks %d..%d: %v", from, to-1, err)
-		}
-		for i, s := range slots {
-			g.fill(int(s), uint64(from+i+1))
-		}
-		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes[from:to]}
-		if from > 0 {
-			req.Parent, req.ParentSet = hashes[from-1], true
-		}
-		resp, err := c.API().RegisterBlocks(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rel := make([]uint32, len(resp.Blocks))
-		for i, b := range resp.Blocks {
-			rel[i] = b.Slot
-		}
-		if err := c.Release(ctx, set.ID, rel); err != nil {
-			t.Fatal(err)
-		}
-		waitCopies(t, a)
-	}
-	return hashes
-}
-
-// acquireCheckedGPU is acquireChecked for a block set in a device pool:
-// every byte of each block read back from the GPU.
-func acquireCheckedGPU(t testing.TB, c *client.Client, set *client.BlockSet, g *gpuSlots, hashes []uint64, first uint64) int {
-	t.Helper()
-	ctx := context.Background()
-	found := 0
-	for from := 0; from < len(hashes); from += 8 {
-		to := min(from+8, len(hashes))
-		refs, err := c.Acquire(ctx, set.ID, hashes[from:to])
-		if err != nil {
-			t.Fatalf("acquire %d..%d: %v", from, to-1, err)
-		}
-		var rel []uint32
-		for i, r := range refs {
-			if err := g.check(int(r.Slot), first+uint64(from+i)); err != nil {
-				t.Fatalf("block %d (slot %d) read back from the GPU: %v", from+i, r.Slot, err)
-			}
-			rel = append(rel, r.Slot)
-		}
-		found += len(refs)
-		if err := c.Release(ctx, set.ID, rel); err != nil {
-			t.Fatal(err)
-		}
-		if len(refs) < to-from {
-			break
-		}
-	}
-	return found
-}
-
 // deviceTierConfig gives c a device pool of 8 MiB on softcuda's GPU 0
 // and a disk tier in dir.
 func deviceTierConfig(c *fabric.Config, lib, dir string) {
@@ -244,7 +169,7 @@ func TestTierDevicePoolKeepsWhatItRecycles(t *testing.T) {
 				t.Fatalf("the set's ranks are on %d GPUs, want %d", gpus, tc.gpus)
 			}
 			g := newGPUSlots(t, lib, set.Layout)
-			hashes := storeThroughGPU(t, c, set, g, n, n1)
+			hashes := storeThroughSlots(t, c, set, g, n, n1)
 			if ts := tierStatus(t, c); ts.Offloads < n-32 || ts.Blocks < n-32 {
 				t.Fatalf("tier after storing %d blocks through 32 device slots: %+v, want %d or more copied down", n, ts, n-32)
 			}
@@ -268,10 +193,10 @@ func TestTierDevicePoolKeepsWhatItRecycles(t *testing.T) {
 			if err != nil || pr.InMemory != 8 || pr.Restored != 8 || pr.Error != "" {
 				t.Fatalf("prefetch of blocks %d..%d, on disk: %+v %v", from, from+7, pr, err)
 			}
-			if got := acquireCheckedGPU(t, c, set, g, hashes[from:from+8], uint64(from+1)); got != 8 {
+			if got := acquireCheckedSlots(t, c, set, g, hashes[from:from+8], uint64(from+1)); got != 8 {
 				t.Fatalf("acquired %d of 8 prefetched blocks", got)
 			}
-			if got := acquireCheckedGPU(t, c, set, g, hashes, 1); got != n {
+			if got := acquireCheckedSlots(t, c, set, g, hashes, 1); got != n {
 				t.Fatalf("acquired %d of %d blocks", got, n)
 			}
 			if ts := tierStatus(t, c); ts.Restores < n-32 || ts.ChecksumFailures != 0 {
@@ -302,7 +227,7 @@ func TestTierDevicePoolSurvivesRestart(t *testing.T) {
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
 	g := newGPUSlots(t, lib, set.Layout)
-	hashes := storeThroughGPU(t, c, set, g, n, a)
+	hashes := storeThroughSlots(t, c, set, g, n, a)
 	// The engine goes: its set is freed once the blocks still in device
 	// slots are copied down too.
 	g.close()
@@ -411,98 +336,7 @@ func TestTierDevicePoolAllocateDoesNotWaitForTheDisk(t *testing.T) {
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
-	g := newGPUSlots(t, lib, set.Layout)
-	storeThroughGPU(t, c, set, g, 40, a)
-	held, release := fabric.TierHoldPuts(a)
-	start := a.Metrics() // the drops counted below are those after the warm-up
-	defer release()
-	const n = 32
-	ctx := context.Background()
-	hashes := make([]uint64, n)
-	for from := 0; from < n; from += 8 {
-		slots, err := c.Allocate(ctx, set.ID, 8)
-		if err != nil {
-			t.Fatalf("allocate %d..%d: %v", from, from+7, err)
-		}
-		for i, s := range slots {
-			hashes[from+i] = 1<<40 + uint64(from+i)
-			g.fill(int(s), uint64(5000+from+i))
-		}
-		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes[from : from+8]}
-		if from > 0 {
-			req.Parent, req.ParentSet = hashes[from-1], true
-		}
-		resp, err := c.API().RegisterBlocks(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rel []uint32
-		for _, b := range resp.Blocks {
-			rel = append(rel, b.Slot)
-		}
-		if err := c.Release(ctx, set.ID, rel); err != nil {
-			t.Fatal(err)
-		}
-	}
-	wait.For(t, 20*time.Second, "copies down holding their writes", func() error {
-		if held() == 0 {
-			return errors.New("no write held yet")
-		}
-		return nil
-	})
-	for round := range 2 {
-		for from := 0; from < n; from += 8 {
-			done := make(chan error, 1)
-			var slots []uint32
-			go func() {
-				var err error
-				slots, err = c.Allocate(ctx, set.ID, 8)
-				done <- err
-			}()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("round %d: allocate with every write held: %v", round, err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatalf("round %d: allocate waited for a held write (%d held)", round, held())
-			}
-			for i, s := range slots {
-				g.fill(int(s), uint64(9000+100*round+from+i))
-			}
-			hs := make([]uint64, 8)
-			for i := range hs {
-				hs[i] = 2<<40 + uint64(1000*round+from+i)
-			}
-			if _, err := c.API().RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hs}); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Release(ctx, set.ID, slots); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if held() == 0 {
-		t.Fatal("after the allocations no write is held: the test did not hold the disk")
-	}
-	release()
-	waitCopies(t, a)
-	tm := a.Metrics().Tiers[0]
-	if tm.CopiedOut == 0 {
-		t.Fatalf("tier %+v: no block copied out of a device slot an allocation took", tm)
-	}
-	found := 0
-	for i, h := range hashes {
-		found += acquireCheckedGPU(t, c, set, g, []uint64{h}, uint64(5000+i))
-	}
-	// Blocks dropped since the warm-up (given up to allocations, or past
-	// a full queue), the rounds' own included, so want may count low; a
-	// block copied out is found again in any case.
-	givenUp := a.Metrics().Pool.OffloadsGivenUp - start.Pool.OffloadsGivenUp
-	dropped := int(givenUp) + int(tm.QueueFull-start.Tiers[0].QueueFull)
-	if want := max(n-dropped, 1); found < want {
-		t.Fatalf("%d of %d blocks found again, want %d (tier %+v, %d given up)", found, n, want, tm, givenUp)
-	}
+	allocateDoesNotWait(t, a, c, set, newGPUSlots(t, lib, set.Layout), true)
 }
 
 // A copy down whose download from the GPU fails (the driver refuses
@@ -522,7 +356,7 @@ func TestTierDevicePoolCopyFailureKeepsTheBlock(t *testing.T) {
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
 	g := newGPUSlots(t, lib, set.Layout)
-	hashes := storeThroughGPU(t, c, set, g, n, a)
+	hashes := storeThroughSlots(t, c, set, g, n, a)
 	tm := a.Metrics().Tiers[0]
 	if tm.Failures == 0 || tm.Offloads != 0 || tm.Blocks != 0 {
 		t.Fatalf("tier after every download failed: %+v, want failures and nothing on disk", tm)
@@ -530,7 +364,7 @@ func TestTierDevicePoolCopyFailureKeepsTheBlock(t *testing.T) {
 	// The set's slots hold blocks still, whole: at least half of them.
 	found := 0
 	for i, h := range hashes {
-		found += acquireCheckedGPU(t, c, set, g, []uint64{h}, uint64(i+1))
+		found += acquireCheckedSlots(t, c, set, g, []uint64{h}, uint64(i+1))
 	}
 	if found < 16 {
 		t.Fatalf("%d blocks of %d found in the set's 32 slots, want 16 or more", found, n)
@@ -590,7 +424,7 @@ func TestHostTierUnderADevicePool(t *testing.T) {
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
 	g := newGPUSlots(t, lib, set.Layout)
-	hashes := storeThroughGPU(t, c, set, g, n, a)
+	hashes := storeThroughSlots(t, c, set, g, n, a)
 	ts := tiersStatus(t, c, 2)
 	if ts[0].Kind != "host" || ts[0].Offloads < n-32 || ts[0].Evictions != 0 || ts[1].Offloads == 0 || ts[1].Evictions != 0 {
 		t.Fatalf("tiers after %d blocks through 32 device slots: %v, want all copied to the host tier, its oldest moved to disk", n, ts)
@@ -598,7 +432,55 @@ func TestHostTierUnderADevicePool(t *testing.T) {
 	if h0, h1 := fabric.TierHolding(a, set.ID, hashes[0]), fabric.TierHolding(a, set.ID, hashes[n-100]); h0 != "disk" || h1 != "host" {
 		t.Fatalf("the first block in tier %q, block %d in %q; want disk, host", h0, n-100, h1)
 	}
-	if got := acquireCheckedGPU(t, c, set, g, hashes, 1); got != n {
+	if got := acquireCheckedSlots(t, c, set, g, hashes, 1); got != n {
 		t.Fatalf("acquired %d of %d blocks", got, n)
+	}
+}
+
+// A restore whose upload into a device slot cannot be synchronised (the
+// driver fails the stream's synchronisation: the copy may still land)
+// keeps that slot out of use: the block is not served, and the set then
+// allocates every slot but that one, so that no later block's bytes can
+// be overwritten by the late copy.
+func TestTierDevicePoolUnsyncedRestoreKeepsItsSlot(t *testing.T) {
+	const n = 64
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	// The process's first stream synchronisation fails: the blocks are
+	// stored without writes from here and copied down by downloads,
+	// which synchronise on events, so it is the restore's upload.
+	t.Setenv("SOFTCUDA_FAIL", "cuStreamSynchronize=1@1")
+	dir := tierDir(t)
+	cfg := testConfig(t, "gpu-unsynced")
+	deviceTierConfig(&cfg, lib, dir)
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	ctx := context.Background()
+	set := register(t, c, tierEngine)
+	hashes := storeThroughSlots(t, c, set, nil, n, a)
+	i := slices.IndexFunc(hashes, func(h uint64) bool {
+		return fabric.TierHolding(a, set.ID, h) == "disk" && !fabric.BlockSetHolds(a, set.ID, h)
+	})
+	if i < 0 {
+		t.Fatalf("no block on disk alone: %+v", a.Metrics().Tiers)
+	}
+	refs, err := c.Acquire(ctx, set.ID, hashes[i:i+1])
+	if err == nil && len(refs) != 0 {
+		t.Fatalf("a block whose upload failed was served: %v", refs)
+	}
+	if k := fabric.TierSlotsKept(a); k != 1 {
+		t.Fatalf("%d slots kept out of use, want 1", k)
+	}
+	slots, err := c.Allocate(ctx, set.ID, int(tierEngine.Slots))
+	if err == nil {
+		t.Fatalf("allocated all %d slots, the one an upload may still land in among them: %v", tierEngine.Slots, slots)
+	}
+	slots, err = c.Allocate(ctx, set.ID, int(tierEngine.Slots)-1)
+	if err != nil {
+		t.Fatalf("every slot but the one kept: %v", err)
+	}
+	if len(slots) != int(tierEngine.Slots)-1 {
+		t.Fatalf("allocated %d slots, want %d", len(slots), tierEngine.Slots-1)
 	}
 }

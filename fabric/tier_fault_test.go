@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -270,7 +271,7 @@ func TestTierFailedSlotReadDoesNotHoldAllocate(t *testing.T) {
 	set := register(t, c, tierEngine)
 	storeThrough(t, c, set, 8, a) // a first copy down opens the store
 	var failed atomic.Int64
-	fabric.TierFailSlotReads(a, func() error {
+	fabric.TierFailSlotReads(a, func(uint64) error {
 		failed.Add(1)
 		return errors.New("slot unreadable")
 	})
@@ -295,5 +296,49 @@ func TestTierFailedSlotReadDoesNotHoldAllocate(t *testing.T) {
 	storeBlocks(t, c, set, all, 8000) // fails the test if the allocation waits
 	if m := a.Metrics().Tiers[0]; m.Failures == 0 {
 		t.Fatalf("tier %+v: no failed copy counted", m)
+	}
+}
+
+// A block whose slot a copy down cannot read is not offered again at
+// once: while an engine keeps allocating, each such block's reads are
+// tried a few times (the back-off doubling from 100 ms), not at every
+// allocation, and the blocks are recycled as the bottom tier's instead.
+func TestTierFailedSlotReadBacksOff(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "readbackoff")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	storeThrough(t, c, set, 8, a) // a first copy down opens the store
+	var mu sync.Mutex
+	tries := map[uint64]int{}
+	fabric.TierFailSlotReads(a, func(hash uint64) error {
+		mu.Lock()
+		tries[hash]++
+		mu.Unlock()
+		return errors.New("slot unreadable")
+	})
+	defer fabric.TierFailSlotReads(a, nil)
+	start := time.Now()
+	for i := range 400 {
+		storeBlocks(t, c, set, []uint64{5<<40 + uint64(i)}, 9000+uint64(i))
+	}
+	took := time.Since(start)
+	waitCopies(t, a)
+	mu.Lock()
+	defer mu.Unlock()
+	most := 0
+	for _, n := range tries {
+		most = max(most, n)
+	}
+	// Delays of 100 ms, 200 ms, 400 ms... in a row: a block tried more
+	// often than that bound allows was offered again too soon.
+	bound := 2
+	for d := 100 * time.Millisecond; d < took; d *= 2 {
+		bound++
+	}
+	if len(tries) == 0 || most > bound {
+		t.Fatalf("%d blocks' slot reads failed, one tried %d times in %v: want at most %d", len(tries), most, took, bound)
 	}
 }

@@ -8,7 +8,8 @@ import (
 )
 
 // noteTierEvent counts in d an event the whole index applied to node id,
-// when it names a disk tier's block set (tierSetBase + n): beside the
+// when it names a disk tier's block set (tierSetBase + n; the host tier's,
+// tierHostSet, is below it: a copy in memory, as a pool set's): beside the
 // index's count of all the node's copies, d then tells whether it has a
 // block in memory or on disk only. Imports prefer holders with the blocks
 // in memory (candidates), and Lookup's fetch estimate adds a restore per

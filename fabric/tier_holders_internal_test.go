@@ -54,6 +54,12 @@ func TestTierEventsCountDiskOnlyCopies(t *testing.T) {
 	if d := h.CountDiskOnly(ix, id, hashes); d != 1 {
 		t.Fatalf("%d on disk only after a restore, want 1", d)
 	}
+	// The host tier's set is memory, as a pool set.
+	apply(membership.EventStore, tierHostSet, 3)
+	apply(membership.EventRemove, 7, 3)
+	if d := h.CountDiskOnly(ix, id, hashes); d != 1 {
+		t.Fatalf("%d on disk only with a block in the host tier, want 1", d)
+	}
 	// A remove of a disk copy never counted (it raced a sweep) leaves no
 	// negative count behind.
 	noteTierEvent(&h, ix, id, membership.Event{Kind: membership.EventRemove, Hash: 3, BlockSet: tierSetBase})

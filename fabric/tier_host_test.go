@@ -2,7 +2,6 @@ package fabric_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
-	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/internal/wait"
 )
 
@@ -190,95 +188,7 @@ func TestHostTierAllocateDoesNotWait(t *testing.T) {
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
-	storeThrough(t, c, set, 40, a) // opens the stores
-	held, release := fabric.TierHoldPuts(a)
-	start := a.Metrics() // the drops counted below are those after the warm-up
-	defer release()
-	const n = 32
-	ctx := context.Background()
-	hashes := make([]uint64, n)
-	for from := 0; from < n; from += 8 {
-		slots, err := c.Allocate(ctx, set.ID, 8)
-		if err != nil {
-			t.Fatalf("allocate %d..%d: %v", from, from+7, err)
-		}
-		for i, s := range slots {
-			hashes[from+i] = 1<<40 + uint64(from+i)
-			kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(5000+from+i))
-		}
-		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes[from : from+8]}
-		if from > 0 {
-			req.Parent, req.ParentSet = hashes[from-1], true
-		}
-		resp, err := c.API().RegisterBlocks(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rel []uint32
-		for _, b := range resp.Blocks {
-			rel = append(rel, b.Slot)
-		}
-		if err := c.Release(ctx, set.ID, rel); err != nil {
-			t.Fatal(err)
-		}
-	}
-	wait.For(t, 20*time.Second, "copies down holding their writes", func() error {
-		if held() == 0 {
-			return errors.New("no write held yet")
-		}
-		return nil
-	})
-	before := tiersStatus(t, c, 2)[0].Offloads
-	for round := range 2 {
-		for from := 0; from < n; from += 8 {
-			done := make(chan error, 1)
-			var slots []uint32
-			go func() {
-				var err error
-				slots, err = c.Allocate(ctx, set.ID, 8)
-				done <- err
-			}()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("round %d: allocate with every write held: %v", round, err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatalf("round %d: allocate waited for a held write (%d held)", round, held())
-			}
-			for i, s := range slots {
-				kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(9000+100*round+from+i))
-			}
-			hs := make([]uint64, 8)
-			for i := range hs {
-				hs[i] = 2<<40 + uint64(1000*round+from+i)
-			}
-			if _, err := c.API().RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hs}); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Release(ctx, set.ID, slots); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if h, after := held(), tiersStatus(t, c, 2)[0].Offloads; h == 0 || after != before {
-		t.Fatalf("after the allocations %d writes held, %d copies completed; want the writes still held", h, after-before)
-	}
-	release()
-	waitCopies(t, a)
-	tm := a.Metrics().Tiers[0]
-	found := 0
-	for i, h := range hashes {
-		found += acquireChecked(t, c, set, []uint64{h}, uint64(5000+i))
-	}
-	// Blocks dropped since the warm-up (given up to allocations, or past
-	// a full queue), the rounds' own included, so want may count low; a
-	// block copied out is found again in any case.
-	givenUp := a.Metrics().Pool.OffloadsGivenUp - start.Pool.OffloadsGivenUp
-	dropped := int(givenUp) + int(tm.QueueFull-start.Tiers[0].QueueFull)
-	if want := max(n-dropped, 1); found < want {
-		t.Fatalf("%d of %d blocks found again, want %d (tier %+v, %d given up)", found, n, want, tm, givenUp)
-	}
+	allocateDoesNotWait(t, a, c, set, mappedSlots{set}, false)
 }
 
 // The host tier is not persistent: a restarted agent finds the disk
@@ -483,5 +393,52 @@ func TestHostTierImportTransport(t *testing.T) {
 		if err != nil || len(resp.Blocks) != 1 || len(resp.Fetches) != 1 || resp.Fetches[0].Transport != want {
 			t.Fatalf("import of a block in the %s tier: %v, fetches %v, %s", want, err, resp.GetFetches(), resp.GetError())
 		}
+	}
+}
+
+// Peers count a holder's host-tier blocks as in memory and its disk
+// tiers' as on disk only, in either index mode: once the holder's blocks
+// sit in its set, its host tier and its disk tier, an importer's index
+// says exactly the disk tier's are on disk only.
+func TestHostTierBlocksCountInMemoryAtPeers(t *testing.T) {
+	for _, tc := range []struct {
+		mode  string
+		nodes int
+		index func(c *fabric.Config)
+	}{
+		{"whole", 2, func(*fabric.Config) {}},
+		{"owned", 3, func(c *fabric.Config) {
+			c.IndexMode, c.IndexReplicas = fabric.IndexOwned, 2
+			c.IndexCacheTTL = time.Millisecond // every poll below asks the owners afresh
+		}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			const n = 600 // more than the set's 32 slots and the host tier's blocks together
+			dir := tierDir(t)
+			agents := clusterWith(t, tc.nodes, func(i int, c *fabric.Config) {
+				tc.index(c)
+				if i == 0 {
+					c.Tiers = []string{fmt.Sprintf("host=%d", fabric.MinHostTierBytes), "disk=" + dir + ":64MiB"}
+				}
+			})
+			holder, importer := agents[0], agents[1]
+			c := dial(t, holder)
+			hashes := storeThrough(t, c, register(t, c, tierEngine), n, holder)
+			ts := tiersStatus(t, c, 2)
+			if ts[0].Blocks == 0 || ts[1].Blocks == 0 {
+				t.Fatalf("tiers %v, want blocks in both", ts)
+			}
+			onDisk := int(ts[1].Blocks)
+			wait.For(t, 20*time.Second, "the importer counts the disk tier's blocks alone as on disk only", func() error {
+				ov, err := dial(t, importer).Lookup(context.Background(), hashes)
+				if err != nil || len(ov) == 0 || ov[0].Blocks != n {
+					return fmt.Errorf("overlaps %v (%v)", ov, err)
+				}
+				if d := fabric.IndexDiskOnly(importer, holder.NodeName(), hashes); d != onDisk {
+					return fmt.Errorf("%d of %d blocks on disk only, the disk tier holds %d", d, n, onDisk)
+				}
+				return nil
+			})
+		})
 	}
 }

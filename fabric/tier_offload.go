@@ -46,6 +46,9 @@ func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) b
 	if room := t.room.Load(); room > 0 && int64(tierBlockBytes(l)) > room {
 		return false // larger than the tiers' slots: recycled as it is
 	}
+	if t.readBackoff.refuse(hash, time.Now) {
+		return false // its slot read failed lately: recycled as it is
+	}
 	select {
 	case <-t.done:
 		return false
@@ -321,7 +324,11 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		if errors.Is(err, errSlotRead) {
 			// Ended now, not after the batch's commit: the slot, being
 			// read until then, is one an allocation may be waiting for.
-			t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err)
+			delay, log, suppressed := t.readBackoff.failed(j.hash, time.Now())
+			if log {
+				t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err, "not offered for", delay,
+					"failures not logged before", suppressed)
+			}
 			t.failedAt(d)
 			t.dropTaken(j)
 			if err := j.set.Offloaded(j.blk, false); err != nil {
@@ -338,6 +345,8 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				continue
 			}
 			src = slotCopy{buf: *p} // copied out when its slot was taken
+		} else {
+			t.readBackoff.succeeded(j.hash)
 		}
 		if f := t.beforePut.Load(); f != nil {
 			(*f)()
@@ -550,7 +559,7 @@ func (t *tiers) readSlot(j *offloadJob, l *layout.Layout) (slotCopy, error) {
 	buf := t.buffer()
 	err = sio.read(t.ctx, j.blk.Slot, buf)
 	if f := t.failSlotRead.Load(); f != nil && err == nil {
-		err = (*f)()
+		err = (*f)(j.hash)
 	}
 	if err != nil {
 		t.putBuffer(buf)
@@ -628,22 +637,24 @@ func (t *tiers) pick() *diskTier {
 	return t.pickBelow() // a host tier not open has no store: none to skip
 }
 
-// announce publishes that this node holds (or no longer holds) hash on
-// disk tier n.
+// announce publishes that this node holds (or no longer holds) hashes on
+// tier n: under the tier's block set number (tierSet), or to the owners as
+// copies on disk, or in memory for the host tier's.
 func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 	m := t.a.joined.Load()
 	if m == nil || len(hashes) == 0 {
 		return // announced whole once the node joins (announceAll)
 	}
+	set := t.tierSet(n)
 	if o := t.a.owned; o != nil {
-		o.publishHeld(store, hashes) // to the hashes' owners, not gossip
+		o.publishHeld(store, set < tierSetBase, hashes) // to the hashes' owners, not gossip
 		return
 	}
 	kind := membership.EventRemove
 	if store {
 		kind = membership.EventStore
 	}
-	if _, err := m.Publish(kind, uint32(tierSetBase+n), hashes...); err != nil && !errors.Is(err, membership.ErrClosed) {
+	if _, err := m.Publish(kind, set, hashes...); err != nil && !errors.Is(err, membership.ErrClosed) {
 		t.log.Warn("tier: events not published", "err", err)
 	}
 }
@@ -651,17 +662,18 @@ func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 // announceAll publishes every disk-held block: at start, once joined.
 func (t *tiers) announceAll() {
 	for _, e := range t.holdings() {
-		t.announce(true, int(e.BlockSet-tierSetBase), e.Hash)
+		t.announce(true, t.setTier(e.BlockSet), e.Hash)
 	}
 }
 
-// holdings are the disk-held blocks as membership entries.
+// holdings are the tiers' blocks as membership entries, each under its
+// tier's block set number (tierSet).
 func (t *tiers) holdings() []membership.Entry {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make([]membership.Entry, 0, len(t.pos))
 	for k, e := range t.pos {
-		out = append(out, membership.Entry{Hash: k.Hash, BlockSet: uint32(tierSetBase + e.Value.(*tierEntry).tier)})
+		out = append(out, membership.Entry{Hash: k.Hash, BlockSet: t.tierSet(e.Value.(*tierEntry).tier)})
 	}
 	return out
 }

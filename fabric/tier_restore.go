@@ -196,7 +196,17 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 		f.d.restores.Add(1)
 		f.d.restoreTime.record(o.took)
 	}
-	for _, b := range blks[len(regs):] {
+	for i, b := range blks[len(regs):] {
+		if errors.Is(outs[len(regs)+i].err, errSlotUnsynced) {
+			// Its upload may still land: the slot stays Partial, out of
+			// use for the set's life, so that no later block is put in
+			// it and overwritten. The set is not freed either (the pool
+			// refuses while a slot is allocated): its memory goes to no
+			// other set while the agent runs.
+			t.slotsKept.Add(1)
+			t.log.Warn("tier: a device slot kept out of use: its restore's copy may still land", "set", set.ID(), "slot", b.Slot, "hash", run[len(regs)+i].k.Hash)
+			continue
+		}
 		set.Abort(b)
 	}
 	if len(regs) == 0 {

@@ -59,6 +59,33 @@ func peerImportsAll(t *testing.T, c *client.Client, hashes []uint64) {
 // wait for the copies: an engine that outruns them loses blocks).
 func storeThrough(t testing.TB, c *client.Client, set *client.BlockSet, n int, pace ...*fabric.Agent) []uint64 {
 	t.Helper()
+	return storeThroughSlots(t, c, set, mappedSlots{set}, n, pace...)
+}
+
+// slotBytes writes and checks blocks' content in a block set's slots, as
+// an engine would: in memory this process maps (mappedSlots), or on a
+// GPU (gpuSlots, where cgo builds the CUDA stand-in).
+type slotBytes interface {
+	// fill writes content id into slot.
+	fill(slot int, id uint64)
+	// check says whether slot holds content id, byte for byte.
+	check(slot int, id uint64) error
+}
+
+// mappedSlots is the slotBytes of a set in host memory, through the
+// client's mapping of its regions.
+type mappedSlots struct{ set *client.BlockSet }
+
+func (m mappedSlots) fill(slot int, id uint64) { kvtest.Fill(m.set.Layout, m.set.Ranks, slot, id) }
+
+func (m mappedSlots) check(slot int, id uint64) error {
+	return kvtest.Check(m.set.Layout, m.set.Ranks, slot, id)
+}
+
+// storeThroughSlots is storeThrough with the blocks written through sb;
+// a nil sb leaves the slots' bytes as they are.
+func storeThroughSlots(t testing.TB, c *client.Client, set *client.BlockSet, sb slotBytes, n int, pace ...*fabric.Agent) []uint64 {
+	t.Helper()
 	ctx := context.Background()
 	tokens := make([]uint32, 16*n)
 	for i := range tokens {
@@ -75,8 +102,10 @@ func storeThrough(t testing.TB, c *client.Client, set *client.BlockSet, n int, p
 		if err != nil {
 			t.Fatalf("allocate for blocks %d..%d: %v", from, to-1, err)
 		}
-		for i, s := range slots {
-			kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(from+i+1))
+		if sb != nil {
+			for i, s := range slots {
+				sb.fill(int(s), uint64(from+i+1))
+			}
 		}
 		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes[from:to]}
 		if from > 0 {
@@ -104,6 +133,12 @@ func storeThrough(t testing.TB, c *client.Client, set *client.BlockSet, n int, p
 // each block (content ids from first); it returns the blocks found.
 func acquireChecked(t testing.TB, c *client.Client, set *client.BlockSet, hashes []uint64, first uint64) int {
 	t.Helper()
+	return acquireCheckedSlots(t, c, set, mappedSlots{set}, hashes, first)
+}
+
+// acquireCheckedSlots is acquireChecked with the blocks read through sb.
+func acquireCheckedSlots(t testing.TB, c *client.Client, set *client.BlockSet, sb slotBytes, hashes []uint64, first uint64) int {
+	t.Helper()
 	ctx := context.Background()
 	found := 0
 	for from := 0; from < len(hashes); from += 8 {
@@ -114,7 +149,7 @@ func acquireChecked(t testing.TB, c *client.Client, set *client.BlockSet, hashes
 		}
 		var rel []uint32
 		for i, r := range refs {
-			if err := kvtest.Check(set.Layout, set.Ranks, int(r.Slot), first+uint64(from+i)); err != nil {
+			if err := sb.check(int(r.Slot), first+uint64(from+i)); err != nil {
 				t.Fatalf("block %d (slot %d): %v", from+i, r.Slot, err)
 			}
 			rel = append(rel, r.Slot)
@@ -708,9 +743,23 @@ func TestTierAllocateDoesNotWaitForTheDisk(t *testing.T) {
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
-	// A first block copied down opens the store (its slot size is known
-	// from then on, so that copies can be made in memory).
-	storeThrough(t, c, set, 40, a)
+	allocateDoesNotWait(t, a, c, set, mappedSlots{set}, true)
+}
+
+// allocateDoesNotWait is the body of the tests that an engine's Allocate
+// never waits for the disk, in a's block set set, written and read through
+// sb: a first 40 blocks copied down open the tier's store (its slot size
+// is known from then on, so that copies can be made in memory); then,
+// with every write to the top tier held, the set's 32 slots are filled,
+// each block's copy down queued or under way, and allocated again twice
+// over, each allocation returning within 20 s; no copy completes
+// meanwhile. Released, the held writes commit the bytes the blocks had
+// before their slots were reused: every block not dropped restores byte
+// for byte. copiedOut asks for a block copied out of a slot an allocation
+// took, too.
+func allocateDoesNotWait(t *testing.T, a *fabric.Agent, c *client.Client, set *client.BlockSet, sb slotBytes, copiedOut bool) {
+	t.Helper()
+	storeThroughSlots(t, c, set, sb, 40, a)
 	held, release := fabric.TierHoldPuts(a)
 	start := a.Metrics() // the drops counted below are those after the warm-up
 	defer release()
@@ -724,7 +773,7 @@ func TestTierAllocateDoesNotWaitForTheDisk(t *testing.T) {
 		}
 		for i, s := range slots {
 			hashes[from+i] = 1<<40 + uint64(from+i)
-			kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(5000+from+i))
+			sb.fill(int(s), uint64(5000+from+i))
 		}
 		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes[from : from+8]}
 		if from > 0 {
@@ -748,7 +797,7 @@ func TestTierAllocateDoesNotWaitForTheDisk(t *testing.T) {
 		}
 		return nil
 	})
-	before := tierStatus(t, c).Offloads
+	before := a.Metrics().Tiers[0].Offloads
 	// Every slot holds a block whose copy is under way; allocate them all
 	// again, twice over, and write other blocks into them.
 	for round := range 2 {
@@ -769,7 +818,7 @@ func TestTierAllocateDoesNotWaitForTheDisk(t *testing.T) {
 				t.Fatalf("round %d: allocate waited for a held write (%d held)", round, held())
 			}
 			for i, s := range slots {
-				kvtest.Fill(set.Layout, set.Ranks, int(s), uint64(9000+100*round+from+i))
+				sb.fill(int(s), uint64(9000+100*round+from+i))
 			}
 			hs := make([]uint64, 8)
 			for i := range hs {
@@ -783,18 +832,18 @@ func TestTierAllocateDoesNotWaitForTheDisk(t *testing.T) {
 			}
 		}
 	}
-	if h, after := held(), tierStatus(t, c).Offloads; h == 0 || after != before {
+	if h, after := held(), a.Metrics().Tiers[0].Offloads; h == 0 || after != before {
 		t.Fatalf("after the allocations %d writes held, %d copies completed; want the writes still held", h, after-before)
 	}
 	release()
 	waitCopies(t, a)
 	tm := a.Metrics().Tiers[0]
-	if tm.CopiedOut == 0 {
+	if copiedOut && tm.CopiedOut == 0 {
 		t.Fatalf("tier %+v: no block copied out of a slot an allocation took", tm)
 	}
 	found := 0
 	for i, h := range hashes {
-		found += acquireChecked(t, c, set, []uint64{h}, uint64(5000+i))
+		found += acquireCheckedSlots(t, c, set, sb, []uint64{h}, uint64(5000+i))
 	}
 	// Blocks dropped since the warm-up (given up to allocations, or past
 	// a full queue), the rounds' own included, so want may count low; a

@@ -80,6 +80,11 @@ func (d *Driver) newStager(dev int, chunk uint64, from *StagingBuffers) (st *Sta
 // Chunk returns the size of each buffer.
 func (st *Stager) Chunk() uint64 { return st.chunk }
 
+// Unsynced reports whether a synchronisation of the stager's stream
+// failed: the copies it queued may still land, in its buffers and in the
+// device memory they were bound for, which must then stay out of use.
+func (st *Stager) Unsynced() bool { return st.failed }
+
 // Upload moves parts to the device regions dst in order: fill is called
 // once per part with the buffer to fill with part k's Bytes, while the
 // previous part is on its way to the device. It returns when every byte

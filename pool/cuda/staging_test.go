@@ -152,7 +152,14 @@ func TestStagingBuffersFreedAfterFailedSynchronize(t *testing.T) {
 			t.Fatal(err)
 		}
 		err = st.ToDevice(context.Background(), dev.Addr(), 3*4096, func([]byte) error { return nil })
-		return errors.Join(err, st.Close())
+		if st.Unsynced() != (err != nil) {
+			t.Errorf("Unsynced %v after a transfer that returned %v", st.Unsynced(), err)
+		}
+		err = errors.Join(err, st.Close())
+		if st.Unsynced() != (err != nil) {
+			t.Errorf("Unsynced %v after a Close that returned %v", st.Unsynced(), err)
+		}
+		return err
 	}
 	// The first stream synchronisation (the end of ToDevice) succeeds, the
 	// second (Close's) fails.

@@ -1,0 +1,109 @@
+package fabric
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A block whose slot a copy down cannot read (a device set's download that
+// the driver fails) stays in memory as before its offer, and would be
+// offered again at the next allocation, failing again at the copy engine's
+// cost and logging each time. readBackoff keeps such blocks from being
+// offered, by hash, for a time that doubles with each failure in a row
+// (tierReadBackoffMin up to tierReadBackoffMax); an offer refused leaves
+// the block to recycling as the bottom tier's, and a read that succeeds
+// clears its hash. The warnings of failed reads are spaced by
+// tierSkipLogEvery, each counting the failures since the last.
+
+// tierReadBackoffMin and tierReadBackoffMax bound how long a block whose
+// slot read failed is not offered again: the first failure's delay, and
+// the most any later failure in a row doubles it to.
+const (
+	tierReadBackoffMin = 100 * time.Millisecond
+	tierReadBackoffMax = 30 * time.Second
+)
+
+// tierReadBackoffBlocks is the most blocks readBackoff keeps: past it, the
+// failures whose delay has passed are swept, and if none has, the failure
+// is not kept (its block may be offered again at once, as without it).
+const tierReadBackoffBlocks = 4096
+
+// readBackoff is the blocks not offered after a failed slot read. Safe
+// for concurrent use; the zero value is ready.
+type readBackoff struct {
+	n atomic.Int64 // entries in m: none is the common case, and costs no lock
+
+	mu sync.Mutex
+	m  map[uint64]readFailure
+	// logged is when a failure was last logged, suppressed the failures
+	// not logged since.
+	logged     time.Time
+	suppressed int
+}
+
+// readFailure is a hash's failed slot reads in a row and until when its
+// block is not offered.
+type readFailure struct {
+	n     int
+	until time.Time
+}
+
+// failed records a failed slot read of hash at now and returns how long
+// its block is not offered; log says whether to log this failure (the
+// first after tierSkipLogEvery), with the failures not logged before it.
+func (b *readBackoff) failed(hash uint64, now time.Time) (delay time.Duration, log bool, suppressed int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = map[uint64]readFailure{}
+	}
+	f, ok := b.m[hash]
+	delay = tierReadBackoffMin
+	for range min(f.n, 16) {
+		delay = min(2*delay, tierReadBackoffMax)
+	}
+	if !ok && len(b.m) >= tierReadBackoffBlocks {
+		for h, e := range b.m {
+			if !now.Before(e.until) {
+				delete(b.m, h)
+			}
+		}
+	}
+	if ok || len(b.m) < tierReadBackoffBlocks {
+		b.m[hash] = readFailure{n: f.n + 1, until: now.Add(delay)}
+	} else {
+		delay = 0
+	}
+	b.n.Store(int64(len(b.m)))
+	if b.logged.IsZero() || now.Sub(b.logged) >= tierSkipLogEvery {
+		log, suppressed = true, b.suppressed
+		b.logged, b.suppressed = now, 0
+	} else {
+		b.suppressed++
+	}
+	return delay, log, suppressed
+}
+
+// refuse says whether hash's block is not to be offered at now. Called
+// under a block set's lock: with no failure kept it takes no lock.
+func (b *readBackoff) refuse(hash uint64, now func() time.Time) bool {
+	if b.n.Load() == 0 {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f, ok := b.m[hash]
+	return ok && now().Before(f.until)
+}
+
+// succeeded forgets hash's failures: its slot was read.
+func (b *readBackoff) succeeded(hash uint64) {
+	if b.n.Load() == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.m, hash)
+	b.n.Store(int64(len(b.m)))
+}

@@ -1,0 +1,109 @@
+package fabric
+
+import (
+	"testing"
+	"time"
+)
+
+// A block's failed slot reads in a row keep it from being offered for a
+// delay that doubles from tierReadBackoffMin up to tierReadBackoffMax; a
+// read that succeeds clears it; the warnings are spaced by
+// tierSkipLogEvery, each counting the failures not logged before it.
+func TestReadBackoff(t *testing.T) {
+	var b readBackoff
+	now := time.Unix(1000, 0)
+	at := func() time.Time { return now }
+	if b.refuse(1, at) {
+		t.Fatal("a block with no failure refused")
+	}
+	want := tierReadBackoffMin
+	var lastLog time.Time
+	notLogged, logs := 0, 0
+	for i := range 12 {
+		d, log, suppressed := b.failed(1, now)
+		if d != want {
+			t.Fatalf("failure %d: delay %v, want %v", i+1, d, want)
+		}
+		if due := i == 0 || now.Sub(lastLog) >= tierSkipLogEvery; log != due || log && suppressed != notLogged {
+			t.Fatalf("failure %d, %v after the last logged: logged %v counting %d, want %v counting %d",
+				i+1, now.Sub(lastLog), log, suppressed, due, notLogged)
+		}
+		if log {
+			lastLog, notLogged = now, 0
+			logs++
+		} else {
+			notLogged++
+		}
+		if !b.refuse(1, at) {
+			t.Fatalf("failure %d: offered at once", i+1)
+		}
+		now = now.Add(d - time.Nanosecond)
+		if !b.refuse(1, at) {
+			t.Fatalf("failure %d: offered before its delay of %v", i+1, d)
+		}
+		now = now.Add(time.Nanosecond)
+		if b.refuse(1, at) {
+			t.Fatalf("failure %d: refused after its delay of %v", i+1, d)
+		}
+		want = min(2*want, tierReadBackoffMax)
+	}
+	if want != tierReadBackoffMax {
+		t.Fatalf("delays reached %v, want them capped at %v", want, tierReadBackoffMax)
+	}
+	if logs == 1 || logs == 12 {
+		t.Fatal("failures spaced by less and by more than the log's spacing: all logged, or only the first")
+	}
+	// Failures of other blocks at once: one logged, the rest counted in
+	// the next line.
+	now = lastLog.Add(tierSkipLogEvery)
+	for i := range 5 {
+		if _, log, _ := b.failed(3, now); log != (i == 0) {
+			t.Fatalf("failure %d at once: logged %v", i+1, log)
+		}
+	}
+	now = now.Add(tierSkipLogEvery)
+	if _, log, suppressed := b.failed(2, now); !log || suppressed != 4 {
+		t.Fatalf("%v after the last logged: logged %v counting %d, want it logged counting 4", tierSkipLogEvery, log, suppressed)
+	}
+	b.succeeded(3)
+	b.succeeded(1)
+	if d, _, _ := b.failed(1, now); d != tierReadBackoffMin {
+		t.Fatalf("after a read that succeeded, a failure's delay %v, want %v", d, tierReadBackoffMin)
+	}
+	b.succeeded(1)
+	b.succeeded(2)
+	if b.n.Load() != 0 || b.refuse(1, at) || b.refuse(2, at) {
+		t.Fatal("failures kept after the reads succeeded")
+	}
+}
+
+// readBackoff keeps at most tierReadBackoffBlocks blocks: at the limit a
+// new failure sweeps those whose delay passed; with none passed, it is
+// not kept (offered again at once, as with no back-off).
+func TestReadBackoffAtItsLimit(t *testing.T) {
+	var b readBackoff
+	now := time.Unix(1000, 0)
+	at := func() time.Time { return now }
+	for h := range uint64(tierReadBackoffBlocks) {
+		if d, _, _ := b.failed(h, now); d != tierReadBackoffMin {
+			t.Fatalf("block %d of %d: delay %v", h, tierReadBackoffBlocks, d)
+		}
+	}
+	past := uint64(tierReadBackoffBlocks)
+	if d, _, _ := b.failed(past, now); d != 0 || b.refuse(past, at) {
+		t.Fatalf("a block past the limit kept: delay %v", d)
+	}
+	if got := b.n.Load(); got != tierReadBackoffBlocks {
+		t.Fatalf("%d blocks kept, want %d", got, tierReadBackoffBlocks)
+	}
+	if d, _, _ := b.failed(0, now); d != 2*tierReadBackoffMin {
+		t.Fatalf("a block kept at the limit failing again: delay %v, want %v", d, 2*tierReadBackoffMin)
+	}
+	now = now.Add(tierReadBackoffMin) // every delay but block 0's passed
+	if d, _, _ := b.failed(past, now); d != tierReadBackoffMin || !b.refuse(past, at) {
+		t.Fatalf("past the limit, the passed swept: delay %v", d)
+	}
+	if got := b.n.Load(); got != 2 {
+		t.Fatalf("%d blocks kept after the sweep, want 2 (block 0 and the new one)", got)
+	}
+}
