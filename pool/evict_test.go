@@ -44,8 +44,16 @@ func seqHashes(base uint64, n int) []uint64 {
 // The failure the prefix rule fixes: a sequence filling the set, released
 // head first, used to lose its head to the next allocation, so that a
 // look-up from its first block found nothing although most of it was held.
+// Each allocation's remove events are all queued, in order, however many
+// (recycle keeps up to recycleEvents of them on the stack).
 func TestEvictionTakesTheTailFirst(t *testing.T) {
-	const n, want = 1024, 103
+	const n = 1024
+	for _, want := range []int{1, recycleEvents, recycleEvents + 1, 103} {
+		t.Run(fmt.Sprint(want), func(t *testing.T) { evictTail(t, n, want) })
+	}
+}
+
+func evictTail(t *testing.T, n, want int) {
 	var rec recorder
 	cfg := testConfig(nil, rec.sink)
 	cfg.LowWatermark = -1
