@@ -543,7 +543,10 @@ func (b *BlockSet) recycle(n int) int {
 	// The remove events of a small recycling (one allocation's need, as
 	// when a set recycles on need) stay on the stack.
 	var buf [recycleEvents]Event
-	removed := buf[:0]
+	var removed []Event
+	if n <= recycleEvents {
+		removed = buf[:0]
+	}
 	defer func() { b.p.events.pushBatch(removed) }() // one batch, not a loss
 	for done < n && b.leaves > 0 {
 		i := b.oldestLeaf()
