@@ -238,6 +238,7 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents
 	pcfg.MaxLeaseBlocks = transfer.MaxLeaseBlocks
+	a.poolRecycling(&pcfg)
 	if len(a.cfg.Tiers) > 0 {
 		if a.tiers, err = openTiers(a, a.cfg.tierSpecs()); err != nil {
 			return err

@@ -379,6 +379,14 @@ type Config struct {
 	// another; real RDMA and CUDA IPC need neither. Process-wide: the last
 	// agent started in a process decides.
 	Dumpable bool `json:"dumpable,omitempty"`
+
+	// PoolRecycleAhead makes a block set without a tier below recycle its
+	// inactive blocks ahead of need, in batches: once an allocation leaves
+	// fewer than 5 % of its slots free, until 10 % are. If false, a block
+	// is recycled only when an allocation needs its slot, so that the
+	// whole set caches blocks (pool_recycle.go). With tiers, blocks are
+	// always copied down ahead of need (TierWatermark).
+	PoolRecycleAhead bool `json:"pool_recycle_ahead,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.

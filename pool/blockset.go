@@ -533,11 +533,20 @@ func (b *BlockSet) reset(i int32) {
 	b.free = append(b.free, i)
 }
 
+// recycleEvents is how many remove events recycle keeps on the stack.
+const recycleEvents = 8
+
 // recycle evicts up to n inactive leaves, least recently used first; a
 // parent left without children joins the leaves.
 func (b *BlockSet) recycle(n int) int {
 	done := 0
+	// The remove events of a small recycling (one allocation's need, as
+	// when a set recycles on need) stay on the stack.
+	var buf [recycleEvents]Event
 	var removed []Event
+	if n <= recycleEvents {
+		removed = buf[:0]
+	}
 	defer func() { b.p.events.pushBatch(removed) }() // one batch, not a loss
 	for done < n && b.leaves > 0 {
 		i := b.oldestLeaf()

@@ -44,8 +44,16 @@ func seqHashes(base uint64, n int) []uint64 {
 // The failure the prefix rule fixes: a sequence filling the set, released
 // head first, used to lose its head to the next allocation, so that a
 // look-up from its first block found nothing although most of it was held.
+// Each allocation's remove events are all queued, in order, however many
+// (recycle keeps up to recycleEvents of them on the stack).
 func TestEvictionTakesTheTailFirst(t *testing.T) {
-	const n, want = 1024, 103
+	const n = 1024
+	for _, want := range []int{1, recycleEvents, recycleEvents + 1, 103} {
+		t.Run(fmt.Sprint(want), func(t *testing.T) { evictTail(t, n, want) })
+	}
+}
+
+func evictTail(t *testing.T, n, want int) {
 	var rec recorder
 	cfg := testConfig(nil, rec.sink)
 	cfg.LowWatermark = -1
@@ -326,6 +334,65 @@ func BenchmarkEvictMixed(b *testing.B) {
 			}
 			if m := set.Metrics(); m.Evictions == 0 || m.Demoted == 0 {
 				b.Fatalf("%d recycled, %d demoted", m.Evictions, m.Demoted)
+			}
+		})
+	}
+}
+
+// BenchmarkEvictOnNeed is BenchmarkEvict's loop over 65,536 slots with
+// each way of recycling, for the ratio of their costs per block: on need
+// (no low watermark, one block recycled by each allocation of one, as
+// BenchmarkEvict and a fabric agent without tiers) and ahead (the default
+// watermarks: an allocation that leaves fewer than 5 % of the slots free
+// recycles until 10 % are, one batch of remove events each time).
+func BenchmarkEvictOnNeed(b *testing.B) {
+	const slots = 65536
+	ns := map[string]float64{}
+	for _, tc := range []struct {
+		name string
+		low  float64
+	}{{"on-need", -1}, {"ahead", 0}} {
+		b.Run(tc.name, func(b *testing.B) {
+			cfg := DefaultConfig()
+			cfg.ExpiryInterval = -1
+			cfg.LowWatermark = tc.low
+			_, set := newTestPool(b, cfg, testLayout(slots, 1, layout.FullyContiguous, 64))
+			h := uint64(1)
+			step := func() {
+				blks, err := set.Allocate(1)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := set.Commit(blks[0]); err != nil {
+					b.Fatal(err)
+				}
+				parent := h - 1
+				if h%16 == 1 {
+					parent = 0
+				}
+				reg, err := set.Register(blks[0], h, parent)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := set.Release(reg); err != nil {
+					b.Fatal(err)
+				}
+				h++
+			}
+			for range slots {
+				step()
+			}
+			b.ReportAllocs()
+			start := time.Now()
+			for b.Loop() {
+				step()
+			}
+			ns[tc.name] = float64(time.Since(start).Nanoseconds()) / float64(b.N)
+			if m := set.Metrics(); m.Evictions == 0 {
+				b.Fatal("nothing was recycled")
+			}
+			if tc.name == "ahead" && ns["on-need"] > 0 {
+				b.ReportMetric(ns["on-need"]/ns["ahead"], "on-need/ahead")
 			}
 		})
 	}

@@ -94,8 +94,12 @@ type ReplayResult struct {
 	PrefillSecondsSaved float64                   `json:"prefill_seconds_saved"`
 	FetchSeconds        float64                   `json:"fetch_seconds"`
 	BlocksVerified      int                       `json:"blocks_verified"`
-	RequestsPerNode     map[string]int            `json:"requests_per_node"`
-	ElapsedSeconds      float64                   `json:"elapsed_seconds"`
+	// BlocksMissed is the blocks the index named another node holding,
+	// past what the engine held, that the import did not bring: the
+	// holder had recycled them by the time of the lease.
+	BlocksMissed    int            `json:"blocks_missed"`
+	RequestsPerNode map[string]int `json:"requests_per_node"`
+	ElapsedSeconds  float64        `json:"elapsed_seconds"`
 	// Timeline holds one entry per request in completion order, for the
 	// report's plots.
 	Timeline []RequestRecord `json:"timeline"`
@@ -126,6 +130,9 @@ type RequestRecord struct {
 	// past half the engine's cache, or every slot pinned by requests in
 	// flight.
 	Uncached int `json:"uncached,omitempty"`
+	// Missed counts blocks the index named another node holding that the
+	// import did not bring.
+	Missed int `json:"missed,omitempty"`
 }
 
 func (o *ReplayOptions) defaults() error {
@@ -386,7 +393,7 @@ func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64, ov
 	var fetches []*fabricpb.Fetch
 	var took time.Duration
 	have := len(refs)
-	if have < len(hashes) && r.clusterHolds(ctx, e, hashes, overlap) > have {
+	if holds := r.clusterHolds(ctx, e, hashes, overlap); have < len(hashes) && holds > have {
 		start := time.Now()
 		resp, err := e.c.Import(ctx, e.set.ID, hashes)
 		took = time.Since(start)
@@ -424,6 +431,7 @@ func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64, ov
 			}
 			rec.ImportMs = float64(took.Microseconds()) / 1000
 		}
+		rec.Missed = max(0, min(holds, len(hashes))-have)
 	}
 	if have < len(hashes) {
 		rest := hashes[have:]
@@ -509,6 +517,7 @@ func (r *replay) account(rec RequestRecord, fetches []*fabricpb.Fetch, took time
 	res.BlocksImported += rec.Imported
 	res.BlocksComputed += rec.Blocks - rec.Local - rec.Imported
 	res.Uncached += rec.Uncached
+	res.BlocksMissed += rec.Missed
 	if rec.ImportFailed {
 		res.ImportFailures++
 		if res.ImportFailuresByReason == nil {

@@ -99,10 +99,20 @@ func TestReplayKVAwareBeatsRandom(t *testing.T) {
 				t.Fatalf("%s: failures by reason %v", p, res.ImportFailuresByReason)
 			}
 		}
+		missed := 0
 		for _, r := range res.Timeline {
 			if r.ImportFailed && (r.ImportFailReason == "" || r.ImportError == "" && r.ImportFailReason != "brought-nothing") {
 				t.Fatalf("%s: a failed import without its reason: %+v", p, r)
 			}
+			// An import is tried only for blocks the index names on
+			// another node: one that brought nothing missed them.
+			if r.ImportFailed && r.Missed == 0 || r.Missed < 0 || r.Missed > r.Blocks-r.Local-r.Imported {
+				t.Fatalf("%s: %d blocks missed: %+v", p, r.Missed, r)
+			}
+			missed += r.Missed
+		}
+		if missed != res.BlocksMissed {
+			t.Fatalf("%s: %d blocks missed by request, %d in all", p, missed, res.BlocksMissed)
 		}
 		if failed != res.ImportFailures {
 			t.Fatalf("%s: %d failures by reason %v, %d in all", p, failed, res.ImportFailuresByReason, res.ImportFailures)

@@ -8,26 +8,26 @@ import (
 	"testing"
 )
 
-// put --generate 1024 --slots 1024 fills the block set, so the watermark
-// recycles 103 blocks on the way. Eviction used to take the head of the
-// sequence, and a look-up from its first block found nothing although
-// most of it was held; leaves first, the sequence loses only its tail.
+// put --generate 1100 --slots 1024 fills the block set, so 76 blocks are
+// recycled on the way. Eviction used to take the head of the sequence,
+// and a look-up from its first block found nothing although most of it
+// was held; leaves first, the sequence loses only its tail.
 func TestPutPastTheSlotsKeepsThePrefix(t *testing.T) {
 	a := startTestAgent(t, "ev1")
 	sock := []string{"--socket", a.EngineSocket()}
 	model := []string{"--tp", "1", "--layers", "2", "--head-dim", "16", "--slots", "1024"}
-	code, out, errs := runCmd(t, "", append(append([]string{"put", "--generate", "1024", "--json"}, sock...), model...)...)
+	code, out, errs := runCmd(t, "", append(append([]string{"put", "--generate", "1100", "--json"}, sock...), model...)...)
 	if code != 0 {
 		t.Fatalf("put: exit %d: %s", code, errs)
 	}
 	var put struct{ Hashes []string } // strings, as in every --json
-	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 1024 {
+	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 1100 {
 		t.Fatalf("put --json: %d hashes (%v)", len(put.Hashes), err)
 	}
 	list := put.Hashes
 	// Not every block is held: lookup prints what is and exits 1.
 	code, out, errs = runCmd(t, "", append([]string{"lookup", "--json", "--hashes", strings.Join(list, ",")}, sock...)...)
-	if code != 1 || !strings.Contains(errs, "no node holds all 1024 blocks") {
+	if code != 1 || !strings.Contains(errs, "no node holds all 1100 blocks") {
 		t.Fatalf("lookup: exit %d: %s", code, errs)
 	}
 	var resp struct {
@@ -39,11 +39,12 @@ func TestPutPastTheSlotsKeepsThePrefix(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &resp); err != nil || len(resp.Overlaps) != 1 {
 		t.Fatalf("lookup --json: %q (%v)", out, err)
 	}
-	// The watermark (10 % of 1024, 103 blocks) recycles the tail stored so
-	// far while the last batch of 64 is allocated; that batch's parent is
-	// gone then, so the held prefix is at least 1024 - 103 - 64 blocks.
-	if got := resp.Overlaps[0].Blocks; got < 1024-103-64 || got == 1024 {
-		t.Fatalf("a look-up from the first block finds %d blocks, want at least %d and fewer than 1024", got, 1024-103-64)
+	// The batch of 64 past the 1024 slots recycles the tail stored so
+	// far, and with its parent gone it starts a run of its own; the last
+	// 12 blocks take the end of the first run. So the held prefix is at
+	// least 1024 - 76 - 64 blocks, and short of the 1024 held.
+	if got := resp.Overlaps[0].Blocks; got < 1024-76-64 || got >= 1024 {
+		t.Fatalf("a look-up from the first block finds %d blocks, want at least %d and fewer than 1024", got, 1024-76-64)
 	}
 }
 
@@ -52,8 +53,9 @@ func TestPutPastTheSlotsKeepsThePrefix(t *testing.T) {
 // would.
 func TestPutWarnsPastWhatTheSetKeeps(t *testing.T) {
 	a := startTestAgent(t, "ev2")
-	// 1024 slots at the default 5 % low watermark keep 1024 - 52 = 972.
-	const retains = 972
+	// A set recycles only when an allocation needs a slot: 1024 slots
+	// keep 1024.
+	const retains = 1024
 	args := func(n int, seed string) []string {
 		return []string{"put", "--socket", a.EngineSocket(), "--tp", "1", "--layers", "2", "--head-dim", "16",
 			"--slots", "1024", "--seed", seed, "--generate", strconv.Itoa(n)}
@@ -63,15 +65,15 @@ func TestPutWarnsPastWhatTheSetKeeps(t *testing.T) {
 		t.Fatalf("put of %d blocks into a set that keeps %d: exit %d, stderr %q; want no warning", retains, retains, code, errs)
 	}
 	code, _, errs = runCmd(t, "", args(retains+1, "2")...)
-	if code != 0 || !strings.Contains(errs, "warning: 973 blocks into a block set that keeps 972") || !strings.Contains(errs, "--slots 1026 or more") {
-		t.Fatalf("put of %d blocks into a set that keeps %d: exit %d, stderr %q; want a warning naming both and --slots 1026", retains+1, retains, code, errs)
+	if code != 0 || !strings.Contains(errs, "warning: 1025 blocks into a block set that keeps 1024") || !strings.Contains(errs, "--slots 1025 or more") {
+		t.Fatalf("put of %d blocks into a set that keeps %d: exit %d, stderr %q; want a warning naming both and --slots 1025", retains+1, retains, code, errs)
 	}
 }
 
 // A put far past what its block set keeps: the warning says the start of
 // the sequence goes, and the line after the put says how much a look-up
 // from the first block finds, which is what lookup finds, and fewer than
-// the set keeps.
+// the set keeps (all its 128 slots).
 func TestPutPastTheSlotsSaysWhatIsRecycled(t *testing.T) {
 	a := startTestAgent(t, "ev3")
 	sock := []string{"--socket", a.EngineSocket()}
@@ -84,8 +86,8 @@ func TestPutPastTheSlotsSaysWhatIsRecycled(t *testing.T) {
 		t.Fatalf("put of 300 blocks into 128 slots: no warning naming the start of the sequence: %q", errs)
 	}
 	retains, _ := strconv.Atoi(m[1])
-	if n, _ := strconv.Atoi(m[2]); n != 300-retains || retains >= 128 {
-		t.Fatalf("warning: keeps %s, recycles %s; want fewer than 128 kept and 300 minus that recycled", m[1], m[2])
+	if n, _ := strconv.Atoi(m[2]); n != 300-retains || retains != 128 {
+		t.Fatalf("warning: keeps %s, recycles %s; want 128 kept and 300 minus that recycled", m[1], m[2])
 	}
 	h := regexp.MustCompile(`a look-up from the first block finds (\d+) of the 300 blocks here`).FindStringSubmatch(errs)
 	if h == nil {

@@ -90,6 +90,8 @@ var agentSettings = []setting{
 	{"index-cache-ttl", "IndexCacheTTL", "how long --index-mode owned reuses an owner's answer about a hash before asking again"},
 
 	{"dumpable", "Dumpable", "keep the agent's process dumpable, for debuggers, core dumps and the software stand-ins of RDMA and CUDA used in tests (softverbs, softcuda), which read the agent's memory from other processes; real RDMA and CUDA IPC do not need it (default: on Linux the agent makes itself non-dumpable at start, so that no other process of its user can open the engines' memory through /proc/PID/fd or attach to it, and it writes no core dump)"},
+
+	{"pool-recycle-ahead", "PoolRecycleAhead", "recycle a block set's least recently used blocks ahead of need, in batches: from 5% of its slots free until 10% are (default: a block is recycled only when an allocation needs its slot, so the whole set caches; with --tier, blocks are copied down ahead of need by --tier-watermark)"},
 }
 
 // The KVFABRIC_ variables that are not settings of fabric.Config: the

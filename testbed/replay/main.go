@@ -213,6 +213,7 @@ func printText(w io.Writer, res *testbed.ReplayResult) {
 	fmt.Fprintf(w, "  local hit rate    %.3f  (%d blocks)\n", res.LocalHitRate, res.BlocksLocal)
 	fmt.Fprintf(w, "  cluster hit rate  %.3f  (%d imported, %d computed)\n", res.ClusterHitRate, res.BlocksImported, res.BlocksComputed)
 	fmt.Fprintf(w, "  bytes imported    %d in %d imports, p50 %.2f ms, p99 %.2f ms; %d imports brought nothing\n", res.BytesImported, res.Imports, res.ImportP50Ms, res.ImportP99Ms, res.ImportFailures)
+	fmt.Fprintf(w, "  missed            %d blocks the index named on another node that imports did not bring\n", res.BlocksMissed)
 	for _, why := range sortedReasons(res.ImportFailuresByReason) {
 		fmt.Fprintf(w, "    brought nothing: %-15s %d\n", why, res.ImportFailuresByReason[why])
 	}
