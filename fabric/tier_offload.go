@@ -46,7 +46,7 @@ func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) b
 	if room := t.room.Load(); room > 0 && int64(tierBlockBytes(l)) > room {
 		return false // larger than the tiers' slots: recycled as it is
 	}
-	if t.readBackoff.refuse(hash, time.Now) {
+	if t.readBackoff.refuse(set.ID(), hash, time.Now) {
 		return false // its slot read failed lately: recycled as it is
 	}
 	select {
@@ -324,7 +324,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		if errors.Is(err, errSlotRead) {
 			// Ended now, not after the batch's commit: the slot, being
 			// read until then, is one an allocation may be waiting for.
-			delay, log, suppressed := t.readBackoff.failed(j.hash, time.Now())
+			delay, log, suppressed := t.readBackoff.failed(j.set.ID(), j.hash, time.Now())
 			if log {
 				t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err, "not offered for", delay,
 					"failures not logged before", suppressed)
@@ -346,7 +346,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 			}
 			src = slotCopy{buf: *p} // copied out when its slot was taken
 		} else {
-			t.readBackoff.succeeded(j.hash)
+			t.readBackoff.succeeded(j.set.ID(), j.hash)
 		}
 		if f := t.beforePut.Load(); f != nil {
 			(*f)()
@@ -488,9 +488,9 @@ func directRefused(err error) bool {
 }
 
 // placed records that tier d now holds k, length bytes, just committed
-// there; false if another tier's record of k is kept instead. Another copy
-// of the same block got there first: in d, the store replaced it; in
-// another tier, that tier's copy and record stay (touched) and the copy
+// there, and says whether to announce it: false if k had a record already.
+// Another copy of the same block got there first: in d, the store replaced
+// it (the record stays, touched); in another tier, that tier's copy and record stay (touched) and the copy
 // just committed to d, recorded nowhere, is deleted. A copy a record names
 // is never deleted here: that would leave the record naming a tier
 // without the block.
@@ -506,7 +506,12 @@ func (t *tiers) placed(d *diskTier, k disk.Key, length int) bool {
 			}
 			return false
 		}
-		t.unrecordLocked(e)
+		// Replaced in d by the copy just committed: still one copy, one
+		// record, already announced (two sets' copies of one block in a
+		// batch, or two copiers at once); announcing it again would count
+		// a copy the node does not have once the one is gone.
+		t.lru(d.n).MoveToBack(e)
+		return false
 	}
 	t.recordLocked(d, k, length)
 	return true

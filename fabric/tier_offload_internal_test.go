@@ -201,6 +201,31 @@ func TestTierForgetOnlyItsTier(t *testing.T) {
 	}
 }
 
+// A block committed twice to one tier (two sets' copies of it in one
+// copier batch, or two copiers at once) is one copy there: recorded and
+// counted once, and announced once, the second placed saying not to.
+func TestTierPlacedTwiceInOneTierAnnouncesOnce(t *testing.T) {
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
+	tr.list = []*diskTier{{n: 0}, {n: 1}}
+	k, other := disk.Key{Hash: 3, Tag: 1}, disk.Key{Hash: 4, Tag: 1}
+	if !tr.placed(tr.list[1], k, 100) {
+		t.Fatal("the first copy of a block is not to be announced")
+	}
+	if !tr.placed(tr.list[1], other, 100) {
+		t.Fatal("another block's first copy is not to be announced")
+	}
+	if tr.placed(tr.list[1], k, 100) {
+		t.Fatal("a second commit of a block to the tier holding it is to be announced again")
+	}
+	if tr.where(k) != tr.list[1] || tr.heldBytes[1] != 200 || tr.lru(1).Len() != 2 {
+		t.Fatalf("after a second commit: held by %v, bytes %v, %d records; want tier 1, 200, 2", tr.where(k), tr.heldBytes, tr.lru(1).Len())
+	}
+	if back := tr.lru(1).Back().Value.(*tierEntry).key; back != k {
+		t.Fatalf("the most recently used record is %v, want the block committed again, %v", back, k)
+	}
+}
+
 // hostOverDisk is tiers of a host tier of slots blocks over a disk tier,
 // of blocks of disk.Align bytes, without an agent's workers.
 func hostOverDisk(t *testing.T, slots int) (*tiers, *diskTier, *diskTier) {
