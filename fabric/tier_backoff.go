@@ -4,13 +4,16 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvfabric/kvfabric/pool"
 )
 
 // A block whose slot a copy down cannot read (a device set's download that
 // the driver fails) stays in memory as before its offer, and would be
 // offered again at the next allocation, failing again at the copy engine's
 // cost and logging each time. readBackoff keeps such blocks from being
-// offered, by hash, for a time that doubles with each failure in a row
+// offered, by set and hash (another set's copy of the hash, in memory that
+// reads, is offered as before), for a time that doubles with each failure in a row
 // (tierReadBackoffMin up to tierReadBackoffMax); an offer refused leaves
 // the block to recycling as the bottom tier's, and a read that succeeds
 // clears its hash. The warnings of failed reads are spaced by
@@ -35,11 +38,17 @@ type readBackoff struct {
 	n atomic.Int64 // entries in m: none is the common case, and costs no lock
 
 	mu sync.Mutex
-	m  map[uint64]readFailure
+	m  map[backoffKey]readFailure
 	// logged is when a failure was last logged, suppressed the failures
 	// not logged since.
 	logged     time.Time
 	suppressed int
+}
+
+// backoffKey is a block in a set: the set's copy of a hash.
+type backoffKey struct {
+	set  pool.SetID
+	hash uint64
 }
 
 // readFailure is a hash's failed slot reads in a row and until when its
@@ -49,16 +58,17 @@ type readFailure struct {
 	until time.Time
 }
 
-// failed records a failed slot read of hash at now and returns how long
+// failed records a failed slot read of hash in set at now and returns how long
 // its block is not offered; log says whether to log this failure (the
 // first after tierSkipLogEvery), with the failures not logged before it.
-func (b *readBackoff) failed(hash uint64, now time.Time) (delay time.Duration, log bool, suppressed int) {
+func (b *readBackoff) failed(set pool.SetID, hash uint64, now time.Time) (delay time.Duration, log bool, suppressed int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.m == nil {
-		b.m = map[uint64]readFailure{}
+		b.m = map[backoffKey]readFailure{}
 	}
-	f, ok := b.m[hash]
+	k := backoffKey{set, hash}
+	f, ok := b.m[k]
 	delay = tierReadBackoffMin
 	for range min(f.n, 16) {
 		delay = min(2*delay, tierReadBackoffMax)
@@ -71,7 +81,7 @@ func (b *readBackoff) failed(hash uint64, now time.Time) (delay time.Duration, l
 		}
 	}
 	if ok || len(b.m) < tierReadBackoffBlocks {
-		b.m[hash] = readFailure{n: f.n + 1, until: now.Add(delay)}
+		b.m[k] = readFailure{n: f.n + 1, until: now.Add(delay)}
 	} else {
 		delay = 0
 	}
@@ -85,25 +95,25 @@ func (b *readBackoff) failed(hash uint64, now time.Time) (delay time.Duration, l
 	return delay, log, suppressed
 }
 
-// refuse says whether hash's block is not to be offered at now. Called
+// refuse says whether set's block of hash is not to be offered at now. Called
 // under a block set's lock: with no failure kept it takes no lock.
-func (b *readBackoff) refuse(hash uint64, now func() time.Time) bool {
+func (b *readBackoff) refuse(set pool.SetID, hash uint64, now func() time.Time) bool {
 	if b.n.Load() == 0 {
 		return false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	f, ok := b.m[hash]
+	f, ok := b.m[backoffKey{set, hash}]
 	return ok && now().Before(f.until)
 }
 
-// succeeded forgets hash's failures: its slot was read.
-func (b *readBackoff) succeeded(hash uint64) {
+// succeeded forgets the failures of set's block of hash: its slot was read.
+func (b *readBackoff) succeeded(set pool.SetID, hash uint64) {
 	if b.n.Load() == 0 {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.m, hash)
+	delete(b.m, backoffKey{set, hash})
 	b.n.Store(int64(len(b.m)))
 }

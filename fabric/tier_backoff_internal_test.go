@@ -5,7 +5,8 @@ import (
 	"time"
 )
 
-// A block's failed slot reads in a row keep it from being offered for a
+// A block's failed slot reads in a row keep it (not another set's copy of
+// its hash) from being offered for a
 // delay that doubles from tierReadBackoffMin up to tierReadBackoffMax; a
 // read that succeeds clears it; the warnings are spaced by
 // tierSkipLogEvery, each counting the failures not logged before it.
@@ -13,14 +14,14 @@ func TestReadBackoff(t *testing.T) {
 	var b readBackoff
 	now := time.Unix(1000, 0)
 	at := func() time.Time { return now }
-	if b.refuse(1, at) {
+	if b.refuse(1, 1, at) {
 		t.Fatal("a block with no failure refused")
 	}
 	want := tierReadBackoffMin
 	var lastLog time.Time
 	notLogged, logs := 0, 0
 	for i := range 12 {
-		d, log, suppressed := b.failed(1, now)
+		d, log, suppressed := b.failed(1, 1, now)
 		if d != want {
 			t.Fatalf("failure %d: delay %v, want %v", i+1, d, want)
 		}
@@ -34,15 +35,18 @@ func TestReadBackoff(t *testing.T) {
 		} else {
 			notLogged++
 		}
-		if !b.refuse(1, at) {
+		if !b.refuse(1, 1, at) {
 			t.Fatalf("failure %d: offered at once", i+1)
 		}
+		if b.refuse(2, 1, at) {
+			t.Fatalf("failure %d in set 1: set 2's copy of the hash refused", i+1)
+		}
 		now = now.Add(d - time.Nanosecond)
-		if !b.refuse(1, at) {
+		if !b.refuse(1, 1, at) {
 			t.Fatalf("failure %d: offered before its delay of %v", i+1, d)
 		}
 		now = now.Add(time.Nanosecond)
-		if b.refuse(1, at) {
+		if b.refuse(1, 1, at) {
 			t.Fatalf("failure %d: refused after its delay of %v", i+1, d)
 		}
 		want = min(2*want, tierReadBackoffMax)
@@ -57,22 +61,22 @@ func TestReadBackoff(t *testing.T) {
 	// the next line.
 	now = lastLog.Add(tierSkipLogEvery)
 	for i := range 5 {
-		if _, log, _ := b.failed(3, now); log != (i == 0) {
+		if _, log, _ := b.failed(1, 3, now); log != (i == 0) {
 			t.Fatalf("failure %d at once: logged %v", i+1, log)
 		}
 	}
 	now = now.Add(tierSkipLogEvery)
-	if _, log, suppressed := b.failed(2, now); !log || suppressed != 4 {
+	if _, log, suppressed := b.failed(1, 2, now); !log || suppressed != 4 {
 		t.Fatalf("%v after the last logged: logged %v counting %d, want it logged counting 4", tierSkipLogEvery, log, suppressed)
 	}
-	b.succeeded(3)
-	b.succeeded(1)
-	if d, _, _ := b.failed(1, now); d != tierReadBackoffMin {
+	b.succeeded(1, 3)
+	b.succeeded(1, 1)
+	if d, _, _ := b.failed(1, 1, now); d != tierReadBackoffMin {
 		t.Fatalf("after a read that succeeded, a failure's delay %v, want %v", d, tierReadBackoffMin)
 	}
-	b.succeeded(1)
-	b.succeeded(2)
-	if b.n.Load() != 0 || b.refuse(1, at) || b.refuse(2, at) {
+	b.succeeded(1, 1)
+	b.succeeded(1, 2)
+	if b.n.Load() != 0 || b.refuse(1, 1, at) || b.refuse(1, 2, at) {
 		t.Fatal("failures kept after the reads succeeded")
 	}
 }
@@ -85,22 +89,22 @@ func TestReadBackoffAtItsLimit(t *testing.T) {
 	now := time.Unix(1000, 0)
 	at := func() time.Time { return now }
 	for h := range uint64(tierReadBackoffBlocks) {
-		if d, _, _ := b.failed(h, now); d != tierReadBackoffMin {
+		if d, _, _ := b.failed(1, h, now); d != tierReadBackoffMin {
 			t.Fatalf("block %d of %d: delay %v", h, tierReadBackoffBlocks, d)
 		}
 	}
 	past := uint64(tierReadBackoffBlocks)
-	if d, _, _ := b.failed(past, now); d != 0 || b.refuse(past, at) {
+	if d, _, _ := b.failed(1, past, now); d != 0 || b.refuse(1, past, at) {
 		t.Fatalf("a block past the limit kept: delay %v", d)
 	}
 	if got := b.n.Load(); got != tierReadBackoffBlocks {
 		t.Fatalf("%d blocks kept, want %d", got, tierReadBackoffBlocks)
 	}
-	if d, _, _ := b.failed(0, now); d != 2*tierReadBackoffMin {
+	if d, _, _ := b.failed(1, 0, now); d != 2*tierReadBackoffMin {
 		t.Fatalf("a block kept at the limit failing again: delay %v, want %v", d, 2*tierReadBackoffMin)
 	}
 	now = now.Add(tierReadBackoffMin) // every delay but block 0's passed
-	if d, _, _ := b.failed(past, now); d != tierReadBackoffMin || !b.refuse(past, at) {
+	if d, _, _ := b.failed(1, past, now); d != tierReadBackoffMin || !b.refuse(1, past, at) {
 		t.Fatalf("past the limit, the passed swept: delay %v", d)
 	}
 	if got := b.n.Load(); got != 2 {
