@@ -671,3 +671,47 @@ func TestDevicePoolPicksTheNearestNIC(t *testing.T) {
 		t.Fatalf("the GPU pool's agent uses RDMA device %q, want sv1, behind the GPU's switch", got)
 	}
 }
+
+// A staged import into a device pool whose stream cannot be synchronised
+// keeps the chunk's slots out of use: copies into them may still land, so
+// none may be given to another block. The rest of the set stays usable.
+func TestDevicePoolImportUnsyncedKeepsItsSlots(t *testing.T) {
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	// The process's first stream synchronisation fails: the holder's pool
+	// is host memory, so it is the importer's staged upload.
+	t.Setenv("SOFTCUDA_FAIL", "cuStreamSynchronize=1@1")
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		c.RDMA = "off"
+		if i == 1 {
+			c.Pools = []string{"device:0=8MiB"}
+			c.CUDALibrary = lib
+		}
+	})
+	hashes := produce(t, agents[0], 2, layout.NHD, gpuBlocks)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := dial(t, agents[1])
+	const slots = 16
+	set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: 4, PageSize: 16, Order: layout.HND, Slots: slots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLookup(t, c, hashes)
+	resp, err := c.Import(ctx, set.ID, hashes)
+	if err == nil && len(resp.Blocks) == len(hashes) {
+		t.Fatalf("an import whose upload was not synchronised brought every block: %v", resp.Blocks)
+	}
+	kept := fabric.ImportSlotsKept(agents[1])
+	if kept == 0 || kept > uint64(len(hashes)) {
+		t.Fatalf("%d slots kept out of use after an unsynchronised upload of %d blocks: want 1 to %d (%v, %v)", kept, len(hashes), len(hashes), err, resp)
+	}
+	got := uint64(len(resp.GetBlocks()))
+	if _, err := c.Allocate(ctx, set.ID, int(slots-got-kept+1)); err == nil {
+		t.Fatalf("allocated %d slots with %d imported and %d kept of %d: a slot a copy may land in among them", slots-got-kept+1, got, kept, slots)
+	}
+	if s, err := c.Allocate(ctx, set.ID, int(slots-got-kept)); err != nil || uint64(len(s)) != slots-got-kept {
+		t.Fatalf("every slot but those imported and kept: %v, %v", s, err)
+	}
+}

@@ -28,3 +28,7 @@ func FaultInSets(a *Agent) int {
 // ChecksumsEarly is how many holder pages a's imports checked with sums
 // taken as a lane read landed them.
 func ChecksumsEarly(a *Agent) uint64 { return a.stats.checksumEarly.Load() }
+
+// ImportSlotsKept is how many device slots imports kept out of use after
+// a staged copy that could not be synchronised.
+func ImportSlotsKept(a *Agent) uint64 { return a.stats.slotsKeptUnsynced.Load() }

@@ -368,8 +368,16 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	if err != nil {
 		return nil, localError{fmt.Errorf("local slots: %w", err)}
 	}
+	unsynced := false
 	defer func() {
-		if !kept {
+		switch {
+		case kept:
+		case unsynced:
+			// A staged copy into them may still land: the slots stay
+			// allocated, out of use, as a restore's are (tier_restore.go).
+			a.stats.slotsKeptUnsynced.Add(uint64(len(blocks)))
+			a.log.Warn("import: device slots kept out of use: a staged copy into them may still land", "set", s.set.ID(), "slots", len(blocks))
+		default:
 			for _, b := range blocks {
 				s.set.Abort(b)
 			}
@@ -395,6 +403,7 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 	readStart := time.Now()
 	via, err := a.readInto(c.kept.ctx, peer, id, set, segs, s.set, landed)
 	if err != nil {
+		unsynced = errors.Is(err, errSlotUnsynced)
 		if cause := context.Cause(c.kept.ctx); errors.Is(cause, errLeaseLost) {
 			err = cause
 		}

@@ -2,8 +2,10 @@ package fabric
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
@@ -95,6 +97,7 @@ func (a *Agent) readStagedOn(ctx context.Context, gpu int, peer *transfer.Peer, 
 		via   = transfer.TransportQUIC
 		first error // the first failure; those it caused by cancelling are not reported
 	)
+	var unsynced atomic.Bool // a stager's stream could not be synchronised
 	fail := func(err error) {
 		mu.Lock()
 		if first == nil {
@@ -129,6 +132,9 @@ func (a *Agent) readStagedOn(ctx context.Context, gpu int, peer *transfer.Peer, 
 				mu.Unlock()
 				return readErr
 			})
+			if st.Unsynced() {
+				unsynced.Store(true)
+			}
 			switch {
 			case readErr != nil:
 				fail(readErr)
@@ -138,6 +144,11 @@ func (a *Agent) readStagedOn(ctx context.Context, gpu int, peer *transfer.Peer, 
 		})
 	}
 	wg.Wait()
+	if unsynced.Load() {
+		// Copies into the destination may still land after this returns:
+		// its slots must not be given to other blocks (readChunk).
+		first = errors.Join(errSlotUnsynced, first)
+	}
 	return via, first
 }
 
