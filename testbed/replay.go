@@ -393,7 +393,11 @@ func (r *replay) serve(ctx context.Context, e *replayEngine, hashes []uint64, ov
 	var fetches []*fabricpb.Fetch
 	var took time.Duration
 	have := len(refs)
-	if holds := r.clusterHolds(ctx, e, hashes, overlap); have < len(hashes) && holds > have {
+	holds := 0 // asked only when something is missing: a full local hit makes no Lookup
+	if have < len(hashes) {
+		holds = r.clusterHolds(ctx, e, hashes, overlap)
+	}
+	if holds > have {
 		start := time.Now()
 		resp, err := e.c.Import(ctx, e.set.ID, hashes)
 		took = time.Since(start)
