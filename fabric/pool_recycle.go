@@ -10,6 +10,9 @@ import "github.com/kvfabric/kvfabric/pool"
 // allocation needs its slot; with tiers, the watermarks are when blocks
 // are copied down ahead of need, and stay (see Config.TierWatermark).
 func (a *Agent) poolRecycling(c *pool.Config) {
+	if a.cfg.PoolRecycleAhead && len(a.cfg.Tiers) > 0 {
+		a.log.Warn("pool_recycle_ahead has no effect with tiers: blocks are copied down ahead of need by tier_watermark")
+	}
 	if a.cfg.PoolRecycleAhead || len(a.cfg.Tiers) > 0 {
 		return
 	}

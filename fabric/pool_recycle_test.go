@@ -1,8 +1,12 @@
 package fabric_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"math"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kvfabric/kvfabric/fabric/client"
@@ -82,5 +86,22 @@ func release(t *testing.T, cl *client.Client, set uint64, slots []uint32) {
 	t.Helper()
 	if err := cl.Release(context.Background(), set, slots); err != nil {
 		t.Fatalf("release %d blocks: %v", len(slots), err)
+	}
+}
+
+// PoolRecycleAhead with tiers changes nothing (blocks go down ahead of
+// need by the tier watermark) and the agent says so.
+func TestPoolRecycleAheadWithTiersWarns(t *testing.T) {
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	c := testConfig(t, "recycle-tiers")
+	c.PoolRecycleAhead = true
+	c.Tiers = []string{"disk=" + tierDir(t) + ":64MiB"}
+	c.Logger = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	startAgent(t, c)
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), "pool_recycle_ahead has no effect with tiers") {
+		t.Fatalf("no warning that pool_recycle_ahead does nothing with tiers in:\n%s", logs.String())
 	}
 }
