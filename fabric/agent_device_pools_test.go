@@ -494,17 +494,6 @@ func TestDevicePoolRefusals(t *testing.T) {
 	}
 }
 
-type lockedWriter struct {
-	w  *bytes.Buffer
-	mu *sync.Mutex
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
 // The device pool's RDMA registration: by dma-buf where the driver exports
 // one; else by device pointer where a peer-memory module is loaded (which
 // softverbs, like a NIC without one, cannot pin: the registration fails

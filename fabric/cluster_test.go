@@ -1,12 +1,14 @@
 package fabric_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -244,4 +246,17 @@ func TestImportErrorCodes(t *testing.T) {
 	if err != nil || len(resp.Blocks) != 8 || len(resp.Fetches) != 1 || resp.Fetches[0].Node != "n1" {
 		t.Fatalf("import after a local failure: %v %v", resp, err)
 	}
+}
+
+// lockedWriter is a log destination that tests read while the agent
+// writes: each write under mu.
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
