@@ -30,11 +30,23 @@ var ErrNoHeaders = errors.New("softverbs: <infiniband/verbs.h> not found: instal
 // Source returns softverbs.c, for tests that compile programs against it.
 func Source() []byte { return bytes.Clone(source) }
 
-// BuildShared is Build into one directory under os.TempDir() that every
-// test of every package shares: the library is built once per version of
-// its source, whichever test asks first.
+// BuildShared is Build into one directory that every test of every
+// package shares: the library is built once per version of its source,
+// whichever test asks first. It is a cache, like Go's own build cache, so
+// it lives in the user's cache directory (os.UserCacheDir, usually
+// ~/.cache/kvfabric/softverbs), not among the temporary files tests make
+// and remove.
 func BuildShared() (string, error) {
-	return Build(filepath.Join(os.TempDir(), "kvfabric-softverbs"))
+	return Build(sharedDir())
+}
+
+// sharedDir is BuildShared's directory: under os.UserCacheDir, or under
+// os.TempDir where there is none (neither XDG_CACHE_HOME nor HOME set).
+func sharedDir() string {
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "kvfabric", "softverbs")
+	}
+	return filepath.Join(os.TempDir(), "kvfabric-softverbs")
 }
 
 // Build compiles softverbs.c into dir (created if needed) and returns the
