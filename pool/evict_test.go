@@ -241,6 +241,34 @@ func TestEvictionParentLinks(t *testing.T) {
 	}
 }
 
+// recycleStep returns one step of BenchmarkEvict's loop on set: allocate
+// a block (recycling one once the set is full), register it extending the
+// previous block of its sequence of 16, release it.
+func recycleStep(b *testing.B, set *BlockSet) func() {
+	h := uint64(1)
+	return func() {
+		blks, err := set.Allocate(1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := set.Commit(blks[0]); err != nil {
+			b.Fatal(err)
+		}
+		parent := h - 1
+		if h%16 == 1 {
+			parent = 0
+		}
+		reg, err := set.Register(blks[0], h, parent)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := set.Release(reg); err != nil {
+			b.Fatal(err)
+		}
+		h++
+	}
+}
+
 // BenchmarkEvict recycles sequences of 16 chained blocks through a full
 // set: each op allocates a block (recycling one), registers it extending
 // the previous block of its sequence, and releases it. ns/block must not
@@ -249,28 +277,7 @@ func BenchmarkEvict(b *testing.B) {
 	for _, slots := range []int{1024, 65536} {
 		b.Run(fmt.Sprintf("slots=%d", slots), func(b *testing.B) {
 			_, set := benchPool(b, slots)
-			h := uint64(1)
-			step := func() {
-				blks, err := set.Allocate(1)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := set.Commit(blks[0]); err != nil {
-					b.Fatal(err)
-				}
-				parent := h - 1
-				if h%16 == 1 {
-					parent = 0
-				}
-				reg, err := set.Register(blks[0], h, parent)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := set.Release(reg); err != nil {
-					b.Fatal(err)
-				}
-				h++
-			}
+			step := recycleStep(b, set)
 			for range slots {
 				step()
 			}
@@ -357,28 +364,7 @@ func BenchmarkEvictOnNeed(b *testing.B) {
 			cfg.ExpiryInterval = -1
 			cfg.LowWatermark = tc.low
 			_, set := newTestPool(b, cfg, testLayout(slots, 1, layout.FullyContiguous, 64))
-			h := uint64(1)
-			step := func() {
-				blks, err := set.Allocate(1)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := set.Commit(blks[0]); err != nil {
-					b.Fatal(err)
-				}
-				parent := h - 1
-				if h%16 == 1 {
-					parent = 0
-				}
-				reg, err := set.Register(blks[0], h, parent)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := set.Release(reg); err != nil {
-					b.Fatal(err)
-				}
-				h++
-			}
+			step := recycleStep(b, set)
 			for range slots {
 				step()
 			}
