@@ -24,30 +24,10 @@ import (
 // other providers than tcp and shm, such as efa or cxi on nodes that have them.
 func BenchmarkRead(b *testing.B) {
 	const bytes, piece, window = 64 << 20, 1 << 20, 64
-	bare := filepath.Join(b.TempDir(), "bare_read")
-	if out, err := exec.Command("gcc", "-O2", "-o", bare, "testdata/bare_read.c", "-lfabric").CombinedOutput(); err != nil {
-		b.Fatalf("build the C baseline (libfabric-dev, make test-deps): %v\n%s", err, out)
-	}
-	provs := providers
-	if env := os.Getenv("KVFABRIC_OFI_BENCH_PROVIDERS"); env != "" {
-		provs = strings.Split(env, ",")
-	}
-	for _, prov := range provs {
+	bare := buildBareRead(b)
+	for _, prov := range benchProviders() {
 		b.Run(prov, func(b *testing.B) {
-			node := nodeFor(prov)
-			if node == "" {
-				node = "-"
-			}
-			out, err := exec.Command(bare, prov, node, fmt.Sprint(bytes), fmt.Sprint(piece), fmt.Sprint(window), "16").Output()
-			if err != nil {
-				b.Fatalf("bare_read %s: %v", prov, err)
-			}
-			var moved, wallNS, cpuNS float64
-			if _, err := fmt.Sscan(strings.TrimSpace(string(out)), &moved, &wallNS, &cpuNS); err != nil {
-				b.Fatalf("bare_read printed %q: %v", out, err)
-			}
-			bareGBs := moved / wallNS
-			bareCPU := cpuNS / 1e6 / (moved / 1e9)
+			bareGBs, bareCPU := runBareRead(b, bare, prov, bytes, piece, window, 16)
 
 			// Host-only, as the loop opens it (and an agent without
 			// device pools): shm reads by cross-memory attach.
@@ -90,6 +70,46 @@ func BenchmarkRead(b *testing.B) {
 	}
 }
 
+// buildBareRead compiles testdata/bare_read.c, the C baseline of the
+// read benchmarks, and returns its path.
+func buildBareRead(b *testing.B) string {
+	b.Helper()
+	bare := filepath.Join(b.TempDir(), "bare_read")
+	if out, err := exec.Command("gcc", "-O2", "-o", bare, "testdata/bare_read.c", "-lfabric").CombinedOutput(); err != nil {
+		b.Fatalf("build the C baseline (libfabric-dev, make test-deps): %v\n%s", err, out)
+	}
+	return bare
+}
+
+// benchProviders is the providers the read benchmarks run on: tcp and shm,
+// or those KVFABRIC_OFI_BENCH_PROVIDERS names (comma-separated).
+func benchProviders() []string {
+	if env := os.Getenv("KVFABRIC_OFI_BENCH_PROVIDERS"); env != "" {
+		return strings.Split(env, ",")
+	}
+	return providers
+}
+
+// runBareRead runs the bare loop at bare on prov: bytes read in pieces of
+// piece, window in flight, repeated rounds times. It returns the loop's
+// rate (GB/s) and CPU per GB (ms).
+func runBareRead(b *testing.B, bare, prov string, bytes, piece, window, rounds int) (gbs, cpuPerGB float64) {
+	b.Helper()
+	node := nodeFor(prov)
+	if node == "" {
+		node = "-"
+	}
+	out, err := exec.Command(bare, prov, node, fmt.Sprint(bytes), fmt.Sprint(piece), fmt.Sprint(window), fmt.Sprint(rounds)).Output()
+	if err != nil {
+		b.Fatalf("bare_read %s: %v", prov, err)
+	}
+	var moved, wallNS, cpuNS float64
+	if _, err := fmt.Sscan(strings.TrimSpace(string(out)), &moved, &wallNS, &cpuNS); err != nil {
+		b.Fatalf("bare_read printed %q: %v", out, err)
+	}
+	return moved / wallNS, cpuNS / 1e6 / (moved / 1e9)
+}
+
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -110,15 +130,8 @@ func cpuTime() time.Duration {
 //	go test -run '^$' -bench ReadScattered -benchtime 20x ./rdma/ofi
 func BenchmarkReadScattered(b *testing.B) {
 	const half, piece = 32 << 20, 8 << 10
-	bare := filepath.Join(b.TempDir(), "bare_read")
-	if out, err := exec.Command("gcc", "-O2", "-o", bare, "testdata/bare_read.c", "-lfabric").CombinedOutput(); err != nil {
-		b.Fatalf("build the C baseline (libfabric-dev, make test-deps): %v\n%s", err, out)
-	}
-	provs := providers
-	if env := os.Getenv("KVFABRIC_OFI_BENCH_PROVIDERS"); env != "" {
-		provs = strings.Split(env, ",")
-	}
-	for _, prov := range provs {
+	bare := buildBareRead(b)
+	for _, prov := range benchProviders() {
 		b.Run(prov, func(b *testing.B) {
 			l, err := Load(Config{Provider: prov, Node: nodeFor(prov), HostOnly: true})
 			if err != nil {
@@ -141,24 +154,8 @@ func BenchmarkReadScattered(b *testing.B) {
 					segs[k] = append(segs[k], Segment{LocalOff: uint64(k)*piece + 2*off, RemoteOff: uint64(k)*half + off, Len: piece, Remote: srcReg.Remote()})
 				}
 			}
-			node := nodeFor(prov)
-			if node == "" {
-				node = "-"
-			}
-			bareRun := func(size int) (gbs, cpuPerGB float64) {
-				b.Helper()
-				out, err := exec.Command(bare, prov, node, fmt.Sprint(2*half), fmt.Sprint(size), "64", "4").Output()
-				if err != nil {
-					b.Fatalf("bare_read %s: %v", prov, err)
-				}
-				var moved, wallNS, cpuNS float64
-				if _, err := fmt.Sscan(strings.TrimSpace(string(out)), &moved, &wallNS, &cpuNS); err != nil {
-					b.Fatalf("bare_read printed %q: %v", out, err)
-				}
-				return moved / wallNS, cpuNS / 1e6 / (moved / 1e9)
-			}
-			bareGBs, bareCPU := bareRun(1 << 20)
-			reqGBs, _ := bareRun(piece * min(max(reader.Info().IOVLimit, 1), 8))
+			bareGBs, bareCPU := runBareRead(b, bare, prov, 2*half, 1<<20, 64, 4)
+			reqGBs, _ := runBareRead(b, bare, prov, 2*half, piece*min(max(reader.Info().IOVLimit, 1), 8), 64, 4)
 
 			b.SetBytes(2 * half)
 			cpu0 := cpuTime()
