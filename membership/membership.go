@@ -505,13 +505,18 @@ func (m *Membership) Leave(ctx context.Context) error {
 }
 
 // sayBye tells every member, best effort, that this node is leaving, so that
-// they report a leave rather than a failure.
+// they report a leave rather than a failure. It addresses them from this
+// node's own copy of the member list: the nodes memberlist.Members returns
+// are memberlist's live records, which its gossip rewrites in place (a
+// member back at a new address) while they are read.
 func (m *Membership) sayBye() {
 	bye := appendBye(nil, m.cfg.Name, m.cfg.Incarnation)
-	for _, n := range m.ml.Members() {
-		if n.Name != m.cfg.Name {
-			m.ml.SendBestEffort(n, bye)
+	for _, mb := range m.Members() {
+		if mb.Name == m.cfg.Name || !mb.Addr.IsValid() {
+			continue
 		}
+		to := &memberlist.Node{Name: mb.Name, Addr: mb.Addr.Addr().AsSlice(), Port: mb.Addr.Port()}
+		m.ml.SendBestEffort(to, bye)
 	}
 }
 
