@@ -373,10 +373,13 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 		switch {
 		case kept:
 		case unsynced:
-			// A staged copy into them may still land: the slots stay
-			// allocated, out of use, as a restore's are (tier_restore.go).
+			// A staged copy into them may still land: the slots are
+			// retired, as a restore's are (tier_restore.go).
+			for _, b := range blocks {
+				s.set.Retire(b)
+			}
 			a.stats.slotsKeptUnsynced.Add(uint64(len(blocks)))
-			a.log.Warn("import: device slots kept out of use: a staged copy into them may still land", "set", s.set.ID(), "slots", len(blocks))
+			a.log.Warn("import: device slots retired: a staged copy into them may still land", "set", s.set.ID(), "slots", len(blocks))
 		default:
 			for _, b := range blocks {
 				s.set.Abort(b)

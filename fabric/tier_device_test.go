@@ -472,6 +472,9 @@ func TestTierDevicePoolUnsyncedRestoreKeepsItsSlot(t *testing.T) {
 	if k := fabric.TierSlotsKept(a); k != 1 {
 		t.Fatalf("%d slots kept out of use, want 1", k)
 	}
+	if r := a.Metrics().Pool.Retired; r != 1 {
+		t.Fatalf("the pool counts %d slots retired, want 1", r)
+	}
 	slots, err := c.Allocate(ctx, set.ID, int(tierEngine.Slots))
 	if err == nil {
 		t.Fatalf("allocated all %d slots, the one an upload may still land in among them: %v", tierEngine.Slots, slots)

@@ -198,13 +198,13 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 	}
 	for i, b := range blks[len(regs):] {
 		if errors.Is(outs[len(regs)+i].err, errSlotUnsynced) {
-			// Its upload may still land: the slot stays Partial, out of
+			// Its upload may still land: the slot is retired, out of
 			// use for the set's life, so that no later block is put in
-			// it and overwritten. The set is not freed either (the pool
-			// refuses while a slot is allocated): its memory goes to no
-			// other set while the agent runs.
+			// it and overwritten; once the set is freed its memory goes
+			// to no other set while the agent runs (pool.BlockSet.Retire).
+			set.Retire(b)
 			t.slotsKept.Add(1)
-			t.log.Warn("tier: a device slot kept out of use: its restore's copy may still land", "set", set.ID(), "slot", b.Slot, "hash", run[len(regs)+i].k.Hash)
+			t.log.Warn("tier: a device slot retired: its restore's copy may still land", "set", set.ID(), "slot", b.Slot, "hash", run[len(regs)+i].k.Hash)
 			continue
 		}
 		set.Abort(b)

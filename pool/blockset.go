@@ -21,6 +21,9 @@ const (
 	Complete
 	// Registered: visible by sequence hash, shared by reference.
 	Registered
+	// Retired: out of use for the rest of the set's life (Retire): a copy
+	// into it may still land.
+	Retired
 )
 
 func (s State) String() string {
@@ -33,6 +36,8 @@ func (s State) String() string {
 		return "complete"
 	case Registered:
 		return "registered"
+	case Retired:
+		return "retired"
 	}
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
@@ -148,6 +153,7 @@ type BlockSet struct {
 	copying            int     // of those, being read now (BeginCopy)
 	offered            []int32 // the slots offered, oldest first, some no longer offloading; each once (slot.offered)
 	givenUp            uint64  // offloading blocks taken by allocations
+	retired            int     // slots Retired
 }
 
 func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64, place []int) *BlockSet {
@@ -350,6 +356,28 @@ func (b *BlockSet) Abort(blk Block) error {
 	return nil
 }
 
+// Retire takes a Partial or Complete slot out of use for the rest of the
+// set's life: -> Retired. It is for a slot that a copy may still reach
+// after its writer gave up (a device copy whose stream could not be
+// synchronised): given back, the slot would go to a later block and the
+// late copy overwrite it. A retired slot is never allocated again, and
+// the set's memory is never given to another set: FreeBlockSet frees the
+// set but withholds its memory (Metrics.Retired, Metrics.WithheldBytes).
+func (b *BlockSet) Retire(blk Block) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.check(blk)
+	if err != nil {
+		return err
+	}
+	if s.state != Partial && s.state != Complete {
+		return &TransitionError{Op: "retire", Slot: blk.Slot, State: s.state}
+	}
+	s.state = Retired
+	b.retired++
+	return nil
+}
+
 // Register makes a Complete slot visible under its sequence hash:
 // Complete -> Registered, with the caller holding one reference, and a
 // store event. If the hash is already Registered in the set, the caller's
@@ -492,6 +520,7 @@ func (b *BlockSet) Metrics() Metrics {
 		Demoted:         b.demoted,
 		Offloading:      b.offloading,
 		OffloadsGivenUp: b.givenUp,
+		Retired:         b.retired,
 		AllocLatency:    b.allocLat,
 		ReleaseLatency:  b.releaseLat,
 	}

@@ -31,17 +31,20 @@
 //
 // # Lifecycle
 //
-// Every slot is in one of four states:
+// Every slot is in one of five states:
 //
 //	state       owner                     ops that leave it
 //	----------  ------------------------  -------------------------------------
 //	Reset       the pool (free stack)     Allocate            -> Partial
 //	Partial     the allocator             Commit              -> Complete
 //	                                      Abort               -> Reset
+//	                                      Retire              -> Retired
 //	Complete    the allocator             Register            -> Registered
 //	                                      Register, duplicate -> Reset
 //	                                      Abort               -> Reset
+//	                                      Retire              -> Retired
 //	Registered  shared: users and leases  recycle when inactive -> Reset
+//	Retired     nobody, for good          none
 //
 //	from        to          trigger                 check
 //	----------  ----------  ----------------------  ---------------------------
@@ -53,6 +56,11 @@
 //	                                                no users and no leases
 //	Partial     Reset       Abort                   aborted sequence
 //	Complete    Reset       Abort                   invalidated
+//	Partial     Retired     Retire                  a copy may still land
+//	Complete    Retired     Retire                  a copy may still land
+//
+// A set with Retired slots can be freed, but its memory goes to no other
+// set while the pool lives ([Metrics].WithheldBytes).
 //
 // Anything else is a [TransitionError]. Every return to Reset bumps the
 // slot's generation, so a [Block] handle (slot, generation) issued before

@@ -66,8 +66,8 @@ type Metrics struct {
 	Slots int
 	// Free is the slots in Reset, ready to allocate.
 	Free int
-	// Active is the slots in use: Partial, Complete, or Registered with
-	// users or leases.
+	// Active is the slots in use: Partial, Complete, Retired, or
+	// Registered with users or leases.
 	Active int
 	// Inactive is the Registered blocks with no users and no leases, which
 	// allocation may recycle, leaves first: a block that a block in use
@@ -109,6 +109,13 @@ type Metrics struct {
 	// copier that finds its block gone does not count it again); a pool's
 	// count includes its freed sets', so it only grows.
 	OffloadsGivenUp uint64
+
+	// Retired is the slots out of use for good (BlockSet.Retire); a
+	// pool's count includes its freed sets', so it only grows.
+	Retired int
+	// WithheldBytes is the memory of freed sets that had retired slots,
+	// given to no other set (pool metrics only).
+	WithheldBytes uint64
 }
 
 func (m *Metrics) add(o *Metrics) {
@@ -124,6 +131,7 @@ func (m *Metrics) add(o *Metrics) {
 	m.Demoted += o.Demoted
 	m.Offloading += o.Offloading
 	m.OffloadsGivenUp += o.OffloadsGivenUp
+	m.Retired += o.Retired
 	m.AllocLatency.merge(&o.AllocLatency)
 	m.ReleaseLatency.merge(&o.ReleaseLatency)
 }

@@ -29,6 +29,10 @@ type Pool struct {
 	// givenUpFreed is the OffloadsGivenUp of the sets freed (under mu), so
 	// that the pool's count only grows.
 	givenUpFreed uint64
+	// retiredFreed is the Retired slots of the sets freed, and withheld
+	// the bytes of their memory, which no other set gets (under mu).
+	retiredFreed int
+	withheld     uint64
 
 	leaseMu  sync.Mutex
 	leaseIdx map[LeaseID]*BlockSet
@@ -400,6 +404,7 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 	}
 	b.p.events.pushBatch(removed) // one batch, not a loss
 	p.givenUpFreed += b.givenUp
+	p.retiredFreed += b.retired
 	b.registry = map[uint64]int32{}
 	b.evictable, b.free = nil, nil
 	b.leafHead, b.leafTail, b.leaves = none, none, 0
@@ -407,6 +412,12 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 	b.freed.Store(true)
 	p.sets[id-1] = nil
 	for _, c := range b.cuts {
+		if b.retired > 0 {
+			// A late copy may still land in a retired slot: no other
+			// set gets this memory while the pool lives.
+			p.withheld += c.span.end - c.span.start
+			continue
+		}
 		p.arenas[c.arena].addHole(c.span)
 	}
 	return nil
@@ -441,7 +452,7 @@ func (p *Pool) BlockSets() []*BlockSet {
 }
 
 // Metrics returns a snapshot summed over the block sets (and, for
-// OffloadsGivenUp, the sets freed).
+// OffloadsGivenUp and Retired, the sets freed).
 func (p *Pool) Metrics() Metrics {
 	var m Metrics
 	// The sets and the freed sets' count at one point: a set freed after
@@ -454,6 +465,8 @@ func (p *Pool) Metrics() Metrics {
 		}
 	}
 	m.OffloadsGivenUp = p.givenUpFreed
+	m.Retired = p.retiredFreed
+	m.WithheldBytes = p.withheld
 	p.mu.RUnlock()
 	for _, b := range sets {
 		bm := b.Metrics()

@@ -1,0 +1,163 @@
+package pool
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/layout"
+)
+
+// Retire takes a Partial or Complete slot out of use for good, and only
+// those: a Reset or Registered slot, or a stale handle, is refused.
+func TestRetireTransitions(t *testing.T) {
+	l := testLayout(8, 1, layout.FullyContiguous, 4096)
+	_, b := newTestPool(t, testConfig(newManualClock(), nil), l)
+	blks, err := b.Allocate(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	partial, complete, registered := blks[0], blks[1], blks[2]
+	if err := b.Commit(complete); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(registered); err != nil {
+		t.Fatal(err)
+	}
+	if registered, err = b.Register(registered, 7, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, blk := range []Block{partial, complete} {
+		if err := b.Retire(blk); err != nil {
+			t.Fatalf("retire slot %d: %v", blk.Slot, err)
+		}
+		info, err := b.Slot(blk.Slot)
+		if err != nil || info.State != Retired {
+			t.Fatalf("slot %d after Retire: %+v, %v", blk.Slot, info, err)
+		}
+	}
+	var te *TransitionError
+	if err := b.Retire(registered); !errors.As(err, &te) || te.State != Registered {
+		t.Fatalf("retire a registered block: %v, want a TransitionError from registered", err)
+	}
+	if err := b.Retire(Block{Slot: 5}); !errors.As(err, &te) || te.State != Reset {
+		t.Fatalf("retire a free slot: %v, want a TransitionError from reset", err)
+	}
+	if err := b.Retire(Block{Slot: partial.Slot, Generation: partial.Generation + 1}); !errors.Is(err, ErrStaleBlock) {
+		t.Fatalf("retire through a stale handle: %v, want ErrStaleBlock", err)
+	}
+	if err := b.Retire(Block{Slot: 8}); !errors.Is(err, ErrBadSlot) {
+		t.Fatalf("retire slot 8 of 8: %v, want ErrBadSlot", err)
+	}
+	// Nothing leaves Retired.
+	for _, op := range []struct {
+		name string
+		do   func(Block) error
+	}{
+		{"retire", b.Retire},
+		{"abort", b.Abort},
+		{"commit", b.Commit},
+		{"release", b.Release},
+		{"register", func(blk Block) error { _, err := b.Register(blk, 9, 0); return err }},
+	} {
+		if err := op.do(partial); !errors.As(err, &te) || te.State != Retired {
+			t.Errorf("%s a retired slot: %v, want a TransitionError from retired", op.name, err)
+		}
+	}
+	if m := b.Metrics(); m.Retired != 2 || m.Active != 3 || m.Free != 5 {
+		t.Fatalf("metrics: retired %d, active %d, free %d; want 2, 3 (the retired and the registered), 5", m.Retired, m.Active, m.Free)
+	}
+}
+
+// A retired slot is never allocated again: the set allocates every other
+// slot, recycling included, and then refuses.
+func TestRetiredSlotIsNeverAllocated(t *testing.T) {
+	const n = 8
+	l := testLayout(n, 1, layout.FullyContiguous, 4096)
+	_, b := newTestPool(t, testConfig(newManualClock(), nil), l)
+	blks, err := b.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retired := blks[0].Slot
+	if err := b.Retire(blks[0]); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 3 {
+		got, err := b.Allocate(n - 1) // every slot left
+		if err != nil {
+			t.Fatalf("round %d: allocate the %d slots left: %v", round, n-1, err)
+		}
+		for i, blk := range got {
+			if blk.Slot == retired {
+				t.Fatalf("round %d: the retired slot %d was allocated", round, retired)
+			}
+			if err := b.Commit(blk); err != nil {
+				t.Fatal(err)
+			}
+			reg, err := b.Register(blk, uint64(round*100+i+1), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Release(reg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var ae *AllocError
+		if _, err := b.Allocate(n); !errors.As(err, &ae) {
+			t.Fatalf("round %d: allocate all %d slots with one retired: %v, want an AllocError", round, n, err)
+		}
+	}
+}
+
+// A set with a retired slot can be freed, but its memory goes to no other
+// set: a new set carves past it or does not fit, and the pool counts the
+// withheld bytes and the freed set's retired slot.
+func TestFreeBlockSetWithheldWithRetiredSlot(t *testing.T) {
+	l := testLayout(64, 2, layout.FullyContiguous, 4096)
+	st := newSliceStorage(2*2*64*4096 + 4096) // room for two sets
+	p, err := New(st, testConfig(newManualClock(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	withheld, err := p.NewBlockSet(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clean, err := p.NewBlockSet(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.NewBlockSet(l); !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("a third set: %v, want ErrOutOfMemory", err)
+	}
+	blks, err := withheld.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := withheld.Retire(blks[0]); err != nil {
+		t.Fatal(err)
+	}
+	// The retired slot does not keep the set from being freed.
+	if err := p.FreeBlockSet(withheld.ID()); err != nil {
+		t.Fatalf("free a set whose only slot in use is retired: %v", err)
+	}
+	if _, err := p.NewBlockSet(l); !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("a set after freeing the one with a retired slot: %v, want ErrOutOfMemory (its memory withheld)", err)
+	}
+	m := p.Metrics()
+	want := uint64(2 * 64 * 4096)
+	if m.Retired != 1 || m.WithheldBytes < want {
+		t.Fatalf("pool metrics: retired %d, withheld %d bytes; want 1 and at least %d", m.Retired, m.WithheldBytes, want)
+	}
+	// A set freed without retired slots gives its memory back as before.
+	if err := p.FreeBlockSet(clean.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.NewBlockSet(l); err != nil {
+		t.Fatalf("a set in the memory of one freed with no retired slot: %v", err)
+	}
+	if after := p.Metrics(); after.Retired != 1 || after.WithheldBytes != m.WithheldBytes {
+		t.Fatalf("after the clean free: retired %d, withheld %d bytes; want 1 and %d", after.Retired, after.WithheldBytes, m.WithheldBytes)
+	}
+}
