@@ -187,6 +187,37 @@ func gpuLibs(t testing.TB) (cudaLib, verbsLib string) {
 	return cudaLib, gpuVerbsPath
 }
 
+// devicePair starts two agents on softcuda, agent device with an 8 MiB
+// device pool, each config passed to configure (nil for none) after that;
+// it returns them and the CUDA library agent device uses. Set SOFTCUDA_*
+// faults before calling it.
+func devicePair(t *testing.T, device int, configure func(i int, c *fabric.Config)) ([]*fabric.Agent, string) {
+	t.Helper()
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i == device {
+			c.Pools = []string{"device:0=8MiB"}
+			c.CUDALibrary = lib
+		}
+		if configure != nil {
+			configure(i, c)
+		}
+	})
+	return agents, lib
+}
+
+// consumerOf registers a 16-slot HND block set of testModel at TP tp on a,
+// and waits until a's index finds hashes; it returns a's shared client.
+func consumerOf(t *testing.T, a *fabric.Agent, tp int, hashes []uint64) (*client.Client, *client.BlockSet) {
+	t.Helper()
+	c := dial(t, a)
+	set := register(t, c, client.Engine{Name: "consumer", Model: testModel, TPSize: tp, PageSize: 16, Order: layout.HND, Slots: 16})
+	waitLookup(t, c, hashes)
+	return c, set
+}
+
 // runGPUEngine runs the helper against socket in another process.
 func runGPUEngine(t *testing.T, socket, lib string) {
 	t.Helper()
@@ -359,15 +390,8 @@ func TestDevicePoolImportOverStagedQUIC(t *testing.T) {
 		{"out of GPU memory staged three pieces at a time", 0, 2, 3072},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			lib, _ := gpuLibs(t)
-			t.Setenv("SOFTCUDA_DEVICES", "")
-			t.Setenv("SOFTCUDA_MEMORY", "64M")
-			agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+			agents, lib := devicePair(t, tc.device, func(i int, c *fabric.Config) {
 				c.RDMA = "off"
-				if i == tc.device {
-					c.Pools = []string{"device:0=8MiB"}
-					c.CUDALibrary = lib
-				}
 				fabric.SetStageBytes(c, tc.stage)
 			})
 			var hashes []uint64
@@ -379,12 +403,7 @@ func TestDevicePoolImportOverStagedQUIC(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			c := dial(t, agents[1])
-			set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: tc.tp, PageSize: 16, Order: layout.HND, Slots: 16})
-			if err != nil {
-				t.Fatal(err)
-			}
-			waitLookup(t, c, hashes)
+			c, set := consumerOf(t, agents[1], tc.tp, hashes)
 			resp, err := c.Import(ctx, set.ID, hashes)
 			if err != nil {
 				t.Fatal(err)
@@ -665,29 +684,15 @@ func TestDevicePoolPicksTheNearestNIC(t *testing.T) {
 // keeps the chunk's slots out of use: copies into them may still land, so
 // none may be given to another block. The rest of the set stays usable.
 func TestDevicePoolImportUnsyncedKeepsItsSlots(t *testing.T) {
-	lib, _ := gpuLibs(t)
-	t.Setenv("SOFTCUDA_DEVICES", "")
-	t.Setenv("SOFTCUDA_MEMORY", "64M")
 	// The process's first stream synchronisation fails: the holder's pool
 	// is host memory, so it is the importer's staged upload.
 	t.Setenv("SOFTCUDA_FAIL", "cuStreamSynchronize=1@1")
-	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
-		c.RDMA = "off"
-		if i == 1 {
-			c.Pools = []string{"device:0=8MiB"}
-			c.CUDALibrary = lib
-		}
-	})
+	agents, _ := devicePair(t, 1, func(i int, c *fabric.Config) { c.RDMA = "off" })
 	hashes := produce(t, agents[0], 2, layout.NHD, gpuBlocks)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c := dial(t, agents[1])
+	c, set := consumerOf(t, agents[1], 4, hashes)
 	const slots = 16
-	set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: 4, PageSize: 16, Order: layout.HND, Slots: slots})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitLookup(t, c, hashes)
 	resp, err := c.Import(ctx, set.ID, hashes)
 	if err == nil && len(resp.Blocks) == len(hashes) {
 		t.Fatalf("an import whose upload was not synchronised brought every block: %v", resp.Blocks)

@@ -162,25 +162,13 @@ func TestDevicePoolOverOFIFollowsTheProvider(t *testing.T) {
 // bytes copied back from the GPU), while the holder's host pool is
 // registered with libfabric.
 func TestDevicePoolImportOverOFIStaged(t *testing.T) {
-	lib, _ := gpuLibs(t)
-	t.Setenv("SOFTCUDA_DEVICES", "")
-	t.Setenv("SOFTCUDA_MEMORY", "64M")
-	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+	agents, lib := devicePair(t, 1, func(i int, c *fabric.Config) {
 		c.RDMA, c.Fabric, c.FabricProvider, c.FabricAddr = "on", "ofi", "tcp", "127.0.0.1"
-		if i == 1 {
-			c.Pools = []string{"device:0=8MiB"}
-			c.CUDALibrary = lib
-		}
 	})
 	hashes := produce(t, agents[0], 2, layout.NHD, gpuBlocks)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c := dial(t, agents[1])
-	set, err := c.Register(ctx, client.Engine{Name: "consumer", Model: testModel, TPSize: 4, PageSize: 16, Order: layout.HND, Slots: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitLookup(t, c, hashes)
+	c, set := consumerOf(t, agents[1], 4, hashes)
 	resp, err := c.Import(ctx, set.ID, hashes)
 	if err != nil {
 		t.Fatal(err)
