@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvfabric/kvfabric/rdma/ofi"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
@@ -74,7 +75,7 @@ func TestOFILeaseSaysReadsInline(t *testing.T) {
 	if reader.readsInline() {
 		t.Fatal("reads inline before any read")
 	}
-	first, err := p.peer.Lease(ctx, []uint64{2}, 10*time.Second)
+	first, err := p.peer.Lease(ctx, []uint64{2}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestOFILeaseSaysReadsInline(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	second, err := p.peer.Lease(ctx, []uint64{2}, 10*time.Second)
+	second, err := p.peer.Lease(ctx, []uint64{2}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +99,7 @@ func TestOFILeaseSaysReadsInline(t *testing.T) {
 		t.Fatal("a lease of a reader that reads inline is not served inline")
 	}
 	wantNap("only a lease read inline", time.Millisecond)
-	if _, err := p.peer.Renew(ctx, second.ID, 10*time.Second); err != nil {
+	if _, err := p.peer.Renew(ctx, second.ID, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if !served(second.ID).inline {
@@ -109,7 +110,7 @@ func TestOFILeaseSaysReadsInline(t *testing.T) {
 	// Another reader's lease that predates reads_inline, beside it (the
 	// test's handler gives every lease one ID: the holder is told of it
 	// directly).
-	tp.answer("older", false, &transferpb.LeaseResponse{LeaseId: 1, DurationMs: 10_000})
+	tp.answer("older", false, &transferpb.LeaseResponse{LeaseId: 1, DurationMs: 60_000})
 	wantNap("an older reader's lease beside one read inline", 50*time.Microsecond)
 	read(second.ID)
 	tp.leaseEnded("older", 1)
@@ -121,7 +122,7 @@ func TestOFILeaseSaysReadsInline(t *testing.T) {
 
 	// The reader, predating reads_inline, asks with no such field.
 	var old transferpb.LeaseResponse
-	req := &transferpb.LeaseRequest{Hashes: []uint64{2}, DurationMs: 10_000, Rdma: true, Rma: p.reader.rdma.tp.kind()}
+	req := &transferpb.LeaseRequest{Hashes: []uint64{2}, DurationMs: 60_000, Rdma: true, Rma: p.reader.rdma.tp.kind()}
 	if err := p.peer.call(ctx, methodLease, req, &old); err != nil {
 		t.Fatal(err)
 	}
@@ -177,5 +178,32 @@ func TestOFIReadsInlineFollowsReads(t *testing.T) {
 	}
 	if v.readsInline() {
 		t.Fatal("reads inline from a holder whose endpoint name changed, before any read from it")
+	}
+}
+
+// A lease request's reads_inline reaches the holder as sent, and one that
+// leaves it out (an older reader's) decodes as false.
+func TestLeaseRequestReadsInlineDecodes(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		req  *transferpb.LeaseRequest
+		want bool
+	}{
+		{"set", &transferpb.LeaseRequest{Hashes: []uint64{1}, DurationMs: 1000, Rdma: true, Rma: "ofi:shm", ReadsInline: true}, true},
+		{"unset", &transferpb.LeaseRequest{Hashes: []uint64{1}, DurationMs: 1000, Rdma: true, Rma: "ofi:shm"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			payload, err := proto.Marshal(c.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := decodeRequest(methodLease, payload, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.readsInline != c.want || r.rma != "ofi:shm" || !r.rdma {
+				t.Fatalf("decoded reads_inline %v, rma %q, rdma %v; want %v, ofi:shm, true", r.readsInline, r.rma, r.rdma, c.want)
+			}
+		})
 	}
 }
