@@ -189,6 +189,10 @@ type request struct {
 	mismatched []uint64      // a release's blocks that failed their checksums
 	laneTokens int           // lane tokens asked for
 	index      []byte        // an index call's payload
+
+	// readsInline: a lease's reader says its reads over libfabric complete
+	// without the holder's progress (LeaseRequest.reads_inline).
+	readsInline bool
 }
 
 func durationMS(ms uint64) (time.Duration, error) {
@@ -261,6 +265,7 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 			return nil, invalid("lease: rma binding name of %d bytes, at most %d", len(pb.Rma), maxRMAKind)
 		}
 		r.rma = pb.Rma
+		r.readsInline = pb.ReadsInline
 	case methodRdmaConnect:
 		var pb transferpb.RdmaConnectRequest
 		if err := unmarshal(payload, &pb); err != nil {

@@ -344,6 +344,7 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 	req := &transferpb.LeaseRequest{Hashes: hashes, DurationMs: uint64(d / time.Millisecond), Rdma: asked}
 	if asked {
 		req.Rma = p.n.rdma.tp.kind()
+		req.ReadsInline = p.rdma.tp.readsInline()
 	}
 	if err := p.call(ctx, methodLease, req, &resp); err != nil {
 		return Lease{}, err

@@ -130,18 +130,24 @@ func (t *ofiTransport) region(reg registration, addr uint64, g *transferpb.RdmaR
 // answer names the endpoint, unless it is broken: a reader then reads
 // over QUIC (as from a holder without RDMA) until it is replaced. The
 // endpoint serves (ofi.Endpoint.Serve: its progress loop polls often, as
-// shm and tcp need of a holder) until the lease ends or its term passes.
-func (t *ofiTransport) answer(peer string, resp *transferpb.LeaseResponse) {
+// shm and tcp need of a holder) until the lease ends or its term passes;
+// for a reader that says its reads complete inline, with
+// ofi.Endpoint.ServeInline, which polls every millisecond or so while no
+// other lease needs more. The claim is the reader's to make: a wrong one
+// slows only its own reads under the lease (shm without cross-memory
+// attach: a read of up to its inject size per poll), since any lease
+// served with Serve sets the pace for all.
+func (t *ofiTransport) answer(peer string, inline bool, resp *transferpb.LeaseResponse) {
 	ep, _ := t.endpoint()
 	if ep.Broken() != nil {
 		return
 	}
 	resp.OfiName = ep.Name()
-	t.serve(leaseKey{peer, resp.LeaseId}, time.Duration(resp.DurationMs)*time.Millisecond, false)
+	t.serve(leaseKey{peer, resp.LeaseId}, time.Duration(resp.DurationMs)*time.Millisecond, false, inline)
 }
 
 func (t *ofiTransport) leaseRenewed(peer string, id uint64, d time.Duration) {
-	t.serve(leaseKey{peer, id}, d, true)
+	t.serve(leaseKey{peer, id}, d, true, false)
 }
 
 func (t *ofiTransport) leaseEnded(peer string, id uint64) {
@@ -159,15 +165,27 @@ type leaseKey struct {
 	id   uint64
 }
 
-// servedLease is a lease the endpoint serves until.
+// servedLease is a lease the endpoint serves until; inline, for a reader
+// whose reads complete without the endpoint's progress (ServeInline).
 type servedLease struct {
-	until time.Time
-	done  func() // ends the endpoint's Serve
+	until  time.Time
+	inline bool
+	done   func() // ends the endpoint's Serve
+}
+
+// serveOn makes ep serve until until, as a lease whose reader reads inline
+// or not needs.
+func serveOn(ep *ofi.Endpoint, until time.Time, inline bool) func() {
+	if inline {
+		return ep.ServeInline(until)
+	}
+	return ep.Serve(until)
 }
 
 // serve makes the endpoint serve lease k for d from now: a lease answered
-// with the endpoint, or, with renew, one renewed that it serves.
-func (t *ofiTransport) serve(k leaseKey, d time.Duration, renew bool) {
+// with the endpoint (inline: its reader said its reads complete inline),
+// or, with renew, one renewed that it serves, as before.
+func (t *ofiTransport) serve(k leaseKey, d time.Duration, renew, inline bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := time.Now()
@@ -184,8 +202,11 @@ func (t *ofiTransport) serve(k leaseKey, d time.Duration, renew bool) {
 	if ok {
 		old.done()
 	}
+	if renew {
+		inline = old.inline
+	}
 	until := now.Add(d)
-	t.served[k] = servedLease{until: until, done: t.ep.Serve(until)}
+	t.served[k] = servedLease{until: until, inline: inline, done: serveOn(t.ep, until, inline)}
 }
 
 func (t *ofiTransport) servedConns() int { return 0 }
@@ -349,7 +370,7 @@ func (t *ofiTransport) replace(broken *ofi.Endpoint) error {
 	// Leases answered before go on being served, by the new endpoint.
 	for k, l := range t.served {
 		l.done()
-		t.served[k] = servedLease{until: l.until, done: ep.Serve(l.until)}
+		t.served[k] = servedLease{until: l.until, inline: l.inline, done: serveOn(ep, l.until, l.inline)}
 	}
 	return nil
 }
@@ -371,6 +392,11 @@ type ofiPeer struct {
 	// (stale), since a provider frees the peer's connection with it.
 	reading int
 	stale   []staleAddr
+	// inline: the last read from the holder that said either way
+	// (ofi.ReadResult) completed inline, on endpoint inlineOn and the
+	// holder's endpoint of that time; the next leases say so.
+	inline   bool
+	inlineOn *ofi.Endpoint
 }
 
 type staleAddr struct {
@@ -398,10 +424,35 @@ func (v *ofiPeer) answered(resp *transferpb.LeaseResponse) error {
 		return nil
 	}
 	// A holder that restarted has a new endpoint: reads under its earlier
-	// leases fail and fall back.
+	// leases fail and fall back, and how reads from it complete is not
+	// known yet.
 	v.forgetLocked()
 	v.name = bytes.Clone(resp.OfiName)
+	v.inline = false
 	return nil
+}
+
+// readsInline says whether the last read from the holder that showed
+// either way completed inline, on the endpoint in use now.
+func (v *ofiPeer) readsInline() bool {
+	ep, _ := v.t.endpoint()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.inline && v.inlineOn == ep
+}
+
+// readWas records how a read from the holder on ep completed: a read that
+// waited for progress, or failed, ends the claim; one that completed
+// inline makes it; one of a single request leaves it as it was.
+func (v *ofiPeer) readWas(ep *ofi.Endpoint, res ofi.ReadResult, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	switch {
+	case err != nil || res.Pending:
+		v.inline = false
+	case res.Inline:
+		v.inline, v.inlineOn = true, ep
+	}
 }
 
 // forgetLocked takes the peer's address out of the address vector, at
@@ -511,7 +562,9 @@ func (v *ofiPeer) read(ctx context.Context, leaseID uint64, k nicPair, segs []la
 	defer cancel()
 	for _, lr := range order {
 		ss := byReg[lr]
-		if err := ep.Read(rctx, addr, lr, ss); err != nil {
+		res, err := ep.ReadDetailed(rctx, addr, lr, ss)
+		v.readWas(ep, res, err)
+		if err != nil {
 			if why := ep.Broken(); why != nil {
 				v.t.broke(ep, why)
 			}

@@ -46,7 +46,7 @@ func (t *verbsTransport) region(reg registration, addr uint64, g *transferpb.Rdm
 	}
 }
 
-func (t *verbsTransport) answer(string, *transferpb.LeaseResponse) {}
+func (t *verbsTransport) answer(string, bool, *transferpb.LeaseResponse) {}
 
 // A NIC serves reads by itself: leases need nothing of the binding.
 func (t *verbsTransport) leaseRenewed(string, uint64, time.Duration) {}
@@ -55,6 +55,10 @@ func (t *verbsTransport) leaseEnded(string, uint64)                  {}
 func (v *verbsPeer) regionKey(g *transferpb.RdmaRegion) uint64 { return uint64(g.Rkey) }
 
 func (v *verbsPeer) answered(*transferpb.LeaseResponse) error { return nil }
+
+// readsInline is false: a verbs holder's NIC serves reads with no progress
+// of its own, and it asks nothing of readers.
+func (v *verbsPeer) readsInline() bool { return false }
 
 func (t *verbsTransport) servedConns() int {
 	t.mu.Lock()

@@ -164,7 +164,7 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		if r.rdma && n.rdma != nil && l.ID != 0 && r.rma == n.rdma.tp.kind() {
 			resp.RdmaRegions = n.rdmaRegions(l.LayoutDigests)
 			if len(resp.RdmaRegions) > 0 {
-				n.rdma.tp.answer(peer, resp)
+				n.rdma.tp.answer(peer, r.readsInline, resp)
 			}
 		}
 		return resp, nil

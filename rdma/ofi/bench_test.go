@@ -125,20 +125,39 @@ func cpuTime() time.Duration {
 // pieces (x-bare; the baseline BenchmarkImportOFI uses) and in pieces of
 // the size the binding's in-place requests have here (x-bare-req: 8 KiB
 // times the iov limit). CPU per GB counts the whole process, both
-// endpoints, as the loop's counts its one process.
+// endpoints, as the loop's counts its one process. shm-inline is shm with
+// the holder serving as an agent serves a reader whose reads complete
+// inline (ServeInline).
 //
 //	go test -run '^$' -bench ReadScattered -benchtime 20x ./rdma/ofi
 func BenchmarkReadScattered(b *testing.B) {
 	const half, piece = 32 << 20, 8 << 10
 	bare := buildBareRead(b)
+	type run struct {
+		name, prov string
+		inline     bool
+	}
+	var runs []run
 	for _, prov := range benchProviders() {
-		b.Run(prov, func(b *testing.B) {
+		runs = append(runs, run{prov, prov, false})
+		if prov == "shm" {
+			runs = append(runs, run{"shm-inline", prov, true})
+		}
+	}
+	for _, r := range runs {
+		prov := r.prov
+		b.Run(r.name, func(b *testing.B) {
 			l, err := Load(Config{Provider: prov, Node: nodeFor(prov), HostOnly: true})
 			if err != nil {
 				b.Fatalf("libfabric (make test-deps): %v", err)
 			}
 			b.Cleanup(func() { l.Close() })
-			holder, reader := openEndpoint(b, l), openIdle(b, l)
+			holder, reader := openIdle(b, l), openIdle(b, l)
+			if r.inline {
+				b.Cleanup(holder.ServeInline(time.Now().Add(time.Hour)))
+			} else {
+				b.Cleanup(holder.Serve(time.Now().Add(time.Hour)))
+			}
 			src := mapped(b, 2*half)
 			fill(src, 3)
 			srcReg := register(b, holder, src)

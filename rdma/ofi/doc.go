@@ -73,8 +73,10 @@
 // longer nothing comes, up to a cap set by what the endpoint does: 20 us
 // while a Read of its own waits on it (after 256 polls that only yield), 50 us
 // while it serves peers (Serve, which kvfabric calls for each lease it
-// answers with the endpoint, until the lease ends), 10 ms otherwise. A Read
-// that begins to wait on it, or a Serve that begins, wakes the nap at once.
+// answers with the endpoint, until the lease ends), 1 ms while it serves
+// only peers whose reads complete inline (ServeInline), 10 ms otherwise. A
+// Read that begins to wait on it, or a Serve that begins, wakes the nap at
+// once.
 // An idle endpoint costs about a hundred wake-ups a second.
 //
 // Read posts its requests (split at the provider's message size,
@@ -111,6 +113,12 @@
 // region spin lock over each copy, and the holder's poll takes that lock
 // to recycle the slots (one per request, 1,024 of them): a holder that
 // polls while a peer reads spins until the copy ends. The holder cannot
-// tell through libfabric which kind of reader it serves, so it polls as
-// often (Serve) for both.
+// tell through libfabric which kind of reader it serves; the reader can:
+// ReadDetailed says whether every request of a read completed within the
+// call that posted it (ReadResult.Inline), which shm does only by
+// cross-memory attach (its fast path: FI_MR_VIRT_ADDR, one remote iov, the
+// kernel letting the reader in). kvfabric's reader says so in its next
+// lease requests, and the holder serves those leases with ServeInline:
+// naps of up to 1 ms (a reader uses 1,024 command slots in several ms at
+// full rate), where each poll that meets a copy spins.
 package ofi

@@ -488,3 +488,21 @@ func (p ProviderInfo) DevicePlan() (DeviceReg, string) {
 	}
 	return DeviceStaged, fmt.Sprintf("%s does not register device memory (no FI_HMEM)", p.Provider)
 }
+
+// ReadResult says how a read's requests completed.
+type ReadResult struct {
+	// Requests is how many requests the read posted.
+	Requests int
+	// Pending: some request was still in flight after the call that
+	// posted it, so the read waited for the provider's progress (and over
+	// shm without cross-memory attach, or tcp, for the peer's).
+	Pending bool
+	// Inline: the read posted two requests or more, and each had completed
+	// by the poll of the completion queue that follows, in the same call
+	// into the provider and under the same lock, the batch that posted it:
+	// the provider moved the bytes within the call (shm by cross-memory
+	// attach), and the read waited for no progress of the peer's. A read
+	// of one request is never counted: a peer that polls hot might serve
+	// it between the post and the poll.
+	Inline bool
+}

@@ -88,11 +88,22 @@ func (e *Endpoint) Read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 	return errBuild
 }
 
+// ReadDetailed returns an error wrapping ErrNotSupported in this build.
+func (e *Endpoint) ReadDetailed(ctx context.Context, peer Peer, dst *Region, segs []Segment) (ReadResult, error) {
+	return ReadResult{}, errBuild
+}
+
 // Close does nothing in this build.
 func (e *Endpoint) Close() error { return nil }
 
 // Serve does nothing in this build.
 func (e *Endpoint) Serve(until time.Time) (done func()) { return func() {} }
+
+// ServeInline does nothing in this build.
+func (e *Endpoint) ServeInline(until time.Time) (done func()) { return func() {} }
+
+// MaxNap is zero in this build.
+func (e *Endpoint) MaxNap() time.Duration { return 0 }
 
 // Serving is false in this build.
 func (e *Endpoint) Serving() bool { return false }

@@ -328,7 +328,13 @@ type LeaseRequest struct {
 	// With rdma: the binding the reader reads with, empty for libibverbs,
 	// "ofi:" and the libfabric provider's name (e.g. "ofi:tcp;ofi_rxm")
 	// for libfabric. A holder answers with regions only for its own.
-	Rma           string `protobuf:"bytes,4,opt,name=rma,proto3" json:"rma,omitempty"`
+	Rma string `protobuf:"bytes,4,opt,name=rma,proto3" json:"rma,omitempty"`
+	// With rma over libfabric: the reader's reads from this holder complete
+	// within the reader's own calls (shm by cross-memory attach, seen in its
+	// last read from the holder), so serving this lease needs the holder's
+	// progress only now and then. A holder serves a lease of a reader that
+	// leaves it unset as one that needs its progress for every read.
+	ReadsInline   bool `protobuf:"varint,5,opt,name=reads_inline,json=readsInline,proto3" json:"reads_inline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -389,6 +395,13 @@ func (x *LeaseRequest) GetRma() string {
 		return x.Rma
 	}
 	return ""
+}
+
+func (x *LeaseRequest) GetReadsInline() bool {
+	if x != nil {
+		return x.ReadsInline
+	}
+	return false
 }
 
 // LeasedBlock is the lease's answer for one requested hash, in request order.
@@ -1885,13 +1898,14 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\tblock_set\x18\x02 \x01(\x04R\bblockSet\x12\x16\n" +
 	"\x06layout\x18\x03 \x01(\fR\x06layout\"N\n" +
 	"\x0fLayoutsResponse\x12;\n" +
-	"\alayouts\x18\x01 \x03(\v2!.kvfabric.transfer.v1.LayoutEntryR\alayouts\"m\n" +
+	"\alayouts\x18\x01 \x03(\v2!.kvfabric.transfer.v1.LayoutEntryR\alayouts\"\x90\x01\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x06R\x06hashes\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
 	"durationMs\x12\x12\n" +
 	"\x04rdma\x18\x03 \x01(\bR\x04rdma\x12\x10\n" +
-	"\x03rma\x18\x04 \x01(\tR\x03rma\"\xb7\x01\n" +
+	"\x03rma\x18\x04 \x01(\tR\x03rma\x12!\n" +
+	"\freads_inline\x18\x05 \x01(\bR\vreadsInline\"\xb7\x01\n" +
 	"\vLeasedBlock\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\x06R\x04hash\x12\x18\n" +
 	"\apresent\x18\x02 \x01(\bR\apresent\x12\x1b\n" +
