@@ -260,7 +260,7 @@ func (b *BlockSet) EndCopy(blk Block) error {
 // nothing needs its slot yet. The remove events of the blocks it drops go
 // to the event queue as one batch, as recycle's do: a batch each would
 // wake the pool's event loop once per block, under the set's lock, within
-// the allocation (BenchmarkTierAllocate in fabric).
+// the allocation.
 func (b *BlockSet) recycleAhead(n int) int {
 	if b.p.cfg.Offload == nil {
 		return b.recycle(n)
