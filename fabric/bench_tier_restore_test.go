@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,7 +20,12 @@ import (
 // slots, checked twice; runs of 8, as an engine acquiring prefixes would, the
 // engine's calls included), against
 // O_DIRECT reads of the same bytes in reads of one block, one at a time,
-// from a file in the same directory, in the same run. 256 blocks of 256
+// from a file in the same directory, in the same run (x-direct, into one
+// buffer read into again and again); and against the same reads 8 at a
+// time, as many as the tier reads at once, into memory of the set's
+// size, block i into the i%32th of 32 buffers as the set's 32 slots take
+// the restored blocks (x-slots: the bare reads into memory that is not
+// one buffer kept in the caches). 256 blocks of 256
 // KiB go down once; each iteration restores all of them (they go back to
 // being disk-held as later ones take their slots).
 func BenchmarkTierRestore(b *testing.B) {
@@ -79,7 +85,41 @@ func BenchmarkTierRestore(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer unix.Munmap(buf)
-	var restore, direct time.Duration
+	slotMem, err := unix.Mmap(-1, 0, 32*blockBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Munmap(slotMem)
+	// The bare reads of the same bytes, 8 at a time, into the 32 buffers.
+	intoSlots := func() time.Duration {
+		start := time.Now()
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer unix.Close(fd)
+		next := make(chan int)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range next {
+					at := i % 32 * blockBytes
+					if _, err := unix.Pread(fd, slotMem[at:at+blockBytes], int64(i*blockBytes)); err != nil {
+						b.Error(err)
+					}
+				}
+			}()
+		}
+		for i := range blocks {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
+		return time.Since(start)
+	}
+	var restore, direct, slots time.Duration
 	b.SetBytes(int64(blocks * blockBytes))
 	// Once checked byte for byte, outside the timing.
 	if got := acquireChecked(b, c, set, hashes, 1); got != blocks {
@@ -113,9 +153,12 @@ func BenchmarkTierRestore(b *testing.B) {
 		}
 		unix.Close(fd)
 		direct += time.Since(start)
+		slots += intoSlots()
 	}
 	gb := float64(b.N*blocks*blockBytes) / 1e9
 	b.ReportMetric(gb/restore.Seconds(), "restore-GB/s")
 	b.ReportMetric(gb/direct.Seconds(), "direct-GB/s")
 	b.ReportMetric(direct.Seconds()/restore.Seconds(), "x-direct")
+	b.ReportMetric(gb/slots.Seconds(), "slots-GB/s")
+	b.ReportMetric(slots.Seconds()/restore.Seconds(), "x-slots")
 }

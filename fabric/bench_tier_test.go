@@ -24,7 +24,16 @@ import (
 // allocation recycles: without a tier the old blocks are dropped, with one
 // they are copied to disk first. It reports each side's p99 of Allocate
 // (the engine's call, round trip included) and their ratio.
-func BenchmarkTierAllocate(b *testing.B) {
+func BenchmarkTierAllocate(b *testing.B) { benchAllocate(b, true) }
+
+// BenchmarkTierAllocateNoTier is BenchmarkTierAllocate with neither agent
+// given a disk tier: both sides the same, its tier/base is the spread of
+// the ratio of two p99s on this machine, which no tier can do better than.
+func BenchmarkTierAllocateNoTier(b *testing.B) { benchAllocate(b, false) }
+
+// benchAllocate is BenchmarkTierAllocate; with tier false the second
+// agent has no disk tier either.
+func benchAllocate(b *testing.B, tier bool) {
 	const blocks, batch = 1024, 8
 	model := layout.ModelConfig{Layers: 4, KVHeads: 8, HeadDim: 128, DType: layout.DTypeBF16}
 	e := client.Engine{Name: "writer", Model: model, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 128}
@@ -38,7 +47,7 @@ func BenchmarkTierAllocate(b *testing.B) {
 	root := b.TempDir()
 	for i := range sides {
 		a := startBenchAgentWith(b, root, filepath.Join(root, "ca"), fmt.Sprintf("bench%d", i), "127.0.0.1", "host=128MiB", "", func(c *fabric.Config) {
-			if i == 1 {
+			if i == 1 && tier {
 				c.Tiers = []string{"disk=" + filepath.Join(root, "tier") + ":2GiB"}
 			}
 		})
@@ -89,10 +98,10 @@ func BenchmarkTierAllocate(b *testing.B) {
 		slices.Sort(l)
 		return l[len(l)*99/100]
 	}
-	base, tier := p99(sides[0].lat), p99(sides[1].lat)
+	base, with := p99(sides[0].lat), p99(sides[1].lat)
 	b.ReportMetric(float64(base.Microseconds()), "p99-us-base")
-	b.ReportMetric(float64(tier.Microseconds()), "p99-us-tier")
-	b.ReportMetric(tier.Seconds()/base.Seconds(), "tier/base")
+	b.ReportMetric(float64(with.Microseconds()), "p99-us-tier")
+	b.ReportMetric(with.Seconds()/base.Seconds(), "tier/base")
 	if m := sides[1].agent.Metrics(); len(m.Tiers) == 1 {
 		b.ReportMetric(float64(m.Tiers[0].Offloads)/float64(b.N), "offloads/op")
 		// Blocks whose slots allocations took before their copies ended,

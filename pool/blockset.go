@@ -568,7 +568,6 @@ const recycleEvents = 8
 // recycle evicts up to n inactive leaves, least recently used first; a
 // parent left without children joins the leaves.
 func (b *BlockSet) recycle(n int) int {
-	done := 0
 	// The remove events of a small recycling (one allocation's need, as
 	// when a set recycles on need) stay on the stack.
 	var buf [recycleEvents]Event
@@ -577,6 +576,16 @@ func (b *BlockSet) recycle(n int) int {
 		removed = buf[:0]
 	}
 	defer func() { b.p.events.pushBatch(removed) }() // one batch, not a loss
+	var done int
+	done, removed = b.recycleInto(n, removed)
+	return done
+}
+
+// recycleInto is recycle with the remove events appended to removed (and
+// returned) instead of queued: for a caller that recycles in steps and
+// queues one batch for all of them.
+func (b *BlockSet) recycleInto(n int, removed []Event) (int, []Event) {
+	done := 0
 	for done < n && b.leaves > 0 {
 		i := b.oldestLeaf()
 		if b.offer(i) {
@@ -586,7 +595,7 @@ func (b *BlockSet) recycle(n int) int {
 		removed = b.drop(i, removed)
 		done++
 	}
-	return done
+	return done, removed
 }
 
 // drop recycles Registered slot i, which nothing uses or extends, and

@@ -257,11 +257,20 @@ func (b *BlockSet) EndCopy(blk Block) error {
 
 // recycleAhead is recycling ahead of need: like recycle, but it stops at
 // the first block the Offload hook refuses rather than drop it, since
-// nothing needs its slot yet.
+// nothing needs its slot yet. The remove events of the blocks it drops go
+// to the event queue as one batch, as recycle's do: a batch each would
+// wake the pool's event loop once per block, under the set's lock, within
+// the allocation.
 func (b *BlockSet) recycleAhead(n int) int {
 	if b.p.cfg.Offload == nil {
 		return b.recycle(n)
 	}
+	var buf [recycleEvents]Event
+	var removed []Event
+	if n <= recycleEvents {
+		removed = buf[:0]
+	}
+	defer func() { b.p.events.pushBatch(removed) }() // one batch, not a loss
 	done := 0
 	for done < n && b.leaves > 0 {
 		i := b.oldestLeaf()
@@ -273,7 +282,9 @@ func (b *BlockSet) recycleAhead(n int) int {
 			done++
 			continue
 		}
-		done += b.recycle(1)
+		var k int
+		k, removed = b.recycleInto(1, removed)
+		done += k
 	}
 	b.offerAhead(n)
 	return done

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -339,5 +340,86 @@ func TestOffloadInFlightBound(t *testing.T) {
 		if _, err := New(newSliceStorage(1<<20), cfg); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "OffloadInFlight") {
 			t.Fatalf("OffloadInFlight %g: %v, want ErrInvalidConfig naming it", bad, err)
 		}
+	}
+}
+
+// Recycling ahead of need with a tier below queues the remove events of
+// the blocks one allocation drops as one batch, as recycling without a
+// tier does, not a batch (and a wake-up of the event loop) per block:
+// at, below and past the events recycling keeps on the stack. Every
+// block's remove event is still queued.
+func TestRecycleAheadQueuesOneBatch(t *testing.T) {
+	const slots, held = 64, 32
+	for _, n := range []int{1, recycleEvents, recycleEvents + 1, 2*recycleEvents + 3} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			o := &offloads{room: slots}
+			var rec recorder
+			cfg := testConfig(nil, rec.sink)
+			cfg.Offload = o.hook
+			cfg.EventBuffer = 4 * slots
+			// Recycling starts below half the slots free and stops with
+			// n more free than the allocation left (n-1 past half).
+			cfg.LowWatermark, cfg.OffloadWatermark = 0.5, 0.5
+			cfg.HighWatermark = 0.5 + float64(n-1)/slots
+			p, b := newTestPool(t, cfg, testLayout(slots, 1, layout.FullyContiguous, 64))
+			blks, err := b.Allocate(slots)
+			if err != nil {
+				t.Fatal(err)
+			}
+			regs := make([]Registration, held)
+			for i := range regs {
+				regs[i] = Registration{Block: blks[i], Hash: uint64(i + 1), Below: true}
+			}
+			got, err := b.RegisterBatch(regs, 0)
+			if err != nil || len(got) != held {
+				t.Fatalf("registered %d of %d: %v", len(got), held, err)
+			}
+			for _, blk := range got {
+				if err := b.Release(blk); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, blk := range blks[held:] {
+				if err := b.Abort(blk); err != nil {
+					t.Fatal(err)
+				}
+			}
+			q := &p.events
+			q.mu.Lock()
+			before := q.batches
+			q.mu.Unlock()
+			// Half the slots free, the other half blocks already below:
+			// the allocation leaves one fewer than half free, and n of
+			// the blocks are recycled ahead (none offered, none kept).
+			if _, err := b.Allocate(1); err != nil {
+				t.Fatal(err)
+			}
+			q.mu.Lock()
+			batches := q.batches - before
+			q.mu.Unlock()
+			if len(o.taken) != 0 {
+				t.Fatalf("%d blocks already below were offered", len(o.taken))
+			}
+			if m := b.Metrics(); m.Registered != held-n {
+				t.Fatalf("%d blocks still registered, want %d: %d recycled", m.Registered, held-n, n)
+			}
+			if batches != 1 {
+				t.Fatalf("the allocation that recycled %d blocks queued %d batches of events, want 1", n, batches)
+			}
+			p.Close()
+			evs, dropped := rec.events()
+			if dropped != 0 {
+				t.Fatalf("%d events dropped", dropped)
+			}
+			removed := map[uint64]bool{}
+			for _, e := range evs {
+				if e.Kind == EventRemove {
+					removed[e.Hash] = true
+				}
+			}
+			if len(removed) != n {
+				t.Fatalf("%d remove events, want %d", len(removed), n)
+			}
+		})
 	}
 }
