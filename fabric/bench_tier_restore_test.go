@@ -2,6 +2,7 @@ package fabric_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -19,7 +20,8 @@ import (
 // blocks back from a disk tier (read with O_DIRECT straight into its
 // slots, checked twice; runs of 8, as an engine acquiring prefixes would, the
 // engine's calls included), against
-// O_DIRECT reads of the same bytes in reads of one block, one at a time,
+// O_DIRECT reads of as many bytes (random, so that no layer below serves
+// zeros for less) in reads of one block, one at a time,
 // from a file in the same directory, in the same run (x-direct, into one
 // buffer read into again and again); and against the same reads 8 at a
 // time, as many as the tier reads at once, into memory of the set's
@@ -71,15 +73,25 @@ func BenchmarkTierRestore(b *testing.B) {
 		b.Fatal(err)
 	}
 	blockBytes := int(set.Layout.Strides().Shard)
-	// The baseline's file: the same bytes, written once.
+	// The baseline's file: as many bytes, random (a file of zeros may be
+	// read for less by a virtual disk), written once.
 	path := filepath.Join(dir, "baseline")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		b.Fatal(err)
 	}
-	f.Write(make([]byte, blocks*blockBytes))
-	f.Sync()
-	f.Close()
+	content := make([]byte, blocks*blockBytes)
+	rand.NewChaCha8([32]byte{1}).Read(content)
+	_, werr := f.Write(content)
+	if serr := f.Sync(); werr == nil {
+		werr = serr
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		b.Fatalf("the baseline's file: %v", werr)
+	}
 	buf, err := unix.Mmap(-1, 0, blockBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		b.Fatal(err)
