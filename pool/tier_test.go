@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -411,14 +412,27 @@ func TestRecycleAheadQueuesOneBatch(t *testing.T) {
 			if dropped != 0 {
 				t.Fatalf("%d events dropped", dropped)
 			}
-			removed := map[uint64]bool{}
-			for _, e := range evs {
-				if e.Kind == EventRemove {
-					removed[e.Hash] = true
+			// One remove event for each of the sequence's last n
+			// blocks (leaves first: hashes held-n+1..held), each once,
+			// after every store event.
+			var removes []uint64
+			for i, e := range evs {
+				switch e.Kind {
+				case EventRemove:
+					removes = append(removes, e.Hash)
+				case EventStore:
+					if len(removes) > 0 {
+						t.Fatalf("store event %d (hash %d) after a remove event", i, e.Hash)
+					}
 				}
 			}
-			if len(removed) != n {
-				t.Fatalf("%d remove events, want %d", len(removed), n)
+			slices.Sort(removes)
+			want := make([]uint64, n)
+			for i := range want {
+				want[i] = uint64(held - n + i + 1)
+			}
+			if !slices.Equal(removes, want) {
+				t.Fatalf("remove events for hashes %v, want %v", removes, want)
 			}
 		})
 	}
