@@ -190,9 +190,22 @@ type request struct {
 	laneTokens int           // lane tokens asked for
 	index      []byte        // an index call's payload
 
-	// readsInline: a lease's reader says its reads over libfabric complete
-	// without the holder's progress (LeaseRequest.reads_inline).
-	readsInline bool
+	// inlineAt: a lease's or renewal's reader says its reads over
+	// libfabric from the holder's endpoint of this name complete without
+	// the holder's progress (LeaseRequest.reads_inline_at).
+	inlineAt []byte
+}
+
+// maxInlineAt is the longest endpoint name a claim of inline reads names
+// (ofi.MaxNameLen, which the reader's binding refuses past).
+const maxInlineAt = 256
+
+// inlineAt validates the endpoint name a claim of inline reads carries.
+func inlineAt(method string, name []byte) ([]byte, error) {
+	if len(name) > maxInlineAt {
+		return nil, invalid("%s: reads_inline_at of %d bytes, at most %d", method, len(name), maxInlineAt)
+	}
+	return name, nil
 }
 
 func durationMS(ms uint64) (time.Duration, error) {
@@ -265,7 +278,9 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 			return nil, invalid("lease: rma binding name of %d bytes, at most %d", len(pb.Rma), maxRMAKind)
 		}
 		r.rma = pb.Rma
-		r.readsInline = pb.ReadsInline
+		if r.inlineAt, err = inlineAt("lease", pb.ReadsInlineAt); err != nil {
+			return nil, err
+		}
 	case methodRdmaConnect:
 		var pb transferpb.RdmaConnectRequest
 		if err := unmarshal(payload, &pb); err != nil {
@@ -310,6 +325,9 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 			return nil, err
 		}
 		r.leaseID, r.duration = pb.LeaseId, d
+		if r.inlineAt, err = inlineAt("renew", pb.ReadsInlineAt); err != nil {
+			return nil, err
+		}
 	case methodRelease:
 		var pb transferpb.ReleaseRequest
 		if err := unmarshal(payload, &pb); err != nil {

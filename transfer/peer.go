@@ -344,7 +344,7 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 	req := &transferpb.LeaseRequest{Hashes: hashes, DurationMs: uint64(d / time.Millisecond), Rdma: asked}
 	if asked {
 		req.Rma = p.n.rdma.tp.kind()
-		req.ReadsInline = p.rdma.tp.readsInline()
+		req.ReadsInlineAt = p.rdma.tp.readsInline()
 	}
 	if err := p.call(ctx, methodLease, req, &resp); err != nil {
 		return Lease{}, err
@@ -406,7 +406,12 @@ const layoutDigestLen = len(layout.Digest{})
 // caps a lease); zero means the lease was no longer live.
 func (p *Peer) Renew(ctx context.Context, leaseID uint64, d time.Duration) (time.Duration, error) {
 	var resp transferpb.RenewResponse
-	if err := p.call(ctx, methodRenew, &transferpb.RenewRequest{LeaseId: leaseID, DurationMs: uint64(d / time.Millisecond)}, &resp); err != nil {
+	req := &transferpb.RenewRequest{LeaseId: leaseID, DurationMs: uint64(d / time.Millisecond)}
+	if p.rdma != nil {
+		// Said again: reads that stopped completing inline withdraw it.
+		req.ReadsInlineAt = p.rdma.tp.readsInline()
+	}
+	if err := p.call(ctx, methodRenew, req, &resp); err != nil {
 		return 0, err
 	}
 	switch {

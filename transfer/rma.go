@@ -29,12 +29,13 @@ type rmaTransport interface {
 	region(reg registration, addr uint64, g *transferpb.RdmaRegion)
 	// answer adds what else a reader needs to a lease answer to peer that
 	// carries regions: the lease is then served until it ends
-	// (leaseEnded, dropServed) or its term passes. inline is the lease
-	// request's reads_inline: the reader's reads complete without this
-	// node's progress.
-	answer(peer string, inline bool, resp *transferpb.LeaseResponse)
-	// leaseRenewed says a lease answer served to peer was renewed for d.
-	leaseRenewed(peer string, leaseID uint64, d time.Duration)
+	// (leaseEnded, dropServed) or its term passes. inlineAt is the lease
+	// request's reads_inline_at: the endpoint name of this node's that the
+	// reader's reads completed without this node's progress against.
+	answer(peer string, inlineAt []byte, resp *transferpb.LeaseResponse)
+	// leaseRenewed says a lease answer served to peer was renewed for d,
+	// with the renewal's reads_inline_at.
+	leaseRenewed(peer string, leaseID uint64, d time.Duration, inlineAt []byte)
 	// leaseEnded says peer released a lease.
 	leaseEnded(peer string, leaseID uint64)
 	// servedConns counts the connections peers read from this node on.
@@ -59,10 +60,11 @@ type rmaPeer interface {
 	// answered takes what else a lease answer with regions carried; an
 	// error means the answer is malformed.
 	answered(resp *transferpb.LeaseResponse) error
-	// readsInline says whether the last reads from the peer completed
-	// within this node's own calls, needing none of the holder's progress
-	// (LeaseRequest.reads_inline).
-	readsInline() bool
+	// readsInline is the holder's endpoint name that the last reads from
+	// the peer completed within this node's own calls against, needing none
+	// of the holder's progress (LeaseRequest.reads_inline_at); nil if they
+	// did not, or not on the endpoint in use now.
+	readsInline() []byte
 	read(ctx context.Context, leaseID uint64, k nicPair, segs []layout.Segment, n uint64, regions []remoteRegion, dst []Span, locals []registration) groupRead
 	// close releases the connections to the peer (those in use when their
 	// read ends); reads waiting for one end with ErrClosed.

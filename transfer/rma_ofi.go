@@ -135,19 +135,31 @@ func (t *ofiTransport) region(reg registration, addr uint64, g *transferpb.RdmaR
 // ofi.Endpoint.ServeInline, which polls every millisecond or so while no
 // other lease needs more. The claim is the reader's to make: a wrong one
 // slows only its own reads under the lease (shm without cross-memory
-// attach: a read of up to its inject size per poll), since any lease
-// served with Serve sets the pace for all.
-func (t *ofiTransport) answer(peer string, inline bool, resp *transferpb.LeaseResponse) {
+// attach: about one request per poll), since any lease served with Serve
+// sets the pace for all; and it is honoured only where it can be true:
+// it names this node's endpoint of now (not one before a restart or a
+// replacement), over shm (the one provider that completes reads within
+// the reader's calls).
+func (t *ofiTransport) answer(peer string, inlineAt []byte, resp *transferpb.LeaseResponse) {
 	ep, _ := t.endpoint()
 	if ep.Broken() != nil {
 		return
 	}
 	resp.OfiName = ep.Name()
-	t.serve(leaseKey{peer, resp.LeaseId}, time.Duration(resp.DurationMs)*time.Millisecond, false, inline)
+	t.serve(leaseKey{peer, resp.LeaseId}, time.Duration(resp.DurationMs)*time.Millisecond, false, inlineClaim(ep, inlineAt))
 }
 
-func (t *ofiTransport) leaseRenewed(peer string, id uint64, d time.Duration) {
-	t.serve(leaseKey{peer, id}, d, true, false)
+// inlineClaim says whether a reader's claim of inline reads against the
+// endpoint named inlineAt holds for ep.
+func inlineClaim(ep *ofi.Endpoint, inlineAt []byte) bool {
+	return len(inlineAt) > 0 && ep.Info().Provider == "shm" && bytes.Equal(inlineAt, ep.Name())
+}
+
+// leaseRenewed serves a renewed lease on, inline only if the renewal says
+// so again: a reader whose reads stopped completing inline withdraws it.
+func (t *ofiTransport) leaseRenewed(peer string, id uint64, d time.Duration, inlineAt []byte) {
+	ep, _ := t.endpoint()
+	t.serve(leaseKey{peer, id}, d, true, inlineClaim(ep, inlineAt))
 }
 
 func (t *ofiTransport) leaseEnded(peer string, id uint64) {
@@ -183,8 +195,8 @@ func serveOn(ep *ofi.Endpoint, until time.Time, inline bool) func() {
 }
 
 // serve makes the endpoint serve lease k for d from now: a lease answered
-// with the endpoint (inline: its reader said its reads complete inline),
-// or, with renew, one renewed that it serves, as before.
+// with the endpoint, or, with renew, one renewed that it serves (inline:
+// its reader says its reads complete inline).
 func (t *ofiTransport) serve(k leaseKey, d time.Duration, renew, inline bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -201,9 +213,6 @@ func (t *ofiTransport) serve(k leaseKey, d time.Duration, renew, inline bool) {
 	}
 	if ok {
 		old.done()
-	}
-	if renew {
-		inline = old.inline
 	}
 	until := now.Add(d)
 	t.served[k] = servedLease{until: until, inline: inline, done: serveOn(t.ep, until, inline)}
@@ -393,10 +402,12 @@ type ofiPeer struct {
 	reading int
 	stale   []staleAddr
 	// inline: the last read from the holder that said either way
-	// (ofi.ReadResult) completed inline, on endpoint inlineOn and the
-	// holder's endpoint of that time; the next leases say so.
+	// (ofi.ReadResult) completed inline, on endpoint inlineOn against the
+	// holder's endpoint named inlineAt; the next leases and renewals say
+	// so, naming it.
 	inline   bool
 	inlineOn *ofi.Endpoint
+	inlineAt []byte
 }
 
 type staleAddr struct {
@@ -432,26 +443,31 @@ func (v *ofiPeer) answered(resp *transferpb.LeaseResponse) error {
 	return nil
 }
 
-// readsInline says whether the last read from the holder that showed
-// either way completed inline, on the endpoint in use now.
-func (v *ofiPeer) readsInline() bool {
+// readsInline is the holder's endpoint name that the last read from the
+// holder that showed either way completed inline against, if it did, on
+// the endpoint in use now.
+func (v *ofiPeer) readsInline() []byte {
 	ep, _ := v.t.endpoint()
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.inline && v.inlineOn == ep
+	if !v.inline || v.inlineOn != ep {
+		return nil
+	}
+	return v.inlineAt
 }
 
-// readWas records how a read from the holder on ep completed: a read that
-// waited for progress, or failed, ends the claim; one that completed
-// inline makes it; one of a single request leaves it as it was.
-func (v *ofiPeer) readWas(ep *ofi.Endpoint, res ofi.ReadResult, err error) {
+// readWas records how a read on ep from the holder's endpoint named name
+// completed: a read that waited for progress, or failed, ends the claim;
+// one that completed inline makes it; one of a single request leaves it as
+// it was.
+func (v *ofiPeer) readWas(ep *ofi.Endpoint, name []byte, res ofi.ReadResult, err error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	switch {
 	case err != nil || res.Pending:
 		v.inline = false
 	case res.Inline:
-		v.inline, v.inlineOn = true, ep
+		v.inline, v.inlineOn, v.inlineAt = true, ep, name
 	}
 }
 
@@ -484,8 +500,8 @@ func (v *ofiPeer) done() {
 
 // peerAddr inserts the holder's endpoint name into the address vector,
 // once, and begins a read to it: the caller calls done when the read has
-// ended.
-func (v *ofiPeer) peerAddr(ep *ofi.Endpoint) (ofi.Peer, error) {
+// ended. It returns the address and the name it is of.
+func (v *ofiPeer) peerAddr(ep *ofi.Endpoint) (ofi.Peer, []byte, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.added && v.ep != ep {
@@ -494,20 +510,20 @@ func (v *ofiPeer) peerAddr(ep *ofi.Endpoint) (ofi.Peer, error) {
 	}
 	switch {
 	case v.closed:
-		return ofi.Peer{}, fmt.Errorf("transfer: peer %s: %w", v.p.name, ErrClosed)
+		return ofi.Peer{}, nil, fmt.Errorf("transfer: peer %s: %w", v.p.name, ErrClosed)
 	case v.added:
 		v.reading++
-		return v.addr, nil
+		return v.addr, v.name, nil
 	case len(v.name) == 0:
-		return ofi.Peer{}, fmt.Errorf("transfer: peer %s gave no libfabric endpoint name", v.p.name)
+		return ofi.Peer{}, nil, fmt.Errorf("transfer: peer %s gave no libfabric endpoint name", v.p.name)
 	}
 	a, err := ep.AddPeer(v.name)
 	if err != nil {
-		return ofi.Peer{}, err
+		return ofi.Peer{}, nil, err
 	}
 	v.ep, v.addr, v.added = ep, a, true
 	v.reading++
-	return a, nil
+	return a, v.name, nil
 }
 
 func (v *ofiPeer) read(ctx context.Context, leaseID uint64, k nicPair, segs []layout.Segment, n uint64, regions []remoteRegion, dst []Span, locals []registration) groupRead {
@@ -517,7 +533,7 @@ func (v *ofiPeer) read(ctx context.Context, leaseID uint64, k nicPair, segs []la
 		// Being replaced: the reads that broke it started that.
 		return groupRead{fallback: FallbackConnectFailed}
 	}
-	addr, err := v.peerAddr(ep)
+	addr, name, err := v.peerAddr(ep)
 	if err != nil {
 		if errors.Is(err, ErrClosed) {
 			return groupRead{err: err}
@@ -563,7 +579,7 @@ func (v *ofiPeer) read(ctx context.Context, leaseID uint64, k nicPair, segs []la
 	for _, lr := range order {
 		ss := byReg[lr]
 		res, err := ep.ReadDetailed(rctx, addr, lr, ss)
-		v.readWas(ep, res, err)
+		v.readWas(ep, name, res, err)
 		if err != nil {
 			if why := ep.Broken(); why != nil {
 				v.t.broke(ep, why)

@@ -3,8 +3,10 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -31,10 +33,12 @@ func crossMemoryAttach() error {
 // A reader over shm host-only says in its lease requests that its reads
 // complete inline once a read from the holder has shown it, and the holder
 // serves such a lease with ServeInline (naps of a millisecond), through a
-// renewal; a lease of a reader that does not say so (one asked for before
-// any read, or by a reader that predates the field) is served with
-// Serve, whose short naps hold while it is live, whatever else is served.
-// Every read's bytes are checked.
+// renewal that says so again; a lease of a reader that does not say so
+// (one asked for before any read, or by a reader that predates the field),
+// a renewal that no longer says so, and a claim naming an endpoint the
+// holder no longer has (a restart) are served with Serve, whose short naps
+// hold while it is live, whatever else is served. Every read's bytes are
+// checked.
 func TestOFILeaseSaysReadsInline(t *testing.T) {
 	if err := crossMemoryAttach(); err != nil {
 		t.Skipf("shm without cross-memory attach (process_vm_readv: %v): reads need the holder", err)
@@ -72,7 +76,7 @@ func TestOFILeaseSaysReadsInline(t *testing.T) {
 		p.checkBytes(t)
 	}
 
-	if reader.readsInline() {
+	if reader.readsInline() != nil {
 		t.Fatal("reads inline before any read")
 	}
 	first, err := p.peer.Lease(ctx, []uint64{2}, time.Minute)
@@ -84,8 +88,8 @@ func TestOFILeaseSaysReadsInline(t *testing.T) {
 	}
 	wantNap("a lease asked for before any read", 50*time.Microsecond)
 	read(first.ID)
-	if !reader.readsInline() {
-		t.Fatal("a read by cross-memory attach left the reader not saying it reads inline")
+	if at := reader.readsInline(); !bytes.Equal(at, ep.Name()) {
+		t.Fatalf("a read by cross-memory attach left the reader saying it reads inline against %q, want the holder's endpoint", at)
 	}
 	if _, err := p.peer.Release(ctx, first.ID); err != nil {
 		t.Fatal(err)
@@ -107,14 +111,27 @@ func TestOFILeaseSaysReadsInline(t *testing.T) {
 	}
 	read(second.ID)
 
-	// Another reader's lease that predates reads_inline, beside it (the
+	// Another reader's lease that predates reads_inline_at, beside it (the
 	// test's handler gives every lease one ID: the holder is told of it
-	// directly).
-	tp.answer("older", false, &transferpb.LeaseResponse{LeaseId: 1, DurationMs: 60_000})
-	wantNap("an older reader's lease beside one read inline", 50*time.Microsecond)
+	// directly), and one whose claim names an endpoint the holder had
+	// before a restart.
+	for _, c := range []struct {
+		peer string
+		at   []byte
+	}{{"older", nil}, {"restarted", []byte("an endpoint of the holder's before it restarted")}} {
+		tp.answer(c.peer, c.at, &transferpb.LeaseResponse{LeaseId: 1, DurationMs: 60_000})
+		wantNap(c.peer+" reader's lease beside one read inline", 50*time.Microsecond)
+		read(second.ID)
+		tp.leaseEnded(c.peer, 1)
+		wantNap(c.peer+" reader's lease ended", time.Millisecond)
+	}
+	// A renewal that no longer says so: served with Serve from then on.
+	tp.leaseRenewed(p.reader.cfg.NodeName, second.ID, time.Minute, nil)
+	if served(second.ID).inline {
+		t.Fatal("a lease renewed without the claim is still served inline")
+	}
+	wantNap("a lease renewed without the claim", 50*time.Microsecond)
 	read(second.ID)
-	tp.leaseEnded("older", 1)
-	wantNap("the older reader's lease ended", time.Millisecond)
 	if _, err := p.peer.Release(ctx, second.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -141,69 +158,123 @@ func TestOFILeaseSaysReadsInline(t *testing.T) {
 }
 
 // A reader's claim follows its reads from the holder: a read that
-// completed inline makes it, one that waited for progress or failed ends
-// it, one of a single request leaves it as it was; it holds only on the
-// endpoint the read was on, and not past a new endpoint name of the
-// holder's.
+// completed inline makes it, naming the holder's endpoint the read was
+// from; one that waited for progress or failed ends it; one of a single
+// request leaves it as it was. It holds only on the endpoint the read was
+// on; an answer with the same endpoint name keeps it, one with a new name
+// ends it before any read from that endpoint.
 func TestOFIReadsInlineFollowsReads(t *testing.T) {
 	ep := openOFI(t, "shm")
 	other := openOFI(t, "shm")
 	n := &Node{}
 	tp := newOFITransport(n, ep)
 	v := &ofiPeer{t: tp, p: &Peer{n: n, name: "holder"}}
+	if err := v.answered(&transferpb.LeaseResponse{OfiName: []byte("the holder's name")}); err != nil {
+		t.Fatal(err)
+	}
+	holder, before := []byte("the holder's name"), []byte("the holder's name before")
 	inline := ofi.ReadResult{Requests: 64, Inline: true}
 	steps := []struct {
 		name string
 		ep   *ofi.Endpoint
+		from []byte
 		res  ofi.ReadResult
 		err  error
-		want bool
+		want []byte
 	}{
-		{"inline", ep, inline, nil, true},
-		{"one request", ep, ofi.ReadResult{Requests: 1}, nil, true},
-		{"waited for progress", ep, ofi.ReadResult{Requests: 64, Pending: true}, nil, false},
-		{"inline again", ep, inline, nil, true},
-		{"failed", ep, ofi.ReadResult{Requests: 3}, errors.New("completion error"), false},
-		{"inline on another endpoint", other, inline, nil, false},
-		{"inline on this one", ep, inline, nil, true},
+		{"inline", ep, holder, inline, nil, holder},
+		{"one request", ep, holder, ofi.ReadResult{Requests: 1}, nil, holder},
+		{"waited for progress", ep, holder, ofi.ReadResult{Requests: 64, Pending: true}, nil, nil},
+		{"inline again", ep, holder, inline, nil, holder},
+		{"failed", ep, holder, ofi.ReadResult{Requests: 3}, errors.New("completion error"), nil},
+		{"inline on another endpoint", other, holder, inline, nil, nil},
+		{"inline on this one", ep, holder, inline, nil, holder},
+		{"inline from the holder's endpoint before", ep, before, inline, nil, before},
+		{"inline from the holder's endpoint now", ep, holder, inline, nil, holder},
 	}
 	for _, s := range steps {
-		v.readWas(s.ep, s.res, s.err)
-		if got := v.readsInline(); got != s.want {
-			t.Fatalf("after a read %s: reads inline %v, want %v", s.name, got, s.want)
+		v.readWas(s.ep, s.from, s.res, s.err)
+		if got := v.readsInline(); !bytes.Equal(got, s.want) {
+			t.Fatalf("after a read %s: reads inline against %q, want %q", s.name, got, s.want)
 		}
+	}
+	if err := v.answered(&transferpb.LeaseResponse{OfiName: holder}); err != nil {
+		t.Fatal(err)
+	}
+	if got := v.readsInline(); !bytes.Equal(got, holder) {
+		t.Fatalf("an answer with the same endpoint name: reads inline against %q, want %q", got, holder)
 	}
 	if err := v.answered(&transferpb.LeaseResponse{OfiName: []byte("a new name")}); err != nil {
 		t.Fatal(err)
 	}
-	if v.readsInline() {
-		t.Fatal("reads inline from a holder whose endpoint name changed, before any read from it")
+	if got := v.readsInline(); got != nil {
+		t.Fatalf("reads inline against %q from a holder whose endpoint name changed, before any read from it", got)
 	}
 }
 
-// A lease request's reads_inline reaches the holder as sent, and one that
-// leaves it out (an older reader's) decodes as false.
-func TestLeaseRequestReadsInlineDecodes(t *testing.T) {
+// A holder honours a claim of inline reads only where it can be true:
+// naming its endpoint of now, over shm; not a claim naming another
+// endpoint, an empty one, or any claim over tcp, whose reads always need
+// the holder's progress.
+func TestInlineClaimHonouredOnlyWhereTrue(t *testing.T) {
+	shm, tcp := openOFI(t, "shm"), openOFI(t, "tcp")
 	for _, c := range []struct {
 		name string
-		req  *transferpb.LeaseRequest
+		ep   *ofi.Endpoint
+		at   []byte
 		want bool
 	}{
-		{"set", &transferpb.LeaseRequest{Hashes: []uint64{1}, DurationMs: 1000, Rdma: true, Rma: "ofi:shm", ReadsInline: true}, true},
-		{"unset", &transferpb.LeaseRequest{Hashes: []uint64{1}, DurationMs: 1000, Rdma: true, Rma: "ofi:shm"}, false},
+		{"shm, its own name", shm, shm.Name(), true},
+		{"shm, no claim", shm, nil, false},
+		{"shm, another endpoint's name", shm, tcp.Name(), false},
+		{"shm, its name cut short", shm, shm.Name()[:len(shm.Name())-1], false},
+		{"tcp, its own name", tcp, tcp.Name(), false},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			payload, err := proto.Marshal(c.req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := decodeRequest(methodLease, payload, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.readsInline != c.want || r.rma != "ofi:shm" || !r.rdma {
-				t.Fatalf("decoded reads_inline %v, rma %q, rdma %v; want %v, ofi:shm, true", r.readsInline, r.rma, r.rdma, c.want)
-			}
-		})
+		if got := inlineClaim(c.ep, c.at); got != c.want {
+			t.Errorf("%s: honoured %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// A lease or renewal request's reads_inline_at reaches the holder as sent,
+// up to maxInlineAt bytes; one that leaves it out (an older reader's)
+// decodes as empty; one past the limit is refused.
+func TestReadsInlineAtDecodes(t *testing.T) {
+	name := bytes.Repeat([]byte{7}, maxInlineAt)
+	for _, c := range []struct {
+		name string
+		at   []byte
+		ok   bool
+	}{
+		{"set", []byte("the holder's endpoint"), true},
+		{"unset", nil, true},
+		{"at the limit", name, true},
+		{"past the limit", append(name, 7), false},
+	} {
+		for _, m := range []method{methodLease, methodRenew} {
+			t.Run(fmt.Sprintf("%s/%s", c.name, m), func(t *testing.T) {
+				var msg proto.Message = &transferpb.LeaseRequest{Hashes: []uint64{1}, DurationMs: 1000, Rdma: true, Rma: "ofi:shm", ReadsInlineAt: c.at}
+				if m == methodRenew {
+					msg = &transferpb.RenewRequest{LeaseId: 3, DurationMs: 1000, ReadsInlineAt: c.at}
+				}
+				payload, err := proto.Marshal(msg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := decodeRequest(m, payload, 0)
+				if !c.ok {
+					if err == nil || !errors.Is(err, ErrInvalidRequest) {
+						t.Fatalf("a claim of %d bytes: %v, want ErrInvalid", len(c.at), err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(r.inlineAt, c.at) {
+					t.Fatalf("decoded reads_inline_at %q, want %q", r.inlineAt, c.at)
+				}
+			})
+		}
 	}
 }

@@ -46,10 +46,10 @@ func (t *verbsTransport) region(reg registration, addr uint64, g *transferpb.Rdm
 	}
 }
 
-func (t *verbsTransport) answer(string, bool, *transferpb.LeaseResponse) {}
+func (t *verbsTransport) answer(string, []byte, *transferpb.LeaseResponse) {}
 
 // A NIC serves reads by itself: leases need nothing of the binding.
-func (t *verbsTransport) leaseRenewed(string, uint64, time.Duration) {}
+func (t *verbsTransport) leaseRenewed(string, uint64, time.Duration, []byte) {}
 func (t *verbsTransport) leaseEnded(string, uint64)                  {}
 
 func (v *verbsPeer) regionKey(g *transferpb.RdmaRegion) uint64 { return uint64(g.Rkey) }
@@ -58,7 +58,7 @@ func (v *verbsPeer) answered(*transferpb.LeaseResponse) error { return nil }
 
 // readsInline is false: a verbs holder's NIC serves reads with no progress
 // of its own, and it asks nothing of readers.
-func (v *verbsPeer) readsInline() bool { return false }
+func (v *verbsPeer) readsInline() []byte { return nil }
 
 func (t *verbsTransport) servedConns() int {
 	t.mu.Lock()

@@ -164,7 +164,7 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		if r.rdma && n.rdma != nil && l.ID != 0 && r.rma == n.rdma.tp.kind() {
 			resp.RdmaRegions = n.rdmaRegions(l.LayoutDigests)
 			if len(resp.RdmaRegions) > 0 {
-				n.rdma.tp.answer(peer, r.readsInline, resp)
+				n.rdma.tp.answer(peer, r.inlineAt, resp)
 			}
 		}
 		return resp, nil
@@ -183,7 +183,7 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 		// for that and the reader renews again within it.
 		d = grantedTerm(r.duration, d)
 		if d > 0 && n.rdma != nil {
-			n.rdma.tp.leaseRenewed(peer, r.leaseID, d)
+			n.rdma.tp.leaseRenewed(peer, r.leaseID, d, r.inlineAt)
 		}
 		return &transferpb.RenewResponse{Valid: d > 0, DurationMs: uint64(d / time.Millisecond)}, nil
 	case methodRelease:

@@ -67,6 +67,17 @@ func TestReadDetailedInline(t *testing.T) {
 				t.Fatalf("libfabric (make test-deps): %v", err)
 			}
 			t.Cleanup(func() { l.Close() })
+			if !c.hostOnly {
+				// Without FI_HMEM the endpoint opens host-only, and
+				// its reads complete inline: not the case under test.
+				offered, err := l.Providers()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p, err := Choose(offered, c.prov); err != nil || !p.HMEM {
+					t.Skipf("%s without FI_HMEM here (%+v, %v)", c.prov, p, err)
+				}
+			}
 			holder, reader := openEndpoint(t, l), openIdle(t, l)
 			res, err := readShape(t, holder, reader, 256, 3)
 			if err != nil {

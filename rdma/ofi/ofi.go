@@ -497,12 +497,13 @@ type ReadResult struct {
 	// posted it, so the read waited for the provider's progress (and over
 	// shm without cross-memory attach, or tcp, for the peer's).
 	Pending bool
-	// Inline: the read posted two requests or more, and each had completed
-	// by the poll of the completion queue that follows, in the same call
-	// into the provider and under the same lock, the batch that posted it:
-	// the provider moved the bytes within the call (shm by cross-memory
-	// attach), and the read waited for no progress of the peer's. A read
-	// of one request is never counted: a peer that polls hot might serve
-	// it between the post and the poll.
+	// Inline: the read posted two requests or more, and none was still in
+	// flight once the call that posted it had polled the completion queue
+	// (nearly always that call's own poll, under the lock that posted the
+	// batch; rarely another poll of the endpoint's, taken in the moment
+	// after): the provider moved the bytes within the call (shm by
+	// cross-memory attach), and the read waited for no progress of the
+	// peer's. A read of one request is never counted: a peer that polls
+	// hot might serve it between the post and the poll.
 	Inline bool
 }

@@ -1682,7 +1682,7 @@ func (e *Endpoint) read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 				return e.abandon(ctx, r, inFlight, first)
 			}
 		default:
-			first = fmt.Errorf("ofi: %s: posting a read of %d bytes: %w", e.info.Provider, reqs[i].bytes(), e.lib.fiError(C.int(rc)))
+			first = cmpErr(first, fmt.Errorf("ofi: %s: posting a read of %d bytes: %w", e.info.Provider, reqs[i].bytes(), e.lib.fiError(C.int(rc))))
 		}
 	}
 	for inFlight > 0 {

@@ -329,12 +329,14 @@ type LeaseRequest struct {
 	// "ofi:" and the libfabric provider's name (e.g. "ofi:tcp;ofi_rxm")
 	// for libfabric. A holder answers with regions only for its own.
 	Rma string `protobuf:"bytes,4,opt,name=rma,proto3" json:"rma,omitempty"`
-	// With rma over libfabric: the reader's reads from this holder complete
-	// within the reader's own calls (shm by cross-memory attach, seen in its
-	// last read from the holder), so serving this lease needs the holder's
-	// progress only now and then. A holder serves a lease of a reader that
-	// leaves it unset as one that needs its progress for every read.
-	ReadsInline   bool `protobuf:"varint,5,opt,name=reads_inline,json=readsInline,proto3" json:"reads_inline,omitempty"`
+	// With rma over libfabric: the holder's endpoint name that the reader's
+	// reads completed within the reader's own calls against (shm by
+	// cross-memory attach, seen in its last read of two or more requests
+	// from the holder), so serving this lease needs the holder's progress
+	// only now and then. A holder honours it only if it names its endpoint
+	// of now, and serves a lease of a reader that leaves it empty as one that
+	// needs its progress for every read.
+	ReadsInlineAt []byte `protobuf:"bytes,6,opt,name=reads_inline_at,json=readsInlineAt,proto3" json:"reads_inline_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -397,11 +399,11 @@ func (x *LeaseRequest) GetRma() string {
 	return ""
 }
 
-func (x *LeaseRequest) GetReadsInline() bool {
+func (x *LeaseRequest) GetReadsInlineAt() []byte {
 	if x != nil {
-		return x.ReadsInline
+		return x.ReadsInlineAt
 	}
-	return false
+	return nil
 }
 
 // LeasedBlock is the lease's answer for one requested hash, in request order.
@@ -713,9 +715,13 @@ func (x *RdmaRegion) GetKey() uint64 {
 
 // RenewRequest extends a lease.
 type RenewRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId       uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	DurationMs    uint64                 `protobuf:"varint,2,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId    uint64                 `protobuf:"varint,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	DurationMs uint64                 `protobuf:"varint,2,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// As LeaseRequest.reads_inline_at, said again at each renewal: a reader
+	// whose reads stopped completing inline withdraws the claim for the rest
+	// of the lease by leaving it empty.
+	ReadsInlineAt []byte `protobuf:"bytes,3,opt,name=reads_inline_at,json=readsInlineAt,proto3" json:"reads_inline_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -762,6 +768,13 @@ func (x *RenewRequest) GetDurationMs() uint64 {
 		return x.DurationMs
 	}
 	return 0
+}
+
+func (x *RenewRequest) GetReadsInlineAt() []byte {
+	if x != nil {
+		return x.ReadsInlineAt
+	}
+	return nil
 }
 
 // RenewResponse says whether the lease was still live and was extended.
@@ -1898,14 +1911,14 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\tblock_set\x18\x02 \x01(\x04R\bblockSet\x12\x16\n" +
 	"\x06layout\x18\x03 \x01(\fR\x06layout\"N\n" +
 	"\x0fLayoutsResponse\x12;\n" +
-	"\alayouts\x18\x01 \x03(\v2!.kvfabric.transfer.v1.LayoutEntryR\alayouts\"\x90\x01\n" +
+	"\alayouts\x18\x01 \x03(\v2!.kvfabric.transfer.v1.LayoutEntryR\alayouts\"\xa9\x01\n" +
 	"\fLeaseRequest\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x06R\x06hashes\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
 	"durationMs\x12\x12\n" +
 	"\x04rdma\x18\x03 \x01(\bR\x04rdma\x12\x10\n" +
-	"\x03rma\x18\x04 \x01(\tR\x03rma\x12!\n" +
-	"\freads_inline\x18\x05 \x01(\bR\vreadsInline\"\xb7\x01\n" +
+	"\x03rma\x18\x04 \x01(\tR\x03rma\x12&\n" +
+	"\x0freads_inline_at\x18\x06 \x01(\fR\rreadsInlineAtJ\x04\b\x05\x10\x06R\freads_inline\"\xb7\x01\n" +
 	"\vLeasedBlock\x12\x12\n" +
 	"\x04hash\x18\x01 \x01(\x06R\x04hash\x12\x18\n" +
 	"\apresent\x18\x02 \x01(\bR\apresent\x12\x1b\n" +
@@ -1936,11 +1949,12 @@ const file_transfer_transferpb_transfer_proto_rawDesc = "" +
 	"\x06length\x18\x04 \x01(\x04R\x06length\x12\x12\n" +
 	"\x04rkey\x18\x05 \x01(\rR\x04rkey\x12\x10\n" +
 	"\x03nic\x18\x06 \x01(\rR\x03nic\x12\x10\n" +
-	"\x03key\x18\a \x01(\x06R\x03key\"J\n" +
+	"\x03key\x18\a \x01(\x06R\x03key\"r\n" +
 	"\fRenewRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\x04R\aleaseId\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
-	"durationMs\"F\n" +
+	"durationMs\x12&\n" +
+	"\x0freads_inline_at\x18\x03 \x01(\fR\rreadsInlineAt\"F\n" +
 	"\rRenewResponse\x12\x14\n" +
 	"\x05valid\x18\x01 \x01(\bR\x05valid\x12\x1f\n" +
 	"\vduration_ms\x18\x02 \x01(\x04R\n" +
