@@ -50,7 +50,7 @@ func (t *verbsTransport) answer(string, []byte, *transferpb.LeaseResponse) {}
 
 // A NIC serves reads by itself: leases need nothing of the binding.
 func (t *verbsTransport) leaseRenewed(string, uint64, time.Duration, []byte) {}
-func (t *verbsTransport) leaseEnded(string, uint64)                  {}
+func (t *verbsTransport) leaseEnded(string, uint64)                          {}
 
 func (v *verbsPeer) regionKey(g *transferpb.RdmaRegion) uint64 { return uint64(g.Rkey) }
 
