@@ -682,12 +682,18 @@ func TestDevicePoolPicksTheNearestNIC(t *testing.T) {
 
 // A staged import into a device pool whose stream cannot be synchronised
 // keeps the chunk's slots out of use: copies into them may still land, so
-// none may be given to another block. The rest of the set stays usable.
+// none may be given to another block. The rest of the set stays usable;
+// dropped by its engine, the set is kept past its grace period (freed, its
+// memory would go to no other set), and the next engine of its layout is
+// given it.
 func TestDevicePoolImportUnsyncedKeepsItsSlots(t *testing.T) {
 	// The process's first stream synchronisation fails: the holder's pool
 	// is host memory, so it is the importer's staged upload.
 	t.Setenv("SOFTCUDA_FAIL", "cuStreamSynchronize=1@1")
-	agents, _ := devicePair(t, 1, func(i int, c *fabric.Config) { c.RDMA = "off" })
+	agents, _ := devicePair(t, 1, func(i int, c *fabric.Config) {
+		c.RDMA = "off"
+		c.BlockSetGrace, c.NoOrphanCache = 100*time.Millisecond, true
+	})
 	hashes := produce(t, agents[0], 2, layout.NHD, gpuBlocks)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -710,5 +716,21 @@ func TestDevicePoolImportUnsyncedKeepsItsSlots(t *testing.T) {
 	}
 	if s, err := c.Allocate(ctx, set.ID, int(slots-got-kept)); err != nil || uint64(len(s)) != slots-got-kept {
 		t.Fatalf("every slot but those imported and kept: %v, %v", s, err)
+	}
+	if _, err := c.DropBlockSet(ctx, set.ID); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 30*time.Second, "the dropped set's grace period over", func() error {
+		if !fabric.IdleSetKept(agents[1], set.ID) {
+			return fmt.Errorf("set %d not idle and kept", set.ID)
+		}
+		return nil
+	})
+	if m := agents[1].Metrics().Pool; m.WithheldBytes != 0 || uint64(m.Retired) != kept {
+		t.Fatalf("after the grace period: %d bytes withheld, %d slots retired; want 0 and %d", m.WithheldBytes, m.Retired, kept)
+	}
+	again := register(t, newClient(t, agents[1]), client.Engine{Name: "consumer", Model: testModel, TPSize: 4, PageSize: 16, Order: layout.HND, Slots: slots})
+	if again.ID != set.ID {
+		t.Fatalf("the next engine of the layout was given set %d, want the kept set %d", again.ID, set.ID)
 	}
 }

@@ -32,3 +32,17 @@ func ChecksumsEarly(a *Agent) uint64 { return a.stats.checksumEarly.Load() }
 // ImportSlotsKept is how many device slots imports kept out of use after
 // a staged copy that could not be synchronised.
 func ImportSlotsKept(a *Agent) uint64 { return a.stats.slotsKeptUnsynced.Load() }
+
+// IdleSetKept says whether a's block set id is idle, its grace period
+// over, and kept rather than freed.
+func IdleSetKept(a *Agent, id uint64) bool {
+	for _, es := range a.engineSets() {
+		if uint64(es.set.ID()) != id {
+			continue
+		}
+		es.mu.Lock()
+		defer es.mu.Unlock()
+		return len(es.users) == 0 && !es.freed && es.freeTimer == nil
+	}
+	return false
+}

@@ -378,6 +378,13 @@ func (b *BlockSet) Retire(blk Block) error {
 	return nil
 }
 
+// Retired is how many of the set's slots are Retired.
+func (b *BlockSet) Retired() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.retired
+}
+
 // Register makes a Complete slot visible under its sequence hash:
 // Complete -> Registered, with the caller holding one reference, and a
 // store event. If the hash is already Registered in the set, the caller's
