@@ -515,7 +515,10 @@ func (m *Membership) sayBye() {
 		if mb.Name == m.cfg.Name || !mb.Addr.IsValid() {
 			continue
 		}
-		to := &memberlist.Node{Name: mb.Name, Addr: mb.Addr.Addr().AsSlice(), Port: mb.Addr.Port()}
+		// The protocol versions memberlist speaks, so that the message
+		// goes as to any member (with its checksum).
+		to := &memberlist.Node{Name: mb.Name, Addr: mb.Addr.Addr().AsSlice(), Port: mb.Addr.Port(),
+			PMin: memberlist.ProtocolVersionMin, PMax: memberlist.ProtocolVersionMax, PCur: memberlist.ProtocolVersionMax}
 		m.ml.SendBestEffort(to, bye)
 	}
 }

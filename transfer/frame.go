@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/rdma"
+	"github.com/kvfabric/kvfabric/rdma/ofi"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
 
@@ -196,9 +197,9 @@ type request struct {
 	inlineAt []byte
 }
 
-// maxInlineAt is the longest endpoint name a claim of inline reads names
-// (ofi.MaxNameLen, which the reader's binding refuses past).
-const maxInlineAt = 256
+// maxInlineAt is the longest endpoint name a claim of inline reads names:
+// the longest a libfabric endpoint name may be.
+const maxInlineAt = ofi.MaxNameLen
 
 // inlineAt validates the endpoint name a claim of inline reads carries.
 func inlineAt(method string, name []byte) ([]byte, error) {

@@ -146,7 +146,7 @@ func (t *ofiTransport) answer(peer string, inlineAt []byte, resp *transferpb.Lea
 		return
 	}
 	resp.OfiName = ep.Name()
-	t.serve(leaseKey{peer, resp.LeaseId}, time.Duration(resp.DurationMs)*time.Millisecond, false, inlineClaim(ep, inlineAt))
+	t.serve(leaseKey{peer, resp.LeaseId}, time.Duration(resp.DurationMs)*time.Millisecond, false, inlineAt)
 }
 
 // inlineClaim says whether a reader's claim of inline reads against the
@@ -158,8 +158,7 @@ func inlineClaim(ep *ofi.Endpoint, inlineAt []byte) bool {
 // leaseRenewed serves a renewed lease on, inline only if the renewal says
 // so again: a reader whose reads stopped completing inline withdraws it.
 func (t *ofiTransport) leaseRenewed(peer string, id uint64, d time.Duration, inlineAt []byte) {
-	ep, _ := t.endpoint()
-	t.serve(leaseKey{peer, id}, d, true, inlineClaim(ep, inlineAt))
+	t.serve(leaseKey{peer, id}, d, true, inlineAt)
 }
 
 func (t *ofiTransport) leaseEnded(peer string, id uint64) {
@@ -195,9 +194,9 @@ func serveOn(ep *ofi.Endpoint, until time.Time, inline bool) func() {
 }
 
 // serve makes the endpoint serve lease k for d from now: a lease answered
-// with the endpoint, or, with renew, one renewed that it serves (inline:
-// its reader says its reads complete inline).
-func (t *ofiTransport) serve(k leaseKey, d time.Duration, renew, inline bool) {
+// with the endpoint, or, with renew, one renewed that it serves; inline if
+// its reader's claim (inlineAt) holds for the endpoint it is served on.
+func (t *ofiTransport) serve(k leaseKey, d time.Duration, renew bool, inlineAt []byte) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := time.Now()
@@ -214,6 +213,7 @@ func (t *ofiTransport) serve(k leaseKey, d time.Duration, renew, inline bool) {
 	if ok {
 		old.done()
 	}
+	inline := inlineClaim(t.ep, inlineAt)
 	until := now.Add(d)
 	t.served[k] = servedLease{until: until, inline: inline, done: serveOn(t.ep, until, inline)}
 }

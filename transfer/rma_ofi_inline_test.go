@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvfabric/kvfabric/rdma/ofi"
@@ -276,5 +277,19 @@ func TestReadsInlineAtDecodes(t *testing.T) {
 				}
 			})
 		}
+	}
+	// A reader of the build before reads_inline_at sent a bool claim in
+	// field 5 (now reserved): decoded, it claims nothing.
+	payload, err := proto.Marshal(&transferpb.LeaseRequest{Hashes: []uint64{1}, DurationMs: 1000, Rdma: true, Rma: "ofi:shm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload = protowire.AppendVarint(protowire.AppendTag(payload, 5, protowire.VarintType), 1)
+	r, err := decodeRequest(methodLease, payload, 0)
+	if err != nil {
+		t.Fatalf("a lease request with the old field 5: %v", err)
+	}
+	if r.inlineAt != nil || r.rma != "ofi:shm" {
+		t.Fatalf("a lease request with the old field 5: claim %q, rma %q; want none, ofi:shm", r.inlineAt, r.rma)
 	}
 }

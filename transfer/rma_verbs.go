@@ -56,7 +56,7 @@ func (v *verbsPeer) regionKey(g *transferpb.RdmaRegion) uint64 { return uint64(g
 
 func (v *verbsPeer) answered(*transferpb.LeaseResponse) error { return nil }
 
-// readsInline is false: a verbs holder's NIC serves reads with no progress
+// readsInline is nil: a verbs holder's NIC serves reads with no progress
 // of its own, and it asks nothing of readers.
 func (v *verbsPeer) readsInline() []byte { return nil }
 
