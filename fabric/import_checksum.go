@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"sync/atomic"
 
 	"github.com/kvfabric/kvfabric/layout"
@@ -69,23 +71,18 @@ func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint6
 		ok[i] = true
 	}
 	early := ch.early
+	taken, tookOK := ch.pageSums(l, regions, k, page)
 	for i, lb := range ch.leased {
 		b := i / k
 		if !lb.HasSum {
 			ok[b] = false
 			continue
 		}
-		var (
-			got uint64
-			err error
-		)
+		var got uint64
 		if early != nil && early.taken[b] && early.pageOK[i] {
 			got = early.pages[i]
 			ch.a.stats.checksumEarly.Add(1)
-		} else {
-			got, err = layout.BlockSum(l, regions, ch.blocks[b].Slot, (i%k)*page, page)
-		}
-		if err != nil {
+		} else if got = taken[i]; !tookOK[i] {
 			ok[b] = false
 			continue
 		}
@@ -110,6 +107,53 @@ func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint6
 		}
 	}
 	return mismatched, checked, sums, ok
+}
+
+// maxVerifyWorkers bounds the goroutines that take one chunk's sums.
+const maxVerifyWorkers = 4
+
+// pageSums takes the sums of the chunk's leased pages that verify must
+// take itself (those with a sum to check against, not taken as they
+// landed). Those of a chunk verified alone (no read of the import runs
+// meanwhile: the last chunk) are spread over up to GOMAXPROCS goroutines
+// (at most maxVerifyWorkers): after an import's last read they are most
+// of what it still waits on, and the cores that read are free. Those of
+// any other chunk are taken on one, beside the next chunk's read, which
+// more would slow. took[i] says that page i's sum is in sums[i]. The
+// comparison is the caller's.
+func (ch *arrivedChunk) pageSums(l *layout.Layout, regions [][]byte, k, page int) (sums []uint64, took []bool) {
+	n := len(ch.leased)
+	sums, took = make([]uint64, n), make([]bool, n)
+	early := ch.early
+	var todo []int
+	for i, lb := range ch.leased {
+		if lb.HasSum && !(early != nil && early.taken[i/k] && early.pageOK[i]) {
+			todo = append(todo, i)
+		}
+	}
+	sum := func(w, workers int) {
+		for j := w; j < len(todo); j += workers {
+			i := todo[j]
+			got, err := layout.BlockSum(l, regions, ch.blocks[i/k].Slot, (i%k)*page, page)
+			sums[i], took[i] = got, err == nil
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), maxVerifyWorkers, len(todo))
+	if workers <= 1 || !ch.alone {
+		sum(0, 1)
+		return sums, took
+	}
+	var wg sync.WaitGroup
+	for w := 1; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sum(w, workers)
+		}()
+	}
+	sum(0, workers)
+	wg.Wait()
+	return sums, took
 }
 
 // Mismatched checks the blocks a reader says failed their checksums, in

@@ -32,6 +32,20 @@ func (a *Agent) chunkBlocks(l *layout.Layout, k int) int {
 	return int(min(max(n, 1), uint64(transfer.MaxLeaseBlocks/k)))
 }
 
+// evenChunks is the size of the chunks that n blocks are cut into, at
+// most per each: as few chunks as per allows, all of one size but the
+// last, which is short of it by fewer blocks than there are chunks. A
+// short last chunk would read in a moment and leave the import waiting,
+// after its last read, on the sums of the whole chunk before it; a last
+// chunk as long as the others is read while those are taken.
+func evenChunks(n, per int) int {
+	if per < 1 || n <= per {
+		return per
+	}
+	chunks := (n + per - 1) / per
+	return (n + chunks - 1) / chunks
+}
+
 // leasedChunk is one chunk of an import: the hashes asked for and the
 // holder's lease on them.
 type leasedChunk struct {
@@ -73,8 +87,8 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionS
 	}
 	keeper := newLeaseKeeper(peer, &a.stats.leaseRenewals)
 	defer keeper.close()
-	per := a.chunkBlocks(s.set.Layout(), want.k)
 	n := want.blocks()
+	per := evenChunks(n, a.chunkBlocks(s.set.Layout(), want.k))
 	var (
 		refs  []*fabricpb.BlockRef
 		moved uint64
@@ -136,6 +150,9 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionS
 		if err != nil {
 			return fail(err, next)
 		}
+		// No read overlaps this chunk's sums when no lease was asked
+		// ahead: they may take every core.
+		got.alone = next == nil
 		finishing = got.finish(ctx, parent)
 		if !more {
 			break
@@ -316,6 +333,9 @@ type arrivedChunk struct {
 	// early are the blocks' sums taken as a lane read landed them, nil
 	// unless the read went over the lane in one attempt.
 	early *earlySums
+	// alone says that no read of the import runs while the chunk is
+	// verified (the last chunk): verify spreads over the cores.
+	alone bool
 }
 
 // finishedChunk is what finishing a chunk registered.

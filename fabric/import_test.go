@@ -126,8 +126,8 @@ func TestImportAtEngineLimit(t *testing.T) {
 // error for the rest.
 func TestImportKeepsWholeChunksWhenHolderDies(t *testing.T) {
 	const (
-		n         = 200
-		perChunk  = 32 // 1 MiB chunks of 32 KiB blocks (testModel at TP 1)
+		perChunk  = 32           // 1 MiB chunks of 32 KiB blocks (testModel at TP 1)
+		n         = 6 * perChunk // whole chunks: an import's are cut even
 		keepAfter = 2
 	)
 	var holder atomic.Pointer[fabric.Agent]
