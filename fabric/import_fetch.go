@@ -32,12 +32,12 @@ func (a *Agent) chunkBlocks(l *layout.Layout, k int) int {
 	return int(min(max(n, 1), uint64(transfer.MaxLeaseBlocks/k)))
 }
 
-// evenChunks is the size of the chunks that n blocks are cut into, at
-// most per each: as few chunks as per allows, all of one size but the
-// last, which is short of it by fewer blocks than there are chunks. A
-// short last chunk would read in a moment and leave the import waiting,
-// after its last read, on the sums of the whole chunk before it; a last
-// chunk as long as the others is read while those are taken.
+// evenChunks is the size of the next chunk when n blocks are left to cut
+// into chunks of at most per: cut each time from what is left, they are
+// as few as per allows and differ in size by at most one block. A short
+// last chunk would read in a moment and leave the import waiting, after
+// its last read, on the sums of the whole chunk before it; a last chunk
+// as long as the others is read while those are taken.
 func evenChunks(n, per int) int {
 	if per < 1 || n <= per {
 		return per
@@ -88,7 +88,9 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionS
 	keeper := newLeaseKeeper(peer, &a.stats.leaseRenewals)
 	defer keeper.close()
 	n := want.blocks()
-	per := evenChunks(n, a.chunkBlocks(s.set.Layout(), want.k))
+	per := a.chunkBlocks(s.set.Layout(), want.k)
+	// chunkFrom is the chunk of blocks [from, ...) to lease next.
+	chunkFrom := func(from int) pages { return want.slice(from, min(from+evenChunks(n-from, per), n)) }
 	var (
 		refs  []*fabricpb.BlockRef
 		moved uint64
@@ -118,7 +120,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionS
 		}
 		return refs, moved, via.String(), err
 	}
-	next := a.leaseChunk(ctx, peer, keeper, want.slice(0, min(per, n)).src)
+	next := a.leaseChunk(ctx, peer, keeper, chunkFrom(0).src)
 	for off := 0; off < n; {
 		c := <-next
 		next = nil
@@ -138,7 +140,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionS
 		// short lease ends it.
 		more := whole || (k > 0 && c.lease.Capped)
 		if whole && end < n {
-			next = a.leaseChunk(ctx, peer, keeper, want.slice(end, min(end+per, n)).src)
+			next = a.leaseChunk(ctx, peer, keeper, chunkFrom(end).src)
 		}
 		got, err := a.readChunk(ctx, peer, keeper, s, c, want.slice(off, end), &via)
 		if serr := settle(); serr != nil {
@@ -164,7 +166,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionS
 			if err := settle(); err != nil {
 				return fail(err, nil)
 			}
-			next = a.leaseChunk(ctx, peer, keeper, want.slice(off, min(off+per, n)).src)
+			next = a.leaseChunk(ctx, peer, keeper, chunkFrom(off).src)
 		}
 	}
 	if err := settle(); err != nil {
