@@ -83,6 +83,12 @@ func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint6
 			got = early.pages[i]
 			ch.a.stats.checksumEarly.Add(1)
 		} else if got = taken[i]; !tookOK[i] {
+			// In host memory every page's sum can be taken: one that was
+			// not is a fault here, and its block is refused as if it had
+			// failed, never registered unchecked. (The holder, told,
+			// checks its own bytes and keeps a block that matches.)
+			ch.a.log.Error("import: a page's checksum could not be taken; its block is refused", "peer", ch.peer.Name(), "hash", lb.Hash)
+			mismatched = append(mismatched, lb.Hash)
 			ok[b] = false
 			continue
 		}
