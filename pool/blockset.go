@@ -181,9 +181,14 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 }
 
 // Retains is how many registered blocks the set keeps before allocating
-// starts to recycle them: its slots less its low watermark. A sequence
-// longer than that loses its tail first (see Evict).
-func (b *BlockSet) Retains() int { return len(b.slots) - b.low }
+// starts to recycle them: its slots less its low watermark and its
+// retired slots. A sequence longer than that loses its tail first (see
+// Evict).
+func (b *BlockSet) Retains() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return max(len(b.slots)-b.low-b.retired, 0)
+}
 
 // ID returns the block set's id in its pool.
 func (b *BlockSet) ID() SetID { return b.id }

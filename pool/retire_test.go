@@ -79,8 +79,12 @@ func TestRetiredSlotIsNeverAllocated(t *testing.T) {
 		t.Fatal(err)
 	}
 	retired := blks[0].Slot
+	before := b.Retains()
 	if err := b.Retire(blks[0]); err != nil {
 		t.Fatal(err)
+	}
+	if got := b.Retains(); got != before-1 {
+		t.Fatalf("the set retains %d blocks with a slot retired, want %d", got, before-1)
 	}
 	for round := range 3 {
 		got, err := b.Allocate(n - 1) // every slot left
