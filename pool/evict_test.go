@@ -243,8 +243,9 @@ func TestEvictionParentLinks(t *testing.T) {
 
 // recycleStep returns one step of BenchmarkEvict's loop on set: allocate
 // a block (recycling one once the set is full), register it extending the
-// previous block of its sequence of 16, release it.
-func recycleStep(b *testing.B, set *BlockSet) func() {
+// previous block of its sequence of 16, release it, then call after (if
+// not nil) with the block's hash.
+func recycleStep(b *testing.B, set *BlockSet, after func(h uint64)) func() {
 	h := uint64(1)
 	return func() {
 		blks, err := set.Allocate(1)
@@ -265,6 +266,9 @@ func recycleStep(b *testing.B, set *BlockSet) func() {
 		if err := set.Release(reg); err != nil {
 			b.Fatal(err)
 		}
+		if after != nil {
+			after(h)
+		}
 		h++
 	}
 }
@@ -277,7 +281,7 @@ func BenchmarkEvict(b *testing.B) {
 	for _, slots := range []int{1024, 65536} {
 		b.Run(fmt.Sprintf("slots=%d", slots), func(b *testing.B) {
 			_, set := benchPool(b, slots)
-			step := recycleStep(b, set)
+			step := recycleStep(b, set, nil)
 			for range slots {
 				step()
 			}
@@ -300,26 +304,7 @@ func BenchmarkEvictMixed(b *testing.B) {
 	for _, slots := range []int{1024, 65536} {
 		b.Run(fmt.Sprintf("slots=%d", slots), func(b *testing.B) {
 			_, set := benchPool(b, slots)
-			h := uint64(1)
-			step := func() {
-				blks, err := set.Allocate(1)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := set.Commit(blks[0]); err != nil {
-					b.Fatal(err)
-				}
-				parent := h - 1
-				if h%16 == 1 {
-					parent = 0
-				}
-				reg, err := set.Register(blks[0], h, parent)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := set.Release(reg); err != nil {
-					b.Fatal(err)
-				}
+			step := recycleStep(b, set, func(h uint64) {
 				if h%2 == 0 {
 					if blk, ok := set.Acquire(h - 1); ok {
 						if err := set.Release(blk); err != nil {
@@ -330,8 +315,7 @@ func BenchmarkEvictMixed(b *testing.B) {
 				if h%4 == 0 {
 					set.Demote(h - 2)
 				}
-				h++
-			}
+			})
 			for range slots {
 				step()
 			}
@@ -364,7 +348,7 @@ func BenchmarkEvictOnNeed(b *testing.B) {
 			cfg.ExpiryInterval = -1
 			cfg.LowWatermark = tc.low
 			_, set := newTestPool(b, cfg, testLayout(slots, 1, layout.FullyContiguous, 64))
-			step := recycleStep(b, set)
+			step := recycleStep(b, set, nil)
 			for range slots {
 				step()
 			}
