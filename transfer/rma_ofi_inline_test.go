@@ -7,29 +7,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"testing"
 	"time"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/rdma/ofi"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
 )
-
-// crossMemoryAttach says whether this process may read memory of a
-// process by process_vm_readv, as shm needs for a reader to copy a
-// holder's bytes itself.
-func crossMemoryAttach() error {
-	src, dst := []byte{1}, []byte{0}
-	_, err := unix.ProcessVMReadv(os.Getpid(),
-		[]unix.Iovec{{Base: &dst[0], Len: 1}},
-		[]unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&src[0])), Len: 1}}, 0)
-	return err
-}
 
 // A reader over shm host-only says in its lease requests that its reads
 // complete inline once a read from the holder has shown it, and the holder
@@ -41,7 +28,7 @@ func crossMemoryAttach() error {
 // hold while it is live, whatever else is served. Every read's bytes are
 // checked.
 func TestOFILeaseSaysReadsInline(t *testing.T) {
-	if err := crossMemoryAttach(); err != nil {
+	if err := kvtest.CrossMemoryAttach(); err != nil {
 		t.Skipf("shm without cross-memory attach (process_vm_readv: %v): reads need the holder", err)
 	}
 	p := newOFIPair(t, "shm", nil)

@@ -7,6 +7,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/kvfabric/kvfabric/internal/kvtest"
 )
 
 // readShape reads n pieces of 8 KiB from holder's src, landing 16 KiB
@@ -58,7 +60,7 @@ func TestReadDetailedInline(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if c.inline {
-				if err := crossMemoryAttach(); err != nil {
+				if err := kvtest.CrossMemoryAttach(); err != nil {
 					t.Skipf("shm without cross-memory attach (process_vm_readv: %v): its reads need the holder", err)
 				}
 			}

@@ -7,13 +7,12 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/kvfabric/kvfabric/internal/kvtest"
 )
 
 // providers are the libfabric providers on every Debian machine that offer
@@ -509,7 +508,7 @@ func TestReadTakesItsCompletions(t *testing.T) {
 					t.Fatalf("%d completions taken inline, more than the %d requests posted", st.Inline, requests)
 				}
 			case prov == "shm" && st.Inline != uint64(requests):
-				if err := crossMemoryAttach(); err != nil {
+				if err := kvtest.CrossMemoryAttach(); err != nil {
 					t.Skipf("shm without cross-memory attach (process_vm_readv: %v): the holder copies, and its loop may take completions", err)
 				}
 				t.Fatalf("%d of %d completions taken by the reads themselves over shm host-only, want all", st.Inline, requests)
@@ -519,17 +518,6 @@ func TestReadTakesItsCompletions(t *testing.T) {
 	}
 }
 
-// crossMemoryAttach says whether this process may read memory of a
-// process by process_vm_readv (a seccomp policy or a kernel without it
-// refuses), as shm needs for a reader to copy a holder's bytes itself.
-func crossMemoryAttach() error {
-	src, dst := []byte{1}, []byte{0}
-	_, err := unix.ProcessVMReadv(os.Getpid(),
-		[]unix.Iovec{{Base: &dst[0], Len: 1}},
-		[]unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&src[0])), Len: 1}}, 0)
-	return err
-}
-
 // TestPostingReadLeavesLoopAsleep: over shm by cross-memory attach, a Read
 // takes every completion itself as it posts, so the progress loop of a
 // reader that serves nobody keeps its idle naps (idleMaxNap) through the
@@ -537,7 +525,7 @@ func crossMemoryAttach() error {
 // where napping at hotMaxNap while a read was under way came to tens per
 // millisecond. The read's bytes are checked.
 func TestPostingReadLeavesLoopAsleep(t *testing.T) {
-	if err := crossMemoryAttach(); err != nil {
+	if err := kvtest.CrossMemoryAttach(); err != nil {
 		t.Skipf("shm without cross-memory attach (process_vm_readv: %v): the holder copies, and the reader waits on its loop", err)
 	}
 	l, err := Load(Config{Provider: "shm", HostOnly: true})
