@@ -34,24 +34,14 @@ func TestImportCutsChunksEven(t *testing.T) {
 			mu.Unlock()
 		})
 	})
-	n1, n2 := agents[0], agents[1]
 	e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 2 * n}
-	hashes := produceBlocks(t, n1, n2, e, n)
-
-	c := dial(t, n2)
-	e.Name = "importer"
-	set := register(t, c, e)
-	resp, err := c.Import(context.Background(), set.ID, hashes)
-	if err != nil || len(resp.Blocks) != n {
-		t.Fatalf("import of %d blocks: %v, %d blocks (%s)", n, err, len(resp.GetBlocks()), resp.GetError())
-	}
-	checkImported(t, set, resp.Blocks, 1)
+	produceAndImport(t, agents[0], agents[1], e, n)
 	mu.Lock()
 	defer mu.Unlock()
 	if want := []int{22, 44, 65}; !slices.Equal(registered, want) {
 		t.Errorf("blocks registered after each chunk: %v, want %v", registered, want)
 	}
-	if got := fabric.ImportChunks(n2); got != 3 {
+	if got := fabric.ImportChunks(agents[1]); got != 3 {
 		t.Errorf("%d chunks, want 3", got)
 	}
 }

@@ -58,22 +58,12 @@ func TestImportReadsNextChunkWhileReleasing(t *testing.T) {
 	const n = 3 * 32
 	var h pipelineHolder
 	agents := clusterWith(t, 2, h.configure(true))
-	n1, n2 := agents[0], agents[1]
 	e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 2 * n}
-	hashes := produceBlocks(t, n1, n2, e, n)
-
-	c := dial(t, n2)
-	e.Name = "importer"
-	set := register(t, c, e)
-	resp, err := c.Import(context.Background(), set.ID, hashes)
-	if err != nil || len(resp.Blocks) != n {
-		t.Fatalf("import of %d blocks: %v, %d blocks (%s)", n, err, len(resp.Blocks), resp.GetError())
-	}
-	checkImported(t, set, resp.Blocks, 1)
+	produceAndImport(t, agents[0], agents[1], e, n)
 	if !h.overlapped.Load() {
 		t.Fatal("the second chunk was not read while the first chunk's release was under way")
 	}
-	if got := fabric.ImportChunks(n2); got != 3 {
+	if got := fabric.ImportChunks(agents[1]); got != 3 {
 		t.Errorf("%d chunks, want 3", got)
 	}
 }

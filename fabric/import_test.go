@@ -67,6 +67,22 @@ func produceBlocks(t *testing.T, a, on *fabric.Agent, e client.Engine, n int) []
 	return hashes
 }
 
+// produceAndImport produces n blocks of e on from (produceBlocks), imports
+// all of them on to into a new block set of e's layout, and checks that
+// every block arrived with every byte.
+func produceAndImport(t *testing.T, from, to *fabric.Agent, e client.Engine, n int) {
+	t.Helper()
+	hashes := produceBlocks(t, from, to, e, n)
+	c := dial(t, to)
+	e.Name = "importer"
+	set := register(t, c, e)
+	resp, err := c.Import(context.Background(), set.ID, hashes)
+	if err != nil || len(resp.Blocks) != n {
+		t.Fatalf("import of %d blocks: %v, %d blocks (%s)", n, err, len(resp.GetBlocks()), resp.GetError())
+	}
+	checkImported(t, set, resp.Blocks, 1)
+}
+
 // checkImported checks that blocks hold content ids first, first+1, ...
 func checkImported(t *testing.T, set *client.BlockSet, blocks []*fabricpb.BlockRef, first uint64) {
 	t.Helper()
@@ -297,15 +313,7 @@ func TestImportUnderAChunkSizedLeaseCap(t *testing.T) {
 			})
 			n1, n2 := agents[0], agents[1]
 			e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 512}
-			hashes := produceBlocks(t, n1, n2, e, n)
-			c := dial(t, n2)
-			e.Name = "importer"
-			set := register(t, c, e)
-			resp, err := c.Import(context.Background(), set.ID, hashes)
-			if err != nil || len(resp.Blocks) != n {
-				t.Fatalf("import of %d blocks under a cap of %d: %d blocks, %v %s", n, capPeer, len(resp.GetBlocks()), err, resp.GetError())
-			}
-			checkImported(t, set, resp.Blocks, 1)
+			produceAndImport(t, n1, n2, e, n)
 			if fabric.Suspect(n2, "n1") {
 				t.Error("a holder at its lease cap became a suspect")
 			}
