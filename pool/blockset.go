@@ -265,6 +265,19 @@ func (b *BlockSet) check(blk Block) (*slot, error) {
 	return s, nil
 }
 
+// allocated validates a handle on a slot its owner holds (Partial or
+// Complete) for op; the lock is held.
+func (b *BlockSet) allocated(blk Block, op string) (*slot, error) {
+	s, err := b.check(blk)
+	if err != nil {
+		return nil, err
+	}
+	if s.state != Partial && s.state != Complete {
+		return nil, &TransitionError{Op: op, Slot: blk.Slot, State: s.state}
+	}
+	return s, nil
+}
+
 // Allocate takes n free slots, moving them Reset -> Partial, and returns
 // them owned by the caller. If fewer than n are free, inactive blocks are
 // recycled, leaves first and least recently used among leaves (see
@@ -347,12 +360,8 @@ func (b *BlockSet) Abort(blk Block) error {
 	start, timed := sampleStart()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s, err := b.check(blk)
-	if err != nil {
+	if _, err := b.allocated(blk, "abort"); err != nil {
 		return err
-	}
-	if s.state != Partial && s.state != Complete {
-		return &TransitionError{Op: "abort", Slot: blk.Slot, State: s.state}
 	}
 	b.reset(int32(blk.Slot))
 	if timed {
@@ -371,12 +380,9 @@ func (b *BlockSet) Abort(blk Block) error {
 func (b *BlockSet) Retire(blk Block) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s, err := b.check(blk)
+	s, err := b.allocated(blk, "retire")
 	if err != nil {
 		return err
-	}
-	if s.state != Partial && s.state != Complete {
-		return &TransitionError{Op: "retire", Slot: blk.Slot, State: s.state}
 	}
 	s.state = Retired
 	b.retired++
