@@ -63,11 +63,6 @@ type counters struct {
 	// checksumEarly counts the holder pages of checksumVerified and
 	// checksumFailed whose sums were taken as a lane read landed them.
 	checksumEarly atomic.Uint64
-
-	// slotsKeptUnsynced counts the device slots an import kept out of use
-	// because a staged copy into them could not be synchronised and may
-	// still land (readChunk).
-	slotsKeptUnsynced atomic.Uint64
 }
 
 // serveHealth answers ok while the agent runs, except that a node given

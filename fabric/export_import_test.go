@@ -29,10 +29,6 @@ func FaultInSets(a *Agent) int {
 // taken as a lane read landed them.
 func ChecksumsEarly(a *Agent) uint64 { return a.stats.checksumEarly.Load() }
 
-// ImportSlotsKept is how many device slots imports kept out of use after
-// a staged copy that could not be synchronised.
-func ImportSlotsKept(a *Agent) uint64 { return a.stats.slotsKeptUnsynced.Load() }
-
 // IdleSetKept says whether a's block set id is idle, its grace period
 // over, and kept rather than freed.
 func IdleSetKept(a *Agent, id uint64) bool {

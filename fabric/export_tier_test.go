@@ -211,7 +211,3 @@ func TierSlotPieces(a *Agent, id, hash uint64) [][]byte {
 	}
 	return slotPieces(s.Layout(), regions, blk.Slot)
 }
-
-// TierSlotsKept is how many device slots a's restores kept out of use,
-// their uploads not synchronised.
-func TierSlotsKept(a *Agent) uint64 { return a.tiers.slotsKept.Load() }

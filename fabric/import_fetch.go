@@ -398,9 +398,10 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 			// A staged copy into them may still land: the slots are
 			// retired, as a restore's are (tier_restore.go).
 			for _, b := range blocks {
-				s.set.Retire(b)
+				if err := s.set.Retire(b); err != nil {
+					a.log.Error("import: device slot not retired", "set", s.set.ID(), "slot", b.Slot, "err", err)
+				}
 			}
-			a.stats.slotsKeptUnsynced.Add(uint64(len(blocks)))
 			a.log.Warn("import: device slots retired: a staged copy into them may still land", "set", s.set.ID(), "slots", len(blocks))
 		default:
 			for _, b := range blocks {

@@ -250,9 +250,6 @@ type tiers struct {
 	// Metrics.OffloadsGivenUp counts them) was last logged.
 	skipLogged atomic.Int64
 	corrupt    atomic.Uint64 // blocks that failed a check on restore
-	// slotsKept counts the device slots a restore kept out of use, their
-	// upload not synchronised (errSlotUnsynced).
-	slotsKept atomic.Uint64
 
 	// Copies down written straight from pool memory (tier_offload.go):
 	// trailers are their trailer pages; direct counts those committed as

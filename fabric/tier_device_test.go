@@ -469,11 +469,8 @@ func TestTierDevicePoolUnsyncedRestoreKeepsItsSlot(t *testing.T) {
 	if err == nil && len(refs) != 0 {
 		t.Fatalf("a block whose upload failed was served: %v", refs)
 	}
-	if k := fabric.TierSlotsKept(a); k != 1 {
-		t.Fatalf("%d slots kept out of use, want 1", k)
-	}
 	if r := a.Metrics().Pool.Retired; r != 1 {
-		t.Fatalf("the pool counts %d slots retired, want 1", r)
+		t.Fatalf("%d slots retired (kept out of use), want 1", r)
 	}
 	slots, err := c.Allocate(ctx, set.ID, int(tierEngine.Slots))
 	if err == nil {

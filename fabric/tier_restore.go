@@ -202,8 +202,9 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 			// use for the set's life, so that no later block is put in
 			// it and overwritten; once the set is freed its memory goes
 			// to no other set while the agent runs (pool.BlockSet.Retire).
-			set.Retire(b)
-			t.slotsKept.Add(1)
+			if err := set.Retire(b); err != nil {
+				t.log.Error("tier: device slot not retired", "set", set.ID(), "slot", b.Slot, "err", err)
+			}
 			t.log.Warn("tier: a device slot retired: its restore's copy may still land", "set", set.ID(), "slot", b.Slot, "hash", run[len(regs)+i].k.Hash)
 			continue
 		}
