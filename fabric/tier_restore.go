@@ -52,10 +52,11 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 		k disk.Key
 	}
 	var run []found
+	limit := min(maxRestoreBatch, max(1, set.Retains()/2))
 	for _, h := range hashes {
 		k := disk.Key{Hash: h, Tag: tag}
 		d := find(ctx, k)
-		if d == nil || len(run) == min(maxRestoreBatch, max(1, set.Retains()/2)) {
+		if d == nil || len(run) == limit {
 			break
 		}
 		run = append(run, found{d, k})
