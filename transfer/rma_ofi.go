@@ -376,10 +376,12 @@ func (t *ofiTransport) replace(broken *ofi.Endpoint) error {
 	}
 	t.ep, t.reopening = ep, false
 	t.own = append(t.own, ep)
-	// Leases answered before go on being served, by the new endpoint.
+	// Leases answered before go on being served, by the new endpoint,
+	// with its full progress: a claim of inline reads named the endpoint
+	// replaced (a renewal may make it again of this one).
 	for k, l := range t.served {
 		l.done()
-		t.served[k] = servedLease{until: l.until, inline: l.inline, done: serveOn(ep, l.until, l.inline)}
+		t.served[k] = servedLease{until: l.until, done: ep.Serve(l.until)}
 	}
 	return nil
 }
