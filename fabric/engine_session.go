@@ -319,13 +319,16 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 	}
 	if n := es.set.Retired(); n > 0 {
 		// Freed, its memory would be withheld from every other set
-		// (pool.BlockSet.Retire) for no gain: kept instead, its other
-		// slots and cached blocks for a later engine of its layout.
+		// (pool.BlockSet.Retire) for no gain, and made room for none:
+		// kept instead, its other slots and cached blocks for a later
+		// engine of its layout. Said once, when its grace period ends.
+		if timerGen != 0 {
+			a.log.Info("idle block set kept: slots retired in it would keep its memory from any other set", "set", es.set.ID(), "retired", n)
+		}
 		if es.freeTimer != nil {
 			es.freeTimer.Stop()
 			es.freeTimer = nil
 		}
-		a.log.Info("idle block set kept: slots retired in it would keep its memory from any other set", "set", es.set.ID(), "retired", n)
 		return false
 	}
 	if err := a.pool.FreeBlockSet(es.set.ID()); err != nil {
@@ -363,9 +366,6 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engi
 	}
 	var idle []idleSet
 	for _, es := range a.sets {
-		if es.set.Retired() > 0 {
-			continue // freeing it makes no room (freeIdleLocked)
-		}
 		es.mu.Lock()
 		if len(es.users) == 0 && !es.freed {
 			idle = append(idle, idleSet{es, es.idleSince, es.orphaned})
