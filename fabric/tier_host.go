@@ -21,7 +21,7 @@ import (
 // pool recycles is copied down to it (pick), restores, Lookup, peers'
 // leases and Prefetch find it there as in any tier (where: a block is in
 // one tier at a time). When it is full, its least recently used blocks
-// move down to the disk tier with the most free slots (roomFor): each
+// move down to the disk tier with the most free slots (pickBelow, roomFor): each
 // read back (checked), written and committed below, then freed above;
 // with no disk tier they are dropped, as the bottom tier evicts. It is
 // not persistent: a restarted agent finds its disk tiers' blocks again,

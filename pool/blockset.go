@@ -151,7 +151,7 @@ type BlockSet struct {
 	offloading         int     // slots kept for a copy below (tier_offload.go)
 	maxOffloading      int     // at most this many (Config.OffloadInFlight)
 	copying            int     // of those, being read now (BeginCopy)
-	offered            []int32 // the slots offered, oldest first, some no longer offloading; each once (slot.offered)
+	offered            []int32 // the slots offered, in the order each was first listed (a slot offered again keeps its place), some no longer offloading; each once (slot.offered)
 	givenUp            uint64  // offloading blocks taken by allocations
 	retired            int     // slots Retired
 }
