@@ -594,15 +594,6 @@ func (b *BlockSet) recycle(n int) int {
 		removed = buf[:0]
 	}
 	defer func() { b.p.events.pushBatch(removed) }() // one batch, not a loss
-	var done int
-	done, removed = b.recycleInto(n, removed)
-	return done
-}
-
-// recycleInto is recycle with the remove events appended to removed (and
-// returned) instead of queued: for a caller that recycles in steps and
-// queues one batch for all of them.
-func (b *BlockSet) recycleInto(n int, removed []Event) (int, []Event) {
 	done := 0
 	for done < n && b.leaves > 0 {
 		i := b.oldestLeaf()
@@ -613,7 +604,7 @@ func (b *BlockSet) recycleInto(n int, removed []Event) (int, []Event) {
 		removed = b.drop(i, removed)
 		done++
 	}
-	return done, removed
+	return done
 }
 
 // drop recycles Registered slot i, which nothing uses or extends, and

@@ -282,9 +282,10 @@ func (b *BlockSet) recycleAhead(n int) int {
 			done++
 			continue
 		}
-		var k int
-		k, removed = b.recycleInto(1, removed)
-		done += k
+		// Copied below already, or withdrawn: recycled now.
+		b.unlinkInactive(i)
+		removed = b.drop(i, removed)
+		done++
 	}
 	b.offerAhead(n)
 	return done
