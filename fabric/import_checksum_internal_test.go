@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
@@ -22,62 +23,8 @@ func TestChecksumSamePerBlockEarlyOrAfter(t *testing.T) {
 	for _, k := range []int{1, 2} {
 		t.Run(fmt.Sprintf("k=%d", k), func(t *testing.T) {
 			const n = 6
-			model := layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 16, DType: layout.DTypeBF16}
-			storage, err := pool.NewHostStorage(pool.HostConfig{Size: 8 << 20, Name: "checksum-test"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { storage.Close() })
-			p, err := pool.New(storage, pool.Config{ExpiryInterval: -1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { p.Close() })
-			set, err := p.NewBlockSet(&layout.Layout{Model: model, PageSize: 16, TPSize: 2, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 256, Slots: 16})
-			if err != nil {
-				t.Fatal(err)
-			}
-			dst := set.Layout()
-			regions, err := set.RegionBytes()
-			if err != nil {
-				t.Fatal(err)
-			}
-			rng := rand.New(rand.NewPCG(uint64(k), 7))
-			for _, r := range regions {
-				for i := range r {
-					r[i] = byte(rng.Uint32())
-				}
-			}
-			blocks, err := set.Allocate(n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The holder's pages: page j of block b is tokens
-			// [j*page, (j+1)*page) of it, at a page size of 16/k and
-			// another element order.
-			page := dst.PageSize / k
-			leased := make([]transfer.LeasedBlock, n*k)
-			src := dst.Clone()
-			src.PageSize, src.Order, src.Slots = page, layout.NHD, n*k
-			pairs := make([]layout.SlotPair, n*k)
-			for i := range leased {
-				sum, err := layout.BlockSum(dst, regions, blocks[i/k].Slot, (i%k)*page, page)
-				if err != nil {
-					t.Fatal(err)
-				}
-				leased[i] = transfer.LeasedBlock{Hash: uint64(1000 + i), Present: true, Slot: uint64(i), Sum: sum, HasSum: true}
-				pairs[i] = layout.SlotPair{Src: i, Dst: blocks[i/k].Slot}
-			}
-			plan, err := layout.NewPlan(src, dst, pairs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var segs []layout.Segment
-			for _, r := range plan.Ranks {
-				segs = append(segs, r...)
-			}
-			a := &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-			es := &sessionSet{engineSet: &engineSet{set: set}}
+			c := newSumChunk(t, layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 16, DType: layout.DTypeBF16}, k, n)
+			set, dst, regions, blocks, leased, segs, a, es := c.set, c.dst, c.regions, c.blocks, c.leased, c.segs, c.a, c.es
 			type result struct {
 				mismatched []uint64
 				checked    int
@@ -154,4 +101,100 @@ func TestChecksumSamePerBlockEarlyOrAfter(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sumChunk is a chunk of n engine blocks, each leased as k holder pages
+// with their sums, in a host block set filled with random bytes, and the
+// plan that would read them.
+type sumChunk struct {
+	set     *pool.BlockSet
+	dst     *layout.Layout
+	regions [][]byte
+	blocks  []pool.Block
+	leased  []transfer.LeasedBlock
+	segs    []layout.Segment
+	a       *Agent
+	es      *sessionSet
+}
+
+func newSumChunk(tb testing.TB, model layout.ModelConfig, k, n int) *sumChunk {
+	tb.Helper()
+	block := uint64(model.Layers) * 2 * uint64(model.KVHeads*model.HeadDim*16) * model.DType.Size()
+	storage, err := pool.NewHostStorage(pool.HostConfig{Size: 8<<20 + uint64(n+10)*(block+64<<10), Name: "checksum-test"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { storage.Close() })
+	p, err := pool.New(storage, pool.Config{ExpiryInterval: -1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	set, err := p.NewBlockSet(&layout.Layout{Model: model, PageSize: 16, TPSize: 2, Order: layout.HND,
+		Arrangement: layout.FullyContiguous, Alignment: 256, Slots: n + 10})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := &sumChunk{set: set, dst: set.Layout(), a: &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		es: &sessionSet{engineSet: &engineSet{set: set}}}
+	if c.regions, err = set.RegionBytes(); err != nil {
+		tb.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(uint64(k), 7))
+	for _, r := range c.regions {
+		for i := range r {
+			r[i] = byte(rng.Uint32())
+		}
+	}
+	if c.blocks, err = set.Allocate(n); err != nil {
+		tb.Fatal(err)
+	}
+	// The holder's pages: page j of block b is tokens [j*page,
+	// (j+1)*page) of it, at a page size of 16/k and another element
+	// order.
+	page := c.dst.PageSize / k
+	c.leased = make([]transfer.LeasedBlock, n*k)
+	src := c.dst.Clone()
+	src.PageSize, src.Order, src.Slots = page, layout.NHD, n*k
+	pairs := make([]layout.SlotPair, n*k)
+	for i := range c.leased {
+		sum, err := layout.BlockSum(c.dst, c.regions, c.blocks[i/k].Slot, (i%k)*page, page)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		c.leased[i] = transfer.LeasedBlock{Hash: uint64(1000 + i), Present: true, Slot: uint64(i), Sum: sum, HasSum: true}
+		pairs[i] = layout.SlotPair{Src: i, Dst: c.blocks[i/k].Slot}
+	}
+	plan, err := layout.NewPlan(src, c.dst, pairs)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, r := range plan.Ranks {
+		c.segs = append(c.segs, r...)
+	}
+	return c
+}
+
+// BenchmarkVerifyLastChunk measures verify of a chunk of 32 engine blocks
+// of 256 KiB, two holder pages each (their pages' sums and their
+// whole-block sums), taken after the read: as the last chunk is (alone, spread over
+// up to maxVerifyWorkers goroutines) and, the baseline in the same run,
+// as any other chunk is (on one goroutine). It reports alone/one, the
+// ratio.
+func BenchmarkVerifyLastChunk(b *testing.B) {
+	c := newSumChunk(b, layout.ModelConfig{Layers: 8, KVHeads: 8, HeadDim: 64, DType: layout.DTypeBF16}, 2, 32)
+	took := map[bool]time.Duration{}
+	for b.Loop() {
+		for _, alone := range []bool{false, true} {
+			ch := &arrivedChunk{a: c.a, s: c.es, blocks: c.blocks, leased: c.leased, k: 2, alone: alone}
+			start := time.Now()
+			if mismatched, _, _, _ := ch.verify(); len(mismatched) != 0 {
+				b.Fatalf("%d pages mismatched", len(mismatched))
+			}
+			took[alone] += time.Since(start)
+		}
+	}
+	b.ReportMetric(float64(took[false].Nanoseconds())/float64(b.N), "one-ns/op")
+	b.ReportMetric(float64(took[true].Nanoseconds())/float64(b.N), "alone-ns/op")
+	b.ReportMetric(float64(took[true])/float64(took[false]), "alone/one")
 }
