@@ -22,4 +22,7 @@ type testHooks struct {
 	// sysfsRoot replaces /sys where the agent reads PCI topology, so that
 	// a fake tree decides which RDMA device is nearest the GPU.
 	sysfsRoot string
+	// tierAnnounced runs as the tiers publish that the node holds (store)
+	// or no longer holds hashes, under block set number set.
+	tierAnnounced func(store bool, set uint32, hashes []uint64)
 }

@@ -211,3 +211,23 @@ func TierSlotPieces(a *Agent, id, hash uint64) [][]byte {
 	}
 	return slotPieces(s.Layout(), regions, blk.Slot)
 }
+
+// OnTierAnnounced runs f each time the tiers publish that the node holds
+// (store) or no longer holds hashes, under block set number set.
+func OnTierAnnounced(c *Config, f func(store bool, set uint32, hashes []uint64)) {
+	c.hooks.tierAnnounced = f
+}
+
+// TierAnnounceSet is the block set number tier n's blocks are announced
+// under.
+func TierAnnounceSet(a *Agent, n int) uint32 { return a.tiers.tierSet(n) }
+
+// OwnHoldingSets counts a's published holdings (whole index mode) by
+// block set number.
+func OwnHoldingSets(a *Agent) map[uint32]int {
+	out := map[uint32]int{}
+	for _, e := range a.joined.Load().Snapshot().Entries {
+		out[e.BlockSet]++
+	}
+	return out
+}

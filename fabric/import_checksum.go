@@ -63,26 +63,19 @@ func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint6
 	if err != nil {
 		return nil, 0, nil, nil // device memory
 	}
-	l := set.Layout()
 	k := max(ch.k, 1)
-	page := l.PageSize / k
+	taken, early := ch.blockSums(set.Layout(), regions, k)
 	sums, ok = make([]uint64, len(ch.blocks)), make([]bool, len(ch.blocks))
 	for i := range ok {
 		ok[i] = true
 	}
-	early := ch.early
-	taken, tookOK := ch.pageSums(l, regions, k, page)
 	for i, lb := range ch.leased {
 		b := i / k
 		if !lb.HasSum {
 			ok[b] = false
 			continue
 		}
-		var got uint64
-		if early != nil && early.taken[b] && early.pageOK[i] {
-			got = early.pages[i]
-			ch.a.stats.checksumEarly.Add(1)
-		} else if got = taken[i]; !tookOK[i] {
+		if !taken.pageOK[i] {
 			// In host memory every page's sum can be taken: one that was
 			// not is a fault here, and its block is refused as if it had
 			// failed, never registered unchecked. (The holder, told,
@@ -92,6 +85,10 @@ func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint6
 			ok[b] = false
 			continue
 		}
+		if early[b] {
+			ch.a.stats.checksumEarly.Add(1)
+		}
+		got := taken.pages[i]
 		checked++
 		if got != lb.Sum {
 			mismatched = append(mismatched, lb.Hash)
@@ -103,12 +100,8 @@ func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint6
 	}
 	if k > 1 {
 		for b := range sums {
-			switch {
-			case !ok[b]:
-			case early != nil && early.taken[b] && early.wholeOK[b]:
-				sums[b] = early.whole[b]
-			default:
-				sums[b], ok[b] = blockSum(set, ch.blocks[b].Slot, 0, l.PageSize)
+			if ok[b] {
+				sums[b], ok[b] = taken.whole[b], taken.wholeOK[b]
 			}
 		}
 	}
@@ -118,36 +111,40 @@ func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint6
 // maxVerifyWorkers bounds the goroutines that take one chunk's sums.
 const maxVerifyWorkers = 4
 
-// pageSums takes the sums of the chunk's leased pages that verify must
-// take itself (those with a sum to check against, not taken as they
-// landed). Those of a chunk verified alone (no read of the import runs
-// meanwhile: the last chunk) are spread over up to GOMAXPROCS goroutines
-// (at most maxVerifyWorkers): after an import's last read they are most
-// of what it still waits on, and the cores that read are free. Those of
-// any other chunk are taken on one, beside the next chunk's read, which
-// more would slow. took[i] says that page i's sum is in sums[i]. The
-// comparison is the caller's.
-func (ch *arrivedChunk) pageSums(l *layout.Layout, regions [][]byte, k, page int) (sums []uint64, took []bool) {
-	n := len(ch.leased)
-	sums, took = make([]uint64, n), make([]bool, n)
-	early := ch.early
+// blockSums returns the sums of the chunk's blocks, each taken by
+// sumBlock: as the read landed it (early[b]) or now. Those taken now of a
+// chunk verified alone (no read of the import runs meanwhile: the last
+// chunk) are spread over up to GOMAXPROCS goroutines (at most
+// maxVerifyWorkers), a block to each in turn, its whole-block sum with
+// its pages': after an import's last read they are most of what it still
+// waits on, and the cores that read are free. Those of any other chunk
+// are taken on one, beside the next chunk's read, which more would slow.
+// The comparison is the caller's.
+func (ch *arrivedChunk) blockSums(l *layout.Layout, regions [][]byte, k int) (taken *chunkSums, early []bool) {
+	n := len(ch.blocks)
+	if ch.early != nil {
+		// The read has returned: no goroutine of it writes these now.
+		taken, early = ch.early.chunkSums, ch.early.taken
+	} else {
+		taken, early = newChunkSums(n, len(ch.leased)), make([]bool, n)
+	}
 	var todo []int
-	for i, lb := range ch.leased {
-		if lb.HasSum && !(early != nil && early.taken[i/k] && early.pageOK[i]) {
-			todo = append(todo, i)
+	for b := range n {
+		if !early[b] {
+			todo = append(todo, b)
 		}
 	}
+	page := l.PageSize / k
 	sum := func(w, workers int) {
 		for j := w; j < len(todo); j += workers {
-			i := todo[j]
-			got, err := layout.BlockSum(l, regions, ch.blocks[i/k].Slot, (i%k)*page, page)
-			sums[i], took[i] = got, err == nil
+			b := todo[j]
+			taken.sumBlock(l, regions, ch.leased, b, ch.blocks[b].Slot, k, page)
 		}
 	}
 	workers := min(runtime.GOMAXPROCS(0), maxVerifyWorkers, len(todo))
 	if workers <= 1 || !ch.alone {
 		sum(0, 1)
-		return sums, took
+		return taken, early
 	}
 	var wg sync.WaitGroup
 	for w := 1; w < workers; w++ {
@@ -159,7 +156,45 @@ func (ch *arrivedChunk) pageSums(l *layout.Layout, regions [][]byte, k, page int
 	}
 	sum(0, workers)
 	wg.Wait()
-	return sums, took
+	return taken, early
+}
+
+// chunkSums are the sums taken of a chunk's blocks, k leased pages to a
+// block.
+type chunkSums struct {
+	pages   []uint64 // sum of each leased page with a sum to check against
+	pageOK  []bool
+	whole   []uint64 // sum of each block, when k > 1 and its pages matched
+	wholeOK []bool
+}
+
+func newChunkSums(blocks, pages int) *chunkSums {
+	return &chunkSums{pages: make([]uint64, pages), pageOK: make([]bool, pages),
+		whole: make([]uint64, blocks), wholeOK: make([]bool, blocks)}
+}
+
+// sumBlock takes the sums of block b of a chunk, at slot in l's regions
+// and leased as leased[b*k : b*k+k], pages of page tokens: each page's
+// that has a sum to check against and, when k > 1 and every page had one
+// that matched, the whole block's. It is the one way a block's sums are
+// taken, as a read lands it (earlySums.take) or after (verify). It writes
+// only block b's entries: blocks may be summed on goroutines of their own.
+func (cs *chunkSums) sumBlock(l *layout.Layout, regions [][]byte, leased []transfer.LeasedBlock, b, slot, k, page int) {
+	all := true
+	for j := range k {
+		i := b*k + j
+		if i >= len(leased) || !leased[i].HasSum {
+			all = false
+			continue
+		}
+		sum, err := layout.BlockSum(l, regions, slot, j*page, page)
+		cs.pages[i], cs.pageOK[i] = sum, err == nil
+		all = all && err == nil && sum == leased[i].Sum
+	}
+	if k > 1 && all {
+		sum, err := layout.BlockSum(l, regions, slot, 0, l.PageSize)
+		cs.whole[b], cs.wholeOK[b] = sum, err == nil
+	}
 }
 
 // Mismatched checks the blocks a reader says failed their checksums, in
@@ -250,11 +285,8 @@ type earlySums struct {
 	k, page int
 	// Written for block b by the one goroutine that landed its last byte
 	// (taken[b] says it did), read by verify after the read returned.
-	pages   []uint64 // sum of each leased page, k per block
-	pageOK  []bool
-	whole   []uint64 // sum of each block, when k > 1 and its pages matched
-	wholeOK []bool
-	taken   []bool
+	*chunkSums
+	taken []bool
 	// bad is set when a part named bytes outside the chunk's blocks: no
 	// early sum is used then.
 	bad atomic.Bool
@@ -275,8 +307,7 @@ func (a *Agent) newEarlySums(set *pool.BlockSet, blocks []pool.Block, leased []t
 	k = max(k, 1)
 	e := &earlySums{l: l, regions: regions, slots: make(map[int]int, len(blocks)), slotOf: make([]int, len(blocks)),
 		left: make([]atomic.Int64, len(blocks)), leased: leased, k: k, page: l.PageSize / k,
-		pages: make([]uint64, len(leased)), pageOK: make([]bool, len(leased)),
-		whole: make([]uint64, len(blocks)), wholeOK: make([]bool, len(blocks)), taken: make([]bool, len(blocks))}
+		chunkSums: newChunkSums(len(blocks), len(leased)), taken: make([]bool, len(blocks))}
 	for i, b := range blocks {
 		e.slots[b.Slot], e.slotOf[i] = i, b.Slot
 	}
@@ -333,22 +364,7 @@ func (e *earlySums) landed(part []layout.Segment) {
 
 // take sums block b, whose every byte has landed.
 func (e *earlySums) take(b int) {
-	slot := e.slotOf[b]
-	all := true
-	for j := range e.k {
-		i := b*e.k + j
-		if i >= len(e.leased) || !e.leased[i].HasSum {
-			all = false
-			continue
-		}
-		sum, err := layout.BlockSum(e.l, e.regions, slot, j*e.page, e.page)
-		e.pages[i], e.pageOK[i] = sum, err == nil
-		all = all && err == nil && sum == e.leased[i].Sum
-	}
-	if e.k > 1 && all {
-		sum, err := layout.BlockSum(e.l, e.regions, slot, 0, e.l.PageSize)
-		e.whole[b], e.wholeOK[b] = sum, err == nil
-	}
+	e.sumBlock(e.l, e.regions, e.leased, b, e.slotOf[b], e.k, e.page)
 	e.taken[b] = true
 }
 

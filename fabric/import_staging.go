@@ -132,7 +132,7 @@ func (a *Agent) readStagedOn(ctx context.Context, gpu int, peer *transfer.Peer, 
 				mu.Unlock()
 				return readErr
 			})
-			if st.Unsynced() {
+			if errors.Is(err, cuda.ErrUnsynced) {
 				unsynced.Store(true)
 			}
 			switch {

@@ -74,15 +74,6 @@ func (t *tiers) tierSet(n int) uint32 {
 	return uint32(tierSetBase + n)
 }
 
-// setTier is tierSet's inverse: the tier whose blocks are announced under
-// block set number bs.
-func (t *tiers) setTier(bs uint32) int {
-	if bs == tierHostSet {
-		return 0 // the host tier comes first
-	}
-	return int(bs - tierSetBase)
-}
-
 // tierIOWorkers is how many reads and writes each tier's store runs at
 // once: a restore's readers (restoreReaders) all at once, and as many of
 // the writes of a copier's batch.

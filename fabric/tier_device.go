@@ -49,7 +49,7 @@ type slotIO interface {
 
 // errSlotUnsynced is a slot write's failure after which its copies may
 // still land in the slot (the stream could not be synchronised): the slot
-// must stay out of use, as the stager's buffers are (cuda.Stager.Unsynced).
+// must stay out of use, as the stager's buffers are (cuda.ErrUnsynced).
 var errSlotUnsynced = errors.New("fabric: copy into the slot not synchronised; it may still land")
 
 // errNoSlotIO is the tiers' refusal of a block set they cannot read: in
@@ -292,7 +292,7 @@ func (d *deviceSlots) write(ctx context.Context, slot int, src []byte) error {
 			at += copy(p, src[at:])
 			return nil
 		})
-		if err != nil && st.Unsynced() {
+		if errors.Is(err, cuda.ErrUnsynced) {
 			err = errors.Join(errSlotUnsynced, err)
 		}
 		if cerr := d.t.putStager(run.gpu, st, err == nil, false); err == nil {

@@ -651,6 +651,9 @@ func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 		return // announced whole once the node joins (announceAll)
 	}
 	set := t.tierSet(n)
+	if f := t.a.cfg.hooks.tierAnnounced; f != nil {
+		f(store, set, hashes)
+	}
 	if o := t.a.owned; o != nil {
 		o.publishHeld(store, set < tierSetBase, hashes) // to the hashes' owners, not gossip
 		return
@@ -664,11 +667,24 @@ func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 	}
 }
 
-// announceAll publishes every disk-held block: at start, once joined.
+// announceAll publishes every disk-held block: at start, once joined,
+// each tier's in one batch.
 func (t *tiers) announceAll() {
-	for _, e := range t.holdings() {
-		t.announce(true, t.setTier(e.BlockSet), e.Hash)
+	for n, hashes := range t.heldByTier() {
+		t.announce(true, n, hashes...)
 	}
+}
+
+// heldByTier are the hashes of the tiers' blocks, tier n's at [n].
+func (t *tiers) heldByTier() [][]uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([][]uint64, len(t.list))
+	for k, e := range t.pos {
+		n := e.Value.(*tierEntry).tier
+		out[n] = append(out[n], k.Hash)
+	}
+	return out
 }
 
 // holdings are the tiers' blocks as membership entries, each under its

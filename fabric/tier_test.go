@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -268,9 +269,10 @@ func TestTierCopiesDownInBatches(t *testing.T) {
 	}
 }
 
-// A restarted agent finds its disk blocks again, announces them, and
-// serves them; a block whose bytes were changed on disk is dropped, never
-// served.
+// A restarted agent finds its disk blocks again, announces them, every
+// one under its tier's block set number and the tier's all in one
+// publish, and serves them; a block whose bytes were changed on disk is
+// dropped, never served.
 func TestTierSurvivesRestartAndDropsCorruptBlocks(t *testing.T) {
 	const n = 64
 	dir := tierDir(t)
@@ -319,6 +321,20 @@ func TestTierSurvivesRestartAndDropsCorruptBlocks(t *testing.T) {
 	cfg.Logger = nil
 	cfg2 := testConfig(t, "tiered")
 	cfg2.Tiers = cfg.Tiers
+	type publish struct {
+		store  bool
+		set    uint32
+		hashes []uint64
+	}
+	var (
+		pubMu     sync.Mutex
+		publishes []publish
+	)
+	fabric.OnTierAnnounced(&cfg2, func(store bool, set uint32, hashes []uint64) {
+		pubMu.Lock()
+		publishes = append(publishes, publish{store, set, slices.Clone(hashes)})
+		pubMu.Unlock()
+	})
 	a2 := startAgent(t, cfg2)
 	c2 := newClient(t, a2)
 	ts := tierStatus(t, c2)
@@ -334,6 +350,23 @@ func TestTierSurvivesRestartAndDropsCorruptBlocks(t *testing.T) {
 		}
 		return nil
 	})
+	diskSet := fabric.TierAnnounceSet(a2, 0)
+	if held := fabric.OwnHoldingSets(a2); len(held) != 1 || held[diskSet] != n {
+		t.Fatalf("the restarted node publishes holdings %v (by block set), want all %d under the disk tier's %d", held, n, diskSet)
+	}
+	pubMu.Lock()
+	got := publishes
+	pubMu.Unlock()
+	if len(got) != 1 || !got[0].store || got[0].set != diskSet || len(got[0].hashes) != n {
+		t.Fatalf("the restarted node's disk blocks announced in %d publishes, want one of all %d under block set %d", len(got), n, diskSet)
+	}
+	announced := slices.Clone(got[0].hashes)
+	slices.Sort(announced)
+	want := slices.Clone(hashes)
+	slices.Sort(want)
+	if !slices.Equal(announced, want) {
+		t.Fatalf("announced %v, want the disk blocks %v", announced, want)
+	}
 	set2 := register(t, c2, tierEngine)
 	found := 0
 	for i := range hashes {

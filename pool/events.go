@@ -71,9 +71,6 @@ type eventQueue struct {
 	dropped      uint64 // since the last batch
 	droppedTotal uint64
 	wake         chan struct{}
-	// batches counts pushBatch calls that queued events (each wakes the
-	// loop), for tests of how callers batch them.
-	batches uint64
 }
 
 func (q *eventQueue) init(enabled bool, size int) {
@@ -114,7 +111,6 @@ func (q *eventQueue) pushBatch(evs []Event) {
 		return
 	}
 	q.buf = append(q.buf, evs...)
-	q.batches++
 	q.mu.Unlock()
 	select {
 	case q.wake <- struct{}{}:

@@ -32,6 +32,11 @@ var (
 	ErrInvalidHandle = errors.New("cuda: invalid handle")
 	// ErrClosed is returned after Close.
 	ErrClosed = errors.New("cuda: closed")
+	// ErrUnsynced is matched, with the driver's error, when a Stager
+	// could not synchronise its stream: the copies it queued may still
+	// land, in its buffers and in the device memory they were bound for,
+	// which must then stay out of use.
+	ErrUnsynced = errors.New("cuda: copies not synchronised; they may still land")
 )
 
 // Result is a CUresult, the driver's status code.

@@ -80,17 +80,14 @@ func (d *Driver) newStager(dev int, chunk uint64, from *StagingBuffers) (st *Sta
 // Chunk returns the size of each buffer.
 func (st *Stager) Chunk() uint64 { return st.chunk }
 
-// Unsynced reports whether a synchronisation of the stager's stream
-// failed: the copies it queued may still land, in its buffers and in the
-// device memory they were bound for, which must then stay out of use.
-func (st *Stager) Unsynced() bool { return st.failed }
-
 // Upload moves parts to the device regions dst in order: fill is called
 // once per part with the buffer to fill with part k's Bytes, while the
 // previous part is on its way to the device. It returns when every byte
 // has arrived, or with the first error (fill's, wrapped; the driver's; or
-// ctx's; bytes already queued still land). A part larger than Chunk is an
-// error before anything moves.
+// ctx's; bytes already queued still land). An error that matches
+// ErrUnsynced says the stream could not be synchronised: copies into dst
+// may land after it returns. A part larger than Chunk is an error before
+// anything moves.
 func (st *Stager) Upload(ctx context.Context, parts []Part, dst []Region, fill func(k int, p []byte) error) error {
 	if err := st.checkParts(parts); err != nil {
 		return err
@@ -203,18 +200,19 @@ func (st *Stager) drain(err error) error {
 	return errors.Join(err, st.sync())
 }
 
+// sync waits for the stream's copies; its error wraps ErrUnsynced.
 func (st *Stager) sync() error {
 	if err := st.s.Synchronize(); err != nil {
 		st.failed = true
-		return err
+		return fmt.Errorf("%w: %w", ErrUnsynced, err)
 	}
 	return nil
 }
 
 // Close waits for the queued copies and frees the stream and events; the
 // buffers go back to the StagingBuffers they came from, or are freed when
-// they are the stager's own or when the copies could not be waited for. It
-// is safe to call twice.
+// they are the stager's own or when the copies could not be waited for
+// (the error then matches ErrUnsynced). It is safe to call twice.
 func (st *Stager) Close() error {
 	st.closeOnce.Do(func() {
 		var errs []error

@@ -152,12 +152,12 @@ func TestStagingBuffersFreedAfterFailedSynchronize(t *testing.T) {
 			t.Fatal(err)
 		}
 		err = st.ToDevice(context.Background(), dev.Addr(), 3*4096, func([]byte) error { return nil })
-		if st.Unsynced() != (err != nil) {
-			t.Errorf("Unsynced %v after a transfer that returned %v", st.Unsynced(), err)
+		if err != nil {
+			t.Errorf("transfer: %v", err)
 		}
-		err = errors.Join(err, st.Close())
-		if st.Unsynced() != (err != nil) {
-			t.Errorf("Unsynced %v after a Close that returned %v", st.Unsynced(), err)
+		err = st.Close()
+		if (err != nil) != errors.Is(err, cuda.ErrUnsynced) {
+			t.Errorf("Close returned %v: a failure that does not match ErrUnsynced, or ErrUnsynced without one", err)
 		}
 		return err
 	}
@@ -230,5 +230,82 @@ func TestStagerDownloadOverlapsAcrossSegments(t *testing.T) {
 	t.Logf("between the consumer's calls: %v", gaps)
 	if slices.Min(gaps) >= step/2 {
 		t.Errorf("every part waited %v or more for its copy after the consumer returned (%v): copies do not overlap the consumer", slices.Min(gaps), gaps)
+	}
+}
+
+// A transfer or a Close whose stream could not be synchronised returns an
+// error that matches ErrUnsynced (and the driver's error); any other
+// failure, before or after copies were queued, does not.
+func TestStagerUnsyncedError(t *testing.T) {
+	fillErr := errors.New("fill failed")
+	for _, tc := range []struct {
+		name    string
+		env     []string
+		fill    error   // fill's error for the second part
+		bad     bool    // a part larger than the buffers
+		upload  error   // matched by Upload's error; nil: none
+		close   error   // matched by Close's error; nil: none
+		notWant []error // matched by neither
+	}{
+		{name: "transfer's synchronisation fails", env: []string{"SOFTCUDA_FAIL=cuStreamSynchronize=999@1"},
+			upload: cuda.ErrUnsynced},
+		{name: "Close's synchronisation fails", env: []string{"SOFTCUDA_FAIL=cuStreamSynchronize=999@2"},
+			close: cuda.ErrUnsynced},
+		{name: "fill fails, synchronised", fill: fillErr, upload: fillErr,
+			notWant: []error{cuda.ErrUnsynced}},
+		{name: "fill fails, not synchronised", env: []string{"SOFTCUDA_FAIL=cuStreamSynchronize=999@1"}, fill: fillErr,
+			upload: cuda.ErrUnsynced},
+		{name: "the second copy fails", env: []string{"SOFTCUDA_FAIL=cuMemcpyHtoDAsync_v2=1@2,cuMemcpy2DAsync_v2=1@2"}, upload: cuda.ErrInvalidValue,
+			notWant: []error{cuda.ErrUnsynced}},
+		{name: "a part too large", bad: true, upload: cuda.ErrInvalidValue,
+			notWant: []error{cuda.ErrUnsynced}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, _ := openSoft(t, tc.env...)
+			st, err := d.NewStager(0, 4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() }) // its error is the test's
+			dev, err := d.AllocDevice(0, 3*4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			closeT(t, dev)
+			n := uint64(3 * 4096)
+			if tc.bad {
+				n = 4097
+			}
+			var parts []cuda.Part
+			for off := uint64(0); off < n; off += 4096 {
+				m := uint64(4096)
+				if tc.bad {
+					m = n
+				}
+				sg := layout.Segment{DstOffset: off, Length: m, Count: 1, SrcStride: m, DstStride: m}
+				parts = append(parts, cuda.Part{Bytes: m, Plan: &layout.Plan{Ranks: [][]layout.Segment{{sg}}}})
+			}
+			up := st.Upload(context.Background(), parts, []cuda.Region{{Addr: dev.Addr(), Size: 3 * 4096}}, func(k int, p []byte) error {
+				if k == 1 {
+					return tc.fill
+				}
+				return nil
+			})
+			cl := st.Close()
+			for _, c := range []struct {
+				what string
+				err  error
+				want error
+			}{{"Upload", up, tc.upload}, {"Close", cl, tc.close}} {
+				if c.want == nil && c.err != nil || c.want != nil && !errors.Is(c.err, c.want) {
+					t.Errorf("%s returned %v, want %v", c.what, c.err, c.want)
+				}
+				for _, nw := range tc.notWant {
+					if errors.Is(c.err, nw) {
+						t.Errorf("%s returned %v, which matches %v", c.what, c.err, nw)
+					}
+				}
+			}
+		})
 	}
 }
