@@ -122,8 +122,9 @@ const maxVerifyWorkers = 4
 // The comparison is the caller's.
 func (ch *arrivedChunk) blockSums(l *layout.Layout, regions [][]byte, k int) (taken *chunkSums, early []bool) {
 	n := len(ch.blocks)
-	if ch.early != nil {
-		// The read has returned: no goroutine of it writes these now.
+	if ch.early != nil && !ch.early.broken() {
+		// The read has returned: no goroutine of it writes these now. (A
+		// read whose parts named bytes outside the chunk is summed anew.)
 		taken, early = ch.early.chunkSums, ch.early.taken
 	} else {
 		taken, early = newChunkSums(n, len(ch.leased)), make([]bool, n)

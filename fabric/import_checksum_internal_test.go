@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -20,6 +21,8 @@ import (
 // each equals layout.BlockSum of the block. A byte changed after the
 // holder's sums were taken is refused by every path, and only its block.
 func TestChecksumSamePerBlockEarlyOrAfter(t *testing.T) {
+	prev := runtime.GOMAXPROCS(4) // the chunk verified alone spreads over goroutines
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
 	for _, k := range []int{1, 2} {
 		t.Run(fmt.Sprintf("k=%d", k), func(t *testing.T) {
 			const n = 6
