@@ -389,6 +389,14 @@ func (b *BlockSet) Retire(blk Block) error {
 	return nil
 }
 
+// Usable is how many of the set's slots may still be allocated: its
+// slots less those Retired.
+func (b *BlockSet) Usable() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.slots) - b.retired
+}
+
 // Retired is how many of the set's slots are Retired.
 func (b *BlockSet) Retired() int {
 	b.mu.Lock()
