@@ -245,6 +245,7 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 		}
 		pcfg.Offload, pcfg.OffloadWatermark, pcfg.OffloadInFlight = a.tiers.offer, a.cfg.TierWatermark, a.cfg.TierInFlight
 		pcfg.OffloadGiveUp, pcfg.OffloadTake = true, a.tiers.take // an allocation never waits for the disk
+		pcfg.OffloadSkips = a.tiers.refuses
 		if pcfg.OffloadWatermark == 0 && a.poolKind == "device" {
 			pcfg.OffloadWatermark = deviceOffloadWatermark
 		}
