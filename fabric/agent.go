@@ -245,6 +245,7 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 		}
 		pcfg.Offload, pcfg.OffloadWatermark, pcfg.OffloadInFlight = a.tiers.offer, a.cfg.TierWatermark, a.cfg.TierInFlight
 		pcfg.OffloadGiveUp, pcfg.OffloadTake = true, a.tiers.take // an allocation never waits for the disk
+		pcfg.OffloadSkips = a.tiers.refuses
 		if pcfg.OffloadWatermark == 0 && a.poolKind == "device" {
 			pcfg.OffloadWatermark = deviceOffloadWatermark
 		}
@@ -614,7 +615,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		tmpl.Slots = a.defaultSlots(&probe, place)
 	}
 	best, own := a.reusableSet(sess, tmpl, asked, place, pid)
-	if best != nil && (own || best.set.Slots() >= tmpl.Slots) {
+	if best != nil && (own || best.set.Usable() >= tmpl.Slots) {
 		return a.attach(sess, best)
 	}
 	// Checked before the quota, which sizes the set from it.
@@ -661,8 +662,9 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 }
 
 // reusableSet returns the block set of tmpl's layout and placement that a
-// Register asking for asked slots may join: one of exactly that many, or,
-// when it asked for none, the largest (the oldest of equals). own says
+// Register asking for asked slots may join: one of exactly that many, none
+// of them retired (pool.BlockSet.Retire), or, when it asked for none, the
+// largest in usable slots (the oldest of equals). own says
 // whether sess already uses it (an engine's other ranks registered it).
 // The caller takes another session's set without a count only if it holds
 // the default slot count, so that an engine is not handed a tiny set some
@@ -670,6 +672,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 // engineSet.mayJoin). a.mu is held.
 func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place []int, pid int32) (best *engineSet, own bool) {
 	var fits []*engineSet
+	usable := map[*engineSet]int{}
 	for _, s := range a.sets {
 		l := s.set.Layout()
 		if l.Model != tmpl.Model || l.PageSize != tmpl.PageSize || l.TPSize != tmpl.TPSize || l.Order != tmpl.Order ||
@@ -677,23 +680,31 @@ func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place
 			!a.placedAs(s.set, place) {
 			continue
 		}
-		// Before sess.mu: mayJoin takes the set's lock.
+		// Before sess.mu: mayJoin and Usable take the set's lock. A set
+		// kept with retired slots has fewer usable slots than its layout
+		// says: it is no set of the asked size, unless sess uses it
+		// already (the engine's other ranks).
 		if s.mayJoin(pid) {
 			fits = append(fits, s)
+			usable[s] = s.set.Usable()
 		}
 	}
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	better := func(s, than *engineSet) bool {
-		return than == nil || s.set.Slots() > than.set.Slots() || (s.set.Slots() == than.set.Slots() && s.set.ID() < than.set.ID())
+		return than == nil || usable[s] > usable[than] || (usable[s] == usable[than] && s.set.ID() < than.set.ID())
 	}
 	var mine *engineSet
 	for _, s := range fits {
+		_, used := sess.sets[s.set.ID()]
+		if used && better(s, mine) {
+			mine = s
+		}
+		if !used && asked != 0 && usable[s] < asked {
+			continue
+		}
 		if better(s, best) {
 			best = s
-		}
-		if _, used := sess.sets[s.set.ID()]; used && better(s, mine) {
-			mine = s
 		}
 	}
 	if mine != nil {

@@ -684,8 +684,9 @@ func TestDevicePoolPicksTheNearestNIC(t *testing.T) {
 // keeps the chunk's slots out of use: copies into them may still land, so
 // none may be given to another block. The rest of the set stays usable;
 // dropped by its engine, the set is kept past its grace period (freed, its
-// memory would go to no other set), and the next engine of its layout is
-// given it.
+// memory would go to no other set), and the next engine of its layout,
+// asking for the set's slot count, is not given it: it has fewer usable
+// slots than that.
 func TestDevicePoolImportUnsyncedKeepsItsSlots(t *testing.T) {
 	// The process's first stream synchronisation fails: the holder's pool
 	// is host memory, so it is the importer's staged upload.
@@ -708,6 +709,10 @@ func TestDevicePoolImportUnsyncedKeepsItsSlots(t *testing.T) {
 		t.Fatalf("%d slots kept out of use after an unsynchronised upload of %d blocks: want 1 to %d (%v, %v)", kept, len(hashes), len(hashes), err, resp)
 	}
 	got := uint64(len(resp.GetBlocks()))
+	// The lease caps count the slots a block may be in, not those retired.
+	if perPeer, total := fabric.LeaseCaps(agents[1]); perPeer != int(slots-kept)/2 || total != int(slots-kept)*3/4 {
+		t.Fatalf("lease caps with %d of %d slots retired: %d per peer, %d in all; want %d and %d", kept, slots, perPeer, total, (slots-kept)/2, (slots-kept)*3/4)
+	}
 	if _, err := c.Allocate(ctx, set.ID, int(slots-got-kept+1)); err == nil {
 		t.Fatalf("allocated %d slots with %d imported and %d kept of %d: a slot a copy may land in among them", slots-got-kept+1, got, kept, slots)
 	}
@@ -726,8 +731,15 @@ func TestDevicePoolImportUnsyncedKeepsItsSlots(t *testing.T) {
 	if m := agents[1].Metrics().Pool; m.WithheldBytes != 0 || uint64(m.Retired) != kept {
 		t.Fatalf("after the grace period: %d bytes withheld, %d slots retired; want 0 and %d", m.WithheldBytes, m.Retired, kept)
 	}
-	again := register(t, newClient(t, agents[1]), client.Engine{Name: "consumer", Model: testModel, TPSize: 4, PageSize: 16, Order: layout.HND, Slots: slots})
-	if again.ID != set.ID {
-		t.Fatalf("the next engine of the layout was given set %d, want the kept set %d", again.ID, set.ID)
+	// The kept set has fewer usable slots than the next engine of its
+	// layout asks for: that engine is given a set of its own, every slot
+	// of it usable.
+	c2 := newClient(t, agents[1])
+	again := register(t, c2, client.Engine{Name: "consumer", Model: testModel, TPSize: 4, PageSize: 16, Order: layout.HND, Slots: slots})
+	if again.ID == set.ID {
+		t.Fatalf("the next engine asking for %d slots was given the kept set %d, with %d of them retired", slots, set.ID, kept)
+	}
+	if s, err := c2.Allocate(ctx, again.ID, slots); err != nil || len(s) != slots {
+		t.Fatalf("all %d slots of the next engine's set %d: %v, %v", slots, again.ID, s, err)
 	}
 }

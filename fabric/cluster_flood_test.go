@@ -56,6 +56,21 @@ func (c *firstDatagramConn) ReadFrom(b []byte) (int, net.Addr, error) {
 	}
 }
 
+// floodEvery spaces the flood's dials, about 400 a second in all: past
+// the holder's bound of 16 handshakes per source (each kept until its
+// handshake timeout, seconds), every dial is refused, so the pace is the
+// refusals'. floodDialFor is how long a dial lives: long enough for its
+// first packet to leave on two loaded cores. Unpaced, with dials given up
+// after 20 ms, the dialers ran flat out in the test's own process, beside
+// both agents; loaded, most dials were given up before their first
+// packet left, so the flood took far longer to make its refusals while
+// its runnable dialers kept the agents' gossip from answering probes in
+// time, and a member was suspected.
+const (
+	floodEvery   = 2500 * time.Microsecond
+	floodDialFor = 250 * time.Millisecond
+)
+
 // handshakeFlood dials a peer port from one source address, over and
 // over, abandoning every handshake after its first packet.
 type handshakeFlood struct {
@@ -82,15 +97,16 @@ func startHandshakeFlood(t *testing.T, source, to string, dialers int) *handshak
 	tr := &quic.Transport{Conn: &firstDatagramConn{PacketConn: uc, seen: map[string]bool{}}}
 	f := &handshakeFlood{stop: make(chan struct{}), started: time.Now()}
 	tlsConf := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{transfer.ALPN}}
+	pace := time.NewTicker(floodEvery)
 	for range dialers {
 		f.wg.Go(func() {
 			for {
 				select {
 				case <-f.stop:
 					return
-				default:
+				case <-pace.C:
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+				ctx, cancel := context.WithTimeout(context.Background(), floodDialFor)
 				tr.Dial(ctx, dst, tlsConf, &quic.Config{HandshakeIdleTimeout: time.Second})
 				cancel()
 				f.dials.Add(1)
@@ -99,6 +115,7 @@ func startHandshakeFlood(t *testing.T, source, to string, dialers int) *handshak
 	}
 	t.Cleanup(func() {
 		f.end()
+		pace.Stop()
 		tr.Close()
 		uc.Close()
 	})
@@ -163,7 +180,8 @@ func TestHandshakeFloodKeepsImportsGossipAndEngineServed(t *testing.T) {
 		t.Fatalf("n1's status names no peer address of its own: %v", st.Members)
 	}
 
-	flood := startHandshakeFlood(t, "127.0.0.200", peerAddr, 32)
+	// Enough dialers for the pace with each dial alive floodDialFor.
+	flood := startHandshakeFlood(t, "127.0.0.200", peerAddr, int(floodDialFor/floodEvery)+28)
 	wait.For(t, 60*time.Second, "n1 refuses the flood's handshakes", func() error {
 		if m := n1.Metrics().Transport; m.ConnsRefused < 16 {
 			return fmt.Errorf("%d refused after %d dials", m.ConnsRefused, flood.dials.Load())

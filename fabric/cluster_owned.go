@@ -29,8 +29,19 @@ type ownedIndex struct {
 	cache *index.AnswerCache
 	wake  chan struct{} // ops queued; capacity 1
 
-	mu      sync.Mutex // serializes publish: through
+	mu      sync.Mutex // serializes publish and publishHeld: through, tierMem, tierDisk
 	through uint64     // the last pool event a snapshot covered
+	// tierMem and tierDisk count the tiers' copies of each hash in memory
+	// (the host tier) and on disk as their announcements (publishHeld)
+	// gave them: what a resync gives the owners of the tiers' holdings.
+	// Not the tiers' own records: a tier records a block (under its lock)
+	// and announces it after, so a resync that read the records between
+	// the two would count the block once from them and again from the
+	// late announcement, and the owners would keep a copy on that tier
+	// after the block's removal was announced. The announcements, unlike
+	// the pool's events, are never lost, and o.mu orders each wholly
+	// before or after a resync.
+	tierMem, tierDisk map[uint64]int32
 
 	legacy legacyOwners // owners that predate lookups with tiers and disk copies
 	stats  ownedStats
@@ -85,10 +96,12 @@ const ownedWatchInterval = 50 * time.Millisecond
 
 func newOwnedIndex(a *Agent) *ownedIndex {
 	return &ownedIndex{
-		a:     a,
-		pub:   index.NewPublisher(a.cfg.NodeName, a.cfg.IndexReplicas, 0),
-		cache: index.NewAnswerCache(0, a.cfg.IndexCacheTTL),
-		wake:  make(chan struct{}, 1),
+		a:        a,
+		pub:      index.NewPublisher(a.cfg.NodeName, a.cfg.IndexReplicas, 0),
+		cache:    index.NewAnswerCache(0, a.cfg.IndexCacheTTL),
+		wake:     make(chan struct{}, 1),
+		tierMem:  map[uint64]int32{},
+		tierDisk: map[uint64]int32{},
 	}
 }
 
@@ -121,14 +134,16 @@ func (o *ownedIndex) publish(b pool.EventBatch) {
 		for i, blk := range s.Blocks {
 			hashes[i] = blk.Hash
 		}
+		// The tiers' blocks stay announced, as announced (see tierMem).
+		for h, n := range o.tierMem {
+			for range n {
+				hashes = append(hashes, h) // the host tier's: in memory
+			}
+		}
 		var disk []uint64
-		if o.a.tiers != nil {
-			for _, e := range o.a.tiers.holdings() { // the tiers' blocks stay announced
-				if e.BlockSet < tierSetBase {
-					hashes = append(hashes, e.Hash) // the host tier's: in memory
-				} else {
-					disk = append(disk, e.Hash)
-				}
+		for h, n := range o.tierDisk {
+			for range n {
+				disk = append(disk, h)
 			}
 		}
 		o.pub.ResetTiers(hashes, disk)
@@ -161,6 +176,20 @@ func (o *ownedIndex) publish(b pool.EventBatch) {
 func (o *ownedIndex) publishHeld(store, inMemory bool, hashes []uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	held := o.tierDisk
+	if inMemory {
+		held = o.tierMem
+	}
+	for _, h := range hashes {
+		switch {
+		case store:
+			held[h]++
+		case held[h] > 1:
+			held[h]--
+		default:
+			delete(held, h) // a remove of a copy not announced is ignored, as the publisher ignores it
+		}
+	}
 	queued := false
 	switch {
 	case store && inMemory:

@@ -42,3 +42,7 @@ func IdleSetKept(a *Agent, id uint64) bool {
 	}
 	return false
 }
+
+// LeaseCaps is the most blocks one peer, and all peers together, may hold
+// leased on a now.
+func LeaseCaps(a *Agent) (perPeer, total int) { return a.service.leaseCaps() }

@@ -27,11 +27,12 @@ func newPeerService(a *Agent) *peerService {
 
 // leaseCaps are the most blocks one peer, and all peers together, may
 // hold leased on this node: the configured caps, else half and three
-// quarters of the slots of this node's block sets.
+// quarters of the usable slots of this node's block sets (a retired slot
+// holds no block to lease).
 func (h *peerService) leaseCaps() (perPeer, total int) {
 	slots := 0
 	for _, s := range h.a.engineSets() {
-		slots += s.set.Slots()
+		slots += s.set.Usable()
 	}
 	perPeer, total = h.a.cfg.MaxLeasedPerPeer, h.a.cfg.MaxLeased
 	if perPeer == 0 {

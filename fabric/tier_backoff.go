@@ -15,9 +15,13 @@ import (
 // offered, by set and hash (another set's copy of the hash, in memory that
 // reads, is offered as before), for a time that doubles with each failure in a row
 // (tierReadBackoffMin up to tierReadBackoffMax); an offer refused leaves
-// the block to recycling as the bottom tier's, and a read that succeeds
-// clears its hash. The warnings of failed reads are spaced by
-// tierSkipLogEvery, each counting the failures since the last.
+// the block to recycling as the bottom tier's. The back-off comes down
+// once the failures stop: a read that succeeds clears its hash, and each
+// tierReadBackoffDecay without a failure past a block's delay takes one
+// doubling off (a block not offered meanwhile, in use or not recycled,
+// fails no read), down to none, when the block is forgotten. The warnings
+// of failed reads are spaced by tierSkipLogEvery, each counting the
+// failures since the last.
 
 // tierReadBackoffMin and tierReadBackoffMax bound how long a block whose
 // slot read failed is not offered again: the first failure's delay, and
@@ -26,6 +30,12 @@ const (
 	tierReadBackoffMin = 100 * time.Millisecond
 	tierReadBackoffMax = 30 * time.Second
 )
+
+// tierReadBackoffDecay is the time without a failure, past a block's
+// delay, that takes one of its failures in a row off: a block at
+// tierReadBackoffMax (its failures counted up to the first at the cap) is
+// back to tierReadBackoffMin and forgotten after 9 of them (4.5 minutes).
+const tierReadBackoffDecay = tierReadBackoffMax
 
 // tierReadBackoffBlocks is the most blocks readBackoff keeps: past it, the
 // failures whose delay has passed are swept, and if none has, the failure
@@ -58,6 +68,15 @@ type readFailure struct {
 	until time.Time
 }
 
+// at is f's failures in a row at now: one fewer for each
+// tierReadBackoffDecay since its delay passed, and none at the least.
+func (f readFailure) at(now time.Time) int {
+	if now.Before(f.until) {
+		return f.n
+	}
+	return max(f.n-int(now.Sub(f.until)/tierReadBackoffDecay), 0)
+}
+
 // failed records a failed slot read of hash in set at now and returns how long
 // its block is not offered; log says whether to log this failure (the
 // first after tierSkipLogEvery), with the failures not logged before it.
@@ -69,6 +88,7 @@ func (b *readBackoff) failed(set pool.SetID, hash uint64, now time.Time) (delay 
 	}
 	k := backoffKey{set, hash}
 	f, ok := b.m[k]
+	f.n = f.at(now)
 	delay = tierReadBackoffMin
 	for range min(f.n, 16) {
 		delay = min(2*delay, tierReadBackoffMax)
@@ -81,7 +101,13 @@ func (b *readBackoff) failed(set pool.SetID, hash uint64, now time.Time) (delay 
 		}
 	}
 	if ok || len(b.m) < tierReadBackoffBlocks {
-		b.m[k] = readFailure{n: f.n + 1, until: now.Add(delay)}
+		n := f.n + 1
+		if delay == tierReadBackoffMax {
+			// Failures past the cap are not counted: they would only
+			// slow the decay.
+			n = max(f.n, 1)
+		}
+		b.m[k] = readFailure{n: n, until: now.Add(delay)}
 	} else {
 		delay = 0
 	}
@@ -95,16 +121,29 @@ func (b *readBackoff) failed(set pool.SetID, hash uint64, now time.Time) (delay 
 	return delay, log, suppressed
 }
 
-// refuse says whether set's block of hash is not to be offered at now. Called
-// under a block set's lock: with no failure kept it takes no lock.
+// refuse says whether set's block of hash is not to be offered at now; a
+// block whose failures have all decayed (readFailure.at) is forgotten.
+// Called under a block set's lock: with no failure kept it takes no lock.
 func (b *readBackoff) refuse(set pool.SetID, hash uint64, now func() time.Time) bool {
 	if b.n.Load() == 0 {
 		return false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	f, ok := b.m[backoffKey{set, hash}]
-	return ok && now().Before(f.until)
+	k := backoffKey{set, hash}
+	f, ok := b.m[k]
+	if !ok {
+		return false
+	}
+	t := now()
+	if t.Before(f.until) {
+		return true
+	}
+	if f.at(t) == 0 {
+		delete(b.m, k)
+		b.n.Store(int64(len(b.m)))
+	}
+	return false
 }
 
 // succeeded forgets the failures of set's block of hash: its slot was read.

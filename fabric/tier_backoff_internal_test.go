@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -110,4 +111,88 @@ func TestReadBackoffAtItsLimit(t *testing.T) {
 	if got := b.n.Load(); got != 2 {
 		t.Fatalf("%d blocks kept after the sweep, want 2 (block 0 and the new one)", got)
 	}
+}
+
+// A block's back-off comes down once its failures stop: a read that
+// succeeds clears it, and quiet time past its delay takes one doubling off
+// for each tierReadBackoffDecay, until the block is forgotten (no lock
+// taken by offers again). A block failing again after a quiet spell
+// starts lower, not where its failures in a row had brought it.
+func TestReadBackoffComesDown(t *testing.T) {
+	// Failures in a row short of the cap, so that each step down shows.
+	const failures = 8
+	delayAfter := func(n int) time.Duration { // the delay of failure n+1 in a row
+		d := tierReadBackoffMin
+		for range n {
+			d = min(2*d, tierReadBackoffMax)
+		}
+		return d
+	}
+	for _, tc := range []struct {
+		name string
+		// quiet is spent after the last failure's delay passed, then
+		// settle is called.
+		quiet  time.Duration
+		settle func(b *readBackoff)
+		// next is the next failure's delay; forgotten: no block kept
+		// after settle.
+		next      time.Duration
+		forgotten bool
+	}{
+		{"a read that succeeds", 0, func(b *readBackoff) { b.succeeded(1, 1) }, tierReadBackoffMin, true},
+		{"no quiet", 0, nil, delayAfter(failures), false},
+		{"quiet just short of one decay", tierReadBackoffDecay - time.Millisecond, nil, delayAfter(failures), false},
+		{"one decay", tierReadBackoffDecay, nil, delayAfter(failures - 1), false},
+		{"three decays", 3 * tierReadBackoffDecay, nil, delayAfter(failures - 3), false},
+		{"every failure but one decayed", (failures - 1) * tierReadBackoffDecay, nil, delayAfter(1), false},
+		{"every failure decayed", failures * tierReadBackoffDecay, nil, tierReadBackoffMin, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var b readBackoff
+				// failures in a row, each as its delay passed.
+				for i := range failures {
+					d, _, _ := b.failed(1, 1, time.Now())
+					if d != delayAfter(i) {
+						t.Fatalf("failure %d in a row: delay %v, want %v", i+1, d, delayAfter(i))
+					}
+					time.Sleep(d)
+				}
+				time.Sleep(tc.quiet)
+				if tc.settle != nil {
+					tc.settle(&b)
+				}
+				if b.refuse(1, 1, time.Now) {
+					t.Fatalf("refused %v past its delay", tc.quiet)
+				}
+				if kept := b.n.Load(); (kept == 0) != tc.forgotten {
+					t.Fatalf("%d blocks kept after %v of quiet; want it forgotten: %v", kept, tc.quiet, tc.forgotten)
+				}
+				if d, _, _ := b.failed(1, 1, time.Now()); d != tc.next {
+					t.Fatalf("a failure after %v of quiet: delay %v, want %v", tc.quiet, d, tc.next)
+				}
+			})
+		})
+	}
+	// Failures at the cap count no further: however many, the quiet of
+	// as many decays as it took to reach the cap forgets the block.
+	synctest.Test(t, func(t *testing.T) {
+		var b readBackoff
+		toCap := 0
+		for delayAfter(toCap) < tierReadBackoffMax {
+			toCap++
+		}
+		for range 10 * toCap {
+			d, _, _ := b.failed(1, 1, time.Now())
+			time.Sleep(d)
+		}
+		time.Sleep(time.Duration(toCap)*tierReadBackoffDecay - time.Millisecond)
+		if b.refuse(1, 1, time.Now); b.n.Load() != 1 {
+			t.Fatalf("forgotten before %d decays", toCap)
+		}
+		time.Sleep(time.Millisecond)
+		if b.refuse(1, 1, time.Now) || b.n.Load() != 0 {
+			t.Fatalf("%d failures at the cap kept after %d decays of quiet", 10*toCap, toCap)
+		}
+	})
 }

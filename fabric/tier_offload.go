@@ -39,12 +39,8 @@ type jobKey struct {
 // refuses when the queue is full or the block cannot go to disk (device
 // memory without the driver's staging; tier_device.go). Called with the set's lock held: it only queues.
 func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) bool {
-	l := set.Layout()
-	if !t.reachable(l) {
+	if t.refuses(set.Layout()) {
 		return false
-	}
-	if room := t.room.Load(); room > 0 && int64(tierBlockBytes(l)) > room {
-		return false // larger than the tiers' slots: recycled as it is
 	}
 	if t.readBackoff.refuse(set.ID(), hash, time.Now) {
 		return false // its slot read failed lately: recycled as it is
@@ -72,6 +68,21 @@ func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) b
 		t.queueFull.Add(1)
 		return false
 	}
+}
+
+// refuses says whether no tier takes blocks of l: the tiers cannot copy
+// them (reachable), or they are larger than the tiers' slots (once the
+// stores are open). It is the pool's OffloadSkips too: a set of such a
+// layout keeps the watermarks of a set without tiers, since none of its
+// blocks is kept for a copy below, and its Retains (an engine's restore
+// batches and prefetch budget) says what it keeps. A set made before the
+// stores open is judged by reachable alone.
+func (t *tiers) refuses(l *layout.Layout) bool {
+	if !t.reachable(l) {
+		return true
+	}
+	room := t.room.Load()
+	return room > 0 && int64(tierBlockBytes(l)) > room // recycled as it is
 }
 
 // pendingCopy is a hash's copies down queued or under way.

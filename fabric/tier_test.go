@@ -607,7 +607,10 @@ func tierStagingAtItsLimit(t *testing.T, mode string) {
 }
 
 // Blocks larger than --tier-block-bytes are not copied down: they are
-// recycled as without a tier, and nothing waits for them.
+// recycled as without a tier, and nothing waits for them. Their set keeps
+// the watermarks of a set without tiers, and says so to its engine: it
+// retains as many blocks as one on an agent without tiers, not fewer by
+// the room kept for copies down that it never makes.
 func TestTierBlockTooLargeIsRecycled(t *testing.T) {
 	dir := tierDir(t)
 	cfg := testConfig(t, "small-room")
@@ -616,6 +619,10 @@ func TestTierBlockTooLargeIsRecycled(t *testing.T) {
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
+	plain := startAgent(t, testConfig(t, "no-tiers"))
+	if want := register(t, newClient(t, plain), tierEngine).Retains; set.Retains != want {
+		t.Fatalf("a set of blocks no tier takes retains %d of %d slots, want %d as without tiers", set.Retains, tierEngine.Slots, want)
+	}
 	storeThrough(t, c, set, 96, a)
 	if ts := tierStatus(t, c); ts.Offloads != 0 || ts.Blocks != 0 {
 		t.Fatalf("tier after blocks larger than its room: %+v", ts)

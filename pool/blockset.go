@@ -154,6 +154,9 @@ type BlockSet struct {
 	offered            []int32 // the slots offered, in the order each was first listed (a slot offered again keeps its place), some no longer offloading; each once (slot.offered)
 	givenUp            uint64  // offloading blocks taken by allocations
 	retired            int     // slots Retired
+	// offload: Config.Offload is offered the set's blocks (it is set and
+	// Config.OffloadSkips does not skip the layout).
+	offload bool
 }
 
 func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64, place []int) *BlockSet {
@@ -172,7 +175,9 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 		// Slot 0 on top of the stack: allocation starts at the front.
 		b.free[i] = int32(n - 1 - i)
 	}
-	if lw := p.cfg.LowWatermark; lw > 0 {
+	b.offload = p.cfg.Offload != nil && (p.cfg.OffloadSkips == nil || !p.cfg.OffloadSkips(l))
+	skipped := p.cfg.Offload != nil && !b.offload // no recycling ahead (OffloadSkips)
+	if lw := p.cfg.LowWatermark; lw > 0 && !skipped {
 		b.low = int(math.Ceil(lw * float64(n)))
 		b.high = max(b.low, int(math.Ceil(p.cfg.HighWatermark*float64(n))))
 	}
@@ -387,6 +392,14 @@ func (b *BlockSet) Retire(blk Block) error {
 	s.state = Retired
 	b.retired++
 	return nil
+}
+
+// Usable is how many of the set's slots may still be allocated: its
+// slots less those Retired.
+func (b *BlockSet) Usable() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.slots) - b.retired
 }
 
 // Retired is how many of the set's slots are Retired.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
 )
 
 // Clock tells the time leases expire by. Tests inject a manual clock; the
@@ -101,6 +103,16 @@ type Config struct {
 	// and the block is not lost, and returns whether it did. If nil, or
 	// false, the block is dropped (Metrics.OffloadsGivenUp).
 	OffloadTake func(set *BlockSet, blk Block, sum uint64, hasSum bool) bool
+
+	// OffloadSkips, with Offload set, says of a new block set's layout
+	// (its regions placed) that the Offload hook would refuse every one
+	// of its blocks (no tier can take them): such a set is never offered
+	// a block and not recycled ahead of need (recycling ahead stops at
+	// the first block the hook refuses), so a block of it is recycled
+	// only when an allocation needs its slot, and Retains is every slot
+	// not retired. It is called with the pool's lock held: it must not
+	// call the pool. If nil, every set's blocks are offered.
+	OffloadSkips func(l *layout.Layout) bool
 }
 
 // DefaultConfig returns the defaults for an agent.

@@ -52,7 +52,7 @@ func (b *BlockSet) offloadWatermarks() {
 	c := &b.p.cfg
 	n := float64(len(b.slots))
 	b.maxOffloading = max(1, int(c.OffloadInFlight*n))
-	if c.Offload == nil || c.LowWatermark <= 0 {
+	if !b.offload || c.LowWatermark <= 0 {
 		return
 	}
 	b.low = max(b.low, int(math.Ceil((1-c.OffloadWatermark)*n)))
@@ -76,7 +76,7 @@ func (b *BlockSet) offer(i int32) bool {
 func (b *BlockSet) offerAny(i int32) bool {
 	off := b.p.cfg.Offload
 	s := &b.slots[i]
-	if off == nil || s.below || s.withdrawn || s.offloading {
+	if !b.offload || s.below || s.withdrawn || s.offloading {
 		return false
 	}
 	if !off(b, Block{Slot: int(i), Generation: s.gen}, s.hash, s.parent) {
@@ -262,7 +262,7 @@ func (b *BlockSet) EndCopy(blk Block) error {
 // wake the pool's event loop once per block, under the set's lock, within
 // the allocation.
 func (b *BlockSet) recycleAhead(n int) int {
-	if b.p.cfg.Offload == nil {
+	if !b.offload {
 		return b.recycle(n)
 	}
 	var buf [recycleEvents]Event
@@ -378,7 +378,7 @@ func (b *BlockSet) Below(blk Block) bool {
 // copies are under way: the set is not freed until that is zero. The lock
 // is held.
 func (b *BlockSet) offloadBeforeFree() int {
-	if b.p.cfg.Offload == nil {
+	if !b.offload {
 		return 0
 	}
 	for i := range b.slots {

@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -438,5 +439,57 @@ func TestRecycleAheadQueuesOneBatch(t *testing.T) {
 				t.Fatalf("remove events for hashes %v, want %v", removes, want)
 			}
 		})
+	}
+}
+
+// A set whose layout the Offload hook takes nothing of (OffloadSkips) is
+// never offered a block and recycles a block only when an allocation
+// needs its slot: Retains is every slot, not its slots less the room kept
+// for copies below, and the set holds that many registered blocks. A set
+// of a layout not skipped, in the same pool, keeps the tier's watermarks.
+func TestOffloadSkipsRecyclesOnNeedOnly(t *testing.T) {
+	const n = 20
+	var offered int
+	cfg := testConfig(nil, nil)
+	cfg.Offload = func(set *BlockSet, blk Block, hash, parent uint64) bool {
+		offered++ // under the set's lock
+		return false
+	}
+	cfg.OffloadWatermark = 0.5
+	skipped := testLayout(n, 1, layout.FullyContiguous, 64)
+	cfg.OffloadSkips = func(l *layout.Layout) bool { return l.TPSize == skipped.TPSize }
+	p, b := newTestPool(t, cfg, skipped)
+	taken, err := p.NewBlockSet(testLayout(n, 2, layout.FullyContiguous, 64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Retains(); got != n {
+		t.Fatalf("a skipped set of %d slots retains %d, want every slot", n, got)
+	}
+	if got, want := taken.Retains(), n-int(math.Ceil((1-cfg.OffloadWatermark)*n)); got != want {
+		t.Fatalf("a set the tier takes retains %d, want %d", got, want)
+	}
+	const blocks = 3 * n
+	for i := range blocks {
+		blks, err := b.Allocate(1)
+		if err != nil {
+			t.Fatalf("allocation %d: %v", i, err)
+		}
+		if err := b.Commit(blks[0]); err != nil {
+			t.Fatal(err)
+		}
+		reg, err := b.Register(blks[0], uint64(i+1), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Release(reg); err != nil {
+			t.Fatal(err)
+		}
+		if m, want := b.Metrics(), min(i+1, b.Retains()); m.Registered != want {
+			t.Fatalf("after %d blocks the skipped set holds %d, want %d (it retains %d)", i+1, m.Registered, want, b.Retains())
+		}
+	}
+	if m := b.Metrics(); offered != 0 || m.Evictions != blocks-n {
+		t.Fatalf("the skipped set: %d blocks offered, %d recycled; want none offered and %d recycled", offered, m.Evictions, blocks-n)
 	}
 }

@@ -135,6 +135,14 @@ func (p *Publisher) Held() int {
 	return len(p.held)
 }
 
+// Copies returns the copies of hash the origin holds, and of those how
+// many on a lower tier (disk): what its owners are told.
+func (p *Publisher) Copies(hash uint64) (held, disk int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return int(p.held[hash]), int(p.disk[hash])
+}
+
 // Store records one more copy of each hash and queues it for the owners;
 // Remove one copy fewer (a hash not held is ignored). They report whether
 // an op was queued.
