@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -39,6 +40,8 @@ var (
 		"KV orders of A's and B's block sets in BenchmarkImport: HND>HND, NHD>NHD, HND>NHD or NHD>HND")
 	benchImportLanePlain = flag.Bool("kvfabric.bench.import.lane-plain", false,
 		"BenchmarkImport's lane is plain TCP (Config.LanePlain) rather than TLS; compare it with x-tcp")
+	benchImportTrace = flag.String("kvfabric.bench.import.trace", "",
+		"directory BenchmarkImport writes an execution trace of each lane and bare TLS run into (lane-N.trace, tls-N.trace, N the iteration), for go tool trace -pprof=net|sync|sched")
 	benchImportTP = flag.String("kvfabric.bench.import.tp", "4>2",
 		"TP sizes of A's and B's block sets in BenchmarkImport: 4>2 re-shards (8 KiB pieces, strided); 1>1 moves each 2 MiB block as one contiguous piece, as the baselines and NIXL and Mooncake do")
 )
@@ -260,6 +263,7 @@ func BenchmarkImport(b *testing.B) {
 	// baseline) per transport, untimed hooks around each run.
 	cpu := map[string]time.Duration{}
 	var cpu0 time.Duration
+	var traceFile *os.File // the run's execution trace, when one is asked for
 	iter := 0
 	var slotsA []uint32
 	runner.Before = func(tr *netbench.Transport) error {
@@ -271,11 +275,30 @@ func BenchmarkImport(b *testing.B) {
 		// untimed work before it (A's registrations, B's checks of the run
 		// before) is not collected on its CPU.
 		runtime.GC()
+		if *benchImportTrace != "" && (tr == lane || tr.Name == "tls") {
+			f, err := os.Create(filepath.Join(*benchImportTrace, fmt.Sprintf("%s-%d.trace", tr.Name, iter)))
+			if err != nil {
+				return err
+			}
+			if err := trace.Start(f); err != nil {
+				f.Close()
+				return err
+			}
+			traceFile = f
+		}
 		cpu0 = netbench.ProcessCPU()
 		return nil
 	}
 	runner.After = func(tr *netbench.Transport) error {
 		cpu[tr.Name] += netbench.ProcessCPU() - cpu0
+		if traceFile != nil {
+			trace.Stop()
+			err := traceFile.Close()
+			traceFile = nil
+			if err != nil {
+				return err
+			}
+		}
 		if tr != imp && tr != lane {
 			return nil
 		}
