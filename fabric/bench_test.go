@@ -263,6 +263,11 @@ func BenchmarkImport(b *testing.B) {
 	// baseline) per transport, untimed hooks around each run.
 	cpu := map[string]time.Duration{}
 	var cpu0 time.Duration
+	// And the time its threads waited for a core while runnable (Linux):
+	// a run that used less than every core while this grew was short of
+	// cores that other processes had, not of work.
+	runq := map[string]time.Duration{}
+	var runq0 time.Duration
 	var traceFile *os.File // the run's execution trace, when one is asked for
 	iter := 0
 	var slotsA []uint32
@@ -287,10 +292,12 @@ func BenchmarkImport(b *testing.B) {
 			traceFile = f
 		}
 		cpu0 = netbench.ProcessCPU()
+		runq0 = processRunDelay()
 		return nil
 	}
 	runner.After = func(tr *netbench.Transport) error {
 		cpu[tr.Name] += netbench.ProcessCPU() - cpu0
+		runq[tr.Name] += processRunDelay() - runq0
 		if traceFile != nil {
 			trace.Stop()
 			err := traceFile.Close()
@@ -357,6 +364,11 @@ func BenchmarkImport(b *testing.B) {
 	for _, name := range []string{"lane", "import", "quic", "tls", "tcp"} {
 		b.ReportMetric(cpu[name].Seconds()/gb, name+"-cpu-s/GB")
 	}
+	if runq["lane"] > 0 {
+		for _, name := range []string{"lane", "tls"} {
+			b.ReportMetric(runq[name].Seconds()/gb, name+"-runq-s/GB")
+		}
+	}
 	if c := callMicros.Load(); c > 0 {
 		b.ReportMetric(float64(fetchMicros.Load())/float64(c), "fetch/call")
 	}
@@ -366,6 +378,31 @@ func BenchmarkImport(b *testing.B) {
 	}
 	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; quic baseline %d conns, %d blocks in flight; tls and tcp baselines %d conns (the lane's); %d iterations; lane plain TCP: %v",
 		nblocks, blockBytes>>10, size>>20, tpA, orderA, tpB, orderB, batch, inflight, base.Conns, base.Parallel, transfer.DefaultLaneConns, iter, *benchImportLanePlain)
+}
+
+// processRunDelay is the time the process's threads have waited on a
+// run queue for a core so far (Linux's schedstat, summed over the threads
+// alive now); 0 where the system does not say.
+func processRunDelay() time.Duration {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", t.Name(), "schedstat"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			continue
+		}
+		if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+			sum += time.Duration(ns)
+		}
+	}
+	return sum
 }
 
 // benchContent is the kvtest id of block i of iteration iter: different
