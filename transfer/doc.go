@@ -109,10 +109,7 @@
 // that goes wrong closes it. A read's plan is split into parts of at
 // least 1 MiB over the peer's connections, and each piece is read
 // straight into its destination (plain TCP reads pieces under 16 KiB
-// through a buffer). A read takes the connections idle when it starts
-// (waiting for one if none is), and while parts of it are left, the idle
-// ones other reads give back, unless a read waits for its first
-// (Metrics.LaneWidened). A holder closes a connection idle for
+// through a buffer). A holder closes a connection idle for
 // Config.LaneIdleTimeout and one whose reader stops reading for
 // ProgressTimeout; a reader fails a read whose holder sends nothing for
 // ProgressTimeout. A reader that cannot get tokens, connect, or finish a

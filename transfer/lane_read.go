@@ -10,7 +10,6 @@ import (
 	"net"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
@@ -37,13 +36,9 @@ const laneFrameBuf = 16 << 10
 // slot per connection it may have, and until when it is off.
 type peerLane struct {
 	slots chan struct{} // one per connection open or being opened
-	// starting counts reads waiting for their first connection: a read
-	// under way takes no connection given back while one waits.
-	starting atomic.Int32
 
 	mu        sync.Mutex
 	idle      []*laneConn
-	freed     chan struct{} // closed, and replaced, when a connection is given back
 	downUntil time.Time
 	downWhy   string
 	closed    bool
@@ -57,7 +52,7 @@ type laneConn struct {
 }
 
 func newPeerLane(conns int) *peerLane {
-	return &peerLane{slots: make(chan struct{}, conns), freed: make(chan struct{})}
+	return &peerLane{slots: make(chan struct{}, conns)}
 }
 
 func (l *peerLane) close() {
@@ -140,11 +135,7 @@ func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []la
 		next <- pt
 	}
 	close(next)
-	// taken closes when the first connection finds no part left: every
-	// part is then on its way, and the read takes no more connections.
-	taken := make(chan struct{})
-	var takenOnce sync.Once
-	run := func(lc *laneConn) {
+	for _, lc := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -153,18 +144,7 @@ func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []la
 				errOnce.Do(func() { firstErr = err })
 				cancel()
 			}
-			takenOnce.Do(func() { close(taken) })
 			p.putLaneConn(lc, ok)
-		}()
-	}
-	for _, lc := range conns {
-		run(lc)
-	}
-	if len(conns) < len(parts) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.widenLaneRead(ctx, taken, run)
 		}()
 	}
 	wg.Wait()
@@ -172,76 +152,6 @@ func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []la
 		firstErr = fmt.Errorf("transfer: lane read from %s: %w", p.name, wrapNetErr(ctx, ctx.Err()))
 	}
 	return true, firstErr
-}
-
-// widenLaneRead gives a read under way the idle connections that other
-// reads give back, one at a time through run, until taken closes (no
-// part of the read is left to take) or ctx ends. A read started while
-// every connection was busy carries its parts on the one or few it got,
-// and without this the connections other reads free would wait idle for
-// the next read to start (its lease, slots and plan), or for no read at
-// all at the end of an import. A read waiting for its first connection
-// comes first: none is taken while one waits. It opens no connection:
-// only idle ones are taken.
-func (p *Peer) widenLaneRead(ctx context.Context, taken <-chan struct{}, run func(*laneConn)) {
-	l := p.lane
-	for {
-		l.mu.Lock()
-		freed := l.freed
-		l.mu.Unlock()
-		select {
-		case <-taken:
-			return
-		case <-ctx.Done():
-			return
-		default:
-		}
-		if lc := p.idleLaneConn(); lc != nil {
-			p.n.stats.laneWidened.Add(1)
-			run(lc)
-			continue
-		}
-		select {
-		case <-freed:
-		case <-taken:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// idleLaneConn takes an idle connection and its slot without waiting:
-// nil when none is idle, every slot is taken, or a read waits for its
-// first connection.
-func (p *Peer) idleLaneConn() *laneConn {
-	l := p.lane
-	for l.starting.Load() == 0 {
-		select {
-		case l.slots <- struct{}{}:
-		default:
-			return nil
-		}
-		stale := time.Now().Add(-p.n.cfg.LaneIdleTimeout / 2)
-		l.mu.Lock()
-		var lc *laneConn
-		if k := len(l.idle); k > 0 && !l.closed {
-			lc = l.idle[k-1]
-			l.idle = l.idle[:k-1]
-		}
-		l.mu.Unlock()
-		if lc == nil {
-			<-l.slots
-			return nil
-		}
-		if lc.lastUsed.Before(stale) {
-			lc.c.Close() // the holder may be closing it
-			<-l.slots
-			continue
-		}
-		return lc
-	}
-	return nil
 }
 
 // laneConns takes up to want lane connections, at least one: idle ones
@@ -252,17 +162,8 @@ func (p *Peer) laneConns(ctx context.Context, want int) ([]*laneConn, error) {
 	l := p.lane
 	select {
 	case l.slots <- struct{}{}:
-	default:
-		// Every connection is busy: reads under way leave the next one
-		// given back to this read (widenLaneRead).
-		l.starting.Add(1)
-		select {
-		case l.slots <- struct{}{}:
-			l.starting.Add(-1)
-		case <-ctx.Done():
-			l.starting.Add(-1)
-			return nil, ctx.Err()
-		}
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 	got := 1
 	for got < want {
@@ -349,11 +250,6 @@ func (p *Peer) putLaneConn(lc *laneConn, ok bool) {
 		lc.c.Close()
 	}
 	<-l.slots
-	// Reads under way that could carry more parts look again.
-	l.mu.Lock()
-	close(l.freed)
-	l.freed = make(chan struct{})
-	l.mu.Unlock()
 }
 
 // dialLane opens one lane connection with token, within HandshakeTimeout

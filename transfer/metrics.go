@@ -56,10 +56,6 @@ type Metrics struct {
 	LaneFallbacks map[string]uint64
 	// LanePlain says the lane this node serves is plain TCP.
 	LanePlain bool
-
-	// LaneWidened counts idle lane connections that reads took while
-	// under way, given back by other reads.
-	LaneWidened uint64
 }
 
 type counters struct {
@@ -68,7 +64,6 @@ type counters struct {
 	requestBytes                                                atomic.Int64
 	bytesReadLane, laneConnects, laneConnectFails, laneRefused  atomic.Uint64
 	laneFallbacks                                               [4]atomic.Uint64
-	laneWidened                                                 atomic.Uint64
 }
 
 // laneFallback counts a read that went over QUIC for reason.
@@ -100,6 +95,5 @@ func (n *Node) Metrics() Metrics {
 		ReadsServed: s.readsServed.Load(), BytesServed: s.bytesServed.Load(),
 		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), BytesReadQUIC: s.bytesReadQUIC.Load(), ReadsFailed: s.readsFailed.Load(),
 		RequestBytes: uint64(max(0, s.requestBytes.Load())), RequestBudgetWaits: s.budgetWaits.Load(),
-		LaneWidened: s.laneWidened.Load(),
 	}
 }
