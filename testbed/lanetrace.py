@@ -6,8 +6,9 @@ BenchmarkImport (-kvfabric.bench.import.trace DIR writes DIR/lane-N.trace)
 and prints:
 
 - the lane connections' idle time: each goroutine that carries one read's
-  parts on one connection (readLane's, and those widenLaneRead starts) is
-  that connection busy from its start to its end; a connection not busy
+  parts on one connection (readLane's; also those a widenLaneRead started,
+  in the build that had it: BENCHMARKS.md) is that connection busy from
+  its start to its end; a connection not busy
   between the first read's start and the last read's end is idle. The idle
   time is split by how many reads were under way then (idle with reads
   under way on fewer connections than they could use) and at the run's
