@@ -115,7 +115,12 @@ const (
 // QUIC import and the quic and tls baselines (both ends of each are in
 // this process); and fetch/call: the share of the Import calls' time that
 // the agent spent fetching (lease, layouts, plan, read, release), as it
-// reports in the response.
+// reports in the response. On Linux it also reports lane-runq-s/GB and
+// tls-runq-s/GB, the time per GB the process's threads waited for a core
+// during those runs: a run that used fewer cores than the machine has
+// while this grew was short of cores, not of work.
+// -kvfabric.bench.import.trace writes an execution trace of each lane and
+// bare TLS run (testbed/lanetrace.py reads them).
 //
 // Every iteration imports blocks B has never seen: A registers a fresh
 // set of sequences (new hashes, new contents) before the timed part, and
