@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -39,6 +40,8 @@ var (
 		"KV orders of A's and B's block sets in BenchmarkImport: HND>HND, NHD>NHD, HND>NHD or NHD>HND")
 	benchImportLanePlain = flag.Bool("kvfabric.bench.import.lane-plain", false,
 		"BenchmarkImport's lane is plain TCP (Config.LanePlain) rather than TLS; compare it with x-tcp")
+	benchImportTrace = flag.String("kvfabric.bench.import.trace", "",
+		"directory BenchmarkImport writes an execution trace of each lane and bare TLS run into (lane-N.trace, tls-N.trace, N the iteration), for go tool trace -pprof=net|sync|sched")
 	benchImportTP = flag.String("kvfabric.bench.import.tp", "4>2",
 		"TP sizes of A's and B's block sets in BenchmarkImport: 4>2 re-shards (8 KiB pieces, strided); 1>1 moves each 2 MiB block as one contiguous piece, as the baselines and NIXL and Mooncake do")
 )
@@ -112,7 +115,12 @@ const (
 // QUIC import and the quic and tls baselines (both ends of each are in
 // this process); and fetch/call: the share of the Import calls' time that
 // the agent spent fetching (lease, layouts, plan, read, release), as it
-// reports in the response.
+// reports in the response. On Linux it also reports lane-runq-s/GB and
+// tls-runq-s/GB, the time per GB the process's threads waited for a core
+// during those runs: a run that used fewer cores than the machine has
+// while this grew was short of cores, not of work.
+// -kvfabric.bench.import.trace writes an execution trace of each lane and
+// bare TLS run (testbed/lanetrace.py reads them).
 //
 // Every iteration imports blocks B has never seen: A registers a fresh
 // set of sequences (new hashes, new contents) before the timed part, and
@@ -260,6 +268,12 @@ func BenchmarkImport(b *testing.B) {
 	// baseline) per transport, untimed hooks around each run.
 	cpu := map[string]time.Duration{}
 	var cpu0 time.Duration
+	// And the time its threads waited for a core while runnable (Linux):
+	// a run that used less than every core while this grew was short of
+	// cores that other processes had, not of work.
+	runq := map[string]time.Duration{}
+	var runq0 time.Duration
+	var traceFile *os.File // the run's execution trace, when one is asked for
 	iter := 0
 	var slotsA []uint32
 	runner.Before = func(tr *netbench.Transport) error {
@@ -271,11 +285,32 @@ func BenchmarkImport(b *testing.B) {
 		// untimed work before it (A's registrations, B's checks of the run
 		// before) is not collected on its CPU.
 		runtime.GC()
+		if *benchImportTrace != "" && (tr == lane || tr.Name == "tls") {
+			f, err := os.Create(filepath.Join(*benchImportTrace, fmt.Sprintf("%s-%d.trace", tr.Name, iter)))
+			if err != nil {
+				return err
+			}
+			if err := trace.Start(f); err != nil {
+				f.Close()
+				return err
+			}
+			traceFile = f
+		}
 		cpu0 = netbench.ProcessCPU()
+		runq0 = processRunDelay()
 		return nil
 	}
 	runner.After = func(tr *netbench.Transport) error {
 		cpu[tr.Name] += netbench.ProcessCPU() - cpu0
+		runq[tr.Name] += processRunDelay() - runq0
+		if traceFile != nil {
+			trace.Stop()
+			err := traceFile.Close()
+			traceFile = nil
+			if err != nil {
+				return err
+			}
+		}
 		if tr != imp && tr != lane {
 			return nil
 		}
@@ -334,6 +369,11 @@ func BenchmarkImport(b *testing.B) {
 	for _, name := range []string{"lane", "import", "quic", "tls", "tcp"} {
 		b.ReportMetric(cpu[name].Seconds()/gb, name+"-cpu-s/GB")
 	}
+	if runq["lane"] > 0 {
+		for _, name := range []string{"lane", "tls"} {
+			b.ReportMetric(runq[name].Seconds()/gb, name+"-runq-s/GB")
+		}
+	}
 	if c := callMicros.Load(); c > 0 {
 		b.ReportMetric(float64(fetchMicros.Load())/float64(c), "fetch/call")
 	}
@@ -343,6 +383,31 @@ func BenchmarkImport(b *testing.B) {
 	}
 	b.Logf("%d blocks of %d KiB (%d MiB) per transport per iteration, TP %d %v -> TP %d %v, %d blocks per Import, %d in flight; quic baseline %d conns, %d blocks in flight; tls and tcp baselines %d conns (the lane's); %d iterations; lane plain TCP: %v",
 		nblocks, blockBytes>>10, size>>20, tpA, orderA, tpB, orderB, batch, inflight, base.Conns, base.Parallel, transfer.DefaultLaneConns, iter, *benchImportLanePlain)
+}
+
+// processRunDelay is the time the process's threads have waited on a
+// run queue for a core so far (Linux's schedstat, summed over the threads
+// alive now); 0 where the system does not say.
+func processRunDelay() time.Duration {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", t.Name(), "schedstat"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			continue
+		}
+		if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+			sum += time.Duration(ns)
+		}
+	}
+	return sum
 }
 
 // benchContent is the kvtest id of block i of iteration iter: different
