@@ -421,6 +421,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	for try := 0; ; try++ {
 		var put []uint64
 		keep, keepAt := items[:0], at[:0]
+		t.order() // until the records below are announced
 		for n, err := range errs {
 			switch {
 			case err == nil:
@@ -448,6 +449,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		}
 		d.offloads.Add(uint64(len(put)))
 		t.announce(true, d.n, put...)
+		t.announceMu.Unlock()
 		items, at = keep, keepAt
 		if len(items) == 0 || try == 8 {
 			break
@@ -655,10 +657,11 @@ func (t *tiers) pick() *diskTier {
 
 // announce publishes that this node holds (or no longer holds) hashes on
 // tier n: under the tier's block set number (tierSet), or to the owners as
-// copies on disk, or in memory for the host tier's.
+// copies on disk, or in memory for the host tier's. announceMu is held,
+// since the change to the records it announces.
 func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 	m := t.a.joined.Load()
-	if m == nil || len(hashes) == 0 {
+	if m == nil || !t.announcing.Load() || len(hashes) == 0 {
 		return // announced whole once the node joins (announceAll)
 	}
 	set := t.tierSet(n)
@@ -679,11 +682,31 @@ func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 }
 
 // announceAll publishes every disk-held block: at start, once joined,
-// each tier's in one batch.
+// each tier's in one batch. The changes recorded before it are announced
+// by it; those after, each on its own.
 func (t *tiers) announceAll() {
+	t.order()
+	defer t.announceMu.Unlock()
+	t.announcing.Store(true)
 	for n, hashes := range t.heldByTier() {
 		t.announce(true, n, hashes...)
 	}
+}
+
+// announced calls f with the tiers' blocks as announced, each under its
+// tier's block set number (tierSet): a resync's part from the tiers. f
+// runs under announceMu, so no change to the records is waiting for its
+// announcement, nor announced, while the records are read and f runs;
+// before announceAll, f gets none (announceAll announces them later). f
+// may take the owned index's mu or the membership's lock, not announceMu.
+func (t *tiers) announced(f func(held []membership.Entry)) {
+	t.order()
+	defer t.announceMu.Unlock()
+	var held []membership.Entry
+	if t.announcing.Load() {
+		held = t.holdings()
+	}
+	f(held)
 }
 
 // heldByTier are the hashes of the tiers' blocks, tier n's at [n].
@@ -699,7 +722,8 @@ func (t *tiers) heldByTier() [][]uint64 {
 }
 
 // holdings are the tiers' blocks as membership entries, each under its
-// tier's block set number (tierSet).
+// tier's block set number (tierSet). A resync takes them through
+// announced.
 func (t *tiers) holdings() []membership.Entry {
 	t.mu.Lock()
 	defer t.mu.Unlock()
