@@ -73,10 +73,11 @@ func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) b
 // refuses says whether no tier takes blocks of l: the tiers cannot copy
 // them (reachable), or they are larger than the tiers' slots (once the
 // stores are open). It is the pool's OffloadSkips too: a set of such a
-// layout keeps the watermarks of a set without tiers, since none of its
-// blocks is kept for a copy below, and its Retains (an engine's restore
-// batches and prefetch budget) says what it keeps. A set made before the
-// stores open is judged by reachable alone.
+// layout is given no low watermark and recycles only on need (an
+// allocation's), since none of its blocks is kept for a copy below, and
+// its Retains (an engine's restore batches and prefetch budget) is every
+// slot not retired. A set made before the stores open is judged by
+// reachable alone.
 func (t *tiers) refuses(l *layout.Layout) bool {
 	if !t.reachable(l) {
 		return true
