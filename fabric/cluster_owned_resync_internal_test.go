@@ -17,13 +17,20 @@ import (
 // waits until it joined.
 func ownedTierAgent(t *testing.T) *Agent {
 	t.Helper()
+	return tierAgentIn(t, IndexOwned)
+}
+
+// tierAgentIn starts an agent in index mode mode with a disk tier and
+// waits until it joined.
+func tierAgentIn(t *testing.T, mode string) *Agent {
+	t.Helper()
 	dir := t.TempDir()
 	c := DefaultLocalConfig()
 	c.NodeName, c.DataDir, c.DevCADir = "n1", filepath.Join(dir, "n1"), filepath.Join(dir, "ca")
 	c.GossipAddr, c.PeerAddr, c.MetricsAddr = "127.0.0.1:0", "127.0.0.1:0", "off"
 	c.Pools = []string{"host=16MiB"}
 	c.Tiers = []string{"disk=" + filepath.Join(dir, "tier") + ":64MiB"}
-	c.IndexMode = IndexOwned
+	c.IndexMode = mode
 	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	a, err := Start(context.Background(), c)
 	if err != nil {
@@ -135,4 +142,51 @@ func TestOwnedResyncClearsATierCopyAnnouncedOutOfOrder(t *testing.T) {
 		a.owned.publish(pool.EventBatch{Dropped: 1})
 		ownedCopies(t, a, []string{"a resync after them", "a second resync"}[i], k.Hash, 0, 0)
 	}
+}
+
+// In whole index mode the same holds of gossip's reconcile: between a
+// tier's record and its announcement it waits, and the node's published
+// holdings count the block once, then not at all once its removal is
+// announced.
+func TestReconcileBetweenATierRecordAndItsAnnouncement(t *testing.T) {
+	a := tierAgentIn(t, IndexWhole)
+	tr := a.tiers
+	d := tr.list[0]
+	k := disk.Key{Hash: 0xd15f, Tag: 7}
+	published := func(when string, want int) {
+		t.Helper()
+		n := 0
+		for _, e := range a.joined.Load().Snapshot().Entries {
+			if e.Hash == k.Hash && e.BlockSet == tr.tierSet(d.n) {
+				n++
+			}
+		}
+		if n != want {
+			t.Fatalf("%s: %d copies of %#x published on tier %d, want %d", when, n, k.Hash, d.n, want)
+		}
+	}
+	betweenRecordAndAnnouncement(t, tr, d, k, func() { a.reconcile(a.joined.Load(), 1) })
+	published("a block recorded, a reconcile, then its announcement", 1)
+	tr.forget(d, k)
+	published("its removal announced", 0)
+}
+
+// A change to the tiers' records before announceAll (the node joining) is
+// announced by it, not also on its own: the owners are told of one copy.
+func TestTierChangeBeforeAnnounceAllAnnouncedOnce(t *testing.T) {
+	a := ownedTierAgent(t)
+	tr := a.tiers
+	d := tr.list[0]
+	k := disk.Key{Hash: 0xd160, Tag: 7}
+	tr.announcing.Store(false) // as before announceAll
+	tr.order()
+	if !tr.placed(d, k, 4096) {
+		tr.announceMu.Unlock()
+		t.Fatal("a new block's record not to be announced")
+	}
+	tr.announce(true, d.n, k.Hash)
+	tr.announceMu.Unlock()
+	ownedCopies(t, a, "a block recorded and announced before announceAll", k.Hash, 0, 0)
+	tr.announceAll()
+	ownedCopies(t, a, "after announceAll", k.Hash, 1, 1)
 }
