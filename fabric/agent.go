@@ -625,15 +625,16 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	may, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize))
 	if err != nil {
 		if best != nil {
-			return a.attach(sess, best) // the largest of the layout's sets is the best there is
+			return a.attach(sess, best) // the layout's set with the most usable slots is the best there is
 		}
 		return nil, err
 	}
 	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }, may)
 	if err != nil {
 		if best != nil && errors.Is(err, pool.ErrOutOfMemory) {
-			// No room for a set of the default size: the largest of the
-			// layout's sets is the best there is.
+			// No room for a set of the size asked (or the default): the
+			// layout's set with the most usable slots is the best there
+			// is.
 			return a.attach(sess, best)
 		}
 		return nil, err
@@ -662,14 +663,17 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 }
 
 // reusableSet returns the block set of tmpl's layout and placement that a
-// Register asking for asked slots may join: one of exactly that many, none
-// of them retired (pool.BlockSet.Retire), or, when it asked for none, the
-// largest in usable slots (the oldest of equals). own says
-// whether sess already uses it (an engine's other ranks registered it).
-// The caller takes another session's set without a count only if it holds
-// the default slot count, so that an engine is not handed a tiny set some
-// other engine asked for. Only sets pid may join are candidates (see
-// engineSet.mayJoin). a.mu is held.
+// Register asking for asked slots may join: of those with exactly that
+// many (any count when it asked for none), the one with the most usable
+// slots (pool.BlockSet.Retire takes slots out of use; the oldest of
+// equals). own says whether sess already uses it (an engine's other ranks
+// registered it). The caller attaches another session's set at once only
+// if it has the slots asked for (the default count when none was asked)
+// usable, so that an engine is not handed a tiny set some other engine
+// asked for, nor a kept set with retired slots while a new set fits; else
+// the set is the fallback when the quota or the memory has no room for a
+// new one. Only sets pid may join are candidates (see engineSet.mayJoin).
+// a.mu is held.
 func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place []int, pid int32) (best *engineSet, own bool) {
 	var fits []*engineSet
 	usable := map[*engineSet]int{}
@@ -680,10 +684,7 @@ func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place
 			!a.placedAs(s.set, place) {
 			continue
 		}
-		// Before sess.mu: mayJoin and Usable take the set's lock. A set
-		// kept with retired slots has fewer usable slots than its layout
-		// says: it is no set of the asked size, unless sess uses it
-		// already (the engine's other ranks).
+		// Before sess.mu: mayJoin and Usable take the set's lock.
 		if s.mayJoin(pid) {
 			fits = append(fits, s)
 			usable[s] = s.set.Usable()
@@ -699,9 +700,6 @@ func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place
 		_, used := sess.sets[s.set.ID()]
 		if used && better(s, mine) {
 			mine = s
-		}
-		if !used && asked != 0 && usable[s] < asked {
-			continue
 		}
 		if better(s, best) {
 			best = s

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/index"
+	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 )
 
@@ -29,19 +30,8 @@ type ownedIndex struct {
 	cache *index.AnswerCache
 	wake  chan struct{} // ops queued; capacity 1
 
-	mu      sync.Mutex // serializes publish and publishHeld: through, tierMem, tierDisk
+	mu      sync.Mutex // serializes publish and publishHeld: through
 	through uint64     // the last pool event a snapshot covered
-	// tierMem and tierDisk count the tiers' copies of each hash in memory
-	// (the host tier) and on disk as their announcements (publishHeld)
-	// gave them: what a resync gives the owners of the tiers' holdings.
-	// Not the tiers' own records: a tier records a block (under its lock)
-	// and announces it after, so a resync that read the records between
-	// the two would count the block once from them and again from the
-	// late announcement, and the owners would keep a copy on that tier
-	// after the block's removal was announced. The announcements, unlike
-	// the pool's events, are never lost, and o.mu orders each wholly
-	// before or after a resync.
-	tierMem, tierDisk map[uint64]int32
 
 	legacy legacyOwners // owners that predate lookups with tiers and disk copies
 	stats  ownedStats
@@ -96,12 +86,10 @@ const ownedWatchInterval = 50 * time.Millisecond
 
 func newOwnedIndex(a *Agent) *ownedIndex {
 	return &ownedIndex{
-		a:        a,
-		pub:      index.NewPublisher(a.cfg.NodeName, a.cfg.IndexReplicas, 0),
-		cache:    index.NewAnswerCache(0, a.cfg.IndexCacheTTL),
-		wake:     make(chan struct{}, 1),
-		tierMem:  map[uint64]int32{},
-		tierDisk: map[uint64]int32{},
+		a:     a,
+		pub:   index.NewPublisher(a.cfg.NodeName, a.cfg.IndexReplicas, 0),
+		cache: index.NewAnswerCache(0, a.cfg.IndexCacheTTL),
+		wake:  make(chan struct{}, 1),
 	}
 }
 
@@ -124,34 +112,17 @@ func (o *ownedIndex) poke() {
 // publish takes the local pool's events in place of gossip. The pool calls
 // it from its own goroutine.
 func (o *ownedIndex) publish(b pool.EventBatch) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
 	if b.Dropped > 0 {
-		// The pool's registry is the truth: every owner gets it afresh.
 		o.a.stats.eventsLost.Add(b.Dropped)
-		s := o.a.pool.Snapshot()
-		hashes := make([]uint64, len(s.Blocks))
-		for i, blk := range s.Blocks {
-			hashes[i] = blk.Hash
+		if t := o.a.tiers; t != nil {
+			t.announced(func(held []membership.Entry) { o.resync(b.Dropped, held) })
+		} else {
+			o.resync(b.Dropped, nil)
 		}
-		// The tiers' blocks stay announced, as announced (see tierMem).
-		for h, n := range o.tierMem {
-			for range n {
-				hashes = append(hashes, h) // the host tier's: in memory
-			}
-		}
-		var disk []uint64
-		for h, n := range o.tierDisk {
-			for range n {
-				disk = append(disk, h)
-			}
-		}
-		o.pub.ResetTiers(hashes, disk)
-		o.through = s.Seq
-		o.a.log.Warn("pool events lost; every owner gets this node's holdings afresh", "lost", b.Dropped, "held", o.pub.Held())
-		o.poke()
 		return
 	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	queued := false
 	for _, e := range b.Events {
 		if e.Seq <= o.through {
@@ -168,6 +139,36 @@ func (o *ownedIndex) publish(b pool.EventBatch) {
 	}
 }
 
+// resync gives every owner this node's holdings afresh, after lost pool
+// events: the pool's registry, which is the truth, and the tiers' blocks
+// (tiers, under their block set numbers), which stay announced. Those are
+// the tiers' records, read and given to the owners with no change to them
+// recorded and not yet announced, nor announced meanwhile
+// (tiers.announced): a block recorded and announced after the read would
+// be counted twice, and one whose removal the records say nothing of any
+// more would be held for good.
+func (o *ownedIndex) resync(lost uint64, tiers []membership.Entry) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := o.a.pool.Snapshot()
+	hashes := make([]uint64, len(s.Blocks), len(s.Blocks)+len(tiers))
+	for i, blk := range s.Blocks {
+		hashes[i] = blk.Hash
+	}
+	var disk []uint64
+	for _, e := range tiers {
+		if e.BlockSet < tierSetBase {
+			hashes = append(hashes, e.Hash) // the host tier's: in memory
+		} else {
+			disk = append(disk, e.Hash)
+		}
+	}
+	o.pub.ResetTiers(hashes, disk)
+	o.through = s.Seq
+	o.a.log.Warn("pool events lost; every owner gets this node's holdings afresh", "lost", lost, "held", o.pub.Held())
+	o.poke()
+}
+
 // publishHeld takes a change to what this node holds outside its pool's
 // events (the tiers' blocks), as publish takes the pool's: the owners keep
 // the disk tiers' as copies on disk, so that importers prefer a holder
@@ -176,20 +177,6 @@ func (o *ownedIndex) publish(b pool.EventBatch) {
 func (o *ownedIndex) publishHeld(store, inMemory bool, hashes []uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	held := o.tierDisk
-	if inMemory {
-		held = o.tierMem
-	}
-	for _, h := range hashes {
-		switch {
-		case store:
-			held[h]++
-		case held[h] > 1:
-			held[h]--
-		default:
-			delete(held, h) // a remove of a copy not announced is ignored, as the publisher ignores it
-		}
-	}
 	queued := false
 	switch {
 	case store && inMemory:

@@ -69,16 +69,25 @@ func (a *Agent) onPoolEvents(b pool.EventBatch) {
 
 // reconcile republishes this node's holdings from the pool's registry.
 // Every event of the batch at hand, and any still queued up to the
-// snapshot's number, is covered by the snapshot.
+// snapshot's number, is covered by the snapshot. The tiers' blocks stay
+// announced, as their records say with no change to them waiting for its
+// announcement (tiers.announced).
 func (a *Agent) reconcile(m *membership.Membership, lost uint64) {
+	if a.tiers != nil {
+		a.tiers.announced(func(tiers []membership.Entry) { a.reconcileWith(m, lost, tiers) })
+		return
+	}
+	a.reconcileWith(m, lost, nil)
+}
+
+// reconcileWith is reconcile with the tiers' blocks.
+func (a *Agent) reconcileWith(m *membership.Membership, lost uint64, tiers []membership.Entry) {
 	s := a.pool.Snapshot()
-	held := make([]membership.Entry, len(s.Blocks))
+	held := make([]membership.Entry, len(s.Blocks), len(s.Blocks)+len(tiers))
 	for i, b := range s.Blocks {
 		held[i] = membership.Entry{Hash: b.Hash, BlockSet: uint32(b.Set)}
 	}
-	if a.tiers != nil {
-		held = append(held, a.tiers.holdings()...) // disk-held blocks stay announced
-	}
+	held = append(held, tiers...)
 	before := m.Metrics().EventsReconciled
 	if _, err := m.Reconcile(held); err != nil {
 		if !errors.Is(err, membership.ErrClosed) {

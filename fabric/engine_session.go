@@ -321,7 +321,9 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 		// Freed, its memory would be withheld from every other set
 		// (pool.BlockSet.Retire) for no gain, and made room for none:
 		// kept instead, its other slots and cached blocks for a later
-		// engine of its layout. Said once, when its grace period ends.
+		// engine of its layout, attached at once only when it has the
+		// slots asked for usable, else only when no new set fits
+		// (Agent.reusableSet). Said once, when its grace period ends.
 		if timerGen != 0 {
 			a.log.Info("idle block set kept: slots retired in it would keep its memory from any other set", "set", es.set.ID(), "retired", n)
 		}

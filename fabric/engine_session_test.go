@@ -581,6 +581,50 @@ func TestIdleBlockSetReusedWithItsBlocks(t *testing.T) {
 	}
 }
 
+// A set kept past its grace period with a slot retired in it has fewer
+// usable slots than its engine asks for; when no new set fits beside it
+// (here the pool holds one set of the engine's size), the engine
+// registering again is given the kept set rather than refused.
+func TestKeptSetWithRetiredSlotsReusedWhenNoNewSetFits(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.BlockSetGrace, cfg.NoOrphanCache = 100*time.Millisecond, true
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const poolBytes = 16 << 20 // testConfig's host pool
+	e := client.Engine{Name: "restarts", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND}
+	e.Slots = int(poolBytes * 3 / 4 / e.Model.BlockBytes(e.PageSize))
+	first := newClient(t, a)
+	set := register(t, first, e)
+	if b := set.Layout.Regions[0].Size; b <= poolBytes/2 || b > poolBytes {
+		t.Fatalf("the engine's set takes %d bytes of the %d-byte pool: want more than half, so that no second set fits", b, poolBytes)
+	}
+	if err := fabric.RetireSlot(a, set.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.DropBlockSet(ctx, set.ID); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 30*time.Second, "the dropped set's grace period over", func() error {
+		if !fabric.IdleSetKept(a, set.ID) {
+			return fmt.Errorf("set %d not idle and kept", set.ID)
+		}
+		return nil
+	})
+	next := newClient(t, a)
+	again, err := next.Register(ctx, e)
+	if err != nil || again.ID != set.ID {
+		t.Fatalf("the engine registering again for %d slots with room for no new set: %v, %v; want the kept set %d", e.Slots, again, err, set.ID)
+	}
+	// Every slot but the retired one is the engine's.
+	if s, err := next.Allocate(ctx, again.ID, e.Slots-1); err != nil || len(s) != e.Slots-1 {
+		t.Fatalf("the kept set's %d usable slots: %d, %v", e.Slots-1, len(s), err)
+	}
+	if _, err := next.Allocate(ctx, again.ID, 1); err == nil {
+		t.Fatalf("allocated the kept set's retired slot")
+	}
+}
+
 // startHeldEngine starts an engine helper process that holds a session
 // (it prints "ready SESSION"), killed when the test ends, and returns its
 // session id.

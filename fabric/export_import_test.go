@@ -1,6 +1,9 @@
 package fabric
 
-import "os"
+import (
+	"fmt"
+	"os"
+)
 
 // FaultInSets reads a byte of every page of a's own mappings of its host
 // block sets and returns their sum (so that the reads stay). An engine
@@ -46,3 +49,19 @@ func IdleSetKept(a *Agent, id uint64) bool {
 // LeaseCaps is the most blocks one peer, and all peers together, may hold
 // leased on a now.
 func LeaseCaps(a *Agent) (perPeer, total int) { return a.service.leaseCaps() }
+
+// RetireSlot allocates one slot of a's block set id and retires it, as a
+// device copy whose stream could not be synchronised leaves its slot.
+func RetireSlot(a *Agent, id uint64) error {
+	for _, es := range a.engineSets() {
+		if uint64(es.set.ID()) != id {
+			continue
+		}
+		blks, err := es.set.Allocate(1)
+		if err != nil {
+			return err
+		}
+		return es.set.Retire(blks[0])
+	}
+	return fmt.Errorf("block set %d: not on %s", id, a.NodeName())
+}

@@ -256,6 +256,25 @@ type tiers struct {
 	stagers stagerCache // device sets' slot I/O (tier_device.go)
 
 	moveMu sync.Mutex // one move down from the host tier at a time (tier_host.go)
+	// announceMu orders the tiers' records with their announcements: each
+	// change to the records that is announced (a copy placed, forgotten,
+	// evicted from host memory, moved down) is made and announced under
+	// it, and a resync of what this node holds reads the records under it
+	// (announced). So the announcements of one block go out in the order
+	// of its records' changes (a removal never overtakes the store it
+	// follows), and no record waits for its announcement while a resync
+	// reads them. Taken after moveMu and before mu and what announce
+	// takes (the owned index's mu, the membership's lock), never while
+	// holding those nor a set's lock; announce does no network I/O.
+	announceMu sync.Mutex
+	// announcing is set, under announceMu, when announceAll announces the
+	// records once the node joined: changes before it are announced by
+	// it, not each on its own.
+	announcing atomic.Bool
+	// beforeOrder, if set, is called by each taker of announceMu just
+	// before it takes it (tests: a resync that must wait for an
+	// announcement under way).
+	beforeOrder atomic.Pointer[func()]
 	// hostRefused, under mu, is set once the host tier could not be made
 	// (its size holds no block): the disk tiers go on without it.
 	hostRefused bool
@@ -537,6 +556,7 @@ func (t *tiers) touch(k disk.Key) {
 // record names: a block that moved to another tier meanwhile (a move down
 // from the host tier, a copy placed elsewhere) keeps its record there.
 func (t *tiers) forget(d *diskTier, k disk.Key) {
+	t.order()
 	t.mu.Lock()
 	e, ok := t.pos[k]
 	if ok && e.Value.(*tierEntry).tier != d.n {
@@ -548,8 +568,20 @@ func (t *tiers) forget(d *diskTier, k disk.Key) {
 	t.mu.Unlock()
 	if ok {
 		t.announce(false, d.n, k.Hash)
+	}
+	t.announceMu.Unlock()
+	if ok {
 		t.lostBelow(k)
 	}
+}
+
+// order takes announceMu: from a change to the records to its
+// announcement, or while a resync reads them.
+func (t *tiers) order() {
+	if f := t.beforeOrder.Load(); f != nil {
+		(*f)()
+	}
+	t.announceMu.Lock()
 }
 
 // lostBelow tells the block sets of k's shape that hold it in memory that

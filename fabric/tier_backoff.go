@@ -19,7 +19,11 @@ import (
 // once the failures stop: a read that succeeds clears its hash, and each
 // tierReadBackoffDecay without a failure past a block's delay takes one
 // doubling off (a block not offered meanwhile, in use or not recycled,
-// fails no read), down to none, when the block is forgotten. The warnings
+// fails no read), down to none, when the block is forgotten: by its next
+// offer, or by a sweep of every such block at most once each
+// tierReadBackoffDecay as failures are recorded or blocks offered, so that
+// a block never offered again (recycled as it was) is forgotten too and
+// offers take no lock again once the failures stop. The warnings
 // of failed reads are spaced by tierSkipLogEvery, each counting the
 // failures since the last.
 
@@ -53,6 +57,9 @@ type readBackoff struct {
 	// not logged since.
 	logged     time.Time
 	suppressed int
+	// swept is when the blocks whose failures all decayed were last
+	// swept (sweepLocked).
+	swept time.Time
 }
 
 // backoffKey is a block in a set: the set's copy of a hash.
@@ -86,6 +93,7 @@ func (b *readBackoff) failed(set pool.SetID, hash uint64, now time.Time) (delay 
 	if b.m == nil {
 		b.m = map[backoffKey]readFailure{}
 	}
+	b.sweepLocked(now)
 	k := backoffKey{set, hash}
 	f, ok := b.m[k]
 	f.n = f.at(now)
@@ -122,20 +130,23 @@ func (b *readBackoff) failed(set pool.SetID, hash uint64, now time.Time) (delay 
 }
 
 // refuse says whether set's block of hash is not to be offered at now; a
-// block whose failures have all decayed (readFailure.at) is forgotten.
-// Called under a block set's lock: with no failure kept it takes no lock.
+// block whose failures have all decayed (readFailure.at) is forgotten, and
+// so are the others whose have, at most once each tierReadBackoffDecay
+// (sweepLocked). Called under a block set's lock: with no failure kept it
+// takes no lock.
 func (b *readBackoff) refuse(set pool.SetID, hash uint64, now func() time.Time) bool {
 	if b.n.Load() == 0 {
 		return false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	t := now()
+	b.sweepLocked(t)
 	k := backoffKey{set, hash}
 	f, ok := b.m[k]
 	if !ok {
 		return false
 	}
-	t := now()
 	if t.Before(f.until) {
 		return true
 	}
@@ -144,6 +155,25 @@ func (b *readBackoff) refuse(set pool.SetID, hash uint64, now func() time.Time) 
 		b.n.Store(int64(len(b.m)))
 	}
 	return false
+}
+
+// sweepLocked forgets the blocks whose failures have all decayed at now,
+// unless it did less than tierReadBackoffDecay before: a block not
+// offered again is forgotten by no refuse of its own, and kept, it would
+// have every offer take b.mu. At most tierReadBackoffBlocks blocks, once
+// a decay period: the cost of one sweep spread over its offers is small.
+// b.mu is held.
+func (b *readBackoff) sweepLocked(now time.Time) {
+	if !b.swept.IsZero() && now.Sub(b.swept) < tierReadBackoffDecay {
+		return
+	}
+	b.swept = now
+	for k, f := range b.m {
+		if f.at(now) == 0 {
+			delete(b.m, k)
+		}
+	}
+	b.n.Store(int64(len(b.m)))
 }
 
 // succeeded forgets the failures of set's block of hash: its slot was read.

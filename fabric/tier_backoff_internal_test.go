@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -194,5 +195,45 @@ func TestReadBackoffComesDown(t *testing.T) {
 		if b.refuse(1, 1, time.Now) || b.n.Load() != 0 {
 			t.Fatalf("%d failures at the cap kept after %d decays of quiet", 10*toCap, toCap)
 		}
+	})
+}
+
+// A block whose failures all decayed is forgotten even if it is never
+// offered again (recycled as it was): a failure recorded, or an offer of
+// any block, sweeps such blocks, at most once each tierReadBackoffDecay,
+// so that the blocks kept come down to none and offers take no lock.
+func TestReadBackoffSweepsDecayedBlocks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var b readBackoff
+		kept := func(when string, want int64) {
+			t.Helper()
+			if got := b.n.Load(); got != want {
+				t.Fatalf("%s: %d blocks kept, want %d", when, got, want)
+			}
+		}
+		// Block 1 fails once (a sweep then, of nothing), and is not
+		// offered again.
+		b.failed(1, 1, time.Now())
+		time.Sleep(tierReadBackoffMin + tierReadBackoffDecay)
+		// Its failure decayed: block 2's failure sweeps it.
+		b.failed(1, 2, time.Now())
+		kept("block 1 decayed, block 2 failing", 1)
+		swept := time.Now()
+		// A decay period on, block 2's failure has not decayed yet: an
+		// offer of block 3 sweeps and keeps it.
+		time.Sleep(tierReadBackoffDecay + tierReadBackoffMin/2)
+		if b.refuse(1, 3, time.Now) {
+			t.Fatal("a block that never failed refused")
+		}
+		kept("block 2 short of its decay", 1)
+		swept = swept.Add(tierReadBackoffDecay + tierReadBackoffMin/2)
+		// Decayed now, but the last sweep was less than a decay period
+		// ago: not swept yet.
+		time.Sleep(tierReadBackoffMin)
+		b.refuse(1, 3, time.Now)
+		kept(fmt.Sprintf("block 2 decayed, %v after the last sweep", time.Since(swept)), 1)
+		time.Sleep(tierReadBackoffDecay - tierReadBackoffMin)
+		b.refuse(1, 3, time.Now)
+		kept(fmt.Sprintf("block 2 decayed, %v after the last sweep", time.Since(swept)), 0)
 	})
 }

@@ -190,7 +190,8 @@ func (t *tiers) roomFor(d *diskTier, want int) (free, made int) {
 // down to a disk tier, together: each read back (checked), the lot
 // written and committed there in one batch, then each, in one step under
 // t.mu, freed from the host tier and recorded below (movedDown), then
-// announced below and no longer above. With no disk tier, or where a
+// announced below and no longer above (under announceMu from the record
+// on). With no disk tier, or where a
 // block's read or its write below fails, the block is dropped. One move
 // at a time. Returns how many blocks left the host tier.
 func (t *tiers) moveDown(h *diskTier, n int) int {
@@ -283,6 +284,7 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 // generation in h and recorded nowhere is a copy down's under way: its
 // placed finds k below and frees it.
 func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, length int, gen uint64) {
+	t.order()
 	t.mu.Lock()
 	e, ok := t.pos[k]
 	from := -1
@@ -309,8 +311,9 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		t.announce(false, h.n, k.Hash)
 	case -1:
 		t.announce(true, below.n, k.Hash)
-	case below.n:
-	default:
+	}
+	t.announceMu.Unlock()
+	if from != h.n && from != -1 && from != below.n {
 		// Another tier holds it: the copy below is recorded nowhere.
 		if t.where(k) != below {
 			below.store.Load().Delete(k)
@@ -343,9 +346,11 @@ func (t *tiers) evictOldest(d *diskTier, n int) int {
 // disk tier's is deleted first, then forgotten if still recorded there.
 func (t *tiers) evict(e *list.Element) bool {
 	te := e.Value.(*tierEntry)
+	t.order()
 	t.mu.Lock()
 	if t.pos[te.key] != e {
 		t.mu.Unlock()
+		t.announceMu.Unlock()
 		return false
 	}
 	d := t.list[te.tier]
@@ -357,10 +362,12 @@ func (t *tiers) evict(e *list.Element) bool {
 		t.mu.Unlock()
 		d.evicted.Add(1)
 		t.announce(false, d.n, te.key.Hash)
+		t.announceMu.Unlock()
 		t.lostBelow(te.key)
 		return true
 	}
 	t.mu.Unlock()
+	t.announceMu.Unlock() // the disk's delete outside it; forget takes it again
 	if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
 		t.log.Warn("tier: evict", "hash", te.key.Hash, "err", err)
 	}

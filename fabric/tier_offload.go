@@ -73,10 +73,11 @@ func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) b
 // refuses says whether no tier takes blocks of l: the tiers cannot copy
 // them (reachable), or they are larger than the tiers' slots (once the
 // stores are open). It is the pool's OffloadSkips too: a set of such a
-// layout keeps the watermarks of a set without tiers, since none of its
-// blocks is kept for a copy below, and its Retains (an engine's restore
-// batches and prefetch budget) says what it keeps. A set made before the
-// stores open is judged by reachable alone.
+// layout is given no low watermark and recycles only on need (an
+// allocation's), since none of its blocks is kept for a copy below, and
+// its Retains (an engine's restore batches and prefetch budget) is every
+// slot not retired. A set made before the stores open is judged by
+// reachable alone.
 func (t *tiers) refuses(l *layout.Layout) bool {
 	if !t.reachable(l) {
 		return true
@@ -421,6 +422,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	for try := 0; ; try++ {
 		var put []uint64
 		keep, keepAt := items[:0], at[:0]
+		t.order() // until the records below are announced
 		for n, err := range errs {
 			switch {
 			case err == nil:
@@ -448,6 +450,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		}
 		d.offloads.Add(uint64(len(put)))
 		t.announce(true, d.n, put...)
+		t.announceMu.Unlock()
 		items, at = keep, keepAt
 		if len(items) == 0 || try == 8 {
 			break
@@ -655,10 +658,11 @@ func (t *tiers) pick() *diskTier {
 
 // announce publishes that this node holds (or no longer holds) hashes on
 // tier n: under the tier's block set number (tierSet), or to the owners as
-// copies on disk, or in memory for the host tier's.
+// copies on disk, or in memory for the host tier's. announceMu is held,
+// since the change to the records it announces.
 func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 	m := t.a.joined.Load()
-	if m == nil || len(hashes) == 0 {
+	if m == nil || !t.announcing.Load() || len(hashes) == 0 {
 		return // announced whole once the node joins (announceAll)
 	}
 	set := t.tierSet(n)
@@ -679,11 +683,31 @@ func (t *tiers) announce(store bool, n int, hashes ...uint64) {
 }
 
 // announceAll publishes every disk-held block: at start, once joined,
-// each tier's in one batch.
+// each tier's in one batch. The changes recorded before it are announced
+// by it; those after, each on its own.
 func (t *tiers) announceAll() {
+	t.order()
+	defer t.announceMu.Unlock()
+	t.announcing.Store(true)
 	for n, hashes := range t.heldByTier() {
 		t.announce(true, n, hashes...)
 	}
+}
+
+// announced calls f with the tiers' blocks as announced, each under its
+// tier's block set number (tierSet): a resync's part from the tiers. f
+// runs under announceMu, so no change to the records is waiting for its
+// announcement, nor announced, while the records are read and f runs;
+// before announceAll, f gets none (announceAll announces them later). f
+// may take the owned index's mu or the membership's lock, not announceMu.
+func (t *tiers) announced(f func(held []membership.Entry)) {
+	t.order()
+	defer t.announceMu.Unlock()
+	var held []membership.Entry
+	if t.announcing.Load() {
+		held = t.holdings()
+	}
+	f(held)
 }
 
 // heldByTier are the hashes of the tiers' blocks, tier n's at [n].
@@ -699,7 +723,8 @@ func (t *tiers) heldByTier() [][]uint64 {
 }
 
 // holdings are the tiers' blocks as membership entries, each under its
-// tier's block set number (tierSet).
+// tier's block set number (tierSet). A resync takes them through
+// announced.
 func (t *tiers) holdings() []membership.Entry {
 	t.mu.Lock()
 	defer t.mu.Unlock()
