@@ -1,0 +1,70 @@
+package pool
+
+import (
+	"errors"
+	"testing"
+)
+
+// AllocateSpare takes free slots beyond the low watermark, then the slots
+// of unused blocks copied below, and nothing else: not a referenced
+// block, not a block whose only copy is here, not the low watermark's
+// free slots; and offers nothing below.
+func TestAllocateSpareLosesNothing(t *testing.T) {
+	const slots = 20
+	b, o, _ := tierPool(t, slots, 0) // the tier below takes nothing
+	low := slots - b.Retains()
+	blks, err := b.Allocate(slots - low)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Blocks 1..4 copied below (restored), 5..8 here only, 9..12 below
+	// and referenced; the rest stays allocated.
+	var regs []Registration
+	for i := range 12 {
+		h := uint64(i + 1)
+		regs = append(regs, Registration{Block: blks[i], Hash: h, Below: h <= 4 || h > 8})
+	}
+	// Each its own sequence, so that every one is a leaf.
+	var got []Block
+	for _, r := range regs {
+		out, err := b.RegisterBatch([]Registration{r}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, out...)
+	}
+	for i, blk := range got {
+		if i < 8 {
+			b.Release(blk)
+		}
+	}
+	// The first four leaves are below: taken. The fifth is here only:
+	// recycling stops there.
+	spare, err := b.AllocateSpare(slots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(spare) != 4 {
+		t.Fatalf("AllocateSpare took %d slots, want the 4 of the blocks below", len(spare))
+	}
+	for h := uint64(1); h <= 12; h++ {
+		_, ok := b.Lookup(h)
+		if want := h > 4; ok != want {
+			t.Errorf("block %d held %v after AllocateSpare, want %v", h, ok, want)
+		}
+	}
+	if len(o.taken) != 0 {
+		t.Fatalf("AllocateSpare offered %d blocks below", len(o.taken))
+	}
+	if m := b.Metrics(); m.Free != low {
+		t.Fatalf("%d slots free after AllocateSpare, want the low watermark's %d", m.Free, low)
+	}
+	// At the limit of what it may take: none left, no error.
+	more, err := b.AllocateSpare(1)
+	if err != nil || len(more) != 0 {
+		t.Fatalf("AllocateSpare with nothing to spare: %d slots, %v", len(more), err)
+	}
+	if _, err := b.AllocateSpare(0); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("AllocateSpare(0): %v, want ErrInvalidArgument", err)
+	}
+}
