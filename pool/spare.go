@@ -8,11 +8,13 @@ import "fmt"
 // (Registered with Below, or Offloaded), least recently used first. It
 // never recycles a referenced or leased block, nor one whose only copy is
 // here, nor offers a block to Config.Offload, nor takes a slot whose copy
-// below is under way. It stops at the first leaf without a copy below,
-// so it may return fewer than n slots, or none (no error): for work that
-// is worth doing only with room to spare, such as reading blocks ahead
-// of use. The slots recycled send their remove events as Allocate's do.
-func (b *BlockSet) AllocateSpare(n int) ([]Block, error) {
+// below is under way; nor the block whose hash is keep (if not 0), nor so
+// the blocks it extends: the blocks allocated for are to follow it. It
+// stops at the first leaf it may not recycle, so it may return fewer than
+// n slots, or none (no error): for work that is worth doing only with
+// room to spare, such as reading blocks ahead of use. The slots recycled
+// send their remove events as Allocate's do.
+func (b *BlockSet) AllocateSpare(n int, keep uint64) ([]Block, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("%w: allocate %d spare slots", ErrInvalidArgument, n)
 	}
@@ -27,8 +29,8 @@ func (b *BlockSet) AllocateSpare(n int) ([]Block, error) {
 	var removed []Event
 	for len(b.free) < n+b.low && b.leaves > 0 {
 		i := b.oldestLeaf()
-		if !b.slots[i].below {
-			break // its only copy is here: kept
+		if s := &b.slots[i]; !s.below || (keep != 0 && s.hash == keep) {
+			break // its only copy is here, or it is kept
 		}
 		b.unlinkInactive(i)
 		removed = b.drop(i, removed)

@@ -40,7 +40,7 @@ func TestAllocateSpareLosesNothing(t *testing.T) {
 	}
 	// The first four leaves are below: taken. The fifth is here only:
 	// recycling stops there.
-	spare, err := b.AllocateSpare(slots)
+	spare, err := b.AllocateSpare(slots, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,11 +60,49 @@ func TestAllocateSpareLosesNothing(t *testing.T) {
 		t.Fatalf("%d slots free after AllocateSpare, want the low watermark's %d", m.Free, low)
 	}
 	// At the limit of what it may take: none left, no error.
-	more, err := b.AllocateSpare(1)
+	more, err := b.AllocateSpare(1, 0)
 	if err != nil || len(more) != 0 {
 		t.Fatalf("AllocateSpare with nothing to spare: %d slots, %v", len(more), err)
 	}
-	if _, err := b.AllocateSpare(0); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := b.AllocateSpare(0, 0); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("AllocateSpare(0): %v, want ErrInvalidArgument", err)
+	}
+}
+
+// AllocateSpare does not recycle the block it is told to keep, nor the
+// blocks that block extends.
+func TestAllocateSpareKeepsASequence(t *testing.T) {
+	const slots = 20
+	b, _, _ := tierPool(t, slots, 0)
+	low := slots - b.Retains()
+	blks, err := b.Allocate(slots - low)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A sequence of 4 below, its last block the one kept; the other
+	// slots stay allocated.
+	regs := make([]Registration, 4)
+	for i := range regs {
+		regs[i] = Registration{Block: blks[i], Hash: uint64(10 + i), Below: true}
+	}
+	got, err := b.RegisterBatch(regs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, blk := range got {
+		b.Release(blk)
+	}
+	spare, err := b.AllocateSpare(4, 13)
+	if err != nil || len(spare) != 0 {
+		t.Fatalf("AllocateSpare keeping the sequence's last block: %d slots, %v; want none", len(spare), err)
+	}
+	for h := uint64(10); h < 14; h++ {
+		if _, ok := b.Lookup(h); !ok {
+			t.Fatalf("block %d of the sequence kept was recycled", h)
+		}
+	}
+	// Kept nothing: the sequence goes, its last block first.
+	if spare, err = b.AllocateSpare(4, 0); err != nil || len(spare) != 4 {
+		t.Fatalf("AllocateSpare keeping nothing: %d slots, %v; want 4", len(spare), err)
 	}
 }
