@@ -18,7 +18,10 @@ import (
 // background read (at most one per set at a time) of the blocks that
 // follow X, as far as the tiers hold them: up to Config.TierReadAhead
 // blocks and half the blocks the set keeps (as Prefetch), restored as
-// Prefetch's are (registered after their parent, unreferenced, cached),
+// Prefetch's are (registered after their parent, unreferenced, cached;
+// the first detached from it in the set, pool.Registration.Detached, so
+// that recycling takes the blocks already used, X among them, before the
+// ones read ahead rather than hold them all as one sequence),
 // into slots pool.BlockSet.AllocateSpare gives: free ones, or those of
 // unused blocks the tiers hold a copy of; never a referenced block's, nor
 // one whose only copy is the set's, nor those of the sequence it extends
@@ -244,7 +247,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 		}
 		return blks, err
 	}
-	blks, own, err := t.restoreRun(ctx, es, run, parent, func(_ context.Context, k disk.Key) *diskTier { return t.where(k) }, spare)
+	blks, own, err := t.restoreRun(ctx, es, run, parent, func(_ context.Context, k disk.Key) *diskTier { return t.where(k) }, spare, true)
 	if err != nil {
 		t.log.Debug("tier: read-ahead stopped short", "set", es.set.ID(), "restored", len(blks), "err", err)
 	}

@@ -61,7 +61,7 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 			parent, hashes = hashes[len(out)-1], hashes[len(out):]
 		}
 	}
-	blks, _, err := t.restoreRun(ctx, es, hashes, parent, find, t.allocate)
+	blks, _, err := t.restoreRun(ctx, es, hashes, parent, find, t.allocate, false)
 	return append(out, blks...), err
 }
 
@@ -70,10 +70,12 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 // as it can: the run is cut to the slots it gave), and returns them,
 // referenced, with own[i] true where blks[i] is the block restored (not a
 // copy registered meanwhile under the same hash, which blks[i] then
-// references instead).
+// references instead). A run read ahead (ahead) is registered after
+// parent but detached from it (pool.Registration.Detached), so that the
+// blocks of the sequence already used go before it.
 func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, parent uint64,
 	find func(context.Context, disk.Key) *diskTier,
-	alloc func(context.Context, *pool.BlockSet, int) ([]pool.Block, error)) (blks []pool.Block, own []bool, err error) {
+	alloc func(context.Context, *pool.BlockSet, int) ([]pool.Block, error), ahead bool) (blks []pool.Block, own []bool, err error) {
 	set := es.set
 	l := set.Layout()
 	if !t.reachable(l) {
@@ -228,7 +230,8 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 		if cause != nil {
 			continue // after a gap: not registered, kept on disk
 		}
-		regs = append(regs, pool.Registration{Block: blks[i], Hash: f.k.Hash, Sum: o.sum, HasSum: o.has && es.sums, Below: true})
+		regs = append(regs, pool.Registration{Block: blks[i], Hash: f.k.Hash, Sum: o.sum, HasSum: o.has && es.sums, Below: true,
+			Detached: ahead && len(regs) == 0})
 		t.touch(f.k)
 		f.d.restores.Add(1)
 		f.d.restoreTime.record(o.took)

@@ -106,3 +106,39 @@ func TestAllocateSpareKeepsASequence(t *testing.T) {
 		t.Fatalf("AllocateSpare keeping nothing: %d slots, %v; want 4", len(spare), err)
 	}
 }
+
+// A block registered Detached names its parent in its store event but
+// does not keep it: the parent is a leaf, recycled before it.
+func TestRegisterDetached(t *testing.T) {
+	b, _, _ := tierPool(t, 8, 0)
+	blks, err := b.Allocate(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.RegisterBatch([]Registration{{Block: blks[0], Hash: 1, Below: true}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Release(got[0])
+	got, err = b.RegisterBatch([]Registration{{Block: blks[1], Hash: 2, Below: true, Detached: true}}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Release(got[0])
+	if si, _ := b.Slot(blks[0].Slot); si.Children != 0 {
+		t.Fatalf("the parent of a detached block has %d children", si.Children)
+	}
+	if si, _ := b.Slot(blks[1].Slot); si.Parent != 1 {
+		t.Fatalf("a detached block's parent is %d, want 1", si.Parent)
+	}
+	// The parent, used first, is recycled first.
+	if n := b.Evict(1); n != 1 {
+		t.Fatalf("evicted %d", n)
+	}
+	if _, ok := b.Lookup(1); ok {
+		t.Fatal("the parent of a detached block was kept for it")
+	}
+	if _, ok := b.Lookup(2); !ok {
+		t.Fatal("the detached block went first")
+	}
+}
