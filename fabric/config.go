@@ -387,6 +387,16 @@ type Config struct {
 	// whole set caches blocks (pool_recycle.go). With tiers, blocks are
 	// always copied down ahead of need (TierWatermark).
 	PoolRecycleAhead bool `json:"pool_recycle_ahead,omitempty"`
+
+	// TierReadAhead is the most blocks read ahead along a sequence after a
+	// restore from a tier into an engine's block set (tier_readahead.go):
+	// the blocks that followed the last one restored when they went down,
+	// brought up in the background into the set's spare slots, cached
+	// there unreferenced; never more than half the blocks the set keeps.
+	// 0..MaxTierReadAhead. If zero, none: zero is off, so that the setting
+	// given as 0 anywhere turns it off; DefaultConfig sets
+	// DefaultTierReadAhead.
+	TierReadAhead int `json:"tier_read_ahead,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
@@ -402,6 +412,7 @@ func DefaultConfig() Config {
 		Pools:            []string{"host=1GiB"},
 		ImportChunkBytes: 64 << 20,
 		LogLevel:         "info",
+		TierReadAhead:    DefaultTierReadAhead,
 	}
 	for _, s := range durationSettings {
 		*s.field(&c) = s.Default

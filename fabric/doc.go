@@ -22,6 +22,11 @@
 //	                     index fed by gossiped events, publishing this
 //	                     node's events, repairing missed ones, connections
 //	                     to peers, suspected holders
+//	tier_*               the tiers under the pools: copies down
+//	                     (tier_offload.go), restore into an engine's set on
+//	                     Acquire, Lookup and Import (tier_restore.go), the
+//	                     read-ahead along a sequence that follows a restore
+//	                     (tier_readahead.go), staging for peers, Prefetch
 //
 // # An import, file by file
 //
@@ -64,6 +69,17 @@
 // On the other side, serve_peer.go answers the lease: it pins the blocks in
 // the pool under a lease whose count serve_lease_book.go bounds per peer and
 // in total, and ends leases whose peer went away.
+//
+// # A restore from a tier
+//
+// A block this node holds only in a tier (host memory or disk, below the
+// pools) is restored when an engine's Acquire, Lookup or Import asks for
+// it: tier_restore.go reads a run of it into slots of the engine's set,
+// checks it and registers it. tier_readahead.go then reads the blocks that
+// followed the run when they went down into the set's spare slots in the
+// background, so that the engine's next call finds them in memory; a
+// restore that asks for a block being read ahead waits for it instead of
+// reading it twice.
 //
 // Registered blocks emit pool events; cluster_publish.go numbers and
 // gossips them, so that every node's index learns that this node now holds

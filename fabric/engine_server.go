@@ -63,6 +63,9 @@ type engineSet struct {
 	// (engine_orphans.go). Guarded by mu.
 	orphaned  bool
 	adoptions uint32
+
+	// ahead is the set's read-ahead from the tiers (tier_readahead.go).
+	ahead setAhead
 }
 
 // engineServer implements the engine API over the agent.
@@ -265,6 +268,9 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 	out := &fabricpb.AcquireResponse{Results: make([]*fabricpb.BlockResult, len(req.GetHashes()))}
 	missing := false
 	var restored []pool.Block // from a disk tier, referenced for the session
+	// ahead: the last block taken came from a tier, restored now or read
+	// ahead; what follows it there is read ahead next.
+	ahead := false
 	for i, h := range req.GetHashes() {
 		res := &fabricpb.BlockResult{Hash: h}
 		out.Results[i] = res
@@ -277,6 +283,9 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 		if len(restored) == 0 {
 			if b, ok = s.set.Acquire(h); !ok {
 				restored = e.a.restoreRun(ctx, s, req.GetHashes(), i)
+				ahead = len(restored) > 0
+			} else {
+				ahead = e.a.aheadUsed(s.engineSet, h, b)
 			}
 		}
 		if !ok && len(restored) > 0 {
@@ -290,6 +299,9 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 		s.hold(b)
 		res.Slot, res.Outcome = uint32(b.Slot), fabricpb.Outcome_OUTCOME_ACQUIRED
 		out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
+	}
+	if n := len(out.Blocks); ahead && n > 0 {
+		e.a.readAheadAfter(s.engineSet, out.Blocks[n-1].GetHash())
 	}
 	return out, nil
 }

@@ -333,6 +333,9 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 		}
 		return false
 	}
+	if a.tiers != nil {
+		a.tiers.stopAhead(es) // its slots given back as its reads end
+	}
 	if err := a.pool.FreeBlockSet(es.set.ID()); err != nil {
 		if errors.Is(err, pool.ErrBlockSetBusy) {
 			a.log.Debug("idle block set busy; trying again", "set", es.set.ID(), "err", err)
@@ -343,6 +346,9 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 		return false
 	}
 	es.freed = true
+	if a.tiers != nil {
+		a.tiers.aheadFreed(es)
+	}
 	if es.orphaned {
 		a.stats.orphans.reclaimed.Add(1)
 	}

@@ -72,15 +72,21 @@ func (a *Agent) importBlocks(ctx context.Context, s *sessionSet, hashes []uint64
 	var cause error
 	tried := 0
 	for len(res.refs) < len(hashes) {
-		// What is here (imported by us or by a concurrent import).
+		// What is here (imported by us or by a concurrent import, or read
+		// ahead from a tier: then what follows it there is read ahead next).
+		ahead := false
 		for _, h := range hashes[len(res.refs):] {
 			b, ok := s.set.Acquire(h)
 			if !ok {
 				break
 			}
+			ahead = a.aheadUsed(s.engineSet, h, b)
 			s.hold(b)
 			res.refs = append(res.refs, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
 			res.here = append(res.here, true)
+		}
+		if ahead {
+			a.readAheadAfter(s.engineSet, res.refs[len(res.refs)-1].GetHash())
 		}
 		rest := hashes[len(res.refs):]
 		if len(rest) == 0 {

@@ -278,6 +278,14 @@ type tiers struct {
 	// hostRefused, under mu, is set once the host tier could not be made
 	// (its size holds no block): the disk tiers go on without it.
 	hostRefused bool
+
+	// Read-ahead along sequences (tier_readahead.go). Under mu: child is
+	// the block that follows each parent (its key) in a tier, as the last
+	// copy down of a child said; parentOf each such child's parent, so
+	// that both go when the child leaves the tiers (at most one of each
+	// per block the tiers hold).
+	child, parentOf map[disk.Key]uint64
+	ahead           aheadRuns
 }
 
 // openTiers opens the configured disk tiers and finds the blocks they hold.
@@ -537,6 +545,7 @@ func (t *tiers) recordLocked(d *diskTier, k disk.Key, length int) {
 // counted in its tier's bytes. t.mu is held.
 func (t *tiers) unrecordLocked(e *list.Element) {
 	te := e.Value.(*tierEntry)
+	t.unlinkLocked(te.key)
 	t.lru(te.tier).Remove(e)
 	delete(t.pos, te.key)
 	t.heldBytes[te.tier] -= int64(te.length)
@@ -663,6 +672,7 @@ func (t *tiers) close() error {
 	close(t.done)
 	t.cancel()
 	t.wg.Wait()
+	t.ahead.close()
 	t.stagers.close()
 	var errs []error
 	for _, d := range t.list {

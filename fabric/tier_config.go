@@ -116,6 +116,8 @@ func (c *Config) validateTiers() error {
 		return bad("tier_queue", "%d is not in 1..%d (0: %d)", c.TierQueue, MaxTierQueue, DefaultTierQueue)
 	case c.TierStagingSlots < 0 || c.TierStagingSlots > MaxTierStagingSlots:
 		return bad("tier_staging_slots", "%d is not in 1..%d (0: %d)", c.TierStagingSlots, MaxTierStagingSlots, DefaultTierStagingSlots)
+	case c.TierReadAhead < 0 || c.TierReadAhead > MaxTierReadAhead:
+		return bad("tier_read_ahead", "%d is not in 0..%d (0: off)", c.TierReadAhead, MaxTierReadAhead)
 	case c.TierBlockBytes < 0 || c.TierBlockBytes > disk.MaxSlotBytes:
 		return bad("tier_block_bytes", "%d is not in 1..%d (0: the first block's size)", c.TierBlockBytes, disk.MaxSlotBytes)
 	}

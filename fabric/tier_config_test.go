@@ -56,6 +56,10 @@ func TestValidateTierConfig(t *testing.T) {
 		{"block bytes at their limit", func(c *Config) { c.TierBlockBytes = disk.MaxSlotBytes }, "", ""},
 		{"block bytes past their limit", func(c *Config) { c.TierBlockBytes = disk.MaxSlotBytes + 1 }, "tier_block_bytes", "not in"},
 		{"negative block bytes", func(c *Config) { c.TierBlockBytes = -1 }, "tier_block_bytes", ""},
+		{"read-ahead off", func(c *Config) { c.TierReadAhead = 0 }, "", ""},
+		{"read-ahead at its limit", func(c *Config) { c.TierReadAhead = MaxTierReadAhead }, "", ""},
+		{"read-ahead past its limit", func(c *Config) { c.TierReadAhead = MaxTierReadAhead + 1 }, "tier_read_ahead", "not in 0..256"},
+		{"negative read-ahead", func(c *Config) { c.TierReadAhead = -1 }, "tier_read_ahead", ""},
 	} {
 		c := DefaultLocalConfig()
 		tc.mut(&c)

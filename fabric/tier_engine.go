@@ -49,6 +49,7 @@ func (a *Agent) restoreRun(ctx context.Context, s *sessionSet, hashes []uint64, 
 	if err != nil {
 		a.log.Warn("tier: restore stopped short", "set", s.set.ID(), "restored", len(blks), "err", err)
 	}
+	// What follows is read ahead by Acquire once it has taken them.
 	return blks
 }
 
@@ -101,6 +102,9 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 		}
 		for _, b := range blks {
 			es.set.Release(b)
+		}
+		if len(blks) > 0 {
+			a.tiers.readAheadAfter(es, hashes[restoreFrom+len(blks)-1])
 		}
 	}
 	return out

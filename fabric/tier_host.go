@@ -296,8 +296,12 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
 		}
+		parent, linked := t.parentOf[k]
 		t.unrecordLocked(e)
-		fallthrough
+		t.recordLocked(below, k, length)
+		if linked {
+			t.linkLocked(k, parent) // the same block, moved
+		}
 	case from == -1:
 		t.recordLocked(below, k, length)
 	}

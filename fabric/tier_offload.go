@@ -20,6 +20,9 @@ type offloadJob struct {
 	set  *pool.BlockSet
 	blk  pool.Block
 	hash uint64
+	// parent is the hash of the block before it in its sequence (0 for
+	// none): the link read-ahead follows (tier_readahead.go).
+	parent uint64
 	// held: the caller keeps the slot as it is for the copy's length (not
 	// an offer of the pool's), so there is no BeginCopy and EndCopy.
 	held bool
@@ -50,7 +53,7 @@ func (t *tiers) offer(set *pool.BlockSet, blk pool.Block, hash, parent uint64) b
 		return false
 	default:
 	}
-	j := &offloadJob{set: set, blk: blk, hash: hash}
+	j := &offloadJob{set: set, blk: blk, hash: hash, parent: parent}
 	t.jobsMu.Lock()
 	t.jobs[jobKey{set, blk}] = j // before a worker can see it
 	p := t.pending[hash]
@@ -313,6 +316,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		k := disk.Key{Hash: j.hash, Tag: tag}
 		if d := t.where(k); d != nil {
 			t.touch(k)
+			t.link(k, j.parent)
 			out[i].ok = true
 			t.dropTaken(j)
 			continue
@@ -432,6 +436,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				if t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout())) {
 					put = append(put, items[n].Key.Hash)
 				}
+				t.link(items[n].Key, jobs[at[n]].parent)
 				out[at[n]].ok = true // kept below, here or in the tier that had it
 			case errors.Is(err, disk.ErrDropped):
 			case errors.Is(err, disk.ErrFull) && items[n].Data != nil:

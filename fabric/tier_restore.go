@@ -39,12 +39,47 @@ func (t *tiers) restoreNow(ctx context.Context, es *engineSet, hashes []uint64, 
 }
 
 // restoreFound is restore with find saying which tier holds each block.
+// Where the set's read-ahead under way brings up a leading block, it is
+// waited for, and the leading blocks the set holds then are taken from
+// it (referenced) before the run that follows is restored.
 func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64, parent uint64,
 	find func(context.Context, disk.Key) *diskTier) ([]pool.Block, error) {
+	var out []pool.Block
+	if t.awaitAhead(ctx, es, hashes) {
+		for _, h := range hashes {
+			b, ok := es.set.Acquire(h)
+			if !ok {
+				break
+			}
+			t.aheadUsed(es, h, b)
+			out = append(out, b)
+		}
+		if len(out) == len(hashes) {
+			return out, nil
+		}
+		if len(out) > 0 {
+			parent, hashes = hashes[len(out)-1], hashes[len(out):]
+		}
+	}
+	blks, _, err := t.restoreRun(ctx, es, hashes, parent, find, t.allocate, false)
+	return append(out, blks...), err
+}
+
+// restoreRun restores the leading blocks of hashes that find places in a
+// tier into es, into slots alloc gives (all it is asked for, or as many
+// as it can: the run is cut to the slots it gave), and returns them,
+// referenced, with own[i] true where blks[i] is the block restored (not a
+// copy registered meanwhile under the same hash, which blks[i] then
+// references instead). A run read ahead (ahead) is registered after
+// parent but detached from it (pool.Registration.Detached), so that the
+// blocks of the sequence already used go before it.
+func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, parent uint64,
+	find func(context.Context, disk.Key) *diskTier,
+	alloc func(context.Context, *pool.BlockSet, int) ([]pool.Block, error), ahead bool) (blks []pool.Block, own []bool, err error) {
 	set := es.set
 	l := set.Layout()
 	if !t.reachable(l) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	tag := shapeTag(l)
 	type found struct {
@@ -62,18 +97,21 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 		run = append(run, found{d, k})
 	}
 	if len(run) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	blks, err := t.allocate(ctx, set, len(run))
+	blks, err = alloc(ctx, set, len(run))
 	if err != nil {
-		return nil, fmt.Errorf("slots to restore %d blocks from disk: %w", len(run), err)
+		return nil, nil, fmt.Errorf("slots to restore %d blocks from disk: %w", len(run), err)
+	}
+	if run = run[:len(blks)]; len(run) == 0 {
+		return nil, nil, nil
 	}
 	sio, err := t.slotIO(set)
 	if err != nil {
 		for _, b := range blks {
 			set.Abort(b)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	n := tierBlockBytes(l) - tierTrailer
 	// The blocks are read, checked and copied into their slots in
@@ -192,7 +230,8 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 		if cause != nil {
 			continue // after a gap: not registered, kept on disk
 		}
-		regs = append(regs, pool.Registration{Block: blks[i], Hash: f.k.Hash, Sum: o.sum, HasSum: o.has && es.sums, Below: true})
+		regs = append(regs, pool.Registration{Block: blks[i], Hash: f.k.Hash, Sum: o.sum, HasSum: o.has && es.sums, Below: true,
+			Detached: ahead && len(regs) == 0})
 		t.touch(f.k)
 		f.d.restores.Add(1)
 		f.d.restoreTime.record(o.took)
@@ -212,16 +251,20 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 		set.Abort(b)
 	}
 	if len(regs) == 0 {
-		return nil, cause
+		return nil, nil, cause
 	}
 	out, err := set.RegisterBatch(regs, parent)
 	for _, r := range regs[len(out):] {
 		set.Abort(r.Block)
 	}
-	if err != nil {
-		return out, err
+	own = make([]bool, len(out))
+	for i, b := range out {
+		own[i] = b == regs[i].Block
 	}
-	return out, cause
+	if err != nil {
+		return out, own, err
+	}
+	return out, own, cause
 }
 
 // fromTier restores the leading blocks of hashes from this node's disk
@@ -239,6 +282,7 @@ func (a *Agent) fromTier(ctx context.Context, s *sessionSet, hashes []uint64, pa
 		return nil, nil, nil // dropped: looked for elsewhere
 	}
 	s.holdAll(blks)
+	a.tiers.readAheadAfter(s.engineSet, hashes[len(blks)-1])
 	refs := make([]*fabricpb.BlockRef, len(blks))
 	for i, b := range blks {
 		refs[i] = &fabricpb.BlockRef{Hash: hashes[i], Slot: uint32(b.Slot)}

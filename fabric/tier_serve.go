@@ -133,6 +133,13 @@ type TierMetrics struct {
 
 	// Kind is "disk", or "host" for the host tier (tier_host.go, no Path).
 	Kind string
+	// Read-ahead along sequences (all tiers together, on tier 0;
+	// tier_readahead.go): ReadAhead counts blocks read ahead into engines'
+	// block sets, ReadAheadHits those an engine's Acquire or Import took
+	// later, ReadAheadUnused those recycled or freed with their set before
+	// any was taken (counted when the set's next read-ahead starts or the
+	// set is freed: a lower bound until then).
+	ReadAhead, ReadAheadHits, ReadAheadUnused uint64
 }
 
 func (t *tiers) metrics() []TierMetrics {
@@ -150,6 +157,7 @@ func (t *tiers) metrics() []TierMetrics {
 		if i == 0 {
 			m.QueueFull = t.queueFull.Load()
 			m.CopiedOut = t.taken.Load()
+			m.ReadAhead, m.ReadAheadHits, m.ReadAheadUnused = t.ahead.restored.Load(), t.ahead.hits.Load(), t.ahead.unused.Load()
 		}
 		out[i] = m
 	}

@@ -25,6 +25,12 @@ type Registration struct {
 	// (it was restored from there): recycling takes it without offering
 	// it to Config.Offload again.
 	Below bool
+	// Detached registers the block after its parent (its store event names
+	// the parent) without extending the parent's block in the set: neither
+	// keeps the other from being recycled. For blocks brought up ahead of
+	// use, so that the blocks of the sequence already used are recycled
+	// before them, not held for them.
+	Detached bool
 }
 
 // RegisterBatch commits and registers a sequence of blocks under one hold
@@ -64,6 +70,9 @@ func (b *BlockSet) RegisterBatch(regs []Registration, parent uint64) (out []Bloc
 		}
 		s.state = Complete
 		reg, ev, fresh := b.registerLocked(r.Block, s, r.Hash, parent)
+		if fresh && r.Detached && s.up != none {
+			b.detach(s)
+		}
 		if fresh {
 			evs = append(evs, ev)
 			if r.HasSum {
@@ -75,4 +84,16 @@ func (b *BlockSet) RegisterBatch(regs []Registration, parent uint64) (out []Bloc
 		parent = r.Hash
 	}
 	return out, nil
+}
+
+// detach undoes the link a registration made from s to its parent's
+// slot: the parent may become a leaf again. The lock is held.
+func (b *BlockSet) detach(s *slot) {
+	up := s.up
+	s.up = none
+	ps := &b.slots[up]
+	ps.children--
+	if ps.children == 0 && ps.inactive {
+		b.leafPush(up)
+	}
 }

@@ -1,0 +1,313 @@
+package fabric_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/wait"
+)
+
+// readAheadAgent is an agent with a disk tier reading ahead up to
+// readAhead blocks, holding a sequence of 96 blocks (content ids 1 on) on
+// disk only: stored through a writer's set, freed (after a grace of
+// 50 ms, kept as no cache) once its session ended, its blocks copied down
+// first. It returns a client of its own and a reader's set of the same
+// layout, which holds none of them (made through read, if not nil).
+func readAheadAgent(t *testing.T, readAhead int, read ...*client.Client) (*fabric.Agent, *client.Client, *client.BlockSet, []uint64) {
+	t.Helper()
+	dir := tierDir(t)
+	cfg := testConfig(t, "readahead")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.TierReadAhead = readAhead
+	cfg.BlockSetGrace = 50 * time.Millisecond
+	cfg.NoOrphanCache = true
+	a := startAgent(t, cfg)
+	wc := newClient(t, a)
+	writer := register(t, wc, tierEngine)
+	hashes := storeThrough(t, wc, writer, 96, a)
+	wc.Close()
+	c := newClient(t, a)
+	wait.For(t, 30*time.Second, "the writer's set freed, its blocks on disk", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if len(st.BlockSets) != 0 || len(st.Tiers) == 0 || st.Tiers[0].Blocks != 96 {
+			return fmt.Errorf("%d block sets, tiers %v", len(st.BlockSets), st.Tiers)
+		}
+		return nil
+	})
+	if n := fabric.TierLinks(a); n != 95 {
+		t.Fatalf("the tier keeps %d links after a sequence of 96 blocks went down; want 95", n)
+	}
+	if len(read) == 0 {
+		e := tierEngine
+		e.Name = "reader"
+		return a, c, register(t, c, e), hashes
+	}
+	return a, c, nil, hashes
+}
+
+// waitHeld waits for a read-ahead held by HoldReadAheads to signal held.
+func waitAheadHeld(t *testing.T, held <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no read-ahead started")
+	}
+}
+
+func readAheadMetrics(a *fabric.Agent) fabric.TierMetrics { return a.Metrics().Tiers[0] }
+
+// waitReadAheads waits until a's read-aheads started have all ended, and
+// n have.
+func waitReadAheads(t *testing.T, a *fabric.Agent, n uint64) {
+	t.Helper()
+	wait.For(t, 30*time.Second, fmt.Sprintf("%d read-aheads ended", n), func() error {
+		started, ended, _ := fabric.ReadAheadCounts(a)
+		if started != n || ended != n {
+			return fmt.Errorf("%d started, %d ended", started, ended)
+		}
+		return nil
+	})
+}
+
+// acquireRun acquires hashes (content ids first on), checks each block
+// byte for byte, and releases them.
+func acquireRun(t *testing.T, c *client.Client, set *client.BlockSet, hashes []uint64, first uint64) {
+	t.Helper()
+	if got := acquireChecked(t, c, set, hashes, first); got != len(hashes) {
+		t.Fatalf("acquired %d of %d blocks", got, len(hashes))
+	}
+}
+
+// After a restore, the run that follows on disk comes up in the
+// background, at most TierReadAhead blocks (at the limit: 8 come up, the
+// ninth does not); the engine's Acquire then finds it in memory, byte for
+// byte, reads nothing again and counts hits, and reads the next run ahead.
+func TestTierReadAheadBringsTheNextRun(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	acquireRun(t, c, set, hashes[:8], 1)
+	waitReadAheads(t, a, 1)
+	for i := 8; i < 16; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead", i)
+		}
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[16]) {
+		t.Fatal("block 16, one past the read-ahead's bound of 8, is in memory")
+	}
+	m := readAheadMetrics(a)
+	if m.ReadAhead != 8 || m.ReadAheadHits != 0 || m.Restores != 16 {
+		t.Fatalf("after one run and its read-ahead: %d read ahead, %d hits, %d restores; want 8, 0, 16", m.ReadAhead, m.ReadAheadHits, m.Restores)
+	}
+	// The run read ahead, taken: no read again, 8 hits, and the next run
+	// read ahead.
+	acquireRun(t, c, set, hashes[8:16], 9)
+	waitReadAheads(t, a, 2)
+	m = readAheadMetrics(a)
+	if m.ReadAhead != 16 || m.ReadAheadHits != 8 || m.Restores != 24 {
+		t.Fatalf("after taking the run read ahead: %d read ahead, %d hits, %d restores; want 16, 8, 24", m.ReadAhead, m.ReadAheadHits, m.Restores)
+	}
+	acquireRun(t, c, set, hashes[16:24], 17)
+	if m = readAheadMetrics(a); m.ReadAheadHits != 16 {
+		t.Fatalf("%d hits after taking two runs read ahead; want 16", m.ReadAheadHits)
+	}
+}
+
+// An Acquire of blocks the read-ahead is bringing up waits for it and
+// takes them from memory: each read once, registered once, the right
+// bytes, no error.
+func TestTierReadAheadAcquireRacesIt(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	release := make(chan struct{})
+	held := make(chan struct{}, 1)
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	})
+	acquireRun(t, c, set, hashes[:8], 1)
+	waitAheadHeld(t, held) // the read-ahead holds its slots and has read nothing
+	fabric.HoldReadAheads(a, nil)
+	var wg sync.WaitGroup
+	var refs []*fabricpb.BlockRef
+	var err error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		refs, err = c.Acquire(context.Background(), set.ID, hashes[8:16])
+	}()
+	wait.For(t, 30*time.Second, "the acquire waiting for the read-ahead", func() error {
+		if _, _, waits := fabric.ReadAheadCounts(a); waits != 1 {
+			return fmt.Errorf("%d restores waited", waits)
+		}
+		return nil
+	})
+	close(release)
+	wg.Wait()
+	if err != nil || len(refs) != 8 {
+		t.Fatalf("acquire racing the read-ahead: %d blocks, %v", len(refs), err)
+	}
+	var slots []uint32
+	for i, r := range refs {
+		if r.Hash != hashes[8+i] {
+			t.Fatalf("block %d: hash %x, want %x", 8+i, r.Hash, hashes[8+i])
+		}
+		if err := (mappedSlots{set}).check(int(r.Slot), uint64(9+i)); err != nil {
+			t.Fatalf("block %d (slot %d): %v", 8+i, r.Slot, err)
+		}
+		slots = append(slots, r.Slot)
+	}
+	if err := c.Release(context.Background(), set.ID, slots); err != nil {
+		t.Fatal(err)
+	}
+	waitReadAheads(t, a, 2)
+	m := readAheadMetrics(a)
+	// 8 restored by the first acquire, 8 read ahead (taken by the second),
+	// 8 read ahead after them: none twice.
+	if m.ReadAheadHits != 8 || m.ReadAhead != 16 || m.Restores != 24 {
+		t.Fatalf("after the race: %d hits, %d read ahead, %d restores; want 8, 16, 24", m.ReadAheadHits, m.ReadAhead, m.Restores)
+	}
+}
+
+// The read-ahead takes only spare slots: free ones above the low
+// watermark, or those of unused blocks the tier holds too; never a
+// referenced block's nor one the set alone holds.
+func TestTierReadAheadEvictsNothingItShouldNot(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	ctx := context.Background()
+	// 16 blocks of the engine's own, in no tier: 8 referenced, 8 not.
+	slots, err := c.Allocate(ctx, set.ID, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := make([]uint64, 16)
+	for i := range own {
+		own[i] = 0xabc000 + uint64(i)
+		(mappedSlots{set}).fill(int(slots[i]), uint64(1000+i))
+	}
+	for i := range own {
+		// Each its own sequence: every unreferenced one is a leaf that
+		// recycling could take.
+		req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots[i : i+1], Hashes: own[i : i+1]}
+		if _, err := c.API().RegisterBlocks(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Release(ctx, set.ID, slots[8:]); err != nil {
+		t.Fatal(err)
+	}
+	// 8 restored, held: 8 slots left free, 4 of them the low watermark's.
+	refs, err := c.Acquire(ctx, set.ID, hashes[:8])
+	if err != nil || len(refs) != 8 {
+		t.Fatalf("acquire: %d blocks, %v", len(refs), err)
+	}
+	waitReadAheads(t, a, 1)
+	low := int(set.Layout.Slots) - set.Retains
+	if got, want := readAheadMetrics(a).ReadAhead, uint64(8-low); got != want {
+		t.Fatalf("%d blocks read ahead; want the %d free slots above the low watermark", got, want)
+	}
+	for i, h := range own {
+		if !fabric.BlockSetHolds(a, set.ID, h) {
+			t.Fatalf("the engine's own block %d (referenced: %v) was pushed out by the read-ahead", i, i < 8)
+		}
+	}
+	for i, h := range hashes[:8] {
+		if !fabric.BlockSetHolds(a, set.ID, h) {
+			t.Fatalf("referenced block %d was pushed out by the read-ahead", i)
+		}
+	}
+}
+
+// TierReadAhead 0 turns read-ahead off: a restore starts none, and
+// nothing after its run comes up.
+func TestTierReadAheadOff(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 0)
+	acquireRun(t, c, set, hashes[:8], 1)
+	acquireRun(t, c, set, hashes[8:16], 9)
+	if started, _, _ := fabric.ReadAheadCounts(a); started != 0 {
+		t.Fatalf("%d read-aheads started with TierReadAhead 0", started)
+	}
+	if m := readAheadMetrics(a); m.ReadAhead != 0 || m.Restores != 16 {
+		t.Fatalf("with read-ahead off: %d read ahead, %d restores; want 0, 16", m.ReadAhead, m.Restores)
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[16]) {
+		t.Fatal("block 16 came up with read-ahead off")
+	}
+}
+
+// A bound of 3: three blocks come up, the fourth does not.
+func TestTierReadAheadBound(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 3)
+	acquireRun(t, c, set, hashes[:8], 1)
+	waitReadAheads(t, a, 1)
+	for i := 8; i < 11; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d, within the bound of 3, was not read ahead", i)
+		}
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[11]) {
+		t.Fatal("block 11, one past the bound of 3, came up")
+	}
+	if m := readAheadMetrics(a); m.ReadAhead != 3 {
+		t.Fatalf("%d blocks read ahead; want 3", m.ReadAhead)
+	}
+}
+
+// A set freed while its read-ahead holds slots ends it: the read-ahead
+// gives its slots back, the set is freed, and the agent closes with
+// nothing left running.
+func TestTierReadAheadSetFreedWhileItRuns(t *testing.T) {
+	a, c, _, hashes := readAheadAgent(t, 8, nil)
+	// The reader in a session of its own, ended while the read-ahead
+	// holds its slots.
+	rc := newClient(t, a)
+	e := tierEngine
+	e.Name = "reader"
+	reader := register(t, rc, e)
+	held := make(chan struct{}, 1)
+	stopped := make(chan struct{})
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		<-ctx.Done() // until the set is freed
+		close(stopped)
+	})
+	acquireRun(t, rc, reader, hashes[:8], 1)
+	waitAheadHeld(t, held)
+	rc.Close()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the read-ahead was not stopped by its set's freeing")
+	}
+	waitReadAheads(t, a, 1)
+	wait.For(t, 30*time.Second, "the reader's set freed", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		for _, bs := range st.BlockSets {
+			if bs.Id == reader.ID {
+				return fmt.Errorf("set %d still there", reader.ID)
+			}
+		}
+		return nil
+	})
+	// Whatever came up before the set went went with it, unused.
+	if m := readAheadMetrics(a); m.ReadAheadUnused != m.ReadAhead || m.ReadAheadHits != 0 {
+		t.Fatalf("a set freed under its read-ahead: %d read ahead, %d unused, %d hits", m.ReadAhead, m.ReadAheadUnused, m.ReadAheadHits)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,144 @@
+package pool
+
+import (
+	"errors"
+	"testing"
+)
+
+// AllocateSpare takes free slots beyond the low watermark, then the slots
+// of unused blocks copied below, and nothing else: not a referenced
+// block, not a block whose only copy is here, not the low watermark's
+// free slots; and offers nothing below.
+func TestAllocateSpareLosesNothing(t *testing.T) {
+	const slots = 20
+	b, o, _ := tierPool(t, slots, 0) // the tier below takes nothing
+	low := slots - b.Retains()
+	blks, err := b.Allocate(slots - low)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Blocks 1..4 copied below (restored), 5..8 here only, 9..12 below
+	// and referenced; the rest stays allocated.
+	var regs []Registration
+	for i := range 12 {
+		h := uint64(i + 1)
+		regs = append(regs, Registration{Block: blks[i], Hash: h, Below: h <= 4 || h > 8})
+	}
+	// Each its own sequence, so that every one is a leaf.
+	var got []Block
+	for _, r := range regs {
+		out, err := b.RegisterBatch([]Registration{r}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, out...)
+	}
+	for i, blk := range got {
+		if i < 8 {
+			b.Release(blk)
+		}
+	}
+	// The first four leaves are below: taken. The fifth is here only:
+	// recycling stops there.
+	spare, err := b.AllocateSpare(slots, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(spare) != 4 {
+		t.Fatalf("AllocateSpare took %d slots, want the 4 of the blocks below", len(spare))
+	}
+	for h := uint64(1); h <= 12; h++ {
+		_, ok := b.Lookup(h)
+		if want := h > 4; ok != want {
+			t.Errorf("block %d held %v after AllocateSpare, want %v", h, ok, want)
+		}
+	}
+	if len(o.taken) != 0 {
+		t.Fatalf("AllocateSpare offered %d blocks below", len(o.taken))
+	}
+	if m := b.Metrics(); m.Free != low {
+		t.Fatalf("%d slots free after AllocateSpare, want the low watermark's %d", m.Free, low)
+	}
+	// At the limit of what it may take: none left, no error.
+	more, err := b.AllocateSpare(1, 0)
+	if err != nil || len(more) != 0 {
+		t.Fatalf("AllocateSpare with nothing to spare: %d slots, %v", len(more), err)
+	}
+	if _, err := b.AllocateSpare(0, 0); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("AllocateSpare(0): %v, want ErrInvalidArgument", err)
+	}
+}
+
+// AllocateSpare does not recycle the block it is told to keep, nor the
+// blocks that block extends.
+func TestAllocateSpareKeepsASequence(t *testing.T) {
+	const slots = 20
+	b, _, _ := tierPool(t, slots, 0)
+	low := slots - b.Retains()
+	blks, err := b.Allocate(slots - low)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A sequence of 4 below, its last block the one kept; the other
+	// slots stay allocated.
+	regs := make([]Registration, 4)
+	for i := range regs {
+		regs[i] = Registration{Block: blks[i], Hash: uint64(10 + i), Below: true}
+	}
+	got, err := b.RegisterBatch(regs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, blk := range got {
+		b.Release(blk)
+	}
+	spare, err := b.AllocateSpare(4, 13)
+	if err != nil || len(spare) != 0 {
+		t.Fatalf("AllocateSpare keeping the sequence's last block: %d slots, %v; want none", len(spare), err)
+	}
+	for h := uint64(10); h < 14; h++ {
+		if _, ok := b.Lookup(h); !ok {
+			t.Fatalf("block %d of the sequence kept was recycled", h)
+		}
+	}
+	// Kept nothing: the sequence goes, its last block first.
+	if spare, err = b.AllocateSpare(4, 0); err != nil || len(spare) != 4 {
+		t.Fatalf("AllocateSpare keeping nothing: %d slots, %v; want 4", len(spare), err)
+	}
+}
+
+// A block registered Detached names its parent in its store event but
+// does not keep it: the parent is a leaf, recycled before it.
+func TestRegisterDetached(t *testing.T) {
+	b, _, _ := tierPool(t, 8, 0)
+	blks, err := b.Allocate(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.RegisterBatch([]Registration{{Block: blks[0], Hash: 1, Below: true}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Release(got[0])
+	got, err = b.RegisterBatch([]Registration{{Block: blks[1], Hash: 2, Below: true, Detached: true}}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Release(got[0])
+	if si, _ := b.Slot(blks[0].Slot); si.Children != 0 {
+		t.Fatalf("the parent of a detached block has %d children", si.Children)
+	}
+	if si, _ := b.Slot(blks[1].Slot); si.Parent != 1 {
+		t.Fatalf("a detached block's parent is %d, want 1", si.Parent)
+	}
+	// The parent, used first, is recycled first.
+	if n := b.Evict(1); n != 1 {
+		t.Fatalf("evicted %d", n)
+	}
+	if _, ok := b.Lookup(1); ok {
+		t.Fatal("the parent of a detached block was kept for it")
+	}
+	if _, ok := b.Lookup(2); !ok {
+		t.Fatal("the detached block went first")
+	}
+}
