@@ -22,6 +22,10 @@
 //	                     index fed by gossiped events, publishing this
 //	                     node's events, repairing missed ones, connections
 //	                     to peers, suspected holders
+//	tier*                the host and disk tiers under the pools: their
+//	                     settings and stores, copies down, restores,
+//	                     prefetch, staging for peers, the back-off of slots
+//	                     that could not be read, and their announcements
 //
 // # An import, file by file
 //
@@ -32,11 +36,13 @@
 //
 // import.go decides where they come from. It first takes what the set
 // already holds, then what another set of this node holds (import_local.go
-// copies it, on the GPU where the pools are device memory), then asks the
+// copies it, on the GPU where the pools are device memory), then what this
+// node's tiers hold (tier_restore.go restores it), then asks the
 // index (fabric/index, fed by cluster_index_sink.go) who holds the rest and
-// orders those holders: longest prefix first, then the cheapest estimated
-// transfer (import_links.go keeps each peer's observed rate and round trip),
-// then the least loaded. Concurrent imports of the same block on this node
+// orders those holders: recently blamed ones last, then longest prefix
+// first, then the fewest blocks held on disk only, then the least loaded
+// (import_links.go keeps each peer's observed rate and round trip, for
+// Lookup's estimates). Concurrent imports of the same block on this node
 // wait for one another rather than fetching it twice (import_flights.go).
 //
 // import_fetch.go moves the blocks from one holder, a chunk at a time and
