@@ -74,5 +74,7 @@
 // Registered blocks emit pool events; cluster_publish.go numbers and
 // gossips them, so that every node's index learns that this node now holds
 // the blocks too, and cluster_repair.go serves and fetches the ranges a
-// node missed.
+// node missed. With the owned-slices index (Config.IndexMode IndexOwned),
+// cluster_owned.go sends them instead to each hash's owners, which
+// lookups then ask (cluster_owned_lookup.go).
 package fabric
