@@ -22,11 +22,14 @@
 //	                     index fed by gossiped events, publishing this
 //	                     node's events, repairing missed ones, connections
 //	                     to peers, suspected holders
-//	tier_*               the tiers under the pools: copies down
-//	                     (tier_offload.go), restore into an engine's set on
-//	                     Acquire, Lookup and Import (tier_restore.go), the
-//	                     read-ahead along a sequence that follows a restore
-//	                     (tier_readahead.go), staging for peers, Prefetch
+//	tier*                the host and disk tiers under the pools: their
+//	                     settings and stores, copies down (tier_offload.go),
+//	                     restores into an engine's set on Acquire, Lookup
+//	                     and Import (tier_restore.go), the read-ahead along
+//	                     a sequence that follows a restore
+//	                     (tier_readahead.go), prefetch, staging for peers,
+//	                     the back-off of slots that could not be read, and
+//	                     their announcements
 //
 // # An import, file by file
 //
@@ -37,11 +40,13 @@
 //
 // import.go decides where they come from. It first takes what the set
 // already holds, then what another set of this node holds (import_local.go
-// copies it, on the GPU where the pools are device memory), then asks the
+// copies it, on the GPU where the pools are device memory), then what this
+// node's tiers hold (tier_restore.go restores it), then asks the
 // index (fabric/index, fed by cluster_index_sink.go) who holds the rest and
-// orders those holders: longest prefix first, then the cheapest estimated
-// transfer (import_links.go keeps each peer's observed rate and round trip),
-// then the least loaded. Concurrent imports of the same block on this node
+// orders those holders: recently blamed ones last, then longest prefix
+// first, then the fewest blocks held on disk only, then the least loaded
+// (import_links.go keeps each peer's observed rate and round trip, for
+// Lookup's estimates). Concurrent imports of the same block on this node
 // wait for one another rather than fetching it twice (import_flights.go).
 //
 // import_fetch.go moves the blocks from one holder, a chunk at a time and
@@ -84,5 +89,7 @@
 // Registered blocks emit pool events; cluster_publish.go numbers and
 // gossips them, so that every node's index learns that this node now holds
 // the blocks too, and cluster_repair.go serves and fetches the ranges a
-// node missed.
+// node missed. With the owned-slices index (Config.IndexMode IndexOwned),
+// cluster_owned.go sends them instead to each hash's owners, which
+// lookups then ask (cluster_owned_lookup.go).
 package fabric

@@ -60,7 +60,10 @@
 //	Complete    Retired     Retire                  a copy may still land
 //
 // A set with Retired slots can be freed, but its memory goes to no other
-// set while the pool lives ([Metrics].WithheldBytes).
+// set while the pool lives ([Metrics].WithheldBytes). Retired slots count
+// in neither [BlockSet.Usable] (the slots that may still be allocated) nor
+// [BlockSet.Retains] (the blocks the set keeps before allocating recycles
+// them).
 //
 // Anything else is a [TransitionError]. Every return to Reset bumps the
 // slot's generation, so a [Block] handle (slot, generation) issued before
@@ -83,6 +86,18 @@
 // blocks that other nodes also hold: among the leaves they go first
 // (least recently used among them), so that the cluster keeps more
 // distinct blocks; [BlockSet.Undemote] takes the mark off.
+//
+// With [Config.Offload] set, blocks may fall to a tier below (the agent's
+// host and disk tiers) instead of being recycled away: recycling offers
+// each victim that has no copy below to the hook, and a block taken stays
+// Registered and served, out of recycling's reach, until
+// [BlockSet.Offloaded] says its copy is complete; then it is recycled
+// first, losing nothing. Recycling ahead of need starts past
+// [Config.OffloadWatermark] of use; at most [Config.OffloadInFlight] of a
+// set's slots wait for copies; under [Config.OffloadGiveUp] an allocation
+// takes the slots of blocks whose copies are under way (never one being
+// read) rather than wait for the tier below. A set whose layout [Config.OffloadSkips] says no
+// tier takes is offered nothing and recycles only on need.
 //
 // # Leases
 //

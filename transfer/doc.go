@@ -103,13 +103,15 @@
 // with TLS, to another node than its certificate names), from a node that
 // is not a member, or past MaxLaneConns from one peer.
 //
-// A connection then carries read requests (method 7) one at a time,
-// framed and answered as on QUIC, each of at most MaxLaneReadBytes of
-// data; a refused request leaves the connection usable, anything else
-// that goes wrong closes it. A read's plan is split into parts of at
-// least 1 MiB over the peer's connections, and each piece is read
-// straight into its destination (plain TCP reads pieces under 16 KiB
-// through a buffer). A holder closes a connection idle for
+// A connection then carries read requests (method 7), framed and
+// answered in order as on QUIC, each of at most MaxLaneReadBytes of data,
+// the reader writing the next request while it reads the answer to the
+// one before; a refused request leaves the connection usable, anything
+// else that goes wrong closes it. A read's plan is split into parts of at
+// least 1 MiB, several per connection, over the peer's connections, and
+// each piece is read straight into its destination (a plain connection
+// reads its frames through a 16 KiB buffer and, on Linux, its pieces
+// straight in, many to a readv). A holder closes a connection idle for
 // Config.LaneIdleTimeout and one whose reader stops reading for
 // ProgressTimeout; a reader fails a read whose holder sends nothing for
 // ProgressTimeout. A reader that cannot get tokens, connect, or finish a

@@ -33,5 +33,7 @@
 //	                 Upload and Download of Parts (each a plan, so strided and past
 //	                 MaxPitch), overlapping the host side with the copies across parts;
 //	                 StagingBuffers keeps the pinned buffers for reuse, freeing those a
-//	                 failed synchronisation may still touch
+//	                 failed synchronisation may still touch; a transfer or Close whose
+//	                 stream could not be synchronised returns an error matching
+//	                 ErrUnsynced, and the device memory it was bound for stays out of use
 package cuda

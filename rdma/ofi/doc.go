@@ -118,7 +118,9 @@
 // call that posted it (ReadResult.Inline), which shm does only by
 // cross-memory attach (its fast path: FI_MR_VIRT_ADDR, one remote iov, the
 // kernel letting the reader in). kvfabric's reader says so in its next
-// lease requests, and the holder serves those leases with ServeInline:
+// lease and renewal requests, naming the holder's endpoint its reads
+// completed inline from, and the holder, over shm and for its endpoint of
+// now only, serves those leases with ServeInline:
 // naps of up to 1 ms (a reader uses 1,024 command slots in several ms at
 // full rate), where each poll that meets a copy spins.
 package ofi
