@@ -47,9 +47,10 @@ type counters struct {
 	// from lease to registration, leaseHold how long a lease this node
 	// granted lived (until released, or its peer went).
 	importTime, chunkTime, leaseHold latency
-	// chunkTimeRDMA is chunkTime of the chunks that moved over RDMA
-	// (chunkTime holds those over QUIC).
-	chunkTimeRDMA latency
+	// chunkTimeRDMA and chunkTimeLane are chunkTime of the chunks that
+	// moved over RDMA and over a TCP lane (chunkTime holds those over
+	// QUIC).
+	chunkTimeRDMA, chunkTimeLane latency
 
 	orphans orphanCounters
 	// demotionsDropped counts the marks for cluster-aware eviction that
@@ -159,9 +160,10 @@ type Metrics struct {
 	ImportLeaseRenewals         uint64 // renewals holders granted to long reads
 	ImportLeaseWaits            uint64 // leases asked again of a busy holder
 	ImportTime, ImportChunkTime pool.Histogram
-	// ImportChunkTimeRDMA is ImportChunkTime of the chunks moved over
-	// RDMA; ImportChunkTime holds those over QUIC.
-	ImportChunkTimeRDMA pool.Histogram
+	// ImportChunkTimeRDMA and ImportChunkTimeLane are ImportChunkTime of
+	// the chunks moved over RDMA and over a TCP lane; ImportChunkTime
+	// holds those over QUIC.
+	ImportChunkTimeRDMA, ImportChunkTimeLane pool.Histogram
 
 	// LeasesServed counts leases granted to peers; LeasesEndedEarly those
 	// released because their peer went; LeaseHold how long they lived.
@@ -246,6 +248,7 @@ func (a *Agent) Metrics() Metrics {
 		ImportTime:          st.importTime.snapshot(),
 		ImportChunkTime:     st.chunkTime.snapshot(),
 		ImportChunkTimeRDMA: st.chunkTimeRDMA.snapshot(),
+		ImportChunkTimeLane: st.chunkTimeLane.snapshot(),
 		LeasesServed:        st.leasesServed.Load(),
 		LeasesEndedEarly:    st.leasesEndedEarly.Load(),
 		LeaseHold:           st.leaseHold.snapshot(),

@@ -497,10 +497,13 @@ func (ch *arrivedChunk) releaseAndRegister(ctx context.Context, parent uint64) (
 	a.stats.importBytes.Add(ch.bytes)
 	a.stats.importBlocks.Add(uint64(len(refs)))
 	a.stats.importChunks.Add(1)
-	if ch.via == transfer.TransportRDMA {
+	switch ch.via {
+	case transfer.TransportRDMA:
 		a.stats.importBytesRDMA.Add(ch.bytes)
 		a.stats.chunkTimeRDMA.record(time.Since(ch.askedAt))
-	} else {
+	case transfer.TransportTCP:
+		a.stats.chunkTimeLane.record(time.Since(ch.askedAt))
+	default:
 		a.stats.chunkTime.record(time.Since(ch.askedAt))
 	}
 	if err != nil {

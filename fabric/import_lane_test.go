@@ -11,6 +11,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/transfer"
 )
 
@@ -62,6 +63,12 @@ func TestImportOverLane(t *testing.T) {
 				t.Errorf("importer: %d bytes imported, %d read, %d over the lane, %d over quic",
 					m.ImportBytes, m.Transport.BytesRead, m.Transport.BytesReadLane, m.Transport.BytesReadQUIC)
 			}
+			if lane, quic := chunks(m.ImportChunkTimeLane), chunks(m.ImportChunkTime); lane == 0 || quic != 0 {
+				t.Errorf("importer's chunk times: %d over the lane, %d over quic; want all over the lane", lane, quic)
+			}
+			if hm := n1.Metrics().Transport; hm.BytesServed == 0 || hm.BytesServedLane != hm.BytesServed || hm.BytesServedQUIC != 0 {
+				t.Errorf("holder: %d bytes served, %d over the lane, %d over quic", hm.BytesServed, hm.BytesServedLane, hm.BytesServedQUIC)
+			}
 			s, err := dial(t, n1).Status(context.Background())
 			if err != nil {
 				t.Fatal(err)
@@ -95,6 +102,12 @@ func TestImportLaneUnreachableFallsBackToQUIC(t *testing.T) {
 	m := n2.Metrics()
 	if m.Transport.LaneFallbacks[transfer.LaneFallbackConnect] == 0 {
 		t.Errorf("importer's lane fallbacks: %v, want a connect failure", m.Transport.LaneFallbacks)
+	}
+	if lane, quic := chunks(m.ImportChunkTimeLane), chunks(m.ImportChunkTime); lane != 0 || quic == 0 {
+		t.Errorf("importer's chunk times: %d over the lane, %d over quic; want all over quic", lane, quic)
+	}
+	if hm := n1.Metrics().Transport; hm.BytesServed == 0 || hm.BytesServedQUIC != hm.BytesServed || hm.BytesServedLane != 0 {
+		t.Errorf("holder: %d bytes served, %d over the lane, %d over quic", hm.BytesServed, hm.BytesServedLane, hm.BytesServedQUIC)
 	}
 	s, err := dial(t, n2).Status(context.Background())
 	if err != nil {
@@ -140,4 +153,12 @@ func TestLaneConfig(t *testing.T) {
 		t.Fatalf("lane_conns at the limit: %v", err)
 	}
 	a.Close()
+}
+
+// chunks is how many chunk times h recorded.
+func chunks(h pool.Histogram) (n uint64) {
+	for _, c := range h.Counts {
+		n += c
+	}
+	return n
 }

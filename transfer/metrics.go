@@ -10,9 +10,14 @@ type Metrics struct {
 	CallsServed uint64
 	// CallsFailed counts incoming calls answered with an error or reset.
 	CallsFailed uint64
-	// ReadsServed and BytesServed count reads served in full.
-	ReadsServed uint64
-	BytesServed uint64
+	// ReadsServed and BytesServed count reads served in full, over QUIC
+	// or a TCP lane. BytesServedQUIC and BytesServedLane are the parts of
+	// BytesServed served over each, each counted on its own (as
+	// BytesReadQUIC is: a difference of snapshots taken apart may wrap).
+	ReadsServed     uint64
+	BytesServed     uint64
+	BytesServedQUIC uint64
+	BytesServedLane uint64
 	// Reads and BytesRead count this node's own reads completed in full,
 	// over either transport; BytesReadQUIC is the part of BytesRead that
 	// moved over QUIC. It is counted on its own, not as BytesRead less
@@ -63,6 +68,7 @@ type counters struct {
 	reads, bytesRead, bytesReadQUIC, readsFailed, budgetWaits   atomic.Uint64
 	requestBytes                                                atomic.Int64
 	bytesReadLane, laneConnects, laneConnectFails, laneRefused  atomic.Uint64
+	bytesServedQUIC, bytesServedLane                            atomic.Uint64
 	laneFallbacks                                               [4]atomic.Uint64
 }
 
@@ -93,6 +99,7 @@ func (n *Node) Metrics() Metrics {
 		LaneRefused: s.laneRefused.Load(), LaneFallbacks: fb, LanePlain: n.LanePlain(),
 		StreamsAccepted: s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
 		ReadsServed: s.readsServed.Load(), BytesServed: s.bytesServed.Load(),
+		BytesServedQUIC: s.bytesServedQUIC.Load(), BytesServedLane: s.bytesServedLane.Load(),
 		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), BytesReadQUIC: s.bytesReadQUIC.Load(), ReadsFailed: s.readsFailed.Load(),
 		RequestBytes: uint64(max(0, s.requestBytes.Load())), RequestBudgetWaits: s.budgetWaits.Load(),
 	}

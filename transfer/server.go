@@ -232,6 +232,7 @@ func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
 		s.CancelWrite(streamErrCancelled)
 		return err
 	}
+	n.stats.bytesServedQUIC.Add(r.totalBytes)
 	return s.Close()
 }
 

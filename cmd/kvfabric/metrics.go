@@ -85,6 +85,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.histogram("kvfabric_import_duration_seconds", "Import calls from engines, from the call to its answer.", m.ImportTime)
 	e.histogram("kvfabric_import_chunk_duration_seconds", "Import chunks, from asking for the lease to registering the blocks, by transport.", m.ImportChunkTime, "transport", "quic")
 	e.histogram("kvfabric_import_chunk_duration_seconds", "Import chunks, from asking for the lease to registering the blocks, by transport.", m.ImportChunkTimeRDMA, "transport", "rdma")
+	e.histogram("kvfabric_import_chunk_duration_seconds", "Import chunks, from asking for the lease to registering the blocks, by transport.", m.ImportChunkTimeLane, "transport", "tcp")
 	e.counter("kvfabric_leases_served_total", "Leases granted to peers.", float64(m.LeasesServed))
 	e.counter("kvfabric_leases_ended_early_total", "Leases released before their term because the peer holding them disconnected, left or failed.", float64(m.LeasesEndedEarly))
 	e.histogram("kvfabric_lease_hold_duration_seconds", "How long leases granted to peers lived, until released or their peer went.", m.LeaseHold)
@@ -141,7 +142,8 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	ts := m.Transport
 	e.counter("kvfabric_peer_calls_served_total", "Control calls from peers answered.", float64(ts.CallsServed))
 	e.counter("kvfabric_peer_calls_failed_total", "Calls from peers answered with an error.", float64(ts.CallsFailed))
-	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesServed), "transport", "quic", "direction", "served")
+	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesServedQUIC), "transport", "quic", "direction", "served")
+	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesServedLane), "transport", "tcp", "direction", "served")
 	rd := m.RDMA
 	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(ts.BytesReadQUIC), "transport", "quic", "direction", "read")
 	e.counter("kvfabric_transfer_bytes_total", "Bytes moved by the peer transport, by transport and direction.", float64(rd.Bytes), "transport", "rdma", "direction", "read")
