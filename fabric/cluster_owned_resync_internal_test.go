@@ -67,7 +67,7 @@ func betweenRecordAndAnnouncement(t *testing.T, tr *tiers, d *diskTier, k disk.K
 	tr.order()
 	tr.beforeOrder.Store(&hook)
 	defer tr.beforeOrder.Store(nil)
-	if !tr.placed(d, k, 4096) {
+	if !placeCopy(tr, d, k, 4096) {
 		tr.announceMu.Unlock()
 		t.Fatal("a new block's record not to be announced")
 	}
@@ -132,7 +132,7 @@ func TestOwnedResyncClearsATierCopyAnnouncedOutOfOrder(t *testing.T) {
 	tr := a.tiers
 	d := tr.list[0]
 	k := disk.Key{Hash: 0xd15e, Tag: 7}
-	if !tr.placed(d, k, 4096) { // recorded, not yet announced
+	if !placeCopy(tr, d, k, 4096) { // recorded, not yet announced
 		t.Fatal("a new block's record not to be announced")
 	}
 	tr.forget(d, k)                // unrecorded and its removal announced first
@@ -180,7 +180,7 @@ func TestTierChangeBeforeAnnounceAllAnnouncedOnce(t *testing.T) {
 	k := disk.Key{Hash: 0xd160, Tag: 7}
 	tr.announcing.Store(false) // as before announceAll
 	tr.order()
-	if !tr.placed(d, k, 4096) {
+	if !placeCopy(tr, d, k, 4096) {
 		tr.announceMu.Unlock()
 		t.Fatal("a new block's record not to be announced")
 	}
