@@ -190,3 +190,69 @@ func TestTierChangeBeforeAnnounceAllAnnouncedOnce(t *testing.T) {
 	tr.announceAll()
 	ownedCopies(t, a, "after announceAll", k.Hash, 1, 1)
 }
+
+// In owned index mode, a resync that comes while a block's removal from a
+// tier is recorded and announced (the tiers' ordering held) reads the
+// records once it holds the ordering, after the removal: the owners are
+// told of no copy, whether the resync started before the removal was
+// recorded or after. One that read the records before taking the
+// ordering would give the owners back, for good, the copy the removal's
+// announcement took away.
+func TestOwnedResyncWaitsForARemovalUnderWay(t *testing.T) {
+	for i, tc := range []struct {
+		desc         string
+		resyncBefore bool // the resync starts before the removal is recorded, else after it is announced
+	}{
+		{"resync started before the removal's record", true},
+		{"resync started after the removal's announcement", false},
+	} {
+		a := ownedTierAgent(t)
+		tr := a.tiers
+		d := tr.list[0]
+		k := disk.Key{Hash: 0xd170 + uint64(i), Tag: 7}
+		tr.order()
+		if !placeCopy(tr, d, k, 4096) {
+			tr.announceMu.Unlock()
+			t.Fatalf("%s: a new block's record not to be announced", tc.desc)
+		}
+		tr.announce(true, d.n, k.Hash)
+		tr.announceMu.Unlock()
+		ownedCopies(t, a, tc.desc+": a block recorded and announced", k.Hash, 1, 1)
+
+		waiting := make(chan struct{})
+		var once sync.Once
+		hook := func() { once.Do(func() { close(waiting) }) }
+		done := make(chan struct{})
+		resync := func() {
+			go func() {
+				defer close(done)
+				a.owned.publish(pool.EventBatch{Dropped: 1})
+			}()
+			select {
+			case <-waiting:
+			case <-done:
+				tr.announceMu.Unlock()
+				t.Fatalf("%s: a resync ran without the tiers' ordering", tc.desc)
+			case <-time.After(10 * time.Second):
+				tr.announceMu.Unlock()
+				t.Fatalf("%s: a resync never took the tiers' ordering", tc.desc)
+			}
+		}
+		tr.order()
+		tr.beforeOrder.Store(&hook)
+		if tc.resyncBefore {
+			resync()
+		}
+		tr.mu.Lock()
+		tr.unrecordLocked(tr.pos[k])
+		tr.mu.Unlock()
+		tr.announce(false, d.n, k.Hash)
+		if !tc.resyncBefore {
+			resync()
+		}
+		tr.beforeOrder.Store(nil)
+		tr.announceMu.Unlock()
+		<-done
+		ownedCopies(t, a, tc.desc+": its removal announced, then the resync", k.Hash, 0, 0)
+	}
+}
