@@ -237,6 +237,9 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	pcfg := pool.DefaultConfig()
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents
+	if f := a.cfg.hooks.poolEvents; f != nil {
+		pcfg.Events = func(b pool.EventBatch) { f(b, a.onPoolEvents) }
+	}
 	pcfg.MaxLeaseBlocks = transfer.MaxLeaseBlocks
 	a.poolRecycling(&pcfg)
 	if len(a.cfg.Tiers) > 0 {
