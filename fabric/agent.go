@@ -237,6 +237,9 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	pcfg := pool.DefaultConfig()
 	pcfg.Logger = a.log
 	pcfg.Events = a.onPoolEvents
+	if f := a.cfg.hooks.poolEvents; f != nil {
+		pcfg.Events = func(b pool.EventBatch) { f(b, a.onPoolEvents) }
+	}
 	pcfg.MaxLeaseBlocks = transfer.MaxLeaseBlocks
 	a.poolRecycling(&pcfg)
 	if len(a.cfg.Tiers) > 0 {
@@ -629,7 +632,8 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		}
 		return nil, err
 	}
-	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }, may)
+	// best stays: it is what this Register falls back to.
+	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }, may, best)
 	if err != nil {
 		if best != nil && errors.Is(err, pool.ErrOutOfMemory) {
 			// No room for a set of the size asked (or the default): the

@@ -1,5 +1,7 @@
 package fabric
 
+import "github.com/kvfabric/kvfabric/pool"
+
 // testHooks let tests observe and interrupt the agent's flows at points
 // no API reaches. Nil hooks are skipped; they run on the flow's own
 // goroutine and must not block for long.
@@ -25,4 +27,8 @@ type testHooks struct {
 	// tierAnnounced runs as the tiers publish that the node holds (store)
 	// or no longer holds hashes, under block set number set.
 	tierAnnounced func(store bool, set uint32, hashes []uint64)
+	// poolEvents, if set, takes each batch of the pool's events on the
+	// pool's goroutine in place of onPoolEvents, given as publish: a
+	// test's batch may be published as one with events lost.
+	poolEvents func(b pool.EventBatch, publish func(pool.EventBatch))
 }

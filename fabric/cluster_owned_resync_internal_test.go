@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
 )
@@ -24,6 +26,13 @@ func ownedTierAgent(t *testing.T) *Agent {
 // waits until it joined.
 func tierAgentIn(t *testing.T, mode string) *Agent {
 	t.Helper()
+	return tierAgentWith(t, mode, nil)
+}
+
+// tierAgentWith is tierAgentIn with the configuration changed by change,
+// if not nil, before the agent starts.
+func tierAgentWith(t *testing.T, mode string, change func(*Config)) *Agent {
+	t.Helper()
 	dir := t.TempDir()
 	c := DefaultLocalConfig()
 	c.NodeName, c.DataDir, c.DevCADir = "n1", filepath.Join(dir, "n1"), filepath.Join(dir, "ca")
@@ -32,6 +41,9 @@ func tierAgentIn(t *testing.T, mode string) *Agent {
 	c.Tiers = []string{"disk=" + filepath.Join(dir, "tier") + ":64MiB"}
 	c.IndexMode = mode
 	c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if change != nil {
+		change(&c)
+	}
 	a, err := Start(context.Background(), c)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +79,7 @@ func betweenRecordAndAnnouncement(t *testing.T, tr *tiers, d *diskTier, k disk.K
 	tr.order()
 	tr.beforeOrder.Store(&hook)
 	defer tr.beforeOrder.Store(nil)
-	if !tr.placed(d, k, 4096) {
+	if !placeCopy(tr, d, k, 4096) {
 		tr.announceMu.Unlock()
 		t.Fatal("a new block's record not to be announced")
 	}
@@ -132,7 +144,7 @@ func TestOwnedResyncClearsATierCopyAnnouncedOutOfOrder(t *testing.T) {
 	tr := a.tiers
 	d := tr.list[0]
 	k := disk.Key{Hash: 0xd15e, Tag: 7}
-	if !tr.placed(d, k, 4096) { // recorded, not yet announced
+	if !placeCopy(tr, d, k, 4096) { // recorded, not yet announced
 		t.Fatal("a new block's record not to be announced")
 	}
 	tr.forget(d, k)                // unrecorded and its removal announced first
@@ -144,15 +156,55 @@ func TestOwnedResyncClearsATierCopyAnnouncedOutOfOrder(t *testing.T) {
 	}
 }
 
-// In whole index mode the same holds of gossip's reconcile: between a
-// tier's record and its announcement it waits, and the node's published
-// holdings count the block once, then not at all once its removal is
-// announced.
+// In whole index mode the same holds of gossip's reconcile, run where
+// the product runs it (the pool's goroutine, on a batch with events
+// lost): between a tier's record and its announcement it waits, and the
+// node's published holdings count the block once, then not at all once
+// its removal is announced.
 func TestReconcileBetweenATierRecordAndItsAnnouncement(t *testing.T) {
-	a := tierAgentIn(t, IndexWhole)
+	// lost, when set, makes the pool's next batch one with events lost
+	// and is closed once that batch is published.
+	var lost atomic.Pointer[chan struct{}]
+	a := tierAgentWith(t, IndexWhole, func(c *Config) {
+		c.hooks.poolEvents = func(b pool.EventBatch, publish func(pool.EventBatch)) {
+			done := lost.Swap(nil)
+			if done != nil {
+				b.Dropped++
+			}
+			publish(b)
+			if done != nil {
+				close(*done)
+			}
+		}
+	})
 	tr := a.tiers
 	d := tr.list[0]
 	k := disk.Key{Hash: 0xd15f, Tag: 7}
+	set, err := a.pool.NewBlockSet(&layout.Layout{Model: layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 8, DType: layout.DTypeF16},
+		PageSize: 16, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 256, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconcile := func() {
+		done := make(chan struct{})
+		lost.Store(&done)
+		blks, err := set.Allocate(1) // a pool event, to carry the loss
+		if err == nil {
+			err = set.Commit(blks[0])
+		}
+		if err == nil {
+			_, err = set.Register(blks[0], 0xbeef, 0)
+		}
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("the pool's batch with events lost never published")
+		}
+	}
 	published := func(when string, want int) {
 		t.Helper()
 		n := 0
@@ -165,7 +217,11 @@ func TestReconcileBetweenATierRecordAndItsAnnouncement(t *testing.T) {
 			t.Fatalf("%s: %d copies of %#x published on tier %d, want %d", when, n, k.Hash, d.n, want)
 		}
 	}
-	betweenRecordAndAnnouncement(t, tr, d, k, func() { a.reconcile(a.joined.Load(), 1) })
+	reconciled := a.stats.eventsLost.Load()
+	betweenRecordAndAnnouncement(t, tr, d, k, reconcile)
+	if a.stats.eventsLost.Load() == reconciled {
+		t.Fatal("no batch with events lost reached the agent")
+	}
 	published("a block recorded, a reconcile, then its announcement", 1)
 	tr.forget(d, k)
 	published("its removal announced", 0)
@@ -180,7 +236,7 @@ func TestTierChangeBeforeAnnounceAllAnnouncedOnce(t *testing.T) {
 	k := disk.Key{Hash: 0xd160, Tag: 7}
 	tr.announcing.Store(false) // as before announceAll
 	tr.order()
-	if !tr.placed(d, k, 4096) {
+	if !placeCopy(tr, d, k, 4096) {
 		tr.announceMu.Unlock()
 		t.Fatal("a new block's record not to be announced")
 	}
@@ -189,4 +245,70 @@ func TestTierChangeBeforeAnnounceAllAnnouncedOnce(t *testing.T) {
 	ownedCopies(t, a, "a block recorded and announced before announceAll", k.Hash, 0, 0)
 	tr.announceAll()
 	ownedCopies(t, a, "after announceAll", k.Hash, 1, 1)
+}
+
+// In owned index mode, a resync that comes while a block's removal from a
+// tier is recorded and announced (the tiers' ordering held) reads the
+// records once it holds the ordering, after the removal: the owners are
+// told of no copy, whether the resync started before the removal was
+// recorded or after. One that read the records before taking the
+// ordering would give the owners back, for good, the copy the removal's
+// announcement took away.
+func TestOwnedResyncWaitsForARemovalUnderWay(t *testing.T) {
+	for i, tc := range []struct {
+		desc         string
+		resyncBefore bool // the resync starts before the removal is recorded, else after it is announced
+	}{
+		{"resync started before the removal's record", true},
+		{"resync started after the removal's announcement", false},
+	} {
+		a := ownedTierAgent(t)
+		tr := a.tiers
+		d := tr.list[0]
+		k := disk.Key{Hash: 0xd170 + uint64(i), Tag: 7}
+		tr.order()
+		if !placeCopy(tr, d, k, 4096) {
+			tr.announceMu.Unlock()
+			t.Fatalf("%s: a new block's record not to be announced", tc.desc)
+		}
+		tr.announce(true, d.n, k.Hash)
+		tr.announceMu.Unlock()
+		ownedCopies(t, a, tc.desc+": a block recorded and announced", k.Hash, 1, 1)
+
+		waiting := make(chan struct{})
+		var once sync.Once
+		hook := func() { once.Do(func() { close(waiting) }) }
+		done := make(chan struct{})
+		resync := func() {
+			go func() {
+				defer close(done)
+				a.owned.publish(pool.EventBatch{Dropped: 1})
+			}()
+			select {
+			case <-waiting:
+			case <-done:
+				tr.announceMu.Unlock()
+				t.Fatalf("%s: a resync ran without the tiers' ordering", tc.desc)
+			case <-time.After(10 * time.Second):
+				tr.announceMu.Unlock()
+				t.Fatalf("%s: a resync never took the tiers' ordering", tc.desc)
+			}
+		}
+		tr.order()
+		tr.beforeOrder.Store(&hook)
+		if tc.resyncBefore {
+			resync()
+		}
+		tr.mu.Lock()
+		tr.unrecordLocked(tr.pos[k])
+		tr.mu.Unlock()
+		tr.announce(false, d.n, k.Hash)
+		if !tc.resyncBefore {
+			resync()
+		}
+		tr.beforeOrder.Store(nil)
+		tr.announceMu.Unlock()
+		<-done
+		ownedCopies(t, a, tc.desc+": its removal announced, then the resync", k.Hash, 0, 0)
+	}
 }

@@ -365,8 +365,9 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 
 // freeIdleSets frees the sets no session uses that may says it may free,
 // longest idle first, until made succeeds, and returns made's last answer.
-// a.mu is held.
-func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engineSet) bool) (*pool.BlockSet, error) {
+// keep, if not nil, is never freed: the set a Register falls back to where
+// made still fails. a.mu is held.
+func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet) (*pool.BlockSet, error) {
 	type idleSet struct {
 		es       *engineSet
 		since    time.Time
@@ -382,7 +383,7 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engi
 	}
 	// Orphans first, whoever made them: their engines are gone
 	// (engine_orphans.go).
-	idle = slices.DeleteFunc(idle, func(is idleSet) bool { return !is.orphaned && !may(is.es) })
+	idle = slices.DeleteFunc(idle, func(is idleSet) bool { return is.es == keep || (!is.orphaned && !may(is.es)) })
 	sort.Slice(idle, func(i, j int) bool {
 		if idle[i].orphaned != idle[j].orphaned {
 			return idle[i].orphaned

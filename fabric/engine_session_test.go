@@ -649,3 +649,50 @@ func startHeldEngine(t *testing.T, cmd *exec.Cmd) uint64 {
 	}
 	return id
 }
+
+// A Register that asks for no slot count, with no room for a set of the
+// default size even after the idle sets are freed, is given the idle set
+// of its layout and another size rather than refused: that set is the one
+// it falls back to, so it is not among the sets freed for room.
+func TestRegisterWithNoSlotCountKeepsTheSetItFallsBackTo(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.BlockSetGrace = time.Hour
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const poolBytes = 16 << 20 // testConfig's host pool
+	// Another layout's set, in use, takes most of the pool.
+	big := client.Engine{Name: "big", Model: testModel, TPSize: 1, PageSize: 32, Order: layout.HND}
+	big.Slots = int(poolBytes * 78 / 100 / big.Model.BlockBytes(big.PageSize))
+	register(t, newClient(t, a), big)
+	// The engine's set of a few slots, idle.
+	e := client.Engine{Name: "e", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND}
+	e.Slots = int(poolBytes * 8 / 100 / e.Model.BlockBytes(e.PageSize))
+	first := newClient(t, a)
+	small := register(t, first, e)
+	if _, err := first.DropBlockSet(ctx, small.ID); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "the engine's set idle", func() error {
+		st, err := first.Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, b := range st.BlockSets {
+			if b.Id == small.ID && b.IdleSinceUnixMs != 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("set %d not idle: %v", small.ID, st.BlockSets)
+	})
+	// The default size (a quarter of the pool) fits neither beside both
+	// sets nor with the idle one freed.
+	e.Slots = 0
+	again, err := newClient(t, a).Register(ctx, e)
+	if err != nil || again.ID != small.ID {
+		t.Fatalf("register with no slot count and no room for the default size: %v, %v; want the idle set %d", again, err, small.ID)
+	}
+	if got, want := again.Layout.Slots, int(poolBytes*8/100/testModel.BlockBytes(16)); got != want {
+		t.Fatalf("the set given has %d slots, want the idle set's %d", got, want)
+	}
+}

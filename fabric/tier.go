@@ -265,7 +265,10 @@ type tiers struct {
 	// follows), and no record waits for its announcement while a resync
 	// reads them. Taken after moveMu and before mu and what announce
 	// takes (the owned index's mu, the membership's lock), never while
-	// holding those nor a set's lock; announce does no network I/O.
+	// holding those nor a set's lock; announce does no network I/O. A
+	// resync or reconcile (announced) takes the pool's lock and every
+	// block set's lock (the pool's Snapshot) under it, so those too come
+	// after it: nothing holding the pool's or a set's lock takes it.
 	announceMu sync.Mutex
 	// announcing is set, under announceMu, when announceAll announces the
 	// records once the node joined: changes before it are announced by

@@ -20,7 +20,7 @@ func TestTierHeldByTierGroupsEachTiersBlocks(t *testing.T) {
 	want := [][]uint64{{1, 2}, {3, 4, 5}, {6}}
 	for n, hashes := range want {
 		for _, h := range hashes {
-			if !tr.placed(tr.list[n], disk.Key{Hash: h, Tag: 1}, 100) {
+			if !placeCopy(tr, tr.list[n], disk.Key{Hash: h, Tag: 1}, 100) {
 				t.Fatalf("block %d in tier %d is not to be announced", h, n)
 			}
 		}

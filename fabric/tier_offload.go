@@ -425,6 +425,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	var lastErr error
 	for try := 0; ; try++ {
 		var put []uint64
+		var second []disk.Key // recorded in another tier: deleted from d below
 		keep, keepAt := items[:0], at[:0]
 		t.order() // until the records below are announced
 		for n, err := range errs {
@@ -433,8 +434,12 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				if items[n].Data == nil {
 					t.direct.Add(1) // committed as written straight from its slot
 				}
-				if t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout())) {
+				announce, dup := t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout()))
+				if announce {
 					put = append(put, items[n].Key.Hash)
+				}
+				if dup {
+					second = append(second, items[n].Key)
 				}
 				t.link(items[n].Key, jobs[at[n]].parent)
 				out[at[n]].ok = true // kept below, here or in the tier that had it
@@ -456,6 +461,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		d.offloads.Add(uint64(len(put)))
 		t.announce(true, d.n, put...)
 		t.announceMu.Unlock()
+		t.dropSecond(d, second)
 		items, at = keep, keepAt
 		if len(items) == 0 || try == 8 {
 			break
@@ -509,31 +515,45 @@ func directRefused(err error) bool {
 // placed records that tier d now holds k, length bytes, just committed
 // there, and says whether to announce it: false if k had a record already.
 // Another copy of the same block got there first: in d, the store replaced
-// it (the record stays, touched); in another tier, that tier's copy and record stay (touched) and the copy
-// just committed to d, recorded nowhere, is deleted. A copy a record names
-// is never deleted here: that would leave the record naming a tier
-// without the block.
-func (t *tiers) placed(d *diskTier, k disk.Key, length int) bool {
+// it (the record stays, touched); in another tier, that tier's copy and
+// record stay (touched) and the copy just committed to d, recorded
+// nowhere, is to be deleted (second): by the caller, with neither t.mu nor
+// announceMu held (dropSecond), since a disk store's delete writes and
+// syncs its journal. A copy a record names is never deleted: that would
+// leave the record naming a tier without the block.
+func (t *tiers) placed(d *diskTier, k disk.Key, length int) (announce, second bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e, ok := t.pos[k]; ok {
 		old := e.Value.(*tierEntry)
 		if old.tier != d.n {
 			t.lru(old.tier).MoveToBack(e)
-			if err := d.store.Load().Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
-				t.log.Warn("tier: free a second copy", "hash", k.Hash, "tier", d.n, "err", err)
-			}
-			return false
+			return false, true
 		}
 		// Replaced in d by the copy just committed: still one copy, one
 		// record, already announced (two sets' copies of one block in a
 		// batch, or two copiers at once); announcing it again would count
 		// a copy the node does not have once the one is gone.
 		t.lru(d.n).MoveToBack(e)
-		return false
+		return false, false
 	}
 	t.recordLocked(d, k, length)
-	return true
+	return true, false
+}
+
+// dropSecond deletes the copies of ks in tier d that placed found recorded
+// in another tier, each unless d holds it as its record by now (a copy
+// placed there again since, or the block moved there): called with neither
+// t.mu nor announceMu held.
+func (t *tiers) dropSecond(d *diskTier, ks []disk.Key) {
+	for _, k := range ks {
+		if t.where(k) == d {
+			continue
+		}
+		if err := d.store.Load().Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
+			t.log.Warn("tier: free a second copy", "hash", k.Hash, "tier", d.n, "err", err)
+		}
+	}
 }
 
 // slotCopy is what a copy down writes: pieces of the slot itself and a

@@ -154,7 +154,7 @@ func TestTierMakeRoomEvictsFromItsTier(t *testing.T) {
 		if err := d.store.Load().Put(context.Background(), k, bytes.Repeat([]byte{byte(i)}, 100)); err != nil {
 			t.Fatal(err)
 		}
-		tr.placed(d, k, disk.Align)
+		placeCopy(tr, d, k, disk.Align)
 	}
 	d1 := tr.list[1]
 	tr.roomFor(d1, 1)
@@ -190,7 +190,7 @@ func TestTierForgetOnlyItsTier(t *testing.T) {
 		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
 	tr.list = []*diskTier{{n: 0}, {n: 1}}
 	k := disk.Key{Hash: 3, Tag: 1}
-	tr.placed(tr.list[1], k, 100)
+	placeCopy(tr, tr.list[1], k, 100)
 	tr.forget(tr.list[0], k)
 	if tr.where(k) != tr.list[1] || tr.heldBytes[0] != 0 || tr.heldBytes[1] != 100 {
 		t.Fatalf("forget in tier 0 of a block recorded in tier 1: held by %v, bytes %v; want tier 1, [0 100]", tr.where(k), tr.heldBytes)
@@ -209,13 +209,13 @@ func TestTierPlacedTwiceInOneTierAnnouncesOnce(t *testing.T) {
 		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
 	tr.list = []*diskTier{{n: 0}, {n: 1}}
 	k, other := disk.Key{Hash: 3, Tag: 1}, disk.Key{Hash: 4, Tag: 1}
-	if !tr.placed(tr.list[1], k, 100) {
+	if !placeCopy(tr, tr.list[1], k, 100) {
 		t.Fatal("the first copy of a block is not to be announced")
 	}
-	if !tr.placed(tr.list[1], other, 100) {
+	if !placeCopy(tr, tr.list[1], other, 100) {
 		t.Fatal("another block's first copy is not to be announced")
 	}
-	if tr.placed(tr.list[1], k, 100) {
+	if placeCopy(tr, tr.list[1], k, 100) {
 		t.Fatal("a second commit of a block to the tier holding it is to be announced again")
 	}
 	if tr.where(k) != tr.list[1] || tr.heldBytes[1] != 200 || tr.lru(1).Len() != 2 {
@@ -273,14 +273,14 @@ func TestHostMoveRacingASecondCopy(t *testing.T) {
 		if err := h.store.Load().Put(ctx, k, data); err != nil {
 			t.Fatal(err)
 		}
-		tr.placed(h, k, len(data))
+		placeCopy(tr, h, k, len(data))
 		second := func() {
 			if err := h.store.Load().Put(ctx, k, data); err != nil {
 				t.Error(err)
 				return
 			}
 			if tc.placed {
-				tr.placed(h, k, len(data))
+				placeCopy(tr, h, k, len(data))
 			}
 		}
 		hook := &tr.beforeMoved
@@ -293,7 +293,7 @@ func TestHostMoveRacingASecondCopy(t *testing.T) {
 		}
 		hook.Store(nil)
 		if !tc.placed {
-			tr.placed(h, k, len(data))
+			placeCopy(tr, h, k, len(data))
 		}
 		at := tr.where(k)
 		if at == nil {
@@ -341,7 +341,7 @@ func TestHostRoomMovesABatch(t *testing.T) {
 			if err := h.store.Load().Put(ctx, k, data(i)); err != nil {
 				t.Fatal(err)
 			}
-			tr.placed(h, k, 3000)
+			placeCopy(tr, h, k, 3000)
 		}
 		commits := d.store.Load().Stats().Commits
 		tr.roomFor(h, tc.want)
@@ -402,7 +402,7 @@ func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tr.placed(d, items[i].Key, disk.Align)
+			placeCopy(tr, d, items[i].Key, disk.Align)
 		}
 		if free, made := tr.roomFor(d, tc.want); free != tc.got || made != tc.got || st.Free() != tc.got {
 			t.Fatalf("%s: roomFor says %d free after dropping %d, the store %d free; want %d", tc.desc, free, made, st.Free(), tc.got)
@@ -482,5 +482,75 @@ func TestTierOpenKeepsOneOfTwoCopies(t *testing.T) {
 	}
 	if n := tr.lru(0).Len() + tr.lru(1).Len(); n != 2 {
 		t.Fatalf("%d entries in the tiers' lists, want 2", n)
+	}
+}
+
+// placeCopy records k, length bytes, in tier d as a copier does once its
+// commit there ended (placed), and deletes the copy just committed where
+// another tier holds the block (dropSecond). It says whether to announce
+// it.
+func placeCopy(tr *tiers, d *diskTier, k disk.Key, length int) bool {
+	announce, second := tr.placed(d, k, length)
+	if second {
+		tr.dropSecond(d, []disk.Key{k})
+	}
+	return announce
+}
+
+// A copy committed to a tier while another tier holds the block as its
+// record is recorded nowhere, and placed says so rather than deleting it
+// under the tiers' locks: dropSecond deletes it, the other tier's copy and
+// record staying; unless the tier holds it as its record by then (the
+// block moved there meanwhile), when the copy is the record's and stays.
+func TestTierSecondCopyDeletedOutsideTheLocks(t *testing.T) {
+	for _, tc := range []struct {
+		desc  string
+		moved bool // the block's record moved to the tier of the second copy before dropSecond
+	}{
+		{"recorded in the other tier", false},
+		{"its record moved to this tier meanwhile", true},
+	} {
+		tr, h, d := hostOverDisk(t, 4)
+		ctx := context.Background()
+		k := disk.Key{Hash: 11, Tag: 1}
+		data := bytes.Repeat([]byte{0x3c}, 3000)
+		for _, x := range []*diskTier{d, h} {
+			if err := x.store.Load().Put(ctx, k, data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if announce, second := tr.placed(d, k, len(data)); !announce || second {
+			t.Fatalf("%s: the first copy placed: announce %v, second %v; want true, false", tc.desc, announce, second)
+		}
+		announce, second := tr.placed(h, k, len(data))
+		if announce || !second {
+			t.Fatalf("%s: a copy of a block recorded in another tier placed: announce %v, second %v; want false, true", tc.desc, announce, second)
+		}
+		if got := h.store.Load().Stats().Blocks; got != 1 {
+			t.Fatalf("%s: placed deleted the second copy itself (%d blocks left), want it left to dropSecond", tc.desc, got)
+		}
+		want := d
+		if tc.moved {
+			tr.mu.Lock()
+			tr.unrecordLocked(tr.pos[k])
+			tr.recordLocked(h, k, len(data))
+			tr.mu.Unlock()
+			want = h
+		}
+		tr.dropSecond(h, []disk.Key{k})
+		if tr.where(k) != want {
+			t.Fatalf("%s: the block recorded in tier %v, want tier %d", tc.desc, tr.where(k), want.n)
+		}
+		wantHost := 0
+		if tc.moved {
+			wantHost = 1
+		}
+		if got := h.store.Load().Stats().Blocks; got != wantHost {
+			t.Fatalf("%s: the host tier holds %d copies after dropSecond, want %d", tc.desc, got, wantHost)
+		}
+		buf := make([]byte, disk.Align)
+		if n, err := d.store.Load().Get(ctx, k, buf); err != nil || !bytes.Equal(buf[:n], data) {
+			t.Fatalf("%s: the disk tier's copy reads %d bytes, %v", tc.desc, n, err)
+		}
 	}
 }
