@@ -7,7 +7,8 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 )
 
-// printTiers shows the disk tiers under the pool, if there are any.
+// printTiers shows the tiers under the pool (the host tier, then the disk
+// tiers), if there are any.
 func printTiers(w io.Writer, tiers []*fabricpb.Tier) {
 	if len(tiers) == 0 {
 		return
