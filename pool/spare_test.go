@@ -142,3 +142,60 @@ func TestRegisterDetached(t *testing.T) {
 		t.Fatal("the detached block went first")
 	}
 }
+
+// An allocation that falls short while AllocateSpare's slots are out
+// counts them in AllocError.Spare, until each is registered, given back
+// or retired; with them given back it succeeds where it did before.
+func TestAllocateSpareCountedInAllocError(t *testing.T) {
+	const slots = 20
+	b, _, _ := tierPool(t, slots, 0)
+	low := slots - b.Retains()
+	// 10 referenced, 6 copied below and released, 4 free.
+	blks, err := b.Allocate(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, blk := range blks {
+		got, err := b.RegisterBatch([]Registration{{Block: blk, Hash: uint64(i + 1), Below: true}}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i >= 10 {
+			b.Release(got[0])
+		}
+	}
+	spare, err := b.AllocateSpare(8, 0)
+	if err != nil || len(spare) != 10-low {
+		t.Fatalf("AllocateSpare(8): %d slots, %v; want %d", len(spare), err, 10-low)
+	}
+	_, err = b.Allocate(10)
+	var ae *AllocError
+	if !errors.As(err, &ae) || ae.Spare != len(spare) {
+		t.Fatalf("allocate with %d spare slots out: %v, want an AllocError counting them", len(spare), err)
+	}
+	// One registered, one retired, the rest given back: none counted.
+	if _, err := b.RegisterBatch([]Registration{{Block: spare[0], Hash: 100, Below: true}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Retire(spare[1]); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Allocate(slots)
+	if !errors.As(err, &ae) || ae.Spare != len(spare)-2 {
+		t.Fatalf("allocate with %d spare slots out: %v, want Spare %d", len(spare)-2, err, len(spare)-2)
+	}
+	for _, blk := range spare[2:] {
+		if err := b.Abort(blk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = b.Allocate(slots)
+	if !errors.As(err, &ae) || ae.Spare != 0 {
+		t.Fatalf("allocate with every spare slot back: %v, want Spare 0", err)
+	}
+	// 10 referenced, 1 retired, the block registered on a spare slot
+	// referenced; the other 8 free or recyclable.
+	if got, err := b.Allocate(8); err != nil || len(got) != 8 {
+		t.Fatalf("allocate 8 with the spare slots back: %d, %v", len(got), err)
+	}
+}
