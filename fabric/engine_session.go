@@ -396,6 +396,13 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engi
 		if !errors.Is(err, pool.ErrOutOfMemory) {
 			break
 		}
+		if a.tiers != nil {
+			// Its read-ahead holds slots busy until its reads end: ended
+			// first, so that the set is freed now rather than skipped.
+			ctx, cancel := context.WithTimeout(a.tiers.ctx, a.cfg.ImportTimeout)
+			a.tiers.endAhead(ctx, es)
+			cancel()
+		}
 		if a.freeIdleLocked(es, 0) {
 			set, err = made()
 		}

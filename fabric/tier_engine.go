@@ -23,14 +23,15 @@ const (
 // allocate is BlockSet.Allocate for an engine: with disk tiers, an
 // allocation that finds the slots it needs being read by copies down
 // waits for those reads (in memory, never the disk), within the import
-// timeout.
-func (a *Agent) allocate(ctx context.Context, set *pool.BlockSet, n int) ([]pool.Block, error) {
+// timeout; one that finds them held by the set's read-ahead ends the
+// read-ahead and tries again (tiers.allocate).
+func (a *Agent) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Block, error) {
 	if a.tiers == nil {
-		return set.Allocate(n)
+		return es.set.Allocate(n)
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.ImportTimeout)
 	defer cancel()
-	return a.tiers.allocate(ctx, set, n)
+	return a.tiers.allocate(ctx, es, n)
 }
 
 // restoreRun restores the run of hashes from i that a disk tier holds

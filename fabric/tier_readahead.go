@@ -261,11 +261,16 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 			t.ahead.restored.Add(1)
 		}
 	}
-	sa.run = nil
 	sa.mu.Unlock()
 	for _, b := range blks {
 		es.set.Release(b) // cached, unreferenced; a stale handle: freed meanwhile
 	}
+	// Over only once its blocks are released: whoever waits for it
+	// (endAhead, awaitAhead) finds its slots registered and free to
+	// recycle, or given back.
+	sa.mu.Lock()
+	sa.run = nil
+	sa.mu.Unlock()
 	close(r.done)
 	t.ahead.ended.Add(1)
 }
@@ -339,6 +344,28 @@ func (t *tiers) stopAhead(es *engineSet) {
 		sa.run.cancel()
 	}
 	sa.mu.Unlock()
+}
+
+// endAhead cancels es's read-ahead under way, if any, and waits until it
+// ends (its slots registered and released, or given back), ctx ends or
+// the tiers close. It says whether one was under way.
+func (t *tiers) endAhead(ctx context.Context, es *engineSet) bool {
+	sa := &es.ahead
+	sa.mu.Lock()
+	r := sa.run
+	if r != nil {
+		r.cancel()
+	}
+	sa.mu.Unlock()
+	if r == nil {
+		return false
+	}
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+	case <-t.done:
+	}
+	return true
 }
 
 // aheadFreed counts the blocks read ahead into es that nothing took before

@@ -311,3 +311,34 @@ func TestTierReadAheadSetFreedWhileItRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An Allocate that needs the slots a read-ahead holds ends the read-ahead
+// and gets them: reading ahead never makes an allocation fail that would
+// succeed without it. Here every slot of the set is asked for while the
+// read-ahead holds 8 of them before reading any.
+func TestTierReadAheadYieldsToAllocate(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	held := make(chan struct{}, 1)
+	stopped := make(chan struct{})
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		<-ctx.Done() // until the allocation ends it
+		close(stopped)
+	})
+	acquireRun(t, c, set, hashes[:8], 1)
+	waitAheadHeld(t, held)
+	all := int(set.Layout.Slots)
+	slots, err := c.Allocate(context.Background(), set.ID, all)
+	if err != nil || len(slots) != all {
+		t.Fatalf("allocate all %d slots while a read-ahead holds 8: %d slots, %v", all, len(slots), err)
+	}
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("the allocation succeeded without ending the read-ahead")
+	}
+	waitReadAheads(t, a, 1)
+	if err := c.Free(context.Background(), set.ID, slots); err != nil {
+		t.Fatal(err)
+	}
+}
