@@ -519,8 +519,11 @@ func (b *BlockSet) Release(blk Block) error {
 
 // Evict recycles up to n inactive blocks and returns how many it recycled.
 // It takes leaves first: a block is not recycled while a Registered block
-// extends it (see Register), so a cached sequence loses its tail, never
-// its head. Among leaves the least recently used goes first; a parent
+// extends it (see Register), so a cached sequence loses its tail before
+// its head; except where a block was registered Detached
+// (Registration.Detached): it does not hold its parent, so the blocks
+// before it may go first, the sequence then kept as two, the older part
+// losing its tail first too. Among leaves the least recently used goes first; a parent
 // whose last child goes becomes a leaf with its own last use. A block
 // costs O(log n) in the set's inactive blocks. Under Config.Offload a
 // block without a copy below is offered instead, and not counted.
