@@ -342,3 +342,114 @@ func TestTierReadAheadYieldsToAllocate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A read-ahead that brought blocks up into a set freed before anything
+// took them counts them unused: all of them, none a hit.
+func TestTierReadAheadUnusedWhenFreed(t *testing.T) {
+	a, c, _, hashes := readAheadAgent(t, 8, nil)
+	rc := newClient(t, a)
+	e := tierEngine
+	e.Name = "reader"
+	reader := register(t, rc, e)
+	acquireRun(t, rc, reader, hashes[:8], 1)
+	waitReadAheads(t, a, 1)
+	for i := 8; i < 16; i++ {
+		if !fabric.BlockSetHolds(a, reader.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead", i)
+		}
+	}
+	if m := readAheadMetrics(a); m.ReadAhead != 8 || m.ReadAheadUnused != 0 {
+		t.Fatalf("before the set is freed: %d read ahead, %d unused; want 8, 0", m.ReadAhead, m.ReadAheadUnused)
+	}
+	rc.Close()
+	wait.For(t, 30*time.Second, "the reader's set freed", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		for _, bs := range st.BlockSets {
+			if bs.Id == reader.ID {
+				return fmt.Errorf("set %d still there", reader.ID)
+			}
+		}
+		return nil
+	})
+	if m := readAheadMetrics(a); m.ReadAheadUnused != 8 || m.ReadAheadHits != 0 {
+		t.Fatalf("a set freed holding 8 blocks read ahead: %d unused, %d hits; want 8, 0", m.ReadAheadUnused, m.ReadAheadHits)
+	}
+}
+
+// A Lookup that restores a run, and an Import that takes it from the
+// tier, each start the read-ahead of the run that follows.
+func TestTierReadAheadAfterLookupAndImport(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		restore func(t *testing.T, c *client.Client, set *client.BlockSet, hashes []uint64)
+	}{
+		{"lookup", func(t *testing.T, c *client.Client, set *client.BlockSet, hashes []uint64) {
+			lr, err := c.API().Lookup(context.Background(), &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: hashes})
+			if err != nil || len(lr.LocalTiers) != len(hashes) {
+				t.Fatalf("lookup of %d blocks on disk: %v, %v", len(hashes), lr.GetLocalTiers(), err)
+			}
+		}},
+		{"import", func(t *testing.T, c *client.Client, set *client.BlockSet, hashes []uint64) {
+			resp, err := c.Import(context.Background(), set.ID, hashes)
+			if err != nil || len(resp.Blocks) != len(hashes) {
+				t.Fatalf("import of %d blocks on disk: %d blocks, %v, %s", len(hashes), len(resp.GetBlocks()), err, resp.GetError())
+			}
+			var slots []uint32
+			for _, b := range resp.Blocks {
+				slots = append(slots, b.Slot)
+			}
+			if err := c.Release(context.Background(), set.ID, slots); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, c, set, hashes := readAheadAgent(t, 8)
+			tc.restore(t, c, set, hashes[:8])
+			for i := range 8 {
+				if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+					t.Fatalf("block %d was not restored", i)
+				}
+			}
+			waitReadAheads(t, a, 1)
+			for i := 8; i < 16; i++ {
+				if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+					t.Fatalf("block %d was not read ahead after the %s", i, tc.name)
+				}
+			}
+			if m := readAheadMetrics(a); m.ReadAhead != 8 {
+				t.Fatalf("%d blocks read ahead after the %s; want 8", m.ReadAhead, tc.name)
+			}
+		})
+	}
+}
+
+// A read-ahead brings up at most half the blocks its set keeps, however
+// large TierReadAhead: at that bound every block comes up, one past it
+// none does.
+func TestTierReadAheadHalfTheSet(t *testing.T) {
+	a, c, _, hashes := readAheadAgent(t, fabric.MaxTierReadAhead, nil)
+	e := tierEngine
+	e.Name, e.Slots = "small", 12
+	set := register(t, c, e)
+	bound := set.Retains / 2
+	if bound < 2 || bound >= fabric.MaxTierReadAhead || set.Retains-2 < bound {
+		t.Fatalf("a set of %d slots keeping %d: no room to read %d ahead", e.Slots, set.Retains, bound)
+	}
+	acquireRun(t, c, set, hashes[:2], 1)
+	waitReadAheads(t, a, 1)
+	for i := 2; i < 2+bound; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d, within half the %d blocks the set keeps, was not read ahead", i, set.Retains)
+		}
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[2+bound]) {
+		t.Fatalf("block %d, one past half the %d blocks the set keeps, came up", 2+bound, set.Retains)
+	}
+	if m := readAheadMetrics(a); m.ReadAhead != uint64(bound) {
+		t.Fatalf("%d blocks read ahead; want %d", m.ReadAhead, bound)
+	}
+}
