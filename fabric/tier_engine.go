@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
@@ -32,6 +33,26 @@ func (a *Agent) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Bloc
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.ImportTimeout)
 	defer cancel()
 	return a.tiers.allocate(ctx, es, n)
+}
+
+// allocateNow is BlockSet.Allocate for an import's slots: it waits for no
+// copy down, but one that falls short while the set's read-ahead holds
+// slots (pool.AllocError.Spare) ends the read-ahead, waits for it within
+// ctx and the import timeout, and tries again.
+func (a *Agent) allocateNow(ctx context.Context, es *engineSet, n int) ([]pool.Block, error) {
+	blks, err := es.set.Allocate(n)
+	var ae *pool.AllocError
+	if err == nil || a.tiers == nil || !errors.As(err, &ae) || ae.Spare == 0 {
+		return blks, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.ImportTimeout)
+	defer cancel()
+	for a.tiers.endAhead(ctx, es) && ctx.Err() == nil {
+		if blks, err = es.set.Allocate(n); err == nil || !errors.As(err, &ae) || ae.Spare == 0 {
+			break
+		}
+	}
+	return blks, err
 }
 
 // restoreRun restores the run of hashes from i that a disk tier holds
