@@ -453,3 +453,50 @@ func TestTierReadAheadHalfTheSet(t *testing.T) {
 		t.Fatalf("%d blocks read ahead; want %d", m.ReadAhead, bound)
 	}
 }
+
+// An Acquire whose restore needs the slots a read-ahead holds ends the
+// read-ahead and restores its run, byte for byte, as it would without it.
+func TestTierReadAheadYieldsToARestore(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	ctx := context.Background()
+	low := int(set.Layout.Slots) - set.Retains
+	// Slots the engine holds, so that with the first run referenced the
+	// read-ahead takes the free slots above the low watermark, 8 of them.
+	mine, err := c.Allocate(ctx, set.ID, int(set.Layout.Slots)-16-low)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan struct{}, 1)
+	stopped := make(chan struct{})
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		<-ctx.Done() // until the restore ends it
+		close(stopped)
+	})
+	first, err := c.Acquire(ctx, set.ID, hashes[:8])
+	if err != nil || len(first) != 8 {
+		t.Fatalf("acquire of the first run: %d blocks, %v", len(first), err)
+	}
+	waitAheadHeld(t, held)
+	fabric.HoldReadAheads(a, nil)
+	// Another run, not the one read ahead: the low watermark's free slots
+	// are too few for it.
+	run := hashes[40:48]
+	refs, err := c.Acquire(ctx, set.ID, run)
+	if err != nil || len(refs) != len(run) {
+		t.Fatalf("acquire of %d blocks while a read-ahead holds 8 slots (%d free): %d blocks, %v", len(run), low, len(refs), err)
+	}
+	for i, r := range refs {
+		if err := (mappedSlots{set}).check(int(r.Slot), uint64(41+i)); err != nil {
+			t.Fatalf("block %d (slot %d): %v", 40+i, r.Slot, err)
+		}
+	}
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("the restore succeeded without ending the read-ahead")
+	}
+	if err := c.Free(ctx, set.ID, mine); err != nil {
+		t.Fatal(err)
+	}
+}
