@@ -3,6 +3,7 @@ package fabric_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -499,4 +500,88 @@ func TestTierReadAheadYieldsToARestore(t *testing.T) {
 	if err := c.Free(ctx, set.ID, mine); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A Register that needs the room of its engine's idle set (here within
+// the engine's quota, which counts that set) frees that set even while
+// its read-ahead holds slots: the read-ahead is ended first, not the set
+// skipped as busy.
+func TestTierReadAheadEndedForRoom(t *testing.T) {
+	cfg := testConfig(t, "readahead-room")
+	cfg.Tiers = []string{"disk=" + tierDir(t) + ":64MiB"}
+	cfg.BlockSetGrace = time.Hour // only a Register for room frees the idle set
+	cfg.Pools = []string{"host=2MiB"} // the writer's set, the reader's, and 8 slots
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	ctx := context.Background()
+	writer := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, writer, 96, a)
+	e := tierEngine
+	e.Name, e.Slots = "reader", 24 // a set of its own
+	rc := newClient(t, a)
+	reader := register(t, rc, e)
+	if reader.ID == writer.ID {
+		t.Fatal("the reader was given the writer's set")
+	}
+	held := make(chan struct{}, 1)
+	stopped := make(chan struct{})
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		<-ctx.Done() // until the set is freed for room
+		close(stopped)
+	})
+	// A run on disk with the run that follows it: the writer's set keeps
+	// the sequence's head.
+	from := slices.IndexFunc(hashes, func(h uint64) bool { return !fabric.BlockSetHolds(a, writer.ID, h) })
+	for from >= 0 && from+16 <= len(hashes) && slices.ContainsFunc(hashes[from:from+16], func(h uint64) bool { return fabric.BlockSetHolds(a, writer.ID, h) }) {
+		from++
+	}
+	if from < 0 || from+16 > len(hashes) {
+		t.Fatalf("the writer's set holds blocks up to %d of %d", from, len(hashes))
+	}
+	wait.For(t, 30*time.Second, "the run and the next on disk", func() error {
+		for i := from; i < from+16; i++ {
+			if fabric.TierHolding(a, writer.ID, hashes[i]) != "disk" {
+				return fmt.Errorf("block %d not on disk", i)
+			}
+		}
+		return nil
+	})
+	acquireRun(t, rc, reader, hashes[from:from+8], uint64(from+1))
+	waitAheadHeld(t, held)
+	fabric.HoldReadAheads(a, nil)
+	rc.Close()
+	wait.For(t, 30*time.Second, "the reader's session ended", func() error {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if len(st.Sessions) != 1 {
+			return fmt.Errorf("%d sessions", len(st.Sessions))
+		}
+		return nil
+	})
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// More slots than the pool (and the engine's quota) has room for
+	// beside the idle set, fewer than with its room.
+	stride := uint64(reader.Layout.Strides().Block)
+	free := (st.Pools[0].SizeBytes - st.Pools[0].CarvedBytes) / stride
+	rc2 := newClient(t, a)
+	e.Slots = int(free) + e.Slots/2
+	set, err := rc2.Register(ctx, e)
+	if err != nil {
+		t.Fatalf("register of %d slots with room for %d beside the idle set of 24: %v", e.Slots, free, err)
+	}
+	if set.ID == reader.ID {
+		t.Fatal("given the idle set back, not a new one")
+	}
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("the set was freed without ending its read-ahead")
+	}
+	waitReadAheads(t, a, 1)
 }
