@@ -509,7 +509,7 @@ func TestTierReadAheadYieldsToARestore(t *testing.T) {
 func TestTierReadAheadEndedForRoom(t *testing.T) {
 	cfg := testConfig(t, "readahead-room")
 	cfg.Tiers = []string{"disk=" + tierDir(t) + ":64MiB"}
-	cfg.BlockSetGrace = time.Hour // only a Register for room frees the idle set
+	cfg.BlockSetGrace = time.Hour     // only a Register for room frees the idle set
 	cfg.Pools = []string{"host=2MiB"} // the writer's set, the reader's, and 8 slots
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
