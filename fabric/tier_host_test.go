@@ -318,10 +318,6 @@ func TestHostTierOverAFullDiskTier(t *testing.T) {
 func TestHostTierRestoreAcrossAMoveDown(t *testing.T) {
 	cfg := testConfig(t, "restoremove")
 	cfg.Tiers = []string{fmt.Sprintf("disk=%s:64MiB", tierDir(t)), fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
-	// No read-ahead: the first import's would bring up blocks of the
-	// importer's set beside the test, which picks the next block to
-	// import as one the set does not hold.
-	cfg.TierReadAhead = 0
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
