@@ -138,7 +138,7 @@ func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateReque
 	if n == 0 || n > maxRequestBlocks {
 		return nil, status.Errorf(codes.InvalidArgument, "count: %d is not in 1..%d", n, maxRequestBlocks)
 	}
-	blocks, err := e.a.allocate(ctx, s.set, n)
+	blocks, err := e.a.allocate(ctx, s.engineSet, n)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -333,7 +333,17 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 		}
 		return false
 	}
-	if a.tiers != nil {
+	switch {
+	case a.tiers == nil:
+	case timerGen == 0:
+		// Freed for room now (for a new set, or within the engine's
+		// quota): its read-ahead holds slots busy until its reads end, so
+		// it is ended and waited for, and the set freed now rather than
+		// skipped. (The read-ahead takes neither a.mu nor es.mu.)
+		ctx, cancel := context.WithTimeout(a.tiers.ctx, a.cfg.ImportTimeout)
+		a.tiers.endAhead(ctx, es)
+		cancel()
+	default:
 		a.tiers.stopAhead(es) // its slots given back as its reads end
 	}
 	if err := a.pool.FreeBlockSet(es.set.ID()); err != nil {

@@ -1,6 +1,11 @@
 package fabric
 
-import "context"
+import (
+	"context"
+
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/pool/disk"
+)
 
 // ReadAheadCounts are a's read-aheads started and ended, and the restores
 // that waited for one.
@@ -21,3 +26,38 @@ func HoldReadAheads(a *Agent, f func(ctx context.Context)) {
 
 // TierLinks is how many child links a's tiers keep.
 func TierLinks(a *Agent) int { return a.tiers.links() }
+
+// TierLink links parent to hash in a's tiers (block set id's shape), as a
+// copy down of hash after parent does; false if the tiers do not hold it.
+func TierLink(a *Agent, id, hash, parent uint64) bool {
+	s, err := a.pool.BlockSet(pool.SetID(id))
+	if err != nil {
+		return false
+	}
+	k := disk.Key{Hash: hash, Tag: shapeTag(s.Layout())}
+	if a.tiers.where(k) == nil {
+		return false
+	}
+	a.tiers.link(k, parent)
+	return true
+}
+
+// TierChild is the block a's tiers link to parent in block set id's
+// shape, if any.
+func TierChild(a *Agent, id, parent uint64) (uint64, bool) {
+	s, err := a.pool.BlockSet(pool.SetID(id))
+	if err != nil {
+		return 0, false
+	}
+	return a.tiers.childOf(disk.Key{Hash: parent, Tag: shapeTag(s.Layout())})
+}
+
+// TierMoveDown moves up to n of a's host tier's blocks down, as its
+// mover does, and returns how many moved.
+func TierMoveDown(a *Agent, n int) int {
+	h := a.tiers.hostTier()
+	if h == nil {
+		return 0
+	}
+	return a.tiers.moveDown(h, n)
+}

@@ -386,7 +386,7 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 		}
 		pairs[i].Src = int(slot)
 	}
-	blocks, err := s.set.Allocate(k)
+	blocks, err := a.allocateNow(ctx, s.engineSet, k)
 	if err != nil {
 		return nil, localError{fmt.Errorf("local slots: %w", err)}
 	}

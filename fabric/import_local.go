@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -48,7 +49,7 @@ func (a *Agent) fromLocal(s *sessionSet, hashes []uint64, parent uint64) ([]*fab
 
 // copyBlocks copies src's blocks into new slots of s and registers them.
 func (a *Agent) copyBlocks(src *pool.BlockSet, s *sessionSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
-	blocks, err := s.set.Allocate(len(from))
+	blocks, err := a.allocateNow(context.Background(), s.engineSet, len(from))
 	if err != nil {
 		return nil, 0, fmt.Errorf("local slots: %w", err)
 	}

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
@@ -23,14 +24,35 @@ const (
 // allocate is BlockSet.Allocate for an engine: with disk tiers, an
 // allocation that finds the slots it needs being read by copies down
 // waits for those reads (in memory, never the disk), within the import
-// timeout.
-func (a *Agent) allocate(ctx context.Context, set *pool.BlockSet, n int) ([]pool.Block, error) {
+// timeout; one that finds them held by the set's read-ahead ends the
+// read-ahead and tries again (tiers.allocate).
+func (a *Agent) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Block, error) {
 	if a.tiers == nil {
-		return set.Allocate(n)
+		return es.set.Allocate(n)
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.ImportTimeout)
 	defer cancel()
-	return a.tiers.allocate(ctx, set, n)
+	return a.tiers.allocate(ctx, es, n)
+}
+
+// allocateNow is BlockSet.Allocate for an import's slots: it waits for no
+// copy down, but one that falls short while the set's read-ahead holds
+// slots (pool.AllocError.Spare) ends the read-ahead, waits for it within
+// ctx and the import timeout, and tries again.
+func (a *Agent) allocateNow(ctx context.Context, es *engineSet, n int) ([]pool.Block, error) {
+	blks, err := es.set.Allocate(n)
+	var ae *pool.AllocError
+	if err == nil || a.tiers == nil || !errors.As(err, &ae) || ae.Spare == 0 {
+		return blks, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.ImportTimeout)
+	defer cancel()
+	for a.tiers.endAhead(ctx, es) && ctx.Err() == nil {
+		if blks, err = es.set.Allocate(n); err == nil || !errors.As(err, &ae) || ae.Spare == 0 {
+			break
+		}
+	}
+	return blks, err
 }
 
 // restoreRun restores the run of hashes from i that a disk tier holds

@@ -296,7 +296,10 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
 		}
+		// Its parent's link to it kept only if it is still the parent's
+		// child: a block linked to that parent since replaced it.
 		parent, linked := t.parentOf[k]
+		linked = linked && t.child[disk.Key{Hash: parent, Tag: k.Tag}] == k.Hash
 		t.unrecordLocked(e)
 		t.recordLocked(below, k, length)
 		if linked {

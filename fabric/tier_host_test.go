@@ -370,6 +370,10 @@ func TestHostTierMissingFailuresCountedBelow(t *testing.T) {
 func TestHostTierImportTransport(t *testing.T) {
 	cfg := testConfig(t, "hostimport")
 	cfg.Tiers = []string{fmt.Sprintf("disk=%s:64MiB", tierDir(t)), fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	// No read-ahead: the first import's would bring up blocks of the
+	// importer's set beside the test, which picks the next block to
+	// import as one the set does not hold.
+	cfg.TierReadAhead = 0
 	a := startAgent(t, cfg)
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
@@ -440,5 +444,51 @@ func TestHostTierBlocksCountInMemoryAtPeers(t *testing.T) {
 				return nil
 			})
 		})
+	}
+}
+
+// A block moved down from the host tier keeps its parent's link to it
+// only while it is that parent's child: one linked to the same parent
+// since stays the parent's child, whichever of the two moves first.
+func TestHostTierMoveKeepsTheNewerLink(t *testing.T) {
+	cfg := testConfig(t, "hostlink")
+	cfg.Tiers = []string{fmt.Sprintf("disk=%s:64MiB", tierDir(t)), fmt.Sprintf("host=%d", fabric.MinHostTierBytes)}
+	cfg.TierReadAhead = 0
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 64, a)
+	var inHost []uint64
+	for _, h := range hashes {
+		if fabric.TierHolding(a, set.ID, h) == "host" {
+			inHost = append(inHost, h)
+		}
+	}
+	if len(inHost) < 2 {
+		t.Fatalf("%d blocks in the host tier, want 2 or more", len(inHost))
+	}
+	const parent = 1<<62 | 0x5eed
+	older, newer := inHost[0], inHost[len(inHost)-1]
+	if !fabric.TierLink(a, set.ID, older, parent) || !fabric.TierLink(a, set.ID, newer, parent) {
+		t.Fatal("blocks in the host tier not linked")
+	}
+	check := func(when string) {
+		t.Helper()
+		if c, ok := fabric.TierChild(a, set.ID, parent); !ok || c != newer {
+			t.Fatalf("%s: the parent's child is %x (%v), want the newer %x", when, c, ok, newer)
+		}
+	}
+	check("before any move")
+	for moves := 0; fabric.TierHolding(a, set.ID, older) == "host" || fabric.TierHolding(a, set.ID, newer) == "host"; moves++ {
+		if moves > len(hashes) {
+			t.Fatal("the two blocks linked did not move down")
+		}
+		if fabric.TierMoveDown(a, 1) == 0 {
+			t.Fatal("nothing moved down from the host tier")
+		}
+		check(fmt.Sprintf("after %d moves", moves+1))
+	}
+	if fabric.TierHolding(a, set.ID, older) != "disk" || fabric.TierHolding(a, set.ID, newer) != "disk" {
+		t.Fatal("the blocks linked are not on disk after the moves")
 	}
 }

@@ -760,16 +760,32 @@ func (t *tiers) holdings() []membership.Entry {
 	return out
 }
 
-// allocate takes n slots of set. The pool takes the slots of blocks being
-// copied down when it finds no other (pool.Config.OffloadGiveUp), so an
-// allocation never waits for the disk; it waits, until ctx ends, only
-// when the slots it needs are being read by copies (a copy in memory).
-func (t *tiers) allocate(ctx context.Context, set *pool.BlockSet, n int) ([]pool.Block, error) {
+// allocate takes n slots of es's set. The pool takes the slots of blocks
+// being copied down when it finds no other (pool.Config.OffloadGiveUp), so
+// an allocation never waits for the disk; it waits, until ctx ends, only
+// when the slots it needs are being read by copies (a copy in memory), or
+// held by the set's read-ahead (pool.AllocError.Spare): that it ends
+// first, as reading ahead is done only with room to spare, so that it
+// never makes an allocation fail that would succeed without it.
+func (t *tiers) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Block, error) {
 	for {
 		wait := t.waitProgress()
-		blks, err := set.Allocate(n)
+		blks, err := es.set.Allocate(n)
 		var ae *pool.AllocError
-		if err == nil || !errors.As(err, &ae) || ae.Copying == 0 {
+		if err == nil || !errors.As(err, &ae) {
+			return blks, err
+		}
+		if ae.Spare > 0 && t.endAhead(ctx, es) {
+			select {
+			case <-ctx.Done():
+				return nil, err
+			case <-t.done:
+				return nil, err
+			default:
+				continue
+			}
+		}
+		if ae.Copying == 0 {
 			return blks, err
 		}
 		select {

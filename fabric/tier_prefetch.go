@@ -17,7 +17,10 @@ import (
 // the blocks after it are imported as Import would (from this node's
 // other sets, then from other nodes), together at most half the slots the
 // set keeps (so that a prefetch never pushes out more than it brings),
-// and left cached, unreferenced.
+// and left cached, unreferenced. Where the set's read-ahead under way
+// brings up the leading blocks of the run, the restore waits for it and
+// takes them from the set: they count in Restored (and as read-ahead
+// hits) though this call read none of them.
 func (e *engineServer) Prefetch(ctx context.Context, req *fabricpb.PrefetchRequest) (*fabricpb.PrefetchResponse, error) {
 	s, err := e.setFor(ctx, req.GetBlockSet())
 	if err != nil {

@@ -36,10 +36,16 @@ import (
 // links until those blocks go down anew, and nothing is read ahead until
 // then.
 //
-// A restore that asks for a block being read ahead now waits for the
-// read-ahead (within its ctx), then takes the block from the set, or
-// restores it itself if the read-ahead did not bring it: a block is read
-// once and registered once.
+// A restore (Acquire's, Import's, Lookup's, Prefetch's) whose leading
+// blocks include one being read ahead waits for the read-ahead (within its
+// ctx), then takes from the set the leading blocks it holds, and restores
+// the rest itself. So a block is registered once; it is read once where
+// the read-ahead brings the head of what the restore asks for, but read
+// again by the restore where the read-ahead brings only blocks after one
+// it does not (a copy registered meanwhile is kept: the restore's is given
+// back), where the read-ahead was ended first (an allocation that needed
+// its slots, the set freed), or where its block was recycled before
+// anything took it.
 
 // DefaultTierReadAhead and MaxTierReadAhead bound Config.TierReadAhead:
 // by default a restore's run (restoreReaders blocks read at once), at
@@ -55,8 +61,10 @@ type aheadRuns struct {
 	closed bool
 	wg     sync.WaitGroup
 	// restored counts blocks read ahead and registered in their own slots;
-	// hits those later taken by an engine's Acquire or Import (or a
-	// restore that waited for them); unused those found recycled from
+	// hits those later taken from the set by an engine's Acquire or
+	// Import, or by a restore that waited for the read-ahead (Acquire's,
+	// Import's, Lookup's or Prefetch's; Prefetch reports them as
+	// restored); unused those found recycled from
 	// their set, or freed with it, before any was taken (counted when the
 	// set's next read-ahead starts, when a take finds another block under
 	// the hash, or when the set is freed).
@@ -261,11 +269,16 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 			t.ahead.restored.Add(1)
 		}
 	}
-	sa.run = nil
 	sa.mu.Unlock()
 	for _, b := range blks {
 		es.set.Release(b) // cached, unreferenced; a stale handle: freed meanwhile
 	}
+	// Over only once its blocks are released: whoever waits for it
+	// (endAhead, awaitAhead) finds its slots registered and free to
+	// recycle, or given back.
+	sa.mu.Lock()
+	sa.run = nil
+	sa.mu.Unlock()
 	close(r.done)
 	t.ahead.ended.Add(1)
 }
@@ -339,6 +352,28 @@ func (t *tiers) stopAhead(es *engineSet) {
 		sa.run.cancel()
 	}
 	sa.mu.Unlock()
+}
+
+// endAhead cancels es's read-ahead under way, if any, and waits until it
+// ends (its slots registered and released, or given back), ctx ends or
+// the tiers close. It says whether one was under way.
+func (t *tiers) endAhead(ctx context.Context, es *engineSet) bool {
+	sa := &es.ahead
+	sa.mu.Lock()
+	r := sa.run
+	if r != nil {
+		r.cancel()
+	}
+	sa.mu.Unlock()
+	if r == nil {
+		return false
+	}
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+	case <-t.done:
+	}
+	return true
 }
 
 // aheadFreed counts the blocks read ahead into es that nothing took before

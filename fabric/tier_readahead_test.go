@@ -3,6 +3,7 @@ package fabric_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -310,4 +311,277 @@ func TestTierReadAheadSetFreedWhileItRuns(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// An Allocate that needs the slots a read-ahead holds ends the read-ahead
+// and gets them: reading ahead never makes an allocation fail that would
+// succeed without it. Here every slot of the set is asked for while the
+// read-ahead holds 8 of them before reading any.
+func TestTierReadAheadYieldsToAllocate(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	held := make(chan struct{}, 1)
+	stopped := make(chan struct{})
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		<-ctx.Done() // until the allocation ends it
+		close(stopped)
+	})
+	acquireRun(t, c, set, hashes[:8], 1)
+	waitAheadHeld(t, held)
+	all := int(set.Layout.Slots)
+	slots, err := c.Allocate(context.Background(), set.ID, all)
+	if err != nil || len(slots) != all {
+		t.Fatalf("allocate all %d slots while a read-ahead holds 8: %d slots, %v", all, len(slots), err)
+	}
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("the allocation succeeded without ending the read-ahead")
+	}
+	waitReadAheads(t, a, 1)
+	if err := c.Free(context.Background(), set.ID, slots); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A read-ahead that brought blocks up into a set freed before anything
+// took them counts them unused: all of them, none a hit.
+func TestTierReadAheadUnusedWhenFreed(t *testing.T) {
+	a, c, _, hashes := readAheadAgent(t, 8, nil)
+	rc := newClient(t, a)
+	e := tierEngine
+	e.Name = "reader"
+	reader := register(t, rc, e)
+	acquireRun(t, rc, reader, hashes[:8], 1)
+	waitReadAheads(t, a, 1)
+	for i := 8; i < 16; i++ {
+		if !fabric.BlockSetHolds(a, reader.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead", i)
+		}
+	}
+	if m := readAheadMetrics(a); m.ReadAhead != 8 || m.ReadAheadUnused != 0 {
+		t.Fatalf("before the set is freed: %d read ahead, %d unused; want 8, 0", m.ReadAhead, m.ReadAheadUnused)
+	}
+	rc.Close()
+	wait.For(t, 30*time.Second, "the reader's set freed", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		for _, bs := range st.BlockSets {
+			if bs.Id == reader.ID {
+				return fmt.Errorf("set %d still there", reader.ID)
+			}
+		}
+		return nil
+	})
+	if m := readAheadMetrics(a); m.ReadAheadUnused != 8 || m.ReadAheadHits != 0 {
+		t.Fatalf("a set freed holding 8 blocks read ahead: %d unused, %d hits; want 8, 0", m.ReadAheadUnused, m.ReadAheadHits)
+	}
+}
+
+// A Lookup that restores a run, and an Import that takes it from the
+// tier, each start the read-ahead of the run that follows.
+func TestTierReadAheadAfterLookupAndImport(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		restore func(t *testing.T, c *client.Client, set *client.BlockSet, hashes []uint64)
+	}{
+		{"lookup", func(t *testing.T, c *client.Client, set *client.BlockSet, hashes []uint64) {
+			lr, err := c.API().Lookup(context.Background(), &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: hashes})
+			if err != nil || len(lr.LocalTiers) != len(hashes) {
+				t.Fatalf("lookup of %d blocks on disk: %v, %v", len(hashes), lr.GetLocalTiers(), err)
+			}
+		}},
+		{"import", func(t *testing.T, c *client.Client, set *client.BlockSet, hashes []uint64) {
+			resp, err := c.Import(context.Background(), set.ID, hashes)
+			if err != nil || len(resp.Blocks) != len(hashes) {
+				t.Fatalf("import of %d blocks on disk: %d blocks, %v, %s", len(hashes), len(resp.GetBlocks()), err, resp.GetError())
+			}
+			var slots []uint32
+			for _, b := range resp.Blocks {
+				slots = append(slots, b.Slot)
+			}
+			if err := c.Release(context.Background(), set.ID, slots); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, c, set, hashes := readAheadAgent(t, 8)
+			tc.restore(t, c, set, hashes[:8])
+			for i := range 8 {
+				if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+					t.Fatalf("block %d was not restored", i)
+				}
+			}
+			waitReadAheads(t, a, 1)
+			for i := 8; i < 16; i++ {
+				if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+					t.Fatalf("block %d was not read ahead after the %s", i, tc.name)
+				}
+			}
+			if m := readAheadMetrics(a); m.ReadAhead != 8 {
+				t.Fatalf("%d blocks read ahead after the %s; want 8", m.ReadAhead, tc.name)
+			}
+		})
+	}
+}
+
+// A read-ahead brings up at most half the blocks its set keeps, however
+// large TierReadAhead: at that bound every block comes up, one past it
+// none does.
+func TestTierReadAheadHalfTheSet(t *testing.T) {
+	a, c, _, hashes := readAheadAgent(t, fabric.MaxTierReadAhead, nil)
+	e := tierEngine
+	e.Name, e.Slots = "small", 12
+	set := register(t, c, e)
+	bound := set.Retains / 2
+	if bound < 2 || bound >= fabric.MaxTierReadAhead || set.Retains-2 < bound {
+		t.Fatalf("a set of %d slots keeping %d: no room to read %d ahead", e.Slots, set.Retains, bound)
+	}
+	acquireRun(t, c, set, hashes[:2], 1)
+	waitReadAheads(t, a, 1)
+	for i := 2; i < 2+bound; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d, within half the %d blocks the set keeps, was not read ahead", i, set.Retains)
+		}
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[2+bound]) {
+		t.Fatalf("block %d, one past half the %d blocks the set keeps, came up", 2+bound, set.Retains)
+	}
+	if m := readAheadMetrics(a); m.ReadAhead != uint64(bound) {
+		t.Fatalf("%d blocks read ahead; want %d", m.ReadAhead, bound)
+	}
+}
+
+// An Acquire whose restore needs the slots a read-ahead holds ends the
+// read-ahead and restores its run, byte for byte, as it would without it.
+func TestTierReadAheadYieldsToARestore(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	ctx := context.Background()
+	low := int(set.Layout.Slots) - set.Retains
+	// Slots the engine holds, so that with the first run referenced the
+	// read-ahead takes the free slots above the low watermark, 8 of them.
+	mine, err := c.Allocate(ctx, set.ID, int(set.Layout.Slots)-16-low)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan struct{}, 1)
+	stopped := make(chan struct{})
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		<-ctx.Done() // until the restore ends it
+		close(stopped)
+	})
+	first, err := c.Acquire(ctx, set.ID, hashes[:8])
+	if err != nil || len(first) != 8 {
+		t.Fatalf("acquire of the first run: %d blocks, %v", len(first), err)
+	}
+	waitAheadHeld(t, held)
+	fabric.HoldReadAheads(a, nil)
+	// Another run, not the one read ahead: the low watermark's free slots
+	// are too few for it.
+	run := hashes[40:48]
+	refs, err := c.Acquire(ctx, set.ID, run)
+	if err != nil || len(refs) != len(run) {
+		t.Fatalf("acquire of %d blocks while a read-ahead holds 8 slots (%d free): %d blocks, %v", len(run), low, len(refs), err)
+	}
+	for i, r := range refs {
+		if err := (mappedSlots{set}).check(int(r.Slot), uint64(41+i)); err != nil {
+			t.Fatalf("block %d (slot %d): %v", 40+i, r.Slot, err)
+		}
+	}
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("the restore succeeded without ending the read-ahead")
+	}
+	if err := c.Free(ctx, set.ID, mine); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A Register that needs the room of its engine's idle set (here within
+// the engine's quota, which counts that set) frees that set even while
+// its read-ahead holds slots: the read-ahead is ended first, not the set
+// skipped as busy.
+func TestTierReadAheadEndedForRoom(t *testing.T) {
+	cfg := testConfig(t, "readahead-room")
+	cfg.Tiers = []string{"disk=" + tierDir(t) + ":64MiB"}
+	cfg.BlockSetGrace = time.Hour     // only a Register for room frees the idle set
+	cfg.Pools = []string{"host=2MiB"} // the writer's set, the reader's, and 8 slots
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	ctx := context.Background()
+	writer := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, writer, 96, a)
+	e := tierEngine
+	e.Name, e.Slots = "reader", 24 // a set of its own
+	rc := newClient(t, a)
+	reader := register(t, rc, e)
+	if reader.ID == writer.ID {
+		t.Fatal("the reader was given the writer's set")
+	}
+	held := make(chan struct{}, 1)
+	stopped := make(chan struct{})
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		<-ctx.Done() // until the set is freed for room
+		close(stopped)
+	})
+	// A run on disk with the run that follows it: the writer's set keeps
+	// the sequence's head.
+	from := slices.IndexFunc(hashes, func(h uint64) bool { return !fabric.BlockSetHolds(a, writer.ID, h) })
+	for from >= 0 && from+16 <= len(hashes) && slices.ContainsFunc(hashes[from:from+16], func(h uint64) bool { return fabric.BlockSetHolds(a, writer.ID, h) }) {
+		from++
+	}
+	if from < 0 || from+16 > len(hashes) {
+		t.Fatalf("the writer's set holds blocks up to %d of %d", from, len(hashes))
+	}
+	wait.For(t, 30*time.Second, "the run and the next on disk", func() error {
+		for i := from; i < from+16; i++ {
+			if fabric.TierHolding(a, writer.ID, hashes[i]) != "disk" {
+				return fmt.Errorf("block %d not on disk", i)
+			}
+		}
+		return nil
+	})
+	acquireRun(t, rc, reader, hashes[from:from+8], uint64(from+1))
+	waitAheadHeld(t, held)
+	fabric.HoldReadAheads(a, nil)
+	rc.Close()
+	wait.For(t, 30*time.Second, "the reader's session ended", func() error {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if len(st.Sessions) != 1 {
+			return fmt.Errorf("%d sessions", len(st.Sessions))
+		}
+		return nil
+	})
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// More slots than the pool (and the engine's quota) has room for
+	// beside the idle set, fewer than with its room.
+	stride := uint64(reader.Layout.Strides().Block)
+	free := (st.Pools[0].SizeBytes - st.Pools[0].CarvedBytes) / stride
+	rc2 := newClient(t, a)
+	e.Slots = int(free) + e.Slots/2
+	set, err := rc2.Register(ctx, e)
+	if err != nil {
+		t.Fatalf("register of %d slots with room for %d beside the idle set of 24: %v", e.Slots, free, err)
+	}
+	if set.ID == reader.ID {
+		t.Fatal("given the idle set back, not a new one")
+	}
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("the set was freed without ending its read-ahead")
+	}
+	waitReadAheads(t, a, 1)
 }

@@ -61,7 +61,10 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 			parent, hashes = hashes[len(out)-1], hashes[len(out):]
 		}
 	}
-	blks, _, err := t.restoreRun(ctx, es, hashes, parent, find, t.allocate, false)
+	alloc := func(ctx context.Context, _ *pool.BlockSet, n int) ([]pool.Block, error) {
+		return t.allocate(ctx, es, n)
+	}
+	blks, _, err := t.restoreRun(ctx, es, hashes, parent, find, alloc, false)
 	return append(out, blks...), err
 }
 

@@ -106,6 +106,9 @@ type slot struct {
 	// adds it once, the walks of the list take it out), whatever block it
 	// holds now, so that no walk finds it twice.
 	offered bool
+	// spare: AllocateSpare handed the slot out and it is not yet
+	// registered, given back or retired (BlockSet.spare counts them).
+	spare bool
 }
 
 // BlockSet is slots sharing one layout, one region per TP rank. All
@@ -154,6 +157,7 @@ type BlockSet struct {
 	offered            []int32 // the slots offered, in the order each was first listed (a slot offered again keeps its place), some no longer offloading; each once (slot.offered)
 	givenUp            uint64  // offloading blocks taken by allocations
 	retired            int     // slots Retired
+	spare              int     // slots AllocateSpare handed out, not yet registered, given back or retired
 	// offload: Config.Offload is offered the set's blocks (it is set and
 	// Config.OffloadSkips does not skip the layout).
 	offload bool
@@ -314,7 +318,7 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 	}
 	if free := len(b.free); free < n {
 		if free+b.inactive+b.givable() < n {
-			err := &AllocError{Asked: n, Free: free, Inactive: b.inactive, Offloading: b.offloading, Copying: b.copying}
+			err := &AllocError{Asked: n, Free: free, Inactive: b.inactive, Offloading: b.offloading, Copying: b.copying, Spare: b.spare}
 			b.mu.Unlock()
 			return dst, err
 		}
@@ -323,7 +327,7 @@ func (b *BlockSet) AppendAllocate(dst []Block, n int) ([]Block, error) {
 			b.recycle(n - len(b.free)) // parents left without children
 		}
 		if f := len(b.free); f < n {
-			err := &AllocError{Asked: n, Free: f, Inactive: b.inactive, Pinned: b.inactive, Offloading: b.offloading, Copying: b.copying}
+			err := &AllocError{Asked: n, Free: f, Inactive: b.inactive, Pinned: b.inactive, Offloading: b.offloading, Copying: b.copying, Spare: b.spare}
 			b.mu.Unlock()
 			return dst, err
 		}
@@ -389,6 +393,7 @@ func (b *BlockSet) Retire(blk Block) error {
 	if err != nil {
 		return err
 	}
+	b.unspare(s)
 	s.state = Retired
 	b.retired++
 	return nil
@@ -441,6 +446,7 @@ func (b *BlockSet) Register(blk Block, hash, parent uint64) (Block, error) {
 // returns the block to use and, when the hash is new to the set (fresh),
 // the store event to queue. The lock is held.
 func (b *BlockSet) registerLocked(blk Block, s *slot, hash, parent uint64) (reg Block, ev Event, fresh bool) {
+	b.unspare(s)
 	if e, ok := b.registry[hash]; ok {
 		b.ref(e)
 		b.reset(int32(blk.Slot))
@@ -513,8 +519,11 @@ func (b *BlockSet) Release(blk Block) error {
 
 // Evict recycles up to n inactive blocks and returns how many it recycled.
 // It takes leaves first: a block is not recycled while a Registered block
-// extends it (see Register), so a cached sequence loses its tail, never
-// its head. Among leaves the least recently used goes first; a parent
+// extends it (see Register), so a cached sequence loses its tail before
+// its head; except where a block was registered Detached
+// (Registration.Detached): it does not hold its parent, so the blocks
+// before it may go first, the sequence then kept as two, the older part
+// losing its tail first too. Among leaves the least recently used goes first; a parent
 // whose last child goes becomes a leaf with its own last use. A block
 // costs O(log n) in the set's inactive blocks. Under Config.Offload a
 // block without a copy below is offered instead, and not counted.
@@ -574,6 +583,7 @@ func (b *BlockSet) ref(i int32) {
 // every handle on its old contents goes stale.
 func (b *BlockSet) reset(i int32) {
 	s := &b.slots[i]
+	b.unspare(s)
 	s.state = Reset
 	s.hash, s.parent = 0, 0
 	s.users = 0
@@ -591,6 +601,15 @@ func (b *BlockSet) reset(i int32) {
 	s.copied, s.writing = false, false
 	s.gen++
 	b.free = append(b.free, i)
+}
+
+// unspare counts s out of the slots AllocateSpare handed out, if it was
+// one. The lock is held.
+func (b *BlockSet) unspare(s *slot) {
+	if s.spare {
+		s.spare = false
+		b.spare--
+	}
 }
 
 // recycleEvents is how many remove events recycle keeps on the stack.

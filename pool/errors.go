@@ -70,9 +70,21 @@ type AllocError struct {
 	// (BeginCopy): under Config.OffloadGiveUp, the only ones an
 	// allocation cannot take, free within a copy in memory.
 	Copying int
+	// Spare is the slots AllocateSpare handed out that are not yet
+	// registered or given back: held by work done only with room to
+	// spare (reading ahead), which the caller may end to get them back.
+	Spare int
 }
 
 func (e *AllocError) Error() string {
+	msg := e.message()
+	if e.Spare > 0 {
+		msg += fmt.Sprintf(" (%d held by reads ahead)", e.Spare)
+	}
+	return msg
+}
+
+func (e *AllocError) message() string {
 	if e.Offloading > 0 {
 		return fmt.Sprintf("pool: not enough free slots: asked for %d, %d free, %d recyclable, and %d being copied to the tier below",
 			e.Asked, e.Free, e.Inactive, e.Offloading)

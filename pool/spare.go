@@ -8,12 +8,15 @@ import "fmt"
 // (Registered with Below, or Offloaded), least recently used first. It
 // never recycles a referenced or leased block, nor one whose only copy is
 // here, nor offers a block to Config.Offload, nor takes a slot whose copy
-// below is under way; nor the block whose hash is keep (if not 0), nor so
-// the blocks it extends: the blocks allocated for are to follow it. It
+// below is under way; nor the block whose hash is keep (if not 0), nor the
+// blocks it extends: the blocks allocated for are to follow it. It
 // stops at the first leaf it may not recycle, so it may return fewer than
 // n slots, or none (no error): for work that is worth doing only with
 // room to spare, such as reading blocks ahead of use. The slots recycled
-// send their remove events as Allocate's do.
+// send their remove events as Allocate's do. Until each slot is
+// registered, given back (Abort) or retired, AllocError.Spare counts it:
+// an allocation that falls short while it is may get it back by ending the
+// work that holds it.
 func (b *BlockSet) AllocateSpare(n int, keep uint64) ([]Block, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("%w: allocate %d spare slots", ErrInvalidArgument, n)
@@ -42,6 +45,8 @@ func (b *BlockSet) AllocateSpare(n int, keep uint64) ([]Block, error) {
 		b.free = b.free[:len(b.free)-1]
 		s := &b.slots[i]
 		s.state = Partial
+		s.spare = true
+		b.spare++
 		out = append(out, Block{Slot: int(i), Generation: s.gen})
 	}
 	return out, nil

@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 // AllocateSpare takes free slots beyond the low watermark, then the slots
@@ -140,5 +141,172 @@ func TestRegisterDetached(t *testing.T) {
 	}
 	if _, ok := b.Lookup(2); !ok {
 		t.Fatal("the detached block went first")
+	}
+}
+
+// An allocation that falls short while AllocateSpare's slots are out
+// counts them in AllocError.Spare, until each is registered, given back
+// or retired; with them given back it succeeds where it did before.
+func TestAllocateSpareCountedInAllocError(t *testing.T) {
+	const slots = 20
+	b, _, _ := tierPool(t, slots, 0)
+	low := slots - b.Retains()
+	// 10 referenced, 6 copied below and released, 4 free.
+	blks, err := b.Allocate(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, blk := range blks {
+		got, err := b.RegisterBatch([]Registration{{Block: blk, Hash: uint64(i + 1), Below: true}}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i >= 10 {
+			b.Release(got[0])
+		}
+	}
+	spare, err := b.AllocateSpare(8, 0)
+	if err != nil || len(spare) != 10-low {
+		t.Fatalf("AllocateSpare(8): %d slots, %v; want %d", len(spare), err, 10-low)
+	}
+	_, err = b.Allocate(10)
+	var ae *AllocError
+	if !errors.As(err, &ae) || ae.Spare != len(spare) {
+		t.Fatalf("allocate with %d spare slots out: %v, want an AllocError counting them", len(spare), err)
+	}
+	// One registered, one retired, the rest given back: none counted.
+	if _, err := b.RegisterBatch([]Registration{{Block: spare[0], Hash: 100, Below: true}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Retire(spare[1]); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Allocate(slots)
+	if !errors.As(err, &ae) || ae.Spare != len(spare)-2 {
+		t.Fatalf("allocate with %d spare slots out: %v, want Spare %d", len(spare)-2, err, len(spare)-2)
+	}
+	for _, blk := range spare[2:] {
+		if err := b.Abort(blk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = b.Allocate(slots)
+	if !errors.As(err, &ae) || ae.Spare != 0 {
+		t.Fatalf("allocate with every spare slot back: %v, want Spare 0", err)
+	}
+	// 10 referenced, 1 retired, the block registered on a spare slot
+	// referenced; the other 8 free or recyclable.
+	if got, err := b.Allocate(8); err != nil || len(got) != 8 {
+		t.Fatalf("allocate 8 with the spare slots back: %d, %v", len(got), err)
+	}
+}
+
+// AllocateSpare never takes a block being copied down (offered, or being
+// read for its copy), a leased block, nor a retired slot, wherever it
+// stands among the leaves: only the free slots above the low watermark
+// and the unused blocks below are taken.
+func TestAllocateSpareSparesBusySlots(t *testing.T) {
+	const slots = 20
+	for _, tc := range []struct {
+		name string
+		// busy makes the slots AllocateSpare must not take, the set's
+		// oldest leaves if blocks, and returns them and their hashes.
+		busy func(t *testing.T, b *BlockSet, o *offloads) ([]Block, []uint64)
+	}{
+		{"being copied down", func(t *testing.T, b *BlockSet, o *offloads) ([]Block, []uint64) {
+			hs := []uint64{1, 2, 3, 4}
+			for _, h := range hs {
+				fill(t, b, h, 1) // each its own sequence, here only
+			}
+			if got := b.Evict(4); got != 0 || len(o.taken) != 4 {
+				t.Fatalf("evict: %d recycled, %d offered; want 4 offered", got, len(o.taken))
+			}
+			if err := b.BeginCopy(o.taken[0]); err != nil { // one being read now
+				t.Fatal(err)
+			}
+			return o.taken, o.hash
+		}},
+		{"leased", func(t *testing.T, b *BlockSet, _ *offloads) ([]Block, []uint64) {
+			hs := []uint64{1, 2, 3, 4}
+			for _, h := range hs {
+				registerBelow(t, b, h)
+			}
+			_, leased, err := b.Lease(hs, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var blks []Block
+			for _, l := range leased {
+				if !l.Found {
+					t.Fatalf("block %d not leased", l.Hash)
+				}
+				blks = append(blks, Block{Slot: l.Slot, Generation: l.Generation})
+			}
+			return blks, hs
+		}},
+		{"retired", func(t *testing.T, b *BlockSet, _ *offloads) ([]Block, []uint64) {
+			blks, err := b.Allocate(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Retire(blks[0]); err != nil {
+				t.Fatal(err)
+			}
+			return blks, nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, o, _ := tierPool(t, slots, slots)
+			low := slots - b.Retains()
+			busy, hs := tc.busy(t, b, o)
+			// Four unused blocks below, newer leaves: AllocateSpare may
+			// take them.
+			for h := uint64(100); h < 104; h++ {
+				registerBelow(t, b, h)
+			}
+			free := b.Metrics().Free
+			spare, err := b.AllocateSpare(slots, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(spare) != free-low+4 {
+				t.Fatalf("AllocateSpare took %d slots; want the %d free above the low watermark and the 4 below", len(spare), free-low+4)
+			}
+			for _, s := range spare {
+				for _, bb := range busy {
+					if s.Slot == bb.Slot {
+						t.Fatalf("AllocateSpare took slot %d, %s", s.Slot, tc.name)
+					}
+				}
+			}
+			for _, h := range hs {
+				if _, ok := b.Lookup(h); !ok {
+					t.Fatalf("block %d, %s, was recycled", h, tc.name)
+				}
+			}
+			for _, bb := range busy {
+				si, err := b.Slot(bb.Slot)
+				if err != nil || si.Generation != bb.Generation {
+					t.Fatalf("slot %d, %s: %+v %v; want it untouched", bb.Slot, tc.name, si, err)
+				}
+			}
+		})
+	}
+}
+
+// registerBelow registers h in b as a sequence of its own, copied below,
+// and releases it: an unused leaf recycling loses nothing by.
+func registerBelow(t *testing.T, b *BlockSet, h uint64) {
+	t.Helper()
+	blks, err := b.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.RegisterBatch([]Registration{{Block: blks[0], Hash: h, Below: true}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(got[0]); err != nil {
+		t.Fatal(err)
 	}
 }
