@@ -61,3 +61,33 @@ func TierMoveDown(a *Agent, n int) int {
 	}
 	return a.tiers.moveDown(h, n)
 }
+
+// LockAgent takes a's lock, as an engine call that frees a set for room
+// holds it, until the function it returns is called.
+func LockAgent(a *Agent) (unlock func()) {
+	a.mu.Lock()
+	return a.mu.Unlock
+}
+
+// TierDropStored deletes hash (block set id's shape) from the store of
+// the tier that holds it, leaving the tiers' record, as an eviction does
+// just before it forgets the record; false if no tier holds it.
+func TierDropStored(a *Agent, id, hash uint64) bool {
+	s, err := a.pool.BlockSet(pool.SetID(id))
+	if err != nil {
+		return false
+	}
+	k := disk.Key{Hash: hash, Tag: shapeTag(s.Layout())}
+	d := a.tiers.where(k)
+	return d != nil && d.store.Load().Delete(k) == nil
+}
+
+// TierHolds says whether a's tiers keep a record of hash in block set
+// id's shape.
+func TierHolds(a *Agent, id, hash uint64) bool {
+	s, err := a.pool.BlockSet(pool.SetID(id))
+	if err != nil {
+		return false
+	}
+	return a.tiers.where(disk.Key{Hash: hash, Tag: shapeTag(s.Layout())}) != nil
+}

@@ -255,7 +255,18 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 		}
 		return blks, err
 	}
-	blks, own, err := t.restoreRun(ctx, es, run, parent, func(_ context.Context, k disk.Key) *diskTier { return t.where(k) }, spare, true)
+	// The blocks found corrupt or missing are forgotten only once the
+	// read-ahead is over: forgetting takes a.mu (tiers.lostBelow), which
+	// whoever frees es for room holds while it waits for the read-ahead
+	// (Agent.freeIdleLocked). Until then a restore that finds them gone
+	// forgets them itself.
+	type lostBlock struct {
+		d *diskTier
+		k disk.Key
+	}
+	var lost []lostBlock
+	collect := func(d *diskTier, k disk.Key) { lost = append(lost, lostBlock{d, k}) }
+	blks, own, err := t.restoreRun(ctx, es, run, parent, func(_ context.Context, k disk.Key) *diskTier { return t.where(k) }, spare, collect, true)
 	if err != nil {
 		t.log.Debug("tier: read-ahead stopped short", "set", es.set.ID(), "restored", len(blks), "err", err)
 	}
@@ -281,6 +292,9 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	sa.mu.Unlock()
 	close(r.done)
 	t.ahead.ended.Add(1)
+	for _, l := range lost {
+		t.forget(l.d, l.k)
+	}
 }
 
 // pruneLocked counts and forgets the blocks read ahead into set that were

@@ -585,3 +585,51 @@ func TestTierReadAheadEndedForRoom(t *testing.T) {
 	}
 	waitReadAheads(t, a, 1)
 }
+
+// A read-ahead whose blocks are gone from the store (an eviction deleting
+// them before it forgets their records) ends while another holds the
+// agent's lock, as a Register freeing its set for room does while it
+// waits for it: the blocks are forgotten only after it ends, and then
+// they are.
+func TestTierReadAheadMissingBlocksEndWithoutTheAgentLock(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	held := make(chan struct{}, 1)
+	proceed := make(chan struct{})
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		for _, h := range hashes[8:16] {
+			if !fabric.TierDropStored(a, set.ID, h) {
+				t.Errorf("block %016x not in a tier's store", h)
+			}
+		}
+		held <- struct{}{}
+		<-proceed
+	})
+	acquireRun(t, c, set, hashes[:8], 1)
+	waitAheadHeld(t, held)
+	fabric.HoldReadAheads(a, nil)
+	unlock := fabric.LockAgent(a)
+	var once sync.Once
+	defer once.Do(unlock)
+	close(proceed)
+	wait.For(t, 30*time.Second, "the read-ahead ended while the agent's lock is held", func() error {
+		if _, ended, _ := fabric.ReadAheadCounts(a); ended != 1 {
+			return fmt.Errorf("%d read-aheads ended", ended)
+		}
+		return nil
+	})
+	once.Do(unlock)
+	for i, h := range hashes[8:16] {
+		if fabric.BlockSetHolds(a, set.ID, h) {
+			t.Fatalf("block %d, gone from the store, was read ahead", 8+i)
+		}
+	}
+	wait.For(t, 30*time.Second, "the lost blocks forgotten", func() error {
+		if fabric.TierHolds(a, set.ID, hashes[8]) {
+			return fmt.Errorf("the tiers still hold block 8")
+		}
+		return nil
+	})
+	if _, err := c.Status(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
