@@ -47,7 +47,7 @@ func (a *Agent) allocateNow(ctx context.Context, es *engineSet, n int) ([]pool.B
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.ImportTimeout)
 	defer cancel()
-	for a.tiers.endAhead(ctx, es) && ctx.Err() == nil {
+	for a.tiers.endAhead(ctx, es) {
 		if blks, err = es.set.Allocate(n); err == nil || !errors.As(err, &ae) || ae.Spare == 0 {
 			break
 		}

@@ -776,14 +776,7 @@ func (t *tiers) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Bloc
 			return blks, err
 		}
 		if ae.Spare > 0 && t.endAhead(ctx, es) {
-			select {
-			case <-ctx.Done():
-				return nil, err
-			case <-t.done:
-				return nil, err
-			default:
-				continue
-			}
+			continue
 		}
 		if ae.Copying == 0 {
 			return blks, err

@@ -370,7 +370,10 @@ func (t *tiers) stopAhead(es *engineSet) {
 
 // endAhead cancels es's read-ahead under way, if any, and waits until it
 // ends (its slots registered and released, or given back), ctx ends or
-// the tiers close. It says whether one was under way.
+// the tiers close. It says whether one ended: false where none was under
+// way, or ctx or the tiers' closing ended the wait first (so that a caller
+// that tries again after each true cannot spin on a read-ahead that has
+// not ended).
 func (t *tiers) endAhead(ctx context.Context, es *engineSet) bool {
 	sa := &es.ahead
 	sa.mu.Lock()
@@ -387,7 +390,12 @@ func (t *tiers) endAhead(ctx context.Context, es *engineSet) bool {
 	case <-ctx.Done():
 	case <-t.done:
 	}
-	return true
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // aheadFreed counts the blocks read ahead into es that nothing took before
