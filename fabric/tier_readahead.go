@@ -398,6 +398,22 @@ func (t *tiers) endAhead(ctx context.Context, es *engineSet) bool {
 	}
 }
 
+// aheadUnderWay says whether es has a read-ahead under way.
+func (t *tiers) aheadUnderWay(es *engineSet) bool {
+	sa := &es.ahead
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	return sa.run != nil
+}
+
+// aheadMayHold says whether an allocation that failed with ae may have
+// failed for slots es's read-ahead held: it held spare slots
+// (pool.AllocError.Spare), or one is under way (registered, it holds its
+// blocks referenced until it releases them).
+func (t *tiers) aheadMayHold(es *engineSet, ae *pool.AllocError) bool {
+	return ae.Spare > 0 || t.aheadUnderWay(es)
+}
+
 // aheadFreed counts the blocks read ahead into es that nothing took before
 // es was freed.
 func (t *tiers) aheadFreed(es *engineSet) {
