@@ -69,25 +69,23 @@ func LockAgent(a *Agent) (unlock func()) {
 	return a.mu.Unlock
 }
 
-// TierDropStored deletes hash (block set id's shape) from the store of
-// the tier that holds it, leaving the tiers' record, as an eviction does
-// just before it forgets the record; false if no tier holds it.
-func TierDropStored(a *Agent, id, hash uint64) bool {
-	s, err := a.pool.BlockSet(pool.SetID(id))
-	if err != nil {
+// TierDropStored deletes hash from the store of the tier that holds it,
+// leaving the tiers' record, as an eviction does just before it forgets
+// the record; false if no tier holds it.
+func TierDropStored(a *Agent, hash uint64) bool {
+	k, ok := a.tiers.find(hash)
+	if !ok {
 		return false
 	}
-	k := disk.Key{Hash: hash, Tag: shapeTag(s.Layout())}
 	d := a.tiers.where(k)
 	return d != nil && d.store.Load().Delete(k) == nil
 }
 
-// TierHolds says whether a's tiers keep a record of hash in block set
-// id's shape.
-func TierHolds(a *Agent, id, hash uint64) bool {
-	s, err := a.pool.BlockSet(pool.SetID(id))
-	if err != nil {
-		return false
-	}
-	return a.tiers.where(disk.Key{Hash: hash, Tag: shapeTag(s.Layout())}) != nil
+// TierHolds says whether a's tiers keep a record of hash.
+func TierHolds(a *Agent, hash uint64) bool {
+	_, ok := a.tiers.find(hash)
+	return ok
 }
+
+// ReadAheadsWait waits until every read-ahead of a started has returned.
+func ReadAheadsWait(a *Agent) { a.tiers.ahead.wg.Wait() }

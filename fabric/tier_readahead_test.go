@@ -597,7 +597,7 @@ func TestTierReadAheadMissingBlocksEndWithoutTheAgentLock(t *testing.T) {
 	proceed := make(chan struct{})
 	fabric.HoldReadAheads(a, func(ctx context.Context) {
 		for _, h := range hashes[8:16] {
-			if !fabric.TierDropStored(a, set.ID, h) {
+			if !fabric.TierDropStored(a, h) {
 				t.Errorf("block %016x not in a tier's store", h)
 			}
 		}
@@ -624,12 +624,44 @@ func TestTierReadAheadMissingBlocksEndWithoutTheAgentLock(t *testing.T) {
 		}
 	}
 	wait.For(t, 30*time.Second, "the lost blocks forgotten", func() error {
-		if fabric.TierHolds(a, set.ID, hashes[8]) {
+		if fabric.TierHolds(a, hashes[8]) {
 			return fmt.Errorf("the tiers still hold block 8")
 		}
 		return nil
 	})
 	if _, err := c.Status(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A read-ahead cancelled (its set freed) before it reads reads none of
+// its blocks: here they are gone from the store once it is cancelled, and
+// a read would find them missing and drop their records; they are kept.
+func TestTierReadAheadCancelledReadsNothing(t *testing.T) {
+	a, _, _, hashes := readAheadAgent(t, 8, nil)
+	rc := newClient(t, a)
+	e := tierEngine
+	e.Name = "reader"
+	reader := register(t, rc, e)
+	held := make(chan struct{}, 1)
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		<-ctx.Done() // until the set is freed
+		for _, h := range hashes[8:16] {
+			if !fabric.TierDropStored(a, h) {
+				t.Errorf("block %016x not in a tier's store", h)
+			}
+		}
+	})
+	acquireRun(t, rc, reader, hashes[:8], 1)
+	waitAheadHeld(t, held)
+	fabric.HoldReadAheads(a, nil)
+	rc.Close()
+	waitReadAheads(t, a, 1)
+	fabric.ReadAheadsWait(a)
+	for i, h := range hashes[8:16] {
+		if !fabric.TierHolds(a, h) {
+			t.Fatalf("block %d, which a cancelled read-ahead had not read yet, was read", 8+i)
+		}
 	}
 }

@@ -147,6 +147,12 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 			defer t.trailers.Put(&tr)
 			for i := range next {
 				f, o := run[i], &outs[i]
+				if err := ctx.Err(); err != nil {
+					// Cancelled (a read-ahead ended for its slots):
+					// the blocks left are not read.
+					o.err = fmt.Errorf("fabric: restore of disk block %016x: %w", f.k.Hash, err)
+					continue
+				}
 				start := time.Now()
 				// Straight into the slot where O_DIRECT takes its memory
 				// as it is (the trailer into a page of its own); else
