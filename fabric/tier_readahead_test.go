@@ -447,6 +447,9 @@ func TestTierReadAheadHalfTheSet(t *testing.T) {
 			t.Fatalf("block %d, within half the %d blocks the set keeps, was not read ahead", i, set.Retains)
 		}
 	}
+	if !fabric.TierHolds(a, hashes[2+bound]) {
+		t.Fatalf("block %d, one past half the %d blocks the set keeps, is not in the tiers to be read ahead", 2+bound, set.Retains)
+	}
 	if fabric.BlockSetHolds(a, set.ID, hashes[2+bound]) {
 		t.Fatalf("block %d, one past half the %d blocks the set keeps, came up", 2+bound, set.Retains)
 	}
