@@ -339,7 +339,9 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 		// Freed for room now (for a new set, or within the engine's
 		// quota): its read-ahead holds slots busy until its reads end, so
 		// it is ended and waited for, and the set freed now rather than
-		// skipped. (The read-ahead takes neither a.mu nor es.mu.)
+		// skipped. Until it ends the read-ahead takes neither a.mu nor
+		// es.mu (the blocks it finds lost are forgotten after), so the
+		// wait lasts only as long as its reads.
 		ctx, cancel := context.WithTimeout(a.tiers.ctx, a.cfg.ImportTimeout)
 		a.tiers.endAhead(ctx, es)
 		cancel()

@@ -61,3 +61,31 @@ func TierMoveDown(a *Agent, n int) int {
 	}
 	return a.tiers.moveDown(h, n)
 }
+
+// LockAgent takes a's lock, as an engine call that frees a set for room
+// holds it, until the function it returns is called.
+func LockAgent(a *Agent) (unlock func()) {
+	a.mu.Lock()
+	return a.mu.Unlock
+}
+
+// TierDropStored deletes hash from the store of the tier that holds it,
+// leaving the tiers' record, as an eviction does just before it forgets
+// the record; false if no tier holds it.
+func TierDropStored(a *Agent, hash uint64) bool {
+	k, ok := a.tiers.find(hash)
+	if !ok {
+		return false
+	}
+	d := a.tiers.where(k)
+	return d != nil && d.store.Load().Delete(k) == nil
+}
+
+// TierHolds says whether a's tiers keep a record of hash.
+func TierHolds(a *Agent, hash uint64) bool {
+	_, ok := a.tiers.find(hash)
+	return ok
+}
+
+// ReadAheadsWait waits until every read-ahead of a started has returned.
+func ReadAheadsWait(a *Agent) { a.tiers.ahead.wg.Wait() }

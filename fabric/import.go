@@ -108,7 +108,7 @@ func (a *Agent) importBlocks(ctx context.Context, s *sessionSet, hashes []uint64
 			break
 		}
 		parent := parentOf(hashes, len(res.refs))
-		refs, fetch, err := a.fromLocal(s, rest, parent)
+		refs, fetch, err := a.fromLocal(ctx, s, rest, parent)
 		if len(refs) == 0 && err == nil {
 			refs, fetch, err = a.fromTier(ctx, s, rest, parent)
 		}

@@ -12,8 +12,9 @@ import (
 
 // fromLocal copies the leading blocks of hashes that another of this
 // node's block sets holds (an engine with another layout of the same
-// model) into s. It returns no blocks, and no error, when none holds them.
-func (a *Agent) fromLocal(s *sessionSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
+// model) into s, within ctx (the import's). It returns no blocks, and no
+// error, when none holds them.
+func (a *Agent) fromLocal(ctx context.Context, s *sessionSet, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, *fabricpb.Fetch, error) {
 	dst := s.set.Layout()
 	for _, o := range a.engineSets() {
 		src := o.set.Layout()
@@ -34,7 +35,7 @@ func (a *Agent) fromLocal(s *sessionSet, hashes []uint64, parent uint64) ([]*fab
 			continue
 		}
 		start := time.Now()
-		refs, bytes, err := a.copyBlocks(o.set, s, held, hashes[:len(held)], parent)
+		refs, bytes, err := a.copyBlocks(ctx, o.set, s, held, hashes[:len(held)], parent)
 		for _, b := range held {
 			o.set.Release(b)
 		}
@@ -48,8 +49,8 @@ func (a *Agent) fromLocal(s *sessionSet, hashes []uint64, parent uint64) ([]*fab
 }
 
 // copyBlocks copies src's blocks into new slots of s and registers them.
-func (a *Agent) copyBlocks(src *pool.BlockSet, s *sessionSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
-	blocks, err := a.allocateNow(context.Background(), s.engineSet, len(from))
+func (a *Agent) copyBlocks(ctx context.Context, src *pool.BlockSet, s *sessionSet, from []pool.Block, hashes []uint64, parent uint64) ([]*fabricpb.BlockRef, uint64, error) {
+	blocks, err := a.allocateNow(ctx, s.engineSet, len(from))
 	if err != nil {
 		return nil, 0, fmt.Errorf("local slots: %w", err)
 	}

@@ -37,18 +37,26 @@ func (a *Agent) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Bloc
 
 // allocateNow is BlockSet.Allocate for an import's slots: it waits for no
 // copy down, but one that falls short while the set's read-ahead holds
-// slots (pool.AllocError.Spare) ends the read-ahead, waits for it within
-// ctx and the import timeout, and tries again.
+// slots (pool.AllocError.Spare, or one under way that holds its blocks
+// referenced) ends the read-ahead, waits for it within ctx and the import
+// timeout, and tries again: after each read-ahead that ended, and once
+// more where none ended (it may have ended just before).
 func (a *Agent) allocateNow(ctx context.Context, es *engineSet, n int) ([]pool.Block, error) {
 	blks, err := es.set.Allocate(n)
 	var ae *pool.AllocError
-	if err == nil || a.tiers == nil || !errors.As(err, &ae) || ae.Spare == 0 {
+	if err == nil || a.tiers == nil || !errors.As(err, &ae) || !a.tiers.aheadMayHold(es, ae) {
 		return blks, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.ImportTimeout)
 	defer cancel()
-	for a.tiers.endAhead(ctx, es) && ctx.Err() == nil {
-		if blks, err = es.set.Allocate(n); err == nil || !errors.As(err, &ae) || ae.Spare == 0 {
+	for retried := false; ; {
+		if !a.tiers.endAhead(ctx, es) {
+			if retried || ctx.Err() != nil {
+				break
+			}
+			retried = true
+		}
+		if blks, err = es.set.Allocate(n); err == nil || !errors.As(err, &ae) || !a.tiers.aheadMayHold(es, ae) {
 			break
 		}
 	}

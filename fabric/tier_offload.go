@@ -764,10 +764,13 @@ func (t *tiers) holdings() []membership.Entry {
 // being copied down when it finds no other (pool.Config.OffloadGiveUp), so
 // an allocation never waits for the disk; it waits, until ctx ends, only
 // when the slots it needs are being read by copies (a copy in memory), or
-// held by the set's read-ahead (pool.AllocError.Spare): that it ends
-// first, as reading ahead is done only with room to spare, so that it
+// held by the set's read-ahead (pool.AllocError.Spare, or one under way
+// that holds its blocks referenced): that it ends first, and tries again
+// (once more also where it found none under way: it may have ended just
+// before), as reading ahead is done only with room to spare, so that it
 // never makes an allocation fail that would succeed without it.
 func (t *tiers) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Block, error) {
+	retried := false
 	for {
 		wait := t.waitProgress()
 		blks, err := es.set.Allocate(n)
@@ -775,13 +778,14 @@ func (t *tiers) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Bloc
 		if err == nil || !errors.As(err, &ae) {
 			return blks, err
 		}
-		if ae.Spare > 0 && t.endAhead(ctx, es) {
-			select {
-			case <-ctx.Done():
-				return nil, err
-			case <-t.done:
-				return nil, err
-			default:
+		if t.aheadMayHold(es, ae) {
+			if t.endAhead(ctx, es) {
+				continue // each such try follows a read-ahead that ended
+			}
+			if !retried && ctx.Err() == nil {
+				// It ended before endAhead looked, its slots given
+				// back meanwhile: tried once more.
+				retried = true
 				continue
 			}
 		}

@@ -255,7 +255,18 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 		}
 		return blks, err
 	}
-	blks, own, err := t.restoreRun(ctx, es, run, parent, func(_ context.Context, k disk.Key) *diskTier { return t.where(k) }, spare, true)
+	// The blocks found corrupt or missing are forgotten only once the
+	// read-ahead is over: forgetting takes a.mu (tiers.lostBelow), which
+	// whoever frees es for room holds while it waits for the read-ahead
+	// (Agent.freeIdleLocked). Until then a restore that finds them gone
+	// forgets them itself.
+	type lostBlock struct {
+		d *diskTier
+		k disk.Key
+	}
+	var lost []lostBlock
+	collect := func(d *diskTier, k disk.Key) { lost = append(lost, lostBlock{d, k}) }
+	blks, own, err := t.restoreRun(ctx, es, run, parent, func(_ context.Context, k disk.Key) *diskTier { return t.where(k) }, spare, collect, true)
 	if err != nil {
 		t.log.Debug("tier: read-ahead stopped short", "set", es.set.ID(), "restored", len(blks), "err", err)
 	}
@@ -281,6 +292,9 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	sa.mu.Unlock()
 	close(r.done)
 	t.ahead.ended.Add(1)
+	for _, l := range lost {
+		t.forget(l.d, l.k)
+	}
 }
 
 // pruneLocked counts and forgets the blocks read ahead into set that were
@@ -356,7 +370,10 @@ func (t *tiers) stopAhead(es *engineSet) {
 
 // endAhead cancels es's read-ahead under way, if any, and waits until it
 // ends (its slots registered and released, or given back), ctx ends or
-// the tiers close. It says whether one was under way.
+// the tiers close. It says whether one ended: false where none was under
+// way, or ctx or the tiers' closing ended the wait first (so that a caller
+// that tries again after each true cannot spin on a read-ahead that has
+// not ended).
 func (t *tiers) endAhead(ctx context.Context, es *engineSet) bool {
 	sa := &es.ahead
 	sa.mu.Lock()
@@ -373,7 +390,28 @@ func (t *tiers) endAhead(ctx context.Context, es *engineSet) bool {
 	case <-ctx.Done():
 	case <-t.done:
 	}
-	return true
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// aheadUnderWay says whether es has a read-ahead under way.
+func (t *tiers) aheadUnderWay(es *engineSet) bool {
+	sa := &es.ahead
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	return sa.run != nil
+}
+
+// aheadMayHold says whether an allocation that failed with ae may have
+// failed for slots es's read-ahead held: it held spare slots
+// (pool.AllocError.Spare), or one is under way (registered, it holds its
+// blocks referenced until it releases them).
+func (t *tiers) aheadMayHold(es *engineSet, ae *pool.AllocError) bool {
+	return ae.Spare > 0 || t.aheadUnderWay(es)
 }
 
 // aheadFreed counts the blocks read ahead into es that nothing took before

@@ -447,6 +447,9 @@ func TestTierReadAheadHalfTheSet(t *testing.T) {
 			t.Fatalf("block %d, within half the %d blocks the set keeps, was not read ahead", i, set.Retains)
 		}
 	}
+	if !fabric.TierHolds(a, hashes[2+bound]) {
+		t.Fatalf("block %d, one past half the %d blocks the set keeps, is not in the tiers to be read ahead", 2+bound, set.Retains)
+	}
 	if fabric.BlockSetHolds(a, set.ID, hashes[2+bound]) {
 		t.Fatalf("block %d, one past half the %d blocks the set keeps, came up", 2+bound, set.Retains)
 	}
@@ -584,4 +587,84 @@ func TestTierReadAheadEndedForRoom(t *testing.T) {
 		t.Fatal("the set was freed without ending its read-ahead")
 	}
 	waitReadAheads(t, a, 1)
+}
+
+// A read-ahead whose blocks are gone from the store (an eviction deleting
+// them before it forgets their records) ends while another holds the
+// agent's lock, as a Register freeing its set for room does while it
+// waits for it: the blocks are forgotten only after it ends, and then
+// they are.
+func TestTierReadAheadMissingBlocksEndWithoutTheAgentLock(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	held := make(chan struct{}, 1)
+	proceed := make(chan struct{})
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		for _, h := range hashes[8:16] {
+			if !fabric.TierDropStored(a, h) {
+				t.Errorf("block %016x not in a tier's store", h)
+			}
+		}
+		held <- struct{}{}
+		<-proceed
+	})
+	acquireRun(t, c, set, hashes[:8], 1)
+	waitAheadHeld(t, held)
+	fabric.HoldReadAheads(a, nil)
+	unlock := fabric.LockAgent(a)
+	var once sync.Once
+	defer once.Do(unlock)
+	close(proceed)
+	wait.For(t, 30*time.Second, "the read-ahead ended while the agent's lock is held", func() error {
+		if _, ended, _ := fabric.ReadAheadCounts(a); ended != 1 {
+			return fmt.Errorf("%d read-aheads ended", ended)
+		}
+		return nil
+	})
+	once.Do(unlock)
+	for i, h := range hashes[8:16] {
+		if fabric.BlockSetHolds(a, set.ID, h) {
+			t.Fatalf("block %d, gone from the store, was read ahead", 8+i)
+		}
+	}
+	wait.For(t, 30*time.Second, "the lost blocks forgotten", func() error {
+		if fabric.TierHolds(a, hashes[8]) {
+			return fmt.Errorf("the tiers still hold block 8")
+		}
+		return nil
+	})
+	if _, err := c.Status(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A read-ahead cancelled (its set freed) before it reads reads none of
+// its blocks: here they are gone from the store once it is cancelled, and
+// a read would find them missing and drop their records; they are kept.
+func TestTierReadAheadCancelledReadsNothing(t *testing.T) {
+	a, _, _, hashes := readAheadAgent(t, 8, nil)
+	rc := newClient(t, a)
+	e := tierEngine
+	e.Name = "reader"
+	reader := register(t, rc, e)
+	held := make(chan struct{}, 1)
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		<-ctx.Done() // until the set is freed
+		for _, h := range hashes[8:16] {
+			if !fabric.TierDropStored(a, h) {
+				t.Errorf("block %016x not in a tier's store", h)
+			}
+		}
+	})
+	acquireRun(t, rc, reader, hashes[:8], 1)
+	waitAheadHeld(t, held)
+	fabric.HoldReadAheads(a, nil)
+	rc.Close()
+	waitReadAheads(t, a, 1)
+	fabric.ReadAheadsWait(a)
+	for i, h := range hashes[8:16] {
+		if !fabric.TierHolds(a, h) {
+			t.Fatalf("block %d, which a cancelled read-ahead had not read yet, was read", 8+i)
+		}
+	}
 }

@@ -64,7 +64,7 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 	alloc := func(ctx context.Context, _ *pool.BlockSet, n int) ([]pool.Block, error) {
 		return t.allocate(ctx, es, n)
 	}
-	blks, _, err := t.restoreRun(ctx, es, hashes, parent, find, alloc, false)
+	blks, _, err := t.restoreRun(ctx, es, hashes, parent, find, alloc, t.forget, false)
 	return append(out, blks...), err
 }
 
@@ -75,10 +75,14 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 // copy registered meanwhile under the same hash, which blks[i] then
 // references instead). A run read ahead (ahead) is registered after
 // parent but detached from it (pool.Registration.Detached), so that the
-// blocks of the sequence already used go before it.
+// blocks of the sequence already used go before it. A block found corrupt
+// or missing is passed to forget (tiers.forget, which takes a.mu to tell
+// the sets that hold it: a read-ahead, which whoever frees a set for room
+// waits for under a.mu, passes one that only collects them).
 func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, parent uint64,
 	find func(context.Context, disk.Key) *diskTier,
-	alloc func(context.Context, *pool.BlockSet, int) ([]pool.Block, error), ahead bool) (blks []pool.Block, own []bool, err error) {
+	alloc func(context.Context, *pool.BlockSet, int) ([]pool.Block, error),
+	forget func(*diskTier, disk.Key), ahead bool) (blks []pool.Block, own []bool, err error) {
 	set := es.set
 	l := set.Layout()
 	if !t.reachable(l) {
@@ -143,6 +147,12 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 			defer t.trailers.Put(&tr)
 			for i := range next {
 				f, o := run[i], &outs[i]
+				if err := ctx.Err(); err != nil {
+					// Cancelled (a read-ahead ended for its slots):
+					// the blocks left are not read.
+					o.err = fmt.Errorf("fabric: restore of disk block %016x: %w", f.k.Hash, err)
+					continue
+				}
 				start := time.Now()
 				// Straight into the slot where O_DIRECT takes its memory
 				// as it is (the trailer into a page of its own); else
@@ -223,7 +233,7 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 					t.corrupt.Add(1)
 					t.log.Warn("tier: disk block failed its check: dropped, never served", "hash", f.k.Hash, "tier", f.d.n, "err", o.err)
 				}
-				t.forget(f.d, f.k)
+				forget(f.d, f.k)
 			}
 			if cause == nil {
 				cause = o.err
