@@ -249,6 +249,9 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	sa := &es.ahead
 	// Not the blocks the run follows: they are the ones just used.
 	spare := func(ctx context.Context, set *pool.BlockSet, n int) ([]pool.Block, error) {
+		if err := ctx.Err(); err != nil {
+			return nil, err // ended before it began: push out no cached block for reads it will not make
+		}
 		blks, err := set.AllocateSpare(n, parent)
 		if f := t.ahead.allocated.Load(); f != nil && len(blks) > 0 {
 			(*f)(ctx)
