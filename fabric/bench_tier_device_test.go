@@ -105,23 +105,7 @@ func BenchmarkTierRestoreDevice(b *testing.B) {
 	dev := start("device", "device:0=64MiB", true)
 	blockBytes := int(host.set.Layout.Strides().Shard)
 	b.SetBytes(int64(blocks * blockBytes))
-	restoreAll := func(s *side) {
-		start := time.Now()
-		for from := 0; from < blocks; from += 8 {
-			refs, err := s.c.Acquire(ctx, s.set.ID, hashes[from:from+8])
-			if err != nil || len(refs) != 8 {
-				b.Fatalf("acquire %d..%d: %d blocks, %v", from, from+7, len(refs), err)
-			}
-			slots := make([]uint32, len(refs))
-			for i, r := range refs {
-				slots[i] = r.Slot
-			}
-			if err := s.c.Release(ctx, s.set.ID, slots); err != nil {
-				b.Fatal(err)
-			}
-		}
-		s.spent += time.Since(start)
-	}
+	restoreAll := func(s *side) { s.spent += acquireRuns(b, s.c, s.set.ID, hashes[:blocks]) }
 	for b.Loop() {
 		restoreAll(dev)
 		restoreAll(host)

@@ -76,23 +76,7 @@ func BenchmarkTierRestoreHost(b *testing.B) {
 	}
 	host := start("hosttier", "host=128MiB", "disk="+filepath.Join(dir, "tier-h")+":1GiB")
 	disk := start("disktier", "disk="+filepath.Join(dir, "tier-d")+":1GiB")
-	restore := func(s *side) {
-		t0 := time.Now()
-		for from := 0; from < blocks; from += 8 {
-			refs, err := s.c.Acquire(ctx, s.set.ID, s.hashes[from:from+8])
-			if err != nil || len(refs) != 8 {
-				b.Fatalf("acquire %d..%d: %d blocks, %v", from, from+7, len(refs), err)
-			}
-			slots := make([]uint32, len(refs))
-			for i, r := range refs {
-				slots[i] = r.Slot
-			}
-			if err := s.c.Release(ctx, s.set.ID, slots); err != nil {
-				b.Fatal(err)
-			}
-		}
-		s.took += time.Since(t0)
-	}
+	restore := func(s *side) { s.took += acquireRuns(b, s.c, s.set.ID, s.hashes[:blocks]) }
 	blockBytes := int(host.set.Layout.Strides().Shard)
 	b.SetBytes(int64(blocks * blockBytes))
 	for b.Loop() {

@@ -204,10 +204,17 @@ func restoreBenchAgent(b *testing.B, dir, name string, readAhead, blocks int) *r
 // acquireAll acquires and releases every block of r's sequence, 8 at a
 // time, and returns the time it took.
 func (r *restoreBench) acquireAll(b *testing.B) time.Duration {
+	return acquireRuns(b, r.c, r.set.ID, r.hashes)
+}
+
+// acquireRuns acquires and releases hashes in runs of 8, as an engine
+// acquiring prefixes would (a tier's restores among its calls), and
+// returns the time it took. len(hashes) is a multiple of 8.
+func acquireRuns(b *testing.B, c *client.Client, set uint64, hashes []uint64) time.Duration {
 	ctx := context.Background()
 	start := time.Now()
-	for from := 0; from < len(r.hashes); from += 8 {
-		refs, err := r.c.Acquire(ctx, r.set.ID, r.hashes[from:from+8])
+	for from := 0; from < len(hashes); from += 8 {
+		refs, err := c.Acquire(ctx, set, hashes[from:from+8])
 		if err != nil || len(refs) != 8 {
 			b.Fatalf("acquire %d..%d: %d blocks, %v", from, from+7, len(refs), err)
 		}
@@ -215,7 +222,7 @@ func (r *restoreBench) acquireAll(b *testing.B) time.Duration {
 		for i, ref := range refs {
 			slots[i] = ref.Slot
 		}
-		if err := r.c.Release(ctx, r.set.ID, slots); err != nil {
+		if err := c.Release(ctx, set, slots); err != nil {
 			b.Fatal(err)
 		}
 	}

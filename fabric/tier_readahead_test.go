@@ -48,14 +48,21 @@ func readAheadAgent(t *testing.T, readAhead int, read ...*client.Client) (*fabri
 		t.Fatalf("the tier keeps %d links after a sequence of 96 blocks went down; want 95", n)
 	}
 	if len(read) == 0 {
-		e := tierEngine
-		e.Name = "reader"
-		return a, c, register(t, c, e), hashes
+		return a, c, registerReader(t, c), hashes
 	}
 	return a, c, nil, hashes
 }
 
-// waitHeld waits for a read-ahead held by HoldReadAheads to signal held.
+// registerReader registers the reader's engine (tierEngine's layout, a set
+// of its own) through c.
+func registerReader(t *testing.T, c *client.Client) *client.BlockSet {
+	t.Helper()
+	e := tierEngine
+	e.Name = "reader"
+	return register(t, c, e)
+}
+
+// waitAheadHeld waits for a read-ahead held by HoldReadAheads to signal held.
 func waitAheadHeld(t *testing.T, held <-chan struct{}) {
 	t.Helper()
 	select {
@@ -273,9 +280,7 @@ func TestTierReadAheadSetFreedWhileItRuns(t *testing.T) {
 	// The reader in a session of its own, ended while the read-ahead
 	// holds its slots.
 	rc := newClient(t, a)
-	e := tierEngine
-	e.Name = "reader"
-	reader := register(t, rc, e)
+	reader := registerReader(t, rc)
 	held := make(chan struct{}, 1)
 	stopped := make(chan struct{})
 	fabric.HoldReadAheads(a, func(ctx context.Context) {
@@ -349,9 +354,7 @@ func TestTierReadAheadYieldsToAllocate(t *testing.T) {
 func TestTierReadAheadUnusedWhenFreed(t *testing.T) {
 	a, c, _, hashes := readAheadAgent(t, 8, nil)
 	rc := newClient(t, a)
-	e := tierEngine
-	e.Name = "reader"
-	reader := register(t, rc, e)
+	reader := registerReader(t, rc)
 	acquireRun(t, rc, reader, hashes[:8], 1)
 	waitReadAheads(t, a, 1)
 	for i := 8; i < 16; i++ {
@@ -643,9 +646,7 @@ func TestTierReadAheadMissingBlocksEndWithoutTheAgentLock(t *testing.T) {
 func TestTierReadAheadCancelledReadsNothing(t *testing.T) {
 	a, _, _, hashes := readAheadAgent(t, 8, nil)
 	rc := newClient(t, a)
-	e := tierEngine
-	e.Name = "reader"
-	reader := register(t, rc, e)
+	reader := registerReader(t, rc)
 	held := make(chan struct{}, 1)
 	fabric.HoldReadAheads(a, func(ctx context.Context) {
 		held <- struct{}{}
