@@ -49,14 +49,8 @@ func (a *Agent) allocateNow(ctx context.Context, es *engineSet, n int) ([]pool.B
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.ImportTimeout)
 	defer cancel()
-	for retried := false; ; {
-		if !a.tiers.endAhead(ctx, es) {
-			if retried || ctx.Err() != nil {
-				break
-			}
-			retried = true
-		}
-		if blks, err = es.set.Allocate(n); err == nil || !errors.As(err, &ae) || !a.tiers.aheadMayHold(es, ae) {
+	for retried := false; a.tiers.yieldAhead(ctx, es, ae, &retried); {
+		if blks, err = es.set.Allocate(n); err == nil || !errors.As(err, &ae) {
 			break
 		}
 	}

@@ -778,16 +778,8 @@ func (t *tiers) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Bloc
 		if err == nil || !errors.As(err, &ae) {
 			return blks, err
 		}
-		if t.aheadMayHold(es, ae) {
-			if t.endAhead(ctx, es) {
-				continue // each such try follows a read-ahead that ended
-			}
-			if !retried && ctx.Err() == nil {
-				// It ended before endAhead looked, its slots given
-				// back meanwhile: tried once more.
-				retried = true
-				continue
-			}
+		if t.yieldAhead(ctx, es, ae, &retried) {
+			continue
 		}
 		if ae.Copying == 0 {
 			return blks, err

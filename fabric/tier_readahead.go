@@ -417,6 +417,26 @@ func (t *tiers) aheadMayHold(es *engineSet, ae *pool.AllocError) bool {
 	return ae.Spare > 0 || t.aheadUnderWay(es)
 }
 
+// yieldAhead is what an allocation that failed with ae does about es's
+// read-ahead: where it may hold the slots (aheadMayHold), ends it and says
+// to try again; after each read-ahead that ended, and once more where none
+// ended (it may have ended just before endAhead looked, its slots given
+// back meanwhile; *retried records that try). False: the read-ahead is
+// not why, or ctx ended.
+func (t *tiers) yieldAhead(ctx context.Context, es *engineSet, ae *pool.AllocError, retried *bool) bool {
+	if !t.aheadMayHold(es, ae) {
+		return false
+	}
+	if t.endAhead(ctx, es) {
+		return true
+	}
+	if *retried || ctx.Err() != nil {
+		return false
+	}
+	*retried = true
+	return true
+}
+
 // aheadFreed counts the blocks read ahead into es that nothing took before
 // es was freed.
 func (t *tiers) aheadFreed(es *engineSet) {
