@@ -625,7 +625,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	if err := tmpl.Validate(); err != nil {
 		return nil, err
 	}
-	may, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize))
+	may, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize), best)
 	if err != nil {
 		if best != nil {
 			return a.attach(sess, best) // the layout's set with the most usable slots is the best there is

@@ -55,11 +55,15 @@ func (a *Agent) engineShare(engine string) (quota, fair uint64, carved map[strin
 
 // makeRoomInQuota makes room for a new block set of need bytes for engine
 // within its quota, freeing its own idle sets (longest idle first) if it
-// must, or refuses with RESOURCE_EXHAUSTED naming the quota. It returns
-// which other idle sets the pool may free to fit the new one: the
-// engine's own and those of engines over a fair share, never the cached
-// sets of an engine within it. a.mu is held.
-func (a *Agent) makeRoomInQuota(engine string, need uint64) (func(*engineSet) bool, error) {
+// must, or refuses with RESOURCE_EXHAUSTED naming the quota. It never
+// frees keep, the set the Register falls back to when no new set is made
+// (nil for none): freed for a set that then does not fit (past the quota
+// still, or no room in the pool), the Register would have neither; kept,
+// the quota refuses and the Register is given keep. It returns which
+// other idle sets the pool may free to fit the new one: the engine's own
+// and those of engines over a fair share, never the cached sets of an
+// engine within it (freeIdleSets keeps keep too). a.mu is held.
+func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (func(*engineSet) bool, error) {
 	for {
 		quota, fair, carved := a.engineShare(engine)
 		if carved[engine]+need <= quota {
@@ -70,7 +74,7 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64) (func(*engineSet) bo
 		var idle []*engineSet
 		for _, es := range a.sets {
 			es.mu.Lock()
-			if es.engine == engine && len(es.users) == 0 && !es.freed {
+			if es != keep && es.engine == engine && len(es.users) == 0 && !es.freed {
 				idle = append(idle, es)
 			}
 			es.mu.Unlock()
