@@ -138,7 +138,7 @@ func TestEngineQuotaAtAndPast(t *testing.T) {
 // engine is given its old set, not told it was freed.
 func TestEngineQuotaKeepsTheFallbackSet(t *testing.T) {
 	cfg := testConfig(t, "n1") // host=16MiB: the default set is a quarter, 4 MiB
-	cfg.EngineQuota = 1 << 20 // 256 blocks of 4 KiB
+	cfg.EngineQuota = 1 << 20  // 256 blocks of 4 KiB
 	cfg.BlockSetGrace = time.Hour
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
