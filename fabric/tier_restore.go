@@ -191,10 +191,10 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 				switch {
 				case errors.Is(err, disk.ErrTooLarge):
 					err = fmt.Errorf("fabric: disk block %016x longer than its shape's %d bytes: %w", f.k.Hash, n+tierTrailer, disk.ErrCorrupt)
-					f.d.store.Load().Delete(f.k)
+					t.dropCopy(f.d, f.k, true)
 				case err == nil && got != n+tierTrailer:
 					err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
-					f.d.store.Load().Delete(f.k)
+					t.dropCopy(f.d, f.k, true)
 				}
 				if err == nil {
 					if pieces == nil {
@@ -210,7 +210,7 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 					if o.has && !t.a.cfg.NoChecksums {
 						if again, ok := blockSum(set, blks[i].Slot, 0, l.PageSize); ok && again != o.sum {
 							err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, o.sum, disk.ErrCorrupt)
-							f.d.store.Load().Delete(f.k)
+							t.dropCopy(f.d, f.k, true)
 						}
 					}
 				}
@@ -266,7 +266,16 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 	if len(regs) == 0 {
 		return nil, nil, cause
 	}
+	// Copied below only while a tier holds the copy still, checked under
+	// t.mu with the registration: a copy dropped since it was read
+	// (dropCopy marks its record gone, then clears the marks, then
+	// deletes it) is not taken as below.
+	t.mu.Lock()
+	for i := range regs {
+		regs[i].Below = t.heldLocked(run[i].k)
+	}
 	out, err := set.RegisterBatch(regs, parent)
+	t.mu.Unlock()
 	for _, r := range regs[len(out):] {
 		set.Abort(r.Block)
 	}

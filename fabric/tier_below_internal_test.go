@@ -1,0 +1,138 @@
+package fabric
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/pool/disk"
+)
+
+// belowSet is a pool of one block set of 4 slots, its slots registered as
+// blocks 1 to 4 (each a sequence of its own), block 1 the least recently
+// used, with block 1 alone marked as copied below; and tiers over it, of
+// one tier (a host tier where host, else a disk tier) holding block 1's
+// copy, recorded, without workers.
+func belowSet(t *testing.T, host bool) (*tiers, *pool.BlockSet, disk.Key) {
+	t.Helper()
+	storage, err := pool.NewHostStorage(pool.HostConfig{Size: 8 << 20, Name: "below-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { storage.Close() })
+	p, err := pool.New(storage, pool.Config{ExpiryInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	set, err := p.NewBlockSet(&layout.Layout{Model: layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 16, DType: layout.DTypeBF16},
+		PageSize: 16, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 256, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blks, err := set.Allocate(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range blks {
+		reg, err := set.RegisterBatch([]pool.Registration{{Block: b, Hash: uint64(i + 1), Below: i == 0}}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := set.Release(reg[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := &Agent{pool: p, sets: map[pool.SetID]*engineSet{set.ID(): {set: set}}}
+	tr := &tiers{a: a, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1), blockBytes: disk.Align, ctx: context.Background()}
+	d := &diskTier{n: 0, spec: TierSpec{Kind: "disk"}}
+	if host {
+		mem, err := disk.NewMem(disk.MemConfig{Bytes: 4 * disk.Align, SlotBytes: disk.Align})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { mem.Close() })
+		d.spec.Kind = tierHost
+		d.store.Store(mem)
+	} else {
+		st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 4 * disk.Align, SlotBytes: disk.Align, Buffered: true, Logger: tr.log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		d.store.Store(st)
+	}
+	tr.list = []*diskTier{d}
+	k := disk.Key{Hash: 1, Tag: shapeTag(set.Layout())}
+	if err := d.store.Load().Put(context.Background(), k, bytes.Repeat([]byte{7}, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, d, k, disk.Align)
+	if !set.Below(mustLookup(t, set, 1)) {
+		t.Fatal("block 1 is not marked as copied below")
+	}
+	return tr, set, k
+}
+
+func mustLookup(t *testing.T, set *pool.BlockSet, hash uint64) pool.Block {
+	t.Helper()
+	b, ok := set.Lookup(hash)
+	if !ok {
+		t.Fatalf("block %d is not in the set", hash)
+	}
+	return b
+}
+
+// A tier that drops a block's copy (evicts it, from a disk tier or from
+// host memory) clears the copied-below mark of the block in memory before
+// the copy goes: a set that recycles right after the store dropped it,
+// with room to spare (AllocateSpare: only blocks with a copy below), keeps
+// the block, its only copy on the node, rather than drop it as copied.
+func TestTierDropClearsBelowFirst(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		name := "disk"
+		if host {
+			name = "host"
+		}
+		t.Run(name, func(t *testing.T) {
+			tr, set, k := belowSet(t, host)
+			d := tr.list[0]
+			ran := false
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k {
+					return
+				}
+				ran = true
+				if _, err := set.AllocateSpare(4, 0); err != nil {
+					t.Errorf("spare slots after the copy went: %v", err)
+				}
+			}
+			tr.afterDrop.Store(&f)
+			tr.mu.Lock()
+			e := tr.pos[k]
+			tr.mu.Unlock()
+			if !tr.evict(e) {
+				t.Fatal("the block's copy was not evicted")
+			}
+			if !ran {
+				t.Fatal("the tier dropped no copy of the block")
+			}
+			if tr.where(k) != nil {
+				t.Fatal("the tier still records the block it evicted")
+			}
+			b, ok := set.Lookup(k.Hash)
+			if !ok {
+				t.Fatal("the block is on neither the tier nor in memory: recycled as copied below after its copy went")
+			}
+			if set.Below(b) {
+				t.Fatal("the block is still marked as copied below after the tier dropped its copy")
+			}
+		})
+	}
+}
