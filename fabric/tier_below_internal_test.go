@@ -17,15 +17,20 @@ import (
 // blocks 1 to 4 (each a sequence of its own), block 1 the least recently
 // used, with block 1 alone marked as copied below; and tiers over it, of
 // one tier (a host tier where host, else a disk tier) holding block 1's
-// copy, recorded, without workers.
-func belowSet(t *testing.T, host bool) (*tiers, *pool.BlockSet, disk.Key) {
+// copy, recorded, without workers. With offloading, block 1 is not marked
+// but its copy down is under way (offered to the pool's Offload hook).
+func belowSet(t *testing.T, host, offloading bool) (*tiers, *pool.BlockSet, disk.Key) {
 	t.Helper()
 	storage, err := pool.NewHostStorage(pool.HostConfig{Size: 8 << 20, Name: "below-test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { storage.Close() })
-	p, err := pool.New(storage, pool.Config{ExpiryInterval: -1})
+	cfg := pool.Config{ExpiryInterval: -1}
+	if offloading {
+		cfg.Offload = func(_ *pool.BlockSet, _ pool.Block, hash, _ uint64) bool { return hash == 1 }
+	}
+	p, err := pool.New(storage, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +45,7 @@ func belowSet(t *testing.T, host bool) (*tiers, *pool.BlockSet, disk.Key) {
 		t.Fatal(err)
 	}
 	for i, b := range blks {
-		reg, err := set.RegisterBatch([]pool.Registration{{Block: b, Hash: uint64(i + 1), Below: i == 0}}, 0)
+		reg, err := set.RegisterBatch([]pool.Registration{{Block: b, Hash: uint64(i + 1), Below: i == 0 && !offloading}}, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +79,11 @@ func belowSet(t *testing.T, host bool) (*tiers, *pool.BlockSet, disk.Key) {
 		t.Fatal(err)
 	}
 	placeCopy(tr, d, k, disk.Align)
-	if !set.Below(mustLookup(t, set, 1)) {
+	if offloading {
+		if n := set.CopyDown(); n != 1 {
+			t.Fatalf("%d copies down under way, want block 1's", n)
+		}
+	} else if !set.Below(mustLookup(t, set, 1)) {
 		t.Fatal("block 1 is not marked as copied below")
 	}
 	return tr, set, k
@@ -101,7 +110,7 @@ func TestTierDropClearsBelowFirst(t *testing.T) {
 			name = "host"
 		}
 		t.Run(name, func(t *testing.T) {
-			tr, set, k := belowSet(t, host)
+			tr, set, k := belowSet(t, host, false)
 			d := tr.list[0]
 			ran := false
 			f := func(dd *diskTier, kk disk.Key) {
@@ -134,5 +143,36 @@ func TestTierDropClearsBelowFirst(t *testing.T) {
 				t.Fatal("the block is still marked as copied below after the tier dropped its copy")
 			}
 		})
+	}
+}
+
+// A copy down that ends after the tier dropped the block's copy (it found
+// the block recorded there and wrote nothing, or a drop took what it
+// wrote) does not mark the block as copied below: recycling with room to
+// spare keeps it. While the tier holds the copy, it does.
+func TestTierCopyDownEndedAfterDropNotBelow(t *testing.T) {
+	for _, dropped := range []bool{false, true} {
+		tr, set, k := belowSet(t, false, true)
+		b := mustLookup(t, set, 1)
+		if dropped {
+			tr.mu.Lock()
+			e := tr.pos[k]
+			tr.mu.Unlock()
+			if !tr.evict(e) {
+				t.Fatal("the block's copy was not evicted")
+			}
+		}
+		if err := tr.offloaded(&offloadJob{set: set, blk: b, hash: k.Hash}, copied{ok: true, key: k}); err != nil {
+			t.Fatal(err)
+		}
+		if got := set.Below(b); got == dropped {
+			t.Fatalf("copy dropped %v: the block marked copied below %v, want %v", dropped, got, !dropped)
+		}
+		if _, err := set.AllocateSpare(4, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := set.Lookup(k.Hash); ok == !dropped {
+			t.Fatalf("copy dropped %v: the block in memory after spare slots were taken: %v, want %v", dropped, ok, dropped)
+		}
 	}
 }
