@@ -240,8 +240,9 @@ type tiers struct {
 	// from the host tier between its commit below and its record there,
 	// and right after that record (tests).
 	beforeMoved, afterMoved atomic.Pointer[func()]
-	// afterDrop, if set, is called right after a tier's store deleted a
-	// block's copy that a record named (tests: a set that recycles then).
+	// afterDrop, if set, is called by dropCopy right after a tier's store
+	// deleted a block's copy (tests: a set that recycles then, a copy
+	// placed then).
 	afterDrop atomic.Pointer[func(d *diskTier, k disk.Key)]
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
@@ -643,7 +644,7 @@ func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
 		t.lostBelow(k)
 	}
 	err := d.store.Load().Delete(k)
-	if f := t.afterDrop.Load(); f != nil && ok {
+	if f := t.afterDrop.Load(); f != nil {
 		(*f)(d, k)
 	}
 	t.mu.Lock()

@@ -176,3 +176,43 @@ func TestTierCopyDownEndedAfterDropNotBelow(t *testing.T) {
 		}
 	}
 }
+
+// A second copy deleted from a tier (dropSecond: another tier holds the
+// block) while a commit of the block to that tier ends is recorded
+// nowhere: the delete may have taken the commit's copy, and a record of it
+// would name a tier without the block, copied below on its strength.
+func TestTierSecondCopyDeleteTakesACommitUnrecorded(t *testing.T) {
+	tr, h, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 5, Tag: 1}
+	data := bytes.Repeat([]byte{0x5a}, 3000)
+	for _, x := range []*diskTier{h, d} {
+		if err := x.store.Load().Put(ctx, k, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	placeCopy(tr, h, k, disk.Align)
+	ran := false
+	f := func(dd *diskTier, kk disk.Key) {
+		if dd != d || kk != k || ran {
+			return
+		}
+		ran = true
+		// Meanwhile the host tier's copy went, and a commit of the block
+		// to d, written before the delete, ends.
+		tr.evict(tr.lru(h.n).Front())
+		placeCopy(tr, d, k, disk.Align)
+	}
+	tr.afterDrop.Store(&f)
+	tr.dropSecond(d, []disk.Key{k})
+	if !ran {
+		t.Fatal("the second copy was not deleted")
+	}
+	tr.mu.Lock()
+	held := tr.heldLocked(k)
+	tr.mu.Unlock()
+	stored := d.store.Load().(*disk.Store).Has(k)
+	if held && !stored {
+		t.Fatalf("the block is recorded in tier %d, which does not hold it", d.n)
+	}
+}
