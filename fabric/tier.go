@@ -655,6 +655,24 @@ func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
 	return err
 }
 
+// lostCopy is for a copy of k in tier d that went without dropCopy: the
+// store dropped it as it read it (its checksum failed) or found it
+// missing. Where k's record names d it is marked gone and the block sets
+// holding k are told at once, not when the record is forgotten (after a
+// read-ahead, for one). Called with neither t.mu nor announceMu held.
+func (t *tiers) lostCopy(d *diskTier, k disk.Key) {
+	t.mu.Lock()
+	e, ok := t.pos[k]
+	ok = ok && e.Value.(*tierEntry).tier == d.n
+	if ok {
+		e.Value.(*tierEntry).gone = true
+	}
+	t.mu.Unlock()
+	if ok {
+		t.lostBelow(k)
+	}
+}
+
 // order takes announceMu: from a change to the records to its
 // announcement, or while a resync reads them.
 func (t *tiers) order() {

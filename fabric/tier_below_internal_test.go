@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"container/list"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -35,8 +36,7 @@ func belowSet(t *testing.T, host, offloading bool) (*tiers, *pool.BlockSet, disk
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	set, err := p.NewBlockSet(&layout.Layout{Model: layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 16, DType: layout.DTypeBF16},
-		PageSize: 16, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 256, Slots: 4})
+	set, err := p.NewBlockSet(belowLayout(4))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,6 +87,13 @@ func belowSet(t *testing.T, host, offloading bool) (*tiers, *pool.BlockSet, disk
 		t.Fatal("block 1 is not marked as copied below")
 	}
 	return tr, set, k
+}
+
+// belowLayout is a small layout of slots slots: a block of 1 KiB, which
+// with its trailer fits a tier slot of disk.Align.
+func belowLayout(slots int) *layout.Layout {
+	return &layout.Layout{Model: layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 16, DType: layout.DTypeBF16},
+		PageSize: 16, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 256, Slots: slots}
 }
 
 func mustLookup(t *testing.T, set *pool.BlockSet, hash uint64) pool.Block {
@@ -215,4 +222,38 @@ func TestTierSecondCopyDeleteTakesACommitUnrecorded(t *testing.T) {
 	if held && !stored {
 		t.Fatalf("the block is recorded in tier %d, which does not hold it", d.n)
 	}
+}
+
+// A restore that finds a tier's copy corrupt (the store drops it as it
+// reads it) clears the copied-below mark of the sets holding the block at
+// once, not when the record is forgotten (a read-ahead forgets the blocks
+// it lost only once it ends): spare-slot recycling meanwhile keeps the
+// block.
+func TestTierCorruptCopyClearsBelowAtOnce(t *testing.T) {
+	tr, set, k := belowSet(t, true, false)
+	other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tr.list[0].store.Load().(*disk.MemStore).CorruptForTest(k, 10, 0x40) {
+		t.Fatal("the tier's copy was not corrupted")
+	}
+	find := func(_ context.Context, k disk.Key) *diskTier { return tr.where(k) }
+	alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+	var lost []disk.Key
+	forget := func(_ *diskTier, k disk.Key) { lost = append(lost, k) } // forgotten later, as a read-ahead does
+	blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
+	if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
+		t.Fatalf("restore of a corrupt copy: %d blocks, %v; want none, ErrCorrupt", len(blks), err)
+	}
+	if len(lost) != 1 || lost[0] != k {
+		t.Fatalf("blocks lost: %v, want %v", lost, k)
+	}
+	if set.Below(mustLookup(t, set, k.Hash)) {
+		t.Fatal("the block is marked as copied below after the tier dropped its corrupt copy")
+	}
+	if _, err := set.AllocateSpare(4, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustLookup(t, set, k.Hash)
 }

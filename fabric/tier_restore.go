@@ -195,6 +195,8 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 				case err == nil && got != n+tierTrailer:
 					err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
 					t.dropCopy(f.d, f.k, true)
+				case errors.Is(err, disk.ErrCorrupt), errors.Is(err, disk.ErrNotFound):
+					t.lostCopy(f.d, f.k) // the store dropped it (its checksum failed), or it went
 				}
 				if err == nil {
 					if pieces == nil {
