@@ -214,10 +214,10 @@ type tiers struct {
 	wg     sync.WaitGroup
 	bufs   sync.Pool
 
-	// mu guards what follows and the stores' opening. A block set's lock
-	// may be taken under it (a copy down's end, a restore's registration:
-	// whether a tier holds the copy is decided with the set's change).
-	mu         sync.Mutex
+	// A block set's lock may be taken under mu (a copy down's end, a
+	// restore's registration: whether a tier holds the copy is decided
+	// with the set's change).
+	mu         sync.Mutex // guards what follows and the stores' opening
 	blockBytes int        // the stores' slot size; 0 until known
 	layouts    map[uint64]*layout.Layout
 	lrus       map[int]*list.List // per tier, of *tierEntry, least recently used first (lru)
