@@ -280,8 +280,8 @@ func (t *tiers) offloaded(j *offloadJob, c copied) error {
 // skipped, an allocation took its slot before the copy began
 // (pool.Config.OffloadGiveUp); ended, its slot could not be read or its
 // write straight from the slot failed, and copyDownBatch ended the
-// offload already (Offloaded false).
-// key is the block's on disk.
+// offload already (Offloaded false). key is the block's key on disk, set
+// once its shape is known.
 type copied struct {
 	ok, skipped, ended bool
 	key                disk.Key
