@@ -76,9 +76,11 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 // references instead). A run read ahead (ahead) is registered after
 // parent but detached from it (pool.Registration.Detached), so that the
 // blocks of the sequence already used go before it. A block found corrupt
-// or missing is passed to forget (tiers.forget, which takes a.mu to tell
-// the sets that hold it: a read-ahead, which whoever frees a set for room
-// waits for under a.mu, passes one that only collects them).
+// or missing has its record marked gone and the sets that hold it told at
+// once (dropCopy, lostCopy: the pool's and the sets' locks, not a.mu), and
+// is passed to forget, which drops the record and announces it
+// (tiers.forget; a read-ahead passes one that only collects them, to
+// forget once it ends).
 func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, parent uint64,
 	find func(context.Context, disk.Key) *diskTier,
 	alloc func(context.Context, *pool.BlockSet, int) ([]pool.Block, error),
