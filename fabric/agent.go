@@ -625,7 +625,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	if err := tmpl.Validate(); err != nil {
 		return nil, err
 	}
-	may, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize))
+	may, swap, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize), best)
 	if err != nil {
 		if best != nil {
 			return a.attach(sess, best) // the layout's set with the most usable slots is the best there is
@@ -633,9 +633,15 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		return nil, err
 	}
 	// best stays: it is what this Register falls back to.
-	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }, may, best)
+	made := func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }
+	var set *pool.BlockSet
+	if swap {
+		set, err = a.swapFallback(made, may, best) // within the quota once best is freed
+	} else {
+		set, err = a.freeIdleSets(made, may, best)
+	}
 	if err != nil {
-		if best != nil && errors.Is(err, pool.ErrOutOfMemory) {
+		if best != nil && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept)) {
 			// No room for a set of the size asked (or the default): the
 			// layout's set with the most usable slots is the best there
 			// is.

@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"errors"
 	"sort"
 
 	"google.golang.org/grpc/codes"
@@ -55,23 +56,35 @@ func (a *Agent) engineShare(engine string) (quota, fair uint64, carved map[strin
 
 // makeRoomInQuota makes room for a new block set of need bytes for engine
 // within its quota, freeing its own idle sets (longest idle first) if it
-// must, or refuses with RESOURCE_EXHAUSTED naming the quota. It returns
-// which other idle sets the pool may free to fit the new one: the
-// engine's own and those of engines over a fair share, never the cached
-// sets of an engine within it. a.mu is held.
-func (a *Agent) makeRoomInQuota(engine string, need uint64) (func(*engineSet) bool, error) {
+// must, or refuses with RESOURCE_EXHAUSTED naming the quota. It never
+// frees keep, the set the Register falls back to when no new set is made
+// (nil for none): freed for a set that then does not fit (past the quota
+// still, or no room in the pool), the Register would have neither. Where
+// the quota has room only once keep, an idle set of engine's, is freed,
+// swap says so: the new set is to be made with keep standing and keep
+// freed after (swapFallback). It returns which other idle sets the pool
+// may free to fit the new one: the engine's own and those of engines over
+// a fair share, never the cached sets of an engine within it
+// (freeIdleSets keeps keep too). a.mu is held.
+func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (may func(*engineSet) bool, swap bool, err error) {
 	for {
 		quota, fair, carved := a.engineShare(engine)
+		may = func(es *engineSet) bool {
+			return es.engine == engine || carved[es.engine] > fair
+		}
 		if carved[engine]+need <= quota {
-			return func(es *engineSet) bool {
-				return es.engine == engine || carved[es.engine] > fair
-			}, nil
+			return may, false, nil
 		}
 		var idle []*engineSet
+		keepIdle := false
 		for _, es := range a.sets {
 			es.mu.Lock()
 			if es.engine == engine && len(es.users) == 0 && !es.freed {
-				idle = append(idle, es)
+				if es == keep {
+					keepIdle = es.set.Retired() == 0 // one with retired slots is never freed
+				} else {
+					idle = append(idle, es)
+				}
 			}
 			es.mu.Unlock()
 		}
@@ -83,14 +96,45 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64) (func(*engineSet) bo
 				break
 			}
 		}
-		if !freed {
-			what := "the pool divided among the engines using block sets"
-			if a.cfg.EngineQuota > 0 {
-				what = "engine_quota"
-			}
-			return nil, status.Errorf(codes.ResourceExhausted,
-				"engine %q: its block sets take %d bytes and this one needs %d, past its quota of %d (%s); drop block sets it no longer uses or end their sessions",
-				engine, carved[engine], need, quota, what)
+		if freed {
+			continue
 		}
+		if keepIdle && carved[engine]-setBytes(keep.set)+need <= quota {
+			return may, true, nil
+		}
+		what := "the pool divided among the engines using block sets"
+		if a.cfg.EngineQuota > 0 {
+			what = "engine_quota"
+		}
+		return nil, false, status.Errorf(codes.ResourceExhausted,
+			"engine %q: its block sets take %d bytes and this one needs %d, past its quota of %d (%s); drop block sets it no longer uses or end their sessions",
+			engine, carved[engine], need, quota, what)
 	}
+}
+
+// errFallbackKept is swapFallback's answer where the fallback set could
+// not be freed after the new set was made: the new set is freed again, and
+// the Register is given the fallback.
+var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
+
+// swapFallback makes the new set (made, the pool freeing what may allows)
+// while keep, the engine's idle fallback set, still stands, then frees
+// keep to bring the engine within its quota (makeRoomInQuota's swap): keep
+// is freed only once its replacement exists. Where the pool has no room for
+// the new set beside keep the error is made's (pool.ErrOutOfMemory), keep
+// untouched; where keep cannot be freed (it found a user meanwhile, or
+// is busy) the new set is freed and errFallbackKept returned. a.mu is
+// held.
+func (a *Agent) swapFallback(made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet) (*pool.BlockSet, error) {
+	set, err := a.freeIdleSets(made, may, keep)
+	if err != nil {
+		return nil, err
+	}
+	if a.freeIdleLocked(keep, 0) {
+		return set, nil
+	}
+	if ferr := a.pool.FreeBlockSet(set.ID()); ferr != nil {
+		a.log.Error("block set made to replace a fallback set not freed", "set", set.ID(), "err", ferr)
+	}
+	return nil, errFallbackKept
 }

@@ -130,3 +130,109 @@ func TestEngineQuotaAtAndPast(t *testing.T) {
 		t.Fatalf("another engine: %v", err)
 	}
 }
+
+// An engine whose idle set is the fallback of its next Register (the
+// layout's set, with fewer slots than the default count the Register asks
+// for) keeps that set when the quota has no room for a new one: the quota
+// path does not free the set the Register would then fall back to, so the
+// engine is given its old set, not told it was freed.
+func TestEngineQuotaKeepsTheFallbackSet(t *testing.T) {
+	cfg := testConfig(t, "n1") // host=16MiB: the default set is a quarter, 4 MiB
+	cfg.EngineQuota = 1 << 20  // 256 blocks of 4 KiB
+	cfg.BlockSetGrace = time.Hour
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first := func(ctx context.Context, slots uint32) (*fabricpb.RegisterResponse, error) {
+		api, _, ev := rawSession(t, ctx, a.EngineSocket())
+		return api.Register(inSession(ctx, ev.Session), &fabricpb.RegisterRequest{Engine: "q", Model: smallModel.Proto(), TpSize: 1,
+			PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: slots})
+	}
+	octx, ocancel := context.WithCancel(ctx)
+	old, err := first(octx, 128)
+	if err != nil {
+		t.Fatalf("a set of half the quota: %v", err)
+	}
+	ocancel() // its session ends: the set is idle, kept for the grace period
+	wait.For(t, 10*time.Second, "the old set idle", func() error {
+		st, err := dial(t, a).Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, b := range st.BlockSets {
+			if b.Id == old.BlockSet && b.Sessions == 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("set %d not idle: %v", old.BlockSet, st.BlockSets)
+	})
+	// The default count (4 MiB) is past the quota whatever is freed: the
+	// layout's idle set is the one this Register can have.
+	again, err := first(ctx, 0)
+	if err != nil {
+		t.Fatalf("a Register of the default count past the quota, with the engine's idle set of its layout: %v, want that set", err)
+	}
+	if again.BlockSet != old.BlockSet {
+		t.Fatalf("given set %d, want the engine's idle set %d", again.BlockSet, old.BlockSet)
+	}
+}
+
+// Where the quota has room for the engine's new set only once its idle
+// fallback set is freed, and the pool has room for the new set beside it,
+// the new set is made first and the fallback freed after: the engine gets
+// the slot count it asked for, within its quota.
+func TestEngineQuotaSwapsTheFallbackForANewSet(t *testing.T) {
+	cfg := testConfig(t, "n1") // host=16MiB
+	cfg.EngineQuota = 1 << 20  // 256 blocks of 4 KiB
+	cfg.BlockSetSlots = 200    // the default count: 800 KiB
+	cfg.BlockSetGrace = time.Hour
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg := func(ctx context.Context, slots uint32) (*fabricpb.RegisterResponse, error) {
+		api, _, ev := rawSession(t, ctx, a.EngineSocket())
+		return api.Register(inSession(ctx, ev.Session), &fabricpb.RegisterRequest{Engine: "q", Model: smallModel.Proto(), TpSize: 1,
+			PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: slots})
+	}
+	octx, ocancel := context.WithCancel(ctx)
+	old, err := reg(octx, 128)
+	if err != nil {
+		t.Fatalf("a set of half the quota: %v", err)
+	}
+	ocancel()
+	sets := func() ([]*fabricpb.BlockSet, error) {
+		st, err := dial(t, a).Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return st.BlockSets, nil
+	}
+	wait.For(t, 10*time.Second, "the old set idle", func() error {
+		bs, err := sets()
+		if err != nil {
+			return err
+		}
+		for _, b := range bs {
+			if b.Id == old.BlockSet && b.Sessions == 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("set %d not idle: %v", old.BlockSet, bs)
+	})
+	again, err := reg(ctx, 0)
+	if err != nil {
+		t.Fatalf("a Register of the default count, within the quota once the idle set is freed: %v", err)
+	}
+	if again.BlockSet == old.BlockSet {
+		t.Fatalf("given the idle set %d of 128 slots, want a new set of the default 200", old.BlockSet)
+	}
+	bs, err := sets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bs {
+		if b.Id == old.BlockSet {
+			t.Fatalf("the idle set %d is still held beside the new one: past the quota", old.BlockSet)
+		}
+	}
+}

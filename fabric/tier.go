@@ -176,11 +176,20 @@ type diskTier struct {
 	restoreTime                         latency
 }
 
-// tierEntry is a block in the tiers' recency list.
+// tierEntry is a block in the tiers' recency list. gone says its copy is
+// being deleted, or was (dropCopy): the record waits to be forgotten, and
+// no copy down is taken as complete on the strength of it (heldLocked).
 type tierEntry struct {
 	tier   int
 	key    disk.Key
 	length int
+	gone   bool
+}
+
+// tierKey is a block's copy in one tier.
+type tierKey struct {
+	tier int
+	key  disk.Key
 }
 
 // tiers are an agent's disk tiers.
@@ -205,6 +214,9 @@ type tiers struct {
 	wg     sync.WaitGroup
 	bufs   sync.Pool
 
+	// A block set's lock may be taken under mu (a copy down's end, a
+	// restore's registration: whether a tier holds the copy is decided
+	// with the set's change).
 	mu         sync.Mutex // guards what follows and the stores' opening
 	blockBytes int        // the stores' slot size; 0 until known
 	layouts    map[uint64]*layout.Layout
@@ -213,6 +225,10 @@ type tiers struct {
 	heldBytes  []int64 // per tier
 	staging    map[uint64]*engineSet
 	progress   chan struct{} // closed and replaced when a copy down has read its slot
+	// deleting counts the deletes under way of each copy (dropCopy): a
+	// copy committed there meanwhile is recorded nowhere, since the
+	// delete may take it.
+	deleting map[tierKey]int
 
 	room      atomic.Int64 // blockBytes, for offer, which may not take mu
 	queueFull atomic.Uint64
@@ -227,6 +243,10 @@ type tiers struct {
 	// from the host tier between its commit below and its record there,
 	// and right after that record (tests).
 	beforeMoved, afterMoved atomic.Pointer[func()]
+	// afterDrop, if set, is called by dropCopy right after a tier's store
+	// deleted a block's copy (tests: a set that recycles then, a copy
+	// placed then).
+	afterDrop atomic.Pointer[func(d *diskTier, k disk.Key)]
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
 	failIO atomic.Pointer[func(write, straight bool) error]
@@ -587,6 +607,75 @@ func (t *tiers) forget(d *diskTier, k disk.Key) {
 	}
 }
 
+// heldLocked says whether a tier holds k's copy: k has a record, not
+// gone. t.mu is held.
+func (t *tiers) heldLocked(k disk.Key) bool {
+	e, ok := t.pos[k]
+	return ok && !e.Value.(*tierEntry).gone
+}
+
+// dropCopy deletes tier d's copy of k. Where k's record names d (and
+// recorded is set; else that copy is left alone: it is the record's), the
+// record is marked gone and the block sets that hold k in memory are told
+// their copy below is gone (lostBelow) before the store deletes it, so
+// that no set takes the block as copied below, and recycles it as such,
+// while no tier holds the copy: a copy down that ends meanwhile is not
+// taken as complete on the strength of a gone record (heldLocked), nor is
+// a restore's block registered as copied below. The record stays, gone,
+// for the caller to forget. A copy of k committed to d while the delete
+// is under way is recorded nowhere (placed, movedDown): the delete may
+// take it. Called with neither t.mu nor announceMu held: lostBelow takes
+// the sets' locks, and a disk store's delete writes its journal.
+func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
+	tk := tierKey{d.n, k}
+	t.mu.Lock()
+	e, ok := t.pos[k]
+	ok = ok && e.Value.(*tierEntry).tier == d.n
+	if ok && !recorded {
+		t.mu.Unlock()
+		return nil
+	}
+	if ok {
+		e.Value.(*tierEntry).gone = true
+	}
+	if t.deleting == nil {
+		t.deleting = map[tierKey]int{}
+	}
+	t.deleting[tk]++
+	t.mu.Unlock()
+	if ok {
+		t.lostBelow(k)
+	}
+	err := d.store.Load().Delete(k)
+	if f := t.afterDrop.Load(); f != nil {
+		(*f)(d, k)
+	}
+	t.mu.Lock()
+	if t.deleting[tk]--; t.deleting[tk] <= 0 {
+		delete(t.deleting, tk)
+	}
+	t.mu.Unlock()
+	return err
+}
+
+// lostCopy is for a copy of k in tier d that went without dropCopy: the
+// store dropped it as it read it (its checksum failed) or found it
+// missing. Where k's record names d it is marked gone and the block sets
+// holding k are told at once, not when the record is forgotten (after a
+// read-ahead, for one). Called with neither t.mu nor announceMu held.
+func (t *tiers) lostCopy(d *diskTier, k disk.Key) {
+	t.mu.Lock()
+	e, ok := t.pos[k]
+	ok = ok && e.Value.(*tierEntry).tier == d.n
+	if ok {
+		e.Value.(*tierEntry).gone = true
+	}
+	t.mu.Unlock()
+	if ok {
+		t.lostBelow(k)
+	}
+}
+
 // order takes announceMu: from a change to the records to its
 // announcement, or while a resync reads them.
 func (t *tiers) order() {
@@ -598,14 +687,19 @@ func (t *tiers) order() {
 
 // lostBelow tells the block sets of k's shape that hold it in memory that
 // their copy below is gone, so that they copy it down again rather than
-// drop it.
+// drop it. It takes the pool's and the sets' locks, not a.mu: a restore
+// that drops a corrupt copy calls it while an agent lock holder may wait
+// for that restore (a read-ahead).
 func (t *tiers) lostBelow(k disk.Key) {
-	for _, es := range t.a.engineSets() {
-		if shapeTag(es.set.Layout()) != k.Tag {
+	if t.a.pool == nil {
+		return
+	}
+	for _, set := range t.a.pool.BlockSets() {
+		if shapeTag(set.Layout()) != k.Tag {
 			continue
 		}
-		if b, ok := es.set.Lookup(k.Hash); ok {
-			es.set.LostBelow(b) // a stale handle: recycled meanwhile, nothing to keep
+		if b, ok := set.Lookup(k.Hash); ok {
+			set.LostBelow(b) // a stale handle: recycled meanwhile, nothing to keep
 		}
 	}
 }

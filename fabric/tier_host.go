@@ -282,7 +282,10 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 // with one below already, the write below replaced that copy. Only where
 // another tier holds it is the copy below not kept. A copy of another
 // generation in h and recorded nowhere is a copy down's under way: its
-// placed finds k below and frees it.
+// placed finds k below and frees it. Nor is the copy below kept where a
+// delete of k there is under way (dropCopy), which may take it, nor where
+// the host copy is being dropped (its record gone): the record stays
+// where it is, for its dropper to forget.
 func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, length int, gen uint64) {
 	t.order()
 	t.mu.Lock()
@@ -291,8 +294,10 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 	if ok {
 		from = e.Value.(*tierEntry).tier
 	}
+	taking := t.deleting[tierKey{below.n, k}] > 0
+	moved, recorded := false, false
 	switch {
-	case from == h.n:
+	case from == h.n && !taking && !e.Value.(*tierEntry).gone:
 		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
 		}
@@ -305,26 +310,28 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		if linked {
 			t.linkLocked(k, parent) // the same block, moved
 		}
-	case from == -1:
+		moved = true
+	case from == -1 && !taking:
 		t.recordLocked(below, k, length)
+		recorded = true
 	}
 	if from != h.n {
 		st.DeleteIf(k, gen) // recorded nowhere: the copy read, if still there
 	}
 	t.mu.Unlock()
-	switch from {
-	case h.n:
+	switch {
+	case moved:
 		t.announce(true, below.n, k.Hash)
 		t.announce(false, h.n, k.Hash)
-	case -1:
+	case recorded:
 		t.announce(true, below.n, k.Hash)
 	}
 	t.announceMu.Unlock()
-	if from != h.n && from != -1 && from != below.n {
-		// Another tier holds it: the copy below is recorded nowhere.
-		if t.where(k) != below {
-			below.store.Load().Delete(k)
-		}
+	if !moved && !recorded && from != below.n {
+		// Another tier holds it, or keeps its record: the copy below is
+		// recorded nowhere (dropSecond leaves it if below records it by
+		// now).
+		t.dropSecond(below, []disk.Key{k})
 	}
 }
 
@@ -348,35 +355,20 @@ func (t *tiers) evictOldest(d *diskTier, n int) int {
 
 // evict drops the copy that record e names from its tier and forgets it,
 // if e is still its block's record: a block moved to another tier or
-// placed again meanwhile is left as it is (false). A host-memory copy is
-// deleted with its record in one step under t.mu (quick, in memory); a
-// disk tier's is deleted first, then forgotten if still recorded there.
+// placed again meanwhile is left as it is (false). The copy is deleted
+// with its record marked gone and the sets holding the block told first
+// (dropCopy), then the record forgotten.
 func (t *tiers) evict(e *list.Element) bool {
 	te := e.Value.(*tierEntry)
-	t.order()
 	t.mu.Lock()
-	if t.pos[te.key] != e {
-		t.mu.Unlock()
-		t.announceMu.Unlock()
+	ok := t.pos[te.key] == e
+	t.mu.Unlock()
+	if !ok {
 		return false
 	}
 	d := t.list[te.tier]
-	if d.isHost() {
-		if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
-			t.log.Warn("tier: evict from host memory", "hash", te.key.Hash, "err", err)
-		}
-		t.unrecordLocked(e)
-		t.mu.Unlock()
-		d.evicted.Add(1)
-		t.announce(false, d.n, te.key.Hash)
-		t.announceMu.Unlock()
-		t.lostBelow(te.key)
-		return true
-	}
-	t.mu.Unlock()
-	t.announceMu.Unlock() // the disk's delete outside it; forget takes it again
-	if err := d.store.Load().Delete(te.key); err != nil && !errors.Is(err, disk.ErrNotFound) {
-		t.log.Warn("tier: evict", "hash", te.key.Hash, "err", err)
+	if err := t.dropCopy(d, te.key, true); err != nil && !errors.Is(err, disk.ErrNotFound) {
+		t.log.Warn("tier: evict", "hash", te.key.Hash, "tier", d.n, "err", err)
 	}
 	d.evicted.Add(1)
 	t.forget(d, te.key)

@@ -230,7 +230,7 @@ func (t *tiers) worker() {
 			if out[i].ended {
 				continue // ended in copyDownBatch (Offloaded false)
 			}
-			if err := j.set.Offloaded(j.blk, out[i].ok); err != nil {
+			if err := t.offloaded(j, out[i]); err != nil {
 				t.log.Debug("tier: block copied down but its slot moved on", "hash", j.hash, "err", err)
 			}
 		}
@@ -265,12 +265,27 @@ func (t *tiers) skipped(hash uint64) {
 // tierSkipLogEvery spaces the log lines of blocks dropped for allocations.
 const tierSkipLogEvery = 10 * time.Second
 
+// offloaded ends j's copy down as c says, as copied below only where a
+// tier holds the copy still (heldLocked): checked under t.mu with the
+// set's Offloaded, so that a copy dropped meanwhile (dropCopy: marked
+// gone, then the sets told, then deleted) either is not taken as below or
+// has its mark cleared by the drop, before it goes.
+func (t *tiers) offloaded(j *offloadJob, c copied) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return j.set.Offloaded(j.blk, c.ok && t.heldLocked(c.key))
+}
+
 // copied is how a copy down of one block ended: ok, it is on disk;
 // skipped, an allocation took its slot before the copy began
 // (pool.Config.OffloadGiveUp); ended, its slot could not be read or its
 // write straight from the slot failed, and copyDownBatch ended the
-// offload already (Offloaded false).
-type copied struct{ ok, skipped, ended bool }
+// offload already (Offloaded false). key is the block's key on disk, set
+// once its shape is known.
+type copied struct {
+	ok, skipped, ended bool
+	key                disk.Key
+}
 
 // copyDownBatch writes the blocks of jobs to a disk tier and reports how
 // each copy ended. A block whose slot's memory O_DIRECT takes as it is
@@ -314,6 +329,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 			continue
 		}
 		k := disk.Key{Hash: j.hash, Tag: tag}
+		out[i].key = k
 		if d := t.where(k); d != nil {
 			t.touch(k)
 			t.link(k, j.parent)
@@ -537,6 +553,11 @@ func (t *tiers) placed(d *diskTier, k disk.Key, length int) (announce, second bo
 		t.lru(d.n).MoveToBack(e)
 		return false, false
 	}
+	if t.deleting[tierKey{d.n, k}] > 0 {
+		// A delete of k in d under way (dropCopy) may take this copy:
+		// recorded nowhere, and deleted as a second copy.
+		return false, true
+	}
 	t.recordLocked(d, k, length)
 	return true, false
 }
@@ -547,10 +568,7 @@ func (t *tiers) placed(d *diskTier, k disk.Key, length int) (announce, second bo
 // t.mu nor announceMu held.
 func (t *tiers) dropSecond(d *diskTier, ks []disk.Key) {
 	for _, k := range ks {
-		if t.where(k) == d {
-			continue
-		}
-		if err := d.store.Load().Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
+		if err := t.dropCopy(d, k, false); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: free a second copy", "hash", k.Hash, "tier", d.n, "err", err)
 		}
 	}

@@ -76,9 +76,11 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 // references instead). A run read ahead (ahead) is registered after
 // parent but detached from it (pool.Registration.Detached), so that the
 // blocks of the sequence already used go before it. A block found corrupt
-// or missing is passed to forget (tiers.forget, which takes a.mu to tell
-// the sets that hold it: a read-ahead, which whoever frees a set for room
-// waits for under a.mu, passes one that only collects them).
+// or missing has its record marked gone and the sets that hold it told at
+// once (dropCopy, lostCopy: the pool's and the sets' locks, not a.mu), and
+// is passed to forget, which drops the record and announces it
+// (tiers.forget; a read-ahead passes one that only collects them, to
+// forget once it ends).
 func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, parent uint64,
 	find func(context.Context, disk.Key) *diskTier,
 	alloc func(context.Context, *pool.BlockSet, int) ([]pool.Block, error),
@@ -191,10 +193,12 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 				switch {
 				case errors.Is(err, disk.ErrTooLarge):
 					err = fmt.Errorf("fabric: disk block %016x longer than its shape's %d bytes: %w", f.k.Hash, n+tierTrailer, disk.ErrCorrupt)
-					f.d.store.Load().Delete(f.k)
+					t.dropCopy(f.d, f.k, true)
 				case err == nil && got != n+tierTrailer:
 					err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
-					f.d.store.Load().Delete(f.k)
+					t.dropCopy(f.d, f.k, true)
+				case errors.Is(err, disk.ErrCorrupt), errors.Is(err, disk.ErrNotFound):
+					t.lostCopy(f.d, f.k) // the store dropped it (its checksum failed), or it went
 				}
 				if err == nil {
 					if pieces == nil {
@@ -210,7 +214,7 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 					if o.has && !t.a.cfg.NoChecksums {
 						if again, ok := blockSum(set, blks[i].Slot, 0, l.PageSize); ok && again != o.sum {
 							err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, o.sum, disk.ErrCorrupt)
-							f.d.store.Load().Delete(f.k)
+							t.dropCopy(f.d, f.k, true)
 						}
 					}
 				}
@@ -266,7 +270,16 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 	if len(regs) == 0 {
 		return nil, nil, cause
 	}
+	// Copied below only while a tier holds the copy still, checked under
+	// t.mu with the registration: a copy dropped since it was read
+	// (dropCopy marks its record gone, then clears the marks, then
+	// deletes it) is not taken as below.
+	t.mu.Lock()
+	for i := range regs {
+		regs[i].Below = t.heldLocked(run[i].k)
+	}
 	out, err := set.RegisterBatch(regs, parent)
+	t.mu.Unlock()
 	for _, r := range regs[len(out):] {
 		set.Abort(r.Block)
 	}

@@ -385,7 +385,9 @@ func (b *BlockSet) Abort(blk Block) error {
 // synchronised): given back, the slot would go to a later block and the
 // late copy overwrite it. A retired slot is never allocated again, and
 // the set's memory is never given to another set: FreeBlockSet frees the
-// set but withholds its memory (Metrics.Retired, Metrics.WithheldBytes).
+// set but withholds its memory. Metrics.Retired counts the slot, and
+// Metrics.WithheldBytes its memory while the set is held, all the set's
+// once it is freed.
 func (b *BlockSet) Retire(blk Block) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -397,6 +399,15 @@ func (b *BlockSet) Retire(blk Block) error {
 	s.state = Retired
 	b.retired++
 	return nil
+}
+
+// retiredBytes is the memory the Retired slots keep out of use: each
+// slot's share of the set's regions, on every rank. The lock is held.
+func (b *BlockSet) retiredBytes() uint64 {
+	if b.retired == 0 {
+		return 0
+	}
+	return uint64(b.retired) * (b.strides.Region / uint64(len(b.slots))) * uint64(len(b.offsets))
 }
 
 // Usable is how many of the set's slots may still be allocated: its
@@ -561,6 +572,7 @@ func (b *BlockSet) Metrics() Metrics {
 		Offloading:      b.offloading,
 		OffloadsGivenUp: b.givenUp,
 		Retired:         b.retired,
+		WithheldBytes:   b.retiredBytes(),
 		AllocLatency:    b.allocLat,
 		ReleaseLatency:  b.releaseLat,
 	}

@@ -113,8 +113,10 @@ type Metrics struct {
 	// Retired is the slots out of use for good (BlockSet.Retire); a
 	// pool's count includes its freed sets', so it only grows.
 	Retired int
-	// WithheldBytes is the memory of freed sets that had retired slots,
-	// given to no other set (pool metrics only).
+	// WithheldBytes is the memory retired slots keep out of use: in a set
+	// still held, the retired slots' share of its regions; of a set freed
+	// with retired slots, all its memory, which no other set gets. A
+	// pool's count includes its freed sets', so it only grows.
 	WithheldBytes uint64
 }
 
@@ -132,6 +134,7 @@ func (m *Metrics) add(o *Metrics) {
 	m.Offloading += o.Offloading
 	m.OffloadsGivenUp += o.OffloadsGivenUp
 	m.Retired += o.Retired
+	m.WithheldBytes += o.WithheldBytes
 	m.AllocLatency.merge(&o.AllocLatency)
 	m.ReleaseLatency.merge(&o.ReleaseLatency)
 }

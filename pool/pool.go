@@ -30,7 +30,8 @@ type Pool struct {
 	// that the pool's count only grows.
 	givenUpFreed uint64
 	// retiredFreed is the Retired slots of the sets freed, and withheld
-	// the bytes of their memory, which no other set gets (under mu).
+	// the bytes of the memory of those that had any, which no other set
+	// gets (under mu); Metrics adds the sets still held.
 	retiredFreed int
 	withheld     uint64
 
@@ -452,7 +453,7 @@ func (p *Pool) BlockSets() []*BlockSet {
 }
 
 // Metrics returns a snapshot summed over the block sets (and, for
-// OffloadsGivenUp and Retired, the sets freed).
+// OffloadsGivenUp, Retired and WithheldBytes, the sets freed).
 func (p *Pool) Metrics() Metrics {
 	var m Metrics
 	// The sets and the freed sets' count at one point: a set freed after

@@ -172,3 +172,55 @@ func TestFreeBlockSetWithheldWithRetiredSlot(t *testing.T) {
 		t.Fatalf("after the clean free: retired %d, withheld %d bytes; want 1 and %d", after.Retired, after.WithheldBytes, m.WithheldBytes)
 	}
 }
+
+// WithheldBytes counts the memory retired slots keep out of use in sets
+// still held (each retired slot's share of its set's regions, every rank),
+// as well as the whole memory of freed sets that had them: the agent keeps
+// sets with retired slots rather than free them, so a count of freed sets
+// alone would stay 0.
+func TestWithheldBytesCountsHeldSets(t *testing.T) {
+	l := testLayout(64, 2, layout.FullyContiguous, 4096)
+	p, b := newTestPool(t, testConfig(newManualClock(), nil), l)
+	region := uint64(0) // the set's regions, one per rank
+	for r := range 2 {
+		rb, err := b.RankBytes(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		region += uint64(len(rb))
+	}
+	perSlot := region / 64
+	if got := p.Metrics().WithheldBytes; got != 0 {
+		t.Fatalf("no slot retired: %d bytes withheld, want 0", got)
+	}
+	blks, err := b.Allocate(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, blk := range blks[:2] {
+		if err := b.Retire(blk); err != nil {
+			t.Fatal(err)
+		}
+		want := uint64(i+1) * perSlot
+		if got := b.Metrics().WithheldBytes; got != want {
+			t.Fatalf("set metrics with %d slots retired: %d bytes withheld, want %d", i+1, got, want)
+		}
+		if got := p.Metrics().WithheldBytes; got != want {
+			t.Fatalf("pool metrics with %d slots retired: %d bytes withheld, want %d", i+1, got, want)
+		}
+	}
+	// A slot given back is not withheld.
+	if err := b.Abort(blks[2]); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Metrics().WithheldBytes; got != 2*perSlot {
+		t.Fatalf("after an abort: %d bytes withheld, want %d", got, 2*perSlot)
+	}
+	// Freed, the whole set's memory is withheld, counted once.
+	if err := p.FreeBlockSet(b.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if m := p.Metrics(); m.WithheldBytes != region || m.Retired != 2 {
+		t.Fatalf("after the free: %d bytes withheld, %d slots retired; want %d and 2", m.WithheldBytes, m.Retired, region)
+	}
+}

@@ -63,7 +63,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.gauge("kvfabric_pool_registered_blocks", "Registered blocks.", float64(p.Registered))
 	e.gauge("kvfabric_pool_utilization", "Active slots over all slots.", p.Utilization)
 	e.gauge("kvfabric_pool_retired_slots", "Slots out of use for good: a device copy into them could not be confirmed and may still land.", float64(p.Retired))
-	e.gauge("kvfabric_pool_withheld_bytes", "Memory of freed block sets with retired slots, given to no other set while the agent runs.", float64(p.WithheldBytes))
+	e.gauge("kvfabric_pool_withheld_bytes", "Memory that retired slots keep out of use: their share of the block sets held, all the memory of sets freed with them (given to no other set while the agent runs).", float64(p.WithheldBytes))
 	e.gauge("kvfabric_leases", "Live leases held by peers.", float64(p.Leases))
 	e.gauge("kvfabric_leased_slots", "Slots held by at least one lease.", float64(p.Leased))
 	e.counter("kvfabric_leases_expired_total", "Leases that passed their deadline.", float64(p.LeasesExpired))

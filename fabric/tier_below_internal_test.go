@@ -1,0 +1,259 @@
+package fabric
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/pool/disk"
+)
+
+// belowSet is a pool of one block set of 4 slots, its slots registered as
+// blocks 1 to 4 (each a sequence of its own), block 1 the least recently
+// used, with block 1 alone marked as copied below; and tiers over it, of
+// one tier (a host tier where host, else a disk tier) holding block 1's
+// copy, recorded, without workers. With offloading, block 1 is not marked
+// but its copy down is under way (offered to the pool's Offload hook).
+func belowSet(t *testing.T, host, offloading bool) (*tiers, *pool.BlockSet, disk.Key) {
+	t.Helper()
+	storage, err := pool.NewHostStorage(pool.HostConfig{Size: 8 << 20, Name: "below-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { storage.Close() })
+	cfg := pool.Config{ExpiryInterval: -1}
+	if offloading {
+		cfg.Offload = func(_ *pool.BlockSet, _ pool.Block, hash, _ uint64) bool { return hash == 1 }
+	}
+	p, err := pool.New(storage, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	set, err := p.NewBlockSet(belowLayout(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blks, err := set.Allocate(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range blks {
+		reg, err := set.RegisterBatch([]pool.Registration{{Block: b, Hash: uint64(i + 1), Below: i == 0 && !offloading}}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := set.Release(reg[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := &Agent{pool: p, sets: map[pool.SetID]*engineSet{set.ID(): {set: set}}}
+	tr := &tiers{a: a, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1), blockBytes: disk.Align, ctx: context.Background()}
+	d := &diskTier{n: 0, spec: TierSpec{Kind: "disk"}}
+	if host {
+		mem, err := disk.NewMem(disk.MemConfig{Bytes: 4 * disk.Align, SlotBytes: disk.Align})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { mem.Close() })
+		d.spec.Kind = tierHost
+		d.store.Store(mem)
+	} else {
+		st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 4 * disk.Align, SlotBytes: disk.Align, Buffered: true, Logger: tr.log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		d.store.Store(st)
+	}
+	tr.list = []*diskTier{d}
+	k := disk.Key{Hash: 1, Tag: shapeTag(set.Layout())}
+	if err := d.store.Load().Put(context.Background(), k, bytes.Repeat([]byte{7}, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, d, k, disk.Align)
+	if offloading {
+		if n := set.CopyDown(); n != 1 {
+			t.Fatalf("%d copies down under way, want block 1's", n)
+		}
+	} else if !set.Below(mustLookup(t, set, 1)) {
+		t.Fatal("block 1 is not marked as copied below")
+	}
+	return tr, set, k
+}
+
+// belowLayout is a small layout of slots slots: a block of 1 KiB, which
+// with its trailer fits a tier slot of disk.Align.
+func belowLayout(slots int) *layout.Layout {
+	return &layout.Layout{Model: layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 16, DType: layout.DTypeBF16},
+		PageSize: 16, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 256, Slots: slots}
+}
+
+func mustLookup(t *testing.T, set *pool.BlockSet, hash uint64) pool.Block {
+	t.Helper()
+	b, ok := set.Lookup(hash)
+	if !ok {
+		t.Fatalf("block %d is not in the set", hash)
+	}
+	return b
+}
+
+// A tier that drops a block's copy (evicts it, from a disk tier or from
+// host memory) clears the copied-below mark of the block in memory before
+// the copy goes: a set that recycles right after the store dropped it,
+// with room to spare (AllocateSpare: only blocks with a copy below), keeps
+// the block, its only copy on the node, rather than drop it as copied.
+func TestTierDropClearsBelowFirst(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		name := "disk"
+		if host {
+			name = "host"
+		}
+		t.Run(name, func(t *testing.T) {
+			tr, set, k := belowSet(t, host, false)
+			d := tr.list[0]
+			ran := false
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k {
+					return
+				}
+				ran = true
+				if _, err := set.AllocateSpare(4, 0); err != nil {
+					t.Errorf("spare slots after the copy went: %v", err)
+				}
+			}
+			tr.afterDrop.Store(&f)
+			tr.mu.Lock()
+			e := tr.pos[k]
+			tr.mu.Unlock()
+			if !tr.evict(e) {
+				t.Fatal("the block's copy was not evicted")
+			}
+			if !ran {
+				t.Fatal("the tier dropped no copy of the block")
+			}
+			if tr.where(k) != nil {
+				t.Fatal("the tier still records the block it evicted")
+			}
+			b, ok := set.Lookup(k.Hash)
+			if !ok {
+				t.Fatal("the block is on neither the tier nor in memory: recycled as copied below after its copy went")
+			}
+			if set.Below(b) {
+				t.Fatal("the block is still marked as copied below after the tier dropped its copy")
+			}
+		})
+	}
+}
+
+// A copy down that ends after the tier dropped the block's copy (it found
+// the block recorded there and wrote nothing, or a drop took what it
+// wrote) does not mark the block as copied below: recycling with room to
+// spare keeps it. While the tier holds the copy, it does.
+func TestTierCopyDownEndedAfterDropNotBelow(t *testing.T) {
+	for _, dropped := range []bool{false, true} {
+		tr, set, k := belowSet(t, false, true)
+		b := mustLookup(t, set, 1)
+		if dropped {
+			tr.mu.Lock()
+			e := tr.pos[k]
+			tr.mu.Unlock()
+			if !tr.evict(e) {
+				t.Fatal("the block's copy was not evicted")
+			}
+		}
+		if err := tr.offloaded(&offloadJob{set: set, blk: b, hash: k.Hash}, copied{ok: true, key: k}); err != nil {
+			t.Fatal(err)
+		}
+		if got := set.Below(b); got == dropped {
+			t.Fatalf("copy dropped %v: the block marked copied below %v, want %v", dropped, got, !dropped)
+		}
+		if _, err := set.AllocateSpare(4, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := set.Lookup(k.Hash); ok == !dropped {
+			t.Fatalf("copy dropped %v: the block in memory after spare slots were taken: %v, want %v", dropped, ok, dropped)
+		}
+	}
+}
+
+// A second copy deleted from a tier (dropSecond: another tier holds the
+// block) while a commit of the block to that tier ends is recorded
+// nowhere: the delete may have taken the commit's copy, and a record of it
+// would name a tier without the block, copied below on its strength.
+func TestTierSecondCopyDeleteTakesACommitUnrecorded(t *testing.T) {
+	tr, h, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 5, Tag: 1}
+	data := bytes.Repeat([]byte{0x5a}, 3000)
+	for _, x := range []*diskTier{h, d} {
+		if err := x.store.Load().Put(ctx, k, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	placeCopy(tr, h, k, disk.Align)
+	ran := false
+	f := func(dd *diskTier, kk disk.Key) {
+		if dd != d || kk != k || ran {
+			return
+		}
+		ran = true
+		// Meanwhile the host tier's copy went, and a commit of the block
+		// to d, written before the delete, ends.
+		tr.evict(tr.lru(h.n).Front())
+		placeCopy(tr, d, k, disk.Align)
+	}
+	tr.afterDrop.Store(&f)
+	tr.dropSecond(d, []disk.Key{k})
+	if !ran {
+		t.Fatal("the second copy was not deleted")
+	}
+	tr.mu.Lock()
+	held := tr.heldLocked(k)
+	tr.mu.Unlock()
+	stored := d.store.Load().(*disk.Store).Has(k)
+	if held && !stored {
+		t.Fatalf("the block is recorded in tier %d, which does not hold it", d.n)
+	}
+}
+
+// A restore that finds a tier's copy corrupt (the store drops it as it
+// reads it) clears the copied-below mark of the sets holding the block at
+// once, not when the record is forgotten (a read-ahead forgets the blocks
+// it lost only once it ends): spare-slot recycling meanwhile keeps the
+// block.
+func TestTierCorruptCopyClearsBelowAtOnce(t *testing.T) {
+	tr, set, k := belowSet(t, true, false)
+	other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tr.list[0].store.Load().(*disk.MemStore).CorruptForTest(k, 10, 0x40) {
+		t.Fatal("the tier's copy was not corrupted")
+	}
+	find := func(_ context.Context, k disk.Key) *diskTier { return tr.where(k) }
+	alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+	var lost []disk.Key
+	forget := func(_ *diskTier, k disk.Key) { lost = append(lost, k) } // forgotten later, as a read-ahead does
+	blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
+	if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
+		t.Fatalf("restore of a corrupt copy: %d blocks, %v; want none, ErrCorrupt", len(blks), err)
+	}
+	if len(lost) != 1 || lost[0] != k {
+		t.Fatalf("blocks lost: %v, want %v", lost, k)
+	}
+	if set.Below(mustLookup(t, set, k.Hash)) {
+		t.Fatal("the block is marked as copied below after the tier dropped its corrupt copy")
+	}
+	if _, err := set.AllocateSpare(4, 0); err != nil {
+		t.Fatal(err)
+	}
+	mustLookup(t, set, k.Hash)
+}
