@@ -97,3 +97,65 @@ func TestImportDiscardsChunkReadWhileEarlierReleaseFails(t *testing.T) {
 		t.Fatalf("allocating all %d slots after the failed import: %v", n, err)
 	}
 }
+
+// The next chunk's slots and plan are taken as its lease arrives, while
+// the chunk before it still reads, not after that read: the holder holds
+// the first chunk's read until the importer's set has both chunks' slots
+// taken (or 5 s passed, within the reader's patience of 15 s). Every
+// block arrives whole and in order.
+func TestImportPreparesNextChunkWhileReading(t *testing.T) {
+	const per = 32 // testModel blocks at TP 1 in a 1 MiB chunk
+	// Room for two chunks under the holder's lease caps, which follow its
+	// pool's size.
+	const n, slots = 2 * per, 4 * per
+	var (
+		first    atomic.Uint64
+		importer atomic.Pointer[fabric.Agent]
+		setID    atomic.Uint64
+		ahead    atomic.Bool
+	)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		c.PeerTimeout = 15 * time.Second
+		if i != 0 {
+			c.ImportChunkBytes = 1 << 20
+			return
+		}
+		fabric.BeforeServeRead(c, func(_ string, lease uint64) {
+			if !first.CompareAndSwap(0, lease) {
+				return
+			}
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			deadline := time.After(5 * time.Second)
+			for {
+				if a := importer.Load(); a != nil && fabric.SetFree(a, setID.Load()) <= slots-2*per {
+					ahead.Store(true)
+					return
+				}
+				select {
+				case <-tick.C:
+				case <-deadline:
+					return
+				}
+			}
+		})
+	})
+	e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: slots}
+	hashes := produceBlocks(t, agents[0], agents[1], e, n)
+	c := dial(t, agents[1])
+	e.Name = "importer"
+	set := register(t, c, e)
+	setID.Store(set.ID)
+	importer.Store(agents[1])
+	resp, err := c.Import(context.Background(), set.ID, hashes)
+	if err != nil || len(resp.Blocks) != n {
+		t.Fatalf("import of %d blocks: %v, %d blocks (%s)", n, err, len(resp.GetBlocks()), resp.GetError())
+	}
+	checkImported(t, set, resp.Blocks, 1)
+	if !ahead.Load() {
+		t.Fatal("the second chunk's slots were not taken while the first chunk read")
+	}
+	if got := fabric.ImportChunks(agents[1]); got != 2 {
+		t.Errorf("%d chunks, want 2", got)
+	}
+}
