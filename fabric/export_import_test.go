@@ -65,13 +65,3 @@ func RetireSlot(a *Agent, id uint64) error {
 	}
 	return fmt.Errorf("block set %d: not on %s", id, a.NodeName())
 }
-
-// SetFree is how many slots of a's block set id are free to allocate.
-func SetFree(a *Agent, id uint64) int {
-	for _, es := range a.engineSets() {
-		if uint64(es.set.ID()) == id {
-			return es.set.Metrics().Free
-		}
-	}
-	return -1
-}

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
@@ -56,11 +54,6 @@ type leasedChunk struct {
 	lease   transfer.Lease
 	kept    *keptLease // nil when no lease was granted
 	err     error
-	// prep is the chunk's slots and plan, taken as soon as the lease was
-	// granted (while the chunk before it read) where the slots were free
-	// at once; nil otherwise. Whoever takes the chunk owns its slots.
-	prep    *chunkPrep
-	prepErr error // why the chunk cannot be read, found while preparing
 }
 
 // present is how many leading blocks of the chunk the lease holds, all in
@@ -120,26 +113,16 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionS
 		}
 		return f.err
 	}
-	fail := func(err error, next *pendingChunk) ([]*fabricpb.BlockRef, uint64, string, error) {
-		a.abandon(peer, s, next)
+	fail := func(err error, next <-chan *leasedChunk) ([]*fabricpb.BlockRef, uint64, string, error) {
+		a.abandon(peer, next)
 		if len(refs) > 0 {
 			err = fmt.Errorf("after %d blocks: %w", len(refs), err)
 		}
 		return refs, moved, via.String(), err
 	}
-	// ahead prepares the chunk of blocks [from, ...) as its lease
-	// arrives: what the holder leased of it whole, its slots where they
-	// are free at once, and its plan.
-	ahead := func(from int) func(*leasedChunk) {
-		return func(c *leasedChunk) {
-			if k := c.present() / want.k; k > 0 {
-				c.prep, c.prepErr = a.prepareChunk(ctx, peer, s, c, want.slice(from, from+k), true)
-			}
-		}
-	}
-	next := a.leaseChunk(ctx, peer, keeper, chunkFrom(0).src, ahead(0))
+	next := a.leaseChunk(ctx, peer, keeper, chunkFrom(0).src)
 	for off := 0; off < n; {
-		c := <-next.ch
+		c := <-next
 		next = nil
 		if c.err != nil {
 			if err := settle(); err != nil {
@@ -157,7 +140,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionS
 		// short lease ends it.
 		more := whole || (k > 0 && c.lease.Capped)
 		if whole && end < n {
-			next = a.leaseChunk(ctx, peer, keeper, chunkFrom(end).src, ahead(end))
+			next = a.leaseChunk(ctx, peer, keeper, chunkFrom(end).src)
 		}
 		got, err := a.readChunk(ctx, peer, keeper, s, c, want.slice(off, end), &via)
 		if serr := settle(); serr != nil {
@@ -183,7 +166,7 @@ func (a *Agent) fetch(ctx context.Context, holder membership.Member, s *sessionS
 			if err := settle(); err != nil {
 				return fail(err, nil)
 			}
-			next = a.leaseChunk(ctx, peer, keeper, chunkFrom(off).src, ahead(off))
+			next = a.leaseChunk(ctx, peer, keeper, chunkFrom(off).src)
 		}
 	}
 	if err := settle(); err != nil {
@@ -222,23 +205,11 @@ func (t transports) String() string {
 	return strings.Join(names, "+")
 }
 
-// pendingChunk is a chunk whose lease was asked for: ch gives it once
-// the holder answered and, where asked, it was prepared.
-type pendingChunk struct {
-	ch chan *leasedChunk
-	mu sync.Mutex
-	// dropped says the import will not read it: nothing more is
-	// prepared for it. prepared says slots were (before it was dropped).
-	dropped, prepared bool
-}
-
 // leaseChunk asks peer for a lease on hashes without waiting for the
 // answer; a granted lease is renewed by keeper from the moment it is
-// asked for, and prepare (if not nil) is called with the chunk before it
-// is handed over, unless the chunk was dropped meanwhile (abandon).
-func (a *Agent) leaseChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, hashes []uint64, prepare func(*leasedChunk)) *pendingChunk {
-	p := &pendingChunk{ch: make(chan *leasedChunk, 1)}
-	ch := p.ch
+// asked for.
+func (a *Agent) leaseChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, hashes []uint64) <-chan *leasedChunk {
+	ch := make(chan *leasedChunk, 1)
 	go func() {
 		asked := time.Now()
 		c := &leasedChunk{asked: hashes, askedAt: asked}
@@ -257,18 +228,10 @@ func (a *Agent) leaseChunk(ctx context.Context, peer *transfer.Peer, keeper *lea
 			a.releaseLater(peer, c.lease.ID)
 		case c.lease.ID != 0:
 			c.kept = keeper.keep(ctx, c.lease.ID, c.lease.Duration, asked)
-			if prepare != nil {
-				p.mu.Lock()
-				if !p.dropped {
-					prepare(c)
-					p.prepared = c.prep != nil
-				}
-				p.mu.Unlock()
-			}
 		}
 		ch <- c
 	}()
-	return p
+	return ch
 }
 
 // leaseBusyPause bounds the pause between two asks of a holder that said
@@ -297,31 +260,16 @@ func (a *Agent) leaseWhenRoom(ctx context.Context, peer *transfer.Peer, hashes [
 	}
 }
 
-// abandon gives back a chunk leased ahead that will not be read: its
-// lease to the holder and, before it returns, the slots prepared for it
-// to s (none are taken for it afterwards). Where it has no slots its
-// lease is waited for in the background: the holder may be the reason
-// the import is failing.
-func (a *Agent) abandon(peer *transfer.Peer, s *sessionSet, next *pendingChunk) {
+// abandon gives back a chunk leased ahead that will not be read.
+func (a *Agent) abandon(peer *transfer.Peer, next <-chan *leasedChunk) {
 	if next == nil {
 		return
 	}
-	next.mu.Lock()
-	next.dropped = true
-	prepared := next.prepared
-	next.mu.Unlock()
-	giveBack := func() {
-		c := <-next.ch
-		if c.err == nil && c.lease.ID != 0 {
+	a.background(func() {
+		if c := <-next; c.err == nil && c.lease.ID != 0 {
 			a.releaseLater(peer, c.lease.ID)
 		}
-		c.prep.abort(s)
-	}
-	if prepared {
-		giveBack() // handed over at once, after its preparation
-		return
-	}
-	a.background(giveBack)
+	})
 }
 
 // releaseLater gives a lease back without making the import wait: the
@@ -399,24 +347,21 @@ type finishedChunk struct {
 	err   error
 }
 
-// chunkPrep is what reading a chunk's blocks into s takes besides the
-// lease: the holder's block set, new slots and the plan into them.
-type chunkPrep struct {
-	from   []uint64 // the engine's hashes it was prepared for (part.dst)
-	set    uint64   // the holder's block set
-	blocks []pool.Block
-	plan   *layout.Plan
-	segs   []layout.Segment // the plan's, every rank's in turn
-}
-
-// prepareChunk takes new slots of s for part, the engine blocks of a
-// leased chunk that the lease holds whole, and plans the read into them.
-// ahead, it takes only slots free at once (a nil chunkPrep and no error
-// when there are none): the chunks before it still hold theirs. On
-// failure it takes nothing.
-func (a *Agent) prepareChunk(ctx context.Context, peer *transfer.Peer, s *sessionSet, c *leasedChunk, part pages, ahead bool) (*chunkPrep, error) {
+// readChunk reads part, the engine blocks of a leased chunk that the
+// lease holds whole, into new slots of s. On failure the lease is given
+// back and the slots freed; on success both are the caller's, to finish
+// or discard.
+func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *sessionSet, c *leasedChunk, part pages, moved *transports) (*arrivedChunk, error) {
+	id := c.lease.ID
+	kept := false
+	defer func() {
+		if !kept && id != 0 {
+			keeper.drop(id)
+			a.releaseLater(peer, id)
+		}
+	}()
 	k := part.blocks()
-	if k == 0 || c.lease.ID == 0 {
+	if k == 0 || id == 0 {
 		return nil, errors.New("holder no longer has the blocks")
 	}
 	set := c.lease.Blocks[0].BlockSet
@@ -441,67 +386,10 @@ func (a *Agent) prepareChunk(ctx context.Context, peer *transfer.Peer, s *sessio
 		}
 		pairs[i].Src = int(slot)
 	}
-	var blocks []pool.Block
-	if ahead {
-		if blocks, err = s.set.Allocate(k); err != nil {
-			return nil, nil
-		}
-	} else if blocks, err = a.allocateNow(ctx, s.engineSet, k); err != nil {
+	blocks, err := a.allocateNow(ctx, s.engineSet, k)
+	if err != nil {
 		return nil, localError{fmt.Errorf("local slots: %w", err)}
 	}
-	for i := range pairs {
-		pairs[i].Dst = blocks[i/part.k].Slot
-	}
-	plan, err := layout.NewPlan(src, dst, pairs)
-	if err != nil {
-		for _, b := range blocks {
-			s.set.Abort(b)
-		}
-		return nil, requestError{err}
-	}
-	var segs []layout.Segment
-	for _, r := range plan.Ranks {
-		segs = append(segs, r...)
-	}
-	return &chunkPrep{from: part.dst, set: set, blocks: blocks, plan: plan, segs: segs}, nil
-}
-
-// abort gives p's slots, if any, back to s.
-func (p *chunkPrep) abort(s *sessionSet) {
-	if p == nil {
-		return
-	}
-	for _, b := range p.blocks {
-		s.set.Abort(b)
-	}
-}
-
-// readChunk reads part, the engine blocks of a leased chunk that the
-// lease holds whole, into new slots of s (those prepared with the chunk's
-// lease, or taken now). On failure the lease is given back and the slots
-// freed; on success both are the caller's, to finish or discard.
-func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leaseKeeper, s *sessionSet, c *leasedChunk, part pages, moved *transports) (*arrivedChunk, error) {
-	id := c.lease.ID
-	kept := false
-	defer func() {
-		if !kept && id != 0 {
-			keeper.drop(id)
-			a.releaseLater(peer, id)
-		}
-	}()
-	prep, err := c.prep, c.prepErr
-	if prep != nil && !slices.Equal(prep.from, part.dst) {
-		prep.abort(s) // prepared for other blocks than these: not expected
-		prep = nil
-	}
-	if prep == nil && err == nil {
-		prep, err = a.prepareChunk(ctx, peer, s, c, part, false)
-	}
-	if err != nil {
-		prep.abort(s)
-		return nil, err
-	}
-	set, blocks, plan, segs := prep.set, prep.blocks, prep.plan, prep.segs
 	unsynced := false
 	defer func() {
 		switch {
@@ -521,6 +409,17 @@ func (a *Agent) readChunk(ctx context.Context, peer *transfer.Peer, keeper *leas
 			}
 		}
 	}()
+	for i := range pairs {
+		pairs[i].Dst = blocks[i/part.k].Slot
+	}
+	plan, err := layout.NewPlan(src, dst, pairs)
+	if err != nil {
+		return nil, requestError{err}
+	}
+	var segs []layout.Segment
+	for _, r := range plan.Ranks {
+		segs = append(segs, r...)
+	}
 	leased := c.lease.Blocks[:len(part.src)]
 	early := a.newEarlySums(s.set, blocks, leased, part.k, segs)
 	var landed transfer.Landed
