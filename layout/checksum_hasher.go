@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"sync"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -19,9 +20,9 @@ import (
 //
 // Emptying the buffer needs the Hasher's count of buffered bytes, which
 // it does not export: hasherFields mirrors its fields. inPlaceOK checks,
-// once, that the mirror has the Hasher's size and that runs fed this way
-// hash as xxh3.Hash hashes them whole; where either fails (another
-// version of xxh3), every run goes through Write as before.
+// on the first sum, that the mirror has the Hasher's size and that runs
+// fed this way hash as xxh3.Hash hashes them whole; where either fails
+// (another version of xxh3), every run goes through Write as before.
 
 const (
 	xxStripe = 64
@@ -42,11 +43,13 @@ type hasherFields struct {
 // sumHasher is an xxh3.Hasher fed as the package comment says.
 type sumHasher struct{ h xxh3.Hasher }
 
-var inPlaceOK = unsafe.Sizeof(xxh3.Hasher{}) == unsafe.Sizeof(hasherFields{}) && inPlaceAgrees()
+var inPlaceOK = sync.OnceValue(func() bool {
+	return unsafe.Sizeof(xxh3.Hasher{}) == unsafe.Sizeof(hasherFields{}) && inPlaceAgrees()
+})
 
 // write adds p to the hash.
 func (s *sumHasher) write(p []byte) {
-	if inPlaceOK {
+	if inPlaceOK() {
 		s.writeInPlace(p)
 		return
 	}

@@ -12,7 +12,7 @@ import (
 // with: otherwise every run is copied through the Hasher's buffer again
 // (still right, but several times slower).
 func TestSumHasherInPlace(t *testing.T) {
-	if !inPlaceOK {
+	if !inPlaceOK() {
 		t.Fatal("sumHasher's mirror of xxh3.Hasher does not match this xxh3: runs are hashed through its buffer")
 	}
 }
