@@ -57,12 +57,11 @@ func BlockSum(l *Layout, ranks [][]byte, slot, first, count int) (uint64, error)
 	row := uint64(l.Model.HeadDim) * esz // one (token, head)
 	page := uint64(l.PageSize)
 	// The elements go to the hash in runs of what is contiguous in one
-	// rank's memory. xxh3's streaming Hasher copies every byte written
-	// to it through its own buffer, except most of its first write; a
-	// block that is one run (TP 1, HND, a whole page, FullyContiguous) is
-	// hashed in place in one call, with the same value.
+	// rank's memory, each hashed in place but for a block's worth
+	// (sumHasher); a block that is one run (TP 1, HND, a whole page,
+	// FullyContiguous) is hashed in one call, with the same value.
 	var (
-		h       xxh3.Hasher // the zero Hasher is a fresh one
+		h       sumHasher // the zero one is a fresh one
 		written bool
 	)
 	run := struct {
@@ -75,7 +74,7 @@ func BlockSum(l *Layout, ranks [][]byte, slot, first, count int) (uint64, error)
 			return
 		}
 		if run.rank >= 0 {
-			h.Write(ranks[run.rank][run.start:run.end])
+			h.write(ranks[run.rank][run.start:run.end])
 			written = true
 		}
 		run.rank, run.start, run.end = r, off, off+n
@@ -100,6 +99,6 @@ func BlockSum(l *Layout, ranks [][]byte, slot, first, count int) (uint64, error)
 	if !written {
 		return xxh3.Hash(last), nil
 	}
-	h.Write(last)
-	return h.Sum64(), nil
+	h.write(last)
+	return h.sum64(), nil
 }
