@@ -128,6 +128,21 @@ func TestTierReadAheadBringsTheNextRun(t *testing.T) {
 	if m = readAheadMetrics(a); m.ReadAheadHits != 16 {
 		t.Fatalf("%d hits after taking two runs read ahead; want 16", m.ReadAheadHits)
 	}
+	// Status shows the same counts, on the first tier.
+	waitReadAheads(t, a, 3)
+	m = readAheadMetrics(a)
+	st, err := c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Tiers) != 1 {
+		t.Fatalf("status lists %d tiers; want 1", len(st.Tiers))
+	}
+	if got := st.Tiers[0]; got.ReadAheadBlocks != 24 || got.ReadAheadHits != 16 || got.ReadAheadUnused != m.ReadAheadUnused ||
+		m.ReadAhead != 24 {
+		t.Fatalf("status: %d read ahead, %d hits, %d unused; metrics %d, %d, %d; want 24, 16 and the metrics' unused",
+			got.ReadAheadBlocks, got.ReadAheadHits, got.ReadAheadUnused, m.ReadAhead, m.ReadAheadHits, m.ReadAheadUnused)
+	}
 }
 
 // An Acquire of blocks the read-ahead is bringing up waits for it and
