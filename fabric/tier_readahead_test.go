@@ -801,3 +801,55 @@ func TestTierReadAheadCancelledReadsNothing(t *testing.T) {
 		}
 	}
 }
+
+// A read-ahead keeps its reads going along the chain as the engine takes
+// blocks: an Acquire of the run it waits for returns once that run has
+// landed, while the reads of the blocks after it have not ended, and the
+// blocks it took make room in the same read-ahead for blocks past the run
+// it started with, read while the others are still under way; the blocks
+// read ahead are then taken from memory, byte for byte.
+func TestTierReadAheadKeepsReadingAsBlocksAreTaken(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 16) // 14 ahead: half the 28 slots the set of 32 keeps
+	index := map[uint64]int{}
+	for i, h := range hashes {
+		index[h] = i
+	}
+	release := make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
+	past := make(chan int, len(hashes))
+	fabric.HoldReadAheadReads(a, func(ctx context.Context, h uint64) {
+		i := index[h]
+		if i >= 22 {
+			past <- i // past the 14 blocks it started with (8..21)
+		}
+		if i >= 16 {
+			select { // blocks 16 on are not read until the test lets go
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+	})
+	acquireRun(t, c, set, hashes[:8], 1)
+	// 8..15 land; 16..21 are held. The Acquire takes 8..15 without them.
+	acquireRun(t, c, set, hashes[8:16], 9)
+	select {
+	case i := <-past:
+		if i > 23 {
+			// 6 reads held (16..21) of 8 at once: 2 more.
+			t.Fatalf("block %d read next; want 22 or 23, after the run it started with", i)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the blocks taken made no room for the next along the chain")
+	}
+	if started, ended, _ := fabric.ReadAheadCounts(a); started != 1 || ended != 0 {
+		t.Fatalf("%d read-aheads started, %d ended; want the one still under way", started, ended)
+	}
+	letGo()
+	fabric.HoldReadAheadReads(a, nil)
+	acquireRun(t, c, set, hashes[16:24], 17)
+	if m := readAheadMetrics(a); m.ReadAheadHits != 16 {
+		t.Fatalf("%d hits after taking blocks 8..23; want 16, all read ahead", m.ReadAheadHits)
+	}
+}
