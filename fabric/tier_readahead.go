@@ -88,6 +88,9 @@ type aheadRuns struct {
 	// reading, if set, is called by each read-ahead before each block's
 	// read, with its hash (tests: reads that do not end).
 	reading atomic.Pointer[func(ctx context.Context, hash uint64)]
+	// beforeYield, if set, is called by yieldAhead before it looks at the
+	// set's read-ahead (tests: one that ends just before).
+	beforeYield atomic.Pointer[func()]
 }
 
 // add counts a read-ahead in, unless the tiers are closing.
@@ -116,6 +119,10 @@ type setAhead struct {
 	mu     sync.Mutex
 	run    *aheadRun
 	blocks map[uint64]pool.Block // by hash, as registered
+	// ends counts the read-aheads into the set that ended (their slots
+	// registered and released, or given back): an allocation that noted
+	// it before it looked knows whether one ended since (yieldAhead).
+	ends uint64
 }
 
 // aheadRun is one read-ahead under way. Under its set's setAhead.mu:
@@ -458,6 +465,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	}
 	sa.mu.Lock()
 	sa.run = nil
+	sa.ends++
 	r.settledLocked()
 	sa.mu.Unlock()
 	close(r.done)
@@ -738,23 +746,39 @@ func (t *tiers) aheadMayHold(es *engineSet, ae *pool.AllocError) bool {
 	return ae.Spare > 0 || t.aheadUnderWay(es)
 }
 
+// aheadEnds is how many read-aheads into es have ended; an allocation
+// notes it before it looks, for yieldAhead.
+func (t *tiers) aheadEnds(es *engineSet) uint64 {
+	sa := &es.ahead
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	return sa.ends
+}
+
 // yieldAhead is what an allocation that failed with ae does about es's
-// read-ahead: where it may hold the slots (aheadMayHold), ends it and says
-// to try again; after each read-ahead that ended, and once more where none
-// ended (it may have ended just before endAhead looked, its slots given
-// back meanwhile; *retried records that try). False: the read-ahead is
-// not why, or ctx ended.
-func (t *tiers) yieldAhead(ctx context.Context, es *engineSet, ae *pool.AllocError, retried *bool) bool {
-	if !t.aheadMayHold(es, ae) {
-		return false
+// read-ahead, *seen being aheadEnds as it was before the allocation
+// looked: where the read-ahead may hold the slots (aheadMayHold), it ends
+// it and says to try again once it ended; and it says to try again where
+// one ended since the allocation looked (just before it, or before
+// endAhead did: its slots given back meanwhile). Each true moves *seen on,
+// so that it says true again only after another ends. False: the
+// read-ahead is not why, or ctx ended.
+func (t *tiers) yieldAhead(ctx context.Context, es *engineSet, ae *pool.AllocError, seen *uint64) bool {
+	if f := t.ahead.beforeYield.Load(); f != nil {
+		(*f)()
 	}
-	if t.endAhead(ctx, es) {
+	if t.aheadMayHold(es, ae) && t.endAhead(ctx, es) {
+		*seen = t.aheadEnds(es)
 		return true
 	}
-	if *retried || ctx.Err() != nil {
+	if ctx.Err() != nil {
 		return false
 	}
-	*retried = true
+	n := t.aheadEnds(es)
+	if n == *seen {
+		return false
+	}
+	*seen = n
 	return true
 }
 
