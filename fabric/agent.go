@@ -141,6 +141,13 @@ type Agent struct {
 	// modeReports are the members reported for keeping the index in
 	// another mode (cluster_index_mode.go).
 	modeReports modeReports
+
+	// registerMu orders the block sets' making and joining
+	// (blockSetForSession): taken before mu, which freeing an idle set
+	// for room lets go while it waits for the set's read-ahead
+	// (freeIdleLocked), so that no other Register acts meanwhile on what
+	// the first saw.
+	registerMu sync.Mutex
 }
 
 // Start makes an agent from cfg and starts serving. The context bounds the
@@ -591,6 +598,10 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 // every such process has exited (pid, the caller's process; 0 where
 // unknown): see engine_memory.go.
 func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout, place []int, pid int32) (*sessionSet, error) {
+	// One at a time, even where freeing an idle set for room lets a.mu go
+	// while it waits (freeIdleLocked).
+	a.registerMu.Lock()
+	defer a.registerMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if engine != "" && sess.id != 0 {

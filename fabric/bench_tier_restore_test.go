@@ -20,8 +20,8 @@ import (
 // blocks back from a disk tier (read with O_DIRECT straight into its
 // slots, checked twice; runs of 8, as an engine acquiring prefixes would, the
 // engine's calls included), with read-ahead along the sequence on (the
-// default, Config.TierReadAhead 8: the next run read while the engine
-// makes its calls) and off (an agent of its own, TierReadAhead 0), against
+// default, Config.TierReadAhead 16, 14 in its set of 32 slots: the next
+// run read while the engine makes its calls) and off (an agent of its own, TierReadAhead 0), against
 // O_DIRECT reads of as many bytes (random, so that no layer below serves
 // zeros for less) in reads of one block, one at a time,
 // from a file in the same directory, in the same run (x-direct, into one
@@ -31,7 +31,10 @@ import (
 // the restored blocks (x-slots: the bare reads into memory that is not
 // one buffer kept in the caches). x-off is read-ahead on against off
 // (off's time over on's); off-x-slots is off against the bare reads;
-// ra-hits the fraction of the blocks acquired that read-ahead brought up.
+// ra-hits the fraction of the blocks acquired that read-ahead brought up,
+// ra-starts the read-aheads started per run of 8 acquired (1 where each
+// run is read ahead on its own, less where one read-ahead follows the
+// engine along several).
 // 256 blocks of 256 KiB go down once per agent; each iteration restores
 // all of them through each agent (they go back to being disk-held as
 // later ones take their slots), on and off in turns going first.
@@ -108,6 +111,7 @@ func BenchmarkTierRestore(b *testing.B) {
 		}
 	}
 	hits0 := on.a.Metrics().Tiers[0].ReadAheadHits
+	started0, _, _ := fabric.ReadAheadCounts(on.a)
 	// On and off take turns going first, so that neither always finds the
 	// disk and the caches as the other left them.
 	for iter := 0; b.Loop(); iter++ {
@@ -142,6 +146,8 @@ func BenchmarkTierRestore(b *testing.B) {
 	b.ReportMetric(slots.Seconds()/restore.Seconds(), "x-slots")
 	b.ReportMetric(slots.Seconds()/restoreOff.Seconds(), "off-x-slots")
 	b.ReportMetric(float64(on.a.Metrics().Tiers[0].ReadAheadHits-hits0)/float64(b.N*blocks), "ra-hits")
+	started, _, _ := fabric.ReadAheadCounts(on.a)
+	b.ReportMetric(float64(started-started0)/float64(b.N*blocks/8), "ra-starts")
 }
 
 // restoreBench is one agent of BenchmarkTierRestore: a reader's set and

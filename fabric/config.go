@@ -389,10 +389,11 @@ type Config struct {
 	PoolRecycleAhead bool `json:"pool_recycle_ahead,omitempty"`
 
 	// TierReadAhead is the most blocks read ahead along a sequence after a
-	// restore from a tier into an engine's block set (tier_readahead.go):
+	// restore from a tier into an engine's block set (tier_readahead.go),
+	// ahead of use at a time (being read, or read and not yet taken):
 	// the blocks that followed the last one restored when they went down,
 	// brought up in the background into the set's spare slots, cached
-	// there unreferenced; never more than half the blocks the set keeps.
+	// there; never more than half the blocks the set keeps.
 	// 0..MaxTierReadAhead. If zero, none: zero is off, so that the setting
 	// given as 0 anywhere turns it off; DefaultConfig sets
 	// DefaultTierReadAhead.

@@ -308,14 +308,42 @@ const blockSetRetry = time.Second
 // still the set's latest timer (checked under the same lock as the users,
 // so that a session that takes the set up and drops it again in between
 // restarts the grace period); others pass 0. a.mu is held.
+//
+// Freeing for room now (timerGen 0), where the set's read-ahead is under
+// way (it holds slots busy until its reads end), it ends the read-ahead
+// and waits for it without a.mu or es.mu, so that engine calls go on
+// meanwhile (Registers excepted: blockSetForSession holds a.registerMu),
+// then takes a.mu again and looks at the set anew: a session may have
+// taken it up, or a grace timer freed it. The caller must not count on
+// what it read under a.mu before the call.
 func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
+	for waited := false; ; waited = true {
+		freed, wait := a.freeIdleOnceLocked(es, timerGen, waited)
+		if !wait {
+			return freed
+		}
+		a.mu.Unlock()
+		// Until it ends the read-ahead takes neither a.mu nor es.mu (the
+		// blocks it finds lost are forgotten after), so the wait lasts
+		// only as long as its reads.
+		ctx, cancel := context.WithTimeout(a.tiers.ctx, a.cfg.ImportTimeout)
+		a.tiers.endAhead(ctx, es)
+		cancel()
+		a.mu.Lock()
+	}
+}
+
+// freeIdleOnceLocked is freeIdleLocked under a.mu throughout: it frees es
+// if it may, or says to wait for its read-ahead first (where it frees for
+// room now, has not waited yet, and one is under way). a.mu is held.
+func (a *Agent) freeIdleOnceLocked(es *engineSet, timerGen uint64, waited bool) (freed, wait bool) {
 	es.mu.Lock()
 	defer es.mu.Unlock()
 	if es.freed || len(es.users) > 0 || (timerGen != 0 && timerGen != es.timerGen) {
-		return false
+		return false, false
 	}
 	if timerGen != 0 && a.keepAsOrphanLocked(es) {
-		return false
+		return false, false
 	}
 	if n := es.set.Retired(); n > 0 {
 		// Freed, its memory would be withheld from every other set
@@ -331,22 +359,21 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 			es.freeTimer.Stop()
 			es.freeTimer = nil
 		}
-		return false
+		return false, false
 	}
 	switch {
 	case a.tiers == nil:
-	case timerGen == 0:
+	case timerGen == 0 && !waited && a.tiers.aheadUnderWay(es):
 		// Freed for room now (for a new set, or within the engine's
 		// quota): its read-ahead holds slots busy until its reads end, so
-		// it is ended and waited for, and the set freed now rather than
-		// skipped. Until it ends the read-ahead takes neither a.mu nor
-		// es.mu (the blocks it finds lost are forgotten after), so the
-		// wait lasts only as long as its reads.
-		ctx, cancel := context.WithTimeout(a.tiers.ctx, a.cfg.ImportTimeout)
-		a.tiers.endAhead(ctx, es)
-		cancel()
+		// it is ended and waited for (without the locks), and the set
+		// freed then rather than skipped.
+		return false, true
 	default:
-		a.tiers.stopAhead(es) // its slots given back as its reads end
+		// Its slots given back as its reads end (a grace timer's free,
+		// or one started again while the last was waited for: the set
+		// may be found busy and tried again).
+		a.tiers.stopAhead(es)
 	}
 	if err := a.pool.FreeBlockSet(es.set.ID()); err != nil {
 		if errors.Is(err, pool.ErrBlockSetBusy) {
@@ -355,7 +382,7 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 		} else {
 			a.log.Error("idle block set not freed", "set", es.set.ID(), "err", err)
 		}
-		return false
+		return false, false
 	}
 	es.freed = true
 	if a.tiers != nil {
@@ -372,7 +399,7 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
 	delete(a.sets, es.set.ID())
 	a.pokeMeta()
 	a.log.Info("block set freed", "set", es.set.ID(), "engine", es.engine, "idle", time.Since(es.idleSince).Round(time.Millisecond))
-	return true
+	return true, false
 }
 
 // freeIdleSets frees the sets no session uses that may says it may free,

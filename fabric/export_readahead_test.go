@@ -24,6 +24,16 @@ func HoldReadAheads(a *Agent, f func(ctx context.Context)) {
 	a.tiers.ahead.allocated.Store(&f)
 }
 
+// HoldReadAheadReads makes each read-ahead of a call f (with its ctx and
+// the block's hash) before each block's read; nil: no call.
+func HoldReadAheadReads(a *Agent, f func(ctx context.Context, hash uint64)) {
+	if f == nil {
+		a.tiers.ahead.reading.Store(nil)
+		return
+	}
+	a.tiers.ahead.reading.Store(&f)
+}
+
 // TierLinks is how many child links a's tiers keep.
 func TierLinks(a *Agent) int { return a.tiers.links() }
 

@@ -39,17 +39,21 @@ func (a *Agent) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Bloc
 // copy down, but one that falls short while the set's read-ahead holds
 // slots (pool.AllocError.Spare, or one under way that holds its blocks
 // referenced) ends the read-ahead, waits for it within ctx and the import
-// timeout, and tries again: after each read-ahead that ended, and once
-// more where none ended (it may have ended just before).
+// timeout, and tries again: after each read-ahead that ended, there or
+// meanwhile (it may have ended just before it looked: yieldAhead).
 func (a *Agent) allocateNow(ctx context.Context, es *engineSet, n int) ([]pool.Block, error) {
+	if a.tiers == nil {
+		return es.set.Allocate(n)
+	}
+	seen := a.tiers.aheadEnds(es)
 	blks, err := es.set.Allocate(n)
 	var ae *pool.AllocError
-	if err == nil || a.tiers == nil || !errors.As(err, &ae) || !a.tiers.aheadMayHold(es, ae) {
+	if err == nil || !errors.As(err, &ae) {
 		return blks, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.ImportTimeout)
 	defer cancel()
-	for retried := false; a.tiers.yieldAhead(ctx, es, ae, &retried); {
+	for a.tiers.yieldAhead(ctx, es, ae, &seen) {
 		if blks, err = es.set.Allocate(n); err == nil || !errors.As(err, &ae) {
 			break
 		}

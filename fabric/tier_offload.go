@@ -784,19 +784,19 @@ func (t *tiers) holdings() []membership.Entry {
 // when the slots it needs are being read by copies (a copy in memory), or
 // held by the set's read-ahead (pool.AllocError.Spare, or one under way
 // that holds its blocks referenced): that it ends first, and tries again
-// (once more also where it found none under way: it may have ended just
-// before), as reading ahead is done only with room to spare, so that it
-// never makes an allocation fail that would succeed without it.
+// (also where one ended since it looked: yieldAhead), as reading ahead is
+// done only with room to spare, so that it never makes an allocation fail
+// that would succeed without it.
 func (t *tiers) allocate(ctx context.Context, es *engineSet, n int) ([]pool.Block, error) {
-	retried := false
 	for {
 		wait := t.waitProgress()
+		seen := t.aheadEnds(es)
 		blks, err := es.set.Allocate(n)
 		var ae *pool.AllocError
 		if err == nil || !errors.As(err, &ae) {
 			return blks, err
 		}
-		if t.yieldAhead(ctx, es, ae, &retried) {
+		if t.yieldAhead(ctx, es, ae, &seen) {
 			continue
 		}
 		if ae.Copying == 0 {

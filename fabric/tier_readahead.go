@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,16 +17,23 @@ import (
 // block set (Acquire, Import's fromTier, Lookup's restoreNow), and after
 // an Acquire or Import that takes blocks read ahead, the tiers start one
 // background read (at most one per set at a time) of the blocks that
-// follow X, as far as the tiers hold them: up to Config.TierReadAhead
-// blocks and half the blocks the set keeps (as Prefetch), restored as
-// Prefetch's are (registered after their parent, unreferenced, cached;
-// the first detached from it in the set, pool.Registration.Detached, so
-// that recycling takes the blocks already used, X among them, before the
-// ones read ahead rather than hold them all as one sequence),
-// into slots pool.BlockSet.AllocateSpare gives: free ones, or those of
-// unused blocks the tiers hold a copy of; never a referenced block's, nor
-// one whose only copy is the set's, nor those of the sequence it extends
-// (X and the blocks before it, just used).
+// follow X, as far as the tiers hold them, keeping up to restoreReaders
+// reads in flight and at most Config.TierReadAhead blocks, and half the
+// blocks the set keeps (as Prefetch), ahead of use: being read, or read
+// and not yet taken. Each read that completes frees its I/O slot for the
+// next block along the chain, and each block taken makes room for
+// another, so that while the engine takes one run the next is read, the
+// disk kept busy (readAhead). The blocks are restored as Prefetch's are
+// (registered after their parent, in batches as they land in order, each
+// batch's first detached from the block before it in the set,
+// pool.Registration.Detached, so that recycling takes the blocks already
+// used, X among them, before the ones read ahead rather than hold them all
+// as one sequence), and held referenced by the read-ahead until taken or
+// until it ends, then cached unreferenced; into slots
+// pool.BlockSet.AllocateSpare gives: free ones, or those of unused blocks
+// the tiers hold a copy of; never a referenced block's, nor one whose only
+// copy is the set's, nor those of the sequence it extends (X, or the last
+// block taken from the read-ahead, and the blocks before it, just used).
 //
 // Which block follows which is learnt from the copies down: the pool's
 // Offload hook gives each block's parent, and a block placed in a tier
@@ -37,9 +45,9 @@ import (
 // then.
 //
 // A restore (Acquire's, Import's, Lookup's, Prefetch's) whose leading
-// blocks include one being read ahead waits for the read-ahead (within its
-// ctx), then takes from the set the leading blocks it holds, and restores
-// the rest itself. So a block is registered once; it is read once where
+// blocks include one being read ahead waits until those have landed (or
+// the read-ahead ended, or its ctx did), then takes from the set the
+// leading blocks it holds, and restores the rest itself. So a block is registered once; it is read once where
 // the read-ahead brings the head of what the restore asks for, but read
 // again by the restore where the read-ahead brings only blocks after one
 // it does not (a copy registered meanwhile is kept: the restore's is given
@@ -48,10 +56,12 @@ import (
 // anything took it.
 
 // DefaultTierReadAhead and MaxTierReadAhead bound Config.TierReadAhead:
-// by default a restore's run (restoreReaders blocks read at once), at
-// most a restore's batch.
+// by default two restores' runs (restoreReaders blocks read at once), so
+// that the run after the one an engine waits for is read while it takes
+// that one (with one run's room, the disk idles from the last read of a
+// run until the engine takes it), at most a restore's batch.
 const (
-	DefaultTierReadAhead = restoreReaders
+	DefaultTierReadAhead = 2 * restoreReaders
 	MaxTierReadAhead     = maxRestoreBatch
 )
 
@@ -75,6 +85,12 @@ type aheadRuns struct {
 	// allocated, if set, is called by each read-ahead once it holds its
 	// slots, before it reads (tests: a read-ahead under way).
 	allocated atomic.Pointer[func(ctx context.Context)]
+	// reading, if set, is called by each read-ahead before each block's
+	// read, with its hash (tests: reads that do not end).
+	reading atomic.Pointer[func(ctx context.Context, hash uint64)]
+	// beforeYield, if set, is called by yieldAhead before it looks at the
+	// set's read-ahead (tests: one that ends just before).
+	beforeYield atomic.Pointer[func()]
 }
 
 // add counts a read-ahead in, unless the tiers are closing.
@@ -103,14 +119,45 @@ type setAhead struct {
 	mu     sync.Mutex
 	run    *aheadRun
 	blocks map[uint64]pool.Block // by hash, as registered
+	// ends counts the read-aheads into the set that ended (their slots
+	// registered and released, or given back): an allocation that noted
+	// it before it looked knows whether one ended since (yieldAhead).
+	ends uint64
 }
 
-// aheadRun is one read-ahead under way: the hashes it brings up, and done,
-// closed once they are registered and released (or given up).
+// aheadRun is one read-ahead under way. Under its set's setAhead.mu:
+// hashes are the blocks it is reading (slots allocated, not yet
+// registered nor given up); held those it registered and still
+// references, which nothing has taken yet; keep the block its next spare
+// slot may not recycle (the one it follows, then the last one taken from
+// it); landed is closed and replaced each time blocks leave hashes. room
+// (one buffered) wakes it when a block it held is taken; done is closed
+// once it is over, its blocks registered and released (or given back).
 type aheadRun struct {
 	hashes map[uint64]struct{}
+	held   map[uint64]pool.Block
+	keep   uint64
+	landed chan struct{}
+	room   chan struct{}
 	done   chan struct{}
 	cancel context.CancelFunc
+}
+
+// newAheadRun is a read-ahead that will read hashes first.
+func newAheadRun(hashes []uint64, keep uint64, cancel context.CancelFunc) *aheadRun {
+	r := &aheadRun{hashes: make(map[uint64]struct{}, len(hashes)), held: map[uint64]pool.Block{}, keep: keep,
+		landed: make(chan struct{}), room: make(chan struct{}, 1), done: make(chan struct{}), cancel: cancel}
+	for _, h := range hashes {
+		r.hashes[h] = struct{}{}
+	}
+	return r
+}
+
+// settledLocked wakes whoever waits for blocks of r to land. The set's
+// setAhead.mu is held.
+func (r *aheadRun) settledLocked() {
+	close(r.landed)
+	r.landed = make(chan struct{})
 }
 
 // link records that k's block follows parent in its sequence, if the
@@ -201,10 +248,7 @@ func (t *tiers) readAheadAfter(es *engineSet, last uint64) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(t.ctx, t.a.cfg.ImportTimeout)
-	r := &aheadRun{hashes: make(map[uint64]struct{}, len(run)), done: make(chan struct{}), cancel: cancel}
-	for _, h := range run {
-		r.hashes[h] = struct{}{}
-	}
+	r := newAheadRun(run, parent, cancel)
 	// Marked before the call that started it returns, so that the
 	// engine's next call waits for these blocks rather than read them too.
 	sa.run = r
@@ -212,7 +256,7 @@ func (t *tiers) readAheadAfter(es *engineSet, last uint64) {
 	go func() {
 		defer t.ahead.wg.Done()
 		defer cancel()
-		t.readAhead(ctx, es, r, run, parent)
+		t.readAhead(ctx, es, r, run, parent, bound)
 	}()
 }
 
@@ -243,61 +287,321 @@ func (t *tiers) chain(set *pool.BlockSet, k disk.Key, bound int) (uint64, []uint
 	return parent, run
 }
 
-// readAhead brings run up into es after parent: restored into spare
-// slots, registered, recorded as read ahead, and released.
-func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run []uint64, parent uint64) {
+// readAhead brings run up into es after parent, then the blocks that
+// follow it along the links: up to restoreReaders reads in flight at once
+// and bound blocks ahead of use (being read, or registered and not yet
+// taken). Each completed read frees its I/O slot for the next block along
+// the chain; the blocks that land in order are registered at once (each
+// batch of them detached from the one before, pool.Registration.Detached)
+// and held, referenced, until taken (aheadUsed) or until the read-ahead
+// ends, so that a restore waiting for them goes on as they land, and each
+// block taken makes room for the next. It ends where the chain does, where
+// no spare slot is left, at a read that fails, when ctx ends, or once its
+// window is full with nothing in flight; then it releases the blocks it
+// still holds (cached, unreferenced).
+func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run []uint64, parent uint64, bound int) {
 	sa := &es.ahead
-	// Not the blocks the run follows: they are the ones just used.
-	spare := func(ctx context.Context, set *pool.BlockSet, n int) ([]pool.Block, error) {
-		if err := ctx.Err(); err != nil {
-			return nil, err // ended before it began: push out no cached block for reads it will not make
-		}
-		blks, err := set.AllocateSpare(n, parent)
-		if f := t.ahead.allocated.Load(); f != nil && len(blks) > 0 {
+	set := es.set
+	l := set.Layout()
+	tag := shapeTag(l)
+	// The blocks found corrupt or missing are marked gone and their sets
+	// told at once (readBlock: dropCopy, lostCopy); their records are
+	// forgotten, and the loss announced, once the read-ahead is over.
+	// Until then a restore that finds them gone forgets them itself.
+	var lost []tierFound
+	readers := t.restoreReaders(l)
+	var (
+		queue    []*aheadRead // issued, in chain order, not yet registered
+		landed   = make(chan *aheadRead, readers)
+		inflight int
+		last     = parent // the last block issued, along the chain
+		prev     = parent // the block the next registration follows
+		stop     bool     // nothing more is issued
+		broken   bool     // a read failed: nothing after it is registered
+		slots    []pool.Block
+	)
+	sio, err := t.slotIO(set)
+	if err != nil {
+		stop = true
+	}
+	// The run's slots at once, before it reads. Not the blocks the run
+	// follows: they are the ones just used. Ended before it began: it
+	// pushes out no cached block for reads it will not make.
+	if !stop && ctx.Err() == nil {
+		slots, err = set.AllocateSpare(len(run), parent)
+		if f := t.ahead.allocated.Load(); f != nil && len(slots) > 0 {
 			(*f)(ctx)
 		}
-		return blks, err
 	}
-	// The blocks found corrupt or missing are forgotten only once the
-	// read-ahead is over: forgetting takes a.mu (tiers.lostBelow), which
-	// whoever frees es for room holds while it waits for the read-ahead
-	// (Agent.freeIdleLocked). Until then a restore that finds them gone
-	// forgets them itself.
-	type lostBlock struct {
-		d *diskTier
-		k disk.Key
-	}
-	var lost []lostBlock
-	collect := func(d *diskTier, k disk.Key) { lost = append(lost, lostBlock{d, k}) }
-	blks, own, err := t.restoreRun(ctx, es, run, parent, func(_ context.Context, k disk.Key) *diskTier { return t.where(k) }, spare, collect, true)
-	if err != nil {
-		t.log.Debug("tier: read-ahead stopped short", "set", es.set.ID(), "restored", len(blks), "err", err)
-	}
-	sa.mu.Lock()
-	for i, b := range blks {
-		if own[i] {
-			if sa.blocks == nil {
-				sa.blocks = map[uint64]pool.Block{}
-			}
-			sa.blocks[run[i]] = b
-			t.ahead.restored.Add(1)
+	// unmark gives back the slots allocated for run that were not issued.
+	unmark := func() {
+		sa.mu.Lock()
+		for _, h := range run[len(slots):] {
+			delete(r.hashes, h)
 		}
+		for i, h := range run[:len(slots)] {
+			delete(r.hashes, h)
+			set.Abort(slots[i])
+		}
+		r.settledLocked()
+		sa.mu.Unlock()
+		run, slots = nil, nil
 	}
-	sa.mu.Unlock()
-	for _, b := range blks {
-		es.set.Release(b) // cached, unreferenced; a stale handle: freed meanwhile
+	if len(slots) < len(run) {
+		if err != nil {
+			t.log.Debug("tier: read-ahead found no spare slots", "set", set.ID(), "err", err)
+		}
+		stop = true
+		sa.mu.Lock()
+		for _, h := range run[len(slots):] {
+			delete(r.hashes, h)
+		}
+		r.settledLocked()
+		sa.mu.Unlock()
+		run = run[:len(slots)]
+	}
+	ctxDone := ctx.Done()
+	for {
+		for inflight < readers && ctx.Err() == nil && (len(run) > 0 || !stop) {
+			sa.mu.Lock()
+			room := bound - len(r.held) - len(queue)
+			keep := r.keep
+			sa.mu.Unlock()
+			if room <= 0 {
+				break
+			}
+			var h uint64
+			var blk pool.Block
+			if len(run) > 0 {
+				h, blk = run[0], slots[0]
+				run, slots = run[1:], slots[1:]
+			} else {
+				c, ok := t.nextAhead(set, disk.Key{Hash: last, Tag: tag})
+				sa.mu.Lock()
+				_, reading := r.hashes[c]
+				_, holding := r.held[c]
+				sa.mu.Unlock()
+				if !ok || reading || holding {
+					stop = true // the chain ends, or comes round
+					break
+				}
+				blks, err := set.AllocateSpare(1, keep)
+				if err != nil || len(blks) == 0 {
+					stop = true
+					break
+				}
+				h, blk = c, blks[0]
+				sa.mu.Lock()
+				r.hashes[h] = struct{}{}
+				sa.mu.Unlock()
+			}
+			k := disk.Key{Hash: h, Tag: tag}
+			d := t.where(k)
+			if d == nil {
+				// Left the tiers meanwhile: the chain ends here.
+				run, slots = append([]uint64{h}, run...), append([]pool.Block{blk}, slots...)
+				unmark()
+				stop = true
+				break
+			}
+			last = h
+			rd := &aheadRead{f: tierFound{d, k}, blk: blk}
+			queue = append(queue, rd)
+			inflight++
+			go func() {
+				if f := t.ahead.reading.Load(); f != nil {
+					(*f)(ctx, rd.f.k.Hash)
+				}
+				var buf []byte // for a block not read straight into its slot
+				tr := t.trailerBuffer()
+				rd.o = t.readBlock(ctx, set, sio, &rd.f, rd.blk, &buf, tr)
+				t.trailers.Put(&tr)
+				if buf != nil {
+					t.putBuffer(buf)
+				}
+				landed <- rd
+			}()
+		}
+		if ctx.Err() != nil || (stop && len(run) > 0) {
+			stop = true
+			if len(run) > 0 {
+				unmark()
+			}
+		}
+		if len(queue) == 0 {
+			break // nothing in flight: over
+		}
+		select {
+		case rd := <-landed:
+			inflight--
+			rd.done = true
+		case <-r.room:
+		case <-ctxDone:
+			ctxDone = nil // its reads end at once; wait for them
+		}
+		n := 0
+		for n < len(queue) && queue[n].done {
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		ready := queue[:n:n]
+		queue = queue[n:]
+		prev, broken = t.registerAhead(es, r, ready, prev, broken, &lost)
+		if broken {
+			stop = true
+		}
 	}
 	// Over only once its blocks are released: whoever waits for it
 	// (endAhead, awaitAhead) finds its slots registered and free to
 	// recycle, or given back.
 	sa.mu.Lock()
+	held := r.held
+	r.held = map[uint64]pool.Block{}
+	sa.mu.Unlock()
+	for _, b := range held {
+		set.Release(b) // cached, unreferenced; a stale handle: freed meanwhile
+	}
+	sa.mu.Lock()
 	sa.run = nil
+	sa.ends++
+	r.settledLocked()
 	sa.mu.Unlock()
 	close(r.done)
 	t.ahead.ended.Add(1)
-	for _, l := range lost {
-		t.forget(l.d, l.k)
+	for _, f := range lost {
+		t.forget(f.d, f.k)
 	}
+}
+
+// aheadRead is one block of a read-ahead: where it is, its slot, and
+// its read's outcome once done.
+type aheadRead struct {
+	f    tierFound
+	blk  pool.Block
+	o    restoreOutcome
+	done bool
+}
+
+// registerAhead registers the blocks of ready (read, in chain order) that
+// came up whole into es after prev, up to the first that did not (broken:
+// one before did not, so none is registered), holds them for r (where a
+// copy was registered meanwhile under a hash, that copy is released and
+// the read-ahead's slot given back), gives back the slots of the others,
+// and wakes whoever waits for them. It returns the block the next
+// registration follows and whether a read failed; the blocks found
+// corrupt or missing are added to *lost.
+func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, prev uint64, broken bool, lost *[]tierFound) (uint64, bool) {
+	set := es.set
+	var regs []pool.Registration
+	var regd []*aheadRead
+	for _, rd := range ready {
+		if err := rd.o.err; err != nil {
+			if errors.Is(err, disk.ErrCorrupt) || errors.Is(err, disk.ErrNotFound) {
+				if errors.Is(err, disk.ErrCorrupt) {
+					t.corrupt.Add(1)
+					t.log.Warn("tier: disk block failed its check: dropped, never served", "hash", rd.f.k.Hash, "tier", rd.f.d.n, "err", err)
+				}
+				*lost = append(*lost, rd.f)
+			}
+			if !broken {
+				t.log.Debug("tier: read-ahead stopped short", "set", set.ID(), "hash", rd.f.k.Hash, "err", err)
+			}
+			broken = true
+		}
+		if broken {
+			t.abortRead(set, rd)
+			continue
+		}
+		regs = append(regs, pool.Registration{Block: rd.blk, Hash: rd.f.k.Hash, Sum: rd.o.sum, HasSum: rd.o.has && es.sums,
+			Detached: len(regs) == 0})
+		regd = append(regd, rd)
+	}
+	var out []pool.Block
+	if len(regs) > 0 {
+		// Copied below only while a tier holds the copy still, checked
+		// under t.mu with the registration, as restoreRun does.
+		t.mu.Lock()
+		for i, rd := range regd {
+			regs[i].Below = t.heldLocked(rd.f.k)
+		}
+		var err error
+		out, err = set.RegisterBatch(regs, prev)
+		t.mu.Unlock()
+		for _, rg := range regs[len(out):] {
+			set.Abort(rg.Block) // a stale handle: the set was freed
+		}
+		if err != nil {
+			t.log.Debug("tier: read-ahead not registered", "set", set.ID(), "err", err)
+			broken = true
+		}
+		for _, rd := range regd[:len(out)] {
+			t.touch(rd.f.k)
+			rd.f.d.restores.Add(1)
+			rd.f.d.restoreTime.record(rd.o.took)
+		}
+		if len(out) > 0 {
+			prev = regs[len(out)-1].Hash
+		}
+	}
+	var dup []pool.Block
+	sa := &es.ahead
+	sa.mu.Lock()
+	for i, b := range out {
+		h := regs[i].Hash
+		if b != regs[i].Block {
+			dup = append(dup, b)
+			continue
+		}
+		if sa.blocks == nil {
+			sa.blocks = map[uint64]pool.Block{}
+		}
+		sa.blocks[h] = b
+		r.held[h] = b
+		t.ahead.restored.Add(1)
+	}
+	for _, rd := range ready {
+		delete(r.hashes, rd.f.k.Hash)
+	}
+	r.settledLocked()
+	sa.mu.Unlock()
+	for _, b := range dup {
+		set.Release(b)
+	}
+	return prev, broken
+}
+
+// abortRead gives back the slot of a block read ahead and not registered;
+// one whose upload may still land (a device set's) is retired instead,
+// out of use for the set's life, as a restore's is.
+func (t *tiers) abortRead(set *pool.BlockSet, rd *aheadRead) {
+	if !errors.Is(rd.o.err, errSlotUnsynced) {
+		set.Abort(rd.blk)
+		return
+	}
+	if err := set.Retire(rd.blk); err != nil {
+		t.log.Error("tier: device slot not retired", "set", set.ID(), "slot", rd.blk.Slot, "err", err)
+	}
+	t.log.Warn("tier: a device slot retired: its restore's copy may still land", "set", set.ID(), "slot", rd.blk.Slot, "hash", rd.f.k.Hash)
+}
+
+// nextAhead is the block to read ahead after k's along the links: past
+// those set holds already (a restore brought them up meanwhile), the next
+// one, if the tiers hold it; false where the chain ends.
+func (t *tiers) nextAhead(set *pool.BlockSet, k disk.Key) (uint64, bool) {
+	for range maxRestoreBatch {
+		c, held := t.childOf(k)
+		if c == 0 || c == k.Hash {
+			return 0, false
+		}
+		if _, ok := set.Lookup(c); ok {
+			k.Hash = c
+			continue
+		}
+		return c, held
+	}
+	return 0, false
 }
 
 // pruneLocked counts and forgets the blocks read ahead into set that were
@@ -318,46 +622,78 @@ func (t *tiers) pruneLocked(sa *setAhead, set *pool.BlockSet) {
 func (t *tiers) aheadUsed(es *engineSet, h uint64, b pool.Block) bool {
 	sa := &es.ahead
 	sa.mu.Lock()
-	defer sa.mu.Unlock()
 	ab, ok := sa.blocks[h]
 	if !ok {
+		sa.mu.Unlock()
 		return false
 	}
 	delete(sa.blocks, h)
-	if ab != b {
-		t.ahead.unused.Add(1)
-		return false
-	}
-	t.ahead.hits.Add(1)
-	return true
-}
-
-// awaitAhead waits, if es's read-ahead under way brings up one of the
-// leading blocks of hashes, until it ends (or ctx does), and says whether
-// it waited.
-func (t *tiers) awaitAhead(ctx context.Context, es *engineSet, hashes []uint64) bool {
-	sa := &es.ahead
-	sa.mu.Lock()
-	r := sa.run
-	found := false
-	if r != nil {
-		for _, h := range hashes[:min(len(hashes), maxRestoreBatch)] {
-			if _, found = r.hashes[h]; found {
-				break
+	// Held by the read-ahead under way: its reference is dropped (the
+	// taker holds its own), and it has room for the next block.
+	held := false
+	if r := sa.run; r != nil {
+		if hb, ok := r.held[h]; ok && hb == ab {
+			delete(r.held, h)
+			r.keep, held = h, true
+			select {
+			case r.room <- struct{}{}:
+			default:
 			}
 		}
 	}
+	used := ab == b
+	if used {
+		t.ahead.hits.Add(1)
+	} else {
+		t.ahead.unused.Add(1)
+	}
 	sa.mu.Unlock()
-	if !found {
-		return false
+	if held {
+		es.set.Release(ab)
 	}
-	t.ahead.waits.Add(1)
-	select {
-	case <-r.done:
-	case <-ctx.Done():
-	case <-t.done:
+	return used
+}
+
+// awaitAhead waits while es's read-ahead under way is reading one of
+// the leading blocks of hashes, until each of them has landed
+// (registered, or given up), the read-ahead ends, or ctx does, and says
+// whether it waited.
+func (t *tiers) awaitAhead(ctx context.Context, es *engineSet, hashes []uint64) bool {
+	sa := &es.ahead
+	lead := hashes[:min(len(hashes), maxRestoreBatch)]
+	waited := false
+	for {
+		sa.mu.Lock()
+		r := sa.run
+		reading := false
+		if r != nil {
+			for _, h := range lead {
+				if _, reading = r.hashes[h]; reading {
+					break
+				}
+			}
+		}
+		var landed chan struct{}
+		if reading {
+			landed = r.landed
+		}
+		sa.mu.Unlock()
+		if !reading {
+			return waited
+		}
+		if !waited {
+			t.ahead.waits.Add(1)
+			waited = true
+		}
+		select {
+		case <-landed:
+		case <-r.done:
+		case <-ctx.Done():
+			return true
+		case <-t.done:
+			return true
+		}
 	}
-	return true
 }
 
 // stopAhead cancels es's read-ahead under way, if any, for a set about to
@@ -417,23 +753,39 @@ func (t *tiers) aheadMayHold(es *engineSet, ae *pool.AllocError) bool {
 	return ae.Spare > 0 || t.aheadUnderWay(es)
 }
 
+// aheadEnds is how many read-aheads into es have ended; an allocation
+// notes it before it looks, for yieldAhead.
+func (t *tiers) aheadEnds(es *engineSet) uint64 {
+	sa := &es.ahead
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	return sa.ends
+}
+
 // yieldAhead is what an allocation that failed with ae does about es's
-// read-ahead: where it may hold the slots (aheadMayHold), ends it and says
-// to try again; after each read-ahead that ended, and once more where none
-// ended (it may have ended just before endAhead looked, its slots given
-// back meanwhile; *retried records that try). False: the read-ahead is
-// not why, or ctx ended.
-func (t *tiers) yieldAhead(ctx context.Context, es *engineSet, ae *pool.AllocError, retried *bool) bool {
-	if !t.aheadMayHold(es, ae) {
-		return false
+// read-ahead, *seen being aheadEnds as it was before the allocation
+// looked: where the read-ahead may hold the slots (aheadMayHold), it ends
+// it and says to try again once it ended; and it says to try again where
+// one ended since the allocation looked (just before it, or before
+// endAhead did: its slots given back meanwhile). Each true moves *seen on,
+// so that it says true again only after another ends. False: the
+// read-ahead is not why, or ctx ended.
+func (t *tiers) yieldAhead(ctx context.Context, es *engineSet, ae *pool.AllocError, seen *uint64) bool {
+	if f := t.ahead.beforeYield.Load(); f != nil {
+		(*f)()
 	}
-	if t.endAhead(ctx, es) {
+	if t.aheadMayHold(es, ae) && t.endAhead(ctx, es) {
+		*seen = t.aheadEnds(es)
 		return true
 	}
-	if *retried || ctx.Err() != nil {
+	if ctx.Err() != nil {
 		return false
 	}
-	*retried = true
+	n := t.aheadEnds(es)
+	if n == *seen {
+		return false
+	}
+	*seen = n
 	return true
 }
 

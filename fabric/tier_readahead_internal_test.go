@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -56,6 +57,13 @@ func TestEndAheadTrueOnlyWhenItEnded(t *testing.T) {
 // cancelled.
 func aheadHoldingAll(t *testing.T) (*Agent, *engineSet) {
 	t.Helper()
+	return aheadHolding(t, false)
+}
+
+// aheadHolding is aheadHoldingAll, where spare with as many of the 4 slots
+// held as spare ones (pool.BlockSet.AllocateSpare) as the set gives.
+func aheadHolding(t *testing.T, spare bool) (*Agent, *engineSet) {
+	t.Helper()
 	storage, err := pool.NewHostStorage(pool.HostConfig{Size: 8 << 20, Name: "readahead-test"})
 	if err != nil {
 		t.Fatal(err)
@@ -71,9 +79,17 @@ func aheadHoldingAll(t *testing.T) (*Agent, *engineSet) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, err := set.Allocate(4)
-	if err != nil {
-		t.Fatal(err)
+	var held []pool.Block
+	if spare {
+		// As many spare ones as the set gives (free beyond its low
+		// watermark), the rest not.
+		if held, err = set.AllocateSpare(4, 0); err != nil || len(held) == 0 {
+			t.Fatalf("%d spare slots: %v", len(held), err)
+		}
+	}
+	rest, err := set.Allocate(4 - len(held))
+	if held = append(held, rest...); err != nil || len(held) != 4 {
+		t.Fatalf("held %d of 4 slots: %v", len(held), err)
 	}
 	a := &Agent{cfg: Config{ImportTimeout: 30 * time.Second}}
 	a.tiers = &tiers{a: a, done: make(chan struct{}), progress: make(chan struct{})}
@@ -88,6 +104,7 @@ func aheadHoldingAll(t *testing.T) (*Agent, *engineSet) {
 		}
 		es.ahead.mu.Lock()
 		es.ahead.run = nil
+		es.ahead.ends++
 		es.ahead.mu.Unlock()
 		close(r.done)
 	}()
@@ -124,5 +141,71 @@ func TestAllocateEndsAReadAheadHoldingSlotsNotSpare(t *testing.T) {
 				t.Fatalf("allocated %d of 2 slots: %v", len(blks), err)
 			}
 		})
+	}
+}
+
+// An allocation that fails while a read-ahead holds the slots it needs,
+// the read-ahead ending just before the allocation looks at it (after the
+// failed try, before yieldAhead: found none under way), tries again and
+// takes them, whether the read-ahead held them as spare slots or as its
+// registered blocks (pool.AllocError.Spare 0, where only the count of
+// read-aheads ended tells that one just ended): in the tiers' allocate and
+// in allocateNow. Once the set is full, one fails after a single look.
+func TestAllocateAfterAReadAheadEndedJustBefore(t *testing.T) {
+	allocs := []struct {
+		name  string
+		alloc func(context.Context, *Agent, *engineSet) ([]pool.Block, error)
+	}{
+		{"allocate", func(ctx context.Context, a *Agent, es *engineSet) ([]pool.Block, error) {
+			return a.tiers.allocate(ctx, es, 2)
+		}},
+		{"allocateNow", func(ctx context.Context, a *Agent, es *engineSet) ([]pool.Block, error) {
+			return a.allocateNow(ctx, es, 2)
+		}},
+	}
+	for _, tc := range allocs {
+		for _, spare := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/spare=%v", tc.name, spare), func(t *testing.T) {
+				a, es := aheadHolding(t, spare)
+				r := es.ahead.run
+				looks := 0
+				end := func() {
+					looks++
+					if looks == 1 {
+						// Ends now, between the failed try and the look.
+						r.cancel()
+						<-r.done
+						if a.tiers.aheadUnderWay(es) {
+							t.Error("the read-ahead is still under way once ended")
+						}
+					}
+				}
+				a.tiers.ahead.beforeYield.Store(&end)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				blks, err := tc.alloc(ctx, a, es)
+				if err != nil || len(blks) != 2 {
+					t.Fatalf("allocated %d of 2 slots: %v", len(blks), err)
+				}
+				if looks != 1 {
+					t.Fatalf("yieldAhead looked %d times; want 1", looks)
+				}
+				// Once the set has no slot left, an allocation fails
+				// after one look: no read-ahead ended since it looked.
+				var last int
+				for range 3 {
+					last = looks
+					if _, err = tc.alloc(ctx, a, es); err != nil {
+						break
+					}
+				}
+				if err == nil {
+					t.Fatal("a set of 4 slots gave 2 slots four times")
+				}
+				if looks != last+1 {
+					t.Fatalf("the allocation that failed looked %d times at the read-ahead; want 1", looks-last)
+				}
+			})
+		}
 	}
 }

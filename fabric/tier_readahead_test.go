@@ -128,6 +128,21 @@ func TestTierReadAheadBringsTheNextRun(t *testing.T) {
 	if m = readAheadMetrics(a); m.ReadAheadHits != 16 {
 		t.Fatalf("%d hits after taking two runs read ahead; want 16", m.ReadAheadHits)
 	}
+	// Status shows the same counts, on the first tier.
+	waitReadAheads(t, a, 3)
+	m = readAheadMetrics(a)
+	st, err := c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Tiers) != 1 {
+		t.Fatalf("status lists %d tiers; want 1", len(st.Tiers))
+	}
+	if got := st.Tiers[0]; got.ReadAheadBlocks != 24 || got.ReadAheadHits != 16 || got.ReadAheadUnused != m.ReadAheadUnused ||
+		m.ReadAhead != 24 {
+		t.Fatalf("status: %d read ahead, %d hits, %d unused; metrics %d, %d, %d; want 24, 16 and the metrics' unused",
+			got.ReadAheadBlocks, got.ReadAheadHits, got.ReadAheadUnused, m.ReadAhead, m.ReadAheadHits, m.ReadAheadUnused)
+	}
 }
 
 // An Acquire of blocks the read-ahead is bringing up waits for it and
@@ -592,6 +607,123 @@ func TestTierReadAheadEndedForRoom(t *testing.T) {
 	waitReadAheads(t, a, 1)
 }
 
+// A Register that frees an idle set for room waits for the set's
+// read-ahead without the agent's lock or the set's: while the read-ahead
+// it ended has not (held here past its cancellation), Status (which
+// takes both) and an Acquire on another set answer, the Register has not;
+// once the read-ahead ends, the Register gets its set.
+func TestTierIdleReadAheadWaitedWithoutTheAgentLock(t *testing.T) {
+	cfg := testConfig(t, "readahead-idle-unlocked")
+	cfg.Tiers = []string{"disk=" + tierDir(t) + ":64MiB"}
+	cfg.BlockSetGrace = time.Hour     // only a Register for room frees the idle set
+	cfg.Pools = []string{"host=2MiB"} // the writer's set, the reader's, and 8 slots
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	ctx := context.Background()
+	writer := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, writer, 96, a)
+	e := tierEngine
+	e.Name, e.Slots = "reader", 24 // a set of its own
+	rc := newClient(t, a)
+	reader := register(t, rc, e)
+	held := make(chan struct{}, 1)
+	ending := make(chan struct{})
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(letGo) // a failed test does not leave the Register waiting
+	fabric.HoldReadAheads(a, func(ctx context.Context) {
+		held <- struct{}{}
+		<-ctx.Done() // the Register ends it
+		close(ending)
+		<-release // and waits, holding the read-ahead's slots, until the test lets go
+	})
+	from := slices.IndexFunc(hashes, func(h uint64) bool { return !fabric.BlockSetHolds(a, writer.ID, h) })
+	for from >= 0 && from+16 <= len(hashes) && slices.ContainsFunc(hashes[from:from+16], func(h uint64) bool { return fabric.BlockSetHolds(a, writer.ID, h) }) {
+		from++
+	}
+	if from < 0 || from+16 > len(hashes) {
+		t.Fatalf("the writer's set holds blocks up to %d of %d", from, len(hashes))
+	}
+	wait.For(t, 30*time.Second, "the run and the next on disk", func() error {
+		for i := from; i < from+16; i++ {
+			if fabric.TierHolding(a, writer.ID, hashes[i]) != "disk" {
+				return fmt.Errorf("block %d not on disk", i)
+			}
+		}
+		return nil
+	})
+	acquireRun(t, rc, reader, hashes[from:from+8], uint64(from+1))
+	waitAheadHeld(t, held)
+	fabric.HoldReadAheads(a, nil)
+	rc.Close()
+	wait.For(t, 30*time.Second, "the reader's session ended", func() error {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if len(st.Sessions) != 1 {
+			return fmt.Errorf("%d sessions", len(st.Sessions))
+		}
+		return nil
+	})
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stride := uint64(reader.Layout.Strides().Block)
+	free := (st.Pools[0].SizeBytes - st.Pools[0].CarvedBytes) / stride
+	e.Slots = int(free) + e.Slots/2 // fits only with the idle set's room
+	type registered struct {
+		set *client.BlockSet
+		err error
+	}
+	done := make(chan registered, 1)
+	rc2 := newClient(t, a)
+	go func() {
+		set, err := rc2.Register(ctx, e)
+		done <- registered{set, err}
+	}()
+	select {
+	case <-ending:
+	case r := <-done:
+		t.Fatalf("the Register returned (%v) without ending the idle set's read-ahead", r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Register did not end the idle set's read-ahead")
+	}
+	// The Register waits for the read-ahead now; the engine API does not.
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err = c.Status(sctx)
+	if err != nil {
+		t.Fatalf("status while a Register waits for an idle set's read-ahead: %v", err)
+	}
+	if len(st.BlockSets) != 2 {
+		t.Fatalf("status lists %d block sets while the idle one is being freed; want 2 (the writer's, the idle reader's)", len(st.BlockSets))
+	}
+	if got := acquireChecked(t, c, writer, hashes[:1], 1); got != 1 {
+		t.Fatalf("acquired %d of the writer's first block while a Register waits", got)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("the Register returned (%v) before the read-ahead it waits for ended", r.err)
+	default:
+	}
+	letGo()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatalf("register of %d slots with room for %d beside the idle set of 24: %v", e.Slots, free, r.err)
+		}
+		if r.set.ID == reader.ID {
+			t.Fatal("given the idle set back, not a new one")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Register did not return once the read-ahead ended")
+	}
+	waitReadAheads(t, a, 1)
+}
+
 // A read-ahead whose blocks are gone from the store (an eviction deleting
 // them before it forgets their records) ends while another holds the
 // agent's lock, as a Register freeing its set for room does while it
@@ -667,5 +799,57 @@ func TestTierReadAheadCancelledReadsNothing(t *testing.T) {
 		if !fabric.TierHolds(a, h) {
 			t.Fatalf("block %d, which a cancelled read-ahead had not read yet, was read", 8+i)
 		}
+	}
+}
+
+// A read-ahead keeps its reads going along the chain as the engine takes
+// blocks: an Acquire of the run it waits for returns once that run has
+// landed, while the reads of the blocks after it have not ended, and the
+// blocks it took make room in the same read-ahead for blocks past the run
+// it started with, read while the others are still under way; the blocks
+// read ahead are then taken from memory, byte for byte.
+func TestTierReadAheadKeepsReadingAsBlocksAreTaken(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 16) // 14 ahead: half the 28 slots the set of 32 keeps
+	index := map[uint64]int{}
+	for i, h := range hashes {
+		index[h] = i
+	}
+	release := make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
+	past := make(chan int, len(hashes))
+	fabric.HoldReadAheadReads(a, func(ctx context.Context, h uint64) {
+		i := index[h]
+		if i >= 22 {
+			past <- i // past the 14 blocks it started with (8..21)
+		}
+		if i >= 16 {
+			select { // blocks 16 on are not read until the test lets go
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+	})
+	acquireRun(t, c, set, hashes[:8], 1)
+	// 8..15 land; 16..21 are held. The Acquire takes 8..15 without them.
+	acquireRun(t, c, set, hashes[8:16], 9)
+	select {
+	case i := <-past:
+		if i > 23 {
+			// 6 reads held (16..21) of 8 at once: 2 more.
+			t.Fatalf("block %d read next; want 22 or 23, after the run it started with", i)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the blocks taken made no room for the next along the chain")
+	}
+	if started, ended, _ := fabric.ReadAheadCounts(a); started != 1 || ended != 0 {
+		t.Fatalf("%d read-aheads started, %d ended; want the one still under way", started, ended)
+	}
+	letGo()
+	fabric.HoldReadAheadReads(a, nil)
+	acquireRun(t, c, set, hashes[16:24], 17)
+	if m := readAheadMetrics(a); m.ReadAheadHits != 16 {
+		t.Fatalf("%d hits after taking blocks 8..23; want 16, all read ahead", m.ReadAheadHits)
 	}
 }

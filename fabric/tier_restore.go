@@ -91,11 +91,7 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 		return nil, nil, nil
 	}
 	tag := shapeTag(l)
-	type found struct {
-		d *diskTier
-		k disk.Key
-	}
-	var run []found
+	var run []tierFound
 	limit := min(maxRestoreBatch, max(1, set.Retains()/2))
 	for _, h := range hashes {
 		k := disk.Key{Hash: h, Tag: tag}
@@ -103,7 +99,7 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 		if d == nil || len(run) == limit {
 			break
 		}
-		run = append(run, found{d, k})
+		run = append(run, tierFound{d, k})
 	}
 	if len(run) == 0 {
 		return nil, nil, nil
@@ -122,17 +118,10 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 		}
 		return nil, nil, err
 	}
-	n := tierBlockBytes(l) - tierTrailer
 	// The blocks are read, checked and copied into their slots in
 	// parallel (restoreReaders at a time); the run registered is the
 	// prefix that came up whole.
-	type outcome struct {
-		sum  uint64
-		has  bool
-		took time.Duration
-		err  error
-	}
-	outs := make([]outcome, len(run))
+	outs := make([]restoreOutcome, len(run))
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range min(t.restoreReaders(l), len(run)) {
@@ -148,77 +137,7 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 			tr := t.trailerBuffer()
 			defer t.trailers.Put(&tr)
 			for i := range next {
-				f, o := run[i], &outs[i]
-				if err := ctx.Err(); err != nil {
-					// Cancelled (a read-ahead ended for its slots):
-					// the blocks left are not read.
-					o.err = fmt.Errorf("fabric: restore of disk block %016x: %w", f.k.Hash, err)
-					continue
-				}
-				start := time.Now()
-				// Straight into the slot where O_DIRECT takes its memory
-				// as it is (the trailer into a page of its own); else
-				// into a buffer, scattered from there.
-				var pieces [][]byte
-				if h, ok := sio.(hostSlots); ok && !t.noDirect.Load() {
-					pieces = slotPieces(l, h.regions, blks[i].Slot)
-				}
-				var got int
-				var err error
-				for try := 0; ; try++ {
-					if pieces != nil {
-						got, err = f.d.store.Load().GetPieces(ctx, f.k, append(pieces, tr[:tierTrailer])...)
-						if err != nil && directRefused(err) {
-							t.directFailed(err)
-							pieces = nil // read again through a buffer
-						}
-					}
-					if pieces == nil {
-						if buf == nil {
-							buf = t.buffer()
-						}
-						got, err = f.d.store.Load().Get(ctx, f.k, buf)
-					}
-					if try > 0 || !errors.Is(err, disk.ErrNotFound) {
-						break
-					}
-					// Moved meanwhile (down from the host tier): read
-					// once more from the tier that holds it now.
-					d := t.where(f.k)
-					if d == nil || d == f.d {
-						break
-					}
-					f.d, run[i].d = d, d
-				}
-				switch {
-				case errors.Is(err, disk.ErrTooLarge):
-					err = fmt.Errorf("fabric: disk block %016x longer than its shape's %d bytes: %w", f.k.Hash, n+tierTrailer, disk.ErrCorrupt)
-					t.dropCopy(f.d, f.k, true)
-				case err == nil && got != n+tierTrailer:
-					err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
-					t.dropCopy(f.d, f.k, true)
-				case errors.Is(err, disk.ErrCorrupt), errors.Is(err, disk.ErrNotFound):
-					t.lostCopy(f.d, f.k) // the store dropped it (its checksum failed), or it went
-				}
-				if err == nil {
-					if pieces == nil {
-						err = sio.write(ctx, blks[i].Slot, buf)
-					}
-				}
-				if err == nil {
-					if pieces != nil {
-						o.sum, o.has = trailer(tr, 0)
-					} else {
-						o.sum, o.has = trailer(buf, n)
-					}
-					if o.has && !t.a.cfg.NoChecksums {
-						if again, ok := blockSum(set, blks[i].Slot, 0, l.PageSize); ok && again != o.sum {
-							err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, o.sum, disk.ErrCorrupt)
-							t.dropCopy(f.d, f.k, true)
-						}
-					}
-				}
-				o.err, o.took = err, time.Since(start)
+				outs[i] = t.readBlock(ctx, set, sio, &run[i], blks[i], &buf, tr)
 			}
 		}()
 	}
@@ -327,4 +246,98 @@ func (a *Agent) fromTier(ctx context.Context, s *sessionSet, hashes []uint64, pa
 	f := &fabricpb.Fetch{Node: a.cfg.NodeName, Transport: transport, Blocks: uint32(len(blks)),
 		Bytes: uint64(len(blks)) * l.Strides().Shard * uint64(l.TPSize), Micros: uint64(time.Since(start).Microseconds())}
 	return refs, f, nil
+}
+
+// tierFound is a block to restore and the tier that holds it.
+type tierFound struct {
+	d *diskTier
+	k disk.Key
+}
+
+// restoreOutcome is one block's read for a restore: its content checksum
+// (has: it had one), how long it took, or why it failed.
+type restoreOutcome struct {
+	sum  uint64
+	has  bool
+	took time.Duration
+	err  error
+}
+
+// readBlock reads f's block into blk's slot of set through sio: straight
+// into the slot where O_DIRECT takes its memory as it is (the trailer into
+// tr, a page of its own), else into *buf (taken from the tiers' buffers
+// if nil; the caller gives it back), scattered from there; then checks it
+// (its length, the content checksum over the slot). A block that fails a
+// check is deleted from its store (disk.ErrCorrupt). One not found where
+// f said is looked for once more in the tier that holds it now (moved down
+// meanwhile), and f updated. ctx ended: not read.
+func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f *tierFound, blk pool.Block, buf *[]byte, tr []byte) (o restoreOutcome) {
+	l := set.Layout()
+	n := tierBlockBytes(l) - tierTrailer
+	if err := ctx.Err(); err != nil {
+		// Cancelled (a read-ahead ended for its slots): the blocks left
+		// are not read.
+		o.err = fmt.Errorf("fabric: restore of disk block %016x: %w", f.k.Hash, err)
+		return o
+	}
+	start := time.Now()
+	var pieces [][]byte
+	if h, ok := sio.(hostSlots); ok && !t.noDirect.Load() {
+		pieces = slotPieces(l, h.regions, blk.Slot)
+	}
+	var got int
+	var err error
+	for try := 0; ; try++ {
+		if pieces != nil {
+			got, err = f.d.store.Load().GetPieces(ctx, f.k, append(pieces, tr[:tierTrailer])...)
+			if err != nil && directRefused(err) {
+				t.directFailed(err)
+				pieces = nil // read again through a buffer
+			}
+		}
+		if pieces == nil {
+			if *buf == nil {
+				*buf = t.buffer()
+			}
+			got, err = f.d.store.Load().Get(ctx, f.k, *buf)
+		}
+		if try > 0 || !errors.Is(err, disk.ErrNotFound) {
+			break
+		}
+		// Moved meanwhile (down from the host tier): read once more from
+		// the tier that holds it now.
+		d := t.where(f.k)
+		if d == nil || d == f.d {
+			break
+		}
+		f.d = d
+	}
+	switch {
+	case errors.Is(err, disk.ErrTooLarge):
+		err = fmt.Errorf("fabric: disk block %016x longer than its shape's %d bytes: %w", f.k.Hash, n+tierTrailer, disk.ErrCorrupt)
+		t.dropCopy(f.d, f.k, true)
+	case err == nil && got != n+tierTrailer:
+		err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
+		t.dropCopy(f.d, f.k, true)
+	case errors.Is(err, disk.ErrCorrupt), errors.Is(err, disk.ErrNotFound):
+		t.lostCopy(f.d, f.k) // the store dropped it (its checksum failed), or it went
+	}
+	if err == nil && pieces == nil {
+		err = sio.write(ctx, blk.Slot, *buf)
+	}
+	if err == nil {
+		if pieces != nil {
+			o.sum, o.has = trailer(tr, 0)
+		} else {
+			o.sum, o.has = trailer(*buf, n)
+		}
+		if o.has && !t.a.cfg.NoChecksums {
+			if again, ok := blockSum(set, blk.Slot, 0, l.PageSize); ok && again != o.sum {
+				err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, o.sum, disk.ErrCorrupt)
+				t.dropCopy(f.d, f.k, true)
+			}
+		}
+	}
+	o.err, o.took = err, time.Since(start)
+	return o
 }

@@ -100,6 +100,9 @@ func (t *tiers) status() []*fabricpb.Tier {
 			s := st.Stats()
 			ts.Blocks, ts.ChecksumFailures = uint64(s.Blocks), s.Corrupt
 		}
+		if i == 0 { // all tiers together, as in metrics
+			ts.ReadAheadBlocks, ts.ReadAheadHits, ts.ReadAheadUnused = t.ahead.restored.Load(), t.ahead.hits.Load(), t.ahead.unused.Load()
+		}
 		out[i] = ts
 	}
 	return out

@@ -8,7 +8,9 @@ import (
 )
 
 // printTiers shows the tiers under the pool (the host tier, then the disk
-// tiers), if there are any.
+// tiers), if there are any, and the blocks read ahead from them (all
+// tiers together): read ahead, taken (hits), recycled or freed untaken
+// (unused).
 func printTiers(w io.Writer, tiers []*fabricpb.Tier) {
 	if len(tiers) == 0 {
 		return
@@ -29,4 +31,7 @@ func printTiers(w io.Writer, tiers []*fabricpb.Tier) {
 			bytesString(t.Bytes), room, t.Offloads, t.Restores, t.Evictions, t.ChecksumFailures)
 	}
 	tw.Flush()
+	// Read-ahead along sequences: all tiers together, on the first.
+	r := tiers[0]
+	fmt.Fprintf(w, "read ahead: %d blocks, %d hits, %d unused\n", r.ReadAheadBlocks, r.ReadAheadHits, r.ReadAheadUnused)
 }

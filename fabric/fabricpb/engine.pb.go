@@ -2665,8 +2665,15 @@ type Tier struct {
 	Restores         uint64 `protobuf:"varint,8,opt,name=restores,proto3" json:"restores,omitempty"`
 	ChecksumFailures uint64 `protobuf:"varint,9,opt,name=checksum_failures,json=checksumFailures,proto3" json:"checksum_failures,omitempty"`
 	Evictions        uint64 `protobuf:"varint,10,opt,name=evictions,proto3" json:"evictions,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Read-ahead along sequences, all tiers together, on the first tier
+	// only (0 on the others): blocks read ahead into engines' block sets,
+	// those later taken (hits), and those recycled or freed with their set
+	// before any was taken (unused), since start.
+	ReadAheadBlocks uint64 `protobuf:"varint,11,opt,name=read_ahead_blocks,json=readAheadBlocks,proto3" json:"read_ahead_blocks,omitempty"`
+	ReadAheadHits   uint64 `protobuf:"varint,12,opt,name=read_ahead_hits,json=readAheadHits,proto3" json:"read_ahead_hits,omitempty"`
+	ReadAheadUnused uint64 `protobuf:"varint,13,opt,name=read_ahead_unused,json=readAheadUnused,proto3" json:"read_ahead_unused,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Tier) Reset() {
@@ -2765,6 +2772,27 @@ func (x *Tier) GetChecksumFailures() uint64 {
 func (x *Tier) GetEvictions() uint64 {
 	if x != nil {
 		return x.Evictions
+	}
+	return 0
+}
+
+func (x *Tier) GetReadAheadBlocks() uint64 {
+	if x != nil {
+		return x.ReadAheadBlocks
+	}
+	return 0
+}
+
+func (x *Tier) GetReadAheadHits() uint64 {
+	if x != nil {
+		return x.ReadAheadHits
+	}
+	return 0
+}
+
+func (x *Tier) GetReadAheadUnused() uint64 {
+	if x != nil {
+		return x.ReadAheadUnused
 	}
 	return 0
 }
@@ -3505,7 +3533,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	" \x01(\x04R\n" +
 	"handoffOps\x12#\n" +
 	"\rstream_errors\x18\v \x01(\x04R\fstreamErrors\x12'\n" +
-	"\x0fstream_replaces\x18\f \x01(\x04R\x0estreamReplaces\"\x9f\x02\n" +
+	"\x0fstream_replaces\x18\f \x01(\x04R\x0estreamReplaces\"\x9f\x03\n" +
 	"\x04Tier\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1d\n" +
@@ -3519,7 +3547,10 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\brestores\x18\b \x01(\x04R\brestores\x12+\n" +
 	"\x11checksum_failures\x18\t \x01(\x04R\x10checksumFailures\x12\x1c\n" +
 	"\tevictions\x18\n" +
-	" \x01(\x04R\tevictions\"\xc4\x01\n" +
+	" \x01(\x04R\tevictions\x12*\n" +
+	"\x11read_ahead_blocks\x18\v \x01(\x04R\x0freadAheadBlocks\x12&\n" +
+	"\x0fread_ahead_hits\x18\f \x01(\x04R\rreadAheadHits\x12*\n" +
+	"\x11read_ahead_unused\x18\r \x01(\x04R\x0freadAheadUnused\"\xc4\x01\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x10\n" +

@@ -524,7 +524,7 @@ class StatusResponse(_message.Message):
     def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., lane: _Optional[str] = ..., lane_fallbacks: _Optional[_Mapping[str, int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, _Mapping]]] = ..., index_mode: _Optional[str] = ..., index_replicas: _Optional[int] = ..., owned_index: _Optional[_Union[OwnedIndex, _Mapping]] = ..., index_mismatched_members: _Optional[int] = ..., gossip_bytes_in: _Optional[int] = ..., gossip_bytes_out: _Optional[int] = ...) -> None: ...
 
 class Tier(_message.Message):
-    __slots__ = ["block_bytes", "blocks", "bytes", "checksum_failures", "evictions", "kind", "offloads", "path", "restores", "size_bytes"]
+    __slots__ = ["block_bytes", "blocks", "bytes", "checksum_failures", "evictions", "kind", "offloads", "path", "read_ahead_blocks", "read_ahead_hits", "read_ahead_unused", "restores", "size_bytes"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -533,6 +533,9 @@ class Tier(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     OFFLOADS_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    READ_AHEAD_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    READ_AHEAD_HITS_FIELD_NUMBER: _ClassVar[int]
+    READ_AHEAD_UNUSED_FIELD_NUMBER: _ClassVar[int]
     RESTORES_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     block_bytes: int
@@ -543,9 +546,12 @@ class Tier(_message.Message):
     kind: str
     offloads: int
     path: str
+    read_ahead_blocks: int
+    read_ahead_hits: int
+    read_ahead_unused: int
     restores: int
     size_bytes: int
-    def __init__(self, kind: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., block_bytes: _Optional[int] = ..., offloads: _Optional[int] = ..., restores: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., evictions: _Optional[int] = ...) -> None: ...
+    def __init__(self, kind: _Optional[str] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., block_bytes: _Optional[int] = ..., offloads: _Optional[int] = ..., restores: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., evictions: _Optional[int] = ..., read_ahead_blocks: _Optional[int] = ..., read_ahead_hits: _Optional[int] = ..., read_ahead_unused: _Optional[int] = ...) -> None: ...
 
 class Tokens(_message.Message):
     __slots__ = ["ids", "lora", "salt"]
