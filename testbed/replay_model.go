@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/zeebo/xxh3"
 )
@@ -38,6 +39,28 @@ import (
 //	               is likely never to be, but neither goes while it is hot
 //	shared-lru     one cache of every engine's blocks together, least recently used
 //	               first: what a single cache of the cluster's memory would keep
+//
+// More policies, run only when ModelOptions.Caches names them (-caches):
+//
+//	lru-touch      lru, and an import's read counts as a use of the copy it reads
+//	aware-touch    cluster-aware, and an import's read counts as a use of the copy it
+//	               reads (the pool's lease of a block for a peer makes it its newest)
+//	aged-touch     cluster-aged, and an import's read counts as a use of the copy it
+//	               reads
+//	aware-global   cluster-aware, every copy ordered by its block's latest use on any
+//	               engine (use announced to every holder)
+//	keep-newest    only the copies other than the block's most recently used one go
+//	               first; every copy ordered by the block's latest use on any engine:
+//	               one shared LRU spread over the engines, as near as each engine's own
+//	               room allows
+//	keep-ranked    only the copies other than one, the holder ranked first for the
+//	               block (a hash of block and engine, known from the holders alone),
+//	               go first; otherwise aware-touch
+//	import-cold    aware-touch, and an importer files the blocks it imported (held
+//	               elsewhere) as used before any other: its copy goes first
+//	no-admit       import-cold, and an importer keeps no imported block that no block
+//	               the request computed extends (the pool keeps a parent under its
+//	               child)
 
 // Cache policies of the replay model.
 const (
@@ -45,7 +68,48 @@ const (
 	ModelClusterAware = "cluster-aware"
 	ModelSharedLRU    = "shared-lru"
 	ModelClusterAged  = "cluster-aged"
+
+	ModelLRUTouch    = "lru-touch"
+	ModelAwareTouch  = "aware-touch"
+	ModelAgedTouch   = "aged-touch"
+	ModelAwareGlobal = "aware-global"
+	ModelKeepNewest  = "keep-newest"
+	ModelKeepRanked  = "keep-ranked"
+	ModelImportCold  = "import-cold"
+	ModelNoAdmit     = "no-admit"
 )
+
+// ModelMoreCaches are the policies ModelReplay runs only when
+// ModelOptions.Caches names them.
+var ModelMoreCaches = []string{ModelLRUTouch, ModelAwareTouch, ModelAgedTouch, ModelAwareGlobal, ModelKeepNewest, ModelKeepRanked, ModelImportCold, ModelNoAdmit}
+
+// modelPolicy is what a cache policy of the model does, beyond LRU.
+type modelPolicy struct {
+	demote bool // a copy another engine holds goes first
+	keep   int  // which one copy of a shared block is not demoted (keepNone: none)
+	touch  bool // an import's read is a use of the copy read
+	global bool // a copy is ordered by its block's latest use anywhere
+	cold   bool // imported copies are filed as used before any other
+	admit  bool // imported copies no computed block extends are not kept
+	aged   bool // cluster-aged's ages instead of demote
+}
+
+const (
+	keepNone = iota
+	keepNewest
+	keepRanked
+)
+
+var modelPolicies = map[string]modelPolicy{
+	ModelLRUTouch:    {touch: true},
+	ModelAwareTouch:  {demote: true, touch: true},
+	ModelAgedTouch:   {aged: true, touch: true},
+	ModelAwareGlobal: {demote: true, touch: true, global: true},
+	ModelKeepNewest:  {demote: true, keep: keepNewest, touch: true, global: true},
+	ModelKeepRanked:  {demote: true, keep: keepRanked, touch: true},
+	ModelImportCold:  {demote: true, touch: true, cold: true},
+	ModelNoAdmit:     {demote: true, touch: true, cold: true, admit: true},
+}
 
 // ModelCaches are the model's cache policies, in the order ModelReplay
 // reports them.
@@ -73,6 +137,9 @@ type ModelOptions struct {
 	// LeavesFirst: a cache does not evict a block while it holds a block
 	// that extends it, as the pool does.
 	LeavesFirst bool
+	// Caches are the cache policies to run, of ModelCaches and
+	// ModelMoreCaches, in this order. If empty, ModelCaches.
+	Caches []string
 }
 
 // The ages cluster-aged uses by default, in caches' worth of blocks
@@ -131,6 +198,15 @@ func ModelReplay(reqs []TraceRequest, opts ModelOptions) ([]ModelResult, error) 
 	case len(reqs) == 0:
 		return nil, fmt.Errorf("%w: no requests", ErrTrace)
 	}
+	caches := opts.Caches
+	if len(caches) == 0 {
+		caches = ModelCaches
+	}
+	for _, c := range caches {
+		if _, ok := modelPolicies[c]; !ok && !slices.Contains(ModelCaches, c) {
+			return nil, fmt.Errorf("testbed: model: cache %q: want one of %v or %v", c, ModelCaches, ModelMoreCaches)
+		}
+	}
 	blocks := make([][]uint64, len(reqs))
 	for i, r := range reqs {
 		blocks[i] = modelBlocks(r)
@@ -146,7 +222,7 @@ func ModelReplay(reqs []TraceRequest, opts ModelOptions) ([]ModelResult, error) 
 	}
 	bound := ReuseBound(reqs, TraceBlockTokens)
 	var out []ModelResult
-	for _, cache := range ModelCaches {
+	for _, cache := range caches {
 		m := newCacheModel(cache, opts.Nodes, opts.CacheBlocks, opts.SharedAge, opts.FreshAge)
 		m.leaves, m.parent = opts.LeavesFirst, map[uint64]uint64{}
 		res := ModelResult{Cache: cache, Policy: opts.Policy, Nodes: opts.Nodes, CacheBlocks: opts.CacheBlocks,
@@ -208,6 +284,11 @@ type cacheModel struct {
 	// cached (the pool's rule); parent is each block's parent.
 	leaves bool
 	parent map[uint64]uint64
+	// The policies of ModelMoreCaches: what they do, and each block's
+	// latest use on any engine.
+	more   bool
+	pol    modelPolicy
+	latest map[uint64]uint64
 }
 
 // modelEntry is a block in one cache: its last use, whether it was hit
@@ -217,7 +298,8 @@ type modelEntry struct {
 	used     uint64
 	reused   bool
 	stamp    uint64
-	children int // blocks of the cache that extend it (leaves first)
+	children int  // blocks of the cache that extend it (leaves first)
+	cold     bool // import-cold: imported, not used here since
 }
 
 type modelHeapEntry struct {
@@ -247,6 +329,8 @@ func newCacheModel(policy string, nodes, size int, sharedAge, freshAge float64) 
 	if policy == ModelSharedLRU {
 		nodes, m.size = 1, nodes*size
 	}
+	m.pol, m.more = modelPolicies[policy]
+	m.latest = map[uint64]uint64{}
 	m.caches = make([]map[uint64]*modelEntry, nodes)
 	m.heaps = make([]modelHeap, nodes)
 	for i := range m.caches {
@@ -262,6 +346,9 @@ func (m *cacheModel) shared(node int, b uint64) bool {
 
 // key orders node's copy of b for eviction, lowest first.
 func (m *cacheModel) key(node int, b uint64, e *modelEntry) uint64 {
+	if m.more {
+		return m.moreKey(node, b, e)
+	}
 	k := modelBase + e.used
 	switch m.policy {
 	case ModelClusterAware:
@@ -277,6 +364,89 @@ func (m *cacheModel) key(node int, b uint64, e *modelEntry) uint64 {
 		}
 	}
 	return k
+}
+
+// moreKey is key for the policies of ModelMoreCaches.
+func (m *cacheModel) moreKey(node int, b uint64, e *modelEntry) uint64 {
+	used := e.used
+	if m.pol.global && !(m.pol.cold && e.cold) {
+		used = m.latest[b]
+	}
+	k := modelBase + used
+	if m.pol.demote && m.shared(node, b) && !m.keeps(node, b) {
+		k -= modelBase
+	}
+	if m.pol.aged {
+		if m.shared(node, b) {
+			k -= m.sharedAge
+		}
+		if !e.reused {
+			k -= m.freshAge
+		}
+	}
+	return k
+}
+
+// keeps reports whether node's copy of b is the one copy the policy keeps
+// among the holders (not demoted).
+func (m *cacheModel) keeps(node int, b uint64) bool {
+	switch m.pol.keep {
+	case keepNewest:
+		// The most recently used copy; of equals, the lowest engine's.
+		mine := m.caches[node][b].used
+		for n, h := 0, m.holders[b]; h != 0; n, h = n+1, h>>1 {
+			if h&1 != 0 && n != node {
+				u := m.caches[n][b].used
+				if u > mine || u == mine && n < node {
+					return false
+				}
+			}
+		}
+		return true
+	case keepRanked:
+		best, bestRank := -1, uint64(0)
+		for n, h := 0, m.holders[b]; h != 0; n, h = n+1, h>>1 {
+			if h&1 != 0 {
+				if r := modelRank(b, n); best < 0 || r > bestRank {
+					best, bestRank = n, r
+				}
+			}
+		}
+		return best == node
+	}
+	return false
+}
+
+// modelRank ranks engine n for block b (highest keeps).
+func modelRank(b uint64, n int) uint64 {
+	var buf [16]byte
+	binary.LittleEndian.PutUint64(buf[:8], b)
+	binary.LittleEndian.PutUint64(buf[8:], uint64(n))
+	return xxh3.Hash(buf[:])
+}
+
+// refileAll pushes every copy of b again: under the policies of
+// ModelMoreCaches a copy's key may follow the other copies' uses and
+// holders.
+func (m *cacheModel) refileAll(b uint64) {
+	for n, h := 0, m.holders[b]; h != 0; n, h = n+1, h>>1 {
+		if h&1 != 0 {
+			m.push(n, b, m.caches[n][b])
+		}
+	}
+}
+
+// use records a use of node's copy of b now.
+func (m *cacheModel) use(node int, b uint64, e *modelEntry) {
+	m.tick++
+	e.used = m.tick
+	if !m.more {
+		m.push(node, b, e)
+		return
+	}
+	e.cold = false
+	m.latest[b] = m.tick
+	m.refileAll(b)
 }
 
 // push (re)files node's copy of b in its heap under its current key.
@@ -303,6 +473,10 @@ func (m *cacheModel) rebuild(node int) {
 // refile pushes the copies of b whose key depends on who else holds it,
 // after holders of b changed from was.
 func (m *cacheModel) refile(b uint64, was uint64) {
+	if m.more {
+		m.refileAll(b)
+		return
+	}
 	if m.policy != ModelClusterAware && m.policy != ModelClusterAged {
 		return
 	}
@@ -333,6 +507,7 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 		e.reused = true
 		local++
 	}
+	var cold map[uint64]bool // import-cold: imported copies new here
 	for _, b := range blocks[local:] {
 		h := m.holders[b]
 		if h == 0 {
@@ -341,25 +516,44 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 		// The importer reads the copy of the lowest-numbered holder.
 		n := bits.TrailingZeros64(h)
 		e := m.caches[n][b]
-		if !e.reused {
+		switch {
+		case m.more:
+			e.reused = true
+			if m.pol.touch {
+				m.use(n, b, e)
+			}
+			if _, here := c[b]; m.pol.cold && !here {
+				if cold == nil {
+					cold = map[uint64]bool{}
+				}
+				cold[b] = true
+			}
+		case !e.reused:
 			e.reused = true
 			m.push(n, b, e)
 		}
 		imported++
 	}
 	blocks = blocks[:min(len(blocks), keep)]
+	if m.pol.admit {
+		// No imported block that no computed block extends.
+		end := len(blocks)
+		for end > 0 && cold[blocks[end-1]] {
+			end--
+		}
+		blocks = blocks[:end]
+	}
 	// The request's blocks are in use while it runs: none is a victim.
 	inUse := make(map[uint64]bool, len(blocks))
 	for _, b := range blocks {
 		inUse[b] = true
 	}
 	if m.leaves {
-		m.store(node, blocks, inUse)
+		m.store(node, blocks, inUse, cold)
 		return local, imported
 	}
 	for i := len(blocks) - 1; i >= 0; i-- {
 		b := blocks[i]
-		m.tick++
 		e, ok := c[b]
 		if !ok {
 			if len(c) >= m.size {
@@ -371,16 +565,27 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 			m.holders[b] = was | 1<<node
 			m.refile(b, was)
 		}
-		e.used = m.tick
-		m.push(node, b, e)
+		m.touch(node, b, e, cold[b])
 	}
 	return local, imported
+}
+
+// touch files node's copy of b, stored or hit by a request, as used now,
+// or (an imported copy new here, import-cold) as used before any other.
+func (m *cacheModel) touch(node int, b uint64, e *modelEntry, cold bool) {
+	if !cold {
+		m.use(node, b, e)
+		return
+	}
+	m.tick++
+	e.cold, e.used = true, 0
+	m.refileAll(b)
 }
 
 // store caches blocks on node under the leaves-first rule: each block
 // first, head to tail, so that a block's parent is there before it (and
 // counts it), then touched from tail to head.
-func (m *cacheModel) store(node int, blocks []uint64, inUse map[uint64]bool) {
+func (m *cacheModel) store(node int, blocks []uint64, inUse, cold map[uint64]bool) {
 	c := m.caches[node]
 	for i, b := range blocks {
 		if _, ok := c[b]; ok {
@@ -399,10 +604,7 @@ func (m *cacheModel) store(node int, blocks []uint64, inUse map[uint64]bool) {
 		m.refile(b, was)
 	}
 	for i := len(blocks) - 1; i >= 0; i-- {
-		m.tick++
-		e := c[blocks[i]]
-		e.used = m.tick
-		m.push(node, blocks[i], e)
+		m.touch(node, blocks[i], c[blocks[i]], cold[blocks[i]])
 	}
 }
 
@@ -440,6 +642,7 @@ func (m *cacheModel) evict(node int, inUse map[uint64]bool) {
 		was := m.holders[x.block]
 		if now := was &^ (1 << node); now == 0 {
 			delete(m.holders, x.block)
+			delete(m.latest, x.block)
 		} else {
 			m.holders[x.block] = now
 			m.refile(x.block, was)

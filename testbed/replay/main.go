@@ -75,6 +75,7 @@ func run(args []string, stdout io.Writer) error {
 	sharedAge := fs.Float64("shared-age", testbed.ModelSharedAge, "-model: how many caches' worth of stores older cluster-aged counts a block another engine holds (1e-9: none)")
 	freshAge := fs.Float64("fresh-age", testbed.ModelFreshAge, "-model: how many caches' worth of stores older cluster-aged counts a block not hit since it was stored (1e-9: none)")
 	leavesFirst := fs.Bool("leaves-first", false, "-model: no cache evicts a block while it holds one that extends it, as the pool does")
+	caches := fs.String("caches", "", "-model: the cache policies to run, comma-separated, of "+strings.Join(testbed.ModelCaches, ", ")+" and "+strings.Join(testbed.ModelMoreCaches, ", ")+" (see testbed.ModelReplay; if empty, the first four)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -126,6 +127,11 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if *modelRun {
 		opts := testbed.ModelOptions{Nodes: *nodes, CacheBlocks: *cache, Seed: *seed, SharedAge: *sharedAge, FreshAge: *freshAge, LeavesFirst: *leavesFirst}
+		if *caches != "" {
+			for _, c := range strings.Split(*caches, ",") {
+				opts.Caches = append(opts.Caches, strings.TrimSpace(c))
+			}
+		}
 		return runModel(stdout, reqs, opts, *policy, *asJSON)
 	}
 

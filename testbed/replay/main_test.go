@@ -143,6 +143,7 @@ func TestFlagsRefused(t *testing.T) {
 		{[]string{"-generate", "/nonexistent/dir/t.jsonl"}, "no such file"},
 		{[]string{"-policy", "random,fastest"}, "\"fastest\" is not"},
 		{[]string{"-model", "-requests", "10", "-shared-age", "-1"}, "ages -1"},
+		{[]string{"-model", "-requests", "10", "-policy", "random", "-caches", "lru,fifo"}, "cache \"fifo\""},
 	} {
 		err := run(c.args, new(bytes.Buffer))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
