@@ -58,6 +58,14 @@ import (
 //	               go first; otherwise aware-touch
 //	import-cold    aware-touch, and an importer files the blocks it imported (held
 //	               elsewhere) as used before any other: its copy goes first
+//	aware-interior aware-touch, and a copy another engine holds may go before the
+//	               blocks that extend it here (-leaves-first then holds only for
+//	               blocks no other engine holds; a block stored again under a child
+//	               kept here does not count that child)
+//	aware-spill    aware-touch, and a block only this engine holds, when it is the
+//	               victim, moves to the engine with room or whose next victim is
+//	               older (which goes instead): not an order but a copy between
+//	               engines per eviction, to show what each engine's own room costs
 //	no-admit       import-cold, and an importer keeps no imported block that no block
 //	               the request computed extends (the pool keeps a parent under its
 //	               child)
@@ -77,11 +85,13 @@ const (
 	ModelKeepRanked  = "keep-ranked"
 	ModelImportCold  = "import-cold"
 	ModelNoAdmit     = "no-admit"
+	ModelInterior    = "aware-interior"
+	ModelSpill       = "aware-spill"
 )
 
 // ModelMoreCaches are the policies ModelReplay runs only when
 // ModelOptions.Caches names them.
-var ModelMoreCaches = []string{ModelLRUTouch, ModelAwareTouch, ModelAgedTouch, ModelAwareGlobal, ModelKeepNewest, ModelKeepRanked, ModelImportCold, ModelNoAdmit}
+var ModelMoreCaches = []string{ModelLRUTouch, ModelAwareTouch, ModelAgedTouch, ModelAwareGlobal, ModelKeepNewest, ModelKeepRanked, ModelImportCold, ModelNoAdmit, ModelInterior, ModelSpill}
 
 // modelPolicy is what a cache policy of the model does, beyond LRU.
 type modelPolicy struct {
@@ -92,6 +102,8 @@ type modelPolicy struct {
 	cold   bool // imported copies are filed as used before any other
 	admit  bool // imported copies no computed block extends are not kept
 	aged   bool // cluster-aged's ages instead of demote
+	inner  bool // a demoted copy may go before the blocks extending it
+	spill  bool // a sole copy evicted moves to an engine with an older victim
 }
 
 const (
@@ -109,6 +121,8 @@ var modelPolicies = map[string]modelPolicy{
 	ModelKeepRanked:  {demote: true, keep: keepRanked, touch: true},
 	ModelImportCold:  {demote: true, touch: true, cold: true},
 	ModelNoAdmit:     {demote: true, touch: true, cold: true, admit: true},
+	ModelInterior:    {demote: true, touch: true, inner: true},
+	ModelSpill:       {demote: true, touch: true, spill: true},
 }
 
 // ModelCaches are the model's cache policies, in the order ModelReplay
@@ -284,6 +298,8 @@ type cacheModel struct {
 	// cached (the pool's rule); parent is each block's parent.
 	leaves bool
 	parent map[uint64]uint64
+	// spilling: an eviction for a spilled block, which does not spill.
+	spilling bool
 	// The policies of ModelMoreCaches: what they do, and each block's
 	// latest use on any engine.
 	more   bool
@@ -628,8 +644,11 @@ func (m *cacheModel) evict(node int, inUse map[uint64]bool) {
 			aside = append(aside, x)
 			continue
 		}
-		if e.children > 0 {
+		if m.blocked(e, x) {
 			continue // pushed again when its last child goes
+		}
+		if m.pol.spill && !m.spilling && m.holders[x.block] == 1<<node {
+			m.spill(node, x, e)
 		}
 		delete(c, x.block)
 		if p, ok := m.parent[x.block]; ok && m.leaves {
@@ -650,4 +669,59 @@ func (m *cacheModel) evict(node int, inUse map[uint64]bool) {
 		return
 	}
 	// Every block in use: the cache grows by one for now.
+}
+
+// blocked reports whether leaves first keeps e, filed as x, from going.
+func (m *cacheModel) blocked(e *modelEntry, x modelHeapEntry) bool {
+	return e.children > 0 && !(m.pol.inner && x.key < modelBase)
+}
+
+// spill copies node's victim e, filed as x and held nowhere else, to the
+// engine with room or whose next victim is older than it (that victim
+// goes), if there is one. evict then drops node's copy.
+func (m *cacheModel) spill(node int, x modelHeapEntry, e *modelEntry) {
+	to, toKey := -1, x.key
+	for n := range m.caches {
+		if n == node {
+			continue
+		}
+		if len(m.caches[n]) < m.size {
+			to, toKey = n, 0
+			break
+		}
+		if k, ok := m.peek(n); ok && k < toKey {
+			to, toKey = n, k
+		}
+	}
+	if to < 0 {
+		return
+	}
+	if len(m.caches[to]) >= m.size {
+		m.spilling = true
+		m.evict(to, nil)
+		m.spilling = false
+	}
+	moved := &modelEntry{used: e.used, reused: e.reused}
+	m.caches[to][x.block] = moved
+	if p, ok := m.parent[x.block]; ok && m.leaves {
+		if pe, ok := m.caches[to][p]; ok {
+			pe.children++
+		}
+	}
+	m.holders[x.block] |= 1 << to
+	m.push(to, x.block, moved)
+}
+
+// peek returns the key of node's next victim (no engine but the one
+// serving has blocks in use), dropping stale entries.
+func (m *cacheModel) peek(node int) (uint64, bool) {
+	c, h := m.caches[node], &m.heaps[node]
+	for h.Len() > 0 {
+		x := (*h)[0]
+		if e, ok := c[x.block]; ok && e.stamp == x.stamp && !m.blocked(e, x) {
+			return x.key, true
+		}
+		heap.Pop(h)
+	}
+	return 0, false
 }

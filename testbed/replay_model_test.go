@@ -275,3 +275,52 @@ func TestModelNoAdmit(t *testing.T) {
 		}
 	}
 }
+
+// aware-interior: engine 1 holds a copy of block 1 (engine 0 holds it
+// too), block 2 extending it, and 3; storing 4 in its cache of 3 under
+// leaves first, aware-touch drops 2, the least recently used leaf, and
+// aware-interior the copy of 1 under it.
+func TestModelInterior(t *testing.T) {
+	for _, tc := range []struct {
+		cache string
+		want  []uint64
+	}{
+		{ModelAwareTouch, []uint64{1, 3, 4}},
+		{ModelInterior, []uint64{2, 3, 4}},
+	} {
+		m := newCacheModel(tc.cache, 2, 3, ModelSharedAge, ModelFreshAge)
+		m.leaves, m.parent = true, map[uint64]uint64{}
+		m.serve(0, []uint64{1}, 2)
+		m.serve(1, []uint64{1, 2}, 2)
+		m.serve(1, []uint64{3}, 2)
+		m.serve(1, []uint64{4}, 2)
+		if got := held(m, 1); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: engine 1 holds %v, want %v", tc.cache, got, tc.want)
+		}
+	}
+}
+
+// aware-spill: two engines of 2 blocks. Engine 0's victim, held nowhere
+// else, moves to engine 1 while it has room, then to engine 1 in place of
+// its own victim when that is older; engine 0 then imports it.
+func TestModelSpill(t *testing.T) {
+	m := newCacheModel(ModelSpill, 2, 2, ModelSharedAge, ModelFreshAge)
+	m.leaves, m.parent = true, map[uint64]uint64{}
+	m.serve(0, []uint64{1}, 1)
+	m.serve(0, []uint64{2}, 1)
+	m.serve(1, []uint64{3}, 1)
+	m.serve(0, []uint64{4}, 1) // 1 moves to engine 1's free slot
+	if a, b := held(m, 0), held(m, 1); !slices.Equal(a, []uint64{2, 4}) || !slices.Equal(b, []uint64{1, 3}) {
+		t.Fatalf("after storing 4: engines hold %v and %v, want [2 4] and [1 3]", a, b)
+	}
+	m.serve(0, []uint64{5}, 1) // 2 moves to engine 1, whose 1 is older and goes
+	if a, b := held(m, 0), held(m, 1); !slices.Equal(a, []uint64{4, 5}) || !slices.Equal(b, []uint64{2, 3}) {
+		t.Fatalf("after storing 5: engines hold %v and %v, want [4 5] and [2 3]", a, b)
+	}
+	if local, imported := m.serve(0, []uint64{2}, 1); local != 0 || imported != 1 {
+		t.Errorf("[2] on engine 0: %d local, %d imported; want 0, 1", local, imported)
+	}
+	if m.holders[1] != 0 || m.holders[2] != 3 {
+		t.Errorf("holders of 1 and 2: %b and %b, want none and both", m.holders[1], m.holders[2])
+	}
+}
