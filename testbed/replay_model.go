@@ -325,10 +325,14 @@ type modelHeapEntry struct {
 
 type modelHeap []modelHeapEntry
 
-func (h modelHeap) Len() int           { return len(h) }
-func (h modelHeap) Less(i, j int) bool { return h[i].key < h[j].key }
-func (h modelHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *modelHeap) Push(x any)        { *h = append(*h, x.(modelHeapEntry)) }
+func (h modelHeap) Len() int { return len(h) }
+func (h modelHeap) Less(i, j int) bool {
+	// Of equal keys, the entry pushed first: the order never depends on
+	// a map's.
+	return h[i].key < h[j].key || h[i].key == h[j].key && h[i].stamp < h[j].stamp
+}
+func (h modelHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *modelHeap) Push(x any)   { *h = append(*h, x.(modelHeapEntry)) }
 func (h *modelHeap) Pop() any {
 	old := *h
 	e := old[len(old)-1]
@@ -338,6 +342,10 @@ func (h *modelHeap) Pop() any {
 
 // modelBase keeps keys positive: a key is a last use less an age.
 const modelBase = 1 << 62
+
+// modelCold puts import-cold's copies, keyed by when they were filed,
+// before every other.
+const modelCold = 1 << 52
 
 func newCacheModel(policy string, nodes, size int, sharedAge, freshAge float64) *cacheModel {
 	m := &cacheModel{policy: policy, size: size, holders: map[uint64]uint64{},
@@ -384,11 +392,14 @@ func (m *cacheModel) key(node int, b uint64, e *modelEntry) uint64 {
 
 // moreKey is key for the policies of ModelMoreCaches.
 func (m *cacheModel) moreKey(node int, b uint64, e *modelEntry) uint64 {
+	if e.cold {
+		return e.used // before every copy not cold, in the order filed
+	}
 	used := e.used
-	if m.pol.global && !(m.pol.cold && e.cold) {
+	if m.pol.global {
 		used = m.latest[b]
 	}
-	k := modelBase + used
+	k := modelBase + modelCold + used
 	if m.pol.demote && m.shared(node, b) && !m.keeps(node, b) {
 		k -= modelBase
 	}
@@ -594,7 +605,7 @@ func (m *cacheModel) touch(node int, b uint64, e *modelEntry, cold bool) {
 		return
 	}
 	m.tick++
-	e.cold, e.used = true, 0
+	e.cold, e.used = true, m.tick
 	m.refileAll(b)
 }
 
