@@ -57,7 +57,8 @@ import (
 //	               block (a hash of block and engine, known from the holders alone),
 //	               go first; otherwise aware-touch
 //	import-cold    aware-touch, and an importer files the blocks it imported (held
-//	               elsewhere) as used before any other: its copy goes first
+//	               elsewhere) as used before any other while another engine still
+//	               holds them: its copy goes first, the copy it read stays
 //	aware-interior aware-touch, and a copy another engine holds may go before the
 //	               blocks that extend it here (-leaves-first then holds only for
 //	               blocks no other engine holds; a block stored again under a child
@@ -343,8 +344,8 @@ func (h *modelHeap) Pop() any {
 // modelBase keeps keys positive: a key is a last use less an age.
 const modelBase = 1 << 62
 
-// modelCold puts import-cold's copies, keyed by when they were filed,
-// before every other.
+// modelCold puts import-cold's copies held elsewhere too, keyed by when
+// they were filed, before every other.
 const modelCold = 1 << 52
 
 func newCacheModel(policy string, nodes, size int, sharedAge, freshAge float64) *cacheModel {
@@ -392,7 +393,7 @@ func (m *cacheModel) key(node int, b uint64, e *modelEntry) uint64 {
 
 // moreKey is key for the policies of ModelMoreCaches.
 func (m *cacheModel) moreKey(node int, b uint64, e *modelEntry) uint64 {
-	if e.cold {
+	if e.cold && m.shared(node, b) {
 		return e.used // before every copy not cold, in the order filed
 	}
 	used := e.used
@@ -598,7 +599,8 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 }
 
 // touch files node's copy of b, stored or hit by a request, as used now,
-// or (an imported copy new here, import-cold) as used before any other.
+// or (an imported copy new here, import-cold) as used before any other
+// while another engine holds it too.
 func (m *cacheModel) touch(node int, b uint64, e *modelEntry, cold bool) {
 	if !cold {
 		m.use(node, b, e)
