@@ -1,8 +1,10 @@
 package pool
 
 import (
-	"github.com/kvfabric/kvfabric/layout"
 	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
 )
 
 // storeInactive registers hashes in order, each its own sequence unless
@@ -174,5 +176,38 @@ func TestPoolDemoteEverySet(t *testing.T) {
 	}
 	if m := p.Metrics(); m.Demoted != 0 {
 		t.Fatalf("pool Demoted = %d, want 0", m.Demoted)
+	}
+}
+
+// A peer's lease is a use of the block it leases: once the lease ends the
+// block goes after the blocks last used before it, and a demoted block
+// leased is the newest of the demoted ones (cluster-aware eviction keeps
+// the copy a peer just read over a copy here read longer ago).
+func TestLeaseEndIsAUse(t *testing.T) {
+	hashes := []uint64{51, 52, 53, 54}
+	for _, tc := range []struct {
+		name   string
+		demote []uint64
+		want   []uint64
+	}{
+		{"no mark", nil, []uint64{52, 53, 54, 51}},
+		{"all demoted", hashes, []uint64{52, 53, 54, 51}},
+		{"the leased one and one other demoted", []uint64{51, 53}, []uint64{53, 51, 52, 54}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, b := newTestPool(t, testConfig(nil, nil), testLayout(8, 1, layout.FullyContiguous, 64))
+			storeInactive(t, b, hashes, false, []int{0, 1, 2, 3}) // 51 least recently used
+			b.Demote(tc.demote...)
+			id, got, err := b.Lease([]uint64{51}, time.Second)
+			if err != nil || len(got) != 1 || !got[0].Found {
+				t.Fatalf("Lease(51) = %v, %v", got, err)
+			}
+			if valid, err := p.ReleaseLease(id); !valid || err != nil {
+				t.Fatalf("ReleaseLease = %v, %v", valid, err)
+			}
+			if order := evictOrder(t, b, hashes, len(hashes)); !equalHashes(order, tc.want) {
+				t.Fatalf("evicted %v, want %v", order, tc.want)
+			}
+		})
 	}
 }
