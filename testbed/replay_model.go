@@ -183,8 +183,9 @@ type ModelResult struct {
 	ReuseBound float64 `json:"reuse_bound"`
 }
 
-// ModelReplay runs reqs through each of ModelCaches under one routing and
-// returns their results in that order.
+// ModelReplay runs reqs through each cache policy of opts.Caches (if
+// empty, ModelCaches) under one routing and returns their results in that
+// order.
 func ModelReplay(reqs []TraceRequest, opts ModelOptions) ([]ModelResult, error) {
 	if opts.Nodes == 0 {
 		opts.Nodes = 4
