@@ -454,9 +454,24 @@ func modelRank(b uint64, n int) uint64 {
 	return xxh3.Hash(buf[:])
 }
 
-// refileAll pushes every copy of b again: under the policies of
-// ModelMoreCaches a copy's key may follow the other copies' uses and
-// holders.
+// coupled reports whether a copy's key follows the other copies' uses
+// (aware-global, keep-newest, keep-ranked), not only whether another
+// engine holds the block.
+func (m *cacheModel) coupled() bool {
+	return m.pol.global || m.pol.keep != keepNone
+}
+
+// refresh pushes node's copy of b again after its use changed, and every
+// other copy where their keys follow it.
+func (m *cacheModel) refresh(node int, b uint64, e *modelEntry) {
+	if m.coupled() {
+		m.refileAll(b)
+		return
+	}
+	m.push(node, b, e)
+}
+
+// refileAll pushes every copy of b again.
 func (m *cacheModel) refileAll(b uint64) {
 	for n, h := 0, m.holders[b]; h != 0; n, h = n+1, h>>1 {
 		if h&1 != 0 {
@@ -475,7 +490,7 @@ func (m *cacheModel) use(node int, b uint64, e *modelEntry) {
 	}
 	e.cold = false
 	m.latest[b] = m.tick
-	m.refileAll(b)
+	m.refresh(node, b, e)
 }
 
 // push (re)files node's copy of b in its heap under its current key.
@@ -502,11 +517,13 @@ func (m *cacheModel) rebuild(node int) {
 // refile pushes the copies of b whose key depends on who else holds it,
 // after holders of b changed from was.
 func (m *cacheModel) refile(b uint64, was uint64) {
-	if m.more {
+	switch {
+	case m.more && m.coupled():
 		m.refileAll(b)
 		return
-	}
-	if m.policy != ModelClusterAware && m.policy != ModelClusterAged {
+	case m.more && !m.pol.demote && !m.pol.aged:
+		return // lru-touch
+	case !m.more && m.policy != ModelClusterAware && m.policy != ModelClusterAged:
 		return
 	}
 	now := m.holders[b]
@@ -609,7 +626,7 @@ func (m *cacheModel) touch(node int, b uint64, e *modelEntry, cold bool) {
 	}
 	m.tick++
 	e.cold, e.used = true, m.tick
-	m.refileAll(b)
+	m.refresh(node, b, e)
 }
 
 // store caches blocks on node under the leaves-first rule: each block
