@@ -47,6 +47,9 @@ import (
 //	               reads (the pool's lease of a block for a peer makes it its newest)
 //	aged-touch     cluster-aged, and an import's read counts as a use of the copy it
 //	               reads
+//	aged-import-hit
+//	               aged-touch, where the importer's copy counts as hit too (the
+//	               agents' import acquires the blocks it brought)
 //	aware-global   cluster-aware, every copy ordered by its block's latest use on any
 //	               engine (use announced to every holder)
 //	keep-newest    only the copies other than the block's most recently used one go
@@ -78,21 +81,22 @@ const (
 	ModelSharedLRU    = "shared-lru"
 	ModelClusterAged  = "cluster-aged"
 
-	ModelLRUTouch    = "lru-touch"
-	ModelAwareTouch  = "aware-touch"
-	ModelAgedTouch   = "aged-touch"
-	ModelAwareGlobal = "aware-global"
-	ModelKeepNewest  = "keep-newest"
-	ModelKeepRanked  = "keep-ranked"
-	ModelImportCold  = "import-cold"
-	ModelNoAdmit     = "no-admit"
-	ModelInterior    = "aware-interior"
-	ModelSpill       = "aware-spill"
+	ModelLRUTouch      = "lru-touch"
+	ModelAwareTouch    = "aware-touch"
+	ModelAgedTouch     = "aged-touch"
+	ModelAgedImportHit = "aged-import-hit"
+	ModelAwareGlobal   = "aware-global"
+	ModelKeepNewest    = "keep-newest"
+	ModelKeepRanked    = "keep-ranked"
+	ModelImportCold    = "import-cold"
+	ModelNoAdmit       = "no-admit"
+	ModelInterior      = "aware-interior"
+	ModelSpill         = "aware-spill"
 )
 
 // ModelMoreCaches are the policies ModelReplay runs only when
 // ModelOptions.Caches names them.
-var ModelMoreCaches = []string{ModelLRUTouch, ModelAwareTouch, ModelAgedTouch, ModelAwareGlobal, ModelKeepNewest, ModelKeepRanked, ModelImportCold, ModelNoAdmit, ModelInterior, ModelSpill}
+var ModelMoreCaches = []string{ModelLRUTouch, ModelAwareTouch, ModelAgedTouch, ModelAgedImportHit, ModelAwareGlobal, ModelKeepNewest, ModelKeepRanked, ModelImportCold, ModelNoAdmit, ModelInterior, ModelSpill}
 
 // modelPolicy is what a cache policy of the model does, beyond LRU.
 type modelPolicy struct {
@@ -103,8 +107,11 @@ type modelPolicy struct {
 	cold   bool // imported copies are filed as used before any other
 	admit  bool // imported copies no computed block extends are not kept
 	aged   bool // cluster-aged's ages instead of demote
-	inner  bool // a demoted copy may go before the blocks extending it
-	spill  bool // a sole copy evicted moves to an engine with an older victim
+	// hitImport: an importer's copy counts as hit (as the agents' import,
+	// which acquires the blocks it brought)
+	hitImport bool
+	inner     bool // a demoted copy may go before the blocks extending it
+	spill     bool // a sole copy evicted moves to an engine with an older victim
 }
 
 const (
@@ -114,16 +121,17 @@ const (
 )
 
 var modelPolicies = map[string]modelPolicy{
-	ModelLRUTouch:    {touch: true},
-	ModelAwareTouch:  {demote: true, touch: true},
-	ModelAgedTouch:   {aged: true, touch: true},
-	ModelAwareGlobal: {demote: true, touch: true, global: true},
-	ModelKeepNewest:  {demote: true, keep: keepNewest, touch: true, global: true},
-	ModelKeepRanked:  {demote: true, keep: keepRanked, touch: true},
-	ModelImportCold:  {demote: true, touch: true, cold: true},
-	ModelNoAdmit:     {demote: true, touch: true, cold: true, admit: true},
-	ModelInterior:    {demote: true, touch: true, inner: true},
-	ModelSpill:       {demote: true, touch: true, spill: true},
+	ModelLRUTouch:      {touch: true},
+	ModelAwareTouch:    {demote: true, touch: true},
+	ModelAgedTouch:     {aged: true, touch: true},
+	ModelAgedImportHit: {aged: true, touch: true, hitImport: true},
+	ModelAwareGlobal:   {demote: true, touch: true, global: true},
+	ModelKeepNewest:    {demote: true, keep: keepNewest, touch: true, global: true},
+	ModelKeepRanked:    {demote: true, keep: keepRanked, touch: true},
+	ModelImportCold:    {demote: true, touch: true, cold: true},
+	ModelNoAdmit:       {demote: true, touch: true, cold: true, admit: true},
+	ModelInterior:      {demote: true, touch: true, inner: true},
+	ModelSpill:         {demote: true, touch: true, spill: true},
 }
 
 // ModelCaches are the model's cache policies, in the order ModelReplay
@@ -553,7 +561,7 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 		e.reused = true
 		local++
 	}
-	var cold map[uint64]bool // import-cold: imported copies new here
+	var cold map[uint64]bool // import-cold, aged-import-hit: imported copies new here
 	for _, b := range blocks[local:] {
 		h := m.holders[b]
 		if h == 0 {
@@ -568,7 +576,7 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 			if m.pol.touch {
 				m.use(n, b, e)
 			}
-			if _, here := c[b]; m.pol.cold && !here {
+			if _, here := c[b]; (m.pol.cold || m.pol.hitImport) && !here {
 				if cold == nil {
 					cold = map[uint64]bool{}
 				}
@@ -605,13 +613,13 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 			if len(c) >= m.size {
 				m.evict(node, inUse)
 			}
-			e = &modelEntry{}
+			e = &modelEntry{reused: m.pol.hitImport && cold[b]}
 			c[b] = e
 			was := m.holders[b]
 			m.holders[b] = was | 1<<node
 			m.refile(b, was)
 		}
-		m.touch(node, b, e, cold[b])
+		m.touch(node, b, e, m.pol.cold && cold[b])
 	}
 	return local, imported
 }
@@ -641,7 +649,7 @@ func (m *cacheModel) store(node int, blocks []uint64, inUse, cold map[uint64]boo
 		if len(c) >= m.size {
 			m.evict(node, inUse)
 		}
-		c[b] = &modelEntry{}
+		c[b] = &modelEntry{reused: m.pol.hitImport && cold[b]}
 		if i > 0 {
 			m.parent[b] = blocks[i-1]
 			c[blocks[i-1]].children++
@@ -651,7 +659,7 @@ func (m *cacheModel) store(node int, blocks []uint64, inUse, cold map[uint64]boo
 		m.refile(b, was)
 	}
 	for i := len(blocks) - 1; i >= 0; i-- {
-		m.touch(node, blocks[i], c[blocks[i]], cold[blocks[i]])
+		m.touch(node, blocks[i], c[blocks[i]], m.pol.cold && cold[blocks[i]])
 	}
 }
 

@@ -324,3 +324,24 @@ func TestModelSpill(t *testing.T) {
 		t.Errorf("holders of 1 and 2: %b and %b, want none and both", m.holders[1], m.holders[2])
 	}
 }
+
+// aged-import-hit: the importer's copy counts as hit; aged-touch's does
+// not (only the copy read does).
+func TestModelAgedImportHit(t *testing.T) {
+	for _, tc := range []struct {
+		cache string
+		hit   bool
+	}{
+		{ModelAgedTouch, false},
+		{ModelAgedImportHit, true},
+	} {
+		m := newCacheModel(tc.cache, 2, 4, ModelSharedAge, ModelFreshAge)
+		m.leaves, m.parent = true, map[uint64]uint64{}
+		m.serve(0, []uint64{1}, 1)
+		m.serve(1, []uint64{1, 2}, 2)
+		if !m.caches[0][1].reused || m.caches[1][1].reused != tc.hit || m.caches[1][2].reused {
+			t.Errorf("%s: hit marks %v (copy read), %v (importer's), %v (computed); want true, %v, false",
+				tc.cache, m.caches[0][1].reused, m.caches[1][1].reused, m.caches[1][2].reused, tc.hit)
+		}
+	}
+}
