@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/zeebo/xxh3"
 )
@@ -38,6 +39,40 @@ import (
 //	               is likely never to be, but neither goes while it is hot
 //	shared-lru     one cache of every engine's blocks together, least recently used
 //	               first: what a single cache of the cluster's memory would keep
+//
+// More policies, run only when ModelOptions.Caches names them (-caches):
+//
+//	lru-touch      lru, and an import's read counts as a use of the copy it reads
+//	aware-touch    cluster-aware, and an import's read counts as a use of the copy it
+//	               reads (the pool's lease of a block for a peer makes it its newest)
+//	aged-touch     cluster-aged, and an import's read counts as a use of the copy it
+//	               reads
+//	aged-import-hit
+//	               aged-touch, where the importer's copy counts as hit too (the
+//	               agents' import acquires the blocks it brought)
+//	aware-global   cluster-aware, every copy ordered by its block's latest use on any
+//	               engine (use announced to every holder)
+//	keep-newest    only the copies other than the block's most recently used one go
+//	               first; every copy ordered by the block's latest use on any engine:
+//	               one shared LRU spread over the engines, as near as each engine's own
+//	               room allows
+//	keep-ranked    only the copies other than one, the holder ranked first for the
+//	               block (a hash of block and engine, known from the holders alone),
+//	               go first; otherwise aware-touch
+//	import-cold    aware-touch, and an importer files the blocks it imported (held
+//	               elsewhere) as used before any other while another engine still
+//	               holds them: its copy goes first, the copy it read stays
+//	aware-interior aware-touch, and a copy another engine holds may go before the
+//	               blocks that extend it here (-leaves-first then holds only for
+//	               blocks no other engine holds; a block stored again under a child
+//	               kept here does not count that child)
+//	aware-spill    aware-touch, and a block only this engine holds, when it is the
+//	               victim, moves to the engine with room or whose next victim is
+//	               older (which goes instead): not an order but a copy between
+//	               engines per eviction, to show what each engine's own room costs
+//	no-admit       import-cold, and an importer keeps no imported block that no block
+//	               the request computed extends (the pool keeps a parent under its
+//	               child)
 
 // Cache policies of the replay model.
 const (
@@ -45,7 +80,59 @@ const (
 	ModelClusterAware = "cluster-aware"
 	ModelSharedLRU    = "shared-lru"
 	ModelClusterAged  = "cluster-aged"
+
+	ModelLRUTouch      = "lru-touch"
+	ModelAwareTouch    = "aware-touch"
+	ModelAgedTouch     = "aged-touch"
+	ModelAgedImportHit = "aged-import-hit"
+	ModelAwareGlobal   = "aware-global"
+	ModelKeepNewest    = "keep-newest"
+	ModelKeepRanked    = "keep-ranked"
+	ModelImportCold    = "import-cold"
+	ModelNoAdmit       = "no-admit"
+	ModelInterior      = "aware-interior"
+	ModelSpill         = "aware-spill"
 )
+
+// ModelMoreCaches are the policies ModelReplay runs only when
+// ModelOptions.Caches names them.
+var ModelMoreCaches = []string{ModelLRUTouch, ModelAwareTouch, ModelAgedTouch, ModelAgedImportHit, ModelAwareGlobal, ModelKeepNewest, ModelKeepRanked, ModelImportCold, ModelNoAdmit, ModelInterior, ModelSpill}
+
+// modelPolicy is what a cache policy of the model does, beyond LRU.
+type modelPolicy struct {
+	demote bool // a copy another engine holds goes first
+	keep   int  // which one copy of a shared block is not demoted (keepNone: none)
+	touch  bool // an import's read is a use of the copy read
+	global bool // a copy is ordered by its block's latest use anywhere
+	cold   bool // imported copies are filed as used before any other
+	admit  bool // imported copies no computed block extends are not kept
+	aged   bool // cluster-aged's ages instead of demote
+	// hitImport: an importer's copy counts as hit (as the agents' import,
+	// which acquires the blocks it brought)
+	hitImport bool
+	inner     bool // a demoted copy may go before the blocks extending it
+	spill     bool // a sole copy evicted moves to an engine with an older victim
+}
+
+const (
+	keepNone = iota
+	keepNewest
+	keepRanked
+)
+
+var modelPolicies = map[string]modelPolicy{
+	ModelLRUTouch:      {touch: true},
+	ModelAwareTouch:    {demote: true, touch: true},
+	ModelAgedTouch:     {aged: true, touch: true},
+	ModelAgedImportHit: {aged: true, touch: true, hitImport: true},
+	ModelAwareGlobal:   {demote: true, touch: true, global: true},
+	ModelKeepNewest:    {demote: true, keep: keepNewest, touch: true, global: true},
+	ModelKeepRanked:    {demote: true, keep: keepRanked, touch: true},
+	ModelImportCold:    {demote: true, touch: true, cold: true},
+	ModelNoAdmit:       {demote: true, touch: true, cold: true, admit: true},
+	ModelInterior:      {demote: true, touch: true, inner: true},
+	ModelSpill:         {demote: true, touch: true, spill: true},
+}
 
 // ModelCaches are the model's cache policies, in the order ModelReplay
 // reports them.
@@ -73,6 +160,9 @@ type ModelOptions struct {
 	// LeavesFirst: a cache does not evict a block while it holds a block
 	// that extends it, as the pool does.
 	LeavesFirst bool
+	// Caches are the cache policies to run, of ModelCaches and
+	// ModelMoreCaches, in this order. If empty, ModelCaches.
+	Caches []string
 }
 
 // The ages cluster-aged uses by default, in caches' worth of blocks
@@ -101,8 +191,9 @@ type ModelResult struct {
 	ReuseBound float64 `json:"reuse_bound"`
 }
 
-// ModelReplay runs reqs through each of ModelCaches under one routing and
-// returns their results in that order.
+// ModelReplay runs reqs through each cache policy of opts.Caches (if
+// empty, ModelCaches) under one routing and returns their results in that
+// order.
 func ModelReplay(reqs []TraceRequest, opts ModelOptions) ([]ModelResult, error) {
 	if opts.Nodes == 0 {
 		opts.Nodes = 4
@@ -131,6 +222,15 @@ func ModelReplay(reqs []TraceRequest, opts ModelOptions) ([]ModelResult, error) 
 	case len(reqs) == 0:
 		return nil, fmt.Errorf("%w: no requests", ErrTrace)
 	}
+	caches := opts.Caches
+	if len(caches) == 0 {
+		caches = ModelCaches
+	}
+	for _, c := range caches {
+		if _, ok := modelPolicies[c]; !ok && !slices.Contains(ModelCaches, c) {
+			return nil, fmt.Errorf("testbed: model: cache %q: want one of %v or %v", c, ModelCaches, ModelMoreCaches)
+		}
+	}
 	blocks := make([][]uint64, len(reqs))
 	for i, r := range reqs {
 		blocks[i] = modelBlocks(r)
@@ -146,7 +246,7 @@ func ModelReplay(reqs []TraceRequest, opts ModelOptions) ([]ModelResult, error) 
 	}
 	bound := ReuseBound(reqs, TraceBlockTokens)
 	var out []ModelResult
-	for _, cache := range ModelCaches {
+	for _, cache := range caches {
 		m := newCacheModel(cache, opts.Nodes, opts.CacheBlocks, opts.SharedAge, opts.FreshAge)
 		m.leaves, m.parent = opts.LeavesFirst, map[uint64]uint64{}
 		res := ModelResult{Cache: cache, Policy: opts.Policy, Nodes: opts.Nodes, CacheBlocks: opts.CacheBlocks,
@@ -208,6 +308,13 @@ type cacheModel struct {
 	// cached (the pool's rule); parent is each block's parent.
 	leaves bool
 	parent map[uint64]uint64
+	// spilling: an eviction for a spilled block, which does not spill.
+	spilling bool
+	// The policies of ModelMoreCaches: what they do, and each block's
+	// latest use on any engine.
+	more   bool
+	pol    modelPolicy
+	latest map[uint64]uint64
 }
 
 // modelEntry is a block in one cache: its last use, whether it was hit
@@ -217,7 +324,8 @@ type modelEntry struct {
 	used     uint64
 	reused   bool
 	stamp    uint64
-	children int // blocks of the cache that extend it (leaves first)
+	children int  // blocks of the cache that extend it (leaves first)
+	cold     bool // import-cold: imported, not used here since
 }
 
 type modelHeapEntry struct {
@@ -227,10 +335,14 @@ type modelHeapEntry struct {
 
 type modelHeap []modelHeapEntry
 
-func (h modelHeap) Len() int           { return len(h) }
-func (h modelHeap) Less(i, j int) bool { return h[i].key < h[j].key }
-func (h modelHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *modelHeap) Push(x any)        { *h = append(*h, x.(modelHeapEntry)) }
+func (h modelHeap) Len() int { return len(h) }
+func (h modelHeap) Less(i, j int) bool {
+	// Of equal keys, the entry pushed first: the order never depends on
+	// a map's.
+	return h[i].key < h[j].key || h[i].key == h[j].key && h[i].stamp < h[j].stamp
+}
+func (h modelHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *modelHeap) Push(x any)   { *h = append(*h, x.(modelHeapEntry)) }
 func (h *modelHeap) Pop() any {
 	old := *h
 	e := old[len(old)-1]
@@ -241,12 +353,18 @@ func (h *modelHeap) Pop() any {
 // modelBase keeps keys positive: a key is a last use less an age.
 const modelBase = 1 << 62
 
+// modelCold puts import-cold's copies held elsewhere too, keyed by when
+// they were filed, before every other.
+const modelCold = 1 << 52
+
 func newCacheModel(policy string, nodes, size int, sharedAge, freshAge float64) *cacheModel {
 	m := &cacheModel{policy: policy, size: size, holders: map[uint64]uint64{},
 		sharedAge: uint64(sharedAge * float64(size)), freshAge: uint64(freshAge * float64(size))}
 	if policy == ModelSharedLRU {
 		nodes, m.size = 1, nodes*size
 	}
+	m.pol, m.more = modelPolicies[policy]
+	m.latest = map[uint64]uint64{}
 	m.caches = make([]map[uint64]*modelEntry, nodes)
 	m.heaps = make([]modelHeap, nodes)
 	for i := range m.caches {
@@ -262,6 +380,9 @@ func (m *cacheModel) shared(node int, b uint64) bool {
 
 // key orders node's copy of b for eviction, lowest first.
 func (m *cacheModel) key(node int, b uint64, e *modelEntry) uint64 {
+	if m.more {
+		return m.moreKey(node, b, e)
+	}
 	k := modelBase + e.used
 	switch m.policy {
 	case ModelClusterAware:
@@ -277,6 +398,107 @@ func (m *cacheModel) key(node int, b uint64, e *modelEntry) uint64 {
 		}
 	}
 	return k
+}
+
+// moreKey is key for the policies of ModelMoreCaches.
+func (m *cacheModel) moreKey(node int, b uint64, e *modelEntry) uint64 {
+	if e.cold && m.shared(node, b) {
+		return e.used // before every copy not cold, in the order filed
+	}
+	used := e.used
+	if m.pol.global {
+		used = m.latest[b]
+	}
+	k := modelBase + modelCold + used
+	if m.pol.demote && m.shared(node, b) && !m.keeps(node, b) {
+		k -= modelBase
+	}
+	if m.pol.aged {
+		if m.shared(node, b) {
+			k -= m.sharedAge
+		}
+		if !e.reused {
+			k -= m.freshAge
+		}
+	}
+	return k
+}
+
+// keeps reports whether node's copy of b is the one copy the policy keeps
+// among the holders (not demoted).
+func (m *cacheModel) keeps(node int, b uint64) bool {
+	switch m.pol.keep {
+	case keepNewest:
+		// The most recently used copy; of equals, the lowest engine's.
+		mine := m.caches[node][b].used
+		for n, h := 0, m.holders[b]; h != 0; n, h = n+1, h>>1 {
+			if h&1 != 0 && n != node {
+				u := m.caches[n][b].used
+				if u > mine || u == mine && n < node {
+					return false
+				}
+			}
+		}
+		return true
+	case keepRanked:
+		best, bestRank := -1, uint64(0)
+		for n, h := 0, m.holders[b]; h != 0; n, h = n+1, h>>1 {
+			if h&1 != 0 {
+				if r := modelRank(b, n); best < 0 || r > bestRank {
+					best, bestRank = n, r
+				}
+			}
+		}
+		return best == node
+	}
+	return false
+}
+
+// modelRank ranks engine n for block b (highest keeps).
+func modelRank(b uint64, n int) uint64 {
+	var buf [16]byte
+	binary.LittleEndian.PutUint64(buf[:8], b)
+	binary.LittleEndian.PutUint64(buf[8:], uint64(n))
+	return xxh3.Hash(buf[:])
+}
+
+// coupled reports whether a copy's key follows the other copies' uses
+// (aware-global, keep-newest, keep-ranked), not only whether another
+// engine holds the block.
+func (m *cacheModel) coupled() bool {
+	return m.pol.global || m.pol.keep != keepNone
+}
+
+// refresh pushes node's copy of b again after its use changed, and every
+// other copy where their keys follow it.
+func (m *cacheModel) refresh(node int, b uint64, e *modelEntry) {
+	if m.coupled() {
+		m.refileAll(b)
+		return
+	}
+	m.push(node, b, e)
+}
+
+// refileAll pushes every copy of b again.
+func (m *cacheModel) refileAll(b uint64) {
+	for n, h := 0, m.holders[b]; h != 0; n, h = n+1, h>>1 {
+		if h&1 != 0 {
+			m.push(n, b, m.caches[n][b])
+		}
+	}
+}
+
+// use records a use of node's copy of b now.
+func (m *cacheModel) use(node int, b uint64, e *modelEntry) {
+	m.tick++
+	e.used = m.tick
+	if !m.more {
+		m.push(node, b, e)
+		return
+	}
+	e.cold = false
+	m.latest[b] = m.tick
+	m.refresh(node, b, e)
 }
 
 // push (re)files node's copy of b in its heap under its current key.
@@ -303,7 +525,13 @@ func (m *cacheModel) rebuild(node int) {
 // refile pushes the copies of b whose key depends on who else holds it,
 // after holders of b changed from was.
 func (m *cacheModel) refile(b uint64, was uint64) {
-	if m.policy != ModelClusterAware && m.policy != ModelClusterAged {
+	switch {
+	case m.more && m.coupled():
+		m.refileAll(b)
+		return
+	case m.more && !m.pol.demote && !m.pol.aged:
+		return // lru-touch
+	case !m.more && m.policy != ModelClusterAware && m.policy != ModelClusterAged:
 		return
 	}
 	now := m.holders[b]
@@ -333,6 +561,7 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 		e.reused = true
 		local++
 	}
+	var cold map[uint64]bool // import-cold, aged-import-hit: imported copies new here
 	for _, b := range blocks[local:] {
 		h := m.holders[b]
 		if h == 0 {
@@ -341,46 +570,77 @@ func (m *cacheModel) serve(node int, blocks []uint64, keep int) (local, imported
 		// The importer reads the copy of the lowest-numbered holder.
 		n := bits.TrailingZeros64(h)
 		e := m.caches[n][b]
-		if !e.reused {
+		switch {
+		case m.more:
+			e.reused = true
+			if m.pol.touch {
+				m.use(n, b, e)
+			}
+			if _, here := c[b]; (m.pol.cold || m.pol.hitImport) && !here {
+				if cold == nil {
+					cold = map[uint64]bool{}
+				}
+				cold[b] = true
+			}
+		case !e.reused:
 			e.reused = true
 			m.push(n, b, e)
 		}
 		imported++
 	}
 	blocks = blocks[:min(len(blocks), keep)]
+	if m.pol.admit {
+		// No imported block that no computed block extends.
+		end := len(blocks)
+		for end > 0 && cold[blocks[end-1]] {
+			end--
+		}
+		blocks = blocks[:end]
+	}
 	// The request's blocks are in use while it runs: none is a victim.
 	inUse := make(map[uint64]bool, len(blocks))
 	for _, b := range blocks {
 		inUse[b] = true
 	}
 	if m.leaves {
-		m.store(node, blocks, inUse)
+		m.store(node, blocks, inUse, cold)
 		return local, imported
 	}
 	for i := len(blocks) - 1; i >= 0; i-- {
 		b := blocks[i]
-		m.tick++
 		e, ok := c[b]
 		if !ok {
 			if len(c) >= m.size {
 				m.evict(node, inUse)
 			}
-			e = &modelEntry{}
+			e = &modelEntry{reused: m.pol.hitImport && cold[b]}
 			c[b] = e
 			was := m.holders[b]
 			m.holders[b] = was | 1<<node
 			m.refile(b, was)
 		}
-		e.used = m.tick
-		m.push(node, b, e)
+		m.touch(node, b, e, m.pol.cold && cold[b])
 	}
 	return local, imported
+}
+
+// touch files node's copy of b, stored or hit by a request, as used now,
+// or (an imported copy new here, import-cold) as used before any other
+// while another engine holds it too.
+func (m *cacheModel) touch(node int, b uint64, e *modelEntry, cold bool) {
+	if !cold {
+		m.use(node, b, e)
+		return
+	}
+	m.tick++
+	e.cold, e.used = true, m.tick
+	m.refresh(node, b, e)
 }
 
 // store caches blocks on node under the leaves-first rule: each block
 // first, head to tail, so that a block's parent is there before it (and
 // counts it), then touched from tail to head.
-func (m *cacheModel) store(node int, blocks []uint64, inUse map[uint64]bool) {
+func (m *cacheModel) store(node int, blocks []uint64, inUse, cold map[uint64]bool) {
 	c := m.caches[node]
 	for i, b := range blocks {
 		if _, ok := c[b]; ok {
@@ -389,7 +649,7 @@ func (m *cacheModel) store(node int, blocks []uint64, inUse map[uint64]bool) {
 		if len(c) >= m.size {
 			m.evict(node, inUse)
 		}
-		c[b] = &modelEntry{}
+		c[b] = &modelEntry{reused: m.pol.hitImport && cold[b]}
 		if i > 0 {
 			m.parent[b] = blocks[i-1]
 			c[blocks[i-1]].children++
@@ -399,10 +659,7 @@ func (m *cacheModel) store(node int, blocks []uint64, inUse map[uint64]bool) {
 		m.refile(b, was)
 	}
 	for i := len(blocks) - 1; i >= 0; i-- {
-		m.tick++
-		e := c[blocks[i]]
-		e.used = m.tick
-		m.push(node, blocks[i], e)
+		m.touch(node, blocks[i], c[blocks[i]], m.pol.cold && cold[blocks[i]])
 	}
 }
 
@@ -426,8 +683,11 @@ func (m *cacheModel) evict(node int, inUse map[uint64]bool) {
 			aside = append(aside, x)
 			continue
 		}
-		if e.children > 0 {
+		if m.blocked(e, x) {
 			continue // pushed again when its last child goes
+		}
+		if m.pol.spill && !m.spilling && m.holders[x.block] == 1<<node {
+			m.spill(node, x, e)
 		}
 		delete(c, x.block)
 		if p, ok := m.parent[x.block]; ok && m.leaves {
@@ -440,6 +700,7 @@ func (m *cacheModel) evict(node int, inUse map[uint64]bool) {
 		was := m.holders[x.block]
 		if now := was &^ (1 << node); now == 0 {
 			delete(m.holders, x.block)
+			delete(m.latest, x.block)
 		} else {
 			m.holders[x.block] = now
 			m.refile(x.block, was)
@@ -447,4 +708,59 @@ func (m *cacheModel) evict(node int, inUse map[uint64]bool) {
 		return
 	}
 	// Every block in use: the cache grows by one for now.
+}
+
+// blocked reports whether leaves first keeps e, filed as x, from going.
+func (m *cacheModel) blocked(e *modelEntry, x modelHeapEntry) bool {
+	return e.children > 0 && !(m.pol.inner && x.key < modelBase)
+}
+
+// spill copies node's victim e, filed as x and held nowhere else, to the
+// engine with room or whose next victim is older than it (that victim
+// goes), if there is one. evict then drops node's copy.
+func (m *cacheModel) spill(node int, x modelHeapEntry, e *modelEntry) {
+	to, toKey := -1, x.key
+	for n := range m.caches {
+		if n == node {
+			continue
+		}
+		if len(m.caches[n]) < m.size {
+			to, toKey = n, 0
+			break
+		}
+		if k, ok := m.peek(n); ok && k < toKey {
+			to, toKey = n, k
+		}
+	}
+	if to < 0 {
+		return
+	}
+	if len(m.caches[to]) >= m.size {
+		m.spilling = true
+		m.evict(to, nil)
+		m.spilling = false
+	}
+	moved := &modelEntry{used: e.used, reused: e.reused}
+	m.caches[to][x.block] = moved
+	if p, ok := m.parent[x.block]; ok && m.leaves {
+		if pe, ok := m.caches[to][p]; ok {
+			pe.children++
+		}
+	}
+	m.holders[x.block] |= 1 << to
+	m.push(to, x.block, moved)
+}
+
+// peek returns the key of node's next victim (no engine but the one
+// serving has blocks in use), dropping stale entries.
+func (m *cacheModel) peek(node int) (uint64, bool) {
+	c, h := m.caches[node], &m.heaps[node]
+	for h.Len() > 0 {
+		x := (*h)[0]
+		if e, ok := c[x.block]; ok && e.stamp == x.stamp && !m.blocked(e, x) {
+			return x.key, true
+		}
+		heap.Pop(h)
+	}
+	return 0, false
 }

@@ -8,6 +8,7 @@
 //	go run ./testbed/replay -generate synth.jsonl -requests 1500   # write a synthetic trace
 //	go run ./testbed/replay -nodes 4                               # replay a synthetic trace
 //	go run ./testbed/replay -model -trace testbed/replay/traces/conversation_trace.jsonl.gz -requests 0 -policy random -cache-blocks 2048
+//	go run ./testbed/replay -model -leaves-first -caches cluster-aware,aware-touch,shared-lru -requests 0 -trace testbed/replay/traces/conversation_trace.jsonl.gz
 //
 // A trace whose name ends in .gz is read through gzip. traces/ holds two
 // of Mooncake's published traces (see traces/README.md).
@@ -72,9 +73,10 @@ func run(args []string, stdout io.Writer) error {
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole replay")
 	agentArgs := fs.String("agent-args", "", "more flags for every agent, space-separated (e.g. --no-cluster-eviction)")
 	modelRun := fs.Bool("model", false, "run the cache model instead of agents: each -policy (random or round-robin) through per-engine LRU, cluster-aware eviction, cluster-aged eviction and one shared LRU of every engine's blocks, on one routing (see testbed.ModelReplay)")
-	sharedAge := fs.Float64("shared-age", testbed.ModelSharedAge, "-model: how many caches' worth of stores older cluster-aged counts a block another engine holds (1e-9: none)")
-	freshAge := fs.Float64("fresh-age", testbed.ModelFreshAge, "-model: how many caches' worth of stores older cluster-aged counts a block not hit since it was stored (1e-9: none)")
+	sharedAge := fs.Float64("shared-age", testbed.ModelSharedAge, "-model: how many caches' worth of stores older cluster-aged and aged-touch count a block another engine holds (1e-9: none)")
+	freshAge := fs.Float64("fresh-age", testbed.ModelFreshAge, "-model: how many caches' worth of stores older cluster-aged and aged-touch count a block not hit since it was stored (1e-9: none)")
 	leavesFirst := fs.Bool("leaves-first", false, "-model: no cache evicts a block while it holds one that extends it, as the pool does")
+	caches := fs.String("caches", "", "-model: the cache policies to run, comma-separated, of "+strings.Join(testbed.ModelCaches, ", ")+" and "+strings.Join(testbed.ModelMoreCaches, ", ")+" (see testbed.ModelReplay; if empty, the first four)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -126,6 +128,11 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if *modelRun {
 		opts := testbed.ModelOptions{Nodes: *nodes, CacheBlocks: *cache, Seed: *seed, SharedAge: *sharedAge, FreshAge: *freshAge, LeavesFirst: *leavesFirst}
+		if *caches != "" {
+			for _, c := range strings.Split(*caches, ",") {
+				opts.Caches = append(opts.Caches, strings.TrimSpace(c))
+			}
+		}
 		return runModel(stdout, reqs, opts, *policy, *asJSON)
 	}
 

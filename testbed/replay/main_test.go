@@ -131,6 +131,36 @@ func TestModelOnMooncakeTraces(t *testing.T) {
 	}
 }
 
+// Under the pool's leaves-first rule, on the conversation trace at 4
+// engines of 2,048 blocks (random routing), counting a peer's read as a
+// use of the copy read (aware-touch, what the pool's lease does) gains
+// over cluster-aware eviction, and neither it nor cluster-aged with the
+// read (aged-touch) reaches one shared LRU cache of 8,192 blocks. See
+// BENCHMARKS.md for the figures of every policy.
+func TestModelPoliciesUnderLeavesFirst(t *testing.T) {
+	var out bytes.Buffer
+	err := run([]string{"-model", "-leaves-first", "-trace", filepath.Join("traces", "conversation_trace.jsonl.gz"), "-requests", "0",
+		"-policy", "random", "-cache-blocks", "2048", "-json", "-caches", "cluster-aware,aware-touch,aged-touch,shared-lru"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res []testbed.ModelResult
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if len(res) != 4 || res[0].Cache != testbed.ModelClusterAware || res[3].Cache != testbed.ModelSharedLRU {
+		t.Fatalf("results %+v: want cluster-aware, aware-touch, aged-touch, shared-lru in that order", res)
+	}
+	aware, touch, aged, shared := res[0].ClusterHitRate, res[1].ClusterHitRate, res[2].ClusterHitRate, res[3].ClusterHitRate
+	t.Logf("cluster hit rates: cluster-aware %.4f, aware-touch %.4f, aged-touch %.4f, shared %.4f", aware, touch, aged, shared)
+	if touch <= aware {
+		t.Errorf("aware-touch %.4f: want above cluster-aware's %.4f", touch, aware)
+	}
+	if touch >= shared || aged >= shared {
+		t.Errorf("aware-touch %.4f, aged-touch %.4f: want both below the shared cache's %.4f", touch, aged, shared)
+	}
+}
+
 func TestFlagsRefused(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -143,6 +173,7 @@ func TestFlagsRefused(t *testing.T) {
 		{[]string{"-generate", "/nonexistent/dir/t.jsonl"}, "no such file"},
 		{[]string{"-policy", "random,fastest"}, "\"fastest\" is not"},
 		{[]string{"-model", "-requests", "10", "-shared-age", "-1"}, "ages -1"},
+		{[]string{"-model", "-requests", "10", "-policy", "random", "-caches", "lru,fifo"}, "cache \"fifo\""},
 	} {
 		err := run(c.args, new(bytes.Buffer))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
