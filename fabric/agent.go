@@ -249,7 +249,6 @@ func (a *Agent) startPools(specs []PoolSpec) error {
 	}
 	pcfg.MaxLeaseBlocks = transfer.MaxLeaseBlocks
 	a.poolRecycling(&pcfg)
-	pcfg.FreshAge = a.cfg.EvictionFreshAge
 	if len(a.cfg.Tiers) > 0 {
 		if a.tiers, err = openTiers(a, a.cfg.tierSpecs()); err != nil {
 			return err

@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/transfer"
 )
 
@@ -399,15 +398,6 @@ type Config struct {
 	// given as 0 anywhere turns it off; DefaultConfig sets
 	// DefaultTierReadAhead.
 	TierReadAhead int `json:"tier_read_ahead,omitempty"`
-
-	// EvictionFreshAge is how much older than its last use the pool's
-	// eviction counts a block not hit since it was registered (an engine's
-	// Acquire, the same block registered again, a peer's lease), in block
-	// set sizes of releases (pool.Config.FreshAge): a block stored and
-	// never reused goes before reused ones used up to that much earlier.
-	// 0..pool.MaxFreshAge. If zero, none: blocks go by last use, those
-	// other nodes hold first (unless NoClusterEviction).
-	EvictionFreshAge float64 `json:"eviction_fresh_age,omitempty"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.
@@ -646,9 +636,6 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	}
 	if c.BlockSetSlots < 0 {
 		return nil, bad("block_set_slots", "%d is negative", c.BlockSetSlots)
-	}
-	if !(c.EvictionFreshAge >= 0 && c.EvictionFreshAge <= pool.MaxFreshAge) {
-		return nil, bad("eviction_fresh_age", "%g is not in [0, %d]", c.EvictionFreshAge, pool.MaxFreshAge)
 	}
 	if err := c.validateEngineLimits(); err != nil {
 		return nil, err

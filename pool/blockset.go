@@ -92,9 +92,6 @@ type slot struct {
 	// shared: another node holds the block too (Demote), so it is
 	// recycled before the blocks only this node holds.
 	shared bool
-	// hit: used since it was registered (Acquire, registered again, a
-	// Lease); without it, Config.FreshAge ages the block.
-	hit bool
 	// below: a copy of the block is in the tier below (tier_offload.go),
 	// so recycling it loses nothing; offloading: that copy is being made,
 	// and the slot is kept until Offloaded says it is done.
@@ -164,8 +161,6 @@ type BlockSet struct {
 	// offload: Config.Offload is offered the set's blocks (it is set and
 	// Config.OffloadSkips does not skip the layout).
 	offload bool
-	// freshAge is Config.FreshAge in ticks (releases) of this set.
-	freshAge uint64
 }
 
 func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets []uint64, place []int) *BlockSet {
@@ -185,7 +180,6 @@ func newBlockSet(p *Pool, id SetID, l *layout.Layout, st layout.Strides, offsets
 		b.free[i] = int32(n - 1 - i)
 	}
 	b.offload = p.cfg.Offload != nil && (p.cfg.OffloadSkips == nil || !p.cfg.OffloadSkips(l))
-	b.freshAge = uint64(p.cfg.FreshAge * float64(n))
 	skipped := p.cfg.Offload != nil && !b.offload // no recycling ahead (OffloadSkips)
 	if lw := p.cfg.LowWatermark; lw > 0 && !skipped {
 		b.low = int(math.Ceil(lw * float64(n)))
@@ -466,7 +460,6 @@ func (b *BlockSet) registerLocked(blk Block, s *slot, hash, parent uint64) (reg 
 	b.unspare(s)
 	if e, ok := b.registry[hash]; ok {
 		b.ref(e)
-		b.slots[e].hit = true
 		b.reset(int32(blk.Slot))
 		return Block{Slot: int(e), Generation: b.slots[e].gen}, Event{}, false
 	}
@@ -496,7 +489,6 @@ func (b *BlockSet) Acquire(hash uint64) (Block, bool) {
 		return Block{}, false
 	}
 	b.ref(i)
-	b.slots[i].hit = true
 	return Block{Slot: int(i), Generation: b.slots[i].gen}, true
 }
 
@@ -613,7 +605,6 @@ func (b *BlockSet) reset(i int32) {
 		s.shared = false
 		b.demoted--
 	}
-	s.hit = false
 	s.below = false
 	if s.offloading {
 		s.offloading = false
@@ -695,11 +686,6 @@ func (b *BlockSet) pushInactive(i int32) {
 	s.inactive = true
 	b.tick++
 	s.used = b.tick
-	if !s.hit && b.freshAge > 0 {
-		// Config.FreshAge older; the first blocks of a set all at the
-		// oldest (ticks start at demotedBit).
-		s.used = max(s.used-b.freshAge, demotedBit)
-	}
 	if s.shared {
 		s.used &^= demotedBit
 	}

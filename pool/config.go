@@ -113,19 +113,7 @@ type Config struct {
 	// not retired. It is called with the pool's lock held: it must not
 	// call the pool. If nil, every set's blocks are offered.
 	OffloadSkips func(l *layout.Layout) bool
-
-	// FreshAge is how much older than its last use eviction counts a
-	// block not hit since it was registered (an Acquire, the same hash
-	// registered again, or a peer's Lease), in set sizes of releases:
-	// among the blocks a set may recycle, one stored and never reused goes
-	// before a reused one used up to FreshAge set sizes earlier. 0 to
-	// MaxFreshAge; if zero, none (recycling by last use, after Demote's
-	// mark).
-	FreshAge float64
 }
-
-// MaxFreshAge bounds Config.FreshAge.
-const MaxFreshAge = 1024
 
 // DefaultConfig returns the defaults for an agent.
 func DefaultConfig() Config {
@@ -215,8 +203,6 @@ func (c Config) populate() (Config, error) {
 		return bad("OffloadWatermark", "%g is not in (0, 1]", c.OffloadWatermark)
 	case c.OffloadInFlight < 0 || c.OffloadInFlight > 1:
 		return bad("OffloadInFlight", "%g is not in (0, 1]", c.OffloadInFlight)
-	case !(c.FreshAge >= 0 && c.FreshAge <= MaxFreshAge):
-		return bad("FreshAge", "%g is not in [0, %d]", c.FreshAge, MaxFreshAge)
 	}
 	return c, nil
 }

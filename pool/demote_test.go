@@ -1,9 +1,6 @@
 package pool
 
 import (
-	"errors"
-	"math"
-	"strings"
 	"testing"
 	"time"
 
@@ -212,118 +209,5 @@ func TestLeaseEndIsAUse(t *testing.T) {
 				t.Fatalf("evicted %v, want %v", order, tc.want)
 			}
 		})
-	}
-}
-
-// Config.FreshAge: a block not hit since it was registered counts that
-// many set sizes of releases older. A set of 8 slots at 0.5: 4 releases.
-// 60 is hit and released at tick 11; 61, 62, 63 are released at 12, 13,
-// 14 (aged: 8, 9, 10); then 61 is hit (an Acquire or a peer's Lease) and
-// released at 15.
-func TestFreshAgeOrdersEviction(t *testing.T) {
-	hashes := []uint64{60, 61, 62, 63}
-	for _, tc := range []struct {
-		name   string
-		age    float64
-		lease  bool
-		demote []uint64
-		want   []uint64
-	}{
-		{"no age: last use", 0, false, nil, []uint64{60, 62, 63, 61}},
-		{"blocks never hit go first", 0.5, false, nil, []uint64{62, 63, 60, 61}},
-		{"a peer's lease is a hit", 0.5, true, nil, []uint64{62, 63, 60, 61}},
-		{"a demoted block, hit, goes before them", 0.5, false, []uint64{61}, []uint64{61, 62, 63, 60}},
-		{"demoted blocks among themselves by aged use", 0.5, false, []uint64{60, 63}, []uint64{63, 60, 62, 61}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(nil, nil)
-			cfg.FreshAge = tc.age
-			p, b := newTestPool(t, cfg, testLayout(8, 1, layout.FullyContiguous, 64))
-			storeInactive(t, b, hashes[:1], false, []int{0})
-			for range 10 {
-				blk, ok := b.Acquire(60)
-				if !ok {
-					t.Fatal("Acquire(60) found nothing")
-				}
-				if err := b.Release(blk); err != nil {
-					t.Fatal(err)
-				}
-			}
-			storeInactive(t, b, hashes[1:], false, []int{0, 1, 2})
-			if tc.lease {
-				id, _, err := b.Lease([]uint64{61}, time.Second)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := p.ReleaseLease(id); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				blk, _ := b.Acquire(61)
-				if err := b.Release(blk); err != nil {
-					t.Fatal(err)
-				}
-			}
-			b.Demote(tc.demote...)
-			if got := evictOrder(t, b, hashes, len(hashes)); !equalHashes(got, tc.want) {
-				t.Fatalf("evicted %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
-
-// The same hash registered again is a hit; a recycled slot is not.
-func TestFreshAgeRegisterAgainAndRecycle(t *testing.T) {
-	cfg := testConfig(nil, nil)
-	cfg.FreshAge = 0.5
-	_, b := newTestPool(t, cfg, testLayout(8, 1, layout.FullyContiguous, 64))
-	storeInactive(t, b, []uint64{70, 71, 72, 73, 74}, false, []int{0, 1, 2, 3, 4})
-	// 71 registered again from another slot: the set keeps the first.
-	blks, err := b.Allocate(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Commit(blks[0]); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := b.Register(blks[0], 71, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Release(reg); err != nil {
-		t.Fatal(err)
-	}
-	// 71, hit and released last, goes last; the others were never hit.
-	got := evictOrder(t, b, []uint64{70, 71, 72, 73, 74}, 5)
-	if got[4] != 71 {
-		t.Fatalf("evicted %v, want 71 last", got)
-	}
-	if i := b.registry; len(i) != 0 {
-		t.Fatalf("registry holds %d blocks after evicting all", len(i))
-	}
-	for i := range b.slots {
-		if b.slots[i].hit {
-			t.Fatalf("slot %d recycled with its hit mark", i)
-		}
-	}
-}
-
-func TestFreshAgeLimits(t *testing.T) {
-	for _, tc := range []struct {
-		age float64
-		ok  bool
-	}{
-		{0, true}, {5, true}, {MaxFreshAge, true},
-		{MaxFreshAge + 1, false}, {-1, false}, {math.NaN(), false}, {math.Inf(1), false},
-	} {
-		c := testConfig(nil, nil)
-		c.FreshAge = tc.age
-		_, err := c.populate()
-		if (err == nil) != tc.ok {
-			t.Errorf("FreshAge %g: err %v, want ok %v", tc.age, err, tc.ok)
-		}
-		if err != nil && (!errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "FreshAge")) {
-			t.Errorf("FreshAge %g: %v, want ErrInvalidConfig naming FreshAge", tc.age, err)
-		}
 	}
 }

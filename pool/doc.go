@@ -85,10 +85,7 @@
 // event; each new registration a store event. [BlockSet.Demote] marks
 // blocks that other nodes also hold: among the leaves they go first
 // (least recently used among them), so that the cluster keeps more
-// distinct blocks; [BlockSet.Undemote] takes the mark off. With
-// [Config.FreshAge], a block not hit since it was registered (no Acquire,
-// second Register or Lease) counts that many set sizes of releases older,
-// so that blocks stored and never reused go before reused ones.
+// distinct blocks; [BlockSet.Undemote] takes the mark off.
 //
 // With [Config.Offload] set, blocks may fall to a tier below (the agent's
 // host and disk tiers) instead of being recycled away: recycling offers

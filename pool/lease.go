@@ -100,7 +100,6 @@ func (b *BlockSet) Lease(hashes []uint64, d time.Duration) (LeaseID, []LeasedBlo
 		if s.inactive {
 			b.unlinkInactive(i)
 		}
-		s.hit = true
 		if s.leases == 0 {
 			b.leased++
 		}
