@@ -615,16 +615,19 @@ func (t *tiers) heldLocked(k disk.Key) bool {
 }
 
 // dropCopy deletes tier d's copy of k. Where k's record names d (and
-// recorded is set; else that copy is left alone: it is the record's), the
-// record is marked gone and the block sets that hold k in memory are told
+// recorded is set; else that copy is left alone, being the record's,
+// unless the record is gone: then the copy, committed since, is recorded
+// nowhere and deleted too), the record is marked gone and the block sets that hold k in memory are told
 // their copy below is gone (lostBelow) before the store deletes it, so
 // that no set takes the block as copied below, and recycles it as such,
 // while no tier holds the copy: a copy down that ends meanwhile is not
 // taken as complete on the strength of a gone record (heldLocked), nor is
 // a restore's block registered as copied below. The record stays, gone,
 // for the caller to forget. A copy of k committed to d while the delete
-// is under way is recorded nowhere (placed, movedDown): the delete may
-// take it. Called with neither t.mu nor announceMu held: lostBelow takes
+// is under way, or after it while the record waits, gone, to be
+// forgotten, is recorded nowhere (placed, movedDown) and deleted as a
+// second copy (dropSecond): the delete may take it, and the forget drops
+// the record, whatever copy it would name. Called with neither t.mu nor announceMu held: lostBelow takes
 // the sets' locks, and a disk store's delete writes its journal.
 func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
 	tk := tierKey{d.n, k}
@@ -632,8 +635,14 @@ func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
 	e, ok := t.pos[k]
 	ok = ok && e.Value.(*tierEntry).tier == d.n
 	if ok && !recorded {
-		t.mu.Unlock()
-		return nil
+		if !e.Value.(*tierEntry).gone {
+			t.mu.Unlock()
+			return nil
+		}
+		// The record's copy is being dropped already (marked, the sets
+		// told): this copy, committed since, is recorded nowhere and
+		// deleted too.
+		ok = false
 	}
 	if ok {
 		e.Value.(*tierEntry).gone = true

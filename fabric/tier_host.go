@@ -285,7 +285,10 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 // placed finds k below and frees it. Nor is the copy below kept where a
 // delete of k there is under way (dropCopy), which may take it, nor where
 // the host copy is being dropped (its record gone): the record stays
-// where it is, for its dropper to forget.
+// where it is, for its dropper to forget. Where k's record below is gone
+// (its copy there being dropped, or dropped), the copy just committed
+// below is deleted (dropSecond), as placed has it: the dropper forgets the
+// record, and would leave this copy in the store recorded nowhere.
 func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, length int, gen uint64) {
 	t.order()
 	t.mu.Lock()
@@ -295,6 +298,9 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		from = e.Value.(*tierEntry).tier
 	}
 	taking := t.deleting[tierKey{below.n, k}] > 0
+	// A record below that is gone is its dropper's, to forget: the copy
+	// just committed there is not its copy, and goes as a second one.
+	goneBelow := from == below.n && e.Value.(*tierEntry).gone
 	moved, recorded := false, false
 	switch {
 	case from == h.n && !taking && !e.Value.(*tierEntry).gone:
@@ -327,10 +333,10 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		t.announce(true, below.n, k.Hash)
 	}
 	t.announceMu.Unlock()
-	if !moved && !recorded && from != below.n {
-		// Another tier holds it, or keeps its record: the copy below is
-		// recorded nowhere (dropSecond leaves it if below records it by
-		// now).
+	if !moved && !recorded && (from != below.n || goneBelow) {
+		// Another tier holds it, or keeps its record, or below's record
+		// is gone: the copy below is recorded nowhere (dropSecond leaves
+		// it if below records it by now, not gone).
 		t.dropSecond(below, []disk.Key{k})
 	}
 }

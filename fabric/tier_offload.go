@@ -536,12 +536,20 @@ func directRefused(err error) bool {
 // nowhere, is to be deleted (second): by the caller, with neither t.mu nor
 // announceMu held (dropSecond), since a disk store's delete writes and
 // syncs its journal. A copy a record names is never deleted: that would
-// leave the record naming a tier without the block.
+// leave the record naming a tier without the block. Where the record is
+// gone (its copy being dropped, or dropped and the record not yet
+// forgotten: dropCopy), in d or elsewhere, the copy just committed is not
+// its copy: its dropper deletes that and forgets the record, so this one,
+// recorded nowhere, is a second copy too, deleted rather than left in the
+// store with no record.
 func (t *tiers) placed(d *diskTier, k disk.Key, length int) (announce, second bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e, ok := t.pos[k]; ok {
 		old := e.Value.(*tierEntry)
+		if old.gone {
+			return false, true
+		}
 		if old.tier != d.n {
 			t.lru(old.tier).MoveToBack(e)
 			return false, true
