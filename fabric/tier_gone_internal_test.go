@@ -201,3 +201,51 @@ func TestTierRestoreAfterGoneNotBelow(t *testing.T) {
 		}
 	}
 }
+
+// A block whose copy a tier is dropping already (an eviction under way:
+// its record gone) is not evicted again by a second eviction racing it
+// (roomFor's callers at once), nor moved down from host memory: it is
+// counted once, and no room is reported that was not made.
+func TestTierGoneRecordNotEvictedTwice(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		name := "disk"
+		if host {
+			name = "host"
+		}
+		t.Run(name, func(t *testing.T) {
+			tr, _, k := belowSet(t, host, false)
+			d := tr.list[0]
+			tr.mu.Lock()
+			e := tr.pos[k]
+			tr.mu.Unlock()
+			ran := false
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				if tr.evict(e) {
+					t.Error("a record gone was evicted again")
+				}
+				if n := tr.evictOldest(d, 4); n != 0 {
+					t.Errorf("evictOldest dropped %d blocks while the only one was being dropped, want 0", n)
+				}
+				if host {
+					if n := tr.moveDown(d, 4); n != 0 {
+						t.Errorf("moveDown took %d blocks from host memory while the only one was being dropped, want 0", n)
+					}
+				}
+			}
+			tr.afterDrop.Store(&f)
+			if !tr.evict(e) {
+				t.Fatal("the block's copy was not evicted")
+			}
+			if !ran {
+				t.Fatal("the tier dropped no copy of the block")
+			}
+			if n := d.evicted.Load(); n != 1 {
+				t.Fatalf("%d evictions counted of one block, want 1", n)
+			}
+		})
+	}
+}

@@ -211,6 +211,9 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 	var ms []moving
 	t.mu.Lock()
 	for e := t.lru(h.n).Front(); e != nil && len(ms) < n; e = e.Next() {
+		if e.Value.(*tierEntry).gone {
+			continue // being dropped: its dropper frees its slot
+		}
 		ms = append(ms, moving{k: e.Value.(*tierEntry).key, e: e})
 	}
 	t.mu.Unlock()
@@ -342,12 +345,15 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 }
 
 // evictOldest drops up to n of tier d's least recently used blocks and
-// returns how many it dropped.
+// returns how many it dropped: a record gone is being dropped already,
+// by another, and is neither dropped again nor counted.
 func (t *tiers) evictOldest(d *diskTier, n int) int {
 	var es []*list.Element
 	t.mu.Lock()
 	for e := t.lru(d.n).Front(); e != nil && len(es) < n; e = e.Next() {
-		es = append(es, e)
+		if !e.Value.(*tierEntry).gone {
+			es = append(es, e)
+		}
 	}
 	t.mu.Unlock()
 	gone := 0
@@ -360,14 +366,20 @@ func (t *tiers) evictOldest(d *diskTier, n int) int {
 }
 
 // evict drops the copy that record e names from its tier and forgets it,
-// if e is still its block's record: a block moved to another tier or
-// placed again meanwhile is left as it is (false). The copy is deleted
+// if e is still its block's record and not gone: a block moved to
+// another tier or placed again meanwhile is left as it is (false), and
+// one whose copy another is dropping already (an eviction racing this
+// one, a restore that found the copy corrupt) is not dropped, counted nor
+// reported as room made twice (false). The copy is deleted
 // with its record marked gone and the sets holding the block told first
 // (dropCopy), then the record forgotten.
 func (t *tiers) evict(e *list.Element) bool {
 	te := e.Value.(*tierEntry)
 	t.mu.Lock()
-	ok := t.pos[te.key] == e
+	ok := t.pos[te.key] == e && !te.gone
+	if ok {
+		te.gone = true // this eviction's: another finds it gone (dropCopy marks it again)
+	}
 	t.mu.Unlock()
 	if !ok {
 		return false
