@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"time"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
 )
@@ -49,22 +51,42 @@ func TestTierCopyPlacedOverAGoneRecordNotLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	placeCopy(tr, d, k, disk.Align) // the first copier's
+	// The first copy found gone (a restore that found it corrupt): the
+	// record waits, gone, to be forgotten.
+	tr.lostCopy(d, k)
+	// The second copier commits its copy, and places it before the record
+	// is forgotten.
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	if announce, second := tr.placed(d, k, disk.Align); announce || !second {
+		t.Errorf("a copy placed over a gone record: announce %v, second %v; want false, true", announce, second)
+	}
+	tr.dropSecond(d, []disk.Key{k})
+	tr.forget(d, k)
+	consistent(t, tr, d, k)
+
+	// Placed while an eviction deletes the first copy: it waits for the
+	// delete, and the copy ends recorded or deleted, whichever the
+	// eviction's forget comes before.
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, d, k, disk.Align)
 	ran := false
+	done := make(chan struct{})
 	f := func(dd *diskTier, kk disk.Key) {
 		if dd != d || kk != k || ran {
 			return
 		}
 		ran = true
-		// The second copier commits its copy after the delete, and
-		// places it before the eviction forgets the record.
 		if err := d.store.Load().Put(ctx, k, data); err != nil {
 			t.Error(err)
-			return
 		}
-		if announce, second := tr.placed(d, k, disk.Align); announce || !second {
-			t.Errorf("a copy placed over a gone record: announce %v, second %v; want false, true", announce, second)
-		}
-		tr.dropSecond(d, []disk.Key{k})
+		go func() {
+			defer close(done)
+			placeCopy(tr, d, k, disk.Align)
+		}()
 	}
 	tr.afterDrop.Store(&f)
 	if !tr.evict(tr.lru(d.n).Front()) {
@@ -73,7 +95,81 @@ func TestTierCopyPlacedOverAGoneRecordNotLeft(t *testing.T) {
 	if !ran {
 		t.Fatal("the tier dropped no copy of the block")
 	}
+	waitClosed(t, done, "the second copy placed")
 	consistent(t, tr, d, k)
+}
+
+// waitClosed waits for done to close, failing the test after a wide
+// deadline.
+func waitClosed(t *testing.T, done <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: not done after 30s", what)
+	}
+}
+
+// A copy committed to a tier while a delete of its block there is under
+// way (a second copy deleted: dropSecond) waits for the delete to end and
+// is recorded if the store holds it then: the block's other copy may have
+// gone meanwhile, and the committed one is then the node's only copy.
+// Where the delete took it, it is recorded nowhere.
+func TestTierCommitDuringADeleteRecordedIfKept(t *testing.T) {
+	for _, tc := range []struct {
+		desc  string
+		after bool // committed after the delete, else before it (taken)
+	}{
+		{"committed after the delete", true},
+		{"committed before the delete", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, h, d := hostOverDisk(t, 4)
+			ctx := context.Background()
+			k := disk.Key{Hash: 24, Tag: 1}
+			data := bytes.Repeat([]byte{0x24}, 3000)
+			for _, x := range []*diskTier{h, d} {
+				if err := x.store.Load().Put(ctx, k, data); err != nil {
+					t.Fatal(err)
+				}
+			}
+			placeCopy(tr, h, k, disk.Align)
+			ran := false
+			done := make(chan struct{})
+			var announce, second bool
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				// Meanwhile the host tier's copy went, and a copy down
+				// of the block to d ends.
+				tr.evict(tr.lru(h.n).Front())
+				if tc.after {
+					if err := d.store.Load().Put(ctx, k, data); err != nil {
+						t.Error(err)
+					}
+				}
+				go func() {
+					defer close(done)
+					announce, second = tr.placed(d, k, disk.Align)
+				}()
+			}
+			tr.afterDrop.Store(&f)
+			tr.dropSecond(d, []disk.Key{k})
+			if !ran {
+				t.Fatal("the second copy was not deleted")
+			}
+			waitClosed(t, done, "the copy placed")
+			if second {
+				t.Fatal("the copy committed was taken as a second copy")
+			}
+			if got := tr.where(k); (got == d) != tc.after || announce != tc.after {
+				t.Fatalf("the block recorded in tier %d, announced %v; want recorded in tier %d and announced: %v", tierNum(got), announce, d.n, tc.after)
+			}
+			consistent(t, tr, d, k)
+		})
+	}
 }
 
 // A move down from the host tier that commits its copy below while the
@@ -247,5 +343,42 @@ func TestTierGoneRecordNotEvictedTwice(t *testing.T) {
 				t.Fatalf("%d evictions counted of one block, want 1", n)
 			}
 		})
+	}
+}
+
+// tierNum is d's number, -1 for none.
+func tierNum(d *diskTier) int {
+	if d == nil {
+		return -1
+	}
+	return d.n
+}
+
+// A record gone (its copy dropped or found gone, the record not yet
+// forgotten) holds nothing for look-ups: where and find say no tier holds
+// the block, so that a copy down writes it again rather than take it as
+// held (and end its offload as not copied, offered again and again), and
+// no restore, Lookup or peer's lease looks for it there.
+func TestTierGoneRecordHoldsNothing(t *testing.T) {
+	tr, _, d := hostOverDisk(t, 4)
+	tr.layouts = map[uint64]*layout.Layout{1: belowLayout(1)}
+	ctx := context.Background()
+	k := disk.Key{Hash: 25, Tag: 1}
+	if err := d.store.Load().Put(ctx, k, bytes.Repeat([]byte{0x25}, 3000)); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, d, k, disk.Align)
+	if got := tr.where(k); got != d {
+		t.Fatalf("where: tier %d, want %d", tierNum(got), d.n)
+	}
+	if got, ok := tr.find(k.Hash); !ok || got != k {
+		t.Fatalf("find: %v %v, want %v", got, ok, k)
+	}
+	tr.lostCopy(d, k)
+	if got := tr.where(k); got != nil {
+		t.Fatalf("where: tier %d holds a block whose record is gone", got.n)
+	}
+	if got, ok := tr.find(k.Hash); ok {
+		t.Fatalf("find: %v held, its record gone", got)
 	}
 }

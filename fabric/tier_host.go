@@ -389,7 +389,7 @@ func (t *tiers) evict(e *list.Element) bool {
 		t.log.Warn("tier: evict", "hash", te.key.Hash, "tier", d.n, "err", err)
 	}
 	d.evicted.Add(1)
-	t.forget(d, te.key)
+	t.forgetIf(d, te.key, e)
 	return true
 }
 
