@@ -177,8 +177,11 @@ type diskTier struct {
 }
 
 // tierEntry is a block in the tiers' recency list. gone says its copy is
-// being deleted, or was (dropCopy): the record waits to be forgotten, and
-// no copy down is taken as complete on the strength of it (heldLocked).
+// being deleted, or was (dropCopy, lostCopy): the record waits to be
+// forgotten, holds nothing for look-ups (where, find), is neither evicted
+// again nor moved down, and no copy down is taken as complete on the
+// strength of it (heldLocked); a copy committed to its tier meanwhile is
+// deleted as a second copy (placed, movedDown).
 type tierEntry struct {
 	tier   int
 	key    disk.Key
@@ -604,9 +607,10 @@ func (t *tiers) forget(d *diskTier, k disk.Key) {
 	t.forgetIf(d, k, nil)
 }
 
-// forgetIf is forget, of k's record only if it is only (when only is not
-// nil): an eviction forgets the record it dropped, not one made since in
-// its place (placed records a copy committed after a delete ended).
+// forgetIf is forget, dropping k's record only if it is the element only
+// (where only is not nil): an eviction forgets the record it dropped, not
+// one made since in its place (placed records a copy committed after a
+// delete ended).
 func (t *tiers) forgetIf(d *diskTier, k disk.Key, only *list.Element) {
 	t.order()
 	t.mu.Lock()
@@ -637,8 +641,9 @@ func (t *tiers) heldLocked(k disk.Key) bool {
 // dropCopy deletes tier d's copy of k. Where k's record names d (and
 // recorded is set; else that copy is left alone, being the record's,
 // unless the record is gone: then the copy, committed since, is recorded
-// nowhere and deleted too), the record is marked gone and the block sets that hold k in memory are told
-// their copy below is gone (lostBelow) before the store deletes it, so
+// nowhere and deleted too), the record is marked gone and the block sets
+// that hold k in memory are told their copy below is gone (lostBelow)
+// before the store deletes it, so
 // that no set takes the block as copied below, and recycles it as such,
 // while no tier holds the copy: a copy down that ends meanwhile is not
 // taken as complete on the strength of a gone record (heldLocked), nor is
@@ -649,8 +654,9 @@ func (t *tiers) heldLocked(k disk.Key) bool {
 // whatever copy it would name. One committed while the delete is under
 // way with no record is recorded by placed only once the delete ended and
 // only if the store holds it still; a move down (movedDown) does not wait
-// and records it nowhere. Called with neither t.mu nor announceMu held: lostBelow takes
-// the sets' locks, and a disk store's delete writes its journal.
+// and records it nowhere. Called with neither t.mu nor announceMu held:
+// lostBelow takes the sets' locks, and a disk store's delete writes its
+// journal.
 func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
 	tk := tierKey{d.n, k}
 	t.mu.Lock()
