@@ -647,7 +647,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	made := func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }
 	var set *pool.BlockSet
 	if swap {
-		set, err = a.swapFallback(made, may, best) // within the quota once best is freed
+		set, err = a.swapFallback(tmpl, place, made, may, best) // within the quota once best is freed
 	} else {
 		set, err = a.freeIdleSets(made, may, best)
 	}

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
 )
 
@@ -117,16 +118,56 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (ma
 // the Register is given the fallback.
 var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 
-// swapFallback makes the new set (made, the pool freeing what may allows)
-// while keep, the engine's idle fallback set, still stands, then frees
-// keep to bring the engine within its quota (makeRoomInQuota's swap): keep
-// is freed only once its replacement exists. Where the pool has no room for
-// the new set beside keep the error is made's (pool.ErrOutOfMemory), keep
-// untouched; where keep cannot be freed (it found a user meanwhile, or
-// is busy) the new set is freed and errFallbackKept returned. a.mu is
-// held.
-func (a *Agent) swapFallback(made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet) (*pool.BlockSet, error) {
-	set, err := a.freeIdleSets(made, may, keep)
+// swapFallback makes the new set (made, of tmpl placed as place) and
+// frees keep, the engine's idle fallback set, to bring the engine within
+// its quota (makeRoomInQuota's swap), never leaving the engine with
+// neither, and freeing no other set where keep's memory is room enough:
+// made is tried first with keep standing and nothing freed, keep freed
+// once the new set exists; where the pool has no room, and the set would
+// fit once keep's memory is free (pool.Pool.FitsFreeing), keep is freed
+// and the set made in its room; only where it would not are other idle
+// sets freed (those may allows, as freeIdleSets does), until it fits once
+// keep is freed, and none where it would not fit even with all of them
+// and keep freed. Where the set does not fit the error is
+// pool.ErrOutOfMemory, keep untouched; where keep cannot be freed (it
+// found a user meanwhile, or is busy: a peer's lease) a new set made
+// beside it is freed again, and errFallbackKept returned, keep standing. a.mu is held: no other
+// set is made meanwhile, so FitsFreeing's answer holds.
+func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet) (*pool.BlockSet, error) {
+	fits := func() (*pool.BlockSet, error) {
+		ok, err := a.pool.FitsFreeing(tmpl, place, keep.set.ID())
+		if err == nil && !ok {
+			err = pool.ErrOutOfMemory
+		}
+		return nil, err
+	}
+	set, err := made()
+	if errors.Is(err, pool.ErrOutOfMemory) {
+		if _, err = fits(); errors.Is(err, pool.ErrOutOfMemory) {
+			// Other sets freed until the set fits once keep is freed;
+			// none where it would not fit even once all were.
+			ids := []pool.SetID{keep.set.ID()}
+			for _, es := range a.sets {
+				es.mu.Lock()
+				if es != keep && len(es.users) == 0 && !es.freed && (es.orphaned || may(es)) {
+					ids = append(ids, es.set.ID())
+				}
+				es.mu.Unlock()
+			}
+			if ok, ferr := a.pool.FitsFreeing(tmpl, place, ids...); ferr == nil && ok {
+				_, err = a.freeIdleSets(fits, may, keep)
+			}
+		}
+		if err == nil {
+			if !a.freeIdleLocked(keep, 0) {
+				return nil, errFallbackKept
+			}
+			// keep is gone: whatever may allows goes before the engine
+			// is left with no set.
+			return a.freeIdleSets(made, may, nil)
+		}
+		// Else it fits nowhere: not beside keep either, with less room.
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -177,8 +177,11 @@ type diskTier struct {
 }
 
 // tierEntry is a block in the tiers' recency list. gone says its copy is
-// being deleted, or was (dropCopy): the record waits to be forgotten, and
-// no copy down is taken as complete on the strength of it (heldLocked).
+// being deleted, or was (dropCopy, lostCopy): the record waits to be
+// forgotten, holds nothing for look-ups (where, find), is neither evicted
+// again nor moved down, and no copy down is taken as complete on the
+// strength of it (heldLocked); a copy committed to its tier meanwhile is
+// deleted as a second copy (placed, movedDown).
 type tierEntry struct {
 	tier   int
 	key    disk.Key
@@ -216,7 +219,9 @@ type tiers struct {
 
 	// A block set's lock may be taken under mu (a copy down's end, a
 	// restore's registration: whether a tier holds the copy is decided
-	// with the set's change).
+	// with the set's change), and so may a store's own lock (placed asks
+	// a store whether it holds a copy; a move down deletes the host
+	// copy): a store calls nothing of the tiers under its lock.
 	mu         sync.Mutex // guards what follows and the stores' opening
 	blockBytes int        // the stores' slot size; 0 until known
 	layouts    map[uint64]*layout.Layout
@@ -226,9 +231,13 @@ type tiers struct {
 	staging    map[uint64]*engineSet
 	progress   chan struct{} // closed and replaced when a copy down has read its slot
 	// deleting counts the deletes under way of each copy (dropCopy): a
-	// copy committed there meanwhile is recorded nowhere, since the
-	// delete may take it.
+	// copy committed there meanwhile is recorded only once they end, if
+	// the store holds it then (placed), since the delete may take it.
 	deleting map[tierKey]int
+	// deleted is broadcast (its L is mu) when a delete counted in
+	// deleting ends: placed waits for the deletes of a copy it committed.
+	// Made when first needed.
+	deleted *sync.Cond
 
 	room      atomic.Int64 // blockBytes, for offer, which may not take mu
 	queueFull atomic.Uint64
@@ -277,10 +286,14 @@ type tiers struct {
 
 	moveMu sync.Mutex // one move down from the host tier at a time (tier_host.go)
 	// announceMu orders the tiers' records with their announcements: each
-	// change to the records that is announced (a copy placed, forgotten,
-	// evicted from host memory, moved down) is made and announced under
-	// it, and a resync of what this node holds reads the records under it
-	// (announced). So the announcements of one block go out in the order
+	// change to the records that is announced (a copy placed, moved down
+	// from host memory, forgotten: after an eviction, from any tier, or a
+	// copy lost) is made and announced under it, and a resync of what
+	// this node holds reads the records under it (announced). Marking a
+	// record gone (dropCopy, lostCopy) is not made under it nor announced:
+	// the block is announced gone when its record is forgotten, under it.
+	// placed may wait under it for a delete to end (dropCopy, which never
+	// takes it). So the announcements of one block go out in the order
 	// of its records' changes (a removal never overtakes the store it
 	// follows), and no record waits for its announcement while a resync
 	// reads them. Taken after moveMu and before mu and what announce
@@ -533,11 +546,14 @@ func (t *tiers) ensureShape(l *layout.Layout) (uint64, error) {
 	return tag, nil
 }
 
-// where returns the tier that holds k, or nil.
+// where returns the tier that holds k, or nil: a record gone (its copy
+// being deleted, or deleted and not yet forgotten) holds nothing, so that
+// a copy down writes the block again rather than take it as held, and no
+// restore, Lookup or lease looks for it there.
 func (t *tiers) where(k disk.Key) *diskTier {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e, ok := t.pos[k]; ok {
+	if e, ok := t.pos[k]; ok && !e.Value.(*tierEntry).gone {
 		return t.list[e.Value.(*tierEntry).tier]
 	}
 	return nil
@@ -588,10 +604,18 @@ func (t *tiers) touch(k disk.Key) {
 // record names: a block that moved to another tier meanwhile (a move down
 // from the host tier, a copy placed elsewhere) keeps its record there.
 func (t *tiers) forget(d *diskTier, k disk.Key) {
+	t.forgetIf(d, k, nil)
+}
+
+// forgetIf is forget, dropping k's record only if it is the element only
+// (where only is not nil): an eviction forgets the record it dropped, not
+// one made since in its place (placed records a copy committed after a
+// delete ended).
+func (t *tiers) forgetIf(d *diskTier, k disk.Key, only *list.Element) {
 	t.order()
 	t.mu.Lock()
 	e, ok := t.pos[k]
-	if ok && e.Value.(*tierEntry).tier != d.n {
+	if ok && (e.Value.(*tierEntry).tier != d.n || (only != nil && e != only)) {
 		ok = false
 	}
 	if ok {
@@ -615,25 +639,38 @@ func (t *tiers) heldLocked(k disk.Key) bool {
 }
 
 // dropCopy deletes tier d's copy of k. Where k's record names d (and
-// recorded is set; else that copy is left alone: it is the record's), the
-// record is marked gone and the block sets that hold k in memory are told
-// their copy below is gone (lostBelow) before the store deletes it, so
+// recorded is set; else that copy is left alone, being the record's,
+// unless the record is gone: then the copy, committed since, is recorded
+// nowhere and deleted too), the record is marked gone and the block sets
+// that hold k in memory are told their copy below is gone (lostBelow)
+// before the store deletes it, so
 // that no set takes the block as copied below, and recycles it as such,
 // while no tier holds the copy: a copy down that ends meanwhile is not
 // taken as complete on the strength of a gone record (heldLocked), nor is
 // a restore's block registered as copied below. The record stays, gone,
-// for the caller to forget. A copy of k committed to d while the delete
-// is under way is recorded nowhere (placed, movedDown): the delete may
-// take it. Called with neither t.mu nor announceMu held: lostBelow takes
-// the sets' locks, and a disk store's delete writes its journal.
+// for the caller to forget. A copy of k committed to d while the record
+// waits, gone, to be forgotten is recorded nowhere (placed, movedDown) and
+// deleted as a second copy (dropSecond): the forget drops the record,
+// whatever copy it would name. One committed while the delete is under
+// way with no record is recorded by placed only once the delete ended and
+// only if the store holds it still; a move down (movedDown) does not wait
+// and records it nowhere. Called with neither t.mu nor announceMu held:
+// lostBelow takes the sets' locks, and a disk store's delete writes its
+// journal.
 func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
 	tk := tierKey{d.n, k}
 	t.mu.Lock()
 	e, ok := t.pos[k]
 	ok = ok && e.Value.(*tierEntry).tier == d.n
 	if ok && !recorded {
-		t.mu.Unlock()
-		return nil
+		if !e.Value.(*tierEntry).gone {
+			t.mu.Unlock()
+			return nil
+		}
+		// The record's copy is being dropped already (marked, the sets
+		// told): this copy, committed since, is recorded nowhere and
+		// deleted too.
+		ok = false
 	}
 	if ok {
 		e.Value.(*tierEntry).gone = true
@@ -654,8 +691,17 @@ func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
 	if t.deleting[tk]--; t.deleting[tk] <= 0 {
 		delete(t.deleting, tk)
 	}
+	t.deletedCond().Broadcast()
 	t.mu.Unlock()
 	return err
+}
+
+// deletedCond is t.deleted, made if it is not yet. t.mu is held.
+func (t *tiers) deletedCond() *sync.Cond {
+	if t.deleted == nil {
+		t.deleted = sync.NewCond(&t.mu)
+	}
+	return t.deleted
 }
 
 // lostCopy is for a copy of k in tier d that went without dropCopy: the
@@ -747,12 +793,13 @@ func (t *tiers) waitProgress() <-chan struct{} {
 	return t.progress
 }
 
-// find reports whether some tier holds hash, and under which shape.
+// find reports whether some tier holds hash, and under which shape (a
+// record gone holds nothing, as for where).
 func (t *tiers) find(hash uint64) (disk.Key, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for tag := range t.layouts {
-		if _, ok := t.pos[disk.Key{Hash: hash, Tag: tag}]; ok {
+		if t.heldLocked(disk.Key{Hash: hash, Tag: tag}) {
 			return disk.Key{Hash: hash, Tag: tag}, true
 		}
 	}

@@ -200,21 +200,27 @@ func TestTierSecondCopyDeleteTakesACommitUnrecorded(t *testing.T) {
 	}
 	placeCopy(tr, h, k, disk.Align)
 	ran := false
+	done := make(chan struct{})
 	f := func(dd *diskTier, kk disk.Key) {
 		if dd != d || kk != k || ran {
 			return
 		}
 		ran = true
 		// Meanwhile the host tier's copy went, and a commit of the block
-		// to d, written before the delete, ends.
+		// to d, written before the delete, ends (placed waits for the
+		// delete to end).
 		tr.evict(tr.lru(h.n).Front())
-		placeCopy(tr, d, k, disk.Align)
+		go func() {
+			defer close(done)
+			placeCopy(tr, d, k, disk.Align)
+		}()
 	}
 	tr.afterDrop.Store(&f)
 	tr.dropSecond(d, []disk.Key{k})
 	if !ran {
 		t.Fatal("the second copy was not deleted")
 	}
+	waitClosed(t, done, "the commit placed")
 	tr.mu.Lock()
 	held := tr.heldLocked(k)
 	tr.mu.Unlock()

@@ -211,6 +211,9 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 	var ms []moving
 	t.mu.Lock()
 	for e := t.lru(h.n).Front(); e != nil && len(ms) < n; e = e.Next() {
+		if e.Value.(*tierEntry).gone {
+			continue // being dropped: its dropper frees its slot
+		}
 		ms = append(ms, moving{k: e.Value.(*tierEntry).key, e: e})
 	}
 	t.mu.Unlock()
@@ -285,7 +288,10 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 // placed finds k below and frees it. Nor is the copy below kept where a
 // delete of k there is under way (dropCopy), which may take it, nor where
 // the host copy is being dropped (its record gone): the record stays
-// where it is, for its dropper to forget.
+// where it is, for its dropper to forget. Where k's record below is gone
+// (its copy there being dropped, or dropped), the copy just committed
+// below is deleted (dropSecond), as placed has it: the dropper forgets the
+// record, and would leave this copy in the store recorded nowhere.
 func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, length int, gen uint64) {
 	t.order()
 	t.mu.Lock()
@@ -295,6 +301,9 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		from = e.Value.(*tierEntry).tier
 	}
 	taking := t.deleting[tierKey{below.n, k}] > 0
+	// A record below that is gone is its dropper's, to forget: the copy
+	// just committed there is not its copy, and goes as a second one.
+	goneBelow := from == below.n && e.Value.(*tierEntry).gone
 	moved, recorded := false, false
 	switch {
 	case from == h.n && !taking && !e.Value.(*tierEntry).gone:
@@ -327,21 +336,24 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		t.announce(true, below.n, k.Hash)
 	}
 	t.announceMu.Unlock()
-	if !moved && !recorded && from != below.n {
-		// Another tier holds it, or keeps its record: the copy below is
-		// recorded nowhere (dropSecond leaves it if below records it by
-		// now).
+	if !moved && !recorded && (from != below.n || goneBelow) {
+		// Another tier holds it, or keeps its record, or below's record
+		// is gone: the copy below is recorded nowhere (dropSecond leaves
+		// it if below records it by now, not gone).
 		t.dropSecond(below, []disk.Key{k})
 	}
 }
 
 // evictOldest drops up to n of tier d's least recently used blocks and
-// returns how many it dropped.
+// returns how many it dropped: a record gone is being dropped already,
+// by another, and is neither dropped again nor counted.
 func (t *tiers) evictOldest(d *diskTier, n int) int {
 	var es []*list.Element
 	t.mu.Lock()
 	for e := t.lru(d.n).Front(); e != nil && len(es) < n; e = e.Next() {
-		es = append(es, e)
+		if !e.Value.(*tierEntry).gone {
+			es = append(es, e)
+		}
 	}
 	t.mu.Unlock()
 	gone := 0
@@ -354,14 +366,20 @@ func (t *tiers) evictOldest(d *diskTier, n int) int {
 }
 
 // evict drops the copy that record e names from its tier and forgets it,
-// if e is still its block's record: a block moved to another tier or
-// placed again meanwhile is left as it is (false). The copy is deleted
+// if e is still its block's record and not gone: a block moved to
+// another tier or placed again meanwhile is left as it is (false), and
+// one whose copy another is dropping already (an eviction racing this
+// one, a restore that found the copy corrupt) is not dropped, counted nor
+// reported as room made twice (false). The copy is deleted
 // with its record marked gone and the sets holding the block told first
 // (dropCopy), then the record forgotten.
 func (t *tiers) evict(e *list.Element) bool {
 	te := e.Value.(*tierEntry)
 	t.mu.Lock()
-	ok := t.pos[te.key] == e
+	ok := t.pos[te.key] == e && !te.gone
+	if ok {
+		te.gone = true // this eviction's: another finds it gone (dropCopy marks it again)
+	}
 	t.mu.Unlock()
 	if !ok {
 		return false
@@ -371,7 +389,7 @@ func (t *tiers) evict(e *list.Element) bool {
 		t.log.Warn("tier: evict", "hash", te.key.Hash, "tier", d.n, "err", err)
 	}
 	d.evicted.Add(1)
-	t.forget(d, te.key)
+	t.forgetIf(d, te.key, e)
 	return true
 }
 

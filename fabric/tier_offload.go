@@ -536,12 +536,30 @@ func directRefused(err error) bool {
 // nowhere, is to be deleted (second): by the caller, with neither t.mu nor
 // announceMu held (dropSecond), since a disk store's delete writes and
 // syncs its journal. A copy a record names is never deleted: that would
-// leave the record naming a tier without the block.
+// leave the record naming a tier without the block. Where the record is
+// gone (its copy being dropped, or dropped and the record not yet
+// forgotten: dropCopy), in d or elsewhere, the copy just committed is not
+// its copy: its dropper deletes that and forgets the record, so this one,
+// recorded nowhere, is a second copy too, deleted rather than left in the
+// store with no record. A copy committed while a delete of k in d is
+// under way (dropCopy: a second copy there, or an eviction) may or may not
+// have been taken by it: placed waits for the delete to end (under
+// announceMu, which no delete takes) and records the copy only if the
+// store holds it then, so that a block whose other copy went meanwhile is
+// not lost from the node. The store's lock is taken under t.mu (Has).
 func (t *tiers) placed(d *diskTier, k disk.Key, length int) (announce, second bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	for t.deleting[tierKey{d.n, k}] > 0 {
+		// A delete of k in d under way (dropCopy) may take this copy
+		// or not: its end is waited for, and the store asked.
+		t.deletedCond().Wait()
+	}
 	if e, ok := t.pos[k]; ok {
 		old := e.Value.(*tierEntry)
+		if old.gone {
+			return false, true
+		}
 		if old.tier != d.n {
 			t.lru(old.tier).MoveToBack(e)
 			return false, true
@@ -553,10 +571,8 @@ func (t *tiers) placed(d *diskTier, k disk.Key, length int) (announce, second bo
 		t.lru(d.n).MoveToBack(e)
 		return false, false
 	}
-	if t.deleting[tierKey{d.n, k}] > 0 {
-		// A delete of k in d under way (dropCopy) may take this copy:
-		// recorded nowhere, and deleted as a second copy.
-		return false, true
+	if st := d.store.Load(); st != nil && !st.Has(k) {
+		return false, false // a delete ended since the commit took it
 	}
 	t.recordLocked(d, k, length)
 	return true, false

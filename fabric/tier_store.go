@@ -16,6 +16,7 @@ type tierStore interface {
 	Get(ctx context.Context, k disk.Key, dst []byte) (int, error)
 	GetPieces(ctx context.Context, k disk.Key, pieces ...[]byte) (int, error)
 	Delete(k disk.Key) error
+	Has(k disk.Key) bool
 	Free() int
 	Keys() []disk.Key
 	Stats() disk.Stats

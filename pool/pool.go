@@ -174,37 +174,9 @@ func (p *Pool) NewBlockSet(tmpl *layout.Layout) (*BlockSet, error) {
 // rank order; it is all or nothing: when one storage has no room, nothing
 // is carved.
 func (p *Pool) NewBlockSetOn(tmpl *layout.Layout, place []int) (*BlockSet, error) {
-	if p.closed.Load() {
-		return nil, ErrClosed
-	}
-	if tmpl == nil {
-		return nil, fmt.Errorf("%w: layout is nil", ErrInvalidConfig)
-	}
-	l := tmpl.Clone()
-	if l.TPSize >= 1 && l.TPSize <= layout.MaxTPSize {
-		if place == nil {
-			place = make([]int, l.TPSize)
-			for r := range place {
-				place[r] = r % len(p.arenas)
-			}
-		}
-		// Placeholders, so that Validate judges the rest before we carve.
-		l.Regions = make([]layout.Region, l.TPSize)
-		for i := range l.Regions {
-			st := p.arenas[0].storage
-			l.Regions[i] = layout.Region{Size: 1 << 62, Kind: st.Kind(), Device: st.Device()}
-		}
-	}
-	if err := l.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: block set layout: %w", ErrInvalidConfig, err)
-	}
-	if len(place) != l.TPSize {
-		return nil, fmt.Errorf("%w: placement names %d storages for %d ranks", ErrInvalidConfig, len(place), l.TPSize)
-	}
-	for r, a := range place {
-		if a < 0 || a >= len(p.arenas) {
-			return nil, fmt.Errorf("%w: rank %d placed on storage %d of %d", ErrInvalidConfig, r, a, len(p.arenas))
-		}
+	l, place, err := p.setLayout(tmpl, place)
+	if err != nil {
+		return nil, err
 	}
 	st := l.Strides()
 	align := max(l.Alignment, p.page)
@@ -248,6 +220,45 @@ func (p *Pool) NewBlockSetOn(tmpl *layout.Layout, place []int) (*BlockSet, error
 	b.cuts = cuts
 	p.sets = append(p.sets, b)
 	return b, nil
+}
+
+// setLayout checks a block set's layout and placement before any room is
+// looked for (NewBlockSetOn, FitsFreeing): a copy of tmpl with placeholder
+// regions, and the placement (nil spread over the storages).
+func (p *Pool) setLayout(tmpl *layout.Layout, place []int) (*layout.Layout, []int, error) {
+	if p.closed.Load() {
+		return nil, nil, ErrClosed
+	}
+	if tmpl == nil {
+		return nil, nil, fmt.Errorf("%w: layout is nil", ErrInvalidConfig)
+	}
+	l := tmpl.Clone()
+	if l.TPSize >= 1 && l.TPSize <= layout.MaxTPSize {
+		if place == nil {
+			place = make([]int, l.TPSize)
+			for r := range place {
+				place[r] = r % len(p.arenas)
+			}
+		}
+		// Placeholders, so that Validate judges the rest before we carve.
+		l.Regions = make([]layout.Region, l.TPSize)
+		for i := range l.Regions {
+			st := p.arenas[0].storage
+			l.Regions[i] = layout.Region{Size: 1 << 62, Kind: st.Kind(), Device: st.Device()}
+		}
+	}
+	if err := l.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("%w: block set layout: %w", ErrInvalidConfig, err)
+	}
+	if len(place) != l.TPSize {
+		return nil, nil, fmt.Errorf("%w: placement names %d storages for %d ranks", ErrInvalidConfig, len(place), l.TPSize)
+	}
+	for r, a := range place {
+		if a < 0 || a >= len(p.arenas) {
+			return nil, nil, fmt.Errorf("%w: rank %d placed on storage %d of %d", ErrInvalidConfig, r, a, len(p.arenas))
+		}
+	}
+	return l, place, nil
 }
 
 // arena is one storage of a pool and what is carved from it. The pool's

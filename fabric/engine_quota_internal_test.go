@@ -1,0 +1,142 @@
+package fabric
+
+import (
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// quotaSet is a block set of mib MiB (blocks of 1 KiB, belowLayout),
+// made by the engine named, idle (an orphan where the engine is ""), or
+// in use.
+type quotaSet struct {
+	engine string
+	mib    int
+	inUse  bool
+}
+
+// quotaAgent is an agent with a pool of 16 MiB and the sets carved from
+// it in order, the first idle the longest.
+func quotaAgent(t *testing.T, sets ...quotaSet) (*Agent, []*engineSet) {
+	t.Helper()
+	storage, err := pool.NewHostStorage(pool.HostConfig{Size: 16 << 20, Name: "quota-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { storage.Close() })
+	p, err := pool.New(storage, pool.Config{ExpiryInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	a := &Agent{log: slog.New(slog.DiscardHandler), pool: p, sets: map[pool.SetID]*engineSet{}}
+	var out []*engineSet
+	for i, s := range sets {
+		set, err := p.NewBlockSet(belowLayout(s.mib << 10))
+		if err != nil {
+			t.Fatalf("set %d of %d MiB: %v", i, s.mib, err)
+		}
+		es := &engineSet{set: set, engine: s.engine, users: map[uint64]*setUse{},
+			idleSince: time.Now().Add(time.Duration(i-len(sets)) * time.Minute), orphaned: s.engine == ""}
+		if s.inUse {
+			es.users[1] = &setUse{}
+		}
+		a.sets[set.ID()] = es
+		out = append(out, es)
+	}
+	return a, out
+}
+
+// An engine's new set that fits once its idle fallback set is freed
+// (within its quota only so) is made in that set's room: no other set is
+// freed for it where the fallback's room is enough (not an orphan, which
+// freeIdleSets frees first of all); another idle set is freed only where
+// the fallback's room is not enough; where the set fits nowhere, even
+// with every idle set it may free freed, none is freed, and the fallback
+// stays; and where the
+// fallback is busy (a peer's lease on one of its blocks) once the new set
+// is made, or before, the new set is freed again and the fallback kept
+// (errFallbackKept), never the engine left with neither.
+func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
+	const (
+		orphan = iota
+		active
+		keep
+	)
+	for _, tc := range []struct {
+		desc        string
+		activeFirst bool // the set in use carved first, the orphan next to the fallback
+		orphanMB    int  // the orphan's size
+		keepMB      int
+		newMB       int
+		busy        string // "", "before" (keep busy from the start), "after" (once the new set is made)
+		made        bool   // the new set made
+		err         error
+		freed       []int // of orphan, active, keep
+	}{
+		{"fits in the fallback's room", false, 6, 4, 6, "", true, nil, []int{keep}},
+		{"fits beside the fallback", false, 2, 4, 4, "", true, nil, []int{keep}},
+		{"fits once the orphan too is freed", true, 6, 4, 10, "", true, nil, []int{orphan, keep}},
+		{"fits nowhere", false, 6, 4, 10, "", false, pool.ErrOutOfMemory, nil},
+		{"the fallback busy once the new set is made", false, 2, 4, 4, "after", false, errFallbackKept, nil},
+		{"the fallback busy, the new set in its room", false, 6, 4, 6, "before", false, errFallbackKept, nil},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			// The orphan first, then another engine's set in use, then the
+			// engine's fallback, then what is left free.
+			o, f, e := quotaSet{"", tc.orphanMB, false}, quotaSet{"f", 4, true}, quotaSet{"e", tc.keepMB, false}
+			var a *Agent
+			var sets []*engineSet
+			if tc.activeFirst {
+				a, sets = quotaAgent(t, f, o, e)
+				sets[orphan], sets[active] = sets[active], sets[orphan]
+			} else {
+				a, sets = quotaAgent(t, o, f, e)
+			}
+			k := sets[keep]
+			if tc.busy == "before" {
+				if _, err := k.set.Allocate(1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tmpl := belowLayout(tc.newMB << 10)
+			var made *pool.BlockSet
+			mk := func() (*pool.BlockSet, error) {
+				s, err := a.pool.NewBlockSetOn(tmpl, nil)
+				if err == nil {
+					made = s
+					if tc.busy == "after" {
+						if _, err := k.set.Allocate(1); err != nil {
+							t.Error(err)
+						}
+					}
+				}
+				return s, err
+			}
+			may := func(es *engineSet) bool { return es.engine == "e" }
+			a.mu.Lock()
+			set, err := a.swapFallback(tmpl, nil, mk, may, k)
+			a.mu.Unlock()
+			if (set != nil) != tc.made || !errors.Is(err, tc.err) {
+				t.Fatalf("new set %v, %v; want made %v, %v", set != nil, err, tc.made, tc.err)
+			}
+			for i, es := range sets {
+				want := false
+				for _, f := range tc.freed {
+					want = want || f == i
+				}
+				if _, err := a.pool.BlockSet(es.set.ID()); (err != nil) != want {
+					t.Errorf("set %d freed: %v, want %v", i, err != nil, want)
+				}
+			}
+			if made != nil && set == nil {
+				if _, err := a.pool.BlockSet(made.ID()); err == nil {
+					t.Error("the new set, not given, is still held")
+				}
+			}
+		})
+	}
+}

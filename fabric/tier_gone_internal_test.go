@@ -1,0 +1,384 @@
+package fabric
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/pool/disk"
+)
+
+// consistent fails the test where k's record and the tiers' stores
+// disagree: a record naming a tier without the copy, or a copy in d that
+// no record names (a slot lost until a restart).
+func consistent(t *testing.T, tr *tiers, d *diskTier, k disk.Key) {
+	t.Helper()
+	tr.mu.Lock()
+	e, ok := tr.pos[k]
+	var te tierEntry
+	if ok {
+		te = *e.Value.(*tierEntry)
+	}
+	tr.mu.Unlock()
+	if ok && !te.gone && !has(tr.list[te.tier], k) {
+		t.Fatalf("the block is recorded in tier %d, which does not hold it", te.tier)
+	}
+	if has(d, k) && (!ok || te.tier != d.n) {
+		t.Fatalf("tier %d holds a copy of the block that no record names (record: %v %+v)", d.n, ok, te)
+	}
+}
+
+// has says whether d's store holds a copy of k.
+func has(d *diskTier, k disk.Key) bool {
+	return d.store.Load().(interface{ Has(disk.Key) bool }).Has(k)
+}
+
+// A copy committed to a tier while the block's record there is gone (an
+// eviction deleted the copy it names and has yet to forget it: two
+// copiers of one hash, the second of which found the block unheld before
+// the first recorded it) is deleted as a second copy, not taken as the
+// record's copy and left in the store, recorded nowhere, once the record
+// is forgotten.
+func TestTierCopyPlacedOverAGoneRecordNotLeft(t *testing.T) {
+	tr, _, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 21, Tag: 1}
+	data := bytes.Repeat([]byte{0x21}, 3000)
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, d, k, disk.Align) // the first copier's
+	// The first copy found gone (a restore that found it corrupt): the
+	// record waits, gone, to be forgotten.
+	tr.lostCopy(d, k)
+	// The second copier commits its copy, and places it before the record
+	// is forgotten.
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	if announce, second := tr.placed(d, k, disk.Align); announce || !second {
+		t.Errorf("a copy placed over a gone record: announce %v, second %v; want false, true", announce, second)
+	}
+	tr.dropSecond(d, []disk.Key{k})
+	tr.forget(d, k)
+	consistent(t, tr, d, k)
+
+	// Placed while an eviction deletes the first copy: it waits for the
+	// delete, and the copy ends recorded or deleted, whichever the
+	// eviction's forget comes before.
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, d, k, disk.Align)
+	ran := false
+	done := make(chan struct{})
+	f := func(dd *diskTier, kk disk.Key) {
+		if dd != d || kk != k || ran {
+			return
+		}
+		ran = true
+		if err := d.store.Load().Put(ctx, k, data); err != nil {
+			t.Error(err)
+		}
+		go func() {
+			defer close(done)
+			placeCopy(tr, d, k, disk.Align)
+		}()
+	}
+	tr.afterDrop.Store(&f)
+	if !tr.evict(tr.lru(d.n).Front()) {
+		t.Fatal("the block's copy was not evicted")
+	}
+	if !ran {
+		t.Fatal("the tier dropped no copy of the block")
+	}
+	waitClosed(t, done, "the second copy placed")
+	consistent(t, tr, d, k)
+}
+
+// waitClosed waits for done to close, failing the test after a wide
+// deadline.
+func waitClosed(t *testing.T, done <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: not done after 30s", what)
+	}
+}
+
+// A copy committed to a tier while a delete of its block there is under
+// way (a second copy deleted: dropSecond) waits for the delete to end and
+// is recorded if the store holds it then: the block's other copy may have
+// gone meanwhile, and the committed one is then the node's only copy.
+// Where the delete took it, it is recorded nowhere.
+func TestTierCommitDuringADeleteRecordedIfKept(t *testing.T) {
+	for _, tc := range []struct {
+		desc  string
+		after bool // committed after the delete, else before it (taken)
+	}{
+		{"committed after the delete", true},
+		{"committed before the delete", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, h, d := hostOverDisk(t, 4)
+			ctx := context.Background()
+			k := disk.Key{Hash: 24, Tag: 1}
+			data := bytes.Repeat([]byte{0x24}, 3000)
+			for _, x := range []*diskTier{h, d} {
+				if err := x.store.Load().Put(ctx, k, data); err != nil {
+					t.Fatal(err)
+				}
+			}
+			placeCopy(tr, h, k, disk.Align)
+			ran := false
+			done := make(chan struct{})
+			var announce, second bool
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				// Meanwhile the host tier's copy went, and a copy down
+				// of the block to d ends.
+				tr.evict(tr.lru(h.n).Front())
+				if tc.after {
+					if err := d.store.Load().Put(ctx, k, data); err != nil {
+						t.Error(err)
+					}
+				}
+				go func() {
+					defer close(done)
+					announce, second = tr.placed(d, k, disk.Align)
+				}()
+			}
+			tr.afterDrop.Store(&f)
+			tr.dropSecond(d, []disk.Key{k})
+			if !ran {
+				t.Fatal("the second copy was not deleted")
+			}
+			waitClosed(t, done, "the copy placed")
+			if second {
+				t.Fatal("the copy committed was taken as a second copy")
+			}
+			if got := tr.where(k); (got == d) != tc.after || announce != tc.after {
+				t.Fatalf("the block recorded in tier %d, announced %v; want recorded in tier %d and announced: %v", tierNum(got), announce, d.n, tc.after)
+			}
+			consistent(t, tr, d, k)
+		})
+	}
+}
+
+// A move down from the host tier that commits its copy below while the
+// block's record below is gone (its copy there being dropped) deletes the
+// copy it committed: the dropper forgets the record, and the copy would
+// be left below recorded nowhere.
+func TestHostMoveOverAGoneRecordBelowNotLeft(t *testing.T) {
+	tr, h, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 22, Tag: 1}
+	data := bytes.Repeat([]byte{0x22}, 3000)
+	mem := h.store.Load().(*disk.MemStore)
+	if err := mem.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	buf := alignedBuffer(disk.Align)
+	_, gen, err := mem.GetGen(ctx, k, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, d, k, disk.Align)
+	tr.lostCopy(d, k) // its copy below found gone: the record marked, to be forgotten
+	// The move's write below lands, and its record is made before the
+	// record below is forgotten.
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	tr.movedDown(mem, h, d, k, disk.Align, gen)
+	tr.forget(d, k)
+	consistent(t, tr, d, k)
+	consistent(t, tr, h, k)
+}
+
+// A move down from the host tier that ends while a delete of the block's
+// copy below is under way (a second copy there, dropSecond) neither moves
+// the block's record below nor records it there: the delete took the copy
+// the move committed. The host copy and its record stay where the record
+// named the host tier.
+func TestHostMoveEndingUnderADeleteBelow(t *testing.T) {
+	for _, tc := range []struct {
+		desc     string
+		recorded bool // the host copy recorded, else recorded nowhere (dropped meanwhile)
+	}{
+		{"recorded in host memory", true},
+		{"recorded nowhere", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, h, d := hostOverDisk(t, 4)
+			ctx := context.Background()
+			k := disk.Key{Hash: 23, Tag: 1}
+			data := bytes.Repeat([]byte{0x23}, 3000)
+			mem := h.store.Load().(*disk.MemStore)
+			if err := mem.Put(ctx, k, data); err != nil {
+				t.Fatal(err)
+			}
+			if tc.recorded {
+				placeCopy(tr, h, k, disk.Align)
+			}
+			buf := alignedBuffer(disk.Align)
+			_, gen, err := mem.GetGen(ctx, k, buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The move's commit below, which a delete of a second copy of
+			// the block there then takes.
+			if err := d.store.Load().Put(ctx, k, data); err != nil {
+				t.Fatal(err)
+			}
+			ran := false
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				tr.movedDown(mem, h, d, k, disk.Align, gen)
+			}
+			tr.afterDrop.Store(&f)
+			tr.dropSecond(d, []disk.Key{k})
+			if !ran {
+				t.Fatal("no copy deleted below")
+			}
+			consistent(t, tr, d, k)
+			consistent(t, tr, h, k)
+			if got := tr.where(k); tc.recorded && got != h {
+				t.Fatalf("the block's record names %v, want the host tier", got)
+			}
+		})
+	}
+}
+
+// A restore whose block's record went gone before its registration (the
+// tier is dropping the copy: dropCopy marked the record, then clears the
+// marks, then deletes it) registers the block as not copied below, so that
+// spare-slot recycling keeps it; while the record holds, it is registered
+// as copied below.
+func TestTierRestoreAfterGoneNotBelow(t *testing.T) {
+	for _, gone := range []bool{false, true} {
+		tr, _, k := belowSet(t, true, false)
+		d := tr.list[0]
+		other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A whole block of the shape, with no checksum in its trailer.
+		if err := d.store.Load().Put(context.Background(), k, make([]byte, tierBlockBytes(other.Layout()))); err != nil {
+			t.Fatal(err)
+		}
+		if gone {
+			tr.mu.Lock()
+			tr.pos[k].Value.(*tierEntry).gone = true
+			tr.mu.Unlock()
+		}
+		find := func(context.Context, disk.Key) *diskTier { return d } // found before the record went
+		alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+		forget := func(*diskTier, disk.Key) { t.Error("a block forgotten: the copy was read whole") }
+		blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
+		if err != nil || len(blks) != 1 {
+			t.Fatalf("record gone %v: restore: %d blocks, %v; want 1", gone, len(blks), err)
+		}
+		if got := other.Below(blks[0]); got == gone {
+			t.Fatalf("record gone %v: the restored block marked copied below %v, want %v", gone, got, !gone)
+		}
+	}
+}
+
+// A block whose copy a tier is dropping already (an eviction under way:
+// its record gone) is not evicted again by a second eviction racing it
+// (roomFor's callers at once), nor moved down from host memory: it is
+// counted once, and no room is reported that was not made.
+func TestTierGoneRecordNotEvictedTwice(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		name := "disk"
+		if host {
+			name = "host"
+		}
+		t.Run(name, func(t *testing.T) {
+			tr, _, k := belowSet(t, host, false)
+			d := tr.list[0]
+			tr.mu.Lock()
+			e := tr.pos[k]
+			tr.mu.Unlock()
+			ran := false
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				if tr.evict(e) {
+					t.Error("a record gone was evicted again")
+				}
+				if n := tr.evictOldest(d, 4); n != 0 {
+					t.Errorf("evictOldest dropped %d blocks while the only one was being dropped, want 0", n)
+				}
+				if host {
+					if n := tr.moveDown(d, 4); n != 0 {
+						t.Errorf("moveDown took %d blocks from host memory while the only one was being dropped, want 0", n)
+					}
+				}
+			}
+			tr.afterDrop.Store(&f)
+			if !tr.evict(e) {
+				t.Fatal("the block's copy was not evicted")
+			}
+			if !ran {
+				t.Fatal("the tier dropped no copy of the block")
+			}
+			if n := d.evicted.Load(); n != 1 {
+				t.Fatalf("%d evictions counted of one block, want 1", n)
+			}
+		})
+	}
+}
+
+// tierNum is d's number, -1 for none.
+func tierNum(d *diskTier) int {
+	if d == nil {
+		return -1
+	}
+	return d.n
+}
+
+// A record gone (its copy dropped or found gone, the record not yet
+// forgotten) holds nothing for look-ups: where and find say no tier holds
+// the block, so that a copy down writes it again rather than take it as
+// held (and end its offload as not copied, offered again and again), and
+// no restore, Lookup or peer's lease looks for it there.
+func TestTierGoneRecordHoldsNothing(t *testing.T) {
+	tr, _, d := hostOverDisk(t, 4)
+	tr.layouts = map[uint64]*layout.Layout{1: belowLayout(1)}
+	ctx := context.Background()
+	k := disk.Key{Hash: 25, Tag: 1}
+	if err := d.store.Load().Put(ctx, k, bytes.Repeat([]byte{0x25}, 3000)); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, d, k, disk.Align)
+	if got := tr.where(k); got != d {
+		t.Fatalf("where: tier %d, want %d", tierNum(got), d.n)
+	}
+	if got, ok := tr.find(k.Hash); !ok || got != k {
+		t.Fatalf("find: %v %v, want %v", got, ok, k)
+	}
+	tr.lostCopy(d, k)
+	if got := tr.where(k); got != nil {
+		t.Fatalf("where: tier %d holds a block whose record is gone", got.n)
+	}
+	if got, ok := tr.find(k.Hash); ok {
+		t.Fatalf("find: %v held, its record gone", got)
+	}
+}
