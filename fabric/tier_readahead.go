@@ -316,7 +316,8 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 		inflight int
 		last     = parent // the last block issued, along the chain
 		prev     = parent // the block the next registration follows
-		stop     bool     // nothing more is issued
+		stop     bool     // the chain is not extended past run (it ends, or slots ran short)
+		abandon  bool     // nothing more is issued: ctx ended, a read failed, a block left the tiers
 		broken   bool     // a read failed: nothing after it is registered
 		slots    []pool.Block
 	)
@@ -362,7 +363,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	}
 	ctxDone := ctx.Done()
 	for {
-		for inflight < readers && ctx.Err() == nil && (len(run) > 0 || !stop) {
+		for inflight < readers && !abandon && ctx.Err() == nil && (len(run) > 0 || !stop) {
 			sa.mu.Lock()
 			room := bound - len(r.held) - len(queue)
 			keep := r.keep
@@ -401,7 +402,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 				// Left the tiers meanwhile: the chain ends here.
 				run, slots = append([]uint64{h}, run...), append([]pool.Block{blk}, slots...)
 				unmark()
-				stop = true
+				stop, abandon = true, true
 				break
 			}
 			last = h
@@ -422,8 +423,10 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 				landed <- rd
 			}()
 		}
-		if ctx.Err() != nil || (stop && len(run) > 0) {
-			stop = true
+		// Slots that ran short only end the chain: the run's slots are
+		// all read. Abandoned, the rest of the run is given back unread.
+		if ctx.Err() != nil || abandon {
+			stop, abandon = true, true
 			if len(run) > 0 {
 				unmark()
 			}
@@ -450,7 +453,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 		queue = queue[n:]
 		prev, broken = t.registerAhead(es, r, ready, prev, broken, &lost)
 		if broken {
-			stop = true
+			stop, abandon = true, true
 		}
 	}
 	// Over only once its blocks are released: whoever waits for it

@@ -853,3 +853,51 @@ func TestTierReadAheadKeepsReadingAsBlocksAreTaken(t *testing.T) {
 		t.Fatalf("%d hits after taking blocks 8..23; want 16, all read ahead", m.ReadAheadHits)
 	}
 }
+
+// A read-ahead given fewer spare slots than its chain asks for reads into
+// every slot it was given, not only the first round's: here a set of 64
+// slots, 37 held by the engine and the 8 restored referenced, leaves 12
+// above its low watermark for a chain of 16. All 12 come up, the 13th
+// does not (no slot for it), and no slot is given back unread.
+func TestTierReadAheadReadsEverySlotItGot(t *testing.T) {
+	a, c, _, hashes := readAheadAgent(t, 16, nil)
+	ctx := context.Background()
+	e := tierEngine
+	e.Name, e.Slots = "reader", 64
+	set := register(t, c, e)
+	low := int(set.Layout.Slots) - set.Retains
+	mine, err := c.Allocate(ctx, set.ID, 37)
+	if err != nil || len(mine) != 37 {
+		t.Fatalf("allocate 37: %d slots, %v", len(mine), err)
+	}
+	refs, err := c.Acquire(ctx, set.ID, hashes[:8])
+	if err != nil || len(refs) != 8 {
+		t.Fatalf("acquire: %d blocks, %v", len(refs), err)
+	}
+	waitReadAheads(t, a, 1)
+	spare := int(set.Layout.Slots) - 37 - 8 - low
+	if bound := min(16, set.Retains/2); spare >= bound || spare <= 8 {
+		t.Fatalf("%d spare slots for a chain of %d: not fewer than it asks for, or no more than one round's reads", spare, bound)
+	}
+	if got := readAheadMetrics(a).ReadAhead; got != uint64(spare) {
+		t.Fatalf("%d blocks read ahead into %d spare slots; want %d", got, spare, spare)
+	}
+	for i := 8; i < 8+spare; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d, within the %d spare slots, was not read ahead", i, spare)
+		}
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[8+spare]) {
+		t.Fatalf("block %d, one past the %d spare slots, came up", 8+spare, spare)
+	}
+	var slots []uint32
+	for _, r := range refs {
+		slots = append(slots, r.Slot)
+	}
+	if err := c.Release(ctx, set.ID, slots); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Free(ctx, set.ID, mine); err != nil {
+		t.Fatal(err)
+	}
+}
