@@ -26,9 +26,10 @@ import (
 // disk kept busy (readAhead). The blocks are restored as Prefetch's are
 // (registered after their parent, in batches as they land in order, each
 // batch's first detached from the block before it in the set,
-// pool.Registration.Detached, so that recycling takes the blocks already
-// used, X among them, before the ones read ahead rather than hold them all
-// as one sequence), and held referenced by the read-ahead until taken or
+// pool.Registration.Detached, as is a block the chain reached past blocks
+// the set holds, after the last of those, so that recycling takes the
+// blocks already used, X among them, before the ones read ahead rather
+// than hold them all as one sequence), and held referenced by the read-ahead until taken or
 // until it ends, then cached unreferenced; into slots
 // pool.BlockSet.AllocateSpare gives: free ones, or those of unused blocks
 // the tiers hold a copy of; never a referenced block's, nor one whose only
@@ -315,7 +316,6 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 		landed   = make(chan *aheadRead, readers)
 		inflight int
 		last     = parent // the last block issued, along the chain
-		prev     = parent // the block the next registration follows
 		stop     bool     // the chain is not extended past run (it ends, or slots ran short)
 		abandon  bool     // nothing more is issued: ctx ended, a read failed, a block left the tiers
 		broken   bool     // a read failed: nothing after it is registered
@@ -373,11 +373,12 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 			}
 			var h uint64
 			var blk pool.Block
+			after := last // the block h follows along the chain
 			if len(run) > 0 {
 				h, blk = run[0], slots[0]
 				run, slots = run[1:], slots[1:]
 			} else {
-				c, ok := t.nextAhead(set, disk.Key{Hash: last, Tag: tag})
+				c, p, ok := t.nextAhead(set, disk.Key{Hash: last, Tag: tag})
 				sa.mu.Lock()
 				_, reading := r.hashes[c]
 				_, holding := r.held[c]
@@ -391,7 +392,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 					stop = true
 					break
 				}
-				h, blk = c, blks[0]
+				h, blk, after = c, blks[0], p
 				sa.mu.Lock()
 				r.hashes[h] = struct{}{}
 				sa.mu.Unlock()
@@ -406,7 +407,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 				break
 			}
 			last = h
-			rd := &aheadRead{f: tierFound{d, k}, blk: blk}
+			rd := &aheadRead{f: tierFound{d, k}, blk: blk, parent: after}
 			queue = append(queue, rd)
 			inflight++
 			go func() {
@@ -451,7 +452,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 		}
 		ready := queue[:n:n]
 		queue = queue[n:]
-		prev, broken = t.registerAhead(es, r, ready, prev, broken, &lost)
+		broken = t.registerAhead(es, r, ready, broken, &lost)
 		if broken {
 			stop, abandon = true, true
 		}
@@ -478,24 +479,28 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	}
 }
 
-// aheadRead is one block of a read-ahead: where it is, its slot, and
-// its read's outcome once done.
+// aheadRead is one block of a read-ahead: where it is, its slot, the
+// block it follows along the chain, and its read's outcome once done.
 type aheadRead struct {
-	f    tierFound
-	blk  pool.Block
-	o    restoreOutcome
-	done bool
+	f      tierFound
+	blk    pool.Block
+	parent uint64
+	o      restoreOutcome
+	done   bool
 }
 
 // registerAhead registers the blocks of ready (read, in chain order) that
-// came up whole into es after prev, up to the first that did not (broken:
-// one before did not, so none is registered), holds them for r (where a
-// copy was registered meanwhile under a hash, that copy is released and
-// the read-ahead's slot given back), gives back the slots of the others,
-// and wakes whoever waits for them. It returns the block the next
-// registration follows and whether a read failed; the blocks found
-// corrupt or missing are added to *lost.
-func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, prev uint64, broken bool, lost *[]tierFound) (uint64, bool) {
+// came up whole into es, each after the block it follows along the chain
+// (aheadRead.parent), up to the first that did not (broken: one before did
+// not, so none is registered), holds them for r (where a copy was
+// registered meanwhile under a hash, that copy is released and the
+// read-ahead's slot given back), gives back the slots of the others, and
+// wakes whoever waits for them. Each batch of them, and each block that
+// does not follow the one before it in ready (the chain stepped over
+// blocks the set holds), starts a registration of its own, detached. It
+// returns whether a read failed; the blocks found corrupt or missing are
+// added to *lost.
+func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, broken bool, lost *[]tierFound) bool {
 	set := es.set
 	var regs []pool.Registration
 	var regd []*aheadRead
@@ -517,8 +522,7 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, pr
 			t.abortRead(set, rd)
 			continue
 		}
-		regs = append(regs, pool.Registration{Block: rd.blk, Hash: rd.f.k.Hash, Sum: rd.o.sum, HasSum: rd.o.has && es.sums,
-			Detached: len(regs) == 0})
+		regs = append(regs, pool.Registration{Block: rd.blk, Hash: rd.f.k.Hash, Sum: rd.o.sum, HasSum: rd.o.has && es.sums})
 		regd = append(regd, rd)
 	}
 	var out []pool.Block
@@ -530,7 +534,17 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, pr
 			regs[i].Below = t.heldLocked(rd.f.k)
 		}
 		var err error
-		out, err = set.RegisterBatch(regs, prev)
+		for from := 0; from < len(regs) && err == nil; {
+			to := from + 1
+			for to < len(regs) && regd[to].parent == regs[to-1].Hash {
+				to++
+			}
+			regs[from].Detached = true
+			var got []pool.Block
+			got, err = set.RegisterBatch(regs[from:to], regd[from].parent)
+			out = append(out, got...)
+			from = to
+		}
 		t.mu.Unlock()
 		for _, rg := range regs[len(out):] {
 			set.Abort(rg.Block) // a stale handle: the set was freed
@@ -543,9 +557,6 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, pr
 			t.touch(rd.f.k)
 			rd.f.d.restores.Add(1)
 			rd.f.d.restoreTime.record(rd.o.took)
-		}
-		if len(out) > 0 {
-			prev = regs[len(out)-1].Hash
 		}
 	}
 	var dup []pool.Block
@@ -572,7 +583,7 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, pr
 	for _, b := range dup {
 		set.Release(b)
 	}
-	return prev, broken
+	return broken
 }
 
 // abortRead gives back the slot of a block read ahead and not registered;
@@ -591,20 +602,21 @@ func (t *tiers) abortRead(set *pool.BlockSet, rd *aheadRead) {
 
 // nextAhead is the block to read ahead after k's along the links: past
 // those set holds already (a restore brought them up meanwhile), the next
-// one, if the tiers hold it; false where the chain ends.
-func (t *tiers) nextAhead(set *pool.BlockSet, k disk.Key) (uint64, bool) {
+// one, if the tiers hold it, and the block it follows (k's, or the last
+// one stepped over); false where the chain ends.
+func (t *tiers) nextAhead(set *pool.BlockSet, k disk.Key) (uint64, uint64, bool) {
 	for range maxRestoreBatch {
 		c, held := t.childOf(k)
 		if c == 0 || c == k.Hash {
-			return 0, false
+			return 0, 0, false
 		}
 		if _, ok := set.Lookup(c); ok {
 			k.Hash = c
 			continue
 		}
-		return c, held
+		return c, k.Hash, held
 	}
-	return 0, false
+	return 0, 0, false
 }
 
 // pruneLocked counts and forgets the blocks read ahead into set that were

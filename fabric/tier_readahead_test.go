@@ -901,3 +901,70 @@ func TestTierReadAheadReadsEverySlotItGot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A block read ahead past one the set already holds (a restore brought it
+// up meanwhile, and the chain steps over it) is registered after that
+// block, in a batch of its own detached from the one before the step: its
+// parent is the block stepped over, not the last one read ahead, and it
+// does not extend that one in the set. Here blocks 8..11 are read ahead
+// (11 held back), the engine restores 12 itself and takes 8, and the room
+// that makes goes to 13, past 12.
+func TestTierReadAheadPastAHeldBlockNamesItsParent(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 4)
+	release := make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
+	reading := make(chan uint64, len(hashes))
+	fabric.HoldReadAheadReads(a, func(ctx context.Context, h uint64) {
+		reading <- h
+		if h == hashes[11] {
+			select { // block 11 is not read until the test lets go
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+	})
+	t.Cleanup(func() { fabric.HoldReadAheadReads(a, nil) })
+	acquireRun(t, c, set, hashes[:8], 1)
+	wait.For(t, 30*time.Second, "blocks 8..10 read ahead", func() error {
+		for i := 8; i < 11; i++ {
+			if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+				return fmt.Errorf("block %d not in the set", i)
+			}
+		}
+		return nil
+	})
+	acquireRun(t, c, set, hashes[12:13], 13) // restored by the engine, not read ahead
+	acquireRun(t, c, set, hashes[8:9], 9)    // taken: room for one more
+	timeout := time.After(30 * time.Second)
+	for seen := false; !seen; {
+		select {
+		case h := <-reading:
+			if h == hashes[12] {
+				t.Fatal("block 12, which the set holds, was read ahead")
+			}
+			seen = h == hashes[13]
+		case <-timeout:
+			t.Fatal("block 13 was not read ahead past block 12")
+		}
+	}
+	letGo()
+	waitReadAheads(t, a, 1)
+	parent, _, ok := fabric.BlockSetLinks(a, set.ID, hashes[13])
+	if !ok {
+		t.Fatal("block 13 was not registered")
+	}
+	if parent != hashes[12] {
+		t.Fatalf("block 13 registered after %016x; want block 12, %016x (block 11 is %016x)", parent, hashes[12], hashes[11])
+	}
+	if _, children, ok := fabric.BlockSetLinks(a, set.ID, hashes[11]); !ok || children != 0 {
+		t.Fatalf("block 11 (in the set: %v) extended by %d blocks; want none, block 13 detached", ok, children)
+	}
+	if parent, _, ok := fabric.BlockSetLinks(a, set.ID, hashes[11]); !ok || parent != hashes[10] {
+		t.Fatalf("block 11 registered after %016x; want block 10, %016x", parent, hashes[10])
+	}
+	if m := readAheadMetrics(a); m.ReadAhead != 5 {
+		t.Fatalf("%d blocks read ahead; want 5 (8..11, 13)", m.ReadAhead)
+	}
+}
