@@ -118,3 +118,14 @@ func BlockSetLinks(a *Agent, id, hash uint64) (parent uint64, children int, ok b
 	}
 	return si.Parent, si.Children, true
 }
+
+// BlockSetWithdraw takes hash out of a's block set id, as a block found
+// bad is (pool.BlockSet.Withdraw); false if the set does not hold it.
+func BlockSetWithdraw(a *Agent, id, hash uint64) bool {
+	s, err := a.pool.BlockSet(pool.SetID(id))
+	if err != nil {
+		return false
+	}
+	b, ok := s.Lookup(hash)
+	return ok && s.Withdraw(b) == nil
+}

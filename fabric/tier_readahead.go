@@ -77,8 +77,8 @@ type aheadRuns struct {
 	// Import's, Lookup's or Prefetch's; Prefetch reports them as
 	// restored); unused those found recycled from
 	// their set, or freed with it, before any was taken (counted when the
-	// set's next read-ahead starts, when a take finds another block under
-	// the hash, or when the set is freed).
+	// set's next read-ahead starts, when a take or a read-ahead finds
+	// another block under the hash, or when the set is freed).
 	restored, hits, unused atomic.Uint64
 	// started and ended count read-aheads; waits the restores that waited
 	// for one (tests).
@@ -570,6 +570,11 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, br
 		}
 		if sa.blocks == nil {
 			sa.blocks = map[uint64]pool.Block{}
+		}
+		if ob, ok := sa.blocks[h]; ok && ob != b {
+			// One read ahead before under h, untaken, left the set
+			// since the read-ahead under way counted what had left.
+			t.ahead.unused.Add(1)
 		}
 		sa.blocks[h] = b
 		r.held[h] = b

@@ -968,3 +968,43 @@ func TestTierReadAheadPastAHeldBlockNamesItsParent(t *testing.T) {
 		t.Fatalf("%d blocks read ahead; want 5 (8..11, 13)", m.ReadAhead)
 	}
 }
+
+// A block read ahead, untaken, that leaves its set while a later
+// read-ahead is under way (after that one counted what had left before it
+// began), and is read ahead again by it, counts unused once: not lost
+// when the new block takes its place. Here blocks 8..11 are read ahead
+// after 4..7 and left; a read-ahead after 0..1 reads 2 and 3, and, past
+// 4..7, block 8 again, taken out of the set once that read-ahead began.
+func TestTierReadAheadAgainCountsTheFirstUnused(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 4)
+	acquireRun(t, c, set, hashes[4:8], 5)
+	waitReadAheads(t, a, 1)
+	for i := 8; i < 12; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead", i)
+		}
+	}
+	withdrawn := make(chan bool, 1)
+	fabric.HoldReadAheads(a, func(context.Context) {
+		withdrawn <- fabric.BlockSetWithdraw(a, set.ID, hashes[8])
+	})
+	t.Cleanup(func() { fabric.HoldReadAheads(a, nil) })
+	acquireRun(t, c, set, hashes[0:2], 1)
+	waitReadAheads(t, a, 2)
+	if !<-withdrawn {
+		t.Fatal("block 8 was not in the set to take out")
+	}
+	if !fabric.BlockSetHolds(a, set.ID, hashes[8]) {
+		t.Fatal("block 8 was not read ahead again")
+	}
+	m := readAheadMetrics(a)
+	if m.ReadAhead != 8 || m.ReadAheadUnused != 1 || m.ReadAheadHits != 0 {
+		t.Fatalf("block 8 read ahead twice, the first taken out untaken: %d read ahead, %d unused, %d hits; want 8, 1, 0",
+			m.ReadAhead, m.ReadAheadUnused, m.ReadAheadHits)
+	}
+	// The second is the one a take finds: a hit, nothing more unused.
+	acquireRun(t, c, set, hashes[8:9], 9)
+	if m = readAheadMetrics(a); m.ReadAheadUnused != 1 || m.ReadAheadHits != 1 {
+		t.Fatalf("block 8 taken: %d unused, %d hits; want 1, 1", m.ReadAheadUnused, m.ReadAheadHits)
+	}
+}
