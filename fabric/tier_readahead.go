@@ -18,19 +18,20 @@ import (
 // an Acquire or Import that takes blocks read ahead, the tiers start one
 // background read (at most one per set at a time) of the blocks that
 // follow X, as far as the tiers hold them, keeping up to restoreReaders
-// reads in flight and at most Config.TierReadAhead blocks, and half the
-// blocks the set keeps (as Prefetch), ahead of use: being read, or read
-// and not yet taken. Each read that completes frees its I/O slot for the
-// next block along the chain, and each block taken makes room for
-// another, so that while the engine takes one run the next is read, the
-// disk kept busy (readAhead). The blocks are restored as Prefetch's are
-// (registered after their parent, in batches as they land in order, each
-// batch's first detached from the block before it in the set,
-// pool.Registration.Detached, as is a block the chain reached past blocks
-// the set holds, after the last of those, so that recycling takes the
-// blocks already used, X among them, before the ones read ahead rather
-// than hold them all as one sequence), and held referenced by the read-ahead until taken or
-// until it ends, then cached unreferenced; into slots
+// reads in flight (deviceRestoreReaders into a device set) and at most
+// Config.TierReadAhead blocks, and half the blocks the set keeps (as
+// Prefetch), ahead of use: being read, or read and not yet taken. Each
+// read that completes frees its I/O slot for the next block along the
+// chain, and each block taken makes room for another, so that while the
+// engine takes one run the next is read, the disk kept busy (readAhead).
+// The blocks are restored as Prefetch's are (registered after their
+// parent, in batches as they land in order, each batch's first detached
+// from the block before it in the set, pool.Registration.Detached, as is
+// a block the chain reached past blocks the set holds, after the last of
+// those, so that recycling takes the blocks already used, X among them,
+// before the ones read ahead rather than hold them all as one sequence),
+// and held referenced by the read-ahead until taken or until it ends,
+// then cached unreferenced; into slots
 // pool.BlockSet.AllocateSpare gives: free ones, or those of unused blocks
 // the tiers hold a copy of; never a referenced block's, nor one whose only
 // copy is the set's, nor those of the sequence it extends (X, or the last
@@ -290,16 +291,20 @@ func (t *tiers) chain(set *pool.BlockSet, k disk.Key, bound int) (uint64, []uint
 
 // readAhead brings run up into es after parent, then the blocks that
 // follow it along the links: up to restoreReaders reads in flight at once
-// and bound blocks ahead of use (being read, or registered and not yet
-// taken). Each completed read frees its I/O slot for the next block along
-// the chain; the blocks that land in order are registered at once (each
-// batch of them detached from the one before, pool.Registration.Detached)
-// and held, referenced, until taken (aheadUsed) or until the read-ahead
-// ends, so that a restore waiting for them goes on as they land, and each
-// block taken makes room for the next. It ends where the chain does, where
-// no spare slot is left, at a read that fails, when ctx ends, or once its
-// window is full with nothing in flight; then it releases the blocks it
-// still holds (cached, unreferenced).
+// (deviceRestoreReaders into a device set) and bound blocks ahead of use
+// (being read, or registered and not yet taken). Each completed read frees
+// its I/O slot for the next block along the chain; the blocks that land in
+// order are registered at once (each batch of them, and each block past
+// blocks the set holds, detached from the one before,
+// pool.Registration.Detached) and held, referenced, until taken
+// (aheadUsed) or until the read-ahead ends, so that a restore waiting for
+// them goes on as they land, and each block taken makes room for the next.
+// It goes no further where the chain ends or no spare slot is left, and
+// reads every slot it holds; it gives back the slots it has not read into
+// at a read that fails, a block gone from the tiers, or when ctx ends. It
+// ends once nothing is in flight and it can go no further or its window
+// is full; then it releases the blocks it still holds (cached,
+// unreferenced).
 func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run []uint64, parent uint64, bound int) {
 	sa := &es.ahead
 	set := es.set
