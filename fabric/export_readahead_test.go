@@ -99,3 +99,33 @@ func TierHolds(a *Agent, hash uint64) bool {
 
 // ReadAheadsWait waits until every read-ahead of a started has returned.
 func ReadAheadsWait(a *Agent) { a.tiers.ahead.wg.Wait() }
+
+// BlockSetLinks is the parent a's block set id recorded for hash, and how
+// many blocks registered after hash extend it in the set; false if the
+// set does not hold hash.
+func BlockSetLinks(a *Agent, id, hash uint64) (parent uint64, children int, ok bool) {
+	s, err := a.pool.BlockSet(pool.SetID(id))
+	if err != nil {
+		return 0, 0, false
+	}
+	b, ok := s.Lookup(hash)
+	if !ok {
+		return 0, 0, false
+	}
+	si, err := s.Slot(b.Slot)
+	if err != nil || si.Generation != b.Generation || si.Hash != hash {
+		return 0, 0, false
+	}
+	return si.Parent, si.Children, true
+}
+
+// BlockSetWithdraw takes hash out of a's block set id, as a block found
+// bad is (pool.BlockSet.Withdraw); false if the set does not hold it.
+func BlockSetWithdraw(a *Agent, id, hash uint64) bool {
+	s, err := a.pool.BlockSet(pool.SetID(id))
+	if err != nil {
+		return false
+	}
+	b, ok := s.Lookup(hash)
+	return ok && s.Withdraw(b) == nil
+}

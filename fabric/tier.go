@@ -302,6 +302,8 @@ type tiers struct {
 	// resync or reconcile (announced) takes the pool's lock and every
 	// block set's lock (the pool's Snapshot) under it, so those too come
 	// after it: nothing holding the pool's or a set's lock takes it.
+	// Agent.registerMu (blockSetForSession) comes before Agent.mu, and
+	// both before these locks and a set's setAhead.mu.
 	announceMu sync.Mutex
 	// announcing is set, under announceMu, when announceAll announces the
 	// records once the node joined: changes before it are announced by

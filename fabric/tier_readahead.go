@@ -18,18 +18,20 @@ import (
 // an Acquire or Import that takes blocks read ahead, the tiers start one
 // background read (at most one per set at a time) of the blocks that
 // follow X, as far as the tiers hold them, keeping up to restoreReaders
-// reads in flight and at most Config.TierReadAhead blocks, and half the
-// blocks the set keeps (as Prefetch), ahead of use: being read, or read
-// and not yet taken. Each read that completes frees its I/O slot for the
-// next block along the chain, and each block taken makes room for
-// another, so that while the engine takes one run the next is read, the
-// disk kept busy (readAhead). The blocks are restored as Prefetch's are
-// (registered after their parent, in batches as they land in order, each
-// batch's first detached from the block before it in the set,
-// pool.Registration.Detached, so that recycling takes the blocks already
-// used, X among them, before the ones read ahead rather than hold them all
-// as one sequence), and held referenced by the read-ahead until taken or
-// until it ends, then cached unreferenced; into slots
+// reads in flight (deviceRestoreReaders into a device set) and at most
+// Config.TierReadAhead blocks, and half the blocks the set keeps (as
+// Prefetch), ahead of use: being read, or read and not yet taken. Each
+// read that completes frees its I/O slot for the next block along the
+// chain, and each block taken makes room for another, so that while the
+// engine takes one run the next is read, the disk kept busy (readAhead).
+// The blocks are restored as Prefetch's are (registered after their
+// parent, in batches as they land in order, each batch's first detached
+// from the block before it in the set, pool.Registration.Detached, as is
+// a block the chain reached past blocks the set holds, after the last of
+// those, so that recycling takes the blocks already used, X among them,
+// before the ones read ahead rather than hold them all as one sequence),
+// and held referenced by the read-ahead until taken or until it ends,
+// then cached unreferenced; into slots
 // pool.BlockSet.AllocateSpare gives: free ones, or those of unused blocks
 // the tiers hold a copy of; never a referenced block's, nor one whose only
 // copy is the set's, nor those of the sequence it extends (X, or the last
@@ -76,8 +78,8 @@ type aheadRuns struct {
 	// Import's, Lookup's or Prefetch's; Prefetch reports them as
 	// restored); unused those found recycled from
 	// their set, or freed with it, before any was taken (counted when the
-	// set's next read-ahead starts, when a take finds another block under
-	// the hash, or when the set is freed).
+	// set's next read-ahead starts, when a take or a read-ahead finds
+	// another block under the hash, or when the set is freed).
 	restored, hits, unused atomic.Uint64
 	// started and ended count read-aheads; waits the restores that waited
 	// for one (tests).
@@ -289,16 +291,20 @@ func (t *tiers) chain(set *pool.BlockSet, k disk.Key, bound int) (uint64, []uint
 
 // readAhead brings run up into es after parent, then the blocks that
 // follow it along the links: up to restoreReaders reads in flight at once
-// and bound blocks ahead of use (being read, or registered and not yet
-// taken). Each completed read frees its I/O slot for the next block along
-// the chain; the blocks that land in order are registered at once (each
-// batch of them detached from the one before, pool.Registration.Detached)
-// and held, referenced, until taken (aheadUsed) or until the read-ahead
-// ends, so that a restore waiting for them goes on as they land, and each
-// block taken makes room for the next. It ends where the chain does, where
-// no spare slot is left, at a read that fails, when ctx ends, or once its
-// window is full with nothing in flight; then it releases the blocks it
-// still holds (cached, unreferenced).
+// (deviceRestoreReaders into a device set) and bound blocks ahead of use
+// (being read, or registered and not yet taken). Each completed read frees
+// its I/O slot for the next block along the chain; the blocks that land in
+// order are registered at once (each batch of them, and each block past
+// blocks the set holds, detached from the one before,
+// pool.Registration.Detached) and held, referenced, until taken
+// (aheadUsed) or until the read-ahead ends, so that a restore waiting for
+// them goes on as they land, and each block taken makes room for the next.
+// It goes no further where the chain ends or no spare slot is left, and
+// reads every slot it holds; it gives back the slots it has not read into
+// at a read that fails, a block gone from the tiers, or when ctx ends. It
+// ends once nothing is in flight and it can go no further or its window
+// is full; then it releases the blocks it still holds (cached,
+// unreferenced).
 func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run []uint64, parent uint64, bound int) {
 	sa := &es.ahead
 	set := es.set
@@ -315,8 +321,8 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 		landed   = make(chan *aheadRead, readers)
 		inflight int
 		last     = parent // the last block issued, along the chain
-		prev     = parent // the block the next registration follows
-		stop     bool     // nothing more is issued
+		stop     bool     // the chain is not extended past run (it ends, or slots ran short)
+		abandon  bool     // nothing more is issued: ctx ended, a read failed, a block left the tiers
 		broken   bool     // a read failed: nothing after it is registered
 		slots    []pool.Block
 	)
@@ -362,7 +368,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	}
 	ctxDone := ctx.Done()
 	for {
-		for inflight < readers && ctx.Err() == nil && (len(run) > 0 || !stop) {
+		for inflight < readers && !abandon && ctx.Err() == nil && (len(run) > 0 || !stop) {
 			sa.mu.Lock()
 			room := bound - len(r.held) - len(queue)
 			keep := r.keep
@@ -372,11 +378,12 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 			}
 			var h uint64
 			var blk pool.Block
+			after := last // the block h follows along the chain
 			if len(run) > 0 {
 				h, blk = run[0], slots[0]
 				run, slots = run[1:], slots[1:]
 			} else {
-				c, ok := t.nextAhead(set, disk.Key{Hash: last, Tag: tag})
+				c, p, ok := t.nextAhead(set, disk.Key{Hash: last, Tag: tag})
 				sa.mu.Lock()
 				_, reading := r.hashes[c]
 				_, holding := r.held[c]
@@ -390,7 +397,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 					stop = true
 					break
 				}
-				h, blk = c, blks[0]
+				h, blk, after = c, blks[0], p
 				sa.mu.Lock()
 				r.hashes[h] = struct{}{}
 				sa.mu.Unlock()
@@ -401,11 +408,11 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 				// Left the tiers meanwhile: the chain ends here.
 				run, slots = append([]uint64{h}, run...), append([]pool.Block{blk}, slots...)
 				unmark()
-				stop = true
+				stop, abandon = true, true
 				break
 			}
 			last = h
-			rd := &aheadRead{f: tierFound{d, k}, blk: blk}
+			rd := &aheadRead{f: tierFound{d, k}, blk: blk, parent: after}
 			queue = append(queue, rd)
 			inflight++
 			go func() {
@@ -422,8 +429,10 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 				landed <- rd
 			}()
 		}
-		if ctx.Err() != nil || (stop && len(run) > 0) {
-			stop = true
+		// Slots that ran short only end the chain: the run's slots are
+		// all read. Abandoned, the rest of the run is given back unread.
+		if ctx.Err() != nil || abandon {
+			stop, abandon = true, true
 			if len(run) > 0 {
 				unmark()
 			}
@@ -448,9 +457,9 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 		}
 		ready := queue[:n:n]
 		queue = queue[n:]
-		prev, broken = t.registerAhead(es, r, ready, prev, broken, &lost)
+		broken = t.registerAhead(es, r, ready, broken, &lost)
 		if broken {
-			stop = true
+			stop, abandon = true, true
 		}
 	}
 	// Over only once its blocks are released: whoever waits for it
@@ -475,24 +484,28 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	}
 }
 
-// aheadRead is one block of a read-ahead: where it is, its slot, and
-// its read's outcome once done.
+// aheadRead is one block of a read-ahead: where it is, its slot, the
+// block it follows along the chain, and its read's outcome once done.
 type aheadRead struct {
-	f    tierFound
-	blk  pool.Block
-	o    restoreOutcome
-	done bool
+	f      tierFound
+	blk    pool.Block
+	parent uint64
+	o      restoreOutcome
+	done   bool
 }
 
 // registerAhead registers the blocks of ready (read, in chain order) that
-// came up whole into es after prev, up to the first that did not (broken:
-// one before did not, so none is registered), holds them for r (where a
-// copy was registered meanwhile under a hash, that copy is released and
-// the read-ahead's slot given back), gives back the slots of the others,
-// and wakes whoever waits for them. It returns the block the next
-// registration follows and whether a read failed; the blocks found
-// corrupt or missing are added to *lost.
-func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, prev uint64, broken bool, lost *[]tierFound) (uint64, bool) {
+// came up whole into es, each after the block it follows along the chain
+// (aheadRead.parent), up to the first that did not (broken: one before did
+// not, so none is registered), holds them for r (where a copy was
+// registered meanwhile under a hash, that copy is released and the
+// read-ahead's slot given back), gives back the slots of the others, and
+// wakes whoever waits for them. Each batch of them, and each block that
+// does not follow the one before it in ready (the chain stepped over
+// blocks the set holds), starts a registration of its own, detached. It
+// returns whether a read failed; the blocks found corrupt or missing are
+// added to *lost.
+func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, broken bool, lost *[]tierFound) bool {
 	set := es.set
 	var regs []pool.Registration
 	var regd []*aheadRead
@@ -514,8 +527,7 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, pr
 			t.abortRead(set, rd)
 			continue
 		}
-		regs = append(regs, pool.Registration{Block: rd.blk, Hash: rd.f.k.Hash, Sum: rd.o.sum, HasSum: rd.o.has && es.sums,
-			Detached: len(regs) == 0})
+		regs = append(regs, pool.Registration{Block: rd.blk, Hash: rd.f.k.Hash, Sum: rd.o.sum, HasSum: rd.o.has && es.sums})
 		regd = append(regd, rd)
 	}
 	var out []pool.Block
@@ -527,7 +539,17 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, pr
 			regs[i].Below = t.heldLocked(rd.f.k)
 		}
 		var err error
-		out, err = set.RegisterBatch(regs, prev)
+		for from := 0; from < len(regs) && err == nil; {
+			to := from + 1
+			for to < len(regs) && regd[to].parent == regs[to-1].Hash {
+				to++
+			}
+			regs[from].Detached = true
+			var got []pool.Block
+			got, err = set.RegisterBatch(regs[from:to], regd[from].parent)
+			out = append(out, got...)
+			from = to
+		}
 		t.mu.Unlock()
 		for _, rg := range regs[len(out):] {
 			set.Abort(rg.Block) // a stale handle: the set was freed
@@ -540,9 +562,6 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, pr
 			t.touch(rd.f.k)
 			rd.f.d.restores.Add(1)
 			rd.f.d.restoreTime.record(rd.o.took)
-		}
-		if len(out) > 0 {
-			prev = regs[len(out)-1].Hash
 		}
 	}
 	var dup []pool.Block
@@ -557,6 +576,11 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, pr
 		if sa.blocks == nil {
 			sa.blocks = map[uint64]pool.Block{}
 		}
+		if ob, ok := sa.blocks[h]; ok && ob != b {
+			// One read ahead before under h, untaken, left the set
+			// since the read-ahead under way counted what had left.
+			t.ahead.unused.Add(1)
+		}
 		sa.blocks[h] = b
 		r.held[h] = b
 		t.ahead.restored.Add(1)
@@ -569,7 +593,7 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, pr
 	for _, b := range dup {
 		set.Release(b)
 	}
-	return prev, broken
+	return broken
 }
 
 // abortRead gives back the slot of a block read ahead and not registered;
@@ -588,20 +612,21 @@ func (t *tiers) abortRead(set *pool.BlockSet, rd *aheadRead) {
 
 // nextAhead is the block to read ahead after k's along the links: past
 // those set holds already (a restore brought them up meanwhile), the next
-// one, if the tiers hold it; false where the chain ends.
-func (t *tiers) nextAhead(set *pool.BlockSet, k disk.Key) (uint64, bool) {
+// one, if the tiers hold it, and the block it follows (k's, or the last
+// one stepped over); false where the chain ends.
+func (t *tiers) nextAhead(set *pool.BlockSet, k disk.Key) (uint64, uint64, bool) {
 	for range maxRestoreBatch {
 		c, held := t.childOf(k)
 		if c == 0 || c == k.Hash {
-			return 0, false
+			return 0, 0, false
 		}
 		if _, ok := set.Lookup(c); ok {
 			k.Hash = c
 			continue
 		}
-		return c, held
+		return c, k.Hash, held
 	}
-	return 0, false
+	return 0, 0, false
 }
 
 // pruneLocked counts and forgets the blocks read ahead into set that were

@@ -853,3 +853,158 @@ func TestTierReadAheadKeepsReadingAsBlocksAreTaken(t *testing.T) {
 		t.Fatalf("%d hits after taking blocks 8..23; want 16, all read ahead", m.ReadAheadHits)
 	}
 }
+
+// A read-ahead given fewer spare slots than its chain asks for reads into
+// every slot it was given, not only the first round's: here a set of 64
+// slots, 37 held by the engine and the 8 restored referenced, leaves 12
+// above its low watermark for a chain of 16. All 12 come up, the 13th
+// does not (no slot for it), and no slot is given back unread.
+func TestTierReadAheadReadsEverySlotItGot(t *testing.T) {
+	a, c, _, hashes := readAheadAgent(t, 16, nil)
+	ctx := context.Background()
+	e := tierEngine
+	e.Name, e.Slots = "reader", 64
+	set := register(t, c, e)
+	low := int(set.Layout.Slots) - set.Retains
+	mine, err := c.Allocate(ctx, set.ID, 37)
+	if err != nil || len(mine) != 37 {
+		t.Fatalf("allocate 37: %d slots, %v", len(mine), err)
+	}
+	refs, err := c.Acquire(ctx, set.ID, hashes[:8])
+	if err != nil || len(refs) != 8 {
+		t.Fatalf("acquire: %d blocks, %v", len(refs), err)
+	}
+	waitReadAheads(t, a, 1)
+	spare := int(set.Layout.Slots) - 37 - 8 - low
+	if bound := min(16, set.Retains/2); spare >= bound || spare <= 8 {
+		t.Fatalf("%d spare slots for a chain of %d: not fewer than it asks for, or no more than one round's reads", spare, bound)
+	}
+	if got := readAheadMetrics(a).ReadAhead; got != uint64(spare) {
+		t.Fatalf("%d blocks read ahead into %d spare slots; want %d", got, spare, spare)
+	}
+	for i := 8; i < 8+spare; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d, within the %d spare slots, was not read ahead", i, spare)
+		}
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[8+spare]) {
+		t.Fatalf("block %d, one past the %d spare slots, came up", 8+spare, spare)
+	}
+	var slots []uint32
+	for _, r := range refs {
+		slots = append(slots, r.Slot)
+	}
+	if err := c.Release(ctx, set.ID, slots); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Free(ctx, set.ID, mine); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A block read ahead past one the set already holds (a restore brought it
+// up meanwhile, and the chain steps over it) is registered after that
+// block, in a batch of its own detached from the one before the step: its
+// parent is the block stepped over, not the last one read ahead, and it
+// does not extend that one in the set. Here blocks 8..11 are read ahead
+// (11 held back), the engine restores 12 itself and takes 8, and the room
+// that makes goes to 13, past 12.
+func TestTierReadAheadPastAHeldBlockNamesItsParent(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 4)
+	release := make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(letGo)
+	reading := make(chan uint64, len(hashes))
+	fabric.HoldReadAheadReads(a, func(ctx context.Context, h uint64) {
+		reading <- h
+		if h == hashes[11] {
+			select { // block 11 is not read until the test lets go
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+	})
+	t.Cleanup(func() { fabric.HoldReadAheadReads(a, nil) })
+	acquireRun(t, c, set, hashes[:8], 1)
+	wait.For(t, 30*time.Second, "blocks 8..10 read ahead", func() error {
+		for i := 8; i < 11; i++ {
+			if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+				return fmt.Errorf("block %d not in the set", i)
+			}
+		}
+		return nil
+	})
+	acquireRun(t, c, set, hashes[12:13], 13) // restored by the engine, not read ahead
+	acquireRun(t, c, set, hashes[8:9], 9)    // taken: room for one more
+	timeout := time.After(30 * time.Second)
+	for seen := false; !seen; {
+		select {
+		case h := <-reading:
+			if h == hashes[12] {
+				t.Fatal("block 12, which the set holds, was read ahead")
+			}
+			seen = h == hashes[13]
+		case <-timeout:
+			t.Fatal("block 13 was not read ahead past block 12")
+		}
+	}
+	letGo()
+	waitReadAheads(t, a, 1)
+	parent, _, ok := fabric.BlockSetLinks(a, set.ID, hashes[13])
+	if !ok {
+		t.Fatal("block 13 was not registered")
+	}
+	if parent != hashes[12] {
+		t.Fatalf("block 13 registered after %016x; want block 12, %016x (block 11 is %016x)", parent, hashes[12], hashes[11])
+	}
+	if _, children, ok := fabric.BlockSetLinks(a, set.ID, hashes[11]); !ok || children != 0 {
+		t.Fatalf("block 11 (in the set: %v) extended by %d blocks; want none, block 13 detached", ok, children)
+	}
+	if parent, _, ok := fabric.BlockSetLinks(a, set.ID, hashes[11]); !ok || parent != hashes[10] {
+		t.Fatalf("block 11 registered after %016x; want block 10, %016x", parent, hashes[10])
+	}
+	if m := readAheadMetrics(a); m.ReadAhead != 5 {
+		t.Fatalf("%d blocks read ahead; want 5 (8..11, 13)", m.ReadAhead)
+	}
+}
+
+// A block read ahead, untaken, that leaves its set while a later
+// read-ahead is under way (after that one counted what had left before it
+// began), and is read ahead again by it, counts unused once: not lost
+// when the new block takes its place. Here blocks 8..11 are read ahead
+// after 4..7 and left; a read-ahead after 0..1 reads 2 and 3, and, past
+// 4..7, block 8 again, taken out of the set once that read-ahead began.
+func TestTierReadAheadAgainCountsTheFirstUnused(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 4)
+	acquireRun(t, c, set, hashes[4:8], 5)
+	waitReadAheads(t, a, 1)
+	for i := 8; i < 12; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead", i)
+		}
+	}
+	withdrawn := make(chan bool, 1)
+	fabric.HoldReadAheads(a, func(context.Context) {
+		withdrawn <- fabric.BlockSetWithdraw(a, set.ID, hashes[8])
+	})
+	t.Cleanup(func() { fabric.HoldReadAheads(a, nil) })
+	acquireRun(t, c, set, hashes[0:2], 1)
+	waitReadAheads(t, a, 2)
+	if !<-withdrawn {
+		t.Fatal("block 8 was not in the set to take out")
+	}
+	if !fabric.BlockSetHolds(a, set.ID, hashes[8]) {
+		t.Fatal("block 8 was not read ahead again")
+	}
+	m := readAheadMetrics(a)
+	if m.ReadAhead != 8 || m.ReadAheadUnused != 1 || m.ReadAheadHits != 0 {
+		t.Fatalf("block 8 read ahead twice, the first taken out untaken: %d read ahead, %d unused, %d hits; want 8, 1, 0",
+			m.ReadAhead, m.ReadAheadUnused, m.ReadAheadHits)
+	}
+	// The second is the one a take finds: a hit, nothing more unused.
+	acquireRun(t, c, set, hashes[8:9], 9)
+	if m = readAheadMetrics(a); m.ReadAheadUnused != 1 || m.ReadAheadHits != 1 {
+		t.Fatalf("block 8 taken: %d unused, %d hits; want 1, 1", m.ReadAheadUnused, m.ReadAheadHits)
+	}
+}
