@@ -636,28 +636,11 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	if err := tmpl.Validate(); err != nil {
 		return nil, err
 	}
-	may, swap, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize), best)
-	if err != nil {
-		if best != nil {
-			return a.attach(sess, best) // the layout's set with the most usable slots is the best there is
-		}
-		return nil, err
-	}
-	// best stays: it is what this Register falls back to.
-	made := func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }
-	var set *pool.BlockSet
-	if swap {
-		set, err = a.swapFallback(tmpl, place, made, may, best) // within the quota once best is freed
-	} else {
-		set, err = a.freeIdleSets(made, may, best)
+	set, best, err := a.newSetForSession(sess, engine, tmpl, asked, place, pid, best)
+	if best != nil {
+		return a.attach(sess, best)
 	}
 	if err != nil {
-		if best != nil && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept)) {
-			// No room for a set of the size asked (or the default): the
-			// layout's set with the most usable slots is the best there
-			// is.
-			return a.attach(sess, best)
-		}
 		return nil, err
 	}
 	s := &engineSet{set: set, engine: engine, users: map[uint64]*setUse{}, sums: !a.cfg.NoChecksums}
@@ -681,6 +664,56 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		return nil, err
 	}
 	return ss, nil
+}
+
+// newSetForSession makes the block set of blockSetForSession, or returns
+// the set to attach instead: best (reusableSet's, nil for none), where the
+// engine's quota or the pool has no room for a new one. Where freeing idle
+// sets for room let go of a.mu (freeIdleLocked), best may have been freed
+// meanwhile (its grace timer): then the choice is made anew, a freed set
+// never handed back. Each time round a set is gone from a.sets, and none
+// is made meanwhile (a.registerMu), so it ends. a.mu is held.
+func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*pool.BlockSet, *engineSet, error) {
+	for again := false; ; again = true {
+		if again {
+			var own bool
+			best, own = a.reusableSet(sess, tmpl, asked, place, pid)
+			if best != nil && (own || best.set.Usable() >= tmpl.Slots) {
+				return nil, best, nil
+			}
+		}
+		may, swap, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize), best)
+		if err != nil {
+			if best != nil && !setFreed(best) {
+				return nil, best, nil // the layout's set with the most usable slots is the best there is
+			}
+			if best != nil {
+				continue
+			}
+			return nil, nil, err
+		}
+		// best stays: it is what this Register falls back to.
+		made := func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }
+		var set *pool.BlockSet
+		if swap {
+			set, err = a.swapFallback(tmpl, place, made, may, best) // within the quota once best is freed
+		} else {
+			set, err = a.freeIdleSets(made, may, best)
+		}
+		if err == nil {
+			return set, nil, nil
+		}
+		if best != nil && setFreed(best) {
+			continue
+		}
+		if best != nil && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept)) {
+			// No room for a set of the size asked (or the default): the
+			// layout's set with the most usable slots is the best there
+			// is.
+			return nil, best, nil
+		}
+		return nil, nil, err
+	}
 }
 
 // reusableSet returns the block set of tmpl's layout and placement that a

@@ -31,4 +31,9 @@ type testHooks struct {
 	// pool's goroutine in place of onPoolEvents, given as publish: a
 	// test's batch may be published as one with events lost.
 	poolEvents func(b pool.EventBatch, publish func(pool.EventBatch))
+	// idleUnlocked, if set, runs where freeIdleLocked has let go of the
+	// agent's lock to wait for an idle set's read-ahead, given the set;
+	// set, every free for room (not a grace timer's) lets go so, as if a
+	// read-ahead were under way, so that a test acts meanwhile.
+	idleUnlocked func(es *engineSet)
 }

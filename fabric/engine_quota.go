@@ -68,6 +68,9 @@ func (a *Agent) engineShare(engine string) (quota, fair uint64, carved map[strin
 // a fair share, never the cached sets of an engine within it
 // (freeIdleSets keeps keep too). a.mu is held.
 func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (may func(*engineSet) bool, swap bool, err error) {
+	// Sets tried and not freed: not tried again where the shares are
+	// looked at anew after a.mu was let go.
+	tried := map[*engineSet]bool{}
 	for {
 		quota, fair, carved := a.engineShare(engine)
 		may = func(es *engineSet) bool {
@@ -83,21 +86,26 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (ma
 			if es.engine == engine && len(es.users) == 0 && !es.freed {
 				if es == keep {
 					keepIdle = es.set.Retired() == 0 // one with retired slots is never freed
-				} else {
+				} else if !tried[es] {
 					idle = append(idle, es)
 				}
 			}
 			es.mu.Unlock()
 		}
 		sort.Slice(idle, func(i, j int) bool { return idle[i].idleSince.Before(idle[j].idleSince) })
-		freed := false
+		again := false
 		for _, es := range idle {
-			if a.freeIdleLocked(es, 0) {
-				freed = true
+			freed, unlocked := a.freeIdleLocked(es, 0)
+			tried[es] = !freed
+			if freed || unlocked {
+				// Freed, or a.mu let go meanwhile: what the engine's
+				// sets take, and which are idle, is looked at anew
+				// (another may have freed es, or keep).
+				again = true
 				break
 			}
 		}
-		if freed {
+		if again {
 			continue
 		}
 		if keepIdle && carved[engine]-setBytes(keep.set)+need <= quota {
@@ -159,7 +167,7 @@ func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*poo
 			}
 		}
 		if err == nil {
-			if !a.freeIdleLocked(keep, 0) {
+			if !a.freeFallbackLocked(keep) {
 				return nil, errFallbackKept
 			}
 			// keep is gone: whatever may allows goes before the engine
@@ -171,11 +179,19 @@ func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*poo
 	if err != nil {
 		return nil, err
 	}
-	if a.freeIdleLocked(keep, 0) {
+	if a.freeFallbackLocked(keep) {
 		return set, nil
 	}
 	if ferr := a.pool.FreeBlockSet(set.ID()); ferr != nil {
 		a.log.Error("block set made to replace a fallback set not freed", "set", set.ID(), "err", ferr)
 	}
 	return nil, errFallbackKept
+}
+
+// freeFallbackLocked frees keep, swapFallback's fallback set, and says
+// whether it is gone: freed here, or by another (its grace timer) while
+// freeIdleLocked let go of a.mu. a.mu is held.
+func (a *Agent) freeFallbackLocked(keep *engineSet) bool {
+	freed, _ := a.freeIdleLocked(keep, 0)
+	return freed || setFreed(keep)
 }

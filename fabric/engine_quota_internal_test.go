@@ -32,7 +32,7 @@ func quotaAgent(t *testing.T, sets ...quotaSet) (*Agent, []*engineSet) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	a := &Agent{log: slog.New(slog.DiscardHandler), pool: p, sets: map[pool.SetID]*engineSet{}}
+	a := &Agent{log: slog.New(slog.DiscardHandler), pool: p, storages: []pool.Storage{storage}, sets: map[pool.SetID]*engineSet{}}
 	var out []*engineSet
 	for i, s := range sets {
 		set, err := p.NewBlockSet(belowLayout(s.mib << 10))

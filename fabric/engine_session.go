@@ -295,7 +295,7 @@ func (a *Agent) scheduleFree(es *engineSet, d time.Duration) {
 		}
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		a.freeIdleLocked(es, gen)
+		a.freeIdleLocked(es, gen) // a timer's free never lets go of a.mu
 	})
 }
 
@@ -314,23 +314,37 @@ const blockSetRetry = time.Second
 // and waits for it without a.mu or es.mu, so that engine calls go on
 // meanwhile (Registers excepted: blockSetForSession holds a.registerMu),
 // then takes a.mu again and looks at the set anew: a session may have
-// taken it up, or a grace timer freed it. The caller must not count on
-// what it read under a.mu before the call.
-func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) bool {
+// taken it up, or a grace timer freed it. unlocked says it let go of a.mu
+// so: the caller must then not count on what it read under a.mu before
+// the call (which sets are idle, the memory they take, es itself, freed
+// by its timer where freed is false, or any other set).
+func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) (freed, unlocked bool) {
 	for waited := false; ; waited = true {
 		freed, wait := a.freeIdleOnceLocked(es, timerGen, waited)
 		if !wait {
-			return freed
+			return freed, waited
 		}
 		a.mu.Unlock()
-		// Until it ends the read-ahead takes neither a.mu nor es.mu (the
-		// blocks it finds lost are forgotten after), so the wait lasts
-		// only as long as its reads.
-		ctx, cancel := context.WithTimeout(a.tiers.ctx, a.cfg.ImportTimeout)
-		a.tiers.endAhead(ctx, es)
-		cancel()
+		if a.tiers != nil {
+			// Until it ends the read-ahead takes neither a.mu nor es.mu
+			// (the blocks it finds lost are forgotten after), so the wait
+			// lasts only as long as its reads.
+			ctx, cancel := context.WithTimeout(a.tiers.ctx, a.cfg.ImportTimeout)
+			a.tiers.endAhead(ctx, es)
+			cancel()
+		}
+		if f := a.cfg.hooks.idleUnlocked; f != nil {
+			f(es)
+		}
 		a.mu.Lock()
 	}
+}
+
+// setFreed says whether es was freed (and so is gone from a.sets).
+func setFreed(es *engineSet) bool {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	return es.freed
 }
 
 // freeIdleOnceLocked is freeIdleLocked under a.mu throughout: it frees es
@@ -362,6 +376,8 @@ func (a *Agent) freeIdleOnceLocked(es *engineSet, timerGen uint64, waited bool) 
 		return false, false
 	}
 	switch {
+	case timerGen == 0 && !waited && a.cfg.hooks.idleUnlocked != nil:
+		return false, true // as where a read-ahead is under way
 	case a.tiers == nil:
 	case timerGen == 0 && !waited && a.tiers.aheadUnderWay(es):
 		// Freed for room now (for a new set, or within the engine's
@@ -435,7 +451,10 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engi
 		if !errors.Is(err, pool.ErrOutOfMemory) {
 			break
 		}
-		if a.freeIdleLocked(es, 0) {
+		// Where it let go of a.mu meanwhile, another may have freed es
+		// or another set (a grace timer): made is asked again all the
+		// same.
+		if freed, unlocked := a.freeIdleLocked(es, 0); freed || unlocked {
 			set, err = made()
 		}
 	}

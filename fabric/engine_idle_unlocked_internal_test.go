@@ -1,0 +1,235 @@
+package fabric
+
+import (
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// freeByTimer frees es as its grace timer does when it fires: a timer of
+// its latest generation, under the agent's lock.
+func freeByTimer(t *testing.T, a *Agent, es *engineSet) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	es.mu.Lock()
+	es.timerGen++
+	gen := es.timerGen
+	es.mu.Unlock()
+	if freed, unlocked := a.freeIdleLocked(es, gen); !freed || unlocked {
+		t.Errorf("set %d not freed by its timer (freed %v, unlocked %v)", es.set.ID(), freed, unlocked)
+	}
+}
+
+// whileWaited makes every free for room let go of the agent's lock as it
+// does while an idle set's read-ahead ends, and, while it waits for
+// waited the first time, frees gone by its grace timer.
+func whileWaited(t *testing.T, a *Agent, waited, gone *engineSet) *bool {
+	done := new(bool)
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es == waited && !*done {
+			*done = true
+			freeByTimer(t, a, gone)
+		}
+	}
+	return done
+}
+
+// relayout makes es's set again, of as many bytes, in pages of 32 tokens
+// rather than belowLayout's 16: a layout no Register of belowLayout's
+// joins.
+func relayout(t *testing.T, a *Agent, es *engineSet) {
+	t.Helper()
+	n := setBytes(es.set)
+	if err := a.pool.FreeBlockSet(es.set.ID()); err != nil {
+		t.Fatal(err)
+	}
+	delete(a.sets, es.set.ID())
+	l := belowLayout(int(n >> 11))
+	l.PageSize = 32
+	set, err := a.pool.NewBlockSet(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if setBytes(set) != n {
+		t.Fatalf("set made again of %d bytes, want %d", setBytes(set), n)
+	}
+	es.set = set
+	a.sets[set.ID()] = es
+}
+
+// held says whether the pool still holds es's set.
+func held(a *Agent, es *engineSet) bool {
+	_, err := a.pool.BlockSet(es.set.ID())
+	return err == nil
+}
+
+// Where the set a free for room within an engine's quota waits for is
+// freed meanwhile by its grace timer, the engine's sets are counted anew:
+// the room is there, so no other set is freed and the quota does not
+// refuse.
+func TestQuotaRecountedWhenAWaitedSetIsFreedByItsTimer(t *testing.T) {
+	const (
+		waited = iota
+		other
+		inUse
+	)
+	a, sets := quotaAgent(t, quotaSet{"e", 4, false}, quotaSet{"e", 2, false}, quotaSet{"e", 2, true})
+	a.cfg.EngineQuota = 8 << 20 // 8 MiB taken, 4 more asked: within only once the 4 MiB set is freed
+	done := whileWaited(t, a, sets[waited], sets[waited])
+	a.mu.Lock()
+	_, swap, err := a.makeRoomInQuota("e", 4<<20, nil)
+	a.mu.Unlock()
+	if !*done {
+		t.Fatal("the free for room did not wait for the longest idle set")
+	}
+	if err != nil || swap {
+		t.Fatalf("room within the quota once the waited set was freed by its timer: swap %v, %v", swap, err)
+	}
+	for i, want := range []bool{false, true, true} {
+		if held(a, sets[i]) != want {
+			t.Errorf("set %d held %v, want %v", i, !want, want)
+		}
+	}
+	// Past the quota even so, it still refuses.
+	a.mu.Lock()
+	_, _, err = a.makeRoomInQuota("e", 8<<20, nil)
+	a.mu.Unlock()
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("8 MiB more with 4 MiB of the 8 MiB quota in use: %v, want RESOURCE_EXHAUSTED", err)
+	}
+}
+
+// Where the set freeIdleSets waits for is freed meanwhile by its grace
+// timer, the new set is tried again: its room is there.
+func TestIdleSetsTriedAgainWhenAWaitedSetIsFreedByItsTimer(t *testing.T) {
+	// 10 MiB in use, then 4 MiB idle and 2 MiB free after it.
+	a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 2, true}, quotaSet{"e", 4, false})
+	done := whileWaited(t, a, sets[2], sets[2])
+	tmpl := belowLayout(6 << 10)
+	a.mu.Lock()
+	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+		func(es *engineSet) bool { return es.engine == "e" }, nil)
+	a.mu.Unlock()
+	if !*done {
+		t.Fatal("freeIdleSets did not wait for the idle set")
+	}
+	if err != nil || set == nil {
+		t.Fatalf("a 6 MiB set with the idle 4 MiB set freed by its timer: %v", err)
+	}
+}
+
+// Where swapFallback's fallback is freed by its grace timer while it is
+// being freed (its read-ahead waited for), the fallback is gone as the
+// swap wanted: the new set is given, not freed again with the fallback
+// gone too.
+func TestQuotaSwapFallbackFreedByItsTimer(t *testing.T) {
+	for _, tc := range []struct {
+		desc            string
+		orphanMB, newMB int
+	}{
+		{"the new set made beside the fallback", 2, 4},
+		{"the new set made in the fallback's room", 6, 6},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			a, sets := quotaAgent(t, quotaSet{"", tc.orphanMB, false}, quotaSet{"f", 4, true}, quotaSet{"e", 4, false})
+			keep := sets[2]
+			done := whileWaited(t, a, keep, keep)
+			tmpl := belowLayout(tc.newMB << 10)
+			a.mu.Lock()
+			set, err := a.swapFallback(tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+				func(es *engineSet) bool { return es.engine == "e" }, keep)
+			a.mu.Unlock()
+			if !*done {
+				t.Fatal("the fallback was not waited for")
+			}
+			if err != nil || set == nil {
+				t.Fatalf("the fallback freed by its timer: %v, want the new set", err)
+			}
+			if _, err := a.pool.BlockSet(set.ID()); err != nil {
+				t.Fatalf("the new set given is not held: %v", err)
+			}
+			if !held(a, sets[0]) {
+				t.Error("the orphan was freed, though the fallback's room was enough")
+			}
+		})
+	}
+}
+
+// A Register that frees an idle set for room, while its fallback set (or
+// the set it waits for) is freed by its grace timer, never hands back a
+// freed set: where the waited set went, the new set is made in its room;
+// where the fallback went and no new set fits, the next best set of the
+// layout is attached.
+func TestRegisterNeverGivesASetFreedWhileItWaited(t *testing.T) {
+	const (
+		inUse = iota
+		fallback
+		other
+		waited
+	)
+	for _, tc := range []struct {
+		desc  string
+		gone  int // the set freed by its timer while the Register waits
+		newMB int
+		want  int // the set attached, -1 for a new one
+		freed []int
+	}{
+		{"the waited set freed by its timer", waited, 5, -1, []int{waited}},
+		{"the fallback freed by its timer", fallback, 8, other, []int{waited, fallback}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			// f's 8 MiB in use, e's idle 2 MiB (the layout's fallback,
+			// all its slots usable), g's 1 MiB in use (fewer slots), e's
+			// idle 4 MiB, 1 MiB free: the new set (the default count) of
+			// 5 MiB fits in the waited set's room and the free MiB after
+			// it; one of 8 MiB fits nowhere, not with the fallback's room
+			// either.
+			a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 2, false}, quotaSet{"g", 1, true}, quotaSet{"e", 4, false})
+			// f's set and the waited set are of another layout (pages of
+			// 32 tokens), each made again in its room.
+			for _, es := range []*engineSet{sets[inUse], sets[waited]} {
+				relayout(t, a, es)
+			}
+			a.cfg.EngineQuota = 16 << 20
+			a.cfg.BlockSetSlots = tc.newMB << 10
+			done := whileWaited(t, a, sets[waited], sets[tc.gone])
+			sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			tmpl := belowLayout(0)
+			ss, err := a.blockSetForSession(sess, "e", tmpl, nil, 0)
+			if !*done {
+				t.Fatalf("the Register did not wait for the idle set (%v)", err)
+			}
+			if err != nil {
+				t.Fatalf("register of %d MiB: %v", tc.newMB, err)
+			}
+			if setFreed(ss.engineSet) || !held(a, ss.engineSet) {
+				t.Fatalf("given set %d, freed", ss.engineSet.set.ID())
+			}
+			if tc.want < 0 {
+				for i, es := range sets {
+					if ss.engineSet == es {
+						t.Fatalf("given set %d, not a new one", i)
+					}
+				}
+				if got := ss.engineSet.set.Slots(); got != tc.newMB<<10 {
+					t.Errorf("new set of %d slots, want %d", got, tc.newMB<<10)
+				}
+			} else if ss.engineSet != sets[tc.want] {
+				t.Fatalf("given set %d, want set %d", ss.engineSet.set.ID(), sets[tc.want].set.ID())
+			}
+			for i, es := range sets {
+				want := false
+				for _, f := range tc.freed {
+					want = want || f == i
+				}
+				if held(a, es) == want {
+					t.Errorf("set %d freed %v, want %v", i, !held(a, es), want)
+				}
+			}
+		})
+	}
+}
