@@ -256,6 +256,14 @@ type tiers struct {
 	// deleted a block's copy (tests: a set that recycles then, a copy
 	// placed then).
 	afterDrop atomic.Pointer[func(d *diskTier, k disk.Key)]
+	// beforeDelete, if set, is called by dropCopy once the delete is
+	// under way (counted in deleting) and before the store's Delete
+	// (tests: a copy placed then); beforeDeleteWait by placed, t.mu
+	// held, as it begins to wait for a delete of k in d to end (tests).
+	beforeDelete, beforeDeleteWait atomic.Pointer[func(d *diskTier, k disk.Key)]
+	// beforeEvictDrop, if set, is called by evict between its claim of a
+	// record (marked gone) and the delete of its copy (tests).
+	beforeEvictDrop atomic.Pointer[func(d *diskTier, k disk.Key)]
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
 	failIO atomic.Pointer[func(write, straight bool) error]
@@ -660,9 +668,23 @@ func (t *tiers) heldLocked(k disk.Key) bool {
 // lostBelow takes the sets' locks, and a disk store's delete writes its
 // journal.
 func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
+	return t.dropCopyOf(d, k, recorded, nil)
+}
+
+// dropCopyOf is dropCopy, for the copy that record only names where only
+// is not nil (an eviction's, which claimed only, marking it gone, before
+// it let go of t.mu): if only is no longer k's record, its copy was
+// dropped and the record forgotten meanwhile (a restore that found the
+// copy corrupt), and nothing is marked nor deleted: the record in its
+// place, and its copy, are another's, committed since.
+func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.Element) error {
 	tk := tierKey{d.n, k}
 	t.mu.Lock()
 	e, ok := t.pos[k]
+	if only != nil && (!ok || e != only) {
+		t.mu.Unlock()
+		return nil
+	}
 	ok = ok && e.Value.(*tierEntry).tier == d.n
 	if ok && !recorded {
 		if !e.Value.(*tierEntry).gone {
@@ -684,6 +706,9 @@ func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
 	t.mu.Unlock()
 	if ok {
 		t.lostBelow(k)
+	}
+	if f := t.beforeDelete.Load(); f != nil {
+		(*f)(d, k)
 	}
 	err := d.store.Load().Delete(k)
 	if f := t.afterDrop.Load(); f != nil {

@@ -382,3 +382,135 @@ func TestTierGoneRecordHoldsNothing(t *testing.T) {
 		t.Fatalf("find: %v held, its record gone", got)
 	}
 }
+
+// An eviction that claimed a record (marked it gone) and let go of the
+// tiers' lock drops that record's copy only: where a restore that found
+// the copy corrupt dropped it and forgot the record meanwhile, and a
+// copier committed the block again and placed a record of its own, the
+// eviction leaves that record and its copy alone, and forgets only the
+// record it claimed. Dropping by key took the new record's copy and left
+// the record gone for good: never evicted, never found, every later copy
+// of the block deleted as a second one.
+func TestTierEvictionLeavesARecordPlacedSinceItsClaim(t *testing.T) {
+	tr, _, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 41, Tag: 1}
+	data := bytes.Repeat([]byte{0x41}, 3000)
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, d, k, disk.Align)
+	claimed := tr.lru(d.n).Front()
+	ran := false
+	f := func(dd *diskTier, kk disk.Key) {
+		if dd != d || kk != k || ran {
+			return
+		}
+		ran = true
+		// A restore found the claimed copy corrupt: dropped, the
+		// record forgotten.
+		if err := tr.dropCopy(d, k, true); err != nil {
+			t.Error(err)
+		}
+		tr.forget(d, k)
+		// A copier commits the block again and records it.
+		if err := d.store.Load().Put(ctx, k, data); err != nil {
+			t.Error(err)
+		}
+		if !placeCopy(tr, d, k, disk.Align) {
+			t.Error("the copy committed again was not recorded")
+		}
+	}
+	tr.beforeEvictDrop.Store(&f)
+	tr.evict(claimed)
+	if !ran {
+		t.Fatal("the eviction dropped no copy of the block")
+	}
+	consistent(t, tr, d, k)
+	if got := tr.where(k); got != d {
+		t.Fatalf("the block copied again is held by tier %v, want tier %d", got, d.n)
+	}
+	if !has(d, k) {
+		t.Fatal("the copy committed again was deleted")
+	}
+	tr.mu.Lock()
+	held := tr.heldBytes[d.n]
+	tr.mu.Unlock()
+	if held != disk.Align {
+		t.Errorf("tier %d counts %d bytes, want %d (one block)", d.n, held, disk.Align)
+	}
+	// The new record is evicted as any other.
+	if got := tr.evictOldest(d, 1); got != 1 {
+		t.Fatalf("evictOldest dropped %d blocks, want 1", got)
+	}
+	if tr.where(k) != nil || has(d, k) {
+		t.Fatal("the block copied again was not evicted")
+	}
+}
+
+// A copy committed to a tier while a delete of its block there is under
+// way, placed before the store's Delete runs (the store still holds a
+// copy then), waits for the delete to end and finds the copy taken: it is
+// recorded nowhere, not recorded on the strength of a copy the delete
+// then takes, which left a record naming a tier without the block.
+func TestTierCopyPlacedBeforeADeleteRunsWaitsForIt(t *testing.T) {
+	tr, _, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 43, Tag: 1}
+	data := bytes.Repeat([]byte{0x43}, 3000)
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	type result struct{ announce, second bool }
+	waiting := make(chan struct{})
+	w := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			select {
+			case <-waiting:
+			default:
+				close(waiting)
+			}
+		}
+	}
+	tr.beforeDeleteWait.Store(&w)
+	placedc := make(chan result, 1)
+	ran := false
+	f := func(dd *diskTier, kk disk.Key) {
+		if dd != d || kk != k || ran {
+			return
+		}
+		ran = true
+		go func() {
+			announce, second := tr.placed(d, k, disk.Align)
+			placedc <- result{announce, second}
+		}()
+		// Placed either waits for this delete (the store's Delete has
+		// yet to run) or returns at once.
+		select {
+		case <-waiting:
+		case r := <-placedc:
+			placedc <- r
+		case <-time.After(30 * time.Second):
+			t.Error("placed neither waited for the delete nor returned after 30s")
+		}
+	}
+	tr.beforeDelete.Store(&f)
+	// A copy of k in d recorded nowhere: deleted as a second copy.
+	tr.dropSecond(d, []disk.Key{k})
+	if !ran {
+		t.Fatal("the tier dropped no copy of the block")
+	}
+	var r result
+	select {
+	case r = <-placedc:
+	case <-time.After(30 * time.Second):
+		t.Fatal("placed did not return after the delete ended")
+	}
+	if r.announce || r.second {
+		t.Errorf("a copy taken by the delete under way: placed says announce %v, second %v; want false, false", r.announce, r.second)
+	}
+	consistent(t, tr, d, k)
+	if tr.where(k) != nil {
+		t.Fatal("the block taken by the delete is recorded")
+	}
+}

@@ -372,7 +372,10 @@ func (t *tiers) evictOldest(d *diskTier, n int) int {
 // one, a restore that found the copy corrupt) is not dropped, counted nor
 // reported as room made twice (false). The copy is deleted
 // with its record marked gone and the sets holding the block told first
-// (dropCopy), then the record forgotten.
+// (dropCopyOf), then the record forgotten (forgetIf): e's copy and e
+// only, so that where a restore dropped e's copy and forgot e after this
+// claim, and a copy committed since was recorded in e's place, that
+// record and its copy stay.
 func (t *tiers) evict(e *list.Element) bool {
 	te := e.Value.(*tierEntry)
 	t.mu.Lock()
@@ -385,7 +388,12 @@ func (t *tiers) evict(e *list.Element) bool {
 		return false
 	}
 	d := t.list[te.tier]
-	if err := t.dropCopy(d, te.key, true); err != nil && !errors.Is(err, disk.ErrNotFound) {
+	if f := t.beforeEvictDrop.Load(); f != nil {
+		(*f)(d, te.key)
+	}
+	// e's copy only: a record placed since in e's place (its copy dropped
+	// and e forgotten meanwhile) keeps its copy.
+	if err := t.dropCopyOf(d, te.key, true, e); err != nil && !errors.Is(err, disk.ErrNotFound) {
 		t.log.Warn("tier: evict", "hash", te.key.Hash, "tier", d.n, "err", err)
 	}
 	d.evicted.Add(1)

@@ -553,6 +553,9 @@ func (t *tiers) placed(d *diskTier, k disk.Key, length int) (announce, second bo
 	for t.deleting[tierKey{d.n, k}] > 0 {
 		// A delete of k in d under way (dropCopy) may take this copy
 		// or not: its end is waited for, and the store asked.
+		if f := t.beforeDeleteWait.Load(); f != nil {
+			(*f)(d, k)
+		}
 		t.deletedCond().Wait()
 	}
 	if e, ok := t.pos[k]; ok {
