@@ -194,7 +194,15 @@ func TestTierReadAheadAcquireRacesIt(t *testing.T) {
 	if err := c.Release(context.Background(), set.ID, slots); err != nil {
 		t.Fatal(err)
 	}
-	waitReadAheads(t, a, 2)
+	// The blocks taken make room for 8 more: in the same read-ahead where
+	// it has not yet ended when they are taken, else in a second one.
+	wait.For(t, 30*time.Second, "the read-aheads over, 16 blocks read ahead", func() error {
+		started, ended, _ := fabric.ReadAheadCounts(a)
+		if n := readAheadMetrics(a).ReadAhead; started != ended || n != 16 || started < 1 || started > 2 {
+			return fmt.Errorf("%d started, %d ended, %d blocks read ahead", started, ended, n)
+		}
+		return nil
+	})
 	m := readAheadMetrics(a)
 	// 8 restored by the first acquire, 8 read ahead (taken by the second),
 	// 8 read ahead after them: none twice.
