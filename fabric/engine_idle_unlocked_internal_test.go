@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -163,7 +164,9 @@ func TestQuotaSwapFallbackFreedByItsTimer(t *testing.T) {
 // the set it waits for) is freed by its grace timer, never hands back a
 // freed set: where the waited set went, the new set is made in its room;
 // where the fallback went and no new set fits, the next best set of the
-// layout is attached.
+// layout is attached, or, with none, the quota refuses; where the
+// Register's session took up another set of the layout meanwhile, that
+// set is attached.
 func TestRegisterNeverGivesASetFreedWhileItWaited(t *testing.T) {
 	const (
 		inUse = iota
@@ -232,4 +235,115 @@ func TestRegisterNeverGivesASetFreedWhileItWaited(t *testing.T) {
 			}
 		})
 	}
+
+	// e's 2 MiB in use and idle 4 MiB (pages of 32 tokens), its idle 2
+	// MiB the fallback, within a quota of 8 MiB; 4 MiB asked. While the
+	// Register waits for the 4 MiB set, the fallback is freed by its timer
+	// and another session takes the 4 MiB set up: with the quota's room
+	// not there and the layout left with no set, the quota refuses.
+	t.Run("the fallback freed and no other set of the layout", func(t *testing.T) {
+		const (
+			inUse = iota
+			waited
+			fallback
+		)
+		a, sets := quotaAgent(t, quotaSet{"e", 2, true}, quotaSet{"e", 4, false}, quotaSet{"e", 2, false})
+		for _, es := range []*engineSet{sets[inUse], sets[waited]} {
+			relayout(t, a, es)
+		}
+		a.cfg.EngineQuota = 8 << 20
+		a.cfg.BlockSetSlots = 4 << 10
+		done := new(bool)
+		a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+			if es == sets[waited] && !*done {
+				*done = true
+				freeByTimer(t, a, sets[fallback])
+				takeUp(a, sets[waited], 9)
+			}
+		}
+		sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+		ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+		if !*done {
+			t.Fatalf("the Register did not wait for the idle set (%v)", err)
+		}
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("register of 4 MiB past the quota, the fallback freed: set %v, %v; want RESOURCE_EXHAUSTED", ss, err)
+		}
+		for i, want := range []bool{true, true, false} {
+			if held(a, sets[i]) != want {
+				t.Errorf("set %d held %v, want %v", i, !want, want)
+			}
+		}
+	})
+
+	// While the Register waits, the fallback is freed by its timer and
+	// the Register's session takes up another set of the layout (the
+	// engine's other rank registered it): that set is given, no new set
+	// made, though one would fit once a set gone idle meanwhile is freed.
+	t.Run("the fallback freed and the session using another set of the layout", func(t *testing.T) {
+		const (
+			inUse = iota
+			waited
+			other // g's, the set the Register's session takes up
+			goesIdle
+			fallback
+		)
+		// f's 7 MiB in use, e's idle 4 MiB, g's 1 MiB in use, e's 2 MiB
+		// in use, e's idle 2 MiB (the fallback), no MiB free: the new set
+		// of 3 MiB fits only once the set that goes idle and the fallback
+		// are both freed.
+		a, sets := quotaAgent(t, quotaSet{"f", 7, true}, quotaSet{"e", 4, false}, quotaSet{"g", 1, true},
+			quotaSet{"e", 2, true}, quotaSet{"e", 2, false})
+		for _, es := range []*engineSet{sets[inUse], sets[waited], sets[goesIdle]} {
+			relayout(t, a, es)
+		}
+		a.cfg.EngineQuota = 16 << 20
+		a.cfg.BlockSetSlots = 3 << 10
+		sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+		done := new(bool)
+		a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+			if es == sets[waited] && !*done {
+				*done = true
+				freeByTimer(t, a, sets[fallback])
+				takeUp(a, sets[waited], 9)
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				if _, err := a.attach(sess, sets[other]); err != nil {
+					t.Error(err)
+				}
+				ge := sets[goesIdle]
+				ge.mu.Lock()
+				ge.users = map[uint64]*setUse{}
+				ge.idleSince = time.Now()
+				ge.mu.Unlock()
+			}
+		}
+		ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+		if !*done {
+			t.Fatalf("the Register did not wait for the idle set (%v)", err)
+		}
+		if err != nil {
+			t.Fatalf("register with the session using a set of the layout: %v", err)
+		}
+		if ss.engineSet != sets[other] {
+			t.Fatalf("given set %d (%d slots), want set %d, the one the session uses", ss.engineSet.set.ID(),
+				ss.engineSet.set.Slots(), sets[other].set.ID())
+		}
+		for i, want := range []bool{true, true, true, true, false} {
+			if held(a, sets[i]) != want {
+				t.Errorf("set %d held %v, want %v", i, !want, want)
+			}
+		}
+	})
+}
+
+// takeUp makes session id a user of es, as a Register of another session
+// does.
+func takeUp(a *Agent, es *engineSet, id uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	es.users[id] = &setUse{}
+	es.idleSince = time.Time{}
 }
