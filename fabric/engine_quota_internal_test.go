@@ -22,16 +22,7 @@ type quotaSet struct {
 // it in order, the first idle the longest.
 func quotaAgent(t *testing.T, sets ...quotaSet) (*Agent, []*engineSet) {
 	t.Helper()
-	storage, err := pool.NewHostStorage(pool.HostConfig{Size: 16 << 20, Name: "quota-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { storage.Close() })
-	p, err := pool.New(storage, pool.Config{ExpiryInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	storage, p := hostPool(t, 16<<20, "quota-test", pool.Config{ExpiryInterval: -1})
 	a := &Agent{log: slog.New(slog.DiscardHandler), pool: p, storages: []pool.Storage{storage}, sets: map[pool.SetID]*engineSet{}}
 	var out []*engineSet
 	for i, s := range sets {

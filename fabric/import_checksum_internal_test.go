@@ -123,16 +123,7 @@ type sumChunk struct {
 func newSumChunk(tb testing.TB, model layout.ModelConfig, k, n int) *sumChunk {
 	tb.Helper()
 	block := uint64(model.Layers) * 2 * uint64(model.KVHeads*model.HeadDim*16) * model.DType.Size()
-	storage, err := pool.NewHostStorage(pool.HostConfig{Size: 8<<20 + uint64(n+10)*(block+64<<10), Name: "checksum-test"})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { storage.Close() })
-	p, err := pool.New(storage, pool.Config{ExpiryInterval: -1})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { p.Close() })
+	_, p := hostPool(tb, 8<<20+uint64(n+10)*(block+64<<10), "checksum-test", pool.Config{ExpiryInterval: -1})
 	set, err := p.NewBlockSet(&layout.Layout{Model: model, PageSize: 16, TPSize: 2, Order: layout.HND,
 		Arrangement: layout.FullyContiguous, Alignment: 256, Slots: n + 10})
 	if err != nil {

@@ -22,20 +22,11 @@ import (
 // but its copy down is under way (offered to the pool's Offload hook).
 func belowSet(t *testing.T, host, offloading bool) (*tiers, *pool.BlockSet, disk.Key) {
 	t.Helper()
-	storage, err := pool.NewHostStorage(pool.HostConfig{Size: 8 << 20, Name: "below-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { storage.Close() })
 	cfg := pool.Config{ExpiryInterval: -1}
 	if offloading {
 		cfg.Offload = func(_ *pool.BlockSet, _ pool.Block, hash, _ uint64) bool { return hash == 1 }
 	}
-	p, err := pool.New(storage, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	_, p := hostPool(t, 8<<20, "below-test", cfg)
 	set, err := p.NewBlockSet(belowLayout(4))
 	if err != nil {
 		t.Fatal(err)
@@ -91,6 +82,23 @@ func belowSet(t *testing.T, host, offloading bool) (*tiers, *pool.BlockSet, disk
 
 // belowLayout is a small layout of slots slots: a block of 1 KiB, which
 // with its trailer fits a tier slot of disk.Align.
+// hostPool is a pool over host storage of size bytes, both closed when
+// the test ends.
+func hostPool(tb testing.TB, size uint64, name string, cfg pool.Config) (pool.Storage, *pool.Pool) {
+	tb.Helper()
+	storage, err := pool.NewHostStorage(pool.HostConfig{Size: size, Name: name})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { storage.Close() })
+	p, err := pool.New(storage, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	return storage, p
+}
+
 func belowLayout(slots int) *layout.Layout {
 	return &layout.Layout{Model: layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 16, DType: layout.DTypeBF16},
 		PageSize: 16, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 256, Slots: slots}

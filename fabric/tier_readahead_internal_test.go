@@ -64,16 +64,7 @@ func aheadHoldingAll(t *testing.T) (*Agent, *engineSet) {
 // held as spare ones (pool.BlockSet.AllocateSpare) as the set gives.
 func aheadHolding(t *testing.T, spare bool) (*Agent, *engineSet) {
 	t.Helper()
-	storage, err := pool.NewHostStorage(pool.HostConfig{Size: 8 << 20, Name: "readahead-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { storage.Close() })
-	p, err := pool.New(storage, pool.Config{ExpiryInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	_, p := hostPool(t, 8<<20, "readahead-test", pool.Config{ExpiryInterval: -1})
 	set, err := p.NewBlockSet(&layout.Layout{Model: layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 16, DType: layout.DTypeBF16},
 		PageSize: 16, TPSize: 2, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 256, Slots: 4})
 	if err != nil {
