@@ -559,45 +559,9 @@ func TestTierReadAheadEndedForRoom(t *testing.T) {
 		<-ctx.Done() // until the set is freed for room
 		close(stopped)
 	})
-	// A run on disk with the run that follows it: the writer's set keeps
-	// the sequence's head.
-	from := slices.IndexFunc(hashes, func(h uint64) bool { return !fabric.BlockSetHolds(a, writer.ID, h) })
-	for from >= 0 && from+16 <= len(hashes) && slices.ContainsFunc(hashes[from:from+16], func(h uint64) bool { return fabric.BlockSetHolds(a, writer.ID, h) }) {
-		from++
-	}
-	if from < 0 || from+16 > len(hashes) {
-		t.Fatalf("the writer's set holds blocks up to %d of %d", from, len(hashes))
-	}
-	wait.For(t, 30*time.Second, "the run and the next on disk", func() error {
-		for i := from; i < from+16; i++ {
-			if fabric.TierHolding(a, writer.ID, hashes[i]) != "disk" {
-				return fmt.Errorf("block %d not on disk", i)
-			}
-		}
-		return nil
-	})
-	acquireRun(t, rc, reader, hashes[from:from+8], uint64(from+1))
-	waitAheadHeld(t, held)
-	fabric.HoldReadAheads(a, nil)
-	rc.Close()
-	wait.For(t, 30*time.Second, "the reader's session ended", func() error {
-		st, err := c.Status(ctx)
-		if err != nil {
-			return err
-		}
-		if len(st.Sessions) != 1 {
-			return fmt.Errorf("%d sessions", len(st.Sessions))
-		}
-		return nil
-	})
-	st, err := c.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// More slots than the pool (and the engine's quota) has room for
 	// beside the idle set, fewer than with its room.
-	stride := uint64(reader.Layout.Strides().Block)
-	free := (st.Pools[0].SizeBytes - st.Pools[0].CarvedBytes) / stride
+	free := idleReaderAhead(t, a, c, writer, hashes, rc, reader, held)
 	rc2 := newClient(t, a)
 	e.Slots = int(free) + e.Slots/2
 	set, err := rc2.Register(ctx, e)
@@ -646,41 +610,7 @@ func TestTierIdleReadAheadWaitedWithoutTheAgentLock(t *testing.T) {
 		close(ending)
 		<-release // and waits, holding the read-ahead's slots, until the test lets go
 	})
-	from := slices.IndexFunc(hashes, func(h uint64) bool { return !fabric.BlockSetHolds(a, writer.ID, h) })
-	for from >= 0 && from+16 <= len(hashes) && slices.ContainsFunc(hashes[from:from+16], func(h uint64) bool { return fabric.BlockSetHolds(a, writer.ID, h) }) {
-		from++
-	}
-	if from < 0 || from+16 > len(hashes) {
-		t.Fatalf("the writer's set holds blocks up to %d of %d", from, len(hashes))
-	}
-	wait.For(t, 30*time.Second, "the run and the next on disk", func() error {
-		for i := from; i < from+16; i++ {
-			if fabric.TierHolding(a, writer.ID, hashes[i]) != "disk" {
-				return fmt.Errorf("block %d not on disk", i)
-			}
-		}
-		return nil
-	})
-	acquireRun(t, rc, reader, hashes[from:from+8], uint64(from+1))
-	waitAheadHeld(t, held)
-	fabric.HoldReadAheads(a, nil)
-	rc.Close()
-	wait.For(t, 30*time.Second, "the reader's session ended", func() error {
-		st, err := c.Status(ctx)
-		if err != nil {
-			return err
-		}
-		if len(st.Sessions) != 1 {
-			return fmt.Errorf("%d sessions", len(st.Sessions))
-		}
-		return nil
-	})
-	st, err := c.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stride := uint64(reader.Layout.Strides().Block)
-	free := (st.Pools[0].SizeBytes - st.Pools[0].CarvedBytes) / stride
+	free := idleReaderAhead(t, a, c, writer, hashes, rc, reader, held)
 	e.Slots = int(free) + e.Slots/2 // fits only with the idle set's room
 	type registered struct {
 		set *client.BlockSet
@@ -702,7 +632,7 @@ func TestTierIdleReadAheadWaitedWithoutTheAgentLock(t *testing.T) {
 	// The Register waits for the read-ahead now; the engine API does not.
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	st, err = c.Status(sctx)
+	st, err := c.Status(sctx)
 	if err != nil {
 		t.Fatalf("status while a Register waits for an idle set's read-ahead: %v", err)
 	}
@@ -1015,4 +945,50 @@ func TestTierReadAheadAgainCountsTheFirstUnused(t *testing.T) {
 	if m = readAheadMetrics(a); m.ReadAheadUnused != 1 || m.ReadAheadHits != 1 {
 		t.Fatalf("block 8 taken: %d unused, %d hits; want 1, 1", m.ReadAheadUnused, m.ReadAheadHits)
 	}
+}
+
+// idleReaderAhead leaves reader's set idle with a read-ahead under way in
+// it: the reader acquires a run on disk with the run that follows it there
+// (the writer's set keeps the sequence's head), its read-ahead holds its
+// slots (held receives once it does; the hook is taken off then), and the
+// reader's session ends. It returns how many slots of reader's layout the
+// pool has room for beside the idle set.
+func idleReaderAhead(t *testing.T, a *fabric.Agent, c *client.Client, writer *client.BlockSet, hashes []uint64,
+	rc *client.Client, reader *client.BlockSet, held chan struct{}) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	from := slices.IndexFunc(hashes, func(h uint64) bool { return !fabric.BlockSetHolds(a, writer.ID, h) })
+	for from >= 0 && from+16 <= len(hashes) && slices.ContainsFunc(hashes[from:from+16], func(h uint64) bool { return fabric.BlockSetHolds(a, writer.ID, h) }) {
+		from++
+	}
+	if from < 0 || from+16 > len(hashes) {
+		t.Fatalf("the writer's set holds blocks up to %d of %d", from, len(hashes))
+	}
+	wait.For(t, 30*time.Second, "the run and the next on disk", func() error {
+		for i := from; i < from+16; i++ {
+			if fabric.TierHolding(a, writer.ID, hashes[i]) != "disk" {
+				return fmt.Errorf("block %d not on disk", i)
+			}
+		}
+		return nil
+	})
+	acquireRun(t, rc, reader, hashes[from:from+8], uint64(from+1))
+	waitAheadHeld(t, held)
+	fabric.HoldReadAheads(a, nil)
+	rc.Close()
+	wait.For(t, 30*time.Second, "the reader's session ended", func() error {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if len(st.Sessions) != 1 {
+			return fmt.Errorf("%d sessions", len(st.Sessions))
+		}
+		return nil
+	})
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return (st.Pools[0].SizeBytes - st.Pools[0].CarvedBytes) / uint64(reader.Layout.Strides().Block)
 }
