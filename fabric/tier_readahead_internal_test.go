@@ -103,21 +103,26 @@ func aheadHolding(t *testing.T, spare bool) (*Agent, *engineSet) {
 	return a, es
 }
 
+// slotAllocators are the two allocations that end a read-ahead holding
+// the slots they need, each asking for 2: the tiers' (restores) and the
+// engine's and imports' (allocateNow).
+var slotAllocators = []struct {
+	name  string
+	alloc func(context.Context, *Agent, *engineSet) ([]pool.Block, error)
+}{
+	{"allocate", func(ctx context.Context, a *Agent, es *engineSet) ([]pool.Block, error) {
+		return a.tiers.allocate(ctx, es, 2)
+	}},
+	{"allocateNow", func(ctx context.Context, a *Agent, es *engineSet) ([]pool.Block, error) {
+		return a.allocateNow(ctx, es, 2)
+	}},
+}
+
 // An allocation that fails while a read-ahead under way holds the slots,
 // though not as spare ones (pool.AllocError.Spare 0), ends it and takes
 // them: in the tiers' allocate and in allocateNow.
 func TestAllocateEndsAReadAheadHoldingSlotsNotSpare(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		alloc func(context.Context, *Agent, *engineSet) ([]pool.Block, error)
-	}{
-		{"allocate", func(ctx context.Context, a *Agent, es *engineSet) ([]pool.Block, error) {
-			return a.tiers.allocate(ctx, es, 2)
-		}},
-		{"allocateNow", func(ctx context.Context, a *Agent, es *engineSet) ([]pool.Block, error) {
-			return a.allocateNow(ctx, es, 2)
-		}},
-	} {
+	for _, tc := range slotAllocators {
 		t.Run(tc.name, func(t *testing.T) {
 			a, es := aheadHoldingAll(t)
 			if _, err := es.set.Allocate(2); err == nil {
@@ -143,18 +148,7 @@ func TestAllocateEndsAReadAheadHoldingSlotsNotSpare(t *testing.T) {
 // read-aheads ended tells that one just ended): in the tiers' allocate and
 // in allocateNow. Once the set is full, one fails after a single look.
 func TestAllocateAfterAReadAheadEndedJustBefore(t *testing.T) {
-	allocs := []struct {
-		name  string
-		alloc func(context.Context, *Agent, *engineSet) ([]pool.Block, error)
-	}{
-		{"allocate", func(ctx context.Context, a *Agent, es *engineSet) ([]pool.Block, error) {
-			return a.tiers.allocate(ctx, es, 2)
-		}},
-		{"allocateNow", func(ctx context.Context, a *Agent, es *engineSet) ([]pool.Block, error) {
-			return a.allocateNow(ctx, es, 2)
-		}},
-	}
-	for _, tc := range allocs {
+	for _, tc := range slotAllocators {
 		for _, spare := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/spare=%v", tc.name, spare), func(t *testing.T) {
 				a, es := aheadHolding(t, spare)
