@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout/layoutpb"
@@ -143,32 +144,10 @@ func TestEngineQuotaKeepsTheFallbackSet(t *testing.T) {
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	first := func(ctx context.Context, slots uint32) (*fabricpb.RegisterResponse, error) {
-		api, _, ev := rawSession(t, ctx, a.EngineSocket())
-		return api.Register(inSession(ctx, ev.Session), &fabricpb.RegisterRequest{Engine: "q", Model: smallModel.Proto(), TpSize: 1,
-			PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: slots})
-	}
-	octx, ocancel := context.WithCancel(ctx)
-	old, err := first(octx, 128)
-	if err != nil {
-		t.Fatalf("a set of half the quota: %v", err)
-	}
-	ocancel() // its session ends: the set is idle, kept for the grace period
-	wait.For(t, 10*time.Second, "the old set idle", func() error {
-		st, err := dial(t, a).Status(ctx)
-		if err != nil {
-			return err
-		}
-		for _, b := range st.BlockSets {
-			if b.Id == old.BlockSet && b.Sessions == 0 {
-				return nil
-			}
-		}
-		return fmt.Errorf("set %d not idle: %v", old.BlockSet, st.BlockSets)
-	})
+	old := idleQuotaSet(t, ctx, a)
 	// The default count (4 MiB) is past the quota whatever is freed: the
 	// layout's idle set is the one this Register can have.
-	again, err := first(ctx, 0)
+	again, err := quotaRegister(t, ctx, a, 0)
 	if err != nil {
 		t.Fatalf("a Register of the default count past the quota, with the engine's idle set of its layout: %v, want that set", err)
 	}
@@ -189,50 +168,54 @@ func TestEngineQuotaSwapsTheFallbackForANewSet(t *testing.T) {
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	reg := func(ctx context.Context, slots uint32) (*fabricpb.RegisterResponse, error) {
-		api, _, ev := rawSession(t, ctx, a.EngineSocket())
-		return api.Register(inSession(ctx, ev.Session), &fabricpb.RegisterRequest{Engine: "q", Model: smallModel.Proto(), TpSize: 1,
-			PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: slots})
-	}
-	octx, ocancel := context.WithCancel(ctx)
-	old, err := reg(octx, 128)
-	if err != nil {
-		t.Fatalf("a set of half the quota: %v", err)
-	}
-	ocancel()
-	sets := func() ([]*fabricpb.BlockSet, error) {
-		st, err := dial(t, a).Status(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return st.BlockSets, nil
-	}
-	wait.For(t, 10*time.Second, "the old set idle", func() error {
-		bs, err := sets()
-		if err != nil {
-			return err
-		}
-		for _, b := range bs {
-			if b.Id == old.BlockSet && b.Sessions == 0 {
-				return nil
-			}
-		}
-		return fmt.Errorf("set %d not idle: %v", old.BlockSet, bs)
-	})
-	again, err := reg(ctx, 0)
+	old := idleQuotaSet(t, ctx, a)
+	again, err := quotaRegister(t, ctx, a, 0)
 	if err != nil {
 		t.Fatalf("a Register of the default count, within the quota once the idle set is freed: %v", err)
 	}
 	if again.BlockSet == old.BlockSet {
 		t.Fatalf("given the idle set %d of 128 slots, want a new set of the default 200", old.BlockSet)
 	}
-	bs, err := sets()
+	st, err := dial(t, a).Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range bs {
+	for _, b := range st.BlockSets {
 		if b.Id == old.BlockSet {
 			t.Fatalf("the idle set %d is still held beside the new one: past the quota", old.BlockSet)
 		}
 	}
+}
+
+// quotaRegister registers slots (0: the default count) for engine "q" in
+// a session of its own, which lasts as long as ctx.
+func quotaRegister(t *testing.T, ctx context.Context, a *fabric.Agent, slots uint32) (*fabricpb.RegisterResponse, error) {
+	api, _, ev := rawSession(t, ctx, a.EngineSocket())
+	return api.Register(inSession(ctx, ev.Session), &fabricpb.RegisterRequest{Engine: "q", Model: smallModel.Proto(), TpSize: 1,
+		PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: slots})
+}
+
+// idleQuotaSet registers a set of 128 slots for engine "q" and ends its
+// session: the set is left idle, kept for the grace period.
+func idleQuotaSet(t *testing.T, ctx context.Context, a *fabric.Agent) *fabricpb.RegisterResponse {
+	t.Helper()
+	octx, ocancel := context.WithCancel(ctx)
+	old, err := quotaRegister(t, octx, a, 128)
+	if err != nil {
+		t.Fatalf("a set of half the quota: %v", err)
+	}
+	ocancel()
+	wait.For(t, 10*time.Second, "the old set idle", func() error {
+		st, err := dial(t, a).Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, b := range st.BlockSets {
+			if b.Id == old.BlockSet && b.Sessions == 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("set %d not idle: %v", old.BlockSet, st.BlockSets)
+	})
+	return old
 }
