@@ -162,6 +162,12 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 		// hundred milliseconds: at 500 ms its median was off by a
 		// quarter, half a Poll.
 		ld.Poll, ld.ProbeHz = 100*time.Millisecond, 2
+		if ld.Nodes <= simRealLongNodes(runtime.NumCPU()) {
+			// With cores to spare, four times the probes: at 2 a
+			// second the agents' p99 was the largest of 30 stores,
+			// and moved by more than 20 % from run to run.
+			ld.ProbeHz = 8
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

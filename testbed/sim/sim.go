@@ -424,7 +424,9 @@ func (c *Cluster) loadLoop(stop, done chan struct{}) {
 	defer close(done)
 	t := time.NewTicker(loadTick)
 	defer t.Stop()
-	owed := map[string]float64{}
+	c.mu.Lock()
+	p := newPacer(c.cfg.StoreRate, c.rng.Uint64())
+	c.mu.Unlock()
 	last := time.Now()
 	for {
 		select {
@@ -439,13 +441,40 @@ func (c *Cluster) loadLoop(stop, done chan struct{}) {
 			dt := now.Sub(last).Seconds()
 			last = now
 			for _, n := range c.live() {
-				owed[n.Name] += c.cfg.StoreRate * dt
-				k := int(owed[n.Name])
-				owed[n.Name] -= float64(k)
-				c.step(n, now, k)
+				c.step(n, now, p.due(n.Name, dt))
 			}
 		}
 	}
+}
+
+// pacer says how many stores each node owes at its rate, tick by tick.
+// Each node's stores start at a random point of its first period, as an
+// agent's engine's do: were every node's debt to start at zero, they
+// would all store in the same tick, a burst of N stores once a period
+// that gossip carries one behind the other, where agents spread theirs
+// (at 64 nodes the simulation's median delay to every index was 1.1 to
+// 1.3 times the agents').
+type pacer struct {
+	rate float64
+	rng  *rand.Rand
+	owed map[string]float64
+}
+
+func newPacer(rate float64, seed uint64) *pacer {
+	return &pacer{rate: rate, rng: rand.New(rand.NewPCG(seed, 0x9ace)), owed: map[string]float64{}}
+}
+
+// due adds dt seconds of node's rate to its debt and returns the whole
+// stores it now owes.
+func (p *pacer) due(node string, dt float64) int {
+	o, ok := p.owed[node]
+	if !ok {
+		o = p.rng.Float64()
+	}
+	o += p.rate * dt
+	k := int(o)
+	p.owed[node] = o - float64(k)
+	return k
 }
 
 // step publishes k new stores of node n, and the removes of its blocks

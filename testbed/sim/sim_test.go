@@ -165,3 +165,33 @@ func TestKeepInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestPacerSpreadsTheNodesStores: 64 nodes storing 2 blocks a second,
+// paced in 20 ms ticks, store in different ticks of each period, as
+// agents' engines do, and each at its rate. Starting every node's debt at
+// zero made all 64 store in the same tick.
+func TestPacerSpreadsTheNodesStores(t *testing.T) {
+	const nodes, rate, tick, periods = 64, 2.0, 0.02, 20
+	p := newPacer(rate, 1)
+	stores := map[string]int{}
+	most := 0
+	for range int(periods / rate / tick) {
+		in := 0
+		for i := range nodes {
+			name := "n" + strconv.Itoa(i)
+			k := p.due(name, tick)
+			stores[name] += k
+			in += k
+		}
+		most = max(most, in)
+	}
+	// 64 stores over 25 ticks: 2.6 a tick on average.
+	if most > 12 {
+		t.Errorf("up to %d of %d nodes stored in one tick: the load comes in bursts", most, nodes)
+	}
+	for name, n := range stores {
+		if n < periods-1 || n > periods {
+			t.Errorf("%s stored %d blocks in %d periods, want %d (or one fewer)", name, n, periods, periods)
+		}
+	}
+}
