@@ -381,14 +381,17 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad) (simRealFi
 			rng := rand.New(rand.NewPCG(uint64(i)+1, 7))
 			var held []*probe // this node's probes on their way
 			since := 0        // stores since held were last used
-			tick := time.NewTicker(time.Duration(float64(time.Second) / ld.Rate))
-			defer tick.Stop()
-			// Start the nodes' ticks spread over one period.
+			// Start the nodes' ticks spread over one period: the
+			// ticker starts after the wait (made before it, every
+			// node's ticked at the same instants, and their stores
+			// came in a burst once a period).
 			select {
 			case <-time.After(time.Duration(rng.Int64N(int64(time.Second / time.Duration(ld.Rate))))):
 			case <-stop:
 				return
 			}
+			tick := time.NewTicker(time.Duration(float64(time.Second) / ld.Rate))
+			defer tick.Stop()
 			for k := 0; ; k++ {
 				select {
 				case <-stop:
