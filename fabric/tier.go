@@ -219,9 +219,9 @@ type tiers struct {
 
 	// A block set's lock may be taken under mu (a copy down's end, a
 	// restore's registration: whether a tier holds the copy is decided
-	// with the set's change), and so may a store's own lock (placed asks
-	// a store whether it holds a copy; a move down deletes the host
-	// copy): a store calls nothing of the tiers under its lock.
+	// with the set's change), and so may a store's own lock (placed and a
+	// move down ask a store whether it holds a copy; a move down deletes
+	// the host copy): a store calls nothing of the tiers under its lock.
 	mu         sync.Mutex // guards what follows and the stores' opening
 	blockBytes int        // the stores' slot size; 0 until known
 	layouts    map[uint64]*layout.Layout
@@ -232,10 +232,12 @@ type tiers struct {
 	progress   chan struct{} // closed and replaced when a copy down has read its slot
 	// deleting counts the deletes under way of each copy (dropCopy): a
 	// copy committed there meanwhile is recorded only once they end, if
-	// the store holds it then (placed), since the delete may take it.
+	// the store holds it then (placed, movedDown), since the delete may
+	// take it.
 	deleting map[tierKey]int
 	// deleted is broadcast (its L is mu) when a delete counted in
-	// deleting ends: placed waits for the deletes of a copy it committed.
+	// deleting ends: waitDeleted waits for the deletes of a copy just
+	// committed (placeAll, movedDown).
 	// Made when first needed.
 	deleted *sync.Cond
 
@@ -258,8 +260,9 @@ type tiers struct {
 	afterDrop atomic.Pointer[func(d *diskTier, k disk.Key)]
 	// beforeDelete, if set, is called by dropCopy once the delete is
 	// under way (counted in deleting) and before the store's Delete
-	// (tests: a copy placed then); beforeDeleteWait by placed, t.mu
-	// held, as it begins to wait for a delete of k in d to end (tests).
+	// (tests: a copy placed then); beforeDeleteWait by waitDeleted
+	// (placeAll, movedDown), t.mu held and announceMu not, as it begins
+	// to wait for a delete of k in d to end (tests).
 	beforeDelete, beforeDeleteWait atomic.Pointer[func(d *diskTier, k disk.Key)]
 	// beforeEvictDrop, if set, is called by evict between its claim of a
 	// record (marked gone) and the delete of its copy (tests).
@@ -300,11 +303,14 @@ type tiers struct {
 	// this node holds reads the records under it (announced). Marking a
 	// record gone (dropCopy, lostCopy) is not made under it nor announced:
 	// the block is announced gone when its record is forgotten, under it.
-	// placed may wait under it for a delete to end (dropCopy, which never
-	// takes it). So the announcements of one block go out in the order
-	// of its records' changes (a removal never overtakes the store it
-	// follows), and no record waits for its announcement while a resync
-	// reads them. Taken after moveMu and before mu and what announce
+	// No one waits under it for a delete (dropCopy, a disk store's delete
+	// and journal sync): placeAll and movedDown wait for the deletes of a
+	// copy they committed before they take it (waitDeleted), and let go
+	// of it to wait again for one begun since; a forget waits under it
+	// only for mu and what announce takes. So the announcements of one
+	// block go out in the order of its records' changes (a removal never
+	// overtakes the store it follows), and no record waits for its
+	// announcement while a resync reads them. Taken after moveMu and before mu and what announce
 	// takes (the owned index's mu, the membership's lock), never while
 	// holding those nor a set's lock; announce does no network I/O. A
 	// resync or reconcile (announced) takes the pool's lock and every
@@ -662,9 +668,9 @@ func (t *tiers) heldLocked(k disk.Key) bool {
 // waits, gone, to be forgotten is recorded nowhere (placed, movedDown) and
 // deleted as a second copy (dropSecond): the forget drops the record,
 // whatever copy it would name. One committed while the delete is under
-// way with no record is recorded by placed only once the delete ended and
-// only if the store holds it still; a move down (movedDown) does not wait
-// and records it nowhere. Called with neither t.mu nor announceMu held:
+// way with no record is recorded (placeAll, movedDown) only once the
+// delete ended and only if the store holds it still. Called with neither
+// t.mu nor announceMu held:
 // lostBelow takes the sets' locks, and a disk store's delete writes its
 // journal.
 func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
@@ -721,6 +727,23 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 	t.deletedCond().Broadcast()
 	t.mu.Unlock()
 	return err
+}
+
+// waitDeleted waits until no delete of any of ks in d is under way
+// (dropCopy), taking t.mu and nothing else: placeAll and movedDown wait so
+// before they take announceMu, and never under it, so that no
+// announcement nor resync waits behind a disk store's journal sync.
+func (t *tiers) waitDeleted(d *diskTier, ks ...disk.Key) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range ks {
+		for t.deleting[tierKey{d.n, k}] > 0 {
+			if f := t.beforeDeleteWait.Load(); f != nil {
+				(*f)(d, k)
+			}
+			t.deletedCond().Wait()
+		}
+	}
 }
 
 // deletedCond is t.deleted, made if it is not yet. t.mu is held.

@@ -490,11 +490,24 @@ func TestTierOpenKeepsOneOfTwoCopies(t *testing.T) {
 // another tier holds the block (dropSecond). It says whether to announce
 // it.
 func placeCopy(tr *tiers, d *diskTier, k disk.Key, length int) bool {
-	announce, second := tr.placed(d, k, length)
+	announce, second := place(tr, d, k, length)
 	if second {
 		tr.dropSecond(d, []disk.Key{k})
 	}
 	return announce
+}
+
+// place records k's copy just committed to d as a copier does (placed,
+// after waiting for the deletes of k in d under way: placeAll), without
+// announcing it nor taking announceMu, and says whether it is to be
+// announced, or deleted as a second copy.
+func place(tr *tiers, d *diskTier, k disk.Key, length int) (announce, second bool) {
+	for {
+		tr.waitDeleted(d, k)
+		if announce, second, ok := tr.placed(d, k, length); ok {
+			return announce, second
+		}
+	}
 }
 
 // A copy committed to a tier while another tier holds the block as its
@@ -519,10 +532,10 @@ func TestTierSecondCopyDeletedOutsideTheLocks(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if announce, second := tr.placed(d, k, len(data)); !announce || second {
+		if announce, second := place(tr, d, k, len(data)); !announce || second {
 			t.Fatalf("%s: the first copy placed: announce %v, second %v; want true, false", tc.desc, announce, second)
 		}
-		announce, second := tr.placed(h, k, len(data))
+		announce, second := place(tr, h, k, len(data))
 		if announce || !second {
 			t.Fatalf("%s: a copy of a block recorded in another tier placed: announce %v, second %v; want false, true", tc.desc, announce, second)
 		}

@@ -1,0 +1,254 @@
+package fabric
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/membership"
+	"github.com/kvfabric/kvfabric/pool/disk"
+)
+
+// A move down from host memory whose commit below lands while a delete of
+// the block there is under way (a second copy's) waits for the delete to
+// end, without the tiers' ordering lock (a resync goes on meanwhile), and
+// keeps the copy it committed only where the delete left it. Committed
+// after the delete ran, with the host copy gone meanwhile (a restore found
+// it missing and forgot its record), the copy below is the node's only
+// one: deleting it as a second copy, as the move did without waiting, lost
+// the block. Committed before the delete runs, the delete takes it: the
+// block stays in host memory, not recorded below and its host copy freed
+// (the block lost) as a move that does not wait has it.
+func TestHostMoveWaitsForADeleteBelow(t *testing.T) {
+	for _, tc := range []struct {
+		desc  string
+		after bool // committed after the delete ran, the host copy gone; else before it runs
+	}{
+		{"committed after the delete", true},
+		{"committed before the delete", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, h, d := hostOverDisk(t, 4)
+			ctx := context.Background()
+			k := disk.Key{Hash: 51, Tag: 1}
+			data := bytes.Repeat([]byte{0x51}, 3000)
+			mem := h.store.Load().(*disk.MemStore)
+			if err := mem.Put(ctx, k, data); err != nil {
+				t.Fatal(err)
+			}
+			placeCopy(tr, h, k, disk.Align)
+			buf := alignedBuffer(disk.Align)
+			_, gen, err := mem.GetGen(ctx, k, buf) // the move's read
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A copy below recorded nowhere, deleted as a second copy.
+			if err := d.store.Load().Put(ctx, k, data); err != nil {
+				t.Fatal(err)
+			}
+			ran := false
+			var done <-chan struct{}
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				if tc.after {
+					// The host copy goes: a restore finds it missing and
+					// forgets its record.
+					if err := mem.Delete(k); err != nil {
+						t.Error(err)
+					}
+					lostKey(tr, h, k)
+					forgetKey(tr, h, k)
+					// The move's commit below lands after the delete's.
+					if err := d.store.Load().Put(ctx, k, data); err != nil {
+						t.Error(err)
+					}
+				} // else the move's commit is the copy the delete takes
+				done = startMove(t, tr, d, k, func() { tr.movedDown(mem, h, d, k, disk.Align, gen) })
+				resyncGoesOn(t, tr)
+			}
+			if tc.after {
+				tr.afterDrop.Store(&f)
+			} else {
+				tr.beforeDelete.Store(&f)
+			}
+			tr.dropSecond(d, []disk.Key{k})
+			if !ran {
+				t.Fatal("no copy deleted below")
+			}
+			waitClosed(t, done, "the move down")
+			consistent(t, tr, d, k)
+			consistent(t, tr, h, k)
+			want := h
+			if tc.after {
+				want = d
+			}
+			if got := tr.where(k); got != want {
+				t.Fatalf("the block is held by tier %d, want %d", tierNum(got), want.n)
+			}
+			if !has(want, k) {
+				t.Fatalf("tier %d holds no copy of the block: the node lost it", want.n)
+			}
+		})
+	}
+}
+
+// resyncGoesOn fails the test unless a resync's read of the tiers'
+// records (announced, under announceMu) ends within a wide margin.
+func resyncGoesOn(t *testing.T, tr *tiers) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tr.announced(func([]membership.Entry) {})
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Error("a resync waited 30s for the tiers' ordering lock while a delete was under way")
+	}
+}
+
+// A copier whose commit lands while a delete of the block in that tier is
+// under way waits for the delete to end without the tiers' ordering lock:
+// a resync (and every announcement and forget) goes on meanwhile rather
+// than wait behind a disk store's delete and journal sync. The copy is
+// recorded once the delete ended, where the store holds it.
+func TestTierPlacedWaitsForADeleteOutsideTheOrder(t *testing.T) {
+	tr, _, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 52, Tag: 1}
+	data := bytes.Repeat([]byte{0x52}, 3000)
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan struct{})
+	var once sync.Once
+	w := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			once.Do(func() { close(waiting) })
+		}
+	}
+	tr.beforeDeleteWait.Store(&w)
+	ran := false
+	done := make(chan struct{})
+	var second []disk.Key
+	f := func(dd *diskTier, kk disk.Key) {
+		if dd != d || kk != k || ran {
+			return
+		}
+		ran = true
+		// A copy down's commit lands after the delete's, and it places it
+		// while the delete is still under way.
+		if err := d.store.Load().Put(ctx, k, data); err != nil {
+			t.Error(err)
+		}
+		go func() {
+			defer close(done)
+			second = tr.placeAll(d, []disk.Key{k}, []int{disk.Align})
+		}()
+		select {
+		case <-waiting:
+		case <-done:
+			t.Error("the copy was placed while a delete of it was under way")
+		case <-time.After(30 * time.Second):
+			t.Error("the copy's placing did not wait for the delete after 30s")
+		}
+		resyncGoesOn(t, tr)
+	}
+	tr.afterDrop.Store(&f)
+	tr.dropSecond(d, []disk.Key{k})
+	if !ran {
+		t.Fatal("no copy deleted")
+	}
+	waitClosed(t, done, "the copy placed")
+	if len(second) != 0 {
+		t.Fatalf("the copy committed after the delete taken as a second copy: %v", second)
+	}
+	consistent(t, tr, d, k)
+	if tr.where(k) != d {
+		t.Fatal("the copy committed after the delete is not recorded")
+	}
+}
+
+// A copier whose wait for the deletes of its block ended, and a delete of
+// the block in its tier began before it took the tiers' ordering lock (a
+// second copy's), waits for that one too: it records its copy only with no
+// delete under way, where the store holds it then. Recorded at once, the
+// delete took the copy from under the record.
+func TestTierPlacedWaitsForADeleteBegunAfterItsWait(t *testing.T) {
+	tr, _, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 53, Tag: 1}
+	data := bytes.Repeat([]byte{0x53}, 3000)
+	if err := d.store.Load().Put(ctx, k, data); err != nil { // the copier's commit
+		t.Fatal(err)
+	}
+	deleting := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	bd := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			once.Do(func() {
+				close(deleting)
+				<-release
+			})
+		}
+	}
+	tr.beforeDelete.Store(&bd)
+	waiting := make(chan struct{})
+	var wonce sync.Once
+	w := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			wonce.Do(func() { close(waiting) })
+		}
+	}
+	tr.beforeDeleteWait.Store(&w)
+	deleted := make(chan struct{})
+	started := false
+	o := func() {
+		if started {
+			return
+		}
+		started = true
+		// A delete of k in d (a second copy, recorded nowhere) begins
+		// between the copier's wait and its placing.
+		go func() {
+			defer close(deleted)
+			tr.dropSecond(d, []disk.Key{k})
+		}()
+		select {
+		case <-deleting:
+		case <-time.After(30 * time.Second):
+			t.Error("the delete did not begin after 30s")
+		}
+	}
+	tr.beforeOrder.Store(&o)
+	placed := make(chan []disk.Key, 1)
+	go func() { placed <- tr.placeAll(d, []disk.Key{k}, []int{disk.Align}) }()
+	// The delete goes on once the copier waits for it, or has placed its
+	// copy (wrongly, with the delete under way).
+	var second []disk.Key
+	select {
+	case <-waiting:
+		close(release)
+		second = <-placed
+	case second = <-placed:
+		close(release)
+	case <-time.After(30 * time.Second):
+		close(release)
+		t.Fatal("the copier neither waited for the delete nor placed its copy after 30s")
+	}
+	waitClosed(t, deleted, "the delete")
+	if len(second) != 0 {
+		t.Fatalf("a copy taken as a second copy: %v", second)
+	}
+	consistent(t, tr, d, k)
+	if tr.where(k) != nil {
+		t.Fatal("the copy the delete took is recorded")
+	}
+}
