@@ -267,6 +267,11 @@ type tiers struct {
 	// beforeEvictDrop, if set, is called by evict between its claim of a
 	// record (marked gone) and the delete of its copy (tests).
 	beforeEvictDrop atomic.Pointer[func(d *diskTier, k disk.Key)]
+	// afterRead, if set, is called by each restore's or read-ahead's read
+	// of a block right after the store's read, with its error, before a
+	// copy found corrupt or missing is acted on (tests: a record replaced
+	// meanwhile).
+	afterRead atomic.Pointer[func(d *diskTier, k disk.Key, err error)]
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
 	failIO atomic.Pointer[func(write, straight bool) error]
@@ -615,23 +620,19 @@ func (t *tiers) touch(k disk.Key) {
 	t.mu.Unlock()
 }
 
-// forget drops k from the list (after d's store dropped it) and announces
-// that the node no longer holds it on disk, if d is the tier that k's
-// record names: a block that moved to another tier meanwhile (a move down
-// from the host tier, a copy placed elsewhere) keeps its record there.
-func (t *tiers) forget(d *diskTier, k disk.Key) {
-	t.forgetIf(d, k, nil)
-}
-
-// forgetIf is forget, dropping k's record only if it is the element only
-// (where only is not nil): an eviction forgets the record it dropped, not
-// one made since in its place (placed records a copy committed after a
-// delete ended).
+// forgetIf drops k's record from the list (after d's store dropped its
+// copy) and announces that the node no longer holds it on disk, if the
+// record is the element only and names d: a block that moved to another
+// tier meanwhile (a move down from the host tier) keeps its record there,
+// and a record made since in only's place (placed records a copy committed
+// after only's copy was deleted) is another copy's, good, and stays. Every
+// forget names the record it drops: an eviction the record it claimed, a
+// restore or a read-ahead the one its read was made from (recordIn).
 func (t *tiers) forgetIf(d *diskTier, k disk.Key, only *list.Element) {
 	t.order()
 	t.mu.Lock()
 	e, ok := t.pos[k]
-	if ok && (e.Value.(*tierEntry).tier != d.n || (only != nil && e != only)) {
+	if ok && (e.Value.(*tierEntry).tier != d.n || e != only) {
 		ok = false
 	}
 	if ok {
@@ -729,6 +730,18 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 	return err
 }
 
+// recordIn is k's record if it names d, else nil: the record a read of
+// k's copy in d is made from, for lostCopy, dropCopyOf and forgetIf to act
+// on that record only.
+func (t *tiers) recordIn(d *diskTier, k disk.Key) *list.Element {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.pos[k]; ok && e.Value.(*tierEntry).tier == d.n {
+		return e
+	}
+	return nil
+}
+
 // waitDeleted waits until no delete of any of ks in d is under way
 // (dropCopy), taking t.mu and nothing else: placeAll and movedDown wait so
 // before they take announceMu, and never under it, so that no
@@ -756,13 +769,16 @@ func (t *tiers) deletedCond() *sync.Cond {
 
 // lostCopy is for a copy of k in tier d that went without dropCopy: the
 // store dropped it as it read it (its checksum failed) or found it
-// missing. Where k's record names d it is marked gone and the block sets
-// holding k are told at once, not when the record is forgotten (after a
-// read-ahead, for one). Called with neither t.mu nor announceMu held.
-func (t *tiers) lostCopy(d *diskTier, k disk.Key) {
+// missing. Where k's record is still only, the record the read was made
+// from (recordIn), and names d, it is marked gone and the block sets
+// holding k are told at once, not when the record is forgotten; a record
+// made since in only's place names a copy committed since, which the read
+// did not see, and is left as it is. Called with neither t.mu nor
+// announceMu held.
+func (t *tiers) lostCopy(d *diskTier, k disk.Key, only *list.Element) {
 	t.mu.Lock()
 	e, ok := t.pos[k]
-	ok = ok && e.Value.(*tierEntry).tier == d.n
+	ok = ok && e == only && e.Value.(*tierEntry).tier == d.n
 	if ok {
 		e.Value.(*tierEntry).gone = true
 	}

@@ -35,13 +35,13 @@ func consistent(t *testing.T, tr *tiers, d *diskTier, k disk.Key) {
 // forgetKey forgets k's record in d, whichever it is now, as the dropper
 // of its copy does (forgetIf, the record it claimed).
 func forgetKey(tr *tiers, d *diskTier, k disk.Key) {
-	tr.forget(d, k)
+	tr.forgetIf(d, k, tr.recordIn(d, k))
 }
 
 // lostKey marks k's record in d gone, whichever it is now, as a restore
 // whose read of it found its copy missing or corrupt does (lostCopy).
 func lostKey(tr *tiers, d *diskTier, k disk.Key) {
-	tr.lostCopy(d, k)
+	tr.lostCopy(d, k, tr.recordIn(d, k))
 }
 
 // has says whether d's store holds a copy of k.
@@ -331,7 +331,7 @@ func TestTierRestoreAfterGoneNotBelow(t *testing.T) {
 		}
 		find := func(context.Context, disk.Key) *diskTier { return d } // found before the record went
 		alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
-		forget := func(*diskTier, disk.Key) { t.Error("a block forgotten: the copy was read whole") }
+		forget := func(tierFound) { t.Error("a block forgotten: the copy was read whole") }
 		blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
 		if err != nil || len(blks) != 1 {
 			t.Fatalf("record gone %v: restore: %d blocks, %v; want 1", gone, len(blks), err)

@@ -191,11 +191,12 @@ func TestTierForgetOnlyItsTier(t *testing.T) {
 	tr.list = []*diskTier{{n: 0}, {n: 1}}
 	k := disk.Key{Hash: 3, Tag: 1}
 	placeCopy(tr, tr.list[1], k, 100)
-	tr.forget(tr.list[0], k)
+	e := tr.recordIn(tr.list[1], k)
+	tr.forgetIf(tr.list[0], k, e)
 	if tr.where(k) != tr.list[1] || tr.heldBytes[0] != 0 || tr.heldBytes[1] != 100 {
 		t.Fatalf("forget in tier 0 of a block recorded in tier 1: held by %v, bytes %v; want tier 1, [0 100]", tr.where(k), tr.heldBytes)
 	}
-	tr.forget(tr.list[1], k)
+	tr.forgetIf(tr.list[1], k, e)
 	if tr.where(k) != nil || tr.heldBytes[1] != 0 {
 		t.Fatalf("forget in its tier: held by %v, bytes %v; want none, [0 0]", tr.where(k), tr.heldBytes)
 	}

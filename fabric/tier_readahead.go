@@ -311,9 +311,8 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	l := set.Layout()
 	tag := shapeTag(l)
 	// The blocks found corrupt or missing are marked gone and their sets
-	// told at once (readBlock: dropCopy, lostCopy); their records are
+	// told at once (readBlock: dropCopyOf, lostCopy); their records are
 	// forgotten, and the loss announced, once the read-ahead is over.
-	// Until then a restore that finds them gone forgets them itself.
 	var lost []tierFound
 	readers := t.restoreReaders(l)
 	var (
@@ -412,7 +411,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 				break
 			}
 			last = h
-			rd := &aheadRead{f: tierFound{d, k}, blk: blk, parent: after}
+			rd := &aheadRead{f: tierFound{d: d, k: k}, blk: blk, parent: after}
 			queue = append(queue, rd)
 			inflight++
 			go func() {
@@ -480,7 +479,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	close(r.done)
 	t.ahead.ended.Add(1)
 	for _, f := range lost {
-		t.forget(f.d, f.k)
+		t.forgetFound(f) // the record its read was made from
 	}
 }
 

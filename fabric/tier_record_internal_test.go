@@ -8,8 +8,88 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/membership"
+	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
 )
+
+// A restore whose read of a block's copy fails (missing from the store, or
+// read whole but corrupt) acts on the record its read was made from, and
+// that record only: where another restore of the block found it so too,
+// dropped and forgot that record, and a copier committed the block again
+// and recorded its copy, all between the read and its failure being acted
+// on, the new record and its good copy stay. Acting by key marked that
+// record gone (or dropped its copy) and forgot it: the copy left in the
+// store with no record, or deleted, the block lost from the tiers.
+func TestTierRestoreFailureLeavesARecordPlacedSince(t *testing.T) {
+	for _, tc := range []struct {
+		desc    string
+		corrupt bool // the copy read is of the wrong length, else missing
+	}{
+		{"missing", false},
+		{"corrupt", true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, _, k := belowSet(t, false, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+			if err != nil {
+				t.Fatal(err)
+			}
+			whole := bytes.Repeat([]byte{0x5a}, tierBlockBytes(other.Layout())-tierTrailer)
+			whole = append(whole, make([]byte, tierTrailer)...) // no content checksum
+			if !tc.corrupt {
+				// The copy went from the store; its record stays.
+				if err := d.store.Load().Delete(k); err != nil {
+					t.Fatal(err)
+				}
+			} // else belowSet's copy: 1000 bytes, not a block of the shape
+			ran := false
+			f := func(dd *diskTier, kk disk.Key, rerr error) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				if rerr == nil && !tc.corrupt {
+					t.Errorf("a missing copy read without error")
+				}
+				// Another restore of the block found the same and acted
+				// on it: the copy dropped, the record forgotten.
+				if tc.corrupt {
+					if err := tr.dropCopy(d, k, true); err != nil {
+						t.Error(err)
+					}
+				} else {
+					lostKey(tr, d, k)
+				}
+				forgetKey(tr, d, k)
+				// A copier commits the block again and records it.
+				if err := d.store.Load().Put(context.Background(), k, whole); err != nil {
+					t.Error(err)
+				}
+				if !placeCopy(tr, d, k, disk.Align) {
+					t.Error("the copy committed again was not recorded")
+				}
+			}
+			tr.afterRead.Store(&f)
+			find := func(context.Context, disk.Key) *diskTier { return d }
+			alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+			blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, tr.forgetFound, false)
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			if len(blks) != 0 || err == nil {
+				t.Fatalf("restore of a copy %s: %d blocks, %v; want none and an error", tc.desc, len(blks), err)
+			}
+			consistent(t, tr, d, k)
+			if got := tr.where(k); got != d {
+				t.Fatalf("the block committed again is held by tier %d, want %d", tierNum(got), d.n)
+			}
+			if !has(d, k) {
+				t.Fatal("the copy committed again was deleted")
+			}
+		})
+	}
+}
 
 // A move down from host memory whose commit below lands while a delete of
 // the block there is under way (a second copy's) waits for the delete to
