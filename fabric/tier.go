@@ -311,9 +311,10 @@ type tiers struct {
 	// No one waits under it for a delete (dropCopy, a disk store's delete
 	// and journal sync): placeAll and movedDown wait for the deletes of a
 	// copy they committed before they take it (waitDeleted), and let go
-	// of it to wait again for one begun since; a forget waits under it
-	// only for mu and what announce takes. So the announcements of one
-	// block go out in the order of its records' changes (a removal never
+	// of it to wait again for one begun since; a forget (a read-ahead's
+	// too, made as the block it found lost lands) waits under it only for
+	// mu and what announce takes. So the announcements of one block go
+	// out in the order of its records' changes (a removal never
 	// overtakes the store it follows), and no record waits for its
 	// announcement while a resync reads them. Taken after moveMu and before mu and what announce
 	// takes (the owned index's mu, the membership's lock), never while

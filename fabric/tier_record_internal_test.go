@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
@@ -252,6 +253,82 @@ func TestTierPlacedWaitsForADeleteOutsideTheOrder(t *testing.T) {
 	consistent(t, tr, d, k)
 	if tr.where(k) != d {
 		t.Fatal("the copy committed after the delete is not recorded")
+	}
+}
+
+// A read-ahead that finds a block's copy missing forgets its record as the
+// read lands, not once the read-ahead is over (it may wait long for its
+// other blocks to be read or taken): until the record is forgotten it is
+// gone, holds nothing, and each copy down of the block meanwhile wrote it
+// and deleted it as a second copy, again and again. Here four copies down
+// of the block while the read-ahead is under way write it once.
+func TestTierReadAheadLostBlockNotRewrittenWhileItRuns(t *testing.T) {
+	tr, set, _ := belowSet(t, false, false)
+	d := tr.list[0]
+	l := set.Layout()
+	tag := shapeTag(l)
+	tr.layouts = map[uint64]*layout.Layout{tag: l} // no tier.json to write
+	tr.room.Store(int64(tr.blockBytes))
+	ctx := context.Background()
+	whole := make([]byte, tierBlockBytes(l)) // no content checksum
+	lost := disk.Key{Hash: 2, Tag: tag}      // in the set, and to be read ahead
+	next := disk.Key{Hash: 3, Tag: tag}
+	for _, k := range []disk.Key{lost, next} {
+		if err := d.store.Load().Put(ctx, k, whole); err != nil {
+			t.Fatal(err)
+		}
+		placeCopy(tr, d, k, disk.Align)
+	}
+	if err := d.store.Load().Delete(lost); err != nil { // gone, its record left
+		t.Fatal(err)
+	}
+	into, err := tr.a.pool.NewBlockSet(belowLayout(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := &engineSet{set: into}
+	release := make(chan struct{})
+	hold := func(ctx context.Context, hash uint64) {
+		if hash == next.Hash {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+	}
+	tr.ahead.reading.Store(&hold)
+	run := []uint64{lost.Hash, next.Hash}
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := newAheadRun(run, 0, cancel)
+	es.ahead.run = r
+	go tr.readAhead(actx, es, r, run, 0, 8)
+	defer func() {
+		close(release)
+		waitClosed(t, r.done, "the read-ahead")
+	}()
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	tr.awaitAhead(wctx, es, []uint64{lost.Hash}) // landed: its read failed
+	if wctx.Err() != nil {
+		t.Fatal("the missing block's read did not land")
+	}
+	blk := mustLookup(t, set, lost.Hash)
+	puts := d.store.Load().Stats().Puts
+	for range 4 {
+		tr.copyDownBatch([]*offloadJob{{set: set, blk: blk, hash: lost.Hash, held: true}})
+	}
+	if got := d.store.Load().Stats().Puts - puts; got != 1 {
+		t.Fatalf("4 copies down of a block lost by a read-ahead under way wrote it %d times, want 1", got)
+	}
+	consistent(t, tr, d, lost)
+	if tr.where(lost) != d {
+		t.Fatal("the block copied down again is not recorded")
+	}
+	select {
+	case <-r.done:
+		t.Fatal("the read-ahead ended before its held read")
+	default:
 	}
 }
 
