@@ -114,7 +114,7 @@ func TestOwnedResyncBetweenATierRecordAndItsAnnouncement(t *testing.T) {
 	k := disk.Key{Hash: 0xd15c, Tag: 7}
 	betweenRecordAndAnnouncement(t, tr, d, k, func() { a.owned.publish(pool.EventBatch{Dropped: 1}) })
 	ownedCopies(t, a, "a block recorded, a resync, then its announcement", k.Hash, 1, 1)
-	tr.forget(d, k) // unrecorded and its removal announced
+	forgetKey(tr, d, k) // unrecorded and its removal announced
 	ownedCopies(t, a, "its removal announced", k.Hash, 0, 0)
 }
 
@@ -126,7 +126,7 @@ func TestOwnedTierRemovalWaitsForTheStoreAnnouncement(t *testing.T) {
 	tr := a.tiers
 	d := tr.list[0]
 	k := disk.Key{Hash: 0xd15d, Tag: 7}
-	betweenRecordAndAnnouncement(t, tr, d, k, func() { tr.forget(d, k) })
+	betweenRecordAndAnnouncement(t, tr, d, k, func() { forgetKey(tr, d, k) })
 	if tr.where(k) != nil {
 		t.Fatal("a forgotten block still recorded")
 	}
@@ -147,7 +147,7 @@ func TestOwnedResyncClearsATierCopyAnnouncedOutOfOrder(t *testing.T) {
 	if !placeCopy(tr, d, k, 4096) { // recorded, not yet announced
 		t.Fatal("a new block's record not to be announced")
 	}
-	tr.forget(d, k)                // unrecorded and its removal announced first
+	forgetKey(tr, d, k)            // unrecorded and its removal announced first
 	tr.announce(true, d.n, k.Hash) // the store's announcement, late
 	ownedCopies(t, a, "a block's removal announced before its store", k.Hash, 1, 1)
 	for i := range 2 {
@@ -223,7 +223,7 @@ func TestReconcileBetweenATierRecordAndItsAnnouncement(t *testing.T) {
 		t.Fatal("no batch with events lost reached the agent")
 	}
 	published("a block recorded, a reconcile, then its announcement", 1)
-	tr.forget(d, k)
+	forgetKey(tr, d, k)
 	published("its removal announced", 0)
 }
 

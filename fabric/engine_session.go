@@ -326,9 +326,9 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) (freed, unlocked 
 		}
 		a.mu.Unlock()
 		if a.tiers != nil {
-			// Until it ends the read-ahead takes neither a.mu nor es.mu
-			// (the blocks it finds lost are forgotten after), so the wait
-			// lasts only as long as its reads.
+			// The read-ahead takes neither a.mu nor es.mu (nor does its
+			// forget of the blocks it finds lost), so the wait lasts only
+			// as long as its reads.
 			ctx, cancel := context.WithTimeout(a.tiers.ctx, a.cfg.ImportTimeout)
 			a.tiers.endAhead(ctx, es)
 			cancel()

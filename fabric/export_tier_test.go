@@ -87,7 +87,7 @@ func TierDrop(a *Agent, id uint64, hashes []uint64) error {
 			if err := d.store.Load().Delete(k); err != nil {
 				return err
 			}
-			a.tiers.forget(d, k)
+			forgetKey(a.tiers, d, k)
 		}
 	}
 	return nil

@@ -219,9 +219,9 @@ type tiers struct {
 
 	// A block set's lock may be taken under mu (a copy down's end, a
 	// restore's registration: whether a tier holds the copy is decided
-	// with the set's change), and so may a store's own lock (placed asks
-	// a store whether it holds a copy; a move down deletes the host
-	// copy): a store calls nothing of the tiers under its lock.
+	// with the set's change), and so may a store's own lock (placed and a
+	// move down ask a store whether it holds a copy; a move down deletes
+	// the host copy): a store calls nothing of the tiers under its lock.
 	mu         sync.Mutex // guards what follows and the stores' opening
 	blockBytes int        // the stores' slot size; 0 until known
 	layouts    map[uint64]*layout.Layout
@@ -232,10 +232,12 @@ type tiers struct {
 	progress   chan struct{} // closed and replaced when a copy down has read its slot
 	// deleting counts the deletes under way of each copy (dropCopy): a
 	// copy committed there meanwhile is recorded only once they end, if
-	// the store holds it then (placed), since the delete may take it.
+	// the store holds it then (placed, movedDown), since the delete may
+	// take it.
 	deleting map[tierKey]int
 	// deleted is broadcast (its L is mu) when a delete counted in
-	// deleting ends: placed waits for the deletes of a copy it committed.
+	// deleting ends: waitDeleted waits for the deletes of a copy just
+	// committed (placeAll, movedDown).
 	// Made when first needed.
 	deleted *sync.Cond
 
@@ -258,12 +260,18 @@ type tiers struct {
 	afterDrop atomic.Pointer[func(d *diskTier, k disk.Key)]
 	// beforeDelete, if set, is called by dropCopy once the delete is
 	// under way (counted in deleting) and before the store's Delete
-	// (tests: a copy placed then); beforeDeleteWait by placed, t.mu
-	// held, as it begins to wait for a delete of k in d to end (tests).
+	// (tests: a copy placed then); beforeDeleteWait by waitDeleted
+	// (placeAll, movedDown), t.mu held and announceMu not, as it begins
+	// to wait for a delete of k in d to end (tests).
 	beforeDelete, beforeDeleteWait atomic.Pointer[func(d *diskTier, k disk.Key)]
 	// beforeEvictDrop, if set, is called by evict between its claim of a
 	// record (marked gone) and the delete of its copy (tests).
 	beforeEvictDrop atomic.Pointer[func(d *diskTier, k disk.Key)]
+	// afterRead, if set, is called by each restore's or read-ahead's read
+	// of a block right after the store's read, with its error, before a
+	// copy found corrupt or missing is acted on (tests: a record replaced
+	// meanwhile).
+	afterRead atomic.Pointer[func(d *diskTier, k disk.Key, err error)]
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
 	failIO atomic.Pointer[func(write, straight bool) error]
@@ -300,11 +308,15 @@ type tiers struct {
 	// this node holds reads the records under it (announced). Marking a
 	// record gone (dropCopy, lostCopy) is not made under it nor announced:
 	// the block is announced gone when its record is forgotten, under it.
-	// placed may wait under it for a delete to end (dropCopy, which never
-	// takes it). So the announcements of one block go out in the order
-	// of its records' changes (a removal never overtakes the store it
-	// follows), and no record waits for its announcement while a resync
-	// reads them. Taken after moveMu and before mu and what announce
+	// No one waits under it for a delete (dropCopy, a disk store's delete
+	// and journal sync): placeAll and movedDown wait for the deletes of a
+	// copy they committed before they take it (waitDeleted), and let go
+	// of it to wait again for one begun since; a forget (a read-ahead's
+	// too, made as the block it found lost lands) waits under it only for
+	// mu and what announce takes. So the announcements of one block go
+	// out in the order of its records' changes (a removal never
+	// overtakes the store it follows), and no record waits for its
+	// announcement while a resync reads them. Taken after moveMu and before mu and what announce
 	// takes (the owned index's mu, the membership's lock), never while
 	// holding those nor a set's lock; announce does no network I/O. A
 	// resync or reconcile (announced) takes the pool's lock and every
@@ -609,23 +621,19 @@ func (t *tiers) touch(k disk.Key) {
 	t.mu.Unlock()
 }
 
-// forget drops k from the list (after d's store dropped it) and announces
-// that the node no longer holds it on disk, if d is the tier that k's
-// record names: a block that moved to another tier meanwhile (a move down
-// from the host tier, a copy placed elsewhere) keeps its record there.
-func (t *tiers) forget(d *diskTier, k disk.Key) {
-	t.forgetIf(d, k, nil)
-}
-
-// forgetIf is forget, dropping k's record only if it is the element only
-// (where only is not nil): an eviction forgets the record it dropped, not
-// one made since in its place (placed records a copy committed after a
-// delete ended).
+// forgetIf drops k's record from the list (after d's store dropped its
+// copy) and announces that the node no longer holds it on disk, if the
+// record is the element only and names d: a block that moved to another
+// tier meanwhile (a move down from the host tier) keeps its record there,
+// and a record made since in only's place (placed records a copy committed
+// after only's copy was deleted) is another copy's, good, and stays. Every
+// forget names the record it drops: an eviction the record it claimed, a
+// restore or a read-ahead the one its read was made from (recordIn).
 func (t *tiers) forgetIf(d *diskTier, k disk.Key, only *list.Element) {
 	t.order()
 	t.mu.Lock()
 	e, ok := t.pos[k]
-	if ok && (e.Value.(*tierEntry).tier != d.n || (only != nil && e != only)) {
+	if ok && (e.Value.(*tierEntry).tier != d.n || e != only) {
 		ok = false
 	}
 	if ok {
@@ -662,9 +670,9 @@ func (t *tiers) heldLocked(k disk.Key) bool {
 // waits, gone, to be forgotten is recorded nowhere (placed, movedDown) and
 // deleted as a second copy (dropSecond): the forget drops the record,
 // whatever copy it would name. One committed while the delete is under
-// way with no record is recorded by placed only once the delete ended and
-// only if the store holds it still; a move down (movedDown) does not wait
-// and records it nowhere. Called with neither t.mu nor announceMu held:
+// way with no record is recorded (placeAll, movedDown) only once the
+// delete ended and only if the store holds it still. Called with neither
+// t.mu nor announceMu held:
 // lostBelow takes the sets' locks, and a disk store's delete writes its
 // journal.
 func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
@@ -723,6 +731,35 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 	return err
 }
 
+// recordIn is k's record if it names d, else nil: the record a read of
+// k's copy in d is made from, for lostCopy, dropCopyOf and forgetIf to act
+// on that record only.
+func (t *tiers) recordIn(d *diskTier, k disk.Key) *list.Element {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.pos[k]; ok && e.Value.(*tierEntry).tier == d.n {
+		return e
+	}
+	return nil
+}
+
+// waitDeleted waits until no delete of any of ks in d is under way
+// (dropCopy), taking t.mu and nothing else: placeAll and movedDown wait so
+// before they take announceMu, and never under it, so that no
+// announcement nor resync waits behind a disk store's journal sync.
+func (t *tiers) waitDeleted(d *diskTier, ks ...disk.Key) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range ks {
+		for t.deleting[tierKey{d.n, k}] > 0 {
+			if f := t.beforeDeleteWait.Load(); f != nil {
+				(*f)(d, k)
+			}
+			t.deletedCond().Wait()
+		}
+	}
+}
+
 // deletedCond is t.deleted, made if it is not yet. t.mu is held.
 func (t *tiers) deletedCond() *sync.Cond {
 	if t.deleted == nil {
@@ -733,13 +770,16 @@ func (t *tiers) deletedCond() *sync.Cond {
 
 // lostCopy is for a copy of k in tier d that went without dropCopy: the
 // store dropped it as it read it (its checksum failed) or found it
-// missing. Where k's record names d it is marked gone and the block sets
-// holding k are told at once, not when the record is forgotten (after a
-// read-ahead, for one). Called with neither t.mu nor announceMu held.
-func (t *tiers) lostCopy(d *diskTier, k disk.Key) {
+// missing. Where k's record is still only, the record the read was made
+// from (recordIn), and names d, it is marked gone and the block sets
+// holding k are told at once, not when the record is forgotten; a record
+// made since in only's place names a copy committed since, which the read
+// did not see, and is left as it is. Called with neither t.mu nor
+// announceMu held.
+func (t *tiers) lostCopy(d *diskTier, k disk.Key, only *list.Element) {
 	t.mu.Lock()
 	e, ok := t.pos[k]
-	ok = ok && e.Value.(*tierEntry).tier == d.n
+	ok = ok && e == only && e.Value.(*tierEntry).tier == d.n
 	if ok {
 		e.Value.(*tierEntry).gone = true
 	}

@@ -240,9 +240,8 @@ func TestTierSecondCopyDeleteTakesACommitUnrecorded(t *testing.T) {
 
 // A restore that finds a tier's copy corrupt (the store drops it as it
 // reads it) clears the copied-below mark of the sets holding the block at
-// once, not when the record is forgotten (a read-ahead forgets the blocks
-// it lost only once it ends): spare-slot recycling meanwhile keeps the
-// block.
+// once, not when the record is forgotten: spare-slot recycling meanwhile
+// keeps the block.
 func TestTierCorruptCopyClearsBelowAtOnce(t *testing.T) {
 	tr, set, k := belowSet(t, true, false)
 	other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
@@ -255,7 +254,7 @@ func TestTierCorruptCopyClearsBelowAtOnce(t *testing.T) {
 	find := func(_ context.Context, k disk.Key) *diskTier { return tr.where(k) }
 	alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
 	var lost []disk.Key
-	forget := func(_ *diskTier, k disk.Key) { lost = append(lost, k) } // forgotten later, as a read-ahead does
+	forget := func(f tierFound) { lost = append(lost, f.k) } // not forgotten: the marks cleared before
 	blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
 	if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
 		t.Fatalf("restore of a corrupt copy: %d blocks, %v; want none, ErrCorrupt", len(blks), err)

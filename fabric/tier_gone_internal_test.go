@@ -3,6 +3,7 @@ package fabric
 import (
 	"bytes"
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +32,18 @@ func consistent(t *testing.T, tr *tiers, d *diskTier, k disk.Key) {
 	}
 }
 
+// forgetKey forgets k's record in d, whichever it is now, as the dropper
+// of its copy does (forgetIf, the record it claimed).
+func forgetKey(tr *tiers, d *diskTier, k disk.Key) {
+	tr.forgetIf(d, k, tr.recordIn(d, k))
+}
+
+// lostKey marks k's record in d gone, whichever it is now, as a restore
+// whose read of it found its copy missing or corrupt does (lostCopy).
+func lostKey(tr *tiers, d *diskTier, k disk.Key) {
+	tr.lostCopy(d, k, tr.recordIn(d, k))
+}
+
 // has says whether d's store holds a copy of k.
 func has(d *diskTier, k disk.Key) bool {
 	return d.store.Load().(interface{ Has(disk.Key) bool }).Has(k)
@@ -53,17 +66,17 @@ func TestTierCopyPlacedOverAGoneRecordNotLeft(t *testing.T) {
 	placeCopy(tr, d, k, disk.Align) // the first copier's
 	// The first copy found gone (a restore that found it corrupt): the
 	// record waits, gone, to be forgotten.
-	tr.lostCopy(d, k)
+	lostKey(tr, d, k)
 	// The second copier commits its copy, and places it before the record
 	// is forgotten.
 	if err := d.store.Load().Put(ctx, k, data); err != nil {
 		t.Fatal(err)
 	}
-	if announce, second := tr.placed(d, k, disk.Align); announce || !second {
+	if announce, second := place(tr, d, k, disk.Align); announce || !second {
 		t.Errorf("a copy placed over a gone record: announce %v, second %v; want false, true", announce, second)
 	}
 	tr.dropSecond(d, []disk.Key{k})
-	tr.forget(d, k)
+	forgetKey(tr, d, k)
 	consistent(t, tr, d, k)
 
 	// Placed while an eviction deletes the first copy: it waits for the
@@ -152,7 +165,7 @@ func TestTierCommitDuringADeleteRecordedIfKept(t *testing.T) {
 				}
 				go func() {
 					defer close(done)
-					announce, second = tr.placed(d, k, disk.Align)
+					announce, second = place(tr, d, k, disk.Align)
 				}()
 			}
 			tr.afterDrop.Store(&f)
@@ -194,23 +207,23 @@ func TestHostMoveOverAGoneRecordBelowNotLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	placeCopy(tr, d, k, disk.Align)
-	tr.lostCopy(d, k) // its copy below found gone: the record marked, to be forgotten
+	lostKey(tr, d, k) // its copy below found gone: the record marked, to be forgotten
 	// The move's write below lands, and its record is made before the
 	// record below is forgotten.
 	if err := d.store.Load().Put(ctx, k, data); err != nil {
 		t.Fatal(err)
 	}
 	tr.movedDown(mem, h, d, k, disk.Align, gen)
-	tr.forget(d, k)
+	forgetKey(tr, d, k)
 	consistent(t, tr, d, k)
 	consistent(t, tr, h, k)
 }
 
 // A move down from the host tier that ends while a delete of the block's
-// copy below is under way (a second copy there, dropSecond) neither moves
-// the block's record below nor records it there: the delete took the copy
-// the move committed. The host copy and its record stay where the record
-// named the host tier.
+// copy below is under way (a second copy there, dropSecond) waits for it,
+// then neither moves the block's record below nor records it there: the
+// delete took the copy the move committed. The host copy and its record
+// stay where the record named the host tier.
 func TestHostMoveEndingUnderADeleteBelow(t *testing.T) {
 	for _, tc := range []struct {
 		desc     string
@@ -242,18 +255,20 @@ func TestHostMoveEndingUnderADeleteBelow(t *testing.T) {
 				t.Fatal(err)
 			}
 			ran := false
+			var done <-chan struct{}
 			f := func(dd *diskTier, kk disk.Key) {
 				if dd != d || kk != k || ran {
 					return
 				}
 				ran = true
-				tr.movedDown(mem, h, d, k, disk.Align, gen)
+				done = startMove(t, tr, d, k, func() { tr.movedDown(mem, h, d, k, disk.Align, gen) })
 			}
 			tr.afterDrop.Store(&f)
 			tr.dropSecond(d, []disk.Key{k})
 			if !ran {
 				t.Fatal("no copy deleted below")
 			}
+			waitClosed(t, done, "the move down")
 			consistent(t, tr, d, k)
 			consistent(t, tr, h, k)
 			if got := tr.where(k); tc.recorded && got != h {
@@ -261,6 +276,35 @@ func TestHostMoveEndingUnderADeleteBelow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startMove runs move (a move down of k to d) in a goroutine, from within
+// a delete of k in d under way, and waits until it waits for that delete
+// (beforeDeleteWait) or has returned; the channel it returns is closed
+// once move returned.
+func startMove(t *testing.T, tr *tiers, d *diskTier, k disk.Key, move func()) <-chan struct{} {
+	t.Helper()
+	waiting := make(chan struct{})
+	var once sync.Once
+	w := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			once.Do(func() { close(waiting) })
+		}
+	}
+	tr.beforeDeleteWait.Store(&w)
+	defer tr.beforeDeleteWait.Store(nil)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		move()
+	}()
+	select {
+	case <-waiting:
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Error("the move down neither waited for the delete below nor returned after 30s")
+	}
+	return done
 }
 
 // A restore whose block's record went gone before its registration (the
@@ -287,7 +331,7 @@ func TestTierRestoreAfterGoneNotBelow(t *testing.T) {
 		}
 		find := func(context.Context, disk.Key) *diskTier { return d } // found before the record went
 		alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
-		forget := func(*diskTier, disk.Key) { t.Error("a block forgotten: the copy was read whole") }
+		forget := func(tierFound) { t.Error("a block forgotten: the copy was read whole") }
 		blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
 		if err != nil || len(blks) != 1 {
 			t.Fatalf("record gone %v: restore: %d blocks, %v; want 1", gone, len(blks), err)
@@ -374,7 +418,7 @@ func TestTierGoneRecordHoldsNothing(t *testing.T) {
 	if got, ok := tr.find(k.Hash); !ok || got != k {
 		t.Fatalf("find: %v %v, want %v", got, ok, k)
 	}
-	tr.lostCopy(d, k)
+	lostKey(tr, d, k)
 	if got := tr.where(k); got != nil {
 		t.Fatalf("where: tier %d holds a block whose record is gone", got.n)
 	}
@@ -412,7 +456,7 @@ func TestTierEvictionLeavesARecordPlacedSinceItsClaim(t *testing.T) {
 		if err := tr.dropCopy(d, k, true); err != nil {
 			t.Error(err)
 		}
-		tr.forget(d, k)
+		forgetKey(tr, d, k)
 		// A copier commits the block again and records it.
 		if err := d.store.Load().Put(ctx, k, data); err != nil {
 			t.Error(err)
@@ -481,7 +525,7 @@ func TestTierCopyPlacedBeforeADeleteRunsWaitsForIt(t *testing.T) {
 		}
 		ran = true
 		go func() {
-			announce, second := tr.placed(d, k, disk.Align)
+			announce, second := place(tr, d, k, disk.Align)
 			placedc <- result{announce, second}
 		}()
 		// Placed either waits for this delete (the store's Delete has

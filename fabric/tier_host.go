@@ -285,28 +285,48 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 // with one below already, the write below replaced that copy. Only where
 // another tier holds it is the copy below not kept. A copy of another
 // generation in h and recorded nowhere is a copy down's under way: its
-// placed finds k below and frees it. Nor is the copy below kept where a
-// delete of k there is under way (dropCopy), which may take it, nor where
-// the host copy is being dropped (its record gone): the record stays
-// where it is, for its dropper to forget. Where k's record below is gone
-// (its copy there being dropped, or dropped), the copy just committed
-// below is deleted (dropSecond), as placed has it: the dropper forgets the
-// record, and would leave this copy in the store recorded nowhere.
+// placed finds k below and frees it. A delete of k below under way
+// (dropCopy) may take the copy just committed, or not: as placeAll does,
+// movedDown waits for it to end first, with no lock held (waitDeleted),
+// and then, under announceMu and t.mu with none under way, asks the store
+// below whether it holds the copy: where a delete took it, nothing is
+// moved nor recorded below (the host copy and its record stay, if
+// recorded). Deleting the copy below as a second one, as it was without
+// the wait, lost the block where the host copy went meanwhile (its record
+// dropped) and the delete below ended without taking the moved copy. Nor
+// is the copy below kept where the host copy is being dropped (its record
+// gone): the record stays where it is, for its dropper to forget. Where
+// k's record below is gone (its copy there being dropped, or dropped), the
+// copy just committed below is deleted (dropSecond), as placed has it: the
+// dropper forgets the record, and would leave this copy in the store
+// recorded nowhere.
 func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, length int, gen uint64) {
-	t.order()
-	t.mu.Lock()
+	for {
+		t.waitDeleted(below, k)
+		t.order()
+		t.mu.Lock()
+		if t.deleting[tierKey{below.n, k}] == 0 {
+			break
+		}
+		// A delete began since the wait: waited for again, announceMu
+		// let go of.
+		t.mu.Unlock()
+		t.announceMu.Unlock()
+	}
 	e, ok := t.pos[k]
 	from := -1
 	if ok {
 		from = e.Value.(*tierEntry).tier
 	}
-	taking := t.deleting[tierKey{below.n, k}] > 0
+	// Taken by a delete that ended since the commit below: none to record.
+	kept := below.store.Load().Has(k)
 	// A record below that is gone is its dropper's, to forget: the copy
 	// just committed there is not its copy, and goes as a second one.
 	goneBelow := from == below.n && e.Value.(*tierEntry).gone
 	moved, recorded := false, false
 	switch {
-	case from == h.n && !taking && !e.Value.(*tierEntry).gone:
+	case !kept:
+	case from == h.n && !e.Value.(*tierEntry).gone:
 		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
 		}
@@ -320,7 +340,7 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 			t.linkLocked(k, parent) // the same block, moved
 		}
 		moved = true
-	case from == -1 && !taking:
+	case from == -1:
 		t.recordLocked(below, k, length)
 		recorded = true
 	}
@@ -336,7 +356,7 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		t.announce(true, below.n, k.Hash)
 	}
 	t.announceMu.Unlock()
-	if !moved && !recorded && (from != below.n || goneBelow) {
+	if kept && !moved && !recorded && (from != below.n || goneBelow) {
 		// Another tier holds it, or keeps its record, or below's record
 		// is gone: the copy below is recorded nowhere (dropSecond leaves
 		// it if below records it by now, not gone).

@@ -440,25 +440,19 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 	errs := batch.Commit()
 	var lastErr error
 	for try := 0; ; try++ {
-		var put []uint64
-		var second []disk.Key // recorded in another tier: deleted from d below
 		keep, keepAt := items[:0], at[:0]
-		t.order() // until the records below are announced
+		var placing []disk.Key
+		var lengths []int
+		var placingAt []int
 		for n, err := range errs {
 			switch {
 			case err == nil:
 				if items[n].Data == nil {
 					t.direct.Add(1) // committed as written straight from its slot
 				}
-				announce, dup := t.placed(d, items[n].Key, tierBlockBytes(jobs[at[n]].set.Layout()))
-				if announce {
-					put = append(put, items[n].Key.Hash)
-				}
-				if dup {
-					second = append(second, items[n].Key)
-				}
-				t.link(items[n].Key, jobs[at[n]].parent)
-				out[at[n]].ok = true // kept below, here or in the tier that had it
+				placing = append(placing, items[n].Key)
+				lengths = append(lengths, tierBlockBytes(jobs[at[n]].set.Layout()))
+				placingAt = append(placingAt, at[n])
 			case errors.Is(err, disk.ErrDropped):
 			case errors.Is(err, disk.ErrFull) && items[n].Data != nil:
 				keep, keepAt = append(keep, items[n]), append(keepAt, at[n])
@@ -474,9 +468,11 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				t.failedAt(d)
 			}
 		}
-		d.offloads.Add(uint64(len(put)))
-		t.announce(true, d.n, put...)
-		t.announceMu.Unlock()
+		second := t.placeAll(d, placing, lengths)
+		for i, k := range placing {
+			t.link(k, jobs[placingAt[i]].parent)
+			out[placingAt[i]].ok = true // kept below, here or in the tier that had it
+		}
 		t.dropSecond(d, second)
 		items, at = keep, keepAt
 		if len(items) == 0 || try == 8 {
@@ -528,6 +524,50 @@ func directRefused(err error) bool {
 	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EFAULT)
 }
 
+// placeAll records the copies of ks (lengths[i] bytes each) just committed
+// to tier d, as placed says, announces those it recorded, and returns the
+// ones to delete as second copies (dropSecond's: the caller's, with no lock
+// held). A copy committed while a delete of its block in d is under way
+// (dropCopy: a second copy there, or an eviction) may or may not be taken
+// by it: placeAll waits for those deletes to end first (waitDeleted), with
+// no lock held, then records each under announceMu as placed says, the
+// store asked whether it holds the copy; one whose delete began since is
+// waited for again, after announceMu is let go of. So announceMu is never
+// held across a delete (a disk store's journal sync), which would stall
+// every announcement, forget and resync behind it.
+func (t *tiers) placeAll(d *diskTier, ks []disk.Key, lengths []int) (second []disk.Key) {
+	left := make([]int, len(ks))
+	for i := range left {
+		left[i] = i
+	}
+	for len(left) > 0 {
+		wait := make([]disk.Key, len(left))
+		for i, n := range left {
+			wait[i] = ks[n]
+		}
+		t.waitDeleted(d, wait...)
+		var put []uint64
+		busy := left[:0]
+		t.order() // until the records are announced
+		for _, n := range left {
+			announce, dup, ok := t.placed(d, ks[n], lengths[n])
+			switch {
+			case !ok:
+				busy = append(busy, n)
+			case announce:
+				put = append(put, ks[n].Hash)
+			case dup:
+				second = append(second, ks[n])
+			}
+		}
+		d.offloads.Add(uint64(len(put)))
+		t.announce(true, d.n, put...)
+		t.announceMu.Unlock()
+		left = busy
+	}
+	return second
+}
+
 // placed records that tier d now holds k, length bytes, just committed
 // there, and says whether to announce it: false if k had a record already.
 // Another copy of the same block got there first: in d, the store replaced
@@ -541,44 +581,40 @@ func directRefused(err error) bool {
 // forgotten: dropCopy), in d or elsewhere, the copy just committed is not
 // its copy: its dropper deletes that and forgets the record, so this one,
 // recorded nowhere, is a second copy too, deleted rather than left in the
-// store with no record. A copy committed while a delete of k in d is
-// under way (dropCopy: a second copy there, or an eviction) may or may not
-// have been taken by it: placed waits for the delete to end (under
-// announceMu, which no delete takes) and records the copy only if the
-// store holds it then, so that a block whose other copy went meanwhile is
-// not lost from the node. The store's lock is taken under t.mu (Has).
-func (t *tiers) placed(d *diskTier, k disk.Key, length int) (announce, second bool) {
+// store with no record. Where a delete of k in d is under way, nothing is
+// decided and ok is false: the caller waits for it to end and calls again
+// (placeAll). With none under way, the copy is recorded only if the store
+// holds it (a delete that ended since the commit may have taken it), so
+// that a block whose other copy went meanwhile is not lost from the node,
+// nor a record made naming a tier without the block. The store's lock is
+// taken under t.mu (Has). announceMu is held.
+func (t *tiers) placed(d *diskTier, k disk.Key, length int) (announce, second, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for t.deleting[tierKey{d.n, k}] > 0 {
-		// A delete of k in d under way (dropCopy) may take this copy
-		// or not: its end is waited for, and the store asked.
-		if f := t.beforeDeleteWait.Load(); f != nil {
-			(*f)(d, k)
-		}
-		t.deletedCond().Wait()
+	if t.deleting[tierKey{d.n, k}] > 0 {
+		return false, false, false
 	}
 	if e, ok := t.pos[k]; ok {
 		old := e.Value.(*tierEntry)
 		if old.gone {
-			return false, true
+			return false, true, true
 		}
 		if old.tier != d.n {
 			t.lru(old.tier).MoveToBack(e)
-			return false, true
+			return false, true, true
 		}
 		// Replaced in d by the copy just committed: still one copy, one
 		// record, already announced (two sets' copies of one block in a
 		// batch, or two copiers at once); announcing it again would count
 		// a copy the node does not have once the one is gone.
 		t.lru(d.n).MoveToBack(e)
-		return false, false
+		return false, false, true
 	}
 	if st := d.store.Load(); st != nil && !st.Has(k) {
-		return false, false // a delete ended since the commit took it
+		return false, false, true // a delete ended since the commit took it
 	}
 	t.recordLocked(d, k, length)
-	return true, false
+	return true, false, true
 }
 
 // dropSecond deletes the copies of ks in tier d that placed found recorded

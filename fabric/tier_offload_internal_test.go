@@ -191,11 +191,12 @@ func TestTierForgetOnlyItsTier(t *testing.T) {
 	tr.list = []*diskTier{{n: 0}, {n: 1}}
 	k := disk.Key{Hash: 3, Tag: 1}
 	placeCopy(tr, tr.list[1], k, 100)
-	tr.forget(tr.list[0], k)
+	e := tr.recordIn(tr.list[1], k)
+	tr.forgetIf(tr.list[0], k, e)
 	if tr.where(k) != tr.list[1] || tr.heldBytes[0] != 0 || tr.heldBytes[1] != 100 {
 		t.Fatalf("forget in tier 0 of a block recorded in tier 1: held by %v, bytes %v; want tier 1, [0 100]", tr.where(k), tr.heldBytes)
 	}
-	tr.forget(tr.list[1], k)
+	tr.forgetIf(tr.list[1], k, e)
 	if tr.where(k) != nil || tr.heldBytes[1] != 0 {
 		t.Fatalf("forget in its tier: held by %v, bytes %v; want none, [0 0]", tr.where(k), tr.heldBytes)
 	}
@@ -490,11 +491,24 @@ func TestTierOpenKeepsOneOfTwoCopies(t *testing.T) {
 // another tier holds the block (dropSecond). It says whether to announce
 // it.
 func placeCopy(tr *tiers, d *diskTier, k disk.Key, length int) bool {
-	announce, second := tr.placed(d, k, length)
+	announce, second := place(tr, d, k, length)
 	if second {
 		tr.dropSecond(d, []disk.Key{k})
 	}
 	return announce
+}
+
+// place records k's copy just committed to d as a copier does (placed,
+// after waiting for the deletes of k in d under way: placeAll), without
+// announcing it nor taking announceMu, and says whether it is to be
+// announced, or deleted as a second copy.
+func place(tr *tiers, d *diskTier, k disk.Key, length int) (announce, second bool) {
+	for {
+		tr.waitDeleted(d, k)
+		if announce, second, ok := tr.placed(d, k, length); ok {
+			return announce, second
+		}
+	}
 }
 
 // A copy committed to a tier while another tier holds the block as its
@@ -519,10 +533,10 @@ func TestTierSecondCopyDeletedOutsideTheLocks(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if announce, second := tr.placed(d, k, len(data)); !announce || second {
+		if announce, second := place(tr, d, k, len(data)); !announce || second {
 			t.Fatalf("%s: the first copy placed: announce %v, second %v; want true, false", tc.desc, announce, second)
 		}
-		announce, second := tr.placed(h, k, len(data))
+		announce, second := place(tr, h, k, len(data))
 		if announce || !second {
 			t.Fatalf("%s: a copy of a block recorded in another tier placed: announce %v, second %v; want false, true", tc.desc, announce, second)
 		}

@@ -310,11 +310,6 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	set := es.set
 	l := set.Layout()
 	tag := shapeTag(l)
-	// The blocks found corrupt or missing are marked gone and their sets
-	// told at once (readBlock: dropCopy, lostCopy); their records are
-	// forgotten, and the loss announced, once the read-ahead is over.
-	// Until then a restore that finds them gone forgets them itself.
-	var lost []tierFound
 	readers := t.restoreReaders(l)
 	var (
 		queue    []*aheadRead // issued, in chain order, not yet registered
@@ -412,7 +407,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 				break
 			}
 			last = h
-			rd := &aheadRead{f: tierFound{d, k}, blk: blk, parent: after}
+			rd := &aheadRead{f: tierFound{d: d, k: k}, blk: blk, parent: after}
 			queue = append(queue, rd)
 			inflight++
 			go func() {
@@ -457,7 +452,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 		}
 		ready := queue[:n:n]
 		queue = queue[n:]
-		broken = t.registerAhead(es, r, ready, broken, &lost)
+		broken = t.registerAhead(es, r, ready, broken)
 		if broken {
 			stop, abandon = true, true
 		}
@@ -479,9 +474,6 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	sa.mu.Unlock()
 	close(r.done)
 	t.ahead.ended.Add(1)
-	for _, f := range lost {
-		t.forget(f.d, f.k)
-	}
 }
 
 // aheadRead is one block of a read-ahead: where it is, its slot, the
@@ -503,12 +495,22 @@ type aheadRead struct {
 // wakes whoever waits for them. Each batch of them, and each block that
 // does not follow the one before it in ready (the chain stepped over
 // blocks the set holds), starts a registration of its own, detached. It
-// returns whether a read failed; the blocks found corrupt or missing are
-// added to *lost.
-func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, broken bool, lost *[]tierFound) bool {
+// returns whether a read failed. The blocks found corrupt or missing,
+// their records marked gone and their sets told as they were read
+// (readBlock: dropCopyOf, lostCopy), have those records forgotten and the
+// loss announced here, as they land, before whoever waits for them is
+// woken: not once the read-ahead is over, which may be as long as its
+// blocks wait to be taken, while a record gone holds nothing and every
+// copy down of the block meanwhile was written and deleted as a second
+// copy, again and again. Forgetting takes announceMu, the tiers' mu and
+// the pool's and the sets' locks, not a.mu nor es.mu, which whoever ends
+// the read-ahead and waits for it may hold (Agent.freeIdleLocked); none
+// of its locks is held here.
+func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, broken bool) bool {
 	set := es.set
 	var regs []pool.Registration
 	var regd []*aheadRead
+	var lost []tierFound
 	for _, rd := range ready {
 		if err := rd.o.err; err != nil {
 			if errors.Is(err, disk.ErrCorrupt) || errors.Is(err, disk.ErrNotFound) {
@@ -516,7 +518,7 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, br
 					t.corrupt.Add(1)
 					t.log.Warn("tier: disk block failed its check: dropped, never served", "hash", rd.f.k.Hash, "tier", rd.f.d.n, "err", err)
 				}
-				*lost = append(*lost, rd.f)
+				lost = append(lost, rd.f)
 			}
 			if !broken {
 				t.log.Debug("tier: read-ahead stopped short", "set", set.ID(), "hash", rd.f.k.Hash, "err", err)
@@ -563,6 +565,9 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, br
 			rd.f.d.restores.Add(1)
 			rd.f.d.restoreTime.record(rd.o.took)
 		}
+	}
+	for _, f := range lost {
+		t.forgetFound(f)
 	}
 	var dup []pool.Block
 	sa := &es.ahead

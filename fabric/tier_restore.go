@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -64,7 +65,7 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 	alloc := func(ctx context.Context, _ *pool.BlockSet, n int) ([]pool.Block, error) {
 		return t.allocate(ctx, es, n)
 	}
-	blks, _, err := t.restoreRun(ctx, es, hashes, parent, find, alloc, t.forget, false)
+	blks, _, err := t.restoreRun(ctx, es, hashes, parent, find, alloc, t.forgetFound, false)
 	return append(out, blks...), err
 }
 
@@ -77,14 +78,14 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 // parent but detached from it (pool.Registration.Detached), so that the
 // blocks of the sequence already used go before it. A block found corrupt
 // or missing has its record marked gone and the sets that hold it told at
-// once (dropCopy, lostCopy: the pool's and the sets' locks, not a.mu), and
-// is passed to forget, which drops the record and announces it
-// (tiers.forget; a read-ahead passes one that only collects them, to
-// forget once it ends).
+// once (dropCopyOf, lostCopy: the pool's and the sets' locks, not a.mu),
+// and is passed to forget, which drops that record (the one its read was
+// made from, tierFound.e, and no record made since) and announces it
+// (tiers.forgetFound).
 func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, parent uint64,
 	find func(context.Context, disk.Key) *diskTier,
 	alloc func(context.Context, *pool.BlockSet, int) ([]pool.Block, error),
-	forget func(*diskTier, disk.Key), ahead bool) (blks []pool.Block, own []bool, err error) {
+	forget func(tierFound), ahead bool) (blks []pool.Block, own []bool, err error) {
 	set := es.set
 	l := set.Layout()
 	if !t.reachable(l) {
@@ -99,7 +100,7 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 		if d == nil || len(run) == limit {
 			break
 		}
-		run = append(run, tierFound{d, k})
+		run = append(run, tierFound{d: d, k: k})
 	}
 	if len(run) == 0 {
 		return nil, nil, nil
@@ -156,7 +157,7 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 					t.corrupt.Add(1)
 					t.log.Warn("tier: disk block failed its check: dropped, never served", "hash", f.k.Hash, "tier", f.d.n, "err", o.err)
 				}
-				forget(f.d, f.k)
+				forget(f)
 			}
 			if cause == nil {
 				cause = o.err
@@ -248,10 +249,36 @@ func (a *Agent) fromTier(ctx context.Context, s *sessionSet, hashes []uint64, pa
 	return refs, f, nil
 }
 
-// tierFound is a block to restore and the tier that holds it.
+// tierFound is a block to restore and the tier that holds it; once read
+// (readBlock), e is the record the read was made from (recordIn: nil if
+// none named d then), so that a copy found corrupt or missing marks,
+// drops and forgets that record only, never one made since in its place,
+// whose copy was committed after the read.
 type tierFound struct {
 	d *diskTier
 	k disk.Key
+	e *list.Element
+}
+
+// forgetFound forgets the record f's read was made from (a copy found
+// corrupt or missing), if it is still k's record; nothing where no record
+// named f's tier as it read.
+func (t *tiers) forgetFound(f tierFound) {
+	if f.e != nil {
+		t.forgetIf(f.d, f.k, f.e)
+	}
+}
+
+// dropFound drops f's copy, found corrupt: the copy of the record the read
+// was made from (dropCopyOf), not one placed since; a copy no record named
+// as it was read is deleted unless a record not gone names it by now
+// (dropCopy, recorded false).
+func (t *tiers) dropFound(f *tierFound) {
+	if f.e != nil {
+		t.dropCopyOf(f.d, f.k, true, f.e)
+		return
+	}
+	t.dropCopy(f.d, f.k, false)
 }
 
 // restoreOutcome is one block's read for a restore: its content checksum
@@ -270,7 +297,9 @@ type restoreOutcome struct {
 // (its length, the content checksum over the slot). A block that fails a
 // check is deleted from its store (disk.ErrCorrupt). One not found where
 // f said is looked for once more in the tier that holds it now (moved down
-// meanwhile), and f updated. ctx ended: not read.
+// meanwhile), and f updated. f.e is set to the record each read is made
+// from: a copy found corrupt or missing marks and drops that record's
+// only. ctx ended: not read.
 func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f *tierFound, blk pool.Block, buf *[]byte, tr []byte) (o restoreOutcome) {
 	l := set.Layout()
 	n := tierBlockBytes(l) - tierTrailer
@@ -288,6 +317,7 @@ func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f
 	var got int
 	var err error
 	for try := 0; ; try++ {
+		f.e = t.recordIn(f.d, f.k) // the record this read is made from
 		if pieces != nil {
 			got, err = f.d.store.Load().GetPieces(ctx, f.k, append(pieces, tr[:tierTrailer])...)
 			if err != nil && directRefused(err) {
@@ -312,15 +342,18 @@ func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f
 		}
 		f.d = d
 	}
+	if h := t.afterRead.Load(); h != nil {
+		(*h)(f.d, f.k, err)
+	}
 	switch {
 	case errors.Is(err, disk.ErrTooLarge):
 		err = fmt.Errorf("fabric: disk block %016x longer than its shape's %d bytes: %w", f.k.Hash, n+tierTrailer, disk.ErrCorrupt)
-		t.dropCopy(f.d, f.k, true)
+		t.dropFound(f)
 	case err == nil && got != n+tierTrailer:
 		err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
-		t.dropCopy(f.d, f.k, true)
+		t.dropFound(f)
 	case errors.Is(err, disk.ErrCorrupt), errors.Is(err, disk.ErrNotFound):
-		t.lostCopy(f.d, f.k) // the store dropped it (its checksum failed), or it went
+		t.lostCopy(f.d, f.k, f.e) // the store dropped it (its checksum failed), or it went
 	}
 	if err == nil && pieces == nil {
 		err = sio.write(ctx, blk.Slot, *buf)
@@ -334,7 +367,7 @@ func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f
 		if o.has && !t.a.cfg.NoChecksums {
 			if again, ok := blockSum(set, blk.Slot, 0, l.PageSize); ok && again != o.sum {
 				err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, o.sum, disk.ErrCorrupt)
-				t.dropCopy(f.d, f.k, true)
+				t.dropFound(f)
 			}
 		}
 	}

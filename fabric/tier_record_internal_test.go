@@ -1,0 +1,411 @@
+package fabric
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/membership"
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/pool/disk"
+)
+
+// A restore whose read of a block's copy fails (missing from the store, or
+// read whole but corrupt) acts on the record its read was made from, and
+// that record only: where another restore of the block found it so too,
+// dropped and forgot that record, and a copier committed the block again
+// and recorded its copy, all between the read and its failure being acted
+// on, the new record and its good copy stay. Acting by key marked that
+// record gone (or dropped its copy) and forgot it: the copy left in the
+// store with no record, or deleted, the block lost from the tiers.
+func TestTierRestoreFailureLeavesARecordPlacedSince(t *testing.T) {
+	for _, tc := range []struct {
+		desc    string
+		corrupt bool // the copy read is of the wrong length, else missing
+	}{
+		{"missing", false},
+		{"corrupt", true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, _, k := belowSet(t, false, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+			if err != nil {
+				t.Fatal(err)
+			}
+			whole := bytes.Repeat([]byte{0x5a}, tierBlockBytes(other.Layout())-tierTrailer)
+			whole = append(whole, make([]byte, tierTrailer)...) // no content checksum
+			if !tc.corrupt {
+				// The copy went from the store; its record stays.
+				if err := d.store.Load().Delete(k); err != nil {
+					t.Fatal(err)
+				}
+			} // else belowSet's copy: 1000 bytes, not a block of the shape
+			ran := false
+			f := func(dd *diskTier, kk disk.Key, rerr error) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				if rerr == nil && !tc.corrupt {
+					t.Errorf("a missing copy read without error")
+				}
+				// Another restore of the block found the same and acted
+				// on it: the copy dropped, the record forgotten.
+				if tc.corrupt {
+					if err := tr.dropCopy(d, k, true); err != nil {
+						t.Error(err)
+					}
+				} else {
+					lostKey(tr, d, k)
+				}
+				forgetKey(tr, d, k)
+				// A copier commits the block again and records it.
+				if err := d.store.Load().Put(context.Background(), k, whole); err != nil {
+					t.Error(err)
+				}
+				if !placeCopy(tr, d, k, disk.Align) {
+					t.Error("the copy committed again was not recorded")
+				}
+			}
+			tr.afterRead.Store(&f)
+			find := func(context.Context, disk.Key) *diskTier { return d }
+			alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+			blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, tr.forgetFound, false)
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			if len(blks) != 0 || err == nil {
+				t.Fatalf("restore of a copy %s: %d blocks, %v; want none and an error", tc.desc, len(blks), err)
+			}
+			consistent(t, tr, d, k)
+			if got := tr.where(k); got != d {
+				t.Fatalf("the block committed again is held by tier %d, want %d", tierNum(got), d.n)
+			}
+			if !has(d, k) {
+				t.Fatal("the copy committed again was deleted")
+			}
+		})
+	}
+}
+
+// A move down from host memory whose commit below lands while a delete of
+// the block there is under way (a second copy's) waits for the delete to
+// end, without the tiers' ordering lock (a resync goes on meanwhile), and
+// keeps the copy it committed only where the delete left it. Committed
+// after the delete ran, with the host copy gone meanwhile (a restore found
+// it missing and forgot its record), the copy below is the node's only
+// one: deleting it as a second copy, as the move did without waiting, lost
+// the block. Committed before the delete runs, the delete takes it: the
+// block stays in host memory, not recorded below and its host copy freed
+// (the block lost) as a move that does not wait has it.
+func TestHostMoveWaitsForADeleteBelow(t *testing.T) {
+	for _, tc := range []struct {
+		desc  string
+		after bool // committed after the delete ran, the host copy gone; else before it runs
+	}{
+		{"committed after the delete", true},
+		{"committed before the delete", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, h, d := hostOverDisk(t, 4)
+			ctx := context.Background()
+			k := disk.Key{Hash: 51, Tag: 1}
+			data := bytes.Repeat([]byte{0x51}, 3000)
+			mem := h.store.Load().(*disk.MemStore)
+			if err := mem.Put(ctx, k, data); err != nil {
+				t.Fatal(err)
+			}
+			placeCopy(tr, h, k, disk.Align)
+			buf := alignedBuffer(disk.Align)
+			_, gen, err := mem.GetGen(ctx, k, buf) // the move's read
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A copy below recorded nowhere, deleted as a second copy.
+			if err := d.store.Load().Put(ctx, k, data); err != nil {
+				t.Fatal(err)
+			}
+			ran := false
+			var done <-chan struct{}
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				if tc.after {
+					// The host copy goes: a restore finds it missing and
+					// forgets its record.
+					if err := mem.Delete(k); err != nil {
+						t.Error(err)
+					}
+					lostKey(tr, h, k)
+					forgetKey(tr, h, k)
+					// The move's commit below lands after the delete's.
+					if err := d.store.Load().Put(ctx, k, data); err != nil {
+						t.Error(err)
+					}
+				} // else the move's commit is the copy the delete takes
+				done = startMove(t, tr, d, k, func() { tr.movedDown(mem, h, d, k, disk.Align, gen) })
+				resyncGoesOn(t, tr)
+			}
+			if tc.after {
+				tr.afterDrop.Store(&f)
+			} else {
+				tr.beforeDelete.Store(&f)
+			}
+			tr.dropSecond(d, []disk.Key{k})
+			if !ran {
+				t.Fatal("no copy deleted below")
+			}
+			waitClosed(t, done, "the move down")
+			consistent(t, tr, d, k)
+			consistent(t, tr, h, k)
+			want := h
+			if tc.after {
+				want = d
+			}
+			if got := tr.where(k); got != want {
+				t.Fatalf("the block is held by tier %d, want %d", tierNum(got), want.n)
+			}
+			if !has(want, k) {
+				t.Fatalf("tier %d holds no copy of the block: the node lost it", want.n)
+			}
+		})
+	}
+}
+
+// resyncGoesOn fails the test unless a resync's read of the tiers'
+// records (announced, under announceMu) ends within a wide margin.
+func resyncGoesOn(t *testing.T, tr *tiers) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tr.announced(func([]membership.Entry) {})
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Error("a resync waited 30s for the tiers' ordering lock while a delete was under way")
+	}
+}
+
+// A copier whose commit lands while a delete of the block in that tier is
+// under way waits for the delete to end without the tiers' ordering lock:
+// a resync (and every announcement and forget) goes on meanwhile rather
+// than wait behind a disk store's delete and journal sync. The copy is
+// recorded once the delete ended, where the store holds it.
+func TestTierPlacedWaitsForADeleteOutsideTheOrder(t *testing.T) {
+	tr, _, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 52, Tag: 1}
+	data := bytes.Repeat([]byte{0x52}, 3000)
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan struct{})
+	var once sync.Once
+	w := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			once.Do(func() { close(waiting) })
+		}
+	}
+	tr.beforeDeleteWait.Store(&w)
+	ran := false
+	done := make(chan struct{})
+	var second []disk.Key
+	f := func(dd *diskTier, kk disk.Key) {
+		if dd != d || kk != k || ran {
+			return
+		}
+		ran = true
+		// A copy down's commit lands after the delete's, and it places it
+		// while the delete is still under way.
+		if err := d.store.Load().Put(ctx, k, data); err != nil {
+			t.Error(err)
+		}
+		go func() {
+			defer close(done)
+			second = tr.placeAll(d, []disk.Key{k}, []int{disk.Align})
+		}()
+		select {
+		case <-waiting:
+		case <-done:
+			t.Error("the copy was placed while a delete of it was under way")
+		case <-time.After(30 * time.Second):
+			t.Error("the copy's placing did not wait for the delete after 30s")
+		}
+		resyncGoesOn(t, tr)
+	}
+	tr.afterDrop.Store(&f)
+	tr.dropSecond(d, []disk.Key{k})
+	if !ran {
+		t.Fatal("no copy deleted")
+	}
+	waitClosed(t, done, "the copy placed")
+	if len(second) != 0 {
+		t.Fatalf("the copy committed after the delete taken as a second copy: %v", second)
+	}
+	consistent(t, tr, d, k)
+	if tr.where(k) != d {
+		t.Fatal("the copy committed after the delete is not recorded")
+	}
+}
+
+// A read-ahead that finds a block's copy missing forgets its record as the
+// read lands, not once the read-ahead is over (it may wait long for its
+// other blocks to be read or taken): until the record is forgotten it is
+// gone, holds nothing, and each copy down of the block meanwhile wrote it
+// and deleted it as a second copy, again and again. Here four copies down
+// of the block while the read-ahead is under way write it once.
+func TestTierReadAheadLostBlockNotRewrittenWhileItRuns(t *testing.T) {
+	tr, set, _ := belowSet(t, false, false)
+	d := tr.list[0]
+	l := set.Layout()
+	tag := shapeTag(l)
+	tr.layouts = map[uint64]*layout.Layout{tag: l} // no tier.json to write
+	tr.room.Store(int64(tr.blockBytes))
+	ctx := context.Background()
+	whole := make([]byte, tierBlockBytes(l)) // no content checksum
+	lost := disk.Key{Hash: 2, Tag: tag}      // in the set, and to be read ahead
+	next := disk.Key{Hash: 3, Tag: tag}
+	for _, k := range []disk.Key{lost, next} {
+		if err := d.store.Load().Put(ctx, k, whole); err != nil {
+			t.Fatal(err)
+		}
+		placeCopy(tr, d, k, disk.Align)
+	}
+	if err := d.store.Load().Delete(lost); err != nil { // gone, its record left
+		t.Fatal(err)
+	}
+	into, err := tr.a.pool.NewBlockSet(belowLayout(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := &engineSet{set: into}
+	release := make(chan struct{})
+	hold := func(ctx context.Context, hash uint64) {
+		if hash == next.Hash {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+	}
+	tr.ahead.reading.Store(&hold)
+	run := []uint64{lost.Hash, next.Hash}
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := newAheadRun(run, 0, cancel)
+	es.ahead.run = r
+	go tr.readAhead(actx, es, r, run, 0, 8)
+	defer func() {
+		close(release)
+		waitClosed(t, r.done, "the read-ahead")
+	}()
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	tr.awaitAhead(wctx, es, []uint64{lost.Hash}) // landed: its read failed
+	if wctx.Err() != nil {
+		t.Fatal("the missing block's read did not land")
+	}
+	blk := mustLookup(t, set, lost.Hash)
+	puts := d.store.Load().Stats().Puts
+	for range 4 {
+		tr.copyDownBatch([]*offloadJob{{set: set, blk: blk, hash: lost.Hash, held: true}})
+	}
+	if got := d.store.Load().Stats().Puts - puts; got != 1 {
+		t.Fatalf("4 copies down of a block lost by a read-ahead under way wrote it %d times, want 1", got)
+	}
+	consistent(t, tr, d, lost)
+	if tr.where(lost) != d {
+		t.Fatal("the block copied down again is not recorded")
+	}
+	select {
+	case <-r.done:
+		t.Fatal("the read-ahead ended before its held read")
+	default:
+	}
+}
+
+// A copier whose wait for the deletes of its block ended, and a delete of
+// the block in its tier began before it took the tiers' ordering lock (a
+// second copy's), waits for that one too: it records its copy only with no
+// delete under way, where the store holds it then. Recorded at once, the
+// delete took the copy from under the record.
+func TestTierPlacedWaitsForADeleteBegunAfterItsWait(t *testing.T) {
+	tr, _, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 53, Tag: 1}
+	data := bytes.Repeat([]byte{0x53}, 3000)
+	if err := d.store.Load().Put(ctx, k, data); err != nil { // the copier's commit
+		t.Fatal(err)
+	}
+	deleting := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	bd := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			once.Do(func() {
+				close(deleting)
+				<-release
+			})
+		}
+	}
+	tr.beforeDelete.Store(&bd)
+	waiting := make(chan struct{})
+	var wonce sync.Once
+	w := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			wonce.Do(func() { close(waiting) })
+		}
+	}
+	tr.beforeDeleteWait.Store(&w)
+	deleted := make(chan struct{})
+	started := false
+	o := func() {
+		if started {
+			return
+		}
+		started = true
+		// A delete of k in d (a second copy, recorded nowhere) begins
+		// between the copier's wait and its placing.
+		go func() {
+			defer close(deleted)
+			tr.dropSecond(d, []disk.Key{k})
+		}()
+		select {
+		case <-deleting:
+		case <-time.After(30 * time.Second):
+			t.Error("the delete did not begin after 30s")
+		}
+	}
+	tr.beforeOrder.Store(&o)
+	placed := make(chan []disk.Key, 1)
+	go func() { placed <- tr.placeAll(d, []disk.Key{k}, []int{disk.Align}) }()
+	// The delete goes on once the copier waits for it, or has placed its
+	// copy (wrongly, with the delete under way).
+	var second []disk.Key
+	select {
+	case <-waiting:
+		close(release)
+		second = <-placed
+	case second = <-placed:
+		close(release)
+	case <-time.After(30 * time.Second):
+		close(release)
+		t.Fatal("the copier neither waited for the delete nor placed its copy after 30s")
+	}
+	waitClosed(t, deleted, "the delete")
+	if len(second) != 0 {
+		t.Fatalf("a copy taken as a second copy: %v", second)
+	}
+	consistent(t, tr, d, k)
+	if tr.where(k) != nil {
+		t.Fatal("the copy the delete took is recorded")
+	}
+}
