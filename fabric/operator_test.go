@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -53,13 +55,42 @@ func httpStatus(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// freeTCP returns an address on 127.0.0.1 that nothing listens on.
+// The port is below the kernel's ephemeral range, which every bind to port
+// 0 and every outgoing connection draws from: a port taken there and let go
+// could be handed to another test's agent before this test's seed binds it
+// ("address already in use"). It is free for TCP and UDP both, as
+// memberlist binds it twice.
 func freeTCP(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Helper()
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+	if low <= 10000 {
+		t.Fatalf("the ephemeral port range starts at %d: no room below it for a seed's port", low)
+	}
+	for range 100 {
+		port := 10000 + rand.IntN(low-10000)
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		u, err := net.ListenPacket("udp", addr)
+		l.Close()
+		if err != nil {
+			continue
+		}
+		u.Close()
+		return addr
+	}
+	t.Fatal("no free port below the ephemeral range in 100 tries")
+	return ""
 }
 
 // An agent given a seed that does not answer starts (it retries), but
