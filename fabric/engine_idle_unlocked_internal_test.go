@@ -1,6 +1,8 @@
 package fabric
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -346,4 +348,61 @@ func takeUp(a *Agent, es *engineSet, id uint64) {
 	defer es.mu.Unlock()
 	es.users[id] = &setUse{}
 	es.idleSince = time.Time{}
+}
+
+// A swap that must free another idle set besides the fallback claims the
+// fallback first: a session that names the fallback while the other set
+// is freed (its read-ahead waited for) does not take it up, so the other
+// set is not freed in vain; the session waits for the swap and finds the
+// fallback freed.
+func TestQuotaSwapClaimsTheFallbackBeforeFreeingAnother(t *testing.T) {
+	const (
+		active = iota
+		orphan
+		keep
+	)
+	// f's 4 MiB in use, the orphan's 6, the engine's idle 4 MiB (the
+	// fallback), 2 MiB free: a new set of 10 MiB fits only once the orphan
+	// and the fallback are both freed.
+	a, sets := quotaAgent(t, quotaSet{"f", 4, true}, quotaSet{"", 6, false}, quotaSet{"e", 4, false})
+	k := sets[keep]
+	sess := &session{id: 9, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	var attachErr, waitErr error
+	done := new(bool)
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es == sets[orphan] && !*done {
+			*done = true
+			_, attachErr = a.attach(sess, k)
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			_, waitErr = a.attachUnclaimed(ctx, sess, k)
+		}
+	}
+	tmpl := belowLayout(10 << 10)
+	a.mu.Lock()
+	set, err := a.swapFallback(tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+		func(es *engineSet) bool { return es.engine == "e" }, k)
+	a.mu.Unlock()
+	if !*done {
+		t.Fatal("the orphan was not waited for")
+	}
+	var claimed *setClaimedError
+	if !errors.As(attachErr, &claimed) {
+		t.Fatalf("a session took up the fallback while the swap freed the orphan (%v)", attachErr)
+	}
+	if status.Code(waitErr) != codes.Canceled {
+		t.Errorf("a call naming the claimed fallback, its context cancelled: %v, want CANCELED", waitErr)
+	}
+	if err != nil || set == nil {
+		t.Fatalf("swap with the orphan and the fallback freed: %v, want the new set", err)
+	}
+	for i, want := range []bool{true, false, false} {
+		if held(a, sets[i]) != want {
+			t.Errorf("set %d held %v, want %v", i, !want, want)
+		}
+	}
+	// The session's call, which waits out the claim, finds it freed.
+	if _, err := a.attachUnclaimed(context.Background(), sess, k); status.Code(err) != codes.NotFound {
+		t.Fatalf("the fallback named after the swap: %v, want NOT_FOUND", err)
+	}
 }

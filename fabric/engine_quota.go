@@ -139,9 +139,19 @@ var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 // and keep freed. Where the set does not fit the error is
 // pool.ErrOutOfMemory, keep untouched; where keep cannot be freed (it
 // found a user meanwhile, or is busy: a peer's lease) a new set made
-// beside it is freed again, and errFallbackKept returned, keep standing. a.mu is held: no other
+// beside it is freed again, and errFallbackKept returned, keep standing.
+// keep is claimed throughout (engineSet.claim): no session takes it up
+// while other sets are freed, which may let go of a.mu; and before any
+// other set is freed keep is checked free of blocks in use and copies
+// below, the pool's reasons to refuse it (fallbackFree), so that no set
+// is freed for a swap that would find keep busy, but for a lease or an
+// allocation in keep that comes after that check. a.mu is held: no other
 // set is made meanwhile, so FitsFreeing's answer holds.
 func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet) (*pool.BlockSet, error) {
+	if !claimFallback(keep) {
+		return nil, errFallbackKept // taken up or freed since makeRoomInQuota looked
+	}
+	defer unclaimFallback(keep)
 	fits := func() (*pool.BlockSet, error) {
 		ok, err := a.pool.FitsFreeing(tmpl, place, keep.set.ID())
 		if err == nil && !ok {
@@ -163,6 +173,9 @@ func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*poo
 				es.mu.Unlock()
 			}
 			if ok, ferr := a.pool.FitsFreeing(tmpl, place, ids...); ferr == nil && ok {
+				if !fallbackFree(keep) {
+					return nil, errFallbackKept
+				}
 				_, err = a.freeIdleSets(fits, may, keep)
 			}
 		}
@@ -194,4 +207,34 @@ func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*poo
 func (a *Agent) freeFallbackLocked(keep *engineSet) bool {
 	freed, _ := a.freeIdleLocked(keep, 0)
 	return freed || setFreed(keep)
+}
+
+// claimFallback claims keep, idle, for swapFallback (engineSet.claim), or
+// says it is taken up or freed already.
+func claimFallback(keep *engineSet) bool {
+	keep.mu.Lock()
+	defer keep.mu.Unlock()
+	if keep.freed || len(keep.users) > 0 {
+		return false
+	}
+	keep.claim = make(chan struct{})
+	return true
+}
+
+// unclaimFallback ends claimFallback's claim: sessions that named keep
+// meanwhile attach it, or find it freed.
+func unclaimFallback(keep *engineSet) {
+	keep.mu.Lock()
+	defer keep.mu.Unlock()
+	close(keep.claim)
+	keep.claim = nil
+}
+
+// fallbackFree says whether the pool would free keep now, as far as it
+// can be told without freeing it: no slot allocated, no block referenced
+// or leased, and no copy below under way (with copies down, those its
+// blocks need are started, as FreeBlockSet would).
+func fallbackFree(keep *engineSet) bool {
+	m := keep.set.Metrics()
+	return m.Active == 0 && m.Leases == 0 && keep.set.CopyDown() == 0
 }
