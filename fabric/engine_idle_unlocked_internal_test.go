@@ -406,3 +406,119 @@ func TestQuotaSwapClaimsTheFallbackBeforeFreeingAnother(t *testing.T) {
 		t.Fatalf("the fallback named after the swap: %v, want NOT_FOUND", err)
 	}
 }
+
+// Which other engines' idle sets a new set may free is read anew after a
+// free for room let go of the agent's lock: an engine over its fair share
+// when the quota's answer was made, and within it once a set was freed
+// meanwhile, keeps its other idle set. freeIdleSets, which listed the sets
+// it may free before it waited, goes no further with that list.
+func TestQuotaFairSharesReadAgainAfterAWait(t *testing.T) {
+	const (
+		inUse = iota
+		waited
+		kept
+		gone
+	)
+	// e's 4 MiB in use, g's idle 2 and 4 MiB, h's idle 2 MiB, 4 MiB free:
+	// with three engines a fair share is 16/3 MiB, and g's 6 are past it;
+	// once h's set is freed by its timer (h gone) and g's 2 MiB for room,
+	// the share is 8 MiB and g's 4 within it. A new set of 8 MiB fits only
+	// once g's 4 MiB set too is freed.
+	newAgent := func(t *testing.T) (*Agent, []*engineSet, *bool) {
+		a, sets := quotaAgent(t, quotaSet{"e", 4, true}, quotaSet{"g", 2, false}, quotaSet{"g", 4, false}, quotaSet{"h", 2, false})
+		return a, sets, whileWaited(t, a, sets[waited], sets[gone])
+	}
+	t.Run("the quota's answer", func(t *testing.T) {
+		a, sets, done := newAgent(t)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		may, swap, err := a.makeRoomInQuota("e", 8<<20, nil)
+		if err != nil || swap {
+			t.Fatalf("8 MiB within the quota of 16: swap %v, %v", swap, err)
+		}
+		if !may(sets[kept]) {
+			t.Fatal("g's set may not be freed with g past its fair share")
+		}
+		if freed, unlocked := a.freeIdleLocked(sets[waited], 0); !freed || !unlocked || !*done {
+			t.Fatalf("g's 2 MiB set freed %v after a wait %v", freed, unlocked)
+		}
+		if may(sets[kept]) {
+			t.Error("g's set may be freed with g within its fair share since")
+		}
+		if !may(sets[inUse]) {
+			t.Error("e's own set may not be freed")
+		}
+	})
+	t.Run("freeIdleSets", func(t *testing.T) {
+		a, sets, done := newAgent(t)
+		tmpl := belowLayout(8 << 10)
+		a.mu.Lock()
+		may, swap, err := a.makeRoomInQuota("e", 8<<20, nil)
+		if err != nil || swap {
+			a.mu.Unlock()
+			t.Fatalf("8 MiB within the quota of 16: swap %v, %v", swap, err)
+		}
+		set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, may, nil)
+		a.mu.Unlock()
+		if !*done {
+			t.Fatal("freeIdleSets did not wait for g's longest idle set")
+		}
+		if !errors.Is(err, pool.ErrOutOfMemory) || set != nil {
+			t.Fatalf("a new set of 8 MiB with g within its fair share: %v, want pool.ErrOutOfMemory", err)
+		}
+		for i, want := range []bool{true, false, true, false} {
+			if held(a, sets[i]) != want {
+				t.Errorf("set %d held %v, want %v", i, !want, want)
+			}
+		}
+	})
+}
+
+// A Register whose new set does not fit after it waited for an idle set
+// freed for room looks at the idle sets again: one a session dropped
+// meanwhile is freed for the new set where the first was not room enough.
+func TestRegisterLooksAtIdleSetsAgainAfterAWait(t *testing.T) {
+	const (
+		inUse = iota
+		waited
+		goesIdle
+	)
+	// f's 8 MiB in use, e's idle 4 MiB, e's 2 MiB in use, 2 MiB free
+	// (none of them of the Register's layout): a new set of 8 MiB fits
+	// once both of e's sets are freed.
+	a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 4, false}, quotaSet{"e", 2, true})
+	for _, es := range sets {
+		relayout(t, a, es)
+	}
+	a.cfg.EngineQuota = 16 << 20
+	a.cfg.BlockSetSlots = 8 << 10
+	done := new(bool)
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es == sets[waited] && !*done {
+			*done = true
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			ge := sets[goesIdle]
+			ge.mu.Lock()
+			ge.users = map[uint64]*setUse{}
+			ge.idleSince = time.Now()
+			ge.mu.Unlock()
+		}
+	}
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if !*done {
+		t.Fatalf("the Register did not wait for the idle set (%v)", err)
+	}
+	if err != nil {
+		t.Fatalf("register of 8 MiB with e's sets idle: %v", err)
+	}
+	if got := ss.engineSet.set.Slots(); got != 8<<10 {
+		t.Errorf("new set of %d slots, want %d", got, 8<<10)
+	}
+	for i, want := range []bool{true, false, false} {
+		if held(a, sets[i]) != want {
+			t.Errorf("set %d held %v, want %v", i, !want, want)
+		}
+	}
+}

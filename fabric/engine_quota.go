@@ -55,6 +55,26 @@ func (a *Agent) engineShare(engine string) (quota, fair uint64, carved map[strin
 	return quota, fair, carved
 }
 
+// mayFree says which idle sets of other engines a new set of engine's may
+// free: those of engines over a fair share (engineShare), as of the
+// latest time it was asked: the shares are read again where a free for
+// room let go of a.mu since they were read (a.relocks), sets freed by
+// their timers meanwhile and engines gone with them. a.mu is held, where
+// it is made and where it is asked, and no engineSet's mu.
+func (a *Agent) mayFree(engine string, fair uint64, carved map[string]uint64) func(*engineSet) bool {
+	read := a.relocks
+	return func(es *engineSet) bool {
+		if es.engine == engine {
+			return true
+		}
+		if read != a.relocks {
+			_, fair, carved = a.engineShare(engine)
+			read = a.relocks
+		}
+		return carved[es.engine] > fair
+	}
+}
+
 // makeRoomInQuota makes room for a new block set of need bytes for engine
 // within its quota, freeing its own idle sets (longest idle first) if it
 // must, or refuses with RESOURCE_EXHAUSTED naming the quota. It never
@@ -66,16 +86,15 @@ func (a *Agent) engineShare(engine string) (quota, fair uint64, carved map[strin
 // freed after (swapFallback). It returns which other idle sets the pool
 // may free to fit the new one: the engine's own and those of engines over
 // a fair share, never the cached sets of an engine within it
-// (freeIdleSets keeps keep too). a.mu is held.
+// (freeIdleSets keeps keep too), the shares read again after a.mu is let
+// go (mayFree). a.mu is held.
 func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (may func(*engineSet) bool, swap bool, err error) {
 	// Sets tried and not freed: not tried again where the shares are
 	// looked at anew after a.mu was let go.
 	tried := map[*engineSet]bool{}
 	for {
 		quota, fair, carved := a.engineShare(engine)
-		may = func(es *engineSet) bool {
-			return es.engine == engine || carved[es.engine] > fair
-		}
+		may = a.mayFree(engine, fair, carved)
 		if carved[engine]+need <= quota {
 			return may, false, nil
 		}
@@ -167,10 +186,11 @@ func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*poo
 			ids := []pool.SetID{keep.set.ID()}
 			for _, es := range a.sets {
 				es.mu.Lock()
-				if es != keep && len(es.users) == 0 && !es.freed && (es.orphaned || may(es)) {
+				idle, orphaned := es != keep && len(es.users) == 0 && !es.freed, es.orphaned
+				es.mu.Unlock()
+				if idle && (orphaned || may(es)) {
 					ids = append(ids, es.set.ID())
 				}
-				es.mu.Unlock()
 			}
 			if ok, ferr := a.pool.FitsFreeing(tmpl, place, ids...); ferr == nil && ok {
 				if !fallbackFree(keep) {

@@ -371,6 +371,7 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) (freed, unlocked 
 			f(es)
 		}
 		a.mu.Lock()
+		a.relocks++
 	}
 }
 
@@ -455,7 +456,11 @@ func (a *Agent) freeIdleOnceLocked(es *engineSet, timerGen uint64, waited bool) 
 // freeIdleSets frees the sets no session uses that may says it may free,
 // longest idle first, until made succeeds, and returns made's last answer.
 // keep, if not nil, is never freed: the set a Register falls back to where
-// made still fails. a.mu is held.
+// made still fails. Where freeing one let go of a.mu, made is asked again,
+// and, where it still fails, pool.ErrOutOfMemory returned at once: which
+// sets are idle, and which may says it may free, was read before, and the
+// caller looks again (sets gone idle or orphaned meanwhile, engines within
+// a fair share since, the quota). a.mu is held.
 func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet) (*pool.BlockSet, error) {
 	type idleSet struct {
 		es       *engineSet
@@ -487,9 +492,13 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engi
 		}
 		// Where it let go of a.mu meanwhile, another may have freed es
 		// or another set (a grace timer): made is asked again all the
-		// same.
-		if freed, unlocked := a.freeIdleLocked(es, 0); freed || unlocked {
+		// same, and the list is not gone on with.
+		freed, unlocked := a.freeIdleLocked(es, 0)
+		if freed || unlocked {
 			set, err = made()
+		}
+		if unlocked {
+			break
 		}
 	}
 	return set, err
