@@ -670,6 +670,14 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	return ss, nil
 }
 
+// freeUnused frees set, just made and given to no engine, saying msg where
+// it cannot be. a.mu is held.
+func (a *Agent) freeUnused(set *pool.BlockSet, msg string) {
+	if err := a.pool.FreeBlockSet(set.ID()); err != nil {
+		a.log.Error(msg, "set", set.ID(), "err", err)
+	}
+}
+
 // newSetForSession makes the block set of blockSetForSession, or returns
 // the set to attach instead: best (reusableSet's, nil for none), where the
 // engine's quota or the pool has no room for a new one. Where freeing idle
@@ -677,10 +685,13 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 // meanwhile (its grace timer): then the choice is made anew, a freed set
 // never handed back. Where it let go of a.mu, and no set was made, the
 // choice is made anew likewise: sets may have gone idle meanwhile, and the
-// shares and the quota changed (freeIdleSets stops there). Each time
-// round a set is gone from a.sets, or a.mu was let go for an idle set's
-// read-ahead, after which that set is freed or in use, and no set is made
-// meanwhile (a.registerMu), so it ends. a.mu is held.
+// shares and the quota changed (freeIdleSets stops there). Where a set was
+// made, the quota may have shrunk meanwhile (without engine_quota, another
+// engine taking up a set): a new set past the quota then is freed again,
+// and the choice made anew with the quota as it is. Each time round a set
+// is gone from a.sets, or a.mu was let go for an idle set's read-ahead,
+// after which that set is freed or in use, and no set is made meanwhile
+// (a.registerMu), so it ends. a.mu is held.
 func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*pool.BlockSet, *engineSet, error) {
 	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)
 	for again := false; ; again = true {
@@ -709,6 +720,12 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 			set, err = a.swapFallback(tmpl, place, made, may, best) // within the quota once best is freed
 		} else {
 			set, err = a.freeIdleSets(made, may, best)
+		}
+		if err == nil && relocks != a.relocks {
+			if !a.withinQuota(engine, need) {
+				a.freeUnused(set, "block set made past its engine's quota not freed")
+				continue
+			}
 		}
 		if err == nil {
 			return set, nil, nil

@@ -522,3 +522,43 @@ func TestRegisterLooksAtIdleSetsAgainAfterAWait(t *testing.T) {
 		}
 	}
 }
+
+// Without engine_quota, the quota of an engine is the pool divided among
+// the engines using sets: where another engine takes up its set while a
+// Register waits for an idle set freed for room, the quota shrinks, and
+// the new set, made after the wait, is checked against it: past it, the
+// Register is refused, not given a set that overruns it.
+func TestRegisterChecksTheSoftQuotaAgainAfterAWait(t *testing.T) {
+	const (
+		inUse = iota
+		other
+		waited
+	)
+	// e's 4 MiB in use, g's idle 4 MiB, e's idle 2 MiB, 6 MiB free: with
+	// e alone using sets its quota is the pool's 16 MiB, and a new set of
+	// 8 MiB fits once e's idle set is freed. g takes its set up meanwhile:
+	// the quota is 8 MiB, and e's 4 and 8 are past it.
+	a, sets := quotaAgent(t, quotaSet{"e", 4, true}, quotaSet{"g", 4, false}, quotaSet{"e", 2, false})
+	for _, es := range sets {
+		relayout(t, a, es) // none of them the Register's fallback
+	}
+	a.cfg.BlockSetSlots = 8 << 10
+	done := new(bool)
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es == sets[waited] && !*done {
+			*done = true
+			takeUp(a, sets[other], 9)
+		}
+	}
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if !*done {
+		t.Fatalf("the Register did not wait for the idle set (%v)", err)
+	}
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("register of 8 MiB with 4 of a quota of 8 in use: set %v, %v; want RESOURCE_EXHAUSTED", ss, err)
+	}
+	if got := len(a.pool.BlockSets()); got != 2 {
+		t.Errorf("the pool holds %d sets, want 2 (e's in use and g's)", got)
+	}
+}

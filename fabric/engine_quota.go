@@ -75,6 +75,13 @@ func (a *Agent) mayFree(engine string, fair uint64, carved map[string]uint64) fu
 	}
 }
 
+// withinQuota says whether a new set of need bytes, not yet among a.sets,
+// keeps engine within its quota as it is now. a.mu is held.
+func (a *Agent) withinQuota(engine string, need uint64) bool {
+	quota, _, carved := a.engineShare(engine)
+	return carved[engine]+need <= quota
+}
+
 // makeRoomInQuota makes room for a new block set of need bytes for engine
 // within its quota, freeing its own idle sets (longest idle first) if it
 // must, or refuses with RESOURCE_EXHAUSTED naming the quota. It never
@@ -87,7 +94,9 @@ func (a *Agent) mayFree(engine string, fair uint64, carved map[string]uint64) fu
 // may free to fit the new one: the engine's own and those of engines over
 // a fair share, never the cached sets of an engine within it
 // (freeIdleSets keeps keep too), the shares read again after a.mu is let
-// go (mayFree). a.mu is held.
+// go (mayFree). What it found within the quota may be past it after
+// such a wait (another engine taking up a set shrinks the quota without
+// engine_quota): its caller checks again (withinQuota). a.mu is held.
 func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (may func(*engineSet) bool, swap bool, err error) {
 	// Sets tried and not freed: not tried again where the shares are
 	// looked at anew after a.mu was let go.
