@@ -686,7 +686,9 @@ func (a *Agent) freeUnused(set *pool.BlockSet, msg string) {
 // never handed back. Where it let go of a.mu, and no set was made, the
 // choice is made anew likewise: sets may have gone idle meanwhile, and the
 // shares and the quota changed (freeIdleSets stops there). Where a set was
-// made, the quota may have shrunk meanwhile (without engine_quota, another
+// made, sess may have taken up a set of the layout meanwhile (its engine's
+// other rank registered it): that set is given, the new one freed again;
+// and the quota may have shrunk meanwhile (without engine_quota, another
 // engine taking up a set): a new set past the quota then is freed again,
 // and the choice made anew with the quota as it is. Each time round a set
 // is gone from a.sets, or a.mu was let go for an idle set's read-ahead,
@@ -722,6 +724,10 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 			set, err = a.freeIdleSets(made, may, best)
 		}
 		if err == nil && relocks != a.relocks {
+			if mine, own := a.reusableSet(sess, tmpl, asked, place, pid); own {
+				a.freeUnused(set, "block set made while its session took up another of the layout not freed")
+				return nil, mine, nil
+			}
 			if !a.withinQuota(engine, need) {
 				a.freeUnused(set, "block set made past its engine's quota not freed")
 				continue

@@ -562,3 +562,51 @@ func TestRegisterChecksTheSoftQuotaAgainAfterAWait(t *testing.T) {
 		t.Errorf("the pool holds %d sets, want 2 (e's in use and g's)", got)
 	}
 }
+
+// A Register that makes its new set after it waited for an idle set freed
+// for room, where its session took up another set of the layout meanwhile
+// (the engine's other rank registered it), gives that set: the new one is
+// freed again, and the engine's ranks share one set.
+func TestRegisterGivesTheSetItsSessionTookUpWhileItWaited(t *testing.T) {
+	const (
+		inUse = iota
+		waited
+		other // g's, the set the Register's session takes up
+		inUseToo
+		fallback
+	)
+	// f's 7 MiB in use, e's idle 4 MiB, g's 1 MiB in use, e's 2 MiB in
+	// use, e's idle 2 MiB (the fallback), no MiB free: the new set of 3
+	// MiB fits in the waited set's room.
+	a, sets := quotaAgent(t, quotaSet{"f", 7, true}, quotaSet{"e", 4, false}, quotaSet{"g", 1, true},
+		quotaSet{"e", 2, true}, quotaSet{"e", 2, false})
+	for _, es := range []*engineSet{sets[inUse], sets[waited], sets[inUseToo]} {
+		relayout(t, a, es)
+	}
+	a.cfg.EngineQuota = 16 << 20
+	a.cfg.BlockSetSlots = 3 << 10
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	done := new(bool)
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es == sets[waited] && !*done {
+			*done = true
+			if _, err := a.attach(sess, sets[other]); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if !*done {
+		t.Fatalf("the Register did not wait for the idle set (%v)", err)
+	}
+	if err != nil {
+		t.Fatalf("register with the session using a set of the layout: %v", err)
+	}
+	if ss.engineSet != sets[other] {
+		t.Fatalf("given set %d (%d slots), want set %d, the one the session uses", ss.engineSet.set.ID(),
+			ss.engineSet.set.Slots(), sets[other].set.ID())
+	}
+	if got := len(a.pool.BlockSets()); got != 4 {
+		t.Errorf("the pool holds %d sets, want 4 (the waited set freed, no new one)", got)
+	}
+}
