@@ -93,6 +93,10 @@ type Agent struct {
 
 	mu   sync.Mutex // before an engineSet's, a session's and the pool's
 	sets map[pool.SetID]*engineSet
+	// relocks counts the times a free for room let go of mu to wait for a
+	// set's read-ahead and took it again (freeIdleLocked): what was read
+	// under mu before it may be stale after. Guarded by mu.
+	relocks uint64
 
 	sessMu   sync.Mutex // guards sessions; taken alone
 	sessions map[uint64]*session
@@ -666,14 +670,32 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	return ss, nil
 }
 
+// freeUnused frees set, just made and given to no engine, saying msg where
+// it cannot be. a.mu is held.
+func (a *Agent) freeUnused(set *pool.BlockSet, msg string) {
+	if err := a.pool.FreeBlockSet(set.ID()); err != nil {
+		a.log.Error(msg, "set", set.ID(), "err", err)
+	}
+}
+
 // newSetForSession makes the block set of blockSetForSession, or returns
 // the set to attach instead: best (reusableSet's, nil for none), where the
 // engine's quota or the pool has no room for a new one. Where freeing idle
 // sets for room let go of a.mu (freeIdleLocked), best may have been freed
 // meanwhile (its grace timer): then the choice is made anew, a freed set
-// never handed back. Each time round a set is gone from a.sets, and none
-// is made meanwhile (a.registerMu), so it ends. a.mu is held.
+// never handed back. Where it let go of a.mu, and no set was made, the
+// choice is made anew likewise: sets may have gone idle meanwhile, and the
+// shares and the quota changed (freeIdleSets stops there). Where a set was
+// made, sess may have taken up a set of the layout meanwhile (its engine's
+// other rank registered it): that set is given, the new one freed again;
+// and the quota may have shrunk meanwhile (without engine_quota, another
+// engine taking up a set): a new set past the quota then is freed again,
+// and the choice made anew with the quota as it is. Each time round a set
+// is gone from a.sets, or a.mu was let go for an idle set's read-ahead,
+// after which that set is freed or in use, and no set is made meanwhile
+// (a.registerMu), so it ends. a.mu is held.
 func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*pool.BlockSet, *engineSet, error) {
+	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)
 	for again := false; ; again = true {
 		if again {
 			var own bool
@@ -682,7 +704,8 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 				return nil, best, nil
 			}
 		}
-		may, swap, err := a.makeRoomInQuota(engine, uint64(tmpl.Slots)*tmpl.Strides().Block*uint64(tmpl.TPSize), best)
+		may, swap, err := a.makeRoomInQuota(engine, need, best)
+		relocks := a.relocks
 		if err != nil {
 			if best != nil && !setFreed(best) {
 				return nil, best, nil // the layout's set with the most usable slots is the best there is
@@ -700,11 +723,24 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 		} else {
 			set, err = a.freeIdleSets(made, may, best)
 		}
+		if err == nil && relocks != a.relocks {
+			if mine, own := a.reusableSet(sess, tmpl, asked, place, pid); own {
+				a.freeUnused(set, "block set made while its session took up another of the layout not freed")
+				return nil, mine, nil
+			}
+			if !a.withinQuota(engine, need) {
+				a.freeUnused(set, "block set made past its engine's quota not freed")
+				continue
+			}
+		}
 		if err == nil {
 			return set, nil, nil
 		}
 		if best != nil && setFreed(best) {
 			continue
+		}
+		if relocks != a.relocks && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept)) {
+			continue // what is idle, the shares and the quota, looked at anew
 		}
 		if best != nil && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept)) {
 			// No room for a set of the size asked (or the default): the

@@ -1,6 +1,8 @@
 package fabric
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -346,4 +348,265 @@ func takeUp(a *Agent, es *engineSet, id uint64) {
 	defer es.mu.Unlock()
 	es.users[id] = &setUse{}
 	es.idleSince = time.Time{}
+}
+
+// A swap that must free another idle set besides the fallback claims the
+// fallback first: a session that names the fallback while the other set
+// is freed (its read-ahead waited for) does not take it up, so the other
+// set is not freed in vain; the session waits for the swap and finds the
+// fallback freed.
+func TestQuotaSwapClaimsTheFallbackBeforeFreeingAnother(t *testing.T) {
+	const (
+		active = iota
+		orphan
+		keep
+	)
+	// f's 4 MiB in use, the orphan's 6, the engine's idle 4 MiB (the
+	// fallback), 2 MiB free: a new set of 10 MiB fits only once the orphan
+	// and the fallback are both freed.
+	a, sets := quotaAgent(t, quotaSet{"f", 4, true}, quotaSet{"", 6, false}, quotaSet{"e", 4, false})
+	k := sets[keep]
+	sess := &session{id: 9, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	var attachErr, waitErr error
+	done := new(bool)
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es == sets[orphan] && !*done {
+			*done = true
+			_, attachErr = a.attach(sess, k)
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			_, waitErr = a.attachUnclaimed(ctx, sess, k)
+		}
+	}
+	tmpl := belowLayout(10 << 10)
+	a.mu.Lock()
+	set, err := a.swapFallback(tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+		func(es *engineSet) bool { return es.engine == "e" }, k)
+	a.mu.Unlock()
+	if !*done {
+		t.Fatal("the orphan was not waited for")
+	}
+	var claimed *setClaimedError
+	if !errors.As(attachErr, &claimed) {
+		t.Fatalf("a session took up the fallback while the swap freed the orphan (%v)", attachErr)
+	}
+	if status.Code(waitErr) != codes.Canceled {
+		t.Errorf("a call naming the claimed fallback, its context cancelled: %v, want CANCELED", waitErr)
+	}
+	if err != nil || set == nil {
+		t.Fatalf("swap with the orphan and the fallback freed: %v, want the new set", err)
+	}
+	for i, want := range []bool{true, false, false} {
+		if held(a, sets[i]) != want {
+			t.Errorf("set %d held %v, want %v", i, !want, want)
+		}
+	}
+	// The session's call, which waits out the claim, finds it freed.
+	if _, err := a.attachUnclaimed(context.Background(), sess, k); status.Code(err) != codes.NotFound {
+		t.Fatalf("the fallback named after the swap: %v, want NOT_FOUND", err)
+	}
+}
+
+// Which other engines' idle sets a new set may free is read anew after a
+// free for room let go of the agent's lock: an engine over its fair share
+// when the quota's answer was made, and within it once a set was freed
+// meanwhile, keeps its other idle set. freeIdleSets, which listed the sets
+// it may free before it waited, goes no further with that list.
+func TestQuotaFairSharesReadAgainAfterAWait(t *testing.T) {
+	const (
+		inUse = iota
+		waited
+		kept
+		gone
+	)
+	// e's 4 MiB in use, g's idle 2 and 4 MiB, h's idle 2 MiB, 4 MiB free:
+	// with three engines a fair share is 16/3 MiB, and g's 6 are past it;
+	// once h's set is freed by its timer (h gone) and g's 2 MiB for room,
+	// the share is 8 MiB and g's 4 within it. A new set of 8 MiB fits only
+	// once g's 4 MiB set too is freed.
+	newAgent := func(t *testing.T) (*Agent, []*engineSet, *bool) {
+		a, sets := quotaAgent(t, quotaSet{"e", 4, true}, quotaSet{"g", 2, false}, quotaSet{"g", 4, false}, quotaSet{"h", 2, false})
+		return a, sets, whileWaited(t, a, sets[waited], sets[gone])
+	}
+	t.Run("the quota's answer", func(t *testing.T) {
+		a, sets, done := newAgent(t)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		may, swap, err := a.makeRoomInQuota("e", 8<<20, nil)
+		if err != nil || swap {
+			t.Fatalf("8 MiB within the quota of 16: swap %v, %v", swap, err)
+		}
+		if !may(sets[kept]) {
+			t.Fatal("g's set may not be freed with g past its fair share")
+		}
+		if freed, unlocked := a.freeIdleLocked(sets[waited], 0); !freed || !unlocked || !*done {
+			t.Fatalf("g's 2 MiB set freed %v after a wait %v", freed, unlocked)
+		}
+		if may(sets[kept]) {
+			t.Error("g's set may be freed with g within its fair share since")
+		}
+		if !may(sets[inUse]) {
+			t.Error("e's own set may not be freed")
+		}
+	})
+	t.Run("freeIdleSets", func(t *testing.T) {
+		a, sets, done := newAgent(t)
+		tmpl := belowLayout(8 << 10)
+		a.mu.Lock()
+		may, swap, err := a.makeRoomInQuota("e", 8<<20, nil)
+		if err != nil || swap {
+			a.mu.Unlock()
+			t.Fatalf("8 MiB within the quota of 16: swap %v, %v", swap, err)
+		}
+		set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, may, nil)
+		a.mu.Unlock()
+		if !*done {
+			t.Fatal("freeIdleSets did not wait for g's longest idle set")
+		}
+		if !errors.Is(err, pool.ErrOutOfMemory) || set != nil {
+			t.Fatalf("a new set of 8 MiB with g within its fair share: %v, want pool.ErrOutOfMemory", err)
+		}
+		for i, want := range []bool{true, false, true, false} {
+			if held(a, sets[i]) != want {
+				t.Errorf("set %d held %v, want %v", i, !want, want)
+			}
+		}
+	})
+}
+
+// A Register whose new set does not fit after it waited for an idle set
+// freed for room looks at the idle sets again: one a session dropped
+// meanwhile is freed for the new set where the first was not room enough.
+func TestRegisterLooksAtIdleSetsAgainAfterAWait(t *testing.T) {
+	const (
+		inUse = iota
+		waited
+		goesIdle
+	)
+	// f's 8 MiB in use, e's idle 4 MiB, e's 2 MiB in use, 2 MiB free
+	// (none of them of the Register's layout): a new set of 8 MiB fits
+	// once both of e's sets are freed.
+	a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 4, false}, quotaSet{"e", 2, true})
+	for _, es := range sets {
+		relayout(t, a, es)
+	}
+	a.cfg.EngineQuota = 16 << 20
+	a.cfg.BlockSetSlots = 8 << 10
+	done := new(bool)
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es == sets[waited] && !*done {
+			*done = true
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			ge := sets[goesIdle]
+			ge.mu.Lock()
+			ge.users = map[uint64]*setUse{}
+			ge.idleSince = time.Now()
+			ge.mu.Unlock()
+		}
+	}
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if !*done {
+		t.Fatalf("the Register did not wait for the idle set (%v)", err)
+	}
+	if err != nil {
+		t.Fatalf("register of 8 MiB with e's sets idle: %v", err)
+	}
+	if got := ss.engineSet.set.Slots(); got != 8<<10 {
+		t.Errorf("new set of %d slots, want %d", got, 8<<10)
+	}
+	for i, want := range []bool{true, false, false} {
+		if held(a, sets[i]) != want {
+			t.Errorf("set %d held %v, want %v", i, !want, want)
+		}
+	}
+}
+
+// Without engine_quota, the quota of an engine is the pool divided among
+// the engines using sets: where another engine takes up its set while a
+// Register waits for an idle set freed for room, the quota shrinks, and
+// the new set, made after the wait, is checked against it: past it, the
+// Register is refused, not given a set that overruns it.
+func TestRegisterChecksTheSoftQuotaAgainAfterAWait(t *testing.T) {
+	const (
+		inUse = iota
+		other
+		waited
+	)
+	// e's 4 MiB in use, g's idle 4 MiB, e's idle 2 MiB, 6 MiB free: with
+	// e alone using sets its quota is the pool's 16 MiB, and a new set of
+	// 8 MiB fits once e's idle set is freed. g takes its set up meanwhile:
+	// the quota is 8 MiB, and e's 4 and 8 are past it.
+	a, sets := quotaAgent(t, quotaSet{"e", 4, true}, quotaSet{"g", 4, false}, quotaSet{"e", 2, false})
+	for _, es := range sets {
+		relayout(t, a, es) // none of them the Register's fallback
+	}
+	a.cfg.BlockSetSlots = 8 << 10
+	done := new(bool)
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es == sets[waited] && !*done {
+			*done = true
+			takeUp(a, sets[other], 9)
+		}
+	}
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if !*done {
+		t.Fatalf("the Register did not wait for the idle set (%v)", err)
+	}
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("register of 8 MiB with 4 of a quota of 8 in use: set %v, %v; want RESOURCE_EXHAUSTED", ss, err)
+	}
+	if got := len(a.pool.BlockSets()); got != 2 {
+		t.Errorf("the pool holds %d sets, want 2 (e's in use and g's)", got)
+	}
+}
+
+// A Register that makes its new set after it waited for an idle set freed
+// for room, where its session took up another set of the layout meanwhile
+// (the engine's other rank registered it), gives that set: the new one is
+// freed again, and the engine's ranks share one set.
+func TestRegisterGivesTheSetItsSessionTookUpWhileItWaited(t *testing.T) {
+	const (
+		inUse = iota
+		waited
+		other // g's, the set the Register's session takes up
+		inUseToo
+		fallback
+	)
+	// f's 7 MiB in use, e's idle 4 MiB, g's 1 MiB in use, e's 2 MiB in
+	// use, e's idle 2 MiB (the fallback), no MiB free: the new set of 3
+	// MiB fits in the waited set's room.
+	a, sets := quotaAgent(t, quotaSet{"f", 7, true}, quotaSet{"e", 4, false}, quotaSet{"g", 1, true},
+		quotaSet{"e", 2, true}, quotaSet{"e", 2, false})
+	for _, es := range []*engineSet{sets[inUse], sets[waited], sets[inUseToo]} {
+		relayout(t, a, es)
+	}
+	a.cfg.EngineQuota = 16 << 20
+	a.cfg.BlockSetSlots = 3 << 10
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	done := new(bool)
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es == sets[waited] && !*done {
+			*done = true
+			if _, err := a.attach(sess, sets[other]); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if !*done {
+		t.Fatalf("the Register did not wait for the idle set (%v)", err)
+	}
+	if err != nil {
+		t.Fatalf("register with the session using a set of the layout: %v", err)
+	}
+	if ss.engineSet != sets[other] {
+		t.Fatalf("given set %d (%d slots), want set %d, the one the session uses", ss.engineSet.set.ID(),
+			ss.engineSet.set.Slots(), sets[other].set.ID())
+	}
+	if got := len(a.pool.BlockSets()); got != 4 {
+		t.Errorf("the pool holds %d sets, want 4 (the waited set freed, no new one)", got)
+	}
 }

@@ -55,6 +55,33 @@ func (a *Agent) engineShare(engine string) (quota, fair uint64, carved map[strin
 	return quota, fair, carved
 }
 
+// mayFree says which idle sets of other engines a new set of engine's may
+// free: those of engines over a fair share (engineShare), as of the
+// latest time it was asked: the shares are read again where a free for
+// room let go of a.mu since they were read (a.relocks), sets freed by
+// their timers meanwhile and engines gone with them. a.mu is held, where
+// it is made and where it is asked, and no engineSet's mu.
+func (a *Agent) mayFree(engine string, fair uint64, carved map[string]uint64) func(*engineSet) bool {
+	read := a.relocks
+	return func(es *engineSet) bool {
+		if es.engine == engine {
+			return true
+		}
+		if read != a.relocks {
+			_, fair, carved = a.engineShare(engine)
+			read = a.relocks
+		}
+		return carved[es.engine] > fair
+	}
+}
+
+// withinQuota says whether a new set of need bytes, not yet among a.sets,
+// keeps engine within its quota as it is now. a.mu is held.
+func (a *Agent) withinQuota(engine string, need uint64) bool {
+	quota, _, carved := a.engineShare(engine)
+	return carved[engine]+need <= quota
+}
+
 // makeRoomInQuota makes room for a new block set of need bytes for engine
 // within its quota, freeing its own idle sets (longest idle first) if it
 // must, or refuses with RESOURCE_EXHAUSTED naming the quota. It never
@@ -66,16 +93,17 @@ func (a *Agent) engineShare(engine string) (quota, fair uint64, carved map[strin
 // freed after (swapFallback). It returns which other idle sets the pool
 // may free to fit the new one: the engine's own and those of engines over
 // a fair share, never the cached sets of an engine within it
-// (freeIdleSets keeps keep too). a.mu is held.
+// (freeIdleSets keeps keep too), the shares read again after a.mu is let
+// go (mayFree). What it found within the quota may be past it after
+// such a wait (another engine taking up a set shrinks the quota without
+// engine_quota): its caller checks again (withinQuota). a.mu is held.
 func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (may func(*engineSet) bool, swap bool, err error) {
 	// Sets tried and not freed: not tried again where the shares are
 	// looked at anew after a.mu was let go.
 	tried := map[*engineSet]bool{}
 	for {
 		quota, fair, carved := a.engineShare(engine)
-		may = func(es *engineSet) bool {
-			return es.engine == engine || carved[es.engine] > fair
-		}
+		may = a.mayFree(engine, fair, carved)
 		if carved[engine]+need <= quota {
 			return may, false, nil
 		}
@@ -139,9 +167,19 @@ var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 // and keep freed. Where the set does not fit the error is
 // pool.ErrOutOfMemory, keep untouched; where keep cannot be freed (it
 // found a user meanwhile, or is busy: a peer's lease) a new set made
-// beside it is freed again, and errFallbackKept returned, keep standing. a.mu is held: no other
+// beside it is freed again, and errFallbackKept returned, keep standing.
+// keep is claimed throughout (engineSet.claim): no session takes it up
+// while other sets are freed, which may let go of a.mu; and before any
+// other set is freed keep is checked free of blocks in use and copies
+// below, the pool's reasons to refuse it (fallbackFree), so that no set
+// is freed for a swap that would find keep busy, but for a lease or an
+// allocation in keep that comes after that check. a.mu is held: no other
 // set is made meanwhile, so FitsFreeing's answer holds.
 func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet) (*pool.BlockSet, error) {
+	if !claimFallback(keep) {
+		return nil, errFallbackKept // taken up or freed since makeRoomInQuota looked
+	}
+	defer unclaimFallback(keep)
 	fits := func() (*pool.BlockSet, error) {
 		ok, err := a.pool.FitsFreeing(tmpl, place, keep.set.ID())
 		if err == nil && !ok {
@@ -157,12 +195,16 @@ func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*poo
 			ids := []pool.SetID{keep.set.ID()}
 			for _, es := range a.sets {
 				es.mu.Lock()
-				if es != keep && len(es.users) == 0 && !es.freed && (es.orphaned || may(es)) {
+				idle, orphaned := es != keep && len(es.users) == 0 && !es.freed, es.orphaned
+				es.mu.Unlock()
+				if idle && (orphaned || may(es)) {
 					ids = append(ids, es.set.ID())
 				}
-				es.mu.Unlock()
 			}
 			if ok, ferr := a.pool.FitsFreeing(tmpl, place, ids...); ferr == nil && ok {
+				if !fallbackFree(keep) {
+					return nil, errFallbackKept
+				}
 				_, err = a.freeIdleSets(fits, may, keep)
 			}
 		}
@@ -194,4 +236,34 @@ func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*poo
 func (a *Agent) freeFallbackLocked(keep *engineSet) bool {
 	freed, _ := a.freeIdleLocked(keep, 0)
 	return freed || setFreed(keep)
+}
+
+// claimFallback claims keep, idle, for swapFallback (engineSet.claim), or
+// says it is taken up or freed already.
+func claimFallback(keep *engineSet) bool {
+	keep.mu.Lock()
+	defer keep.mu.Unlock()
+	if keep.freed || len(keep.users) > 0 {
+		return false
+	}
+	keep.claim = make(chan struct{})
+	return true
+}
+
+// unclaimFallback ends claimFallback's claim: sessions that named keep
+// meanwhile attach it, or find it freed.
+func unclaimFallback(keep *engineSet) {
+	keep.mu.Lock()
+	defer keep.mu.Unlock()
+	close(keep.claim)
+	keep.claim = nil
+}
+
+// fallbackFree says whether the pool would free keep now, as far as it
+// can be told without freeing it: no slot allocated, no block referenced
+// or leased, and no copy below under way (with copies down, those its
+// blocks need are started, as FreeBlockSet would).
+func fallbackFree(keep *engineSet) bool {
+	m := keep.set.Metrics()
+	return m.Active == 0 && m.Leases == 0 && keep.set.CopyDown() == 0
 }

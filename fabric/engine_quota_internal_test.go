@@ -47,10 +47,10 @@ func quotaAgent(t *testing.T, sets ...quotaSet) (*Agent, []*engineSet) {
 // freeIdleSets frees first of all); another idle set is freed only where
 // the fallback's room is not enough; where the set fits nowhere, even
 // with every idle set it may free freed, none is freed, and the fallback
-// stays; and where the
-// fallback is busy (a peer's lease on one of its blocks) once the new set
-// is made, or before, the new set is freed again and the fallback kept
-// (errFallbackKept), never the engine left with neither.
+// stays; and where the fallback is busy (a peer's lease on one of its
+// blocks) once the new set is made, or before, the new set is freed again
+// and the fallback kept (errFallbackKept), never the engine left with
+// neither, and no other set freed for a swap that cannot be made.
 func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 	const (
 		orphan = iota
@@ -74,6 +74,7 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 		{"fits nowhere", false, 6, 4, 10, "", false, pool.ErrOutOfMemory, nil},
 		{"the fallback busy once the new set is made", false, 2, 4, 4, "after", false, errFallbackKept, nil},
 		{"the fallback busy, the new set in its room", false, 6, 4, 6, "before", false, errFallbackKept, nil},
+		{"the fallback busy, the new set fits once the orphan too is freed", true, 6, 4, 10, "before", false, errFallbackKept, nil},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			// The orphan first, then another engine's set in use, then the

@@ -63,6 +63,10 @@ type engineSet struct {
 	// (engine_orphans.go). Guarded by mu.
 	orphaned  bool
 	adoptions uint32
+	// claim is non-nil while a Register frees the set, idle, to make its
+	// engine's new set (swapFallback), and closed when it is done: no
+	// session takes the set up meanwhile (attach). Guarded by mu.
+	claim chan struct{}
 
 	// ahead is the set's read-ahead from the tiers (tier_readahead.go).
 	ahead setAhead
@@ -126,7 +130,7 @@ func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, erro
 	if err != nil {
 		return nil, err
 	}
-	return e.a.attach(sess, es)
+	return e.a.attachUnclaimed(ctx, sess, es)
 }
 
 func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateRequest) (*fabricpb.AllocateResponse, error) {

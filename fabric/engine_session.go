@@ -235,6 +235,9 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 	if es.freed {
 		return nil, status.Errorf(codes.NotFound, "block set %d: freed (no session used it); register again", es.set.ID())
 	}
+	if es.claim != nil {
+		return nil, &setClaimedError{set: es.set.ID(), done: es.claim}
+	}
 	u := es.users[s.id]
 	if u == nil {
 		u = &setUse{refs: map[int]slotRef{}}
@@ -249,6 +252,37 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 	}
 	s.sets[es.set.ID()] = es
 	return &sessionSet{engineSet: es, sess: s, use: u}, nil
+}
+
+// setClaimedError is attach's answer for an idle set that a Register is
+// freeing to make its engine's new set (swapFallback's claim): no session
+// takes it up meanwhile. done is closed when the claim ends.
+type setClaimedError struct {
+	set  pool.SetID
+	done <-chan struct{}
+}
+
+func (e *setClaimedError) Error() string {
+	return "fabric: block set " + strconv.FormatUint(uint64(e.set), 10) + " is being freed for a new set of its engine"
+}
+
+// attachUnclaimed is attach for a session that names es (an engine call
+// on a set it registered): where a Register has claimed es, it waits for
+// the claim to end (or ctx), then attaches es, or finds it freed
+// (NOT_FOUND: register again).
+func (a *Agent) attachUnclaimed(ctx context.Context, s *session, es *engineSet) (*sessionSet, error) {
+	for {
+		ss, err := a.attach(s, es)
+		var c *setClaimedError
+		if !errors.As(err, &c) {
+			return ss, err
+		}
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
 }
 
 // detach gives back what s holds in es; a set left with no session is
@@ -337,6 +371,7 @@ func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) (freed, unlocked 
 			f(es)
 		}
 		a.mu.Lock()
+		a.relocks++
 	}
 }
 
@@ -421,7 +456,11 @@ func (a *Agent) freeIdleOnceLocked(es *engineSet, timerGen uint64, waited bool) 
 // freeIdleSets frees the sets no session uses that may says it may free,
 // longest idle first, until made succeeds, and returns made's last answer.
 // keep, if not nil, is never freed: the set a Register falls back to where
-// made still fails. a.mu is held.
+// made still fails. Where freeing one let go of a.mu, made is asked again,
+// and, where it still fails, pool.ErrOutOfMemory returned at once: which
+// sets are idle, and which may says it may free, was read before, and the
+// caller looks again (sets gone idle or orphaned meanwhile, engines within
+// a fair share since, the quota). a.mu is held.
 func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet) (*pool.BlockSet, error) {
 	type idleSet struct {
 		es       *engineSet
@@ -453,9 +492,13 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engi
 		}
 		// Where it let go of a.mu meanwhile, another may have freed es
 		// or another set (a grace timer): made is asked again all the
-		// same.
-		if freed, unlocked := a.freeIdleLocked(es, 0); freed || unlocked {
+		// same, and the list is not gone on with.
+		freed, unlocked := a.freeIdleLocked(es, 0)
+		if freed || unlocked {
 			set, err = made()
+		}
+		if unlocked {
+			break
 		}
 	}
 	return set, err
