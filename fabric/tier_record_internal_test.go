@@ -409,3 +409,101 @@ func TestTierPlacedWaitsForADeleteBegunAfterItsWait(t *testing.T) {
 		t.Fatal("the copy the delete took is recorded")
 	}
 }
+
+// A move down from host memory whose wait for the deletes of its block
+// below ended, and a delete of the block there began before it took the
+// tiers' ordering lock (a copier's second copy: it committed the block
+// below while the host tier recorded it, the move's commit landing on the
+// same copy), waits for that one too: the delete takes the copy below, and
+// the block stays in host memory with its record. Moved at once, the
+// record named the tier below, whose copy the delete then took, and the
+// host copy was freed: the node lost the block.
+func TestHostMoveWaitsForADeleteBegunAfterItsWait(t *testing.T) {
+	tr, h, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 54, Tag: 1}
+	data := bytes.Repeat([]byte{0x54}, 3000)
+	mem := h.store.Load().(*disk.MemStore)
+	if err := mem.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, h, k, disk.Align)
+	buf := alignedBuffer(disk.Align)
+	_, gen, err := mem.GetGen(ctx, k, buf) // the move's read
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The copier's commit below, and the move's after it: one copy there.
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	if announce, second := place(tr, d, k, disk.Align); announce || !second {
+		t.Fatalf("the copier's copy below placed as announce %v, second %v; want a second copy", announce, second)
+	}
+	deleting := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	bd := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			once.Do(func() {
+				close(deleting)
+				<-release
+			})
+		}
+	}
+	tr.beforeDelete.Store(&bd)
+	waiting := make(chan struct{})
+	var wonce sync.Once
+	w := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			wonce.Do(func() { close(waiting) })
+		}
+	}
+	tr.beforeDeleteWait.Store(&w)
+	deleted := make(chan struct{})
+	started := false
+	o := func() {
+		if started {
+			return
+		}
+		started = true
+		// The copier deletes its second copy (dropSecond): the delete
+		// begins between the move's wait and its taking the records.
+		go func() {
+			defer close(deleted)
+			tr.dropSecond(d, []disk.Key{k})
+		}()
+		select {
+		case <-deleting:
+		case <-time.After(30 * time.Second):
+			t.Error("the delete did not begin after 30s")
+		}
+	}
+	tr.beforeOrder.Store(&o)
+	moved := make(chan struct{})
+	go func() {
+		defer close(moved)
+		tr.movedDown(mem, h, d, k, disk.Align, gen)
+	}()
+	// The delete goes on once the move waits for it, or has ended
+	// (wrongly, with the delete under way).
+	select {
+	case <-waiting:
+		close(release)
+		waitClosed(t, moved, "the move down")
+	case <-moved:
+		close(release)
+	case <-time.After(30 * time.Second):
+		close(release)
+		t.Fatal("the move down neither waited for the delete nor ended after 30s")
+	}
+	waitClosed(t, deleted, "the delete")
+	consistent(t, tr, d, k)
+	consistent(t, tr, h, k)
+	if got := tr.where(k); got != h {
+		t.Fatalf("the block is held by tier %d, want the host tier", tierNum(got))
+	}
+	if !has(h, k) {
+		t.Fatal("the host tier holds no copy of the block: the node lost it")
+	}
+}
