@@ -3,6 +3,7 @@ package fabric
 import (
 	"bytes"
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -60,7 +61,7 @@ func TestTierRestoreFailureLeavesARecordPlacedSince(t *testing.T) {
 						t.Error(err)
 					}
 				} else {
-					lostKey(tr, d, k)
+					lostKey(t, tr, d, k)
 				}
 				forgetKey(tr, d, k)
 				// A copier commits the block again and records it.
@@ -89,6 +90,65 @@ func TestTierRestoreFailureLeavesARecordPlacedSince(t *testing.T) {
 				t.Fatal("the copy committed again was deleted")
 			}
 		})
+	}
+}
+
+// A restore whose read found a block's copy missing (or corrupt: the store
+// dropped it), where a copier committed the block again to that tier and
+// placed it before the failure was acted on, leaves the record and the
+// good copy: placed took the copy as the record's (the same record, the
+// store having replaced its copy), so the record the read was made from is
+// the new copy's. Marking it gone and forgetting it, as the restore did
+// whatever the store held by then, left the good copy in the store with no
+// record (a slot lost until a restart, the block not found).
+func TestTierRestoreFailureLeavesACopyCommittedOverItsRecord(t *testing.T) {
+	tr, _, k := belowSet(t, false, false)
+	d := tr.list[0]
+	other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := bytes.Repeat([]byte{0x5b}, tierBlockBytes(other.Layout())-tierTrailer)
+	whole = append(whole, make([]byte, tierTrailer)...) // no content checksum
+	// The first copier's copy went from the store; its record stays.
+	if err := d.store.Load().Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	f := func(dd *diskTier, kk disk.Key, rerr error) {
+		if dd != d || kk != k || ran {
+			return
+		}
+		ran = true
+		if !errors.Is(rerr, disk.ErrNotFound) {
+			t.Errorf("the read of a missing copy: %v, want not found", rerr)
+		}
+		// A second copier commits the block and places it: the record the
+		// read was made from is taken as its copy's.
+		e := tr.recordIn(d, k)
+		if err := d.store.Load().Put(context.Background(), k, whole); err != nil {
+			t.Error(err)
+		}
+		if placeCopy(tr, d, k, disk.Align) {
+			t.Error("the copy committed again was announced: its block had a record")
+		}
+		if got := tr.recordIn(d, k); got != e || e == nil {
+			t.Error("the copy committed again was not placed in the record the read was made from")
+		}
+	}
+	tr.afterRead.Store(&f)
+	find := func(context.Context, disk.Key) *diskTier { return d }
+	alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+	blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, tr.forgetFound, false)
+	if !ran {
+		t.Fatal("the block was not read")
+	}
+	if len(blks) != 0 || err == nil {
+		t.Fatalf("restore of a missing copy: %d blocks, %v; want none and an error", len(blks), err)
+	}
+	consistent(t, tr, d, k)
+	if got := tr.where(k); got != d {
+		t.Fatalf("the block committed again is held by tier %d, want %d", tierNum(got), d.n)
 	}
 }
 
@@ -142,7 +202,7 @@ func TestHostMoveWaitsForADeleteBelow(t *testing.T) {
 					if err := mem.Delete(k); err != nil {
 						t.Error(err)
 					}
-					lostKey(tr, h, k)
+					lostKey(t, tr, h, k)
 					forgetKey(tr, h, k)
 					// The move's commit below lands after the delete's.
 					if err := d.store.Load().Put(ctx, k, data); err != nil {
