@@ -219,9 +219,10 @@ type tiers struct {
 
 	// A block set's lock may be taken under mu (a copy down's end, a
 	// restore's registration: whether a tier holds the copy is decided
-	// with the set's change), and so may a store's own lock (placed and a
-	// move down ask a store whether it holds a copy; a move down deletes
-	// the host copy): a store calls nothing of the tiers under its lock.
+	// with the set's change), and so may a store's own lock (placed, a
+	// move down and lostCopy ask a store whether it holds a copy; a move
+	// down deletes the host copy): a store calls nothing of the tiers
+	// under its lock.
 	mu         sync.Mutex // guards what follows and the stores' opening
 	blockBytes int        // the stores' slot size; 0 until known
 	layouts    map[uint64]*layout.Layout
@@ -771,15 +772,20 @@ func (t *tiers) deletedCond() *sync.Cond {
 // lostCopy is for a copy of k in tier d that went without dropCopy: the
 // store dropped it as it read it (its checksum failed) or found it
 // missing. Where k's record is still only, the record the read was made
-// from (recordIn), and names d, it is marked gone and the block sets
-// holding k are told at once, not when the record is forgotten; a record
-// made since in only's place names a copy committed since, which the read
-// did not see, and is left as it is. Called with neither t.mu nor
-// announceMu held.
-func (t *tiers) lostCopy(d *diskTier, k disk.Key, only *list.Element) {
+// from (recordIn), names d, and d's store holds no copy of k, it is marked
+// gone and the block sets holding k are told at once, not when the record
+// is forgotten, and lostCopy says so: the caller forgets it (forgetFound).
+// A record made since in only's place names a copy committed since, which
+// the read did not see, and is left as it is; so is only where the store
+// holds a copy of k by now: one committed since the read, which placed
+// takes as only's (the store replaced its copy, the record is reused) and
+// keeps only for, or will. Marking only gone then, and forgetting it, left
+// that good copy in the store with no record. Called with neither t.mu
+// nor announceMu held; the store's lock is taken under t.mu (Has).
+func (t *tiers) lostCopy(d *diskTier, k disk.Key, only *list.Element) bool {
 	t.mu.Lock()
 	e, ok := t.pos[k]
-	ok = ok && e == only && e.Value.(*tierEntry).tier == d.n
+	ok = ok && e == only && e.Value.(*tierEntry).tier == d.n && !d.store.Load().Has(k)
 	if ok {
 		e.Value.(*tierEntry).gone = true
 	}
@@ -787,6 +793,7 @@ func (t *tiers) lostCopy(d *diskTier, k disk.Key, only *list.Element) {
 	if ok {
 		t.lostBelow(k)
 	}
+	return ok
 }
 
 // order takes announceMu: from a change to the records to its

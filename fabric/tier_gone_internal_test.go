@@ -3,6 +3,7 @@ package fabric
 import (
 	"bytes"
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -39,8 +40,13 @@ func forgetKey(tr *tiers, d *diskTier, k disk.Key) {
 }
 
 // lostKey marks k's record in d gone, whichever it is now, as a restore
-// whose read of it found its copy missing or corrupt does (lostCopy).
-func lostKey(tr *tiers, d *diskTier, k disk.Key) {
+// whose read of it found its copy missing or corrupt does (lostCopy): the
+// copy goes from d's store first, as the store drops a copy found corrupt.
+func lostKey(t *testing.T, tr *tiers, d *diskTier, k disk.Key) {
+	t.Helper()
+	if err := d.store.Load().Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
+		t.Error(err)
+	}
 	tr.lostCopy(d, k, tr.recordIn(d, k))
 }
 
@@ -66,7 +72,7 @@ func TestTierCopyPlacedOverAGoneRecordNotLeft(t *testing.T) {
 	placeCopy(tr, d, k, disk.Align) // the first copier's
 	// The first copy found gone (a restore that found it corrupt): the
 	// record waits, gone, to be forgotten.
-	lostKey(tr, d, k)
+	lostKey(t, tr, d, k)
 	// The second copier commits its copy, and places it before the record
 	// is forgotten.
 	if err := d.store.Load().Put(ctx, k, data); err != nil {
@@ -207,7 +213,7 @@ func TestHostMoveOverAGoneRecordBelowNotLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	placeCopy(tr, d, k, disk.Align)
-	lostKey(tr, d, k) // its copy below found gone: the record marked, to be forgotten
+	lostKey(t, tr, d, k) // its copy below found gone: the record marked, to be forgotten
 	// The move's write below lands, and its record is made before the
 	// record below is forgotten.
 	if err := d.store.Load().Put(ctx, k, data); err != nil {
@@ -418,7 +424,7 @@ func TestTierGoneRecordHoldsNothing(t *testing.T) {
 	if got, ok := tr.find(k.Hash); !ok || got != k {
 		t.Fatalf("find: %v %v, want %v", got, ok, k)
 	}
-	lostKey(tr, d, k)
+	lostKey(t, tr, d, k)
 	if got := tr.where(k); got != nil {
 		t.Fatalf("where: tier %d holds a block whose record is gone", got.n)
 	}

@@ -3,6 +3,7 @@ package fabric
 import (
 	"bytes"
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -60,7 +61,7 @@ func TestTierRestoreFailureLeavesARecordPlacedSince(t *testing.T) {
 						t.Error(err)
 					}
 				} else {
-					lostKey(tr, d, k)
+					lostKey(t, tr, d, k)
 				}
 				forgetKey(tr, d, k)
 				// A copier commits the block again and records it.
@@ -89,6 +90,65 @@ func TestTierRestoreFailureLeavesARecordPlacedSince(t *testing.T) {
 				t.Fatal("the copy committed again was deleted")
 			}
 		})
+	}
+}
+
+// A restore whose read found a block's copy missing (or corrupt: the store
+// dropped it), where a copier committed the block again to that tier and
+// placed it before the failure was acted on, leaves the record and the
+// good copy: placed took the copy as the record's (the same record, the
+// store having replaced its copy), so the record the read was made from is
+// the new copy's. Marking it gone and forgetting it, as the restore did
+// whatever the store held by then, left the good copy in the store with no
+// record (a slot lost until a restart, the block not found).
+func TestTierRestoreFailureLeavesACopyCommittedOverItsRecord(t *testing.T) {
+	tr, _, k := belowSet(t, false, false)
+	d := tr.list[0]
+	other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := bytes.Repeat([]byte{0x5b}, tierBlockBytes(other.Layout())-tierTrailer)
+	whole = append(whole, make([]byte, tierTrailer)...) // no content checksum
+	// The first copier's copy went from the store; its record stays.
+	if err := d.store.Load().Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	f := func(dd *diskTier, kk disk.Key, rerr error) {
+		if dd != d || kk != k || ran {
+			return
+		}
+		ran = true
+		if !errors.Is(rerr, disk.ErrNotFound) {
+			t.Errorf("the read of a missing copy: %v, want not found", rerr)
+		}
+		// A second copier commits the block and places it: the record the
+		// read was made from is taken as its copy's.
+		e := tr.recordIn(d, k)
+		if err := d.store.Load().Put(context.Background(), k, whole); err != nil {
+			t.Error(err)
+		}
+		if placeCopy(tr, d, k, disk.Align) {
+			t.Error("the copy committed again was announced: its block had a record")
+		}
+		if got := tr.recordIn(d, k); got != e || e == nil {
+			t.Error("the copy committed again was not placed in the record the read was made from")
+		}
+	}
+	tr.afterRead.Store(&f)
+	find := func(context.Context, disk.Key) *diskTier { return d }
+	alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+	blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, tr.forgetFound, false)
+	if !ran {
+		t.Fatal("the block was not read")
+	}
+	if len(blks) != 0 || err == nil {
+		t.Fatalf("restore of a missing copy: %d blocks, %v; want none and an error", len(blks), err)
+	}
+	consistent(t, tr, d, k)
+	if got := tr.where(k); got != d {
+		t.Fatalf("the block committed again is held by tier %d, want %d", tierNum(got), d.n)
 	}
 }
 
@@ -142,7 +202,7 @@ func TestHostMoveWaitsForADeleteBelow(t *testing.T) {
 					if err := mem.Delete(k); err != nil {
 						t.Error(err)
 					}
-					lostKey(tr, h, k)
+					lostKey(t, tr, h, k)
 					forgetKey(tr, h, k)
 					// The move's commit below lands after the delete's.
 					if err := d.store.Load().Put(ctx, k, data); err != nil {
@@ -407,5 +467,103 @@ func TestTierPlacedWaitsForADeleteBegunAfterItsWait(t *testing.T) {
 	consistent(t, tr, d, k)
 	if tr.where(k) != nil {
 		t.Fatal("the copy the delete took is recorded")
+	}
+}
+
+// A move down from host memory whose wait for the deletes of its block
+// below ended, and a delete of the block there began before it took the
+// tiers' ordering lock (a copier's second copy: it committed the block
+// below while the host tier recorded it, the move's commit landing on the
+// same copy), waits for that one too: the delete takes the copy below, and
+// the block stays in host memory with its record. Moved at once, the
+// record named the tier below, whose copy the delete then took, and the
+// host copy was freed: the node lost the block.
+func TestHostMoveWaitsForADeleteBegunAfterItsWait(t *testing.T) {
+	tr, h, d := hostOverDisk(t, 4)
+	ctx := context.Background()
+	k := disk.Key{Hash: 54, Tag: 1}
+	data := bytes.Repeat([]byte{0x54}, 3000)
+	mem := h.store.Load().(*disk.MemStore)
+	if err := mem.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, h, k, disk.Align)
+	buf := alignedBuffer(disk.Align)
+	_, gen, err := mem.GetGen(ctx, k, buf) // the move's read
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The copier's commit below, and the move's after it: one copy there.
+	if err := d.store.Load().Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	if announce, second := place(tr, d, k, disk.Align); announce || !second {
+		t.Fatalf("the copier's copy below placed as announce %v, second %v; want a second copy", announce, second)
+	}
+	deleting := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	bd := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			once.Do(func() {
+				close(deleting)
+				<-release
+			})
+		}
+	}
+	tr.beforeDelete.Store(&bd)
+	waiting := make(chan struct{})
+	var wonce sync.Once
+	w := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			wonce.Do(func() { close(waiting) })
+		}
+	}
+	tr.beforeDeleteWait.Store(&w)
+	deleted := make(chan struct{})
+	started := false
+	o := func() {
+		if started {
+			return
+		}
+		started = true
+		// The copier deletes its second copy (dropSecond): the delete
+		// begins between the move's wait and its taking the records.
+		go func() {
+			defer close(deleted)
+			tr.dropSecond(d, []disk.Key{k})
+		}()
+		select {
+		case <-deleting:
+		case <-time.After(30 * time.Second):
+			t.Error("the delete did not begin after 30s")
+		}
+	}
+	tr.beforeOrder.Store(&o)
+	moved := make(chan struct{})
+	go func() {
+		defer close(moved)
+		tr.movedDown(mem, h, d, k, disk.Align, gen)
+	}()
+	// The delete goes on once the move waits for it, or has ended
+	// (wrongly, with the delete under way).
+	select {
+	case <-waiting:
+		close(release)
+		waitClosed(t, moved, "the move down")
+	case <-moved:
+		close(release)
+	case <-time.After(30 * time.Second):
+		close(release)
+		t.Fatal("the move down neither waited for the delete nor ended after 30s")
+	}
+	waitClosed(t, deleted, "the delete")
+	consistent(t, tr, d, k)
+	consistent(t, tr, h, k)
+	if got := tr.where(k); got != h {
+		t.Fatalf("the block is held by tier %d, want the host tier", tierNum(got))
+	}
+	if !has(h, k) {
+		t.Fatal("the host tier holds no copy of the block: the node lost it")
 	}
 }

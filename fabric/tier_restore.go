@@ -253,18 +253,25 @@ func (a *Agent) fromTier(ctx context.Context, s *sessionSet, hashes []uint64, pa
 // (readBlock), e is the record the read was made from (recordIn: nil if
 // none named d then), so that a copy found corrupt or missing marks,
 // drops and forgets that record only, never one made since in its place,
-// whose copy was committed after the read.
+// whose copy was committed after the read; lost says the read's failure
+// marked e gone (lostCopy) or dropped its copy (dropFound): e is to be
+// forgotten (forgetFound).
 type tierFound struct {
-	d *diskTier
-	k disk.Key
-	e *list.Element
+	d    *diskTier
+	k    disk.Key
+	e    *list.Element
+	lost bool
 }
 
 // forgetFound forgets the record f's read was made from (a copy found
-// corrupt or missing), if it is still k's record; nothing where no record
-// named f's tier as it read.
+// corrupt or missing), if its failure marked it gone or dropped its copy
+// (f.lost) and it is still k's record; nothing where no record named f's
+// tier as it read. A record its failure left as it is names a good copy
+// committed since the read (lostCopy: placed took it as the record's),
+// and stays with it; gone by then, it is another's (an eviction's claim),
+// for that one to forget once it dropped the copy.
 func (t *tiers) forgetFound(f tierFound) {
-	if f.e != nil {
+	if f.e != nil && f.lost {
 		t.forgetIf(f.d, f.k, f.e)
 	}
 }
@@ -274,6 +281,7 @@ func (t *tiers) forgetFound(f tierFound) {
 // as it was read is deleted unless a record not gone names it by now
 // (dropCopy, recorded false).
 func (t *tiers) dropFound(f *tierFound) {
+	f.lost = true
 	if f.e != nil {
 		t.dropCopyOf(f.d, f.k, true, f.e)
 		return
@@ -353,7 +361,7 @@ func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f
 		err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
 		t.dropFound(f)
 	case errors.Is(err, disk.ErrCorrupt), errors.Is(err, disk.ErrNotFound):
-		t.lostCopy(f.d, f.k, f.e) // the store dropped it (its checksum failed), or it went
+		f.lost = t.lostCopy(f.d, f.k, f.e) // the store dropped it (its checksum failed), or it went
 	}
 	if err == nil && pieces == nil {
 		err = sio.write(ctx, blk.Slot, *buf)
