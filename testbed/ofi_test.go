@@ -192,11 +192,13 @@ func ofiName(prov string) string {
 // timeout and the flush grace after it (the importer's endpoint is then
 // closed and reopened). The import falls back to QUIC within that and its
 // deadline (30 s), every byte checked, and the importer counts and logs
-// why.
+// why. The cases run side by side (each its own cluster): shm's spend
+// most of their time waiting out that timeout and grace, not on the CPU.
 func TestOFIBadRegistrationFallsBackToQUIC(t *testing.T) {
 	for _, prov := range ofiProviders {
 		for _, fault := range []string{"wrong_key=1", "short_reg=1"} {
 			t.Run(prov+"/"+fault, func(t *testing.T) {
+				t.Parallel()
 				badRegistration(t, prov, fault)
 			})
 		}
@@ -286,10 +288,13 @@ func TestOFIHolderKilledMidRead(t *testing.T) {
 // An importer killed with SIGKILL in the middle of its libfabric reads
 // leaves the holder serving: another importer then reads the same blocks
 // from it over libfabric, every byte checked, and the holder's leases of
-// the dead importer end.
+// the dead importer end. The providers run side by side, each on its own
+// cluster: most of each case is waiting for the dead importer's leases
+// to end, and a slower read only makes the kill surer to land in it.
 func TestOFIReaderKilledMidRead(t *testing.T) {
 	for _, prov := range []string{"tcp", "shm"} {
 		t.Run(prov, func(t *testing.T) {
+			t.Parallel()
 			c := startOFI(t, 3, prov, "host=64MiB", func(o *Options) { o.PeerTimeout = 2 * time.Second })
 			holder, victim, other := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 			ctx := context.Background()
@@ -560,10 +565,13 @@ const idleHolderCPU = 0.1
 // A holder that has served an import over libfabric, its leases released,
 // goes quiet: over three seconds its process uses under idleHolderCPU of a
 // core (its endpoint's progress loop naps 10 ms at a time once it serves
-// no lease; while one is live it naps at most 50 us).
+// no lease; while one is live it naps at most 50 us). The providers run
+// side by side: the share is of the holder's own process, and most of
+// each case is the window.
 func TestOFIIdleHolderCPU(t *testing.T) {
 	for _, prov := range ofiProviders {
 		t.Run(prov, func(t *testing.T) {
+			t.Parallel()
 			c := startOFI(t, 2, prov, "host=32MiB", nil)
 			holder, importer := c.Nodes[0], c.Nodes[1]
 			ctx := context.Background()

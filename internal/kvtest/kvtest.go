@@ -20,8 +20,13 @@ func Value(block uint64, layer, plane, tok, head, dim int) uint64 {
 	return x ^ x>>29
 }
 
-// each calls fn for every element of slot in the layout's regions.
-func each(l *layout.Layout, slot int, fn func(rank, layer, plane, tok, head, dim int, off uint64)) {
+// rows calls fn for every row of slot in the layout's regions: the
+// HeadDim elements of one (rank, layer, plane, token, head), which lie
+// side by side in either order, as the bytes of regions[rank] they take.
+// fn returns false to stop. A call per row rather than per element keeps
+// the tests that fill and check hundreds of megabytes (under the race
+// detector, which instruments every call) from spending minutes here.
+func rows(l *layout.Layout, regions [][]byte, slot int, fn func(rank, layer, plane, tok, head int, row []byte) bool) {
 	es := l.Model.DType.Size()
 	hpr := l.HeadsPerRank()
 	planes := 2
@@ -42,8 +47,9 @@ func each(l *layout.Layout, slot int, fn func(rank, layer, plane, tok, head, dim
 						} else {
 							in = (uint64(lh)*uint64(l.PageSize) + uint64(tok)) * hd
 						}
-						for d := range l.Model.HeadDim {
-							fn(r, layer, p, tok, first+lh, d, base+(in+uint64(d))*es)
+						off := base + in*es
+						if !fn(r, layer, p, tok, first+lh, regions[r][off:off+hd*es:off+hd*es]) {
+							return
 						}
 					}
 				}
@@ -52,30 +58,92 @@ func each(l *layout.Layout, slot int, fn func(rank, layer, plane, tok, head, dim
 	}
 }
 
+// fillRow writes the row of (id, layer, plane, tok, head): each element
+// the low es bytes of its Value, little-endian.
+func fillRow(row []byte, es int, id uint64, layer, plane, tok, head int) {
+	switch es {
+	case 1:
+		for d := range row {
+			row[d] = byte(Value(id, layer, plane, tok, head, d))
+		}
+	case 2:
+		for d := range len(row) / 2 {
+			binary.LittleEndian.PutUint16(row[2*d:], uint16(Value(id, layer, plane, tok, head, d)))
+		}
+	case 4:
+		for d := range len(row) / 4 {
+			binary.LittleEndian.PutUint32(row[4*d:], uint32(Value(id, layer, plane, tok, head, d)))
+		}
+	default:
+		var v [8]byte
+		for d := range len(row) / es {
+			binary.LittleEndian.PutUint64(v[:], Value(id, layer, plane, tok, head, d))
+			copy(row[d*es:(d+1)*es], v[:es])
+		}
+	}
+}
+
+// checkRow returns the first dim of row that does not hold what fillRow
+// writes there, or -1.
+func checkRow(row []byte, es int, id uint64, layer, plane, tok, head int) int {
+	switch es {
+	case 1:
+		for d := range row {
+			if row[d] != byte(Value(id, layer, plane, tok, head, d)) {
+				return d
+			}
+		}
+	case 2:
+		for d := range len(row) / 2 {
+			if binary.LittleEndian.Uint16(row[2*d:]) != uint16(Value(id, layer, plane, tok, head, d)) {
+				return d
+			}
+		}
+	case 4:
+		for d := range len(row) / 4 {
+			if binary.LittleEndian.Uint32(row[4*d:]) != uint32(Value(id, layer, plane, tok, head, d)) {
+				return d
+			}
+		}
+	default:
+		var v [8]byte
+		for d := range len(row) / es {
+			binary.LittleEndian.PutUint64(v[:], Value(id, layer, plane, tok, head, d))
+			if string(row[d*es:(d+1)*es]) != string(v[:es]) {
+				return d
+			}
+		}
+	}
+	return -1
+}
+
+// want is the bytes fillRow writes for one element.
+func want(es int, id uint64, layer, plane, tok, head, dim int) []byte {
+	var v [8]byte
+	binary.LittleEndian.PutUint64(v[:], Value(id, layer, plane, tok, head, dim))
+	return v[:es]
+}
+
 // Fill writes logical block id into slot: regions[r] is rank r's region.
 func Fill(l *layout.Layout, regions [][]byte, slot int, id uint64) {
-	es := l.Model.DType.Size()
-	var v [8]byte
-	each(l, slot, func(rank, layer, plane, tok, head, dim int, off uint64) {
-		binary.LittleEndian.PutUint64(v[:], Value(id, layer, plane, tok, head, dim))
-		copy(regions[rank][off:off+es], v[:es])
+	es := int(l.Model.DType.Size())
+	rows(l, regions, slot, func(rank, layer, plane, tok, head int, row []byte) bool {
+		fillRow(row, es, id, layer, plane, tok, head)
+		return true
 	})
 }
 
 // Check verifies that slot holds logical block id, and says where not.
 func Check(l *layout.Layout, regions [][]byte, slot int, id uint64) error {
-	es := l.Model.DType.Size()
-	var v [8]byte
+	es := int(l.Model.DType.Size())
 	var err error
-	each(l, slot, func(rank, layer, plane, tok, head, dim int, off uint64) {
-		if err != nil {
-			return
-		}
-		binary.LittleEndian.PutUint64(v[:], Value(id, layer, plane, tok, head, dim))
-		if got := regions[rank][off : off+es]; string(got) != string(v[:es]) {
+	rows(l, regions, slot, func(rank, layer, plane, tok, head int, row []byte) bool {
+		if d := checkRow(row, es, id, layer, plane, tok, head); d >= 0 {
 			err = fmt.Errorf("slot %d rank %d layer %d plane %d token %d head %d dim %d: got %x, want %x (block %d)",
-				slot, rank, layer, plane, tok, head, dim, got, v[:es], id)
+				slot, rank, layer, plane, tok, head, d, row[d*es:(d+1)*es], want(es, id, layer, plane, tok, head, d), id)
+			return false
 		}
+		return true
 	})
 	return err
 }
@@ -85,29 +153,25 @@ func Check(l *layout.Layout, regions [][]byte, slot int, id uint64) error {
 // in the sequence, not in the block, so that blocks of one page size can
 // be checked against blocks of another made from the same tokens.
 func FillTokens(l *layout.Layout, regions [][]byte, slot int, seq uint64, first int) {
-	es := l.Model.DType.Size()
-	var v [8]byte
-	each(l, slot, func(rank, layer, plane, tok, head, dim int, off uint64) {
-		binary.LittleEndian.PutUint64(v[:], Value(seq, layer, plane, first+tok, head, dim))
-		copy(regions[rank][off:off+es], v[:es])
+	es := int(l.Model.DType.Size())
+	rows(l, regions, slot, func(rank, layer, plane, tok, head int, row []byte) bool {
+		fillRow(row, es, seq, layer, plane, first+tok, head)
+		return true
 	})
 }
 
 // CheckTokens verifies that slot holds the tokens first..first+PageSize-1
 // of logical sequence seq, as FillTokens writes them, and says where not.
 func CheckTokens(l *layout.Layout, regions [][]byte, slot int, seq uint64, first int) error {
-	es := l.Model.DType.Size()
-	var v [8]byte
+	es := int(l.Model.DType.Size())
 	var err error
-	each(l, slot, func(rank, layer, plane, tok, head, dim int, off uint64) {
-		if err != nil {
-			return
-		}
-		binary.LittleEndian.PutUint64(v[:], Value(seq, layer, plane, first+tok, head, dim))
-		if got := regions[rank][off : off+es]; string(got) != string(v[:es]) {
+	rows(l, regions, slot, func(rank, layer, plane, tok, head int, row []byte) bool {
+		if d := checkRow(row, es, seq, layer, plane, first+tok, head); d >= 0 {
 			err = fmt.Errorf("slot %d rank %d layer %d plane %d token %d (of the sequence %d) head %d dim %d: got %x, want %x",
-				slot, rank, layer, plane, tok, first+tok, head, dim, got, v[:es])
+				slot, rank, layer, plane, tok, first+tok, head, d, row[d*es:(d+1)*es], want(es, seq, layer, plane, first+tok, head, d))
+			return false
 		}
+		return true
 	})
 	return err
 }
