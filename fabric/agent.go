@@ -94,8 +94,16 @@ type Agent struct {
 	mu   sync.Mutex // before an engineSet's, a session's and the pool's
 	sets map[pool.SetID]*engineSet
 	// relocks counts the times a free for room let go of mu to wait for a
-	// set's read-ahead and took it again (freeIdleLocked): what was read
-	// under mu before it may be stale after. Guarded by mu.
+	// set's read-ahead and took it again (freeIdleLocked): which sets there
+	// are (a.sets, engineSet.freed: freed only under mu), read under mu
+	// before, may be stale after. Which sets are in use is not guarded by
+	// mu: engine calls take sets up and drop them under the session's and
+	// the set's locks alone (attach, detach), so what follows from it
+	// (which sets are idle, the shares, the quota without engine_quota)
+	// may change while mu is held too. A free checks a set idle under its
+	// own lock, so no set in use is freed; a Register reads the rest again
+	// after a relock, where the wait gave such changes time, and else acts
+	// on what it read, as if the change came just after it. Guarded by mu.
 	relocks uint64
 
 	sessMu   sync.Mutex // guards sessions; taken alone

@@ -351,7 +351,9 @@ const blockSetRetry = time.Second
 // taken it up, or a grace timer freed it. unlocked says it let go of a.mu
 // so: the caller must then not count on what it read under a.mu before
 // the call (which sets are idle, the memory they take, es itself, freed
-// by its timer where freed is false, or any other set).
+// by its timer where freed is false, or any other set). Which sets are
+// idle changes without a.mu too (Agent.relocks): a.mu held throughout
+// keeps only the sets there are as they were.
 func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) (freed, unlocked bool) {
 	for waited := false; ; waited = true {
 		freed, wait := a.freeIdleOnceLocked(es, timerGen, waited)
