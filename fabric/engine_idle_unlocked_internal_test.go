@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -731,5 +732,115 @@ func TestRegisterDoesNotRetryASetBusyAfterItsWait(t *testing.T) {
 	}
 	if !held(a, sets[busy]) || len(a.pool.BlockSets()) != 3 {
 		t.Errorf("the pool holds %d sets, want the 3 it had", len(a.pool.BlockSets()))
+	}
+}
+
+// doneCalled is a context that says, on waiting, when Done is first
+// asked for: attachUnclaimed asks only once it found its set claimed.
+type doneCalled struct {
+	context.Context
+	once    sync.Once
+	waiting chan struct{}
+}
+
+func (c *doneCalled) Done() <-chan struct{} {
+	c.once.Do(func() { close(c.waiting) })
+	return c.Context.Done()
+}
+
+// An engine call that names the quota's fallback while the swap frees
+// another set for room waits for the swap, and wakes when it ends: it
+// finds the fallback freed where the new set was made, and attaches it
+// where the swap kept it (a block of it in use by then), the fallback
+// usable again.
+func TestQuotaSwapWakesTheCallsWaitingForItsFallback(t *testing.T) {
+	const (
+		active = iota
+		orphan
+		keep
+	)
+	for _, tc := range []struct {
+		desc string
+		busy bool // a slot of the fallback allocated while the orphan is freed
+	}{
+		{"the fallback freed", false},
+		{"the fallback kept", true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			// f's 4 MiB in use, the orphan's 6, the engine's idle 4 MiB
+			// (the fallback), 2 MiB free: a new set of 10 MiB fits only
+			// once the orphan and the fallback are both freed.
+			a, sets := quotaAgent(t, quotaSet{"f", 4, true}, quotaSet{"", 6, false}, quotaSet{"e", 4, false})
+			a.cfg.EngineQuota = 12 << 20
+			k := sets[keep]
+			t.Cleanup(func() {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				k.mu.Lock()
+				defer k.mu.Unlock()
+				if k.freeTimer != nil {
+					k.freeTimer.Stop() // a busy set's retry
+				}
+			})
+			sess := &session{id: 9, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			type result struct {
+				ss  *sessionSet
+				err error
+			}
+			woke := make(chan result, 1)
+			done := new(bool)
+			a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+				if es != sets[orphan] || *done {
+					return
+				}
+				*done = true
+				if tc.busy {
+					if _, err := k.set.Allocate(1); err != nil {
+						t.Error(err)
+					}
+				}
+				ctx := &doneCalled{Context: context.Background(), waiting: make(chan struct{})}
+				go func() {
+					ss, err := a.attachUnclaimed(ctx, sess, k)
+					woke <- result{ss, err}
+				}()
+				select {
+				case <-ctx.waiting:
+				case r := <-woke:
+					t.Errorf("a call naming the claimed fallback did not wait: %v", r.err)
+				case <-time.After(10 * time.Second):
+					t.Error("a call naming the claimed fallback neither waited nor ended")
+				}
+			}
+			tmpl := belowLayout(10 << 10)
+			a.mu.Lock()
+			set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+				func(es *engineSet) bool { return es.engine == "e" }, k, nil)
+			a.mu.Unlock()
+			if !*done {
+				t.Fatal("the orphan was not waited for")
+			}
+			if tc.busy != errors.Is(err, errFallbackKept) || tc.busy == (set != nil) {
+				t.Fatalf("swap: set %v, %v; want the fallback kept %v", set != nil, err, tc.busy)
+			}
+			var r result
+			select {
+			case r = <-woke:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the call waiting for the claimed fallback did not wake when the swap ended")
+			}
+			if !tc.busy {
+				if status.Code(r.err) != codes.NotFound {
+					t.Fatalf("the call waiting for the fallback, freed: %v, want NOT_FOUND", r.err)
+				}
+				return
+			}
+			if r.err != nil || r.ss.engineSet != k || !held(a, k) {
+				t.Fatalf("the call waiting for the fallback, kept: %v, want it attached", r.err)
+			}
+			if _, ok := sess.sets[k.set.ID()]; !ok {
+				t.Error("the session does not use the fallback it attached")
+			}
+		})
 	}
 }
