@@ -94,8 +94,16 @@ type Agent struct {
 	mu   sync.Mutex // before an engineSet's, a session's and the pool's
 	sets map[pool.SetID]*engineSet
 	// relocks counts the times a free for room let go of mu to wait for a
-	// set's read-ahead and took it again (freeIdleLocked): what was read
-	// under mu before it may be stale after. Guarded by mu.
+	// set's read-ahead and took it again (freeIdleLocked): which sets there
+	// are (a.sets, engineSet.freed: freed only under mu), read under mu
+	// before, may be stale after. Which sets are in use is not guarded by
+	// mu: engine calls take sets up and drop them under the session's and
+	// the set's locks alone (attach, detach), so what follows from it
+	// (which sets are idle, the shares, the quota without engine_quota)
+	// may change while mu is held too. A free checks a set idle under its
+	// own lock, so no set in use is freed; a Register reads the rest again
+	// after a relock, where the wait gave such changes time, and else acts
+	// on what it read, as if the change came just after it. Guarded by mu.
 	relocks uint64
 
 	sessMu   sync.Mutex // guards sessions; taken alone
@@ -690,13 +698,21 @@ func (a *Agent) freeUnused(set *pool.BlockSet, msg string) {
 // other rank registered it): that set is given, the new one freed again;
 // and the quota may have shrunk meanwhile (without engine_quota, another
 // engine taking up a set): a new set past the quota then is freed again,
-// and the choice made anew with the quota as it is. Each time round a set
-// is gone from a.sets, or a.mu was let go for an idle set's read-ahead,
-// after which that set is freed or in use, and no set is made meanwhile
-// (a.registerMu), so it ends. a.mu is held.
+// and the choice made anew with the quota as it is; but not where the
+// quota's swap freed best for it (swapFallback checks the quota before it
+// frees best, and the engine is never left with neither). Each time
+// round a set is gone from a.sets, or a.mu was let go for an idle set's
+// read-ahead, after which that set is freed, or, not freed (taken up, or
+// busy still: a read-ahead that outlived the wait for it), goes into
+// tried, never tried again in this Register; and no set is made meanwhile
+// (a.registerMu): so it ends. a.mu is held.
 func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*pool.BlockSet, *engineSet, error) {
 	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)
+	tried := triedSets{}
 	for again := false; ; again = true {
+		if f := a.cfg.hooks.registerRound; f != nil {
+			f()
+		}
 		if again {
 			var own bool
 			best, own = a.reusableSet(sess, tmpl, asked, place, pid)
@@ -704,7 +720,7 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 				return nil, best, nil
 			}
 		}
-		may, swap, err := a.makeRoomInQuota(engine, need, best)
+		may, swap, err := a.makeRoomInQuota(engine, need, best, tried)
 		relocks := a.relocks
 		if err != nil {
 			if best != nil && !setFreed(best) {
@@ -719,16 +735,16 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 		made := func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }
 		var set *pool.BlockSet
 		if swap {
-			set, err = a.swapFallback(tmpl, place, made, may, best) // within the quota once best is freed
+			set, err = a.swapFallback(engine, need, tmpl, place, made, may, best, tried) // within the quota once best is freed
 		} else {
-			set, err = a.freeIdleSets(made, may, best)
+			set, err = a.freeIdleSets(made, may, best, tried)
 		}
 		if err == nil && relocks != a.relocks {
 			if mine, own := a.reusableSet(sess, tmpl, asked, place, pid); own {
 				a.freeUnused(set, "block set made while its session took up another of the layout not freed")
 				return nil, mine, nil
 			}
-			if !a.withinQuota(engine, need) {
+			if !swap && !a.withinQuota(engine, need) { // a swap's best is gone
 				a.freeUnused(set, "block set made past its engine's quota not freed")
 				continue
 			}

@@ -36,4 +36,7 @@ type testHooks struct {
 	// set, every free for room (not a grace timer's) lets go so, as if a
 	// read-ahead were under way, so that a test acts meanwhile.
 	idleUnlocked func(es *engineSet)
+	// registerRound, if set, runs each time a Register's choice of set is
+	// made (newSetForSession), the first time and each time anew.
+	registerRound func()
 }

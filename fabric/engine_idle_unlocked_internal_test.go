@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -84,7 +85,7 @@ func TestQuotaRecountedWhenAWaitedSetIsFreedByItsTimer(t *testing.T) {
 	a.cfg.EngineQuota = 8 << 20 // 8 MiB taken, 4 more asked: within only once the 4 MiB set is freed
 	done := whileWaited(t, a, sets[waited], sets[waited])
 	a.mu.Lock()
-	_, swap, err := a.makeRoomInQuota("e", 4<<20, nil)
+	_, swap, err := a.makeRoomInQuota("e", 4<<20, nil, nil)
 	a.mu.Unlock()
 	if !*done {
 		t.Fatal("the free for room did not wait for the longest idle set")
@@ -99,7 +100,7 @@ func TestQuotaRecountedWhenAWaitedSetIsFreedByItsTimer(t *testing.T) {
 	}
 	// Past the quota even so, it still refuses.
 	a.mu.Lock()
-	_, _, err = a.makeRoomInQuota("e", 8<<20, nil)
+	_, _, err = a.makeRoomInQuota("e", 8<<20, nil, nil)
 	a.mu.Unlock()
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("8 MiB more with 4 MiB of the 8 MiB quota in use: %v, want RESOURCE_EXHAUSTED", err)
@@ -115,7 +116,7 @@ func TestIdleSetsTriedAgainWhenAWaitedSetIsFreedByItsTimer(t *testing.T) {
 	tmpl := belowLayout(6 << 10)
 	a.mu.Lock()
 	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
-		func(es *engineSet) bool { return es.engine == "e" }, nil)
+		func(es *engineSet) bool { return es.engine == "e" }, nil, nil)
 	a.mu.Unlock()
 	if !*done {
 		t.Fatal("freeIdleSets did not wait for the idle set")
@@ -143,8 +144,8 @@ func TestQuotaSwapFallbackFreedByItsTimer(t *testing.T) {
 			done := whileWaited(t, a, keep, keep)
 			tmpl := belowLayout(tc.newMB << 10)
 			a.mu.Lock()
-			set, err := a.swapFallback(tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
-				func(es *engineSet) bool { return es.engine == "e" }, keep)
+			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+				func(es *engineSet) bool { return es.engine == "e" }, keep, nil)
 			a.mu.Unlock()
 			if !*done {
 				t.Fatal("the fallback was not waited for")
@@ -380,8 +381,9 @@ func TestQuotaSwapClaimsTheFallbackBeforeFreeingAnother(t *testing.T) {
 	}
 	tmpl := belowLayout(10 << 10)
 	a.mu.Lock()
-	set, err := a.swapFallback(tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
-		func(es *engineSet) bool { return es.engine == "e" }, k)
+	a.cfg.EngineQuota = 12 << 20 // within it once the fallback is freed
+	set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+		func(es *engineSet) bool { return es.engine == "e" }, k, nil)
 	a.mu.Unlock()
 	if !*done {
 		t.Fatal("the orphan was not waited for")
@@ -432,7 +434,7 @@ func TestQuotaFairSharesReadAgainAfterAWait(t *testing.T) {
 		a, sets, done := newAgent(t)
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		may, swap, err := a.makeRoomInQuota("e", 8<<20, nil)
+		may, swap, err := a.makeRoomInQuota("e", 8<<20, nil, nil)
 		if err != nil || swap {
 			t.Fatalf("8 MiB within the quota of 16: swap %v, %v", swap, err)
 		}
@@ -453,12 +455,12 @@ func TestQuotaFairSharesReadAgainAfterAWait(t *testing.T) {
 		a, sets, done := newAgent(t)
 		tmpl := belowLayout(8 << 10)
 		a.mu.Lock()
-		may, swap, err := a.makeRoomInQuota("e", 8<<20, nil)
+		may, swap, err := a.makeRoomInQuota("e", 8<<20, nil, nil)
 		if err != nil || swap {
 			a.mu.Unlock()
 			t.Fatalf("8 MiB within the quota of 16: swap %v, %v", swap, err)
 		}
-		set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, may, nil)
+		set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, may, nil, nil)
 		a.mu.Unlock()
 		if !*done {
 			t.Fatal("freeIdleSets did not wait for g's longest idle set")
@@ -608,5 +610,237 @@ func TestRegisterGivesTheSetItsSessionTookUpWhileItWaited(t *testing.T) {
 	}
 	if got := len(a.pool.BlockSets()); got != 4 {
 		t.Errorf("the pool holds %d sets, want 4 (the waited set freed, no new one)", got)
+	}
+}
+
+// A quota's swap that let go of the agent's lock while it freed another
+// set for room checks the quota again before it frees the fallback: where
+// another engine took up a set meanwhile (without engine_quota its quota
+// shrinks), the new set would be past it, so the fallback is kept and
+// given, never freed for a set then dropped, leaving the engine neither.
+// Where the quota shrinks only while the fallback itself is freed (its
+// read-ahead waited for), the new set is given: the fallback is gone.
+func TestQuotaSwapKeepsTheFallbackWhereTheQuotaShrankMeanwhile(t *testing.T) {
+	const (
+		inUse = iota
+		other // g's, taken up while the Register waits
+		orphan
+		keep
+	)
+	for _, tc := range []struct {
+		desc   string
+		waited int  // the set whose wait g's set is taken up in
+		swap   bool // the new set given, the fallback freed
+	}{
+		{"while the orphan is freed", orphan, false},
+		{"while the fallback is freed", keep, true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			// e's 2 MiB in use, g's idle 1 MiB, a 4 MiB orphan, e's idle
+			// 4 MiB (the layout's fallback, fewer slots than asked), 5 MiB
+			// free: with e alone using sets its quota is the pool's 16
+			// MiB, and a new set of 12 MiB is within it only once the
+			// fallback is freed (a swap), and fits only once the orphan is
+			// freed too. g takes its set up meanwhile: the quota is 8 MiB,
+			// and e's 2 and 12 past it.
+			a, sets := quotaAgent(t, quotaSet{"e", 2, true}, quotaSet{"g", 1, false}, quotaSet{"", 4, false}, quotaSet{"e", 4, false})
+			for _, es := range sets[:keep] {
+				relayout(t, a, es)
+			}
+			a.cfg.BlockSetSlots = 12 << 10
+			done := new(bool)
+			a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+				if es == sets[tc.waited] && !*done {
+					*done = true
+					takeUp(a, sets[other], 9)
+				}
+			}
+			sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+			if !*done {
+				t.Fatalf("the Register did not wait for set %d (%v)", tc.waited, err)
+			}
+			if err != nil {
+				t.Fatalf("register of 12 MiB past the quota since, with a fallback: %v, want a set", err)
+			}
+			if !tc.swap && (ss.engineSet != sets[keep] || !held(a, sets[keep])) {
+				t.Fatalf("given set %d (%d slots, held %v), want the fallback, set %d", ss.engineSet.set.ID(),
+					ss.engineSet.set.Slots(), held(a, ss.engineSet), sets[keep].set.ID())
+			}
+			if tc.swap && (ss.engineSet.set.Slots() != 12<<10 || !held(a, ss.engineSet) || held(a, sets[keep])) {
+				t.Fatalf("given set %d (%d slots, held %v), the fallback held %v; want the new set, the fallback freed",
+					ss.engineSet.set.ID(), ss.engineSet.set.Slots(), held(a, ss.engineSet), held(a, sets[keep]))
+			}
+			if got := len(a.pool.BlockSets()); got != 3 {
+				t.Errorf("the pool holds %d sets, want 3 (the orphan freed, the fallback or the new set)", got)
+			}
+		})
+	}
+}
+
+// A Register whose free for room waits for an idle set that stays busy
+// after the wait (a read-ahead that outlived it, here a slot allocated)
+// does not try that set again: it ends, with the pool out of memory,
+// rather than wait for it round after round, holding every other
+// Register back.
+func TestRegisterDoesNotRetryASetBusyAfterItsWait(t *testing.T) {
+	const (
+		inUse = iota
+		busy
+		other
+	)
+	// e's 4 MiB in use, e's idle 4 MiB with a slot allocated, f's 4 MiB
+	// in use, 4 MiB free: a new set of 8 MiB is within the quota of 16
+	// and fits only once the busy set is freed.
+	a, sets := quotaAgent(t, quotaSet{"e", 4, true}, quotaSet{"e", 4, false}, quotaSet{"f", 4, true})
+	for _, es := range sets {
+		relayout(t, a, es)
+	}
+	if _, err := sets[busy].set.Allocate(1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		b := sets[busy]
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.freeTimer != nil {
+			b.freeTimer.Stop() // its retry
+		}
+	})
+	a.cfg.EngineQuota = 16 << 20
+	a.cfg.BlockSetSlots = 8 << 10
+	const most = 20
+	waits, rounds := 0, 0
+	a.cfg.hooks.registerRound = func() { rounds++ }
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es != sets[busy] {
+			return
+		}
+		if waits++; waits == most {
+			takeUp(a, es, 9) // ends a Register that would wait on
+		}
+	}
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if waits != 1 || rounds > 2 {
+		t.Fatalf("the Register waited %d times for the busy set in %d rounds, want once in 2 at most", waits, rounds)
+	}
+	if !errors.Is(err, pool.ErrOutOfMemory) {
+		t.Fatalf("register of 8 MiB with the only idle set busy: set %v, %v; want pool.ErrOutOfMemory", ss, err)
+	}
+	if !held(a, sets[busy]) || len(a.pool.BlockSets()) != 3 {
+		t.Errorf("the pool holds %d sets, want the 3 it had", len(a.pool.BlockSets()))
+	}
+}
+
+// doneCalled is a context that says, on waiting, when Done is first
+// asked for: attachUnclaimed asks only once it found its set claimed.
+type doneCalled struct {
+	context.Context
+	once    sync.Once
+	waiting chan struct{}
+}
+
+func (c *doneCalled) Done() <-chan struct{} {
+	c.once.Do(func() { close(c.waiting) })
+	return c.Context.Done()
+}
+
+// An engine call that names the quota's fallback while the swap frees
+// another set for room waits for the swap, and wakes when it ends: it
+// finds the fallback freed where the new set was made, and attaches it
+// where the swap kept it (a block of it in use by then), the fallback
+// usable again.
+func TestQuotaSwapWakesTheCallsWaitingForItsFallback(t *testing.T) {
+	const (
+		active = iota
+		orphan
+		keep
+	)
+	for _, tc := range []struct {
+		desc string
+		busy bool // a slot of the fallback allocated while the orphan is freed
+	}{
+		{"the fallback freed", false},
+		{"the fallback kept", true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			// f's 4 MiB in use, the orphan's 6, the engine's idle 4 MiB
+			// (the fallback), 2 MiB free: a new set of 10 MiB fits only
+			// once the orphan and the fallback are both freed.
+			a, sets := quotaAgent(t, quotaSet{"f", 4, true}, quotaSet{"", 6, false}, quotaSet{"e", 4, false})
+			a.cfg.EngineQuota = 12 << 20
+			k := sets[keep]
+			t.Cleanup(func() {
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				k.mu.Lock()
+				defer k.mu.Unlock()
+				if k.freeTimer != nil {
+					k.freeTimer.Stop() // a busy set's retry
+				}
+			})
+			sess := &session{id: 9, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			type result struct {
+				ss  *sessionSet
+				err error
+			}
+			woke := make(chan result, 1)
+			done := new(bool)
+			a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+				if es != sets[orphan] || *done {
+					return
+				}
+				*done = true
+				if tc.busy {
+					if _, err := k.set.Allocate(1); err != nil {
+						t.Error(err)
+					}
+				}
+				ctx := &doneCalled{Context: context.Background(), waiting: make(chan struct{})}
+				go func() {
+					ss, err := a.attachUnclaimed(ctx, sess, k)
+					woke <- result{ss, err}
+				}()
+				select {
+				case <-ctx.waiting:
+				case r := <-woke:
+					t.Errorf("a call naming the claimed fallback did not wait: %v", r.err)
+				case <-time.After(10 * time.Second):
+					t.Error("a call naming the claimed fallback neither waited nor ended")
+				}
+			}
+			tmpl := belowLayout(10 << 10)
+			a.mu.Lock()
+			set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+				func(es *engineSet) bool { return es.engine == "e" }, k, nil)
+			a.mu.Unlock()
+			if !*done {
+				t.Fatal("the orphan was not waited for")
+			}
+			if tc.busy != errors.Is(err, errFallbackKept) || tc.busy == (set != nil) {
+				t.Fatalf("swap: set %v, %v; want the fallback kept %v", set != nil, err, tc.busy)
+			}
+			var r result
+			select {
+			case r = <-woke:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the call waiting for the claimed fallback did not wake when the swap ended")
+			}
+			if !tc.busy {
+				if status.Code(r.err) != codes.NotFound {
+					t.Fatalf("the call waiting for the fallback, freed: %v, want NOT_FOUND", r.err)
+				}
+				return
+			}
+			if r.err != nil || r.ss.engineSet != k || !held(a, k) {
+				t.Fatalf("the call waiting for the fallback, kept: %v, want it attached", r.err)
+			}
+			if _, ok := sess.sets[k.set.ID()]; !ok {
+				t.Error("the session does not use the fallback it attached")
+			}
+		})
 	}
 }

@@ -75,6 +75,17 @@ func (a *Agent) mayFree(engine string, fair uint64, carved map[string]uint64) fu
 	}
 }
 
+// withinQuotaFreeing says whether a new set of need bytes, not yet among
+// a.sets, keeps engine within its quota as it is now once keep, one of its
+// sets, is freed. a.mu is held.
+func (a *Agent) withinQuotaFreeing(engine string, need uint64, keep *engineSet) bool {
+	quota, _, carved := a.engineShare(engine)
+	if !setFreed(keep) {
+		carved[engine] -= setBytes(keep.set)
+	}
+	return carved[engine]+need <= quota
+}
+
 // withinQuota says whether a new set of need bytes, not yet among a.sets,
 // keeps engine within its quota as it is now. a.mu is held.
 func (a *Agent) withinQuota(engine string, need uint64) bool {
@@ -96,11 +107,15 @@ func (a *Agent) withinQuota(engine string, need uint64) bool {
 // (freeIdleSets keeps keep too), the shares read again after a.mu is let
 // go (mayFree). What it found within the quota may be past it after
 // such a wait (another engine taking up a set shrinks the quota without
-// engine_quota): its caller checks again (withinQuota). a.mu is held.
-func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (may func(*engineSet) bool, swap bool, err error) {
-	// Sets tried and not freed: not tried again where the shares are
-	// looked at anew after a.mu was let go.
-	tried := map[*engineSet]bool{}
+// engine_quota): its caller checks again (withinQuota). Idle sets it
+// tries to free and does not (busy: a block in use, or a read-ahead that
+// outlived the wait for it) go into tried, and a set in tried is not
+// tried again: tried is the Register's, across its rounds (nil for none).
+// a.mu is held.
+func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tried triedSets) (may func(*engineSet) bool, swap bool, err error) {
+	if tried == nil {
+		tried = triedSets{}
+	}
 	for {
 		quota, fair, carved := a.engineShare(engine)
 		may = a.mayFree(engine, fair, carved)
@@ -124,7 +139,9 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (ma
 		again := false
 		for _, es := range idle {
 			freed, unlocked := a.freeIdleLocked(es, 0)
-			tried[es] = !freed
+			if !freed {
+				tried[es] = true
+			}
 			if freed || unlocked {
 				// Freed, or a.mu let go meanwhile: what the engine's
 				// sets take, and which are idle, is looked at anew
@@ -148,6 +165,11 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet) (ma
 			engine, carved[engine], need, quota, what)
 	}
 }
+
+// triedSets are the idle sets a Register tried to free for room and did
+// not (busy, or taken up): each time round it tries sets not in it, or
+// frees one, so its rounds end (newSetForSession). Guarded by a.mu.
+type triedSets map[*engineSet]bool
 
 // errFallbackKept is swapFallback's answer where the fallback set could
 // not be freed after the new set was made: the new set is freed again, and
@@ -173,13 +195,26 @@ var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 // other set is freed keep is checked free of blocks in use and copies
 // below, the pool's reasons to refuse it (fallbackFree), so that no set
 // is freed for a swap that would find keep busy, but for a lease or an
-// allocation in keep that comes after that check. a.mu is held: no other
-// set is made meanwhile, so FitsFreeing's answer holds.
-func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet) (*pool.BlockSet, error) {
+// allocation in keep that comes after that check. Where a.mu was let go
+// since the claim (a.relocks), the quota may have shrunk meanwhile
+// (without engine_quota, another engine taking up a set): keep is freed
+// only where the new set, of need bytes, keeps engine within it once keep
+// is gone (withinQuotaFreeing), else a new set made is freed again and
+// errFallbackKept returned; once keep is freed, the new set is the
+// engine's, whatever the quota says since (its caller does not free it
+// again). tried is makeRoomInQuota's. a.mu is held: no other set is made
+// meanwhile, so FitsFreeing's answer holds.
+func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet, tried triedSets) (*pool.BlockSet, error) {
 	if !claimFallback(keep) {
 		return nil, errFallbackKept // taken up or freed since makeRoomInQuota looked
 	}
 	defer unclaimFallback(keep)
+	claimed := a.relocks
+	// mayFreeKeep says whether keep may be freed for the new set: the
+	// quota read again where a.mu was let go since the claim.
+	mayFreeKeep := func() bool {
+		return claimed == a.relocks || a.withinQuotaFreeing(engine, need, keep)
+	}
 	fits := func() (*pool.BlockSet, error) {
 		ok, err := a.pool.FitsFreeing(tmpl, place, keep.set.ID())
 		if err == nil && !ok {
@@ -197,7 +232,7 @@ func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*poo
 				es.mu.Lock()
 				idle, orphaned := es != keep && len(es.users) == 0 && !es.freed, es.orphaned
 				es.mu.Unlock()
-				if idle && (orphaned || may(es)) {
+				if idle && !tried[es] && (orphaned || may(es)) {
 					ids = append(ids, es.set.ID())
 				}
 			}
@@ -205,23 +240,23 @@ func (a *Agent) swapFallback(tmpl *layout.Layout, place []int, made func() (*poo
 				if !fallbackFree(keep) {
 					return nil, errFallbackKept
 				}
-				_, err = a.freeIdleSets(fits, may, keep)
+				_, err = a.freeIdleSets(fits, may, keep, tried)
 			}
 		}
 		if err == nil {
-			if !a.freeFallbackLocked(keep) {
+			if !mayFreeKeep() || !a.freeFallbackLocked(keep) {
 				return nil, errFallbackKept
 			}
 			// keep is gone: whatever may allows goes before the engine
 			// is left with no set.
-			return a.freeIdleSets(made, may, nil)
+			return a.freeIdleSets(made, may, nil, tried)
 		}
 		// Else it fits nowhere: not beside keep either, with less room.
 	}
 	if err != nil {
 		return nil, err
 	}
-	if a.freeFallbackLocked(keep) {
+	if mayFreeKeep() && a.freeFallbackLocked(keep) {
 		return set, nil
 	}
 	if ferr := a.pool.FreeBlockSet(set.ID()); ferr != nil {

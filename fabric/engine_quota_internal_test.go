@@ -110,7 +110,7 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 			}
 			may := func(es *engineSet) bool { return es.engine == "e" }
 			a.mu.Lock()
-			set, err := a.swapFallback(tmpl, nil, mk, may, k)
+			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, mk, may, k, nil)
 			a.mu.Unlock()
 			if (set != nil) != tc.made || !errors.Is(err, tc.err) {
 				t.Fatalf("new set %v, %v; want made %v, %v", set != nil, err, tc.made, tc.err)

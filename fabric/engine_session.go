@@ -351,7 +351,9 @@ const blockSetRetry = time.Second
 // taken it up, or a grace timer freed it. unlocked says it let go of a.mu
 // so: the caller must then not count on what it read under a.mu before
 // the call (which sets are idle, the memory they take, es itself, freed
-// by its timer where freed is false, or any other set).
+// by its timer where freed is false, or any other set). Which sets are
+// idle changes without a.mu too (Agent.relocks): a.mu held throughout
+// keeps only the sets there are as they were.
 func (a *Agent) freeIdleLocked(es *engineSet, timerGen uint64) (freed, unlocked bool) {
 	for waited := false; ; waited = true {
 		freed, wait := a.freeIdleOnceLocked(es, timerGen, waited)
@@ -460,8 +462,10 @@ func (a *Agent) freeIdleOnceLocked(es *engineSet, timerGen uint64, waited bool) 
 // and, where it still fails, pool.ErrOutOfMemory returned at once: which
 // sets are idle, and which may says it may free, was read before, and the
 // caller looks again (sets gone idle or orphaned meanwhile, engines within
-// a fair share since, the quota). a.mu is held.
-func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet) (*pool.BlockSet, error) {
+// a fair share since, the quota). Sets in tried are not freed, and those
+// it tries and does not free go into it (makeRoomInQuota; nil for
+// none). a.mu is held.
+func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet, tried triedSets) (*pool.BlockSet, error) {
 	type idleSet struct {
 		es       *engineSet
 		since    time.Time
@@ -477,7 +481,9 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engi
 	}
 	// Orphans first, whoever made them: their engines are gone
 	// (engine_orphans.go).
-	idle = slices.DeleteFunc(idle, func(is idleSet) bool { return is.es == keep || (!is.orphaned && !may(is.es)) })
+	idle = slices.DeleteFunc(idle, func(is idleSet) bool {
+		return is.es == keep || tried[is.es] || (!is.orphaned && !may(is.es))
+	})
 	sort.Slice(idle, func(i, j int) bool {
 		if idle[i].orphaned != idle[j].orphaned {
 			return idle[i].orphaned
@@ -494,6 +500,9 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engi
 		// or another set (a grace timer): made is asked again all the
 		// same, and the list is not gone on with.
 		freed, unlocked := a.freeIdleLocked(es, 0)
+		if !freed && tried != nil {
+			tried[es] = true
+		}
 		if freed || unlocked {
 			set, err = made()
 		}
