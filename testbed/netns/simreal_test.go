@@ -185,8 +185,19 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 		err error
 	}
 	simDone := make(chan simResult, 1)
+	started := false
+	// A test that stops early (a t.Fatal in simRealAgents) ends the
+	// simulation and waits for it, so that it does not run into the next
+	// test (deferred after cancel, so it runs first).
+	defer func() {
+		if started {
+			cancel()
+			<-simDone
+		}
+	}()
 	runSim := func(retains int) {
 		lifetime = time.Duration(float64(retains) / ld.Rate * float64(time.Second))
+		started = true
 		go func() {
 			f, err := simRealSim(ctx, ld, lifetime)
 			simDone <- simResult{f, err}
@@ -201,6 +212,7 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 		runSim(retains)
 	}
 	sr := <-simDone
+	started = false
 	if sr.err != nil {
 		t.Fatalf("simulation: %v", sr.err)
 	}
