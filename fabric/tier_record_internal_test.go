@@ -405,46 +405,9 @@ func TestTierPlacedWaitsForADeleteBegunAfterItsWait(t *testing.T) {
 	if err := d.store.Load().Put(ctx, k, data); err != nil { // the copier's commit
 		t.Fatal(err)
 	}
-	deleting := make(chan struct{})
-	release := make(chan struct{})
-	var once sync.Once
-	bd := func(dd *diskTier, kk disk.Key) {
-		if dd == d && kk == k {
-			once.Do(func() {
-				close(deleting)
-				<-release
-			})
-		}
-	}
-	tr.beforeDelete.Store(&bd)
-	waiting := make(chan struct{})
-	var wonce sync.Once
-	w := func(dd *diskTier, kk disk.Key) {
-		if dd == d && kk == k {
-			wonce.Do(func() { close(waiting) })
-		}
-	}
-	tr.beforeDeleteWait.Store(&w)
-	deleted := make(chan struct{})
-	started := false
-	o := func() {
-		if started {
-			return
-		}
-		started = true
-		// A delete of k in d (a second copy, recorded nowhere) begins
-		// between the copier's wait and its placing.
-		go func() {
-			defer close(deleted)
-			tr.dropSecond(d, []disk.Key{k})
-		}()
-		select {
-		case <-deleting:
-		case <-time.After(30 * time.Second):
-			t.Error("the delete did not begin after 30s")
-		}
-	}
-	tr.beforeOrder.Store(&o)
+	// A delete of k in d (a second copy, recorded nowhere) begins
+	// between the copier's wait and its placing.
+	waiting, release, deleted := deleteAfterTheWait(t, tr, d, k)
 	placed := make(chan []disk.Key, 1)
 	go func() { placed <- tr.placeAll(d, []disk.Key{k}, []int{disk.Align}) }()
 	// The delete goes on once the copier waits for it, or has placed its
@@ -500,46 +463,9 @@ func TestHostMoveWaitsForADeleteBegunAfterItsWait(t *testing.T) {
 	if announce, second := place(tr, d, k, disk.Align); announce || !second {
 		t.Fatalf("the copier's copy below placed as announce %v, second %v; want a second copy", announce, second)
 	}
-	deleting := make(chan struct{})
-	release := make(chan struct{})
-	var once sync.Once
-	bd := func(dd *diskTier, kk disk.Key) {
-		if dd == d && kk == k {
-			once.Do(func() {
-				close(deleting)
-				<-release
-			})
-		}
-	}
-	tr.beforeDelete.Store(&bd)
-	waiting := make(chan struct{})
-	var wonce sync.Once
-	w := func(dd *diskTier, kk disk.Key) {
-		if dd == d && kk == k {
-			wonce.Do(func() { close(waiting) })
-		}
-	}
-	tr.beforeDeleteWait.Store(&w)
-	deleted := make(chan struct{})
-	started := false
-	o := func() {
-		if started {
-			return
-		}
-		started = true
-		// The copier deletes its second copy (dropSecond): the delete
-		// begins between the move's wait and its taking the records.
-		go func() {
-			defer close(deleted)
-			tr.dropSecond(d, []disk.Key{k})
-		}()
-		select {
-		case <-deleting:
-		case <-time.After(30 * time.Second):
-			t.Error("the delete did not begin after 30s")
-		}
-	}
-	tr.beforeOrder.Store(&o)
+	// The copier deletes its second copy (dropSecond): the delete begins
+	// between the move's wait and its taking the records.
+	waiting, release, deleted := deleteAfterTheWait(t, tr, d, k)
 	moved := make(chan struct{})
 	go func() {
 		defer close(moved)
@@ -566,4 +492,52 @@ func TestHostMoveWaitsForADeleteBegunAfterItsWait(t *testing.T) {
 	if !has(h, k) {
 		t.Fatal("the host tier holds no copy of the block: the node lost it")
 	}
+}
+
+// deleteAfterTheWait makes a delete of k in d (dropSecond, a second copy's)
+// begin once the caller's wait for the deletes of k has ended, as it takes
+// the tiers' ordering lock (beforeOrder), and holds that delete before the
+// store's Delete until release is closed. waiting is closed when the caller
+// waits for the delete (beforeDeleteWait), deleted when the delete ends.
+func deleteAfterTheWait(t *testing.T, tr *tiers, d *diskTier, k disk.Key) (waiting, release, deleted chan struct{}) {
+	t.Helper()
+	deleting := make(chan struct{})
+	release = make(chan struct{})
+	var once sync.Once
+	bd := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			once.Do(func() {
+				close(deleting)
+				<-release
+			})
+		}
+	}
+	tr.beforeDelete.Store(&bd)
+	waiting = make(chan struct{})
+	var wonce sync.Once
+	w := func(dd *diskTier, kk disk.Key) {
+		if dd == d && kk == k {
+			wonce.Do(func() { close(waiting) })
+		}
+	}
+	tr.beforeDeleteWait.Store(&w)
+	deleted = make(chan struct{})
+	started := false
+	o := func() {
+		if started {
+			return
+		}
+		started = true
+		go func() {
+			defer close(deleted)
+			tr.dropSecond(d, []disk.Key{k})
+		}()
+		select {
+		case <-deleting:
+		case <-time.After(30 * time.Second):
+			t.Error("the delete did not begin after 30s")
+		}
+	}
+	tr.beforeOrder.Store(&o)
+	return waiting, release, deleted
 }
