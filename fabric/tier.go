@@ -273,6 +273,10 @@ type tiers struct {
 	// copy found corrupt or missing is acted on (tests: a record replaced
 	// meanwhile).
 	afterRead atomic.Pointer[func(d *diskTier, k disk.Key, err error)]
+	// beforeRead, if set, is called by each restore's or read-ahead's read
+	// of a block between noting the record it reads from (recordIn) and
+	// the store's read (tests: a record replaced then).
+	beforeRead atomic.Pointer[func(d *diskTier, k disk.Key)]
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
 	failIO atomic.Pointer[func(write, straight bool) error]
@@ -687,18 +691,44 @@ func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
 // copy corrupt), and nothing is marked nor deleted: the record in its
 // place, and its copy, are another's, committed since.
 func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.Element) error {
+	_, err := t.dropCopyGen(d, k, recorded, only, 0)
+	return err
+}
+
+// dropCopyGen is dropCopyOf, for the copy of generation gen only where
+// gen is not 0 (a read's, found corrupt by the tiers' own checks:
+// dropFound). If d's store holds no copy of k of that generation by then
+// (asked under t.mu), the copy read is gone already, or was replaced by
+// one committed since, which placed took as the record's (the same
+// record, reused): nothing is marked nor deleted, and the record and its
+// good copy stay. Else k's record, if it names d, is that copy's,
+// whichever record the read was made from (one replaced between recordIn
+// and the read included): it is marked gone, the sets told, as dropCopy
+// does, and the delete is of that generation only (DeleteIf), so that a
+// copy committed between the check and the delete is kept (recorded once
+// the delete ended if the record was forgotten by then, else deleted as a
+// second copy: placeAll, movedDown). It returns the record it marked
+// gone, for the caller to forget: nil where it marked none.
+func (t *tiers) dropCopyGen(d *diskTier, k disk.Key, recorded bool, only *list.Element, gen uint64) (*list.Element, error) {
 	tk := tierKey{d.n, k}
+	st := d.store.Load()
 	t.mu.Lock()
+	if gen != 0 {
+		if held, ok := st.Gen(k); !ok || held != gen {
+			t.mu.Unlock()
+			return nil, nil
+		}
+	}
 	e, ok := t.pos[k]
 	if only != nil && (!ok || e != only) {
 		t.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	ok = ok && e.Value.(*tierEntry).tier == d.n
 	if ok && !recorded {
 		if !e.Value.(*tierEntry).gone {
 			t.mu.Unlock()
-			return nil
+			return nil, nil
 		}
 		// The record's copy is being dropped already (marked, the sets
 		// told): this copy, committed since, is recorded nowhere and
@@ -707,6 +737,8 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 	}
 	if ok {
 		e.Value.(*tierEntry).gone = true
+	} else {
+		e = nil
 	}
 	if t.deleting == nil {
 		t.deleting = map[tierKey]int{}
@@ -719,7 +751,12 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 	if f := t.beforeDelete.Load(); f != nil {
 		(*f)(d, k)
 	}
-	err := d.store.Load().Delete(k)
+	var err error
+	if gen != 0 {
+		err = st.DeleteIf(k, gen)
+	} else {
+		err = st.Delete(k)
+	}
 	if f := t.afterDrop.Load(); f != nil {
 		(*f)(d, k)
 	}
@@ -729,7 +766,7 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 	}
 	t.deletedCond().Broadcast()
 	t.mu.Unlock()
-	return err
+	return e, err
 }
 
 // recordIn is k's record if it names d, else nil: the record a read of
@@ -780,7 +817,12 @@ func (t *tiers) deletedCond() *sync.Cond {
 // holds a copy of k by now: one committed since the read, which placed
 // takes as only's (the store replaced its copy, the record is reused) and
 // keeps only for, or will. Marking only gone then, and forgetting it, left
-// that good copy in the store with no record. Called with neither t.mu
+// that good copy in the store with no record. A copy found missing was
+// read in no generation, and one the store dropped is gone from it, so
+// that, unlike dropFound's, a read whose record was replaced between
+// recordIn and the store's read is taken as made from only: the record in
+// only's place, whose copy the read found corrupt, is left marked as held
+// until a read of it finds the copy missing. Called with neither t.mu
 // nor announceMu held; the store's lock is taken under t.mu (Has).
 func (t *tiers) lostCopy(d *diskTier, k disk.Key, only *list.Element) bool {
 	t.mu.Lock()

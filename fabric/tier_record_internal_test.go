@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -149,6 +150,284 @@ func TestTierRestoreFailureLeavesACopyCommittedOverItsRecord(t *testing.T) {
 	consistent(t, tr, d, k)
 	if got := tr.where(k); got != d {
 		t.Fatalf("the block committed again is held by tier %d, want %d", tierNum(got), d.n)
+	}
+}
+
+// restoreFrom restores k from tier d into set, through the restore's
+// failures' own handling (forgetFound), and returns the blocks restored.
+func restoreFrom(tr *tiers, d *diskTier, set *pool.BlockSet, k disk.Key) ([]pool.Block, error) {
+	find := func(context.Context, disk.Key) *diskTier { return d }
+	alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+	blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: set}, []uint64{k.Hash}, 0, find, alloc, tr.forgetFound, false)
+	return blks, err
+}
+
+// restoresExactly restores k from d into set and fails the test unless
+// it comes up with want's block bytes (want without its trailer).
+func restoresExactly(t *testing.T, tr *tiers, d *diskTier, set *pool.BlockSet, k disk.Key, want []byte) {
+	t.Helper()
+	blks, err := restoreFrom(tr, d, set, k)
+	if err != nil || len(blks) != 1 {
+		t.Fatalf("restore of the good copy: %d blocks, %v", len(blks), err)
+	}
+	regions, err := set.RegionBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	gatherBlock(set.Layout(), regions, blks[0].Slot, got)
+	if !bytes.Equal(got, want) {
+		t.Fatal("the block restored is not the good copy's bytes")
+	}
+}
+
+// badCopies are copies of a block that the store reads back whole but the
+// tiers' own checks find corrupt: of the wrong length for the block's
+// shape (belowSet's copy, 1000 bytes), or of the right one with a content
+// checksum its bytes do not have.
+var badCopies = []struct {
+	desc string
+	sum  bool   // a content checksum that does not match, else the wrong length
+	why  string // in the restore's error
+}{
+	{"length", false, "its shape has"},
+	{"content checksum", true, "restored with content checksum"},
+}
+
+// putBadCopy commits a bad copy (badCopies) of k to d, recorded, and
+// returns the good copy's bytes for k's shape (n bytes and a trailer with
+// no content checksum).
+func putBadCopy(t *testing.T, tr *tiers, d *diskTier, set *pool.BlockSet, k disk.Key, sum bool, fill byte) []byte {
+	t.Helper()
+	n := tierBlockBytes(set.Layout()) - tierTrailer
+	if sum {
+		bad := bytes.Repeat([]byte{fill}, n+tierTrailer)
+		putTrailer(bad, n, 0x5eed, true)
+		if err := d.store.Load().Put(context.Background(), k, bad); err != nil {
+			t.Fatal(err)
+		}
+		placeCopy(tr, d, k, disk.Align)
+	}
+	return append(bytes.Repeat([]byte{fill ^ 0xff}, n), make([]byte, tierTrailer)...)
+}
+
+// A restore whose read of a block's copy is found corrupt by the tiers'
+// own checks (its length, its content checksum), where a copier committed
+// a good copy of the block to that tier between the read and the drop and
+// placed it (the same record, reused: the store replaced its copy), drops
+// the copy it read only: the good copy and its record stay, and the block
+// restores from it byte for byte. Deleting by key deleted the good copy,
+// its record marked gone and forgotten: the block lost from the tiers.
+func TestTierRestoreDropKeepsACopyCommittedSince(t *testing.T) {
+	for _, tc := range badCopies {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, _, k := belowSet(t, false, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+			if err != nil {
+				t.Fatal(err)
+			}
+			good := putBadCopy(t, tr, d, other, k, tc.sum, 0x61)
+			e := tr.recordIn(d, k)
+			ran := false
+			f := func(dd *diskTier, kk disk.Key, rerr error) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				if rerr != nil {
+					t.Errorf("the store's read of the bad copy: %v, want it read whole", rerr)
+				}
+				if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+					t.Error(err)
+				}
+				if placeCopy(tr, d, k, disk.Align) {
+					t.Error("the good copy was announced: its block had a record")
+				}
+				if tr.recordIn(d, k) != e {
+					t.Error("the good copy was not placed in the record the read was made from")
+				}
+			}
+			tr.afterRead.Store(&f)
+			blks, err := restoreFrom(tr, d, other, k)
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) || !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt (%s)", len(blks), err, tc.why)
+			}
+			tr.afterRead.Store(nil)
+			consistent(t, tr, d, k)
+			if !has(d, k) {
+				t.Fatal("the good copy committed since the read was deleted")
+			}
+			if got := tr.where(k); got != d || tr.recordIn(d, k) != e {
+				t.Fatalf("the good copy's record: held by tier %d, the same record %v; want tier %d, the same", tierNum(got), tr.recordIn(d, k) == e, d.n)
+			}
+			restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
+		})
+	}
+}
+
+// A restore that found a block's copy corrupt by the tiers' own checks
+// drops that copy only, also where a good copy is committed in its place
+// after the drop marked the record gone and before the store's delete:
+// the delete leaves it (DeleteIf, the generation read), and, the record
+// forgotten, the copier records it once the delete ended. Deleting by key
+// deleted the good copy.
+func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
+	tr, _, k := belowSet(t, false, false)
+	d := tr.list[0]
+	other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := putBadCopy(t, tr, d, other, k, false, 0x62)
+	ran := false
+	f := func(dd *diskTier, kk disk.Key) {
+		if dd != d || kk != k || ran {
+			return
+		}
+		ran = true
+		if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+			t.Error(err)
+		}
+	}
+	tr.beforeDelete.Store(&f)
+	blks, err := restoreFrom(tr, d, other, k)
+	if !ran {
+		t.Fatal("the bad copy was not dropped")
+	}
+	if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
+		t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt", len(blks), err)
+	}
+	tr.beforeDelete.Store(nil)
+	if !has(d, k) {
+		t.Fatal("the good copy committed under the drop was deleted")
+	}
+	if !placeCopy(tr, d, k, disk.Align) { // the copier, once the delete ended
+		t.Fatal("the good copy was not recorded")
+	}
+	consistent(t, tr, d, k)
+	restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
+}
+
+// A restore whose block's record was replaced between its noting the
+// record it reads from and the store's read (the copy dropped and the
+// record forgotten, another bad copy committed and recorded) acts on the
+// copy it read, and on the record that names it: a copy found corrupt by
+// the tiers' own checks is dropped and its record forgotten. Taken as
+// made from the older record, the read left the bad copy it found in the
+// store and its record, for every later restore to read and fail on.
+func TestTierRestoreDropOfARecordReplacedBeforeTheRead(t *testing.T) {
+	for _, tc := range badCopies {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, _, k := belowSet(t, false, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			putBadCopy(t, tr, d, other, k, tc.sum, 0x63)
+			ran := false
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				// Another restore dropped the copy and forgot its record;
+				// a copier commits another bad copy and records it.
+				if err := tr.dropCopy(d, k, true); err != nil {
+					t.Error(err)
+				}
+				forgetKey(tr, d, k)
+				if tc.sum {
+					putBadCopy(t, tr, d, other, k, true, 0x64)
+				} else {
+					if err := d.store.Load().Put(context.Background(), k, bytes.Repeat([]byte{0x64}, 1000)); err != nil {
+						t.Error(err)
+					}
+					placeCopy(tr, d, k, disk.Align)
+				}
+				if tr.where(k) != d {
+					t.Error("the bad copy committed again was not recorded")
+				}
+			}
+			tr.beforeRead.Store(&f)
+			blks, err := restoreFrom(tr, d, other, k)
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) || !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt (%s)", len(blks), err, tc.why)
+			}
+			consistent(t, tr, d, k)
+			if has(d, k) {
+				t.Fatal("the bad copy read is still in the store")
+			}
+			if got := tr.where(k); got != nil {
+				t.Fatalf("the bad copy's block is held by tier %d, want none", tierNum(got))
+			}
+		})
+	}
+}
+
+// A restore whose read's failure marked the block's record gone (a copy
+// found missing, or corrupt by the tiers' own checks and dropped) forgets
+// that record only: where another forgot it, and a copier committed the
+// block again and recorded its copy, between the failure and the forget,
+// the new record and its good copy stay.
+func TestTierRestoreForgetLeavesARecordPlacedSince(t *testing.T) {
+	for _, tc := range []struct {
+		desc    string
+		missing bool // the copy went from the store, else of the wrong length
+	}{
+		{"missing", true},
+		{"corrupt", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, _, k := belowSet(t, false, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			good := append(bytes.Repeat([]byte{0x65}, tierBlockBytes(other.Layout())-tierTrailer), make([]byte, tierTrailer)...)
+			if tc.missing {
+				if err := d.store.Load().Delete(k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			marked := tr.recordIn(d, k)
+			forgot := false
+			forget := func(f tierFound) {
+				forgot = true
+				if !f.lost || f.e != marked {
+					t.Errorf("the read's failure: lost %v, the record read from %v; want it marked", f.lost, f.e == marked)
+				}
+				// Another forgets the record gone; a copier commits the
+				// block again and records it.
+				forgetKey(tr, d, k)
+				if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+					t.Error(err)
+				}
+				if !placeCopy(tr, d, k, disk.Align) {
+					t.Error("the copy committed again was not recorded")
+				}
+				tr.forgetFound(f)
+			}
+			find := func(context.Context, disk.Key) *diskTier { return d }
+			alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+			blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
+			if !forgot || len(blks) != 0 || err == nil {
+				t.Fatalf("restore of a copy %s: forgotten %v, %d blocks, %v; want forgotten, none and an error", tc.desc, forgot, len(blks), err)
+			}
+			consistent(t, tr, d, k)
+			if got := tr.where(k); got != d || !has(d, k) {
+				t.Fatalf("the block committed again: held by tier %d, in the store %v; want tier %d, held", tierNum(got), has(d, k), d.n)
+			}
+			restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
+		})
 	}
 }
 
