@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -218,54 +219,57 @@ func putBadCopy(t *testing.T, tr *tiers, d *diskTier, set *pool.BlockSet, k disk
 // the copy it read only: the good copy and its record stay, and the block
 // restores from it byte for byte. Deleting by key deleted the good copy,
 // its record marked gone and forgotten: the block lost from the tiers.
+// The same in a disk tier and in host memory.
 func TestTierRestoreDropKeepsACopyCommittedSince(t *testing.T) {
 	for _, tc := range badCopies {
-		t.Run(tc.desc, func(t *testing.T) {
-			tr, _, k := belowSet(t, false, false)
-			d := tr.list[0]
-			other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
-			if err != nil {
-				t.Fatal(err)
-			}
-			good := putBadCopy(t, tr, d, other, k, tc.sum, 0x61)
-			e := tr.recordIn(d, k)
-			ran := false
-			f := func(dd *diskTier, kk disk.Key, rerr error) {
-				if dd != d || kk != k || ran {
-					return
+		for _, host := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/host=%v", tc.desc, host), func(t *testing.T) {
+				tr, _, k := belowSet(t, host, false)
+				d := tr.list[0]
+				other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+				if err != nil {
+					t.Fatal(err)
 				}
-				ran = true
-				if rerr != nil {
-					t.Errorf("the store's read of the bad copy: %v, want it read whole", rerr)
+				good := putBadCopy(t, tr, d, other, k, tc.sum, 0x61)
+				e := tr.recordIn(d, k)
+				ran := false
+				f := func(dd *diskTier, kk disk.Key, rerr error) {
+					if dd != d || kk != k || ran {
+						return
+					}
+					ran = true
+					if rerr != nil {
+						t.Errorf("the store's read of the bad copy: %v, want it read whole", rerr)
+					}
+					if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+						t.Error(err)
+					}
+					if placeCopy(tr, d, k, disk.Align) {
+						t.Error("the good copy was announced: its block had a record")
+					}
+					if tr.recordIn(d, k) != e {
+						t.Error("the good copy was not placed in the record the read was made from")
+					}
 				}
-				if err := d.store.Load().Put(context.Background(), k, good); err != nil {
-					t.Error(err)
+				tr.afterRead.Store(&f)
+				blks, err := restoreFrom(tr, d, other, k)
+				if !ran {
+					t.Fatal("the block was not read")
 				}
-				if placeCopy(tr, d, k, disk.Align) {
-					t.Error("the good copy was announced: its block had a record")
+				if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) || !strings.Contains(err.Error(), tc.why) {
+					t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt (%s)", len(blks), err, tc.why)
 				}
-				if tr.recordIn(d, k) != e {
-					t.Error("the good copy was not placed in the record the read was made from")
+				tr.afterRead.Store(nil)
+				consistent(t, tr, d, k)
+				if !has(d, k) {
+					t.Fatal("the good copy committed since the read was deleted")
 				}
-			}
-			tr.afterRead.Store(&f)
-			blks, err := restoreFrom(tr, d, other, k)
-			if !ran {
-				t.Fatal("the block was not read")
-			}
-			if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) || !strings.Contains(err.Error(), tc.why) {
-				t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt (%s)", len(blks), err, tc.why)
-			}
-			tr.afterRead.Store(nil)
-			consistent(t, tr, d, k)
-			if !has(d, k) {
-				t.Fatal("the good copy committed since the read was deleted")
-			}
-			if got := tr.where(k); got != d || tr.recordIn(d, k) != e {
-				t.Fatalf("the good copy's record: held by tier %d, the same record %v; want tier %d, the same", tierNum(got), tr.recordIn(d, k) == e, d.n)
-			}
-			restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
-		})
+				if got := tr.where(k); got != d || tr.recordIn(d, k) != e {
+					t.Fatalf("the good copy's record: held by tier %d, the same record %v; want tier %d, the same", tierNum(got), tr.recordIn(d, k) == e, d.n)
+				}
+				restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
+			})
+		}
 	}
 }
 
