@@ -992,3 +992,62 @@ func idleReaderAhead(t *testing.T, a *fabric.Agent, c *client.Client, writer *cl
 	}
 	return (st.Pools[0].SizeBytes - st.Pools[0].CarvedBytes) / uint64(reader.Layout.Strides().Block)
 }
+
+// The links outlive the agent with the blocks on disk: a restarted agent
+// finds the sequence's links again (its copies' journal records keep each
+// block's parent), and an Acquire of the sequence's head reads the next
+// run ahead at once, as before the restart, with no block copied down
+// anew.
+func TestTierReadAheadAfterARestart(t *testing.T) {
+	const n = 32
+	dir := tierDir(t)
+	cfg := testConfig(t, "aheadrestart")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.TierReadAhead = 8
+	cfg.BlockSetGrace = 50 * time.Millisecond
+	cfg.NoOrphanCache = true
+	a := startAgent(t, cfg)
+	wc := newClient(t, a)
+	hashes := storeThrough(t, wc, register(t, wc, tierEngine), n, a)
+	wc.Close()
+	c := newClient(t, a)
+	wait.For(t, 30*time.Second, "the writer's set freed, its blocks on disk", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if len(st.BlockSets) != 0 || len(st.Tiers) == 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("%d block sets, tiers %v", len(st.BlockSets), st.Tiers)
+		}
+		return nil
+	})
+	if got := fabric.TierLinks(a); got != n-1 {
+		t.Fatalf("%d links before the restart; want %d", got, n-1)
+	}
+	c.Close()
+	a.Close()
+
+	cfg2 := testConfig(t, "aheadrestart")
+	cfg2.Tiers = cfg.Tiers
+	cfg2.TierReadAhead = 8
+	a2 := startAgent(t, cfg2)
+	if got := fabric.TierLinks(a2); got != n-1 {
+		t.Fatalf("%d links after a restart; want the %d the blocks on disk had", got, n-1)
+	}
+	c2 := newClient(t, a2)
+	set := registerReader(t, c2)
+	acquireRun(t, c2, set, hashes[:8], 1)
+	waitReadAheads(t, a2, 1)
+	for i := 8; i < 16; i++ {
+		if !fabric.BlockSetHolds(a2, set.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead after a restart", i)
+		}
+	}
+	if m := readAheadMetrics(a2); m.ReadAhead != 8 || m.Offloads != 0 {
+		t.Fatalf("after a restart and one run: %d read ahead, %d copied down; want 8, 0", m.ReadAhead, m.Offloads)
+	}
+	acquireRun(t, c2, set, hashes[8:16], 9)
+	if m := readAheadMetrics(a2); m.ReadAheadHits != 8 {
+		t.Fatalf("%d hits taking the run read ahead after a restart; want 8", m.ReadAheadHits)
+	}
+}
