@@ -36,9 +36,10 @@
 // block follows which, to read ahead, after a restart too): kept with the
 // block while it is held, in its put's record and in a compacted
 // journal's, and returned by Parent. A delete names its block by slot,
-// length and checksum, not by its parent. A journal written before
-// parents were kept replays as it did, its blocks with none; one written
-// with them is read by such a version, which ignores them.
+// length and checksum, not by its parent (its record's bytes 5 and 48..55
+// are zero). A journal written before parents were kept replays as it
+// did, its blocks with none; one written with them is read by such a
+// version, which ignores them.
 //
 // # Crash consistency
 //

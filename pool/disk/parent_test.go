@@ -70,6 +70,19 @@ func TestParentKeptInTheJournal(t *testing.T) {
 	}
 	delete(want, 5)
 	s.Close()
+	// The delete's record, the journal's last, names block 5 without the
+	// parent its put gave.
+	j, err := os.ReadFile(dir + "/journal")
+	if err != nil || len(j) < recordBytes {
+		t.Fatalf("journal of %d bytes (%v)", len(j), err)
+	}
+	del := j[len(j)-recordBytes:]
+	if del[4] != opDelete || binary.LittleEndian.Uint64(del[16:]) != 5 {
+		t.Fatalf("the journal's last record: op %d of block %d, want the delete of 5", del[4], binary.LittleEndian.Uint64(del[16:]))
+	}
+	if del[5] != 0 || binary.LittleEndian.Uint64(del[48:]) != 0 {
+		t.Fatalf("the delete of a block put with a parent has flags %#x, parent %d; want both zero", del[5], binary.LittleEndian.Uint64(del[48:]))
+	}
 
 	r := open(t, dir, nil)
 	wantParents(t, "after a reopen", r, want)
@@ -83,7 +96,7 @@ func TestParentKeptInTheJournal(t *testing.T) {
 		t.Fatal("block 3 after a reopen: not the bytes it was replaced with")
 	}
 	r.jmu.Lock()
-	err := r.compactLocked()
+	err = r.compactLocked()
 	r.jmu.Unlock()
 	if err != nil {
 		t.Fatal(err)

@@ -785,8 +785,11 @@ func (s *Store) drop(k Key, e entry) {
 	s.mu.Unlock()
 	// The record goes first: a slot reused before it was durable could
 	// come back after a crash under the old key with new bytes (its
-	// checksum would catch it, but not losing the block is better).
-	if err := s.appendRecords([]pendingRecord{{op: opDelete, key: k, e: e}}); err != nil {
+	// checksum would catch it, but not losing the block is better). It
+	// names the block without its parent, as a journal written before
+	// parents were kept does.
+	del := entry{slot: e.slot, length: e.length, sum: e.sum}
+	if err := s.appendRecords([]pendingRecord{{op: opDelete, key: k, e: del}}); err != nil {
 		s.cfg.Logger.Warn("disk tier: journal a delete", "err", err)
 	}
 	s.mu.Lock()
