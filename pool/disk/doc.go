@@ -39,7 +39,8 @@
 // length and checksum, not by its parent (its record's bytes 5 and 48..55
 // are zero). A journal written before parents were kept replays as it
 // did, its blocks with none; one written with them is read by such a
-// version, which ignores them.
+// version, which ignores them, and drops the parent of each block it
+// writes a record of again (its compaction, a put of the block anew).
 //
 // # Crash consistency
 //

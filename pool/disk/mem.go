@@ -129,7 +129,10 @@ func (s *MemStore) Keys() []Key {
 }
 
 // Parent is the parent kept with the block under k (MemBatch.SetParent),
-// if the store holds k and its put gave one.
+// if the store holds k and its put gave one. The host tier's puts give
+// one as a disk tier's do, through the batch interface both stores share
+// (the fabric's tierPuts), but nothing reads it back but tests: a block
+// moved down takes its parent from the tiers' links, not from here.
 func (s *MemStore) Parent(k Key) (uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -451,8 +454,8 @@ func (s *MemStore) fill(slot uint32, pieces [][]byte, n int) (entry, error) {
 	return entry{slot: slot, length: uint32(n), sum: h.Sum64()}, nil
 }
 
-// SetParent keeps parent with item i's block, as Batch.SetParent does
-// (in memory only). Before Commit.
+// SetParent keeps parent with item i's block (i < Len()), as
+// Batch.SetParent does (in memory only). Before Commit.
 func (b *MemBatch) SetParent(i int, parent uint64) {
 	b.items[i].e.parent, b.items[i].e.hasParent = parent, true
 }

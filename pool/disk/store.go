@@ -543,11 +543,11 @@ func (b *Batch) wait(it *batchItem) error {
 	return it.err
 }
 
-// SetParent keeps parent with item i's block (in the order added): the
-// hash of the block it follows in its sequence, under the same Tag, which
-// Parent returns for as long as the store holds the block, after a
-// restart too (the block's journal record holds it). Before Commit; an
-// item that is not put keeps nothing.
+// SetParent keeps parent with item i's block (in the order added; i <
+// Len(), as for Wait, Replace and Drop): the hash of the block it follows
+// in its sequence, under the same Tag, which Parent returns for as long
+// as the store holds the block, after a restart too (the block's journal
+// record holds it). Before Commit; an item that is not put keeps nothing.
 func (b *Batch) SetParent(i int, parent uint64) {
 	b.items[i].e.parent, b.items[i].e.hasParent = parent, true
 }
