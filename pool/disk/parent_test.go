@@ -195,8 +195,12 @@ func TestJournalWithoutParents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j.Write(del[:])
-	j.Close()
+	if _, err := j.Write(del[:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
 	r2 := open(t, dir, nil)
 	if r2.Has(k4) {
 		t.Fatal("a delete journalled with no parent left a block put with one")
@@ -212,9 +216,10 @@ func TestJournalParentCorruptRejected(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		at   int
+		bit  byte
 	}{
-		{"parent", 50},
-		{"flag", 5},
+		{"parent", 50, 0x10},
+		{"flag", 5, flagParent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -234,7 +239,7 @@ func TestJournalParentCorruptRejected(t *testing.T) {
 			if err != nil || len(j) != 3*recordBytes {
 				t.Fatalf("journal of %d bytes (%v), want 3 records", len(j), err)
 			}
-			j[2*recordBytes+tc.at] ^= 0x10
+			j[2*recordBytes+tc.at] ^= tc.bit
 			if err := os.WriteFile(path, j, 0o600); err != nil {
 				t.Fatal(err)
 			}
