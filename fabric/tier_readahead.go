@@ -48,10 +48,14 @@ import (
 // links it to its parent under the same rules (relinkLocked) and reads
 // ahead at once. Where a parent has two children on disk, which one's
 // link a restart keeps is either's (while running, the last placed
-// wins). A block a tier held already when a copy down named its parent
-// keeps on disk the parent its own copy's put gave (a sequence hash has
-// one parent; only a copy journalled before parents were kept has none,
-// and its link comes back only as it goes down anew).
+// wins). A link is kept on disk only as the parent its block's copy was
+// put with; so a block has none after a restart where its copy's put gave
+// none (an offer with parent 0, such as a RegisterBlocks's first block
+// given no parent; a copy journalled before parents were kept), and a
+// link made later for a block a tier held already (a copy down's t.link
+// of a block held, in copyDownBatch) is not journalled: a restart loses
+// it, linking the block as its put did, if at all. Such links come back
+// only as their blocks go down anew.
 //
 // A restore (Acquire's, Import's, Lookup's, Prefetch's) whose leading
 // blocks include one being read ahead waits until those have landed (or
@@ -201,8 +205,8 @@ func keepParent(batch tierPuts, items []disk.PutItem) {
 	}
 }
 
-// relinkLocked links k, recorded from d's store as a restarted agent
-// finds it, to the parent its store kept with it, if any: the links of
+// relinkLocked links k, recorded from st (a disk tier's store) as a
+// restarted agent finds it, to the parent st kept with it, if any: the links of
 // the blocks a disk tier holds outlive the agent, as the blocks do.
 // t.mu is held.
 func (t *tiers) relinkLocked(st *disk.Store, k disk.Key) {
