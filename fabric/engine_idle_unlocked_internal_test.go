@@ -844,3 +844,95 @@ func TestQuotaSwapWakesTheCallsWaitingForItsFallback(t *testing.T) {
 		})
 	}
 }
+
+// A quota's swap that frees the fallback to make the new set in its room
+// frees it only where its memory comes back: where a slot of it is
+// retired between the last look at it and its free (a device read-ahead's
+// upload that outlived the wait for it, found unsynced), the pool would
+// withhold its memory, and the new set, which fitted only in that room,
+// would fit nowhere, the engine left with neither set. The fallback is
+// kept and given instead, its cached blocks with it.
+func TestQuotaSwapKeepsAFallbackRetiredAsItIsFreed(t *testing.T) {
+	const (
+		inUse = iota
+		inUseToo
+		keep
+	)
+	// f's 8 MiB in use, e's 2 MiB in use, e's idle 4 MiB (the layout's
+	// fallback, fewer slots than asked), 2 MiB free: a new set of 6 MiB is
+	// within e's quota of 10 MiB only once the fallback is freed (a swap),
+	// and fits only in the fallback's room.
+	a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 2, true}, quotaSet{"e", 4, false})
+	for _, es := range sets[:keep] {
+		relayout(t, a, es)
+	}
+	a.cfg.EngineQuota = 10 << 20
+	a.cfg.BlockSetSlots = 6 << 10
+	k := sets[keep]
+	var blk pool.Block
+	waited, retired := false, false
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es != k || waited {
+			return
+		}
+		waited = true
+		// The read-ahead's slot, its upload under way past the wait.
+		bs, err := k.set.Allocate(1)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		blk = bs[0]
+	}
+	a.cfg.hooks.beforeSetFree = func(es *engineSet) {
+		if es != k || !waited || retired {
+			return
+		}
+		retired = true
+		if err := k.set.Retire(blk); err != nil {
+			t.Error(err)
+		}
+	}
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if !waited || !retired {
+		t.Fatalf("the fallback was not waited for (%v) and retired in (%v): %v", waited, retired, err)
+	}
+	if err != nil {
+		t.Fatalf("register with the fallback's slot retired as it was freed: %v, want the fallback (held %v)", err, held(a, k))
+	}
+	if ss.engineSet != k || !held(a, k) {
+		t.Fatalf("given set %d (%d slots, held %v), want the fallback, set %d", ss.engineSet.set.ID(),
+			ss.engineSet.set.Slots(), held(a, ss.engineSet), k.set.ID())
+	}
+	if got := len(a.pool.BlockSets()); got != 3 {
+		t.Errorf("the pool holds %d sets, want the 3 it had", got)
+	}
+}
+
+// A free for room never frees an idle set with retired slots, and does not
+// wait for its read-ahead either, the agent's lock let go and a Register
+// held back for nothing: the set is kept as it is (the pool would refuse
+// it too, pool.Pool.ReclaimBlockSet, but only after the wait).
+func TestFreeForRoomKeepsARetiredSetWithoutWaiting(t *testing.T) {
+	a, sets := quotaAgent(t, quotaSet{"e", 4, false})
+	es := sets[0]
+	bs, err := es.set.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := es.set.Retire(bs[0]); err != nil {
+		t.Fatal(err)
+	}
+	waited := false
+	a.cfg.hooks.idleUnlocked = func(*engineSet) { waited = true }
+	a.mu.Lock()
+	freed, unlocked := a.freeIdleLocked(es, 0)
+	a.mu.Unlock()
+	if freed || !held(a, es) {
+		t.Fatal("an idle set with a retired slot was freed for room")
+	}
+	if unlocked || waited {
+		t.Errorf("the free for room of a set with a retired slot let go of the agent's lock (%v) to wait for its read-ahead (%v)", unlocked, waited)
+	}
+}

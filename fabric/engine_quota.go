@@ -188,8 +188,11 @@ var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 // keep is freed, and none where it would not fit even with all of them
 // and keep freed. Where the set does not fit the error is
 // pool.ErrOutOfMemory, keep untouched; where keep cannot be freed (it
-// found a user meanwhile, or is busy: a peer's lease) a new set made
-// beside it is freed again, and errFallbackKept returned, keep standing.
+// found a user meanwhile, or is busy: a peer's lease; or a slot of it was
+// retired since it was looked at, which the pool's free sees and refuses,
+// pool.Pool.ReclaimBlockSet, where its memory would be withheld and the
+// new set, to be made in its room, fit nowhere) a new set made beside it
+// is freed again, and errFallbackKept returned, keep standing.
 // keep is claimed throughout (engineSet.claim): no session takes it up
 // while other sets are freed, which may let go of a.mu; and before any
 // other set is freed keep is checked free of blocks in use and copies
