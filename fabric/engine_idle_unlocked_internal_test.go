@@ -936,3 +936,60 @@ func TestFreeForRoomKeepsARetiredSetWithoutWaiting(t *testing.T) {
 		t.Errorf("the free for room of a set with a retired slot let go of the agent's lock (%v) to wait for its read-ahead (%v)", unlocked, waited)
 	}
 }
+
+// A Register whose quota's swap waits for the fallback's read-ahead and
+// finds the fallback busy still (a read-ahead that outlived the wait,
+// here a slot allocated) swaps no more: it is given the fallback, rather
+// than make a new set beside it, wait for it and free the new set again
+// round after round, holding every other Register back.
+func TestRegisterDoesNotRetryAFallbackBusyAfterItsWait(t *testing.T) {
+	const (
+		inUse = iota
+		keep
+		other
+	)
+	// e's 2 MiB in use, e's idle 4 MiB with a slot allocated (the layout's
+	// fallback, fewer slots than asked), f's 4 MiB in use, 6 MiB free: a
+	// new set of 6 MiB is within e's quota of 10 MiB only once the fallback
+	// is freed (a swap), and fits beside it.
+	a, sets := quotaAgent(t, quotaSet{"e", 2, true}, quotaSet{"e", 4, false}, quotaSet{"f", 4, true})
+	relayout(t, a, sets[inUse])
+	relayout(t, a, sets[other])
+	k := sets[keep]
+	if _, err := k.set.Allocate(1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if k.freeTimer != nil {
+			k.freeTimer.Stop() // its retry, where the Register did not take it up
+		}
+	})
+	a.cfg.EngineQuota = 10 << 20
+	a.cfg.BlockSetSlots = 6 << 10
+	const most = 20
+	waits, rounds := 0, 0
+	a.cfg.hooks.registerRound = func() { rounds++ }
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es != k {
+			return
+		}
+		if waits++; waits == most {
+			takeUp(a, es, 9) // ends a Register that would wait on
+		}
+	}
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if waits != 1 || rounds > 2 {
+		t.Fatalf("the Register waited %d times for the busy fallback in %d rounds, want once in 2 at most", waits, rounds)
+	}
+	if err != nil || ss.engineSet != k {
+		t.Fatalf("register with the fallback busy after its wait: %v, want the fallback", err)
+	}
+	if !held(a, k) || len(a.pool.BlockSets()) != 3 {
+		t.Errorf("the pool holds %d sets, want the 3 it had", len(a.pool.BlockSets()))
+	}
+}

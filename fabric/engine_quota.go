@@ -110,8 +110,9 @@ func (a *Agent) withinQuota(engine string, need uint64) bool {
 // engine_quota): its caller checks again (withinQuota). Idle sets it
 // tries to free and does not (busy: a block in use, or a read-ahead that
 // outlived the wait for it) go into tried, and a set in tried is not
-// tried again: tried is the Register's, across its rounds (nil for none).
-// a.mu is held.
+// tried again: tried is the Register's, across its rounds (nil for none);
+// keep goes into it where the swap found it busy (swapFallback), and is
+// not offered for a swap again. a.mu is held.
 func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tried triedSets) (may func(*engineSet) bool, swap bool, err error) {
 	if tried == nil {
 		tried = triedSets{}
@@ -128,7 +129,7 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tri
 			es.mu.Lock()
 			if es.engine == engine && len(es.users) == 0 && !es.freed {
 				if es == keep {
-					keepIdle = es.set.Retired() == 0 // one with retired slots is never freed
+					keepIdle = es.set.Retired() == 0 && !tried[es] // one with retired slots is never freed
 				} else if !tried[es] {
 					idle = append(idle, es)
 				}
@@ -176,37 +177,50 @@ type triedSets map[*engineSet]bool
 // the Register is given the fallback.
 var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 
-// swapFallback makes the new set (made, of tmpl placed as place) and
-// frees keep, the engine's idle fallback set, to bring the engine within
-// its quota (makeRoomInQuota's swap), never leaving the engine with
-// neither, and freeing no other set where keep's memory is room enough:
-// made is tried first with keep standing and nothing freed, keep freed
-// once the new set exists; where the pool has no room, and the set would
-// fit once keep's memory is free (pool.Pool.FitsFreeing), keep is freed
-// and the set made in its room; only where it would not are other idle
-// sets freed (those may allows, as freeIdleSets does), until it fits once
-// keep is freed, and none where it would not fit even with all of them
-// and keep freed. Where the set does not fit the error is
-// pool.ErrOutOfMemory, keep untouched; where keep cannot be freed (it
-// found a user meanwhile, or is busy: a peer's lease; or a slot of it was
-// retired since it was looked at, which the pool's free sees and refuses,
-// pool.Pool.ReclaimBlockSet, where its memory would be withheld and the
-// new set, to be made in its room, fit nowhere) a new set made beside it
-// is freed again, and errFallbackKept returned, keep standing.
-// keep is claimed throughout (engineSet.claim): no session takes it up
-// while other sets are freed, which may let go of a.mu; and before any
-// other set is freed keep is checked free of blocks in use and copies
-// below, the pool's reasons to refuse it (fallbackFree), so that no set
-// is freed for a swap that would find keep busy, but for a lease or an
-// allocation in keep that comes after that check. Where a.mu was let go
-// since the claim (a.relocks), the quota may have shrunk meanwhile
-// (without engine_quota, another engine taking up a set): keep is freed
-// only where the new set, of need bytes, keeps engine within it once keep
-// is gone (withinQuotaFreeing), else a new set made is freed again and
+// swapFallback makes the new set (made, of tmpl placed as place) and frees
+// keep, the engine's idle fallback set, to bring the engine within its
+// quota (makeRoomInQuota's swap), never leaving the engine with neither,
+// and freeing no other set where keep's memory is room enough: made is
+// tried first with keep standing and nothing freed, keep freed once the
+// new set exists; where the pool has no room, and the set would fit once
+// keep's memory is free (pool.Pool.FitsFreeing), keep is freed and the set
+// made in its room; only where it would not are other idle sets freed
+// (those may allows, as freeIdleSets does), until it fits once keep is
+// freed, and none where it would not fit even with all of them and keep
+// freed. Where the set does not fit the error is pool.ErrOutOfMemory, keep
+// untouched; where keep cannot be freed (it found a user meanwhile, or is
+// busy: a peer's lease; or a slot of it was retired since it was looked
+// at, which the pool's free sees and refuses, pool.Pool.ReclaimBlockSet,
+// where its memory would be withheld and the new set, to be made in its
+// room, fit nowhere) a new set made beside it is freed again, and
+// errFallbackKept returned, keep standing. keep is claimed throughout
+// (engineSet.claim): no session takes it up while other sets are freed,
+// which may let go of a.mu; and before any other set is freed keep is
+// checked free of blocks in use and copies below, the pool's reasons to
+// refuse it (fallbackFree), so that no set is freed for a swap that would
+// find keep busy, but for a lease or an allocation in keep that comes
+// after that check (a peer's lease, or a call still in flight of a session
+// that ended or dropped keep: the claim keeps sessions out, not the pool's
+// callers). Such a late one costs the swap only: the pool looks at keep's
+// slots and leases under the set's lock as it frees it, and refuses,
+// changing nothing, so keep is kept whole and given (errFallbackKept), its
+// leased blocks served as they are, and the allocated slot the call's,
+// given back as the call finds its use of keep done (sessionSet.hold), as
+// in any set shared with another session; what is lost is the other idle
+// sets freed for the swap (their cached blocks; their room stays free),
+// and the new set. No claim inside the pool is taken for it: leases and
+// allocations do not wait on a Register. Where a.mu was let go since the
+// claim (a.relocks), the quota may have shrunk meanwhile (without
+// engine_quota, another engine taking up a set): keep is freed only where
+// the new set, of need bytes, keeps engine within it once keep is gone
+// (withinQuotaFreeing), else a new set made is freed again and
 // errFallbackKept returned; once keep is freed, the new set is the
 // engine's, whatever the quota says since (its caller does not free it
-// again). tried is makeRoomInQuota's. a.mu is held: no other set is made
-// meanwhile, so FitsFreeing's answer holds.
+// again). tried is makeRoomInQuota's; keep goes into it where it is not
+// freed (freeFallbackLocked). a.mu is held: no other set is made
+// meanwhile, so FitsFreeing's answer holds, and keep's room is there once
+// it is freed (the pool frees it for room only with no slot retired,
+// pool.Pool.ReclaimBlockSet).
 func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet, tried triedSets) (*pool.BlockSet, error) {
 	if !claimFallback(keep) {
 		return nil, errFallbackKept // taken up or freed since makeRoomInQuota looked
@@ -247,7 +261,7 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 			}
 		}
 		if err == nil {
-			if !mayFreeKeep() || !a.freeFallbackLocked(keep) {
+			if !mayFreeKeep() || !a.freeFallbackLocked(keep, tried) {
 				return nil, errFallbackKept
 			}
 			// keep is gone: whatever may allows goes before the engine
@@ -259,7 +273,7 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 	if err != nil {
 		return nil, err
 	}
-	if mayFreeKeep() && a.freeFallbackLocked(keep) {
+	if mayFreeKeep() && a.freeFallbackLocked(keep, tried) {
 		return set, nil
 	}
 	if ferr := a.pool.FreeBlockSet(set.ID()); ferr != nil {
@@ -270,9 +284,15 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 
 // freeFallbackLocked frees keep, swapFallback's fallback set, and says
 // whether it is gone: freed here, or by another (its grace timer) while
-// freeIdleLocked let go of a.mu. a.mu is held.
-func (a *Agent) freeFallbackLocked(keep *engineSet) bool {
+// freeIdleLocked let go of a.mu. Where it is not (taken up, busy, or a
+// slot of it retired), keep goes into tried (nil for none): the Register
+// is to be given it, not swap it again, and wait for it again where its
+// read-ahead outlived the wait, round after round. a.mu is held.
+func (a *Agent) freeFallbackLocked(keep *engineSet, tried triedSets) bool {
 	freed, _ := a.freeIdleLocked(keep, 0)
+	if !freed && !setFreed(keep) && tried != nil {
+		tried[keep] = true // not swapped again (makeRoomInQuota)
+	}
 	return freed || setFreed(keep)
 }
 
