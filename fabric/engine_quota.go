@@ -25,7 +25,16 @@ func setBytes(s *pool.BlockSet) uint64 {
 // Config.EngineQuota, or the pool divided among the engines with sets in
 // use (engine included); and a fair share, the pool divided among the
 // engines with any sets, idle ones included (engine included), which an
-// engine's idle sets are safe within. a.mu is held.
+// engine's idle sets are safe within. a.mu is held, but sets are taken up
+// and dropped without it (attach, detach: Agent.relocks), so without
+// engine_quota the quota is as of the call: another engine taking up a set
+// a moment later shrinks it, and a set made within it may be past it then,
+// as a set made just before the take-up would be. That is the quota's
+// rule, not a slip of it: it bounds what a Register makes, as of the
+// Register, and sets made are never taken back when it shrinks (only idle
+// sets are freed for room, each checked idle under its own lock); a
+// Register that let go of a.mu reads it again (newSetForSession), where
+// the wait gave such changes time.
 func (a *Agent) engineShare(engine string) (quota, fair uint64, carved map[string]uint64) {
 	carved = map[string]uint64{}
 	active := map[string]bool{engine: true}
@@ -168,8 +177,19 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tri
 }
 
 // triedSets are the idle sets a Register tried to free for room and did
-// not (busy, or taken up): each time round it tries sets not in it, or
-// frees one, so its rounds end (newSetForSession). Guarded by a.mu.
+// not (busy, or taken up; its fallback where the quota's swap did not free
+// it): each time round it tries sets not in it, or frees one, so its
+// rounds end (newSetForSession). A set in it that is free again before the
+// Register ends (a lease released, a read-ahead over at last) is not tried
+// again: the Register may then be refused, or given its fallback, where
+// one more try would have made room. That is a chance lost, not a wrong
+// outcome (no set in use is freed, none handed out freed), and a short
+// one: the set stays idle, and the engine's next Register tries it again
+// (a set the pool refused as busy is also looked at again by its retry
+// timer, blockSetRetry: freed, or kept as a cache, which frees for room
+// take first). Tried again in the same Register, a set whose read-ahead
+// outlived the wait for it would be waited for again, round after round,
+// with a.registerMu held. Guarded by a.mu.
 type triedSets map[*engineSet]bool
 
 // errFallbackKept is swapFallback's answer where the fallback set could
