@@ -138,7 +138,7 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tri
 			es.mu.Lock()
 			if es.engine == engine && len(es.users) == 0 && !es.freed {
 				if es == keep {
-					keepIdle = es.set.Retired() == 0 && !tried[es] // one with retired slots is never freed
+					keepIdle = es.set.Retired() == 0 && !tried[es] // one with retired slots is never freed, nor one tried
 				} else if !tried[es] {
 					idle = append(idle, es)
 				}
@@ -306,7 +306,7 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 // whether it is gone: freed here, or by another (its grace timer) while
 // freeIdleLocked let go of a.mu. Where it is not (taken up, busy, or a
 // slot of it retired), keep goes into tried (nil for none): the Register
-// is to be given it, not swap it again, and wait for it again where its
+// is to be given it, not swap it again, nor wait for it again where its
 // read-ahead outlived the wait, round after round. a.mu is held.
 func (a *Agent) freeFallbackLocked(keep *engineSet, tried triedSets) bool {
 	freed, _ := a.freeIdleLocked(keep, 0)

@@ -435,7 +435,8 @@ func (a *Agent) freeIdleOnceLocked(es *engineSet, timerGen uint64, waited bool) 
 	// device read-ahead's or restore's upload that outlived a wait, found
 	// unsynced) makes the pool refuse, rather than free the set with its
 	// memory withheld, where the caller counted on its room (a quota's
-	// swap makes its new set there, the engine left with neither set).
+	// swap makes its new set there, the engine left with neither set);
+	// a grace expiry, which counts on no room, keeps it too, as a cache.
 	if err := a.pool.ReclaimBlockSet(es.set.ID()); err != nil {
 		if errors.Is(err, pool.ErrBlockSetRetired) {
 			// As above, kept, with its other slots and cached blocks.

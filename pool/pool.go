@@ -385,7 +385,8 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 // whose memory FreeBlockSet would withhold rather than give back. The
 // slots are looked at under the lock Retire takes, so a slot retired just
 // before is seen: a caller that checked Retired before cannot free a set
-// retired since, and find its room not there.
+// retired since, and find its room not there. A set both busy and
+// retired is refused as retired.
 func (p *Pool) ReclaimBlockSet(id SetID) error {
 	return p.freeBlockSet(id, true)
 }
