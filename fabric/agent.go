@@ -704,7 +704,9 @@ func (a *Agent) freeUnused(set *pool.BlockSet, msg string) {
 // round a set is gone from a.sets, or a.mu was let go for an idle set's
 // read-ahead, after which that set is freed, or, not freed (taken up, or
 // busy still: a read-ahead that outlived the wait for it), goes into
-// tried, never tried again in this Register; and no set is made meanwhile
+// tried, never tried again in this Register (best too: the quota's swap
+// is not offered again, and best is given unless a set is made without
+// it); and no set is made meanwhile
 // (a.registerMu): so it ends. a.mu is held.
 func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*pool.BlockSet, *engineSet, error) {
 	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)

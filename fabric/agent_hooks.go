@@ -39,4 +39,8 @@ type testHooks struct {
 	// registerRound, if set, runs each time a Register's choice of set is
 	// made (newSetForSession), the first time and each time anew.
 	registerRound func()
+	// beforeSetFree, if set, runs where freeIdleOnceLocked has checked an
+	// idle set and is about to ask the pool to free it, given the set;
+	// a.mu and the set's mu are held: it must take neither.
+	beforeSetFree func(es *engineSet)
 }

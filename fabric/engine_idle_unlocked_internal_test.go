@@ -844,3 +844,152 @@ func TestQuotaSwapWakesTheCallsWaitingForItsFallback(t *testing.T) {
 		})
 	}
 }
+
+// A quota's swap that frees the fallback to make the new set in its room
+// frees it only where its memory comes back: where a slot of it is
+// retired between the last look at it and its free (a device read-ahead's
+// upload that outlived the wait for it, found unsynced), the pool would
+// withhold its memory, and the new set, which fitted only in that room,
+// would fit nowhere, the engine left with neither set. The fallback is
+// kept and given instead, its cached blocks with it.
+func TestQuotaSwapKeepsAFallbackRetiredAsItIsFreed(t *testing.T) {
+	const (
+		inUse = iota
+		inUseToo
+		keep
+	)
+	// f's 8 MiB in use, e's 2 MiB in use, e's idle 4 MiB (the layout's
+	// fallback, fewer slots than asked), 2 MiB free: a new set of 6 MiB is
+	// within e's quota of 10 MiB only once the fallback is freed (a swap),
+	// and fits only in the fallback's room.
+	a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 2, true}, quotaSet{"e", 4, false})
+	for _, es := range sets[:keep] {
+		relayout(t, a, es)
+	}
+	a.cfg.EngineQuota = 10 << 20
+	a.cfg.BlockSetSlots = 6 << 10
+	k := sets[keep]
+	var blk pool.Block
+	waited, retired := false, false
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es != k || waited {
+			return
+		}
+		waited = true
+		// The read-ahead's slot, its upload under way past the wait.
+		bs, err := k.set.Allocate(1)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		blk = bs[0]
+	}
+	a.cfg.hooks.beforeSetFree = func(es *engineSet) {
+		if es != k || !waited || retired {
+			return
+		}
+		retired = true
+		if err := k.set.Retire(blk); err != nil {
+			t.Error(err)
+		}
+	}
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if !waited || !retired {
+		t.Fatalf("the fallback was not waited for (%v) and retired in (%v): %v", waited, retired, err)
+	}
+	if err != nil {
+		t.Fatalf("register with the fallback's slot retired as it was freed: %v, want the fallback (held %v)", err, held(a, k))
+	}
+	if ss.engineSet != k || !held(a, k) {
+		t.Fatalf("given set %d (%d slots, held %v), want the fallback, set %d", ss.engineSet.set.ID(),
+			ss.engineSet.set.Slots(), held(a, ss.engineSet), k.set.ID())
+	}
+	if got := len(a.pool.BlockSets()); got != 3 {
+		t.Errorf("the pool holds %d sets, want the 3 it had", got)
+	}
+}
+
+// A free for room never frees an idle set with retired slots, and does not
+// wait for its read-ahead either, the agent's lock let go and a Register
+// held back for nothing: the set is kept as it is (the pool would refuse
+// it too, pool.Pool.ReclaimBlockSet, but only after the wait).
+func TestFreeForRoomKeepsARetiredSetWithoutWaiting(t *testing.T) {
+	a, sets := quotaAgent(t, quotaSet{"e", 4, false})
+	es := sets[0]
+	bs, err := es.set.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := es.set.Retire(bs[0]); err != nil {
+		t.Fatal(err)
+	}
+	waited := false
+	a.cfg.hooks.idleUnlocked = func(*engineSet) { waited = true }
+	a.mu.Lock()
+	freed, unlocked := a.freeIdleLocked(es, 0)
+	a.mu.Unlock()
+	if freed || !held(a, es) {
+		t.Fatal("an idle set with a retired slot was freed for room")
+	}
+	if unlocked || waited {
+		t.Errorf("the free for room of a set with a retired slot let go of the agent's lock (%v) to wait for its read-ahead (%v)", unlocked, waited)
+	}
+}
+
+// A Register whose quota's swap waits for the fallback's read-ahead and
+// finds the fallback busy still (a read-ahead that outlived the wait,
+// here a slot allocated) swaps no more: it is given the fallback, rather
+// than make a new set beside it, wait for it and free the new set again
+// round after round, holding every other Register back.
+func TestRegisterDoesNotRetryAFallbackBusyAfterItsWait(t *testing.T) {
+	const (
+		inUse = iota
+		keep
+		other
+	)
+	// e's 2 MiB in use, e's idle 4 MiB with a slot allocated (the layout's
+	// fallback, fewer slots than asked), f's 4 MiB in use, 6 MiB free: a
+	// new set of 6 MiB is within e's quota of 10 MiB only once the fallback
+	// is freed (a swap), and fits beside it.
+	a, sets := quotaAgent(t, quotaSet{"e", 2, true}, quotaSet{"e", 4, false}, quotaSet{"f", 4, true})
+	relayout(t, a, sets[inUse])
+	relayout(t, a, sets[other])
+	k := sets[keep]
+	if _, err := k.set.Allocate(1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if k.freeTimer != nil {
+			k.freeTimer.Stop() // its retry, where the Register did not take it up
+		}
+	})
+	a.cfg.EngineQuota = 10 << 20
+	a.cfg.BlockSetSlots = 6 << 10
+	const most = 20
+	waits, rounds := 0, 0
+	a.cfg.hooks.registerRound = func() { rounds++ }
+	a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+		if es != k {
+			return
+		}
+		if waits++; waits == most {
+			takeUp(a, es, 9) // ends a Register that would wait on
+		}
+	}
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+	if waits != 1 || rounds > 2 {
+		t.Fatalf("the Register waited %d times for the busy fallback in %d rounds, want once in 2 at most", waits, rounds)
+	}
+	if err != nil || ss.engineSet != k {
+		t.Fatalf("register with the fallback busy after its wait: %v, want the fallback", err)
+	}
+	if !held(a, k) || len(a.pool.BlockSets()) != 3 {
+		t.Errorf("the pool holds %d sets (the fallback held: %v), want the 3 it had, the fallback among them", len(a.pool.BlockSets()), held(a, k))
+	}
+}

@@ -25,7 +25,16 @@ func setBytes(s *pool.BlockSet) uint64 {
 // Config.EngineQuota, or the pool divided among the engines with sets in
 // use (engine included); and a fair share, the pool divided among the
 // engines with any sets, idle ones included (engine included), which an
-// engine's idle sets are safe within. a.mu is held.
+// engine's idle sets are safe within. a.mu is held, but sets are taken up
+// and dropped without it (attach, detach: Agent.relocks), so without
+// engine_quota the quota is as of the call: another engine taking up a set
+// a moment later shrinks it, and a set made within it may be past it then,
+// as a set made just before the take-up would be. That is the quota's
+// rule, not a slip of it: it bounds what a Register makes, as of the
+// Register, and sets made are never taken back when it shrinks (only idle
+// sets are freed for room, each checked idle under its own lock); a
+// Register that let go of a.mu reads it again (newSetForSession), where
+// the wait gave such changes time.
 func (a *Agent) engineShare(engine string) (quota, fair uint64, carved map[string]uint64) {
 	carved = map[string]uint64{}
 	active := map[string]bool{engine: true}
@@ -110,8 +119,9 @@ func (a *Agent) withinQuota(engine string, need uint64) bool {
 // engine_quota): its caller checks again (withinQuota). Idle sets it
 // tries to free and does not (busy: a block in use, or a read-ahead that
 // outlived the wait for it) go into tried, and a set in tried is not
-// tried again: tried is the Register's, across its rounds (nil for none).
-// a.mu is held.
+// tried again: tried is the Register's, across its rounds (nil for none);
+// keep goes into it where the swap found it busy (swapFallback), and is
+// not offered for a swap again. a.mu is held.
 func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tried triedSets) (may func(*engineSet) bool, swap bool, err error) {
 	if tried == nil {
 		tried = triedSets{}
@@ -128,7 +138,7 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tri
 			es.mu.Lock()
 			if es.engine == engine && len(es.users) == 0 && !es.freed {
 				if es == keep {
-					keepIdle = es.set.Retired() == 0 // one with retired slots is never freed
+					keepIdle = es.set.Retired() == 0 && !tried[es] // one with retired slots is never freed, nor one tried
 				} else if !tried[es] {
 					idle = append(idle, es)
 				}
@@ -167,8 +177,19 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tri
 }
 
 // triedSets are the idle sets a Register tried to free for room and did
-// not (busy, or taken up): each time round it tries sets not in it, or
-// frees one, so its rounds end (newSetForSession). Guarded by a.mu.
+// not (busy, or taken up; its fallback where the quota's swap did not free
+// it): each time round it tries sets not in it, or frees one, so its
+// rounds end (newSetForSession). A set in it that is free again before the
+// Register ends (a lease released, a read-ahead over at last) is not tried
+// again: the Register may then be refused, or given its fallback, where
+// one more try would have made room. That is a chance lost, not a wrong
+// outcome (no set in use is freed, none handed out freed), and a short
+// one: the set stays idle, and the engine's next Register tries it again
+// (a set the pool refused as busy is also looked at again by its retry
+// timer, blockSetRetry: freed, or kept as a cache, which frees for room
+// take first). Tried again in the same Register, a set whose read-ahead
+// outlived the wait for it would be waited for again, round after round,
+// with a.registerMu held. Guarded by a.mu.
 type triedSets map[*engineSet]bool
 
 // errFallbackKept is swapFallback's answer where the fallback set could
@@ -176,34 +197,50 @@ type triedSets map[*engineSet]bool
 // the Register is given the fallback.
 var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 
-// swapFallback makes the new set (made, of tmpl placed as place) and
-// frees keep, the engine's idle fallback set, to bring the engine within
-// its quota (makeRoomInQuota's swap), never leaving the engine with
-// neither, and freeing no other set where keep's memory is room enough:
-// made is tried first with keep standing and nothing freed, keep freed
-// once the new set exists; where the pool has no room, and the set would
-// fit once keep's memory is free (pool.Pool.FitsFreeing), keep is freed
-// and the set made in its room; only where it would not are other idle
-// sets freed (those may allows, as freeIdleSets does), until it fits once
-// keep is freed, and none where it would not fit even with all of them
-// and keep freed. Where the set does not fit the error is
-// pool.ErrOutOfMemory, keep untouched; where keep cannot be freed (it
-// found a user meanwhile, or is busy: a peer's lease) a new set made
-// beside it is freed again, and errFallbackKept returned, keep standing.
-// keep is claimed throughout (engineSet.claim): no session takes it up
-// while other sets are freed, which may let go of a.mu; and before any
-// other set is freed keep is checked free of blocks in use and copies
-// below, the pool's reasons to refuse it (fallbackFree), so that no set
-// is freed for a swap that would find keep busy, but for a lease or an
-// allocation in keep that comes after that check. Where a.mu was let go
-// since the claim (a.relocks), the quota may have shrunk meanwhile
-// (without engine_quota, another engine taking up a set): keep is freed
-// only where the new set, of need bytes, keeps engine within it once keep
-// is gone (withinQuotaFreeing), else a new set made is freed again and
+// swapFallback makes the new set (made, of tmpl placed as place) and frees
+// keep, the engine's idle fallback set, to bring the engine within its
+// quota (makeRoomInQuota's swap), never leaving the engine with neither,
+// and freeing no other set where keep's memory is room enough: made is
+// tried first with keep standing and nothing freed, keep freed once the
+// new set exists; where the pool has no room, and the set would fit once
+// keep's memory is free (pool.Pool.FitsFreeing), keep is freed and the set
+// made in its room; only where it would not are other idle sets freed
+// (those may allows, as freeIdleSets does), until it fits once keep is
+// freed, and none where it would not fit even with all of them and keep
+// freed. Where the set does not fit the error is pool.ErrOutOfMemory, keep
+// untouched; where keep cannot be freed (it found a user meanwhile, or is
+// busy: a peer's lease; or a slot of it was retired since it was looked
+// at, which the pool's free sees and refuses, pool.Pool.ReclaimBlockSet,
+// where its memory would be withheld and the new set, to be made in its
+// room, fit nowhere) a new set made beside it is freed again, and
+// errFallbackKept returned, keep standing. keep is claimed throughout
+// (engineSet.claim): no session takes it up while other sets are freed,
+// which may let go of a.mu; and before any other set is freed keep is
+// checked free of blocks in use and copies below, the pool's reasons to
+// refuse it (fallbackFree), so that no set is freed for a swap that would
+// find keep busy, but for a lease or an allocation in keep that comes
+// after that check (a peer's lease, or a call still in flight of a session
+// that ended or dropped keep: the claim keeps sessions out, not the pool's
+// callers). Such a late one costs the swap only: the pool looks at keep's
+// slots and leases under the set's lock as it frees it, and refuses,
+// changing nothing, so keep is kept whole and given (errFallbackKept), its
+// leased blocks served as they are, and the allocated slot the call's,
+// given back as the call finds its use of keep done (sessionSet.hold), as
+// in any set shared with another session; what is lost is the other idle
+// sets freed for the swap (their cached blocks; their room stays free),
+// and the new set. No claim inside the pool is taken for it: leases and
+// allocations do not wait on a Register. Where a.mu was let go since the
+// claim (a.relocks), the quota may have shrunk meanwhile (without
+// engine_quota, another engine taking up a set): keep is freed only where
+// the new set, of need bytes, keeps engine within it once keep is gone
+// (withinQuotaFreeing), else a new set made is freed again and
 // errFallbackKept returned; once keep is freed, the new set is the
 // engine's, whatever the quota says since (its caller does not free it
-// again). tried is makeRoomInQuota's. a.mu is held: no other set is made
-// meanwhile, so FitsFreeing's answer holds.
+// again). tried is makeRoomInQuota's; keep goes into it where it is not
+// freed (freeFallbackLocked). a.mu is held: no other set is made
+// meanwhile, so FitsFreeing's answer holds, and keep's room is there once
+// it is freed (the pool frees it for room only with no slot retired,
+// pool.Pool.ReclaimBlockSet).
 func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet, tried triedSets) (*pool.BlockSet, error) {
 	if !claimFallback(keep) {
 		return nil, errFallbackKept // taken up or freed since makeRoomInQuota looked
@@ -244,7 +281,7 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 			}
 		}
 		if err == nil {
-			if !mayFreeKeep() || !a.freeFallbackLocked(keep) {
+			if !mayFreeKeep() || !a.freeFallbackLocked(keep, tried) {
 				return nil, errFallbackKept
 			}
 			// keep is gone: whatever may allows goes before the engine
@@ -256,7 +293,7 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 	if err != nil {
 		return nil, err
 	}
-	if mayFreeKeep() && a.freeFallbackLocked(keep) {
+	if mayFreeKeep() && a.freeFallbackLocked(keep, tried) {
 		return set, nil
 	}
 	if ferr := a.pool.FreeBlockSet(set.ID()); ferr != nil {
@@ -267,9 +304,15 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 
 // freeFallbackLocked frees keep, swapFallback's fallback set, and says
 // whether it is gone: freed here, or by another (its grace timer) while
-// freeIdleLocked let go of a.mu. a.mu is held.
-func (a *Agent) freeFallbackLocked(keep *engineSet) bool {
+// freeIdleLocked let go of a.mu. Where it is not (taken up, busy, or a
+// slot of it retired), keep goes into tried (nil for none): the Register
+// is to be given it, not swap it again, nor wait for it again where its
+// read-ahead outlived the wait, round after round. a.mu is held.
+func (a *Agent) freeFallbackLocked(keep *engineSet, tried triedSets) bool {
 	freed, _ := a.freeIdleLocked(keep, 0)
+	if !freed && !setFreed(keep) && tried != nil {
+		tried[keep] = true // not swapped again (makeRoomInQuota)
+	}
 	return freed || setFreed(keep)
 }
 

@@ -428,7 +428,25 @@ func (a *Agent) freeIdleOnceLocked(es *engineSet, timerGen uint64, waited bool) 
 		// may be found busy and tried again).
 		a.tiers.stopAhead(es)
 	}
-	if err := a.pool.FreeBlockSet(es.set.ID()); err != nil {
+	if f := a.cfg.hooks.beforeSetFree; f != nil {
+		f(es)
+	}
+	// Reclaimed, not freed: a slot retired since Retired was asked (a
+	// device read-ahead's or restore's upload that outlived a wait, found
+	// unsynced) makes the pool refuse, rather than free the set with its
+	// memory withheld, where the caller counted on its room (a quota's
+	// swap makes its new set there, the engine left with neither set);
+	// a grace expiry, which counts on no room, keeps it too, as a cache.
+	if err := a.pool.ReclaimBlockSet(es.set.ID()); err != nil {
+		if errors.Is(err, pool.ErrBlockSetRetired) {
+			// As above, kept, with its other slots and cached blocks.
+			a.log.Info("idle block set kept: a slot retired in it as it was freed would keep its memory from any other set", "set", es.set.ID())
+			if es.freeTimer != nil {
+				es.freeTimer.Stop()
+				es.freeTimer = nil
+			}
+			return false, false
+		}
 		if errors.Is(err, pool.ErrBlockSetBusy) {
 			a.log.Debug("idle block set busy; trying again", "set", es.set.ID(), "err", err)
 			a.scheduleFree(es, blockSetRetry)

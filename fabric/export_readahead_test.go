@@ -129,3 +129,28 @@ func BlockSetWithdraw(a *Agent, id, hash uint64) bool {
 	b, ok := s.Lookup(hash)
 	return ok && s.Withdraw(b) == nil
 }
+
+// TierKeepParent puts hash's block again in the store of a's tier that
+// holds it, with parent kept beside it, whatever parent is (0, the
+// block's own hash), as a journal a restarted agent replays may name it;
+// false if no tier holds it or the put failed.
+func TierKeepParent(a *Agent, hash, parent uint64) bool {
+	k, ok := a.tiers.find(hash)
+	if !ok {
+		return false
+	}
+	d := a.tiers.where(k)
+	if d == nil {
+		return false
+	}
+	st := d.store.Load()
+	a.tiers.mu.Lock()
+	buf := make([]byte, a.tiers.blockBytes)
+	a.tiers.mu.Unlock()
+	ctx := context.Background()
+	n, err := st.Get(ctx, k, buf)
+	if err != nil {
+		return false
+	}
+	return st.PutBatch(ctx, []disk.PutItem{{Key: k, Data: buf[:n], Parent: parent, HasParent: true}})[0] == nil
+}

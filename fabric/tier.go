@@ -344,7 +344,8 @@ type tiers struct {
 
 	// Read-ahead along sequences (tier_readahead.go). Under mu: child is
 	// the block that follows each parent (its key) in a tier, as the last
-	// copy down of a child said; parentOf each such child's parent, so
+	// copy down of a child said (after a restart, as the disk stores
+	// kept it: relinkLocked); parentOf each such child's parent, so
 	// that both go when the child leaves the tiers (at most one of each
 	// per block the tiers hold).
 	child, parentOf map[disk.Key]uint64
@@ -499,7 +500,8 @@ func syncFile(path string) error {
 }
 
 // openStoresLocked opens each tier's store with blocks of t.blockBytes and
-// lists what they hold. t.mu is held.
+// lists what they hold, each block linked to the parent its store kept
+// with it. t.mu is held.
 func (t *tiers) openStoresLocked() error {
 	t.room.Store(int64(t.blockBytes))
 	for _, d := range t.list {
@@ -542,6 +544,7 @@ func (t *tiers) openStoresLocked() error {
 				continue
 			}
 			t.recordLocked(d, k, t.blockBytes)
+			t.relinkLocked(st, k)
 		}
 	}
 	return nil

@@ -154,6 +154,11 @@ func TestTierDevicePoolKeepsWhatItRecycles(t *testing.T) {
 			dir := tierDir(t)
 			agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
 				c.RDMA = "off"
+				// A lease of disk-held blocks stages each into a device
+				// slot first, here in parts of 1000 bytes through a strict
+				// stand-in GPU: under -race on loaded cores it can outlast
+				// the default bound of a control call (half of 2 s).
+				c.PeerTimeout = 10 * time.Second
 				if i == 0 {
 					deviceTierConfig(c, lib, dir)
 					// No read-ahead: the look-up's would bring up blocks

@@ -209,12 +209,16 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 		gen uint64
 	}
 	var ms []moving
+	parents := map[disk.Key]uint64{} // each one's link's parent, kept with its copy below
 	t.mu.Lock()
 	for e := t.lru(h.n).Front(); e != nil && len(ms) < n; e = e.Next() {
 		if e.Value.(*tierEntry).gone {
 			continue // being dropped: its dropper frees its slot
 		}
 		ms = append(ms, moving{k: e.Value.(*tierEntry).key, e: e})
+		if p, ok := t.parentOf[e.Value.(*tierEntry).key]; ok {
+			parents[e.Value.(*tierEntry).key] = p
+		}
 	}
 	t.mu.Unlock()
 	if len(ms) == 0 {
@@ -250,7 +254,7 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 		}
 		m.buf, m.n, m.gen = buf, got, gen
 		read = append(read, m)
-		items = append(items, disk.PutItem{Key: m.k, Data: buf[:got]})
+		items = append(items, parentItem(m.k, buf[:got], parents[m.k]))
 	}
 	if len(items) == 0 {
 		return len(ms)

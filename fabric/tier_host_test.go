@@ -192,7 +192,9 @@ func TestHostTierAllocateDoesNotWait(t *testing.T) {
 }
 
 // The host tier is not persistent: a restarted agent finds the disk
-// tier's blocks again, and none of the host tier's.
+// tier's blocks again, and none of the host tier's; and the links of the
+// blocks on disk, moved there from the host tier, their parents kept in
+// the disk tier's journal.
 func TestHostTierIsNotKeptAcrossRestarts(t *testing.T) {
 	const n = 600
 	dir := tierDir(t)
@@ -219,6 +221,12 @@ func TestHostTierIsNotKeptAcrossRestarts(t *testing.T) {
 	after := tiersStatus(t, c2, 2)
 	if after[0].Blocks != 0 || after[1].Blocks != before[1].Blocks {
 		t.Fatalf("after a restart the tiers hold %d and %d blocks, want 0 and %d", after[0].Blocks, after[1].Blocks, before[1].Blocks)
+	}
+	// One sequence, its first block on disk (acquired below): every
+	// other block on disk links its parent to it.
+	if got := fabric.TierLinks(a2); uint64(got) != after[1].Blocks-1 {
+		t.Fatalf("after a restart the tiers keep %d links for the %d blocks of one sequence on disk, want %d",
+			got, after[1].Blocks, after[1].Blocks-1)
 	}
 	set2 := register(t, c2, tierEngine)
 	if got := fabric.TierHolding(a2, set2.ID, hashes[n-100]); got != "" {

@@ -387,16 +387,18 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		at = append(at, i)
 		if src.pieces != nil {
 			trailers = append(trailers, src.trailer)
-			items = append(items, disk.PutItem{Key: k})
+			items = append(items, parentItem(k, nil, j.parent))
 			if !j.held {
 				direct = append(direct, len(items)-1)
 			}
 			batch.AddPieces(ctx, k, src.pieces...)
+			keepParent(batch, items)
 			continue
 		}
 		bufs = append(bufs, src.buf)
-		items = append(items, disk.PutItem{Key: k, Data: src.buf[:tierBlockBytes(l)]})
+		items = append(items, parentItem(k, src.buf[:tierBlockBytes(l)], j.parent))
 		batch.Add(ctx, k, items[len(items)-1].Data)
+		keepParent(batch, items)
 	}
 	if batch == nil {
 		return out

@@ -41,10 +41,21 @@ import (
 // Offload hook gives each block's parent, and a block placed in a tier
 // links its parent to it. A link lives as long as its child's record in
 // the tiers (moved with it from the host tier to a disk tier, dropped
-// when it leaves them), so there is at most one per block held. Links are
-// not journaled: after a restart the tiers hold their blocks again but no
-// links until those blocks go down anew, and nothing is read ahead until
-// then.
+// when it leaves them), so there is at most one per block held. The
+// parent is kept with the block's copy too (parentItem: written beside
+// it, and a disk store keeps it in the block's journal record), so that
+// a restarted agent, recording each block its disk tiers hold again,
+// links it to its parent under the same rules (relinkLocked) and reads
+// ahead at once. Where a parent has two children on disk, which one's
+// link a restart keeps is either's (while running, the last placed
+// wins). A link is kept on disk only as the parent its block's copy was
+// put with; so a block has none after a restart where its copy's put gave
+// none (an offer with parent 0, such as a RegisterBlocks's first block
+// given no parent; a copy journalled before parents were kept), and a
+// link made later for a block a tier held already (a copy down's t.link
+// of a block held, in copyDownBatch) is not journalled: a restart loses
+// it, linking the block as its put did, if at all. Such links come back
+// only as their blocks go down anew.
 //
 // A restore (Acquire's, Import's, Lookup's, Prefetch's) whose leading
 // blocks include one being read ahead waits until those have landed (or
@@ -165,13 +176,42 @@ func (r *aheadRun) settledLocked() {
 // link records that k's block follows parent in its sequence, if the
 // tiers hold k.
 func (t *tiers) link(k disk.Key, parent uint64) {
-	if parent == 0 || parent == k.Hash {
+	if !linkable(k, parent) {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.pos[k]; ok {
 		t.linkLocked(k, parent)
+	}
+}
+
+// linkable says whether parent, given as k's, is one a link may name: a
+// block's parent, never 0 (a sequence's first block) nor k's own hash.
+func linkable(k disk.Key, parent uint64) bool { return parent != 0 && parent != k.Hash }
+
+// parentItem is the put of k's block, its parent kept beside it in the
+// store (disk.PutItem.Parent) where it is one a link may name, so that a
+// restarted agent finds the link again (relinkLocked).
+func parentItem(k disk.Key, data []byte, parent uint64) disk.PutItem {
+	return disk.PutItem{Key: k, Data: data, Parent: parent, HasParent: linkable(k, parent)}
+}
+
+// keepParent keeps the parent of items' last, just added to batch (whose
+// items are items' so far), with it.
+func keepParent(batch tierPuts, items []disk.PutItem) {
+	if it := items[len(items)-1]; it.HasParent {
+		batch.SetParent(len(items)-1, it.Parent)
+	}
+}
+
+// relinkLocked links k, recorded from st (a disk tier's store) as a
+// restarted agent finds it, to the parent st kept with it, if any: the links of
+// the blocks a disk tier holds outlive the agent, as the blocks do.
+// t.mu is held.
+func (t *tiers) relinkLocked(st *disk.Store, k disk.Key) {
+	if p, ok := st.Parent(k); ok && linkable(k, p) {
+		t.linkLocked(k, p)
 	}
 }
 

@@ -992,3 +992,163 @@ func idleReaderAhead(t *testing.T, a *fabric.Agent, c *client.Client, writer *cl
 	}
 	return (st.Pools[0].SizeBytes - st.Pools[0].CarvedBytes) / uint64(reader.Layout.Strides().Block)
 }
+
+// The links outlive the agent with the blocks on disk: a restarted agent
+// finds the sequence's links again (its copies' journal records keep each
+// block's parent), and an Acquire of the sequence's head reads the next
+// run ahead at once, as before the restart, with no block copied down
+// anew.
+func TestTierReadAheadAfterARestart(t *testing.T) {
+	const n = 32
+	dir := tierDir(t)
+	cfg := testConfig(t, "aheadrestart")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.TierReadAhead = 8
+	cfg.BlockSetGrace = 50 * time.Millisecond
+	cfg.NoOrphanCache = true
+	a := startAgent(t, cfg)
+	wc := newClient(t, a)
+	hashes := storeThrough(t, wc, register(t, wc, tierEngine), n, a)
+	wc.Close()
+	c := newClient(t, a)
+	wait.For(t, 30*time.Second, "the writer's set freed, its blocks on disk", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if len(st.BlockSets) != 0 || len(st.Tiers) == 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("%d block sets, tiers %v", len(st.BlockSets), st.Tiers)
+		}
+		return nil
+	})
+	if got := fabric.TierLinks(a); got != n-1 {
+		t.Fatalf("%d links before the restart; want %d", got, n-1)
+	}
+	c.Close()
+	a.Close()
+
+	cfg2 := testConfig(t, "aheadrestart")
+	cfg2.Tiers = cfg.Tiers
+	cfg2.TierReadAhead = 8
+	a2 := startAgent(t, cfg2)
+	if got := fabric.TierLinks(a2); got != n-1 {
+		t.Fatalf("%d links after a restart; want the %d the blocks on disk had", got, n-1)
+	}
+	c2 := newClient(t, a2)
+	set := registerReader(t, c2)
+	acquireRun(t, c2, set, hashes[:8], 1)
+	waitReadAheads(t, a2, 1)
+	for i := 8; i < 16; i++ {
+		if !fabric.BlockSetHolds(a2, set.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead after a restart", i)
+		}
+	}
+	if m := readAheadMetrics(a2); m.ReadAhead != 8 || m.Offloads != 0 {
+		t.Fatalf("after a restart and one run: %d read ahead, %d copied down; want 8, 0", m.ReadAhead, m.Offloads)
+	}
+	acquireRun(t, c2, set, hashes[8:16], 9)
+	if m := readAheadMetrics(a2); m.ReadAheadHits != 8 {
+		t.Fatalf("%d hits taking the run read ahead after a restart; want 8", m.ReadAheadHits)
+	}
+}
+
+// A journal whose parents make loops (a block its own parent, two blocks
+// each other's) does not make the read-ahead loop after a restart: an
+// Acquire of either head returns, byte for byte, and no block is read
+// ahead twice. A guard: a self-parent is never linked (linkable, in
+// relinkLocked), and the chain's walks are bounded (chain, nextAhead); the
+// links counted fail where the self-parent check is gone.
+func TestTierReadAheadAfterARestartWithLoopedParents(t *testing.T) {
+	const n = 16
+	dir := tierDir(t)
+	cfg := testConfig(t, "aheadloops")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.TierReadAhead = 8
+	cfg.BlockSetGrace = 50 * time.Millisecond
+	cfg.NoOrphanCache = true
+	a := startAgent(t, cfg)
+	wc := newClient(t, a)
+	hashes := storeThrough(t, wc, register(t, wc, tierEngine), n, a)
+	wc.Close()
+	c := newClient(t, a)
+	wait.For(t, 30*time.Second, "the writer's set freed, its blocks on disk", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if len(st.BlockSets) != 0 || len(st.Tiers) == 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("%d block sets, tiers %v", len(st.BlockSets), st.Tiers)
+		}
+		return nil
+	})
+	// Blocks 0 and 1 each other's parent, 2 after hash 0 (none), 15 its
+	// own parent; 3..14 as they went down.
+	for _, p := range []struct {
+		i      int
+		parent uint64
+	}{{0, hashes[1]}, {2, 0}, {15, hashes[15]}} {
+		if !fabric.TierKeepParent(a, hashes[p.i], p.parent) {
+			t.Fatalf("block %d not put again with parent %d", p.i, p.parent)
+		}
+	}
+	c.Close()
+	a.Close()
+
+	cfg2 := testConfig(t, "aheadloops")
+	cfg2.Tiers = cfg.Tiers
+	cfg2.TierReadAhead = 8
+	a2 := startAgent(t, cfg2)
+	// 0 -> 1 and 1 -> 0, 2 -> 3 .. 13 -> 14; none to 2 nor to 15.
+	if got := fabric.TierLinks(a2); got != n-2 {
+		t.Fatalf("%d links after a restart; want %d", got, n-2)
+	}
+	c2 := newClient(t, a2)
+	set := registerReader(t, c2)
+	acquire := func(from, to int) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		refs, err := c2.Acquire(ctx, set.ID, hashes[from:to])
+		if err != nil || len(refs) != to-from {
+			t.Fatalf("acquire %d..%d: %d blocks, %v", from, to-1, len(refs), err)
+		}
+		var rel []uint32
+		for i, r := range refs {
+			if err := (mappedSlots{set}).check(int(r.Slot), uint64(from+i+1)); err != nil {
+				t.Fatalf("block %d (slot %d): %v", from+i, r.Slot, err)
+			}
+			rel = append(rel, r.Slot)
+		}
+		if err := c2.Release(ctx, set.ID, rel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantAhead := func(what string, started, blocks, hits uint64) {
+		t.Helper()
+		waitReadAheads(t, a2, started)
+		if m := readAheadMetrics(a2); m.ReadAhead != blocks || m.ReadAheadHits != hits {
+			t.Fatalf("%s: %d read ahead, %d hits; want %d, %d", what, m.ReadAhead, m.ReadAheadHits, blocks, hits)
+		}
+	}
+	// The two-block loop's head: its other block read ahead, once.
+	acquire(0, 1)
+	wantAhead("block 0 acquired", 1, 1, 0)
+	if !fabric.BlockSetHolds(a2, set.ID, hashes[1]) {
+		t.Fatal("block 1, block 0's child, was not read ahead")
+	}
+	// The other: taken as read ahead; nothing after it but block 0, held.
+	acquire(1, 2)
+	wantAhead("block 1 acquired", 1, 1, 1)
+	// The self-parented block: nothing read ahead after it.
+	acquire(15, 16)
+	wantAhead("block 15 acquired", 1, 1, 1)
+	// The sequence from 2: read ahead up to 14, whose child 15 names
+	// itself and is no link.
+	acquire(2, 8)
+	wantAhead("blocks 2..7 acquired", 2, 8, 1)
+	for i := 8; i < 15; i++ {
+		if !fabric.BlockSetHolds(a2, set.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead", i)
+		}
+	}
+}

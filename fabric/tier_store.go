@@ -39,6 +39,7 @@ type tierPuts interface {
 	Wait(i int) error
 	Replace(ctx context.Context, i int, data []byte) bool
 	Drop(i int)
+	SetParent(i int, parent uint64)
 	Commit() []error
 }
 

@@ -60,7 +60,9 @@
 //	Complete    Retired     Retire                  a copy may still land
 //
 // A set with Retired slots can be freed, but its memory goes to no other
-// set while the pool lives ([Metrics].WithheldBytes). Retired slots count
+// set while the pool lives ([Metrics].WithheldBytes); [Pool.ReclaimBlockSet],
+// which frees a set only for its memory, refuses it ([ErrBlockSetRetired]),
+// seeing a slot retired up to the call. Retired slots count
 // in neither [BlockSet.Usable] (the slots that may still be allocated) nor
 // [BlockSet.Retains] (the blocks the set keeps before allocating recycles
 // them).

@@ -46,9 +46,12 @@ var (
 	// ErrOutOfMemory is returned when the pool's storage cannot hold a new
 	// block set.
 	ErrOutOfMemory = errors.New("pool: storage full")
-	// ErrBlockSetBusy is returned by FreeBlockSet while a slot of the set
-	// is allocated, referenced or leased.
+	// ErrBlockSetBusy is returned by FreeBlockSet and ReclaimBlockSet
+	// while a slot of the set is allocated, referenced or leased.
 	ErrBlockSetBusy = errors.New("pool: block set in use")
+	// ErrBlockSetRetired is returned by ReclaimBlockSet for a set with
+	// Retired slots, whose memory freeing it would withhold.
+	ErrBlockSetRetired = errors.New("pool: block set has retired slots")
 )
 
 // AllocError says why an allocation failed. It matches ErrExhausted.

@@ -7,7 +7,7 @@ import (
 )
 
 // FitsFreeing says whether NewBlockSetOn(tmpl, place) would find room
-// were the block sets freed given back first (FreeBlockSet), without
+// were the block sets freed given back first (ReclaimBlockSet), without
 // freeing them or carving anything: for a caller that frees sets only
 // where that makes room for the new one. A set with retired slots gives
 // back no memory when freed (it is withheld), and an id of no set (0, or

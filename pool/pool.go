@@ -376,6 +376,23 @@ func (ar *arena) holeBytes() uint64 {
 // The set's id is never reused; calls on the freed set fail with
 // ErrUnknownBlockSet, and BlockSet and BlockSets no longer return it.
 func (p *Pool) FreeBlockSet(id SetID) error {
+	return p.freeBlockSet(id, false)
+}
+
+// ReclaimBlockSet is FreeBlockSet for a caller that frees the set only for
+// its memory (room for another set): it refuses too, changing nothing,
+// with an error matching ErrBlockSetRetired, a set with Retired slots,
+// whose memory FreeBlockSet would withhold rather than give back. The
+// slots are looked at under the lock Retire takes, so a slot retired just
+// before is seen: a caller that checked Retired before cannot free a set
+// retired since, and find its room not there. A set both busy and
+// retired is refused as retired.
+func (p *Pool) ReclaimBlockSet(id SetID) error {
+	return p.freeBlockSet(id, true)
+}
+
+// freeBlockSet is FreeBlockSet, or ReclaimBlockSet where reclaim is set.
+func (p *Pool) freeBlockSet(id SetID, reclaim bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if id == 0 || uint64(id) > uint64(len(p.sets)) || p.sets[id-1] == nil {
@@ -384,6 +401,9 @@ func (p *Pool) FreeBlockSet(id SetID) error {
 	b := p.sets[id-1]
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if reclaim && b.retired > 0 {
+		return fmt.Errorf("%w: block set %d has %d retired slots: freed, its memory would be withheld", ErrBlockSetRetired, id, b.retired)
+	}
 	var allocated, used int
 	for i := range b.slots {
 		s := &b.slots[i]

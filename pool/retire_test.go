@@ -173,6 +173,66 @@ func TestFreeBlockSetWithheldWithRetiredSlot(t *testing.T) {
 	}
 }
 
+// ReclaimBlockSet frees a set only where its memory comes back: one with a
+// retired slot is refused, changing nothing (its blocks still served, its
+// memory still its own), and one without is freed, its memory taken by the
+// next set.
+func TestReclaimBlockSetRefusesRetiredSlots(t *testing.T) {
+	l := testLayout(64, 2, layout.FullyContiguous, 4096)
+	st := newSliceStorage(2*2*64*4096 + 4096) // room for two sets
+	p, err := New(st, testConfig(newManualClock(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	retired, err := p.NewBlockSet(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clean, err := p.NewBlockSet(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blks, err := retired.Allocate(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := retired.Commit(blks[1]); err != nil {
+		t.Fatal(err)
+	}
+	cached, err := retired.Register(blks[1], 7, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := retired.Release(cached); err != nil {
+		t.Fatal(err)
+	}
+	if err := retired.Retire(blks[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ReclaimBlockSet(retired.ID()); !errors.Is(err, ErrBlockSetRetired) {
+		t.Fatalf("reclaim a set with a retired slot: %v, want ErrBlockSetRetired", err)
+	}
+	if _, err := p.BlockSet(retired.ID()); err != nil {
+		t.Fatalf("the set refused is gone: %v", err)
+	}
+	if b, ok := retired.Lookup(7); !ok || b != cached {
+		t.Fatalf("the refused set's cached block: %v %v, want %v", b, ok, cached)
+	}
+	if m, own := p.Metrics(), retired.Metrics(); m.WithheldBytes != own.WithheldBytes {
+		t.Fatalf("pool withholds %d bytes after the refusal, want %d (the retired slot's share)", m.WithheldBytes, own.WithheldBytes)
+	}
+	if err := p.ReclaimBlockSet(clean.ID()); err != nil {
+		t.Fatalf("reclaim a set with no retired slot: %v", err)
+	}
+	if _, err := p.NewBlockSet(l); err != nil {
+		t.Fatalf("a set in the memory of one reclaimed: %v", err)
+	}
+	if err := p.ReclaimBlockSet(clean.ID()); !errors.Is(err, ErrUnknownBlockSet) {
+		t.Fatalf("reclaim a set freed: %v, want ErrUnknownBlockSet", err)
+	}
+}
+
 // WithheldBytes counts the memory retired slots keep out of use in sets
 // still held (each retired slot's share of its set's regions, every rank),
 // as well as the whole memory of freed sets that had them: the agent keeps

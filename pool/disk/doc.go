@@ -18,15 +18,29 @@
 //	offset  size  field
 //	0       4     magic "KVFJ"
 //	4       1     op: 1 put, 2 delete
-//	5       3     reserved, zero
+//	5       1     flags: bit 0, a parent in bytes 48..55 (other bits
+//	              ignored; zero in a journal written before parents)
+//	6       2     reserved, zero
 //	8       8     sequence number, increasing
 //	16      8     block hash
 //	24      8     tag (what the caller keeps beside the hash: a layout id)
 //	32      4     slot
 //	36      4     length of the block's bytes
 //	40      8     xxh3 of the block's bytes
-//	48      8     reserved, zero
+//	48      8     parent: the hash of the block this one follows in its
+//	              sequence, under the same tag (Batch.SetParent); zero
+//	              where flags say none
 //	56      8     xxh3 of bytes 0..55
+//
+// A block's parent is the caller's (the tiers above learn from it which
+// block follows which, to read ahead, after a restart too): kept with the
+// block while it is held, in its put's record and in a compacted
+// journal's, and returned by Parent. A delete names its block by slot,
+// length and checksum, not by its parent (its record's bytes 5 and 48..55
+// are zero). A journal written before parents were kept replays as it
+// did, its blocks with none; one written with them is read by such a
+// version, which ignores them, and drops the parent of each block it
+// writes a record of again (its compaction, a put of the block anew).
 //
 // # Crash consistency
 //

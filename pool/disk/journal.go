@@ -15,6 +15,10 @@ const (
 	journalMagic = "KVFJ"
 	opPut        = 1
 	opDelete     = 2
+	// flagParent, in a record's byte 5: bytes 48..55 hold the block's
+	// parent (entry.parent). A journal written before parents were kept
+	// has the byte zero: its blocks have none. Other bits are ignored.
+	flagParent = 1
 	// compactAfter: the journal is rewritten with only the live blocks
 	// once it holds this many records and four times as many as blocks.
 	compactAfter = 4096
@@ -31,6 +35,10 @@ func (r record) encode() [recordBytes]byte {
 	var b [recordBytes]byte
 	copy(b[0:4], journalMagic)
 	b[4] = r.op
+	if r.e.hasParent {
+		b[5] = flagParent
+		binary.LittleEndian.PutUint64(b[48:], r.e.parent)
+	}
 	binary.LittleEndian.PutUint64(b[8:], r.seq)
 	binary.LittleEndian.PutUint64(b[16:], r.key.Hash)
 	binary.LittleEndian.PutUint64(b[24:], r.key.Tag)
@@ -57,7 +65,15 @@ func decodeRecord(b []byte) (record, bool) {
 			sum:    binary.LittleEndian.Uint64(b[40:]),
 		},
 	}
+	if b[5]&flagParent != 0 {
+		r.e.parent, r.e.hasParent = binary.LittleEndian.Uint64(b[48:]), true
+	}
 	return r, r.op == opPut || r.op == opDelete
+}
+
+// sameBlock says whether a and b name the same bytes in the same slot.
+func sameBlock(a, b entry) bool {
+	return a.slot == b.slot && a.length == b.length && a.sum == b.sum
 }
 
 func (s *Store) journalPath() string { return filepath.Join(s.cfg.Dir, "journal") }
@@ -108,8 +124,10 @@ func (s *Store) replay() error {
 			s.entries[r.key] = held{r.e, s.gen}
 		case opDelete:
 			// A delete names the block it removed: a put of the same key
-			// committed in the same group, before it, stays.
-			if cur, ok := s.entries[r.key]; ok && cur.entry == r.e {
+			// committed in the same group, before it, stays. Its parent
+			// is no part of the name: a delete journalled by a version
+			// that kept none still names a block put with one.
+			if cur, ok := s.entries[r.key]; ok && sameBlock(cur.entry, r.e) {
 				delete(s.entries, r.key)
 			}
 		}

@@ -121,6 +121,18 @@ func (s *MemStore) Keys() []Key {
 	return out
 }
 
+// Parent is the parent kept with the block under k (MemBatch.SetParent),
+// if the store holds k and its put gave one. The host tier's puts give
+// one as a disk tier's do, through the batch interface both stores share
+// (the fabric's tierPuts), but nothing reads it back but tests: a block
+// moved down takes its parent from the tiers' links, not from here.
+func (s *MemStore) Parent(k Key) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[k]
+	return e.parent, ok && e.hasParent
+}
+
 // Stats returns the store's counters (no journal: JournalRecords and
 // Commits stay 0).
 func (s *MemStore) Stats() Stats {
@@ -149,8 +161,11 @@ func (s *MemStore) Put(ctx context.Context, k Key, data []byte) error {
 // PutBatch puts every item as Put does and returns each one's error.
 func (s *MemStore) PutBatch(ctx context.Context, items []PutItem) []error {
 	b := s.NewBatch()
-	for _, it := range items {
+	for i, it := range items {
 		b.Add(ctx, it.Key, it.Data)
+		if it.HasParent {
+			b.SetParent(i, it.Parent)
+		}
 	}
 	return b.Commit()
 }
@@ -450,6 +465,12 @@ func (s *MemStore) fill(slot uint32, pieces [][]byte, n int) (entry, error) {
 	return entry{slot: slot, length: uint32(n), sum: h.Sum64()}, nil
 }
 
+// SetParent keeps parent with item i's block (i < Len()), as
+// Batch.SetParent does (in memory only). Before Commit.
+func (b *MemBatch) SetParent(i int, parent uint64) {
+	b.items[i].e.parent, b.items[i].e.hasParent = parent, true
+}
+
 // Wait returns item i's copy's error as Batch.Wait returns its write's:
 // nil once its bytes are copied (a copy in memory ends as it is added, so
 // Wait never waits); for an item never copied, why not (Add's error:
@@ -480,6 +501,7 @@ func (b *MemBatch) Replace(ctx context.Context, i int, data []byte) bool {
 		it.err = err
 		return true
 	}
+	e.parent, e.hasParent = it.e.parent, it.e.hasParent
 	it.e = e
 	return true
 }

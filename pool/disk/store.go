@@ -151,6 +151,11 @@ type entry struct {
 	slot   uint32
 	length uint32
 	sum    uint64
+	// parent, where hasParent, is the hash of the block this one follows
+	// in its sequence (Batch.SetParent), under the same tag; a Store keeps
+	// it in the block's journal record.
+	parent    uint64
+	hasParent bool
 }
 
 // held is a committed copy's entry and its generation: a number no other
@@ -326,6 +331,16 @@ func (s *Store) Keys() []Key {
 	return out
 }
 
+// Parent is the parent kept with the block under k (Batch.SetParent), if
+// the store holds k and its put gave one: after Open, as its journal
+// record has it.
+func (s *Store) Parent(k Key) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[k]
+	return e.parent, ok && e.hasParent
+}
+
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
@@ -354,6 +369,9 @@ func (s *Store) Put(ctx context.Context, k Key, data []byte) error {
 type PutItem struct {
 	Key  Key
 	Data []byte
+	// Parent, where HasParent, is kept with the block (Batch.SetParent).
+	Parent    uint64
+	HasParent bool
 }
 
 // PutBatch puts every item as Put does, in one Batch: their writes under
@@ -363,8 +381,11 @@ type PutItem struct {
 // MaxPutBatch fail alone with ErrTooLarge and the others are put.
 func (s *Store) PutBatch(ctx context.Context, items []PutItem) []error {
 	b := s.NewBatch()
-	for _, it := range items {
+	for i, it := range items {
 		b.Add(ctx, it.Key, it.Data)
+		if it.HasParent {
+			b.SetParent(i, it.Parent)
+		}
 	}
 	return b.Commit()
 }
@@ -533,6 +554,15 @@ func (b *Batch) wait(it *batchItem) error {
 		it.done = nil
 	}
 	return it.err
+}
+
+// SetParent keeps parent with item i's block (in the order added; i <
+// Len(), as for Wait, Replace and Drop): the hash of the block it follows
+// in its sequence, under the same Tag, which Parent returns for as long
+// as the store holds the block, after a restart too (the block's journal
+// record holds it). Before Commit; an item that is not put keeps nothing.
+func (b *Batch) SetParent(i int, parent uint64) {
+	b.items[i].e.parent, b.items[i].e.hasParent = parent, true
 }
 
 // Wait waits for the write of item i (in the order added) to end and
@@ -813,8 +843,11 @@ func (s *Store) drop(k Key, e held) bool {
 	s.mu.Unlock()
 	// The record goes first: a slot reused before it was durable could
 	// come back after a crash under the old key with new bytes (its
-	// checksum would catch it, but not losing the block is better).
-	if err := s.appendRecords([]pendingRecord{{op: opDelete, key: k, e: e.entry}}); err != nil {
+	// checksum would catch it, but not losing the block is better). It
+	// names the block without its parent, as a journal written before
+	// parents were kept does.
+	del := entry{slot: e.slot, length: e.length, sum: e.sum}
+	if err := s.appendRecords([]pendingRecord{{op: opDelete, key: k, e: del}}); err != nil {
 		s.cfg.Logger.Warn("disk tier: journal a delete", "err", err)
 	}
 	s.mu.Lock()
