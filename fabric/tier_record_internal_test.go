@@ -376,6 +376,154 @@ func TestTierRestoreDropOfARecordReplacedBeforeTheRead(t *testing.T) {
 	}
 }
 
+// storeDrops drops d's copy of k as the store itself does when a read of
+// it fails its checksum, with no delete of the tiers' nor its record
+// marked: in host memory the copy is corrupted and read (the MemStore
+// drops it); on disk, where the tests cannot corrupt a copy in its file,
+// it is deleted through the store. It says whether the copy went. For
+// hooks on a reader goroutine: it reports with t.Error.
+func storeDrops(t *testing.T, d *diskTier, k disk.Key) bool {
+	t.Helper()
+	st := d.store.Load()
+	if m, ok := st.(*disk.MemStore); ok {
+		if !m.CorruptForTest(k, 10, 0x40) {
+			t.Error("the copy was not corrupted")
+			return false
+		}
+		if _, err := st.Get(context.Background(), k, make([]byte, disk.Align)); !errors.Is(err, disk.ErrCorrupt) {
+			t.Errorf("the read of the corrupted copy: %v, want ErrCorrupt", err)
+			return false
+		}
+	} else if err := st.Delete(k); err != nil {
+		t.Error(err)
+		return false
+	}
+	if has(d, k) {
+		t.Error("the store still holds the copy it dropped")
+		return false
+	}
+	return true
+}
+
+// noRecord fails the test unless k has no record and no copy in d, the
+// tiers consistent: a record whose copy went, marked gone and forgotten.
+func noRecord(t *testing.T, tr *tiers, d *diskTier, k disk.Key) {
+	t.Helper()
+	consistent(t, tr, d, k)
+	tr.mu.Lock()
+	_, ok := tr.pos[k]
+	tr.mu.Unlock()
+	if ok || has(d, k) {
+		t.Fatalf("the block whose copy went: a record %v, a copy %v; want neither", ok, has(d, k))
+	}
+}
+
+// A restore whose block's record was replaced between the read's start
+// and the store's read (the copy dropped and the record forgotten, a good
+// copy committed and recorded), where the store then drops the copy it
+// reads (its checksum failed) or finds it missing, marks the record that
+// names the tier then gone and has it forgotten: the record is left with
+// no copy behind it, which the tiers never make (each delete of theirs
+// marks the record first). Acting on the record the read began with only,
+// the restore left the new record held, served from and counted, with no
+// copy in the store.
+func TestTierRestoreLostOfARecordReplacedBeforeTheRead(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		t.Run(fmt.Sprintf("host=%v", host), func(t *testing.T) {
+			tr, _, k := belowSet(t, host, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			good := append(bytes.Repeat([]byte{0x66}, tierBlockBytes(other.Layout())-tierTrailer), make([]byte, tierTrailer)...)
+			first := tr.recordIn(d, k)
+			ran := false
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				// Another restore dropped the copy and forgot its record;
+				// a copier commits a good copy and records it; the store
+				// drops that copy as it reads it, or it goes.
+				if err := tr.dropCopy(d, k, true); err != nil {
+					t.Error(err)
+				}
+				forgetKey(tr, d, k)
+				if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+					t.Error(err)
+					return
+				}
+				if !placeCopy(tr, d, k, disk.Align) {
+					t.Error("the copy committed again was not recorded")
+				}
+				if e := tr.recordIn(d, k); e == nil || e == first {
+					t.Error("the copy committed again is not in a record of its own")
+				}
+				if !host {
+					storeDrops(t, d, k) // on disk: it goes
+				} else if !d.store.Load().(*disk.MemStore).CorruptForTest(k, 10, 0x40) {
+					// In host memory the store drops it as the restore
+					// reads it.
+					t.Error("the copy was not corrupted")
+				}
+			}
+			tr.beforeRead.Store(&f)
+			blks, err := restoreFrom(tr, d, other, k)
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			if len(blks) != 0 || err == nil {
+				t.Fatalf("restore of a copy that went: %d blocks, %v; want none and an error", len(blks), err)
+			}
+			noRecord(t, tr, d, k)
+			if got := tr.where(k); got != nil {
+				t.Fatalf("the block is held by tier %d, want none", tierNum(got))
+			}
+		})
+	}
+}
+
+// A restore whose read is found corrupt by the tiers' own checks, where
+// the store drops the copy read before the restore acts on it (a read of
+// it that failed the store's checksum, or the copy gone), marks the record
+// that names the tier gone and has it forgotten, as a restore whose read
+// found the copy missing does: with no copy of that generation to drop,
+// the restore left the record held with no copy behind it.
+func TestTierRestoreDropOfACopyTheStoreDropped(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		t.Run(fmt.Sprintf("host=%v", host), func(t *testing.T) {
+			tr, _, k := belowSet(t, host, false) // its copy: 1000 bytes, the wrong length
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ran := false
+			f := func(dd *diskTier, kk disk.Key, rerr error) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				if rerr != nil {
+					t.Errorf("the store's read of the bad copy: %v, want it read whole", rerr)
+				}
+				storeDrops(t, d, k)
+			}
+			tr.afterRead.Store(&f)
+			blks, err := restoreFrom(tr, d, other, k)
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
+				t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt", len(blks), err)
+			}
+			noRecord(t, tr, d, k)
+		})
+	}
+}
+
 // A restore whose read's failure marked the block's record gone (a copy
 // found missing, or corrupt by the tiers' own checks and dropped) forgets
 // that record only: where another forgot it, and a copier committed the
@@ -406,8 +554,8 @@ func TestTierRestoreForgetLeavesARecordPlacedSince(t *testing.T) {
 			forgot := false
 			forget := func(f tierFound) {
 				forgot = true
-				if !f.lost || f.e != marked {
-					t.Errorf("the read's failure: lost %v, the record read from %v; want it marked", f.lost, f.e == marked)
+				if f.e != marked {
+					t.Errorf("the read's failure: marked %v, the record read from %v; want the record read from marked", f.e != nil, f.e == marked)
 				}
 				// Another forgets the record gone; a copier commits the
 				// block again and records it.
