@@ -524,6 +524,32 @@ func TestTierRestoreDropOfACopyTheStoreDropped(t *testing.T) {
 	}
 }
 
+// A drop of a copy found corrupt with no generation read (0: no copy's; a
+// store gives each copy it holds one from 1 up) drops nothing and marks
+// nothing: taken to dropCopyGen, 0 deleted the copy by key, whatever it
+// is, and marked its record gone.
+func TestTierDropFoundOfNoGeneration(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		t.Run(fmt.Sprintf("host=%v", host), func(t *testing.T) {
+			tr, _, k := belowSet(t, host, false)
+			d := tr.list[0]
+			if gen, ok := d.store.Load().Gen(k); !ok || gen == 0 {
+				t.Fatalf("the copy held: generation %d, held %v; want one from 1 up", gen, ok)
+			}
+			e := tr.recordIn(d, k)
+			f := tierFound{d: d, k: k, e: e}
+			tr.dropFound(&f)
+			if f.e != nil {
+				t.Fatal("a drop of no generation marked a record")
+			}
+			consistent(t, tr, d, k)
+			if !has(d, k) || tr.where(k) != d || tr.recordIn(d, k) != e {
+				t.Fatalf("after a drop of no generation: in the store %v, held by tier %d; want the copy and its record as they were", has(d, k), tierNum(tr.where(k)))
+			}
+		})
+	}
+}
+
 // A restore whose read's failure marked the block's record gone (a copy
 // found missing, or corrupt by the tiers' own checks and dropped) forgets
 // that record only: where another forgot it, and a copier committed the

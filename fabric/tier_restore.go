@@ -282,8 +282,14 @@ func (t *tiers) forgetFound(f tierFound) {
 // a copy committed since in its place (placed reusing the record) and its
 // record stay, and a record replaced between the read's start and the
 // store's read is acted on as the one the copy read was of. A copy no
-// record names is deleted alone.
+// record names is deleted alone. With f.gen 0 no copy was read (a store
+// gives each copy it holds a generation from 1 up): nothing is dropped
+// nor marked, where dropCopyGen would take 0 as a delete by key.
 func (t *tiers) dropFound(f *tierFound) {
+	if f.gen == 0 {
+		f.e = nil
+		return
+	}
 	f.e, _ = t.dropCopyGen(f.d, f.k, true, nil, f.gen)
 }
 

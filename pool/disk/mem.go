@@ -249,8 +249,8 @@ func (s *MemStore) GetPiecesGen(ctx context.Context, k Key, pieces ...[]byte) (i
 	return s.getPieces(k, pieces)
 }
 
-// Gen is the generation of the copy the store holds under k (GetGen);
-// false if it holds none.
+// Gen is the generation of the copy the store holds under k (GetGen),
+// never 0 (generations count from 1); false if it holds none.
 func (s *MemStore) Gen(k Key) (uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

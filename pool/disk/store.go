@@ -821,8 +821,8 @@ func (s *Store) DeleteIf(k Key, gen uint64) error {
 	return nil
 }
 
-// Gen is the generation of the copy the store holds under k (GetGen);
-// false if it holds none.
+// Gen is the generation of the copy the store holds under k (GetGen),
+// never 0 (generations count from 1); false if it holds none.
 func (s *Store) Gen(k Key) (uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
