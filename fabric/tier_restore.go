@@ -80,8 +80,8 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 // or missing has its record marked gone and the sets that hold it told at
 // once (dropFound, lostCopy: the pool's and the sets' locks, not a.mu),
 // and is passed to forget, which drops that record (the one its failure
-// marked, tierFound.e, and no record made since) and announces it
-// (tiers.forgetFound).
+// marked, tierFound.e, and no record made since the failure) and
+// announces it (tiers.forgetFound).
 func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, parent uint64,
 	find func(context.Context, disk.Key) *diskTier,
 	alloc func(context.Context, *pool.BlockSet, int) ([]pool.Block, error),
