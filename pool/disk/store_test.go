@@ -509,13 +509,13 @@ func TestStoreGetGenOfAFailedRead(t *testing.T) {
 	ctx := context.Background()
 	k := Key{Hash: 9, Tag: 7}
 	data := blockOf(9, s.SlotBytes())
-	if len(data) < 2 {
-		data = append(data, 1, 2)
-	}
 	if err := s.Put(ctx, k, data); err != nil {
 		t.Fatal(err)
 	}
-	held, _ := s.Gen(k)
+	held, ok := s.Gen(k)
+	if !ok || held == 0 {
+		t.Fatalf("Gen of the copy put: %d, %v; want a generation from 1 up", held, ok)
+	}
 	if _, g, err := s.GetGen(ctx, k, make([]byte, len(data)-1)); !errors.Is(err, ErrTooLarge) || g != held {
 		t.Fatalf("a read into too small a buffer: generation %d, %v; want %d, ErrTooLarge", g, err, held)
 	}
@@ -528,7 +528,9 @@ func TestStoreGetGenOfAFailedRead(t *testing.T) {
 	}
 	var b [1]byte
 	off := int64(e.slot) * int64(s.SlotBytes())
-	f.ReadAt(b[:], off)
+	if _, err := f.ReadAt(b[:], off); err != nil {
+		t.Fatal(err)
+	}
 	b[0] ^= 0x40
 	if _, err := f.WriteAt(b[:], off); err != nil {
 		t.Fatal(err)
