@@ -197,7 +197,8 @@ var badCopies = []struct {
 
 // putBadCopy commits a bad copy (badCopies) of k to d, recorded, and
 // returns the good copy's bytes for k's shape (n bytes and a trailer with
-// no content checksum).
+// no content checksum); nil where the commit failed, reported with
+// t.Error (it may run in a hook, on a reader goroutine).
 func putBadCopy(t *testing.T, tr *tiers, d *diskTier, set *pool.BlockSet, k disk.Key, sum bool, fill byte) []byte {
 	t.Helper()
 	n := tierBlockBytes(set.Layout()) - tierTrailer
@@ -205,7 +206,8 @@ func putBadCopy(t *testing.T, tr *tiers, d *diskTier, set *pool.BlockSet, k disk
 		bad := bytes.Repeat([]byte{fill}, n+tierTrailer)
 		putTrailer(bad, n, 0x5eed, true)
 		if err := d.store.Load().Put(context.Background(), k, bad); err != nil {
-			t.Fatal(err)
+			t.Error(err)
+			return nil
 		}
 		placeCopy(tr, d, k, disk.Align)
 	}
@@ -231,6 +233,9 @@ func TestTierRestoreDropKeepsACopyCommittedSince(t *testing.T) {
 					t.Fatal(err)
 				}
 				good := putBadCopy(t, tr, d, other, k, tc.sum, 0x61)
+				if good == nil {
+					t.FailNow()
+				}
 				e := tr.recordIn(d, k)
 				ran := false
 				f := func(dd *diskTier, kk disk.Key, rerr error) {
@@ -278,42 +283,87 @@ func TestTierRestoreDropKeepsACopyCommittedSince(t *testing.T) {
 // after the drop marked the record gone and before the store's delete:
 // the delete leaves it (DeleteIf, the generation read), and, the record
 // forgotten, the copier records it once the delete ended. Deleting by key
-// deleted the good copy.
+// deleted the good copy. A copier that commits and places its copy while
+// the drop is under way, in whichever order the two go, leaves the
+// records and the store consistent: its copy recorded, or deleted as a
+// second copy where the record was still gone when it placed it.
 func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
-	tr, _, k := belowSet(t, false, false)
-	d := tr.list[0]
-	other, err := tr.a.pool.NewBlockSet(belowLayout(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	good := putBadCopy(t, tr, d, other, k, false, 0x62)
-	ran := false
-	f := func(dd *diskTier, kk disk.Key) {
-		if dd != d || kk != k || ran {
-			return
+	t.Run("committed", func(t *testing.T) {
+		tr, _, k := belowSet(t, false, false)
+		d := tr.list[0]
+		other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+		if err != nil {
+			t.Fatal(err)
 		}
-		ran = true
-		if err := d.store.Load().Put(context.Background(), k, good); err != nil {
-			t.Error(err)
+		good := putBadCopy(t, tr, d, other, k, false, 0x62)
+		ran := false
+		f := func(dd *diskTier, kk disk.Key) {
+			if dd != d || kk != k || ran {
+				return
+			}
+			ran = true
+			if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+				t.Error(err)
+			}
 		}
-	}
-	tr.beforeDelete.Store(&f)
-	blks, err := restoreFrom(tr, d, other, k)
-	if !ran {
-		t.Fatal("the bad copy was not dropped")
-	}
-	if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
-		t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt", len(blks), err)
-	}
-	tr.beforeDelete.Store(nil)
-	if !has(d, k) {
-		t.Fatal("the good copy committed under the drop was deleted")
-	}
-	if !placeCopy(tr, d, k, disk.Align) { // the copier, once the delete ended
-		t.Fatal("the good copy was not recorded")
-	}
-	consistent(t, tr, d, k)
-	restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
+		tr.beforeDelete.Store(&f)
+		blks, err := restoreFrom(tr, d, other, k)
+		if !ran {
+			t.Fatal("the bad copy was not dropped")
+		}
+		if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
+			t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt", len(blks), err)
+		}
+		tr.beforeDelete.Store(nil)
+		if !has(d, k) {
+			t.Fatal("the good copy committed under the drop was deleted")
+		}
+		if !placeCopy(tr, d, k, disk.Align) { // the copier, once the delete ended
+			t.Fatal("the good copy was not recorded")
+		}
+		consistent(t, tr, d, k)
+		restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
+	})
+	t.Run("placed by a copier meanwhile", func(t *testing.T) {
+		tr, _, k := belowSet(t, false, false)
+		d := tr.list[0]
+		other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		good := putBadCopy(t, tr, d, other, k, false, 0x67)
+		var once sync.Once
+		placedCh := make(chan struct{})
+		f := func(dd *diskTier, kk disk.Key) {
+			if dd != d || kk != k {
+				return
+			}
+			once.Do(func() {
+				// A copier commits its copy and places it (placed waits
+				// for the delete to end), on its own goroutine.
+				go func() {
+					defer close(placedCh)
+					if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+						t.Error(err)
+						return
+					}
+					placeCopy(tr, d, k, disk.Align)
+				}()
+			})
+		}
+		tr.beforeDelete.Store(&f)
+		blks, err := restoreFrom(tr, d, other, k)
+		if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
+			t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt", len(blks), err)
+		}
+		select {
+		case <-placedCh:
+		case <-time.After(time.Minute):
+			t.Fatal("the copier's place did not end")
+		}
+		tr.beforeDelete.Store(nil)
+		consistent(t, tr, d, k)
+	})
 }
 
 // A restore whose block's record was replaced between its noting the
@@ -332,7 +382,9 @@ func TestTierRestoreDropOfARecordReplacedBeforeTheRead(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			putBadCopy(t, tr, d, other, k, tc.sum, 0x63)
+			if putBadCopy(t, tr, d, other, k, tc.sum, 0x63) == nil {
+				t.FailNow()
+			}
 			ran := false
 			f := func(dd *diskTier, kk disk.Key) {
 				if dd != d || kk != k || ran {
@@ -346,7 +398,9 @@ func TestTierRestoreDropOfARecordReplacedBeforeTheRead(t *testing.T) {
 				}
 				forgetKey(tr, d, k)
 				if tc.sum {
-					putBadCopy(t, tr, d, other, k, true, 0x64)
+					if putBadCopy(t, tr, d, other, k, true, 0x64) == nil {
+						return
+					}
 				} else {
 					if err := d.store.Load().Put(context.Background(), k, bytes.Repeat([]byte{0x64}, 1000)); err != nil {
 						t.Error(err)
