@@ -250,7 +250,8 @@ func (s *MemStore) GetPiecesGen(ctx context.Context, k Key, pieces ...[]byte) (i
 }
 
 // Gen is the generation of the copy the store holds under k (GetGen),
-// never 0 (generations count from 1); false if it holds none.
+// never 0 (generations count from 1); false if it holds none, or is
+// closed (Close drops every block).
 func (s *MemStore) Gen(k Key) (uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -229,6 +229,36 @@ func TestMemStoreGetGenOfAFailedRead(t *testing.T) {
 	}
 }
 
+// After Close a Store's Gen reports no copy held, as a MemStore's does
+// (its Close drops every block): a closed store has no copy to act on.
+func TestGenAfterClose(t *testing.T) {
+	ctx := context.Background()
+	k := Key{Hash: 3, Tag: 7}
+	m, err := NewMem(MemConfig{Bytes: 2 * Align, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, t.TempDir(), nil)
+	for _, st := range []interface {
+		Put(context.Context, Key, []byte) error
+		Gen(Key) (uint64, bool)
+		Close() error
+	}{m, s} {
+		if err := st.Put(ctx, k, memBlock(3, 3000)); err != nil {
+			t.Fatal(err)
+		}
+		if g, ok := st.Gen(k); !ok || g == 0 {
+			t.Fatalf("%T: Gen of the copy put: %d, %v; want a generation from 1 up", st, g, ok)
+		}
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if g, ok := st.Gen(k); ok {
+			t.Fatalf("%T: Gen after Close: %d, held; want none", st, g)
+		}
+	}
+}
+
 // ProbeMem maps and unmaps what NewMem would; sizes outside 1..MaxMemBytes
 // are refused as invalid, not mapped.
 func TestProbeMem(t *testing.T) {

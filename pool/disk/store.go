@@ -822,10 +822,15 @@ func (s *Store) DeleteIf(k Key, gen uint64) error {
 }
 
 // Gen is the generation of the copy the store holds under k (GetGen),
-// never 0 (generations count from 1); false if it holds none.
+// never 0 (generations count from 1); false if it holds none, or is
+// closed: a closed store's copies are none to act on, as a closed
+// MemStore's are.
 func (s *Store) Gen(k Key) (uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return 0, false
+	}
 	e, ok := s.entries[k]
 	return e.gen, ok
 }
