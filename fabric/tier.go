@@ -273,6 +273,10 @@ type tiers struct {
 	// copy found corrupt or missing is acted on (tests: a record replaced
 	// meanwhile).
 	afterRead atomic.Pointer[func(d *diskTier, k disk.Key, err error)]
+	// beforeRead, if set, is called by each restore's or read-ahead's read
+	// of a block right before the store's read (tests: a record replaced
+	// then).
+	beforeRead atomic.Pointer[func(d *diskTier, k disk.Key)]
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
 	failIO atomic.Pointer[func(write, straight bool) error]
@@ -632,7 +636,8 @@ func (t *tiers) touch(k disk.Key) {
 // and a record made since in only's place (placed records a copy committed
 // after only's copy was deleted) is another copy's, good, and stays. Every
 // forget names the record it drops: an eviction the record it claimed, a
-// restore or a read-ahead the one its read was made from (recordIn).
+// restore or a read-ahead the one its read's failure marked gone
+// (lostCopy) or, for a copy dropFound dropped, the record that named it.
 func (t *tiers) forgetIf(d *diskTier, k disk.Key, only *list.Element) {
 	t.order()
 	t.mu.Lock()
@@ -690,18 +695,60 @@ func (t *tiers) dropCopy(d *diskTier, k disk.Key, recorded bool) error {
 // copy corrupt), and nothing is marked nor deleted: the record in its
 // place, and its copy, are another's, committed since.
 func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.Element) error {
+	_, err := t.dropCopyGen(d, k, recorded, only, 0)
+	return err
+}
+
+// dropCopyGen is dropCopyOf, for the copy of generation gen only where
+// gen is not 0 (a read's, found corrupt by the tiers' own checks:
+// dropFound). If d's store holds a copy of k of another generation by
+// then (asked under t.mu), the copy read was replaced by one committed
+// since, which placed took as the record's (the same record, reused):
+// nothing is marked nor deleted, and the record and its good copy stay.
+// If it holds none, the copy read is gone already (the store dropped it,
+// a read's checksum failing): nothing is deleted, and k's record, if it
+// names d and is not gone, is marked gone, the sets told, and returned to
+// be forgotten, as lostCopy does. Else k's record, if it names d, is that
+// copy's, whichever record the read was made from (one replaced between
+// the read's start and the store's read included): it is marked gone, the
+// sets told, as dropCopy does, and the delete is of that generation only
+// (DeleteIf), so that a copy committed between the check and the delete
+// is kept (recorded once the delete ended if the record was forgotten by
+// then, else deleted as a second copy: placeAll, movedDown). It returns
+// the record it marked gone, for the caller to forget: nil where it
+// marked none.
+func (t *tiers) dropCopyGen(d *diskTier, k disk.Key, recorded bool, only *list.Element, gen uint64) (*list.Element, error) {
 	tk := tierKey{d.n, k}
+	st := d.store.Load()
 	t.mu.Lock()
+	if gen != 0 {
+		held, ok := st.Gen(k)
+		if !ok {
+			// The copy read is gone from the store, with no delete of
+			// the tiers' (each marks the record first): a record naming
+			// d is left with no copy, and is marked as lostCopy marks it.
+			e := t.lostLocked(d, k)
+			t.mu.Unlock()
+			if e != nil {
+				t.lostBelow(k)
+			}
+			return e, nil
+		}
+		if held != gen {
+			t.mu.Unlock()
+			return nil, nil
+		}
+	}
 	e, ok := t.pos[k]
 	if only != nil && (!ok || e != only) {
 		t.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	ok = ok && e.Value.(*tierEntry).tier == d.n
 	if ok && !recorded {
 		if !e.Value.(*tierEntry).gone {
 			t.mu.Unlock()
-			return nil
+			return nil, nil
 		}
 		// The record's copy is being dropped already (marked, the sets
 		// told): this copy, committed since, is recorded nowhere and
@@ -710,6 +757,8 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 	}
 	if ok {
 		e.Value.(*tierEntry).gone = true
+	} else {
+		e = nil
 	}
 	if t.deleting == nil {
 		t.deleting = map[tierKey]int{}
@@ -722,7 +771,12 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 	if f := t.beforeDelete.Load(); f != nil {
 		(*f)(d, k)
 	}
-	err := d.store.Load().Delete(k)
+	var err error
+	if gen != 0 {
+		err = st.DeleteIf(k, gen)
+	} else {
+		err = st.Delete(k)
+	}
 	if f := t.afterDrop.Load(); f != nil {
 		(*f)(d, k)
 	}
@@ -732,19 +786,7 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 	}
 	t.deletedCond().Broadcast()
 	t.mu.Unlock()
-	return err
-}
-
-// recordIn is k's record if it names d, else nil: the record a read of
-// k's copy in d is made from, for lostCopy, dropCopyOf and forgetIf to act
-// on that record only.
-func (t *tiers) recordIn(d *diskTier, k disk.Key) *list.Element {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if e, ok := t.pos[k]; ok && e.Value.(*tierEntry).tier == d.n {
-		return e
-	}
-	return nil
+	return e, err
 }
 
 // waitDeleted waits until no delete of any of ks in d is under way
@@ -774,29 +816,49 @@ func (t *tiers) deletedCond() *sync.Cond {
 
 // lostCopy is for a copy of k in tier d that went without dropCopy: the
 // store dropped it as it read it (its checksum failed) or found it
-// missing. Where k's record is still only, the record the read was made
-// from (recordIn), names d, and d's store holds no copy of k, it is marked
-// gone and the block sets holding k are told at once, not when the record
-// is forgotten, and lostCopy says so: the caller forgets it (forgetFound).
-// A record made since in only's place names a copy committed since, which
-// the read did not see, and is left as it is; so is only where the store
-// holds a copy of k by now: one committed since the read, which placed
-// takes as only's (the store replaced its copy, the record is reused) and
-// keeps only for, or will. Marking only gone then, and forgetting it, left
-// that good copy in the store with no record. Called with neither t.mu
-// nor announceMu held; the store's lock is taken under t.mu (Has).
-func (t *tiers) lostCopy(d *diskTier, k disk.Key, only *list.Element) bool {
+// missing. Where k's record names d, is not gone, and d's store holds no
+// copy of k, it is marked gone and the block sets holding k are told at
+// once, not when the record is forgotten, and lostCopy returns it: the
+// caller forgets it (forgetFound); nil where it marked none. That is
+// whichever record names d, the one the read was made from or one made
+// since in its place (a record replaced between the read's start and the
+// store's read, whose copy the store then dropped): a record naming d
+// whose tier holds no copy is never a state the tiers make (a copy is
+// recorded only once committed and while its store holds it: placed,
+// movedDown; each delete of theirs marks the record first, under t.mu:
+// dropCopy, evict), only what a store's own drop leaves (lostLocked).
+// Left held, such a record was served from, and counted, until a read of
+// it found it missing. A record whose tier holds a copy of k by now is
+// left as it is: the copy is one committed since the read, which placed
+// takes as the record's (the store replaced its copy, the record is
+// reused) and keeps the record for, or will; marking the record gone then,
+// and forgetting it, left that good copy in the store with no record.
+// Called with neither t.mu nor announceMu held; the store's lock is taken
+// under t.mu (Has).
+func (t *tiers) lostCopy(d *diskTier, k disk.Key) *list.Element {
 	t.mu.Lock()
-	e, ok := t.pos[k]
-	ok = ok && e == only && e.Value.(*tierEntry).tier == d.n && !d.store.Load().Has(k)
-	if ok {
-		e.Value.(*tierEntry).gone = true
-	}
+	e := t.lostLocked(d, k)
 	t.mu.Unlock()
-	if ok {
+	if e != nil {
 		t.lostBelow(k)
 	}
-	return ok
+	return e
+}
+
+// lostLocked marks k's record gone and returns it if it names d, is not
+// gone, and d's store holds no copy of k (lostCopy); else nil. t.mu is
+// held.
+func (t *tiers) lostLocked(d *diskTier, k disk.Key) *list.Element {
+	e, ok := t.pos[k]
+	if !ok {
+		return nil
+	}
+	te := e.Value.(*tierEntry)
+	if te.tier != d.n || te.gone || d.store.Load().Has(k) {
+		return nil
+	}
+	te.gone = true
+	return e
 }
 
 // order takes announceMu: from a change to the records to its

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"errors"
 	"sync"
@@ -33,6 +34,16 @@ func consistent(t *testing.T, tr *tiers, d *diskTier, k disk.Key) {
 	}
 }
 
+// recordIn is k's record if it names d, else nil.
+func (t *tiers) recordIn(d *diskTier, k disk.Key) *list.Element {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.pos[k]; ok && e.Value.(*tierEntry).tier == d.n {
+		return e
+	}
+	return nil
+}
+
 // forgetKey forgets k's record in d, whichever it is now, as the dropper
 // of its copy does (forgetIf, the record it claimed).
 func forgetKey(tr *tiers, d *diskTier, k disk.Key) {
@@ -47,7 +58,7 @@ func lostKey(t *testing.T, tr *tiers, d *diskTier, k disk.Key) {
 	if err := d.store.Load().Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
 		t.Error(err)
 	}
-	tr.lostCopy(d, k, tr.recordIn(d, k))
+	tr.lostCopy(d, k)
 }
 
 // has says whether d's store holds a copy of k.

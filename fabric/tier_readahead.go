@@ -537,7 +537,7 @@ type aheadRead struct {
 // blocks the set holds), starts a registration of its own, detached. It
 // returns whether a read failed. The blocks found corrupt or missing,
 // their records marked gone and their sets told as they were read
-// (readBlock: dropCopyOf, lostCopy), have those records forgotten and the
+// (readBlock: dropFound, lostCopy), have those records forgotten and the
 // loss announced here, as they land, before whoever waits for them is
 // woken: not once the read-ahead is over, which may be as long as its
 // blocks wait to be taken, while a record gone holds nothing and every

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -149,6 +151,515 @@ func TestTierRestoreFailureLeavesACopyCommittedOverItsRecord(t *testing.T) {
 	consistent(t, tr, d, k)
 	if got := tr.where(k); got != d {
 		t.Fatalf("the block committed again is held by tier %d, want %d", tierNum(got), d.n)
+	}
+}
+
+// restoreFrom restores k from tier d into set, through the restore's
+// failures' own handling (forgetFound), and returns the blocks restored.
+func restoreFrom(tr *tiers, d *diskTier, set *pool.BlockSet, k disk.Key) ([]pool.Block, error) {
+	find := func(context.Context, disk.Key) *diskTier { return d }
+	alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+	blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: set}, []uint64{k.Hash}, 0, find, alloc, tr.forgetFound, false)
+	return blks, err
+}
+
+// restoresExactly restores k from d into set and fails the test unless
+// it comes up with want's block bytes (want without its trailer).
+func restoresExactly(t *testing.T, tr *tiers, d *diskTier, set *pool.BlockSet, k disk.Key, want []byte) {
+	t.Helper()
+	blks, err := restoreFrom(tr, d, set, k)
+	if err != nil || len(blks) != 1 {
+		t.Fatalf("restore of the good copy: %d blocks, %v", len(blks), err)
+	}
+	regions, err := set.RegionBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	gatherBlock(set.Layout(), regions, blks[0].Slot, got)
+	if !bytes.Equal(got, want) {
+		t.Fatal("the block restored is not the good copy's bytes")
+	}
+}
+
+// badCopies are copies of a block that the store reads back whole but the
+// tiers' own checks find corrupt: of the wrong length for the block's
+// shape (belowSet's copy, 1000 bytes), or of the right one with a content
+// checksum its bytes do not have.
+var badCopies = []struct {
+	desc string
+	sum  bool   // a content checksum that does not match, else the wrong length
+	why  string // in the restore's error
+}{
+	{"length", false, "its shape has"},
+	{"content checksum", true, "restored with content checksum"},
+}
+
+// putBadCopy commits a bad copy (badCopies) of k to d, recorded, and
+// returns the good copy's bytes for k's shape (n bytes and a trailer with
+// no content checksum); nil where the commit failed, reported with
+// t.Error (it may run in a hook, on a reader goroutine).
+func putBadCopy(t *testing.T, tr *tiers, d *diskTier, set *pool.BlockSet, k disk.Key, sum bool, fill byte) []byte {
+	t.Helper()
+	n := tierBlockBytes(set.Layout()) - tierTrailer
+	if sum {
+		bad := bytes.Repeat([]byte{fill}, n+tierTrailer)
+		putTrailer(bad, n, 0x5eed, true)
+		if err := d.store.Load().Put(context.Background(), k, bad); err != nil {
+			t.Error(err)
+			return nil
+		}
+		placeCopy(tr, d, k, disk.Align)
+	}
+	return append(bytes.Repeat([]byte{fill ^ 0xff}, n), make([]byte, tierTrailer)...)
+}
+
+// A restore whose read of a block's copy is found corrupt by the tiers'
+// own checks (its length, its content checksum), where a copier committed
+// a good copy of the block to that tier between the read and the drop and
+// placed it (the same record, reused: the store replaced its copy), drops
+// the copy it read only: the good copy and its record stay, and the block
+// restores from it byte for byte. Deleting by key deleted the good copy,
+// its record marked gone and forgotten: the block lost from the tiers.
+// The same in a disk tier and in host memory.
+func TestTierRestoreDropKeepsACopyCommittedSince(t *testing.T) {
+	for _, tc := range badCopies {
+		for _, host := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/host=%v", tc.desc, host), func(t *testing.T) {
+				tr, _, k := belowSet(t, host, false)
+				d := tr.list[0]
+				other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+				if err != nil {
+					t.Fatal(err)
+				}
+				good := putBadCopy(t, tr, d, other, k, tc.sum, 0x61)
+				if good == nil {
+					t.FailNow()
+				}
+				e := tr.recordIn(d, k)
+				ran := false
+				f := func(dd *diskTier, kk disk.Key, rerr error) {
+					if dd != d || kk != k || ran {
+						return
+					}
+					ran = true
+					if rerr != nil {
+						t.Errorf("the store's read of the bad copy: %v, want it read whole", rerr)
+					}
+					if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+						t.Error(err)
+					}
+					if placeCopy(tr, d, k, disk.Align) {
+						t.Error("the good copy was announced: its block had a record")
+					}
+					if tr.recordIn(d, k) != e {
+						t.Error("the good copy was not placed in the record the read was made from")
+					}
+				}
+				tr.afterRead.Store(&f)
+				blks, err := restoreFrom(tr, d, other, k)
+				if !ran {
+					t.Fatal("the block was not read")
+				}
+				if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) || !strings.Contains(err.Error(), tc.why) {
+					t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt (%s)", len(blks), err, tc.why)
+				}
+				tr.afterRead.Store(nil)
+				consistent(t, tr, d, k)
+				if !has(d, k) {
+					t.Fatal("the good copy committed since the read was deleted")
+				}
+				if got := tr.where(k); got != d || tr.recordIn(d, k) != e {
+					t.Fatalf("the good copy's record: held by tier %d, the same record %v; want tier %d, the same", tierNum(got), tr.recordIn(d, k) == e, d.n)
+				}
+				restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
+			})
+		}
+	}
+}
+
+// A restore that found a block's copy corrupt by the tiers' own checks
+// drops that copy only, also where a good copy is committed in its place
+// after the drop marked the record gone and before the store's delete:
+// the delete leaves it (DeleteIf, the generation read), and, the record
+// forgotten, the copier records it once the delete ended. Deleting by key
+// deleted the good copy. A copier that commits and places its copy while
+// the drop is under way, in whichever order the two go, leaves the
+// records and the store consistent: its copy recorded, or deleted as a
+// second copy where the record was still gone when it placed it.
+func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
+	t.Run("committed", func(t *testing.T) {
+		tr, _, k := belowSet(t, false, false)
+		d := tr.list[0]
+		other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		good := putBadCopy(t, tr, d, other, k, false, 0x62)
+		ran := false
+		f := func(dd *diskTier, kk disk.Key) {
+			if dd != d || kk != k || ran {
+				return
+			}
+			ran = true
+			if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+				t.Error(err)
+			}
+		}
+		tr.beforeDelete.Store(&f)
+		blks, err := restoreFrom(tr, d, other, k)
+		if !ran {
+			t.Fatal("the bad copy was not dropped")
+		}
+		if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
+			t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt", len(blks), err)
+		}
+		tr.beforeDelete.Store(nil)
+		if !has(d, k) {
+			t.Fatal("the good copy committed under the drop was deleted")
+		}
+		if !placeCopy(tr, d, k, disk.Align) { // the copier, once the delete ended
+			t.Fatal("the good copy was not recorded")
+		}
+		consistent(t, tr, d, k)
+		restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
+	})
+	t.Run("placed by a copier meanwhile", func(t *testing.T) {
+		tr, _, k := belowSet(t, false, false)
+		d := tr.list[0]
+		other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		good := putBadCopy(t, tr, d, other, k, false, 0x67)
+		var once sync.Once
+		placedCh := make(chan struct{})
+		f := func(dd *diskTier, kk disk.Key) {
+			if dd != d || kk != k {
+				return
+			}
+			once.Do(func() {
+				// A copier commits its copy and places it (placed waits
+				// for the delete to end), on its own goroutine.
+				go func() {
+					defer close(placedCh)
+					if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+						t.Error(err)
+						return
+					}
+					placeCopy(tr, d, k, disk.Align)
+				}()
+			})
+		}
+		tr.beforeDelete.Store(&f)
+		blks, err := restoreFrom(tr, d, other, k)
+		if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
+			t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt", len(blks), err)
+		}
+		select {
+		case <-placedCh:
+		case <-time.After(time.Minute):
+			t.Fatal("the copier's place did not end")
+		}
+		tr.beforeDelete.Store(nil)
+		consistent(t, tr, d, k)
+	})
+}
+
+// A restore whose block's record was replaced between its noting the
+// record it reads from and the store's read (the copy dropped and the
+// record forgotten, another bad copy committed and recorded) acts on the
+// copy it read, and on the record that names it: a copy found corrupt by
+// the tiers' own checks is dropped and its record forgotten. Taken as
+// made from the older record, the read left the bad copy it found in the
+// store and its record, for every later restore to read and fail on.
+func TestTierRestoreDropOfARecordReplacedBeforeTheRead(t *testing.T) {
+	for _, tc := range badCopies {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, _, k := belowSet(t, false, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if putBadCopy(t, tr, d, other, k, tc.sum, 0x63) == nil {
+				t.FailNow()
+			}
+			ran := false
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				// Another restore dropped the copy and forgot its record;
+				// a copier commits another bad copy and records it.
+				if err := tr.dropCopy(d, k, true); err != nil {
+					t.Error(err)
+				}
+				forgetKey(tr, d, k)
+				if tc.sum {
+					if putBadCopy(t, tr, d, other, k, true, 0x64) == nil {
+						return
+					}
+				} else {
+					if err := d.store.Load().Put(context.Background(), k, bytes.Repeat([]byte{0x64}, 1000)); err != nil {
+						t.Error(err)
+					}
+					placeCopy(tr, d, k, disk.Align)
+				}
+				if tr.where(k) != d {
+					t.Error("the bad copy committed again was not recorded")
+				}
+			}
+			tr.beforeRead.Store(&f)
+			blks, err := restoreFrom(tr, d, other, k)
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) || !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt (%s)", len(blks), err, tc.why)
+			}
+			consistent(t, tr, d, k)
+			if has(d, k) {
+				t.Fatal("the bad copy read is still in the store")
+			}
+			if got := tr.where(k); got != nil {
+				t.Fatalf("the bad copy's block is held by tier %d, want none", tierNum(got))
+			}
+		})
+	}
+}
+
+// storeDrops drops d's copy of k as the store itself does when a read of
+// it fails its checksum, with no delete of the tiers' nor its record
+// marked: in host memory the copy is corrupted and read (the MemStore
+// drops it); on disk, where the tests cannot corrupt a copy in its file,
+// it is deleted through the store. It says whether the copy went. For
+// hooks on a reader goroutine: it reports with t.Error.
+func storeDrops(t *testing.T, d *diskTier, k disk.Key) bool {
+	t.Helper()
+	st := d.store.Load()
+	if m, ok := st.(*disk.MemStore); ok {
+		if !m.CorruptForTest(k, 10, 0x40) {
+			t.Error("the copy was not corrupted")
+			return false
+		}
+		if _, err := st.Get(context.Background(), k, make([]byte, disk.Align)); !errors.Is(err, disk.ErrCorrupt) {
+			t.Errorf("the read of the corrupted copy: %v, want ErrCorrupt", err)
+			return false
+		}
+	} else if err := st.Delete(k); err != nil {
+		t.Error(err)
+		return false
+	}
+	if has(d, k) {
+		t.Error("the store still holds the copy it dropped")
+		return false
+	}
+	return true
+}
+
+// noRecord fails the test unless k has no record and no copy in d, the
+// tiers consistent: a record whose copy went, marked gone and forgotten.
+func noRecord(t *testing.T, tr *tiers, d *diskTier, k disk.Key) {
+	t.Helper()
+	consistent(t, tr, d, k)
+	tr.mu.Lock()
+	_, ok := tr.pos[k]
+	tr.mu.Unlock()
+	if ok || has(d, k) {
+		t.Fatalf("the block whose copy went: a record %v, a copy %v; want neither", ok, has(d, k))
+	}
+}
+
+// A restore whose block's record was replaced between the read's start
+// and the store's read (the copy dropped and the record forgotten, a good
+// copy committed and recorded), where the store then drops the copy it
+// reads (its checksum failed) or finds it missing, marks the record that
+// names the tier then gone and has it forgotten: the record is left with
+// no copy behind it, which the tiers never make (each delete of theirs
+// marks the record first). Acting on the record the read began with only,
+// the restore left the new record held, served from and counted, with no
+// copy in the store.
+func TestTierRestoreLostOfARecordReplacedBeforeTheRead(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		t.Run(fmt.Sprintf("host=%v", host), func(t *testing.T) {
+			tr, _, k := belowSet(t, host, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			good := append(bytes.Repeat([]byte{0x66}, tierBlockBytes(other.Layout())-tierTrailer), make([]byte, tierTrailer)...)
+			first := tr.recordIn(d, k)
+			ran := false
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				// Another restore dropped the copy and forgot its record;
+				// a copier commits a good copy and records it; the store
+				// drops that copy as it reads it, or it goes.
+				if err := tr.dropCopy(d, k, true); err != nil {
+					t.Error(err)
+				}
+				forgetKey(tr, d, k)
+				if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+					t.Error(err)
+					return
+				}
+				if !placeCopy(tr, d, k, disk.Align) {
+					t.Error("the copy committed again was not recorded")
+				}
+				if e := tr.recordIn(d, k); e == nil || e == first {
+					t.Error("the copy committed again is not in a record of its own")
+				}
+				if !host {
+					storeDrops(t, d, k) // on disk: it goes
+				} else if !d.store.Load().(*disk.MemStore).CorruptForTest(k, 10, 0x40) {
+					// In host memory the store drops it as the restore
+					// reads it.
+					t.Error("the copy was not corrupted")
+				}
+			}
+			tr.beforeRead.Store(&f)
+			blks, err := restoreFrom(tr, d, other, k)
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			if len(blks) != 0 || err == nil {
+				t.Fatalf("restore of a copy that went: %d blocks, %v; want none and an error", len(blks), err)
+			}
+			noRecord(t, tr, d, k)
+			if got := tr.where(k); got != nil {
+				t.Fatalf("the block is held by tier %d, want none", tierNum(got))
+			}
+		})
+	}
+}
+
+// A restore whose read is found corrupt by the tiers' own checks, where
+// the store drops the copy read before the restore acts on it (a read of
+// it that failed the store's checksum, or the copy gone), marks the record
+// that names the tier gone and has it forgotten, as a restore whose read
+// found the copy missing does: with no copy of that generation to drop,
+// the restore left the record held with no copy behind it.
+func TestTierRestoreDropOfACopyTheStoreDropped(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		t.Run(fmt.Sprintf("host=%v", host), func(t *testing.T) {
+			tr, _, k := belowSet(t, host, false) // its copy: 1000 bytes, the wrong length
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ran := false
+			f := func(dd *diskTier, kk disk.Key, rerr error) {
+				if dd != d || kk != k || ran {
+					return
+				}
+				ran = true
+				if rerr != nil {
+					t.Errorf("the store's read of the bad copy: %v, want it read whole", rerr)
+				}
+				storeDrops(t, d, k)
+			}
+			tr.afterRead.Store(&f)
+			blks, err := restoreFrom(tr, d, other, k)
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
+				t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt", len(blks), err)
+			}
+			noRecord(t, tr, d, k)
+		})
+	}
+}
+
+// A drop of a copy found corrupt with no generation read (0: no copy's; a
+// store gives each copy it holds one from 1 up) drops nothing and marks
+// nothing: taken to dropCopyGen, 0 deleted the copy by key, whatever it
+// is, and marked its record gone.
+func TestTierDropFoundOfNoGeneration(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		t.Run(fmt.Sprintf("host=%v", host), func(t *testing.T) {
+			tr, _, k := belowSet(t, host, false)
+			d := tr.list[0]
+			if gen, ok := d.store.Load().Gen(k); !ok || gen == 0 {
+				t.Fatalf("the copy held: generation %d, held %v; want one from 1 up", gen, ok)
+			}
+			e := tr.recordIn(d, k)
+			f := tierFound{d: d, k: k, e: e}
+			tr.dropFound(&f)
+			if f.e != nil {
+				t.Fatal("a drop of no generation marked a record")
+			}
+			consistent(t, tr, d, k)
+			if !has(d, k) || tr.where(k) != d || tr.recordIn(d, k) != e {
+				t.Fatalf("after a drop of no generation: in the store %v, held by tier %d; want the copy and its record as they were", has(d, k), tierNum(tr.where(k)))
+			}
+		})
+	}
+}
+
+// A restore whose read's failure marked the block's record gone (a copy
+// found missing, or corrupt by the tiers' own checks and dropped) forgets
+// that record only: where another forgot it, and a copier committed the
+// block again and recorded its copy, between the failure and the forget,
+// the new record and its good copy stay.
+func TestTierRestoreForgetLeavesARecordPlacedSince(t *testing.T) {
+	for _, tc := range []struct {
+		desc    string
+		missing bool // the copy went from the store, else of the wrong length
+	}{
+		{"missing", true},
+		{"corrupt", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, _, k := belowSet(t, false, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			good := append(bytes.Repeat([]byte{0x65}, tierBlockBytes(other.Layout())-tierTrailer), make([]byte, tierTrailer)...)
+			if tc.missing {
+				if err := d.store.Load().Delete(k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			marked := tr.recordIn(d, k)
+			forgot := false
+			forget := func(f tierFound) {
+				forgot = true
+				if f.e != marked {
+					t.Errorf("the read's failure: marked %v, the record read from %v; want the record read from marked", f.e != nil, f.e == marked)
+				}
+				// Another forgets the record gone; a copier commits the
+				// block again and records it.
+				forgetKey(tr, d, k)
+				if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+					t.Error(err)
+				}
+				if !placeCopy(tr, d, k, disk.Align) {
+					t.Error("the copy committed again was not recorded")
+				}
+				tr.forgetFound(f)
+			}
+			find := func(context.Context, disk.Key) *diskTier { return d }
+			alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+			blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
+			if !forgot || len(blks) != 0 || err == nil {
+				t.Fatalf("restore of a copy %s: forgotten %v, %d blocks, %v; want forgotten, none and an error", tc.desc, forgot, len(blks), err)
+			}
+			consistent(t, tr, d, k)
+			if got := tr.where(k); got != d || !has(d, k) {
+				t.Fatalf("the block committed again: held by tier %d, in the store %v; want tier %d, held", tierNum(got), has(d, k), d.n)
+			}
+			restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
+		})
 	}
 }
 

@@ -78,10 +78,10 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 // parent but detached from it (pool.Registration.Detached), so that the
 // blocks of the sequence already used go before it. A block found corrupt
 // or missing has its record marked gone and the sets that hold it told at
-// once (dropCopyOf, lostCopy: the pool's and the sets' locks, not a.mu),
-// and is passed to forget, which drops that record (the one its read was
-// made from, tierFound.e, and no record made since) and announces it
-// (tiers.forgetFound).
+// once (dropFound, lostCopy: the pool's and the sets' locks, not a.mu),
+// and is passed to forget, which drops that record (the one its failure
+// marked, tierFound.e, and no record made since the failure) and
+// announces it (tiers.forgetFound).
 func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, parent uint64,
 	find func(context.Context, disk.Key) *diskTier,
 	alloc func(context.Context, *pool.BlockSet, int) ([]pool.Block, error),
@@ -250,43 +250,47 @@ func (a *Agent) fromTier(ctx context.Context, s *sessionSet, hashes []uint64, pa
 }
 
 // tierFound is a block to restore and the tier that holds it; once read
-// (readBlock), e is the record the read was made from (recordIn: nil if
-// none named d then), so that a copy found corrupt or missing marks,
-// drops and forgets that record only, never one made since in its place,
-// whose copy was committed after the read; lost says the read's failure
-// marked e gone (lostCopy) or dropped its copy (dropFound): e is to be
-// forgotten (forgetFound).
+// (readBlock), gen is the generation of the copy read (0: none read), and
+// e the record the read's failure marked gone, to be forgotten
+// (forgetFound), nil if it marked none: a copy found missing, or dropped
+// by the store as its checksum failed, marks the record that names d then
+// (lostCopy); a copy found corrupt by the tiers' own checks is dropped by
+// its generation (dropFound), with the record that named it as it was
+// dropped. A record the failure did not mark (one whose copy was
+// committed since the read, placed in it) is never forgotten for it.
 type tierFound struct {
-	d    *diskTier
-	k    disk.Key
-	e    *list.Element
-	lost bool
+	d   *diskTier
+	k   disk.Key
+	gen uint64
+	e   *list.Element
 }
 
-// forgetFound forgets the record f's read was made from (a copy found
-// corrupt or missing), if its failure marked it gone or dropped its copy
-// (f.lost) and it is still k's record; nothing where no record named f's
-// tier as it read. A record its failure left as it is names a good copy
-// committed since the read (lostCopy: placed took it as the record's),
-// and stays with it; gone by then, it is another's (an eviction's claim),
-// for that one to forget once it dropped the copy.
+// forgetFound forgets the record f's failure marked gone (f.e: lostCopy's
+// or dropFound's), if it is still k's record; nothing where the failure
+// marked none. Gone by then and another's (an eviction's claim), or
+// forgotten and replaced, it is left for its own dropper.
 func (t *tiers) forgetFound(f tierFound) {
-	if f.e != nil && f.lost {
+	if f.e != nil {
 		t.forgetIf(f.d, f.k, f.e)
 	}
 }
 
-// dropFound drops f's copy, found corrupt: the copy of the record the read
-// was made from (dropCopyOf), not one placed since; a copy no record named
-// as it was read is deleted unless a record not gone names it by now
-// (dropCopy, recorded false).
+// dropFound drops f's copy, found corrupt by the tiers' own checks (its
+// length, its content checksum): the copy of the generation read, f.gen,
+// and only while the store holds that one (dropCopyGen), with the record
+// that names it then marked gone and kept in f.e to be forgotten, so that
+// a copy committed since in its place (placed reusing the record) and its
+// record stay, and a record replaced between the read's start and the
+// store's read is acted on as the one the copy read was of. A copy no
+// record names is deleted alone. With f.gen 0 no copy was read (a store
+// gives each copy it holds a generation from 1 up): nothing is dropped
+// nor marked, where dropCopyGen would take 0 as a delete by key.
 func (t *tiers) dropFound(f *tierFound) {
-	f.lost = true
-	if f.e != nil {
-		t.dropCopyOf(f.d, f.k, true, f.e)
+	if f.gen == 0 {
+		f.e = nil
 		return
 	}
-	t.dropCopy(f.d, f.k, false)
+	f.e, _ = t.dropCopyGen(f.d, f.k, true, nil, f.gen)
 }
 
 // restoreOutcome is one block's read for a restore: its content checksum
@@ -303,14 +307,19 @@ type restoreOutcome struct {
 // tr, a page of its own), else into *buf (taken from the tiers' buffers
 // if nil; the caller gives it back), scattered from there; then checks it
 // (its length, the content checksum over the slot). A block that fails a
-// check is deleted from its store (disk.ErrCorrupt). One not found where
-// f said is looked for once more in the tier that holds it now (moved down
-// meanwhile), and f updated. f.e is set to the record each read is made
-// from: a copy found corrupt or missing marks and drops that record's
-// only. ctx ended: not read.
+// check is deleted from its store (disk.ErrCorrupt), only while the store
+// still holds the generation read. One not found where f said is looked
+// for once more in the tier that holds it now (moved down meanwhile), and
+// f updated. f.gen is set to the generation of the copy read: a copy
+// found corrupt by the tiers' checks is dropped by it (dropFound); f.e to
+// the record a failure marked gone, for the caller to forget: a copy
+// found missing, or corrupt by the store's check (the store dropped it),
+// marks the record that names f's tier then, if its store holds no copy
+// of the block by then (lostCopy). ctx ended: not read.
 func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f *tierFound, blk pool.Block, buf *[]byte, tr []byte) (o restoreOutcome) {
 	l := set.Layout()
 	n := tierBlockBytes(l) - tierTrailer
+	f.e = nil
 	if err := ctx.Err(); err != nil {
 		// Cancelled (a read-ahead ended for its slots): the blocks left
 		// are not read.
@@ -325,9 +334,11 @@ func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f
 	var got int
 	var err error
 	for try := 0; ; try++ {
-		f.e = t.recordIn(f.d, f.k) // the record this read is made from
+		if h := t.beforeRead.Load(); h != nil {
+			(*h)(f.d, f.k)
+		}
 		if pieces != nil {
-			got, err = f.d.store.Load().GetPieces(ctx, f.k, append(pieces, tr[:tierTrailer])...)
+			got, f.gen, err = f.d.store.Load().GetPiecesGen(ctx, f.k, append(pieces, tr[:tierTrailer])...)
 			if err != nil && directRefused(err) {
 				t.directFailed(err)
 				pieces = nil // read again through a buffer
@@ -337,7 +348,7 @@ func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f
 			if *buf == nil {
 				*buf = t.buffer()
 			}
-			got, err = f.d.store.Load().Get(ctx, f.k, *buf)
+			got, f.gen, err = f.d.store.Load().GetGen(ctx, f.k, *buf)
 		}
 		if try > 0 || !errors.Is(err, disk.ErrNotFound) {
 			break
@@ -361,7 +372,7 @@ func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f
 		err = fmt.Errorf("fabric: disk block %016x of %d bytes, its shape has %d: %w", f.k.Hash, got, n+tierTrailer, disk.ErrCorrupt)
 		t.dropFound(f)
 	case errors.Is(err, disk.ErrCorrupt), errors.Is(err, disk.ErrNotFound):
-		f.lost = t.lostCopy(f.d, f.k, f.e) // the store dropped it (its checksum failed), or it went
+		f.e = t.lostCopy(f.d, f.k) // the store dropped it (its checksum failed), or it went
 	}
 	if err == nil && pieces == nil {
 		err = sio.write(ctx, blk.Slot, *buf)

@@ -15,7 +15,16 @@ type tierStore interface {
 	PutBatch(ctx context.Context, items []disk.PutItem) []error
 	Get(ctx context.Context, k disk.Key, dst []byte) (int, error)
 	GetPieces(ctx context.Context, k disk.Key, pieces ...[]byte) (int, error)
+	// GetGen and GetPiecesGen are Get and GetPieces that return the
+	// generation of the copy read (also where it failed a check: too
+	// large, corrupt); Gen is the generation of the copy held; DeleteIf
+	// deletes the copy of k only while it is that generation's: a copy
+	// committed since in its place is kept.
+	GetGen(ctx context.Context, k disk.Key, dst []byte) (int, uint64, error)
+	GetPiecesGen(ctx context.Context, k disk.Key, pieces ...[]byte) (int, uint64, error)
+	Gen(k disk.Key) (uint64, bool)
 	Delete(k disk.Key) error
+	DeleteIf(k disk.Key, gen uint64) error
 	Has(k disk.Key) bool
 	Free() int
 	Keys() []disk.Key

@@ -68,6 +68,21 @@
 // were torn or changed on disk is dropped (logged, counted, deleted), never
 // returned.
 //
+// # Generations
+//
+// Each copy a store holds has a generation, a number no other copy in the
+// store was given: a commit gives one to each block it puts (a key put
+// again gets a new one), and Open to each block it finds again. They are
+// kept in memory only, not journaled: a generation names a copy while the
+// store is open. They count from 1: 0 is no copy's. GetGen and
+// GetPiecesGen return the generation of the copy read (also of one that
+// failed a check), Gen that of the copy held (none once the store is
+// closed), and DeleteIf deletes a key's
+// copy only while it is that generation's: a caller that found a copy bad
+// by checks of its own deletes that copy, never one committed since in its
+// place. A read that fails the store's checksum drops the copy it read
+// (its slot, held by the read, is not reused meanwhile).
+//
 // # Concurrency
 //
 // At most Workers (at most MaxWorkers) reads and writes run at once.
@@ -82,7 +97,7 @@
 //
 // # Host memory
 //
-// MemStore is the tier above: the same keys, sentinels and batch rules in
-// slots of host memory, each block's xxh3 checked on every read, no
-// journal; it does not outlive its process.
+// MemStore is the tier above: the same keys, sentinels, generations and
+// batch rules in slots of host memory, each block's xxh3 checked on every
+// read, no journal; it does not outlive its process.
 package disk

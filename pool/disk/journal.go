@@ -120,13 +120,14 @@ func (s *Store) replay() error {
 				}
 			}
 			owner[r.e.slot] = r.key
-			s.entries[r.key] = r.e
+			s.gen++
+			s.entries[r.key] = held{r.e, s.gen}
 		case opDelete:
 			// A delete names the block it removed: a put of the same key
 			// committed in the same group, before it, stays. Its parent
 			// is no part of the name: a delete journalled by a version
 			// that kept none still names a block put with one.
-			if cur, ok := s.entries[r.key]; ok && sameBlock(cur, r.e) {
+			if cur, ok := s.entries[r.key]; ok && sameBlock(cur.entry, r.e) {
 				delete(s.entries, r.key)
 			}
 		}
@@ -248,7 +249,8 @@ func (s *Store) commitLocked(batch []*waiter) error {
 				continue
 			}
 			old, had := s.entries[r.key]
-			s.entries[r.key] = r.e
+			s.gen++
+			s.entries[r.key] = held{r.e, s.gen}
 			if had {
 				s.releaseSlotLocked(old.slot)
 			}
@@ -294,7 +296,7 @@ func (s *Store) compactLocked() error {
 	snapshot := make([]record, 0, len(s.entries))
 	for k, e := range s.entries {
 		s.seq++
-		snapshot = append(snapshot, record{op: opPut, seq: s.seq, key: k, e: e})
+		snapshot = append(snapshot, record{op: opPut, seq: s.seq, key: k, e: e.entry})
 	}
 	s.mu.Unlock()
 	path := s.journalPath() + ".new"

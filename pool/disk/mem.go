@@ -33,8 +33,8 @@ type MemStore struct {
 
 	mu      sync.Mutex
 	closed  bool
-	entries map[Key]memEntry
-	gen     uint64 // the last block put's generation
+	entries map[Key]held
+	gen     uint64 // the last generation given to a copy, as a Store's
 	// free is the slots freed since they were first used; fresh the
 	// first never used (slots from fresh on are free too): a store of
 	// millions of slots starts with no list to build.
@@ -45,13 +45,6 @@ type MemStore struct {
 	stats struct {
 		puts, gets, deletes, corrupt, bytesWritten, bytesRead atomic.Uint64
 	}
-}
-
-// memEntry is a block's entry and its generation: a number no other
-// put of the store's gave.
-type memEntry struct {
-	entry
-	gen uint64
 }
 
 // MemConfig describes a MemStore.
@@ -81,7 +74,7 @@ func NewMem(cfg MemConfig) (*MemStore, error) {
 		return nil, fmt.Errorf("%w: bytes %d is not in %d (one slot)..%d", ErrInvalidConfig, cfg.Bytes, cfg.SlotBytes, int64(MaxMemBytes))
 	}
 	slots := int(cfg.Bytes / int64(cfg.SlotBytes))
-	s := &MemStore{cfg: cfg, slots: slots, entries: map[Key]memEntry{}, busy: map[uint32]int{}}
+	s := &MemStore{cfg: cfg, slots: slots, entries: map[Key]held{}, busy: map[uint32]int{}}
 	need := slots * cfg.SlotBytes
 	switch {
 	case cfg.Memory == nil:
@@ -243,9 +236,27 @@ func (s *MemStore) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int,
 
 // GetGen is Get that also returns the generation of the copy read: each
 // put of a block (a key put again included) makes a new one. DeleteIf
-// with it deletes that copy and no later one.
+// with it deletes that copy and no later one. The generation of a copy
+// that did not fit dst (ErrTooLarge) or failed its checksum (ErrCorrupt,
+// dropped) is returned with the error; 0 (no copy's) with any other.
 func (s *MemStore) GetGen(ctx context.Context, k Key, dst []byte) (int, uint64, error) {
 	return s.getPieces(k, [][]byte{dst})
+}
+
+// GetPiecesGen is GetPieces that returns the generation of the copy read,
+// as GetGen does.
+func (s *MemStore) GetPiecesGen(ctx context.Context, k Key, pieces ...[]byte) (int, uint64, error) {
+	return s.getPieces(k, pieces)
+}
+
+// Gen is the generation of the copy the store holds under k (GetGen),
+// never 0 (generations count from 1); false if it holds none, or is
+// closed (Close drops every block).
+func (s *MemStore) Gen(k Key) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[k]
+	return e.gen, ok
 }
 
 func (s *MemStore) getPieces(k Key, pieces [][]byte) (int, uint64, error) {
@@ -265,7 +276,7 @@ func (s *MemStore) getPieces(k Key, pieces [][]byte) (int, uint64, error) {
 	}
 	if int(e.length) > total {
 		s.mu.Unlock()
-		return 0, 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
+		return 0, e.gen, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
 	}
 	s.busy[e.slot]++
 	s.using.Add(1)
@@ -285,8 +296,8 @@ func (s *MemStore) getPieces(k Key, pieces [][]byte) (int, uint64, error) {
 	s.stats.gets.Add(1)
 	if h.Sum64() != e.sum {
 		s.stats.corrupt.Add(1)
-		s.drop(k, e)
-		return 0, 0, fmt.Errorf("disk: block %016x in host memory does not match its checksum: %w", k.Hash, ErrCorrupt)
+		s.drop(k, e) // the copy read only
+		return 0, e.gen, fmt.Errorf("disk: block %016x in host memory does not match its checksum: %w", k.Hash, ErrCorrupt)
 	}
 	s.stats.bytesRead.Add(uint64(e.length))
 	return int(e.length), e.gen, nil
@@ -320,23 +331,24 @@ func (s *MemStore) DeleteIf(k Key, gen uint64) error {
 	}
 	e, ok := s.entries[k]
 	s.mu.Unlock()
-	if !ok || e.gen != gen {
+	if !ok || e.gen != gen || !s.drop(k, e) {
 		return fmt.Errorf("disk: block %016x of generation %d: %w", k.Hash, gen, ErrNotFound)
 	}
-	s.drop(k, e)
 	s.stats.deletes.Add(1)
 	return nil
 }
 
-// drop removes k if it still names e, and frees its slot.
-func (s *MemStore) drop(k Key, e memEntry) {
+// drop removes k if it still names e, the copy of e's generation, and
+// frees its slot; false if it does not.
+func (s *MemStore) drop(k Key, e held) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if cur, ok := s.entries[k]; !ok || cur != e {
-		return
+		return false
 	}
 	delete(s.entries, k)
 	s.releaseSlotLocked(e.slot)
+	return true
 }
 
 // Close drops every block and, once the copies in and out under way
@@ -348,7 +360,7 @@ func (s *MemStore) Close() error {
 		return nil
 	}
 	s.closed = true
-	s.entries = map[Key]memEntry{}
+	s.entries = map[Key]held{}
 	s.mu.Unlock()
 	s.using.Wait()
 	if s.mapped {
@@ -527,7 +539,7 @@ func (b *MemBatch) Commit() []error {
 			s.releaseSlotLocked(old.slot)
 		}
 		s.gen++
-		s.entries[it.key] = memEntry{it.e, s.gen}
+		s.entries[it.key] = held{it.e, s.gen}
 		s.stats.puts.Add(1)
 		s.stats.bytesWritten.Add(uint64(it.e.length))
 	}

@@ -191,6 +191,74 @@ func TestMemStoreDeleteIf(t *testing.T) {
 	}
 }
 
+// A MemStore's read that fails (the block larger than the buffer; its
+// bytes not matching its checksum, the copy dropped) returns the
+// generation of the copy it found, as a Store's does; Gen gives that
+// generation, never 0, while the copy is held, and none once it is
+// dropped.
+func TestMemStoreGetGenOfAFailedRead(t *testing.T) {
+	ctx := context.Background()
+	s, err := NewMem(MemConfig{Bytes: 2 * Align, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	k := Key{Hash: 9, Tag: 7}
+	data := memBlock(9, 3000)
+	if err := s.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	held, ok := s.Gen(k)
+	if !ok || held == 0 {
+		t.Fatalf("Gen of the copy put: %d, %v; want a generation from 1 up", held, ok)
+	}
+	if _, g, err := s.GetGen(ctx, k, make([]byte, len(data)-1)); !errors.Is(err, ErrTooLarge) || g != held {
+		t.Fatalf("a read into too small a buffer: generation %d, %v; want %d, ErrTooLarge", g, err, held)
+	}
+	if !s.CorruptForTest(k, 10, 0x40) {
+		t.Fatal("the copy was not corrupted")
+	}
+	if _, g, err := s.GetPiecesGen(ctx, k, make([]byte, 1000), make([]byte, Align)); !errors.Is(err, ErrCorrupt) || g != held {
+		t.Fatalf("a corrupt read: generation %d, %v; want %d, ErrCorrupt", g, err, held)
+	}
+	if s.Has(k) {
+		t.Fatal("the corrupt copy is still held")
+	}
+	if g, ok := s.Gen(k); ok {
+		t.Fatalf("Gen of the copy dropped: %d, held; want none", g)
+	}
+}
+
+// After Close a Store's Gen reports no copy held, as a MemStore's does
+// (its Close drops every block): a closed store has no copy to act on.
+func TestGenAfterClose(t *testing.T) {
+	ctx := context.Background()
+	k := Key{Hash: 3, Tag: 7}
+	m, err := NewMem(MemConfig{Bytes: 2 * Align, SlotBytes: Align})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, t.TempDir(), nil)
+	for _, st := range []interface {
+		Put(context.Context, Key, []byte) error
+		Gen(Key) (uint64, bool)
+		Close() error
+	}{m, s} {
+		if err := st.Put(ctx, k, memBlock(3, 3000)); err != nil {
+			t.Fatal(err)
+		}
+		if g, ok := st.Gen(k); !ok || g == 0 {
+			t.Fatalf("%T: Gen of the copy put: %d, %v; want a generation from 1 up", st, g, ok)
+		}
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if g, ok := st.Gen(k); ok {
+			t.Fatalf("%T: Gen after Close: %d, held; want none", st, g)
+		}
+	}
+}
+
 // ProbeMem maps and unmaps what NewMem would; sizes outside 1..MaxMemBytes
 // are refused as invalid, not mapped.
 func TestProbeMem(t *testing.T) {

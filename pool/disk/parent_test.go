@@ -145,7 +145,7 @@ func TestJournalWithoutParents(t *testing.T) {
 	entries := map[Key]entry{}
 	s.mu.Lock()
 	for k, e := range s.entries {
-		entries[k] = e
+		entries[k] = e.entry
 	}
 	s.mu.Unlock()
 	s.Close()
@@ -186,7 +186,7 @@ func TestJournalWithoutParents(t *testing.T) {
 	}
 	k4 := Key{Hash: 4, Tag: 7}
 	r.mu.Lock()
-	e4 := r.entries[k4]
+	e4 := r.entries[k4].entry
 	r.mu.Unlock()
 	seq := r.seq
 	r.Close()

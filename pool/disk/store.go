@@ -158,6 +158,14 @@ type entry struct {
 	hasParent bool
 }
 
+// held is a committed copy's entry and its generation: a number no other
+// copy in the store was given, so that a caller that read a copy can act
+// on that copy only (DeleteIf), not on one committed under its key since.
+type held struct {
+	entry
+	gen uint64
+}
+
 // Store is a disk tier. Its methods may be called concurrently.
 type Store struct {
 	cfg      Config
@@ -190,9 +198,14 @@ type Store struct {
 
 	mu      sync.Mutex
 	closed  bool
-	entries map[Key]entry
+	entries map[Key]held
 	free    []uint32
 	busy    map[uint32]int // slots being read: not reused until done
+	// gen is the last generation given to a copy: as a commit's puts
+	// enter the entries, and to each entry replayed at Open. Kept in
+	// memory only, not journaled: a generation names a copy while the
+	// store is open.
+	gen uint64
 
 	stats struct {
 		puts, gets, deletes, corrupt, bytesWritten, bytesRead, commits atomic.Uint64
@@ -228,7 +241,7 @@ func Open(cfg Config) (*Store, error) {
 	s := &Store{
 		cfg:      cfg,
 		perFile:  int(cfg.FileBytes / int64(cfg.SlotBytes)),
-		entries:  map[Key]entry{},
+		entries:  map[Key]held{},
 		busy:     map[uint32]int{},
 		requests: make(chan request, cfg.QueueDepth),
 		running:  make(chan struct{}, cfg.Workers),
@@ -682,6 +695,23 @@ func (s *Store) Get(ctx context.Context, k Key, dst []byte) (int, error) {
 // which the read overwrites); else through a buffer and a copy. On an
 // error the pieces may hold some of the block's bytes, or others.
 func (s *Store) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int, error) {
+	n, _, err := s.GetPiecesGen(ctx, k, pieces...)
+	return n, err
+}
+
+// GetGen is Get that also returns the generation of the copy read: each
+// put of a block (a key put again included) makes a new one, and so does
+// each block found again at Open. DeleteIf with it deletes that copy and
+// no later one. The generation of a copy that did not fit dst
+// (ErrTooLarge) or failed its checksum (ErrCorrupt, dropped) is returned
+// with the error; 0 (no copy's) with any other.
+func (s *Store) GetGen(ctx context.Context, k Key, dst []byte) (int, uint64, error) {
+	return s.GetPiecesGen(ctx, k, dst[:len(dst):len(dst)])
+}
+
+// GetPiecesGen is GetPieces that returns the generation of the copy read,
+// as GetGen does.
+func (s *Store) GetPiecesGen(ctx context.Context, k Key, pieces ...[]byte) (int, uint64, error) {
 	total := 0
 	for _, p := range pieces {
 		total += len(p)
@@ -689,16 +719,16 @@ func (s *Store) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int, er
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return 0, ErrClosed
+		return 0, 0, ErrClosed
 	}
 	e, ok := s.entries[k]
 	if !ok {
 		s.mu.Unlock()
-		return 0, fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
+		return 0, 0, fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
 	}
 	if int(e.length) > total {
 		s.mu.Unlock()
-		return 0, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
+		return 0, e.gen, fmt.Errorf("disk: block %016x of %d bytes into %d: %w", k.Hash, e.length, total, ErrTooLarge)
 	}
 	s.busy[e.slot]++
 	s.mu.Unlock()
@@ -729,21 +759,21 @@ func (s *Store) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int, er
 	} else {
 		buf, err := s.buffer()
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		defer s.release(buf)
 		r.buf = buf.b[:roundUp(int(e.length))]
 		got = [][]byte{buf.b[:e.length]}
 	}
 	if err := s.readInline(ctx, r); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if sumOf(got) != e.sum {
 		s.stats.corrupt.Add(1)
 		s.cfg.Logger.Warn("disk tier block failed its checksum: dropped", "hash", fmt.Sprintf("%016x", k.Hash),
 			"slot", e.slot, "dir", s.cfg.Dir)
-		s.drop(k, e)
-		return 0, fmt.Errorf("disk: block %016x in slot %d: %w", k.Hash, e.slot, ErrCorrupt)
+		s.drop(k, e) // the copy read only: its slot, busy, is not reused meanwhile
+		return 0, e.gen, fmt.Errorf("disk: block %016x in slot %d: %w", k.Hash, e.slot, ErrCorrupt)
 	}
 	s.stats.gets.Add(1)
 	s.stats.bytesRead.Add(uint64(e.length))
@@ -753,7 +783,7 @@ func (s *Store) GetPieces(ctx context.Context, k Key, pieces ...[]byte) (int, er
 			src = src[copy(p, src):]
 		}
 	}
-	return int(e.length), nil
+	return int(e.length), e.gen, nil
 }
 
 // Delete removes the block under k; its slot is reused once no read holds it.
@@ -773,13 +803,46 @@ func (s *Store) Delete(k Key) error {
 	return nil
 }
 
-// drop journals the delete of k (if it still names e) and frees its slot.
-func (s *Store) drop(k Key, e entry) {
+// DeleteIf removes the block under k if it is still the copy of
+// generation gen (GetGen): a copy put since is kept. ErrNotFound if k is
+// not held, or held in another generation.
+func (s *Store) DeleteIf(k Key, gen uint64) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	e, ok := s.entries[k]
+	s.mu.Unlock()
+	if !ok || e.gen != gen || !s.drop(k, e) {
+		return fmt.Errorf("disk: block %016x of generation %d: %w", k.Hash, gen, ErrNotFound)
+	}
+	s.stats.deletes.Add(1)
+	return nil
+}
+
+// Gen is the generation of the copy the store holds under k (GetGen),
+// never 0 (generations count from 1); false if it holds none, or is
+// closed: a closed store's copies are none to act on, as a closed
+// MemStore's are.
+func (s *Store) Gen(k Key) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, false
+	}
+	e, ok := s.entries[k]
+	return e.gen, ok
+}
+
+// drop journals the delete of k if it still names e, the copy of e's
+// generation, and frees its slot; false if it does not.
+func (s *Store) drop(k Key, e held) bool {
 	s.mu.Lock()
 	cur, ok := s.entries[k]
 	if !ok || cur != e {
 		s.mu.Unlock()
-		return
+		return false
 	}
 	delete(s.entries, k)
 	s.mu.Unlock()
@@ -795,6 +858,7 @@ func (s *Store) drop(k Key, e entry) {
 	s.mu.Lock()
 	s.releaseSlotLocked(e.slot)
 	s.mu.Unlock()
+	return true
 }
 
 func (s *Store) releaseSlotLocked(slot uint32) {

@@ -397,3 +397,149 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// DeleteIf deletes the copy of the generation read and no other: a copy of
+// the same key put since (the same bytes, even in the slot freed) is
+// kept, and so is one replaced by a put of the key still held. After a
+// reopen each block found again has a generation of its own, which
+// DeleteIf takes, and a put after it a new one.
+func TestStoreDeleteIf(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, func(c *Config) { c.Bytes = 3 * int64(c.SlotBytes); c.FileBytes = c.Bytes })
+	ctx := context.Background()
+	k := Key{Hash: 5, Tag: 7}
+	data := blockOf(5, s.SlotBytes())
+	gen := func(s *Store, k Key) uint64 {
+		t.Helper()
+		dst := make([]byte, s.SlotBytes())
+		n, g, err := s.GetGen(ctx, k, dst)
+		if err != nil || string(dst[:n]) != string(data) {
+			t.Fatalf("GetGen: %d bytes, %v", n, err)
+		}
+		if held, ok := s.Gen(k); !ok || held != g {
+			t.Fatalf("Gen: %d, %v; the copy read is of generation %d", held, ok, g)
+		}
+		return g
+	}
+	if err := s.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	first := gen(s, k)
+	// Replaced by a put of the key held: a new copy.
+	if err := s.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteIf(k, first); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("DeleteIf of a copy since replaced: %v, want ErrNotFound", err)
+	}
+	if !s.Has(k) {
+		t.Fatal("DeleteIf of an older generation deleted the copy put in its place")
+	}
+	second := gen(s, k)
+	if second == first {
+		t.Fatalf("a copy put in place of another has its generation, %d", first)
+	}
+	// Deleted and put again, into the slot freed: a new copy.
+	if err := s.Delete(k); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteIf(k, second); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("DeleteIf of a copy deleted and put again: %v, want ErrNotFound", err)
+	}
+	third := gen(s, k)
+	if third == second || third == first {
+		t.Fatalf("a copy put again has generation %d, as an earlier one (%d, %d)", third, first, second)
+	}
+	if err := s.DeleteIf(k, third); err != nil {
+		t.Fatalf("DeleteIf of the copy read: %v", err)
+	}
+	if s.Has(k) || s.Free() != 3 || s.Stats().Deletes != 2 {
+		t.Fatalf("after DeleteIf: held %v, %d free slots, stats %+v; want gone, 3, 2 deletes", s.Has(k), s.Free(), s.Stats())
+	}
+	if err := s.DeleteIf(k, third); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("DeleteIf twice: %v, want ErrNotFound", err)
+	}
+	if _, ok := s.Gen(k); ok {
+		t.Fatal("Gen of a key deleted: held")
+	}
+
+	// Reopened: each block found again has a generation of its own.
+	k2 := Key{Hash: 6, Tag: 7}
+	for _, kk := range []Key{k, k2} {
+		if err := s.Put(ctx, kk, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	r := open(t, dir, func(c *Config) { c.Bytes = 3 * int64(c.SlotBytes); c.FileBytes = c.Bytes })
+	g1, g2 := gen(r, k), gen(r, k2)
+	if g1 == 0 || g2 == 0 || g1 == g2 {
+		t.Fatalf("blocks found again at open: generations %d and %d, want two, not 0", g1, g2)
+	}
+	if err := r.DeleteIf(k, g2); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("DeleteIf of another block's generation: %v, want ErrNotFound", err)
+	}
+	if err := r.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	if g := gen(r, k); g == g1 || g == g2 {
+		t.Fatalf("a put after the open has generation %d, as a block found again (%d, %d)", g, g1, g2)
+	}
+	if err := r.DeleteIf(k, g1); !errors.Is(err, ErrNotFound) || !r.Has(k) {
+		t.Fatalf("DeleteIf of the copy found again, since replaced: %v, held %v; want ErrNotFound, held", err, r.Has(k))
+	}
+	if err := r.DeleteIf(k2, g2); err != nil || r.Has(k2) {
+		t.Fatalf("DeleteIf of a block found again at its generation: %v, held %v", err, r.Has(k2))
+	}
+	r.Close()
+	if r3 := open(t, dir, func(c *Config) { c.Bytes = 3 * int64(c.SlotBytes); c.FileBytes = c.Bytes }); r3.Has(k2) || !r3.Has(k) {
+		t.Fatalf("after DeleteIf and a reopen: %v, %v held; want the block put again alone", r3.Has(k), r3.Has(k2))
+	}
+}
+
+// A read that fails (the block larger than the buffer; its bytes not
+// matching its checksum, the copy dropped) returns the generation of the
+// copy it found, for its caller to act on that copy only.
+func TestStoreGetGenOfAFailedRead(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, nil)
+	ctx := context.Background()
+	k := Key{Hash: 9, Tag: 7}
+	data := blockOf(9, s.SlotBytes())
+	if err := s.Put(ctx, k, data); err != nil {
+		t.Fatal(err)
+	}
+	held, ok := s.Gen(k)
+	if !ok || held == 0 {
+		t.Fatalf("Gen of the copy put: %d, %v; want a generation from 1 up", held, ok)
+	}
+	if _, g, err := s.GetGen(ctx, k, make([]byte, len(data)-1)); !errors.Is(err, ErrTooLarge) || g != held {
+		t.Fatalf("a read into too small a buffer: generation %d, %v; want %d, ErrTooLarge", g, err, held)
+	}
+	s.mu.Lock()
+	e := s.entries[k]
+	s.mu.Unlock()
+	f, err := os.OpenFile(filepath.Join(dir, "blocks.000"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [1]byte
+	off := int64(e.slot) * int64(s.SlotBytes())
+	if _, err := f.ReadAt(b[:], off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x40
+	if _, err := f.WriteAt(b[:], off); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, g, err := s.GetPiecesGen(ctx, k, make([]byte, s.SlotBytes())); !errors.Is(err, ErrCorrupt) || g != held {
+		t.Fatalf("a corrupt read: generation %d, %v; want %d, ErrCorrupt", g, err, held)
+	}
+	if s.Has(k) {
+		t.Fatal("the corrupt copy is still held")
+	}
+}
