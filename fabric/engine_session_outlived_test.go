@@ -1,0 +1,298 @@
+package fabric_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/layout/layoutpb"
+)
+
+// holdStaller stalls, at the agent's hook fabric.BeforeHold, the first
+// hold of a session armed for it until that session has ended.
+type holdStaller struct {
+	mu    sync.Mutex
+	armed map[uint64]*stalledSession
+}
+
+func (h *holdStaller) hold(session uint64) {
+	h.mu.Lock()
+	s := h.armed[session]
+	delete(h.armed, session)
+	h.mu.Unlock()
+	if s == nil {
+		return
+	}
+	close(s.reached)
+	select {
+	case <-s.ended:
+	case <-time.After(time.Minute): // never ended: the test fails on its answer
+	}
+}
+
+// stalledSession is a raw session of an engine that keeps it alive until
+// one of its calls stalls (as a long step or a paused process stalls
+// the engine), then falls silent past the keepalive bound.
+type stalledSession struct {
+	t       *testing.T
+	h       *holdStaller
+	api     fabricpb.EngineClient
+	id      uint64
+	reached chan struct{} // closed as the stalled call reaches its hold
+	ended   chan struct{} // closed once the agent ended the session
+	endErr  error         // the stream's end, once ended is closed
+}
+
+// open opens a session on a and keeps it alive until the call it stalls
+// reaches its hold.
+func (h *holdStaller) open(t *testing.T, ctx context.Context, a *fabric.Agent, keepalive time.Duration) *stalledSession {
+	t.Helper()
+	api, stream, ev := rawSession(t, ctx, a.EngineSocket())
+	s := &stalledSession{t: t, h: h, api: api, id: ev.Session, reached: make(chan struct{}), ended: make(chan struct{})}
+	go func() {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				s.endErr = err
+				close(s.ended)
+				return
+			}
+		}
+	}()
+	go func() {
+		tick := time.NewTicker(keepalive / 4)
+		defer tick.Stop()
+		for {
+			select {
+			case <-s.reached:
+				return
+			case <-s.ended:
+				return
+			case <-tick.C:
+				if stream.Send(&fabricpb.SessionRequest{}) != nil {
+					return
+				}
+			}
+		}
+	}()
+	return s
+}
+
+// ctx names the session on a call.
+func (s *stalledSession) ctx(ctx context.Context) context.Context { return inSession(ctx, s.id) }
+
+// stall makes call's first hold wait until the session has ended for
+// want of keepalives (none sent from that hold on), and returns call's
+// error, once sure that the call reached its hold and the session ended.
+func (s *stalledSession) stall(call func() error) error {
+	s.t.Helper()
+	s.h.mu.Lock()
+	s.h.armed[s.id] = s
+	s.h.mu.Unlock()
+	err := call()
+	select {
+	case <-s.reached:
+	default:
+		s.t.Fatalf("the call never reached its hold (%v)", err)
+	}
+	<-s.ended
+	if code(s.endErr) != codes.DeadlineExceeded {
+		s.t.Fatalf("session ended with %v, want DeadlineExceeded (no keepalive)", s.endErr)
+	}
+	return err
+}
+
+// register registers e under the stalled session.
+func (s *stalledSession) register(ctx context.Context, e client.Engine) uint64 {
+	s.t.Helper()
+	order := layoutpb.KVOrder_KV_ORDER_HND
+	if e.Order == layout.NHD {
+		order = layoutpb.KVOrder_KV_ORDER_NHD
+	}
+	reg, err := s.api.Register(s.ctx(ctx), &fabricpb.RegisterRequest{Engine: e.Name, Model: e.Model.Proto(), TpSize: uint32(e.TPSize),
+		PageSize: uint32(e.PageSize), KvOrder: order, Slots: uint32(e.Slots)})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return reg.BlockSet
+}
+
+// wantEnded checks that err is the answer of a call its session
+// outlived.
+func wantEnded(t *testing.T, what string, err error) {
+	t.Helper()
+	if code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "ended during the call") {
+		t.Fatalf("%s outlived by its session: %v, want FAILED_PRECONDITION: ended during the call", what, err)
+	}
+}
+
+// An engine stalled past its keepalive bound in the middle of a call
+// (the agent between taking slots or blocks for it and recording them in
+// its session) gets FAILED_PRECONDITION from the call, never slots its
+// ended session gave back: those may be another engine's by the time it
+// writes or reads them. What the call took is given back exactly once:
+// free, or referenced by nobody, and taken by a new session's Allocate;
+// a reference another session holds on the same block stays.
+func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
+	const keepalive = time.Second // the bound two loaded cores keep (TestSessionKeepaliveAtTheLimit)
+	eng := client.Engine{Name: "stalled", Model: smallModel, TPSize: 1, PageSize: 4, Order: layout.HND, Slots: 16}
+	start := func(t *testing.T) (context.Context, *fabric.Agent, *holdStaller) {
+		t.Parallel()
+		cfg := testConfig(t, "n1")
+		cfg.SessionKeepalive = keepalive
+		h := &holdStaller{armed: map[uint64]*stalledSession{}}
+		fabric.BeforeHold(&cfg, h.hold)
+		a := startAgent(t, cfg)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		t.Cleanup(cancel)
+		return ctx, a, h
+	}
+	// takesAll checks that a new session's Allocate takes every slot of
+	// set: nothing of the stalled call's is held.
+	takesAll := func(t *testing.T, ctx context.Context, c *client.Client, set uint64) {
+		t.Helper()
+		if slots, err := c.Allocate(ctx, set, eng.Slots); err != nil || len(slots) != eng.Slots {
+			t.Fatalf("a new session's Allocate of all %d slots: %d slots, %v", eng.Slots, len(slots), err)
+		}
+	}
+
+	// cachedForOthers checks that the blocks the stalled call registered
+	// stay cached, as an ended session's blocks do, referenced by nobody
+	// but c once it acquires them.
+	cachedForOthers := func(t *testing.T, ctx context.Context, c *client.Client, set uint64, hashes []uint64) {
+		t.Helper()
+		refs, err := c.Acquire(ctx, set, hashes)
+		if err != nil || len(refs) != len(hashes) {
+			t.Fatalf("Acquire of the %d blocks registered by the stalled call: %v, %v", len(hashes), refs, err)
+		}
+		slots := make([]uint32, len(refs))
+		for i, r := range refs {
+			slots[i] = r.Slot
+		}
+		if err := c.Release(ctx, set, slots); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("Allocate", func(t *testing.T) {
+		ctx, a, h := start(t)
+		s := h.open(t, ctx, a, keepalive)
+		set := s.register(ctx, eng)
+		err := s.stall(func() error {
+			resp, err := s.api.Allocate(s.ctx(ctx), &fabricpb.AllocateRequest{BlockSet: set, Count: uint32(eng.Slots)})
+			if err == nil {
+				t.Errorf("slots %v handed to an engine whose session ended", resp.Slots)
+			}
+			return err
+		})
+		wantEnded(t, "Allocate", err)
+		c := newClient(t, a)
+		st, err := c.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.BlockSets) != 1 || st.BlockSets[0].Free != uint32(eng.Slots) {
+			t.Fatalf("block sets %v, want one with all %d slots free", st.BlockSets, eng.Slots)
+		}
+		if got := register(t, c, eng).ID; got != set {
+			t.Fatalf("block set %d registered, want %d", got, set)
+		}
+		takesAll(t, ctx, c, set)
+	})
+
+	t.Run("Acquire", func(t *testing.T) {
+		ctx, a, h := start(t)
+		// Another session registers two blocks and keeps a reference on
+		// the first.
+		c := newClient(t, a)
+		set := register(t, c, eng).ID
+		slots, err := c.Allocate(ctx, set, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes := []uint64{11, 12}
+		refs, err := c.RegisterBlocks(ctx, set, slots, hashes)
+		if err != nil || len(refs) != 2 {
+			t.Fatalf("register: %v, %v", refs, err)
+		}
+		if err := c.Release(ctx, set, []uint32{refs[1].Slot}); err != nil {
+			t.Fatal(err)
+		}
+		s := h.open(t, ctx, a, keepalive)
+		if got := s.register(ctx, eng); got != set {
+			t.Fatalf("block set %d registered, want %d", got, set)
+		}
+		err = s.stall(func() error {
+			resp, err := s.api.Acquire(s.ctx(ctx), &fabricpb.AcquireRequest{BlockSet: set, Hashes: hashes})
+			if err == nil {
+				t.Errorf("blocks %v handed to an engine whose session ended", resp.Blocks)
+			}
+			return err
+		})
+		wantEnded(t, "Acquire", err)
+		// The other session's reference stays: 15 slots, not 16.
+		if _, err := c.Allocate(ctx, set, eng.Slots); code(err) != codes.ResourceExhausted {
+			t.Fatalf("Allocate of all %d slots with a block referenced: %v, want RESOURCE_EXHAUSTED", eng.Slots, err)
+		}
+		if err := c.Release(ctx, set, []uint32{refs[0].Slot}); err != nil {
+			t.Fatalf("the other session's reference: %v", err)
+		}
+		takesAll(t, ctx, c, set)
+	})
+
+	t.Run("Import", func(t *testing.T) {
+		ctx, a, h := start(t)
+		// Blocks another engine's set of this node holds, copied in by
+		// the import (registered, then held).
+		hashes := sumHashes(7, 3)
+		holdBlocks(t, a, client.Engine{Name: "writer", Model: smallModel, TPSize: 1, PageSize: 4, Order: layout.NHD, Slots: 8}, hashes, 1)
+		s := h.open(t, ctx, a, keepalive)
+		set := s.register(ctx, eng)
+		err := s.stall(func() error {
+			resp, err := s.api.Import(s.ctx(ctx), &fabricpb.ImportRequest{BlockSet: set, Hashes: hashes})
+			if err == nil {
+				t.Errorf("blocks %v handed to an engine whose session ended", resp.Blocks)
+			}
+			return err
+		})
+		wantEnded(t, "Import", err)
+		c := newClient(t, a)
+		if got := register(t, c, eng).ID; got != set {
+			t.Fatalf("block set %d registered, want %d", got, set)
+		}
+		cachedForOthers(t, ctx, c, set, hashes)
+		takesAll(t, ctx, c, set)
+	})
+
+	t.Run("RegisterBlocks", func(t *testing.T) {
+		ctx, a, h := start(t)
+		s := h.open(t, ctx, a, keepalive)
+		set := s.register(ctx, eng)
+		resp, err := s.api.Allocate(s.ctx(ctx), &fabricpb.AllocateRequest{BlockSet: set, Count: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes := []uint64{21, 22, 23}
+		err = s.stall(func() error {
+			reg, err := s.api.RegisterBlocks(s.ctx(ctx), &fabricpb.RegisterBlocksRequest{BlockSet: set, Slots: resp.Slots, Hashes: hashes})
+			if err == nil {
+				t.Errorf("blocks %v handed to an engine whose session ended", reg.Blocks)
+			}
+			return err
+		})
+		wantEnded(t, "RegisterBlocks", err)
+		c := newClient(t, a)
+		if got := register(t, c, eng).ID; got != set {
+			t.Fatalf("block set %d registered, want %d", got, set)
+		}
+		cachedForOthers(t, ctx, c, set, hashes)
+		takesAll(t, ctx, c, set)
+	})
+}
