@@ -2,6 +2,7 @@ package fabric_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -293,6 +294,43 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 			t.Fatalf("block set %d registered, want %d", got, set)
 		}
 		cachedForOthers(t, ctx, c, set, hashes)
+		takesAll(t, ctx, c, set)
+	})
+
+	// A session that drops the block set (DropBlockSet) while one of its
+	// calls waits at its hold is answered so too, though it goes on.
+	t.Run("DropBlockSet", func(t *testing.T) {
+		ctx, a, h := start(t)
+		c := newClient(t, a)
+		set := register(t, c, eng).ID
+		s := &stalledSession{t: t, h: h, id: c.Session(), reached: make(chan struct{}), ended: make(chan struct{})}
+		h.mu.Lock()
+		h.armed[s.id] = s
+		h.mu.Unlock()
+		errc := make(chan error, 1)
+		go func() {
+			slots, err := c.Allocate(ctx, set, eng.Slots)
+			if err == nil {
+				err = fmt.Errorf("slots %v handed to an engine that dropped the set", slots)
+			}
+			errc <- err
+		}()
+		select {
+		case <-s.reached:
+		case err := <-errc:
+			t.Fatalf("the call never reached its hold (%v)", err)
+		}
+		if _, err := c.DropBlockSet(ctx, set); err != nil {
+			t.Fatal(err)
+		}
+		close(s.ended)
+		err := <-errc
+		if code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "dropped it during the call") {
+			t.Fatalf("Allocate whose set its session dropped meanwhile: %v, want FAILED_PRECONDITION: dropped it during the call", err)
+		}
+		if got := register(t, c, eng).ID; got != set {
+			t.Fatalf("block set %d registered, want %d", got, set)
+		}
 		takesAll(t, ctx, c, set)
 	})
 }
