@@ -23,13 +23,18 @@
 // blocks stay cached for others. An engine whose session ended must not
 // read or write the slots it held (they may be another's by then): it
 // opens a new session and starts over. A call naming a session that is not open
-// fails with FAILED_PRECONDITION and does nothing. A call still running when
-// its session ends (an engine stalled past keepalive_ms) fails with
-// FAILED_PRECONDITION too ("ended during the call"): Allocate, RegisterBlocks,
-// Acquire and Import then answer no slot or block, what they took was given
-// back with the rest (blocks they registered stay cached for others), and
-// the engine opens a new session (one whose own DropBlockSet of the set
-// came meanwhile fails so as well). Calls with no session
+// fails with FAILED_PRECONDITION and does nothing. An Allocate,
+// RegisterBlocks, Acquire or Import whose session ends (an engine stalled
+// past keepalive_ms) before its last hold (where the agent records what
+// it took in the session) fails with FAILED_PRECONDITION too ("ended
+// during the call") and answers no slot or block: what it took was given
+// back with the rest (blocks it registered stay cached for others). One
+// whose session ends after that hold answers as before, and the engine
+// learns it from its session stream, after which it must use nothing it
+// holds; other calls answer as before. Either way the engine opens a new
+// session. Such a call whose set its own session dropped meanwhile
+// (DropBlockSet) fails with FAILED_PRECONDITION too ("dropped it during
+// the call"); that session goes on. Calls with no session
 // metadata work under one implicit session that never ends: what they
 // hold is held until released, as before sessions existed.
 //
