@@ -17,8 +17,9 @@ import (
 	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
 
-// holdStaller stalls, at the agent's hook fabric.BeforeHold, the first
-// hold of a session armed for it until that session has ended.
+// holdStaller stalls, at the agent's hook fabric.BeforeHold, a hold of a
+// session armed for it (the first, or the one stallAt names) until that
+// session has ended.
 type holdStaller struct {
 	mu    sync.Mutex
 	armed map[uint64]*stalledSession
@@ -27,7 +28,13 @@ type holdStaller struct {
 func (h *holdStaller) hold(session uint64) {
 	h.mu.Lock()
 	s := h.armed[session]
-	delete(h.armed, session)
+	if s != nil {
+		if s.holds++; s.holds < s.at {
+			s = nil // a hold that goes through
+		} else {
+			delete(h.armed, session)
+		}
+	}
 	h.mu.Unlock()
 	if s == nil {
 		return
@@ -47,6 +54,8 @@ type stalledSession struct {
 	h       *holdStaller
 	api     fabricpb.EngineClient
 	id      uint64
+	at      int           // the hold to stall at, counted from 1 once armed
+	holds   int           // the holds since armed (holdStaller.mu)
 	reached chan struct{} // closed as the stalled call reaches its hold
 	ended   chan struct{} // closed once the agent ended the session
 	endErr  error         // the stream's end, once ended is closed
@@ -94,7 +103,14 @@ func (s *stalledSession) ctx(ctx context.Context) context.Context { return inSes
 // error, once sure that the call reached its hold and the session ended.
 func (s *stalledSession) stall(call func() error) error {
 	s.t.Helper()
+	return s.stallAt(1, call)
+}
+
+// stallAt is stall at call's nth hold, those before it going through.
+func (s *stalledSession) stallAt(n int, call func() error) error {
+	s.t.Helper()
 	s.h.mu.Lock()
+	s.at = n
 	s.h.armed[s.id] = s
 	s.h.mu.Unlock()
 	err := call()
@@ -144,10 +160,11 @@ func wantEnded(t *testing.T, what string, err error) {
 func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 	const keepalive = time.Second // the bound two loaded cores keep (TestSessionKeepaliveAtTheLimit)
 	eng := client.Engine{Name: "stalled", Model: smallModel, TPSize: 1, PageSize: 4, Order: layout.HND, Slots: 16}
-	start := func(t *testing.T) (context.Context, *fabric.Agent, *holdStaller) {
+	start := func(t *testing.T, tiers ...string) (context.Context, *fabric.Agent, *holdStaller) {
 		t.Parallel()
 		cfg := testConfig(t, "n1")
 		cfg.SessionKeepalive = keepalive
+		cfg.Tiers = tiers
 		h := &holdStaller{armed: map[uint64]*stalledSession{}}
 		fabric.BeforeHold(&cfg, h.hold)
 		a := startAgent(t, cfg)
@@ -155,13 +172,39 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 		t.Cleanup(cancel)
 		return ctx, a, h
 	}
-	// takesAll checks that a new session's Allocate takes every slot of
-	// set: nothing of the stalled call's is held.
+	// takesAllOf checks that a new session's Allocate takes every slot of
+	// set, of e's slots: nothing of the stalled call's is held.
+	takesAllOf := func(t *testing.T, ctx context.Context, c *client.Client, set uint64, e client.Engine) {
+		t.Helper()
+		if slots, err := c.Allocate(ctx, set, e.Slots); err != nil || len(slots) != e.Slots {
+			t.Fatalf("a new session's Allocate of all %d slots: %d slots, %v", e.Slots, len(slots), err)
+		}
+	}
 	takesAll := func(t *testing.T, ctx context.Context, c *client.Client, set uint64) {
 		t.Helper()
-		if slots, err := c.Allocate(ctx, set, eng.Slots); err != nil || len(slots) != eng.Slots {
-			t.Fatalf("a new session's Allocate of all %d slots: %d slots, %v", eng.Slots, len(slots), err)
+		takesAllOf(t, ctx, c, set, eng)
+	}
+	// tierRun stores blocks through a tier-backed agent's set of
+	// tierEngine and returns it with three blocks that follow one another
+	// in its host tier, none in the set.
+	tierRun := func(t *testing.T, a *fabric.Agent, c *client.Client) (uint64, []uint64) {
+		t.Helper()
+		set := register(t, c, tierEngine)
+		hashes := storeThrough(t, c, set, 64, a)
+		from := 0
+		for from < len(hashes) && fabric.BlockSetHolds(a, set.ID, hashes[from]) {
+			from++
 		}
+		if from+3 > len(hashes) {
+			t.Fatalf("the set holds the first %d of %d blocks", from, len(hashes))
+		}
+		run := hashes[from : from+3]
+		for _, h := range run {
+			if fabric.BlockSetHolds(a, set.ID, h) || fabric.TierHolding(a, set.ID, h) != "host" {
+				t.Fatalf("block %016x: in the set %v, tier %q; want the host tier's only", h, fabric.BlockSetHolds(a, set.ID, h), fabric.TierHolding(a, set.ID, h))
+			}
+		}
+		return set.ID, run
 	}
 
 	// cachedForOthers checks that the blocks the stalled call registered
@@ -295,6 +338,67 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 		}
 		cachedForOthers(t, ctx, c, set, hashes)
 		takesAll(t, ctx, c, set)
+	})
+
+	// Ended at the second of three holds: the first block's reference,
+	// recorded, is given back once (by detach: another session's
+	// reference on it stays), the second's by hold, the third never taken.
+	t.Run("AcquireAfterAHold", func(t *testing.T) {
+		ctx, a, h := start(t)
+		c := newClient(t, a)
+		set := register(t, c, eng).ID
+		slots, err := c.Allocate(ctx, set, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes := []uint64{31, 32, 33}
+		refs, err := c.RegisterBlocks(ctx, set, slots, hashes)
+		if err != nil || len(refs) != 3 {
+			t.Fatalf("register: %v, %v", refs, err)
+		}
+		if err := c.Release(ctx, set, []uint32{refs[1].Slot, refs[2].Slot}); err != nil {
+			t.Fatal(err)
+		}
+		s := h.open(t, ctx, a, keepalive)
+		if got := s.register(ctx, eng); got != set {
+			t.Fatalf("block set %d registered, want %d", got, set)
+		}
+		err = s.stallAt(2, func() error {
+			resp, err := s.api.Acquire(s.ctx(ctx), &fabricpb.AcquireRequest{BlockSet: set, Hashes: hashes})
+			if err == nil {
+				t.Errorf("blocks %v handed to an engine whose session ended", resp.Blocks)
+			}
+			return err
+		})
+		wantEnded(t, "Acquire", err)
+		if _, err := c.Allocate(ctx, set, eng.Slots); code(err) != codes.ResourceExhausted {
+			t.Fatalf("Allocate of all %d slots with a block referenced: %v, want RESOURCE_EXHAUSTED", eng.Slots, err)
+		}
+		if err := c.Release(ctx, set, []uint32{refs[0].Slot}); err != nil {
+			t.Fatalf("the other session's reference: %v", err)
+		}
+		takesAll(t, ctx, c, set)
+	})
+
+	// An Acquire of blocks restored from a tier: ended at the first hold,
+	// it gives back the blocks restored for it and not taken yet too.
+	t.Run("AcquireRestored", func(t *testing.T) {
+		ctx, a, h := start(t, fmt.Sprintf("host=%d", fabric.MinHostTierBytes))
+		c := newClient(t, a)
+		set, run := tierRun(t, a, c)
+		s := h.open(t, ctx, a, keepalive)
+		if got := s.register(ctx, tierEngine); got != set {
+			t.Fatalf("block set %d registered, want %d", got, set)
+		}
+		err := s.stall(func() error {
+			resp, err := s.api.Acquire(s.ctx(ctx), &fabricpb.AcquireRequest{BlockSet: set, Hashes: run})
+			if err == nil {
+				t.Errorf("blocks %v handed to an engine whose session ended", resp.Blocks)
+			}
+			return err
+		})
+		wantEnded(t, "Acquire", err)
+		takesAllOf(t, ctx, c, set, tierEngine)
 	})
 
 	// A session that drops the block set (DropBlockSet) while one of its
