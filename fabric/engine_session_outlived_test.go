@@ -401,6 +401,59 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 		takesAllOf(t, ctx, c, set, tierEngine)
 	})
 
+	// An Import of blocks restored from a tier (fromTier) whose session
+	// ends at their hold stops: given back, and not a failed import.
+	t.Run("ImportRestored", func(t *testing.T) {
+		ctx, a, h := start(t, fmt.Sprintf("host=%d", fabric.MinHostTierBytes))
+		c := newClient(t, a)
+		set, run := tierRun(t, a, c)
+		s := h.open(t, ctx, a, keepalive)
+		if got := s.register(ctx, tierEngine); got != set {
+			t.Fatalf("block set %d registered, want %d", got, set)
+		}
+		fails := a.Metrics().ImportFailures
+		err := s.stall(func() error {
+			resp, err := s.api.Import(s.ctx(ctx), &fabricpb.ImportRequest{BlockSet: set, Hashes: run})
+			if err == nil {
+				t.Errorf("blocks %v handed to an engine whose session ended", resp.Blocks)
+			}
+			return err
+		})
+		wantEnded(t, "Import", err)
+		if got := a.Metrics().ImportFailures; got != fails {
+			t.Fatalf("import failures %d after the import its session outlived, want %d", got, fails)
+		}
+		takesAllOf(t, ctx, c, set, tierEngine)
+	})
+
+	// A Prefetch that imports blocks (here from another engine's set)
+	// for a session that ends at their hold answers as it does, with no
+	// import error: the session's stream tells the engine.
+	t.Run("PrefetchImport", func(t *testing.T) {
+		ctx, a, h := start(t)
+		hashes := sumHashes(7, 3)
+		holdBlocks(t, a, client.Engine{Name: "writer", Model: smallModel, TPSize: 1, PageSize: 4, Order: layout.NHD, Slots: 8}, hashes, 1)
+		s := h.open(t, ctx, a, keepalive)
+		set := s.register(ctx, eng)
+		fails := a.Metrics().ImportFailures
+		var resp *fabricpb.PrefetchResponse
+		err := s.stall(func() (err error) {
+			resp, err = s.api.Prefetch(s.ctx(ctx), &fabricpb.PrefetchRequest{BlockSet: set, Hashes: hashes})
+			return err
+		})
+		if err != nil || resp.Error != "" {
+			t.Fatalf("Prefetch outlived by its session: %+v, %v; want OK with no error", resp, err)
+		}
+		if got := a.Metrics().ImportFailures; got != fails {
+			t.Fatalf("import failures %d after the prefetch its session outlived, want %d", got, fails)
+		}
+		c := newClient(t, a)
+		if got := register(t, c, eng).ID; got != set {
+			t.Fatalf("block set %d registered, want %d", got, set)
+		}
+		takesAll(t, ctx, c, set)
+	})
+
 	// A session that drops the block set (DropBlockSet) while one of its
 	// calls waits at its hold is answered so too, though it goes on.
 	t.Run("DropBlockSet", func(t *testing.T) {

@@ -148,9 +148,12 @@ func (a *Agent) importBlocks(ctx context.Context, s *sessionSet, hashes []uint64
 		}
 	}
 	if len(res.refs) < len(hashes) {
-		a.stats.importFails.Add(1)
 		if cause == nil {
 			cause = errHoldersFailed
+		}
+		// An import whose session ended stopped; it did not fail.
+		if !errors.Is(cause, errSessionGone) {
+			a.stats.importFails.Add(1)
 		}
 		if !errors.Is(cause, errHoldersFailed) || len(failures) == 0 {
 			// Every failure says why, even one no holder reported.

@@ -236,7 +236,8 @@ type PrefetchResponse struct {
 	Restored uint32 `protobuf:"varint,2,opt,name=restored,proto3" json:"restored,omitempty"`
 	// Why the run stopped before the sequence's end where a restore or an
 	// import failed (a block that failed its check, no slots, every holder
-	// failed); empty when it stopped at a block that no node holds.
+	// failed); empty when it stopped at a block that no node holds, or as
+	// its session ended (the session stream says so).
 	Error string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
 	// Of in_memory, the blocks imported by this call from this node's other
 	// block sets or from other nodes, after those restored (within the same
