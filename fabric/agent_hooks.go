@@ -43,4 +43,9 @@ type testHooks struct {
 	// idle set and is about to ask the pool to free it, given the set;
 	// a.mu and the set's mu are held: it must take neither.
 	beforeSetFree func(es *engineSet)
+	// beforeHold, if set, runs where an engine call is about to record in
+	// its session slots or blocks it took for the engine (sessionSet.hold,
+	// holdAll), given the session's id, before it looks whether the
+	// session still holds: a test ends the session meanwhile.
+	beforeHold func(session uint64)
 }

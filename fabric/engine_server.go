@@ -152,9 +152,13 @@ func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateReque
 	if zero {
 		zeroSlots(s.set, blocks)
 	}
+	// All held, or all given back: the session ended (a stall past its
+	// keepalive) while the slots were taken, and the engine gets none.
+	if !s.holdAll(blocks) {
+		return nil, s.gone()
+	}
 	out := &fabricpb.AllocateResponse{Slots: make([]uint32, len(blocks))}
 	for i, b := range blocks {
-		s.hold(b)
 		out.Slots[i] = uint32(b.Slot)
 	}
 	return out, nil
@@ -249,6 +253,12 @@ func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.Registe
 		}
 	}
 	flush()
+	// Where the session ended during the call, what it registered was
+	// given back (by detach, or by holdAll after it), and so were the
+	// slots refused: no result may name them as the engine's.
+	if err := s.gone(); err != nil {
+		return nil, err
+	}
 	for i, res := range out.Results {
 		if res.Outcome == fabricpb.Outcome_OUTCOME_REGISTERED || res.Outcome == fabricpb.Outcome_OUTCOME_DUPLICATE {
 			out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: hashes[i], Slot: res.Slot, Duplicate: res.Outcome == fabricpb.Outcome_OUTCOME_DUPLICATE})
@@ -300,9 +310,18 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 			res.Outcome, res.Reason, res.Code = fabricpb.Outcome_OUTCOME_MISSING, "not held in this block set", uint32(codes.NotFound)
 			continue
 		}
-		s.hold(b)
+		if !s.hold(b) {
+			// The session ended: b is given back, and so are the
+			// blocks restored for it and not taken yet.
+			s.holdAll(restored)
+			return nil, s.gone()
+		}
 		res.Slot, res.Outcome = uint32(b.Slot), fabricpb.Outcome_OUTCOME_ACQUIRED
 		out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
+	}
+	// Ended after a hold: detach gave back what was held.
+	if err := s.gone(); err != nil {
+		return nil, err
 	}
 	if n := len(out.Blocks); ahead && n > 0 {
 		e.a.readAheadAfter(s.engineSet, out.Blocks[n-1].GetHash())
@@ -519,6 +538,11 @@ func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) 
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	res := e.a.importBlocks(ctx, s, hashes, ts)
+	// Where the session ended during the import, the blocks it brought
+	// were given back (by detach, or by hold after it): none is listed.
+	if err := s.gone(); err != nil {
+		return nil, err
+	}
 	out := &fabricpb.ImportResponse{Blocks: res.refs, Fetches: res.fetches, Results: make([]*fabricpb.BlockResult, len(hashes))}
 	for i, h := range hashes {
 		r := &fabricpb.BlockResult{Hash: h}

@@ -35,6 +35,7 @@ type session struct {
 	mu     sync.Mutex
 	engine string
 	ended  bool
+	why    string                    // why it ended
 	sets   map[pool.SetID]*engineSet // the sets it uses
 }
 
@@ -58,31 +59,26 @@ type sessionSet struct {
 	*engineSet
 	sess *session
 	use  *setUse
+	// beforeHold is the agent's test hook of that name.
+	beforeHold func(session uint64)
 }
 
-// hold records a reference handed to the session.
-func (s *sessionSet) hold(b pool.Block) {
-	s.mu.Lock()
-	if !s.use.done {
-		r := s.use.refs[b.Slot]
-		if r.gen != b.Generation {
-			r = slotRef{gen: b.Generation}
-		}
-		r.refs++
-		s.use.refs[b.Slot] = r
-		s.mu.Unlock()
-		return
-	}
-	s.mu.Unlock()
-	// The session ended while the call ran: nobody will give it back.
-	giveBack(s.set, b.Slot, slotRef{gen: b.Generation, refs: 1})
+// hold records a reference handed to the session, and reports whether the
+// session holds it: false once the session ended, or dropped the set,
+// since the call attached the set (detach marked its use done), and then
+// the reference is given back here, as nobody else will give it back. A
+// call that gets false must not hand the slot to the engine (s.gone says
+// what to answer instead).
+func (s *sessionSet) hold(b pool.Block) bool {
+	return s.holdAll([]pool.Block{b})
 }
 
-// holdAll records references handed to the session, under one hold of
-// the set's lock.
-func (s *sessionSet) holdAll(bs []pool.Block) {
-	if len(bs) == 0 {
-		return
+// holdAll is hold for many references, under one hold of the set's lock:
+// all are held, or (false) all are given back. With none it reports
+// whether the session still holds what it held.
+func (s *sessionSet) holdAll(bs []pool.Block) bool {
+	if f := s.beforeHold; f != nil && len(bs) > 0 {
+		f(s.sess.id)
 	}
 	s.mu.Lock()
 	if !s.use.done {
@@ -95,13 +91,42 @@ func (s *sessionSet) holdAll(bs []pool.Block) {
 			s.use.refs[b.Slot] = r
 		}
 		s.mu.Unlock()
-		return
+		return true
 	}
 	s.mu.Unlock()
 	// The session ended while the call ran: nobody will give them back.
 	for _, b := range bs {
 		giveBack(s.set, b.Slot, slotRef{gen: b.Generation, refs: 1})
 	}
+	return false
+}
+
+// gone is nil while the session holds what it took in the set under this
+// call; once it ended, or dropped the set, during the call (everything it
+// held there given back by detach, and what the call takes after by hold),
+// gone is the call's answer in place of slots or blocks: FAILED_PRECONDITION,
+// as for a call that names an ended session, for the engine must not use
+// them and opens a new session. A handler that hands slots or blocks to
+// the engine asks it after its last hold: a session that ends after that
+// ends as after the call.
+func (s *sessionSet) gone() error {
+	s.mu.Lock()
+	done := s.use.done
+	s.mu.Unlock()
+	if !done {
+		return nil
+	}
+	// endSession marks the session ended before detach marks its uses
+	// done: a use done by a session not ended is a dropped set.
+	s.sess.mu.Lock()
+	ended, why := s.sess.ended, s.sess.why
+	s.sess.mu.Unlock()
+	if ended {
+		return status.Errorf(codes.FailedPrecondition,
+			"session %d: ended during the call (%s); the slots and blocks it held, this call's included, were given back: open a new session", s.sess.id, why)
+	}
+	return status.Errorf(codes.FailedPrecondition,
+		"block set %d: session %d dropped it during the call; the slots and blocks it held there, this call's included, were given back", s.set.ID(), s.sess.id)
 }
 
 // drop returns a reference held by the session on slot.
@@ -182,7 +207,7 @@ func (a *Agent) endSession(s *session, why string) {
 		s.mu.Unlock()
 		return
 	}
-	s.ended = true
+	s.ended, s.why = true, why
 	sets, engine := s.sets, s.engine
 	s.sets = nil
 	s.mu.Unlock()
@@ -251,7 +276,7 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 		a.adoptLocked(es)
 	}
 	s.sets[es.set.ID()] = es
-	return &sessionSet{engineSet: es, sess: s, use: u}, nil
+	return &sessionSet{engineSet: es, sess: s, use: u, beforeHold: a.cfg.hooks.beforeHold}, nil
 }
 
 // setClaimedError is attach's answer for an idle set that a Register is

@@ -21,6 +21,11 @@ func BeforeServeRelease(c *Config, f func(peer string, lease uint64) bool) {
 	c.hooks.beforeServeRelease = f
 }
 
+// BeforeHold makes an agent started with c call f where an engine call is
+// about to record in its session the slots or blocks it took for the
+// engine, given the session's id; f runs on the call's goroutine.
+func BeforeHold(c *Config, f func(session uint64)) { c.hooks.beforeHold = f }
+
 // SetStageBytes makes an agent started with c stage the reads it serves out
 // of GPU memory n bytes at a time instead of stageServeBytes.
 func SetStageBytes(c *Config, n uint64) { c.hooks.stageBytes = n }

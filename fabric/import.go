@@ -34,6 +34,11 @@ type importResult struct {
 // errNoHolder says that no node holds the blocks.
 var errNoHolder = errors.New("no node holds them")
 
+// errSessionGone says that the session an import was for ended (or
+// dropped the set) while it ran: what it brought was given back, and it
+// brings no more.
+var errSessionGone = errors.New("the session ended during the import")
+
 // errHoldersFailed says that holders were tried and each failed.
 var errHoldersFailed = errors.New("every holder tried failed")
 
@@ -80,10 +85,17 @@ func (a *Agent) importBlocks(ctx context.Context, s *sessionSet, hashes []uint64
 			if !ok {
 				break
 			}
-			ahead = a.aheadUsed(s.engineSet, h, b)
-			s.hold(b)
+			used := a.aheadUsed(s.engineSet, h, b)
+			if !s.hold(b) {
+				cause = errSessionGone
+				break
+			}
+			ahead = used
 			res.refs = append(res.refs, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
 			res.here = append(res.here, true)
+		}
+		if cause != nil {
+			break
 		}
 		if ahead {
 			a.readAheadAfter(s.engineSet, res.refs[len(res.refs)-1].GetHash())
@@ -93,6 +105,12 @@ func (a *Agent) importBlocks(ctx context.Context, s *sessionSet, hashes []uint64
 			break
 		}
 		if cause = ctx.Err(); cause != nil {
+			break
+		}
+		// Nothing more for a session that ended meanwhile (a restore
+		// from a tier, say, hands it blocks it gives back at once).
+		if s.gone() != nil {
+			cause = errSessionGone
 			break
 		}
 		// Another import of this node is bringing the next block: wait
@@ -130,9 +148,12 @@ func (a *Agent) importBlocks(ctx context.Context, s *sessionSet, hashes []uint64
 		}
 	}
 	if len(res.refs) < len(hashes) {
-		a.stats.importFails.Add(1)
 		if cause == nil {
 			cause = errHoldersFailed
+		}
+		// An import whose session ended stopped; it did not fail.
+		if !errors.Is(cause, errSessionGone) {
+			a.stats.importFails.Add(1)
 		}
 		if !errors.Is(cause, errHoldersFailed) || len(failures) == 0 {
 			// Every failure says why, even one no holder reported.
@@ -313,7 +334,14 @@ func (s *sessionSet) registerFilled(blocks []pool.Block, hashes []uint64, parent
 			regs = append(regs, r)
 		}
 		got, err := s.set.RegisterBatch(regs, parent)
-		s.holdAll(got)
+		if !s.holdAll(got) {
+			// The session ended: got is given back; the rest is not
+			// registered.
+			for _, rest := range blocks[first+len(got):] {
+				s.set.Abort(rest)
+			}
+			return refs, errSessionGone
+		}
 		for j, reg := range got {
 			refs = append(refs, &fabricpb.BlockRef{Hash: hashes[first+j], Slot: uint32(reg.Slot), Duplicate: reg.Slot != batch[j].Slot})
 		}

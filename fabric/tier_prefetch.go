@@ -91,7 +91,8 @@ func (e *engineServer) Prefetch(ctx context.Context, req *fabricpb.PrefetchReque
 		out.Imported = uint32(n)
 		out.InMemory += uint32(n)
 	}
-	if res.err != nil && !errors.Is(res.err, errNoHolder) {
+	// A session that ended meanwhile learns it from its stream.
+	if res.err != nil && !errors.Is(res.err, errNoHolder) && !errors.Is(res.err, errSessionGone) {
 		out.Error = res.err.Error()
 	}
 	return out, nil

@@ -227,7 +227,9 @@ func (a *Agent) fromTier(ctx context.Context, s *sessionSet, hashes []uint64, pa
 		}
 		return nil, nil, nil // dropped: looked for elsewhere
 	}
-	s.holdAll(blks)
+	if !s.holdAll(blks) {
+		return nil, nil, localError{errSessionGone} // given back: no read-ahead
+	}
 	a.tiers.readAheadAfter(s.engineSet, hashes[len(blks)-1])
 	refs := make([]*fabricpb.BlockRef, len(blks))
 	for i, b := range blks {

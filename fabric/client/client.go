@@ -84,12 +84,36 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 	return c, nil
 }
 
-// withSession names the client's session on every call.
+// handsSlots names the calls whose answer hands the engine slots or blocks
+// to use under its session.
+var handsSlots = map[string]bool{
+	fabricpb.Engine_Allocate_FullMethodName:       true,
+	fabricpb.Engine_RegisterBlocks_FullMethodName: true,
+	fabricpb.Engine_Acquire_FullMethodName:        true,
+	fabricpb.Engine_Import_FullMethodName:         true,
+}
+
+// withSession names the client's session on every call. A call that hands
+// slots or blocks and succeeded fails, FAILED_PRECONDITION, where the
+// session is known to have ended by the time its answer came: the agent
+// gave back what the session held, the answer's included, so none of it
+// is the engine's. (The agent answers so itself where the session ended
+// before the call recorded what it took; this narrows what is left, an
+// end that comes just after.) Other calls' answers stay true: a Release
+// that succeeded did release.
 func (c *Client) withSession(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	if c.session != 0 {
 		ctx = metadata.AppendToOutgoingContext(ctx, fabricpb.SessionMetadata, strconv.FormatUint(c.session, 10))
 	}
-	return invoker(ctx, method, req, reply, cc, opts...)
+	if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+		return err
+	}
+	if handsSlots[method] {
+		if err := c.SessionErr(); err != nil {
+			return status.Errorf(codes.FailedPrecondition, "%v, as the call answered: its slots and blocks were given back (Dial again)", err)
+		}
+	}
+	return nil
 }
 
 // openSession opens the client's session and keeps it alive until Close.

@@ -45,6 +45,7 @@ from .client import (
     LookupResult,
     PrefetchResult,
     _allocate_request,
+    _check_answered,
     _check_region,
     _import_request,
     _import_result,
@@ -265,9 +266,11 @@ class Client:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
             raise InvalidArgument(f"timeout: {t!r} is not a positive number of seconds", method=method)
         try:
-            return await getattr(self.api, method)(req, timeout=t, metadata=self._metadata)
+            resp = await getattr(self.api, method)(req, timeout=t, metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, method) from None
+        _check_answered(method, self.session, self._session.ended if self._session else None)
+        return resp
 
     def _map_sync(self, m: engine_pb2.Memory) -> mmap.mmap:
         if self._memory == "file" or (self._memory == "auto" and not m.token):

@@ -30,7 +30,7 @@ from ._pb.layout.layoutpb import layout_pb2
 from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
 from . import cuda as cuda_driver
 from .cuda import DeviceMemory
-from .errors import InvalidArgument, KvfabricError, NotFound, ProtocolError, Unavailable, from_rpc_error
+from .errors import FailedPrecondition, InvalidArgument, KvfabricError, NotFound, ProtocolError, Unavailable, from_rpc_error
 from .hashing import MAX_BLOCK_SIZE, token_array
 from .memory import FD_SOCKET_SUFFIX, map_descriptor, map_file
 from .session import Session
@@ -477,6 +477,28 @@ def _shut(session: Session | None, channel: grpc.Channel, maps: dict[str, mmap.m
     channel.close()
 
 
+#: The calls whose answer hands the engine slots or blocks to use under its
+#: session.
+_HANDS_SLOTS = frozenset({"Allocate", "RegisterBlocks", "Acquire", "Import"})
+
+
+def _check_answered(method: str, session: int, ended: str | None) -> None:
+    """Raises FailedPrecondition for a call that hands slots or blocks and
+    succeeded, where its session (session: its id; ended: why it ended,
+    None while open or closed by the client) is known to have ended by the
+    time the answer came: the agent gave back what the session held, the
+    answer's included, so none of it is the engine's. The agent answers so
+    itself where the session ended before the call recorded what it took;
+    this narrows what is left, an end just after. Other calls' answers stay
+    true (a release that succeeded did release)."""
+    if method in _HANDS_SLOTS and ended is not None:
+        raise FailedPrecondition(
+            f"session {session} ended ({ended}), as the call answered: its slots and blocks were given back"
+            " (open a new client)",
+            method=method,
+        )
+
+
 class Client:
     """A connection to the agent on this node. Safe to share between threads.
 
@@ -573,9 +595,11 @@ class Client:
         if not isinstance(t, (int, float)) or not t > 0:
             raise InvalidArgument(f"timeout: {t!r} is not a positive number of seconds", method=method)
         try:
-            return getattr(self.api, method)(req, timeout=t, metadata=self._metadata)
+            resp = getattr(self.api, method)(req, timeout=t, metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, method) from None
+        _check_answered(method, self.session, self._session.ended if self._session else None)
+        return resp
 
     def _map(self, m: engine_pb2.Memory) -> mmap.mmap:
         key = m.token or m.file or m.path
