@@ -283,10 +283,12 @@ func TestTierRestoreDropKeepsACopyCommittedSince(t *testing.T) {
 // after the drop marked the record gone and before the store's delete:
 // the delete leaves it (DeleteIf, the generation read), and, the record
 // forgotten, the copier records it once the delete ended. Deleting by key
-// deleted the good copy. A copier that commits and places its copy while
-// the drop is under way, in whichever order the two go, leaves the
-// records and the store consistent: its copy recorded, or deleted as a
-// second copy where the record was still gone when it placed it.
+// deleted the good copy. A copier started as the drop's delete begins,
+// on its own goroutine, leaves the records and the store consistent: its
+// copy recorded, or deleted as a second copy where the record was still
+// gone when it placed it. Its commit races the store's delete, and its
+// place (after the delete ended) the restore's forget: each run checks
+// the one order the scheduler gives, not each of them.
 func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 	t.Run("committed", func(t *testing.T) {
 		tr, _, k := belowSet(t, false, false)
@@ -333,7 +335,11 @@ func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 		}
 		good := putBadCopy(t, tr, d, other, k, false, 0x67)
 		var once sync.Once
-		placedCh := make(chan struct{})
+		started := false
+		// The copier ends before the test does, whatever fails first: its
+		// t.Error after the test's end would panic the test binary.
+		var copier sync.WaitGroup
+		t.Cleanup(copier.Wait)
 		f := func(dd *diskTier, kk disk.Key) {
 			if dd != d || kk != k {
 				return
@@ -341,8 +347,10 @@ func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 			once.Do(func() {
 				// A copier commits its copy and places it (placed waits
 				// for the delete to end), on its own goroutine.
+				started = true
+				copier.Add(1)
 				go func() {
-					defer close(placedCh)
+					defer copier.Done()
 					if err := d.store.Load().Put(context.Background(), k, good); err != nil {
 						t.Error(err)
 						return
@@ -353,14 +361,13 @@ func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 		}
 		tr.beforeDelete.Store(&f)
 		blks, err := restoreFrom(tr, d, other, k)
+		if !started {
+			t.Fatal("the bad copy was not dropped")
+		}
 		if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
 			t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt", len(blks), err)
 		}
-		select {
-		case <-placedCh:
-		case <-time.After(time.Minute):
-			t.Fatal("the copier's place did not end")
-		}
+		copier.Wait()
 		tr.beforeDelete.Store(nil)
 		consistent(t, tr, d, k)
 	})
