@@ -716,7 +716,12 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 // is kept (recorded once the delete ended if the record was forgotten by
 // then, else deleted as a second copy: placeAll, movedDown). It returns
 // the record it marked gone, for the caller to forget: nil where it
-// marked none.
+// marked none. Its generation branch (gen not 0, the store holding no
+// copy of k or another generation's) looks at neither recorded nor only:
+// right only as a gen is passed with recorded true and only nil
+// (dropFound's call, the one with a gen), for which dropCopyOf's checks
+// of them let every record through; where the store holds the copy of
+// gen, they are checked as dropCopyOf checks them.
 func (t *tiers) dropCopyGen(d *diskTier, k disk.Key, recorded bool, only *list.Element, gen uint64) (*list.Element, error) {
 	tk := tierKey{d.n, k}
 	st := d.store.Load()
