@@ -716,7 +716,12 @@ func (t *tiers) dropCopyOf(d *diskTier, k disk.Key, recorded bool, only *list.El
 // is kept (recorded once the delete ended if the record was forgotten by
 // then, else deleted as a second copy: placeAll, movedDown). It returns
 // the record it marked gone, for the caller to forget: nil where it
-// marked none.
+// marked none. Its generation branch (gen not 0, the store holding no
+// copy of k or another generation's) looks at neither recorded nor only:
+// right only as a gen is passed with recorded true and only nil
+// (dropFound's call, the one with a gen), for which dropCopyOf's checks
+// of them let every record through; where the store holds the copy of
+// gen, they are checked as dropCopyOf checks them.
 func (t *tiers) dropCopyGen(d *diskTier, k disk.Key, recorded bool, only *list.Element, gen uint64) (*list.Element, error) {
 	tk := tierKey{d.n, k}
 	st := d.store.Load()
@@ -724,9 +729,11 @@ func (t *tiers) dropCopyGen(d *diskTier, k disk.Key, recorded bool, only *list.E
 	if gen != 0 {
 		held, ok := st.Gen(k)
 		if !ok {
-			// The copy read is gone from the store, with no delete of
-			// the tiers' (each marks the record first): a record naming
-			// d is left with no copy, and is marked as lostCopy marks it.
+			// The copy read is gone from the store, and no delete of
+			// the tiers' took it with the record naming d left as it
+			// was (they mark it gone first, or move it: lostCopy): a
+			// record naming d not gone is left with no copy, and is
+			// marked as lostCopy marks it.
 			e := t.lostLocked(d, k)
 			t.mu.Unlock()
 			if e != nil {
@@ -823,10 +830,13 @@ func (t *tiers) deletedCond() *sync.Cond {
 // whichever record names d, the one the read was made from or one made
 // since in its place (a record replaced between the read's start and the
 // store's read, whose copy the store then dropped): a record naming d
-// whose tier holds no copy is never a state the tiers make (a copy is
-// recorded only once committed and while its store holds it: placed,
-// movedDown; each delete of theirs marks the record first, under t.mu:
-// dropCopy, evict), only what a store's own drop leaves (lostLocked).
+// whose tier holds no copy is never a state the tiers make while they
+// run (a copy is recorded only once committed and while its store holds
+// it: placed, movedDown; each delete of theirs either marks the record
+// gone first, under t.mu: dropCopy, evict, or moves the record below in
+// the same t.mu step as it deletes the host copy: movedDown), only what a
+// store's own drop leaves (lostLocked), and a store closed at shutdown (a
+// MemStore's Close drops every block, its records left as they are).
 // Left held, such a record was served from, and counted, until a read of
 // it found it missing. A record whose tier holds a copy of k by now is
 // left as it is: the copy is one committed since the read, which placed

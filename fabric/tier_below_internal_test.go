@@ -241,32 +241,82 @@ func TestTierSecondCopyDeleteTakesACommitUnrecorded(t *testing.T) {
 // A restore that finds a tier's copy corrupt (the store drops it as it
 // reads it) clears the copied-below mark of the sets holding the block at
 // once, not when the record is forgotten: spare-slot recycling meanwhile
-// keeps the block.
+// keeps the block. So does one whose read the tiers' own checks find
+// corrupt (belowSet's copy is of the wrong length) where the store holds
+// no copy by the drop (gone after the read: dropCopyGen marks the record
+// as lostCopy does), in host memory and on disk.
 func TestTierCorruptCopyClearsBelowAtOnce(t *testing.T) {
-	tr, set, k := belowSet(t, true, false)
-	other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		desc       string
+		host, gone bool // gone: the copy goes after the read, else the store's check drops it
+	}{
+		{"dropped by the store", true, false},
+		{"gone after the read/host", true, true},
+		{"gone after the read/disk", false, true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, set, k := belowSet(t, tc.host, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.gone {
+				if !d.store.Load().(*disk.MemStore).CorruptForTest(k, 10, 0x40) {
+					t.Fatal("the tier's copy was not corrupted")
+				}
+			} else {
+				ran := false
+				f := func(dd *diskTier, kk disk.Key, rerr error) {
+					if dd != d || kk != k || ran {
+						return
+					}
+					ran = true
+					if rerr != nil {
+						t.Errorf("the store's read of the copy: %v, want it read whole", rerr)
+					}
+					if err := d.store.Load().Delete(k); err != nil {
+						t.Error(err)
+					}
+				}
+				tr.afterRead.Store(&f)
+				defer func() {
+					tr.afterRead.Store(nil)
+					if !ran {
+						t.Error("the block was not read")
+					}
+				}()
+			}
+			find := func(_ context.Context, k disk.Key) *diskTier { return tr.where(k) }
+			alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+			var lost []disk.Key
+			var belowThen []bool
+			forget := func(f tierFound) { // not forgotten: the marks cleared before
+				lost = append(lost, f.k)
+				if b, ok := set.Lookup(f.k.Hash); ok {
+					belowThen = append(belowThen, set.Below(b))
+				}
+			}
+			blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
+			if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
+				t.Fatalf("restore of a corrupt copy: %d blocks, %v; want none, ErrCorrupt", len(blks), err)
+			}
+			if len(lost) != 1 || lost[0] != k {
+				t.Fatalf("blocks lost: %v, want %v", lost, k)
+			}
+			if len(belowThen) != 1 || belowThen[0] {
+				t.Fatalf("the block marked as copied below when its record was handed to be forgotten: %v, want [false]", belowThen)
+			}
+			if got := tr.recordIn(d, k); got == nil || !got.Value.(*tierEntry).gone {
+				t.Fatal("the record of the copy gone is not marked gone")
+			}
+			if set.Below(mustLookup(t, set, k.Hash)) {
+				t.Fatal("the block is marked as copied below after the tier lost its copy")
+			}
+			if _, err := set.AllocateSpare(4, 0); err != nil {
+				t.Fatal(err)
+			}
+			mustLookup(t, set, k.Hash)
+		})
 	}
-	if !tr.list[0].store.Load().(*disk.MemStore).CorruptForTest(k, 10, 0x40) {
-		t.Fatal("the tier's copy was not corrupted")
-	}
-	find := func(_ context.Context, k disk.Key) *diskTier { return tr.where(k) }
-	alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
-	var lost []disk.Key
-	forget := func(f tierFound) { lost = append(lost, f.k) } // not forgotten: the marks cleared before
-	blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
-	if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
-		t.Fatalf("restore of a corrupt copy: %d blocks, %v; want none, ErrCorrupt", len(blks), err)
-	}
-	if len(lost) != 1 || lost[0] != k {
-		t.Fatalf("blocks lost: %v, want %v", lost, k)
-	}
-	if set.Below(mustLookup(t, set, k.Hash)) {
-		t.Fatal("the block is marked as copied below after the tier dropped its corrupt copy")
-	}
-	if _, err := set.AllocateSpare(4, 0); err != nil {
-		t.Fatal(err)
-	}
-	mustLookup(t, set, k.Hash)
 }

@@ -283,11 +283,78 @@ func TestTierRestoreDropKeepsACopyCommittedSince(t *testing.T) {
 // after the drop marked the record gone and before the store's delete:
 // the delete leaves it (DeleteIf, the generation read), and, the record
 // forgotten, the copier records it once the delete ended. Deleting by key
-// deleted the good copy. A copier that commits and places its copy while
-// the drop is under way, in whichever order the two go, leaves the
-// records and the store consistent: its copy recorded, or deleted as a
-// second copy where the record was still gone when it placed it.
+// deleted the good copy. A copier started as the drop's delete begins,
+// on its own goroutine, leaves the records and the store consistent: its
+// copy recorded, or deleted as a second copy where the record was still
+// gone when it placed it. Its commit races the store's delete, and its
+// place (after the delete ended) the restore's forget: each run checks
+// the one order the scheduler gives, not each of them; the "ordered"
+// subtests force each of the four (the commit before or after the
+// delete, the place before or after the forget).
 func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
+	for _, tc := range []struct {
+		afterDelete, placeFirst bool
+	}{{false, false}, {false, true}, {true, false}, {true, true}} {
+		t.Run(fmt.Sprintf("ordered/commit after the delete=%v/placed before the forget=%v", tc.afterDelete, tc.placeFirst), func(t *testing.T) {
+			tr, _, k := belowSet(t, false, false)
+			d := tr.list[0]
+			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			good := putBadCopy(t, tr, d, other, k, false, 0x68)
+			committed := false
+			commit := func(dd *diskTier, kk disk.Key) {
+				if dd != d || kk != k || committed {
+					return
+				}
+				committed = true
+				if err := d.store.Load().Put(context.Background(), k, good); err != nil {
+					t.Error(err)
+				}
+			}
+			if tc.afterDelete {
+				tr.afterDrop.Store(&commit)
+			} else {
+				tr.beforeDelete.Store(&commit)
+			}
+			forgot := false
+			forget := func(f tierFound) { // the copier places its copy before or after the forget
+				if !committed {
+					t.Error("the restore's failure handed on before the good copy was committed")
+				}
+				if tc.placeFirst {
+					placeCopy(tr, d, k, disk.Align)
+				}
+				tr.forgetFound(f)
+				forgot = true
+				if !tc.placeFirst {
+					placeCopy(tr, d, k, disk.Align)
+				}
+			}
+			find := func(context.Context, disk.Key) *diskTier { return d }
+			alloc := func(_ context.Context, s *pool.BlockSet, n int) ([]pool.Block, error) { return s.Allocate(n) }
+			blks, _, err := tr.restoreRun(context.Background(), &engineSet{set: other}, []uint64{k.Hash}, 0, find, alloc, forget, false)
+			tr.afterDrop.Store(nil)
+			tr.beforeDelete.Store(nil)
+			if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) || !forgot {
+				t.Fatalf("restore of a bad copy: %d blocks, %v, handed to be forgotten %v; want none, ErrCorrupt, handed", len(blks), err, forgot)
+			}
+			consistent(t, tr, d, k)
+			if tc.placeFirst {
+				// Placed while the record was gone: deleted as a second copy.
+				if has(d, k) || tr.where(k) != nil {
+					t.Fatalf("placed while its record was gone: the copy held %v, recorded in tier %d; want neither", has(d, k), tierNum(tr.where(k)))
+				}
+				return
+			}
+			if got := tr.where(k); got != d {
+				t.Fatalf("placed after the forget: the good copy recorded in tier %d, want %d", tierNum(got), d.n)
+			}
+			restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
+		})
+	}
+
 	t.Run("committed", func(t *testing.T) {
 		tr, _, k := belowSet(t, false, false)
 		d := tr.list[0]
@@ -333,7 +400,11 @@ func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 		}
 		good := putBadCopy(t, tr, d, other, k, false, 0x67)
 		var once sync.Once
-		placedCh := make(chan struct{})
+		started := false
+		// The copier ends before the test does, whatever fails first: its
+		// t.Error after the test's end would panic the test binary.
+		var copier sync.WaitGroup
+		t.Cleanup(copier.Wait)
 		f := func(dd *diskTier, kk disk.Key) {
 			if dd != d || kk != k {
 				return
@@ -341,8 +412,10 @@ func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 			once.Do(func() {
 				// A copier commits its copy and places it (placed waits
 				// for the delete to end), on its own goroutine.
+				started = true
+				copier.Add(1)
 				go func() {
-					defer close(placedCh)
+					defer copier.Done()
 					if err := d.store.Load().Put(context.Background(), k, good); err != nil {
 						t.Error(err)
 						return
@@ -353,14 +426,13 @@ func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 		}
 		tr.beforeDelete.Store(&f)
 		blks, err := restoreFrom(tr, d, other, k)
+		if !started {
+			t.Fatal("the bad copy was not dropped")
+		}
 		if len(blks) != 0 || !errors.Is(err, disk.ErrCorrupt) {
 			t.Fatalf("restore of a bad copy: %d blocks, %v; want none and ErrCorrupt", len(blks), err)
 		}
-		select {
-		case <-placedCh:
-		case <-time.After(time.Minute):
-			t.Fatal("the copier's place did not end")
-		}
+		copier.Wait()
 		tr.beforeDelete.Store(nil)
 		consistent(t, tr, d, k)
 	})

@@ -77,7 +77,7 @@
 // store is open. They count from 1: 0 is no copy's. GetGen and
 // GetPiecesGen return the generation of the copy read (also of one that
 // failed a check), Gen that of the copy held (none once the store is
-// closed), and DeleteIf deletes a key's
+// closed, when Has reports none either), and DeleteIf deletes a key's
 // copy only while it is that generation's: a caller that found a copy bad
 // by checks of its own deletes that copy, never one committed since in its
 // place. A read that fails the store's checksum drops the copy it read

@@ -229,9 +229,10 @@ func TestMemStoreGetGenOfAFailedRead(t *testing.T) {
 	}
 }
 
-// After Close a Store's Gen reports no copy held, as a MemStore's does
-// (its Close drops every block): a closed store has no copy to act on.
-func TestGenAfterClose(t *testing.T) {
+// After Close a Store's Gen and Has report no copy held, as a MemStore's
+// do (its Close drops every block): a closed store has no copy to act on.
+// So from the Close on (a second Close included).
+func TestGenAndHasAfterClose(t *testing.T) {
 	ctx := context.Background()
 	k := Key{Hash: 3, Tag: 7}
 	m, err := NewMem(MemConfig{Bytes: 2 * Align, SlotBytes: Align})
@@ -242,6 +243,7 @@ func TestGenAfterClose(t *testing.T) {
 	for _, st := range []interface {
 		Put(context.Context, Key, []byte) error
 		Gen(Key) (uint64, bool)
+		Has(Key) bool
 		Close() error
 	}{m, s} {
 		if err := st.Put(ctx, k, memBlock(3, 3000)); err != nil {
@@ -250,11 +252,19 @@ func TestGenAfterClose(t *testing.T) {
 		if g, ok := st.Gen(k); !ok || g == 0 {
 			t.Fatalf("%T: Gen of the copy put: %d, %v; want a generation from 1 up", st, g, ok)
 		}
-		if err := st.Close(); err != nil {
-			t.Fatal(err)
+		if !st.Has(k) {
+			t.Fatalf("%T: Has of the copy put: false, want true", st)
 		}
-		if g, ok := st.Gen(k); ok {
-			t.Fatalf("%T: Gen after Close: %d, held; want none", st, g)
+		for i := 0; i < 2; i++ {
+			if err := st.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if g, ok := st.Gen(k); ok {
+				t.Fatalf("%T: Gen after Close %d: %d, held; want none", st, i+1, g)
+			}
+			if st.Has(k) {
+				t.Fatalf("%T: Has after Close %d: true, want false", st, i+1)
+			}
 		}
 	}
 }

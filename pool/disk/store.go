@@ -312,10 +312,15 @@ func (s *Store) Slots() int { return s.slots }
 // SlotBytes is the room of one block.
 func (s *Store) SlotBytes() int { return s.cfg.SlotBytes }
 
-// Has says whether the store holds a block under k.
+// Has says whether the store holds a block under k: false once the store
+// is closed, as Gen says and a closed MemStore's Has (its Close drops
+// every block).
 func (s *Store) Has(k Key) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
 	_, ok := s.entries[k]
 	return ok
 }
