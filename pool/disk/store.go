@@ -325,7 +325,8 @@ func (s *Store) Has(k Key) bool {
 	return ok
 }
 
-// Keys lists the blocks the store holds (after Open: those found again).
+// Keys lists the blocks the store holds (after Open: those found again);
+// after Close, those it held (unlike Has and Gen, which then report none).
 func (s *Store) Keys() []Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -585,7 +586,8 @@ func (b *Batch) Wait(i int) error {
 // Replace writes data in place of item i's bytes, into the same slot,
 // once its first write ended, and records data's checksum instead: for a
 // caller whose first write's memory changed while it was under way. data
-// follows Add's rules. An item not written is left as it is (false).
+// follows Add's rules; the parent given (SetParent) is kept. An item not
+// written is left as it is (false).
 func (b *Batch) Replace(ctx context.Context, i int, data []byte) bool {
 	it := &b.items[i]
 	if !it.sent {
