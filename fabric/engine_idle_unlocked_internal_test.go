@@ -706,7 +706,7 @@ func TestRegisterDoesNotRetryASetBusyAfterItsWait(t *testing.T) {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		if b.freeTimer != nil {
-			b.freeTimer.Stop() // its retry
+			b.freeTimer.Stop() // its timer, if any
 		}
 	})
 	a.cfg.EngineQuota = 16 << 20
@@ -779,7 +779,7 @@ func TestQuotaSwapWakesTheCallsWaitingForItsFallback(t *testing.T) {
 				k.mu.Lock()
 				defer k.mu.Unlock()
 				if k.freeTimer != nil {
-					k.freeTimer.Stop() // a busy set's retry
+					k.freeTimer.Stop() // its timer, if any
 				}
 			})
 			sess := &session{id: 9, engine: "e", sets: map[pool.SetID]*engineSet{}}
@@ -991,5 +991,79 @@ func TestRegisterDoesNotRetryAFallbackBusyAfterItsWait(t *testing.T) {
 	}
 	if !held(a, k) || len(a.pool.BlockSets()) != 3 {
 		t.Errorf("the pool holds %d sets (the fallback held: %v), want the 3 it had, the fallback among them", len(a.pool.BlockSets()), held(a, k))
+	}
+}
+
+// An idle set that a free for room finds busy (a peer's lease, here a
+// slot allocated) keeps its grace timer as it was: not replaced by the
+// busy set's retry, which would free it (or keep it as an orphan) about a
+// second later, its cached blocks lost early where the Register went on
+// without its room. Its timer's own free that finds it busy is still
+// tried again soon.
+func TestIdleSetBusyForRoomKeepsItsGraceTimer(t *testing.T) {
+	const (
+		inUse = iota
+		busy
+	)
+	// 12 MiB in use, 4 MiB idle and busy: a new set of 8 MiB fits only
+	// once the busy set is freed.
+	a, sets := quotaAgent(t, quotaSet{"e", 12, true}, quotaSet{"e", 4, false})
+	a.cfg.NoOrphanCache = true // a retry's free would free it
+	b := sets[busy]
+	if _, err := b.set.Allocate(1); err != nil {
+		t.Fatal(err)
+	}
+	b.mu.Lock()
+	a.scheduleFree(b, time.Minute) // its grace period, as detach starts it
+	grace, gen := b.freeTimer, b.timerGen
+	b.mu.Unlock()
+	t.Cleanup(func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.freeTimer != nil {
+			b.freeTimer.Stop()
+		}
+	})
+	tmpl := belowLayout(8 << 10)
+	a.mu.Lock()
+	set, err := a.freeIdleSets(func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+		func(es *engineSet) bool { return es.engine == "e" }, nil, nil)
+	a.mu.Unlock()
+	if !errors.Is(err, pool.ErrOutOfMemory) || set != nil {
+		t.Fatalf("an 8 MiB set with the only idle set busy: set %v, %v; want pool.ErrOutOfMemory", set != nil, err)
+	}
+	if !held(a, b) {
+		t.Fatal("the busy idle set was freed")
+	}
+	b.mu.Lock()
+	kept, keptGen := b.freeTimer == grace, b.timerGen == gen
+	b.mu.Unlock()
+	if !kept || !keptGen {
+		t.Fatalf("the busy set's grace timer replaced by a free for room (same timer %v, same generation %v): a retry would free it in %v, not at its grace's end", kept, keptGen, blockSetRetry)
+	}
+	// Stopped here, it had not fired nor been stopped: still pending.
+	a.mu.Lock()
+	b.mu.Lock()
+	pending := grace.Stop()
+	b.mu.Unlock()
+	a.mu.Unlock()
+	if !pending {
+		t.Fatal("the busy set's grace timer stopped by a free for room")
+	}
+	// Its timer's own free, busy, is tried again after blockSetRetry.
+	a.mu.Lock()
+	b.mu.Lock()
+	b.freeTimer = nil
+	gen = b.timerGen
+	b.mu.Unlock()
+	freed, _ := a.freeIdleLocked(b, gen)
+	b.mu.Lock()
+	retried := b.freeTimer != nil && b.timerGen != gen
+	b.mu.Unlock()
+	a.mu.Unlock()
+	if freed || !retried {
+		t.Fatalf("the busy set's timer free: freed %v, retry scheduled %v; want kept and tried again", freed, retried)
 	}
 }

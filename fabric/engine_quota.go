@@ -185,9 +185,10 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tri
 // one more try would have made room. That is a chance lost, not a wrong
 // outcome (no set in use is freed, none handed out freed), and a short
 // one: the set stays idle, and the engine's next Register tries it again
-// (a set the pool refused as busy is also looked at again by its retry
-// timer, blockSetRetry: freed, or kept as a cache, which frees for room
-// take first). Tried again in the same Register, a set whose read-ahead
+// (its grace timer, which a free for room that finds it busy leaves as it
+// was, still frees it, or keeps it as a cache, at its grace period's end;
+// only a timer's own free that finds it busy is tried again soon,
+// blockSetRetry). Tried again in the same Register, a set whose read-ahead
 // outlived the wait for it would be waited for again, round after round,
 // with a.registerMu held. Guarded by a.mu.
 type triedSets map[*engineSet]bool

@@ -358,8 +358,8 @@ func (a *Agent) scheduleFree(es *engineSet, d time.Duration) {
 	})
 }
 
-// blockSetRetry is how soon a set that could not be freed because peers
-// lease its blocks (or a copy reads them) is tried again.
+// blockSetRetry is how soon a set whose grace timer could not free it
+// because peers lease its blocks (or a copy reads them) is tried again.
 const blockSetRetry = time.Second
 
 // freeIdleLocked frees es if no session uses it, and reports whether it
@@ -473,8 +473,18 @@ func (a *Agent) freeIdleOnceLocked(es *engineSet, timerGen uint64, waited bool) 
 			return false, false
 		}
 		if errors.Is(err, pool.ErrBlockSetBusy) {
-			a.log.Debug("idle block set busy; trying again", "set", es.set.ID(), "err", err)
-			a.scheduleFree(es, blockSetRetry)
+			// Only its timer's own free is tried again soon. A free for
+			// room leaves the set's timer as it was: its grace period
+			// (or none, an orphan kept as a cache), which a retry would
+			// cut short, freeing or orphaning an idle set a Register
+			// merely found busy (and may have gone on without, or been
+			// given as its fallback) about a second later.
+			if timerGen != 0 {
+				a.log.Debug("idle block set busy; trying again", "set", es.set.ID(), "err", err)
+				a.scheduleFree(es, blockSetRetry)
+			} else {
+				a.log.Debug("idle block set busy; not freed for room", "set", es.set.ID(), "err", err)
+			}
 		} else {
 			a.log.Error("idle block set not freed", "set", es.set.ID(), "err", err)
 		}

@@ -320,3 +320,42 @@ func TestTierCorruptCopyClearsBelowAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// A host-tier copy that the host store drops as a move down reads it (its
+// checksum failed) goes nowhere: the block in memory is no longer marked
+// as copied below, the record is forgotten, and nothing is written to the
+// disk tier for it.
+func TestHostMoveDownDropsACorruptCopy(t *testing.T) {
+	tr, set, k := belowSet(t, true, false)
+	h := tr.list[0]
+	st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 4 * disk.Align, SlotBytes: disk.Align, Buffered: true, Logger: tr.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	d := &diskTier{n: 1, spec: TierSpec{Kind: "disk"}}
+	d.store.Store(st)
+	tr.list = append(tr.list, d)
+	tr.heldBytes = append(tr.heldBytes, 0)
+	if !h.store.Load().(*disk.MemStore).CorruptForTest(k, 10, 0x40) {
+		t.Fatal("the host tier's copy was not corrupted")
+	}
+	if got := tr.moveDown(h, 1); got != 1 {
+		t.Fatalf("%d blocks left the host tier, want the corrupt one", got)
+	}
+	if tr.corrupt.Load() != 1 {
+		t.Fatalf("%d checksum failures, want 1", tr.corrupt.Load())
+	}
+	if set.Below(mustLookup(t, set, k.Hash)) {
+		t.Fatal("the block is marked as copied below after its only copy below was found corrupt")
+	}
+	tr.mu.Lock()
+	_, recorded := tr.pos[k]
+	tr.mu.Unlock()
+	if recorded {
+		t.Fatal("the corrupt copy's record is kept")
+	}
+	if s := st.Stats(); st.Has(k) || s.Puts != 0 || s.Blocks != 0 {
+		t.Fatalf("the disk tier holds the block %v, after %d puts, %d blocks; want nothing written", st.Has(k), s.Puts, s.Blocks)
+	}
+}

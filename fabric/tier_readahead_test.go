@@ -1,8 +1,11 @@
 package fabric_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -1050,6 +1053,99 @@ func TestTierReadAheadAfterARestart(t *testing.T) {
 	if m := readAheadMetrics(a2); m.ReadAheadHits != 8 {
 		t.Fatalf("%d hits taking the run read ahead after a restart; want 8", m.ReadAheadHits)
 	}
+}
+
+// A restarted agent's relinked child whose first read fails (its bytes
+// changed on disk) loses its link with its record (unrecordLocked): the
+// links drop by one, the read-ahead after its parent stops there, every
+// block before it is served byte for byte and it is not served.
+func TestTierReadAheadAfterARestartLosesACorruptChildsLink(t *testing.T) {
+	const (
+		n       = 16
+		corrupt = 5
+	)
+	dir := tierDir(t)
+	cfg := testConfig(t, "aheadcorrupt")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.TierReadAhead = 8
+	cfg.BlockSetGrace = 50 * time.Millisecond
+	cfg.NoOrphanCache = true
+	a := startAgent(t, cfg)
+	wc := newClient(t, a)
+	writer := register(t, wc, tierEngine)
+	hashes := storeThrough(t, wc, writer, n, a)
+	// The corrupt block's bytes as its copy down wrote them, to find its
+	// slot in the tier's file.
+	pieces := fabric.TierSlotPieces(a, writer.ID, hashes[corrupt])
+	if len(pieces) == 0 {
+		t.Fatalf("block %d not written straight", corrupt)
+	}
+	want := slices.Concat(pieces...)
+	wc.Close()
+	c := newClient(t, a)
+	wait.For(t, 30*time.Second, "the writer's set freed, its blocks on disk", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if len(st.BlockSets) != 0 || len(st.Tiers) == 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("%d block sets, tiers %v", len(st.BlockSets), st.Tiers)
+		}
+		return nil
+	})
+	c.Close()
+	a.Close()
+
+	// Flip a byte in the middle of the corrupt block on disk.
+	path := filepath.Join(dir, "blocks.000")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := bytes.Index(b, want)
+	if at < 0 || bytes.Index(b[at+1:], want) >= 0 {
+		t.Fatalf("block %d found at %d in %s, want once", corrupt, at, path)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{b[at+len(want)/2] ^ 0x40}, int64(at+len(want)/2)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	cfg2 := testConfig(t, "aheadcorrupt")
+	cfg2.Tiers = cfg.Tiers
+	cfg2.TierReadAhead = 8
+	a2 := startAgent(t, cfg2)
+	if got := fabric.TierLinks(a2); got != n-1 {
+		t.Fatalf("%d links after a restart; want the %d the blocks on disk had", got, n-1)
+	}
+	c2 := newClient(t, a2)
+	set := registerReader(t, c2)
+	// Up to the corrupt block: its parent's read-ahead reads it first.
+	acquireRun(t, c2, set, hashes[:corrupt], 1)
+	waitReadAheads(t, a2, 1)
+	if got := fabric.TierLinks(a2); got != n-2 {
+		t.Fatalf("%d links once the relinked block %d was found corrupt; want %d (its link to its parent gone)", got, corrupt, n-2)
+	}
+	for i := corrupt; i < n; i++ {
+		if fabric.BlockSetHolds(a2, set.ID, hashes[i]) {
+			t.Fatalf("block %d read ahead past the corrupt block %d", i, corrupt)
+		}
+	}
+	if fabric.TierHolds(a2, hashes[corrupt]) {
+		t.Fatalf("the corrupt block %d still recorded", corrupt)
+	}
+	if m := readAheadMetrics(a2); m.ReadAhead != 0 {
+		t.Fatalf("%d blocks read ahead; want none past the corrupt one", m.ReadAhead)
+	}
+	// It is not served; the blocks after it still are, byte for byte.
+	if got := acquireChecked(t, c2, set, hashes[corrupt:corrupt+1], corrupt+1); got != 0 {
+		t.Fatalf("the corrupt block %d served", corrupt)
+	}
+	acquireRun(t, c2, set, hashes[corrupt+1:corrupt+3], corrupt+2)
 }
 
 // A journal whose parents make loops (a block its own parent, two blocks
