@@ -254,20 +254,20 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 			// t.mu, where it is still k's record and not gone; tells the
 			// sets (dropCopyOf's lostBelow) before its delete, which finds
 			// nothing; then forgets m.e: what lostCopy and forgetIf would
-			// do, with no write below. Where m.e is no longer k's record
-			// or is gone, the one that marked it gone (a drop, or a
-			// restore or a read-ahead that found the copy missing:
+			// do, with no write below (and counted as an eviction of the
+			// host tier, which lostCopy would not). Where m.e is no longer
+			// k's record or is gone, the one that marked it gone (a drop,
+			// or a restore or a read-ahead that found the copy missing:
 			// lostCopy) forgets it, and evict acts on nothing. lostCopy
-			// would differ only in two
-			// races with a commit of k to the host tier: a record made in
-			// m.e's place before the read (m.e forgotten since the choice
-			// above), its copy the one dropped, which evict leaves naming
-			// the host tier without its copy until a read finds it
-			// missing (a restore's lostCopy, or this loop's evict at a
-			// later move), as a store's own drop leaves any record; and a
-			// copy committed after the read that placed took as m.e's,
-			// which evict deletes with m.e, a cached copy lost, nothing
-			// left wrong.
+			// would differ only in two races with a commit of k to the
+			// host tier: a record made in m.e's place before the read (m.e
+			// forgotten since the choice above), its copy the one
+			// dropped, which evict leaves naming the host tier without its
+			// copy until a read finds it missing (a restore's lostCopy, or
+			// this loop's evict at a later move), as a store's own drop
+			// leaves any record; and a copy committed after the read that
+			// placed took as m.e's, which evict deletes with m.e, a cached
+			// copy lost, nothing left wrong.
 			t.evict(m.e)
 			continue
 		}
