@@ -1103,7 +1103,7 @@ func TestTierReadAheadAfterARestartLosesACorruptChildsLink(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := bytes.Index(b, want)
-	if at < 0 || bytes.Index(b[at+1:], want) >= 0 {
+	if at < 0 || bytes.Contains(b[at+1:], want) {
 		t.Fatalf("block %d found at %d in %s, want once", corrupt, at, path)
 	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
