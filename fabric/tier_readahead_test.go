@@ -996,6 +996,51 @@ func idleReaderAhead(t *testing.T, a *fabric.Agent, c *client.Client, writer *cl
 	return (st.Pools[0].SizeBytes - st.Pools[0].CarvedBytes) / uint64(reader.Layout.Strides().Block)
 }
 
+// aheadOnDisk starts an agent named name with a disk tier in dir, stores
+// n blocks through a writer's set (with writer, if not nil, called before
+// the writer goes) and waits until the set is freed, its n blocks on disk
+// only. It returns the agent, for the caller to close, and the blocks'
+// hashes.
+func aheadOnDisk(t *testing.T, name, dir string, n int, writer func(a *fabric.Agent, set *client.BlockSet, hashes []uint64)) (*fabric.Agent, []uint64) {
+	t.Helper()
+	cfg := testConfig(t, name)
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.TierReadAhead = 8
+	cfg.BlockSetGrace = 50 * time.Millisecond
+	cfg.NoOrphanCache = true
+	a := startAgent(t, cfg)
+	wc := newClient(t, a)
+	set := register(t, wc, tierEngine)
+	hashes := storeThrough(t, wc, set, n, a)
+	if writer != nil {
+		writer(a, set, hashes)
+	}
+	wc.Close()
+	c := newClient(t, a)
+	defer c.Close()
+	wait.For(t, 30*time.Second, "the writer's set freed, its blocks on disk", func() error {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			return err
+		}
+		if len(st.BlockSets) != 0 || len(st.Tiers) == 0 || st.Tiers[0].Blocks != uint64(n) {
+			return fmt.Errorf("%d block sets, tiers %v", len(st.BlockSets), st.Tiers)
+		}
+		return nil
+	})
+	return a, hashes
+}
+
+// aheadRestarted starts the agent aheadOnDisk made again, over the same
+// disk tier, reading 8 blocks ahead.
+func aheadRestarted(t *testing.T, name, dir string) *fabric.Agent {
+	t.Helper()
+	cfg := testConfig(t, name)
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	cfg.TierReadAhead = 8
+	return startAgent(t, cfg)
+}
+
 // The links outlive the agent with the blocks on disk: a restarted agent
 // finds the sequence's links again (its copies' journal records keep each
 // block's parent), and an Acquire of the sequence's head reads the next
@@ -1004,36 +1049,13 @@ func idleReaderAhead(t *testing.T, a *fabric.Agent, c *client.Client, writer *cl
 func TestTierReadAheadAfterARestart(t *testing.T) {
 	const n = 32
 	dir := tierDir(t)
-	cfg := testConfig(t, "aheadrestart")
-	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
-	cfg.TierReadAhead = 8
-	cfg.BlockSetGrace = 50 * time.Millisecond
-	cfg.NoOrphanCache = true
-	a := startAgent(t, cfg)
-	wc := newClient(t, a)
-	hashes := storeThrough(t, wc, register(t, wc, tierEngine), n, a)
-	wc.Close()
-	c := newClient(t, a)
-	wait.For(t, 30*time.Second, "the writer's set freed, its blocks on disk", func() error {
-		st, err := c.Status(context.Background())
-		if err != nil {
-			return err
-		}
-		if len(st.BlockSets) != 0 || len(st.Tiers) == 0 || st.Tiers[0].Blocks != n {
-			return fmt.Errorf("%d block sets, tiers %v", len(st.BlockSets), st.Tiers)
-		}
-		return nil
-	})
+	a, hashes := aheadOnDisk(t, "aheadrestart", dir, n, nil)
 	if got := fabric.TierLinks(a); got != n-1 {
 		t.Fatalf("%d links before the restart; want %d", got, n-1)
 	}
-	c.Close()
 	a.Close()
 
-	cfg2 := testConfig(t, "aheadrestart")
-	cfg2.Tiers = cfg.Tiers
-	cfg2.TierReadAhead = 8
-	a2 := startAgent(t, cfg2)
+	a2 := aheadRestarted(t, "aheadrestart", dir)
 	if got := fabric.TierLinks(a2); got != n-1 {
 		t.Fatalf("%d links after a restart; want the %d the blocks on disk had", got, n-1)
 	}
@@ -1065,35 +1087,16 @@ func TestTierReadAheadAfterARestartLosesACorruptChildsLink(t *testing.T) {
 		corrupt = 5
 	)
 	dir := tierDir(t)
-	cfg := testConfig(t, "aheadcorrupt")
-	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
-	cfg.TierReadAhead = 8
-	cfg.BlockSetGrace = 50 * time.Millisecond
-	cfg.NoOrphanCache = true
-	a := startAgent(t, cfg)
-	wc := newClient(t, a)
-	writer := register(t, wc, tierEngine)
-	hashes := storeThrough(t, wc, writer, n, a)
-	// The corrupt block's bytes as its copy down wrote them, to find its
-	// slot in the tier's file.
-	pieces := fabric.TierSlotPieces(a, writer.ID, hashes[corrupt])
-	if len(pieces) == 0 {
-		t.Fatalf("block %d not written straight", corrupt)
-	}
-	want := slices.Concat(pieces...)
-	wc.Close()
-	c := newClient(t, a)
-	wait.For(t, 30*time.Second, "the writer's set freed, its blocks on disk", func() error {
-		st, err := c.Status(context.Background())
-		if err != nil {
-			return err
+	var want []byte
+	a, hashes := aheadOnDisk(t, "aheadcorrupt", dir, n, func(a *fabric.Agent, writer *client.BlockSet, hashes []uint64) {
+		// The corrupt block's bytes as its copy down wrote them, to find
+		// its slot in the tier's file.
+		pieces := fabric.TierSlotPieces(a, writer.ID, hashes[corrupt])
+		if len(pieces) == 0 {
+			t.Fatalf("block %d not written straight", corrupt)
 		}
-		if len(st.BlockSets) != 0 || len(st.Tiers) == 0 || st.Tiers[0].Blocks != n {
-			return fmt.Errorf("%d block sets, tiers %v", len(st.BlockSets), st.Tiers)
-		}
-		return nil
+		want = slices.Concat(pieces...)
 	})
-	c.Close()
 	a.Close()
 
 	// Flip a byte in the middle of the corrupt block on disk.
@@ -1115,10 +1118,7 @@ func TestTierReadAheadAfterARestartLosesACorruptChildsLink(t *testing.T) {
 	}
 	f.Close()
 
-	cfg2 := testConfig(t, "aheadcorrupt")
-	cfg2.Tiers = cfg.Tiers
-	cfg2.TierReadAhead = 8
-	a2 := startAgent(t, cfg2)
+	a2 := aheadRestarted(t, "aheadcorrupt", dir)
 	if got := fabric.TierLinks(a2); got != n-1 {
 		t.Fatalf("%d links after a restart; want the %d the blocks on disk had", got, n-1)
 	}
@@ -1157,26 +1157,7 @@ func TestTierReadAheadAfterARestartLosesACorruptChildsLink(t *testing.T) {
 func TestTierReadAheadAfterARestartWithLoopedParents(t *testing.T) {
 	const n = 16
 	dir := tierDir(t)
-	cfg := testConfig(t, "aheadloops")
-	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
-	cfg.TierReadAhead = 8
-	cfg.BlockSetGrace = 50 * time.Millisecond
-	cfg.NoOrphanCache = true
-	a := startAgent(t, cfg)
-	wc := newClient(t, a)
-	hashes := storeThrough(t, wc, register(t, wc, tierEngine), n, a)
-	wc.Close()
-	c := newClient(t, a)
-	wait.For(t, 30*time.Second, "the writer's set freed, its blocks on disk", func() error {
-		st, err := c.Status(context.Background())
-		if err != nil {
-			return err
-		}
-		if len(st.BlockSets) != 0 || len(st.Tiers) == 0 || st.Tiers[0].Blocks != n {
-			return fmt.Errorf("%d block sets, tiers %v", len(st.BlockSets), st.Tiers)
-		}
-		return nil
-	})
+	a, hashes := aheadOnDisk(t, "aheadloops", dir, n, nil)
 	// Blocks 0 and 1 each other's parent, 2 after hash 0 (none), 15 its
 	// own parent; 3..14 as they went down.
 	for _, p := range []struct {
@@ -1187,13 +1168,9 @@ func TestTierReadAheadAfterARestartWithLoopedParents(t *testing.T) {
 			t.Fatalf("block %d not put again with parent %d", p.i, p.parent)
 		}
 	}
-	c.Close()
 	a.Close()
 
-	cfg2 := testConfig(t, "aheadloops")
-	cfg2.Tiers = cfg.Tiers
-	cfg2.TierReadAhead = 8
-	a2 := startAgent(t, cfg2)
+	a2 := aheadRestarted(t, "aheadloops", dir)
 	// 0 -> 1 and 1 -> 0, 2 -> 3 .. 13 -> 14; none to 2 nor to 15.
 	if got := fabric.TierLinks(a2); got != n-2 {
 		t.Fatalf("%d links after a restart; want %d", got, n-2)
