@@ -251,45 +251,58 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 		takesAll(t, ctx, c, set)
 	})
 
-	t.Run("Acquire", func(t *testing.T) {
-		ctx, a, h := start(t)
-		// Another session registers two blocks and keeps a reference on
-		// the first.
-		c := newClient(t, a)
-		set := register(t, c, eng).ID
-		slots, err := c.Allocate(ctx, set, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hashes := []uint64{11, 12}
-		refs, err := c.RegisterBlocks(ctx, set, slots, hashes)
-		if err != nil || len(refs) != 2 {
-			t.Fatalf("register: %v, %v", refs, err)
-		}
-		if err := c.Release(ctx, set, []uint32{refs[1].Slot}); err != nil {
-			t.Fatal(err)
-		}
-		s := h.open(t, ctx, a, keepalive)
-		if got := s.register(ctx, eng); got != set {
-			t.Fatalf("block set %d registered, want %d", got, set)
-		}
-		err = s.stall(func() error {
-			resp, err := s.api.Acquire(s.ctx(ctx), &fabricpb.AcquireRequest{BlockSet: set, Hashes: hashes})
-			if err == nil {
-				t.Errorf("blocks %v handed to an engine whose session ended", resp.Blocks)
+	// An Acquire whose session ends at a hold, while another session keeps
+	// a reference on the first block. Ended at the first of two holds, the
+	// block it was holding is given back by hold. Ended at the second of
+	// three, the first block's reference, recorded, is given back once (by
+	// detach: the other session's reference on it stays), the second's by
+	// hold, the third never taken.
+	for _, tc := range []struct {
+		name       string
+		blocks, at int
+	}{{"Acquire", 2, 1}, {"AcquireAfterAHold", 3, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, a, h := start(t)
+			c := newClient(t, a)
+			set := register(t, c, eng).ID
+			slots, err := c.Allocate(ctx, set, tc.blocks)
+			if err != nil {
+				t.Fatal(err)
 			}
-			return err
+			hashes := []uint64{11, 12, 13}[:tc.blocks]
+			refs, err := c.RegisterBlocks(ctx, set, slots, hashes)
+			if err != nil || len(refs) != tc.blocks {
+				t.Fatalf("register: %v, %v", refs, err)
+			}
+			var rest []uint32
+			for _, r := range refs[1:] {
+				rest = append(rest, r.Slot)
+			}
+			if err := c.Release(ctx, set, rest); err != nil {
+				t.Fatal(err)
+			}
+			s := h.open(t, ctx, a, keepalive)
+			if got := s.register(ctx, eng); got != set {
+				t.Fatalf("block set %d registered, want %d", got, set)
+			}
+			err = s.stallAt(tc.at, func() error {
+				resp, err := s.api.Acquire(s.ctx(ctx), &fabricpb.AcquireRequest{BlockSet: set, Hashes: hashes})
+				if err == nil {
+					t.Errorf("blocks %v handed to an engine whose session ended", resp.Blocks)
+				}
+				return err
+			})
+			wantEnded(t, "Acquire", err)
+			// The other session's reference stays: one slot short of all.
+			if _, err := c.Allocate(ctx, set, eng.Slots); code(err) != codes.ResourceExhausted {
+				t.Fatalf("Allocate of all %d slots with a block referenced: %v, want RESOURCE_EXHAUSTED", eng.Slots, err)
+			}
+			if err := c.Release(ctx, set, []uint32{refs[0].Slot}); err != nil {
+				t.Fatalf("the other session's reference: %v", err)
+			}
+			takesAll(t, ctx, c, set)
 		})
-		wantEnded(t, "Acquire", err)
-		// The other session's reference stays: 15 slots, not 16.
-		if _, err := c.Allocate(ctx, set, eng.Slots); code(err) != codes.ResourceExhausted {
-			t.Fatalf("Allocate of all %d slots with a block referenced: %v, want RESOURCE_EXHAUSTED", eng.Slots, err)
-		}
-		if err := c.Release(ctx, set, []uint32{refs[0].Slot}); err != nil {
-			t.Fatalf("the other session's reference: %v", err)
-		}
-		takesAll(t, ctx, c, set)
-	})
+	}
 
 	t.Run("Import", func(t *testing.T) {
 		ctx, a, h := start(t)
@@ -337,46 +350,6 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 			t.Fatalf("block set %d registered, want %d", got, set)
 		}
 		cachedForOthers(t, ctx, c, set, hashes)
-		takesAll(t, ctx, c, set)
-	})
-
-	// Ended at the second of three holds: the first block's reference,
-	// recorded, is given back once (by detach: another session's
-	// reference on it stays), the second's by hold, the third never taken.
-	t.Run("AcquireAfterAHold", func(t *testing.T) {
-		ctx, a, h := start(t)
-		c := newClient(t, a)
-		set := register(t, c, eng).ID
-		slots, err := c.Allocate(ctx, set, 3)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hashes := []uint64{31, 32, 33}
-		refs, err := c.RegisterBlocks(ctx, set, slots, hashes)
-		if err != nil || len(refs) != 3 {
-			t.Fatalf("register: %v, %v", refs, err)
-		}
-		if err := c.Release(ctx, set, []uint32{refs[1].Slot, refs[2].Slot}); err != nil {
-			t.Fatal(err)
-		}
-		s := h.open(t, ctx, a, keepalive)
-		if got := s.register(ctx, eng); got != set {
-			t.Fatalf("block set %d registered, want %d", got, set)
-		}
-		err = s.stallAt(2, func() error {
-			resp, err := s.api.Acquire(s.ctx(ctx), &fabricpb.AcquireRequest{BlockSet: set, Hashes: hashes})
-			if err == nil {
-				t.Errorf("blocks %v handed to an engine whose session ended", resp.Blocks)
-			}
-			return err
-		})
-		wantEnded(t, "Acquire", err)
-		if _, err := c.Allocate(ctx, set, eng.Slots); code(err) != codes.ResourceExhausted {
-			t.Fatalf("Allocate of all %d slots with a block referenced: %v, want RESOURCE_EXHAUSTED", eng.Slots, err)
-		}
-		if err := c.Release(ctx, set, []uint32{refs[0].Slot}); err != nil {
-			t.Fatalf("the other session's reference: %v", err)
-		}
 		takesAll(t, ctx, c, set)
 	})
 
