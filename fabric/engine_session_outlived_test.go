@@ -207,11 +207,17 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 		return set.ID, run
 	}
 
-	// cachedForOthers checks that the blocks the stalled call registered
-	// stay cached, as an ended session's blocks do, referenced by nobody
-	// but c once it acquires them.
-	cachedForOthers := func(t *testing.T, ctx context.Context, c *client.Client, set uint64, hashes []uint64) {
+	// cachedForOthers checks, from a new session of a's, that set is the
+	// one eng registers, that the blocks the stalled call registered stay
+	// cached in it, as an ended session's blocks do, referenced by nobody
+	// but that session once it acquires them, and that every slot is free
+	// again once it releases them (takesAll).
+	cachedForOthers := func(t *testing.T, ctx context.Context, a *fabric.Agent, set uint64, hashes []uint64) {
 		t.Helper()
+		c := newClient(t, a)
+		if got := register(t, c, eng).ID; got != set {
+			t.Fatalf("block set %d registered, want %d", got, set)
+		}
 		refs, err := c.Acquire(ctx, set, hashes)
 		if err != nil || len(refs) != len(hashes) {
 			t.Fatalf("Acquire of the %d blocks registered by the stalled call: %v, %v", len(hashes), refs, err)
@@ -223,6 +229,7 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 		if err := c.Release(ctx, set, slots); err != nil {
 			t.Fatal(err)
 		}
+		takesAll(t, ctx, c, set)
 	}
 
 	t.Run("Allocate", func(t *testing.T) {
@@ -320,12 +327,7 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 			return err
 		})
 		wantEnded(t, "Import", err)
-		c := newClient(t, a)
-		if got := register(t, c, eng).ID; got != set {
-			t.Fatalf("block set %d registered, want %d", got, set)
-		}
-		cachedForOthers(t, ctx, c, set, hashes)
-		takesAll(t, ctx, c, set)
+		cachedForOthers(t, ctx, a, set, hashes)
 	})
 
 	t.Run("RegisterBlocks", func(t *testing.T) {
@@ -345,12 +347,7 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 			return err
 		})
 		wantEnded(t, "RegisterBlocks", err)
-		c := newClient(t, a)
-		if got := register(t, c, eng).ID; got != set {
-			t.Fatalf("block set %d registered, want %d", got, set)
-		}
-		cachedForOthers(t, ctx, c, set, hashes)
-		takesAll(t, ctx, c, set)
+		cachedForOthers(t, ctx, a, set, hashes)
 	})
 
 	// An Acquire of blocks restored from a tier: ended at the first hold,
