@@ -361,6 +361,9 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 	switch {
 	case !kept:
 	case from == h.n && !e.Value.(*tierEntry).gone:
+		// By key, not the generation read: a copy put since in its place
+		// (placed reusing the record) is the same block, now below, and
+		// would be left recorded nowhere.
 		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
 		}
