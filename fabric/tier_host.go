@@ -433,6 +433,19 @@ func (t *tiers) evictOldest(d *diskTier, n int) int {
 // only, so that where a restore dropped e's copy and forgot e after this
 // claim, and a copy committed since was recorded in e's place, that
 // record and its copy stay.
+//
+// From the claim to the forget (the drop's delete and, after it, the
+// forget's wait for announceMu) e is gone and no tier holds the block
+// (where, heldLocked): a copy down of it that ends meanwhile (the block
+// still in a set's memory, which the drop told its copy below is gone)
+// writes it again to the tier pick gives, and placed, finding e gone,
+// has that copy deleted as a second one (dropSecond: a write and a delete
+// wasted per such copy down), its offload ended as not copied below
+// (offloaded, heldLocked), the block left in memory unmarked, offered
+// again; one placed after the forget is recorded. Nothing is lost, no
+// record names a tier without its copy, no copy is left recorded nowhere,
+// and nothing is served from e (a restore, a Lookup or a lease finds the
+// block in no tier then).
 func (t *tiers) evict(e *list.Element) bool {
 	te := e.Value.(*tierEntry)
 	t.mu.Lock()
