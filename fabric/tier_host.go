@@ -194,7 +194,10 @@ func (t *tiers) roomFor(d *diskTier, want int) (free, made int) {
 // on). With no disk tier, or where a block's write below fails, the block
 // is dropped (evict); where its read fails, the record left with no copy
 // goes, and a copy committed since stays. One move at a time. Returns how
-// many blocks left the host tier.
+// many blocks it took from the host tier's list: at most as many left it
+// (a block whose write below failed but was claimed meanwhile, or whose
+// read failed and was committed again since, stays), so a caller making
+// room may look once more.
 func (t *tiers) moveDown(h *diskTier, n int) int {
 	t.moveMu.Lock()
 	defer t.moveMu.Unlock()
