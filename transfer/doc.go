@@ -101,7 +101,12 @@
 // for a private network. The holder refuses a connection whose token is
 // unknown, used, older than LaneTokenTTL or issued to another node (or,
 // with TLS, to another node than its certificate names), from a node that
-// is not a member, or past MaxLaneConns from one peer.
+// is not a member, or past MaxLaneConns from one peer. Before that, a
+// connection it accepted is pending: Config.LaneMaxPending of them in all
+// and LaneMaxPendingPerSource from one source IP are allowed, one past
+// either is closed as soon as it is accepted, before any TLS work
+// (Metrics.LanePendingRefused), and the handshake, the hello and the
+// answer to it must be done within Config.LaneHelloTimeout of the accept.
 //
 // A connection then carries read requests (method 7), framed and
 // answered in order as on QUIC, each of at most MaxLaneReadBytes of data,

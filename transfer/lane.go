@@ -7,9 +7,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
@@ -49,6 +52,17 @@ const (
 	// closes a lane connection that brought no request for this long, and
 	// a reader does not reuse one idle for half of it.
 	DefaultLaneIdleTimeout = 60 * time.Second
+	// DefaultLaneMaxPending and DefaultLaneMaxPendingPerSource are
+	// Config.LaneMaxPending's and LaneMaxPendingPerSource's defaults: a
+	// reader opens at most MaxLaneConns connections to a holder at once,
+	// so one source needs a few more than that (redials) and the members
+	// of a large cluster together a few hundred; anything near the bounds
+	// is a flood.
+	DefaultLaneMaxPending          = 256
+	DefaultLaneMaxPendingPerSource = 2 * MaxLaneConns
+	// DefaultLaneHelloTimeout is Config.LaneHelloTimeout's default: a TLS
+	// handshake and a hello take a few round trips.
+	DefaultLaneHelloTimeout = 3 * time.Second
 	// LaneTokenTTL is how long a lane token stays good after it was
 	// issued.
 	LaneTokenTTL = 10 * time.Second
@@ -96,17 +110,33 @@ type laneToken struct {
 	expires time.Time
 }
 
-// laneServer is a holder's lane: its listener, the tokens it issued and
-// its open connections by peer.
+// laneServer is a holder's lane: its listener, the tokens it issued, its
+// open connections by peer and those not yet admitted by source.
 type laneServer struct {
 	ln    net.Listener
 	plain bool
+	log   *slog.Logger
 
 	mu     sync.Mutex
 	tokens map[[laneTokenLen]byte]laneToken
-	conns  map[net.Conn]string
+	conns  map[net.Conn]laneConnOf
 	byPeer map[string]int
+	// pending counts the connections not yet admitted, by source IP.
+	pending        sourceCount
+	pendingRefused atomic.Uint64
+	handshakeFails atomic.Uint64
 }
+
+// laneConnOf is what the lane knows of one of its connections: its source
+// and, once admitted, its peer.
+type laneConnOf struct {
+	src  netip.Addr
+	peer string
+}
+
+// errLaneBusy is why a connection past the bounds on pending lane
+// connections is closed.
+var errLaneBusy = errors.New("transfer: too many lane connections not yet admitted")
 
 // startLane opens the lane listener.
 func (n *Node) startLane() error {
@@ -114,8 +144,9 @@ func (n *Node) startLane() error {
 	if err != nil {
 		return fmt.Errorf("transfer: lane listen on %s: %w", n.cfg.LaneAddr, err)
 	}
-	n.lane = &laneServer{ln: ln, plain: n.cfg.LanePlain, tokens: map[[laneTokenLen]byte]laneToken{},
-		conns: map[net.Conn]string{}, byPeer: map[string]int{}}
+	n.lane = &laneServer{ln: ln, plain: n.cfg.LanePlain, log: n.log, tokens: map[[laneTokenLen]byte]laneToken{},
+		conns: map[net.Conn]laneConnOf{}, byPeer: map[string]int{},
+		pending: newSourceCount(n.cfg.LaneMaxPending, n.cfg.LaneMaxPendingPerSource)}
 	if n.cfg.LanePlain {
 		n.log.Warn("PLAIN TCP LANE: block data to and from this node's lane crosses the network unencrypted; "+
 			"lane connections are still authorized by tokens from the authenticated QUIC channel", "lane", ln.Addr().String())
@@ -217,44 +248,72 @@ func (l *laneServer) redeem(token []byte, peer string) error {
 	return nil
 }
 
-// admit counts a connection of peer in, refusing one past MaxLaneConns.
+// admit counts a connection of peer in, refusing one past MaxLaneConns;
+// the connection leaves the pending ones.
 func (l *laneServer) admit(c net.Conn, peer string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.conns == nil {
+	of, ok := l.conns[c]
+	if !ok {
 		return ErrClosed
 	}
 	if l.byPeer[peer] >= MaxLaneConns {
 		return fmt.Errorf("%w: %s already has %d lane connections (at most %d)", ErrUnavailable, peer, l.byPeer[peer], MaxLaneConns)
 	}
 	l.byPeer[peer]++
-	l.conns[c] = peer
+	l.pending.remove(of.src)
+	l.conns[c] = laneConnOf{src: of.src, peer: peer}
 	return nil
 }
 
-func (l *laneServer) track(c net.Conn) bool {
+// track counts an accepted connection in as pending, or refuses it
+// (errLaneBusy) past the bounds on pending connections, in total or from
+// its source. A refusal is counted, and logged as floods are.
+func (l *laneServer) track(c net.Conn) error {
+	src := sourceOf(c.RemoteAddr())
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.conns == nil {
-		return false
+	if l.pending.full(src) {
+		fromSrc, all := l.pending.by[src], l.pending.n
+		l.mu.Unlock()
+		if n := l.pendingRefused.Add(1); floodLogged(n) {
+			l.log.Warn("transfer: lane connection refused: too many not yet admitted", "source", src.String(),
+				"source_pending", fromSrc, "pending", all, "refused", n,
+				"max_pending", l.pending.max, "max_pending_per_source", l.pending.maxPerSource)
+		}
+		return errLaneBusy
 	}
-	l.conns[c] = ""
-	return true
+	l.pending.add(src)
+	l.conns[c] = laneConnOf{src: src}
+	l.mu.Unlock()
+	return nil
 }
 
+// forget counts a closed connection out, of the pending ones or of its
+// peer's.
 func (l *laneServer) forget(c net.Conn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	peer, ok := l.conns[c]
+	of, ok := l.conns[c]
 	if !ok {
 		return
 	}
 	delete(l.conns, c)
-	if peer != "" {
-		if l.byPeer[peer]--; l.byPeer[peer] <= 0 {
-			delete(l.byPeer, peer)
-		}
+	if of.peer == "" {
+		l.pending.remove(of.src)
+	} else if l.byPeer[of.peer]--; l.byPeer[of.peer] <= 0 {
+		delete(l.byPeer, of.peer)
 	}
+}
+
+// lanePending returns the lane connections not yet admitted and those
+// refused for passing the bounds on them.
+func (n *Node) lanePending() (pending int, refused uint64) {
+	if n.lane == nil {
+		return 0, 0
+	}
+	n.lane.mu.Lock()
+	defer n.lane.mu.Unlock()
+	return n.lane.pending.n, n.lane.pendingRefused.Load()
 }
 
 // LaneConns returns the lane connections open to this node, by peer.
@@ -281,9 +340,11 @@ func (n *Node) laneAcceptLoop() {
 			}
 			return
 		}
-		if !n.lane.track(c) {
+		// Counted (or refused) before a goroutine, a buffer or any TLS
+		// work is spent on it.
+		if err := n.lane.track(c); err != nil {
 			c.Close()
-			return
+			continue
 		}
 		n.wg.Add(1)
 		go func() {
@@ -305,7 +366,9 @@ func (n *Node) laneServerTLS() *tls.Config {
 // serveLane runs one lane connection: handshake, hello, then reads.
 func (n *Node) serveLane(raw net.Conn) {
 	log := n.log.With("lane_addr", raw.RemoteAddr().String())
-	_ = raw.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	// The handshake, the hello and the answer to it all within
+	// LaneHelloTimeout: until admitted the connection holds a pending place.
+	_ = raw.SetDeadline(time.Now().Add(n.cfg.LaneHelloTimeout))
 	var c net.Conn = raw
 	certName := ""
 	var gc *gatherConn
@@ -313,7 +376,13 @@ func (n *Node) serveLane(raw net.Conn) {
 		gc = newGatherConn(raw)
 		tc := tls.Server(gc, n.laneServerTLS())
 		if err := tc.Handshake(); err != nil {
-			log.Info("transfer: lane handshake refused", "err", err)
+			// Stalled and failed handshakes are what a flood makes: a few
+			// lines at info, the rest at debug.
+			level := slog.LevelDebug
+			if k := n.lane.handshakeFails.Add(1); floodLogged(k) {
+				level = slog.LevelInfo
+			}
+			log.Log(n.ctx, level, "transfer: lane handshake refused", "err", err)
 			return
 		}
 		certName = peerName13(tc.ConnectionState())
@@ -343,9 +412,11 @@ func (n *Node) serveLane(raw net.Conn) {
 		err = n.lane.admit(raw, peer)
 	}
 	if err != nil {
-		n.stats.laneRefused.Add(1)
-		log.Info("transfer: lane connection refused", "claimed_peer", peer, "err", err)
-		_ = c.SetWriteDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+		level, k := slog.LevelDebug, n.stats.laneRefused.Add(1)
+		if floodLogged(k) {
+			level = slog.LevelInfo
+		}
+		log.Log(n.ctx, level, "transfer: lane connection refused", "claimed_peer", peer, "err", err, "refused", k)
 		n.laneRefuse(c, err)
 		return
 	}

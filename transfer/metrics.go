@@ -56,6 +56,13 @@ type Metrics struct {
 	// hellos with a bad token, name or membership, and connections past
 	// MaxLaneConns).
 	LaneRefused uint64
+	// LanePending is the lane connections to this node not yet admitted
+	// (TLS handshake and hello under way); LanePendingRefused counts those
+	// closed as soon as they were accepted for passing the bounds on them
+	// (Config.LaneMaxPending, LaneMaxPendingPerSource): a flood of
+	// connections that do not authenticate.
+	LanePending        int
+	LanePendingRefused uint64
 	// LaneFallbacks counts reads that went over QUIC where the lane was
 	// on, by reason (LaneFallbackReasons).
 	LaneFallbacks map[string]uint64
@@ -88,6 +95,7 @@ func (n *Node) Metrics() Metrics {
 	if n.guard != nil {
 		m.Handshakes, m.HandshakesPeak, m.Conns, m.ConnsRefused, m.AddressValidations = n.guard.snapshot()
 	}
+	lanePending, laneBusy := n.lanePending()
 	fb := make(map[string]uint64, len(LaneFallbackReasons))
 	for i, r := range LaneFallbackReasons {
 		fb[r] = s.laneFallbacks[i].Load()
@@ -97,6 +105,7 @@ func (n *Node) Metrics() Metrics {
 		AddressValidations: m.AddressValidations,
 		BytesReadLane:      s.bytesReadLane.Load(), LaneConnects: s.laneConnects.Load(), LaneConnectFailures: s.laneConnectFails.Load(),
 		LaneRefused: s.laneRefused.Load(), LaneFallbacks: fb, LanePlain: n.LanePlain(),
+		LanePending: lanePending, LanePendingRefused: laneBusy,
 		StreamsAccepted: s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
 		ReadsServed: s.readsServed.Load(), BytesServed: s.bytesServed.Load(),
 		BytesServedQUIC: s.bytesServedQUIC.Load(), BytesServedLane: s.bytesServedLane.Load(),

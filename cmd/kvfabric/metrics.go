@@ -176,6 +176,8 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_lane_connects_total", "TCP lane connections opened to peers.", float64(ts.LaneConnects))
 	e.counter("kvfabric_lane_connect_failures_total", "TCP lane connections to peers that failed (dial, handshake, token).", float64(ts.LaneConnectFailures))
 	e.counter("kvfabric_lane_refused_total", "TCP lane connections from peers refused (token, name, membership, connection cap).", float64(ts.LaneRefused))
+	e.gauge("kvfabric_lane_pending_connections", "Connections to this node's TCP lane not yet admitted (TLS handshake and token under way).", float64(ts.LanePending))
+	e.counter("kvfabric_lane_pending_refused_total", "Connections to this node's TCP lane closed as soon as accepted for passing the bounds on those not yet admitted (in total or per source address): a connection flood.", float64(ts.LanePendingRefused))
 	for _, r := range transfer.LaneFallbackReasons {
 		e.counter("kvfabric_lane_fallbacks_total", "Reads that went over QUIC where the TCP lane was on, by reason.", float64(ts.LaneFallbacks[r]), "reason", r)
 	}
