@@ -307,7 +307,8 @@ type Config struct {
 	// this node's lane not yet admitted (TLS handshake and hello with its
 	// token under way), in total and per source IP, 1..MaxLanePending: a
 	// connection past either is closed as soon as it is accepted, before
-	// any TLS work. If zero, transfer.DefaultLaneMaxPending (256) and
+	// any TLS work. Agents behind one address (a NAT, SNAT) share the
+	// per-source bound. If zero, transfer.DefaultLaneMaxPending (256) and
 	// transfer.DefaultLaneMaxPendingPerSource (32).
 	LaneMaxPending          int `json:"lane_max_pending,omitempty"`
 	LaneMaxPendingPerSource int `json:"lane_max_pending_per_source,omitempty"`

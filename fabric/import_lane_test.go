@@ -131,7 +131,9 @@ func TestLaneConfig(t *testing.T) {
 		{"negative lane_max_pending", func(c *fabric.Config) { c.LaneMaxPending = -1 }, "lane_max_pending"},
 		{"lane_max_pending past the limit", func(c *fabric.Config) { c.LaneMaxPending = fabric.MaxLanePending + 1 }, "lane_max_pending"},
 		{"negative lane_max_pending_per_source", func(c *fabric.Config) { c.LaneMaxPendingPerSource = -1 }, "lane_max_pending_per_source"},
+		{"lane_max_pending_per_source past the limit", func(c *fabric.Config) { c.LaneMaxPendingPerSource = fabric.MaxLanePending + 1 }, "lane_max_pending_per_source"},
 		{"lane_hello_timeout under its floor", func(c *fabric.Config) { c.LaneHelloTimeout = time.Millisecond }, "lane_hello_timeout"},
+		{"lane_hello_timeout past its ceiling", func(c *fabric.Config) { c.LaneHelloTimeout = fabric.MaxLaneHelloTimeout + time.Second }, "lane_hello_timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig(t, "n1")

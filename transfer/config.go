@@ -144,7 +144,9 @@ type Config struct {
 	// authenticate: a connection past one is closed as soon as it is
 	// accepted, before any TLS work (counted in
 	// Metrics.LanePendingRefused). A connection leaves the count when its
-	// hello is accepted or when it closes. If zero,
+	// hello is accepted or when it closes. A source is an IP address
+	// alone (an IPv6 one in full): nodes behind one address (a NAT, SNAT)
+	// share its bound. If zero,
 	// DefaultLaneMaxPending and DefaultLaneMaxPendingPerSource.
 	LaneMaxPending, LaneMaxPendingPerSource int
 	// LaneHelloTimeout bounds a served lane connection's TLS handshake and

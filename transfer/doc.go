@@ -107,6 +107,8 @@
 // either is closed as soon as it is accepted, before any TLS work
 // (Metrics.LanePendingRefused), and the handshake, the hello and the
 // answer to it must be done within Config.LaneHelloTimeout of the accept.
+// A source is an IP address alone: nodes behind one address (a NAT) share
+// its bound.
 //
 // A connection then carries read requests (method 7), framed and
 // answered in order as on QUIC, each of at most MaxLaneReadBytes of data,

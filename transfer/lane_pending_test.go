@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -126,6 +127,8 @@ func TestLanePendingBounds(t *testing.T) {
 // A connection that stalls in its TLS handshake (part of a ClientHello,
 // then nothing) is closed at LaneHelloTimeout, however long
 // HandshakeTimeout is, and its place frees.
+// (That the place refuses another connection from its source while held
+// is TestLanePendingBounds': here it would race the deadline.)
 func TestLanePendingHelloTimeout(t *testing.T) {
 	const hello = time.Second
 	holder, _, _, _ := pendingSetup(t, 1<<20, withLanePending(4, 1, hello), func(c *Config) { c.HandshakeTimeout = time.Minute })
@@ -135,16 +138,50 @@ func TestLanePendingHelloTimeout(t *testing.T) {
 	if _, err := c.Write([]byte{0x16, 0x03, 0x01, 0x02, 0x00}); err != nil {
 		t.Fatal(err)
 	}
-	waitPending(t, holder, 1, 0)
-	closedBy(t, bareLane(t, holder, floodA)) // the source's one place is taken
-	waitPending(t, holder, 1, 1)
 	closedBy(t, c)
 	if took := time.Since(start); took < hello/2 {
 		t.Fatalf("the stalled handshake was closed after %v, before its deadline %v", took, hello)
 	}
-	waitPending(t, holder, 0, 1)
+	waitPending(t, holder, 0, 0)
 	bareLane(t, holder, floodA)
-	waitPending(t, holder, 1, 1)
+	waitPending(t, holder, 1, 0)
+}
+
+// An admitted connection is past LaneHelloTimeout: it still reads after
+// the deadline its hello had. (Plain, so that a short deadline is not a
+// race with a TLS handshake under -race on loaded cores.)
+func TestLaneAdmittedOutlivesHelloTimeout(t *testing.T) {
+	const hello = 200 * time.Millisecond
+	holder, _, p, src := pendingSetup(t, 1<<20, withLane(true), withLanePending(4, 2, hello))
+	r, err := laneTokens(t, p, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := rawLane(t, holder, nil, &transferpb.LaneHello{Node: "reader", Token: r.Tokens[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPending(t, holder, 0, 0)
+	time.Sleep(5 * hello) // what is timed here is the holder's deadline, past by then
+	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	const length = 4096
+	req := &transferpb.ReadRequest{LeaseId: 5, BlockSet: 9, Segments: []*transferpb.ReadSegment{{Length: length, Count: 1}}}
+	if err := writeFrame(c, byte(methodRead), req, 1<<20); err != nil {
+		t.Fatalf("a request past LaneHelloTimeout: %v", err)
+	}
+	kind, payload, err := readFrame(c, 1<<20)
+	if err != nil || kind != statusOK {
+		t.Fatalf("a read past LaneHelloTimeout: kind %d, err %v (%q)", kind, err, payload)
+	}
+	got := make([]byte, length)
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("a read past LaneHelloTimeout: %v", err)
+	}
+	if firstDiff(got, src[0][:length]) >= 0 {
+		t.Fatal("bytes differ")
+	}
 }
 
 // While one source holds all the pending places it may, and more of its
