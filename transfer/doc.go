@@ -106,9 +106,11 @@
 // and LaneMaxPendingPerSource from one source IP are allowed, one past
 // either is closed as soon as it is accepted, before any TLS work
 // (Metrics.LanePendingRefused), and the handshake, the hello and the
-// answer to it must be done within Config.LaneHelloTimeout of the accept.
-// A source is an IP address alone: nodes behind one address (a NAT) share
-// its bound.
+// answer to it must be done within Config.LaneHelloTimeout of the accept
+// (a failed handshake counts in Metrics.LaneHandshakeFailures). A source
+// is an IP address alone: nodes behind one address (a NAT) share its
+// bound. A failed accept (out of descriptors or memory) is counted
+// (Metrics.LaneAcceptErrors), and the lane accepts again after a wait.
 //
 // A connection then carries read requests (method 7), framed and
 // answered in order as on QUIC, each of at most MaxLaneReadBytes of data,

@@ -79,6 +79,12 @@ const (
 	// maxLaneTokensPerPeer caps the tokens outstanding for one peer: the
 	// oldest go first.
 	maxLaneTokensPerPeer = 2 * MaxLaneConns
+	// laneAcceptBackoff and laneAcceptMaxBackoff bound the wait after a
+	// failed accept (out of descriptors or memory), doubling from the
+	// first to the second while accepts keep failing, as net/http's server
+	// does.
+	laneAcceptBackoff    = 5 * time.Millisecond
+	laneAcceptMaxBackoff = time.Second
 )
 
 // TransportTCP is a read over the TCP lane.
@@ -122,9 +128,13 @@ type laneServer struct {
 	conns  map[net.Conn]laneConnOf
 	byPeer map[string]int
 	// pending counts the connections not yet admitted, by source IP.
-	pending        sourceCount
+	pending sourceCount
+	// closed is set by closeLane: a connection accepted after it is not
+	// tracked, but closed.
+	closed         bool
 	pendingRefused atomic.Uint64
 	handshakeFails atomic.Uint64
+	acceptErrors   atomic.Uint64
 }
 
 // laneConnOf is what the lane knows of one of its connections: its source
@@ -152,7 +162,7 @@ func (n *Node) startLane() error {
 			"lane connections are still authorized by tokens from the authenticated QUIC channel", "lane", ln.Addr().String())
 	}
 	n.wg.Add(1)
-	go n.laneAcceptLoop()
+	go n.laneAcceptLoop(ln)
 	return nil
 }
 
@@ -167,12 +177,16 @@ func (n *Node) LaneAddr() net.Addr {
 // LanePlain says whether the node's lane is plain TCP.
 func (n *Node) LanePlain() bool { return n.lane != nil && n.lane.plain }
 
+// closeLane closes the lane's listener and its connections; a connection
+// its accept loop took from the listener just before is closed by the
+// loop (track refuses it), so that none is served past Close.
 func (n *Node) closeLane() {
 	if n.lane == nil {
 		return
 	}
 	n.lane.ln.Close()
 	n.lane.mu.Lock()
+	n.lane.closed = true
 	for c := range n.lane.conns {
 		c.Close()
 	}
@@ -266,12 +280,17 @@ func (l *laneServer) admit(c net.Conn, peer string) error {
 	return nil
 }
 
-// track counts an accepted connection in as pending, or refuses it
-// (errLaneBusy) past the bounds on pending connections, in total or from
-// its source. A refusal is counted, and logged as floods are.
+// track counts an accepted connection in as pending, or refuses it:
+// ErrClosed once the lane is closed, errLaneBusy past the bounds on
+// pending connections, in total or from its source. A refusal past the
+// bounds is counted, and logged as floods are.
 func (l *laneServer) track(c net.Conn) error {
 	src := sourceOf(c.RemoteAddr())
 	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return ErrClosed
+	}
 	if l.pending.full(src) {
 		fromSrc, all := l.pending.by[src], l.pending.n
 		l.mu.Unlock()
@@ -305,15 +324,17 @@ func (l *laneServer) forget(c net.Conn) {
 	}
 }
 
-// lanePending returns the lane connections not yet admitted and those
-// refused for passing the bounds on them.
-func (n *Node) lanePending() (pending int, refused uint64) {
+// laneMetrics fills in m what the lane served by this node counts.
+func (n *Node) laneMetrics(m *Metrics) {
 	if n.lane == nil {
-		return 0, 0
+		return
 	}
 	n.lane.mu.Lock()
-	defer n.lane.mu.Unlock()
-	return n.lane.pending.n, n.lane.pendingRefused.Load()
+	m.LanePending = n.lane.pending.n
+	n.lane.mu.Unlock()
+	m.LanePendingRefused = n.lane.pendingRefused.Load()
+	m.LaneHandshakeFailures = n.lane.handshakeFails.Load()
+	m.LaneAcceptErrors = n.lane.acceptErrors.Load()
 }
 
 // LaneConns returns the lane connections open to this node, by peer.
@@ -330,20 +351,42 @@ func (n *Node) LaneConns() map[string]int {
 	return out
 }
 
-func (n *Node) laneAcceptLoop() {
+// laneAcceptLoop accepts the lane's connections from ln until the node
+// closes or ln does. Any other error (out of descriptors, buffers or
+// memory) is counted and logged, and the loop waits and accepts again,
+// from laneAcceptBackoff doubling to laneAcceptMaxBackoff while they keep
+// failing: a lane that stopped accepting would leave its connections in
+// the listen backlog and its readers on QUIC for the node's life.
+func (n *Node) laneAcceptLoop(ln net.Listener) {
 	defer n.wg.Done()
+	var wait time.Duration
 	for {
-		c, err := n.lane.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
-			if n.ctx.Err() == nil {
-				n.log.Warn("transfer: lane accept", "err", err)
+			if n.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			wait = min(max(2*wait, laneAcceptBackoff), laneAcceptMaxBackoff)
+			if k := n.lane.acceptErrors.Add(1); floodLogged(k) {
+				n.log.Warn("transfer: lane accept failed, accepting again after a wait", "err", err, "wait", wait, "errors", k)
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-n.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
 		}
+		wait = 0
 		// Counted (or refused) before a goroutine, a buffer or any TLS
 		// work is spent on it.
 		if err := n.lane.track(c); err != nil {
 			c.Close()
+			if errors.Is(err, ErrClosed) {
+				return
+			}
 			continue
 		}
 		n.wg.Add(1)

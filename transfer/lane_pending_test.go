@@ -126,7 +126,7 @@ func TestLanePendingBounds(t *testing.T) {
 
 // A connection that stalls in its TLS handshake (part of a ClientHello,
 // then nothing) is closed at LaneHelloTimeout, however long
-// HandshakeTimeout is, and its place frees.
+// HandshakeTimeout is, counted as a failed handshake, and its place frees.
 // (That the place refuses another connection from its source while held
 // is TestLanePendingBounds': here it would race the deadline.)
 func TestLanePendingHelloTimeout(t *testing.T) {
@@ -143,6 +143,9 @@ func TestLanePendingHelloTimeout(t *testing.T) {
 		t.Fatalf("the stalled handshake was closed after %v, before its deadline %v", took, hello)
 	}
 	waitPending(t, holder, 0, 0)
+	if got := holder.Metrics().LaneHandshakeFailures; got != 1 {
+		t.Errorf("%d lane handshake failures counted, want 1", got)
+	}
 	bareLane(t, holder, floodA)
 	waitPending(t, holder, 1, 0)
 }

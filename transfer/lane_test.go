@@ -207,7 +207,13 @@ func TestLaneUnreachableFallsBackToQUIC(t *testing.T) {
 // connection and the holder's answer to the hello.
 func rawLane(t *testing.T, n *Node, cfg *tls.Config, hello *transferpb.LaneHello) (net.Conn, error) {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", n.LaneAddr().String(), 5*time.Second)
+	return rawLaneAt(t, n.LaneAddr().String(), cfg, hello)
+}
+
+// rawLaneAt is rawLane to the lane listener at addr.
+func rawLaneAt(t *testing.T, addr string, cfg *tls.Config, hello *transferpb.LaneHello) (net.Conn, error) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

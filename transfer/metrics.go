@@ -51,10 +51,10 @@ type Metrics struct {
 	// node opened to holders, and those that failed (dial, handshake or
 	// token refused).
 	LaneConnects, LaneConnectFailures uint64
-	// LaneRefused counts lane connections to this node refused (bad
-	// certificate is counted by the TLS layer's log only; this counts
-	// hellos with a bad token, name or membership, and connections past
-	// MaxLaneConns).
+	// LaneRefused counts lane connections to this node refused after
+	// their handshake: hellos with a bad token, name or membership, and
+	// connections past MaxLaneConns (a failed handshake, a bad
+	// certificate among them, is counted in LaneHandshakeFailures).
 	LaneRefused uint64
 	// LanePending is the lane connections to this node not yet admitted
 	// (TLS handshake and hello under way); LanePendingRefused counts those
@@ -63,6 +63,13 @@ type Metrics struct {
 	// connections that do not authenticate.
 	LanePending        int
 	LanePendingRefused uint64
+	// LaneHandshakeFailures counts lane connections to this node whose
+	// TLS handshake failed or did not finish within Config.LaneHelloTimeout
+	// (a bad certificate, a scanner, a stalled flood).
+	LaneHandshakeFailures uint64
+	// LaneAcceptErrors counts the lane's failed accepts (out of
+	// descriptors, buffers or memory); the lane accepts again after a wait.
+	LaneAcceptErrors uint64
 	// LaneFallbacks counts reads that went over QUIC where the lane was
 	// on, by reason (LaneFallbackReasons).
 	LaneFallbacks map[string]uint64
@@ -95,21 +102,21 @@ func (n *Node) Metrics() Metrics {
 	if n.guard != nil {
 		m.Handshakes, m.HandshakesPeak, m.Conns, m.ConnsRefused, m.AddressValidations = n.guard.snapshot()
 	}
-	lanePending, laneBusy := n.lanePending()
 	fb := make(map[string]uint64, len(LaneFallbackReasons))
 	for i, r := range LaneFallbackReasons {
 		fb[r] = s.laneFallbacks[i].Load()
 	}
-	return Metrics{
+	out := Metrics{
 		Handshakes: m.Handshakes, HandshakesPeak: m.HandshakesPeak, Conns: m.Conns, ConnsRefused: m.ConnsRefused,
 		AddressValidations: m.AddressValidations,
 		BytesReadLane:      s.bytesReadLane.Load(), LaneConnects: s.laneConnects.Load(), LaneConnectFailures: s.laneConnectFails.Load(),
 		LaneRefused: s.laneRefused.Load(), LaneFallbacks: fb, LanePlain: n.LanePlain(),
-		LanePending: lanePending, LanePendingRefused: laneBusy,
 		StreamsAccepted: s.streams.Load(), CallsServed: s.callsServed.Load(), CallsFailed: s.callsFailed.Load(),
 		ReadsServed: s.readsServed.Load(), BytesServed: s.bytesServed.Load(),
 		BytesServedQUIC: s.bytesServedQUIC.Load(), BytesServedLane: s.bytesServedLane.Load(),
 		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), BytesReadQUIC: s.bytesReadQUIC.Load(), ReadsFailed: s.readsFailed.Load(),
 		RequestBytes: uint64(max(0, s.requestBytes.Load())), RequestBudgetWaits: s.budgetWaits.Load(),
 	}
+	n.laneMetrics(&out)
+	return out
 }
