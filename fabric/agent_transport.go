@@ -43,6 +43,8 @@ func (a *Agent) startTransport() error {
 	tcfg.IdleTimeout = 3 * a.cfg.PeerTimeout
 	tcfg.MaxMessageSize = a.cfg.maxMessageSize
 	tcfg.LaneAddr, tcfg.LanePlain, tcfg.LaneConns = a.cfg.LaneAddr, a.cfg.LanePlain, a.cfg.LaneConns
+	tcfg.LaneMaxPending, tcfg.LaneMaxPendingPerSource = a.cfg.LaneMaxPending, a.cfg.LaneMaxPendingPerSource
+	tcfg.LaneHelloTimeout = a.cfg.LaneHelloTimeout
 	if tcfg.RDMA, err = a.openRDMA(); err != nil {
 		return err
 	}

@@ -35,7 +35,17 @@ const (
 	MaxBlockSetGrace     = 24 * time.Hour
 
 	DefaultSessionKeepalive = 5 * time.Second
+
+	// MinLaneHelloTimeout and MaxLaneHelloTimeout bound LaneHelloTimeout
+	// (default transfer.DefaultLaneHelloTimeout): a TLS handshake and a
+	// hello need a few round trips, and a deadline long past that only
+	// lets a flood hold its places longer.
+	MinLaneHelloTimeout = 100 * time.Millisecond
+	MaxLaneHelloTimeout = time.Minute
 )
+
+// MaxLanePending bounds LaneMaxPending and LaneMaxPendingPerSource.
+const MaxLanePending = 1 << 16
 
 // The bounds of ImportChunkBytes: below a megabyte a chunk's control
 // calls cost more than its bytes; above a few gigabytes one chunk pins a
@@ -293,6 +303,18 @@ type Config struct {
 	// LaneConns is how many lane connections this node opens to one
 	// holder, 1..16; a chunk's read is spread over them. If zero, 4.
 	LaneConns int `json:"lane_conns,omitempty"`
+	// LaneMaxPending and LaneMaxPendingPerSource bound the connections to
+	// this node's lane not yet admitted (TLS handshake and hello with its
+	// token under way), in total and per source IP, 1..MaxLanePending: a
+	// connection past either is closed as soon as it is accepted, before
+	// any TLS work. Agents behind one address (a NAT, SNAT) share the
+	// per-source bound. If zero, transfer.DefaultLaneMaxPending (256) and
+	// transfer.DefaultLaneMaxPendingPerSource (32).
+	LaneMaxPending          int `json:"lane_max_pending,omitempty"`
+	LaneMaxPendingPerSource int `json:"lane_max_pending_per_source,omitempty"`
+	// LaneHelloTimeout bounds a lane connection's TLS handshake and hello
+	// from its accept: one without a good hello by then is closed.
+	LaneHelloTimeout time.Duration `json:"lane_hello_timeout,omitempty"`
 
 	// Fabric is what moves RDMA reads: verbs (libibverbs: InfiniBand,
 	// RoCE), ofi (libfabric: EFA, Slingshot's cxi), auto (verbs where
@@ -595,6 +617,10 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		return nil, bad("lane_plain", "set without lane_addr")
 	case c.LaneConns < 0 || c.LaneConns > transfer.MaxLaneConns:
 		return nil, bad("lane_conns", "%d not in 1..%d (0: %d)", c.LaneConns, transfer.MaxLaneConns, transfer.DefaultLaneConns)
+	case c.LaneMaxPending < 0 || c.LaneMaxPending > MaxLanePending:
+		return nil, bad("lane_max_pending", "%d not in 1..%d (0: %d)", c.LaneMaxPending, MaxLanePending, transfer.DefaultLaneMaxPending)
+	case c.LaneMaxPendingPerSource < 0 || c.LaneMaxPendingPerSource > MaxLanePending:
+		return nil, bad("lane_max_pending_per_source", "%d not in 1..%d (0: %d)", c.LaneMaxPendingPerSource, MaxLanePending, transfer.DefaultLaneMaxPendingPerSource)
 	}
 	switch {
 	case c.Fabric != "auto" && c.Fabric != "verbs" && c.Fabric != "ofi" && c.Fabric != "off":
@@ -901,6 +927,8 @@ var durationSettings = []DurationSetting{
 		field: func(c *Config) *time.Duration { return &c.PeerTimeout }},
 	{Field: "IndexCacheTTL", Key: "index_cache_ttl", Default: DefaultIndexCacheTTL, Min: MinIndexCacheTTL, Max: MaxIndexCacheTTL,
 		field: func(c *Config) *time.Duration { return &c.IndexCacheTTL }},
+	{Field: "LaneHelloTimeout", Key: "lane_hello_timeout", Default: transfer.DefaultLaneHelloTimeout, Min: MinLaneHelloTimeout, Max: MaxLaneHelloTimeout,
+		field: func(c *Config) *time.Duration { return &c.LaneHelloTimeout }},
 }
 
 // DurationSettingOf returns the duration setting of the Config field

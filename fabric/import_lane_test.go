@@ -128,6 +128,12 @@ func TestLaneConfig(t *testing.T) {
 		{"negative lane_conns", func(c *fabric.Config) { c.LaneConns = -1 }, "lane_conns"},
 		{"plain without an address", func(c *fabric.Config) { c.LanePlain = true }, "lane_plain"},
 		{"bad address", func(c *fabric.Config) { c.LaneAddr = "nowhere" }, "lane_addr"},
+		{"negative lane_max_pending", func(c *fabric.Config) { c.LaneMaxPending = -1 }, "lane_max_pending"},
+		{"lane_max_pending past the limit", func(c *fabric.Config) { c.LaneMaxPending = fabric.MaxLanePending + 1 }, "lane_max_pending"},
+		{"negative lane_max_pending_per_source", func(c *fabric.Config) { c.LaneMaxPendingPerSource = -1 }, "lane_max_pending_per_source"},
+		{"lane_max_pending_per_source past the limit", func(c *fabric.Config) { c.LaneMaxPendingPerSource = fabric.MaxLanePending + 1 }, "lane_max_pending_per_source"},
+		{"lane_hello_timeout under its floor", func(c *fabric.Config) { c.LaneHelloTimeout = time.Millisecond }, "lane_hello_timeout"},
+		{"lane_hello_timeout past its ceiling", func(c *fabric.Config) { c.LaneHelloTimeout = fabric.MaxLaneHelloTimeout + time.Second }, "lane_hello_timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig(t, "n1")
@@ -146,6 +152,7 @@ func TestLaneConfig(t *testing.T) {
 	}
 	c := testConfig(t, "n1")
 	c.LaneAddr, c.LaneConns = "127.0.0.1:0", transfer.MaxLaneConns
+	c.LaneMaxPending, c.LaneMaxPendingPerSource, c.LaneHelloTimeout = fabric.MaxLanePending, 1, fabric.MinLaneHelloTimeout
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a, err := fabric.Start(ctx, c)

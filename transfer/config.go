@@ -138,6 +138,21 @@ type Config struct {
 	// LaneIdleTimeout closes a served lane connection that brought no
 	// request for this long. If zero, DefaultLaneIdleTimeout.
 	LaneIdleTimeout time.Duration
+	// LaneMaxPending and LaneMaxPendingPerSource bound the served lane
+	// connections not yet admitted (TLS handshake and hello under way), in
+	// total and per source IP, against floods of connections that never
+	// authenticate: a connection past one is closed as soon as it is
+	// accepted, before any TLS work (counted in
+	// Metrics.LanePendingRefused). A connection leaves the count when its
+	// hello is accepted or when it closes. A source is an IP address
+	// alone (an IPv6 one in full): nodes behind one address (a NAT, SNAT)
+	// share its bound. If zero,
+	// DefaultLaneMaxPending and DefaultLaneMaxPendingPerSource.
+	LaneMaxPending, LaneMaxPendingPerSource int
+	// LaneHelloTimeout bounds a served lane connection's TLS handshake and
+	// hello, and the answer to it, from its accept: one that has not sent
+	// a good hello by then is closed. If zero, DefaultLaneHelloTimeout.
+	LaneHelloTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults for a node on a real network. The
@@ -257,6 +272,9 @@ func (c Config) withDefaults() Config {
 	}
 	setInt(&c.LaneConns, DefaultLaneConns)
 	setDur(&c.LaneIdleTimeout, DefaultLaneIdleTimeout)
+	setInt(&c.LaneMaxPending, DefaultLaneMaxPending)
+	setInt(&c.LaneMaxPendingPerSource, DefaultLaneMaxPendingPerSource)
+	setDur(&c.LaneHelloTimeout, DefaultLaneHelloTimeout)
 	if c.MaxPeerRequestBytes == 0 {
 		c.MaxPeerRequestBytes = 4 * uint64(c.MaxMessageSize)
 	}
@@ -289,6 +307,10 @@ func (c Config) validate() error {
 		return configErr("LaneConns %d not in [1, %d]", c.LaneConns, MaxLaneConns)
 	case c.LaneIdleTimeout < 0:
 		return configErr("LaneIdleTimeout %v is negative", c.LaneIdleTimeout)
+	case c.LaneMaxPending < 0 || c.LaneMaxPendingPerSource < 0:
+		return configErr("negative bound on pending lane connections")
+	case c.LaneHelloTimeout < 0:
+		return configErr("LaneHelloTimeout %v is negative", c.LaneHelloTimeout)
 	case c.LanePlain && c.LaneAddr == "":
 		return configErr("LanePlain without LaneAddr")
 	case c.HandshakeTimeout < 0 || c.IdleTimeout < 0 || c.CallTimeout < 0 || c.ProgressTimeout < 0:

@@ -101,7 +101,16 @@
 // for a private network. The holder refuses a connection whose token is
 // unknown, used, older than LaneTokenTTL or issued to another node (or,
 // with TLS, to another node than its certificate names), from a node that
-// is not a member, or past MaxLaneConns from one peer.
+// is not a member, or past MaxLaneConns from one peer. Before that, a
+// connection it accepted is pending: Config.LaneMaxPending of them in all
+// and LaneMaxPendingPerSource from one source IP are allowed, one past
+// either is closed as soon as it is accepted, before any TLS work
+// (Metrics.LanePendingRefused), and the handshake, the hello and the
+// answer to it must be done within Config.LaneHelloTimeout of the accept
+// (a failed handshake counts in Metrics.LaneHandshakeFailures). A source
+// is an IP address alone: nodes behind one address (a NAT) share its
+// bound. A failed accept (out of descriptors or memory) is counted
+// (Metrics.LaneAcceptErrors), and the lane accepts again after a wait.
 //
 // A connection then carries read requests (method 7), framed and
 // answered in order as on QUIC, each of at most MaxLaneReadBytes of data,

@@ -34,27 +34,62 @@ var errHandshakeRefused = errors.New("transfer: too many handshakes or connectio
 // MaxHandshakes new sources must prove their address (a Retry round trip)
 // before any state is kept for them.
 type handshakeGuard struct {
-	maxHS, maxHSPerSource, maxConns, maxConnsPerSource int
-	log                                                *slog.Logger
+	log *slog.Logger
 
 	mu         sync.Mutex
-	hs, conns  int
-	hsBy       map[netip.Addr]int
-	connsBy    map[netip.Addr]int
+	hs, conns  sourceCount
 	peakHS     int
 	refused    atomic.Uint64
 	validation atomic.Uint64
 }
 
 func newHandshakeGuard(c Config, log *slog.Logger) *handshakeGuard {
-	return &handshakeGuard{maxHS: c.MaxHandshakes, maxHSPerSource: c.MaxHandshakesPerSource, maxConns: c.MaxConns,
-		maxConnsPerSource: c.MaxConnsPerSource, log: log, hsBy: map[netip.Addr]int{}, connsBy: map[netip.Addr]int{}}
+	return &handshakeGuard{log: log, hs: newSourceCount(c.MaxHandshakes, c.MaxHandshakesPerSource),
+		conns: newSourceCount(c.MaxConns, c.MaxConnsPerSource)}
 }
 
+// sourceCount counts things a source holds on this node (handshakes,
+// connections) in total and by source address, against a bound on each;
+// its owner's lock guards it. The handshake guard counts QUIC handshakes
+// and connections with it, the lane its connections not yet admitted.
+type sourceCount struct {
+	max, maxPerSource int
+	n                 int
+	by                map[netip.Addr]int
+}
+
+func newSourceCount(max, maxPerSource int) sourceCount {
+	return sourceCount{max: max, maxPerSource: maxPerSource, by: map[netip.Addr]int{}}
+}
+
+// full says whether one more from src would pass a bound.
+func (s *sourceCount) full(src netip.Addr) bool {
+	return s.by[src] >= s.maxPerSource || s.n >= s.max
+}
+
+func (s *sourceCount) add(src netip.Addr) {
+	s.n++
+	s.by[src]++
+}
+
+func (s *sourceCount) remove(src netip.Addr) {
+	s.n--
+	if s.by[src]--; s.by[src] <= 0 {
+		delete(s.by, src)
+	}
+}
+
+// floodLogged says whether the nth refusal of a flood is logged: the 1st,
+// 2nd, 4th, 8th..., so that a flood writes a few lines.
+func floodLogged(n uint64) bool { return n&(n-1) == 0 }
+
+// sourceOf is the IP address of a UDP or TCP remote address.
 func sourceOf(a net.Addr) netip.Addr {
-	if ua, ok := a.(*net.UDPAddr); ok {
-		ap := ua.AddrPort()
-		return ap.Addr().Unmap()
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		return a.AddrPort().Addr().Unmap()
+	case *net.TCPAddr:
+		return a.AddrPort().Addr().Unmap()
 	}
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
@@ -67,7 +102,7 @@ func sourceOf(a net.Addr) netip.Addr {
 // Retry before keeping state for a handshake.
 func (g *handshakeGuard) verifySource(net.Addr) bool {
 	g.mu.Lock()
-	busy := g.hs >= max(1, g.maxHS/4)
+	busy := g.hs.n >= max(1, g.hs.max/4)
 	g.mu.Unlock()
 	if busy {
 		g.validation.Add(1)
@@ -84,30 +119,25 @@ func (g *handshakeGuard) connContext(ctx context.Context, info *quic.ClientInfo)
 	src := sourceOf(info.RemoteAddr)
 	g.mu.Lock()
 	switch {
-	case g.hsBy[src] >= g.maxHSPerSource, g.hs >= g.maxHS, g.connsBy[src] >= g.maxConnsPerSource, g.conns >= g.maxConns:
-		hs, conns := g.hsBy[src], g.connsBy[src]
+	case g.hs.full(src), g.conns.full(src):
+		hs, conns := g.hs.by[src], g.conns.by[src]
 		g.mu.Unlock()
-		if n := g.refused.Add(1); n&(n-1) == 0 { // the 1st, 2nd, 4th, 8th...: a flood logs a few lines
+		if n := g.refused.Add(1); floodLogged(n) {
 			g.log.Warn("transfer: connection refused: too many handshakes or connections", "source", src.String(),
 				"source_handshakes", hs, "source_conns", conns, "refused", n,
-				"max_handshakes", g.maxHS, "max_handshakes_per_source", g.maxHSPerSource)
+				"max_handshakes", g.hs.max, "max_handshakes_per_source", g.hs.maxPerSource)
 		}
 		return nil, errHandshakeRefused
 	}
-	g.hs++
-	g.hsBy[src]++
-	g.conns++
-	g.connsBy[src]++
-	g.peakHS = max(g.peakHS, g.hs)
+	g.hs.add(src)
+	g.conns.add(src)
+	g.peakHS = max(g.peakHS, g.hs.n)
 	g.mu.Unlock()
 	var hsOnce, connOnce sync.Once
 	endHS := func() {
 		hsOnce.Do(func() {
 			g.mu.Lock()
-			g.hs--
-			if g.hsBy[src]--; g.hsBy[src] <= 0 {
-				delete(g.hsBy, src)
-			}
+			g.hs.remove(src)
 			g.mu.Unlock()
 		})
 	}
@@ -115,10 +145,7 @@ func (g *handshakeGuard) connContext(ctx context.Context, info *quic.ClientInfo)
 		endHS()
 		connOnce.Do(func() {
 			g.mu.Lock()
-			g.conns--
-			if g.connsBy[src]--; g.connsBy[src] <= 0 {
-				delete(g.connsBy, src)
-			}
+			g.conns.remove(src)
 			g.mu.Unlock()
 		})
 	})
@@ -137,5 +164,5 @@ func handshakeDone(ctx context.Context) {
 func (g *handshakeGuard) snapshot() (hs, peak, conns int, refused, validations uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.hs, g.peakHS, g.conns, g.refused.Load(), g.validation.Load()
+	return g.hs.n, g.peakHS, g.conns.n, g.refused.Load(), g.validation.Load()
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -186,5 +187,38 @@ func TestHandshakeFloodKeepsCallsServed(t *testing.T) {
 	}
 	if m.AddressValidations == 0 && m.ConnsRefused == 0 {
 		t.Errorf("a flood of %d handshakes was neither refused nor asked to validate", sources*perSource)
+	}
+}
+
+// A sourceCount counts by source against both bounds; taking back what was
+// counted leaves it empty, with no entry left for any source, and an IPv4
+// address mapped into IPv6 (a dual-stack socket's) counts as the address.
+func TestSourceCount(t *testing.T) {
+	a, b := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("2001:db8::1")
+	s := newSourceCount(3, 2)
+	for _, src := range []netip.Addr{a, a, b} {
+		if s.full(src) {
+			t.Fatalf("full before %s's place: %d in all, %v", src, s.n, s.by)
+		}
+		s.add(src)
+	}
+	if !s.full(a) {
+		t.Errorf("%s holds %d, its bound: one more is not refused", a, s.by[a])
+	}
+	if !s.full(netip.MustParseAddr("10.0.0.2")) {
+		t.Errorf("%d held, the total's bound: one more from a new source is not refused", s.n)
+	}
+	s.remove(a)
+	if s.full(netip.MustParseAddr("10.0.0.2")) || s.full(a) {
+		t.Errorf("one freed, %d held, %v: a new source or %s refused", s.n, s.by, a)
+	}
+	s.remove(b)
+	s.remove(a)
+	if s.n != 0 || len(s.by) != 0 {
+		t.Errorf("everything taken back: %d held, %v left", s.n, s.by)
+	}
+	tcp := &net.TCPAddr{IP: net.ParseIP("::ffff:10.0.0.1"), Port: 7}
+	if got := sourceOf(tcp); got != a {
+		t.Errorf("sourceOf(%v) = %v, want %v", tcp, got, a)
 	}
 }

@@ -7,9 +7,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
@@ -49,6 +52,17 @@ const (
 	// closes a lane connection that brought no request for this long, and
 	// a reader does not reuse one idle for half of it.
 	DefaultLaneIdleTimeout = 60 * time.Second
+	// DefaultLaneMaxPending and DefaultLaneMaxPendingPerSource are
+	// Config.LaneMaxPending's and LaneMaxPendingPerSource's defaults: a
+	// reader opens at most MaxLaneConns connections to a holder at once,
+	// so one source needs a few more than that (redials) and the members
+	// of a large cluster together a few hundred; anything near the bounds
+	// is a flood.
+	DefaultLaneMaxPending          = 256
+	DefaultLaneMaxPendingPerSource = 2 * MaxLaneConns
+	// DefaultLaneHelloTimeout is Config.LaneHelloTimeout's default: a TLS
+	// handshake and a hello take a few round trips.
+	DefaultLaneHelloTimeout = 3 * time.Second
 	// LaneTokenTTL is how long a lane token stays good after it was
 	// issued.
 	LaneTokenTTL = 10 * time.Second
@@ -65,6 +79,12 @@ const (
 	// maxLaneTokensPerPeer caps the tokens outstanding for one peer: the
 	// oldest go first.
 	maxLaneTokensPerPeer = 2 * MaxLaneConns
+	// laneAcceptBackoff and laneAcceptMaxBackoff bound the wait after a
+	// failed accept (out of descriptors or memory), doubling from the
+	// first to the second while accepts keep failing, as net/http's server
+	// does.
+	laneAcceptBackoff    = 5 * time.Millisecond
+	laneAcceptMaxBackoff = time.Second
 )
 
 // TransportTCP is a read over the TCP lane.
@@ -96,17 +116,37 @@ type laneToken struct {
 	expires time.Time
 }
 
-// laneServer is a holder's lane: its listener, the tokens it issued and
-// its open connections by peer.
+// laneServer is a holder's lane: its listener, the tokens it issued, its
+// open connections by peer and those not yet admitted by source.
 type laneServer struct {
 	ln    net.Listener
 	plain bool
+	log   *slog.Logger
 
 	mu     sync.Mutex
 	tokens map[[laneTokenLen]byte]laneToken
-	conns  map[net.Conn]string
+	conns  map[net.Conn]laneConnOf
 	byPeer map[string]int
+	// pending counts the connections not yet admitted, by source IP.
+	pending sourceCount
+	// closed is set by closeLane: a connection accepted after it is not
+	// tracked, but closed.
+	closed         bool
+	pendingRefused atomic.Uint64
+	handshakeFails atomic.Uint64
+	acceptErrors   atomic.Uint64
 }
+
+// laneConnOf is what the lane knows of one of its connections: its source
+// and, once admitted, its peer.
+type laneConnOf struct {
+	src  netip.Addr
+	peer string
+}
+
+// errLaneBusy is why a connection past the bounds on pending lane
+// connections is closed.
+var errLaneBusy = errors.New("transfer: too many lane connections not yet admitted")
 
 // startLane opens the lane listener.
 func (n *Node) startLane() error {
@@ -114,14 +154,15 @@ func (n *Node) startLane() error {
 	if err != nil {
 		return fmt.Errorf("transfer: lane listen on %s: %w", n.cfg.LaneAddr, err)
 	}
-	n.lane = &laneServer{ln: ln, plain: n.cfg.LanePlain, tokens: map[[laneTokenLen]byte]laneToken{},
-		conns: map[net.Conn]string{}, byPeer: map[string]int{}}
+	n.lane = &laneServer{ln: ln, plain: n.cfg.LanePlain, log: n.log, tokens: map[[laneTokenLen]byte]laneToken{},
+		conns: map[net.Conn]laneConnOf{}, byPeer: map[string]int{},
+		pending: newSourceCount(n.cfg.LaneMaxPending, n.cfg.LaneMaxPendingPerSource)}
 	if n.cfg.LanePlain {
 		n.log.Warn("PLAIN TCP LANE: block data to and from this node's lane crosses the network unencrypted; "+
 			"lane connections are still authorized by tokens from the authenticated QUIC channel", "lane", ln.Addr().String())
 	}
 	n.wg.Add(1)
-	go n.laneAcceptLoop()
+	go n.laneAcceptLoop(ln)
 	return nil
 }
 
@@ -136,12 +177,16 @@ func (n *Node) LaneAddr() net.Addr {
 // LanePlain says whether the node's lane is plain TCP.
 func (n *Node) LanePlain() bool { return n.lane != nil && n.lane.plain }
 
+// closeLane closes the lane's listener and its connections; a connection
+// its accept loop took from the listener just before is closed by the
+// loop (track refuses it), so that none is served past Close.
 func (n *Node) closeLane() {
 	if n.lane == nil {
 		return
 	}
 	n.lane.ln.Close()
 	n.lane.mu.Lock()
+	n.lane.closed = true
 	for c := range n.lane.conns {
 		c.Close()
 	}
@@ -217,44 +262,79 @@ func (l *laneServer) redeem(token []byte, peer string) error {
 	return nil
 }
 
-// admit counts a connection of peer in, refusing one past MaxLaneConns.
+// admit counts a connection of peer in, refusing one past MaxLaneConns;
+// the connection leaves the pending ones.
 func (l *laneServer) admit(c net.Conn, peer string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.conns == nil {
+	of, ok := l.conns[c]
+	if !ok {
 		return ErrClosed
 	}
 	if l.byPeer[peer] >= MaxLaneConns {
 		return fmt.Errorf("%w: %s already has %d lane connections (at most %d)", ErrUnavailable, peer, l.byPeer[peer], MaxLaneConns)
 	}
 	l.byPeer[peer]++
-	l.conns[c] = peer
+	l.pending.remove(of.src)
+	l.conns[c] = laneConnOf{src: of.src, peer: peer}
 	return nil
 }
 
-func (l *laneServer) track(c net.Conn) bool {
+// track counts an accepted connection in as pending, or refuses it:
+// ErrClosed once the lane is closed, errLaneBusy past the bounds on
+// pending connections, in total or from its source. A refusal past the
+// bounds is counted, and logged as floods are.
+func (l *laneServer) track(c net.Conn) error {
+	src := sourceOf(c.RemoteAddr())
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.conns == nil {
-		return false
+	if l.closed {
+		l.mu.Unlock()
+		return ErrClosed
 	}
-	l.conns[c] = ""
-	return true
+	if l.pending.full(src) {
+		fromSrc, all := l.pending.by[src], l.pending.n
+		l.mu.Unlock()
+		if n := l.pendingRefused.Add(1); floodLogged(n) {
+			l.log.Warn("transfer: lane connection refused: too many not yet admitted", "source", src.String(),
+				"source_pending", fromSrc, "pending", all, "refused", n,
+				"max_pending", l.pending.max, "max_pending_per_source", l.pending.maxPerSource)
+		}
+		return errLaneBusy
+	}
+	l.pending.add(src)
+	l.conns[c] = laneConnOf{src: src}
+	l.mu.Unlock()
+	return nil
 }
 
+// forget counts a closed connection out, of the pending ones or of its
+// peer's.
 func (l *laneServer) forget(c net.Conn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	peer, ok := l.conns[c]
+	of, ok := l.conns[c]
 	if !ok {
 		return
 	}
 	delete(l.conns, c)
-	if peer != "" {
-		if l.byPeer[peer]--; l.byPeer[peer] <= 0 {
-			delete(l.byPeer, peer)
-		}
+	if of.peer == "" {
+		l.pending.remove(of.src)
+	} else if l.byPeer[of.peer]--; l.byPeer[of.peer] <= 0 {
+		delete(l.byPeer, of.peer)
 	}
+}
+
+// laneMetrics fills in m what the lane served by this node counts.
+func (n *Node) laneMetrics(m *Metrics) {
+	if n.lane == nil {
+		return
+	}
+	n.lane.mu.Lock()
+	m.LanePending = n.lane.pending.n
+	n.lane.mu.Unlock()
+	m.LanePendingRefused = n.lane.pendingRefused.Load()
+	m.LaneHandshakeFailures = n.lane.handshakeFails.Load()
+	m.LaneAcceptErrors = n.lane.acceptErrors.Load()
 }
 
 // LaneConns returns the lane connections open to this node, by peer.
@@ -271,19 +351,43 @@ func (n *Node) LaneConns() map[string]int {
 	return out
 }
 
-func (n *Node) laneAcceptLoop() {
+// laneAcceptLoop accepts the lane's connections from ln until the node
+// closes or ln does. Any other error (out of descriptors, buffers or
+// memory) is counted and logged, and the loop waits and accepts again,
+// from laneAcceptBackoff doubling to laneAcceptMaxBackoff while they keep
+// failing: a lane that stopped accepting would leave its connections in
+// the listen backlog and its readers on QUIC for the node's life.
+func (n *Node) laneAcceptLoop(ln net.Listener) {
 	defer n.wg.Done()
+	var wait time.Duration
 	for {
-		c, err := n.lane.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
-			if n.ctx.Err() == nil {
-				n.log.Warn("transfer: lane accept", "err", err)
+			if n.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			wait = min(max(2*wait, laneAcceptBackoff), laneAcceptMaxBackoff)
+			if k := n.lane.acceptErrors.Add(1); floodLogged(k) {
+				n.log.Warn("transfer: lane accept failed, accepting again after a wait", "err", err, "wait", wait, "errors", k)
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-n.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
 		}
-		if !n.lane.track(c) {
+		wait = 0
+		// Counted (or refused) before a goroutine, a buffer or any TLS
+		// work is spent on it.
+		if err := n.lane.track(c); err != nil {
 			c.Close()
-			return
+			if errors.Is(err, ErrClosed) {
+				return
+			}
+			continue
 		}
 		n.wg.Add(1)
 		go func() {
@@ -305,7 +409,9 @@ func (n *Node) laneServerTLS() *tls.Config {
 // serveLane runs one lane connection: handshake, hello, then reads.
 func (n *Node) serveLane(raw net.Conn) {
 	log := n.log.With("lane_addr", raw.RemoteAddr().String())
-	_ = raw.SetDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	// The handshake, the hello and the answer to it all within
+	// LaneHelloTimeout: until admitted the connection holds a pending place.
+	_ = raw.SetDeadline(time.Now().Add(n.cfg.LaneHelloTimeout))
 	var c net.Conn = raw
 	certName := ""
 	var gc *gatherConn
@@ -313,7 +419,13 @@ func (n *Node) serveLane(raw net.Conn) {
 		gc = newGatherConn(raw)
 		tc := tls.Server(gc, n.laneServerTLS())
 		if err := tc.Handshake(); err != nil {
-			log.Info("transfer: lane handshake refused", "err", err)
+			// Stalled and failed handshakes are what a flood makes: a few
+			// lines at info, the rest at debug.
+			level := slog.LevelDebug
+			if k := n.lane.handshakeFails.Add(1); floodLogged(k) {
+				level = slog.LevelInfo
+			}
+			log.Log(n.ctx, level, "transfer: lane handshake refused", "err", err)
 			return
 		}
 		certName = peerName13(tc.ConnectionState())
@@ -343,9 +455,11 @@ func (n *Node) serveLane(raw net.Conn) {
 		err = n.lane.admit(raw, peer)
 	}
 	if err != nil {
-		n.stats.laneRefused.Add(1)
-		log.Info("transfer: lane connection refused", "claimed_peer", peer, "err", err)
-		_ = c.SetWriteDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+		level, k := slog.LevelDebug, n.stats.laneRefused.Add(1)
+		if floodLogged(k) {
+			level = slog.LevelInfo
+		}
+		log.Log(n.ctx, level, "transfer: lane connection refused", "claimed_peer", peer, "err", err, "refused", k)
 		n.laneRefuse(c, err)
 		return
 	}

@@ -253,7 +253,10 @@ func (p *Peer) putLaneConn(lc *laneConn, ok bool) {
 }
 
 // dialLane opens one lane connection with token, within HandshakeTimeout
-// and ctx.
+// and ctx. The holder bounds the same steps by its own LaneHelloTimeout
+// from the accept (3 s by default; HandshakeTimeout is 5 s by default): a
+// connection slower than the holder's bound is closed by the holder first,
+// and fails here as one the holder ended.
 func (p *Peer) dialLane(ctx context.Context, port int, plain bool, token []byte) (*laneConn, error) {
 	n := p.n
 	addr := net.JoinHostPort(p.addr.IP.String(), strconv.Itoa(port))

@@ -207,7 +207,13 @@ func TestLaneUnreachableFallsBackToQUIC(t *testing.T) {
 // connection and the holder's answer to the hello.
 func rawLane(t *testing.T, n *Node, cfg *tls.Config, hello *transferpb.LaneHello) (net.Conn, error) {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", n.LaneAddr().String(), 5*time.Second)
+	return rawLaneAt(t, n.LaneAddr().String(), cfg, hello)
+}
+
+// rawLaneAt is rawLane to the lane listener at addr.
+func rawLaneAt(t *testing.T, addr string, cfg *tls.Config, hello *transferpb.LaneHello) (net.Conn, error) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,11 +502,11 @@ func TestLaneSetIdentity(t *testing.T) {
 }
 
 // A lane connection must finish its handshake and hello within
-// HandshakeTimeout: one that says nothing is closed by then, and one that
-// sends its hello halfway through it is let in.
+// LaneHelloTimeout of its accept: one that says nothing is closed by then,
+// and one that sends its hello halfway through it is let in.
 func TestLaneHandshakeTimeout(t *testing.T) {
 	holder, _, p, _ := laneSetup(t, 1<<20, true)
-	hs := holder.cfg.HandshakeTimeout
+	hs := holder.cfg.LaneHelloTimeout
 	silent, err := net.Dial("tcp", holder.LaneAddr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -513,7 +519,7 @@ func TestLaneHandshakeTimeout(t *testing.T) {
 		t.Fatalf("a silent connection: %v; want it closed by the holder", err)
 	}
 	if took := time.Since(start); took < hs/2 || took > 5*hs {
-		t.Errorf("a silent connection was closed after %v, HandshakeTimeout is %v", took, hs)
+		t.Errorf("a silent connection was closed after %v, LaneHelloTimeout is %v", took, hs)
 	}
 	r, err := laneTokens(t, p, 1)
 	if err != nil {
@@ -530,7 +536,7 @@ func TestLaneHandshakeTimeout(t *testing.T) {
 	}
 	_ = slow.SetReadDeadline(time.Now().Add(10 * hs))
 	if kind, _, err := readFrame(slow, 1<<20); err != nil || kind != statusOK {
-		t.Fatalf("a hello halfway through HandshakeTimeout: kind %d, err %v", kind, err)
+		t.Fatalf("a hello halfway through LaneHelloTimeout: kind %d, err %v", kind, err)
 	}
 }
 

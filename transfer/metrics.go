@@ -51,11 +51,25 @@ type Metrics struct {
 	// node opened to holders, and those that failed (dial, handshake or
 	// token refused).
 	LaneConnects, LaneConnectFailures uint64
-	// LaneRefused counts lane connections to this node refused (bad
-	// certificate is counted by the TLS layer's log only; this counts
-	// hellos with a bad token, name or membership, and connections past
-	// MaxLaneConns).
+	// LaneRefused counts lane connections to this node refused after
+	// their handshake: hellos with a bad token, name or membership, and
+	// connections past MaxLaneConns (a failed handshake, a bad
+	// certificate among them, is counted in LaneHandshakeFailures).
 	LaneRefused uint64
+	// LanePending is the lane connections to this node not yet admitted
+	// (TLS handshake and hello under way); LanePendingRefused counts those
+	// closed as soon as they were accepted for passing the bounds on them
+	// (Config.LaneMaxPending, LaneMaxPendingPerSource): a flood of
+	// connections that do not authenticate.
+	LanePending        int
+	LanePendingRefused uint64
+	// LaneHandshakeFailures counts lane connections to this node whose
+	// TLS handshake failed or did not finish within Config.LaneHelloTimeout
+	// (a bad certificate, a scanner, a stalled flood).
+	LaneHandshakeFailures uint64
+	// LaneAcceptErrors counts the lane's failed accepts (out of
+	// descriptors, buffers or memory); the lane accepts again after a wait.
+	LaneAcceptErrors uint64
 	// LaneFallbacks counts reads that went over QUIC where the lane was
 	// on, by reason (LaneFallbackReasons).
 	LaneFallbacks map[string]uint64
@@ -92,7 +106,7 @@ func (n *Node) Metrics() Metrics {
 	for i, r := range LaneFallbackReasons {
 		fb[r] = s.laneFallbacks[i].Load()
 	}
-	return Metrics{
+	out := Metrics{
 		Handshakes: m.Handshakes, HandshakesPeak: m.HandshakesPeak, Conns: m.Conns, ConnsRefused: m.ConnsRefused,
 		AddressValidations: m.AddressValidations,
 		BytesReadLane:      s.bytesReadLane.Load(), LaneConnects: s.laneConnects.Load(), LaneConnectFailures: s.laneConnectFails.Load(),
@@ -103,4 +117,6 @@ func (n *Node) Metrics() Metrics {
 		Reads: s.reads.Load(), BytesRead: s.bytesRead.Load(), BytesReadQUIC: s.bytesReadQUIC.Load(), ReadsFailed: s.readsFailed.Load(),
 		RequestBytes: uint64(max(0, s.requestBytes.Load())), RequestBudgetWaits: s.budgetWaits.Load(),
 	}
+	n.laneMetrics(&out)
+	return out
 }

@@ -176,6 +176,10 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.counter("kvfabric_lane_connects_total", "TCP lane connections opened to peers.", float64(ts.LaneConnects))
 	e.counter("kvfabric_lane_connect_failures_total", "TCP lane connections to peers that failed (dial, handshake, token).", float64(ts.LaneConnectFailures))
 	e.counter("kvfabric_lane_refused_total", "TCP lane connections from peers refused (token, name, membership, connection cap).", float64(ts.LaneRefused))
+	e.gauge("kvfabric_lane_pending_connections", "Connections to this node's TCP lane not yet admitted (TLS handshake and token under way).", float64(ts.LanePending))
+	e.counter("kvfabric_lane_pending_refused_total", "Connections to this node's TCP lane closed as soon as accepted for passing the bounds on those not yet admitted (in total or per source address): a connection flood.", float64(ts.LanePendingRefused))
+	e.counter("kvfabric_lane_handshake_failures_total", "Connections to this node's TCP lane whose TLS handshake failed or did not finish within the hello timeout (bad certificate, scanner, stalled flood).", float64(ts.LaneHandshakeFailures))
+	e.counter("kvfabric_lane_accept_errors_total", "Failed accepts on this node's TCP lane listener (out of descriptors, buffers or memory); it accepts again after a wait of 5 ms doubling to 1 s.", float64(ts.LaneAcceptErrors))
 	for _, r := range transfer.LaneFallbackReasons {
 		e.counter("kvfabric_lane_fallbacks_total", "Reads that went over QUIC where the TCP lane was on, by reason.", float64(ts.LaneFallbacks[r]), "reason", r)
 	}

@@ -1,0 +1,151 @@
+package transfer
+
+import (
+	"net"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvfabric/kvfabric/transfer/transferpb"
+)
+
+// faultyListener wraps a listener: its Accept first waits for gate (if
+// set), then returns fail's error for its nth call (from 1) where fail
+// returns one, else accepts from the listener it wraps.
+type faultyListener struct {
+	net.Listener
+	gate  <-chan struct{}
+	fail  func(call int) error
+	calls atomic.Int64
+}
+
+func (l *faultyListener) Accept() (net.Conn, error) {
+	if l.gate != nil {
+		<-l.gate
+	}
+	if l.fail != nil {
+		if err := l.fail(int(l.calls.Add(1))); err != nil {
+			return nil, err
+		}
+	}
+	return l.Listener.Accept()
+}
+
+// faultyLane is a listener on loopback wrapped as given, served by a second
+// lane accept loop of n (the node's own keeps its listener); the channel
+// closes when that loop returns. The listener closes at the test's end,
+// before n does.
+func faultyLane(t *testing.T, n *Node, ln *faultyListener) <-chan struct{} {
+	t.Helper()
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Listener = inner
+	t.Cleanup(func() { inner.Close() })
+	done := make(chan struct{})
+	n.wg.Add(1)
+	go func() {
+		n.laneAcceptLoop(ln)
+		close(done)
+	}()
+	return done
+}
+
+// errAcceptEMFILE is what accept returns when the process is out of
+// descriptors.
+var errAcceptEMFILE = &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+
+// A failed accept (out of descriptors) does not stop the lane: the loop
+// counts it, waits and accepts again, and the next connection is served.
+func TestLaneAcceptErrorsRetried(t *testing.T) {
+	const fails = 3
+	holder, reader, p, _ := pendingSetup(t, 1<<20)
+	ln := &faultyListener{fail: func(call int) error {
+		if call <= fails {
+			return errAcceptEMFILE
+		}
+		return nil
+	}}
+	done := faultyLane(t, holder, ln)
+	r, err := laneTokens(t, p, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rawLaneAt(t, ln.Addr().String(), reader.laneClientTLS("holder"), &transferpb.LaneHello{Node: "reader", Token: r.Tokens[0]}); err != nil {
+		t.Fatalf("a lane connection after %d failed accepts: %v", fails, err)
+	}
+	if got := holder.LaneConns()["reader"]; got != 1 {
+		t.Errorf("holder has %d lane connections from reader, want 1", got)
+	}
+	if got := holder.Metrics().LaneAcceptErrors; got != fails {
+		t.Errorf("%d lane accept errors counted, want %d", got, fails)
+	}
+	select {
+	case <-done:
+		t.Fatal("the accept loop returned")
+	default:
+	}
+}
+
+// A closed listener ends the accept loop, uncounted; so does the node's
+// close while accepts keep failing, during the wait between them.
+func TestLaneAcceptLoopEnds(t *testing.T) {
+	holder, _, _, _ := pendingSetup(t, 1<<20)
+	closed := &faultyListener{fail: func(int) error {
+		return &net.OpError{Op: "accept", Net: "tcp", Err: net.ErrClosed}
+	}}
+	select {
+	case <-faultyLane(t, holder, closed):
+	case <-time.After(10 * time.Second):
+		t.Fatal("the accept loop goes on after its listener closed")
+	}
+	if got := holder.Metrics().LaneAcceptErrors; got != 0 {
+		t.Errorf("a closed listener counted as %d accept errors", got)
+	}
+
+	failing := &faultyListener{fail: func(int) error { return errAcceptEMFILE }}
+	done := faultyLane(t, holder, failing)
+	waitFor(t, 10*time.Second, "accepts failing", func() bool { return holder.Metrics().LaneAcceptErrors >= 2 })
+	closing := make(chan struct{})
+	go func() {
+		holder.Close()
+		close(closing)
+	}()
+	for _, c := range []<-chan struct{}{done, closing} {
+		select {
+		case <-c:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the node's Close does not end an accept loop whose accepts keep failing")
+		}
+	}
+}
+
+// A connection the accept loop took from the listener just before the lane
+// closed, and tracks after closeLane closed the tracked ones, is closed at
+// once, not served (which would hold Node.Close for up to
+// LaneHelloTimeout), and the loop returns.
+func TestLaneAcceptRacingClose(t *testing.T) {
+	holder, _, _, _ := pendingSetup(t, 1<<20, withLanePending(4, 4, time.Minute))
+	gate := make(chan struct{})
+	ln := &faultyListener{gate: gate}
+	done := faultyLane(t, holder, ln)
+	c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	holder.closeLane()
+	close(gate) // the loop's Accept returns c's connection only now
+	closedBy(t, c)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the accept loop goes on after the lane closed")
+	}
+	if m := holder.Metrics(); m.LanePending != 0 {
+		t.Errorf("%d lane connections pending after the lane closed", m.LanePending)
+	}
+}
