@@ -1,12 +1,14 @@
 package disk
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -164,6 +166,10 @@ type entry struct {
 type held struct {
 	entry
 	gen uint64
+	// order, in a Store, is the sequence number of the journal record that
+	// last named the copy: its put's, or a link record's (SetParent) once
+	// written. Keys lists the blocks in its order.
+	order uint64
 }
 
 // Store is a disk tier. Its methods may be called concurrently.
@@ -206,6 +212,11 @@ type Store struct {
 	// memory only, not journaled: a generation names a copy while the
 	// store is open.
 	gen uint64
+	// links, under mu, are the keys whose parent SetParent set since the
+	// last commit, each with the order it was set in (lastLink counts):
+	// the next commit journals them.
+	links    map[Key]uint64
+	lastLink uint64
 
 	stats struct {
 		puts, gets, deletes, corrupt, bytesWritten, bytesRead, commits atomic.Uint64
@@ -327,24 +338,59 @@ func (s *Store) Has(k Key) bool {
 
 // Keys lists the blocks the store holds (after Open: those found again);
 // after Close, those it held (unlike Has and Gen, which then report none).
+// They come in the order of the journal records that last named them (a
+// put's, or a link record's once written: SetParent), the last named
+// last; after Open, as the journal has them.
 func (s *Store) Keys() []Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.keysLocked()
+}
+
+// keysLocked is Keys. s.mu is held.
+func (s *Store) keysLocked() []Key {
 	out := make([]Key, 0, len(s.entries))
 	for k := range s.entries {
 		out = append(out, k)
 	}
+	slices.SortFunc(out, func(a, b Key) int { return cmp.Compare(s.entries[a].order, s.entries[b].order) })
 	return out
 }
 
-// Parent is the parent kept with the block under k (Batch.SetParent), if
-// the store holds k and its put gave one: after Open, as its journal
-// record has it.
+// Parent is the parent kept with the block under k (Batch.SetParent,
+// SetParent), if the store holds k and its put, or a SetParent since,
+// gave one: after Open, as its journal records have it.
 func (s *Store) Parent(k Key) (uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.entries[k]
 	return e.parent, ok && e.hasParent
+}
+
+// SetParent keeps parent with the block the store holds under k, as
+// Batch.SetParent does at a put: Parent returns it from now on, and a
+// link record of it is journalled with the next commit (a put's, a
+// delete's, or Close's), sharing its write and sync; SetParent itself
+// neither writes nor waits. A crash before that commit loses it (the
+// block keeps the parent it had). Once written, its record is the last
+// to name k, for Keys' order. False, and nothing kept, where the store
+// holds no block under k or is closed. Setting k's parent again before
+// the commit leaves one record, in the order of the last.
+func (s *Store) SetParent(k Key, parent uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[k]
+	if s.closed || !ok {
+		return false
+	}
+	e.parent, e.hasParent = parent, true
+	s.entries[k] = e
+	if s.links == nil {
+		s.links = map[Key]uint64{}
+	}
+	s.lastLink++
+	s.links[k] = s.lastLink
+	return true
 }
 
 // Stats returns the store's counters.
@@ -565,8 +611,8 @@ func (b *Batch) wait(it *batchItem) error {
 // SetParent keeps parent with item i's block (in the order added; i <
 // Len(), as for Wait, Replace and Drop): the hash of the block it follows
 // in its sequence, under the same Tag, which Parent returns for as long
-// as the store holds the block, after a restart too (the block's journal
-// record holds it). Before Commit; an item that is not put keeps nothing.
+// as the store holds the block (until SetParent sets another), after a
+// restart too (the block's journal record holds it). Before Commit; an item that is not put keeps nothing.
 func (b *Batch) SetParent(i int, parent uint64) {
 	b.items[i].e.parent, b.items[i].e.hasParent = parent, true
 }
@@ -847,7 +893,7 @@ func (s *Store) Gen(k Key) (uint64, bool) {
 func (s *Store) drop(k Key, e held) bool {
 	s.mu.Lock()
 	cur, ok := s.entries[k]
-	if !ok || cur != e {
+	if !ok || cur.gen != e.gen {
 		s.mu.Unlock()
 		return false
 	}
@@ -921,7 +967,7 @@ func (s *Store) Close() error {
 		errs = append(errs, f.Close())
 	}
 	s.jmu.Lock()
-	errs = append(errs, s.journal.Close())
+	errs = append(errs, s.flushLinksLocked(), s.journal.Close())
 	s.jmu.Unlock()
 	return errors.Join(errs...)
 }
