@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+
+	"github.com/zeebo/xxh3"
 )
 
 // keyHashes is s's Keys' hashes, in Keys' order.
@@ -269,10 +271,10 @@ func TestCompactionKeepsLinks(t *testing.T) {
 	}
 }
 
-// A journal written before link records replays as it did, and a link
-// record read by a version that ignores flagLink is the put of the block
-// it restates again: the same slot, length and checksum (so such a
-// version finds the block, with the parent set).
+// A link record read by a version that ignores flagLink is the put of
+// the block it restates again: the same slot, length and checksum, with
+// the parent set; the record read so (here, the bit cleared and its
+// checksum made anew) replays to the same store.
 func TestLinkRecordReadAsAPut(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, nil)
@@ -293,9 +295,19 @@ func TestLinkRecordReadAsAPut(t *testing.T) {
 		b[5]&flagParent == 0 || binary.LittleEndian.Uint64(b[48:]) != 6 {
 		t.Fatalf("block 1's link record is not a put of its block with parent 6: % x", b)
 	}
-	// The puts before it: records a journal without link records has.
 	r := open(t, dir, nil)
 	wantParents(t, "after a reopen", r, map[uint64]int64{1: 6, 2: 1, 3: 9})
+	r.Close()
+	b[5] = flagParent
+	binary.LittleEndian.PutUint64(b[56:], xxh3.Hash(b[:56]))
+	if err := os.WriteFile(dir+"/journal", j, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := open(t, dir, nil)
+	wantParents(t, "the link record read as a put", p, map[uint64]int64{1: 6, 2: 1, 3: 9})
+	if got := mustGet(t, p, 1); string(got) != string(blockOf(1, p.SlotBytes())) {
+		t.Fatal("block 1, its link record read as a put: not its bytes")
+	}
 }
 
 // A MemStore's SetParent keeps a block's parent in memory, as a Store's
