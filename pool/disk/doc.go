@@ -19,8 +19,10 @@
 //	0       4     magic "KVFJ"
 //	4       1     op: 1 put, 2 delete
 //	5       1     flags: bit 0, a parent in bytes 48..55; bit 1, with
-//	              op 1 and bit 0, a link record (below); other bits
-//	              ignored (zero in a journal written before parents)
+//	              op 1 and bit 0, a link record (below); op 1 with bit
+//	              1 but not bit 0 is never written, and ignored (a
+//	              version that ignores bit 1 reads it as a put); other
+//	              bits ignored (zero in a journal written before parents)
 //	6       2     reserved, zero
 //	8       8     sequence number, increasing
 //	16      8     block hash

@@ -145,7 +145,7 @@ func (s *Store) replay() error {
 			}
 			owner[r.e.slot] = r.key
 			s.gen++
-			s.entries[r.key] = held{entry: r.e, gen: s.gen, order: r.seq}
+			s.entries[r.key] = journalled{held: held{entry: r.e, gen: s.gen}, order: r.seq}
 		case r.op == opDelete:
 			// A delete names the block it removed: a put of the same key
 			// committed in the same group, before it, stays. Its parent
@@ -257,7 +257,7 @@ func (s *Store) commitLocked(batch []*waiter) error {
 		s.requeueLinks(taken)
 		return err
 	}
-	s.jrecords += n + links
+	s.jrecords += n + len(links)
 	s.records.Store(int64(s.jrecords))
 	s.stats.commits.Add(1)
 	// The group's puts take effect here, in the journal's order and
@@ -265,6 +265,7 @@ func (s *Store) commitLocked(batch []*waiter) error {
 	// compacted journal, then hold what memory holds. (A delete left
 	// memory before its record was written.)
 	s.mu.Lock()
+	s.linkedLocked(links)
 	i := -1
 	for _, w := range batch {
 		for _, r := range w.recs {
@@ -274,7 +275,7 @@ func (s *Store) commitLocked(batch []*waiter) error {
 			}
 			old, had := s.entries[r.key]
 			s.gen++
-			s.entries[r.key] = held{entry: r.e, gen: s.gen, order: seqs[i]}
+			s.entries[r.key] = journalled{held: held{entry: r.e, gen: s.gen}, order: seqs[i]}
 			if had {
 				s.releaseSlotLocked(old.slot)
 			}
@@ -306,14 +307,23 @@ func (s *Store) writeJournalLocked(buf []byte) error {
 	return nil
 }
 
+// linkWritten is a link record encoded for the copy of generation gen
+// held under key: seq is its sequence number, the copy's order once the
+// record is written (linkedLocked).
+type linkWritten struct {
+	key      Key
+	gen, seq uint64
+}
+
 // linkRecordsLocked takes the links SetParent set since the last commit
 // and encodes a link record of each, in the order set, into a buffer with
 // room for more records after them: each restates the block held under its
 // key now, with the parent set (a block no longer held has none; its delete
-// is journalled after). It returns the buffer, how many records it holds,
-// and the links taken (to give back to the next commit where this one's
-// write fails: requeueLinks). Called with jmu held.
-func (s *Store) linkRecordsLocked(more int) ([]byte, int, map[Key]uint64) {
+// is journalled after). It returns the buffer, the records it holds, and
+// the links taken (to give back to the next commit where this one's write
+// fails: requeueLinks). The copies' order is the caller's to set once the
+// write succeeded (linkedLocked). Called with jmu held.
+func (s *Store) linkRecordsLocked(more int) ([]byte, []linkWritten, map[Key]uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	taken := s.links
@@ -324,7 +334,7 @@ func (s *Store) linkRecordsLocked(more int) ([]byte, int, map[Key]uint64) {
 	}
 	slices.SortFunc(keys, func(a, b Key) int { return cmp.Compare(taken[a], taken[b]) })
 	buf := make([]byte, 0, (len(keys)+more)*recordBytes)
-	n := 0
+	var written []linkWritten
 	for _, k := range keys {
 		e, ok := s.entries[k]
 		if !ok || !e.hasParent {
@@ -333,15 +343,29 @@ func (s *Store) linkRecordsLocked(more int) ([]byte, int, map[Key]uint64) {
 		s.seq++
 		b := record{op: opPut, seq: s.seq, key: k, e: e.entry, link: true}.encode()
 		buf = append(buf, b[:]...)
-		e.order = s.seq
-		s.entries[k] = e
-		n++
+		written = append(written, linkWritten{key: k, gen: e.gen, seq: s.seq})
 	}
-	return buf, n, taken
+	return buf, written, taken
+}
+
+// linkedLocked makes the link records written the last to name their
+// copies, for Keys' order: each copy still held, of the generation its
+// record restated (a put since made another, with an order of its own).
+// s.mu is held.
+func (s *Store) linkedLocked(written []linkWritten) {
+	for _, w := range written {
+		if e, ok := s.entries[w.key]; ok && e.gen == w.gen {
+			e.order = w.seq
+			s.entries[w.key] = e
+		}
+	}
 }
 
 // requeueLinks gives the links of a commit whose write failed back to the
-// next commit, behind any set since (whose parents the entries hold).
+// next commit, each with the number it was set in: they are written before
+// the links set since, as they were set before them, and a key set again
+// since keeps its later number (its entry holds the later parent either
+// way).
 func (s *Store) requeueLinks(taken map[Key]uint64) {
 	if len(taken) == 0 {
 		return
@@ -360,10 +384,11 @@ func (s *Store) requeueLinks(taken map[Key]uint64) {
 
 // flushLinksLocked writes the link records SetParent left for the next
 // commit, with a sync: Close's, so that a store closed keeps every link
-// set. Called with jmu held.
+// set. It counts as a commit (Stats.Commits): a journal write and sync
+// with no data file to sync. Called with jmu held.
 func (s *Store) flushLinksLocked() error {
-	buf, n, taken := s.linkRecordsLocked(0)
-	if n == 0 {
+	buf, written, taken := s.linkRecordsLocked(0)
+	if len(written) == 0 {
 		return nil
 	}
 	if s.jerr != nil {
@@ -373,9 +398,12 @@ func (s *Store) flushLinksLocked() error {
 		s.requeueLinks(taken)
 		return err
 	}
-	s.jrecords += n
+	s.jrecords += len(written)
 	s.records.Store(int64(s.jrecords))
 	s.stats.commits.Add(1)
+	s.mu.Lock()
+	s.linkedLocked(written)
+	s.mu.Unlock()
 	return nil
 }
 
@@ -402,18 +430,23 @@ func (s *Store) cutBackLocked(off int64, err error) error {
 }
 
 // compactLocked writes the live blocks' records to journal.new, in the
-// order of the records that last named them (keysLocked), each with its
-// latest parent, and renames it over the journal. Called with jmu held; puts and deletes that are not
-// yet journalled wait for jmu, so the snapshot is exact.
+// order of the records that last named them (inOrder), each with its
+// latest parent, and renames it over the journal. Called with jmu held:
+// puts wait for it to enter the entries (commitLocked), so none enters or
+// leaves them meanwhile. inOrder copies the entries under s.mu, in one
+// pass, and sorts the copy after letting go of it: what the copy holds is
+// the store as it was then, whatever changes after. A block deleted after
+// the copy is in it, and its delete's record, waiting for jmu, follows
+// the compacted ones; one deleted before it is not, and the record of its
+// delete, naming a block the journal no longer holds, is ignored by a
+// replay. A parent SetParent sets after the copy goes in a link record
+// with the next commit, after the compacted ones.
 func (s *Store) compactLocked() error {
-	s.mu.Lock()
-	keys := s.keysLocked()
-	snapshot := make([]record, 0, len(keys))
-	for _, k := range keys {
+	snapshot := s.inOrder()
+	for i := range snapshot {
 		s.seq++
-		snapshot = append(snapshot, record{op: opPut, seq: s.seq, key: k, e: s.entries[k].entry})
+		snapshot[i].seq = s.seq
 	}
-	s.mu.Unlock()
 	path := s.journalPath() + ".new"
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {

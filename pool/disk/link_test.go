@@ -384,3 +384,40 @@ func TestSetParentDuringACorruptRead(t *testing.T) {
 		t.Fatal("the corrupt copy, its parent set during the read, is still held")
 	}
 }
+
+// A link record makes its block the last named, for Keys' order, only
+// once written: after a commit whose journal write failed, Keys lists the
+// blocks as the journal has them, as a reopen lists them.
+func TestLinkOrderOnceWritten(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := open(t, dir, nil)
+	putLinked(t, s)
+	if !s.SetParent(Key{Hash: 1, Tag: 7}, 5) {
+		t.Fatal("SetParent of a block held refused")
+	}
+	// A handle the journal cannot be written through.
+	ro, err := os.Open(s.journalPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	s.jmu.Lock()
+	good := s.journal
+	s.journal = ro
+	s.jmu.Unlock()
+	if err := s.Put(ctx, Key{Hash: 4, Tag: 7}, blockOf(4, s.SlotBytes())); err == nil {
+		t.Fatal("a put whose journal write failed returned nil")
+	}
+	s.jmu.Lock()
+	s.journal = good
+	s.jmu.Unlock()
+	if got := keyHashes(s); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("keys after a failed link record: %v, want 1, 2, 3 (as the journal has them)", got)
+	}
+	s.Close()
+	r := open(t, dir, nil)
+	if got := keyHashes(r); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("keys after a reopen: %v, want 1, 2, 3", got)
+	}
+}

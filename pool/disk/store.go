@@ -166,9 +166,14 @@ type entry struct {
 type held struct {
 	entry
 	gen uint64
-	// order, in a Store, is the sequence number of the journal record that
-	// last named the copy: its put's, or a link record's (SetParent) once
-	// written. Keys lists the blocks in its order.
+}
+
+// journalled is a Store's copy: held, and the order of the journal
+// record that last named it (its sequence number): its put's, or a link
+// record's (SetParent) once written. Keys lists the blocks in its order.
+// A MemStore keeps no journal, nor the order.
+type journalled struct {
+	held
 	order uint64
 }
 
@@ -204,7 +209,7 @@ type Store struct {
 
 	mu      sync.Mutex
 	closed  bool
-	entries map[Key]held
+	entries map[Key]journalled
 	free    []uint32
 	busy    map[uint32]int // slots being read: not reused until done
 	// gen is the last generation given to a copy: as a commit's puts
@@ -233,9 +238,11 @@ type Stats struct {
 	Puts, Gets, Deletes, Corrupt uint64
 	BytesWritten, BytesRead      uint64
 	JournalRecords               int
-	// Commits counts the journal's commits: each a sync of every data file
-	// its records' blocks were written to, one journal write and one
-	// journal sync, shared by the puts (and a batch's blocks) in it.
+	// Commits counts the journal's commits: each one journal write and
+	// one journal sync, after a sync of every data file its records'
+	// blocks were written to (none for deletes and link records alone:
+	// Close's write of the links left), shared by the puts (and a batch's
+	// blocks) in it.
 	Commits uint64
 }
 
@@ -252,7 +259,7 @@ func Open(cfg Config) (*Store, error) {
 	s := &Store{
 		cfg:      cfg,
 		perFile:  int(cfg.FileBytes / int64(cfg.SlotBytes)),
-		entries:  map[Key]held{},
+		entries:  map[Key]journalled{},
 		busy:     map[uint32]int{},
 		requests: make(chan request, cfg.QueueDepth),
 		running:  make(chan struct{}, cfg.Workers),
@@ -342,18 +349,29 @@ func (s *Store) Has(k Key) bool {
 // put's, or a link record's once written: SetParent), the last named
 // last; after Open, as the journal has them.
 func (s *Store) Keys() []Key {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.keysLocked()
+	named := s.inOrder()
+	out := make([]Key, len(named))
+	for i, r := range named {
+		out[i] = r.key
+	}
+	return out
 }
 
-// keysLocked is Keys. s.mu is held.
-func (s *Store) keysLocked() []Key {
-	out := make([]Key, 0, len(s.entries))
-	for k := range s.entries {
-		out = append(out, k)
+// inOrder is a put record of each block the store holds, as held when
+// called, its seq the order of the record that last named the block
+// (journalled.order), sorted by it: Keys', and a compaction's (with seqs
+// of its own then). Only the copy is made under s.mu, in one pass over the
+// entries; the sort is not, so that the blocks' readers and writers, and
+// the tiers above that call the store under their own lock, do not wait
+// for the sort of a large store's blocks.
+func (s *Store) inOrder() []record {
+	s.mu.Lock()
+	out := make([]record, 0, len(s.entries))
+	for k, e := range s.entries {
+		out = append(out, record{op: opPut, seq: e.order, key: k, e: e.entry})
 	}
-	slices.SortFunc(out, func(a, b Key) int { return cmp.Compare(s.entries[a].order, s.entries[b].order) })
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b record) int { return cmp.Compare(a.seq, b.seq) })
 	return out
 }
 
@@ -375,7 +393,11 @@ func (s *Store) Parent(k Key) (uint64, bool) {
 // block keeps the parent it had). Once written, its record is the last
 // to name k, for Keys' order. False, and nothing kept, where the store
 // holds no block under k or is closed. Setting k's parent again before
-// the commit leaves one record, in the order of the last.
+// the commit leaves one record, in the order of the last. A SetParent
+// racing a put of k (Put, PutBatch, a Batch's Commit) may land on the copy
+// the put replaces, as if it came first: it returns true, and the put's
+// copy keeps the parent the put gave it (none where it gave none), journal
+// and memory alike.
 func (s *Store) SetParent(k Key, parent uint64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -890,7 +912,7 @@ func (s *Store) Gen(k Key) (uint64, bool) {
 
 // drop journals the delete of k if it still names e, the copy of e's
 // generation, and frees its slot; false if it does not.
-func (s *Store) drop(k Key, e held) bool {
+func (s *Store) drop(k Key, e journalled) bool {
 	s.mu.Lock()
 	cur, ok := s.entries[k]
 	if !ok || cur.gen != e.gen {
