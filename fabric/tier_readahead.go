@@ -48,19 +48,22 @@ import (
 // finds its block held, in copyDownBatch: linkHeld) is kept with its copy
 // where it changes the link (SetParent: a disk store journals it with its
 // next commit, or at Close; a crash before then loses it, the block
-// linked as before after a restart). So a restarted agent, recording each
-// block its disk tiers hold again, links it to its parent under the same
-// rules (relinkLocked), in the order each store's journal last named its
+// linked as before after a restart). So is a copier's link of a block it
+// placed that takes the parent's link from another block (copiers link
+// after their commits, not in their order: link), and a move down from
+// host memory puts a block below with its parent only where it is the
+// parent's child, and journals what changed during the move
+// (keepMovedLinkLocked). So a restarted agent, recording each block its
+// disk tiers hold again, links it to its parent under the same rules
+// (relinkLocked), in the order each store's journal last named its
 // blocks, and reads ahead at once: where a parent has two children in one
 // disk tier, the one placed or linked last keeps the link, as it did
-// while running. Two cases differ from the running agent: children in two
-// disk tiers (the tier listed later wins: the tiers are relinked in
-// turn), and a child moved down from host memory after its parent's link
-// went to another block (moveDown puts it with the parent it was linked
-// to, after the other's record, so it wins). A block whose copy was put
-// with no parent and never linked since (an offer with parent 0, such as
-// a RegisterBlocks's first block given no parent; a copy journalled
-// before parents were kept) has no link after a restart.
+// while running. Children in two disk tiers differ from the running
+// agent: the tier listed later wins (the tiers are relinked in turn). A
+// block whose copy was put with no parent and never linked since (an
+// offer with parent 0, such as a RegisterBlocks's first block given no
+// parent; a copy journalled before parents were kept) has no link after a
+// restart.
 //
 // A restore (Acquire's, Import's, Lookup's, Prefetch's) whose leading
 // blocks include one being read ahead waits until those have landed (or
@@ -182,7 +185,12 @@ func (r *aheadRun) settledLocked() {
 // tiers hold k: a block whose copy was just put with parent kept beside it
 // (parentItem). Where the copy held has another parent kept (a copy down
 // that found k placed in another tier meanwhile), its store keeps this
-// one too (keepLinkLocked).
+// one too (keepLinkLocked). Where the parent's child was another block,
+// the store journals the link again, so that a restart finds k the last
+// child named: copiers link their blocks after their commits and place,
+// not in the order they committed, so another child of the parent,
+// committed after k's put by another copier, may have been linked before
+// k (a restart, by the puts' order alone, kept that one).
 func (t *tiers) link(k disk.Key, parent uint64) { t.linkAs(k, parent, false) }
 
 // linkHeld is link of a block a tier held before its copy down (an offer
@@ -204,9 +212,15 @@ func (t *tiers) linkAs(k disk.Key, parent uint64, held bool) {
 		return
 	}
 	p, had := t.parentOf[k]
-	changed := !had || p != parent || t.child[disk.Key{Hash: parent, Tag: k.Tag}] != k.Hash
+	c, hadChild := t.child[disk.Key{Hash: parent, Tag: k.Tag}]
+	changed := !had || p != parent || c != k.Hash
+	// A block just put (not held) is journalled again only where it takes
+	// the parent's link from another block: its put's record is the last
+	// to name a child of the parent but where another copier's, committed
+	// after it, was linked first.
+	displaced := hadChild && c != k.Hash
 	t.linkLocked(k, parent)
-	t.keepLinkLocked(t.list[e.Value.(*tierEntry).tier], k, parent, held && changed)
+	t.keepLinkLocked(t.list[e.Value.(*tierEntry).tier], k, parent, displaced || held && changed)
 }
 
 // keepLinkLocked has d's store keep parent with k's copy where it keeps
