@@ -213,15 +213,21 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 		gen uint64
 	}
 	var ms []moving
-	parents := map[disk.Key]uint64{} // each one's link's parent, kept with its copy below
+	// Each one's link's parent, kept with its copy below: only where the
+	// block is the parent's child, as movedDown links it. One whose parent's
+	// link went to another block since goes with none, as it is left
+	// unlinked: a parent kept below, in a put after the other child's
+	// records, would make it the child a restart keeps.
+	parents := map[disk.Key]uint64{}
 	t.mu.Lock()
 	for e := t.lru(h.n).Front(); e != nil && len(ms) < n; e = e.Next() {
 		if e.Value.(*tierEntry).gone {
 			continue // being dropped: its dropper frees its slot
 		}
-		ms = append(ms, moving{k: e.Value.(*tierEntry).key, e: e})
-		if p, ok := t.parentOf[e.Value.(*tierEntry).key]; ok {
-			parents[e.Value.(*tierEntry).key] = p
+		k := e.Value.(*tierEntry).key
+		ms = append(ms, moving{k: k, e: e})
+		if p, ok := t.parentOf[k]; ok && t.child[disk.Key{Hash: p, Tag: k.Tag}] == k.Hash {
+			parents[k] = p
 		}
 	}
 	t.mu.Unlock()
@@ -379,6 +385,7 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		if linked {
 			t.linkLocked(k, parent) // the same block, moved
 		}
+		t.keepMovedLinkLocked(below, k, linked, parent)
 		moved = true
 	case from == -1:
 		t.recordLocked(below, k, length)
@@ -401,6 +408,39 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		// is gone: the copy below is recorded nowhere (dropSecond leaves
 		// it if below records it by now, not gone).
 		t.dropSecond(below, []disk.Key{k})
+	}
+}
+
+// keepMovedLinkLocked has the journal name k's link as the tiers keep it
+// now, k just moved to tier below with the parent moveDown found it linked
+// to (or none): the link may have changed since, during the move. Where k
+// is its parent's child now (linked), the store below keeps that parent
+// (keepLinkLocked: journalled where the copy keeps another or none). Where
+// it is not, and the copy below keeps a parent whose child is another block
+// the tiers hold (linked to it during the move, its link record perhaps
+// written before the move's put), that block's store journals its link
+// again, after the put: either way a restart keeps the child the running
+// agent has. t.mu is held.
+func (t *tiers) keepMovedLinkLocked(below *diskTier, k disk.Key, linked bool, parent uint64) {
+	if linked {
+		t.keepLinkLocked(below, k, parent, false)
+		return
+	}
+	st := below.store.Load()
+	if st == nil {
+		return
+	}
+	p, ok := st.Parent(k)
+	if !ok {
+		return
+	}
+	c, ok := t.child[disk.Key{Hash: p, Tag: k.Tag}]
+	if !ok || c == k.Hash {
+		return
+	}
+	ck := disk.Key{Hash: c, Tag: k.Tag}
+	if e, ok := t.pos[ck]; ok {
+		t.keepLinkLocked(t.list[e.Value.(*tierEntry).tier], ck, p, true)
 	}
 }
 

@@ -332,7 +332,7 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		out[i].key = k
 		if d := t.where(k); d != nil {
 			t.touch(k)
-			t.link(k, j.parent)
+			t.linkHeld(k, j.parent)
 			out[i].ok = true
 			t.dropTaken(j)
 			continue

@@ -39,23 +39,31 @@ import (
 //
 // Which block follows which is learnt from the copies down: the pool's
 // Offload hook gives each block's parent, and a block placed in a tier
-// links its parent to it. A link lives as long as its child's record in
-// the tiers (moved with it from the host tier to a disk tier, dropped
-// when it leaves them), so there is at most one per block held. The
-// parent is kept with the block's copy too (parentItem: written beside
-// it, and a disk store keeps it in the block's journal record), so that
-// a restarted agent, recording each block its disk tiers hold again,
-// links it to its parent under the same rules (relinkLocked) and reads
-// ahead at once. Where a parent has two children on disk, which one's
-// link a restart keeps is either's (while running, the last placed
-// wins). A link is kept on disk only as the parent its block's copy was
-// put with; so a block has none after a restart where its copy's put gave
-// none (an offer with parent 0, such as a RegisterBlocks's first block
-// given no parent; a copy journalled before parents were kept), and a
-// link made later for a block a tier held already (a copy down's t.link
-// of a block held, in copyDownBatch) is not journalled: a restart loses
-// it, linking the block as its put did, if at all. Such links come back
-// only as their blocks go down anew.
+// links its parent to it (the last linked wins). A link lives as long as
+// its child's record in the tiers (moved with it from the host tier to a
+// disk tier, dropped when it leaves them), so there is at most one per
+// block held. The parent is kept with the block's copy too (parentItem:
+// written beside it, and a disk store keeps it in the block's journal
+// record), and a link made later for a block a tier holds (an offer that
+// finds its block held, in copyDownBatch: linkHeld) is kept with its copy
+// where it changes the link (SetParent: a disk store journals it with its
+// next commit, or at Close; a crash before then loses it, the block
+// linked as before after a restart). So is a copier's link of a block it
+// placed that takes the parent's link from another block (copiers link
+// after their commits, not in their order: link), and a move down from
+// host memory puts a block below with its parent only where it is the
+// parent's child, and journals what changed during the move
+// (keepMovedLinkLocked). So a restarted agent, recording each block its
+// disk tiers hold again, links it to its parent under the same rules
+// (relinkLocked), in the order each store's journal last named its
+// blocks, and reads ahead at once: where a parent has two children in one
+// disk tier, the one placed or linked last keeps the link, as it did
+// while running. Children in two disk tiers differ from the running
+// agent: the tier listed later wins (the tiers are relinked in turn). A
+// block whose copy was put with no parent and never linked since (an
+// offer with parent 0, such as a RegisterBlocks's first block given no
+// parent; a copy journalled before parents were kept) has no link after a
+// restart.
 //
 // A restore (Acquire's, Import's, Lookup's, Prefetch's) whose leading
 // blocks include one being read ahead waits until those have landed (or
@@ -174,15 +182,59 @@ func (r *aheadRun) settledLocked() {
 }
 
 // link records that k's block follows parent in its sequence, if the
-// tiers hold k.
-func (t *tiers) link(k disk.Key, parent uint64) {
+// tiers hold k: a block whose copy was just put with parent kept beside it
+// (parentItem). Where the copy held has another parent kept (a copy down
+// that found k placed in another tier meanwhile), its store keeps this
+// one too (keepLinkLocked). Where the parent's child was another block,
+// the store journals the link again, so that a restart finds k the last
+// child named: copiers link their blocks after their commits and place,
+// not in the order they committed, so another child of the parent,
+// committed after k's put by another copier, may have been linked before
+// k (a restart, by the puts' order alone, kept that one).
+func (t *tiers) link(k disk.Key, parent uint64) { t.linkAs(k, parent, false) }
+
+// linkHeld is link of a block a tier held before its copy down (an offer
+// that found it held, in copyDownBatch): where the link changes (another
+// parent, or the parent's child another block), the store holding the
+// block keeps it too, so that a restart finds it, and finds it the last
+// link to its parent where it is (keepLinkLocked).
+func (t *tiers) linkHeld(k disk.Key, parent uint64) { t.linkAs(k, parent, true) }
+
+// linkAs is link, or linkHeld where held.
+func (t *tiers) linkAs(k disk.Key, parent uint64, held bool) {
 	if !linkable(k, parent) {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.pos[k]; ok {
-		t.linkLocked(k, parent)
+	e, ok := t.pos[k]
+	if !ok {
+		return
+	}
+	p, had := t.parentOf[k]
+	c, hadChild := t.child[disk.Key{Hash: parent, Tag: k.Tag}]
+	changed := !had || p != parent || c != k.Hash
+	// A block just put (not held) is journalled again only where it takes
+	// the parent's link from another block: its put's record is the last
+	// to name a child of the parent but where another copier's, committed
+	// after it, was linked first.
+	displaced := hadChild && c != k.Hash
+	t.linkLocked(k, parent)
+	t.keepLinkLocked(t.list[e.Value.(*tierEntry).tier], k, parent, displaced || held && changed)
+}
+
+// keepLinkLocked has d's store keep parent with k's copy where it keeps
+// another (or none), or where always: SetParent, which a disk store
+// journals with its next commit, its record then the last to name k (a
+// restart relinks the blocks in that order: relinkLocked), and which a
+// crash before that commit loses. t.mu is held.
+func (t *tiers) keepLinkLocked(d *diskTier, k disk.Key, parent uint64, always bool) {
+	st := d.store.Load()
+	if st == nil {
+		return
+	}
+	if kept, ok := st.Parent(k); always || !ok || kept != parent {
+		st.SetParent(k, parent)
 	}
 }
 
@@ -206,9 +258,11 @@ func keepParent(batch tierPuts, items []disk.PutItem) {
 }
 
 // relinkLocked links k, recorded from st (a disk tier's store) as a
-// restarted agent finds it, to the parent st kept with it, if any: the links of
-// the blocks a disk tier holds outlive the agent, as the blocks do.
-// t.mu is held.
+// restarted agent finds it, to the parent st kept with it, if any: the
+// links of the blocks a disk tier holds outlive the agent, as the blocks
+// do. Called for st's blocks in the order of disk.Store.Keys (the order
+// their journal records last named them), so that of two children of one
+// parent the one named last keeps the link. t.mu is held.
 func (t *tiers) relinkLocked(st *disk.Store, k disk.Key) {
 	if p, ok := st.Parent(k); ok && linkable(k, p) {
 		t.linkLocked(k, p)

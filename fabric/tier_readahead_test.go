@@ -15,6 +15,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/wait"
+	"github.com/kvfabric/kvfabric/layout"
 )
 
 // readAheadAgent is an agent with a disk tier reading ahead up to
@@ -1003,18 +1004,36 @@ func idleReaderAhead(t *testing.T, a *fabric.Agent, c *client.Client, writer *cl
 // hashes.
 func aheadOnDisk(t *testing.T, name, dir string, n int, writer func(a *fabric.Agent, set *client.BlockSet, hashes []uint64)) (*fabric.Agent, []uint64) {
 	t.Helper()
+	return aheadStored(t, name, dir, n, func(a *fabric.Agent, c *client.Client, set *client.BlockSet) []uint64 {
+		hashes := storeThrough(t, c, set, n, a)
+		if writer != nil {
+			writer(a, set, hashes)
+		}
+		return hashes
+	})
+}
+
+// aheadAgent starts an agent named name with a disk tier in dir, reading
+// 8 blocks ahead, whose sets are freed 50 ms after their last session
+// ended, their blocks copied down (kept as no cache).
+func aheadAgent(t *testing.T, name, dir string) *fabric.Agent {
+	t.Helper()
 	cfg := testConfig(t, name)
 	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
 	cfg.TierReadAhead = 8
 	cfg.BlockSetGrace = 50 * time.Millisecond
 	cfg.NoOrphanCache = true
-	a := startAgent(t, cfg)
+	return startAgent(t, cfg)
+}
+
+// aheadStored is aheadOnDisk with the n blocks stored by store, through
+// the writer's client c and set (the blocks' hashes returned).
+func aheadStored(t *testing.T, name, dir string, n int, store func(a *fabric.Agent, c *client.Client, set *client.BlockSet) []uint64) (*fabric.Agent, []uint64) {
+	t.Helper()
+	a := aheadAgent(t, name, dir)
 	wc := newClient(t, a)
 	set := register(t, wc, tierEngine)
-	hashes := storeThrough(t, wc, set, n, a)
-	if writer != nil {
-		writer(a, set, hashes)
-	}
+	hashes := store(a, wc, set)
 	wc.Close()
 	c := newClient(t, a)
 	defer c.Close()
@@ -1223,5 +1242,166 @@ func TestTierReadAheadAfterARestartWithLoopedParents(t *testing.T) {
 		if !fabric.BlockSetHolds(a2, set.ID, hashes[i]) {
 			t.Fatalf("block %d was not read ahead", i)
 		}
+	}
+}
+
+// putDown registers hashes in the set of a new client of a (the tier
+// engine's, which no other session may use), their contents ids first on,
+// the first after parent (none where 0), and closes the client: the set
+// freed, its blocks are offered to the tiers, each naming its parent. It
+// waits for that and for the copies down.
+func putDown(t *testing.T, a *fabric.Agent, hashes []uint64, first, parent uint64) {
+	t.Helper()
+	ctx := context.Background()
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	slots, err := c.Allocate(ctx, set.ID, len(hashes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range slots {
+		mappedSlots{set}.fill(int(s), first+uint64(i))
+	}
+	req := &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes}
+	if parent != 0 {
+		req.Parent, req.ParentSet = parent, true
+	}
+	resp, err := c.API().RegisterBlocks(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := make([]uint32, len(resp.Blocks))
+	for i, b := range resp.Blocks {
+		rel[i] = b.Slot
+	}
+	if err := c.Release(ctx, set.ID, rel); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	s := newClient(t, a)
+	defer s.Close()
+	wait.For(t, 30*time.Second, "the set freed", func() error {
+		st, err := s.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if len(st.BlockSets) != 0 {
+			return fmt.Errorf("%d block sets", len(st.BlockSets))
+		}
+		return nil
+	})
+	waitCopies(t, a)
+}
+
+// childAfter checks that a's tiers link want to parent (block set
+// shape of the tier engine's, through a client of its own).
+func childAfter(t *testing.T, a *fabric.Agent, parent, want uint64, what string) {
+	t.Helper()
+	c := newClient(t, a)
+	defer c.Close()
+	set := registerReader(t, c)
+	if got, ok := fabric.TierChild(a, set.ID, parent); !ok || got != want {
+		t.Fatalf("%s: the child of %x is %x (%v); want %x", what, parent, got, ok, want)
+	}
+}
+
+// seqHashes is the hashes storeThrough gives n blocks.
+func seqHashes(n int) []uint64 {
+	tokens := make([]uint32, 16*n)
+	for i := range tokens {
+		tokens[i] = uint32(i*13 + 5)
+	}
+	h, _ := layout.NewHasher(16, layout.HashOptions{})
+	var hashes []uint64
+	for _, b := range h.Sequence(tokens) {
+		hashes = append(hashes, b.Sequence)
+	}
+	return hashes
+}
+
+// A link made after its block went down (an offer of a block a tier
+// holds, naming a parent its copy was put without) outlives the agent: a
+// restarted agent finds it (its store journalled it: SetParent), and an
+// Acquire of the parent's run reads the block's run ahead.
+func TestTierReadAheadAfterARestartKeepsALinkMadeLater(t *testing.T) {
+	const n = 16
+	dir := tierDir(t)
+	hashes := seqHashes(n)
+	a := aheadAgent(t, "aheadlater", dir)
+	// Blocks 8..15 go down first with block 8 given no parent, then
+	// 0..7; then 8..15 are offered again, block 8 after 7.
+	putDown(t, a, hashes[8:], 9, 0)
+	putDown(t, a, hashes[:8], 1, 0)
+	if got := fabric.TierLinks(a); got != n-2 {
+		t.Fatalf("%d links before block 8's parent was named; want %d", got, n-2)
+	}
+	putDown(t, a, hashes[8:], 9, hashes[7])
+	if got := fabric.TierLinks(a); got != n-1 {
+		t.Fatalf("%d links once block 8's parent was named; want %d", got, n-1)
+	}
+	a.Close()
+
+	a2 := aheadRestarted(t, "aheadlater", dir)
+	if got := fabric.TierLinks(a2); got != n-1 {
+		t.Fatalf("%d links after a restart; want %d, block 8's to 7 among them", got, n-1)
+	}
+	c2 := newClient(t, a2)
+	set := registerReader(t, c2)
+	acquireRun(t, c2, set, hashes[:8], 1)
+	waitReadAheads(t, a2, 1)
+	for i := 8; i < 16; i++ {
+		if !fabric.BlockSetHolds(a2, set.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead after a restart", i)
+		}
+	}
+	acquireRun(t, c2, set, hashes[8:], 9)
+	if m := readAheadMetrics(a2); m.ReadAhead != 8 || m.ReadAheadHits != 8 {
+		t.Fatalf("after a restart: %d read ahead, %d hits; want 8, 8", m.ReadAhead, m.ReadAheadHits)
+	}
+}
+
+// Where a parent has two children on disk, a restart keeps the link of
+// the one placed or linked last, as the running agent does, every time: a
+// block put after the parent's first child wins; then the first child,
+// offered again after that parent (linked again, and journalled), wins.
+func TestTierReadAheadAfterARestartLastChildWins(t *testing.T) {
+	const (
+		n        = 16
+		restarts = 5
+	)
+	dir := tierDir(t)
+	hashes := seqHashes(n + 1)
+	other := hashes[n] ^ 0x5a5a5a5a // no block of the sequence's
+	a := aheadAgent(t, "aheadlast", dir)
+	putDown(t, a, hashes[:n], 1, 0)
+	putDown(t, a, []uint64{other}, 100, hashes[7])
+	childAfter(t, a, hashes[7], other, "running, the block put last")
+	a.Close()
+	// restarted restarts the agent, restarts times, and checks block 7's
+	// child each time; it returns the last agent, running.
+	restarted := func(want uint64, what string) *fabric.Agent {
+		t.Helper()
+		for i := 1; ; i++ {
+			a := aheadAgent(t, "aheadlast", dir)
+			childAfter(t, a, hashes[7], want, fmt.Sprintf("restart %d, %s", i, what))
+			if i == restarts {
+				return a
+			}
+			a.Close()
+		}
+	}
+	a2 := restarted(other, "the block put last")
+	// Block 8 offered again after block 7: linked to it again.
+	putDown(t, a2, hashes[8:9], 9, hashes[7])
+	childAfter(t, a2, hashes[7], hashes[8], "running, block 8 linked again")
+	a2.Close()
+	a3 := restarted(hashes[8], "block 8 linked last")
+	// The read-ahead after block 7 follows the link kept.
+	c3 := newClient(t, a3)
+	set := registerReader(t, c3)
+	acquireRun(t, c3, set, hashes[:8], 1)
+	waitReadAheads(t, a3, 1)
+	if !fabric.BlockSetHolds(a3, set.ID, hashes[8]) || fabric.BlockSetHolds(a3, set.ID, other) {
+		t.Fatal("the read-ahead after block 7 did not follow block 8, its child linked last")
 	}
 }

@@ -26,6 +26,10 @@ type tierStore interface {
 	Delete(k disk.Key) error
 	DeleteIf(k disk.Key, gen uint64) error
 	Has(k disk.Key) bool
+	// Parent is the parent kept with k's copy; SetParent keeps another
+	// with the copy held (a disk store journals it with its next commit).
+	Parent(k disk.Key) (uint64, bool)
+	SetParent(k disk.Key, parent uint64) bool
 	Free() int
 	Keys() []disk.Key
 	Stats() disk.Stats

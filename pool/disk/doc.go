@@ -18,8 +18,11 @@
 //	offset  size  field
 //	0       4     magic "KVFJ"
 //	4       1     op: 1 put, 2 delete
-//	5       1     flags: bit 0, a parent in bytes 48..55 (other bits
-//	              ignored; zero in a journal written before parents)
+//	5       1     flags: bit 0, a parent in bytes 48..55; bit 1, with
+//	              op 1 and bit 0, a link record (below); op 1 with bit
+//	              1 but not bit 0 is never written, and ignored (a
+//	              version that ignores bit 1 reads it as a put); other
+//	              bits ignored (zero in a journal written before parents)
 //	6       2     reserved, zero
 //	8       8     sequence number, increasing
 //	16      8     block hash
@@ -35,12 +38,29 @@
 // A block's parent is the caller's (the tiers above learn from it which
 // block follows which, to read ahead, after a restart too): kept with the
 // block while it is held, in its put's record and in a compacted
-// journal's, and returned by Parent. A delete names its block by slot,
-// length and checksum, not by its parent (its record's bytes 5 and 48..55
-// are zero). A journal written before parents were kept replays as it
-// did, its blocks with none; one written with them is read by such a
-// version, which ignores them, and drops the parent of each block it
-// writes a record of again (its compaction, a put of the block anew).
+// journal's, and returned by Parent. SetParent gives a block held another
+// (or a first) parent: a link record, a put record that restates the
+// block held (its slot, length and checksum) with flags bits 0 and 1 and
+// the new parent, written with the next commit (a put's, a delete's, or
+// Close's), in its write and sync; SetParent writes nothing itself, so a
+// crash before that commit loses the parent it set. A replay applies a
+// link record only whole (its checksum, as every record's) and only to the
+// block it restates, the one held under its key then, and only with a
+// parent; any other it ignores (counted in the log), replaying the records
+// after it. A delete names its block by slot, length and checksum, not by
+// its parent (its record's bytes 5 and 48..55 are zero). A journal written
+// before parents were kept replays as it did, its blocks with none; one
+// written with them is read by such a version, which ignores them (a link
+// record it reads as a put of the block again), and drops the parent of
+// each block it writes a record of again (its compaction, a put of the
+// block anew).
+//
+// Keys lists the blocks in the order of the records that last named them
+// (a put's, or a link record's), as the journal has them after Open; a
+// compaction writes the live blocks' records in that order, so it keeps
+// the order as well as the parents. The tiers above relink a restarted
+// store's blocks in that order, so that where two blocks name one parent,
+// the one named last wins.
 //
 // # Crash consistency
 //

@@ -1,11 +1,13 @@
 package disk
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
@@ -19,6 +21,12 @@ const (
 	// parent (entry.parent). A journal written before parents were kept
 	// has the byte zero: its blocks have none. Other bits are ignored.
 	flagParent = 1
+	// flagLink, in a put record's byte 5 beside flagParent: a link
+	// record (Store.SetParent), which sets the parent of the block it
+	// restates (its slot, length and checksum as held when it was
+	// written) and makes no new copy. A version that ignores the bit
+	// replays it as the put of the same block again.
+	flagLink = 2
 	// compactAfter: the journal is rewritten with only the live blocks
 	// once it holds this many records and four times as many as blocks.
 	compactAfter = 4096
@@ -29,6 +37,8 @@ type record struct {
 	seq uint64
 	key Key
 	e   entry
+	// link: a link record (flagLink), its parent in e.
+	link bool
 }
 
 func (r record) encode() [recordBytes]byte {
@@ -38,6 +48,9 @@ func (r record) encode() [recordBytes]byte {
 	if r.e.hasParent {
 		b[5] = flagParent
 		binary.LittleEndian.PutUint64(b[48:], r.e.parent)
+	}
+	if r.link {
+		b[5] |= flagLink
 	}
 	binary.LittleEndian.PutUint64(b[8:], r.seq)
 	binary.LittleEndian.PutUint64(b[16:], r.key.Hash)
@@ -68,6 +81,7 @@ func decodeRecord(b []byte) (record, bool) {
 	if b[5]&flagParent != 0 {
 		r.e.parent, r.e.hasParent = binary.LittleEndian.Uint64(b[48:]), true
 	}
+	r.link = b[5]&flagLink != 0
 	return r, r.op == opPut || r.op == opDelete
 }
 
@@ -89,7 +103,7 @@ func (s *Store) replay() error {
 	s.journal = f
 	var good int64
 	var buf [recordBytes]byte
-	dropped := 0
+	dropped, ignored := 0, 0
 	owner := map[uint32]Key{}
 	for {
 		if _, err := io.ReadFull(f, buf[:]); err != nil {
@@ -102,8 +116,18 @@ func (s *Store) replay() error {
 		good += recordBytes
 		s.seq = r.seq
 		s.jrecords++
-		switch r.op {
-		case opPut:
+		switch {
+		case r.op == opPut && r.link:
+			// A link record sets the parent of the block it restates,
+			// only while that is the block held, and only with a parent.
+			cur, ok := s.entries[r.key]
+			if !ok || !r.e.hasParent || !sameBlock(cur.entry, r.e) {
+				ignored++
+				continue
+			}
+			cur.parent, cur.hasParent, cur.order = r.e.parent, true, r.seq
+			s.entries[r.key] = cur
+		case r.op == opPut:
 			if int(r.e.slot) >= s.slots || int(r.e.length) > s.cfg.SlotBytes || r.e.length == 0 {
 				// A store reopened smaller, or a record we did not write.
 				dropped++
@@ -121,8 +145,8 @@ func (s *Store) replay() error {
 			}
 			owner[r.e.slot] = r.key
 			s.gen++
-			s.entries[r.key] = held{r.e, s.gen}
-		case opDelete:
+			s.entries[r.key] = journalled{held: held{entry: r.e, gen: s.gen}, order: r.seq}
+		case r.op == opDelete:
 			// A delete names the block it removed: a put of the same key
 			// committed in the same group, before it, stays. Its parent
 			// is no part of the name: a delete journalled by a version
@@ -148,7 +172,7 @@ func (s *Store) replay() error {
 		}
 	}
 	s.cfg.Logger.Info("disk tier opened", "dir", s.cfg.Dir, "blocks", len(s.entries), "slots", s.slots,
-		"records", s.jrecords, "dropped", dropped)
+		"records", s.jrecords, "dropped", dropped, "links ignored", ignored)
 	s.records.Store(int64(s.jrecords))
 	return nil
 }
@@ -217,25 +241,23 @@ func (s *Store) commitLocked(batch []*waiter) error {
 	if f := s.beforeJournal; f != nil {
 		f()
 	}
-	buf := make([]byte, 0, n*recordBytes)
+	// The links set since the last commit go first, restating the
+	// blocks held before this group's records change any.
+	buf, links, taken := s.linkRecordsLocked(n)
+	seqs := make([]uint64, 0, n)
 	for _, w := range batch {
 		for _, r := range w.recs {
 			s.seq++
+			seqs = append(seqs, s.seq)
 			b := record{op: r.op, seq: s.seq, key: r.key, e: r.e}.encode()
 			buf = append(buf, b[:]...)
 		}
 	}
-	off, err := s.journal.Seek(0, io.SeekCurrent)
-	if err != nil {
-		return fmt.Errorf("disk: journal: %w", err)
+	if err := s.writeJournalLocked(buf); err != nil {
+		s.requeueLinks(taken)
+		return err
 	}
-	if _, err := s.journal.Write(buf); err != nil {
-		return s.cutBackLocked(off, fmt.Errorf("disk: journal: %w", err))
-	}
-	if err := unix.Fdatasync(int(s.journal.Fd())); err != nil {
-		return s.cutBackLocked(off, fmt.Errorf("disk: journal: fdatasync: %w", err))
-	}
-	s.jrecords += n
+	s.jrecords += n + len(links)
 	s.records.Store(int64(s.jrecords))
 	s.stats.commits.Add(1)
 	// The group's puts take effect here, in the journal's order and
@@ -243,14 +265,17 @@ func (s *Store) commitLocked(batch []*waiter) error {
 	// compacted journal, then hold what memory holds. (A delete left
 	// memory before its record was written.)
 	s.mu.Lock()
+	s.linkedLocked(links)
+	i := -1
 	for _, w := range batch {
 		for _, r := range w.recs {
+			i++
 			if r.op != opPut {
 				continue
 			}
 			old, had := s.entries[r.key]
 			s.gen++
-			s.entries[r.key] = held{r.e, s.gen}
+			s.entries[r.key] = journalled{held: held{entry: r.e, gen: s.gen}, order: seqs[i]}
 			if had {
 				s.releaseSlotLocked(old.slot)
 			}
@@ -263,6 +288,122 @@ func (s *Store) commitLocked(batch []*waiter) error {
 			s.cfg.Logger.Warn("disk tier: journal compaction failed; the journal keeps growing", "err", err)
 		}
 	}
+	return nil
+}
+
+// writeJournalLocked appends buf to the journal and syncs it; a write or
+// sync that fails is cut back (cutBackLocked). Called with jmu held.
+func (s *Store) writeJournalLocked(buf []byte) error {
+	off, err := s.journal.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return fmt.Errorf("disk: journal: %w", err)
+	}
+	if _, err := s.journal.Write(buf); err != nil {
+		return s.cutBackLocked(off, fmt.Errorf("disk: journal: %w", err))
+	}
+	if err := unix.Fdatasync(int(s.journal.Fd())); err != nil {
+		return s.cutBackLocked(off, fmt.Errorf("disk: journal: fdatasync: %w", err))
+	}
+	return nil
+}
+
+// linkWritten is a link record encoded for the copy of generation gen
+// held under key: seq is its sequence number, the copy's order once the
+// record is written (linkedLocked).
+type linkWritten struct {
+	key      Key
+	gen, seq uint64
+}
+
+// linkRecordsLocked takes the links SetParent set since the last commit
+// and encodes a link record of each, in the order set, into a buffer with
+// room for more records after them: each restates the block held under its
+// key now, with the parent set (a block no longer held has none; its delete
+// is journalled after). It returns the buffer, the records it holds, and
+// the links taken (to give back to the next commit where this one's write
+// fails: requeueLinks). The copies' order is the caller's to set once the
+// write succeeded (linkedLocked). Called with jmu held.
+func (s *Store) linkRecordsLocked(more int) ([]byte, []linkWritten, map[Key]uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	taken := s.links
+	s.links = nil
+	keys := make([]Key, 0, len(taken))
+	for k := range taken {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b Key) int { return cmp.Compare(taken[a], taken[b]) })
+	buf := make([]byte, 0, (len(keys)+more)*recordBytes)
+	var written []linkWritten
+	for _, k := range keys {
+		e, ok := s.entries[k]
+		if !ok || !e.hasParent {
+			continue
+		}
+		s.seq++
+		b := record{op: opPut, seq: s.seq, key: k, e: e.entry, link: true}.encode()
+		buf = append(buf, b[:]...)
+		written = append(written, linkWritten{key: k, gen: e.gen, seq: s.seq})
+	}
+	return buf, written, taken
+}
+
+// linkedLocked makes the link records written the last to name their
+// copies, for Keys' order: each copy still held, of the generation its
+// record restated (a put since made another, with an order of its own).
+// s.mu is held.
+func (s *Store) linkedLocked(written []linkWritten) {
+	for _, w := range written {
+		if e, ok := s.entries[w.key]; ok && e.gen == w.gen {
+			e.order = w.seq
+			s.entries[w.key] = e
+		}
+	}
+}
+
+// requeueLinks gives the links of a commit whose write failed back to the
+// next commit, each with the number it was set in: they are written before
+// the links set since, as they were set before them, and a key set again
+// since keeps its later number (its entry holds the later parent either
+// way).
+func (s *Store) requeueLinks(taken map[Key]uint64) {
+	if len(taken) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.links == nil {
+		s.links = map[Key]uint64{}
+	}
+	for k, o := range taken {
+		if _, ok := s.links[k]; !ok {
+			s.links[k] = o
+		}
+	}
+}
+
+// flushLinksLocked writes the link records SetParent left for the next
+// commit, with a sync: Close's, so that a store closed keeps every link
+// set. It counts as a commit (Stats.Commits): a journal write and sync
+// with no data file to sync. Called with jmu held.
+func (s *Store) flushLinksLocked() error {
+	buf, written, taken := s.linkRecordsLocked(0)
+	if len(written) == 0 {
+		return nil
+	}
+	if s.jerr != nil {
+		return s.jerr
+	}
+	if err := s.writeJournalLocked(buf); err != nil {
+		s.requeueLinks(taken)
+		return err
+	}
+	s.jrecords += len(written)
+	s.records.Store(int64(s.jrecords))
+	s.stats.commits.Add(1)
+	s.mu.Lock()
+	s.linkedLocked(written)
+	s.mu.Unlock()
 	return nil
 }
 
@@ -288,17 +429,24 @@ func (s *Store) cutBackLocked(off int64, err error) error {
 	return err
 }
 
-// compactLocked writes the live blocks' records to journal.new and renames
-// it over the journal. Called with jmu held; puts and deletes that are not
-// yet journalled wait for jmu, so the snapshot is exact.
+// compactLocked writes the live blocks' records to journal.new, in the
+// order of the records that last named them (inOrder), each with its
+// latest parent, and renames it over the journal. Called with jmu held:
+// puts wait for it to enter the entries (commitLocked), so none enters or
+// leaves them meanwhile. inOrder copies the entries under s.mu, in one
+// pass, and sorts the copy after letting go of it: what the copy holds is
+// the store as it was then, whatever changes after. A block deleted after
+// the copy is in it, and its delete's record, waiting for jmu, follows
+// the compacted ones; one deleted before it is not, and the record of its
+// delete, naming a block the journal no longer holds, is ignored by a
+// replay. A parent SetParent sets after the copy goes in a link record
+// with the next commit, after the compacted ones.
 func (s *Store) compactLocked() error {
-	s.mu.Lock()
-	snapshot := make([]record, 0, len(s.entries))
-	for k, e := range s.entries {
+	snapshot := s.inOrder()
+	for i := range snapshot {
 		s.seq++
-		snapshot = append(snapshot, record{op: opPut, seq: s.seq, key: k, e: e.entry})
+		snapshot[i].seq = s.seq
 	}
-	s.mu.Unlock()
 	path := s.journalPath() + ".new"
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {

@@ -121,8 +121,9 @@ func (s *MemStore) Keys() []Key {
 	return out
 }
 
-// Parent is the parent kept with the block under k (MemBatch.SetParent),
-// if the store holds k and its put gave one. The host tier's puts give
+// Parent is the parent kept with the block under k (MemBatch.SetParent,
+// SetParent), if the store holds k and its put, or a SetParent since,
+// gave one. The host tier's puts give
 // one as a disk tier's do, through the batch interface both stores share
 // (the fabric's tierPuts), but nothing reads it back but tests: a block
 // moved down takes its parent from the tiers' links, not from here.
@@ -131,6 +132,22 @@ func (s *MemStore) Parent(k Key) (uint64, bool) {
 	defer s.mu.Unlock()
 	e, ok := s.entries[k]
 	return e.parent, ok && e.hasParent
+}
+
+// SetParent keeps parent with the block the store holds under k, as
+// Store.SetParent does (in memory only): Parent returns it from now on.
+// False, and nothing kept, where the store holds no block under k or is
+// closed.
+func (s *MemStore) SetParent(k Key, parent uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[k]
+	if s.closed || !ok {
+		return false
+	}
+	e.parent, e.hasParent = parent, true
+	s.entries[k] = e
+	return true
 }
 
 // Stats returns the store's counters (no journal: JournalRecords and
@@ -343,7 +360,7 @@ func (s *MemStore) DeleteIf(k Key, gen uint64) error {
 func (s *MemStore) drop(k Key, e held) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if cur, ok := s.entries[k]; !ok || cur != e {
+	if cur, ok := s.entries[k]; !ok || cur.gen != e.gen {
 		return false
 	}
 	delete(s.entries, k)
@@ -539,7 +556,7 @@ func (b *MemBatch) Commit() []error {
 			s.releaseSlotLocked(old.slot)
 		}
 		s.gen++
-		s.entries[it.key] = held{it.e, s.gen}
+		s.entries[it.key] = held{entry: it.e, gen: s.gen}
 		s.stats.puts.Add(1)
 		s.stats.bytesWritten.Add(uint64(it.e.length))
 	}

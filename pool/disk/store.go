@@ -1,12 +1,14 @@
 package disk
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -166,6 +168,15 @@ type held struct {
 	gen uint64
 }
 
+// journalled is a Store's copy: held, and the order of the journal
+// record that last named it (its sequence number): its put's, or a link
+// record's (SetParent) once written. Keys lists the blocks in its order.
+// A MemStore keeps no journal, nor the order.
+type journalled struct {
+	held
+	order uint64
+}
+
 // Store is a disk tier. Its methods may be called concurrently.
 type Store struct {
 	cfg      Config
@@ -198,7 +209,7 @@ type Store struct {
 
 	mu      sync.Mutex
 	closed  bool
-	entries map[Key]held
+	entries map[Key]journalled
 	free    []uint32
 	busy    map[uint32]int // slots being read: not reused until done
 	// gen is the last generation given to a copy: as a commit's puts
@@ -206,6 +217,11 @@ type Store struct {
 	// memory only, not journaled: a generation names a copy while the
 	// store is open.
 	gen uint64
+	// links, under mu, are the keys whose parent SetParent set since the
+	// last commit, each with the order it was set in (lastLink counts):
+	// the next commit journals them.
+	links    map[Key]uint64
+	lastLink uint64
 
 	stats struct {
 		puts, gets, deletes, corrupt, bytesWritten, bytesRead, commits atomic.Uint64
@@ -222,9 +238,11 @@ type Stats struct {
 	Puts, Gets, Deletes, Corrupt uint64
 	BytesWritten, BytesRead      uint64
 	JournalRecords               int
-	// Commits counts the journal's commits: each a sync of every data file
-	// its records' blocks were written to, one journal write and one
-	// journal sync, shared by the puts (and a batch's blocks) in it.
+	// Commits counts the journal's commits: each one journal write and
+	// one journal sync, after a sync of every data file its records'
+	// blocks were written to (none for deletes and link records alone:
+	// Close's write of the links left), shared by the puts (and a batch's
+	// blocks) in it.
 	Commits uint64
 }
 
@@ -241,7 +259,7 @@ func Open(cfg Config) (*Store, error) {
 	s := &Store{
 		cfg:      cfg,
 		perFile:  int(cfg.FileBytes / int64(cfg.SlotBytes)),
-		entries:  map[Key]held{},
+		entries:  map[Key]journalled{},
 		busy:     map[uint32]int{},
 		requests: make(chan request, cfg.QueueDepth),
 		running:  make(chan struct{}, cfg.Workers),
@@ -327,24 +345,74 @@ func (s *Store) Has(k Key) bool {
 
 // Keys lists the blocks the store holds (after Open: those found again);
 // after Close, those it held (unlike Has and Gen, which then report none).
+// They come in the order of the journal records that last named them (a
+// put's, or a link record's once written: SetParent), the last named
+// last; after Open, as the journal has them.
 func (s *Store) Keys() []Key {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Key, 0, len(s.entries))
-	for k := range s.entries {
-		out = append(out, k)
+	named := s.inOrder()
+	out := make([]Key, len(named))
+	for i, r := range named {
+		out[i] = r.key
 	}
 	return out
 }
 
-// Parent is the parent kept with the block under k (Batch.SetParent), if
-// the store holds k and its put gave one: after Open, as its journal
-// record has it.
+// inOrder is a put record of each block the store holds, as held when
+// called, its seq the order of the record that last named the block
+// (journalled.order), sorted by it: Keys', and a compaction's (with seqs
+// of its own then). Only the copy is made under s.mu, in one pass over the
+// entries; the sort is not, so that the blocks' readers and writers, and
+// the tiers above that call the store under their own lock, do not wait
+// for the sort of a large store's blocks.
+func (s *Store) inOrder() []record {
+	s.mu.Lock()
+	out := make([]record, 0, len(s.entries))
+	for k, e := range s.entries {
+		out = append(out, record{op: opPut, seq: e.order, key: k, e: e.entry})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b record) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+// Parent is the parent kept with the block under k (Batch.SetParent,
+// SetParent), if the store holds k and its put, or a SetParent since,
+// gave one: after Open, as its journal records have it.
 func (s *Store) Parent(k Key) (uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.entries[k]
 	return e.parent, ok && e.hasParent
+}
+
+// SetParent keeps parent with the block the store holds under k, as
+// Batch.SetParent does at a put: Parent returns it from now on, and a
+// link record of it is journalled with the next commit (a put's, a
+// delete's, or Close's), sharing its write and sync; SetParent itself
+// neither writes nor waits. A crash before that commit loses it (the
+// block keeps the parent it had). Once written, its record is the last
+// to name k, for Keys' order. False, and nothing kept, where the store
+// holds no block under k or is closed. Setting k's parent again before
+// the commit leaves one record, in the order of the last. A SetParent
+// racing a put of k (Put, PutBatch, a Batch's Commit) may land on the copy
+// the put replaces, as if it came first: it returns true, and the put's
+// copy keeps the parent the put gave it (none where it gave none), journal
+// and memory alike.
+func (s *Store) SetParent(k Key, parent uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[k]
+	if s.closed || !ok {
+		return false
+	}
+	e.parent, e.hasParent = parent, true
+	s.entries[k] = e
+	if s.links == nil {
+		s.links = map[Key]uint64{}
+	}
+	s.lastLink++
+	s.links[k] = s.lastLink
+	return true
 }
 
 // Stats returns the store's counters.
@@ -565,8 +633,8 @@ func (b *Batch) wait(it *batchItem) error {
 // SetParent keeps parent with item i's block (in the order added; i <
 // Len(), as for Wait, Replace and Drop): the hash of the block it follows
 // in its sequence, under the same Tag, which Parent returns for as long
-// as the store holds the block, after a restart too (the block's journal
-// record holds it). Before Commit; an item that is not put keeps nothing.
+// as the store holds the block (until SetParent sets another), after a
+// restart too (the block's journal record holds it). Before Commit; an item that is not put keeps nothing.
 func (b *Batch) SetParent(i int, parent uint64) {
 	b.items[i].e.parent, b.items[i].e.hasParent = parent, true
 }
@@ -844,10 +912,10 @@ func (s *Store) Gen(k Key) (uint64, bool) {
 
 // drop journals the delete of k if it still names e, the copy of e's
 // generation, and frees its slot; false if it does not.
-func (s *Store) drop(k Key, e held) bool {
+func (s *Store) drop(k Key, e journalled) bool {
 	s.mu.Lock()
 	cur, ok := s.entries[k]
-	if !ok || cur != e {
+	if !ok || cur.gen != e.gen {
 		s.mu.Unlock()
 		return false
 	}
@@ -921,7 +989,7 @@ func (s *Store) Close() error {
 		errs = append(errs, f.Close())
 	}
 	s.jmu.Lock()
-	errs = append(errs, s.journal.Close())
+	errs = append(errs, s.flushLinksLocked(), s.journal.Close())
 	s.jmu.Unlock()
 	return errors.Join(errs...)
 }
