@@ -38,6 +38,11 @@
 // ([Index.Node]): events of an older run than the indexed one are refused,
 // and a newer run replaces the older one's entries.
 //
+// One node's entries are bounded too: past [Config].MaxNodeBlocks distinct
+// hashes, its stores of hashes it does not hold yet are refused
+// ([ErrNodeFull]) and counted, so that a node announcing made-up hashes
+// cannot fill the index for the others.
+//
 // # Owned slices
 //
 // Past the cluster size where every node can keep the whole index, each
@@ -81,7 +86,20 @@ type Config struct {
 	// Shards is the number of independently locked shards, a power of two.
 	// If zero, 64.
 	Shards int
+	// MaxNodeBlocks is the most distinct hashes the index holds for one
+	// node: past it, [Index.Store] stores no hash that the node does not
+	// hold already (it counts more copies of those it does), so that a
+	// node that sends endless stores of made-up hashes costs this index a
+	// bounded share of its memory, and the others' entries still fit. If
+	// zero, DefaultMaxNodeBlocks.
+	MaxNodeBlocks int64
 }
+
+// DefaultMaxNodeBlocks is the default Config.MaxNodeBlocks: far above the
+// blocks one node's pools and tiers hold at any block size a model uses
+// (8 TiB of tiers in blocks of 128 KiB), and about 1 GiB of this index's
+// memory.
+const DefaultMaxNodeBlocks = 1 << 26
 
 // DefaultConfig returns a Config with 64 shards.
 func DefaultConfig() Config { return Config{Shards: 64} }
@@ -96,6 +114,9 @@ const MaxNodes = 4096
 type Index struct {
 	mask   uint64
 	shards []shard
+
+	maxNodeBlocks int64
+	refused       atomic.Int64 // stores of new hashes refused at maxNodeBlocks
 
 	mu      sync.RWMutex
 	ids     map[string]NodeID // live names
@@ -170,13 +191,20 @@ func New(cfg Config) (*Index, error) {
 	if cfg.Shards < 0 || cfg.Shards&(cfg.Shards-1) != 0 || cfg.Shards > maxShards {
 		return nil, fmt.Errorf("%w: Shards %d is not a power of two in [1, %d]", ErrInvalidConfig, cfg.Shards, maxShards)
 	}
+	if cfg.MaxNodeBlocks == 0 {
+		cfg.MaxNodeBlocks = DefaultMaxNodeBlocks
+	}
+	if cfg.MaxNodeBlocks < 0 {
+		return nil, fmt.Errorf("%w: MaxNodeBlocks %d is negative", ErrInvalidConfig, cfg.MaxNodeBlocks)
+	}
 	ix := &Index{
-		mask:    uint64(cfg.Shards - 1),
-		shards:  make([]shard, cfg.Shards),
-		ids:     make(map[string]NodeID),
-		occ:     make([]atomic.Uint64, MaxNodes),
-		counts:  make([]atomic.Int64, MaxNodes),
-		digests: make([]atomic.Uint64, MaxNodes),
+		mask:          uint64(cfg.Shards - 1),
+		maxNodeBlocks: cfg.MaxNodeBlocks,
+		shards:        make([]shard, cfg.Shards),
+		ids:           make(map[string]NodeID),
+		occ:           make([]atomic.Uint64, MaxNodes),
+		counts:        make([]atomic.Int64, MaxNodes),
+		digests:       make([]atomic.Uint64, MaxNodes),
 	}
 	seed := rand.Uint64()
 	for i := range ix.shards {
@@ -197,6 +225,10 @@ var ErrStaleIncarnation = errors.New("index: stale incarnation")
 // ErrUnknownNode is returned for a NodeID that is not live: never handed
 // out, or dropped.
 var ErrUnknownNode = errors.New("index: unknown node")
+
+// ErrNodeFull is returned by [Index.Store] when it refused hashes because
+// the node holds Config.MaxNodeBlocks distinct hashes already.
+var ErrNodeFull = errors.New("index: node holds the most hashes the index keeps for one node")
 
 // ID returns the live id of a node name, naming it on first use (with
 // incarnation 0, "not known yet"). A dropped name gets a new id.
@@ -360,13 +392,22 @@ func PairDigest(hash uint64, name string) uint64 {
 
 // Store records that node id holds one more copy of each hash. It fails
 // with ErrUnknownNode, having stored a prefix of hashes, if id is dropped
-// meanwhile.
+// meanwhile. A hash the node does not hold yet is not stored while it
+// holds Config.MaxNodeBlocks distinct hashes (concurrent stores of one
+// node may pass that by one each): Store goes on with the rest, and
+// returns ErrNodeFull saying how many it refused.
 func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 	nh, ok := ix.nameHashOf(id)
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
 	}
 	slot := id.slot()
+	refused := 0
+	defer func() {
+		if refused > 0 {
+			ix.refused.Add(int64(refused))
+		}
+	}()
 	for _, h := range hashes {
 		s := ix.shardOf(h)
 		s.mu.Lock()
@@ -377,6 +418,11 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
 		}
 		v, _ := s.get(h)
+		if ix.counts[slot].Load() >= ix.maxNodeBlocks && !s.sp.has(v, slot) {
+			s.mu.Unlock()
+			refused++
+			continue
+		}
 		k := holderKey{h, id}
 		nv, added, err := s.sp.add(v, slot)
 		switch {
@@ -391,6 +437,9 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 			s.multi[k]++
 		}
 		s.mu.Unlock()
+	}
+	if refused > 0 {
+		return fmt.Errorf("%w: %d hashes of %q not stored: it holds %d already", ErrNodeFull, refused, ix.Name(id), ix.maxNodeBlocks)
 	}
 	return nil
 }
@@ -710,6 +759,9 @@ type Metrics struct {
 	Nodes int
 	// Pending is the dropped nodes whose entries wait for a sweep.
 	Pending int
+	// Refused counts, since the index was made, the stores of hashes
+	// refused because their node held Config.MaxNodeBlocks hashes.
+	Refused int64
 	// Bytes is the memory the entries take: the tables' slots, the
 	// spilled holder lists, and an estimate for the copy counts and
 	// timestamps kept beside them.
@@ -734,6 +786,7 @@ func (ix *Index) Metrics() Metrics {
 	ix.mu.RLock()
 	st.Nodes = ix.live
 	st.Pending = len(ix.retired)
+	st.Refused = ix.refused.Load()
 	for _, id := range ix.ids {
 		st.Pairs += ix.counts[id.slot()].Load()
 	}
