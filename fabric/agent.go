@@ -204,7 +204,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err := a.startPools(specs); err != nil {
 		return nil, err
 	}
-	if a.index, err = index.New(index.DefaultConfig()); err != nil {
+	ixc := index.DefaultConfig()
+	ixc.MaxNodeBlocks = int64(cfg.IndexMaxNodeBlocks)
+	if a.index, err = index.New(ixc); err != nil {
 		return nil, fmt.Errorf("fabric: index: %w", err)
 	}
 	a.service = newPeerService(a)

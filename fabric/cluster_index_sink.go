@@ -3,6 +3,7 @@ package fabric
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/index"
 	"github.com/kvfabric/kvfabric/membership"
@@ -40,6 +41,37 @@ type indexSink struct {
 	// demote carries marks for the pool's eviction order to demoteLoop
 	// (cluster_demote.go).
 	demote chan demotion
+
+	// fullMu guards fullLogged and fullQuiet: refusals of a holder's
+	// stores past Config.IndexMaxNodeBlocks are logged at most once per
+	// indexFullLogEvery, the calls not logged counted in the next line.
+	fullMu     sync.Mutex
+	fullLogged time.Time
+	fullQuiet  int
+}
+
+// indexFullLogEvery is how often, at most, the index's refusals of a
+// holder's stores past its bound are logged; index.Metrics.Refused counts
+// every one.
+const indexFullLogEvery = time.Minute
+
+// refused logs err, a store of origin's that the index refused
+// (index.ErrNodeFull), unless it logged one less than indexFullLogEvery
+// ago. A holder that sends stores of made-up hashes must not flood the
+// log as it fills the index.
+func (s *indexSink) refused(origin string, err error) {
+	s.fullMu.Lock()
+	now := time.Now()
+	if !s.fullLogged.IsZero() && now.Sub(s.fullLogged) < indexFullLogEvery {
+		s.fullQuiet++
+		s.fullMu.Unlock()
+		return
+	}
+	quiet := s.fullQuiet
+	s.fullLogged, s.fullQuiet = now, 0
+	s.fullMu.Unlock()
+	s.a.log.Error("index: a holder announced more blocks than the index keeps for one node (index_max_node_blocks); the rest are not indexed",
+		"peer", origin, "limit", s.a.cfg.IndexMaxNodeBlocks, "err", err, "not_logged", quiet)
 }
 
 func newIndexSink(a *Agent) *indexSink {
@@ -136,6 +168,13 @@ func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 		} else {
 			err = s.a.index.Remove(id, hashes...)
 		}
+		full := errors.Is(err, index.ErrNodeFull)
+		if full {
+			// The rest of the run is stored; the hashes refused stay
+			// unindexed, and are not noted below.
+			s.refused(events[0].Origin, err)
+			err = nil
+		}
 		switch {
 		case errors.Is(err, index.ErrUnknownNode):
 			s.a.log.Debug("index", "peer", events[0].Origin, "events", n, "err", err)
@@ -143,6 +182,9 @@ func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 			s.a.log.Warn("index: events not applied", "peer", events[0].Origin, "events", n, "err", err)
 		default:
 			for _, e := range events[:n] {
+				if full && s.a.index.Copies(e.Hash, id) == 0 {
+					continue
+				}
 				noteTierEvent(&s.a.tierHeld, s.a.index, id, e)
 				if marks {
 					s.note(&d, self, mine, e)
