@@ -41,7 +41,9 @@
 // One node's entries are bounded too: past [Config].MaxNodeBlocks distinct
 // hashes, its stores of hashes it does not hold yet are refused
 // ([ErrNodeFull]) and counted, so that a node announcing made-up hashes
-// cannot fill the index for the others.
+// cannot fill the index for the others. The index's own node
+// ([Config].Self) is not bounded: its pools and tiers bound what it
+// stores.
 //
 // # Owned slices
 //
@@ -61,6 +63,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/bits"
 	"math/rand/v2"
 	"slices"
@@ -87,18 +90,35 @@ type Config struct {
 	// If zero, 64.
 	Shards int
 	// MaxNodeBlocks is the most distinct hashes the index holds for one
-	// node: past it, [Index.Store] stores no hash that the node does not
-	// hold already (it counts more copies of those it does), so that a
-	// node that sends endless stores of made-up hashes costs this index a
-	// bounded share of its memory, and the others' entries still fit. If
-	// zero, DefaultMaxNodeBlocks.
+	// node other than Self: past it, [Index.Store] stores no hash that the
+	// node does not hold already (it counts more copies of those it does),
+	// so that a node that sends endless stores of made-up hashes costs
+	// this index a bounded share of its memory (see
+	// [DefaultMaxNodeBlocks]), and the others' entries still fit. If zero,
+	// DefaultMaxNodeBlocks.
 	MaxNodeBlocks int64
+	// Self is the name of the node this index belongs to, whose stores
+	// MaxNodeBlocks does not bound: its own pools and tiers bound them,
+	// and a store of its own refused would stay unindexed for good (no
+	// event stores it again), losing its local hits. "" bounds every node.
+	Self string
 }
 
-// DefaultMaxNodeBlocks is the default Config.MaxNodeBlocks: far above the
-// blocks one node's pools and tiers hold at any block size a model uses
-// (8 TiB of tiers in blocks of 128 KiB), and about 1 GiB of this index's
-// memory.
+// DefaultMaxNodeBlocks is the default Config.MaxNodeBlocks: 2^26 hashes,
+// as many as 8 TiB of pools and tiers hold in blocks of 128 KiB, so a node
+// with more room in smaller blocks needs a higher bound on every node.
+//
+// What one holder costs at the bound, by the estimates [Index.Metrics]
+// uses: a table slot a hash (12 bytes at a load of 0.75 to 0.9, about 16
+// bytes: 1 GiB for 2^26), and an entry of the copy counts a hash
+// (mapEntryBytes, 40 bytes: 2.5 GiB), as more copies of the hashes it
+// holds are still stored past the bound: about 3.5 GiB. Copies it
+// announces on a disk tier add an entry a hash of about as much to the
+// disk copies counted beside the index ([DiskCopies]): about 6 GiB in
+// all. A few bytes a hash more where it joins others' holder lists (the
+// spilled lists); and DiskCopies keeps the entries of hashes no longer
+// held until it has doubled since its last sweep, so between sweeps it
+// may hold up to as many again as every holder's disk copies.
 const DefaultMaxNodeBlocks = 1 << 26
 
 // DefaultConfig returns a Config with 64 shards.
@@ -116,6 +136,7 @@ type Index struct {
 	shards []shard
 
 	maxNodeBlocks int64
+	self          string       // Config.Self
 	refused       atomic.Int64 // stores of new hashes refused at maxNodeBlocks
 
 	mu      sync.RWMutex
@@ -152,6 +173,7 @@ type nodeRec struct {
 	inc      uint64 // the run's incarnation; 0 until known
 	gen      uint32 // of the current or last occupant
 	state    nodeState
+	self     bool // named Config.Self: not bounded by maxNodeBlocks
 }
 
 type holderKey struct {
@@ -200,6 +222,7 @@ func New(cfg Config) (*Index, error) {
 	ix := &Index{
 		mask:          uint64(cfg.Shards - 1),
 		maxNodeBlocks: cfg.MaxNodeBlocks,
+		self:          cfg.Self,
 		shards:        make([]shard, cfg.Shards),
 		ids:           make(map[string]NodeID),
 		occ:           make([]atomic.Uint64, MaxNodes),
@@ -304,7 +327,7 @@ func (ix *Index) name(name string, inc uint64) (NodeID, error) {
 	if r.gen++; r.gen == 0 { // after 2^32 nodes in one slot: 0 is no id
 		r.gen = 1
 	}
-	*r = nodeRec{name: name, nameHash: h.Sum64(), inc: inc, gen: r.gen, state: slotLive}
+	*r = nodeRec{name: name, nameHash: h.Sum64(), inc: inc, gen: r.gen, state: slotLive, self: name == ix.self && name != ""}
 	id := newNodeID(slot, r.gen)
 	ix.ids[name] = id
 	ix.live++
@@ -354,14 +377,15 @@ func (ix *Index) isLive(id NodeID) bool {
 	return s < MaxNodes && id != 0 && ix.occ[s].Load() == uint64(id)
 }
 
-// nameHashOf returns the digest hash of id's name, and whether id is live.
-func (ix *Index) nameHashOf(id NodeID) (uint64, bool) {
+// nameHashOf returns the digest hash of id's name, whether id is the
+// index's own node (Config.Self), and whether id is live.
+func (ix *Index) nameHashOf(id NodeID) (nameHash uint64, self, ok bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	if s := id.slot(); s < len(ix.nodes) && ix.occ[s].Load() == uint64(id) {
-		return ix.nodes[s].nameHash, true
+		return ix.nodes[s].nameHash, ix.nodes[s].self, true
 	}
-	return 0, false
+	return 0, false, false
 }
 
 func (ix *Index) shardOf(hash uint64) *shard {
@@ -394,14 +418,19 @@ func PairDigest(hash uint64, name string) uint64 {
 // with ErrUnknownNode, having stored a prefix of hashes, if id is dropped
 // meanwhile. A hash the node does not hold yet is not stored while it
 // holds Config.MaxNodeBlocks distinct hashes (concurrent stores of one
-// node may pass that by one each): Store goes on with the rest, and
-// returns ErrNodeFull saying how many it refused.
+// node may pass that by one each), unless the node is Config.Self: Store
+// goes on with the rest, and returns ErrNodeFull saying how many it
+// refused.
 func (ix *Index) Store(id NodeID, hashes ...uint64) error {
-	nh, ok := ix.nameHashOf(id)
+	nh, self, ok := ix.nameHashOf(id)
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
 	}
 	slot := id.slot()
+	most := ix.maxNodeBlocks
+	if self {
+		most = math.MaxInt64 // its own pools and tiers bound it
+	}
 	refused := 0
 	defer func() {
 		if refused > 0 {
@@ -418,7 +447,7 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
 		}
 		v, _ := s.get(h)
-		if ix.counts[slot].Load() >= ix.maxNodeBlocks && !s.sp.has(v, slot) {
+		if ix.counts[slot].Load() >= most && !s.sp.has(v, slot) {
 			s.mu.Unlock()
 			refused++
 			continue
@@ -461,7 +490,7 @@ func (ix *Index) Forget(id NodeID, hashes ...uint64) error {
 
 // remove is Remove, or Forget when all: every copy of each hash goes.
 func (ix *Index) remove(id NodeID, hashes []uint64, all bool) error {
-	nh, ok := ix.nameHashOf(id)
+	nh, _, ok := ix.nameHashOf(id)
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
 	}

@@ -114,3 +114,64 @@ func TestSliceStopsAtMaxNodeBlocks(t *testing.T) {
 		t.Fatalf("another origin's hashes are held by %v, want o", got)
 	}
 }
+
+// The index's own node (Config.Self) is not bound by MaxNodeBlocks, in
+// any run of it, directly or through an owned slice: its pools and tiers
+// bound its stores, and one refused would stay unindexed. Another node
+// past the bound is refused as before.
+func TestStoreOfSelfPastMaxNodeBlocks(t *testing.T) {
+	const most = 4
+	ix, err := New(Config{Shards: 4, MaxNodeBlocks: most, Self: "me"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	me, err := ix.Node("me", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := mustID(t, ix, "other")
+	if err := ix.Store(me, hashRange(1, 3*most)...); err != nil {
+		t.Fatalf("this node's stores past the bound: %v", err)
+	}
+	if got := ix.NodeBlocks(me); got != 3*most {
+		t.Fatalf("this node holds %d hashes, want %d", got, 3*most)
+	}
+	if err := ix.Store(other, hashRange(1, 3*most)...); !errors.Is(err, ErrNodeFull) {
+		t.Fatalf("another node's stores past the bound: %v, want ErrNodeFull", err)
+	}
+	if got := ix.NodeBlocks(other); got != most {
+		t.Fatalf("another node holds %d hashes, want %d", got, most)
+	}
+	if got := ix.Metrics().Refused; got != 2*most {
+		t.Fatalf("Metrics().Refused = %d, want %d", got, 2*most)
+	}
+	// A later run of this node, named afresh.
+	me2, err := ix.Node("me", 2)
+	if err != nil || me2 == me {
+		t.Fatalf("this node's next run: %v, %v", me2, err)
+	}
+	if err := ix.Store(me2, hashRange(100, 3*most)...); err != nil || ix.NodeBlocks(me2) != 3*most {
+		t.Fatalf("this node's next run past the bound: %d hashes, %v", ix.NodeBlocks(me2), err)
+	}
+	// Through an owned slice: this node as the origin of its own stream.
+	ix, _ = New(Config{Shards: 4, MaxNodeBlocks: most, Self: "me"})
+	s := NewSlice(ix, nil)
+	ops := make([]Op, 3*most)
+	for i := range ops {
+		ops[i] = Op{OpStoreDisk, uint64(i + 1)}
+	}
+	if n, err := s.Apply("me", OpsCall{Inc: 1, First: 1, Replace: true, Ops: ops}); err != nil || n != len(ops) {
+		t.Fatalf("this node's own ops past the bound: %d, %v", n, err)
+	}
+	if m, _ := ix.Lookup("me"); ix.NodeBlocks(m) != 3*most || s.disk.Len() != 3*most {
+		t.Fatalf("the slice holds %d hashes of this node, %d on disk; want %d", ix.NodeBlocks(m), s.disk.Len(), 3*most)
+	}
+}
+
+func hashRange(from, n uint64) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = from + uint64(i)
+	}
+	return out
+}
