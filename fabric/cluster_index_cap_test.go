@@ -2,15 +2,18 @@ package fabric
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/index"
 	"github.com/kvfabric/kvfabric/membership"
+	"github.com/kvfabric/kvfabric/pool"
 )
 
 // lockedLog collects log records written from any goroutine.
@@ -35,17 +38,17 @@ func (l *lockedLog) lines(s string) int {
 // refusedLine is in the record of a refusal past index_max_node_blocks.
 const refusedLine = "more blocks than the index keeps for one node"
 
-// cappedSink returns a sink over an index that keeps most hashes per node,
-// and the log it writes.
+// cappedSink returns a sink of node "self" over an index that keeps most
+// hashes per node, as the agent makes it, and the log it writes.
 func cappedSink(t *testing.T, most int) (*indexSink, *index.Index, *lockedLog) {
 	t.Helper()
-	ix, err := index.New(index.Config{Shards: 4, MaxNodeBlocks: int64(most)})
+	ix, err := index.New(index.Config{Shards: 4, MaxNodeBlocks: int64(most), Self: "self"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	log := &lockedLog{}
 	a := &Agent{index: ix, log: slog.New(slog.NewTextHandler(log, nil)), done: make(chan struct{})}
-	a.cfg.IndexMaxNodeBlocks = most
+	a.cfg.IndexMaxNodeBlocks, a.cfg.NodeName, a.cfg.NoClusterEviction = most, "self", true
 	return newIndexSink(a), ix, log
 }
 
@@ -178,5 +181,109 @@ func TestOwnedAgentIndexMaxNodeBlocks(t *testing.T) {
 	}
 	if got := a.Metrics().Index.Refused; got != int64(len(ops)-most) {
 		t.Fatalf("Metrics().Index.Refused = %d, want %d", got, len(ops)-most)
+	}
+}
+
+// Whole mode: this node's own events are indexed past the bound, disk
+// copies included (its pools and tiers bound them, and a store refused
+// would lose its local hits for good), while another holder's past it are
+// refused, counted and logged, naming that holder.
+func TestSinkStoresOwnPastIndexMaxNodeBlocks(t *testing.T) {
+	const most = 16
+	s, ix, log := cappedSink(t, most)
+	own := sinkEvents("self", 1, membership.EventStore, hashRange(1, 3*most)...)
+	for i := range own[:most] {
+		own[i].BlockSet = tierSetBase
+	}
+	s.Apply(own)
+	if got := len(heldOf(ix, "self", hashRange(1, 3*most))); got != 3*most {
+		t.Fatalf("this node's own stores: %d of %d indexed", got, 3*most)
+	}
+	if got := s.a.tierHeld.Len(); got != most {
+		t.Fatalf("this node's disk copies counted: %d, want %d", got, most)
+	}
+	s.Apply(sinkEvents("m", 1, membership.EventStore, hashRange(1, 3*most)...))
+	if got := len(heldOf(ix, "m", hashRange(1, 3*most))); got != most {
+		t.Fatalf("another holder's stores: %d indexed, want %d", got, most)
+	}
+	if got := ix.Metrics().Refused; got != 2*most {
+		t.Fatalf("%d stores refused, want %d (none of this node's)", got, 2*most)
+	}
+	if n, m := log.lines(refusedLine), log.lines("peer=m "); n != 1 || m != 1 {
+		t.Fatalf("refusals logged %d times, %d naming m; want once, naming m", n, m)
+	}
+}
+
+// Owned mode: the agent's slice keeps the stores of its own blocks past
+// the bound (alone in its cluster, it owns every hash of its own), sent
+// as its holdings are, and another origin's past it are refused.
+func TestOwnedAgentStoresOwnPastIndexMaxNodeBlocks(t *testing.T) {
+	const most, own = 64, 1000
+	a := tierAgentWith(t, IndexOwned, func(c *Config) { c.IndexMaxNodeBlocks = most })
+	hashes := make([]uint64, own)
+	for i := range hashes {
+		hashes[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+	}
+	a.owned.publishHeld(true, true, hashes)
+	waitUntil(t, 10*time.Second, "the agent's own stores indexed", func() error {
+		if id, ok := a.index.Lookup(a.cfg.NodeName); !ok || a.index.NodeBlocks(id) < own {
+			return fmt.Errorf("%d of its own hashes indexed, want %d", a.index.NodeBlocks(id), own)
+		}
+		return nil
+	})
+	ops := make([]index.Op, own)
+	for i, h := range hashes {
+		ops[i] = index.Op{Kind: index.OpStore, Hash: h}
+	}
+	ans, err := a.owned.serve(context.Background(), "m", appendOpsCall(nil, index.OpsCall{Inc: 1, First: 1, Replace: true, Ops: ops}))
+	if err != nil || !slices.Equal(ans, []byte{ansApplied}) {
+		t.Fatalf("m's ops call past the bound: %v, %v; want applied", ans, err)
+	}
+	m, _ := a.index.Lookup("m")
+	if got := a.index.NodeBlocks(m); got != most {
+		t.Fatalf("the agent's index holds %d hashes of m, want %d", got, most)
+	}
+	if got := a.Metrics().Index.Refused; got != own-most {
+		t.Fatalf("Metrics().Index.Refused = %d, want %d (m's alone)", got, own-most)
+	}
+}
+
+// indexBoundLine is in the record of a node whose pools and tiers hold
+// more blocks than --index-max-node-blocks.
+const indexBoundLine = "raise --index-max-node-blocks"
+
+// The agent warns where its pools and tiers hold more blocks than
+// --index-max-node-blocks: at start, of the tiers' configured block size,
+// and as a block set of a smaller block size is made; once a size.
+func TestIndexBoundWarned(t *testing.T) {
+	// A 16 MiB pool and a 64 MiB tier: 256 + 1024 blocks of 64 KiB.
+	const room = 16<<20/(64<<10) + 64<<20/(64<<10)
+	start := func(most int) (*Agent, *lockedLog) {
+		log := &lockedLog{}
+		a := tierAgentWith(t, IndexWhole, func(c *Config) {
+			c.IndexMaxNodeBlocks, c.TierBlockBytes = most, 64<<10
+			c.Logger = slog.New(slog.NewTextHandler(log, nil))
+		})
+		return a, log
+	}
+	_, log := start(room - 1)
+	if n := log.lines(indexBoundLine); n != 1 {
+		t.Fatalf("%d blocks of room past a bound of %d: %d warnings at start, want 1", room, room-1, n)
+	}
+	a, log := start(room)
+	if n := log.lines(indexBoundLine); n != 0 {
+		t.Fatalf("%d blocks of room at the bound: %d warnings at start, want none", room, n)
+	}
+	// Blocks of 1 KiB: the pool holds 16,384 of them.
+	sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	if _, err := a.blockSetForSession(sess, "e", belowLayout(16), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := log.lines(indexBoundLine); n != 1 {
+		t.Fatalf("a block set of small blocks: %d warnings, want 1", n)
+	}
+	a.warnIndexBound(belowLayout(16).Strides().Block, "the same size again")
+	if n := log.lines(indexBoundLine); n != 1 {
+		t.Fatalf("the same block size again: %d warnings, want still 1", n)
 	}
 }

@@ -74,6 +74,56 @@ func (s *indexSink) refused(origin string, err error) {
 		"peer", origin, "limit", s.a.cfg.IndexMaxNodeBlocks, "err", err, "not_logged", quiet)
 }
 
+// warnIndexBound warns, once for each smaller block size, where this
+// node's pools and tiers hold more blocks of blockBytes than
+// Config.IndexMaxNodeBlocks: a peer's index, bound by the peer's setting,
+// keeps at most that many of this node's hashes, so this node's blocks
+// past it would be found by no peer. This node's own index is not bound
+// by it (index.Config.Self). of says whose block size it is.
+func (a *Agent) warnIndexBound(blockBytes uint64, of string) {
+	if blockBytes == 0 {
+		return
+	}
+	blocks := a.blockRoom(blockBytes)
+	if blocks <= uint64(a.cfg.IndexMaxNodeBlocks) {
+		return
+	}
+	for {
+		w := a.indexBoundWarned.Load()
+		if w != 0 && w <= blockBytes {
+			return
+		}
+		if a.indexBoundWarned.CompareAndSwap(w, blockBytes) {
+			break
+		}
+	}
+	a.log.Warn("index: this node's pools and tiers hold more blocks than a peer's index keeps for one node; "+
+		"raise --index-max-node-blocks (index_max_node_blocks) above that on every node, or the peers find only part of them",
+		"blocks", blocks, "block_bytes", blockBytes, "of", of, "limit", a.cfg.IndexMaxNodeBlocks)
+}
+
+// blockRoom is how many blocks of blockBytes this node's pools and tiers
+// hold: the pools' bytes over blockBytes, and the tiers' over their slot
+// (the tiers' block size, or blockBytes rounded up as a first block
+// would size them).
+func (a *Agent) blockRoom(blockBytes uint64) uint64 {
+	var bytes uint64
+	for _, s := range a.storages {
+		bytes += s.Size()
+	}
+	n := bytes / blockBytes
+	if a.tiers != nil {
+		slot := uint64(a.tiers.room.Load())
+		if slot == 0 {
+			slot = uint64(roundUp4K(int(blockBytes)))
+		}
+		for _, s := range a.cfg.tierSpecs() {
+			n += s.Size / slot
+		}
+	}
+	return n
+}
+
 func newIndexSink(a *Agent) *indexSink {
 	s := &indexSink{a: a, sweep: make(chan struct{}, 1), waiting: make(map[string][][]membership.Event), overflowed: map[string]bool{},
 		demote: make(chan demotion, demoteQueue)}

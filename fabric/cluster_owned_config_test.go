@@ -54,9 +54,9 @@ func TestIndexModeConfig(t *testing.T) {
 	}
 	// The file's keys.
 	path := filepath.Join(t.TempDir(), "agent.json")
-	os.WriteFile(path, []byte(`{"index_mode": "owned", "index_replicas": 5, "index_cache_ttl": "250ms"}`), 0o600)
+	os.WriteFile(path, []byte(`{"index_mode": "owned", "index_replicas": 5, "index_cache_ttl": "250ms", "index_max_node_blocks": 1000}`), 0o600)
 	c, err := LoadConfigFile(path, DefaultConfig())
-	if err != nil || c.IndexMode != IndexOwned || c.IndexReplicas != 5 || c.IndexCacheTTL != 250*time.Millisecond {
-		t.Fatalf("from a file: %q %d %v, %v", c.IndexMode, c.IndexReplicas, c.IndexCacheTTL, err)
+	if err != nil || c.IndexMode != IndexOwned || c.IndexReplicas != 5 || c.IndexCacheTTL != 250*time.Millisecond || c.IndexMaxNodeBlocks != 1000 {
+		t.Fatalf("from a file: %q %d %v %d, %v", c.IndexMode, c.IndexReplicas, c.IndexCacheTTL, c.IndexMaxNodeBlocks, err)
 	}
 }
