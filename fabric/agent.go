@@ -153,6 +153,9 @@ type Agent struct {
 	// modeReports are the members reported for keeping the index in
 	// another mode (cluster_index_mode.go).
 	modeReports modeReports
+	// indexBoundWarned is the smallest block size warnIndexBound warned
+	// of; 0 before it has.
+	indexBoundWarned atomic.Uint64
 
 	// registerMu orders the block sets' making and joining
 	// (blockSetForSession): taken before mu, which freeing an idle set
@@ -204,8 +207,15 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err := a.startPools(specs); err != nil {
 		return nil, err
 	}
-	if a.index, err = index.New(index.DefaultConfig()); err != nil {
+	ixc := index.DefaultConfig()
+	ixc.MaxNodeBlocks, ixc.Self = int64(cfg.IndexMaxNodeBlocks), cfg.NodeName
+	if a.index, err = index.New(ixc); err != nil {
 		return nil, fmt.Errorf("fabric: index: %w", err)
+	}
+	if a.tiers != nil {
+		// Known now where configured or recorded in a tier's directory;
+		// each block set's own size is checked as it is made.
+		a.warnIndexBound(uint64(a.tiers.room.Load()), "the tiers' blocks")
 	}
 	a.service = newPeerService(a)
 	if err := a.startTransport(); err != nil {
@@ -666,6 +676,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	a.pokeMeta()
 	a.log.Info("block set made", "engine", engine, "set", set.ID(), "slots", set.Slots(), "tp", tmpl.TPSize,
 		"page", tmpl.PageSize, "digest", set.Layout().Digest().Short())
+	a.warnIndexBound(tmpl.Strides().Block*uint64(tmpl.TPSize), "a block set's blocks")
 	ss, err := a.attach(sess, s)
 	if err != nil {
 		// The session ended meanwhile: the new set is idle from now.

@@ -3,6 +3,7 @@ package fabric
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/index"
 	"github.com/kvfabric/kvfabric/membership"
@@ -40,6 +41,87 @@ type indexSink struct {
 	// demote carries marks for the pool's eviction order to demoteLoop
 	// (cluster_demote.go).
 	demote chan demotion
+
+	// fullMu guards fullLogged and fullQuiet: refusals of a holder's
+	// stores past Config.IndexMaxNodeBlocks are logged at most once per
+	// indexFullLogEvery, the calls not logged counted in the next line.
+	fullMu     sync.Mutex
+	fullLogged time.Time
+	fullQuiet  int
+}
+
+// indexFullLogEvery is how often, at most, the index's refusals of a
+// holder's stores past its bound are logged; index.Metrics.Refused counts
+// every one.
+const indexFullLogEvery = time.Minute
+
+// refused logs err, a store of origin's that the index refused
+// (index.ErrNodeFull), unless it logged one less than indexFullLogEvery
+// ago. A holder that sends stores of made-up hashes must not flood the
+// log as it fills the index.
+func (s *indexSink) refused(origin string, err error) {
+	s.fullMu.Lock()
+	now := time.Now()
+	if !s.fullLogged.IsZero() && now.Sub(s.fullLogged) < indexFullLogEvery {
+		s.fullQuiet++
+		s.fullMu.Unlock()
+		return
+	}
+	quiet := s.fullQuiet
+	s.fullLogged, s.fullQuiet = now, 0
+	s.fullMu.Unlock()
+	s.a.log.Error("index: a holder announced more blocks than the index keeps for one node (index_max_node_blocks); the rest are not indexed",
+		"peer", origin, "limit", s.a.cfg.IndexMaxNodeBlocks, "err", err, "not_logged", quiet)
+}
+
+// warnIndexBound warns, once for each smaller block size, where this
+// node's pools and tiers hold more blocks of blockBytes than
+// Config.IndexMaxNodeBlocks: a peer's index, bound by the peer's setting,
+// keeps at most that many of this node's hashes, so this node's blocks
+// past it would be found by no peer. This node's own index is not bound
+// by it (index.Config.Self). of says whose block size it is.
+func (a *Agent) warnIndexBound(blockBytes uint64, of string) {
+	if blockBytes == 0 {
+		return
+	}
+	blocks := a.blockRoom(blockBytes)
+	if blocks <= uint64(a.cfg.IndexMaxNodeBlocks) {
+		return
+	}
+	for {
+		w := a.indexBoundWarned.Load()
+		if w != 0 && w <= blockBytes {
+			return
+		}
+		if a.indexBoundWarned.CompareAndSwap(w, blockBytes) {
+			break
+		}
+	}
+	a.log.Warn("index: this node's pools and tiers hold more blocks than a peer's index keeps for one node; "+
+		"raise --index-max-node-blocks (index_max_node_blocks) above that on every node, or the peers find only part of them",
+		"blocks", blocks, "block_bytes", blockBytes, "of", of, "limit", a.cfg.IndexMaxNodeBlocks)
+}
+
+// blockRoom is how many blocks of blockBytes this node's pools and tiers
+// hold: the pools' bytes over blockBytes, and the tiers' over their slot
+// (the tiers' block size, or blockBytes rounded up as a first block
+// would size them).
+func (a *Agent) blockRoom(blockBytes uint64) uint64 {
+	var bytes uint64
+	for _, s := range a.storages {
+		bytes += s.Size()
+	}
+	n := bytes / blockBytes
+	if a.tiers != nil {
+		slot := uint64(a.tiers.room.Load())
+		if slot == 0 {
+			slot = uint64(roundUp4K(int(blockBytes)))
+		}
+		for _, s := range a.cfg.tierSpecs() {
+			n += s.Size / slot
+		}
+	}
+	return n
 }
 
 func newIndexSink(a *Agent) *indexSink {
@@ -136,6 +218,13 @@ func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 		} else {
 			err = s.a.index.Remove(id, hashes...)
 		}
+		full := errors.Is(err, index.ErrNodeFull)
+		if full {
+			// The rest of the run is stored; the hashes refused stay
+			// unindexed, and are not noted below.
+			s.refused(events[0].Origin, err)
+			err = nil
+		}
 		switch {
 		case errors.Is(err, index.ErrUnknownNode):
 			s.a.log.Debug("index", "peer", events[0].Origin, "events", n, "err", err)
@@ -143,6 +232,9 @@ func (s *indexSink) store(id index.NodeID, events []membership.Event) {
 			s.a.log.Warn("index: events not applied", "peer", events[0].Origin, "events", n, "err", err)
 		default:
 			for _, e := range events[:n] {
+				if full && s.a.index.Copies(e.Hash, id) == 0 {
+					continue
+				}
 				noteTierEvent(&s.a.tierHeld, s.a.index, id, e)
 				if marks {
 					s.note(&d, self, mine, e)

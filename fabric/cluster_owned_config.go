@@ -33,6 +33,9 @@ func (c *Config) populateIndexMode() {
 	if c.IndexReplicas == 0 {
 		c.IndexReplicas = DefaultIndexReplicas
 	}
+	if c.IndexMaxNodeBlocks == 0 {
+		c.IndexMaxNodeBlocks = index.DefaultMaxNodeBlocks
+	}
 }
 
 // validateIndexMode checks the index settings of a populated config.
@@ -42,6 +45,8 @@ func (c *Config) validateIndexMode() error {
 		return fmt.Errorf("%w: index_mode: %q is not whole or owned", ErrConfig, c.IndexMode)
 	case c.IndexReplicas < 1 || c.IndexReplicas > MaxIndexReplicas:
 		return fmt.Errorf("%w: index_replicas: %d not in 1..%d (0: %d)", ErrConfig, c.IndexReplicas, MaxIndexReplicas, DefaultIndexReplicas)
+	case c.IndexMaxNodeBlocks < 1:
+		return fmt.Errorf("%w: index_max_node_blocks: %d is not positive (0: %d)", ErrConfig, c.IndexMaxNodeBlocks, index.DefaultMaxNodeBlocks)
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvfabric/kvfabric/fabric/index"
 )
 
 // The index settings are checked where they are set, with the setting
@@ -28,6 +30,8 @@ func TestIndexModeConfig(t *testing.T) {
 		{"cache TTL under its floor", func(c *Config) { c.IndexCacheTTL = MinIndexCacheTTL - 1 }, "index_cache_ttl"},
 		{"cache TTL at its ceiling", func(c *Config) { c.IndexCacheTTL = MaxIndexCacheTTL }, ""},
 		{"cache TTL over its ceiling", func(c *Config) { c.IndexCacheTTL = MaxIndexCacheTTL + 1 }, "index_cache_ttl"},
+		{"one hash a node", func(c *Config) { c.IndexMaxNodeBlocks = 1 }, ""},
+		{"negative hashes a node", func(c *Config) { c.IndexMaxNodeBlocks = -1 }, "index_max_node_blocks"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			c := DefaultLocalConfig()
@@ -44,14 +48,15 @@ func TestIndexModeConfig(t *testing.T) {
 	}
 	c := DefaultLocalConfig()
 	c.populate()
-	if c.IndexMode != IndexWhole || c.IndexReplicas != DefaultIndexReplicas || c.IndexCacheTTL != DefaultIndexCacheTTL {
-		t.Fatalf("defaults: mode %q, replicas %d, cache TTL %v", c.IndexMode, c.IndexReplicas, c.IndexCacheTTL)
+	if c.IndexMode != IndexWhole || c.IndexReplicas != DefaultIndexReplicas || c.IndexCacheTTL != DefaultIndexCacheTTL ||
+		c.IndexMaxNodeBlocks != index.DefaultMaxNodeBlocks {
+		t.Fatalf("defaults: mode %q, replicas %d, cache TTL %v, hashes a node %d", c.IndexMode, c.IndexReplicas, c.IndexCacheTTL, c.IndexMaxNodeBlocks)
 	}
 	// The file's keys.
 	path := filepath.Join(t.TempDir(), "agent.json")
-	os.WriteFile(path, []byte(`{"index_mode": "owned", "index_replicas": 5, "index_cache_ttl": "250ms"}`), 0o600)
+	os.WriteFile(path, []byte(`{"index_mode": "owned", "index_replicas": 5, "index_cache_ttl": "250ms", "index_max_node_blocks": 1000}`), 0o600)
 	c, err := LoadConfigFile(path, DefaultConfig())
-	if err != nil || c.IndexMode != IndexOwned || c.IndexReplicas != 5 || c.IndexCacheTTL != 250*time.Millisecond {
-		t.Fatalf("from a file: %q %d %v, %v", c.IndexMode, c.IndexReplicas, c.IndexCacheTTL, err)
+	if err != nil || c.IndexMode != IndexOwned || c.IndexReplicas != 5 || c.IndexCacheTTL != 250*time.Millisecond || c.IndexMaxNodeBlocks != 1000 {
+		t.Fatalf("from a file: %q %d %v %d, %v", c.IndexMode, c.IndexReplicas, c.IndexCacheTTL, c.IndexMaxNodeBlocks, err)
 	}
 }

@@ -41,7 +41,7 @@ func (o *ownedIndex) serve(ctx context.Context, peer string, payload []byte) ([]
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", transfer.ErrInvalidRequest, err)
 		}
-		return applyOps(slice, peer, c, &o.stats.opsReceived)
+		return applyOps(slice, peer, c, &o.stats.opsReceived, o.a.sink.refused)
 	case ownedCallLookup, ownedCallLookupTiers:
 		hashes, err := decodeLookupCall(payload)
 		if err != nil {
@@ -57,10 +57,16 @@ func (o *ownedIndex) serve(ctx context.Context, peer string, payload []byte) ([]
 
 // applyOps applies an origin's ops to this node's slice, and answers
 // ansReplace where the slice cannot continue the origin's stream.
-// applied counts the ops applied.
-func applyOps(slice *index.Slice, origin string, c index.OpsCall, applied *atomic.Uint64) ([]byte, error) {
+// applied counts the ops applied. Stores the slice refused because the
+// origin holds the most hashes it keeps for one node go to refused, and
+// the call is answered applied: the stream goes on without them.
+func applyOps(slice *index.Slice, origin string, c index.OpsCall, applied *atomic.Uint64, refused func(origin string, err error)) ([]byte, error) {
 	n, err := slice.Apply(origin, c)
 	applied.Add(uint64(n))
+	if errors.Is(err, index.ErrNodeFull) {
+		refused(origin, err)
+		err = nil
+	}
 	switch {
 	case errors.Is(err, index.ErrReplaceNeeded):
 		return []byte{ansReplace}, nil

@@ -390,6 +390,14 @@ type Config struct {
 	// IndexCacheTTL is how long an owned-mode node reuses an owner's
 	// answer about a hash before asking again. If zero, 1 s.
 	IndexCacheTTL time.Duration `json:"index_cache_ttl,omitempty"`
+	// IndexMaxNodeBlocks is the most distinct block hashes this node's
+	// index keeps for one holder other than this node, in either mode:
+	// past it, that holder's stores of hashes not held already are
+	// counted and not indexed (index.Config.MaxNodeBlocks). Set it on
+	// every node above the blocks any node's pools and tiers hold: the
+	// agent warns where its own hold more. If zero,
+	// index.DefaultMaxNodeBlocks.
+	IndexMaxNodeBlocks int `json:"index_max_node_blocks,omitempty"`
 
 	// Dumpable keeps the agent's process dumpable (Linux). If false, Start
 	// makes the whole process non-dumpable, so that no other process of

@@ -118,6 +118,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.gauge("kvfabric_index_hashes", "Distinct block hashes in the cluster index.", float64(ix.Hashes))
 	e.gauge("kvfabric_index_entries", "(hash, holder) pairs in the cluster index.", float64(ix.Pairs))
 	e.gauge("kvfabric_index_events_held", "Events of nodes waiting for an index slot (every slot live or not yet swept).", float64(m.IndexEventsHeld))
+	e.counter("kvfabric_index_stores_refused_total", "Block stores of other holders not indexed because the index held the most hashes it keeps for one node (--index-max-node-blocks), every holder's together.", float64(ix.Refused))
 	e.counter("kvfabric_index_events_lost_total", "Events of nodes without an index slot lost past the sink's hold limit; those nodes are resynchronised (kvfabric_gossip_resyncs_total).", float64(m.IndexEventsLost))
 
 	ms := m.Membership

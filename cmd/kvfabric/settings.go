@@ -92,6 +92,7 @@ var agentSettings = []setting{
 	{"index-mode", "IndexMode", "how the block index is kept: whole (every node indexes every block, by gossip; up to a few hundred nodes) or owned (each hash indexed by --index-replicas members chosen by rendezvous hashing, lookups ask them; past that); the same on every node (default whole)"},
 	{"index-replicas", "IndexReplicas", "owners of each block hash with --index-mode owned, 1..8 (default 3)"},
 	{"index-cache-ttl", "IndexCacheTTL", "how long --index-mode owned reuses an owner's answer about a hash before asking again"},
+	{"index-max-node-blocks", "IndexMaxNodeBlocks", "distinct block hashes this node's index keeps for one other holder, in either index mode; past it the holder's stores of hashes not held already are counted (kvfabric_index_stores_refused_total) and not indexed; set on every node above the blocks any node's pools and tiers hold, as the agent warns where its own hold more (default 67108864: 8 TiB in blocks of 128 KiB)"},
 
 	{"dumpable", "Dumpable", "keep the agent's process dumpable, for debuggers, core dumps and the software stand-ins of RDMA and CUDA used in tests (softverbs, softcuda), which read the agent's memory from other processes; real RDMA and CUDA IPC do not need it (default: on Linux the agent makes itself non-dumpable at start, so that no other process of its user can open the engines' memory through /proc/PID/fd or attach to it, and it writes no core dump)"},
 

@@ -38,6 +38,13 @@
 // ([Index.Node]): events of an older run than the indexed one are refused,
 // and a newer run replaces the older one's entries.
 //
+// One node's entries are bounded too: past [Config].MaxNodeBlocks distinct
+// hashes, its stores of hashes it does not hold yet are refused
+// ([ErrNodeFull]) and counted, so that a node announcing made-up hashes
+// cannot fill the index for the others. The index's own node
+// ([Config].Self) is not bounded: its pools and tiers bound what it
+// stores.
+//
 // # Owned slices
 //
 // Past the cluster size where every node can keep the whole index, each
@@ -56,6 +63,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/bits"
 	"math/rand/v2"
 	"slices"
@@ -81,7 +89,37 @@ type Config struct {
 	// Shards is the number of independently locked shards, a power of two.
 	// If zero, 64.
 	Shards int
+	// MaxNodeBlocks is the most distinct hashes the index holds for one
+	// node other than Self: past it, [Index.Store] stores no hash that the
+	// node does not hold already (it counts more copies of those it does),
+	// so that a node that sends endless stores of made-up hashes costs
+	// this index a bounded share of its memory (see
+	// [DefaultMaxNodeBlocks]), and the others' entries still fit. If zero,
+	// DefaultMaxNodeBlocks.
+	MaxNodeBlocks int64
+	// Self is the name of the node this index belongs to, whose stores
+	// MaxNodeBlocks does not bound: its own pools and tiers bound them,
+	// and a store of its own refused would stay unindexed for good (no
+	// event stores it again), losing its local hits. "" bounds every node.
+	Self string
 }
+
+// DefaultMaxNodeBlocks is the default Config.MaxNodeBlocks: 2^26 hashes,
+// as many as 8 TiB of pools and tiers hold in blocks of 128 KiB, so a node
+// with more room in smaller blocks needs a higher bound on every node.
+//
+// What one holder costs at the bound, by the estimates [Index.Metrics]
+// uses: a table slot a hash (12 bytes at a load of 0.75 to 0.9, about 16
+// bytes: 1 GiB for 2^26), and an entry of the copy counts a hash
+// (mapEntryBytes, 40 bytes: 2.5 GiB), as more copies of the hashes it
+// holds are still stored past the bound: about 3.5 GiB. Copies it
+// announces on a disk tier add an entry a hash of about as much to the
+// disk copies counted beside the index ([DiskCopies]): about 6 GiB in
+// all. A few bytes a hash more where it joins others' holder lists (the
+// spilled lists); and DiskCopies keeps the entries of hashes no longer
+// held until it has doubled since its last sweep, so between sweeps it
+// may hold up to as many again as every holder's disk copies.
+const DefaultMaxNodeBlocks = 1 << 26
 
 // DefaultConfig returns a Config with 64 shards.
 func DefaultConfig() Config { return Config{Shards: 64} }
@@ -96,6 +134,10 @@ const MaxNodes = 4096
 type Index struct {
 	mask   uint64
 	shards []shard
+
+	maxNodeBlocks int64
+	self          string       // Config.Self
+	refused       atomic.Int64 // stores of new hashes refused at maxNodeBlocks
 
 	mu      sync.RWMutex
 	ids     map[string]NodeID // live names
@@ -131,6 +173,7 @@ type nodeRec struct {
 	inc      uint64 // the run's incarnation; 0 until known
 	gen      uint32 // of the current or last occupant
 	state    nodeState
+	self     bool // named Config.Self: not bounded by maxNodeBlocks
 }
 
 type holderKey struct {
@@ -170,13 +213,21 @@ func New(cfg Config) (*Index, error) {
 	if cfg.Shards < 0 || cfg.Shards&(cfg.Shards-1) != 0 || cfg.Shards > maxShards {
 		return nil, fmt.Errorf("%w: Shards %d is not a power of two in [1, %d]", ErrInvalidConfig, cfg.Shards, maxShards)
 	}
+	if cfg.MaxNodeBlocks == 0 {
+		cfg.MaxNodeBlocks = DefaultMaxNodeBlocks
+	}
+	if cfg.MaxNodeBlocks < 0 {
+		return nil, fmt.Errorf("%w: MaxNodeBlocks %d is negative", ErrInvalidConfig, cfg.MaxNodeBlocks)
+	}
 	ix := &Index{
-		mask:    uint64(cfg.Shards - 1),
-		shards:  make([]shard, cfg.Shards),
-		ids:     make(map[string]NodeID),
-		occ:     make([]atomic.Uint64, MaxNodes),
-		counts:  make([]atomic.Int64, MaxNodes),
-		digests: make([]atomic.Uint64, MaxNodes),
+		mask:          uint64(cfg.Shards - 1),
+		maxNodeBlocks: cfg.MaxNodeBlocks,
+		self:          cfg.Self,
+		shards:        make([]shard, cfg.Shards),
+		ids:           make(map[string]NodeID),
+		occ:           make([]atomic.Uint64, MaxNodes),
+		counts:        make([]atomic.Int64, MaxNodes),
+		digests:       make([]atomic.Uint64, MaxNodes),
 	}
 	seed := rand.Uint64()
 	for i := range ix.shards {
@@ -197,6 +248,10 @@ var ErrStaleIncarnation = errors.New("index: stale incarnation")
 // ErrUnknownNode is returned for a NodeID that is not live: never handed
 // out, or dropped.
 var ErrUnknownNode = errors.New("index: unknown node")
+
+// ErrNodeFull is returned by [Index.Store] when it refused hashes because
+// the node holds Config.MaxNodeBlocks distinct hashes already.
+var ErrNodeFull = errors.New("index: node holds the most hashes the index keeps for one node")
 
 // ID returns the live id of a node name, naming it on first use (with
 // incarnation 0, "not known yet"). A dropped name gets a new id.
@@ -272,7 +327,7 @@ func (ix *Index) name(name string, inc uint64) (NodeID, error) {
 	if r.gen++; r.gen == 0 { // after 2^32 nodes in one slot: 0 is no id
 		r.gen = 1
 	}
-	*r = nodeRec{name: name, nameHash: h.Sum64(), inc: inc, gen: r.gen, state: slotLive}
+	*r = nodeRec{name: name, nameHash: h.Sum64(), inc: inc, gen: r.gen, state: slotLive, self: name == ix.self && name != ""}
 	id := newNodeID(slot, r.gen)
 	ix.ids[name] = id
 	ix.live++
@@ -322,14 +377,15 @@ func (ix *Index) isLive(id NodeID) bool {
 	return s < MaxNodes && id != 0 && ix.occ[s].Load() == uint64(id)
 }
 
-// nameHashOf returns the digest hash of id's name, and whether id is live.
-func (ix *Index) nameHashOf(id NodeID) (uint64, bool) {
+// nameHashOf returns the digest hash of id's name, whether id is the
+// index's own node (Config.Self), and whether id is live.
+func (ix *Index) nameHashOf(id NodeID) (nameHash uint64, self, ok bool) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	if s := id.slot(); s < len(ix.nodes) && ix.occ[s].Load() == uint64(id) {
-		return ix.nodes[s].nameHash, true
+		return ix.nodes[s].nameHash, ix.nodes[s].self, true
 	}
-	return 0, false
+	return 0, false, false
 }
 
 func (ix *Index) shardOf(hash uint64) *shard {
@@ -360,13 +416,27 @@ func PairDigest(hash uint64, name string) uint64 {
 
 // Store records that node id holds one more copy of each hash. It fails
 // with ErrUnknownNode, having stored a prefix of hashes, if id is dropped
-// meanwhile.
+// meanwhile. A hash the node does not hold yet is not stored while it
+// holds Config.MaxNodeBlocks distinct hashes (concurrent stores of one
+// node may pass that by one each), unless the node is Config.Self: Store
+// goes on with the rest, and returns ErrNodeFull saying how many it
+// refused.
 func (ix *Index) Store(id NodeID, hashes ...uint64) error {
-	nh, ok := ix.nameHashOf(id)
+	nh, self, ok := ix.nameHashOf(id)
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
 	}
 	slot := id.slot()
+	most := ix.maxNodeBlocks
+	if self {
+		most = math.MaxInt64 // its own pools and tiers bound it
+	}
+	refused := 0
+	defer func() {
+		if refused > 0 {
+			ix.refused.Add(int64(refused))
+		}
+	}()
 	for _, h := range hashes {
 		s := ix.shardOf(h)
 		s.mu.Lock()
@@ -377,6 +447,11 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 			return fmt.Errorf("%w: %#x was dropped", ErrUnknownNode, uint64(id))
 		}
 		v, _ := s.get(h)
+		if ix.counts[slot].Load() >= most && !s.sp.has(v, slot) {
+			s.mu.Unlock()
+			refused++
+			continue
+		}
 		k := holderKey{h, id}
 		nv, added, err := s.sp.add(v, slot)
 		switch {
@@ -391,6 +466,9 @@ func (ix *Index) Store(id NodeID, hashes ...uint64) error {
 			s.multi[k]++
 		}
 		s.mu.Unlock()
+	}
+	if refused > 0 {
+		return fmt.Errorf("%w: %d hashes of %q not stored: it holds %d already", ErrNodeFull, refused, ix.Name(id), ix.maxNodeBlocks)
 	}
 	return nil
 }
@@ -412,7 +490,7 @@ func (ix *Index) Forget(id NodeID, hashes ...uint64) error {
 
 // remove is Remove, or Forget when all: every copy of each hash goes.
 func (ix *Index) remove(id NodeID, hashes []uint64, all bool) error {
-	nh, ok := ix.nameHashOf(id)
+	nh, _, ok := ix.nameHashOf(id)
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrUnknownNode, uint64(id))
 	}
@@ -710,6 +788,9 @@ type Metrics struct {
 	Nodes int
 	// Pending is the dropped nodes whose entries wait for a sweep.
 	Pending int
+	// Refused counts, since the index was made, the stores of hashes
+	// refused because their node held Config.MaxNodeBlocks hashes.
+	Refused int64
 	// Bytes is the memory the entries take: the tables' slots, the
 	// spilled holder lists, and an estimate for the copy counts and
 	// timestamps kept beside them.
@@ -734,6 +815,7 @@ func (ix *Index) Metrics() Metrics {
 	ix.mu.RLock()
 	st.Nodes = ix.live
 	st.Pending = len(ix.retired)
+	st.Refused = ix.refused.Load()
 	for _, id := range ix.ids {
 		st.Pairs += ix.counts[id.slot()].Load()
 	}

@@ -2,6 +2,7 @@ package index
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -450,7 +451,10 @@ var ErrReplaceNeeded = errors.New("index: replace needed")
 // Apply applies a call of origin's stream and returns how many ops it
 // applied (those already applied are skipped); ErrReplaceNeeded where it
 // cannot continue the stream, and ErrTooManyNodes where the index has no
-// slot for the origin (try again later).
+// slot for the origin (try again later). Where the origin holds the most
+// hashes the index keeps for one node ([Config].MaxNodeBlocks), its stores
+// of hashes it does not hold already are taken as applied but not stored,
+// and Apply returns the whole call's count with ErrNodeFull.
 func (s *Slice) Apply(origin string, c OpsCall) (int, error) {
 	s.mu.Lock()
 	st := s.in[origin]
@@ -496,6 +500,7 @@ func (s *Slice) Apply(origin string, c OpsCall) (int, error) {
 		}
 		ops = ops[skip:]
 	}
+	refused := 0
 	for i, op := range ops {
 		var err error
 		switch op.Kind {
@@ -505,6 +510,15 @@ func (s *Slice) Apply(origin string, c OpsCall) (int, error) {
 			err = s.ix.Remove(st.id, op.Hash)
 		case OpForget:
 			err = s.ix.Forget(st.id, op.Hash)
+		}
+		if errors.Is(err, ErrNodeFull) {
+			// Not stored, and the stream goes on: the slice holds fewer
+			// of the origin's copies than it has, never more (a remove
+			// of a hash not held is ignored), and a replace would only
+			// fill it up to the bound again.
+			refused++
+			st.next++
+			continue
 		}
 		if err != nil {
 			st.id = 0 // dropped meanwhile
@@ -519,6 +533,9 @@ func (s *Slice) Apply(origin string, c OpsCall) (int, error) {
 			s.disk.Forget(st.id, op.Hash)
 		}
 		st.next++
+	}
+	if refused > 0 {
+		return len(ops), fmt.Errorf("%w: %d stores of %q refused", ErrNodeFull, refused, origin)
 	}
 	return len(ops), nil
 }
