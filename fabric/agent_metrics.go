@@ -40,8 +40,10 @@ type counters struct {
 	// checksumVerified and checksumFailed count the holder pages an
 	// import checked against their content checksums, and those that
 	// failed; checksumWithdrawn the blocks this node withdrew because
-	// their bytes changed after registration.
-	checksumVerified, checksumFailed, checksumWithdrawn atomic.Uint64
+	// their bytes changed after registration; checksumClaimsRefused the
+	// hashes peers' releases named as failing that their leases did not
+	// hold, refused unchecked.
+	checksumVerified, checksumFailed, checksumWithdrawn, checksumClaimsRefused atomic.Uint64
 
 	// importTime is each Import call's duration, chunkTime each chunk's
 	// from lease to registration, leaseHold how long a lease this node
@@ -179,6 +181,10 @@ type Metrics struct {
 	// ChecksumWithdrawn the blocks this node withdrew, told of a mismatch,
 	// because their bytes changed after registration.
 	ChecksumsVerified, ChecksumsFailed, ChecksumWithdrawn uint64
+	// ChecksumClaimsRefused counts the hashes peers' releases named as
+	// failing their checksums that their leases did not hold (or named
+	// twice, or after the lease ended): refused unchecked.
+	ChecksumClaimsRefused uint64
 
 	// EngineRequestBytes are the bytes of engine requests being served
 	// (as charged against EngineRequestMemory); EngineRequestsRefused the
@@ -256,6 +262,7 @@ func (a *Agent) Metrics() Metrics {
 		ChecksumsFailed:     st.checksumFailed.Load(),
 		ChecksumWithdrawn:   st.checksumWithdrawn.Load(),
 	}
+	m.ChecksumClaimsRefused = st.checksumClaimsRefused.Load()
 	m.Joined = m.Membership.Joined
 	m.RDMA, m.RDMAEnabled = a.transport.RDMAMetrics()
 	for _, d := range a.members.Departed() {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -198,38 +199,72 @@ func (cs *chunkSums) sumBlock(l *layout.Layout, regions [][]byte, leased []trans
 	}
 }
 
-// Mismatched checks the blocks a reader says failed their checksums, in
-// every block set that holds them, against the sums taken at registration,
-// and withdraws those whose bytes no longer match. A claim is never taken
-// on trust: only the reader's own lease may carry one, and a block whose
-// bytes still match stays.
+// Mismatched checks the blocks a reader says failed their checksums
+// against the sums taken at registration, and withdraws those whose bytes
+// no longer match. A claim is never taken on trust: only the reader's own
+// live lease may carry one, and only about blocks that lease pinned (the
+// pool's record of its slots), each checked once; a block whose bytes
+// still match stays. Whatever else a release names (a block the lease did
+// not pin, a hash named twice, any hash once the lease has ended) is
+// refused unchecked, counted and logged: a release costs this node at most
+// one sum of each block its lease pinned. It stops when ctx ends.
 func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, hashes []uint64) {
 	if err := h.owned(peer, id); err != nil {
 		return
 	}
 	a := h.a
-	for _, es := range a.engineSets() {
-		for _, x := range hashes {
-			b, ok := es.set.Lookup(x)
-			if !ok {
-				continue
-			}
-			want, ok := es.set.Sum(b)
-			if !ok {
-				continue
-			}
-			got, ok := blockSum(es.set, b.Slot, 0, es.set.Layout().PageSize)
-			if !ok || got == want {
-				continue
-			}
-			if err := es.set.Withdraw(b); err != nil {
-				continue // recycled meanwhile
-			}
-			a.stats.checksumWithdrawn.Add(1)
-			a.log.Error("block changed after it was registered: withdrawn (an engine wrote into it after registering it)",
-				"peer", peer, "hash", x, "set", es.set.ID(), "slot", b.Slot, "engine", es.engine,
-				"sum", fmt.Sprintf("%016x", want), "now", fmt.Sprintf("%016x", got))
+	refused, why := 0, "not blocks the lease holds, or named twice"
+	defer func() {
+		if refused == 0 {
+			return
 		}
+		a.stats.checksumClaimsRefused.Add(uint64(refused))
+		a.log.Warn("a release named blocks as failing their checksums that its lease does not hold: refused unchecked",
+			"peer", peer, "lease", id, "refused", refused, "named", len(hashes), "why", why)
+	}()
+	setID, slots, err := a.pool.LeasedSlots(pool.LeaseID(id))
+	var es *engineSet
+	if err == nil {
+		a.mu.Lock()
+		es = a.sets[setID]
+		a.mu.Unlock()
+	}
+	if es == nil {
+		refused, why = len(hashes), "the lease has ended"
+		return
+	}
+	checked := make(map[int]bool, min(len(hashes), len(slots)))
+	for i, x := range hashes {
+		if ctx.Err() != nil {
+			a.log.Debug("a release's checksum claims left unchecked: the call ended",
+				"peer", peer, "lease", id, "unchecked", len(hashes)-i)
+			return
+		}
+		b, ok := es.set.Lookup(x)
+		if !ok {
+			refused++
+			continue
+		}
+		if _, held := slices.BinarySearch(slots, b.Slot); !held || checked[b.Slot] {
+			refused++
+			continue
+		}
+		checked[b.Slot] = true
+		want, ok := es.set.Sum(b)
+		if !ok {
+			continue
+		}
+		got, ok := blockSum(es.set, b.Slot, 0, es.set.Layout().PageSize)
+		if !ok || got == want {
+			continue
+		}
+		if err := es.set.Withdraw(b); err != nil {
+			continue // recycled meanwhile
+		}
+		a.stats.checksumWithdrawn.Add(1)
+		a.log.Error("block changed after it was registered: withdrawn (an engine wrote into it after registering it)",
+			"peer", peer, "hash", x, "set", es.set.ID(), "slot", b.Slot, "engine", es.engine,
+			"sum", fmt.Sprintf("%016x", want), "now", fmt.Sprintf("%016x", got))
 	}
 }
 

@@ -6,10 +6,12 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/transfer"
@@ -221,4 +223,99 @@ func startHolder(t *testing.T, tweak func(*Config)) *Agent {
 	}
 	t.Cleanup(func() { a.Close() })
 	return a
+}
+
+// A release's mismatch claims act only on the blocks its lease pinned: a
+// block it pinned whose bytes changed is checked and withdrawn, and every
+// other hash it names (a changed block it did not pin, one named twice,
+// one not here) is refused unchecked and counted. Up to every block the
+// lease holds is checked; one past them is not.
+func TestMismatchedOnlyForTheLeasesBlocks(t *testing.T) {
+	a := startHolder(t, nil)
+	m := layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
+	s, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 64, Slots: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	regions, err := s.set.RegionBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	hashes := make([]uint64, n)
+	blocks, err := s.set.Allocate(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range blocks {
+		hashes[i] = uint64(100 + i)
+		kvtest.Fill(s.set.Layout(), regions, b.Slot, uint64(i+1))
+		s.set.Commit(b)
+		sum, ok := s.takeSum(b.Slot)
+		if !ok {
+			t.Fatal("no checksum taken of a host block")
+		}
+		if _, err := s.set.Register(b, hashes[i], 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.set.SetSum(b, sum); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every block but the last changes after registration: each one the
+	// holder sums is withdrawn, so a block still registered was never
+	// summed.
+	for _, b := range blocks[:n-1] {
+		kvtest.Fill(s.set.Layout(), regions, b.Slot, 0xbad)
+	}
+	registered := func(h uint64) bool { _, ok := s.set.Lookup(h); return ok }
+	h := a.service
+	ctx := context.Background()
+
+	// A lease of two changed blocks and the good one names all three,
+	// one changed and the good one twice, two changed blocks it did not
+	// pin and a hash not here.
+	leased := []uint64{hashes[0], hashes[1], hashes[n-1]}
+	l, err := h.Lease(ctx, "peer", leased, time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	h.Mismatched(ctx, "peer", l.ID, []uint64{hashes[2], hashes[0], hashes[n-1], hashes[3], hashes[1], hashes[0], 999, hashes[n-1]})
+	for i, want := range []bool{false, false, true, true, true, true} {
+		if got := registered(hashes[i]); got != want {
+			t.Errorf("block %d registered: %v, want %v (leased: %v)", i, got, want, slices.Contains(leased, hashes[i]))
+		}
+	}
+	// Refused: the two blocks not pinned, the hash not here, and the two
+	// named twice.
+	if got := a.Metrics(); got.ChecksumWithdrawn != 2 || got.ChecksumClaimsRefused != 5 {
+		t.Errorf("withdrew %d, refused %d claims; want the 2 changed leased blocks withdrawn, 5 claims refused", got.ChecksumWithdrawn, got.ChecksumClaimsRefused)
+	}
+	if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
+		t.Fatalf("release: %v %v", valid, err)
+	}
+
+	// Another peer's claim under this peer's lease, a claim under a lease
+	// released, and one whose call has ended act on nothing.
+	l, err = h.Lease(ctx, "peer", hashes[2:3], time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	h.Mismatched(ctx, "other", l.ID, hashes[2:3])
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	h.Mismatched(ended, "peer", l.ID, hashes[2:3])
+	if !registered(hashes[2]) {
+		t.Fatal("a claim by another peer, or one whose call ended, withdrew a block")
+	}
+	if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
+		t.Fatalf("release: %v %v", valid, err)
+	}
+	h.Mismatched(ctx, "peer", l.ID, hashes[2:3])
+	if !registered(hashes[2]) {
+		t.Fatal("a claim under a released lease withdrew a block")
+	}
+	if got := a.Metrics(); got.ChecksumWithdrawn != 2 {
+		t.Errorf("withdrew %d blocks, want still 2", got.ChecksumWithdrawn)
+	}
 }

@@ -159,6 +159,24 @@ func (b *BlockSet) renew(id LeaseID, d time.Duration) error {
 	return err
 }
 
+func (b *BlockSet) leasedSlots(id LeaseID) ([]int, error) {
+	now := b.p.cfg.Clock.Now()
+	b.mu.Lock()
+	l, err := b.live(id, now)
+	var out []int
+	if err == nil {
+		out = make([]int, len(l.slots))
+		for i, s := range l.slots {
+			out[i] = int(s)
+		}
+	}
+	b.mu.Unlock()
+	if err != nil {
+		b.p.forgetLeases(id)
+	}
+	return out, err
+}
+
 func (b *BlockSet) releaseLease(id LeaseID) (bool, error) {
 	now := b.p.cfg.Clock.Now()
 	b.mu.Lock()

@@ -120,6 +120,35 @@ func TestLeaseExpiry(t *testing.T) {
 	}
 }
 
+// LeasedSlots names a live lease's block set and the slots it pinned, each
+// once and ascending, and nothing once the lease has ended.
+func TestLeasedSlots(t *testing.T) {
+	clock := newManualClock()
+	p, b := newTestPool(t, testConfig(clock, nil), testLayout(8, 1, layout.FullyContiguous, 64))
+	x := toState(t, b, Registered, 1)
+	y := toState(t, b, Registered, 2)
+	toState(t, b, Registered, 3) // registered, not leased
+	id, _, err := b.Lease([]uint64{2, 77, 1, 2}, time.Second)
+	if err != nil || id == 0 {
+		t.Fatalf("lease: %#x %v", id, err)
+	}
+	set, slots, err := p.LeasedSlots(id)
+	want := []int{min(x.Slot, y.Slot), max(x.Slot, y.Slot)}
+	if err != nil || set != b.ID() || fmt.Sprint(slots) != fmt.Sprint(want) {
+		t.Fatalf("LeasedSlots = %d, %v, %v; want %d, %v", set, slots, err, b.ID(), want)
+	}
+	clock.Advance(time.Second)
+	if _, slots, err := p.LeasedSlots(id); slots != nil || !errors.Is(err, ErrLeaseExpired) {
+		t.Errorf("at the deadline: %v, %v; want none, ErrLeaseExpired", slots, err)
+	}
+	if _, slots, err := p.LeasedSlots(id); slots != nil || !errors.Is(err, ErrUnknownLease) {
+		t.Errorf("once reaped: %v, %v; want none, ErrUnknownLease", slots, err)
+	}
+	if m := p.Metrics(); m.Leases != 0 || m.Leased != 0 {
+		t.Errorf("metrics %+v, want the expired lease gone", m)
+	}
+}
+
 // A reader that dies leaks nothing: the pool's own goroutine reaps.
 func TestLeaseExpiryLoop(t *testing.T) {
 	clock := newManualClock()
