@@ -44,6 +44,9 @@ type counters struct {
 	// hashes peers' releases named as failing that their leases did not
 	// hold, refused unchecked.
 	checksumVerified, checksumFailed, checksumWithdrawn, checksumClaimsRefused atomic.Uint64
+	// leaseRenewalsRefused counts renewals refused to leases past
+	// MaxLeaseAge.
+	leaseRenewalsRefused atomic.Uint64
 
 	// importTime is each Import call's duration, chunkTime each chunk's
 	// from lease to registration, leaseHold how long a lease this node
@@ -171,6 +174,9 @@ type Metrics struct {
 	// released because their peer went; LeaseHold how long they lived.
 	LeasesServed, LeasesEndedEarly uint64
 	LeaseHold                      pool.Histogram
+	// LeaseRenewalsRefused counts renewals this node refused to leases
+	// older than its MaxLeaseAge.
+	LeaseRenewalsRefused uint64
 
 	// Certificates are the TLS certificates in use and when they expire.
 	Certificates []CertificateExpiry
@@ -263,6 +269,7 @@ func (a *Agent) Metrics() Metrics {
 		ChecksumWithdrawn:   st.checksumWithdrawn.Load(),
 	}
 	m.ChecksumClaimsRefused = st.checksumClaimsRefused.Load()
+	m.LeaseRenewalsRefused = st.leaseRenewalsRefused.Load()
 	m.Joined = m.Membership.Joined
 	m.RDMA, m.RDMAEnabled = a.transport.RDMAMetrics()
 	for _, d := range a.members.Departed() {

@@ -80,6 +80,14 @@ func (b *leaseBook) owner(id pool.LeaseID) (string, bool) {
 	return e.peer, ok
 }
 
+// age returns how long ago lease id was granted, at now.
+func (b *leaseBook) age(id pool.LeaseID, now time.Time) (time.Duration, bool) {
+	b.mu.Lock()
+	e, ok := b.leases[id]
+	b.mu.Unlock()
+	return now.Sub(e.granted), ok
+}
+
 // extend moves lease id's deadline.
 func (b *leaseBook) extend(id pool.LeaseID, deadline time.Time) {
 	b.mu.Lock()

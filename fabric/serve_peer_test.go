@@ -319,3 +319,57 @@ func TestMismatchedOnlyForTheLeasesBlocks(t *testing.T) {
 		t.Errorf("withdrew %d blocks, want still 2", got.ChecksumWithdrawn)
 	}
 }
+
+// Renewals keep a lease alive up to the holder's MaxLeaseAge and no
+// further: one asked for at that age is granted its term, one a
+// nanosecond past it is refused with an error naming the limit, counted,
+// and the lease ends with the term it has (still valid at its release
+// until then). Unset, the limit is DefaultMaxLeaseAge.
+func TestHolderRefusesRenewalPastMaxLeaseAge(t *testing.T) {
+	if c := DefaultConfig(); c.MaxLeaseAge != DefaultMaxLeaseAge || DefaultMaxLeaseAge != 10*time.Minute {
+		t.Fatalf("default max lease age %v (DefaultMaxLeaseAge %v), want 10m", c.MaxLeaseAge, DefaultMaxLeaseAge)
+	}
+	const limit = 2 * time.Minute
+	a := startHolder(t, func(c *Config) {
+		c.LeaseDuration = 5 * time.Second
+		c.MaxLeaseAge = limit
+	})
+	m := layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
+	s, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 64, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := s.set.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.set.Commit(blocks[0])
+	if _, err := s.set.Register(blocks[0], 7, 0); err != nil {
+		t.Fatal(err)
+	}
+	h := a.service
+	ctx := context.Background()
+	l, err := h.Lease(ctx, "peer", []uint64{7}, time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	h.book.mu.Lock()
+	granted := h.book.leases[pool.LeaseID(l.ID)].granted
+	h.book.mu.Unlock()
+	for _, age := range []time.Duration{limit / 2, limit} {
+		if d, err := h.renew("peer", l.ID, time.Minute, granted.Add(age)); d != 5*time.Second || err != nil {
+			t.Fatalf("renewal at age %v (limit %v): %v %v, want the 5s term", age, limit, d, err)
+		}
+	}
+	d, err := h.renew("peer", l.ID, time.Minute, granted.Add(limit+1))
+	if d != 0 || !errors.Is(err, transfer.ErrLeaseRefused) || !strings.Contains(err.Error(), "max lease age of 2m0s (--max-lease-age)") {
+		t.Fatalf("renewal a nanosecond past the max lease age: %v %v, want refused naming the limit", d, err)
+	}
+	if got := a.Metrics().LeaseRenewalsRefused; got != 1 {
+		t.Errorf("%d renewals counted refused, want 1", got)
+	}
+	// Refused, the lease still runs out its term.
+	if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
+		t.Fatalf("release within the term after a refused renewal: %v %v, want valid", valid, err)
+	}
+}
