@@ -41,11 +41,11 @@ type counters struct {
 	// import checked against their content checksums, and those that
 	// failed; checksumWithdrawn the blocks this node withdrew because
 	// their bytes changed after registration; checksumClaimsRefused the
-	// hashes peers' releases named as failing that their leases did not
-	// hold, refused unchecked.
+	// hashes peers' releases named as failing that were refused unchecked
+	// (see Metrics.ChecksumClaimsRefused).
 	checksumVerified, checksumFailed, checksumWithdrawn, checksumClaimsRefused atomic.Uint64
-	// leaseRenewalsRefused counts renewals refused to leases past
-	// MaxLeaseAge.
+	// leaseRenewalsRefused counts the live leases past MaxLeaseAge a
+	// renewal was refused to, each once.
 	leaseRenewalsRefused atomic.Uint64
 
 	// importTime is each Import call's duration, chunkTime each chunk's
@@ -187,9 +187,13 @@ type Metrics struct {
 	// ChecksumWithdrawn the blocks this node withdrew, told of a mismatch,
 	// because their bytes changed after registration.
 	ChecksumsVerified, ChecksumsFailed, ChecksumWithdrawn uint64
-	// ChecksumClaimsRefused counts the hashes peers' releases named as
-	// failing their checksums that their leases did not hold (or named
-	// twice, or after the lease ended): refused unchecked.
+	// ChecksumClaimsRefused counts the hashes a peer's release named as
+	// failing their checksums, under a lease of that peer's still in this
+	// node's book, that were refused unchecked: each the lease had not
+	// pinned or named a second time, or every one when the pool's lease
+	// had ended. Claims under a lease the book no longer has, or another
+	// peer's, are ignored uncounted; a pinned block withdrawn since is
+	// not refused.
 	ChecksumClaimsRefused uint64
 
 	// EngineRequestBytes are the bytes of engine requests being served

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -203,11 +202,19 @@ func (cs *chunkSums) sumBlock(l *layout.Layout, regions [][]byte, leased []trans
 // against the sums taken at registration, and withdraws those whose bytes
 // no longer match. A claim is never taken on trust: only the reader's own
 // live lease may carry one, and only about blocks that lease pinned (the
-// pool's record of its slots), each checked once; a block whose bytes
-// still match stays. Whatever else a release names (a block the lease did
-// not pin, a hash named twice, any hash once the lease has ended) is
-// refused unchecked, counted and logged: a release costs this node at most
-// one sum of each block its lease pinned. It stops when ctx ends.
+// pool's record of its slots and the hash each held), each checked once; a
+// block whose bytes still match stays, and one withdrawn since (another
+// reader's claim) is done with. A release costs this node at most one sum
+// of each block its lease pinned. It stops when ctx ends.
+//
+// Claims under a lease this node's book no longer has (released, or
+// dropped once past its deadline), or under another peer's, are ignored
+// unchecked and uncounted. Under the peer's own lease, the hashes refused
+// unchecked are counted (checksumClaimsRefused) and logged: each the lease
+// did not pin or named a second time, or every one when the pool's lease
+// has ended though the book still has it. The agent's log folds the
+// warning's repeats: a peer named and why, one line per repeatWindow
+// however many releases; the lease and the counts go to debug.
 func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, hashes []uint64) {
 	if err := h.owned(peer, id); err != nil {
 		return
@@ -219,7 +226,9 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 			return
 		}
 		a.stats.checksumClaimsRefused.Add(uint64(refused))
-		a.log.Warn("a release named blocks as failing their checksums that its lease does not hold: refused unchecked",
+		a.log.Warn("a peer's releases named blocks as failing their checksums that their leases did not hold: refused unchecked (kvfabric_checksum_claims_refused_total counts each)",
+			"peer", peer, "why", why)
+		a.log.Debug("a release's checksum claims refused unchecked",
 			"peer", peer, "lease", id, "refused", refused, "named", len(hashes), "why", why)
 	}()
 	setID, slots, err := a.pool.LeasedSlots(pool.LeaseID(id))
@@ -233,23 +242,26 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		refused, why = len(hashes), "the lease has ended"
 		return
 	}
-	checked := make(map[int]bool, min(len(hashes), len(slots)))
+	pinned := make(map[uint64]int, len(slots)) // hash to slot, until checked
+	for _, s := range slots {
+		pinned[s.Hash] = s.Slot
+	}
 	for i, x := range hashes {
 		if ctx.Err() != nil {
 			a.log.Debug("a release's checksum claims left unchecked: the call ended",
 				"peer", peer, "lease", id, "unchecked", len(hashes)-i)
 			return
 		}
+		slot, held := pinned[x]
+		if !held {
+			refused++
+			continue
+		}
+		delete(pinned, x)
 		b, ok := es.set.Lookup(x)
-		if !ok {
-			refused++
-			continue
+		if !ok || b.Slot != slot {
+			continue // withdrawn since, by another reader's claim
 		}
-		if _, held := slices.BinarySearch(slots, b.Slot); !held || checked[b.Slot] {
-			refused++
-			continue
-		}
-		checked[b.Slot] = true
 		want, ok := es.set.Sum(b)
 		if !ok {
 			continue
@@ -259,7 +271,7 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 			continue
 		}
 		if err := es.set.Withdraw(b); err != nil {
-			continue // recycled meanwhile
+			continue // withdrawn meanwhile, by another reader's claim
 		}
 		a.stats.checksumWithdrawn.Add(1)
 		a.log.Error("block changed after it was registered: withdrawn (an engine wrote into it after registering it)",

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -232,41 +233,13 @@ func startHolder(t *testing.T, tweak func(*Config)) *Agent {
 // lease holds is checked; one past them is not.
 func TestMismatchedOnlyForTheLeasesBlocks(t *testing.T) {
 	a := startHolder(t, nil)
-	m := layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
-	s, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 64, Slots: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	regions, err := s.set.RegionBytes()
-	if err != nil {
-		t.Fatal(err)
-	}
 	const n = 6
-	hashes := make([]uint64, n)
-	blocks, err := s.set.Allocate(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, b := range blocks {
-		hashes[i] = uint64(100 + i)
-		kvtest.Fill(s.set.Layout(), regions, b.Slot, uint64(i+1))
-		s.set.Commit(b)
-		sum, ok := s.takeSum(b.Slot)
-		if !ok {
-			t.Fatal("no checksum taken of a host block")
-		}
-		if _, err := s.set.Register(b, hashes[i], 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.set.SetSum(b, sum); err != nil {
-			t.Fatal(err)
-		}
-	}
+	s, hashes, blocks := summedBlocks(t, a, n)
 	// Every block but the last changes after registration: each one the
 	// holder sums is withdrawn, so a block still registered was never
 	// summed.
 	for _, b := range blocks[:n-1] {
-		kvtest.Fill(s.set.Layout(), regions, b.Slot, 0xbad)
+		s.change(b)
 	}
 	registered := func(h uint64) bool { _, ok := s.set.Lookup(h); return ok }
 	h := a.service
@@ -317,6 +290,86 @@ func TestMismatchedOnlyForTheLeasesBlocks(t *testing.T) {
 	}
 	if got := a.Metrics(); got.ChecksumWithdrawn != 2 {
 		t.Errorf("withdrew %d blocks, want still 2", got.ChecksumWithdrawn)
+	}
+}
+
+// A block two readers leased and both found changed is withdrawn on the
+// first one's claim; the second one's claim about it is done with, not
+// refused (the block is gone from the registry, but its lease pinned it),
+// and does not act on a block of the same hash registered again since in
+// another slot, which its lease did not pin.
+func TestMismatchedAfterAnotherReaderWithdrewTheBlock(t *testing.T) {
+	var logs syncLog
+	a := startHolder(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	s, hashes, blocks := summedBlocks(t, a, 2)
+	s.change(blocks[0])
+	h := a.service
+	ctx := context.Background()
+	var leases []uint64
+	for _, peer := range []string{"p1", "p2"} {
+		l, err := h.Lease(ctx, peer, hashes[:1], time.Minute)
+		if err != nil || l.ID == 0 {
+			t.Fatalf("lease: %+v %v", l, err)
+		}
+		leases = append(leases, l.ID)
+	}
+	h.Mismatched(ctx, "p1", leases[0], hashes[:1])
+	if _, ok := s.set.Lookup(hashes[0]); ok {
+		t.Fatal("the changed block is still registered after the first reader's claim")
+	}
+	// The same block registered again, in another slot, and changed.
+	again := s.register(t, hashes[0], 9)
+	s.change(again)
+	h.Mismatched(ctx, "p2", leases[1], hashes[:1])
+	if b, ok := s.set.Lookup(hashes[0]); !ok || b.Slot != again.Slot {
+		t.Errorf("the block registered again in slot %d: lookup %+v %v; want it left, its lease never pinned it", again.Slot, b, ok)
+	}
+	if got := a.Metrics(); got.ChecksumWithdrawn != 1 || got.ChecksumClaimsRefused != 0 {
+		t.Errorf("withdrew %d, refused %d claims; want 1 withdrawn, none refused", got.ChecksumWithdrawn, got.ChecksumClaimsRefused)
+	}
+	if strings.Contains(logs.String(), "refused unchecked") {
+		t.Errorf("the second reader's claim was logged as refused:\n%s", logs.String())
+	}
+}
+
+// A peer's releases that keep naming blocks their leases did not pin are
+// each counted, claim by claim, but logged once per peer in the agent's
+// window for repeats, not once per release.
+func TestMismatchedRefusalsLoggedOncePerPeer(t *testing.T) {
+	var logs syncLog
+	a := startHolder(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	_, hashes, _ := summedBlocks(t, a, 1)
+	h := a.service
+	ctx := context.Background()
+	want := uint64(0)
+	for _, peer := range []string{"p1", "p2"} {
+		for i := range 5 {
+			l, err := h.Lease(ctx, peer, hashes, time.Minute)
+			if err != nil || l.ID == 0 {
+				t.Fatalf("lease: %+v %v", l, err)
+			}
+			junk := make([]uint64, i+1)
+			for k := range junk {
+				junk[k] = uint64(1000 + k)
+			}
+			h.Mismatched(ctx, peer, l.ID, junk)
+			want += uint64(len(junk))
+			if valid, err := h.Release(ctx, peer, l.ID); !valid || err != nil {
+				t.Fatalf("release: %v %v", valid, err)
+			}
+		}
+	}
+	if got := a.Metrics().ChecksumClaimsRefused; got != want {
+		t.Errorf("%d claims counted refused, want %d", got, want)
+	}
+	var warned []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "refused unchecked") {
+			warned = append(warned, line)
+		}
+	}
+	if len(warned) != 2 || !strings.Contains(warned[0], "peer=p1") || !strings.Contains(warned[1], "peer=p2") {
+		t.Errorf("warned %d times, want once for p1 and once for p2:\n%s", len(warned), strings.Join(warned, "\n"))
 	}
 }
 
@@ -372,4 +425,81 @@ func TestHolderRefusesRenewalPastMaxLeaseAge(t *testing.T) {
 	if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
 		t.Fatalf("release within the term after a refused renewal: %v %v, want valid", valid, err)
 	}
+}
+
+// hostBlocks is a host block set of the holder-side tests, with its bytes.
+type hostBlocks struct {
+	*engineSet
+	regions [][]byte
+}
+
+// summedBlocks registers n blocks (hashes 100 on) in a new host block set
+// of a, each with the checksum of its bytes.
+func summedBlocks(t *testing.T, a *Agent, n int) (*hostBlocks, []uint64, []pool.Block) {
+	t.Helper()
+	m := layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
+	es, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 64, Slots: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	regions, err := es.set.RegionBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &hostBlocks{es, regions}
+	hashes := make([]uint64, n)
+	blocks := make([]pool.Block, n)
+	for i := range n {
+		hashes[i] = uint64(100 + i)
+		blocks[i] = s.register(t, hashes[i], uint64(i+1))
+	}
+	return s, hashes, blocks
+}
+
+// register writes a block of seed's bytes and registers it as hash with
+// its checksum.
+func (s *hostBlocks) register(t *testing.T, hash, seed uint64) pool.Block {
+	t.Helper()
+	blocks, err := s.set.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := blocks[0]
+	kvtest.Fill(s.set.Layout(), s.regions, b.Slot, seed)
+	s.set.Commit(b)
+	sum, ok := s.takeSum(b.Slot)
+	if !ok {
+		t.Fatal("no checksum taken of a host block")
+	}
+	if b, err = s.set.Register(b, hash, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.set.SetSum(b, sum); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// change writes other bytes into b's slot, as an engine writing into a
+// block after registering it would.
+func (s *hostBlocks) change(b pool.Block) {
+	kvtest.Fill(s.set.Layout(), s.regions, b.Slot, 0xbad)
+}
+
+// syncLog collects an agent's log for a test to read while it writes.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -646,10 +646,11 @@ func (p *Pool) CheckRead(id LeaseID, set SetID, rank int, offset, length uint64)
 }
 
 // LeasedSlots returns the block set live lease id is on and the slots it
-// holds, ascending: what a holder checks a reader's claims about the lease
-// against. A lease past its deadline is reaped and ErrLeaseExpired
-// returned; an unknown one returns ErrUnknownLease.
-func (p *Pool) LeasedSlots(id LeaseID) (SetID, []int, error) {
+// holds, ascending, each with the hash of the block it held when leased
+// (one withdrawn since included): what a holder checks a reader's claims
+// about the lease against. A lease past its deadline is reaped and
+// ErrLeaseExpired returned; an unknown one returns ErrUnknownLease.
+func (p *Pool) LeasedSlots(id LeaseID) (SetID, []LeasedSlot, error) {
 	b, err := p.leaseSet(id)
 	if err != nil {
 		return 0, nil, err
@@ -659,6 +660,17 @@ func (p *Pool) LeasedSlots(id LeaseID) (SetID, []int, error) {
 		return 0, nil, err
 	}
 	return b.id, slots, nil
+}
+
+// LeaseDeadline returns live lease id's deadline, which only Renew moves.
+// A lease past its deadline is reaped and ErrLeaseExpired returned; an
+// unknown one returns ErrUnknownLease.
+func (p *Pool) LeaseDeadline(id LeaseID) (time.Time, error) {
+	b, err := p.leaseSet(id)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return b.leaseDeadline(id)
 }
 
 func (p *Pool) checkDuration(d time.Duration) error {
