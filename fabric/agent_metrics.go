@@ -174,8 +174,9 @@ type Metrics struct {
 	// released because their peer went; LeaseHold how long they lived.
 	LeasesServed, LeasesEndedEarly uint64
 	LeaseHold                      pool.Histogram
-	// LeaseRenewalsRefused counts renewals this node refused to leases
-	// older than its MaxLeaseAge.
+	// LeaseRenewalsRefused counts the leases older than this node's
+	// MaxLeaseAge it refused a renewal to while they were live, each once
+	// however often it was asked again.
 	LeaseRenewalsRefused uint64
 
 	// Certificates are the TLS certificates in use and when they expire.

@@ -27,6 +27,7 @@ type leaseEntry struct {
 	granted  time.Time
 	deadline time.Time
 	blocks   int
+	refused  bool // a renewal was refused: past the max lease age
 }
 
 func newLeaseBook() *leaseBook {
@@ -86,6 +87,20 @@ func (b *leaseBook) age(id pool.LeaseID, now time.Time) (time.Duration, bool) {
 	e, ok := b.leases[id]
 	b.mu.Unlock()
 	return now.Sub(e.granted), ok
+}
+
+// refuse marks lease id's renewals refused, and reports whether this call
+// marked it: false when an earlier one did, or the book no longer has it.
+func (b *leaseBook) refuse(id pool.LeaseID) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.leases[id]
+	if !ok || e.refused {
+		return false
+	}
+	e.refused = true
+	b.leases[id] = e
+	return true
 }
 
 // extend moves lease id's deadline.

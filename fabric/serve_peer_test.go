@@ -376,8 +376,11 @@ func TestMismatchedRefusalsLoggedOncePerPeer(t *testing.T) {
 // Renewals keep a lease alive up to the holder's MaxLeaseAge and no
 // further: one asked for at that age is granted its term, one a
 // nanosecond past it is refused with an error naming the limit, counted,
-// and the lease ends with the term it has (still valid at its release
-// until then). Unset, the limit is DefaultMaxLeaseAge.
+// and the lease ends with the term it has (its pool deadline unmoved,
+// still valid at its release until then). Asked again, the renewal is
+// refused as before and not counted again; a lease past the age whose
+// pool lease has ended (the book not yet told) is answered as ended, not
+// counted. Unset, the limit is DefaultMaxLeaseAge.
 func TestHolderRefusesRenewalPastMaxLeaseAge(t *testing.T) {
 	if c := DefaultConfig(); c.MaxLeaseAge != DefaultMaxLeaseAge || DefaultMaxLeaseAge != 10*time.Minute {
 		t.Fatalf("default max lease age %v (DefaultMaxLeaseAge %v), want 10m", c.MaxLeaseAge, DefaultMaxLeaseAge)
@@ -414,16 +417,41 @@ func TestHolderRefusesRenewalPastMaxLeaseAge(t *testing.T) {
 			t.Fatalf("renewal at age %v (limit %v): %v %v, want the 5s term", age, limit, d, err)
 		}
 	}
-	d, err := h.renew("peer", l.ID, time.Minute, granted.Add(limit+1))
-	if d != 0 || !errors.Is(err, transfer.ErrLeaseRefused) || !strings.Contains(err.Error(), "max lease age of 2m0s (--max-lease-age)") {
-		t.Fatalf("renewal a nanosecond past the max lease age: %v %v, want refused naming the limit", d, err)
+	deadline, err := a.pool.LeaseDeadline(pool.LeaseID(l.ID))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := a.Metrics().LeaseRenewalsRefused; got != 1 {
-		t.Errorf("%d renewals counted refused, want 1", got)
+	for i, past := range []time.Duration{1, time.Minute} {
+		d, err := h.renew("peer", l.ID, time.Minute, granted.Add(limit+past))
+		if d != 0 || !errors.Is(err, transfer.ErrLeaseRefused) || !strings.Contains(err.Error(), "max lease age of 2m0s (--max-lease-age)") {
+			t.Fatalf("renewal %v past the max lease age: %v %v, want refused naming the limit", past, d, err)
+		}
+		if got, err := a.pool.LeaseDeadline(pool.LeaseID(l.ID)); err != nil || !got.Equal(deadline) {
+			t.Fatalf("refused renewal %d: the lease's deadline %v (%v), want %v unmoved", i+1, got, err, deadline)
+		}
+		if got := a.Metrics().LeaseRenewalsRefused; got != 1 {
+			t.Errorf("after refused renewal %d: %d leases counted refused, want 1", i+1, got)
+		}
 	}
 	// Refused, the lease still runs out its term.
 	if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
 		t.Fatalf("release within the term after a refused renewal: %v %v, want valid", valid, err)
+	}
+
+	// A lease the pool has ended but the book still has (it drops
+	// entries past their deadline only in passing).
+	l, err = h.Lease(ctx, "peer", []uint64{7}, time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	if _, err := a.pool.ReleaseLease(pool.LeaseID(l.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := h.renew("peer", l.ID, time.Minute, time.Now().Add(limit+time.Minute)); d != 0 || err != nil {
+		t.Fatalf("renewal past the max lease age of a lease ended: %v %v, want 0, nil (ended)", d, err)
+	}
+	if got := a.Metrics().LeaseRenewalsRefused; got != 1 {
+		t.Errorf("%d leases counted refused, want still 1 (an ended lease is not refused)", got)
 	}
 }
 

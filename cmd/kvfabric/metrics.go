@@ -88,7 +88,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.histogram("kvfabric_import_chunk_duration_seconds", "Import chunks, from asking for the lease to registering the blocks, by transport.", m.ImportChunkTimeLane, "transport", "tcp")
 	e.counter("kvfabric_leases_served_total", "Leases granted to peers.", float64(m.LeasesServed))
 	e.counter("kvfabric_leases_ended_early_total", "Leases released before their term because the peer holding them disconnected, left or failed.", float64(m.LeasesEndedEarly))
-	e.counter("kvfabric_lease_renewals_refused_total", "Lease renewals refused because the lease was older than --max-lease-age; the lease ended with its term.", float64(m.LeaseRenewalsRefused))
+	e.counter("kvfabric_lease_renewals_refused_total", "Leases a renewal was refused to because the lease was older than --max-lease-age, each counted once, while it was live; the lease ended with its term.", float64(m.LeaseRenewalsRefused))
 	e.histogram("kvfabric_lease_hold_duration_seconds", "How long leases granted to peers lived, until released or their peer went.", m.LeaseHold)
 	e.counter("kvfabric_import_checksums_verified_total", "Imported blocks whose bytes matched the content checksum their holder gave.", float64(m.ChecksumsVerified))
 	e.counter("kvfabric_import_checksums_failed_total", "Imported blocks whose bytes did not match their content checksum: refused, never registered.", float64(m.ChecksumsFailed))
