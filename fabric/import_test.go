@@ -217,7 +217,10 @@ func TestImportRenewsLeaseForLongRead(t *testing.T) {
 // read under it as any lost lease does: the import falls over to another
 // holder, comes back for the block only the first one holds under a new
 // lease, and brings every block byte-exact. Renewals up to the max age
-// were granted.
+// were granted. With a 4 s term and a 3 s max age the stalled read's
+// lease is renewed at 2 s (granted if it comes up to 1 s late) and at 4 s
+// (refused, and counted if it comes before the lease ends at 6 s): wide
+// margins on loaded cores, about 4 s in all.
 func TestImportFailsOverPastMaxLeaseAge(t *testing.T) {
 	var stalled atomic.Uint64 // the first lease read under on the holder
 	unblock := make(chan struct{})
@@ -225,7 +228,7 @@ func TestImportFailsOverPastMaxLeaseAge(t *testing.T) {
 		// Only the refused renewal ends the stalled read.
 		c.PeerTimeout = 60 * time.Second
 		if i == 0 {
-			c.LeaseDuration, c.MaxLeaseAge = time.Second, 2*time.Second
+			c.LeaseDuration, c.MaxLeaseAge = 4*time.Second, 3*time.Second
 			fabric.BeforeServeRead(c, func(_ string, lease uint64) {
 				if stalled.CompareAndSwap(0, lease) || stalled.Load() == lease {
 					<-unblock
