@@ -40,8 +40,13 @@ type counters struct {
 	// checksumVerified and checksumFailed count the holder pages an
 	// import checked against their content checksums, and those that
 	// failed; checksumWithdrawn the blocks this node withdrew because
-	// their bytes changed after registration.
-	checksumVerified, checksumFailed, checksumWithdrawn atomic.Uint64
+	// their bytes changed after registration; checksumClaimsRefused the
+	// hashes peers' releases named as failing that were refused unchecked
+	// (see Metrics.ChecksumClaimsRefused).
+	checksumVerified, checksumFailed, checksumWithdrawn, checksumClaimsRefused atomic.Uint64
+	// leaseRenewalsRefused counts the live leases past MaxLeaseAge a
+	// renewal was refused to, each once.
+	leaseRenewalsRefused atomic.Uint64
 
 	// importTime is each Import call's duration, chunkTime each chunk's
 	// from lease to registration, leaseHold how long a lease this node
@@ -169,6 +174,10 @@ type Metrics struct {
 	// released because their peer went; LeaseHold how long they lived.
 	LeasesServed, LeasesEndedEarly uint64
 	LeaseHold                      pool.Histogram
+	// LeaseRenewalsRefused counts the leases older than this node's
+	// MaxLeaseAge it refused a renewal to while they were live, each once
+	// however often it was asked again.
+	LeaseRenewalsRefused uint64
 
 	// Certificates are the TLS certificates in use and when they expire.
 	Certificates []CertificateExpiry
@@ -179,6 +188,14 @@ type Metrics struct {
 	// ChecksumWithdrawn the blocks this node withdrew, told of a mismatch,
 	// because their bytes changed after registration.
 	ChecksumsVerified, ChecksumsFailed, ChecksumWithdrawn uint64
+	// ChecksumClaimsRefused counts the hashes a peer's release named as
+	// failing their checksums, under a lease of that peer's still in this
+	// node's book, that were refused unchecked: each the lease had not
+	// pinned or named a second time, or every one when the pool's lease
+	// had ended. Claims under a lease the book no longer has, or another
+	// peer's, are ignored uncounted; a pinned block withdrawn since is
+	// not refused.
+	ChecksumClaimsRefused uint64
 
 	// EngineRequestBytes are the bytes of engine requests being served
 	// (as charged against EngineRequestMemory); EngineRequestsRefused the
@@ -256,6 +273,8 @@ func (a *Agent) Metrics() Metrics {
 		ChecksumsFailed:     st.checksumFailed.Load(),
 		ChecksumWithdrawn:   st.checksumWithdrawn.Load(),
 	}
+	m.ChecksumClaimsRefused = st.checksumClaimsRefused.Load()
+	m.LeaseRenewalsRefused = st.leaseRenewalsRefused.Load()
 	m.Joined = m.Membership.Joined
 	m.RDMA, m.RDMAEnabled = a.transport.RDMAMetrics()
 	for _, d := range a.members.Departed() {

@@ -27,6 +27,14 @@ const (
 	// (pool's default MaxLeaseDuration; the wire carries milliseconds).
 	MinLeaseDuration = time.Second
 	MaxLeaseDuration = 5 * time.Minute
+	// DefaultMaxLeaseAge is how old a lease may be and still be renewed:
+	// far past what a chunk's lease lives in an import (leased while the
+	// chunk before it is read, held while it is read and released, each
+	// call bounded by PeerTimeout and the whole import by ImportTimeout,
+	// 2 s and 30 s by default), short enough that no peer keeps blocks
+	// pinned here for good. MaxLeaseAgeCeiling bounds the setting.
+	DefaultMaxLeaseAge = 10 * time.Minute
+	MaxLeaseAgeCeiling = 24 * time.Hour
 
 	DefaultImportTimeout = 30 * time.Second
 	DefaultPeerTimeout   = 2 * time.Second
@@ -190,6 +198,13 @@ type Config struct {
 	// LeaseDuration is how long a holder keeps blocks for an importer,
 	// MinLeaseDuration to MaxLeaseDuration. If zero, DefaultLeaseDuration.
 	LeaseDuration time.Duration `json:"lease_duration,omitempty"`
+	// MaxLeaseAge is how long renewals may keep a lease this node granted
+	// alive: a renewal asked for once the lease is older than it is
+	// refused, naming it, and the lease ends with the term it has (so it
+	// lives at most MaxLeaseAge and one LeaseDuration); the importer fails
+	// the read over to another holder. MinLeaseDuration to
+	// MaxLeaseAgeCeiling. If zero, DefaultMaxLeaseAge.
+	MaxLeaseAge time.Duration `json:"max_lease_age,omitempty"`
 	// MaxLeasedPerPeer bounds the blocks one peer may hold leased on this
 	// node at once; a lease past it is cut to what fits, or refused as
 	// unavailable when nothing does. If zero, half of the slots of this
@@ -929,6 +944,8 @@ var durationSettings = []DurationSetting{
 		field: func(c *Config) *time.Duration { return &c.SessionKeepalive }},
 	{Field: "LeaseDuration", Key: "lease_duration", Default: DefaultLeaseDuration, Min: MinLeaseDuration, Max: MaxLeaseDuration,
 		field: func(c *Config) *time.Duration { return &c.LeaseDuration }},
+	{Field: "MaxLeaseAge", Key: "max_lease_age", Default: DefaultMaxLeaseAge, Min: MinLeaseDuration, Max: MaxLeaseAgeCeiling,
+		field: func(c *Config) *time.Duration { return &c.MaxLeaseAge }},
 	{Field: "ImportTimeout", Key: "import_timeout", Default: DefaultImportTimeout,
 		field: func(c *Config) *time.Duration { return &c.ImportTimeout }},
 	{Field: "PeerTimeout", Key: "peer_timeout", Default: DefaultPeerTimeout,

@@ -60,11 +60,14 @@
 // memory without RDMA it goes through pinned staging (import_staging.go,
 // which also stages this node's GPU memory out for peers reading it over
 // QUIC).
-// A read that outlives the lease's term renews it (import_lease_keeper.go).
+// A read that outlives the lease's term renews it (import_lease_keeper.go),
+// while the lease is at most the holder's MaxLeaseAge old; a refused
+// renewal fails the read over as a lost lease.
 // Once a chunk's bytes are in its slots, import_checksum.go checks each
 // block against the checksum the lease carried (taken when the holder's
 // engine registered it); a mismatch fails the chunk over and tells the
-// holder, which withdraws the block. A chunk's slots are registered only
+// holder, which checks again and withdraws the block (only a block that
+// reader's lease pinned). A chunk's slots are registered only
 // after every byte arrived and checked and the holder's release confirmed
 // that the lease never expired; a chunk that
 // fails is discarded and the rest of the import fails over to the next

@@ -198,38 +198,85 @@ func (cs *chunkSums) sumBlock(l *layout.Layout, regions [][]byte, leased []trans
 	}
 }
 
-// Mismatched checks the blocks a reader says failed their checksums, in
-// every block set that holds them, against the sums taken at registration,
-// and withdraws those whose bytes no longer match. A claim is never taken
-// on trust: only the reader's own lease may carry one, and a block whose
-// bytes still match stays.
+// Mismatched checks the blocks a reader says failed their checksums
+// against the sums taken at registration, and withdraws those whose bytes
+// no longer match. A claim is never taken on trust: only the reader's own
+// live lease may carry one, and only about blocks that lease pinned (the
+// pool's record of its slots and the hash each held), each checked once; a
+// block whose bytes still match stays, and one withdrawn since (another
+// reader's claim) is done with. A release costs this node at most one sum
+// of each block its lease pinned. It stops when ctx ends.
+//
+// Claims under a lease this node's book no longer has (released, or
+// dropped once past its deadline), or under another peer's, are ignored
+// unchecked and uncounted. Under the peer's own lease, the hashes refused
+// unchecked are counted (checksumClaimsRefused) and logged: each the lease
+// did not pin or named a second time, or every one when the pool's lease
+// has ended though the book still has it. The agent's log folds the
+// warning's repeats: a peer named and why, one line per repeatWindow
+// however many releases; the lease and the counts go to debug.
 func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, hashes []uint64) {
 	if err := h.owned(peer, id); err != nil {
 		return
 	}
 	a := h.a
-	for _, es := range a.engineSets() {
-		for _, x := range hashes {
-			b, ok := es.set.Lookup(x)
-			if !ok {
-				continue
-			}
-			want, ok := es.set.Sum(b)
-			if !ok {
-				continue
-			}
-			got, ok := blockSum(es.set, b.Slot, 0, es.set.Layout().PageSize)
-			if !ok || got == want {
-				continue
-			}
-			if err := es.set.Withdraw(b); err != nil {
-				continue // recycled meanwhile
-			}
-			a.stats.checksumWithdrawn.Add(1)
-			a.log.Error("block changed after it was registered: withdrawn (an engine wrote into it after registering it)",
-				"peer", peer, "hash", x, "set", es.set.ID(), "slot", b.Slot, "engine", es.engine,
-				"sum", fmt.Sprintf("%016x", want), "now", fmt.Sprintf("%016x", got))
+	refused, why := 0, "not blocks the lease holds, or named twice"
+	defer func() {
+		if refused == 0 {
+			return
 		}
+		a.stats.checksumClaimsRefused.Add(uint64(refused))
+		a.log.Warn("a peer's releases named blocks as failing their checksums that their leases did not hold: refused unchecked (kvfabric_checksum_claims_refused_total counts each)",
+			"peer", peer, "why", why)
+		a.log.Debug("a release's checksum claims refused unchecked",
+			"peer", peer, "lease", id, "refused", refused, "named", len(hashes), "why", why)
+	}()
+	setID, slots, err := a.pool.LeasedSlots(pool.LeaseID(id))
+	var es *engineSet
+	if err == nil {
+		a.mu.Lock()
+		es = a.sets[setID]
+		a.mu.Unlock()
+	}
+	if es == nil {
+		refused, why = len(hashes), "the lease has ended"
+		return
+	}
+	pinned := make(map[uint64]int, len(slots)) // hash to slot, until checked
+	for _, s := range slots {
+		pinned[s.Hash] = s.Slot
+	}
+	for i, x := range hashes {
+		if ctx.Err() != nil {
+			a.log.Debug("a release's checksum claims left unchecked: the call ended",
+				"peer", peer, "lease", id, "unchecked", len(hashes)-i)
+			return
+		}
+		slot, held := pinned[x]
+		if !held {
+			refused++
+			continue
+		}
+		delete(pinned, x)
+		b, ok := es.set.Lookup(x)
+		if !ok || b.Slot != slot {
+			continue // withdrawn since, by another reader's claim
+		}
+		want, ok := es.set.Sum(b)
+		if !ok {
+			continue
+		}
+		got, ok := blockSum(es.set, b.Slot, 0, es.set.Layout().PageSize)
+		if !ok || got == want {
+			continue
+		}
+		if err := es.set.Withdraw(b); err != nil {
+			continue // withdrawn meanwhile, by another reader's claim
+		}
+		a.stats.checksumWithdrawn.Add(1)
+		a.log.Error("block changed after it was registered: withdrawn (an engine wrote into it after registering it)",
+			"peer", peer, "hash", x, "set", es.set.ID(), "slot", b.Slot, "engine", es.engine,
+			"sum", fmt.Sprintf("%016x", want), "now", fmt.Sprintf("%016x", got))
 	}
 }
 

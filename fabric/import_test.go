@@ -213,6 +213,60 @@ func TestImportRenewsLeaseForLongRead(t *testing.T) {
 	}
 }
 
+// A renewal the holder refuses, its lease past --max-lease-age, fails the
+// read under it as any lost lease does: the import falls over to another
+// holder, comes back for the block only the first one holds under a new
+// lease, and brings every block byte-exact. Renewals up to the max age
+// were granted. With a 4 s term and a 3 s max age the stalled read's
+// lease is renewed at 2 s (granted if it comes up to 1 s late) and at 4 s
+// (refused, and counted if it comes before the lease ends at 6 s): wide
+// margins on loaded cores, about 4 s in all.
+func TestImportFailsOverPastMaxLeaseAge(t *testing.T) {
+	var stalled atomic.Uint64 // the first lease read under on the holder
+	unblock := make(chan struct{})
+	agents := clusterWith(t, 3, func(i int, c *fabric.Config) {
+		// Only the refused renewal ends the stalled read.
+		c.PeerTimeout = 60 * time.Second
+		if i == 0 {
+			c.LeaseDuration, c.MaxLeaseAge = 4*time.Second, 3*time.Second
+			fabric.BeforeServeRead(c, func(_ string, lease uint64) {
+				if stalled.CompareAndSwap(0, lease) || stalled.Load() == lease {
+					<-unblock
+				}
+			})
+		}
+	})
+	t.Cleanup(func() { close(unblock) }) // before the agents close
+	stalling, importer, other := agents[0], agents[1], agents[2]
+	e := client.Engine{Name: "holder", Model: testModel, TPSize: 2, PageSize: 16, Order: layout.NHD, Slots: 16}
+	hashes := sumHashes(5, 8)
+	holdBlocks(t, stalling, e, hashes, 1)
+	holdBlocks(t, other, e, hashes[:7], 1)
+	waitHeld(t, importer, stalling, 8)
+	waitHeld(t, importer, other, 7)
+	c := dial(t, importer)
+	e.Name, e.TPSize, e.Order = "importer", 1, layout.HND
+	set := register(t, c, e)
+	resp, err := c.Import(context.Background(), set.ID, hashes)
+	if err != nil || len(resp.GetBlocks()) != len(hashes) {
+		t.Fatalf("import past a refused renewal: %v %v", resp, err)
+	}
+	checkImported(t, set, resp.GetBlocks(), 1)
+	nodes := map[string]bool{}
+	for _, f := range resp.GetFetches() {
+		nodes[f.GetNode()] = true
+	}
+	if !nodes[stalling.NodeName()] || !nodes[other.NodeName()] {
+		t.Errorf("fetched from %v, want %s and %s", nodes, stalling.NodeName(), other.NodeName())
+	}
+	if got := stalling.Metrics().LeaseRenewalsRefused; got != 1 {
+		t.Errorf("the holder refused %d renewals, want the stalled read's 1", got)
+	}
+	if got := fabric.LeaseRenewals(importer); got < 1 {
+		t.Errorf("%d renewals granted before the max lease age, want at least 1", got)
+	}
+}
+
 // A holder refusing what the import itself asked for (blocks of another
 // page size) is not blamed: it stays first in line for other imports.
 func TestImportRefusalIsNotTheHoldersFault(t *testing.T) {

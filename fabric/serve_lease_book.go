@@ -27,6 +27,7 @@ type leaseEntry struct {
 	granted  time.Time
 	deadline time.Time
 	blocks   int
+	refused  bool // a renewal was refused: past the max lease age
 }
 
 func newLeaseBook() *leaseBook {
@@ -78,6 +79,28 @@ func (b *leaseBook) owner(id pool.LeaseID) (string, bool) {
 	e, ok := b.leases[id]
 	b.mu.Unlock()
 	return e.peer, ok
+}
+
+// age returns how long ago lease id was granted, at now.
+func (b *leaseBook) age(id pool.LeaseID, now time.Time) (time.Duration, bool) {
+	b.mu.Lock()
+	e, ok := b.leases[id]
+	b.mu.Unlock()
+	return now.Sub(e.granted), ok
+}
+
+// refuse marks lease id's renewals refused, and reports whether this call
+// marked it: false when an earlier one did, or the book no longer has it.
+func (b *leaseBook) refuse(id pool.LeaseID) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.leases[id]
+	if !ok || e.refused {
+		return false
+	}
+	e.refused = true
+	b.leases[id] = e
+	return true
 }
 
 // extend moves lease id's deadline.

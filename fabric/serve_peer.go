@@ -185,10 +185,39 @@ func (h *peerService) owned(peer string, id uint64) error {
 }
 
 // Renew extends a lease for at most this node's LeaseDuration, as Lease
-// grants it, and returns the term granted.
+// grants it, and returns the term granted. A lease older than MaxLeaseAge
+// is not renewed: it ends with the term it has, and the error names the
+// limit. Renewals exist for reads that outlive a term, not to keep blocks
+// pinned for good (pinned, they are never recycled); the importer fails a
+// read whose lease it could not renew over to another holder.
 func (h *peerService) Renew(ctx context.Context, peer string, id uint64, d time.Duration) (time.Duration, error) {
+	return h.renew(peer, id, d, time.Now())
+}
+
+// renew is Renew asked for at now. A lease past MaxLeaseAge is refused
+// before the pool's lease is touched, and counted and logged once: the
+// first time it is refused while the pool still holds it. Asked again, it
+// is refused as before, uncounted; once the pool's lease has ended it is
+// answered as any ended lease is.
+func (h *peerService) renew(peer string, id uint64, d time.Duration, now time.Time) (time.Duration, error) {
 	if err := h.owned(peer, id); err != nil {
 		return 0, nil
+	}
+	age, ok := h.book.age(pool.LeaseID(id), now)
+	if !ok {
+		return 0, nil
+	}
+	if limit := h.a.cfg.MaxLeaseAge; age > limit {
+		if _, err := h.a.pool.LeaseDeadline(pool.LeaseID(id)); err != nil {
+			return 0, nil // ended: as the pool's Renew would say
+		}
+		if h.book.refuse(pool.LeaseID(id)) {
+			h.a.stats.leaseRenewalsRefused.Add(1)
+			h.a.log.Warn("lease renewal refused: the lease is older than this node's max lease age (--max-lease-age); it ends with its term",
+				"peer", peer, "lease", id, "max_lease_age", limit)
+		}
+		return 0, fmt.Errorf("%w: lease %d was granted %v ago, past this node's max lease age of %v (--max-lease-age): not renewed, it ends with its term",
+			transfer.ErrLeaseRefused, id, age.Round(time.Millisecond), limit)
 	}
 	d = h.grant(d)
 	if err := h.a.pool.Renew(pool.LeaseID(id), d); err != nil {

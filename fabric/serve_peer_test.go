@@ -6,10 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/transfer"
@@ -221,4 +224,310 @@ func startHolder(t *testing.T, tweak func(*Config)) *Agent {
 	}
 	t.Cleanup(func() { a.Close() })
 	return a
+}
+
+// A release's mismatch claims act only on the blocks its lease pinned: a
+// block it pinned whose bytes changed is checked and withdrawn, and every
+// other hash it names (a changed block it did not pin, one named twice,
+// one not here) is refused unchecked and counted. Up to every block the
+// lease holds is checked; one past them is not.
+func TestMismatchedOnlyForTheLeasesBlocks(t *testing.T) {
+	a := startHolder(t, nil)
+	const n = 6
+	s, hashes, blocks := summedBlocks(t, a, n)
+	// Every block but the last changes after registration: each one the
+	// holder sums is withdrawn, so a block still registered was never
+	// summed.
+	for _, b := range blocks[:n-1] {
+		s.change(b)
+	}
+	registered := func(h uint64) bool { _, ok := s.set.Lookup(h); return ok }
+	h := a.service
+	ctx := context.Background()
+
+	// A lease of two changed blocks and the good one names all three,
+	// one changed and the good one twice, two changed blocks it did not
+	// pin and a hash not here.
+	leased := []uint64{hashes[0], hashes[1], hashes[n-1]}
+	l, err := h.Lease(ctx, "peer", leased, time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	h.Mismatched(ctx, "peer", l.ID, []uint64{hashes[2], hashes[0], hashes[n-1], hashes[3], hashes[1], hashes[0], 999, hashes[n-1]})
+	for i, want := range []bool{false, false, true, true, true, true} {
+		if got := registered(hashes[i]); got != want {
+			t.Errorf("block %d registered: %v, want %v (leased: %v)", i, got, want, slices.Contains(leased, hashes[i]))
+		}
+	}
+	// Refused: the two blocks not pinned, the hash not here, and the two
+	// named twice.
+	if got := a.Metrics(); got.ChecksumWithdrawn != 2 || got.ChecksumClaimsRefused != 5 {
+		t.Errorf("withdrew %d, refused %d claims; want the 2 changed leased blocks withdrawn, 5 claims refused", got.ChecksumWithdrawn, got.ChecksumClaimsRefused)
+	}
+	if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
+		t.Fatalf("release: %v %v", valid, err)
+	}
+
+	// Another peer's claim under this peer's lease, a claim under a lease
+	// released, and one whose call has ended act on nothing.
+	l, err = h.Lease(ctx, "peer", hashes[2:3], time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	h.Mismatched(ctx, "other", l.ID, hashes[2:3])
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	h.Mismatched(ended, "peer", l.ID, hashes[2:3])
+	if !registered(hashes[2]) {
+		t.Fatal("a claim by another peer, or one whose call ended, withdrew a block")
+	}
+	if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
+		t.Fatalf("release: %v %v", valid, err)
+	}
+	h.Mismatched(ctx, "peer", l.ID, hashes[2:3])
+	if !registered(hashes[2]) {
+		t.Fatal("a claim under a released lease withdrew a block")
+	}
+	if got := a.Metrics(); got.ChecksumWithdrawn != 2 {
+		t.Errorf("withdrew %d blocks, want still 2", got.ChecksumWithdrawn)
+	}
+}
+
+// A block two readers leased and both found changed is withdrawn on the
+// first one's claim; the second one's claim about it is done with, not
+// refused (the block is gone from the registry, but its lease pinned it),
+// and does not act on a block of the same hash registered again since in
+// another slot, which its lease did not pin.
+func TestMismatchedAfterAnotherReaderWithdrewTheBlock(t *testing.T) {
+	var logs syncLog
+	a := startHolder(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	s, hashes, blocks := summedBlocks(t, a, 2)
+	s.change(blocks[0])
+	h := a.service
+	ctx := context.Background()
+	var leases []uint64
+	for _, peer := range []string{"p1", "p2"} {
+		l, err := h.Lease(ctx, peer, hashes[:1], time.Minute)
+		if err != nil || l.ID == 0 {
+			t.Fatalf("lease: %+v %v", l, err)
+		}
+		leases = append(leases, l.ID)
+	}
+	h.Mismatched(ctx, "p1", leases[0], hashes[:1])
+	if _, ok := s.set.Lookup(hashes[0]); ok {
+		t.Fatal("the changed block is still registered after the first reader's claim")
+	}
+	// The same block registered again, in another slot, and changed.
+	again := s.register(t, hashes[0], 9)
+	s.change(again)
+	h.Mismatched(ctx, "p2", leases[1], hashes[:1])
+	if b, ok := s.set.Lookup(hashes[0]); !ok || b.Slot != again.Slot {
+		t.Errorf("the block registered again in slot %d: lookup %+v %v; want it left, its lease never pinned it", again.Slot, b, ok)
+	}
+	if got := a.Metrics(); got.ChecksumWithdrawn != 1 || got.ChecksumClaimsRefused != 0 {
+		t.Errorf("withdrew %d, refused %d claims; want 1 withdrawn, none refused", got.ChecksumWithdrawn, got.ChecksumClaimsRefused)
+	}
+	if strings.Contains(logs.String(), "refused unchecked") {
+		t.Errorf("the second reader's claim was logged as refused:\n%s", logs.String())
+	}
+}
+
+// A peer's releases that keep naming blocks their leases did not pin are
+// each counted, claim by claim, but logged once per peer in the agent's
+// window for repeats, not once per release.
+func TestMismatchedRefusalsLoggedOncePerPeer(t *testing.T) {
+	var logs syncLog
+	a := startHolder(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	_, hashes, _ := summedBlocks(t, a, 1)
+	h := a.service
+	ctx := context.Background()
+	want := uint64(0)
+	for _, peer := range []string{"p1", "p2"} {
+		for i := range 5 {
+			l, err := h.Lease(ctx, peer, hashes, time.Minute)
+			if err != nil || l.ID == 0 {
+				t.Fatalf("lease: %+v %v", l, err)
+			}
+			junk := make([]uint64, i+1)
+			for k := range junk {
+				junk[k] = uint64(1000 + k)
+			}
+			h.Mismatched(ctx, peer, l.ID, junk)
+			want += uint64(len(junk))
+			if valid, err := h.Release(ctx, peer, l.ID); !valid || err != nil {
+				t.Fatalf("release: %v %v", valid, err)
+			}
+		}
+	}
+	if got := a.Metrics().ChecksumClaimsRefused; got != want {
+		t.Errorf("%d claims counted refused, want %d", got, want)
+	}
+	var warned []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "refused unchecked") {
+			warned = append(warned, line)
+		}
+	}
+	if len(warned) != 2 || !strings.Contains(warned[0], "peer=p1") || !strings.Contains(warned[1], "peer=p2") {
+		t.Errorf("warned %d times, want once for p1 and once for p2:\n%s", len(warned), strings.Join(warned, "\n"))
+	}
+}
+
+// Renewals keep a lease alive up to the holder's MaxLeaseAge and no
+// further: one asked for at that age is granted its term, one a
+// nanosecond past it is refused with an error naming the limit, counted,
+// and the lease ends with the term it has (its pool deadline unmoved,
+// still valid at its release until then). Asked again, the renewal is
+// refused as before and not counted again; a lease past the age whose
+// pool lease has ended (the book not yet told) is answered as ended, not
+// counted. Unset, the limit is DefaultMaxLeaseAge.
+func TestHolderRefusesRenewalPastMaxLeaseAge(t *testing.T) {
+	if c := DefaultConfig(); c.MaxLeaseAge != DefaultMaxLeaseAge || DefaultMaxLeaseAge != 10*time.Minute {
+		t.Fatalf("default max lease age %v (DefaultMaxLeaseAge %v), want 10m", c.MaxLeaseAge, DefaultMaxLeaseAge)
+	}
+	const limit = 2 * time.Minute
+	a := startHolder(t, func(c *Config) {
+		c.LeaseDuration = 5 * time.Second
+		c.MaxLeaseAge = limit
+	})
+	m := layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
+	s, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 64, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := s.set.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.set.Commit(blocks[0])
+	if _, err := s.set.Register(blocks[0], 7, 0); err != nil {
+		t.Fatal(err)
+	}
+	h := a.service
+	ctx := context.Background()
+	l, err := h.Lease(ctx, "peer", []uint64{7}, time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	h.book.mu.Lock()
+	granted := h.book.leases[pool.LeaseID(l.ID)].granted
+	h.book.mu.Unlock()
+	for _, age := range []time.Duration{limit / 2, limit} {
+		if d, err := h.renew("peer", l.ID, time.Minute, granted.Add(age)); d != 5*time.Second || err != nil {
+			t.Fatalf("renewal at age %v (limit %v): %v %v, want the 5s term", age, limit, d, err)
+		}
+	}
+	deadline, err := a.pool.LeaseDeadline(pool.LeaseID(l.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, past := range []time.Duration{1, time.Minute} {
+		d, err := h.renew("peer", l.ID, time.Minute, granted.Add(limit+past))
+		if d != 0 || !errors.Is(err, transfer.ErrLeaseRefused) || !strings.Contains(err.Error(), "max lease age of 2m0s (--max-lease-age)") {
+			t.Fatalf("renewal %v past the max lease age: %v %v, want refused naming the limit", past, d, err)
+		}
+		if got, err := a.pool.LeaseDeadline(pool.LeaseID(l.ID)); err != nil || !got.Equal(deadline) {
+			t.Fatalf("refused renewal %d: the lease's deadline %v (%v), want %v unmoved", i+1, got, err, deadline)
+		}
+		if got := a.Metrics().LeaseRenewalsRefused; got != 1 {
+			t.Errorf("after refused renewal %d: %d leases counted refused, want 1", i+1, got)
+		}
+	}
+	// Refused, the lease still runs out its term.
+	if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
+		t.Fatalf("release within the term after a refused renewal: %v %v, want valid", valid, err)
+	}
+
+	// A lease the pool has ended but the book still has (it drops
+	// entries past their deadline only in passing).
+	l, err = h.Lease(ctx, "peer", []uint64{7}, time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	if _, err := a.pool.ReleaseLease(pool.LeaseID(l.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := h.renew("peer", l.ID, time.Minute, time.Now().Add(limit+time.Minute)); d != 0 || err != nil {
+		t.Fatalf("renewal past the max lease age of a lease ended: %v %v, want 0, nil (ended)", d, err)
+	}
+	if got := a.Metrics().LeaseRenewalsRefused; got != 1 {
+		t.Errorf("%d leases counted refused, want still 1 (an ended lease is not refused)", got)
+	}
+}
+
+// hostBlocks is a host block set of the holder-side tests, with its bytes.
+type hostBlocks struct {
+	*engineSet
+	regions [][]byte
+}
+
+// summedBlocks registers n blocks (hashes 100 on) in a new host block set
+// of a, each with the checksum of its bytes.
+func summedBlocks(t *testing.T, a *Agent, n int) (*hostBlocks, []uint64, []pool.Block) {
+	t.Helper()
+	m := layout.ModelConfig{Layers: 1, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF16}
+	es, err := a.blockSetFor("e", &layout.Layout{Model: m, PageSize: 4, TPSize: 1, Order: layout.HND, Arrangement: layout.FullyContiguous, Alignment: 64, Slots: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	regions, err := es.set.RegionBytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &hostBlocks{es, regions}
+	hashes := make([]uint64, n)
+	blocks := make([]pool.Block, n)
+	for i := range n {
+		hashes[i] = uint64(100 + i)
+		blocks[i] = s.register(t, hashes[i], uint64(i+1))
+	}
+	return s, hashes, blocks
+}
+
+// register writes a block of seed's bytes and registers it as hash with
+// its checksum.
+func (s *hostBlocks) register(t *testing.T, hash, seed uint64) pool.Block {
+	t.Helper()
+	blocks, err := s.set.Allocate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := blocks[0]
+	kvtest.Fill(s.set.Layout(), s.regions, b.Slot, seed)
+	s.set.Commit(b)
+	sum, ok := s.takeSum(b.Slot)
+	if !ok {
+		t.Fatal("no checksum taken of a host block")
+	}
+	if b, err = s.set.Register(b, hash, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.set.SetSum(b, sum); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// change writes other bytes into b's slot, as an engine writing into a
+// block after registering it would.
+func (s *hostBlocks) change(b pool.Block) {
+	kvtest.Fill(s.set.Layout(), s.regions, b.Slot, 0xbad)
+}
+
+// syncLog collects an agent's log for a test to read while it writes.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

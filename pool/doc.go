@@ -109,12 +109,15 @@
 // the deadline. Release reports whether the lease was still valid: a
 // reader trusts the bytes only then. [Pool.CheckRead] is the transport's
 // gate: it serves a range of a region only when the range lies entirely in
-// the leased slots' shards.
+// the leased slots' shards. [Pool.LeasedSlots] says which slots a live
+// lease holds and the hash each held when leased, for checking other
+// claims a reader makes about it; [Pool.LeaseDeadline] when it ends.
 //
 // Expiry follows [Config.Clock]. Leases past their deadline are reaped by
 // the pool's goroutine every [Config.ExpiryInterval], by [Pool.ExpireLeases],
-// and by Renew, ReleaseLease and CheckRead on the lease they name; a lease
-// past its deadline is never honoured even before it is reaped.
+// and by Renew, ReleaseLease, CheckRead, LeasedSlots and LeaseDeadline on
+// the lease they name; a lease past its deadline is never honoured even
+// before it is reaped.
 //
 // # Checksums
 //

@@ -25,8 +25,16 @@ type lease struct {
 	id       LeaseID
 	seq      uint64 // creation order, to break deadline ties
 	deadline time.Time
-	slots    []int32 // sorted, unique
+	slots    []int32  // sorted, unique
+	hashes   []uint64 // the hash each of slots held when leased
 	heapIdx  int
+}
+
+// LeasedSlot is a slot a lease holds and the hash of the block it held
+// when leased, kept if the block is withdrawn since.
+type LeasedSlot struct {
+	Slot int
+	Hash uint64
 }
 
 // leaseHeap orders a block set's live leases by deadline, then creation,
@@ -95,8 +103,10 @@ func (b *BlockSet) Lease(hashes []uint64, d time.Duration) (LeaseID, []LeasedBlo
 	}
 	slices.Sort(slots)
 	slots = slices.Compact(slots)
-	for _, i := range slots {
+	leased := make([]uint64, len(slots))
+	for k, i := range slots {
 		s := &b.slots[i]
+		leased[k] = s.hash
 		if s.inactive {
 			b.unlinkInactive(i)
 		}
@@ -106,7 +116,7 @@ func (b *BlockSet) Lease(hashes []uint64, d time.Duration) (LeaseID, []LeasedBlo
 		s.leases++
 	}
 	b.leaseSeq++
-	l := &lease{id: id, seq: b.leaseSeq, deadline: now.Add(d), slots: slots}
+	l := &lease{id: id, seq: b.leaseSeq, deadline: now.Add(d), slots: slots, hashes: leased}
 	b.leases[id] = l
 	heap.Push(&b.expiry, l)
 	b.mu.Unlock()
@@ -157,6 +167,39 @@ func (b *BlockSet) renew(id LeaseID, d time.Duration) error {
 		b.p.forgetLeases(id)
 	}
 	return err
+}
+
+func (b *BlockSet) leasedSlots(id LeaseID) ([]LeasedSlot, error) {
+	now := b.p.cfg.Clock.Now()
+	b.mu.Lock()
+	l, err := b.live(id, now)
+	var out []LeasedSlot
+	if err == nil {
+		out = make([]LeasedSlot, len(l.slots))
+		for i, s := range l.slots {
+			out[i] = LeasedSlot{Slot: int(s), Hash: l.hashes[i]}
+		}
+	}
+	b.mu.Unlock()
+	if err != nil {
+		b.p.forgetLeases(id)
+	}
+	return out, err
+}
+
+func (b *BlockSet) leaseDeadline(id LeaseID) (time.Time, error) {
+	now := b.p.cfg.Clock.Now()
+	b.mu.Lock()
+	l, err := b.live(id, now)
+	var deadline time.Time
+	if err == nil {
+		deadline = l.deadline
+	}
+	b.mu.Unlock()
+	if err != nil {
+		b.p.forgetLeases(id)
+	}
+	return deadline, err
 }
 
 func (b *BlockSet) releaseLease(id LeaseID) (bool, error) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -117,6 +118,62 @@ func TestLeaseExpiry(t *testing.T) {
 	}
 	if m := p.Metrics(); m.LeasesExpired != 4 || m.Leases != 0 || m.Leased != 0 {
 		t.Errorf("metrics %+v, want 4 expired and none live", m)
+	}
+}
+
+// LeasedSlots names a live lease's block set and the slots it pinned, each
+// once and ascending with the hash it held when leased, a block withdrawn
+// since (and its hash registered again elsewhere) included, and nothing
+// once the lease has ended. LeaseDeadline gives the lease's deadline, moved
+// only by Renew, until then.
+func TestLeasedSlots(t *testing.T) {
+	clock := newManualClock()
+	p, b := newTestPool(t, testConfig(clock, nil), testLayout(8, 1, layout.FullyContiguous, 64))
+	x := toState(t, b, Registered, 1)
+	y := toState(t, b, Registered, 2)
+	toState(t, b, Registered, 3) // registered, not leased
+	id, _, err := b.Lease([]uint64{2, 77, 1, 2}, time.Second)
+	if err != nil || id == 0 {
+		t.Fatalf("lease: %#x %v", id, err)
+	}
+	want := []LeasedSlot{{x.Slot, 1}, {y.Slot, 2}}
+	if y.Slot < x.Slot {
+		want[0], want[1] = want[1], want[0]
+	}
+	set, slots, err := p.LeasedSlots(id)
+	if err != nil || set != b.ID() || !slices.Equal(slots, want) {
+		t.Fatalf("LeasedSlots = %d, %v, %v; want %d, %v", set, slots, err, b.ID(), want)
+	}
+	if err := b.Withdraw(y); err != nil {
+		t.Fatal(err)
+	}
+	again := toState(t, b, Registered, 2)
+	if _, slots, err := p.LeasedSlots(id); err != nil || !slices.Equal(slots, want) {
+		t.Fatalf("block 2 withdrawn and registered again in slot %d: LeasedSlots = %v, %v; want %v", again.Slot, slots, err, want)
+	}
+	deadline, err := p.LeaseDeadline(id)
+	if err != nil || !deadline.Equal(clock.Now().Add(time.Second)) {
+		t.Fatalf("LeaseDeadline = %v, %v; want a second from now", deadline, err)
+	}
+	clock.Advance(time.Second / 2)
+	if err := p.Renew(id, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := p.LeaseDeadline(id); err != nil || !d.Equal(deadline.Add(time.Second/2)) {
+		t.Fatalf("LeaseDeadline after a renewal = %v, %v; want %v", d, err, deadline.Add(time.Second/2))
+	}
+	clock.Advance(time.Second)
+	if _, slots, err := p.LeasedSlots(id); slots != nil || !errors.Is(err, ErrLeaseExpired) {
+		t.Errorf("at the deadline: %v, %v; want none, ErrLeaseExpired", slots, err)
+	}
+	if _, slots, err := p.LeasedSlots(id); slots != nil || !errors.Is(err, ErrUnknownLease) {
+		t.Errorf("once reaped: %v, %v; want none, ErrUnknownLease", slots, err)
+	}
+	if _, err := p.LeaseDeadline(id); !errors.Is(err, ErrUnknownLease) {
+		t.Errorf("LeaseDeadline once reaped: %v, want ErrUnknownLease", err)
+	}
+	if m := p.Metrics(); m.Leases != 0 || m.Leased != 0 {
+		t.Errorf("metrics %+v, want the expired lease gone", m)
 	}
 }
 

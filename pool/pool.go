@@ -645,6 +645,34 @@ func (p *Pool) CheckRead(id LeaseID, set SetID, rank int, offset, length uint64)
 	return b.checkRead(id, rank, offset, length)
 }
 
+// LeasedSlots returns the block set live lease id is on and the slots it
+// holds, ascending, each with the hash of the block it held when leased
+// (one withdrawn since included): what a holder checks a reader's claims
+// about the lease against. A lease past its deadline is reaped and
+// ErrLeaseExpired returned; an unknown one returns ErrUnknownLease.
+func (p *Pool) LeasedSlots(id LeaseID) (SetID, []LeasedSlot, error) {
+	b, err := p.leaseSet(id)
+	if err != nil {
+		return 0, nil, err
+	}
+	slots, err := b.leasedSlots(id)
+	if err != nil {
+		return 0, nil, err
+	}
+	return b.id, slots, nil
+}
+
+// LeaseDeadline returns live lease id's deadline, which only Renew moves.
+// A lease past its deadline is reaped and ErrLeaseExpired returned; an
+// unknown one returns ErrUnknownLease.
+func (p *Pool) LeaseDeadline(id LeaseID) (time.Time, error) {
+	b, err := p.leaseSet(id)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return b.leaseDeadline(id)
+}
+
 func (p *Pool) checkDuration(d time.Duration) error {
 	if d <= 0 || d > p.cfg.MaxLeaseDuration {
 		return fmt.Errorf("%w: duration %v is not in (0, %v]", ErrBadLease, d, p.cfg.MaxLeaseDuration)

@@ -60,7 +60,8 @@ type LeasedBlock struct {
 // of leased blocks whose bytes did not match their checksums, carried by a
 // release and passed on before the lease is released (the blocks are
 // still pinned). hashes are at most MaxLeaseBlocks, unchecked: the handler
-// checks them itself. Called concurrently.
+// checks them itself, acts only on blocks the lease holds, and stops when
+// ctx ends (a peer names any hashes it likes). Called concurrently.
 type MismatchReporter interface {
 	Mismatched(ctx context.Context, peer string, leaseID uint64, hashes []uint64)
 }

@@ -88,10 +88,12 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.histogram("kvfabric_import_chunk_duration_seconds", "Import chunks, from asking for the lease to registering the blocks, by transport.", m.ImportChunkTimeLane, "transport", "tcp")
 	e.counter("kvfabric_leases_served_total", "Leases granted to peers.", float64(m.LeasesServed))
 	e.counter("kvfabric_leases_ended_early_total", "Leases released before their term because the peer holding them disconnected, left or failed.", float64(m.LeasesEndedEarly))
+	e.counter("kvfabric_lease_renewals_refused_total", "Leases a renewal was refused to because the lease was older than --max-lease-age, each counted once, while it was live; the lease ended with its term.", float64(m.LeaseRenewalsRefused))
 	e.histogram("kvfabric_lease_hold_duration_seconds", "How long leases granted to peers lived, until released or their peer went.", m.LeaseHold)
 	e.counter("kvfabric_import_checksums_verified_total", "Imported blocks whose bytes matched the content checksum their holder gave.", float64(m.ChecksumsVerified))
 	e.counter("kvfabric_import_checksums_failed_total", "Imported blocks whose bytes did not match their content checksum: refused, never registered.", float64(m.ChecksumsFailed))
 	e.counter("kvfabric_checksum_withdrawn_blocks_total", "Blocks this node withdrew because their bytes changed after registration (found by an importer's checksum).", float64(m.ChecksumWithdrawn))
+	e.counter("kvfabric_checksum_claims_refused_total", "Hashes a peer's release named as failing their checksums, under its own lease still in this node's lease book, that were refused unchecked: each the lease had not pinned or that was named a second time, or all of them when the lease had ended. Claims under a lease the book no longer had, or under another peer's, are ignored and not counted; a pinned block withdrawn since is not refused.", float64(m.ChecksumClaimsRefused))
 
 	e.gauge("kvfabric_orphan_block_sets", "Block sets kept past their grace period as caches of engines that are gone.", float64(m.Orphans.Sets))
 	e.gauge("kvfabric_orphan_blocks", "Registered blocks in block sets kept as caches of engines that are gone.", float64(m.Orphans.Blocks))

@@ -42,6 +42,8 @@ func TestMetricsExposition(t *testing.T) {
 		"kvfabric_import_chunk_duration_seconds":        dto.MetricType_HISTOGRAM,
 		"kvfabric_lease_hold_duration_seconds":          dto.MetricType_HISTOGRAM,
 		"kvfabric_leases_ended_early_total":             dto.MetricType_COUNTER,
+		"kvfabric_checksum_claims_refused_total":        dto.MetricType_COUNTER,
+		"kvfabric_lease_renewals_refused_total":         dto.MetricType_COUNTER,
 		"kvfabric_index_entries":                        dto.MetricType_GAUGE,
 		"kvfabric_index_events_held":                    dto.MetricType_GAUGE,
 		"kvfabric_members":                              dto.MetricType_GAUGE,

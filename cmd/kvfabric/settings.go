@@ -52,6 +52,7 @@ var agentSettings = []setting{
 	{"block-set-grace", "BlockSetGrace", "how long a block set no engine session uses keeps its cached blocks before it is freed (one that holds blocks is kept after it as a cache of the engine that is gone, unless --no-orphan-cache); a Register that needs the memory frees it at once"},
 	{"session-keepalive", "SessionKeepalive", "how long an engine session may stay silent before the agent ends it and frees what it held; an engine that exits ends at once"},
 	{"lease-duration", "LeaseDuration", "the longest this node pins blocks for an importer per lease or renewal, whatever it asks; importers ask for as much"},
+	{"max-lease-age", "MaxLeaseAge", "how old a lease this node granted may be and still be renewed; a renewal past it is refused and the lease ends with its term, so no peer keeps blocks pinned here for good (far past any import's read of a chunk)"},
 	{"max-leased-per-peer", "MaxLeasedPerPeer", "blocks one peer may hold leased on this node; past it leases are cut or refused (default: half the slots of the node's block sets)"},
 	{"max-leased", "MaxLeased", "blocks all peers together may hold leased on this node (default: three quarters of the slots of its block sets)"},
 	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried"},
