@@ -48,4 +48,10 @@ type testHooks struct {
 	// holdAll), given the session's id, before it looks whether the
 	// session still holds: a test ends the session meanwhile.
 	beforeHold func(session uint64)
+	// setMemoryMade, if set, runs where giveSetMemory has made a new
+	// set's sections (isolated engine memory only), given the set and its
+	// sections, before their tokens are handed out; an error is
+	// giveSetMemory's answer, its sections closed, as if making one had
+	// failed.
+	setMemoryMade func(es *engineSet, secs []*pool.Section) error
 }

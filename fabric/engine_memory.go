@@ -125,6 +125,16 @@ func (a *Agent) giveSetMemory(es *engineSet) error {
 			}
 		}
 	}
+	if f := a.cfg.hooks.setMemoryMade; f != nil {
+		secs := make([]*pool.Section, len(mem))
+		for r, m := range mem {
+			secs[r] = m.sec
+		}
+		if err := f(es, secs); err != nil {
+			undo()
+			return err
+		}
+	}
 	a.memMu.Lock()
 	for r, m := range mem {
 		a.memTokens[tokenKey(m.token)] = memoryRef{es: es, rank: r}

@@ -3,6 +3,7 @@ package fabric
 import (
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,7 +111,7 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 			}
 			may := func(es *engineSet) bool { return es.engine == "e" }
 			a.mu.Lock()
-			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, mk, may, k, nil)
+			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, mk, a.freeUnused, may, k, nil)
 			a.mu.Unlock()
 			if (set != nil) != tc.made || !errors.Is(err, tc.err) {
 				t.Fatalf("new set %v, %v; want made %v, %v", set != nil, err, tc.made, tc.err)
@@ -128,6 +129,99 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 				if _, err := a.pool.BlockSet(made.ID()); err == nil {
 					t.Error("the new set, not given, is still held")
 				}
+			}
+		})
+	}
+}
+
+// A Register whose new set is within the engine's quota only once its
+// idle fallback set is freed (the quota's swap), and whose new set's
+// memory for engines cannot be made (a memory file, its mapping or its
+// access failing, here its sections made and the hook failing it), keeps
+// the fallback where the new set fits beside it: the new set is freed
+// again before the fallback is, and the engine given the fallback, its
+// cache with it, never an error with neither set. Where the new set fits
+// only in the fallback's room, the fallback is freed first (its memory
+// is that room) and the engine gets the error. Either way nothing
+// leaks: the new set's pool memory and its sections go back, and no token
+// names them.
+func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
+	for _, tc := range []struct {
+		desc string
+		sets []quotaSet // the last one the engine's idle fallback
+		// keep: the fallback given; else the error, the fallback freed.
+		keep bool
+	}{
+		// 6 MiB free: the new set of 6 MiB fits beside the fallback.
+		{"fits beside the fallback", []quotaSet{{"e", 2, true}, {"f", 4, true}, {"e", 4, false}}, true},
+		// 2 MiB free: it fits only in the fallback's room.
+		{"fits in the fallback's room", []quotaSet{{"f", 8, true}, {"e", 2, true}, {"e", 4, false}}, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			a, sets := quotaAgent(t, tc.sets...)
+			keep := len(sets) - 1
+			for _, es := range sets[:keep] {
+				relayout(t, a, es)
+			}
+			h, ok := a.storages[0].(*pool.HostStorage)
+			if !ok {
+				t.Fatalf("storage %T, want host storage", a.storages[0])
+			}
+			a.host, a.isolated, a.memTokens = h, true, map[[32]byte]memoryRef{}
+			a.cfg.EngineQuota = 10 << 20 // 6 MiB in the engine's sets, 6 more asked: within only once the fallback is freed
+			a.cfg.BlockSetSlots = 6 << 10
+			k := sets[keep]
+			var secs []*pool.Section
+			a.cfg.hooks.setMemoryMade = func(es *engineSet, s []*pool.Section) error {
+				secs = append(secs, s...)
+				return errors.New("no memory file")
+			}
+			free := uint64(16 << 20)
+			for _, es := range sets {
+				free -= setBytes(es.set)
+			}
+			sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+			if len(secs) == 0 {
+				t.Fatalf("no new set's memory was made: %v", err)
+			}
+			if tc.keep {
+				if err != nil || ss.engineSet != k || !held(a, k) || setFreed(k) {
+					t.Fatalf("register with the new set's memory failing: %v (held %v), want the fallback, set %d", err, held(a, k), k.set.ID())
+				}
+				if got := len(a.pool.BlockSets()); got != 3 {
+					t.Errorf("the pool holds %d sets, want the 3 it had", got)
+				}
+				k.mu.Lock()
+				claimed := k.claim != nil
+				k.mu.Unlock()
+				if claimed {
+					t.Error("the fallback is still claimed by the swap")
+				}
+			} else {
+				if err == nil || !strings.Contains(err.Error(), "no memory file") {
+					t.Fatalf("register with the new set's memory failing, the fallback freed for its room: %v, want that error", err)
+				}
+				if held(a, k) || a.sets[k.set.ID()] != nil {
+					t.Fatal("the fallback, freed for the new set's room, is still held")
+				}
+				free += setBytes(k.set)
+			}
+			if got := len(a.sets); got != len(a.pool.BlockSets()) {
+				t.Errorf("the agent knows %d sets, the pool holds %d", got, len(a.pool.BlockSets()))
+			}
+			for _, s := range secs {
+				if s.FD() >= 0 {
+					t.Errorf("section at %d of a set not made still open", s.Offset())
+				}
+			}
+			if len(a.memTokens) != 0 {
+				t.Errorf("%d memory tokens name sets not made", len(a.memTokens))
+			}
+			// The pool's free memory is what it was (the fallback's
+			// added where it went): a set of all of it fits.
+			if ok, err := a.pool.FitsFreeing(belowLayout(int(free>>10)), nil); !ok || err != nil {
+				t.Errorf("a set of the %d bytes free does not fit: %v", free, err)
 			}
 		})
 	}
