@@ -692,7 +692,10 @@ func (e *setMemoryError) Unwrap() error { return e.err }
 // given (giveSetMemory) before it is handed on, so that a set whose
 // memory cannot be made is a set not made, freed again at once
 // (setMemoryError), before anything that counts on it (the quota's swap
-// freeing the fallback) is done. a.mu is held.
+// freeing the fallback) is done. Where the set is to be made only once
+// the fallback is freed (in its room), the memory's files are made first
+// (prepare), so that all that can fail then is their placing. a.mu is
+// held.
 type setMaker struct {
 	a      *Agent
 	engine string
@@ -700,9 +703,26 @@ type setMaker struct {
 	place  []int
 	// made is the last set made, with its memory.
 	made *engineSet
+	// ready is memory made for the next set (prepare), nil for none.
+	ready []*setMemory
 }
 
-// make makes a set of tmpl placed as place, with its memory.
+// prepare makes the files of the next set's memory for engines
+// (prepareSetMemory), if not made yet; the error is a setMemoryError.
+func (m *setMaker) prepare() error {
+	if m.ready != nil {
+		return nil
+	}
+	mem, err := m.a.prepareSetMemory(m.tmpl, 0)
+	if err != nil {
+		return &setMemoryError{err}
+	}
+	m.ready = mem
+	return nil
+}
+
+// make makes a set of tmpl placed as place, with its memory: the files
+// prepare made, or made now, placed under it.
 func (m *setMaker) make() (*pool.BlockSet, error) {
 	a := m.a
 	set, err := a.pool.NewBlockSetOn(m.tmpl, m.place)
@@ -710,7 +730,13 @@ func (m *setMaker) make() (*pool.BlockSet, error) {
 		return nil, err
 	}
 	es := &engineSet{set: set, engine: m.engine, users: map[uint64]*setUse{}, sums: !a.cfg.NoChecksums}
-	if err := a.giveSetMemory(es); err != nil {
+	if m.ready != nil {
+		err = a.placeSetMemory(es, m.ready) // closed where it fails
+		m.ready = nil
+	} else {
+		err = a.giveSetMemory(es)
+	}
+	if err != nil {
 		a.freeUnused(set, "block set without memory for engines not freed")
 		return nil, &setMemoryError{err}
 	}
@@ -729,6 +755,12 @@ func (m *setMaker) unmake(set *pool.BlockSet, msg string) {
 		es.mu.Unlock()
 		m.made = nil
 	}
+}
+
+// release closes the memory prepare made for a set not made.
+func (m *setMaker) release() {
+	m.a.closeSetMemory(m.ready)
+	m.ready = nil
 }
 
 // newSetForSession makes the block set of blockSetForSession, with its
@@ -750,11 +782,13 @@ func (m *setMaker) unmake(set *pool.BlockSet, msg string) {
 // quota's swap freed best for it (swapFallback checks the quota before it
 // frees best, and the engine is never left with neither). A set whose
 // memory cannot be made is freed again as it is made, before the swap
-// frees best: best is given, as where the pool has no room. But where the
+// frees best: best is given, as where the pool has no room. Where the
 // pool has room for the new set only once best is freed, best is freed
-// before it is made (its memory is the room), and a failure to make the
-// new set's memory then finds best gone: the choice is made anew, and the
-// engine gets the error where no set is made then either. Each time
+// before the set is made (its memory is the room), so only the files of
+// the set's memory are made before (setMaker.prepare: their failure gives
+// best likewise); a failure to place them under the new set then finds
+// best gone: the choice is made anew, and the engine gets the error where
+// no set is made then either. Each time
 // round a set is gone from a.sets, or a.mu was let go for an idle set's
 // read-ahead, after which that set is freed, or, not freed (taken up, or
 // busy still: a read-ahead that outlived the wait for it), goes into
@@ -766,6 +800,7 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)
 	tried := triedSets{}
 	m := &setMaker{a: a, engine: engine, tmpl: tmpl, place: place}
+	defer m.release()
 	for again := false; ; again = true {
 		if f := a.cfg.hooks.registerRound; f != nil {
 			f()
@@ -791,7 +826,7 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 		// best stays: it is what this Register falls back to.
 		var set *pool.BlockSet
 		if swap {
-			set, err = a.swapFallback(engine, need, tmpl, place, m.make, m.unmake, may, best, tried) // within the quota once best is freed
+			set, err = a.swapFallback(engine, need, tmpl, place, m.make, m.unmake, m.prepare, may, best, tried) // within the quota once best is freed
 		} else {
 			set, err = a.freeIdleSets(m.make, may, best, tried)
 		}

@@ -144,7 +144,7 @@ func TestQuotaSwapFallbackFreedByItsTimer(t *testing.T) {
 			done := whileWaited(t, a, keep, keep)
 			tmpl := belowLayout(tc.newMB << 10)
 			a.mu.Lock()
-			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, a.freeUnused,
+			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, a.freeUnused, nil,
 				func(es *engineSet) bool { return es.engine == "e" }, keep, nil)
 			a.mu.Unlock()
 			if !*done {
@@ -382,7 +382,7 @@ func TestQuotaSwapClaimsTheFallbackBeforeFreeingAnother(t *testing.T) {
 	tmpl := belowLayout(10 << 10)
 	a.mu.Lock()
 	a.cfg.EngineQuota = 12 << 20 // within it once the fallback is freed
-	set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, a.freeUnused,
+	set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, a.freeUnused, nil,
 		func(es *engineSet) bool { return es.engine == "e" }, k, nil)
 	a.mu.Unlock()
 	if !*done {
@@ -814,7 +814,7 @@ func TestQuotaSwapWakesTheCallsWaitingForItsFallback(t *testing.T) {
 			}
 			tmpl := belowLayout(10 << 10)
 			a.mu.Lock()
-			set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, a.freeUnused,
+			set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, a.freeUnused, nil,
 				func(es *engineSet) bool { return es.engine == "e" }, k, nil)
 			a.mu.Unlock()
 			if !*done {

@@ -199,27 +199,30 @@ type triedSets map[*engineSet]bool
 var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 
 // swapFallback makes the new set (made, of tmpl placed as place; unmade
-// frees one made, saying its message where the pool does not) and frees
-// keep, the engine's idle fallback set, to bring the engine within its
-// quota (makeRoomInQuota's swap), never leaving the engine with neither,
-// and freeing no other set where keep's memory is room enough: made is
-// tried first with keep standing and nothing freed, keep freed once the
-// new set exists, its memory for engines made too (setMaker: where that
-// fails, made frees the set again and answers setMemoryError, returned
-// here with keep untouched, and the Register is given keep); where the
-// pool has no room, and the set would fit once keep's memory is free
-// (pool.Pool.FitsFreeing), keep is freed and the set made in its room;
-// only where it would not are other idle sets freed (those may allows, as
-// freeIdleSets does), until it fits once keep is freed, and none where it
-// would not fit even with all of them and keep freed; a set made once keep
-// is freed (in its room), whose memory for engines then fails
-// (setMemoryError, the set freed again), leaves the Register without keep:
-// keep's memory was the room, so that failure comes only once keep is gone
-// (newSetForSession makes its choice anew). Where the set does not fit the
+// frees one made, saying its message where the pool does not; prepare, nil
+// for none, makes what can fail of its memory for engines before its room
+// is) and frees keep, the engine's idle fallback set, to bring the engine
+// within its quota (makeRoomInQuota's swap), never leaving the engine with
+// neither, and freeing no other set where keep's memory is room enough:
+// made is tried first with keep standing and nothing freed, keep freed
+// once the new set exists, its memory for engines made too (setMaker:
+// where that fails, made frees the set again and answers setMemoryError,
+// returned here with keep untouched, and the Register is given keep);
+// where the pool has no room, prepare makes the memory's files first (its
+// setMemoryError returned likewise, nothing freed), and where the set
+// would fit once keep's memory is free (pool.Pool.FitsFreeing), keep is
+// freed and the set made in its room; only where it would not are other
+// idle sets freed (those may allows, as freeIdleSets does), until it fits
+// once keep is freed, and none where it would not fit even with all of
+// them and keep freed; a set made once keep is freed whose memory's
+// placing then fails (a mapping, or its page lock: setMemoryError, the set
+// freed again) leaves the Register without keep, whose memory was the
+// room: newSetForSession makes its choice anew, and the engine is told the
+// error where no set is made then either. Where the set does not fit the
 // error is pool.ErrOutOfMemory, keep untouched; where keep cannot be freed
 // (it found a user meanwhile, or is busy: a peer's lease; or a slot of it
-// was retired since it was looked
-// at, which the pool's free sees and refuses, pool.Pool.ReclaimBlockSet,
+// was retired since it was looked at, which the pool's free sees and
+// refuses, pool.Pool.ReclaimBlockSet,
 // where its memory would be withheld and the new set, to be made in its
 // room, fit nowhere) a new set made beside it is freed again, and
 // errFallbackKept returned, keep standing. keep is claimed throughout
@@ -250,7 +253,7 @@ var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 // meanwhile, so FitsFreeing's answer holds, and keep's room is there once
 // it is freed (the pool frees it for room only with no slot retired,
 // pool.Pool.ReclaimBlockSet).
-func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), unmade func(*pool.BlockSet, string), may func(*engineSet) bool, keep *engineSet, tried triedSets) (*pool.BlockSet, error) {
+func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), unmade func(*pool.BlockSet, string), prepare func() error, may func(*engineSet) bool, keep *engineSet, tried triedSets) (*pool.BlockSet, error) {
 	if !claimFallback(keep) {
 		return nil, errFallbackKept // taken up or freed since makeRoomInQuota looked
 	}
@@ -269,6 +272,13 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 		return nil, err
 	}
 	set, err := made()
+	if errors.Is(err, pool.ErrOutOfMemory) && prepare != nil {
+		// Made only once keep, or more, is freed: what can fail of its
+		// memory, before anything is.
+		if err := prepare(); err != nil {
+			return nil, err
+		}
+	}
 	if errors.Is(err, pool.ErrOutOfMemory) {
 		if _, err = fits(); errors.Is(err, pool.ErrOutOfMemory) {
 			// Other sets freed until the set fits once keep is freed;

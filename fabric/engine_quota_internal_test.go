@@ -111,7 +111,7 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 			}
 			may := func(es *engineSet) bool { return es.engine == "e" }
 			a.mu.Lock()
-			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, mk, a.freeUnused, may, k, nil)
+			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, mk, a.freeUnused, nil, may, k, nil)
 			a.mu.Unlock()
 			if (set != nil) != tc.made || !errors.Is(err, tc.err) {
 				t.Fatalf("new set %v, %v; want made %v, %v", set != nil, err, tc.made, tc.err)
@@ -136,26 +136,29 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 
 // A Register whose new set is within the engine's quota only once its
 // idle fallback set is freed (the quota's swap), and whose new set's
-// memory for engines cannot be made (a memory file, its mapping or its
-// access failing, here its sections made and the hook failing it), keeps
-// the fallback where the new set fits beside it: the new set is freed
-// again before the fallback is, and the engine given the fallback, its
-// cache with it, never an error with neither set. Where the new set fits
-// only in the fallback's room, the fallback is freed first (its memory
-// is that room) and the engine gets the error. Either way nothing
-// leaks: the new set's pool memory and its sections go back, and no token
-// names them.
+// memory for engines cannot be made, keeps the fallback, its cache with
+// it: the engine is given the fallback, never an error with neither set.
+// Where the new set fits beside the fallback, its memory is made whole,
+// files and placing, before the fallback is freed; where it fits only in
+// the fallback's room, its memory's files are made before the fallback is
+// freed (a memory file or its access failing keeps the fallback), and
+// only their placing (a mapping failing) comes after, when the engine can
+// only be told the error. Either way nothing leaks: the new set's pool
+// memory and its sections go back, and no token names them.
 func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
+	beside := []quotaSet{{"e", 2, true}, {"f", 4, true}, {"e", 4, false}} // 6 MiB free: the new set of 6 MiB fits beside the fallback
+	inRoom := []quotaSet{{"f", 8, true}, {"e", 2, true}, {"e", 4, false}} // 2 MiB free: it fits only in the fallback's room
 	for _, tc := range []struct {
-		desc string
-		sets []quotaSet // the last one the engine's idle fallback
+		desc   string
+		sets   []quotaSet // the last one the engine's idle fallback
+		placed bool       // the memory fails as its sections are placed, else as their files are made
 		// keep: the fallback given; else the error, the fallback freed.
 		keep bool
 	}{
-		// 6 MiB free: the new set of 6 MiB fits beside the fallback.
-		{"fits beside the fallback", []quotaSet{{"e", 2, true}, {"f", 4, true}, {"e", 4, false}}, true},
-		// 2 MiB free: it fits only in the fallback's room.
-		{"fits in the fallback's room", []quotaSet{{"f", 8, true}, {"e", 2, true}, {"e", 4, false}}, false},
+		{"fits beside the fallback, its memory's files fail", beside, false, true},
+		{"fits beside the fallback, its memory's placing fails", beside, true, true},
+		{"fits in the fallback's room, its memory's files fail", inRoom, false, true},
+		{"fits in the fallback's room, its memory's placing fails", inRoom, true, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			a, sets := quotaAgent(t, tc.sets...)
@@ -172,9 +175,14 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 			a.cfg.BlockSetSlots = 6 << 10
 			k := sets[keep]
 			var secs []*pool.Section
-			a.cfg.hooks.setMemoryMade = func(es *engineSet, s []*pool.Section) error {
+			failed := 0
+			a.cfg.hooks.setMemory = func(placed bool, s []*pool.Section) error {
 				secs = append(secs, s...)
-				return errors.New("no memory file")
+				if placed != tc.placed {
+					return nil
+				}
+				failed++
+				return errors.New("no memory for engines")
 			}
 			free := uint64(16 << 20)
 			for _, es := range sets {
@@ -182,8 +190,8 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 			}
 			sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
 			ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
-			if len(secs) == 0 {
-				t.Fatalf("no new set's memory was made: %v", err)
+			if failed == 0 {
+				t.Fatalf("no new set's memory failed: %v", err)
 			}
 			if tc.keep {
 				if err != nil || ss.engineSet != k || !held(a, k) || setFreed(k) {
@@ -199,7 +207,7 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 					t.Error("the fallback is still claimed by the swap")
 				}
 			} else {
-				if err == nil || !strings.Contains(err.Error(), "no memory file") {
+				if err == nil || !strings.Contains(err.Error(), "no memory for engines") {
 					t.Fatalf("register with the new set's memory failing, the fallback freed for its room: %v, want that error", err)
 				}
 				if held(a, k) || a.sets[k.set.ID()] != nil {
