@@ -268,14 +268,14 @@ type tiers struct {
 	// beforeEvictDrop, if set, is called by evict between its claim of a
 	// record (marked gone) and the delete of its copy (tests).
 	beforeEvictDrop atomic.Pointer[func(d *diskTier, k disk.Key)]
-	// afterRead, if set, is called by each restore's or read-ahead's read
-	// of a block right after the store's read, with its error, before a
-	// copy found corrupt or missing is acted on (tests: a record replaced
-	// meanwhile).
+	// afterRead, if set, is called by each restore's, read-ahead's or
+	// move down's read of a block right after the store's read, with its
+	// error, before a copy found corrupt or missing is acted on (tests: a
+	// record replaced meanwhile, a copy committed since).
 	afterRead atomic.Pointer[func(d *diskTier, k disk.Key, err error)]
-	// beforeRead, if set, is called by each restore's or read-ahead's read
-	// of a block right before the store's read (tests: a record replaced
-	// then).
+	// beforeRead, if set, is called by each restore's, read-ahead's or
+	// move down's read of a block right before the store's read (tests: a
+	// record replaced then).
 	beforeRead atomic.Pointer[func(d *diskTier, k disk.Key)]
 	// failIO, if set, is the stores' disk.Config.FailIO (tests: a disk
 	// that fails, O_DIRECT refusing pool memory).
@@ -636,8 +636,9 @@ func (t *tiers) touch(k disk.Key) {
 // and a record made since in only's place (placed records a copy committed
 // after only's copy was deleted) is another copy's, good, and stays. Every
 // forget names the record it drops: an eviction the record it claimed, a
-// restore or a read-ahead the one its read's failure marked gone
-// (lostCopy) or, for a copy dropFound dropped, the record that named it.
+// restore, a read-ahead or a move down from host memory the one its
+// read's failure marked gone (lostCopy) or, for a copy dropFound dropped,
+// the record that named it.
 func (t *tiers) forgetIf(d *diskTier, k disk.Key, only *list.Element) {
 	t.order()
 	t.mu.Lock()

@@ -575,3 +575,76 @@ func TestTierCopyPlacedBeforeADeleteRunsWaitsForIt(t *testing.T) {
 		t.Fatal("the block taken by the delete is recorded")
 	}
 }
+
+// A copy down of a block that ends between an eviction's drop of its copy
+// and the forget of its record (the record gone: no tier holds the block)
+// writes the block again and deletes it as a second copy, and ends as not
+// copied below: the block stays in memory unmarked, no record names a
+// tier without its copy and no copy is left recorded nowhere. Work wasted,
+// nothing lost: offered again once the record is forgotten, the block is
+// written once more and recorded, and marked as copied below.
+func TestTierCopyDownBetweenAnEvictionsDropAndForget(t *testing.T) {
+	tr, set, k := belowSet(t, false, true) // block 1 offered, its copy down not begun
+	d := tr.list[0]
+	tr.layouts = map[uint64]*layout.Layout{k.Tag: set.Layout()} // no tier.json to write
+	tr.room.Store(int64(tr.blockBytes))
+	tr.progress = make(chan struct{}) // closed by each slot read (signal)
+	blk := mustLookup(t, set, k.Hash)
+	copyDown := func() {
+		j := &offloadJob{set: set, blk: blk, hash: k.Hash}
+		out := tr.copyDownBatch([]*offloadJob{j})
+		if err := tr.offloaded(j, out[0]); err != nil {
+			t.Error(err)
+		}
+	}
+	st := d.store.Load()
+	before := st.Stats()
+	ran := false
+	o := func() { // the first to take announceMu: the eviction's forget
+		if ran {
+			return
+		}
+		ran = true
+		if tr.where(k) != nil || has(d, k) || tr.recordIn(d, k) == nil {
+			t.Error("between the drop and the forget: want the record kept, gone, and no copy in the tier")
+		}
+		copyDown()
+		if s := st.Stats(); s.Puts-before.Puts != 1 || s.Deletes-before.Deletes != 2 {
+			t.Errorf("a copy down between the drop and the forget: %d puts, %d deletes; want 1 and 2 (the drop's, the second copy's)",
+				s.Puts-before.Puts, s.Deletes-before.Deletes)
+		}
+		if has(d, k) {
+			t.Error("the copy written between the drop and the forget is left in the tier")
+		}
+		if set.Below(blk) {
+			t.Error("the block is marked as copied below while no tier holds its copy")
+		}
+	}
+	tr.beforeOrder.Store(&o)
+	if !tr.evict(tr.recordIn(d, k)) {
+		t.Fatal("the block's copy was not evicted")
+	}
+	tr.beforeOrder.Store(nil)
+	if !ran {
+		t.Fatal("the eviction forgot no record")
+	}
+	consistent(t, tr, d, k)
+	if tr.where(k) != nil {
+		t.Fatal("the block is recorded after its eviction")
+	}
+	if b, ok := set.Lookup(k.Hash); !ok || set.Below(b) {
+		t.Fatalf("the block after a copy down ended between the drop and the forget: in memory %v; want it there, not marked as copied below", ok)
+	}
+	if n := set.CopyDown(); n != 1 {
+		t.Fatalf("%d copies down under way, want the block offered again", n)
+	}
+	copyDown()
+	consistent(t, tr, d, k)
+	if tr.where(k) != d || !set.Below(mustLookup(t, set, k.Hash)) {
+		t.Fatalf("the block copied down after the forget: held by tier %d, marked below %v; want tier %d, marked",
+			tierNum(tr.where(k)), set.Below(mustLookup(t, set, k.Hash)), d.n)
+	}
+	if s := st.Stats(); s.Puts-before.Puts != 2 {
+		t.Fatalf("%d puts, want 2 (one a second copy, one recorded)", s.Puts-before.Puts)
+	}
+}

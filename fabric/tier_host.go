@@ -191,9 +191,13 @@ func (t *tiers) roomFor(d *diskTier, want int) (free, made int) {
 // written and committed there in one batch, then each, in one step under
 // t.mu, freed from the host tier and recorded below (movedDown), then
 // announced below and no longer above (under announceMu from the record
-// on). With no disk tier, or where a
-// block's read or its write below fails, the block is dropped. One move
-// at a time. Returns how many blocks left the host tier.
+// on). With no disk tier, or where a block's write below fails, the block
+// is dropped (evict); where its read fails, the record left with no copy
+// goes, and a copy committed since stays. One move at a time. Returns how
+// many blocks it took from the host tier's list: at most as many left it
+// (a block whose write below failed but was claimed meanwhile, or whose
+// read failed and was committed again since, stays), so a caller making
+// room may look once more.
 func (t *tiers) moveDown(h *diskTier, n int) int {
 	t.moveMu.Lock()
 	defer t.moveMu.Unlock()
@@ -242,7 +246,13 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 	}()
 	for _, m := range ms {
 		buf := t.buffer()
+		if f := t.beforeRead.Load(); f != nil {
+			(*f)(h, m.k)
+		}
 		got, gen, err := st.GetGen(ctx, m.k, buf)
+		if f := t.afterRead.Load(); f != nil {
+			(*f)(h, m.k, err)
+		}
 		if err != nil {
 			t.putBuffer(buf)
 			if errors.Is(err, disk.ErrCorrupt) {
@@ -250,25 +260,29 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 				t.log.Warn("tier: host-memory block failed its check: dropped, never served", "hash", m.k.Hash, "err", err)
 			}
 			// The host store dropped the copy as it read it (its checksum
-			// failed), or found none. evict marks m.e gone at once, under
-			// t.mu, where it is still k's record and not gone; tells the
-			// sets (dropCopyOf's lostBelow) before its delete, which finds
-			// nothing; then forgets m.e: what lostCopy and forgetIf would
-			// do, with no write below (and counted as an eviction of the
-			// host tier, which lostCopy would not). Where m.e is no longer
-			// k's record or is gone, the one that marked it gone (a drop,
-			// or a restore or a read-ahead that found the copy missing:
-			// lostCopy) forgets it, and evict acts on nothing. lostCopy
-			// would differ only in two races with a commit of k to the
-			// host tier: a record made in m.e's place before the read (m.e
-			// forgotten since the choice above), its copy the one
-			// dropped, which evict leaves naming the host tier without its
-			// copy until a read finds it missing (a restore's lostCopy, or
-			// this loop's evict at a later move), as a store's own drop
-			// leaves any record; and a copy committed after the read that
-			// placed took as m.e's, which evict deletes with m.e, a cached
-			// copy lost, nothing left wrong.
-			t.evict(m.e)
+			// failed), or found none. As a restore's failed read
+			// (readBlock), the move acts on the copy read and on the
+			// record that names the host tier now, not on m.e as chosen:
+			// where the store holds no copy of k by then, that record
+			// (m.e, or one made in its place since the choice above, m.e
+			// forgotten meanwhile) is marked gone, the sets told at once,
+			// and forgotten (lostCopy; dropFound where a generation was
+			// read, which drops a copy of that generation the store kept
+			// too). Where the store holds a copy of k again (committed to
+			// the host tier since the read: placed reuses m.e for it, or
+			// records it), that copy and its record stay. A record gone
+			// is its dropper's to forget. Nothing is written below; a
+			// record this marked counts as an eviction of the host tier.
+			f := tierFound{d: h, k: m.k, gen: gen}
+			if gen != 0 {
+				t.dropFound(&f)
+			} else {
+				f.e = t.lostCopy(h, m.k)
+			}
+			if f.e != nil {
+				h.evicted.Add(1)
+			}
+			t.forgetFound(f)
 			continue
 		}
 		m.buf, m.n, m.gen = buf, got, gen
@@ -350,6 +364,9 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 	switch {
 	case !kept:
 	case from == h.n && !e.Value.(*tierEntry).gone:
+		// By key, not the generation read: a copy put since in its place
+		// (placed reusing the record) is the same block, now below, and
+		// would be left recorded nowhere.
 		if err := st.Delete(k); err != nil && !errors.Is(err, disk.ErrNotFound) {
 			t.log.Warn("tier: free a block moved down from host memory", "hash", k.Hash, "err", err)
 		}
@@ -419,6 +436,19 @@ func (t *tiers) evictOldest(d *diskTier, n int) int {
 // only, so that where a restore dropped e's copy and forgot e after this
 // claim, and a copy committed since was recorded in e's place, that
 // record and its copy stay.
+//
+// From the claim to the forget (the drop's delete and, after it, the
+// forget's wait for announceMu) e is gone and no tier holds the block
+// (where, heldLocked): a copy down of it that ends meanwhile (the block
+// still in a set's memory, which the drop told its copy below is gone)
+// writes it again to the tier pick gives, and placed, finding e gone,
+// has that copy deleted as a second one (dropSecond: a write and a delete
+// wasted per such copy down), its offload ended as not copied below
+// (offloaded, heldLocked), the block left in memory unmarked, offered
+// again; one placed after the forget is recorded. Nothing is lost, no
+// record names a tier without its copy, no copy is left recorded nowhere,
+// and nothing is served from e (a restore, a Lookup or a lease finds the
+// block in no tier then).
 func (t *tiers) evict(e *list.Element) bool {
 	te := e.Value.(*tierEntry)
 	t.mu.Lock()

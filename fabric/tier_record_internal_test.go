@@ -1124,3 +1124,151 @@ func deleteAfterTheWait(t *testing.T, tr *tiers, d *diskTier, k disk.Key) (waiti
 	tr.beforeOrder.Store(&o)
 	return waiting, release, deleted
 }
+
+// A move down from host memory whose chosen block's record was replaced
+// before its read (the copy dropped and the record forgotten, a good copy
+// committed and recorded), where the host store then drops the copy it
+// reads (its checksum failed) or finds it missing, marks the record that
+// names the host tier then gone and forgets it, as a restore's read does:
+// nothing is left recorded with no copy behind it, nor written below.
+// Acting on the record it chose only, the move left the new record held,
+// served from and counted, with no copy in the store.
+func TestHostMoveDownLostOfARecordReplacedBeforeTheRead(t *testing.T) {
+	for _, tc := range []struct {
+		desc    string
+		missing bool // the copy went before the read, else the read finds it corrupt
+	}{
+		{"corrupt", false},
+		{"missing", true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, h, d := hostOverDisk(t, 4)
+			ctx := context.Background()
+			k := disk.Key{Hash: 61, Tag: 1}
+			mem := h.store.Load().(*disk.MemStore)
+			if err := mem.Put(ctx, k, bytes.Repeat([]byte{0x61}, 3000)); err != nil {
+				t.Fatal(err)
+			}
+			placeCopy(tr, h, k, disk.Align)
+			chosen := tr.recordIn(h, k)
+			ran := false
+			f := func(dd *diskTier, kk disk.Key) {
+				if dd != h || kk != k || ran {
+					return
+				}
+				ran = true
+				// A restore dropped the chosen copy and forgot its record;
+				// a copier commits the block again and records it.
+				if err := tr.dropCopy(h, k, true); err != nil {
+					t.Error(err)
+				}
+				forgetKey(tr, h, k)
+				if err := mem.Put(ctx, k, bytes.Repeat([]byte{0x62}, 3000)); err != nil {
+					t.Error(err)
+					return
+				}
+				if !placeCopy(tr, h, k, disk.Align) {
+					t.Error("the copy committed again was not recorded")
+				}
+				if e := tr.recordIn(h, k); e == nil || e == chosen {
+					t.Error("the copy committed again is not in a record of its own")
+				}
+				if tc.missing {
+					storeDrops(t, h, k)
+				} else if !mem.CorruptForTest(k, 10, 0x40) { // dropped as the move reads it
+					t.Error("the copy was not corrupted")
+				}
+			}
+			tr.beforeRead.Store(&f)
+			if got := tr.moveDown(h, 1); got != 1 {
+				t.Fatalf("%d blocks left the host tier, want 1", got)
+			}
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			noRecord(t, tr, h, k)
+			consistent(t, tr, d, k)
+			if s := d.store.Load().Stats(); s.Puts != 0 {
+				t.Fatalf("%d puts below, want nothing written for a copy that went", s.Puts)
+			}
+			if n := h.evicted.Load(); n != 1 {
+				t.Fatalf("%d evictions of the host tier counted, want 1", n)
+			}
+		})
+	}
+}
+
+// A move down from host memory whose read of a block failed (the host
+// store dropped the copy on its checksum), where a copier committed the
+// block again to the host tier after the read, keeps that copy and its
+// record (the record the move chose, which placed reuses for it, whether
+// it placed it before the move acts on its failure or after): the block
+// stays in host memory, read back byte for byte, nothing written below.
+// Acting on the record it chose, the move marked it gone, deleted the good
+// copy by key and forgot the record: a cached copy lost, and, placed after
+// that, no record made for a copy the delete took.
+func TestHostMoveDownKeepsACopyCommittedAfterItsRead(t *testing.T) {
+	for _, tc := range []struct {
+		desc   string
+		before bool // placed before the move acts on its failure, else after the move
+	}{
+		{"placed before the move acts", true},
+		{"placed after the move", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			tr, h, d := hostOverDisk(t, 4)
+			ctx := context.Background()
+			k := disk.Key{Hash: 63, Tag: 1}
+			good := bytes.Repeat([]byte{0x63}, 3000)
+			mem := h.store.Load().(*disk.MemStore)
+			if err := mem.Put(ctx, k, good); err != nil {
+				t.Fatal(err)
+			}
+			placeCopy(tr, h, k, disk.Align)
+			chosen := tr.recordIn(h, k)
+			if !mem.CorruptForTest(k, 10, 0x40) {
+				t.Fatal("the copy was not corrupted")
+			}
+			ran := false
+			f := func(dd *diskTier, kk disk.Key, rerr error) {
+				if dd != h || kk != k || ran {
+					return
+				}
+				ran = true
+				if !errors.Is(rerr, disk.ErrCorrupt) {
+					t.Errorf("the move's read of the corrupted copy: %v, want ErrCorrupt", rerr)
+				}
+				if err := mem.Put(ctx, k, good); err != nil {
+					t.Error(err)
+					return
+				}
+				if tc.before {
+					placeCopy(tr, h, k, disk.Align)
+				}
+			}
+			tr.afterRead.Store(&f)
+			tr.moveDown(h, 1)
+			if !ran {
+				t.Fatal("the block was not read")
+			}
+			if !tc.before {
+				placeCopy(tr, h, k, disk.Align)
+			}
+			consistent(t, tr, h, k)
+			consistent(t, tr, d, k)
+			if e := tr.recordIn(h, k); e != chosen || tr.where(k) != h {
+				t.Fatalf("the copy committed after the read: held by tier %d, its record the one chosen %v; want the host tier's, the one chosen", tierNum(tr.where(k)), e == chosen)
+			}
+			buf := make([]byte, disk.Align)
+			if n, err := mem.Get(ctx, k, buf); err != nil || !bytes.Equal(buf[:n], good) {
+				t.Fatalf("the host tier's copy reads %d bytes, %v; want the copy committed", n, err)
+			}
+			if s := d.store.Load().Stats(); s.Puts != 0 {
+				t.Fatalf("%d puts below, want nothing written", s.Puts)
+			}
+			if n := h.evicted.Load(); n != 0 {
+				t.Fatalf("%d evictions of the host tier counted, want none", n)
+			}
+		})
+	}
+}

@@ -278,7 +278,8 @@ func (t *tiers) forgetFound(f tierFound) {
 }
 
 // dropFound drops f's copy, found corrupt by the tiers' own checks (its
-// length, its content checksum): the copy of the generation read, f.gen,
+// length, its content checksum) or by the store itself (a move down's
+// read of a host copy): the copy of the generation read, f.gen,
 // and only while the store holds that one (dropCopyGen), with the record
 // that names it then marked gone and kept in f.e to be forgotten, so that
 // a copy committed since in its place (placed reusing the record) and its
