@@ -771,9 +771,13 @@ func (m *setMaker) release() {
 // mapping or its access; setMemoryError). Where freeing idle
 // sets for room let go of a.mu (freeIdleLocked), best may have been freed
 // meanwhile (its grace timer): then the choice is made anew, a freed set
-// never handed back. Where it let go of a.mu, and no set was made, the
-// choice is made anew likewise: sets may have gone idle meanwhile, and the
-// shares and the quota changed (freeIdleSets stops there). Where a set was
+// never handed back. Where it let go of a.mu, and no set was made (the
+// quota or the pool without room, best kept by the swap, or the new set's
+// memory not made), the choice is made anew likewise: sess may have taken
+// up a set of the layout meanwhile, which is given; best may have been
+// taken up by another process's session, and is no longer one pid may
+// join (engineSet.mayJoin); sets may have gone idle, and the shares and
+// the quota changed (freeIdleSets stops there). Where a set was
 // made, sess may have taken up a set of the layout meanwhile (its engine's
 // other rank registered it): that set is given, the new one freed again;
 // and the quota may have shrunk meanwhile (without engine_quota, another
@@ -812,14 +816,15 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 				return nil, best, nil
 			}
 		}
+		quotaRelocks := a.relocks
 		may, swap, err := a.makeRoomInQuota(engine, need, best, tried)
 		relocks := a.relocks
 		if err != nil {
-			if best != nil && !setFreed(best) {
-				return nil, best, nil // the layout's set with the most usable slots is the best there is
+			if best != nil && (setFreed(best) || quotaRelocks != a.relocks) {
+				continue // best freed, or the sets sess uses and may join looked at anew
 			}
 			if best != nil {
-				continue
+				return nil, best, nil // the layout's set with the most usable slots is the best there is
 			}
 			return nil, nil, err
 		}
@@ -846,7 +851,8 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 		if best != nil && setFreed(best) {
 			continue
 		}
-		if relocks != a.relocks && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept)) {
+		var merr *setMemoryError
+		if relocks != a.relocks && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept) || errors.As(err, &merr)) {
 			continue // what is idle, the shares and the quota, looked at anew
 		}
 		if best != nil && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept)) {
@@ -855,7 +861,6 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 			// is.
 			return nil, best, nil
 		}
-		var merr *setMemoryError
 		if best != nil && errors.As(err, &merr) {
 			// The new set freed again, best kept (the swap frees it only
 			// once the new set has its memory): the engine keeps its
