@@ -208,13 +208,14 @@ var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 // once the new set exists, its memory for engines made too (setMaker:
 // where that fails, made frees the set again and answers setMemoryError,
 // returned here with keep untouched, and the Register is given keep);
-// where the pool has no room, prepare makes the memory's files first (its
-// setMemoryError returned likewise, nothing freed), and where the set
-// would fit once keep's memory is free (pool.Pool.FitsFreeing), keep is
-// freed and the set made in its room; only where it would not are other
-// idle sets freed (those may allows, as freeIdleSets does), until it fits
-// once keep is freed, and none where it would not fit even with all of
-// them and keep freed; a set made once keep is freed whose memory's
+// where the pool has no room and the set would fit once keep's memory is
+// free (pool.Pool.FitsFreeing), keep is freed and the set made in its
+// room; only where it would not are other idle sets freed (those may
+// allows, as freeIdleSets does), until it fits once keep is freed, and
+// none where it would not fit even with all of them and keep freed;
+// before the first set is freed so (not where it fits nowhere), prepare
+// makes the memory's files (its setMemoryError returned likewise, nothing
+// freed); a set made once keep is freed whose memory's
 // placing then fails (a mapping, or its page lock: setMemoryError, the set
 // freed again) leaves the Register without keep, whose memory was the
 // room: newSetForSession makes its choice anew, and the engine is told the
@@ -271,14 +272,15 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 		}
 		return nil, err
 	}
-	set, err := made()
-	if errors.Is(err, pool.ErrOutOfMemory) && prepare != nil {
-		// Made only once keep, or more, is freed: what can fail of its
-		// memory, before anything is.
-		if err := prepare(); err != nil {
-			return nil, err
+	// ready makes what can fail of the new set's memory, where it is to be
+	// made only once keep, or more, is freed: before anything is.
+	ready := func() error {
+		if prepare == nil {
+			return nil
 		}
+		return prepare()
 	}
+	set, err := made()
 	if errors.Is(err, pool.ErrOutOfMemory) {
 		if _, err = fits(); errors.Is(err, pool.ErrOutOfMemory) {
 			// Other sets freed until the set fits once keep is freed;
@@ -296,11 +298,20 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 				if !fallbackFree(keep) {
 					return nil, errFallbackKept
 				}
+				if err := ready(); err != nil {
+					return nil, err
+				}
 				_, err = a.freeIdleSets(fits, may, keep, tried)
 			}
 		}
 		if err == nil {
-			if !mayFreeKeep() || !a.freeFallbackLocked(keep, tried) {
+			if !mayFreeKeep() {
+				return nil, errFallbackKept
+			}
+			if err := ready(); err != nil {
+				return nil, err
+			}
+			if !a.freeFallbackLocked(keep, tried) {
 				return nil, errFallbackKept
 			}
 			// keep is gone: whatever may allows goes before the engine

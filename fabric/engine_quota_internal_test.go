@@ -51,7 +51,9 @@ func quotaAgent(t *testing.T, sets ...quotaSet) (*Agent, []*engineSet) {
 // stays; and where the fallback is busy (a peer's lease on one of its
 // blocks) once the new set is made, or before, the new set is freed again
 // and the fallback kept (errFallbackKept), never the engine left with
-// neither, and no other set freed for a swap that cannot be made.
+// neither, and no other set freed for a swap that cannot be made. The new
+// set's memory files (prepare) are made before the first set is freed for
+// it, and only where one is to be.
 func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 	const (
 		orphan = iota
@@ -68,14 +70,17 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 		made        bool   // the new set made
 		err         error
 		freed       []int // of orphan, active, keep
+		// prepared: the new set's memory files made before a set is
+		// freed for it (prepare); not where nothing is to be freed.
+		prepared bool
 	}{
-		{"fits in the fallback's room", false, 6, 4, 6, "", true, nil, []int{keep}},
-		{"fits beside the fallback", false, 2, 4, 4, "", true, nil, []int{keep}},
-		{"fits once the orphan too is freed", true, 6, 4, 10, "", true, nil, []int{orphan, keep}},
-		{"fits nowhere", false, 6, 4, 10, "", false, pool.ErrOutOfMemory, nil},
-		{"the fallback busy once the new set is made", false, 2, 4, 4, "after", false, errFallbackKept, nil},
-		{"the fallback busy, the new set in its room", false, 6, 4, 6, "before", false, errFallbackKept, nil},
-		{"the fallback busy, the new set fits once the orphan too is freed", true, 6, 4, 10, "before", false, errFallbackKept, nil},
+		{"fits in the fallback's room", false, 6, 4, 6, "", true, nil, []int{keep}, true},
+		{"fits beside the fallback", false, 2, 4, 4, "", true, nil, []int{keep}, false},
+		{"fits once the orphan too is freed", true, 6, 4, 10, "", true, nil, []int{orphan, keep}, true},
+		{"fits nowhere", false, 6, 4, 10, "", false, pool.ErrOutOfMemory, nil, false},
+		{"the fallback busy once the new set is made", false, 2, 4, 4, "after", false, errFallbackKept, nil, false},
+		{"the fallback busy, the new set in its room", false, 6, 4, 6, "before", false, errFallbackKept, nil, true},
+		{"the fallback busy, the new set fits once the orphan too is freed", true, 6, 4, 10, "before", false, errFallbackKept, nil, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			// The orphan first, then another engine's set in use, then the
@@ -110,11 +115,27 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 				return s, err
 			}
 			may := func(es *engineSet) bool { return es.engine == "e" }
+			prepared := false
+			prepare := func() error {
+				if prepared {
+					return nil // made once, as setMaker.prepare
+				}
+				for _, es := range sets {
+					if !held(a, es) {
+						t.Errorf("the new set's memory files made once set %d was freed", es.set.ID())
+					}
+				}
+				prepared = true
+				return nil
+			}
 			a.mu.Lock()
-			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, mk, a.freeUnused, nil, may, k, nil)
+			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, mk, a.freeUnused, prepare, may, k, nil)
 			a.mu.Unlock()
 			if (set != nil) != tc.made || !errors.Is(err, tc.err) {
 				t.Fatalf("new set %v, %v; want made %v, %v", set != nil, err, tc.made, tc.err)
+			}
+			if prepared != tc.prepared {
+				t.Errorf("the new set's memory files made: %v, want %v", prepared, tc.prepared)
 			}
 			for i, es := range sets {
 				want := false
