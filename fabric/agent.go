@@ -816,11 +816,10 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 				return nil, best, nil
 			}
 		}
-		quotaRelocks := a.relocks
-		may, swap, err := a.makeRoomInQuota(engine, need, best, tried)
 		relocks := a.relocks
+		may, swap, err := a.makeRoomInQuota(engine, need, best, tried)
 		if err != nil {
-			if best != nil && (setFreed(best) || quotaRelocks != a.relocks) {
+			if best != nil && (setFreed(best) || relocks != a.relocks) {
 				continue // best freed, or the sets sess uses and may join looked at anew
 			}
 			if best != nil {

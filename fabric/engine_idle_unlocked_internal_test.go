@@ -1071,16 +1071,17 @@ func TestIdleSetBusyForRoomKeepsItsGraceTimer(t *testing.T) {
 }
 
 // A Register that let go of the agent's lock for an idle set's read-ahead
-// and then has no new set looks at the layout's sets anew before it falls
-// back on the one it chose before the wait: where its session took up
-// another set of the layout meanwhile (its engine's other rank registered
-// it), that set is given; where another process's session took up the
-// fallback meanwhile, the fallback, no longer one the Register's process
-// may map (engineSet.mayJoin), is not given: the next best set of the
-// layout is. So where the quota refuses once the engine's own idle set is
-// freed for room, and where that set's room is there but the new set's
-// memory for engines cannot be made.
-func TestRegisterLooksAgainAfterAWaitWithoutANewSet(t *testing.T) {
+// looks at the layout's sets anew before it gives the fallback it chose
+// before the wait, or a new set made after it: where its session took up another set of
+// the layout meanwhile (its engine's other rank registered it), that set
+// is given; where another process's session took up the fallback
+// meanwhile, the fallback, no longer one the Register's process may map
+// (engineSet.mayJoin), is not given: the next best set of the layout is.
+// So where the quota refuses once the engine's own idle set is freed for
+// room, where that set's room is there but the new set's memory for
+// engines cannot be made, and where a new set is made within the quota
+// once the engine's idle set was freed.
+func TestRegisterLooksAtTheLayoutsSetsAgainAfterAWait(t *testing.T) {
 	const (
 		inUse = iota
 		fallback
@@ -1088,32 +1089,32 @@ func TestRegisterLooksAgainAfterAWaitWithoutANewSet(t *testing.T) {
 		waited
 	)
 	for _, tc := range []struct {
-		desc  string
-		quota bool // the quota refuses, else the new set's memory fails
+		desc     string
+		quotaMB  int  // the engine's quota
+		memFails bool // the new set's memory for engines fails
 		// sessionTakesUp: the Register's session takes up other while it
 		// waits; else another process's session takes up the fallback.
 		sessionTakesUp bool
 	}{
-		{"past the quota, the session using another set of the layout", true, true},
-		{"past the quota, the fallback taken up by another process", true, false},
-		{"the new set's memory failing, the session using another set of the layout", false, true},
-		{"the new set's memory failing, the fallback taken up by another process", false, false},
+		{"within the quota once the engine's idle set is freed, the session using another set of the layout", 8, false, true},
+		{"past the quota, the session using another set of the layout", 4, false, true},
+		{"past the quota, the fallback taken up by another process", 4, false, false},
+		{"the new set's memory failing, the session using another set of the layout", 16, true, true},
+		{"the new set's memory failing, the fallback taken up by another process", 16, true, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			// f's 8 MiB in use, e's idle 2 MiB (the layout's fallback,
 			// fewer slots than asked), g's 1 MiB in use (fewer still),
 			// e's idle 4 MiB, 1 MiB free: the new set of 5 MiB fits once
-			// the waited set is freed, within a quota of 16 MiB; within
-			// one of 4 MiB neither with it freed nor by a swap for the
+			// the waited set is freed; within a quota of 16 MiB, within
+			// one of 8 MiB only once the waited set is freed, within one
+			// of 4 MiB neither with it freed nor by a swap for the
 			// fallback.
 			a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 2, false}, quotaSet{"g", 1, true}, quotaSet{"e", 4, false})
 			for _, es := range []*engineSet{sets[inUse], sets[waited]} {
 				relayout(t, a, es)
 			}
-			a.cfg.EngineQuota = 16 << 20
-			if tc.quota {
-				a.cfg.EngineQuota = 4 << 20
-			}
+			a.cfg.EngineQuota = int64(tc.quotaMB) << 20
 			a.cfg.BlockSetSlots = 5 << 10
 			h, ok := a.storages[0].(*pool.HostStorage)
 			if !ok {
@@ -1122,6 +1123,9 @@ func TestRegisterLooksAgainAfterAWaitWithoutANewSet(t *testing.T) {
 			a.host, a.isolated, a.memTokens = h, true, map[[32]byte]memoryRef{}
 			failed := 0
 			a.cfg.hooks.setMemory = func(bool, []*pool.Section) error {
+				if !tc.memFails {
+					return nil
+				}
 				failed++
 				return errors.New("no memory for engines")
 			}
@@ -1159,7 +1163,7 @@ func TestRegisterLooksAgainAfterAWaitWithoutANewSet(t *testing.T) {
 			if !*done {
 				t.Fatalf("the Register did not wait for the idle set (%v)", err)
 			}
-			if !tc.quota && failed == 0 {
+			if tc.memFails && failed == 0 {
 				t.Fatalf("no new set's memory failed: %v", err)
 			}
 			if err != nil {
