@@ -658,20 +658,14 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	if err := tmpl.Validate(); err != nil {
 		return nil, err
 	}
-	set, best, err := a.newSetForSession(sess, engine, tmpl, asked, place, pid, best)
+	s, best, err := a.newSetForSession(sess, engine, tmpl, asked, place, pid, best)
 	if best != nil {
 		return a.attach(sess, best)
 	}
 	if err != nil {
 		return nil, err
 	}
-	s := &engineSet{set: set, engine: engine, users: map[uint64]*setUse{}, sums: !a.cfg.NoChecksums}
-	if err := a.giveSetMemory(s); err != nil {
-		if ferr := a.pool.FreeBlockSet(set.ID()); ferr != nil {
-			a.log.Error("block set without memory for engines not freed", "set", set.ID(), "err", ferr)
-		}
-		return nil, err
-	}
+	set := s.set
 	a.sets[set.ID()] = s
 	a.pokeMeta()
 	a.log.Info("block set made", "engine", engine, "set", set.ID(), "slots", set.Slots(), "tp", tmpl.TPSize,
@@ -697,21 +691,119 @@ func (a *Agent) freeUnused(set *pool.BlockSet, msg string) {
 	}
 }
 
-// newSetForSession makes the block set of blockSetForSession, or returns
-// the set to attach instead: best (reusableSet's, nil for none), where the
-// engine's quota or the pool has no room for a new one. Where freeing idle
+// setMemoryError is a new set's memory for engines not made
+// (giveSetMemory): the set is freed again, and the Register given its
+// fallback where it has one (newSetForSession).
+type setMemoryError struct{ err error }
+
+func (e *setMemoryError) Error() string { return e.err.Error() }
+func (e *setMemoryError) Unwrap() error { return e.err }
+
+// setMaker makes a Register's new sets: each with its memory for engines
+// given (giveSetMemory) before it is handed on, so that a set whose
+// memory cannot be made is a set not made, freed again at once
+// (setMemoryError), before anything that counts on it (the quota's swap
+// freeing the fallback) is done. Where the set is to be made only once
+// the fallback is freed (in its room), the memory's files are made first
+// (prepare), so that all that can fail then is their placing. a.mu is
+// held.
+type setMaker struct {
+	a      *Agent
+	engine string
+	tmpl   *layout.Layout
+	place  []int
+	// made is the last set made, with its memory.
+	made *engineSet
+	// ready is memory made for the next set (prepare), nil for none.
+	ready []*setMemory
+}
+
+// prepare makes the files of the next set's memory for engines
+// (prepareSetMemory), if not made yet; the error is a setMemoryError.
+func (m *setMaker) prepare() error {
+	if m.ready != nil {
+		return nil
+	}
+	mem, err := m.a.prepareSetMemory(m.tmpl, 0)
+	if err != nil {
+		return &setMemoryError{err}
+	}
+	m.ready = mem
+	return nil
+}
+
+// make makes a set of tmpl placed as place, with its memory: the files
+// prepare made, or made now, placed under it.
+func (m *setMaker) make() (*pool.BlockSet, error) {
+	a := m.a
+	set, err := a.pool.NewBlockSetOn(m.tmpl, m.place)
+	if err != nil {
+		return nil, err
+	}
+	es := &engineSet{set: set, engine: m.engine, users: map[uint64]*setUse{}, sums: !a.cfg.NoChecksums}
+	if m.ready != nil {
+		err = a.placeSetMemory(es, m.ready) // closed where it fails
+		m.ready = nil
+	} else {
+		err = a.giveSetMemory(es)
+	}
+	if err != nil {
+		a.freeUnused(set, "block set without memory for engines not freed")
+		return nil, &setMemoryError{err}
+	}
+	m.made = es
+	return set, nil
+}
+
+// unmake frees set, made by make and given to no engine, and its memory,
+// saying msg where the pool does not free it.
+func (m *setMaker) unmake(set *pool.BlockSet, msg string) {
+	m.a.freeUnused(set, msg)
+	if es := m.made; es != nil && es.set == set {
+		es.mu.Lock()
+		es.freed = true
+		m.a.dropSetMemoryLocked(es)
+		es.mu.Unlock()
+		m.made = nil
+	}
+}
+
+// release closes the memory prepare made for a set not made.
+func (m *setMaker) release() {
+	m.a.closeSetMemory(m.ready)
+	m.ready = nil
+}
+
+// newSetForSession makes the block set of blockSetForSession, with its
+// memory for engines (setMaker), or returns the set to attach instead:
+// best (reusableSet's, nil for none), where the engine's quota or the
+// pool has no room for a new one, or where the new set's memory for
+// engines cannot be made (giveSetMemory: a section's memory file, its
+// mapping or its access; setMemoryError). Where freeing idle
 // sets for room let go of a.mu (freeIdleLocked), best may have been freed
 // meanwhile (its grace timer): then the choice is made anew, a freed set
-// never handed back. Where it let go of a.mu, and no set was made, the
-// choice is made anew likewise: sets may have gone idle meanwhile, and the
-// shares and the quota changed (freeIdleSets stops there). Where a set was
+// never handed back. Where it let go of a.mu, and no set was made (the
+// quota or the pool without room, best kept by the swap, or the new set's
+// memory not made), the choice is made anew likewise: sess may have taken
+// up a set of the layout meanwhile, which is given; best may have been
+// taken up by another process's session, and is no longer one pid may
+// join (engineSet.mayJoin); sets may have gone idle, and the shares and
+// the quota changed (freeIdleSets stops there). Where a set was
 // made, sess may have taken up a set of the layout meanwhile (its engine's
 // other rank registered it): that set is given, the new one freed again;
 // and the quota may have shrunk meanwhile (without engine_quota, another
 // engine taking up a set): a new set past the quota then is freed again,
 // and the choice made anew with the quota as it is; but not where the
 // quota's swap freed best for it (swapFallback checks the quota before it
-// frees best, and the engine is never left with neither). Each time
+// frees best, and the engine is never left with neither). A set whose
+// memory cannot be made is freed again as it is made, before the swap
+// frees best: best is given, as where the pool has no room. Where the
+// pool has room for the new set only once best is freed, best is freed
+// before the set is made (its memory is the room), so only the files of
+// the set's memory are made before (setMaker.prepare: their failure gives
+// best likewise); a failure to place them under the new set then finds
+// best gone: the choice is made anew, and the engine gets the error where
+// no set is made then either. Each time
 // round a set is gone from a.sets, or a.mu was let go for an idle set's
 // read-ahead, after which that set is freed, or, not freed (taken up, or
 // busy still: a read-ahead that outlived the wait for it), goes into
@@ -719,9 +811,11 @@ func (a *Agent) freeUnused(set *pool.BlockSet, msg string) {
 // is not offered again, and best is given unless a set is made without
 // it); and no set is made meanwhile
 // (a.registerMu): so it ends. a.mu is held.
-func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*pool.BlockSet, *engineSet, error) {
+func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*engineSet, *engineSet, error) {
 	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)
 	tried := triedSets{}
+	m := &setMaker{a: a, engine: engine, tmpl: tmpl, place: place}
+	defer m.release()
 	for again := false; ; again = true {
 		if f := a.cfg.hooks.registerRound; f != nil {
 			f()
@@ -733,48 +827,56 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 				return nil, best, nil
 			}
 		}
-		may, swap, err := a.makeRoomInQuota(engine, need, best, tried)
 		relocks := a.relocks
+		may, swap, err := a.makeRoomInQuota(engine, need, best, tried)
 		if err != nil {
-			if best != nil && !setFreed(best) {
-				return nil, best, nil // the layout's set with the most usable slots is the best there is
+			if best != nil && (setFreed(best) || relocks != a.relocks) {
+				continue // best freed, or the sets sess uses and may join looked at anew
 			}
 			if best != nil {
-				continue
+				return nil, best, nil // the layout's set with the most usable slots is the best there is
 			}
 			return nil, nil, err
 		}
 		// best stays: it is what this Register falls back to.
-		made := func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, place) }
 		var set *pool.BlockSet
 		if swap {
-			set, err = a.swapFallback(engine, need, tmpl, place, made, may, best, tried) // within the quota once best is freed
+			set, err = a.swapFallback(engine, need, tmpl, place, m.make, m.unmake, m.prepare, may, best, tried) // within the quota once best is freed
 		} else {
-			set, err = a.freeIdleSets(made, may, best, tried)
+			set, err = a.freeIdleSets(m.make, may, best, tried)
 		}
 		if err == nil && relocks != a.relocks {
 			if mine, own := a.reusableSet(sess, tmpl, asked, place, pid); own {
-				a.freeUnused(set, "block set made while its session took up another of the layout not freed")
+				m.unmake(set, "block set made while its session took up another of the layout not freed")
 				return nil, mine, nil
 			}
 			if !swap && !a.withinQuota(engine, need) { // a swap's best is gone
-				a.freeUnused(set, "block set made past its engine's quota not freed")
+				m.unmake(set, "block set made past its engine's quota not freed")
 				continue
 			}
 		}
 		if err == nil {
-			return set, nil, nil
+			return m.made, nil, nil
 		}
 		if best != nil && setFreed(best) {
 			continue
 		}
-		if relocks != a.relocks && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept)) {
+		var merr *setMemoryError
+		if relocks != a.relocks && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept) || errors.As(err, &merr)) {
 			continue // what is idle, the shares and the quota, looked at anew
 		}
 		if best != nil && (errors.Is(err, pool.ErrOutOfMemory) || errors.Is(err, errFallbackKept)) {
 			// No room for a set of the size asked (or the default): the
 			// layout's set with the most usable slots is the best there
 			// is.
+			return nil, best, nil
+		}
+		if best != nil && errors.As(err, &merr) {
+			// The new set freed again, best kept (the swap frees it only
+			// once the new set has its memory): the engine keeps its
+			// cache, as if the swap had not been tried.
+			a.log.Warn("block set not made: its memory for engines failed; the engine is given the set it has",
+				"engine", engine, "set", best.set.ID(), "err", merr.err)
 			return nil, best, nil
 		}
 		return nil, nil, err

@@ -48,4 +48,11 @@ type testHooks struct {
 	// holdAll), given the session's id, before it looks whether the
 	// session still holds: a test ends the session meanwhile.
 	beforeHold func(session uint64)
+	// setMemory, if set, runs where a new set's memory for engines
+	// (isolated engine memory only) has its sections' files made, placed
+	// false (prepareSetMemory), and where they are placed under the set,
+	// placed true (placeSetMemory), before their tokens are handed out,
+	// given the sections; an error is that step's answer, the sections
+	// closed, as if making or placing one had failed.
+	setMemory func(placed bool, secs []*pool.Section) error
 }

@@ -3,10 +3,12 @@ package fabric
 import (
 	"context"
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -144,7 +146,7 @@ func TestQuotaSwapFallbackFreedByItsTimer(t *testing.T) {
 			done := whileWaited(t, a, keep, keep)
 			tmpl := belowLayout(tc.newMB << 10)
 			a.mu.Lock()
-			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, a.freeUnused, nil,
 				func(es *engineSet) bool { return es.engine == "e" }, keep, nil)
 			a.mu.Unlock()
 			if !*done {
@@ -382,7 +384,7 @@ func TestQuotaSwapClaimsTheFallbackBeforeFreeingAnother(t *testing.T) {
 	tmpl := belowLayout(10 << 10)
 	a.mu.Lock()
 	a.cfg.EngineQuota = 12 << 20 // within it once the fallback is freed
-	set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+	set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, a.freeUnused, nil,
 		func(es *engineSet) bool { return es.engine == "e" }, k, nil)
 	a.mu.Unlock()
 	if !*done {
@@ -814,7 +816,7 @@ func TestQuotaSwapWakesTheCallsWaitingForItsFallback(t *testing.T) {
 			}
 			tmpl := belowLayout(10 << 10)
 			a.mu.Lock()
-			set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) },
+			set, err := a.swapFallback("e", 10<<20, tmpl, nil, func() (*pool.BlockSet, error) { return a.pool.NewBlockSetOn(tmpl, nil) }, a.freeUnused, nil,
 				func(es *engineSet) bool { return es.engine == "e" }, k, nil)
 			a.mu.Unlock()
 			if !*done {
@@ -1065,5 +1067,123 @@ func TestIdleSetBusyForRoomKeepsItsGraceTimer(t *testing.T) {
 	a.mu.Unlock()
 	if freed || !retried {
 		t.Fatalf("the busy set's timer free: freed %v, retry scheduled %v; want kept and tried again", freed, retried)
+	}
+}
+
+// A Register that let go of the agent's lock for an idle set's read-ahead
+// looks at the layout's sets anew before it gives the fallback it chose
+// before the wait, or a new set made after it: where its session took up another set of
+// the layout meanwhile (its engine's other rank registered it), that set
+// is given; where another process's session took up the fallback
+// meanwhile, the fallback, no longer one the Register's process may map
+// (engineSet.mayJoin), is not given: the next best set of the layout is.
+// So where the quota refuses once the engine's own idle set is freed for
+// room, where that set's room is there but the new set's memory for
+// engines cannot be made, and where a new set is made within the quota
+// once the engine's idle set was freed.
+func TestRegisterLooksAtTheLayoutsSetsAgainAfterAWait(t *testing.T) {
+	const (
+		inUse = iota
+		fallback
+		other // g's, in use: the set the session takes up, or the next best
+		waited
+	)
+	for _, tc := range []struct {
+		desc     string
+		quotaMB  int  // the engine's quota
+		memFails bool // the new set's memory for engines fails
+		// sessionTakesUp: the Register's session takes up other while it
+		// waits; else another process's session takes up the fallback.
+		sessionTakesUp bool
+	}{
+		{"within the quota once the engine's idle set is freed, the session using another set of the layout", 8, false, true},
+		{"past the quota, the session using another set of the layout", 4, false, true},
+		{"past the quota, the fallback taken up by another process", 4, false, false},
+		{"the new set's memory failing, the session using another set of the layout", 16, true, true},
+		{"the new set's memory failing, the fallback taken up by another process", 16, true, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			// f's 8 MiB in use, e's idle 2 MiB (the layout's fallback,
+			// fewer slots than asked), g's 1 MiB in use (fewer still),
+			// e's idle 4 MiB, 1 MiB free: the new set of 5 MiB fits once
+			// the waited set is freed; within a quota of 16 MiB, within
+			// one of 8 MiB only once the waited set is freed, within one
+			// of 4 MiB neither with it freed nor by a swap for the
+			// fallback.
+			a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 2, false}, quotaSet{"g", 1, true}, quotaSet{"e", 4, false})
+			for _, es := range []*engineSet{sets[inUse], sets[waited]} {
+				relayout(t, a, es)
+			}
+			a.cfg.EngineQuota = int64(tc.quotaMB) << 20
+			a.cfg.BlockSetSlots = 5 << 10
+			h, ok := a.storages[0].(*pool.HostStorage)
+			if !ok {
+				t.Fatalf("storage %T, want host storage", a.storages[0])
+			}
+			a.host, a.isolated, a.memTokens = h, true, map[[32]byte]memoryRef{}
+			failed := 0
+			a.cfg.hooks.setMemory = func(bool, []*pool.Section) error {
+				if !tc.memFails {
+					return nil
+				}
+				failed++
+				return errors.New("no memory for engines")
+			}
+			fb := sets[fallback]
+			t.Cleanup(func() {
+				fb.mu.Lock()
+				defer fb.mu.Unlock()
+				for _, fd := range fb.receivers {
+					if fd >= 0 {
+						unix.Close(fd)
+					}
+				}
+			})
+			sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			done := new(bool)
+			a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+				if es != sets[waited] || *done {
+					return
+				}
+				*done = true
+				if !tc.sessionTakesUp {
+					// This test's process stands for the other engine.
+					takeUp(a, fb, 9)
+					a.handedTo(fb, int32(os.Getpid()))
+					return
+				}
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				if _, err := a.attach(sess, sets[other]); err != nil {
+					t.Error(err)
+				}
+			}
+			// The Register's process: another live one.
+			ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, int32(os.Getppid()))
+			if !*done {
+				t.Fatalf("the Register did not wait for the idle set (%v)", err)
+			}
+			if tc.memFails && failed == 0 {
+				t.Fatalf("no new set's memory failed: %v", err)
+			}
+			if err != nil {
+				t.Fatalf("register: %v, want set %d", err, sets[other].set.ID())
+			}
+			if ss.engineSet != sets[other] {
+				t.Fatalf("given set %d (%d slots), want set %d (the fallback: set %d)", ss.engineSet.set.ID(),
+					ss.engineSet.set.Slots(), sets[other].set.ID(), fb.set.ID())
+			}
+			for i, want := range []bool{true, true, true, false} {
+				if held(a, sets[i]) != want {
+					t.Errorf("set %d held %v, want %v", i, !want, want)
+				}
+			}
+			if got := len(a.pool.BlockSets()); got != 3 {
+				t.Errorf("the pool holds %d sets, want 3 (the waited set freed, no new set)", got)
+			}
+			if len(a.memTokens) != 0 {
+				t.Errorf("%d memory tokens name sets not made", len(a.memTokens))
+			}
+		})
 	}
 }

@@ -67,19 +67,95 @@ func (a *Agent) isolatable() bool {
 
 // giveSetMemory makes the sections of a new block set. a.mu is held.
 func (a *Agent) giveSetMemory(es *engineSet) error {
+	mem, err := a.prepareSetMemory(es.set.Layout(), es.set.ID())
+	if err != nil {
+		return err
+	}
+	return a.placeSetMemory(es, mem)
+}
+
+// prepareSetMemory makes the memory files of the sections of a block set
+// of layout l, block set id (0: not made yet), placed nowhere: what can
+// fail of a set's memory before its range is touched (a descriptor or a
+// file, its size, its access), so that a caller can learn it before it
+// gives anything up for the set (the quota's swap, swapFallback).
+// placeSetMemory places them; closeSetMemory closes them unplaced. nil
+// where sets get no memory of their own. a.mu is held.
+func (a *Agent) prepareSetMemory(l *layout.Layout, id pool.SetID) ([]*setMemory, error) {
+	if !a.isolated {
+		return nil, nil
+	}
+	page := uint64(os.Getpagesize())
+	size := (l.Strides().Region + page - 1) &^ (page - 1) // each rank's region (pool.Pool.NewBlockSetOn)
+	mem := make([]*setMemory, l.TPSize)
+	set := "kvfabric-set"
+	if id != 0 {
+		set = fmt.Sprintf("kvfabric-set%d", id)
+	}
+	for r := range l.TPSize {
+		// The name of a named file says nothing an engine could guess:
+		// the directory is not listable, and a file is opened by the name
+		// its engine was told.
+		tok := newMemoryToken()
+		sec, err := a.host.NewSectionFile(size, fmt.Sprintf("%s-rank%d-%s", set, r, tok[len("mem-"):]))
+		if err != nil {
+			a.closeSetMemory(mem)
+			return nil, fmt.Errorf("fabric: memory of block set %d rank %d: %w", id, r, err)
+		}
+		mem[r] = &setMemory{sec: sec, token: newMemoryToken()}
+		if a.cfg.MemoryDir != "" {
+			if err := a.applySocketAccess(sec.Path(), 0o666); err != nil {
+				a.closeSetMemory(mem)
+				return nil, fmt.Errorf("fabric: memory file %s: %w", sec.Path(), err)
+			}
+		}
+	}
+	if err := a.memoryHook(false, mem); err != nil {
+		a.closeSetMemory(mem)
+		return nil, err
+	}
+	return mem, nil
+}
+
+// closeSetMemory closes memory prepareSetMemory made, placed or not, and
+// ends the registrations of what was placed.
+func (a *Agent) closeSetMemory(mem []*setMemory) {
+	for _, m := range mem {
+		if m != nil {
+			a.unregister(m)
+			m.sec.Close()
+		}
+	}
+}
+
+// memoryHook runs the setMemory test hook, if set, on mem's sections.
+func (a *Agent) memoryHook(placed bool, mem []*setMemory) error {
+	f := a.cfg.hooks.setMemory
+	if f == nil {
+		return nil
+	}
+	secs := make([]*pool.Section, len(mem))
+	for r, m := range mem {
+		secs[r] = m.sec
+	}
+	return f(placed, secs)
+}
+
+// placeSetMemory puts the sections of mem (prepareSetMemory's, for es's
+// layout) under es's ranks, registers them (the CUDA driver, the NIC:
+// where that fails they are used unregistered) and hands out their
+// tokens: es's memory from then on. Where a section cannot be placed (its
+// mapping, or its page lock) mem is closed. a.mu is held.
+func (a *Agent) placeSetMemory(es *engineSet, mem []*setMemory) error {
 	if !a.isolated {
 		return nil
 	}
 	l := es.set.Layout()
 	page := uint64(os.Getpagesize())
-	mem := make([]*setMemory, l.TPSize)
-	undo := func() {
-		for _, m := range mem {
-			if m != nil {
-				a.unregister(m)
-				m.sec.Close()
-			}
-		}
+	undo := func() { a.closeSetMemory(mem) }
+	if len(mem) != l.TPSize {
+		undo()
+		return fmt.Errorf("fabric: memory of block set %d: %d ranks' sections for %d ranks", es.set.ID(), len(mem), l.TPSize)
 	}
 	for r := range l.TPSize {
 		off, err := es.set.RegionOffset(r)
@@ -88,16 +164,14 @@ func (a *Agent) giveSetMemory(es *engineSet) error {
 			return err
 		}
 		size := (l.Regions[r].Size + page - 1) &^ (page - 1)
-		// The name of a named file says nothing an engine could guess:
-		// the directory is not listable, and a file is opened by the name
-		// its engine was told.
-		tok := newMemoryToken()
-		sec, err := a.host.NewSection(off, size, fmt.Sprintf("kvfabric-set%d-rank%d-%s", es.set.ID(), r, tok[len("mem-"):]))
-		if err != nil {
+		if got := mem[r].sec.Size(); got != size {
+			undo()
+			return fmt.Errorf("fabric: memory of block set %d rank %d: a section of %d bytes for %d", es.set.ID(), r, got, size)
+		}
+		if err := mem[r].sec.Place(off); err != nil {
 			undo()
 			return fmt.Errorf("fabric: memory of block set %d rank %d: %w", es.set.ID(), r, err)
 		}
-		mem[r] = &setMemory{sec: sec, token: newMemoryToken()}
 		if a.pinned != nil {
 			if err := a.pinned.Pin(off, size); err != nil {
 				// The memory is still good host memory; copies to a GPU
@@ -118,12 +192,10 @@ func (a *Agent) giveSetMemory(es *engineSet) error {
 				mem[r].rdma = b
 			}
 		}
-		if a.cfg.MemoryDir != "" {
-			if err := a.applySocketAccess(sec.Path(), 0o666); err != nil {
-				undo()
-				return fmt.Errorf("fabric: memory file %s: %w", sec.Path(), err)
-			}
-		}
+	}
+	if err := a.memoryHook(true, mem); err != nil {
+		undo()
+		return err
 	}
 	a.memMu.Lock()
 	for r, m := range mem {

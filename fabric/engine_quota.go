@@ -198,20 +198,32 @@ type triedSets map[*engineSet]bool
 // the Register is given the fallback.
 var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 
-// swapFallback makes the new set (made, of tmpl placed as place) and frees
-// keep, the engine's idle fallback set, to bring the engine within its
-// quota (makeRoomInQuota's swap), never leaving the engine with neither,
-// and freeing no other set where keep's memory is room enough: made is
-// tried first with keep standing and nothing freed, keep freed once the
-// new set exists; where the pool has no room, and the set would fit once
-// keep's memory is free (pool.Pool.FitsFreeing), keep is freed and the set
-// made in its room; only where it would not are other idle sets freed
-// (those may allows, as freeIdleSets does), until it fits once keep is
-// freed, and none where it would not fit even with all of them and keep
-// freed. Where the set does not fit the error is pool.ErrOutOfMemory, keep
-// untouched; where keep cannot be freed (it found a user meanwhile, or is
-// busy: a peer's lease; or a slot of it was retired since it was looked
-// at, which the pool's free sees and refuses, pool.Pool.ReclaimBlockSet,
+// swapFallback makes the new set (made, of tmpl placed as place; unmade
+// frees one made, saying its message where the pool does not; prepare, nil
+// for none, makes what can fail of its memory for engines before its room
+// is) and frees keep, the engine's idle fallback set, to bring the engine
+// within its quota (makeRoomInQuota's swap), never leaving the engine with
+// neither, and freeing no other set where keep's memory is room enough:
+// made is tried first with keep standing and nothing freed, keep freed
+// once the new set exists, its memory for engines made too (setMaker:
+// where that fails, made frees the set again and answers setMemoryError,
+// returned here with keep untouched, and the Register is given keep);
+// where the pool has no room and the set would fit once keep's memory is
+// free (pool.Pool.FitsFreeing), keep is freed and the set made in its
+// room; only where it would not are other idle sets freed (those may
+// allows, as freeIdleSets does), until it fits once keep is freed, and
+// none where it would not fit even with all of them and keep freed;
+// before the first set is freed so (not where it fits nowhere), prepare
+// makes the memory's files (its setMemoryError returned likewise, nothing
+// freed); a set made once keep is freed whose memory's
+// placing then fails (a mapping, or its page lock: setMemoryError, the set
+// freed again) leaves the Register without keep, whose memory was the
+// room: newSetForSession makes its choice anew, and the engine is told the
+// error where no set is made then either. Where the set does not fit the
+// error is pool.ErrOutOfMemory, keep untouched; where keep cannot be freed
+// (it found a user meanwhile, or is busy: a peer's lease; or a slot of it
+// was retired since it was looked at, which the pool's free sees and
+// refuses, pool.Pool.ReclaimBlockSet,
 // where its memory would be withheld and the new set, to be made in its
 // room, fit nowhere) a new set made beside it is freed again, and
 // errFallbackKept returned, keep standing. keep is claimed throughout
@@ -242,7 +254,7 @@ var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 // meanwhile, so FitsFreeing's answer holds, and keep's room is there once
 // it is freed (the pool frees it for room only with no slot retired,
 // pool.Pool.ReclaimBlockSet).
-func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), may func(*engineSet) bool, keep *engineSet, tried triedSets) (*pool.BlockSet, error) {
+func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), unmade func(*pool.BlockSet, string), prepare func() error, may func(*engineSet) bool, keep *engineSet, tried triedSets) (*pool.BlockSet, error) {
 	if !claimFallback(keep) {
 		return nil, errFallbackKept // taken up or freed since makeRoomInQuota looked
 	}
@@ -259,6 +271,14 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 			err = pool.ErrOutOfMemory
 		}
 		return nil, err
+	}
+	// ready makes what can fail of the new set's memory, where it is to be
+	// made only once keep, or more, is freed: before anything is.
+	ready := func() error {
+		if prepare == nil {
+			return nil
+		}
+		return prepare()
 	}
 	set, err := made()
 	if errors.Is(err, pool.ErrOutOfMemory) {
@@ -278,11 +298,20 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 				if !fallbackFree(keep) {
 					return nil, errFallbackKept
 				}
+				if err := ready(); err != nil {
+					return nil, err
+				}
 				_, err = a.freeIdleSets(fits, may, keep, tried)
 			}
 		}
 		if err == nil {
-			if !mayFreeKeep() || !a.freeFallbackLocked(keep, tried) {
+			if !mayFreeKeep() {
+				return nil, errFallbackKept
+			}
+			if err := ready(); err != nil {
+				return nil, err
+			}
+			if !a.freeFallbackLocked(keep, tried) {
 				return nil, errFallbackKept
 			}
 			// keep is gone: whatever may allows goes before the engine
@@ -297,9 +326,7 @@ func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, pl
 	if mayFreeKeep() && a.freeFallbackLocked(keep, tried) {
 		return set, nil
 	}
-	if ferr := a.pool.FreeBlockSet(set.ID()); ferr != nil {
-		a.log.Error("block set made to replace a fallback set not freed", "set", set.ID(), "err", ferr)
-	}
+	unmade(set, "block set made to replace a fallback set not freed")
 	return nil, errFallbackKept
 }
 

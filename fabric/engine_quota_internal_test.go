@@ -3,6 +3,7 @@ package fabric
 import (
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,7 +51,9 @@ func quotaAgent(t *testing.T, sets ...quotaSet) (*Agent, []*engineSet) {
 // stays; and where the fallback is busy (a peer's lease on one of its
 // blocks) once the new set is made, or before, the new set is freed again
 // and the fallback kept (errFallbackKept), never the engine left with
-// neither, and no other set freed for a swap that cannot be made.
+// neither, and no other set freed for a swap that cannot be made. The new
+// set's memory files (prepare) are made before the first set is freed for
+// it, and only where one is to be.
 func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 	const (
 		orphan = iota
@@ -67,14 +70,17 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 		made        bool   // the new set made
 		err         error
 		freed       []int // of orphan, active, keep
+		// prepared: the new set's memory files made before a set is
+		// freed for it (prepare); not where nothing is to be freed.
+		prepared bool
 	}{
-		{"fits in the fallback's room", false, 6, 4, 6, "", true, nil, []int{keep}},
-		{"fits beside the fallback", false, 2, 4, 4, "", true, nil, []int{keep}},
-		{"fits once the orphan too is freed", true, 6, 4, 10, "", true, nil, []int{orphan, keep}},
-		{"fits nowhere", false, 6, 4, 10, "", false, pool.ErrOutOfMemory, nil},
-		{"the fallback busy once the new set is made", false, 2, 4, 4, "after", false, errFallbackKept, nil},
-		{"the fallback busy, the new set in its room", false, 6, 4, 6, "before", false, errFallbackKept, nil},
-		{"the fallback busy, the new set fits once the orphan too is freed", true, 6, 4, 10, "before", false, errFallbackKept, nil},
+		{"fits in the fallback's room", false, 6, 4, 6, "", true, nil, []int{keep}, true},
+		{"fits beside the fallback", false, 2, 4, 4, "", true, nil, []int{keep}, false},
+		{"fits once the orphan too is freed", true, 6, 4, 10, "", true, nil, []int{orphan, keep}, true},
+		{"fits nowhere", false, 6, 4, 10, "", false, pool.ErrOutOfMemory, nil, false},
+		{"the fallback busy once the new set is made", false, 2, 4, 4, "after", false, errFallbackKept, nil, false},
+		{"the fallback busy, the new set in its room", false, 6, 4, 6, "before", false, errFallbackKept, nil, true},
+		{"the fallback busy, the new set fits once the orphan too is freed", true, 6, 4, 10, "before", false, errFallbackKept, nil, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			// The orphan first, then another engine's set in use, then the
@@ -109,11 +115,27 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 				return s, err
 			}
 			may := func(es *engineSet) bool { return es.engine == "e" }
+			prepared := false
+			prepare := func() error {
+				if prepared {
+					return nil // made once, as setMaker.prepare
+				}
+				for _, es := range sets {
+					if !held(a, es) {
+						t.Errorf("the new set's memory files made once set %d was freed", es.set.ID())
+					}
+				}
+				prepared = true
+				return nil
+			}
 			a.mu.Lock()
-			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, mk, may, k, nil)
+			set, err := a.swapFallback("e", uint64(tc.newMB)<<20, tmpl, nil, mk, a.freeUnused, prepare, may, k, nil)
 			a.mu.Unlock()
 			if (set != nil) != tc.made || !errors.Is(err, tc.err) {
 				t.Fatalf("new set %v, %v; want made %v, %v", set != nil, err, tc.made, tc.err)
+			}
+			if prepared != tc.prepared {
+				t.Errorf("the new set's memory files made: %v, want %v", prepared, tc.prepared)
 			}
 			for i, es := range sets {
 				want := false
@@ -128,6 +150,107 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 				if _, err := a.pool.BlockSet(made.ID()); err == nil {
 					t.Error("the new set, not given, is still held")
 				}
+			}
+		})
+	}
+}
+
+// A Register whose new set is within the engine's quota only once its
+// idle fallback set is freed (the quota's swap), and whose new set's
+// memory for engines cannot be made, keeps the fallback, its cache with
+// it: the engine is given the fallback, never an error with neither set.
+// Where the new set fits beside the fallback, its memory is made whole,
+// files and placing, before the fallback is freed; where it fits only in
+// the fallback's room, its memory's files are made before the fallback is
+// freed (a memory file or its access failing keeps the fallback), and
+// only their placing (a mapping failing) comes after, when the engine can
+// only be told the error. Either way nothing leaks: the new set's pool
+// memory and its sections go back, and no token names them.
+func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
+	beside := []quotaSet{{"e", 2, true}, {"f", 4, true}, {"e", 4, false}} // 6 MiB free: the new set of 6 MiB fits beside the fallback
+	inRoom := []quotaSet{{"f", 8, true}, {"e", 2, true}, {"e", 4, false}} // 2 MiB free: it fits only in the fallback's room
+	for _, tc := range []struct {
+		desc   string
+		sets   []quotaSet // the last one the engine's idle fallback
+		placed bool       // the memory fails as its sections are placed, else as their files are made
+		// keep: the fallback given; else the error, the fallback freed.
+		keep bool
+	}{
+		{"fits beside the fallback, its memory's files fail", beside, false, true},
+		{"fits beside the fallback, its memory's placing fails", beside, true, true},
+		{"fits in the fallback's room, its memory's files fail", inRoom, false, true},
+		{"fits in the fallback's room, its memory's placing fails", inRoom, true, false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			a, sets := quotaAgent(t, tc.sets...)
+			keep := len(sets) - 1
+			for _, es := range sets[:keep] {
+				relayout(t, a, es)
+			}
+			h, ok := a.storages[0].(*pool.HostStorage)
+			if !ok {
+				t.Fatalf("storage %T, want host storage", a.storages[0])
+			}
+			a.host, a.isolated, a.memTokens = h, true, map[[32]byte]memoryRef{}
+			a.cfg.EngineQuota = 10 << 20 // 6 MiB in the engine's sets, 6 more asked: within only once the fallback is freed
+			a.cfg.BlockSetSlots = 6 << 10
+			k := sets[keep]
+			var secs []*pool.Section
+			failed := 0
+			a.cfg.hooks.setMemory = func(placed bool, s []*pool.Section) error {
+				secs = append(secs, s...)
+				if placed != tc.placed {
+					return nil
+				}
+				failed++
+				return errors.New("no memory for engines")
+			}
+			free := uint64(16 << 20)
+			for _, es := range sets {
+				free -= setBytes(es.set)
+			}
+			sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+			if failed == 0 {
+				t.Fatalf("no new set's memory failed: %v", err)
+			}
+			if tc.keep {
+				if err != nil || ss.engineSet != k || !held(a, k) || setFreed(k) {
+					t.Fatalf("register with the new set's memory failing: %v (held %v), want the fallback, set %d", err, held(a, k), k.set.ID())
+				}
+				if got := len(a.pool.BlockSets()); got != 3 {
+					t.Errorf("the pool holds %d sets, want the 3 it had", got)
+				}
+				k.mu.Lock()
+				claimed := k.claim != nil
+				k.mu.Unlock()
+				if claimed {
+					t.Error("the fallback is still claimed by the swap")
+				}
+			} else {
+				if err == nil || !strings.Contains(err.Error(), "no memory for engines") {
+					t.Fatalf("register with the new set's memory failing, the fallback freed for its room: %v, want that error", err)
+				}
+				if held(a, k) || a.sets[k.set.ID()] != nil {
+					t.Fatal("the fallback, freed for the new set's room, is still held")
+				}
+				free += setBytes(k.set)
+			}
+			if got := len(a.sets); got != len(a.pool.BlockSets()) {
+				t.Errorf("the agent knows %d sets, the pool holds %d", got, len(a.pool.BlockSets()))
+			}
+			for _, s := range secs {
+				if s.FD() >= 0 {
+					t.Errorf("section at %d of a set not made still open", s.Offset())
+				}
+			}
+			if len(a.memTokens) != 0 {
+				t.Errorf("%d memory tokens name sets not made", len(a.memTokens))
+			}
+			// The pool's free memory is what it was (the fallback's
+			// added where it went): a set of all of it fits.
+			if ok, err := a.pool.FitsFreeing(belowLayout(int(free>>10)), nil); !ok || err != nil {
+				t.Errorf("a set of the %d bytes free does not fit: %v", free, err)
 			}
 		})
 	}

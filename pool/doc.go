@@ -17,6 +17,8 @@
 // its own, with fresh pages at the same addresses, so that one block set's
 // memory can be handed to an engine without the rest; the pages the range
 // had stay with whoever still maps them and are never handed out again.
+// [HostStorage.NewSectionFile] and [Section.Place] are the same in two
+// steps: the file first, the range untouched, and its pages placed later.
 //
 // A [Pool] carves [BlockSet]s from one Storage, or from one per GPU
 // ([NewSpanning]): one region per TP rank, page aligned, at

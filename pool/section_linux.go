@@ -24,7 +24,14 @@ import (
 // had are dropped from this process; a process that still maps them keeps
 // them, and they go back to the system when the last such mapping goes, so
 // memory once handed out is never handed to anyone else.
+//
+// NewSectionFile and Place are NewSection in two steps: the memory file
+// first, sized, with the range untouched (what can fail before a caller
+// gives up what the range holds: a descriptor, a file, its size), and its
+// pages put under the range later (a mapping, and its lock for pinned
+// storage).
 type Section struct {
+	h    *HostStorage
 	file *os.File
 	path string // under HostConfig.Dir for ShmFile: removed on Close
 	off  uint64
@@ -32,6 +39,7 @@ type Section struct {
 
 	mu     sync.Mutex
 	closed bool
+	placed bool
 }
 
 // NewSection backs [off, off+size) of the storage with a new memory file
@@ -41,17 +49,45 @@ type Section struct {
 // gone from this process. The storage must not be read or written in the
 // range while NewSection runs. It keeps the storage's page lock.
 func (h *HostStorage) NewSection(off, size uint64, name string) (*Section, error) {
+	if err := h.sectionRange(off, size); err != nil {
+		return nil, err
+	}
+	s, err := h.NewSectionFile(size, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Place(off); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// sectionRange checks [off, off+size) for a section: page aligned, not
+// empty, inside the open storage.
+func (h *HostStorage) sectionRange(off, size uint64) error {
 	page := uint64(os.Getpagesize())
 	if h.mem == nil {
-		return nil, fmt.Errorf("%w: host storage closed", ErrClosed)
+		return fmt.Errorf("%w: host storage closed", ErrClosed)
 	}
 	if h.huge {
-		return nil, fmt.Errorf("pool: section of hugetlb storage: %w", ErrNotSupported)
+		return fmt.Errorf("pool: section of hugetlb storage: %w", ErrNotSupported)
 	}
 	if size == 0 || off%page != 0 || size%page != 0 || off > uint64(len(h.mem)) || size > uint64(len(h.mem))-off {
-		return nil, fmt.Errorf("%w: section [%d, +%d) of %d bytes: want page-aligned, non-empty, inside", ErrInvalidArgument, off, size, len(h.mem))
+		return fmt.Errorf("%w: section [%d, +%d) of %d bytes: want page-aligned, non-empty, inside", ErrInvalidArgument, off, size, len(h.mem))
 	}
-	s := &Section{off: off, size: size}
+	return nil
+}
+
+// NewSectionFile makes the memory file of a section of size bytes (named
+// as NewSection names it), sized, and returns it not yet placed: the
+// storage is untouched until Place. size must be page aligned and fit in
+// the storage. Close closes a section never placed as any other.
+func (h *HostStorage) NewSectionFile(size uint64, name string) (*Section, error) {
+	if err := h.sectionRange(0, size); err != nil {
+		return nil, err
+	}
+	s := &Section{h: h, size: size}
 	if h.path != "" {
 		f, err := os.CreateTemp(filepath.Dir(h.path), name+"-*")
 		if err != nil {
@@ -70,32 +106,53 @@ func (h *HostStorage) NewSection(off, size uint64, name string) (*Section, error
 		}
 		s.file = os.NewFile(uintptr(fd), name)
 	}
-	fail := func(err error) (*Section, error) {
-		s.Close()
-		return nil, fmt.Errorf("pool: section %s: %w", name, err)
-	}
 	if err := unix.Ftruncate(int(s.file.Fd()), int64(size)); err != nil {
-		return fail(fmt.Errorf("ftruncate %d bytes: %w", size, err))
-	}
-	// MAP_FIXED replaces the old mapping of the range in one step: no
-	// other mapping can take the addresses in between.
-	at := unsafe.Pointer(&h.mem[off])
-	got, err := unix.MmapPtr(int(s.file.Fd()), 0, at, uintptr(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED)
-	if err != nil {
-		return fail(fmt.Errorf("mmap %d bytes at %p: %w", size, at, err))
-	}
-	if got != at {
-		return fail(fmt.Errorf("mmap at %p landed at %p", at, got))
-	}
-	if h.kind == layout.Pinned {
-		if err := unix.Mlock(h.mem[off : off+size]); err != nil {
-			return fail(fmt.Errorf("mlock: %w", err))
-		}
+		s.Close()
+		return nil, fmt.Errorf("pool: section %s: ftruncate %d bytes: %w", name, size, err)
 	}
 	return s, nil
 }
 
-// Offset is where the section starts in its storage.
+// Place puts the section's pages under [off, off+Size()) of its storage,
+// as NewSection does: off must be page aligned and the range inside the
+// storage. A section is placed once; one closed, or placed already, is
+// refused. Where the mapping fails the section stays unplaced (the range
+// may have lost its pages: the storage must not be read there until a
+// section is placed in it); where the page lock fails after it, placed.
+func (s *Section) Place(off uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("%w: section closed", ErrClosed)
+	}
+	if s.placed {
+		return fmt.Errorf("%w: section placed at %d already", ErrInvalidArgument, s.off)
+	}
+	h := s.h
+	if err := h.sectionRange(off, s.size); err != nil {
+		return err
+	}
+	name := s.file.Name()
+	// MAP_FIXED replaces the old mapping of the range in one step: no
+	// other mapping can take the addresses in between.
+	at := unsafe.Pointer(&h.mem[off])
+	got, err := unix.MmapPtr(int(s.file.Fd()), 0, at, uintptr(s.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED)
+	if err != nil {
+		return fmt.Errorf("pool: section %s: mmap %d bytes at %p: %w", name, s.size, at, err)
+	}
+	if got != at {
+		return fmt.Errorf("pool: section %s: mmap at %p landed at %p", name, at, got)
+	}
+	s.off, s.placed = off, true
+	if h.kind == layout.Pinned {
+		if err := unix.Mlock(h.mem[off : off+s.size]); err != nil {
+			return fmt.Errorf("pool: section %s: mlock: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Offset is where the section starts in its storage (0 until placed).
 func (s *Section) Offset() uint64 { return s.off }
 
 // Size is the bytes of the section, the size of its file.

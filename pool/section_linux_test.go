@@ -256,3 +256,72 @@ func TestSectionBounds(t *testing.T) {
 		t.Errorf("after Close: %v, want ErrClosed", err)
 	}
 }
+
+// NewSectionFile makes a section's memory file and leaves the storage
+// untouched: the range keeps its bytes until Place puts the file's fresh
+// pages under it, and what is written there then reaches the file. A
+// section is placed once and only inside the storage; one refused stays
+// unplaced, to be placed elsewhere or closed; one closed is not placed.
+func TestSectionFileThenPlace(t *testing.T) {
+	for _, shm := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shm=%v", shm), func(t *testing.T) {
+			page := uint64(os.Getpagesize())
+			cfg := HostConfig{Size: 4 * page}
+			if shm {
+				cfg.Backing, cfg.Dir = ShmFile, t.TempDir()
+			}
+			h, err := NewHostStorage(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.Close()
+			b := h.Bytes()
+			copy(b[page:], "before")
+			s, err := h.NewSectionFile(page, "two-steps")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if !bytes.HasPrefix(b[page:], []byte("before")) {
+				t.Fatal("the storage changed before the section was placed")
+			}
+			if err := s.Place(4 * page); !errors.Is(err, ErrInvalidArgument) {
+				t.Fatalf("placed past the end: %v, want ErrInvalidArgument", err)
+			}
+			if err := s.Place(page); err != nil {
+				t.Fatalf("placed after a refusal: %v", err)
+			}
+			if s.Offset() != page || s.Size() != page {
+				t.Fatalf("section at %d of %d bytes, want %d of %d", s.Offset(), s.Size(), page, page)
+			}
+			if b[page] != 0 {
+				t.Fatal("the range kept its bytes once the section was placed")
+			}
+			copy(b[page:], "pool")
+			got := make([]byte, 4)
+			if _, err := unix.Pread(s.FD(), got, 0); err != nil || string(got) != "pool" {
+				t.Fatalf("the file holds %q (%v), want what the pool wrote", got, err)
+			}
+			if err := s.Place(2 * page); !errors.Is(err, ErrInvalidArgument) {
+				t.Errorf("placed twice: %v, want ErrInvalidArgument", err)
+			}
+			s2, err := h.NewSectionFile(page, "closed-first")
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := s2.Path()
+			s2.Close()
+			if err := s2.Place(2 * page); !errors.Is(err, ErrClosed) {
+				t.Errorf("placed after Close: %v, want ErrClosed", err)
+			}
+			if shm {
+				if _, err := os.Stat(path); !os.IsNotExist(err) {
+					t.Errorf("the file of a section closed unplaced is still there: %v", err)
+				}
+			}
+			if _, err := h.NewSectionFile(8*page, "too-big"); !errors.Is(err, ErrInvalidArgument) {
+				t.Errorf("a file larger than the storage: %v, want ErrInvalidArgument", err)
+			}
+		})
+	}
+}

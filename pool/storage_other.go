@@ -55,6 +55,16 @@ func (h *HostStorage) NewSection(off, size uint64, name string) (*Section, error
 	return nil, fmt.Errorf("pool: host memory sections need memfd: %w", ErrNotSupported)
 }
 
+// NewSectionFile returns an error wrapping ErrNotSupported off Linux.
+func (h *HostStorage) NewSectionFile(size uint64, name string) (*Section, error) {
+	return nil, fmt.Errorf("pool: host memory sections need memfd: %w", ErrNotSupported)
+}
+
+// Place returns an error wrapping ErrNotSupported off Linux.
+func (s *Section) Place(off uint64) error {
+	return fmt.Errorf("pool: host memory sections need memfd: %w", ErrNotSupported)
+}
+
 // Offset returns 0.
 func (s *Section) Offset() uint64 { return 0 }
 
