@@ -48,10 +48,9 @@ func waitIndexed(t *testing.T, reader *fabric.Agent, holder string, n uint64) {
 // waitServed waits until holder counts as served, by the transports
 // together as well as in all, the bytes an importer read from it, and
 // returns its transport counters then. A holder counts a read once its
-// answer's last byte is written (or, on a TLS lane, gathered), and the
-// importer may have read that byte, finished its import and returned
-// before the holder's goroutine runs again: a snapshot taken at once may
-// count none of it.
+// answer's last byte is written, and the importer may have read that
+// byte, finished its import and returned before the holder's goroutine
+// runs again: a snapshot taken at once may count none of it.
 func waitServed(t *testing.T, holder *fabric.Agent, read uint64) transfer.Metrics {
 	t.Helper()
 	var hm transfer.Metrics
