@@ -45,6 +45,26 @@ func waitIndexed(t *testing.T, reader *fabric.Agent, holder string, n uint64) {
 	})
 }
 
+// waitServed waits until holder counts as served, by the transports
+// together as well as in all, the bytes an importer read from it, and
+// returns its transport counters then. A holder counts a read once its
+// answer's last byte is written, and the importer may have read that
+// byte, finished its import and returned before the holder's goroutine
+// runs again: a snapshot taken at once may count none of it.
+func waitServed(t *testing.T, holder *fabric.Agent, read uint64) transfer.Metrics {
+	t.Helper()
+	var hm transfer.Metrics
+	wait.For(t, 10*time.Second, holder.NodeName()+" counts the bytes it served", func() error {
+		hm = holder.Metrics().Transport
+		if hm.BytesServed < read || hm.BytesServedLane+hm.BytesServedQUIC < read {
+			return fmt.Errorf("%d bytes served, %d over the lane, %d over quic; the importer read %d",
+				hm.BytesServed, hm.BytesServedLane, hm.BytesServedQUIC, read)
+		}
+		return nil
+	})
+	return hm
+}
+
 // TP 4 -> TP 2 between in-process agents over the lane, TLS and plain:
 // byte for byte, the fetch says tcp, every byte counted as the lane's,
 // and status names the lane (loudly when plain).
@@ -66,8 +86,9 @@ func TestImportOverLane(t *testing.T) {
 			if lane, quic := chunks(m.ImportChunkTimeLane), chunks(m.ImportChunkTime); lane == 0 || quic != 0 {
 				t.Errorf("importer's chunk times: %d over the lane, %d over quic; want all over the lane", lane, quic)
 			}
-			if hm := n1.Metrics().Transport; hm.BytesServed == 0 || hm.BytesServedLane != hm.BytesServed || hm.BytesServedQUIC != 0 {
-				t.Errorf("holder: %d bytes served, %d over the lane, %d over quic", hm.BytesServed, hm.BytesServedLane, hm.BytesServedQUIC)
+			if hm := waitServed(t, n1, m.Transport.BytesRead); hm.BytesServed == 0 || hm.BytesServed != m.Transport.BytesRead || hm.BytesServedLane != hm.BytesServed || hm.BytesServedQUIC != 0 {
+				t.Errorf("holder: %d bytes served, %d over the lane, %d over quic; the importer read %d",
+					hm.BytesServed, hm.BytesServedLane, hm.BytesServedQUIC, m.Transport.BytesRead)
 			}
 			s, err := dial(t, n1).Status(context.Background())
 			if err != nil {
@@ -106,8 +127,9 @@ func TestImportLaneUnreachableFallsBackToQUIC(t *testing.T) {
 	if lane, quic := chunks(m.ImportChunkTimeLane), chunks(m.ImportChunkTime); lane != 0 || quic == 0 {
 		t.Errorf("importer's chunk times: %d over the lane, %d over quic; want all over quic", lane, quic)
 	}
-	if hm := n1.Metrics().Transport; hm.BytesServed == 0 || hm.BytesServedQUIC != hm.BytesServed || hm.BytesServedLane != 0 {
-		t.Errorf("holder: %d bytes served, %d over the lane, %d over quic", hm.BytesServed, hm.BytesServedLane, hm.BytesServedQUIC)
+	if hm := waitServed(t, n1, m.Transport.BytesRead); hm.BytesServed == 0 || hm.BytesServed != m.Transport.BytesRead || hm.BytesServedQUIC != hm.BytesServed || hm.BytesServedLane != 0 {
+		t.Errorf("holder: %d bytes served, %d over the lane, %d over quic; the importer read %d",
+			hm.BytesServed, hm.BytesServedLane, hm.BytesServedQUIC, m.Transport.BytesRead)
 	}
 	s, err := dial(t, n2).Status(context.Background())
 	if err != nil {

@@ -522,7 +522,7 @@ func (n *Node) serveLane(raw net.Conn) {
 			log.Debug("transfer: lane read failed", "lease", req.leaseID, "err", err)
 			return
 		}
-		n.stats.bytesServedLane.Add(req.totalBytes)
+		n.served(req, &n.stats.bytesServedLane)
 	}
 }
 

@@ -13,11 +13,13 @@ import (
 
 // faultyListener wraps a listener: its Accept first waits for gate (if
 // set), then returns fail's error for its nth call (from 1) where fail
-// returns one, else accepts from the listener it wraps.
+// returns one, else accepts from the listener it wraps, and returns the
+// connection through wrap (if set).
 type faultyListener struct {
 	net.Listener
 	gate  <-chan struct{}
 	fail  func(call int) error
+	wrap  func(net.Conn) net.Conn
 	calls atomic.Int64
 }
 
@@ -30,7 +32,24 @@ func (l *faultyListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 	}
-	return l.Listener.Accept()
+	c, err := l.Listener.Accept()
+	if err == nil && l.wrap != nil {
+		c = l.wrap(c)
+	}
+	return c, err
+}
+
+// brokenWrites is a connection whose writes fail once broken is set.
+type brokenWrites struct {
+	net.Conn
+	broken *atomic.Bool
+}
+
+func (c brokenWrites) Write(p []byte) (int, error) {
+	if c.broken.Load() {
+		return 0, syscall.EPIPE
+	}
+	return c.Conn.Write(p)
 }
 
 // faultyLane is a listener on loopback wrapped as given, served by a second
@@ -147,5 +166,35 @@ func TestLaneAcceptRacingClose(t *testing.T) {
 	}
 	if m := holder.Metrics(); m.LanePending != 0 {
 		t.Errorf("%d lane connections pending after the lane closed", m.LanePending)
+	}
+}
+
+// A TLS lane holder gathers an answer's records and writes them to the
+// socket at the answer's end: an answer whose gathered records could not
+// be written was not served, and is counted as a failed call only. (It was
+// counted served too, in ReadsServed and BytesServed, once gathered.)
+func TestLaneAnswerNotFlushedIsNotServed(t *testing.T) {
+	const size = 64 << 10 // under laneGather: the answer's one socket write is its flush
+	holder, reader, p, _ := pendingSetup(t, size)
+	var broken atomic.Bool
+	ln := &faultyListener{wrap: func(c net.Conn) net.Conn { return brokenWrites{Conn: c, broken: &broken} }}
+	faultyLane(t, holder, ln)
+	r, err := laneTokens(t, p, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := rawLaneAt(t, ln.Addr().String(), reader.laneClientTLS("holder"), &transferpb.LaneHello{Node: "reader", Token: r.Tokens[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := holder.Metrics().CallsFailed
+	broken.Store(true) // the hello is answered; the holder writes nothing more until asked
+	req := &transferpb.ReadRequest{LeaseId: 5, BlockSet: 9, Segments: []*transferpb.ReadSegment{{Length: size, Count: 1}}}
+	if err := writeFrame(c, byte(methodRead), req, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "the holder to fail the answer it could not write", func() bool { return holder.Metrics().CallsFailed > failed })
+	if m := holder.Metrics(); m.ReadsServed != 0 || m.BytesServed != 0 || m.BytesServedLane != 0 {
+		t.Errorf("holder: %d reads served, %d bytes, %d over the lane; want none: its answer never left", m.ReadsServed, m.BytesServed, m.BytesServedLane)
 	}
 }

@@ -11,9 +11,12 @@ type Metrics struct {
 	// CallsFailed counts incoming calls answered with an error or reset.
 	CallsFailed uint64
 	// ReadsServed and BytesServed count reads served in full, over QUIC
-	// or a TCP lane. BytesServedQUIC and BytesServedLane are the parts of
-	// BytesServed served over each, each counted on its own (as
-	// BytesReadQUIC is: a difference of snapshots taken apart may wrap).
+	// or a TCP lane, each once its answer's last byte is written (on a TLS
+	// lane, once the records gathered for it are flushed): possibly after
+	// the reader has it and its Read has returned. BytesServedQUIC and
+	// BytesServedLane are the parts of BytesServed served over each, each
+	// counted on its own (as BytesReadQUIC is: a difference of snapshots
+	// taken apart may wrap).
 	ReadsServed     uint64
 	BytesServed     uint64
 	BytesServedQUIC uint64

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -232,8 +233,18 @@ func (n *Node) serveRead(s *quic.Stream, peer string, r *request) error {
 		s.CancelWrite(streamErrCancelled)
 		return err
 	}
-	n.stats.bytesServedQUIC.Add(r.totalBytes)
+	n.served(r, &n.stats.bytesServedQUIC)
 	return s.Close()
+}
+
+// served counts a read whose answer went out whole, over the transport
+// whose count by is. The caller counts it once the answer's last byte is
+// written where it cannot fail any more for that answer: after a TLS
+// lane's gathered records are flushed, not when they are gathered.
+func (n *Node) served(r *request, by *atomic.Uint64) {
+	n.stats.readsServed.Add(1)
+	n.stats.bytesServed.Add(r.totalBytes)
+	by.Add(r.totalBytes)
 }
 
 // readSource is where a checked read's ranks come from: region memory,
@@ -284,7 +295,9 @@ func (n *Node) checkRead(peer string, r *request) (readSource, error) {
 }
 
 // writeRead writes a checked read's response frame and data to s. An
-// error leaves s mid-answer: the caller resets or closes it.
+// error leaves s mid-answer: the caller resets or closes it. It counts
+// nothing: the caller counts the read served (served) once its answer is
+// out.
 func (n *Node) writeRead(s deadlineWriter, src readSource, r *request) error {
 	if tc, ok := s.(*net.TCPConn); ok && len(src.staged) == 0 {
 		return n.writeReadVec(tc, src, r)
@@ -328,12 +341,7 @@ func (n *Node) writeRead(s deadlineWriter, src readSource, r *request) error {
 			}
 		}
 	}
-	if err := w.flush(); err != nil {
-		return err
-	}
-	n.stats.readsServed.Add(1)
-	n.stats.bytesServed.Add(r.totalBytes)
-	return nil
+	return w.flush()
 }
 
 // Bounds on one vectored write or read of a plain lane: the kernel takes
@@ -390,12 +398,8 @@ func (n *Node) writeReadVec(c *net.TCPConn, src readSource, r *request) error {
 		}
 	}
 	if pending > 0 {
-		if err := flush(); err != nil {
-			return err
-		}
+		return flush()
 	}
-	n.stats.readsServed.Add(1)
-	n.stats.bytesServed.Add(r.totalBytes)
 	return nil
 }
 

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/transfer/certs"
 )
@@ -31,11 +33,15 @@ func TestClientCommands(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("put: exit %d: %s", code, errs)
 	}
-	var put struct{ Hashes []string } // strings, as in every --json
+	var put struct {
+		BlockSet string   `json:"block_set"`
+		Hashes   []string // strings, as in every --json
+	}
 	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 5 {
 		t.Fatalf("put --json: %q (%v)", out, err)
 	}
 	list := put.Hashes
+	waitIndexed(t, a, put.BlockSet, list)
 	hashes := strings.Join(list, ",")
 
 	code, out, errs = runCmd(t, "", append([]string{"lookup", "--hashes", hashes}, sock...)...)
@@ -217,6 +223,53 @@ func startTestAgentWith(t *testing.T, name string, configure func(*fabric.Config
 	}
 	t.Cleanup(func() { a.Close() })
 	return a
+}
+
+// waitIndexed waits until a look-up on a finds there the leading blocks of
+// hashes that its block set set holds. put returns once the pool has
+// registered its blocks, and the pool hands their events to the index from
+// its own goroutine, so a look-up at once may find none of them yet. The
+// look-up names the set, so that one answer gives both sides: its local
+// tiers (what the set holds) and its overlap for a (what the index holds).
+func waitIndexed(t *testing.T, a *fabric.Agent, set string, hashes []string) {
+	t.Helper()
+	req := &fabricpb.LookupRequest{Hashes: make([]uint64, len(hashes))}
+	var err error
+	if req.BlockSet, err = strconv.ParseUint(set, 10, 64); err != nil {
+		t.Fatalf("block set %q: %v", set, err)
+	}
+	for i, h := range hashes {
+		if req.Hashes[i], err = strconv.ParseUint(h, 10, 64); err != nil {
+			t.Fatalf("hash %q: %v", h, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	wait.For(t, 20*time.Second, a.NodeName()+"'s index to hold what its block set holds", func() error {
+		resp, err := c.API().Lookup(ctx, req)
+		if err != nil {
+			return err
+		}
+		held := 0
+		for held < len(resp.LocalTiers) && resp.LocalTiers[held] != "" {
+			held++
+		}
+		indexed := uint32(0)
+		for _, o := range resp.Overlaps {
+			if o.Node == a.NodeName() {
+				indexed = o.Blocks
+			}
+		}
+		if held == 0 || indexed != uint32(held) {
+			return fmt.Errorf("the set holds %d leading blocks of %d, the index %d", held, len(hashes), indexed)
+		}
+		return nil
+	})
 }
 
 // import and get given token ids pass them through to the agent, which

@@ -20,11 +20,15 @@ func TestPutPastTheSlotsKeepsThePrefix(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("put: exit %d: %s", code, errs)
 	}
-	var put struct{ Hashes []string } // strings, as in every --json
+	var put struct {
+		BlockSet string   `json:"block_set"`
+		Hashes   []string // strings, as in every --json
+	}
 	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 1100 {
 		t.Fatalf("put --json: %d hashes (%v)", len(put.Hashes), err)
 	}
 	list := put.Hashes
+	waitIndexed(t, a, put.BlockSet, list)
 	// Not every block is held: lookup prints what is and exits 1.
 	code, out, errs = runCmd(t, "", append([]string{"lookup", "--json", "--hashes", strings.Join(list, ",")}, sock...)...)
 	if code != 1 || !strings.Contains(errs, "no node holds all 1100 blocks") {

@@ -27,10 +27,14 @@ func TestExitCodes(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("put: exit %d: %s", code, errs)
 	}
-	var put struct{ Hashes []string }
+	var put struct {
+		BlockSet string `json:"block_set"`
+		Hashes   []string
+	}
 	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 3 {
 		t.Fatalf("put --json: %q %v", out, err)
 	}
+	waitIndexed(t, a, put.BlockSet, put.Hashes)
 	held := strings.Join(put.Hashes, ",")
 	partly := held + ",12345"
 	caDir := filepath.Join(dir, "ca")
@@ -117,6 +121,7 @@ func TestJSONHashesAreStrings(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 2 || put.BlockSet == "" {
 		t.Fatalf("put --json: %q %v", out, err)
 	}
+	waitIndexed(t, a, put.BlockSet, put.Hashes)
 	held := strings.Join(put.Hashes, ",")
 	number := regexp.MustCompile(`"(hash|hashes|blockSet|block_set|slot)"\s*:\s*\[?\s*[0-9]{6,}`)
 	for _, args := range [][]string{
