@@ -618,7 +618,8 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 //
 // A set is joined only by the process its memory was handed to, or once
 // every such process has exited (pid, the caller's process; 0 where
-// unknown): see engine_memory.go.
+// unknown): see engine_memory.go. pid is recorded as the set's receiver
+// before a.mu is let go (handOver).
 func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout, place []int, pid int32) (*sessionSet, error) {
 	// One at a time, even where freeing an idle set for room lets a.mu go
 	// while it waits (freeIdleLocked).
@@ -652,7 +653,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	}
 	best, own := a.reusableSet(sess, tmpl, asked, place, pid)
 	if best != nil && (own || best.set.Usable() >= tmpl.Slots) {
-		return a.attach(sess, best)
+		return a.handOver(sess, best, pid)
 	}
 	// Checked before the quota, which sizes the set from it.
 	if err := tmpl.Validate(); err != nil {
@@ -660,7 +661,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	}
 	s, best, err := a.newSetForSession(sess, engine, tmpl, asked, place, pid, best)
 	if best != nil {
-		return a.attach(sess, best)
+		return a.handOver(sess, best, pid)
 	}
 	if err != nil {
 		return nil, err
@@ -671,7 +672,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	a.log.Info("block set made", "engine", engine, "set", set.ID(), "slots", set.Slots(), "tp", tmpl.TPSize,
 		"page", tmpl.PageSize, "digest", set.Layout().Digest().Short())
 	a.warnIndexBound(tmpl.Strides().Block*uint64(tmpl.TPSize), "a block set's blocks")
-	ss, err := a.attach(sess, s)
+	ss, err := a.handOver(sess, s, pid)
 	if err != nil {
 		// The session ended meanwhile: the new set is idle from now.
 		s.mu.Lock()
@@ -680,6 +681,24 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		s.mu.Unlock()
 		return nil, err
 	}
+	return ss, nil
+}
+
+// handOver attaches es to sess and records pid as a process es's memory
+// is handed to (handedTo), before a.mu is let go: no other live
+// process's Register may join es from then on (reusableSet's mayJoin),
+// though the engine has not been answered yet. Where the attach fails
+// (the session ended), nothing is recorded. A receiver recorded for a
+// Register that fails after this (its answer not made) keeps other
+// processes off es only while it lives: mayJoin forgets it once it has
+// exited (its pidfd). a.mu is held; handedTo takes es.mu after it, as
+// mayJoin does.
+func (a *Agent) handOver(sess *session, es *engineSet, pid int32) (*sessionSet, error) {
+	ss, err := a.attach(sess, es)
+	if err != nil {
+		return nil, err
+	}
+	a.handedTo(es, pid)
 	return ss, nil
 }
 

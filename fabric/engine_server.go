@@ -115,7 +115,8 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	e.a.handedTo(set.engineSet, callerPID(ctx))
+	// The caller's process was recorded as the set's receiver as it was
+	// chosen (handOver), before another Register could look at it.
 	return e.a.describe(set.engineSet)
 }
 

@@ -1,0 +1,156 @@
+package fabric
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfabric/kvfabric/pool"
+)
+
+// closeReceivers closes the pidfds the agent's sets hold for the processes
+// their memory was handed to.
+func closeReceivers(a *Agent) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, es := range a.sets {
+		es.mu.Lock()
+		for pid, fd := range es.receivers {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			delete(es.receivers, pid)
+		}
+		es.mu.Unlock()
+	}
+}
+
+// receives says whether pid is recorded as a process es's memory was
+// handed to.
+func receives(es *engineSet, pid int32) bool {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	_, ok := es.receivers[pid]
+	return ok
+}
+
+// A Register records its process as the receiver of the set it is given
+// before it lets go of the agent's lock, not once it has answered: a
+// Register of another live process right after it (here, in the window
+// where the engine API recorded the receiver only after the choice) does
+// not join that set, whether it was made for the first Register or taken
+// up by it from the layout's idle sets.
+func TestRegisterRecordsItsProcessBeforeAnotherJoins(t *testing.T) {
+	for _, idle := range []bool{false, true} {
+		name := "a new set"
+		if idle {
+			name = "an idle set taken up"
+		}
+		t.Run(name, func(t *testing.T) {
+			var a *Agent
+			var sets []*engineSet
+			if idle {
+				a, sets = quotaAgent(t, quotaSet{"e", 1, false})
+			} else {
+				a, _ = quotaAgent(t)
+			}
+			t.Cleanup(func() { closeReceivers(a) })
+			a.cfg.BlockSetSlots = 1 << 10
+			// Two live processes: the test's own and its parent.
+			p1, p2 := int32(os.Getpid()), int32(os.Getppid())
+			s1 := &session{id: 1, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			s2 := &session{id: 2, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			first, err := a.blockSetForSession(s1, "e", belowLayout(0), nil, p1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if idle && first.engineSet != sets[0] {
+				t.Fatalf("first Register given set %d, want the idle set %d", first.set.ID(), sets[0].set.ID())
+			}
+			if !receives(first.engineSet, p1) {
+				t.Errorf("set %d chosen for process %d without it recorded as its receiver", first.set.ID(), p1)
+			}
+			second, err := a.blockSetForSession(s2, "e", belowLayout(0), nil, p2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if second.engineSet == first.engineSet {
+				t.Fatalf("process %d given set %d, handed to live process %d: both would map it", p2, first.set.ID(), p1)
+			}
+			if receives(second.engineSet, p1) || !receives(second.engineSet, p2) {
+				t.Errorf("set %d's receivers %v, want process %d only", second.set.ID(), second.receivers, p2)
+			}
+		})
+	}
+}
+
+// A process recorded as a set's receiver keeps other processes off the
+// set only while it lives: once it has exited (its session ended), the
+// next Register of another process takes the set up, its slots zeroed
+// as they are handed out.
+func TestSetOfAnExitedReceiverJoinedAgain(t *testing.T) {
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		t.Skip("no cat to stand for an engine process")
+	}
+	a, _ := quotaAgent(t)
+	t.Cleanup(func() { closeReceivers(a) })
+	a.cfg.BlockSetSlots = 1 << 10
+	a.cfg.BlockSetGrace = time.Hour
+	// The first engine: a child that lives until its input ends.
+	cmd := exec.Command(cat)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := false
+	t.Cleanup(func() {
+		if !exited {
+			in.Close()
+			cmd.Wait()
+		}
+	})
+	p1, p2, p3 := int32(cmd.Process.Pid), int32(os.Getppid()), int32(os.Getpid())
+	s1 := &session{id: 1, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	first, err := a.blockSetForSession(s1, "e", belowLayout(0), nil, p1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := &session{id: 2, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	second, err := a.blockSetForSession(s2, "e", belowLayout(0), nil, p2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.engineSet == first.engineSet {
+		t.Fatalf("process %d given set %d while its receiver %d lives", p2, first.set.ID(), p1)
+	}
+	in.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the first engine's process: %v", err)
+	}
+	exited = true
+	a.endSession(s1, "its process exited")
+	s3 := &session{id: 3, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	third, err := a.blockSetForSession(s3, "e", belowLayout(0), nil, p3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third.engineSet != first.engineSet {
+		t.Fatalf("process %d given set %d, want set %d, whose receiver %d has exited", p3, third.set.ID(), first.set.ID(), p1)
+	}
+	first.mu.Lock()
+	zero := first.zeroFresh
+	first.mu.Unlock()
+	if !zero {
+		t.Error("the set taken up from an exited process does not zero the slots it hands out")
+	}
+	if receives(first.engineSet, p1) {
+		t.Errorf("exited process %d still recorded as set %d's receiver", p1, first.set.ID())
+	}
+}
