@@ -347,8 +347,12 @@ type tiers struct {
 	// copy down of a child said (after a restart, as the disk stores
 	// kept it: relinkLocked); parentOf each such child's parent, so
 	// that both go when the child leaves the tiers (at most one of each
-	// per block the tiers hold).
+	// per block the tiers hold). relinks, under mu, counts the links that
+	// took a parent's link from another block (linkLocked): a move down
+	// that sees it change while its blocks moved journals their links
+	// below again (keepMovedLinkLocked).
 	child, parentOf map[disk.Key]uint64
+	relinks         uint64
 	ahead           aheadRuns
 }
 

@@ -230,7 +230,7 @@ func TestHostMoveOverAGoneRecordBelowNotLeft(t *testing.T) {
 	if err := d.store.Load().Put(ctx, k, data); err != nil {
 		t.Fatal(err)
 	}
-	tr.movedDown(mem, h, d, k, disk.Align, gen)
+	tr.movedDown(mem, h, d, k, disk.Align, gen, 0)
 	forgetKey(tr, d, k)
 	consistent(t, tr, d, k)
 	consistent(t, tr, h, k)
@@ -278,7 +278,7 @@ func TestHostMoveEndingUnderADeleteBelow(t *testing.T) {
 					return
 				}
 				ran = true
-				done = startMove(t, tr, d, k, func() { tr.movedDown(mem, h, d, k, disk.Align, gen) })
+				done = startMove(t, tr, d, k, func() { tr.movedDown(mem, h, d, k, disk.Align, gen, 0) })
 			}
 			tr.afterDrop.Store(&f)
 			tr.dropSecond(d, []disk.Key{k})

@@ -217,9 +217,12 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 	// block is the parent's child, as movedDown links it. One whose parent's
 	// link went to another block since goes with none, as it is left
 	// unlinked: a parent kept below, in a put after the other child's
-	// records, would make it the child a restart keeps.
+	// records, would make it the child a restart keeps. relinks, as the
+	// links are read, tells movedDown whether a parent's link went from
+	// one block to another since.
 	parents := map[disk.Key]uint64{}
 	t.mu.Lock()
+	relinks := t.relinks
 	for e := t.lru(h.n).Front(); e != nil && len(ms) < n; e = e.Next() {
 		if e.Value.(*tierEntry).gone {
 			continue // being dropped: its dropper frees its slot
@@ -311,7 +314,7 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 			continue
 		}
 		below.offloads.Add(1)
-		t.movedDown(st, h, below, m.k, m.n, m.gen)
+		t.movedDown(st, h, below, m.k, m.n, m.gen, relinks)
 	}
 	if f := t.afterMoved.Load(); f != nil {
 		(*f)()
@@ -324,11 +327,11 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 // above. Under t.mu, so that no record names a tier without its copy:
 // while k's record names h (the copy read, or one put since in its
 // place: the same block) the host copy is deleted and the record moved
-// below at once; with no record (dropped meanwhile) it is recorded below;
-// with one below already, the write below replaced that copy. Only where
-// another tier holds it is the copy below not kept. A copy of another
-// generation in h and recorded nowhere is a copy down's under way: its
-// placed finds k below and frees it. A delete of k below under way
+// below at once; with no record (dropped meanwhile) it is recorded below,
+// unlinked (keepMovedLinkLocked); with one below already, the write below
+// replaced that copy. Only where another tier holds it is the copy below
+// not kept. A copy of another generation in h and recorded nowhere is a
+// copy down's under way: its placed finds k below and frees it. A delete of k below under way
 // (dropCopy) may take the copy just committed, or not: as placeAll does,
 // movedDown waits for it to end first, with no lock held (waitDeleted),
 // and then, under announceMu and t.mu with none under way, asks the store
@@ -342,8 +345,9 @@ func (t *tiers) moveDown(h *diskTier, n int) int {
 // k's record below is gone (its copy there being dropped, or dropped), the
 // copy just committed below is deleted (dropSecond), as placed has it: the
 // dropper forgets the record, and would leave this copy in the store
-// recorded nowhere.
-func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, length int, gen uint64) {
+// recorded nowhere. relinks is t.relinks when the move read the links
+// (keepMovedLinkLocked).
+func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, length int, gen uint64, relinks uint64) {
 	for {
 		t.waitDeleted(below, k)
 		t.order()
@@ -385,10 +389,14 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 		if linked {
 			t.linkLocked(k, parent) // the same block, moved
 		}
-		t.keepMovedLinkLocked(below, k, linked, parent)
+		t.keepMovedLinkLocked(below, k, linked, parent, t.relinks != relinks)
 		moved = true
 	case from == -1:
 		t.recordLocked(below, k, length)
+		// Its link went with its record, and it stays unlinked: where
+		// another block took the parent's link meanwhile, that block's
+		// link is journalled again, after the move's put.
+		t.keepMovedLinkLocked(below, k, false, 0, false)
 		recorded = true
 	}
 	if from != h.n {
@@ -413,17 +421,27 @@ func (t *tiers) movedDown(st *disk.MemStore, h, below *diskTier, k disk.Key, len
 
 // keepMovedLinkLocked has the journal name k's link as the tiers keep it
 // now, k just moved to tier below with the parent moveDown found it linked
-// to (or none): the link may have changed since, during the move. Where k
-// is its parent's child now (linked), the store below keeps that parent
-// (keepLinkLocked: journalled where the copy keeps another or none). Where
-// it is not, and the copy below keeps a parent whose child is another block
-// the tiers hold (linked to it during the move, its link record perhaps
-// written before the move's put), that block's store journals its link
-// again, after the put: either way a restart keeps the child the running
-// agent has. t.mu is held.
-func (t *tiers) keepMovedLinkLocked(below *diskTier, k disk.Key, linked bool, parent uint64) {
+// to (or none), or recorded there afresh, unlinked (its host record
+// dropped during the move): the link may have changed since, during the
+// move. Where k is its parent's child now (linked), the store below keeps
+// that parent (keepLinkLocked): journalled where the copy keeps another or
+// none, and where relinked (a parent's link went from one block to another
+// since moveDown read the links) though it keeps that one: another block
+// may have taken the parent's link during the move, its put or link record
+// written after the move's put, and k taken it back in the host tier (an
+// offer that found k held there, or a copier that placed k there again),
+// which the host store keeps unjournalled, so that the move's put is no
+// longer the last record to name a child of the parent. Any relink
+// counts, of any parent: a move that overlaps one pays a record for each
+// block it moves linked. Where k is not its parent's child, and the copy
+// below keeps a parent whose child is another block the tiers hold (linked
+// to it during the move, its link record perhaps written before the
+// move's put), that block's store journals its link again, after the put:
+// either way a restart keeps the child the running agent has. t.mu is
+// held.
+func (t *tiers) keepMovedLinkLocked(below *diskTier, k disk.Key, linked bool, parent uint64, relinked bool) {
 	if linked {
-		t.keepLinkLocked(below, k, parent, false)
+		t.keepLinkLocked(below, k, parent, relinked)
 		return
 	}
 	st := below.store.Load()

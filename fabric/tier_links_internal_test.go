@@ -153,22 +153,36 @@ func putLinked(t *testing.T, tr *tiers, d *diskTier, k disk.Key, parent uint64) 
 // during the move (after the move took its parent, before it recorded it
 // below) has the link journalled; and where the parent's link goes to
 // another block during the move, before its write below, that block's
-// link is journalled again after the move's put. Each time the parent's
-// child is the same after a restart as while running. Block 2 is moved;
-// block 3, in the disk tier, is the parent's other child.
+// link is journalled again after the move's put, the moved block's record
+// in the host tier kept or dropped meanwhile (recorded below afresh,
+// unlinked). A block moved as the parent's child, whose link another
+// block put below after the move's put takes and which takes it back
+// before its record below (an offer that finds it held in the host tier,
+// or a copier that places it there again), has its link journalled again,
+// though its copy below keeps the parent already: the other block's put
+// was named after the move's. Each time the parent's child is the same
+// after a restart as while running. Block 2 is moved; block 3, in the
+// disk tier, is the parent's other child.
 func TestHostMoveDownKeepsTheLinkBelow(t *testing.T) {
 	for _, tc := range []struct {
 		desc string
 		// before: block 3 linked to the parent after block 2, before the
 		// move; after: block 2 linked again before its record below;
-		// during: block 3 put and linked after block 2's read.
-		before, after, during bool
-		want                  uint64
-		keeps                 bool // block 2's copy below keeps the parent
+		// during: block 3 put and linked after block 2's read; dropped:
+		// block 2's host record dropped first (during); taken: block 3
+		// put and linked after the move's put, before block 2's link
+		// again (after); placed: block 2 linked again as a copier's copy
+		// placed in the host tier, not as an offer's.
+		before, after, during, dropped, taken, placed bool
+		want                                          uint64
+		keeps                                         bool // block 2's copy below keeps the parent
 	}{
-		{"the parent's link went to another block before", true, false, false, 3, false},
-		{"linked again during the move", true, true, false, 2, true},
-		{"the parent's link went to another block during the move", false, false, true, 3, true},
+		{desc: "the parent's link went to another block before", before: true, want: 3},
+		{desc: "linked again during the move", before: true, after: true, want: 2, keeps: true},
+		{desc: "the parent's link went to another block during the move", during: true, want: 3, keeps: true},
+		{desc: "the parent's link went to another block as the record in the host tier was dropped", during: true, dropped: true, want: 3, keeps: true},
+		{desc: "linked again after another block took the link during the move", after: true, taken: true, want: 2, keeps: true},
+		{desc: "placed again after another block took the link during the move", after: true, taken: true, placed: true, want: 2, keeps: true},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			tr, h, d := hostOverDisk(t, 4)
@@ -180,12 +194,29 @@ func TestHostMoveDownKeepsTheLinkBelow(t *testing.T) {
 				putLinked(t, tr, d, k3, parent.Hash)
 			}
 			if tc.after {
-				f := func() { tr.linkHeld(k2, parent.Hash) }
+				f := func() {
+					if tc.taken {
+						putLinked(t, tr, d, k3, parent.Hash)
+					}
+					if tc.placed {
+						putLinked(t, tr, h, k2, parent.Hash)
+					} else {
+						tr.linkHeld(k2, parent.Hash)
+					}
+				}
 				tr.beforeMoved.Store(&f)
 			}
 			if tc.during {
 				f := func(dd *diskTier, k disk.Key, _ error) {
 					if dd == h && k == k2 {
+						if tc.dropped {
+							tr.mu.Lock()
+							e := tr.pos[k2]
+							tr.mu.Unlock()
+							if !tr.evict(e) {
+								t.Error("block 2's record in the host tier not dropped")
+							}
+						}
 						putLinked(t, tr, d, k3, parent.Hash)
 					}
 				}

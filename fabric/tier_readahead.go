@@ -52,18 +52,22 @@ import (
 // placed that takes the parent's link from another block (copiers link
 // after their commits, not in their order: link), and a move down from
 // host memory puts a block below with its parent only where it is the
-// parent's child, and journals what changed during the move
-// (keepMovedLinkLocked). So a restarted agent, recording each block its
-// disk tiers hold again, links it to its parent under the same rules
-// (relinkLocked), in the order each store's journal last named its
+// parent's child, and journals the links that changed during the move
+// (keepMovedLinkLocked): the block's own where it is the parent's child
+// (linked anew, or taken back from another block), or the link of the
+// block that took its parent's. So a restarted agent, recording each
+// block its disk tiers hold again, links it to its parent under the same
+// rules (relinkLocked), in the order each store's journal last named its
 // blocks, and reads ahead at once: where a parent has two children in one
 // disk tier, the one placed or linked last keeps the link, as it did
 // while running. Children in two disk tiers differ from the running
-// agent: the tier listed later wins (the tiers are relinked in turn). A
-// block whose copy was put with no parent and never linked since (an
-// offer with parent 0, such as a RegisterBlocks's first block given no
-// parent; a copy journalled before parents were kept) has no link after a
-// restart.
+// agent: the tier listed later wins (the tiers are relinked in turn). So
+// does a parent whose child left the tiers, taking the link: it has none
+// while running, where a restart links it to the block its disk tiers
+// still hold whose record last named it as parent, if any. A block whose
+// copy was put with no parent and never linked since (an offer with
+// parent 0, such as a RegisterBlocks's first block given no parent; a
+// copy journalled before parents were kept) has no link after a restart.
 //
 // A restore (Acquire's, Import's, Lookup's, Prefetch's) whose leading
 // blocks include one being read ahead waits until those have landed (or
@@ -269,7 +273,8 @@ func (t *tiers) relinkLocked(st *disk.Store, k disk.Key) {
 	}
 }
 
-// linkLocked records parent -> k. Every child entry's parentOf names its
+// linkLocked records parent -> k, counting in relinks a link that takes
+// the parent's from another block. Every child entry's parentOf names its
 // parent, so neither map outgrows the blocks held. t.mu is held.
 func (t *tiers) linkLocked(k disk.Key, parent uint64) {
 	if t.child == nil {
@@ -277,7 +282,11 @@ func (t *tiers) linkLocked(k disk.Key, parent uint64) {
 	}
 	t.unlinkLocked(k)
 	t.parentOf[k] = parent
-	t.child[disk.Key{Hash: parent, Tag: k.Tag}] = k.Hash
+	pk := disk.Key{Hash: parent, Tag: k.Tag}
+	if c, ok := t.child[pk]; ok && c != k.Hash {
+		t.relinks++
+	}
+	t.child[pk] = k.Hash
 }
 
 // unlinkLocked forgets k's link to its parent. t.mu is held.

@@ -792,7 +792,7 @@ func TestHostMoveWaitsForADeleteBelow(t *testing.T) {
 						t.Error(err)
 					}
 				} // else the move's commit is the copy the delete takes
-				done = startMove(t, tr, d, k, func() { tr.movedDown(mem, h, d, k, disk.Align, gen) })
+				done = startMove(t, tr, d, k, func() { tr.movedDown(mem, h, d, k, disk.Align, gen, 0) })
 				resyncGoesOn(t, tr)
 			}
 			if tc.after {
@@ -1052,7 +1052,7 @@ func TestHostMoveWaitsForADeleteBegunAfterItsWait(t *testing.T) {
 	moved := make(chan struct{})
 	go func() {
 		defer close(moved)
-		tr.movedDown(mem, h, d, k, disk.Align, gen)
+		tr.movedDown(mem, h, d, k, disk.Align, gen, 0)
 	}()
 	// The delete goes on once the move waits for it, or has ended
 	// (wrongly, with the delete under way).

@@ -432,15 +432,16 @@ func (s *Store) cutBackLocked(off int64, err error) error {
 // compactLocked writes the live blocks' records to journal.new, in the
 // order of the records that last named them (inOrder), each with its
 // latest parent, and renames it over the journal. Called with jmu held:
-// puts wait for it to enter the entries (commitLocked), so none enters or
-// leaves them meanwhile. inOrder copies the entries under s.mu, in one
-// pass, and sorts the copy after letting go of it: what the copy holds is
-// the store as it was then, whatever changes after. A block deleted after
-// the copy is in it, and its delete's record, waiting for jmu, follows
-// the compacted ones; one deleted before it is not, and the record of its
-// delete, naming a block the journal no longer holds, is ignored by a
-// replay. A parent SetParent sets after the copy goes in a link record
-// with the next commit, after the compacted ones.
+// puts wait for it to enter the entries (commitLocked), so no put's block
+// enters them meanwhile, nor replaces one there; deletes and SetParent do
+// not wait for it, as follows. inOrder copies the entries under s.mu, in
+// one pass, and sorts the copy after letting go of it: what the copy
+// holds is the store as it was then, whatever changes after. A block
+// deleted after the copy is in it, and its delete's record, waiting for
+// jmu, follows the compacted ones; one deleted before it is not, and the
+// record of its delete, naming a block the journal no longer holds, is
+// ignored by a replay. A parent SetParent sets after the copy goes in a
+// link record with the next commit, after the compacted ones.
 func (s *Store) compactLocked() error {
 	snapshot := s.inOrder()
 	for i := range snapshot {
