@@ -79,10 +79,13 @@ const (
 	// maxLaneTokensPerPeer caps the tokens outstanding for one peer: the
 	// oldest go first.
 	maxLaneTokensPerPeer = 2 * MaxLaneConns
-	// laneAcceptBackoff and laneAcceptMaxBackoff bound the wait after a
-	// failed accept (out of descriptors or memory), doubling from the
-	// first to the second while accepts keep failing, as net/http's server
-	// does.
+)
+
+// laneAcceptBackoff and laneAcceptMaxBackoff bound the wait after a failed
+// accept (out of descriptors or memory), doubling from the first to the
+// second while accepts keep failing, as net/http's server does. Variables
+// only so that a test can lengthen them (set before its nodes start).
+var (
 	laneAcceptBackoff    = 5 * time.Millisecond
 	laneAcceptMaxBackoff = time.Second
 )
