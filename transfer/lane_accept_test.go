@@ -1,8 +1,12 @@
 package transfer
 
 import (
+	"bytes"
+	"log/slog"
 	"net"
 	"os"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -96,6 +100,61 @@ func TestLaneAcceptErrorsRetried(t *testing.T) {
 	case <-done:
 		t.Fatal("the accept loop returned")
 	default:
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that a logger and a test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// The first failed accept after one that succeeded is logged, though the
+// node's count of them (3 here) is not a power of two: a later run of
+// failures is not silent.
+func TestLaneAcceptErrorsLoggedEachRun(t *testing.T) {
+	var logs lockedBuffer
+	holder, _, _, _ := pendingSetup(t, 1<<20, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	// Accepts 1 and 2 fail, 3 succeeds, 4 fails; the 5th call comes after
+	// the 4th's wait, so after its log.
+	fifth := make(chan struct{})
+	ln := &faultyListener{fail: func(call int) error {
+		switch call {
+		case 1, 2, 4:
+			return errAcceptEMFILE
+		case 5:
+			close(fifth)
+		}
+		return nil
+	}}
+	faultyLane(t, holder, ln)
+	c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case <-fifth:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the accept loop did not accept again after its 4th call failed")
+	}
+	const msg = "lane accept failed"
+	if got := strings.Count(logs.String(), msg); got != 3 {
+		t.Errorf("%d failed accepts logged, want 3 (the 1st, the 2nd and the 1st after an accept):\n%s", got, logs.String())
 	}
 }
 
