@@ -13,11 +13,18 @@ import (
 var _ transfer.IndexHandler = (*peerService)(nil)
 
 // IndexCall serves the owned-slices index's calls: a peer's block events
-// for the hashes this node owns, and lookups of them.
+// for the hashes this node owns, and lookups of them. A peer named as this
+// node is refused: this node's own calls are served in process (o.call),
+// never over the network, and its own stores are exempt from
+// --index-max-node-blocks, so a certificate in its name issued to another
+// node, or shared, would otherwise store without that bound.
 func (s *peerService) IndexCall(ctx context.Context, peer string, payload []byte) ([]byte, error) {
 	o := s.a.owned
 	if o == nil {
 		return nil, fmt.Errorf("%w: this node keeps the whole index (index_mode whole), not owned slices", transfer.ErrUnavailable)
+	}
+	if peer == s.a.cfg.NodeName {
+		return nil, fmt.Errorf("%w: an index call over the network from a peer named %q, this node's own name: its own calls never come over the network (is its certificate issued to, or shared with, another node?)", transfer.ErrInvalidRequest, peer)
 	}
 	if f := s.a.cfg.hooks.beforeServeIndex; f != nil {
 		if err := f(payload); err != nil {

@@ -198,6 +198,35 @@ func (cs *chunkSums) sumBlock(l *layout.Layout, regions [][]byte, leased []trans
 	}
 }
 
+// pinnedSlots maps each of hashes a lease pinned to the slot it held, of
+// slots (a hash in two, the last), built over the fewer of hashes and
+// slots: a release that names one block of a large lease makes a map of
+// one.
+func pinnedSlots(hashes []uint64, slots []pool.LeasedSlot) map[uint64]int {
+	if len(slots) <= len(hashes) {
+		pinned := make(map[uint64]int, len(slots))
+		for _, s := range slots {
+			pinned[s.Hash] = s.Slot
+		}
+		return pinned
+	}
+	pinned := make(map[uint64]int, len(hashes))
+	for _, x := range hashes {
+		pinned[x] = -1 // named, not (yet) found pinned
+	}
+	for _, s := range slots {
+		if _, named := pinned[s.Hash]; named {
+			pinned[s.Hash] = s.Slot
+		}
+	}
+	for h, slot := range pinned {
+		if slot < 0 {
+			delete(pinned, h)
+		}
+	}
+	return pinned
+}
+
 // Mismatched checks the blocks a reader says failed their checksums
 // against the sums taken at registration, and withdraws those whose bytes
 // no longer match. A claim is never taken on trust: only the reader's own
@@ -242,10 +271,7 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		refused, why = len(hashes), "the lease has ended"
 		return
 	}
-	pinned := make(map[uint64]int, len(slots)) // hash to slot, until checked
-	for _, s := range slots {
-		pinned[s.Hash] = s.Slot
-	}
+	pinned := pinnedSlots(hashes, slots) // until checked
 	for i, x := range hashes {
 		if ctx.Err() != nil {
 			a.log.Debug("a release's checksum claims left unchecked: the call ended",

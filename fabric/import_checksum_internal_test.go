@@ -192,3 +192,31 @@ func BenchmarkVerifyLastChunk(b *testing.B) {
 	b.ReportMetric(float64(took[true].Nanoseconds())/float64(b.N), "alone-ns/op")
 	b.ReportMetric(float64(took[true])/float64(took[false]), "alone/one")
 }
+
+// pinnedSlots finds each named hash's slot (a hash in two slots, the
+// last) whichever of the names and the slots is the fewer, and builds its
+// map over the fewer.
+func TestPinnedSlots(t *testing.T) {
+	slots := []pool.LeasedSlot{{Slot: 0, Hash: 10}, {Slot: 1, Hash: 11}, {Slot: 2, Hash: 12}, {Slot: 3, Hash: 11}, {Slot: 4, Hash: 0}}
+	want := map[uint64]int{10: 0, 11: 3, 12: 2, 0: 4}
+	for _, hashes := range [][]uint64{
+		nil,
+		{11},
+		{99},
+		{0, 99},
+		{12, 10, 12},
+		{10, 11, 12, 0, 99, 98, 97},
+	} {
+		got := pinnedSlots(hashes, slots)
+		if len(got) > min(len(hashes), len(slots)) {
+			t.Errorf("names %v: a map of %d, more than the fewer of names and slots", hashes, len(got))
+		}
+		for _, x := range hashes {
+			slot, ok := got[x]
+			wantSlot, wantOK := want[x]
+			if ok != wantOK || slot != wantSlot {
+				t.Errorf("names %v: hash %d at slot %d (pinned %v), want %d (%v)", hashes, x, slot, ok, wantSlot, wantOK)
+			}
+		}
+	}
+}

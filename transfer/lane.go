@@ -79,10 +79,13 @@ const (
 	// maxLaneTokensPerPeer caps the tokens outstanding for one peer: the
 	// oldest go first.
 	maxLaneTokensPerPeer = 2 * MaxLaneConns
-	// laneAcceptBackoff and laneAcceptMaxBackoff bound the wait after a
-	// failed accept (out of descriptors or memory), doubling from the
-	// first to the second while accepts keep failing, as net/http's server
-	// does.
+)
+
+// laneAcceptBackoff and laneAcceptMaxBackoff bound the wait after a failed
+// accept (out of descriptors or memory), doubling from the first to the
+// second while accepts keep failing, as net/http's server does. Variables
+// only so that a test can lengthen them (set before its nodes start).
+var (
 	laneAcceptBackoff    = 5 * time.Millisecond
 	laneAcceptMaxBackoff = time.Second
 )
@@ -353,10 +356,13 @@ func (n *Node) LaneConns() map[string]int {
 
 // laneAcceptLoop accepts the lane's connections from ln until the node
 // closes or ln does. Any other error (out of descriptors, buffers or
-// memory) is counted and logged, and the loop waits and accepts again,
-// from laneAcceptBackoff doubling to laneAcceptMaxBackoff while they keep
+// memory) is counted, and the loop waits and accepts again, from
+// laneAcceptBackoff doubling to laneAcceptMaxBackoff while they keep
 // failing: a lane that stopped accepting would leave its connections in
-// the listen backlog and its readers on QUIC for the node's life.
+// the listen backlog and its readers on QUIC for the node's life. The
+// first error of each run of them (after an accept that succeeded, or the
+// loop's first) is logged, and those whose count over the node's life is
+// a power of two, so that a later run is not silent.
 func (n *Node) laneAcceptLoop(ln net.Listener) {
 	defer n.wg.Done()
 	var wait time.Duration
@@ -366,8 +372,9 @@ func (n *Node) laneAcceptLoop(ln net.Listener) {
 			if n.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
+			first := wait == 0
 			wait = min(max(2*wait, laneAcceptBackoff), laneAcceptMaxBackoff)
-			if k := n.lane.acceptErrors.Add(1); floodLogged(k) {
+			if k := n.lane.acceptErrors.Add(1); first || floodLogged(k) {
 				n.log.Warn("transfer: lane accept failed, accepting again after a wait", "err", err, "wait", wait, "errors", k)
 			}
 			t := time.NewTimer(wait)

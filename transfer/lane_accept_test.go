@@ -1,8 +1,12 @@
 package transfer
 
 import (
+	"bytes"
+	"log/slog"
 	"net"
 	"os"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -73,6 +77,15 @@ func faultyLane(t *testing.T, n *Node, ln *faultyListener) <-chan struct{} {
 	return done
 }
 
+// lengthenLaneAcceptBackoff sets the accept loop's first wait after a
+// failed accept and its cap for the test, which must set it before its
+// nodes start.
+func lengthenLaneAcceptBackoff(t *testing.T, first, ceiling time.Duration) {
+	was, wasMax := laneAcceptBackoff, laneAcceptMaxBackoff
+	laneAcceptBackoff, laneAcceptMaxBackoff = first, ceiling
+	t.Cleanup(func() { laneAcceptBackoff, laneAcceptMaxBackoff = was, wasMax })
+}
+
 // errAcceptEMFILE is what accept returns when the process is out of
 // descriptors.
 var errAcceptEMFILE = &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
@@ -109,9 +122,66 @@ func TestLaneAcceptErrorsRetried(t *testing.T) {
 	}
 }
 
+// lockedBuffer is a bytes.Buffer that a logger and a test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// The first failed accept after one that succeeded is logged, though the
+// node's count of them (3 here) is not a power of two: a later run of
+// failures is not silent.
+func TestLaneAcceptErrorsLoggedEachRun(t *testing.T) {
+	var logs lockedBuffer
+	holder, _, _, _ := pendingSetup(t, 1<<20, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	// Accepts 1 and 2 fail, 3 succeeds, 4 fails; the 5th call comes after
+	// the 4th's wait, so after its log.
+	fifth := make(chan struct{})
+	ln := &faultyListener{fail: func(call int) error {
+		switch call {
+		case 1, 2, 4:
+			return errAcceptEMFILE
+		case 5:
+			close(fifth)
+		}
+		return nil
+	}}
+	faultyLane(t, holder, ln)
+	c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case <-fifth:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the accept loop did not accept again after its 4th call failed")
+	}
+	const msg = "lane accept failed"
+	if got := strings.Count(logs.String(), msg); got != 3 {
+		t.Errorf("%d failed accepts logged, want 3 (the 1st, the 2nd and the 1st after an accept):\n%s", got, logs.String())
+	}
+}
+
 // A closed listener ends the accept loop, uncounted; so does the node's
-// close while accepts keep failing, during the wait between them.
+// close while accepts keep failing, during the wait between them (a
+// minute here, past the test's 10 s).
 func TestLaneAcceptLoopEnds(t *testing.T) {
+	lengthenLaneAcceptBackoff(t, time.Minute, time.Minute)
 	holder, _, _, _ := pendingSetup(t, 1<<20)
 	closed := &faultyListener{fail: func(int) error {
 		return &net.OpError{Op: "accept", Net: "tcp", Err: net.ErrClosed}
@@ -127,7 +197,7 @@ func TestLaneAcceptLoopEnds(t *testing.T) {
 
 	failing := &faultyListener{fail: func(int) error { return errAcceptEMFILE }}
 	done := faultyLane(t, holder, failing)
-	waitFor(t, 10*time.Second, "accepts failing", func() bool { return holder.Metrics().LaneAcceptErrors >= 2 })
+	waitFor(t, 10*time.Second, "an accept failing", func() bool { return holder.Metrics().LaneAcceptErrors >= 1 })
 	closing := make(chan struct{})
 	go func() {
 		holder.Close()

@@ -154,7 +154,7 @@ func TestLanePendingHelloTimeout(t *testing.T) {
 // the deadline its hello had. (Plain, so that a short deadline is not a
 // race with a TLS handshake under -race on loaded cores.)
 func TestLaneAdmittedOutlivesHelloTimeout(t *testing.T) {
-	const hello = 200 * time.Millisecond
+	const hello = 500 * time.Millisecond
 	holder, _, p, src := pendingSetup(t, 1<<20, withLane(true), withLanePending(4, 2, hello))
 	r, err := laneTokens(t, p, 1)
 	if err != nil {
@@ -165,7 +165,7 @@ func TestLaneAdmittedOutlivesHelloTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPending(t, holder, 0, 0)
-	time.Sleep(5 * hello) // what is timed here is the holder's deadline, past by then
+	time.Sleep(hello + time.Second) // what is timed here is the holder's deadline, past by then
 	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
 	}

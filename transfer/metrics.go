@@ -55,9 +55,13 @@ type Metrics struct {
 	// token refused).
 	LaneConnects, LaneConnectFailures uint64
 	// LaneRefused counts lane connections to this node refused after
-	// their handshake: hellos with a bad token, name or membership, and
-	// connections past MaxLaneConns (a failed handshake, a bad
-	// certificate among them, is counted in LaneHandshakeFailures).
+	// their handshake: hellos with a bad token, name or membership,
+	// connections past MaxLaneConns, a first frame that is not a well
+	// formed hello, a hello late (past LaneHelloTimeout) or missing (the
+	// connection closed first) after the TLS handshake or, on a plain
+	// lane, after the accept, and a hello that arrived as the lane closed
+	// at shutdown (a failed handshake, a bad certificate among them, is
+	// counted in LaneHandshakeFailures).
 	LaneRefused uint64
 	// LanePending is the lane connections to this node not yet admitted
 	// (TLS handshake and hello under way); LanePendingRefused counts those

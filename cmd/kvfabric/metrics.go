@@ -178,7 +178,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	e.gauge("kvfabric_lane_plain", "1 when the TCP lane this node serves is plain TCP (unencrypted), else 0.", boolFloat(ts.LanePlain))
 	e.counter("kvfabric_lane_connects_total", "TCP lane connections opened to peers.", float64(ts.LaneConnects))
 	e.counter("kvfabric_lane_connect_failures_total", "TCP lane connections to peers that failed (dial, handshake, token).", float64(ts.LaneConnectFailures))
-	e.counter("kvfabric_lane_refused_total", "TCP lane connections from peers refused (token, name, membership, connection cap).", float64(ts.LaneRefused))
+	e.counter("kvfabric_lane_refused_total", "TCP lane connections from peers refused after the TLS handshake, or on a plain lane after the accept: token, name, membership, connection cap, a first frame that is not a hello, a hello late or missing, the lane closing at shutdown.", float64(ts.LaneRefused))
 	e.gauge("kvfabric_lane_pending_connections", "Connections to this node's TCP lane not yet admitted (TLS handshake and token under way).", float64(ts.LanePending))
 	e.counter("kvfabric_lane_pending_refused_total", "Connections to this node's TCP lane closed as soon as accepted for passing the bounds on those not yet admitted (in total or per source address): a connection flood.", float64(ts.LanePendingRefused))
 	e.counter("kvfabric_lane_handshake_failures_total", "Connections to this node's TCP lane whose TLS handshake failed or did not finish within the hello timeout (bad certificate, scanner, stalled flood).", float64(ts.LaneHandshakeFailures))
