@@ -20,9 +20,11 @@ import (
 // one tier (a host tier where host, else a disk tier) holding block 1's
 // copy, recorded, without workers. With offloading, block 1 is not marked
 // but its copy down is under way (offered to the pool's Offload hook).
+// The set keeps no free slots in reserve (no low watermark), so that
+// AllocateSpare takes block 1's slot where it may.
 func belowSet(t *testing.T, host, offloading bool) (*tiers, *pool.BlockSet, disk.Key) {
 	t.Helper()
-	cfg := pool.Config{ExpiryInterval: -1}
+	cfg := pool.Config{ExpiryInterval: -1, LowWatermark: -1}
 	if offloading {
 		cfg.Offload = func(_ *pool.BlockSet, _ pool.Block, hash, _ uint64) bool { return hash == 1 }
 	}

@@ -36,6 +36,9 @@ import (
 // the tiers hold a copy of; never a referenced block's, nor one whose only
 // copy is the set's, nor those of the sequence it extends (X, or the last
 // block taken from the read-ahead, and the blocks before it, just used).
+// A read-ahead whose block to follow has left the set by the time it
+// begins (a look-up's restore releases X at once, and allocations may
+// recycle it) ends at once, claiming no slot.
 //
 // Which block follows which is learnt from the copies down: the pool's
 // Offload hook gives each block's parent, and a block placed in a tier
@@ -430,11 +433,22 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	}
 	// The run's slots at once, before it reads. Not the blocks the run
 	// follows: they are the ones just used. Ended before it began: it
-	// pushes out no cached block for reads it will not make.
+	// pushes out no cached block for reads it will not make. Nor where the
+	// block it follows left the set before it began (a look-up releases
+	// the blocks it restores at once, and allocations since recycled
+	// them): the engine reads elsewhere now, and the spare slots would
+	// recycle cached blocks, a more recent restore's among them, for
+	// blocks nothing will take. It ends at once, as one ended before it
+	// began does.
 	if !stop && ctx.Err() == nil {
-		slots, err = set.AllocateSpare(len(run), parent)
-		if f := t.ahead.allocated.Load(); f != nil && len(slots) > 0 {
-			(*f)(ctx)
+		if _, held := set.Lookup(parent); parent != 0 && !held {
+			t.log.Debug("tier: read-ahead's first block left its set before it began", "set", set.ID(), "hash", parent)
+			stop = true
+		} else {
+			slots, err = set.AllocateSpare(len(run), parent)
+			if f := t.ahead.allocated.Load(); f != nil && len(slots) > 0 {
+				(*f)(ctx)
+			}
 		}
 	}
 	// unmark gives back the slots allocated for run that were not issued.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/pool/disk"
 )
 
 // endAhead says a read-ahead ended only when it did: not when the tiers
@@ -192,5 +193,71 @@ func TestAllocateAfterAReadAheadEndedJustBefore(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A read-ahead whose block to follow left its set before it began (a
+// look-up's restore releases the blocks it brings up at once, and
+// allocations since recycled them) ends at once, counted as ended,
+// claiming no slot: the spare slots it would have taken recycled cached
+// blocks, those a more recent restore had brought up among them, for
+// blocks the engine is no longer reading.
+func TestTierReadAheadAfterABlockGoneClaimsNothing(t *testing.T) {
+	tr, _, _ := belowSet(t, false, false)
+	d := tr.list[0]
+	l := belowLayout(4)
+	tag := shapeTag(l)
+	tr.layouts = map[uint64]*layout.Layout{tag: l} // no tier.json to write
+	ctx := context.Background()
+	next := disk.Key{Hash: 20, Tag: tag} // in the tiers, the block to read ahead
+	if err := d.store.Load().Put(ctx, next, make([]byte, tierBlockBytes(l))); err != nil {
+		t.Fatal(err)
+	}
+	placeCopy(tr, d, next, disk.Align)
+	// The set into which it reads: full of unused blocks copied below,
+	// each of which a spare slot may recycle; the block it follows, 19,
+	// not among them.
+	into, err := tr.a.pool.NewBlockSet(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blks, err := into.Allocate(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := []uint64{10, 11, 12, 13}
+	for i, b := range blks {
+		got, err := into.RegisterBatch([]pool.Registration{{Block: b, Hash: cached[i], Below: true}}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := into.Release(got[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimed := 0
+	hold := func(context.Context) { claimed++ }
+	tr.ahead.allocated.Store(&hold)
+	es := &engineSet{set: into}
+	run := []uint64{next.Hash}
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := newAheadRun(run, 19, cancel)
+	es.ahead.run = r
+	tr.readAhead(actx, es, r, run, 19, 8)
+	waitClosed(t, r.done, "the read-ahead")
+	if claimed != 0 {
+		t.Fatal("a read-ahead after a block gone from its set claimed spare slots")
+	}
+	for _, h := range cached {
+		if _, ok := into.Lookup(h); !ok {
+			t.Errorf("block %d was recycled for a read-ahead after a block gone from its set", h)
+		}
+	}
+	if _, ok := into.Lookup(next.Hash); ok {
+		t.Error("a read-ahead after a block gone from its set read its next block")
+	}
+	if es.ahead.run != nil || len(r.hashes) != 0 || tr.ahead.ended.Load() != 1 {
+		t.Fatalf("the read-ahead not over: under way %v, reading %d blocks, %d ended", es.ahead.run != nil, len(r.hashes), tr.ahead.ended.Load())
 	}
 }

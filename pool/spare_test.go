@@ -2,6 +2,7 @@ package pool
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 )
@@ -308,5 +309,89 @@ func registerBelow(t *testing.T, b *BlockSet, h uint64) {
 	}
 	if err := b.Release(got[0]); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// AllocateSpare recycles a block only where the slots free after it
+// exceed the low watermark, so that it hands out a slot for it: where the
+// leaves it may take fall short of that it recycles none (a block a
+// look-up had just restored was recycled for nothing), at the boundary it
+// takes exactly enough for one slot, counting a parent its children's
+// recycling leaves a leaf, and otherwise as many as it hands out.
+func TestAllocateSpareRecyclesOnlyForSlotsItHandsOut(t *testing.T) {
+	const slots = 20
+	type seq struct {
+		hashes []uint64 // a sequence, each block after the one before
+		below  []bool   // copied below, by block
+	}
+	for _, tc := range []struct {
+		name string
+		free int   // free slots beyond the low watermark (negative: short of it)
+		seqs []seq // registered and released in order, blocks in order: the oldest leaves first
+		n    int   // slots asked for
+		want int   // slots handed out
+		gone []uint64
+	}{
+		{"reserve out of reach", -1, []seq{{[]uint64{1}, []bool{true}}, {[]uint64{2}, []bool{false}}}, 4, 0, nil},
+		{"reserve out of reach past a parent", -1, []seq{{[]uint64{1, 2}, []bool{false, true}}, {[]uint64{3}, []bool{true}}}, 4, 0, nil},
+		{"one slot at the boundary", -1, []seq{{[]uint64{1}, []bool{true}}, {[]uint64{2}, []bool{true}}, {[]uint64{3}, []bool{false}}}, 4, 1, []uint64{1, 2}},
+		{"one slot through a parent", -1, []seq{{[]uint64{1, 2}, []bool{true, true}}, {[]uint64{3}, []bool{false}}}, 4, 1, []uint64{1, 2}},
+		{"free and recycled", 2, []seq{{[]uint64{1}, []bool{true}}, {[]uint64{2}, []bool{true}}, {[]uint64{3}, []bool{true}}}, 4, 4, []uint64{1, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _, rec := tierPool(t, slots, 0)
+			low := slots - b.Retains()
+			if low < 2 {
+				t.Fatalf("low watermark %d: the test needs 2 or more", low)
+			}
+			blks, err := b.Allocate(slots - low - tc.free)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sq := range tc.seqs {
+				regs := make([]Registration, len(sq.hashes))
+				for i, h := range sq.hashes {
+					regs[i] = Registration{Block: blks[0], Hash: h, Below: sq.below[i]}
+					blks = blks[1:]
+				}
+				got, err := b.RegisterBatch(regs, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, blk := range got {
+					if err := b.Release(blk); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			spare, err := b.AllocateSpare(tc.n, 0)
+			if err != nil || len(spare) != tc.want {
+				t.Fatalf("AllocateSpare(%d) with %d free and a low watermark of %d: %d slots, %v; want %d",
+					tc.n, low+tc.free, low, len(spare), err, tc.want)
+			}
+			for _, sq := range tc.seqs {
+				for _, h := range sq.hashes {
+					_, ok := b.Lookup(h)
+					if want := !slices.Contains(tc.gone, h); ok != want {
+						t.Errorf("block %d held %v after AllocateSpare, want %v", h, ok, want)
+					}
+				}
+			}
+			b.p.Close() // flushes the events
+			evs, _ := rec.events()
+			var removed []uint64
+			for _, e := range evs {
+				if e.Kind == EventRemove {
+					removed = append(removed, e.Hash)
+				}
+			}
+			slices.Sort(removed)
+			if !slices.Equal(removed, tc.gone) {
+				t.Errorf("remove events for %v, want %v", removed, tc.gone)
+			}
+			if m := b.Metrics(); m.Evictions != uint64(len(tc.gone)) {
+				t.Errorf("%d evictions, want %d", m.Evictions, len(tc.gone))
+			}
+		})
 	}
 }
