@@ -154,6 +154,20 @@ func TierCommits(a *Agent) uint64 {
 	return n
 }
 
+// TierLinkRecords is how many link records a's disk tiers' stores wrote
+// (disk.Stats.Links): one for each block whose parent the tiers kept with
+// its copy after its put (SetParent). Read after a.Close to count those
+// its Close wrote too.
+func TierLinkRecords(a *Agent) uint64 {
+	var n uint64
+	for _, d := range a.tiers.list {
+		if st := d.store.Load(); st != nil {
+			n += st.Stats().Links
+		}
+	}
+	return n
+}
+
 // TierDirectWrites is how many blocks a's tiers committed as written
 // straight from pool memory, and how many blocks written straight were
 // written again from bytes copied out because an allocation took the slot

@@ -202,7 +202,8 @@ func TestHostTierAllocateDoesNotWait(t *testing.T) {
 // The host tier is not persistent: a restarted agent finds the disk
 // tier's blocks again, and none of the host tier's; and the links of the
 // blocks on disk, moved there from the host tier, their parents kept in
-// the disk tier's journal.
+// the disk tier's journal by the moves' puts alone: no link record is
+// written for them (a block moved down with no parent costs one).
 func TestHostTierIsNotKeptAcrossRestarts(t *testing.T) {
 	const n = 600
 	dir := tierDir(t)
@@ -221,6 +222,9 @@ func TestHostTierIsNotKeptAcrossRestarts(t *testing.T) {
 	}
 	c.Close()
 	a.Close()
+	if got := fabric.TierLinkRecords(a); got != 0 {
+		t.Fatalf("%d link records written for the %d blocks moved down in one sequence; want none, their puts keeping their parents", got, before[1].Blocks)
+	}
 
 	cfg2 := testConfig(t, "hostrestart")
 	cfg2.Tiers = cfg.Tiers

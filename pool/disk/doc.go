@@ -39,21 +39,21 @@
 // block follows which, to read ahead, after a restart too): kept with the
 // block while it is held, in its put's record and in a compacted
 // journal's, and returned by Parent. SetParent gives a block held another
-// (or a first) parent: a link record, a put record that restates the
-// block held (its slot, length and checksum) with flags bits 0 and 1 and
-// the new parent, written with the next commit (a put's, a delete's, or
-// Close's), in its write and sync; SetParent writes nothing itself, so a
-// crash before that commit loses the parent it set. A replay applies a
-// link record only whole (its checksum, as every record's) and only to the
-// block it restates, the one held under its key then, and only with a
-// parent; any other it ignores (counted in the log), replaying the records
-// after it. A delete names its block by slot, length and checksum, not by
-// its parent (its record's bytes 5 and 48..55 are zero). A journal written
-// before parents were kept replays as it did, its blocks with none; one
-// written with them is read by such a version, which ignores them (a link
-// record it reads as a put of the block again), and drops the parent of
-// each block it writes a record of again (its compaction, a put of the
-// block anew).
+// (or a first) parent: a link record, a put record that restates the block
+// held (its slot, length and checksum) with flags bits 0 and 1 and the new
+// parent, written with the next commit (a put's, a delete's, or Close's),
+// in its write and sync, and counted (Stats.Links); SetParent writes
+// nothing itself, so a crash before that commit loses the parent it set. A
+// replay applies a link record only whole (its checksum, as every
+// record's) and only to the block it restates, the one held under its key
+// then, and only with a parent; any other it ignores (counted in the log),
+// replaying the records after it. A delete names its block by slot, length
+// and checksum, not by its parent (its record's bytes 5 and 48..55 are
+// zero). A journal written before parents were kept replays as it did, its
+// blocks with none; one written with them is read by such a version, which
+// ignores them (a link record it reads as a put of the block again), and
+// drops the parent of each block it writes a record of again (its
+// compaction, a put of the block anew).
 //
 // Keys lists the blocks in the order of the records that last named them
 // (a put's, or a link record's), as the journal has them after Open; a

@@ -260,6 +260,7 @@ func (s *Store) commitLocked(batch []*waiter) error {
 	s.jrecords += n + len(links)
 	s.records.Store(int64(s.jrecords))
 	s.stats.commits.Add(1)
+	s.stats.links.Add(uint64(len(links)))
 	// The group's puts take effect here, in the journal's order and
 	// before a compaction snapshots the entries: a replay, and the
 	// compacted journal, then hold what memory holds. (A delete left
@@ -401,6 +402,7 @@ func (s *Store) flushLinksLocked() error {
 	s.jrecords += len(written)
 	s.records.Store(int64(s.jrecords))
 	s.stats.commits.Add(1)
+	s.stats.links.Add(uint64(len(written)))
 	s.mu.Lock()
 	s.linkedLocked(written)
 	s.mu.Unlock()

@@ -54,17 +54,18 @@ func TestSetParentJournalledWithTheNextCommit(t *testing.T) {
 	if s.SetParent(Key{Hash: 4, Tag: 7}, 1) {
 		t.Fatal("SetParent of a block not held kept it")
 	}
-	if st := s.Stats(); st.Commits != before.Commits || st.JournalRecords != before.JournalRecords {
-		t.Fatalf("SetParent wrote: %d commits, %d records; want %d, %d", st.Commits, st.JournalRecords, before.Commits, before.JournalRecords)
+	if st := s.Stats(); st.Commits != before.Commits || st.JournalRecords != before.JournalRecords || st.Links != 0 {
+		t.Fatalf("SetParent wrote: %d commits, %d records, %d links; want %d, %d, 0", st.Commits, st.JournalRecords, st.Links, before.Commits, before.JournalRecords)
 	}
 	want := map[uint64]int64{1: 5, 2: 1, 3: 2}
 	wantParents(t, "before the commit", s, want)
 	if err := s.Put(ctx, Key{Hash: 4, Tag: 7}, blockOf(4, s.SlotBytes())); err != nil {
 		t.Fatal(err)
 	}
-	// One commit: the put's record and one link record of each block.
-	if st := s.Stats(); st.Commits != before.Commits+1 || st.JournalRecords != before.JournalRecords+3 {
-		t.Fatalf("after a put: %d commits, %d records; want %d, %d", st.Commits, st.JournalRecords, before.Commits+1, before.JournalRecords+3)
+	// One commit: the put's record and one link record of each block
+	// (block 3's set twice, one record), counted as links.
+	if st := s.Stats(); st.Commits != before.Commits+1 || st.JournalRecords != before.JournalRecords+3 || st.Links != 2 {
+		t.Fatalf("after a put: %d commits, %d records, %d links; want %d, %d, 2", st.Commits, st.JournalRecords, st.Links, before.Commits+1, before.JournalRecords+3)
 	}
 	want[4] = -1
 	s.mu.Lock()
@@ -120,6 +121,9 @@ func TestSetParentJournalledByClose(t *testing.T) {
 	if records != 3+2 {
 		t.Fatalf("%d journal records, want 5: 3 puts, a link, a delete", records)
 	}
+	if n := s.Stats().Links; n != 1 {
+		t.Fatalf("%d link records written, want 1 (none for the block deleted)", n)
+	}
 	r := open(t, dir, nil)
 	wantParents(t, "after a reopen", r, map[uint64]int64{1: 3, 3: 9})
 	if r.Has(k2) {
@@ -128,8 +132,14 @@ func TestSetParentJournalledByClose(t *testing.T) {
 	if !r.SetParent(Key{Hash: 3, Tag: 7}, 1) {
 		t.Fatal("SetParent refused")
 	}
+	if n := r.Stats().Links; n != 0 {
+		t.Fatalf("%d link records written by a reopen, want none (those replayed are not)", n)
+	}
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if n := r.Stats().Links; n != 1 {
+		t.Fatalf("%d link records written by Close, want 1", n)
 	}
 	if r.SetParent(Key{Hash: 3, Tag: 7}, 2) {
 		t.Fatal("SetParent after Close kept it")

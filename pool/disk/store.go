@@ -224,7 +224,7 @@ type Store struct {
 	lastLink uint64
 
 	stats struct {
-		puts, gets, deletes, corrupt, bytesWritten, bytesRead, commits atomic.Uint64
+		puts, gets, deletes, corrupt, bytesWritten, bytesRead, commits, links atomic.Uint64
 	}
 
 	// beforeJournal, if set, is called by a commit between its data syncs
@@ -244,6 +244,12 @@ type Stats struct {
 	// Close's write of the links left), shared by the puts (and a batch's
 	// blocks) in it.
 	Commits uint64
+	// Links counts the link records written since Open: one for each block
+	// held whose parent SetParent set since the last commit (set again
+	// before it, still one), written with the next commit or by Close. A
+	// put's own record keeps the parent it gives and is not one; nor are
+	// the records a compaction writes. A MemStore keeps no journal: none.
+	Links uint64
 }
 
 // Open opens or creates the store in cfg.Dir, replays its journal and
@@ -425,7 +431,7 @@ func (s *Store) Stats() Stats {
 		Blocks: blocks, Slots: s.slots,
 		Puts: s.stats.puts.Load(), Gets: s.stats.gets.Load(), Deletes: s.stats.deletes.Load(),
 		Corrupt: s.stats.corrupt.Load(), BytesWritten: s.stats.bytesWritten.Load(), BytesRead: s.stats.bytesRead.Load(),
-		JournalRecords: records, Commits: s.stats.commits.Load(),
+		JournalRecords: records, Commits: s.stats.commits.Load(), Links: s.stats.links.Load(),
 	}
 }
 
