@@ -328,7 +328,9 @@ type Config struct {
 	LaneMaxPending          int `json:"lane_max_pending,omitempty"`
 	LaneMaxPendingPerSource int `json:"lane_max_pending_per_source,omitempty"`
 	// LaneHelloTimeout bounds a lane connection's TLS handshake and hello
-	// from its accept: one without a good hello by then is closed.
+	// from its accept: one without a good hello by then is closed. If zero,
+	// transfer.DefaultLaneHelloTimeout (3 s); MinLaneHelloTimeout to
+	// MaxLaneHelloTimeout.
 	LaneHelloTimeout time.Duration `json:"lane_hello_timeout,omitempty"`
 
 	// Fabric is what moves RDMA reads: verbs (libibverbs: InfiniBand,

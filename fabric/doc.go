@@ -76,7 +76,9 @@
 //
 // On the other side, serve_peer.go answers the lease: it pins the blocks in
 // the pool under a lease whose count serve_lease_book.go bounds per peer and
-// in total, and ends leases whose peer went away.
+// in total, renews it while it is at most Config.MaxLeaseAge old, acts on a
+// release's checksum claims only for blocks that lease pinned
+// (import_checksum.go, Mismatched), and ends leases whose peer went away.
 //
 // # A restore from a tier
 //
@@ -94,5 +96,8 @@
 // the blocks too, and cluster_repair.go serves and fetches the ranges a
 // node missed. With the owned-slices index (Config.IndexMode IndexOwned),
 // cluster_owned.go sends them instead to each hash's owners, which
-// lookups then ask (cluster_owned_lookup.go).
+// lookups then ask (cluster_owned_lookup.go). Either way, the index keeps
+// at most Config.IndexMaxNodeBlocks distinct hashes of any holder but this
+// node (cluster_index_sink.go and cluster_owned_serve.go count and log the
+// rest).
 package fabric

@@ -109,7 +109,7 @@
 // answer to it must be done within Config.LaneHelloTimeout of the accept
 // (a failed handshake counts in Metrics.LaneHandshakeFailures). A source
 // is an IP address alone: nodes behind one address (a NAT) share its
-// bound. A failed accept (out of descriptors or memory) is counted
+// bound. A failed accept (out of descriptors, buffers or memory) is counted
 // (Metrics.LaneAcceptErrors), and the lane accepts again after a wait.
 //
 // A connection then carries read requests (method 7), framed and
