@@ -1060,6 +1060,24 @@ func aheadRestarted(t *testing.T, name, dir string) *fabric.Agent {
 	return startAgent(t, cfg)
 }
 
+// readsAheadAfterRestart acquires the first 8 of hashes (numbered from 1)
+// in a new reader's set on the restarted agent a, waits for the one
+// read-ahead that starts, and checks that it brought blocks 8..15 into the
+// set; it returns the reader's client and set.
+func readsAheadAfterRestart(t *testing.T, a *fabric.Agent, hashes []uint64) (*client.Client, *client.BlockSet) {
+	t.Helper()
+	c := newClient(t, a)
+	set := registerReader(t, c)
+	acquireRun(t, c, set, hashes[:8], 1)
+	waitReadAheads(t, a, 1)
+	for i := 8; i < 16; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead after a restart", i)
+		}
+	}
+	return c, set
+}
+
 // The links outlive the agent with the blocks on disk: a restarted agent
 // finds the sequence's links again (its copies' journal records keep each
 // block's parent), and an Acquire of the sequence's head reads the next
@@ -1083,15 +1101,7 @@ func TestTierReadAheadAfterARestart(t *testing.T) {
 	if got := fabric.TierLinks(a2); got != n-1 {
 		t.Fatalf("%d links after a restart; want the %d the blocks on disk had", got, n-1)
 	}
-	c2 := newClient(t, a2)
-	set := registerReader(t, c2)
-	acquireRun(t, c2, set, hashes[:8], 1)
-	waitReadAheads(t, a2, 1)
-	for i := 8; i < 16; i++ {
-		if !fabric.BlockSetHolds(a2, set.ID, hashes[i]) {
-			t.Fatalf("block %d was not read ahead after a restart", i)
-		}
-	}
+	c2, set := readsAheadAfterRestart(t, a2, hashes)
 	if m := readAheadMetrics(a2); m.ReadAhead != 8 || m.Offloads != 0 {
 		t.Fatalf("after a restart and one run: %d read ahead, %d copied down; want 8, 0", m.ReadAhead, m.Offloads)
 	}
@@ -1350,15 +1360,7 @@ func TestTierReadAheadAfterARestartKeepsALinkMadeLater(t *testing.T) {
 	if got := fabric.TierLinks(a2); got != n-1 {
 		t.Fatalf("%d links after a restart; want %d, block 8's to 7 among them", got, n-1)
 	}
-	c2 := newClient(t, a2)
-	set := registerReader(t, c2)
-	acquireRun(t, c2, set, hashes[:8], 1)
-	waitReadAheads(t, a2, 1)
-	for i := 8; i < 16; i++ {
-		if !fabric.BlockSetHolds(a2, set.ID, hashes[i]) {
-			t.Fatalf("block %d was not read ahead after a restart", i)
-		}
-	}
+	c2, set := readsAheadAfterRestart(t, a2, hashes)
 	acquireRun(t, c2, set, hashes[8:], 9)
 	if m := readAheadMetrics(a2); m.ReadAhead != 8 || m.ReadAheadHits != 8 {
 		t.Fatalf("after a restart: %d read ahead, %d hits; want 8, 8", m.ReadAhead, m.ReadAheadHits)
