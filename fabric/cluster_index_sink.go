@@ -70,7 +70,7 @@ func (s *indexSink) refused(origin string, err error) {
 	quiet := s.fullQuiet
 	s.fullLogged, s.fullQuiet = now, 0
 	s.fullMu.Unlock()
-	s.a.log.Error("index: a holder announced more blocks than the index keeps for one node (index_max_node_blocks); the rest are not indexed",
+	s.a.log.Error("index: a holder announced more blocks than the index keeps for one node (--index-max-node-blocks, index_max_node_blocks); the rest are not indexed",
 		"peer", origin, "limit", s.a.cfg.IndexMaxNodeBlocks, "err", err, "not_logged", quiet)
 }
 
