@@ -82,6 +82,18 @@ func belowSet(t *testing.T, host, offloading bool) (*tiers, *pool.BlockSet, disk
 	return tr, set, k
 }
 
+// restoreSet is belowSet's tiers, their first tier d and block k, with a
+// second block set of the same shape (other) for restores to read into.
+func restoreSet(t *testing.T, host bool) (tr *tiers, d *diskTier, other *pool.BlockSet, k disk.Key) {
+	t.Helper()
+	tr, _, k = belowSet(t, host, false)
+	other, err := tr.a.pool.NewBlockSet(belowLayout(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr, tr.list[0], other, k
+}
+
 // belowLayout is a small layout of slots slots: a block of 1 KiB, which
 // with its trailer fits a tier slot of disk.Align.
 // hostPool is a pool over host storage of size bytes, both closed when

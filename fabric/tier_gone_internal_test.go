@@ -331,12 +331,7 @@ func startMove(t *testing.T, tr *tiers, d *diskTier, k disk.Key, move func()) <-
 // as copied below.
 func TestTierRestoreAfterGoneNotBelow(t *testing.T) {
 	for _, gone := range []bool{false, true} {
-		tr, _, k := belowSet(t, true, false)
-		d := tr.list[0]
-		other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
-		if err != nil {
-			t.Fatal(err)
-		}
+		tr, d, other, k := restoreSet(t, true)
 		// A whole block of the shape, with no checksum in its trailer.
 		if err := d.store.Load().Put(context.Background(), k, make([]byte, tierBlockBytes(other.Layout()))); err != nil {
 			t.Fatal(err)

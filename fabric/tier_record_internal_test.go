@@ -33,12 +33,7 @@ func TestTierRestoreFailureLeavesARecordPlacedSince(t *testing.T) {
 		{"corrupt", true},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			tr, _, k := belowSet(t, false, false)
-			d := tr.list[0]
-			other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
-			if err != nil {
-				t.Fatal(err)
-			}
+			tr, d, other, k := restoreSet(t, false)
 			whole := bytes.Repeat([]byte{0x5a}, tierBlockBytes(other.Layout())-tierTrailer)
 			whole = append(whole, make([]byte, tierTrailer)...) // no content checksum
 			if !tc.corrupt {
@@ -104,12 +99,7 @@ func TestTierRestoreFailureLeavesARecordPlacedSince(t *testing.T) {
 // whatever the store held by then, left the good copy in the store with no
 // record (a slot lost until a restart, the block not found).
 func TestTierRestoreFailureLeavesACopyCommittedOverItsRecord(t *testing.T) {
-	tr, _, k := belowSet(t, false, false)
-	d := tr.list[0]
-	other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, d, other, k := restoreSet(t, false)
 	whole := bytes.Repeat([]byte{0x5b}, tierBlockBytes(other.Layout())-tierTrailer)
 	whole = append(whole, make([]byte, tierTrailer)...) // no content checksum
 	// The first copier's copy went from the store; its record stays.
@@ -226,12 +216,7 @@ func TestTierRestoreDropKeepsACopyCommittedSince(t *testing.T) {
 	for _, tc := range badCopies {
 		for _, host := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/host=%v", tc.desc, host), func(t *testing.T) {
-				tr, _, k := belowSet(t, host, false)
-				d := tr.list[0]
-				other, err := tr.a.pool.NewBlockSet(belowLayout(2)) // the same shape: restored into
-				if err != nil {
-					t.Fatal(err)
-				}
+				tr, d, other, k := restoreSet(t, host)
 				good := putBadCopy(t, tr, d, other, k, tc.sum, 0x61)
 				if good == nil {
 					t.FailNow()
@@ -296,12 +281,7 @@ func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 		afterDelete, placeFirst bool
 	}{{false, false}, {false, true}, {true, false}, {true, true}} {
 		t.Run(fmt.Sprintf("ordered/commit after the delete=%v/placed before the forget=%v", tc.afterDelete, tc.placeFirst), func(t *testing.T) {
-			tr, _, k := belowSet(t, false, false)
-			d := tr.list[0]
-			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
-			if err != nil {
-				t.Fatal(err)
-			}
+			tr, d, other, k := restoreSet(t, false)
 			good := putBadCopy(t, tr, d, other, k, false, 0x68)
 			committed := false
 			commit := func(dd *diskTier, kk disk.Key) {
@@ -356,12 +336,7 @@ func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 	}
 
 	t.Run("committed", func(t *testing.T) {
-		tr, _, k := belowSet(t, false, false)
-		d := tr.list[0]
-		other, err := tr.a.pool.NewBlockSet(belowLayout(2))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tr, d, other, k := restoreSet(t, false)
 		good := putBadCopy(t, tr, d, other, k, false, 0x62)
 		ran := false
 		f := func(dd *diskTier, kk disk.Key) {
@@ -392,12 +367,7 @@ func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 		restoresExactly(t, tr, d, other, k, good[:len(good)-tierTrailer])
 	})
 	t.Run("placed by a copier meanwhile", func(t *testing.T) {
-		tr, _, k := belowSet(t, false, false)
-		d := tr.list[0]
-		other, err := tr.a.pool.NewBlockSet(belowLayout(2))
-		if err != nil {
-			t.Fatal(err)
-		}
+		tr, d, other, k := restoreSet(t, false)
 		good := putBadCopy(t, tr, d, other, k, false, 0x67)
 		var once sync.Once
 		started := false
@@ -448,12 +418,7 @@ func TestTierRestoreDropLeavesACopyCommittedUnderIt(t *testing.T) {
 func TestTierRestoreDropOfARecordReplacedBeforeTheRead(t *testing.T) {
 	for _, tc := range badCopies {
 		t.Run(tc.desc, func(t *testing.T) {
-			tr, _, k := belowSet(t, false, false)
-			d := tr.list[0]
-			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
-			if err != nil {
-				t.Fatal(err)
-			}
+			tr, d, other, k := restoreSet(t, false)
 			if putBadCopy(t, tr, d, other, k, tc.sum, 0x63) == nil {
 				t.FailNow()
 			}
@@ -556,12 +521,7 @@ func noRecord(t *testing.T, tr *tiers, d *diskTier, k disk.Key) {
 func TestTierRestoreLostOfARecordReplacedBeforeTheRead(t *testing.T) {
 	for _, host := range []bool{false, true} {
 		t.Run(fmt.Sprintf("host=%v", host), func(t *testing.T) {
-			tr, _, k := belowSet(t, host, false)
-			d := tr.list[0]
-			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
-			if err != nil {
-				t.Fatal(err)
-			}
+			tr, d, other, k := restoreSet(t, host)
 			good := append(bytes.Repeat([]byte{0x66}, tierBlockBytes(other.Layout())-tierTrailer), make([]byte, tierTrailer)...)
 			first := tr.recordIn(d, k)
 			ran := false
@@ -620,12 +580,7 @@ func TestTierRestoreLostOfARecordReplacedBeforeTheRead(t *testing.T) {
 func TestTierRestoreDropOfACopyTheStoreDropped(t *testing.T) {
 	for _, host := range []bool{false, true} {
 		t.Run(fmt.Sprintf("host=%v", host), func(t *testing.T) {
-			tr, _, k := belowSet(t, host, false) // its copy: 1000 bytes, the wrong length
-			d := tr.list[0]
-			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
-			if err != nil {
-				t.Fatal(err)
-			}
+			tr, d, other, k := restoreSet(t, host) // its copy: 1000 bytes, the wrong length
 			ran := false
 			f := func(dd *diskTier, kk disk.Key, rerr error) {
 				if dd != d || kk != k || ran {
@@ -690,12 +645,7 @@ func TestTierRestoreForgetLeavesARecordPlacedSince(t *testing.T) {
 		{"corrupt", false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			tr, _, k := belowSet(t, false, false)
-			d := tr.list[0]
-			other, err := tr.a.pool.NewBlockSet(belowLayout(2))
-			if err != nil {
-				t.Fatal(err)
-			}
+			tr, d, other, k := restoreSet(t, false)
 			good := append(bytes.Repeat([]byte{0x65}, tierBlockBytes(other.Layout())-tierTrailer), make([]byte, tierTrailer)...)
 			if tc.missing {
 				if err := d.store.Load().Delete(k); err != nil {
