@@ -263,9 +263,7 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 	setID, slots, err := a.pool.LeasedSlots(pool.LeaseID(id))
 	var es *engineSet
 	if err == nil {
-		a.mu.Lock()
-		es = a.sets[setID]
-		a.mu.Unlock()
+		es, _ = a.engineSet(uint64(setID))
 	}
 	if es == nil {
 		refused, why = len(hashes), "the lease has ended"
