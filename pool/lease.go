@@ -25,13 +25,14 @@ type lease struct {
 	id       LeaseID
 	seq      uint64 // creation order, to break deadline ties
 	deadline time.Time
-	slots    []int32  // sorted, unique
-	hashes   []uint64 // the hash each of slots held when leased
+	slots    []int32 // sorted, unique
 	heapIdx  int
 }
 
 // LeasedSlot is a slot a lease holds and the hash of the block it held
-// when leased, kept if the block is withdrawn since.
+// when leased: a leased slot is neither recycled nor registered anew while
+// the lease lives, and a withdrawn block keeps its hash in its slot, so
+// the slot's hash is still that one.
 type LeasedSlot struct {
 	Slot int
 	Hash uint64
@@ -103,10 +104,8 @@ func (b *BlockSet) Lease(hashes []uint64, d time.Duration) (LeaseID, []LeasedBlo
 	}
 	slices.Sort(slots)
 	slots = slices.Compact(slots)
-	leased := make([]uint64, len(slots))
-	for k, i := range slots {
+	for _, i := range slots {
 		s := &b.slots[i]
-		leased[k] = s.hash
 		if s.inactive {
 			b.unlinkInactive(i)
 		}
@@ -116,7 +115,7 @@ func (b *BlockSet) Lease(hashes []uint64, d time.Duration) (LeaseID, []LeasedBlo
 		s.leases++
 	}
 	b.leaseSeq++
-	l := &lease{id: id, seq: b.leaseSeq, deadline: now.Add(d), slots: slots, hashes: leased}
+	l := &lease{id: id, seq: b.leaseSeq, deadline: now.Add(d), slots: slots}
 	b.leases[id] = l
 	heap.Push(&b.expiry, l)
 	b.mu.Unlock()
@@ -177,7 +176,7 @@ func (b *BlockSet) leasedSlots(id LeaseID) ([]LeasedSlot, error) {
 	if err == nil {
 		out = make([]LeasedSlot, len(l.slots))
 		for i, s := range l.slots {
-			out[i] = LeasedSlot{Slot: int(s), Hash: l.hashes[i]}
+			out[i] = LeasedSlot{Slot: int(s), Hash: b.slots[s].hash}
 		}
 	}
 	b.mu.Unlock()
