@@ -244,11 +244,10 @@ func (s *Store) commitLocked(batch []*waiter) error {
 	// The links set since the last commit go first, restating the
 	// blocks held before this group's records change any.
 	buf, links, taken := s.linkRecordsLocked(n)
-	seqs := make([]uint64, 0, n)
+	base := s.seq // the group's records are numbered base+1 on, in order
 	for _, w := range batch {
 		for _, r := range w.recs {
 			s.seq++
-			seqs = append(seqs, s.seq)
 			b := record{op: r.op, seq: s.seq, key: r.key, e: r.e}.encode()
 			buf = append(buf, b[:]...)
 		}
@@ -276,7 +275,7 @@ func (s *Store) commitLocked(batch []*waiter) error {
 			}
 			old, had := s.entries[r.key]
 			s.gen++
-			s.entries[r.key] = journalled{held: held{entry: r.e, gen: s.gen}, order: seqs[i]}
+			s.entries[r.key] = journalled{held: held{entry: r.e, gen: s.gen}, order: base + uint64(i) + 1}
 			if had {
 				s.releaseSlotLocked(old.slot)
 			}
