@@ -287,10 +287,10 @@ type tiers struct {
 	// readBackoff keeps blocks whose slot read failed from being offered
 	// again at once (tier_backoff.go).
 	readBackoff readBackoff
-	// skipLogged is when a block dropped for an allocation (the pool's
-	// Metrics.OffloadsGivenUp counts them) was last logged.
-	skipLogged atomic.Int64
-	corrupt    atomic.Uint64 // blocks that failed a check on restore
+	// skipLog spaces the log lines of blocks dropped for allocations
+	// (the pool's Metrics.OffloadsGivenUp counts them).
+	skipLog logSpacing
+	corrupt atomic.Uint64 // blocks that failed a check on restore
 
 	// Copies down written straight from pool memory (tier_offload.go):
 	// trailers are their trailer pages; direct counts those committed as

@@ -253,9 +253,7 @@ func (t *tiers) batchLen() int {
 // slot first, at most every tierSkipLogEvery. The pool counted it when it
 // gave the slot up (pool.Metrics.OffloadsGivenUp, the one count of them).
 func (t *tiers) skipped(hash uint64) {
-	now := time.Now().UnixNano()
-	last := t.skipLogged.Load()
-	if now-last < int64(tierSkipLogEvery) || !t.skipLogged.CompareAndSwap(last, now) {
+	if log, _ := t.skipLog.due(time.Now(), tierSkipLogEvery); !log {
 		return
 	}
 	t.log.Info("tier: blocks dropped instead of copied down, their slots needed by allocations first", "hash", hash,
