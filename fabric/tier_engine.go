@@ -83,14 +83,16 @@ func (a *Agent) restoreRun(ctx context.Context, s *sessionSet, hashes []uint64, 
 
 // localTiers says, for each hash, which tier of this node holds it for
 // es's layout: the pool's kind (host, pinned or device), "host" (the
-// host tier), "disk", or "". The first run of blocks it answers "disk" or
-// "host" is restored into es meanwhile, left cached there (unreferenced),
-// so that the Acquire or Import that follows finds it in memory; the
-// answer names the tier each block was found in. Neither the answer nor
-// the restore waits for a copy down under way: a block whose copy has not
-// ended is "" and is not restored (an Acquire or Import restores it once
-// its copy ends).
-func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) []string {
+// host tier), "disk", or "". With restore, the first run of blocks it
+// answers "disk" or "host" is restored into es meanwhile, left cached
+// there (unreferenced), and what follows it is read ahead, so that the
+// Acquire or Import that follows finds it in memory; without, nothing is
+// brought up or read ahead (Lookup's no_restore: a look-up that only
+// counts). The answer names the tier each block was found in. Neither the
+// answer nor the restore waits for a copy down under way: a block whose
+// copy has not ended is "" and is not restored (an Acquire or Import
+// restores it once its copy ends).
+func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64, restore bool) []string {
 	out := make([]string, len(hashes))
 	var tag uint64
 	if a.tiers != nil {
@@ -115,7 +117,7 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 		}
 		out[i] = tierNone
 	}
-	if restoreFrom >= 0 {
+	if restore && restoreFrom >= 0 {
 		parent := uint64(0)
 		if restoreFrom > 0 {
 			parent = hashes[restoreFrom-1]

@@ -98,3 +98,46 @@ func TestTierLookupDoesNotWaitForCopiesDown(t *testing.T) {
 		t.Fatal("the look-up restored the block it answered not held")
 	}
 }
+
+// A look-up with no_restore says where each block is held and leaves the
+// set and the tiers as they were: the disk-held blocks it names stay on
+// disk, and nothing is restored or read ahead. The same look-up without
+// it brings the first one up.
+func TestTierLookupNoRestoreBringsNothingUp(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "lookupnr")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 128, a)
+	waitCopies(t, a)
+	if fabric.BlockSetHolds(a, set.ID, hashes[0]) {
+		t.Fatal("128 blocks stored through 32 slots: the first is still in memory")
+	}
+	before := tierStatus(t, c)
+	req := &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: hashes[:8], NoRestore: true}
+	for range 2 {
+		lr, err := c.API().Lookup(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{"disk", "disk", "disk", "disk", "disk", "disk", "disk", "disk"}; fmt.Sprint(lr.LocalTiers) != fmt.Sprint(want) {
+			t.Fatalf("local tiers %q, want %q", lr.LocalTiers, want)
+		}
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[0]) {
+		t.Fatal("a look-up with no_restore brought the first block up")
+	}
+	if after := tierStatus(t, c); after.Restores != before.Restores || after.ReadAheadBlocks != before.ReadAheadBlocks {
+		t.Fatalf("a look-up with no_restore: restores %d -> %d, read ahead %d -> %d; want both unchanged",
+			before.Restores, after.Restores, before.ReadAheadBlocks, after.ReadAheadBlocks)
+	}
+	req.NoRestore = false
+	if _, err := c.API().Lookup(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if !fabric.BlockSetHolds(a, set.ID, hashes[0]) {
+		t.Fatal("a look-up without no_restore did not bring the first block up")
+	}
+}

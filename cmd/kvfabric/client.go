@@ -558,17 +558,20 @@ const lookupBatch = 1 << 16
 // holds on this node, in its pool or a tier below it: the leading run a
 // look-up finds here. It asks the agent with look-ups that name the set,
 // whose answer for each hash (LocalTiers) is read from the set and the
-// tiers at the call, and so counts every block registered before it. The
-// index's answer for this node (Overlaps) may not: the agent applies its
-// own registrations to the index from the pool's events, after the
-// registering call has returned, and an owned index answers from a cache
-// of its owners' answers. Leading blocks found in a tier are brought up
-// into the set, as for any look-up that names one.
+// tiers at the call, and so counts every block registered before it that
+// the set or a tier holds then (not one whose copy down to a tier is still
+// under way: a look-up does not wait for it). The index's answer for this
+// node (Overlaps) may not: the agent applies its own registrations to the
+// index from the pool's events, after the registering call has returned,
+// and an owned index answers from a cache of its owners' answers. The
+// look-ups ask for no restore (no_restore): blocks found in a tier are
+// counted where they are, and none is brought up into the set or read
+// ahead, so the count leaves the set and the tiers as the put left them.
 func heldInSet(ctx context.Context, c *client.Client, set uint64, hashes []uint64) (int, error) {
 	held := 0
 	for held < len(hashes) {
 		chunk := hashes[held:min(held+lookupBatch, len(hashes))]
-		resp, err := c.API().Lookup(ctx, &fabricpb.LookupRequest{Hashes: chunk, BlockSet: set})
+		resp, err := c.API().Lookup(ctx, &fabricpb.LookupRequest{Hashes: chunk, BlockSet: set, NoRestore: true})
 		if err != nil {
 			return 0, err
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -208,5 +209,67 @@ func TestPutSaysWhatTheSetHoldsNotAStaleIndex(t *testing.T) {
 	}
 	if got := h[1]; got != strconv.Itoa(held) {
 		t.Fatalf("put says a look-up finds %s leading blocks; the set holds %d", got, held)
+	}
+}
+
+// put's line on what a look-up from the first block finds is a count, not
+// a use: on an agent with a disk tier, where the blocks a put past its set
+// recycles are copied down, its look-ups bring none of them back up into
+// the set and read nothing ahead (they restored the first run the tier
+// held, and started reading after it, on every put past its set). The
+// sequence is put twice, the second time once the first put's copies down
+// are on disk, so that the second put's line finds blocks there whatever
+// copies of its own are still under way.
+func TestPutsLineRestoresNothing(t *testing.T) {
+	a := startTestAgentWith(t, "ev5", func(c *fabric.Config) {
+		c.Tiers = []string{"disk=" + filepath.Join(c.DataDir, "tier") + ":64MiB"}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tier := func() (*fabricpb.Tier, error) {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if len(st.Tiers) != 1 {
+			return nil, fmt.Errorf("status shows %d tiers, want 1", len(st.Tiers))
+		}
+		return st.Tiers[0], nil
+	}
+	put := []string{"put", "--socket", a.EngineSocket(), "--generate", "400", "--seed", "1", "--slots", "128",
+		"--tp", "1", "--layers", "2", "--head-dim", "16"}
+	var line []string
+	for i := range 2 {
+		code, _, errs := runCmd(t, "", put...)
+		if code != 0 {
+			t.Fatalf("put %d: exit %d: %s", i+1, code, errs)
+		}
+		h := regexp.MustCompile(`a look-up from the first block finds (\d+) of the 400 blocks here`).FindStringSubmatch(errs)
+		if h == nil {
+			t.Fatalf("put %d says nothing of what a look-up finds: %q", i+1, errs)
+		}
+		line = append(line, h[1])
+		if i == 0 {
+			wait.For(t, 20*time.Second, "blocks of the first put on disk", func() error {
+				ts, err := tier()
+				if err != nil || ts.Blocks == 0 {
+					return fmt.Errorf("tier %v (%v)", ts, err)
+				}
+				return nil
+			})
+		}
+	}
+	ts, err := tier()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts.Restores != 0 || ts.ReadAheadBlocks != 0 {
+		t.Fatalf("after two puts past the set (their lines: %s held): the tier restored %d blocks and read %d ahead; want none",
+			strings.Join(line, " and "), ts.Restores, ts.ReadAheadBlocks)
 	}
 }
