@@ -100,10 +100,10 @@ const (
 	// LaneFallbackConnect: no lane connection could be made (dial,
 	// handshake or token refused, or the holder closed it).
 	LaneFallbackConnect = "connect-failed"
-	// LaneFallbackHelloTimeout: no lane connection was admitted within
-	// the reader's bound on its dial, TLS handshake and hello
-	// (Config.laneDialBound): a holder that accepts connections but does
-	// not answer them.
+	// LaneFallbackHelloTimeout: no lane connection was made and admitted
+	// within the reader's bound on its dial, TLS handshake and hello
+	// (Config.laneDialBound): a dial not answered, or a holder that
+	// accepts connections but does not answer them.
 	LaneFallbackHelloTimeout = "hello-timeout"
 	// LaneFallbackRead: a read on the lane failed before it completed.
 	LaneFallbackRead = "read-failed"
