@@ -251,6 +251,9 @@ type tiers struct {
 	// beforeCommit, if set, is called by each copy down between the ends
 	// of its writes and its commit (tests: a commit that does not end).
 	beforeCommit atomic.Pointer[func()]
+	// pendingWait, if set, is called by whereWait as it begins to wait
+	// for the copies down of a hash under way (tests).
+	pendingWait atomic.Pointer[func()]
 	// beforeMoved and afterMoved, if set, are called by each move down
 	// from the host tier between its commit below and its record there,
 	// and right after that record (tests).

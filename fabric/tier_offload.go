@@ -108,6 +108,9 @@ func (t *tiers) whereWait(ctx context.Context, k disk.Key) *diskTier {
 	p := t.pending[k.Hash]
 	t.jobsMu.Unlock()
 	if p != nil {
+		if f := t.pendingWait.Load(); f != nil {
+			(*f)()
+		}
 		select {
 		case <-p.done:
 		case <-ctx.Done():

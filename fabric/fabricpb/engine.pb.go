@@ -1511,7 +1511,13 @@ type LookupRequest struct {
 	BlockSet uint64 `protobuf:"varint,4,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
 	// With block_set: answer local_tiers without bringing any block up into
 	// the set or reading ahead (a look-up that only counts, and leaves the
-	// set and the tiers as they were).
+	// set and the tiers as they were), and say where each block will be once
+	// the copies down to a tier already under way end: a block that has left
+	// the set and whose copy down has not ended is waited for, within the
+	// call's deadline (the wait ends a tenth of the time left before it, so
+	// that the answer arrives; a block still in flight then is ""), and
+	// answered "disk" or "host" once its copy is in place. Without
+	// no_restore, nothing is waited for: such a block is "".
 	NoRestore     bool `protobuf:"varint,5,opt,name=no_restore,json=noRestore,proto3" json:"no_restore,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -150,7 +150,9 @@ class LookupResult:
     #: With a block set: per hash, the tier this node holds it in for the
     #: set's layout ("host", "pinned", "device", "disk", or "" for none;
     #: "host" also for the agent's host tier); the first run of blocks in a
-    #: tier was restored into the set by the lookup, unless no_restore.
+    #: tier was restored into the set by the lookup, unless no_restore (then
+    #: a block whose copy down to a tier was under way is where that copy
+    #: put it: the lookup waited for it).
     local_tiers: list[str] = field(default_factory=list)
 
     def best(self, exclude: str | None = None) -> Overlap | None:
@@ -758,7 +760,11 @@ class Client:
         would cost (fetch_estimate_us, fetch_bytes), local_tiers says where
         this node holds each block (the first run held in a tier is brought
         up into the set, unless no_restore: then nothing is restored or read
-        ahead), and, for tokens, block_size 0 means the set's page size
+        ahead, and a block whose copy down to a tier is under way is waited
+        for and answered where that copy puts it, within timeout: the agent
+        ends its wait a tenth of the time left before the deadline, and a
+        block still in flight then is ""; without no_restore it is "" at
+        once), and, for tokens, block_size 0 means the set's page size
         (else 16)."""
         req = _lookup_request(hashes, tokens, salt, lora, block_size, block_set, no_restore)
         return _lookup_result(self._call("Lookup", req, timeout))
