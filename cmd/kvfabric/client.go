@@ -558,15 +558,20 @@ const lookupBatch = 1 << 16
 // holds on this node, in its pool or a tier below it: the leading run a
 // look-up finds here. It asks the agent with look-ups that name the set,
 // whose answer for each hash (LocalTiers) is read from the set and the
-// tiers at the call, and so counts every block registered before it that
-// the set or a tier holds then (not one whose copy down to a tier is still
-// under way: a look-up does not wait for it). The index's answer for this
-// node (Overlaps) may not: the agent applies its own registrations to the
-// index from the pool's events, after the registering call has returned,
-// and an owned index answers from a cache of its owners' answers. The
-// look-ups ask for no restore (no_restore): blocks found in a tier are
-// counted where they are, and none is brought up into the set or read
-// ahead, so the count leaves the set and the tiers as the put left them.
+// tiers, and so counts every block registered before it that the set or a
+// tier holds. The index's answer for this node (Overlaps) may not: the
+// agent applies its own registrations to the index from the pool's
+// events, after the registering call has returned, and an owned index
+// answers from a cache of its owners' answers. The look-ups ask for no
+// restore (no_restore): blocks found in a tier are counted where they
+// are, none is brought up into the set or read ahead, so the count leaves
+// the set and the tiers as the put left them, and a block recycled by the
+// put whose copy down to a tier is still under way is waited for and
+// counted where the copy puts it (else a count read right after a put
+// past its set would miss the blocks just recycled, its first ones). ctx
+// bounds the wait (put's --timeout, the whole command's): the agent ends
+// it a tenth of the time left before ctx's deadline and answers, a block
+// still in flight then not counted.
 func heldInSet(ctx context.Context, c *client.Client, set uint64, hashes []uint64) (int, error) {
 	held := 0
 	for held < len(hashes) {

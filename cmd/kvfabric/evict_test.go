@@ -273,3 +273,42 @@ func TestPutsLineRestoresNothing(t *testing.T) {
 			strings.Join(line, " and "), ts.Restores, ts.ReadAheadBlocks)
 	}
 }
+
+// On a node with a disk tier, the line after a put past its set counts
+// the blocks whose copies down were under way as it asked (its look-ups
+// wait for them, no_restore): it says what a look-up finds once they
+// end, as lookup does later, not 0 because the first blocks were between
+// the set and the disk when it asked.
+func TestPutsLineCountsBlocksOnTheirWayDown(t *testing.T) {
+	a := startTestAgentWith(t, "ev6", func(c *fabric.Config) {
+		c.Tiers = []string{"disk=" + filepath.Join(c.DataDir, "tier") + ":64MiB"}
+	})
+	sock := []string{"--socket", a.EngineSocket()}
+	code, out, errs := runCmd(t, "", append([]string{"put", "--generate", "400", "--seed", "1", "--slots", "128", "--json",
+		"--tp", "1", "--layers", "2", "--head-dim", "16"}, sock...)...)
+	if code != 0 {
+		t.Fatalf("put: exit %d: %s", code, errs)
+	}
+	h := regexp.MustCompile(`a look-up from the first block finds (\d+) of the 400 blocks here`).FindStringSubmatch(errs)
+	if h == nil {
+		t.Fatalf("put says nothing of what a look-up finds: %q", errs)
+	}
+	var put struct{ Hashes []string }
+	if err := json.Unmarshal([]byte(out), &put); err != nil || len(put.Hashes) != 400 {
+		t.Fatalf("put --json: %d hashes (%v)", len(put.Hashes), err)
+	}
+	// The index learns of the copies as they are committed, after the
+	// put: wait for it to find some on this node, then for what it finds
+	// to come to what the line said.
+	wait.For(t, 20*time.Second, "lookup to find the blocks put said a look-up finds", func() error {
+		code, out, errs := runCmd(t, "", append([]string{"lookup", "--json", "--hashes", strings.Join(put.Hashes, ",")}, sock...)...)
+		var resp struct{ Overlaps []struct{ Blocks uint32 } }
+		if err := json.Unmarshal([]byte(out), &resp); code > 1 || err != nil || len(resp.Overlaps) != 1 {
+			return fmt.Errorf("lookup: exit %d: %q %s (%v)", code, out, errs, err)
+		}
+		if got := strconv.Itoa(int(resp.Overlaps[0].Blocks)); got == "0" || got != h[1] {
+			return fmt.Errorf("lookup finds %s leading blocks, put said %s", got, h[1])
+		}
+		return nil
+	})
+}
