@@ -133,3 +133,30 @@ func (f *repeatFolder) WithAttrs(attrs []slog.Attr) slog.Handler {
 func (f *repeatFolder) WithGroup(name string) slog.Handler {
 	return &repeatFolder{inner: f.inner.WithGroup(name), prefix: f.prefix + "|" + name + ".", st: f.st}
 }
+
+// logSpacing spaces the log lines of events too many to log each (a
+// refusal a flood repeats, a failure that recurs): the first is logged,
+// then the first at least an interval after the one logged before, and
+// those in between are counted for the next line to say. Unlike
+// repeatFolder, it spaces lines that differ (each names its own block or
+// peer). Safe for concurrent use; the zero value is ready.
+type logSpacing struct {
+	mu        sync.Mutex
+	logged    time.Time // when a line was last logged; zero: never
+	notLogged int       // events since then not logged
+}
+
+// due says whether the event at now is to be logged, as it is when no
+// line was logged in the interval every before now, and if so how many
+// events were not logged since the line before.
+func (s *logSpacing) due(now time.Time, every time.Duration) (log bool, notLogged int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.logged.IsZero() && now.Sub(s.logged) < every {
+		s.notLogged++
+		return false, 0
+	}
+	notLogged = s.notLogged
+	s.logged, s.notLogged = now, 0
+	return true, notLogged
+}

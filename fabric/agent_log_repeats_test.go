@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -95,5 +96,57 @@ func TestRepeatFolderMemoryLimit(t *testing.T) {
 	log.Info("distinct", "i", 0)
 	if !strings.Contains(buf.String(), fmt.Sprintf("i=%d", 0)) {
 		t.Fatalf("past the limit the first record should be written again, got %q", buf.String())
+	}
+}
+
+// A logSpacing logs the first event, then the first at least its interval
+// after the one logged before (exactly at the interval included), each
+// with the events not logged since; an event that is not logged counts
+// nothing itself. Concurrent events log one line between them.
+func TestLogSpacing(t *testing.T) {
+	const every = 10 * time.Second
+	var s logSpacing
+	at := time.Unix(1000, 0)
+	for _, step := range []struct {
+		after     time.Duration // since the start
+		log       bool
+		notLogged int
+	}{
+		{0, true, 0},
+		{time.Second, false, 0},
+		{every - 1, false, 0},
+		{every, true, 2},
+		{every + 1, false, 0},
+		{3 * every, true, 1},
+		{5 * every, true, 0},
+	} {
+		log, notLogged := s.due(at.Add(step.after), every)
+		if log != step.log || notLogged != step.notLogged {
+			t.Fatalf("at %v: logged %v with %d not logged, want %v with %d", step.after, log, notLogged, step.log, step.notLogged)
+		}
+	}
+
+	// Many at once: one logs, and the next line counts the others.
+	var c logSpacing
+	const n = 16
+	logged := make(chan bool, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			log, _ := c.due(at, every)
+			logged <- log
+		})
+	}
+	wg.Wait()
+	close(logged)
+	lines := 0
+	for l := range logged {
+		if l {
+			lines++
+		}
+	}
+	if log, notLogged := c.due(at.Add(every), every); lines != 1 || !log || notLogged != n-1 {
+		t.Fatalf("%d concurrent events logged %d lines, then the next: logged %v with %d not logged; want 1, then true with %d",
+			n, lines, log, notLogged, n-1)
 	}
 }

@@ -42,12 +42,10 @@ type indexSink struct {
 	// (cluster_demote.go).
 	demote chan demotion
 
-	// fullMu guards fullLogged and fullQuiet: refusals of a holder's
-	// stores past Config.IndexMaxNodeBlocks are logged at most once per
-	// indexFullLogEvery, the calls not logged counted in the next line.
-	fullMu     sync.Mutex
-	fullLogged time.Time
-	fullQuiet  int
+	// fullLog spaces the log lines of refusals of a holder's stores past
+	// Config.IndexMaxNodeBlocks: at most one per indexFullLogEvery, the
+	// calls not logged counted in the next line.
+	fullLog logSpacing
 }
 
 // indexFullLogEvery is how often, at most, the index's refusals of a
@@ -60,16 +58,10 @@ const indexFullLogEvery = time.Minute
 // ago. A holder that sends stores of made-up hashes must not flood the
 // log as it fills the index.
 func (s *indexSink) refused(origin string, err error) {
-	s.fullMu.Lock()
-	now := time.Now()
-	if !s.fullLogged.IsZero() && now.Sub(s.fullLogged) < indexFullLogEvery {
-		s.fullQuiet++
-		s.fullMu.Unlock()
+	log, quiet := s.fullLog.due(time.Now(), indexFullLogEvery)
+	if !log {
 		return
 	}
-	quiet := s.fullQuiet
-	s.fullLogged, s.fullQuiet = now, 0
-	s.fullMu.Unlock()
 	s.a.log.Error("index: a holder announced more blocks than the index keeps for one node (--index-max-node-blocks, index_max_node_blocks); the rest are not indexed",
 		"peer", origin, "limit", s.a.cfg.IndexMaxNodeBlocks, "err", err, "not_logged", quiet)
 }

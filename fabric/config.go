@@ -328,9 +328,13 @@ type Config struct {
 	LaneMaxPending          int `json:"lane_max_pending,omitempty"`
 	LaneMaxPendingPerSource int `json:"lane_max_pending_per_source,omitempty"`
 	// LaneHelloTimeout bounds a lane connection's TLS handshake and hello
-	// from its accept: one without a good hello by then is closed. If zero,
-	// transfer.DefaultLaneHelloTimeout (3 s); MinLaneHelloTimeout to
-	// MaxLaneHelloTimeout.
+	// from its accept: one without a good hello by then is closed. This
+	// node's own lane connections to holders are given as long (or half
+	// PeerTimeout, if less) from the dial to the holder's answer, and past
+	// it the read goes over QUIC: the agents of a cluster share the
+	// setting, so that a reader gives up no later than its holder would
+	// close the connection. If zero, transfer.DefaultLaneHelloTimeout
+	// (3 s); MinLaneHelloTimeout to MaxLaneHelloTimeout.
 	LaneHelloTimeout time.Duration `json:"lane_hello_timeout,omitempty"`
 
 	// Fabric is what moves RDMA reads: verbs (libibverbs: InfiniBand,

@@ -506,7 +506,7 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 		if err != nil {
 			return nil, err
 		}
-		out.LocalTiers = a.localTiers(ctx, s, hashes)
+		out.LocalTiers = a.localTiers(ctx, s, hashes, !req.GetNoRestore())
 	}
 	return out, nil
 }

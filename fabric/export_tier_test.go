@@ -108,6 +108,21 @@ func TierHoldPuts(a *Agent) (held func() int, release func()) {
 	return holdAt(&a.tiers.beforePut)
 }
 
+// TierPendingWaits returns a channel that receives once each time a's
+// tiers begin to wait for the copies down of a hash under way
+// (whereWait), as many as it has room for; the others are not sent.
+func TierPendingWaits(a *Agent) <-chan struct{} {
+	ch := make(chan struct{}, 64)
+	f := func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	a.tiers.pendingWait.Store(&f)
+	return ch
+}
+
 // TierHoldCommits makes every copy down of a's tiers wait, its writes
 // ended (or failed) and its batch not yet committed, until release is
 // called; held reports how many are waiting.

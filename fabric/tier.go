@@ -251,6 +251,9 @@ type tiers struct {
 	// beforeCommit, if set, is called by each copy down between the ends
 	// of its writes and its commit (tests: a commit that does not end).
 	beforeCommit atomic.Pointer[func()]
+	// pendingWait, if set, is called by whereWait as it begins to wait
+	// for the copies down of a hash under way (tests).
+	pendingWait atomic.Pointer[func()]
 	// beforeMoved and afterMoved, if set, are called by each move down
 	// from the host tier between its commit below and its record there,
 	// and right after that record (tests).
@@ -287,10 +290,10 @@ type tiers struct {
 	// readBackoff keeps blocks whose slot read failed from being offered
 	// again at once (tier_backoff.go).
 	readBackoff readBackoff
-	// skipLogged is when a block dropped for an allocation (the pool's
-	// Metrics.OffloadsGivenUp counts them) was last logged.
-	skipLogged atomic.Int64
-	corrupt    atomic.Uint64 // blocks that failed a check on restore
+	// skipLog spaces the log lines of blocks dropped for allocations
+	// (the pool's Metrics.OffloadsGivenUp counts them).
+	skipLog logSpacing
+	corrupt atomic.Uint64 // blocks that failed a check on restore
 
 	// Copies down written straight from pool memory (tier_offload.go):
 	// trailers are their trailer pages; direct counts those committed as

@@ -53,10 +53,8 @@ type readBackoff struct {
 
 	mu sync.Mutex
 	m  map[backoffKey]readFailure
-	// logged is when a failure was last logged, suppressed the failures
-	// not logged since.
-	logged     time.Time
-	suppressed int
+	// log spaces the failures' log lines, counting those not logged.
+	log logSpacing
 	// swept is when the blocks whose failures all decayed were last
 	// swept (sweepLocked).
 	swept time.Time
@@ -120,12 +118,7 @@ func (b *readBackoff) failed(set pool.SetID, hash uint64, now time.Time) (delay 
 		delay = 0
 	}
 	b.n.Store(int64(len(b.m)))
-	if b.logged.IsZero() || now.Sub(b.logged) >= tierSkipLogEvery {
-		log, suppressed = true, b.suppressed
-		b.logged, b.suppressed = now, 0
-	} else {
-		b.suppressed++
-	}
+	log, suppressed = b.log.due(now, tierSkipLogEvery)
 	return delay, log, suppressed
 }
 

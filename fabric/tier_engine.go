@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
@@ -83,18 +84,30 @@ func (a *Agent) restoreRun(ctx context.Context, s *sessionSet, hashes []uint64, 
 
 // localTiers says, for each hash, which tier of this node holds it for
 // es's layout: the pool's kind (host, pinned or device), "host" (the
-// host tier), "disk", or "". The first run of blocks it answers "disk" or
-// "host" is restored into es meanwhile, left cached there (unreferenced),
-// so that the Acquire or Import that follows finds it in memory; the
-// answer names the tier each block was found in. Neither the answer nor
-// the restore waits for a copy down under way: a block whose copy has not
-// ended is "" and is not restored (an Acquire or Import restores it once
-// its copy ends).
-func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) []string {
+// host tier), "disk", or "". With restore, the first run of blocks it
+// answers "disk" or "host" is restored into es meanwhile, left cached
+// there (unreferenced), and what follows it is read ahead, so that the
+// Acquire or Import that follows finds it in memory; neither the answer
+// nor the restore waits for a copy down under way: a block whose copy has
+// not ended is "" and is not restored (an Acquire or Import restores it
+// once its copy ends). Without restore (Lookup's no_restore: a look-up
+// that only counts), nothing is brought up or read ahead, and a block not
+// in es whose copy down is under way is answered where it is once that
+// copy ends (whereWait), waiting for it within countWait(ctx): the answer
+// says where each block will be once the copies down under way end, not
+// "" for a block in flight between the set and a tier. The answer names
+// the tier each block was found in.
+func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64, restore bool) []string {
 	out := make([]string, len(hashes))
 	var tag uint64
 	if a.tiers != nil {
 		tag = shapeTag(es.set.Layout())
+	}
+	where := a.tierOf
+	if !restore && a.tiers != nil {
+		wctx, cancel := countWait(ctx)
+		defer cancel()
+		where = func(k disk.Key) *diskTier { return a.tiers.whereWait(wctx, k) }
 	}
 	restoreFrom := -1
 	for i, h := range hashes {
@@ -105,8 +118,7 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 			}
 			continue
 		}
-		// Not waiting for a copy down under way (whereWait).
-		if d := a.tierOf(disk.Key{Hash: h, Tag: tag}); d != nil {
+		if d := where(disk.Key{Hash: h, Tag: tag}); d != nil {
 			out[i] = d.spec.Kind // "disk", or "host" for the host tier
 			if restoreFrom < 0 {
 				restoreFrom = i
@@ -115,7 +127,7 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 		}
 		out[i] = tierNone
 	}
-	if restoreFrom >= 0 {
+	if restore && restoreFrom >= 0 {
 		parent := uint64(0)
 		if restoreFrom > 0 {
 			parent = hashes[restoreFrom-1]
@@ -136,4 +148,17 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64) 
 		}
 	}
 	return out
+}
+
+// countWait bounds a look-up's wait for copies down under way (localTiers
+// without restore): ctx, ended a tenth of its time left early where it
+// has a deadline, so that the answer, which then leaves out the blocks
+// whose copies have not ended, reaches a caller before its deadline does
+// (a wait to the deadline itself would leave the caller no answer).
+func countWait(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, dl.Add(-time.Until(dl)/10))
 }

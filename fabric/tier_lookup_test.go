@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/wait"
 )
@@ -17,59 +18,8 @@ import (
 // so in neither memory nor the tier), it says "disk" and "" without
 // waiting for the copy, restores the first and not the second.
 func TestTierLookupDoesNotWaitForCopiesDown(t *testing.T) {
-	dir := tierDir(t)
-	cfg := testConfig(t, "lookupnw")
-	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
-	a := startAgent(t, cfg)
-	c := newClient(t, a)
-	set := register(t, c, tierEngine)
-	stored := storeThrough(t, c, set, 64, a)
-	onDisk := uint64(0)
-	for _, h := range stored {
-		if !fabric.BlockSetHolds(a, set.ID, h) {
-			onDisk = h
-			break
-		}
-	}
-	if onDisk == 0 || tierStatus(t, c).Blocks == 0 {
-		t.Fatal("64 blocks stored through 32 slots are all still in memory, or none on disk")
-	}
-	held, release := fabric.TierHoldPuts(a)
+	a, c, set, onDisk, pending, held, release := heldCopyDown(t, "lookupnw")
 	defer release()
-	const n = 32 // the set's slots
-	hashes := make([]uint64, n)
-	for from := 0; from < n; from += 8 {
-		for i := range 8 {
-			hashes[from+i] = 7<<40 + uint64(from+i)
-		}
-		storeBlocks(t, c, set, hashes[from:from+8], uint64(8000+from))
-	}
-	wait.For(t, 20*time.Second, "a copy down held", func() error {
-		if held() == 0 {
-			return errors.New("no write held yet")
-		}
-		return nil
-	})
-	// Every slot taken again: the blocks whose copies are under way leave
-	// memory, not yet on disk.
-	others := make([]uint64, n)
-	for i := range others {
-		others[i] = 8<<40 + uint64(i)
-	}
-	storeBlocks(t, c, set, others, 90000)
-	pending := uint64(0)
-	for _, h := range hashes {
-		if !fabric.BlockSetHolds(a, set.ID, h) {
-			pending = h
-			break
-		}
-	}
-	if pending == 0 {
-		t.Fatal("every block whose copy is held is still in memory")
-	}
-	if fabric.TierCopiesPending(a) == 0 {
-		t.Fatal("no copy down under way")
-	}
 	type answer struct {
 		lr  *fabricpb.LookupResponse
 		err error
@@ -96,5 +46,173 @@ func TestTierLookupDoesNotWaitForCopiesDown(t *testing.T) {
 	}
 	if fabric.BlockSetHolds(a, set.ID, pending) {
 		t.Fatal("the look-up restored the block it answered not held")
+	}
+}
+
+// A look-up with no_restore says where each block will be once the
+// copies down under way end: of a block on disk and one whose copy down
+// is held, it waits for that copy and answers "disk" for both (where a
+// look-up that restores answers "" for the second at once,
+// TestTierLookupDoesNotWaitForCopiesDown), restoring neither. Its wait
+// ends short of the call's deadline: with the copy held past it, the
+// answer comes before the deadline, the held block "".
+func TestTierLookupNoRestoreWaitsForCopiesDown(t *testing.T) {
+	a, c, set, onDisk, pending, held, release := heldCopyDown(t, "lookupnw2")
+	req := &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: []uint64{onDisk, pending}, NoRestore: true}
+	before := tierStatus(t, c)
+
+	// The copy held past the call's deadline: an answer, not the deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	lr, err := c.API().Lookup(ctx, req)
+	cancel()
+	if err != nil {
+		t.Fatalf("a look-up with no_restore, its copy down held past the call's deadline: %v; want an answer", err)
+	}
+	if want := []string{"disk", ""}; fmt.Sprint(lr.LocalTiers) != fmt.Sprint(want) {
+		t.Fatalf("local tiers %q with the copy down held, want %q", lr.LocalTiers, want)
+	}
+
+	// The copy released once the look-up waits for it.
+	waits := fabric.TierPendingWaits(a)
+	type answer struct {
+		lr  *fabricpb.LookupResponse
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		lr, err := c.API().Lookup(context.Background(), req)
+		done <- answer{lr, err}
+	}()
+	select {
+	case got := <-done:
+		t.Fatalf("a look-up with no_restore answered %q (%v) without waiting for the copy down under way (%d held)",
+			got.lr.GetLocalTiers(), got.err, held())
+	case <-waits:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a look-up with no_restore neither answered nor waited for the copy down under way")
+	}
+	release()
+	var got answer
+	select {
+	case got = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a look-up with no_restore did not answer once the copy down it waited for was released")
+	}
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if want := []string{"disk", "disk"}; fmt.Sprint(got.lr.LocalTiers) != fmt.Sprint(want) {
+		t.Fatalf("local tiers %q once the copy down ended, want %q", got.lr.LocalTiers, want)
+	}
+	if fabric.BlockSetHolds(a, set.ID, onDisk) || fabric.BlockSetHolds(a, set.ID, pending) {
+		t.Fatal("a look-up with no_restore brought a block up")
+	}
+	if after := tierStatus(t, c); after.Restores != before.Restores || after.ReadAheadBlocks != before.ReadAheadBlocks {
+		t.Fatalf("a look-up with no_restore: restores %d -> %d, read ahead %d -> %d; want both unchanged",
+			before.Restores, after.Restores, before.ReadAheadBlocks, after.ReadAheadBlocks)
+	}
+}
+
+// heldCopyDown starts an agent with a disk tier (named name) and a block
+// set of 32 slots, and returns a block of the set on disk, onDisk, and
+// one whose copy down is held, pending: its slot taken by allocations
+// since, so in neither memory nor the tier until release is called (held
+// says how many copies wait).
+func heldCopyDown(t *testing.T, name string) (a *fabric.Agent, c *client.Client, set *client.BlockSet, onDisk, pending uint64, held func() int, release func()) {
+	t.Helper()
+	dir := tierDir(t)
+	cfg := testConfig(t, name)
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a = startAgent(t, cfg)
+	c = newClient(t, a)
+	set = register(t, c, tierEngine)
+	stored := storeThrough(t, c, set, 64, a)
+	for _, h := range stored {
+		if !fabric.BlockSetHolds(a, set.ID, h) {
+			onDisk = h
+			break
+		}
+	}
+	if onDisk == 0 || tierStatus(t, c).Blocks == 0 {
+		t.Fatal("64 blocks stored through 32 slots are all still in memory, or none on disk")
+	}
+	held, release = fabric.TierHoldPuts(a)
+	t.Cleanup(release)
+	const n = 32 // the set's slots
+	hashes := make([]uint64, n)
+	for from := 0; from < n; from += 8 {
+		for i := range 8 {
+			hashes[from+i] = 7<<40 + uint64(from+i)
+		}
+		storeBlocks(t, c, set, hashes[from:from+8], uint64(8000+from))
+	}
+	wait.For(t, 20*time.Second, "a copy down held", func() error {
+		if held() == 0 {
+			return errors.New("no write held yet")
+		}
+		return nil
+	})
+	// Every slot taken again: the blocks whose copies are under way leave
+	// memory, not yet on disk.
+	others := make([]uint64, n)
+	for i := range others {
+		others[i] = 8<<40 + uint64(i)
+	}
+	storeBlocks(t, c, set, others, 90000)
+	for _, h := range hashes {
+		if !fabric.BlockSetHolds(a, set.ID, h) {
+			pending = h
+			break
+		}
+	}
+	if pending == 0 {
+		t.Fatal("every block whose copy is held is still in memory")
+	}
+	if fabric.TierCopiesPending(a) == 0 {
+		t.Fatal("no copy down under way")
+	}
+	return a, c, set, onDisk, pending, held, release
+}
+
+// A look-up with no_restore says where each block is held and leaves the
+// set and the tiers as they were: the disk-held blocks it names stay on
+// disk, and nothing is restored or read ahead. The same look-up without
+// it brings the first one up.
+func TestTierLookupNoRestoreBringsNothingUp(t *testing.T) {
+	dir := tierDir(t)
+	cfg := testConfig(t, "lookupnr")
+	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	hashes := storeThrough(t, c, set, 128, a)
+	waitCopies(t, a)
+	if fabric.BlockSetHolds(a, set.ID, hashes[0]) {
+		t.Fatal("128 blocks stored through 32 slots: the first is still in memory")
+	}
+	before := tierStatus(t, c)
+	req := &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: hashes[:8], NoRestore: true}
+	for range 2 {
+		lr, err := c.API().Lookup(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []string{"disk", "disk", "disk", "disk", "disk", "disk", "disk", "disk"}; fmt.Sprint(lr.LocalTiers) != fmt.Sprint(want) {
+			t.Fatalf("local tiers %q, want %q", lr.LocalTiers, want)
+		}
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[0]) {
+		t.Fatal("a look-up with no_restore brought the first block up")
+	}
+	if after := tierStatus(t, c); after.Restores != before.Restores || after.ReadAheadBlocks != before.ReadAheadBlocks {
+		t.Fatalf("a look-up with no_restore: restores %d -> %d, read ahead %d -> %d; want both unchanged",
+			before.Restores, after.Restores, before.ReadAheadBlocks, after.ReadAheadBlocks)
+	}
+	req.NoRestore = false
+	if _, err := c.API().Lookup(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if !fabric.BlockSetHolds(a, set.ID, hashes[0]) {
+		t.Fatal("a look-up without no_restore did not bring the first block up")
 	}
 }

@@ -108,6 +108,9 @@ func (t *tiers) whereWait(ctx context.Context, k disk.Key) *diskTier {
 	p := t.pending[k.Hash]
 	t.jobsMu.Unlock()
 	if p != nil {
+		if f := t.pendingWait.Load(); f != nil {
+			(*f)()
+		}
 		select {
 		case <-p.done:
 		case <-ctx.Done():
@@ -253,9 +256,7 @@ func (t *tiers) batchLen() int {
 // slot first, at most every tierSkipLogEvery. The pool counted it when it
 // gave the slot up (pool.Metrics.OffloadsGivenUp, the one count of them).
 func (t *tiers) skipped(hash uint64) {
-	now := time.Now().UnixNano()
-	last := t.skipLogged.Load()
-	if now-last < int64(tierSkipLogEvery) || !t.skipLogged.CompareAndSwap(last, now) {
+	if log, _ := t.skipLog.due(time.Now(), tierSkipLogEvery); !log {
 		return
 	}
 	t.log.Info("tier: blocks dropped instead of copied down, their slots needed by allocations first", "hash", hash,

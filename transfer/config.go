@@ -151,8 +151,26 @@ type Config struct {
 	LaneMaxPending, LaneMaxPendingPerSource int
 	// LaneHelloTimeout bounds a served lane connection's TLS handshake and
 	// hello, and the answer to it, from its accept: one that has not sent
-	// a good hello by then is closed. If zero, DefaultLaneHelloTimeout.
+	// a good hello by then is closed. A reader bounds its own lane
+	// connections by it too, from the dial to the holder's answer to its
+	// hello, where it is less than HandshakeTimeout (laneDialBound), and
+	// reads over QUIC past it. If zero, DefaultLaneHelloTimeout.
 	LaneHelloTimeout time.Duration
+}
+
+// laneDialBound is how long a reader gives a lane connection from its dial
+// to the holder's answer to its hello: the lesser of HandshakeTimeout and
+// LaneHelloTimeout. The holder closes a connection that its own
+// LaneHelloTimeout passed on since the accept, and the reader cannot know
+// the holder's setting: it takes its own, which the nodes of a cluster
+// share (DefaultLaneHelloTimeout where none is given), so that it gives up
+// no later than the holder would close the connection, its clock having
+// started before the holder's accept. A holder with a shorter setting
+// closes the connection first, and the reader sees it closed
+// (LaneFallbackConnect); one with a longer setting sees the reader close
+// it first (LaneFallbackHelloTimeout on the reader).
+func (c *Config) laneDialBound() time.Duration {
+	return min(c.HandshakeTimeout, c.LaneHelloTimeout)
 }
 
 // DefaultConfig returns the defaults for a node on a real network. The

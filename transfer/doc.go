@@ -107,7 +107,12 @@
 // either is closed as soon as it is accepted, before any TLS work
 // (Metrics.LanePendingRefused), and the handshake, the hello and the
 // answer to it must be done within Config.LaneHelloTimeout of the accept
-// (a failed handshake counts in Metrics.LaneHandshakeFailures). A source
+// (a failed handshake counts in Metrics.LaneHandshakeFailures). A reader
+// bounds the same steps, from its dial, by its own LaneHelloTimeout (or
+// HandshakeTimeout, if less): it cannot know the holder's, and with the
+// setting shared by a cluster's nodes it gives up no later than the
+// holder would close the connection, then reads over QUIC
+// (LaneFallbackHelloTimeout). A source
 // is an IP address alone: nodes behind one address (a NAT) share its
 // bound. A failed accept (out of descriptors, buffers or memory) is counted
 // (Metrics.LaneAcceptErrors), and the lane accepts again after a wait.

@@ -98,8 +98,13 @@ const (
 	// LaneFallbackNoLane: the holder serves no lane (or refused tokens).
 	LaneFallbackNoLane = "holder-has-no-lane"
 	// LaneFallbackConnect: no lane connection could be made (dial,
-	// handshake or token refused).
+	// handshake or token refused, or the holder closed it).
 	LaneFallbackConnect = "connect-failed"
+	// LaneFallbackHelloTimeout: no lane connection was made and admitted
+	// within the reader's bound on its dial, TLS handshake and hello
+	// (Config.laneDialBound): a dial not answered, or a holder that
+	// accepts connections but does not answer them.
+	LaneFallbackHelloTimeout = "hello-timeout"
 	// LaneFallbackRead: a read on the lane failed before it completed.
 	LaneFallbackRead = "read-failed"
 	// LaneFallbackBackoff: the lane failed within LaneRetryAfter.
@@ -107,7 +112,12 @@ const (
 )
 
 // LaneFallbackReasons lists every reason, for metrics that show them all.
-var LaneFallbackReasons = []string{LaneFallbackNoLane, LaneFallbackConnect, LaneFallbackRead, LaneFallbackBackoff}
+var LaneFallbackReasons = []string{LaneFallbackNoLane, LaneFallbackConnect, LaneFallbackHelloTimeout, LaneFallbackRead, LaneFallbackBackoff}
+
+// errLaneNotAdmitted is why a reader gave up a lane connection that the
+// holder had not admitted (the answer to its hello) within
+// Config.laneDialBound of the dial.
+var errLaneNotAdmitted = errors.New("transfer: lane connection not admitted in time")
 
 // ErrLaneToken is matched by the refusal of a lane connection whose token
 // is missing, unknown, used, expired or issued to another node.

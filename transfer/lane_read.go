@@ -114,11 +114,14 @@ func (p *Peer) readLane(ctx context.Context, leaseID, blockSet uint64, segs []la
 			return true, fmt.Errorf("transfer: lane to %s: %w", p.name, wrapNetErr(ctx, ctx.Err()))
 		}
 		var re *RemoteError
+		switch {
 		// Any answer to lane-token but tokens: no lane there, or a holder
 		// of a version without lanes (which does not know the call).
-		if errors.As(err, &re) && re.Method == methodLaneToken.String() {
+		case errors.As(err, &re) && re.Method == methodLaneToken.String():
 			p.laneDown(LaneFallbackNoLane, err)
-		} else {
+		case errors.Is(err, errLaneNotAdmitted):
+			p.laneDown(LaneFallbackHelloTimeout, err)
+		default:
 			p.laneDown(LaneFallbackConnect, err)
 		}
 		return false, nil
@@ -252,15 +255,17 @@ func (p *Peer) putLaneConn(lc *laneConn, ok bool) {
 	<-l.slots
 }
 
-// dialLane opens one lane connection with token, within HandshakeTimeout
-// and ctx. The holder bounds the same steps by its own LaneHelloTimeout
-// from the accept (3 s by default; HandshakeTimeout is 5 s by default): a
-// connection slower than the holder's bound is closed by the holder first,
-// and fails here as one the holder ended.
+// dialLane opens one lane connection with token, within ctx and
+// Config.laneDialBound of the dial, which the holder's LaneHelloTimeout
+// matches from its accept: past it the connection is given up, with an
+// error that matches errLaneNotAdmitted (no answer to its hello in time,
+// whether the holder's port took the connection or not).
 func (p *Peer) dialLane(ctx context.Context, port int, plain bool, token []byte) (*laneConn, error) {
 	n := p.n
 	addr := net.JoinHostPort(p.addr.IP.String(), strconv.Itoa(port))
-	d := net.Dialer{Timeout: n.cfg.HandshakeTimeout}
+	bound := n.cfg.laneDialBound()
+	deadline := time.Now().Add(bound)
+	d := net.Dialer{Deadline: deadline}
 	if n.listener != nil {
 		if ip := n.listener.Addr().(*net.UDPAddr).IP; !ip.IsUnspecified() {
 			d.LocalAddr = &net.TCPAddr{IP: ip}
@@ -271,7 +276,12 @@ func (p *Peer) dialLane(ctx context.Context, port int, plain bool, token []byte)
 			c.Close()
 		}
 		n.stats.laneConnectFails.Add(1)
-		return nil, fmt.Errorf("transfer: lane to %s at %s: %w", p.name, addr, wrapNetErr(ctx, err))
+		err = wrapNetErr(ctx, err)
+		if ctx.Err() == nil && errors.Is(err, ErrTimeout) {
+			// Past the bound: ctx has not ended, the deadline has.
+			err = fmt.Errorf("%w within %v: %w", errLaneNotAdmitted, bound, err)
+		}
+		return nil, fmt.Errorf("transfer: lane to %s at %s: %w", p.name, addr, err)
 	}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -279,7 +289,7 @@ func (p *Peer) dialLane(ctx context.Context, port int, plain bool, token []byte)
 	}
 	w := watchLane(ctx, raw)
 	defer w.done()
-	w.setDeadline(time.Now().Add(n.cfg.HandshakeTimeout))
+	w.setDeadline(deadline)
 	var c net.Conn = raw
 	if !plain {
 		tc := tls.Client(raw, n.laneClientTLS(p.name))

@@ -203,6 +203,80 @@ func TestLaneUnreachableFallsBackToQUIC(t *testing.T) {
 	}
 }
 
+// A holder whose lane port accepts connections but never answers them (a
+// stalled process, a proxy holding them) is given up within the reader's
+// bound on its dial, TLS handshake and hello, its LaneHelloTimeout where
+// that is less than its HandshakeTimeout, and read over QUIC, the reason
+// counted and shown in the peer's lane state.
+func TestLaneHolderThatNeverAnswersFallsBackWithinTheHelloBound(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	for _, plain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("plain %v", plain), func(t *testing.T) {
+			holder, reader, p, src := laneSetup(t, 1<<20, plain, func(c *Config) {
+				c.LaneHelloTimeout = bound
+				c.HandshakeTimeout = 10 * time.Second
+			})
+			// The lane's port, taken over by a listener that accepts and
+			// then says nothing.
+			addr := holder.LaneAddr().String()
+			holder.lane.ln.Close()
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			accepted := make(chan net.Conn, 4*MaxLaneConns)
+			done := make(chan struct{})
+			t.Cleanup(func() {
+				ln.Close()
+				<-done
+				close(accepted)
+				for c := range accepted {
+					c.Close()
+				}
+			})
+			go func() {
+				defer close(done)
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					select {
+					case accepted <- c:
+					default:
+						c.Close()
+					}
+				}
+			}()
+			dst := [][]byte{make([]byte, 1<<20)}
+			start := time.Now()
+			via, err := p.ReadVia(context.Background(), 5, 9, []layout.Segment{{Length: 1 << 20, Count: 1}}, dst)
+			took := time.Since(start)
+			if err != nil || via != TransportQUIC {
+				t.Fatalf("via %s, err %v; want quic", via, err)
+			}
+			if firstDiff(dst[0], src[0]) >= 0 {
+				t.Fatal("bytes differ")
+			}
+			// Within the bound and far short of the HandshakeTimeout of
+			// 10 s, with room for a loaded machine.
+			if took > 5*time.Second {
+				t.Errorf("the read took %v, with a lane bound of %v", took, bound)
+			}
+			if len(accepted) == 0 {
+				t.Error("the reader never dialled the lane")
+			}
+			m := reader.Metrics()
+			if m.LaneFallbacks[LaneFallbackHelloTimeout] != 1 || m.LaneFallbacks[LaneFallbackConnect] != 0 || m.LaneConnectFailures == 0 {
+				t.Errorf("fallbacks %v, connect failures %d; want one %s", m.LaneFallbacks, m.LaneConnectFailures, LaneFallbackHelloTimeout)
+			}
+			if why, until := p.LaneState(); why != LaneFallbackHelloTimeout || until.IsZero() {
+				t.Errorf("lane state %q until %v, want %q", why, until, LaneFallbackHelloTimeout)
+			}
+		})
+	}
+}
+
 // rawLane opens a connection to n's lane and sends a hello; it returns the
 // connection and the holder's answer to the hello.
 func rawLane(t *testing.T, n *Node, cfg *tls.Config, hello *transferpb.LaneHello) (net.Conn, error) {

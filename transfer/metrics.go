@@ -90,7 +90,7 @@ type counters struct {
 	requestBytes                                                atomic.Int64
 	bytesReadLane, laneConnects, laneConnectFails, laneRefused  atomic.Uint64
 	bytesServedQUIC, bytesServedLane                            atomic.Uint64
-	laneFallbacks                                               [4]atomic.Uint64
+	laneFallbacks                                               [5]atomic.Uint64 // one per LaneFallbackReasons
 }
 
 // laneFallback counts a read that went over QUIC for reason.

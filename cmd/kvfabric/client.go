@@ -528,19 +528,9 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	}
 	if overflow {
 		// Say what the recycling left: the run a look-up finds.
-		held := uint32(0)
-		st, err := c.Status(ctx)
+		held, err := heldInSet(ctx, c, set.ID, hashes)
 		if err != nil {
 			return err
-		}
-		ov, err := c.Lookup(ctx, hashes)
-		if err != nil {
-			return err
-		}
-		for _, o := range ov {
-			if o.Node == st.Node {
-				held = o.Blocks
-			}
 		}
 		fmt.Fprintf(e.stderr, "kvfabric put: a look-up from the first block finds %d of the %d blocks here; the rest were recycled or follow a recycled one\n",
 			held, len(hashes))
@@ -559,6 +549,50 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 
 // putBatch is how many blocks put allocates and registers at a time.
 const putBatch = 64
+
+// lookupBatch is the most hashes heldInSet asks of the agent in one
+// look-up (the agent's bound on a request's blocks).
+const lookupBatch = 1 << 16
+
+// heldInSet returns how many of hashes, from the first, block set set
+// holds on this node, in its pool or a tier below it: the leading run a
+// look-up finds here. It asks the agent with look-ups that name the set,
+// whose answer for each hash (LocalTiers) is read from the set and the
+// tiers, and so counts every block registered before it that the set or a
+// tier holds. The index's answer for this node (Overlaps) may not: the
+// agent applies its own registrations to the index from the pool's
+// events, after the registering call has returned, and an owned index
+// answers from a cache of its owners' answers. The look-ups ask for no
+// restore (no_restore): blocks found in a tier are counted where they
+// are, none is brought up into the set or read ahead, so the count leaves
+// the set and the tiers as the put left them, and a block recycled by the
+// put whose copy down to a tier is still under way is waited for and
+// counted where the copy puts it (else a count read right after a put
+// past its set would miss the blocks just recycled, its first ones). ctx
+// bounds the wait (put's --timeout, the whole command's): the agent ends
+// it a tenth of the time left before ctx's deadline and answers, a block
+// still in flight then not counted.
+func heldInSet(ctx context.Context, c *client.Client, set uint64, hashes []uint64) (int, error) {
+	held := 0
+	for held < len(hashes) {
+		chunk := hashes[held:min(held+lookupBatch, len(hashes))]
+		resp, err := c.API().Lookup(ctx, &fabricpb.LookupRequest{Hashes: chunk, BlockSet: set, NoRestore: true})
+		if err != nil {
+			return 0, err
+		}
+		tiers := resp.GetLocalTiers()
+		if len(tiers) != len(chunk) {
+			return 0, fmt.Errorf("look-up of %d blocks: the agent says where %d are held", len(chunk), len(tiers))
+		}
+		for _, where := range tiers {
+			if where == "" {
+				return held, nil
+			}
+			held++
+		}
+	}
+	return held, nil
+}
 
 // imported is an import made by a command, with what it needs to use the
 // blocks and to release them.

@@ -69,7 +69,7 @@ var agentSettings = []setting{
 	{"lane-conns", "LaneConns", "lane connections to each holder, 1..16 (default 4)"},
 	{"lane-max-pending", "LaneMaxPending", "connections to this node's lane not yet admitted (TLS handshake and token under way), 1..65536; one past it is closed at once, before any TLS work (default 256)"},
 	{"lane-max-pending-per-source", "LaneMaxPendingPerSource", "the same bound per source IP address (agents behind one NAT address share it), 1..65536 (default 32)"},
-	{"lane-hello-timeout", "LaneHelloTimeout", "how long a connection to this node's lane may take for its TLS handshake and token before it is closed"},
+	{"lane-hello-timeout", "LaneHelloTimeout", "how long a connection to this node's lane may take for its TLS handshake and token before it is closed, and how long this node waits for its own lane connections to holders, from the dial (at most half --peer-timeout), before it reads over QUIC; give every agent the same"},
 	{"fabric", "Fabric", "what moves RDMA reads: verbs (libibverbs), ofi (libfabric: EFA, Slingshot), auto (verbs where libibverbs has a device, else libfabric's cxi, efa or verbs provider) or off (default auto)"},
 	{"fabric-provider", "FabricProvider", "libfabric provider: cxi, efa, verbs, or tcp and shm, used only when named (default: cxi, then efa, then verbs)"},
 	{"fabric-addr", "FabricAddr", "address libfabric's endpoint binds to, for providers that take one (tcp: an IP of this node)"},

@@ -1508,7 +1508,17 @@ type LookupRequest struct {
 	// The engine's block set, when it wants fetch estimates: its layout
 	// says how many bytes each matched block would move (and, for tokens,
 	// the page size when block_size is 0).
-	BlockSet      uint64 `protobuf:"varint,4,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
+	BlockSet uint64 `protobuf:"varint,4,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
+	// With block_set: answer local_tiers without bringing any block up into
+	// the set or reading ahead (a look-up that only counts, and leaves the
+	// set and the tiers as they were), and say where each block will be once
+	// the copies down to a tier already under way end: a block that has left
+	// the set and whose copy down has not ended is waited for, within the
+	// call's deadline (the wait ends a tenth of the time left before it, so
+	// that the answer arrives; a block still in flight then is ""), and
+	// answered "disk" or "host" once its copy is in place. Without
+	// no_restore, nothing is waited for: such a block is "".
+	NoRestore     bool `protobuf:"varint,5,opt,name=no_restore,json=noRestore,proto3" json:"no_restore,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1571,6 +1581,13 @@ func (x *LookupRequest) GetBlockSet() uint64 {
 	return 0
 }
 
+func (x *LookupRequest) GetNoRestore() bool {
+	if x != nil {
+		return x.NoRestore
+	}
+	return false
+}
+
 type LookupResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Hashes   []uint64               `protobuf:"varint,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
@@ -1578,9 +1595,9 @@ type LookupResponse struct {
 	// With block_set in the request: for each of hashes, the tier this node
 	// holds it in for that block set's layout: the pool's kind ("host",
 	// "pinned" or "device"), "host" also for the host tier and "disk" for a
-	// disk tier (each restored into the block set by this call, so that the
-	// Acquire or Import that follows finds it in memory), or "" (not on this
-	// node).
+	// disk tier (the first run of them restored into the block set by this
+	// call, unless no_restore, so that the Acquire or Import that follows
+	// finds it in memory), or "" (not on this node).
 	LocalTiers    []string `protobuf:"bytes,3,rep,name=local_tiers,json=localTiers,proto3" json:"local_tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3444,13 +3461,15 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x12\x14\n" +
 	"\x05slots\x18\x02 \x03(\rR\x05slots\"\x11\n" +
-	"\x0fReleaseResponse\"\x97\x01\n" +
+	"\x0fReleaseResponse\"\xb6\x01\n" +
 	"\rLookupRequest\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x04R\x06hashes\x122\n" +
 	"\x06tokens\x18\x02 \x01(\v2\x1a.kvfabric.fabric.v1.TokensR\x06tokens\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x03 \x01(\rR\tblockSize\x12\x1b\n" +
-	"\tblock_set\x18\x04 \x01(\x04R\bblockSet\"\x82\x01\n" +
+	"\tblock_set\x18\x04 \x01(\x04R\bblockSet\x12\x1d\n" +
+	"\n" +
+	"no_restore\x18\x05 \x01(\bR\tnoRestore\"\x82\x01\n" +
 	"\x0eLookupResponse\x12\x16\n" +
 	"\x06hashes\x18\x01 \x03(\x04R\x06hashes\x127\n" +
 	"\boverlaps\x18\x02 \x03(\v2\x1b.kvfabric.fabric.v1.OverlapR\boverlaps\x12\x1f\n" +

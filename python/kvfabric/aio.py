@@ -387,10 +387,12 @@ class Client:
         lora: str | None = None,
         block_size: int = 0,
         block_set: BlockSet | int | None = None,
+        no_restore: bool = False,
         timeout: float | None = None,
     ) -> LookupResult:
-        """Per node, how many leading blocks of the sequence it holds."""
-        req = _lookup_request(hashes, tokens, salt, lora, block_size, block_set)
+        """Per node, how many leading blocks of the sequence it holds (see
+        Client.lookup; no_restore too)."""
+        req = _lookup_request(hashes, tokens, salt, lora, block_size, block_set, no_restore)
         return _lookup_result(await self._call("Lookup", req, timeout))
 
     async def prefetch(

@@ -149,8 +149,10 @@ class LookupResult:
     overlaps: list[Overlap]
     #: With a block set: per hash, the tier this node holds it in for the
     #: set's layout ("host", "pinned", "device", "disk", or "" for none;
-    #: "host" also for the agent's host tier); blocks in a tier were
-    #: restored into the set by the lookup.
+    #: "host" also for the agent's host tier); the first run of blocks in a
+    #: tier was restored into the set by the lookup, unless no_restore (then
+    #: a block whose copy down to a tier was under way is where that copy
+    #: put it: the lookup waited for it).
     local_tiers: list[str] = field(default_factory=list)
 
     def best(self, exclude: str | None = None) -> Overlap | None:
@@ -350,9 +352,12 @@ def _lookup_request(
     lora: str | None,
     block_size: int,
     block_set: BlockSet | int | None,
+    no_restore: bool = False,
 ) -> engine_pb2.LookupRequest:
     if (hashes is None) == (tokens is None):
         raise InvalidArgument("hashes and tokens: give one, not both")
+    if not isinstance(no_restore, bool):
+        raise InvalidArgument(f"no_restore: {no_restore!r} is not a bool")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or not 0 <= block_size <= MAX_BLOCK_SIZE:
         raise InvalidArgument(f"block_size: {block_size!r} is not in 0..{MAX_BLOCK_SIZE}")
     req = engine_pb2.LookupRequest(block_size=block_size)
@@ -362,6 +367,7 @@ def _lookup_request(
         req.tokens.CopyFrom(_tokens(tokens, salt, lora))
     if block_set is not None:
         req.block_set = _set_id(block_set)
+    req.no_restore = no_restore
     return req
 
 
@@ -746,13 +752,21 @@ class Client:
         lora: str | None = None,
         block_size: int = 0,
         block_set: BlockSet | int | None = None,
+        no_restore: bool = False,
         timeout: float | None = None,
     ) -> LookupResult:
         """Per node, how many leading blocks of the sequence it holds. With a
         block set, each overlap also says what importing the matched blocks
-        would cost (fetch_estimate_us, fetch_bytes) and, for tokens,
-        block_size 0 means the set's page size (else 16)."""
-        req = _lookup_request(hashes, tokens, salt, lora, block_size, block_set)
+        would cost (fetch_estimate_us, fetch_bytes), local_tiers says where
+        this node holds each block (the first run held in a tier is brought
+        up into the set, unless no_restore: then nothing is restored or read
+        ahead, and a block whose copy down to a tier is under way is waited
+        for and answered where that copy puts it, within timeout: the agent
+        ends its wait a tenth of the time left before the deadline, and a
+        block still in flight then is ""; without no_restore it is "" at
+        once), and, for tokens, block_size 0 means the set's page size
+        (else 16)."""
+        req = _lookup_request(hashes, tokens, salt, lora, block_size, block_set, no_restore)
         return _lookup_result(self._call("Lookup", req, timeout))
 
     def prefetch(

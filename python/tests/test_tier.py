@@ -57,6 +57,13 @@ def test_prefetch_and_lookup_tiers(tiered):
 
         # The look-up says where each block is: the rest is on disk.
         rest = hashes[res.in_memory:res.in_memory + 2]
+        # With no_restore it only says so: nothing comes up, twice over.
+        restores = c.status().tiers[0].restores
+        for _ in range(2):
+            assert c.lookup(rest, block_set=bs, no_restore=True).local_tiers == ["disk", "disk"]
+        assert c.status().tiers[0].restores == restores
+        with pytest.raises(kvfabric.InvalidArgument, match="no_restore"):
+            c.lookup(rest, block_set=bs, no_restore=1)  # type: ignore[arg-type]
         look = c.lookup(rest, block_set=bs)
         assert look.local_tiers == ["disk", "disk"], look.local_tiers
         assert c.lookup(rest, block_set=bs).local_tiers == ["host", "host"]  # restored by the first

@@ -167,16 +167,18 @@ class ImportResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., error: _Optional[str] = ..., fetches: _Optional[_Iterable[_Union[Fetch, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[BlockResult, _Mapping]]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ["block_set", "block_size", "hashes", "tokens"]
+    __slots__ = ["block_set", "block_size", "hashes", "no_restore", "tokens"]
     BLOCK_SET_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     HASHES_FIELD_NUMBER: _ClassVar[int]
+    NO_RESTORE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     block_set: int
     block_size: int
     hashes: _containers.RepeatedScalarFieldContainer[int]
+    no_restore: bool
     tokens: Tokens
-    def __init__(self, hashes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., block_size: _Optional[int] = ..., block_set: _Optional[int] = ...) -> None: ...
+    def __init__(self, hashes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., block_size: _Optional[int] = ..., block_set: _Optional[int] = ..., no_restore: bool = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ["hashes", "local_tiers", "overlaps"]
