@@ -803,7 +803,9 @@ func (m *setMaker) release() {
 // meanwhile (its grace timer): then the choice is made anew, a freed set
 // never handed back. Where it let go of a.mu, and no set was made (the
 // quota or the pool without room, best kept by the swap, or the new set's
-// memory not made), the choice is made anew likewise: sess may have taken
+// memory not made), the choice is made anew likewise, with no best too
+// (a quota's refusal is the answer only where nothing changed since it
+// was looked at): sess may have taken
 // up a set of the layout meanwhile, which is given; best may have been
 // taken up by another process's session, and is no longer one pid may
 // join (engineSet.mayJoin); sets may have gone idle, and the shares and
@@ -849,8 +851,10 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 		relocks := a.relocks
 		may, swap, err := a.makeRoomInQuota(engine, need, best, tried)
 		if err != nil {
-			if best != nil && (setFreed(best) || relocks != a.relocks) {
-				continue // best freed, or the sets sess uses and may join looked at anew
+			if relocks != a.relocks || best != nil && setFreed(best) {
+				// The sets sess uses and may join, and what is idle,
+				// looked at anew (with no fallback too), or best freed.
+				continue
 			}
 			if best != nil {
 				return nil, best, nil // the layout's set with the most usable slots is the best there is
