@@ -823,8 +823,13 @@ func (m *setMaker) release() {
 // before the set is made (its memory is the room), so only the files of
 // the set's memory are made before (setMaker.prepare: their failure gives
 // best likewise); a failure to place them under the new set then finds
-// best gone: the choice is made anew, and the engine gets the error where
-// no set is made then either. Each time
+// best gone: the choice is made anew (the new set tried once more in the
+// room, its memory made whole), and where no set is made then either,
+// best's set is made again in its room, empty (its cached blocks went
+// with it), and given (remakeFallback); only where that set's memory
+// fails too is the engine told the error, which names best as freed, and
+// left with neither set, nothing of either held (its next Register finds
+// the room free). Each time
 // round a set is gone from a.sets, or a.mu was let go for an idle set's
 // read-ahead, after which that set is freed, or, not freed (taken up, or
 // busy still: a read-ahead that outlived the wait for it), goes into
@@ -835,6 +840,7 @@ func (m *setMaker) release() {
 func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*engineSet, *engineSet, error) {
 	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)
 	tried := triedSets{}
+	var lost *engineSet // best, freed by the swap for a new set whose memory then failed
 	m := &setMaker{a: a, engine: engine, tmpl: tmpl, place: place}
 	defer m.release()
 	for again := false; ; again = true {
@@ -881,6 +887,9 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 		if err == nil {
 			return m.made, nil, nil
 		}
+		if swap && best != nil && setFreed(best) && errors.As(err, new(*setMemoryError)) {
+			lost = best // freed for the new set's room, in which its memory then failed
+		}
 		if best != nil && setFreed(best) {
 			continue
 		}
@@ -902,8 +911,39 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 				"engine", engine, "set", best.set.ID(), "err", merr.err)
 			return nil, best, nil
 		}
+		if lost != nil && errors.As(err, &merr) {
+			es, again := a.remakeFallback(engine, lost, place)
+			if es != nil {
+				a.log.Warn("block set not made: its memory for engines failed in the room of the set the engine would have fallen back to, freed for it; that set is made again there, empty, and given",
+					"engine", engine, "freed", lost.set.ID(), "set", es.set.ID(), "err", merr.err)
+				return es, nil, nil
+			}
+			a.log.Warn("block set not made: its memory for engines failed in the room of the set the engine would have fallen back to, freed for it, and that set could not be made again; the engine is told the error and has neither set",
+				"engine", engine, "freed", lost.set.ID(), "err", merr.err, "again", again)
+			return nil, nil, fmt.Errorf("%w (the engine's idle block set %d of the layout, freed for the new set's room, is gone with its cached blocks, and could not be made again there: %v; the room is free: register again)",
+				err, lost.set.ID(), again)
+		}
 		return nil, nil, err
 	}
+}
+
+// remakeFallback makes lost's set again, empty (its cached blocks went
+// with it), of its layout and slots, placed as place, with its memory for
+// engines, where the quota's swap freed lost for the new set's room and
+// the new set's memory then failed there (in the swap and once more):
+// the engine is given a set of the layout, as it would have been given
+// lost had the failure come before lost was freed, rather than neither.
+// It is within the engine's quota: the quota had room for the new set,
+// bigger than lost (a fallback has fewer slots than asked, never more),
+// as its round began, and a.mu has not been let go since (else the
+// Register looks again instead). It is nil, with why, where it does not
+// fit or its memory fails too. a.mu is held.
+func (a *Agent) remakeFallback(engine string, lost *engineSet, place []int) (*engineSet, error) {
+	m := &setMaker{a: a, engine: engine, tmpl: lost.set.Layout().Clone(), place: place}
+	if _, err := m.make(); err != nil {
+		return nil, err
+	}
+	return m.made, nil
 }
 
 // reusableSet returns the block set of tmpl's layout and placement that a

@@ -2,7 +2,9 @@ package fabric
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -163,9 +165,14 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 // files and placing, before the fallback is freed; where it fits only in
 // the fallback's room, its memory's files are made before the fallback is
 // freed (a memory file or its access failing keeps the fallback), and
-// only their placing (a mapping failing) comes after, when the engine can
-// only be told the error. Either way nothing leaks: the new set's pool
-// memory and its sections go back, and no token names them.
+// only their placing (a mapping failing) comes after: the Register tries
+// the new set once more in the room now free, its memory made whole, and
+// where that fails too it makes the fallback's set again there, empty,
+// and gives it; where that set's memory fails as well, the engine is told
+// the error, which names the fallback freed: it has neither set, and its
+// next Register makes the new set in that room. Either way nothing leaks:
+// the new set's pool memory and its sections go back, and no token names
+// them.
 func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 	beside := []quotaSet{{"e", 2, true}, {"f", 4, true}, {"e", 4, false}} // 6 MiB free: the new set of 6 MiB fits beside the fallback
 	inRoom := []quotaSet{{"f", 8, true}, {"e", 2, true}, {"e", 4, false}} // 2 MiB free: it fits only in the fallback's room
@@ -173,13 +180,17 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 		desc   string
 		sets   []quotaSet // the last one the engine's idle fallback
 		placed bool       // the memory fails as its sections are placed, else as their files are made
-		// keep: the fallback given; else the error, the fallback freed.
-		keep bool
+		// bigOnly: only the memory of a set bigger than the fallback fails.
+		bigOnly bool
+		// keep: the fallback given; remade: the fallback freed, and made
+		// again, empty, and given; else the error, the fallback freed.
+		keep, remade bool
 	}{
-		{"fits beside the fallback, its memory's files fail", beside, false, true},
-		{"fits beside the fallback, its memory's placing fails", beside, true, true},
-		{"fits in the fallback's room, its memory's files fail", inRoom, false, true},
-		{"fits in the fallback's room, its memory's placing fails", inRoom, true, false},
+		{"fits beside the fallback, its memory's files fail", beside, false, false, true, false},
+		{"fits beside the fallback, its memory's placing fails", beside, true, false, true, false},
+		{"fits in the fallback's room, its memory's files fail", inRoom, false, false, true, false},
+		{"fits in the fallback's room, its memory's placing fails, the fallback's does not", inRoom, true, true, false, true},
+		{"fits in the fallback's room, its memory's placing fails, the fallback's too", inRoom, true, false, false, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			a, sets := quotaAgent(t, tc.sets...)
@@ -199,7 +210,7 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 			failed := 0
 			a.cfg.hooks.setMemory = func(placed bool, s []*pool.Section) error {
 				secs = append(secs, s...)
-				if placed != tc.placed {
+				if placed != tc.placed || tc.bigOnly && s[0].Size() <= setBytes(k.set) {
 					return nil
 				}
 				failed++
@@ -214,7 +225,9 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 			if failed == 0 {
 				t.Fatalf("no new set's memory failed: %v", err)
 			}
-			if tc.keep {
+			var given *engineSet // a set made, with its memory open
+			switch {
+			case tc.keep:
 				if err != nil || ss.engineSet != k || !held(a, k) || setFreed(k) {
 					t.Fatalf("register with the new set's memory failing: %v (held %v), want the fallback, set %d", err, held(a, k), k.set.ID())
 				}
@@ -227,9 +240,31 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 				if claimed {
 					t.Error("the fallback is still claimed by the swap")
 				}
-			} else {
-				if err == nil || !strings.Contains(err.Error(), "no memory for engines") {
-					t.Fatalf("register with the new set's memory failing, the fallback freed for its room: %v, want that error", err)
+			case tc.remade:
+				if err != nil {
+					t.Fatalf("register with the new set's memory failing in the fallback's room: %v, want the fallback made again", err)
+				}
+				es := ss.engineSet
+				given = es
+				if failed != 2 {
+					t.Errorf("the new set's memory failed %d times, want twice: in the swap, then once more in the room freed", failed)
+				}
+				if held(a, k) || a.sets[k.set.ID()] != nil {
+					t.Fatal("the fallback, freed for the new set's room, is still held")
+				}
+				if es == k || !held(a, es) || es.set.Slots() != k.set.Slots() || es.set.Layout().Digest() != k.set.Layout().Digest() ||
+					es.set.Metrics().Registered != 0 || len(es.mem) != 1 {
+					t.Fatalf("given set %d of %d slots (%d blocks, %d sections); want a new set like the fallback, set %d of %d slots, empty, with its memory",
+						es.set.ID(), es.set.Slots(), es.set.Metrics().Registered, len(es.mem), k.set.ID(), k.set.Slots())
+				}
+				// Made in the fallback's room: as much is free as before.
+			default:
+				named := fmt.Sprintf("block set %d of the layout, freed for the new set's room", k.set.ID())
+				if err == nil || !strings.Contains(err.Error(), "no memory for engines") || !strings.Contains(err.Error(), named) {
+					t.Fatalf("register with the new set's memory failing, the fallback freed for its room: %v, want that error, naming the fallback freed", err)
+				}
+				if failed != 3 {
+					t.Errorf("the memory failed %d times, want 3: the new set's in the swap, then once more in the room freed, then the fallback's made again there", failed)
 				}
 				if held(a, k) || a.sets[k.set.ID()] != nil {
 					t.Fatal("the fallback, freed for the new set's room, is still held")
@@ -239,18 +274,47 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 			if got := len(a.sets); got != len(a.pool.BlockSets()) {
 				t.Errorf("the agent knows %d sets, the pool holds %d", got, len(a.pool.BlockSets()))
 			}
+			tokens := 0
+			if given != nil {
+				t.Cleanup(func() {
+					given.mu.Lock()
+					defer given.mu.Unlock()
+					a.dropSetMemoryLocked(given)
+				})
+				tokens = len(given.mem)
+			}
 			for _, s := range secs {
-				if s.FD() >= 0 {
+				if s.FD() >= 0 && (given == nil || !slices.ContainsFunc(given.mem, func(m *setMemory) bool { return m.sec == s })) {
 					t.Errorf("section at %d of a set not made still open", s.Offset())
 				}
 			}
-			if len(a.memTokens) != 0 {
-				t.Errorf("%d memory tokens name sets not made", len(a.memTokens))
+			if len(a.memTokens) != tokens {
+				t.Errorf("%d memory tokens, want %d: none names a set not made", len(a.memTokens), tokens)
 			}
 			// The pool's free memory is what it was (the fallback's
 			// added where it went): a set of all of it fits.
 			if ok, err := a.pool.FitsFreeing(belowLayout(int(free>>10)), nil); !ok || err != nil {
 				t.Errorf("a set of the %d bytes free does not fit: %v", free, err)
+			}
+			if tc.keep || tc.remade {
+				return
+			}
+			// The engine registers again, its memory made this time: the
+			// new set, in the room the fallback left.
+			a.cfg.hooks.setMemory = nil
+			ss, err = a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+			if err != nil {
+				t.Fatalf("register again: %v", err)
+			}
+			t.Cleanup(func() {
+				es := ss.engineSet
+				es.mu.Lock()
+				defer es.mu.Unlock()
+				a.dropSetMemoryLocked(es)
+			})
+			if got := ss.engineSet.set.Slots(); got != 6<<10 || len(ss.engineSet.mem) != 1 || len(a.memTokens) != 1 {
+				t.Errorf("registered again: a set of %d slots, %d sections, %d memory tokens; want %d slots, its 1 section and token",
+					got, len(ss.engineSet.mem), len(a.memTokens), 6<<10)
 			}
 		})
 	}
