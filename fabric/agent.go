@@ -912,16 +912,16 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 			return nil, best, nil
 		}
 		if lost != nil && errors.As(err, &merr) {
-			es, again := a.remakeFallback(engine, lost, place)
+			es, rerr := a.remakeFallback(engine, lost, place)
 			if es != nil {
 				a.log.Warn("block set not made: its memory for engines failed in the room of the set the engine would have fallen back to, freed for it; that set is made again there, empty, and given",
 					"engine", engine, "freed", lost.set.ID(), "set", es.set.ID(), "err", merr.err)
 				return es, nil, nil
 			}
 			a.log.Warn("block set not made: its memory for engines failed in the room of the set the engine would have fallen back to, freed for it, and that set could not be made again; the engine is told the error and has neither set",
-				"engine", engine, "freed", lost.set.ID(), "err", merr.err, "again", again)
+				"engine", engine, "freed", lost.set.ID(), "err", merr.err, "again", rerr)
 			return nil, nil, fmt.Errorf("%w (the engine's idle block set %d of the layout, freed for the new set's room, is gone with its cached blocks, and could not be made again there: %v; the room is free: register again)",
-				err, lost.set.ID(), again)
+				err, lost.set.ID(), rerr)
 		}
 		return nil, nil, err
 	}
