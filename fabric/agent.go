@@ -826,10 +826,11 @@ func (m *setMaker) release() {
 // best gone: the choice is made anew (the new set tried once more in the
 // room, its memory made whole), and where no set is made then either,
 // best's set is made again in its room, empty (its cached blocks went
-// with it), and given (remakeFallback); only where that set's memory
-// fails too is the engine told the error, which names best as freed, and
-// left with neither set, nothing of either held (its next Register finds
-// the room free). Each time
+// with it), and given (giveLostFallback), as it is where a later round
+// makes no set either, refused by the quota or out of memory (changed
+// meanwhile); only where that set is past the quota, does not fit, or
+// its memory fails too is the engine told the round's error, which names
+// best as freed, and left with neither set, nothing of either held. Each time
 // round a set is gone from a.sets, or a.mu was let go for an idle set's
 // read-ahead, after which that set is freed, or, not freed (taken up, or
 // busy still: a read-ahead that outlived the wait for it), goes into
@@ -864,6 +865,9 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 			}
 			if best != nil {
 				return nil, best, nil // the layout's set with the most usable slots is the best there is
+			}
+			if lost != nil {
+				return a.giveLostFallback(engine, lost, place, err)
 			}
 			return nil, nil, err
 		}
@@ -911,34 +915,51 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 				"engine", engine, "set", best.set.ID(), "err", merr.err)
 			return nil, best, nil
 		}
-		if lost != nil && errors.As(err, &merr) {
-			es, rerr := a.remakeFallback(engine, lost, place)
-			if es != nil {
-				a.log.Warn("block set not made: its memory for engines failed in the room of the set the engine would have fallen back to, freed for it; that set is made again there, empty, and given",
-					"engine", engine, "freed", lost.set.ID(), "set", es.set.ID(), "err", merr.err)
-				return es, nil, nil
-			}
-			a.log.Warn("block set not made: its memory for engines failed in the room of the set the engine would have fallen back to, freed for it, and that set could not be made again; the engine is told the error and has neither set",
-				"engine", engine, "freed", lost.set.ID(), "err", merr.err, "again", rerr)
-			return nil, nil, fmt.Errorf("%w (the engine's idle block set %d of the layout, freed for the new set's room, is gone with its cached blocks, and could not be made again there: %v; the room is free: register again)",
-				err, lost.set.ID(), rerr)
+		if lost != nil {
+			return a.giveLostFallback(engine, lost, place, err)
 		}
 		return nil, nil, err
 	}
 }
 
+// giveLostFallback is newSetForSession's answer where no set is made and
+// nothing is given after the quota's swap freed lost, the set the engine
+// would have fallen back to, for the new set's room, in which the new
+// set's memory then failed: in that round, or in a later one, refused by
+// the quota or out of memory (the shares, the quota or the pool changed
+// meanwhile, or the failed set's room did not come back). lost's set is
+// made again, empty, and given (remakeFallback), rather than the engine
+// left with neither; where it cannot be, the engine is told err, which
+// names lost as freed. a.mu is held.
+func (a *Agent) giveLostFallback(engine string, lost *engineSet, place []int, err error) (*engineSet, *engineSet, error) {
+	es, rerr := a.remakeFallback(engine, lost, place)
+	if es != nil {
+		a.log.Warn("block set not made, where the set the engine would have fallen back to was freed for its room; that set is made again, empty, and given",
+			"engine", engine, "freed", lost.set.ID(), "set", es.set.ID(), "err", err)
+		return es, nil, nil
+	}
+	a.log.Warn("block set not made, where the set the engine would have fallen back to was freed for its room, and that set could not be made again; the engine is told the error and has neither set",
+		"engine", engine, "freed", lost.set.ID(), "err", err, "again", rerr)
+	return nil, nil, fmt.Errorf("%w (the engine's idle block set %d of the layout, freed for the new set's room, is gone with its cached blocks, and could not be made again: %v)",
+		err, lost.set.ID(), rerr)
+}
+
 // remakeFallback makes lost's set again, empty (its cached blocks went
 // with it), of its layout and slots, placed as place, with its memory for
 // engines, where the quota's swap freed lost for the new set's room and
-// the new set's memory then failed there (in the swap and once more):
-// the engine is given a set of the layout, as it would have been given
-// lost had the failure come before lost was freed, rather than neither.
-// It is within the engine's quota: the quota had room for the new set,
-// bigger than lost (a fallback has fewer slots than asked, never more),
-// as its round began, and a.mu has not been let go since (else the
-// Register looks again instead). It is nil, with why, where it does not
-// fit or its memory fails too. a.mu is held.
+// no set was made after (giveLostFallback): the engine is given a set of
+// the layout, as it would have been given lost had the failure come
+// before lost was freed, rather than neither. It is nil, with why, where
+// it is past the engine's quota as it is now (the quota had room for the
+// new set, bigger than lost, as the swap's round began, but may have
+// shrunk since, where a.mu was let go), where the pool has no room for it,
+// or where its memory fails too. a.mu is held.
 func (a *Agent) remakeFallback(engine string, lost *engineSet, place []int) (*engineSet, error) {
+	if need := setBytes(lost.set); !a.withinQuota(engine, need) {
+		quota, _, carved := a.engineShare(engine)
+		return nil, fmt.Errorf("engine %q: its block sets take %d bytes and this one needs %d, past its quota of %d",
+			engine, carved[engine], need, quota)
+	}
 	m := &setMaker{a: a, engine: engine, tmpl: lost.set.Layout().Clone(), place: place}
 	if _, err := m.make(); err != nil {
 		return nil, err

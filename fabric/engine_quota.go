@@ -219,7 +219,7 @@ var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 // placing then fails (a mapping, or its page lock: setMemoryError, the set
 // freed again) leaves the Register without keep, whose memory was the
 // room: newSetForSession makes its choice anew, and where no set is made
-// then either makes keep's set again in its room, empty (remakeFallback),
+// then either makes keep's set again in its room, empty (giveLostFallback),
 // the engine told the error only where that fails too. Where the set does not fit the
 // error is pool.ErrOutOfMemory, keep untouched; where keep cannot be freed
 // (it found a user meanwhile, or is busy: a peer's lease; or a slot of it

@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // quotaSet is a block set of mib MiB (blocks of 1 KiB, belowLayout),
@@ -315,6 +318,123 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 			if got := ss.engineSet.set.Slots(); got != 6<<10 || len(ss.engineSet.mem) != 1 || len(a.memTokens) != 1 {
 				t.Errorf("registered again: a set of %d slots, %d sections, %d memory tokens; want %d slots, its 1 section and token",
 					got, len(ss.engineSet.mem), len(a.memTokens), 6<<10)
+			}
+		})
+	}
+}
+
+// A Register whose quota swap freed its fallback set for the new set's
+// room, the new set's memory then failing there, and whose next round
+// ends without a set made, not for the memory but refused by the quota
+// (shrunk meanwhile) or out of memory (the room taken meanwhile), still
+// makes the fallback's set again, empty, and gives it where it is within
+// the quota and fits; where it does not, the engine is told the round's
+// error, which names the fallback as freed. Never the plain error with
+// neither set and the fallback not named.
+func TestQuotaSwapRemakesTheFallbackWhereALaterRoundFindsNoRoom(t *testing.T) {
+	// shape is a layout's digest with its regions' addresses left out:
+	// where the room was taken meanwhile, the set made again lies
+	// elsewhere.
+	shape := func(l *layout.Layout) layout.Digest {
+		l = l.Clone()
+		for i := range l.Regions {
+			l.Regions[i].Base = 0
+		}
+		return l.Digest()
+	}
+	for _, tc := range []struct {
+		desc  string
+		quota int64 // the engine's quota from the second round on, 0 for as it was
+		taken int   // MiB of the pool taken from the second round on, by no engine's set
+		// remade: the fallback made again and given; else the error,
+		// which is err (nil: any), with code (OK: any).
+		remade bool
+		err    error
+		code   codes.Code
+	}{
+		{"refused by the quota, the fallback within it", 7 << 20, 0, true, nil, codes.OK},
+		{"refused by the quota, the fallback past it too", 5 << 20, 0, false, nil, codes.ResourceExhausted},
+		{"out of memory, the fallback fits", 0, 2, true, nil, codes.OK},
+		{"out of memory, the fallback does not fit", 0, 6, false, pool.ErrOutOfMemory, codes.OK},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			// 2 MiB free: the new set of 6 MiB fits only in the fallback's
+			// room, and the quota of 10 MiB has room for it only once the
+			// fallback is freed.
+			a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 2, true}, quotaSet{"e", 4, false})
+			keep := len(sets) - 1
+			for _, es := range sets[:keep] {
+				relayout(t, a, es)
+			}
+			h, ok := a.storages[0].(*pool.HostStorage)
+			if !ok {
+				t.Fatalf("storage %T, want host storage", a.storages[0])
+			}
+			a.host, a.isolated, a.memTokens = h, true, map[[32]byte]memoryRef{}
+			a.cfg.EngineQuota = 10 << 20
+			a.cfg.BlockSetSlots = 6 << 10
+			k := sets[keep]
+			failed := 0
+			a.cfg.hooks.setMemory = func(placed bool, s []*pool.Section) error {
+				if !placed || s[0].Size() <= setBytes(k.set) {
+					return nil
+				}
+				failed++ // the new set's, placed in the fallback's room
+				return errors.New("no memory for engines")
+			}
+			rounds := 0
+			a.cfg.hooks.registerRound = func() {
+				if rounds++; rounds != 2 {
+					return
+				}
+				if tc.quota != 0 {
+					a.cfg.EngineQuota = tc.quota
+				}
+				if tc.taken != 0 {
+					if _, err := a.pool.NewBlockSet(belowLayout(tc.taken << 10)); err != nil {
+						t.Errorf("take %d MiB of the pool: %v", tc.taken, err)
+					}
+				}
+			}
+			sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+			if failed != 1 || rounds < 2 {
+				t.Fatalf("the new set's memory failed %d times in %d rounds, want once, then another round: %v", failed, rounds, err)
+			}
+			if held(a, k) || a.sets[k.set.ID()] != nil {
+				t.Fatal("the fallback, freed for the new set's room, is still held")
+			}
+			tokens := 0
+			if tc.remade {
+				if err != nil {
+					t.Fatalf("register: %v, want the fallback made again", err)
+				}
+				es := ss.engineSet
+				t.Cleanup(func() {
+					es.mu.Lock()
+					defer es.mu.Unlock()
+					a.dropSetMemoryLocked(es)
+				})
+				if es == k || !held(a, es) || es.set.Slots() != k.set.Slots() || shape(es.set.Layout()) != shape(k.set.Layout()) ||
+					es.set.Metrics().Registered != 0 || len(es.mem) != 1 {
+					t.Fatalf("given set %d of %d slots (%d blocks, %d sections); want a new set like the fallback, set %d of %d slots, empty, with its memory",
+						es.set.ID(), es.set.Slots(), es.set.Metrics().Registered, len(es.mem), k.set.ID(), k.set.Slots())
+				}
+				tokens = 1
+			} else {
+				named := fmt.Sprintf("block set %d of the layout, freed for the new set's room", k.set.ID())
+				if err == nil || !strings.Contains(err.Error(), named) {
+					t.Fatalf("register: %v, want the round's error, naming the fallback freed", err)
+				}
+				if tc.err != nil && !errors.Is(err, tc.err) {
+					t.Errorf("register: %v, want %v", err, tc.err)
+				}
+				if got := status.Code(err); tc.code != codes.OK && got != tc.code {
+					t.Errorf("register: code %v, want %v", got, tc.code)
+				}
+			}
+			if got := len(a.memTokens); got != tokens {
+				t.Errorf("%d memory tokens, want %d: none names a set not made", got, tokens)
 			}
 		})
 	}
