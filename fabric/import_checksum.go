@@ -238,7 +238,9 @@ func pinnedSlots(hashes []uint64, slots []pool.LeasedSlot) map[uint64]int {
 // sends the release of one lease many times, at once or one after
 // another, costs this node at most one sum of each block the lease
 // pinned in all, not one a call. It stops when ctx ends; the blocks left
-// unchecked then stay so.
+// unchecked then stay so, but where it ends before the first block is
+// summed, the lease's claims are given back (leaseBook.unclaim), for a
+// later release of the lease to check: those sent meanwhile were refused.
 //
 // Claims under a lease this node's book no longer has (released, or
 // dropped once past its deadline), or under another peer's, are ignored
@@ -280,6 +282,9 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		refused, why = len(hashes), "the lease's claims were taken up by an earlier release of it"
 		return
 	}
+	if f := a.cfg.hooks.claimsTaken; f != nil {
+		f(peer, id)
+	}
 	setID, slots, err := a.pool.LeasedSlots(pool.LeaseID(id))
 	var es *engineSet
 	if err == nil {
@@ -290,10 +295,17 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		return
 	}
 	pinned := pinnedSlots(hashes, slots) // until checked
+	summed := false
 	for i, x := range hashes {
 		if ctx.Err() != nil {
+			if !summed {
+				// Nothing checked: the lease's claims are given back, to
+				// a call that can check them (others under the lease
+				// meanwhile were refused).
+				h.book.unclaim(pool.LeaseID(id), peer)
+			}
 			a.log.Debug("a release's checksum claims left unchecked: the call ended",
-				"peer", peer, "lease", id, "unchecked", len(hashes)-i)
+				"peer", peer, "lease", id, "unchecked", len(hashes)-i, "given_back", !summed)
 			return
 		}
 		slot, held := pinned[x]
@@ -313,6 +325,7 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		if f := a.cfg.hooks.claimSummed; f != nil {
 			f(peer, id, x)
 		}
+		summed = true
 		got, ok := blockSum(es.set, b.Slot, 0, es.set.Layout().PageSize)
 		if !ok || got == want {
 			continue

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -471,7 +472,11 @@ func TestMismatchedChecksALeasesClaimsOnce(t *testing.T) {
 // lease after it checks nothing.
 func TestMismatchedClaimsCheckedByALiveCall(t *testing.T) {
 	var sums claimSums
-	a := startHolder(t, func(c *Config) { c.hooks.claimSummed = sums.hook })
+	var taken atomic.Int32
+	a := startHolder(t, func(c *Config) {
+		c.hooks.claimSummed = sums.hook
+		c.hooks.claimsTaken = func(string, uint64) { taken.Add(1) }
+	})
 	s, hashes, blocks := summedBlocks(t, a, 2)
 	for _, b := range blocks {
 		s.change(b)
@@ -487,6 +492,10 @@ func TestMismatchedClaimsCheckedByALiveCall(t *testing.T) {
 	h.Mismatched(ended, "peer", l.ID, hashes)
 	if got := sums.of("peer"); got != 0 || !registered(hashes[0]) || !registered(hashes[1]) {
 		t.Fatalf("a release whose call had ended summed %d blocks", got)
+	}
+	if taken.Load() != 0 {
+		// Meanwhile, a live release of the lease would have been refused.
+		t.Fatal("a release whose call had ended took up its lease's claims")
 	}
 	// The next one's call ends as it sums its first block.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -505,6 +514,56 @@ func TestMismatchedClaimsCheckedByALiveCall(t *testing.T) {
 	}
 	if got := a.Metrics(); got.ChecksumWithdrawn != 1 || got.ChecksumClaimsRefused != uint64(len(hashes)) {
 		t.Errorf("withdrew %d, refused %d claims; want 1 withdrawn, the last release's %d claims refused", got.ChecksumWithdrawn, got.ChecksumClaimsRefused, len(hashes))
+	}
+}
+
+// A release whose call took up its lease's claims, and ended before it
+// checked any, gives them back: another release of the lease sent
+// meanwhile was refused, and a release after it checks them.
+func TestMismatchedClaimsGivenBackByACallThatCheckedNone(t *testing.T) {
+	var sums claimSums
+	var taken func(peer string, lease uint64)
+	a := startHolder(t, func(c *Config) {
+		c.hooks.claimSummed = sums.hook
+		c.hooks.claimsTaken = func(peer string, lease uint64) { taken(peer, lease) }
+	})
+	s, hashes, blocks := summedBlocks(t, a, 2)
+	for _, b := range blocks {
+		s.change(b)
+	}
+	registered := func(h uint64) bool { _, ok := s.set.Lookup(h); return ok }
+	h := a.service
+	l, err := h.Lease(context.Background(), "peer", hashes, time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	calls := 0
+	taken = func(peer string, lease uint64) {
+		if calls++; calls != 1 {
+			return
+		}
+		// Another release of the lease, sent meanwhile, is refused; then
+		// the first one's call ends before it checks a claim.
+		h.Mismatched(context.Background(), peer, lease, hashes)
+		cancel()
+	}
+	h.Mismatched(ctx, "peer", l.ID, hashes)
+	if calls != 1 || sums.of("peer") != 0 || !registered(hashes[0]) || !registered(hashes[1]) {
+		t.Fatalf("%d calls took up the claims, %d blocks summed; want the first only, none summed", calls, sums.of("peer"))
+	}
+	if got := a.Metrics().ChecksumClaimsRefused; got != uint64(len(hashes)) {
+		t.Fatalf("refused %d claims, want the %d of the release sent meanwhile", got, len(hashes))
+	}
+	h.Mismatched(context.Background(), "peer", l.ID, hashes)
+	if got := sums.of("peer"); got != len(hashes) || registered(hashes[0]) || registered(hashes[1]) {
+		t.Fatalf("a release after the one that ended: %d blocks summed, registered %v %v; want both summed and withdrawn",
+			got, registered(hashes[0]), registered(hashes[1]))
+	}
+	if got := a.Metrics(); got.ChecksumWithdrawn != uint64(len(hashes)) || got.ChecksumClaimsRefused != uint64(len(hashes)) {
+		t.Errorf("withdrew %d, refused %d claims; want %d withdrawn, the %d claims of the release sent meanwhile refused",
+			got.ChecksumWithdrawn, got.ChecksumClaimsRefused, len(hashes), len(hashes))
 	}
 }
 
