@@ -273,7 +273,7 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 			return
 		}
 		a.stats.checksumClaimsRefused.Add(uint64(refused))
-		a.log.Warn("a peer's releases named blocks as failing their checksums that their leases did not hold: refused unchecked (kvfabric_checksum_claims_refused_total counts each)",
+		a.log.Warn("a peer's releases named blocks as failing their checksums: refused unchecked (kvfabric_checksum_claims_refused_total counts each)",
 			"peer", peer, "why", why)
 		a.log.Debug("a release's checksum claims refused unchecked",
 			"peer", peer, "lease", id, "refused", refused, "named", len(hashes), "why", why)
