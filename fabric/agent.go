@@ -798,46 +798,45 @@ func (m *setMaker) release() {
 // best (reusableSet's, nil for none), where the engine's quota or the
 // pool has no room for a new one, or where the new set's memory for
 // engines cannot be made (giveSetMemory: a section's memory file, its
-// mapping or its access; setMemoryError). Where freeing idle
-// sets for room let go of a.mu (freeIdleLocked), best may have been freed
+// mapping or its access; setMemoryError). Where freeing idle sets for
+// room let go of a.mu (freeIdleLocked), best may have been freed
 // meanwhile (its grace timer): then the choice is made anew, a freed set
 // never handed back. Where it let go of a.mu, and no set was made (the
 // quota or the pool without room, best kept by the swap, or the new set's
-// memory not made), the choice is made anew likewise, with no best too
-// (a quota's refusal is the answer only where nothing changed since it
-// was looked at): sess may have taken
-// up a set of the layout meanwhile, which is given; best may have been
-// taken up by another process's session, and is no longer one pid may
-// join (engineSet.mayJoin); sets may have gone idle, and the shares and
-// the quota changed (freeIdleSets stops there). Where a set was
-// made, sess may have taken up a set of the layout meanwhile (its engine's
-// other rank registered it): that set is given, the new one freed again;
-// and the quota may have shrunk meanwhile (without engine_quota, another
-// engine taking up a set): a new set past the quota then is freed again,
-// and the choice made anew with the quota as it is; but not where the
-// quota's swap freed best for it (swapFallback checks the quota before it
-// frees best, and the engine is never left with neither). A set whose
-// memory cannot be made is freed again as it is made, before the swap
-// frees best: best is given, as where the pool has no room. Where the
-// pool has room for the new set only once best is freed, best is freed
-// before the set is made (its memory is the room), so only the files of
-// the set's memory are made before (setMaker.prepare: their failure gives
-// best likewise); a failure to place them under the new set then finds
-// best gone: the choice is made anew (the new set tried once more in the
-// room, its memory made whole), and where no set is made then either,
-// best's set is made again in its room, empty (its cached blocks went
-// with it), and given (giveLostFallback), as it is where a later round
-// makes no set either, refused by the quota or out of memory (changed
-// meanwhile); only where that set is past the quota, does not fit, or
-// its memory fails too is the engine told the round's error, which names
-// best as freed, and left with neither set, nothing of either held. Each time
-// round a set is gone from a.sets, or a.mu was let go for an idle set's
-// read-ahead, after which that set is freed, or, not freed (taken up, or
-// busy still: a read-ahead that outlived the wait for it), goes into
-// tried, never tried again in this Register (best too: the quota's swap
-// is not offered again, and best is given unless a set is made without
-// it); and no set is made meanwhile
-// (a.registerMu): so it ends. a.mu is held.
+// memory not made), the choice is made anew likewise, with no best too (a
+// quota's refusal is the answer only where nothing changed since it was
+// looked at): sess may have taken up a set of the layout meanwhile, which
+// is given; best may have been taken up by another process's session, and
+// is no longer one pid may join (engineSet.mayJoin); sets may have gone
+// idle, and the shares and the quota changed (freeIdleSets stops there).
+// Where a set was made, sess may have taken up a set of the layout
+// meanwhile (its engine's other rank registered it): that set is given,
+// the new one freed again; and the quota may have shrunk meanwhile
+// (without engine_quota, another engine taking up a set): a new set past
+// the quota then is freed again, and the choice made anew with the quota
+// as it is; but not where the quota's swap freed best for it
+// (swapFallback checks the quota before it frees best, and the engine is
+// never left with neither). A set whose memory cannot be made is freed
+// again as it is made, before the swap frees best: best is given, as
+// where the pool has no room. Where the pool has room for the new set
+// only once best is freed, best is freed before the set is made (its
+// memory is the room), so only the files of the set's memory are made
+// before (setMaker.prepare: their failure gives best likewise); a failure
+// to place them under the new set then finds best gone: the choice is
+// made anew (the new set tried once more in the room, its memory made
+// whole), and where no set is made then either, best's set is made again
+// in its room, empty (its cached blocks went with it), and given
+// (giveLostFallback), as it is where a later round makes no set either,
+// refused by the quota or out of memory (changed meanwhile); only where
+// that set is past the quota, does not fit, or its memory fails too is
+// the engine told the round's error, which names best as freed, and left
+// with neither set, nothing of either held. Each time round a set is gone
+// from a.sets, or a.mu was let go for an idle set's read-ahead, after
+// which that set is freed, or, not freed (taken up, or busy still: a
+// read-ahead that outlived the wait for it), goes into tried, never tried
+// again in this Register (best too: the quota's swap is not offered
+// again, and best is given unless a set is made without it); and no set
+// is made meanwhile (a.registerMu): so it ends. a.mu is held.
 func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*engineSet, *engineSet, error) {
 	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)
 	tried := triedSets{}

@@ -260,7 +260,6 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 					t.Fatalf("given set %d of %d slots (%d blocks, %d sections); want a new set like the fallback, set %d of %d slots, empty, with its memory",
 						es.set.ID(), es.set.Slots(), es.set.Metrics().Registered, len(es.mem), k.set.ID(), k.set.Slots())
 				}
-				// Made in the fallback's room: as much is free as before.
 			default:
 				named := fmt.Sprintf("block set %d of the layout, freed for the new set's room", k.set.ID())
 				if err == nil || !strings.Contains(err.Error(), "no memory for engines") || !strings.Contains(err.Error(), named) {
@@ -295,7 +294,8 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 				t.Errorf("%d memory tokens, want %d: none names a set not made", len(a.memTokens), tokens)
 			}
 			// The pool's free memory is what it was (the fallback's
-			// added where it went): a set of all of it fits.
+			// added where it went, not where it was made again in its
+			// room): a set of all of it fits.
 			if ok, err := a.pool.FitsFreeing(belowLayout(int(free>>10)), nil); !ok || err != nil {
 				t.Errorf("a set of the %d bytes free does not fit: %v", free, err)
 			}
