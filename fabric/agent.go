@@ -798,41 +798,49 @@ func (m *setMaker) release() {
 // best (reusableSet's, nil for none), where the engine's quota or the
 // pool has no room for a new one, or where the new set's memory for
 // engines cannot be made (giveSetMemory: a section's memory file, its
-// mapping or its access; setMemoryError). Where freeing idle
-// sets for room let go of a.mu (freeIdleLocked), best may have been freed
+// mapping or its access; setMemoryError). Where freeing idle sets for
+// room let go of a.mu (freeIdleLocked), best may have been freed
 // meanwhile (its grace timer): then the choice is made anew, a freed set
 // never handed back. Where it let go of a.mu, and no set was made (the
 // quota or the pool without room, best kept by the swap, or the new set's
-// memory not made), the choice is made anew likewise: sess may have taken
-// up a set of the layout meanwhile, which is given; best may have been
-// taken up by another process's session, and is no longer one pid may
-// join (engineSet.mayJoin); sets may have gone idle, and the shares and
-// the quota changed (freeIdleSets stops there). Where a set was
-// made, sess may have taken up a set of the layout meanwhile (its engine's
-// other rank registered it): that set is given, the new one freed again;
-// and the quota may have shrunk meanwhile (without engine_quota, another
-// engine taking up a set): a new set past the quota then is freed again,
-// and the choice made anew with the quota as it is; but not where the
-// quota's swap freed best for it (swapFallback checks the quota before it
-// frees best, and the engine is never left with neither). A set whose
-// memory cannot be made is freed again as it is made, before the swap
-// frees best: best is given, as where the pool has no room. Where the
-// pool has room for the new set only once best is freed, best is freed
-// before the set is made (its memory is the room), so only the files of
-// the set's memory are made before (setMaker.prepare: their failure gives
-// best likewise); a failure to place them under the new set then finds
-// best gone: the choice is made anew, and the engine gets the error where
-// no set is made then either. Each time
-// round a set is gone from a.sets, or a.mu was let go for an idle set's
-// read-ahead, after which that set is freed, or, not freed (taken up, or
-// busy still: a read-ahead that outlived the wait for it), goes into
-// tried, never tried again in this Register (best too: the quota's swap
-// is not offered again, and best is given unless a set is made without
-// it); and no set is made meanwhile
-// (a.registerMu): so it ends. a.mu is held.
+// memory not made), the choice is made anew likewise, with no best too (a
+// quota's refusal is the answer only where nothing changed since it was
+// looked at): sess may have taken up a set of the layout meanwhile, which
+// is given; best may have been taken up by another process's session, and
+// is no longer one pid may join (engineSet.mayJoin); sets may have gone
+// idle, and the shares and the quota changed (freeIdleSets stops there).
+// Where a set was made, sess may have taken up a set of the layout
+// meanwhile (its engine's other rank registered it): that set is given,
+// the new one freed again; and the quota may have shrunk meanwhile
+// (without engine_quota, another engine taking up a set): a new set past
+// the quota then is freed again, and the choice made anew with the quota
+// as it is; but not where the quota's swap freed best for it
+// (swapFallback checks the quota before it frees best, and the engine is
+// never left with neither). A set whose memory cannot be made is freed
+// again as it is made, before the swap frees best: best is given, as
+// where the pool has no room. Where the pool has room for the new set
+// only once best is freed, best is freed before the set is made (its
+// memory is the room), so only the files of the set's memory are made
+// before (setMaker.prepare: their failure gives best likewise); a failure
+// to place them under the new set then finds best gone: the choice is
+// made anew (the new set tried once more in the room, its memory made
+// whole), and where no set is made then either, best's set is made again
+// in its room, empty (its cached blocks went with it), and given
+// (giveLostFallback), as it is where a later round makes no set either,
+// refused by the quota or out of memory (changed meanwhile); only where
+// that set is past the quota, does not fit, or its memory fails too is
+// the engine told the round's error, which names best as freed, and left
+// with neither set, nothing of either held. Each time round a set is gone
+// from a.sets, or a.mu was let go for an idle set's read-ahead, after
+// which that set is freed, or, not freed (taken up, or busy still: a
+// read-ahead that outlived the wait for it), goes into tried, never tried
+// again in this Register (best too: the quota's swap is not offered
+// again, and best is given unless a set is made without it); and no set
+// is made meanwhile (a.registerMu): so it ends. a.mu is held.
 func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*engineSet, *engineSet, error) {
 	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)
 	tried := triedSets{}
+	var lost *engineSet // best, freed by the swap for a new set whose memory then failed
 	m := &setMaker{a: a, engine: engine, tmpl: tmpl, place: place}
 	defer m.release()
 	for again := false; ; again = true {
@@ -849,11 +857,16 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 		relocks := a.relocks
 		may, swap, err := a.makeRoomInQuota(engine, need, best, tried)
 		if err != nil {
-			if best != nil && (setFreed(best) || relocks != a.relocks) {
-				continue // best freed, or the sets sess uses and may join looked at anew
+			if relocks != a.relocks || best != nil && setFreed(best) {
+				// The sets sess uses and may join, and what is idle,
+				// looked at anew (with no fallback too), or best freed.
+				continue
 			}
 			if best != nil {
 				return nil, best, nil // the layout's set with the most usable slots is the best there is
+			}
+			if lost != nil {
+				return a.giveLostFallback(engine, lost, place, err)
 			}
 			return nil, nil, err
 		}
@@ -877,6 +890,9 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 		if err == nil {
 			return m.made, nil, nil
 		}
+		if swap && best != nil && setFreed(best) && errors.As(err, new(*setMemoryError)) {
+			lost = best // freed for the new set's room, in which its memory then failed
+		}
 		if best != nil && setFreed(best) {
 			continue
 		}
@@ -898,8 +914,56 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 				"engine", engine, "set", best.set.ID(), "err", merr.err)
 			return nil, best, nil
 		}
+		if lost != nil {
+			return a.giveLostFallback(engine, lost, place, err)
+		}
 		return nil, nil, err
 	}
+}
+
+// giveLostFallback is newSetForSession's answer where no set is made and
+// nothing is given after the quota's swap freed lost, the set the engine
+// would have fallen back to, for the new set's room, in which the new
+// set's memory then failed: in that round, or in a later one, refused by
+// the quota or out of memory (the shares, the quota or the pool changed
+// meanwhile, or the failed set's room did not come back). lost's set is
+// made again, empty, and given (remakeFallback), rather than the engine
+// left with neither; where it cannot be, the engine is told err, which
+// names lost as freed. a.mu is held.
+func (a *Agent) giveLostFallback(engine string, lost *engineSet, place []int, err error) (*engineSet, *engineSet, error) {
+	es, rerr := a.remakeFallback(engine, lost, place)
+	if es != nil {
+		a.log.Warn("block set not made, where the set the engine would have fallen back to was freed for its room; that set is made again, empty, and given",
+			"engine", engine, "freed", lost.set.ID(), "set", es.set.ID(), "err", err)
+		return es, nil, nil
+	}
+	a.log.Warn("block set not made, where the set the engine would have fallen back to was freed for its room, and that set could not be made again; the engine is told the error and has neither set",
+		"engine", engine, "freed", lost.set.ID(), "err", err, "again", rerr)
+	return nil, nil, fmt.Errorf("%w (the engine's idle block set %d of the layout, freed for the new set's room, is gone with its cached blocks, and could not be made again: %v)",
+		err, lost.set.ID(), rerr)
+}
+
+// remakeFallback makes lost's set again, empty (its cached blocks went
+// with it), of its layout and slots, placed as place, with its memory for
+// engines, where the quota's swap freed lost for the new set's room and
+// no set was made after (giveLostFallback): the engine is given a set of
+// the layout, as it would have been given lost had the failure come
+// before lost was freed, rather than neither. It is nil, with why, where
+// it is past the engine's quota as it is now (the quota had room for the
+// new set, bigger than lost, as the swap's round began, but may have
+// shrunk since, where a.mu was let go), where the pool has no room for it,
+// or where its memory fails too. a.mu is held.
+func (a *Agent) remakeFallback(engine string, lost *engineSet, place []int) (*engineSet, error) {
+	if need := setBytes(lost.set); !a.withinQuota(engine, need) {
+		quota, _, carved := a.engineShare(engine)
+		return nil, fmt.Errorf("engine %q: its block sets take %d bytes and this one needs %d, past its quota of %d",
+			engine, carved[engine], need, quota)
+	}
+	m := &setMaker{a: a, engine: engine, tmpl: lost.set.Layout().Clone(), place: place}
+	if _, err := m.make(); err != nil {
+		return nil, err
+	}
+	return m.made, nil
 }
 
 // reusableSet returns the block set of tmpl's layout and placement that a

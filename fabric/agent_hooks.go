@@ -15,6 +15,14 @@ type testHooks struct {
 	// beforeServeRelease runs on the holder before it releases a lease;
 	// false makes it answer that the lease had expired.
 	beforeServeRelease func(peer string, lease uint64) bool
+	// claimsTaken runs on the holder where a release has taken up its
+	// lease's checksum claims (leaseBook.claim), before it checks them,
+	// given the peer and the lease.
+	claimsTaken func(peer string, lease uint64)
+	// claimSummed runs on the holder where a release's checksum claim is
+	// about to sum a block its lease pinned (Mismatched), given the
+	// peer, the lease and the block's hash.
+	claimSummed func(peer string, lease, hash uint64)
 	// stageBytes replaces stageServeBytes when non-zero, so that small
 	// reads show the batching of staged serving.
 	stageBytes uint64

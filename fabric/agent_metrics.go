@@ -192,9 +192,10 @@ type Metrics struct {
 	// failing their checksums, under a lease of that peer's still in this
 	// node's book, that were refused unchecked: each the lease had not
 	// pinned or named a second time, or every one when the pool's lease
-	// had ended. Claims under a lease the book no longer has, or another
-	// peer's, are ignored uncounted; a pinned block withdrawn since is
-	// not refused.
+	// had ended or an earlier release of the lease had its claims checked
+	// (taken up). Claims under a lease the book no longer has, or another
+	// peer's, are ignored uncounted; a pinned block withdrawn since is not
+	// refused.
 	ChecksumClaimsRefused uint64
 
 	// EngineRequestBytes are the bytes of engine requests being served

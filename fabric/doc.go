@@ -77,8 +77,9 @@
 // On the other side, serve_peer.go answers the lease: it pins the blocks in
 // the pool under a lease whose count serve_lease_book.go bounds per peer and
 // in total, renews it while it is at most Config.MaxLeaseAge old, acts on a
-// release's checksum claims only for blocks that lease pinned
-// (import_checksum.go, Mismatched), and ends leases whose peer went away.
+// release's checksum claims only for blocks that lease pinned, and only
+// on the first release of the lease (import_checksum.go, Mismatched), and
+// ends leases whose peer went away.
 //
 // # A restore from a tier
 //

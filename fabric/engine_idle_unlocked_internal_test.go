@@ -1187,3 +1187,80 @@ func TestRegisterLooksAtTheLayoutsSetsAgainAfterAWait(t *testing.T) {
 		})
 	}
 }
+
+// A Register with no set of the layout to fall back to, which the quota
+// refuses after it let go of the agent's lock to free the engine's own
+// idle set for room, looks again at the layout's sets before it refuses,
+// as one with a fallback does: where its session took up a set of the
+// layout meanwhile (its engine's other rank registered it), that set is
+// given; where a set of the layout it may join appeared meanwhile, with
+// fewer slots than asked, it is given as the fallback is where the quota
+// refuses.
+func TestRegisterWithoutAFallbackLooksAgainAfterAWait(t *testing.T) {
+	const (
+		inUse = iota
+		waited
+	)
+	for _, tc := range []struct {
+		desc string
+		// sessionTakesUp: the Register's session takes up the set that
+		// appears; else another session uses it.
+		sessionTakesUp bool
+	}{
+		{"the session using a set of the layout made meanwhile", true},
+		{"a set of the layout made meanwhile for another session", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			// f's 8 MiB in use, e's idle 4 MiB, 4 MiB free, both of
+			// another layout (pages of 32 tokens): no set of the layout
+			// asked for. 5 MiB asked within a quota of 4 MiB: past it
+			// even once the idle set is freed.
+			a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 4, false})
+			for _, es := range sets {
+				relayout(t, a, es)
+			}
+			a.cfg.EngineQuota = 4 << 20
+			a.cfg.BlockSetSlots = 5 << 10
+			sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			var made *engineSet
+			a.cfg.hooks.idleUnlocked = func(es *engineSet) {
+				if es != sets[waited] || made != nil {
+					return
+				}
+				a.mu.Lock()
+				defer a.mu.Unlock()
+				set, err := a.pool.NewBlockSet(belowLayout(1 << 10))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				made = &engineSet{set: set, engine: "g", users: map[uint64]*setUse{}}
+				a.sets[set.ID()] = made
+				if !tc.sessionTakesUp {
+					made.users[9] = &setUse{}
+					return
+				}
+				if _, err := a.attach(sess, made); err != nil {
+					t.Error(err)
+				}
+			}
+			ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+			if made == nil {
+				t.Fatalf("the Register did not wait for the idle set (%v)", err)
+			}
+			if err != nil {
+				t.Fatalf("register past the quota, a set of the layout made while it waited: %v, want set %d", err, made.set.ID())
+			}
+			if ss.engineSet != made {
+				t.Fatalf("given set %d (%d slots), want set %d, made while the Register waited", ss.engineSet.set.ID(),
+					ss.engineSet.set.Slots(), made.set.ID())
+			}
+			if held(a, sets[waited]) || !held(a, sets[inUse]) {
+				t.Errorf("the idle set held %v, the set in use held %v; want the idle set freed", held(a, sets[waited]), held(a, sets[inUse]))
+			}
+			if got := len(a.pool.BlockSets()); got != 2 {
+				t.Errorf("the pool holds %d sets, want 2 (no new set)", got)
+			}
+		})
+	}
+}

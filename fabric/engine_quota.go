@@ -199,61 +199,61 @@ type triedSets map[*engineSet]bool
 var errFallbackKept = errors.New("fabric: the fallback set is busy: kept")
 
 // swapFallback makes the new set (made, of tmpl placed as place; unmade
-// frees one made, saying its message where the pool does not; prepare, nil
-// for none, makes what can fail of its memory for engines before its room
-// is) and frees keep, the engine's idle fallback set, to bring the engine
-// within its quota (makeRoomInQuota's swap), never leaving the engine with
-// neither, and freeing no other set where keep's memory is room enough:
-// made is tried first with keep standing and nothing freed, keep freed
-// once the new set exists, its memory for engines made too (setMaker:
-// where that fails, made frees the set again and answers setMemoryError,
-// returned here with keep untouched, and the Register is given keep);
-// where the pool has no room and the set would fit once keep's memory is
-// free (pool.Pool.FitsFreeing), keep is freed and the set made in its
-// room; only where it would not are other idle sets freed (those may
-// allows, as freeIdleSets does), until it fits once keep is freed, and
-// none where it would not fit even with all of them and keep freed;
-// before the first set is freed so (not where it fits nowhere), prepare
-// makes the memory's files (its setMemoryError returned likewise, nothing
-// freed); a set made once keep is freed whose memory's
-// placing then fails (a mapping, or its page lock: setMemoryError, the set
-// freed again) leaves the Register without keep, whose memory was the
-// room: newSetForSession makes its choice anew, and the engine is told the
-// error where no set is made then either. Where the set does not fit the
-// error is pool.ErrOutOfMemory, keep untouched; where keep cannot be freed
-// (it found a user meanwhile, or is busy: a peer's lease; or a slot of it
-// was retired since it was looked at, which the pool's free sees and
-// refuses, pool.Pool.ReclaimBlockSet,
-// where its memory would be withheld and the new set, to be made in its
-// room, fit nowhere) a new set made beside it is freed again, and
-// errFallbackKept returned, keep standing. keep is claimed throughout
-// (engineSet.claim): no session takes it up while other sets are freed,
-// which may let go of a.mu; and before any other set is freed keep is
-// checked free of blocks in use and copies below, the pool's reasons to
-// refuse it (fallbackFree), so that no set is freed for a swap that would
-// find keep busy, but for a lease or an allocation in keep that comes
-// after that check (a peer's lease, or a call still in flight of a session
-// that ended or dropped keep: the claim keeps sessions out, not the pool's
-// callers). Such a late one costs the swap only: the pool looks at keep's
-// slots and leases under the set's lock as it frees it, and refuses,
-// changing nothing, so keep is kept whole and given (errFallbackKept), its
-// leased blocks served as they are, and the allocated slot the call's,
-// given back as the call finds its use of keep done (sessionSet.hold), as
-// in any set shared with another session; what is lost is the other idle
-// sets freed for the swap (their cached blocks; their room stays free),
-// and the new set. No claim inside the pool is taken for it: leases and
-// allocations do not wait on a Register. Where a.mu was let go since the
-// claim (a.relocks), the quota may have shrunk meanwhile (without
-// engine_quota, another engine taking up a set): keep is freed only where
-// the new set, of need bytes, keeps engine within it once keep is gone
-// (withinQuotaFreeing), else a new set made is freed again and
-// errFallbackKept returned; once keep is freed, the new set is the
-// engine's, whatever the quota says since (its caller does not free it
-// again). tried is makeRoomInQuota's; keep goes into it where it is not
-// freed (freeFallbackLocked). a.mu is held: no other set is made
-// meanwhile, so FitsFreeing's answer holds, and keep's room is there once
-// it is freed (the pool frees it for room only with no slot retired,
-// pool.Pool.ReclaimBlockSet).
+// frees one made, saying its message where the pool does not; prepare,
+// nil for none, makes what can fail of its memory for engines before its
+// room is) and frees keep, the engine's idle fallback set, to bring the
+// engine within its quota (makeRoomInQuota's swap), never leaving the
+// engine with neither, and freeing no other set where keep's memory is
+// room enough: made is tried first with keep standing and nothing freed,
+// keep freed once the new set exists, its memory for engines made too
+// (setMaker: where that fails, made frees the set again and answers
+// setMemoryError, returned here with keep untouched, and the Register is
+// given keep); where the pool has no room and the set would fit once
+// keep's memory is free (pool.Pool.FitsFreeing), keep is freed and the
+// set made in its room; only where it would not are other idle sets freed
+// (those may allows, as freeIdleSets does), until it fits once keep is
+// freed, and none where it would not fit even with all of them and keep
+// freed; before the first set is freed so (not where it fits nowhere),
+// prepare makes the memory's files (its setMemoryError returned likewise,
+// nothing freed); a set made once keep is freed whose memory's placing
+// then fails (a mapping, or its page lock: setMemoryError, the set freed
+// again) leaves the Register without keep, whose memory was the room:
+// newSetForSession makes its choice anew, and where no set is made then
+// either makes keep's set again in its room, empty (giveLostFallback),
+// the engine told the error only where that fails too. Where the set does
+// not fit the error is pool.ErrOutOfMemory, keep untouched; where keep
+// cannot be freed (it found a user meanwhile, or is busy: a peer's lease;
+// or a slot of it was retired since it was looked at, which the pool's
+// free sees and refuses, pool.Pool.ReclaimBlockSet, where its memory
+// would be withheld and the new set, to be made in its room, fit nowhere)
+// a new set made beside it is freed again, and errFallbackKept returned,
+// keep standing. keep is claimed throughout (engineSet.claim): no session
+// takes it up while other sets are freed, which may let go of a.mu; and
+// before any other set is freed keep is checked free of blocks in use and
+// copies below, the pool's reasons to refuse it (fallbackFree), so that
+// no set is freed for a swap that would find keep busy, but for a lease
+// or an allocation in keep that comes after that check (a peer's lease,
+// or a call still in flight of a session that ended or dropped keep: the
+// claim keeps sessions out, not the pool's callers). Such a late one
+// costs the swap only: the pool looks at keep's slots and leases under
+// the set's lock as it frees it, and refuses, changing nothing, so keep
+// is kept whole and given (errFallbackKept), its leased blocks served as
+// they are, and the allocated slot the call's, given back as the call
+// finds its use of keep done (sessionSet.hold), as in any set shared with
+// another session; what is lost is the other idle sets freed for the swap
+// (their cached blocks; their room stays free), and the new set. No claim
+// inside the pool is taken for it: leases and allocations do not wait on
+// a Register. Where a.mu was let go since the claim (a.relocks), the
+// quota may have shrunk meanwhile (without engine_quota, another engine
+// taking up a set): keep is freed only where the new set, of need bytes,
+// keeps engine within it once keep is gone (withinQuotaFreeing), else a
+// new set made is freed again and errFallbackKept returned; once keep is
+// freed, the new set is the engine's, whatever the quota says since (its
+// caller does not free it again). tried is makeRoomInQuota's; keep goes
+// into it where it is not freed (freeFallbackLocked). a.mu is held: no
+// other set is made meanwhile, so FitsFreeing's answer holds, and keep's
+// room is there once it is freed (the pool frees it for room only with no
+// slot retired, pool.Pool.ReclaimBlockSet).
 func (a *Agent) swapFallback(engine string, need uint64, tmpl *layout.Layout, place []int, made func() (*pool.BlockSet, error), unmade func(*pool.BlockSet, string), prepare func() error, may func(*engineSet) bool, keep *engineSet, tried triedSets) (*pool.BlockSet, error) {
 	if !claimFallback(keep) {
 		return nil, errFallbackKept // taken up or freed since makeRoomInQuota looked

@@ -2,12 +2,17 @@ package fabric
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/pool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // quotaSet is a block set of mib MiB (blocks of 1 KiB, belowLayout),
@@ -163,9 +168,14 @@ func TestQuotaSwapFreesOnlyWhatTheNewSetNeeds(t *testing.T) {
 // files and placing, before the fallback is freed; where it fits only in
 // the fallback's room, its memory's files are made before the fallback is
 // freed (a memory file or its access failing keeps the fallback), and
-// only their placing (a mapping failing) comes after, when the engine can
-// only be told the error. Either way nothing leaks: the new set's pool
-// memory and its sections go back, and no token names them.
+// only their placing (a mapping failing) comes after: the Register tries
+// the new set once more in the room now free, its memory made whole, and
+// where that fails too it makes the fallback's set again there, empty,
+// and gives it; where that set's memory fails as well, the engine is told
+// the error, which names the fallback freed: it has neither set, and its
+// next Register makes the new set in that room. Either way nothing leaks:
+// the new set's pool memory and its sections go back, and no token names
+// them.
 func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 	beside := []quotaSet{{"e", 2, true}, {"f", 4, true}, {"e", 4, false}} // 6 MiB free: the new set of 6 MiB fits beside the fallback
 	inRoom := []quotaSet{{"f", 8, true}, {"e", 2, true}, {"e", 4, false}} // 2 MiB free: it fits only in the fallback's room
@@ -173,13 +183,17 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 		desc   string
 		sets   []quotaSet // the last one the engine's idle fallback
 		placed bool       // the memory fails as its sections are placed, else as their files are made
-		// keep: the fallback given; else the error, the fallback freed.
-		keep bool
+		// bigOnly: only the memory of a set bigger than the fallback fails.
+		bigOnly bool
+		// keep: the fallback given; remade: the fallback freed, and made
+		// again, empty, and given; else the error, the fallback freed.
+		keep, remade bool
 	}{
-		{"fits beside the fallback, its memory's files fail", beside, false, true},
-		{"fits beside the fallback, its memory's placing fails", beside, true, true},
-		{"fits in the fallback's room, its memory's files fail", inRoom, false, true},
-		{"fits in the fallback's room, its memory's placing fails", inRoom, true, false},
+		{"fits beside the fallback, its memory's files fail", beside, false, false, true, false},
+		{"fits beside the fallback, its memory's placing fails", beside, true, false, true, false},
+		{"fits in the fallback's room, its memory's files fail", inRoom, false, false, true, false},
+		{"fits in the fallback's room, its memory's placing fails, the fallback's does not", inRoom, true, true, false, true},
+		{"fits in the fallback's room, its memory's placing fails, the fallback's too", inRoom, true, false, false, false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			a, sets := quotaAgent(t, tc.sets...)
@@ -199,7 +213,7 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 			failed := 0
 			a.cfg.hooks.setMemory = func(placed bool, s []*pool.Section) error {
 				secs = append(secs, s...)
-				if placed != tc.placed {
+				if placed != tc.placed || tc.bigOnly && s[0].Size() <= setBytes(k.set) {
 					return nil
 				}
 				failed++
@@ -214,7 +228,9 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 			if failed == 0 {
 				t.Fatalf("no new set's memory failed: %v", err)
 			}
-			if tc.keep {
+			var given *engineSet // a set made, with its memory open
+			switch {
+			case tc.keep:
 				if err != nil || ss.engineSet != k || !held(a, k) || setFreed(k) {
 					t.Fatalf("register with the new set's memory failing: %v (held %v), want the fallback, set %d", err, held(a, k), k.set.ID())
 				}
@@ -227,9 +243,30 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 				if claimed {
 					t.Error("the fallback is still claimed by the swap")
 				}
-			} else {
-				if err == nil || !strings.Contains(err.Error(), "no memory for engines") {
-					t.Fatalf("register with the new set's memory failing, the fallback freed for its room: %v, want that error", err)
+			case tc.remade:
+				if err != nil {
+					t.Fatalf("register with the new set's memory failing in the fallback's room: %v, want the fallback made again", err)
+				}
+				es := ss.engineSet
+				given = es
+				if failed != 2 {
+					t.Errorf("the new set's memory failed %d times, want twice: in the swap, then once more in the room freed", failed)
+				}
+				if held(a, k) || a.sets[k.set.ID()] != nil {
+					t.Fatal("the fallback, freed for the new set's room, is still held")
+				}
+				if es == k || !held(a, es) || es.set.Slots() != k.set.Slots() || es.set.Layout().Digest() != k.set.Layout().Digest() ||
+					es.set.Metrics().Registered != 0 || len(es.mem) != 1 {
+					t.Fatalf("given set %d of %d slots (%d blocks, %d sections); want a new set like the fallback, set %d of %d slots, empty, with its memory",
+						es.set.ID(), es.set.Slots(), es.set.Metrics().Registered, len(es.mem), k.set.ID(), k.set.Slots())
+				}
+			default:
+				named := fmt.Sprintf("block set %d of the layout, freed for the new set's room", k.set.ID())
+				if err == nil || !strings.Contains(err.Error(), "no memory for engines") || !strings.Contains(err.Error(), named) {
+					t.Fatalf("register with the new set's memory failing, the fallback freed for its room: %v, want that error, naming the fallback freed", err)
+				}
+				if failed != 3 {
+					t.Errorf("the memory failed %d times, want 3: the new set's in the swap, then once more in the room freed, then the fallback's made again there", failed)
 				}
 				if held(a, k) || a.sets[k.set.ID()] != nil {
 					t.Fatal("the fallback, freed for the new set's room, is still held")
@@ -239,18 +276,165 @@ func TestQuotaSwapKeepsTheFallbackWhereTheNewSetsMemoryFails(t *testing.T) {
 			if got := len(a.sets); got != len(a.pool.BlockSets()) {
 				t.Errorf("the agent knows %d sets, the pool holds %d", got, len(a.pool.BlockSets()))
 			}
+			tokens := 0
+			if given != nil {
+				t.Cleanup(func() {
+					given.mu.Lock()
+					defer given.mu.Unlock()
+					a.dropSetMemoryLocked(given)
+				})
+				tokens = len(given.mem)
+			}
 			for _, s := range secs {
-				if s.FD() >= 0 {
+				if s.FD() >= 0 && (given == nil || !slices.ContainsFunc(given.mem, func(m *setMemory) bool { return m.sec == s })) {
 					t.Errorf("section at %d of a set not made still open", s.Offset())
 				}
 			}
-			if len(a.memTokens) != 0 {
-				t.Errorf("%d memory tokens name sets not made", len(a.memTokens))
+			if len(a.memTokens) != tokens {
+				t.Errorf("%d memory tokens, want %d: none names a set not made", len(a.memTokens), tokens)
 			}
 			// The pool's free memory is what it was (the fallback's
-			// added where it went): a set of all of it fits.
+			// added where it went, not where it was made again in its
+			// room): a set of all of it fits.
 			if ok, err := a.pool.FitsFreeing(belowLayout(int(free>>10)), nil); !ok || err != nil {
 				t.Errorf("a set of the %d bytes free does not fit: %v", free, err)
+			}
+			if tc.keep || tc.remade {
+				return
+			}
+			// The engine registers again, its memory made this time: the
+			// new set, in the room the fallback left.
+			a.cfg.hooks.setMemory = nil
+			ss, err = a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+			if err != nil {
+				t.Fatalf("register again: %v", err)
+			}
+			t.Cleanup(func() {
+				es := ss.engineSet
+				es.mu.Lock()
+				defer es.mu.Unlock()
+				a.dropSetMemoryLocked(es)
+			})
+			if got := ss.engineSet.set.Slots(); got != 6<<10 || len(ss.engineSet.mem) != 1 || len(a.memTokens) != 1 {
+				t.Errorf("registered again: a set of %d slots, %d sections, %d memory tokens; want %d slots, its 1 section and token",
+					got, len(ss.engineSet.mem), len(a.memTokens), 6<<10)
+			}
+		})
+	}
+}
+
+// A Register whose quota swap freed its fallback set for the new set's
+// room, the new set's memory then failing there, and whose next round
+// ends without a set made, not for the memory but refused by the quota
+// (shrunk meanwhile) or out of memory (the room taken meanwhile), still
+// makes the fallback's set again, empty, and gives it where it is within
+// the quota and fits; where it does not, the engine is told the round's
+// error, which names the fallback as freed. Never the plain error with
+// neither set and the fallback not named.
+func TestQuotaSwapRemakesTheFallbackWhereALaterRoundFindsNoRoom(t *testing.T) {
+	// shape is a layout's digest with its regions' addresses left out:
+	// where the room was taken meanwhile, the set made again lies
+	// elsewhere.
+	shape := func(l *layout.Layout) layout.Digest {
+		l = l.Clone()
+		for i := range l.Regions {
+			l.Regions[i].Base = 0
+		}
+		return l.Digest()
+	}
+	for _, tc := range []struct {
+		desc  string
+		quota int64 // the engine's quota from the second round on, 0 for as it was
+		taken int   // MiB of the pool taken from the second round on, by no engine's set
+		// remade: the fallback made again and given; else the error,
+		// which is err (nil: any), with code (OK: any).
+		remade bool
+		err    error
+		code   codes.Code
+	}{
+		{"refused by the quota, the fallback within it", 7 << 20, 0, true, nil, codes.OK},
+		{"refused by the quota, the fallback past it too", 5 << 20, 0, false, nil, codes.ResourceExhausted},
+		{"out of memory, the fallback fits", 0, 2, true, nil, codes.OK},
+		{"out of memory, the fallback does not fit", 0, 6, false, pool.ErrOutOfMemory, codes.OK},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			// 2 MiB free: the new set of 6 MiB fits only in the fallback's
+			// room, and the quota of 10 MiB has room for it only once the
+			// fallback is freed.
+			a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 2, true}, quotaSet{"e", 4, false})
+			keep := len(sets) - 1
+			for _, es := range sets[:keep] {
+				relayout(t, a, es)
+			}
+			h, ok := a.storages[0].(*pool.HostStorage)
+			if !ok {
+				t.Fatalf("storage %T, want host storage", a.storages[0])
+			}
+			a.host, a.isolated, a.memTokens = h, true, map[[32]byte]memoryRef{}
+			a.cfg.EngineQuota = 10 << 20
+			a.cfg.BlockSetSlots = 6 << 10
+			k := sets[keep]
+			failed := 0
+			a.cfg.hooks.setMemory = func(placed bool, s []*pool.Section) error {
+				if !placed || s[0].Size() <= setBytes(k.set) {
+					return nil
+				}
+				failed++ // the new set's, placed in the fallback's room
+				return errors.New("no memory for engines")
+			}
+			rounds := 0
+			a.cfg.hooks.registerRound = func() {
+				if rounds++; rounds != 2 {
+					return
+				}
+				if tc.quota != 0 {
+					a.cfg.EngineQuota = tc.quota
+				}
+				if tc.taken != 0 {
+					if _, err := a.pool.NewBlockSet(belowLayout(tc.taken << 10)); err != nil {
+						t.Errorf("take %d MiB of the pool: %v", tc.taken, err)
+					}
+				}
+			}
+			sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, 0)
+			if failed != 1 || rounds < 2 {
+				t.Fatalf("the new set's memory failed %d times in %d rounds, want once, then another round: %v", failed, rounds, err)
+			}
+			if held(a, k) || a.sets[k.set.ID()] != nil {
+				t.Fatal("the fallback, freed for the new set's room, is still held")
+			}
+			tokens := 0
+			if tc.remade {
+				if err != nil {
+					t.Fatalf("register: %v, want the fallback made again", err)
+				}
+				es := ss.engineSet
+				t.Cleanup(func() {
+					es.mu.Lock()
+					defer es.mu.Unlock()
+					a.dropSetMemoryLocked(es)
+				})
+				if es == k || !held(a, es) || es.set.Slots() != k.set.Slots() || shape(es.set.Layout()) != shape(k.set.Layout()) ||
+					es.set.Metrics().Registered != 0 || len(es.mem) != 1 {
+					t.Fatalf("given set %d of %d slots (%d blocks, %d sections); want a new set like the fallback, set %d of %d slots, empty, with its memory",
+						es.set.ID(), es.set.Slots(), es.set.Metrics().Registered, len(es.mem), k.set.ID(), k.set.Slots())
+				}
+				tokens = 1
+			} else {
+				named := fmt.Sprintf("block set %d of the layout, freed for the new set's room", k.set.ID())
+				if err == nil || !strings.Contains(err.Error(), named) {
+					t.Fatalf("register: %v, want the round's error, naming the fallback freed", err)
+				}
+				if tc.err != nil && !errors.Is(err, tc.err) {
+					t.Errorf("register: %v, want %v", err, tc.err)
+				}
+				if got := status.Code(err); tc.code != codes.OK && got != tc.code {
+					t.Errorf("register: code %v, want %v", got, tc.code)
+				}
+			}
+			if got := len(a.memTokens); got != tokens {
+				t.Errorf("%d memory tokens, want %d: none names a set not made", got, tokens)
 			}
 		})
 	}

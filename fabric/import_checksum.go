@@ -233,15 +233,22 @@ func pinnedSlots(hashes []uint64, slots []pool.LeasedSlot) map[uint64]int {
 // live lease may carry one, and only about blocks that lease pinned (the
 // pool's record of its slots and the hash each held), each checked once; a
 // block whose bytes still match stays, and one withdrawn since (another
-// reader's claim) is done with. A release costs this node at most one sum
-// of each block its lease pinned. It stops when ctx ends.
+// reader's claim) is done with. Only the first call under a lease that
+// begins before its ctx ends checks claims (leaseBook.claim): a peer that
+// sends the release of one lease many times, at once or one after
+// another, costs this node at most one sum of each block the lease
+// pinned in all, not one a call. It stops when ctx ends; the blocks left
+// unchecked then stay so, but where it ends before the first block is
+// summed, the lease's claims are given back (leaseBook.unclaim), for a
+// later release of the lease to check: those sent meanwhile were refused.
 //
 // Claims under a lease this node's book no longer has (released, or
 // dropped once past its deadline), or under another peer's, are ignored
 // unchecked and uncounted. Under the peer's own lease, the hashes refused
 // unchecked are counted (checksumClaimsRefused) and logged: each the lease
 // did not pin or named a second time, or every one when the pool's lease
-// has ended though the book still has it. The agent's log folds the
+// has ended though the book still has it, or when an earlier call under
+// the lease took its claims up. The agent's log folds the
 // warning's repeats: a peer named and why, one line per repeatWindow
 // however many releases; the lease and the counts go to debug.
 func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, hashes []uint64) {
@@ -249,17 +256,35 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		return
 	}
 	a := h.a
+	if ctx.Err() != nil {
+		// Ended before it began: the lease's claims are left to a call
+		// that can check them.
+		a.log.Debug("a release's checksum claims left unchecked: the call ended",
+			"peer", peer, "lease", id, "unchecked", len(hashes))
+		return
+	}
+	mine, first := h.book.claim(pool.LeaseID(id), peer)
+	if !mine {
+		return // released meanwhile
+	}
 	refused, why := 0, "not blocks the lease holds, or named twice"
 	defer func() {
 		if refused == 0 {
 			return
 		}
 		a.stats.checksumClaimsRefused.Add(uint64(refused))
-		a.log.Warn("a peer's releases named blocks as failing their checksums that their leases did not hold: refused unchecked (kvfabric_checksum_claims_refused_total counts each)",
+		a.log.Warn("a peer's releases named blocks as failing their checksums: refused unchecked (kvfabric_checksum_claims_refused_total counts each)",
 			"peer", peer, "why", why)
 		a.log.Debug("a release's checksum claims refused unchecked",
 			"peer", peer, "lease", id, "refused", refused, "named", len(hashes), "why", why)
 	}()
+	if !first {
+		refused, why = len(hashes), "the lease's claims were taken up by an earlier release of it"
+		return
+	}
+	if f := a.cfg.hooks.claimsTaken; f != nil {
+		f(peer, id)
+	}
 	setID, slots, err := a.pool.LeasedSlots(pool.LeaseID(id))
 	var es *engineSet
 	if err == nil {
@@ -270,10 +295,17 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		return
 	}
 	pinned := pinnedSlots(hashes, slots) // until checked
+	summed := false
 	for i, x := range hashes {
 		if ctx.Err() != nil {
+			if !summed {
+				// Nothing checked: the lease's claims are given back, to
+				// a call that can check them (others under the lease
+				// meanwhile were refused).
+				h.book.unclaim(pool.LeaseID(id), peer)
+			}
 			a.log.Debug("a release's checksum claims left unchecked: the call ended",
-				"peer", peer, "lease", id, "unchecked", len(hashes)-i)
+				"peer", peer, "lease", id, "unchecked", len(hashes)-i, "given_back", !summed)
 			return
 		}
 		slot, held := pinned[x]
@@ -290,6 +322,10 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		if !ok {
 			continue
 		}
+		if f := a.cfg.hooks.claimSummed; f != nil {
+			f(peer, id, x)
+		}
+		summed = true
 		got, ok := blockSum(es.set, b.Slot, 0, es.set.Layout().PageSize)
 		if !ok || got == want {
 			continue

@@ -10,7 +10,8 @@ import (
 // leaseBook records the leases this node granted to peers: which peer took
 // each, until when, and on how many blocks. With it a peer reads only under
 // its own leases, no peer (nor all of them together) pins more than its
-// share of the pool, and a peer's leases end when the peer goes.
+// share of the pool, a lease's checksum claims are checked once however
+// many releases name them, and a peer's leases end when the peer goes.
 //
 // The pool keeps the leases themselves and expires them on its own; an
 // entry whose deadline has passed is dropped here when the room it counted
@@ -28,6 +29,7 @@ type leaseEntry struct {
 	deadline time.Time
 	blocks   int
 	refused  bool // a renewal was refused: past the max lease age
+	claimed  bool // a release's checksum claims under it were taken up
 }
 
 func newLeaseBook() *leaseBook {
@@ -101,6 +103,39 @@ func (b *leaseBook) refuse(id pool.LeaseID) bool {
 	e.refused = true
 	b.leases[id] = e
 	return true
+}
+
+// claim takes up the checksum claims of a release of lease id by peer
+// (peerService.Mismatched): mine says whether the book has the lease and
+// it is peer's, first whether this call took them up, the first of any
+// under the lease. Only the first call's claims are checked: a release
+// sent many times at once makes the holder sum the lease's blocks once,
+// not once a call.
+func (b *leaseBook) claim(id pool.LeaseID, peer string) (mine, first bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.leases[id]
+	if !ok || e.peer != peer {
+		return false, false
+	}
+	if e.claimed {
+		return true, false
+	}
+	e.claimed = true
+	b.leases[id] = e
+	return true, true
+}
+
+// unclaim gives back the checksum claims of lease id by peer that a call
+// took up (claim) and then checked none of, its ctx ended first: a later
+// release of the lease, live, checks them.
+func (b *leaseBook) unclaim(id pool.LeaseID, peer string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e, ok := b.leases[id]; ok && e.peer == peer {
+		e.claimed = false
+		b.leases[id] = e
+	}
 }
 
 // extend moves lease id's deadline.

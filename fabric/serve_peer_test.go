@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -370,6 +371,199 @@ func TestMismatchedRefusalsLoggedOncePerPeer(t *testing.T) {
 	}
 	if len(warned) != 2 || !strings.Contains(warned[0], "peer=p1") || !strings.Contains(warned[1], "peer=p2") {
 		t.Errorf("warned %d times, want once for p1 and once for p2:\n%s", len(warned), strings.Join(warned, "\n"))
+	}
+}
+
+// claimSums counts the blocks a holder's Mismatched sums, per peer, and
+// runs then, if set, the function given to onSum.
+type claimSums struct {
+	mu    sync.Mutex
+	n     map[string]int
+	onSum func()
+}
+
+func (c *claimSums) hook(peer string, _, _ uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[peer]++
+	if c.onSum != nil {
+		c.onSum()
+	}
+}
+
+func (c *claimSums) of(peer string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[peer]
+}
+
+// A peer that sends the release of one lease many times at once, each
+// naming every block the lease pinned as failing, makes the holder sum
+// each of those blocks once in all: the first call's claims are checked
+// (the changed block withdrawn, the good ones kept), every other call's
+// are refused unchecked and counted. Another peer's lease of the same
+// blocks, its release sent meanwhile, gets its own check.
+func TestMismatchedChecksALeasesClaimsOnce(t *testing.T) {
+	var sums claimSums
+	a := startHolder(t, func(c *Config) { c.hooks.claimSummed = sums.hook })
+	s, hashes, blocks := summedBlocks(t, a, 3)
+	s.change(blocks[0])
+	h := a.service
+	ctx := context.Background()
+	l1, err := h.Lease(ctx, "p1", hashes, time.Minute)
+	if err != nil || l1.ID == 0 {
+		t.Fatalf("lease: %+v %v", l1, err)
+	}
+	l2, err := h.Lease(ctx, "p2", hashes[1:2], time.Minute)
+	if err != nil || l2.ID == 0 {
+		t.Fatalf("lease: %+v %v", l2, err)
+	}
+	const calls = 16
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			h.Mismatched(ctx, "p1", l1.ID, hashes)
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-start
+		h.Mismatched(ctx, "p2", l2.ID, hashes[1:2])
+	}()
+	close(start)
+	wg.Wait()
+	if got := sums.of("p1"); got != len(hashes) {
+		t.Errorf("%d releases of one lease of %d blocks made the holder sum %d blocks, want %d", calls, len(hashes), got, len(hashes))
+	}
+	if got := sums.of("p2"); got != 1 {
+		t.Errorf("another peer's release of its own lease of a block summed %d blocks, want 1", got)
+	}
+	if _, ok := s.set.Lookup(hashes[0]); ok {
+		t.Error("the changed block is still registered")
+	}
+	for _, x := range hashes[1:] {
+		if _, ok := s.set.Lookup(x); !ok {
+			t.Errorf("good block %d withdrawn", x)
+		}
+	}
+	if got := a.Metrics(); got.ChecksumWithdrawn != 1 || got.ChecksumClaimsRefused != (calls-1)*uint64(len(hashes)) {
+		t.Errorf("withdrew %d, refused %d claims; want 1 withdrawn, the %d claims of the %d releases after the first refused",
+			got.ChecksumWithdrawn, got.ChecksumClaimsRefused, (calls-1)*len(hashes), calls-1)
+	}
+	if valid, err := h.Release(ctx, "p1", l1.ID); !valid || err != nil {
+		t.Fatalf("release: %v %v", valid, err)
+	}
+	if valid, err := h.Release(ctx, "p2", l2.ID); !valid || err != nil {
+		t.Fatalf("release: %v %v", valid, err)
+	}
+}
+
+// A release whose call ended before its claims were looked at leaves them
+// to the next release of the lease, which checks them; one whose call
+// ends while it checks leaves the rest unchecked, and a release of the
+// lease after it checks nothing.
+func TestMismatchedClaimsCheckedByALiveCall(t *testing.T) {
+	var sums claimSums
+	var taken atomic.Int32
+	a := startHolder(t, func(c *Config) {
+		c.hooks.claimSummed = sums.hook
+		c.hooks.claimsTaken = func(string, uint64) { taken.Add(1) }
+	})
+	s, hashes, blocks := summedBlocks(t, a, 2)
+	for _, b := range blocks {
+		s.change(b)
+	}
+	registered := func(h uint64) bool { _, ok := s.set.Lookup(h); return ok }
+	h := a.service
+	l, err := h.Lease(context.Background(), "peer", hashes, time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	h.Mismatched(ended, "peer", l.ID, hashes)
+	if got := sums.of("peer"); got != 0 || !registered(hashes[0]) || !registered(hashes[1]) {
+		t.Fatalf("a release whose call had ended summed %d blocks", got)
+	}
+	if taken.Load() != 0 {
+		// Meanwhile, a live release of the lease would have been refused.
+		t.Fatal("a release whose call had ended took up its lease's claims")
+	}
+	// The next one's call ends as it sums its first block.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sums.mu.Lock()
+	sums.onSum = cancel
+	sums.mu.Unlock()
+	h.Mismatched(ctx, "peer", l.ID, hashes)
+	if got := sums.of("peer"); got != 1 || registered(hashes[0]) || !registered(hashes[1]) {
+		t.Fatalf("a release whose call ended as it summed its first block: %d blocks summed, registered %v %v; want the first summed and withdrawn, the second left",
+			got, registered(hashes[0]), registered(hashes[1]))
+	}
+	h.Mismatched(context.Background(), "peer", l.ID, hashes)
+	if got := sums.of("peer"); got != 1 || !registered(hashes[1]) {
+		t.Fatalf("a release after the one that checked its lease's claims summed %d blocks in all, want still 1", got)
+	}
+	if got := a.Metrics(); got.ChecksumWithdrawn != 1 || got.ChecksumClaimsRefused != uint64(len(hashes)) {
+		t.Errorf("withdrew %d, refused %d claims; want 1 withdrawn, the last release's %d claims refused", got.ChecksumWithdrawn, got.ChecksumClaimsRefused, len(hashes))
+	}
+}
+
+// A release whose call took up its lease's claims, and ended before it
+// checked any, gives them back: another release of the lease sent
+// meanwhile was refused, and a release after it checks them.
+func TestMismatchedClaimsGivenBackByACallThatCheckedNone(t *testing.T) {
+	var sums claimSums
+	var taken func(peer string, lease uint64)
+	a := startHolder(t, func(c *Config) {
+		c.hooks.claimSummed = sums.hook
+		c.hooks.claimsTaken = func(peer string, lease uint64) { taken(peer, lease) }
+	})
+	s, hashes, blocks := summedBlocks(t, a, 2)
+	for _, b := range blocks {
+		s.change(b)
+	}
+	registered := func(h uint64) bool { _, ok := s.set.Lookup(h); return ok }
+	h := a.service
+	l, err := h.Lease(context.Background(), "peer", hashes, time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	calls := 0
+	taken = func(peer string, lease uint64) {
+		if calls++; calls != 1 {
+			return
+		}
+		// Another release of the lease, sent meanwhile, is refused; then
+		// the first one's call ends before it checks a claim.
+		h.Mismatched(context.Background(), peer, lease, hashes)
+		cancel()
+	}
+	h.Mismatched(ctx, "peer", l.ID, hashes)
+	if calls != 1 || sums.of("peer") != 0 || !registered(hashes[0]) || !registered(hashes[1]) {
+		t.Fatalf("%d calls took up the claims, %d blocks summed; want the first only, none summed", calls, sums.of("peer"))
+	}
+	if got := a.Metrics().ChecksumClaimsRefused; got != uint64(len(hashes)) {
+		t.Fatalf("refused %d claims, want the %d of the release sent meanwhile", got, len(hashes))
+	}
+	h.Mismatched(context.Background(), "peer", l.ID, hashes)
+	if got := sums.of("peer"); got != len(hashes) || registered(hashes[0]) || registered(hashes[1]) {
+		t.Fatalf("a release after the one that ended: %d blocks summed, registered %v %v; want both summed and withdrawn",
+			got, registered(hashes[0]), registered(hashes[1]))
+	}
+	if got := a.Metrics(); got.ChecksumWithdrawn != uint64(len(hashes)) || got.ChecksumClaimsRefused != uint64(len(hashes)) {
+		t.Errorf("withdrew %d, refused %d claims; want %d withdrawn, the %d claims of the release sent meanwhile refused",
+			got.ChecksumWithdrawn, got.ChecksumClaimsRefused, len(hashes), len(hashes))
 	}
 }
 
