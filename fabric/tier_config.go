@@ -107,10 +107,13 @@ func (c *Config) validateTiers() error {
 		}
 		seen[s.Path] = i
 	}
+	// The fractions are checked for what they must be, not what they must
+	// not: NaN (which a flag or variable may spell) passes every
+	// comparison that refuses.
 	switch {
-	case c.TierWatermark < 0 || c.TierWatermark > 1:
+	case !(c.TierWatermark >= 0 && c.TierWatermark <= 1):
 		return bad("tier_watermark", "%g is not in (0, 1] (0: %g, %g over device pools)", c.TierWatermark, pool.DefaultOffloadWatermark, deviceOffloadWatermark)
-	case c.TierInFlight < 0 || c.TierInFlight > 1:
+	case !(c.TierInFlight >= 0 && c.TierInFlight <= 1):
 		return bad("tier_in_flight", "%g is not in (0, 1] (0: %g)", c.TierInFlight, pool.DefaultOffloadInFlight)
 	case c.TierQueue < 0 || c.TierQueue > MaxTierQueue:
 		return bad("tier_queue", "%d is not in 1..%d (0: %d)", c.TierQueue, MaxTierQueue, DefaultTierQueue)

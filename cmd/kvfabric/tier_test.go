@@ -31,10 +31,14 @@ func TestTierFlags(t *testing.T) {
 		{[]string{"--tier-watermark", "most"}, "--tier-watermark \"most\": want a number"},
 		{[]string{"--tier-queue", "4097"}, "tier_queue: 4097 is not in 1..4096"},
 		{[]string{"--tier-in-flight", "1.01"}, "tier_in_flight: 1.01 is not in (0, 1]"},
+		{[]string{"--tier-watermark", "NaN"}, "tier_watermark: NaN is not in (0, 1]"},
+		{[]string{"--tier-in-flight", "nan"}, "tier_in_flight: NaN is not in (0, 1]"},
 		{[]string{"--tier-staging-slots", "4097"}, "tier_staging_slots: 4097 is not in 1..4096"},
 		{[]string{"--tier-block-bytes", "2GiB"}, "tier_block_bytes"},
 	} {
-		args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "d")}, tc.args...)
+		// --print-config: a value wrongly accepted prints the settings
+		// instead of starting an agent.
+		args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "d"), "--print-config"}, tc.args...)
 		code, _, errs := runCmd(t, "", args...)
 		if code != 2 || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, errs, tc.want)
