@@ -289,8 +289,9 @@ type blockNames struct {
 // pass them through to the agent: it then also finds holders at another
 // page size (one that divides the engine's), which hashes cannot name.
 func (h hashFlags) names(e *env, args []string, pageSize int) (blockNames, error) {
+	flag := "--page-size"
 	if h.blockSize != nil {
-		pageSize = *h.blockSize
+		pageSize, flag = *h.blockSize, "--block-size"
 	}
 	if *h.hashes != "" {
 		if len(args) > 0 {
@@ -308,7 +309,7 @@ func (h hashFlags) names(e *env, args []string, pageSize int) (blockNames, error
 	}
 	hasher, err := layout.NewHasher(pageSize, layout.HashOptions{Salt: *h.salt, LoRA: *h.lora})
 	if err != nil {
-		return blockNames{}, usagef("block size %d: must be 1..%d", pageSize, layout.MaxBlockSize)
+		return blockNames{}, usagef("%s %d: must be 1..%d", flag, pageSize, layout.MaxBlockSize)
 	}
 	var tokens []uint32
 	if len(args) > 0 {
@@ -429,7 +430,7 @@ uses the block set, and after that until the agent needs the memory for
 another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	cf := addClientFlags(fs)
 	ef := addEngineFlags(fs, "kvfabric-put")
-	generate := fs.Int("generate", 0, "generate N blocks of random tokens instead of reading token ids")
+	generate := fs.Int("generate", 0, "generate N blocks of random tokens instead of reading token ids, 1..1048576")
 	seed := fs.Uint64("seed", 1, "seed of the generated tokens")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -438,10 +439,16 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	if err != nil {
 		return err
 	}
+	// The page size is checked before --generate makes that many tokens a
+	// block.
+	hasher, err := layout.NewHasher(eng.PageSize, layout.HashOptions{})
+	if err != nil {
+		return usagef("--page-size %d: %v", eng.PageSize, err)
+	}
 	var tokens []uint32
 	switch {
-	case *generate < 0 || *generate > 1<<20:
-		return usagef("--generate %d: want 1..%d", *generate, 1<<20)
+	case *generate < 0 || *generate > maxGenerate:
+		return usagef("--generate %d: want 1..%d", *generate, maxGenerate)
 	case *generate > 0:
 		if fs.NArg() > 0 {
 			return usagef("give --generate or token ids, not both")
@@ -458,10 +465,6 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	}
 	if err != nil {
 		return err
-	}
-	hasher, err := layout.NewHasher(eng.PageSize, layout.HashOptions{})
-	if err != nil {
-		return usagef("--page-size %d: %v", eng.PageSize, err)
 	}
 	blocks := hasher.Sequence(tokens)
 	if len(blocks) == 0 {
@@ -556,6 +559,9 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	fmt.Fprintln(e.stdout, strings.Join(strs, ","))
 	return nil
 }
+
+// maxGenerate bounds put --generate.
+const maxGenerate = 1 << 20
 
 // putBatch is how many blocks put allocates and registers at a time.
 const putBatch = 64

@@ -65,3 +65,44 @@ func TestCertsDaysLimits(t *testing.T) {
 		}
 	}
 }
+
+// The client commands' flags that bound what the command itself makes:
+// each at its limit gets as far as the agent (here none: exit 1), and one
+// past it is a usage error naming the flag, before anything is made.
+func TestClientFlagLimits(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	block := strings.Repeat("7 ", 65536) // one block of the largest page size, on standard input
+	for _, tc := range []struct {
+		args  []string
+		stdin string
+		want  string // "" for accepted
+	}{
+		{[]string{"put", "--generate", "1048576", "--page-size", "1"}, "", ""},
+		{[]string{"put", "--generate", "1048577"}, "", "--generate 1048577: want 1..1048576"},
+		{[]string{"put", "--generate", "-1"}, "", "--generate -1"},
+		{[]string{"put", "--generate", "1", "--page-size", "65536"}, "", ""},
+		{[]string{"put", "--generate", "1", "--page-size", "65537"}, "", "--page-size 65537"},
+		{[]string{"put", "--generate", "2", "--page-size", "0"}, "", "--page-size 0"},
+		// Checked before --generate makes the tokens: a negative count of
+		// them was a panic.
+		{[]string{"put", "--generate", "2", "--page-size", "-1"}, "", "--page-size -1"},
+		{[]string{"import", "--page-size", "65536"}, block, ""},
+		{[]string{"import", "--page-size", "65537", "1"}, "", "--page-size 65537: must be 1..65536"},
+		{[]string{"get", "--page-size", "0", "--out", os.DevNull, "1"}, "", "--page-size 0: must be 1..65536"},
+		{[]string{"lookup", "--block-size", "1", "1"}, "", ""},
+		{[]string{"lookup", "--block-size", "0", "1"}, "", "--block-size 0: must be 1..65536"},
+		{[]string{"hash", "--block-size", "65537", "1"}, "", "--block-size 65537: must be 1..65536"},
+	} {
+		args := append([]string{tc.args[0], "--socket", sock}, tc.args[1:]...)
+		if tc.args[0] == "hash" {
+			args = tc.args
+		}
+		code, _, errs := runCmd(t, tc.stdin, args...)
+		switch {
+		case tc.want == "" && (code != 1 || !strings.Contains(errs, "is the agent running")):
+			t.Errorf("%v: exit %d, %q; want it accepted, and no agent found", tc.args, code, errs)
+		case tc.want != "" && (code != 2 || !strings.Contains(errs, tc.want)):
+			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, errs, tc.want)
+		}
+	}
+}
