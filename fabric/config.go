@@ -672,6 +672,8 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	for _, s := range durationSettings {
 		if v := *s.field(c); v < 0 {
 			return nil, bad(s.Key, "%v is negative", v)
+		} else if !s.within(v) && s.Min == 0 {
+			return nil, bad(s.Key, "%v is more than %v", v, Duration(s.Max))
 		} else if !s.within(v) {
 			return nil, bad(s.Key, "%v is not in %s", v, s.Range())
 		}
@@ -973,14 +975,17 @@ func (s DurationSetting) within(v time.Duration) bool {
 	return v >= s.Min && (s.Max == 0 || v <= s.Max)
 }
 
-// Range says the bounds as help and errors print them: "1s..5m", "0s..24h",
-// or "" for none.
+// Range says the bounds as help and errors print them: "1s..5m", "at most
+// 24h" (not "0s..24h": zero is the default, so the least that can be given
+// is a nanosecond), or "" for none.
 func (s DurationSetting) Range() string {
 	switch {
 	case s.Max == 0 && s.Min == 0:
 		return ""
 	case s.Max == 0:
 		return fmt.Sprintf("at least %v", Duration(s.Min))
+	case s.Min == 0:
+		return fmt.Sprintf("at most %v", Duration(s.Max))
 	}
 	return fmt.Sprintf("%v..%v", Duration(s.Min), Duration(s.Max))
 }

@@ -50,7 +50,8 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"block set slots -1", []string{"--block-set-slots", "-1"}, "", "-1 is negative"},
 
 		{"grace at 24h", []string{"--block-set-grace", "24h"}, `"block_set_grace": "24h0m0s"`, ""},
-		{"grace a nanosecond past 24h", []string{"--block-set-grace", "86400000000001ns"}, "", "is not in 0s..24h"},
+		{"grace a nanosecond past 24h", []string{"--block-set-grace", "86400000000001ns"}, "", "24h0m0.000000001s is more than 24h"},
+		{"grace 0s, the default", []string{"--block-set-grace", "0s"}, `"block_set_grace": "30s"`, ""},
 		{"keepalive at 100ms", []string{"--session-keepalive", "100ms"}, `"session_keepalive": "100ms"`, ""},
 		{"keepalive a nanosecond under 100ms", []string{"--session-keepalive", "99999999ns"}, "", "is not in 100ms..10m"},
 		{"keepalive at 10m", []string{"--session-keepalive", "10m"}, `"session_keepalive": "10m0s"`, ""},
@@ -180,5 +181,26 @@ func TestAgentSettingLimits(t *testing.T) {
 				t.Fatalf("exit %d, %q; want 2 and one line naming %s and saying %q", code, errs, key, tc.refused)
 			}
 		})
+	}
+}
+
+// A duration flag's help gives its default and bounds as fabric holds
+// them. Zero given is the default, so a setting with no floor says "at
+// most", not a range from zero that a zero given does not mean.
+func TestAgentHelpDurationRanges(t *testing.T) {
+	_, _, help := runCmd(t, "", "agent", "-h")
+	for _, want := range []string{
+		"(default 30s, at most 24h)",        // --block-set-grace
+		"(default 10m, 1s..24h)",            // --max-lease-age
+		"(default 5s, 100ms..10m)",          // --session-keepalive
+		"(default 3s, 100ms..1m)",           // --lane-hello-timeout
+		"all holders tried (default 30s) [", // --import-timeout: no bounds
+	} {
+		if !strings.Contains(help, want) {
+			t.Errorf("agent -h lacks %q", want)
+		}
+	}
+	if strings.Contains(help, " 0s..") {
+		t.Errorf("agent -h gives a range from 0s:\n%s", help)
 	}
 }
