@@ -44,11 +44,15 @@ func addClientFlags(fs *flag.FlagSet) clientFlags {
 	return clientFlags{
 		socket:  fs.String("socket", defaultSocket(), "the agent's engine socket (env KVFABRIC_SOCKET)"),
 		json:    fs.Bool("json", false, "print JSON for scripts instead of a table"),
-		timeout: fs.Duration("timeout", time.Minute, "bound on the whole command"),
+		timeout: fs.Duration("timeout", time.Minute, "bound on the whole command, more than 0"),
 	}
 }
 
 func (f clientFlags) dial() (*client.Client, context.Context, context.CancelFunc, error) {
+	if *f.timeout <= 0 {
+		// A bound already past would fail every call, naming none.
+		return nil, nil, nil, usagef("--timeout %v: must be positive", *f.timeout)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *f.timeout)
 	c, err := client.Dial(ctx, *f.socket)
 	if err != nil {

@@ -92,6 +92,11 @@ func TestClientFlagLimits(t *testing.T) {
 		{[]string{"lookup", "--block-size", "1", "1"}, "", ""},
 		{[]string{"lookup", "--block-size", "0", "1"}, "", "--block-size 0: must be 1..65536"},
 		{[]string{"hash", "--block-size", "65537", "1"}, "", "--block-size 65537: must be 1..65536"},
+		// A bound already past failed every call with the context's error,
+		// naming no flag, where an agent was there.
+		{[]string{"status", "--timeout", "1ns"}, "", ""},
+		{[]string{"status", "--timeout", "0s"}, "", "--timeout 0s: must be positive"},
+		{[]string{"members", "--timeout", "-1s"}, "", "--timeout -1s: must be positive"},
 	} {
 		args := append([]string{tc.args[0], "--socket", sock}, tc.args[1:]...)
 		if tc.args[0] == "hash" {
@@ -103,6 +108,20 @@ func TestClientFlagLimits(t *testing.T) {
 			t.Errorf("%v: exit %d, %q; want it accepted, and no agent found", tc.args, code, errs)
 		case tc.want != "" && (code != 2 || !strings.Contains(errs, tc.want)):
 			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, errs, tc.want)
+		}
+	}
+}
+
+// plan --blocks: as many as both layouts hold, and not one more.
+func TestPlanBlocksLimit(t *testing.T) {
+	ex := "../../examples/layouts/"
+	plan := []string{"plan", "--src", ex + "llama70b-tp4-hnd.json", "--dst", ex + "llama70b-tp2-hnd.json", "--blocks"}
+	if code, out, errs := runCmd(t, "", append(plan, "1024")...); code != 0 || !strings.HasPrefix(out, "1024 source blocks") {
+		t.Fatalf("--blocks 1024: exit %d, %q %s", code, out, errs)
+	}
+	for n, want := range map[string]string{"1025": "--blocks 1025: the layouts hold at most 1024", "-1": "--blocks -1: must not be negative"} {
+		if code, _, errs := runCmd(t, "", append(plan, n)...); code != 2 || !strings.Contains(errs, want) {
+			t.Errorf("--blocks %s: exit %d, %q; want 2 and %q", n, code, errs, want)
 		}
 	}
 }
