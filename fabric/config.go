@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/transfer"
+	"github.com/kvfabric/kvfabric/transfer/certs"
 )
 
 // The defaults and bounds of the duration settings, which DefaultConfig,
@@ -52,6 +53,10 @@ const (
 	MaxLaneHelloTimeout = time.Minute
 )
 
+// MaxNodeName bounds Config.NodeName, which is otherwise what
+// certs.ValidNodeName allows a certificate's name (up to 253 bytes).
+const MaxNodeName = 128
+
 // MaxLanePending bounds LaneMaxPending and LaneMaxPendingPerSource.
 const MaxLanePending = 1 << 16
 
@@ -81,7 +86,8 @@ var ErrConfig = errors.New("fabric: invalid configuration")
 // flags of `kvfabric agent`.
 type Config struct {
 	// NodeName is this node's name in the cluster, and the name its TLS
-	// certificate must carry. If empty, the host name.
+	// certificate must carry: 1 to MaxNodeName letters, digits, '-', '.'
+	// or '_'. If empty, the host name.
 	NodeName string `json:"node_name,omitempty"`
 	// DataDir holds the engine socket, the development CA and the pool's
 	// memory files when they are files. If empty, /var/lib/kvfabric.
@@ -593,8 +599,11 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	bad := func(field, format string, args ...any) error {
 		return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
 	}
-	if strings.ContainsAny(c.NodeName, " \t\n/") || len(c.NodeName) > 128 || c.NodeName == "" {
-		return nil, bad("node_name", "%q must be 1 to 128 characters without spaces or slashes", c.NodeName)
+	// The node's name is its certificate's (peers read it from there), so
+	// it takes a certificate name's characters: a name that no certificate
+	// can carry passed here and failed once the agent had begun to start.
+	if len(c.NodeName) > MaxNodeName || certs.ValidNodeName(c.NodeName) != nil {
+		return nil, bad("node_name", "%q must be 1 to %d letters, digits, '-', '.' or '_' (it is the name in the node's certificate)", c.NodeName, MaxNodeName)
 	}
 	for _, a := range []struct{ field, addr string }{
 		{"gossip_addr", c.GossipAddr}, {"gossip_advertise", c.GossipAdvertise},

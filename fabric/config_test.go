@@ -46,6 +46,8 @@ func TestValidateConfig(t *testing.T) {
 		field string
 	}{
 		{"space in name", func(c *Config) { c.NodeName = "a b" }, "node_name"},
+		{"colon in name", func(c *Config) { c.NodeName = "a:b" }, "node_name"},
+		{"name a byte past its limit", func(c *Config) { c.NodeName = strings.Repeat("n", MaxNodeName+1) }, "node_name"},
 		{"gossip addr without port", func(c *Config) { c.GossipAddr = "127.0.0.1" }, "gossip_addr"},
 		{"bad port", func(c *Config) { c.PeerAddr = "127.0.0.1:99999" }, "peer_addr"},
 		{"bad join", func(c *Config) { c.Join = []string{"x"} }, "join[0]"},
@@ -88,6 +90,7 @@ func TestValidateConfig(t *testing.T) {
 		})
 	}
 	c := DefaultLocalConfig()
+	c.NodeName = strings.Repeat("n", MaxNodeName) // at its limit
 	c.populate()
 	specs, err := c.validate()
 	if err != nil || len(specs) != 1 || specs[0] != (PoolSpec{Kind: "host", Size: 1 << 30}) {

@@ -26,7 +26,7 @@ type setting struct {
 }
 
 var agentSettings = []setting{
-	{"node", "NodeName", "node name, also the name in its TLS certificate (default: host name)"},
+	{"node", "NodeName", "node name, also the name in its TLS certificate: 1 to 128 letters, digits, '-', '.' or '_' (default: host name)"},
 	{"data-dir", "DataDir", "directory for the engine socket and the development CA (default /var/lib/kvfabric)"},
 	{"gossip-addr", "GossipAddr", "host:port gossip binds, UDP and TCP (default 0.0.0.0:7946)"},
 	{"gossip-advertise", "GossipAdvertise", "host:port other nodes reach gossip at (default: derived)"},

@@ -31,8 +31,14 @@ func TestAgentSettingLimits(t *testing.T) {
 		shown, refused string
 	}{
 		{"node name at 128 bytes", []string{"--node", long(128)}, `"node_name": "` + long(128) + `"`, ""},
-		{"node name at 129 bytes", []string{"--node", long(129)}, "", "must be 1 to 128 characters"},
-		{"node name with a slash", []string{"--node", "a/b"}, "", "must be 1 to 128 characters without spaces or slashes"},
+		{"node name at 129 bytes", []string{"--node", long(129)}, "", "must be 1 to 128 letters, digits, '-', '.' or '_'"},
+		{"node name of every character it may have", []string{"--node", "Gpu-node_07.rack-1"}, `"node_name": "Gpu-node_07.rack-1"`, ""},
+		// Not a certificate's name: it failed once the agent had begun to
+		// start.
+		{"node name with a colon", []string{"--node", "a:b"}, "", `"a:b" must be 1 to 128 letters`},
+		{"node name with a slash", []string{"--node", "a/b"}, "", `"a/b" must be 1 to 128 letters`},
+		{"node name with a space", []string{"--node", "a b"}, "", `"a b" must be 1 to 128 letters`},
+		{"node name not ASCII", []string{"--node", "nœud"}, "", `must be 1 to 128 letters`},
 
 		{"socket mode 0660", []string{"--engine-socket-mode", "0660"}, `"engine_socket_mode": "0660"`, ""},
 		{"socket mode 0664", []string{"--engine-socket-mode", "0664"}, "", "want 0600, 0620, 0640 or 0660"},
