@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -208,5 +209,46 @@ func TestAgentHelpDurationRanges(t *testing.T) {
 	}
 	if strings.Contains(help, " 0s..") {
 		t.Errorf("agent -h gives a range from 0s:\n%s", help)
+	}
+}
+
+// The same limits hold for a setting from the environment or the
+// configuration file, refused naming the setting's key.
+func TestAgentSettingLimitsFromEnvironmentAndFile(t *testing.T) {
+	dir := t.TempDir()
+	file := func(json string) string {
+		p := filepath.Join(t.TempDir(), "agent.json")
+		if err := os.WriteFile(p, []byte(json), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name           string
+		environ        []string
+		args           []string
+		shown, refused string
+	}{
+		{"queue 4096 from the environment", []string{"KVFABRIC_TIER_QUEUE=4096"}, nil, `"tier_queue": 4096`, ""},
+		{"queue 4097 from the environment", []string{"KVFABRIC_TIER_QUEUE=4097"}, nil, "", "tier_queue: 4097 is not in 1..4096"},
+		{"watermark NaN from the environment", []string{"KVFABRIC_TIER_WATERMARK=NaN"}, nil, "", "tier_watermark: NaN is not in (0, 1]"},
+		{"lease age 24h from the environment", []string{"KVFABRIC_MAX_LEASE_AGE=24h"}, nil, `"max_lease_age": "24h0m0s"`, ""},
+		{"lease age past 24h from the environment", []string{"KVFABRIC_MAX_LEASE_AGE=24h0m1s"}, nil, "", "max_lease_age: 24h0m1s is not in 1s..24h"},
+		{"replicas 8 from the file", nil, []string{"--config", file(`{"index_mode": "owned", "index_replicas": 8}`)}, `"index_replicas": 8`, ""},
+		{"replicas 9 from the file", nil, []string{"--config", file(`{"index_mode": "owned", "index_replicas": 9}`)}, "", "index_replicas: 9 not in 1..8"},
+		{"lane pending past its limit from the file", nil, []string{"--config", file(`{"lane_max_pending": 65537}`)}, "", "lane_max_pending: 65537 not in 1..65536"},
+		{"node name with a colon from the file", nil, []string{"--config", file(`{"node_name": "a:b"}`)}, "", `node_name: "a:b" must be`},
+		{"grace past 24h from the file", nil, []string{"--config", file(`{"block_set_grace": "25h"}`)}, "", "block_set_grace: 25h0m0s is more than 24h"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "data"), "--print-config"}, tc.args...)
+			code, out, errs := runEnv(t, tc.environ, args...)
+			switch {
+			case tc.refused == "" && (code != 0 || !strings.Contains(out, tc.shown)):
+				t.Fatalf("exit %d (%s); want 0 and %s in:\n%s", code, errs, tc.shown, out)
+			case tc.refused != "" && (code != 2 || !strings.Contains(errs, tc.refused)):
+				t.Fatalf("exit %d, %q; want 2 and %q", code, errs, tc.refused)
+			}
+		})
 	}
 }
