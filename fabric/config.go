@@ -79,6 +79,31 @@ const (
 // ErrConfig is matched by every configuration error.
 var ErrConfig = errors.New("fabric: invalid configuration")
 
+// SettingError is a configuration error about one setting: its file key,
+// with an entry's index for an entry of a list ("tiers[1]"), and what is
+// wrong with it. It matches ErrConfig and reads "fabric: invalid
+// configuration: KEY: WHY", so that a program that takes the setting
+// another way (cmd/kvfabric's flags) can name it as it was given.
+type SettingError struct {
+	Key, Why string
+}
+
+func (e *SettingError) Error() string { return fmt.Sprintf("%v: %s: %s", ErrConfig, e.Key, e.Why) }
+
+// Is reports whether target is ErrConfig.
+func (e *SettingError) Is(target error) bool { return target == ErrConfig }
+
+// Setting is the setting's file key, without an entry's index.
+func (e *SettingError) Setting() string {
+	key, _, _ := strings.Cut(e.Key, "[")
+	return key
+}
+
+// badSetting returns a SettingError about the setting of key.
+func badSetting(key, format string, args ...any) error {
+	return &SettingError{Key: key, Why: fmt.Sprintf(format, args...)}
+}
+
 // Config configures an Agent. Every field says what its zero value means;
 // DefaultConfig spells the defaults out for a cluster node and
 // DefaultLocalConfig for agents sharing one machine on loopback. The same
@@ -596,9 +621,7 @@ func (c *Config) populate() {
 
 // validate checks a populated config and returns the pools it asks for.
 func (c *Config) validate() ([]PoolSpec, error) {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
-	}
+	bad := badSetting
 	// The node's name is its certificate's (peers read it from there), so
 	// it takes a certificate name's characters: a name that no certificate
 	// can carry passed here and failed once the agent had begun to start.

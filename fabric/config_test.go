@@ -308,3 +308,20 @@ func TestDurationText(t *testing.T) {
 		}
 	}
 }
+
+// A refused setting is a SettingError: its key, with an entry's index, and
+// why; it matches ErrConfig and reads as every configuration error does.
+func TestSettingError(t *testing.T) {
+	c := DefaultLocalConfig()
+	c.Tiers = []string{"disk=/d:1GiB", "disk=relative:1GiB"}
+	c.populate()
+	_, err := c.validate()
+	var se *SettingError
+	if !errors.As(err, &se) || !errors.Is(err, ErrConfig) {
+		t.Fatalf("%v (%T): want a SettingError matching ErrConfig", err, err)
+	}
+	if se.Key != "tiers[1]" || se.Setting() != "tiers" || !strings.HasPrefix(se.Why, `"disk=relative:1GiB": path`) ||
+		err.Error() != "fabric: invalid configuration: tiers[1]: "+se.Why {
+		t.Fatalf("key %q, setting %q, why %q, reads %q", se.Key, se.Setting(), se.Why, err)
+	}
+}

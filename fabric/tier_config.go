@@ -77,9 +77,7 @@ func ParseTierSpec(s string) (TierSpec, error) {
 
 // validateTiers checks the tier settings of a populated config.
 func (c *Config) validateTiers() error {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
-	}
+	bad := badSetting
 	if len(c.Tiers) > MaxTiers {
 		return bad("tiers", "%d tiers, at most %d", len(c.Tiers), MaxTiers)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -175,17 +176,19 @@ func TestAgentSettingLimits(t *testing.T) {
 				}
 				return
 			}
-			// The error names the setting of the last flag given.
-			key := ""
+			// The error names the setting of the last flag given, by its
+			// key and its flag.
+			key, flag := "", ""
 			for i := len(tc.args) - 1; i >= 0 && key == ""; i-- {
 				for _, s := range agentSettings {
 					if "--"+s.flag == tc.args[i] {
-						key = configKey(s.field)
+						key, flag = configKey(s.field), tc.args[i]
 					}
 				}
 			}
-			if code != 2 || !strings.Contains(errs, key) || !strings.Contains(errs, tc.refused) || strings.Count(errs, "\n") != 1 {
-				t.Fatalf("exit %d, %q; want 2 and one line naming %s and saying %q", code, errs, key, tc.refused)
+			named := regexp.MustCompile(regexp.QuoteMeta(key) + `(\[[0-9]+\])? \(` + flag + `\): `)
+			if code != 2 || !named.MatchString(errs) || !strings.Contains(errs, tc.refused) || strings.Count(errs, "\n") != 1 {
+				t.Fatalf("exit %d, %q; want 2 and one line naming %s (%s) and saying %q", code, errs, key, flag, tc.refused)
 			}
 		})
 	}
@@ -230,15 +233,15 @@ func TestAgentSettingLimitsFromEnvironmentAndFile(t *testing.T) {
 		shown, refused string
 	}{
 		{"queue 4096 from the environment", []string{"KVFABRIC_TIER_QUEUE=4096"}, nil, `"tier_queue": 4096`, ""},
-		{"queue 4097 from the environment", []string{"KVFABRIC_TIER_QUEUE=4097"}, nil, "", "tier_queue: 4097 is not in 1..4096"},
-		{"watermark NaN from the environment", []string{"KVFABRIC_TIER_WATERMARK=NaN"}, nil, "", "tier_watermark: NaN is not in (0, 1]"},
+		{"queue 4097 from the environment", []string{"KVFABRIC_TIER_QUEUE=4097"}, nil, "", "tier_queue (--tier-queue): 4097 is not in 1..4096"},
+		{"watermark NaN from the environment", []string{"KVFABRIC_TIER_WATERMARK=NaN"}, nil, "", "tier_watermark (--tier-watermark): NaN is not in (0, 1]"},
 		{"lease age 24h from the environment", []string{"KVFABRIC_MAX_LEASE_AGE=24h"}, nil, `"max_lease_age": "24h0m0s"`, ""},
-		{"lease age past 24h from the environment", []string{"KVFABRIC_MAX_LEASE_AGE=24h0m1s"}, nil, "", "max_lease_age: 24h0m1s is not in 1s..24h"},
+		{"lease age past 24h from the environment", []string{"KVFABRIC_MAX_LEASE_AGE=24h0m1s"}, nil, "", "max_lease_age (--max-lease-age): 24h0m1s is not in 1s..24h"},
 		{"replicas 8 from the file", nil, []string{"--config", file(`{"index_mode": "owned", "index_replicas": 8}`)}, `"index_replicas": 8`, ""},
-		{"replicas 9 from the file", nil, []string{"--config", file(`{"index_mode": "owned", "index_replicas": 9}`)}, "", "index_replicas: 9 not in 1..8"},
-		{"lane pending past its limit from the file", nil, []string{"--config", file(`{"lane_max_pending": 65537}`)}, "", "lane_max_pending: 65537 not in 1..65536"},
-		{"node name with a colon from the file", nil, []string{"--config", file(`{"node_name": "a:b"}`)}, "", `node_name: "a:b" must be`},
-		{"grace past 24h from the file", nil, []string{"--config", file(`{"block_set_grace": "25h"}`)}, "", "block_set_grace: 25h0m0s is more than 24h"},
+		{"replicas 9 from the file", nil, []string{"--config", file(`{"index_mode": "owned", "index_replicas": 9}`)}, "", "index_replicas (--index-replicas): 9 not in 1..8"},
+		{"lane pending past its limit from the file", nil, []string{"--config", file(`{"lane_max_pending": 65537}`)}, "", "lane_max_pending (--lane-max-pending): 65537 not in 1..65536"},
+		{"node name with a colon from the file", nil, []string{"--config", file(`{"node_name": "a:b"}`)}, "", `node_name (--node): "a:b" must be`},
+		{"grace past 24h from the file", nil, []string{"--config", file(`{"block_set_grace": "25h"}`)}, "", "block_set_grace (--block-set-grace): 25h0m0s is more than 24h"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "data"), "--print-config"}, tc.args...)
