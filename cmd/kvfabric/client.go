@@ -434,7 +434,7 @@ uses the block set, and after that until the agent needs the memory for
 another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	cf := addClientFlags(fs)
 	ef := addEngineFlags(fs, "kvfabric-put")
-	generate := fs.Int("generate", 0, "generate N blocks of random tokens instead of reading token ids, 1..1048576")
+	generate := fs.Int("generate", 0, "generate N blocks of random tokens instead of reading token ids, 1..1048576, and at most 16777216 tokens (N x --page-size)")
 	seed := fs.Uint64("seed", 1, "seed of the generated tokens")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -453,6 +453,9 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	switch {
 	case *generate < 0 || *generate > maxGenerate:
 		return usagef("--generate %d: want 1..%d", *generate, maxGenerate)
+	case *generate > maxGenerateTokens/eng.PageSize:
+		return usagef("--generate %d: at most %d blocks of --page-size %d tokens (%d tokens in all)",
+			*generate, maxGenerateTokens/eng.PageSize, eng.PageSize, maxGenerateTokens)
 	case *generate > 0:
 		if fs.NArg() > 0 {
 			return usagef("give --generate or token ids, not both")
@@ -566,6 +569,12 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 
 // maxGenerate bounds put --generate.
 const maxGenerate = 1 << 20
+
+// maxGenerateTokens bounds the tokens put --generate makes, 64 MiB of
+// them: maxGenerate blocks of the default page size, 16 tokens. A larger
+// page size makes fewer blocks (256 of 65,536 tokens), not 256 GiB of
+// tokens.
+const maxGenerateTokens = 1 << 24
 
 // putBatch is how many blocks put allocates and registers at a time.
 const putBatch = 64

@@ -81,6 +81,9 @@ func TestClientFlagLimits(t *testing.T) {
 		{[]string{"put", "--generate", "1048577"}, "", "--generate 1048577: want 1..1048576"},
 		{[]string{"put", "--generate", "-1"}, "", "--generate -1"},
 		{[]string{"put", "--generate", "1", "--page-size", "65536"}, "", ""},
+		// At most 2^24 tokens: 1048576 blocks of 65536 made 2^36 (256 GiB).
+		{[]string{"put", "--generate", "256", "--page-size", "65536"}, "", ""},
+		{[]string{"put", "--generate", "257", "--page-size", "65536"}, "", "--generate 257: at most 256 blocks of --page-size 65536 tokens (16777216 tokens in all)"},
 		{[]string{"put", "--generate", "1", "--page-size", "65537"}, "", "--page-size 65537"},
 		{[]string{"put", "--generate", "2", "--page-size", "0"}, "", "--page-size 0"},
 		// Checked before --generate makes the tokens: a negative count of
