@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,23 +38,41 @@ func defaultSocket() string {
 type clientFlags struct {
 	socket  *string
 	json    *bool
-	timeout *time.Duration
+	timeout *positiveDuration
 }
 
 func addClientFlags(fs *flag.FlagSet) clientFlags {
+	timeout := positiveDuration(time.Minute)
+	fs.Var(&timeout, "timeout", "bound on the whole command, a `duration` more than 0")
 	return clientFlags{
 		socket:  fs.String("socket", defaultSocket(), "the agent's engine socket (env KVFABRIC_SOCKET)"),
 		json:    fs.Bool("json", false, "print JSON for scripts instead of a table"),
-		timeout: fs.Duration("timeout", time.Minute, "bound on the whole command, more than 0"),
+		timeout: &timeout,
 	}
 }
 
-func (f clientFlags) dial() (*client.Client, context.Context, context.CancelFunc, error) {
-	if *f.timeout <= 0 {
-		// A bound already past would fail every call, naming none.
-		return nil, nil, nil, usagef("--timeout %v: must be positive", *f.timeout)
+// positiveDuration is a duration flag refused, as the flags are parsed,
+// unless it is more than zero: a bound already past would fail every call
+// naming no flag, and found only once the command had read its input (put
+// reads standard input first).
+type positiveDuration time.Duration
+
+func (d *positiveDuration) String() string { return time.Duration(*d).String() }
+
+func (d *positiveDuration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration such as 30s")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *f.timeout)
+	if v <= 0 {
+		return errors.New("must be positive")
+	}
+	*d = positiveDuration(v)
+	return nil
+}
+
+func (f clientFlags) dial() (*client.Client, context.Context, context.CancelFunc, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(*f.timeout))
 	c, err := client.Dial(ctx, *f.socket)
 	if err != nil {
 		cancel()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
@@ -98,8 +99,9 @@ func TestClientFlagLimits(t *testing.T) {
 		// A bound already past failed every call with the context's error,
 		// naming no flag, where an agent was there.
 		{[]string{"status", "--timeout", "1ns"}, "", ""},
-		{[]string{"status", "--timeout", "0s"}, "", "--timeout 0s: must be positive"},
-		{[]string{"members", "--timeout", "-1s"}, "", "--timeout -1s: must be positive"},
+		{[]string{"status", "--timeout", "0s"}, "", `invalid value "0s" for flag -timeout: must be positive`},
+		{[]string{"members", "--timeout", "-1s"}, "", `invalid value "-1s" for flag -timeout: must be positive`},
+		{[]string{"lookup", "--timeout", "1", "1"}, "", `invalid value "1" for flag -timeout: not a duration such as 30s`},
 	} {
 		args := append([]string{tc.args[0], "--socket", sock}, tc.args[1:]...)
 		if tc.args[0] == "hash" {
@@ -112,6 +114,31 @@ func TestClientFlagLimits(t *testing.T) {
 		case tc.want != "" && (code != 2 || !strings.Contains(errs, tc.want)):
 			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, errs, tc.want)
 		}
+	}
+}
+
+// put --timeout 0s is refused as its flags are parsed, not once it has
+// read its tokens: with standard input that never ends (a terminal no one
+// types at) it waited for it before refusing.
+func TestClientTimeoutRefusedBeforeInput(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close() // ends a read that should not have begun
+	var stdout, stderr bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(&env{stdin: r, stdout: &stdout, stderr: &stderr}, []string{"put", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--timeout", "0s"})
+	}()
+	select {
+	case code := <-done:
+		if want := `invalid value "0s" for flag -timeout: must be positive`; code != 2 || !strings.Contains(stderr.String(), want) {
+			t.Fatalf("exit %d, %q; want 2 and %q", code, stderr.String(), want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("put --timeout 0s still running after 10s: it waits for standard input before refusing the flag")
 	}
 }
 
