@@ -90,8 +90,9 @@ type SettingError struct {
 
 func (e *SettingError) Error() string { return fmt.Sprintf("%v: %s: %s", ErrConfig, e.Key, e.Why) }
 
-// Is reports whether target is ErrConfig.
-func (e *SettingError) Is(target error) bool { return target == ErrConfig }
+// Unwrap returns ErrConfig, which errors.Is matches and errors.Unwrap
+// returns, as for a configuration error made with fmt.Errorf("%w: ...").
+func (e *SettingError) Unwrap() error { return ErrConfig }
 
 // Setting is the setting's file key, without an entry's index.
 func (e *SettingError) Setting() string {
