@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -253,5 +254,21 @@ func TestAgentSettingLimitsFromEnvironmentAndFile(t *testing.T) {
 				t.Fatalf("exit %d, %q; want 2 and %q", code, errs, tc.refused)
 			}
 		})
+	}
+}
+
+// A setting refused as the agent starts, past what validation can know,
+// names its flag beside its key as one refused by validation does: a host
+// pool larger than the machine's memory (1 PiB: more than any machine
+// this runs on).
+func TestAgentStartRefusalNamesTheFlag(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the machine's memory is read on Linux only")
+	}
+	dir := t.TempDir()
+	code, _, errs := runCmd(t, "", "agent", "--local", "--data-dir", filepath.Join(dir, "data"), "--metrics-addr", "off", "--pool", "host=1048576GiB")
+	want := "kvfabric agent: fabric: invalid configuration: pools (--pool): a host pool of 1125899906842624 bytes is more than this machine's memory ("
+	if code != 2 || !strings.HasPrefix(errs, want) || strings.Count(errs, "\n") != 1 {
+		t.Fatalf("exit %d, %q; want 2 and one line saying %q", code, errs, want)
 	}
 }
