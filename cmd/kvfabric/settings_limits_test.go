@@ -28,9 +28,10 @@ func TestAgentSettingLimits(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		args []string
-		// shown is what --print-config prints for an accepted value;
-		// refused what the error says (after the setting's key) for one
-		// refused. One of the two.
+		// shown is what --print-config prints for an accepted value, or
+		// with a leading "!" what it must not print (a key left out for
+		// its zero); refused what the error says (after the setting's key)
+		// for one refused. One of the two.
 		shown, refused string
 	}{
 		{"node name at 128 bytes", []string{"--node", long(128)}, `"node_name": "` + long(128) + `"`, ""},
@@ -55,7 +56,7 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"device index 255", []string{"--pool", "device:255=1GiB"}, `"device:255=1GiB"`, ""},
 		{"device index 256", []string{"--pool", "device:256=1GiB"}, "", "is not a CUDA index 0..255"},
 
-		{"block set slots 0", []string{"--block-set-slots", "0"}, `"tier_read_ahead"`, ""}, // 0: the default, not printed
+		{"block set slots 0", []string{"--block-set-slots", "0"}, `!"block_set_slots"`, ""}, // 0: the default, not printed
 		{"block set slots -1", []string{"--block-set-slots", "-1"}, "", "-1 is negative"},
 
 		{"grace at 24h", []string{"--block-set-grace", "24h"}, `"block_set_grace": "24h0m0s"`, ""},
@@ -155,7 +156,7 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"staging -1", []string{"--tier-staging-slots", "-1"}, "", "-1 is not in 1..4096"},
 		{"block bytes 1GiB", []string{"--tier-block-bytes", "1GiB"}, `"tier_block_bytes": 1073741824`, ""},
 		{"block bytes a byte past 1GiB", []string{"--tier-block-bytes", "1073741825"}, "", "1073741825 is not in 1..1073741824"},
-		{"read-ahead 0", []string{"--tier-read-ahead", "0"}, `"node_name"`, ""}, // 0: off, not printed
+		{"read-ahead 0", []string{"--tier-read-ahead", "0"}, `!"tier_read_ahead"`, ""}, // 0: off, not printed (the default is 16)
 		{"read-ahead 256", []string{"--tier-read-ahead", "256"}, `"tier_read_ahead": 256`, ""},
 		{"read-ahead 257", []string{"--tier-read-ahead", "257"}, "", "257 is not in 0..256"},
 		{"read-ahead -1", []string{"--tier-read-ahead", "-1"}, "", "-1 is not in 0..256"},
@@ -172,6 +173,12 @@ func TestAgentSettingLimits(t *testing.T) {
 			args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "data"), "--print-config"}, tc.args...)
 			code, out, errs := runCmd(t, "", args...)
 			if tc.refused == "" {
+				if absent, ok := strings.CutPrefix(tc.shown, "!"); ok {
+					if code != 0 || strings.Contains(out, absent) || !strings.Contains(out, `"node_name"`) {
+						t.Fatalf("exit %d (%s); want 0 and settings without %s:\n%s", code, errs, absent, out)
+					}
+					return
+				}
 				if code != 0 || !strings.Contains(out, tc.shown) {
 					t.Fatalf("exit %d (%s); want 0 and %s in:\n%s", code, errs, tc.shown, out)
 				}
