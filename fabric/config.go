@@ -53,8 +53,9 @@ const (
 	MaxLaneHelloTimeout = time.Minute
 )
 
-// MaxNodeName bounds Config.NodeName, which is otherwise what
-// certs.ValidNodeName allows a certificate's name (up to 253 bytes).
+// MaxNodeName bounds Config.NodeName, and the name kvfabric certs node
+// certifies, which are otherwise what certs.ValidNodeName allows a
+// certificate's name (up to 253 bytes).
 const MaxNodeName = 128
 
 // MaxLanePending bounds LaneMaxPending and LaneMaxPendingPerSource.
@@ -98,6 +99,16 @@ func (e *SettingError) Unwrap() error { return ErrConfig }
 func (e *SettingError) Setting() string {
 	key, _, _ := strings.Cut(e.Key, "[")
 	return key
+}
+
+// ValidNodeName reports whether name can name a node: 1 to MaxNodeName
+// letters, digits, '-', '.' or '_'. Its certificate (kvfabric certs node)
+// carries it, and peers read it from there.
+func ValidNodeName(name string) error {
+	if len(name) > MaxNodeName || certs.ValidNodeName(name) != nil {
+		return fmt.Errorf("%q must be 1 to %d letters, digits, '-', '.' or '_' (it is the name in the node's certificate)", name, MaxNodeName)
+	}
+	return nil
 }
 
 // badSetting returns a SettingError about the setting of key.
@@ -626,8 +637,8 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	// The node's name is its certificate's (peers read it from there), so
 	// it takes a certificate name's characters: a name that no certificate
 	// can carry passed here and failed once the agent had begun to start.
-	if len(c.NodeName) > MaxNodeName || certs.ValidNodeName(c.NodeName) != nil {
-		return nil, bad("node_name", "%q must be 1 to %d letters, digits, '-', '.' or '_' (it is the name in the node's certificate)", c.NodeName, MaxNodeName)
+	if err := ValidNodeName(c.NodeName); err != nil {
+		return nil, bad("node_name", "%v", err)
 	}
 	for _, a := range []struct{ field, addr string }{
 		{"gossip_addr", c.GossipAddr}, {"gossip_advertise", c.GossipAdvertise},

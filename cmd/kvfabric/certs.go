@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/transfer/certs"
 )
 
@@ -81,8 +82,10 @@ naming it. Agents authenticate each other with mutual TLS against the CA
 	if err := parse(fs, args[2:]); err != nil {
 		return err
 	}
-	if err := certs.ValidNodeName(name); err != nil {
-		return usagef("node name %q: %v", name, err)
+	// The agent's bound, not only a certificate's (253 bytes): a
+	// certificate no agent can use is refused here.
+	if err := fabric.ValidNodeName(name); err != nil {
+		return usagef("node name %v", err)
 	}
 	validity, err := certDays(*days)
 	if err != nil {

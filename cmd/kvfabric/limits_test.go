@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvfabric/kvfabric/fabric"
 )
 
 // notAfter reads the expiry of the PEM certificate in file.
@@ -64,6 +66,36 @@ func TestCertsDaysLimits(t *testing.T) {
 				t.Errorf("%v: exit %d, %q; want 2 and %q", args, code, errs, want)
 			}
 		}
+	}
+}
+
+// certs node certifies a name of the agent's most bytes (128), and refuses
+// one more as the agent does, where a certificate's limit (253 bytes) let
+// it make a certificate no agent could use.
+func TestCertsNodeNameLimit(t *testing.T) {
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca")
+	if code, _, errs := runCmd(t, "", "certs", "ca", "--out", ca); code != 0 {
+		t.Fatalf("certs ca: exit %d: %s", code, errs)
+	}
+	node := func(name string) (int, string) {
+		code, _, errs := runCmd(t, "", "certs", "node", name, "--ca-cert", filepath.Join(ca, "ca.crt"), "--ca-key", filepath.Join(ca, "ca.key"), "--out", filepath.Join(dir, "nodes"))
+		return code, errs
+	}
+	at := strings.Repeat("n", fabric.MaxNodeName)
+	if code, errs := node(at); code != 0 {
+		t.Fatalf("certs node with a name of %d bytes: exit %d: %s", len(at), code, errs)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "nodes", at+".crt")); err != nil {
+		t.Fatal(err)
+	}
+	past := at + "n"
+	want := fmt.Sprintf("kvfabric certs: node name %q must be 1 to 128 letters, digits, '-', '.' or '_' (it is the name in the node's certificate)\n", past)
+	if code, errs := node(past); code != 2 || errs != want {
+		t.Fatalf("certs node with a name of %d bytes: exit %d, %q; want 2 and %q", len(past), code, errs, want)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "nodes", past+".crt")); !os.IsNotExist(err) {
+		t.Fatalf("certs node wrote a certificate for a name of %d bytes: %v", len(past), err)
 	}
 }
 
