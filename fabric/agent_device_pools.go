@@ -68,8 +68,8 @@ func (a *Agent) makeDeviceStorage(devSpecs []PoolSpec) (_ []pool.Storage, err er
 	wants := map[int]PoolSpec{}
 	for _, s := range devSpecs {
 		if s.GPU >= len(devs) {
-			return nil, fmt.Errorf("%w: pools: device:%d: the CUDA driver (%s) reports %d GPUs (indices 0..%d)",
-				ErrConfig, s.GPU, a.cuda.Path(), len(devs), len(devs)-1)
+			return nil, badSetting("pools", "device:%d: the CUDA driver (%s) reports %d GPUs (indices 0..%d)",
+				s.GPU, a.cuda.Path(), len(devs), len(devs)-1)
 		}
 		for _, d := range devs {
 			if s.GPU >= 0 && d.Index != s.GPU {
@@ -117,8 +117,8 @@ func (a *Agent) makeDevicePool(d cuda.DeviceInfo, spec PoolSpec) (*cuda.DeviceMe
 	page := uint64(os.Getpagesize())
 	size &^= page - 1
 	if size == 0 || size > free {
-		return nil, fmt.Errorf("%w: pools: device:%d=%s: %d bytes asked, the GPU has %d free of %d",
-			ErrConfig, d.Index, amount(spec), size, free, total)
+		return nil, badSetting("pools", "device:%d=%s: %d bytes asked, the GPU has %d free of %d",
+			d.Index, amount(spec), size, free, total)
 	}
 	m, err := a.cuda.AllocDevice(d.Index, size)
 	if err != nil {

@@ -5,6 +5,7 @@ package fabric_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -468,7 +469,8 @@ func TestDevicePoolFallsBackToHost(t *testing.T) {
 }
 
 // A GPU index the driver does not have, or more memory than a GPU has
-// free, is refused at start and named.
+// free, is refused at start and named, as a SettingError about pools (so
+// that kvfabric agent names --pool).
 func TestDevicePoolRefusals(t *testing.T) {
 	lib, _ := gpuLibs(t)
 	t.Setenv("SOFTCUDA_DEVICES", "2")
@@ -492,8 +494,9 @@ func TestDevicePoolRefusals(t *testing.T) {
 				a.Close()
 				t.Fatalf("%v started", tc.pools)
 			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("err = %v, want it to name %q", err, tc.want)
+			var se *fabric.SettingError
+			if !errors.As(err, &se) || se.Key != "pools" || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v (%T), want a SettingError about pools naming %q", err, err, tc.want)
 			}
 		})
 	}

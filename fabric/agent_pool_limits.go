@@ -19,7 +19,7 @@ func checkPoolFloor(spec string, size uint64) error {
 // avail bytes (what names that memory) when it does not fit.
 func checkPoolFits(kind string, size uint64, what string, avail uint64) error {
 	if size > avail {
-		return fmt.Errorf("%w: pools: a %s pool of %d bytes is more than %s (%d bytes)", ErrConfig, kind, size, what, avail)
+		return badSetting("pools", "a %s pool of %d bytes is more than %s (%d bytes)", kind, size, what, avail)
 	}
 	return nil
 }

@@ -50,8 +50,10 @@ func TestPoolFits(t *testing.T) {
 		t.Fatalf("a pool of all the memory: %v", err)
 	}
 	err := checkPoolFits("host", avail+1, "this machine's memory", avail)
-	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "more than this machine's memory (25769803776 bytes)") {
-		t.Fatalf("a pool a byte larger than the memory: %v", err)
+	var se *SettingError
+	if !errors.As(err, &se) || se.Key != "pools" || !errors.Is(err, ErrConfig) ||
+		err.Error() != "fabric: invalid configuration: pools: a host pool of 25769803777 bytes is more than this machine's memory (25769803776 bytes)" {
+		t.Fatalf("a pool a byte larger than the memory: %v (%T), want a SettingError about pools", err, err)
 	}
 }
 
@@ -96,8 +98,9 @@ func TestAgentRefusesPoolPastMemory(t *testing.T) {
 				a.Close()
 				t.Fatalf("an agent with a host pool of %d bytes started (memory %d, file system %d)", tc.size, mem, fs)
 			}
-			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("start: %v, want a configuration error saying %q", err, tc.want)
+			var se *SettingError
+			if !errors.As(err, &se) || se.Key != "pools" || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("start: %v (%T), want a SettingError about pools saying %q", err, err, tc.want)
 			}
 		})
 	}

@@ -25,13 +25,13 @@ func (a *Agent) startMembership(ctx context.Context) error {
 	}
 	host, port, err := splitHostPort(a.cfg.GossipAddr) // validated
 	if err != nil {
-		return fmt.Errorf("%w: gossip_addr: %v", ErrConfig, err)
+		return badSetting("gossip_addr", "%v", err)
 	}
 	mcfg.Name = a.cfg.NodeName
 	mcfg.BindAddr, mcfg.BindPort = host, port
 	if a.cfg.GossipAdvertise != "" {
 		if mcfg.AdvertiseAddr, mcfg.AdvertisePort, err = splitHostPort(a.cfg.GossipAdvertise); err != nil {
-			return fmt.Errorf("%w: gossip_advertise: %v", ErrConfig, err)
+			return badSetting("gossip_advertise", "%v", err)
 		}
 	}
 	mcfg.Seeds = a.cfg.Join

@@ -1,7 +1,6 @@
 package fabric
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric/index"
@@ -42,11 +41,11 @@ func (c *Config) populateIndexMode() {
 func (c *Config) validateIndexMode() error {
 	switch {
 	case c.IndexMode != IndexWhole && c.IndexMode != IndexOwned:
-		return fmt.Errorf("%w: index_mode: %q is not whole or owned", ErrConfig, c.IndexMode)
+		return badSetting("index_mode", "%q is not whole or owned", c.IndexMode)
 	case c.IndexReplicas < 1 || c.IndexReplicas > MaxIndexReplicas:
-		return fmt.Errorf("%w: index_replicas: %d not in 1..%d (0: %d)", ErrConfig, c.IndexReplicas, MaxIndexReplicas, DefaultIndexReplicas)
+		return badSetting("index_replicas", "%d not in 1..%d (0: %d)", c.IndexReplicas, MaxIndexReplicas, DefaultIndexReplicas)
 	case c.IndexMaxNodeBlocks < 1:
-		return fmt.Errorf("%w: index_max_node_blocks: %d is not positive (0: %d)", ErrConfig, c.IndexMaxNodeBlocks, index.DefaultMaxNodeBlocks)
+		return badSetting("index_max_node_blocks", "%d is not positive (0: %d)", c.IndexMaxNodeBlocks, index.DefaultMaxNodeBlocks)
 	}
 	return nil
 }

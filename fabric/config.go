@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/transfer"
+	"github.com/kvfabric/kvfabric/transfer/certs"
 )
 
 // The defaults and bounds of the duration settings, which DefaultConfig,
@@ -52,6 +53,11 @@ const (
 	MaxLaneHelloTimeout = time.Minute
 )
 
+// MaxNodeName bounds Config.NodeName, and the name kvfabric certs node
+// certifies, which are otherwise what certs.ValidNodeName allows a
+// certificate's name (up to 253 bytes).
+const MaxNodeName = 128
+
 // MaxLanePending bounds LaneMaxPending and LaneMaxPendingPerSource.
 const MaxLanePending = 1 << 16
 
@@ -74,6 +80,42 @@ const (
 // ErrConfig is matched by every configuration error.
 var ErrConfig = errors.New("fabric: invalid configuration")
 
+// SettingError is a configuration error about one setting: its file key,
+// with an entry's index for an entry of a list ("tiers[1]"), and what is
+// wrong with it. It matches ErrConfig and reads "fabric: invalid
+// configuration: KEY: WHY", so that a program that takes the setting
+// another way (cmd/kvfabric's flags) can name it as it was given.
+type SettingError struct {
+	Key, Why string
+}
+
+func (e *SettingError) Error() string { return fmt.Sprintf("%v: %s: %s", ErrConfig, e.Key, e.Why) }
+
+// Unwrap returns ErrConfig, which errors.Is matches and errors.Unwrap
+// returns, as for a configuration error made with fmt.Errorf("%w: ...").
+func (e *SettingError) Unwrap() error { return ErrConfig }
+
+// Setting is the setting's file key, without an entry's index.
+func (e *SettingError) Setting() string {
+	key, _, _ := strings.Cut(e.Key, "[")
+	return key
+}
+
+// ValidNodeName reports whether name can name a node: 1 to MaxNodeName
+// letters, digits, '-', '.' or '_'. Its certificate (kvfabric certs node)
+// carries it, and peers read it from there.
+func ValidNodeName(name string) error {
+	if len(name) > MaxNodeName || certs.ValidNodeName(name) != nil {
+		return fmt.Errorf("%q must be 1 to %d letters, digits, '-', '.' or '_' (it is the name in the node's certificate)", name, MaxNodeName)
+	}
+	return nil
+}
+
+// badSetting returns a SettingError about the setting of key.
+func badSetting(key, format string, args ...any) error {
+	return &SettingError{Key: key, Why: fmt.Sprintf(format, args...)}
+}
+
 // Config configures an Agent. Every field says what its zero value means;
 // DefaultConfig spells the defaults out for a cluster node and
 // DefaultLocalConfig for agents sharing one machine on loopback. The same
@@ -81,7 +123,8 @@ var ErrConfig = errors.New("fabric: invalid configuration")
 // flags of `kvfabric agent`.
 type Config struct {
 	// NodeName is this node's name in the cluster, and the name its TLS
-	// certificate must carry. If empty, the host name.
+	// certificate must carry: 1 to MaxNodeName letters, digits, '-', '.'
+	// or '_'. If empty, the host name.
 	NodeName string `json:"node_name,omitempty"`
 	// DataDir holds the engine socket, the development CA and the pool's
 	// memory files when they are files. If empty, /var/lib/kvfabric.
@@ -594,11 +637,12 @@ func (c *Config) populate() {
 
 // validate checks a populated config and returns the pools it asks for.
 func (c *Config) validate() ([]PoolSpec, error) {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
-	}
-	if strings.ContainsAny(c.NodeName, " \t\n/") || len(c.NodeName) > 128 || c.NodeName == "" {
-		return nil, bad("node_name", "%q must be 1 to 128 characters without spaces or slashes", c.NodeName)
+	bad := badSetting
+	// The node's name is its certificate's (peers read it from there), so
+	// it takes a certificate name's characters: a name that no certificate
+	// can carry passed here and failed once the agent had begun to start.
+	if err := ValidNodeName(c.NodeName); err != nil {
+		return nil, bad("node_name", "%v", err)
 	}
 	for _, a := range []struct{ field, addr string }{
 		{"gossip_addr", c.GossipAddr}, {"gossip_advertise", c.GossipAdvertise},
@@ -676,6 +720,8 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	for _, s := range durationSettings {
 		if v := *s.field(c); v < 0 {
 			return nil, bad(s.Key, "%v is negative", v)
+		} else if !s.within(v) && s.Min == 0 {
+			return nil, bad(s.Key, "%v is more than %v", v, Duration(s.Max))
 		} else if !s.within(v) {
 			return nil, bad(s.Key, "%v is not in %s", v, s.Range())
 		}
@@ -977,14 +1023,17 @@ func (s DurationSetting) within(v time.Duration) bool {
 	return v >= s.Min && (s.Max == 0 || v <= s.Max)
 }
 
-// Range says the bounds as help and errors print them: "1s..5m", "0s..24h",
-// or "" for none.
+// Range says the bounds as help and errors print them: "1s..5m", "at most
+// 24h" (not "0s..24h": zero is the default, so the least that can be given
+// is a nanosecond), or "" for none.
 func (s DurationSetting) Range() string {
 	switch {
 	case s.Max == 0 && s.Min == 0:
 		return ""
 	case s.Max == 0:
 		return fmt.Sprintf("at least %v", Duration(s.Min))
+	case s.Min == 0:
+		return fmt.Sprintf("at most %v", Duration(s.Max))
 	}
 	return fmt.Sprintf("%v..%v", Duration(s.Min), Duration(s.Max))
 }

@@ -46,6 +46,8 @@ func TestValidateConfig(t *testing.T) {
 		field string
 	}{
 		{"space in name", func(c *Config) { c.NodeName = "a b" }, "node_name"},
+		{"colon in name", func(c *Config) { c.NodeName = "a:b" }, "node_name"},
+		{"name a byte past its limit", func(c *Config) { c.NodeName = strings.Repeat("n", MaxNodeName+1) }, "node_name"},
 		{"gossip addr without port", func(c *Config) { c.GossipAddr = "127.0.0.1" }, "gossip_addr"},
 		{"bad port", func(c *Config) { c.PeerAddr = "127.0.0.1:99999" }, "peer_addr"},
 		{"bad join", func(c *Config) { c.Join = []string{"x"} }, "join[0]"},
@@ -88,6 +90,7 @@ func TestValidateConfig(t *testing.T) {
 		})
 	}
 	c := DefaultLocalConfig()
+	c.NodeName = strings.Repeat("n", MaxNodeName) // at its limit
 	c.populate()
 	specs, err := c.validate()
 	if err != nil || len(specs) != 1 || specs[0] != (PoolSpec{Kind: "host", Size: 1 << 30}) {
@@ -303,5 +306,22 @@ func TestDurationText(t *testing.T) {
 		if err := json.Unmarshal([]byte(bad), &d); err == nil {
 			t.Errorf("%s read as a duration", bad)
 		}
+	}
+}
+
+// A refused setting is a SettingError: its key, with an entry's index, and
+// why; it matches ErrConfig and reads as every configuration error does.
+func TestSettingError(t *testing.T) {
+	c := DefaultLocalConfig()
+	c.Tiers = []string{"disk=/d:1GiB", "disk=relative:1GiB"}
+	c.populate()
+	_, err := c.validate()
+	var se *SettingError
+	if !errors.As(err, &se) || !errors.Is(err, ErrConfig) || errors.Unwrap(err) != ErrConfig {
+		t.Fatalf("%v (%T): want a SettingError wrapping ErrConfig", err, err)
+	}
+	if se.Key != "tiers[1]" || se.Setting() != "tiers" || !strings.HasPrefix(se.Why, `"disk=relative:1GiB": path`) ||
+		err.Error() != "fabric: invalid configuration: tiers[1]: "+se.Why {
+		t.Fatalf("key %q, setting %q, why %q, reads %q", se.Key, se.Setting(), se.Why, err)
 	}
 }

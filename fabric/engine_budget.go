@@ -2,7 +2,6 @@ package fabric
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -111,11 +110,11 @@ func (c *Config) populateEngineLimits() {
 func (c *Config) validateEngineLimits() error {
 	switch {
 	case c.EngineRequestMemory < 0:
-		return fmt.Errorf("%w: engine_request_memory: %d is negative", ErrConfig, c.EngineRequestMemory)
+		return badSetting("engine_request_memory", "%d is negative", c.EngineRequestMemory)
 	case c.EngineQuota < 0:
-		return fmt.Errorf("%w: engine_quota: %d is negative", ErrConfig, c.EngineQuota)
+		return badSetting("engine_quota", "%d is negative", c.EngineQuota)
 	case c.EngineSessionRequestMemory < 0 || c.EngineSessionRequestMemory > c.EngineRequestMemory:
-		return fmt.Errorf("%w: engine_session_request_memory: %d is not in 0..engine_request_memory (%d)", ErrConfig, c.EngineSessionRequestMemory, c.EngineRequestMemory)
+		return badSetting("engine_session_request_memory", "%d is not in 0..engine_request_memory (%d)", c.EngineSessionRequestMemory, c.EngineRequestMemory)
 	}
 	return nil
 }

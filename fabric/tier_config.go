@@ -77,9 +77,7 @@ func ParseTierSpec(s string) (TierSpec, error) {
 
 // validateTiers checks the tier settings of a populated config.
 func (c *Config) validateTiers() error {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
-	}
+	bad := badSetting
 	if len(c.Tiers) > MaxTiers {
 		return bad("tiers", "%d tiers, at most %d", len(c.Tiers), MaxTiers)
 	}
@@ -107,10 +105,13 @@ func (c *Config) validateTiers() error {
 		}
 		seen[s.Path] = i
 	}
+	// The fractions are checked for what they must be, not what they must
+	// not: NaN (which a flag or variable may spell) passes every
+	// comparison that refuses.
 	switch {
-	case c.TierWatermark < 0 || c.TierWatermark > 1:
+	case !(c.TierWatermark >= 0 && c.TierWatermark <= 1):
 		return bad("tier_watermark", "%g is not in (0, 1] (0: %g, %g over device pools)", c.TierWatermark, pool.DefaultOffloadWatermark, deviceOffloadWatermark)
-	case c.TierInFlight < 0 || c.TierInFlight > 1:
+	case !(c.TierInFlight >= 0 && c.TierInFlight <= 1):
 		return bad("tier_in_flight", "%g is not in (0, 1] (0: %g)", c.TierInFlight, pool.DefaultOffloadInFlight)
 	case c.TierQueue < 0 || c.TierQueue > MaxTierQueue:
 		return bad("tier_queue", "%d is not in 1..%d (0: %d)", c.TierQueue, MaxTierQueue, DefaultTierQueue)

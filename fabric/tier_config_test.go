@@ -3,6 +3,7 @@ package fabric
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -48,6 +49,9 @@ func TestValidateTierConfig(t *testing.T) {
 		{"copies in flight at their ceiling", func(c *Config) { c.TierInFlight = 1 }, "", ""},
 		{"copies in flight past their ceiling", func(c *Config) { c.TierInFlight = 1.01 }, "tier_in_flight", "not in (0, 1]"},
 		{"negative copies in flight", func(c *Config) { c.TierInFlight = -0.25 }, "tier_in_flight", ""},
+		{"watermark not a number", func(c *Config) { c.TierWatermark = math.NaN() }, "tier_watermark", "NaN is not in (0, 1]"},
+		{"copies in flight not a number", func(c *Config) { c.TierInFlight = math.NaN() }, "tier_in_flight", "NaN is not in (0, 1]"},
+		{"watermark infinite", func(c *Config) { c.TierWatermark = math.Inf(1) }, "tier_watermark", "not in (0, 1]"},
 		{"queue at its limit", func(c *Config) { c.TierQueue = MaxTierQueue }, "", ""},
 		{"queue past its limit", func(c *Config) { c.TierQueue = MaxTierQueue + 1 }, "tier_queue", "not in 1..4096"},
 		{"negative queue", func(c *Config) { c.TierQueue = -1 }, "tier_queue", ""},

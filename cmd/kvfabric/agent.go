@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -58,7 +59,7 @@ and what was in use stays).`)
 	if *printConfig {
 		eff, err := cfg.Resolved()
 		if err != nil {
-			return usagef("%v", err)
+			return configUsage(err)
 		}
 		b, err := fabric.MarshalConfig(eff)
 		if err != nil {
@@ -94,7 +95,7 @@ and what was in use stays).`)
 	a, err := fabric.Start(startCtx, cfg)
 	cancel()
 	if errors.Is(err, fabric.ErrConfig) {
-		return usagef("%v", err)
+		return configUsage(err)
 	}
 	if err != nil {
 		return err
@@ -113,4 +114,21 @@ and what was in use stays).`)
 			a.Reload() // logs what it did, or why it kept what was in use
 		}
 	}
+}
+
+// configUsage is the usage error of a configuration error. One about a
+// setting names its flag beside its file key ("tiers[1] (--tier): ..."):
+// the key is the file's and the environment's name of it, the flag the
+// command line's.
+func configUsage(err error) error {
+	var se *fabric.SettingError
+	if errors.As(err, &se) {
+		for _, s := range agentSettings {
+			if configKey(s.field) == se.Setting() {
+				named := fmt.Sprintf("%v: %s (--%s): %s", fabric.ErrConfig, se.Key, s.flag, se.Why)
+				return usagef("%s", strings.Replace(err.Error(), se.Error(), named, 1))
+			}
+		}
+	}
+	return usagef("%v", err)
 }

@@ -6,8 +6,22 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/transfer/certs"
 )
+
+// maxCertDays bounds --days: a century, far short of the 106,751 days
+// past which the validity overflows a time.Duration (and, wrapped to zero
+// or less, became the package's default validity without a word).
+const maxCertDays = 36500
+
+// certDays checks --days.
+func certDays(days int) (time.Duration, error) {
+	if days < 1 || days > maxCertDays {
+		return 0, usagef("--days %d: want 1..%d", days, maxCertDays)
+	}
+	return time.Duration(days) * 24 * time.Hour, nil
+}
 
 func runCerts(e *env, args []string) error {
 	if len(args) == 0 || (args[0] != "ca" && args[0] != "node" && args[0] != "-h" && args[0] != "--help") {
@@ -27,14 +41,15 @@ naming it. Agents authenticate each other with mutual TLS against the CA
 		fs := newFlags(e, "certs ca", "[--out DIR] [--name NAME] [--days N]", "Makes a cluster CA: DIR/ca.crt and DIR/ca.key.")
 		out := fs.String("out", ".", "directory to write ca.crt and ca.key to")
 		name := fs.String("name", "kvfabric cluster CA", "the CA's common name")
-		days := fs.Int("days", 3650, "validity in days")
+		days := fs.Int("days", 3650, fmt.Sprintf("validity in days, 1..%d", maxCertDays))
 		if err := parse(fs, args[1:]); err != nil {
 			return err
 		}
-		if *days <= 0 {
-			return usagef("--days %d: must be positive", *days)
+		validity, err := certDays(*days)
+		if err != nil {
+			return err
 		}
-		ca, err := certs.NewCA(*name, time.Duration(*days)*24*time.Hour)
+		ca, err := certs.NewCA(*name, validity)
 		if err != nil {
 			return err
 		}
@@ -56,7 +71,7 @@ naming it. Agents authenticate each other with mutual TLS against the CA
 	out := fs.String("out", ".", "directory to write NAME.crt and NAME.key to")
 	caCert := fs.String("ca-cert", "ca.crt", "the CA certificate")
 	caKey := fs.String("ca-key", "ca.key", "the CA key")
-	days := fs.Int("days", 365, "validity in days")
+	days := fs.Int("days", 365, fmt.Sprintf("validity in days, 1..%d, cut to the CA's own expiry", maxCertDays))
 	if len(args) < 2 || args[1] == "" || args[1][0] == '-' {
 		if len(args) >= 2 && (args[1] == "-h" || args[1] == "--help") {
 			return parse(fs, args[1:])
@@ -67,17 +82,20 @@ naming it. Agents authenticate each other with mutual TLS against the CA
 	if err := parse(fs, args[2:]); err != nil {
 		return err
 	}
-	if err := certs.ValidNodeName(name); err != nil {
-		return usagef("node name %q: %v", name, err)
+	// The agent's bound, not only a certificate's (253 bytes): a
+	// certificate no agent can use is refused here.
+	if err := fabric.ValidNodeName(name); err != nil {
+		return usagef("node name %v", err)
 	}
-	if *days <= 0 {
-		return usagef("--days %d: must be positive", *days)
+	validity, err := certDays(*days)
+	if err != nil {
+		return err
 	}
 	ca, err := certs.LoadCA(*caCert, *caKey)
 	if err != nil {
 		return err
 	}
-	pair, err := ca.IssueNode(name, time.Duration(*days)*24*time.Hour)
+	pair, err := ca.IssueNode(name, validity)
 	if err != nil {
 		return err
 	}

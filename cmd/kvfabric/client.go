@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,19 +38,41 @@ func defaultSocket() string {
 type clientFlags struct {
 	socket  *string
 	json    *bool
-	timeout *time.Duration
+	timeout *positiveDuration
 }
 
 func addClientFlags(fs *flag.FlagSet) clientFlags {
+	timeout := positiveDuration(time.Minute)
+	fs.Var(&timeout, "timeout", "bound on the whole command, a `duration` more than 0")
 	return clientFlags{
 		socket:  fs.String("socket", defaultSocket(), "the agent's engine socket (env KVFABRIC_SOCKET)"),
 		json:    fs.Bool("json", false, "print JSON for scripts instead of a table"),
-		timeout: fs.Duration("timeout", time.Minute, "bound on the whole command"),
+		timeout: &timeout,
 	}
 }
 
+// positiveDuration is a duration flag refused, as the flags are parsed,
+// unless it is more than zero: a bound already past would fail every call
+// naming no flag, and found only once the command had read its input (put
+// reads standard input first).
+type positiveDuration time.Duration
+
+func (d *positiveDuration) String() string { return time.Duration(*d).String() }
+
+func (d *positiveDuration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("not a duration such as 30s")
+	}
+	if v <= 0 {
+		return errors.New("must be positive")
+	}
+	*d = positiveDuration(v)
+	return nil
+}
+
 func (f clientFlags) dial() (*client.Client, context.Context, context.CancelFunc, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), *f.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(*f.timeout))
 	c, err := client.Dial(ctx, *f.socket)
 	if err != nil {
 		cancel()
@@ -289,8 +312,9 @@ type blockNames struct {
 // pass them through to the agent: it then also finds holders at another
 // page size (one that divides the engine's), which hashes cannot name.
 func (h hashFlags) names(e *env, args []string, pageSize int) (blockNames, error) {
+	flag := "--page-size"
 	if h.blockSize != nil {
-		pageSize = *h.blockSize
+		pageSize, flag = *h.blockSize, "--block-size"
 	}
 	if *h.hashes != "" {
 		if len(args) > 0 {
@@ -308,7 +332,7 @@ func (h hashFlags) names(e *env, args []string, pageSize int) (blockNames, error
 	}
 	hasher, err := layout.NewHasher(pageSize, layout.HashOptions{Salt: *h.salt, LoRA: *h.lora})
 	if err != nil {
-		return blockNames{}, usagef("block size %d: must be 1..%d", pageSize, layout.MaxBlockSize)
+		return blockNames{}, usagef("%s %d: must be 1..%d", flag, pageSize, layout.MaxBlockSize)
 	}
 	var tokens []uint32
 	if len(args) > 0 {
@@ -429,7 +453,7 @@ uses the block set, and after that until the agent needs the memory for
 another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	cf := addClientFlags(fs)
 	ef := addEngineFlags(fs, "kvfabric-put")
-	generate := fs.Int("generate", 0, "generate N blocks of random tokens instead of reading token ids")
+	generate := fs.Int("generate", 0, "generate N blocks of random tokens instead of reading token ids, 1..1048576, and at most 16777216 tokens (N x --page-size)")
 	seed := fs.Uint64("seed", 1, "seed of the generated tokens")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -438,10 +462,19 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	if err != nil {
 		return err
 	}
+	// The page size is checked before --generate makes that many tokens a
+	// block.
+	hasher, err := layout.NewHasher(eng.PageSize, layout.HashOptions{})
+	if err != nil {
+		return usagef("--page-size %d: %v", eng.PageSize, err)
+	}
 	var tokens []uint32
 	switch {
-	case *generate < 0 || *generate > 1<<20:
-		return usagef("--generate %d: want 1..%d", *generate, 1<<20)
+	case *generate < 0 || *generate > maxGenerate:
+		return usagef("--generate %d: want 1..%d", *generate, maxGenerate)
+	case *generate > maxGenerateTokens/eng.PageSize:
+		return usagef("--generate %d: at most %d blocks of --page-size %d tokens (%d tokens in all)",
+			*generate, maxGenerateTokens/eng.PageSize, eng.PageSize, maxGenerateTokens)
 	case *generate > 0:
 		if fs.NArg() > 0 {
 			return usagef("give --generate or token ids, not both")
@@ -458,10 +491,6 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	}
 	if err != nil {
 		return err
-	}
-	hasher, err := layout.NewHasher(eng.PageSize, layout.HashOptions{})
-	if err != nil {
-		return usagef("--page-size %d: %v", eng.PageSize, err)
 	}
 	blocks := hasher.Sequence(tokens)
 	if len(blocks) == 0 {
@@ -546,6 +575,15 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	fmt.Fprintln(e.stdout, strings.Join(strs, ","))
 	return nil
 }
+
+// maxGenerate bounds put --generate.
+const maxGenerate = 1 << 20
+
+// maxGenerateTokens bounds the tokens put --generate makes, 64 MiB of
+// them: maxGenerate blocks of the default page size, 16 tokens. A larger
+// page size makes fewer blocks (256 of 65,536 tokens), not 256 GiB of
+// tokens.
+const maxGenerateTokens = 1 << 24
 
 // putBatch is how many blocks put allocates and registers at a time.
 const putBatch = 64

@@ -52,10 +52,10 @@ func TestUsageErrors(t *testing.T) {
 		{"plan extra argument", []string{"plan", "--src", "a", "--dst", "b", "c"}, `unexpected argument "c"`},
 		{"import chunk not a size", []string{"agent", "--local", "--import-chunk-bytes", "lots"}, `--import-chunk-bytes "lots"`},
 		// Refused by the configuration's bounds before anything starts.
-		{"import chunk under its floor", []string{"agent", "--local", "--data-dir", "/nonexistent/kvf", "--import-chunk-bytes", "1048575"}, "import_chunk_bytes: 1048575 is not in 1048576.."},
-		{"import chunk over its ceiling", []string{"agent", "--local", "--data-dir", "/nonexistent/kvf", "--import-chunk-bytes", "4294967297"}, "import_chunk_bytes: 4294967297 is not in"},
-		{"negative lease cap", []string{"agent", "--local", "--data-dir", "/nonexistent/kvf", "--max-leased-per-peer", "-1"}, "max_leased_per_peer: -1 is negative"},
-		{"unknown log format", []string{"agent", "--local", "--data-dir", "/nonexistent/kvf", "--log-format", "xml"}, `log_format: "xml" is not text or json`},
+		{"import chunk under its floor", []string{"agent", "--local", "--data-dir", "/nonexistent/kvf", "--import-chunk-bytes", "1048575"}, "import_chunk_bytes (--import-chunk-bytes): 1048575 is not in 1048576.."},
+		{"import chunk over its ceiling", []string{"agent", "--local", "--data-dir", "/nonexistent/kvf", "--import-chunk-bytes", "4294967297"}, "import_chunk_bytes (--import-chunk-bytes): 4294967297 is not in"},
+		{"negative lease cap", []string{"agent", "--local", "--data-dir", "/nonexistent/kvf", "--max-leased-per-peer", "-1"}, "max_leased_per_peer (--max-leased-per-peer): -1 is negative"},
+		{"unknown log format", []string{"agent", "--local", "--data-dir", "/nonexistent/kvf", "--log-format", "xml"}, `log_format (--log-format): "xml" is not text or json`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -26,7 +26,7 @@ type setting struct {
 }
 
 var agentSettings = []setting{
-	{"node", "NodeName", "node name, also the name in its TLS certificate (default: host name)"},
+	{"node", "NodeName", "node name, also the name in its TLS certificate: 1 to 128 letters, digits, '-', '.' or '_' (default: host name)"},
 	{"data-dir", "DataDir", "directory for the engine socket and the development CA (default /var/lib/kvfabric)"},
 	{"gossip-addr", "GossipAddr", "host:port gossip binds, UDP and TCP (default 0.0.0.0:7946)"},
 	{"gossip-advertise", "GossipAdvertise", "host:port other nodes reach gossip at (default: derived)"},
@@ -60,7 +60,7 @@ var agentSettings = []setting{
 	{"peer-timeout", "PeerTimeout", "how long a silent peer may stall a call"},
 	{"rdma", "RDMA", "auto: read over RDMA where this node and the holder can, QUIC elsewhere; on: refuse to start without a usable RDMA device; off: QUIC only (default auto)"},
 	{"rdma-device", "RDMADevice", "RDMA device to use for every pool, e.g. mlx5_0 (default: for device pools the one nearest each GPU, else the first with an active port; see kvfabric rdma devices)"},
-	{"rdma-port", "RDMAPort", "port of the RDMA device (default 1)"},
+	{"rdma-port", "RDMAPort", "port of the RDMA device, 1..255 (default 1)"},
 	{"rdma-library", "RDMALibrary", "path of libibverbs (default: $KVFABRIC_IBVERBS_LIB, then libibverbs.so.1)"},
 	{"rdma-timeout", "RDMATimeout", "queue-pair ACK timeout exponent, 1..31: each try waits 4.096us x 2^N (default 14)"},
 	{"rdma-retry", "RDMARetry", "queue-pair retries after a timeout, 1..7; a dead holder fails a read after (N+1) tries (default 7: about 0.5s with timeout 14)"},

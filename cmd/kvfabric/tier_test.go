@@ -22,19 +22,23 @@ func TestTierFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--tier", "disk=relative:1GiB"}, `tiers[0]: "disk=relative:1GiB": path "relative" is not absolute`},
+		{[]string{"--tier", "disk=relative:1GiB"}, `tiers[0] (--tier): "disk=relative:1GiB": path "relative" is not absolute`},
 		{[]string{"--tier", "disk=" + a + ":1MiB"}, "size 1048576 is not in 16777216 (16MiB)"},
 		{[]string{"--tier", "disk=" + a + ":1001GiB"}, "is not in 16777216 (16MiB)..1073741824000 (1000GiB)"},
 		{[]string{"--tier", "nvme=" + a + ":1GiB"}, `unknown tier kind "nvme"`},
 		{[]string{"--tier", "disk=" + a + ":1GiB", "--tier", "disk=" + a + ":1GiB"}, "tiers[1]"},
-		{[]string{"--tier-watermark", "1.5"}, "tier_watermark: 1.5 is not in (0, 1]"},
+		{[]string{"--tier-watermark", "1.5"}, "tier_watermark (--tier-watermark): 1.5 is not in (0, 1]"},
 		{[]string{"--tier-watermark", "most"}, "--tier-watermark \"most\": want a number"},
-		{[]string{"--tier-queue", "4097"}, "tier_queue: 4097 is not in 1..4096"},
-		{[]string{"--tier-in-flight", "1.01"}, "tier_in_flight: 1.01 is not in (0, 1]"},
-		{[]string{"--tier-staging-slots", "4097"}, "tier_staging_slots: 4097 is not in 1..4096"},
+		{[]string{"--tier-queue", "4097"}, "tier_queue (--tier-queue): 4097 is not in 1..4096"},
+		{[]string{"--tier-in-flight", "1.01"}, "tier_in_flight (--tier-in-flight): 1.01 is not in (0, 1]"},
+		{[]string{"--tier-watermark", "NaN"}, "tier_watermark (--tier-watermark): NaN is not in (0, 1]"},
+		{[]string{"--tier-in-flight", "nan"}, "tier_in_flight (--tier-in-flight): NaN is not in (0, 1]"},
+		{[]string{"--tier-staging-slots", "4097"}, "tier_staging_slots (--tier-staging-slots): 4097 is not in 1..4096"},
 		{[]string{"--tier-block-bytes", "2GiB"}, "tier_block_bytes"},
 	} {
-		args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "d")}, tc.args...)
+		// --print-config: a value wrongly accepted prints the settings
+		// instead of starting an agent.
+		args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "d"), "--print-config"}, tc.args...)
 		code, _, errs := runCmd(t, "", args...)
 		if code != 2 || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, errs, tc.want)
