@@ -121,17 +121,38 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 }
 
 // setFor returns block set id as the calling session sees it, making it
-// one of the sets the session uses.
+// one of the sets the session uses. Only a set the calling process may
+// join is (joinableSet).
 func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, error) {
 	sess, err := e.a.sessionOf(ctx)
 	if err != nil {
 		return nil, err
 	}
-	es, err := e.a.engineSet(id)
+	es, err := e.a.joinableSet(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	return e.a.attachUnclaimed(ctx, sess, es)
+}
+
+// joinableSet returns block set id where the process at the other end of
+// ctx's call may use it (engineSet.mayJoin): its memory was handed to that
+// process, or to none still running. A call naming another running
+// process's set by its id, a set it was never handed, is refused
+// (PERMISSION_DENIED): a session there gets no memory, but its slots and
+// registrations would be the set's all the same, blocks registered under
+// hashes their bytes are not, and slots and references the set's engine
+// counts on taken.
+func (a *Agent) joinableSet(ctx context.Context, id uint64) (*engineSet, error) {
+	es, err := a.engineSet(id)
+	if err != nil {
+		return nil, err
+	}
+	if pid := callerPID(ctx); !es.mayJoin(pid) {
+		return nil, status.Errorf(codes.PermissionDenied,
+			"block set %d: handed to another process that is still running, not to process %d; a process uses the block sets its own Register returned", id, pid)
+	}
+	return es, nil
 }
 
 func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateRequest) (*fabricpb.AllocateResponse, error) {
@@ -448,7 +469,8 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	var perBlock uint64 // bytes one block moves into the engine's set
 	bs := int(req.GetBlockSize())
 	if id := req.GetBlockSet(); id != 0 {
-		s, err := a.engineSet(id)
+		// Its restores from the tiers take slots there (localTiers).
+		s, err := a.joinableSet(ctx, id)
 		if err != nil {
 			return nil, err
 		}

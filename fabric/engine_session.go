@@ -645,7 +645,7 @@ func (e *engineServer) DropBlockSet(ctx context.Context, req *fabricpb.DropBlock
 	if err != nil {
 		return nil, err
 	}
-	es, err := e.a.engineSet(req.GetBlockSet())
+	es, err := e.a.joinableSet(ctx, req.GetBlockSet())
 	if err != nil {
 		return nil, err
 	}
