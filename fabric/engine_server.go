@@ -380,7 +380,9 @@ func (e *engineServer) giveBack(ctx context.Context, set uint64, slots []uint32,
 }
 
 // requestHashes returns the n sequence hashes a request names, given as
-// hashes or as token ids to hash with the block set's page size.
+// hashes or as token ids to hash with the block set's page size; token ids
+// may make at most maxRequestBlocks blocks (hashes are the caller's to
+// bound).
 func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([]uint64, error) {
 	if err := checkTokenStrings(tokens); err != nil {
 		return nil, err
@@ -400,6 +402,11 @@ func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([
 	h, err := layout.NewHasher(pageSize, layout.HashOptions{Salt: tokens.GetSalt(), LoRA: tokens.GetLora()})
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "block size: %v", err)
+	}
+	// Counted before they are hashed: at a small block size the ids make
+	// many more blocks than a request may name.
+	if n := len(tokens.GetIds()) / pageSize; n > maxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "tokens: %d ids make %d full blocks of %d (at most %d)", len(tokens.GetIds()), n, pageSize, maxRequestBlocks)
 	}
 	blocks := h.Sequence(tokens.GetIds())
 	if n >= 0 && len(blocks) != n {

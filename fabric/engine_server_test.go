@@ -254,4 +254,15 @@ func TestEngineRequestLimits(t *testing.T) {
 	if _, err := api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: tokens}, BlockSize: 64}); code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tokens") {
 		t.Fatalf("lookup of %d tokens: %v, want InvalidArgument naming tokens", len(tokens), err)
 	}
+	// Tokens make at most 65,536 blocks too, however small the block.
+	r, err = api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: tokens[:maxHashes]}, BlockSize: 1})
+	if err != nil || len(r.Hashes) != maxHashes {
+		t.Fatalf("lookup of %d tokens at block size 1 (the limit's blocks): %d hashes, %v", maxHashes, len(r.GetHashes()), err)
+	}
+	for _, n := range []int{maxHashes + 1, maxTokens} {
+		_, err := api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: tokens[:n]}, BlockSize: 1})
+		if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), fmt.Sprintf("tokens: %d ids make %d full blocks", n, n)) {
+			t.Fatalf("lookup of %d tokens at block size 1: %v, want InvalidArgument naming the tokens and their blocks", n, err)
+		}
+	}
 }
