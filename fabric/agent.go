@@ -831,7 +831,10 @@ func (m *setMaker) release() {
 // it); and no set is made meanwhile
 // (a.registerMu): so it ends. a.mu is held.
 func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*engineSet, *engineSet, error) {
-	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)
+	// What the set's regions will take (setBytes): a region holds every
+	// layer of every slot, which Block alone does not where layers are
+	// kept apart (LayerSeparate: Block is a slot's stride within a layer).
+	need := tmpl.Strides().Region * uint64(tmpl.TPSize)
 	tried := triedSets{}
 	m := &setMaker{a: a, engine: engine, tmpl: tmpl, place: place}
 	defer m.release()

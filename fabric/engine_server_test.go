@@ -17,6 +17,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
 
 var smallModel = layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 8, DType: layout.DTypeF16}
@@ -264,5 +265,37 @@ func TestEngineRequestLimits(t *testing.T) {
 		if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), fmt.Sprintf("tokens: %d ids make %d full blocks", n, n)) {
 			t.Fatalf("lookup of %d tokens at block size 1: %v, want InvalidArgument naming the tokens and their blocks", n, err)
 		}
+	}
+}
+
+// A block set's memory, as its engine's quota counts it, is its regions',
+// whatever its arrangement: one whose layers are kept apart takes every
+// layer of each slot (8 MiB here, past a quota of 4 MiB), not one.
+func TestLayerSeparateSetCountedWhole(t *testing.T) {
+	cfg := testConfig(t, "n1") // host=16MiB
+	cfg.EngineQuota = 4 << 20
+	a := startAgent(t, cfg)
+	api := dial(t, a).API()
+	ctx := context.Background()
+	m := layout.ModelConfig{Layers: 16, KVHeads: 4, HeadDim: 64, DType: layout.DTypeF16}
+	req := func(slots uint32) *fabricpb.RegisterRequest {
+		// 16 KiB a slot in each layer: 256 KiB a slot, 8 MiB for 32.
+		return &fabricpb.RegisterRequest{Engine: "e", Model: m.Proto(), TpSize: 1, PageSize: 16, KvOrder: layoutpb.KVOrder_KV_ORDER_HND,
+			Arrangement: layoutpb.Arrangement_ARRANGEMENT_LAYER_SEPARATE, Slots: slots}
+	}
+	_, err := api.Register(ctx, req(32))
+	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "this one needs 8388608") {
+		t.Fatalf("register of a set of 8 MiB past a quota of 4 MiB: %v, want ResourceExhausted naming its 8388608 bytes", err)
+	}
+	st, err := dial(t, a).Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.BlockSets) != 0 {
+		t.Fatalf("block sets %v made past the quota", st.BlockSets)
+	}
+	// At the quota.
+	if _, err := api.Register(ctx, req(16)); err != nil {
+		t.Fatalf("register of a set of 4 MiB within a quota of 4 MiB: %v", err)
 	}
 }
