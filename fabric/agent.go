@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"net"
 	"net/http"
 	"os"
@@ -834,7 +835,15 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 	// What the set's regions will take (setBytes): a region holds every
 	// layer of every slot, which Block alone does not where layers are
 	// kept apart (LayerSeparate: Block is a slot's stride within a layer).
-	need := tmpl.Strides().Region * uint64(tmpl.TPSize)
+	// Each region is at most 2^62 bytes (Validate), but 1,024 of them may
+	// be more than a uint64 holds: wrapped, the need would pass the quota
+	// and idle sets be freed for a set the pool cannot hold.
+	region := tmpl.Strides().Region
+	hi, need := bits.Mul64(region, uint64(tmpl.TPSize))
+	if hi != 0 {
+		return nil, nil, &layout.FieldError{Field: "slots",
+			Reason: fmt.Sprintf("%d slots take %d bytes on each of %d ranks, more than 2^64 in all", tmpl.Slots, region, tmpl.TPSize)}
+	}
 	tried := triedSets{}
 	m := &setMaker{a: a, engine: engine, tmpl: tmpl, place: place}
 	defer m.release()

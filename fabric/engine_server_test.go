@@ -16,6 +16,7 @@ import (
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
@@ -297,5 +298,52 @@ func TestLayerSeparateSetCountedWhole(t *testing.T) {
 	// At the quota.
 	if _, err := api.Register(ctx, req(16)); err != nil {
 		t.Fatalf("register of a set of 4 MiB within a quota of 4 MiB: %v", err)
+	}
+}
+
+// A layout whose set would take more than 2^64 bytes over its ranks is
+// refused, InvalidArgument naming its slots, and frees no idle set: its
+// bytes (2^54 on each of 1,024 ranks) wrapped to 0 passed the quota, and
+// the engine's idle sets were freed for room the pool never had.
+func TestSetPastTwoToTheSixtyFourRefused(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.BlockSetGrace = time.Hour
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sctx, end := context.WithCancel(ctx)
+	api, _, ev := rawSession(t, sctx, a.EngineSocket())
+	in := inSession(sctx, ev.Session)
+	idle, err := api.Register(in, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4,
+		KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	end() // idle from now, for an hour
+	c := dial(t, a)
+	wait.For(t, 10*time.Second, "the set idle", func() error {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if len(st.BlockSets) != 1 || st.BlockSets[0].Sessions != 0 {
+			return fmt.Errorf("block sets %v", st.BlockSets)
+		}
+		return nil
+	})
+	// 2^46 bytes a slot on each rank (65,536 tokens × 1 head × 65,536 ×
+	// 2 bytes × K and V × 4,096 layers), 256 slots: 2^54 bytes a rank.
+	huge := layout.ModelConfig{Layers: 4096, KVHeads: 1024, HeadDim: 65536, DType: layout.DTypeF16}
+	_, err = c.API().Register(ctx, &fabricpb.RegisterRequest{Engine: "e", Model: huge.Proto(), TpSize: 1024, PageSize: 65536,
+		KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 256})
+	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "slots") {
+		t.Errorf("register of 1,024 regions of 2^54 bytes: %v, want InvalidArgument naming slots", err)
+	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.BlockSets) != 1 || st.BlockSets[0].Id != idle.BlockSet {
+		t.Fatalf("block sets %v after the refused register, want the idle set %d kept", st.BlockSets, idle.BlockSet)
 	}
 }
