@@ -982,7 +982,10 @@ func (a *Agent) defaultSlots(probe *layout.Layout, place []int) int {
 	slots := layout.MaxSlots
 	for i, st := range a.storages {
 		if ranks[i] > 0 {
-			slots = min(slots, int(st.Size()/4/(block*ranks[i])))
+			// Divided in turn: block × ranks, each rank holding a whole
+			// block (MLA), may pass 2^64 and wrap (to 0: a division by
+			// zero).
+			slots = min(slots, int(st.Size()/4/block/ranks[i]))
 		}
 	}
 	return max(1, slots)

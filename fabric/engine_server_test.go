@@ -347,3 +347,21 @@ func TestSetPastTwoToTheSixtyFourRefused(t *testing.T) {
 		t.Fatalf("block sets %v after the refused register, want the idle set %d kept", st.BlockSets, idle.BlockSet)
 	}
 }
+
+// A Register that asks for the default slot count of a layout whose block
+// takes 2^64 bytes over the ranks of one pool (an MLA block of 2^57 bytes,
+// whole on each of 128 ranks) is answered with an error, not a panic: the
+// default count divided the pool's quarter by their product, which
+// wrapped to 0.
+func TestDefaultSlotsOfAHugeBlock(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// 65,536 tokens × 4,096 heads × 65,536 × 2 bytes × 4,096 layers.
+	mla := layout.ModelConfig{Layers: 4096, KVHeads: 4096, HeadDim: 65536, DType: layout.DTypeF16, MLA: true}
+	_, err := dial(t, a).API().Register(ctx, &fabricpb.RegisterRequest{Engine: "e", Model: mla.Proto(), TpSize: 128, PageSize: 65536,
+		KvOrder: layoutpb.KVOrder_KV_ORDER_HND})
+	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "more than 2^64") {
+		t.Fatalf("register of a block of 2^64 bytes over its ranks, default slots: %v, want InvalidArgument: more than 2^64 bytes", err)
+	}
+}
