@@ -8,13 +8,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvfabric/kvfabric/fabric"
@@ -23,6 +27,7 @@ import (
 	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
 
 // isolationHelperEnv makes the test binary the engine of the isolation
@@ -601,5 +606,67 @@ func TestCallsOnAnotherProcesssSetRefused(t *testing.T) {
 	}
 	if _, err := c.Allocate(ctx, tenant.set, 1); err != nil {
 		t.Fatalf("Allocate in the block set of a process that has exited: %v", err)
+	}
+}
+
+// A process cannot call under another process's session, whose id Status
+// lists: PERMISSION_DENIED naming the session, and the session is not
+// renamed by a Register made under it.
+func TestCallsUnderAnotherProcesssSessionRefused(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tenant := startTenant(t, a, "fd")
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tenantSession := func() *fabricpb.Session {
+		t.Helper()
+		st, err := c.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range st.Sessions {
+			if int(s.Pid) == tenant.cmd.Process.Pid {
+				return s
+			}
+		}
+		t.Fatalf("no session of the tenant's process %d in %v", tenant.cmd.Process.Pid, st.Sessions)
+		return nil
+	}
+	before := tenantSession()
+	// A connection of this process that names the tenant's session only.
+	conn, err := grpc.NewClient("unix:"+a.EngineSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	api := fabricpb.NewEngineClient(conn)
+	theirs := metadata.AppendToOutgoingContext(ctx, fabricpb.SessionMetadata, strconv.FormatUint(before.Id, 10))
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"Lookup", func() error {
+			_, err := api.Lookup(theirs, &fabricpb.LookupRequest{Hashes: []uint64{0xa1}})
+			return err
+		}},
+		{"Register", func() error {
+			_, err := api.Register(theirs, &fabricpb.RegisterRequest{Engine: "intruder", Model: smallModel.Proto(), TpSize: 1, PageSize: 4,
+				KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 8})
+			return err
+		}},
+		{"Status", func() error { _, err := api.Status(theirs, &fabricpb.StatusRequest{}); return err }},
+	}
+	for _, tc := range calls {
+		err := tc.call()
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), fmt.Sprintf("session %d", before.Id)) {
+			t.Errorf("%s under another process's session: %v, want PermissionDenied naming the session", tc.name, err)
+		}
+	}
+	if after := tenantSession(); after.Engine != before.Engine || !slices.Equal(after.BlockSets, before.BlockSets) {
+		t.Fatalf("the tenant's session was %v before the calls, %v after", before, after)
 	}
 }

@@ -225,7 +225,8 @@ func (a *Agent) endSession(s *session, why string) {
 }
 
 // sessionOf returns the session ctx's call works under: the one its
-// metadata names, else the implicit session.
+// metadata names, else the implicit session. A session opened by another
+// process (both known by SO_PEERCRED) is refused.
 func (a *Agent) sessionOf(ctx context.Context) (*session, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	v := md.Get(SessionMetadata)
@@ -244,6 +245,12 @@ func (a *Agent) sessionOf(ctx context.Context) (*session, error) {
 	a.sessMu.Unlock()
 	if s == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "session %d: not open (it ended, or the agent restarted); open a new one", id)
+	}
+	// Ids are no secret (Status lists them): a session is its process's,
+	// and another process's calls under it would rename it, hold their
+	// sets under it, and spend its request budget.
+	if pid := callerPID(ctx); pid > 0 && s.pid > 0 && pid != s.pid {
+		return nil, status.Errorf(codes.PermissionDenied, "session %d: opened by process %d, not by process %d; a process calls under the sessions it opened", id, s.pid, pid)
 	}
 	return s, nil
 }
