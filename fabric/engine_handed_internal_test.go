@@ -154,3 +154,45 @@ func TestSetOfAnExitedReceiverJoinedAgain(t *testing.T) {
 		t.Errorf("exited process %d still recorded as set %d's receiver", p1, first.set.ID())
 	}
 }
+
+// A call of a process a set was handed to is let through as it is, and
+// leaves the set's other receivers alone: another that has exited does
+// not make the set zero the slots it allocates (the caller had them all
+// along), as it does for a process that takes the set over.
+func TestCallOfAReceiverZeroesNothing(t *testing.T) {
+	self := int32(os.Getpid())
+	child := exec.Command("true")
+	if err := child.Start(); err != nil {
+		t.Skip(err)
+	}
+	fd, err := unix.PidfdOpen(child.Process.Pid, 0)
+	if err != nil {
+		child.Wait()
+		t.Skipf("pidfd_open: %v", err)
+	}
+	if err := child.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	gone := int32(child.Process.Pid)
+	es := &engineSet{receivers: map[int32]int{self: -1, gone: fd}}
+	t.Cleanup(func() {
+		if fd, ok := es.receivers[gone]; ok {
+			unix.Close(fd)
+		}
+	})
+	if !es.mayCall(self) {
+		t.Fatal("a receiver's call refused")
+	}
+	if es.zeroFresh || !receives(es, gone) {
+		t.Fatalf("a receiver's call: zeroFresh %v, the exited receiver recorded %v; want the set as it was", es.zeroFresh, receives(es, gone))
+	}
+	// A process it was not handed to (here this one, no longer recorded)
+	// takes the set over once the others have exited: zeroed from now.
+	delete(es.receivers, self)
+	if !es.mayCall(self) {
+		t.Fatal("a call of a process after the set's others exited refused")
+	}
+	if !es.zeroFresh || receives(es, gone) {
+		t.Fatalf("a takeover: zeroFresh %v, the exited receiver recorded %v; want zeroing, the receiver forgotten", es.zeroFresh, receives(es, gone))
+	}
+}

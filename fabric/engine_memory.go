@@ -329,6 +329,17 @@ func (es *engineSet) mayJoin(pid int32) bool {
 	return true
 }
 
+// mayCall says whether a call of process pid may name es: pid is one of
+// the processes es's memory was handed to, or may join it (mayJoin). One
+// of them asks nothing of the others: another that has exited does not
+// make es zero its slots for a process that had them all along.
+func (es *engineSet) mayCall(pid int32) bool {
+	es.mu.Lock()
+	_, handed := es.receivers[pid]
+	es.mu.Unlock()
+	return handed || es.mayJoin(pid)
+}
+
 // processAlive says whether process pid (its pidfd, or -1 where none could
 // be opened) has not exited.
 func processAlive(pid int32, pidfd int) bool {

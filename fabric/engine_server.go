@@ -136,7 +136,7 @@ func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, erro
 }
 
 // joinableSet returns block set id where the process at the other end of
-// ctx's call may use it (engineSet.mayJoin): its memory was handed to that
+// ctx's call may use it (engineSet.mayCall): its memory was handed to that
 // process, or to none still running. A call naming another running
 // process's set by its id, a set it was never handed, is refused
 // (PERMISSION_DENIED): a session there gets no memory, but its slots and
@@ -148,7 +148,7 @@ func (a *Agent) joinableSet(ctx context.Context, id uint64) (*engineSet, error) 
 	if err != nil {
 		return nil, err
 	}
-	if pid := callerPID(ctx); !es.mayJoin(pid) {
+	if pid := callerPID(ctx); !es.mayCall(pid) {
 		return nil, status.Errorf(codes.PermissionDenied,
 			"block set %d: handed to another process that is still running, not to process %d; a process uses the block sets its own Register returned", id, pid)
 	}
