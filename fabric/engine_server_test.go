@@ -304,47 +304,79 @@ func TestLayerSeparateSetCountedWhole(t *testing.T) {
 // A layout whose set would take more than 2^64 bytes over its ranks is
 // refused, InvalidArgument naming its slots, and frees no idle set: its
 // bytes (2^54 on each of 1,024 ranks) wrapped to 0 passed the quota, and
-// the engine's idle sets were freed for room the pool never had.
+// the engine's idle sets were freed for room the pool never had. A set of
+// just under 2^64 bytes, which the quota's sum (what the engine's sets
+// take, plus the need) wrapped to a few KiB, and a set past the quota on
+// its own, are refused by the quota (ResourceExhausted) with the engine's
+// idle set kept: freeing it makes no room for either.
 func TestSetPastTwoToTheSixtyFourRefused(t *testing.T) {
-	cfg := testConfig(t, "n1")
-	cfg.BlockSetGrace = time.Hour
-	a := startAgent(t, cfg)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	sctx, end := context.WithCancel(ctx)
-	api, _, ev := rawSession(t, sctx, a.EngineSocket())
-	in := inSession(sctx, ev.Session)
-	idle, err := api.Register(in, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4,
-		KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	end() // idle from now, for an hour
-	c := dial(t, a)
-	wait.For(t, 10*time.Second, "the set idle", func() error {
-		st, err := c.Status(ctx)
-		if err != nil {
-			return err
-		}
-		if len(st.BlockSets) != 1 || st.BlockSets[0].Sessions != 0 {
-			return fmt.Errorf("block sets %v", st.BlockSets)
-		}
-		return nil
-	})
-	// 2^46 bytes a slot on each rank (65,536 tokens × 1 head × 65,536 ×
-	// 2 bytes × K and V × 4,096 layers), 256 slots: 2^54 bytes a rank.
-	huge := layout.ModelConfig{Layers: 4096, KVHeads: 1024, HeadDim: 65536, DType: layout.DTypeF16}
-	_, err = c.API().Register(ctx, &fabricpb.RegisterRequest{Engine: "e", Model: huge.Proto(), TpSize: 1024, PageSize: 65536,
-		KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 256})
-	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "slots") {
-		t.Errorf("register of 1,024 regions of 2^54 bytes: %v, want InvalidArgument naming slots", err)
-	}
-	st, err := c.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(st.BlockSets) != 1 || st.BlockSets[0].Id != idle.BlockSet {
-		t.Fatalf("block sets %v after the refused register, want the idle set %d kept", st.BlockSets, idle.BlockSet)
+	for _, tc := range []struct {
+		desc string
+		req  *fabricpb.RegisterRequest
+		code codes.Code
+		want string // in the error
+	}{{
+		// 2^46 bytes a slot on each rank (65,536 tokens × 1 head × 65,536
+		// × 2 bytes × K and V × 4,096 layers), 256 slots: 2^54 bytes a
+		// rank.
+		desc: "past 2^64",
+		req: &fabricpb.RegisterRequest{Engine: "e", TpSize: 1024, PageSize: 65536, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 256,
+			Model: layout.ModelConfig{Layers: 4096, KVHeads: 1024, HeadDim: 65536, DType: layout.DTypeF16}.Proto()},
+		code: codes.InvalidArgument, want: "slots",
+	}, {
+		// MLA, whole on each rank: 18,631 tokens × 2,761 heads × 4,096
+		// bytes a slot, 21,887,553 slots: 2^62 - 4,096 bytes a rank,
+		// 2^64 - 16,384 over 4 ranks.
+		desc: "just under 2^64",
+		req: &fabricpb.RegisterRequest{Engine: "e", TpSize: 4, PageSize: 18631, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 21887553,
+			Model: layout.ModelConfig{Layers: 1, KVHeads: 2761, HeadDim: 4096, DType: layout.DTypeU8, MLA: true}.Proto()},
+		code: codes.ResourceExhausted, want: "this one needs 18446744073709535232",
+	}, {
+		// 32 MiB (2 MiB a slot: 64 tokens × 64 heads × 128 × 2 bytes ×
+		// K and V), past a pool of 16 MiB, the quota.
+		desc: "past the quota",
+		req: &fabricpb.RegisterRequest{Engine: "e", TpSize: 1, PageSize: 64, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16,
+			Model: layout.ModelConfig{Layers: 1, KVHeads: 64, HeadDim: 128, DType: layout.DTypeF16}.Proto()},
+		code: codes.ResourceExhausted, want: "this one needs 33554432",
+	}} {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg := testConfig(t, "n1")
+			cfg.BlockSetGrace = time.Hour
+			a := startAgent(t, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			sctx, end := context.WithCancel(ctx)
+			api, _, ev := rawSession(t, sctx, a.EngineSocket())
+			in := inSession(sctx, ev.Session)
+			idle, err := api.Register(in, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4,
+				KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			end() // idle from now, for an hour
+			c := dial(t, a)
+			wait.For(t, 10*time.Second, "the set idle", func() error {
+				st, err := c.Status(ctx)
+				if err != nil {
+					return err
+				}
+				if len(st.BlockSets) != 1 || st.BlockSets[0].Sessions != 0 {
+					return fmt.Errorf("block sets %v", st.BlockSets)
+				}
+				return nil
+			})
+			_, err = c.API().Register(ctx, tc.req)
+			if code(err) != tc.code || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("register: %v, want %v naming %q", err, tc.code, tc.want)
+			}
+			st, err := c.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(st.BlockSets) != 1 || st.BlockSets[0].Id != idle.BlockSet {
+				t.Fatalf("block sets %v after the refused register, want the idle set %d kept", st.BlockSets, idle.BlockSet)
+			}
+		})
 	}
 }
 
