@@ -196,3 +196,71 @@ func TestCallOfAReceiverZeroesNothing(t *testing.T) {
 		t.Fatalf("a takeover: zeroFresh %v, the exited receiver recorded %v; want zeroing, the receiver forgotten", es.zeroFresh, receives(es, gone))
 	}
 }
+
+// A receiver recorded under the caller's pid whose pidfd says it has
+// exited is another process, whose pid the caller got since: not the
+// caller. mayCall and mayJoin forget it and zero the set's slots from then
+// on, as for any process taking a set over, and the caller is refused
+// where another receiver still runs.
+func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
+	self := int32(os.Getpid())
+	// exitedFD is a pidfd of a child that has exited.
+	exitedFD := func(t *testing.T) int {
+		child := exec.Command("true")
+		if err := child.Start(); err != nil {
+			t.Skip(err)
+		}
+		fd, err := unix.PidfdOpen(child.Process.Pid, 0)
+		if err != nil {
+			child.Wait()
+			t.Skipf("pidfd_open: %v", err)
+		}
+		if err := child.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	cleanup := func(t *testing.T, es *engineSet) {
+		t.Cleanup(func() {
+			for _, fd := range es.receivers {
+				if fd >= 0 {
+					unix.Close(fd)
+				}
+			}
+		})
+	}
+	for _, tc := range []struct {
+		desc string
+		ask  func(es *engineSet, pid int32) bool
+	}{
+		{"mayCall", (*engineSet).mayCall},
+		{"mayJoin", (*engineSet).mayJoin},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			es := &engineSet{receivers: map[int32]int{self: exitedFD(t)}}
+			cleanup(t, es)
+			if !tc.ask(es, self) {
+				t.Fatal("refused with no other receiver")
+			}
+			if !es.zeroFresh || receives(es, self) {
+				t.Fatalf("zeroFresh %v, the exited receiver under this pid recorded %v; want zeroing, the receiver forgotten", es.zeroFresh, receives(es, self))
+			}
+		})
+	}
+	// Another receiver still runs: the caller, not the process it was
+	// handed to under this pid, is refused.
+	live := exec.Command("sleep", "60")
+	if err := live.Start(); err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(func() { live.Process.Kill(); live.Wait() })
+	fd, err := unix.PidfdOpen(live.Process.Pid, 0)
+	if err != nil {
+		t.Skipf("pidfd_open: %v", err)
+	}
+	es := &engineSet{receivers: map[int32]int{self: exitedFD(t), int32(live.Process.Pid): fd}}
+	cleanup(t, es)
+	if es.mayCall(self) {
+		t.Fatal("a call of this pid allowed while the set's other receiver runs; its receiver under this pid has exited")
+	}
+}
