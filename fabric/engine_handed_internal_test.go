@@ -1,12 +1,16 @@
 package fabric
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvfabric/kvfabric/pool"
 )
@@ -262,5 +266,44 @@ func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
 	cleanup(t, es)
 	if es.mayCall(self) {
 		t.Fatal("a call of this pid allowed while the set's other receiver runs; its receiver under this pid has exited")
+	}
+}
+
+// A call naming a set by its id is asked again, once the set is attached,
+// whether its process may use it: a Register of another process that
+// took the set up between the call's check and its attach (here, the set
+// handed to the test's parent, which runs) leaves the call refused
+// (PERMISSION_DENIED) and the set not one of the call's session's.
+func TestSetHandedToAnotherBetweenCheckAndAttach(t *testing.T) {
+	a, sets := quotaAgent(t, quotaSet{"e", 1, false})
+	t.Cleanup(func() { closeReceivers(a) })
+	a.cfg.BlockSetGrace = time.Hour // the set is not freed by its timer once dropped
+	sess := &session{sets: map[pool.SetID]*engineSet{}}
+	a.unowned = sess
+	es := sets[0]
+	other := int32(os.Getppid())
+	handed := false
+	a.cfg.hooks.beforeAttach = func(got *engineSet) {
+		if got == es && !handed {
+			handed = true
+			a.handedTo(es, other) // another process's Register took it up
+		}
+	}
+	ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: peerCred{pid: int32(os.Getpid())}})
+	_, err := (&engineServer{a: a}).setFor(ctx, uint64(es.set.ID()))
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a call naming set %d, handed to running process %d before its attach: %v, want PermissionDenied", es.set.ID(), other, err)
+	}
+	if !handed {
+		t.Fatal("the hook did not run")
+	}
+	es.mu.Lock()
+	users := len(es.users)
+	es.mu.Unlock()
+	sess.mu.Lock()
+	_, used := sess.sets[es.set.ID()]
+	sess.mu.Unlock()
+	if users != 0 || used {
+		t.Fatalf("after the refused call: the set's sessions %d, the call's session uses it %v; want neither", users, used)
 	}
 }

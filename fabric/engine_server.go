@@ -122,7 +122,11 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 
 // setFor returns block set id as the calling session sees it, making it
 // one of the sets the session uses. Only a set the calling process may
-// join is (joinableSet).
+// join is (joinableSet), asked again once it is attached: a Register of
+// another process may take the set up between the two (mayJoin, which
+// does not see this session), and the set is then handed to a process
+// still running, not to this one. The attach is then undone, where it
+// made the set one of the session's, and the call refused.
 func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, error) {
 	sess, err := e.a.sessionOf(ctx)
 	if err != nil {
@@ -132,7 +136,23 @@ func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, erro
 	if err != nil {
 		return nil, err
 	}
-	return e.a.attachUnclaimed(ctx, sess, es)
+	if f := e.a.cfg.hooks.beforeAttach; f != nil {
+		f(es)
+	}
+	ss, err := e.a.attachUnclaimed(ctx, sess, es)
+	if err != nil {
+		return nil, err
+	}
+	if pid := callerPID(ctx); !es.mayCall(pid) {
+		if ss.attached {
+			sess.mu.Lock()
+			delete(sess.sets, es.set.ID())
+			sess.mu.Unlock()
+			e.a.detach(sess, es)
+		}
+		return nil, notHandedError(id, pid)
+	}
+	return ss, nil
 }
 
 // joinableSet returns block set id where the process at the other end of
@@ -149,10 +169,16 @@ func (a *Agent) joinableSet(ctx context.Context, id uint64) (*engineSet, error) 
 		return nil, err
 	}
 	if pid := callerPID(ctx); !es.mayCall(pid) {
-		return nil, status.Errorf(codes.PermissionDenied,
-			"block set %d: handed to another process that is still running, not to process %d; a process uses the block sets its own Register returned", id, pid)
+		return nil, notHandedError(id, pid)
 	}
 	return es, nil
+}
+
+// notHandedError refuses a call of process pid naming block set id, handed
+// to another process that is still running.
+func notHandedError(id uint64, pid int32) error {
+	return status.Errorf(codes.PermissionDenied,
+		"block set %d: handed to another process that is still running, not to process %d; a process uses the block sets its own Register returned", id, pid)
 }
 
 func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateRequest) (*fabricpb.AllocateResponse, error) {

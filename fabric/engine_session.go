@@ -59,6 +59,9 @@ type sessionSet struct {
 	*engineSet
 	sess *session
 	use  *setUse
+	// attached: the call's attach made the set one of the session's
+	// (attach).
+	attached bool
 	// beforeHold is the agent's test hook of that name.
 	beforeHold func(session uint64)
 }
@@ -271,7 +274,8 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 		return nil, &setClaimedError{set: es.set.ID(), done: es.claim}
 	}
 	u := es.users[s.id]
-	if u == nil {
+	attached := u == nil
+	if attached {
 		u = &setUse{refs: map[int]slotRef{}}
 		es.users[s.id] = u
 		if es.freeTimer != nil {
@@ -283,7 +287,7 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 		a.adoptLocked(es)
 	}
 	s.sets[es.set.ID()] = es
-	return &sessionSet{engineSet: es, sess: s, use: u, beforeHold: a.cfg.hooks.beforeHold}, nil
+	return &sessionSet{engineSet: es, sess: s, use: u, attached: attached, beforeHold: a.cfg.hooks.beforeHold}, nil
 }
 
 // setClaimedError is attach's answer for an idle set that a Register is
