@@ -841,8 +841,12 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 	region := tmpl.Strides().Region
 	hi, need := bits.Mul64(region, uint64(tmpl.TPSize))
 	if hi != 0 {
+		slots := fmt.Sprintf("%d slots take", tmpl.Slots)
+		if asked == 0 {
+			slots = fmt.Sprintf("the default slot count, %d, takes", tmpl.Slots)
+		}
 		return nil, nil, &layout.FieldError{Field: "slots",
-			Reason: fmt.Sprintf("%d slots take %d bytes on each of %d ranks, more than 2^64 in all", tmpl.Slots, region, tmpl.TPSize)}
+			Reason: fmt.Sprintf("%s %d bytes on each of %d ranks, more than 2^64 in all", slots, region, tmpl.TPSize)}
 	}
 	tried := triedSets{}
 	m := &setMaker{a: a, engine: engine, tmpl: tmpl, place: place}

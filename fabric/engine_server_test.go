@@ -393,7 +393,7 @@ func TestDefaultSlotsOfAHugeBlock(t *testing.T) {
 	mla := layout.ModelConfig{Layers: 4096, KVHeads: 4096, HeadDim: 65536, DType: layout.DTypeF16, MLA: true}
 	_, err := dial(t, a).API().Register(ctx, &fabricpb.RegisterRequest{Engine: "e", Model: mla.Proto(), TpSize: 128, PageSize: 65536,
 		KvOrder: layoutpb.KVOrder_KV_ORDER_HND})
-	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "more than 2^64") {
-		t.Fatalf("register of a block of 2^64 bytes over its ranks, default slots: %v, want InvalidArgument: more than 2^64 bytes", err)
+	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "the default slot count, 1, takes") || !strings.Contains(err.Error(), "more than 2^64") {
+		t.Fatalf("register of a block of 2^64 bytes over its ranks, default slots: %v, want InvalidArgument: the default slot count takes more than 2^64 bytes", err)
 	}
 }
