@@ -431,8 +431,8 @@ func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([
 	}
 	// Counted before they are hashed: at a small block size the ids make
 	// many more blocks than a request may name.
-	if n := len(tokens.GetIds()) / pageSize; n > maxRequestBlocks {
-		return nil, status.Errorf(codes.InvalidArgument, "tokens: %d ids make %d full blocks of %d (at most %d)", len(tokens.GetIds()), n, pageSize, maxRequestBlocks)
+	if full := len(tokens.GetIds()) / pageSize; full > maxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "tokens: %d ids make %d full blocks of %d (at most %d)", len(tokens.GetIds()), full, pageSize, maxRequestBlocks)
 	}
 	blocks := h.Sequence(tokens.GetIds())
 	if n >= 0 && len(blocks) != n {
