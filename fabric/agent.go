@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"net"
 	"net/http"
 	"os"
@@ -838,7 +839,22 @@ func (m *setMaker) release() {
 // again, and best is given unless a set is made without it); and no set
 // is made meanwhile (a.registerMu): so it ends. a.mu is held.
 func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layout, asked int, place []int, pid int32, best *engineSet) (*engineSet, *engineSet, error) {
-	need := uint64(tmpl.Slots) * tmpl.Strides().Block * uint64(tmpl.TPSize)
+	// What the set's regions will take (setBytes): a region holds every
+	// layer of every slot, which Block alone does not where layers are
+	// kept apart (LayerSeparate: Block is a slot's stride within a layer).
+	// Each region is at most 2^62 bytes (Validate), but 1,024 of them may
+	// be more than a uint64 holds: wrapped, the need would pass the quota
+	// and idle sets be freed for a set the pool cannot hold.
+	region := tmpl.Strides().Region
+	hi, need := bits.Mul64(region, uint64(tmpl.TPSize))
+	if hi != 0 {
+		slots := fmt.Sprintf("%d slots take", tmpl.Slots)
+		if asked == 0 {
+			slots = fmt.Sprintf("the default slot count, %d, takes", tmpl.Slots)
+		}
+		return nil, nil, &layout.FieldError{Field: "slots",
+			Reason: fmt.Sprintf("%s %d bytes on each of %d ranks, more than 2^64 in all", slots, region, tmpl.TPSize)}
+	}
 	tried := triedSets{}
 	var lost *engineSet // best, freed by the swap for a new set whose memory then failed
 	m := &setMaker{a: a, engine: engine, tmpl: tmpl, place: place}
@@ -1034,7 +1050,10 @@ func (a *Agent) defaultSlots(probe *layout.Layout, place []int) int {
 	slots := layout.MaxSlots
 	for i, st := range a.storages {
 		if ranks[i] > 0 {
-			slots = min(slots, int(st.Size()/4/(block*ranks[i])))
+			// Divided in turn: block × ranks, each rank holding a whole
+			// block (MLA), may pass 2^64 and wrap (to 0: a division by
+			// zero).
+			slots = min(slots, int(st.Size()/4/block/ranks[i]))
 		}
 	}
 	return max(1, slots)

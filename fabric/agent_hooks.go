@@ -56,6 +56,11 @@ type testHooks struct {
 	// holdAll), given the session's id, before it looks whether the
 	// session still holds: a test ends the session meanwhile.
 	beforeHold func(session uint64)
+	// beforeAttach, if set, runs where an engine call naming a block set
+	// by its id has found that its process may use it (joinableSet) and
+	// is about to attach it to its session (setFor), given the set: a
+	// test hands it to another process meanwhile.
+	beforeAttach func(es *engineSet)
 	// setMemory, if set, runs where a new set's memory for engines
 	// (isolated engine memory only) has its sections' files made, placed
 	// false (prepareSetMemory), and where they are placed under the set,

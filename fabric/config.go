@@ -340,11 +340,11 @@ type Config struct {
 
 	// EngineQuota bounds the pool bytes the block sets made for one engine
 	// (by the name it registers under) may take; a Register past it first
-	// frees that engine's idle sets, then fails RESOURCE_EXHAUSTED naming
-	// the quota. Room for a new set is made by freeing idle sets of the
-	// engine itself or of engines over their quota, never those of an
-	// engine within it. If zero, a fair share: the pool divided among the
-	// engines that have block sets.
+	// frees that engine's idle sets (none where the new set alone is past
+	// it), then fails RESOURCE_EXHAUSTED naming the quota. Room for a new
+	// set is made by freeing idle sets of the engine itself or of engines
+	// over their quota, never those of an engine within it. If zero, a
+	// fair share: the pool divided among the engines that have block sets.
 	EngineQuota int64 `json:"engine_quota,omitempty"`
 
 	// LaneAddr is the host:port of the TCP data lane (TLS 1.3 with the

@@ -71,8 +71,8 @@ type fdServer struct {
 	pidOf func(*net.UnixConn) int32
 }
 
-// fdConn is one served connection: its process and when it last finished
-// an exchange (or was accepted).
+// fdConn is one served connection: its process and when it was last
+// answered a token (or accepted).
 type fdConn struct {
 	pid  int32
 	idle time.Time
@@ -181,6 +181,7 @@ func (s *fdServer) serve(c *net.UnixConn) {
 		tok := string(bytes.TrimRight(line, "\r\n"))
 		if s.lookup != nil {
 			if fd, size, ok := s.lookup(tok, pid); ok {
+				s.exchanged(c)
 				_, _, err := c.WriteMsgUnix(fmt.Appendf(nil, "ok 0 %d\n", size), unix.UnixRights(fd), nil)
 				unix.Close(fd)
 				if err != nil {
@@ -197,15 +198,23 @@ func (s *fdServer) serve(c *net.UnixConn) {
 			return
 		}
 		msg := fmt.Appendf(nil, "ok 0 %d\n", s.mem.size)
+		s.exchanged(c)
 		if _, _, err := c.WriteMsgUnix(msg, unix.UnixRights(s.mem.fd), nil); err != nil {
 			return
 		}
-		s.mu.Lock()
-		if fc := s.conns[c]; fc != nil {
-			fc.idle = time.Now()
-		}
-		s.mu.Unlock()
 	}
+}
+
+// exchanged records that c is being answered: it is idle from now,
+// whichever memory it is handed (a block set's or the pool's), and the
+// last to be closed for room. Recorded before the answer is written, so
+// that an engine that has read its answer is known to have used c.
+func (s *fdServer) exchanged(c *net.UnixConn) {
+	s.mu.Lock()
+	if fc := s.conns[c]; fc != nil {
+		fc.idle = time.Now()
+	}
+	s.mu.Unlock()
 }
 
 // clip shortens s for an error message.

@@ -1,12 +1,16 @@
 package fabric
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvfabric/kvfabric/pool"
 )
@@ -152,5 +156,154 @@ func TestSetOfAnExitedReceiverJoinedAgain(t *testing.T) {
 	}
 	if receives(first.engineSet, p1) {
 		t.Errorf("exited process %d still recorded as set %d's receiver", p1, first.set.ID())
+	}
+}
+
+// A call of a process a set was handed to is let through as it is, and
+// leaves the set's other receivers alone: another that has exited does
+// not make the set zero the slots it allocates (the caller had them all
+// along), as it does for a process that takes the set over.
+func TestCallOfAReceiverZeroesNothing(t *testing.T) {
+	self := int32(os.Getpid())
+	child := exec.Command("true")
+	if err := child.Start(); err != nil {
+		t.Skip(err)
+	}
+	fd, err := unix.PidfdOpen(child.Process.Pid, 0)
+	if err != nil {
+		child.Wait()
+		t.Skipf("pidfd_open: %v", err)
+	}
+	if err := child.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	gone := int32(child.Process.Pid)
+	es := &engineSet{receivers: map[int32]int{self: -1, gone: fd}}
+	t.Cleanup(func() {
+		if fd, ok := es.receivers[gone]; ok {
+			unix.Close(fd)
+		}
+	})
+	if !es.mayCall(self) {
+		t.Fatal("a receiver's call refused")
+	}
+	if es.zeroFresh || !receives(es, gone) {
+		t.Fatalf("a receiver's call: zeroFresh %v, the exited receiver recorded %v; want the set as it was", es.zeroFresh, receives(es, gone))
+	}
+	// A process it was not handed to (here this one, no longer recorded)
+	// takes the set over once the others have exited: zeroed from now.
+	delete(es.receivers, self)
+	if !es.mayCall(self) {
+		t.Fatal("a call of a process after the set's others exited refused")
+	}
+	if !es.zeroFresh || receives(es, gone) {
+		t.Fatalf("a takeover: zeroFresh %v, the exited receiver recorded %v; want zeroing, the receiver forgotten", es.zeroFresh, receives(es, gone))
+	}
+}
+
+// A receiver recorded under the caller's pid whose pidfd says it has
+// exited is another process, whose pid the caller got since: not the
+// caller. mayCall and mayJoin forget it and zero the set's slots from then
+// on, as for any process taking a set over, and the caller is refused
+// where another receiver still runs.
+func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
+	self := int32(os.Getpid())
+	// exitedFD is a pidfd of a child that has exited.
+	exitedFD := func(t *testing.T) int {
+		child := exec.Command("true")
+		if err := child.Start(); err != nil {
+			t.Skip(err)
+		}
+		fd, err := unix.PidfdOpen(child.Process.Pid, 0)
+		if err != nil {
+			child.Wait()
+			t.Skipf("pidfd_open: %v", err)
+		}
+		if err := child.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	cleanup := func(t *testing.T, es *engineSet) {
+		t.Cleanup(func() {
+			for _, fd := range es.receivers {
+				if fd >= 0 {
+					unix.Close(fd)
+				}
+			}
+		})
+	}
+	for _, tc := range []struct {
+		desc string
+		ask  func(es *engineSet, pid int32) bool
+	}{
+		{"mayCall", (*engineSet).mayCall},
+		{"mayJoin", (*engineSet).mayJoin},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			es := &engineSet{receivers: map[int32]int{self: exitedFD(t)}}
+			cleanup(t, es)
+			if !tc.ask(es, self) {
+				t.Fatal("refused with no other receiver")
+			}
+			if !es.zeroFresh || receives(es, self) {
+				t.Fatalf("zeroFresh %v, the exited receiver under this pid recorded %v; want zeroing, the receiver forgotten", es.zeroFresh, receives(es, self))
+			}
+		})
+	}
+	// Another receiver still runs: the caller, not the process it was
+	// handed to under this pid, is refused.
+	live := exec.Command("sleep", "60")
+	if err := live.Start(); err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(func() { live.Process.Kill(); live.Wait() })
+	fd, err := unix.PidfdOpen(live.Process.Pid, 0)
+	if err != nil {
+		t.Skipf("pidfd_open: %v", err)
+	}
+	es := &engineSet{receivers: map[int32]int{self: exitedFD(t), int32(live.Process.Pid): fd}}
+	cleanup(t, es)
+	if es.mayCall(self) {
+		t.Fatal("a call of this pid allowed while the set's other receiver runs; its receiver under this pid has exited")
+	}
+}
+
+// A call naming a set by its id is asked again, once the set is attached,
+// whether its process may use it: a Register of another process that
+// took the set up between the call's check and its attach (here, the set
+// handed to the test's parent, which runs) leaves the call refused
+// (PERMISSION_DENIED) and the set not one of the call's session's.
+func TestSetHandedToAnotherBetweenCheckAndAttach(t *testing.T) {
+	a, sets := quotaAgent(t, quotaSet{"e", 1, false})
+	t.Cleanup(func() { closeReceivers(a) })
+	a.cfg.BlockSetGrace = time.Hour // the set is not freed by its timer once dropped
+	sess := &session{sets: map[pool.SetID]*engineSet{}}
+	a.unowned = sess
+	es := sets[0]
+	other := int32(os.Getppid())
+	handed := false
+	a.cfg.hooks.beforeAttach = func(got *engineSet) {
+		if got == es && !handed {
+			handed = true
+			a.handedTo(es, other) // another process's Register took it up
+		}
+	}
+	ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: peerCred{pid: int32(os.Getpid())}})
+	_, err := (&engineServer{a: a}).setFor(ctx, uint64(es.set.ID()))
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a call naming set %d, handed to running process %d before its attach: %v, want PermissionDenied", es.set.ID(), other, err)
+	}
+	if !handed {
+		t.Fatal("the hook did not run")
+	}
+	es.mu.Lock()
+	users := len(es.users)
+	es.mu.Unlock()
+	sess.mu.Lock()
+	_, used := sess.sets[es.set.ID()]
+	sess.mu.Unlock()
+	if users != 0 || used {
+		t.Fatalf("after the refused call: the set's sessions %d, the call's session uses it %v; want neither", users, used)
 	}
 }

@@ -1078,9 +1078,12 @@ func TestIdleSetBusyForRoomKeepsItsGraceTimer(t *testing.T) {
 // meanwhile, the fallback, no longer one the Register's process may map
 // (engineSet.mayJoin), is not given: the next best set of the layout is.
 // So where the quota refuses once the engine's own idle set is freed for
-// room, where that set's room is there but the new set's memory for
-// engines cannot be made, and where a new set is made within the quota
-// once the engine's idle set was freed.
+// room (the fallback taken up meanwhile: with it idle, a need within the
+// quota is always within it by a swap for the fallback once the others
+// are freed, and a need past the quota on its own frees nothing, waits
+// for nothing), where that set's room is there but the new set's memory
+// for engines cannot be made, and where a new set is made within the
+// quota once the engine's idle set was freed.
 func TestRegisterLooksAtTheLayoutsSetsAgainAfterAWait(t *testing.T) {
 	const (
 		inUse = iota
@@ -1097,8 +1100,7 @@ func TestRegisterLooksAtTheLayoutsSetsAgainAfterAWait(t *testing.T) {
 		sessionTakesUp bool
 	}{
 		{"within the quota once the engine's idle set is freed, the session using another set of the layout", 8, false, true},
-		{"past the quota, the session using another set of the layout", 4, false, true},
-		{"past the quota, the fallback taken up by another process", 4, false, false},
+		{"past the quota, the fallback taken up by another process", 6, false, false},
 		{"the new set's memory failing, the session using another set of the layout", 16, true, true},
 		{"the new set's memory failing, the fallback taken up by another process", 16, true, false},
 	} {
@@ -1108,8 +1110,8 @@ func TestRegisterLooksAtTheLayoutsSetsAgainAfterAWait(t *testing.T) {
 			// e's idle 4 MiB, 1 MiB free: the new set of 5 MiB fits once
 			// the waited set is freed; within a quota of 16 MiB, within
 			// one of 8 MiB only once the waited set is freed, within one
-			// of 4 MiB neither with it freed nor by a swap for the
-			// fallback.
+			// of 6 MiB neither with it freed nor, the fallback taken up,
+			// by a swap for the fallback.
 			a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 2, false}, quotaSet{"g", 1, true}, quotaSet{"e", 4, false})
 			for _, es := range []*engineSet{sets[inUse], sets[waited]} {
 				relayout(t, a, es)

@@ -8,17 +8,26 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
 
 // isolationHelperEnv makes the test binary the engine of the isolation
@@ -509,4 +518,155 @@ func testSetOfExitedEngineTakenOverZeroed(t *testing.T, pool string, configure f
 		t.Fatal(err)
 	}
 	checkFresh(t, set, slots)
+}
+
+// A process that names another running process's block set by its id in
+// an engine call is refused, PERMISSION_DENIED naming the set, and changes
+// nothing there: it would get no memory, but the slots it allocated would
+// hold the other engine's bytes, and it could register them under any hash
+// (0x77 bytes served as block 0xdead), take the set's free slots, or hold
+// its blocks. Once that process has exited, the set is anyone's to take up.
+func TestCallsOnAnotherProcesssSetRefused(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.BlockSetGrace = time.Minute
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tenant := startTenant(t, a, "fd")
+	// Its session ends (its 0x77 slots free again, block 0xa1 cached), the
+	// process runs on.
+	tenant.do("close")
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	setState := func() *fabricpb.BlockSet {
+		t.Helper()
+		st, err := c.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range st.BlockSets {
+			if b.Id == tenant.set {
+				return b
+			}
+		}
+		t.Fatalf("the tenant's block set %d is gone", tenant.set)
+		return nil
+	}
+	wait.For(t, 30*time.Second, "the tenant's session to end", func() error {
+		if b := setState(); b.Sessions != 0 || b.Free != b.Slots-1 || b.Registered != 1 {
+			return fmt.Errorf("block set %v", b)
+		}
+		return nil
+	})
+	before := setState()
+	// In this order, so that without the refusal RegisterBlocks registers
+	// the slot Allocate took, 0x77 bytes, as block 0xdead.
+	slot := uint32(1)
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"Allocate", func() error {
+			got, err := c.Allocate(ctx, tenant.set, 1)
+			if err == nil {
+				slot = got[0]
+			}
+			return err
+		}},
+		{"RegisterBlocks", func() error {
+			_, err := c.RegisterBlocks(ctx, tenant.set, []uint32{slot}, []uint64{0xdead})
+			return err
+		}},
+		{"Free", func() error { return c.Free(ctx, tenant.set, []uint32{slot}) }},
+		{"Acquire", func() error { _, err := c.Acquire(ctx, tenant.set, []uint64{0xa1}); return err }},
+		{"Release", func() error { return c.Release(ctx, tenant.set, []uint32{0}) }},
+		{"Import", func() error { _, err := c.Import(ctx, tenant.set, []uint64{0xa1}); return err }},
+		{"Prefetch", func() error { _, err := c.Prefetch(ctx, tenant.set, []uint64{0xa1}); return err }},
+		{"Lookup", func() error {
+			_, err := c.API().Lookup(ctx, &fabricpb.LookupRequest{Hashes: []uint64{0xa1}, BlockSet: tenant.set})
+			return err
+		}},
+		{"DropBlockSet", func() error { _, err := c.DropBlockSet(ctx, tenant.set); return err }},
+	}
+	for _, tc := range calls {
+		err := tc.call()
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), fmt.Sprintf("block set %d", tenant.set)) {
+			t.Errorf("%s on another running process's block set: %v, want PermissionDenied naming the set", tc.name, err)
+		}
+	}
+	if after := setState(); after.Free != before.Free || after.Registered != before.Registered || after.Sessions != 0 {
+		t.Fatalf("the tenant's block set was %v before the calls, %v after: the refused calls changed it", before, after)
+	}
+	tenant.in.Close()
+	if err := tenant.cmd.Wait(); err != nil {
+		t.Fatalf("engine helper: %v", err)
+	}
+	if _, err := c.Allocate(ctx, tenant.set, 1); err != nil {
+		t.Fatalf("Allocate in the block set of a process that has exited: %v", err)
+	}
+}
+
+// A process cannot call under another process's session, whose id Status
+// lists: PERMISSION_DENIED naming the session, and the session is not
+// renamed by a Register made under it.
+func TestCallsUnderAnotherProcesssSessionRefused(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tenant := startTenant(t, a, "fd")
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tenantSession := func() *fabricpb.Session {
+		t.Helper()
+		st, err := c.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range st.Sessions {
+			if int(s.Pid) == tenant.cmd.Process.Pid {
+				return s
+			}
+		}
+		t.Fatalf("no session of the tenant's process %d in %v", tenant.cmd.Process.Pid, st.Sessions)
+		return nil
+	}
+	before := tenantSession()
+	// A connection of this process that names the tenant's session only.
+	conn, err := grpc.NewClient("unix:"+a.EngineSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	api := fabricpb.NewEngineClient(conn)
+	theirs := metadata.AppendToOutgoingContext(ctx, fabricpb.SessionMetadata, strconv.FormatUint(before.Id, 10))
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"Lookup", func() error {
+			_, err := api.Lookup(theirs, &fabricpb.LookupRequest{Hashes: []uint64{0xa1}})
+			return err
+		}},
+		{"Register", func() error {
+			_, err := api.Register(theirs, &fabricpb.RegisterRequest{Engine: "intruder", Model: smallModel.Proto(), TpSize: 1, PageSize: 4,
+				KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 8})
+			return err
+		}},
+		{"Status", func() error { _, err := api.Status(theirs, &fabricpb.StatusRequest{}); return err }},
+	}
+	for _, tc := range calls {
+		err := tc.call()
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), fmt.Sprintf("session %d", before.Id)) {
+			t.Errorf("%s under another process's session: %v, want PermissionDenied naming the session", tc.name, err)
+		}
+	}
+	if after := tenantSession(); after.Engine != before.Engine || !slices.Equal(after.BlockSets, before.BlockSets) {
+		t.Fatalf("the tenant's session was %v before the calls, %v after", before, after)
+	}
 }

@@ -305,8 +305,10 @@ func (a *Agent) handedTo(es *engineSet, pid int32) {
 
 // mayJoin says whether a session of process pid may use es: every other
 // process es's memory was handed to has exited. Processes found gone are
-// forgotten, and es zeroes the slots it allocates from then on. es.mu is
-// not held.
+// forgotten, and es zeroes the slots it allocates from then on; one
+// recorded under pid itself is another process where its pidfd says it
+// has exited (pid reused since), and is forgotten so too. es.mu is not
+// held.
 func (es *engineSet) mayJoin(pid int32) bool {
 	if pid <= 0 {
 		return true
@@ -314,19 +316,44 @@ func (es *engineSet) mayJoin(pid int32) bool {
 	es.mu.Lock()
 	defer es.mu.Unlock()
 	for p, fd := range es.receivers {
-		if p == pid {
-			continue
-		}
 		if processAlive(p, fd) {
+			if p == pid {
+				continue // the caller itself
+			}
 			return false
 		}
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-		delete(es.receivers, p)
-		es.zeroFresh = true
+		es.forgetLocked(p, fd)
 	}
 	return true
+}
+
+// mayCall says whether a call of process pid may name es: pid is one of
+// the processes es's memory was handed to, or may join it (mayJoin). One
+// of them asks nothing of the others: another that has exited does not
+// make es zero its slots for a process that had them all along. A
+// receiver recorded under pid that has exited (its pidfd) is not the
+// caller but a process whose pid the caller got since: it is forgotten,
+// es zeroes its slots from then on, and the caller is asked as any other
+// (mayJoin).
+func (es *engineSet) mayCall(pid int32) bool {
+	es.mu.Lock()
+	fd, handed := es.receivers[pid]
+	if handed && !processAlive(pid, fd) {
+		es.forgetLocked(pid, fd)
+		handed = false
+	}
+	es.mu.Unlock()
+	return handed || es.mayJoin(pid)
+}
+
+// forgetLocked forgets receiver pid, found exited (its pidfd fd, -1 for
+// none): es zeroes the slots it allocates from then on. es.mu is held.
+func (es *engineSet) forgetLocked(pid int32, fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+	delete(es.receivers, pid)
+	es.zeroFresh = true
 }
 
 // processAlive says whether process pid (its pidfd, or -1 where none could

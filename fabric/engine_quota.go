@@ -92,14 +92,22 @@ func (a *Agent) withinQuotaFreeing(engine string, need uint64, keep *engineSet) 
 	if !setFreed(keep) {
 		carved[engine] -= setBytes(keep.set)
 	}
-	return carved[engine]+need <= quota
+	return fitsQuota(carved[engine], need, quota)
 }
 
 // withinQuota says whether a new set of need bytes, not yet among a.sets,
 // keeps engine within its quota as it is now. a.mu is held.
 func (a *Agent) withinQuota(engine string, need uint64) bool {
 	quota, _, carved := a.engineShare(engine)
-	return carved[engine]+need <= quota
+	return fitsQuota(carved[engine], need, quota)
+}
+
+// fitsQuota says whether need bytes more than carved are within quota,
+// compared so that no sum wraps: a need near 2^64 (each region at most
+// 2^62 bytes, on up to 1,024 ranks, the product checked) added to what the
+// engine's sets take would wrap to a few bytes, within any quota.
+func fitsQuota(carved, need, quota uint64) bool {
+	return need <= quota && carved <= quota-need
 }
 
 // makeRoomInQuota makes room for a new block set of need bytes for engine
@@ -128,8 +136,12 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tri
 	}
 	for {
 		quota, fair, carved := a.engineShare(engine)
+		if need > quota {
+			// Past the quota on its own: freeing sets makes no room.
+			return nil, false, a.pastQuota(engine, carved[engine], need, quota)
+		}
 		may = a.mayFree(engine, fair, carved)
-		if carved[engine]+need <= quota {
+		if fitsQuota(carved[engine], need, quota) {
 			return may, false, nil
 		}
 		var idle []*engineSet
@@ -163,17 +175,23 @@ func (a *Agent) makeRoomInQuota(engine string, need uint64, keep *engineSet, tri
 		if again {
 			continue
 		}
-		if keepIdle && carved[engine]-setBytes(keep.set)+need <= quota {
+		if keepIdle && fitsQuota(carved[engine]-setBytes(keep.set), need, quota) {
 			return may, true, nil
 		}
-		what := "the pool divided among the engines using block sets"
-		if a.cfg.EngineQuota > 0 {
-			what = "engine_quota"
-		}
-		return nil, false, status.Errorf(codes.ResourceExhausted,
-			"engine %q: its block sets take %d bytes and this one needs %d, past its quota of %d (%s); drop block sets it no longer uses or end their sessions",
-			engine, carved[engine], need, quota, what)
+		return nil, false, a.pastQuota(engine, carved[engine], need, quota)
 	}
+}
+
+// pastQuota is makeRoomInQuota's refusal of a set of need bytes for engine,
+// whose sets take carved, past its quota.
+func (a *Agent) pastQuota(engine string, carved, need, quota uint64) error {
+	what := "the pool divided among the engines using block sets"
+	if a.cfg.EngineQuota > 0 {
+		what = "engine_quota"
+	}
+	return status.Errorf(codes.ResourceExhausted,
+		"engine %q: its block sets take %d bytes and this one needs %d, past its quota of %d (%s); drop block sets it no longer uses or end their sessions",
+		engine, carved, need, quota, what)
 }
 
 // triedSets are the idle sets a Register tried to free for room and did

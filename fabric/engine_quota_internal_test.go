@@ -439,3 +439,36 @@ func TestQuotaSwapRemakesTheFallbackWhereALaterRoundFindsNoRoom(t *testing.T) {
 		})
 	}
 }
+
+// The quota's tests compare without a sum that wraps: a need just under
+// 2^64 added to what the engine's sets take (2 MiB) wrapped to less than
+// 2 MiB, within the quota of 16 MiB, whether the engine's sets are taken
+// as they are (withinQuota) or with one freed (withinQuotaFreeing); and
+// makeRoomInQuota refuses a need past the quota on its own before it
+// frees anything, the engine's idle sets kept.
+func TestQuotaSumsDoNotWrap(t *testing.T) {
+	a, sets := quotaAgent(t, quotaSet{"e", 1, false}, quotaSet{"e", 1, false})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	const wraps = 1<<64 - 16384
+	if a.withinQuota("e", wraps) {
+		t.Errorf("withinQuota of 2^64 - 16,384 bytes beside 2 MiB: true")
+	}
+	if a.withinQuotaFreeing("e", wraps, sets[1]) {
+		t.Errorf("withinQuotaFreeing of 2^64 - 16,384 bytes beside 1 MiB: true")
+	}
+	if !a.withinQuota("e", 14<<20) || a.withinQuota("e", 14<<20+1) {
+		t.Errorf("withinQuota at the quota's 14 MiB left, and one byte past: want true, false")
+	}
+	for _, need := range []uint64{wraps, 17 << 20} {
+		_, _, err := a.makeRoomInQuota("e", need, nil, nil)
+		if err == nil || !strings.Contains(err.Error(), "past its quota") {
+			t.Errorf("makeRoomInQuota of %d bytes: %v, want past its quota", need, err)
+		}
+		for i, es := range sets {
+			if setFreed(es) {
+				t.Fatalf("makeRoomInQuota of %d bytes past the quota of 16 MiB freed idle set %d", need, i)
+			}
+		}
+	}
+}

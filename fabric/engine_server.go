@@ -121,17 +121,64 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 }
 
 // setFor returns block set id as the calling session sees it, making it
-// one of the sets the session uses.
+// one of the sets the session uses. Only a set the calling process may
+// join is (joinableSet), asked again once it is attached: a Register of
+// another process may take the set up between the two (mayJoin, which
+// does not see this session), and the set is then handed to a process
+// still running, not to this one. The attach is then undone, where it
+// made the set one of the session's, and the call refused.
 func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, error) {
 	sess, err := e.a.sessionOf(ctx)
 	if err != nil {
 		return nil, err
 	}
-	es, err := e.a.engineSet(id)
+	es, err := e.a.joinableSet(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	return e.a.attachUnclaimed(ctx, sess, es)
+	if f := e.a.cfg.hooks.beforeAttach; f != nil {
+		f(es)
+	}
+	ss, err := e.a.attachUnclaimed(ctx, sess, es)
+	if err != nil {
+		return nil, err
+	}
+	if pid := callerPID(ctx); !es.mayCall(pid) {
+		if ss.attached {
+			sess.mu.Lock()
+			delete(sess.sets, es.set.ID())
+			sess.mu.Unlock()
+			e.a.detach(sess, es)
+		}
+		return nil, notHandedError(id, pid)
+	}
+	return ss, nil
+}
+
+// joinableSet returns block set id where the process at the other end of
+// ctx's call may use it (engineSet.mayCall): its memory was handed to that
+// process, or to none still running. A call naming another running
+// process's set by its id, a set it was never handed, is refused
+// (PERMISSION_DENIED): a session there gets no memory, but its slots and
+// registrations would be the set's all the same, blocks registered under
+// hashes their bytes are not, and slots and references the set's engine
+// counts on taken.
+func (a *Agent) joinableSet(ctx context.Context, id uint64) (*engineSet, error) {
+	es, err := a.engineSet(id)
+	if err != nil {
+		return nil, err
+	}
+	if pid := callerPID(ctx); !es.mayCall(pid) {
+		return nil, notHandedError(id, pid)
+	}
+	return es, nil
+}
+
+// notHandedError refuses a call of process pid naming block set id, handed
+// to another process that is still running.
+func notHandedError(id uint64, pid int32) error {
+	return status.Errorf(codes.PermissionDenied,
+		"block set %d: handed to another process that is still running, not to process %d; a process uses the block sets its own Register returned", id, pid)
 }
 
 func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateRequest) (*fabricpb.AllocateResponse, error) {
@@ -359,7 +406,9 @@ func (e *engineServer) giveBack(ctx context.Context, set uint64, slots []uint32,
 }
 
 // requestHashes returns the n sequence hashes a request names, given as
-// hashes or as token ids to hash with the block set's page size.
+// hashes or as token ids to hash with the block set's page size; token ids
+// may make at most maxRequestBlocks blocks (hashes are the caller's to
+// bound).
 func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([]uint64, error) {
 	if err := checkTokenStrings(tokens); err != nil {
 		return nil, err
@@ -379,6 +428,11 @@ func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([
 	h, err := layout.NewHasher(pageSize, layout.HashOptions{Salt: tokens.GetSalt(), LoRA: tokens.GetLora()})
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "block size: %v", err)
+	}
+	// Counted before they are hashed: at a small block size the ids make
+	// many more blocks than a request may name.
+	if full := len(tokens.GetIds()) / pageSize; full > maxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "tokens: %d ids make %d full blocks of %d (at most %d)", len(tokens.GetIds()), full, pageSize, maxRequestBlocks)
 	}
 	blocks := h.Sequence(tokens.GetIds())
 	if n >= 0 && len(blocks) != n {
@@ -448,7 +502,8 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	var perBlock uint64 // bytes one block moves into the engine's set
 	bs := int(req.GetBlockSize())
 	if id := req.GetBlockSet(); id != 0 {
-		s, err := a.engineSet(id)
+		// Its restores from the tiers take slots there (localTiers).
+		s, err := a.joinableSet(ctx, id)
 		if err != nil {
 			return nil, err
 		}

@@ -16,7 +16,9 @@ import (
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
 
 var smallModel = layout.ModelConfig{Layers: 2, KVHeads: 4, HeadDim: 8, DType: layout.DTypeF16}
@@ -253,5 +255,145 @@ func TestEngineRequestLimits(t *testing.T) {
 	}
 	if _, err := api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: tokens}, BlockSize: 64}); code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tokens") {
 		t.Fatalf("lookup of %d tokens: %v, want InvalidArgument naming tokens", len(tokens), err)
+	}
+	// Tokens make at most 65,536 blocks too, however small the block.
+	r, err = api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: tokens[:maxHashes]}, BlockSize: 1})
+	if err != nil || len(r.Hashes) != maxHashes {
+		t.Fatalf("lookup of %d tokens at block size 1 (the limit's blocks): %d hashes, %v", maxHashes, len(r.GetHashes()), err)
+	}
+	for _, n := range []int{maxHashes + 1, maxTokens} {
+		_, err := api.Lookup(ctx, &fabricpb.LookupRequest{Tokens: &fabricpb.Tokens{Ids: tokens[:n]}, BlockSize: 1})
+		if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), fmt.Sprintf("tokens: %d ids make %d full blocks", n, n)) {
+			t.Fatalf("lookup of %d tokens at block size 1: %v, want InvalidArgument naming the tokens and their blocks", n, err)
+		}
+	}
+}
+
+// A block set's memory, as its engine's quota counts it, is its regions',
+// whatever its arrangement: one whose layers are kept apart takes every
+// layer of each slot (8 MiB here, past a quota of 4 MiB), not one.
+func TestLayerSeparateSetCountedWhole(t *testing.T) {
+	cfg := testConfig(t, "n1") // host=16MiB
+	cfg.EngineQuota = 4 << 20
+	a := startAgent(t, cfg)
+	api := dial(t, a).API()
+	ctx := context.Background()
+	m := layout.ModelConfig{Layers: 16, KVHeads: 4, HeadDim: 64, DType: layout.DTypeF16}
+	req := func(slots uint32) *fabricpb.RegisterRequest {
+		// 16 KiB a slot in each layer: 256 KiB a slot, 8 MiB for 32.
+		return &fabricpb.RegisterRequest{Engine: "e", Model: m.Proto(), TpSize: 1, PageSize: 16, KvOrder: layoutpb.KVOrder_KV_ORDER_HND,
+			Arrangement: layoutpb.Arrangement_ARRANGEMENT_LAYER_SEPARATE, Slots: slots}
+	}
+	_, err := api.Register(ctx, req(32))
+	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "this one needs 8388608") {
+		t.Fatalf("register of a set of 8 MiB past a quota of 4 MiB: %v, want ResourceExhausted naming its 8388608 bytes", err)
+	}
+	st, err := dial(t, a).Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.BlockSets) != 0 {
+		t.Fatalf("block sets %v made past the quota", st.BlockSets)
+	}
+	// At the quota.
+	if _, err := api.Register(ctx, req(16)); err != nil {
+		t.Fatalf("register of a set of 4 MiB within a quota of 4 MiB: %v", err)
+	}
+}
+
+// A layout whose set would take more than 2^64 bytes over its ranks is
+// refused, InvalidArgument naming its slots, and frees no idle set: its
+// bytes (2^54 on each of 1,024 ranks) wrapped to 0 passed the quota, and
+// the engine's idle sets were freed for room the pool never had. A set of
+// just under 2^64 bytes, which the quota's sum (what the engine's sets
+// take, plus the need) wrapped to a few KiB, and a set past the quota on
+// its own, are refused by the quota (ResourceExhausted) with the engine's
+// idle set kept: freeing it makes no room for either.
+func TestSetPastTwoToTheSixtyFourRefused(t *testing.T) {
+	for _, tc := range []struct {
+		desc string
+		req  *fabricpb.RegisterRequest
+		code codes.Code
+		want string // in the error
+	}{{
+		// 2^46 bytes a slot on each rank (65,536 tokens × 1 head × 65,536
+		// × 2 bytes × K and V × 4,096 layers), 256 slots: 2^54 bytes a
+		// rank.
+		desc: "past 2^64",
+		req: &fabricpb.RegisterRequest{Engine: "e", TpSize: 1024, PageSize: 65536, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 256,
+			Model: layout.ModelConfig{Layers: 4096, KVHeads: 1024, HeadDim: 65536, DType: layout.DTypeF16}.Proto()},
+		code: codes.InvalidArgument, want: "slots",
+	}, {
+		// MLA, whole on each rank: 18,631 tokens × 2,761 heads × 4,096
+		// bytes a slot, 21,887,553 slots: 2^62 - 4,096 bytes a rank,
+		// 2^64 - 16,384 over 4 ranks.
+		desc: "just under 2^64",
+		req: &fabricpb.RegisterRequest{Engine: "e", TpSize: 4, PageSize: 18631, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 21887553,
+			Model: layout.ModelConfig{Layers: 1, KVHeads: 2761, HeadDim: 4096, DType: layout.DTypeU8, MLA: true}.Proto()},
+		code: codes.ResourceExhausted, want: "this one needs 18446744073709535232",
+	}, {
+		// 32 MiB (2 MiB a slot: 64 tokens × 64 heads × 128 × 2 bytes ×
+		// K and V), past a pool of 16 MiB, the quota.
+		desc: "past the quota",
+		req: &fabricpb.RegisterRequest{Engine: "e", TpSize: 1, PageSize: 64, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16,
+			Model: layout.ModelConfig{Layers: 1, KVHeads: 64, HeadDim: 128, DType: layout.DTypeF16}.Proto()},
+		code: codes.ResourceExhausted, want: "this one needs 33554432",
+	}} {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg := testConfig(t, "n1")
+			cfg.BlockSetGrace = time.Hour
+			a := startAgent(t, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			sctx, end := context.WithCancel(ctx)
+			api, _, ev := rawSession(t, sctx, a.EngineSocket())
+			in := inSession(sctx, ev.Session)
+			idle, err := api.Register(in, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4,
+				KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			end() // idle from now, for an hour
+			c := dial(t, a)
+			wait.For(t, 10*time.Second, "the set idle", func() error {
+				st, err := c.Status(ctx)
+				if err != nil {
+					return err
+				}
+				if len(st.BlockSets) != 1 || st.BlockSets[0].Sessions != 0 {
+					return fmt.Errorf("block sets %v", st.BlockSets)
+				}
+				return nil
+			})
+			_, err = c.API().Register(ctx, tc.req)
+			if code(err) != tc.code || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("register: %v, want %v naming %q", err, tc.code, tc.want)
+			}
+			st, err := c.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(st.BlockSets) != 1 || st.BlockSets[0].Id != idle.BlockSet {
+				t.Fatalf("block sets %v after the refused register, want the idle set %d kept", st.BlockSets, idle.BlockSet)
+			}
+		})
+	}
+}
+
+// A Register that asks for the default slot count of a layout whose block
+// takes 2^64 bytes over the ranks of one pool (an MLA block of 2^57 bytes,
+// whole on each of 128 ranks) is answered with an error, not a panic: the
+// default count divided the pool's quarter by their product, which
+// wrapped to 0.
+func TestDefaultSlotsOfAHugeBlock(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// 65,536 tokens × 4,096 heads × 65,536 × 2 bytes × 4,096 layers.
+	mla := layout.ModelConfig{Layers: 4096, KVHeads: 4096, HeadDim: 65536, DType: layout.DTypeF16, MLA: true}
+	_, err := dial(t, a).API().Register(ctx, &fabricpb.RegisterRequest{Engine: "e", Model: mla.Proto(), TpSize: 128, PageSize: 65536,
+		KvOrder: layoutpb.KVOrder_KV_ORDER_HND})
+	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "the default slot count, 1, takes") || !strings.Contains(err.Error(), "more than 2^64") {
+		t.Fatalf("register of a block of 2^64 bytes over its ranks, default slots: %v, want InvalidArgument: the default slot count takes more than 2^64 bytes", err)
 	}
 }

@@ -59,6 +59,9 @@ type sessionSet struct {
 	*engineSet
 	sess *session
 	use  *setUse
+	// attached: the call's attach made the set one of the session's
+	// (attach).
+	attached bool
 	// beforeHold is the agent's test hook of that name.
 	beforeHold func(session uint64)
 }
@@ -225,7 +228,8 @@ func (a *Agent) endSession(s *session, why string) {
 }
 
 // sessionOf returns the session ctx's call works under: the one its
-// metadata names, else the implicit session.
+// metadata names, else the implicit session. A session opened by another
+// process (both known by SO_PEERCRED) is refused.
 func (a *Agent) sessionOf(ctx context.Context) (*session, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	v := md.Get(SessionMetadata)
@@ -244,6 +248,12 @@ func (a *Agent) sessionOf(ctx context.Context) (*session, error) {
 	a.sessMu.Unlock()
 	if s == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "session %d: not open (it ended, or the agent restarted); open a new one", id)
+	}
+	// Ids are no secret (Status lists them): a session is its process's,
+	// and another process's calls under it would rename it, hold their
+	// sets under it, and spend its request budget.
+	if pid := callerPID(ctx); pid > 0 && s.pid > 0 && pid != s.pid {
+		return nil, status.Errorf(codes.PermissionDenied, "session %d: opened by process %d, not by process %d; a process calls under the sessions it opened", id, s.pid, pid)
 	}
 	return s, nil
 }
@@ -264,7 +274,8 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 		return nil, &setClaimedError{set: es.set.ID(), done: es.claim}
 	}
 	u := es.users[s.id]
-	if u == nil {
+	attached := u == nil
+	if attached {
 		u = &setUse{refs: map[int]slotRef{}}
 		es.users[s.id] = u
 		if es.freeTimer != nil {
@@ -276,7 +287,7 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 		a.adoptLocked(es)
 	}
 	s.sets[es.set.ID()] = es
-	return &sessionSet{engineSet: es, sess: s, use: u, beforeHold: a.cfg.hooks.beforeHold}, nil
+	return &sessionSet{engineSet: es, sess: s, use: u, attached: attached, beforeHold: a.cfg.hooks.beforeHold}, nil
 }
 
 // setClaimedError is attach's answer for an idle set that a Register is
@@ -645,7 +656,7 @@ func (e *engineServer) DropBlockSet(ctx context.Context, req *fabricpb.DropBlock
 	if err != nil {
 		return nil, err
 	}
-	es, err := e.a.engineSet(req.GetBlockSet())
+	es, err := e.a.joinableSet(ctx, req.GetBlockSet())
 	if err != nil {
 		return nil, err
 	}

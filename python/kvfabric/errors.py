@@ -90,7 +90,10 @@ class Cancelled(KvfabricError):
 
 
 class PermissionDenied(KvfabricError, PermissionError):
-    """The engine socket or the pool memory refused this user."""
+    """The engine socket or the pool memory refused this user, or the agent
+    refused a call naming a block set handed to another process that still
+    runs (a process uses the block sets its own register returned), or one
+    under a session another process opened."""
 
     code = grpc.StatusCode.PERMISSION_DENIED
 
