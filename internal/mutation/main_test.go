@@ -71,3 +71,12 @@ func TestListApplies(t *testing.T) {
 		}
 	}
 }
+
+func TestPytestArgs(t *testing.T) {
+	if args, ok := pytestArgs("pytest tests/test_a.py -k b"); !ok || strings.Join(args, " ") != "tests/test_a.py -k b" {
+		t.Errorf("pytest test: %q %v", args, ok)
+	}
+	if _, ok := pytestArgs("./fabric -run ^TestX$"); ok {
+		t.Error("a Go test taken for a Python one")
+	}
+}
