@@ -56,7 +56,7 @@ import numpy as np
 from . import cuda
 from .blockset import BlockSet, DType, KVOrder, ModelConfig
 from .client import Client, Outcome
-from .errors import InvalidArgument, KvfabricError, ResourceExhausted
+from .errors import InvalidArgument, KvfabricError, NotFound, PermissionDenied, ResourceExhausted
 from .hashing import block_hashes
 
 __all__ = [
@@ -933,6 +933,10 @@ class WorkerSide:
     ordered by the number in their names.
     """
 
+    #: Seconds before a join that failed other than for good (_follow) is
+    #: tried again.
+    join_retry_interval = 1.0
+
     def __init__(
         self,
         config: ConnectorConfig,
@@ -956,8 +960,10 @@ class WorkerSide:
         self.block_set: BlockSet | None = None
         self.layers: list[_Layer] = []
         self._heads = 0
-        #: The incarnation a join failed for, not tried again.
+        #: The incarnation a join failed for for good, not tried again.
         self._join_failed = ""
+        #: When a join that failed otherwise may be tried again.
+        self._join_retry_at = 0.0
         self._report: WorkerReport | None = None
         self._reported = 0  # the last step whose report was taken
         #: This rank's counters: loaded_blocks, loaded_bytes, load_errors,
@@ -1007,32 +1013,52 @@ class WorkerSide:
         """Make the plan's block set this worker's: join it by the plan's
         join token where its own is another (or none: the first plan, or the
         agent restarted), and drop the one it had. A set that cannot be
-        joined (gone, or its token refused) is tried once per incarnation;
-        meanwhile the plan's loads fail and its saves are not written."""
+        joined for good (gone, its token refused, or its heads not this
+        rank's) is not tried again for its incarnation; one whose join
+        failed otherwise (a deadline, say) is tried again at most once a
+        second. Meanwhile the plan's loads fail, its saves are not written,
+        and the set the worker had, no longer the scheduler's, is dropped."""
         bs = self.block_set
         want = plan.incarnation
         if not want or not plan.join_token or not self.layers or (bs is not None and incarnation(bs) == want):
             return
         if want == self._join_failed:
             return
+        now = time.monotonic()
+        if now < self._join_retry_at:
+            return
         self._finish_loads()
+        if bs is not None:
+            # No longer the scheduler's: nothing of a plan goes to it.
+            self.block_set = None
+            self._drop(bs)
         try:
             got = self.spec.register(self.client, self.config.slots, engine=self.client.engine,
                                      join=(plan.block_set, plan.join_token))
-        except KvfabricError as e:
+        except (PermissionDenied, InvalidArgument, NotFound) as e:
             self._join_failed = want
-            self.log.warning("kvfabric: rank %d: joining the scheduler's block set %d failed: %s", self.rank, plan.block_set, e)
+            self.log.error("kvfabric: rank %d: joining the scheduler's block set %d failed, not tried again: %s",
+                           self.rank, plan.block_set, e)
+            return
+        except KvfabricError as e:
+            self._join_retry_at = now + self.join_retry_interval
+            self.log.warning("kvfabric: rank %d: joining the scheduler's block set %d failed, tried again with a later plan: %s",
+                             self.rank, plan.block_set, e)
             return
         given = len(got.ranks[self.rank].head_ids)
-        if given != self._heads or incarnation(got) != want:
+        if incarnation(got) != want:
+            self._join_failed = want
+            self.log.error("kvfabric: rank %d: joining block set %d got %s, not the plan's %s; not used",
+                           self.rank, plan.block_set, incarnation(got), want)
+            self._drop(got)
+            return
+        if given != self._heads:
             self._join_failed = want
             self.log.error("kvfabric: rank %d: the scheduler's block set %s gives this rank %d heads, its cache holds %d; not used",
                            self.rank, incarnation(got), given, self._heads)
             self._drop(got)
             return
         self.block_set = got
-        if bs is not None and bs.id != got.id:
-            self._drop(bs)
         self.log.info("kvfabric: rank %d: joined the scheduler's block set %d", self.rank, got.id)
 
     def _drop(self, bs: BlockSet) -> None:
@@ -1060,7 +1086,7 @@ class WorkerSide:
         except KvfabricError as e:
             self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
             return
-        old, self.client, self._join_failed = self.client, c, ""
+        old, self.client, self._join_failed, self._join_retry_at = self.client, c, "", 0.0
         old.close()
         self.log.info("kvfabric: rank %d: reconnected to the agent; the next plan's block set is joined", self.rank)
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from conftest import wait_for
 from kvfabric.connector import CacheKind, ConnectorConfig, KVSpec, SchedulerSide, WorkerSide
+from kvfabric.errors import DeadlineExceeded
 
 SPEC = KVSpec(layers=2, kv_heads=4, head_dim=16, dtype="f32", tp_size=2, block_size=16,
               kind=CacheKind.FLASHINFER, kv_order="nhd")
@@ -23,14 +24,28 @@ BLOCKS = 16
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(SPEC.layers)]
 
 
-def _worker(socket: str, rank: int, conn: Any) -> None:
+def _worker(socket: str, rank: int, conn: Any, late_join: bool = False) -> None:
     """One TP rank in a process of its own: caches filled with bytes of
     its own, then the plans conn sends, answering each with the step's
-    report and the caches as they are after it."""
+    report and the caches as they are after it. With late_join its first
+    join of a block set fails with DEADLINE_EXCEEDED (as a Register queued
+    behind others does), and a failed join is tried again with the next
+    plan."""
     rng = np.random.default_rng(100 + rank)
     shape = (BLOCKS, 2, SPEC.block_size, SPEC.heads_per_rank(), SPEC.head_dim)
     caches = {name: rng.standard_normal(shape, dtype=np.float32) for name in LAYERS}
     w = WorkerSide(ConnectorConfig(socket=socket, stats_interval=0), SPEC, rank, engine="mp")
+    if late_join:
+        register, failed = w.client.register, []
+
+        def first_join_fails(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("join") and not failed:
+                failed.append(True)
+                raise DeadlineExceeded("Register queued past its deadline", method="Register")
+            return register(*args, **kwargs)
+
+        w.client.register = first_join_fails  # type: ignore[method-assign]
+        w.join_retry_interval = 0.0
     try:
         w.register_kv_caches(caches)
         conn.send("ready")
@@ -58,19 +73,41 @@ def _step(workers: list, plan) -> tuple[Any, list[dict[str, np.ndarray]]]:
     return merged, [caches for _, caches in got]
 
 
-def test_workers_in_processes_of_their_own_save_and_load(node1):
+def _start(socket: str, workers: list, late_join: int = -1) -> None:
+    """Start a worker process per rank into workers, rank late_join's with
+    a first join that fails, and wait until each has its caches."""
     ctx = mp.get_context("spawn")
-    workers = []
+    for rank in range(SPEC.tp_size):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_worker, args=(socket, rank, child, rank == late_join), daemon=True)
+        p.start()
+        child.close()
+        workers.append((parent, p))
+    for conn, _ in workers:
+        assert conn.poll(60) and conn.recv() == "ready"
+
+
+def _stop(workers: list, sched: SchedulerSide | None) -> None:
+    for conn, p in workers:
+        try:
+            conn.send(None)
+        except OSError:
+            pass
+    for conn, p in workers:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        conn.close()
+    if sched is not None:
+        sched.close()
+
+
+def test_workers_in_processes_of_their_own_save_and_load(node1):
+    workers: list = []
     sched = None
     try:
-        for rank in range(SPEC.tp_size):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(node1.socket, rank, child), daemon=True)
-            p.start()
-            child.close()
-            workers.append((parent, p))
-        for conn, _ in workers:
-            assert conn.poll(60) and conn.recv() == "ready"
+        _start(node1.socket, workers)
         sched = SchedulerSide(ConnectorConfig(socket=node1.socket, stats_interval=0), SPEC, engine="mp")
 
         # A request computed in engine blocks 0..3: its 3 full blocks saved.
@@ -122,16 +159,39 @@ def test_workers_in_processes_of_their_own_save_and_load(node1):
         old = next(s for s in sched.client.status().block_sets if s.id == first)
         assert old.sessions == 0, f"block set {first} still used by {old.sessions} sessions after the workers left it"
     finally:
-        for conn, p in workers:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for conn, p in workers:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-            conn.close()
-        if sched is not None:
-            sched.close()
+        _stop(workers, sched)
+
+
+def test_a_join_that_timed_out_is_tried_again(node1):
+    """A worker whose first join of the scheduler's set (in the plan's
+    load) fails with DEADLINE_EXCEEDED joins with its next call (the plan's
+    save), and saves and loads through the set from then on."""
+    workers: list = []
+    sched = None
+    try:
+        _start(node1.socket, workers, late_join=0)
+        sched = SchedulerSide(ConnectorConfig(socket=node1.socket, stats_interval=0), SPEC, engine="mp")
+
+        tokens = list(range(3000, 3000 + 3 * 16 + 5))
+        sched.track("r1", tokens, 0)
+        plan = sched.build({"r1": ([4, 5, 6, 7], len(tokens))})
+        assert [len(s.slots) for s in plan.saves] == [3]
+        rep, before = _step(workers, plan)
+        assert rep.workers == 2 and len(rep.saved) == 3 and all(n == 2 for n in rep.saved.values()), rep
+        sched.report(rep)
+        sched.wait_idle()
+        assert sched.stats()["saved_blocks"] == 3, sched.stats()
+
+        wait_for("the prefix matched", lambda: sched.matched("r2", tokens, 0) is not None)
+        assert sched.matched("r2", tokens, 0) == 3 * 16
+        sched.allocated("r2", [8, 9, 10, 11], 3 * 16)
+        plan = sched.build({"r2": ([8, 9, 10, 11], 3 * 16)})
+        assert [lp.block_ids for lp in plan.loads] == [[8, 9, 10]]
+        rep, after = _step(workers, plan)
+        assert rep.workers == 2 and not rep.load_errors and rep.loaded_blocks == 2 * 3, rep
+        for rank in range(SPEC.tp_size):
+            for name in LAYERS:
+                want, got = before[rank][name][4:7], after[rank][name][8:11]
+                assert want.tobytes() == got.tobytes(), f"rank {rank} {name}: loaded blocks differ from the saved ones"
+    finally:
+        _stop(workers, sched)
