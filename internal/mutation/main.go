@@ -16,7 +16,10 @@
 //
 // A test: line starting with "pytest " names Python client tests instead
 // (pytest's arguments, run in python/ against the copy's bin/kvfabric, with
-// $PYTHON, else /usr/bin/python3, as make test-python runs them).
+// $PYTHON, else /usr/bin/python3, as make test-python runs them). Its exit
+// status tells a caught bug (1: tests failed) from a tree that does not
+// build (2 to 5: a module that does not import, an internal or usage
+// error, no tests collected).
 package main
 
 import (
@@ -142,6 +145,24 @@ func pytestArgs(test string) ([]string, bool) {
 	return strings.Fields(args), ok
 }
 
+// pytestBroken tells from how pytest ended (cmd.Run's error) whether its
+// run says nothing of the tests: exit status 1 is tests that failed; 2 an
+// interrupted run or a module that does not import (whatever its error:
+// SyntaxError, IndentationError, NameError...), 3 an internal error, 4 a
+// usage error, 5 no tests collected. A run killed at its limit is a
+// failure, as a Go test's is; one that could not start is broken.
+func pytestBroken(err error, timedOut bool) bool {
+	if err == nil || timedOut {
+		return false
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return true
+	}
+	c := ee.ExitCode()
+	return c >= 2 && c <= 5
+}
+
 func runTest(dir, test string, timeout time.Duration) result {
 	// -trimpath: the scratch copies share the build cache (cgo packages
 	// are otherwise cached per source directory).
@@ -173,7 +194,7 @@ func runTest(dir, test string, timeout time.Duration) result {
 	r := result{failed: err != nil, took: time.Since(t0), timedOut: ctx.Err() != nil}
 	s := out.String()
 	r.broken = strings.Contains(s, "[build failed]") || strings.Contains(s, "[setup failed]") ||
-		isPy && (strings.Contains(s, "SyntaxError") || strings.Contains(s, "ImportError while"))
+		isPy && pytestBroken(err, r.timedOut)
 	if len(s) > 1500 {
 		s = s[len(s)-1500:]
 	}

@@ -4,6 +4,8 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -78,5 +80,36 @@ func TestPytestArgs(t *testing.T) {
 	}
 	if _, ok := pytestArgs("./fabric -run ^TestX$"); ok {
 		t.Error("a Go test taken for a Python one")
+	}
+}
+
+func TestPytestBroken(t *testing.T) {
+	for _, c := range []struct {
+		code     int
+		timedOut bool
+		broken   bool
+	}{
+		{0, false, false},
+		{1, false, false}, // tests failed: the bug caught
+		{2, false, true},  // interrupted, or a module that does not import
+		{3, false, true},
+		{4, false, true},
+		{5, false, true},  // no tests collected
+		{2, true, false},  // interrupted at the limit: a failure
+		{-9, true, false}, // killed at the limit
+	} {
+		var err error
+		if c.code < 0 {
+			cmd := exec.Command("sh", "-c", "kill -9 $$")
+			err = cmd.Run()
+		} else if c.code > 0 {
+			err = exec.Command("sh", "-c", "exit "+strconv.Itoa(c.code)).Run()
+		}
+		if got := pytestBroken(err, c.timedOut); got != c.broken {
+			t.Errorf("exit %d, timed out %v: broken %v, want %v (%v)", c.code, c.timedOut, got, c.broken, err)
+		}
+	}
+	if !pytestBroken(exec.Command("/nonexistent/python").Run(), false) {
+		t.Error("a pytest that did not start is not broken")
 	}
 }
