@@ -1004,7 +1004,10 @@ func (a *Agent) engineSet(id uint64) (*engineSet, error) {
 // describe returns what an engine needs to use a block set.
 func (a *Agent) describe(s *engineSet) (*fabricpb.RegisterResponse, error) {
 	l := s.set.Layout()
-	out := &fabricpb.RegisterResponse{BlockSet: uint64(s.set.ID()), Layout: l.Proto(), Retains: uint32(s.set.Retains()), JoinToken: s.joinToken}
+	s.mu.Lock()
+	token := s.joinToken // renewed under s.mu as the set passes on (mayJoin)
+	s.mu.Unlock()
+	out := &fabricpb.RegisterResponse{BlockSet: uint64(s.set.ID()), Layout: l.Proto(), Retains: uint32(s.set.Retains()), JoinToken: token}
 	ipcs := map[int][]byte{} // by storage
 	for r := range l.TPSize {
 		off, err := s.set.RegionOffset(r)

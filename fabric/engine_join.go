@@ -26,6 +26,9 @@ import (
 // The token is the set's own, not a memory token or IPC handle: a host
 // pool pinned through the CUDA driver, and a device pool, hand every set
 // the pool's one token or handle, which an engine of another set knows.
+// A set that passes to another engine once every process it was handed to
+// has exited (engineSet.mayJoin: the orphan cache's adoptions among them)
+// gets a new token, so that the old one joins the new engine's set no more.
 
 // newJoinToken is a new set's credential: 128 random bits.
 func newJoinToken() string {
@@ -47,7 +50,10 @@ func (a *Agent) joinSet(sess *session, engine string, id uint64, token string, t
 	if !ok || setFreed(es) {
 		return nil, status.Errorf(codes.NotFound, "join_block_set: block set %d is not registered on this agent (freed, or of another run of it); register again", id)
 	}
-	if subtle.ConstantTimeCompare([]byte(token), []byte(es.joinToken)) != 1 {
+	es.mu.Lock()
+	want := es.joinToken
+	es.mu.Unlock()
+	if subtle.ConstantTimeCompare([]byte(token), []byte(want)) != 1 {
 		return nil, status.Errorf(codes.PermissionDenied, "join_token: not block set %d's; a set is joined with the token its Register answered", id)
 	}
 	if err := a.sameLayout(es, tmpl, place); err != nil {

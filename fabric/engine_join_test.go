@@ -139,3 +139,65 @@ func TestRegisterJoinsBySetCredential(t *testing.T) {
 		t.Fatalf("join of a freed set: %v (set %d), want NotFound naming it", err, resp.GetBlockSet())
 	}
 }
+
+// A set whose processes have all exited and that another engine takes up
+// (the orphan cache's path) gets a new join token: whoever learned the
+// old one from the exited engine cannot join the new engine's set.
+func TestJoinTokenRenewedWhenSetPassesOn(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.BlockSetGrace = time.Minute
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tenant := startTenant(t, a, "fd")
+	f := strings.Fields(tenant.do("token"))
+	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
+		t.Fatalf("engine helper, token: %q", f)
+	}
+	old := f[1]
+	tenant.in.Close()
+	done := make(chan error, 1)
+	go func() { done <- tenant.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("engine helper: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("engine helper did not exit")
+	}
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	wait.For(t, 30*time.Second, "the exited engine's set idle", func() error {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, b := range st.BlockSets {
+			if b.Id == tenant.set && b.Sessions != 0 {
+				return fmt.Errorf("block set still used: %v", b)
+			}
+		}
+		return nil
+	})
+	set, err := c.Register(ctx, isolationEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.ID != tenant.set {
+		t.Fatalf("set %d made, want the exited engine's set %d taken up", set.ID, tenant.set)
+	}
+	if set.JoinToken == old || !strings.HasPrefix(set.JoinToken, "join-") {
+		t.Fatalf("the set taken up answers join token %q, the exited engine's was %q: want a new one", set.JoinToken, old)
+	}
+	if resp, err := c.API().Register(ctx, joinRequest(set.ID, old)); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "join_token") {
+		t.Fatalf("join of the set taken up with the exited engine's token: %v (set %d), want PermissionDenied naming join_token", err, resp.GetBlockSet())
+	}
+	resp, err := c.API().Register(ctx, joinRequest(set.ID, set.JoinToken))
+	if err != nil || resp.GetBlockSet() != set.ID || resp.GetJoinToken() != set.JoinToken {
+		t.Fatalf("join with the new token: %v (set %d, token %q)", err, resp.GetBlockSet(), resp.GetJoinToken())
+	}
+}

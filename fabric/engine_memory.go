@@ -305,14 +305,16 @@ func (a *Agent) handedTo(es *engineSet, pid int32) {
 
 // mayJoin says whether a session of process pid may use es: every other
 // process es's memory was handed to has exited. Processes found gone are
-// forgotten, and es zeroes the slots it allocates from then on. es.mu is
-// not held.
+// forgotten, and es zeroes the slots it allocates from then on; where pid
+// may then use es, es gets a new join token (renewJoinToken). es.mu is not
+// held.
 func (es *engineSet) mayJoin(pid int32) bool {
 	if pid <= 0 {
 		return true
 	}
 	es.mu.Lock()
 	defer es.mu.Unlock()
+	forgot := false
 	for p, fd := range es.receivers {
 		if p == pid {
 			continue
@@ -325,8 +327,20 @@ func (es *engineSet) mayJoin(pid int32) bool {
 		}
 		delete(es.receivers, p)
 		es.zeroFresh = true
+		forgot = true
+	}
+	if forgot {
+		es.renewJoinToken()
 	}
 	return true
+}
+
+// renewJoinToken gives es a new join token as it passes to a process
+// other than those it was handed to, all of which have exited: whoever
+// learned the old token from them (their plans, their logs) cannot join
+// the new owner's set. es.mu is held.
+func (es *engineSet) renewJoinToken() {
+	es.joinToken = newJoinToken()
 }
 
 // mayCall says whether a call of process pid may name es: pid is one of

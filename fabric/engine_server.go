@@ -58,7 +58,8 @@ type engineSet struct {
 	// sums: blocks registered here get content checksums (checksum.go).
 	sums bool
 	// joinToken lets another process of the engine join the set
-	// (engine_join.go); set once, when it is made.
+	// (engine_join.go); set when it is made, and anew as it passes to
+	// another engine (mayJoin). Guarded by mu.
 	joinToken string
 
 	// orphaned: kept after its grace period as a cache of an engine that
