@@ -163,6 +163,17 @@ func pytestBroken(err error, timedOut bool) bool {
 	return c >= 2 && c <= 5
 }
 
+// interruptible is a command that ctx's end interrupts (SIGINT) rather
+// than kills, and kills only if it has not exited 30 s later: pytest's
+// fixtures then stop the agents they started instead of leaving them
+// running.
+func interruptible(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 30 * time.Second
+	return cmd
+}
+
 func runTest(dir, test string, timeout time.Duration) result {
 	// -trimpath: the scratch copies share the build cache (cgo packages
 	// are otherwise cached per source directory).
@@ -184,7 +195,7 @@ func runTest(dir, test string, timeout time.Duration) result {
 		if python == "" {
 			python = "/usr/bin/python3"
 		}
-		cmd = exec.CommandContext(ctx, python, append([]string{"-m", "pytest", "-q", "-p", "no:cacheprovider"}, py...)...)
+		cmd = interruptible(ctx, python, append([]string{"-m", "pytest", "-q", "-p", "no:cacheprovider"}, py...)...)
 		cmd.Dir = filepath.Join(dir, "python")
 		cmd.Env = append(os.Environ(), "KVFABRIC_BIN="+filepath.Join(dir, "bin", "kvfabric"))
 	}

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"go/parser"
 	"go/token"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -111,5 +114,29 @@ func TestPytestBroken(t *testing.T) {
 	}
 	if !pytestBroken(exec.Command("/nonexistent/python").Run(), false) {
 		t.Error("a pytest that did not start is not broken")
+	}
+}
+
+// A pytest run at its limit is interrupted, so that its fixtures' cleanup
+// runs: a command that traps SIGINT exits by its own trap.
+func TestInterruptibleInterrupts(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := interruptible(ctx, "sh", "-c", `trap "exit 7" INT; echo up; while :; do sleep 0.05; done`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 3)
+	if _, err := io.ReadFull(out, line); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("command at its limit ended with %v, want exit 7 from its SIGINT trap", err)
 	}
 }
