@@ -266,8 +266,9 @@ class StepPlan:
     incarnation: str = ""
     #: The block set's join token (BlockSet.join_token): what lets a worker
     #: in another process than the scheduler's join the set. The plan goes
-    #: only to the engine's own processes.
-    join_token: str = ""
+    #: only to the engine's own processes, and its repr (a log line) leaves
+    #: the token out.
+    join_token: str = field(default="", repr=False)
 
 
 def incarnation(bs: BlockSet) -> str:
