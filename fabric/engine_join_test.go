@@ -68,6 +68,7 @@ func TestRegisterJoinsBySetCredential(t *testing.T) {
 		{"a wrong token", joinRequest(tenant.set, token+"0"), codes.PermissionDenied, "join_token"},
 		{"no token", joinRequest(tenant.set, ""), codes.PermissionDenied, "join_token"},
 		{"an unknown set", joinRequest(tenant.set+100, token), codes.NotFound, fmt.Sprintf("block set %d", tenant.set+100)},
+		{"a token but no set", joinRequest(0, token), codes.InvalidArgument, "join_block_set"},
 		{"another page size", func() *fabricpb.RegisterRequest {
 			r := joinRequest(tenant.set, token)
 			r.PageSize = 8

@@ -116,6 +116,9 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 		return nil, toStatus(err)
 	}
 	var set *sessionSet
+	if req.GetJoinToken() != "" && req.GetJoinBlockSet() == 0 {
+		return nil, status.Error(codes.InvalidArgument, "join_token given without join_block_set: a set is joined by its id and its token")
+	}
 	if id := req.GetJoinBlockSet(); id != 0 {
 		set, err = e.a.joinSet(sess, req.GetEngine(), id, req.GetJoinToken(), tmpl, place, callerPID(ctx))
 	} else {
