@@ -64,7 +64,13 @@ func (a *Agent) joinSet(sess *session, engine string, id uint64, token string, t
 		sess.engine = engine
 		sess.mu.Unlock()
 	}
-	return a.handOver(sess, es, pid)
+	ss, err := a.handOver(sess, es, pid)
+	if err != nil {
+		return nil, err
+	}
+	a.stats.setJoins.Add(1)
+	a.log.Info("block set joined", "engine", engine, "set", id, "pid", pid)
+	return ss, nil
 }
 
 // sameLayout says, INVALID_ARGUMENT naming the field, where tmpl and place

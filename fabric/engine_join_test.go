@@ -101,6 +101,9 @@ func TestRegisterJoinsBySetCredential(t *testing.T) {
 	if got := sets(); got != before {
 		t.Fatalf("%d block sets after the join, %d before: joining made one", got, before)
 	}
+	if n := a.Metrics().EngineSetJoins; n != 1 {
+		t.Fatalf("%d joins counted after one, and refusals", n)
+	}
 	// The joiner's calls naming the set are allowed, and act on it (the
 	// tenant took every slot: Allocate reaches the pool, which has none).
 	refs, err := c.Acquire(ctx, tenant.set, []uint64{0xa1})
