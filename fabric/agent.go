@@ -760,7 +760,7 @@ func (m *setMaker) make() (*pool.BlockSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	es := &engineSet{set: set, engine: m.engine, users: map[uint64]*setUse{}, sums: !a.cfg.NoChecksums}
+	es := &engineSet{set: set, engine: m.engine, users: map[uint64]*setUse{}, sums: !a.cfg.NoChecksums, joinToken: newJoinToken()}
 	if m.ready != nil {
 		err = a.placeSetMemory(es, m.ready) // closed where it fails
 		m.ready = nil
@@ -1072,7 +1072,10 @@ func (a *Agent) engineSet(id uint64) (*engineSet, error) {
 // describe returns what an engine needs to use a block set.
 func (a *Agent) describe(s *engineSet) (*fabricpb.RegisterResponse, error) {
 	l := s.set.Layout()
-	out := &fabricpb.RegisterResponse{BlockSet: uint64(s.set.ID()), Layout: l.Proto(), Retains: uint32(s.set.Retains())}
+	s.mu.Lock()
+	token := s.joinToken // renewed under s.mu as the set passes on (mayJoin)
+	s.mu.Unlock()
+	out := &fabricpb.RegisterResponse{BlockSet: uint64(s.set.ID()), Layout: l.Proto(), Retains: uint32(s.set.Retains()), JoinToken: token}
 	ipcs := map[int][]byte{} // by storage
 	for r := range l.TPSize {
 		off, err := s.set.RegionOffset(r)

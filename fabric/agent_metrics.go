@@ -61,6 +61,9 @@ type counters struct {
 	// demotionsDropped counts the marks for cluster-aware eviction that
 	// found demoteLoop's queue full.
 	demotionsDropped atomic.Uint64
+	// setJoins counts the Registers that joined a block set by its join
+	// token (engine_join.go).
+	setJoins atomic.Uint64
 
 	// indexEventsRefused counts gossip events not applied because their
 	// origin keeps the index in another mode (cluster_index_mode.go).
@@ -203,6 +206,9 @@ type Metrics struct {
 	// requests refused for passing that bound or the session's.
 	EngineRequestBytes    int64
 	EngineRequestsRefused uint64
+	// EngineSetJoins counts the Registers that joined a block set by its
+	// join token (an engine's other processes).
+	EngineSetJoins uint64
 
 	// PeerDialFailures counts dials of members that failed,
 	// PeerAuthFailures those that failed authentication (a certificate
@@ -301,6 +307,7 @@ func (a *Agent) Metrics() Metrics {
 	m.Ready = m.Joined && a.notReady() == ""
 	m.Orphans = a.orphanMetrics()
 	m.DemotionsDropped = a.stats.demotionsDropped.Load()
+	m.EngineSetJoins = a.stats.setJoins.Load()
 	if a.reqBudget != nil {
 		m.EngineRequestBytes, m.EngineRequestsRefused = a.reqBudget.snapshot()
 	}

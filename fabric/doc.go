@@ -12,8 +12,9 @@
 //	                     reload on SIGHUP, metrics and /healthz
 //	engine_*             the engine API: the gRPC server, sessions and the
 //	                     block sets they hold, each set's own memory and who
-//	                     it was handed to, the descriptor socket that hands
-//	                     it to engines, peer credentials
+//	                     it was handed to (or joined it by its token), the
+//	                     descriptor socket that hands it to engines, peer
+//	                     credentials
 //	import*              bringing blocks here for an engine
 //	serve_*              what this node answers to peers: hello, layouts,
 //	                     leases (and the book that bounds them), renewals,

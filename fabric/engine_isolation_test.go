@@ -52,6 +52,7 @@ var isolationEngine = client.Engine{Name: "tenant", Model: smallModel, TPSize: 2
 //	size   print the bytes it mapped
 //	store  fill slots 1 to 3 with content ids 0xb1 to 0xb3 (kvtest.Fill)
 //	       and register them as one sequence under those hashes
+//	token  print "token " and the set's join token
 //
 // answering each with "ok" (or "error ..."); it exits at end of input.
 func runIsolationHelper(sock string) error {
@@ -116,6 +117,8 @@ func runIsolationHelper(sock string) error {
 				kvtest.Fill(set.Layout, set.Ranks, int(slots[1+i]), h)
 			}
 			_, err = c.RegisterBlocks(ctx, set.ID, slots[1:4], hashes)
+		case "token":
+			fmt.Print("token " + set.JoinToken + " ")
 		case "size":
 			n, want := 0, uint64(0)
 			for _, b := range maps {

@@ -307,14 +307,16 @@ func (a *Agent) handedTo(es *engineSet, pid int32) {
 // process es's memory was handed to has exited. Processes found gone are
 // forgotten, and es zeroes the slots it allocates from then on; one
 // recorded under pid itself is another process where its pidfd says it
-// has exited (pid reused since), and is forgotten so too. es.mu is not
-// held.
+// has exited (pid reused since), and is forgotten so too. Where pid may
+// then use es after any was forgotten, es gets a new join token
+// (renewJoinToken). es.mu is not held.
 func (es *engineSet) mayJoin(pid int32) bool {
 	if pid <= 0 {
 		return true
 	}
 	es.mu.Lock()
 	defer es.mu.Unlock()
+	forgot := false
 	for p, fd := range es.receivers {
 		if processAlive(p, fd) {
 			if p == pid {
@@ -323,8 +325,20 @@ func (es *engineSet) mayJoin(pid int32) bool {
 			return false
 		}
 		es.forgetLocked(p, fd)
+		forgot = true
+	}
+	if forgot {
+		es.renewJoinToken()
 	}
 	return true
+}
+
+// renewJoinToken gives es a new join token as it passes to a process
+// other than those it was handed to, all of which have exited: whoever
+// learned the old token from them (their plans, their logs) cannot join
+// the new owner's set. es.mu is held.
+func (es *engineSet) renewJoinToken() {
+	es.joinToken = newJoinToken()
 }
 
 // mayCall says whether a call of process pid may name es: pid is one of

@@ -57,6 +57,10 @@ type engineSet struct {
 
 	// sums: blocks registered here get content checksums (checksum.go).
 	sums bool
+	// joinToken lets another process of the engine join the set
+	// (engine_join.go); set when it is made, and anew as it passes to
+	// another engine (mayJoin). Guarded by mu.
+	joinToken string
 
 	// orphaned: kept after its grace period as a cache of an engine that
 	// is gone; adoptions: the times a session took it up since
@@ -111,7 +115,15 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	set, err := e.a.blockSetForSession(sess, req.GetEngine(), tmpl, place, callerPID(ctx))
+	var set *sessionSet
+	if req.GetJoinToken() != "" && req.GetJoinBlockSet() == 0 {
+		return nil, status.Error(codes.InvalidArgument, "join_token given without join_block_set: a set is joined by its id and its token")
+	}
+	if id := req.GetJoinBlockSet(); id != 0 {
+		set, err = e.a.joinSet(sess, req.GetEngine(), id, req.GetJoinToken(), tmpl, place, callerPID(ctx))
+	} else {
+		set, err = e.a.blockSetForSession(sess, req.GetEngine(), tmpl, place, callerPID(ctx))
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}

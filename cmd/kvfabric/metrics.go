@@ -105,6 +105,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 
 	e.gauge("kvfabric_engine_request_bytes", "Bytes of engine requests being served, as charged against engine_request_memory.", float64(m.EngineRequestBytes))
 	e.counter("kvfabric_engine_requests_refused_total", "Engine requests refused RESOURCE_EXHAUSTED for passing the bound on requests in flight (in total or per session).", float64(m.EngineRequestsRefused))
+	e.counter("kvfabric_engine_set_joins_total", "Registers that joined a block set by its join token (an engine's other processes).", float64(m.EngineSetJoins))
 
 	e.counter("kvfabric_peer_dial_failures_total", "Dials of members over the peer transport that failed.", float64(m.PeerDialFailures))
 	e.counter("kvfabric_peer_auth_failures_total", "Dials of members that failed authentication (a certificate from another CA, expired, or of a node that is not a member).", float64(m.PeerAuthFailures))

@@ -49,6 +49,7 @@ func TestMetricsExposition(t *testing.T) {
 		"kvfabric_lane_pending_refused_total":           dto.MetricType_COUNTER,
 		"kvfabric_lane_handshake_failures_total":        dto.MetricType_COUNTER,
 		"kvfabric_lane_accept_errors_total":             dto.MetricType_COUNTER,
+		"kvfabric_engine_set_joins_total":               dto.MetricType_COUNTER,
 		"kvfabric_index_entries":                        dto.MetricType_GAUGE,
 		"kvfabric_index_events_held":                    dto.MetricType_GAUGE,
 		"kvfabric_members":                              dto.MetricType_GAUGE,

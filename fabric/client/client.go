@@ -279,6 +279,9 @@ type BlockSet struct {
 	// Memory is the agent's answer of where each rank's region lives
 	// (engine.proto's Memory), IPC handle included for device pools.
 	Memory []*fabricpb.Memory
+	// JoinToken lets another process of the engine join the set
+	// (RegisterRequest.join_token); pass it only to the engine's own.
+	JoinToken string
 }
 
 // Block returns the bytes of slot's shard on rank in a fully contiguous
@@ -314,7 +317,7 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 		return nil, fmt.Errorf("client: agent sent %d memory regions for %d ranks", len(resp.GetMemory()), l.TPSize)
 	}
 	set := &BlockSet{ID: resp.GetBlockSet(), Layout: l, Retains: int(resp.GetRetains()),
-		Description: resp.GetRanks(), Memory: resp.GetMemory()}
+		Description: resp.GetRanks(), Memory: resp.GetMemory(), JoinToken: resp.GetJoinToken()}
 	if len(resp.GetMemory()[0].GetCudaIpcHandle()) > 0 {
 		if e.CUDA == nil {
 			return set, nil

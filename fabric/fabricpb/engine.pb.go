@@ -335,7 +335,19 @@ type RegisterRequest struct {
 	// rank r goes to the agent's r-th device pool, modulo their number.
 	// Ignored when the agent's pool is host memory. Memory.cuda_device and
 	// Memory.pci_bus_id in the response say where each rank landed.
-	Devices       []string `protobuf:"bytes,9,rep,name=devices,proto3" json:"devices,omitempty"`
+	Devices []string `protobuf:"bytes,9,rep,name=devices,proto3" json:"devices,omitempty"`
+	// Join block set join_block_set (0: none) instead of choosing one: a
+	// set is shared only within the process it was handed to, and this lets
+	// another process of the same engine (a TP worker of its own) share it.
+	// join_token is the set's RegisterResponse.join_token, which only
+	// Register's answers carry: a wrong one is PERMISSION_DENIED, an unknown
+	// or freed set NOT_FOUND, and a layout (or slot count, when one is
+	// asked, or devices) other than the set's INVALID_ARGUMENT naming the
+	// field; never another set. The caller's process is one the set was
+	// handed to from then on, whatever others run; joining takes no memory
+	// of the pool or the quota.
+	JoinBlockSet  uint64 `protobuf:"varint,10,opt,name=join_block_set,json=joinBlockSet,proto3" json:"join_block_set,omitempty"`
+	JoinToken     string `protobuf:"bytes,11,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -433,6 +445,20 @@ func (x *RegisterRequest) GetDevices() []string {
 	return nil
 }
 
+func (x *RegisterRequest) GetJoinBlockSet() uint64 {
+	if x != nil {
+		return x.JoinBlockSet
+	}
+	return 0
+}
+
+func (x *RegisterRequest) GetJoinToken() string {
+	if x != nil {
+		return x.JoinToken
+	}
+	return ""
+}
+
 type RegisterResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	BlockSet uint64                 `protobuf:"varint,1,opt,name=block_set,json=blockSet,proto3" json:"block_set,omitempty"`
@@ -449,7 +475,11 @@ type RegisterResponse struct {
 	Retains uint32 `protobuf:"varint,4,opt,name=retains,proto3" json:"retains,omitempty"`
 	// One per TP rank, in rank order: everything an engine needs to place
 	// bytes without re-deriving the layout math (see RankLayout).
-	Ranks         []*RankLayout `protobuf:"bytes,5,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	Ranks []*RankLayout `protobuf:"bytes,5,rep,name=ranks,proto3" json:"ranks,omitempty"`
+	// The block set's credential for RegisterRequest.join_token: what lets
+	// another process of this engine join the set. Secret like a memory
+	// token: pass it only to the engine's own processes.
+	JoinToken     string `protobuf:"bytes,6,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -519,15 +549,23 @@ func (x *RegisterResponse) GetRanks() []*RankLayout {
 	return nil
 }
 
+func (x *RegisterResponse) GetJoinToken() string {
+	if x != nil {
+		return x.JoinToken
+	}
+	return ""
+}
+
 // Host memory an engine maps shared (PROT_READ|PROT_WRITE, MAP_SHARED):
 // bytes [offset, offset+size) of the memory are the rank's region. Each
 // rank of a block set is a memory file of its own (its own token, file and
 // path; offset 0): an engine maps the memory of its own block sets and
 // nothing else of the pool. Map each token once. A freed set's memory is
 // never handed to another set (a new set gets fresh, zeroed pages), and a
-// set is joined only by the process it was handed to or, once every such
-// process has exited, by another (which finds new slots zeroed), where the
-// agent knows the processes (not Session.pid 0: see the Engine service's
+// set is joined only by the process it was handed to, by a process given
+// its join token (RegisterRequest.join_token) or, once every such process
+// has exited, by another (which finds new slots zeroed), where the agent
+// knows the processes (not Session.pid 0: see the Engine service's
 // errors). An agent
 // whose host pool is pinned through the CUDA driver cannot give sets
 // memory apart: then every rank names the pool's one memory file (the same
@@ -3387,7 +3425,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\tin_memory\x18\x01 \x01(\rR\binMemory\x12\x1a\n" +
 	"\brestored\x18\x02 \x01(\rR\brestored\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1a\n" +
-	"\bimported\x18\x04 \x01(\rR\bimported\"\xdf\x02\n" +
+	"\bimported\x18\x04 \x01(\rR\bimported\"\xa4\x03\n" +
 	"\x0fRegisterRequest\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x125\n" +
 	"\x05model\x18\x02 \x01(\v2\x1f.kvfabric.layout.v1.ModelConfigR\x05model\x12\x17\n" +
@@ -3397,13 +3435,19 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\varrangement\x18\x06 \x01(\x0e2\x1f.kvfabric.layout.v1.ArrangementR\varrangement\x12\x14\n" +
 	"\x05slots\x18\a \x01(\rR\x05slots\x12\x1c\n" +
 	"\talignment\x18\b \x01(\x04R\talignment\x12\x18\n" +
-	"\adevices\x18\t \x03(\tR\adevices\"\xe7\x01\n" +
+	"\adevices\x18\t \x03(\tR\adevices\x12$\n" +
+	"\x0ejoin_block_set\x18\n" +
+	" \x01(\x04R\fjoinBlockSet\x12\x1d\n" +
+	"\n" +
+	"join_token\x18\v \x01(\tR\tjoinToken\"\x86\x02\n" +
 	"\x10RegisterResponse\x12\x1b\n" +
 	"\tblock_set\x18\x01 \x01(\x04R\bblockSet\x122\n" +
 	"\x06layout\x18\x02 \x01(\v2\x1a.kvfabric.layout.v1.LayoutR\x06layout\x122\n" +
 	"\x06memory\x18\x03 \x03(\v2\x1a.kvfabric.fabric.v1.MemoryR\x06memory\x12\x18\n" +
 	"\aretains\x18\x04 \x01(\rR\aretains\x124\n" +
-	"\x05ranks\x18\x05 \x03(\v2\x1e.kvfabric.fabric.v1.RankLayoutR\x05ranks\"\x93\x02\n" +
+	"\x05ranks\x18\x05 \x03(\v2\x1e.kvfabric.fabric.v1.RankLayoutR\x05ranks\x12\x1d\n" +
+	"\n" +
+	"join_token\x18\x06 \x01(\tR\tjoinToken\"\x93\x02\n" +
 	"\x06Memory\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +

@@ -13,6 +13,13 @@
 // is the bug's and not the tree's. A mutation whose text is not found, or
 // whose tree no longer builds, counts as not caught. The exit status is 1
 // unless every mutation was caught.
+//
+// A test: line starting with "pytest " names Python client tests instead
+// (pytest's arguments, run in python/ against the copy's bin/kvfabric, with
+// $PYTHON, else /usr/bin/python3, as make test-python runs them). Its exit
+// status tells a caught bug (1: tests failed) from a tree that does not
+// build (2 to 5: a module that does not import, an internal or usage
+// error, no tests collected).
 package main
 
 import (
@@ -132,6 +139,41 @@ type result struct {
 	tail           string
 }
 
+// pytestArgs are a Python test's pytest arguments, ok false for a Go test.
+func pytestArgs(test string) ([]string, bool) {
+	args, ok := strings.CutPrefix(test, "pytest ")
+	return strings.Fields(args), ok
+}
+
+// pytestBroken tells from how pytest ended (cmd.Run's error) whether its
+// run says nothing of the tests: exit status 1 is tests that failed; 2 an
+// interrupted run or a module that does not import (whatever its error:
+// SyntaxError, IndentationError, NameError...), 3 an internal error, 4 a
+// usage error, 5 no tests collected. A run killed at its limit is a
+// failure, as a Go test's is; one that could not start is broken.
+func pytestBroken(err error, timedOut bool) bool {
+	if err == nil || timedOut {
+		return false
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return true
+	}
+	c := ee.ExitCode()
+	return c >= 2 && c <= 5
+}
+
+// interruptible is a command that ctx's end interrupts (SIGINT) rather
+// than kills, and kills only if it has not exited 30 s later: pytest's
+// fixtures then stop the agents they started instead of leaving them
+// running.
+func interruptible(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 30 * time.Second
+	return cmd
+}
+
 func runTest(dir, test string, timeout time.Duration) result {
 	// -trimpath: the scratch copies share the build cache (cgo packages
 	// are otherwise cached per source directory).
@@ -142,12 +184,28 @@ func runTest(dir, test string, timeout time.Duration) result {
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
 	var out bytes.Buffer
+	py, isPy := pytestArgs(test)
+	if isPy {
+		build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", "bin/kvfabric", "./cmd/kvfabric")
+		build.Dir = dir
+		if b, err := build.CombinedOutput(); err != nil {
+			return result{failed: true, broken: true, tail: string(b)}
+		}
+		python := os.Getenv("PYTHON")
+		if python == "" {
+			python = "/usr/bin/python3"
+		}
+		cmd = interruptible(ctx, python, append([]string{"-m", "pytest", "-q", "-p", "no:cacheprovider"}, py...)...)
+		cmd.Dir = filepath.Join(dir, "python")
+		cmd.Env = append(os.Environ(), "KVFABRIC_BIN="+filepath.Join(dir, "bin", "kvfabric"))
+	}
 	cmd.Stdout, cmd.Stderr = &out, &out
 	t0 := time.Now()
 	err := cmd.Run()
 	r := result{failed: err != nil, took: time.Since(t0), timedOut: ctx.Err() != nil}
 	s := out.String()
-	r.broken = strings.Contains(s, "[build failed]") || strings.Contains(s, "[setup failed]")
+	r.broken = strings.Contains(s, "[build failed]") || strings.Contains(s, "[setup failed]") ||
+		isPy && pytestBroken(err, r.timedOut)
 	if len(s) > 1500 {
 		s = s[len(s)-1500:]
 	}
@@ -221,18 +279,23 @@ func run(list string, par int, only string, timeout time.Duration, verbose bool)
 	pkgs := map[string]bool{}
 	build := []string{"test", "-count=1", "-trimpath", "-run", "^$"}
 	for _, m := range muts {
+		if _, isPy := pytestArgs(m.test); isPy {
+			continue // built by its own run
+		}
 		if p := strings.Fields(m.test)[0]; !pkgs[p] {
 			pkgs[p] = true
 			build = append(build, p)
 		}
 	}
-	t0 := time.Now()
-	cmd := exec.Command("go", build...)
-	cmd.Dir = base
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("building the tests: %v\n%s", err, out)
+	if len(pkgs) > 0 {
+		t0 := time.Now()
+		cmd := exec.Command("go", build...)
+		cmd.Dir = base
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("building the tests: %v\n%s", err, out)
+		}
+		fmt.Fprintf(os.Stderr, "test binaries built (%v)\n", time.Since(t0).Round(time.Second))
 	}
-	fmt.Fprintf(os.Stderr, "test binaries built (%v)\n", time.Since(t0).Round(time.Second))
 	tests := map[string]result{}
 	var mu sync.Mutex
 	sem := make(chan struct{}, max(par, 1))
@@ -311,7 +374,11 @@ func run(list string, par int, only string, timeout time.Duration, verbose bool)
 		if res[i].verdict != "caught" {
 			missed++
 		}
-		fmt.Printf("| %s | %s (%s) | `go test %s` | %s | %v |\n", m.name, m.why, m.file, m.test, res[i].verdict, res[i].took.Round(time.Second))
+		shown := "go test " + m.test
+		if _, isPy := pytestArgs(m.test); isPy {
+			shown = m.test
+		}
+		fmt.Printf("| %s | %s (%s) | `%s` | %s | %v |\n", m.name, m.why, m.file, shown, res[i].verdict, res[i].took.Round(time.Second))
 		if verbose || res[i].verdict != "caught" {
 			fmt.Fprintf(os.Stderr, "--- %s: end of the test's output:\n%s\n", m.name, res[i].tail)
 		}

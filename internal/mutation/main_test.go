@@ -1,9 +1,14 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"go/parser"
 	"go/token"
+	"io"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -69,5 +74,69 @@ func TestListApplies(t *testing.T) {
 		if !names[want] {
 			t.Errorf("no %s mutation", want)
 		}
+	}
+}
+
+func TestPytestArgs(t *testing.T) {
+	if args, ok := pytestArgs("pytest tests/test_a.py -k b"); !ok || strings.Join(args, " ") != "tests/test_a.py -k b" {
+		t.Errorf("pytest test: %q %v", args, ok)
+	}
+	if _, ok := pytestArgs("./fabric -run ^TestX$"); ok {
+		t.Error("a Go test taken for a Python one")
+	}
+}
+
+func TestPytestBroken(t *testing.T) {
+	for _, c := range []struct {
+		code     int
+		timedOut bool
+		broken   bool
+	}{
+		{0, false, false},
+		{1, false, false}, // tests failed: the bug caught
+		{2, false, true},  // interrupted, or a module that does not import
+		{3, false, true},
+		{4, false, true},
+		{5, false, true},  // no tests collected
+		{2, true, false},  // interrupted at the limit: a failure
+		{-9, true, false}, // killed at the limit
+	} {
+		var err error
+		if c.code < 0 {
+			cmd := exec.Command("sh", "-c", "kill -9 $$")
+			err = cmd.Run()
+		} else if c.code > 0 {
+			err = exec.Command("sh", "-c", "exit "+strconv.Itoa(c.code)).Run()
+		}
+		if got := pytestBroken(err, c.timedOut); got != c.broken {
+			t.Errorf("exit %d, timed out %v: broken %v, want %v (%v)", c.code, c.timedOut, got, c.broken, err)
+		}
+	}
+	if !pytestBroken(exec.Command("/nonexistent/python").Run(), false) {
+		t.Error("a pytest that did not start is not broken")
+	}
+}
+
+// A pytest run at its limit is interrupted, so that its fixtures' cleanup
+// runs: a command that traps SIGINT exits by its own trap.
+func TestInterruptibleInterrupts(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := interruptible(ctx, "sh", "-c", `trap "exit 7" INT; echo up; while :; do sleep 0.05; done`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 3)
+	if _, err := io.ReadFull(out, line); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("command at its limit ended with %v, want exit 7 from its SIGINT trap", err)
 	}
 }

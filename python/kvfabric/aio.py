@@ -329,11 +329,14 @@ class Client:
         alignment: int = 0,
         devices: Sequence[str | int] | None = None,
         engine: str | None = None,
+        join: tuple[int, str] | None = None,
         timeout: float | None = None,
     ) -> BlockSet:
         """:meth:`kvfabric.Client.register`: the engine's layout, and its
         block set's memory mapped (or opened on the GPU)."""
-        req = _register_request(engine or self.engine, model, tp_size, page_size, kv_order, arrangement, slots, alignment, devices)
+        req = _register_request(
+            engine or self.engine, model, tp_size, page_size, kv_order, arrangement, slots, alignment, devices, join
+        )
         resp = await self._call("Register", req, timeout)
         if _on_device(resp):
             return BlockSet(resp, device=[await self._open_device(m) for m in resp.memory])

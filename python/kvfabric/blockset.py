@@ -178,6 +178,10 @@ class BlockSet:
         self.alignment: int = lay.alignment
         self.slots: int = lay.slots
         self.retains: int = resp.retains
+        #: What lets another process of the engine join this set
+        #: (``Client.register(join=(id, join_token))``); a secret like the
+        #: memory tokens: pass it only to the engine's own processes.
+        self.join_token: str = resp.join_token
         self.ranks: list[engine_pb2.RankLayout] = list(resp.ranks)
         self.memory: list[engine_pb2.Memory] = list(resp.memory)
         #: Each rank's mapping of the pool memory (ranks of one pool share

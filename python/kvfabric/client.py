@@ -249,6 +249,7 @@ def _register_request(
     slots: int,
     alignment: int,
     devices: Sequence[str | int] | None,
+    join: tuple[int, str] | None = None,
 ) -> engine_pb2.RegisterRequest:
     """A Register request, its arguments checked as Client.register says."""
     if not isinstance(model, ModelConfig):
@@ -283,6 +284,13 @@ def _register_request(
         alignment=int(alignment),
         devices=placed,
     )
+    if join is not None:
+        set_id, token = join
+        if isinstance(set_id, bool) or not isinstance(set_id, (int, np.integer)) or not 1 <= set_id <= _U64 - 1:
+            raise InvalidArgument(f"join: block set {set_id!r} is not an integer in 1..{_U64 - 1}")
+        if not isinstance(token, str) or not token:
+            raise InvalidArgument("join: the block set's join token (BlockSet.join_token) is missing")
+        req.join_block_set, req.join_token = int(set_id), token
     return req
 
 
@@ -669,6 +677,7 @@ class Client:
         alignment: int = 0,
         devices: Sequence[str | int] | None = None,
         engine: str | None = None,
+        join: tuple[int, str] | None = None,
         timeout: float | None = None,
     ) -> BlockSet:
         """Register the engine's layout and map its block set's memory; a
@@ -683,9 +692,13 @@ class Client:
         "" lets the agent choose; None or empty puts rank r on its r-th device
         pool.
         An agent whose pool is host memory ignores it.
+        join: (block set id, join token): join that set, which another
+        process of the engine registered and whose ``join_token`` it passed
+        on, instead of choosing one (the layout must be the set's); a wrong
+        token is PermissionDenied, a freed set NotFound.
         """
         req = _register_request(
-            engine or self.engine, model, tp_size, page_size, kv_order, arrangement, slots, alignment, devices
+            engine or self.engine, model, tp_size, page_size, kv_order, arrangement, slots, alignment, devices, join
         )
         resp = self._call("Register", req, timeout)
         if _on_device(resp):

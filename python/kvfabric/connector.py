@@ -18,7 +18,11 @@ Two halves, as in vLLM:
   :class:`WorkerReport` for that step, registers the saved blocks every
   worker wrote (so the cluster sees them) and releases the loaded ones.
 - :class:`WorkerSide` (one per TP rank) holds the engine's KV cache tensors
-  and this rank's view of the pool: ``load`` copies a plan's blocks from the
+  and this rank's view of the pool, the scheduler's block set, which it
+  joins with the first plan that names it (by the set's join token, which
+  the plan carries: a worker may be a process of its own, as with vLLM's
+  multiprocess executor, and the agent hands a set to another process only
+  by that token): ``load`` copies a plan's blocks from the
   pool into the engine (after taking its own references on them, so that a
   block the pool lost is reported as failed, never copied), ``save`` copies
   the engine's full blocks into the slots the plan names. A pool in host
@@ -52,7 +56,7 @@ import numpy as np
 from . import cuda
 from .blockset import BlockSet, DType, KVOrder, ModelConfig
 from .client import Client, Outcome
-from .errors import InvalidArgument, KvfabricError, ResourceExhausted
+from .errors import InvalidArgument, KvfabricError, NotFound, PermissionDenied, ResourceExhausted
 from .hashing import block_hashes
 
 __all__ = [
@@ -184,9 +188,11 @@ class KVSpec:
             return 1
         return max(1, self.kv_heads // self.tp_size)
 
-    def register(self, client: Client, slots: int = 0, engine: str | None = None) -> BlockSet:
+    def register(
+        self, client: Client, slots: int = 0, engine: str | None = None, join: tuple[int, str] | None = None
+    ) -> BlockSet:
         return client.register(
-            self.model, self.tp_size, self.block_size, self.kv_order, slots=slots, engine=engine
+            self.model, self.tp_size, self.block_size, self.kv_order, slots=slots, engine=engine, join=join
         )
 
 
@@ -254,9 +260,15 @@ class StepPlan:
     loads: list[LoadPlan] = field(default_factory=list)
     saves: list[SavePlan] = field(default_factory=list)
     #: The block set and the agent run it lives in (see incarnation): a
-    #: worker whose own block set is not this one (the agent restarted in
-    #: between) loads nothing and writes no slot of the plan.
+    #: worker whose own block set is not this one joins it first (with
+    #: join_token); one that cannot loads nothing and writes no slot of the
+    #: plan.
     incarnation: str = ""
+    #: The block set's join token (BlockSet.join_token): what lets a worker
+    #: in another process than the scheduler's join the set. The plan goes
+    #: only to the engine's own processes, and its repr (a log line) leaves
+    #: the token out.
+    join_token: str = field(default="", repr=False)
 
 
 def incarnation(bs: BlockSet) -> str:
@@ -625,7 +637,7 @@ class SchedulerSide:
             self._step += 1
             step = self._step
             client, bs = self.client, self.block_set  # the session this plan belongs to
-            plan = StepPlan(step, bs.id, incarnation=incarnation(bs))
+            plan = StepPlan(step, bs.id, incarnation=incarnation(bs), join_token=bs.join_token)
             for r in self._to_load:
                 if r.state is _State.LOADING and not r.cancelled:
                     plan.loads.append(LoadPlan(r.req_id, [h for h in r.hashes[r.start : r.start + len(r.refs)]], r.block_ids))
@@ -922,6 +934,10 @@ class WorkerSide:
     ordered by the number in their names.
     """
 
+    #: Seconds before a join that failed other than for good (_follow) is
+    #: tried again.
+    join_retry_interval = 1.0
+
     def __init__(
         self,
         config: ConnectorConfig,
@@ -941,8 +957,14 @@ class WorkerSide:
         self.client = client or Client(config.socket_path, engine=f"{engine}-rank{rank}", import_timeout=config.import_timeout)
         self._own_client = client is None
         self._retry_at = 0.0
+        #: The scheduler's block set, joined with the first plan (_follow).
         self.block_set: BlockSet | None = None
         self.layers: list[_Layer] = []
+        self._heads = 0
+        #: The incarnation a join failed for for good, not tried again.
+        self._join_failed = ""
+        #: When a join that failed otherwise may be tried again.
+        self._join_retry_at = 0.0
         self._report: WorkerReport | None = None
         self._reported = 0  # the last step whose report was taken
         #: This rank's counters: loaded_blocks, loaded_bytes, load_errors,
@@ -954,8 +976,11 @@ class WorkerSide:
         self.before_layer: Callable[[int], None] | None = None
 
     def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
-        """Check the engine's caches against the spec and register the block
-        set; a mismatch is an error naming the layer and what differs."""
+        """Check the engine's caches against the spec; a mismatch is an error
+        naming the layer and what differs. The block set is the scheduler's,
+        joined with the first plan: a worker registers none of its own (with
+        TP 8, eight sets of every rank's region before the scheduler's
+        exists)."""
         if not kv_caches:
             raise InvalidArgument("no KV cache layers to register")
         names = sorted(kv_caches, key=layer_index)
@@ -981,17 +1006,75 @@ class WorkerSide:
         if problems:
             raise InvalidArgument("kvfabric: the engine's KV caches do not match the connector's spec: " + "; ".join(problems))
         self.layers = layers
-        self.block_set = spec.register(self.client, self.config.slots, engine=self.client.engine)
+        self._heads = heads
+        self.log.info("kvfabric: rank %d: %d layers %s checked; the scheduler's block set is joined with its first plan",
+                      self.rank, len(layers), first.shape[1:])
+
+    def _follow(self, plan: StepPlan) -> None:
+        """Make the plan's block set this worker's: join it by the plan's
+        join token where its own is another (or none: the first plan, or the
+        agent restarted), and drop the one it had. A set that cannot be
+        joined for good (gone, its token refused, or its heads not this
+        rank's) is not tried again for its incarnation; one whose join
+        failed otherwise (a deadline, say) is tried again at most once a
+        second. Meanwhile the plan's loads fail, its saves are not written,
+        and the set the worker had, no longer the scheduler's, is dropped."""
         bs = self.block_set
-        given = len(bs.ranks[self.rank].head_ids)
-        if given != heads:
-            raise InvalidArgument(f"kvfabric: rank {self.rank}'s cache holds {heads} heads, the block set gives it {given}")
-        self.log.info("kvfabric: rank %d: %d layers %s registered in block set %d", self.rank, len(layers), first.shape[1:], bs.id)
+        want = plan.incarnation
+        if not want or not plan.join_token or not self.layers or (bs is not None and incarnation(bs) == want):
+            return
+        if want == self._join_failed:
+            return
+        now = time.monotonic()
+        if now < self._join_retry_at:
+            return
+        self._finish_loads()
+        if bs is not None:
+            # No longer the scheduler's: nothing of a plan goes to it.
+            self.block_set = None
+            self._drop(bs)
+        try:
+            got = self.spec.register(self.client, self.config.slots, engine=self.client.engine,
+                                     join=(plan.block_set, plan.join_token))
+        except (PermissionDenied, InvalidArgument, NotFound) as e:
+            self._join_failed = want
+            self.log.error("kvfabric: rank %d: joining the scheduler's block set %d failed, not tried again: %s",
+                           self.rank, plan.block_set, e)
+            return
+        except KvfabricError as e:
+            self._join_retry_at = now + self.join_retry_interval
+            self.log.warning("kvfabric: rank %d: joining the scheduler's block set %d failed, tried again with a later plan: %s",
+                             self.rank, plan.block_set, e)
+            return
+        given = len(got.ranks[self.rank].head_ids)
+        if incarnation(got) != want:
+            self._join_failed = want
+            self.log.error("kvfabric: rank %d: joining block set %d got %s, not the plan's %s; not used",
+                           self.rank, plan.block_set, incarnation(got), want)
+            self._drop(got)
+            return
+        if given != self._heads:
+            self._join_failed = want
+            self.log.error("kvfabric: rank %d: the scheduler's block set %s gives this rank %d heads, its cache holds %d; not used",
+                           self.rank, incarnation(got), given, self._heads)
+            self._drop(got)
+            return
+        self.block_set = got
+        self.log.info("kvfabric: rank %d: joined the scheduler's block set %d", self.rank, got.id)
+
+    def _drop(self, bs: BlockSet) -> None:
+        """Stop using bs under this worker's session (its memory goes back
+        once no session uses it)."""
+        try:
+            self.client.drop_block_set(bs)
+        except KvfabricError:
+            pass  # the session, or the set, is gone already
 
     def _reconnect(self) -> None:
         """When the agent ended this worker's session (it restarted), open a
-        new client and register the block set again, at most once a second.
-        Until then loads fail (recomputed) and saves are dropped."""
+        new client, at most once a second; the next plan's block set (the
+        scheduler's, registered again) is joined then (_follow). Until then
+        loads fail (recomputed) and saves are dropped."""
         if self.client.session_alive or not self._own_client or not self.layers:
             return
         now = time.monotonic()
@@ -1004,15 +1087,9 @@ class WorkerSide:
         except KvfabricError as e:
             self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
             return
-        try:
-            bs = self.spec.register(c, self.config.slots, engine=c.engine)
-        except KvfabricError as e:
-            c.close()
-            self.log.warning("kvfabric: rank %d: registering again failed: %s", self.rank, e)
-            return
-        old, self.client, self.block_set = self.client, c, bs
+        old, self.client, self._join_failed, self._join_retry_at = self.client, c, "", 0.0
         old.close()
-        self.log.info("kvfabric: rank %d: reconnected to the agent: block set %d", self.rank, bs.id)
+        self.log.info("kvfabric: rank %d: reconnected to the agent; the next plan's block set is joined", self.rank)
 
     # Pool views of this rank, as [slots, layers, planes, block_size, heads, dim].
     def _pool(self) -> np.ndarray:
@@ -1034,6 +1111,7 @@ class WorkerSide:
         if plan.step <= self._reported:
             return
         self._reconnect()
+        self._follow(plan)
         rep = self._report_for(plan)
         for lp in plan.loads:
             self._load_one(lp, plan.incarnation, rep)
@@ -1100,6 +1178,7 @@ class WorkerSide:
             return
         self._finish_loads()
         self._reconnect()
+        self._follow(plan)
         rep = self._report_for(plan)
         jobs = []
         for lp in plan.loads:
@@ -1163,6 +1242,7 @@ class WorkerSide:
             return
         self._finish_loads()
         self._reconnect()
+        self._follow(plan)
         rep = self._report_for(plan)
         bs = self.block_set
         same = bs is not None and incarnation(bs) == plan.incarnation

@@ -25,7 +25,7 @@ def filled(bs: kvfabric.BlockSet, value: float) -> np.ndarray:
 
 def block_set(c: kvfabric.Client, name: str, slots: int = 16) -> kvfabric.BlockSet:
     # A page size of its own per test, so that each test's set is its own.
-    pages = {"flow": 4, "dup": 5, "free": 6, "errors": 7, "exhaust": 9, "shared": 10, "close": 11}
+    pages = {"flow": 4, "dup": 5, "free": 6, "errors": 7, "exhaust": 9, "shared": 10, "close": 11, "join": 12}
     return c.register(MODEL, 2, pages[name], "hnd", slots=slots, engine=name)
 
 
@@ -92,6 +92,28 @@ def test_free(node1):
         with pytest.raises(kvfabric.FailedPrecondition):
             c.free(bs, slots[:1])
         assert sorted(c.allocate(bs, 8)) == sorted(slots)
+
+
+def test_register_joins_a_set_by_its_token(node1):
+    """Another client (session) joins a set by its id and join token, and
+    maps the same memory; a wrong token, an unknown set or a layout not the
+    set's is refused, naming what is wrong."""
+    with node1.client() as a, node1.client() as b:
+        bs = block_set(a, "join", slots=8)
+        assert bs.join_token
+        joined = b.register(MODEL, 2, 12, "hnd", slots=8, engine="join", join=(bs.id, bs.join_token))
+        assert joined.id == bs.id and joined.join_token == bs.join_token
+        slot = a.allocate(bs, 1)[0]
+        bs.rank(1)[slot] = 3.5
+        assert (joined.rank(1)[slot] == 3.5).all()  # the same memory
+        with pytest.raises(kvfabric.PermissionDenied, match="join_token"):
+            b.register(MODEL, 2, 12, "hnd", slots=8, join=(bs.id, bs.join_token + "x"))
+        with pytest.raises(kvfabric.InvalidArgument, match="page_size"):
+            b.register(MODEL, 2, 13, "hnd", slots=8, join=(bs.id, bs.join_token))
+        with pytest.raises(kvfabric.NotFound, match=f"block set {bs.id + 1000}"):
+            b.register(MODEL, 2, 12, "hnd", slots=8, join=(bs.id + 1000, bs.join_token))
+        with pytest.raises(kvfabric.InvalidArgument, match="join token"):
+            b.register(MODEL, 2, 12, "hnd", slots=8, join=(bs.id, ""))
 
 
 def test_resource_exhausted(node1):

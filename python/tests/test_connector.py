@@ -12,7 +12,7 @@ import pytest
 
 import kvfabric
 from conftest import wait_for
-from kvfabric.connector import CacheKind, ConnectorConfig, KVSpec
+from kvfabric.connector import CacheKind, ConnectorConfig, KVSpec, StepPlan
 from kvfabric.harness import SimEngine
 
 SPEC = KVSpec(layers=2, kv_heads=4, head_dim=16, dtype="f32", tp_size=1, block_size=16)
@@ -582,3 +582,8 @@ def test_layerwise_load_failing_in_a_layer_is_recomputed(node1, node2):
     finally:
         a.close()
         b.close()
+
+
+def test_a_plans_repr_leaves_its_join_token_out():
+    plan = StepPlan(3, 7, incarnation="inc", join_token="join-secret")
+    assert "join-secret" not in repr(plan) and "inc" in repr(plan), repr(plan)

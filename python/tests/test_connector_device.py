@@ -49,7 +49,7 @@ def test_engines_share_blocks_through_device_pools(gpus, driver, spec_a, spec_b,
     cfg = ConnectorConfig(socket=gpus[1].socket, stats_interval=0, layerwise=layerwise)
     b = SimEngine(gpus[1].socket, spec_b, name="dev-b", device=dev_b, config=cfg)
     try:
-        assert a.scheduler.block_set.on_device and all(w.block_set.on_device for w in b.workers)
+        assert a.scheduler.block_set.on_device and b.scheduler.block_set.on_device
         assert all(ly.on_device == on_device for w in a.workers + b.workers for ly in w.layers)
         ra = a.add("a", tokens)
         a.run()
@@ -65,6 +65,9 @@ def test_engines_share_blocks_through_device_pools(gpus, driver, spec_a, spec_b,
         assert b.check(rb) == len(rb.tokens)
         s = b.scheduler.stats()
         assert s["loaded_blocks"] == 5 * spec_b.tp_size and s["load_errors"] == 0, s
+        # Each worker joined its scheduler's set with the first plan.
+        assert all(w.block_set is not None and w.block_set.id == b.scheduler.block_set.id and w.block_set.on_device
+                   for w in b.workers)
         # The loaded blocks reached the engine only through its caches'
         # memory: with device caches, the host copies the engine computes
         # on hold them because the device does.
@@ -97,10 +100,11 @@ def test_device_load_outside_the_cache_copies_nothing(gpus, driver):  # noqa: F8
         before = [np.empty(x.shape, x.dtype) for x in b.device_caches[0].values()]
         for x, out in zip(b.device_caches[0].values(), before):
             x.read(out)
-        inc = incarnation(w.block_set)
+        bs = b.scheduler.block_set
+        inc = incarnation(bs)
         # The last block of the cache (7) is inside; 8 is one past it.
         for step, ids, bad in ((1, [0, 1, 8], True), (2, [5, 6, 7], False)):
-            w.load(StepPlan(step, w.block_set.id, [LoadPlan("x", hashes, ids)], incarnation=inc))
+            w.load(StepPlan(step, bs.id, [LoadPlan("x", hashes, ids)], incarnation=inc, join_token=bs.join_token))
             rep = w.take_report(step)
             if bad:
                 assert rep.load_errors == {0, 1, 8} and rep.loaded_blocks == 0

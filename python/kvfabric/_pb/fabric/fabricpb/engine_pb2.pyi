@@ -387,11 +387,13 @@ class RegisterBlocksResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[BlockRef, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[BlockResult, _Mapping]]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ["alignment", "arrangement", "devices", "engine", "kv_order", "model", "page_size", "slots", "tp_size"]
+    __slots__ = ["alignment", "arrangement", "devices", "engine", "join_block_set", "join_token", "kv_order", "model", "page_size", "slots", "tp_size"]
     ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
     ARRANGEMENT_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    JOIN_BLOCK_SET_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     KV_ORDER_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -401,26 +403,30 @@ class RegisterRequest(_message.Message):
     arrangement: _layout_pb2.Arrangement
     devices: _containers.RepeatedScalarFieldContainer[str]
     engine: str
+    join_block_set: int
+    join_token: str
     kv_order: _layout_pb2.KVOrder
     model: _layout_pb2.ModelConfig
     page_size: int
     slots: int
     tp_size: int
-    def __init__(self, engine: _Optional[str] = ..., model: _Optional[_Union[_layout_pb2.ModelConfig, _Mapping]] = ..., tp_size: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_order: _Optional[_Union[_layout_pb2.KVOrder, str]] = ..., arrangement: _Optional[_Union[_layout_pb2.Arrangement, str]] = ..., slots: _Optional[int] = ..., alignment: _Optional[int] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, engine: _Optional[str] = ..., model: _Optional[_Union[_layout_pb2.ModelConfig, _Mapping]] = ..., tp_size: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_order: _Optional[_Union[_layout_pb2.KVOrder, str]] = ..., arrangement: _Optional[_Union[_layout_pb2.Arrangement, str]] = ..., slots: _Optional[int] = ..., alignment: _Optional[int] = ..., devices: _Optional[_Iterable[str]] = ..., join_block_set: _Optional[int] = ..., join_token: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ["block_set", "layout", "memory", "ranks", "retains"]
+    __slots__ = ["block_set", "join_token", "layout", "memory", "ranks", "retains"]
     BLOCK_SET_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     RETAINS_FIELD_NUMBER: _ClassVar[int]
     block_set: int
+    join_token: str
     layout: _layout_pb2.Layout
     memory: _containers.RepeatedCompositeFieldContainer[Memory]
     ranks: _containers.RepeatedCompositeFieldContainer[RankLayout]
     retains: int
-    def __init__(self, block_set: _Optional[int] = ..., layout: _Optional[_Union[_layout_pb2.Layout, _Mapping]] = ..., memory: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., retains: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankLayout, _Mapping]]] = ...) -> None: ...
+    def __init__(self, block_set: _Optional[int] = ..., layout: _Optional[_Union[_layout_pb2.Layout, _Mapping]] = ..., memory: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., retains: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankLayout, _Mapping]]] = ..., join_token: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ["block_set", "slots"]
