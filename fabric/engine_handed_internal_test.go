@@ -269,6 +269,45 @@ func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
 	}
 }
 
+// A process handed a set's memory (the descriptor socket) under a pid
+// whose recorded receiver has exited is recorded under its own pidfd, not
+// the exited one's: the next process asking to join is refused while it
+// runs, and the set zeroes its slots from then on.
+func TestHandedToAReusedPidRecordsTheNewProcess(t *testing.T) {
+	self := int32(os.Getpid())
+	child := exec.Command("true")
+	if err := child.Start(); err != nil {
+		t.Skip(err)
+	}
+	fd, err := unix.PidfdOpen(child.Process.Pid, 0)
+	if err != nil {
+		child.Wait()
+		t.Skipf("pidfd_open: %v", err)
+	}
+	if err := child.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	// The exited child's pidfd stands for the receiver that had this pid.
+	es := &engineSet{receivers: map[int32]int{self: fd}}
+	t.Cleanup(func() {
+		for _, fd := range es.receivers {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	})
+	(&Agent{}).handedTo(es, self)
+	if !es.zeroFresh {
+		t.Error("the set taken up from an exited receiver does not zero the slots it hands out")
+	}
+	if other := int32(os.Getppid()); es.mayJoin(other) {
+		t.Fatalf("process %d may join the set while process %d, handed its memory, runs", other, self)
+	}
+	if !receives(es, self) {
+		t.Fatalf("process %d, handed the set's memory, not recorded", self)
+	}
+}
+
 // A call naming a set by its id is asked again, once the set is attached,
 // whether its process may use it: a Register of another process that
 // took the set up between the call's check and its attach (here, the set

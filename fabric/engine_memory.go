@@ -278,7 +278,10 @@ func callerPID(ctx context.Context) int32 {
 	return 0
 }
 
-// handedTo records that process pid may map es's memory from now on.
+// handedTo records that process pid may map es's memory from now on. A
+// receiver recorded under pid whose pidfd says it has exited is another
+// process, whose pid this one got since: it is forgotten (forgetLocked)
+// and pid recorded anew, so that its exit is not taken for this one's.
 func (a *Agent) handedTo(es *engineSet, pid int32) {
 	if pid <= 0 {
 		return
@@ -288,8 +291,11 @@ func (a *Agent) handedTo(es *engineSet, pid int32) {
 	if es.freed {
 		return
 	}
-	if _, ok := es.receivers[pid]; ok {
-		return
+	if fd, ok := es.receivers[pid]; ok {
+		if processAlive(pid, fd) {
+			return
+		}
+		es.forgetLocked(pid, fd) // another process had this pid
 	}
 	if es.receivers == nil {
 		es.receivers = map[int32]int{}

@@ -136,9 +136,16 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 // one of the sets the session uses. Only a set the calling process may
 // join is (joinableSet), asked again once it is attached: a Register of
 // another process may take the set up between the two (mayJoin, which
-// does not see this session), and the set is then handed to a process
-// still running, not to this one. The attach is then undone, where it
-// made the set one of the session's, and the call refused.
+// does not see this session), and where its handedTo came before this
+// attach the set is handed to a process still running, not to this one.
+// The attach is then undone, where it made the set one of the session's,
+// and the call refused. The second check covers only that order: a
+// Register's handOver attaches before its handedTo, and setFor holds no
+// a.mu, so where the Register attaches, then this call attaches and
+// passes its second check, and only then the Register's handedTo runs,
+// both processes stay on the set: this call goes through, this
+// process's later calls naming the set are refused, and its session
+// keeps the set until it ends.
 func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, error) {
 	sess, err := e.a.sessionOf(ctx)
 	if err != nil {
