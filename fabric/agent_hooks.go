@@ -1,6 +1,10 @@
 package fabric
 
-import "github.com/kvfabric/kvfabric/pool"
+import (
+	"context"
+
+	"github.com/kvfabric/kvfabric/pool"
+)
 
 // testHooks let tests observe and interrupt the agent's flows at points
 // no API reaches. Nil hooks are skipped; they run on the flow's own
@@ -17,8 +21,9 @@ type testHooks struct {
 	beforeServeRelease func(peer string, lease uint64) bool
 	// claimsTaken runs on the holder where a release has taken up its
 	// lease's checksum claims (leaseBook.claim), before it checks them,
-	// given the peer and the lease.
-	claimsTaken func(peer string, lease uint64)
+	// given the peer, the lease and what ends the holder's limit on
+	// their sums (as PeerTimeout passing does).
+	claimsTaken func(peer string, lease uint64, stop context.CancelFunc)
 	// claimSummed runs on the holder where a release's checksum claim is
 	// about to sum a block its lease pinned (Mismatched), given the
 	// peer, the lease and the block's hash.

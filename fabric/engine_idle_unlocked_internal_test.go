@@ -1213,15 +1213,16 @@ func TestRegisterWithoutAFallbackLooksAgainAfterAWait(t *testing.T) {
 		{"a set of the layout made meanwhile for another session", false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			// f's 8 MiB in use, e's idle 4 MiB, 4 MiB free, both of
+			// e's 8 MiB in use, e's idle 4 MiB, 4 MiB free, both of
 			// another layout (pages of 32 tokens): no set of the layout
-			// asked for. 5 MiB asked within a quota of 4 MiB: past it
-			// even once the idle set is freed.
-			a, sets := quotaAgent(t, quotaSet{"f", 8, true}, quotaSet{"e", 4, false})
+			// asked for. 5 MiB asked, within a quota of 6 MiB on its
+			// own, past it even once the idle set is freed (8 MiB in
+			// use).
+			a, sets := quotaAgent(t, quotaSet{"e", 8, true}, quotaSet{"e", 4, false})
 			for _, es := range sets {
 				relayout(t, a, es)
 			}
-			a.cfg.EngineQuota = 4 << 20
+			a.cfg.EngineQuota = 6 << 20
 			a.cfg.BlockSetSlots = 5 << 10
 			sess := &session{id: 7, engine: "e", sets: map[pool.SetID]*engineSet{}}
 			var made *engineSet

@@ -3,6 +3,7 @@ package fabric
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/pool/disk"
@@ -121,6 +122,12 @@ func TierPendingWaits(a *Agent) <-chan struct{} {
 	}
 	a.tiers.pendingWait.Store(&f)
 	return ch
+}
+
+// TierCountWaitCap sets the bound on a's look-ups' wait for copies down
+// where the call has no deadline (noDeadlineCountWait), for the test.
+func TierCountWaitCap(a *Agent, d time.Duration) {
+	a.tiers.countWaitCap.Store(int64(d))
 }
 
 // TierHoldCommits makes every copy down of a's tiers wait, its writes

@@ -237,10 +237,11 @@ func pinnedSlots(hashes []uint64, slots []pool.LeasedSlot) map[uint64]int {
 // begins before its ctx ends checks claims (leaseBook.claim): a peer that
 // sends the release of one lease many times, at once or one after
 // another, costs this node at most one sum of each block the lease
-// pinned in all, not one a call. It stops when ctx ends; the blocks left
-// unchecked then stay so, but where it ends before the first block is
-// summed, the lease's claims are given back (leaseBook.unclaim), for a
-// later release of the lease to check: those sent meanwhile were refused.
+// pinned in all, not one a call. Once it has taken the lease's claims,
+// its sums are bounded by this node's PeerTimeout, not by ctx: the
+// server releases the lease as soon as it returns (transfer's release
+// method), so claims it left unchecked would never be checked. Past
+// PeerTimeout the blocks left unchecked stay so.
 //
 // Claims under a lease this node's book no longer has (released, or
 // dropped once past its deadline), or under another peer's, are ignored
@@ -282,8 +283,13 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		refused, why = len(hashes), "the lease's claims were taken up by an earlier release of it"
 		return
 	}
+	// The lease's claims are this call's alone now, and the server
+	// releases the lease as soon as it returns, whatever ctx says: its
+	// sums are bounded by this node's PeerTimeout, not by the caller.
+	limit, stop := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.PeerTimeout)
+	defer stop()
 	if f := a.cfg.hooks.claimsTaken; f != nil {
-		f(peer, id)
+		f(peer, id, stop)
 	}
 	setID, slots, err := a.pool.LeasedSlots(pool.LeaseID(id))
 	var es *engineSet
@@ -295,17 +301,10 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		return
 	}
 	pinned := pinnedSlots(hashes, slots) // until checked
-	summed := false
 	for i, x := range hashes {
-		if ctx.Err() != nil {
-			if !summed {
-				// Nothing checked: the lease's claims are given back, to
-				// a call that can check them (others under the lease
-				// meanwhile were refused).
-				h.book.unclaim(pool.LeaseID(id), peer)
-			}
-			a.log.Debug("a release's checksum claims left unchecked: the call ended",
-				"peer", peer, "lease", id, "unchecked", len(hashes)-i, "given_back", !summed)
+		if limit.Err() != nil {
+			a.log.Debug("a release's checksum claims left unchecked: past the holder's peer timeout",
+				"peer", peer, "lease", id, "unchecked", len(hashes)-i)
 			return
 		}
 		slot, held := pinned[x]
@@ -325,7 +324,6 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		if f := a.cfg.hooks.claimSummed; f != nil {
 			f(peer, id, x)
 		}
-		summed = true
 		got, ok := blockSum(es.set, b.Slot, 0, es.set.Layout().PageSize)
 		if !ok || got == want {
 			continue

@@ -126,18 +126,6 @@ func (b *leaseBook) claim(id pool.LeaseID, peer string) (mine, first bool) {
 	return true, true
 }
 
-// unclaim gives back the checksum claims of lease id by peer that a call
-// took up (claim) and then checked none of, its ctx ended first: a later
-// release of the lease, live, checks them.
-func (b *leaseBook) unclaim(id pool.LeaseID, peer string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if e, ok := b.leases[id]; ok && e.peer == peer {
-		e.claimed = false
-		b.leases[id] = e
-	}
-}
-
 // extend moves lease id's deadline.
 func (b *leaseBook) extend(id pool.LeaseID, deadline time.Time) {
 	b.mu.Lock()

@@ -467,15 +467,19 @@ func TestMismatchedChecksALeasesClaimsOnce(t *testing.T) {
 }
 
 // A release whose call ended before its claims were looked at leaves them
-// to the next release of the lease, which checks them; one whose call
-// ends while it checks leaves the rest unchecked, and a release of the
-// lease after it checks nothing.
+// to the next release of the lease, which checks them; one that runs past
+// the holder's limit on its sums (PeerTimeout) as it checks leaves the
+// rest unchecked, and a release of the lease after it checks nothing.
 func TestMismatchedClaimsCheckedByALiveCall(t *testing.T) {
 	var sums claimSums
 	var taken atomic.Int32
+	var stop atomic.Pointer[context.CancelFunc]
 	a := startHolder(t, func(c *Config) {
 		c.hooks.claimSummed = sums.hook
-		c.hooks.claimsTaken = func(string, uint64) { taken.Add(1) }
+		c.hooks.claimsTaken = func(_ string, _ uint64, end context.CancelFunc) {
+			taken.Add(1)
+			stop.Store(&end)
+		}
 	})
 	s, hashes, blocks := summedBlocks(t, a, 2)
 	for _, b := range blocks {
@@ -497,15 +501,14 @@ func TestMismatchedClaimsCheckedByALiveCall(t *testing.T) {
 		// Meanwhile, a live release of the lease would have been refused.
 		t.Fatal("a release whose call had ended took up its lease's claims")
 	}
-	// The next one's call ends as it sums its first block.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	// The next one runs past the holder's limit as it sums its first
+	// block.
 	sums.mu.Lock()
-	sums.onSum = cancel
+	sums.onSum = func() { (*stop.Load())() }
 	sums.mu.Unlock()
-	h.Mismatched(ctx, "peer", l.ID, hashes)
+	h.Mismatched(context.Background(), "peer", l.ID, hashes)
 	if got := sums.of("peer"); got != 1 || registered(hashes[0]) || !registered(hashes[1]) {
-		t.Fatalf("a release whose call ended as it summed its first block: %d blocks summed, registered %v %v; want the first summed and withdrawn, the second left",
+		t.Fatalf("a release past the holder's limit as it summed its first block: %d blocks summed, registered %v %v; want the first summed and withdrawn, the second left",
 			got, registered(hashes[0]), registered(hashes[1]))
 	}
 	h.Mismatched(context.Background(), "peer", l.ID, hashes)
@@ -517,53 +520,63 @@ func TestMismatchedClaimsCheckedByALiveCall(t *testing.T) {
 	}
 }
 
-// A release whose call took up its lease's claims, and ended before it
-// checked any, gives them back: another release of the lease sent
-// meanwhile was refused, and a release after it checks them.
-func TestMismatchedClaimsGivenBackByACallThatCheckedNone(t *testing.T) {
-	var sums claimSums
-	var taken func(peer string, lease uint64)
-	a := startHolder(t, func(c *Config) {
-		c.hooks.claimSummed = sums.hook
-		c.hooks.claimsTaken = func(peer string, lease uint64) { taken(peer, lease) }
-	})
-	s, hashes, blocks := summedBlocks(t, a, 2)
-	for _, b := range blocks {
-		s.change(b)
-	}
-	registered := func(h uint64) bool { _, ok := s.set.Lookup(h); return ok }
-	h := a.service
-	l, err := h.Lease(context.Background(), "peer", hashes, time.Minute)
-	if err != nil || l.ID == 0 {
-		t.Fatalf("lease: %+v %v", l, err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	calls := 0
-	taken = func(peer string, lease uint64) {
-		if calls++; calls != 1 {
-			return
-		}
-		// Another release of the lease, sent meanwhile, is refused; then
-		// the first one's call ends before it checks a claim.
-		h.Mismatched(context.Background(), peer, lease, hashes)
-		cancel()
-	}
-	h.Mismatched(ctx, "peer", l.ID, hashes)
-	if calls != 1 || sums.of("peer") != 0 || !registered(hashes[0]) || !registered(hashes[1]) {
-		t.Fatalf("%d calls took up the claims, %d blocks summed; want the first only, none summed", calls, sums.of("peer"))
-	}
-	if got := a.Metrics().ChecksumClaimsRefused; got != uint64(len(hashes)) {
-		t.Fatalf("refused %d claims, want the %d of the release sent meanwhile", got, len(hashes))
-	}
-	h.Mismatched(context.Background(), "peer", l.ID, hashes)
-	if got := sums.of("peer"); got != len(hashes) || registered(hashes[0]) || registered(hashes[1]) {
-		t.Fatalf("a release after the one that ended: %d blocks summed, registered %v %v; want both summed and withdrawn",
-			got, registered(hashes[0]), registered(hashes[1]))
-	}
-	if got := a.Metrics(); got.ChecksumWithdrawn != uint64(len(hashes)) || got.ChecksumClaimsRefused != uint64(len(hashes)) {
-		t.Errorf("withdrew %d, refused %d claims; want %d withdrawn, the %d claims of the release sent meanwhile refused",
-			got.ChecksumWithdrawn, got.ChecksumClaimsRefused, len(hashes), len(hashes))
+// A release whose call took up its lease's claims and then ended, before
+// it summed a block or as it summed one, still checks them all: the
+// server (transfer's release method) releases the lease as soon as
+// Mismatched returns, whatever the call's ctx says, so no later release of
+// the lease could check them. Driven in the server's order: Mismatched,
+// then Release.
+func TestMismatchedClaimsCheckedPastTheCallersEnd(t *testing.T) {
+	for _, tc := range []struct {
+		desc  string
+		atSum bool // the call ends as its first block is summed; else before
+	}{
+		{"the call ended before a block was summed", false},
+		{"the call ended as its first block was summed", true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			var sums claimSums
+			var taken func()
+			a := startHolder(t, func(c *Config) {
+				c.hooks.claimSummed = sums.hook
+				c.hooks.claimsTaken = func(string, uint64, context.CancelFunc) { taken() }
+			})
+			s, hashes, blocks := summedBlocks(t, a, 2)
+			for _, b := range blocks {
+				s.change(b)
+			}
+			registered := func(h uint64) bool { _, ok := s.set.Lookup(h); return ok }
+			h := a.service
+			l, err := h.Lease(context.Background(), "peer", hashes, time.Minute)
+			if err != nil || l.ID == 0 {
+				t.Fatalf("lease: %+v %v", l, err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			taken = func() {
+				if !tc.atSum {
+					cancel()
+				}
+			}
+			if tc.atSum {
+				sums.onSum = cancel
+			}
+			h.Mismatched(ctx, "peer", l.ID, hashes)
+			if ctx.Err() == nil {
+				t.Fatal("the call's ctx did not end while Mismatched checked its claims")
+			}
+			if valid, err := h.Release(ctx, "peer", l.ID); !valid || err != nil {
+				t.Fatalf("release after the claims: %v %v", valid, err)
+			}
+			if got := sums.of("peer"); got != len(hashes) || registered(hashes[0]) || registered(hashes[1]) {
+				t.Fatalf("the lease released: %d blocks summed, registered %v %v; want both summed and withdrawn",
+					got, registered(hashes[0]), registered(hashes[1]))
+			}
+			if got := a.Metrics(); got.ChecksumWithdrawn != uint64(len(hashes)) || got.ChecksumClaimsRefused != 0 {
+				t.Errorf("withdrew %d, refused %d claims; want %d withdrawn, none refused",
+					got.ChecksumWithdrawn, got.ChecksumClaimsRefused, len(hashes))
+			}
+		})
 	}
 }
 

@@ -254,6 +254,10 @@ type tiers struct {
 	// pendingWait, if set, is called by whereWait as it begins to wait
 	// for the copies down of a hash under way (tests).
 	pendingWait atomic.Pointer[func()]
+	// countWaitCap, if not zero, replaces noDeadlineCountWait, the bound
+	// on a look-up's wait for copies down where its call has no deadline
+	// (tests).
+	countWaitCap atomic.Int64
 	// beforeMoved and afterMoved, if set, are called by each move down
 	// from the host tier between its commit below and its record there,
 	// and right after that record (tests).

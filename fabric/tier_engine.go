@@ -93,7 +93,7 @@ func (a *Agent) restoreRun(ctx context.Context, s *sessionSet, hashes []uint64, 
 // once its copy ends). Without restore (Lookup's no_restore: a look-up
 // that only counts), nothing is brought up or read ahead, and a block not
 // in es whose copy down is under way is answered where it is once that
-// copy ends (whereWait), waiting for it within countWait(ctx): the answer
+// copy ends (whereWait), waiting for it within a.tiers.countWait(ctx): the answer
 // says where each block will be once the copies down under way end, not
 // "" for a block in flight between the set and a tier. The answer names
 // the tier each block was found in.
@@ -105,7 +105,7 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64, 
 	}
 	where := a.tierOf
 	if !restore && a.tiers != nil {
-		wctx, cancel := countWait(ctx)
+		wctx, cancel := a.tiers.countWait(ctx)
 		defer cancel()
 		where = func(k disk.Key) *diskTier { return a.tiers.whereWait(wctx, k) }
 	}
@@ -150,15 +150,29 @@ func (a *Agent) localTiers(ctx context.Context, es *engineSet, hashes []uint64, 
 	return out
 }
 
+// noDeadlineCountWait bounds a look-up's wait for copies down under way
+// where its call has no deadline. A copy down is a write to this node's
+// own tier: one not ended in 10 s is held up (a failing or saturated
+// disk, a copy held back), and a caller that set no deadline is answered
+// then, the blocks still in flight "", rather than never. Not
+// PeerTimeout: that bounds a silent peer, not a local disk, and at its
+// default of 2 s would cut short waits a busy disk still ends.
+const noDeadlineCountWait = 10 * time.Second
+
 // countWait bounds a look-up's wait for copies down under way (localTiers
 // without restore): ctx, ended a tenth of its time left early where it
 // has a deadline, so that the answer, which then leaves out the blocks
 // whose copies have not ended, reaches a caller before its deadline does
-// (a wait to the deadline itself would leave the caller no answer).
-func countWait(ctx context.Context) (context.Context, context.CancelFunc) {
+// (a wait to the deadline itself would leave the caller no answer), and
+// ended after noDeadlineCountWait where it has none.
+func (t *tiers) countWait(ctx context.Context) (context.Context, context.CancelFunc) {
 	dl, ok := ctx.Deadline()
 	if !ok {
-		return context.WithCancel(ctx)
+		limit := noDeadlineCountWait
+		if d := t.countWaitCap.Load(); d != 0 {
+			limit = time.Duration(d)
+		}
+		return context.WithTimeout(ctx, limit)
 	}
 	return context.WithDeadline(ctx, dl.Add(-time.Until(dl)/10))
 }

@@ -61,8 +61,10 @@ func TestTierLookupNoRestoreWaitsForCopiesDown(t *testing.T) {
 	req := &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: []uint64{onDisk, pending}, NoRestore: true}
 	before := tierStatus(t, c)
 
-	// The copy held past the call's deadline: an answer, not the deadline.
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	// The copy held past the call's deadline: an answer, not the deadline
+	// (the wait ends 0.8 s before it; a run under -race has answered in
+	// 3.7 s of a 4 s deadline, 0.12 s after its wait ended).
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 	lr, err := c.API().Lookup(ctx, req)
 	cancel()
 	if err != nil {
@@ -80,7 +82,11 @@ func TestTierLookupNoRestoreWaitsForCopiesDown(t *testing.T) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		lr, err := c.API().Lookup(context.Background(), req)
+		// A deadline, so that the wait is not cut short by the bound on
+		// one without (TestTierLookupNoRestoreWithoutADeadlineWaitsBounded).
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		lr, err := c.API().Lookup(ctx, req)
 		done <- answer{lr, err}
 	}()
 	select {
@@ -110,6 +116,46 @@ func TestTierLookupNoRestoreWaitsForCopiesDown(t *testing.T) {
 	if after := tierStatus(t, c); after.Restores != before.Restores || after.ReadAheadBlocks != before.ReadAheadBlocks {
 		t.Fatalf("a look-up with no_restore: restores %d -> %d, read ahead %d -> %d; want both unchanged",
 			before.Restores, after.Restores, before.ReadAheadBlocks, after.ReadAheadBlocks)
+	}
+}
+
+// A look-up with no_restore whose call has no deadline waits for a copy
+// down under way only so long (noDeadlineCountWait; here made 300 ms):
+// with the copy held, it answers, the held block "", rather than never.
+func TestTierLookupNoRestoreWithoutADeadlineWaitsBounded(t *testing.T) {
+	a, c, set, onDisk, pending, held, release := heldCopyDown(t, "lookupnw3")
+	defer release()
+	fabric.TierCountWaitCap(a, 300*time.Millisecond)
+	waits := fabric.TierPendingWaits(a)
+	type answer struct {
+		lr  *fabricpb.LookupResponse
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		lr, err := c.API().Lookup(context.Background(), &fabricpb.LookupRequest{
+			BlockSet: set.ID, Hashes: []uint64{onDisk, pending}, NoRestore: true})
+		done <- answer{lr, err}
+	}()
+	select {
+	case <-waits:
+	case got := <-done:
+		t.Fatalf("a look-up with no_restore answered %q (%v) without waiting for the copy down under way (%d held)",
+			got.lr.GetLocalTiers(), got.err, held())
+	case <-time.After(20 * time.Second):
+		t.Fatal("a look-up with no_restore neither answered nor waited for the copy down under way")
+	}
+	var got answer
+	select {
+	case got = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("a look-up with no_restore and no deadline still waits for a copy down held (%d held), past its bound of 300ms", held())
+	}
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if want := []string{"disk", ""}; fmt.Sprint(got.lr.LocalTiers) != fmt.Sprint(want) {
+		t.Fatalf("local tiers %q with the copy down held, want %q", got.lr.LocalTiers, want)
 	}
 }
 

@@ -1565,9 +1565,10 @@ type LookupRequest struct {
 	// the copies down to a tier already under way end: a block that has left
 	// the set and whose copy down has not ended is waited for, within the
 	// call's deadline (the wait ends a tenth of the time left before it, so
-	// that the answer arrives; a block still in flight then is ""), and
-	// answered "disk" or "host" once its copy is in place. Without
-	// no_restore, nothing is waited for: such a block is "".
+	// that the answer arrives), or for at most 10 s where the call has no
+	// deadline (a block still in flight then is ""), and answered "disk" or
+	// "host" once its copy is in place. Without no_restore, nothing is
+	// waited for: such a block is "".
 	NoRestore     bool `protobuf:"varint,5,opt,name=no_restore,json=noRestore,proto3" json:"no_restore,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
