@@ -233,15 +233,14 @@ func pinnedSlots(hashes []uint64, slots []pool.LeasedSlot) map[uint64]int {
 // live lease may carry one, and only about blocks that lease pinned (the
 // pool's record of its slots and the hash each held), each checked once; a
 // block whose bytes still match stays, and one withdrawn since (another
-// reader's claim) is done with. Only the first call under a lease that
-// begins before its ctx ends checks claims (leaseBook.claim): a peer that
-// sends the release of one lease many times, at once or one after
-// another, costs this node at most one sum of each block the lease
-// pinned in all, not one a call. Once it has taken the lease's claims,
-// its sums are bounded by this node's PeerTimeout, not by ctx: the
-// server releases the lease as soon as it returns (transfer's release
-// method), so claims it left unchecked would never be checked. Past
-// PeerTimeout the blocks left unchecked stay so.
+// reader's claim) is done with. Only the first call under a lease checks
+// claims (leaseBook.claim): a peer that sends the release of one lease
+// many times, at once or one after another, costs this node at most one
+// sum of each block the lease pinned in all, not one a call. Its sums are
+// bounded by this node's PeerTimeout, not by ctx, even where ctx had
+// ended before it began: the server releases the lease as soon as it
+// returns (transfer's release method), so claims it left unchecked would
+// never be checked. Past PeerTimeout the blocks left unchecked stay so.
 //
 // Claims under a lease this node's book no longer has (released, or
 // dropped once past its deadline), or under another peer's, are ignored
@@ -257,13 +256,9 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		return
 	}
 	a := h.a
-	if ctx.Err() != nil {
-		// Ended before it began: the lease's claims are left to a call
-		// that can check them.
-		a.log.Debug("a release's checksum claims left unchecked: the call ended",
-			"peer", peer, "lease", id, "unchecked", len(hashes))
-		return
-	}
+	// Taken up even where ctx has ended already (the reader gave up on
+	// its release): the server releases the lease once this returns, so
+	// no later call could check them.
 	mine, first := h.book.claim(pool.LeaseID(id), peer)
 	if !mine {
 		return // released meanwhile
