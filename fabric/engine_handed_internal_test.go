@@ -241,7 +241,7 @@ func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
 		{"mayJoin", (*engineSet).mayJoin},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			es := &engineSet{receivers: map[int32]int{self: exitedFD(t)}}
+			es := &engineSet{receivers: map[int32]int{self: exitedFD(t)}, joinToken: "old"}
 			cleanup(t, es)
 			if !tc.ask(es, self) {
 				t.Fatal("refused with no other receiver")
@@ -249,8 +249,33 @@ func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
 			if !es.zeroFresh || receives(es, self) {
 				t.Fatalf("zeroFresh %v, the exited receiver under this pid recorded %v; want zeroing, the receiver forgotten", es.zeroFresh, receives(es, self))
 			}
+			// The set passed from the exited receiver to this process: the
+			// token that receiver handed on joins it no more.
+			if es.joinToken == "old" || es.joinToken == "" {
+				t.Fatalf("join token %q once the set passed on; want a new one", es.joinToken)
+			}
 		})
 	}
+	// This process is a receiver that runs, and another has exited: the
+	// set does not pass on, and keeps the token its processes share.
+	t.Run("liveCallerKeepsToken", func(t *testing.T) {
+		selfFD, err := unix.PidfdOpen(int(self), 0)
+		if err != nil {
+			t.Skipf("pidfd_open: %v", err)
+		}
+		gone := exec.Command("true")
+		if err := gone.Run(); err != nil {
+			t.Skip(err)
+		}
+		es := &engineSet{receivers: map[int32]int{self: selfFD, int32(gone.Process.Pid): exitedFD(t)}, joinToken: "old"}
+		cleanup(t, es)
+		if !es.mayJoin(self) {
+			t.Fatal("a receiver that runs refused; the set's other receiver has exited")
+		}
+		if es.joinToken != "old" || receives(es, int32(gone.Process.Pid)) {
+			t.Fatalf("join token %q, the exited receiver recorded %v; want the token kept, the receiver forgotten", es.joinToken, receives(es, int32(gone.Process.Pid)))
+		}
+	})
 	// Another receiver still runs: the caller, not the process it was
 	// handed to under this pid, is refused.
 	live := exec.Command("sleep", "60")

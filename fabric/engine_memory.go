@@ -313,27 +313,29 @@ func (a *Agent) handedTo(es *engineSet, pid int32) {
 // process es's memory was handed to has exited. Processes found gone are
 // forgotten, and es zeroes the slots it allocates from then on; one
 // recorded under pid itself is another process where its pidfd says it
-// has exited (pid reused since), and is forgotten so too. Where pid may
-// then use es after any was forgotten, es gets a new join token
-// (renewJoinToken). es.mu is not held.
+// has exited (pid reused since), and is forgotten so too. Where es so
+// passes to pid, a process it was not handed to (none of its receivers
+// runs), es gets a new join token (renewJoinToken); a receiver that runs
+// keeps its set's token when another has exited. es.mu is not held.
 func (es *engineSet) mayJoin(pid int32) bool {
 	if pid <= 0 {
 		return true
 	}
 	es.mu.Lock()
 	defer es.mu.Unlock()
-	forgot := false
+	forgot, callerLive := false, false
 	for p, fd := range es.receivers {
 		if processAlive(p, fd) {
 			if p == pid {
-				continue // the caller itself
+				callerLive = true // the caller itself
+				continue
 			}
 			return false
 		}
 		es.forgetLocked(p, fd)
 		forgot = true
 	}
-	if forgot {
+	if forgot && !callerLive {
 		es.renewJoinToken()
 	}
 	return true
@@ -352,16 +354,13 @@ func (es *engineSet) renewJoinToken() {
 // of them asks nothing of the others: another that has exited does not
 // make es zero its slots for a process that had them all along. A
 // receiver recorded under pid that has exited (its pidfd) is not the
-// caller but a process whose pid the caller got since: it is forgotten,
-// es zeroes its slots from then on, and the caller is asked as any other
-// (mayJoin).
+// caller but a process whose pid the caller got since: the caller is
+// asked as any other (mayJoin), which forgets that receiver, so that es
+// zeroes its slots and gets a new join token as it passes on.
 func (es *engineSet) mayCall(pid int32) bool {
 	es.mu.Lock()
 	fd, handed := es.receivers[pid]
-	if handed && !processAlive(pid, fd) {
-		es.forgetLocked(pid, fd)
-		handed = false
-	}
+	handed = handed && processAlive(pid, fd)
 	es.mu.Unlock()
 	return handed || es.mayJoin(pid)
 }

@@ -569,10 +569,9 @@ func (x *RegisterResponse) GetJoinToken() string {
 // its join token (RegisterRequest.join_token) or, once every such process
 // has exited, by another (which finds new slots zeroed), where the agent
 // knows the processes (not Session.pid 0: see the Engine service's
-// errors). An agent
-// whose host pool is pinned through the CUDA driver cannot give sets
-// memory apart: then every rank names the pool's one memory file (the same
-// token), as the agent logs at start.
+// errors). An agent whose host pool is pinned through the CUDA driver
+// cannot give sets memory apart: then every rank names the pool's one
+// memory file (the same token), as the agent logs at start.
 //
 // There are two ways to get the memory, and the fields say which the agent
 // offers:

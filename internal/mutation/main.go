@@ -163,14 +163,20 @@ func pytestBroken(err error, timedOut bool) bool {
 	return c >= 2 && c <= 5
 }
 
+// pytestWaitDelay is how long a pytest run interrupted at its limit has
+// to exit before it is killed: longer than its own cleanup, which joins
+// hung workers (30 s each) and then stops each agent (SIGTERM, 10 s, kill,
+// 10 s). The agents die with it however it ends (conftest.py).
+const pytestWaitDelay = 2 * time.Minute
+
 // interruptible is a command that ctx's end interrupts (SIGINT) rather
-// than kills, and kills only if it has not exited 30 s later: pytest's
+// than kills, and kills only if it has not exited wait later: pytest's
 // fixtures then stop the agents they started instead of leaving them
 // running.
-func interruptible(ctx context.Context, name string, args ...string) *exec.Cmd {
+func interruptible(ctx context.Context, wait time.Duration, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 30 * time.Second
+	cmd.WaitDelay = wait
 	return cmd
 }
 
@@ -195,7 +201,7 @@ func runTest(dir, test string, timeout time.Duration) result {
 		if python == "" {
 			python = "/usr/bin/python3"
 		}
-		cmd = interruptible(ctx, python, append([]string{"-m", "pytest", "-q", "-p", "no:cacheprovider"}, py...)...)
+		cmd = interruptible(ctx, pytestWaitDelay, python, append([]string{"-m", "pytest", "-q", "-p", "no:cacheprovider"}, py...)...)
 		cmd.Dir = filepath.Join(dir, "python")
 		cmd.Env = append(os.Environ(), "KVFABRIC_BIN="+filepath.Join(dir, "bin", "kvfabric"))
 	}

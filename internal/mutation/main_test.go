@@ -10,7 +10,9 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestParse(t *testing.T) {
@@ -121,7 +123,7 @@ func TestPytestBroken(t *testing.T) {
 // runs: a command that traps SIGINT exits by its own trap.
 func TestInterruptibleInterrupts(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := interruptible(ctx, "sh", "-c", `trap "exit 7" INT; echo up; while :; do sleep 0.05; done`)
+	cmd := interruptible(ctx, time.Minute, "sh", "-c", `trap "exit 7" INT; echo up; while :; do sleep 0.05; done`)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -138,5 +140,39 @@ func TestInterruptibleInterrupts(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 7 {
 		t.Fatalf("command at its limit ended with %v, want exit 7 from its SIGINT trap", err)
+	}
+}
+
+// A command that ignores the interrupt is killed once its wait is over,
+// not left running.
+func TestInterruptibleKillsWhatIgnoresTheInterrupt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := interruptible(ctx, 100*time.Millisecond, "sh", "-c", `trap "" INT; echo up; while :; do sleep 0.05; done`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 3)
+	if _, err := io.ReadFull(out, line); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("command that ignores SIGINT still runs 20 s after its limit; want it killed after its 100ms wait: %v", <-done)
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("command at its limit ended with %v, want killed", err)
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("command at its limit ended with %v, want killed (SIGKILL)", err)
 	}
 }

@@ -961,8 +961,9 @@ class WorkerSide:
         self.block_set: BlockSet | None = None
         self.layers: list[_Layer] = []
         self._heads = 0
-        #: The incarnation a join failed for for good, not tried again.
-        self._join_failed = ""
+        #: The incarnation and join token a join failed with for good, not
+        #: tried again: a plan with the set's renewed token is.
+        self._join_failed: tuple[str, str] | None = None
         #: When a join that failed otherwise may be tried again.
         self._join_retry_at = 0.0
         self._report: WorkerReport | None = None
@@ -1015,7 +1016,8 @@ class WorkerSide:
         join token where its own is another (or none: the first plan, or the
         agent restarted), and drop the one it had. A set that cannot be
         joined for good (gone, its token refused, or its heads not this
-        rank's) is not tried again for its incarnation; one whose join
+        rank's) is not tried again for its incarnation and token (a plan
+        with the set's renewed token is); one whose join
         failed otherwise (a deadline, say) is tried again at most once a
         second. Meanwhile the plan's loads fail, its saves are not written,
         and the set the worker had, no longer the scheduler's, is dropped."""
@@ -1023,7 +1025,7 @@ class WorkerSide:
         want = plan.incarnation
         if not want or not plan.join_token or not self.layers or (bs is not None and incarnation(bs) == want):
             return
-        if want == self._join_failed:
+        if (want, plan.join_token) == self._join_failed:
             return
         now = time.monotonic()
         if now < self._join_retry_at:
@@ -1037,7 +1039,7 @@ class WorkerSide:
             got = self.spec.register(self.client, self.config.slots, engine=self.client.engine,
                                      join=(plan.block_set, plan.join_token))
         except (PermissionDenied, InvalidArgument, NotFound) as e:
-            self._join_failed = want
+            self._join_failed = (want, plan.join_token)
             self.log.error("kvfabric: rank %d: joining the scheduler's block set %d failed, not tried again: %s",
                            self.rank, plan.block_set, e)
             return
@@ -1048,13 +1050,13 @@ class WorkerSide:
             return
         given = len(got.ranks[self.rank].head_ids)
         if incarnation(got) != want:
-            self._join_failed = want
+            self._join_failed = (want, plan.join_token)
             self.log.error("kvfabric: rank %d: joining block set %d got %s, not the plan's %s; not used",
                            self.rank, plan.block_set, incarnation(got), want)
             self._drop(got)
             return
         if given != self._heads:
-            self._join_failed = want
+            self._join_failed = (want, plan.join_token)
             self.log.error("kvfabric: rank %d: the scheduler's block set %s gives this rank %d heads, its cache holds %d; not used",
                            self.rank, incarnation(got), given, self._heads)
             self._drop(got)
@@ -1087,7 +1089,7 @@ class WorkerSide:
         except KvfabricError as e:
             self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
             return
-        old, self.client, self._join_failed, self._join_retry_at = self.client, c, "", 0.0
+        old, self.client, self._join_failed, self._join_retry_at = self.client, c, None, 0.0
         old.close()
         self.log.info("kvfabric: rank %d: reconnected to the agent; the next plan's block set is joined", self.rank)
 

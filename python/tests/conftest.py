@@ -29,6 +29,22 @@ sys.path.insert(0, str(HERE.parent))  # the package from the source tree
 
 import kvfabric  # noqa: E402
 
+
+def _die_with_parent() -> None:
+    """Run in an agent's child before exec: the agent is killed (SIGKILL)
+    when the process that started it ends, however it ends (a pytest killed
+    at its limit runs no fixture's cleanup), instead of running on in its
+    own session. Linux only (PR_SET_PDEATHSIG, which fires as the thread
+    that started the agent ends: the tests start agents from their main
+    thread); elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 REPO = HERE.parent.parent
 #: node2's session keepalive bound: short, so that the tests see it work.
 KEEPALIVE_MS = 300
@@ -107,7 +123,8 @@ class Agent:
         # (KVFABRIC_BIN is ours), and a test agent takes none of the
         # caller's anyway.
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVFABRIC_")} | self.env
-        self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True, env=env)
+        self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True, env=env,
+                                     preexec_fn=_die_with_parent)
         log.close()
 
         def healthy() -> bool:

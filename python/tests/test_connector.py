@@ -12,7 +12,7 @@ import pytest
 
 import kvfabric
 from conftest import wait_for
-from kvfabric.connector import CacheKind, ConnectorConfig, KVSpec, StepPlan
+from kvfabric.connector import CacheKind, ConnectorConfig, KVSpec, StepPlan, incarnation
 from kvfabric.harness import SimEngine
 
 SPEC = KVSpec(layers=2, kv_heads=4, head_dim=16, dtype="f32", tp_size=1, block_size=16)
@@ -587,3 +587,20 @@ def test_layerwise_load_failing_in_a_layer_is_recomputed(node1, node2):
 def test_a_plans_repr_leaves_its_join_token_out():
     plan = StepPlan(3, 7, incarnation="inc", join_token="join-secret")
     assert "join-secret" not in repr(plan) and "inc" in repr(plan), repr(plan)
+
+
+def test_a_join_refused_its_token_is_tried_with_a_new_one(node1):
+    """A worker refused the scheduler's set with one token (stale: the set's
+    token was renewed, its incarnation the same) does not try that token
+    again, but joins with a plan that carries the set's token."""
+    e = SimEngine(node1.socket, SPEC, name="stale-token")
+    try:
+        w, bs = e.workers[0], e.scheduler.block_set
+        assert w.block_set is None  # joined with the first plan: none yet
+        inc = incarnation(bs)
+        w._follow(StepPlan(1, bs.id, incarnation=inc, join_token="join-stale"))
+        assert w.block_set is None
+        w._follow(StepPlan(2, bs.id, incarnation=inc, join_token=bs.join_token))
+        assert w.block_set is not None and incarnation(w.block_set) == inc
+    finally:
+        e.close()
