@@ -238,9 +238,12 @@ func pinnedSlots(hashes []uint64, slots []pool.LeasedSlot) map[uint64]int {
 // many times, at once or one after another, costs this node at most one
 // sum of each block the lease pinned in all, not one a call. Its sums are
 // bounded by this node's PeerTimeout, not by ctx, even where ctx had
-// ended before it began: the server releases the lease as soon as it
-// returns (transfer's release method), so claims it left unchecked would
-// never be checked. Past PeerTimeout the blocks left unchecked stay so.
+// ended before it began (the connection closing): the server releases the
+// lease as soon as it returns (transfer's release method), so claims it
+// left unchecked would never be checked. They stop once the lease has
+// left the book (its peer gone: peerGone released its leases), so a peer
+// cannot keep sums running past its lease cap by reconnecting. Past
+// PeerTimeout the blocks left unchecked stay so.
 //
 // Claims under a lease this node's book no longer has (released, or
 // dropped once past its deadline), or under another peer's, are ignored
@@ -256,9 +259,9 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 		return
 	}
 	a := h.a
-	// Taken up even where ctx has ended already (the reader gave up on
-	// its release): the server releases the lease once this returns, so
-	// no later call could check them.
+	// Taken up even where ctx has ended already (the connection
+	// closing): the server releases the lease once this returns, so no
+	// later call could check them.
 	mine, first := h.book.claim(pool.LeaseID(id), peer)
 	if !mine {
 		return // released meanwhile
@@ -280,8 +283,11 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 	}
 	// The lease's claims are this call's alone now, and the server
 	// releases the lease as soon as it returns, whatever ctx says: its
-	// sums are bounded by this node's PeerTimeout, not by the caller.
-	limit, stop := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.PeerTimeout)
+	// sums are bounded by this node's PeerTimeout and its life, not by
+	// the caller, and end once the lease has left the book (its peer gone,
+	// or the lease expired), so that a peer that closes its connection
+	// and leases again leaves no sums running for leases released.
+	limit, stop := context.WithTimeout(a.ctx, a.cfg.PeerTimeout)
 	defer stop()
 	if f := a.cfg.hooks.claimsTaken; f != nil {
 		f(peer, id, stop)
@@ -299,6 +305,11 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 	for i, x := range hashes {
 		if limit.Err() != nil {
 			a.log.Debug("a release's checksum claims left unchecked: past the holder's peer timeout",
+				"peer", peer, "lease", id, "unchecked", len(hashes)-i)
+			return
+		}
+		if h.owned(peer, id) != nil {
+			a.log.Debug("a release's checksum claims left unchecked: the lease has left the book (its peer gone)",
 				"peer", peer, "lease", id, "unchecked", len(hashes)-i)
 			return
 		}

@@ -729,3 +729,27 @@ func (l *syncLog) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// A release's sums stop once its lease has left the holder's book: a peer
+// that closes its connection (peerGone releases its leases) as the holder
+// sums its claims leaves no sums running for a lease released, so that
+// reconnecting and leasing again cannot keep sums running past its lease
+// cap.
+func TestMismatchedStopsOnceThePeerIsGone(t *testing.T) {
+	var sums claimSums
+	a := startHolder(t, func(c *Config) { c.hooks.claimSummed = sums.hook })
+	s, hashes, blocks := summedBlocks(t, a, 2)
+	for _, b := range blocks {
+		s.change(b)
+	}
+	h := a.service
+	l, err := h.Lease(context.Background(), "peer", hashes, time.Minute)
+	if err != nil || l.ID == 0 {
+		t.Fatalf("lease: %+v %v", l, err)
+	}
+	sums.onSum = func() { h.peerGone("peer", "its connection closed") }
+	h.Mismatched(context.Background(), "peer", l.ID, hashes)
+	if got := sums.of("peer"); got != 1 {
+		t.Fatalf("summed %d blocks, want 1: the sums went on after the peer was gone and its lease released", got)
+	}
+}

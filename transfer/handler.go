@@ -60,8 +60,11 @@ type LeasedBlock struct {
 // of leased blocks whose bytes did not match their checksums, carried by a
 // release and passed on before the lease is released (the blocks are
 // still pinned). hashes are at most MaxLeaseBlocks, unchecked: the handler
-// checks them itself, acts only on blocks the lease holds, and stops when
-// ctx ends (a peer names any hashes it likes). Called concurrently.
+// checks them itself and acts only on blocks the lease holds (a peer names
+// any hashes it likes). It may run past ctx, bounded by a limit of its own
+// (fabric: the node's peer timeout, and the lease's leaving its book), since
+// the server releases the lease as soon as it returns. Called
+// concurrently.
 type MismatchReporter interface {
 	Mismatched(ctx context.Context, peer string, leaseID uint64, hashes []uint64)
 }
