@@ -156,6 +156,37 @@ func TestEngineQuotaKeepsTheFallbackSet(t *testing.T) {
 	}
 }
 
+// Where the engine's new set fits the quota on its own but not beside a
+// set of the engine that is in use, even with every idle set freed, the
+// idle set of its layout is not freed for it: the Register is given that
+// set.
+func TestEngineQuotaKeepsTheFallbackSetBesideABusySet(t *testing.T) {
+	cfg := testConfig(t, "n1") // host=16MiB
+	cfg.EngineQuota = 1 << 20  // 256 blocks of 4 KiB
+	cfg.BlockSetSlots = 200    // the default count: 800 KiB, within the quota
+	cfg.BlockSetGrace = time.Hour
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	old := idleQuotaSet(t, ctx, a) // 512 KiB
+	// A set of another layout (8 tokens a block, 4 KiB aligned as 4), in
+	// use: 64 blocks, 256 KiB.
+	api, _, ev := rawSession(t, ctx, a.EngineSocket())
+	if _, err := api.Register(inSession(ctx, ev.Session), &fabricpb.RegisterRequest{Engine: "q", Model: smallModel.Proto(), TpSize: 1,
+		PageSize: 8, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 64}); err != nil {
+		t.Fatalf("a set in use of a quarter of the quota: %v", err)
+	}
+	// 800 KiB beside the 256 KiB in use is past the quota, the idle set
+	// freed or not.
+	again, err := quotaRegister(t, ctx, a, 0)
+	if err != nil {
+		t.Fatalf("a Register of the default count, past the quota beside a set in use, with the engine's idle set of its layout: %v, want that set", err)
+	}
+	if again.BlockSet != old.BlockSet {
+		t.Fatalf("given set %d, want the engine's idle set %d", again.BlockSet, old.BlockSet)
+	}
+}
+
 // Where the quota has room for the engine's new set only once its idle
 // fallback set is freed, and the pool has room for the new set beside it,
 // the new set is made first and the fallback freed after: the engine gets
