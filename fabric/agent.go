@@ -998,10 +998,7 @@ func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place
 	var fits []*engineSet
 	usable := map[*engineSet]int{}
 	for _, s := range a.sets {
-		l := s.set.Layout()
-		if l.Model != tmpl.Model || l.PageSize != tmpl.PageSize || l.TPSize != tmpl.TPSize || l.Order != tmpl.Order ||
-			l.Arrangement != tmpl.Arrangement || l.Alignment != tmpl.Alignment || (asked != 0 && asked != l.Slots) ||
-			!a.placedAs(s.set, place) {
+		if a.layoutDiff(s, tmpl, asked, place) != "" {
 			continue
 		}
 		// Before sess.mu: mayJoin and Usable take the set's lock.

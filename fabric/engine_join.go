@@ -56,7 +56,7 @@ func (a *Agent) joinSet(sess *session, engine string, id uint64, token string, t
 	if subtle.ConstantTimeCompare([]byte(token), []byte(want)) != 1 {
 		return nil, status.Errorf(codes.PermissionDenied, "join_token: not block set %d's; a set is joined with the token its Register answered", id)
 	}
-	if err := a.sameLayout(es, tmpl, place); err != nil {
+	if err := a.sameLayout(es, tmpl, tmpl.Slots, place); err != nil {
 		return nil, err
 	}
 	if engine != "" && sess.id != 0 {
@@ -73,30 +73,57 @@ func (a *Agent) joinSet(sess *session, engine string, id uint64, token string, t
 	return ss, nil
 }
 
-// sameLayout says, INVALID_ARGUMENT naming the field, where tmpl and place
-// differ from es's layout and placement (reusableSet's test).
-func (a *Agent) sameLayout(es *engineSet, tmpl *layout.Layout, place []int) error {
-	l := es.set.Layout()
-	var field, got, want string
-	switch {
-	case l.Model != tmpl.Model:
-		field, got, want = "model", fmt.Sprintf("%+v", tmpl.Model), fmt.Sprintf("%+v", l.Model)
-	case l.TPSize != tmpl.TPSize:
-		field, got, want = "tp_size", fmt.Sprint(tmpl.TPSize), fmt.Sprint(l.TPSize)
-	case l.PageSize != tmpl.PageSize:
-		field, got, want = "page_size", fmt.Sprint(tmpl.PageSize), fmt.Sprint(l.PageSize)
-	case l.Order != tmpl.Order:
-		field, got, want = "kv_order", fmt.Sprint(tmpl.Order), fmt.Sprint(l.Order)
-	case l.Arrangement != tmpl.Arrangement:
-		field, got, want = "arrangement", fmt.Sprint(tmpl.Arrangement), fmt.Sprint(l.Arrangement)
-	case l.Alignment != tmpl.Alignment:
-		field, got, want = "alignment", fmt.Sprint(tmpl.Alignment), fmt.Sprint(l.Alignment)
-	case tmpl.Slots != 0 && l.Slots != tmpl.Slots:
-		field, got, want = "slots", fmt.Sprint(tmpl.Slots), fmt.Sprint(l.Slots)
-	case !a.placedAs(es.set, place):
-		field, got, want = "devices", "another placement", "the set's"
-	default:
+// sameLayout says, INVALID_ARGUMENT naming the field, where tmpl (with
+// asked slots, 0 for any count) and place differ from es's layout and
+// placement: the test reusableSet makes of a set it reuses (layoutDiff).
+func (a *Agent) sameLayout(es *engineSet, tmpl *layout.Layout, asked int, place []int) error {
+	field := a.layoutDiff(es, tmpl, asked, place)
+	if field == "" {
 		return nil
 	}
+	l := es.set.Layout()
+	got, want := "another placement", "the set's"
+	switch field {
+	case "model":
+		got, want = fmt.Sprintf("%+v", tmpl.Model), fmt.Sprintf("%+v", l.Model)
+	case "tp_size":
+		got, want = fmt.Sprint(tmpl.TPSize), fmt.Sprint(l.TPSize)
+	case "page_size":
+		got, want = fmt.Sprint(tmpl.PageSize), fmt.Sprint(l.PageSize)
+	case "kv_order":
+		got, want = fmt.Sprint(tmpl.Order), fmt.Sprint(l.Order)
+	case "arrangement":
+		got, want = fmt.Sprint(tmpl.Arrangement), fmt.Sprint(l.Arrangement)
+	case "alignment":
+		got, want = fmt.Sprint(tmpl.Alignment), fmt.Sprint(l.Alignment)
+	case "slots":
+		got, want = fmt.Sprint(asked), fmt.Sprint(l.Slots)
+	}
 	return status.Errorf(codes.InvalidArgument, "%s: %s, block set %d has %s; a set is joined with its own layout", field, got, es.set.ID(), want)
+}
+
+// layoutDiff names the first of tmpl's fields (asked: its slots, 0 for any
+// count) and place that differ from es's layout and placement, as the
+// request names them, or "" where none does: es is a set of the layout.
+func (a *Agent) layoutDiff(es *engineSet, tmpl *layout.Layout, asked int, place []int) string {
+	l := es.set.Layout()
+	switch {
+	case l.Model != tmpl.Model:
+		return "model"
+	case l.TPSize != tmpl.TPSize:
+		return "tp_size"
+	case l.PageSize != tmpl.PageSize:
+		return "page_size"
+	case l.Order != tmpl.Order:
+		return "kv_order"
+	case l.Arrangement != tmpl.Arrangement:
+		return "arrangement"
+	case l.Alignment != tmpl.Alignment:
+		return "alignment"
+	case asked != 0 && l.Slots != asked:
+		return "slots"
+	case !a.placedAs(es.set, place):
+		return "devices"
+	}
+	return ""
 }
