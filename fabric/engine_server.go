@@ -20,9 +20,10 @@ import (
 )
 
 // Limits on engine requests, so that one bad request cannot make the agent
-// allocate without bound.
+// allocate without bound. MaxRequestBlocks is the most hashes, slots or
+// blocks one request may name.
 const (
-	maxRequestBlocks = 1 << 16
+	MaxRequestBlocks = 1 << 16
 	maxRequestTokens = 1 << 22
 )
 
@@ -206,8 +207,8 @@ func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateReque
 		return nil, err
 	}
 	n := int(req.GetCount())
-	if n == 0 || n > maxRequestBlocks {
-		return nil, status.Errorf(codes.InvalidArgument, "count: %d is not in 1..%d", n, maxRequestBlocks)
+	if n == 0 || n > MaxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "count: %d is not in 1..%d", n, MaxRequestBlocks)
 	}
 	blocks, err := e.a.allocate(ctx, s.engineSet, n)
 	if err != nil {
@@ -241,8 +242,8 @@ func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.Registe
 		return nil, err
 	}
 	slots := req.GetSlots()
-	if len(slots) == 0 || len(slots) > maxRequestBlocks {
-		return nil, status.Errorf(codes.InvalidArgument, "slots: %d slots (want 1..%d)", len(slots), maxRequestBlocks)
+	if len(slots) == 0 || len(slots) > MaxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "slots: %d slots (want 1..%d)", len(slots), MaxRequestBlocks)
 	}
 	hashes, err := requestHashes(req.GetHashes(), req.GetTokens(), s.set.Layout().PageSize, len(slots))
 	if err != nil {
@@ -343,8 +344,8 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 	if err != nil {
 		return nil, err
 	}
-	if n := len(req.GetHashes()); n > maxRequestBlocks {
-		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d (at most %d)", n, maxRequestBlocks)
+	if n := len(req.GetHashes()); n > MaxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d (at most %d)", n, MaxRequestBlocks)
 	}
 	out := &fabricpb.AcquireResponse{Results: make([]*fabricpb.BlockResult, len(req.GetHashes()))}
 	missing := false
@@ -408,8 +409,8 @@ func (e *engineServer) giveBack(ctx context.Context, set uint64, slots []uint32,
 	if err != nil {
 		return err
 	}
-	if len(slots) > maxRequestBlocks {
-		return status.Errorf(codes.InvalidArgument, "slots: %d (at most %d)", len(slots), maxRequestBlocks)
+	if len(slots) > MaxRequestBlocks {
+		return status.Errorf(codes.InvalidArgument, "slots: %d (at most %d)", len(slots), MaxRequestBlocks)
 	}
 	for _, slot := range slots {
 		b, err := s.drop(int(slot))
@@ -426,7 +427,7 @@ func (e *engineServer) giveBack(ctx context.Context, set uint64, slots []uint32,
 
 // requestHashes returns the n sequence hashes a request names, given as
 // hashes or as token ids to hash with the block set's page size; token ids
-// may make at most maxRequestBlocks blocks (hashes are the caller's to
+// may make at most MaxRequestBlocks blocks (hashes are the caller's to
 // bound).
 func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([]uint64, error) {
 	if err := checkTokenStrings(tokens); err != nil {
@@ -450,8 +451,8 @@ func requestHashes(hashes []uint64, tokens *fabricpb.Tokens, pageSize, n int) ([
 	}
 	// Counted before they are hashed: at a small block size the ids make
 	// many more blocks than a request may name.
-	if full := len(tokens.GetIds()) / pageSize; full > maxRequestBlocks {
-		return nil, status.Errorf(codes.InvalidArgument, "tokens: %d ids make %d full blocks of %d (at most %d)", len(tokens.GetIds()), full, pageSize, maxRequestBlocks)
+	if full := len(tokens.GetIds()) / pageSize; full > MaxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "tokens: %d ids make %d full blocks of %d (at most %d)", len(tokens.GetIds()), full, pageSize, MaxRequestBlocks)
 	}
 	blocks := h.Sequence(tokens.GetIds())
 	if n >= 0 && len(blocks) != n {
@@ -535,8 +536,8 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	if bs == 0 {
 		bs = 16
 	}
-	if len(req.GetHashes()) > maxRequestBlocks {
-		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d (at most %d)", len(req.GetHashes()), maxRequestBlocks)
+	if len(req.GetHashes()) > MaxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d (at most %d)", len(req.GetHashes()), MaxRequestBlocks)
 	}
 	hashes, err := requestHashes(req.GetHashes(), req.GetTokens(), bs, -1)
 	if err != nil {
@@ -595,12 +596,12 @@ func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) 
 	if err != nil {
 		return nil, err
 	}
-	if len(hashes) == 0 || len(hashes) > maxRequestBlocks {
+	if len(hashes) == 0 || len(hashes) > MaxRequestBlocks {
 		what := "hashes"
 		if req.GetTokens() != nil {
 			what = fmt.Sprintf("tokens: %d ids make %d full blocks of %d", len(req.GetTokens().GetIds()), len(hashes), page)
 		}
-		return nil, status.Errorf(codes.InvalidArgument, "%s: %d blocks (want 1..%d)", what, len(hashes), maxRequestBlocks)
+		return nil, status.Errorf(codes.InvalidArgument, "%s: %d blocks (want 1..%d)", what, len(hashes), MaxRequestBlocks)
 	}
 	var ts *tokenSource
 	if t := req.GetTokens(); t != nil {

@@ -30,8 +30,8 @@ func (e *engineServer) Prefetch(ctx context.Context, req *fabricpb.PrefetchReque
 	if err != nil {
 		return nil, err
 	}
-	if len(hashes) == 0 || len(hashes) > maxRequestBlocks {
-		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d blocks (want 1..%d)", len(hashes), maxRequestBlocks)
+	if len(hashes) == 0 || len(hashes) > MaxRequestBlocks {
+		return nil, status.Errorf(codes.InvalidArgument, "hashes: %d blocks (want 1..%d)", len(hashes), MaxRequestBlocks)
 	}
 	out := &fabricpb.PrefetchResponse{}
 	// Referenced until the end, so that the slots the restores take are

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
@@ -588,10 +589,6 @@ const maxGenerateTokens = 1 << 24
 // putBatch is how many blocks put allocates and registers at a time.
 const putBatch = 64
 
-// lookupBatch is the most hashes heldInSet asks of the agent in one
-// look-up (the agent's bound on a request's blocks).
-const lookupBatch = 1 << 16
-
 // heldInSet returns how many of hashes, from the first, block set set
 // holds on this node, in its pool or a tier below it: the leading run a
 // look-up finds here. It asks the agent with look-ups that name the set,
@@ -613,7 +610,7 @@ const lookupBatch = 1 << 16
 func heldInSet(ctx context.Context, c *client.Client, set uint64, hashes []uint64) (int, error) {
 	held := 0
 	for held < len(hashes) {
-		chunk := hashes[held:min(held+lookupBatch, len(hashes))]
+		chunk := hashes[held:min(held+fabric.MaxRequestBlocks, len(hashes))]
 		resp, err := c.API().Lookup(ctx, &fabricpb.LookupRequest{Hashes: chunk, BlockSet: set, NoRestore: true})
 		if err != nil {
 			return 0, err
