@@ -970,8 +970,8 @@ func (a *Agent) giveLostFallback(engine string, lost *engineSet, place []int, er
 // shrunk since, where a.mu was let go), where the pool has no room for it,
 // or where its memory fails too. a.mu is held.
 func (a *Agent) remakeFallback(engine string, lost *engineSet, place []int) (*engineSet, error) {
-	if need := setBytes(lost.set); !a.withinQuota(engine, need) {
-		quota, _, carved := a.engineShare(engine)
+	quota, _, carved := a.engineShare(engine)
+	if need := setBytes(lost.set); !fitsQuota(carved[engine], need, quota) {
 		return nil, fmt.Errorf("engine %q: its block sets take %d bytes and this one needs %d, past its quota of %d",
 			engine, carved[engine], need, quota)
 	}
@@ -998,7 +998,7 @@ func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place
 	var fits []*engineSet
 	usable := map[*engineSet]int{}
 	for _, s := range a.sets {
-		if a.layoutDiff(s, tmpl, asked, place) != "" {
+		if field, _, _ := a.layoutDiff(s, tmpl, asked, place); field != "" {
 			continue
 		}
 		// Before sess.mu: mayJoin and Usable take the set's lock.

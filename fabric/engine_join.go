@@ -77,53 +77,36 @@ func (a *Agent) joinSet(sess *session, engine string, id uint64, token string, t
 // asked slots, 0 for any count) and place differ from es's layout and
 // placement: the test reusableSet makes of a set it reuses (layoutDiff).
 func (a *Agent) sameLayout(es *engineSet, tmpl *layout.Layout, asked int, place []int) error {
-	field := a.layoutDiff(es, tmpl, asked, place)
+	field, got, want := a.layoutDiff(es, tmpl, asked, place)
 	if field == "" {
 		return nil
-	}
-	l := es.set.Layout()
-	got, want := "another placement", "the set's"
-	switch field {
-	case "model":
-		got, want = fmt.Sprintf("%+v", tmpl.Model), fmt.Sprintf("%+v", l.Model)
-	case "tp_size":
-		got, want = fmt.Sprint(tmpl.TPSize), fmt.Sprint(l.TPSize)
-	case "page_size":
-		got, want = fmt.Sprint(tmpl.PageSize), fmt.Sprint(l.PageSize)
-	case "kv_order":
-		got, want = fmt.Sprint(tmpl.Order), fmt.Sprint(l.Order)
-	case "arrangement":
-		got, want = fmt.Sprint(tmpl.Arrangement), fmt.Sprint(l.Arrangement)
-	case "alignment":
-		got, want = fmt.Sprint(tmpl.Alignment), fmt.Sprint(l.Alignment)
-	case "slots":
-		got, want = fmt.Sprint(asked), fmt.Sprint(l.Slots)
 	}
 	return status.Errorf(codes.InvalidArgument, "%s: %s, block set %d has %s; a set is joined with its own layout", field, got, es.set.ID(), want)
 }
 
 // layoutDiff names the first of tmpl's fields (asked: its slots, 0 for any
 // count) and place that differ from es's layout and placement, as the
-// request names them, or "" where none does: es is a set of the layout.
-func (a *Agent) layoutDiff(es *engineSet, tmpl *layout.Layout, asked int, place []int) string {
+// request names them, with the request's value and the set's; field is ""
+// where none does: es is a set of the layout.
+func (a *Agent) layoutDiff(es *engineSet, tmpl *layout.Layout, asked int, place []int) (field, got, want string) {
 	l := es.set.Layout()
 	switch {
 	case l.Model != tmpl.Model:
-		return "model"
+		return "model", fmt.Sprintf("%+v", tmpl.Model), fmt.Sprintf("%+v", l.Model)
 	case l.TPSize != tmpl.TPSize:
-		return "tp_size"
+		return "tp_size", fmt.Sprint(tmpl.TPSize), fmt.Sprint(l.TPSize)
 	case l.PageSize != tmpl.PageSize:
-		return "page_size"
+		return "page_size", fmt.Sprint(tmpl.PageSize), fmt.Sprint(l.PageSize)
 	case l.Order != tmpl.Order:
-		return "kv_order"
+		return "kv_order", fmt.Sprint(tmpl.Order), fmt.Sprint(l.Order)
 	case l.Arrangement != tmpl.Arrangement:
-		return "arrangement"
+		return "arrangement", fmt.Sprint(tmpl.Arrangement), fmt.Sprint(l.Arrangement)
 	case l.Alignment != tmpl.Alignment:
-		return "alignment"
+		return "alignment", fmt.Sprint(tmpl.Alignment), fmt.Sprint(l.Alignment)
 	case asked != 0 && l.Slots != asked:
-		return "slots"
+		return "slots", fmt.Sprint(asked), fmt.Sprint(l.Slots)
 	case !a.placedAs(es.set, place):
-		return "devices"
+		return "devices", "another placement", "the set's"
 	}
-	return ""
+	return "", "", ""
 }
