@@ -286,11 +286,9 @@ def _register_request(
     )
     if join is not None:
         set_id, token = join
-        if isinstance(set_id, bool) or not isinstance(set_id, (int, np.integer)) or not 1 <= set_id <= _U64 - 1:
-            raise InvalidArgument(f"join: block set {set_id!r} is not an integer in 1..{_U64 - 1}")
         if not isinstance(token, str) or not token:
             raise InvalidArgument("join: the block set's join token (BlockSet.join_token) is missing")
-        req.join_block_set, req.join_token = int(set_id), token
+        req.join_block_set, req.join_token = _set_id(set_id), token
     return req
 
 
