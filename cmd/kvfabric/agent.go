@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -124,8 +125,8 @@ func configUsage(err error) error {
 	if errors.As(err, &se) {
 		for _, s := range agentSettings {
 			if configKey(s.field) == se.Setting() {
-				se.Key = fmt.Sprintf("%s (--%s)", se.Key, s.flag)
-				break
+				named := fmt.Sprintf("%v: %s (--%s): %s", fabric.ErrConfig, se.Key, s.flag, se.Why)
+				return usagef("%s", strings.Replace(err.Error(), se.Error(), named, 1))
 			}
 		}
 	}
