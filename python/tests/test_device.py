@@ -164,3 +164,23 @@ def test_device_spans_gpus(kvfabric_bin, softcuda, tmp_path, monkeypatch):
             assert [m.cuda_device for m in default.memory] == [0, 1]
     finally:
         a.stop()
+
+
+def test_drop_closes_device_memory_no_other_set_uses(gpus, softcuda):
+    """A device pool hands every block set the pool's one IPC handle:
+    dropping one set leaves the memory open for the client's other set,
+    and dropping that one too closes it."""
+    with gpus[0].client(cuda=softcuda) as c:
+        x = c.register(MODEL, 1, 16, slots=4, engine="gpu-drop-x")
+        y = c.register(MODEL, 1, 8, slots=4, engine="gpu-drop-y")
+        assert x.id != y.id and x.device[0] is y.device[0]
+        mem = y.device[0]
+        assert c.drop_block_set(x).still_mapped == 0
+        assert x.dropped and not mem.closed
+        with pytest.raises(kvfabric.FailedPrecondition, match="dropped"):
+            x.read_block(0)
+        [s] = c.allocate(y, 1)
+        y.write_block(s, encoded_block(y.block_shape, 3))
+        np.testing.assert_array_equal(y.read_block(s), encoded_block(y.block_shape, 3))
+        c.drop_block_set(y)
+        assert mem.closed, "device memory of the client's dropped sets is still open"
