@@ -966,6 +966,11 @@ class WorkerSide:
         self._join_failed: tuple[str, str] | None = None
         #: When a join that failed otherwise may be tried again.
         self._join_retry_at = 0.0
+        #: Block sets whose join failed otherwise: the agent may have done
+        #: it all the same (a deadline passed on the way back, or the
+        #: memory could not be mapped), so each may be this session's;
+        #: dropped when the worker follows another set.
+        self._joined_maybe: set[int] = set()
         self._report: WorkerReport | None = None
         self._reported = 0  # the last step whose report was taken
         #: This rank's counters: loaded_blocks, loaded_bytes, load_errors,
@@ -1020,7 +1025,9 @@ class WorkerSide:
         with the set's renewed token is); one whose join
         failed otherwise (a deadline, say) is tried again at most once a
         second. Meanwhile the plan's loads fail, its saves are not written,
-        and the set the worker had, no longer the scheduler's, is dropped."""
+        and the set the worker had, no longer the scheduler's, is dropped,
+        with any other set a join that failed may have attached to its
+        session."""
         bs = self.block_set
         want = plan.incarnation
         if not want or not plan.join_token or not self.layers or (bs is not None and incarnation(bs) == want):
@@ -1035,6 +1042,9 @@ class WorkerSide:
             # No longer the scheduler's: nothing of a plan goes to it.
             self.block_set = None
             self._drop(bs)
+        for other in sorted(self._joined_maybe - {plan.block_set}):
+            self._drop(other)
+        self._joined_maybe &= {plan.block_set}
         try:
             got = self.spec.register(self.client, self.config.slots, engine=self.client.engine,
                                      join=(plan.block_set, plan.join_token))
@@ -1045,6 +1055,7 @@ class WorkerSide:
             return
         except KvfabricError as e:
             self._join_retry_at = now + self.join_retry_interval
+            self._joined_maybe.add(plan.block_set)
             self.log.warning("kvfabric: rank %d: joining the scheduler's block set %d failed, tried again with a later plan: %s",
                              self.rank, plan.block_set, e)
             return
@@ -1062,11 +1073,12 @@ class WorkerSide:
             self._drop(got)
             return
         self.block_set = got
+        self._joined_maybe.discard(got.id)
         self.log.info("kvfabric: rank %d: joined the scheduler's block set %d", self.rank, got.id)
 
-    def _drop(self, bs: BlockSet) -> None:
-        """Stop using bs under this worker's session (its memory goes back
-        once no session uses it)."""
+    def _drop(self, bs: BlockSet | int) -> None:
+        """Stop using bs (or the set of that id) under this worker's session
+        (its memory goes back once no session uses it)."""
         try:
             self.client.drop_block_set(bs)
         except KvfabricError:
@@ -1090,6 +1102,7 @@ class WorkerSide:
             self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
             return
         old, self.client, self._join_failed, self._join_retry_at = self.client, c, None, 0.0
+        self._joined_maybe.clear()  # the old session's, ended
         old.close()
         self.log.info("kvfabric: rank %d: reconnected to the agent; the next plan's block set is joined", self.rank)
 
