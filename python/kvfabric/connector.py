@@ -1049,9 +1049,7 @@ class WorkerSide:
             got = self.spec.register(self.client, self.config.slots, engine=self.client.engine,
                                      join=(plan.block_set, plan.join_token))
         except (PermissionDenied, InvalidArgument, NotFound) as e:
-            self._join_failed = (want, plan.join_token)
-            self.log.error("kvfabric: rank %d: joining the scheduler's block set %d failed, not tried again: %s",
-                           self.rank, plan.block_set, e)
+            self._give_up(plan, f"joining it failed: {e}")
             return
         except KvfabricError as e:
             self._join_retry_at = now + self.join_retry_interval
@@ -1059,22 +1057,26 @@ class WorkerSide:
             self.log.warning("kvfabric: rank %d: joining the scheduler's block set %d failed, tried again with a later plan: %s",
                              self.rank, plan.block_set, e)
             return
-        given = len(got.ranks[self.rank].head_ids)
         if incarnation(got) != want:
-            self._join_failed = (want, plan.join_token)
-            self.log.error("kvfabric: rank %d: joining block set %d got %s, not the plan's %s; not used",
-                           self.rank, plan.block_set, incarnation(got), want)
-            self._drop(got)
+            self._give_up(plan, f"joining it got {incarnation(got)}, not the plan's {want}", got)
             return
+        given = len(got.ranks[self.rank].head_ids)
         if given != self._heads:
-            self._join_failed = (want, plan.join_token)
-            self.log.error("kvfabric: rank %d: the scheduler's block set %s gives this rank %d heads, its cache holds %d; not used",
-                           self.rank, incarnation(got), given, self._heads)
-            self._drop(got)
+            self._give_up(plan, f"it gives this rank {given} heads, its cache holds {self._heads}", got)
             return
         self.block_set = got
         self._joined_maybe.discard(got.id)
         self.log.info("kvfabric: rank %d: joined the scheduler's block set %d", self.rank, got.id)
+
+    def _give_up(self, plan: StepPlan, why: str, joined: BlockSet | None = None) -> None:
+        """The plan's block set cannot be this worker's, for why: it is not
+        tried again for the plan's incarnation and token, and dropped where
+        the join was done (joined)."""
+        self._join_failed = (plan.incarnation, plan.join_token)
+        self.log.error("kvfabric: rank %d: the scheduler's block set %d is not used, nor joined again with this token: %s",
+                       self.rank, plan.block_set, why)
+        if joined is not None:
+            self._drop(joined)
 
     def _drop(self, bs: BlockSet | int) -> None:
         """Stop using bs (or the set of that id) under this worker's session
@@ -1112,6 +1114,16 @@ class WorkerSide:
         v = self.block_set.rank(self.rank)
         return v.transpose(0, 1, 2, 4, 3, 5) if self.block_set.kv_order == KVOrder.HND else v
 
+    def _begin(self, plan: StepPlan) -> WorkerReport:
+        """What load, start_load and save do first with a plan of a step not
+        reported yet: wait for the running layer-by-layer loads, open a new
+        client where the agent ended the session (_reconnect), make the
+        plan's block set the worker's (_follow). Returns the step's report."""
+        self._finish_loads()
+        self._reconnect()
+        self._follow(plan)
+        return self._report_for(plan)
+
     def _report_for(self, plan: StepPlan) -> WorkerReport:
         if self._report is None or self._report.step != plan.step:
             self._report = WorkerReport(plan.step)
@@ -1125,9 +1137,7 @@ class WorkerSide:
         report), and nothing is copied for it or after it in its request."""
         if plan.step <= self._reported:
             return
-        self._reconnect()
-        self._follow(plan)
-        rep = self._report_for(plan)
+        rep = self._begin(plan)
         for lp in plan.loads:
             self._load_one(lp, plan.incarnation, rep)
 
@@ -1191,10 +1201,7 @@ class WorkerSide:
         every layer is copied (save, take_report and load_errors wait)."""
         if plan.step <= self._reported:
             return
-        self._finish_loads()
-        self._reconnect()
-        self._follow(plan)
-        rep = self._report_for(plan)
+        rep = self._begin(plan)
         jobs = []
         for lp in plan.loads:
             got = self._acquire(lp, plan.incarnation, rep)
@@ -1255,10 +1262,7 @@ class WorkerSide:
             # Reported already: the scheduler frees these slots, which this
             # rank must no longer write.
             return
-        self._finish_loads()
-        self._reconnect()
-        self._follow(plan)
-        rep = self._report_for(plan)
+        rep = self._begin(plan)
         bs = self.block_set
         same = bs is not None and incarnation(bs) == plan.incarnation
         for sp in plan.saves:
