@@ -205,3 +205,68 @@ func TestJoinTokenRenewedWhenSetPassesOn(t *testing.T) {
 		t.Fatalf("join with the new token: %v (set %d, token %q)", err, resp.GetBlockSet(), resp.GetJoinToken())
 	}
 }
+
+// The Go client joins a set another process of the engine registered
+// (Engine.Join, with the token that process was given): Register answers
+// that very set with its memory mapped, the other process's bytes in it,
+// and a join that names no set or no token is refused before any call,
+// naming what is missing.
+func TestClientJoinsASet(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tenant := startTenant(t, a, "fd")
+	f := strings.Fields(tenant.do("token"))
+	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
+		t.Fatalf("engine helper, token: %q", f)
+	}
+	token := f[1]
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	e := isolationEngine
+	e.Name = "tenant-rank1"
+	for _, tc := range []struct {
+		name string
+		join client.Join
+		says string
+	}{
+		{"no set", client.Join{Token: token}, "Join.BlockSet"},
+		{"no token", client.Join{BlockSet: tenant.set}, "join token"},
+	} {
+		e.Join = &tc.join
+		if set, err := c.Register(ctx, e); err == nil || status.Code(err) != codes.Unknown || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("join with %s: set %v, %v; want an error of the client naming %s", tc.name, set, err, tc.says)
+		}
+	}
+	if n := a.Metrics().EngineSetJoins; n != 0 {
+		t.Fatalf("%d joins counted after joins refused by the client", n)
+	}
+
+	e.Join = &client.Join{BlockSet: tenant.set, Token: token}
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		t.Fatalf("join with the set's token: %v", err)
+	}
+	if set.ID != tenant.set || set.JoinToken != token || len(set.Ranks) != isolationEngine.TPSize {
+		t.Fatalf("join answered set %d (token %q, %d ranks), want the tenant's set %d", set.ID, set.JoinToken, len(set.Ranks), tenant.set)
+	}
+	if n := a.Metrics().EngineSetJoins; n != 1 {
+		t.Fatalf("%d joins counted after one", n)
+	}
+	// The tenant filled every slot with 0x77: the joiner maps those bytes.
+	for r, b := range set.Ranks {
+		for i, v := range b {
+			if v != 0x77 {
+				t.Fatalf("rank %d byte %d of the joined set is %#x, not the tenant's 0x77", r, i, v)
+			}
+		}
+	}
+	refs, err := c.Acquire(ctx, set.ID, []uint64{0xa1})
+	if err != nil || len(refs) != 1 {
+		t.Fatalf("Acquire of the tenant's block in the joined set: %v, %v", refs, err)
+	}
+}
