@@ -186,30 +186,26 @@ class BlockSet:
         self.join_token: str = resp.join_token
         self.ranks: list[engine_pb2.RankLayout] = list(resp.ranks)
         self.memory: list[engine_pb2.Memory] = list(resp.memory)
-        #: Each rank's mapping of the pool memory (ranks of one pool share
-        #: one); empty for a block set in GPU memory.
-        self.buffers: list[mmap.mmap] = list(memories or [])
-        #: Each rank's opened device memory (ranks of one GPU pool share
-        #: one); empty for host memory.
-        self.device: list[DeviceMemory] = list(device or [])
-        self._on_device = bool(self.device)
         #: Whether the client that returned the set dropped it
         #: (``Client.drop_block_set``): its views and memory are gone.
         self.dropped = False
+        self._buffers: list[mmap.mmap] = list(memories or [])
+        self._device: list[DeviceMemory] = list(device or [])
+        self._views: list[np.ndarray] = []
+        self._on_device = bool(self._device)
         self.dtype: np.dtype = self.model.dtype.numpy  # type: ignore[union-attr]
         self.planes = 1 if self.model.mla else 2
-        have = len(self.device) if self.device else len(self.buffers)
+        have = len(self._device) if self._device else len(self._buffers)
         if len(self.ranks) != self.tp_size or have != self.tp_size:
             raise ProtocolError(
                 f"block set {self.id}: {len(self.ranks)} rank layouts and {have} memories for TP {self.tp_size}"
             )
-        if self.device:
+        if self._device:
             for r in range(self.tp_size):
                 self._check_rank(r)
                 self._check_device_extent(r)
-            self.views: list[np.ndarray] = []
         else:
-            self.views = [self._view(r, self.buffers[r]) for r in range(self.tp_size)]
+            self._views = [self._view(r, self._buffers[r]) for r in range(self.tp_size)]
 
     @property
     def on_device(self) -> bool:
@@ -217,24 +213,48 @@ class BlockSet:
         move with :meth:`write_block` and :meth:`read_block`)."""
         return self._on_device
 
+    @property
+    def views(self) -> list[np.ndarray]:
+        """Each rank's numpy view (``rank``); empty for a block set in GPU
+        memory. FailedPrecondition once the set is dropped."""
+        views, _, _ = self._live()
+        return views
+
+    @property
+    def buffers(self) -> list[mmap.mmap]:
+        """Each rank's mapping of the pool memory (ranks of one pool share
+        one); empty for a block set in GPU memory. FailedPrecondition once
+        the set is dropped."""
+        _, buffers, _ = self._live()
+        return buffers
+
+    @property
+    def device(self) -> list[DeviceMemory]:
+        """Each rank's opened device memory (ranks of one GPU pool share
+        one); empty for host memory. FailedPrecondition once the set is
+        dropped."""
+        _, _, device = self._live()
+        return device
+
     def _drop_memory(self) -> None:
         """What the client that returned the set does when it drops it:
         views, mappings and device memory are let go (the client unmaps
         them once nothing else uses them)."""
         self.dropped = True
-        self.views, self.buffers, self.device = [], [], []
+        self._views, self._buffers, self._device = [], [], []
 
-    def _live(self) -> tuple[list[np.ndarray], list[DeviceMemory]]:
-        """The views and device memory, FailedPrecondition once dropped."""
-        views, device = self.views, self.device
+    def _live(self) -> tuple[list[np.ndarray], list[mmap.mmap], list[DeviceMemory]]:
+        """The views, mappings and device memory; FailedPrecondition once
+        dropped."""
+        views, buffers, device = self._views, self._buffers, self._device
         if self.dropped:
             raise FailedPrecondition(
                 f"block set {self.id} was dropped (Client.drop_block_set): its memory is no longer this client's"
             )
-        return views, device
+        return views, buffers, device
 
     def _check_device_extent(self, r: int) -> None:
-        rl, m, mem = self.ranks[r], self.memory[r], self.device[r]
+        rl, m, mem = self.ranks[r], self.memory[r], self._device[r]
         last = (
             rl.offset
             + (self.slots - 1) * rl.block_stride
@@ -300,7 +320,7 @@ class BlockSet:
     def rank(self, r: int) -> np.ndarray:
         """Rank r's view: (slots, layers, planes, *chunk_shape)."""
         r = _index(r, "rank", self.tp_size)
-        views, _ = self._live()
+        views, _, _ = self._live()
         if self._on_device:
             raise FailedPrecondition(
                 f"block set {self.id} is in GPU memory: no numpy views of it; use write_block and read_block"
@@ -345,7 +365,7 @@ class BlockSet:
         rank is None; each rank takes the heads it holds."""
         slot = _index(slot, "slot", self.slots)
         kv = self._check_array(kv, "kv")
-        views, device = self._live()
+        views, _, device = self._live()
         for r in self._ranks(rank):
             if device:
                 self._device_copy(device[r], r, slot, np.ascontiguousarray(self._as_shard(r, kv)), write=True)
@@ -361,7 +381,7 @@ class BlockSet:
             out = np.zeros(self.block_shape, dtype=self.dtype)
         else:
             out = self._check_array(out, "out")
-        views, device = self._live()
+        views, _, device = self._live()
         for r in self._ranks(rank):
             if device:
                 shard = self._as_shard(r, out)

@@ -1293,9 +1293,10 @@ class WorkerSide:
         every byte moved."""
         bs = self.block_set
         assert bs is not None
+        # A dropped set's device raises FailedPrecondition, naming the drop.
         rl, mem = bs.ranks[self.rank], bs.device[self.rank]
         if mem.closed:
-            raise KvfabricError("the pool's device memory is closed (its client was closed)")
+            raise KvfabricError(f"block set {bs.id}: the pool's device memory is closed (the worker's client was closed)")
         n = self.layers[0].shape[0]
         for s in slots:
             if not 0 <= s < bs.slots:

@@ -179,6 +179,8 @@ def test_drop_closes_device_memory_no_other_set_uses(gpus, softcuda):
         assert x.dropped and not mem.closed
         with pytest.raises(kvfabric.FailedPrecondition, match="dropped"):
             x.read_block(0)
+        with pytest.raises(kvfabric.FailedPrecondition, match=f"block set {x.id} was dropped"):
+            x.device[0]
         [s] = c.allocate(y, 1)
         y.write_block(s, encoded_block(y.block_shape, 3))
         np.testing.assert_array_equal(y.read_block(s), encoded_block(y.block_shape, 3))

@@ -146,6 +146,9 @@ def test_drop_block_set_unmaps_its_memory(node2):
             bs.write_block(0, np.zeros(bs.block_shape, bs.dtype))
         with pytest.raises(kvfabric.FailedPrecondition, match="dropped"):
             bs.read_block(0)
+        for accessor in ("views", "buffers", "device"):
+            with pytest.raises(kvfabric.FailedPrecondition, match=f"block set {bs.id} was dropped"):
+                getattr(bs, accessor)[0]
 
         bs = c.register(MODEL, 1, 14, slots=8)
         path = bs.memory[0].file
