@@ -1019,15 +1019,16 @@ class WorkerSide:
     def _follow(self, plan: StepPlan) -> None:
         """Make the plan's block set this worker's: join it by the plan's
         join token where its own is another (or none: the first plan, or the
-        agent restarted), and drop the one it had. A set that cannot be
-        joined for good (gone, its token refused, or its heads not this
-        rank's) is not tried again for its incarnation and token (a plan
-        with the set's renewed token is); one whose join
-        failed otherwise (a deadline, say) is tried again at most once a
-        second. Meanwhile the plan's loads fail, its saves are not written,
-        and the set the worker had, no longer the scheduler's, is dropped,
-        with any other set a join that failed may have attached to its
-        session."""
+        agent restarted), then drop the one it had (after the join: the sets
+        of a pool share its memory, which the join finds mapped, or opened,
+        still). A set that cannot be joined for good (gone, its token
+        refused, or its heads not this rank's) is not tried again for its
+        incarnation and token (a plan with the set's renewed token is); one
+        whose join failed otherwise (a deadline, say) is tried again at most
+        once a second. Meanwhile the plan's loads fail, its saves are not
+        written, and the set the worker had, no longer the scheduler's, is
+        dropped all the same, with any other set a join that failed may have
+        attached to its session."""
         bs = self.block_set
         want = plan.incarnation
         if not want or not plan.join_token or not self.layers or (bs is not None and incarnation(bs) == want):
@@ -1038,18 +1039,36 @@ class WorkerSide:
         if now < self._join_retry_at:
             return
         self._finish_loads()
-        if bs is not None:
-            # No longer the scheduler's: nothing of a plan goes to it.
-            self.block_set = None
+        # No longer the scheduler's: nothing of a plan goes to it.
+        self.block_set = None
+        if bs is not None and bs.id == plan.block_set:
+            # The same id in another run of the agent: dropped after the
+            # join, it would take the joined set's memory along.
             self._drop(bs)
-        for other in sorted(self._joined_maybe - {plan.block_set}):
-            self._drop(other)
-        self._joined_maybe &= {plan.block_set}
+            bs = None
+        try:
+            self._join(plan, now)
+        finally:
+            if bs is not None:
+                self._drop(bs)
+            for other in sorted(self._joined_maybe - {plan.block_set}):
+                self._drop(other)
+            self._joined_maybe &= {plan.block_set}
+
+    def _join(self, plan: StepPlan, now: float) -> None:
+        """Join the plan's block set and make it this worker's (_follow)."""
         try:
             got = self.spec.register(self.client, self.config.slots, engine=self.client.engine,
                                      join=(plan.block_set, plan.join_token))
         except (PermissionDenied, InvalidArgument, NotFound) as e:
-            self._give_up(plan, f"joining it failed: {e}")
+            # The agent's refusal, or the client's own after the agent
+            # joined the set (its memory could not be mapped): dropped with
+            # the next set followed, where the join was done.
+            self._joined_maybe.add(plan.block_set)
+            if e.method == "Register":
+                self._give_up(plan, f"joining it failed: {e}")
+            else:
+                self._give_up(plan, f"it could not be joined, or its memory mapped: {e}")
             return
         except KvfabricError as e:
             self._join_retry_at = now + self.join_retry_interval
@@ -1057,8 +1076,8 @@ class WorkerSide:
             self.log.warning("kvfabric: rank %d: joining the scheduler's block set %d failed, tried again with a later plan: %s",
                              self.rank, plan.block_set, e)
             return
-        if incarnation(got) != want:
-            self._give_up(plan, f"joining it got {incarnation(got)}, not the plan's {want}", got)
+        if incarnation(got) != plan.incarnation:
+            self._give_up(plan, f"joining it got {incarnation(got)}, not the plan's {plan.incarnation}", got)
             return
         given = len(got.ranks[self.rank].head_ids)
         if given != self._heads:
