@@ -3,6 +3,8 @@ package fabric_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -268,5 +270,46 @@ func TestClientJoinsASet(t *testing.T) {
 	refs, err := c.Acquire(ctx, set.ID, []uint64{0xa1})
 	if err != nil || len(refs) != 1 {
 		t.Fatalf("Acquire of the tenant's block in the joined set: %v, %v", refs, err)
+	}
+}
+
+// A Register (or a join) whose answer the Go client cannot map gives the
+// set back: here the client reaches the engine socket by a link that has
+// no descriptor socket beside it, so the memory token cannot be redeemed;
+// the error says so, and the session uses no set afterwards, where the
+// agent had attached the one it answered.
+func TestClientRegisterUnmappedDropsTheSet(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	link := filepath.Join(t.TempDir(), "engine.sock")
+	if err := os.Symlink(a.EngineSocket(), link); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(ctx, link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	set, err := c.Register(ctx, isolationEngine)
+	if err == nil || !strings.Contains(err.Error(), client.FDSocketSuffix) {
+		t.Fatalf("Register with no descriptor socket beside the engine socket: set %v, %v; want the mapping's error", set, err)
+	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sets []uint64
+	found := false
+	for _, s := range st.GetSessions() {
+		if s.GetId() == c.Session() {
+			sets, found = s.GetBlockSets(), true
+		}
+	}
+	if !found || len(sets) != 0 {
+		t.Fatalf("after a Register whose memory was not mapped, the session (found %v) uses block sets %v, want none", found, sets)
+	}
+	if n := len(st.GetBlockSets()); n != 1 {
+		t.Fatalf("%d block sets, want the one registered", n)
 	}
 }

@@ -307,7 +307,9 @@ func (s *BlockSet) Block(rank, slot int) []byte {
 }
 
 // Register registers the engine and maps its block set's memory: a set the
-// agent chooses, or the one e.Join names.
+// agent chooses, or the one e.Join names. A set whose memory cannot be
+// mapped (or opened) is given back (DropBlockSet), not left on the session;
+// where that fails too, its error is joined to the one returned.
 func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 	req := &fabricpb.RegisterRequest{
 		Engine:      e.Name,
@@ -333,6 +335,27 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 	if err != nil {
 		return nil, err
 	}
+	set, err := c.mapSet(e, resp)
+	if err != nil {
+		// The agent attached the set to this session all the same: give it
+		// back, or it stays the session's until the session ends.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropAfterFailedMap)
+		defer cancel()
+		if _, derr := c.DropBlockSet(dctx, resp.GetBlockSet()); derr != nil {
+			err = errors.Join(err, fmt.Errorf("client: dropping block set %d after: %v", resp.GetBlockSet(), derr))
+		}
+		return nil, err
+	}
+	return set, nil
+}
+
+// dropAfterFailedMap bounds the DropBlockSet with which Register gives
+// back a set whose memory it could not map.
+const dropAfterFailedMap = 10 * time.Second
+
+// mapSet makes the BlockSet of the agent's Register answer resp, its
+// memory mapped (or opened through e.CUDA).
+func (c *Client) mapSet(e Engine, resp *fabricpb.RegisterResponse) (*BlockSet, error) {
 	l, err := layout.FromProto(resp.GetLayout())
 	if err != nil {
 		return nil, fmt.Errorf("client: agent sent a bad layout: %w", err)
