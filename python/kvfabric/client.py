@@ -961,7 +961,12 @@ class Client:
         unmapped under a view of it still in use (an array taken from
         ``rank`` or ``block``, a tensor of ``as_torch``): it stays mapped,
         readable and writable but no longer the engine's to use, until the
-        last such view goes (``DropResult.still_mapped`` counts them)."""
+        last such view goes (``DropResult.still_mapped`` counts them).
+
+        A drop racing a ``register`` of the same layout from another thread
+        of this client is not supported: the agent may hand that register
+        the very set being dropped, whose memory the drop then gives up
+        under it."""
         sid = _set_id(block_set)
         try:
             resp = self._call("DropBlockSet", engine_pb2.DropBlockSetRequest(block_set=sid), timeout)
