@@ -3,6 +3,8 @@ package fabric_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -203,5 +205,111 @@ func TestJoinTokenRenewedWhenSetPassesOn(t *testing.T) {
 	resp, err := c.API().Register(ctx, joinRequest(set.ID, set.JoinToken))
 	if err != nil || resp.GetBlockSet() != set.ID || resp.GetJoinToken() != set.JoinToken {
 		t.Fatalf("join with the new token: %v (set %d, token %q)", err, resp.GetBlockSet(), resp.GetJoinToken())
+	}
+}
+
+// The Go client joins a set another process of the engine registered
+// (Engine.Join, with the token that process was given): Register answers
+// that very set with its memory mapped, the other process's bytes in it,
+// and a join that names no set or no token is refused before any call,
+// naming what is missing.
+func TestClientJoinsASet(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tenant := startTenant(t, a, "fd")
+	f := strings.Fields(tenant.do("token"))
+	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
+		t.Fatalf("engine helper, token: %q", f)
+	}
+	token := f[1]
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	e := isolationEngine
+	e.Name = "tenant-rank1"
+	for _, tc := range []struct {
+		name string
+		join client.Join
+		says string
+	}{
+		{"no set", client.Join{Token: token}, "Join.BlockSet"},
+		{"no token", client.Join{BlockSet: tenant.set}, "join token"},
+	} {
+		e.Join = &tc.join
+		if set, err := c.Register(ctx, e); err == nil || status.Code(err) != codes.Unknown || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("join with %s: set %v, %v; want an error of the client naming %s", tc.name, set, err, tc.says)
+		}
+	}
+	if n := a.Metrics().EngineSetJoins; n != 0 {
+		t.Fatalf("%d joins counted after joins refused by the client", n)
+	}
+
+	e.Join = &client.Join{BlockSet: tenant.set, Token: token}
+	set, err := c.Register(ctx, e)
+	if err != nil {
+		t.Fatalf("join with the set's token: %v", err)
+	}
+	if set.ID != tenant.set || set.JoinToken != token || len(set.Ranks) != isolationEngine.TPSize {
+		t.Fatalf("join answered set %d (token %q, %d ranks), want the tenant's set %d", set.ID, set.JoinToken, len(set.Ranks), tenant.set)
+	}
+	if n := a.Metrics().EngineSetJoins; n != 1 {
+		t.Fatalf("%d joins counted after one", n)
+	}
+	// The tenant filled every slot with 0x77: the joiner maps those bytes.
+	for r, b := range set.Ranks {
+		for i, v := range b {
+			if v != 0x77 {
+				t.Fatalf("rank %d byte %d of the joined set is %#x, not the tenant's 0x77", r, i, v)
+			}
+		}
+	}
+	refs, err := c.Acquire(ctx, set.ID, []uint64{0xa1})
+	if err != nil || len(refs) != 1 {
+		t.Fatalf("Acquire of the tenant's block in the joined set: %v, %v", refs, err)
+	}
+}
+
+// A Register (or a join) whose answer the Go client cannot map gives the
+// set back: here the client reaches the engine socket by a link that has
+// no descriptor socket beside it, so the memory token cannot be redeemed;
+// the error says so, and the session uses no set afterwards, where the
+// agent had attached the one it answered.
+func TestClientRegisterUnmappedDropsTheSet(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	link := filepath.Join(t.TempDir(), "engine.sock")
+	if err := os.Symlink(a.EngineSocket(), link); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(ctx, link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	set, err := c.Register(ctx, isolationEngine)
+	if err == nil || !strings.Contains(err.Error(), client.FDSocketSuffix) {
+		t.Fatalf("Register with no descriptor socket beside the engine socket: set %v, %v; want the mapping's error", set, err)
+	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sets []uint64
+	found := false
+	for _, s := range st.GetSessions() {
+		if s.GetId() == c.Session() {
+			sets, found = s.GetBlockSets(), true
+		}
+	}
+	if !found || len(sets) != 0 {
+		t.Fatalf("after a Register whose memory was not mapped, the session (found %v) uses block sets %v, want none", found, sets)
+	}
+	if n := len(st.GetBlockSets()); n != 1 {
+		t.Fatalf("%d block sets, want the one registered", n)
 	}
 }

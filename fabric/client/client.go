@@ -249,6 +249,19 @@ type Engine struct {
 	// region. If nil, a device pool's block set comes back with
 	// BlockSet.Memory only, for engines that open the handle themselves.
 	CUDA *cuda.Driver
+	// Join, when set, joins that block set, which another process of the
+	// engine registered and whose JoinToken it passed on, instead of
+	// letting the agent choose one; the layout must be the set's (Slots
+	// zero takes the set's count). A wrong token is PermissionDenied, a
+	// freed set NotFound.
+	Join *Join
+}
+
+// Join names a block set to join (Engine.Join): its ID and the JoinToken
+// of the BlockSet its registering process was given.
+type Join struct {
+	BlockSet uint64
+	Token    string
 }
 
 // DeviceRegion is one rank's region in device memory this process opened
@@ -293,9 +306,12 @@ func (s *BlockSet) Block(rank, slot int) []byte {
 	return s.Ranks[rank][off : off+st.Shard]
 }
 
-// Register registers the engine and maps its block set's memory.
+// Register registers the engine and maps its block set's memory: a set the
+// agent chooses, or the one e.Join names. A set whose memory cannot be
+// mapped (or opened) is given back (DropBlockSet), not left on the session;
+// where that fails too, its error is joined to the one returned.
 func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
-	resp, err := c.api.Register(ctx, &fabricpb.RegisterRequest{
+	req := &fabricpb.RegisterRequest{
 		Engine:      e.Name,
 		Model:       e.Model.Proto(),
 		TpSize:      uint32(e.TPSize),
@@ -305,10 +321,41 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 		Slots:       uint32(e.Slots),
 		Alignment:   e.Alignment,
 		Devices:     e.Devices,
-	})
+	}
+	if j := e.Join; j != nil {
+		if j.BlockSet == 0 {
+			return nil, errors.New("client: Join: no block set named (Join.BlockSet is 0)")
+		}
+		if j.Token == "" {
+			return nil, fmt.Errorf("client: Join: block set %d's join token (BlockSet.JoinToken) is missing", j.BlockSet)
+		}
+		req.JoinBlockSet, req.JoinToken = j.BlockSet, j.Token
+	}
+	resp, err := c.api.Register(ctx, req)
 	if err != nil {
 		return nil, err
 	}
+	set, err := c.mapSet(e, resp)
+	if err != nil {
+		// The agent attached the set to this session all the same: give it
+		// back, or it stays the session's until the session ends.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropAfterFailedMap)
+		defer cancel()
+		if _, derr := c.DropBlockSet(dctx, resp.GetBlockSet()); derr != nil {
+			err = errors.Join(err, fmt.Errorf("client: dropping block set %d after: %v", resp.GetBlockSet(), derr))
+		}
+		return nil, err
+	}
+	return set, nil
+}
+
+// dropAfterFailedMap bounds the DropBlockSet with which Register gives
+// back a set whose memory it could not map.
+const dropAfterFailedMap = 10 * time.Second
+
+// mapSet makes the BlockSet of the agent's Register answer resp, its
+// memory mapped (or opened through e.CUDA).
+func (c *Client) mapSet(e Engine, resp *fabricpb.RegisterResponse) (*BlockSet, error) {
 	l, err := layout.FromProto(resp.GetLayout())
 	if err != nil {
 		return nil, fmt.Errorf("client: agent sent a bad layout: %w", err)

@@ -53,6 +53,7 @@ from .client import (
     _ints,
     _lookup_request,
     _lookup_result,
+    _Memory,
     _prefetch_request,
     _prefetch_result,
     _on_device,
@@ -65,7 +66,7 @@ from .client import (
     _U64,
 )
 from .cuda import DeviceMemory
-from .errors import DeadlineExceeded, InvalidArgument, KvfabricError, NotFound, ProtocolError, Unavailable, from_rpc_error
+from .errors import DeadlineExceeded, InvalidArgument, NotFound, ProtocolError, Unavailable, from_rpc_error
 from .memory import FD_SOCKET_SUFFIX, map_descriptor, map_file
 from .session import SESSION_METADATA
 
@@ -184,8 +185,7 @@ class Client:
         self._memory = memory
         self._want_session = session
         self._cuda_path = cuda
-        self._maps: dict[str, mmap.mmap] = {}
-        self._ipcs: dict[bytes, DeviceMemory] = {}
+        self._mem = _Memory()
         self._channel: grpc.aio.Channel | None = None
         self._session: _Session | None = None
         self._metadata: tuple[tuple[str, str], ...] = ()
@@ -242,18 +242,7 @@ class Client:
         self._closed = True
         if self._session is not None:
             await self._session.close()
-        for d in list(self._ipcs.values()):
-            try:
-                d.close()
-            except KvfabricError:
-                pass  # the driver refused; the mapping goes with the process
-        self._ipcs.clear()
-        for m in list(self._maps.values()):
-            try:
-                m.close()
-            except BufferError:
-                pass  # views still use it; unmapped when the last goes
-        self._maps.clear()
+        self._mem.shut()
         if self._channel is not None:
             await self._channel.close()
 
@@ -283,37 +272,24 @@ class Client:
             raise Unavailable("pool memory: the agent offers no descriptor")
         return map_descriptor(self.socket + FD_SOCKET_SUFFIX, m.token, self.timeout)
 
-    async def _map(self, m: engine_pb2.Memory) -> mmap.mmap:
+    async def _map(self, m: engine_pb2.Memory, set_id: int) -> mmap.mmap:
         key = m.token or m.file or m.path
-        if key in self._maps:
-            return self._maps[key]
-        mem = await asyncio.to_thread(self._map_sync, m)
-        if self._closed:
-            mem.close()
-            raise Unavailable("client is closed")
-        if key in self._maps:  # mapped meanwhile by another task
-            mem.close()
-            return self._maps[key]
-        self._maps[key] = mem
-        return mem
+        have = self._mem.get(key, set_id)
+        if have is not None:
+            return have
+        return self._mem.put(key, set_id, await asyncio.to_thread(self._map_sync, m))
 
-    async def _open_device(self, m: engine_pb2.Memory) -> DeviceMemory:
+    async def _open_device(self, m: engine_pb2.Memory, set_id: int) -> DeviceMemory:
         key = bytes(m.cuda_ipc_handle)
-        if key in self._ipcs:
-            return self._ipcs[key]
+        have = self._mem.get(key, set_id)
+        if have is not None:
+            return have
 
         def open_ipc() -> DeviceMemory:
             drv = cuda_driver.load(self._cuda_path)
             return drv.open_ipc(drv.find(m.cuda_device, m.pci_bus_id), key, m.file_size or m.offset + m.size)
 
-        mem = await asyncio.to_thread(open_ipc)
-        if self._closed or key in self._ipcs:
-            mem.close()
-            if self._closed:
-                raise Unavailable("client is closed")
-            return self._ipcs[key]
-        self._ipcs[key] = mem
-        return mem
+        return self._mem.put(key, set_id, await asyncio.to_thread(open_ipc))
 
     # -- the engine API -------------------------------------------------
 
@@ -338,9 +314,10 @@ class Client:
             engine or self.engine, model, tp_size, page_size, kv_order, arrangement, slots, alignment, devices, join
         )
         resp = await self._call("Register", req, timeout)
+        sid = resp.block_set
         if _on_device(resp):
-            return BlockSet(resp, device=[await self._open_device(m) for m in resp.memory])
-        return BlockSet(resp, memories=[_check_region(r, m, await self._map(m)) for r, m in enumerate(resp.memory)])
+            return self._mem.bind(BlockSet(resp, device=[await self._open_device(m, sid) for m in resp.memory]))
+        return self._mem.bind(BlockSet(resp, memories=[_check_region(r, m, await self._map(m, sid)) for r, m in enumerate(resp.memory)]))
 
     async def allocate(self, block_set: BlockSet | int, count: int, *, timeout: float | None = None) -> list[int]:
         """Take count free slots for the engine to write."""
@@ -464,9 +441,20 @@ class Client:
         raise NotFound(f"block set {sid}: unknown to the agent", method="Import")
 
     async def drop_block_set(self, block_set: BlockSet | int, *, timeout: float | None = None) -> DropResult:
-        """Stop using a block set under this session."""
-        resp = await self._call("DropBlockSet", engine_pb2.DropBlockSetRequest(block_set=_set_id(block_set)), timeout)
-        return DropResult(resp.released, resp.freed)
+        """:meth:`kvfabric.Client.drop_block_set`: stop using a block set
+        under this session, and give up its memory (its BlockSets' views
+        go; what views in use export is unmapped when the last goes), even
+        where the agent refuses or does not answer. A drop racing a
+        ``register`` of the same layout from another task (or thread) of
+        this client is not supported: the agent may hand that register the
+        very set being dropped, whose memory the drop then gives up under
+        it."""
+        sid = _set_id(block_set)
+        try:
+            resp = await self._call("DropBlockSet", engine_pb2.DropBlockSetRequest(block_set=sid), timeout)
+        finally:
+            left = self._mem.drop(sid)
+        return DropResult(resp.released, resp.freed, left)
 
     async def status(self, *, timeout: float | None = None) -> engine_pb2.StatusResponse:
         """The agent's view: node, members, pools, block sets, transfers."""

@@ -159,6 +159,8 @@ class BlockSet:
     shape ``(slots, layers, planes, *chunk_shape)`` over the shared memory:
     writing it writes the pool, nothing is copied. ``ranks[r]`` is the
     agent's RankLayout (offset, strides, chunk shape, head ids, replicas).
+    Once its client drops the set (``Client.drop_block_set``) it has no
+    views or memory: its calls raise FailedPrecondition.
     """
 
     def __init__(
@@ -184,35 +186,75 @@ class BlockSet:
         self.join_token: str = resp.join_token
         self.ranks: list[engine_pb2.RankLayout] = list(resp.ranks)
         self.memory: list[engine_pb2.Memory] = list(resp.memory)
-        #: Each rank's mapping of the pool memory (ranks of one pool share
-        #: one); empty for a block set in GPU memory.
-        self.buffers: list[mmap.mmap] = list(memories or [])
-        #: Each rank's opened device memory (ranks of one GPU pool share
-        #: one); empty for host memory.
-        self.device: list[DeviceMemory] = list(device or [])
+        #: Whether the client that returned the set dropped it
+        #: (``Client.drop_block_set``): its views and memory are gone.
+        self.dropped = False
+        self._buffers: list[mmap.mmap] = list(memories or [])
+        self._device: list[DeviceMemory] = list(device or [])
+        self._views: list[np.ndarray] = []
+        self._on_device = bool(self._device)
         self.dtype: np.dtype = self.model.dtype.numpy  # type: ignore[union-attr]
         self.planes = 1 if self.model.mla else 2
-        have = len(self.device) if self.device else len(self.buffers)
+        have = len(self._device) if self._device else len(self._buffers)
         if len(self.ranks) != self.tp_size or have != self.tp_size:
             raise ProtocolError(
                 f"block set {self.id}: {len(self.ranks)} rank layouts and {have} memories for TP {self.tp_size}"
             )
-        if self.device:
+        if self._device:
             for r in range(self.tp_size):
                 self._check_rank(r)
                 self._check_device_extent(r)
-            self.views: list[np.ndarray] = []
         else:
-            self.views = [self._view(r, self.buffers[r]) for r in range(self.tp_size)]
+            self._views = [self._view(r, self._buffers[r]) for r in range(self.tp_size)]
 
     @property
     def on_device(self) -> bool:
         """Whether the block set is in GPU memory (no numpy views: blocks
         move with :meth:`write_block` and :meth:`read_block`)."""
-        return bool(self.device)
+        return self._on_device
+
+    @property
+    def views(self) -> list[np.ndarray]:
+        """Each rank's numpy view (``rank``); empty for a block set in GPU
+        memory. FailedPrecondition once the set is dropped."""
+        views, _, _ = self._live()
+        return views
+
+    @property
+    def buffers(self) -> list[mmap.mmap]:
+        """Each rank's mapping of the pool memory (ranks of one pool share
+        one); empty for a block set in GPU memory. FailedPrecondition once
+        the set is dropped."""
+        _, buffers, _ = self._live()
+        return buffers
+
+    @property
+    def device(self) -> list[DeviceMemory]:
+        """Each rank's opened device memory (ranks of one GPU pool share
+        one); empty for host memory. FailedPrecondition once the set is
+        dropped."""
+        _, _, device = self._live()
+        return device
+
+    def _drop_memory(self) -> None:
+        """What the client that returned the set does when it drops it:
+        views, mappings and device memory are let go (the client unmaps
+        them once nothing else uses them)."""
+        self.dropped = True
+        self._views, self._buffers, self._device = [], [], []
+
+    def _live(self) -> tuple[list[np.ndarray], list[mmap.mmap], list[DeviceMemory]]:
+        """The views, mappings and device memory; FailedPrecondition once
+        dropped."""
+        views, buffers, device = self._views, self._buffers, self._device
+        if self.dropped:
+            raise FailedPrecondition(
+                f"block set {self.id} was dropped (Client.drop_block_set): its memory is no longer this client's"
+            )
+        return views, buffers, device
 
     def _check_device_extent(self, r: int) -> None:
-        rl, m, mem = self.ranks[r], self.memory[r], self.device[r]
+        rl, m, mem = self.ranks[r], self.memory[r], self._device[r]
         last = (
             rl.offset
             + (self.slots - 1) * rl.block_stride
@@ -278,11 +320,12 @@ class BlockSet:
     def rank(self, r: int) -> np.ndarray:
         """Rank r's view: (slots, layers, planes, *chunk_shape)."""
         r = _index(r, "rank", self.tp_size)
-        if self.device:
+        views, _, _ = self._live()
+        if self._on_device:
             raise FailedPrecondition(
                 f"block set {self.id} is in GPU memory: no numpy views of it; use write_block and read_block"
             )
-        return self.views[r]
+        return views[r]
 
     def block(self, r: int, slot: int) -> np.ndarray:
         """Slot's shard on rank r: (layers, planes, *chunk_shape), a view."""
@@ -322,11 +365,12 @@ class BlockSet:
         rank is None; each rank takes the heads it holds."""
         slot = _index(slot, "slot", self.slots)
         kv = self._check_array(kv, "kv")
+        views, _, device = self._live()
         for r in self._ranks(rank):
-            if self.device:
-                self._device_copy(r, slot, np.ascontiguousarray(self._as_shard(r, kv)), write=True)
+            if device:
+                self._device_copy(device[r], r, slot, np.ascontiguousarray(self._as_shard(r, kv)), write=True)
             else:
-                np.copyto(self.views[r][slot], self._as_shard(r, kv))
+                np.copyto(views[r][slot], self._as_shard(r, kv))
 
     def read_block(self, slot: int, rank: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """Read slot into a full block array: the heads rank holds (every
@@ -337,21 +381,22 @@ class BlockSet:
             out = np.zeros(self.block_shape, dtype=self.dtype)
         else:
             out = self._check_array(out, "out")
+        views, _, device = self._live()
         for r in self._ranks(rank):
-            if self.device:
+            if device:
                 shard = self._as_shard(r, out)
                 tmp = np.empty(shard.shape, dtype=self.dtype)
-                self._device_copy(r, slot, tmp, write=False)
+                self._device_copy(device[r], r, slot, tmp, write=False)
                 np.copyto(shard, tmp)
             else:
-                np.copyto(self._as_shard(r, out), self.views[r][slot])
+                np.copyto(self._as_shard(r, out), views[r][slot])
         return out
 
-    def _device_copy(self, r: int, slot: int, shard: np.ndarray, write: bool) -> None:
-        """Moves slot's shard on rank r between the device and shard, a
-        C-contiguous (layers, planes, *chunk) array: in one copy where the
+    def _device_copy(self, mem: DeviceMemory, r: int, slot: int, shard: np.ndarray, write: bool) -> None:
+        """Moves slot's shard on rank r between the device (mem) and shard,
+        a C-contiguous (layers, planes, *chunk) array: in one copy where the
         block is contiguous on the device, else one per (layer, plane)."""
-        rl, mem = self.ranks[r], self.device[r]
+        rl = self.ranks[r]
         base = rl.offset + slot * rl.block_stride
         cb = rl.chunk_bytes
         move = mem.write if write else mem.read

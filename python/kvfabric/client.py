@@ -123,10 +123,13 @@ class Blocks(list[BlockRef]):
 @dataclass(frozen=True)
 class DropResult:
     """What dropping a block set gave back: references released, and
-    unregistered slots freed."""
+    unregistered slots freed; still_mapped: the set's mappings the client
+    could not unmap yet, views of them being in use (each is unmapped when
+    its last view goes)."""
 
     released: int
     freed: int
+    still_mapped: int = 0
 
 
 @dataclass(frozen=True)
@@ -469,23 +472,121 @@ def _index_asks(page: int, req: engine_pb2.ImportRequest) -> list[tuple[engine_p
     return [(engine_pb2.LookupRequest(tokens=req.tokens, block_size=d), tokens // d) for d in sizes]
 
 
-def _shut(session: Session | None, channel: grpc.Channel, maps: dict[str, mmap.mmap], ipcs: dict[bytes, DeviceMemory]) -> None:
+class _Memory:
+    """The pool memory a client mapped (host) or opened (device), one of
+    each per key (a memory token, file or path; an IPC handle), with the
+    block sets of the client that use each key and the BlockSets it handed
+    out, so that dropping a set gives up what no other of its sets uses.
+    Shared by the sync and the asyncio client; the lock is held only over
+    the tables, never over a mapping, an unmapping or a call."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.closed = False
+        self.maps: dict[str, mmap.mmap] = {}
+        self.ipcs: dict[bytes, DeviceMemory] = {}
+        self.users: dict[str | bytes, set[int]] = {}
+        self.sets: dict[int, weakref.WeakSet[BlockSet]] = {}
+
+    def _table(self, key: str | bytes) -> dict[Any, Any]:
+        """Where key's memory is kept: an IPC handle's among the device
+        memory, a token's (or file's) among the mappings."""
+        if isinstance(key, bytes):
+            return self.ipcs
+        return self.maps
+
+    def get(self, key: Any, set_id: int) -> Any:
+        """The memory mapped (or opened) for key, now used by set_id too;
+        None when there is none yet."""
+        table = self._table(key)
+        with self.lock:
+            if self.closed:
+                raise Unavailable("client is closed")
+            mem = table.get(key)
+            if mem is not None:
+                self.users.setdefault(key, set()).add(set_id)
+            return mem
+
+    def put(self, key: Any, set_id: int, mem: Any) -> Any:
+        """Keeps mem, just mapped (or opened) for key and set_id, and
+        returns it; where another thread did so meanwhile, mem is closed and
+        that one returned."""
+        table = self._table(key)
+        with self.lock:
+            closed = self.closed
+            if not closed:
+                have = table.setdefault(key, mem)
+                self.users.setdefault(key, set()).add(set_id)
+        if closed:
+            mem.close()
+            raise Unavailable("client is closed")
+        if have is not mem:
+            mem.close()
+        return have
+
+    def bind(self, bs: BlockSet) -> BlockSet:
+        """bs, its memory given up when its set is dropped."""
+        with self.lock:
+            self.sets.setdefault(bs.id, weakref.WeakSet()).add(bs)
+        return bs
+
+    def drop(self, set_id: int) -> int:
+        """Gives up set_id's memory: the BlockSets of it handed out lose
+        their views, and each mapping (or device memory) no other set of the
+        client uses is unmapped (closed). A mapping that views of it still
+        in use export (numpy arrays taken from the set, memoryviews, torch
+        tensors over them) cannot be unmapped under them: it is forgotten,
+        and unmapped when the last of them goes. Returns how many were left
+        so."""
+        gone: list[Any] = []
+        with self.lock:
+            sets = list(self.sets.pop(set_id, ()))
+            for key, users in list(self.users.items()):
+                if set_id in users:
+                    users.discard(set_id)
+                    if not users:
+                        del self.users[key]
+                        gone.append(self._table(key).pop(key))
+        for bs in sets:
+            bs._drop_memory()
+        left = 0
+        for mem in gone:
+            try:
+                mem.close()
+            except BufferError:
+                left += 1  # exported: unmapped with its last view
+            except KvfabricError:
+                pass  # the driver refused; the mapping goes with the process
+        return left
+
+    def shut(self) -> None:
+        """Closes every mapping and device memory: a mapping that views
+        still use is unmapped when the last goes."""
+        with self.lock:
+            self.closed = True
+            ipcs, maps = list(self.ipcs.values()), list(self.maps.values())
+            self.ipcs.clear()
+            self.maps.clear()
+            self.users.clear()
+            self.sets.clear()
+        for d in ipcs:
+            try:
+                d.close()
+            except KvfabricError:
+                pass  # the driver refused; the mapping goes with the process
+        for m in maps:
+            try:
+                m.close()
+            except BufferError:
+                pass  # views still use it; unmapped when the last goes
+
+
+def _shut(session: Session | None, channel: grpc.Channel, memory: _Memory) -> None:
     """What closing a client does; it holds no reference to the client, so
     that a client collected unclosed is shut too."""
     if session is not None:
         session.close()
-    for d in list(ipcs.values()):
-        try:
-            d.close()
-        except KvfabricError:
-            pass  # the driver refused; the mapping goes with the process
-    ipcs.clear()
-    for m in list(maps.values()):
-        try:
-            m.close()
-        except BufferError:
-            pass  # views still use it; unmapped when the last goes
-    maps.clear()
+    memory.shut()
     channel.close()
 
 
@@ -547,9 +648,8 @@ class Client:
         self.import_timeout = float(import_timeout)
         self._memory = memory
         self._lock = threading.Lock()
-        self._maps: dict[str, mmap.mmap] = {}
+        self._mem = _Memory()
         self._cuda_path = cuda
-        self._ipcs: dict[bytes, DeviceMemory] = {}
         self._closed = False
         # unix:PATH with an absolute path (unix://PATH reads a relative
         # path's first element as an authority).
@@ -568,7 +668,7 @@ class Client:
             self._metadata = self._session.metadata
         # Ends the session and unmaps: on close(), when the client is
         # collected unclosed, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _shut, self._session, self._channel, self._maps, self._ipcs)
+        self._finalizer = weakref.finalize(self, _shut, self._session, self._channel, self._mem)
 
     # -- lifetime -------------------------------------------------------
 
@@ -593,7 +693,8 @@ class Client:
         """End the session (the agent releases its references and frees its
         unregistered slots; registered blocks stay cached) and close the
         connection. Mapped memory stays valid while numpy views of it exist,
-        and is unmapped when the last one goes. Idempotent."""
+        and is unmapped when the last one goes; device memory is closed.
+        Idempotent."""
         with self._lock:
             self._closed = True
         self._finalizer()
@@ -613,11 +714,13 @@ class Client:
         _check_answered(method, self.session, self._session.ended if self._session else None)
         return resp
 
-    def _map(self, m: engine_pb2.Memory) -> mmap.mmap:
+    def _map(self, m: engine_pb2.Memory, set_id: int) -> mmap.mmap:
+        """Maps the memory m names, once per token (or file), for block set
+        set_id."""
         key = m.token or m.file or m.path
-        with self._lock:
-            if key in self._maps:
-                return self._maps[key]
+        mem = self._mem.get(key, set_id)
+        if mem is not None:
+            return mem
         if self._memory == "file" or (self._memory == "auto" and not m.token):
             if not m.file:
                 if self._memory == "file":
@@ -631,35 +734,19 @@ class Client:
             # The companion of the socket as this process reaches it: the
             # agent's fd_socket names it in the agent's mount namespace.
             mem = map_descriptor(self.socket + FD_SOCKET_SUFFIX, m.token, self.timeout)
-        with self._lock:
-            if self._closed:
-                mem.close()
-                raise Unavailable("client is closed")
-            if key in self._maps:  # mapped meanwhile by another thread
-                mem.close()
-                return self._maps[key]
-            self._maps[key] = mem
-        return mem
+        return self._mem.put(key, set_id, mem)
 
-    def _open_device(self, m: engine_pb2.Memory) -> DeviceMemory:
+    def _open_device(self, m: engine_pb2.Memory, set_id: int) -> DeviceMemory:
         """Opens the device memory m names, once per IPC handle, on the GPU
-        of this process with m's PCI bus id."""
+        of this process with m's PCI bus id, for block set set_id."""
         key = bytes(m.cuda_ipc_handle)
-        with self._lock:
-            if key in self._ipcs:
-                return self._ipcs[key]
+        have = self._mem.get(key, set_id)
+        if have is not None:
+            return have
         drv = cuda_driver.load(self._cuda_path)
         gpu = drv.find(m.cuda_device, m.pci_bus_id)
         size = m.file_size or m.offset + m.size
-        mem = drv.open_ipc(gpu, key, size)
-        with self._lock:
-            if self._closed or key in self._ipcs:
-                mem.close()
-                if self._closed:
-                    raise Unavailable("client is closed")
-                return self._ipcs[key]
-            self._ipcs[key] = mem
-        return mem
+        return self._mem.put(key, set_id, drv.open_ipc(gpu, key, size))
 
     # -- the engine API -------------------------------------------------
 
@@ -700,11 +787,11 @@ class Client:
         )
         resp = self._call("Register", req, timeout)
         if _on_device(resp):
-            return BlockSet(resp, device=[self._open_device(m) for m in resp.memory])
+            return self._mem.bind(BlockSet(resp, device=[self._open_device(m, resp.block_set) for m in resp.memory]))
         memories = []
         for r, m in enumerate(resp.memory):
-            memories.append(_check_region(r, m, self._map(m)))
-        return BlockSet(resp, memories=memories)
+            memories.append(_check_region(r, m, self._map(m, resp.block_set)))
+        return self._mem.bind(BlockSet(resp, memories=memories))
 
     def allocate(self, block_set: BlockSet | int, count: int, *, timeout: float | None = None) -> list[int]:
         """Take count free slots for the engine to write."""
@@ -866,10 +953,26 @@ class Client:
     def drop_block_set(self, block_set: BlockSet | int, *, timeout: float | None = None) -> DropResult:
         """Stop using a block set under this session: the references and
         unregistered slots the session holds there are given back, as when
-        the session ends. Its views must not be used after."""
-        req = engine_pb2.DropBlockSetRequest(block_set=_set_id(block_set))
-        resp = self._call("DropBlockSet", req, timeout)
-        return DropResult(resp.released, resp.freed)
+        the session ends, and the client gives up the set's memory, whether
+        or not the agent answered: every BlockSet of it this client returned
+        loses its views (``rank``, ``write_block`` and the rest raise
+        FailedPrecondition), and each mapping that no other set of this
+        client uses is unmapped (device memory closed). A mapping cannot be
+        unmapped under a view of it still in use (an array taken from
+        ``rank`` or ``block``, a tensor of ``as_torch``): it stays mapped,
+        readable and writable but no longer the engine's to use, until the
+        last such view goes (``DropResult.still_mapped`` counts them).
+
+        A drop racing a ``register`` of the same layout from another thread
+        of this client is not supported: the agent may hand that register
+        the very set being dropped, whose memory the drop then gives up
+        under it."""
+        sid = _set_id(block_set)
+        try:
+            resp = self._call("DropBlockSet", engine_pb2.DropBlockSetRequest(block_set=sid), timeout)
+        finally:
+            left = self._mem.drop(sid)
+        return DropResult(resp.released, resp.freed, left)
 
     def status(self, *, timeout: float | None = None) -> engine_pb2.StatusResponse:
         """The agent's view: node, members, pools, block sets, transfers."""

@@ -966,6 +966,11 @@ class WorkerSide:
         self._join_failed: tuple[str, str] | None = None
         #: When a join that failed otherwise may be tried again.
         self._join_retry_at = 0.0
+        #: Block sets whose join failed otherwise: the agent may have done
+        #: it all the same (a deadline passed on the way back, or the
+        #: memory could not be mapped), so each may be this session's;
+        #: dropped when the worker follows another set.
+        self._joined_maybe: set[int] = set()
         self._report: WorkerReport | None = None
         self._reported = 0  # the last step whose report was taken
         #: This rank's counters: loaded_blocks, loaded_bytes, load_errors,
@@ -1014,13 +1019,16 @@ class WorkerSide:
     def _follow(self, plan: StepPlan) -> None:
         """Make the plan's block set this worker's: join it by the plan's
         join token where its own is another (or none: the first plan, or the
-        agent restarted), and drop the one it had. A set that cannot be
-        joined for good (gone, its token refused, or its heads not this
-        rank's) is not tried again for its incarnation and token (a plan
-        with the set's renewed token is); one whose join
-        failed otherwise (a deadline, say) is tried again at most once a
-        second. Meanwhile the plan's loads fail, its saves are not written,
-        and the set the worker had, no longer the scheduler's, is dropped."""
+        agent restarted), then drop the one it had (after the join: the sets
+        of a pool share its memory, which the join finds mapped, or opened,
+        still). A set that cannot be joined for good (gone, its token
+        refused, or its heads not this rank's) is not tried again for its
+        incarnation and token (a plan with the set's renewed token is); one
+        whose join failed otherwise (a deadline, say) is tried again at most
+        once a second. Meanwhile the plan's loads fail, its saves are not
+        written, and the set the worker had, no longer the scheduler's, is
+        dropped all the same, with any other set a join that failed may have
+        attached to its session."""
         bs = self.block_set
         want = plan.incarnation
         if not want or not plan.join_token or not self.layers or (bs is not None and incarnation(bs) == want):
@@ -1031,42 +1039,67 @@ class WorkerSide:
         if now < self._join_retry_at:
             return
         self._finish_loads()
-        if bs is not None:
-            # No longer the scheduler's: nothing of a plan goes to it.
-            self.block_set = None
+        # No longer the scheduler's: nothing of a plan goes to it.
+        self.block_set = None
+        if bs is not None and bs.id == plan.block_set:
+            # The same id in another run of the agent: dropped after the
+            # join, it would take the joined set's memory along.
             self._drop(bs)
+            bs = None
+        try:
+            self._join(plan, now)
+        finally:
+            if bs is not None:
+                self._drop(bs)
+            for other in sorted(self._joined_maybe - {plan.block_set}):
+                self._drop(other)
+            self._joined_maybe &= {plan.block_set}
+
+    def _join(self, plan: StepPlan, now: float) -> None:
+        """Join the plan's block set and make it this worker's (_follow)."""
         try:
             got = self.spec.register(self.client, self.config.slots, engine=self.client.engine,
                                      join=(plan.block_set, plan.join_token))
         except (PermissionDenied, InvalidArgument, NotFound) as e:
-            self._join_failed = (want, plan.join_token)
-            self.log.error("kvfabric: rank %d: joining the scheduler's block set %d failed, not tried again: %s",
-                           self.rank, plan.block_set, e)
+            # The agent's refusal, or the client's own after the agent
+            # joined the set (its memory could not be mapped): dropped with
+            # the next set followed, where the join was done.
+            self._joined_maybe.add(plan.block_set)
+            if e.method == "Register":
+                self._give_up(plan, f"joining it failed: {e}")
+            else:
+                self._give_up(plan, f"it could not be joined, or its memory mapped: {e}")
             return
         except KvfabricError as e:
             self._join_retry_at = now + self.join_retry_interval
+            self._joined_maybe.add(plan.block_set)
             self.log.warning("kvfabric: rank %d: joining the scheduler's block set %d failed, tried again with a later plan: %s",
                              self.rank, plan.block_set, e)
             return
-        given = len(got.ranks[self.rank].head_ids)
-        if incarnation(got) != want:
-            self._join_failed = (want, plan.join_token)
-            self.log.error("kvfabric: rank %d: joining block set %d got %s, not the plan's %s; not used",
-                           self.rank, plan.block_set, incarnation(got), want)
-            self._drop(got)
+        if incarnation(got) != plan.incarnation:
+            self._give_up(plan, f"joining it got {incarnation(got)}, not the plan's {plan.incarnation}", got)
             return
+        given = len(got.ranks[self.rank].head_ids)
         if given != self._heads:
-            self._join_failed = (want, plan.join_token)
-            self.log.error("kvfabric: rank %d: the scheduler's block set %s gives this rank %d heads, its cache holds %d; not used",
-                           self.rank, incarnation(got), given, self._heads)
-            self._drop(got)
+            self._give_up(plan, f"it gives this rank {given} heads, its cache holds {self._heads}", got)
             return
         self.block_set = got
+        self._joined_maybe.discard(got.id)
         self.log.info("kvfabric: rank %d: joined the scheduler's block set %d", self.rank, got.id)
 
-    def _drop(self, bs: BlockSet) -> None:
-        """Stop using bs under this worker's session (its memory goes back
-        once no session uses it)."""
+    def _give_up(self, plan: StepPlan, why: str, joined: BlockSet | None = None) -> None:
+        """The plan's block set cannot be this worker's, for why: it is not
+        tried again for the plan's incarnation and token, and dropped where
+        the join was done (joined)."""
+        self._join_failed = (plan.incarnation, plan.join_token)
+        self.log.error("kvfabric: rank %d: the scheduler's block set %d is not used, nor joined again with this token: %s",
+                       self.rank, plan.block_set, why)
+        if joined is not None:
+            self._drop(joined)
+
+    def _drop(self, bs: BlockSet | int) -> None:
+        """Stop using bs (or the set of that id) under this worker's session
+        (its memory goes back once no session uses it)."""
         try:
             self.client.drop_block_set(bs)
         except KvfabricError:
@@ -1090,6 +1123,7 @@ class WorkerSide:
             self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
             return
         old, self.client, self._join_failed, self._join_retry_at = self.client, c, None, 0.0
+        self._joined_maybe.clear()  # the old session's, ended
         old.close()
         self.log.info("kvfabric: rank %d: reconnected to the agent; the next plan's block set is joined", self.rank)
 
@@ -1098,6 +1132,16 @@ class WorkerSide:
         assert self.block_set is not None
         v = self.block_set.rank(self.rank)
         return v.transpose(0, 1, 2, 4, 3, 5) if self.block_set.kv_order == KVOrder.HND else v
+
+    def _begin(self, plan: StepPlan) -> WorkerReport:
+        """What load, start_load and save do first with a plan of a step not
+        reported yet: wait for the running layer-by-layer loads, open a new
+        client where the agent ended the session (_reconnect), make the
+        plan's block set the worker's (_follow). Returns the step's report."""
+        self._finish_loads()
+        self._reconnect()
+        self._follow(plan)
+        return self._report_for(plan)
 
     def _report_for(self, plan: StepPlan) -> WorkerReport:
         if self._report is None or self._report.step != plan.step:
@@ -1112,9 +1156,7 @@ class WorkerSide:
         report), and nothing is copied for it or after it in its request."""
         if plan.step <= self._reported:
             return
-        self._reconnect()
-        self._follow(plan)
-        rep = self._report_for(plan)
+        rep = self._begin(plan)
         for lp in plan.loads:
             self._load_one(lp, plan.incarnation, rep)
 
@@ -1178,10 +1220,7 @@ class WorkerSide:
         every layer is copied (save, take_report and load_errors wait)."""
         if plan.step <= self._reported:
             return
-        self._finish_loads()
-        self._reconnect()
-        self._follow(plan)
-        rep = self._report_for(plan)
+        rep = self._begin(plan)
         jobs = []
         for lp in plan.loads:
             got = self._acquire(lp, plan.incarnation, rep)
@@ -1242,10 +1281,7 @@ class WorkerSide:
             # Reported already: the scheduler frees these slots, which this
             # rank must no longer write.
             return
-        self._finish_loads()
-        self._reconnect()
-        self._follow(plan)
-        rep = self._report_for(plan)
+        rep = self._begin(plan)
         bs = self.block_set
         same = bs is not None and incarnation(bs) == plan.incarnation
         for sp in plan.saves:
@@ -1276,9 +1312,10 @@ class WorkerSide:
         every byte moved."""
         bs = self.block_set
         assert bs is not None
+        # A dropped set's device raises FailedPrecondition, naming the drop.
         rl, mem = bs.ranks[self.rank], bs.device[self.rank]
         if mem.closed:
-            raise KvfabricError("the pool's device memory is closed (its client was closed)")
+            raise KvfabricError(f"block set {bs.id}: the pool's device memory is closed (the worker's client was closed)")
         n = self.layers[0].shape[0]
         for s in slots:
             if not 0 <= s < bs.slots:

@@ -244,7 +244,7 @@ class DeviceMemory:
 
     def _range(self, offset: int, n: int) -> int:
         if self._closed:
-            raise Unavailable("device memory: closed (its client was closed)")
+            raise Unavailable("device memory: closed (its client was closed, or its block set dropped)")
         if offset < 0 or n < 0 or offset + n > self.size:
             raise InvalidArgument(f"device memory: [{offset}, {offset + n}) outside the allocation of {self.size} bytes")
         return self.ptr + offset

@@ -130,8 +130,10 @@ def test_aio_errors(node1, tmp_path):
             assert e2.value.method == "Import"
             slots = await c.allocate(bs, 2)
             await c.free(bs, slots)
+            mem = bs.buffers[0]
             dropped = await c.drop_block_set(bs)
-            assert dropped.freed == 0
+            assert dropped.freed == 0 and dropped.still_mapped == 0
+            assert mem.closed and bs.dropped, "the dropped set's memory is still mapped"
         assert not c.session_alive
         await c.close()  # twice is fine
         with pytest.raises(kvfabric.Unavailable, match="closed"):

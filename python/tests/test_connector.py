@@ -604,3 +604,83 @@ def test_a_join_refused_its_token_is_tried_with_a_new_one(node1):
         assert w.block_set is not None and incarnation(w.block_set) == inc
     finally:
         e.close()
+
+
+def test_a_join_done_past_its_deadline_is_dropped_when_the_worker_follows_another_set(node1):
+    """A join the agent did but whose answer came too late for the worker
+    (DEADLINE_EXCEEDED on its side) leaves the set attached to the worker's
+    session; when the worker follows a plan naming another set, it drops
+    that one too, and its session uses only the set it follows."""
+    from kvfabric.connector import WorkerSide
+    from kvfabric.errors import DeadlineExceeded
+
+    with node1.client(engine="late-join-scheduler") as c:
+        first = SPEC.register(c, slots=16)
+        second = SPEC.register(c, slots=24)
+        assert first.id != second.id
+        w = WorkerSide(ConnectorConfig(socket=node1.socket, stats_interval=0), SPEC, 0, engine="late-join")
+        try:
+            shape = (2, 8, SPEC.block_size, SPEC.heads_per_rank(), SPEC.head_dim)
+            w.register_kv_caches({f"model.layers.{i}.self_attn.attn": np.zeros(shape, np.float32) for i in range(SPEC.layers)})
+            register = w.client.register
+
+            def answered_late(*args, **kwargs):
+                register(*args, **kwargs)  # done by the agent
+                raise DeadlineExceeded("Register answered past its deadline", method="Register")
+
+            w.client.register = answered_late  # type: ignore[method-assign]
+            w._follow(StepPlan(1, first.id, incarnation=incarnation(first), join_token=first.join_token))
+            assert w.block_set is None
+
+            def session_sets() -> list[int]:
+                return sorted(next(s for s in c.status().sessions if s.id == w.client.session).block_sets)
+
+            assert session_sets() == [first.id]
+            w.client.register = register  # type: ignore[method-assign]
+            w.join_retry_interval, w._join_retry_at = 0.0, 0.0
+            w._follow(StepPlan(2, second.id, incarnation=incarnation(second), join_token=second.join_token))
+            assert w.block_set is not None and w.block_set.id == second.id
+            assert session_sets() == [second.id], f"the worker's session still uses block set {first.id}"
+        finally:
+            w.close()
+
+
+def _worker(node, engine: str):
+    """A worker of SPEC on node, its caches registered, no set joined yet."""
+    from kvfabric.connector import WorkerSide
+
+    w = WorkerSide(ConnectorConfig(socket=node.socket, stats_interval=0), SPEC, 0, engine=engine)
+    shape = (2, 8, SPEC.block_size, SPEC.heads_per_rank(), SPEC.head_dim)
+    w.register_kv_caches({f"model.layers.{i}.self_attn.attn": np.zeros(shape, np.float32) for i in range(SPEC.layers)})
+    return w
+
+
+def _session_sets(c, session: int) -> list[int]:
+    return sorted(next(s for s in c.status().sessions if s.id == session).block_sets)
+
+
+def test_a_join_whose_memory_cannot_be_mapped_is_dropped_when_the_worker_follows_another_set(node1, caplog):
+    """A join the agent did, after which the worker's client could not map
+    the set's memory (PermissionDenied), leaves the set attached to the
+    worker's session: the worker does not use it, says the mapping may be
+    what failed, and drops it when it follows a plan naming another set."""
+    with node1.client(engine="unmappable-scheduler") as c:
+        first = SPEC.register(c, slots=16)
+        second = SPEC.register(c, slots=24)
+        w = _worker(node1, "unmappable")
+        try:
+            def refused(*args, **kwargs):
+                raise kvfabric.PermissionDenied("pool memory: permission denied")
+
+            w.client._map = refused  # type: ignore[method-assign]
+            with caplog.at_level("ERROR", logger=w.log.name):
+                w._follow(StepPlan(1, first.id, incarnation=incarnation(first), join_token=first.join_token))
+            assert w.block_set is None
+            assert _session_sets(c, w.client.session) == [first.id]
+            assert "memory mapped" in caplog.text, caplog.text
+            del w.client._map
+            w._follow(StepPlan(2, second.id, incarnation=incarnation(second), join_token=second.join_token))
+            assert w.block_set is not None and w.block_set.id == second.id
+            assert _session_sets(c, w.client.session) == [second.id], f"the worker's session still uses block set {first.id}"
+        finally:
+            w.close()

@@ -164,3 +164,52 @@ def test_device_spans_gpus(kvfabric_bin, softcuda, tmp_path, monkeypatch):
             assert [m.cuda_device for m in default.memory] == [0, 1]
     finally:
         a.stop()
+
+
+def test_drop_closes_device_memory_no_other_set_uses(gpus, softcuda):
+    """A device pool hands every block set the pool's one IPC handle:
+    dropping one set leaves the memory open for the client's other set,
+    and dropping that one too closes it."""
+    with gpus[0].client(cuda=softcuda) as c:
+        x = c.register(MODEL, 1, 16, slots=4, engine="gpu-drop-x")
+        y = c.register(MODEL, 1, 8, slots=4, engine="gpu-drop-y")
+        assert x.id != y.id and x.device[0] is y.device[0]
+        mem = y.device[0]
+        assert c.drop_block_set(x).still_mapped == 0
+        assert x.dropped and not mem.closed
+        with pytest.raises(kvfabric.FailedPrecondition, match="dropped"):
+            x.read_block(0)
+        with pytest.raises(kvfabric.FailedPrecondition, match=f"block set {x.id} was dropped"):
+            x.device[0]
+        [s] = c.allocate(y, 1)
+        y.write_block(s, encoded_block(y.block_shape, 3))
+        np.testing.assert_array_equal(y.read_block(s), encoded_block(y.block_shape, 3))
+        c.drop_block_set(y)
+        assert mem.closed, "device memory of the client's dropped sets is still open"
+
+
+def test_a_worker_following_another_set_of_the_pool_keeps_its_device_memory_open(gpus, softcuda):
+    """Every set of a device pool shares the pool's one IPC handle: a
+    connector worker following another set joins it before it drops the one
+    it had, so the device memory stays open (not closed and opened again
+    with every set followed); the set it had is dropped all the same, and
+    so is it where the join fails."""
+    from kvfabric.connector import ConnectorConfig, StepPlan, WorkerSide, incarnation
+    from test_connector import SPEC, _session_sets
+
+    with gpus[0].client(cuda=softcuda, engine="gpu-follow-scheduler") as c, gpus[0].client(cuda=softcuda) as wc:
+        first, second, third = (SPEC.register(c, slots=n) for n in (4, 6, 8))
+        w = WorkerSide(ConnectorConfig(socket=gpus[0].socket, stats_interval=0), SPEC, 0, wc, engine="gpu-follow")
+        shape = (2, 8, SPEC.block_size, SPEC.heads_per_rank(), SPEC.head_dim)
+        w.register_kv_caches({f"model.layers.{i}.self_attn.attn": np.zeros(shape, np.float32) for i in range(SPEC.layers)})
+        w._follow(StepPlan(1, first.id, incarnation=incarnation(first), join_token=first.join_token))
+        had = w.block_set
+        assert had is not None and had.id == first.id
+        mem = had.device[0]
+        w._follow(StepPlan(2, second.id, incarnation=incarnation(second), join_token=second.join_token))
+        assert w.block_set is not None and w.block_set.id == second.id
+        assert had.dropped and _session_sets(c, wc.session) == [second.id]
+        assert w.block_set.device[0] is mem and not mem.closed, "the pool's device memory was closed and opened again"
+        w._follow(StepPlan(3, third.id, incarnation=incarnation(third), join_token="join-wrong"))
+        assert w.block_set is None and _session_sets(c, wc.session) == []
+        assert mem.closed, "the worker's client still holds the pool's device memory"

@@ -122,6 +122,45 @@ def test_drop_block_set(node1):
             c.drop_block_set(999_999)
 
 
+def _mapped(path: str) -> bool:
+    """Whether this process maps the file at path (/proc/self/maps)."""
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as f:
+        return any(real in line for line in f)
+
+
+def test_drop_block_set_unmaps_its_memory(node2):
+    """Dropping a block set unmaps its memory, where no view of it is in
+    use, at once; a view taken before keeps its mapping, still readable,
+    until it goes, and the set's BlockSet refuses to be used."""
+    with node2.client(memory="file") as c:
+        bs = c.register(MODEL, 1, 13, slots=8)
+        path = bs.memory[0].file
+        assert path and _mapped(path), path
+        mem = bs.buffers[0]
+        assert c.drop_block_set(bs).still_mapped == 0
+        assert mem.closed and not _mapped(path), "the dropped set's memory is still mapped"
+        with pytest.raises(kvfabric.FailedPrecondition, match="dropped"):
+            bs.rank(0)
+        with pytest.raises(kvfabric.FailedPrecondition, match="dropped"):
+            bs.write_block(0, np.zeros(bs.block_shape, bs.dtype))
+        with pytest.raises(kvfabric.FailedPrecondition, match="dropped"):
+            bs.read_block(0)
+        for accessor in ("views", "buffers", "device"):
+            with pytest.raises(kvfabric.FailedPrecondition, match=f"block set {bs.id} was dropped"):
+                getattr(bs, accessor)[0]
+
+        bs = c.register(MODEL, 1, 14, slots=8)
+        path = bs.memory[0].file
+        view = bs.block(0, 3)
+        view[...] = 7
+        mem = bs.buffers[0]
+        assert c.drop_block_set(bs).still_mapped == 1
+        assert not mem.closed and _mapped(path) and (view == 7).all()
+        del view, mem
+        assert not _mapped(path), "the dropped set's memory is still mapped after its last view went"
+
+
 def test_every_call_carries_the_session(node1):
     c = node1.client()
     bs = c.register(MODEL, 1, 12, slots=8)
