@@ -718,11 +718,11 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		return nil, bad("rdma_retry", "%d not in 1..7 (0: 7)", c.RDMARetry)
 	}
 	for _, s := range durationSettings {
-		if v := *s.field(c); v < 0 {
+		if v := Duration(*s.field(c)); v < 0 {
 			return nil, bad(s.Key, "%v is negative", v)
-		} else if !s.within(v) && s.Min == 0 {
+		} else if !s.within(time.Duration(v)) && s.Min == 0 {
 			return nil, bad(s.Key, "%v is more than %v", v, Duration(s.Max))
-		} else if !s.within(v) {
+		} else if !s.within(time.Duration(v)) {
 			return nil, bad(s.Key, "%v is not in %s", v, s.Range())
 		}
 	}
@@ -947,8 +947,9 @@ func MarshalConfig(c Config) ([]byte, error) {
 // such as "30s" (its text form, which encoding/json uses).
 type Duration time.Duration
 
-// MarshalText writes d as time.Duration.String does.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+// MarshalText writes d as String does ("10m", not "10m0s"), the form the
+// command line's help gives defaults and bounds in.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
 
 // UnmarshalText reads what time.ParseDuration reads.
 func (d *Duration) UnmarshalText(b []byte) error {

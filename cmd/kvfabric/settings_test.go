@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -84,6 +85,30 @@ func TestSettingsPrecedence(t *testing.T) {
 	c = effective(environ, "--node", "from-flag", "--join", "10.0.0.4:7946", "--join", "10.0.0.5:7946", "--lease-duration", "20s")
 	if c.NodeName != "from-flag" || strings.Join(c.Join, ",") != "10.0.0.4:7946,10.0.0.5:7946" || c.LeaseDuration != 20*time.Second || c.ImportChunkBytes != 8<<20 {
 		t.Fatalf("flags over the environment: %+v", c)
+	}
+}
+
+// --print-config writes each duration in the form --help gives it ("10m",
+// not "10m0s"): the defaults it prints are the help's, word for word.
+func TestPrintConfigDurationsAsTheHelpGivesThem(t *testing.T) {
+	code, out, errs := runCmd(t, "", "agent", "--local", "--data-dir", t.TempDir(), "--print-config")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var printed map[string]any
+	if err := json.Unmarshal([]byte(out), &printed); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	_, _, help := runCmd(t, "", "agent", "-h")
+	for _, s := range agentSettings {
+		d, ok := fabric.DurationSettingOf(s.field)
+		if !ok {
+			continue
+		}
+		want := fabric.Duration(d.Default).String()
+		if got := printed[d.Key]; got != want || !strings.Contains(help, "(default "+want) {
+			t.Errorf("%s: printed %q, want %q as --%s's help gives it", d.Key, got, want, s.flag)
+		}
 	}
 }
 
