@@ -38,7 +38,29 @@ const (
 	MaxLeaseAgeCeiling = 24 * time.Hour
 
 	DefaultImportTimeout = 30 * time.Second
-	DefaultPeerTimeout   = 2 * time.Second
+	// MinImportTimeout and MaxImportTimeout bound ImportTimeout, which
+	// bounds a whole import (all holders tried; Prefetch's too) and the
+	// tiers' work for an engine (a read-ahead run, an allocation that waits
+	// for copies down): below 100 ms no import of a chunk over a network,
+	// nor a read from disk, can count on finishing; an hour is far past the
+	// longest import (the 65,536 blocks of one request at gigabytes a
+	// second), and past it a stuck import only holds its slots longer. An
+	// engine bounds one import more tightly with its call's own timeout.
+	MinImportTimeout = 100 * time.Millisecond
+	MaxImportTimeout = time.Hour
+
+	DefaultPeerTimeout = 2 * time.Second
+	// MinPeerTimeout and MaxPeerTimeout bound PeerTimeout. Each call to a
+	// peer (a dial with its TLS handshake, a control call, a read's
+	// progress) gives up after half of it, so half the floor is
+	// MinLaneHelloTimeout, what a handshake and a hello need. It also
+	// bounds an owned index's calls, a holder's checks of a release's
+	// checksum claims and how long a failed holder is passed over, and the
+	// QUIC connection to a silent peer closes after three times it: past
+	// five minutes a silent peer is gone, not slow, and waiting longer on
+	// it only holds imports up and keeps a holder's checks running.
+	MinPeerTimeout = 2 * MinLaneHelloTimeout
+	MaxPeerTimeout = 5 * time.Minute
 
 	DefaultBlockSetGrace = 30 * time.Second
 	MaxBlockSetGrace     = 24 * time.Hour
@@ -256,8 +278,10 @@ type Config struct {
 	// MaxLeased bounds the blocks all peers together may hold leased on
 	// this node. If zero, three quarters of the slots of its block sets.
 	MaxLeased int `json:"max_leased,omitempty"`
-	// ImportTimeout bounds one import, all holders tried. If zero,
-	// DefaultImportTimeout.
+	// ImportTimeout bounds one import, all holders tried, where the
+	// engine's call gives no bound of its own, and the tiers' work for an
+	// engine (read-ahead, waits for copies down).
+	// MinImportTimeout to MaxImportTimeout. If zero, DefaultImportTimeout.
 	ImportTimeout time.Duration `json:"import_timeout,omitempty"`
 	// ImportChunkBytes bounds the bytes of one chunk of an import: an
 	// import leases, reads, releases and registers a chunk at a time (at
@@ -266,8 +290,8 @@ type Config struct {
 	ImportChunkBytes int64 `json:"import_chunk_bytes,omitempty"`
 	// PeerTimeout bounds how long a silent peer can hold up an import
 	// before it fails over to another holder or fails: each dial, control
-	// call and read to a peer gives up after half of it. If zero,
-	// DefaultPeerTimeout.
+	// call and read to a peer gives up after half of it. MinPeerTimeout
+	// to MaxPeerTimeout. If zero, DefaultPeerTimeout.
 	PeerTimeout time.Duration `json:"peer_timeout,omitempty"`
 
 	// RDMA is auto, on or off. auto reads over RDMA from holders that
@@ -999,9 +1023,9 @@ var durationSettings = []DurationSetting{
 		field: func(c *Config) *time.Duration { return &c.LeaseDuration }},
 	{Field: "MaxLeaseAge", Key: "max_lease_age", Default: DefaultMaxLeaseAge, Min: MinLeaseDuration, Max: MaxLeaseAgeCeiling,
 		field: func(c *Config) *time.Duration { return &c.MaxLeaseAge }},
-	{Field: "ImportTimeout", Key: "import_timeout", Default: DefaultImportTimeout,
+	{Field: "ImportTimeout", Key: "import_timeout", Default: DefaultImportTimeout, Min: MinImportTimeout, Max: MaxImportTimeout,
 		field: func(c *Config) *time.Duration { return &c.ImportTimeout }},
-	{Field: "PeerTimeout", Key: "peer_timeout", Default: DefaultPeerTimeout,
+	{Field: "PeerTimeout", Key: "peer_timeout", Default: DefaultPeerTimeout, Min: MinPeerTimeout, Max: MaxPeerTimeout,
 		field: func(c *Config) *time.Duration { return &c.PeerTimeout }},
 	{Field: "IndexCacheTTL", Key: "index_cache_ttl", Default: DefaultIndexCacheTTL, Min: MinIndexCacheTTL, Max: MaxIndexCacheTTL,
 		field: func(c *Config) *time.Duration { return &c.IndexCacheTTL }},

@@ -74,8 +74,16 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"lease age a nanosecond under 1s", []string{"--max-lease-age", "999999999ns"}, "", "is not in 1s..24h"},
 		{"lease age at 24h", []string{"--max-lease-age", "24h"}, `"max_lease_age": "24h"`, ""},
 		{"lease age a nanosecond past 24h", []string{"--max-lease-age", "86400000000001ns"}, "", "is not in 1s..24h"},
-		{"import timeout 1ns", []string{"--import-timeout", "1ns"}, `"import_timeout": "1ns"`, ""},
+		{"import timeout at 100ms", []string{"--import-timeout", "100ms"}, `"import_timeout": "100ms"`, ""},
+		{"import timeout a nanosecond under 100ms", []string{"--import-timeout", "99999999ns"}, "", "is not in 100ms..1h"},
+		{"import timeout 1ns", []string{"--import-timeout", "1ns"}, "", "1ns is not in 100ms..1h"},
+		{"import timeout at 1h", []string{"--import-timeout", "1h"}, `"import_timeout": "1h"`, ""},
+		{"import timeout a nanosecond past 1h", []string{"--import-timeout", "3600000000001ns"}, "", "is not in 100ms..1h"},
 		{"negative import timeout", []string{"--import-timeout", "-1ns"}, "", "is negative"},
+		{"peer timeout at 200ms", []string{"--peer-timeout", "200ms"}, `"peer_timeout": "200ms"`, ""},
+		{"peer timeout a nanosecond under 200ms", []string{"--peer-timeout", "199999999ns"}, "", "is not in 200ms..5m"},
+		{"peer timeout at 5m", []string{"--peer-timeout", "5m"}, `"peer_timeout": "5m"`, ""},
+		{"peer timeout a nanosecond past 5m", []string{"--peer-timeout", "300000000001ns"}, "", "is not in 200ms..5m"},
 		{"negative peer timeout", []string{"--peer-timeout", "-1s"}, "", "is negative"},
 		{"hello timeout at 100ms", []string{"--lane-hello-timeout", "100ms"}, `"lane_hello_timeout": "100ms"`, ""},
 		{"hello timeout a nanosecond under 100ms", []string{"--lane-hello-timeout", "99999999ns"}, "", "is not in 100ms..1m"},
@@ -208,11 +216,12 @@ func TestAgentSettingLimits(t *testing.T) {
 func TestAgentHelpDurationRanges(t *testing.T) {
 	_, _, help := runCmd(t, "", "agent", "-h")
 	for _, want := range []string{
-		"(default 30s, at most 24h)",        // --block-set-grace
-		"(default 10m, 1s..24h)",            // --max-lease-age
-		"(default 5s, 100ms..10m)",          // --session-keepalive
-		"(default 3s, 100ms..1m)",           // --lane-hello-timeout
-		"all holders tried (default 30s) [", // --import-timeout: no bounds
+		"(default 30s, at most 24h)", // --block-set-grace
+		"(default 10m, 1s..24h)",     // --max-lease-age
+		"(default 5s, 100ms..10m)",   // --session-keepalive
+		"(default 3s, 100ms..1m)",    // --lane-hello-timeout
+		"(default 30s, 100ms..1h)",   // --import-timeout
+		"(default 2s, 200ms..5m)",    // --peer-timeout
 	} {
 		if !strings.Contains(help, want) {
 			t.Errorf("agent -h lacks %q", want)
@@ -250,6 +259,9 @@ func TestAgentSettingLimitsFromEnvironmentAndFile(t *testing.T) {
 		{"lane pending past its limit from the file", nil, []string{"--config", file(`{"lane_max_pending": 65537}`)}, "", "lane_max_pending (--lane-max-pending): 65537 not in 1..65536"},
 		{"node name with a colon from the file", nil, []string{"--config", file(`{"node_name": "a:b"}`)}, "", `node_name (--node): "a:b" must be`},
 		{"grace past 24h from the file", nil, []string{"--config", file(`{"block_set_grace": "25h"}`)}, "", "block_set_grace (--block-set-grace): 25h is more than 24h"},
+		{"peer timeout 5m from the file", nil, []string{"--config", file(`{"peer_timeout": "5m"}`)}, `"peer_timeout": "5m"`, ""},
+		{"peer timeout past 5m from the file", nil, []string{"--config", file(`{"peer_timeout": "5m0.001s"}`)}, "", "peer_timeout (--peer-timeout): 5m0.001s is not in 200ms..5m"},
+		{"import timeout under 100ms from the environment", []string{"KVFABRIC_IMPORT_TIMEOUT=1ns"}, nil, "", "import_timeout (--import-timeout): 1ns is not in 100ms..1h"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "data"), "--print-config"}, tc.args...)
