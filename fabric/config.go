@@ -106,10 +106,21 @@ var ErrConfig = errors.New("fabric: invalid configuration")
 // with an entry's index for an entry of a list ("tiers[1]"), and what is
 // wrong with it. It matches ErrConfig and reads "fabric: invalid
 // configuration: KEY: WHY", so that a program that takes the setting
-// another way (cmd/kvfabric's flags) can name it as it was given.
+// another way (cmd/kvfabric's flags) can name it as it was given. Settings
+// that go together are refused together, Key listing theirs with ", "
+// between ("ca_file, cert_file, key_file"). Validation refuses what it
+// can see; Start refuses so what it finds as it starts (a pool the
+// machine cannot hold, the TLS and gossip key files, rdma=on without
+// RDMA).
 type SettingError struct {
 	Key, Why string
 }
+
+// tlsFileKeys are the keys of the TLS files, refused together where none
+// is given without Dev, and where loading and checking them as one
+// identity fails (a file that does not read, a certificate of another
+// CA), the error naming the file at fault.
+const tlsFileKeys = "ca_file, cert_file, key_file"
 
 func (e *SettingError) Error() string { return fmt.Sprintf("%v: %s: %s", ErrConfig, e.Key, e.Why) }
 
@@ -696,7 +707,7 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		}
 	}
 	if !c.Dev && (c.CAFile == "" || c.CertFile == "" || c.KeyFile == "") {
-		return nil, bad("ca_file, cert_file, key_file", "all three are required for mutual TLS between peers (make them with `kvfabric certs`), or use --dev for a local development cluster")
+		return nil, bad(tlsFileKeys, "all three are required for mutual TLS between peers (make them with `kvfabric certs`), or use --dev for a local development cluster")
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return nil, bad("log_format", "%q is not text or json", c.LogFormat)

@@ -161,8 +161,9 @@ func TestPartialTLSFilesRefused(t *testing.T) {
 	cfg := testConfig(t, "n1")
 	cfg.CAFile = filepath.Join(cfg.DataDir, "ca.crt")
 	_, err := fabric.Start(context.Background(), cfg)
-	if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), "cert_file (--cert) is missing") {
-		t.Fatalf("Start with only a CA file: %v", err)
+	var se *fabric.SettingError
+	if !errors.As(err, &se) || se.Key != "cert_file" || !strings.HasPrefix(se.Why, "missing") {
+		t.Fatalf("Start with only a CA file: %v; want a SettingError saying cert_file is missing", err)
 	}
 }
 

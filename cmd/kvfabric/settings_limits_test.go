@@ -291,3 +291,51 @@ func TestAgentStartRefusalNamesTheFlag(t *testing.T) {
 		t.Fatalf("exit %d, %q; want 2 and one line saying %q", code, errs, want)
 	}
 }
+
+// What the agent refuses as it starts, reading files and devices, names
+// the setting by its key and its flag as validation does: the gossip key
+// file, rdma=on where RDMA cannot be used, and the TLS files, one of them
+// or (where the fault is in how they go together, or none is given) all
+// three, the file at fault named in what follows.
+func TestAgentStartRefusalsNameKeyAndFlag(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	missing := filepath.Join(dir, "missing")
+	tls := "ca_file (--ca), cert_file (--cert), key_file (--key): "
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // after "kvfabric agent: fabric: invalid configuration: "
+	}{
+		{"gossip key file missing", []string{"--gossip-key-file", missing},
+			"gossip_key_file (--gossip-key-file): open " + missing + ": no such file"},
+		{"gossip key file with a bad key", []string{"--gossip-key-file", write("bad.key", "bm90IGEga2V5\n")},
+			"gossip_key_file (--gossip-key-file): " + filepath.Join(dir, "bad.key") + " line 1: not a base64 key"},
+		{"gossip key file without a key", []string{"--gossip-key-file", write("empty.key", "# none\n")},
+			"gossip_key_file (--gossip-key-file): " + filepath.Join(dir, "empty.key") + " holds no key"},
+		{"rdma on without RDMA", []string{"--rdma", "on", "--fabric", "verbs", "--rdma-library", missing},
+			"rdma (--rdma): on, and RDMA cannot be used: "},
+		{"a CA without the certificate", []string{"--ca", missing},
+			"cert_file (--cert): missing: the CA, certificate and key files go together"},
+		{"TLS files that do not load", []string{"--ca", missing, "--cert", missing, "--key", missing},
+			tls + "TLS identity of node n1: "},
+		{"no TLS files and no --dev", []string{"--dev=false"},
+			tls + "all three are required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"agent", "--local", "--node", "n1", "--data-dir", filepath.Join(dir, "data"), "--dev-ca-dir", filepath.Join(dir, "ca"),
+				"--gossip-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0", "--metrics-addr", "off", "--pool", "host=16MiB"}, tc.args...)
+			code, _, errs := runCmd(t, "", args...)
+			want := "kvfabric agent: fabric: invalid configuration: " + tc.want
+			if code != 2 || !strings.HasPrefix(errs, want) || strings.Count(errs, "\n") != 1 {
+				t.Fatalf("exit %d, %q; want 2 and one line starting %q", code, errs, want)
+			}
+		})
+	}
+}
