@@ -97,7 +97,7 @@ func TestPutPastTheSlotsSaysWhatIsRecycled(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("put: exit %d: %s", code, errs)
 	}
-	m := regexp.MustCompile(`warning: 300 blocks into a block set that keeps (\d+) before recycling: storing the later blocks recycles (\d+) or more earlier ones, .*start of the sequence`).FindStringSubmatch(errs)
+	m := regexp.MustCompile(`warning: 300 blocks into a block set that keeps (\d+) before recycling: storing the later blocks recycles (\d+) or more earlier ones out of the set, .*start of the sequence, so a look-up from its first block finds fewer than 128, possibly none`).FindStringSubmatch(errs)
 	if m == nil {
 		t.Fatalf("put of 300 blocks into 128 slots: no warning naming the start of the sequence: %q", errs)
 	}
@@ -288,6 +288,12 @@ func TestPutsLineCountsBlocksOnTheirWayDown(t *testing.T) {
 		"--tp", "1", "--layers", "2", "--head-dim", "16"}, sock...)...)
 	if code != 0 {
 		t.Fatalf("put: exit %d: %s", code, errs)
+	}
+	// The warning says the recycled blocks go to the tier, not that a
+	// look-up may find none.
+	if !strings.Contains(errs, "warning: 400 blocks into a block set that keeps ") || !strings.Contains(errs, "copied down to this node's tiers first") ||
+		strings.Contains(errs, "possibly none") {
+		t.Fatalf("put past its set on a node with a tier: %q; want a warning that the recycled blocks are copied down", errs)
 	}
 	h := regexp.MustCompile(`a look-up from the first block finds (\d+) of the 400 blocks here`).FindStringSubmatch(errs)
 	if h == nil {
