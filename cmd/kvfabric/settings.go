@@ -218,8 +218,8 @@ func (b boundSettings) applyFlags(cfg *fabric.Config) error {
 }
 
 // setField parses vals as the type of cfg's field and sets it: strings,
-// booleans, ints, durations (30s), sizes for int64 byte counts (64MiB),
-// and lists.
+// booleans, ints, durations (30s), sizes for int64 byte counts (64MiB, or
+// 0 for the default), and lists.
 func setField(cfg *fabric.Config, field string, vals []string) error {
 	f := reflect.ValueOf(cfg).Elem().FieldByName(field)
 	one := strings.TrimSpace(vals[len(vals)-1])
@@ -246,10 +246,15 @@ func setField(cfg *fabric.Config, field string, vals []string) error {
 			return fmt.Errorf("want a duration such as 30s")
 		}
 		f.SetInt(int64(d))
+	case f.Kind() == reflect.Int64 && one == "0":
+		// The default, as 0 in the file is: the only way back to a
+		// default that no size spells (engine_quota's fair share,
+		// tier_block_bytes' first block) over a file's value.
+		f.SetInt(0)
 	case f.Kind() == reflect.Int64:
 		n, err := fabric.ParseSize(one)
 		if err != nil || n > math.MaxInt64 {
-			return fmt.Errorf("want a size such as 64MiB")
+			return fmt.Errorf("want a size such as 64MiB, or 0 for the default")
 		}
 		f.SetInt(int64(n))
 	case f.Kind() == reflect.Float64:

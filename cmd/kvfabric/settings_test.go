@@ -112,6 +112,25 @@ func TestPrintConfigDurationsAsTheHelpGivesThem(t *testing.T) {
 	}
 }
 
+// A size given as 0 by a flag or the environment is the default, as 0 in
+// the file is: the only way back over a file's value to a default that no
+// size spells (engine_quota's fair share, tier_block_bytes' first block).
+func TestSizeZeroIsTheDefault(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "agent.json")
+	if err := os.WriteFile(file, []byte(`{"engine_quota": 1073741824, "tier_block_bytes": 8388608, "import_chunk_bytes": 8388608}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runEnv(t, []string{"KVFABRIC_TIER_BLOCK_BYTES=0"}, "agent", "--local", "--data-dir", dir, "--print-config", "--config", file,
+		"--engine-quota", "0", "--import-chunk-bytes", "0")
+	if code != 0 || strings.Contains(out, `"engine_quota"`) || strings.Contains(out, `"tier_block_bytes"`) || !strings.Contains(out, `"import_chunk_bytes": 67108864`) {
+		t.Fatalf("exit %d (%s); want the defaults: no engine_quota or tier_block_bytes, import_chunk_bytes 64MiB:\n%s", code, errs, out)
+	}
+	if code, _, errs := runCmd(t, "", "agent", "--local", "--data-dir", dir, "--print-config", "--engine-quota", "none"); code != 2 || !strings.Contains(errs, "want a size such as 64MiB, or 0 for the default") {
+		t.Fatalf("--engine-quota none: exit %d, %q", code, errs)
+	}
+}
+
 // A misspelled or malformed variable is a usage error naming it.
 func TestSettingsFromEnvironmentRefused(t *testing.T) {
 	for _, tc := range []struct {
