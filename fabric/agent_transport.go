@@ -71,7 +71,7 @@ func (a *Agent) tlsIdentity() (tls.Certificate, *x509.CertPool, *certs.Checked, 
 		cert, pool, checked, err := certs.LoadNode(c.CAFile, c.CertFile, c.KeyFile, c.NodeName, time.Now())
 		if err != nil {
 			// The error names the file at fault.
-			return tls.Certificate{}, nil, nil, badSetting(tlsFileKeys, "TLS identity of node %s: %v", c.NodeName, err)
+			return tls.Certificate{}, nil, nil, badSettingErr(tlsFileKeys, err, "TLS identity of node %s: %v", c.NodeName, err)
 		}
 		return cert, pool, checked, nil
 	}

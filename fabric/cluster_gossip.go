@@ -25,13 +25,13 @@ func (a *Agent) startMembership(ctx context.Context) error {
 	}
 	host, port, err := splitHostPort(a.cfg.GossipAddr) // validated
 	if err != nil {
-		return badSetting("gossip_addr", "%v", err)
+		return badSettingErr("gossip_addr", err, "%v", err)
 	}
 	mcfg.Name = a.cfg.NodeName
 	mcfg.BindAddr, mcfg.BindPort = host, port
 	if a.cfg.GossipAdvertise != "" {
 		if mcfg.AdvertiseAddr, mcfg.AdvertisePort, err = splitHostPort(a.cfg.GossipAdvertise); err != nil {
-			return badSetting("gossip_advertise", "%v", err)
+			return badSettingErr("gossip_advertise", err, "%v", err)
 		}
 	}
 	mcfg.Seeds = a.cfg.Join
@@ -64,7 +64,7 @@ func (a *Agent) startMembership(ctx context.Context) error {
 func readKeys(path string) ([][]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, badSetting("gossip_key_file", "%v", err)
+		return nil, badSettingErr("gossip_key_file", err, "%v", err)
 	}
 	defer f.Close()
 	var keys [][]byte
@@ -81,7 +81,7 @@ func readKeys(path string) ([][]byte, error) {
 		keys = append(keys, k)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, badSetting("gossip_key_file", "%s: %v", path, err)
+		return nil, badSettingErr("gossip_key_file", err, "%s: %v", path, err)
 	}
 	if len(keys) == 0 {
 		return nil, badSetting("gossip_key_file", "%s holds no key", path)

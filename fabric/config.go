@@ -111,9 +111,11 @@ var ErrConfig = errors.New("fabric: invalid configuration")
 // between ("ca_file, cert_file, key_file"). Validation refuses what it
 // can see; Start refuses so what it finds as it starts (a pool the
 // machine cannot hold, the TLS and gossip key files, rdma=on without
-// RDMA).
+// RDMA), and Err is then the error that refused it, if any (a file that
+// does not read, RDMA that cannot be opened), which Why names too.
 type SettingError struct {
 	Key, Why string
+	Err      error
 }
 
 // tlsFileKeys are the keys of the TLS files, refused together where none
@@ -124,11 +126,19 @@ const tlsFileKeys = "ca_file, cert_file, key_file"
 
 func (e *SettingError) Error() string { return fmt.Sprintf("%v: %s: %s", ErrConfig, e.Key, e.Why) }
 
-// Unwrap returns ErrConfig, which errors.Is matches and errors.Unwrap
-// returns, as for a configuration error made with fmt.Errorf("%w: ...").
-func (e *SettingError) Unwrap() error { return ErrConfig }
+// Unwrap returns ErrConfig and Err, if any, so that errors.Is and
+// errors.As match either, as for an error made with
+// fmt.Errorf("%w: ...: %w", ErrConfig, err).
+func (e *SettingError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrConfig}
+	}
+	return []error{ErrConfig, e.Err}
+}
 
-// Setting is the setting's file key, without an entry's index.
+// Setting is the setting's file key without an entry's index ("tiers" of
+// "tiers[1]"). Where the error is about settings that go together, it is
+// Key, their keys with ", " between.
 func (e *SettingError) Setting() string {
 	key, _, _ := strings.Cut(e.Key, "[")
 	return key
@@ -147,6 +157,12 @@ func ValidNodeName(name string) error {
 // badSetting returns a SettingError about the setting of key.
 func badSetting(key, format string, args ...any) error {
 	return &SettingError{Key: key, Why: fmt.Sprintf(format, args...)}
+}
+
+// badSettingErr returns a SettingError about the setting of key refused by
+// err, which the format names.
+func badSettingErr(key string, err error, format string, args ...any) error {
+	return &SettingError{Key: key, Why: fmt.Sprintf(format, args...), Err: err}
 }
 
 // Config configures an Agent. Every field says what its zero value means;
