@@ -515,15 +515,15 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 		// back to the first block of the sequence. Where the node has
 		// tiers, they take copies of the blocks recycled first, as far as
 		// the copies keep up and the tiers have room, and a look-up
-		// restores those.
-		st, err := c.Status(ctx)
-		if err != nil {
-			return err
-		}
+		// restores those. The agent's status only words the warning:
+		// without it, the warning is the one without tiers, and the blocks
+		// are stored.
+		st, err := e.statusOf(ctx, c)
+		tiers := err == nil && len(st.GetTiers()) > 0
 		fmt.Fprintf(e.stderr, "kvfabric put: warning: %d blocks into a block set that keeps %d before recycling: "+
 			"storing the later blocks recycles %d or more earlier ones out of the set, the blocks stored just before each batch of %d and then the "+
 			"start of the sequence, ", len(blocks), set.Retains, len(blocks)-set.Retains, putBatch)
-		if len(st.GetTiers()) == 0 {
+		if !tiers {
 			fmt.Fprintf(e.stderr, "so a look-up from its first block finds fewer than %d, possibly none", set.Retains)
 		} else {
 			fmt.Fprintf(e.stderr, "each copied down to this node's tiers first where the copies keep up and the tiers have room, "+
