@@ -514,10 +514,12 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 		// and once a batch's parent is gone, older runs go from their end
 		// back to the first block of the sequence. Where the node has
 		// tiers, they take copies of the blocks recycled first, as far as
-		// the copies keep up and the tiers have room, and a look-up
-		// restores those. The agent's status only words the warning:
-		// without it, the warning is the one without tiers, and the blocks
-		// are stored.
+		// they take blocks of the set's size, the copies keep up and the
+		// tiers have room (a tier full or smaller than the overflow drops
+		// its oldest copies, the start of the sequence), and a look-up
+		// restores those up to the first one dropped. The agent's status
+		// only words the warning: without it, the warning is the one
+		// without tiers, and the blocks are stored.
 		st, err := e.statusOf(ctx, c)
 		tiers := err == nil && len(st.GetTiers()) > 0
 		fmt.Fprintf(e.stderr, "kvfabric put: warning: %d blocks into a block set that keeps %d before recycling: "+
@@ -526,8 +528,8 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 		if !tiers {
 			fmt.Fprintf(e.stderr, "so a look-up from its first block finds fewer than %d, possibly none", set.Retains)
 		} else {
-			fmt.Fprintf(e.stderr, "each copied down to this node's tiers first where the copies keep up and the tiers have room, "+
-				"so a look-up from its first block finds them there up to the first one dropped")
+			fmt.Fprintf(e.stderr, "each copied down to this node's tiers first where the tiers take blocks of its size, keep up and have room, "+
+				"so a look-up from its first block finds them there up to the first one dropped, possibly none")
 		}
 		fmt.Fprintf(e.stderr, " (give --slots %d or more to keep them all in the set)\n", minSlotsToRetain(len(blocks), set))
 	}
