@@ -45,7 +45,9 @@ const (
 	// nor a read from disk, can count on finishing; an hour is far past the
 	// longest import (the 65,536 blocks of one request at gigabytes a
 	// second), and past it a stuck import only holds its slots longer. An
-	// engine bounds one import more tightly with its call's own timeout.
+	// engine's import call that gives its own timeout (timeout_ms) is
+	// bounded by that instead, shorter or longer, and by the call's
+	// deadline.
 	MinImportTimeout = 100 * time.Millisecond
 	MaxImportTimeout = time.Hour
 
