@@ -1,7 +1,6 @@
 package fabric
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/kvfabric/kvfabric/pool/cuda"
@@ -39,7 +38,7 @@ func (a *Agent) registerDevicePoolOFI(i int, dm *cuda.DeviceMemory) error {
 		return nil
 	}
 	if a.cfg.RDMA == "on" {
-		return fmt.Errorf("%w: rdma=on: device pool on GPU %d: libfabric %s (%s): %w", ErrConfig, gpu, info.Provider, why, err)
+		return badSettingErr("rdma", err, "on, and the device pool on GPU %d cannot be registered with libfabric %s (%s): %v", gpu, info.Provider, why, err)
 	}
 	a.log.Warn("RDMA registration of the device pool failed: its blocks move over QUIC through pinned staging",
 		"gpu", gpu, "provider", info.Provider, "bytes", dm.Size(), "err", err)

@@ -73,7 +73,7 @@ func TestFabricOnWithoutProviderRefusesToStart(t *testing.T) {
 				a.Close()
 				t.Fatal("rdma=on started without its fabric")
 			}
-			for _, w := range append(tc.want, "rdma=on") {
+			for _, w := range append(tc.want, "rdma: on, and") {
 				if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q: want fabric.ErrConfig naming %q", err, w)
 				}
@@ -132,7 +132,7 @@ func TestDevicePoolOverOFIFollowsTheProvider(t *testing.T) {
 					a.Close()
 					t.Fatal("started with rdma=on and a device pool libfabric did not register")
 				}
-				for _, w := range []string{"rdma=on", "tcp;ofi_rxm", "FI_HMEM"} {
+				for _, w := range []string{"rdma: on, and", "tcp;ofi_rxm", "FI_HMEM"} {
 					if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), w) {
 						t.Errorf("err = %v, want fabric.ErrConfig naming %q", err, w)
 					}

@@ -40,7 +40,7 @@ func (a *Agent) openRDMA() (*transfer.RDMAConfig, error) {
 	}
 	if err != nil {
 		if c.RDMA == "on" {
-			return nil, fmt.Errorf("%w: rdma=on: %w", ErrConfig, err)
+			return nil, badSettingErr("rdma", err, "on, and RDMA cannot be used: %v", err)
 		}
 		a.log.Info("RDMA off: reads use QUIC", "reason", err.Error())
 		return nil, nil
@@ -224,7 +224,7 @@ func (a *Agent) registerPools() error {
 		rs, err := a.transport.RegisterMemory(buf)
 		if err != nil {
 			if a.cfg.RDMA == "on" {
-				return fmt.Errorf("%w: rdma=on: %w", ErrConfig, err)
+				return badSettingErr("rdma", err, "on, and the pool's RDMA registration failed: %v", err)
 			}
 			a.log.Warn("RDMA registration of the pool failed: its blocks move over QUIC", "bytes", len(buf), "err", err)
 			continue
@@ -286,7 +286,7 @@ func (a *Agent) registerDevicePool(i int, dm *cuda.DeviceMemory) error {
 	}
 	err = fmt.Errorf("dma-buf: %w; device pointer: %w", dmaErr, ptrErr)
 	if a.cfg.RDMA == "on" {
-		return fmt.Errorf("%w: rdma=on: device pool on GPU %d: %w", ErrConfig, gpu, err)
+		return badSettingErr("rdma", err, "on, and the device pool on GPU %d cannot be registered for RDMA: %v", gpu, err)
 	}
 	a.log.Warn("RDMA registration of the device pool failed: its blocks move over QUIC through pinned staging",
 		"gpu", gpu, "bytes", dm.Size(), "err", err)

@@ -23,8 +23,8 @@ func TestRDMAInABuildWithoutCgo(t *testing.T) {
 	if a, err := fabric.Start(ctx, c); err == nil {
 		a.Close()
 		t.Fatal("rdma=on started in a build without cgo")
-	} else if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), "rdma=on") || !strings.Contains(err.Error(), "without cgo") {
-		t.Errorf("error %q: want fabric.ErrConfig naming rdma=on and the build", err)
+	} else if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), "rdma: on, and") || !strings.Contains(err.Error(), "without cgo") {
+		t.Errorf("error %q: want fabric.ErrConfig naming rdma on and the build", err)
 	}
 
 	var log logBuffer

@@ -122,8 +122,8 @@ func TestRDMAOnWithoutDeviceRefusesToStart(t *testing.T) {
 				a.Close()
 				t.Fatal("rdma=on started without a usable device")
 			}
-			if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), "rdma=on") || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("error %q: want fabric.ErrConfig naming rdma=on and %q", err, tc.want)
+			if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), "rdma: on, and") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q: want fabric.ErrConfig naming rdma on and %q", err, tc.want)
 			}
 			t.Logf("refused: %v", err)
 		})

@@ -3,6 +3,8 @@ package fabric
 import (
 	"bytes"
 	"encoding/base64"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -92,7 +94,24 @@ func TestReload(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "TLS identity not reloaded") || !strings.Contains(err.Error(), "other CA") {
 		t.Fatalf("reload with another CA's certificate: %v", err)
 	}
+	if !errors.Is(err, ErrConfig) || !errors.Is(err, certs.ErrInvalid) {
+		t.Errorf("reload with another CA's certificate: %v; want it to match ErrConfig and its cause, certs.ErrInvalid", err)
+	}
 	if got := expires(); got != 48*time.Hour {
 		t.Errorf("after a refused reload the certificate expires in %v, want the one in use (48h)", got)
+	}
+
+	// A gossip key file that is gone is refused with the error that says
+	// so; the keys in use stay.
+	issue(ca, 48*time.Hour)
+	if err := os.Remove(path("gossip.key")); err != nil {
+		t.Fatal(err)
+	}
+	var se *SettingError
+	if err := a.Reload(); !errors.As(err, &se) || se.Key != "gossip_key_file" || !errors.Is(err, ErrConfig) || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("reload without the gossip key file: %v; want a SettingError about gossip_key_file matching ErrConfig and fs.ErrNotExist", err)
+	}
+	if keys, _ := a.members.Keys(); len(keys) != 1 || !bytes.Equal(keys[0], k2) {
+		t.Errorf("keyring after a refused reload: %d keys, want k2 alone", len(keys))
 	}
 }

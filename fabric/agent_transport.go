@@ -63,14 +63,15 @@ func (a *Agent) startTransport() error {
 func (a *Agent) tlsIdentity() (tls.Certificate, *x509.CertPool, *certs.Checked, error) {
 	c := &a.cfg
 	if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" {
-		for _, f := range []struct{ field, path string }{{"ca_file (--ca)", c.CAFile}, {"cert_file (--cert)", c.CertFile}, {"key_file (--key)", c.KeyFile}} {
+		for _, f := range []struct{ key, path string }{{"ca_file", c.CAFile}, {"cert_file", c.CertFile}, {"key_file", c.KeyFile}} {
 			if f.path == "" {
-				return tls.Certificate{}, nil, nil, fmt.Errorf("%w: %s is missing: the CA, certificate and key files go together", ErrConfig, f.field)
+				return tls.Certificate{}, nil, nil, badSetting(f.key, "missing: the CA, certificate and key files go together")
 			}
 		}
 		cert, pool, checked, err := certs.LoadNode(c.CAFile, c.CertFile, c.KeyFile, c.NodeName, time.Now())
 		if err != nil {
-			return tls.Certificate{}, nil, nil, fmt.Errorf("%w: TLS identity of node %s: %w", ErrConfig, c.NodeName, err)
+			// The error names the file at fault.
+			return tls.Certificate{}, nil, nil, badSettingErr(tlsFileKeys, err, "TLS identity of node %s: %v", c.NodeName, err)
 		}
 		return cert, pool, checked, nil
 	}

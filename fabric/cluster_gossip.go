@@ -25,13 +25,13 @@ func (a *Agent) startMembership(ctx context.Context) error {
 	}
 	host, port, err := splitHostPort(a.cfg.GossipAddr) // validated
 	if err != nil {
-		return badSetting("gossip_addr", "%v", err)
+		return badSettingErr("gossip_addr", err, "%v", err)
 	}
 	mcfg.Name = a.cfg.NodeName
 	mcfg.BindAddr, mcfg.BindPort = host, port
 	if a.cfg.GossipAdvertise != "" {
 		if mcfg.AdvertiseAddr, mcfg.AdvertisePort, err = splitHostPort(a.cfg.GossipAdvertise); err != nil {
-			return badSetting("gossip_advertise", "%v", err)
+			return badSettingErr("gossip_advertise", err, "%v", err)
 		}
 	}
 	mcfg.Seeds = a.cfg.Join
@@ -64,7 +64,7 @@ func (a *Agent) startMembership(ctx context.Context) error {
 func readKeys(path string) ([][]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: gossip key file: %v", ErrConfig, err)
+		return nil, badSettingErr("gossip_key_file", err, "%v", err)
 	}
 	defer f.Close()
 	var keys [][]byte
@@ -76,14 +76,17 @@ func readKeys(path string) ([][]byte, error) {
 		}
 		k, err := base64.StdEncoding.DecodeString(s)
 		if err != nil || (len(k) != 16 && len(k) != 24 && len(k) != 32) {
-			return nil, fmt.Errorf("%w: gossip key file %s line %d: not a base64 key of 16, 24 or 32 bytes", ErrConfig, path, line)
+			return nil, badSetting("gossip_key_file", "%s line %d: not a base64 key of 16, 24 or 32 bytes", path, line)
 		}
 		keys = append(keys, k)
 	}
-	if len(keys) == 0 {
-		return nil, fmt.Errorf("%w: gossip key file %s holds no key", ErrConfig, path)
+	if err := sc.Err(); err != nil {
+		return nil, badSettingErr("gossip_key_file", err, "%s: %v", path, err)
 	}
-	return keys, sc.Err()
+	if len(keys) == 0 {
+		return nil, badSetting("gossip_key_file", "%s holds no key", path)
+	}
+	return keys, nil
 }
 
 // peerAdvertise is the address peers dial: the configured one, else the

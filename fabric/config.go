@@ -38,7 +38,31 @@ const (
 	MaxLeaseAgeCeiling = 24 * time.Hour
 
 	DefaultImportTimeout = 30 * time.Second
-	DefaultPeerTimeout   = 2 * time.Second
+	// MinImportTimeout and MaxImportTimeout bound ImportTimeout, which
+	// bounds a whole import (all holders tried; Prefetch's too) and the
+	// tiers' work for an engine (a read-ahead run, an allocation that waits
+	// for copies down): below 100 ms no import of a chunk over a network,
+	// nor a read from disk, can count on finishing; an hour is far past the
+	// longest import (the 65,536 blocks of one request at gigabytes a
+	// second), and past it a stuck import only holds its slots longer. An
+	// engine's import call that gives its own timeout (timeout_ms) is
+	// bounded by that instead, shorter or longer, and by the call's
+	// deadline.
+	MinImportTimeout = 100 * time.Millisecond
+	MaxImportTimeout = time.Hour
+
+	DefaultPeerTimeout = 2 * time.Second
+	// MinPeerTimeout and MaxPeerTimeout bound PeerTimeout. Each call to a
+	// peer (a dial with its TLS handshake, a control call, a read's
+	// progress) gives up after half of it, so half the floor is
+	// MinLaneHelloTimeout, what a handshake and a hello need. It also
+	// bounds an owned index's calls, a holder's checks of a release's
+	// checksum claims and how long a failed holder is passed over, and the
+	// QUIC connection to a silent peer closes after three times it: past
+	// five minutes a silent peer is gone, not slow, and waiting longer on
+	// it only holds imports up and keeps a holder's checks running.
+	MinPeerTimeout = 2 * MinLaneHelloTimeout
+	MaxPeerTimeout = 5 * time.Minute
 
 	DefaultBlockSetGrace = 30 * time.Second
 	MaxBlockSetGrace     = 24 * time.Hour
@@ -84,18 +108,39 @@ var ErrConfig = errors.New("fabric: invalid configuration")
 // with an entry's index for an entry of a list ("tiers[1]"), and what is
 // wrong with it. It matches ErrConfig and reads "fabric: invalid
 // configuration: KEY: WHY", so that a program that takes the setting
-// another way (cmd/kvfabric's flags) can name it as it was given.
+// another way (cmd/kvfabric's flags) can name it as it was given. Settings
+// that go together are refused together, Key listing theirs with ", "
+// between ("ca_file, cert_file, key_file"). Validation refuses what it
+// can see; Start refuses so what it finds as it starts (a pool the
+// machine cannot hold, the TLS and gossip key files, rdma=on without
+// RDMA), and Err is then the error that refused it, if any (a file that
+// does not read, RDMA that cannot be opened), which Why names too.
 type SettingError struct {
 	Key, Why string
+	Err      error
 }
+
+// tlsFileKeys are the keys of the TLS files, refused together where none
+// is given without Dev, and where loading and checking them as one
+// identity fails (a file that does not read, a certificate of another
+// CA), the error naming the file at fault.
+const tlsFileKeys = "ca_file, cert_file, key_file"
 
 func (e *SettingError) Error() string { return fmt.Sprintf("%v: %s: %s", ErrConfig, e.Key, e.Why) }
 
-// Unwrap returns ErrConfig, which errors.Is matches and errors.Unwrap
-// returns, as for a configuration error made with fmt.Errorf("%w: ...").
-func (e *SettingError) Unwrap() error { return ErrConfig }
+// Unwrap returns ErrConfig and Err, if any, so that errors.Is and
+// errors.As match either, as for an error made with
+// fmt.Errorf("%w: ...: %w", ErrConfig, err).
+func (e *SettingError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrConfig}
+	}
+	return []error{ErrConfig, e.Err}
+}
 
-// Setting is the setting's file key, without an entry's index.
+// Setting is the setting's file key without an entry's index ("tiers" of
+// "tiers[1]"). Where the error is about settings that go together, it is
+// Key, their keys with ", " between.
 func (e *SettingError) Setting() string {
 	key, _, _ := strings.Cut(e.Key, "[")
 	return key
@@ -114,6 +159,12 @@ func ValidNodeName(name string) error {
 // badSetting returns a SettingError about the setting of key.
 func badSetting(key, format string, args ...any) error {
 	return &SettingError{Key: key, Why: fmt.Sprintf(format, args...)}
+}
+
+// badSettingErr returns a SettingError about the setting of key refused by
+// err, which the format names.
+func badSettingErr(key string, err error, format string, args ...any) error {
+	return &SettingError{Key: key, Why: fmt.Sprintf(format, args...), Err: err}
 }
 
 // Config configures an Agent. Every field says what its zero value means;
@@ -256,8 +307,10 @@ type Config struct {
 	// MaxLeased bounds the blocks all peers together may hold leased on
 	// this node. If zero, three quarters of the slots of its block sets.
 	MaxLeased int `json:"max_leased,omitempty"`
-	// ImportTimeout bounds one import, all holders tried. If zero,
-	// DefaultImportTimeout.
+	// ImportTimeout bounds one import, all holders tried, where the
+	// engine's call gives no bound of its own, and the tiers' work for an
+	// engine (read-ahead, waits for copies down).
+	// MinImportTimeout to MaxImportTimeout. If zero, DefaultImportTimeout.
 	ImportTimeout time.Duration `json:"import_timeout,omitempty"`
 	// ImportChunkBytes bounds the bytes of one chunk of an import: an
 	// import leases, reads, releases and registers a chunk at a time (at
@@ -266,8 +319,8 @@ type Config struct {
 	ImportChunkBytes int64 `json:"import_chunk_bytes,omitempty"`
 	// PeerTimeout bounds how long a silent peer can hold up an import
 	// before it fails over to another holder or fails: each dial, control
-	// call and read to a peer gives up after half of it. If zero,
-	// DefaultPeerTimeout.
+	// call and read to a peer gives up after half of it. MinPeerTimeout
+	// to MaxPeerTimeout. If zero, DefaultPeerTimeout.
 	PeerTimeout time.Duration `json:"peer_timeout,omitempty"`
 
 	// RDMA is auto, on or off. auto reads over RDMA from holders that
@@ -672,7 +725,7 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		}
 	}
 	if !c.Dev && (c.CAFile == "" || c.CertFile == "" || c.KeyFile == "") {
-		return nil, bad("ca_file, cert_file, key_file", "all three are required for mutual TLS between peers (make them with `kvfabric certs`), or use --dev for a local development cluster")
+		return nil, bad(tlsFileKeys, "all three are required for mutual TLS between peers (make them with `kvfabric certs`), or use --dev for a local development cluster")
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		return nil, bad("log_format", "%q is not text or json", c.LogFormat)
@@ -718,11 +771,11 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		return nil, bad("rdma_retry", "%d not in 1..7 (0: 7)", c.RDMARetry)
 	}
 	for _, s := range durationSettings {
-		if v := *s.field(c); v < 0 {
+		if v := Duration(*s.field(c)); v < 0 {
 			return nil, bad(s.Key, "%v is negative", v)
-		} else if !s.within(v) && s.Min == 0 {
+		} else if !s.within(time.Duration(v)) && s.Min == 0 {
 			return nil, bad(s.Key, "%v is more than %v", v, Duration(s.Max))
-		} else if !s.within(v) {
+		} else if !s.within(time.Duration(v)) {
 			return nil, bad(s.Key, "%v is not in %s", v, s.Range())
 		}
 	}
@@ -947,8 +1000,9 @@ func MarshalConfig(c Config) ([]byte, error) {
 // such as "30s" (its text form, which encoding/json uses).
 type Duration time.Duration
 
-// MarshalText writes d as time.Duration.String does.
-func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+// MarshalText writes d as String does ("10m", not "10m0s"), the form the
+// command line's help gives defaults and bounds in.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
 
 // UnmarshalText reads what time.ParseDuration reads.
 func (d *Duration) UnmarshalText(b []byte) error {
@@ -998,9 +1052,9 @@ var durationSettings = []DurationSetting{
 		field: func(c *Config) *time.Duration { return &c.LeaseDuration }},
 	{Field: "MaxLeaseAge", Key: "max_lease_age", Default: DefaultMaxLeaseAge, Min: MinLeaseDuration, Max: MaxLeaseAgeCeiling,
 		field: func(c *Config) *time.Duration { return &c.MaxLeaseAge }},
-	{Field: "ImportTimeout", Key: "import_timeout", Default: DefaultImportTimeout,
+	{Field: "ImportTimeout", Key: "import_timeout", Default: DefaultImportTimeout, Min: MinImportTimeout, Max: MaxImportTimeout,
 		field: func(c *Config) *time.Duration { return &c.ImportTimeout }},
-	{Field: "PeerTimeout", Key: "peer_timeout", Default: DefaultPeerTimeout,
+	{Field: "PeerTimeout", Key: "peer_timeout", Default: DefaultPeerTimeout, Min: MinPeerTimeout, Max: MaxPeerTimeout,
 		field: func(c *Config) *time.Duration { return &c.PeerTimeout }},
 	{Field: "IndexCacheTTL", Key: "index_cache_ttl", Default: DefaultIndexCacheTTL, Min: MinIndexCacheTTL, Max: MaxIndexCacheTTL,
 		field: func(c *Config) *time.Duration { return &c.IndexCacheTTL }},

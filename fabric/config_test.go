@@ -284,6 +284,9 @@ func TestDurationText(t *testing.T) {
 		{"24h", 24 * time.Hour, "24h"},
 		{"1h30m", 90 * time.Minute, "1h30m"},
 		{"100ms", 100 * time.Millisecond, "100ms"},
+		{"10m0s", 10 * time.Minute, "10m"},
+		{"1h0m30s", time.Hour + 30*time.Second, "1h0m30s"},
+		{"25h0m0.5s", 25*time.Hour + 500*time.Millisecond, "25h0m0.5s"},
 	} {
 		var d Duration
 		if err := json.Unmarshal([]byte(`"`+tc.in+`"`), &d); err != nil || time.Duration(d) != tc.want {
@@ -292,6 +295,10 @@ func TestDurationText(t *testing.T) {
 		b, err := json.Marshal(d)
 		if err != nil {
 			t.Fatal(err)
+		}
+		// A file gets the help's form: "10m", not "10m0s".
+		if string(b) != `"`+tc.str+`"` {
+			t.Errorf("%q: written as %s, want %q", tc.in, b, tc.str)
 		}
 		var back Duration
 		if err := json.Unmarshal(b, &back); err != nil || back != d {
@@ -317,8 +324,8 @@ func TestSettingError(t *testing.T) {
 	c.populate()
 	_, err := c.validate()
 	var se *SettingError
-	if !errors.As(err, &se) || !errors.Is(err, ErrConfig) || errors.Unwrap(err) != ErrConfig {
-		t.Fatalf("%v (%T): want a SettingError wrapping ErrConfig", err, err)
+	if !errors.As(err, &se) || !errors.Is(err, ErrConfig) || se.Err != nil {
+		t.Fatalf("%v (%T): want a SettingError wrapping ErrConfig alone", err, err)
 	}
 	if se.Key != "tiers[1]" || se.Setting() != "tiers" || !strings.HasPrefix(se.Why, `"disk=relative:1GiB": path`) ||
 		err.Error() != "fabric: invalid configuration: tiers[1]: "+se.Why {

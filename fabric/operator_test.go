@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -161,8 +162,26 @@ func TestPartialTLSFilesRefused(t *testing.T) {
 	cfg := testConfig(t, "n1")
 	cfg.CAFile = filepath.Join(cfg.DataDir, "ca.crt")
 	_, err := fabric.Start(context.Background(), cfg)
-	if !errors.Is(err, fabric.ErrConfig) || !strings.Contains(err.Error(), "cert_file (--cert) is missing") {
-		t.Fatalf("Start with only a CA file: %v", err)
+	var se *fabric.SettingError
+	if !errors.As(err, &se) || se.Key != "cert_file" || !strings.HasPrefix(se.Why, "missing") {
+		t.Fatalf("Start with only a CA file: %v; want a SettingError saying cert_file is missing", err)
+	}
+}
+
+// A gossip key file that does not read is refused at start as a
+// SettingError about gossip_key_file that matches ErrConfig and the error
+// of opening it.
+func TestMissingGossipKeyFileRefused(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.GossipKeyFile = filepath.Join(cfg.DataDir, "missing.key")
+	a, err := fabric.Start(context.Background(), cfg)
+	if err == nil {
+		a.Close()
+		t.Fatal("started without its gossip key file")
+	}
+	var se *fabric.SettingError
+	if !errors.As(err, &se) || se.Key != "gossip_key_file" || !errors.Is(err, fabric.ErrConfig) || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Start without the gossip key file: %v; want a SettingError about gossip_key_file matching ErrConfig and fs.ErrNotExist", err)
 	}
 }
 

@@ -217,7 +217,7 @@ func (h *peerService) renew(peer string, id uint64, d time.Duration, now time.Ti
 				"peer", peer, "lease", id, "max_lease_age", limit)
 		}
 		return 0, fmt.Errorf("%w: lease %d was granted %v ago, past this node's max lease age of %v (--max-lease-age): not renewed, it ends with its term",
-			transfer.ErrLeaseRefused, id, age.Round(time.Millisecond), limit)
+			transfer.ErrLeaseRefused, id, age.Round(time.Millisecond), Duration(limit))
 	}
 	d = h.grant(d)
 	if err := h.a.pool.Renew(pool.LeaseID(id), d); err != nil {

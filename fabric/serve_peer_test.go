@@ -621,7 +621,7 @@ func TestHolderRefusesRenewalPastMaxLeaseAge(t *testing.T) {
 	}
 	for i, past := range []time.Duration{1, time.Minute} {
 		d, err := h.renew("peer", l.ID, time.Minute, granted.Add(limit+past))
-		if d != 0 || !errors.Is(err, transfer.ErrLeaseRefused) || !strings.Contains(err.Error(), "max lease age of 2m0s (--max-lease-age)") {
+		if d != 0 || !errors.Is(err, transfer.ErrLeaseRefused) || !strings.Contains(err.Error(), "max lease age of 2m (--max-lease-age)") {
 			t.Fatalf("renewal %v past the max lease age: %v %v, want refused naming the limit", past, d, err)
 		}
 		if got, err := a.pool.LeaseDeadline(pool.LeaseID(l.ID)); err != nil || !got.Equal(deadline) {

@@ -633,8 +633,8 @@ func TestRDMAOnWithoutDeviceExits(t *testing.T) {
 			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
 				t.Fatalf("exit %v, want status 2:\n%s", err, out)
 			}
-			if !strings.Contains(string(out), "rdma=on") || !strings.Contains(string(out), tc.want) || strings.Contains(string(out), "agent started") {
-				t.Errorf("output does not say rdma=on and %q, or says the agent started:\n%s", tc.want, out)
+			if !strings.Contains(string(out), "rdma (--rdma): on, and") || !strings.Contains(string(out), tc.want) || strings.Contains(string(out), "agent started") {
+				t.Errorf("output does not name --rdma on and %q, or says the agent started:\n%s", tc.want, out)
 			}
 			t.Logf("exit 2: %s", lastLine(string(out)))
 		})

@@ -117,18 +117,36 @@ and what was in use stays).`)
 }
 
 // configUsage is the usage error of a configuration error. One about a
-// setting names its flag beside its file key ("tiers[1] (--tier): ..."):
-// the key is the file's and the environment's name of it, the flag the
-// command line's.
+// setting names its flag beside its file key ("tiers[1] (--tier): ..."),
+// each of them where it is about settings that go together: the key is
+// the file's and the environment's name of it, the flag the command
+// line's.
 func configUsage(err error) error {
 	var se *fabric.SettingError
-	if errors.As(err, &se) {
-		for _, s := range agentSettings {
-			if configKey(s.field) == se.Setting() {
-				named := fmt.Sprintf("%v: %s (--%s): %s", fabric.ErrConfig, se.Key, s.flag, se.Why)
-				return usagef("%s", strings.Replace(err.Error(), se.Error(), named, 1))
-			}
+	if !errors.As(err, &se) {
+		return usagef("%v", err)
+	}
+	keys, named := strings.Split(se.Key, ", "), false
+	for i, k := range keys {
+		if flag := settingFlag(k); flag != "" {
+			keys[i], named = fmt.Sprintf("%s (--%s)", k, flag), true
 		}
 	}
-	return usagef("%v", err)
+	if !named {
+		return usagef("%v", err)
+	}
+	text := fmt.Sprintf("%v: %s: %s", fabric.ErrConfig, strings.Join(keys, ", "), se.Why)
+	return usagef("%s", strings.Replace(err.Error(), se.Error(), text, 1))
+}
+
+// settingFlag is the flag of the setting a file key names, with or
+// without an entry's index ("tiers[1]"), or "" for none.
+func settingFlag(key string) string {
+	key, _, _ = strings.Cut(key, "[")
+	for _, s := range agentSettings {
+		if configKey(s.field) == key {
+			return s.flag
+		}
+	}
+	return ""
 }

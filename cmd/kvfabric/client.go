@@ -512,11 +512,26 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 		// The pool recycles leaves first, least recently used first: as
 		// each batch is allocated, the end of what is stored so far goes,
 		// and once a batch's parent is gone, older runs go from their end
-		// back to the first block of the sequence.
+		// back to the first block of the sequence. Where the node has
+		// tiers, they take copies of the blocks recycled first, as far as
+		// they take blocks of the set's size, the copies keep up and the
+		// tiers have room (a tier full or smaller than the overflow drops
+		// its oldest copies, the start of the sequence), and a look-up
+		// restores those up to the first one dropped. The agent's status
+		// only words the warning: without it, the warning is the one
+		// without tiers, and the blocks are stored.
+		st, err := e.statusOf(ctx, c)
+		tiers := err == nil && len(st.GetTiers()) > 0
 		fmt.Fprintf(e.stderr, "kvfabric put: warning: %d blocks into a block set that keeps %d before recycling: "+
-			"storing the later blocks recycles %d or more earlier ones, the blocks stored just before each batch of %d and then the "+
-			"start of the sequence, so a look-up from its first block finds fewer than %d, possibly none (give --slots %d or more)\n",
-			len(blocks), set.Retains, len(blocks)-set.Retains, putBatch, set.Retains, minSlotsToRetain(len(blocks), set))
+			"storing the later blocks recycles %d or more earlier ones out of the set, the blocks stored just before each batch of %d and then the "+
+			"start of the sequence, ", len(blocks), set.Retains, len(blocks)-set.Retains, putBatch)
+		if !tiers {
+			fmt.Fprintf(e.stderr, "so a look-up from its first block finds fewer than %d, possibly none", set.Retains)
+		} else {
+			fmt.Fprintf(e.stderr, "each copied down to this node's tiers first where the tiers take blocks of its size, keep up and have room, "+
+				"so a look-up from its first block finds them there up to the first one dropped, possibly none")
+		}
+		fmt.Fprintf(e.stderr, " (give --slots %d or more to keep them all in the set)\n", minSlotsToRetain(len(blocks), set))
 	}
 	var hashes []uint64
 	const batch = putBatch

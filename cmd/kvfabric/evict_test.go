@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
@@ -97,7 +99,7 @@ func TestPutPastTheSlotsSaysWhatIsRecycled(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("put: exit %d: %s", code, errs)
 	}
-	m := regexp.MustCompile(`warning: 300 blocks into a block set that keeps (\d+) before recycling: storing the later blocks recycles (\d+) or more earlier ones, .*start of the sequence`).FindStringSubmatch(errs)
+	m := regexp.MustCompile(`warning: 300 blocks into a block set that keeps (\d+) before recycling: storing the later blocks recycles (\d+) or more earlier ones out of the set, .*start of the sequence, so a look-up from its first block finds fewer than 128, possibly none`).FindStringSubmatch(errs)
 	if m == nil {
 		t.Fatalf("put of 300 blocks into 128 slots: no warning naming the start of the sequence: %q", errs)
 	}
@@ -130,6 +132,30 @@ func TestPutPastTheSlotsSaysWhatIsRecycled(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// The agent's status only words put's warning past its set: where the
+// Status call fails, put gives the warning without tiers, as a node
+// without them would, and stores its blocks.
+func TestPutPastTheSlotsWithoutTheAgentsStatus(t *testing.T) {
+	a := startTestAgentWith(t, "ev7", func(c *fabric.Config) {
+		c.Tiers = []string{"disk=" + filepath.Join(c.DataDir, "tier") + ":64MiB"}
+	})
+	var out, errb bytes.Buffer
+	e := &env{stdin: strings.NewReader(""), stdout: &out, stderr: &errb,
+		status: func(context.Context, *client.Client) (*fabricpb.StatusResponse, error) {
+			return nil, errors.New("status refused")
+		}}
+	code := run(e, []string{"put", "--generate", "300", "--slots", "128", "--json", "--tp", "1", "--layers", "2", "--head-dim", "16", "--socket", a.EngineSocket()})
+	errs := errb.String()
+	if code != 0 || !regexp.MustCompile(`warning: 300 blocks into a block set that keeps (\d+) before recycling: .*start of the sequence, `+
+		`so a look-up from its first block finds fewer than (\d+), possibly none`).MatchString(errs) {
+		t.Fatalf("put past its set where Status fails: exit %d, %q; want 0 and the warning without tiers", code, errs)
+	}
+	var put struct{ Hashes []string }
+	if err := json.Unmarshal(out.Bytes(), &put); err != nil || len(put.Hashes) != 300 {
+		t.Fatalf("put --json: %d hashes (%v)", len(put.Hashes), err)
+	}
 }
 
 // The line after a put past what its block set keeps counts the blocks
@@ -288,6 +314,13 @@ func TestPutsLineCountsBlocksOnTheirWayDown(t *testing.T) {
 		"--tp", "1", "--layers", "2", "--head-dim", "16"}, sock...)...)
 	if code != 0 {
 		t.Fatalf("put: exit %d: %s", code, errs)
+	}
+	// The warning says the recycled blocks go to the tier first, and that
+	// a look-up finds them up to the first one dropped, possibly none (a
+	// tier without room, blocks too large for it).
+	if !strings.Contains(errs, "warning: 400 blocks into a block set that keeps ") || !strings.Contains(errs, "copied down to this node's tiers first") ||
+		!strings.Contains(errs, "up to the first one dropped, possibly none") {
+		t.Fatalf("put past its set on a node with a tier: %q; want a warning that the recycled blocks are copied down", errs)
 	}
 	h := regexp.MustCompile(`a look-up from the first block finds (\d+) of the 400 blocks here`).FindStringSubmatch(errs)
 	if h == nil {

@@ -26,6 +26,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -36,6 +37,8 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 )
 
 // command is one subcommand.
@@ -56,6 +59,17 @@ type env struct {
 	progressAfter time.Duration
 	// env is the environment as KEY=value; if nil, the process's.
 	env []string
+	// status, if set, stands in for the agent's Status call where a
+	// command asks it only to word what it prints (tests).
+	status func(context.Context, *client.Client) (*fabricpb.StatusResponse, error)
+}
+
+// statusOf is the agent's status, asked through c (or e.status).
+func (e *env) statusOf(ctx context.Context, c *client.Client) (*fabricpb.StatusResponse, error) {
+	if e.status != nil {
+		return e.status(ctx, c)
+	}
+	return c.Status(ctx)
 }
 
 func (e *env) environ() []string {

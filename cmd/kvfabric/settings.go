@@ -55,9 +55,9 @@ var agentSettings = []setting{
 	{"max-lease-age", "MaxLeaseAge", "how old a lease this node granted may be and still be renewed; a renewal past it is refused and the lease ends with its term, so no peer keeps blocks pinned here for good (far past any import's read of a chunk)"},
 	{"max-leased-per-peer", "MaxLeasedPerPeer", "blocks one peer may hold leased on this node; past it leases are cut or refused (default: half the slots of the node's block sets)"},
 	{"max-leased", "MaxLeased", "blocks all peers together may hold leased on this node (default: three quarters of the slots of its block sets)"},
-	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried"},
+	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried, where the engine's call gives none, and on the tiers' work for an engine (read-ahead, waits for copies down)"},
 	{"import-chunk-bytes", "ImportChunkBytes", "bytes an import leases, reads and registers at a time, e.g. 64MiB; at most 4,096 blocks whatever their size (default 64MiB, 1MiB..4GiB)"},
-	{"peer-timeout", "PeerTimeout", "how long a silent peer may stall a call"},
+	{"peer-timeout", "PeerTimeout", "how long a silent peer may hold up an import before it moves to another holder: each dial, call and read to a peer gives up after half of it"},
 	{"rdma", "RDMA", "auto: read over RDMA where this node and the holder can, QUIC elsewhere; on: refuse to start without a usable RDMA device; off: QUIC only (default auto)"},
 	{"rdma-device", "RDMADevice", "RDMA device to use for every pool, e.g. mlx5_0 (default: for device pools the one nearest each GPU, else the first with an active port; see kvfabric rdma devices)"},
 	{"rdma-port", "RDMAPort", "port of the RDMA device, 1..255 (default 1)"},
@@ -79,7 +79,7 @@ var agentSettings = []setting{
 
 	{"engine-request-memory", "EngineRequestMemory", "bytes of engine requests served at once (twice their encoded size); past it a request fails RESOURCE_EXHAUSTED (default 512MiB)"},
 	{"engine-session-request-memory", "EngineSessionRequestMemory", "the same bound per engine session, at most --engine-request-memory (default 256MiB)"},
-	{"engine-quota", "EngineQuota", "pool bytes the block sets of one engine (by name) may take; another engine's cached sets are never freed for one over it (default: the pool divided among the engines with block sets)"},
+	{"engine-quota", "EngineQuota", "pool bytes the block sets of one engine (by name) may take; another engine's cached sets are never freed for one over it (default, or 0: the pool divided among the engines with block sets)"},
 
 	{"no-cluster-eviction", "NoClusterEviction", "recycle blocks by last use alone (default: among the blocks a pool may recycle, those other live nodes also hold go before those only this node holds)"},
 	{"no-orphan-cache", "NoOrphanCache", "free a block set --block-set-grace after its last engine session ends, its blocks with it (default: a set that still holds blocks stays as a cache, announced and served to peers, taken up by the next engine of its layout, and freed first when a new block set needs the memory; a set with device slots retired after a failed copy is kept either way, as freeing it would withhold its memory from every other set)"},
@@ -88,7 +88,7 @@ var agentSettings = []setting{
 	{"tier-queue", "TierQueue", "blocks waiting to be copied to the disk tier, 1..4096; a block that finds the queue full is recycled without a copy when its slot is needed (default 256)"},
 	{"tier-in-flight", "TierInFlight", "fraction of a block set's slots that may wait for copies to the disk tier at once, in (0, 1]; past it, blocks recycled for an allocation are dropped as without a tier, so an engine writing faster than the disk never waits for it in Allocate (default 0.25; 1: drop nothing while the tier has room, and Allocate waits for copies instead)"},
 	{"tier-staging-slots", "TierStagingSlots", "host slots disk-held blocks are staged into for peers' reads when no engine block set of their layout is here, 1..4096 (default 64)"},
-	{"tier-block-bytes", "TierBlockBytes", "room of one block on a disk tier, e.g. 8MiB, at most 1GiB; larger blocks are not copied down (default: the first block's size, recorded in the tier's directory)"},
+	{"tier-block-bytes", "TierBlockBytes", "room of one block on a disk tier, e.g. 8MiB, at most 1GiB; larger blocks are not copied down (default, or 0: the first block's size, recorded in the tier's directory)"},
 	{"tier-read-ahead", "TierReadAhead", "blocks read ahead along a sequence after a restore from a tier: the blocks that followed the last one restored, brought up in the background into the engine's block set (free slots, or those of unused blocks a tier holds too), cached there for its next Acquire; at most half the blocks the set keeps, counting those read and not yet taken; 0..256, 0 turns it off (default 16)"},
 	{"index-mode", "IndexMode", "how the block index is kept: whole (every node indexes every block, by gossip; up to a few hundred nodes) or owned (each hash indexed by --index-replicas members chosen by rendezvous hashing, lookups ask them; past that); the same on every node (default whole)"},
 	{"index-replicas", "IndexReplicas", "owners of each block hash with --index-mode owned, 1..8 (default 3)"},
@@ -218,8 +218,8 @@ func (b boundSettings) applyFlags(cfg *fabric.Config) error {
 }
 
 // setField parses vals as the type of cfg's field and sets it: strings,
-// booleans, ints, durations (30s), sizes for int64 byte counts (64MiB),
-// and lists.
+// booleans, ints, durations (30s), sizes for int64 byte counts (64MiB, or
+// 0 for the default), and lists.
 func setField(cfg *fabric.Config, field string, vals []string) error {
 	f := reflect.ValueOf(cfg).Elem().FieldByName(field)
 	one := strings.TrimSpace(vals[len(vals)-1])
@@ -246,10 +246,15 @@ func setField(cfg *fabric.Config, field string, vals []string) error {
 			return fmt.Errorf("want a duration such as 30s")
 		}
 		f.SetInt(int64(d))
+	case f.Kind() == reflect.Int64 && one == "0":
+		// The default, as 0 in the file is: the only way back to a
+		// default that no size spells (engine_quota's fair share,
+		// tier_block_bytes' first block) over a file's value.
+		f.SetInt(0)
 	case f.Kind() == reflect.Int64:
 		n, err := fabric.ParseSize(one)
 		if err != nil || n > math.MaxInt64 {
-			return fmt.Errorf("want a size such as 64MiB")
+			return fmt.Errorf("want a size such as 64MiB, or 0 for the default")
 		}
 		f.SetInt(int64(n))
 	case f.Kind() == reflect.Float64:

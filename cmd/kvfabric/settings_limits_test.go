@@ -59,31 +59,39 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"block set slots 0", []string{"--block-set-slots", "0"}, `!"block_set_slots"`, ""}, // 0: the default, not printed
 		{"block set slots -1", []string{"--block-set-slots", "-1"}, "", "-1 is negative"},
 
-		{"grace at 24h", []string{"--block-set-grace", "24h"}, `"block_set_grace": "24h0m0s"`, ""},
+		{"grace at 24h", []string{"--block-set-grace", "24h"}, `"block_set_grace": "24h"`, ""},
 		{"grace a nanosecond past 24h", []string{"--block-set-grace", "86400000000001ns"}, "", "24h0m0.000000001s is more than 24h"},
 		{"grace 0s, the default", []string{"--block-set-grace", "0s"}, `"block_set_grace": "30s"`, ""},
 		{"keepalive at 100ms", []string{"--session-keepalive", "100ms"}, `"session_keepalive": "100ms"`, ""},
 		{"keepalive a nanosecond under 100ms", []string{"--session-keepalive", "99999999ns"}, "", "is not in 100ms..10m"},
-		{"keepalive at 10m", []string{"--session-keepalive", "10m"}, `"session_keepalive": "10m0s"`, ""},
+		{"keepalive at 10m", []string{"--session-keepalive", "10m"}, `"session_keepalive": "10m"`, ""},
 		{"keepalive a nanosecond past 10m", []string{"--session-keepalive", "600000000001ns"}, "", "is not in 100ms..10m"},
 		{"lease at 1s", []string{"--lease-duration", "1s"}, `"lease_duration": "1s"`, ""},
 		{"lease a nanosecond under 1s", []string{"--lease-duration", "999999999ns"}, "", "is not in 1s..5m"},
-		{"lease at 5m", []string{"--lease-duration", "5m"}, `"lease_duration": "5m0s"`, ""},
+		{"lease at 5m", []string{"--lease-duration", "5m"}, `"lease_duration": "5m"`, ""},
 		{"lease a nanosecond past 5m", []string{"--lease-duration", "300000000001ns"}, "", "is not in 1s..5m"},
 		{"lease age at 1s", []string{"--max-lease-age", "1s"}, `"max_lease_age": "1s"`, ""},
 		{"lease age a nanosecond under 1s", []string{"--max-lease-age", "999999999ns"}, "", "is not in 1s..24h"},
-		{"lease age at 24h", []string{"--max-lease-age", "24h"}, `"max_lease_age": "24h0m0s"`, ""},
+		{"lease age at 24h", []string{"--max-lease-age", "24h"}, `"max_lease_age": "24h"`, ""},
 		{"lease age a nanosecond past 24h", []string{"--max-lease-age", "86400000000001ns"}, "", "is not in 1s..24h"},
-		{"import timeout 1ns", []string{"--import-timeout", "1ns"}, `"import_timeout": "1ns"`, ""},
+		{"import timeout at 100ms", []string{"--import-timeout", "100ms"}, `"import_timeout": "100ms"`, ""},
+		{"import timeout a nanosecond under 100ms", []string{"--import-timeout", "99999999ns"}, "", "is not in 100ms..1h"},
+		{"import timeout 1ns", []string{"--import-timeout", "1ns"}, "", "1ns is not in 100ms..1h"},
+		{"import timeout at 1h", []string{"--import-timeout", "1h"}, `"import_timeout": "1h"`, ""},
+		{"import timeout a nanosecond past 1h", []string{"--import-timeout", "3600000000001ns"}, "", "is not in 100ms..1h"},
 		{"negative import timeout", []string{"--import-timeout", "-1ns"}, "", "is negative"},
+		{"peer timeout at 200ms", []string{"--peer-timeout", "200ms"}, `"peer_timeout": "200ms"`, ""},
+		{"peer timeout a nanosecond under 200ms", []string{"--peer-timeout", "199999999ns"}, "", "is not in 200ms..5m"},
+		{"peer timeout at 5m", []string{"--peer-timeout", "5m"}, `"peer_timeout": "5m"`, ""},
+		{"peer timeout a nanosecond past 5m", []string{"--peer-timeout", "300000000001ns"}, "", "is not in 200ms..5m"},
 		{"negative peer timeout", []string{"--peer-timeout", "-1s"}, "", "is negative"},
 		{"hello timeout at 100ms", []string{"--lane-hello-timeout", "100ms"}, `"lane_hello_timeout": "100ms"`, ""},
 		{"hello timeout a nanosecond under 100ms", []string{"--lane-hello-timeout", "99999999ns"}, "", "is not in 100ms..1m"},
-		{"hello timeout at 1m", []string{"--lane-hello-timeout", "1m"}, `"lane_hello_timeout": "1m0s"`, ""},
+		{"hello timeout at 1m", []string{"--lane-hello-timeout", "1m"}, `"lane_hello_timeout": "1m"`, ""},
 		{"hello timeout a nanosecond past 1m", []string{"--lane-hello-timeout", "60000000001ns"}, "", "is not in 100ms..1m"},
 		{"cache TTL at 1ms", []string{"--index-cache-ttl", "1ms"}, `"index_cache_ttl": "1ms"`, ""},
 		{"cache TTL a nanosecond under 1ms", []string{"--index-cache-ttl", "999999ns"}, "", "is not in 1ms..1m"},
-		{"cache TTL at 1m", []string{"--index-cache-ttl", "1m"}, `"index_cache_ttl": "1m0s"`, ""},
+		{"cache TTL at 1m", []string{"--index-cache-ttl", "1m"}, `"index_cache_ttl": "1m"`, ""},
 		{"cache TTL a nanosecond past 1m", []string{"--index-cache-ttl", "60000000001ns"}, "", "is not in 1ms..1m"},
 
 		{"lease cap per peer 1", []string{"--max-leased-per-peer", "1"}, `"max_leased_per_peer": 1`, ""},
@@ -208,11 +216,12 @@ func TestAgentSettingLimits(t *testing.T) {
 func TestAgentHelpDurationRanges(t *testing.T) {
 	_, _, help := runCmd(t, "", "agent", "-h")
 	for _, want := range []string{
-		"(default 30s, at most 24h)",        // --block-set-grace
-		"(default 10m, 1s..24h)",            // --max-lease-age
-		"(default 5s, 100ms..10m)",          // --session-keepalive
-		"(default 3s, 100ms..1m)",           // --lane-hello-timeout
-		"all holders tried (default 30s) [", // --import-timeout: no bounds
+		"(default 30s, at most 24h)", // --block-set-grace
+		"(default 10m, 1s..24h)",     // --max-lease-age
+		"(default 5s, 100ms..10m)",   // --session-keepalive
+		"(default 3s, 100ms..1m)",    // --lane-hello-timeout
+		"(default 30s, 100ms..1h)",   // --import-timeout
+		"(default 2s, 200ms..5m)",    // --peer-timeout
 	} {
 		if !strings.Contains(help, want) {
 			t.Errorf("agent -h lacks %q", want)
@@ -243,13 +252,16 @@ func TestAgentSettingLimitsFromEnvironmentAndFile(t *testing.T) {
 		{"queue 4096 from the environment", []string{"KVFABRIC_TIER_QUEUE=4096"}, nil, `"tier_queue": 4096`, ""},
 		{"queue 4097 from the environment", []string{"KVFABRIC_TIER_QUEUE=4097"}, nil, "", "tier_queue (--tier-queue): 4097 is not in 1..4096"},
 		{"watermark NaN from the environment", []string{"KVFABRIC_TIER_WATERMARK=NaN"}, nil, "", "tier_watermark (--tier-watermark): NaN is not in (0, 1]"},
-		{"lease age 24h from the environment", []string{"KVFABRIC_MAX_LEASE_AGE=24h"}, nil, `"max_lease_age": "24h0m0s"`, ""},
+		{"lease age 24h from the environment", []string{"KVFABRIC_MAX_LEASE_AGE=24h"}, nil, `"max_lease_age": "24h"`, ""},
 		{"lease age past 24h from the environment", []string{"KVFABRIC_MAX_LEASE_AGE=24h0m1s"}, nil, "", "max_lease_age (--max-lease-age): 24h0m1s is not in 1s..24h"},
 		{"replicas 8 from the file", nil, []string{"--config", file(`{"index_mode": "owned", "index_replicas": 8}`)}, `"index_replicas": 8`, ""},
 		{"replicas 9 from the file", nil, []string{"--config", file(`{"index_mode": "owned", "index_replicas": 9}`)}, "", "index_replicas (--index-replicas): 9 not in 1..8"},
 		{"lane pending past its limit from the file", nil, []string{"--config", file(`{"lane_max_pending": 65537}`)}, "", "lane_max_pending (--lane-max-pending): 65537 not in 1..65536"},
 		{"node name with a colon from the file", nil, []string{"--config", file(`{"node_name": "a:b"}`)}, "", `node_name (--node): "a:b" must be`},
-		{"grace past 24h from the file", nil, []string{"--config", file(`{"block_set_grace": "25h"}`)}, "", "block_set_grace (--block-set-grace): 25h0m0s is more than 24h"},
+		{"grace past 24h from the file", nil, []string{"--config", file(`{"block_set_grace": "25h"}`)}, "", "block_set_grace (--block-set-grace): 25h is more than 24h"},
+		{"peer timeout 5m from the file", nil, []string{"--config", file(`{"peer_timeout": "5m"}`)}, `"peer_timeout": "5m"`, ""},
+		{"peer timeout past 5m from the file", nil, []string{"--config", file(`{"peer_timeout": "5m0.001s"}`)}, "", "peer_timeout (--peer-timeout): 5m0.001s is not in 200ms..5m"},
+		{"import timeout under 100ms from the environment", []string{"KVFABRIC_IMPORT_TIMEOUT=1ns"}, nil, "", "import_timeout (--import-timeout): 1ns is not in 100ms..1h"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "data"), "--print-config"}, tc.args...)
@@ -277,5 +289,53 @@ func TestAgentStartRefusalNamesTheFlag(t *testing.T) {
 	want := "kvfabric agent: fabric: invalid configuration: pools (--pool): a host pool of 1125899906842624 bytes is more than this machine's memory ("
 	if code != 2 || !strings.HasPrefix(errs, want) || strings.Count(errs, "\n") != 1 {
 		t.Fatalf("exit %d, %q; want 2 and one line saying %q", code, errs, want)
+	}
+}
+
+// What the agent refuses as it starts, reading files and devices, names
+// the setting by its key and its flag as validation does: the gossip key
+// file, rdma=on where RDMA cannot be used, and the TLS files, one of them
+// or (where the fault is in how they go together, or none is given) all
+// three, the file at fault named in what follows.
+func TestAgentStartRefusalsNameKeyAndFlag(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	missing := filepath.Join(dir, "missing")
+	tls := "ca_file (--ca), cert_file (--cert), key_file (--key): "
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // after "kvfabric agent: fabric: invalid configuration: "
+	}{
+		{"gossip key file missing", []string{"--gossip-key-file", missing},
+			"gossip_key_file (--gossip-key-file): open " + missing + ": no such file"},
+		{"gossip key file with a bad key", []string{"--gossip-key-file", write("bad.key", "bm90IGEga2V5\n")},
+			"gossip_key_file (--gossip-key-file): " + filepath.Join(dir, "bad.key") + " line 1: not a base64 key"},
+		{"gossip key file without a key", []string{"--gossip-key-file", write("empty.key", "# none\n")},
+			"gossip_key_file (--gossip-key-file): " + filepath.Join(dir, "empty.key") + " holds no key"},
+		{"rdma on without RDMA", []string{"--rdma", "on", "--fabric", "verbs", "--rdma-library", missing},
+			"rdma (--rdma): on, and RDMA cannot be used: "},
+		{"a CA without the certificate", []string{"--ca", missing},
+			"cert_file (--cert): missing: the CA, certificate and key files go together"},
+		{"TLS files that do not load", []string{"--ca", missing, "--cert", missing, "--key", missing},
+			tls + "TLS identity of node n1: "},
+		{"no TLS files and no --dev", []string{"--dev=false"},
+			tls + "all three are required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"agent", "--local", "--node", "n1", "--data-dir", filepath.Join(dir, "data"), "--dev-ca-dir", filepath.Join(dir, "ca"),
+				"--gossip-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0", "--metrics-addr", "off", "--pool", "host=16MiB"}, tc.args...)
+			code, _, errs := runCmd(t, "", args...)
+			want := "kvfabric agent: fabric: invalid configuration: " + tc.want
+			if code != 2 || !strings.HasPrefix(errs, want) || strings.Count(errs, "\n") != 1 {
+				t.Fatalf("exit %d, %q; want 2 and one line starting %q", code, errs, want)
+			}
+		})
 	}
 }

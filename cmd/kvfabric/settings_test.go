@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -84,6 +85,49 @@ func TestSettingsPrecedence(t *testing.T) {
 	c = effective(environ, "--node", "from-flag", "--join", "10.0.0.4:7946", "--join", "10.0.0.5:7946", "--lease-duration", "20s")
 	if c.NodeName != "from-flag" || strings.Join(c.Join, ",") != "10.0.0.4:7946,10.0.0.5:7946" || c.LeaseDuration != 20*time.Second || c.ImportChunkBytes != 8<<20 {
 		t.Fatalf("flags over the environment: %+v", c)
+	}
+}
+
+// --print-config writes each duration in the form --help gives it ("10m",
+// not "10m0s"): the defaults it prints are the help's, word for word.
+func TestPrintConfigDurationsAsTheHelpGivesThem(t *testing.T) {
+	code, out, errs := runCmd(t, "", "agent", "--local", "--data-dir", t.TempDir(), "--print-config")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var printed map[string]any
+	if err := json.Unmarshal([]byte(out), &printed); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	_, _, help := runCmd(t, "", "agent", "-h")
+	for _, s := range agentSettings {
+		d, ok := fabric.DurationSettingOf(s.field)
+		if !ok {
+			continue
+		}
+		want := fabric.Duration(d.Default).String()
+		if got := printed[d.Key]; got != want || !strings.Contains(help, "(default "+want) {
+			t.Errorf("%s: printed %q, want %q as --%s's help gives it", d.Key, got, want, s.flag)
+		}
+	}
+}
+
+// A size given as 0 by a flag or the environment is the default, as 0 in
+// the file is: the only way back over a file's value to a default that no
+// size spells (engine_quota's fair share, tier_block_bytes' first block).
+func TestSizeZeroIsTheDefault(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "agent.json")
+	if err := os.WriteFile(file, []byte(`{"engine_quota": 1073741824, "tier_block_bytes": 8388608, "import_chunk_bytes": 8388608}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runEnv(t, []string{"KVFABRIC_TIER_BLOCK_BYTES=0"}, "agent", "--local", "--data-dir", dir, "--print-config", "--config", file,
+		"--engine-quota", "0", "--import-chunk-bytes", "0")
+	if code != 0 || strings.Contains(out, `"engine_quota"`) || strings.Contains(out, `"tier_block_bytes"`) || !strings.Contains(out, `"import_chunk_bytes": 67108864`) {
+		t.Fatalf("exit %d (%s); want the defaults: no engine_quota or tier_block_bytes, import_chunk_bytes 64MiB:\n%s", code, errs, out)
+	}
+	if code, _, errs := runCmd(t, "", "agent", "--local", "--data-dir", dir, "--print-config", "--engine-quota", "none"); code != 2 || !strings.Contains(errs, "want a size such as 64MiB, or 0 for the default") {
+		t.Fatalf("--engine-quota none: exit %d, %q", code, errs)
 	}
 }
 
