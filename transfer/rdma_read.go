@@ -275,7 +275,17 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	st := p.n.rdma
 	switch {
 	case len(errs) > 0 && p.closed.Load():
-		// Not RDMA's failure: the handle was closed.
+		// Not the peer's RDMA to back off from: the handle was closed.
+		// A read stopped by the closing is no read failure; one that
+		// failed on its own meanwhile is (a holder that died mid-read:
+		// its member's failure closes the handle before the read's
+		// timeout ends it).
+		for _, err := range errs {
+			if !errors.Is(err, ErrClosed) {
+				st.readFails.Add(1)
+				break
+			}
+		}
 		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
 	case len(errs) > 0 && ctx.Err() != nil:
 		// The caller gave up; the read failed, not the peer's RDMA.
