@@ -445,7 +445,7 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 	const peerTimeout = time.Second
 	c := startRDMA(t, 3, "host=64MiB", nil, func(o *Options) { o.PeerTimeout = peerTimeout })
 	killHolderMidRead(t, c, holderKill{
-		seed: 14, delay: "delay_us=2000",
+		seed: 14, fault: "delay_us=2000",
 		// The importer connects its queue pair to the holder just before
 		// its first READ, and the delayed completions keep the read going.
 		reading: func(victim *Node) error {
@@ -466,8 +466,9 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 // holderKill is what differs between the bindings in killHolderMidRead.
 type holderKill struct {
 	seed  uint64
-	delay string // the importer's fault that slows its reads, so that the kill lands in one
-	// reading, if not nil, is true once the importer reads from victim.
+	fault string // the importer's fault that slows or holds its reads, so that the kill lands in one
+	// reading, if not nil, is true once the importer reads from victim:
+	// the kill waits for it.
 	reading func(victim *Node) error
 	// The import fails over, or errors, within bound and margin of the
 	// kill; boundIs says what bound is made of.
@@ -498,7 +499,7 @@ func killHolderMidRead(t *testing.T, c *rdmaCluster, k holderKill) {
 		t.Fatal(err)
 	}
 	waitIndexed(t, n3, n2.Name, w.Unique())
-	c.fault(t, 2, k.delay)
+	c.fault(t, 2, k.fault)
 	cl, err := n3.Client(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -517,7 +518,7 @@ func killHolderMidRead(t *testing.T, c *rdmaCluster, k holderKill) {
 	if err := victim.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	c.fault(t, 2, "") // the rest at full speed
+	c.fault(t, 2, "") // the rest at full speed, a held read let go
 	r := result()
 	if !r.at.After(killed) {
 		t.Fatalf("the import ended before %s was killed: nothing was tested", victim.Name)
