@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -125,8 +124,8 @@ func configUsage(err error) error {
 	if errors.As(err, &se) {
 		for _, s := range agentSettings {
 			if configKey(s.field) == se.Setting() {
-				named := fmt.Sprintf("%v: %s (--%s): %s", fabric.ErrConfig, se.Key, s.flag, se.Why)
-				return usagef("%s", strings.Replace(err.Error(), se.Error(), named, 1))
+				se.Key = fmt.Sprintf("%s (--%s)", se.Key, s.flag)
+				break
 			}
 		}
 	}
