@@ -296,7 +296,8 @@ type RDMAMetrics struct {
 	// with softverbs, its copies made while polling are in it).
 	ReadCPU time.Duration
 	// ReadFailures counts RDMA reads that failed (and went over QUIC, but
-	// for those whose caller had given up).
+	// for those whose caller had given up, or whose peer handle was closed
+	// meanwhile); a read stopped by its handle's closing is not counted.
 	ReadFailures uint64
 	// Connects counts queue pairs connected to peers to read from;
 	// ConnectFailures the attempts that failed.
