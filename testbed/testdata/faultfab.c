@@ -161,8 +161,8 @@ static int fault_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_
 
 static struct fi_ops_rma *real_rma;
 
-// held counts the reads that went to the provider while hold_after was
-// set, under held_mu.
+// held_passed counts the reads that went to the provider while hold_after
+// was set, under held_mu.
 static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
 static int held_passed;
 
