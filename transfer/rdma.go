@@ -297,7 +297,10 @@ type RDMAMetrics struct {
 	ReadCPU time.Duration
 	// ReadFailures counts RDMA reads that failed (and went over QUIC, but
 	// for those whose caller had given up, or whose peer handle was closed
-	// meanwhile); a read stopped by its handle's closing is not counted.
+	// meanwhile). A read that fails while its handle is closed counts only
+	// where the peer failed (ClosePeerFailed), and not where the read was
+	// stopped by the closing (ErrClosed); of a read on several lanes, the
+	// lane that failed first decides.
 	ReadFailures uint64
 	// Connects counts queue pairs connected to peers to read from;
 	// ConnectFailures the attempts that failed.
