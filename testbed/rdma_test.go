@@ -61,9 +61,19 @@ type rdmaCluster struct {
 // control file; softverbs reads it on every post and while a read waits.
 func (c *rdmaCluster) fault(t *testing.T, i int, faults string) {
 	t.Helper()
-	if err := os.WriteFile(c.control[i], []byte(faults), 0o644); err != nil {
+	if err := c.writeFault(i, faults); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// writeFault writes node i's control file whole: a new file renamed over
+// it, so that a reader never sees half of it.
+func (c *rdmaCluster) writeFault(i int, faults string) error {
+	tmp := c.control[i] + ".new"
+	if err := os.WriteFile(tmp, []byte(faults), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, c.control[i])
 }
 
 // startRDMA starts n agents with RDMA on over softverbs. env, if not nil,
@@ -500,6 +510,13 @@ func killHolderMidRead(t *testing.T, c *rdmaCluster, k holderKill) {
 	}
 	waitIndexed(t, n3, n2.Name, w.Unique())
 	c.fault(t, 2, k.fault)
+	// Cleared before the nodes stop, whatever fails first: a read held
+	// keeps the importer from shutting down.
+	t.Cleanup(func() {
+		if err := c.writeFault(2, ""); err != nil {
+			t.Errorf("clear the importer's faults: %v", err)
+		}
+	})
 	cl, err := n3.Client(ctx)
 	if err != nil {
 		t.Fatal(err)

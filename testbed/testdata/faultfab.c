@@ -19,7 +19,13 @@
 //	              for that file knows that a read is in flight (N of its
 //	              requests, or of the reads before it, with the provider)
 //	              when it does what should land in one. The count starts
-//	              again at a read that finds it unset.
+//	              again, and the file is removed, once it is unset. A
+//	              read is held at most 60 s (faultfab says so on stderr):
+//	              past that it and every read after it go on until
+//	              hold_after is unset.
+//
+// Write the file whole, as a new file renamed over the old: a half-written
+// one may be read.
 //
 // Everything else is the real provider's doing.
 #define _GNU_SOURCE
@@ -28,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -162,27 +169,47 @@ static int fault_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_
 static struct fi_ops_rma *real_rma;
 
 // held_passed counts the reads that went to the provider while hold_after
-// was set, under held_mu.
+// was set, and held_expired says a read waited holdLimit, under held_mu.
 static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
-static int held_passed;
+static int held_passed, held_expired;
+
+// holdLimit bounds how long a read is held: a test that fails between
+// setting hold_after and clearing it must not leave the reader stuck (a
+// held read keeps the endpoint's lock). Past it the read goes on, and so
+// does every read after it until hold_after is cleared.
+#define holdLimit 60
+
+// heldPath is the file that says a read is held.
+static void heldPath(char *path, size_t size) { snprintf(path, size, "%s.held", getenv("FAULTFAB_CONTROL")); }
 
 // hold makes a read wait while hold_after holds it (see the top).
 static void hold(int after) {
 	pthread_mutex_lock(&held_mu);
-	int pass = held_passed < after;
+	int pass = held_passed < after || held_expired;
 	if (pass) held_passed++;
 	pthread_mutex_unlock(&held_mu);
 	if (pass) return;
 	char path[4096];
-	snprintf(path, sizeof(path), "%s.held", getenv("FAULTFAB_CONTROL"));
+	heldPath(path, sizeof(path));
 	FILE *f = fopen(path, "w");
 	if (f) fclose(f);
 	char buf[512];
 	int v;
-	do {
+	time_t start = time(NULL);
+	for (;;) {
 		usleep(1000);
 		faults(buf, sizeof(buf));
-	} while (lookup(buf, "hold_after", &v));
+		if (!lookup(buf, "hold_after", &v)) break;
+		if (time(NULL) - start >= holdLimit) {
+			fprintf(stderr, "faultfab: hold_after held a read %d s and was not cleared: letting it and the reads after it go\n",
+				holdLimit);
+			pthread_mutex_lock(&held_mu);
+			held_expired = 1;
+			pthread_mutex_unlock(&held_mu);
+			break;
+		}
+	}
+	unlink(path);
 }
 
 // delay applies the faults of a read about to be posted: delay_us, then
@@ -198,8 +225,14 @@ static void delay(void) {
 		return;
 	}
 	pthread_mutex_lock(&held_mu);
-	held_passed = 0;
+	int was = held_passed > 0 || held_expired;
+	held_passed = held_expired = 0;
 	pthread_mutex_unlock(&held_mu);
+	if (was) {
+		char path[4096];
+		heldPath(path, sizeof(path));
+		unlink(path);
+	}
 }
 
 static ssize_t fault_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t addr,
