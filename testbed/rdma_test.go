@@ -528,8 +528,22 @@ func killHolderMidRead(t *testing.T, c *rdmaCluster, k holderKill) {
 	}
 	result := importAsync(t, ctx, cl, set.ID, seqs[0])
 	victim := waitServing(t, []*Node{n1, n2})
+	other := n1
+	if victim == n1 {
+		other = n2
+	}
 	if k.reading != nil {
-		wait.For(t, 10*time.Second, "the importer reads from "+victim.Name, func() error { return k.reading(victim) })
+		// From the victim alone: a read held, or a queue pair served, may
+		// otherwise be the other holder's.
+		wait.For(t, 10*time.Second, "the importer reads from "+victim.Name+" alone", func() error {
+			if err := k.reading(victim); err != nil {
+				return err
+			}
+			if v, err := metricValue(other, "kvfabric_leases"); err != nil || v != 0 {
+				return fmt.Errorf("%s serves %v leases too (%v)", other.Name, v, err)
+			}
+			return nil
+		})
 	}
 	killed := time.Now()
 	if err := victim.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
