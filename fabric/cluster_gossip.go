@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/kvfabric/kvfabric/membership"
+	"github.com/kvfabric/kvfabric/transfer"
 )
 
 // startMembership joins the cluster with the index as the sink of every
@@ -223,7 +224,13 @@ func (a *Agent) memberLoop() {
 			name := ev.Member.Name
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
 				delete(lives, name)
-				a.peers.forget(name)
+				// A member that left closes its endpoint after it
+				// leaves: a read from it cut short is no RDMA failure.
+				why := transfer.ClosePeerFailed
+				if ev.Kind == membership.MemberLeave {
+					why = transfer.ClosePeerLeft
+				}
+				a.peers.forget(name, why)
 				a.health.forget(name)
 				a.links.forget(name)
 				a.service.peerGone(name, "member "+ev.Kind.String())
@@ -236,7 +243,7 @@ func (a *Agent) memberLoop() {
 			inc := ev.Member.Meta.Incarnation
 			if old, ok := lives[name]; ok && old != inc {
 				a.log.Info("member restarted: its connections are dialed afresh", "peer", name)
-				a.peers.forget(name)
+				a.peers.forget(name, transfer.ClosePeerFailed)
 				a.health.forget(name)
 				a.links.forget(name)
 			}

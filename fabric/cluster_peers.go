@@ -41,7 +41,8 @@ func (ps *peers) get(ctx context.Context, n *transfer.Node, name, addr string) (
 	e := ps.m[name]
 	if e == nil || e.addr != addr {
 		if e != nil {
-			ps.wg.Go(func() { closePeer(e) })
+			// A new address is a new process: the old one is gone.
+			ps.wg.Go(func() { closePeer(e, transfer.ClosePeerFailed) })
 		}
 		e = &peerEntry{addr: addr}
 		ps.m[name] = e
@@ -68,16 +69,16 @@ func (ps *peers) get(ctx context.Context, n *transfer.Node, name, addr string) (
 	return p, nil
 }
 
-// forget closes and drops the peer called name: it left or failed. It
-// does not block (membership calls it).
-func (ps *peers) forget(name string) {
+// forget closes and drops the peer called name, for why: it left or
+// failed. It does not block (membership calls it).
+func (ps *peers) forget(name string, why transfer.CloseReason) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	e := ps.m[name]
 	delete(ps.m, name)
 	if e != nil {
 		// Under ps.mu, so that closeAll's Wait sees the Add.
-		ps.wg.Go(func() { closePeer(e) })
+		ps.wg.Go(func() { closePeer(e, why) })
 	}
 }
 
@@ -89,17 +90,17 @@ func (ps *peers) closeAll() {
 	ps.m, ps.closed = nil, true
 	ps.mu.Unlock()
 	for _, e := range m {
-		closePeer(e)
+		closePeer(e, transfer.CloseLocal)
 	}
 	ps.wg.Wait()
 }
 
-func closePeer(e *peerEntry) {
+func closePeer(e *peerEntry, why transfer.CloseReason) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.gone = true
 	if e.p != nil {
-		e.p.Close()
+		e.p.CloseFor(why)
 		e.p = nil
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvfabric/kvfabric/transfer"
 )
 
 // A peer forgotten while its dial holds it is closed on a goroutine of its
@@ -15,7 +17,7 @@ func TestPeersCloseAllWaitsForForgottenPeers(t *testing.T) {
 	e := &peerEntry{addr: "127.0.0.1:1"}
 	ps.m = map[string]*peerEntry{"holder": e}
 	e.mu.Lock() // a dial in progress
-	ps.forget("holder")
+	ps.forget("holder", transfer.ClosePeerFailed)
 	done := make(chan struct{})
 	go func() {
 		ps.closeAll()

@@ -83,9 +83,9 @@ func (f readFailure) at(now time.Time) int {
 }
 
 // failed records a failed slot read of hash in set at now and returns how long
-// its block is not offered; log says whether to log this failure (the
-// first after tierSkipLogEvery), with the failures not logged before it.
-func (b *readBackoff) failed(set pool.SetID, hash uint64, now time.Time) (delay time.Duration, log bool, suppressed int) {
+// its block is not offered. Whether to log the failure is the caller's to
+// ask of b.log, outside b.mu.
+func (b *readBackoff) failed(set pool.SetID, hash uint64, now time.Time) (delay time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.m == nil {
@@ -118,8 +118,7 @@ func (b *readBackoff) failed(set pool.SetID, hash uint64, now time.Time) (delay 
 		delay = 0
 	}
 	b.n.Store(int64(len(b.m)))
-	log, suppressed = b.log.due(now, tierSkipLogEvery)
-	return delay, log, suppressed
+	return delay
 }
 
 // refuse says whether set's block of hash is not to be offered at now; a

@@ -23,7 +23,8 @@ func TestReadBackoff(t *testing.T) {
 	var lastLog time.Time
 	notLogged, logs := 0, 0
 	for i := range 12 {
-		d, log, suppressed := b.failed(1, 1, now)
+		d := b.failed(1, 1, now)
+		log, suppressed := b.log.due(now, tierSkipLogEvery)
 		if d != want {
 			t.Fatalf("failure %d: delay %v, want %v", i+1, d, want)
 		}
@@ -63,17 +64,19 @@ func TestReadBackoff(t *testing.T) {
 	// the next line.
 	now = lastLog.Add(tierSkipLogEvery)
 	for i := range 5 {
-		if _, log, _ := b.failed(1, 3, now); log != (i == 0) {
+		b.failed(1, 3, now)
+		if log, _ := b.log.due(now, tierSkipLogEvery); log != (i == 0) {
 			t.Fatalf("failure %d at once: logged %v", i+1, log)
 		}
 	}
 	now = now.Add(tierSkipLogEvery)
-	if _, log, suppressed := b.failed(1, 2, now); !log || suppressed != 4 {
+	b.failed(1, 2, now)
+	if log, suppressed := b.log.due(now, tierSkipLogEvery); !log || suppressed != 4 {
 		t.Fatalf("%v after the last logged: logged %v counting %d, want it logged counting 4", tierSkipLogEvery, log, suppressed)
 	}
 	b.succeeded(1, 3)
 	b.succeeded(1, 1)
-	if d, _, _ := b.failed(1, 1, now); d != tierReadBackoffMin {
+	if d := b.failed(1, 1, now); d != tierReadBackoffMin {
 		t.Fatalf("after a read that succeeded, a failure's delay %v, want %v", d, tierReadBackoffMin)
 	}
 	b.succeeded(1, 1)
@@ -91,22 +94,22 @@ func TestReadBackoffAtItsLimit(t *testing.T) {
 	now := time.Unix(1000, 0)
 	at := func() time.Time { return now }
 	for h := range uint64(tierReadBackoffBlocks) {
-		if d, _, _ := b.failed(1, h, now); d != tierReadBackoffMin {
+		if d := b.failed(1, h, now); d != tierReadBackoffMin {
 			t.Fatalf("block %d of %d: delay %v", h, tierReadBackoffBlocks, d)
 		}
 	}
 	past := uint64(tierReadBackoffBlocks)
-	if d, _, _ := b.failed(1, past, now); d != 0 || b.refuse(1, past, at) {
+	if d := b.failed(1, past, now); d != 0 || b.refuse(1, past, at) {
 		t.Fatalf("a block past the limit kept: delay %v", d)
 	}
 	if got := b.n.Load(); got != tierReadBackoffBlocks {
 		t.Fatalf("%d blocks kept, want %d", got, tierReadBackoffBlocks)
 	}
-	if d, _, _ := b.failed(1, 0, now); d != 2*tierReadBackoffMin {
+	if d := b.failed(1, 0, now); d != 2*tierReadBackoffMin {
 		t.Fatalf("a block kept at the limit failing again: delay %v, want %v", d, 2*tierReadBackoffMin)
 	}
 	now = now.Add(tierReadBackoffMin) // every delay but block 0's passed
-	if d, _, _ := b.failed(1, past, now); d != tierReadBackoffMin || !b.refuse(1, past, at) {
+	if d := b.failed(1, past, now); d != tierReadBackoffMin || !b.refuse(1, past, at) {
 		t.Fatalf("past the limit, the passed swept: delay %v", d)
 	}
 	if got := b.n.Load(); got != 2 {
@@ -153,7 +156,7 @@ func TestReadBackoffComesDown(t *testing.T) {
 				var b readBackoff
 				// failures in a row, each as its delay passed.
 				for i := range failures {
-					d, _, _ := b.failed(1, 1, time.Now())
+					d := b.failed(1, 1, time.Now())
 					if d != delayAfter(i) {
 						t.Fatalf("failure %d in a row: delay %v, want %v", i+1, d, delayAfter(i))
 					}
@@ -169,7 +172,7 @@ func TestReadBackoffComesDown(t *testing.T) {
 				if kept := b.n.Load(); (kept == 0) != tc.forgotten {
 					t.Fatalf("%d blocks kept after %v of quiet; want it forgotten: %v", kept, tc.quiet, tc.forgotten)
 				}
-				if d, _, _ := b.failed(1, 1, time.Now()); d != tc.next {
+				if d := b.failed(1, 1, time.Now()); d != tc.next {
 					t.Fatalf("a failure after %v of quiet: delay %v, want %v", tc.quiet, d, tc.next)
 				}
 			})
@@ -184,7 +187,7 @@ func TestReadBackoffComesDown(t *testing.T) {
 			toCap++
 		}
 		for range 10 * toCap {
-			d, _, _ := b.failed(1, 1, time.Now())
+			d := b.failed(1, 1, time.Now())
 			time.Sleep(d)
 		}
 		time.Sleep(time.Duration(toCap)*tierReadBackoffDecay - time.Millisecond)

@@ -357,8 +357,9 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 		if errors.Is(err, errSlotRead) {
 			// Ended now, not after the batch's commit: the slot, being
 			// read until then, is one an allocation may be waiting for.
-			delay, log, suppressed := t.readBackoff.failed(j.set.ID(), j.hash, time.Now())
-			if log {
+			now := time.Now()
+			delay := t.readBackoff.failed(j.set.ID(), j.hash, now)
+			if log, suppressed := t.readBackoff.log.due(now, tierSkipLogEvery); log {
 				t.log.Warn("tier: block not copied down", "hash", j.hash, "err", err, "not offered for", delay,
 					"failures not logged before", suppressed)
 			}

@@ -46,8 +46,8 @@ func withoutCMA(o *Options) {
 // start, --rdma on, and the tests fail). Each agent loads it through
 // faultfab (testdata/faultfab.c), which forwards every call to the real
 // library and injects the faults its control file names: a wrong key or
-// a registration shorter than the memory on a holder, slow reads on a
-// reader.
+// a registration shorter than the memory on a holder, slow or held reads
+// on a reader.
 
 // faultfabLib builds testdata/faultfab.c into a directory the test
 // removes.
@@ -258,21 +258,40 @@ func badRegistration(t *testing.T, prov, fault string) {
 // A holder killed with SIGKILL while an importer reads it over libfabric:
 // the read in flight fails, and the import fails over to the other holder
 // or errors within the import's deadline, every block registered whole.
+// The kill waits until faultfab holds one of the importer's read requests
+// (hold_after: its first goes to the provider, every later one waits):
+// a lease granted says nothing of when the reads under it start or end
+// (the importer asks the holder's layout first, and a read of 96 blocks
+// can be over before a poll sees the lease), and a kill outside the reads
+// fails a layout call or a release, counting no read failure. Once the
+// holder is dead the held requests go on to it.
 // Over tcp the provider sees the connection go, or takes no request of a
 // read whose connection it cannot make for rdma/ofi's DefaultConnectTimeout:
 // within that, half the peer timeout (a QUIC call to the silent holder)
 // and a margin. Over shm (cross-memory attach) the provider takes no
 // request once the dead holder has given back none of its command slots
-// (the connect timeout again), or reports a read that failed on the gone
-// process with no context of ours, which then ends at the read timeout
-// and the flush grace after it: within those.
+// (the connect timeout again), or takes requests that the gone process
+// never answers, or reports a read that failed on it with no context of
+// ours: those reads end at the read timeout and the flush grace after it
+// (by then the holder's failure has closed the importer's handle to it),
+// within which the import fails over.
 func TestOFIHolderKilledMidRead(t *testing.T) {
 	const peerTimeout = time.Second
 	for _, prov := range ofiProviders {
 		t.Run(prov, func(t *testing.T) {
 			c := startOFI(t, 3, prov, "host=64MiB", func(o *Options) { o.PeerTimeout = peerTimeout })
+			held := c.control[2] + ".held" // faultfab's sign of a read held
 			k := holderKill{
-				seed: 23, delay: "delay_us=3000",
+				seed: 23, fault: "hold_after=1",
+				reading: func(victim *Node) error {
+					if _, err := os.Stat(held); err != nil {
+						return fmt.Errorf("no read held: %v", err)
+					}
+					if v, err := metricValue(victim, "kvfabric_leases"); err != nil || v < 1 {
+						return fmt.Errorf("a read held, %s leases %v (%v)", victim.Name, v, err)
+					}
+					return nil
+				},
 				bound: ofiConnectTimeout + peerTimeout/2, margin: 3 * time.Second,
 				boundIs: "the connect timeout and half the peer timeout",
 				reads:   "libfabric", logWords: []string{"ofi", "rdma", "RDMA"},

@@ -61,9 +61,19 @@ type rdmaCluster struct {
 // control file; softverbs reads it on every post and while a read waits.
 func (c *rdmaCluster) fault(t *testing.T, i int, faults string) {
 	t.Helper()
-	if err := os.WriteFile(c.control[i], []byte(faults), 0o644); err != nil {
+	if err := c.writeFault(i, faults); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// writeFault writes node i's control file whole: a new file renamed over
+// it, so that a reader never sees half of it.
+func (c *rdmaCluster) writeFault(i int, faults string) error {
+	tmp := c.control[i] + ".new"
+	if err := os.WriteFile(tmp, []byte(faults), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, c.control[i])
 }
 
 // startRDMA starts n agents with RDMA on over softverbs. env, if not nil,
@@ -445,7 +455,7 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 	const peerTimeout = time.Second
 	c := startRDMA(t, 3, "host=64MiB", nil, func(o *Options) { o.PeerTimeout = peerTimeout })
 	killHolderMidRead(t, c, holderKill{
-		seed: 14, delay: "delay_us=2000",
+		seed: 14, fault: "delay_us=2000",
 		// The importer connects its queue pair to the holder just before
 		// its first READ, and the delayed completions keep the read going.
 		reading: func(victim *Node) error {
@@ -466,8 +476,9 @@ func TestRDMAHolderKilledMidRead(t *testing.T) {
 // holderKill is what differs between the bindings in killHolderMidRead.
 type holderKill struct {
 	seed  uint64
-	delay string // the importer's fault that slows its reads, so that the kill lands in one
-	// reading, if not nil, is true once the importer reads from victim.
+	fault string // the importer's fault that slows or holds its reads, so that the kill lands in one
+	// reading, if not nil, is true once the importer reads from victim:
+	// the kill waits for it.
 	reading func(victim *Node) error
 	// The import fails over, or errors, within bound and margin of the
 	// kill; boundIs says what bound is made of.
@@ -498,7 +509,14 @@ func killHolderMidRead(t *testing.T, c *rdmaCluster, k holderKill) {
 		t.Fatal(err)
 	}
 	waitIndexed(t, n3, n2.Name, w.Unique())
-	c.fault(t, 2, k.delay)
+	c.fault(t, 2, k.fault)
+	// Cleared before the nodes stop, whatever fails first: a read held
+	// keeps the importer from shutting down.
+	t.Cleanup(func() {
+		if err := c.writeFault(2, ""); err != nil {
+			t.Errorf("clear the importer's faults: %v", err)
+		}
+	})
 	cl, err := n3.Client(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -510,14 +528,28 @@ func killHolderMidRead(t *testing.T, c *rdmaCluster, k holderKill) {
 	}
 	result := importAsync(t, ctx, cl, set.ID, seqs[0])
 	victim := waitServing(t, []*Node{n1, n2})
+	other := n1
+	if victim == n1 {
+		other = n2
+	}
 	if k.reading != nil {
-		wait.For(t, 10*time.Second, "the importer reads from "+victim.Name, func() error { return k.reading(victim) })
+		// From the victim alone: a read held, or a queue pair served, may
+		// otherwise be the other holder's.
+		wait.For(t, 10*time.Second, "the importer reads from "+victim.Name+" alone", func() error {
+			if err := k.reading(victim); err != nil {
+				return err
+			}
+			if v, err := metricValue(other, "kvfabric_leases"); err != nil || v != 0 {
+				return fmt.Errorf("%s serves %v leases too (%v)", other.Name, v, err)
+			}
+			return nil
+		})
 	}
 	killed := time.Now()
 	if err := victim.Stop(syscall.SIGKILL, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	c.fault(t, 2, "") // the rest at full speed
+	c.fault(t, 2, "") // the rest at full speed, a held read let go
 	r := result()
 	if !r.at.After(killed) {
 		t.Fatalf("the import ended before %s was killed: nothing was tested", victim.Name)

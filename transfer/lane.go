@@ -111,8 +111,12 @@ const (
 	LaneFallbackBackoff = "backoff"
 )
 
+// laneFallbackReasons is every reason, an array so that the node's
+// counters of them (counters.laneFallbacks) are sized by it.
+var laneFallbackReasons = [...]string{LaneFallbackNoLane, LaneFallbackConnect, LaneFallbackHelloTimeout, LaneFallbackRead, LaneFallbackBackoff}
+
 // LaneFallbackReasons lists every reason, for metrics that show them all.
-var LaneFallbackReasons = []string{LaneFallbackNoLane, LaneFallbackConnect, LaneFallbackHelloTimeout, LaneFallbackRead, LaneFallbackBackoff}
+var LaneFallbackReasons = laneFallbackReasons[:]
 
 // errLaneNotAdmitted is why a reader gave up a lane connection that the
 // holder had not admitted (the answer to its hello) within

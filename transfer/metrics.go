@@ -90,12 +90,12 @@ type counters struct {
 	requestBytes                                                atomic.Int64
 	bytesReadLane, laneConnects, laneConnectFails, laneRefused  atomic.Uint64
 	bytesServedQUIC, bytesServedLane                            atomic.Uint64
-	laneFallbacks                                               [5]atomic.Uint64 // one per LaneFallbackReasons
+	laneFallbacks                                               [len(laneFallbackReasons)]atomic.Uint64 // one per reason
 }
 
 // laneFallback counts a read that went over QUIC for reason.
 func (n *Node) laneFallback(reason string) {
-	for i, r := range LaneFallbackReasons {
+	for i, r := range laneFallbackReasons {
 		if r == reason {
 			n.stats.laneFallbacks[i].Add(1)
 		}
@@ -109,8 +109,8 @@ func (n *Node) Metrics() Metrics {
 	if n.guard != nil {
 		m.Handshakes, m.HandshakesPeak, m.Conns, m.ConnsRefused, m.AddressValidations = n.guard.snapshot()
 	}
-	fb := make(map[string]uint64, len(LaneFallbackReasons))
-	for i, r := range LaneFallbackReasons {
+	fb := make(map[string]uint64, len(laneFallbackReasons))
+	for i, r := range laneFallbackReasons {
 		fb[r] = s.laneFallbacks[i].Load()
 	}
 	out := Metrics{

@@ -28,7 +28,10 @@ type Peer struct {
 
 	slots  []connSlot
 	closed atomic.Bool
-	next   atomic.Uint32
+	// why is the CloseReason the handle was first closed for, plus one;
+	// zero while it is open.
+	why  atomic.Int32
+	next atomic.Uint32
 	// streams caps the read streams in flight to this peer across all
 	// concurrent reads at ConnsPerPeer × StreamsPerConn: more streams than
 	// that only share the same connections' bandwidth and make every read
@@ -73,9 +76,35 @@ func (n *Node) Peer(ctx context.Context, addr, name string) (*Peer, error) {
 // Name returns the peer's node name.
 func (p *Peer) Name() string { return p.name }
 
-// Close closes the peer's connections. It is safe to call twice; calls in
-// flight fail.
-func (p *Peer) Close() error {
+// CloseReason says why a peer handle is closed. It decides whether an RDMA
+// read that fails while the handle closes counts in
+// RDMAMetrics.ReadFailures: only one from a peer that failed does.
+type CloseReason int32
+
+const (
+	// CloseLocal: this node lets go of the peer (it is closing). Close's
+	// reason. A read that fails meanwhile is not counted.
+	CloseLocal CloseReason = iota
+	// ClosePeerLeft: the peer left the cluster gracefully. It closes its
+	// endpoint after it leaves, so a read in flight may fail with the
+	// provider's error after the handle closed; it is not counted.
+	ClosePeerLeft
+	// ClosePeerFailed: the peer failed (failure detection, or it restarted
+	// before that noticed). A read that failed on its own meanwhile is
+	// counted (a holder that died mid-read: the member's failure closes the
+	// handle before the read's timeout ends it); one stopped by the closing
+	// (ErrClosed) is not.
+	ClosePeerFailed
+)
+
+// Close closes the peer's connections, for CloseLocal. It is safe to call
+// twice; calls in flight fail.
+func (p *Peer) Close() error { return p.CloseFor(CloseLocal) }
+
+// CloseFor closes the peer's connections as Close does, for why; a handle
+// closed twice keeps its first reason.
+func (p *Peer) CloseFor(why CloseReason) error {
+	p.why.CompareAndSwap(0, int32(why)+1)
 	p.closed.Store(true)
 	if p.rdma != nil {
 		p.rdma.tp.close()

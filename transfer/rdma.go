@@ -296,7 +296,11 @@ type RDMAMetrics struct {
 	// with softverbs, its copies made while polling are in it).
 	ReadCPU time.Duration
 	// ReadFailures counts RDMA reads that failed (and went over QUIC, but
-	// for those whose caller had given up).
+	// for those whose caller had given up, or whose peer handle was closed
+	// meanwhile). A read that fails while its handle is closed counts only
+	// where the peer failed (ClosePeerFailed), and not where the read was
+	// stopped by the closing (ErrClosed); of a read on several lanes, the
+	// lane that failed first decides.
 	ReadFailures uint64
 	// Connects counts queue pairs connected to peers to read from;
 	// ConnectFailures the attempts that failed.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
@@ -238,11 +239,15 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		}
 	}
 	res := make([]groupRead, len(jobs))
+	// first is the group that failed first: the others' errors may be only
+	// its cancellation of them.
+	var first atomic.Int32
 	if len(jobs) == 1 {
 		res[0] = r.tp.read(ctx, leaseID, jobs[0].pair, jobs[0].segs, jobs[0].bytes, regions, dst, locals)
 	} else {
 		// A group that fails stops the others: the chunk is read again
 		// over QUIC.
+		first.Store(-1)
 		gctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		for i, j := range jobs {
@@ -251,6 +256,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 				defer wg.Done()
 				res[i] = r.tp.read(gctx, leaseID, j.pair, j.segs, j.bytes, regions, dst, locals)
 				if res[i].err != nil {
+					first.CompareAndSwap(-1, int32(i))
 					cancel()
 				}
 			}()
@@ -275,7 +281,12 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	st := p.n.rdma
 	switch {
 	case len(errs) > 0 && p.closed.Load():
-		// Not RDMA's failure: the handle was closed.
+		// Not the peer's RDMA to back off from: the handle was closed.
+		// Whether the read failed is decided by why (CloseReason), and
+		// by the group that failed first, not by a group it stopped.
+		if CloseReason(p.why.Load()-1) == ClosePeerFailed && !errors.Is(res[first.Load()].err, ErrClosed) {
+			st.readFails.Add(1)
+		}
 		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
 	case len(errs) > 0 && ctx.Err() != nil:
 		// The caller gave up; the read failed, not the peer's RDMA.

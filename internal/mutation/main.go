@@ -181,14 +181,10 @@ func interruptible(ctx context.Context, wait time.Duration, name string, args ..
 }
 
 func runTest(dir, test string, timeout time.Duration) result {
-	// -trimpath: the scratch copies share the build cache (cgo packages
-	// are otherwise cached per source directory).
-	args := append([]string{"test", "-count=1", "-trimpath", "-timeout", timeout.String()}, strings.Fields(test)...)
 	// The command's own limit, with room for go test's own report.
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = dir
+	var cmd *exec.Cmd
 	var out bytes.Buffer
 	py, isPy := pytestArgs(test)
 	if isPy {
@@ -204,6 +200,12 @@ func runTest(dir, test string, timeout time.Duration) result {
 		cmd = interruptible(ctx, pytestWaitDelay, python, append([]string{"-m", "pytest", "-q", "-p", "no:cacheprovider"}, py...)...)
 		cmd.Dir = filepath.Join(dir, "python")
 		cmd.Env = append(os.Environ(), "KVFABRIC_BIN="+filepath.Join(dir, "bin", "kvfabric"))
+	} else {
+		// -trimpath: the scratch copies share the build cache (cgo packages
+		// are otherwise cached per source directory).
+		args := append([]string{"test", "-count=1", "-trimpath", "-timeout", timeout.String()}, strings.Fields(test)...)
+		cmd = exec.CommandContext(ctx, "go", args...)
+		cmd.Dir = dir
 	}
 	cmd.Stdout, cmd.Stderr = &out, &out
 	t0 := time.Now()

@@ -3,13 +3,29 @@
 // binding looks up and forwards each to the real library (FAULTFAB_REAL,
 // else libfabric.so.1), wrapping the fabric's domain call so that every
 // memory registration passes through faultfab first. The faults are read
-// from the file FAULTFAB_CONTROL at each registration, as "key=value,...":
+// from the file FAULTFAB_CONTROL at each registration and each read posted,
+// as "key=value,...":
 //
 //	wrong_key=1   the registration's key, as the caller reads it, is not
 //	              the one the provider registered (it is restored for close)
 //	short_reg=1   the provider registers the first half of the memory only
 //	delay_us=N    every read posted waits N microseconds first, so that a
 //	              read lasts long enough for a fault to land in it
+//	hold_after=N  the first N reads posted that find it set go to the
+//	              provider; every one after them waits, posted by the
+//	              caller but not yet given to the provider, until it is
+//	              cleared. The first to wait creates the file named
+//	              FAULTFAB_CONTROL with ".held" added: a test that waits
+//	              for that file knows that a read is in flight (N of its
+//	              requests, or of the reads before it, with the provider)
+//	              when it does what should land in one. The count starts
+//	              again, and the file is removed, once it is unset. A
+//	              read is held at most 60 s (faultfab says so on stderr):
+//	              past that it and every read after it go on until
+//	              hold_after is unset.
+//
+// Write the file whole, as a new file renamed over the old: a half-written
+// one may be read.
 //
 // Everything else is the real provider's doing.
 #define _GNU_SOURCE
@@ -18,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -55,22 +72,39 @@ static void load(void) {
 // The real library loads with faultfab, as a library linked to it would.
 __attribute__((constructor)) static void load_now(void) { pthread_once(&real.once, load); }
 
-// fault returns the value the control file gives name, or 0.
-static int fault(const char *name) {
+// faults reads the control file into buf (size bytes); it is empty
+// where there is none.
+static void faults(char *buf, size_t size) {
+	buf[0] = 0;
 	const char *path = getenv("FAULTFAB_CONTROL");
-	if (!path || !*path) return 0;
+	if (!path || !*path) return;
 	FILE *f = fopen(path, "r");
-	if (!f) return 0;
-	char buf[512];
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	if (!f) return;
+	size_t n = fread(buf, 1, size - 1, f);
 	fclose(f);
 	buf[n] = 0;
+}
+
+// lookup says whether the faults in buf name name, and sets *v to its
+// value.
+static int lookup(const char *buf, const char *name, int *v) {
 	size_t len = strlen(name);
-	for (char *p = buf; (p = strstr(p, name)) != NULL; p += len) {
-		if ((p == buf || p[-1] == ',' || p[-1] == '\n' || p[-1] == ' ') && p[len] == '=')
-			return atoi(p + len + 1);
+	for (const char *p = buf; (p = strstr(p, name)) != NULL; p += len) {
+		if ((p == buf || p[-1] == ',' || p[-1] == '\n' || p[-1] == ' ') && p[len] == '=') {
+			*v = atoi(p + len + 1);
+			return 1;
+		}
 	}
 	return 0;
+}
+
+// fault returns the value the control file gives name, or 0.
+static int fault(const char *name) {
+	char buf[512];
+	int v = 0;
+	faults(buf, sizeof(buf));
+	lookup(buf, name, &v);
+	return v;
 }
 
 // A region whose key was changed: its own fid ops, whose close puts the
@@ -134,9 +168,71 @@ static int fault_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_
 
 static struct fi_ops_rma *real_rma;
 
+// held_passed counts the reads that went to the provider while hold_after
+// was set, and held_expired says a read waited holdLimit, under held_mu.
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static int held_passed, held_expired;
+
+// holdLimit bounds how long a read is held: a test that fails between
+// setting hold_after and clearing it must not leave the reader stuck (a
+// held read keeps the endpoint's lock). Past it the read goes on, and so
+// does every read after it until hold_after is cleared.
+#define holdLimit 60
+
+// heldPath is the file that says a read is held.
+static void heldPath(char *path, size_t size) { snprintf(path, size, "%s.held", getenv("FAULTFAB_CONTROL")); }
+
+// hold makes a read wait while hold_after holds it (see the top).
+static void hold(int after) {
+	pthread_mutex_lock(&held_mu);
+	int pass = held_passed < after || held_expired;
+	if (pass) held_passed++;
+	pthread_mutex_unlock(&held_mu);
+	if (pass) return;
+	char path[4096];
+	heldPath(path, sizeof(path));
+	FILE *f = fopen(path, "w");
+	if (f) fclose(f);
+	char buf[512];
+	int v;
+	time_t start = time(NULL);
+	for (;;) {
+		usleep(1000);
+		faults(buf, sizeof(buf));
+		if (!lookup(buf, "hold_after", &v)) break;
+		if (time(NULL) - start >= holdLimit) {
+			fprintf(stderr, "faultfab: hold_after held a read %d s and was not cleared: letting it and the reads after it go\n",
+				holdLimit);
+			pthread_mutex_lock(&held_mu);
+			held_expired = 1;
+			pthread_mutex_unlock(&held_mu);
+			break;
+		}
+	}
+	unlink(path);
+}
+
+// delay applies the faults of a read about to be posted: delay_us, then
+// hold_after.
 static void delay(void) {
-	int us = fault("delay_us");
+	char buf[512];
+	int us = 0, after = 0;
+	faults(buf, sizeof(buf));
+	lookup(buf, "delay_us", &us);
 	if (us > 0) usleep(us);
+	if (lookup(buf, "hold_after", &after)) {
+		hold(after);
+		return;
+	}
+	pthread_mutex_lock(&held_mu);
+	int was = held_passed > 0 || held_expired;
+	held_passed = held_expired = 0;
+	pthread_mutex_unlock(&held_mu);
+	if (was) {
+		char path[4096];
+		heldPath(path, sizeof(path));
+		unlink(path);
+	}
 }
 
 static ssize_t fault_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t addr,
