@@ -140,6 +140,8 @@ type Agent struct {
 
 	// reqBudget bounds the engine requests in flight (engine_budget.go).
 	reqBudget *requestBudget
+	// sessCount bounds the engine sessions open (engine_session_bound.go).
+	sessCount *sessionCount
 	// health is every peer dial's outcome, per member (peer_health.go).
 	health peerHealth
 
@@ -373,6 +375,7 @@ func (a *Agent) startEngineAPI() error {
 	// WaitForHandlers: Close must not unmap the pool under a call still
 	// writing into it.
 	a.reqBudget = newRequestBudget(a.cfg.EngineRequestMemory, a.cfg.EngineSessionRequestMemory)
+	a.sessCount = newSessionCount(a.cfg.EngineSessions, a.cfg.EngineSessionsPerProcess)
 	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxEngineMessage), grpc.WaitForHandlers(true), grpc.Creds(peerCreds{}),
 		grpc.UnaryInterceptor(a.budgetInterceptor))
 	fabricpb.RegisterEngineServer(a.engineSrv, &engineServer{a: a})

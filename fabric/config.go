@@ -337,6 +337,19 @@ type Config struct {
 	// EngineRequestMemory. If zero, DefaultEngineSessionRequestMemory
 	// (256 MiB) or EngineRequestMemory if smaller.
 	EngineSessionRequestMemory int64 `json:"engine_session_request_memory,omitempty"`
+	// EngineSessions bounds the engine sessions open at once (OpenSession
+	// streams, those yet to send their first SessionRequest included),
+	// 1..MaxEngineSessions: one past it fails RESOURCE_EXHAUSTED at once,
+	// naming the bound and how many are open. If zero,
+	// DefaultEngineSessions (1,024).
+	EngineSessions int `json:"engine_sessions,omitempty"`
+	// EngineSessionsPerProcess is the same bound for one engine process
+	// (by SO_PEERCRED), 1..EngineSessions. Sessions of a process the
+	// agent cannot name (pid 0: off Linux, or an engine in a PID
+	// namespace the agent's does not show) count only against
+	// EngineSessions, as they may be of many processes. If zero,
+	// DefaultEngineSessionsPerProcess (64) or EngineSessions if smaller.
+	EngineSessionsPerProcess int `json:"engine_sessions_per_process,omitempty"`
 
 	// EngineQuota bounds the pool bytes the block sets made for one engine
 	// (by the name it registers under) may take; a Register past it first

@@ -2,6 +2,7 @@ package fabric_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
 
@@ -156,5 +158,82 @@ func TestEngineContractCodes(t *testing.T) {
 	}
 	if r := acq.Results[0]; r.Outcome != fabricpb.Outcome_OUTCOME_MISSING || codes.Code(r.Code) != codes.NotFound {
 		t.Fatalf("acquire of a block not held: %v", r)
+	}
+}
+
+// openSessionErr opens a session on api and returns what its first answer
+// says: nil where the session opened (it stays open until ctx ends).
+func openSessionErr(ctx context.Context, api fabricpb.EngineClient) error {
+	stream, err := api.OpenSession(ctx)
+	if err != nil {
+		return err
+	}
+	// A stream refused at once may have ended before the request went:
+	// its status comes with Recv.
+	stream.Send(&fabricpb.SessionRequest{Engine: "bound"})
+	_, err = stream.Recv()
+	return err
+}
+
+// The engine sessions one process has open are bounded, streams that have
+// not yet sent their first request included: at the bound a session
+// opens, one past it fails RESOURCE_EXHAUSTED naming the bound and how
+// many are open, and once one ends another opens.
+func TestEngineSessionsPerProcessBound(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.EngineSessionsPerProcess = 2
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	api, _, _ := rawSession(t, ctx, a.EngineSocket())
+	// The second, at the bound: a stream that sends nothing yet.
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	if _, err := api.OpenSession(pctx); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "2 sessions open", func() error {
+		if n := a.Metrics().EngineSessions; n != 2 {
+			return fmt.Errorf("%d open", n)
+		}
+		return nil
+	})
+	err := openSessionErr(ctx, api)
+	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "has 2 open, at most 2 (engine_sessions_per_process)") {
+		t.Fatalf("a third session of the process: %v, want ResourceExhausted naming the bound", err)
+	}
+	if r := a.Metrics().EngineSessionsRefused; r.Process != 1 || r.Total != 0 {
+		t.Fatalf("refused %+v, want one past the process's bound", r)
+	}
+	pcancel()
+	wait.For(t, 10*time.Second, "the silent stream's end", func() error {
+		if n := a.Metrics().EngineSessions; n != 1 {
+			return fmt.Errorf("%d open", n)
+		}
+		return nil
+	})
+	if err := openSessionErr(ctx, api); err != nil {
+		t.Fatalf("a session once one ended: %v", err)
+	}
+}
+
+// The engine sessions of all processes together are bounded: with another
+// process's session open, this process's opens at the bound and one past
+// it fails RESOURCE_EXHAUSTED naming the bound, though the process is
+// within its own.
+func TestEngineSessionsTotalBound(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.EngineSessions = 2
+	a := startAgent(t, cfg)
+	startTenant(t, a, "fd") // another process, one session
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	api, _, _ := rawSession(t, ctx, a.EngineSocket()) // at the bound
+	err := openSessionErr(ctx, api)
+	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "2 open in all, at most 2 (engine_sessions)") {
+		t.Fatalf("a session past the total: %v, want ResourceExhausted naming the bound", err)
+	}
+	if r := a.Metrics().EngineSessionsRefused; r.Process != 0 || r.Total != 1 {
+		t.Fatalf("refused %+v, want one past the total", r)
 	}
 }

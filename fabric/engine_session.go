@@ -578,10 +578,17 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engi
 }
 
 // OpenSession keeps a session open for as long as its stream lives and
-// SessionRequests arrive within the keepalive bound.
+// SessionRequests arrive within the keepalive bound. A stream past the
+// bounds on sessions (sessionCount) is refused before anything is read.
 func (e *engineServer) OpenSession(stream fabricpb.Engine_OpenSessionServer) error {
 	a := e.a
 	ctx := stream.Context()
+	pid := callerPID(ctx)
+	if err := a.sessCount.take(pid); err != nil {
+		a.log.Warn("engine session refused: too many open", "pid", pid, "err", err)
+		return err
+	}
+	defer a.sessCount.give(pid)
 	type recv struct {
 		req *fabricpb.SessionRequest
 		err error

@@ -79,6 +79,8 @@ var agentSettings = []setting{
 
 	{"engine-request-memory", "EngineRequestMemory", "bytes of engine requests served at once (twice their encoded size); past it a request fails RESOURCE_EXHAUSTED (default 512MiB)"},
 	{"engine-session-request-memory", "EngineSessionRequestMemory", "the same bound per engine session, at most --engine-request-memory (default 256MiB)"},
+	{"engine-sessions", "EngineSessions", "engine sessions open at once, every process's, 1..65536; one past it fails RESOURCE_EXHAUSTED (default 1024)"},
+	{"engine-sessions-per-process", "EngineSessionsPerProcess", "engine sessions one process may have open, 1..--engine-sessions; sessions of a process the agent cannot name (pid 0: an engine in a PID namespace the agent's does not show) count only against --engine-sessions (default 64)"},
 	{"engine-quota", "EngineQuota", "pool bytes the block sets of one engine (by name) may take; another engine's cached sets are never freed for one over it (default: the pool divided among the engines with block sets)"},
 
 	{"no-cluster-eviction", "NoClusterEviction", "recycle blocks by last use alone (default: among the blocks a pool may recycle, those other live nodes also hold go before those only this node holds)"},

@@ -130,6 +130,13 @@ func TestAgentSettingLimits(t *testing.T) {
 
 		{"session request memory at the whole", []string{"--engine-request-memory", "64MiB", "--engine-session-request-memory", "64MiB"}, `"engine_session_request_memory": 67108864`, ""},
 		{"session request memory a byte past the whole", []string{"--engine-request-memory", "64MiB", "--engine-session-request-memory", "67108865"}, "", "67108865 is not in 0..engine_request_memory (67108864)"},
+		{"engine sessions 1", []string{"--engine-sessions", "1"}, `"engine_sessions_per_process": 1`, ""}, // the default per process cut to it
+		{"engine sessions 65536", []string{"--engine-sessions", "65536"}, `"engine_sessions": 65536`, ""},
+		{"engine sessions 65537", []string{"--engine-sessions", "65537"}, "", "65537 is not in 1..65536"},
+		{"engine sessions -1", []string{"--engine-sessions", "-1"}, "", "-1 is not in 1..65536"},
+		{"sessions per process at the whole", []string{"--engine-sessions", "8", "--engine-sessions-per-process", "8"}, `"engine_sessions_per_process": 8`, ""},
+		{"sessions per process one past the whole", []string{"--engine-sessions", "8", "--engine-sessions-per-process", "9"}, "", "9 is not in 1..engine_sessions (8)"},
+		{"sessions per process -1", []string{"--engine-sessions-per-process", "-1"}, "", "-1 is not in 1..engine_sessions (1024)"},
 
 		{"disk tier at 16MiB", []string{"--tier", "disk=" + dir + "/d:16MiB"}, `"disk=` + dir + `/d:16MiB"`, ""},
 		{"disk tier a byte under 16MiB", []string{"--tier", "disk=" + dir + "/d:16777215"}, "", "size 16777215 is not in 16777216 (16MiB)"},
@@ -249,6 +256,8 @@ func TestAgentSettingLimitsFromEnvironmentAndFile(t *testing.T) {
 		{"replicas 9 from the file", nil, []string{"--config", file(`{"index_mode": "owned", "index_replicas": 9}`)}, "", "index_replicas (--index-replicas): 9 not in 1..8"},
 		{"lane pending past its limit from the file", nil, []string{"--config", file(`{"lane_max_pending": 65537}`)}, "", "lane_max_pending (--lane-max-pending): 65537 not in 1..65536"},
 		{"node name with a colon from the file", nil, []string{"--config", file(`{"node_name": "a:b"}`)}, "", `node_name (--node): "a:b" must be`},
+		{"engine sessions past the bound from the environment", []string{"KVFABRIC_ENGINE_SESSIONS=65537"}, nil, "", "engine_sessions (--engine-sessions): 65537 is not in 1..65536"},
+		{"sessions per process past the whole from the file", nil, []string{"--config", file(`{"engine_sessions": 8, "engine_sessions_per_process": 9}`)}, "", "engine_sessions_per_process (--engine-sessions-per-process): 9 is not in 1..engine_sessions (8)"},
 		{"grace past 24h from the file", nil, []string{"--config", file(`{"block_set_grace": "25h"}`)}, "", "block_set_grace (--block-set-grace): 25h0m0s is more than 24h"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,7 +16,13 @@
 // the first SessionEvent carries the session id, which the engine sends on
 // every other call as gRPC metadata "kvfabric-session" (decimal). It keeps
 // the stream open, sending a SessionRequest at least every keepalive_ms
-// (a third of it is a good period). A malformed id is INVALID_ARGUMENT. The session ends
+// (a third of it is a good period). A malformed id is INVALID_ARGUMENT.
+// The sessions open at once are bounded, per process (the agent's
+// engine_sessions_per_process, 64 by default) and in all
+// (engine_sessions, 1,024), each stream counted from its start, before its
+// first SessionRequest: one past either fails RESOURCE_EXHAUSTED at once,
+// naming the bound and how many are open. A process the agent cannot
+// name (Session.pid 0) counts only in all. The session ends
 // when the engine closes the stream, the connection drops (the process
 // died) or no SessionRequest came for keepalive_ms: the agent then
 // releases its references and frees its unregistered slots; registered
@@ -59,7 +65,8 @@
 // device names 64, salt and LoRA names 256), NOT_FOUND for an unknown
 // block set and for blocks that no node holds (an Import or Acquire of
 // them: the call, or the block's BlockResult.code), RESOURCE_EXHAUSTED
-// when the pool has too few free slots, UNAVAILABLE when nodes hold the
+// when the pool has too few free slots or a session would pass the
+// bounds on sessions, UNAVAILABLE when nodes hold the
 // blocks but none could serve an import, FAILED_PRECONDITION for a slot
 // the session holds nothing on (whatever its number) or one in the wrong
 // state, and for a session that is not open (on every call that names
