@@ -256,8 +256,9 @@ type Config struct {
 	// MaxLeased bounds the blocks all peers together may hold leased on
 	// this node. If zero, three quarters of the slots of its block sets.
 	MaxLeased int `json:"max_leased,omitempty"`
-	// ImportTimeout bounds one import, all holders tried. If zero,
-	// DefaultImportTimeout.
+	// ImportTimeout bounds one import, all holders tried; an engine's
+	// import that asks for longer (ImportRequest.timeout_ms) is cut to
+	// it. If zero, DefaultImportTimeout.
 	ImportTimeout time.Duration `json:"import_timeout,omitempty"`
 	// ImportChunkBytes bounds the bytes of one chunk of an import: an
 	// import leases, reads, releases and registers a chunk at a time (at

@@ -3,6 +3,7 @@ package fabric_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -235,5 +236,44 @@ func TestEngineSessionsTotalBound(t *testing.T) {
 	}
 	if r := a.Metrics().EngineSessionsRefused; r.Process != 0 || r.Total != 1 {
 		t.Fatalf("refused %+v, want one past the total", r)
+	}
+}
+
+// An import's timeout_ms is bounded by the agent's import_timeout: an
+// engine that asks for 49 days (the most the field holds) of an import
+// that can only wait is answered DEADLINE_EXCEEDED once import_timeout
+// has passed.
+func TestImportTimeoutBoundedByTheAgents(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.ImportTimeout = 300 * time.Millisecond
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	api, _, ev := rawSession(t, ctx, a.EngineSocket())
+	sctx := inSession(ctx, ev.Session)
+	set, err := api.Register(sctx, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The import waits for the block as for another import bringing it,
+	// until its bound.
+	release := fabric.HoldImport(a, set.BlockSet, 77)
+	defer release()
+	answer := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := api.Import(sctx, &fabricpb.ImportRequest{BlockSet: set.BlockSet, Hashes: []uint64{77}, TimeoutMs: math.MaxUint32})
+		answer <- err
+	}()
+	select {
+	case err := <-answer:
+		if code(err) != codes.DeadlineExceeded {
+			t.Fatalf("import past import_timeout: %v, want DeadlineExceeded", err)
+		}
+		if took := time.Since(start); took < cfg.ImportTimeout {
+			t.Fatalf("import answered after %v, before import_timeout (%v)", took, cfg.ImportTimeout)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("import asking for timeout_ms %d not answered within 20s, import_timeout %v", uint32(math.MaxUint32), cfg.ImportTimeout)
 	}
 }

@@ -588,6 +588,20 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	return out, nil
 }
 
+// importTimeout is the bound on an engine's import that asked for ms
+// milliseconds (ImportRequest.timeout_ms): what it asked, but at most the
+// agent's import_timeout (limit), which is also the bound where it asked
+// none. An import waits (for a busy holder, for another import bringing
+// its blocks) until its bound: one the engine set past import_timeout
+// would hold its call, and the blocks other imports wait for it to bring,
+// for as long as it asked, up to 49 days.
+func importTimeout(ms uint32, limit time.Duration) time.Duration {
+	if d := time.Duration(ms) * time.Millisecond; d > 0 && d < limit {
+		return d
+	}
+	return limit
+}
+
 func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) (*fabricpb.ImportResponse, error) {
 	s, err := e.setFor(ctx, req.GetBlockSet())
 	if err != nil {
@@ -609,11 +623,7 @@ func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) 
 	if t := req.GetTokens(); t != nil {
 		ts = &tokenSource{ids: t.GetIds(), opts: layout.HashOptions{Salt: t.GetSalt(), LoRA: t.GetLora()}}
 	}
-	timeout := e.a.cfg.ImportTimeout
-	if ms := req.GetTimeoutMs(); ms > 0 {
-		timeout = time.Duration(ms) * time.Millisecond
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, importTimeout(req.GetTimeoutMs(), e.a.cfg.ImportTimeout))
 	defer cancel()
 	res := e.a.importBlocks(ctx, s, hashes, ts)
 	// Where the session ended during the import, the blocks it brought

@@ -55,7 +55,7 @@ var agentSettings = []setting{
 	{"max-lease-age", "MaxLeaseAge", "how old a lease this node granted may be and still be renewed; a renewal past it is refused and the lease ends with its term, so no peer keeps blocks pinned here for good (far past any import's read of a chunk)"},
 	{"max-leased-per-peer", "MaxLeasedPerPeer", "blocks one peer may hold leased on this node; past it leases are cut or refused (default: half the slots of the node's block sets)"},
 	{"max-leased", "MaxLeased", "blocks all peers together may hold leased on this node (default: three quarters of the slots of its block sets)"},
-	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried"},
+	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried; an engine's import asking for longer is cut to it"},
 	{"import-chunk-bytes", "ImportChunkBytes", "bytes an import leases, reads and registers at a time, e.g. 64MiB; at most 4,096 blocks whatever their size (default 64MiB, 1MiB..4GiB)"},
 	{"peer-timeout", "PeerTimeout", "how long a silent peer may stall a call"},
 	{"rdma", "RDMA", "auto: read over RDMA where this node and the holder can, QUIC elsewhere; on: refuse to start without a usable RDMA device; off: QUIC only (default auto)"},

@@ -215,11 +215,11 @@ func TestAgentSettingLimits(t *testing.T) {
 func TestAgentHelpDurationRanges(t *testing.T) {
 	_, _, help := runCmd(t, "", "agent", "-h")
 	for _, want := range []string{
-		"(default 30s, at most 24h)",        // --block-set-grace
-		"(default 10m, 1s..24h)",            // --max-lease-age
-		"(default 5s, 100ms..10m)",          // --session-keepalive
-		"(default 3s, 100ms..1m)",           // --lane-hello-timeout
-		"all holders tried (default 30s) [", // --import-timeout: no bounds
+		"(default 30s, at most 24h)",                     // --block-set-grace
+		"(default 10m, 1s..24h)",                         // --max-lease-age
+		"(default 5s, 100ms..10m)",                       // --session-keepalive
+		"(default 3s, 100ms..1m)",                        // --lane-hello-timeout
+		"asking for longer is cut to it (default 30s) [", // --import-timeout: no bounds
 	} {
 		if !strings.Contains(help, want) {
 			t.Errorf("agent -h lacks %q", want)

@@ -1825,7 +1825,8 @@ type ImportRequest struct {
 	// The sequence hashes of the blocks wanted, at the block set's page
 	// size; or leave them out and give tokens.
 	Hashes []uint64 `protobuf:"varint,2,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
-	// Bound on the whole import in milliseconds; 0: the agent's default.
+	// Bound on the whole import in milliseconds; 0: the agent's
+	// import_timeout. At most import_timeout: a longer one is cut to it.
 	TimeoutMs uint32 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	// The token ids of the sequence, instead of hashes: the agent hashes
 	// every full page of the block set's page size (a trailing partial page
