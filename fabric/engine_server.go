@@ -135,19 +135,21 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 
 // setFor returns block set id as the calling session sees it, making it
 // one of the sets the session uses. Only a set the calling process may
-// join is (joinableSet), asked again where this call attached it: a
-// Register of another process may take the set up between the two
-// (mayJoin, which does not see this session), and where its handedTo
-// came before this attach the set is handed to a process still running,
-// not to this one. The attach is then undone and the call refused; a
-// call whose session had the set already attached nothing and is not
-// asked again. The second check covers only that order: a Register's
+// join is (joinableSet), asked again where this call attached it, the
+// process then recorded as a receiver of the set where it was none
+// (joinByCall): a Register of another process may take the set up
+// between the two (mayJoin, which does not see this session), and where
+// its handedTo came before this attach the set is handed to a process
+// still running, not to this one. The attach is then undone and the call
+// refused; a call whose session had the set already attached nothing and
+// is not asked again. Once recorded, the process keeps other processes'
+// Registers off the set while it runs (their mayJoin), as a Register's
+// process does. The second check covers only that order: a Register's
 // handOver attaches before its handedTo, and setFor holds no a.mu, so
-// where the Register attaches, then this call attaches and passes its
-// second check, and only then the Register's handedTo runs, both
-// processes stay on the set: this call goes through, this process's
-// later calls naming the set are refused, and its session keeps the set
-// until it ends.
+// where the Register has looked at the set (reusableSet), then this call
+// attaches and passes its second check, and only then the Register's
+// handedTo runs, both processes stay on the set, each recorded as a
+// receiver.
 func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, error) {
 	sess, err := e.a.sessionOf(ctx)
 	if err != nil {
@@ -167,7 +169,7 @@ func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, erro
 	if !ss.attached {
 		return ss, nil // the session had the set: nothing attached to undo
 	}
-	if pid := callerPID(ctx); !es.mayCall(pid) {
+	if pid := callerPID(ctx); !es.joinByCall(pid) {
 		sess.mu.Lock()
 		delete(sess.sets, es.set.ID())
 		sess.mu.Unlock()

@@ -574,7 +574,9 @@ func (x *RegisterResponse) GetJoinToken() string {
 // never handed to another set (a new set gets fresh, zeroed pages), and a
 // set is joined only by the process it was handed to, by a process given
 // its join token (RegisterRequest.join_token) or, once every such process
-// has exited, by another (which finds new slots zeroed), where the agent
+// has exited, by another (which finds new slots zeroed, and is recorded
+// as one the set was handed to, whether it took the set up by a Register
+// or by a call naming it), where the agent
 // knows the processes (not Session.pid 0: see the Engine service's
 // errors). An agent whose host pool is pinned through the CUDA driver
 // cannot give sets memory apart: then every rank names the pool's one
