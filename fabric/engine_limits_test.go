@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout/layoutpb"
@@ -203,8 +204,13 @@ func TestEngineSessionsPerProcessBound(t *testing.T) {
 	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "has 2 open, at most 2 (engine_sessions_per_process)") {
 		t.Fatalf("a third session of the process: %v, want ResourceExhausted naming the bound", err)
 	}
-	if r := a.Metrics().EngineSessionsRefused; r.Process != 1 || r.Total != 0 {
-		t.Fatalf("refused %+v, want one past the process's bound", r)
+	// The Go client says so, without asking whether the agent runs.
+	_, err = client.Dial(ctx, a.EngineSocket())
+	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "engine_sessions_per_process") || strings.Contains(err.Error(), "is the agent running") {
+		t.Fatalf("client.Dial past the process's bound: %v, want ResourceExhausted naming the bound alone", err)
+	}
+	if r := a.Metrics().EngineSessionsRefused; r.Process != 2 || r.Total != 0 {
+		t.Fatalf("refused %+v, want two past the process's bound", r)
 	}
 	pcancel()
 	wait.For(t, 10*time.Second, "the silent stream's end", func() error {

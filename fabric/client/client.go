@@ -144,6 +144,11 @@ func (c *Client) openSession(ctx context.Context) error {
 	}
 	if err != nil {
 		cancel()
+		// An agent's refusal (past its bounds on sessions, say) says
+		// what is wrong itself: the agent is running.
+		if _, refused := status.FromError(err); refused && status.Code(err) != codes.Unavailable {
+			return fmt.Errorf("client: open session: %w", err)
+		}
 		return fmt.Errorf("client: open session: %w (is the agent running?)", err)
 	}
 	c.session, c.keepalive, c.stopKeep = ev.GetSession(), time.Duration(ev.GetKeepaliveMs())*time.Millisecond, cancel
