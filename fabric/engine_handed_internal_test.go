@@ -371,3 +371,72 @@ func TestSetHandedToAnotherBetweenCheckAndAttach(t *testing.T) {
 		t.Fatalf("after the refused call: the set's sessions %d, the call's session uses it %v; want neither", users, used)
 	}
 }
+
+// A Register checks that its process may join the set it is given, and
+// records it as a receiver, in one hold of the set's lock: a call of
+// another process that took the set up after the Register chose it
+// (here, between reusableSet and handOver: such a call holds no agent
+// lock) keeps the set, the Register's session does not use it, and the
+// Register chooses again: a new set where the pool has room, else (the
+// set was its fallback, no room for one of the slots asked) the pool's
+// refusal (the quota), never the other process's set.
+func TestRegisterChecksAgainAsItRecords(t *testing.T) {
+	for _, fallback := range []bool{false, true} {
+		name := "reused"
+		if fallback {
+			name = "fallback"
+		}
+		t.Run(name, func(t *testing.T) {
+			a, sets := quotaAgent(t, quotaSet{"e", 1, false})
+			t.Cleanup(func() { closeReceivers(a) })
+			a.cfg.BlockSetGrace = time.Hour
+			a.cfg.BlockSetSlots = 1 << 10 // the idle set's count: it is reused
+			if fallback {
+				a.cfg.BlockSetSlots = 1 << 15 // past the pool: the idle set is the fallback
+			}
+			es := sets[0]
+			self, other := int32(os.Getpid()), int32(os.Getppid())
+			joined := false
+			a.cfg.hooks.beforeHandOver = func(got *engineSet) {
+				if got == es && !joined {
+					joined = true
+					if !es.joinByCall(other) { // another process's call takes it up
+						t.Error("the other process's call may not take the idle set up")
+					}
+				}
+			}
+			sess := &session{id: 1, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, self)
+			if !joined {
+				t.Fatal("the hook did not run")
+			}
+			if fallback {
+				if err == nil {
+					t.Fatalf("Register with no room and its fallback taken up by process %d: given set %d, want an error", other, ss.set.ID())
+				}
+			} else {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ss.engineSet == es {
+					t.Fatalf("process %d given set %d, taken up by running process %d's call: both use it", self, es.set.ID(), other)
+				}
+				if !receives(ss.engineSet, self) {
+					t.Errorf("process %d not recorded as the receiver of its new set %d", self, ss.set.ID())
+				}
+			}
+			if receives(es, self) || !receives(es, other) {
+				t.Errorf("set %d's receivers %v, want process %d only", es.set.ID(), es.receivers, other)
+			}
+			es.mu.Lock()
+			users := len(es.users)
+			es.mu.Unlock()
+			sess.mu.Lock()
+			_, used := sess.sets[es.set.ID()]
+			sess.mu.Unlock()
+			if users != 0 || used {
+				t.Fatalf("set %d's sessions %d, the Register's session uses it %v; want neither", es.set.ID(), users, used)
+			}
+		})
+	}
+}

@@ -139,17 +139,15 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 // process then recorded as a receiver of the set where it was none
 // (joinByCall): a Register of another process may take the set up
 // between the two (mayJoin, which does not see this session), and where
-// its handedTo came before this attach the set is handed to a process
+// its record (joinByRegister) came before this attach the set is handed to a process
 // still running, not to this one. The attach is then undone and the call
 // refused; a call whose session had the set already attached nothing and
 // is not asked again. Once recorded, the process keeps other processes'
 // Registers off the set while it runs (their mayJoin), as a Register's
-// process does. The second check covers only that order: a Register's
-// handOver attaches before its handedTo, and setFor holds no a.mu, so
-// where the Register has looked at the set (reusableSet), then this call
-// attaches and passes its second check, and only then the Register's
-// handedTo runs, both processes stay on the set, each recorded as a
-// receiver.
+// process does. A Register that chose the set before this call took it up
+// is checked again as it records its process (handOver's joinByRegister,
+// in one hold of the set's lock): it chooses again, so that the two
+// processes are never both on the set.
 func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, error) {
 	sess, err := e.a.sessionOf(ctx)
 	if err != nil {

@@ -576,7 +576,10 @@ func (x *RegisterResponse) GetJoinToken() string {
 // its join token (RegisterRequest.join_token) or, once every such process
 // has exited, by another (which finds new slots zeroed, and is recorded
 // as one the set was handed to, whether it took the set up by a Register
-// or by a call naming it), where the agent
+// or by a call naming it: the check and the record are one step, so that
+// of two processes taking such a set up at once only one gets it, the
+// other's call refused and the other's Register given another set or the
+// quota's or the pool's refusal), where the agent
 // knows the processes (not Session.pid 0: see the Engine service's
 // errors). An agent whose host pool is pinned through the CUDA driver
 // cannot give sets memory apart: then every rank names the pool's one
