@@ -116,6 +116,10 @@ func (c *Client) withSession(ctx context.Context, method string, req, reply any,
 	return nil
 }
 
+// beforeSessionSend, set by tests, runs where openSession has opened its
+// stream and before it sends the first request.
+var beforeSessionSend func(stream fabricpb.Engine_OpenSessionClient)
+
 // openSession opens the client's session and keeps it alive until Close.
 func (c *Client) openSession(ctx context.Context) error {
 	sctx, cancel := context.WithCancel(context.Background())
@@ -124,10 +128,13 @@ func (c *Client) openSession(ctx context.Context) error {
 		cancel()
 		return fmt.Errorf("client: open session: %w", err)
 	}
-	if err := stream.Send(&fabricpb.SessionRequest{Engine: filepath.Base(os.Args[0])}); err != nil {
-		cancel()
-		return fmt.Errorf("client: open session: %w", err)
+	if beforeSessionSend != nil {
+		beforeSessionSend(stream)
 	}
+	// A stream the agent refused at once (past its bounds on sessions)
+	// may have ended before the request went: Send then says only EOF,
+	// and the refusal comes with Recv, which is asked all the same.
+	sendErr := stream.Send(&fabricpb.SessionRequest{Engine: filepath.Base(os.Args[0])})
 	first := make(chan error, 1)
 	var ev *fabricpb.SessionEvent
 	go func() {
@@ -141,6 +148,9 @@ func (c *Client) openSession(ctx context.Context) error {
 		cancel()
 		<-first
 		err = ctx.Err()
+	}
+	if err == nil && sendErr != nil {
+		err = sendErr // an answer with no request: not a session
 	}
 	if err != nil {
 		cancel()

@@ -83,3 +83,41 @@ func TestSlotsAnsweredAfterTheSessionEndedAreRefused(t *testing.T) {
 		t.Fatalf("Release answered OK after the session ended: %v", err)
 	}
 }
+
+// refusingEngine refuses every session at once, before its first request.
+type refusingEngine struct {
+	fabricpb.UnimplementedEngineServer
+}
+
+func (refusingEngine) OpenSession(stream fabricpb.Engine_OpenSessionServer) error {
+	return status.Error(codes.ResourceExhausted, "process 1: has 2 open, at most 2 (engine_sessions_per_process)")
+}
+
+// A session the agent refuses before its first request went is Dial's
+// error as the agent gave it, not the EOF its request's send then gets:
+// here the stream has ended (its header wait returns) before the send.
+func TestDialRefusedBeforeItsRequestSaysWhy(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "engine.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	fabricpb.RegisterEngineServer(srv, refusingEngine{})
+	go srv.Serve(lis)
+	defer srv.Stop()
+	beforeSessionSend = func(stream fabricpb.Engine_OpenSessionClient) {
+		stream.Header() // returns once the refused stream has ended
+	}
+	defer func() { beforeSessionSend = nil }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, sock)
+	if err == nil {
+		c.Close()
+		t.Fatal("Dial opened a session the agent refused")
+	}
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "engine_sessions_per_process") {
+		t.Fatalf("Dial refused before its request went: %v, want the agent's ResourceExhausted", err)
+	}
+}
