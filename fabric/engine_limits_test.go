@@ -184,6 +184,8 @@ func openSessionErr(ctx context.Context, api fabricpb.EngineClient) error {
 func TestEngineSessionsPerProcessBound(t *testing.T) {
 	cfg := testConfig(t, "n1")
 	cfg.EngineSessionsPerProcess = 2
+	// rawSession sends no keepalives: its session outlasts the test.
+	cfg.SessionKeepalive = time.Minute
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -231,6 +233,8 @@ func TestEngineSessionsPerProcessBound(t *testing.T) {
 func TestEngineSessionsTotalBound(t *testing.T) {
 	cfg := testConfig(t, "n1")
 	cfg.EngineSessions = 2
+	// rawSession sends no keepalives: its session outlasts the test.
+	cfg.SessionKeepalive = time.Minute
 	a := startAgent(t, cfg)
 	startTenant(t, a, "fd") // another process, one session
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -252,6 +256,8 @@ func TestEngineSessionsTotalBound(t *testing.T) {
 func TestImportTimeoutBoundedByTheAgents(t *testing.T) {
 	cfg := testConfig(t, "n1")
 	cfg.ImportTimeout = 300 * time.Millisecond
+	// rawSession sends no keepalives: its session outlasts the test.
+	cfg.SessionKeepalive = time.Minute
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
