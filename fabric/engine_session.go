@@ -585,7 +585,12 @@ func (e *engineServer) OpenSession(stream fabricpb.Engine_OpenSessionServer) err
 	ctx := stream.Context()
 	pid := callerPID(ctx)
 	if err := a.sessCount.take(pid); err != nil {
-		a.log.Warn("engine session refused: too many open", "pid", pid, "err", err)
+		// Spaced: a runaway process (or one forking without end) may
+		// open sessions many times a second, each line of its own pid;
+		// the metric counts every refusal.
+		if log, quiet := a.sessCount.refusedLog.due(time.Now(), sessionRefusedLogEvery); log {
+			a.log.Warn("engine session refused: too many open", "pid", pid, "err", err, "not_logged", quiet)
+		}
 		return err
 	}
 	defer a.sessCount.give(pid)

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -39,7 +40,15 @@ type sessionCount struct {
 	// refusedProcess and refusedTotal count the streams refused past the
 	// per-process bound and past the total.
 	refusedProcess, refusedTotal uint64
+	// refusedLog spaces the log lines of refusals (OpenSession): at most
+	// one per sessionRefusedLogEvery, those not logged counted in the
+	// next; kvfabric_engine_sessions_refused_total counts every one.
+	refusedLog logSpacing
 }
+
+// sessionRefusedLogEvery is how often, at most, a refused session stream
+// is logged.
+const sessionRefusedLogEvery = 10 * time.Second
 
 func newSessionCount(total, perProcess int) *sessionCount {
 	return &sessionCount{total: total, perProcess: perProcess, byPID: map[int32]int{}}

@@ -1,11 +1,18 @@
 package fabric
 
 import (
+	"context"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 )
 
 // The session count takes sessions up to each bound and refuses one past,
@@ -53,5 +60,44 @@ func TestSessionCount(t *testing.T) {
 	}
 	if open, _, _ := c.snapshot(); open != 0 || len(c.byPID) != 0 {
 		t.Fatalf("all given back: %d open, by process %v", open, c.byPID)
+	}
+}
+
+// refusedStream is a session stream of process pid that the agent refuses
+// before it reads anything: only its context is asked for.
+type refusedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s refusedStream) Context() context.Context        { return s.ctx }
+func (refusedStream) Send(*fabricpb.SessionEvent) error { panic("a refused stream is sent nothing") }
+func (refusedStream) Recv() (*fabricpb.SessionRequest, error) {
+	panic("a refused stream is read nothing")
+}
+
+// Refused session streams are logged spaced, not each: a flood of them,
+// each of a process of its own (so that no two lines are alike, and the
+// log's folding of repeats does not apply), logs one line while every
+// refusal is counted.
+func TestRefusedSessionsLoggedSpaced(t *testing.T) {
+	var logs lockedLog
+	log := slog.New(newRepeatFolder(slog.NewTextHandler(&logs, nil), time.Now, afterFunc))
+	a := &Agent{log: log, sessCount: newSessionCount(1, 1)}
+	if err := a.sessCount.take(1); err != nil { // the total, taken
+		t.Fatal(err)
+	}
+	const refused = 50
+	for pid := int32(2); pid < 2+refused; pid++ {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: peerCred{pid: pid}})
+		if err := (&engineServer{a: a}).OpenSession(refusedStream{ctx: ctx}); status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("process %d's session past the total: %v, want ResourceExhausted", pid, err)
+		}
+	}
+	if lines := logs.lines("engine session refused"); lines != 1 {
+		t.Fatalf("%d refusals in a row logged %d lines, want 1", refused, lines)
+	}
+	if _, _, total := a.sessCount.snapshot(); total != refused {
+		t.Fatalf("refusals counted %d, want %d", total, refused)
 	}
 }
