@@ -38,7 +38,8 @@ import (
 
 // Client is a connection to the local agent, working inside one engine
 // session: what it allocates, references and registers block sets for is
-// given back by the agent when the client closes or its process dies. It
+// given back by the agent when the client closes or its process dies
+// (dialled WithoutSession, under the agent's implicit session instead). It
 // is safe for concurrent use.
 type Client struct {
 	conn   *grpc.ClientConn
@@ -56,9 +57,33 @@ type Client struct {
 	ipcs map[cuda.IPCHandle]*cuda.IPCMemory
 }
 
+// DialOption changes what Dial does.
+type DialOption func(*dialOptions)
+
+type dialOptions struct {
+	noSession bool
+}
+
+// WithoutSession has Dial open no session: the client's calls run under
+// the agent's implicit session, which never ends, so that what they hold
+// (slots, references, block sets) stays held until released. It is for
+// callers that hold nothing, such as Status and a Lookup naming no block
+// set (kvfabric status, members, lookup): the agent's bounds on sessions
+// (engine_sessions, engine_sessions_per_process) do not refuse them, so
+// an operator can look at an agent whose sessions are all taken. Nothing
+// is asked of the agent until the first call.
+func WithoutSession() DialOption {
+	return func(o *dialOptions) { o.noSession = true }
+}
+
 // Dial connects to the agent's engine socket and opens a session, which
-// lasts until Close. ctx bounds the dial and the opening.
-func Dial(ctx context.Context, socket string) (*Client, error) {
+// lasts until Close (none with WithoutSession). ctx bounds the dial and
+// the opening.
+func Dial(ctx context.Context, socket string, opts ...DialOption) (*Client, error) {
+	var o dialOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if _, err := os.Stat(socket); err != nil {
 		return nil, fmt.Errorf("client: engine socket: %w (is the agent running?)", err)
 	}
@@ -77,6 +102,9 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	c.conn, c.api, c.socket = conn, fabricpb.NewEngineClient(conn), abs
+	if o.noSession {
+		return c, nil
+	}
 	if err := c.openSession(ctx); err != nil {
 		conn.Close()
 		return nil, err
@@ -201,7 +229,7 @@ func (c *Client) keepAlive(stream fabricpb.Engine_OpenSessionClient) {
 	}
 }
 
-// Session returns the id of the client's session.
+// Session returns the id of the client's session, 0 for none (WithoutSession).
 func (c *Client) Session() uint64 { return c.session }
 
 // SessionErr says why the client's session ended before Close, nil while
