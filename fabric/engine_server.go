@@ -147,7 +147,11 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 // process does. A Register that chose the set before this call took it up
 // is checked again as it records its process (handOver's joinByRegister,
 // in one hold of the set's lock): it chooses again, so that the two
-// processes are never both on the set.
+// processes are never both on the set. The callers check the request's
+// other fields after this: a call refused for them (INVALID_ARGUMENT) has
+// still taken the set up, its process recorded, as it would have been
+// had the call gone on (the fields are each call's own, checked in its
+// handler once it has the set).
 func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, error) {
 	sess, err := e.a.sessionOf(ctx)
 	if err != nil {
