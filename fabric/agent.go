@@ -709,12 +709,13 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 // is handed to, before a.mu is let go: no other live process's Register
 // may join es from then on (reusableSet's mayJoin), though the engine has
 // not been answered yet. The record is made in the same hold of es.mu as
-// the check that pid may join es (joinByRegister), as a call's is
-// (setFor's joinByCall): a call of another process, which takes no a.mu,
-// may have taken es up since reusableSet looked at it (its process then
-// recorded as a receiver); es is then detached again, nothing recorded,
-// and errJoinedMeanwhile returned, for the Register to choose again.
-// Where the attach fails (the session ended), nothing is recorded. A
+// the check that pid may join es and the attach (attachJoining), so that
+// no call sees sess use es before pid is checked: a call of another
+// process, which takes no a.mu, may have taken es up since reusableSet
+// looked at it (its process then recorded as a receiver); nothing is then
+// attached or recorded, and errJoinedMeanwhile returned, for the Register
+// to choose again. Where the attach fails (the session ended), nothing is
+// recorded. A
 // receiver recorded for a Register that fails after this (its answer not
 // made) keeps other processes off es only while it lives: mayJoin
 // forgets it once it has exited (its pidfd). a.mu is held.
@@ -722,20 +723,7 @@ func (a *Agent) handOver(sess *session, es *engineSet, pid int32) (*sessionSet, 
 	if f := a.cfg.hooks.beforeHandOver; f != nil {
 		f(es)
 	}
-	ss, err := a.attach(sess, es)
-	if err != nil {
-		return nil, err
-	}
-	if !es.joinByRegister(pid) {
-		if ss.attached {
-			sess.mu.Lock()
-			delete(sess.sets, es.set.ID())
-			sess.mu.Unlock()
-			a.detach(sess, es)
-		}
-		return nil, errJoinedMeanwhile
-	}
-	return ss, nil
+	return a.attachJoining(sess, es, pid)
 }
 
 // errJoinedMeanwhile is handOver's answer where the set chosen for a

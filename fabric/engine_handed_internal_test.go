@@ -372,6 +372,52 @@ func TestSetHandedToAnotherBetweenCheckAndAttach(t *testing.T) {
 	}
 }
 
+// A call under the implicit session, which every sessionless call of any
+// process uses, is asked whether its process may use the set it names
+// even where the session has the set already: another process's
+// sessionless call that attached the set to that session, and recorded
+// its process, between this call's check and its attach leaves this call
+// refused (PERMISSION_DENIED), the other process's use kept.
+func TestImplicitSessionSetTakenUpByAnotherProcessCall(t *testing.T) {
+	a, sets := quotaAgent(t, quotaSet{"e", 1, false})
+	t.Cleanup(func() { closeReceivers(a) })
+	a.cfg.BlockSetGrace = time.Hour
+	sess := &session{sets: map[pool.SetID]*engineSet{}}
+	a.unowned = sess
+	es := sets[0]
+	other := int32(os.Getppid())
+	taken := false
+	a.cfg.hooks.beforeAttach = func(got *engineSet) {
+		if got == es && !taken {
+			taken = true
+			// Another process's sessionless call, as setFor makes it.
+			if _, err := a.attach(sess, es); err != nil {
+				t.Error(err)
+			}
+			if !es.joinByCall(other) {
+				t.Error("the other process's call may not take the idle set up")
+			}
+		}
+	}
+	ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: peerCred{pid: int32(os.Getpid())}})
+	_, err := (&engineServer{a: a}).setFor(ctx, uint64(es.set.ID()))
+	if !taken {
+		t.Fatal("the hook did not run")
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a sessionless call naming set %d, taken up meanwhile by running process %d's sessionless call: %v, want PermissionDenied", es.set.ID(), other, err)
+	}
+	if receives(es, int32(os.Getpid())) || !receives(es, other) {
+		t.Errorf("set %d's receivers %v, want process %d only", es.set.ID(), es.receivers, other)
+	}
+	es.mu.Lock()
+	_, used := es.users[sess.id]
+	es.mu.Unlock()
+	if !used {
+		t.Error("the other process's use of the set was undone by the refused call")
+	}
+}
+
 // A Register checks that its process may join the set it is given, and
 // records it as a receiver, in one hold of the set's lock: a call of
 // another process that took the set up after the Register chose it

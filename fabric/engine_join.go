@@ -65,7 +65,7 @@ func (a *Agent) joinSet(sess *session, engine string, id uint64, token string, t
 		sess.mu.Unlock()
 	}
 	// Whatever other receivers live: the token is the credential, so no
-	// check of them (handOver's joinByRegister) is made.
+	// check of them (handOver's attachJoining) is made.
 	ss, err := a.attach(sess, es)
 	if err != nil {
 		return nil, err

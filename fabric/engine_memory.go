@@ -378,14 +378,6 @@ func (es *engineSet) mayCall(pid int32) bool { return es.call(pid, false) }
 // from the receiver that exited), and its later calls are a receiver's.
 func (es *engineSet) joinByCall(pid int32) bool { return es.call(pid, true) }
 
-// joinByRegister is joinByCall for a Register that has chosen es
-// (handOver): pid is recorded as a receiver in the same hold of es.mu as
-// the check that it may join es, so that a call of another process that
-// took es up since the Register chose it (reusableSet's mayJoin, in an
-// earlier hold) keeps es, and this Register chooses again. A process of
-// pid 0 may join, and is recorded as no receiver.
-func (es *engineSet) joinByRegister(pid int32) bool { return es.call(pid, true) }
-
 // call is mayCall, and joinByCall where record is set. A caller of pid 0
 // may call, and is recorded as no receiver, as by handedTo.
 func (es *engineSet) call(pid int32, record bool) bool {
@@ -394,6 +386,16 @@ func (es *engineSet) call(pid int32, record bool) bool {
 	}
 	es.mu.Lock()
 	defer es.mu.Unlock()
+	return es.callLocked(pid, record)
+}
+
+// callLocked is call with es.mu held: a Register's attach
+// (attachJoining) checks and records its process so, in the hold of es.mu
+// in which it makes es one of its session's sets.
+func (es *engineSet) callLocked(pid int32, record bool) bool {
+	if pid <= 0 {
+		return true
+	}
 	fd, handed := es.receivers[pid]
 	handed = handed && processAlive(pid, fd)
 	if handed || !es.mayJoinLocked(pid) {

@@ -135,18 +135,20 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 
 // setFor returns block set id as the calling session sees it, making it
 // one of the sets the session uses. Only a set the calling process may
-// join is (joinableSet), asked again where this call attached it, the
+// join is (joinableSet), asked again once this call has attached it, the
 // process then recorded as a receiver of the set where it was none
 // (joinByCall): a Register of another process may take the set up
 // between the two (mayJoin, which does not see this session), and where
-// its record (joinByRegister) came before this attach the set is handed to a process
+// its record (attachJoining) came before this attach the set is handed to a process
 // still running, not to this one. The attach is then undone and the call
-// refused; a call whose session had the set already attached nothing and
-// is not asked again. Once recorded, the process keeps other processes'
+// refused; a call whose session had the set already attached nothing,
+// and is asked again all the same: the session may be the implicit one,
+// which another process's sessionless call attached the set to, that
+// process recorded. Once recorded, the process keeps other processes'
 // Registers off the set while it runs (their mayJoin), as a Register's
 // process does. A Register that chose the set before this call took it up
-// is checked again as it records its process (handOver's joinByRegister,
-// in one hold of the set's lock): it chooses again, so that the two
+// is checked again as it records its process (handOver's attachJoining,
+// in the hold of the set's lock that attaches it): it chooses again, so that the two
 // processes are never both on the set. The callers check the request's
 // other fields after this: a call refused for them (INVALID_ARGUMENT) has
 // still taken the set up, its process recorded, as it would have been
@@ -168,10 +170,13 @@ func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, erro
 	if err != nil {
 		return nil, err
 	}
-	if !ss.attached {
-		return ss, nil // the session had the set: nothing attached to undo
-	}
+	// Asked even where the session had the set (nothing attached): it
+	// may be the implicit session, which any process's sessionless call
+	// uses, the set taken up by another process's.
 	if pid := callerPID(ctx); !es.joinByCall(pid) {
+		if !ss.attached {
+			return nil, notHandedError(id, pid)
+		}
 		sess.mu.Lock()
 		delete(sess.sets, es.set.ID())
 		sess.mu.Unlock()
