@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"testing"
@@ -459,6 +460,10 @@ func TestRegisterChecksAgainAsItRecords(t *testing.T) {
 			if fallback {
 				if err == nil {
 					t.Fatalf("Register with no room and its fallback taken up by process %d: given set %d, want an error", other, ss.set.ID())
+				}
+				// The pool's refusal, chosen again: not the set taken up.
+				if errors.Is(err, errJoinedMeanwhile) || status.Code(toStatus(err)) != codes.ResourceExhausted {
+					t.Fatalf("Register with no room and its fallback taken up by process %d: %v, want the quota's refusal (ResourceExhausted)", other, err)
 				}
 			} else {
 				if err != nil {
