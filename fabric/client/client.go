@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -47,6 +48,7 @@ type Client struct {
 	socket string // the engine socket's absolute path
 
 	session   uint64
+	noSession bool // dialled WithoutSession: only sessionless calls go
 	keepalive time.Duration
 	stopKeep  context.CancelFunc
 	keepDone  chan struct{}
@@ -66,12 +68,15 @@ type dialOptions struct {
 
 // WithoutSession has Dial open no session: the client's calls run under
 // the agent's implicit session, which never ends, so that what they hold
-// (slots, references, block sets) stays held until released. It is for
-// callers that hold nothing, such as Status and a Lookup naming no block
-// set (kvfabric status, members, lookup): the agent's bounds on sessions
-// (engine_sessions, engine_sessions_per_process) do not refuse them, so
-// an operator can look at an agent whose sessions are all taken. Nothing
-// is asked of the agent until the first call.
+// (slots, references, block sets) would stay held until released. It is
+// for callers that hold nothing, Status and Lookup (kvfabric status,
+// members, lookup): the agent's bounds on sessions (engine_sessions,
+// engine_sessions_per_process) do not refuse them, so an operator can
+// look at an agent whose sessions are all taken. Every other call
+// (Register, and the calls naming a block set, which take it up) is
+// refused by the client itself (FAILED_PRECONDITION), sent nowhere: it
+// would take slots or sets under the implicit session, outside those
+// bounds. Nothing is asked of the agent until the first call.
 func WithoutSession() DialOption {
 	return func(o *dialOptions) { o.noSession = true }
 }
@@ -103,6 +108,7 @@ func Dial(ctx context.Context, socket string, opts ...DialOption) (*Client, erro
 	}
 	c.conn, c.api, c.socket = conn, fabricpb.NewEngineClient(conn), abs
 	if o.noSession {
+		c.noSession = true
 		return c, nil
 	}
 	if err := c.openSession(ctx); err != nil {
@@ -110,6 +116,13 @@ func Dial(ctx context.Context, socket string, opts ...DialOption) (*Client, erro
 		return nil, err
 	}
 	return c, nil
+}
+
+// sessionless names the calls a client dialled WithoutSession makes: they
+// hold nothing.
+var sessionless = map[string]bool{
+	fabricpb.Engine_Status_FullMethodName: true,
+	fabricpb.Engine_Lookup_FullMethodName: true,
 }
 
 // handsSlots names the calls whose answer hands the engine slots or blocks
@@ -130,6 +143,9 @@ var handsSlots = map[string]bool{
 // end that comes just after.) Other calls' answers stay true: a Release
 // that succeeded did release.
 func (c *Client) withSession(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if c.noSession && !sessionless[method] {
+		return status.Errorf(codes.FailedPrecondition, "client: %s: dialled WithoutSession, which only looks (Status, Lookup): a call that registers, or names a block set, takes slots or sets, and needs a session of its own (Dial without WithoutSession)", path.Base(method))
+	}
 	if c.session != 0 {
 		ctx = metadata.AppendToOutgoingContext(ctx, fabricpb.SessionMetadata, strconv.FormatUint(c.session, 10))
 	}
