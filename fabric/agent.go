@@ -695,11 +695,18 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	a.warnIndexBound(tmpl.Strides().Block*uint64(tmpl.TPSize), "a block set's blocks")
 	ss, err := a.handOver(sess, s, pid)
 	if err != nil {
-		// The session ended meanwhile: the new set is idle from now.
+		// The session ended meanwhile, or a call of another process
+		// named the new set by its id and took it up (errJoinedMeanwhile):
+		// a set no session uses is idle from now.
 		s.mu.Lock()
-		s.idleSince = time.Now()
-		a.scheduleFree(s, a.cfg.BlockSetGrace)
+		if len(s.users) == 0 && !s.freed {
+			s.idleSince = time.Now()
+			a.scheduleFree(s, a.cfg.BlockSetGrace)
+		}
 		s.mu.Unlock()
+		if errors.Is(err, errJoinedMeanwhile) {
+			return nil, status.Errorf(codes.Aborted, "block set %d: made for this Register, and taken up meanwhile by a call of another process that named it; register again", set.ID())
+		}
 		return nil, err
 	}
 	return ss, nil

@@ -491,3 +491,43 @@ func TestRegisterChecksAgainAsItRecords(t *testing.T) {
 		})
 	}
 }
+
+// A Register whose new set is taken up, as it is handed over, by a call
+// of another process that named it by its id is answered ABORTED (register
+// again), a status the engine can read, and the set that process's
+// session uses is not made idle (its grace timer) under it.
+func TestNewSetTakenUpAsItIsHandedOver(t *testing.T) {
+	a, _ := quotaAgent(t)
+	t.Cleanup(func() { closeReceivers(a) })
+	a.cfg.BlockSetGrace = time.Hour
+	a.cfg.BlockSetSlots = 1 << 10
+	self, other := int32(os.Getpid()), int32(os.Getppid())
+	otherSess := &session{id: 2, sets: map[pool.SetID]*engineSet{}}
+	var taken *engineSet
+	a.cfg.hooks.beforeHandOver = func(got *engineSet) {
+		if taken == nil {
+			taken = got
+			// Another process's call, as setFor makes it.
+			if _, err := a.attach(otherSess, got); err != nil {
+				t.Error(err)
+			}
+			if !got.joinByCall(other) {
+				t.Error("the other process's call may not take the new set up")
+			}
+		}
+	}
+	sess := &session{id: 1, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	_, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, self)
+	if taken == nil {
+		t.Fatal("the hook did not run")
+	}
+	if status.Code(err) != codes.Aborted {
+		t.Fatalf("Register whose new set %d was taken up by process %d's call: %v, want ABORTED", taken.set.ID(), other, err)
+	}
+	taken.mu.Lock()
+	idle, users := !taken.idleSince.IsZero(), len(taken.users)
+	taken.mu.Unlock()
+	if idle || users != 1 {
+		t.Errorf("new set %d, used by process %d's session: idle %v, sessions %d; want not idle, 1", taken.set.ID(), other, idle, users)
+	}
+}
