@@ -586,7 +586,9 @@ func (x *RegisterResponse) GetJoinToken() string {
 // other's call refused and the other's Register given another set or the
 // quota's or the pool's refusal), where the agent
 // knows the processes (not Session.pid 0: see the Engine service's
-// errors). An agent whose host pool is pinned through the CUDA driver
+// errors): a Register or call from a process whose pid the agent cannot
+// see (pid 0) is not kept off a set handed to another, nor recorded as
+// one the set was handed to. An agent whose host pool is pinned through the CUDA driver
 // cannot give sets memory apart: then every rank names the pool's one
 // memory file (the same token), as the agent logs at start.
 //
