@@ -140,6 +140,8 @@ type Agent struct {
 
 	// reqBudget bounds the engine requests in flight (engine_budget.go).
 	reqBudget *requestBudget
+	// sessCount bounds the engine sessions open (engine_session_bound.go).
+	sessCount *sessionCount
 	// health is every peer dial's outcome, per member (peer_health.go).
 	health peerHealth
 
@@ -373,6 +375,7 @@ func (a *Agent) startEngineAPI() error {
 	// WaitForHandlers: Close must not unmap the pool under a call still
 	// writing into it.
 	a.reqBudget = newRequestBudget(a.cfg.EngineRequestMemory, a.cfg.EngineSessionRequestMemory)
+	a.sessCount = newSessionCount(a.cfg.EngineSessions, a.cfg.EngineSessionsPerProcess)
 	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxEngineMessage), grpc.WaitForHandlers(true), grpc.Creds(peerCreds{}),
 		grpc.UnaryInterceptor(a.budgetInterceptor))
 	fabricpb.RegisterEngineServer(a.engineSrv, &engineServer{a: a})
@@ -620,7 +623,8 @@ func (a *Agent) blockSetFor(engine string, tmpl *layout.Layout) (*engineSet, err
 // A set is joined only by the process its memory was handed to, or once
 // every such process has exited (pid, the caller's process; 0 where
 // unknown): see engine_memory.go. pid is recorded as the set's receiver
-// before a.mu is let go (handOver).
+// before a.mu is let go, in the same hold of the set's lock as the check
+// that it may join the set (handOver).
 func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.Layout, place []int, pid int32) (*sessionSet, error) {
 	// One at a time, even where freeing an idle set for room lets a.mu go
 	// while it waits (freeIdleLocked).
@@ -652,20 +656,36 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		}
 		tmpl.Slots = a.defaultSlots(&probe, place)
 	}
-	best, own := a.reusableSet(sess, tmpl, asked, place, pid)
-	if best != nil && (own || best.set.Usable() >= tmpl.Slots) {
-		return a.handOver(sess, best, pid)
-	}
-	// Checked before the quota, which sizes the set from it.
-	if err := tmpl.Validate(); err != nil {
-		return nil, err
-	}
-	s, best, err := a.newSetForSession(sess, engine, tmpl, asked, place, pid, best)
-	if best != nil {
-		return a.handOver(sess, best, pid)
-	}
-	if err != nil {
-		return nil, err
+	// Chosen again where a set chosen was taken up meanwhile by another
+	// process's call (handOver's errJoinedMeanwhile): reusableSet passes
+	// over that set while that process runs, so this ends.
+	var s *engineSet
+	for {
+		best, own := a.reusableSet(sess, tmpl, asked, place, pid)
+		if best != nil && (own || best.set.Usable() >= tmpl.Slots) {
+			ss, err := a.handOver(sess, best, pid)
+			if errors.Is(err, errJoinedMeanwhile) {
+				continue
+			}
+			return ss, err
+		}
+		// Checked before the quota, which sizes the set from it.
+		if err := tmpl.Validate(); err != nil {
+			return nil, err
+		}
+		made, best, err := a.newSetForSession(sess, engine, tmpl, asked, place, pid, best)
+		if best != nil {
+			ss, err := a.handOver(sess, best, pid)
+			if errors.Is(err, errJoinedMeanwhile) {
+				continue
+			}
+			return ss, err
+		}
+		if err != nil {
+			return nil, err
+		}
+		s = made
+		break
 	}
 	set := s.set
 	a.sets[set.ID()] = s
@@ -675,33 +695,48 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	a.warnIndexBound(tmpl.Strides().Block*uint64(tmpl.TPSize), "a block set's blocks")
 	ss, err := a.handOver(sess, s, pid)
 	if err != nil {
-		// The session ended meanwhile: the new set is idle from now.
+		// The session ended meanwhile, or a call of another process
+		// named the new set by its id and took it up (errJoinedMeanwhile):
+		// a set no session uses is idle from now.
 		s.mu.Lock()
-		s.idleSince = time.Now()
-		a.scheduleFree(s, a.cfg.BlockSetGrace)
+		if len(s.users) == 0 && !s.freed {
+			s.idleSince = time.Now()
+			a.scheduleFree(s, a.cfg.BlockSetGrace)
+		}
 		s.mu.Unlock()
+		if errors.Is(err, errJoinedMeanwhile) {
+			return nil, status.Errorf(codes.Aborted, "block set %d: made for this Register, and taken up meanwhile by a call of another process that named it; register again", set.ID())
+		}
 		return nil, err
 	}
 	return ss, nil
 }
 
 // handOver attaches es to sess and records pid as a process es's memory
-// is handed to (handedTo), before a.mu is let go: no other live
-// process's Register may join es from then on (reusableSet's mayJoin),
-// though the engine has not been answered yet. Where the attach fails
-// (the session ended), nothing is recorded. A receiver recorded for a
-// Register that fails after this (its answer not made) keeps other
-// processes off es only while it lives: mayJoin forgets it once it has
-// exited (its pidfd). a.mu is held; handedTo takes es.mu after it, as
-// mayJoin does.
+// is handed to, before a.mu is let go: no other live process's Register
+// may join es from then on (reusableSet's mayJoin), though the engine has
+// not been answered yet. The record is made in the same hold of es.mu as
+// the check that pid may join es and the attach (attachJoining), so that
+// no call sees sess use es before pid is checked: a call of another
+// process, which takes no a.mu, may have taken es up since reusableSet
+// looked at it (its process then recorded as a receiver); nothing is then
+// attached or recorded, and errJoinedMeanwhile returned, for the Register
+// to choose again. Where the attach fails (the session ended), nothing is
+// recorded. A
+// receiver recorded for a Register that fails after this (its answer not
+// made) keeps other processes off es only while it lives: mayJoin
+// forgets it once it has exited (its pidfd). a.mu is held.
 func (a *Agent) handOver(sess *session, es *engineSet, pid int32) (*sessionSet, error) {
-	ss, err := a.attach(sess, es)
-	if err != nil {
-		return nil, err
+	if f := a.cfg.hooks.beforeHandOver; f != nil {
+		f(es)
 	}
-	a.handedTo(es, pid)
-	return ss, nil
+	return a.attachJoining(sess, es, pid)
 }
+
+// errJoinedMeanwhile is handOver's answer where the set chosen for a
+// Register was taken up, since it was chosen, by a call of another
+// process that still runs: the Register chooses again.
+var errJoinedMeanwhile = errors.New("block set taken up by another process since it was chosen")
 
 // freeUnused frees set, just made and given to no engine, saying msg where
 // it cannot be. a.mu is held.

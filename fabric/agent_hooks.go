@@ -66,6 +66,10 @@ type testHooks struct {
 	// is about to attach it to its session (setFor), given the set: a
 	// test hands it to another process meanwhile.
 	beforeAttach func(es *engineSet)
+	// beforeHandOver, if set, runs where a Register has chosen es (a
+	// set it may join, or one it made) and before it attaches es and
+	// records its process (handOver), with the agent's lock held.
+	beforeHandOver func(es *engineSet)
 	// setMemory, if set, runs where a new set's memory for engines
 	// (isolated engine memory only) has its sections' files made, placed
 	// false (prepareSetMemory), and where they are placed under the set,

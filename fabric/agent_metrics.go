@@ -206,6 +206,12 @@ type Metrics struct {
 	// requests refused for passing that bound or the session's.
 	EngineRequestBytes    int64
 	EngineRequestsRefused uint64
+	// EngineSessions are the engine sessions open (their streams, those
+	// yet to send their first request included); EngineSessionsRefused
+	// the streams refused past EngineSessionsPerProcess (Process) and
+	// past EngineSessions (Total).
+	EngineSessions        int
+	EngineSessionsRefused SessionsRefused
 	// EngineSetJoins counts the Registers that joined a block set by its
 	// join token (an engine's other processes).
 	EngineSetJoins uint64
@@ -239,6 +245,12 @@ type Metrics struct {
 	// OwnedIndex counts the owned-slices index's traffic; zero in whole
 	// mode.
 	OwnedIndex OwnedIndexMetrics
+}
+
+// SessionsRefused counts the engine session streams refused, by the bound
+// they would have passed.
+type SessionsRefused struct {
+	Process, Total uint64
 }
 
 // CertificateExpiry names a certificate ("node" or "ca") and its end.
@@ -310,6 +322,9 @@ func (a *Agent) Metrics() Metrics {
 	m.EngineSetJoins = a.stats.setJoins.Load()
 	if a.reqBudget != nil {
 		m.EngineRequestBytes, m.EngineRequestsRefused = a.reqBudget.snapshot()
+	}
+	if a.sessCount != nil {
+		m.EngineSessions, m.EngineSessionsRefused.Process, m.EngineSessionsRefused.Total = a.sessCount.snapshot()
 	}
 	if id := a.identity.Load(); id != nil {
 		m.Certificates = []CertificateExpiry{{"node", id.Leaf.NotAfter}, {"ca", id.CA.NotAfter}}

@@ -307,9 +307,9 @@ type Config struct {
 	// MaxLeased bounds the blocks all peers together may hold leased on
 	// this node. If zero, three quarters of the slots of its block sets.
 	MaxLeased int `json:"max_leased,omitempty"`
-	// ImportTimeout bounds one import, all holders tried, where the
-	// engine's call gives no bound of its own, and the tiers' work for an
-	// engine (read-ahead, waits for copies down).
+	// ImportTimeout bounds one import, all holders tried, and the tiers'
+	// work for an engine (read-ahead, waits for copies down); an engine's
+	// import that asks for longer (ImportRequest.timeout_ms) is cut to it.
 	// MinImportTimeout to MaxImportTimeout. If zero, DefaultImportTimeout.
 	ImportTimeout time.Duration `json:"import_timeout,omitempty"`
 	// ImportChunkBytes bounds the bytes of one chunk of an import: an
@@ -390,6 +390,19 @@ type Config struct {
 	// EngineRequestMemory. If zero, DefaultEngineSessionRequestMemory
 	// (256 MiB) or EngineRequestMemory if smaller.
 	EngineSessionRequestMemory int64 `json:"engine_session_request_memory,omitempty"`
+	// EngineSessions bounds the engine sessions open at once (OpenSession
+	// streams, those yet to send their first SessionRequest included),
+	// 1..MaxEngineSessions: one past it fails RESOURCE_EXHAUSTED at once,
+	// naming the bound and how many are open. If zero,
+	// DefaultEngineSessions (1,024).
+	EngineSessions int `json:"engine_sessions,omitempty"`
+	// EngineSessionsPerProcess is the same bound for one engine process
+	// (by SO_PEERCRED), 1..EngineSessions. Sessions of a process the
+	// agent cannot name (pid 0: off Linux, or an engine in a PID
+	// namespace the agent's does not show) count only against
+	// EngineSessions, as they may be of many processes. If zero,
+	// DefaultEngineSessionsPerProcess (64) or EngineSessions if smaller.
+	EngineSessionsPerProcess int `json:"engine_sessions_per_process,omitempty"`
 
 	// EngineQuota bounds the pool bytes the block sets made for one engine
 	// (by the name it registers under) may take; a Register past it first

@@ -97,13 +97,20 @@ func (a *Agent) budgetInterceptor(ctx context.Context, req any, info *grpc.Unary
 	return handler(ctx, req)
 }
 
-// populateEngineLimits fills the engine request bounds' defaults.
+// populateEngineLimits fills the defaults of the bounds on engine requests
+// and sessions.
 func (c *Config) populateEngineLimits() {
 	if c.EngineRequestMemory == 0 {
 		c.EngineRequestMemory = DefaultEngineRequestMemory
 	}
 	if c.EngineSessionRequestMemory == 0 {
 		c.EngineSessionRequestMemory = min(DefaultEngineSessionRequestMemory, c.EngineRequestMemory)
+	}
+	if c.EngineSessions == 0 {
+		c.EngineSessions = DefaultEngineSessions
+	}
+	if c.EngineSessionsPerProcess == 0 {
+		c.EngineSessionsPerProcess = min(DefaultEngineSessionsPerProcess, c.EngineSessions)
 	}
 }
 
@@ -115,6 +122,10 @@ func (c *Config) validateEngineLimits() error {
 		return badSetting("engine_quota", "%d is negative", c.EngineQuota)
 	case c.EngineSessionRequestMemory < 0 || c.EngineSessionRequestMemory > c.EngineRequestMemory:
 		return badSetting("engine_session_request_memory", "%d is not in 0..engine_request_memory (%d)", c.EngineSessionRequestMemory, c.EngineRequestMemory)
+	case c.EngineSessions < 0 || c.EngineSessions > MaxEngineSessions:
+		return badSetting("engine_sessions", "%d is not in 1..%d (0: %d)", c.EngineSessions, MaxEngineSessions, DefaultEngineSessions)
+	case c.EngineSessionsPerProcess < 0 || c.EngineSessionsPerProcess > c.EngineSessions:
+		return badSetting("engine_sessions_per_process", "%d is not in 1..engine_sessions (%d)", c.EngineSessionsPerProcess, c.EngineSessions)
 	}
 	return nil
 }

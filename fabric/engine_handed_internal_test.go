@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"testing"
@@ -369,5 +370,164 @@ func TestSetHandedToAnotherBetweenCheckAndAttach(t *testing.T) {
 	sess.mu.Unlock()
 	if users != 0 || used {
 		t.Fatalf("after the refused call: the set's sessions %d, the call's session uses it %v; want neither", users, used)
+	}
+}
+
+// A call under the implicit session, which every sessionless call of any
+// process uses, is asked whether its process may use the set it names
+// even where the session has the set already: another process's
+// sessionless call that attached the set to that session, and recorded
+// its process, between this call's check and its attach leaves this call
+// refused (PERMISSION_DENIED), the other process's use kept.
+func TestImplicitSessionSetTakenUpByAnotherProcessCall(t *testing.T) {
+	a, sets := quotaAgent(t, quotaSet{"e", 1, false})
+	t.Cleanup(func() { closeReceivers(a) })
+	a.cfg.BlockSetGrace = time.Hour
+	sess := &session{sets: map[pool.SetID]*engineSet{}}
+	a.unowned = sess
+	es := sets[0]
+	other := int32(os.Getppid())
+	taken := false
+	a.cfg.hooks.beforeAttach = func(got *engineSet) {
+		if got == es && !taken {
+			taken = true
+			// Another process's sessionless call, as setFor makes it.
+			if _, err := a.attach(sess, es); err != nil {
+				t.Error(err)
+			}
+			if !es.joinByCall(other) {
+				t.Error("the other process's call may not take the idle set up")
+			}
+		}
+	}
+	ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: peerCred{pid: int32(os.Getpid())}})
+	_, err := (&engineServer{a: a}).setFor(ctx, uint64(es.set.ID()))
+	if !taken {
+		t.Fatal("the hook did not run")
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a sessionless call naming set %d, taken up meanwhile by running process %d's sessionless call: %v, want PermissionDenied", es.set.ID(), other, err)
+	}
+	if receives(es, int32(os.Getpid())) || !receives(es, other) {
+		t.Errorf("set %d's receivers %v, want process %d only", es.set.ID(), es.receivers, other)
+	}
+	es.mu.Lock()
+	_, used := es.users[sess.id]
+	es.mu.Unlock()
+	if !used {
+		t.Error("the other process's use of the set was undone by the refused call")
+	}
+}
+
+// A Register checks that its process may join the set it is given, and
+// records it as a receiver, in one hold of the set's lock: a call of
+// another process that took the set up after the Register chose it
+// (here, between reusableSet and handOver: such a call holds no agent
+// lock) keeps the set, the Register's session does not use it, and the
+// Register chooses again: a new set where the pool has room, else (the
+// set was its fallback, no room for one of the slots asked) the pool's
+// refusal (the quota), never the other process's set.
+func TestRegisterChecksAgainAsItRecords(t *testing.T) {
+	for _, fallback := range []bool{false, true} {
+		name := "reused"
+		if fallback {
+			name = "fallback"
+		}
+		t.Run(name, func(t *testing.T) {
+			a, sets := quotaAgent(t, quotaSet{"e", 1, false})
+			t.Cleanup(func() { closeReceivers(a) })
+			a.cfg.BlockSetGrace = time.Hour
+			a.cfg.BlockSetSlots = 1 << 10 // the idle set's count: it is reused
+			if fallback {
+				a.cfg.BlockSetSlots = 1 << 15 // past the pool: the idle set is the fallback
+			}
+			es := sets[0]
+			self, other := int32(os.Getpid()), int32(os.Getppid())
+			joined := false
+			a.cfg.hooks.beforeHandOver = func(got *engineSet) {
+				if got == es && !joined {
+					joined = true
+					if !es.joinByCall(other) { // another process's call takes it up
+						t.Error("the other process's call may not take the idle set up")
+					}
+				}
+			}
+			sess := &session{id: 1, engine: "e", sets: map[pool.SetID]*engineSet{}}
+			ss, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, self)
+			if !joined {
+				t.Fatal("the hook did not run")
+			}
+			if fallback {
+				if err == nil {
+					t.Fatalf("Register with no room and its fallback taken up by process %d: given set %d, want an error", other, ss.set.ID())
+				}
+				// The pool's refusal, chosen again: not the set taken up.
+				if errors.Is(err, errJoinedMeanwhile) || status.Code(toStatus(err)) != codes.ResourceExhausted {
+					t.Fatalf("Register with no room and its fallback taken up by process %d: %v, want the quota's refusal (ResourceExhausted)", other, err)
+				}
+			} else {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ss.engineSet == es {
+					t.Fatalf("process %d given set %d, taken up by running process %d's call: both use it", self, es.set.ID(), other)
+				}
+				if !receives(ss.engineSet, self) {
+					t.Errorf("process %d not recorded as the receiver of its new set %d", self, ss.set.ID())
+				}
+			}
+			if receives(es, self) || !receives(es, other) {
+				t.Errorf("set %d's receivers %v, want process %d only", es.set.ID(), es.receivers, other)
+			}
+			es.mu.Lock()
+			users := len(es.users)
+			es.mu.Unlock()
+			sess.mu.Lock()
+			_, used := sess.sets[es.set.ID()]
+			sess.mu.Unlock()
+			if users != 0 || used {
+				t.Fatalf("set %d's sessions %d, the Register's session uses it %v; want neither", es.set.ID(), users, used)
+			}
+		})
+	}
+}
+
+// A Register whose new set is taken up, as it is handed over, by a call
+// of another process that named it by its id is answered ABORTED (register
+// again), a status the engine can read, and the set that process's
+// session uses is not made idle (its grace timer) under it.
+func TestNewSetTakenUpAsItIsHandedOver(t *testing.T) {
+	a, _ := quotaAgent(t)
+	t.Cleanup(func() { closeReceivers(a) })
+	a.cfg.BlockSetGrace = time.Hour
+	a.cfg.BlockSetSlots = 1 << 10
+	self, other := int32(os.Getpid()), int32(os.Getppid())
+	otherSess := &session{id: 2, sets: map[pool.SetID]*engineSet{}}
+	var taken *engineSet
+	a.cfg.hooks.beforeHandOver = func(got *engineSet) {
+		if taken == nil {
+			taken = got
+			// Another process's call, as setFor makes it.
+			if _, err := a.attach(otherSess, got); err != nil {
+				t.Error(err)
+			}
+			if !got.joinByCall(other) {
+				t.Error("the other process's call may not take the new set up")
+			}
+		}
+	}
+	sess := &session{id: 1, engine: "e", sets: map[pool.SetID]*engineSet{}}
+	_, err := a.blockSetForSession(sess, "e", belowLayout(0), nil, self)
+	if taken == nil {
+		t.Fatal("the hook did not run")
+	}
+	if status.Code(err) != codes.Aborted {
+		t.Fatalf("Register whose new set %d was taken up by process %d's call: %v, want ABORTED", taken.set.ID(), other, err)
+	}
+	taken.mu.Lock()
+	idle, users := !taken.idleSince.IsZero(), len(taken.users)
+	taken.mu.Unlock()
+	if idle || users != 1 {
+		t.Errorf("new set %d, used by process %d's session: idle %v, sessions %d; want not idle, 1", taken.set.ID(), other, idle, users)
 	}
 }

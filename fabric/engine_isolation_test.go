@@ -673,3 +673,51 @@ func TestCallsUnderAnotherProcesssSessionRefused(t *testing.T) {
 		t.Fatalf("the tenant's session was %v before the calls, %v after", before, after)
 	}
 }
+
+// A process that takes up by its calls a block set whose receivers have
+// all exited is recorded as a receiver, as a Register's process is: while
+// it runs, another process's Register of the set's layout is not handed
+// the set it uses (a new one is made), and its own calls naming the set
+// go on.
+func TestCallerOfAnExitedEnginesSetKeepsItFromOthers(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.BlockSetGrace = time.Minute
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first := startTenant(t, a, "fd")
+	first.in.Close()
+	if err := first.cmd.Wait(); err != nil {
+		t.Fatalf("engine helper: %v", err)
+	}
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	wait.For(t, 30*time.Second, "the exited engine's set idle, its slots given back", func() error {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, b := range st.BlockSets {
+			if b.Id == first.set && (b.Sessions != 0 || b.Free != b.Slots-b.Registered) {
+				return fmt.Errorf("block set still held: %v", b)
+			}
+		}
+		return nil
+	})
+	// This process takes the set up by a call naming it, holding nothing
+	// there (the block asked for is not held): the set is the one its
+	// session uses, all its slots usable by the next Register.
+	if _, err := c.API().Acquire(ctx, &fabricpb.AcquireRequest{BlockSet: first.set, Hashes: []uint64{0xbeef}}); err != nil {
+		t.Fatalf("Acquire in the block set of a process that has exited: %v", err)
+	}
+	second := startTenant(t, a, "fd")
+	if second.set == first.set {
+		t.Fatalf("another process's Register was handed block set %d, which this process uses", first.set)
+	}
+	if _, err := c.Allocate(ctx, first.set, 1); err != nil {
+		t.Fatalf("Allocate in the block set this process took up: %v", err)
+	}
+}

@@ -64,10 +64,13 @@ func (a *Agent) joinSet(sess *session, engine string, id uint64, token string, t
 		sess.engine = engine
 		sess.mu.Unlock()
 	}
-	ss, err := a.handOver(sess, es, pid)
+	// Whatever other receivers live: the token is the credential, so no
+	// check of them (handOver's attachJoining) is made.
+	ss, err := a.attach(sess, es)
 	if err != nil {
 		return nil, err
 	}
+	a.handedTo(es, pid)
 	a.stats.setJoins.Add(1)
 	a.log.Info("block set joined", "engine", engine, "set", id, "pid", pid)
 	return ss, nil

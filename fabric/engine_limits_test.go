@@ -2,6 +2,8 @@ package fabric_test
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +12,9 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/kvfabric/kvfabric/fabric"
+	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
 
@@ -156,5 +160,132 @@ func TestEngineContractCodes(t *testing.T) {
 	}
 	if r := acq.Results[0]; r.Outcome != fabricpb.Outcome_OUTCOME_MISSING || codes.Code(r.Code) != codes.NotFound {
 		t.Fatalf("acquire of a block not held: %v", r)
+	}
+}
+
+// openSessionErr opens a session on api and returns what its first answer
+// says: nil where the session opened (it stays open until ctx ends).
+func openSessionErr(ctx context.Context, api fabricpb.EngineClient) error {
+	stream, err := api.OpenSession(ctx)
+	if err != nil {
+		return err
+	}
+	// A stream refused at once may have ended before the request went:
+	// its status comes with Recv.
+	stream.Send(&fabricpb.SessionRequest{Engine: "bound"})
+	_, err = stream.Recv()
+	return err
+}
+
+// The engine sessions one process has open are bounded, streams that have
+// not yet sent their first request included: at the bound a session
+// opens, one past it fails RESOURCE_EXHAUSTED naming the bound and how
+// many are open, and once one ends another opens.
+func TestEngineSessionsPerProcessBound(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.EngineSessionsPerProcess = 2
+	// rawSession sends no keepalives: its session outlasts the test.
+	cfg.SessionKeepalive = time.Minute
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	api, _, _ := rawSession(t, ctx, a.EngineSocket())
+	// The second, at the bound: a stream that sends nothing yet.
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	if _, err := api.OpenSession(pctx); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, 10*time.Second, "2 sessions open", func() error {
+		if n := a.Metrics().EngineSessions; n != 2 {
+			return fmt.Errorf("%d open", n)
+		}
+		return nil
+	})
+	err := openSessionErr(ctx, api)
+	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "has 2 open, at most 2 (engine_sessions_per_process)") {
+		t.Fatalf("a third session of the process: %v, want ResourceExhausted naming the bound", err)
+	}
+	// The Go client says so, without asking whether the agent runs.
+	_, err = client.Dial(ctx, a.EngineSocket())
+	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "engine_sessions_per_process") || strings.Contains(err.Error(), "is the agent running") {
+		t.Fatalf("client.Dial past the process's bound: %v, want ResourceExhausted naming the bound alone", err)
+	}
+	if r := a.Metrics().EngineSessionsRefused; r.Process != 2 || r.Total != 0 {
+		t.Fatalf("refused %+v, want two past the process's bound", r)
+	}
+	pcancel()
+	wait.For(t, 10*time.Second, "the silent stream's end", func() error {
+		if n := a.Metrics().EngineSessions; n != 1 {
+			return fmt.Errorf("%d open", n)
+		}
+		return nil
+	})
+	if err := openSessionErr(ctx, api); err != nil {
+		t.Fatalf("a session once one ended: %v", err)
+	}
+}
+
+// The engine sessions of all processes together are bounded: with another
+// process's session open, this process's opens at the bound and one past
+// it fails RESOURCE_EXHAUSTED naming the bound, though the process is
+// within its own.
+func TestEngineSessionsTotalBound(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.EngineSessions = 2
+	// rawSession sends no keepalives: its session outlasts the test.
+	cfg.SessionKeepalive = time.Minute
+	a := startAgent(t, cfg)
+	startTenant(t, a, "fd") // another process, one session
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	api, _, _ := rawSession(t, ctx, a.EngineSocket()) // at the bound
+	err := openSessionErr(ctx, api)
+	if code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "2 open in all, at most 2 (engine_sessions)") {
+		t.Fatalf("a session past the total: %v, want ResourceExhausted naming the bound", err)
+	}
+	if r := a.Metrics().EngineSessionsRefused; r.Process != 0 || r.Total != 1 {
+		t.Fatalf("refused %+v, want one past the total", r)
+	}
+}
+
+// An import's timeout_ms is bounded by the agent's import_timeout: an
+// engine that asks for 49 days (the most the field holds) of an import
+// that can only wait is answered DEADLINE_EXCEEDED once import_timeout
+// has passed.
+func TestImportTimeoutBoundedByTheAgents(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.ImportTimeout = 300 * time.Millisecond
+	// rawSession sends no keepalives: its session outlasts the test.
+	cfg.SessionKeepalive = time.Minute
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	api, _, ev := rawSession(t, ctx, a.EngineSocket())
+	sctx := inSession(ctx, ev.Session)
+	set, err := api.Register(sctx, &fabricpb.RegisterRequest{Engine: "e", Model: smallModel.Proto(), TpSize: 1, PageSize: 4, KvOrder: layoutpb.KVOrder_KV_ORDER_HND, Slots: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The import waits for the block as for another import bringing it,
+	// until its bound.
+	release := fabric.HoldImport(a, set.BlockSet, 77)
+	defer release()
+	answer := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := api.Import(sctx, &fabricpb.ImportRequest{BlockSet: set.BlockSet, Hashes: []uint64{77}, TimeoutMs: math.MaxUint32})
+		answer <- err
+	}()
+	select {
+	case err := <-answer:
+		if code(err) != codes.DeadlineExceeded {
+			t.Fatalf("import past import_timeout: %v, want DeadlineExceeded", err)
+		}
+		if took := time.Since(start); took < cfg.ImportTimeout {
+			t.Fatalf("import answered after %v, before import_timeout (%v)", took, cfg.ImportTimeout)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("import asking for timeout_ms %d not answered within 20s, import_timeout %v", uint32(math.MaxUint32), cfg.ImportTimeout)
 	}
 }

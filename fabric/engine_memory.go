@@ -297,6 +297,12 @@ func (a *Agent) handedTo(es *engineSet, pid int32) {
 		}
 		es.forgetLocked(pid, fd) // another process had this pid
 	}
+	es.receiveLocked(pid)
+}
+
+// receiveLocked records pid, a process that is not recorded yet, as one
+// es's memory was handed to. es.mu is held.
+func (es *engineSet) receiveLocked(pid int32) {
 	if es.receivers == nil {
 		es.receivers = map[int32]int{}
 	}
@@ -323,6 +329,11 @@ func (es *engineSet) mayJoin(pid int32) bool {
 	}
 	es.mu.Lock()
 	defer es.mu.Unlock()
+	return es.mayJoinLocked(pid)
+}
+
+// mayJoinLocked is mayJoin with es.mu held and pid known (above 0).
+func (es *engineSet) mayJoinLocked(pid int32) bool {
 	forgot, callerLive := false, false
 	for p, fd := range es.receivers {
 		if processAlive(p, fd) {
@@ -357,12 +368,43 @@ func (es *engineSet) renewJoinToken() {
 // caller but a process whose pid the caller got since: the caller is
 // asked as any other (mayJoin), which forgets that receiver, so that es
 // zeroes its slots and gets a new join token as it passes on.
-func (es *engineSet) mayCall(pid int32) bool {
+func (es *engineSet) mayCall(pid int32) bool { return es.call(pid, false) }
+
+// joinByCall is mayCall for a call whose session has just taken es up
+// (setFor): a process that may join es is recorded as a receiver in the
+// same hold of es.mu, as a Register's process is (handedTo), so that no
+// other process's Register is handed es while this one uses it (it may
+// write es's memory through a mapping it got otherwise: inherited, or
+// from the receiver that exited), and its later calls are a receiver's.
+func (es *engineSet) joinByCall(pid int32) bool { return es.call(pid, true) }
+
+// call is mayCall, and joinByCall where record is set. A caller of pid 0
+// may call, and is recorded as no receiver, as by handedTo.
+func (es *engineSet) call(pid int32, record bool) bool {
+	if pid <= 0 {
+		return true
+	}
 	es.mu.Lock()
+	defer es.mu.Unlock()
+	return es.callLocked(pid, record)
+}
+
+// callLocked is call with es.mu held: a Register's attach
+// (attachJoining) checks and records its process so, in the hold of es.mu
+// in which it makes es one of its session's sets.
+func (es *engineSet) callLocked(pid int32, record bool) bool {
+	if pid <= 0 {
+		return true
+	}
 	fd, handed := es.receivers[pid]
 	handed = handed && processAlive(pid, fd)
-	es.mu.Unlock()
-	return handed || es.mayJoin(pid)
+	if handed || !es.mayJoinLocked(pid) {
+		return handed
+	}
+	if record && !es.freed {
+		es.receiveLocked(pid)
+	}
+	return true
 }
 
 // forgetLocked forgets receiver pid, found exited (its pidfd fd, -1 for

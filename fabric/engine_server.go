@@ -135,19 +135,25 @@ func (e *engineServer) Register(ctx context.Context, req *fabricpb.RegisterReque
 
 // setFor returns block set id as the calling session sees it, making it
 // one of the sets the session uses. Only a set the calling process may
-// join is (joinableSet), asked again where this call attached it: a
-// Register of another process may take the set up between the two
-// (mayJoin, which does not see this session), and where its handedTo
-// came before this attach the set is handed to a process still running,
-// not to this one. The attach is then undone and the call refused; a
-// call whose session had the set already attached nothing and is not
-// asked again. The second check covers only that order: a Register's
-// handOver attaches before its handedTo, and setFor holds no a.mu, so
-// where the Register attaches, then this call attaches and passes its
-// second check, and only then the Register's handedTo runs, both
-// processes stay on the set: this call goes through, this process's
-// later calls naming the set are refused, and its session keeps the set
-// until it ends.
+// join is (joinableSet), asked again once this call has attached it, the
+// process then recorded as a receiver of the set where it was none
+// (joinByCall): a Register of another process may take the set up
+// between the two (mayJoin, which does not see this session), and where
+// its record (attachJoining) came before this attach the set is handed to a process
+// still running, not to this one. The attach is then undone and the call
+// refused; a call whose session had the set already attached nothing,
+// and is asked again all the same: the session may be the implicit one,
+// which another process's sessionless call attached the set to, that
+// process recorded. Once recorded, the process keeps other processes'
+// Registers off the set while it runs (their mayJoin), as a Register's
+// process does. A Register that chose the set before this call took it up
+// is checked again as it records its process (handOver's attachJoining,
+// in the hold of the set's lock that attaches it): it chooses again, so that the two
+// processes are never both on the set. The callers check the request's
+// other fields after this: a call refused for them (INVALID_ARGUMENT) has
+// still taken the set up, its process recorded, as it would have been
+// had the call gone on (the fields are each call's own, checked in its
+// handler once it has the set).
 func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, error) {
 	sess, err := e.a.sessionOf(ctx)
 	if err != nil {
@@ -164,10 +170,13 @@ func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, erro
 	if err != nil {
 		return nil, err
 	}
-	if !ss.attached {
-		return ss, nil // the session had the set: nothing attached to undo
-	}
-	if pid := callerPID(ctx); !es.mayCall(pid) {
+	// Asked even where the session had the set (nothing attached): it
+	// may be the implicit session, which any process's sessionless call
+	// uses, the set taken up by another process's.
+	if pid := callerPID(ctx); !es.joinByCall(pid) {
+		if !ss.attached {
+			return nil, notHandedError(id, pid)
+		}
 		sess.mu.Lock()
 		delete(sess.sets, es.set.ID())
 		sess.mu.Unlock()
@@ -588,6 +597,20 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 	return out, nil
 }
 
+// importTimeout is the bound on an engine's import that asked for ms
+// milliseconds (ImportRequest.timeout_ms): what it asked, but at most the
+// agent's import_timeout (limit), which is also the bound where it asked
+// none. An import waits (for a busy holder, for another import bringing
+// its blocks) until its bound: one the engine set past import_timeout
+// would hold its call, and the blocks other imports wait for it to bring,
+// for as long as it asked, up to 49 days.
+func importTimeout(ms uint32, limit time.Duration) time.Duration {
+	if d := time.Duration(ms) * time.Millisecond; d > 0 && d < limit {
+		return d
+	}
+	return limit
+}
+
 func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) (*fabricpb.ImportResponse, error) {
 	s, err := e.setFor(ctx, req.GetBlockSet())
 	if err != nil {
@@ -609,11 +632,7 @@ func (e *engineServer) Import(ctx context.Context, req *fabricpb.ImportRequest) 
 	if t := req.GetTokens(); t != nil {
 		ts = &tokenSource{ids: t.GetIds(), opts: layout.HashOptions{Salt: t.GetSalt(), LoRA: t.GetLora()}}
 	}
-	timeout := e.a.cfg.ImportTimeout
-	if ms := req.GetTimeoutMs(); ms > 0 {
-		timeout = time.Duration(ms) * time.Millisecond
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, importTimeout(req.GetTimeoutMs(), e.a.cfg.ImportTimeout))
 	defer cancel()
 	res := e.a.importBlocks(ctx, s, hashes, ts)
 	// Where the session ended during the import, the blocks it brought

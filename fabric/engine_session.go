@@ -260,6 +260,23 @@ func (a *Agent) sessionOf(ctx context.Context) (*session, error) {
 
 // attach makes es one of the sets s uses, and returns it as s sees it.
 func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
+	return a.attachAs(s, es, 0, false)
+}
+
+// attachJoining is attach for a Register of process pid that has chosen
+// es (handOver): pid is checked (may it join es) and recorded as a
+// receiver in the same hold of es.mu in which es is made one of s's sets,
+// before any call can see s use es: a call of another process that took
+// es up since the Register chose it (reusableSet's mayJoin, in an earlier
+// hold) keeps es, nothing is attached, and errJoinedMeanwhile is returned,
+// for the Register to choose again. A process of pid 0 may join, and is
+// recorded as no receiver.
+func (a *Agent) attachJoining(s *session, es *engineSet, pid int32) (*sessionSet, error) {
+	return a.attachAs(s, es, pid, true)
+}
+
+// attachAs is attach, and attachJoining where join is set.
+func (a *Agent) attachAs(s *session, es *engineSet, pid int32, join bool) (*sessionSet, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended {
@@ -272,6 +289,9 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 	}
 	if es.claim != nil {
 		return nil, &setClaimedError{set: es.set.ID(), done: es.claim}
+	}
+	if join && !es.callLocked(pid, true) {
+		return nil, errJoinedMeanwhile
 	}
 	u := es.users[s.id]
 	attached := u == nil
@@ -578,10 +598,22 @@ func (a *Agent) freeIdleSets(made func() (*pool.BlockSet, error), may func(*engi
 }
 
 // OpenSession keeps a session open for as long as its stream lives and
-// SessionRequests arrive within the keepalive bound.
+// SessionRequests arrive within the keepalive bound. A stream past the
+// bounds on sessions (sessionCount) is refused before anything is read.
 func (e *engineServer) OpenSession(stream fabricpb.Engine_OpenSessionServer) error {
 	a := e.a
 	ctx := stream.Context()
+	pid := callerPID(ctx)
+	if err := a.sessCount.take(pid); err != nil {
+		// Spaced: a runaway process (or one forking without end) may
+		// open sessions many times a second, each line of its own pid;
+		// the metric counts every refusal.
+		if log, quiet := a.sessCount.refusedLog.due(time.Now(), sessionRefusedLogEvery); log {
+			a.log.Warn("engine session refused: too many open", "pid", pid, "err", err, "not_logged", quiet)
+		}
+		return err
+	}
+	defer a.sessCount.give(pid)
 	type recv struct {
 		req *fabricpb.SessionRequest
 		err error

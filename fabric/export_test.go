@@ -1,6 +1,9 @@
 package fabric
 
-import "github.com/kvfabric/kvfabric/rdma/ofi"
+import (
+	"github.com/kvfabric/kvfabric/pool"
+	"github.com/kvfabric/kvfabric/rdma/ofi"
+)
 
 // Test-only access to the agent's hooks and counters, for the tests of
 // package fabric_test.
@@ -131,3 +134,13 @@ func IndexLookupCalls(a *Agent) uint64 { return a.owned.stats.lookupCalls.Load()
 
 // AgentConfig is the configuration a runs with, defaults filled.
 func AgentConfig(a *Agent) Config { return a.cfg }
+
+// HoldImport makes a's imports of hash into block set set wait, as for
+// another import bringing it, until the returned release is called.
+func HoldImport(a *Agent, set, hash uint64) (release func()) {
+	f, mine := a.flights.claim(pool.SetID(set), hash)
+	if !mine {
+		panic("fabric: HoldImport: an import of the block is under way")
+	}
+	return func() { a.flights.finish(pool.SetID(set), hash, f) }
+}

@@ -251,10 +251,11 @@ func (f *fakeSessionStream) Send(e *fabricpb.SessionEvent) error {
 }
 
 // sessionAgent is the part of an agent that sessions need: a keepalive
-// bound and the session table.
+// bound, the session table and the bounds on sessions.
 func sessionAgent(keepalive time.Duration) *Agent {
 	return &Agent{cfg: Config{SessionKeepalive: keepalive}, log: slog.New(slog.DiscardHandler),
-		sessions: map[uint64]*session{}, done: make(chan struct{}), sets: map[pool.SetID]*engineSet{}}
+		sessions: map[uint64]*session{}, done: make(chan struct{}), sets: map[pool.SetID]*engineSet{},
+		sessCount: newSessionCount(DefaultEngineSessions, DefaultEngineSessionsPerProcess)}
 }
 
 func openFake(t *testing.T, a *Agent) (*fakeSessionStream, chan error, context.CancelFunc) {

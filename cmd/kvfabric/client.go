@@ -16,6 +16,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -72,9 +74,11 @@ func (d *positiveDuration) Set(s string) error {
 	return nil
 }
 
-func (f clientFlags) dial() (*client.Client, context.Context, context.CancelFunc, error) {
+// dial connects to the agent with a session of the command's own, which
+// ends with it: for commands that hold slots or blocks (put, get, import).
+func (f clientFlags) dial(opts ...client.DialOption) (*client.Client, context.Context, context.CancelFunc, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(*f.timeout))
-	c, err := client.Dial(ctx, *f.socket)
+	c, err := client.Dial(ctx, *f.socket, opts...)
 	if err != nil {
 		cancel()
 		return nil, nil, nil, err
@@ -82,15 +86,35 @@ func (f clientFlags) dial() (*client.Client, context.Context, context.CancelFunc
 	return c, ctx, cancel, nil
 }
 
+// dialReadOnly connects to the agent with no session (client.
+// WithoutSession), for commands that only look (status, members,
+// lookup): they hold nothing, and still answer where the agent's bounds
+// on sessions are all taken, which is when an operator looks for the
+// process that took them.
+func (f clientFlags) dialReadOnly() (*client.Client, context.Context, context.CancelFunc, error) {
+	return f.dial(client.WithoutSession())
+}
+
+// agentCallErr is err, a read-only command's call, saying that the agent
+// may not run where it could not be reached (no session was opened to
+// find that out first).
+func agentCallErr(err error) error {
+	if status.Code(err) == codes.Unavailable {
+		return fmt.Errorf("%w (is the agent running?)", err)
+	}
+	return err
+}
+
 // status asks the agent for its status.
 func (f clientFlags) status() (*fabricpb.StatusResponse, error) {
-	c, ctx, cancel, err := f.dial()
+	c, ctx, cancel, err := f.dialReadOnly()
 	if err != nil {
 		return nil, err
 	}
 	defer cancel()
 	defer c.Close()
-	return c.Status(ctx)
+	s, err := c.Status(ctx)
+	return s, agentCallErr(err)
 }
 
 func printJSON(w io.Writer, m proto.Message) error {
@@ -367,7 +391,7 @@ func runLookup(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	c, ctx, cancel, err := cf.dial()
+	c, ctx, cancel, err := cf.dialReadOnly()
 	if err != nil {
 		return err
 	}
@@ -375,7 +399,7 @@ func runLookup(e *env, args []string) error {
 	defer c.Close()
 	resp, err := c.API().Lookup(ctx, &fabricpb.LookupRequest{Hashes: hashes})
 	if err != nil {
-		return err
+		return agentCallErr(err)
 	}
 	if *cf.json {
 		err = printJSON(e.stdout, resp)

@@ -105,6 +105,9 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 
 	e.gauge("kvfabric_engine_request_bytes", "Bytes of engine requests being served, as charged against engine_request_memory.", float64(m.EngineRequestBytes))
 	e.counter("kvfabric_engine_requests_refused_total", "Engine requests refused RESOURCE_EXHAUSTED for passing the bound on requests in flight (in total or per session).", float64(m.EngineRequestsRefused))
+	e.gauge("kvfabric_engine_sessions", "Engine sessions open, counted against engine_sessions (their streams, those yet to send their first request included).", float64(m.EngineSessions))
+	e.counter("kvfabric_engine_sessions_refused_total", "Engine sessions refused RESOURCE_EXHAUSTED, by the bound they would have passed: one process's (engine_sessions_per_process) or all processes' (engine_sessions).", float64(m.EngineSessionsRefused.Process), "bound", "process")
+	e.counter("kvfabric_engine_sessions_refused_total", "Engine sessions refused RESOURCE_EXHAUSTED, by the bound they would have passed: one process's (engine_sessions_per_process) or all processes' (engine_sessions).", float64(m.EngineSessionsRefused.Total), "bound", "total")
 	e.counter("kvfabric_engine_set_joins_total", "Registers that joined a block set by its join token (an engine's other processes).", float64(m.EngineSetJoins))
 
 	e.counter("kvfabric_peer_dial_failures_total", "Dials of members over the peer transport that failed.", float64(m.PeerDialFailures))

@@ -50,6 +50,8 @@ func TestMetricsExposition(t *testing.T) {
 		"kvfabric_lane_handshake_failures_total":        dto.MetricType_COUNTER,
 		"kvfabric_lane_accept_errors_total":             dto.MetricType_COUNTER,
 		"kvfabric_engine_set_joins_total":               dto.MetricType_COUNTER,
+		"kvfabric_engine_sessions":                      dto.MetricType_GAUGE,
+		"kvfabric_engine_sessions_refused_total":        dto.MetricType_COUNTER,
 		"kvfabric_index_entries":                        dto.MetricType_GAUGE,
 		"kvfabric_index_events_held":                    dto.MetricType_GAUGE,
 		"kvfabric_members":                              dto.MetricType_GAUGE,
@@ -98,6 +100,9 @@ func TestMetricsExposition(t *testing.T) {
 	// Labels carry what a family is split by.
 	if n := len(fams["kvfabric_gossip_join_failures_total"].GetMetric()); n != 4 {
 		t.Errorf("join failures by %d reasons, want 4", n)
+	}
+	if n := len(fams["kvfabric_engine_sessions_refused_total"].GetMetric()); n != 2 {
+		t.Errorf("sessions refused by %d bounds, want 2", n)
 	}
 	if n := len(fams["kvfabric_certificate_expiry_timestamp_seconds"].GetMetric()); n != 2 {
 		t.Errorf("%d certificates' expiry, want the node's and the CA's", n)

@@ -121,3 +121,33 @@ func TestTenGetsTenLayoutsOnASmallPool(t *testing.T) {
 		t.Fatalf("status: exit %d:\n%s%s", code, out, errs)
 	}
 }
+
+// The commands that only look (status, members, lookup) open no session:
+// with every session the agent allows taken, they still answer, while a
+// command that holds blocks (put) is refused naming the bound.
+func TestReadOnlyCommandsAnswerWithTheSessionsFull(t *testing.T) {
+	a := startTestAgentWith(t, "cli-sessions-full", func(c *fabric.Config) {
+		c.EngineSessions, c.EngineSessionsPerProcess = 1, 1
+		c.SessionKeepalive = time.Minute
+	})
+	sock := []string{"--socket", a.EngineSocket()}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	full, err := client.Dial(ctx, a.EngineSocket()) // the only session allowed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	for _, args := range [][]string{{"status"}, {"status", "--json"}, {"members"}} {
+		if code, _, errs := runCmd(t, "", append(args, sock...)...); code != 0 {
+			t.Errorf("%v with the sessions full: exit %d: %s", args, code, errs)
+		}
+	}
+	// The agent's answer: no node holds the blocks.
+	if code, _, errs := runCmd(t, "", append([]string{"lookup", "--hashes", "1,2"}, sock...)...); !strings.Contains(errs, "no node holds") {
+		t.Errorf("lookup with the sessions full: exit %d: %s; want the agent's answer", code, errs)
+	}
+	if code, _, errs := runCmd(t, "", append([]string{"put", "--generate", "2"}, sock...)...); code != 1 || !strings.Contains(errs, "engine_sessions") {
+		t.Errorf("put with the sessions full: exit %d: %s; want the bound named", code, errs)
+	}
+}

@@ -55,7 +55,7 @@ var agentSettings = []setting{
 	{"max-lease-age", "MaxLeaseAge", "how old a lease this node granted may be and still be renewed; a renewal past it is refused and the lease ends with its term, so no peer keeps blocks pinned here for good (far past any import's read of a chunk)"},
 	{"max-leased-per-peer", "MaxLeasedPerPeer", "blocks one peer may hold leased on this node; past it leases are cut or refused (default: half the slots of the node's block sets)"},
 	{"max-leased", "MaxLeased", "blocks all peers together may hold leased on this node (default: three quarters of the slots of its block sets)"},
-	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried, where the engine's call gives none, and on the tiers' work for an engine (read-ahead, waits for copies down)"},
+	{"import-timeout", "ImportTimeout", "bound on one import, all holders tried, and on the tiers' work for an engine (read-ahead, waits for copies down); an engine's import asking for longer is cut to it"},
 	{"import-chunk-bytes", "ImportChunkBytes", "bytes an import leases, reads and registers at a time, e.g. 64MiB; at most 4,096 blocks whatever their size (default 64MiB, 1MiB..4GiB)"},
 	{"peer-timeout", "PeerTimeout", "how long a silent peer may hold up an import before it moves to another holder: each dial, call and read to a peer gives up after half of it"},
 	{"rdma", "RDMA", "auto: read over RDMA where this node and the holder can, QUIC elsewhere; on: refuse to start without a usable RDMA device; off: QUIC only (default auto)"},
@@ -79,6 +79,8 @@ var agentSettings = []setting{
 
 	{"engine-request-memory", "EngineRequestMemory", "bytes of engine requests served at once (twice their encoded size); past it a request fails RESOURCE_EXHAUSTED (default 512MiB)"},
 	{"engine-session-request-memory", "EngineSessionRequestMemory", "the same bound per engine session, at most --engine-request-memory (default 256MiB)"},
+	{"engine-sessions", "EngineSessions", "engine sessions open at once, every process's, 1..65536; one past it fails RESOURCE_EXHAUSTED (default 1024)"},
+	{"engine-sessions-per-process", "EngineSessionsPerProcess", "engine sessions one process may have open, 1..--engine-sessions; sessions of a process the agent cannot name (pid 0: an engine in a PID namespace the agent's does not show) count only against --engine-sessions (default 64)"},
 	{"engine-quota", "EngineQuota", "pool bytes the block sets of one engine (by name) may take; another engine's cached sets are never freed for one over it (default, or 0: the pool divided among the engines with block sets)"},
 
 	{"no-cluster-eviction", "NoClusterEviction", "recycle blocks by last use alone (default: among the blocks a pool may recycle, those other live nodes also hold go before those only this node holds)"},

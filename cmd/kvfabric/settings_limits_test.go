@@ -138,6 +138,13 @@ func TestAgentSettingLimits(t *testing.T) {
 
 		{"session request memory at the whole", []string{"--engine-request-memory", "64MiB", "--engine-session-request-memory", "64MiB"}, `"engine_session_request_memory": 67108864`, ""},
 		{"session request memory a byte past the whole", []string{"--engine-request-memory", "64MiB", "--engine-session-request-memory", "67108865"}, "", "67108865 is not in 0..engine_request_memory (67108864)"},
+		{"engine sessions 1", []string{"--engine-sessions", "1"}, `"engine_sessions_per_process": 1`, ""}, // the default per process cut to it
+		{"engine sessions 65536", []string{"--engine-sessions", "65536"}, `"engine_sessions": 65536`, ""},
+		{"engine sessions 65537", []string{"--engine-sessions", "65537"}, "", "65537 is not in 1..65536"},
+		{"engine sessions -1", []string{"--engine-sessions", "-1"}, "", "-1 is not in 1..65536"},
+		{"sessions per process at the whole", []string{"--engine-sessions", "8", "--engine-sessions-per-process", "8"}, `"engine_sessions_per_process": 8`, ""},
+		{"sessions per process one past the whole", []string{"--engine-sessions", "8", "--engine-sessions-per-process", "9"}, "", "9 is not in 1..engine_sessions (8)"},
+		{"sessions per process -1", []string{"--engine-sessions-per-process", "-1"}, "", "-1 is not in 1..engine_sessions (1024)"},
 
 		{"disk tier at 16MiB", []string{"--tier", "disk=" + dir + "/d:16MiB"}, `"disk=` + dir + `/d:16MiB"`, ""},
 		{"disk tier a byte under 16MiB", []string{"--tier", "disk=" + dir + "/d:16777215"}, "", "size 16777215 is not in 16777216 (16MiB)"},
@@ -262,6 +269,8 @@ func TestAgentSettingLimitsFromEnvironmentAndFile(t *testing.T) {
 		{"peer timeout 5m from the file", nil, []string{"--config", file(`{"peer_timeout": "5m"}`)}, `"peer_timeout": "5m"`, ""},
 		{"peer timeout past 5m from the file", nil, []string{"--config", file(`{"peer_timeout": "5m0.001s"}`)}, "", "peer_timeout (--peer-timeout): 5m0.001s is not in 200ms..5m"},
 		{"import timeout under 100ms from the environment", []string{"KVFABRIC_IMPORT_TIMEOUT=1ns"}, nil, "", "import_timeout (--import-timeout): 1ns is not in 100ms..1h"},
+		{"engine sessions past the bound from the environment", []string{"KVFABRIC_ENGINE_SESSIONS=65537"}, nil, "", "engine_sessions (--engine-sessions): 65537 is not in 1..65536"},
+		{"sessions per process past the whole from the file", nil, []string{"--config", file(`{"engine_sessions": 8, "engine_sessions_per_process": 9}`)}, "", "engine_sessions_per_process (--engine-sessions-per-process): 9 is not in 1..engine_sessions (8)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "data"), "--print-config"}, tc.args...)

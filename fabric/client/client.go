@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -38,7 +39,8 @@ import (
 
 // Client is a connection to the local agent, working inside one engine
 // session: what it allocates, references and registers block sets for is
-// given back by the agent when the client closes or its process dies. It
+// given back by the agent when the client closes or its process dies
+// (dialled WithoutSession, under the agent's implicit session instead). It
 // is safe for concurrent use.
 type Client struct {
 	conn   *grpc.ClientConn
@@ -46,6 +48,7 @@ type Client struct {
 	socket string // the engine socket's absolute path
 
 	session   uint64
+	noSession bool // dialled WithoutSession: only sessionless calls go
 	keepalive time.Duration
 	stopKeep  context.CancelFunc
 	keepDone  chan struct{}
@@ -56,9 +59,36 @@ type Client struct {
 	ipcs map[cuda.IPCHandle]*cuda.IPCMemory
 }
 
+// DialOption changes what Dial does.
+type DialOption func(*dialOptions)
+
+type dialOptions struct {
+	noSession bool
+}
+
+// WithoutSession has Dial open no session: the client's calls run under
+// the agent's implicit session, which never ends, so that what they hold
+// (slots, references, block sets) would stay held until released. It is
+// for callers that hold nothing, Status and Lookup (kvfabric status,
+// members, lookup): the agent's bounds on sessions (engine_sessions,
+// engine_sessions_per_process) do not refuse them, so an operator can
+// look at an agent whose sessions are all taken. Every other call
+// (Register, and the calls naming a block set, which take it up) is
+// refused by the client itself (FAILED_PRECONDITION), sent nowhere: it
+// would take slots or sets under the implicit session, outside those
+// bounds. Nothing is asked of the agent until the first call.
+func WithoutSession() DialOption {
+	return func(o *dialOptions) { o.noSession = true }
+}
+
 // Dial connects to the agent's engine socket and opens a session, which
-// lasts until Close. ctx bounds the dial and the opening.
-func Dial(ctx context.Context, socket string) (*Client, error) {
+// lasts until Close (none with WithoutSession). ctx bounds the dial and
+// the opening.
+func Dial(ctx context.Context, socket string, opts ...DialOption) (*Client, error) {
+	var o dialOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if _, err := os.Stat(socket); err != nil {
 		return nil, fmt.Errorf("client: engine socket: %w (is the agent running?)", err)
 	}
@@ -77,11 +107,22 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	c.conn, c.api, c.socket = conn, fabricpb.NewEngineClient(conn), abs
+	if o.noSession {
+		c.noSession = true
+		return c, nil
+	}
 	if err := c.openSession(ctx); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return c, nil
+}
+
+// sessionless names the calls a client dialled WithoutSession makes: they
+// hold nothing.
+var sessionless = map[string]bool{
+	fabricpb.Engine_Status_FullMethodName: true,
+	fabricpb.Engine_Lookup_FullMethodName: true,
 }
 
 // handsSlots names the calls whose answer hands the engine slots or blocks
@@ -102,6 +143,9 @@ var handsSlots = map[string]bool{
 // end that comes just after.) Other calls' answers stay true: a Release
 // that succeeded did release.
 func (c *Client) withSession(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if c.noSession && !sessionless[method] {
+		return status.Errorf(codes.FailedPrecondition, "client: %s: dialled WithoutSession, which only looks (Status, Lookup): a call that registers, or names a block set, takes slots or sets, and needs a session of its own (Dial without WithoutSession)", path.Base(method))
+	}
 	if c.session != 0 {
 		ctx = metadata.AppendToOutgoingContext(ctx, fabricpb.SessionMetadata, strconv.FormatUint(c.session, 10))
 	}
@@ -116,6 +160,10 @@ func (c *Client) withSession(ctx context.Context, method string, req, reply any,
 	return nil
 }
 
+// beforeSessionSend, set by tests, runs where openSession has opened its
+// stream and before it sends the first request.
+var beforeSessionSend func(stream fabricpb.Engine_OpenSessionClient)
+
 // openSession opens the client's session and keeps it alive until Close.
 func (c *Client) openSession(ctx context.Context) error {
 	sctx, cancel := context.WithCancel(context.Background())
@@ -124,10 +172,13 @@ func (c *Client) openSession(ctx context.Context) error {
 		cancel()
 		return fmt.Errorf("client: open session: %w", err)
 	}
-	if err := stream.Send(&fabricpb.SessionRequest{Engine: filepath.Base(os.Args[0])}); err != nil {
-		cancel()
-		return fmt.Errorf("client: open session: %w", err)
+	if beforeSessionSend != nil {
+		beforeSessionSend(stream)
 	}
+	// A stream the agent refused at once (past its bounds on sessions)
+	// may have ended before the request went: Send then says only EOF,
+	// and the refusal comes with Recv, which is asked all the same.
+	sendErr := stream.Send(&fabricpb.SessionRequest{Engine: filepath.Base(os.Args[0])})
 	first := make(chan error, 1)
 	var ev *fabricpb.SessionEvent
 	go func() {
@@ -142,8 +193,16 @@ func (c *Client) openSession(ctx context.Context) error {
 		<-first
 		err = ctx.Err()
 	}
+	if err == nil && sendErr != nil {
+		err = sendErr // an answer with no request: not a session
+	}
 	if err != nil {
 		cancel()
+		// An agent's refusal (past its bounds on sessions, say) says
+		// what is wrong itself: the agent is running.
+		if _, refused := status.FromError(err); refused && status.Code(err) != codes.Unavailable {
+			return fmt.Errorf("client: open session: %w", err)
+		}
 		return fmt.Errorf("client: open session: %w (is the agent running?)", err)
 	}
 	c.session, c.keepalive, c.stopKeep = ev.GetSession(), time.Duration(ev.GetKeepaliveMs())*time.Millisecond, cancel
@@ -186,7 +245,7 @@ func (c *Client) keepAlive(stream fabricpb.Engine_OpenSessionClient) {
 	}
 }
 
-// Session returns the id of the client's session.
+// Session returns the id of the client's session, 0 for none (WithoutSession).
 func (c *Client) Session() uint64 { return c.session }
 
 // SessionErr says why the client's session ended before Close, nil while

@@ -3,8 +3,10 @@ package client
 import (
 	"context"
 	"net"
+	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,5 +83,120 @@ func TestSlotsAnsweredAfterTheSessionEndedAreRefused(t *testing.T) {
 	}
 	if err := c.Release(ctx, 1, []uint32{0}); err != nil {
 		t.Fatalf("Release answered OK after the session ended: %v", err)
+	}
+}
+
+// refusingEngine refuses every session at once, before its first request.
+type refusingEngine struct {
+	fabricpb.UnimplementedEngineServer
+}
+
+func (refusingEngine) OpenSession(stream fabricpb.Engine_OpenSessionServer) error {
+	return status.Error(codes.ResourceExhausted, "process 1: has 2 open, at most 2 (engine_sessions_per_process)")
+}
+
+// A session the agent refuses before its first request went is Dial's
+// error as the agent gave it, not the EOF its request's send then gets:
+// here the stream has ended (its header wait returns) before the send.
+func TestDialRefusedBeforeItsRequestSaysWhy(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "engine.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	fabricpb.RegisterEngineServer(srv, refusingEngine{})
+	go srv.Serve(lis)
+	defer srv.Stop()
+	beforeSessionSend = func(stream fabricpb.Engine_OpenSessionClient) {
+		stream.Header() // returns once the refused stream has ended
+	}
+	defer func() { beforeSessionSend = nil }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, sock)
+	if err == nil {
+		c.Close()
+		t.Fatal("Dial opened a session the agent refused")
+	}
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "engine_sessions_per_process") {
+		t.Fatalf("Dial refused before its request went: %v, want the agent's ResourceExhausted", err)
+	}
+}
+
+// lookingEngine answers Status and Lookup, and records every call that
+// reaches it.
+type lookingEngine struct {
+	fabricpb.UnimplementedEngineServer
+	mu  sync.Mutex
+	got []string
+}
+
+func (e *lookingEngine) Status(context.Context, *fabricpb.StatusRequest) (*fabricpb.StatusResponse, error) {
+	return &fabricpb.StatusResponse{}, nil
+}
+
+func (e *lookingEngine) Lookup(context.Context, *fabricpb.LookupRequest) (*fabricpb.LookupResponse, error) {
+	return &fabricpb.LookupResponse{}, nil
+}
+
+// A client dialled WithoutSession (the agent's implicit session, outside
+// its bounds on sessions) makes only the calls that hold nothing: Status
+// and Lookup reach the agent; Register and every call naming a block set,
+// which take slots or sets, are refused FAILED_PRECONDITION by the client
+// itself, sent nowhere.
+func TestWithoutSessionOnlyLooks(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "engine.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &lookingEngine{}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		e.mu.Lock()
+		e.got = append(e.got, path.Base(info.FullMethod))
+		e.mu.Unlock()
+		return h(ctx, req)
+	}))
+	fabricpb.RegisterEngineServer(srv, e)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := Dial(ctx, sock, WithoutSession())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Status(ctx); err != nil {
+		t.Fatalf("Status without a session: %v", err)
+	}
+	if _, err := c.Lookup(ctx, []uint64{1}); err != nil {
+		t.Fatalf("Lookup without a session: %v", err)
+	}
+	refused := map[string]func() error{
+		"Register": func() error { _, err := c.Register(ctx, Engine{Name: "e"}); return err },
+		"Allocate": func() error { _, err := c.Allocate(ctx, 1, 1); return err },
+		"Free":     func() error { return c.Free(ctx, 1, []uint32{0}) },
+		"RegisterBlocks": func() error {
+			_, err := c.RegisterBlocks(ctx, 1, []uint32{0}, []uint64{1})
+			return err
+		},
+		"Acquire":      func() error { _, err := c.Acquire(ctx, 1, []uint64{1}); return err },
+		"Release":      func() error { return c.Release(ctx, 1, []uint32{0}) },
+		"Import":       func() error { _, err := c.Import(ctx, 1, []uint64{1}); return err },
+		"DropBlockSet": func() error { _, err := c.DropBlockSet(ctx, 1); return err },
+		"Prefetch":     func() error { _, err := c.Prefetch(ctx, 1, []uint64{1}); return err },
+	}
+	for name, call := range refused {
+		err := call()
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), name+": dialled WithoutSession") {
+			t.Errorf("%s without a session: %v, want FAILED_PRECONDITION naming WithoutSession", name, err)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if strings.Join(e.got, ",") != "Status,Lookup" {
+		t.Errorf("the agent got %v, want Status and Lookup only", e.got)
 	}
 }

@@ -163,8 +163,10 @@ class _Session:
 
 class Client:
     """An asyncio connection to the agent on this node; the arguments are
-    :class:`kvfabric.Client`'s. Use ``async with``, or ``await open()`` and
-    ``await close()``."""
+    :class:`kvfabric.Client`'s: import_timeout, the bound on an import, is
+    sent to the agent, which cuts it to its own --import-timeout (the call
+    waits 5 s more for its answer). Use ``async with``, or ``await open()``
+    and ``await close()``."""
 
     def __init__(
         self,
@@ -404,7 +406,8 @@ class Client:
         """:meth:`kvfabric.Client.import_blocks`: blocks from the cluster
         into local slots, referenced for the engine; wait first (at most
         wait seconds, without blocking the loop) for the index to show a
-        holder of them all."""
+        holder of them all. timeout: the bound on the import itself (default
+        import_timeout; the agent cuts it to its own --import-timeout)."""
         t = self.import_timeout if timeout is None else timeout
         req = _import_request(block_set, hashes, tokens, salt, lora, wait, t)
         page, n = 0, len(req.hashes)

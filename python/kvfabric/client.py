@@ -618,7 +618,8 @@ class Client:
     socket: the engine socket (default ``$KVFABRIC_SOCKET``, else
     /var/lib/kvfabric/engine.sock). timeout: seconds every call waits for
     its answer unless told otherwise. import_timeout: the bound on an import
-    (sent to the agent; the call waits 5 s more for its answer). memory:
+    (sent to the agent, which cuts it to its own --import-timeout; the call
+    waits 5 s more for its answer). memory:
     how to map pool memory: "auto" (the descriptor when offered, else the
     named file), "descriptor" or "file". session: open a session (see
     :mod:`kvfabric.session`); without one, calls run under the agent's
@@ -903,7 +904,8 @@ class Client:
         wait: seconds to wait first for the cluster's index to show a node
         holding every block asked for (gossip takes a moment to spread a
         fresh store); the import then runs whatever the index shows.
-        timeout: the bound on the import itself (default import_timeout).
+        timeout: the bound on the import itself (default import_timeout; the
+        agent cuts it to its own --import-timeout).
 
         Returns the longest prefix brought, with per-holder fetch reports;
         raises NotFound or Unavailable when nothing could be brought.
