@@ -224,13 +224,7 @@ func (a *Agent) memberLoop() {
 			name := ev.Member.Name
 			if ev.Kind == membership.MemberLeave || ev.Kind == membership.MemberFail {
 				delete(lives, name)
-				// A member that left closes its endpoint after it
-				// leaves: a read from it cut short is no RDMA failure.
-				why := transfer.ClosePeerFailed
-				if ev.Kind == membership.MemberLeave {
-					why = transfer.ClosePeerLeft
-				}
-				a.peers.forget(name, why)
+				a.peers.forget(name, goneReason(ev.Kind))
 				a.health.forget(name)
 				a.links.forget(name)
 				a.service.peerGone(name, "member "+ev.Kind.String())
@@ -276,4 +270,15 @@ func (a *Agent) logMember(ev membership.MemberEvent, failed map[string]time.Time
 	default:
 		a.eventLog.Debug("member updated", attrs...)
 	}
+}
+
+// goneReason is why the handle of a member that left or failed is
+// closed: a member that left closes its endpoint after it leaves, so a
+// read from it cut short is no RDMA failure; one that failed was cut off
+// mid-read, and its readers count the reads that failed.
+func goneReason(kind membership.MemberEventKind) transfer.CloseReason {
+	if kind == membership.MemberLeave {
+		return transfer.ClosePeerLeft
+	}
+	return transfer.ClosePeerFailed
 }
