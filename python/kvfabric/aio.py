@@ -444,14 +444,8 @@ class Client:
         raise NotFound(f"block set {sid}: unknown to the agent", method="Import")
 
     async def drop_block_set(self, block_set: BlockSet | int, *, timeout: float | None = None) -> DropResult:
-        """:meth:`kvfabric.Client.drop_block_set`: stop using a block set
-        under this session, and give up its memory (its BlockSets' views
-        go; what views in use export is unmapped when the last goes), even
-        where the agent refuses or does not answer. A drop racing a
-        ``register`` of the same layout from another task (or thread) of
-        this client is not supported: the agent may hand that register the
-        very set being dropped, whose memory the drop then gives up under
-        it."""
+        """:meth:`kvfabric.Client.drop_block_set` without blocking the loop
+        (another task of this client stands for its other thread)."""
         sid = _set_id(block_set)
         try:
             resp = await self._call("DropBlockSet", engine_pb2.DropBlockSetRequest(block_set=sid), timeout)

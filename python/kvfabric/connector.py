@@ -1038,8 +1038,8 @@ class WorkerSide:
         now = time.monotonic()
         if now < self._join_retry_at:
             return
-        self._finish_loads()
-        # No longer the scheduler's: nothing of a plan goes to it.
+        # No longer the scheduler's: nothing of a plan goes to it (the
+        # layer-by-layer loads into bs were waited for by _begin).
         self.block_set = None
         if bs is not None and bs.id == plan.block_set:
             # The same id in another run of the agent: dropped after the
