@@ -239,14 +239,15 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		}
 	}
 	res := make([]groupRead, len(jobs))
-	// first is the group that failed first: the others' errors may be only
-	// its cancellation of them.
-	var first atomic.Int32
+	// firstFailed is the group that failed first: the others' errors may
+	// be only its cancellation of them.
+	firstFailed := 0
 	if len(jobs) == 1 {
 		res[0] = r.tp.read(ctx, leaseID, jobs[0].pair, jobs[0].segs, jobs[0].bytes, regions, dst, locals)
 	} else {
 		// A group that fails stops the others: the chunk is read again
 		// over QUIC.
+		var first atomic.Int32
 		first.Store(-1)
 		gctx, cancel := context.WithCancel(ctx)
 		var wg sync.WaitGroup
@@ -263,6 +264,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		}
 		wg.Wait()
 		cancel()
+		firstFailed = max(0, int(first.Load()))
 	}
 	// Every group has stopped writing into dst by now.
 	var errs []error
@@ -284,7 +286,7 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 		// Not the peer's RDMA to back off from: the handle was closed.
 		// Whether the read failed is decided by why (CloseReason), and
 		// by the group that failed first, not by a group it stopped.
-		if CloseReason(p.why.Load()-1) == ClosePeerFailed && !errors.Is(res[first.Load()].err, ErrClosed) {
+		if CloseReason(p.why.Load()-1) == ClosePeerFailed && !errors.Is(res[firstFailed].err, ErrClosed) {
 			st.readFails.Add(1)
 		}
 		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))
