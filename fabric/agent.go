@@ -662,30 +662,26 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	var s *engineSet
 	for {
 		best, own := a.reusableSet(sess, tmpl, asked, place, pid)
-		if best != nil && (own || best.set.Usable() >= tmpl.Slots) {
-			ss, err := a.handOver(sess, best, pid)
-			if errors.Is(err, errJoinedMeanwhile) {
-				continue
+		if best == nil || !own && best.set.Usable() < tmpl.Slots {
+			// Checked before the quota, which sizes the set from it.
+			if err := tmpl.Validate(); err != nil {
+				return nil, err
 			}
-			return ss, err
-		}
-		// Checked before the quota, which sizes the set from it.
-		if err := tmpl.Validate(); err != nil {
-			return nil, err
-		}
-		made, best, err := a.newSetForSession(sess, engine, tmpl, asked, place, pid, best)
-		if best != nil {
-			ss, err := a.handOver(sess, best, pid)
-			if errors.Is(err, errJoinedMeanwhile) {
-				continue
+			made, fallback, err := a.newSetForSession(sess, engine, tmpl, asked, place, pid, best)
+			if fallback == nil {
+				if err != nil {
+					return nil, err
+				}
+				s = made
+				break
 			}
-			return ss, err
+			best = fallback
 		}
-		if err != nil {
-			return nil, err
+		ss, err := a.handOver(sess, best, pid)
+		if errors.Is(err, errJoinedMeanwhile) {
+			continue
 		}
-		s = made
-		break
+		return ss, err
 	}
 	set := s.set
 	a.sets[set.ID()] = s
