@@ -243,7 +243,7 @@ func cmpErr(a, b error) error {
 func (p *Peer) putLaneConn(lc *laneConn, ok bool) {
 	l := p.lane
 	l.mu.Lock()
-	if ok && !l.closed && !p.closed.Load() {
+	if ok && !l.closed && !p.isClosed() {
 		lc.lastUsed = time.Now()
 		l.idle = append(l.idle, lc)
 		lc = nil

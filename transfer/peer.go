@@ -26,10 +26,9 @@ type Peer struct {
 	name string
 	addr *net.UDPAddr
 
-	slots  []connSlot
-	closed atomic.Bool
+	slots []connSlot
 	// why is the CloseReason the handle was first closed for, plus one;
-	// zero while it is open.
+	// zero while it is open (isClosed).
 	why  atomic.Int32
 	next atomic.Uint32
 	// streams caps the read streams in flight to this peer across all
@@ -101,11 +100,16 @@ const (
 // twice; calls in flight fail.
 func (p *Peer) Close() error { return p.CloseFor(CloseLocal) }
 
+// isClosed says whether the handle is closed (CloseFor).
+func (p *Peer) isClosed() bool { return p.why.Load() != 0 }
+
+// closeReason is why the handle was first closed, once isClosed.
+func (p *Peer) closeReason() CloseReason { return CloseReason(p.why.Load() - 1) }
+
 // CloseFor closes the peer's connections as Close does, for why; a handle
 // closed twice keeps its first reason.
 func (p *Peer) CloseFor(why CloseReason) error {
 	p.why.CompareAndSwap(0, int32(why)+1)
-	p.closed.Store(true)
 	if p.rdma != nil {
 		p.rdma.tp.close()
 	}
@@ -126,7 +130,7 @@ func (p *Peer) CloseFor(why CloseReason) error {
 // Dials of one slot are serialized; a dial is bounded by the handshake
 // timeout and ctx.
 func (p *Peer) conn(ctx context.Context, i int) (*quic.Conn, error) {
-	if p.closed.Load() {
+	if p.isClosed() {
 		return nil, fmt.Errorf("transfer: peer %s: %w", p.name, ErrClosed)
 	}
 	sl := &p.slots[i]
@@ -147,7 +151,7 @@ func (p *Peer) conn(ctx context.Context, i int) (*quic.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transfer: dial %s at %s: %w", p.name, p.addr, wrapNetErr(ctx, err))
 	}
-	if p.closed.Load() || !p.n.track(c) {
+	if p.isClosed() || !p.n.track(c) {
 		c.CloseWithError(connErrClosing, "closing")
 		return nil, ErrClosed
 	}

@@ -282,11 +282,11 @@ func (p *Peer) readRDMA(ctx context.Context, leaseID, blockSet uint64, segs []la
 	}
 	st := p.n.rdma
 	switch {
-	case len(errs) > 0 && p.closed.Load():
+	case len(errs) > 0 && p.isClosed():
 		// Not the peer's RDMA to back off from: the handle was closed.
 		// Whether the read failed is decided by why (CloseReason), and
 		// by the group that failed first, not by a group it stopped.
-		if CloseReason(p.why.Load()-1) == ClosePeerFailed && !errors.Is(res[firstFailed].err, ErrClosed) {
+		if p.closeReason() == ClosePeerFailed && !errors.Is(res[firstFailed].err, ErrClosed) {
 			st.readFails.Add(1)
 		}
 		return true, fmt.Errorf("transfer: rdma read from %s: %w", p.name, errors.Join(errs...))

@@ -157,7 +157,7 @@ func (v *verbsPeer) takeQP(ctx context.Context, k nicPair) (*rdma.QueuePair, err
 		r.mu.Lock()
 		// Under the lock that close's wake-up takes: a close is seen
 		// here, or wakes the wait below.
-		if p.closed.Load() {
+		if p.isClosed() {
 			r.mu.Unlock()
 			return nil, fmt.Errorf("transfer: peer %s: %w", p.name, ErrClosed)
 		}
@@ -212,7 +212,7 @@ func (v *verbsPeer) putQP(k nicPair, q *rdma.QueuePair, failed bool) {
 	r := v
 	r.mu.Lock()
 	pool := r.qps[k]
-	drop := failed || p.closed.Load()
+	drop := failed || p.isClosed()
 	if drop {
 		pool.open--
 	} else {
