@@ -483,26 +483,19 @@ class _Memory:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.closed = False
-        self.maps: dict[str, mmap.mmap] = {}
-        self.ipcs: dict[bytes, DeviceMemory] = {}
+        # A token's (or file's) mapping under a str, an IPC handle's
+        # device memory under bytes.
+        self.mems: dict[str | bytes, mmap.mmap | DeviceMemory] = {}
         self.users: dict[str | bytes, set[int]] = {}
         self.sets: dict[int, weakref.WeakSet[BlockSet]] = {}
-
-    def _table(self, key: str | bytes) -> dict[Any, Any]:
-        """Where key's memory is kept: an IPC handle's among the device
-        memory, a token's (or file's) among the mappings."""
-        if isinstance(key, bytes):
-            return self.ipcs
-        return self.maps
 
     def get(self, key: Any, set_id: int) -> Any:
         """The memory mapped (or opened) for key, now used by set_id too;
         None when there is none yet."""
-        table = self._table(key)
         with self.lock:
             if self.closed:
                 raise Unavailable("client is closed")
-            mem = table.get(key)
+            mem = self.mems.get(key)
             if mem is not None:
                 self.users.setdefault(key, set()).add(set_id)
             return mem
@@ -511,11 +504,10 @@ class _Memory:
         """Keeps mem, just mapped (or opened) for key and set_id, and
         returns it; where another thread did so meanwhile, mem is closed and
         that one returned."""
-        table = self._table(key)
         with self.lock:
             closed = self.closed
             if not closed:
-                have = table.setdefault(key, mem)
+                have = self.mems.setdefault(key, mem)
                 self.users.setdefault(key, set()).add(set_id)
         if closed:
             mem.close()
@@ -546,39 +538,36 @@ class _Memory:
                     users.discard(set_id)
                     if not users:
                         del self.users[key]
-                        gone.append(self._table(key).pop(key))
+                        gone.append(self.mems.pop(key))
         for bs in sets:
             bs._drop_memory()
-        left = 0
-        for mem in gone:
-            try:
-                mem.close()
-            except BufferError:
-                left += 1  # exported: unmapped with its last view
-            except KvfabricError:
-                pass  # the driver refused; the mapping goes with the process
-        return left
+        return _close_all(gone)
 
     def shut(self) -> None:
         """Closes every mapping and device memory: a mapping that views
         still use is unmapped when the last goes."""
         with self.lock:
             self.closed = True
-            ipcs, maps = list(self.ipcs.values()), list(self.maps.values())
-            self.ipcs.clear()
-            self.maps.clear()
+            mems = list(self.mems.values())
+            self.mems.clear()
             self.users.clear()
             self.sets.clear()
-        for d in ipcs:
-            try:
-                d.close()
-            except KvfabricError:
-                pass  # the driver refused; the mapping goes with the process
-        for m in maps:
-            try:
-                m.close()
-            except BufferError:
-                pass  # views still use it; unmapped when the last goes
+        _close_all(mems)
+
+
+def _close_all(mems: list[Any]) -> int:
+    """Closes each mapping (unmapped) or device memory, and returns how
+    many mappings views still use: each is unmapped when its last view
+    goes."""
+    left = 0
+    for mem in mems:
+        try:
+            mem.close()
+        except BufferError:
+            left += 1  # exported: unmapped with its last view
+        except KvfabricError:
+            pass  # the driver refused; the mapping goes with the process
+    return left
 
 
 def _shut(session: Session | None, channel: grpc.Channel, memory: _Memory) -> None:
