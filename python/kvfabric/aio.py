@@ -38,6 +38,7 @@ from ._pb.fabric.fabricpb import engine_pb2, engine_pb2_grpc
 from .blockset import Arrangement, BlockSet, KVOrder, ModelConfig
 from .client import (
     _CHANNEL_OPTIONS,
+    _GIVE_BACK_TIMEOUT,
     BlockRef,
     Blocks,
     DropResult,
@@ -66,7 +67,7 @@ from .client import (
     _U64,
 )
 from .cuda import DeviceMemory
-from .errors import DeadlineExceeded, InvalidArgument, NotFound, ProtocolError, Unavailable, from_rpc_error
+from .errors import DeadlineExceeded, InvalidArgument, KvfabricError, NotFound, ProtocolError, Unavailable, from_rpc_error
 from .memory import FD_SOCKET_SUFFIX, map_descriptor, map_file
 from .session import SESSION_METADATA
 
@@ -317,9 +318,18 @@ class Client:
         )
         resp = await self._call("Register", req, timeout)
         sid = resp.block_set
-        if _on_device(resp):
-            return self._mem.bind(BlockSet(resp, device=[await self._open_device(m, sid) for m in resp.memory]))
-        return self._mem.bind(BlockSet(resp, memories=[_check_region(r, m, await self._map(m, sid)) for r, m in enumerate(resp.memory)]))
+        try:
+            if _on_device(resp):
+                return self._mem.bind(BlockSet(resp, device=[await self._open_device(m, sid) for m in resp.memory]))
+            return self._mem.bind(BlockSet(resp, memories=[_check_region(r, m, await self._map(m, sid)) for r, m in enumerate(resp.memory)]))
+        except Exception as e:
+            # As the sync client: a set handed over and not usable here is
+            # given back.
+            try:
+                await self.drop_block_set(sid, timeout=_GIVE_BACK_TIMEOUT)
+            except KvfabricError as d:
+                e.add_note(f"block set {sid} not given back: {d}")
+            raise
 
     async def allocate(self, block_set: BlockSet | int, count: int, *, timeout: float | None = None) -> list[int]:
         """Take count free slots for the engine to write."""

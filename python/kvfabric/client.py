@@ -472,6 +472,11 @@ def _index_asks(page: int, req: engine_pb2.ImportRequest) -> list[tuple[engine_p
     return [(engine_pb2.LookupRequest(tokens=req.tokens, block_size=d), tokens // d) for d in sizes]
 
 
+# How long a Register waits to give back a set it was handed and cannot
+# use (its memory not mapped), whatever the call's own timeout.
+_GIVE_BACK_TIMEOUT = 10.0
+
+
 class _Memory:
     """The pool memory a client mapped (host) or opened (device), one of
     each per key (a memory token, file or path; an IPC handle), with the
@@ -776,12 +781,21 @@ class Client:
             engine or self.engine, model, tp_size, page_size, kv_order, arrangement, slots, alignment, devices, join
         )
         resp = self._call("Register", req, timeout)
-        if _on_device(resp):
-            return self._mem.bind(BlockSet(resp, device=[self._open_device(m, resp.block_set) for m in resp.memory]))
-        memories = []
-        for r, m in enumerate(resp.memory):
-            memories.append(_check_region(r, m, self._map(m, resp.block_set)))
-        return self._mem.bind(BlockSet(resp, memories=memories))
+        try:
+            if _on_device(resp):
+                return self._mem.bind(BlockSet(resp, device=[self._open_device(m, resp.block_set) for m in resp.memory]))
+            memories = []
+            for r, m in enumerate(resp.memory):
+                memories.append(_check_region(r, m, self._map(m, resp.block_set)))
+            return self._mem.bind(BlockSet(resp, memories=memories))
+        except Exception as e:
+            # The agent handed the set over and this client cannot use it:
+            # given back, not left on the session until it ends.
+            try:
+                self.drop_block_set(resp.block_set, timeout=_GIVE_BACK_TIMEOUT)
+            except KvfabricError as d:
+                e.add_note(f"block set {resp.block_set} not given back: {d}")
+            raise
 
     def allocate(self, block_set: BlockSet | int, count: int, *, timeout: float | None = None) -> list[int]:
         """Take count free slots for the engine to write."""

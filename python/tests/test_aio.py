@@ -134,6 +134,18 @@ def test_aio_errors(node1, tmp_path):
             dropped = await c.drop_block_set(bs)
             assert dropped.freed == 0 and dropped.still_mapped == 0
             assert mem.closed and bs.dropped, "the dropped set's memory is still mapped"
+
+            # A set handed over whose memory the client cannot map is given
+            # back, not left on the session.
+            async def refused(*args, **kwargs):
+                raise kvfabric.PermissionDenied("pool memory: permission denied")
+
+            c._map = refused  # type: ignore[method-assign]
+            with pytest.raises(kvfabric.PermissionDenied):
+                await c.register(MODEL, 1, 16, slots=8)
+            del c._map
+            mine = next(s for s in (await c.status()).sessions if s.id == c.session)
+            assert list(mine.block_sets) == [], "the set the client could not map stayed on its session"
         assert not c.session_alive
         await c.close()  # twice is fine
         with pytest.raises(kvfabric.Unavailable, match="closed"):
