@@ -20,7 +20,7 @@ import (
 // process (pid 0) count only in all; what is given back can be taken
 // again.
 func TestSessionCount(t *testing.T) {
-	c := newSessionCount(4, 2)
+	c := newSessionCount(5, 2)
 	steps := []struct {
 		desc   string
 		pid    int32
@@ -30,9 +30,10 @@ func TestSessionCount(t *testing.T) {
 		{"process 7's second, at its bound", 7, ""},
 		{"process 7's third, past its bound", 7, "process 7 has 2 open, at most 2 (engine_sessions_per_process)"},
 		{"an unknown process's first", 0, ""},
-		{"an unknown process's second, past a process's bound", 0, ""},
-		{"process 8's first, past the total", 8, "4 open in all, at most 4 (engine_sessions)"},
-		{"an unknown process's third, past the total", 0, "4 open in all, at most 4 (engine_sessions)"},
+		{"an unknown process's second, at a process's bound", 0, ""},
+		{"an unknown process's third, past a process's bound", 0, ""},
+		{"process 8's first, past the total", 8, "5 open in all, at most 5 (engine_sessions)"},
+		{"an unknown process's fourth, past the total", 0, "5 open in all, at most 5 (engine_sessions)"},
 	}
 	for _, s := range steps {
 		err := c.take(s.pid)
@@ -44,8 +45,8 @@ func TestSessionCount(t *testing.T) {
 			t.Fatalf("%s: %v, want ResourceExhausted saying %q", s.desc, err, s.refuse)
 		}
 	}
-	if open, byProcess, total := c.snapshot(); open != 4 || byProcess != 1 || total != 2 {
-		t.Fatalf("open %d, refused %d per process and %d in all; want 4, 1 and 2", open, byProcess, total)
+	if open, byProcess, total := c.snapshot(); open != 5 || byProcess != 1 || total != 2 {
+		t.Fatalf("open %d, refused %d per process and %d in all; want 5, 1 and 2", open, byProcess, total)
 	}
 	c.give(0)
 	if err := c.take(8); err != nil {
@@ -55,7 +56,7 @@ func TestSessionCount(t *testing.T) {
 	if err := c.take(7); err != nil {
 		t.Fatalf("after one of process 7's sessions ended: %v", err)
 	}
-	for _, pid := range []int32{7, 7, 8, 0} {
+	for _, pid := range []int32{7, 7, 8, 0, 0} {
 		c.give(pid)
 	}
 	if open, _, _ := c.snapshot(); open != 0 || len(c.byPID) != 0 {
