@@ -258,9 +258,10 @@ func (a *Agent) sessionOf(ctx context.Context) (*session, error) {
 	return s, nil
 }
 
-// attach makes es one of the sets s uses, and returns it as s sees it.
+// attach makes es one of the sets s uses, and returns it as s sees it; no
+// process is checked or recorded (attachJoining of pid 0).
 func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
-	return a.attachAs(s, es, 0, false)
+	return a.attachJoining(s, es, 0)
 }
 
 // attachJoining is attach for a Register of process pid that has chosen
@@ -272,11 +273,6 @@ func (a *Agent) attach(s *session, es *engineSet) (*sessionSet, error) {
 // for the Register to choose again. A process of pid 0 may join, and is
 // recorded as no receiver.
 func (a *Agent) attachJoining(s *session, es *engineSet, pid int32) (*sessionSet, error) {
-	return a.attachAs(s, es, pid, true)
-}
-
-// attachAs is attach, and attachJoining where join is set.
-func (a *Agent) attachAs(s *session, es *engineSet, pid int32, join bool) (*sessionSet, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended {
@@ -290,7 +286,7 @@ func (a *Agent) attachAs(s *session, es *engineSet, pid int32, join bool) (*sess
 	if es.claim != nil {
 		return nil, &setClaimedError{set: es.set.ID(), done: es.claim}
 	}
-	if join && !es.callLocked(pid, true) {
+	if !es.callLocked(pid, true) {
 		return nil, errJoinedMeanwhile
 	}
 	u := es.users[s.id]
