@@ -161,34 +161,13 @@ func TestJoinTokenRenewedWhenSetPassesOn(t *testing.T) {
 		t.Fatalf("engine helper, token: %q", f)
 	}
 	old := f[1]
-	tenant.in.Close()
-	done := make(chan error, 1)
-	go func() { done <- tenant.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("engine helper: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("engine helper did not exit")
-	}
+	tenant.exit(t)
 	c, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	wait.For(t, 30*time.Second, "the exited engine's set idle", func() error {
-		st, err := c.Status(ctx)
-		if err != nil {
-			return err
-		}
-		for _, b := range st.BlockSets {
-			if b.Id == tenant.set && b.Sessions != 0 {
-				return fmt.Errorf("block set still used: %v", b)
-			}
-		}
-		return nil
-	})
+	waitSetIdle(t, ctx, c, tenant.set)
 	set, err := c.Register(ctx, isolationEngine)
 	if err != nil {
 		t.Fatal(err)
