@@ -28,6 +28,17 @@ func joinRequest(id uint64, token string) *fabricpb.RegisterRequest {
 	}
 }
 
+// joinToken asks the helper for the join token Register answered it,
+// failing unless it is one.
+func (tn *isolationTenant) joinToken(t *testing.T) string {
+	t.Helper()
+	f := strings.Fields(tn.do("token"))
+	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
+		t.Fatalf("engine helper, token: %q", f)
+	}
+	return f[1]
+}
+
 // Another process of an engine (a TP worker of its own) joins the block
 // set that a running process registered, by the join token Register
 // answered it: it is handed that very set, no new one, and its calls
@@ -41,11 +52,7 @@ func TestRegisterJoinsBySetCredential(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tenant := startTenant(t, a, "fd")
-	f := strings.Fields(tenant.do("token"))
-	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
-		t.Fatalf("engine helper, token: %q", f)
-	}
-	token := f[1]
+	token := tenant.joinToken(t)
 	c, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {
 		t.Fatal(err)
@@ -156,11 +163,7 @@ func TestJoinTokenRenewedWhenSetPassesOn(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tenant := startTenant(t, a, "fd")
-	f := strings.Fields(tenant.do("token"))
-	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
-		t.Fatalf("engine helper, token: %q", f)
-	}
-	old := f[1]
+	old := tenant.joinToken(t)
 	tenant.exit(t)
 	c, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {
@@ -197,11 +200,7 @@ func TestClientJoinsASet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tenant := startTenant(t, a, "fd")
-	f := strings.Fields(tenant.do("token"))
-	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
-		t.Fatalf("engine helper, token: %q", f)
-	}
-	token := f[1]
+	token := tenant.joinToken(t)
 	c, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {
 		t.Fatal(err)
