@@ -160,12 +160,11 @@ func TestSetOfAnExitedReceiverJoinedAgain(t *testing.T) {
 	}
 }
 
-// A call of a process a set was handed to is let through as it is, and
-// leaves the set's other receivers alone: another that has exited does
-// not make the set zero the slots it allocates (the caller had them all
-// along), as it does for a process that takes the set over.
-func TestCallOfAReceiverZeroesNothing(t *testing.T) {
-	self := int32(os.Getpid())
+// exitedFD starts a child that exits at once and returns its pid and a
+// pidfd of it, opened before the child was waited for (skipping where
+// pidfds are not to be had).
+func exitedFD(t *testing.T) (int32, int) {
+	t.Helper()
 	child := exec.Command("true")
 	if err := child.Start(); err != nil {
 		t.Skip(err)
@@ -176,15 +175,33 @@ func TestCallOfAReceiverZeroesNothing(t *testing.T) {
 		t.Skipf("pidfd_open: %v", err)
 	}
 	if err := child.Wait(); err != nil {
+		unix.Close(fd)
 		t.Fatal(err)
 	}
-	gone := int32(child.Process.Pid)
-	es := &engineSet{receivers: map[int32]int{self: -1, gone: fd}}
+	return int32(child.Process.Pid), fd
+}
+
+// closeAtEnd closes the pidfds es still holds for its receivers when t
+// ends.
+func closeAtEnd(t *testing.T, es *engineSet) {
 	t.Cleanup(func() {
-		if fd, ok := es.receivers[gone]; ok {
-			unix.Close(fd)
+		for _, fd := range es.receivers {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
 		}
 	})
+}
+
+// A call of a process a set was handed to is let through as it is, and
+// leaves the set's other receivers alone: another that has exited does
+// not make the set zero the slots it allocates (the caller had them all
+// along), as it does for a process that takes the set over.
+func TestCallOfAReceiverZeroesNothing(t *testing.T) {
+	self := int32(os.Getpid())
+	gone, fd := exitedFD(t)
+	es := &engineSet{receivers: map[int32]int{self: -1, gone: fd}}
+	closeAtEnd(t, es)
 	if !es.mayCall(self) {
 		t.Fatal("a receiver's call refused")
 	}
@@ -209,31 +226,6 @@ func TestCallOfAReceiverZeroesNothing(t *testing.T) {
 // where another receiver still runs.
 func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
 	self := int32(os.Getpid())
-	// exitedFD is a pidfd of a child that has exited.
-	exitedFD := func(t *testing.T) int {
-		child := exec.Command("true")
-		if err := child.Start(); err != nil {
-			t.Skip(err)
-		}
-		fd, err := unix.PidfdOpen(child.Process.Pid, 0)
-		if err != nil {
-			child.Wait()
-			t.Skipf("pidfd_open: %v", err)
-		}
-		if err := child.Wait(); err != nil {
-			t.Fatal(err)
-		}
-		return fd
-	}
-	cleanup := func(t *testing.T, es *engineSet) {
-		t.Cleanup(func() {
-			for _, fd := range es.receivers {
-				if fd >= 0 {
-					unix.Close(fd)
-				}
-			}
-		})
-	}
 	for _, tc := range []struct {
 		desc string
 		ask  func(es *engineSet, pid int32) bool
@@ -242,8 +234,9 @@ func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
 		{"mayJoin", (*engineSet).mayJoin},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			es := &engineSet{receivers: map[int32]int{self: exitedFD(t)}, joinToken: "old"}
-			cleanup(t, es)
+			_, fd := exitedFD(t)
+			es := &engineSet{receivers: map[int32]int{self: fd}, joinToken: "old"}
+			closeAtEnd(t, es)
 			if !tc.ask(es, self) {
 				t.Fatal("refused with no other receiver")
 			}
@@ -264,17 +257,14 @@ func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
 		if err != nil {
 			t.Skipf("pidfd_open: %v", err)
 		}
-		gone := exec.Command("true")
-		if err := gone.Run(); err != nil {
-			t.Skip(err)
-		}
-		es := &engineSet{receivers: map[int32]int{self: selfFD, int32(gone.Process.Pid): exitedFD(t)}, joinToken: "old"}
-		cleanup(t, es)
+		gone, goneFD := exitedFD(t)
+		es := &engineSet{receivers: map[int32]int{self: selfFD, gone: goneFD}, joinToken: "old"}
+		closeAtEnd(t, es)
 		if !es.mayJoin(self) {
 			t.Fatal("a receiver that runs refused; the set's other receiver has exited")
 		}
-		if es.joinToken != "old" || receives(es, int32(gone.Process.Pid)) {
-			t.Fatalf("join token %q, the exited receiver recorded %v; want the token kept, the receiver forgotten", es.joinToken, receives(es, int32(gone.Process.Pid)))
+		if es.joinToken != "old" || receives(es, gone) {
+			t.Fatalf("join token %q, the exited receiver recorded %v; want the token kept, the receiver forgotten", es.joinToken, receives(es, gone))
 		}
 	})
 	// Another receiver still runs: the caller, not the process it was
@@ -288,8 +278,9 @@ func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
 	if err != nil {
 		t.Skipf("pidfd_open: %v", err)
 	}
-	es := &engineSet{receivers: map[int32]int{self: exitedFD(t), int32(live.Process.Pid): fd}}
-	cleanup(t, es)
+	_, goneFD := exitedFD(t)
+	es := &engineSet{receivers: map[int32]int{self: goneFD, int32(live.Process.Pid): fd}}
+	closeAtEnd(t, es)
 	if es.mayCall(self) {
 		t.Fatal("a call of this pid allowed while the set's other receiver runs; its receiver under this pid has exited")
 	}
@@ -301,27 +292,10 @@ func TestReceiverOfAReusedPidNotTheCaller(t *testing.T) {
 // runs, and the set zeroes its slots from then on.
 func TestHandedToAReusedPidRecordsTheNewProcess(t *testing.T) {
 	self := int32(os.Getpid())
-	child := exec.Command("true")
-	if err := child.Start(); err != nil {
-		t.Skip(err)
-	}
-	fd, err := unix.PidfdOpen(child.Process.Pid, 0)
-	if err != nil {
-		child.Wait()
-		t.Skipf("pidfd_open: %v", err)
-	}
-	if err := child.Wait(); err != nil {
-		t.Fatal(err)
-	}
 	// The exited child's pidfd stands for the receiver that had this pid.
+	_, fd := exitedFD(t)
 	es := &engineSet{receivers: map[int32]int{self: fd}}
-	t.Cleanup(func() {
-		for _, fd := range es.receivers {
-			if fd >= 0 {
-				unix.Close(fd)
-			}
-		}
-	})
+	closeAtEnd(t, es)
 	(&Agent{}).handedTo(es, self)
 	if !es.zeroFresh {
 		t.Error("the set taken up from an exited receiver does not zero the slots it hands out")

@@ -223,6 +223,47 @@ func (tn *isolationTenant) do(cmd string) string {
 	return l
 }
 
+// exit ends the helper (its stdin closed) and fails unless it exits
+// cleanly within 30s.
+func (tn *isolationTenant) exit(t *testing.T) {
+	t.Helper()
+	tn.in.Close()
+	done := make(chan error, 1)
+	go func() { done <- tn.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("engine helper: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("engine helper did not exit")
+	}
+}
+
+// waitSetIdle waits until block set id on c's agent, whose engine has
+// exited, is listed idle: no session uses it and every slot but the
+// registered blocks' is free. The agent learns of the exit when the
+// engine's session ends: until then the session still holds the slots it
+// allocated.
+func waitSetIdle(t *testing.T, ctx context.Context, c *client.Client, id uint64) {
+	t.Helper()
+	wait.For(t, 30*time.Second, fmt.Sprintf("the exited engine's set %d idle, its slots given back", id), func() error {
+		st, err := c.Status(ctx)
+		if err != nil {
+			return err
+		}
+		for _, b := range st.BlockSets {
+			if b.Id == id {
+				if b.Sessions != 0 || b.Free != b.Slots-b.Registered {
+					return fmt.Errorf("block set still held: %v", b)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("block set %d not listed", id)
+	})
+}
+
 // checkFresh fails unless every byte of slots in set is zero: nothing
 // another engine wrote reaches a fresh slot.
 func checkFresh(t *testing.T, set *client.BlockSet, slots []uint32) {
@@ -475,36 +516,13 @@ func testSetOfExitedEngineTakenOverZeroed(t *testing.T, pool string, configure f
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tenant := startTenant(t, a, "fd")
-	tenant.in.Close()
-	done := make(chan error, 1)
-	go func() { done <- tenant.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("engine helper: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("engine helper did not exit")
-	}
+	tenant.exit(t)
 	c, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	// The agent learns of the exit when the engine's session ends: until
-	// then the session still holds the slots it allocated.
-	wait.For(t, 30*time.Second, "the exited engine's set idle, its slots given back", func() error {
-		st, err := c.Status(ctx)
-		if err != nil {
-			return err
-		}
-		for _, b := range st.BlockSets {
-			if b.Id == tenant.set && (b.Sessions != 0 || b.Free != b.Slots-b.Registered) {
-				return fmt.Errorf("block set still held: %v", b)
-			}
-		}
-		return nil
-	})
+	waitSetIdle(t, ctx, c, tenant.set)
 	set, err := c.Register(ctx, isolationEngine)
 	if err != nil {
 		t.Fatal(err)
@@ -686,27 +704,13 @@ func TestCallerOfAnExitedEnginesSetKeepsItFromOthers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	first := startTenant(t, a, "fd")
-	first.in.Close()
-	if err := first.cmd.Wait(); err != nil {
-		t.Fatalf("engine helper: %v", err)
-	}
+	first.exit(t)
 	c, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	wait.For(t, 30*time.Second, "the exited engine's set idle, its slots given back", func() error {
-		st, err := c.Status(ctx)
-		if err != nil {
-			return err
-		}
-		for _, b := range st.BlockSets {
-			if b.Id == first.set && (b.Sessions != 0 || b.Free != b.Slots-b.Registered) {
-				return fmt.Errorf("block set still held: %v", b)
-			}
-		}
-		return nil
-	})
+	waitSetIdle(t, ctx, c, first.set)
 	// This process takes the set up by a call naming it, holding nothing
 	// there (the block asked for is not held): the set is the one its
 	// session uses, all its slots usable by the next Register.

@@ -28,6 +28,17 @@ func joinRequest(id uint64, token string) *fabricpb.RegisterRequest {
 	}
 }
 
+// joinToken asks the helper for the join token Register answered it,
+// failing unless it is one.
+func (tn *isolationTenant) joinToken(t *testing.T) string {
+	t.Helper()
+	f := strings.Fields(tn.do("token"))
+	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
+		t.Fatalf("engine helper, token: %q", f)
+	}
+	return f[1]
+}
+
 // Another process of an engine (a TP worker of its own) joins the block
 // set that a running process registered, by the join token Register
 // answered it: it is handed that very set, no new one, and its calls
@@ -41,11 +52,7 @@ func TestRegisterJoinsBySetCredential(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tenant := startTenant(t, a, "fd")
-	f := strings.Fields(tenant.do("token"))
-	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
-		t.Fatalf("engine helper, token: %q", f)
-	}
-	token := f[1]
+	token := tenant.joinToken(t)
 	c, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {
 		t.Fatal(err)
@@ -156,39 +163,14 @@ func TestJoinTokenRenewedWhenSetPassesOn(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tenant := startTenant(t, a, "fd")
-	f := strings.Fields(tenant.do("token"))
-	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
-		t.Fatalf("engine helper, token: %q", f)
-	}
-	old := f[1]
-	tenant.in.Close()
-	done := make(chan error, 1)
-	go func() { done <- tenant.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("engine helper: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("engine helper did not exit")
-	}
+	old := tenant.joinToken(t)
+	tenant.exit(t)
 	c, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	wait.For(t, 30*time.Second, "the exited engine's set idle", func() error {
-		st, err := c.Status(ctx)
-		if err != nil {
-			return err
-		}
-		for _, b := range st.BlockSets {
-			if b.Id == tenant.set && b.Sessions != 0 {
-				return fmt.Errorf("block set still used: %v", b)
-			}
-		}
-		return nil
-	})
+	waitSetIdle(t, ctx, c, tenant.set)
 	set, err := c.Register(ctx, isolationEngine)
 	if err != nil {
 		t.Fatal(err)
@@ -218,11 +200,7 @@ func TestClientJoinsASet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tenant := startTenant(t, a, "fd")
-	f := strings.Fields(tenant.do("token"))
-	if len(f) != 3 || f[0] != "token" || !strings.HasPrefix(f[1], "join-") {
-		t.Fatalf("engine helper, token: %q", f)
-	}
-	token := f[1]
+	token := tenant.joinToken(t)
 	c, err := client.Dial(ctx, a.EngineSocket())
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,42 @@ import (
 	"github.com/kvfabric/kvfabric/internal/wait"
 )
 
+// answer is a Lookup's response and error.
+type answer struct {
+	lr  *fabricpb.LookupResponse
+	err error
+}
+
+// lookupAsync calls Lookup with req on c and sends its answer on the
+// channel it returns.
+func lookupAsync(ctx context.Context, c *client.Client, req *fabricpb.LookupRequest) <-chan answer {
+	done := make(chan answer, 1)
+	go func() {
+		lr, err := c.API().Lookup(ctx, req)
+		done <- answer{lr, err}
+	}()
+	return done
+}
+
+// awaitTiers waits (20 s at most) for the answer on done of the look-up
+// what describes, and fails unless it has no error and says the blocks
+// are in the local tiers want.
+func awaitTiers(t *testing.T, done <-chan answer, want []string, what string) {
+	t.Helper()
+	var got answer
+	select {
+	case got = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s: no answer within 20s", what)
+	}
+	if got.err != nil {
+		t.Fatalf("%s: %v", what, got.err)
+	}
+	if fmt.Sprint(got.lr.LocalTiers) != fmt.Sprint(want) {
+		t.Fatalf("%s: local tiers %q, want %q", what, got.lr.LocalTiers, want)
+	}
+}
+
 // Lookup answers at once, whatever copies down are under way: of a block
 // on disk and one whose copy down is held (its slot taken by allocations,
 // so in neither memory nor the tier), it says "disk" and "" without
@@ -20,27 +56,8 @@ import (
 func TestTierLookupDoesNotWaitForCopiesDown(t *testing.T) {
 	a, c, set, onDisk, pending, held, release := heldCopyDown(t, "lookupnw")
 	defer release()
-	type answer struct {
-		lr  *fabricpb.LookupResponse
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		lr, err := c.API().Lookup(context.Background(), &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: []uint64{onDisk, pending}})
-		done <- answer{lr, err}
-	}()
-	var got answer
-	select {
-	case got = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("Lookup waited for a copy down under way (%d held)", held())
-	}
-	if got.err != nil {
-		t.Fatal(got.err)
-	}
-	if want := []string{"disk", ""}; fmt.Sprint(got.lr.LocalTiers) != fmt.Sprint(want) {
-		t.Fatalf("local tiers %q, want %q", got.lr.LocalTiers, want)
-	}
+	done := lookupAsync(context.Background(), c, &fabricpb.LookupRequest{BlockSet: set.ID, Hashes: []uint64{onDisk, pending}})
+	awaitTiers(t, done, []string{"disk", ""}, fmt.Sprintf("Lookup, a copy down under way (%d held)", held()))
 	if !fabric.BlockSetHolds(a, set.ID, onDisk) {
 		t.Fatal("the block on disk was not restored by the look-up")
 	}
@@ -76,19 +93,11 @@ func TestTierLookupNoRestoreWaitsForCopiesDown(t *testing.T) {
 
 	// The copy released once the look-up waits for it.
 	waits := fabric.TierPendingWaits(a)
-	type answer struct {
-		lr  *fabricpb.LookupResponse
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		// A deadline, so that the wait is not cut short by the bound on
-		// one without (TestTierLookupNoRestoreWithoutADeadlineWaitsBounded).
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		lr, err := c.API().Lookup(ctx, req)
-		done <- answer{lr, err}
-	}()
+	// A deadline, so that the wait is not cut short by the bound on one
+	// without (TestTierLookupNoRestoreWithoutADeadlineWaitsBounded).
+	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := lookupAsync(ctx, c, req)
 	select {
 	case got := <-done:
 		t.Fatalf("a look-up with no_restore answered %q (%v) without waiting for the copy down under way (%d held)",
@@ -98,18 +107,7 @@ func TestTierLookupNoRestoreWaitsForCopiesDown(t *testing.T) {
 		t.Fatal("a look-up with no_restore neither answered nor waited for the copy down under way")
 	}
 	release()
-	var got answer
-	select {
-	case got = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("a look-up with no_restore did not answer once the copy down it waited for was released")
-	}
-	if got.err != nil {
-		t.Fatal(got.err)
-	}
-	if want := []string{"disk", "disk"}; fmt.Sprint(got.lr.LocalTiers) != fmt.Sprint(want) {
-		t.Fatalf("local tiers %q once the copy down ended, want %q", got.lr.LocalTiers, want)
-	}
+	awaitTiers(t, done, []string{"disk", "disk"}, "a look-up with no_restore, the copy down it waited for released")
 	if fabric.BlockSetHolds(a, set.ID, onDisk) || fabric.BlockSetHolds(a, set.ID, pending) {
 		t.Fatal("a look-up with no_restore brought a block up")
 	}
@@ -127,16 +125,8 @@ func TestTierLookupNoRestoreWithoutADeadlineWaitsBounded(t *testing.T) {
 	defer release()
 	fabric.TierCountWaitCap(a, 300*time.Millisecond)
 	waits := fabric.TierPendingWaits(a)
-	type answer struct {
-		lr  *fabricpb.LookupResponse
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		lr, err := c.API().Lookup(context.Background(), &fabricpb.LookupRequest{
-			BlockSet: set.ID, Hashes: []uint64{onDisk, pending}, NoRestore: true})
-		done <- answer{lr, err}
-	}()
+	done := lookupAsync(context.Background(), c, &fabricpb.LookupRequest{
+		BlockSet: set.ID, Hashes: []uint64{onDisk, pending}, NoRestore: true})
 	select {
 	case <-waits:
 	case got := <-done:
@@ -145,18 +135,7 @@ func TestTierLookupNoRestoreWithoutADeadlineWaitsBounded(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("a look-up with no_restore neither answered nor waited for the copy down under way")
 	}
-	var got answer
-	select {
-	case got = <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("a look-up with no_restore and no deadline still waits for a copy down held (%d held), past its bound of 300ms", held())
-	}
-	if got.err != nil {
-		t.Fatal(got.err)
-	}
-	if want := []string{"disk", ""}; fmt.Sprint(got.lr.LocalTiers) != fmt.Sprint(want) {
-		t.Fatalf("local tiers %q with the copy down held, want %q", got.lr.LocalTiers, want)
-	}
+	awaitTiers(t, done, []string{"disk", ""}, fmt.Sprintf("a look-up with no_restore and no deadline, a copy down held (%d held) past its bound of 300ms", held()))
 }
 
 // heldCopyDown starts an agent with a disk tier (named name) and a block
