@@ -621,10 +621,7 @@ func TestCallsOnAnotherProcesssSetRefused(t *testing.T) {
 	if after := setState(); after.Free != before.Free || after.Registered != before.Registered || after.Sessions != 0 {
 		t.Fatalf("the tenant's block set was %v before the calls, %v after: the refused calls changed it", before, after)
 	}
-	tenant.in.Close()
-	if err := tenant.cmd.Wait(); err != nil {
-		t.Fatalf("engine helper: %v", err)
-	}
+	tenant.exit(t)
 	if _, err := c.Allocate(ctx, tenant.set, 1); err != nil {
 		t.Fatalf("Allocate in the block set of a process that has exited: %v", err)
 	}
