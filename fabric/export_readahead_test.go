@@ -154,3 +154,14 @@ func TierKeepParent(a *Agent, hash, parent uint64) bool {
 	}
 	return st.PutBatch(ctx, []disk.PutItem{{Key: k, Data: buf[:n], Parent: parent, HasParent: true}})[0] == nil
 }
+
+// HoldReadAheadEnds makes each read-ahead of a, once it has looked for
+// room for the last time, call f before it releases its blocks; nil: no
+// call.
+func HoldReadAheadEnds(a *Agent, f func()) {
+	if f == nil {
+		a.tiers.ahead.closing.Store(nil)
+		return
+	}
+	a.tiers.ahead.closing.Store(&f)
+}

@@ -23,7 +23,9 @@ import (
 // Prefetch), ahead of use: being read, or read and not yet taken. Each
 // read that completes frees its I/O slot for the next block along the
 // chain, and each block taken makes room for another, so that while the
-// engine takes one run the next is read, the disk kept busy (readAhead).
+// engine takes one run the next is read, the disk kept busy (readAhead);
+// a take after it last looked for room, as it ends, has the next
+// read-ahead start after the block taken once it has ended (follow).
 // The blocks are restored as Prefetch's are (registered after their
 // parent, in batches as they land in order, each batch's first detached
 // from the block before it in the set, pool.Registration.Detached, as is
@@ -119,6 +121,10 @@ type aheadRuns struct {
 	// beforeYield, if set, is called by yieldAhead before it looks at the
 	// set's read-ahead (tests: one that ends just before).
 	beforeYield atomic.Pointer[func()]
+	// closing, if set, is called by each read-ahead once it has looked
+	// for room for the last time, before it releases its blocks (tests: a
+	// take as it ends).
+	closing atomic.Pointer[func()]
 }
 
 // add counts a read-ahead in, unless the tiers are closing.
@@ -161,14 +167,20 @@ type setAhead struct {
 // it); landed is closed and replaced each time blocks leave hashes. room
 // (one buffered) wakes it when a block it held is taken; done is closed
 // once it is over, its blocks registered and released (or given back).
+// closing says it has looked for room for the last time: a take from then
+// on makes room it will not fill, so readAheadAfter, which starts nothing
+// while it is under way, leaves it follow, the block the next read-ahead
+// is to follow, started as it ends (unless it was cancelled).
 type aheadRun struct {
-	hashes map[uint64]struct{}
-	held   map[uint64]pool.Block
-	keep   uint64
-	landed chan struct{}
-	room   chan struct{}
-	done   chan struct{}
-	cancel context.CancelFunc
+	hashes  map[uint64]struct{}
+	held    map[uint64]pool.Block
+	keep    uint64
+	landed  chan struct{}
+	room    chan struct{}
+	done    chan struct{}
+	cancel  context.CancelFunc
+	closing bool
+	follow  uint64
 }
 
 // newAheadRun is a read-ahead that will read hashes first.
@@ -347,7 +359,10 @@ func (t *tiers) readAheadAfter(es *engineSet, last uint64) {
 	sa := &es.ahead
 	sa.mu.Lock()
 	defer sa.mu.Unlock()
-	if sa.run != nil {
+	if r := sa.run; r != nil {
+		if r.closing {
+			r.follow = last // started as it ends: it has no room left to look for
+		}
 		return
 	}
 	t.pruneLocked(sa, set)
@@ -549,8 +564,11 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 				unmark()
 			}
 		}
+		if len(queue) == 0 && !t.aheadClosing(ctx, sa, r, bound, len(run) > 0 || !stop) {
+			continue // a block taken since it looked made room
+		}
 		if len(queue) == 0 {
-			break // nothing in flight: over
+			break // nothing in flight, and no room: over
 		}
 		select {
 		case rd := <-landed:
@@ -587,10 +605,37 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	sa.mu.Lock()
 	sa.run = nil
 	sa.ends++
+	follow := r.follow
+	if ctx.Err() != nil {
+		follow = 0 // cancelled (the set freed, an allocation needs its slots) or out of time
+	}
 	r.settledLocked()
 	sa.mu.Unlock()
 	close(r.done)
 	t.ahead.ended.Add(1)
+	if follow != 0 {
+		t.readAheadAfter(es, follow)
+	}
+}
+
+// aheadClosing says whether r, with nothing in flight, is over: it may
+// issue no more (more is false, or it was abandoned, or ctx ended), or it
+// has no room, checked under sa.mu with closing set, so that a take from
+// then on (aheadUsed, and the readAheadAfter of the call that took) finds
+// it closing and leaves it a block to follow. False: a block taken since
+// the issuing loop looked made room, and it goes on.
+func (t *tiers) aheadClosing(ctx context.Context, sa *setAhead, r *aheadRun, bound int, more bool) bool {
+	sa.mu.Lock()
+	if more && ctx.Err() == nil && bound-len(r.held) > 0 {
+		sa.mu.Unlock()
+		return false
+	}
+	r.closing = true
+	sa.mu.Unlock()
+	if f := t.ahead.closing.Load(); f != nil {
+		(*f)()
+	}
+	return true
 }
 
 // aheadRead is one block of a read-ahead: where it is, its slot, the

@@ -215,6 +215,59 @@ func TestTierReadAheadAcquireRacesIt(t *testing.T) {
 	}
 }
 
+// A run read ahead that the engine takes as the read-ahead ends (after it
+// last looked for room, before it has ended) is followed all the same:
+// the Acquire that took it cannot start the next read-ahead while this one
+// is under way, so this one starts it once it has ended, after the last
+// block taken, and the next run comes up as it would have had the take
+// come a moment later.
+func TestTierReadAheadTakenAsItEndsIsFollowed(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	closing := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var once sync.Once
+	fabric.HoldReadAheadEnds(a, func() {
+		once.Do(func() {
+			closing <- struct{}{}
+			select {
+			case <-release:
+			case <-time.After(30 * time.Second):
+			}
+		})
+	})
+	t.Cleanup(func() { fabric.HoldReadAheadEnds(a, nil) })
+	acquireRun(t, c, set, hashes[:8], 1)
+	select {
+	case <-closing: // all 8 read ahead, no room left: it is ending
+	case <-time.After(30 * time.Second):
+		t.Fatal("the read-ahead did not come to its end")
+	}
+	if started, ended, _ := fabric.ReadAheadCounts(a); started != 1 || ended != 0 {
+		t.Fatalf("%d read-aheads started, %d ended, as the first ends; want 1, 0", started, ended)
+	}
+	acquireRun(t, c, set, hashes[8:16], 9) // taken from the read-ahead as it ends
+	close(release)
+	wait.For(t, 30*time.Second, "a second read-ahead, after the blocks taken", func() error {
+		started, ended, _ := fabric.ReadAheadCounts(a)
+		if n := readAheadMetrics(a).ReadAhead; started != 2 || ended != 2 || n != 16 {
+			return fmt.Errorf("%d started, %d ended, %d blocks read ahead", started, ended, n)
+		}
+		return nil
+	})
+	for i := 16; i < 24; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d, after the run taken, was not read ahead", i)
+		}
+	}
+	if m := readAheadMetrics(a); m.ReadAheadHits != 8 || m.Restores != 24 {
+		t.Fatalf("%d hits, %d restores; want 8, 24", m.ReadAheadHits, m.Restores)
+	}
+	acquireRun(t, c, set, hashes[16:24], 17)
+	if m := readAheadMetrics(a); m.ReadAheadHits != 16 {
+		t.Fatalf("after taking the run followed: %d hits; want 16", m.ReadAheadHits)
+	}
+}
+
 // The read-ahead takes only spare slots: free ones above the low
 // watermark, or those of unused blocks the tier holds too; never a
 // referenced block's nor one the set alone holds.
