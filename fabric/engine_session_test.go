@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -388,6 +389,76 @@ func TestSessionsShareAndDropBlockSet(t *testing.T) {
 	if err != nil || s3.ID == s1.ID {
 		t.Fatalf("register after the free: %v, set %d", err, s3.ID)
 	}
+}
+
+// The Go client's DropBlockSet gives up the set's memory: the BlockSets of
+// it the client returned (two Registers of one layout) lose their views,
+// and its mapping is gone from the process, while another set of the same
+// client keeps its own, its bytes as written; Close clears what is left.
+func TestClientDropBlockSetUnmaps(t *testing.T) {
+	a := startAgent(t, testConfig(t, "n1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := newClient(t, a)
+	dropped := register(t, c, sessionEngine)
+	again := register(t, c, sessionEngine)
+	kept := register(t, c, tierEngine)
+	if again.ID != dropped.ID || kept.ID == dropped.ID {
+		t.Fatalf("sets %d, %d and %d: want the first two one set, the third another", dropped.ID, again.ID, kept.ID)
+	}
+	at := func(s *client.BlockSet) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(s.Ranks[0]))) }
+	droppedAt, keptAt := at(dropped), at(kept)
+	for _, p := range []uintptr{droppedAt, keptAt} {
+		if !mappedAt(t, p) {
+			t.Fatalf("a registered set's memory at %#x is not mapped", p)
+		}
+	}
+	kvtest.Fill(kept.Layout, kept.Ranks, 0, 5)
+	if _, err := c.DropBlockSet(ctx, dropped.ID); err != nil {
+		t.Fatal(err)
+	}
+	if dropped.Ranks != nil || again.Ranks != nil {
+		t.Fatal("the dropped set's BlockSets keep their views")
+	}
+	if mappedAt(t, droppedAt) {
+		t.Fatalf("the dropped set's memory at %#x is still mapped", droppedAt)
+	}
+	if kept.Ranks == nil || !mappedAt(t, keptAt) {
+		t.Fatal("the set not dropped lost its memory")
+	}
+	if err := kvtest.Check(kept.Layout, kept.Ranks, 0, 5); err != nil {
+		t.Fatalf("the set not dropped: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if kept.Ranks != nil || mappedAt(t, keptAt) {
+		t.Fatal("Close left the other set's memory mapped or its views")
+	}
+}
+
+// mappedAt says whether this process maps the address p (/proc/self/maps).
+func mappedAt(t *testing.T, p uintptr) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		lo, hi, ok := strings.Cut(strings.Fields(line)[0], "-")
+		if !ok {
+			t.Fatalf("/proc/self/maps: %q", line)
+		}
+		l, err1 := strconv.ParseUint(lo, 16, 64)
+		h, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("/proc/self/maps: %q", line)
+		}
+		if uint64(p) >= l && uint64(p) < h {
+			return true
+		}
+	}
+	return false
 }
 
 // RegisterBlocks, Acquire and Import with good and bad blocks mixed answer

@@ -57,6 +57,12 @@ type Client struct {
 	mu   sync.Mutex
 	maps map[string][]byte // memory mapped, by token (or path)
 	ipcs map[cuda.IPCHandle]*cuda.IPCMemory
+	// users are the block sets of this client that use each mapping (by
+	// its key in maps) or device memory (by its handle in ipcs), and sets
+	// the BlockSets handed out, by set: DropBlockSet gives up what no
+	// other set uses, and takes the views of those it handed out.
+	users map[any]map[uint64]struct{}
+	sets  map[uint64][]*BlockSet
 }
 
 // DialOption changes what Dial does.
@@ -98,7 +104,8 @@ func Dial(ctx context.Context, socket string, opts ...DialOption) (*Client, erro
 	if err != nil {
 		return nil, fmt.Errorf("client: engine socket: %w", err)
 	}
-	c := &Client{maps: map[string][]byte{}, ipcs: map[cuda.IPCHandle]*cuda.IPCMemory{}, keepDone: make(chan struct{})}
+	c := &Client{maps: map[string][]byte{}, ipcs: map[cuda.IPCHandle]*cuda.IPCMemory{},
+		users: map[any]map[uint64]struct{}{}, sets: map[uint64][]*BlockSet{}, keepDone: make(chan struct{})}
 	conn, err := grpc.NewClient("unix:"+abs,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)),
@@ -261,8 +268,9 @@ func (c *Client) SessionErr() error {
 func (c *Client) API() fabricpb.EngineClient { return c.api }
 
 // Close closes the connection, unmaps the pool memory and closes the
-// device memory opened from IPC handles. Byte slices and device pointers
-// from BlockSet must not be used after it.
+// device memory opened from IPC handles. The BlockSets it returned lose
+// Ranks and Device; byte slices and device pointers taken from them must
+// not be used after it.
 func (c *Client) Close() error {
 	if c.stopKeep != nil {
 		c.stopKeep()
@@ -278,6 +286,13 @@ func (c *Client) Close() error {
 	for h, m := range c.ipcs {
 		errs = append(errs, m.Close())
 		delete(c.ipcs, h)
+	}
+	clear(c.users)
+	for id, sets := range c.sets {
+		for _, s := range sets {
+			s.Ranks, s.Device = nil, nil
+		}
+		delete(c.sets, id)
 	}
 	c.mu.Unlock()
 	errs = append(errs, c.conn.Close())
@@ -332,7 +347,11 @@ type DeviceRegion struct {
 	Ptr, Size uint64
 }
 
-// BlockSet is an engine's block set with its memory mapped.
+// BlockSet is an engine's block set with its memory mapped. Its memory is
+// the client's until DropBlockSet of the set, or Close: then Ranks and
+// Device are cleared, and the byte slices and device pointers taken from
+// them must not be used (the mapping is gone, or the device memory
+// closed, once no other set of the client uses it).
 type BlockSet struct {
 	ID     uint64
 	Layout *layout.Layout
@@ -395,7 +414,11 @@ func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
 		return nil, err
 	}
 	set, err := c.mapSet(e, resp)
-	if err != nil {
+	if err == nil {
+		c.mu.Lock()
+		c.sets[set.ID] = append(c.sets[set.ID], set)
+		c.mu.Unlock()
+	} else {
 		// The agent attached the set to this session all the same: give it
 		// back, or it stays the session's until the session ends.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropAfterFailedMap)
@@ -430,7 +453,7 @@ func (c *Client) mapSet(e Engine, resp *fabricpb.RegisterResponse) (*BlockSet, e
 		}
 		set.Device = make([]DeviceRegion, l.TPSize)
 		for r, m := range resp.GetMemory() {
-			mem, gpu, err := c.openIPC(e.CUDA, m)
+			mem, gpu, err := c.openIPC(e.CUDA, m, set.ID)
 			if err != nil {
 				return nil, fmt.Errorf("client: rank %d: %w", r, err)
 			}
@@ -444,7 +467,7 @@ func (c *Client) mapSet(e Engine, resp *fabricpb.RegisterResponse) (*BlockSet, e
 	}
 	set.Ranks = make([][]byte, l.TPSize)
 	for r, m := range resp.GetMemory() {
-		whole, err := c.mapMemory(m)
+		whole, err := c.mapMemory(m, set.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -459,8 +482,8 @@ func (c *Client) mapSet(e Engine, resp *fabricpb.RegisterResponse) (*BlockSet, e
 
 // openIPC opens the device memory m names, once per handle, on the GPU
 // of this process with m's PCI bus id (the agent's CUDA index when the
-// agent gave none).
-func (c *Client) openIPC(d *cuda.Driver, m *fabricpb.Memory) (*cuda.IPCMemory, int, error) {
+// agent gave none), for block set id.
+func (c *Client) openIPC(d *cuda.Driver, m *fabricpb.Memory, id uint64) (*cuda.IPCMemory, int, error) {
 	var h cuda.IPCHandle
 	if len(m.GetCudaIpcHandle()) != len(h) {
 		return nil, 0, fmt.Errorf("agent sent an IPC handle of %d bytes, want %d", len(m.GetCudaIpcHandle()), len(h))
@@ -481,6 +504,7 @@ func (c *Client) openIPC(d *cuda.Driver, m *fabricpb.Memory) (*cuda.IPCMemory, i
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if mem, ok := c.ipcs[h]; ok {
+		c.useLocked(h, id)
 		return mem, gpu, nil
 	}
 	mem, err := d.OpenIPCHandle(gpu, h)
@@ -488,12 +512,60 @@ func (c *Client) openIPC(d *cuda.Driver, m *fabricpb.Memory) (*cuda.IPCMemory, i
 		return nil, 0, err
 	}
 	c.ipcs[h] = mem
+	c.useLocked(h, id)
 	return mem, gpu, nil
 }
 
+// useLocked records that block set id uses the mapping or device memory
+// under key. c.mu is held.
+func (c *Client) useLocked(key any, id uint64) {
+	u := c.users[key]
+	if u == nil {
+		u = map[uint64]struct{}{}
+		c.users[key] = u
+	}
+	u[id] = struct{}{}
+}
+
+// giveUp gives up block set id's memory: the BlockSets of it handed out
+// lose Ranks and Device, and each mapping (device memory) no other set of
+// the client uses is unmapped (closed).
+func (c *Client) giveUp(id uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.sets[id] {
+		s.Ranks, s.Device = nil, nil
+	}
+	delete(c.sets, id)
+	var errs []error
+	for key, u := range c.users {
+		if _, ok := u[id]; !ok {
+			continue
+		}
+		if delete(u, id); len(u) > 0 {
+			continue
+		}
+		delete(c.users, key)
+		switch k := key.(type) {
+		case string:
+			if err := syscall.Munmap(c.maps[k]); err != nil {
+				errs = append(errs, fmt.Errorf("client: unmapping block set %d's memory: %w", id, err))
+			}
+			delete(c.maps, k)
+		case cuda.IPCHandle:
+			if err := c.ipcs[k].Close(); err != nil {
+				errs = append(errs, fmt.Errorf("client: closing block set %d's device memory: %w", id, err))
+			}
+			delete(c.ipcs, k)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // mapMemory maps the memory m names, once per token: through the
-// descriptor socket when the agent offers it, else by path.
-func (c *Client) mapMemory(m *fabricpb.Memory) ([]byte, error) {
+// descriptor socket when the agent offers it, else by path; for block set
+// id.
+func (c *Client) mapMemory(m *fabricpb.Memory, id uint64) ([]byte, error) {
 	key := m.GetToken()
 	if key == "" {
 		key = m.GetPath()
@@ -501,6 +573,7 @@ func (c *Client) mapMemory(m *fabricpb.Memory) ([]byte, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if b, ok := c.maps[key]; ok {
+		c.useLocked(key, id)
 		return b, nil
 	}
 	var b []byte
@@ -516,6 +589,7 @@ func (c *Client) mapMemory(m *fabricpb.Memory) ([]byte, error) {
 		return nil, err
 	}
 	c.maps[key] = b
+	c.useLocked(key, id)
 	return b, nil
 }
 
@@ -574,8 +648,18 @@ func (c *Client) ImportTokens(ctx context.Context, set uint64, tokens []uint32, 
 
 // DropBlockSet stops the client's use of a block set: the agent gives back
 // what the session holds there, and frees the set once no session uses it.
+// The client gives up the set's memory, whether or not the agent answered:
+// the BlockSets of it this client returned lose Ranks and Device, and each
+// mapping (device memory) that no other set of this client uses is unmapped
+// (closed), so that a long-lived engine keeps no pages of the sets it
+// dropped. Byte slices and device pointers taken from the set must not be
+// used after it.
 func (c *Client) DropBlockSet(ctx context.Context, set uint64) (*fabricpb.DropBlockSetResponse, error) {
-	return c.api.DropBlockSet(ctx, &fabricpb.DropBlockSetRequest{BlockSet: set})
+	resp, err := c.api.DropBlockSet(ctx, &fabricpb.DropBlockSetRequest{BlockSet: set})
+	if merr := c.giveUp(set); merr != nil {
+		return resp, errors.Join(err, merr)
+	}
+	return resp, err
 }
 
 // Status returns the agent's view of the cluster.
