@@ -20,12 +20,14 @@ import (
 // follow X, as far as the tiers hold them, keeping up to restoreReaders
 // reads in flight (deviceRestoreReaders into a device set) and at most
 // Config.TierReadAhead blocks, and half the blocks the set keeps (as
-// Prefetch), ahead of use: being read, or read and not yet taken. Each
-// read that completes frees its I/O slot for the next block along the
-// chain, and each block taken makes room for another, so that while the
-// engine takes one run the next is read, the disk kept busy (readAhead);
-// a take after it last looked for room, as it ends, has the next
-// read-ahead start after the block taken once it has ended (follow).
+// Prefetch), ahead of use: being read, or read and not yet taken, by it
+// or by an earlier read-ahead whose blocks its chain steps over (left).
+// Each read that completes frees its I/O slot for the next block along
+// the chain, and each block taken makes room for another, so that while
+// the engine takes one run the next is read, the disk kept busy
+// (readAhead); a take after it last looked for room, as it ends (or once
+// its ctx ended), has the next read-ahead start after the block taken as
+// it ends, in the same hold of the set's lock (follow).
 // The blocks are restored as Prefetch's are (registered after their
 // parent, in batches as they land in order, each batch's first detached
 // from the block before it in the set, pool.Registration.Detached, as is
@@ -167,30 +169,63 @@ type setAhead struct {
 // it); landed is closed and replaced each time blocks leave hashes. room
 // (one buffered) wakes it when a block it held is taken; done is closed
 // once it is over, its blocks registered and released (or given back).
-// closing says it has looked for room for the last time: a take from then
-// on makes room it will not fill, so readAheadAfter, which starts nothing
-// while it is under way, leaves it follow, the block the next read-ahead
-// is to follow, started as it ends (unless it was cancelled).
+// closing says it has looked for room for the last time (or its ctx
+// ended): a take from then on makes room it will not fill, so
+// readAheadAfter, which starts nothing while it is under way, leaves it
+// follow, the block the next read-ahead is to follow, started as it ends
+// (unless it was cancelled). left are blocks read ahead before it (by an
+// earlier read-ahead into the set) and not taken yet, which its chain
+// stepped over: ahead of use as its own are, they count against its room
+// until taken.
 type aheadRun struct {
 	hashes  map[uint64]struct{}
 	held    map[uint64]pool.Block
+	left    map[uint64]struct{}
 	keep    uint64
 	landed  chan struct{}
 	room    chan struct{}
 	done    chan struct{}
 	cancel  context.CancelFunc
+	ctx     context.Context
 	closing bool
 	follow  uint64
 }
 
 // newAheadRun is a read-ahead that will read hashes first.
 func newAheadRun(hashes []uint64, keep uint64, cancel context.CancelFunc) *aheadRun {
-	r := &aheadRun{hashes: make(map[uint64]struct{}, len(hashes)), held: map[uint64]pool.Block{}, keep: keep,
+	r := &aheadRun{hashes: make(map[uint64]struct{}, len(hashes)), held: map[uint64]pool.Block{}, left: map[uint64]struct{}{}, keep: keep,
 		landed: make(chan struct{}), room: make(chan struct{}, 1), done: make(chan struct{}), cancel: cancel}
 	for _, h := range hashes {
 		r.hashes[h] = struct{}{}
 	}
 	return r
+}
+
+// roomLocked is how many more blocks r may have ahead of use, queued
+// being those it issued and has not registered. The set's setAhead.mu is
+// held.
+func (r *aheadRun) roomLocked(bound, queued int) int {
+	return bound - len(r.held) - len(r.left) - queued
+}
+
+// leftLocked counts against r's room the blocks of past (stepped over
+// along its chain) that an earlier read-ahead into the set brought up and
+// nothing took yet. sa.mu is held.
+func (r *aheadRun) leftLocked(sa *setAhead, past []uint64) {
+	for _, h := range past {
+		if _, ok := sa.blocks[h]; ok {
+			if _, own := r.held[h]; !own {
+				r.left[h] = struct{}{}
+			}
+		}
+	}
+}
+
+// followable says whether a readAheadAfter while r is under way is to be
+// followed once r ends: r looks for room no more (closing), or its ctx
+// ended, and it will not. The set's setAhead.mu is held.
+func (r *aheadRun) followable() bool {
+	return r.closing || r.ctx != nil && r.ctx.Err() != nil
 }
 
 // settledLocked wakes whoever waits for blocks of r to land. The set's
@@ -347,6 +382,22 @@ func (t *tiers) readAheadAfter(es *engineSet, last uint64) {
 	if t.a.cfg.TierReadAhead <= 0 || last == 0 {
 		return
 	}
+	sa := &es.ahead
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	if r := sa.run; r != nil {
+		if r.followable() {
+			r.follow = last // started as it ends: it has no room left to look for
+		}
+		return
+	}
+	t.startAheadLocked(es, last)
+}
+
+// startAheadLocked is readAheadAfter with none under way in es: it starts
+// the read-ahead after last, unless there is nothing to read. es.ahead.mu
+// is held.
+func (t *tiers) startAheadLocked(es *engineSet, last uint64) {
 	set := es.set
 	l := set.Layout()
 	if !t.reachable(l) {
@@ -357,21 +408,17 @@ func (t *tiers) readAheadAfter(es *engineSet, last uint64) {
 		return
 	}
 	sa := &es.ahead
-	sa.mu.Lock()
-	defer sa.mu.Unlock()
-	if r := sa.run; r != nil {
-		if r.closing {
-			r.follow = last // started as it ends: it has no room left to look for
-		}
-		return
-	}
 	t.pruneLocked(sa, set)
-	parent, run := t.chain(set, disk.Key{Hash: last, Tag: shapeTag(l)}, bound)
+	parent, run, left := t.chain(sa, set, disk.Key{Hash: last, Tag: shapeTag(l)}, bound)
 	if len(run) == 0 || !t.ahead.add() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(t.ctx, t.a.cfg.ImportTimeout)
 	r := newAheadRun(run, parent, cancel)
+	r.ctx = ctx
+	for _, h := range left {
+		r.left[h] = struct{}{}
+	}
 	// Marked before the call that started it returns, so that the
 	// engine's next call waits for these blocks rather than read them too.
 	sa.run = r
@@ -385,11 +432,14 @@ func (t *tiers) readAheadAfter(es *engineSet, last uint64) {
 
 // chain is the run of blocks to read ahead after k: along the links, past
 // the blocks set holds already, the blocks the tiers hold and set does
-// not, up to bound of them, and the hash of the block before the first.
-func (t *tiers) chain(set *pool.BlockSet, k disk.Key, bound int) (uint64, []uint64) {
-	var run []uint64
+// not, and the hash of the block before the first; and the blocks it
+// stepped over that an earlier read-ahead brought up and nothing took
+// (sa.blocks), which count with the run against bound: together at most
+// bound of them. sa.mu is held.
+func (t *tiers) chain(sa *setAhead, set *pool.BlockSet, k disk.Key, bound int) (uint64, []uint64, []uint64) {
+	var run, left []uint64
 	parent := k.Hash
-	for steps := 0; steps < 4*bound+8 && len(run) < bound; steps++ {
+	for steps := 0; steps < 4*bound+8 && len(run)+len(left) < bound; steps++ {
 		c, held := t.childOf(k)
 		if c == 0 || slices.Contains(run, c) {
 			break
@@ -397,6 +447,9 @@ func (t *tiers) chain(set *pool.BlockSet, k disk.Key, bound int) (uint64, []uint
 		if _, ok := set.Lookup(c); ok {
 			if len(run) > 0 {
 				break // the run ends where the set holds the next
+			}
+			if _, ahead := sa.blocks[c]; ahead {
+				left = append(left, c)
 			}
 			parent, k.Hash = c, c
 			continue
@@ -407,7 +460,7 @@ func (t *tiers) chain(set *pool.BlockSet, k disk.Key, bound int) (uint64, []uint
 		run = append(run, c)
 		k.Hash = c
 	}
-	return parent, run
+	return parent, run, left
 }
 
 // readAhead brings run up into es after parent, then the blocks that
@@ -497,7 +550,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	for {
 		for inflight < readers && !abandon && ctx.Err() == nil && (len(run) > 0 || !stop) {
 			sa.mu.Lock()
-			room := bound - len(r.held) - len(queue)
+			room := r.roomLocked(bound, len(queue))
 			keep := r.keep
 			sa.mu.Unlock()
 			if room <= 0 {
@@ -510,14 +563,19 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 				h, blk = run[0], slots[0]
 				run, slots = run[1:], slots[1:]
 			} else {
-				c, p, ok := t.nextAhead(set, disk.Key{Hash: last, Tag: tag})
+				c, p, ok, past := t.nextAhead(set, disk.Key{Hash: last, Tag: tag})
 				sa.mu.Lock()
 				_, reading := r.hashes[c]
 				_, holding := r.held[c]
+				r.leftLocked(sa, past)
+				room = r.roomLocked(bound, len(queue))
 				sa.mu.Unlock()
 				if !ok || reading || holding {
 					stop = true // the chain ends, or comes round
 					break
+				}
+				if room <= 0 {
+					break // blocks read ahead before it fill its room: a take makes room
 				}
 				blks, err := set.AllocateSpare(1, keep)
 				if err != nil || len(blks) == 0 {
@@ -605,17 +663,17 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	sa.mu.Lock()
 	sa.run = nil
 	sa.ends++
-	follow := r.follow
-	if ctx.Err() != nil {
-		follow = 0 // cancelled (the set freed, an allocation needs its slots) or out of time
+	// The next one starts in the same hold, so that whoever ends or stops
+	// the set's read-ahead (endAhead, stopAhead) finds one under way or
+	// none: not one about to start. None after a cancel (the set freed,
+	// an allocation needs its slots, the tiers closing).
+	if r.follow != 0 && !errors.Is(ctx.Err(), context.Canceled) {
+		t.startAheadLocked(es, r.follow)
 	}
 	r.settledLocked()
 	sa.mu.Unlock()
 	close(r.done)
 	t.ahead.ended.Add(1)
-	if follow != 0 {
-		t.readAheadAfter(es, follow)
-	}
 }
 
 // aheadClosing says whether r, with nothing in flight, is over: it may
@@ -626,7 +684,7 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 // the issuing loop looked made room, and it goes on.
 func (t *tiers) aheadClosing(ctx context.Context, sa *setAhead, r *aheadRun, bound int, more bool) bool {
 	sa.mu.Lock()
-	if more && ctx.Err() == nil && bound-len(r.held) > 0 {
+	if more && ctx.Err() == nil && r.roomLocked(bound, 0) > 0 {
 		sa.mu.Unlock()
 		return false
 	}
@@ -778,22 +836,25 @@ func (t *tiers) abortRead(set *pool.BlockSet, rd *aheadRead) {
 }
 
 // nextAhead is the block to read ahead after k's along the links: past
-// those set holds already (a restore brought them up meanwhile), the next
-// one, if the tiers hold it, and the block it follows (k's, or the last
-// one stepped over); false where the chain ends.
-func (t *tiers) nextAhead(set *pool.BlockSet, k disk.Key) (uint64, uint64, bool) {
+// those set holds already (a restore brought them up meanwhile, or an
+// earlier read-ahead did), the next one, if the tiers hold it, the block
+// it follows (k's, or the last one stepped over), and the blocks stepped
+// over; false where the chain ends.
+func (t *tiers) nextAhead(set *pool.BlockSet, k disk.Key) (uint64, uint64, bool, []uint64) {
+	var past []uint64
 	for range maxRestoreBatch {
 		c, held := t.childOf(k)
 		if c == 0 || c == k.Hash {
-			return 0, 0, false
+			return 0, 0, false, past
 		}
 		if _, ok := set.Lookup(c); ok {
+			past = append(past, c)
 			k.Hash = c
 			continue
 		}
-		return c, k.Hash, held
+		return c, k.Hash, held, past
 	}
-	return 0, 0, false
+	return 0, 0, false, past
 }
 
 // pruneLocked counts and forgets the blocks read ahead into set that were
@@ -824,9 +885,15 @@ func (t *tiers) aheadUsed(es *engineSet, h uint64, b pool.Block) bool {
 	// taker holds its own), and it has room for the next block.
 	held := false
 	if r := sa.run; r != nil {
+		room := false
 		if hb, ok := r.held[h]; ok && hb == ab {
 			delete(r.held, h)
-			r.keep, held = h, true
+			r.keep, held, room = h, true, true
+		} else if _, ok := r.left[h]; ok {
+			delete(r.left, h) // read ahead before it: room for one more too
+			room = true
+		}
+		if room {
 			select {
 			case r.room <- struct{}{}:
 			default:

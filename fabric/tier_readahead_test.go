@@ -215,6 +215,54 @@ func TestTierReadAheadAcquireRacesIt(t *testing.T) {
 	}
 }
 
+// Blocks an earlier read-ahead brought up and nothing took yet count
+// against the next one's bound: after a run of 8 read ahead of which the
+// engine takes 4, the read-ahead that follows reads 4 (16..19), not 8,
+// so that 8 blocks are ahead of use, not 12 (at the limit: 19 comes up,
+// 20 does not); once the engine takes the other 4, 4 more come up.
+func TestTierReadAheadCountsBlocksLeftAhead(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	acquireRun(t, c, set, hashes[:8], 1)
+	waitReadAheads(t, a, 1)
+	acquireRun(t, c, set, hashes[8:12], 9) // 12..15 left, read ahead and untaken
+	wait.For(t, 30*time.Second, "the read-ahead after the four taken", func() error {
+		started, ended, _ := fabric.ReadAheadCounts(a)
+		if n := readAheadMetrics(a).ReadAhead; started != 2 || ended != 2 || n != 12 {
+			return fmt.Errorf("%d started, %d ended, %d blocks read ahead", started, ended, n)
+		}
+		return nil
+	})
+	for i := 12; i < 20; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d is not in memory", i)
+		}
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[20]) {
+		t.Fatal("block 20 was read ahead: 12 blocks ahead of use, past the bound of 8")
+	}
+	// The four left taken make room for four more, in the read-ahead
+	// under way or in one after it.
+	acquireRun(t, c, set, hashes[12:16], 13)
+	wait.For(t, 30*time.Second, "four more read ahead", func() error {
+		started, ended, _ := fabric.ReadAheadCounts(a)
+		if n := readAheadMetrics(a).ReadAhead; started != ended || n != 16 {
+			return fmt.Errorf("%d started, %d ended, %d blocks read ahead", started, ended, n)
+		}
+		return nil
+	})
+	for i := 16; i < 24; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d is not in memory", i)
+		}
+	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[24]) {
+		t.Fatal("block 24 was read ahead: past the bound of 8")
+	}
+	if m := readAheadMetrics(a); m.ReadAheadHits != 8 || m.ReadAheadUnused != 0 {
+		t.Fatalf("%d hits, %d unused; want 8, 0", m.ReadAheadHits, m.ReadAheadUnused)
+	}
+}
+
 // A run read ahead that the engine takes as the read-ahead ends (after it
 // last looked for room, before it has ended) is followed all the same:
 // the Acquire that took it cannot start the next read-ahead while this one
@@ -969,7 +1017,8 @@ func TestTierReadAheadPastAHeldBlockNamesItsParent(t *testing.T) {
 // began), and is read ahead again by it, counts unused once: not lost
 // when the new block takes its place. Here blocks 8..11 are read ahead
 // after 4..7 and left; a read-ahead after 0..1 reads 2 and 3, and, past
-// 4..7, block 8 again, taken out of the set once that read-ahead began.
+// 4..7, block 8 again, taken out of the set once that read-ahead began;
+// past it 9..11, still ahead of use, fill its room (12 is not read).
 func TestTierReadAheadAgainCountsTheFirstUnused(t *testing.T) {
 	a, c, set, hashes := readAheadAgent(t, 4)
 	acquireRun(t, c, set, hashes[4:8], 5)
@@ -992,9 +1041,12 @@ func TestTierReadAheadAgainCountsTheFirstUnused(t *testing.T) {
 	if !fabric.BlockSetHolds(a, set.ID, hashes[8]) {
 		t.Fatal("block 8 was not read ahead again")
 	}
+	if fabric.BlockSetHolds(a, set.ID, hashes[12]) {
+		t.Fatal("block 12 was read ahead past 9..11, read ahead before and untaken: past the bound of 4")
+	}
 	m := readAheadMetrics(a)
-	if m.ReadAhead != 8 || m.ReadAheadUnused != 1 || m.ReadAheadHits != 0 {
-		t.Fatalf("block 8 read ahead twice, the first taken out untaken: %d read ahead, %d unused, %d hits; want 8, 1, 0",
+	if m.ReadAhead != 7 || m.ReadAheadUnused != 1 || m.ReadAheadHits != 0 {
+		t.Fatalf("block 8 read ahead twice, the first taken out untaken: %d read ahead, %d unused, %d hits; want 7, 1, 0",
 			m.ReadAhead, m.ReadAheadUnused, m.ReadAheadHits)
 	}
 	// The second is the one a take finds: a hit, nothing more unused.
