@@ -173,7 +173,9 @@ type setAhead struct {
 // ended): a take from then on makes room it will not fill, so
 // readAheadAfter, which starts nothing while it is under way, leaves it
 // follow, the block the next read-ahead is to follow, started as it ends
-// (unless it was cancelled). left are blocks read ahead before it (by an
+// (unless it was stopped: stopped, set with its cancel by stopAhead or
+// endAhead, which its ctx's error alone does not tell once its deadline
+// passed first). left are blocks read ahead before it (by an
 // earlier read-ahead into the set) and not taken yet, which its chain
 // stepped over: ahead of use as its own are, they count against its room
 // until taken.
@@ -188,6 +190,7 @@ type aheadRun struct {
 	cancel  context.CancelFunc
 	ctx     context.Context
 	closing bool
+	stopped bool
 	follow  uint64
 }
 
@@ -223,9 +226,17 @@ func (r *aheadRun) leftLocked(sa *setAhead, past []uint64) {
 
 // followable says whether a readAheadAfter while r is under way is to be
 // followed once r ends: r looks for room no more (closing), or its ctx
-// ended, and it will not. The set's setAhead.mu is held.
+// ended, and it will not; never once it was stopped. The set's
+// setAhead.mu is held.
 func (r *aheadRun) followable() bool {
-	return r.closing || r.ctx != nil && r.ctx.Err() != nil
+	return !r.stopped && (r.closing || r.ctx != nil && r.ctx.Err() != nil)
+}
+
+// stopLocked cancels r, and it is followed by none. The set's
+// setAhead.mu is held.
+func (r *aheadRun) stopLocked() {
+	r.stopped = true
+	r.cancel()
 }
 
 // settledLocked wakes whoever waits for blocks of r to land. The set's
@@ -665,9 +676,9 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 	sa.ends++
 	// The next one starts in the same hold, so that whoever ends or stops
 	// the set's read-ahead (endAhead, stopAhead) finds one under way or
-	// none: not one about to start. None after a cancel (the set freed,
-	// an allocation needs its slots, the tiers closing).
-	if r.follow != 0 && !errors.Is(ctx.Err(), context.Canceled) {
+	// none: not one about to start. None once it was stopped (the set
+	// freed, an allocation needs its slots) or the tiers close.
+	if r.follow != 0 && !r.stopped && t.ctx.Err() == nil {
 		t.startAheadLocked(es, r.follow)
 	}
 	r.settledLocked()
@@ -961,7 +972,7 @@ func (t *tiers) stopAhead(es *engineSet) {
 	sa := &es.ahead
 	sa.mu.Lock()
 	if sa.run != nil {
-		sa.run.cancel()
+		sa.run.stopLocked()
 	}
 	sa.mu.Unlock()
 }
@@ -977,7 +988,7 @@ func (t *tiers) endAhead(ctx context.Context, es *engineSet) bool {
 	sa.mu.Lock()
 	r := sa.run
 	if r != nil {
-		r.cancel()
+		r.stopLocked()
 	}
 	sa.mu.Unlock()
 	if r == nil {

@@ -261,3 +261,55 @@ func TestTierReadAheadAfterABlockGoneClaimsNothing(t *testing.T) {
 		t.Fatalf("the read-ahead not over: under way %v, reading %d blocks, %d ended", es.ahead.run != nil, len(r.hashes), tr.ahead.ended.Load())
 	}
 }
+
+// A read-ahead whose ctx ran out (its deadline, ImportTimeout) is followed
+// where the engine took its blocks meanwhile (readAheadAfter while it is
+// under way), but not once it was stopped (stopAhead, endAhead), though
+// its ctx's error then still tells the deadline, not the cancel: a set
+// being freed gets no new read-ahead.
+func TestTierReadAheadFollowedUnlessStopped(t *testing.T) {
+	for _, stop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stopped=%v", stop), func(t *testing.T) {
+			tr, _, _ := belowSet(t, false, false)
+			d := tr.list[0]
+			l := belowLayout(4)
+			tag := shapeTag(l)
+			tr.layouts = map[uint64]*layout.Layout{tag: l} // no tier.json to write
+			tr.a.cfg.TierReadAhead, tr.a.cfg.ImportTimeout = 8, 30*time.Second
+			ctx := context.Background()
+			next := disk.Key{Hash: 20, Tag: tag} // in the tiers, after 19
+			if err := d.store.Load().Put(ctx, next, make([]byte, tierBlockBytes(l))); err != nil {
+				t.Fatal(err)
+			}
+			placeCopy(tr, d, next, disk.Align)
+			tr.link(next, 19)
+			into, err := tr.a.pool.NewBlockSet(l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			es := &engineSet{set: into}
+			actx, cancel := context.WithTimeout(ctx, -time.Second) // its deadline passed
+			defer cancel()
+			r := newAheadRun(nil, 19, cancel)
+			r.ctx = actx
+			es.ahead.run = r
+			tr.readAheadAfter(es, 19) // a take while it is under way
+			if r.follow != 19 {
+				t.Fatalf("a take while a read-ahead out of time is under way left it %d to follow; want 19", r.follow)
+			}
+			if stop {
+				tr.stopAhead(es)
+			}
+			tr.readAhead(actx, es, r, nil, 19, 8)
+			waitClosed(t, r.done, "the read-ahead")
+			tr.ahead.wg.Wait()
+			want := uint64(1)
+			if stop {
+				want = 0
+			}
+			if got := tr.ahead.started.Load(); got != want {
+				t.Fatalf("%d read-aheads started after it ended (stopped: %v); want %d", got, stop, want)
+			}
+		})
+	}
+}

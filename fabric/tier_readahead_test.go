@@ -273,7 +273,9 @@ func TestTierReadAheadTakenAsItEndsIsFollowed(t *testing.T) {
 	a, c, set, hashes := readAheadAgent(t, 8)
 	closing := make(chan struct{}, 1)
 	release := make(chan struct{})
-	var once sync.Once
+	var once, released sync.Once
+	let := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(let) // a failure before it lets the read-ahead end, not wait 30 s
 	fabric.HoldReadAheadEnds(a, func() {
 		once.Do(func() {
 			closing <- struct{}{}
@@ -294,7 +296,7 @@ func TestTierReadAheadTakenAsItEndsIsFollowed(t *testing.T) {
 		t.Fatalf("%d read-aheads started, %d ended, as the first ends; want 1, 0", started, ended)
 	}
 	acquireRun(t, c, set, hashes[8:16], 9) // taken from the read-ahead as it ends
-	close(release)
+	let()
 	wait.For(t, 30*time.Second, "a second read-ahead, after the blocks taken", func() error {
 		started, ended, _ := fabric.ReadAheadCounts(a)
 		if n := readAheadMetrics(a).ReadAhead; started != 2 || ended != 2 || n != 16 {
