@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvfabric/kvfabric/pool/disk"
@@ -464,7 +466,11 @@ func (t *tiers) keepMovedLinkLocked(below *diskTier, k disk.Key, linked bool, pa
 
 // evictOldest drops up to n of tier d's least recently used blocks and
 // returns how many it dropped: a record gone is being dropped already,
-// by another, and is neither dropped again nor counted.
+// by another, and is neither dropped again nor counted. Several are
+// dropped side by side, up to tierIOWorkers at once, so that their
+// deletes' journal records share syncs (a disk store commits the records
+// pending together): one after another, room for a batch of copies down
+// took a journal sync per block.
 func (t *tiers) evictOldest(d *diskTier, n int) int {
 	var es []*list.Element
 	t.mu.Lock()
@@ -474,13 +480,28 @@ func (t *tiers) evictOldest(d *diskTier, n int) int {
 		}
 	}
 	t.mu.Unlock()
-	gone := 0
-	for _, e := range es {
-		if t.evict(e) {
-			gone++
+	if len(es) == 1 {
+		if t.evict(es[0]) {
+			return 1
 		}
+		return 0
 	}
-	return gone
+	var gone atomic.Int64
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, tierIOWorkers)
+	for _, e := range es {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if t.evict(e) {
+				gone.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return int(gone.Load())
 }
 
 // evict drops the copy that record e names from its tier and forgets it,

@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -415,6 +416,67 @@ func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
 		}
 		if got := tr.heldBytes[0]; got != int64(slots-tc.got)*disk.Align {
 			t.Fatalf("%s: %d bytes counted, want %d", tc.desc, got, (slots-tc.got)*disk.Align)
+		}
+	}
+}
+
+// A disk tier's room for several blocks is made by evictions side by side
+// (evictOldest), so that their deletes' journal records can share syncs:
+// here the first delete waits until a second is under way beside it,
+// which one eviction after another never is; every block asked for goes.
+func TestTierEvictionsSideBySide(t *testing.T) {
+	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1)}
+	const slots, want = 32, 16
+	st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: slots * disk.Align, SlotBytes: disk.Align, Buffered: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	d := &diskTier{n: 0, spec: TierSpec{Kind: "disk"}}
+	d.store.Store(st)
+	tr.list = []*diskTier{d}
+	items := make([]disk.PutItem, slots)
+	for i := range items {
+		items[i] = disk.PutItem{Key: disk.Key{Hash: uint64(i + 1), Tag: 1}, Data: bytes.Repeat([]byte{byte(i)}, 100)}
+	}
+	for i, err := range st.PutBatch(context.Background(), items) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		placeCopy(tr, d, items[i].Key, disk.Align)
+	}
+	var mu sync.Mutex
+	arrived := 0
+	second := make(chan struct{})
+	together := make(chan bool, 1)
+	hook := func(*diskTier, disk.Key) {
+		mu.Lock()
+		arrived++
+		n := arrived
+		mu.Unlock()
+		switch n {
+		case 1:
+			select {
+			case <-second:
+				together <- true
+			case <-time.After(10 * time.Second):
+				together <- false
+			}
+		case 2:
+			close(second)
+		}
+	}
+	tr.beforeDelete.Store(&hook)
+	if got := tr.evictOldest(d, want); got != want || st.Free() != want {
+		t.Fatalf("evictOldest dropped %d, the store has %d free; want %d", got, st.Free(), want)
+	}
+	if !<-together {
+		t.Fatal("the first eviction's delete ran alone for 10 s: the evictions ran one after another")
+	}
+	for i, it := range items {
+		if held := tr.where(it.Key) != nil; held != (i >= want) {
+			t.Fatalf("block %d (oldest first) held %v after evicting %d", i, held, want)
 		}
 	}
 }
