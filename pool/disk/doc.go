@@ -41,7 +41,7 @@
 // journal's, and returned by Parent. SetParent gives a block held another
 // (or a first) parent: a link record, a put record that restates the block
 // held (its slot, length and checksum) with flags bits 0 and 1 and the new
-// parent, written with the next commit (a put's, a delete's, or Close's),
+// parent, written with the next commit (a put's, or Close's),
 // in its write and sync, and counted (Stats.Links); SetParent writes
 // nothing itself, so a crash before that commit loses the parent it set. A
 // replay applies a link record only whole (its checksum, as every
@@ -78,9 +78,13 @@
 // when its record is. An agent killed mid-put leaves bytes in a slot
 // no record names (the slot is free again at Open) or a record cut short at
 // the journal's end (its own checksum fails, it is ignored and truncated).
-// A delete appends its record before the slot is reused; it names the
-// block it removed, and a replay drops the key only while it still names
-// that block. A commit's blocks enter the store in its records' order
+// A delete waits for no journal sync: its record is left for the next
+// commit (a put's, or Close's), which writes it before its own records,
+// so that it reaches the journal before, or with, the record of any put
+// that reuses the slot; a crash before then finds the block whole, or,
+// where a put wrote its slot and did not commit, refused by its checksum.
+// It names the block it removed, and a replay drops the key only while it
+// still names that block. A commit's blocks enter the store in its records' order
 // before the journal may be compacted, so the compacted journal holds them.
 // A journal write or sync that fails is cut back to where it began; where
 // that fails too, every later commit fails. Every read checks

@@ -242,8 +242,10 @@ func (s *Store) commitLocked(batch []*waiter) error {
 		f()
 	}
 	// The links set since the last commit go first, restating the
-	// blocks held before this group's records change any.
+	// blocks held before this group's records change any; then the
+	// deletes since, before any record of a put that reuses their slots.
 	buf, links, taken := s.linkRecordsLocked(n)
+	buf, dels := s.deleteRecordsLocked(buf)
 	base := s.seq // the group's records are numbered base+1 on, in order
 	for _, w := range batch {
 		for _, r := range w.recs {
@@ -254,9 +256,10 @@ func (s *Store) commitLocked(batch []*waiter) error {
 	}
 	if err := s.writeJournalLocked(buf); err != nil {
 		s.requeueLinks(taken)
+		s.requeueDeletes(dels)
 		return err
 	}
-	s.jrecords += n + len(links)
+	s.jrecords += n + len(links) + len(dels)
 	s.records.Store(int64(s.jrecords))
 	s.stats.commits.Add(1)
 	s.stats.links.Add(uint64(len(links)))
@@ -382,13 +385,42 @@ func (s *Store) requeueLinks(taken map[Key]uint64) {
 	}
 }
 
-// flushLinksLocked writes the link records SetParent left for the next
-// commit, with a sync: Close's, so that a store closed keeps every link
-// set. It counts as a commit (Stats.Commits): a journal write and sync
-// with no data file to sync. Called with jmu held.
-func (s *Store) flushLinksLocked() error {
+// deleteRecordsLocked appends to buf the records of the deletes left for
+// the next commit (drop), numbered on from s.seq, and returns them. Called
+// with jmu held.
+func (s *Store) deleteRecordsLocked(buf []byte) ([]byte, []pendingRecord) {
+	s.mu.Lock()
+	dels := s.deletes
+	s.deletes = nil
+	s.mu.Unlock()
+	for _, r := range dels {
+		s.seq++
+		b := record{op: r.op, seq: s.seq, key: r.key, e: r.e}.encode()
+		buf = append(buf, b[:]...)
+	}
+	return buf, dels
+}
+
+// requeueDeletes gives the delete records of a commit whose write failed
+// back to the next commit, before those left since.
+func (s *Store) requeueDeletes(dels []pendingRecord) {
+	if len(dels) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deletes = append(dels, s.deletes...)
+}
+
+// flushPendingLocked writes the link records SetParent left for the next
+// commit and the deletes' records, with a sync: Close's, so that a store
+// closed keeps every link set and every delete. It counts as a commit
+// (Stats.Commits): a journal write and sync with no data file to sync.
+// Called with jmu held.
+func (s *Store) flushPendingLocked() error {
 	buf, written, taken := s.linkRecordsLocked(0)
-	if len(written) == 0 {
+	buf, dels := s.deleteRecordsLocked(buf)
+	if len(written) == 0 && len(dels) == 0 {
 		return nil
 	}
 	if s.jerr != nil {
@@ -396,9 +428,10 @@ func (s *Store) flushLinksLocked() error {
 	}
 	if err := s.writeJournalLocked(buf); err != nil {
 		s.requeueLinks(taken)
+		s.requeueDeletes(dels)
 		return err
 	}
-	s.jrecords += len(written)
+	s.jrecords += len(written) + len(dels)
 	s.records.Store(int64(s.jrecords))
 	s.stats.commits.Add(1)
 	s.stats.links.Add(uint64(len(written)))

@@ -3,7 +3,9 @@ package disk
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -93,9 +95,11 @@ func TestCompactionKeepsItsCommitGroup(t *testing.T) {
 	})
 }
 
-// A put and a delete of the same key committed in one group, the put's
-// record first: memory and a replay of the journal agree on the outcome
-// (the put's block, as the delete named the block it replaced).
+// A delete of a key whose new put waits for its commit: the delete takes
+// the block held (the put's is not in the store yet) and its record goes
+// with the put's commit, before the put's: memory and a replay of the
+// journal agree on the outcome (the put's block, as the delete named the
+// block it removed).
 func TestOneCommitGroupPutThenDelete(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -126,12 +130,7 @@ func TestOneCommitGroupPutThenDelete(t *testing.T) {
 		errs[1] = s.Put(ctx, k, blockOf(1, s.SlotBytes()))
 	}()
 	waitFor(t, "the put to wait for the journal", func() bool { return s.pendingWaiters() == 1 })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		errs[2] = s.Delete(k)
-	}()
-	waitFor(t, "the delete to wait for the journal", func() bool { return s.pendingWaiters() == 2 })
+	errs[2] = s.Delete(k) // waits for no commit: its record goes with the put's
 	close(hold)
 	wg.Wait()
 	for i, err := range errs {
@@ -191,5 +190,113 @@ func TestJournalWriteFailureStopsCommits(t *testing.T) {
 	}
 	if got := mustGet(t, r, 1); !bytes.Equal(got, blockOf(1, r.SlotBytes())) {
 		t.Fatal("block 1 after reopen: wrong bytes")
+	}
+}
+
+// crashCopy copies the store's files in dir as they are now to a new
+// directory, as a crash would leave them, and returns it.
+func crashCopy(t *testing.T, dir string) string {
+	t.Helper()
+	to := t.TempDir()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return to
+}
+
+// A delete waits for no commit: its record goes with the next one, before
+// that commit's own records. A crash before then finds the block whole,
+// as it was (a valid copy of its key), or, where a put wrote the freed
+// slot and did not commit, refused by its checksum: never another block's
+// bytes. A crash after the next put's commit finds it gone, the put's
+// block in its slot, the delete having shared the put's commit.
+func TestDeleteLeftForTheNextCommit(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := open(t, dir, nil)
+	for h := uint64(1); h <= 2; h++ {
+		if err := s.Put(ctx, Key{Hash: h, Tag: 7}, blockOf(h, s.SlotBytes())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commits := s.Stats().Commits
+	gone := Key{Hash: 1, Tag: 7}
+	if err := s.Delete(gone); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Stats().Commits; got != commits {
+		t.Fatalf("a delete made %d commits; want none", got-commits)
+	}
+	if s.Has(gone) {
+		t.Fatal("the block deleted is still held")
+	}
+	// A crash now: the delete never reached the journal.
+	r := open(t, crashCopy(t, dir), nil)
+	if got := mustGet(t, r, 1); !bytes.Equal(got, blockOf(1, r.SlotBytes())) {
+		t.Fatal("after a crash before the delete's record: the block deleted is back, but not its bytes")
+	}
+	// A put into the freed slot, cut by a crash after its data sync and
+	// before its journal write: the old record names the slot, whose bytes
+	// are now the put's.
+	crashed := make(chan string, 1)
+	s.beforeJournal = func() {
+		s.beforeJournal = nil
+		crashed <- crashCopy(t, dir)
+	}
+	next := Key{Hash: 3, Tag: 7}
+	if err := s.Put(ctx, next, blockOf(3, s.SlotBytes())); err != nil {
+		t.Fatal(err)
+	}
+	r = open(t, <-crashed, nil)
+	if r.Has(gone) {
+		dst := make([]byte, r.SlotBytes())
+		n, err := r.Get(ctx, gone, dst)
+		if err == nil && !bytes.Equal(dst[:n], blockOf(1, r.SlotBytes())) {
+			t.Fatal("after a crash mid-put into the deleted block's slot: the deleted key reads other bytes")
+		}
+		if err != nil && !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("after a crash mid-put into the deleted block's slot: %v, want its checksum's refusal", err)
+		}
+	}
+	// The put committed: the delete went with it, before it.
+	if got := s.Stats().Commits; got != commits+1 {
+		t.Fatalf("the put and the delete left to it made %d commits; want 1", got-commits)
+	}
+	r = open(t, crashCopy(t, dir), nil)
+	if r.Has(gone) {
+		t.Fatal("after the next commit and a crash, the block deleted is back")
+	}
+	if got := mustGet(t, r, 3); !bytes.Equal(got, blockOf(3, r.SlotBytes())) {
+		t.Fatal("after the next commit and a crash: not the put's block")
+	}
+	if got := mustGet(t, r, 2); !bytes.Equal(got, blockOf(2, r.SlotBytes())) {
+		t.Fatal("after the next commit and a crash: the block left alone changed")
+	}
+	// A delete with no commit after it: Close writes its record.
+	if err := s.Delete(Key{Hash: 2, Tag: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r = open(t, dir, nil)
+	if r.Has(Key{Hash: 2, Tag: 7}) {
+		t.Fatal("a block deleted before Close is back after a reopen")
+	}
+	if got := mustGet(t, r, 3); !bytes.Equal(got, blockOf(3, r.SlotBytes())) {
+		t.Fatal("after Close and a reopen: not the put's block")
 	}
 }

@@ -222,6 +222,9 @@ type Store struct {
 	// the next commit journals them.
 	links    map[Key]uint64
 	lastLink uint64
+	// deletes, under mu, are the records of the deletes since the last
+	// commit: the next commit journals them, before its own records.
+	deletes []pendingRecord
 
 	stats struct {
 		puts, gets, deletes, corrupt, bytesWritten, bytesRead, commits, links atomic.Uint64
@@ -867,7 +870,8 @@ func (s *Store) GetPiecesGen(ctx context.Context, k Key, pieces ...[]byte) (int,
 	return int(e.length), e.gen, nil
 }
 
-// Delete removes the block under k; its slot is reused once no read holds it.
+// Delete removes the block under k; its slot is reused once no read holds
+// it. Its record is written with the next commit (drop).
 func (s *Store) Delete(k Key) error {
 	s.mu.Lock()
 	if s.closed {
@@ -916,29 +920,27 @@ func (s *Store) Gen(k Key) (uint64, bool) {
 	return e.gen, ok
 }
 
-// drop journals the delete of k if it still names e, the copy of e's
-// generation, and frees its slot; false if it does not.
+// drop deletes k if it still names e, the copy of e's generation, and
+// frees its slot; false if it does not. Its record is left for the next
+// commit (a put's, or Close's), which writes it before its own records,
+// so that it reaches the journal before, or with, the record of any put
+// that reuses the slot; until then a crash leaves the block in the store,
+// whole, or, where a put wrote the slot since and did not commit, with
+// bytes its checksum refuses (dropped at its first read). Deletes wait for
+// no journal sync: a tier evicting for a batch of copies down took one
+// each. The record names the block without its parent, as a journal
+// written before parents were kept does.
 func (s *Store) drop(k Key, e journalled) bool {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	cur, ok := s.entries[k]
 	if !ok || cur.gen != e.gen {
-		s.mu.Unlock()
 		return false
 	}
 	delete(s.entries, k)
-	s.mu.Unlock()
-	// The record goes first: a slot reused before it was durable could
-	// come back after a crash under the old key with new bytes (its
-	// checksum would catch it, but not losing the block is better). It
-	// names the block without its parent, as a journal written before
-	// parents were kept does.
 	del := entry{slot: e.slot, length: e.length, sum: e.sum}
-	if err := s.appendRecords([]pendingRecord{{op: opDelete, key: k, e: del}}); err != nil {
-		s.cfg.Logger.Warn("disk tier: journal a delete", "err", err)
-	}
-	s.mu.Lock()
+	s.deletes = append(s.deletes, pendingRecord{op: opDelete, key: k, e: del})
 	s.releaseSlotLocked(e.slot)
-	s.mu.Unlock()
 	return true
 }
 
@@ -995,7 +997,7 @@ func (s *Store) Close() error {
 		errs = append(errs, f.Close())
 	}
 	s.jmu.Lock()
-	errs = append(errs, s.flushLinksLocked(), s.journal.Close())
+	errs = append(errs, s.flushPendingLocked(), s.journal.Close())
 	s.jmu.Unlock()
 	return errors.Join(errs...)
 }
