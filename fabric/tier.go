@@ -320,8 +320,9 @@ type tiers struct {
 	// this node holds reads the records under it (announced). Marking a
 	// record gone (dropCopy, lostCopy) is not made under it nor announced:
 	// the block is announced gone when its record is forgotten, under it.
-	// No one waits under it for a delete (dropCopy, a disk store's delete
-	// and journal sync): placeAll and movedDown wait for the deletes of a
+	// No one waits under it for a delete (dropCopy: a disk store's delete
+	// of a corrupt copy writes and syncs its journal, another may wait for
+	// a commit's lock): placeAll and movedDown wait for the deletes of a
 	// copy they committed before they take it (waitDeleted), and let go
 	// of it to wait again for one begun since; a forget (a read-ahead's
 	// too, made as the block it found lost lands) waits under it only for
@@ -811,7 +812,8 @@ func (t *tiers) dropCopyGen(d *diskTier, k disk.Key, recorded bool, only *list.E
 // waitDeleted waits until no delete of any of ks in d is under way
 // (dropCopy), taking t.mu and nothing else: placeAll and movedDown wait so
 // before they take announceMu, and never under it, so that no
-// announcement nor resync waits behind a disk store's journal sync.
+// announcement nor resync waits behind a disk store's journal (a corrupt
+// copy's delete syncs it; any delete may wait for a commit's lock).
 func (t *tiers) waitDeleted(d *diskTier, ks ...disk.Key) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -467,10 +467,10 @@ func (t *tiers) keepMovedLinkLocked(below *diskTier, k disk.Key, linked bool, pa
 // evictOldest drops up to n of tier d's least recently used blocks and
 // returns how many it dropped: a record gone is being dropped already,
 // by another, and is neither dropped again nor counted. Several are
-// dropped side by side, up to tierIOWorkers at once, so that their
-// deletes' journal records share syncs (a disk store commits the records
-// pending together): one after another, room for a batch of copies down
-// took a journal sync per block.
+// dropped side by side, up to tierIOWorkers at once: each tells the sets
+// that hold its block, deletes its copy (the store's record goes with its
+// next commit) and announces the block gone, and room for a batch of
+// copies down is made for all of its blocks at once.
 func (t *tiers) evictOldest(d *diskTier, n int) int {
 	var es []*list.Element
 	t.mu.Lock()

@@ -553,8 +553,9 @@ func directRefused(err error) bool {
 // no lock held, then records each under announceMu as placed says, the
 // store asked whether it holds the copy; one whose delete began since is
 // waited for again, after announceMu is let go of. So announceMu is never
-// held across a delete (a disk store's journal sync), which would stall
-// every announcement, forget and resync behind it.
+// held across a delete (a disk store's delete may wait for a commit's
+// lock, and a corrupt copy's syncs the journal), which would stall every
+// announcement, forget and resync behind it.
 func (t *tiers) placeAll(d *diskTier, ks []disk.Key, lengths []int) (second []disk.Key) {
 	left := make([]int, len(ks))
 	for i := range left {
@@ -594,8 +595,8 @@ func (t *tiers) placeAll(d *diskTier, ks []disk.Key, lengths []int) (second []di
 // it (the record stays, touched); in another tier, that tier's copy and
 // record stay (touched) and the copy just committed to d, recorded
 // nowhere, is to be deleted (second): by the caller, with neither t.mu nor
-// announceMu held (dropSecond), since a disk store's delete writes and
-// syncs its journal. A copy a record names is never deleted: that would
+// announceMu held (dropSecond), since a disk store's delete may wait for
+// a commit's lock (its record goes with the next commit). A copy a record names is never deleted: that would
 // leave the record naming a tier without the block. Where the record is
 // gone (its copy being dropped, or dropped and the record not yet
 // forgotten: dropCopy), in d or elsewhere, the copy just committed is not

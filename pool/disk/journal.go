@@ -471,8 +471,8 @@ func (s *Store) cutBackLocked(off int64, err error) error {
 // not wait for it, as follows. inOrder copies the entries under s.mu, in
 // one pass, and sorts the copy after letting go of it: what the copy
 // holds is the store as it was then, whatever changes after. A block
-// deleted after the copy is in it, and its delete's record, waiting for
-// jmu, follows the compacted ones; one deleted before it is not, and the
+// deleted after the copy is in it, and its delete's record, left for the
+// next commit, follows the compacted ones; one deleted before it is not, and the
 // record of its delete, naming a block the journal no longer holds, is
 // ignored by a replay. A parent SetParent sets after the copy goes in a
 // link record with the next commit, after the compacted ones.

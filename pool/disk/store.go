@@ -244,8 +244,8 @@ type Stats struct {
 	// Commits counts the journal's commits: each one journal write and
 	// one journal sync, after a sync of every data file its records'
 	// blocks were written to (none for deletes and link records alone:
-	// Close's write of the links left), shared by the puts (and a batch's
-	// blocks) in it.
+	// Close's write of those left, a corrupt copy's delete), shared by the
+	// puts (and a batch's blocks) in it.
 	Commits uint64
 	// Links counts the link records written since Open: one for each block
 	// held whose parent SetParent set since the last commit (set again
@@ -397,7 +397,7 @@ func (s *Store) Parent(k Key) (uint64, bool) {
 // SetParent keeps parent with the block the store holds under k, as
 // Batch.SetParent does at a put: Parent returns it from now on, and a
 // link record of it is journalled with the next commit (a put's, a
-// delete's, or Close's), sharing its write and sync; SetParent itself
+// corrupt copy's delete, or Close's), sharing its write and sync; SetParent itself
 // neither writes nor waits. A crash before that commit loses it (the
 // block keeps the parent it had). Once written, its record is the last
 // to name k, for Keys' order. False, and nothing kept, where the store
@@ -856,7 +856,9 @@ func (s *Store) GetPiecesGen(ctx context.Context, k Key, pieces ...[]byte) (int,
 		s.stats.corrupt.Add(1)
 		s.cfg.Logger.Warn("disk tier block failed its checksum: dropped", "hash", fmt.Sprintf("%016x", k.Hash),
 			"slot", e.slot, "dir", s.cfg.Dir)
-		s.drop(k, e) // the copy read only: its slot, busy, is not reused meanwhile
+		if s.drop(k, e) { // the copy read only: its slot, busy, is not reused meanwhile
+			s.commitDeletes()
+		}
 		return 0, e.gen, fmt.Errorf("disk: block %016x in slot %d: %w", k.Hash, e.slot, ErrCorrupt)
 	}
 	s.stats.gets.Add(1)
@@ -871,7 +873,8 @@ func (s *Store) GetPiecesGen(ctx context.Context, k Key, pieces ...[]byte) (int,
 }
 
 // Delete removes the block under k; its slot is reused once no read holds
-// it. Its record is written with the next commit (drop).
+// it. Its record is written with the next commit (drop). ErrClosed where
+// the store closed first.
 func (s *Store) Delete(k Key) error {
 	s.mu.Lock()
 	if s.closed {
@@ -883,14 +886,36 @@ func (s *Store) Delete(k Key) error {
 	if !ok {
 		return fmt.Errorf("disk: block %016x: %w", k.Hash, ErrNotFound)
 	}
-	s.drop(k, e)
+	if !s.drop(k, e) && s.isClosed() {
+		return ErrClosed // closed meanwhile: its record would be written by nothing
+	}
 	s.stats.deletes.Add(1)
 	return nil
 }
 
+// isClosed says whether Close has begun.
+func (s *Store) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// commitDeletes commits the deletes' records left for the next commit now,
+// with a journal sync: for a copy dropped as corrupt, so that a crash does
+// not bring it back to be chosen over a good copy of the block committed
+// since elsewhere (a tier below, which the agent drops at Open as a second
+// copy). A failure is logged: the record waits for the next commit.
+func (s *Store) commitDeletes() {
+	if err := s.appendRecords(nil); err != nil {
+		s.cfg.Logger.Warn("disk tier: journal the delete of a corrupt copy", "err", err)
+	}
+}
+
 // DeleteIf removes the block under k if it is still the copy of
 // generation gen (GetGen): a copy put since is kept. ErrNotFound if k is
-// not held, or held in another generation.
+// not held, or held in another generation. For a copy found corrupt (the
+// caller's own checks), its record is committed before it returns
+// (commitDeletes), not left for the next commit.
 func (s *Store) DeleteIf(k Key, gen uint64) error {
 	s.mu.Lock()
 	if s.closed {
@@ -900,9 +925,13 @@ func (s *Store) DeleteIf(k Key, gen uint64) error {
 	e, ok := s.entries[k]
 	s.mu.Unlock()
 	if !ok || e.gen != gen || !s.drop(k, e) {
+		if s.isClosed() {
+			return ErrClosed
+		}
 		return fmt.Errorf("disk: block %016x of generation %d: %w", k.Hash, gen, ErrNotFound)
 	}
 	s.stats.deletes.Add(1)
+	s.commitDeletes()
 	return nil
 }
 
@@ -934,8 +963,8 @@ func (s *Store) drop(k Key, e journalled) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur, ok := s.entries[k]
-	if !ok || cur.gen != e.gen {
-		return false
+	if s.closed || !ok || cur.gen != e.gen {
+		return false // closed: Close's flush may have been, and nothing would write the record
 	}
 	delete(s.entries, k)
 	del := entry{slot: e.slot, length: e.length, sum: e.sum}

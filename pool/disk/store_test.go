@@ -167,6 +167,11 @@ func TestCorruptBlockDropped(t *testing.T) {
 	if s.Has(Key{Hash: 2, Tag: 7}) || s.Stats().Corrupt != 1 {
 		t.Fatalf("the corrupt block is still held (stats %+v)", s.Stats())
 	}
+	// Its delete was committed at once, not left for the next commit: a
+	// crash now does not bring it back.
+	if c := open(t, crashCopy(t, dir), nil); c.Has(Key{Hash: 2, Tag: 7}) {
+		t.Fatal("the corrupt block came back after a crash")
+	}
 	mustGet(t, s, 1)
 	mustGet(t, s, 3)
 	s.Close()
