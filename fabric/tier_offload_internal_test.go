@@ -385,27 +385,8 @@ func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
 		{"a batch", tierBatch, tierBatch},
 		{"one past a batch", tierBatch + 1, tierBatch},
 	} {
-		tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1)}
 		const slots = tierBatch + 8
-		st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: slots * disk.Align, SlotBytes: disk.Align, Buffered: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		d := &diskTier{n: 0, spec: TierSpec{Kind: "disk"}}
-		d.store.Store(st)
-		tr.list = []*diskTier{d}
-		items := make([]disk.PutItem, slots)
-		for i := range items {
-			items[i] = disk.PutItem{Key: disk.Key{Hash: uint64(i + 1), Tag: 1}, Data: bytes.Repeat([]byte{byte(i)}, 100)}
-		}
-		for i, err := range st.PutBatch(context.Background(), items) {
-			if err != nil {
-				t.Fatal(err)
-			}
-			placeCopy(tr, d, items[i].Key, disk.Align)
-		}
+		tr, d, st, items := fullDiskTier(t, slots)
 		if free, made := tr.roomFor(d, tc.want); free != tc.got || made != tc.got || st.Free() != tc.got {
 			t.Fatalf("%s: roomFor says %d free after dropping %d, the store %d free; want %d", tc.desc, free, made, st.Free(), tc.got)
 		}
@@ -420,15 +401,13 @@ func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
 	}
 }
 
-// A disk tier's room for several blocks is made by evictions side by side
-// (evictOldest), so that their deletes' journal records can share syncs:
-// here the first delete waits until a second is under way beside it,
-// which one eviction after another never is; every block asked for goes.
-func TestTierEvictionsSideBySide(t *testing.T) {
+// fullDiskTier is tiers with one disk tier of slots slots, each holding a
+// block (the items put, recorded oldest first).
+func fullDiskTier(t *testing.T, slots int) (*tiers, *diskTier, *disk.Store, []disk.PutItem) {
+	t.Helper()
 	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1)}
-	const slots, want = 32, 16
-	st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: slots * disk.Align, SlotBytes: disk.Align, Buffered: true})
+	st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: int64(slots) * disk.Align, SlotBytes: disk.Align, Buffered: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,6 +425,16 @@ func TestTierEvictionsSideBySide(t *testing.T) {
 		}
 		placeCopy(tr, d, items[i].Key, disk.Align)
 	}
+	return tr, d, st, items
+}
+
+// A disk tier's room for several blocks is made by evictions side by side
+// (evictOldest), so that their deletes' journal records can share syncs:
+// here the first delete waits until a second is under way beside it,
+// which one eviction after another never is; every block asked for goes.
+func TestTierEvictionsSideBySide(t *testing.T) {
+	const slots, want = 32, 16
+	tr, d, st, items := fullDiskTier(t, slots)
 	var mu sync.Mutex
 	arrived := 0
 	second := make(chan struct{})
