@@ -685,3 +685,33 @@ def test_a_join_whose_memory_cannot_be_mapped_is_dropped_when_the_worker_follows
             assert _session_sets(c, w.client.session) == [second.id], f"the worker's session still uses block set {first.id}"
         finally:
             w.close()
+
+
+def test_a_join_left_on_the_session_is_dropped_when_the_worker_follows_another_set(node1):
+    """A join the agent did, whose memory the worker's client could not map
+    and could not give back either (its DropBlockSet failing too), stays on
+    the worker's session: the worker drops it when it follows the next
+    set, so the session does not keep its memory and slots."""
+    with node1.client(engine="unreturnable-scheduler") as c:
+        first = SPEC.register(c, slots=16)
+        second = SPEC.register(c, slots=24)
+        w = _worker(node1, "unreturnable")
+        try:
+            def refused(*args, **kwargs):
+                raise kvfabric.PermissionDenied("pool memory: permission denied")
+
+            def unreachable(*args, **kwargs):
+                raise kvfabric.Unavailable("agent unreachable")
+
+            w.client._map = refused  # type: ignore[method-assign]
+            w.client.drop_block_set = unreachable  # type: ignore[method-assign]
+            w._follow(StepPlan(1, first.id, incarnation=incarnation(first), join_token=first.join_token))
+            assert w.block_set is None
+            assert _session_sets(c, w.client.session) == [first.id], "the set the client could not give back left its session"
+            del w.client._map
+            del w.client.drop_block_set
+            w._follow(StepPlan(2, second.id, incarnation=incarnation(second), join_token=second.join_token))
+            assert w.block_set is not None and w.block_set.id == second.id
+            assert _session_sets(c, w.client.session) == [second.id], f"the worker's session still uses block set {first.id}"
+        finally:
+            w.close()
