@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvfabric/kvfabric/pool/disk"
@@ -466,11 +464,7 @@ func (t *tiers) keepMovedLinkLocked(below *diskTier, k disk.Key, linked bool, pa
 
 // evictOldest drops up to n of tier d's least recently used blocks and
 // returns how many it dropped: a record gone is being dropped already,
-// by another, and is neither dropped again nor counted. Several are
-// dropped side by side, up to tierIOWorkers at once: each tells the sets
-// that hold its block, deletes its copy (the store's record goes with its
-// next commit) and announces the block gone, and room for a batch of
-// copies down is made for all of its blocks at once.
+// by another, and is neither dropped again nor counted.
 func (t *tiers) evictOldest(d *diskTier, n int) int {
 	var es []*list.Element
 	t.mu.Lock()
@@ -480,28 +474,13 @@ func (t *tiers) evictOldest(d *diskTier, n int) int {
 		}
 	}
 	t.mu.Unlock()
-	if len(es) == 1 {
-		if t.evict(es[0]) {
-			return 1
-		}
-		return 0
-	}
-	var gone atomic.Int64
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, tierIOWorkers)
+	gone := 0
 	for _, e := range es {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if t.evict(e) {
-				gone.Add(1)
-			}
-		}()
+		if t.evict(e) {
+			gone++
+		}
 	}
-	wg.Wait()
-	return int(gone.Load())
+	return gone
 }
 
 // evict drops the copy that record e names from its tier and forgets it,

@@ -241,19 +241,6 @@ func (t *tiers) worker() {
 	}
 }
 
-// unheld is how many of jobs' blocks no tier holds: those a copy down
-// writes.
-func (t *tiers) unheld(jobs []*offloadJob) int {
-	n := 0
-	for _, j := range jobs {
-		tag, err := t.ensureShape(j.set.Layout())
-		if err == nil && t.where(disk.Key{Hash: j.hash, Tag: tag}) == nil {
-			n++
-		}
-	}
-	return n
-}
-
 // batchLen is how many queued blocks a copier takes at once: tierBatch,
 // fewer where their buffers would pass tierBatchBytes, one until the
 // tiers' block size is known.
@@ -358,14 +345,11 @@ func (t *tiers) copyDownBatch(jobs []*offloadJob) []copied {
 				t.dropTaken(j)
 				continue
 			}
-			// Room for the batch made before its first slot is read: in
-			// one move down from the host tier, not a block at a time
-			// while slots are held; from a disk tier, its evictions
-			// together (evictOldest), their deletes sharing journal
-			// syncs, not one sync per block written. For the blocks no
-			// tier holds only: the bottom tier's evictions lose blocks.
-			if n := t.unheld(jobs[i:]); n > 0 {
-				t.roomFor(d, n)
+			if d.isHost() {
+				// Room for the batch made before its first slot is read,
+				// in one move down, not a block at a time while slots
+				// are held.
+				t.roomFor(d, len(jobs)-i)
 			}
 			batch = newBatch(d.store.Load())
 		}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -426,48 +425,6 @@ func fullDiskTier(t *testing.T, slots int) (*tiers, *diskTier, *disk.Store, []di
 		placeCopy(tr, d, items[i].Key, disk.Align)
 	}
 	return tr, d, st, items
-}
-
-// A disk tier's room for several blocks is made by evictions side by side
-// (evictOldest), so that their deletes' journal records can share syncs:
-// here the first delete waits until a second is under way beside it,
-// which one eviction after another never is; every block asked for goes.
-func TestTierEvictionsSideBySide(t *testing.T) {
-	const slots, want = 32, 16
-	tr, d, st, items := fullDiskTier(t, slots)
-	var mu sync.Mutex
-	arrived := 0
-	second := make(chan struct{})
-	together := make(chan bool, 1)
-	hook := func(*diskTier, disk.Key) {
-		mu.Lock()
-		arrived++
-		n := arrived
-		mu.Unlock()
-		switch n {
-		case 1:
-			select {
-			case <-second:
-				together <- true
-			case <-time.After(10 * time.Second):
-				together <- false
-			}
-		case 2:
-			close(second)
-		}
-	}
-	tr.beforeDelete.Store(&hook)
-	if got := tr.evictOldest(d, want); got != want || st.Free() != want {
-		t.Fatalf("evictOldest dropped %d, the store has %d free; want %d", got, st.Free(), want)
-	}
-	if !<-together {
-		t.Fatal("the first eviction's delete ran alone for 10 s: the evictions ran one after another")
-	}
-	for i, it := range items {
-		if held := tr.where(it.Key) != nil; held != (i >= want) {
-			t.Fatalf("block %d (oldest first) held %v after evicting %d", i, held, want)
-		}
-	}
 }
 
 // A block found in two disk tiers when they open (a crash between a copy
