@@ -633,10 +633,10 @@ func (t *tiers) readAhead(ctx context.Context, es *engineSet, r *aheadRun, run [
 				unmark()
 			}
 		}
-		if len(queue) == 0 && !t.aheadClosing(ctx, sa, r, bound, len(run) > 0 || !stop) {
-			continue // a block taken since it looked made room
-		}
 		if len(queue) == 0 {
+			if !t.aheadClosing(ctx, sa, r, bound, len(run) > 0 || !stop) {
+				continue // a block taken since it looked made room
+			}
 			break // nothing in flight, and no room: over
 		}
 		select {
