@@ -659,43 +659,19 @@ def _session_sets(c, session: int) -> list[int]:
     return sorted(next(s for s in c.status().sessions if s.id == session).block_sets)
 
 
-def test_a_join_whose_memory_cannot_be_mapped_is_dropped_when_the_worker_follows_another_set(node1, caplog):
+@pytest.mark.parametrize("give_back_fails", [False, True], ids=["given_back", "left_on_the_session"])
+def test_a_join_whose_memory_cannot_be_mapped_is_dropped_when_the_worker_follows_another_set(node1, caplog, give_back_fails):
     """A join the agent did, after which the worker's client could not map
-    the set's memory (PermissionDenied), leaves nothing on the worker's
-    session (the client gives the set back): the worker does not use it,
-    says the mapping may be what failed, and follows a plan naming another
-    set."""
-    with node1.client(engine="unmappable-scheduler") as c:
+    the set's memory (PermissionDenied): the worker does not use it, says
+    the mapping may be what failed, and follows a plan naming another set.
+    The client gives the set back, leaving nothing on the worker's session;
+    where that fails too (its DropBlockSet unreachable), the set stays on
+    the session and the worker drops it when it follows the next set, so
+    the session keeps neither its memory nor its slots."""
+    with node1.client(engine=f"unmappable-scheduler-{give_back_fails}") as c:
         first = SPEC.register(c, slots=16)
         second = SPEC.register(c, slots=24)
         w = _worker(node1, "unmappable")
-        try:
-            def refused(*args, **kwargs):
-                raise kvfabric.PermissionDenied("pool memory: permission denied")
-
-            w.client._map = refused  # type: ignore[method-assign]
-            with caplog.at_level("ERROR", logger=w.log.name):
-                w._follow(StepPlan(1, first.id, incarnation=incarnation(first), join_token=first.join_token))
-            assert w.block_set is None
-            assert _session_sets(c, w.client.session) == [], "the set the client could not map stayed on its session"
-            assert "memory mapped" in caplog.text, caplog.text
-            del w.client._map
-            w._follow(StepPlan(2, second.id, incarnation=incarnation(second), join_token=second.join_token))
-            assert w.block_set is not None and w.block_set.id == second.id
-            assert _session_sets(c, w.client.session) == [second.id], f"the worker's session still uses block set {first.id}"
-        finally:
-            w.close()
-
-
-def test_a_join_left_on_the_session_is_dropped_when_the_worker_follows_another_set(node1):
-    """A join the agent did, whose memory the worker's client could not map
-    and could not give back either (its DropBlockSet failing too), stays on
-    the worker's session: the worker drops it when it follows the next
-    set, so the session does not keep its memory and slots."""
-    with node1.client(engine="unreturnable-scheduler") as c:
-        first = SPEC.register(c, slots=16)
-        second = SPEC.register(c, slots=24)
-        w = _worker(node1, "unreturnable")
         try:
             def refused(*args, **kwargs):
                 raise kvfabric.PermissionDenied("pool memory: permission denied")
@@ -704,12 +680,17 @@ def test_a_join_left_on_the_session_is_dropped_when_the_worker_follows_another_s
                 raise kvfabric.Unavailable("agent unreachable")
 
             w.client._map = refused  # type: ignore[method-assign]
-            w.client.drop_block_set = unreachable  # type: ignore[method-assign]
-            w._follow(StepPlan(1, first.id, incarnation=incarnation(first), join_token=first.join_token))
+            if give_back_fails:
+                w.client.drop_block_set = unreachable  # type: ignore[method-assign]
+            with caplog.at_level("ERROR", logger=w.log.name):
+                w._follow(StepPlan(1, first.id, incarnation=incarnation(first), join_token=first.join_token))
             assert w.block_set is None
-            assert _session_sets(c, w.client.session) == [first.id], "the set the client could not give back left its session"
+            left = [first.id] if give_back_fails else []
+            assert _session_sets(c, w.client.session) == left, "the set's give-back did not do as the client said"
+            assert "memory mapped" in caplog.text, caplog.text
             del w.client._map
-            del w.client.drop_block_set
+            if give_back_fails:
+                del w.client.drop_block_set
             w._follow(StepPlan(2, second.id, incarnation=incarnation(second), join_token=second.join_token))
             assert w.block_set is not None and w.block_set.id == second.id
             assert _session_sets(c, w.client.session) == [second.id], f"the worker's session still uses block set {first.id}"
