@@ -308,18 +308,26 @@ func TestHandedToAReusedPidRecordsTheNewProcess(t *testing.T) {
 	}
 }
 
+// implicitSessionSet is an agent with one idle block set, not freed by
+// its timer once dropped, and its implicit session (the one of
+// sessionless calls), empty.
+func implicitSessionSet(t *testing.T) (*Agent, *session, *engineSet) {
+	t.Helper()
+	a, sets := quotaAgent(t, quotaSet{"e", 1, false})
+	t.Cleanup(func() { closeReceivers(a) })
+	a.cfg.BlockSetGrace = time.Hour
+	sess := &session{sets: map[pool.SetID]*engineSet{}}
+	a.unowned = sess
+	return a, sess, sets[0]
+}
+
 // A call naming a set by its id is asked again, once the set is attached,
 // whether its process may use it: a Register of another process that
 // took the set up between the call's check and its attach (here, the set
 // handed to the test's parent, which runs) leaves the call refused
 // (PERMISSION_DENIED) and the set not one of the call's session's.
 func TestSetHandedToAnotherBetweenCheckAndAttach(t *testing.T) {
-	a, sets := quotaAgent(t, quotaSet{"e", 1, false})
-	t.Cleanup(func() { closeReceivers(a) })
-	a.cfg.BlockSetGrace = time.Hour // the set is not freed by its timer once dropped
-	sess := &session{sets: map[pool.SetID]*engineSet{}}
-	a.unowned = sess
-	es := sets[0]
+	a, sess, es := implicitSessionSet(t)
 	other := int32(os.Getppid())
 	handed := false
 	a.cfg.hooks.beforeAttach = func(got *engineSet) {
@@ -354,12 +362,7 @@ func TestSetHandedToAnotherBetweenCheckAndAttach(t *testing.T) {
 // its process, between this call's check and its attach leaves this call
 // refused (PERMISSION_DENIED), the other process's use kept.
 func TestImplicitSessionSetTakenUpByAnotherProcessCall(t *testing.T) {
-	a, sets := quotaAgent(t, quotaSet{"e", 1, false})
-	t.Cleanup(func() { closeReceivers(a) })
-	a.cfg.BlockSetGrace = time.Hour
-	sess := &session{sets: map[pool.SetID]*engineSet{}}
-	a.unowned = sess
-	es := sets[0]
+	a, sess, es := implicitSessionSet(t)
 	other := int32(os.Getppid())
 	taken := false
 	a.cfg.hooks.beforeAttach = func(got *engineSet) {
