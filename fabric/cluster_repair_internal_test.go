@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/transfer"
@@ -119,8 +120,18 @@ func TestLateJoinerAfterManyEvents(t *testing.T) {
 		return nil
 	})
 	t.Logf("late joiner indexed %d blocks of n1 %v after joining", events, took)
-	if m := n2.members.Metrics(); m.SnapshotRepairs == 0 {
+	m := n2.members.Metrics()
+	if m.SnapshotRepairs == 0 {
 		t.Errorf("n2 caught up without a snapshot although n1's log keeps fewer events: %+v", m)
+	}
+	// Status counts the same repairs.
+	s, err := (&engineServer{a: n2}).Status(context.Background(), &fabricpb.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.GossipSnapshotRepairs != m.SnapshotRepairs || s.GossipRangeRepairs != m.RangeRepairs {
+		t.Errorf("status: %d range and %d snapshot repairs, membership's metrics %d and %d",
+			s.GossipRangeRepairs, s.GossipSnapshotRepairs, m.RangeRepairs, m.SnapshotRepairs)
 	}
 }
 

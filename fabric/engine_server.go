@@ -764,6 +764,7 @@ func (e *engineServer) Status(ctx context.Context, req *fabricpb.StatusRequest) 
 	}
 	mt := a.members.Metrics()
 	out.GossipBytesIn, out.GossipBytesOut = mt.GossipBytesIn, mt.GossipBytesOut
+	out.GossipRangeRepairs, out.GossipSnapshotRepairs = mt.RangeRepairs, mt.SnapshotRepairs
 	return out, nil
 }
 

@@ -104,7 +104,8 @@ func TestPrintIndex(t *testing.T) {
 		want []string
 	}{
 		{"from before index modes", &fabricpb.StatusResponse{}, nil},
-		{"whole", &fabricpb.StatusResponse{IndexMode: "whole", GossipBytesIn: 2048, GossipBytesOut: 1024}, []string{"index: whole; gossip 2.0 KiB in, 1.0 KiB out"}},
+		{"whole", &fabricpb.StatusResponse{IndexMode: "whole", GossipBytesIn: 2048, GossipBytesOut: 1024, GossipRangeRepairs: 7, GossipSnapshotRepairs: 1},
+			[]string{"index: whole; gossip 2.0 KiB in, 1.0 KiB out; event gaps repaired: 7 from origins' logs, 1 by snapshot"}},
 		{"a member in another mode", &fabricpb.StatusResponse{IndexMode: "whole", IndexMismatchedMembers: 1, Members: []*fabricpb.Member{
 			{Node: "a", IndexMode: "whole"}, {Node: "b", IndexMode: "owned", IndexReplicas: 2, IndexMismatch: true}}},
 			[]string{"MISCONFIGURED: 1 members keep the index in another mode, not used as index peers: b (owned/2)"}},

@@ -9,7 +9,8 @@ import (
 )
 
 // printIndex shows how the node keeps the block index, what the owned
-// index did, gossip's bytes, and any member in another index mode.
+// index did, gossip's bytes and the event gaps repaired, and any member
+// in another index mode.
 func printIndex(w io.Writer, s *fabricpb.StatusResponse) {
 	if s.IndexMode == "" {
 		return // an agent from before index modes were reported
@@ -18,7 +19,8 @@ func printIndex(w io.Writer, s *fabricpb.StatusResponse) {
 	if mode == "owned" {
 		mode = fmt.Sprintf("owned, %d owners a hash", s.IndexReplicas)
 	}
-	fmt.Fprintf(w, "index: %s; gossip %s in, %s out\n", mode, bytesString(s.GossipBytesIn), bytesString(s.GossipBytesOut))
+	fmt.Fprintf(w, "index: %s; gossip %s in, %s out; event gaps repaired: %d from origins' logs, %d by snapshot\n", mode,
+		bytesString(s.GossipBytesIn), bytesString(s.GossipBytesOut), s.GossipRangeRepairs, s.GossipSnapshotRepairs)
 	if o := s.OwnedIndex; o != nil {
 		fmt.Fprintf(w, "  events: %d sent to owners in %d calls, %d received as owner; lookups: %d asked of owners, %d answered\n",
 			o.OpsSent, o.OpCallsSent, o.OpsReceived, o.LookupsAsked, o.LookupsAnswered)

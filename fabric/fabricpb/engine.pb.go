@@ -2424,8 +2424,13 @@ type StatusResponse struct {
 	// push/pull, event batches), apart from the peer transport's.
 	GossipBytesIn  uint64 `protobuf:"varint,20,opt,name=gossip_bytes_in,json=gossipBytesIn,proto3" json:"gossip_bytes_in,omitempty"`
 	GossipBytesOut uint64 `protobuf:"varint,21,opt,name=gossip_bytes_out,json=gossipBytesOut,proto3" json:"gossip_bytes_out,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Event gaps closed since start: answers from an origin's log applied
+	// (a long gap takes several), and whole holdings snapshots applied. A
+	// node that missed an event batch on gossip gets it so, later.
+	GossipRangeRepairs    uint64 `protobuf:"varint,22,opt,name=gossip_range_repairs,json=gossipRangeRepairs,proto3" json:"gossip_range_repairs,omitempty"`
+	GossipSnapshotRepairs uint64 `protobuf:"varint,23,opt,name=gossip_snapshot_repairs,json=gossipSnapshotRepairs,proto3" json:"gossip_snapshot_repairs,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -2601,6 +2606,20 @@ func (x *StatusResponse) GetGossipBytesIn() uint64 {
 func (x *StatusResponse) GetGossipBytesOut() uint64 {
 	if x != nil {
 		return x.GossipBytesOut
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetGossipRangeRepairs() uint64 {
+	if x != nil {
+		return x.GossipRangeRepairs
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetGossipSnapshotRepairs() uint64 {
+	if x != nil {
+		return x.GossipSnapshotRepairs
 	}
 	return 0
 }
@@ -3594,7 +3613,7 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"\x14DropBlockSetResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\rR\breleased\x12\x14\n" +
 	"\x05freed\x18\x02 \x01(\rR\x05freed\"\x0f\n" +
-	"\rStatusRequest\"\xcf\a\n" +
+	"\rStatusRequest\"\xb9\b\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x124\n" +
@@ -3620,7 +3639,9 @@ const file_fabric_fabricpb_engine_proto_rawDesc = "" +
 	"ownedIndex\x128\n" +
 	"\x18index_mismatched_members\x18\x13 \x01(\rR\x16indexMismatchedMembers\x12&\n" +
 	"\x0fgossip_bytes_in\x18\x14 \x01(\x04R\rgossipBytesIn\x12(\n" +
-	"\x10gossip_bytes_out\x18\x15 \x01(\x04R\x0egossipBytesOut\x1a@\n" +
+	"\x10gossip_bytes_out\x18\x15 \x01(\x04R\x0egossipBytesOut\x120\n" +
+	"\x14gossip_range_repairs\x18\x16 \x01(\x04R\x12gossipRangeRepairs\x126\n" +
+	"\x17gossip_snapshot_repairs\x18\x17 \x01(\x04R\x15gossipSnapshotRepairs\x1a@\n" +
 	"\x12LaneFallbacksEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xb2\x03\n" +

@@ -479,7 +479,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["block_sets", "gossip_bytes_in", "gossip_bytes_out", "import_bytes", "imports", "imports_in_flight", "index_entries", "index_mismatched_members", "index_mode", "index_replicas", "joined", "lane", "lane_fallbacks", "leases", "members", "node", "owned_index", "pools", "sessions", "tiers", "version"]
+    __slots__ = ["block_sets", "gossip_bytes_in", "gossip_bytes_out", "gossip_range_repairs", "gossip_snapshot_repairs", "import_bytes", "imports", "imports_in_flight", "index_entries", "index_mismatched_members", "index_mode", "index_replicas", "joined", "lane", "lane_fallbacks", "leases", "members", "node", "owned_index", "pools", "sessions", "tiers", "version"]
     class LaneFallbacksEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -490,6 +490,8 @@ class StatusResponse(_message.Message):
     BLOCK_SETS_FIELD_NUMBER: _ClassVar[int]
     GOSSIP_BYTES_IN_FIELD_NUMBER: _ClassVar[int]
     GOSSIP_BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_RANGE_REPAIRS_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_SNAPSHOT_REPAIRS_FIELD_NUMBER: _ClassVar[int]
     IMPORTS_FIELD_NUMBER: _ClassVar[int]
     IMPORTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     IMPORT_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -511,6 +513,8 @@ class StatusResponse(_message.Message):
     block_sets: _containers.RepeatedCompositeFieldContainer[BlockSet]
     gossip_bytes_in: int
     gossip_bytes_out: int
+    gossip_range_repairs: int
+    gossip_snapshot_repairs: int
     import_bytes: int
     imports: int
     imports_in_flight: int
@@ -529,7 +533,7 @@ class StatusResponse(_message.Message):
     sessions: _containers.RepeatedCompositeFieldContainer[Session]
     tiers: _containers.RepeatedCompositeFieldContainer[Tier]
     version: str
-    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., lane: _Optional[str] = ..., lane_fallbacks: _Optional[_Mapping[str, int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, _Mapping]]] = ..., index_mode: _Optional[str] = ..., index_replicas: _Optional[int] = ..., owned_index: _Optional[_Union[OwnedIndex, _Mapping]] = ..., index_mismatched_members: _Optional[int] = ..., gossip_bytes_in: _Optional[int] = ..., gossip_bytes_out: _Optional[int] = ...) -> None: ...
+    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., block_sets: _Optional[_Iterable[_Union[BlockSet, _Mapping]]] = ..., index_entries: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., imports_in_flight: _Optional[int] = ..., leases: _Optional[int] = ..., joined: bool = ..., sessions: _Optional[_Iterable[_Union[Session, _Mapping]]] = ..., lane: _Optional[str] = ..., lane_fallbacks: _Optional[_Mapping[str, int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, _Mapping]]] = ..., index_mode: _Optional[str] = ..., index_replicas: _Optional[int] = ..., owned_index: _Optional[_Union[OwnedIndex, _Mapping]] = ..., index_mismatched_members: _Optional[int] = ..., gossip_bytes_in: _Optional[int] = ..., gossip_bytes_out: _Optional[int] = ..., gossip_range_repairs: _Optional[int] = ..., gossip_snapshot_repairs: _Optional[int] = ...) -> None: ...
 
 class Tier(_message.Message):
     __slots__ = ["block_bytes", "blocks", "bytes", "checksum_failures", "evictions", "kind", "offloads", "path", "read_ahead_blocks", "read_ahead_hits", "read_ahead_unused", "restores", "size_bytes"]
