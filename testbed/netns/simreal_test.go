@@ -39,6 +39,16 @@ var simRealLight = flag.Bool("kvfabric.simreal-light", false, "run TestSimulatio
 // thread of Go code each and a quarter of the collections, so that N agents
 // on 2 cores leave time for each other's probes. It changes no protocol
 // timing and no byte on the wire.
+// lateDelay parts the stores that reached every index by gossip from those
+// some node missed and got by repair: a later batch of the origin shows
+// the node the gap, which it asks the origin to fill after RepairDelay.
+// The simulation at 64 nodes, 2 stores a node a second, puts 98-99 % of
+// its stores under 0.5 s and the rest at 0.68 to 1 s. The p99 of such a
+// distribution falls into the repaired tail in one run and short of it in
+// the next (0.5 or 0.82 s, the simulation alone), so the test reports the
+// share past lateDelay and the repairs beside it.
+const lateDelay = 500 * time.Millisecond
+
 var simRealLightEnv = []string{"GOMAXPROCS=1", "GOGC=400"}
 
 // simRealLightArgs give the test's engine sessions a minute of silence
@@ -71,10 +81,17 @@ type simRealLoad struct {
 type simRealFigures struct {
 	StoresPerNode            float64 // per second, under load
 	InIdle, OutIdle, In, Out float64 // bytes per second per node
-	P50, P99                 time.Duration
+	P50, P90, P99            time.Duration
 	Complete, Probes         int
-	Pairs                    float64 // index (hash, holder) pairs per node
-	Err                      error   // the first load or poll call that failed, if any
+	// Late is how many of the Complete took longer than lateDelay to
+	// reach every index: those some node missed on gossip and got by
+	// repair. RangeRepairs is the gaps closed from origins' logs per node
+	// per second under load.
+	Late         int
+	RangeRepairs float64
+
+	Pairs float64 // index (hash, holder) pairs per node
+	Err   error   // the first load or poll call that failed, if any
 
 	// GossipInIdle, GossipIn and GossipOut are the part of the bytes that
 	// memberlist carried (the agents count it in their transport, the
@@ -223,15 +240,22 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 	row := func(name string, s, r float64, unit string) {
 		verdict := "within 20%"
 		ratio := s / r
-		if r == 0 || ratio < 0.8 || ratio > 1.2 {
+		switch {
+		case s == 0 && r == 0:
+			ratio, verdict = 1, "none on either side"
+		case r == 0 || ratio < 0.8 || ratio > 1.2:
 			verdict = "OUTSIDE 20%"
 		}
-		t.Logf("%-44s sim %10.1f %-4s agents %10.1f %-4s ratio %5.2f  %s", name, s, unit, r, unit, ratio, verdict)
+		t.Logf("%-48s sim %10.1f %-4s agents %10.1f %-4s ratio %5.2f  %s", name, s, unit, r, unit, ratio, verdict)
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	row("stores per node per second", simf.StoresPerNode, real.StoresPerNode, "")
 	row("propagation to every index, p50", ms(simf.P50), ms(real.P50), "ms")
+	row("propagation to every index, p90", ms(simf.P90), ms(real.P90), "ms")
 	row("propagation to every index, p99", ms(simf.P99), ms(real.P99), "ms")
+	share := func(f simRealFigures) float64 { return 100 * float64(f.Late) / float64(max(f.Complete, 1)) }
+	row(fmt.Sprintf("stores later than %v to every index", lateDelay), share(simf), share(real), "%")
+	row("range repairs per node per minute, under load", 60*simf.RangeRepairs, 60*real.RangeRepairs, "")
 	row("bytes in per node, idle", simf.InIdle, real.InIdle, "B/s")
 	row("bytes out per node, idle", simf.OutIdle, real.OutIdle, "B/s")
 	row("bytes in per node, under load", simf.In, real.In, "B/s")
@@ -240,7 +264,8 @@ func TestSimulationAgreesWithAgents(t *testing.T) {
 	row("gossip bytes in per node, under load", simf.GossipIn, real.GossipIn, "B/s")
 	row("gossip bytes out per node, under load", simf.GossipOut, real.GossipOut, "B/s")
 	row("index pairs per node", simf.Pairs, real.Pairs, "")
-	t.Logf("probes to every index: sim %d of %d (all stores), agents %d of %d", simf.Complete, simf.Probes, real.Complete, real.Probes)
+	t.Logf("probes to every index: sim %d of %d (all stores, %d later than %v), agents %d of %d (%d later)",
+		simf.Complete, simf.Probes, simf.Late, lateDelay, real.Complete, real.Probes, real.Late)
 
 	if real.Err != nil {
 		t.Errorf("agents: %v", real.Err)
@@ -283,6 +308,7 @@ func simRealSim(ctx context.Context, ld simRealLoad, lifetime time.Duration) (si
 	w = sim.Between(a, c.Counters())
 	f.In, f.Out = w.GossipInBps+w.RepairInBps, w.GossipOutBps+w.RepairOutBps
 	f.GossipIn, f.GossipOut = w.GossipInBps, w.GossipOutBps
+	f.RangeRepairs = w.RangeRepairsPerNode
 	// The simulation's load publishes at its rate exactly.
 	f.StoresPerNode = ld.Rate
 	// The last stores get as long to arrive as on the agents, and the
@@ -293,8 +319,9 @@ func simRealSim(ctx context.Context, ld simRealLoad, lifetime time.Duration) (si
 	cancel()
 	_, f.Pairs = c.IndexBytes()
 	_, _, f.P50, f.P99, _ = c.Delays()
-	_, _, _, _, complete := c.Delays()
-	f.Complete, f.Probes = int(complete), int(float64(ld.Nodes)*ld.Rate*ld.Window.Seconds())
+	f.P90 = c.DelayToEvery(0.9)
+	late, complete := c.DelaysOver(lateDelay)
+	f.Complete, f.Late, f.Probes = int(complete), int(late), int(float64(ld.Nodes)*ld.Rate*ld.Window.Seconds())
 	return f, nil
 }
 
@@ -624,6 +651,7 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad, retained f
 	pmu.Unlock()
 	f.In, f.Out = nsRates(a, b)
 	f.GossipIn, f.GossipOut = gossipRates(ga, gb)
+	f.RangeRepairs = repairRate(ga, gb)
 	t.Logf("agents under load: %.1f packets in, %.1f out per node per second",
 		float64(sum(b.rxPackets)-sum(a.rxPackets))/secs/float64(n), float64(sum(b.txPackets)-sum(a.txPackets))/secs/float64(n))
 	f.StoresPerNode = float64(stores) / secs / float64(n)
@@ -665,7 +693,12 @@ func simRealAgents(ctx context.Context, t *testing.T, ld simRealLoad, retained f
 	default:
 	}
 	f.Probes, f.Complete = len(probes), len(delays)
-	f.P50, f.P99 = quantile(delays, 0.5), quantile(delays, 0.99)
+	f.P50, f.P90, f.P99 = quantile(delays, 0.5), quantile(delays, 0.9), quantile(delays, 0.99)
+	for _, d := range delays {
+		if d > lateDelay {
+			f.Late++
+		}
+	}
 	return f, gens[0].retains
 }
 
@@ -745,6 +778,7 @@ func sum(xs []int64) (s int64) {
 type gossipCounter struct {
 	at      []time.Time
 	in, out []uint64
+	repairs []uint64 // gaps closed from origins' logs
 }
 
 // nodeStatus asks node for its status through a client of its own (status
@@ -770,6 +804,7 @@ func gossipCounters(ctx context.Context, t *testing.T, c *Cluster) gossipCounter
 	for _, node := range c.Nodes {
 		s := nodeStatus(ctx, t, node)
 		k.at, k.in, k.out = append(k.at, time.Now()), append(k.in, s.GossipBytesIn), append(k.out, s.GossipBytesOut)
+		k.repairs = append(k.repairs, s.GossipRangeRepairs)
 	}
 	return k
 }
@@ -784,6 +819,16 @@ func gossipRates(a, b gossipCounter) (in, out float64) {
 		out += float64(b.out[i]-a.out[i]) / secs
 	}
 	return in / n, out / n
+}
+
+// repairRate returns the event gaps closed from origins' logs per node
+// per second from a to b.
+func repairRate(a, b gossipCounter) float64 {
+	var r float64
+	for i := range a.repairs {
+		r += float64(b.repairs[i]-a.repairs[i]) / b.at[i].Sub(a.at[i]).Seconds()
+	}
+	return r / float64(len(a.repairs))
 }
 
 // raiseNeighbours makes room in the kernel's neighbour table for n nodes'
