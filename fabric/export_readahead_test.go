@@ -165,3 +165,13 @@ func HoldReadAheadEnds(a *Agent, f func()) {
 	}
 	a.tiers.ahead.closing.Store(&f)
 }
+
+// HoldRestores makes each restore of a that is not a read-ahead call f
+// once it has its slots, before it reads; nil: no call.
+func HoldRestores(a *Agent, f func()) {
+	if f == nil {
+		a.tiers.restoring.Store(nil)
+		return
+	}
+	a.tiers.restoring.Store(&f)
+}

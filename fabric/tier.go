@@ -251,6 +251,10 @@ type tiers struct {
 	// beforeCommit, if set, is called by each copy down between the ends
 	// of its writes and its commit (tests: a commit that does not end).
 	beforeCommit atomic.Pointer[func()]
+	// restoring, if set, is called by each restore that is not a
+	// read-ahead once it has its slots, before it reads (tests: a
+	// read-ahead registers the same blocks meanwhile).
+	restoring atomic.Pointer[func()]
 	// pendingWait, if set, is called by whereWait as it begins to wait
 	// for the copies down of a hash under way (tests).
 	pendingWait atomic.Pointer[func()]

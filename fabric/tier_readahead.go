@@ -83,7 +83,7 @@ import (
 // the read-ahead brings the head of what the restore asks for, but read
 // again by the restore where the read-ahead brings only blocks after one
 // it does not (a copy registered meanwhile is kept: the restore's is given
-// back), where the read-ahead was ended first (an allocation that needed
+// back, and a read-ahead's copy so kept counts as taken, as by Acquire), where the read-ahead was ended first (an allocation that needed
 // its slots, the set freed), or where its block was recycled before
 // anything took it.
 

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,6 +213,73 @@ func TestTierReadAheadAcquireRacesIt(t *testing.T) {
 	// 8 read ahead after them: none twice.
 	if m.ReadAheadHits != 8 || m.ReadAhead != 16 || m.Restores != 24 {
 		t.Fatalf("after the race: %d hits, %d read ahead, %d restores; want 8, 16, 24", m.ReadAheadHits, m.ReadAhead, m.Restores)
+	}
+}
+
+// A restore that found no read-ahead under way and reads blocks that a
+// read-ahead then registers first gets the read-ahead's copies (its own
+// are given back): they are taken as an Acquire takes them, counted as
+// hits, not left to count as unused once recycled, and the run after them
+// is read ahead.
+func TestTierReadAheadCopyKeptByARestoreIsTaken(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	paused, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	var released sync.Once
+	let := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(let)
+	fabric.HoldRestores(a, func() {
+		if !first.CompareAndSwap(false, true) {
+			return // the restores after the first go on
+		}
+		close(paused)
+		select {
+		case <-release:
+		case <-time.After(30 * time.Second):
+		}
+	})
+	t.Cleanup(func() { fabric.HoldRestores(a, nil) })
+	var wg sync.WaitGroup
+	var refs []*fabricpb.BlockRef
+	var err error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		refs, err = c.Acquire(context.Background(), set.ID, hashes[8:16])
+	}()
+	select {
+	case <-paused: // 8..15's restore has its slots and has read nothing
+	case <-time.After(30 * time.Second):
+		t.Fatal("the restore of 8..15 did not start")
+	}
+	acquireRun(t, c, set, hashes[:8], 1) // restores 0..7, reads 8..15 ahead
+	waitReadAheads(t, a, 1)
+	if m := readAheadMetrics(a); m.ReadAhead != 8 {
+		t.Fatalf("%d blocks read ahead after 0..7; want 8", m.ReadAhead)
+	}
+	let()
+	wg.Wait()
+	if err != nil || len(refs) != 8 {
+		t.Fatalf("acquire of 8..15: %d blocks, %v", len(refs), err)
+	}
+	var slots []uint32
+	for i, r := range refs {
+		if err := (mappedSlots{set}).check(int(r.Slot), uint64(9+i)); err != nil {
+			t.Fatalf("block %d (slot %d): %v", 8+i, r.Slot, err)
+		}
+		slots = append(slots, r.Slot)
+	}
+	if err := c.Release(context.Background(), set.ID, slots); err != nil {
+		t.Fatal(err)
+	}
+	waitReadAheads(t, a, 2)
+	if m := readAheadMetrics(a); m.ReadAheadHits != 8 || m.ReadAhead != 16 || m.ReadAheadUnused != 0 {
+		t.Fatalf("%d hits, %d read ahead, %d unused; want 8, 16, 0", m.ReadAheadHits, m.ReadAhead, m.ReadAheadUnused)
+	}
+	for i := 16; i < 24; i++ {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
+			t.Fatalf("block %d was not read ahead after 8..15 were taken", i)
+		}
 	}
 }
 

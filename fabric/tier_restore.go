@@ -65,7 +65,17 @@ func (t *tiers) restoreFound(ctx context.Context, es *engineSet, hashes []uint64
 	alloc := func(ctx context.Context, _ *pool.BlockSet, n int) ([]pool.Block, error) {
 		return t.allocate(ctx, es, n)
 	}
-	blks, _, err := t.restoreRun(ctx, es, hashes, parent, find, alloc, t.forgetFound, false)
+	blks, own, err := t.restoreRun(ctx, es, hashes, parent, find, alloc, t.forgetFound, false)
+	// A copy registered meanwhile under one of these hashes is what the
+	// caller gets instead of the restored one: where a read-ahead brought
+	// it, it is taken as an Acquire takes it (counted, no longer ahead of
+	// use), so that it does not count against the next read-ahead's room
+	// until recycled.
+	for i, b := range blks {
+		if !own[i] {
+			t.aheadUsed(es, hashes[i], b)
+		}
+	}
 	return append(out, blks...), err
 }
 
@@ -111,6 +121,9 @@ func (t *tiers) restoreRun(ctx context.Context, es *engineSet, hashes []uint64, 
 	}
 	if run = run[:len(blks)]; len(run) == 0 {
 		return nil, nil, nil
+	}
+	if f := t.restoring.Load(); f != nil && !ahead {
+		(*f)()
 	}
 	sio, err := t.slotIO(set)
 	if err != nil {
