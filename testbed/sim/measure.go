@@ -133,14 +133,16 @@ func (h *histogram) quantile(q float64) (time.Duration, int64) {
 	return 0, h.n
 }
 
-// over returns how many samples lie in buckets wholly past d (the bucket
-// d falls in counts as not over), and how many there are.
+// over returns how many samples lie in buckets that start at d or past it
+// (a sample past d in the bucket d falls in is not counted), and how many
+// there are.
 func (h *histogram) over(d time.Duration) (int64, int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var n int64
 	for i, c := range h.b {
-		// Bucket i holds (10 µs × 1.05^(i-1), 10 µs × 1.05^i].
+		// Bucket i > 0 holds [10 µs × 1.05^(i-1), 10 µs × 1.05^i) (add),
+		// bucket 0 up to 10 µs; the last one everything past its start.
 		if i > 0 && float64(histBase)*math.Pow(1.05, float64(i-1)) >= float64(d) {
 			n += c
 		}

@@ -20,7 +20,7 @@ func TestHistogramOver(t *testing.T) {
 	}{
 		{0, 4}, // the first bucket, up to 10 µs, is never over
 		{edge - time.Millisecond, 2},
-		{edge, 2},
+		{edge - time.Nanosecond, 2},
 		{edge + 2*time.Millisecond, 1},
 		{time.Second, 0},
 		{time.Hour, 0},
