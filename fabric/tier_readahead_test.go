@@ -101,6 +101,40 @@ func acquireRun(t *testing.T, c *client.Client, set *client.BlockSet, hashes []u
 	}
 }
 
+// acquireAsync starts an Acquire of hashes (content ids first on) through
+// c and returns at once; the function it returns waits for the Acquire,
+// checks that every block came, each byte for byte, and releases them.
+func acquireAsync(t *testing.T, c *client.Client, set *client.BlockSet, hashes []uint64, first uint64) func() {
+	t.Helper()
+	var refs []*fabricpb.BlockRef
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		refs, err = c.Acquire(context.Background(), set.ID, hashes)
+	}()
+	return func() {
+		t.Helper()
+		<-done
+		if err != nil || len(refs) != len(hashes) {
+			t.Fatalf("acquire of %d blocks: %d came, %v", len(hashes), len(refs), err)
+		}
+		var slots []uint32
+		for i, r := range refs {
+			if r.Hash != hashes[i] {
+				t.Fatalf("block %d: hash %x, want %x", i, r.Hash, hashes[i])
+			}
+			if err := (mappedSlots{set}).check(int(r.Slot), first+uint64(i)); err != nil {
+				t.Fatalf("block %d (slot %d): %v", i, r.Slot, err)
+			}
+			slots = append(slots, r.Slot)
+		}
+		if err := c.Release(context.Background(), set.ID, slots); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // After a restore, the run that follows on disk comes up in the
 // background, at most TierReadAhead blocks (at the limit: 8 come up, the
 // ninth does not); the engine's Acquire then finds it in memory, byte for
@@ -167,14 +201,7 @@ func TestTierReadAheadAcquireRacesIt(t *testing.T) {
 	acquireRun(t, c, set, hashes[:8], 1)
 	waitAheadHeld(t, held) // the read-ahead holds its slots and has read nothing
 	fabric.HoldReadAheads(a, nil)
-	var wg sync.WaitGroup
-	var refs []*fabricpb.BlockRef
-	var err error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		refs, err = c.Acquire(context.Background(), set.ID, hashes[8:16])
-	}()
+	acquired := acquireAsync(t, c, set, hashes[8:16], 9)
 	wait.For(t, 30*time.Second, "the acquire waiting for the read-ahead", func() error {
 		if _, _, waits := fabric.ReadAheadCounts(a); waits != 1 {
 			return fmt.Errorf("%d restores waited", waits)
@@ -182,23 +209,7 @@ func TestTierReadAheadAcquireRacesIt(t *testing.T) {
 		return nil
 	})
 	close(release)
-	wg.Wait()
-	if err != nil || len(refs) != 8 {
-		t.Fatalf("acquire racing the read-ahead: %d blocks, %v", len(refs), err)
-	}
-	var slots []uint32
-	for i, r := range refs {
-		if r.Hash != hashes[8+i] {
-			t.Fatalf("block %d: hash %x, want %x", 8+i, r.Hash, hashes[8+i])
-		}
-		if err := (mappedSlots{set}).check(int(r.Slot), uint64(9+i)); err != nil {
-			t.Fatalf("block %d (slot %d): %v", 8+i, r.Slot, err)
-		}
-		slots = append(slots, r.Slot)
-	}
-	if err := c.Release(context.Background(), set.ID, slots); err != nil {
-		t.Fatal(err)
-	}
+	acquired()
 	// The blocks taken make room for 8 more: in the same read-ahead where
 	// it has not yet ended when they are taken, else in a second one.
 	wait.For(t, 30*time.Second, "the read-aheads over, 16 blocks read ahead", func() error {
@@ -239,14 +250,7 @@ func TestTierReadAheadCopyKeptByARestoreIsTaken(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { fabric.HoldRestores(a, nil) })
-	var wg sync.WaitGroup
-	var refs []*fabricpb.BlockRef
-	var err error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		refs, err = c.Acquire(context.Background(), set.ID, hashes[8:16])
-	}()
+	acquired := acquireAsync(t, c, set, hashes[8:16], 9)
 	select {
 	case <-paused: // 8..15's restore has its slots and has read nothing
 	case <-time.After(30 * time.Second):
@@ -258,20 +262,7 @@ func TestTierReadAheadCopyKeptByARestoreIsTaken(t *testing.T) {
 		t.Fatalf("%d blocks read ahead after 0..7; want 8", m.ReadAhead)
 	}
 	let()
-	wg.Wait()
-	if err != nil || len(refs) != 8 {
-		t.Fatalf("acquire of 8..15: %d blocks, %v", len(refs), err)
-	}
-	var slots []uint32
-	for i, r := range refs {
-		if err := (mappedSlots{set}).check(int(r.Slot), uint64(9+i)); err != nil {
-			t.Fatalf("block %d (slot %d): %v", 8+i, r.Slot, err)
-		}
-		slots = append(slots, r.Slot)
-	}
-	if err := c.Release(context.Background(), set.ID, slots); err != nil {
-		t.Fatal(err)
-	}
+	acquired()
 	waitReadAheads(t, a, 2)
 	if m := readAheadMetrics(a); m.ReadAheadHits != 8 || m.ReadAhead != 16 || m.ReadAheadUnused != 0 {
 		t.Fatalf("%d hits, %d read ahead, %d unused; want 8, 16, 0", m.ReadAheadHits, m.ReadAhead, m.ReadAheadUnused)
