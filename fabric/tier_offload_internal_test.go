@@ -384,8 +384,27 @@ func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
 		{"a batch", tierBatch, tierBatch},
 		{"one past a batch", tierBatch + 1, tierBatch},
 	} {
+		tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1)}
 		const slots = tierBatch + 8
-		tr, d, st, items := fullDiskTier(t, slots)
+		st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: slots * disk.Align, SlotBytes: disk.Align, Buffered: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		d := &diskTier{n: 0, spec: TierSpec{Kind: "disk"}}
+		d.store.Store(st)
+		tr.list = []*diskTier{d}
+		items := make([]disk.PutItem, slots)
+		for i := range items {
+			items[i] = disk.PutItem{Key: disk.Key{Hash: uint64(i + 1), Tag: 1}, Data: bytes.Repeat([]byte{byte(i)}, 100)}
+		}
+		for i, err := range st.PutBatch(context.Background(), items) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			placeCopy(tr, d, items[i].Key, disk.Align)
+		}
 		if free, made := tr.roomFor(d, tc.want); free != tc.got || made != tc.got || st.Free() != tc.got {
 			t.Fatalf("%s: roomFor says %d free after dropping %d, the store %d free; want %d", tc.desc, free, made, st.Free(), tc.got)
 		}
@@ -398,33 +417,6 @@ func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
 			t.Fatalf("%s: %d bytes counted, want %d", tc.desc, got, (slots-tc.got)*disk.Align)
 		}
 	}
-}
-
-// fullDiskTier is tiers with one disk tier of slots slots, each holding a
-// block (the items put, recorded oldest first).
-func fullDiskTier(t *testing.T, slots int) (*tiers, *diskTier, *disk.Store, []disk.PutItem) {
-	t.Helper()
-	tr := &tiers{a: &Agent{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 1)}
-	st, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: int64(slots) * disk.Align, SlotBytes: disk.Align, Buffered: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	d := &diskTier{n: 0, spec: TierSpec{Kind: "disk"}}
-	d.store.Store(st)
-	tr.list = []*diskTier{d}
-	items := make([]disk.PutItem, slots)
-	for i := range items {
-		items[i] = disk.PutItem{Key: disk.Key{Hash: uint64(i + 1), Tag: 1}, Data: bytes.Repeat([]byte{byte(i)}, 100)}
-	}
-	for i, err := range st.PutBatch(context.Background(), items) {
-		if err != nil {
-			t.Fatal(err)
-		}
-		placeCopy(tr, d, items[i].Key, disk.Align)
-	}
-	return tr, d, st, items
 }
 
 // A block found in two disk tiers when they open (a crash between a copy

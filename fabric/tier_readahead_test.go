@@ -135,6 +135,20 @@ func acquireAsync(t *testing.T, c *client.Client, set *client.BlockSet, hashes [
 	}
 }
 
+// readAheadTo checks that set holds blocks from..to-1 of hashes (read
+// ahead, within bound) and not block to, one past them.
+func readAheadTo(t *testing.T, a *fabric.Agent, set uint64, hashes []uint64, from, to int, bound string) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		if !fabric.BlockSetHolds(a, set, hashes[i]) {
+			t.Fatalf("block %d, within %s, was not read ahead", i, bound)
+		}
+	}
+	if fabric.BlockSetHolds(a, set, hashes[to]) {
+		t.Fatalf("block %d, one past %s, came up", to, bound)
+	}
+}
+
 // After a restore, the run that follows on disk comes up in the
 // background, at most TierReadAhead blocks (at the limit: 8 come up, the
 // ninth does not); the engine's Acquire then finds it in memory, byte for
@@ -143,14 +157,7 @@ func TestTierReadAheadBringsTheNextRun(t *testing.T) {
 	a, c, set, hashes := readAheadAgent(t, 8)
 	acquireRun(t, c, set, hashes[:8], 1)
 	waitReadAheads(t, a, 1)
-	for i := 8; i < 16; i++ {
-		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
-			t.Fatalf("block %d was not read ahead", i)
-		}
-	}
-	if fabric.BlockSetHolds(a, set.ID, hashes[16]) {
-		t.Fatal("block 16, one past the read-ahead's bound of 8, is in memory")
-	}
+	readAheadTo(t, a, set.ID, hashes, 8, 16, "the read-ahead's bound of 8")
 	m := readAheadMetrics(a)
 	if m.ReadAhead != 8 || m.ReadAheadHits != 0 || m.Restores != 16 {
 		t.Fatalf("after one run and its read-ahead: %d read ahead, %d hits, %d restores; want 8, 0, 16", m.ReadAhead, m.ReadAheadHits, m.Restores)
@@ -291,14 +298,7 @@ func TestTierReadAheadCountsBlocksLeftAhead(t *testing.T) {
 		}
 		return nil
 	})
-	for i := 12; i < 20; i++ {
-		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
-			t.Fatalf("block %d is not in memory", i)
-		}
-	}
-	if fabric.BlockSetHolds(a, set.ID, hashes[20]) {
-		t.Fatal("block 20 was read ahead: 12 blocks ahead of use, past the bound of 8")
-	}
+	readAheadTo(t, a, set.ID, hashes, 12, 20, "the bound of 8 with 12..15 untaken (12 ahead of use)")
 	// The four left taken make room for four more, in the read-ahead
 	// under way or in one after it.
 	acquireRun(t, c, set, hashes[12:16], 13)
@@ -309,14 +309,7 @@ func TestTierReadAheadCountsBlocksLeftAhead(t *testing.T) {
 		}
 		return nil
 	})
-	for i := 16; i < 24; i++ {
-		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
-			t.Fatalf("block %d is not in memory", i)
-		}
-	}
-	if fabric.BlockSetHolds(a, set.ID, hashes[24]) {
-		t.Fatal("block 24 was read ahead: past the bound of 8")
-	}
+	readAheadTo(t, a, set.ID, hashes, 16, 24, "the bound of 8")
 	if m := readAheadMetrics(a); m.ReadAheadHits != 8 || m.ReadAheadUnused != 0 {
 		t.Fatalf("%d hits, %d unused; want 8, 0", m.ReadAheadHits, m.ReadAheadUnused)
 	}
@@ -448,14 +441,7 @@ func TestTierReadAheadBound(t *testing.T) {
 	a, c, set, hashes := readAheadAgent(t, 3)
 	acquireRun(t, c, set, hashes[:8], 1)
 	waitReadAheads(t, a, 1)
-	for i := 8; i < 11; i++ {
-		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
-			t.Fatalf("block %d, within the bound of 3, was not read ahead", i)
-		}
-	}
-	if fabric.BlockSetHolds(a, set.ID, hashes[11]) {
-		t.Fatal("block 11, one past the bound of 3, came up")
-	}
+	readAheadTo(t, a, set.ID, hashes, 8, 11, "the bound of 3")
 	if m := readAheadMetrics(a); m.ReadAhead != 3 {
 		t.Fatalf("%d blocks read ahead; want 3", m.ReadAhead)
 	}
@@ -634,17 +620,10 @@ func TestTierReadAheadHalfTheSet(t *testing.T) {
 	}
 	acquireRun(t, c, set, hashes[:2], 1)
 	waitReadAheads(t, a, 1)
-	for i := 2; i < 2+bound; i++ {
-		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
-			t.Fatalf("block %d, within half the %d blocks the set keeps, was not read ahead", i, set.Retains)
-		}
-	}
 	if !fabric.TierHolds(a, hashes[2+bound]) {
 		t.Fatalf("block %d, one past half the %d blocks the set keeps, is not in the tiers to be read ahead", 2+bound, set.Retains)
 	}
-	if fabric.BlockSetHolds(a, set.ID, hashes[2+bound]) {
-		t.Fatalf("block %d, one past half the %d blocks the set keeps, came up", 2+bound, set.Retains)
-	}
+	readAheadTo(t, a, set.ID, hashes, 2, 2+bound, fmt.Sprintf("half the %d blocks the set keeps", set.Retains))
 	if m := readAheadMetrics(a); m.ReadAhead != uint64(bound) {
 		t.Fatalf("%d blocks read ahead; want %d", m.ReadAhead, bound)
 	}
@@ -986,14 +965,7 @@ func TestTierReadAheadReadsEverySlotItGot(t *testing.T) {
 	if got := readAheadMetrics(a).ReadAhead; got != uint64(spare) {
 		t.Fatalf("%d blocks read ahead into %d spare slots; want %d", got, spare, spare)
 	}
-	for i := 8; i < 8+spare; i++ {
-		if !fabric.BlockSetHolds(a, set.ID, hashes[i]) {
-			t.Fatalf("block %d, within the %d spare slots, was not read ahead", i, spare)
-		}
-	}
-	if fabric.BlockSetHolds(a, set.ID, hashes[8+spare]) {
-		t.Fatalf("block %d, one past the %d spare slots, came up", 8+spare, spare)
-	}
+	readAheadTo(t, a, set.ID, hashes, 8, 8+spare, fmt.Sprintf("the %d spare slots", spare))
 	var slots []uint32
 	for _, r := range refs {
 		slots = append(slots, r.Slot)
