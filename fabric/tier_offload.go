@@ -579,20 +579,21 @@ func (t *tiers) placeAll(d *diskTier, ks []disk.Key, lengths []int) (second []di
 // it (the record stays, touched); in another tier, that tier's copy and
 // record stay (touched) and the copy just committed to d, recorded
 // nowhere, is to be deleted (second): by the caller, with neither t.mu nor
-// announceMu held (dropSecond), since a disk store's delete may wait for
-// a commit's lock (its record goes with the next commit). A copy a record names is never deleted: that would
-// leave the record naming a tier without the block. Where the record is
-// gone (its copy being dropped, or dropped and the record not yet
-// forgotten: dropCopy), in d or elsewhere, the copy just committed is not
-// its copy: its dropper deletes that and forgets the record, so this one,
-// recorded nowhere, is a second copy too, deleted rather than left in the
-// store with no record. Where a delete of k in d is under way, nothing is
-// decided and ok is false: the caller waits for it to end and calls again
-// (placeAll). With none under way, the copy is recorded only if the store
-// holds it (a delete that ended since the commit may have taken it), so
-// that a block whose other copy went meanwhile is not lost from the node,
-// nor a record made naming a tier without the block. The store's lock is
-// taken under t.mu (Has). announceMu is held.
+// announceMu held (dropSecond), since a disk store's delete may wait for a
+// commit's lock (its record goes with the next commit). A copy a record
+// names is never deleted: that would leave the record naming a tier
+// without the block. Where the record is gone (its copy being dropped, or
+// dropped and the record not yet forgotten: dropCopy), in d or elsewhere,
+// the copy just committed is not its copy: its dropper deletes that and
+// forgets the record, so this one, recorded nowhere, is a second copy too,
+// deleted rather than left in the store with no record. Where a delete of
+// k in d is under way, nothing is decided and ok is false: the caller
+// waits for it to end and calls again (placeAll). With none under way, the
+// copy is recorded only if the store holds it (a delete that ended since
+// the commit may have taken it), so that a block whose other copy went
+// meanwhile is not lost from the node, nor a record made naming a tier
+// without the block. The store's lock is taken under t.mu (Has).
+// announceMu is held.
 func (t *tiers) placed(d *diskTier, k disk.Key, length int) (announce, second, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -79,13 +79,14 @@ import (
 // A restore (Acquire's, Import's, Lookup's, Prefetch's) whose leading
 // blocks include one being read ahead waits until those have landed (or
 // the read-ahead ended, or its ctx did), then takes from the set the
-// leading blocks it holds, and restores the rest itself. So a block is registered once; it is read once where
-// the read-ahead brings the head of what the restore asks for, but read
-// again by the restore where the read-ahead brings only blocks after one
-// it does not (a copy registered meanwhile is kept: the restore's is given
-// back, and a read-ahead's copy so kept counts as taken, as by Acquire), where the read-ahead was ended first (an allocation that needed
-// its slots, the set freed), or where its block was recycled before
-// anything took it.
+// leading blocks it holds, and restores the rest itself. So a block is
+// registered once; it is read once where the read-ahead brings the head of
+// what the restore asks for, but read again by the restore where the
+// read-ahead brings only blocks after one it does not (a copy registered
+// meanwhile is kept: the restore's is given back, and a read-ahead's copy
+// so kept counts as taken, as by Acquire), where the read-ahead was ended
+// first (an allocation that needed its slots, the set freed), or where its
+// block was recycled before anything took it.
 
 // DefaultTierReadAhead and MaxTierReadAhead bound Config.TierReadAhead:
 // by default two restores' runs (restoreReaders blocks read at once), so

@@ -139,11 +139,11 @@ type TierMetrics struct {
 	// Read-ahead along sequences (all tiers together, on tier 0;
 	// tier_readahead.go): ReadAhead counts blocks read ahead into engines'
 	// block sets, ReadAheadHits those taken later by an engine's Acquire or
-	// Import, or by a restore that waited for the read-ahead or got its
-	// copy of a block it read too (an Acquire's, Import's, Lookup's or
-	// Prefetch's), ReadAheadUnused those recycled or freed with their set before
-	// any was taken (counted when the set's next read-ahead starts or the
-	// set is freed: a lower bound until then).
+	// Import, or by a restore that waited for the read-ahead or got its copy
+	// of a block it read too (an Acquire's, Import's, Lookup's or Prefetch's),
+	// ReadAheadUnused those recycled or freed with their set before any was
+	// taken (counted when the set's next read-ahead starts or the set is
+	// freed: a lower bound until then).
 	ReadAhead, ReadAheadHits, ReadAheadUnused uint64
 }
 

@@ -79,13 +79,14 @@
 // no record names (the slot is free again at Open) or a record cut short at
 // the journal's end (its own checksum fails, it is ignored and truncated).
 // A delete waits for no journal sync: its record is left for the next
-// commit (a put's, or Close's), which writes it before its own records,
-// so that it reaches the journal before, or with, the record of any put
-// that reuses the slot; a crash before then finds the block whole, or,
-// where a put wrote its slot and did not commit, refused by its checksum.
-// It names the block it removed, and a replay drops the key only while it
-// still names that block. A commit's blocks enter the store in its records' order
-// before the journal may be compacted, so the compacted journal holds them.
+// commit (a put's, or Close's), which writes it before its own records, so
+// that it reaches the journal before, or with, the record of any put that
+// reuses the slot; a crash before then finds the block whole, or, where a
+// put wrote its slot and did not commit, refused by its checksum. It names
+// the block it removed, and a replay drops the key only while it still
+// names that block. A commit's blocks enter the store in its records'
+// order before the journal may be compacted, so the compacted journal
+// holds them.
 // A journal write or sync that fails is cut back to where it began; where
 // that fails too, every later commit fails. Every read checks
 // the block's bytes against the checksum in its record: a block whose bytes

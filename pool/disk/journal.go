@@ -469,11 +469,11 @@ func (s *Store) cutBackLocked(off int64, err error) error {
 // puts wait for it to enter the entries (commitLocked), so no put's block
 // enters them meanwhile, nor replaces one there; deletes and SetParent do
 // not wait for it, as follows. inOrder copies the entries under s.mu, in
-// one pass, and sorts the copy after letting go of it: what the copy
-// holds is the store as it was then, whatever changes after. A block
-// deleted after the copy is in it, and its delete's record, left for the
-// next commit, follows the compacted ones; one deleted before it is not, and the
-// record of its delete, naming a block the journal no longer holds, is
+// one pass, and sorts the copy after letting go of it: what the copy holds
+// is the store as it was then, whatever changes after. A block deleted
+// after the copy is in it, and its delete's record, left for the next
+// commit, follows the compacted ones; one deleted before it is not, and
+// the record of its delete, naming a block the journal no longer holds, is
 // ignored by a replay. A parent SetParent sets after the copy goes in a
 // link record with the next commit, after the compacted ones.
 func (s *Store) compactLocked() error {

@@ -395,18 +395,18 @@ func (s *Store) Parent(k Key) (uint64, bool) {
 }
 
 // SetParent keeps parent with the block the store holds under k, as
-// Batch.SetParent does at a put: Parent returns it from now on, and a
-// link record of it is journalled with the next commit (a put's, a
-// corrupt copy's delete, or Close's), sharing its write and sync; SetParent itself
-// neither writes nor waits. A crash before that commit loses it (the
-// block keeps the parent it had). Once written, its record is the last
-// to name k, for Keys' order. False, and nothing kept, where the store
-// holds no block under k or is closed. Setting k's parent again before
-// the commit leaves one record, in the order of the last. A SetParent
-// racing a put of k (Put, PutBatch, a Batch's Commit) may land on the copy
-// the put replaces, as if it came first: it returns true, and the put's
-// copy keeps the parent the put gave it (none where it gave none), journal
-// and memory alike.
+// Batch.SetParent does at a put: Parent returns it from now on, and a link
+// record of it is journalled with the next commit (a put's, a corrupt
+// copy's delete, or Close's), sharing its write and sync; SetParent itself
+// neither writes nor waits. A crash before that commit loses it (the block
+// keeps the parent it had). Once written, its record is the last to name
+// k, for Keys' order. False, and nothing kept, where the store holds no
+// block under k or is closed. Setting k's parent again before the commit
+// leaves one record, in the order of the last. A SetParent racing a put of
+// k (Put, PutBatch, a Batch's Commit) may land on the copy the put
+// replaces, as if it came first: it returns true, and the put's copy keeps
+// the parent the put gave it (none where it gave none), journal and memory
+// alike.
 func (s *Store) SetParent(k Key, parent uint64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
