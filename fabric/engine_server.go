@@ -297,6 +297,10 @@ func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.Registe
 				res.Slot, res.Outcome = uint32(reg.Slot), fabricpb.Outcome_OUTCOME_REGISTERED
 				if reg.Slot != int(slots[i]) {
 					res.Outcome = fabricpb.Outcome_OUTCOME_DUPLICATE
+					// The copy kept may be one a read-ahead brought up:
+					// the engine holds it now, so it is taken, as by
+					// Acquire, and no longer ahead of use.
+					e.a.aheadUsed(s.engineSet, hashes[i], reg)
 				}
 			}
 			if err == nil {

@@ -86,7 +86,9 @@ import (
 // meanwhile is kept: the restore's is given back, and a read-ahead's copy
 // so kept counts as taken, as by Acquire), where the read-ahead was ended
 // first (an allocation that needed its slots, the set freed), or where its
-// block was recycled before anything took it.
+// block was recycled before anything took it. An engine that registers
+// blocks a read-ahead brought up gets the read-ahead's copies back as
+// duplicates, and those count as taken too.
 
 // DefaultTierReadAhead and MaxTierReadAhead bound Config.TierReadAhead:
 // by default two restores' runs (restoreReaders blocks read at once), so

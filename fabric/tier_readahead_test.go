@@ -1550,3 +1550,44 @@ func TestTierReadAheadAfterARestartLastChildWins(t *testing.T) {
 		t.Fatal("the read-ahead after block 7 did not follow block 8, its child linked last")
 	}
 }
+
+// An engine that computes and registers blocks a read-ahead brought up
+// (it did not look, or looked before they came) gets the read-ahead's
+// copies back as duplicates, byte for byte: those are the engine's now,
+// taken as by an Acquire (hits, none left ahead of use to be counted
+// unused once recycled).
+func TestTierReadAheadCopyRegisteredAgainIsTaken(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	acquireRun(t, c, set, hashes[:8], 1) // restores 0..7, reads 8..15 ahead
+	waitReadAheads(t, a, 1)
+	readAheadTo(t, a, set.ID, hashes, 8, 16, "the read-ahead's bound of 8")
+	ctx := context.Background()
+	slots, err := c.Allocate(ctx, set.ID, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range slots {
+		(mappedSlots{set}).fill(int(s), uint64(9+i))
+	}
+	resp, err := c.API().RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: slots, Hashes: hashes[8:16],
+		Parent: hashes[7], ParentSet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []uint32
+	for i, b := range resp.Blocks {
+		if !b.Duplicate || slices.Contains(slots, b.Slot) {
+			t.Fatalf("block %d: registered in slot %d (duplicate %v); want the read-ahead's copy", 8+i, b.Slot, b.Duplicate)
+		}
+		if err := (mappedSlots{set}).check(int(b.Slot), uint64(9+i)); err != nil {
+			t.Fatalf("block %d: %v", 8+i, err)
+		}
+		held = append(held, b.Slot)
+	}
+	if m := readAheadMetrics(a); m.ReadAheadHits != 8 || m.ReadAhead != 8 || m.ReadAheadUnused != 0 {
+		t.Fatalf("%d hits, %d read ahead, %d unused; want 8, 8, 0", m.ReadAheadHits, m.ReadAhead, m.ReadAheadUnused)
+	}
+	if err := c.Release(ctx, set.ID, held); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -141,7 +141,7 @@ type TierMetrics struct {
 	// block sets, ReadAheadHits those taken later by an engine's Acquire or
 	// Import, or by a restore that waited for the read-ahead or got its copy
 	// of a block it read too (an Acquire's, Import's, Lookup's or Prefetch's),
-	// ReadAheadUnused those recycled or freed with their set before any was
+	// or got back by an engine's RegisterBlocks as duplicates, ReadAheadUnused those recycled or freed with their set before any was
 	// taken (counted when the set's next read-ahead starts or the set is
 	// freed: a lower bound until then).
 	ReadAhead, ReadAheadHits, ReadAheadUnused uint64

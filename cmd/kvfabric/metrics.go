@@ -213,7 +213,7 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 			e.counter("kvfabric_tier_queue_full_total", "Blocks the disk tiers' queue had no room for (recycled without a copy when their slot was needed).", float64(tm.QueueFull))
 			e.counter("kvfabric_tier_offload_skipped_total", "Blocks dropped instead of copied down because an allocation needed their slots before their copy began (allocations never wait for the disk).", float64(m.Pool.OffloadsGivenUp), "reason", "slot_needed")
 			e.counter("kvfabric_tier_read_ahead_blocks_total", "Blocks read ahead along a sequence from the tiers into an engine's block set after a restore (--tier-read-ahead).", float64(tm.ReadAhead))
-			e.counter("kvfabric_tier_read_ahead_hits_total", "Blocks read ahead that an engine's Acquire, Import, Lookup or Prefetch then took (Lookup and Prefetch only where they waited for the read-ahead or got its copy of a block they read too).", float64(tm.ReadAheadHits))
+			e.counter("kvfabric_tier_read_ahead_hits_total", "Blocks read ahead that an engine's Acquire, Import, Lookup or Prefetch then took, or got back as duplicates of blocks it registered (Lookup and Prefetch only where they waited for the read-ahead or got its copy of a block they read too).", float64(tm.ReadAheadHits))
 			e.counter("kvfabric_tier_read_ahead_unused_total", "Blocks read ahead that were recycled, or freed with their block set, before anything took them (counted at the set's next read-ahead or its freeing).", float64(tm.ReadAheadUnused))
 		}
 	}
