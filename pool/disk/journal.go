@@ -225,6 +225,9 @@ func (s *Store) commitLocked(batch []*waiter) error {
 	if s.jerr != nil {
 		return s.jerr
 	}
+	if f := s.beforeDataSync; f != nil {
+		f()
+	}
 	synced := map[*os.File]bool{}
 	n := 0
 	for _, w := range batch {
@@ -287,7 +290,9 @@ func (s *Store) commitLocked(batch []*waiter) error {
 	live := len(s.entries)
 	s.mu.Unlock()
 	if s.jrecords >= compactAfter && s.jrecords > 4*live {
-		if err := s.compactLocked(); err != nil {
+		if err := s.compactLocked(); err != nil && s.dirUnsynced {
+			s.cfg.Logger.Warn("disk tier: journal compacted, its directory not synced; the next commit syncs it first", "err", err)
+		} else if err != nil {
 			s.cfg.Logger.Warn("disk tier: journal compaction failed; the journal keeps growing", "err", err)
 		}
 	}
@@ -297,6 +302,12 @@ func (s *Store) commitLocked(batch []*waiter) error {
 // writeJournalLocked appends buf to the journal and syncs it; a write or
 // sync that fails is cut back (cutBackLocked). Called with jmu held.
 func (s *Store) writeJournalLocked(buf []byte) error {
+	if s.dirUnsynced {
+		if err := s.dirSync(); err != nil {
+			return fmt.Errorf("disk: journal: sync %s since its compaction: %w", s.cfg.Dir, err)
+		}
+		s.dirUnsynced = false
+	}
 	off, err := s.journal.Seek(0, io.SeekCurrent)
 	if err != nil {
 		return fmt.Errorf("disk: journal: %w", err)
@@ -418,13 +429,13 @@ func (s *Store) requeueDeletes(dels []pendingRecord) {
 // (Stats.Commits): a journal write and sync with no data file to sync.
 // Called with jmu held.
 func (s *Store) flushPendingLocked() error {
+	if s.jerr != nil {
+		return s.jerr // what is pending stays so: nothing more is written
+	}
 	buf, written, taken := s.linkRecordsLocked(0)
 	buf, dels := s.deleteRecordsLocked(buf)
 	if len(written) == 0 && len(dels) == 0 {
 		return nil
-	}
-	if s.jerr != nil {
-		return s.jerr
 	}
 	if err := s.writeJournalLocked(buf); err != nil {
 		s.requeueLinks(taken)
@@ -504,13 +515,30 @@ func (s *Store) compactLocked() error {
 		f.Close()
 		return err
 	}
-	if d, err := os.Open(s.cfg.Dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
+	// The compacted journal is the store's from here on: later records go
+	// to it. Until the directory's sync makes the rename durable, a crash
+	// may bring the old journal back without them, so where that sync
+	// fails the next journal write tries it again first.
 	s.journal.Close()
 	s.journal = f
 	s.jrecords = len(snapshot)
 	s.records.Store(int64(s.jrecords))
+	if err := s.dirSync(); err != nil {
+		s.dirUnsynced = true
+		return fmt.Errorf("disk: sync %s after the journal's compaction: %w", s.cfg.Dir, err)
+	}
 	return nil
+}
+
+// dirSync syncs the store's directory (its entries: the journal's name).
+func (s *Store) dirSync() error {
+	if f := s.syncDir; f != nil {
+		return f()
+	}
+	d, err := os.Open(s.cfg.Dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

@@ -350,3 +350,96 @@ func TestDeleteLeftForTheNextCommit(t *testing.T) {
 		t.Fatal("after Close and a reopen: not the put's block")
 	}
 }
+
+// Close waits for a commit under way (a caller's put, which it does not
+// otherwise wait for) before it closes the files that commit syncs by
+// descriptor: the put commits, durable, and a put after Close is refused
+// as closed.
+func TestCloseWaitsForACommitUnderWay(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := open(t, dir, nil)
+	paused, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	s.beforeDataSync = func() { once.Do(func() { close(paused); <-release }) }
+	var closedFiles atomic.Bool
+	s.closingFiles = func() { closedFiles.Store(true) }
+	put := make(chan error, 1)
+	go func() { put <- s.Put(ctx, Key{Hash: 5, Tag: 7}, blockOf(5, s.SlotBytes())) }()
+	<-paused
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	// Close has marked the store closed and stopped its workers (which
+	// the put's commit no longer needs) well within this; it must not
+	// close the files while the commit holds them.
+	time.Sleep(100 * time.Millisecond)
+	if closedFiles.Load() {
+		t.Fatal("Close closed the data files while a commit was syncing them")
+	}
+	close(release)
+	if err := <-put; err != nil {
+		t.Fatalf("the put under way as Close began: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, Key{Hash: 6, Tag: 7}, blockOf(6, s.SlotBytes())); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a put after Close: %v, want ErrClosed", err)
+	}
+	r := open(t, dir, nil)
+	if got := mustGet(t, r, 5); !bytes.Equal(got, blockOf(5, r.SlotBytes())) {
+		t.Fatal("the block committed beside Close: wrong bytes after reopen")
+	}
+}
+
+// A compaction whose directory sync fails has its journal in place all
+// the same (later records go to it), and the next journal write syncs the
+// directory first: while that fails, commits fail rather than report
+// durable what a crash could lose with the rename; once it succeeds they
+// go on, and a reopen finds every block.
+func TestCompactionDirectorySyncRetried(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := open(t, dir, nil)
+	var fail atomic.Bool
+	var syncs atomic.Int32
+	s.syncDir = func() error {
+		syncs.Add(1)
+		if fail.Load() {
+			return errors.New("injected directory sync failure")
+		}
+		return nil
+	}
+	fail.Store(true)
+	for range compactAfter {
+		if err := s.Put(ctx, Key{Hash: 1, Tag: 7}, blockOf(1, s.SlotBytes())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Stats().JournalRecords; n != 1 || syncs.Load() != 1 {
+		t.Fatalf("%d journal records, %d directory syncs; want 1 (compacted), 1", n, syncs.Load())
+	}
+	if err := s.Put(ctx, Key{Hash: 2, Tag: 7}, blockOf(2, s.SlotBytes())); err == nil || !strings.Contains(err.Error(), "since its compaction") {
+		t.Fatalf("a put while the directory does not sync: %v, want the directory's error", err)
+	}
+	fail.Store(false)
+	if err := s.Put(ctx, Key{Hash: 3, Tag: 7}, blockOf(3, s.SlotBytes())); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, Key{Hash: 4, Tag: 7}, blockOf(4, s.SlotBytes())); err != nil {
+		t.Fatal(err)
+	}
+	if n := syncs.Load(); n != 3 {
+		t.Fatalf("%d directory syncs; want 3 (the compaction's, the failed retry, the retry that worked, none after)", n)
+	}
+	s.Close()
+	r := open(t, dir, nil)
+	for _, h := range []uint64{1, 3, 4} {
+		if got := mustGet(t, r, h); !bytes.Equal(got, blockOf(h, r.SlotBytes())) {
+			t.Fatalf("block %d after reopen: wrong bytes", h)
+		}
+	}
+	if _, ok := r.entries[Key{Hash: 2, Tag: 7}]; ok {
+		t.Fatal("the put refused for the directory's sync is held after reopen")
+	}
+}

@@ -47,6 +47,10 @@ const (
 	MaxFileBytes = 1 << 40
 	// MaxFiles bounds the data files of one store.
 	MaxFiles = 1000
+	// MaxSlots bounds the slots of one store (Bytes over SlotBytes): a
+	// slot's number is 32 bits, and the store keeps a free list of 4
+	// bytes a slot (1 GiB at the limit).
+	MaxSlots = 1 << 28
 	// MaxWorkers bounds the I/O workers.
 	MaxWorkers = 64
 	// MaxQueueDepth bounds the requests waiting for a worker.
@@ -122,6 +126,9 @@ func (c Config) populate() (Config, error) {
 	if c.Bytes < int64(c.SlotBytes) {
 		return bad("Bytes", "%d: less than one slot of %d", c.Bytes, c.SlotBytes)
 	}
+	if slots := c.Bytes / int64(c.SlotBytes); slots > MaxSlots {
+		return bad("Bytes", "%d in slots of %d: %d slots, at most %d", c.Bytes, c.SlotBytes, slots, MaxSlots)
+	}
 	if files := (c.Bytes + c.FileBytes - 1) / c.FileBytes; files > MaxFiles {
 		return bad("Bytes", "%d in files of %d: %d files, at most %d", c.Bytes, c.FileBytes, files, MaxFiles)
 	}
@@ -190,7 +197,7 @@ type Store struct {
 	seq      uint64     // under jmu
 	jrecords int        // records in the journal, under jmu
 	// jerr, under jmu, is set once a failed journal write could not be
-	// undone; every later commit returns it.
+	// undone, or by Close (ErrClosed); every later commit returns it.
 	jerr error
 	// records is jrecords for Stats, which must not wait for jmu: a
 	// commit holds it through its syncs, and the tier above picks a store
@@ -231,8 +238,18 @@ type Store struct {
 	}
 
 	// beforeJournal, if set, is called by a commit between its data syncs
-	// and its journal write (tests: a crash there).
-	beforeJournal func()
+	// and its journal write (tests: a crash there). beforeDataSync, if
+	// set, is called by a commit before its data syncs, with jmu held;
+	// closingFiles by Close before it closes the files (tests: Close
+	// beside a commit).
+	beforeJournal, beforeDataSync, closingFiles func()
+	// syncDir syncs the store's directory (tests: a failing one).
+	syncDir func() error
+	// dirUnsynced says that a compaction renamed the journal into place
+	// and the directory's sync after it failed: a crash may still bring
+	// the old journal back, so the next journal write syncs the directory
+	// first and fails if it cannot. Under jmu.
+	dirUnsynced bool
 }
 
 // Stats are a store's counters.
@@ -1021,13 +1038,22 @@ func (s *Store) Close() error {
 		}
 		break
 	}
-	var errs []error
+	// The files are closed under jmu: a commit under way (a caller's
+	// put, which Close does not wait for otherwise) syncs them by their
+	// descriptors, and one after this finds the store closed.
+	s.jmu.Lock()
+	defer s.jmu.Unlock()
+	if f := s.closingFiles; f != nil {
+		f()
+	}
+	errs := []error{s.flushPendingLocked()}
 	for _, f := range s.files {
 		errs = append(errs, f.Close())
 	}
-	s.jmu.Lock()
-	errs = append(errs, s.flushPendingLocked(), s.journal.Close())
-	s.jmu.Unlock()
+	errs = append(errs, s.journal.Close())
+	if s.jerr == nil {
+		s.jerr = ErrClosed
+	}
 	return errors.Join(errs...)
 }
 

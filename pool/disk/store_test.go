@@ -548,3 +548,19 @@ func TestStoreGetGenOfAFailedRead(t *testing.T) {
 		t.Fatal("the corrupt copy is still held")
 	}
 }
+
+// A store has at most MaxSlots slots: at the limit its configuration is
+// taken (checked without opening it: that would be 1 TiB of files), one
+// slot past it is refused, naming the count.
+func TestSlotsLimit(t *testing.T) {
+	at := Config{Dir: t.TempDir(), SlotBytes: Align, FileBytes: MaxFileBytes, Bytes: MaxSlots * Align}
+	if _, err := at.populate(); err != nil {
+		t.Fatalf("at the limit: %v", err)
+	}
+	past := at
+	past.Bytes += Align
+	_, err := past.populate()
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "slots, at most") {
+		t.Fatalf("one slot past the limit: %v, want ErrInvalidConfig naming the slots", err)
+	}
+}
