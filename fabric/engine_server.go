@@ -286,6 +286,7 @@ func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.Registe
 	}
 	regs := make([]pool.Registration, 0, min(len(slots), pool.MaxRegisterBatch))
 	idx := make([]int, 0, cap(regs)) // the request's index of regs[j]
+	var dups []taken                 // copies registered before, kept
 	flush := func() {
 		run, at := regs, idx
 		for len(run) > 0 {
@@ -297,10 +298,7 @@ func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.Registe
 				res.Slot, res.Outcome = uint32(reg.Slot), fabricpb.Outcome_OUTCOME_REGISTERED
 				if reg.Slot != int(slots[i]) {
 					res.Outcome = fabricpb.Outcome_OUTCOME_DUPLICATE
-					// The copy kept may be one a read-ahead brought up:
-					// the engine holds it now, so it is taken, as by
-					// Acquire, and no longer ahead of use.
-					e.a.aheadUsed(s.engineSet, hashes[i], reg)
+					dups = append(dups, taken{hashes[i], reg})
 				}
 			}
 			if err == nil {
@@ -342,6 +340,12 @@ func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.Registe
 	if err := s.gone(); err != nil {
 		return nil, err
 	}
+	// A copy kept may be one a read-ahead brought up: the engine holds it
+	// now (the session lives: its holds stand), so it is taken, as by
+	// Acquire, and no longer ahead of use.
+	for _, d := range dups {
+		e.a.aheadUsed(s.engineSet, d.hash, d.b)
+	}
 	for i, res := range out.Results {
 		if res.Outcome == fabricpb.Outcome_OUTCOME_REGISTERED || res.Outcome == fabricpb.Outcome_OUTCOME_DUPLICATE {
 			out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: hashes[i], Slot: res.Slot, Duplicate: res.Outcome == fabricpb.Outcome_OUTCOME_DUPLICATE})
@@ -365,9 +369,11 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 	out := &fabricpb.AcquireResponse{Results: make([]*fabricpb.BlockResult, len(req.GetHashes()))}
 	missing := false
 	var restored []pool.Block // from a disk tier, referenced for the session
-	// ahead: the last block taken came from a tier, restored now or read
-	// ahead; what follows it there is read ahead next.
-	ahead := false
+	var here []taken          // found in the set, held for the session
+	// lastRestored: the last block taken came from a tier, restored now;
+	// lastHere: it was found in the set (read ahead from a tier, perhaps).
+	// Where it came from a tier, what follows it there is read ahead next.
+	lastRestored, lastHere := false, false
 	for i, h := range req.GetHashes() {
 		res := &fabricpb.BlockResult{Hash: h}
 		out.Results[i] = res
@@ -376,18 +382,17 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 			continue
 		}
 		var b pool.Block
-		ok := false
+		ok, found := false, false
 		if len(restored) == 0 {
 			if b, ok = s.set.Acquire(h); !ok {
 				restored = e.a.restoreRun(ctx, s, req.GetHashes(), i)
-				ahead = len(restored) > 0
-			} else {
-				ahead = e.a.aheadUsed(s.engineSet, h, b)
 			}
+			found = ok
 		}
 		if !ok && len(restored) > 0 {
 			b, ok, restored = restored[0], true, restored[1:]
 		}
+		lastRestored, lastHere = ok && !found, found
 		if !ok {
 			missing = true
 			res.Outcome, res.Reason, res.Code = fabricpb.Outcome_OUTCOME_MISSING, "not held in this block set", uint32(codes.NotFound)
@@ -399,6 +404,9 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 			s.holdAll(restored)
 			return nil, s.gone()
 		}
+		if found {
+			here = append(here, taken{h, b})
+		}
 		res.Slot, res.Outcome = uint32(b.Slot), fabricpb.Outcome_OUTCOME_ACQUIRED
 		out.Blocks = append(out.Blocks, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
 	}
@@ -406,10 +414,25 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 	if err := s.gone(); err != nil {
 		return nil, err
 	}
+	// The engine holds them now: the blocks found that a read-ahead
+	// brought up are taken (counted, no longer ahead of use).
+	ahead := lastRestored
+	for i, t := range here {
+		used := e.a.aheadUsed(s.engineSet, t.hash, t.b)
+		if i == len(here)-1 && lastHere {
+			ahead = used
+		}
+	}
 	if n := len(out.Blocks); ahead && n > 0 {
 		e.a.readAheadAfter(s.engineSet, out.Blocks[n-1].GetHash())
 	}
 	return out, nil
+}
+
+// taken is a block an engine's call took from its set under hash.
+type taken struct {
+	hash uint64
+	b    pool.Block
 }
 
 func (e *engineServer) Release(ctx context.Context, req *fabricpb.ReleaseRequest) (*fabricpb.ReleaseResponse, error) {

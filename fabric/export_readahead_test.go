@@ -175,3 +175,54 @@ func HoldRestores(a *Agent, f func()) {
 	}
 	a.tiers.restoring.Store(&f)
 }
+
+// OnLossAnnounced makes a's tiers call f as a block found lost is
+// forgotten and its loss announced (each taker of announceMu; nil: none).
+func OnLossAnnounced(a *Agent, f func()) {
+	if f == nil {
+		a.tiers.beforeOrder.Store(nil)
+		return
+	}
+	a.tiers.beforeOrder.Store(&f)
+}
+
+// OnTierRead makes a's tiers call f once each restore's, read-ahead's or
+// staging's read of hash from a disk tier has ended (nil: none).
+func OnTierRead(a *Agent, f func(hash uint64, err error)) {
+	if f == nil {
+		a.tiers.afterRead.Store(nil)
+		return
+	}
+	g := func(_ *diskTier, k disk.Key, err error) { f(k.Hash, err) }
+	a.tiers.afterRead.Store(&g)
+}
+
+// AheadUntaken is how many blocks read ahead into set id nothing has
+// taken yet, as the set's read-ahead lists them; -1 if no such set.
+func AheadUntaken(a *Agent, id uint64) int {
+	es, err := a.engineSet(id)
+	if err != nil {
+		return -1
+	}
+	es.ahead.mu.Lock()
+	defer es.ahead.mu.Unlock()
+	return len(es.ahead.blocks)
+}
+
+// BlockUsers is the references on hash's block in set id, -1 if the set
+// does not hold it.
+func BlockUsers(a *Agent, id, hash uint64) int {
+	es, err := a.engineSet(id)
+	if err != nil {
+		return -1
+	}
+	b, ok := es.set.Lookup(hash)
+	if !ok {
+		return -1
+	}
+	si, err := es.set.Slot(b.Slot)
+	if err != nil {
+		return -1
+	}
+	return si.Users
+}

@@ -85,12 +85,11 @@ func (a *Agent) importBlocks(ctx context.Context, s *sessionSet, hashes []uint64
 			if !ok {
 				break
 			}
-			used := a.aheadUsed(s.engineSet, h, b)
 			if !s.hold(b) {
 				cause = errSessionGone
 				break
 			}
-			ahead = used
+			ahead = a.aheadUsed(s.engineSet, h, b) // held: the engine's now
 			res.refs = append(res.refs, &fabricpb.BlockRef{Hash: h, Slot: uint32(b.Slot)})
 			res.here = append(res.here, true)
 		}

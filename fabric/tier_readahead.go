@@ -766,7 +766,20 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, br
 		regs = append(regs, pool.Registration{Block: rd.blk, Hash: rd.f.k.Hash, Sum: rd.o.sum, HasSum: rd.o.has && es.sums})
 		regd = append(regd, rd)
 	}
-	var out []pool.Block
+	// The losses are forgotten and announced before whoever waits for
+	// them is woken (r.hashes cleared below).
+	for _, f := range lost {
+		t.forgetFound(f)
+	}
+	// The blocks are registered and recorded as read ahead in one hold of
+	// sa.mu (taken before t.mu and the set's lock, as startAheadLocked
+	// takes them): a take between the two (an engine's Acquire, Import or
+	// RegisterBlocks, aheadUsed) would find the block in the set and not
+	// among those read ahead, and count no hit for it.
+	var out, dup []pool.Block
+	sa := &es.ahead
+	sa.mu.Lock()
+	var err error
 	if len(regs) > 0 {
 		// Copied below only while a tier holds the copy still, checked
 		// under t.mu with the registration, as restoreRun does.
@@ -774,7 +787,6 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, br
 		for i, rd := range regd {
 			regs[i].Below = t.heldLocked(rd.f.k)
 		}
-		var err error
 		for from := 0; from < len(regs) && err == nil; {
 			to := from + 1
 			for to < len(regs) && regd[to].parent == regs[to-1].Hash {
@@ -787,25 +799,7 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, br
 			from = to
 		}
 		t.mu.Unlock()
-		for _, rg := range regs[len(out):] {
-			set.Abort(rg.Block) // a stale handle: the set was freed
-		}
-		if err != nil {
-			t.log.Debug("tier: read-ahead not registered", "set", set.ID(), "err", err)
-			broken = true
-		}
-		for _, rd := range regd[:len(out)] {
-			t.touch(rd.f.k)
-			rd.f.d.restores.Add(1)
-			rd.f.d.restoreTime.record(rd.o.took)
-		}
 	}
-	for _, f := range lost {
-		t.forgetFound(f)
-	}
-	var dup []pool.Block
-	sa := &es.ahead
-	sa.mu.Lock()
 	for i, b := range out {
 		h := regs[i].Hash
 		if b != regs[i].Block {
@@ -829,6 +823,18 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, br
 	}
 	r.settledLocked()
 	sa.mu.Unlock()
+	for _, rg := range regs[len(out):] {
+		set.Abort(rg.Block) // a stale handle: the set was freed
+	}
+	if err != nil {
+		t.log.Debug("tier: read-ahead not registered", "set", set.ID(), "err", err)
+		broken = true
+	}
+	for _, rd := range regd[:len(out)] {
+		t.touch(rd.f.k)
+		rd.f.d.restores.Add(1)
+		rd.f.d.restoreTime.record(rd.o.took)
+	}
 	for _, b := range dup {
 		set.Release(b)
 	}

@@ -3,6 +3,7 @@ package fabric_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,12 +28,22 @@ import (
 // layout, which holds none of them (made through read, if not nil).
 func readAheadAgent(t *testing.T, readAhead int, read ...*client.Client) (*fabric.Agent, *client.Client, *client.BlockSet, []uint64) {
 	t.Helper()
+	return readAheadAgentWith(t, readAhead, nil, read...)
+}
+
+// readAheadAgentWith is readAheadAgent with the agent's configuration
+// changed by mod first (unless nil).
+func readAheadAgentWith(t *testing.T, readAhead int, mod func(*fabric.Config), read ...*client.Client) (*fabric.Agent, *client.Client, *client.BlockSet, []uint64) {
+	t.Helper()
 	dir := tierDir(t)
 	cfg := testConfig(t, "readahead")
 	cfg.Tiers = []string{"disk=" + dir + ":64MiB"}
 	cfg.TierReadAhead = readAhead
 	cfg.BlockSetGrace = 50 * time.Millisecond
 	cfg.NoOrphanCache = true
+	if mod != nil {
+		mod(&cfg)
+	}
 	a := startAgent(t, cfg)
 	wc := newClient(t, a)
 	writer := register(t, wc, tierEngine)
@@ -1589,5 +1600,139 @@ func TestTierReadAheadCopyRegisteredAgainIsTaken(t *testing.T) {
 	}
 	if err := c.Release(ctx, set.ID, held); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A block a read-ahead registers is among the blocks read ahead from the
+// moment an engine can take it: an Acquire that comes as the read-ahead
+// lands its run (here while it announces the loss of the block after it,
+// found gone from disk as it was read) gets it byte for byte, counted as a
+// hit, and leaves none ahead of use.
+func TestTierReadAheadBlockTakenAsItLandsIsAHit(t *testing.T) {
+	a, c, set, hashes := readAheadAgent(t, 8)
+	// 9 is deleted from disk as the read-ahead comes to read it, and 8's
+	// read waits for 9's to end: the two land together, 8 registered, 9
+	// lost and its loss announced.
+	read9 := make(chan struct{})
+	var read9Once, armed, fired atomic.Bool
+	fabric.OnTierRead(a, func(h uint64, _ error) {
+		if h == hashes[9] && read9Once.CompareAndSwap(false, true) {
+			close(read9)
+		}
+	})
+	fabric.HoldReadAheadReads(a, func(_ context.Context, h uint64) {
+		switch h {
+		case hashes[9]:
+			if !fabric.TierDropStored(a, hashes[9]) {
+				t.Error("block 9 was not on disk to drop")
+			}
+		case hashes[8]:
+			select {
+			case <-read9:
+			case <-time.After(30 * time.Second):
+				t.Error("block 9 was never read")
+			}
+			armed.Store(true)
+		}
+	})
+	var refs []*fabricpb.BlockRef
+	var acqErr error
+	acquired := make(chan struct{})
+	fabric.OnLossAnnounced(a, func() {
+		if !armed.Load() || !fired.CompareAndSwap(false, true) {
+			return
+		}
+		_, _, waits := fabric.ReadAheadCounts(a)
+		go func() {
+			defer close(acquired)
+			refs, acqErr = c.Acquire(context.Background(), set.ID, hashes[8:9])
+		}()
+		// The Acquire either took 8 from the set already or waits for the
+		// read-ahead to land it.
+		wait.For(t, 30*time.Second, "the Acquire of block 8 done or waiting for the read-ahead", func() error {
+			select {
+			case <-acquired:
+				return nil
+			default:
+			}
+			if _, _, w := fabric.ReadAheadCounts(a); w > waits {
+				return nil
+			}
+			return errors.New("neither")
+		})
+	})
+	t.Cleanup(func() {
+		fabric.OnLossAnnounced(a, nil)
+		fabric.HoldReadAheadReads(a, nil)
+		fabric.OnTierRead(a, nil)
+	})
+	acquireRun(t, c, set, hashes[:8], 1) // restores 0..7; 8 and 9 are read ahead
+	select {
+	case <-acquired:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Acquire of block 8 did not end")
+	}
+	if !fired.Load() {
+		t.Fatal("the read-ahead announced no loss after block 8 was read")
+	}
+	wait.For(t, 30*time.Second, "the read-aheads ended", func() error {
+		if started, ended, _ := fabric.ReadAheadCounts(a); started == 0 || started != ended {
+			return fmt.Errorf("%d started, %d ended", started, ended)
+		}
+		return nil
+	})
+	if acqErr != nil || len(refs) != 1 {
+		t.Fatalf("acquire of block 8 as it landed: %v, %v", refs, acqErr)
+	}
+	if err := (mappedSlots{set}).check(int(refs[0].Slot), 9); err != nil {
+		t.Fatalf("block 8: %v", err)
+	}
+	if m, n := readAheadMetrics(a), fabric.AheadUntaken(a, set.ID); m.ReadAhead != 1 || m.ReadAheadHits != 1 || n != 0 {
+		t.Fatalf("%d read ahead, %d hits, %d left ahead of use; want 1, 1, 0", m.ReadAhead, m.ReadAheadHits, n)
+	}
+	if err := c.Release(context.Background(), set.ID, []uint32{refs[0].Slot}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A RegisterBlocks whose session ends during the call gives back the
+// read-ahead's copies it got as duplicates: nothing reached the engine,
+// so none counts as taken: they stay read ahead, cached and unreferenced
+// (the read-ahead has ended), and the next taker takes them.
+func TestTierReadAheadCopyRegisteredBySessionEndedIsNotTaken(t *testing.T) {
+	const keepalive = time.Second
+	h := &holdStaller{armed: map[uint64]*stalledSession{}}
+	a, c, set, hashes := readAheadAgentWith(t, 8, func(cfg *fabric.Config) {
+		cfg.SessionKeepalive = keepalive
+		fabric.BeforeHold(cfg, h.hold)
+	})
+	acquireRun(t, c, set, hashes[:8], 1) // restores 0..7, reads 8..15 ahead
+	waitReadAheads(t, a, 1)
+	readAheadTo(t, a, set.ID, hashes, 8, 16, "the read-ahead's bound of 8")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := h.open(t, ctx, a, keepalive)
+	al, err := s.api.Allocate(s.ctx(ctx), &fabricpb.AllocateRequest{BlockSet: set.ID, Count: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.stall(func() error {
+		_, err := s.api.RegisterBlocks(s.ctx(ctx), &fabricpb.RegisterBlocksRequest{BlockSet: set.ID, Slots: al.Slots, Hashes: hashes[8:16],
+			Parent: hashes[7], ParentSet: true})
+		return err
+	})
+	wantEnded(t, "RegisterBlocks", err)
+	if m, n := readAheadMetrics(a), fabric.AheadUntaken(a, set.ID); m.ReadAheadHits != 0 || n != 8 {
+		t.Fatalf("%d hits, %d read ahead and untaken after a RegisterBlocks that ended with its session; want 0, 8", m.ReadAheadHits, n)
+	}
+	for i := 8; i < 16; i++ {
+		if u := fabric.BlockUsers(a, set.ID, hashes[i]); u != 0 {
+			t.Fatalf("block %d: %d references after the read-ahead ended and the call gave its copy back; want 0", i, u)
+		}
+	}
+	// The next taker takes them: 8 hits.
+	acquireRun(t, c, set, hashes[8:16], 9)
+	if m := readAheadMetrics(a); m.ReadAheadHits != 8 {
+		t.Fatalf("%d hits after an Acquire of the blocks read ahead; want 8", m.ReadAheadHits)
 	}
 }
