@@ -552,18 +552,45 @@ func (t *tiers) openStoresLocked() error {
 			}
 			if e, ok := t.pos[k]; ok {
 				// A second copy, left by a crash between a copy placed
-				// here and the one above it dropped: the first tier's
-				// is kept, this slot freed.
-				t.log.Info("tier: a block held twice after a restart: the copy here is dropped",
-					"tier", d.n, "kept in", e.Value.(*tierEntry).tier, "hash", k.Hash)
-				st.Delete(k)
-				continue
+				// here and the one above it dropped, or between a second
+				// copy's delete (left for the next commit) and that
+				// commit: the first tier's is kept, this slot freed,
+				// unless the first fails its check (its slot was written
+				// again since that delete, and the crash cut the commit
+				// that would have journalled both). Then this one is kept.
+				first := e.Value.(*tierEntry).tier
+				if !t.corruptAtOpenLocked(first, k) {
+					t.log.Info("tier: a block held twice after a restart: the copy here is dropped",
+						"tier", d.n, "kept in", first, "hash", k.Hash)
+					st.Delete(k)
+					continue
+				}
+				t.log.Warn("tier: a block held twice after a restart failed its check in the first tier: the copy here is kept",
+					"tier", d.n, "dropped in", first, "hash", k.Hash)
+				t.unrecordLocked(e)
 			}
 			t.recordLocked(d, k, t.blockBytes)
 			t.relinkLocked(st, k)
 		}
 	}
 	return nil
+}
+
+// corruptAtOpenLocked reads k's copy in tier n, opened, and says whether
+// it failed its checksum (the store has dropped it then). A copy that
+// could not be read for another reason is not called corrupt. t.mu is
+// held: only as the stores open, for a block two tiers hold.
+func (t *tiers) corruptAtOpenLocked(n int, k disk.Key) bool {
+	st := t.list[n].store.Load()
+	if st == nil {
+		return false
+	}
+	_, err := st.Get(context.Background(), k, alignedBuffer(t.blockBytes))
+	if errors.Is(err, disk.ErrCorrupt) {
+		t.corrupt.Add(1)
+		return true
+	}
+	return false
 }
 
 // ensureShape makes sure the tiers can take blocks of l: the stores open

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"container/list"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -422,8 +425,17 @@ func TestTierRoomForEvictsTheOldestUpToABatch(t *testing.T) {
 // A block found in two disk tiers when they open (a crash between a copy
 // placed in one and the other's dropped) is recorded once, in the first
 // tier, and the second copy's slot is freed: a second record would leave
-// the first orphaned in its tier's list and counted in its bytes.
+// the first orphaned in its tier's list and counted in its bytes. Where
+// the first tier's copy fails its check (its slot written again after a
+// delete left for a commit that the crash cut), it is dropped and the
+// second kept: the node keeps the block.
 func TestTierOpenKeepsOneOfTwoCopies(t *testing.T) {
+	for _, corrupt := range []bool{false, true} {
+		t.Run(fmt.Sprintf("first corrupt=%v", corrupt), func(t *testing.T) { openTwoCopies(t, corrupt) })
+	}
+}
+
+func openTwoCopies(t *testing.T, corrupt bool) {
 	const slot = disk.Align
 	twice, once := disk.Key{Hash: 7, Tag: 1}, disk.Key{Hash: 8, Tag: 1}
 	var specs []TierSpec
@@ -447,6 +459,18 @@ func TestTierOpenKeepsOneOfTwoCopies(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if corrupt {
+		// twice is tier 0's only block: its first slot, at the start of
+		// its first data file.
+		f, err := os.OpenFile(filepath.Join(specs[0].Path, "blocks.000"), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte{0xff}, 100); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
 	tr := &tiers{log: slog.New(slog.NewTextHandler(io.Discard, nil)), blockBytes: slot,
 		layouts: map[uint64]*layout.Layout{1: nil}, pos: map[disk.Key]*list.Element{}, heldBytes: make([]int64, 2)}
 	for i, s := range specs {
@@ -469,20 +493,38 @@ func TestTierOpenKeepsOneOfTwoCopies(t *testing.T) {
 		}
 		return -1
 	}
-	if n := tierOf(twice); n != 0 {
-		t.Fatalf("the block in both tiers is recorded in tier %d, want 0", n)
+	keep, drop := 0, 1
+	if corrupt {
+		keep, drop = 1, 0
+	}
+	if n := tierOf(twice); n != keep {
+		t.Fatalf("the block in both tiers is recorded in tier %d, want %d", n, keep)
 	}
 	if n := tierOf(once); n != 1 {
 		t.Fatalf("the block in tier 1 alone is recorded in tier %d, want 1", n)
 	}
-	if keys, free := tr.list[1].store.Load().Keys(), tr.list[1].store.Load().Free(); len(keys) != 1 || keys[0] != once || free != 15 {
-		t.Fatalf("tier 1 holds %v with %d slots free, want only %v and 15 free", keys, free, once)
+	if tr.list[drop].store.Load().Has(twice) {
+		t.Fatalf("tier %d still holds the copy not kept", drop)
 	}
-	if got := []int64{tr.heldBytes[0], tr.heldBytes[1]}; got[0] != slot || got[1] != slot {
-		t.Fatalf("bytes counted per tier %v, want one block each", got)
+	got := make([]byte, slot)
+	if _, err := tr.list[keep].store.Load().Get(context.Background(), twice, got); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{byte(keep)}, slot)) {
+		t.Fatalf("the copy kept in tier %d: %v, or wrong bytes", keep, err)
+	}
+	if keys, free := tr.list[1].store.Load().Keys(), tr.list[1].store.Load().Free(); len(keys) != 1+keep || free != 15-keep {
+		t.Fatalf("tier 1 holds %v with %d slots free, want %d blocks and %d free", keys, free, 1+keep, 15-keep)
+	}
+	want := []int64{slot, slot}
+	if corrupt {
+		want = []int64{0, 2 * slot}
+	}
+	if got := []int64{tr.heldBytes[0], tr.heldBytes[1]}; got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("bytes counted per tier %v, want %v", got, want)
 	}
 	if n := tr.lru(0).Len() + tr.lru(1).Len(); n != 2 {
 		t.Fatalf("%d entries in the tiers' lists, want 2", n)
+	}
+	if c := tr.corrupt.Load(); c != uint64(keep) {
+		t.Fatalf("%d checksum failures counted, want %d", c, keep)
 	}
 }
 
