@@ -90,7 +90,13 @@ class ConnectorConfig:
     stats_interval: seconds between the counters' log lines (0: never).
     layerwise: loads copy layer by layer in the background (vLLM's
     wait_for_layer_load waits for its layer only) instead of whole before
-    the forward.
+    the forward. namespace: the hash namespace blocks are shared in, so
+    that engines of models with the same KV shape (a base model and its
+    fine-tune, two quantizations) never load each other's blocks: "auto"
+    (the engine's model, revision, quantization and KV cache dtype), ""
+    (none: bare token hashes, as Dynamo's router computes them; only for a
+    cluster that serves one model) or any other string (the engines that
+    share blocks name the same).
     """
 
     socket: str = ""
@@ -103,6 +109,7 @@ class ConnectorConfig:
     slots: int = 0
     stats_interval: float = 60.0
     layerwise: bool = False
+    namespace: str = "auto"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "ConnectorConfig":
@@ -173,6 +180,15 @@ class KVSpec:
     block_size: int
     kind: CacheKind = CacheKind.FLASH
     kv_order: str = "nhd"
+    #: The hash namespace (ConnectorConfig.namespace, resolved): blocks
+    #: are named by their tokens' hashes under it.
+    namespace: str = ""
+
+    def salt(self, salt: str | None) -> str | None:
+        """A request's salt within the namespace."""
+        if not self.namespace:
+            return salt
+        return self.namespace if not salt else f"{self.namespace}\x1f{salt}"
 
     @property
     def mla(self) -> bool:
@@ -497,7 +513,12 @@ class SchedulerSide:
                 self._reqs[req_id] = r
                 r.future = self._pool.submit(self._lookup_and_import, r, list(tokens[: usable * page]), salt, lora)
                 return None
-            if r.state is _State.LOOKING:
+            if r.state in (_State.LOOKING, _State.LOADING):
+                # LOADING: asked again before the step that loads it
+                # reported (preempted and re-admitted under asynchronous
+                # scheduling): that load's blocks are not the new one's,
+                # and a promise made now would plan none. It is looked up
+                # again once that step has reported.
                 return None
             return r.matched
 
@@ -528,6 +549,12 @@ class SchedulerSide:
             old, self.client, self.block_set, self.node = self.client, c, bs, node
             for r in self._reqs.values():
                 r.refs = []  # released with the old session
+                if r.state is _State.LOADING:
+                    # Its step's plan names the old session's block set:
+                    # the workers report its blocks as load errors, and
+                    # the report no longer finds it here. Re-admitted, it
+                    # is looked up again.
+                    r.state = _State.DONE
             self._pending_saves.clear()
             self._loading.clear()
         old.close()
@@ -538,7 +565,7 @@ class SchedulerSide:
         refs: list = []
         matched = 0
         try:
-            r.hashes = block_hashes(tokens, self.spec.block_size, salt=salt, lora=lora)
+            r.hashes = block_hashes(tokens, self.spec.block_size, salt=self.spec.salt(salt), lora=lora)
             if not self._reconnect():
                 raise KvfabricError("no session with the agent")
             refs, matched, imported = self._fetch(r.hashes[r.start :])
@@ -597,13 +624,18 @@ class SchedulerSide:
         """The engine gave the request its blocks (vLLM's
         update_state_after_alloc): block_ids are all of its blocks, the
         loaded ones following its computed ones. num_external_tokens 0: the
-        engine loads nothing (the references are given back)."""
+        engine loads nothing (the references are given back). The engine
+        counts num_external_tokens as computed once the step runs, so the
+        load is planned for all of them, by hash, whatever references this
+        side still holds (none, once a restarted agent ended the session):
+        a block the worker cannot acquire is a load error, which the engine
+        recomputes, never a block it runs over unloaded."""
         with self._lock:
             r = self._reqs.get(req_id)
             if r is None or r.state is not _State.READY:
                 return
             page = self.spec.block_size
-            n = min(num_external_tokens // page, len(r.refs), max(0, len(block_ids) - r.start))
+            n = min(num_external_tokens // page, max(0, len(block_ids) - r.start), max(0, len(r.hashes) - r.start))
             if n <= 0:
                 self._drop(r)
                 return
@@ -625,7 +657,7 @@ class SchedulerSide:
         if not self.config.save:
             return
         page = self.spec.block_size
-        hashes = block_hashes(list(tokens), page, salt=salt, lora=lora)
+        hashes = block_hashes(list(tokens), page, salt=self.spec.salt(salt), lora=lora)
         with self._lock:
             self._saving[req_id] = _Saving(hashes, -(-num_computed // page), list(tokens[: len(hashes) * page]), lora)
 
@@ -640,7 +672,8 @@ class SchedulerSide:
             plan = StepPlan(step, bs.id, incarnation=incarnation(bs), join_token=bs.join_token)
             for r in self._to_load:
                 if r.state is _State.LOADING and not r.cancelled:
-                    plan.loads.append(LoadPlan(r.req_id, [h for h in r.hashes[r.start : r.start + len(r.refs)]], r.block_ids))
+                    n = r.matched // self.spec.block_size
+                    plan.loads.append(LoadPlan(r.req_id, r.hashes[r.start : r.start + n], r.block_ids))
                     r.step = step
                     self._loading.setdefault(step, []).append(r)
             self._to_load.clear()

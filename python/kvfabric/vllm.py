@@ -52,8 +52,12 @@ needs to delay freeing. Counters (hit tokens, loaded bytes, load errors...)
 are logged through vLLM's logger every ``stats_interval`` seconds and
 returned by :meth:`KVFabricConnector.stats`.
 
-Only models with one KV cache group of full attention (or MLA) are
-supported; others are refused at start with the reason.
+Only models with one KV cache group of full attention (or MLA), under
+tensor parallelism alone, are supported; others (and pipeline or context
+parallelism) are refused at start with the reason. Blocks are named by
+their tokens' hashes in the model's namespace (``namespace``: "auto" is
+the model, revision, quantization and KV cache dtype); requests with
+multimodal inputs or prompt embeddings are neither loaded nor saved.
 """
 
 from __future__ import annotations
@@ -112,10 +116,13 @@ class KVFabricWorkerMetadata(KVConnectorWorkerMetadata):
         return KVFabricWorkerMetadata(self.report.merge(other.report))
 
 
-def spec_from_vllm(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", kv_order: str = "nhd") -> KVSpec:
+def spec_from_vllm(
+    vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", kv_order: str = "nhd", namespace: str = "auto"
+) -> KVSpec:
     """The KV cache kvfabric registers, from vLLM's configuration: the layers
     of the (single) KV cache group, the model's total KV heads, the TP size
-    and vLLM's block size."""
+    and vLLM's block size, and the hash namespace ("auto": the model's,
+    model_namespace). Pipeline and context parallelism are refused."""
     groups = kv_cache_config.kv_cache_groups
     if len(groups) != 1:
         raise InvalidArgument(
@@ -126,7 +133,13 @@ def spec_from_vllm(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", 
     if not hasattr(s, "num_kv_heads"):
         raise InvalidArgument(f"kvfabric connector: KV cache spec {type(s).__name__} is not attention")
     mla = type(s).__name__.startswith("MLA")
-    tp = vllm_config.parallel_config.tensor_parallel_size
+    par = vllm_config.parallel_config
+    for what in ("pipeline_parallel_size", "decode_context_parallel_size", "prefill_context_parallel_size"):
+        if getattr(par, what, 1) > 1:
+            # Each stage or shard holds a part of a block that the pool's
+            # layout (layers and heads over TP ranks) cannot tell apart.
+            raise InvalidArgument(f"kvfabric connector: {what}={getattr(par, what)}; only tensor parallelism is supported")
+    tp = par.tensor_parallel_size
     heads = 1 if mla else vllm_config.model_config.get_total_num_kv_heads()
     import torch
 
@@ -139,7 +152,24 @@ def spec_from_vllm(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig", 
         block_size=s.block_size,
         kind=CacheKind.MLA if mla else CacheKind.FLASH,
         kv_order=kv_order,
+        namespace=model_namespace(vllm_config) if namespace == "auto" else namespace,
     )
+
+
+def model_namespace(vllm_config: "VllmConfig") -> str:
+    """The hash namespace of an engine's blocks (ConnectorConfig.namespace
+    "auto"): its model and revision, quantization and KV cache dtype. Two
+    engines share blocks only where all four are the same: models of one
+    KV shape (a base model and its fine-tune) never load each other's, nor
+    do fp8 caches of different formats (vLLM keeps each as bytes)."""
+    m = vllm_config.model_config
+    parts = (
+        f"model={m.model}",
+        f"revision={getattr(m, 'revision', None) or ''}",
+        f"quantization={getattr(m, 'quantization', None) or ''}",
+        f"kv_cache_dtype={getattr(vllm_config.cache_config, 'cache_dtype', None) or 'auto'}",
+    )
+    return "vllm;" + ";".join(parts)
 
 
 def _config(vllm_config: "VllmConfig") -> tuple[ConnectorConfig, str]:
@@ -178,7 +208,7 @@ class KVFabricConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig") -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self.config, kv_order = _config(vllm_config)
-        self.spec = spec_from_vllm(vllm_config, kv_cache_config, kv_order)
+        self.spec = spec_from_vllm(vllm_config, kv_cache_config, kv_order, self.config.namespace)
         name = f"vllm-{vllm_config.kv_transfer_config.engine_id or 'engine'}"
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
@@ -187,6 +217,9 @@ class KVFabricConnector(KVConnectorBase_V1):
         self._blocks: dict[str, list[int]] = {}
         self._ns: dict[str, tuple[str | None, str | None]] = {}
         self._stats_sent: dict[str, int] = {}
+        #: Requests neither loaded nor saved: their KV depends on more than
+        #: their token ids (multimodal inputs, prompt embeddings).
+        self._skip: set[str] = set()
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = SchedulerSide(self.config, self.spec, engine=name, logger=logger)
         else:
@@ -196,6 +229,9 @@ class KVFabricConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         assert self.scheduler is not None
+        if _unhashable(request):
+            self._skip.add(request.request_id)
+            return 0, False
         salt = getattr(request, "cache_salt", None)
         lora = request.lora_request.lora_name if getattr(request, "lora_request", None) else None
         self._ns[request.request_id] = (salt, lora)
@@ -214,7 +250,7 @@ class KVFabricConnector(KVConnectorBase_V1):
         for r in scheduler_output.scheduled_new_reqs:
             self._blocks[r.req_id] = list(r.block_ids[0]) if r.block_ids else []
             salt, lora = self._ns.get(r.req_id, (None, None))
-            if r.prompt_token_ids:
+            if r.prompt_token_ids and r.req_id not in self._skip and not _unhashable(r):
                 self.scheduler.track(r.req_id, r.prompt_token_ids, r.num_computed_tokens, salt=salt, lora=lora)
             scheduled[r.req_id] = (self._blocks[r.req_id], r.num_computed_tokens + n_sched.get(r.req_id, 0))
         c = scheduler_output.scheduled_cached_reqs
@@ -227,6 +263,7 @@ class KVFabricConnector(KVConnectorBase_V1):
             scheduled[rid] = (self._blocks[rid], c.num_computed_tokens[i] + n_sched.get(rid, 0))
         for rid in scheduler_output.finished_req_ids:
             self._blocks.pop(rid, None)
+            self._skip.discard(rid)
         return KVFabricMetadata(self.scheduler.build(scheduled))
 
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
@@ -239,6 +276,7 @@ class KVFabricConnector(KVConnectorBase_V1):
         assert self.scheduler is not None
         self.scheduler.finished(request.request_id)
         self._ns.pop(request.request_id, None)
+        self._skip.discard(request.request_id)
         return False, None  # saves were copied within their step
 
     def take_events(self):  # noqa: ANN201 - vLLM's Iterable[KVCacheEvent]
@@ -338,6 +376,13 @@ class KVFabricConnector(KVConnectorBase_V1):
     def stats(self) -> dict[str, int]:
         """The scheduler side's counters (hit_tokens, loaded_bytes, load_errors...)."""
         return self.scheduler.stats() if self.scheduler is not None else {}
+
+
+def _unhashable(request: Any) -> bool:
+    """Whether a request's KV depends on more than its token ids, which
+    are all that name a block: multimodal inputs (their placeholder tokens
+    are alike for every image) or prompt embeddings."""
+    return bool(getattr(request, "mm_features", None)) or getattr(request, "prompt_embeds", None) is not None
 
 
 def _tp_rank() -> int:

@@ -696,3 +696,114 @@ def test_a_join_whose_memory_cannot_be_mapped_is_dropped_when_the_worker_follows
             assert _session_sets(c, w.client.session) == [second.id], f"the worker's session still uses block set {first.id}"
         finally:
             w.close()
+
+
+def _reconnect(e: SimEngine, agent, join: str | None = None) -> None:
+    """Restarts agent and waits until e's scheduler half has a new session
+    (another request's lookup makes it reconnect)."""
+    s = e.scheduler
+    agent.stop()
+    agent.start(join=join)
+    wait_for("the old session seen ended", lambda: not s.client.session_alive)
+    s.matched("another", prompt(3 * 16 + 1, seed=99), 0)
+    wait_for("reconnected", lambda: s.client.session_alive)
+    s.wait_idle()
+
+
+def test_a_promise_made_before_the_agent_restarts_is_loaded_or_recomputed(pair):
+    """A request answered (its blocks promised to the engine) before the
+    agent restarted, then scheduled: the engine counts the promised tokens
+    as computed, so the load is planned for all of them by hash; the
+    restarted agent holds none, every block is a load error, recomputed,
+    and every element is right."""
+    holder, reader = pair
+    tokens = prompt(4 * 16 + 3, seed=41)
+    stored(reader, tokens)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+    try:
+        s = e.scheduler
+        assert s.matched("r", tokens, 0) is None
+        s.wait_idle()
+        assert s.matched("r", tokens, 0) == 4 * 16
+        _reconnect(e, reader, join=holder.gossip)
+        r = e.add("r", tokens)
+        e.run()
+        assert r.loaded == 4 * 16, "the promise the engine got before the restart"
+        assert len(e.load_errors_seen) == 4 and r.recomputed_blocks >= 4
+        assert e.check(r) == len(r.tokens)
+    finally:
+        e.close()
+
+
+def test_a_request_asked_again_while_its_load_is_under_way_waits(pair):
+    """Preempted and admitted again before the step that loads it reported
+    (asynchronous scheduling), a request gets no answer until that step
+    has reported, then is looked up again and loads: never a promise whose
+    load is not planned."""
+    holder, _ = pair
+    tokens = prompt(4 * 16 + 3, seed=42)
+    stored(holder, tokens)
+    e = SimEngine(holder.socket, SPEC, name="reader")
+    try:
+        s = e.scheduler
+        assert s.matched("r", tokens, 0) is None
+        s.wait_idle()
+        assert s.matched("r", tokens, 0) == 4 * 16
+        blocks = list(range(10))
+        s.allocated("r", blocks, 4 * 16)
+        first = s.build({"r": (blocks, 4 * 16 + 3)})
+        assert len(first.loads) == 1 and len(first.loads[0].hashes) == 4
+        assert s.matched("r", tokens, 16) is None, "asked again while its load is under way"
+        s.report(None, step=first.step)  # that step given up: its load ended
+        assert s.matched("r", tokens, 16) is None  # looked up again
+        s.wait_idle()
+        assert s.matched("r", tokens, 16) == 3 * 16
+        again = list(range(20, 30))
+        s.allocated("r", again, 3 * 16)
+        second = s.build({"r": (again, 4 * 16 + 3)})
+        assert len(second.loads) == 1 and second.loads[0].hashes == kvfabric.block_hashes(tokens, 16)[1:4]
+    finally:
+        e.close()
+
+
+def test_a_load_under_way_as_the_agent_restarts_is_looked_up_again(pair):
+    """A request whose load was planned when the agent restarted is not
+    left loading: admitted again, it is looked up anew (the restarted agent
+    holds nothing, so nothing is promised)."""
+    holder, reader = pair
+    tokens = prompt(4 * 16 + 3, seed=43)
+    stored(reader, tokens)
+    e = SimEngine(reader.socket, SPEC, name="reader")
+    try:
+        s = e.scheduler
+        assert s.matched("r", tokens, 0) is None
+        s.wait_idle()
+        assert s.matched("r", tokens, 0) == 4 * 16
+        s.allocated("r", list(range(10)), 4 * 16)
+        assert len(s.build({"r": (list(range(10)), 4 * 16 + 3)}).loads) == 1
+        _reconnect(e, reader, join=holder.gossip)
+        assert s.matched("r", tokens, 0) is None
+        s.wait_idle()
+        assert s.matched("r", tokens, 0) == 0
+    finally:
+        e.close()
+
+
+def test_namespaces_keep_same_shape_models_apart(node1):
+    """Blocks saved under one namespace (a model) are not loaded by an
+    engine of another namespace with the same KV shape, nor by one with
+    none; an engine of the same namespace loads them."""
+    import dataclasses
+
+    tokens = prompt(4 * 16 + 3, seed=44)
+    base = dataclasses.replace(SPEC, namespace="vllm;model=base")
+    stored(node1, tokens, base)
+    for spec, want in ((dataclasses.replace(SPEC, namespace="vllm;model=instruct"), 0), (SPEC, 0), (base, 4 * 16)):
+        e = SimEngine(node1.socket, spec, name="reader")
+        try:
+            r = e.add("r", tokens)
+            e.run()
+            assert r.loaded == want, spec.namespace
+            assert e.check(r) == len(r.tokens)
+        finally:
+            e.close()

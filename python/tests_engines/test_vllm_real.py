@@ -5,6 +5,7 @@ side whose KV caches are torch CPU tensors in FlashAttention's shape."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -35,7 +36,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from kvfabric.vllm import VLLM_VERSION, KVFabricConnector, KVFabricMetadata  # noqa: E402
+from kvfabric.vllm import VLLM_VERSION, KVFabricConnector, KVFabricMetadata, model_namespace  # noqa: E402
 
 BLOCK, LAYERS, HEADS, HEAD_DIM, NUM_BLOCKS = 16, 2, 2, 16, 64
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
@@ -56,6 +57,13 @@ def model_dir(tmp_path_factory) -> Path:
         "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "float32", "head_dim": HEAD_DIM,
     }))
     return d
+
+
+def model_hashes(model_dir: Path, tokens: list[int]) -> list[int]:
+    """The block hashes the connector names tokens by: in the namespace of
+    the model (ConnectorConfig.namespace "auto")."""
+    ns = model_namespace(vllm_config(model_dir, "/unused"))
+    return kvfabric.block_hashes(tokens, BLOCK, salt=ns)
 
 
 def vllm_config(model_dir: Path, socket: str, policy: str = "recompute", **extra) -> VllmConfig:
@@ -196,7 +204,7 @@ def test_factory_builds_it_from_kv_transfer_config(node1, model_dir):
         c = KVConnectorFactory.create_connector(cfg, role, kv_cache_config())
         try:
             assert type(c) is KVFabricConnector and c.role == role
-            assert c.spec == SPEC
+            assert c.spec == dataclasses.replace(SPEC, namespace=model_namespace(cfg))
         finally:
             c.shutdown()
 
@@ -224,7 +232,7 @@ def test_real_scheduler_saves_then_another_engine_loads(node1, node2, model_dir)
 
         b = Engine(vllm_config(model_dir, node2.socket))
         c = b.sched.connector.scheduler.client
-        hashes = kvfabric.block_hashes(tokens, BLOCK)
+        hashes = model_hashes(model_dir, tokens)
         wait_for("node2 sees node1's blocks", lambda: any(o.blocks == 4 for o in c.lookup(hashes).overlaps))
         b.add("b", tokens)
         seen = b.run("b")
@@ -271,7 +279,7 @@ def test_real_scheduler_recomputes_a_block_that_failed_to_load(node1, node2, mod
         a.sched.connector.scheduler.wait_idle()
         b = Engine(vllm_config(model_dir, node2.socket))
         c = b.sched.connector.scheduler.client
-        hashes = kvfabric.block_hashes(tokens, BLOCK)
+        hashes = model_hashes(model_dir, tokens)
         wait_for("node2 sees node1's blocks", lambda: any(o.blocks == 4 for o in c.lookup(hashes).overlaps))
         lost = []
 
@@ -303,7 +311,7 @@ def test_real_scheduler_publishes_the_connectors_kv_events(node1, node2, model_d
 
     rng = random.Random(35)
     tokens = [rng.randrange(32000) for _ in range(3 * BLOCK + 5)]
-    hashes = kvfabric.block_hashes(tokens, BLOCK)[:3]
+    hashes = model_hashes(model_dir, tokens)[:3]
 
     def ours(engine: Engine) -> list:
         got: list = []
@@ -353,7 +361,7 @@ def test_real_scheduler_layerwise_loads(node1, node2, model_dir):
         b = Engine(vllm_config(model_dir, node2.socket, layerwise=True))
         assert b.worker.config.layerwise
         c = b.sched.connector.scheduler.client
-        hashes = kvfabric.block_hashes(tokens, BLOCK)[:4]
+        hashes = model_hashes(model_dir, tokens)[:4]
         wait_for("node2 sees node1's blocks", lambda: any(o.blocks == 4 for o in c.lookup(hashes).overlaps))
         b.add("b", tokens, max_tokens=3)  # running after its first step: the cache is checked then
         seen = b.run("b")
@@ -364,3 +372,52 @@ def test_real_scheduler_layerwise_loads(node1, node2, model_dir):
         a.close()
         if b is not None:
             b.close()
+
+
+def test_the_namespace_names_the_model_its_quantization_and_kv_dtype(model_dir):
+    """Engines share blocks only under the same model, revision,
+    quantization and KV cache dtype (fp8 formats alike in memory too)."""
+    base = vllm_config(model_dir, "/unused")
+    ns = model_namespace(base)
+    assert str(model_dir) in ns
+    other = vllm_config(model_dir, "/unused")
+    other.cache_config.cache_dtype = "fp8_e5m2"
+    assert model_namespace(other) != ns
+    other = vllm_config(model_dir, "/unused")
+    other.model_config.revision = "v2"
+    assert model_namespace(other) != ns
+    assert model_namespace(vllm_config(model_dir, "/unused")) == ns
+
+
+def test_pipeline_and_context_parallelism_are_refused(node1, model_dir):
+    for what in ("pipeline_parallel_size", "decode_context_parallel_size"):
+        cfg = vllm_config(model_dir, node1.socket)
+        setattr(cfg.parallel_config, what, 2)
+        with pytest.raises(kvfabric.InvalidArgument, match=what):
+            KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER, kv_cache_config())
+
+
+def test_multimodal_and_embedding_requests_are_neither_loaded_nor_saved(node1, model_dir):
+    """Their KV depends on more than the token ids that name blocks: the
+    connector answers 0 and tracks nothing of theirs to save, where a plain
+    request of the same tokens is tracked."""
+    from types import SimpleNamespace
+
+    c = KVConnectorFactory.create_connector(vllm_config(model_dir, node1.socket), KVConnectorRole.SCHEDULER, kv_cache_config())
+    try:
+        tokens = list(range(4 * BLOCK + 1))
+        kinds = {"mm": {"mm_features": [object()]}, "emb": {"prompt_embeds": torch.zeros(1)}, "plain": {}}
+        new = []
+        for rid, extra in kinds.items():
+            req = SimpleNamespace(request_id=rid, prompt_token_ids=tokens, lora_request=None, cache_salt=None, **extra)
+            if rid != "plain":
+                assert c.get_num_new_matched_tokens(req, 0) == (0, False)
+            new.append(SimpleNamespace(req_id=rid, block_ids=(list(range(5)),), prompt_token_ids=tokens, num_computed_tokens=0, **extra))
+        out = SimpleNamespace(
+            scheduled_new_reqs=new, num_scheduled_tokens={r.req_id: len(tokens) for r in new}, finished_req_ids=set(),
+            scheduled_cached_reqs=SimpleNamespace(req_ids=[], new_block_ids=[], resumed_req_ids=set(), num_computed_tokens=[]),
+        )
+        c.build_connector_meta(out)
+        assert set(c.scheduler._saving) == {"plain"}
+    finally:
+        c.shutdown()
