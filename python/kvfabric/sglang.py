@@ -22,9 +22,10 @@ a backup writes with ``batch_set_v1(keys, host_indices)`` (else
 single-page forms.
 
 Keys are SGLang's page hashes (hex strings of the chained token hashes),
-suffixed as SGLang's file backend does: the model name and, unless the
-model is MLA (replicated across ranks), the TP rank and size, so each rank
-keeps its own shard. The logic is :class:`kvfabric.pagestore.PageStore`'s;
+suffixed as SGLang's file backend does (``page_namespace``): the model
+name; unless the model is MLA (replicated across ranks), the TP rank and
+size; the pipeline stage, the attention context-parallel rank and the decode
+context-parallel shard, so each rank keeps its own shard. The logic is :class:`kvfabric.pagestore.PageStore`'s;
 a read copies the page from the agent's pool into a page buffer that
 SGLang's host pool then takes (``set_from_flat_data_page``, its own copy);
 a write copies SGLang's page (``get_data_page``) into the pool. The pool is
@@ -59,6 +60,25 @@ def _raw(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().view(torch.uint8).reshape(-1).numpy()
 
 
+def page_namespace(c: HiCacheStorageConfig) -> str:
+    """The namespace of a rank's page keys, as SGLang's file backend keys
+    its files: the model; the TP rank and size unless the model is MLA
+    (replicated across TP ranks); the pipeline stage; the attention
+    context-parallel rank (each holds a disjoint slice of every page); and,
+    under decode context parallelism, the TP size, DCP rank and size and
+    logical page size. Ranks that hold different bytes for one page key
+    never share a block."""
+    model = "-".join((c.model_name or "").split("/"))
+    shard = f"_{c.pp_size}_{c.pp_rank}" if c.pp_size > 1 else ""
+    cp_size = getattr(c, "attn_cp_size", 1) or 1
+    if cp_size > 1:
+        shard += f"_cp{c.attn_cp_rank}_{cp_size}"
+    ns = f"{model}{shard}" if c.is_mla_model else f"{model}_{c.tp_rank}_{c.tp_size}{shard}"
+    if getattr(c, "dcp_size", 1) > 1:
+        ns += f"_tp{c.tp_size}_dcp{c.dcp_rank}_{c.dcp_size}_page{c.logical_page_size}"
+    return ns
+
+
 class KVFabricStorage(HiCacheStorage):
     """kvfabric as a HiCache storage backend (see the module doc)."""
 
@@ -67,12 +87,8 @@ class KVFabricStorage(HiCacheStorage):
         unknown = sorted(set(extra) - _KNOWN)
         if unknown:
             raise InvalidArgument(f"kvfabric backend: unknown setting(s) {unknown}; known: {sorted(_KNOWN)}")
-        model = "-".join((storage_config.model_name or "").split("/"))
-        ns = model if storage_config.is_mla_model else f"{model}_{storage_config.tp_rank}_{storage_config.tp_size}"
-        if storage_config.pp_size > 1:
-            ns += f"_{storage_config.pp_size}_{storage_config.pp_rank}"
         self.client = Client(extra.get("socket") or None, engine=f"sglang-{storage_config.tp_rank}")
-        self.store = PageStore(self.client, namespace=ns, slots=int(extra.get("slots", 0)),
+        self.store = PageStore(self.client, namespace=page_namespace(storage_config), slots=int(extra.get("slots", 0)),
                                import_timeout=float(extra.get("import_timeout", 10.0)))
         self.mem_pool_host: Any = None
 

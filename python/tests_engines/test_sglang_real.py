@@ -102,3 +102,25 @@ def test_pages_move_between_nodes(node1, node2):
     finally:
         for s in (a, b, other_rank):
             s.close()
+
+
+def test_ranks_holding_different_bytes_of_a_page_never_share_it():
+    """The namespace tells apart what SGLang's file backend tells apart:
+    TP ranks (unless MLA), pipeline stages, attention context-parallel
+    ranks, decode context-parallel shards."""
+    from dataclasses import replace
+
+    from kvfabric.sglang import page_namespace
+
+    base = storage_config("/unused")
+    variants = [
+        replace(base, tp_rank=1),
+        replace(base, pp_size=2, pp_rank=1),
+        replace(base, attn_cp_size=2, attn_cp_rank=1),
+        replace(base, model_name="org/other"),
+    ]
+    names = {page_namespace(base)} | {page_namespace(v) for v in variants}
+    assert len(names) == 1 + len(variants), names
+    mla = replace(base, is_mla_model=True)
+    assert page_namespace(mla) == page_namespace(replace(mla, tp_rank=1)), "MLA pages are alike on every TP rank"
+    assert page_namespace(replace(mla, attn_cp_size=2, attn_cp_rank=1)) != page_namespace(mla)
