@@ -327,6 +327,14 @@ func (e *engineServer) RegisterBlocks(ctx context.Context, req *fabricpb.Registe
 		// Taken once the engine says the block is written: a write after
 		// this is caught by the first import of it.
 		sum, has := s.takeSum(int(slot))
+		if has && replicasDiffer(s.set, int(slot)) {
+			// Its ranks' copies of a KV head differ: no one content to
+			// serve. The slot stays the engine's, as any refused one.
+			flush()
+			refuse(i, fmt.Errorf("%w (each rank writes the heads it holds alike)", layout.ErrReplicasDiffer))
+			s.hold(b)
+			continue
+		}
 		regs = append(regs, pool.Registration{Block: b, Hash: hashes[i], Sum: sum, HasSum: has})
 		idx = append(idx, i)
 		if len(regs) == pool.MaxRegisterBatch {
@@ -533,7 +541,7 @@ func toStatus(err error) error {
 	case errors.As(err, &alloc), errors.Is(err, pool.ErrExhausted), errors.Is(err, pool.ErrOutOfMemory),
 		errors.Is(err, pool.ErrTooManyLeases):
 		code = codes.ResourceExhausted
-	case errors.Is(err, layout.ErrInvalid), errors.Is(err, layout.ErrBlockSize), errors.Is(err, pool.ErrBadSlot),
+	case errors.Is(err, layout.ErrInvalid), errors.Is(err, layout.ErrBlockSize), errors.Is(err, layout.ErrReplicasDiffer), errors.Is(err, pool.ErrBadSlot),
 		errors.Is(err, pool.ErrInvalidArgument), errors.Is(err, ErrConfig):
 		code = codes.InvalidArgument
 	case errors.Is(err, pool.ErrInvalidTransition), errors.Is(err, pool.ErrStaleBlock):

@@ -39,6 +39,22 @@ func blockSum(set *pool.BlockSet, slot, first, count int) (uint64, bool) {
 	return sum, err == nil
 }
 
+// replicasDiffer says whether slot's copies of some KV head differ between
+// the ranks that hold it (layout.ReplicasMatch), where the set is in host
+// memory and its layout holds a head on several ranks; BlockSum reads each
+// head from one rank only.
+func replicasDiffer(set *pool.BlockSet, slot int) bool {
+	l := set.Layout()
+	if !l.Replicated() {
+		return false
+	}
+	regions, err := set.RegionBytes()
+	if err != nil {
+		return false
+	}
+	return errors.Is(layout.ReplicasMatch(l, regions, slot, 0, l.PageSize), layout.ErrReplicasDiffer)
+}
+
 // takeSum is the checksum of a whole block about to be registered, when
 // checksums are on and the set is in host memory.
 func (es *engineSet) takeSum(slot int) (uint64, bool) {
@@ -71,6 +87,17 @@ func (ch *arrivedChunk) verify() (mismatched []uint64, checked int, sums []uint6
 	}
 	for i, lb := range ch.leased {
 		b := i / k
+		if taken.replicas[b] {
+			// Pages whose sums match can still differ on the ranks that
+			// hold a head twice: refused as a mismatch (the holder, told,
+			// checks its own copies).
+			if i%k == 0 {
+				ch.a.log.Error("import: a block's copies of a KV head differ between ranks; refused", "peer", ch.peer.Name(), "hash", lb.Hash)
+			}
+			mismatched = append(mismatched, lb.Hash)
+			ok[b] = false
+			continue
+		}
 		if !lb.HasSum {
 			ok[b] = false
 			continue
@@ -167,11 +194,14 @@ type chunkSums struct {
 	pageOK  []bool
 	whole   []uint64 // sum of each block, when k > 1 and its pages matched
 	wholeOK []bool
+	// replicas says, per block, that its ranks' copies of some KV head
+	// differ (layout.ReplicasMatch): the sums read each head once.
+	replicas []bool
 }
 
 func newChunkSums(blocks, pages int) *chunkSums {
 	return &chunkSums{pages: make([]uint64, pages), pageOK: make([]bool, pages),
-		whole: make([]uint64, blocks), wholeOK: make([]bool, blocks)}
+		whole: make([]uint64, blocks), wholeOK: make([]bool, blocks), replicas: make([]bool, blocks)}
 }
 
 // sumBlock takes the sums of block b of a chunk, at slot in l's regions
@@ -196,6 +226,7 @@ func (cs *chunkSums) sumBlock(l *layout.Layout, regions [][]byte, leased []trans
 		sum, err := layout.BlockSum(l, regions, slot, 0, l.PageSize)
 		cs.whole[b], cs.wholeOK[b] = sum, err == nil
 	}
+	cs.replicas[b] = errors.Is(layout.ReplicasMatch(l, regions, slot, 0, l.PageSize), layout.ErrReplicasDiffer)
 }
 
 // pinnedSlots maps each of hashes a lease pinned to the slot it held, of
@@ -331,7 +362,7 @@ func (h *peerService) Mismatched(ctx context.Context, peer string, id uint64, ha
 			f(peer, id, x)
 		}
 		got, ok := blockSum(es.set, b.Slot, 0, es.set.Layout().PageSize)
-		if !ok || got == want {
+		if !ok || (got == want && !replicasDiffer(es.set, b.Slot)) {
 			continue
 		}
 		if err := es.set.Withdraw(b); err != nil {
@@ -362,7 +393,7 @@ func (a *Agent) checkCopies(src, dst *pool.BlockSet, from, to []pool.Block, sums
 		if !ok {
 			continue
 		}
-		if got != want {
+		if got != want || replicasDiffer(dst, to[i].Slot) {
 			a.stats.checksumFailed.Add(1)
 			if src.Withdraw(from[i]) == nil {
 				a.stats.checksumWithdrawn.Add(1)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 	"github.com/kvfabric/kvfabric/internal/kvtest"
 	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
@@ -181,5 +182,119 @@ func TestChecksumCatchesLocalCopy(t *testing.T) {
 	}
 	if m := a.Metrics(); m.ChecksumsFailed != 1 || m.ChecksumWithdrawn != 1 || m.ChecksumsVerified != 1 {
 		t.Fatalf("verified %d, failed %d, withdrew %d; want 1, 1 and 1", m.ChecksumsVerified, m.ChecksumsFailed, m.ChecksumWithdrawn)
+	}
+}
+
+// The content checksum reads each KV head from the first rank that holds
+// it; where a layout holds a head on several ranks (MLA at TP 2), the
+// other copies are checked against it too. An engine that registers a
+// block whose ranks differ is refused for it; a holder whose replica
+// changed after registration (rank 1's copy, which the sum does not
+// read) is caught at the first import: the importer, whose rank 1 reads
+// the holder's rank 1, refuses the chunk and registers none of it, and
+// the holder, told, finds its copies differ and withdraws the block.
+func TestChecksumCatchesAReplicaThatDiffers(t *testing.T) {
+	agents := clusterWith(t, 2, func(_ int, c *fabric.Config) { c.PeerTimeout = 10 * time.Second })
+	holder, importer := agents[0], agents[1]
+	mla := layout.ModelConfig{Layers: 2, KVHeads: 1, HeadDim: 64, DType: layout.DTypeBF16, MLA: true}
+	e := client.Engine{Name: "mla", Model: mla, TPSize: 2, PageSize: 16, Order: layout.NHD, Slots: 32}
+	ctx := context.Background()
+	hc := dial(t, holder)
+	hset := register(t, hc, e)
+	flip := func(slot uint32) { hset.Ranks[1][hset.Layout.ChunkOffset(int(slot), 1, 0)+5] ^= 0x40 }
+
+	// Registered with its replicas differing: refused, the others taken.
+	slots, err := hc.Allocate(ctx, hset.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range slots {
+		kvtest.Fill(hset.Layout, hset.Ranks, int(s), 900+uint64(i))
+	}
+	flip(slots[1])
+	resp, err := hc.API().RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: hset.ID, Slots: slots, Hashes: sumHashes(9, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resp.Results[1]; r.Outcome != fabricpb.Outcome_OUTCOME_REFUSED || !strings.Contains(r.Reason, "copies of a head differ") {
+		t.Fatalf("a block whose ranks differ: %v %q, want refused naming the copies", r.Outcome, r.Reason)
+	}
+	if r := resp.Results[0]; r.Outcome != fabricpb.Outcome_OUTCOME_REGISTERED {
+		t.Fatalf("the block alike on both ranks: %v %q", r.Outcome, r.Reason)
+	}
+
+	// Changed on rank 1 after registration: the import refuses it.
+	hashes := sumHashes(10, 3)
+	reg, err := hc.Allocate(ctx, hset.ID, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range reg {
+		kvtest.Fill(hset.Layout, hset.Ranks, int(s), 1+uint64(i))
+	}
+	if _, err := hc.RegisterBlocks(ctx, hset.ID, reg, hashes); err != nil {
+		t.Fatal(err)
+	}
+	flip(reg[1])
+	waitHeld(t, importer, holder, 4)
+	c := dial(t, importer)
+	set := register(t, c, e)
+	got, err := c.Import(ctx, set.ID, hashes)
+	if err == nil && len(got.GetBlocks()) > 1 {
+		t.Fatalf("import of a block whose replica changed brought %d blocks", len(got.GetBlocks()))
+	}
+	if why := fmt.Sprint(err, got.GetError()); !strings.Contains(why, "checksum") {
+		t.Fatalf("import refused for %q, want the checksum named", why)
+	}
+	for _, h := range hashes[1:] {
+		if refs, _ := c.Acquire(ctx, set.ID, []uint64{h}); len(refs) != 0 {
+			t.Fatalf("block %x registered on the importer", h)
+		}
+	}
+	if m := importer.Metrics(); m.ChecksumsFailed != 1 {
+		t.Fatalf("importer counted %d failed checks, want 1", m.ChecksumsFailed)
+	}
+	wait.For(t, 30*time.Second, "the holder withdrew the block", func() error {
+		if m := holder.Metrics(); m.ChecksumWithdrawn != 1 {
+			return fmt.Errorf("%d withdrawn", m.ChecksumWithdrawn)
+		}
+		return nil
+	})
+
+	// Copied into another set of the holder's node: either the copy reads
+	// each head from its first rank (then every block lands right), or it
+	// stops before the block and withdraws it; never a block that differs.
+	local := sumHashes(11, 3)
+	reg, err = hc.Allocate(ctx, hset.ID, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range reg {
+		kvtest.Fill(hset.Layout, hset.Ranks, int(s), 201+uint64(i))
+	}
+	if _, err := hc.RegisterBlocks(ctx, hset.ID, reg, local); err != nil {
+		t.Fatal(err)
+	}
+	flip(reg[1])
+	other := e
+	other.Name, other.Order = "mla-reader", layout.HND // another set: a copy, not a look-up
+	rset := register(t, hc, other)
+	if rset.ID == hset.ID {
+		t.Fatal("the reader shares the writer's block set: nothing is copied")
+	}
+	lresp, err := hc.Import(ctx, rset.ID, local)
+	n := len(lresp.GetBlocks())
+	t.Logf("the local copy brought %d blocks", n)
+	if n != 3 && n != 1 {
+		t.Fatalf("a local copy past a block whose replica changed: %d blocks (%v), want 3 or the one before it", n, err)
+	}
+	checkImported(t, rset, lresp.GetBlocks(), 201)
+	for i, b := range lresp.GetBlocks() {
+		if err := layout.ReplicasMatch(rset.Layout, rset.Ranks, int(b.Slot), 0, 16); err != nil {
+			t.Fatalf("block %d copied: %v", i, err)
+		}
+	}
+	if m := holder.Metrics(); n == 1 && m.ChecksumWithdrawn != 2 {
+		t.Fatalf("holder withdrew %d blocks after the local copy stopped, want 2", m.ChecksumWithdrawn)
 	}
 }

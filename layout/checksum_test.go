@@ -184,3 +184,83 @@ func TestBlockSumGolden(t *testing.T) {
 		}
 	}
 }
+
+// BlockSum reads each KV head from the first rank holding it; where a
+// layout holds a head on several ranks (MLA at TP 2 and more, more ranks
+// than heads), ReplicasMatch checks every other copy against that one:
+// every byte of a replica's data changed is found, though the block's
+// sum does not change, and a layout with no replicas is never refused.
+func TestReplicasMatchFindsEveryByteOfAReplica(t *testing.T) {
+	models := map[string]layout.ModelConfig{
+		"gqa": {Layers: 2, KVHeads: 4, HeadDim: 8, DType: layout.DTypeF16},
+		"mla": {Layers: 2, KVHeads: 1, HeadDim: 16, DType: layout.DTypeBF16, MLA: true},
+	}
+	for name, m := range models {
+		for _, tp := range []int{1, 2, 4, 8} {
+			for _, order := range []layout.KVOrder{layout.NHD, layout.HND} {
+				for _, arr := range []layout.Arrangement{layout.FullyContiguous, layout.LayerSeparate} {
+					desc := fmt.Sprintf("%s tp %d order %v arrangement %v", name, tp, order, arr)
+					l, ranks := sumLayout(m, 4, tp, order, arr, 64)
+					wantReplicas := tp > 1 && (m.MLA || tp > m.KVHeads)
+					if l.Replicated() != wantReplicas {
+						t.Fatalf("%s: Replicated %v", desc, l.Replicated())
+					}
+					// The bytes of slot 1 on each rank: those that another
+					// content changes.
+					kvtest.Fill(l, ranks, 1, 43)
+					other := make([][]byte, tp)
+					for r := range ranks {
+						other[r] = append([]byte(nil), ranks[r]...)
+					}
+					kvtest.Fill(l, ranks, 1, 42)
+					if err := layout.ReplicasMatch(l, ranks, 1, 0, 4); err != nil {
+						t.Fatalf("%s: a block written alike on every rank: %v", desc, err)
+					}
+					sum, _ := layout.BlockSum(l, ranks, 1, 0, 4)
+					found := 0
+					for r := range ranks {
+						for i := range ranks[r] {
+							if ranks[r][i] == other[r][i] {
+								continue
+							}
+							ranks[r][i] ^= 0x5a
+							err := layout.ReplicasMatch(l, ranks, 1, 0, 4)
+							now, _ := layout.BlockSum(l, ranks, 1, 0, 4)
+							ranks[r][i] ^= 0x5a
+							if now != sum {
+								continue // a byte BlockSum reads: the sum catches it
+							}
+							found++
+							if !errors.Is(err, layout.ErrReplicasDiffer) {
+								t.Fatalf("%s: rank %d byte %d changed, unseen by the sum: %v, want ErrReplicasDiffer", desc, r, i, err)
+							}
+						}
+					}
+					if wantReplicas != (found > 0) {
+						t.Fatalf("%s: %d bytes the sum does not read; replicas %v", desc, found, wantReplicas)
+					}
+				}
+			}
+		}
+	}
+}
+
+// ReplicasMatch over some tokens checks those tokens only: a replica
+// differing in a token outside them is not refused.
+func TestReplicasMatchOfPages(t *testing.T) {
+	m := layout.ModelConfig{Layers: 2, KVHeads: 1, HeadDim: 8, DType: layout.DTypeF32, MLA: true}
+	l, ranks := sumLayout(m, 8, 2, layout.HND, layout.FullyContiguous, 64)
+	kvtest.Fill(l, ranks, 0, 7)
+	// Token 6 of rank 1's latent in layer 0: past the first page of 4.
+	off := l.ChunkOffset(0, 0, 0) + 6*8*4
+	ranks[1][off] ^= 1
+	if err := layout.ReplicasMatch(l, ranks, 0, 0, 4); err != nil {
+		t.Fatalf("tokens [0, 4): %v", err)
+	}
+	if err := layout.ReplicasMatch(l, ranks, 0, 4, 4); !errors.Is(err, layout.ErrReplicasDiffer) {
+		t.Fatalf("tokens [4, 8): %v, want ErrReplicasDiffer", err)
+	}
+	if err := layout.ReplicasMatch(l, ranks, 0, 4, 5); !errors.Is(err, layout.ErrInvalid) {
+		t.Fatalf("tokens [4, 9) of a page of 8: %v, want ErrInvalid", err)
+	}
+}
