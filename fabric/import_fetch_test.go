@@ -2,6 +2,7 @@ package fabric_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
+	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 )
 
@@ -96,4 +99,53 @@ func TestImportDiscardsChunkReadWhileEarlierReleaseFails(t *testing.T) {
 	if _, err := c.Allocate(ctx, set.ID, n); err != nil {
 		t.Fatalf("allocating all %d slots after the failed import: %v", n, err)
 	}
+}
+
+// A chunk whose release gets no answer within the import's time (the
+// holder stalled on it) is not left pinned on the holder for the lease's
+// term: the release is tried again in the background, and the holder's
+// lease ends as soon as it answers.
+func TestImportReleaseWithNoAnswerIsTriedAgain(t *testing.T) {
+	var stalled atomic.Bool
+	unstall := make(chan struct{})
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i != 0 {
+			return
+		}
+		fabric.BeforeServeRelease(c, func(string, uint64) bool {
+			if stalled.CompareAndSwap(false, true) {
+				select { // the first release: no answer until the test ends
+				case <-unstall:
+				case <-time.After(time.Minute):
+				}
+			}
+			return true
+		})
+	})
+	t.Cleanup(func() { close(unstall) }) // before the agents stop: the stalled release ends
+	holder, importer := agents[0], agents[1]
+	e := client.Engine{Name: "producer", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 64}
+	hashes := produceBlocks(t, holder, importer, e, 8)
+	ctx := context.Background()
+	c := dial(t, importer)
+	e.Name = "importer"
+	set := register(t, c, e)
+	_, err := c.API().Import(ctx, &fabricpb.ImportRequest{BlockSet: set.ID, Hashes: hashes, TimeoutMs: 2000})
+	if err == nil {
+		t.Fatal("an import whose release got no answer succeeded")
+	}
+	if !stalled.Load() {
+		t.Fatal("the holder saw no release")
+	}
+	hc := dial(t, holder)
+	wait.For(t, 30*time.Second, "the holder's lease released by a later try", func() error {
+		st, err := hc.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if st.Leases != 0 {
+			return fmt.Errorf("%d leases held", st.Leases)
+		}
+		return nil
+	})
 }
