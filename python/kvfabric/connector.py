@@ -376,6 +376,7 @@ class Counters:
         "saved_bytes",
         "save_errors",
         "saves_skipped",
+        "saves_over_failed_loads",
     )
 
     def __init__(self) -> None:
@@ -463,6 +464,11 @@ class SchedulerSide:
         #: Per step: the client and block set its slots were allocated in,
         #: the saves, and per saved hash its BlockEvent.
         self._pending_saves: dict[int, tuple[Client, BlockSet, list[SavePlan], dict[int, BlockEvent]]] = {}
+        #: Per step with saves, each saving request's engine block table as
+        #: the step saw it, and the requests whose saves of the step are
+        #: dropped (computed over a block whose load failed).
+        self._save_tables: dict[int, dict[str, frozenset[int]]] = {}
+        self._poisoned: dict[int, set[str]] = {}
         self._events: list[BlockEvent] = []
         self._loading: dict[int, list[_Request]] = {}
         self._step = 0
@@ -556,6 +562,8 @@ class SchedulerSide:
                     # is looked up again.
                     r.state = _State.DONE
             self._pending_saves.clear()
+            self._save_tables.clear()
+            self._poisoned.clear()
             self._loading.clear()
         old.close()
         self.log.info("kvfabric: reconnected to the agent on %s: block set %d", node, bs.id)
@@ -715,6 +723,9 @@ class SchedulerSide:
                             )
                 if plan.saves:
                     self._pending_saves[step] = (client, bs, plan.saves, events)
+                    self._save_tables[step] = {
+                        p.req_id: frozenset(scheduled[p.req_id][0]) for p in plan.saves if p.req_id in scheduled
+                    }
         self._maybe_log_stats()
         return plan
 
@@ -727,9 +738,13 @@ class SchedulerSide:
             return
         failed_reqs = rep.failed_requests if rep is not None else set()
         with self._lock:
+            if rep is not None and rep.load_errors:
+                self._poison(step, rep.load_errors, failed_reqs)
             # Steps before this one that never reported are given up.
             done = [s for s in set(self._pending_saves) | set(self._loading) if s <= step]
-            pending = [(s, *self._pending_saves.pop(s)) for s in done if s in self._pending_saves]
+            pending = [(s, *self._pending_saves.pop(s), self._poisoned.pop(s, set())) for s in done if s in self._pending_saves]
+            for s in done:
+                self._save_tables.pop(s, None)
             loads = [r for s in done for r in self._loading.pop(s, [])]
             for r in loads:
                 if r.state is _State.LOADING:
@@ -753,11 +768,43 @@ class SchedulerSide:
         if rep is not None and rep.gone:
             with self._lock:
                 self._events.extend(BlockEvent(False, "gone", h) for h in sorted(rep.gone))
-        for s, client, bs, saves, events in pending:
-            # A step given up (no report of its own) registers nothing.
+        for s, client, bs, saves, events, poisoned in pending:
+            # A step given up (no report of its own) registers nothing, nor
+            # does a request's save computed over a block whose load failed.
             ours = rep is not None and s == rep.step
-            unwritten = {slot for p in saves for slot in p.slots if not ours or written.get(slot, 0) < tp}
+            unwritten = {
+                slot for p in saves for slot in p.slots if not ours or written.get(slot, 0) < tp or p.req_id in poisoned
+            }
             self._registrar.submit(self._register, client, bs, saves, unwritten, rep.saved_bytes if ours and rep else 0, events)
+
+    def _poison(self, step: int, load_errors: set[int], failed_reqs: set[str]) -> None:
+        """A load of step failed for the engine blocks load_errors: every
+        save of that step or a later one already planned (the engine plans
+        the next step before this report, and lets another request use a
+        block whose load failed) by a request whose block table holds one
+        of them was computed over KV that is not its own, and is dropped;
+        such a request other than the one whose load failed (which the
+        engine recomputes, and saves again) saves nothing more. Called
+        with the lock held."""
+        for s, tables in self._save_tables.items():
+            if s < step:
+                continue
+            for req_id, table in tables.items():
+                if table.isdisjoint(load_errors):
+                    continue
+                self._poisoned.setdefault(s, set()).add(req_id)
+                if req_id not in failed_reqs:
+                    if self._saving.pop(req_id, None) is not None:
+                        self.counters.add("saves_over_failed_loads")
+                        self.log.warning("kvfabric: request %s used a block whose load failed: not saved from here on", req_id)
+                    continue
+                # The engine recomputes it: the blocks whose saves are
+                # dropped are saved again as they are computed.
+                sv = self._saving.get(req_id)
+                pending = self._pending_saves.get(s)
+                for p in pending[2] if pending is not None else []:
+                    if sv is not None and p.req_id == req_id and p.hashes and p.hashes[0] in sv.hashes:
+                        sv.next_block = min(sv.next_block, sv.hashes.index(p.hashes[0]))
 
     def _register(
         self, client: Client, bs: BlockSet, saves: list[SavePlan], failed: set[int], saved_bytes: int,

@@ -807,3 +807,46 @@ def test_namespaces_keep_same_shape_models_apart(node1):
             assert e.check(r) == len(r.tokens)
         finally:
             e.close()
+
+
+def test_saves_over_a_failed_load_are_dropped_in_every_step_planned_before_its_report(node1):
+    """vLLM plans step k+1 before step k's report, and lets another request
+    use a block whose load failed: every save of such a request, in step k
+    and in the steps planned before the report, is freed rather than
+    registered, and that request saves nothing more; the request whose load
+    failed saves again once recomputed."""
+    from kvfabric.connector import SchedulerSide, WorkerReport
+
+    page = SPEC.block_size
+    s = SchedulerSide(ConnectorConfig(socket=node1.socket), SPEC, engine="poison")
+    try:
+        ta, tb, tc = prompt(4 * page + 1, seed=51), prompt(4 * page + 1, seed=52), prompt(4 * page + 1, seed=53)
+        for rid, t in (("a", ta), ("b", tb), ("c", tc)):
+            s.track(rid, t, 0)
+        # Engine block 7 failed to load for a in step 1; b's table holds it
+        # too (a shared prefix); c's does not.
+        tables = {"a": [7, 10, 11, 12], "b": [7, 20, 21, 22], "c": [30, 31, 32, 33]}
+        one = s.build({rid: (tbl, 2 * page) for rid, tbl in tables.items()})
+        two = s.build({rid: (tbl, 4 * page) for rid, tbl in tables.items()})
+        assert {p.req_id for p in one.saves} == {p.req_id for p in two.saves} == {"a", "b", "c"}
+
+        def written(plan):
+            return {slot: 1 for p in plan.saves for slot in p.slots}
+
+        s.report(WorkerReport(one.step, load_errors={7}, failed_requests={"a"}, saved=written(one)))
+        s.report(WorkerReport(two.step, saved=written(two)))
+        s.wait_idle()
+
+        def held(tokens):
+            return max((o.blocks for o in s.client.lookup(kvfabric.block_hashes(tokens, page)).overlaps), default=0)
+
+        assert held(tc) == 4, "c used no failed block: saved"
+        assert held(tb) == 0, "b's blocks computed over a failed load were registered"
+        assert held(ta) == 0, "a's blocks of the step whose load failed were registered"
+        st = s.stats()
+        assert st["saves_over_failed_loads"] == 1 and "b" not in s._saving and "a" in s._saving, st
+        # a is recomputed from block 0 and saves again.
+        again = s.build({"a": (tables["a"], 4 * page)})
+        assert [p.req_id for p in again.saves] == ["a"] and len(again.saves[0].hashes) == 4
+    finally:
+        s.close()
