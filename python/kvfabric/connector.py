@@ -56,7 +56,7 @@ import numpy as np
 from . import cuda
 from .blockset import BlockSet, DType, KVOrder, ModelConfig
 from .client import Client, Outcome
-from .errors import InvalidArgument, KvfabricError, NotFound, PermissionDenied, ResourceExhausted
+from .errors import DeadlineExceeded, InvalidArgument, KvfabricError, NotFound, PermissionDenied, ResourceExhausted
 from .hashing import block_hashes
 
 __all__ = [
@@ -96,7 +96,12 @@ class ConnectorConfig:
     (the engine's model, revision, quantization and KV cache dtype), ""
     (none: bare token hashes, as Dynamo's router computes them; only for a
     cluster that serves one model) or any other string (the engines that
-    share blocks name the same).
+    share blocks name the same). call_timeout: seconds the calls on an
+    engine step's path wait for the agent (the scheduler's allocation of
+    slots to save into, a worker's acquire of the blocks it loads); one that
+    runs out skips the step's saves (and, on the scheduler, saves for
+    save_pause seconds) or loads (recomputed), so that an agent that hangs
+    costs a step this much, not the client's 30 s.
     """
 
     socket: str = ""
@@ -110,6 +115,8 @@ class ConnectorConfig:
     stats_interval: float = 60.0
     layerwise: bool = False
     namespace: str = "auto"
+    call_timeout: float = 2.0
+    save_pause: float = 10.0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "ConnectorConfig":
@@ -140,7 +147,7 @@ class ConnectorConfig:
                     v = float(v)
             out[k] = v
         cfg = cls(**out)
-        for k in ("lookup_timeout", "import_timeout"):
+        for k in ("lookup_timeout", "import_timeout", "call_timeout"):
             if getattr(cfg, k) <= 0:
                 raise InvalidArgument(f"kvfabric connector: {k} must be > 0 seconds")
         return cfg
@@ -472,6 +479,7 @@ class SchedulerSide:
         self._events: list[BlockEvent] = []
         self._loading: dict[int, list[_Request]] = {}
         self._step = 0
+        self._saves_paused_until = 0.0
         self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="kvfabric-lookup")
         self._registrar = cf.ThreadPoolExecutor(1, thread_name_prefix="kvfabric-register")
         self._last_stats = time.monotonic()
@@ -697,14 +705,24 @@ class SchedulerSide:
         if wanted:
             need = sum(len(w[1]) for w in wanted)
             slots: list[int] = []
-            try:
-                slots = client.allocate(bs, need)
-            except ResourceExhausted as e:
+            if time.monotonic() < self._saves_paused_until:
                 self.counters.add("saves_skipped", need)
-                self.log.info("kvfabric: pool full, not saving %d blocks this step: %s", need, e)
-            except KvfabricError as e:
-                self.counters.add("saves_skipped", need)
-                self.log.warning("kvfabric: allocating %d slots failed, not saving them: %s", need, e)
+            else:
+                try:
+                    slots = client.allocate(bs, need, timeout=self.config.call_timeout)
+                except ResourceExhausted as e:
+                    self.counters.add("saves_skipped", need)
+                    self.log.info("kvfabric: pool full, not saving %d blocks this step: %s", need, e)
+                except DeadlineExceeded as e:
+                    # The agent does not answer: the next steps do not wait
+                    # on it for their saves either, for a while.
+                    self._saves_paused_until = time.monotonic() + self.config.save_pause
+                    self.counters.add("saves_skipped", need)
+                    self.log.warning("kvfabric: the agent did not answer an allocation within %.1f s: not saving for %.0f s: %s",
+                                     self.config.call_timeout, self.config.save_pause, e)
+                except KvfabricError as e:
+                    self.counters.add("saves_skipped", need)
+                    self.log.warning("kvfabric: allocating %d slots failed, not saving them: %s", need, e)
             with self._lock:
                 if client is not self.client:
                     slots = []  # the session ended meanwhile: its slots went with it
@@ -1275,7 +1293,7 @@ class WorkerSide:
                              self.rank, incarnation(bs) if bs else None, plan_incarnation, len(lp.block_ids))
             return None
         try:
-            refs = self.client.acquire(bs, lp.hashes)
+            refs = self.client.acquire(bs, lp.hashes, timeout=self.config.call_timeout)
         except KvfabricError as e:
             rep.failed_requests.add(lp.req_id)
             rep.load_errors.update(lp.block_ids)

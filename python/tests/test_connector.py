@@ -3,6 +3,7 @@ against two real agents; every element of every computed token checked."""
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -848,5 +849,42 @@ def test_saves_over_a_failed_load_are_dropped_in_every_step_planned_before_its_r
         # a is recomputed from block 0 and saves again.
         again = s.build({"a": (tables["a"], 4 * page)})
         assert [p.req_id for p in again.saves] == ["a"] and len(again.saves[0].hashes) == 4
+    finally:
+        s.close()
+
+
+def test_an_agent_that_does_not_answer_costs_a_step_the_call_timeout(pair):
+    """An agent that hangs (stopped here) holds the scheduler's step for
+    call_timeout, not the client's 30 s: the step's saves are skipped, and
+    the steps after it do not ask again for save_pause seconds."""
+    import signal
+
+    from kvfabric.connector import SchedulerSide
+
+    holder, _ = pair
+    page = SPEC.block_size
+    s = SchedulerSide(ConnectorConfig(socket=holder.socket, call_timeout=0.5, save_pause=600), SPEC, engine="hang")
+    asked: list = []
+    real = s.client.allocate
+
+    def allocate(*a, **k):
+        asked.append(k.get("timeout"))
+        return real(*a, **k)
+
+    s.client.allocate = allocate  # type: ignore[method-assign]
+    try:
+        s.track("r", prompt(4 * page + 1, seed=61), 0)
+        table = [1, 2, 3, 4]
+        os.kill(holder.proc.pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            one = s.build({"r": (table, 2 * page)})
+            took = time.monotonic() - start
+            two = s.build({"r": (table, 4 * page)})
+        finally:
+            os.kill(holder.proc.pid, signal.SIGCONT)
+        assert one.saves == [] and two.saves == [] and asked == [0.5], asked
+        assert took < 15, f"a step waited {took:.1f} s on an agent that does not answer"
+        assert s.stats()["saves_skipped"] == 4
     finally:
         s.close()
