@@ -35,6 +35,18 @@ func sumHashes(seed uint32, n int) []uint64 {
 // it, as an engine with a bug would after registering.
 func holdBlocks(t *testing.T, a *fabric.Agent, e client.Engine, hashes []uint64, first uint64, overwrite ...int) {
 	t.Helper()
+	holdChanged(t, a, e, hashes, first, func(set *client.BlockSet, slots []uint32) {
+		for _, i := range overwrite {
+			kvtest.Fill(set.Layout, set.Ranks, int(slots[i]), 0xbad)
+		}
+	})
+}
+
+// holdChanged registers hashes on a with content ids first, first+1, ...
+// in a set of engine e, then has change write into their slots, as an
+// engine with a bug would after registering.
+func holdChanged(t *testing.T, a *fabric.Agent, e client.Engine, hashes []uint64, first uint64, change func(*client.BlockSet, []uint32)) {
+	t.Helper()
 	ctx := context.Background()
 	c := dial(t, a)
 	set := register(t, c, e)
@@ -48,9 +60,7 @@ func holdBlocks(t *testing.T, a *fabric.Agent, e client.Engine, hashes []uint64,
 	if _, err := c.RegisterBlocks(ctx, set.ID, slots, hashes); err != nil {
 		t.Fatal(err)
 	}
-	for _, i := range overwrite {
-		kvtest.Fill(set.Layout, set.Ranks, int(slots[i]), 0xbad)
-	}
+	change(set, slots)
 }
 
 // waitHeld waits until on's index says holder holds n blocks.
@@ -201,7 +211,11 @@ func TestChecksumCatchesAReplicaThatDiffers(t *testing.T) {
 	ctx := context.Background()
 	hc := dial(t, holder)
 	hset := register(t, hc, e)
-	flip := func(slot uint32) { hset.Ranks[1][hset.Layout.ChunkOffset(int(slot), 1, 0)+5] ^= 0x40 }
+	// flipSecond changes rank 1's copy of the second block, which the sum
+	// does not read.
+	flipSecond := func(set *client.BlockSet, slots []uint32) {
+		set.Ranks[1][set.Layout.ChunkOffset(int(slots[1]), 1, 0)+5] ^= 0x40
+	}
 
 	// Registered with its replicas differing: refused, the others taken.
 	slots, err := hc.Allocate(ctx, hset.ID, 2)
@@ -211,7 +225,7 @@ func TestChecksumCatchesAReplicaThatDiffers(t *testing.T) {
 	for i, s := range slots {
 		kvtest.Fill(hset.Layout, hset.Ranks, int(s), 900+uint64(i))
 	}
-	flip(slots[1])
+	flipSecond(hset, slots)
 	resp, err := hc.API().RegisterBlocks(ctx, &fabricpb.RegisterBlocksRequest{BlockSet: hset.ID, Slots: slots, Hashes: sumHashes(9, 2)})
 	if err != nil {
 		t.Fatal(err)
@@ -225,17 +239,7 @@ func TestChecksumCatchesAReplicaThatDiffers(t *testing.T) {
 
 	// Changed on rank 1 after registration: the import refuses it.
 	hashes := sumHashes(10, 3)
-	reg, err := hc.Allocate(ctx, hset.ID, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range reg {
-		kvtest.Fill(hset.Layout, hset.Ranks, int(s), 1+uint64(i))
-	}
-	if _, err := hc.RegisterBlocks(ctx, hset.ID, reg, hashes); err != nil {
-		t.Fatal(err)
-	}
-	flip(reg[1])
+	holdChanged(t, holder, e, hashes, 1, flipSecond)
 	waitHeld(t, importer, holder, 4)
 	c := dial(t, importer)
 	set := register(t, c, e)
@@ -265,17 +269,7 @@ func TestChecksumCatchesAReplicaThatDiffers(t *testing.T) {
 	// each head from its first rank (then every block lands right), or it
 	// stops before the block and withdraws it; never a block that differs.
 	local := sumHashes(11, 3)
-	reg, err = hc.Allocate(ctx, hset.ID, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range reg {
-		kvtest.Fill(hset.Layout, hset.Ranks, int(s), 201+uint64(i))
-	}
-	if _, err := hc.RegisterBlocks(ctx, hset.ID, reg, local); err != nil {
-		t.Fatal(err)
-	}
-	flip(reg[1])
+	holdChanged(t, holder, e, local, 201, flipSecond)
 	other := e
 	other.Name, other.Order = "mla-reader", layout.HND // another set: a copy, not a look-up
 	rset := register(t, hc, other)

@@ -711,6 +711,19 @@ def _reconnect(e: SimEngine, agent, join: str | None = None) -> None:
     s.wait_idle()
 
 
+def answered(agent, tokens: list[int]) -> SimEngine:
+    """An engine on agent, which holds tokens' 4 full blocks, whose
+    scheduler half has answered request "r" with all of them (its load not
+    yet planned)."""
+    stored(agent, tokens)
+    e = SimEngine(agent.socket, SPEC, name="reader")
+    s = e.scheduler
+    assert s.matched("r", tokens, 0) is None
+    s.wait_idle()
+    assert s.matched("r", tokens, 0) == 4 * 16
+    return e
+
+
 def test_a_promise_made_before_the_agent_restarts_is_loaded_or_recomputed(pair):
     """A request answered (its blocks promised to the engine) before the
     agent restarted, then scheduled: the engine counts the promised tokens
@@ -719,13 +732,8 @@ def test_a_promise_made_before_the_agent_restarts_is_loaded_or_recomputed(pair):
     and every element is right."""
     holder, reader = pair
     tokens = prompt(4 * 16 + 3, seed=41)
-    stored(reader, tokens)
-    e = SimEngine(reader.socket, SPEC, name="reader")
+    e = answered(reader, tokens)
     try:
-        s = e.scheduler
-        assert s.matched("r", tokens, 0) is None
-        s.wait_idle()
-        assert s.matched("r", tokens, 0) == 4 * 16
         _reconnect(e, reader, join=holder.gossip)
         r = e.add("r", tokens)
         e.run()
@@ -743,13 +751,9 @@ def test_a_request_asked_again_while_its_load_is_under_way_waits(pair):
     load is not planned."""
     holder, _ = pair
     tokens = prompt(4 * 16 + 3, seed=42)
-    stored(holder, tokens)
-    e = SimEngine(holder.socket, SPEC, name="reader")
+    e = answered(holder, tokens)
     try:
         s = e.scheduler
-        assert s.matched("r", tokens, 0) is None
-        s.wait_idle()
-        assert s.matched("r", tokens, 0) == 4 * 16
         blocks = list(range(10))
         s.allocated("r", blocks, 4 * 16)
         first = s.build({"r": (blocks, 4 * 16 + 3)})
@@ -773,13 +777,9 @@ def test_a_load_under_way_as_the_agent_restarts_is_looked_up_again(pair):
     holds nothing, so nothing is promised)."""
     holder, reader = pair
     tokens = prompt(4 * 16 + 3, seed=43)
-    stored(reader, tokens)
-    e = SimEngine(reader.socket, SPEC, name="reader")
+    e = answered(reader, tokens)
     try:
         s = e.scheduler
-        assert s.matched("r", tokens, 0) is None
-        s.wait_idle()
-        assert s.matched("r", tokens, 0) == 4 * 16
         s.allocated("r", list(range(10)), 4 * 16)
         assert len(s.build({"r": (list(range(10)), 4 * 16 + 3)}).loads) == 1
         _reconnect(e, reader, join=holder.gossip)
