@@ -264,3 +264,33 @@ func TestReplicasMatchOfPages(t *testing.T) {
 		t.Fatalf("tokens [4, 9) of a page of 8: %v, want ErrInvalid", err)
 	}
 }
+
+// BenchmarkReplicasMatch measures what checking every rank's copy of a
+// replicated block adds to its checksum, which reads one copy: a block of
+// DeepSeek-V3's MLA shape (61 layers, a latent of 576 bf16, 64 tokens) at
+// TP 2 and 8, BlockSum and ReplicasMatch in turn on the same block.
+// x-sum is the check's time over the sum's.
+func BenchmarkReplicasMatch(b *testing.B) {
+	m := layout.ModelConfig{Layers: 61, KVHeads: 1, HeadDim: 576, DType: layout.DTypeBF16, MLA: true}
+	for _, tp := range []int{2, 8} {
+		b.Run(fmt.Sprintf("TP%d", tp), func(b *testing.B) {
+			l, ranks := sumLayout(m, 64, tp, layout.NHD, layout.FullyContiguous, 4096)
+			kvtest.Fill(l, ranks, 1, 5)
+			var sumT, checkT time.Duration
+			b.SetBytes(int64(tp) * int64(l.Strides().Block))
+			for b.Loop() {
+				t0 := time.Now()
+				if _, err := layout.BlockSum(l, ranks, 1, 0, 64); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if err := layout.ReplicasMatch(l, ranks, 1, 0, 64); err != nil {
+					b.Fatal(err)
+				}
+				checkT += time.Since(t1)
+				sumT += t1.Sub(t0)
+			}
+			b.ReportMetric(float64(checkT)/float64(sumT), "x-sum")
+		})
+	}
+}
