@@ -101,7 +101,9 @@ class ConnectorConfig:
     slots to save into, a worker's acquire of the blocks it loads); one that
     runs out skips the step's saves (and, on the scheduler, saves for
     save_pause seconds) or loads (recomputed), so that an agent that hangs
-    costs a step this much, not the client's 30 s.
+    holds the scheduler's step this much, and a worker this much for each
+    request it loads, not the client's 30 s (the release after a load keeps
+    the client's timeout).
     """
 
     socket: str = ""
@@ -563,11 +565,13 @@ class SchedulerSide:
             old, self.client, self.block_set, self.node = self.client, c, bs, node
             for r in self._reqs.values():
                 r.refs = []  # released with the old session
-                if r.state is _State.LOADING:
+                if r.state is _State.LOADING and r.step >= 0:
                     # Its step's plan names the old session's block set:
                     # the workers report its blocks as load errors, and
                     # the report no longer finds it here. Re-admitted, it
-                    # is looked up again.
+                    # is looked up again. One not yet in a plan stays to
+                    # be planned, by hash, against the new set: what the
+                    # engine was promised is loaded or reported failed.
                     r.state = _State.DONE
             self._pending_saves.clear()
             self._save_tables.clear()

@@ -888,3 +888,22 @@ def test_an_agent_that_does_not_answer_costs_a_step_the_call_timeout(pair):
         assert s.stats()["saves_skipped"] == 4
     finally:
         s.close()
+
+
+def test_a_load_promised_and_not_yet_planned_as_the_agent_restarts_is_planned(pair):
+    """Allocated (the engine counts the tokens as loaded) but not yet in a
+    step's plan when the agent restarts: the next plan still loads it, by
+    hash, against the new session's set, so its blocks are loaded or
+    reported failed, never left unwritten."""
+    holder, reader = pair
+    tokens = prompt(4 * 16 + 3, seed=45)
+    e = answered(reader, tokens)
+    try:
+        s = e.scheduler
+        s.allocated("r", list(range(10)), 4 * 16)
+        _reconnect(e, reader, join=holder.gossip)
+        plan = s.build({"r": (list(range(10)), 4 * 16 + 3)})
+        assert len(plan.loads) == 1 and plan.loads[0].hashes == kvfabric.block_hashes(tokens, 16)[:4]
+        assert plan.block_set == s.block_set.id, "planned against the new session's set"
+    finally:
+        e.close()
