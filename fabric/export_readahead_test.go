@@ -176,27 +176,6 @@ func HoldRestores(a *Agent, f func()) {
 	a.tiers.restoring.Store(&f)
 }
 
-// OnLossAnnounced makes a's tiers call f as a block found lost is
-// forgotten and its loss announced (each taker of announceMu; nil: none).
-func OnLossAnnounced(a *Agent, f func()) {
-	if f == nil {
-		a.tiers.beforeOrder.Store(nil)
-		return
-	}
-	a.tiers.beforeOrder.Store(&f)
-}
-
-// OnTierRead makes a's tiers call f once each restore's, read-ahead's or
-// staging's read of hash from a disk tier has ended (nil: none).
-func OnTierRead(a *Agent, f func(hash uint64, err error)) {
-	if f == nil {
-		a.tiers.afterRead.Store(nil)
-		return
-	}
-	g := func(_ *diskTier, k disk.Key, err error) { f(k.Hash, err) }
-	a.tiers.afterRead.Store(&g)
-}
-
 // AheadUntaken is how many blocks read ahead into set id nothing has
 // taken yet, as the set's read-ahead lists them; -1 if no such set.
 func AheadUntaken(a *Agent, id uint64) int {
@@ -225,4 +204,15 @@ func BlockUsers(a *Agent, id, hash uint64) int {
 		return -1
 	}
 	return si.Users
+}
+
+// OnReadAheadRegistered makes a's read-aheads call f once they have
+// registered a batch of blocks, before they record them as read ahead,
+// under the set's read-ahead lock (nil: none).
+func OnReadAheadRegistered(a *Agent, f func()) {
+	if f == nil {
+		a.tiers.ahead.registered.Store(nil)
+		return
+	}
+	a.tiers.ahead.registered.Store(&f)
 }

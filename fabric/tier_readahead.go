@@ -126,6 +126,10 @@ type aheadRuns struct {
 	// beforeYield, if set, is called by yieldAhead before it looks at the
 	// set's read-ahead (tests: one that ends just before).
 	beforeYield atomic.Pointer[func()]
+	// registered, if set, is called by each read-ahead once it has
+	// registered a batch of blocks, before it records them as its own,
+	// under its set's setAhead.mu (tests: a take in between).
+	registered atomic.Pointer[func()]
 	// closing, if set, is called by each read-ahead once it has looked
 	// for room for the last time, before it releases its blocks (tests: a
 	// take as it ends).
@@ -799,6 +803,9 @@ func (t *tiers) registerAhead(es *engineSet, r *aheadRun, ready []*aheadRead, br
 			from = to
 		}
 		t.mu.Unlock()
+	}
+	if f := t.ahead.registered.Load(); f != nil && len(out) > 0 {
+		(*f)() // tests: a take between the registration and the record
 	}
 	for i, b := range out {
 		h := regs[i].Hash

@@ -3,7 +3,6 @@ package fabric_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -1604,76 +1603,52 @@ func TestTierReadAheadCopyRegisteredAgainIsTaken(t *testing.T) {
 }
 
 // A block a read-ahead registers is among the blocks read ahead from the
-// moment an engine can take it: an Acquire that comes as the read-ahead
-// lands its run (here while it announces the loss of the block after it,
-// found gone from disk as it was read) gets it byte for byte, counted as a
-// hit, and leaves none ahead of use.
+// moment an engine can take it: an Acquire that takes it between its
+// registration and the read-ahead's record of it (held there) counts a
+// hit, gets it byte for byte, and leaves none ahead of use.
 func TestTierReadAheadBlockTakenAsItLandsIsAHit(t *testing.T) {
 	a, c, set, hashes := readAheadAgent(t, 8)
-	// 9 is deleted from disk as the read-ahead comes to read it, and 8's
-	// read waits for 9's to end: the two land together, 8 registered, 9
-	// lost and its loss announced.
-	read9 := make(chan struct{})
-	var read9Once, armed, fired atomic.Bool
-	fabric.OnTierRead(a, func(h uint64, _ error) {
-		if h == hashes[9] && read9Once.CompareAndSwap(false, true) {
-			close(read9)
-		}
-	})
-	fabric.HoldReadAheadReads(a, func(_ context.Context, h uint64) {
-		switch h {
-		case hashes[9]:
-			if !fabric.TierDropStored(a, hashes[9]) {
-				t.Error("block 9 was not on disk to drop")
-			}
-		case hashes[8]:
-			select {
-			case <-read9:
-			case <-time.After(30 * time.Second):
-				t.Error("block 9 was never read")
-			}
-			armed.Store(true)
-		}
-	})
+	var fired atomic.Bool
 	var refs []*fabricpb.BlockRef
 	var acqErr error
 	acquired := make(chan struct{})
-	fabric.OnLossAnnounced(a, func() {
-		if !armed.Load() || !fired.CompareAndSwap(false, true) {
+	fabric.OnReadAheadRegistered(a, func() {
+		if !fabric.BlockSetHolds(a, set.ID, hashes[8]) || !fired.CompareAndSwap(false, true) {
 			return
 		}
-		_, _, waits := fabric.ReadAheadCounts(a)
 		go func() {
 			defer close(acquired)
 			refs, acqErr = c.Acquire(context.Background(), set.ID, hashes[8:9])
 		}()
-		// The Acquire either took 8 from the set already or waits for the
-		// read-ahead to land it.
-		wait.For(t, 30*time.Second, "the Acquire of block 8 done or waiting for the read-ahead", func() error {
+		// Until the Acquire has taken the block from the set (the
+		// read-ahead's reference and the engine's), or has ended.
+		wait.For(t, 30*time.Second, "the Acquire of block 8 took it from the set", func() error {
 			select {
 			case <-acquired:
 				return nil
 			default:
 			}
-			if _, _, w := fabric.ReadAheadCounts(a); w > waits {
-				return nil
+			if n := fabric.BlockUsers(a, set.ID, hashes[8]); n < 2 {
+				return fmt.Errorf("%d users", n)
 			}
-			return errors.New("neither")
+			return nil
 		})
 	})
-	t.Cleanup(func() {
-		fabric.OnLossAnnounced(a, nil)
-		fabric.HoldReadAheadReads(a, nil)
-		fabric.OnTierRead(a, nil)
-	})
-	acquireRun(t, c, set, hashes[:8], 1) // restores 0..7; 8 and 9 are read ahead
+	t.Cleanup(func() { fabric.OnReadAheadRegistered(a, nil) })
+	acquireRun(t, c, set, hashes[:8], 1) // restores 0..7; 8..15 are read ahead
 	select {
 	case <-acquired:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the Acquire of block 8 did not end")
 	}
 	if !fired.Load() {
-		t.Fatal("the read-ahead announced no loss after block 8 was read")
+		t.Fatal("no read-ahead registered block 8")
+	}
+	if acqErr != nil || len(refs) != 1 {
+		t.Fatalf("acquire of block 8 as it landed: %v, %v", refs, acqErr)
+	}
+	if err := (mappedSlots{set}).check(int(refs[0].Slot), 9); err != nil {
+		t.Fatalf("block 8: %v", err)
 	}
 	wait.For(t, 30*time.Second, "the read-aheads ended", func() error {
 		if started, ended, _ := fabric.ReadAheadCounts(a); started == 0 || started != ended {
@@ -1681,14 +1656,8 @@ func TestTierReadAheadBlockTakenAsItLandsIsAHit(t *testing.T) {
 		}
 		return nil
 	})
-	if acqErr != nil || len(refs) != 1 {
-		t.Fatalf("acquire of block 8 as it landed: %v, %v", refs, acqErr)
-	}
-	if err := (mappedSlots{set}).check(int(refs[0].Slot), 9); err != nil {
-		t.Fatalf("block 8: %v", err)
-	}
-	if m, n := readAheadMetrics(a), fabric.AheadUntaken(a, set.ID); m.ReadAhead != 1 || m.ReadAheadHits != 1 || n != 0 {
-		t.Fatalf("%d read ahead, %d hits, %d left ahead of use; want 1, 1, 0", m.ReadAhead, m.ReadAheadHits, n)
+	if m := readAheadMetrics(a); m.ReadAheadHits != 1 {
+		t.Fatalf("%d hits after block 8 was taken as it landed; want 1", m.ReadAheadHits)
 	}
 	if err := c.Release(context.Background(), set.ID, []uint32{refs[0].Slot}); err != nil {
 		t.Fatal(err)
