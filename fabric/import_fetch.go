@@ -277,12 +277,10 @@ func (a *Agent) abandon(peer *transfer.Peer, next <-chan *leasedChunk) {
 // answer (hung, or its link down for a while) is asked again until it
 // does or the lease's term has passed, so that a holder that resumes ends
 // the lease at once instead of keeping its blocks pinned for the term.
-// mismatched are the blocks of the lease that failed their checks, named
-// to the holder as the first try named them.
-func (a *Agent) releaseLater(peer *transfer.Peer, id uint64, mismatched ...uint64) {
+func (a *Agent) releaseLater(peer *transfer.Peer, id uint64) {
 	a.background(func() {
 		releaseUntil(a.done, a.cfg.LeaseDuration, a.cfg.PeerTimeout, func(ctx context.Context) error {
-			_, err := peer.Release(ctx, id, mismatched...)
+			_, err := peer.Release(ctx, id)
 			return err
 		})
 	})
@@ -476,10 +474,13 @@ func (ch *arrivedChunk) releaseAndRegister(ctx context.Context, parent uint64) (
 		a.links.observe(ch.peer.Name(), string(ch.via), time.Since(relStart), ch.bytes, ch.read)
 	} else {
 		// Not released (no answer within the import's time, say): tried
-		// again in the background, naming the same blocks, so that the
-		// holder neither keeps them pinned nor counts the lease against
-		// this node until its term ends.
-		a.releaseLater(ch.peer, ch.id, mismatched...)
+		// again in the background, so that the holder neither keeps the
+		// blocks pinned nor counts the lease against this node until its
+		// term ends. The retry names no block: the first try may have
+		// reached the holder, which refuses and counts a claim made
+		// twice, and a bad block not withdrawn is refused again by the
+		// next importer's check.
+		a.releaseLater(ch.peer, ch.id)
 	}
 	switch {
 	case len(mismatched) > 0:
