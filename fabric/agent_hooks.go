@@ -61,6 +61,11 @@ type testHooks struct {
 	// holdAll), given the session's id, before it looks whether the
 	// session still holds: a test ends the session meanwhile.
 	beforeHold func(session uint64)
+	// beforeCallerCheck, if set, runs where an engine call that took
+	// slots or blocks for its session looks whether its caller still
+	// waits (sessionSet.callerGone), given the call's ctx: a test waits
+	// there until the caller's deadline has reached the call.
+	beforeCallerCheck func(ctx context.Context)
 	// beforeAttach, if set, runs where an engine call naming a block set
 	// by its id has found that its process may use it (joinableSet) and
 	// is about to attach it to its session (setFor), given the set: a

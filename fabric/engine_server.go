@@ -236,6 +236,9 @@ func (e *engineServer) Allocate(ctx context.Context, req *fabricpb.AllocateReque
 	if !s.holdAll(blocks) {
 		return nil, s.gone()
 	}
+	if err := s.callerGone(ctx, blocks, (*pool.BlockSet).Abort); err != nil {
+		return nil, err
+	}
 	out := &fabricpb.AllocateResponse{Slots: make([]uint32, len(blocks))}
 	for i, b := range blocks {
 		out.Slots[i] = uint32(b.Slot)
@@ -378,6 +381,7 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 	missing := false
 	var restored []pool.Block // from a disk tier, referenced for the session
 	var here []taken          // found in the set, held for the session
+	var held []pool.Block     // every block held for the session
 	// lastRestored: the last block taken came from a tier, restored now;
 	// lastHere: it was found in the set (read ahead from a tier, perhaps).
 	// Where it came from a tier, what follows it there is read ahead next.
@@ -412,6 +416,7 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 			s.holdAll(restored)
 			return nil, s.gone()
 		}
+		held = append(held, b)
 		if found {
 			here = append(here, taken{h, b})
 		}
@@ -420,6 +425,9 @@ func (e *engineServer) Acquire(ctx context.Context, req *fabricpb.AcquireRequest
 	}
 	// Ended after a hold: detach gave back what was held.
 	if err := s.gone(); err != nil {
+		return nil, err
+	}
+	if err := s.callerGone(ctx, held, (*pool.BlockSet).Release); err != nil {
 		return nil, err
 	}
 	// The engine holds them now: the blocks found that a read-ahead

@@ -62,8 +62,10 @@ type sessionSet struct {
 	// attached: the call's attach made the set one of the session's
 	// (attach).
 	attached bool
-	// beforeHold is the agent's test hook of that name.
-	beforeHold func(session uint64)
+	// beforeHold and beforeCallerCheck are the agent's test hooks of
+	// those names.
+	beforeHold        func(session uint64)
+	beforeCallerCheck func(ctx context.Context)
 }
 
 // hold records a reference handed to the session, and reports whether the
@@ -147,6 +149,35 @@ func (s *sessionSet) drop(slot int) (pool.Block, error) {
 		s.use.refs[slot] = r
 	}
 	return pool.Block{Slot: slot, Generation: r.gen}, nil
+}
+
+// unholdAll gives back the session's references on bs that a call took
+// and will not report (its caller gave up first): each dropped from the
+// session, then returned to the pool by op (Release for blocks, Abort
+// for slots never registered).
+func (s *sessionSet) unholdAll(bs []pool.Block, op func(*pool.BlockSet, pool.Block) error) {
+	for _, b := range bs {
+		if d, err := s.drop(b.Slot); err == nil {
+			op(s.set, d)
+		}
+	}
+}
+
+// callerGone gives back what a call held for the session, bs, where its
+// caller gave up (its deadline passed, or it went away) before the call
+// could answer: the engine will never learn of them, and they would stay
+// the session's until it ends. It returns the error to answer with, nil
+// where the caller still waits.
+func (s *sessionSet) callerGone(ctx context.Context, bs []pool.Block, op func(*pool.BlockSet, pool.Block) error) error {
+	if f := s.beforeCallerCheck; f != nil {
+		f(ctx)
+	}
+	err := ctx.Err()
+	if err == nil {
+		return nil
+	}
+	s.unholdAll(bs, op)
+	return status.FromContextError(err).Err()
 }
 
 // giveBack returns what a session held on one slot to the pool: references
@@ -303,7 +334,8 @@ func (a *Agent) attachJoining(s *session, es *engineSet, pid int32) (*sessionSet
 		a.adoptLocked(es)
 	}
 	s.sets[es.set.ID()] = es
-	return &sessionSet{engineSet: es, sess: s, use: u, attached: attached, beforeHold: a.cfg.hooks.beforeHold}, nil
+	return &sessionSet{engineSet: es, sess: s, use: u, attached: attached, beforeHold: a.cfg.hooks.beforeHold,
+		beforeCallerCheck: a.cfg.hooks.beforeCallerCheck}, nil
 }
 
 // setClaimedError is attach's answer for an idle set that a Register is

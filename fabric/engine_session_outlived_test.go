@@ -5,14 +5,17 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/client"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
+	"github.com/kvfabric/kvfabric/internal/wait"
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/layout/layoutpb"
 )
@@ -460,4 +463,63 @@ func TestCallOutlivedByItsSessionHandsNothing(t *testing.T) {
 		}
 		takesAll(t, ctx, c, set)
 	})
+}
+
+// A call whose caller gave up before it could answer (its deadline passed
+// while the call waited, here once it held what it took) gives back what it held for
+// the session: the engine never learns of those slots or blocks, and they
+// would stay the session's until it ends. Allocate's slots are freed,
+// Acquire's blocks released.
+func TestCallItsCallerGaveUpOnHoldsNothing(t *testing.T) {
+	var stall atomic.Bool
+	cfg := testConfig(t, "n1")
+	// The call, once it holds what it took, waits until its caller's
+	// deadline has reached it.
+	fabric.BeforeCallerCheck(&cfg, func(ctx context.Context) {
+		if stall.Load() {
+			select {
+			case <-ctx.Done():
+			case <-time.After(30 * time.Second):
+			}
+		}
+	})
+	a := startAgent(t, cfg)
+	c := dial(t, a)
+	set := register(t, c, client.Engine{Name: "giver-up", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.HND, Slots: 16})
+	hashes := storeThrough(t, c, set, 4)
+	refs := func() (uint32, uint32) {
+		st, err := c.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range st.Sessions {
+			if s.Id == c.Session() {
+				return s.Refs, s.Slots
+			}
+		}
+		t.Fatal("the client's session is not listed")
+		return 0, 0
+	}
+	for _, call := range []struct {
+		name string
+		do   func(context.Context) error
+	}{
+		{"Allocate", func(ctx context.Context) error { _, err := c.Allocate(ctx, set.ID, 4); return err }},
+		{"Acquire", func(ctx context.Context) error { _, err := c.Acquire(ctx, set.ID, hashes); return err }},
+	} {
+		stall.Store(true)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := call.do(ctx)
+		cancel()
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("%s past its caller's deadline: %v", call.name, err)
+		}
+		wait.For(t, 30*time.Second, call.name+"'s holds given back", func() error {
+			if r, s := refs(); r != 0 || s != 0 {
+				return fmt.Errorf("the session holds %d references and %d slots", r, s)
+			}
+			return nil
+		})
+		stall.Store(false)
+	}
 }

@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"context"
 	"github.com/kvfabric/kvfabric/pool"
 	"github.com/kvfabric/kvfabric/rdma/ofi"
 )
@@ -144,3 +145,8 @@ func HoldImport(a *Agent, set, hash uint64) (release func()) {
 	}
 	return func() { a.flights.finish(pool.SetID(set), hash, f) }
 }
+
+// BeforeCallerCheck makes an agent started with c call f where an engine
+// call that took slots or blocks for its session looks whether its caller
+// still waits, given the call's ctx.
+func BeforeCallerCheck(c *Config, f func(ctx context.Context)) { c.hooks.beforeCallerCheck = f }
