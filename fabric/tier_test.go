@@ -208,6 +208,9 @@ func TestTierKeepsWhatThePoolRecycles(t *testing.T) {
 	const n = 128
 	dir := tierDir(t)
 	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		// The one holder stages disk-held blocks for the peer's reads: on
+		// a loaded machine it must not be taken for a failed one.
+		c.PeerTimeout = 10 * time.Second
 		if i == 0 {
 			c.Tiers = []string{"disk=" + dir + ":64MiB"}
 		}
