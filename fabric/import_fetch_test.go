@@ -109,6 +109,8 @@ func TestImportReleaseWithNoAnswerIsTriedAgain(t *testing.T) {
 	var stalled atomic.Bool
 	unstall := make(chan struct{})
 	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		// Leases far longer than the test's wait: only a release ends one.
+		c.LeaseDuration = fabric.MaxLeaseDuration
 		if i != 0 {
 			return
 		}
