@@ -403,9 +403,6 @@ func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f
 			if again, ok := blockSum(set, blk.Slot, 0, l.PageSize); ok && again != o.sum {
 				err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, o.sum, disk.ErrCorrupt)
 				t.dropFound(f)
-			} else if ok && replicasDiffer(set, blk.Slot) {
-				err = fmt.Errorf("fabric: disk block %016x restored with its ranks' copies of a KV head differing: %w", f.k.Hash, disk.ErrCorrupt)
-				t.dropFound(f)
 			}
 		}
 	}
