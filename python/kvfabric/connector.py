@@ -100,10 +100,11 @@ class ConnectorConfig:
     engine step's path wait for the agent (the scheduler's allocation of
     slots to save into, a worker's acquire of the blocks it loads); one that
     runs out skips the step's saves (and, on the scheduler, saves for
-    save_pause seconds) or loads (recomputed), so that an agent that hangs
-    holds the scheduler's step this much, and a worker this much for each
-    request it loads, not the client's 30 s (the release after a load keeps
-    the client's timeout).
+    save_pause seconds) or loads (recomputed), and the worker's release
+    after a load, one that runs out perhaps leaving the blocks referenced
+    until the session ends, so that an agent that hangs holds the scheduler's step
+    this much, and a worker twice this much for each request it loads, not
+    the client's 30 s.
     """
 
     socket: str = ""
@@ -1280,10 +1281,15 @@ class WorkerSide:
             self._release(bs, refs)
 
     def _release(self, bs: BlockSet, refs: Any) -> None:
+        """Gives a load's references back, waiting call_timeout: on the
+        step's path. One not answered in time may leave the blocks referenced
+        (cached, not recycled) until the session ends."""
         try:
-            self.client.release(bs, refs)
-        except KvfabricError:
-            pass  # the session is gone, and its references with it
+            self.client.release(bs, refs, timeout=self.config.call_timeout)
+        except KvfabricError as e:
+            # The session is gone, and its references with it; or the
+            # agent did not answer in time.
+            self.log.info("kvfabric: rank %d: releasing %d loaded blocks: %s", self.rank, len(refs), e)
 
     def _acquire(self, lp: LoadPlan, plan_incarnation: str, rep: WorkerReport) -> tuple[BlockSet, Any] | None:
         """References on lp's blocks under this worker's session: the

@@ -907,3 +907,42 @@ def test_a_load_promised_and_not_yet_planned_as_the_agent_restarts_is_planned(pa
         assert plan.block_set == s.block_set.id, "planned against the new session's set"
     finally:
         e.close()
+
+
+def test_a_workers_release_after_a_load_waits_the_call_timeout(pair):
+    """The release that ends a worker's load is on the step's path: it
+    waits call_timeout, not the client's 30 s. An agent stopped as the
+    worker releases costs the step call_timeout; the load itself stands
+    (its bytes were copied and checked before the release)."""
+    import signal
+
+    holder, reader = pair
+    tokens = prompt(4 * 16 + 3, seed=71)
+    stored(holder, tokens)
+    e = SimEngine(reader.socket, SPEC, name="release",
+                  config=ConnectorConfig(socket=reader.socket, stats_interval=0, call_timeout=0.5))
+    w = e.workers[0]
+    asked: list = []
+    took: list[float] = []
+    real = w.client.release
+
+    def release(*a, **k):
+        asked.append(k.get("timeout"))
+        os.kill(reader.proc.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            return real(*a, **k)
+        finally:
+            took.append(time.monotonic() - start)
+            os.kill(reader.proc.pid, signal.SIGCONT)
+
+    w.client.release = release  # type: ignore[method-assign]
+    try:
+        wait_indexed(e, tokens, 4)
+        r = e.add("r", tokens)
+        e.run()
+        assert r.loaded == 4 * 16 and e.check(r) == len(r.tokens), e.scheduler.stats()
+        assert asked == [0.5], asked
+        assert took[0] < 15, f"the worker's release waited {took[0]:.1f} s on an agent that does not answer"
+    finally:
+        e.close()
