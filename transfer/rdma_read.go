@@ -61,6 +61,12 @@ func (p *Peer) wantRDMA() bool {
 	return !time.Now().Before(r.failedUntil)
 }
 
+// maxLeaseRegionHoles bounds the ranks below a lease's RDMA regions that
+// have none (memory the holder did not register), over all its block
+// sets: a lease's keys are kept for each rank up to the highest given, and
+// a holder's answer must not make the reader keep more than it sent.
+const maxLeaseRegionHoles = maxRank
+
 // keepRegions validates the keys a lease carried and remembers them.
 func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaRegion) error {
 	r := p.rdma
@@ -73,7 +79,11 @@ func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaR
 	if len(regions) > len(l.LayoutDigests)*maxRank {
 		return fmt.Errorf("%w: lease from %s has %d RDMA regions for %d block sets", ErrFrame, p.name, len(regions), len(l.LayoutDigests))
 	}
-	sets := map[uint64][]remoteRegion{}
+	// First the ranks each set's regions reach, so that what is kept is
+	// sized by what the lease carried: a holder leaves out the ranks whose
+	// memory is not registered, but a few regions of high ranks must not
+	// make the reader keep every rank below them.
+	ranks := make(map[uint64]int, len(l.LayoutDigests))
 	for i, g := range regions {
 		if _, ok := l.LayoutDigests[g.BlockSet]; !ok {
 			return fmt.Errorf("%w: lease from %s: RDMA region %d names block set %d, which the lease does not", ErrFrame, p.name, i, g.BlockSet)
@@ -81,15 +91,26 @@ func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaR
 		if g.Rank >= maxRank || g.Length == 0 || g.Addr+g.Length < g.Addr || g.Nic >= MaxNICs {
 			return fmt.Errorf("%w: lease from %s: RDMA region %d (rank %d, %d bytes at %#x, nic %d) out of range", ErrFrame, p.name, i, g.Rank, g.Length, g.Addr, g.Nic)
 		}
+		ranks[g.BlockSet] = max(ranks[g.BlockSet], int(g.Rank)+1)
+	}
+	kept := 0
+	for _, n := range ranks {
+		kept += n
+	}
+	if kept > len(regions)+maxLeaseRegionHoles {
+		return fmt.Errorf("%w: lease from %s: %d RDMA regions reach %d ranks of %d block sets (at most %d ranks without a region)",
+			ErrFrame, p.name, len(regions), kept, len(ranks), maxLeaseRegionHoles)
+	}
+	sets := make(map[uint64][]remoteRegion, len(ranks))
+	for set, n := range ranks {
+		sets[set] = make([]remoteRegion, n)
+	}
+	for _, g := range regions {
 		rs := sets[g.BlockSet]
-		for len(rs) <= int(g.Rank) {
-			rs = append(rs, remoteRegion{})
-		}
 		if rs[g.Rank].length != 0 {
 			return fmt.Errorf("%w: lease from %s: two RDMA regions for block set %d rank %d", ErrFrame, p.name, g.BlockSet, g.Rank)
 		}
 		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, key: r.tp.regionKey(g), nic: int(g.Nic)}
-		sets[g.BlockSet] = rs
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

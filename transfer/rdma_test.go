@@ -510,6 +510,28 @@ func TestRDMADeviceIndexLimits(t *testing.T) {
 			t.Fatalf("lease region on nic %d: %v", tc.nic, err)
 		}
 	}
+
+	// What the reader keeps of a lease's keys is sized by what the lease
+	// carried: a set's ranks below its highest region without one (memory
+	// the holder did not register) are at most maxLeaseRegionHoles in all.
+	two := &Lease{ID: 10, LayoutDigests: map[uint64][]byte{7: nil, 8: nil}}
+	for _, tc := range []struct {
+		rank7, rank8 uint32
+		ok           bool
+	}{
+		{maxRank - 1, 0, true},  // 4,096 ranks kept for 1 region + 4,095 holes, 1 for 1
+		{maxRank - 1, 1, true},  // holes: 4,095 + 1, at the limit
+		{maxRank - 1, 2, false}, // one past it
+		{maxRank - 1, maxRank - 1, false},
+	} {
+		err := p.peer.keepRegions(10, two, []*transferpb.RdmaRegion{
+			{BlockSet: 7, Rank: tc.rank7, Addr: 4096, Length: 4096, Rkey: 3},
+			{BlockSet: 8, Rank: tc.rank8, Addr: 4096, Length: 4096, Rkey: 3},
+		})
+		if tc.ok != (err == nil) || (err != nil && (!errors.Is(err, ErrFrame) || !strings.Contains(err.Error(), "without a region"))) {
+			t.Fatalf("lease regions at ranks %d and %d: %v", tc.rank7, tc.rank8, err)
+		}
+	}
 }
 
 // A read waiting for a queue pair (all of its pair's busy) stops with
