@@ -57,6 +57,13 @@ const (
 	maxRank          = 1 << 12
 )
 
+// MaxReadBytes is the most data bytes one read request, on a QUIC stream
+// or a lane connection, may ask for; a holder refuses more (ErrTooLarge)
+// before it checks a segment, and a reader splits larger reads into
+// requests under it. It bounds the holder's work for one request: a
+// read's check against the lease walks every contiguous piece of it.
+const MaxReadBytes = 64 << 20
+
 // MaxEventRange is the most events one event-range request may ask for;
 // a longer gap is asked for in several requests. A request past it is
 // refused with ErrTooLarge.
@@ -385,8 +392,9 @@ func decodeRequest(m method, payload []byte, maxSegments int) (*request, error) 
 			}
 			_ = end
 			n := seg.Bytes()
-			if r.totalBytes+n < r.totalBytes {
-				return nil, invalid("read: total bytes overflow at segment %d", i)
+			if r.totalBytes+n < r.totalBytes || r.totalBytes+n > MaxReadBytes {
+				return nil, fmt.Errorf("%w: read of more than %d bytes (at segment %d of %d), over the %d a request may ask for",
+					ErrTooLarge, r.totalBytes, i, len(pb.Segments), MaxReadBytes)
 			}
 			r.totalBytes += n
 			r.segments[i] = seg

@@ -45,9 +45,8 @@ const (
 	// DefaultLaneConns is Config.LaneConns' default.
 	DefaultLaneConns = 4
 	// MaxLaneReadBytes is the most data bytes one read request on a lane
-	// connection may ask for; a holder refuses more (ErrTooLarge), and a
-	// reader splits larger reads into requests under it.
-	MaxLaneReadBytes = 64 << 20
+	// connection may ask for: MaxReadBytes, as on QUIC.
+	MaxLaneReadBytes = MaxReadBytes
 	// DefaultLaneIdleTimeout is Config.LaneIdleTimeout's default: a holder
 	// closes a lane connection that brought no request for this long, and
 	// a reader does not reuse one idle for half of it.
@@ -511,8 +510,8 @@ func (n *Node) serveLane(raw net.Conn) {
 		var req *request
 		if method(kind) != methodRead {
 			err = fmt.Errorf("%w: lane carries reads only, not %s", ErrInvalidRequest, method(kind))
-		} else if req, err = decodeRequest(methodRead, payload, n.cfg.MaxSegments); err == nil && req.totalBytes > MaxLaneReadBytes {
-			err = fmt.Errorf("%w: lane read of %d bytes, over the %d a request may ask for", ErrTooLarge, req.totalBytes, MaxLaneReadBytes)
+		} else {
+			req, err = decodeRequest(methodRead, payload, n.cfg.MaxSegments) // at most MaxLaneReadBytes
 		}
 		if err == nil && !n.cfg.Members.IsMember(peer) {
 			err = fmt.Errorf("%w: %q", ErrNotMember, peer)

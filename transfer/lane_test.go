@@ -688,3 +688,48 @@ func TestLanePartsAhead(t *testing.T) {
 		})
 	}
 }
+
+// A QUIC read request asks for at most MaxReadBytes, as a lane's does: the
+// holder refuses one more before it checks a segment against the lease,
+// however its bytes are cut (many pieces of one byte cost the check one
+// step each), and Read splits a larger read into requests under it.
+func TestQUICReadBytesLimit(t *testing.T) {
+	const size = MaxReadBytes + 1
+	ca := newTestCA(t)
+	members := newMembers("holder", "reader")
+	h := newMemHandler()
+	src := [][]byte{make([]byte, 2*size)}
+	fill(src[0], 13)
+	h.regions[9] = src
+	leaseAll(h, 5, 1, 2*size)
+	holder := newTestNode(t, ca, "holder", members, h)
+	reader := newTestNode(t, ca, "reader", members, nil)
+	p := dialPeer(t, reader, holder)
+	ctx := context.Background()
+	dst := [][]byte{make([]byte, 2*size)}
+	for _, segs := range [][]layout.Segment{
+		{{Length: size, Count: 1}},
+		{{Length: MaxReadBytes, Count: 1}, {SrcOffset: MaxReadBytes, DstOffset: MaxReadBytes, Length: 1, Count: 1}},
+		{{Length: 1, Count: size, SrcStride: 2, DstStride: 2}},
+	} {
+		if err := p.readPart(ctx, 5, 9, segs, dst); !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("a QUIC read of %d bytes in %d segments: %v, want ErrTooLarge", size, len(segs), err)
+		}
+	}
+	if err := p.readPart(ctx, 5, 9, []layout.Segment{{Length: 1, Count: MaxReadBytes, SrcStride: 2, DstStride: 2}}, dst); err != nil {
+		t.Fatalf("a QUIC read of MaxReadBytes in pieces of one byte: %v", err)
+	}
+	for i := uint64(0); i < 2*MaxReadBytes; i += 2 {
+		if dst[0][i] != src[0][i] {
+			t.Fatalf("byte %d differs", i)
+		}
+	}
+	clear(dst[0])
+	via, err := p.ReadVia(ctx, 5, 9, []layout.Segment{{Length: 2 * size, Count: 1}}, dst)
+	if err != nil || via != TransportQUIC {
+		t.Fatalf("a read of %d bytes: via %s, err %v", 2*size, via, err)
+	}
+	if firstDiff(dst[0], src[0]) >= 0 {
+		t.Fatal("bytes differ")
+	}
+}

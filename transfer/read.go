@@ -108,7 +108,9 @@ func (p *Peer) readQUIC(ctx context.Context, leaseID, blockSet uint64, segs []la
 	// A segment costs at most maxSegmentWire bytes in a request frame;
 	// keep every part's frame under the cap.
 	maxSegs := min(cfg.MaxSegments, max(1, int(cfg.MaxMessageSize/maxSegmentWire)-1))
-	parts := splitPlan(segs, total, parallel*partsPerWorker, cfg.MinStreamBytes, maxSegs)
+	// Each part is one request: at most MaxReadBytes.
+	n := max(parallel*partsPerWorker, int((total+MaxReadBytes-1)/MaxReadBytes))
+	parts := splitPlan(segs, total, n, min(cfg.MinStreamBytes, MaxReadBytes), maxSegs)
 
 	if len(parts) == 1 {
 		// The common case of a small read: no workers to start.
