@@ -68,13 +68,10 @@ func (o *ownedIndex) findMatches(hashes []uint64) ([]index.Match, map[string][]b
 				}
 			}
 			live := 0
-			for h, n := range active {
-				if n != base+i {
-					continue
-				}
-				if j := slices.IndexFunc(hs, func(x index.Holder) bool { return x.Name == h }); j >= 0 {
-					active[h] = n + 1
-					disk[h] = append(disk[h], hs[j].DiskOnly)
+			for _, x := range hs { // each holder once (ask merges the owners' answers)
+				if n, ok := active[x.Name]; ok && n == base+i {
+					active[x.Name] = n + 1
+					disk[x.Name] = append(disk[x.Name], x.DiskOnly)
 					live++
 				}
 			}
@@ -84,6 +81,30 @@ func (o *ownedIndex) findMatches(hashes []uint64) ([]index.Match, map[string][]b
 		}
 	}
 	return o.matches(active), disk
+}
+
+// mergeHolders adds to hs, the holders of a hash that owners named, those
+// another owner names (each holder once in an answer, as decoded): each
+// holder once, in memory where any owner knows of a copy in memory. In
+// time linear in both: an owner may name thousands.
+func mergeHolders(hs, more []index.Holder) []index.Holder {
+	if len(hs) == 0 {
+		return append(hs, more...)
+	}
+	at := make(map[string]int, len(hs))
+	for k, h := range hs {
+		at[h.Name] = k
+	}
+	for _, h := range more {
+		switch k, ok := at[h.Name]; {
+		case !ok:
+			at[h.Name] = len(hs)
+			hs = append(hs, h)
+		case !h.DiskOnly:
+			hs[k].DiskOnly = false // an owner that knows of a copy in memory
+		}
+	}
+	return hs
 }
 
 // ask returns the holders of each of hashes, from the cache or the owners.
@@ -127,14 +148,7 @@ func (o *ownedIndex) ask(ctx context.Context, place *index.Placement, hashes []u
 			defer mu.Unlock()
 			for j, i := range idx {
 				answered[i] = true
-				for _, h := range got[j] {
-					switch k := slices.IndexFunc(out[i], func(x index.Holder) bool { return x.Name == h.Name }); {
-					case k < 0:
-						out[i] = append(out[i], h)
-					case !h.DiskOnly:
-						out[i][k].DiskOnly = false // an owner that knows of a copy in memory
-					}
-				}
+				out[i] = mergeHolders(out[i], got[j])
 			}
 		})
 	}

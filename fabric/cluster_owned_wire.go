@@ -177,9 +177,11 @@ func decodeLookupAnswer(b []byte, n int, tiers bool) ([][]index.Holder, error) {
 		return nil, fmt.Errorf("%w: lookup answer: %s", errOwnedWire, what)
 	}
 	m, k := binary.Uvarint(b)
-	// Each name takes at least one byte: a count past what is left lies.
-	if k <= 0 || m > uint64(len(b)) {
-		return bad("name count")
+	// Each name takes at least two bytes (its length and one), and an
+	// index names at most index.MaxNodes nodes: a count past either lies,
+	// and nothing is made for it.
+	if k <= 0 || m > uint64(len(b)-k)/2 || m > index.MaxNodes {
+		return bad(fmt.Sprintf("name count %d (%d bytes left, at most %d nodes)", m, len(b)-max(k, 0), index.MaxNodes))
 	}
 	b = b[k:]
 	names := make([]string, m)

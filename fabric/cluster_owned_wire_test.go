@@ -2,9 +2,11 @@ package fabric
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvfabric/kvfabric/fabric/index"
@@ -74,6 +76,24 @@ func TestOwnedWireLimits(t *testing.T) {
 	if _, err := decodeLookupAnswer(appendLookupAnswer(nil, [][]index.Holder{{{Name: long + "n"}}}, true), 1, true); !errors.Is(err, errOwnedWire) {
 		t.Fatalf("a name of %d bytes: %v, want refused", maxOwnedNameLen+1, err)
 	}
+	// An answer names at most index.MaxNodes holders; a name count past
+	// that, or past what two bytes a name leave room for, is refused
+	// before anything is made for it.
+	many := make([]index.Holder, index.MaxNodes+1)
+	for i := range many {
+		many[i].Name = fmt.Sprintf("%x", i)
+	}
+	if ans, err := decodeLookupAnswer(appendLookupAnswer(nil, [][]index.Holder{many[:index.MaxNodes]}, false), 1, false); err != nil || len(ans[0]) != index.MaxNodes {
+		t.Fatalf("an answer naming %d holders: %d, %v", index.MaxNodes, len(ans), err)
+	}
+	if _, err := decodeLookupAnswer(appendLookupAnswer(nil, [][]index.Holder{many}, false), 1, false); !errors.Is(err, errOwnedWire) || !strings.Contains(err.Error(), "name count") {
+		t.Fatalf("an answer naming %d holders: %v, want refused", index.MaxNodes+1, err)
+	}
+	lying := binary.AppendUvarint(nil, 4000)
+	lying = append(lying, make([]byte, 7998)...) // room for 3,999 names of 2 bytes
+	if _, err := decodeLookupAnswer(lying, 1, false); !errors.Is(err, errOwnedWire) || !strings.Contains(err.Error(), "name count 4000") {
+		t.Fatalf("4,000 names in 7,998 bytes: %v, want the name count refused", err)
+	}
 	// A name twice in the table, or a holder twice for one hash.
 	for _, bad := range [][]byte{{2, 1, 'a', 1, 'a', 1, 0}, {1, 1, 'a', 2, 0, 0}} {
 		if _, err := decodeLookupAnswer(bad, 1, false); !errors.Is(err, errOwnedWire) {
@@ -130,4 +150,27 @@ func FuzzOwnedWire(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Owners' answers for one hash merge into each holder once, in memory
+// where any owner knows of a copy in memory, in the order first named.
+func TestMergeHolders(t *testing.T) {
+	a := []index.Holder{{Name: "a", DiskOnly: true}, {Name: "b", DiskOnly: true}}
+	got := mergeHolders(nil, a)
+	got = mergeHolders(got, []index.Holder{{Name: "c", DiskOnly: true}, {Name: "b"}, {Name: "a", DiskOnly: true}})
+	want := []index.Holder{{Name: "a", DiskOnly: true}, {Name: "b"}, {Name: "c", DiskOnly: true}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("merged %v, want %v", got, want)
+	}
+	if a[1].DiskOnly != true {
+		t.Fatal("the merge changed the first owner's answer")
+	}
+	// Two owners naming index.MaxNodes holders each, half of them the same.
+	one, two := make([]index.Holder, index.MaxNodes), make([]index.Holder, index.MaxNodes)
+	for i := range one {
+		one[i].Name, two[i].Name = fmt.Sprint(i), fmt.Sprint(i+index.MaxNodes/2)
+	}
+	if got := mergeHolders(mergeHolders(nil, one), two); len(got) != index.MaxNodes*3/2 {
+		t.Fatalf("merged %d holders, want %d", len(got), index.MaxNodes*3/2)
+	}
 }
