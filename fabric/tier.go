@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -171,6 +172,10 @@ type diskTier struct {
 	// store is nil until the block size is known (the first block, or
 	// tier.json, or Config.TierBlockBytes).
 	store storeRef
+	// realPath is the directory with symbolic links resolved; lock the
+	// open lock file (claimDir).
+	realPath string
+	lock     *os.File
 
 	offloads, restores, evicted, failed atomic.Uint64
 	restoreTime                         latency
@@ -400,7 +405,12 @@ func openTiers(a *Agent, specs []TierSpec) (*tiers, error) {
 			t.close()
 			return nil, fmt.Errorf("fabric: tiers[%d]: %w", i, err)
 		}
-		t.list = append(t.list, &diskTier{n: i, spec: s})
+		d := &diskTier{n: i, spec: s}
+		t.list = append(t.list, d)
+		if err := t.claimDir(d); err != nil {
+			t.close()
+			return nil, err
+		}
 		if err := t.readMeta(t.list[i]); err != nil {
 			t.close()
 			return nil, fmt.Errorf("fabric: tiers[%d] %s: %w", i, s.Path, err)
@@ -1017,9 +1027,61 @@ func (t *tiers) close() error {
 		if st := d.store.Load(); st != nil {
 			errs = append(errs, st.Close())
 		}
+		if d.lock != nil {
+			errs = append(errs, d.lock.Close()) // and its lock with it
+		}
 	}
 	return errors.Join(errs...)
 }
+
+// tierLockFile is the file in a disk tier's directory that its agent holds
+// an exclusive lock on (flock) while the tier is open.
+const tierLockFile = "lock"
+
+// claimDir makes sure that d's directory is no earlier tier's (the same
+// directory, or one inside the other, by another path: a symbolic link, a
+// bind mount) and that no other agent, or store of this one, has it
+// open, and locks it for d until the tiers close: two stores in one
+// directory overwrite each other's blocks and journal.
+func (t *tiers) claimDir(d *diskTier) error {
+	real, err := filepath.EvalSymlinks(d.spec.Path)
+	if err != nil {
+		return fmt.Errorf("fabric: tiers[%d] %s: %w", d.n, d.spec.Path, err)
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return fmt.Errorf("fabric: tiers[%d] %s: %w", d.n, d.spec.Path, err)
+	}
+	for _, e := range t.list {
+		if e == d || e.isHost() {
+			continue
+		}
+		efi, err := os.Stat(e.realPath)
+		if err == nil && os.SameFile(fi, efi) ||
+			strings.HasPrefix(real, e.realPath+"/") || strings.HasPrefix(e.realPath, real+"/") {
+			return fmt.Errorf("fabric: tiers[%d] %s (%s) overlaps tiers[%d]'s directory %s (%s): a tier's directory is its own",
+				d.n, d.spec.Path, real, e.n, e.spec.Path, e.realPath)
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(real, tierLockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("fabric: tiers[%d] %s: %w", d.n, d.spec.Path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("fabric: tiers[%d] %s: %w (another agent has it open: its lock file %s is held)",
+				d.n, d.spec.Path, errTierDirInUse, filepath.Join(real, tierLockFile))
+		}
+		return fmt.Errorf("fabric: tiers[%d] %s: lock: %w", d.n, d.spec.Path, err)
+	}
+	d.realPath, d.lock = real, f
+	return nil
+}
+
+// errTierDirInUse is the refusal of a disk tier whose directory another
+// agent has open.
+var errTierDirInUse = errors.New("the tier's directory is in use")
 
 // putTrailer writes the trailer after n canonical bytes.
 func putTrailer(b []byte, n int, sum uint64, has bool) {

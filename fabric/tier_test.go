@@ -959,3 +959,48 @@ func TestTierSlotTakenUnderDirectWrite(t *testing.T) {
 		t.Fatalf("no block written again after its slot was taken under its write (%d written straight)", direct)
 	}
 }
+
+// A disk tier's directory is its own: two tiers naming one directory, or
+// one inside the other, by paths that differ (a symbolic link) are
+// refused at start, naming both; a second agent on a directory an agent
+// has open is refused until that agent closes (its lock file).
+func TestTierDirectoryIsItsOwn(t *testing.T) {
+	dir := tierDir(t)
+	real := filepath.Join(dir, "t1")
+	if err := os.MkdirAll(filepath.Join(real, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, second := range []string{filepath.Join(dir, "link"), filepath.Join(dir, "link", "sub")} {
+		cfg := testConfig(t, "twice")
+		cfg.Tiers = []string{"disk=" + real + ":16MiB", "disk=" + second + ":16MiB"}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		a, err := fabric.Start(ctx, cfg)
+		cancel()
+		if err == nil {
+			a.Close()
+			t.Fatalf("tiers %s and %s started", real, second)
+		}
+		if !strings.Contains(err.Error(), "tiers[1] "+second) || !strings.Contains(err.Error(), "overlaps tiers[0]") {
+			t.Fatalf("tiers %s and %s: %v, want tiers[1] refused as overlapping tiers[0]", real, second, err)
+		}
+	}
+
+	cfg := testConfig(t, "first")
+	cfg.Tiers = []string{"disk=" + real + ":16MiB"}
+	first := startAgent(t, cfg)
+	cfg2 := testConfig(t, "second")
+	cfg2.Tiers = []string{"disk=" + filepath.Join(dir, "link") + ":16MiB"}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if a, err := fabric.Start(ctx, cfg2); err == nil || !strings.Contains(err.Error(), "in use") {
+		if a != nil {
+			a.Close()
+		}
+		t.Fatalf("a second agent on an open tier's directory: %v, want it refused as in use", err)
+	}
+	first.Close()
+	startAgent(t, cfg2)
+}
