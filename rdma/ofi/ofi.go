@@ -185,6 +185,14 @@ type RegPlan struct {
 	HMEM bool
 }
 
+// PassDesc says whether a read into a region passes its registration
+// descriptor (host: the region is host memory): always under FI_MR_LOCAL,
+// and for device memory under FI_MR_HMEM, where a provider told nothing
+// takes the buffer for host memory (shm copies into it with memcpy).
+func (p RegPlan) PassDesc(host bool) bool {
+	return p.LocalDesc || p.HMEM && !host
+}
+
 // Plan says how to register memory under m, or why the binding cannot.
 func (m MRMode) Plan() (RegPlan, error) {
 	switch {

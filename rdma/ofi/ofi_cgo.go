@@ -1312,8 +1312,10 @@ type Region struct {
 	addr  uintptr
 	len   uint64
 	mr    *C.struct_kvf_fid_mr
-	host  bool         // host memory, which staged reads may copy into
-	inUse sync.RWMutex // read-held by each Read into the region
+	host  bool           // host memory, which staged reads may copy into
+	key   uint64         // fi_mr_key, read at registration
+	desc  unsafe.Pointer // fi_mr_desc, read at registration (C memory)
+	inUse sync.RWMutex   // read-held by each Read into the region
 	once  sync.Once
 }
 
@@ -1386,7 +1388,11 @@ func (e *Endpoint) register(addr uintptr, length uint64, iface C.int, dev int) (
 	if rc != 0 {
 		return nil, fmt.Errorf("ofi: %s: %s of %d bytes: %w", e.info.Provider, C.GoString(step), length, e.lib.fiError(rc))
 	}
-	r := &Region{e: e, addr: addr, len: length, mr: mr, host: iface == C.KVF_FI_HMEM_SYSTEM}
+	// The key and descriptor are read once, while the registration is
+	// surely open: an endpoint's Close frees it, and a peer told a key
+	// read after that would be told garbage.
+	r := &Region{e: e, addr: addr, len: length, mr: mr, host: iface == C.KVF_FI_HMEM_SYSTEM,
+		key: uint64(C.kvf_mr_key(mr)), desc: C.kvf_mr_desc(mr)}
 	e.mu.Lock()
 	e.regions[r] = struct{}{}
 	e.mu.Unlock()
@@ -1402,7 +1408,7 @@ func (r *Region) Remote() Remote {
 	if r.e.plan.VirtAddr {
 		addr = uint64(r.addr)
 	}
-	return Remote{Addr: addr, Len: r.len, Key: uint64(C.kvf_mr_key(r.mr))}
+	return Remote{Addr: addr, Len: r.len, Key: r.key}
 }
 
 // Close deregisters the region once every Read into it has returned (as a
@@ -1476,11 +1482,11 @@ func (e *Endpoint) read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 		reqs = gather(segs, e.info.MaxMsgSize, iovLimit)
 	}
 	var desc, stageDesc unsafe.Pointer
-	if e.plan.LocalDesc {
-		desc = C.kvf_mr_desc(dst.mr)
-		if stage != nil {
-			stageDesc = C.kvf_mr_desc(stage.mr)
-		}
+	if e.plan.PassDesc(dst.host) {
+		desc = dst.desc
+	}
+	if stage != nil && e.plan.PassDesc(true) {
+		stageDesc = stage.desc
 	}
 	r := newReader()
 	// What the read's own takes of the completion queue find: after each

@@ -39,6 +39,26 @@ func TestMRModePlan(t *testing.T) {
 			}
 		})
 	}
+	// A read passes its destination's descriptor under FI_MR_LOCAL, and
+	// for device memory under FI_MR_HMEM too (shm, which does not ask for
+	// local descriptors, takes a buffer without one for host memory).
+	for _, c := range []struct {
+		name       string
+		mode       MRMode
+		host, pass bool
+	}{
+		{"tcp, host", 0, true, false},
+		{"tcp, device", 0, false, false},
+		{"shm, host", MRVirtAddr | MRHMEM, true, false},
+		{"shm, device", MRVirtAddr | MRHMEM, false, true},
+		{"verbs, host", MRLocal | MRVirtAddr | MRAllocated | MRProvKey, true, true},
+		{"efa, device", MRLocal | MRVirtAddr | MRAllocated | MRProvKey | MRHMEM, false, true},
+	} {
+		p, err := c.mode.Plan()
+		if err != nil || p.PassDesc(c.host) != c.pass {
+			t.Errorf("%s: PassDesc(%v) under %v = %v (%v), want %v", c.name, c.host, c.mode, p.PassDesc(c.host), err, c.pass)
+		}
+	}
 	if s := (MRLocal | MREndpoint | 1<<20).String(); s != "local|endpoint|0x100000" {
 		t.Fatalf("String: %q", s)
 	}

@@ -58,6 +58,15 @@ func childMain() int {
 		return 2
 	}
 	switch os.Getenv(envChild) {
+	case "closed":
+		// The region's description before and after its endpoint closed
+		// (which frees the registration).
+		before := r.Remote()
+		e.Close()
+		after := r.Remote()
+		fmt.Printf("ready %d %d\n", before.Key, after.Key)
+		io.Copy(io.Discard, os.Stdin)
+		return 0
 	case "holder":
 		seed, _ := strconv.Atoi(os.Getenv(envSeed))
 		fill(mem, byte(seed))
@@ -354,4 +363,22 @@ func TestReadFromGonePeer(t *testing.T) {
 		t.Fatal("bytes differ")
 	}
 	t.Logf("gone holder: %v after %v", goneErr, took.Round(time.Millisecond))
+}
+
+// A region describes itself the same after its endpoint closed, which
+// frees the registration: its key is read once, at registration, never
+// from freed memory (malloc told to fill what it frees).
+func TestRegionRemoteAfterEndpointClosed(t *testing.T) {
+	t.Setenv("MALLOC_PERTURB_", "170")
+	t.Setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0")
+	for _, prov := range []string{"tcp", "shm"} {
+		c := startChild(t, "closed", prov, 1<<16, 0, "")
+		var before, after uint64
+		if _, err := fmt.Sscanf(c.line, "ready %d %d", &before, &after); err != nil {
+			t.Fatalf("%s: %q: %v", prov, c.line, err)
+		}
+		if before != after {
+			t.Fatalf("%s: the region's key was %#x, %#x after its endpoint closed", prov, before, after)
+		}
+	}
 }
