@@ -1418,6 +1418,14 @@ func (r *Region) Close() error {
 	r.once.Do(func() {
 		r.inUse.Lock()
 		defer r.inUse.Unlock()
+		// The endpoint's Close takes its regions as it marks itself
+		// closed, and closes them after the calls under way: one still
+		// among them once the calls are locked is this Close's to close.
+		unlock, lerr := r.e.lockCalls()
+		if lerr != nil {
+			return // the endpoint closes it, or did
+		}
+		defer unlock()
 		r.e.mu.Lock()
 		_, live := r.e.regions[r]
 		delete(r.e.regions, r)
@@ -1425,12 +1433,7 @@ func (r *Region) Close() error {
 		if !live {
 			return // the endpoint closed it
 		}
-		unlock, lerr := r.e.lockCalls()
-		if lerr != nil {
-			return // the endpoint closed it
-		}
 		rc := C.kvf_mr_close(r.mr)
-		unlock()
 		if rc != 0 {
 			err = fmt.Errorf("ofi: close a region of %d bytes: %w", r.len, r.e.lib.fiError(rc))
 		}
@@ -1559,6 +1562,12 @@ func (e *Endpoint) read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 				unpark()
 				drain()
 				continue
+			case <-e.stop:
+				// The endpoint closes: no slot comes back. What is in
+				// flight is flushed by Close, waited for below.
+				unpark()
+				first = cmpErr(first, e.closedErr())
+				continue
 			case <-ctx.Done():
 				unpark()
 				return e.abandon(ctx, r, inFlight, first)
@@ -1578,6 +1587,13 @@ func (e *Endpoint) read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 				e.stageFree <- stageSlot
 			}
 			drain()
+			continue
+		case <-e.stop:
+			unpark()
+			if stageSlot >= 0 {
+				e.stageFree <- stageSlot
+			}
+			first = cmpErr(first, e.closedErr())
 			continue
 		case <-ctx.Done():
 			unpark()
@@ -1683,6 +1699,9 @@ func (e *Endpoint) read(ctx context.Context, peer Peer, dst *Region, segs []Segm
 			t := time.NewTimer(pause)
 			select {
 			case <-t.C:
+			case <-e.stop:
+				t.Stop()
+				first = cmpErr(first, e.closedErr())
 			case <-ctx.Done():
 				t.Stop()
 				return e.abandon(ctx, r, inFlight, first)
@@ -1797,13 +1816,18 @@ func (e *Endpoint) Close() error {
 	// Whatever was in flight is flushed with the endpoint.
 	for i := range e.owner {
 		if r := e.owner[i].Swap(nil); r != nil {
-			r.add(1, fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed))
+			r.add(1, e.closedErr())
 		}
 	}
 	e.lib.mu.Lock()
 	delete(e.lib.eps, e)
 	e.lib.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// closedErr is a read's error when its endpoint closed under it.
+func (e *Endpoint) closedErr() error {
+	return fmt.Errorf("ofi: endpoint on %s: %w", e.info.Provider, ErrClosed)
 }
 
 func (e *Endpoint) closeC() {

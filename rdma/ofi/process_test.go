@@ -13,12 +13,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/kvfabric/kvfabric/internal/wait"
 )
 
 // The test binary runs as a second process when envChild names a role:
@@ -379,6 +382,70 @@ func TestRegionRemoteAfterEndpointClosed(t *testing.T) {
 		}
 		if before != after {
 			t.Fatalf("%s: the region's key was %#x, %#x after its endpoint closed", prov, before, after)
+		}
+	}
+}
+
+// Reads waiting for a request slot end with ErrClosed when their endpoint
+// closes, not at their deadline: Close returns no slot to them. The
+// holder is stopped, so that a first read keeps every slot in flight.
+func TestCloseEndsReadsWaitingForASlot(t *testing.T) {
+	const size = 1 << 20
+	h := startChild(t, "holder", "tcp", size, 0x52, "")
+	name, rem := h.peer(t)
+	l := loadLibrary(t, "tcp")
+	e := openEndpoint(t, l)
+	p, err := e.AddPeer(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := mapped(t, size)
+	reg := register(t, e, dst)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.Read(ctx, p, reg, []Segment{{Len: 4096, Remote: rem}}); err != nil {
+		t.Fatal(err) // connected
+	}
+	if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.cmd.Process.Signal(syscall.SIGCONT) })
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// More requests than slots: 64 bytes every 128, none adjacent.
+	var segs []Segment
+	for i := range uint64(cap(e.free) + 100) {
+		segs = append(segs, Segment{LocalOff: i * 128, RemoteOff: i * 128, Len: 64, Remote: rem})
+	}
+	errs := make(chan error, 2)
+	go func() { errs <- e.Read(ctx, p, reg, segs) }()
+	wait.For(t, 20*time.Second, "the first read holds every slot", func() error {
+		if n := len(e.free); n > 0 {
+			return fmt.Errorf("%d slots free", n)
+		}
+		return nil
+	})
+	go func() {
+		errs <- e.Read(ctx, p, reg, []Segment{{LocalOff: size - 64, RemoteOff: size - 64, Len: 64, Remote: rem}})
+	}()
+	// Until both wait: two goroutines in read's selects.
+	wait.For(t, 20*time.Second, "both reads wait", func() error {
+		buf := make([]byte, 1<<20)
+		n := 0
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, " [select]:\n") && strings.Contains(g, "ofi.(*Endpoint).read(") {
+				n++
+			}
+		}
+		if n < 2 {
+			return fmt.Errorf("%d reads wait", n)
+		}
+		return nil
+	})
+	e.Close()
+	for range 2 {
+		if err := <-errs; !errors.Is(err, ErrClosed) {
+			t.Fatalf("a read when its endpoint closed: %v, want ErrClosed (not its deadline)", err)
 		}
 	}
 }
