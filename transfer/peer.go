@@ -411,7 +411,7 @@ func (p *Peer) Lease(ctx context.Context, hashes []uint64, d time.Duration) (Lea
 		return Lease{}, fmt.Errorf("%w: lease from %s carries RDMA regions it was not asked for", ErrFrame, p.name)
 	}
 	if asked {
-		if err := p.keepRegions(l.ID, &l, resp.RdmaRegions); err != nil {
+		if err := p.keepRegions(l.ID, &l, resp.RdmaRegions, resp.OfiName); err != nil {
 			return Lease{}, err
 		}
 		if len(resp.RdmaRegions) > 0 {

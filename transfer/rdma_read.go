@@ -4,6 +4,7 @@ package transfer
 // per pair of devices, and reads as RDMA READs in groups and lanes.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +23,10 @@ type remoteRegion struct {
 	addr, length uint64
 	key          uint64
 	nic          int // the holder's device it is registered with
+	// scope is the holder's endpoint the key was issued on (libfabric's
+	// endpoint name; none for verbs): a key read on another endpoint of
+	// the holder's (one that replaced it) may name other memory there.
+	scope []byte
 }
 
 // nicPair names queue pairs by the devices at their ends: this node's
@@ -67,8 +72,9 @@ func (p *Peer) wantRDMA() bool {
 // a holder's answer must not make the reader keep more than it sent.
 const maxLeaseRegionHoles = maxRank
 
-// keepRegions validates the keys a lease carried and remembers them.
-func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaRegion) error {
+// keepRegions validates the keys a lease carried and remembers them, as
+// issued on the holder's endpoint scope (LeaseResponse.ofi_name).
+func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaRegion, scope []byte) error {
 	r := p.rdma
 	if r == nil || len(regions) == 0 {
 		if r != nil && l.ID != 0 && len(l.LayoutDigests) > 0 {
@@ -101,6 +107,7 @@ func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaR
 		return fmt.Errorf("%w: lease from %s: %d RDMA regions reach %d ranks of %d block sets (at most %d ranks without a region)",
 			ErrFrame, p.name, len(regions), kept, len(ranks), maxLeaseRegionHoles)
 	}
+	scope = bytes.Clone(scope)
 	sets := make(map[uint64][]remoteRegion, len(ranks))
 	for set, n := range ranks {
 		sets[set] = make([]remoteRegion, n)
@@ -110,7 +117,7 @@ func (p *Peer) keepRegions(leaseID uint64, l *Lease, regions []*transferpb.RdmaR
 		if rs[g.Rank].length != 0 {
 			return fmt.Errorf("%w: lease from %s: two RDMA regions for block set %d rank %d", ErrFrame, p.name, g.BlockSet, g.Rank)
 		}
-		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, key: r.tp.regionKey(g), nic: int(g.Nic)}
+		rs[g.Rank] = remoteRegion{addr: g.Addr, length: g.Length, key: r.tp.regionKey(g), nic: int(g.Nic), scope: scope}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -505,7 +505,7 @@ func TestRDMADeviceIndexLimits(t *testing.T) {
 		nic uint32
 		ok  bool
 	}{{MaxNICs - 1, true}, {MaxNICs, false}} {
-		err := p.peer.keepRegions(9, lease, []*transferpb.RdmaRegion{{BlockSet: 7, Rank: 0, Addr: 4096, Length: 4096, Rkey: 3, Nic: tc.nic}})
+		err := p.peer.keepRegions(9, lease, []*transferpb.RdmaRegion{{BlockSet: 7, Rank: 0, Addr: 4096, Length: 4096, Rkey: 3, Nic: tc.nic}}, nil)
 		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrFrame)) {
 			t.Fatalf("lease region on nic %d: %v", tc.nic, err)
 		}
@@ -527,7 +527,7 @@ func TestRDMADeviceIndexLimits(t *testing.T) {
 		err := p.peer.keepRegions(10, two, []*transferpb.RdmaRegion{
 			{BlockSet: 7, Rank: tc.rank7, Addr: 4096, Length: 4096, Rkey: 3},
 			{BlockSet: 8, Rank: tc.rank8, Addr: 4096, Length: 4096, Rkey: 3},
-		})
+		}, nil)
 		if tc.ok != (err == nil) || (err != nil && (!errors.Is(err, ErrFrame) || !strings.Contains(err.Error(), "without a region"))) {
 			t.Fatalf("lease regions at ranks %d and %d: %v", tc.rank7, tc.rank8, err)
 		}

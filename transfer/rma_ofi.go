@@ -502,10 +502,15 @@ func (v *ofiPeer) done() {
 
 // peerAddr inserts the holder's endpoint name into the address vector,
 // once, and begins a read to it: the caller calls done when the read has
-// ended. It returns the address and the name it is of.
-func (v *ofiPeer) peerAddr(ep *ofi.Endpoint) (ofi.Peer, []byte, error) {
+// ended. It returns the address and the name it is of, or
+// errKeysOfAnotherEndpoint when the holder's name is not scope, the one
+// the read's keys were issued on.
+func (v *ofiPeer) peerAddr(ep *ofi.Endpoint, scope []byte) (ofi.Peer, []byte, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if !v.closed && !bytes.Equal(v.name, scope) {
+		return ofi.Peer{}, nil, errKeysOfAnotherEndpoint
+	}
 	if v.added && v.ep != ep {
 		// Inserted in an endpoint since replaced.
 		v.forgetLocked()
@@ -535,10 +540,26 @@ func (v *ofiPeer) read(ctx context.Context, leaseID uint64, k nicPair, segs []la
 		// Being replaced: the reads that broke it started that.
 		return groupRead{fallback: FallbackConnectFailed}
 	}
-	addr, name, err := v.peerAddr(ep)
+	// Keys are read only on the endpoint they were issued on: one that
+	// replaced it (the holder restarted, or replaced a broken one) may
+	// have issued the same key for other memory. A lease answered before
+	// the holder's newest name falls back.
+	var scope []byte
+	for i, s := range segs {
+		if rs := regions[s.SrcRank].scope; i == 0 {
+			scope = rs
+		} else if !bytes.Equal(rs, scope) {
+			return groupRead{fallback: FallbackBadKeys}
+		}
+	}
+	addr, name, err := v.peerAddr(ep, scope)
 	if err != nil {
 		if errors.Is(err, ErrClosed) {
 			return groupRead{err: err}
+		}
+		if errors.Is(err, errKeysOfAnotherEndpoint) {
+			p.n.log.Info("libfabric keys of a lease are of another endpoint of the holder's; reading over QUIC", "peer", p.name, "lease", leaseID)
+			return groupRead{fallback: FallbackBadKeys}
 		}
 		st.connectFails.Add(1)
 		p.n.log.Warn("libfabric peer address failed", "peer", p.name, "err", err)
@@ -594,6 +615,10 @@ func (v *ofiPeer) read(ctx context.Context, leaseID uint64, k nicPair, segs []la
 	}
 	return g
 }
+
+// errKeysOfAnotherEndpoint refuses a read whose keys a lease carried from
+// an endpoint of the holder's that another has replaced since.
+var errKeysOfAnotherEndpoint = errors.New("transfer: the lease's keys are of another endpoint of the holder's")
 
 func (v *ofiPeer) close() {
 	v.mu.Lock()

@@ -135,7 +135,7 @@ func TestOFILeaseSaysReadsInline(t *testing.T) {
 		t.Fatalf("an older reader's lease: endpoint name of %d bytes, served inline %v; want a name, not inline", len(old.OfiName), served(old.LeaseId).inline)
 	}
 	wantNap("an older reader's lease", 50*time.Microsecond)
-	if err := p.peer.keepRegions(old.LeaseId, &Lease{ID: old.LeaseId, LayoutDigests: old.LayoutDigests}, old.RdmaRegions); err != nil {
+	if err := p.peer.keepRegions(old.LeaseId, &Lease{ID: old.LeaseId, LayoutDigests: old.LayoutDigests}, old.RdmaRegions, old.OfiName); err != nil {
 		t.Fatal(err)
 	}
 	read(old.LeaseId)

@@ -154,6 +154,39 @@ func TestOFIWrongKeyFallsBackToQUIC(t *testing.T) {
 	}
 }
 
+// A lease's keys are read only on the holder's endpoint that issued them:
+// once a later lease answer names another endpoint of the holder's (one
+// that replaced it, where the same key may name other memory), a read
+// under the earlier lease goes over QUIC, every byte checked; a lease
+// answered by the holder's endpoint of now reads over libfabric again.
+func TestOFIKeysOfAReplacedEndpointAreNotRead(t *testing.T) {
+	for _, prov := range ofiProviders {
+		t.Run(prov, func(t *testing.T) {
+			p := newOFIPair(t, prov, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			old, err := p.peer.Lease(ctx, []uint64{2}, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.peer.rdma.tp.answered(&transferpb.LeaseResponse{OfiName: []byte("the holder's next endpoint")}); err != nil {
+				t.Fatal(err)
+			}
+			via, err := p.peer.ReadVia(ctx, old.ID, 7, p.segs, p.dst)
+			if err != nil || via != TransportQUIC {
+				t.Fatalf("a read under a lease of the holder's earlier endpoint: over %s, %v; want quic", via, err)
+			}
+			p.checkBytes(t)
+			if m := p.metrics(t); m.Fallbacks[FallbackBadKeys] != 1 || m.Reads != 0 || m.ReadFailures != 0 {
+				t.Fatalf("metrics %+v: want the read fallen back for its keys, not tried", m)
+			}
+			if via := p.read(t); via != TransportRDMA {
+				t.Fatalf("a read under a lease of the holder's endpoint of now went over %s, want rdma", via)
+			}
+		})
+	}
+}
+
 // checkBytes checks every byte of the destinations against the plan.
 func (p *rdmaPair) checkBytes(t *testing.T) {
 	t.Helper()
