@@ -3,6 +3,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinels that errors from calls match with errors.Is. A handler wraps
@@ -65,6 +66,24 @@ func codeOf(err error) Code {
 		}
 	}
 	return CodeInternal
+}
+
+// MaxErrorMessage bounds the text of an error a node sends a peer, and
+// what it keeps of one a peer sent (the rest is cut, with how much was):
+// a peer's refusal reaches logs and engines' errors.
+const MaxErrorMessage = 1024
+
+// errorMessage is msg as an Error frame carries it, or as a peer's is
+// kept: at most MaxErrorMessage bytes of valid UTF-8 (proto3 strings
+// must be: a cut rune or a handler's raw bytes would turn an answer into
+// a reset).
+func errorMessage(msg string) string {
+	if len(msg) > MaxErrorMessage {
+		// The note of the length takes at most 32 bytes: the text stays
+		// within the bound, and one cut already is not cut again.
+		msg = fmt.Sprintf("%s... (%d bytes)", msg[:MaxErrorMessage-32], len(msg))
+	}
+	return strings.ToValidUTF8(msg, "?")
 }
 
 // RemoteError is an error that the holder sent back for a call.

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -548,11 +547,7 @@ func (n *Node) serveLane(raw net.Conn) {
 
 // laneRefuse answers a refused request (or hello) with an Error frame.
 func (n *Node) laneRefuse(w deadlineWriter, err error) error {
-	msg := err.Error()
-	if len(msg) > 1024 {
-		msg = msg[:1024]
-	}
-	return writeFrame(w, statusError, &transferpb.Error{Code: uint32(codeOf(err)), Message: strings.ToValidUTF8(msg, "?")}, n.cfg.MaxMessageSize)
+	return writeFrame(w, statusError, &transferpb.Error{Code: uint32(codeOf(err)), Message: errorMessage(err.Error())}, n.cfg.MaxMessageSize)
 }
 
 // peerName13 is the common name of a TLS connection's verified peer.

@@ -5,9 +5,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/transfer/transferpb"
@@ -154,4 +157,40 @@ func laneLiarConn(t *testing.T, kind string) (reader, holder net.Conn) {
 		holder.Close()
 	})
 	return reader, holder
+}
+
+// A holder's refusal is kept to MaxErrorMessage bytes of valid UTF-8,
+// with its length noted: it reaches logs and engines' errors.
+func TestLaneHolderRefusalTextIsBounded(t *testing.T) {
+	_, _, p, _ := laneSetup(t, 1<<20, true)
+	long := strings.Repeat("é", 100<<10) // 200 KiB, cut mid-rune
+	var b bytes.Buffer
+	if err := writeFrame(&b, statusError, &transferpb.Error{Code: uint32(CodeLeaseRefused), Message: long}, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	c, holder := laneLiarConn(t, "pipe")
+	go func() {
+		if _, _, err := readFrame(holder, 1<<20); err == nil {
+			holder.Write(b.Bytes())
+		}
+		holder.Close()
+	}()
+	lc := &laneConn{c: c, r: bufio.NewReaderSize(c, laneFrameBuf)}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := p.readLanePart(ctx, lc, 5, 9, []layout.Segment{{Length: 100, Count: 1}}, [][]byte{make([]byte, 100)})
+	var re *RemoteError
+	if !errors.As(err, &re) || !errors.Is(err, ErrLeaseRefused) {
+		t.Fatalf("a refusal: %v, want a RemoteError of a refused lease", err)
+	}
+	if len(re.Message) > MaxErrorMessage || !utf8.ValidString(re.Message) || !strings.HasSuffix(re.Message, fmt.Sprintf("(%d bytes)", len(long))) {
+		t.Fatalf("the refusal's text kept: %d bytes, valid UTF-8 %v, ends %q", len(re.Message), utf8.ValidString(re.Message), re.Message[max(0, len(re.Message)-40):])
+	}
+	for _, n := range []int{MaxErrorMessage, MaxErrorMessage + 1} {
+		msg := strings.Repeat("x", n)
+		got := errorMessage(msg)
+		if n <= MaxErrorMessage && got != msg || len(got) > MaxErrorMessage || errorMessage(got) != got {
+			t.Errorf("errorMessage of %d bytes: %d bytes %q...", n, len(got), got[:min(len(got), 20)])
+		}
+	}
 }

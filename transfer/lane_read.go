@@ -310,7 +310,7 @@ func (p *Peer) dialLane(ctx context.Context, port int, plain bool, token []byte)
 		if err := unmarshal(payload, &e); err != nil {
 			return fail(c, err)
 		}
-		return fail(c, &RemoteError{Peer: p.name, Method: "lane-hello", Code: Code(e.Code), Message: e.Message})
+		return fail(c, &RemoteError{Peer: p.name, Method: "lane-hello", Code: Code(e.Code), Message: errorMessage(e.Message)})
 	}
 	if !w.done() {
 		return fail(c, ctx.Err())
@@ -452,7 +452,7 @@ func (p *Peer) laneAnswer(ctx context.Context, w *laneWatch, lc *laneConn, segs 
 		if err := unmarshal(payload, &e); err != nil {
 			return fail(err)
 		}
-		return true, &RemoteError{Peer: p.name, Method: methodRead.String(), Code: Code(e.Code), Message: e.Message}
+		return true, &RemoteError{Peer: p.name, Method: methodRead.String(), Code: Code(e.Code), Message: errorMessage(e.Message)}
 	default:
 		return fail(fmt.Errorf("%w: status %d", ErrFrame, kind))
 	}

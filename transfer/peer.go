@@ -309,7 +309,7 @@ func (p *Peer) readResponse(ctx context.Context, s *quic.Stream, r io.Reader, m 
 		if err := proto.Unmarshal(payload, &e); err != nil {
 			return fmt.Errorf("%w: %s error from %s: %v", ErrFrame, m, p.name, err)
 		}
-		return &RemoteError{Peer: p.name, Method: m.String(), Code: Code(e.Code), Message: e.Message}
+		return &RemoteError{Peer: p.name, Method: m.String(), Code: Code(e.Code), Message: errorMessage(e.Message)}
 	}
 	s.CancelRead(streamErrProtocol)
 	return fmt.Errorf("%w: %s from %s: status %d", ErrFrame, m, p.name, kind)

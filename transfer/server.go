@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,13 +95,7 @@ func (n *Node) serveStream(connCtx context.Context, s *quic.Stream, peer string,
 
 // refuse answers a call with an Error frame and closes the stream.
 func (n *Node) refuse(s *quic.Stream, err error) {
-	msg := err.Error()
-	if len(msg) > 1024 {
-		msg = msg[:1024]
-	}
-	// proto3 strings must be UTF-8: a cut rune or a handler's raw bytes
-	// would otherwise turn the answer into a reset.
-	msg = strings.ToValidUTF8(msg, "?")
+	msg := errorMessage(err.Error())
 	if werr := writeFrame(s, statusError, &transferpb.Error{Code: uint32(codeOf(err)), Message: msg}, n.cfg.MaxMessageSize); werr != nil {
 		s.CancelWrite(streamErrProtocol)
 		return
