@@ -49,14 +49,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from . import cuda
 from .blockset import BlockSet, DType, KVOrder, ModelConfig
 from .client import Client, Outcome
-from .errors import DeadlineExceeded, InvalidArgument, KvfabricError, NotFound, PermissionDenied, ResourceExhausted
+from .errors import DeadlineExceeded, InvalidArgument, KvfabricError, NotFound, PermissionDenied, ResourceExhausted, Unavailable
 from .hashing import block_hashes
 
 __all__ = [
@@ -104,7 +104,13 @@ class ConnectorConfig:
     after a load, one that runs out perhaps leaving the blocks referenced
     until the session ends, so that an agent that hangs holds the scheduler's step
     this much, and a worker twice this much for each request it loads, not
-    the client's 30 s.
+    the client's 30 s. require_agent: whether the engine's start fails when
+    the agent is not there (its socket missing, or no answer); by default
+    the engine starts without it, loading and saving nothing, with a
+    warning, and the connector connects (registers the block set) once the
+    agent answers, tried at most once a second. An agent that answers and
+    refuses (a spec it does not take, the socket's permissions) fails the
+    start either way.
     """
 
     socket: str = ""
@@ -120,6 +126,7 @@ class ConnectorConfig:
     namespace: str = "auto"
     call_timeout: float = 2.0
     save_pause: float = 10.0
+    require_agent: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "ConnectorConfig":
@@ -158,6 +165,53 @@ class ConnectorConfig:
     @property
     def socket_path(self) -> str:
         return self.socket or os.environ.get("KVFABRIC_SOCKET", "/var/lib/kvfabric/engine.sock")
+
+
+class _NoAgent:
+    """The client of a connector half that has not reached the agent yet
+    (ConnectorConfig.require_agent false): no session, and every call
+    refused as Unavailable, so that the half's reconnection (the path an
+    agent's restart takes) opens the real one once the agent answers."""
+
+    session_alive = False
+
+    def __init__(self, engine: str, why: Exception) -> None:
+        self.engine = engine
+        self.why = why
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        def refuse(*_a: Any, **_k: Any) -> Any:
+            raise Unavailable(f"no session with the agent yet: {self.why}")
+
+        return refuse
+
+
+#: How often a connector half warns that the agent is still not there.
+_ABSENT_WARN_INTERVAL = 60.0
+
+
+def _warn_again(half: Any, e: Exception, now: float) -> bool:
+    """Whether a half that never reached the agent warns of this failure to
+    connect: one unlike the last warned of (a socket there now, say, that
+    refuses), or the same once _ABSENT_WARN_INTERVAL has passed."""
+    why = f"{type(e).__name__}: {e}"
+    if why == half._warned_why and now - half._warned_at < _ABSENT_WARN_INTERVAL:
+        return False
+    half._warned_at, half._warned_why = now, why
+    return True
+
+
+def _absent(config: ConnectorConfig, engine: str, e: KvfabricError, log: logging.Logger) -> Client:
+    """The stand-in client of a half that starts without the agent, or e
+    raised again where it must not (require_agent, or a refusal)."""
+    if config.require_agent or not isinstance(e, (Unavailable, DeadlineExceeded)):
+        raise e
+    log.warning("kvfabric: the agent on %s is not there (%s): the engine starts without the cache, "
+                "and connects once the agent answers (require_agent: true makes this an error)", config.socket_path, e)
+    return cast(Client, _NoAgent(engine, e))
 
 
 class CacheKind(enum.Enum):
@@ -460,12 +514,24 @@ class SchedulerSide:
         self.config = config
         self.spec = spec
         self.log = logger or log
-        self.client = client or Client(config.socket_path, engine=engine, import_timeout=config.import_timeout)
         self._own_client = client is None
         self._engine = engine
         self._retry_at = 0.0
-        self.block_set = spec.register(self.client, config.slots, engine=engine)
-        self.node = self.client.status().node
+        self._warned_at, self._warned_why = time.monotonic(), ""
+        #: The block set and the agent's node: None and "" until the agent
+        #: is first reached (require_agent false and the agent not there).
+        self.block_set: BlockSet | None = None
+        self.node = ""
+        if client is not None:
+            self.client = client
+            self.block_set = spec.register(self.client, config.slots, engine=engine)
+            self.node = self.client.status().node
+        else:
+            try:
+                self.client, self.block_set, self.node = self._connect()
+            except KvfabricError as e:
+                self.client = _absent(config, engine, e, self.log)
+                self._warned_why = f"{type(e).__name__}: {e}"
         self.counters = Counters()
         self._lock = threading.Lock()
         self._reqs: dict[str, _Request] = {}
@@ -490,10 +556,25 @@ class SchedulerSide:
         #: Called in the background with each lookup's answer, before the
         #: import it may lead to (failure tests stop agents here).
         self.before_import: Callable[[Any], None] | None = None
-        self.log.info(
-            "kvfabric: block set %d on node %s (%s, TP %d, block %d tokens, %s)",
-            self.block_set.id, self.node, spec.model, spec.tp_size, spec.block_size, spec.kv_order,
-        )
+        #: Whether a reconnection is queued in the background (matched
+        #: queues one while the agent was never reached).
+        self._reconnecting = False
+        if self.block_set is not None:
+            self.log.info(
+                "kvfabric: block set %d on node %s (%s, TP %d, block %d tokens, %s)",
+                self.block_set.id, self.node, spec.model, spec.tp_size, spec.block_size, spec.kv_order,
+            )
+
+    def _connect(self) -> tuple[Client, BlockSet, str]:
+        """A new client of the agent, the block set registered on it and
+        the agent's node."""
+        c = Client(self.config.socket_path, engine=self._engine, import_timeout=self.config.import_timeout)
+        try:
+            bs = self.spec.register(c, self.config.slots, engine=self._engine)
+            return c, bs, c.status().node
+        except BaseException:
+            c.close()
+            raise
 
     # -- loads ----------------------------------------------------------
 
@@ -511,6 +592,11 @@ class SchedulerSide:
         answer is pending. Side-effect free once answered: called again with
         the same num_computed it answers the same."""
         if not self.config.load:
+            return 0
+        if self.block_set is None:
+            # The agent was never reached: nothing to load; reached in the
+            # background, for the requests after.
+            self._reconnect_later()
             return 0
         page = self.spec.block_size
         start = num_computed // page
@@ -539,11 +625,29 @@ class SchedulerSide:
                 return None
             return r.matched
 
+    def _reconnect_later(self) -> None:
+        """Queue a reconnection in the background, unless one is."""
+        with self._lock:
+            if self._reconnecting or self._closed:
+                return
+            self._reconnecting = True
+        try:
+            self._pool.submit(self._reconnect_queued)
+        except RuntimeError:
+            pass  # shut down meanwhile
+
+    def _reconnect_queued(self) -> None:
+        try:
+            self._reconnect()
+        finally:
+            with self._lock:
+                self._reconnecting = False
+
     def _reconnect(self) -> bool:
         """In the background: when the agent ended this client's session
-        (it restarted), open a new client and register again, at most once
-        a second; what the old session held is gone with it. Returns whether
-        the client's session is alive."""
+        (it restarted), or was never reached, open a new client and register
+        again, at most once a second; what the old session held is gone with
+        it. Returns whether the client's session is alive."""
         if self.client.session_alive or not self._own_client:
             return True
         now = time.monotonic()
@@ -551,16 +655,10 @@ class SchedulerSide:
             return False
         self._retry_at = now + 1.0
         try:
-            c = Client(self.config.socket_path, engine=self._engine, import_timeout=self.config.import_timeout)
+            c, bs, node = self._connect()
         except KvfabricError as e:
-            self.log.warning("kvfabric: the agent's session ended and reconnecting failed: %s", e)
-            return False
-        try:
-            bs = self.spec.register(c, self.config.slots, engine=self._engine)
-            node = c.status().node
-        except KvfabricError as e:
-            c.close()
-            self.log.warning("kvfabric: the agent's session ended and registering again failed: %s", e)
+            if self.block_set is not None or _warn_again(self, e, now):
+                self.log.warning("kvfabric: the agent's session ended, or was never opened, and connecting failed: %s", e)
             return False
         with self._lock:
             old, self.client, self.block_set, self.node = self.client, c, bs, node
@@ -634,6 +732,7 @@ class SchedulerSide:
                 )
                 return [], 0, []
         self.counters.add("imports")
+        assert self.block_set is not None  # looked up on its session
         got = self.client.import_blocks(self.block_set, want[: best.blocks], timeout=self.config.import_timeout)
         if got.error:
             self.counters.add("import_errors")
@@ -690,7 +789,10 @@ class SchedulerSide:
             self._step += 1
             step = self._step
             client, bs = self.client, self.block_set  # the session this plan belongs to
-            plan = StepPlan(step, bs.id, incarnation=incarnation(bs), join_token=bs.join_token)
+            if bs is None:  # the agent never reached: nothing loads or saves
+                plan = StepPlan(step, 0)
+            else:
+                plan = StepPlan(step, bs.id, incarnation=incarnation(bs), join_token=bs.join_token)
             for r in self._to_load:
                 if r.state is _State.LOADING and not r.cancelled:
                     n = r.matched // self.spec.block_size
@@ -710,7 +812,7 @@ class SchedulerSide:
         if wanted:
             need = sum(len(w[1]) for w in wanted)
             slots: list[int] = []
-            if time.monotonic() < self._saves_paused_until:
+            if bs is None or time.monotonic() < self._saves_paused_until:
                 self.counters.add("saves_skipped", need)
             else:
                 try:
@@ -744,7 +846,7 @@ class SchedulerSide:
                                 True, "saved", s.hashes[j], s.hashes[j - 1] if j else None,
                                 tuple(s.tokens[j * page : (j + 1) * page]), s.lora,
                             )
-                if plan.saves:
+                if plan.saves and bs is not None:
                     self._pending_saves[step] = (client, bs, plan.saves, events)
                     self._save_tables[step] = {
                         p.req_id: frozenset(scheduled[p.req_id][0]) for p in plan.saves if p.req_id in scheduled
@@ -888,9 +990,9 @@ class SchedulerSide:
     def _release(self, refs: list) -> None:
         """Give refs back, in the background (the scheduler does not wait
         on the agent for it); after close, at once."""
-        if not refs:
-            return
         client, bs = self.client, self.block_set
+        if not refs or bs is None:
+            return
         if not self._closed:
             try:
                 self._registrar.submit(self._release_now, client, bs, refs)
@@ -1057,9 +1159,20 @@ class WorkerSide:
         self.spec = spec
         self.rank = rank
         self.log = logger or log
-        self.client = client or Client(config.socket_path, engine=f"{engine}-rank{rank}", import_timeout=config.import_timeout)
-        self._own_client = client is None
+        if client is None:
+            name = f"{engine}-rank{rank}"
+            try:
+                client = Client(config.socket_path, engine=name, import_timeout=config.import_timeout)
+            except KvfabricError as e:
+                client = _absent(config, name, e, self.log)
+            self._own_client = True
+        else:
+            self._own_client = False
+        self.client = client
         self._retry_at = 0.0
+        self._warned_at, self._warned_why = time.monotonic(), ""
+        if isinstance(client, _NoAgent):
+            self._warned_why = f"{type(client.why).__name__}: {client.why}"
         #: The scheduler's block set, joined with the first plan (_follow).
         self.block_set: BlockSet | None = None
         self.layers: list[_Layer] = []
@@ -1223,7 +1336,8 @@ class WorkerSide:
         try:
             c = Client(self.config.socket_path, engine=self.client.engine, import_timeout=self.config.import_timeout)
         except KvfabricError as e:
-            self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
+            if not isinstance(self.client, _NoAgent) or _warn_again(self, e, now):
+                self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
             return
         old, self.client, self._join_failed, self._join_retry_at = self.client, c, None, 0.0
         self._joined_maybe.clear()  # the old session's, ended

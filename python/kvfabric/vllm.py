@@ -293,7 +293,8 @@ class KVFabricConnector(KVConnectorBase_V1):
         events = self.scheduler.take_events()
         if not events:
             return ()
-        medium = MEDIUM_GPU if self.scheduler.block_set.on_device else MEDIUM_CPU
+        bs = self.scheduler.block_set
+        medium = MEDIUM_GPU if bs is not None and bs.on_device else MEDIUM_CPU
         out = []
         for e in events:
             if e.stored:

@@ -946,3 +946,72 @@ def test_a_workers_release_after_a_load_waits_the_call_timeout(pair):
         assert took[0] < 15, f"the worker's release waited {took[0]:.1f} s on an agent that does not answer"
     finally:
         e.close()
+
+
+def test_an_engine_started_while_its_agent_is_away_runs_and_connects_later(pair, caplog):
+    """The agent is not there as the engine starts: the engine starts all
+    the same (require_agent false, the default), warned, and computes
+    everything, loading and saving nothing; once the agent answers, both
+    halves connect and the engine loads what the cluster holds and saves
+    what it computes. With require_agent, the start fails."""
+    from kvfabric.errors import Unavailable
+
+    holder, reader = pair
+    tokens = prompt(4 * 16 + 3, seed=81)
+    stored(holder, tokens)
+    reader.stop()
+    with pytest.raises(Unavailable):
+        SimEngine(reader.socket, SPEC, name="strict",
+                  config=ConnectorConfig(socket=reader.socket, stats_interval=0, require_agent=True))
+    e = SimEngine(reader.socket, SPEC, name="early")
+    s = e.scheduler
+    try:
+        assert s.block_set is None and "not there" in caplog.text
+        own = prompt(3 * 16 + 1, seed=82)
+        r = e.add("r", tokens)
+        o = e.add("o", own)
+        e.run()
+        assert r.loaded == 0 and e.check(r) == len(r.tokens) and e.check(o) == len(o.tokens)
+        st = s.stats()
+        assert st["saved_blocks"] == 0 and st["saves_skipped"] == 4 + 3 and st["lookups"] == 0, st
+        reader.start(join=holder.gossip)
+
+        def connected() -> bool:
+            s.matched("probe", prompt(2 * 16 + 1, seed=83), 0)
+            s.finished("probe")
+            return s.block_set is not None and all(w.client.session_alive for w in e.workers)
+
+        def step() -> bool:
+            e.add(f"x{time.monotonic()}", prompt(16 + 1, seed=84))
+            e.run()
+            return connected()
+
+        wait_for("the engine connected once the agent answered", step)
+        wait_indexed(e, tokens, 4)
+        r2 = e.add("r2", tokens)
+        e.run()
+        assert r2.loaded == 4 * 16 and e.check(r2) == len(r2.tokens), s.stats()
+        fresh = prompt(2 * 16 + 5, seed=85)
+        f = e.add("f", fresh)
+        e.run()
+        s.wait_idle()
+        assert e.check(f) == len(f.tokens)
+        held = s.client.lookup(kvfabric.block_hashes(fresh, 16)).overlaps
+        assert max((x.blocks for x in held), default=0) == 2, "what the engine computed once connected was not saved"
+    finally:
+        e.close()
+
+
+def test_a_half_without_its_agent_warns_of_each_new_failure_and_the_same_once_a_minute():
+    from kvfabric.connector import _ABSENT_WARN_INTERVAL, _warn_again
+    from kvfabric.errors import PermissionDenied, Unavailable
+
+    class Half:
+        _warned_at, _warned_why = 0.0, ""
+
+    h = Half()
+    assert _warn_again(h, Unavailable("no socket"), 0.5)
+    assert not _warn_again(h, Unavailable("no socket"), 1.0)
+    assert _warn_again(h, PermissionDenied("refused"), 2.0), "a new failure is warned of at once"
+    assert not _warn_again(h, PermissionDenied("refused"), 2.0 + _ABSENT_WARN_INTERVAL - 0.1)
+    assert _warn_again(h, PermissionDenied("refused"), 2.0 + _ABSENT_WARN_INTERVAL)

@@ -421,3 +421,37 @@ def test_multimodal_and_embedding_requests_are_neither_loaded_nor_saved(node1, m
         assert set(c.scheduler._saving) == {"plain"}
     finally:
         c.shutdown()
+
+
+def test_real_engine_starts_without_its_agent_and_connects_later(node1, model_dir, tmp_path):
+    """vLLM starts while its agent's socket is not there yet (require_agent
+    false, the default): it serves, saving nothing; once the socket is
+    there, the connector connects and the engine's next prompt is saved."""
+    sock = str(tmp_path / "later.sock")
+    a = Engine(vllm_config(model_dir, sock))
+    try:
+        conn = a.sched.connector
+        assert conn.scheduler.block_set is None
+        rng = random.Random(41)
+        a.add("early", [rng.randrange(32000) for _ in range(3 * BLOCK + 2)])
+        seen = a.run("early")
+        assert seen["loaded"] == 0 and seen["saved"] == 0
+        os.symlink(node1.socket + ".fd", sock + ".fd")  # the memory's descriptor socket beside it
+        os.symlink(node1.socket, sock)
+        n = 0
+
+        def connected() -> bool:
+            nonlocal n
+            n += 1
+            a.add(f"probe{n}", [rng.randrange(32000) for _ in range(BLOCK + 1)])
+            a.run(f"probe{n}")
+            return conn.scheduler.block_set is not None
+
+        wait_for("the connector connected once the agent's socket was there", connected)
+        a.add("later", [rng.randrange(32000) for _ in range(3 * BLOCK + 2)])
+        seen = a.run("later")
+        assert seen["saved"] == 3, seen
+        conn.scheduler.wait_idle()
+        assert conn.stats()["save_errors"] == 0
+    finally:
+        a.close()
