@@ -1136,7 +1136,9 @@ func (a *Agent) describe(s *engineSet) (*fabricpb.RegisterResponse, error) {
 			// The rank's own memory file: its region starts at 0.
 			sec := s.mem[r].sec
 			off = 0
+			a.memMu.Lock() // renewed as the set passes on (renewSetMemory)
 			m.Path, m.Offset, m.FileSize, m.Token = sec.Path(), 0, sec.Size(), s.mem[r].token
+			a.memMu.Unlock()
 		}
 		if a.cfg.MemoryDir != "" {
 			m.File = m.Path

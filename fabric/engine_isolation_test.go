@@ -36,7 +36,52 @@ import (
 const (
 	isolationHelperEnv     = "KVFABRIC_TEST_ISOLATION_SOCKET"
 	isolationHelperModeEnv = "KVFABRIC_TEST_ISOLATION_MODE" // "fd" or "file"
+	// isolationHelperMapEnv makes the helper a process that only maps
+	// memory it was told of ("token:T" over the descriptor socket, or
+	// "file:PATH") and writes 0x55 over it (mapAndWrite).
+	isolationHelperMapEnv = "KVFABRIC_TEST_ISOLATION_MAP"
 )
+
+// mapAndWrite maps the memory what names, never having registered
+// anything, and writes 0x55 over all of it, printing "wrote"; or prints
+// "refused" and the error.
+func mapAndWrite(sock, what string) error {
+	kind, arg, _ := strings.Cut(what, ":")
+	var b []byte
+	var err error
+	if kind == "file" {
+		b, err = client.MapFile(arg)
+	} else {
+		b, err = client.MapDescriptor(sock+fabric.FDSocketSuffix, arg)
+	}
+	if err != nil {
+		fmt.Println("refused", err)
+		return nil
+	}
+	for i := range b {
+		b[i] = 0x55
+	}
+	syscall.Munmap(b)
+	fmt.Println("wrote")
+	return nil
+}
+
+// mapAs runs a process that maps the memory what names (mapAndWrite) and
+// returns what it printed.
+func mapAs(t *testing.T, a *fabric.Agent, what string) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), isolationHelperEnv+"="+a.EngineSocket(), isolationHelperMapEnv+"="+what)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("mapping process: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
 
 // isolationEngine is the layout both engines of the isolation tests ask
 // for, so that the agent could give one's memory to the other.
@@ -56,6 +101,9 @@ var isolationEngine = client.Engine{Name: "tenant", Model: smallModel, TPSize: 2
 //
 // answering each with "ok" (or "error ..."); it exits at end of input.
 func runIsolationHelper(sock string) error {
+	if what := os.Getenv(isolationHelperMapEnv); what != "" {
+		return mapAndWrite(sock, what)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := client.Dial(ctx, sock)
@@ -119,6 +167,8 @@ func runIsolationHelper(sock string) error {
 			_, err = c.RegisterBlocks(ctx, set.ID, slots[1:4], hashes)
 		case "token":
 			fmt.Print("token " + set.JoinToken + " ")
+		case "names":
+			fmt.Printf("names %s %s ", set.Memory[0].GetToken(), set.Memory[0].GetFile())
 		case "size":
 			n, want := 0, uint64(0)
 			for _, b := range maps {
@@ -720,5 +770,67 @@ func TestCallerOfAnExitedEnginesSetKeepsItFromOthers(t *testing.T) {
 	}
 	if _, err := c.Allocate(ctx, first.set, 1); err != nil {
 		t.Fatalf("Allocate in the block set this process took up: %v", err)
+	}
+}
+
+// The memory of an exited engine's set passes to the engine that takes the
+// set up under new names: a process that learned the old engine's memory
+// token, or its memory file's name (its logs, its plans), maps nothing,
+// and one that learns the new owner's token cannot map the memory while
+// the owner runs (the token alone is no credential). Nothing it does
+// reaches the new owner's slots.
+func TestSetMemoryPassesOnUnderNewNames(t *testing.T) {
+	for _, mode := range []string{"fd", "file"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := testConfig(t, "n1")
+			if mode == "file" {
+				cfg.MemoryDir = filepath.Join(cfg.DataDir, "shm")
+			}
+			cfg.BlockSetGrace = time.Minute
+			a := startAgent(t, cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			tenant := startTenant(t, a, mode)
+			f := strings.Fields(tenant.do("names"))
+			if len(f) < 2 || f[0] != "names" || (mode == "file") != (len(f) == 4) {
+				t.Fatalf("names: %q", f)
+			}
+			oldToken, oldFile := f[1], ""
+			if mode == "file" {
+				oldFile = f[2]
+			}
+			tenant.exit(t)
+			c, err := client.Dial(ctx, a.EngineSocket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			waitSetIdle(t, ctx, c, tenant.set)
+			set, err := c.Register(ctx, isolationEngine)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if set.ID != tenant.set {
+				t.Fatalf("set %d made, want the exited engine's set %d taken up", set.ID, tenant.set)
+			}
+			if tok := set.Memory[0].GetToken(); tok == oldToken || (mode == "file" && set.Memory[0].GetFile() == oldFile) {
+				t.Fatalf("the new owner's memory is named as the exited engine's: token %v, file %q", tok == oldToken, set.Memory[0].GetFile())
+			}
+			slots, err := c.Allocate(ctx, set.ID, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkFresh(t, set, slots)
+			tries := []string{"token:" + oldToken, "token:" + set.Memory[0].GetToken()}
+			if mode == "file" {
+				tries = append(tries, "file:"+oldFile)
+			}
+			for _, what := range tries {
+				if got := mapAs(t, a, what); !strings.HasPrefix(got, "refused") {
+					t.Errorf("a process never handed the set, mapping %s: %q, want refused", what, got)
+				}
+			}
+			checkFresh(t, set, slots)
+		})
 	}
 }

@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"os"
 
@@ -37,7 +38,9 @@ import (
 
 // setMemory is one rank region of a block set, as engines receive it.
 type setMemory struct {
-	sec   *pool.Section
+	sec *pool.Section
+	// token maps the section over the descriptor socket; renewed as the
+	// set passes on (renewSetMemory). Guarded by Agent.memMu.
 	token string
 	// rdma is the section's bytes while registered with the NIC.
 	rdma []byte
@@ -203,6 +206,29 @@ func (a *Agent) placeSetMemory(es *engineSet, mem []*setMemory) error {
 	}
 	a.memMu.Unlock()
 	es.mem = mem
+	es.renewMem = func() error { return a.renewSetMemory(es) }
+	return nil
+}
+
+// renewSetMemory gives each rank's memory of es a new token and, for a
+// named file, a new name, as es passes to another process: the old ones
+// no longer map it. es.mu is held.
+func (a *Agent) renewSetMemory(es *engineSet) error {
+	a.memMu.Lock()
+	defer a.memMu.Unlock()
+	var errs []error
+	for r, m := range es.mem {
+		delete(a.memTokens, tokenKey(m.token))
+		m.token = newMemoryToken()
+		a.memTokens[tokenKey(m.token)] = memoryRef{es: es, rank: r}
+		if err := m.sec.Rename(fmt.Sprintf("kvfabric-set%d-rank%d", es.set.ID(), r)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		a.log.Warn("a block set's memory files could not be renamed as it passes to another engine: it is not reused", "set", es.set.ID(), "err", err)
+		return err
+	}
 	return nil
 }
 
@@ -246,24 +272,33 @@ func (a *Agent) unregister(m *setMemory) {
 
 // memoryFor answers a token of the descriptor socket: a duplicate of the
 // rank's descriptor (the caller closes it) and its size, recording pid as
-// a process the set was handed to.
+// a process the set was handed to. The token alone is not enough: pid
+// must be one of those processes, or may take the set up (no other is
+// running: mayJoin), so that a process that learned a token from another
+// (its logs, its plans) cannot map memory a running engine writes.
 func (a *Agent) memoryFor(token string, pid int32) (fd int, size uint64, ok bool) {
 	a.memMu.Lock()
 	ref, found := a.memTokens[tokenKey(token)]
-	if found {
-		m := ref.es.mem[ref.rank]
+	a.memMu.Unlock()
+	if !found || !ref.es.call(pid, true) {
+		return -1, 0, false
+	}
+	a.memMu.Lock()
+	if m := ref.es.mem[ref.rank]; a.memTokens[tokenKey(token)] == ref {
 		// Duplicated under the lock that dropSetMemory takes before it
-		// closes the section: the number cannot be another file's.
+		// closes the section, the token still the rank's (not renewed
+		// meanwhile): the number cannot be another file's.
 		var err error
 		fd, err = unix.FcntlInt(uintptr(m.sec.FD()), unix.F_DUPFD_CLOEXEC, 0)
 		found = err == nil
 		size = m.sec.Size()
+	} else {
+		found = false
 	}
 	a.memMu.Unlock()
 	if !found {
 		return -1, 0, false
 	}
-	a.handedTo(ref.es, pid)
 	return fd, size, true
 }
 
@@ -346,8 +381,15 @@ func (es *engineSet) mayJoinLocked(pid int32) bool {
 		es.forgetLocked(p, fd)
 		forgot = true
 	}
-	if forgot && !callerLive {
+	if (forgot || es.renewOwed) && !callerLive {
 		es.renewJoinToken()
+		if es.renewMem != nil {
+			// A set whose memory names could not be renewed does not
+			// pass on: the next engine gets a set of its own.
+			if es.renewOwed = es.renewMem() != nil; es.renewOwed {
+				return false
+			}
+		}
 	}
 	return true
 }

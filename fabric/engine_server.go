@@ -55,6 +55,14 @@ type engineSet struct {
 	mem       []*setMemory
 	receivers map[int32]int
 	zeroFresh bool
+	// renewMem gives mem new tokens and file names as the set passes to
+	// a process other than those it was handed to (mayJoin), so that
+	// whoever learned the old ones cannot map the new owner's memory;
+	// renewOwed says a renewal failed and is owed before the set passes
+	// on. nil where sets have no memory of their own. Called with mu
+	// held.
+	renewMem  func() error
+	renewOwed bool
 
 	// sums: blocks registered here get content checksums (checksum.go).
 	sums bool

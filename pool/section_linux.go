@@ -3,6 +3,7 @@
 package pool
 
 import (
+	"crypto/rand"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -172,15 +173,45 @@ func (s *Section) FD() int {
 // Path is what an engine opens to map the section: the file under the
 // storage's directory for ShmFile, else /proc/<pid>/fd/<fd>.
 func (s *Section) Path() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.path != "" {
 		return s.path
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.file == nil || s.closed {
 		return ""
 	}
 	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), s.file.Fd())
+}
+
+// Rename gives a section's file under the storage's directory a new name
+// (name, then a random suffix), so that whoever learned the old one can no
+// longer open it; mappings and descriptors already open stay. A memfd
+// section has no name to learn: nothing is done.
+func (s *Section) Rename(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("%w: section closed", ErrClosed)
+	}
+	if s.path == "" {
+		return nil
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return fmt.Errorf("pool: section %s: %w", s.path, err)
+	}
+	to := filepath.Join(filepath.Dir(s.path), fmt.Sprintf("%s-%x", name, b))
+	// link, then remove: no file of that name is replaced.
+	if err := os.Link(s.path, to); err != nil {
+		return fmt.Errorf("pool: section %s: %w", s.path, err)
+	}
+	if err := os.Remove(s.path); err != nil {
+		os.Remove(to)
+		return fmt.Errorf("pool: section %s: %w", s.path, err)
+	}
+	s.path = to
+	return nil
 }
 
 // Close closes the section's file and removes its name: no one can map it

@@ -77,5 +77,8 @@ func (s *Section) FD() int { return -1 }
 // Path returns "".
 func (s *Section) Path() string { return "" }
 
+// Rename does nothing here: sections are Linux's.
+func (s *Section) Rename(name string) error { return nil }
+
 // Close does nothing.
 func (s *Section) Close() error { return nil }

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import enum
+import hashlib
 import logging
 import os
 import re
@@ -352,11 +353,13 @@ class StepPlan:
 
 
 def incarnation(bs: BlockSet) -> str:
-    """A block set's id with its agent's run: the pool memory's token (or
-    IPC handle), which no other run of the agent shares. Slot numbers mean
-    something only within one."""
+    """A block set's id with its agent's run: a digest of the pool memory's
+    token (or IPC handle), which no other run of the agent shares. Slot
+    numbers mean something only within one. A digest, not the token: plans
+    and log lines carry it, and the token maps the memory."""
     m = bs.memory[0]
-    return f"{bs.id}:{m.token or bytes(m.cuda_ipc_handle).hex()}"
+    secret = m.token.encode() if m.token else bytes(m.cuda_ipc_handle)
+    return f"{bs.id}:{hashlib.sha256(secret).hexdigest()[:32]}"
 
 
 @dataclass

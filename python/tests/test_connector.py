@@ -3,6 +3,7 @@ against two real agents; every element of every computed token checked."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import threading
@@ -588,6 +589,18 @@ def test_layerwise_load_failing_in_a_layer_is_recomputed(node1, node2):
 def test_a_plans_repr_leaves_its_join_token_out():
     plan = StepPlan(3, 7, incarnation="inc", join_token="join-secret")
     assert "join-secret" not in repr(plan) and "inc" in repr(plan), repr(plan)
+
+
+def test_a_sets_incarnation_names_its_memory_token_only_by_a_digest(node1):
+    """Plans and log lines carry the incarnation; the memory token maps the
+    set's memory: it is not in it, and two sets' incarnations differ."""
+    with node1.client() as c:
+        a = SPEC.register(c, 0, engine="inc-a")
+        b = dataclasses.replace(SPEC, layers=SPEC.layers + 1).register(c, 0, engine="inc-b")
+        for bs in (a, b):
+            tok = bs.memory[0].token
+            assert tok and tok not in incarnation(bs) and tok[4:12] not in incarnation(bs), incarnation(bs)
+        assert incarnation(a) != incarnation(b) and incarnation(a) == incarnation(a)
 
 
 def test_a_join_refused_its_token_is_tried_with_a_new_one(node1):
