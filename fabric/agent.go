@@ -201,7 +201,10 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err := a.applyDumpable(); err != nil { // before any memory exists
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+	// Made so that the engine socket's group can search it where the
+	// socket is in it (or below it) and its mode grants the group access.
+	dirPerm, dirGid := cfg.dataDirAccess()
+	if err := makeDirs(cfg.DataDir, dirPerm, dirGid); err != nil {
 		return nil, fmt.Errorf("fabric: data dir: %w", err)
 	}
 	if cfg.IndexMode == IndexOwned {
@@ -352,9 +355,11 @@ func (a *Agent) startEngineAPI() error {
 	if err := removeStaleSocket(path, "engine socket"); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	perm, gid := a.cfg.socketDirAccess()
+	if err := makeDirs(filepath.Dir(path), perm, gid); err != nil {
 		return fmt.Errorf("fabric: engine socket dir: %w", err)
 	}
+	a.warnSocketDirs()
 	// Bind under a umask-independent mode: make the socket, then set its
 	// mode and group before anyone is told where it is.
 	ln, err := net.Listen("unix", path)

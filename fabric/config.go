@@ -231,7 +231,11 @@ type Config struct {
 	// EngineSocketMode is the octal permission of the engine socket, its
 	// companion and the named memory file: 0600, 0620, 0640 or 0660 (the
 	// owner always reads and writes; others never get access). If empty,
-	// 0600.
+	// 0600. Where it grants the group access, the directories the agent
+	// makes on the way to the socket (DataDir by default) are 0710 and
+	// EngineSocketGroup's, so that the group's engines reach the socket;
+	// one there already that the group cannot search is named in a
+	// warning at start.
 	EngineSocketMode string `json:"engine_socket_mode,omitempty"`
 	// EngineSocketGroup is the group (name or numeric id) that owns the
 	// engine socket, its companion and the named memory file, so that
