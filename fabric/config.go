@@ -217,8 +217,9 @@ type Config struct {
 	KeyFile  string `json:"key_file,omitempty"`
 	// Dev makes or reuses a development CA in DevCADir and certifies this node with
 	// it: for a local development cluster only. Ignored when the TLS files
-	// are given.
-	Dev bool `json:"dev,omitempty"`
+	// are given. Always written, as Local is, so that false read back over
+	// DefaultLocalConfig stays false.
+	Dev bool `json:"dev"`
 	// DevCADir is where Dev keeps the development CA; the agents of one
 	// local cluster share it. If empty, a kvfabric-dev-ca folder beside
 	// DataDir.
@@ -366,7 +367,7 @@ type Config struct {
 	// Not read from files.
 	MetricsHandler http.Handler `json:"-"`
 	// Local selects loopback timings for gossip (DefaultLocalConfig).
-	Local bool `json:"local,omitempty"`
+	Local bool `json:"local"`
 
 	// hooks are set by tests before Start, so that every goroutine of
 	// the agent sees them without further synchronisation.
@@ -560,8 +561,9 @@ type Config struct {
 	// there; never more than half the blocks the set keeps.
 	// 0..MaxTierReadAhead. If zero, none: zero is off, so that the setting
 	// given as 0 anywhere turns it off; DefaultConfig sets
-	// DefaultTierReadAhead.
-	TierReadAhead int `json:"tier_read_ahead,omitempty"`
+	// DefaultTierReadAhead. Always written (MarshalConfig), so that a 0
+	// read back over the defaults stays off.
+	TierReadAhead int `json:"tier_read_ahead"`
 }
 
 // DefaultConfig returns the defaults for an agent on a cluster node.

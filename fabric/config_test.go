@@ -220,6 +220,63 @@ func TestMarshalConfigRoundTrip(t *testing.T) {
 	}
 }
 
+// What --print-config writes (MarshalConfig of the resolved settings)
+// reads back, over either set of defaults, to the same settings, each
+// setting at its zero value included: one whose zero means something
+// other than the default it would be read over (tier_read_ahead 0, off,
+// over DefaultTierReadAhead; dev and local false over
+// DefaultLocalConfig's true) is written, not left out.
+func TestMarshalConfigRoundTripsZeros(t *testing.T) {
+	bases := []struct {
+		name string
+		make func() Config
+	}{{"DefaultConfig", DefaultConfig}, {"DefaultLocalConfig", DefaultLocalConfig}}
+	dir := t.TempDir()
+	ct := reflect.TypeFor[Config]()
+	for i := range ct.NumField() {
+		f := ct.Field(i)
+		key, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if !f.IsExported() || key == "-" {
+			continue
+		}
+		for _, from := range bases {
+			c := from.make()
+			c.CAFile, c.CertFile, c.KeyFile = "ca.crt", "n1.crt", "n1.key" // valid with dev false too
+			reflect.ValueOf(&c).Elem().Field(i).SetZero()
+			eff, err := c.Resolved()
+			if err != nil {
+				if key == "ca_file" || key == "cert_file" || key == "key_file" {
+					continue // required without dev
+				}
+				t.Fatalf("%s zero over %s: %v", key, from.name, err)
+			}
+			b, err := MarshalConfig(eff)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "printed.json")
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, onto := range bases {
+				back, err := LoadConfigFile(path, onto.make())
+				if err != nil {
+					t.Fatalf("%s zero over %s, read over %s: %v\n%s", key, from.name, onto.name, err, b)
+				}
+				if back, err = back.Resolved(); err != nil {
+					t.Fatalf("%s zero over %s, read over %s: %v\n%s", key, from.name, onto.name, err, b)
+				}
+				for j := range ct.NumField() {
+					if g := ct.Field(j); g.IsExported() && !reflect.DeepEqual(reflect.ValueOf(eff).Field(j).Interface(), reflect.ValueOf(back).Field(j).Interface()) {
+						t.Errorf("%s zero over %s, printed and read over %s: %s %v became %v", key, from.name, onto.name, g.Name,
+							reflect.ValueOf(eff).Field(j), reflect.ValueOf(back).Field(j))
+					}
+				}
+			}
+		}
+	}
+}
+
 // Every duration setting: zero takes its default, DefaultConfig has it,
 // its bounds are accepted and a nanosecond past them refused naming its
 // key, and its file form is a string that reads back.

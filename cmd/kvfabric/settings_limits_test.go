@@ -171,7 +171,7 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"staging -1", []string{"--tier-staging-slots", "-1"}, "", "-1 is not in 1..4096"},
 		{"block bytes 1GiB", []string{"--tier-block-bytes", "1GiB"}, `"tier_block_bytes": 1073741824`, ""},
 		{"block bytes a byte past 1GiB", []string{"--tier-block-bytes", "1073741825"}, "", "1073741825 is not in 1..1073741824"},
-		{"read-ahead 0", []string{"--tier-read-ahead", "0"}, `!"tier_read_ahead"`, ""}, // 0: off, not printed (the default is 16)
+		{"read-ahead 0", []string{"--tier-read-ahead", "0"}, `"tier_read_ahead": 0`, ""}, // 0: off, printed (the default is 16)
 		{"read-ahead 256", []string{"--tier-read-ahead", "256"}, `"tier_read_ahead": 256`, ""},
 		{"read-ahead 257", []string{"--tier-read-ahead", "257"}, "", "257 is not in 0..256"},
 		{"read-ahead -1", []string{"--tier-read-ahead", "-1"}, "", "-1 is not in 0..256"},

@@ -88,6 +88,38 @@ func TestSettingsPrecedence(t *testing.T) {
 	}
 }
 
+// What --print-config prints, given back as --config, is the same
+// configuration, settings whose zero is not their default included:
+// --tier-read-ahead 0 stays off, where the file left it out and read back
+// it was 16 again; --dev=false stays so under --local.
+func TestPrintConfigReadsBackTheSame(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name       string
+		args, back []string
+		want       string
+	}{
+		{"read-ahead off", []string{"--tier-read-ahead", "0"}, nil, `"tier_read_ahead": 0`},
+		{"read-ahead off under --local", []string{"--tier-read-ahead", "0"}, []string{"--local"}, `"tier_read_ahead": 0`},
+		{"no dev under --local", []string{"--dev=false", "--ca", "ca.crt", "--cert", "n1.crt", "--key", "n1.key"}, []string{"--local"}, `"dev": false,`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, printed, errs := runCmd(t, "", append([]string{"agent", "--local", "--data-dir", dir, "--print-config"}, tc.args...)...)
+			if code != 0 || !strings.Contains(printed, tc.want) {
+				t.Fatalf("exit %d (%s); want %s in:\n%s", code, errs, tc.want, printed)
+			}
+			file := filepath.Join(t.TempDir(), "printed.json")
+			if err := os.WriteFile(file, []byte(printed), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			code, again, errs := runCmd(t, "", append([]string{"agent", "--print-config", "--config", file}, tc.back...)...)
+			if code != 0 || again != printed {
+				t.Fatalf("read back: exit %d (%s):\n%s\nwant as printed:\n%s", code, errs, again, printed)
+			}
+		})
+	}
+}
+
 // --print-config writes each duration in the form --help gives it ("10m",
 // not "10m0s"): the defaults it prints are the help's, word for word.
 func TestPrintConfigDurationsAsTheHelpGivesThem(t *testing.T) {
