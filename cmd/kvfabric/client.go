@@ -437,18 +437,42 @@ type engineFlags struct {
 func addEngineFlags(fs *flag.FlagSet, name string) engineFlags {
 	return engineFlags{
 		name:    fs.String("engine", name, "engine name the agent shows in status"),
-		layers:  fs.Int("layers", 4, "model layers"),
-		heads:   fs.Int("kv-heads", 8, "KV heads"),
-		headDim: fs.Int("head-dim", 128, "head dimension"),
+		layers:  fs.Int("layers", 4, fmt.Sprintf("model layers, 1..%d", layout.MaxLayers)),
+		heads:   fs.Int("kv-heads", 8, fmt.Sprintf("KV heads, 1..%d", layout.MaxKVHeads)),
+		headDim: fs.Int("head-dim", 128, fmt.Sprintf("head dimension, 1..%d", layout.MaxHeadDim)),
 		dtype:   fs.String("dtype", "bf16", "element type: f32, f16, bf16, fp8_e4m3, fp8_e5m2, u8"),
-		tp:      fs.Int("tp", 1, "tensor-parallel size"),
-		page:    fs.Int("page-size", 16, "tokens per block"),
+		tp:      fs.Int("tp", 1, fmt.Sprintf("tensor-parallel size, 1..%d", layout.MaxTPSize)),
+		page:    fs.Int("page-size", 16, fmt.Sprintf("tokens per block, 1..%d", layout.MaxPageSize)),
 		order:   fs.String("order", "HND", "KV order inside a chunk: HND or NHD"),
-		slots:   fs.Int("slots", 0, "slots of the block set (0: the agent's default)"),
+		slots:   fs.Int("slots", 0, fmt.Sprintf("slots of the block set, 0..%d (0: the agent's default)", layout.MaxSlots)),
 	}
 }
 
+// checkRanges refuses an engine flag past the bounds of a layout
+// (layout.MaxLayers and the rest), before anything is sent: the request's
+// fields are unsigned 32-bit, and a value past them went wrapped (2^32+2
+// slots as 2).
+func (f engineFlags) checkRanges() error {
+	for _, r := range []struct {
+		flag     string
+		v, least int
+		most     int
+	}{
+		{"--layers", *f.layers, 1, layout.MaxLayers}, {"--kv-heads", *f.heads, 1, layout.MaxKVHeads},
+		{"--head-dim", *f.headDim, 1, layout.MaxHeadDim}, {"--tp", *f.tp, 1, layout.MaxTPSize},
+		{"--page-size", *f.page, 1, layout.MaxPageSize}, {"--slots", *f.slots, 0, layout.MaxSlots},
+	} {
+		if r.v < r.least || r.v > r.most {
+			return usagef("%s %d: must be %d..%d", r.flag, r.v, r.least, r.most)
+		}
+	}
+	return nil
+}
+
 func (f engineFlags) engine() (client.Engine, error) {
+	if err := f.checkRanges(); err != nil {
+		return client.Engine{}, err
+	}
 	dt, err := layout.ParseDType(*f.dtype)
 	if err != nil {
 		return client.Engine{}, usagef("--dtype: %v", err)

@@ -122,6 +122,27 @@ func TestClientFlagLimits(t *testing.T) {
 		// Checked before --generate makes the tokens: a negative count of
 		// them was a panic.
 		{[]string{"put", "--generate", "2", "--page-size", "-1"}, "", "--page-size -1"},
+		// The engine flags, at a layout's bounds and one past them: the
+		// request's fields are unsigned 32-bit, and 2^32+1 layers went as
+		// one.
+		{[]string{"put", "--generate", "1", "--layers", "4096"}, "", ""},
+		{[]string{"put", "--generate", "1", "--layers", "4097"}, "", "--layers 4097: must be 1..4096"},
+		{[]string{"put", "--generate", "1", "--layers", "0"}, "", "--layers 0: must be 1..4096"},
+		{[]string{"put", "--generate", "1", "--layers", "4294967297"}, "", "--layers 4294967297: must be 1..4096"},
+		{[]string{"put", "--generate", "1", "--kv-heads", "4096"}, "", ""},
+		{[]string{"put", "--generate", "1", "--kv-heads", "4097"}, "", "--kv-heads 4097: must be 1..4096"},
+		{[]string{"put", "--generate", "1", "--kv-heads", "-1"}, "", "--kv-heads -1: must be 1..4096"},
+		{[]string{"put", "--generate", "1", "--head-dim", "65536"}, "", ""},
+		{[]string{"put", "--generate", "1", "--head-dim", "65537"}, "", "--head-dim 65537: must be 1..65536"},
+		{[]string{"put", "--generate", "1", "--tp", "1024"}, "", ""},
+		{[]string{"put", "--generate", "1", "--tp", "1025"}, "", "--tp 1025: must be 1..1024"},
+		{[]string{"put", "--generate", "1", "--tp", "0"}, "", "--tp 0: must be 1..1024"},
+		{[]string{"put", "--generate", "1", "--slots", "67108864"}, "", ""},
+		{[]string{"put", "--generate", "1", "--slots", "67108865"}, "", "--slots 67108865: must be 0..67108864"},
+		{[]string{"put", "--generate", "2", "--slots", "4294967298"}, "", "--slots 4294967298: must be 0..67108864"},
+		{[]string{"put", "--generate", "1", "--slots", "-1"}, "", "--slots -1: must be 0..67108864"},
+		{[]string{"import", "--tp", "1025", "--hashes", "1"}, "", "--tp 1025: must be 1..1024"},
+		{[]string{"get", "--layers", "4294967297", "--out", os.DevNull, "--hashes", "1"}, "", "--layers 4294967297: must be 1..4096"},
 		{[]string{"import", "--page-size", "65536"}, block, ""},
 		{[]string{"import", "--page-size", "65537", "1"}, "", "--page-size 65537: must be 1..65536"},
 		{[]string{"get", "--page-size", "0", "--out", os.DevNull, "1"}, "", "--page-size 0: must be 1..65536"},

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -331,6 +332,34 @@ type Engine struct {
 	Join *Join
 }
 
+// checkCounts refuses a count of e that the request's unsigned 32-bit
+// field cannot carry (a negative one, or one past 2^32-1), which would go
+// as another count, wrapped: 2^32+2 slots went as 2.
+func (e Engine) checkCounts() error {
+	for _, f := range []struct {
+		field, wire string
+		n           int
+	}{
+		{"Model.Layers", "model.layers", e.Model.Layers}, {"Model.KVHeads", "model.kv_heads", e.Model.KVHeads},
+		{"Model.HeadDim", "model.head_dim", e.Model.HeadDim}, {"TPSize", "tp_size", e.TPSize},
+		{"PageSize", "page_size", e.PageSize}, {"Slots", "slots", e.Slots},
+	} {
+		if err := checkU32("Register: Engine."+f.field+" ("+f.wire+")", f.n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkU32 refuses n, named what, where an unsigned 32-bit field cannot
+// carry it: InvalidArgument, sent nowhere.
+func checkU32(what string, n int) error {
+	if n < 0 || uint64(n) > math.MaxUint32 {
+		return status.Errorf(codes.InvalidArgument, "client: %s: %d is not in 0..%d", what, n, uint32(math.MaxUint32))
+	}
+	return nil
+}
+
 // Join names a block set to join (Engine.Join): its ID and the JoinToken
 // of the BlockSet its registering process was given.
 type Join struct {
@@ -389,6 +418,9 @@ func (s *BlockSet) Block(rank, slot int) []byte {
 // mapped (or opened) is given back (DropBlockSet), not left on the session;
 // where that fails too, its error is joined to the one returned.
 func (c *Client) Register(ctx context.Context, e Engine) (*BlockSet, error) {
+	if err := e.checkCounts(); err != nil {
+		return nil, err
+	}
 	req := &fabricpb.RegisterRequest{
 		Engine:      e.Name,
 		Model:       e.Model.Proto(),
@@ -595,6 +627,9 @@ func (c *Client) mapMemory(m *fabricpb.Memory, id uint64) ([]byte, error) {
 
 // Allocate takes n free slots for the engine to write.
 func (c *Client) Allocate(ctx context.Context, set uint64, n int) ([]uint32, error) {
+	if err := checkU32("Allocate: n (count)", n); err != nil {
+		return nil, err
+	}
 	resp, err := c.api.Allocate(ctx, &fabricpb.AllocateRequest{BlockSet: set, Count: uint32(n)})
 	return resp.GetSlots(), err
 }
