@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvfabric/kvfabric/layout"
 	"github.com/kvfabric/kvfabric/transfer"
 	"github.com/kvfabric/kvfabric/transfer/certs"
 )
@@ -280,7 +281,8 @@ type Config struct {
 	// libcuda.so.1.
 	CUDALibrary string `json:"cuda_library,omitempty"`
 	// BlockSetSlots is the slots of a block set made for an engine that
-	// asks for none. If zero, as many as a quarter of the pool holds.
+	// asks for none, at most layout.MaxSlots. If zero, as many as a
+	// quarter of the pool holds.
 	BlockSetSlots int `json:"block_set_slots,omitempty"`
 	// BlockSetGrace is how long a block set no engine session uses keeps
 	// its cached blocks before the agent frees it (or keeps it as a cache
@@ -807,8 +809,8 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	if c.MaxLeased < 0 {
 		return nil, bad("max_leased", "%d is negative", c.MaxLeased)
 	}
-	if c.BlockSetSlots < 0 {
-		return nil, bad("block_set_slots", "%d is negative", c.BlockSetSlots)
+	if c.BlockSetSlots < 0 || c.BlockSetSlots > layout.MaxSlots {
+		return nil, bad("block_set_slots", "%d is not in 1..%d (0: a quarter of the pool)", c.BlockSetSlots, layout.MaxSlots)
 	}
 	if err := c.validateEngineLimits(); err != nil {
 		return nil, err

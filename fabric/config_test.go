@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvfabric/kvfabric/layout"
 )
 
 func TestLoadConfigFile(t *testing.T) {
@@ -72,6 +74,8 @@ func TestValidateConfig(t *testing.T) {
 		{"import chunk a byte over its ceiling", func(c *Config) { c.ImportChunkBytes = maxImportChunk + 1 }, "import_chunk_bytes"},
 		{"negative lease cap per peer", func(c *Config) { c.MaxLeasedPerPeer = -1 }, "max_leased_per_peer"},
 		{"negative lease cap", func(c *Config) { c.MaxLeased = -1 }, "max_leased"},
+		{"negative block set slots", func(c *Config) { c.BlockSetSlots = -1 }, "block_set_slots"},
+		{"block set slots past layout.MaxSlots", func(c *Config) { c.BlockSetSlots = layout.MaxSlots + 1 }, "block_set_slots"},
 		{"keepalive a nanosecond under its floor", func(c *Config) { c.SessionKeepalive = MinSessionKeepalive - 1 }, "session_keepalive"},
 		{"keepalive a nanosecond over its ceiling", func(c *Config) { c.SessionKeepalive = MaxSessionKeepalive + 1 }, "session_keepalive"},
 		{"negative keepalive", func(c *Config) { c.SessionKeepalive = -time.Second }, "session_keepalive"},
@@ -131,6 +135,12 @@ func TestValidateConfig(t *testing.T) {
 		if _, err := c.validate(); err != nil {
 			t.Errorf("session_keepalive %v (a bound): %v", d, err)
 		}
+	}
+	c = DefaultLocalConfig()
+	c.BlockSetSlots = layout.MaxSlots
+	c.populate()
+	if _, err := c.validate(); err != nil {
+		t.Errorf("block_set_slots %d (the bound): %v", layout.MaxSlots, err)
 	}
 	c = DefaultLocalConfig()
 	c.BlockSetGrace = MaxBlockSetGrace

@@ -48,7 +48,7 @@ var agentSettings = []setting{
 	{"metrics-addr", "MetricsAddr", `host:port of /metrics and /healthz, or "off" (default 127.0.0.1:7948)`},
 	{"pool", "Pools", "memory pool, repeatable: host=SIZE, pinned=SIZE (through the CUDA driver where it loads, else mlock), device=AMOUNT (every GPU) or device:N=AMOUNT (GPU N), AMOUNT a SIZE or a fraction of free GPU memory such as 0.5; a SIZE is at least 1MiB, a host or pinned one at most the machine's memory; block sets come from the device pools where there is a GPU (a TP rank per GPU), else the host one (default host=1GiB)"},
 	{"cuda-library", "CUDALibrary", "path of the CUDA driver library for device and pinned pools (default: $KVFABRIC_CUDA_LIB, then libcuda.so.1)"},
-	{"block-set-slots", "BlockSetSlots", "slots of a block set an engine asks none for (default: a quarter of the pool)"},
+	{"block-set-slots", "BlockSetSlots", "slots of a block set an engine asks none for, 1..67108864 (default, or 0: a quarter of the pool)"},
 	{"block-set-grace", "BlockSetGrace", "how long a block set no engine session uses keeps its cached blocks before it is freed (one that holds blocks is kept after it as a cache of the engine that is gone, unless --no-orphan-cache); a Register that needs the memory frees it at once"},
 	{"session-keepalive", "SessionKeepalive", "how long an engine session may stay silent before the agent ends it and frees what it held; an engine that exits ends at once"},
 	{"lease-duration", "LeaseDuration", "the longest this node pins blocks for an importer per lease or renewal, whatever it asks; importers ask for as much"},

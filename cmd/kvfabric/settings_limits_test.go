@@ -57,7 +57,9 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"device index 256", []string{"--pool", "device:256=1GiB"}, "", "is not a CUDA index 0..255"},
 
 		{"block set slots 0", []string{"--block-set-slots", "0"}, `!"block_set_slots"`, ""}, // 0: the default, not printed
-		{"block set slots -1", []string{"--block-set-slots", "-1"}, "", "-1 is negative"},
+		{"block set slots -1", []string{"--block-set-slots", "-1"}, "", "-1 is not in 1..67108864"},
+		{"block set slots at layout.MaxSlots", []string{"--block-set-slots", "67108864"}, `"block_set_slots": 67108864`, ""},
+		{"block set slots past layout.MaxSlots", []string{"--block-set-slots", "67108865"}, "", "67108865 is not in 1..67108864 (0: a quarter of the pool)"},
 
 		{"grace at 24h", []string{"--block-set-grace", "24h"}, `"block_set_grace": "24h"`, ""},
 		{"grace a nanosecond past 24h", []string{"--block-set-grace", "86400000000001ns"}, "", "24h0m0.000000001s is more than 24h"},
