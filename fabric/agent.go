@@ -380,6 +380,9 @@ func (a *Agent) startEngineAPI() error {
 	// WaitForHandlers: Close must not unmap the pool under a call still
 	// writing into it.
 	a.reqBudget = newRequestBudget(a.cfg.EngineRequestMemory, a.cfg.EngineSessionRequestMemory)
+	if b := a.cfg.hooks.requestBudget; b.total > 0 {
+		a.reqBudget = newRequestBudget(b.total, b.perSession)
+	}
 	a.sessCount = newSessionCount(a.cfg.EngineSessions, a.cfg.EngineSessionsPerProcess)
 	a.engineSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxEngineMessage), grpc.WaitForHandlers(true), grpc.Creds(peerCreds{}),
 		grpc.UnaryInterceptor(a.budgetInterceptor))

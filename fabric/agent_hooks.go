@@ -82,4 +82,9 @@ type testHooks struct {
 	// given the sections; an error is that step's answer, the sections
 	// closed, as if making or placing one had failed.
 	setMemory func(placed bool, secs []*pool.Section) error
+	// requestBudget, when its total is non-zero, replaces the bounds on
+	// engine requests in flight (in all, per session), below the floor
+	// the settings keep (MinEngineRequestMemory), so that a test's small
+	// requests reach them.
+	requestBudget struct{ total, perSession int64 }
 }

@@ -389,13 +389,15 @@ type Config struct {
 
 	// EngineRequestMemory bounds the engine requests being served at once,
 	// in bytes (twice each request's encoded size): a request that would
-	// pass it fails RESOURCE_EXHAUSTED at once, naming the bound. If zero,
-	// DefaultEngineRequestMemory (512 MiB).
+	// pass it fails RESOURCE_EXHAUSTED at once, naming the bound. At least
+	// MinEngineRequestMemory (128 MiB: one of the largest requests). If
+	// zero, DefaultEngineRequestMemory (512 MiB).
 	EngineRequestMemory int64 `json:"engine_request_memory,omitempty"`
 	// EngineSessionRequestMemory is the same bound for one session's
-	// requests (calls naming no session share one), at most
-	// EngineRequestMemory. If zero, DefaultEngineSessionRequestMemory
-	// (256 MiB) or EngineRequestMemory if smaller.
+	// requests (calls naming no session share one),
+	// MinEngineRequestMemory to EngineRequestMemory. If zero,
+	// DefaultEngineSessionRequestMemory (256 MiB) or EngineRequestMemory
+	// if smaller.
 	EngineSessionRequestMemory int64 `json:"engine_session_request_memory,omitempty"`
 	// EngineSessions bounds the engine sessions open at once (OpenSession
 	// streams, those yet to send their first SessionRequest included),
@@ -416,8 +418,9 @@ type Config struct {
 	// frees that engine's idle sets (none where the new set alone is past
 	// it), then fails RESOURCE_EXHAUSTED naming the quota. Room for a new
 	// set is made by freeing idle sets of the engine itself or of engines
-	// over their quota, never those of an engine within it. If zero, a
-	// fair share: the pool divided among the engines that have block sets.
+	// over their quota, never those of an engine within it. At least
+	// MinEngineQuota (1 MiB). If zero, a fair share: the pool divided
+	// among the engines that have block sets.
 	EngineQuota int64 `json:"engine_quota,omitempty"`
 
 	// LaneAddr is the host:port of the TCP data lane (TLS 1.3 with the

@@ -76,6 +76,9 @@ func TestValidateConfig(t *testing.T) {
 		{"negative lease cap", func(c *Config) { c.MaxLeased = -1 }, "max_leased"},
 		{"negative block set slots", func(c *Config) { c.BlockSetSlots = -1 }, "block_set_slots"},
 		{"block set slots past layout.MaxSlots", func(c *Config) { c.BlockSetSlots = layout.MaxSlots + 1 }, "block_set_slots"},
+		{"request memory a byte under its floor", func(c *Config) { c.EngineRequestMemory = MinEngineRequestMemory - 1 }, "engine_request_memory"},
+		{"session request memory a byte under its floor", func(c *Config) { c.EngineSessionRequestMemory = MinEngineRequestMemory - 1 }, "engine_session_request_memory"},
+		{"engine quota a byte under its floor", func(c *Config) { c.EngineQuota = MinEngineQuota - 1 }, "engine_quota"},
 		{"keepalive a nanosecond under its floor", func(c *Config) { c.SessionKeepalive = MinSessionKeepalive - 1 }, "session_keepalive"},
 		{"keepalive a nanosecond over its ceiling", func(c *Config) { c.SessionKeepalive = MaxSessionKeepalive + 1 }, "session_keepalive"},
 		{"negative keepalive", func(c *Config) { c.SessionKeepalive = -time.Second }, "session_keepalive"},
@@ -135,6 +138,12 @@ func TestValidateConfig(t *testing.T) {
 		if _, err := c.validate(); err != nil {
 			t.Errorf("session_keepalive %v (a bound): %v", d, err)
 		}
+	}
+	c = DefaultLocalConfig()
+	c.EngineRequestMemory, c.EngineSessionRequestMemory, c.EngineQuota = MinEngineRequestMemory, MinEngineRequestMemory, MinEngineQuota
+	c.populate()
+	if _, err := c.validate(); err != nil {
+		t.Errorf("engine request memory, per session, and quota at their floors: %v", err)
 	}
 	c = DefaultLocalConfig()
 	c.BlockSetSlots = layout.MaxSlots

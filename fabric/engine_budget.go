@@ -22,6 +22,15 @@ const (
 	// DefaultEngineSessionRequestMemory is
 	// Config.EngineSessionRequestMemory's default: two of the largest.
 	DefaultEngineSessionRequestMemory = 2 * engineRequestCost * MaxEngineMessage
+	// MinEngineRequestMemory is the least EngineRequestMemory and
+	// EngineSessionRequestMemory: the cost of one of the largest requests
+	// (128 MiB), which a smaller bound would refuse every time, however
+	// idle the agent; at 1 byte every request was refused.
+	MinEngineRequestMemory = engineRequestCost * MaxEngineMessage
+	// MinEngineQuota is the least EngineQuota: the smallest pool
+	// (MinPoolBytes, 1 MiB). Below it a quota is a unit left out, and
+	// every Register was refused.
+	MinEngineQuota = MinPoolBytes
 
 	engineRequestCost = 2
 )
@@ -118,10 +127,18 @@ func (c *Config) validateEngineLimits() error {
 	switch {
 	case c.EngineRequestMemory < 0:
 		return badSetting("engine_request_memory", "%d is negative", c.EngineRequestMemory)
+	case c.EngineRequestMemory < MinEngineRequestMemory:
+		return badSetting("engine_request_memory", "%d is below %d (128MiB), the cost of the largest engine request, which it would refuse every time; is a unit missing? (e.g. 512MiB)",
+			c.EngineRequestMemory, MinEngineRequestMemory)
 	case c.EngineQuota < 0:
 		return badSetting("engine_quota", "%d is negative", c.EngineQuota)
+	case c.EngineQuota > 0 && c.EngineQuota < MinEngineQuota:
+		return badSetting("engine_quota", "%d is below the smallest pool, %d bytes (1MiB); is a unit missing? (e.g. 16GiB)", c.EngineQuota, MinEngineQuota)
+	case c.EngineSessionRequestMemory >= 0 && c.EngineSessionRequestMemory < MinEngineRequestMemory:
+		return badSetting("engine_session_request_memory", "%d is below %d (128MiB), the cost of the largest engine request, which it would refuse every time; is a unit missing? (e.g. 256MiB)",
+			c.EngineSessionRequestMemory, MinEngineRequestMemory)
 	case c.EngineSessionRequestMemory < 0 || c.EngineSessionRequestMemory > c.EngineRequestMemory:
-		return badSetting("engine_session_request_memory", "%d is not in 0..engine_request_memory (%d)", c.EngineSessionRequestMemory, c.EngineRequestMemory)
+		return badSetting("engine_session_request_memory", "%d is not in %d..engine_request_memory (%d)", c.EngineSessionRequestMemory, MinEngineRequestMemory, c.EngineRequestMemory)
 	case c.EngineSessions < 0 || c.EngineSessions > MaxEngineSessions:
 		return badSetting("engine_sessions", "%d is not in 1..%d (0: %d)", c.EngineSessions, MaxEngineSessions, DefaultEngineSessions)
 	case c.EngineSessionsPerProcess < 0 || c.EngineSessionsPerProcess > c.EngineSessions:

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvfabric/kvfabric/fabric"
 	"github.com/kvfabric/kvfabric/fabric/fabricpb"
 )
 
@@ -22,8 +23,7 @@ func TestEngineRequestMemoryBound(t *testing.T) {
 	}
 	cost := 2 * int64(proto.Size(at))
 	cfg := testConfig(t, "n1")
-	cfg.EngineSessionRequestMemory = cost
-	cfg.EngineRequestMemory = 2 * cost
+	fabric.SetRequestBudget(&cfg, 2*cost, cost) // below the settings' floor
 	a := startAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

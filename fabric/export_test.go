@@ -34,6 +34,13 @@ func BeforeHold(c *Config, f func(session uint64)) { c.hooks.beforeHold = f }
 // of GPU memory n bytes at a time instead of stageServeBytes.
 func SetStageBytes(c *Config, n uint64) { c.hooks.stageBytes = n }
 
+// SetRequestBudget makes an agent started with c bound the engine
+// requests in flight to total bytes, perSession a session, below the
+// settings' floor.
+func SetRequestBudget(c *Config, total, perSession int64) {
+	c.hooks.requestBudget.total, c.hooks.requestBudget.perSession = total, perSession
+}
+
 // ImportChunks is how many chunks a imported whole.
 func ImportChunks(a *Agent) uint64 { return a.stats.importChunks.Load() }
 

@@ -77,11 +77,11 @@ var agentSettings = []setting{
 	{"log-format", "LogFormat", "text (key=value) or json (one object a line, for log collectors) (default text)"},
 	{"no-checksums", "NoChecksums", "take and check no content checksums of blocks (default: a checksum per block registered in host memory, checked by every importer before it registers the block)"},
 
-	{"engine-request-memory", "EngineRequestMemory", "bytes of engine requests served at once (twice their encoded size); past it a request fails RESOURCE_EXHAUSTED (default 512MiB)"},
-	{"engine-session-request-memory", "EngineSessionRequestMemory", "the same bound per engine session, at most --engine-request-memory (default 256MiB)"},
+	{"engine-request-memory", "EngineRequestMemory", "bytes of engine requests served at once (twice their encoded size); past it a request fails RESOURCE_EXHAUSTED; at least 128MiB, the cost of the largest request (default 512MiB)"},
+	{"engine-session-request-memory", "EngineSessionRequestMemory", "the same bound per engine session, 128MiB..--engine-request-memory (default 256MiB, or --engine-request-memory if less)"},
 	{"engine-sessions", "EngineSessions", "engine sessions open at once, every process's, 1..65536; one past it fails RESOURCE_EXHAUSTED (default 1024)"},
 	{"engine-sessions-per-process", "EngineSessionsPerProcess", "engine sessions one process may have open, 1..--engine-sessions; sessions of a process the agent cannot name (pid 0: an engine in a PID namespace the agent's does not show) count only against --engine-sessions (default 64)"},
-	{"engine-quota", "EngineQuota", "pool bytes the block sets of one engine (by name) may take; another engine's cached sets are never freed for one over it (default, or 0: the pool divided among the engines with block sets)"},
+	{"engine-quota", "EngineQuota", "pool bytes the block sets of one engine (by name) may take, at least 1MiB; another engine's cached sets are never freed for one over it (default, or 0: the pool divided among the engines with block sets)"},
 
 	{"no-cluster-eviction", "NoClusterEviction", "recycle blocks by last use alone (default: among the blocks a pool may recycle, those other live nodes also hold go before those only this node holds)"},
 	{"no-orphan-cache", "NoOrphanCache", "free a block set --block-set-grace after its last engine session ends, its blocks with it (default: a set that still holds blocks stays as a cache, announced and served to peers, taken up by the next engine of its layout, and freed first when a new block set needs the memory; a set with device slots retired after a failed copy is kept either way, as freeing it would withhold its memory from every other set)"},

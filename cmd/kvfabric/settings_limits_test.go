@@ -138,8 +138,19 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"fabric address at 255 bytes", []string{"--fabric", "ofi", "--fabric-addr", long(255)}, `"fabric_addr": "` + long(255) + `"`, ""},
 		{"fabric address at 256 bytes", []string{"--fabric", "ofi", "--fabric-addr", long(256)}, "", "256 bytes, at most 255"},
 
-		{"session request memory at the whole", []string{"--engine-request-memory", "64MiB", "--engine-session-request-memory", "64MiB"}, `"engine_session_request_memory": 67108864`, ""},
-		{"session request memory a byte past the whole", []string{"--engine-request-memory", "64MiB", "--engine-session-request-memory", "67108865"}, "", "67108865 is not in 0..engine_request_memory (67108864)"},
+		// At least the cost of the largest request (twice its 64MiB): a
+		// bound of 1 byte refused every request.
+		{"request memory at 128MiB", []string{"--engine-request-memory", "128MiB"}, `"engine_request_memory": 134217728`, ""},
+		{"request memory a byte under 128MiB", []string{"--engine-request-memory", "134217727"}, "", "134217727 is below 134217728 (128MiB), the cost of the largest engine request"},
+		{"request memory 1", []string{"--engine-request-memory", "1"}, "", "1 is below 134217728 (128MiB), the cost of the largest engine request, which it would refuse every time; is a unit missing? (e.g. 512MiB)"},
+		{"session request memory at 128MiB", []string{"--engine-session-request-memory", "128MiB"}, `"engine_session_request_memory": 134217728`, ""},
+		{"session request memory a byte under 128MiB", []string{"--engine-session-request-memory", "134217727"}, "", "134217727 is below 134217728 (128MiB)"},
+		{"session request memory 1", []string{"--engine-session-request-memory", "1"}, "", "is a unit missing? (e.g. 256MiB)"},
+		{"session request memory at the whole", []string{"--engine-request-memory", "200MiB", "--engine-session-request-memory", "200MiB"}, `"engine_session_request_memory": 209715200`, ""},
+		{"session request memory a byte past the whole", []string{"--engine-request-memory", "200MiB", "--engine-session-request-memory", "209715201"}, "", "209715201 is not in 134217728..engine_request_memory (209715200)"},
+		{"engine quota at 1MiB", []string{"--engine-quota", "1MiB"}, `"engine_quota": 1048576`, ""},
+		{"engine quota a byte under 1MiB", []string{"--engine-quota", "1048575"}, "", "1048575 is below the smallest pool, 1048576 bytes (1MiB); is a unit missing?"},
+		{"engine quota 1", []string{"--engine-quota", "1"}, "", "1 is below the smallest pool"},
 		{"engine sessions 1", []string{"--engine-sessions", "1"}, `"engine_sessions_per_process": 1`, ""}, // the default per process cut to it
 		{"engine sessions 65536", []string{"--engine-sessions", "65536"}, `"engine_sessions": 65536`, ""},
 		{"engine sessions 65537", []string{"--engine-sessions", "65537"}, "", "65537 is not in 1..65536"},
