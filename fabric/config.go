@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -182,12 +183,13 @@ type Config struct {
 	// memory files when they are files. If empty, /var/lib/kvfabric.
 	DataDir string `json:"data_dir,omitempty"`
 
-	// GossipAddr is the host:port gossip binds (UDP and TCP). If empty,
-	// 0.0.0.0:7946.
+	// GossipAddr is the IP:port gossip binds (UDP and TCP): an IP address,
+	// as memberlist resolves no names. If empty, 0.0.0.0:7946.
 	GossipAddr string `json:"gossip_addr,omitempty"`
-	// GossipAdvertise is the host:port other nodes reach gossip at. If
-	// empty, GossipAddr, or the first private address when that is a
-	// wildcard.
+	// GossipAdvertise is the IP:port other nodes reach gossip at: an IP
+	// address, neither unspecified (0.0.0.0, ::) nor with port 0, which
+	// no node can reach. If empty, GossipAddr, or the first private
+	// address when that is a wildcard.
 	GossipAdvertise string `json:"gossip_advertise,omitempty"`
 	// Join lists gossip addresses of nodes to join; they are retried
 	// periodically, so a healed partition heals by itself. If empty, this
@@ -208,8 +210,8 @@ type Config struct {
 	// PeerAddr is the host:port the QUIC peer transport listens on (UDP).
 	// If empty, 0.0.0.0:7947.
 	PeerAddr string `json:"peer_addr,omitempty"`
-	// PeerAdvertise is the host:port peers dial. If empty, derived like
-	// GossipAdvertise.
+	// PeerAdvertise is the host:port peers dial, neither an unspecified IP
+	// nor port 0. If empty, derived like GossipAdvertise.
 	PeerAdvertise string `json:"peer_advertise,omitempty"`
 	// CAFile, CertFile and KeyFile are the cluster CA and this node's
 	// certificate and key (PEM), from `kvfabric certs`. Required unless Dev.
@@ -728,8 +730,8 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		if a.addr == "" {
 			continue
 		}
-		if _, _, err := splitHostPort(a.addr); err != nil {
-			return nil, bad(a.field, "%v", err)
+		if err := checkAddr(a.field, a.addr); err != nil {
+			return nil, err
 		}
 	}
 	for i, j := range c.Join {
@@ -928,6 +930,31 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, fmt.Errorf("%q: port %q is not 0..65535", addr, port)
 	}
 	return host, int(p), nil
+}
+
+// checkAddr checks the address of one of the settings gossip_addr,
+// gossip_advertise, peer_addr and peer_advertise: host:port, gossip's host
+// an IP address (memberlist binds and advertises IP addresses and resolves
+// no names), an advertised address one peers can reach (neither an
+// unspecified IP such as 0.0.0.0, nor no host, nor port 0).
+func checkAddr(key, addr string) error {
+	host, port, err := splitHostPort(addr)
+	if err != nil {
+		return badSetting(key, "%v", err)
+	}
+	ip, ipErr := netip.ParseAddr(host)
+	if strings.HasPrefix(key, "gossip_") && ipErr != nil {
+		return badSetting(key, "%q: host %q is not an IP address (gossip binds and advertises IP addresses; it resolves no names)", addr, host)
+	}
+	if strings.HasSuffix(key, "_advertise") {
+		if host == "" || ipErr == nil && ip.IsUnspecified() {
+			return badSetting(key, "%q: no address other nodes can reach: advertise one of this node's addresses, or leave it out to have it derived", addr)
+		}
+		if port == 0 {
+			return badSetting(key, "%q: port 0 is no port other nodes can reach: advertise the port bound", addr)
+		}
+	}
+	return nil
 }
 
 // parseSocketMode parses Config.EngineSocketMode ("" is 0600).

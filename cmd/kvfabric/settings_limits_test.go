@@ -44,6 +44,23 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"node name with a space", []string{"--node", "a b"}, "", `"a b" must be 1 to 128 letters`},
 		{"node name not ASCII", []string{"--node", "nœud"}, "", `must be 1 to 128 letters`},
 
+		// Addresses other nodes are told must be ones they can reach, and
+		// gossip's must be IP addresses, which memberlist alone refused
+		// once the agent had begun to start.
+		{"gossip advertise an IP", []string{"--gossip-advertise", "10.0.0.7:7946"}, `"gossip_advertise": "10.0.0.7:7946"`, ""},
+		{"gossip advertise 0.0.0.0", []string{"--gossip-advertise", "0.0.0.0:7946"}, "", `"0.0.0.0:7946": no address other nodes can reach`},
+		{"gossip advertise ::", []string{"--gossip-advertise", "[::]:7946"}, "", `"[::]:7946": no address other nodes can reach`},
+		{"gossip advertise port 0", []string{"--gossip-advertise", "10.0.0.7:0"}, "", `"10.0.0.7:0": port 0 is no port other nodes can reach`},
+		{"gossip advertise a name", []string{"--gossip-advertise", "node7.example:7946"}, "", `host "node7.example" is not an IP address`},
+		{"gossip bound to a name", []string{"--gossip-addr", "bogus.invalid:17946"}, "", `"bogus.invalid:17946": host "bogus.invalid" is not an IP address (gossip binds and advertises IP addresses; it resolves no names)`},
+		{"gossip bound to no host", []string{"--gossip-addr", ":7946"}, "", `host "" is not an IP address`},
+		{"gossip bound to any port", []string{"--gossip-addr", "0.0.0.0:0"}, `"gossip_addr": "0.0.0.0:0"`, ""},
+		{"peer advertise a name", []string{"--peer-advertise", "node7.example:7947"}, `"peer_advertise": "node7.example:7947"`, ""},
+		{"peer advertise 0.0.0.0", []string{"--peer-advertise", "0.0.0.0:7947"}, "", `"0.0.0.0:7947": no address other nodes can reach`},
+		{"peer advertise 0.0.0.0:0", []string{"--peer-advertise", "0.0.0.0:0"}, "", "no address other nodes can reach"},
+		{"peer advertise port 0", []string{"--peer-advertise", "10.0.0.7:0"}, "", "port 0 is no port other nodes can reach"},
+		{"peer advertise no host", []string{"--peer-advertise", ":7947"}, "", "no address other nodes can reach"},
+
 		{"socket mode 0660", []string{"--engine-socket-mode", "0660"}, `"engine_socket_mode": "0660"`, ""},
 		{"socket mode 0664", []string{"--engine-socket-mode", "0664"}, "", "want 0600, 0620, 0640 or 0660"},
 		{"socket mode 0400", []string{"--engine-socket-mode", "0400"}, "", "want 0600, 0620, 0640 or 0660"},
