@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvfabric/kvfabric/layout"
+	"github.com/kvfabric/kvfabric/membership"
 	"github.com/kvfabric/kvfabric/transfer"
 	"github.com/kvfabric/kvfabric/transfer/certs"
 )
@@ -200,7 +201,8 @@ type Config struct {
 	// with seeds answers 503 "not joined" until it has joined once.
 	AllowAlone bool `json:"allow_alone,omitempty"`
 	// ClusterName labels every gossip packet; nodes of other clusters are
-	// ignored. If empty, "kvfabric".
+	// ignored. At most membership.MaxClusterName (255) bytes, memberlist's
+	// label. If empty, "kvfabric".
 	ClusterName string `json:"cluster_name,omitempty"`
 	// GossipKeyFile holds the gossip encryption keys, one base64 key (16, 24
 	// or 32 bytes) per line, the first one used to encrypt. If empty, gossip
@@ -722,6 +724,9 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	// can carry passed here and failed once the agent had begun to start.
 	if err := ValidNodeName(c.NodeName); err != nil {
 		return nil, bad("node_name", "%v", err)
+	}
+	if len(c.ClusterName) > membership.MaxClusterName {
+		return nil, bad("cluster_name", "%d bytes, at most %d (gossip's label)", len(c.ClusterName), membership.MaxClusterName)
 	}
 	for _, a := range []struct{ field, addr string }{
 		{"gossip_addr", c.GossipAddr}, {"gossip_advertise", c.GossipAdvertise},

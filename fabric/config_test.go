@@ -52,6 +52,7 @@ func TestValidateConfig(t *testing.T) {
 		{"name a byte past its limit", func(c *Config) { c.NodeName = strings.Repeat("n", MaxNodeName+1) }, "node_name"},
 		{"gossip addr without port", func(c *Config) { c.GossipAddr = "127.0.0.1" }, "gossip_addr"},
 		{"bad port", func(c *Config) { c.PeerAddr = "127.0.0.1:99999" }, "peer_addr"},
+		{"cluster name a byte past its limit", func(c *Config) { c.ClusterName = strings.Repeat("c", 256) }, "cluster_name"},
 		{"gossip bound to a name", func(c *Config) { c.GossipAddr = "bogus.invalid:17946" }, "gossip_addr"},
 		{"gossip advertising a name", func(c *Config) { c.GossipAdvertise = "node7.example:7946" }, "gossip_advertise"},
 		{"gossip advertising 0.0.0.0", func(c *Config) { c.GossipAdvertise = "0.0.0.0:7946" }, "gossip_advertise"},

@@ -11,6 +11,10 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
+// MaxClusterName bounds Config.ClusterName: memberlist's label, which
+// carries its length in a byte.
+const MaxClusterName = memberlist.LabelMaxSize
+
 // ErrInvalidConfig is matched by every configuration error of [Start].
 var ErrInvalidConfig = errors.New("membership: invalid config")
 
@@ -36,7 +40,8 @@ type Config struct {
 	// itself.
 	Seeds []string
 	// ClusterName is memberlist's label: packets and streams of another
-	// cluster are refused. Empty means unlabelled.
+	// cluster are refused. At most MaxClusterName bytes. Empty means
+	// unlabelled.
 	ClusterName string
 	// Keys is the gossip keyring, AES keys of 16, 24 or 32 bytes; the first
 	// is the primary, used to encrypt. If empty, gossip is not encrypted.
@@ -229,6 +234,9 @@ func (c *Config) validate() error {
 	}
 	if c.Name == "" || len(c.Name) > MaxNameLen {
 		return bad("Name", "%q must be 1..%d bytes", c.Name, MaxNameLen)
+	}
+	if len(c.ClusterName) > MaxClusterName {
+		return bad("ClusterName", "%d bytes, at most %d", len(c.ClusterName), MaxClusterName)
 	}
 	if _, err := netip.ParseAddr(c.BindAddr); err != nil {
 		return bad("BindAddr", "%q is not an IP address", c.BindAddr)

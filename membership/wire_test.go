@@ -231,6 +231,7 @@ func TestStartChecksConfigAndMeta(t *testing.T) {
 	}{
 		{"no name", func(c *Config) { c.Name = "" }, ErrInvalidConfig},
 		{"bad bind addr", func(c *Config) { c.BindAddr = "localhost" }, ErrInvalidConfig},
+		{"cluster name past the label's bound", func(c *Config) { c.ClusterName = strings.Repeat("c", MaxClusterName+1) }, ErrInvalidConfig},
 		{"bad key length", func(c *Config) { c.Keys = [][]byte{[]byte("short")} }, ErrInvalidConfig},
 		{"probe timeout not below interval", func(c *Config) { c.ProbeTimeout = 2 * c.ProbeInterval }, ErrInvalidConfig},
 		{"tiny batches", func(c *Config) { c.MaxBatchBytes = 10 }, ErrInvalidConfig},

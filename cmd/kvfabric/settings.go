@@ -32,7 +32,7 @@ var agentSettings = []setting{
 	{"gossip-advertise", "GossipAdvertise", "IP:port other nodes reach gossip at: an IP address of this node, not 0.0.0.0 nor port 0 (default: derived)"},
 	{"join", "Join", "gossip host:port of a node to join; repeat or comma-separate (retried with backoff; each failure is logged with its reason)"},
 	{"allow-alone", "AllowAlone", "/healthz answers ok while no --join seed has answered (default: 503 \"not joined\" until joined once)"},
-	{"cluster", "ClusterName", "cluster name; gossip from other clusters is ignored (default kvfabric)"},
+	{"cluster", "ClusterName", "cluster name, at most 255 bytes (gossip's label); gossip from other clusters is ignored (default kvfabric)"},
 	{"gossip-key-file", "GossipKeyFile", "gossip encryption keys, one base64 key per line, first used (default: unencrypted, with a warning)"},
 	{"peer-addr", "PeerAddr", "host:port of the QUIC peer transport, UDP (default 0.0.0.0:7947)"},
 	{"peer-advertise", "PeerAdvertise", "host:port peers dial: not 0.0.0.0 nor port 0 (default: derived)"},

@@ -61,6 +61,11 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"peer advertise port 0", []string{"--peer-advertise", "10.0.0.7:0"}, "", "port 0 is no port other nodes can reach"},
 		{"peer advertise no host", []string{"--peer-advertise", ":7947"}, "", "no address other nodes can reach"},
 
+		// Gossip's label: past it memberlist refused the name once the
+		// agent had begun to start.
+		{"cluster name at 255 bytes", []string{"--cluster", long(255)}, `"cluster_name": "` + long(255) + `"`, ""},
+		{"cluster name at 256 bytes", []string{"--cluster", long(256)}, "", "256 bytes, at most 255 (gossip's label)"},
+
 		{"socket mode 0660", []string{"--engine-socket-mode", "0660"}, `"engine_socket_mode": "0660"`, ""},
 		{"socket mode 0664", []string{"--engine-socket-mode", "0664"}, "", "want 0600, 0620, 0640 or 0660"},
 		{"socket mode 0400", []string{"--engine-socket-mode", "0400"}, "", "want 0600, 0620, 0640 or 0660"},
