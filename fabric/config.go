@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -609,8 +611,9 @@ func DefaultLocalConfig() Config {
 }
 
 // LoadConfigFile reads a JSON config file over base: fields the file sets
-// replace base's. Unknown fields are errors (a typo in a file is a bug).
-// Durations are strings such as "30s".
+// replace base's. A key that is not exactly a field's JSON name is an
+// error naming it (a typo in a file is a bug, and so is a key in
+// another case). Durations are strings such as "30s".
 func LoadConfigFile(path string, base Config) (Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -620,6 +623,12 @@ func LoadConfigFile(path string, base Config) (Config, error) {
 	// decode the rest strictly into base.
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(b, &fields); err != nil {
+		return base, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
+	}
+	// A key is a setting's exactly: encoding/json matches keys without
+	// regard to case, which took "Block_Set_Grace": 30 as 30ns, past the
+	// durations' check, and "Node_Name" as node_name.
+	if err := checkConfigKeys(fields); err != nil {
 		return base, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
 	}
 	for _, s := range durationSettings {
@@ -643,6 +652,43 @@ func LoadConfigFile(path string, base Config) (Config, error) {
 		return base, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
 	}
 	return base, nil
+}
+
+// configKeys are the configuration file's keys: the JSON names of
+// Config's fields.
+func configKeys() map[string]bool {
+	keys := map[string]bool{}
+	ct := reflect.TypeFor[Config]()
+	for i := range ct.NumField() {
+		if f := ct.Field(i); f.IsExported() {
+			if key, _, _ := strings.Cut(f.Tag.Get("json"), ","); key != "" && key != "-" {
+				keys[key] = true
+			}
+		}
+	}
+	return keys
+}
+
+// checkConfigKeys refuses, naming it, the first key (in order) of a
+// configuration file that is not exactly a setting's, saying which
+// setting one that differs only in case would be.
+func checkConfigKeys(fields map[string]json.RawMessage) error {
+	keys := configKeys()
+	names := make([]string, 0, len(fields))
+	for k := range fields {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		if keys[k] {
+			continue
+		}
+		if lower := strings.ToLower(k); keys[lower] {
+			return fmt.Errorf("unknown key %q: keys are lower case (%q)", k, lower)
+		}
+		return fmt.Errorf("unknown key %q: no setting has it", k)
+	}
+	return nil
 }
 
 // PoolSpec is one parsed entry of Config.Pools.

@@ -28,15 +28,23 @@ func TestLoadConfigFile(t *testing.T) {
 	if c.PeerAddr != DefaultConfig().PeerAddr || c.ImportTimeout != 30*time.Second {
 		t.Fatalf("fields the file does not set were changed: %+v", c)
 	}
-	for _, bad := range []string{
-		`{"node_nme": "typo"}`,
-		`{"lease_duration": 30}`,
-		`{"import_timeout": "soon"}`,
-		`not json`,
+	for bad, want := range map[string]string{
+		`{"node_nme": "typo"}`:         `unknown key "node_nme": no setting has it`,
+		`{"lease_duration": 30}`:       "lease_duration: want a duration string",
+		`{"import_timeout": "soon"}`:   "import_timeout",
+		`not json`:                     "invalid character",
+		`{"logger": null}`:             `unknown key "logger"`, // a field no file sets
+		`{"hooks": {}}`:                `unknown key "hooks"`,
+		`{"NodeName": "zz"}`:           `unknown key "NodeName": no setting has it`,
+		`{"Node_Name": "zz"}`:          `unknown key "Node_Name": keys are lower case ("node_name")`,
+		`{"NODE_NAME": "zz"}`:          `unknown key "NODE_NAME": keys are lower case ("node_name")`,
+		`{"Block_Set_Grace": 30}`:      `unknown key "Block_Set_Grace"`, // was 30ns, past the durations' check
+		`{"Tier_Read_Ahead": 0}`:       `unknown key "Tier_Read_Ahead"`,
+		`{"node_name": "a", "Dev": 1}`: `unknown key "Dev"`,
 	} {
 		os.WriteFile(path, []byte(bad), 0o600)
-		if _, err := LoadConfigFile(path, DefaultConfig()); !errors.Is(err, ErrConfig) {
-			t.Errorf("%s: err = %v, want ErrConfig", bad, err)
+		if _, err := LoadConfigFile(path, DefaultConfig()); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err = %v, want ErrConfig saying %q", bad, err, want)
 		}
 	}
 }

@@ -305,6 +305,10 @@ func TestAgentSettingLimitsFromEnvironmentAndFile(t *testing.T) {
 		{"peer timeout past 5m from the file", nil, []string{"--config", file(`{"peer_timeout": "5m0.001s"}`)}, "", "peer_timeout (--peer-timeout): 5m0.001s is not in 200ms..5m"},
 		{"import timeout under 100ms from the environment", []string{"KVFABRIC_IMPORT_TIMEOUT=1ns"}, nil, "", "import_timeout (--import-timeout): 1ns is not in 100ms..1h"},
 		{"engine sessions past the bound from the environment", []string{"KVFABRIC_ENGINE_SESSIONS=65537"}, nil, "", "engine_sessions (--engine-sessions): 65537 is not in 1..65536"},
+		// Keys are matched exactly: encoding/json's match regardless of
+		// case took this as 30ns, past the durations' check.
+		{"a key in another case in the file", nil, []string{"--config", file(`{"Block_Set_Grace": 30}`)}, "", `unknown key "Block_Set_Grace": keys are lower case ("block_set_grace")`},
+		{"a key named as the field in the file", nil, []string{"--config", file(`{"NodeName": "zz"}`)}, "", `unknown key "NodeName": no setting has it`},
 		{"sessions per process past the whole from the file", nil, []string{"--config", file(`{"engine_sessions": 8, "engine_sessions_per_process": 9}`)}, "", "engine_sessions_per_process (--engine-sessions-per-process): 9 is not in 1..engine_sessions (8)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
