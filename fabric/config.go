@@ -182,8 +182,10 @@ type Config struct {
 	// certificate must carry: 1 to MaxNodeName letters, digits, '-', '.'
 	// or '_'. If empty, the host name.
 	NodeName string `json:"node_name,omitempty"`
-	// DataDir holds the engine socket, the development CA and the pool's
-	// memory files when they are files. If empty, /var/lib/kvfabric.
+	// DataDir holds the engine socket (where EngineSocket does not name
+	// another place); Dev's CA is kept beside it, in DevCADir's default,
+	// and the pool's memory is anonymous or in MemoryDir, never here. If
+	// empty, /var/lib/kvfabric.
 	DataDir string `json:"data_dir,omitempty"`
 
 	// GossipAddr is the IP:port gossip binds (UDP and TCP): an IP address,

@@ -27,7 +27,7 @@ type setting struct {
 
 var agentSettings = []setting{
 	{"node", "NodeName", "node name, also the name in its TLS certificate: 1 to 128 letters, digits, '-', '.' or '_' (default: host name)"},
-	{"data-dir", "DataDir", "directory for the engine socket and the development CA (default /var/lib/kvfabric)"},
+	{"data-dir", "DataDir", "directory for the engine socket; --dev keeps its development CA beside it, in kvfabric-dev-ca (default /var/lib/kvfabric)"},
 	{"gossip-addr", "GossipAddr", "IP:port gossip binds, UDP and TCP; an IP address, as gossip resolves no names (default 0.0.0.0:7946)"},
 	{"gossip-advertise", "GossipAdvertise", "IP:port other nodes reach gossip at: an IP address of this node, not 0.0.0.0 nor port 0 (default: derived)"},
 	{"join", "Join", "gossip host:port of a node to join; repeat or comma-separate (retried with backoff; each failure is logged with its reason)"},

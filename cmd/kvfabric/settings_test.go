@@ -220,3 +220,20 @@ func TestDumpableSetting(t *testing.T) {
 		})
 	}
 }
+
+// --data-dir's help says where --dev keeps its CA as the agent does: in
+// kvfabric-dev-ca beside the data directory, not in it.
+func TestDevCABesideTheDataDir(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errs := runCmd(t, "", "agent", "--local", "--data-dir", filepath.Join(dir, "data"), "--print-config")
+	if want := `"dev_ca_dir": "` + filepath.Join(dir, "kvfabric-dev-ca") + `"`; code != 0 || !strings.Contains(out, want) {
+		t.Fatalf("exit %d (%s); want %s in:\n%s", code, errs, want, out)
+	}
+	_, _, help := runCmd(t, "", "agent", "-h")
+	if want := "directory for the engine socket; --dev keeps its development CA beside it, in kvfabric-dev-ca"; !strings.Contains(help, want) {
+		t.Errorf("agent -h does not say %q:\n%s", want, help)
+	}
+	if strings.Contains(help, "engine socket and the development CA") {
+		t.Errorf("agent -h says the development CA is in the data directory")
+	}
+}

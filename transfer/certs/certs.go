@@ -498,7 +498,9 @@ func NodeName(c *x509.Certificate) (string, error) {
 	return "", fmt.Errorf("%w: certificate common name %q is not among its DNS names %q", ErrInvalid, name, c.DNSNames)
 }
 
-// Development file names, inside an agent's data directory.
+// Development file names, in the directory an agent keeps its development
+// CA in (fabric's DevCADir: by default kvfabric-dev-ca beside its data
+// directory).
 const (
 	DevCACertFile = "dev-ca.crt"
 	DevCAKeyFile  = "dev-ca.key"
