@@ -62,6 +62,9 @@ func ParseTierSpec(s string) (TierSpec, error) {
 		return TierSpec{}, fmt.Errorf("%q: no size: want disk=PATH:SIZE", s)
 	}
 	path, size := rest[:i], rest[i+1:]
+	if strings.Contains(size, ",") {
+		return TierSpec{}, fmt.Errorf("%q: size %q holds a comma: one tier an entry (a comma before the size is part of the path)", s, size)
+	}
 	if path == "" || !filepath.IsAbs(path) {
 		return TierSpec{}, fmt.Errorf("%q: path %q is not absolute", s, path)
 	}

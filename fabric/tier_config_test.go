@@ -29,6 +29,8 @@ func TestValidateTierConfig(t *testing.T) {
 		{"none", func(c *Config) {}, "", ""},
 		{"one", func(c *Config) { c.Tiers = []string{"disk=/nvme/kvfabric:512GiB"} }, "", ""},
 		{"a colon in the path", func(c *Config) { c.Tiers = []string{"disk=/nvme/a:b:1GiB"} }, "", ""},
+		{"a comma in the path", func(c *Config) { c.Tiers = []string{"disk=/nvme/a,b:1GiB"} }, "", ""},
+		{"two tiers in one entry", func(c *Config) { c.Tiers = []string{"disk=/nvme/a:1GiB,host=1GiB"} }, "tiers[0]", "holds a comma: one tier an entry"},
 		{"size at its floor", func(c *Config) { c.Tiers = []string{"disk=/d:16MiB"} }, "", ""},
 		{"size a byte under its floor", func(c *Config) { c.Tiers = []string{fmt.Sprintf("disk=/d:%d", MinTierBytes-1)} }, "tiers[0]", "not in"},
 		{"size at its ceiling", func(c *Config) { c.Tiers = []string{"disk=/d:1000GiB"} }, "", ""},

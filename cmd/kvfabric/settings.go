@@ -85,7 +85,7 @@ var agentSettings = []setting{
 
 	{"no-cluster-eviction", "NoClusterEviction", "recycle blocks by last use alone (default: among the blocks a pool may recycle, those other live nodes also hold go before those only this node holds)"},
 	{"no-orphan-cache", "NoOrphanCache", "free a block set --block-set-grace after its last engine session ends, its blocks with it (default: a set that still holds blocks stays as a cache, announced and served to peers, taken up by the next engine of its layout, and freed first when a new block set needs the memory; a set with device slots retired after a failed copy is kept either way, as freeing it would withhold its memory from every other set)"},
-	{"tier", "Tiers", "disk tier under the host or device pools, repeatable: disk=PATH:SIZE, PATH an absolute directory on a local disk (made if missing; no comma in the environment's list), SIZE 16MiB..1000GiB; or host=SIZE, one host-memory tier of 16MiB..1TiB placed before the disk tiers, whose least recently used blocks move down to a disk tier when it is full (dropped with none) and which a restart empties; at most 8 tiers; blocks the pool recycles are copied there first, restored on use, served to peers and kept across restarts (default: none)"},
+	{"tier", "Tiers", "disk tier under the host or device pools, repeatable: disk=PATH:SIZE, PATH an absolute directory on a local disk (made if missing; a comma in it is part of it here, so repeat the flag for each tier, and none can be in the environment's comma-separated list), SIZE 16MiB..1000GiB; or host=SIZE, one host-memory tier of 16MiB..1TiB placed before the disk tiers, whose least recently used blocks move down to a disk tier when it is full (dropped with none) and which a restart empties; at most 8 tiers; blocks the pool recycles are copied there first, restored on use, served to peers and kept across restarts (default: none)"},
 	{"tier-watermark", "TierWatermark", "fraction of a block set's slots in use past which its least recently used blocks are copied to the disk tier ahead of need, in (0, 1] (default 0.90; 0.85 over device pools)"},
 	{"tier-queue", "TierQueue", "blocks waiting to be copied to the disk tier, 1..4096; a block that finds the queue full is recycled without a copy when its slot is needed (default 256)"},
 	{"tier-in-flight", "TierInFlight", "fraction of a block set's slots that may wait for copies to the disk tier at once, in (0, 1]; past it, blocks recycled for an allocation are dropped as without a tier, so an engine writing faster than the disk never waits for it in Allocate (default 0.25; 1: drop nothing while the tier has room, and Allocate waits for copies instead)"},
@@ -197,6 +197,11 @@ func applyEnv(cfg *fabric.Config, environ []string) error {
 	return nil
 }
 
+// repeatedOnly are the list settings whose flag is repeated, one entry a
+// flag, never comma-separated: a tier's path may hold a comma. Their
+// environment variables are comma-separated lists all the same.
+var repeatedOnly = map[string]bool{"Tiers": true}
+
 // applyFlags sets cfg's fields from the flags given.
 func (b boundSettings) applyFlags(cfg *fabric.Config) error {
 	for _, s := range agentSettings {
@@ -205,7 +210,7 @@ func (b boundSettings) applyFlags(cfg *fabric.Config) error {
 			continue
 		}
 		vals := v.vals
-		if v.typ.Kind() == reflect.Slice {
+		if v.typ.Kind() == reflect.Slice && !repeatedOnly[s.field] {
 			// Repeated or comma-separated.
 			vals = nil
 			for _, x := range v.vals {

@@ -18,6 +18,18 @@ func TestTierFlags(t *testing.T) {
 		!strings.Contains(out, `"tier_in_flight": 1`) {
 		t.Fatalf("--print-config: exit %d: %s %s", code, out, errs)
 	}
+	// A comma in a path given by the flag is the path's: the flag is
+	// repeated for each tier, not comma-separated as the environment's
+	// list is.
+	comma := filepath.Join(dir, "a,b")
+	code, out, errs = runCmd(t, "", "agent", "--local", "--data-dir", dir, "--print-config", "--tier", "disk="+comma+":1GiB")
+	if code != 0 || !strings.Contains(out, `"tiers": [`+"\n"+`    "disk=`+comma+`:1GiB"`+"\n"+`  ]`) {
+		t.Fatalf("--tier with a comma in its path: exit %d (%s), want one tier of that path:\n%s", code, errs, out)
+	}
+	code, out, errs = runEnv(t, []string{"KVFABRIC_TIERS=disk=" + a + ":1GiB,host=16MiB"}, "agent", "--local", "--data-dir", dir, "--print-config")
+	if code != 0 || !strings.Contains(out, `"disk=`+a+`:1GiB"`) || !strings.Contains(out, `"host=16MiB"`) {
+		t.Fatalf("KVFABRIC_TIERS of two tiers: exit %d (%s):\n%s", code, errs, out)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -35,6 +47,8 @@ func TestTierFlags(t *testing.T) {
 		{[]string{"--tier-in-flight", "nan"}, "tier_in_flight (--tier-in-flight): NaN is not in (0, 1]"},
 		{[]string{"--tier-staging-slots", "4097"}, "tier_staging_slots (--tier-staging-slots): 4097 is not in 1..4096"},
 		{[]string{"--tier-block-bytes", "2GiB"}, "tier_block_bytes"},
+		// One tier a flag: a comma is part of a path, not a list.
+		{[]string{"--tier", "disk=" + a + ":1GiB,host=16MiB"}, `tiers[0] (--tier): "disk=` + a + `:1GiB,host=16MiB": size "1GiB,host=16MiB" holds a comma: one tier an entry`},
 	} {
 		// --print-config: a value wrongly accepted prints the settings
 		// instead of starting an agent.
