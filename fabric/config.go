@@ -235,8 +235,9 @@ type Config struct {
 	DevCADir string `json:"dev_ca_dir,omitempty"`
 
 	// EngineSocket is the unix socket of the engine API; its companion
-	// EngineSocket+".fd" hands out pool memory descriptors. If empty,
-	// DataDir/engine.sock.
+	// EngineSocket+".fd" hands out pool memory descriptors. At most
+	// MaxEngineSocket (104) bytes, so that both fit a unix socket's path.
+	// If empty, DataDir/engine.sock.
 	EngineSocket string `json:"engine_socket,omitempty"`
 	// EngineSocketMode is the octal permission of the engine socket, its
 	// companion and the named memory file: 0600, 0620, 0640 or 0660 (the
@@ -791,6 +792,9 @@ func (c *Config) validate() ([]PoolSpec, error) {
 		if _, _, err := splitHostPort(j); err != nil {
 			return nil, bad(fmt.Sprintf("join[%d]", i), "%v", err)
 		}
+	}
+	if err := c.checkEngineSocket(); err != nil {
+		return nil, err
 	}
 	if _, err := parseSocketMode(c.EngineSocketMode); err != nil {
 		return nil, bad("engine_socket_mode", "%v", err)

@@ -11,6 +11,29 @@ import (
 	"syscall"
 )
 
+// MaxEngineSocket bounds the length of Config.EngineSocket: a unix
+// socket's path holds 107 bytes on Linux (sun_path's 108 with its NUL),
+// and the descriptor socket beside it adds FDSocketSuffix. Past it the
+// agent failed at start with "bind: invalid argument".
+const MaxEngineSocket = len(syscall.RawSockaddrUnix{}.Path) - 1 - len(FDSocketSuffix)
+
+// checkEngineSocket refuses an engine socket whose path, or its
+// descriptor companion's, is too long for a unix socket.
+func (c *Config) checkEngineSocket() error {
+	n := len(c.EngineSocket)
+	if n <= MaxEngineSocket {
+		return nil
+	}
+	why := fmt.Sprintf("%q is %d bytes, at most %d: a unix socket's path holds %d, and the %s socket beside it adds %d",
+		c.EngineSocket, n, MaxEngineSocket, MaxEngineSocket+len(FDSocketSuffix), FDSocketSuffix, len(FDSocketSuffix))
+	if c.EngineSocket == filepath.Join(c.DataDir, "engine.sock") {
+		// Named by the data directory, by default: either setting
+		// shortens it.
+		return badSetting("data_dir, engine_socket", "%s: give a shorter data_dir, or an engine_socket of its own", why)
+	}
+	return badSetting("engine_socket", "%s", why)
+}
+
 // socketDirAccess is the mode and group of the directories the agent
 // makes on the way to the engine socket: where the socket's mode grants
 // its group access, 0710 and that group, so that the group's engines can

@@ -41,7 +41,7 @@ var agentSettings = []setting{
 	{"key", "KeyFile", "this node's private key, PEM"},
 	{"dev", "Dev", "authenticate peers with a development CA made on first use: for a local cluster only"},
 	{"dev-ca-dir", "DevCADir", "where --dev keeps the development CA, shared by the agents of one machine (default: kvfabric-dev-ca beside the data dir)"},
-	{"engine-socket", "EngineSocket", "engine API unix socket; PATH.fd beside it hands out pool memory descriptors (default DATA_DIR/engine.sock)"},
+	{"engine-socket", "EngineSocket", "engine API unix socket, at most 104 bytes (a unix socket's path holds 107, and PATH.fd beside it hands out pool memory descriptors) (default DATA_DIR/engine.sock)"},
 	{"engine-socket-mode", "EngineSocketMode", "octal mode of the engine socket, its .fd companion and the named memory file: 0600, 0620, 0640 or 0660; with group access, the directories the agent makes for the socket are 0710 and the socket's group, and one there already that the group cannot search is named in a warning at start (default 0600)"},
 	{"engine-socket-group", "EngineSocketGroup", "group (name or id) owning the engine socket, its .fd companion and the named memory file; an unknown group is refused (default: the agent's group)"},
 	{"memory-dir", "MemoryDir", "make the pool's memory a named file in this directory (e.g. a Kubernetes hostPath shared with engine pods), removed on shutdown (default: none; engines get a descriptor over PATH.fd)"},

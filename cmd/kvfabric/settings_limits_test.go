@@ -66,6 +66,11 @@ func TestAgentSettingLimits(t *testing.T) {
 		{"cluster name at 255 bytes", []string{"--cluster", long(255)}, `"cluster_name": "` + long(255) + `"`, ""},
 		{"cluster name at 256 bytes", []string{"--cluster", long(256)}, "", "256 bytes, at most 255 (gossip's label)"},
 
+		// A unix socket's path holds 107 bytes, and PATH.fd takes 3 more:
+		// past it the agent failed at start (bind: invalid argument).
+		{"engine socket at 104 bytes", []string{"--engine-socket", "/" + long(103)}, `"engine_socket": "/` + long(103) + `"`, ""},
+		{"engine socket at 105 bytes", []string{"--engine-socket", "/" + long(104)}, "", `"/` + long(104) + `" is 105 bytes, at most 104: a unix socket's path holds 107, and the .fd socket beside it adds 3`},
+
 		{"socket mode 0660", []string{"--engine-socket-mode", "0660"}, `"engine_socket_mode": "0660"`, ""},
 		{"socket mode 0664", []string{"--engine-socket-mode", "0664"}, "", "want 0600, 0620, 0640 or 0660"},
 		{"socket mode 0400", []string{"--engine-socket-mode", "0400"}, "", "want 0600, 0620, 0640 or 0660"},
@@ -305,6 +310,11 @@ func TestAgentSettingLimitsFromEnvironmentAndFile(t *testing.T) {
 		{"peer timeout past 5m from the file", nil, []string{"--config", file(`{"peer_timeout": "5m0.001s"}`)}, "", "peer_timeout (--peer-timeout): 5m0.001s is not in 200ms..5m"},
 		{"import timeout under 100ms from the environment", []string{"KVFABRIC_IMPORT_TIMEOUT=1ns"}, nil, "", "import_timeout (--import-timeout): 1ns is not in 100ms..1h"},
 		{"engine sessions past the bound from the environment", []string{"KVFABRIC_ENGINE_SESSIONS=65537"}, nil, "", "engine_sessions (--engine-sessions): 65537 is not in 1..65536"},
+		// The engine socket named by the data directory, too long for a
+		// unix socket: either setting shortens it.
+		{"data dir at the engine socket's bound", nil, []string{"--data-dir", "/" + strings.Repeat("d", 91)}, `"engine_socket": "/` + strings.Repeat("d", 91) + `/engine.sock"`, ""},
+		{"data dir past the engine socket's bound", nil, []string{"--data-dir", "/" + strings.Repeat("d", 92)}, "",
+			`data_dir (--data-dir), engine_socket (--engine-socket): "/` + strings.Repeat("d", 92) + `/engine.sock" is 105 bytes, at most 104: a unix socket's path holds 107, and the .fd socket beside it adds 3: give a shorter data_dir, or an engine_socket of its own`},
 		// Keys are matched exactly: encoding/json's match regardless of
 		// case took this as 30ns, past the durations' check.
 		{"a key in another case in the file", nil, []string{"--config", file(`{"Block_Set_Grace": 30}`)}, "", `unknown key "Block_Set_Grace": keys are lower case ("block_set_grace")`},
