@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -45,11 +46,20 @@ naming it. Agents authenticate each other with mutual TLS against the CA
 		if err := parse(fs, args[1:]); err != nil {
 			return err
 		}
+		if fs.NArg() > 0 {
+			return usagef("unexpected argument %q", fs.Arg(0))
+		}
+		if *name == "" {
+			return usagef("--name: the CA's name is empty")
+		}
 		validity, err := certDays(*days)
 		if err != nil {
 			return err
 		}
 		ca, err := certs.NewCA(*name, validity)
+		if errors.Is(err, certs.ErrInvalid) {
+			return usagef("%v", err)
+		}
 		if err != nil {
 			return err
 		}
@@ -81,6 +91,9 @@ naming it. Agents authenticate each other with mutual TLS against the CA
 	name := args[1]
 	if err := parse(fs, args[2:]); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
 	}
 	// The agent's bound, not only a certificate's (253 bytes): a
 	// certificate no agent can use is refused here.

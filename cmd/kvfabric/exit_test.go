@@ -169,3 +169,36 @@ func TestImportProgressLine(t *testing.T) {
 		t.Fatalf("progress written to a non-terminal: exit %d, %q", code, errs)
 	}
 }
+
+// An argument a command takes none of is a usage error naming it, before
+// anything is written, as for the other commands; so is an empty CA name,
+// which exited 1 as a failure.
+func TestExtraArgumentsRefused(t *testing.T) {
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca")
+	if code, _, errs := runCmd(t, "", "certs", "ca", "--out", ca); code != 0 {
+		t.Fatalf("certs ca: exit %d: %s", code, errs)
+	}
+	out := filepath.Join(dir, "out")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"version", "extra"}, `kvfabric version: unexpected argument "extra"`},
+		{[]string{"--version", "extra"}, `kvfabric version: unexpected argument "extra"`},
+		{[]string{"certs", "ca", "--out", out, "extra"}, `kvfabric certs: unexpected argument "extra"`},
+		{[]string{"certs", "ca", "--out", out, "--name", ""}, `kvfabric certs: --name: the CA's name is empty`},
+		{[]string{"certs", "node", "n1", "--ca-cert", filepath.Join(ca, "ca.crt"), "--ca-key", filepath.Join(ca, "ca.key"), "--out", out, "extra"},
+			`kvfabric certs: unexpected argument "extra"`},
+		{[]string{"certs", "node", "n1", "--ca-cert", filepath.Join(ca, "ca.crt"), "extra", "--out", out},
+			`kvfabric certs: unexpected argument "extra"`},
+	} {
+		code, stdout, errs := runCmd(t, "", tc.args...)
+		if code != 2 || errs != tc.want+"\n" || stdout != "" {
+			t.Errorf("kvfabric %s: exit %d, %q %q; want 2 and %q", strings.Join(tc.args, " "), code, stdout, errs, tc.want)
+		}
+		if _, err := os.Stat(out); !os.IsNotExist(err) {
+			t.Fatalf("kvfabric %s wrote %s: %v", strings.Join(tc.args, " "), out, err)
+		}
+	}
+}

@@ -11,6 +11,9 @@ func runVersion(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
 	_, err := fmt.Fprintf(e.stdout, "kvfabric %s (%s)\n", buildinfo.Version(), buildinfo.GoVersion())
 	return err
 }
