@@ -511,6 +511,10 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	if err != nil {
 		return err
 	}
+	// Given as 0, --generate is refused, not taken as left out: put read
+	// token ids from standard input instead.
+	generating := false
+	fs.Visit(func(f *flag.Flag) { generating = generating || f.Name == "generate" })
 	// The page size is checked before --generate makes that many tokens a
 	// block.
 	hasher, err := layout.NewHasher(eng.PageSize, layout.HashOptions{})
@@ -519,7 +523,7 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	}
 	var tokens []uint32
 	switch {
-	case *generate < 0 || *generate > maxGenerate:
+	case *generate < 0 || *generate > maxGenerate || generating && *generate == 0:
 		return usagef("--generate %d: want 1..%d", *generate, maxGenerate)
 	case *generate > maxGenerateTokens/eng.PageSize:
 		return usagef("--generate %d: at most %d blocks of --page-size %d tokens (%d tokens in all)",

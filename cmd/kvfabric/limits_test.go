@@ -113,6 +113,10 @@ func TestClientFlagLimits(t *testing.T) {
 		{[]string{"put", "--generate", "1048576", "--page-size", "1"}, "", ""},
 		{[]string{"put", "--generate", "1048577"}, "", "--generate 1048577: want 1..1048576"},
 		{[]string{"put", "--generate", "-1"}, "", "--generate -1"},
+		// Given as 0, not taken as left out: it read token ids from
+		// standard input and put them.
+		{[]string{"put", "--generate", "0"}, strings.Repeat("7 ", 16), "--generate 0: want 1..1048576"},
+		{[]string{"put", "--generate=0", "--page-size", "1"}, "7", "--generate 0: want 1..1048576"},
 		{[]string{"put", "--generate", "1", "--page-size", "65536"}, "", ""},
 		// At most 2^24 tokens: 1048576 blocks of 65536 made 2^36 (256 GiB).
 		{[]string{"put", "--generate", "256", "--page-size", "65536"}, "", ""},
