@@ -515,11 +515,11 @@ another block set (with --no-orphan-cache, for its --block-set-grace).`)
 	// token ids from standard input instead.
 	generating := false
 	fs.Visit(func(f *flag.Flag) { generating = generating || f.Name == "generate" })
-	// The page size is checked before --generate makes that many tokens a
-	// block.
+	// The page size was checked with the engine flags (checkRanges),
+	// before --generate makes that many tokens a block.
 	hasher, err := layout.NewHasher(eng.PageSize, layout.HashOptions{})
 	if err != nil {
-		return usagef("--page-size %d: %v", eng.PageSize, err)
+		return err
 	}
 	var tokens []uint32
 	switch {
