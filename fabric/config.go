@@ -774,6 +774,14 @@ func (c *Config) validate() ([]PoolSpec, error) {
 	if err := ValidNodeName(c.NodeName); err != nil {
 		return nil, bad("node_name", "%v", err)
 	}
+	for _, d := range []struct{ key, path string }{{"data_dir", c.DataDir}, {"memory_dir", c.MemoryDir}} {
+		if d.path == "" {
+			continue
+		}
+		if err := notADir(d.path); err != nil {
+			return nil, bad(d.key, "%v", err)
+		}
+	}
 	if len(c.ClusterName) > membership.MaxClusterName {
 		return nil, bad("cluster_name", "%d bytes, at most %d (gossip's label)", len(c.ClusterName), membership.MaxClusterName)
 	}

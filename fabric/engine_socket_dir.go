@@ -34,6 +34,20 @@ func (c *Config) checkEngineSocket() error {
 	return badSetting("engine_socket", "%s", why)
 }
 
+// notADir says why the agent cannot make or use path as a directory: it
+// is a file, or a file is on its way to it. A path that can be made, or
+// that cannot be looked at (left to the start), is nil.
+func notADir(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && !fi.IsDir():
+		return fmt.Errorf("%s is a file, not a directory", path)
+	case errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("%s: a file is on its way, not a directory", path)
+	}
+	return nil
+}
+
 // socketDirAccess is the mode and group of the directories the agent
 // makes on the way to the engine socket: where the socket's mode grants
 // its group access, 0710 and that group, so that the group's engines can

@@ -101,6 +101,9 @@ func (c *Config) validateTiers() error {
 			}
 			continue
 		}
+		if err := notADir(s.Path); err != nil {
+			return bad(fmt.Sprintf("tiers[%d]", i), "%q: %v", t, err)
+		}
 		for p, j := range seen {
 			if p == s.Path || strings.HasPrefix(s.Path, p+"/") || strings.HasPrefix(p, s.Path+"/") {
 				return bad(fmt.Sprintf("tiers[%d]", i), "%q: its directory overlaps tiers[%d]'s %s", t, j, p)

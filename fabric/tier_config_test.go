@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,6 +15,10 @@ import (
 // The tier settings: each refusal names its field and what is wrong; every
 // limit holds at the limit and refuses one past it.
 func TestValidateTierConfig(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tiers := func(n int) []string {
 		var out []string
 		for i := range n {
@@ -66,6 +72,8 @@ func TestValidateTierConfig(t *testing.T) {
 		{"read-ahead at its limit", func(c *Config) { c.TierReadAhead = MaxTierReadAhead }, "", ""},
 		{"read-ahead past its limit", func(c *Config) { c.TierReadAhead = MaxTierReadAhead + 1 }, "tier_read_ahead", "not in 0..256"},
 		{"negative read-ahead", func(c *Config) { c.TierReadAhead = -1 }, "tier_read_ahead", ""},
+		{"a file", func(c *Config) { c.Tiers = []string{"disk=" + file + ":1GiB"} }, "tiers[0]", "is a file, not a directory"},
+		{"below a file", func(c *Config) { c.Tiers = []string{"disk=" + file + "/t:1GiB"} }, "tiers[0]", "a file is on its way"},
 	} {
 		c := DefaultLocalConfig()
 		tc.mut(&c)

@@ -237,3 +237,37 @@ func TestDevCABesideTheDataDir(t *testing.T) {
 		t.Errorf("agent -h says the development CA is in the data directory")
 	}
 }
+
+// A directory setting that names a file, or a path through one, is a
+// usage error naming the setting before anything starts, where the agent
+// failed as it began to make the directory (exit status 1).
+func TestDirectorySettingsThatAreFiles(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	below := filepath.Join(file, "d")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--tier", "disk=" + file + ":1GiB"}, `tiers[0] (--tier): "disk=` + file + `:1GiB": ` + file + ` is a file, not a directory`},
+		{[]string{"--tier", "disk=" + filepath.Join(dir, "t") + ":1GiB", "--tier", "disk=" + below + ":1GiB"}, `tiers[1] (--tier): "disk=` + below + `:1GiB": ` + below + `: a file is on its way, not a directory`},
+		{[]string{"--memory-dir", file}, "memory_dir (--memory-dir): " + file + " is a file, not a directory"},
+		{[]string{"--data-dir", file}, "data_dir (--data-dir): " + file + " is a file, not a directory"},
+		{[]string{"--data-dir", below}, "data_dir (--data-dir): " + below + ": a file is on its way, not a directory"},
+	} {
+		args := append([]string{"agent", "--local", "--data-dir", filepath.Join(dir, "data"), "--metrics-addr", "off", "--print-config"}, tc.args...)
+		code, _, errs := runCmd(t, "", args...)
+		if want := "kvfabric agent: fabric: invalid configuration: " + tc.want + "\n"; code != 2 || errs != want {
+			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, errs, want)
+		}
+	}
+	// Directories, or paths that can be made, pass.
+	code, _, errs := runCmd(t, "", "agent", "--local", "--data-dir", filepath.Join(dir, "data"), "--print-config",
+		"--memory-dir", dir, "--tier", "disk="+filepath.Join(dir, "new", "t")+":1GiB")
+	if code != 0 {
+		t.Fatalf("directories: exit %d: %s", code, errs)
+	}
+}
