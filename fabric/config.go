@@ -963,26 +963,46 @@ func ParsePoolSpec(s string) (PoolSpec, error) {
 	return spec, nil
 }
 
-// ParseSize parses a byte count with an optional binary suffix.
+// sizeUnits are the units a size may end in: binary multiples, and B.
+var sizeUnits = []struct {
+	suffix string
+	mult   uint64
+}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}}
+
+// ParseSize parses a byte count with an optional binary suffix (KiB,
+// MiB, GiB, TiB, or B). An error quotes the size as given.
 func ParseSize(s string) (uint64, error) {
-	mult := uint64(1)
-	for _, u := range []struct {
-		suffix string
-		mult   uint64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}} {
+	num, mult := s, uint64(1)
+	for _, u := range sizeUnits {
 		if v, ok := strings.CutSuffix(s, u.suffix); ok {
-			s, mult = v, u.mult
+			num, mult = v, u.mult
 			break
 		}
 	}
-	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+	n, err := strconv.ParseUint(strings.TrimSpace(num), 10, 64)
 	if err != nil || n == 0 {
-		return 0, fmt.Errorf("size %q is not a positive number of bytes (e.g. 512MiB, 4GiB)", s)
+		return 0, fmt.Errorf("size %q is not a positive number of bytes with an optional unit KiB, MiB, GiB, TiB or B (e.g. 512MiB, 4GiB)%s", s, unitHint(s))
 	}
 	if n > (1<<64-1)/mult {
 		return 0, fmt.Errorf("size %q overflows", s)
 	}
 	return n * mult, nil
+}
+
+// unitHint names the unit a size ends in where it is none of sizeUnits
+// and follows a number ("GB" of "1GB", "G" of "1G"), else "".
+func unitHint(s string) string {
+	i := strings.LastIndexFunc(s, func(r rune) bool { return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') })
+	unit, num := s[i+1:], strings.TrimSpace(s[:i+1])
+	if unit == "" || num == "" {
+		return ""
+	}
+	for _, u := range sizeUnits {
+		if unit == u.suffix {
+			return ""
+		}
+	}
+	return fmt.Sprintf(": %q is not one of them (sizes are binary: 1GiB is 1073741824 bytes)", unit)
 }
 
 func splitHostPort(addr string) (string, int, error) {

@@ -191,6 +191,25 @@ func TestParseSize(t *testing.T) {
 			t.Errorf("ParseSize(%q): no error", in)
 		}
 	}
+	// The error quotes the size as given, unit included (it quoted "1G"
+	// of "1GB"), and names a unit that is not one.
+	for in, want := range map[string]string{
+		"1GB":            `size "1GB" is not a positive number of bytes with an optional unit KiB, MiB, GiB, TiB or B (e.g. 512MiB, 4GiB): "GB" is not one of them`,
+		"64 MB":          `size "64 MB" is not a positive number of bytes with an optional unit KiB, MiB, GiB, TiB or B (e.g. 512MiB, 4GiB): "MB" is not one of them`,
+		"2g":             `size "2g" is not`,
+		"1.5GiB":         `size "1.5GiB" is not a positive number of bytes with an optional unit KiB, MiB, GiB, TiB or B (e.g. 512MiB, 4GiB)`,
+		"0MiB":           `size "0MiB" is not a positive number`,
+		"lots":           `size "lots" is not a positive number`,
+		"99999999999TiB": `size "99999999999TiB" overflows`,
+	} {
+		_, err := ParseSize(in)
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("ParseSize(%q): %v, want an error saying %q", in, err, want)
+		}
+		if strings.HasSuffix(in, "iB") && err != nil && strings.Contains(err.Error(), "is not one of them") {
+			t.Errorf("ParseSize(%q): %v names a unit that is one", in, err)
+		}
+	}
 }
 
 // The agent's own logger writes text or JSON lines at the level asked.

@@ -78,6 +78,9 @@ func TestAgentSettingLimits(t *testing.T) {
 
 		{"pool at 1MiB", []string{"--pool", "host=1MiB"}, `"host=1MiB"`, ""},
 		{"pool a byte under 1MiB", []string{"--pool", "host=1048575"}, "", "below the smallest pool"},
+		// The size as given, and what units there are: the message quoted
+		// "1G" of 1GB.
+		{"pool in a unit that is none", []string{"--pool", "host=1GB"}, "", `"host=1GB": size "1GB" is not a positive number of bytes with an optional unit KiB, MiB, GiB, TiB or B (e.g. 512MiB, 4GiB): "GB" is not one of them`},
 		{"device fraction 1", []string{"--pool", "device=1.0"}, `"device=1.0"`, ""},
 		{"device fraction past 1", []string{"--pool", "device=1.01"}, "", "is not in (0, 1]"},
 		{"device index 255", []string{"--pool", "device:255=1GiB"}, `"device:255=1GiB"`, ""},
