@@ -345,15 +345,8 @@ func (h hashFlags) names(e *env, args []string, pageSize int) (blockNames, error
 		if len(args) > 0 {
 			return blockNames{}, usagef("give --hashes or token ids, not both")
 		}
-		var out []uint64
-		for i, f := range strings.FieldsFunc(*h.hashes, splitToken) {
-			v, err := strconv.ParseUint(f, 10, 64)
-			if err != nil {
-				return blockNames{}, usagef("--hashes: hash %d: %q is not a u64", i, f)
-			}
-			out = append(out, v)
-		}
-		return blockNames{hashes: out}, nil
+		out, err := parseHashes(*h.hashes)
+		return blockNames{hashes: out}, err
 	}
 	hasher, err := layout.NewHasher(pageSize, layout.HashOptions{Salt: *h.salt, LoRA: *h.lora})
 	if err != nil {
@@ -377,6 +370,27 @@ func (h hashFlags) names(e *env, args []string, pageSize int) (blockNames, error
 	}
 	// Only the full pages: the agent ignores a trailing partial one too.
 	return blockNames{hashes: out, tokens: tokens[:len(out)*pageSize], salt: *h.salt, lora: *h.lora}, nil
+}
+
+// parseHashes parses --hashes: decimal u64s, comma-separated (spaces
+// around and between them too). An empty entry is refused, not dropped:
+// "1,,2" named two blocks where three were meant.
+func parseHashes(s string) ([]uint64, error) {
+	var out []uint64
+	for i, entry := range strings.Split(s, ",") {
+		fields := strings.FieldsFunc(entry, splitToken)
+		if len(fields) == 0 {
+			return nil, usagef("--hashes: entry %d of %q is empty", i, s)
+		}
+		for _, f := range fields {
+			v, err := strconv.ParseUint(f, 10, 64)
+			if err != nil {
+				return nil, usagef("--hashes: hash %d: %q is not a u64", len(out), f)
+			}
+			out = append(out, v)
+		}
+	}
+	return out, nil
 }
 
 func runLookup(e *env, args []string) error {

@@ -87,6 +87,11 @@ func TestExitCodes(t *testing.T) {
 		{append([]string{"lookup", "--hashes", held}, sock...), 0},
 		{append([]string{"lookup", "--hashes", partly}, sock...), 1},
 		{append([]string{"lookup", "--hashes", "x"}, sock...), 2},
+		{append([]string{"lookup", "--hashes", held + ",,12345"}, sock...), 2}, // an empty entry: it named one block fewer
+		{append([]string{"lookup", "--hashes", held + ","}, sock...), 2},
+		{append([]string{"import", "--hashes", "," + held}, sock...), 2},
+		{append([]string{"lookup", "--hashes", " "}, sock...), 2},
+		{append([]string{"lookup", "--hashes", strings.ReplaceAll(held, ",", ", ")}, sock...), 0}, // spaces around the commas
 
 		{append([]string{"import", "--hashes", held}, sock...), 0},
 		{append([]string{"import", "--hashes", partly}, sock...), 1},

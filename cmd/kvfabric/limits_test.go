@@ -151,6 +151,10 @@ func TestClientFlagLimits(t *testing.T) {
 		{[]string{"import", "--page-size", "65537", "1"}, "", "--page-size 65537: must be 1..65536"},
 		{[]string{"get", "--page-size", "0", "--out", os.DevNull, "1"}, "", "--page-size 0: must be 1..65536"},
 		{[]string{"lookup", "--block-size", "1", "1"}, "", ""},
+		// An empty entry of --hashes was dropped: 1,,2 named two blocks.
+		{[]string{"lookup", "--hashes", "1, 2,3"}, "", ""},
+		{[]string{"lookup", "--hashes", "1,,2"}, "", `--hashes: entry 1 of "1,,2" is empty`},
+		{[]string{"get", "--out", os.DevNull, "--hashes", "1,2,"}, "", `--hashes: entry 2 of "1,2," is empty`},
 		{[]string{"lookup", "--block-size", "0", "1"}, "", "--block-size 0: must be 1..65536"},
 		{[]string{"hash", "--block-size", "65537", "1"}, "", "--block-size 65537: must be 1..65536"},
 		// A bound already past failed every call with the context's error,
