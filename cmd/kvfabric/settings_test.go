@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -269,5 +270,44 @@ func TestDirectorySettingsThatAreFiles(t *testing.T) {
 		"--memory-dir", dir, "--tier", "disk="+filepath.Join(dir, "new", "t")+":1GiB")
 	if code != 0 {
 		t.Fatalf("directories: exit %d: %s", code, errs)
+	}
+}
+
+// The systemd unit's ExecStart is a command line the agent takes with the
+// example configuration, and every flag its comments name is the agent's;
+// they say how engines of another user reach the socket (the socket's
+// mode and group), which they once said could not be configured.
+func TestSystemdUnit(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/systemd/kvfabric.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := string(b)
+	_, _, help := runCmd(t, "", "agent", "-h")
+	// The install steps, indented in the first comment, are other
+	// programs' command lines.
+	agent := regexp.MustCompile(`(?m)^#\s{2,}.*$`).ReplaceAllString(unit, "")
+	named := map[string]bool{}
+	for _, f := range regexp.MustCompile(`--([a-z][a-z-]*)`).FindAllStringSubmatch(agent, -1) {
+		named[f[1]] = true
+		if !strings.Contains(help, "\n  -"+f[1]+" ") && !strings.Contains(help, "\n  -"+f[1]+"\n") {
+			t.Errorf("the unit names --%s, which kvfabric agent does not take", f[1])
+		}
+	}
+	for _, f := range []string{"engine-socket-mode", "engine-socket-group"} {
+		if !named[f] {
+			t.Errorf("the unit does not say that --%s lets engines of another user in", f)
+		}
+	}
+	if strings.Contains(unit, "once the socket group is configurable") || strings.Contains(unit, "the pool's files") {
+		t.Errorf("the unit says what the agent does not do:\n%s", unit)
+	}
+	exec := regexp.MustCompile(`(?m)^ExecStart=\S+ (.*)$`).FindStringSubmatch(unit)
+	if exec == nil {
+		t.Fatal("no ExecStart line")
+	}
+	args := strings.Fields(strings.NewReplacer("%H", "gpu-node-07", "/etc/kvfabric/agent.json", "../../deploy/agent.json").Replace(exec[1]))
+	if code, _, errs := runCmd(t, "", append(args, "--print-config")...); args[0] != "agent" || code != 0 {
+		t.Fatalf("ExecStart %v: exit %d: %s", args, code, errs)
 	}
 }
