@@ -205,9 +205,13 @@ func (a *Agent) copyOnDevice(plan *layout.Plan, src, dst *layout.Layout) error {
 		}
 	}
 	// Wait for what was queued, also after a failure: the caller aborts
-	// the destination slots, which nothing may still be writing.
+	// the destination slots, which nothing may still be writing. A stream
+	// that cannot be synchronised may still write them: errSlotUnsynced
+	// says so, and the caller retires them instead.
 	for _, st := range streams {
-		errs = append(errs, st.Synchronize())
+		if err := st.Synchronize(); err != nil {
+			errs = append(errs, errSlotUnsynced, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -748,3 +748,39 @@ func TestDevicePoolImportUnsyncedKeepsItsSlots(t *testing.T) {
 		t.Fatalf("all %d slots of the next engine's set %d: %v, %v", slots, again.ID, s, err)
 	}
 }
+
+// A local copy between two device sets (an Import of blocks another set of
+// the node holds, in another layout) whose stream cannot be synchronised
+// may still land: the destination slots are retired, never handed out
+// again, so that no later block of the set is overwritten by it.
+func TestLocalDeviceCopyUnsyncedRetiresItsSlots(t *testing.T) {
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	t.Setenv("SOFTCUDA_FAIL", "cuStreamSynchronize=1@1")
+	cfg := testConfig(t, "gpu-local")
+	cfg.RDMA = "off"
+	cfg.Pools = []string{"device:0=16MiB"}
+	cfg.CUDALibrary = lib
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	src := register(t, c, tierEngine) // HND
+	const n, slots = 8, 16
+	hashes := storeThroughSlots(t, c, src, nil, n)
+	dst := register(t, c, client.Engine{Name: "other", Model: testModel, TPSize: 1, PageSize: 16, Order: layout.NHD, Slots: slots})
+	resp, err := c.Import(ctx, dst.ID, hashes)
+	if err == nil && len(resp.Blocks) == n {
+		t.Fatalf("an import whose local copy was not synchronised brought every block: %v", resp.Blocks)
+	}
+	if r := a.Metrics().Pool.Retired; r != n {
+		t.Fatalf("%d slots retired after a local copy of %d blocks not synchronised (%v, %v); want %d", r, n, resp, err, n)
+	}
+	if _, err := c.Allocate(ctx, dst.ID, slots-n+1); err == nil {
+		t.Fatalf("allocated %d slots with %d retired of %d: a slot the copy may land in among them", slots-n+1, n, slots)
+	}
+	if s, err := c.Allocate(ctx, dst.ID, slots-n); err != nil || len(s) != slots-n {
+		t.Fatalf("every slot but those retired: %v, %v", s, err)
+	}
+}

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -70,6 +71,17 @@ func (a *Agent) copyBlocks(ctx context.Context, src *pool.BlockSet, s *sessionSe
 		}
 	}
 	if err != nil {
+		if errors.Is(err, errSlotUnsynced) {
+			// A copy into them may still land: out of use for good, as a
+			// staged import's and a restore's are.
+			for _, b := range blocks {
+				if rerr := s.set.Retire(b); rerr != nil {
+					a.log.Error("local copy: device slot not retired", "set", s.set.ID(), "slot", b.Slot, "err", rerr)
+				}
+			}
+			a.log.Warn("local copy: device slots retired: a copy into them may still land", "set", s.set.ID(), "slots", len(blocks))
+			return nil, 0, err
+		}
 		for _, b := range blocks {
 			s.set.Abort(b)
 		}
