@@ -667,9 +667,11 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 	// Chosen again where a set chosen was taken up meanwhile by another
 	// process's call (handOver's errJoinedMeanwhile): reusableSet passes
 	// over that set while that process runs, so this ends.
+	// The tiers' staging sets and engines' sets are never each other's.
+	staging := sess == a.unowned && engine == stagingEngine
 	var s *engineSet
 	for {
-		best, own := a.reusableSet(sess, tmpl, asked, place, pid)
+		best, own := a.reusableSet(sess, tmpl, asked, place, pid, staging)
 		if best == nil || !own && best.set.Usable() < tmpl.Slots {
 			// Checked before the quota, which sizes the set from it.
 			if err := tmpl.Validate(); err != nil {
@@ -691,6 +693,7 @@ func (a *Agent) blockSetForSession(sess *session, engine string, tmpl *layout.La
 		}
 		return ss, err
 	}
+	s.staging = staging
 	set := s.set
 	a.sets[set.ID()] = s
 	a.pokeMeta()
@@ -904,7 +907,7 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 		}
 		if again {
 			var own bool
-			best, own = a.reusableSet(sess, tmpl, asked, place, pid)
+			best, own = a.reusableSet(sess, tmpl, asked, place, pid, sess == a.unowned && engine == stagingEngine)
 			if best != nil && (own || best.set.Usable() >= tmpl.Slots) {
 				return nil, best, nil
 			}
@@ -933,7 +936,7 @@ func (a *Agent) newSetForSession(sess *session, engine string, tmpl *layout.Layo
 			set, err = a.freeIdleSets(m.make, may, best, tried)
 		}
 		if err == nil && relocks != a.relocks {
-			if mine, own := a.reusableSet(sess, tmpl, asked, place, pid); own {
+			if mine, own := a.reusableSet(sess, tmpl, asked, place, pid, sess == a.unowned && engine == stagingEngine); own {
 				m.unmake(set, "block set made while its session took up another of the layout not freed")
 				return nil, mine, nil
 			}
@@ -1033,10 +1036,13 @@ func (a *Agent) remakeFallback(engine string, lost *engineSet, place []int) (*en
 // the set is the fallback when the quota or the memory has no room for a
 // new one. Only sets pid may join are candidates (see engineSet.mayJoin).
 // a.mu is held.
-func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place []int, pid int32) (best *engineSet, own bool) {
+func (a *Agent) reusableSet(sess *session, tmpl *layout.Layout, asked int, place []int, pid int32, staging bool) (best *engineSet, own bool) {
 	var fits []*engineSet
 	usable := map[*engineSet]int{}
 	for _, s := range a.sets {
+		if s.staging != staging {
+			continue
+		}
 		if field, _, _ := a.layoutDiff(s, tmpl, asked, place); field != "" {
 			continue
 		}
@@ -1103,6 +1109,16 @@ func (a *Agent) engineSet(id uint64) (*engineSet, error) {
 		return nil, status.Errorf(codes.NotFound, "block set %d: not registered on this agent", id)
 	}
 	return s, nil
+}
+
+// enginesSet is engineSet for an engine's call: the tiers' staging sets
+// are the agent's own, as if not there.
+func (a *Agent) enginesSet(id uint64) (*engineSet, error) {
+	s, err := a.engineSet(id)
+	if err == nil && s.staging {
+		return nil, status.Errorf(codes.NotFound, "block set %d: not an engine's (the agent's own staging for peers)", id)
+	}
+	return s, err
 }
 
 // describe returns what an engine needs to use a block set.

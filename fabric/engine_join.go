@@ -47,7 +47,7 @@ func (a *Agent) joinSet(sess *session, engine string, id uint64, token string, t
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	es, ok := a.sets[pool.SetID(id)]
-	if !ok || setFreed(es) {
+	if !ok || setFreed(es) || es.staging {
 		return nil, status.Errorf(codes.NotFound, "join_block_set: block set %d is not registered on this agent (freed, or of another run of it); register again", id)
 	}
 	es.mu.Lock()

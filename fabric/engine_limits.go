@@ -38,6 +38,9 @@ func checkRegisterStrings(req *fabricpb.RegisterRequest) error {
 	if err := checkString("engine", req.GetEngine(), MaxEngineName); err != nil {
 		return err
 	}
+	if req.GetEngine() == stagingEngine {
+		return status.Errorf(codes.InvalidArgument, "engine: %q is the agent's own (its staging sets for peers)", stagingEngine)
+	}
 	if n := len(req.GetDevices()); n > layout.MaxTPSize {
 		return status.Errorf(codes.InvalidArgument, "devices: %d entries (at most %d, one per rank)", n, layout.MaxTPSize)
 	}

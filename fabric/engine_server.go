@@ -83,6 +83,11 @@ type engineSet struct {
 
 	// ahead is the set's read-ahead from the tiers (tier_readahead.go).
 	ahead setAhead
+
+	// staging: the tiers' own set, disk-held blocks staged into it for
+	// peers (tier_serve.go); set once, before it is shared. No engine is
+	// handed it, and it takes up no engine's set.
+	staging bool
 }
 
 // engineServer implements the engine API over the agent.
@@ -203,7 +208,7 @@ func (e *engineServer) setFor(ctx context.Context, id uint64) (*sessionSet, erro
 // hashes their bytes are not, and slots and references the set's engine
 // counts on taken.
 func (a *Agent) joinableSet(ctx context.Context, id uint64) (*engineSet, error) {
-	es, err := a.engineSet(id)
+	es, err := a.enginesSet(id)
 	if err != nil {
 		return nil, err
 	}
@@ -639,7 +644,7 @@ func (e *engineServer) Lookup(ctx context.Context, req *fabricpb.LookupRequest) 
 		}
 	}
 	if id := req.GetBlockSet(); id != 0 {
-		s, err := a.engineSet(id)
+		s, err := a.enginesSet(id)
 		if err != nil {
 			return nil, err
 		}

@@ -1004,3 +1004,66 @@ func TestTierDirectoryIsItsOwn(t *testing.T) {
 	first.Close()
 	startAgent(t, cfg2)
 }
+
+// The tiers' staging sets (disk-held blocks staged for peers) and engines'
+// sets are never each other's: a live engine's set of the staging set's
+// layout and slot count is not taken for staging, an engine registering
+// that layout afterwards gets no staging set, a call naming a staging set
+// finds none, and no engine may call itself the staging engine.
+func TestTierStagingSetsAreNoEnginesAndTakeNone(t *testing.T) {
+	const n = 16
+	dir := tierDir(t)
+	agents := clusterWith(t, 2, func(i int, c *fabric.Config) {
+		if i == 0 {
+			c.Tiers = []string{"disk=" + dir + ":64MiB"}
+			c.BlockSetGrace = 100 * time.Millisecond
+			c.NoOrphanCache = true // the set is freed, its blocks then on disk only
+		}
+	})
+	n1, n2 := agents[0], agents[1]
+	ctx := context.Background()
+	writer := newClient(t, n1)
+	hashes := storeThrough(t, writer, register(t, writer, tierEngine), n, n1)
+	writer.Close()
+	c := newClient(t, n1)
+	wait.For(t, 20*time.Second, "every block on disk, the writer's set freed", func() error {
+		st, err := c.Status(ctx)
+		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("sets %d, tiers %v (%v)", len(st.GetBlockSets()), st.GetTiers(), err)
+		}
+		return nil
+	})
+	live := tierEngine
+	live.Name, live.Slots = "live", fabric.DefaultTierStagingSlots
+	mine := register(t, c, live)
+	peerImportsAll(t, dial(t, n2), hashes)
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var staging uint64
+	for _, bs := range st.BlockSets {
+		if bs.Engine == "kvfabric-tier-staging" {
+			staging = bs.Id
+		}
+	}
+	if staging == 0 || staging == mine.ID {
+		t.Fatalf("staging set %d, the live engine's %d: the blocks were staged into an engine's set (sets %v)", staging, mine.ID, st.BlockSets)
+	}
+	if _, err := c.Allocate(ctx, staging, 1); code(err) != codes.NotFound {
+		t.Fatalf("an engine's Allocate in the staging set %d: %v, want NOT_FOUND", staging, err)
+	}
+	other := newClient(t, n1)
+	set, err := other.Register(ctx, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.ID == staging {
+		t.Fatalf("an engine of the staging set's layout registering was given the staging set %d", staging)
+	}
+	forged := live
+	forged.Name = "kvfabric-tier-staging"
+	if _, err := newClient(t, n1).Register(ctx, forged); code(err) != codes.InvalidArgument {
+		t.Fatalf("an engine registering as the staging engine: %v, want INVALID_ARGUMENT", err)
+	}
+}
