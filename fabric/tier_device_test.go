@@ -499,3 +499,50 @@ func TestTierDevicePoolUnsyncedRestoreKeepsItsSlot(t *testing.T) {
 		t.Fatalf("allocated %d slots, want %d", len(slots), tierEngine.Slots-1)
 	}
 }
+
+// Blocks a device set copied down carry no content checksum (device
+// memory is not summed); restored into host memory (here a host pool's
+// agent restarted on the tier, staging them for a peer) they get one,
+// taken over the bytes the store checked, so that the peer checks every
+// block it imports, byte for byte.
+func TestTierDeviceBlocksRestoredIntoHostMemoryAreSummed(t *testing.T) {
+	const n = 16
+	lib, _ := gpuLibs(t)
+	t.Setenv("SOFTCUDA_DEVICES", "")
+	t.Setenv("SOFTCUDA_MEMORY", "64M")
+	dir := tierDir(t)
+	cfg := testConfig(t, "gpu-tiered")
+	deviceTierConfig(&cfg, lib, dir)
+	cfg.BlockSetGrace = 100 * time.Millisecond
+	cfg.NoOrphanCache = true
+	a := startAgent(t, cfg)
+	c := newClient(t, a)
+	set := register(t, c, tierEngine)
+	g := newGPUSlots(t, lib, set.Layout)
+	hashes := storeThroughSlots(t, c, set, g, n, a)
+	g.close()
+	c.Close()
+	watcher := newClient(t, a)
+	wait.For(t, 20*time.Second, "the engine's device set is copied down and freed", func() error {
+		st, err := watcher.Status(context.Background())
+		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != n {
+			return fmt.Errorf("block sets %d, tier %+v, %v", len(st.GetBlockSets()), st.GetTiers(), err)
+		}
+		return nil
+	})
+	watcher.Close()
+	a.Close()
+
+	cfg2 := testConfig(t, "host-tiered")
+	cfg2.Tiers = []string{"disk=" + dir + ":64MiB"}
+	a2 := startAgent(t, cfg2)
+	cfg3 := testConfig(t, "host-peer")
+	cfg3.DevCADir = cfg2.DevCADir
+	cfg3.Join = []string{a2.GossipAddr()}
+	cfg3.PeerTimeout = 10 * time.Second
+	a3 := startAgent(t, cfg3)
+	peerImportsAll(t, dial(t, a3), hashes)
+	if m := a3.Metrics(); m.ChecksumsVerified != n || m.ChecksumsFailed != 0 {
+		t.Fatalf("the peer checked %d of %d blocks staged from disk into host memory (%d failed): want all", m.ChecksumsVerified, n, m.ChecksumsFailed)
+	}
+}

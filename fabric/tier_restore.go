@@ -404,6 +404,13 @@ func (t *tiers) readBlock(ctx context.Context, set *pool.BlockSet, sio slotIO, f
 				err = fmt.Errorf("fabric: disk block %016x restored with content checksum %016x, not %016x: %w", f.k.Hash, again, o.sum, disk.ErrCorrupt)
 				t.dropFound(f)
 			}
+		} else if !t.a.cfg.NoChecksums {
+			// Copied down without one (from device memory, which is not
+			// summed): its bytes, checked by the store on the way up, get
+			// their sum now that they are in host memory, as a
+			// registration there gives them, so that peers check what
+			// they import of it.
+			o.sum, o.has = blockSum(set, blk.Slot, 0, l.PageSize)
 		}
 	}
 	o.err, o.took = err, time.Since(start)
