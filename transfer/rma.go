@@ -27,6 +27,10 @@ type rmaTransport interface {
 	// region fills g's address and key for the span at addr inside the
 	// registration reg, as a reader's reads name them.
 	region(reg registration, addr uint64, g *transferpb.RdmaRegion)
+	// answering holds off what would change the keys region gives (a
+	// replacement of the binding's endpoint) until done is called: a
+	// lease answer's regions and what answer adds are of one endpoint.
+	answering() (done func())
 	// answer adds what else a reader needs to a lease answer to peer that
 	// carries regions: the lease is then served until it ends
 	// (leaseEnded, dropServed) or its term passes. inlineAt is the lease

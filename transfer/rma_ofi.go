@@ -34,12 +34,17 @@ type ofiTransport struct {
 	// the endpoint's Reopen.
 	open func(broken *ofi.Endpoint) (*ofi.Endpoint, error)
 
-	mu        sync.Mutex
-	ep        *ofi.Endpoint // the endpoint reads and serves use
-	gen       uint64        // bumped with each replacement of ep
-	regs      map[*ofiRegion]struct{}
-	served    map[leaseKey]servedLease // leases answered with ep, until they end
-	own       []*ofi.Endpoint          // the replacements opened, closed with the node
+	mu     sync.Mutex
+	ep     *ofi.Endpoint // the endpoint reads and serves use
+	gen    uint64        // bumped with each replacement of ep
+	regs   map[*ofiRegion]struct{}
+	served map[leaseKey]servedLease // leases answered with ep, until they end
+	// answers is read-held by each lease answer from its regions' keys to
+	// its endpoint's name, and held by a replacement of the endpoint, so
+	// that no answer names one endpoint with another's keys (requested
+	// keys start again at 1 on each, and may name other memory there).
+	answers   sync.RWMutex
+	own       []*ofi.Endpoint // the replacements opened, closed with the node
 	reopening bool
 	closed    bool
 	stop      chan struct{}
@@ -140,6 +145,11 @@ func (t *ofiTransport) region(reg registration, addr uint64, g *transferpb.RdmaR
 // it names this node's endpoint of now (not one before a restart or a
 // replacement), over shm (the one provider that completes reads within
 // the reader's calls).
+func (t *ofiTransport) answering() func() {
+	t.answers.RLock()
+	return t.answers.RUnlock
+}
+
 func (t *ofiTransport) answer(peer string, inlineAt []byte, resp *transferpb.LeaseResponse) {
 	ep, _ := t.endpoint()
 	if ep.Broken() != nil {
@@ -355,6 +365,8 @@ func (t *ofiTransport) replace(broken *ofi.Endpoint) error {
 	if err != nil {
 		return err
 	}
+	t.answers.Lock() // no lease answer half on the old endpoint, half on this
+	defer t.answers.Unlock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {

@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -184,6 +185,41 @@ func TestOFIKeysOfAReplacedEndpointAreNotRead(t *testing.T) {
 				t.Fatalf("a read under a lease of the holder's endpoint of now went over %s, want rdma", via)
 			}
 		})
+	}
+}
+
+// A lease answer's keys and endpoint name are of one endpoint: a
+// replacement of the holder's endpoint (keys start again at 1 there, and
+// may name other memory) waits for an answer under way, which names the
+// endpoint its keys were read on.
+func TestOFILeaseAnswerIsOfOneEndpoint(t *testing.T) {
+	p := newOFIPair(t, "tcp", nil)
+	tp := p.holder.rdma.tp.(*ofiTransport)
+	old, _ := tp.endpoint()
+	done := tp.answering()
+	regions := p.holder.rdmaRegions(map[uint64][]byte{7: nil})
+	if len(regions) == 0 {
+		t.Fatal("no regions: nothing is tested")
+	}
+	replaced := make(chan error, 1)
+	go func() { replaced <- tp.replace(old) }()
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case err := <-replaced:
+		t.Fatalf("the holder's endpoint was replaced (%v) while a lease answer was being made", err)
+	default:
+	}
+	resp := &transferpb.LeaseResponse{LeaseId: 1, DurationMs: 1000, RdmaRegions: regions}
+	tp.answer("reader", nil, resp)
+	done()
+	if err := <-replaced; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(resp.OfiName, old.Name()) {
+		t.Fatal("a lease answer named another endpoint than the one its keys were read on")
+	}
+	if now, _ := tp.endpoint(); now == old {
+		t.Fatal("the endpoint was not replaced: nothing is tested")
 	}
 }
 

@@ -48,6 +48,8 @@ func (t *verbsTransport) region(reg registration, addr uint64, g *transferpb.Rdm
 
 func (t *verbsTransport) answer(string, []byte, *transferpb.LeaseResponse) {}
 
+func (t *verbsTransport) answering() func() { return func() {} }
+
 // A NIC serves reads by itself: leases need nothing of the binding.
 func (t *verbsTransport) leaseRenewed(string, uint64, time.Duration, []byte) {}
 func (t *verbsTransport) leaseEnded(string, uint64)                          {}

@@ -156,10 +156,12 @@ func (n *Node) dispatch(ctx context.Context, peer string, r *request) (proto.Mes
 				Sum: b.Sum, HasSum: b.HasSum}
 		}
 		if r.rdma && n.rdma != nil && l.ID != 0 && r.rma == n.rdma.tp.kind() {
+			done := n.rdma.tp.answering() // the keys and the name of one endpoint
 			resp.RdmaRegions = n.rdmaRegions(l.LayoutDigests)
 			if len(resp.RdmaRegions) > 0 {
 				n.rdma.tp.answer(peer, r.inlineAt, resp)
 			}
+			done()
 		}
 		return resp, nil
 	case methodRdmaConnect:
