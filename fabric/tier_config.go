@@ -65,6 +65,11 @@ func ParseTierSpec(s string) (TierSpec, error) {
 	if strings.Contains(size, ",") {
 		return TierSpec{}, fmt.Errorf("%q: size %q holds a comma: one tier an entry (a comma before the size is part of the path)", s, size)
 	}
+	if strings.Contains(path, ",disk=") || strings.Contains(path, ",host=") {
+		// disk=/a:1GiB,disk=/b:2GiB is two tiers written as one entry,
+		// not a directory of that name.
+		return TierSpec{}, fmt.Errorf("%q: two tiers in one entry: one tier an entry (repeat --tier)", s)
+	}
 	if path == "" || !filepath.IsAbs(path) {
 		return TierSpec{}, fmt.Errorf("%q: path %q is not absolute", s, path)
 	}

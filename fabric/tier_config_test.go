@@ -37,6 +37,8 @@ func TestValidateTierConfig(t *testing.T) {
 		{"a colon in the path", func(c *Config) { c.Tiers = []string{"disk=/nvme/a:b:1GiB"} }, "", ""},
 		{"a comma in the path", func(c *Config) { c.Tiers = []string{"disk=/nvme/a,b:1GiB"} }, "", ""},
 		{"two tiers in one entry", func(c *Config) { c.Tiers = []string{"disk=/nvme/a:1GiB,host=1GiB"} }, "tiers[0]", "holds a comma: one tier an entry"},
+		{"two disk tiers in one entry", func(c *Config) { c.Tiers = []string{"disk=/nvme/a:1GiB,disk=/nvme/b:2GiB"} }, "tiers[0]", "two tiers in one entry"},
+		{"host then disk in one entry", func(c *Config) { c.Tiers = []string{"disk=/nvme/a,host=1GiB,disk=/b:2GiB"} }, "tiers[0]", "two tiers in one entry"},
 		{"size at its floor", func(c *Config) { c.Tiers = []string{"disk=/d:16MiB"} }, "", ""},
 		{"size a byte under its floor", func(c *Config) { c.Tiers = []string{fmt.Sprintf("disk=/d:%d", MinTierBytes-1)} }, "tiers[0]", "not in"},
 		{"size at its ceiling", func(c *Config) { c.Tiers = []string{"disk=/d:1000GiB"} }, "", ""},

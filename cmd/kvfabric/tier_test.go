@@ -49,6 +49,7 @@ func TestTierFlags(t *testing.T) {
 		{[]string{"--tier-block-bytes", "2GiB"}, "tier_block_bytes"},
 		// One tier a flag: a comma is part of a path, not a list.
 		{[]string{"--tier", "disk=" + a + ":1GiB,host=16MiB"}, `tiers[0] (--tier): "disk=` + a + `:1GiB,host=16MiB": size "1GiB,host=16MiB" holds a comma: one tier an entry`},
+		{[]string{"--tier", "disk=" + a + ":1GiB,disk=" + a + "2:2GiB"}, `tiers[0] (--tier): "disk=` + a + `:1GiB,disk=` + a + `2:2GiB": two tiers in one entry`},
 	} {
 		// --print-config: a value wrongly accepted prints the settings
 		// instead of starting an agent.
