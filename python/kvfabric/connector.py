@@ -812,6 +812,8 @@ class SchedulerSide:
                 full = min(computed // page, len(s.hashes), len(block_ids))
                 if full > s.next_block:
                     wanted.append((req_id, s.hashes[s.next_block : full], list(block_ids[s.next_block : full]), s, full))
+        if bs is None:
+            self._reconnect_later()  # an engine that saves but never loads asks nothing else
         if wanted:
             need = sum(len(w[1]) for w in wanted)
             slots: list[int] = []
@@ -1173,6 +1175,13 @@ class WorkerSide:
             self._own_client = False
         self.client = client
         self._retry_at = 0.0
+        #: A client _reconnect opened in the background, taken up at the
+        #: next step; whether one is being opened; whether the worker
+        #: closed (one opened after is closed again). Under _connect_lock.
+        self._connect_lock = threading.Lock()
+        self._connected: Client | None = None
+        self._connecting = False
+        self._closed = False
         self._warned_at, self._warned_why = time.monotonic(), ""
         if isinstance(client, _NoAgent):
             self._warned_why = f"{type(client.why).__name__}: {client.why}"
@@ -1325,27 +1334,46 @@ class WorkerSide:
             pass  # the session, or the set, is gone already
 
     def _reconnect(self) -> None:
-        """When the agent ended this worker's session (it restarted), open a
-        new client, at most once a second; the next plan's block set (the
-        scheduler's, registered again) is joined then (_follow). Until then
-        loads fail (recomputed) and saves are dropped."""
+        """When the agent ended this worker's session (it restarted), or it
+        was never opened, open a new client in the background, at most once
+        a second (an agent that takes its time to answer holds no step), and
+        take it up at the step after it is open; the next plan's block set
+        (the scheduler's, registered again) is joined then (_follow). Until
+        then loads fail (recomputed) and saves are dropped."""
         if self.client.session_alive or not self._own_client or not self.layers:
             return
-        now = time.monotonic()
-        if now < self._retry_at:
-            return
-        self._retry_at = now + 1.0
         self.block_set = None
-        try:
-            c = Client(self.config.socket_path, engine=self.client.engine, import_timeout=self.config.import_timeout)
-        except KvfabricError as e:
-            if not isinstance(self.client, _NoAgent) or _warn_again(self, e, now):
-                self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
+        with self._connect_lock:
+            c, self._connected = self._connected, None
+        if c is not None:
+            old, self.client, self._join_failed, self._join_retry_at = self.client, c, None, 0.0
+            self._joined_maybe.clear()  # the old session's, ended
+            old.close()
+            self.log.info("kvfabric: rank %d: reconnected to the agent; the next plan's block set is joined", self.rank)
             return
-        old, self.client, self._join_failed, self._join_retry_at = self.client, c, None, 0.0
-        self._joined_maybe.clear()  # the old session's, ended
-        old.close()
-        self.log.info("kvfabric: rank %d: reconnected to the agent; the next plan's block set is joined", self.rank)
+        now = time.monotonic()
+        with self._connect_lock:
+            if now < self._retry_at or self._connecting or self._closed:
+                return
+            self._retry_at, self._connecting = now + 1.0, True
+        threading.Thread(target=self._connect_in_background, args=(self.client.engine, isinstance(self.client, _NoAgent)),
+                         name=f"kvfabric-rank{self.rank}-connect", daemon=True).start()
+
+    def _connect_in_background(self, engine: str, absent: bool) -> None:
+        """_reconnect's new client, opened off the step's path."""
+        c: Client | None = None
+        try:
+            c = Client(self.config.socket_path, engine=engine, import_timeout=self.config.import_timeout)
+        except KvfabricError as e:
+            if not absent or _warn_again(self, e, time.monotonic()):
+                self.log.warning("kvfabric: rank %d: reconnecting to the agent failed: %s", self.rank, e)
+        with self._connect_lock:
+            self._connecting = False
+            if c is not None and not self._closed:
+                self._connected, c = c, None
+            self._retry_at = time.monotonic() + 1.0  # a second from this try's end
+        if c is not None:
+            c.close()  # the worker closed meanwhile
 
     # Pool views of this rank, as [slots, layers, planes, block_size, heads, dim].
     def _pool(self) -> np.ndarray:
@@ -1633,6 +1661,11 @@ class WorkerSide:
         self._finish_loads()
         self.block_set = None
         self.layers = []
+        with self._connect_lock:
+            self._closed = True
+            pending, self._connected = self._connected, None
+        if pending is not None:
+            pending.close()
         if self._own_client:
             self.client.close()
 

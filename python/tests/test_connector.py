@@ -1028,3 +1028,61 @@ def test_a_half_without_its_agent_warns_of_each_new_failure_and_the_same_once_a_
     assert _warn_again(h, PermissionDenied("refused"), 2.0), "a new failure is warned of at once"
     assert not _warn_again(h, PermissionDenied("refused"), 2.0 + _ABSENT_WARN_INTERVAL - 0.1)
     assert _warn_again(h, PermissionDenied("refused"), 2.0 + _ABSENT_WARN_INTERVAL)
+
+
+def test_a_save_only_engine_started_without_its_agent_connects_once_it_answers(pair):
+    """load false: the scheduler is never asked for matches, so its steps
+    are what reach the agent once it answers; then what it computes is
+    saved."""
+    holder, reader = pair
+    reader.stop()
+    e = SimEngine(reader.socket, SPEC, name="saver", config=ConnectorConfig(socket=reader.socket, stats_interval=0, load=False))
+    s = e.scheduler
+    try:
+        assert s.block_set is None
+        reader.start(join=holder.gossip)
+        n = 0
+
+        def step() -> bool:
+            nonlocal n
+            n += 1
+            e.add(f"x{n}", prompt(16 + 1, seed=90 + n))
+            e.run()
+            return s.block_set is not None and all(w.client.session_alive for w in e.workers)
+
+        wait_for("the save-only engine connected once the agent answered", step)
+        fresh = prompt(2 * 16 + 5, seed=89)
+        e.add("f", fresh)
+        e.run()
+        s.wait_idle()
+        held = s.client.lookup(kvfabric.block_hashes(fresh, 16)).overlaps
+        assert max((x.blocks for x in held), default=0) == 2, s.stats()
+    finally:
+        e.close()
+
+
+def test_an_agent_that_never_answers_holds_no_step_while_the_connector_connects(tmp_path):
+    """The agent's socket is there but nothing answers on it (the agent
+    hangs as it starts): the connector's halves try to connect in the
+    background, and the engine's steps go on meanwhile, computing
+    everything, none of them waiting the client's 30 s."""
+    import socket as so
+
+    path = str(tmp_path / "hung.sock")
+    e = SimEngine(path, SPEC, name="hung")  # no socket yet: starts without the agent
+    ln = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    try:
+        ln.bind(path)
+        ln.listen(64)  # connections queue; none is ever answered
+        for i in range(3):
+            start = time.monotonic()
+            r = e.add(f"r{i}", prompt(2 * 16 + 1, seed=70 + i))
+            e.run()
+            took = time.monotonic() - start
+            assert e.check(r) == len(r.tokens)
+            assert took < 10, f"step {i} waited {took:.1f} s on an agent that does not answer"
+            time.sleep(1.1)  # a reconnection may be tried again
+        assert e.scheduler.block_set is None and not e.workers[0].client.session_alive
+    finally:
+        ln.close()  # what waits on it ends
+        e.close()
