@@ -56,6 +56,7 @@ func mapAndWrite(sock, what string) error {
 	}
 	if err != nil {
 		fmt.Println("refused", err)
+		io.Copy(io.Discard, os.Stdin) // alive until told to go
 		return nil
 	}
 	for i := range b {
@@ -63,6 +64,7 @@ func mapAndWrite(sock, what string) error {
 	}
 	syscall.Munmap(b)
 	fmt.Println("wrote")
+	io.Copy(io.Discard, os.Stdin) // alive until told to go
 	return nil
 }
 
@@ -832,5 +834,59 @@ func TestSetMemoryPassesOnUnderNewNames(t *testing.T) {
 			}
 			checkFresh(t, set, slots)
 		})
+	}
+}
+
+// A process refused the memory of an exited engine's set (its token stale:
+// the set's names were renewed as it passed on) is not recorded as a
+// process the set was handed to: while it runs, the next engine of the
+// layout still takes the set up.
+func TestRefusedMemoryCallerKeepsNoOneOff(t *testing.T) {
+	cfg := testConfig(t, "n1")
+	cfg.BlockSetGrace = time.Minute
+	a := startAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tenant := startTenant(t, a, "fd")
+	f := strings.Fields(tenant.do("names"))
+	if len(f) < 2 || f[0] != "names" {
+		t.Fatalf("names: %q", f)
+	}
+	tenant.exit(t)
+	c, err := client.Dial(ctx, a.EngineSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitSetIdle(t, ctx, c, tenant.set)
+	// A process that stays alive tries the exited engine's token.
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), isolationHelperEnv+"="+a.EngineSocket(), isolationHelperMapEnv+"=token:"+f[1])
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { in.Close(); cmd.Wait() }()
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "refused") {
+		t.Fatalf("a process mapping an exited engine's set by its old token: %q, want refused", sc.Text())
+	}
+	set, err := c.Register(ctx, isolationEngine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.ID != tenant.set {
+		t.Fatalf("set %d made, want the exited engine's set %d taken up: the refused process kept it", set.ID, tenant.set)
 	}
 }

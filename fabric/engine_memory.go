@@ -280,14 +280,24 @@ func (a *Agent) memoryFor(token string, pid int32) (fd int, size uint64, ok bool
 	a.memMu.Lock()
 	ref, found := a.memTokens[tokenKey(token)]
 	a.memMu.Unlock()
-	if !found || !ref.es.call(pid, true) {
+	if !found {
+		return -1, 0, false
+	}
+	es := ref.es
+	// The check (which renews the set's names where it passes on to pid),
+	// the token looked up again, and pid's record as a receiver in one
+	// hold of es.mu: a process whose token the check made stale is
+	// refused and not recorded, and keeps no one off the set.
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	if es.freed || !es.callLocked(pid, false) {
 		return -1, 0, false
 	}
 	a.memMu.Lock()
-	if m := ref.es.mem[ref.rank]; a.memTokens[tokenKey(token)] == ref {
+	if a.memTokens[tokenKey(token)] == ref {
 		// Duplicated under the lock that dropSetMemory takes before it
-		// closes the section, the token still the rank's (not renewed
-		// meanwhile): the number cannot be another file's.
+		// closes the section: the number cannot be another file's.
+		m := es.mem[ref.rank]
 		var err error
 		fd, err = unix.FcntlInt(uintptr(m.sec.FD()), unix.F_DUPFD_CLOEXEC, 0)
 		found = err == nil
@@ -298,6 +308,9 @@ func (a *Agent) memoryFor(token string, pid int32) (fd int, size uint64, ok bool
 	a.memMu.Unlock()
 	if !found {
 		return -1, 0, false
+	}
+	if _, had := es.receivers[pid]; pid > 0 && !had {
+		es.receiveLocked(pid)
 	}
 	return fd, size, true
 }
