@@ -132,7 +132,7 @@ clean: ## remove build outputs
 .PHONY: mutation-check gpu-check gpu-check-build cuda-header-check
 GPU_CHECK_DIR := bin/gpu-check
 
-mutation-check: test-deps python-deps ## the mutation check: plant every bug listed (internal/mutation/mutations.txt), each must be caught; about 30 minutes on 2 cores (the first run builds with -trimpath, minutes more)
+mutation-check: test-deps python-deps ## the mutation check: plant every bug listed (internal/mutation/mutations.txt), each must be caught; about 40 minutes on 2 cores (the first run builds with -trimpath, minutes more)
 	$(GO) run ./internal/mutation -p 2
 
 gpu-check-build: ## build the agent and the real-GPU test binaries into bin/gpu-check, stripped (about 45 MB: copy it to a GPU machine without Go)
