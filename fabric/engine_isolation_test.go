@@ -72,17 +72,39 @@ func mapAndWrite(sock, what string) error {
 // returns what it printed.
 func mapAs(t *testing.T, a *fabric.Agent, what string) string {
 	t.Helper()
+	line, stop := startMapper(t, a, what)
+	stop()
+	return line
+}
+
+// startMapper starts a process that maps the memory what names
+// (mapAndWrite) and returns the line it printed; it runs until stop.
+func startMapper(t *testing.T, a *fabric.Agent, what string) (line string, stop func()) {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), isolationHelperEnv+"="+a.EngineSocket(), isolationHelperMapEnv+"="+what)
-	out, err := cmd.Output()
+	in, err := cmd.StdinPipe()
 	if err != nil {
-		t.Fatalf("mapping process: %v", err)
+		t.Fatal(err)
 	}
-	return strings.TrimSpace(string(out))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop = func() { in.Close(); cmd.Wait() }
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() {
+		stop()
+		t.Fatalf("mapping process %s: no answer", what)
+	}
+	return strings.TrimSpace(sc.Text()), stop
 }
 
 // isolationEngine is the layout both engines of the isolation tests ask
@@ -860,27 +882,10 @@ func TestRefusedMemoryCallerKeepsNoOneOff(t *testing.T) {
 	defer c.Close()
 	waitSetIdle(t, ctx, c, tenant.set)
 	// A process that stays alive tries the exited engine's token.
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(self, "-test.run=^$")
-	cmd.Env = append(os.Environ(), isolationHelperEnv+"="+a.EngineSocket(), isolationHelperMapEnv+"=token:"+f[1])
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { in.Close(); cmd.Wait() }()
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "refused") {
-		t.Fatalf("a process mapping an exited engine's set by its old token: %q, want refused", sc.Text())
+	line, stop := startMapper(t, a, "token:"+f[1])
+	defer stop()
+	if !strings.HasPrefix(line, "refused") {
+		t.Fatalf("a process mapping an exited engine's set by its old token: %q, want refused", line)
 	}
 	set, err := c.Register(ctx, isolationEngine)
 	if err != nil {
