@@ -217,17 +217,17 @@ func TestTierDevicePoolKeepsWhatItRecycles(t *testing.T) {
 	}
 }
 
-// A device set whose engine has gone copies its blocks down before it is
-// freed; a restarted agent with a device pool finds them (the tier's
-// journal), announces them, serves them to a peer and restores them
-// into a new engine's device set byte for byte; a block whose bytes were
-// changed on disk is dropped, never uploaded into a slot.
-func TestTierDevicePoolSurvivesRestart(t *testing.T) {
-	const n = 64
-	lib, _ := gpuLibs(t)
+// deviceBlocksOnDisk stores n blocks (content ids 1..n) through a device
+// block set of an agent with a disk tier in a new directory, lets the
+// engine go so that its set is copied down and freed, and closes the
+// agent: every block is then on disk only. It returns the directory, the
+// agent's lib and the blocks' hashes.
+func deviceBlocksOnDisk(t *testing.T, n int) (dir, lib string, hashes []uint64) {
+	t.Helper()
+	lib, _ = gpuLibs(t)
 	t.Setenv("SOFTCUDA_DEVICES", "")
 	t.Setenv("SOFTCUDA_MEMORY", "64M")
-	dir := tierDir(t)
+	dir = tierDir(t)
 	cfg := testConfig(t, "gpu-tiered")
 	deviceTierConfig(&cfg, lib, dir)
 	cfg.BlockSetGrace = 100 * time.Millisecond
@@ -236,7 +236,7 @@ func TestTierDevicePoolSurvivesRestart(t *testing.T) {
 	c := newClient(t, a)
 	set := register(t, c, tierEngine)
 	g := newGPUSlots(t, lib, set.Layout)
-	hashes := storeThroughSlots(t, c, set, g, n, a)
+	hashes = storeThroughSlots(t, c, set, g, n, a)
 	// The engine goes: its set is freed once the blocks still in device
 	// slots are copied down too.
 	g.close()
@@ -244,13 +244,24 @@ func TestTierDevicePoolSurvivesRestart(t *testing.T) {
 	watcher := newClient(t, a)
 	wait.For(t, 20*time.Second, "the engine's device set is copied down and freed", func() error {
 		st, err := watcher.Status(context.Background())
-		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != n {
+		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != uint64(n) {
 			return fmt.Errorf("block sets %d, tier %+v, %v", len(st.GetBlockSets()), st.GetTiers(), err)
 		}
 		return nil
 	})
 	watcher.Close()
 	a.Close()
+	return dir, lib, hashes
+}
+
+// A device set whose engine has gone copies its blocks down before it is
+// freed; a restarted agent with a device pool finds them (the tier's
+// journal), announces them, serves them to a peer and restores them
+// into a new engine's device set byte for byte; a block whose bytes were
+// changed on disk is dropped, never uploaded into a slot.
+func TestTierDevicePoolSurvivesRestart(t *testing.T) {
+	const n = 64
+	dir, lib, hashes := deviceBlocksOnDisk(t, n)
 
 	// Flip a byte of slot 0's block (the first block copied down).
 	f, err := os.OpenFile(filepath.Join(dir, "blocks.000"), os.O_RDWR, 0)
@@ -507,31 +518,7 @@ func TestTierDevicePoolUnsyncedRestoreKeepsItsSlot(t *testing.T) {
 // block it imports, byte for byte.
 func TestTierDeviceBlocksRestoredIntoHostMemoryAreSummed(t *testing.T) {
 	const n = 16
-	lib, _ := gpuLibs(t)
-	t.Setenv("SOFTCUDA_DEVICES", "")
-	t.Setenv("SOFTCUDA_MEMORY", "64M")
-	dir := tierDir(t)
-	cfg := testConfig(t, "gpu-tiered")
-	deviceTierConfig(&cfg, lib, dir)
-	cfg.BlockSetGrace = 100 * time.Millisecond
-	cfg.NoOrphanCache = true
-	a := startAgent(t, cfg)
-	c := newClient(t, a)
-	set := register(t, c, tierEngine)
-	g := newGPUSlots(t, lib, set.Layout)
-	hashes := storeThroughSlots(t, c, set, g, n, a)
-	g.close()
-	c.Close()
-	watcher := newClient(t, a)
-	wait.For(t, 20*time.Second, "the engine's device set is copied down and freed", func() error {
-		st, err := watcher.Status(context.Background())
-		if err != nil || len(st.BlockSets) != 0 || st.Tiers[0].Blocks != n {
-			return fmt.Errorf("block sets %d, tier %+v, %v", len(st.GetBlockSets()), st.GetTiers(), err)
-		}
-		return nil
-	})
-	watcher.Close()
-	a.Close()
+	dir, _, hashes := deviceBlocksOnDisk(t, n)
 
 	cfg2 := testConfig(t, "host-tiered")
 	cfg2.Tiers = []string{"disk=" + dir + ":64MiB"}
